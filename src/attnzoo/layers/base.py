@@ -1,0 +1,178 @@
+"""Attention-module base class, the mechanism registry and the internals-capture mechanism.
+
+Every token mixer in attnzoo is an :class:`Attention` subclass mapping ``(B, N, dim) -> (B, N, dim)``
+(projections included). Mechanisms register themselves with :func:`register_attention`; users build
+them with :func:`build_attention` by name.
+
+Internals (TSSA's Pi, attention matrices, CBSA's A_k, ...) are exposed through one mechanism: inside
+``with capture_internals(model) as store:`` every attention module in ``model`` that calls
+``self.record(name=tensor, ...)`` during its forward has the tensors stored (detached) under its
+qualified module name: ``store["blocks.3.attn"]["pi"]``. Outside a capture, ``record`` costs nothing,
+and modules can check ``self.capturing`` to skip computing expensive internals (e.g. an explicit
+N x N attention map of a linear-time mechanism).
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+__all__ = [
+    "Attention",
+    "register_attention",
+    "build_attention",
+    "list_attentions",
+    "attention_info",
+    "capture_internals",
+    "RecurrentMixin",
+]
+
+
+class Attention(nn.Module):
+    """Base class of attnzoo token mixers: ``forward(x: (B, N, dim)) -> (B, N, dim)``.
+
+    Subclasses set the class attributes below and call :meth:`record` for their internals.
+    """
+
+    #: whether the mechanism supports a causal (autoregressive) mode at all
+    supports_causal: bool = False
+    #: whether the non-causal mechanism may run (it is a bidirectional mixer)
+    supports_noncausal: bool = True
+
+    def __init__(self, dim: int, heads: int, *, causal: bool = False) -> None:
+        super().__init__()
+        from attnzoo._checks import check_positive_int
+
+        check_positive_int("dim", dim)
+        check_positive_int("heads", heads)
+        if dim % heads != 0:
+            raise ValueError(f"dim={dim} must be divisible by heads={heads} (valid heads divide {dim})")
+        name = getattr(type(self), "registry_name", type(self).__name__)
+        if causal and not self.supports_causal:
+            raise ValueError(
+                f"attention {name!r} has no causal mode; causal mechanisms are: {list_attentions(causal=True)}"
+            )
+        if not causal and not self.supports_noncausal:
+            raise ValueError(f"attention {name!r} is causal-only; pass causal=True")
+        self.dim = dim
+        self.heads = heads
+        self.head_dim = dim // heads
+        self.causal = causal
+        self._capture_store: dict | None = None
+
+    # ---- internals -------------------------------------------------------------------------
+    @property
+    def capturing(self) -> bool:
+        return self._capture_store is not None
+
+    def record(self, **tensors: torch.Tensor) -> None:
+        """Store internals (detached) when a :func:`capture_internals` context is active."""
+        if self._capture_store is None:
+            return
+        for k, v in tensors.items():
+            self._capture_store[k] = v.detach() if isinstance(v, torch.Tensor) else v
+
+    def check_input(self, x: torch.Tensor) -> None:
+        from attnzoo._checks import check_ndim
+
+        check_ndim("x", x, 3, "(B, N, dim)")
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"x has feature size {x.shape[-1]} but this attention was built with dim={self.dim}")
+        if x.shape[1] < 1:
+            raise ValueError("x must hold at least one token (N >= 1)")
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, heads={self.heads}, causal={self.causal}"
+
+
+_REGISTRY: dict[str, type[Attention]] = {}
+
+
+def register_attention(name: str) -> Callable[[type[Attention]], type[Attention]]:
+    """Class decorator: register an :class:`Attention` subclass under ``name``."""
+
+    def deco(cls: type[Attention]) -> type[Attention]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"attention name {name!r} is already registered to {_REGISTRY[name].__name__}")
+        cls.registry_name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def _ensure_loaded() -> None:
+    # Importing the package registers every built-in mechanism.
+    import attnzoo.layers  # noqa: F401
+
+
+def list_attentions(causal: bool | None = None) -> list[str]:
+    """Registered mechanism names; ``causal=True`` keeps those with a causal mode."""
+    _ensure_loaded()
+    names = sorted(_REGISTRY)
+    if causal is True:
+        names = [n for n in names if _REGISTRY[n].supports_causal]
+    elif causal is False:
+        names = [n for n in names if _REGISTRY[n].supports_noncausal]
+    return names
+
+
+def attention_info(name: str) -> type[Attention]:
+    _ensure_loaded()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown attention {name!r}; valid names: {sorted(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def build_attention(name: str, dim: int, heads: int, *, causal: bool = False, **options) -> Attention:
+    """Build a registered token mixer ``(B, N, dim) -> (B, N, dim)``.
+
+    Unknown ``options`` raise ``TypeError`` listing the options the mechanism accepts.
+    """
+    cls = attention_info(name)
+    sig = inspect.signature(cls.__init__)
+    params = sig.parameters
+    has_varkw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if not has_varkw:
+        valid = [p for p in params if p not in ("self", "dim", "heads", "causal")]
+        unknown = [k for k in options if k not in params]
+        if unknown:
+            raise TypeError(f"attention {name!r} got unknown option(s) {unknown}; valid options: {valid}")
+    return cls(dim, heads, causal=causal, **options)
+
+
+@contextlib.contextmanager
+def capture_internals(model: nn.Module) -> Iterator[dict[str, dict[str, torch.Tensor]]]:
+    """Collect the internals every :class:`Attention` in ``model`` records during forward passes.
+
+    Yields ``{qualified_module_name: {internal_name: tensor}}``; the last forward wins.
+    """
+    store: dict[str, dict[str, torch.Tensor]] = {}
+    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, Attention)]
+    try:
+        for n, m in mods:
+            m._capture_store = store.setdefault(n, {})
+        yield store
+    finally:
+        for _, m in mods:
+            m._capture_store = None
+
+
+class RecurrentMixin:
+    """Token-by-token decoding for causal mechanisms (recurrent state or KV cache).
+
+    ``state = m.init_state(batch_size, device=..., dtype=...)`` then repeatedly
+    ``y, state = m.step(x_t, state)`` with ``x_t`` of shape ``(B, 1, dim)``; the outputs equal the
+    causal parallel forward at the same positions. Linear mechanisms keep O(1) state per step.
+    """
+
+    supports_step: bool = True
+
+    def init_state(self, batch_size: int, *, device=None, dtype=None):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def step(self, x: torch.Tensor, state):  # pragma: no cover - interface
+        raise NotImplementedError

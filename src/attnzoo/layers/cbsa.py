@@ -1,0 +1,1 @@
+"""Placeholder: the cbsa module is being written."""

@@ -1,0 +1,1 @@
+"""Placeholder: the csp module is being written."""

@@ -1,0 +1,1 @@
+"""Placeholder: the fastmax module is being written."""

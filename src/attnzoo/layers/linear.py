@@ -1,0 +1,1 @@
+"""Placeholder: the linear module is being written."""

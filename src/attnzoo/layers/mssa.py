@@ -1,0 +1,1 @@
+"""Placeholder: the mssa module is being written."""

@@ -1,0 +1,1 @@
+"""Placeholder: the softmax module is being written."""

@@ -1,0 +1,1 @@
+"""Placeholder: the tssa module is being written."""

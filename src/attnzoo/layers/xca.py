@@ -1,0 +1,1 @@
+"""Placeholder: the xca module is being written."""

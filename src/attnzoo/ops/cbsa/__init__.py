@@ -1,0 +1,1 @@
+"""Placeholder: the cbsa op is being written."""

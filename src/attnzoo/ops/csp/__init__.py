@@ -1,0 +1,1 @@
+"""Placeholder: the csp op is being written."""

@@ -1,0 +1,1 @@
+"""Placeholder: the fastmax op is being written."""

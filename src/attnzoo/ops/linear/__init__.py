@@ -1,0 +1,1 @@
+"""Placeholder: the linear op is being written."""

@@ -1,0 +1,1 @@
+"""Placeholder: the mssa op is being written."""

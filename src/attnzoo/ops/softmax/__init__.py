@@ -1,0 +1,1 @@
+"""Placeholder: the softmax op is being written."""

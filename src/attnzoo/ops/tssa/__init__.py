@@ -1,0 +1,1 @@
+"""Placeholder: the tssa op is being written."""

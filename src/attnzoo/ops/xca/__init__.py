@@ -1,0 +1,1 @@
+"""Placeholder: the xca op is being written."""

@@ -1,0 +1,24 @@
+"""Shared test setup: deterministic seeds, and uninitialised memory filled with NaN.
+
+With deterministic algorithms on, PyTorch fills tensors from ``torch.empty`` (and friends) with NaN,
+so a fast path that forgets to write part of its output fails the comparison instead of passing by luck.
+"""
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_nan_filled():
+    torch.manual_seed(0)
+    prev = torch.are_deterministic_algorithms_enabled()
+    prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    prev_fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
+    torch.utils.deterministic.fill_uninitialized_memory = prev_fill
