@@ -13,6 +13,8 @@ _EXPORTS = {
     "fastmax": "attnzoo.ops.fastmax",
     "csp": "attnzoo.ops.csp",
     "csp_shifts": "attnzoo.ops.csp",
+    "csp_permutations": "attnzoo.ops.csp",
+    "csp_source_index": "attnzoo.ops.csp",
     "cbsa": "attnzoo.ops.cbsa",
     "softmax_attention": "attnzoo.ops.softmax",
     "linear_attention": "attnzoo.ops.linear",
@@ -24,7 +26,10 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str):
     if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
+        obj = getattr(importlib.import_module(_EXPORTS[name]), name)
+        # Importing the sub-package binds its *module* under the same name; the function must win.
+        globals()[name] = obj
+        return obj
     raise AttributeError(f"module 'attnzoo.ops' has no attribute {name!r}; available: {__all__}")
 
 

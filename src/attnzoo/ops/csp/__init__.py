@@ -1,1 +1,100 @@
-"""Placeholder: the csp op is being written."""
+"""CSP, channel-wise sample permutation (CSP eq 4): circular shift per channel, then group sort.
+
+Public API: :func:`csp`, :func:`csp_shifts`, :func:`csp_permutations`, :func:`csp_source_index`.
+
+Tie-breaking (the permutation is only unique for distinct values, App. B): both the reference
+channel's ranks and each channel's sorted order break ties by token position (stable sort), in the
+naive and the fast backend alike. Output values never depend on the tie rule; the implied P_c and
+hence which input a gradient reaches do.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from attnzoo._checks import check_ndim, check_positive_int
+from attnzoo.ops.csp.shifts import SHIFT_SCHEDULES, csp_shifts
+
+__all__ = ["csp", "csp_shifts", "csp_permutations", "csp_source_index", "SHIFT_SCHEDULES", "BACKENDS"]
+
+BACKENDS = ("auto", "naive", "torch")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _check_args(v: torch.Tensor, shifts, groups: int, backend: str) -> torch.Tensor:
+    """Validate and return ``shifts`` as a LongTensor ``(C,)`` on ``v.device``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not supported by csp; valid backends: {list(BACKENDS)}")
+    check_ndim("v", v, 3, "(B, N, C)")
+    B, N, C = v.shape
+    if N < 1 or C < 1:
+        raise ValueError(f"v must have N >= 1 tokens and C >= 1 channels, got shape {tuple(v.shape)}")
+    check_positive_int("groups", groups)
+    if N % groups != 0:
+        raise ValueError(
+            f"N={N} tokens cannot be split into groups={groups} equal groups; valid groups divide N: {_divisors(N)}"
+        )
+    if isinstance(shifts, torch.Tensor):
+        if shifts.dtype == torch.bool or shifts.is_floating_point() or shifts.is_complex():
+            raise TypeError(f"shifts must hold integers, got a tensor of dtype {shifts.dtype}")
+        if shifts.ndim != 1 or shifts.shape[0] != C:
+            raise ValueError(f"shifts must have shape (C,) = ({C},), got shape {tuple(shifts.shape)}")
+        return shifts.to(device=v.device, dtype=torch.long)
+    if not isinstance(shifts, Sequence) or isinstance(shifts, str):
+        raise TypeError(f"shifts must be a length-C sequence of ints or an integer tensor, got {type(shifts).__name__}")
+    if len(shifts) != C:
+        raise ValueError(f"shifts must hold C={C} steps (one per channel), got {len(shifts)}")
+    bad = [s for s in shifts if not isinstance(s, int) or isinstance(s, bool)]
+    if bad:
+        raise TypeError(f"shifts must hold integers, got {bad[:3]!r}")
+    return torch.tensor(list(shifts), dtype=torch.long, device=v.device)
+
+
+def csp(v: torch.Tensor, shifts: Sequence[int] | torch.Tensor, groups: int, *, backend: str = "auto") -> torch.Tensor:
+    """CSP eq 4: ``v`` ``(B, N, C)`` -> ``(B, N, C)``, channel c shifted by ``shifts[c]`` (mod N), then sorted.
+
+    Inside each of ``groups`` contiguous token groups, channel c's sorted values are placed at the positions
+    ranked by the (shifted) reference channel 0, the optimal transport of App. B; channel 0 is only shifted.
+    ``groups=1`` is complete sorting, ``groups=N`` pure shifting. Gradients flow to ``v`` through the
+    (piecewise constant) permutations. ``backend``: ``"auto"`` (= ``"torch"``), ``"torch"`` (gather/sort),
+    ``"naive"`` (explicit N x N permutation matrices).
+    """
+    s = _check_args(v, shifts, groups, backend)
+    if backend == "naive":
+        from attnzoo.ops.csp.naive import csp_naive
+
+        return csp_naive(v, s.tolist(), groups)
+    from attnzoo.ops.csp.gather import csp_gather
+
+    return csp_gather(v, s, groups)
+
+
+def csp_source_index(v: torch.Tensor, shifts: Sequence[int] | torch.Tensor, groups: int) -> torch.Tensor:
+    """LongTensor ``(B, N, C)``: ``csp(v)[b, i, c] == v[b, idx[b, i, c], c]`` (row i of ``P_c`` has its 1 at idx)."""
+    s = _check_args(v, shifts, groups, "torch")
+    from attnzoo.ops.csp.gather import csp_source_index as _index
+
+    return _index(v, s, groups)
+
+
+def csp_permutations(
+    v: torch.Tensor, shifts: Sequence[int] | torch.Tensor, groups: int, *, backend: str = "auto"
+) -> torch.Tensor:
+    """The implicit attention maps ``P_c = T_c S_{J_c}`` of CSP eq 5 as 0/1 matrices ``(B, C, N, N)``, dtype of v.
+
+    For analysis only: O(B·C·N²) memory. ``csp(v) == einsum("bcij,bjc->bic", P, v)``.
+    """
+    s = _check_args(v, shifts, groups, backend)
+    if backend == "naive":
+        from attnzoo.ops.csp.naive import csp_permutations_naive
+
+        return csp_permutations_naive(v, s.tolist(), groups)
+    from attnzoo.ops.csp.gather import csp_source_index as _index
+
+    idx = _index(v, s, groups)  # (B, N, C)
+    N = v.shape[1]
+    return torch.nn.functional.one_hot(idx.transpose(1, 2), N).to(v.dtype)

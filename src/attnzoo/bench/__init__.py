@@ -1,0 +1,163 @@
+"""``attnzoo bench``: time and peak memory of every mechanism beside the SDPA softmax baseline.
+
+Sweeps: ``n`` (sequence length at fixed width; ToST Fig. 6 left / Fig. 7, FAST Fig. 3), ``d`` (width at
+fixed length; ToST Fig. 6 right) and ``decode`` (causal per-token step time vs context; ToST Fig. 8).
+Writes ``results.csv``, ``results.json`` (with the machine description) and log-log PNGs, prints a table,
+and reports each op's fraction of the machine's roofline: the time to stream its inputs and output once
+at the bandwidth of a large copy measured in the same run, divided by its measured time.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import sys
+
+import torch
+
+from attnzoo.bench import cases
+from attnzoo.bench.runner import Row, machine_info, measure_bandwidth, measure_case, measure_decode, write_results
+
+PRESETS = {
+    # seconds on CI: tiny shapes, every code path
+    "quick": dict(lengths=[64, 256], dims=[32, 64], dim=64, heads=4, contexts=[16, 64], repeats=2,
+                  decode_dim=64, decode_heads=4),
+    # the README's CPU figures (ToST Fig. 6: K=8, d=384)
+    "default": dict(lengths=[1024, 2048, 4096, 8192, 16384], dims=[128, 256, 512, 1024], dim=384, heads=8,
+                    contexts=[128, 512, 2048, 8192], repeats=3, decode_dim=768, decode_heads=12),
+    # GPU: longer sequences and ToST Fig. 7's K=32, d=4096
+    "paper": dict(lengths=[1024, 4096, 16384, 32768, 65536, 131072], dims=[256, 512, 1024, 2048, 4096], dim=384,
+                  heads=8, contexts=[128, 1024, 8192, 32768], repeats=5, decode_dim=768, decode_heads=12),
+}
+
+
+def _parse(argv):
+    ap = argparse.ArgumentParser(prog="attnzoo bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="default")
+    ap.add_argument("--sweeps", default="n,d,decode", help="comma list of: n, d, decode")
+    ap.add_argument("--mechanisms", default=None, help=f"comma list (default all): {cases.OP_CASES}")
+    ap.add_argument("--lengths", type=int, nargs="+", help="N values of the n sweep")
+    ap.add_argument("--dims", type=int, nargs="+", help="d values of the d sweep")
+    ap.add_argument("--dim", type=int, help="model width d of the n sweep")
+    ap.add_argument("--heads", type=int, help="heads K")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--d-sweep-length", type=int, default=4096)
+    ap.add_argument("--causal", choices=["both", "yes", "no"], default="both", help="n sweep: causal, non-causal or both")
+    ap.add_argument("--level", choices=["op", "module"], default="op", help="pure op on (B,H,N,P) or module incl. projections")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    ap.add_argument("--repeats", type=int)
+    ap.add_argument("--budget-s", type=float, default=20.0, help="stop growing N for a mechanism once one call exceeds this")
+    ap.add_argument("--no-backward", action="store_true", help="forward only")
+    ap.add_argument("--out", default=None, help="output dir (default results/bench-<timestamp>)")
+    args = ap.parse_args(argv)
+    preset = PRESETS[args.preset]
+    for key in ("lengths", "dims", "dim", "heads", "repeats"):
+        if getattr(args, key) is None:
+            setattr(args, key, preset[key])
+    args.contexts, args.decode_dim, args.decode_heads = preset["contexts"], preset["decode_dim"], preset["decode_heads"]
+    args.sweeps = [s.strip() for s in args.sweeps.split(",") if s.strip()]
+    bad = [s for s in args.sweeps if s not in ("n", "d", "decode")]
+    if bad:
+        ap.error(f"unknown sweep(s) {bad}; valid: ['n', 'd', 'decode']")
+    mechs = cases.OP_CASES if args.mechanisms is None else [m.strip() for m in args.mechanisms.split(",")]
+    bad = [m for m in mechs if m not in cases.OP_CASES]
+    if bad:
+        ap.error(f"unknown mechanism(s) {bad}; valid: {cases.OP_CASES}")
+    args.mechanisms = mechs
+    return args
+
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def print_table(rows: list[Row]) -> None:
+    base = {(r.sweep, r.causal, r.length, r.dim): r.fwd_ms for r in rows if r.mechanism == "softmax" and r.fwd_ms}
+    hdr = f"{'sweep':<7}{'mechanism':<12}{'causal':<7}{'N':>7}{'d':>6}{'fwd ms':>11}{'fwd+bwd ms':>12}{'peak MiB':>10}{'x SDPA':>8}{'roofline':>9}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        ref = base.get((r.sweep, r.causal, r.length, r.dim))
+        speed = ref / r.fwd_ms if (ref and r.fwd_ms) else None
+        roof = None if r.roofline_frac is None else 100 * r.roofline_frac
+        if r.status != "ok":
+            print(f"{r.sweep:<7}{r.mechanism:<12}{str(r.causal):<7}{r.length:>7}{r.dim:>6}  {r.status}")
+            continue
+        print(f"{r.sweep:<7}{r.mechanism:<12}{str(r.causal):<7}{r.length:>7}{r.dim:>6}{_fmt(r.fwd_ms, '11.3f')}"
+              f"{_fmt(r.fwdbwd_ms, '12.3f')}{_fmt(r.fwd_peak_mb, '10.1f')}{_fmt(speed, '8.1f')}"
+              f"{_fmt(roof, '8.1f')}{'%' if roof is not None else ''}")
+
+
+def run(args) -> tuple[list[Row], dict]:
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    bandwidth = measure_bandwidth(device)
+    meta = machine_info(device) | {"bandwidth_GBps": bandwidth / 1e9, "dtype": args.dtype, "level": args.level,
+                                   "preset": args.preset, "argv": sys.argv[1:]}
+    print(f"machine: {meta['cpu']} | threads {meta['threads']} | {meta.get('gpu', 'no GPU')} | "
+          f"copy bandwidth {bandwidth / 1e9:.1f} GB/s | memory: {meta['memory_method']}")
+    rows: list[Row] = []
+    todo = []
+    if "n" in args.sweeps:
+        modes = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
+        for causal in modes:
+            for mech in args.mechanisms:
+                if causal and mech not in cases.CAUSAL_OP_CASES:
+                    continue
+                todo.append(("n", mech, causal, [cases.Shape(args.batch, args.heads, n, args.dim) for n in args.lengths]))
+    if "d" in args.sweeps:
+        for mech in args.mechanisms:
+            shapes = [cases.Shape(args.batch, args.heads, args.d_sweep_length, d) for d in args.dims if d % args.heads == 0]
+            todo.append(("d", mech, False, shapes))
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        tqdm = None
+    bar = tqdm(total=sum(len(t[3]) for t in todo), desc="bench", leave=False, file=sys.stderr) if tqdm else None
+    for sweep, mech, causal, shapes in todo:
+        over_budget = False
+        for s in shapes:
+            if over_budget:
+                rows.append(Row(sweep, mech, causal, args.level, s.batch, s.heads, s.length, s.dim,
+                                None, None, None, None, None, None, "skipped (time budget)"))
+            else:
+                r = measure_case(sweep, mech, s, causal=causal, level=args.level, device=device, dtype=dtype,
+                                 repeats=args.repeats, backward=not args.no_backward, bandwidth=bandwidth)
+                rows.append(r)
+                slowest = max(x for x in (r.fwd_ms, r.fwdbwd_ms, 0.0) if x is not None) / 1e3
+                over_budget = r.status != "ok" or slowest > args.budget_s
+            if bar:
+                bar.update(1)
+    if bar:
+        bar.close()
+    if "decode" in args.sweeps:
+        for mech in cases.DECODE_CASES:
+            if mech in args.mechanisms:
+                rows += measure_decode(mech, args.decode_dim, args.decode_heads, args.contexts, device, dtype, args.repeats)
+    return rows, meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    from attnzoo.bench.memory import cpu_peak_supported, ensure_malloc_env
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parse(argv)
+    if args.device == "cpu":
+        ensure_malloc_env(argv)
+        if not cpu_peak_supported():
+            print("bench: /proc/self/clear_refs is not writable here; CPU peak memory cannot be measured", file=sys.stderr)
+            return 2
+    out = args.out or os.path.join("results", "bench-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    rows, meta = run(args)
+    print_table(rows)
+    csv_path, json_path = write_results(out, rows, meta)
+    from attnzoo.bench.plots import plot_sweep
+
+    pngs = [
+        plot_sweep(rows, "n", "length", os.path.join(out, "sweep_n.png"), f"K={args.heads}, d={args.dim}, {args.level} level"),
+        plot_sweep(rows, "d", "dim", os.path.join(out, "sweep_d.png"), f"K={args.heads}, N={args.d_sweep_length}"),
+        plot_sweep(rows, "decode", "length", os.path.join(out, "decode.png"), "causal decoding: per-token step vs context"),
+    ]
+    print(f"wrote {csv_path}, {json_path}" + "".join(f", {p}" for p in pngs if p))
+    return 0

@@ -1,0 +1,128 @@
+"""What the benchmark runs: each mechanism as a pure op on per-head tensors, or as its full module.
+
+An op case returns the inputs it needs and the bytes an ideal implementation must move (read every
+input once, write the output once); that byte count is the roofline reference.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from attnzoo import ops
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    heads: int
+    length: int
+    dim: int  # model width d = heads * head_dim
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+
+@dataclass
+class Prepared:
+    inputs: list[torch.Tensor]  # tensors that receive gradients in the fwd+bwd measurement
+    run: Callable[[], torch.Tensor]
+    bytes_moved: int
+
+
+def _randn(shape, device, dtype, n=1):
+    return [torch.randn(*shape, device=device, dtype=dtype) for _ in range(n)]
+
+
+def _nbytes(*ts: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+def _op_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
+    B, H, N, P = s.batch, s.heads, s.length, s.head_dim
+    if name in ("softmax", "linear", "fastmax_p1", "fastmax_p2", "xca"):
+        q, k, v = _randn((B, H, N, P), device, dtype, 3)
+        if name == "softmax":
+            run = lambda: ops.softmax_attention(q, k, v, causal=causal)  # noqa: E731
+        elif name == "linear":
+            run = lambda: ops.linear_attention(q, k, v, causal=causal)  # noqa: E731
+        elif name == "xca":
+            temp = torch.ones(H, device=device, dtype=dtype)
+            run = lambda: ops.xca(q, k, v, temp)  # noqa: E731
+        else:
+            p = int(name[-1])
+            run = lambda: ops.fastmax(q, k, v, p=p, causal=causal)  # noqa: E731
+        return Prepared([q, k, v], run, 4 * _nbytes(q))
+    if name in ("tssa", "mssa"):
+        (w,) = _randn((B, H, N, P), device, dtype)
+        if name == "mssa":
+            run = lambda: ops.mssa(w, causal=causal, normalize_query=causal)  # noqa: E731
+            return Prepared([w], run, 2 * _nbytes(w))
+        temp = torch.ones(H, device=device, dtype=dtype)
+        bias = torch.zeros(H, N, 1, device=device, dtype=dtype) if causal else None
+        run = lambda: ops.tssa(w, temp, causal=causal, bias=bias)  # noqa: E731
+        return Prepared([w], run, 2 * _nbytes(w))
+    if name == "csp":
+        (v,) = _randn((B, N, s.dim), device, dtype)
+        shifts = ops.csp_shifts(N, s.dim, "linear").to(device)
+        run = lambda: ops.csp(v, shifts, 1)  # noqa: E731
+        return Prepared([v], run, 2 * _nbytes(v))
+    raise ValueError(f"no op-level benchmark case for {name!r}; valid: {OP_CASES}")
+
+
+OP_CASES = ["softmax", "linear", "xca", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "csp"]
+CAUSAL_OP_CASES = ["softmax", "linear", "mssa", "tssa", "fastmax_p1", "fastmax_p2"]
+
+
+def _module_name(name: str) -> tuple[str, dict]:
+    if name.startswith("fastmax_p"):
+        return "fastmax", {"p": int(name[-1])}
+    return name, {}
+
+
+def _module_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
+    from attnzoo.layers import build_attention
+
+    mech, opts = _module_name(name)
+    if causal and mech == "tssa":
+        opts["max_len"] = max(1024, s.length)
+    m = build_attention(mech, s.dim, s.heads, causal=causal, **opts).to(device=device, dtype=dtype)
+    (x,) = _randn((s.batch, s.length, s.dim), device, dtype)
+    params = sum(p.numel() * p.element_size() for p in m.parameters())
+    return Prepared([x], lambda: m(x), 2 * _nbytes(x) + params)
+
+
+def prepare(name: str, s: Shape, *, causal: bool, level: str, device, dtype) -> Prepared:
+    if level == "op":
+        return _op_case(name, s, causal, device, dtype)
+    if level == "module":
+        return _module_case(name, s, causal, device, dtype)
+    raise ValueError(f"level={level!r}; valid: ['op', 'module']")
+
+
+def flops_hint(name: str, s: Shape) -> float:
+    """Leading-order multiply-adds of the op, for the table's context (not used for the roofline)."""
+    N, P, H, B = s.length, s.head_dim, s.heads, s.batch
+    quad = {"softmax": 2 * N * N * P, "mssa": 2 * N * N * P}
+    if name in quad:
+        return float(B * H * quad[name])
+    if name.startswith("fastmax"):
+        p = int(name[-1])
+        return float(B * H * N * sum(P ** (l + 1) for l in range(p + 1)))
+    return float(B * H * N * P * (2 if name in ("linear", "xca") else 1) * (P if name in ("linear", "xca") else 1))
+
+
+def decode_module(name: str, dim: int, heads: int, max_context: int, device, dtype):
+    from attnzoo.layers import build_attention
+
+    mech, opts = _module_name(name)
+    if mech == "tssa":
+        opts["max_len"] = max(1024, max_context + 1)
+    return build_attention(mech, dim, heads, causal=True, **opts).to(device=device, dtype=dtype).eval()
+
+
+DECODE_CASES = ["softmax", "linear", "tssa", "fastmax_p1", "fastmax_p2"]
+
+__all__ = ["Shape", "Prepared", "prepare", "OP_CASES", "CAUSAL_OP_CASES", "DECODE_CASES", "decode_module"]

@@ -1,0 +1,186 @@
+"""Benchmark runner: time (median after warm-up; CUDA events on GPU) and peak memory per case."""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+from attnzoo.bench import cases
+from attnzoo.bench.memory import CPU_METHOD, CUDA_METHOD, peak_memory_bytes
+
+
+@dataclass
+class Row:
+    sweep: str
+    mechanism: str
+    causal: bool
+    level: str
+    batch: int
+    heads: int
+    length: int
+    dim: int
+    fwd_ms: float | None
+    fwdbwd_ms: float | None
+    fwd_peak_mb: float | None
+    fwdbwd_peak_mb: float | None
+    bytes_moved: int | None
+    roofline_frac: float | None
+    status: str
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 1) -> float:
+    """Median seconds of ``fn`` over ``repeats`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_bandwidth(device: torch.device, mib: int = 256, repeats: int = 5) -> float:
+    """Bytes/s of a large device-to-device copy (read + write), the machine's practical roofline."""
+    n = mib * 2**20 // 4
+    a = torch.empty(n, device=device).fill_(1.0)
+    b = torch.empty_like(a)
+    sec = time_call(lambda: b.copy_(a), device, repeats)
+    del a, b
+    return 2 * n * 4 / sec
+
+
+def machine_info(device: torch.device) -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    info = {
+        "cpu": cpu,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+        "memory_method": CUDA_METHOD if device.type == "cuda" else CPU_METHOD,
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def measure_case(
+    sweep: str, name: str, shape: cases.Shape, *, causal: bool, level: str, device: torch.device,
+    dtype: torch.dtype, repeats: int, backward: bool, bandwidth: float,
+) -> Row:
+    """Forward (no grad) and forward+backward time and peak memory of one mechanism at one shape."""
+    row = Row(sweep, name, causal, level, shape.batch, shape.heads, shape.length, shape.dim,
+              None, None, None, None, None, None, "ok")
+    try:
+        prep = cases.prepare(name, shape, causal=causal, level=level, device=device, dtype=dtype)
+        row.bytes_moved = prep.bytes_moved
+
+        def fwd():
+            with torch.no_grad():
+                return prep.run()
+
+        row.fwd_peak_mb = peak_memory_bytes(fwd, device) / 2**20
+        sec = time_call(fwd, device, repeats)
+        row.fwd_ms = sec * 1e3
+        row.roofline_frac = (prep.bytes_moved / bandwidth) / sec
+        if backward:
+            for t in prep.inputs:
+                t.requires_grad_(True)
+
+            def fwdbwd():
+                out = prep.run()
+                return torch.autograd.grad(out, prep.inputs, torch.ones_like(out))
+
+            row.fwdbwd_peak_mb = peak_memory_bytes(fwdbwd, device) / 2**20
+            row.fwdbwd_ms = time_call(fwdbwd, device, repeats) * 1e3
+    except torch.OutOfMemoryError:
+        row.status = "oom"
+    except (RuntimeError, MemoryError) as err:
+        if "out of memory" in str(err).lower() or isinstance(err, MemoryError):
+            row.status = "oom"
+        else:
+            raise
+    finally:
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return row
+
+
+def measure_decode(name: str, dim: int, heads: int, contexts: list[int], device, dtype, repeats: int,
+                   block: int = 8) -> list[Row]:
+    """Per-token step time and step memory at each context length (ToST Fig. 8).
+
+    Steps are timed in blocks of ``block`` consecutive tokens starting at the context length, so the
+    figure holds whether a mechanism updates its state in place (a KV cache) or returns a new one.
+    """
+    rows = []
+    m = cases.decode_module(name, dim, heads, max(contexts) + (repeats + 2) * block, device, dtype)
+    holder = {"state": m.init_state(1, device=device, dtype=dtype), "pos": 0}
+    x = torch.randn(1, 1, dim, device=device, dtype=dtype)
+
+    def advance(n: int) -> None:
+        for _ in range(n):
+            _, holder["state"] = m.step(x, holder["state"])
+        holder["pos"] += n
+
+    with torch.no_grad():
+        for ctx in sorted(contexts):
+            advance(max(0, ctx - holder["pos"]))
+            peak = peak_memory_bytes(lambda: advance(block), device)
+            sec = time_call(lambda: advance(block), device, repeats, warmup=0) / block
+            rows.append(Row("decode", name, True, "module", 1, heads, ctx, dim, sec * 1e3, None,
+                            peak / 2**20, None, None, None, "ok"))
+    return rows
+
+
+def write_results(out_dir: str, rows: list[Row], meta: dict) -> tuple[str, str]:
+    """Atomically write ``results.csv`` and ``results.json`` into ``out_dir``."""
+    import csv
+
+    os.makedirs(out_dir, exist_ok=True)
+    csv_path, json_path = os.path.join(out_dir, "results.csv"), os.path.join(out_dir, "results.json")
+    fields = list(Row.__dataclass_fields__)
+    tmp = csv_path + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow(asdict(r))
+    os.replace(tmp, csv_path)
+    tmp = json_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"machine": meta, "rows": [asdict(r) for r in rows]}, f, indent=1)
+    os.replace(tmp, json_path)
+    return csv_path, json_path

@@ -1,0 +1,302 @@
+"""CSP op (CSP eqs 3-5, §3.2.2, App. B): fast gather path vs explicit permutation matrices, and properties."""
+import itertools
+
+import pytest
+import torch
+
+from attnzoo.ops.csp import csp, csp_permutations, csp_shifts, csp_source_index
+from attnzoo.ops.csp.naive import shift_matrix
+
+# (B, N, C, groups): complete sort, size-2 groups (min/max path), other divisors, pure shift, odd N, N=1
+CASES = [
+    (2, 6, 4, 1),
+    (2, 6, 4, 3),
+    (2, 6, 4, 2),
+    (2, 6, 4, 6),
+    (1, 1, 3, 1),
+    (3, 7, 5, 1),
+    (2, 7, 5, 7),
+    (2, 12, 5, 4),
+    (2, 10, 3, 5),
+    (1, 9, 4, 3),
+    (1, 15, 3, 3),
+]
+
+
+def _shift_variants(N, C, gen):
+    yield csp_shifts(N, C)
+    # arbitrary steps, incl. a shifted reference channel, negatives and steps beyond N (taken mod N)
+    yield torch.randint(-2 * N, 3 * N, (C,), generator=gen)
+
+
+def _distinct(shape, dtype=torch.float64):
+    """Values pairwise at least 0.37 apart, so finite differences never reorder them."""
+    n = 1
+    for s in shape:
+        n *= s
+    return ((torch.randperm(n).to(dtype) - n / 2) * 0.37).view(shape)
+
+
+@pytest.mark.parametrize("B,N,C,groups", CASES)
+def test_fast_matches_naive_forward(B, N, C, groups):
+    gen = torch.Generator().manual_seed(N * 31 + C)
+    for shifts in _shift_variants(N, C, gen):
+        v64 = torch.randn(B, N, C, dtype=torch.float64)
+        torch.testing.assert_close(csp(v64, shifts, groups), csp(v64, shifts, groups, backend="naive"), rtol=0, atol=0)
+        v32 = torch.randn(B, N, C)
+        torch.testing.assert_close(
+            csp(v32, shifts, groups, backend="torch"), csp(v32, shifts, groups, backend="naive"), rtol=1e-6, atol=1e-6
+        )
+        torch.testing.assert_close(
+            csp_permutations(v64, shifts, groups), csp_permutations(v64, shifts, groups, backend="naive"), rtol=0, atol=0
+        )
+
+
+@pytest.mark.parametrize("B,N,C,groups", CASES)
+def test_fast_matches_naive_backward(B, N, C, groups):
+    gen = torch.Generator().manual_seed(N * 7 + C)
+    for shifts in _shift_variants(N, C, gen):
+        v = torch.randn(B, N, C, dtype=torch.float64)
+        g = torch.randn(B, N, C, dtype=torch.float64)
+        grads = []
+        for backend in ("torch", "naive"):
+            vv = v.clone().requires_grad_(True)
+            (csp(vv, shifts, groups, backend=backend) * g).sum().backward()
+            grads.append(vv.grad)
+        torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("B,N,C,groups", [(2, 4, 3, 1), (1, 6, 3, 3), (1, 6, 2, 2), (2, 5, 2, 5), (1, 1, 2, 1)])
+@pytest.mark.parametrize("backend", ["torch", "naive"])
+def test_gradcheck(B, N, C, groups, backend):
+    v = _distinct((B, N, C)).requires_grad_(True)
+    shifts = csp_shifts(N, C)
+    assert torch.autograd.gradcheck(lambda t: csp(t, shifts, groups, backend=backend), (v,))
+
+
+def test_gradgradcheck_fast():
+    v = _distinct((1, 6, 3)).requires_grad_(True)
+    assert torch.autograd.gradgradcheck(lambda t: csp(t, [0, 2, 4], 2), (v,))
+
+
+@pytest.mark.parametrize("N,groups", [(8, 1), (8, 4), (8, 2), (9, 3)])
+def test_ties_are_broken_identically(N, groups):
+    # few distinct values -> many ties in both the reference and the sorted channels
+    v = torch.randint(0, 3, (2, N, 4)).double()
+    shifts = [0, 1, 3, 5]
+    P_fast = csp_permutations(v, shifts, groups)
+    P_naive = csp_permutations(v, shifts, groups, backend="naive")
+    torch.testing.assert_close(P_fast, P_naive, rtol=0, atol=0)
+    g = torch.randn_like(v)
+    grads = []
+    for backend in ("torch", "naive"):
+        vv = v.clone().requires_grad_(True)
+        (csp(vv, shifts, groups, backend=backend) * g).sum().backward()
+        grads.append(vv.grad)
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+
+
+def test_stable_tie_rule_on_hand_example():
+    # one group of size 2, equal reference values: stable sort keeps slot 0 as the smaller one
+    v = torch.tensor([[[1.0, 5.0], [1.0, 2.0]]])
+    idx = csp_source_index(v, [0, 0], 1)
+    assert idx[0, :, 1].tolist() == [1, 0]
+    assert csp(v, [0, 0], 1)[0, :, 1].tolist() == [2.0, 5.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_is_exact_permutation(dtype):
+    v = torch.randn(2, 8, 4).to(dtype)
+    y = csp(v, [0, 1, 2, 3], 2)
+    assert y.dtype == dtype
+    torch.testing.assert_close(y.float(), csp(v.float(), [0, 1, 2, 3], 2), rtol=0, atol=0)
+
+
+def test_hand_computed_example():
+    # N=4, C=2, shifts (0, 1), groups of size 2.
+    # channel 1 = [10, 40, 30, 20] -> S_1 -> [20, 10, 40, 30];
+    # group 0: reference [3, 1] is descending -> [20, 10]; group 1: reference [2, 4] ascending -> [30, 40].
+    v = torch.tensor([[[3.0, 10.0], [1.0, 40.0], [2.0, 30.0], [4.0, 20.0]]])
+    for backend in ("torch", "naive"):
+        y = csp(v, [0, 1], 2, backend=backend)
+        assert y[0, :, 0].tolist() == [3.0, 1.0, 2.0, 4.0]
+        assert y[0, :, 1].tolist() == [20.0, 10.0, 30.0, 40.0]
+
+
+def test_shift_matrix_matches_eq3():
+    # S_J v moves entry i to i + J (mod N): rows [0, J) take the last J entries
+    v = torch.arange(5.0)
+    assert (shift_matrix(5, 2) @ v).tolist() == [3.0, 4.0, 0.0, 1.0, 2.0]
+    assert (shift_matrix(5, 7) @ v).tolist() == [3.0, 4.0, 0.0, 1.0, 2.0]
+    assert torch.equal(shift_matrix(5, 0), torch.eye(5))
+
+
+@pytest.mark.parametrize("N,groups", [(6, 1), (6, 3), (8, 4), (9, 3), (5, 5), (1, 1)])
+@pytest.mark.parametrize("backend", ["torch", "naive"])
+def test_implied_maps_are_permutations(N, groups, backend):
+    """Identity of eq 4-5: every P_c is a 0/1 doubly stochastic matrix, P_c = T_c S_{J_c}, csp = ||_c P_c v_c."""
+    B, C = 2, 4
+    v = torch.randn(B, N, C, dtype=torch.float64)
+    shifts = [0, 1, N + 2, -1]
+    P = csp_permutations(v, shifts, groups, backend=backend)
+    assert P.shape == (B, C, N, N)
+    assert bool(((P == 0) | (P == 1)).all())
+    ones = torch.ones(B, C, N, dtype=P.dtype)
+    torch.testing.assert_close(P.sum(-1), ones, rtol=0, atol=0)
+    torch.testing.assert_close(P.sum(-2), ones, rtol=0, atol=0)
+    torch.testing.assert_close(torch.einsum("bcij,bjc->bic", P, v), csp(v, shifts, groups), rtol=0, atol=0)
+    # channel 0 is only shifted (P_1 = I for a zero step)
+    torch.testing.assert_close(P[:, 0], torch.eye(N, dtype=P.dtype).expand(B, N, N), rtol=0, atol=0)
+    # T_c = P_c S_{J_c}^T is block diagonal with groups of size N / groups
+    G = N // groups
+    block = torch.block_diag(*[torch.ones(G, G, dtype=P.dtype)] * groups)
+    for c, j in enumerate(shifts):
+        T = P[:, c] @ shift_matrix(N, j, dtype=P.dtype).T
+        assert bool((T * (1 - block) == 0).all())
+
+
+@pytest.mark.parametrize("G", [2, 3, 4, 5])
+def test_group_sort_is_brute_force_optimal_transport(G):
+    """App. B: within each group, T_c^(k) maximises <v_1 v_c^T, T> over all G x G permutation matrices."""
+    K, C, B = 2, 4, 2
+    N = K * G
+    shifts = [0, 1, 2, G + 1]
+    v = torch.randn(B, N, C, dtype=torch.float64)
+    y = csp(v, shifts, K)
+    u = torch.stack([torch.roll(v[:, :, c], shifts[c], dims=1) for c in range(C)], dim=-1)  # S_{J_c} v_c
+    perms = list(itertools.permutations(range(G)))
+    for b in range(B):
+        for k in range(K):
+            sl = slice(k * G, (k + 1) * G)
+            ref = u[b, sl, 0]
+            for c in range(C):
+                uc = u[b, sl, c]
+                # <ref uc^T, T_sigma> = sum_i ref[i] * uc[sigma(i)]
+                objectives = torch.stack([(ref * uc[list(s)]).sum() for s in perms])
+                best = int(objectives.argmax())
+                ours = (ref * y[b, sl, c]).sum()
+                torch.testing.assert_close(ours, objectives.max(), rtol=1e-12, atol=1e-12)
+                # continuous random values: the optimum is unique, so the permutation itself agrees
+                assert y[b, sl, c].tolist() == uc[list(perms[best])].tolist()
+
+
+def test_complete_sorting_follows_reference_order():
+    """groups=1: each channel keeps its values, is ordered like channel 0, and shifts of c >= 1 are redundant."""
+    v = torch.randn(3, 9, 5, dtype=torch.float64)
+    y = csp(v, [0, 0, 0, 0, 0], 1)
+    torch.testing.assert_close(y.sort(dim=1).values, v.sort(dim=1).values, rtol=0, atol=0)
+    ref_order = v[:, :, 0].argsort(dim=1)
+    for c in range(5):
+        assert torch.equal(y[:, :, c].argsort(dim=1), ref_order)
+    torch.testing.assert_close(csp(v, [0, 3, 1, 8, 4], 1), y, rtol=0, atol=0)
+
+
+def test_complete_sort_without_shift_is_permutation_equivariant():
+    v = torch.randn(2, 7, 4, dtype=torch.float64)
+    pi = torch.randperm(7)
+    torch.testing.assert_close(csp(v[:, pi], [0] * 4, 1), csp(v, [0] * 4, 1)[:, pi], rtol=0, atol=0)
+
+
+def test_not_token_permutation_equivariant():
+    # pure shift (groups = N): channel 1 = [10, 20, 30] -> [30, 10, 20]; swapping tokens 0 and 1 first
+    # gives [20, 10, 30] -> [30, 20, 10], which is not the swap [10, 30, 20] of the original output.
+    v = torch.tensor([[[1.0, 10.0], [2.0, 20.0], [3.0, 30.0]]])
+    pi = torch.tensor([1, 0, 2])
+    out_perm_first = csp(v[:, pi], [0, 1], 3)
+    perm_of_out = csp(v, [0, 1], 3)[:, pi]
+    assert out_perm_first[0, :, 1].tolist() == [30.0, 20.0, 10.0]
+    assert perm_of_out[0, :, 1].tolist() == [10.0, 30.0, 20.0]
+    # groups of size 2 without shifts: moving a token across a group boundary changes which values meet
+    w = torch.tensor([[[1.0, 4.0], [2.0, 3.0], [3.0, 2.0], [4.0, 1.0]]])
+    pi = torch.tensor([0, 2, 1, 3])
+    assert not torch.equal(csp(w[:, pi], [0, 0], 2), csp(w, [0, 0], 2)[:, pi])
+
+
+def test_source_index_reproduces_output():
+    v = torch.randn(2, 12, 5)
+    shifts = csp_shifts(12, 5)
+    idx = csp_source_index(v, shifts, 4)
+    assert idx.dtype == torch.long and idx.shape == (2, 12, 5)
+    torch.testing.assert_close(v.gather(1, idx), csp(v, shifts, 4), rtol=0, atol=0)
+
+
+# ---- shift schedules (§3.2.2), values worked out by hand from the formulas -------------------------
+
+
+def test_linear_schedule_hand_values():
+    # J_c = (c-1) * ceil(N/C) mod N, 1-based c
+    assert csp_shifts(16, 4).tolist() == [0, 4, 8, 12]  # ceil(16/4) = 4
+    assert csp_shifts(10, 4).tolist() == [0, 3, 6, 9]  # ceil(10/4) = 3
+    assert csp_shifts(6, 4).tolist() == [0, 2, 4, 0]  # ceil(6/4) = 2, 6 mod 6 = 0
+    assert csp_shifts(5, 8).tolist() == [0, 1, 2, 3, 4, 0, 1, 2]  # C > N: (c-1) mod N (Table 1)
+    assert csp_shifts(1, 3).tolist() == [0, 0, 0]
+    assert csp_shifts(7, 3, layer=1, num_layers=2).tolist() == [0, 3, 6]  # linear ignores the layer
+
+
+def test_power_schedule_hand_values():
+    # channel g = 1..LC over all layers is shifted by J^(g-1) - 1 with J = floor(N^(1/(LC-1)))
+    # N=1000, C=2, L=2: LC=4, J=floor(1000^(1/3))=10 (the float root is 9.999...)
+    assert csp_shifts(1000, 2, "power", layer=0, num_layers=2).tolist() == [0, 9]
+    assert csp_shifts(1000, 2, "power", layer=1, num_layers=2).tolist() == [99, 999]
+    # N=64, C=4, L=1: J = floor(64^(1/3)) = 4 -> 4^0-1, 4^1-1, 4^2-1, 4^3-1
+    assert csp_shifts(64, 4, "power").tolist() == [0, 3, 15, 63]
+    # N=100, C=3, L=2: LC=6, J = floor(100^(1/5)) = 2 -> 2^(g-1) - 1
+    assert csp_shifts(100, 3, "power", layer=0, num_layers=2).tolist() == [0, 1, 3]
+    assert csp_shifts(100, 3, "power", layer=1, num_layers=2).tolist() == [7, 15, 31]
+    # base override: N=10, J=3 -> 0, 2, 8, (27-1) mod 10 = 6
+    assert csp_shifts(10, 4, "power", base=3).tolist() == [0, 2, 8, 6]
+    # a single channel overall has no reference to differ from
+    assert csp_shifts(50, 1, "power").tolist() == [0]
+    assert csp_shifts(9, 3, "none").tolist() == [0, 0, 0]
+
+
+def test_shift_schedule_range_and_dtype():
+    for N, C, sched in [(1, 4, "linear"), (37, 5, "linear"), (4096, 8, "power"), (3, 9, "power")]:
+        s = csp_shifts(N, C, sched, layer=0, num_layers=3)
+        assert s.dtype == torch.long and s.shape == (C,)
+        assert bool(((s >= 0) & (s < N)).all())
+        assert int(s[0]) == 0
+
+
+def test_shift_schedule_errors():
+    with pytest.raises(ValueError, match=r"schedule='cosine'.*\['linear', 'power', 'none'\]"):
+        csp_shifts(8, 4, "cosine")
+    with pytest.raises(ValueError, match=r"layer must be an integer in \[0, num_layers=2\), got 2"):
+        csp_shifts(8, 4, "power", layer=2, num_layers=2)
+    with pytest.raises(ValueError, match="N must be a positive integer, got 0"):
+        csp_shifts(0, 4)
+    with pytest.raises(ValueError, match="base=2 only applies to schedule='power'"):
+        csp_shifts(8, 4, "linear", base=2)
+
+
+# ---- input validation ---------------------------------------------------------------------------
+
+
+def test_groups_must_divide_n():
+    v = torch.randn(1, 6, 3)
+    with pytest.raises(ValueError, match=r"N=6 .*groups=4.*\[1, 2, 3, 6\]"):
+        csp(v, [0, 1, 2], 4)
+    with pytest.raises(ValueError, match=r"N=6 .*groups=4.*\[1, 2, 3, 6\]"):
+        csp_permutations(v, [0, 1, 2], 4)
+    with pytest.raises(ValueError, match="groups must be a positive integer, got 0"):
+        csp(v, [0, 1, 2], 0)
+
+
+def test_bad_inputs():
+    v = torch.randn(1, 6, 3)
+    with pytest.raises(ValueError, match=r"backend='cuda'.*\['auto', 'naive', 'torch'\]"):
+        csp(v, [0, 1, 2], 1, backend="cuda")
+    with pytest.raises(ValueError, match=r"C=3 steps.*got 2"):
+        csp(v, [0, 1], 1)
+    with pytest.raises(ValueError, match=r"shape \(C,\) = \(3,\), got shape \(2, 3\)"):
+        csp(v, torch.zeros(2, 3, dtype=torch.long), 1)
+    with pytest.raises(TypeError, match="shifts must hold integers.*float32"):
+        csp(v, torch.zeros(3), 1)
+    with pytest.raises(TypeError, match="shifts must hold integers"):
+        csp(v, [0, 1.5, 2], 1)
+    with pytest.raises(TypeError, match="length-C sequence"):
+        csp(v, 3, 1)
+    with pytest.raises(ValueError, match=r"v must have shape \(B, N, C\)"):
+        csp(torch.randn(6, 3), [0, 1, 2], 1)
+    with pytest.raises(TypeError, match="floating-point"):
+        csp(torch.ones(1, 6, 3, dtype=torch.long), [0, 1, 2], 1)
