@@ -1,1 +1,104 @@
-"""Placeholder: the tssa module is being written."""
+"""TSSA token mixer of ToST (Wu et al. 2025): Alg. 1 (eq. 11) and its causal variant Alg. 2 (eq. 28).
+
+Parameters are exactly those of the paper's pseudocode, so parameter counts match the ToST tables:
+``qkv`` (one ``dim x dim`` projection; its name is the paper's), per-head ``temp`` ``(heads, 1)``,
+``to_out``, and in causal mode the positional ``bias`` ``(heads, max_len, 1)`` of eq. 39.
+"""
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from attnzoo._checks import check_positive_int
+from attnzoo.layers.base import Attention, RecurrentMixin, register_attention
+from attnzoo.ops.tssa import TSSAState, tssa, tssa_init_state, tssa_pi, tssa_step
+
+__all__ = ["TSSAAttention"]
+
+
+@register_attention("tssa")
+class TSSAAttention(Attention, RecurrentMixin):
+    """Token Statistics Self-Attention: ``to_out(tssa(qkv(x)))``, linear time and O(P) state per head.
+
+    Options: ``qkv_bias`` (bias of the input projection, Alg. 1 default off), ``max_len`` (length of the
+    causal bias, hence the longest causal sequence; ToST/GPT-2 use 1024), ``proj_bias`` (bias of ``to_out``).
+
+    Internals recorded under :func:`~attnzoo.layers.base.capture_internals`: ``pi`` ``(B, H, N)``, the
+    membership of each token in each head's subspace (eq. 10 / 39), and ``w`` ``(B, H, N, P)``, the
+    projected tokens ``U_k^T z_j``.
+    """
+
+    supports_causal = True
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        causal: bool = False,
+        qkv_bias: bool = False,
+        max_len: int = 1024,
+        proj_bias: bool = True,
+    ) -> None:
+        super().__init__(dim, heads, causal=causal)
+        check_positive_int("max_len", max_len)
+        self.max_len = max_len
+        self.qkv = nn.Linear(dim, dim, bias=qkv_bias)
+        self.temp = nn.Parameter(torch.ones(heads, 1))
+        self.to_out = nn.Linear(dim, dim, bias=proj_bias)
+        if causal:
+            self.bias = nn.Parameter(torch.zeros(heads, max_len, 1))
+        else:
+            self.register_parameter("bias", None)
+
+    def _check_len(self, n: int) -> None:
+        if self.causal and n > self.max_len:
+            raise ValueError(
+                f"sequence length N={n} exceeds max_len={self.max_len} of this causal TSSA "
+                f"(its positional bias has max_len entries); build it with max_len >= {n}"
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        self._check_len(x.shape[1])
+        w = rearrange(self.qkv(x), "b n (h p) -> b h n p", h=self.heads)
+        temp = self.temp.view(-1)
+        out = tssa(w, temp, causal=self.causal, bias=self.bias)
+        if self.capturing:
+            with torch.no_grad():
+                self.record(pi=tssa_pi(w, temp, causal=self.causal, bias=self.bias), w=w)
+        return self.to_out(rearrange(out, "b h n p -> b n (h p)"))
+
+    # ---- recurrent decoding (causal only) -----------------------------------------------------
+    def init_state(self, batch_size: int, *, device=None, dtype=None) -> TSSAState:
+        """Empty decoding state: running sums of w^2, Pi * w^2 and Pi (float32 or better)."""
+        self._require_causal()
+        check_positive_int("batch_size", batch_size)
+        device = self.temp.device if device is None else device
+        dtype = self.temp.dtype if dtype is None else dtype
+        return tssa_init_state(batch_size, self.heads, self.head_dim, device=device, dtype=dtype)
+
+    def step(self, x: torch.Tensor, state: TSSAState) -> tuple[torch.Tensor, TSSAState]:
+        """Decode one token ``x`` ``(B, 1, dim)``; equals the causal forward at position ``state.pos``."""
+        self._require_causal()
+        self.check_input(x)
+        if x.shape[1] != 1:
+            raise ValueError(f"step takes one token x of shape (B, 1, dim), got shape {tuple(x.shape)}")
+        if not isinstance(state, TSSAState):
+            raise TypeError(f"state must be a TSSAState from init_state, got {type(state).__name__}")
+        if state.pos >= self.max_len:
+            raise ValueError(
+                f"cannot decode position {state.pos}: this causal TSSA supports positions < max_len={self.max_len}"
+            )
+        w_t = rearrange(self.qkv(x), "b 1 (h p) -> b h p", h=self.heads)
+        out, state = tssa_step(w_t, self.temp.view(-1), state, bias=self.bias)
+        return self.to_out(rearrange(out, "b h p -> b 1 (h p)")), state
+
+    def _require_causal(self) -> None:
+        if not self.causal:
+            raise ValueError("token-by-token decoding needs a causal TSSA; build it with causal=True")
+
+    def extra_repr(self) -> str:
+        extra = f", max_len={self.max_len}" if self.causal else ""
+        return super().extra_repr() + extra

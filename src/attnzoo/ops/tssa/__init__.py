@@ -1,1 +1,189 @@
-"""Placeholder: the tssa op is being written."""
+"""Token Statistics Self-Attention (ToST, Wu et al. 2025): eq. 11 / Alg. 1 and causal eq. 28 / Alg. 2.
+
+Public API:
+
+- :func:`tssa` ``(w (B, H, N, P), temp (H,)) -> (B, H, N, P)``: the per-head update
+  ``-Pi * (1 + second_moment)^-1 * w`` before the output projection.
+- :func:`tssa_pi`: the membership ``Pi`` ``(B, H, N)`` (eq. 10 / 39), for inspection.
+- :func:`tssa_init_state` / :func:`tssa_step`: O(1)-memory recurrent form of causal TSSA for decoding.
+
+Backends: ``"naive"`` (``naive.py``, the literal pseudocode, differentiated by autograd) and ``"torch"``
+(``chunked.py``, memory-lean with hand-written backward); ``"auto"`` picks ``"torch"``.
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import NamedTuple
+
+import torch
+
+from attnzoo._checks import check_choice, check_finite, check_ndim
+
+__all__ = ["tssa", "tssa_pi", "tssa_step", "tssa_init_state", "TSSAState"]
+
+
+def _backends() -> list[str]:
+    names = ["auto", "naive", "torch"]
+    # A Triton kernel may be added later as ops/tssa/triton.py exporting ``tssa_triton``.
+    if importlib.util.find_spec("attnzoo.ops.tssa.triton") is not None:
+        names.append("triton")
+    return names
+
+
+def _check_temp(temp: torch.Tensor, heads: int) -> None:
+    if not isinstance(temp, torch.Tensor):
+        raise TypeError(f"temp must be a torch.Tensor of shape (H,)=({heads},), got {type(temp).__name__}")
+    if not temp.is_floating_point():
+        raise TypeError(f"temp must be a floating-point tensor, got dtype {temp.dtype}")
+    if tuple(temp.shape) != (heads,):
+        raise ValueError(f"temp must have shape (H,)=({heads},) (one temperature per head), got {tuple(temp.shape)}")
+    check_finite("temp", temp)
+
+
+def _check_bias(bias: torch.Tensor | None, heads: int, n: int, causal: bool) -> None:
+    if bias is None:
+        return
+    if not causal:
+        raise ValueError("bias is only used by causal TSSA (Alg. 2); pass causal=True or bias=None")
+    check_ndim("bias", bias, 3, "(H, N_max, 1)")
+    if bias.shape[0] != heads or bias.shape[2] != 1:
+        raise ValueError(f"bias must have shape (H, N_max, 1) with H={heads}, got {tuple(bias.shape)}")
+    if bias.shape[1] < n:
+        raise ValueError(
+            f"bias covers N_max={bias.shape[1]} positions but the sequence has N={n} tokens; "
+            f"bias needs N_max >= N"
+        )
+    check_finite("bias", bias)
+
+
+def _validate(w, temp, causal, bias, backend) -> None:
+    check_choice("backend", backend, _backends())
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    check_ndim("w", w, 4, "(B, H, N, P)")
+    _, h, n, p = w.shape
+    if h < 1 or n < 1 or p < 1:
+        raise ValueError(f"w must have H, N, P >= 1, got shape (B, H, N, P)={tuple(w.shape)}")
+    _check_temp(temp, h)
+    _check_bias(bias, h, n, causal)
+    check_finite("w", w)
+
+
+def tssa(
+    w: torch.Tensor,
+    temp: torch.Tensor,
+    *,
+    causal: bool = False,
+    bias: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """TSSA update ``-Pi * w / (1 + dots)`` of eq. 11 (Alg. 1) or causal eq. 28 (Alg. 2), ``(B, H, N, P)``.
+
+    ``w``: projected tokens ``(B, H, N, P)``; ``temp``: softmax temperature per head ``(H,)`` (eq. 10's
+    ``1/(2 eta)``); ``bias``: learned causal bias ``(H, N_max, 1)`` with ``N_max >= N`` (Alg. 2; ``None``
+    means zeros). Internals run in float32 or better; the result has ``w``'s dtype. Causal 0/0 (a feature
+    that is exactly 0 in every token so far) is defined as 0, identically in every backend.
+    """
+    _validate(w, temp, causal, bias, backend)
+    # Autocast would run the token reductions (matmuls) in half precision; they must stay float32+.
+    with torch.autocast(device_type=w.device.type, enabled=False):
+        return _dispatch(w, temp, causal, bias, backend)
+
+
+def _dispatch(w, temp, causal, bias, backend) -> torch.Tensor:
+    if backend == "auto":
+        backend = "torch"
+    if backend == "naive":
+        from attnzoo.ops.tssa.naive import tssa_naive
+
+        if causal and bias is None:
+            bias = torch.zeros(w.shape[1], w.shape[2], 1, device=w.device, dtype=w.dtype)
+        return tssa_naive(w, temp, causal=causal, bias=bias)
+    if backend == "triton":  # pragma: no cover - only once a kernel exists
+        from attnzoo.ops.tssa.triton import tssa_triton
+
+        return tssa_triton(w, temp, causal=causal, bias=bias)
+    from attnzoo.ops.tssa.chunked import tssa_torch
+
+    return tssa_torch(w, temp, causal=causal, bias=bias)
+
+
+def tssa_pi(
+    w: torch.Tensor,
+    temp: torch.Tensor,
+    *,
+    causal: bool = False,
+    bias: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Group membership ``Pi`` ``(B, H, N)`` (rows sum to 1 over heads): eq. 10 with App. C.1's
+    normalisation (Alg. 1), or eq. 39 (Alg. 2) when ``causal``; float32 or better."""
+    _validate(w, temp, causal, bias, backend)
+    with torch.autocast(device_type=w.device.type, enabled=False):
+        if backend == "naive":
+            from attnzoo.ops.tssa.naive import tssa_pi_naive
+
+            if causal and bias is None:
+                bias = torch.zeros(w.shape[1], w.shape[2], 1, device=w.device, dtype=w.dtype)
+            return tssa_pi_naive(w, temp, causal=causal, bias=bias)
+        from attnzoo.ops.tssa.chunked import tssa_pi_torch
+
+        return tssa_pi_torch(w, temp, causal=causal, bias=bias)
+
+
+class TSSAState(NamedTuple):
+    """Recurrent state of causal TSSA after ``pos`` tokens (all sums over tokens so far, float32+)."""
+
+    sq_sum: torch.Tensor  # (B, H, P) running sum of w^2 (Alg. 2's cumsum(w_sq))
+    num: torch.Tensor  # (B, H, P) running sum of Pi * w^2 (numerator of dots)
+    den: torch.Tensor  # (B, H) running sum of Pi (denominator of dots)
+    pos: int  # index of the next token
+
+
+def tssa_init_state(
+    batch_size: int, heads: int, head_dim: int, *, device=None, dtype: torch.dtype | None = None
+) -> TSSAState:
+    """Empty causal-TSSA state; sums are kept in ``promote(dtype, float32)``."""
+    cdt = torch.promote_types(dtype or torch.get_default_dtype(), torch.float32)
+    z = torch.zeros(batch_size, heads, head_dim, device=device, dtype=cdt)
+    return TSSAState(z, z.clone(), torch.zeros(batch_size, heads, device=device, dtype=cdt), 0)
+
+
+def tssa_step(
+    w_t: torch.Tensor, temp: torch.Tensor, state: TSSAState, *, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, TSSAState]:
+    """One decoding step of causal TSSA (eq. 28 / Alg. 2) for token ``state.pos``: pure, O(HP) memory.
+
+    ``w_t``: ``(B, H, P)``; ``temp``: ``(H,)``; ``bias``: ``(H, N_max, 1)`` or ``None``. Returns
+    ``(out_t (B, H, P), new_state)``; ``out_t`` equals position ``state.pos`` of
+    ``tssa(w, temp, causal=True, bias=bias)``.
+    """
+    check_ndim("w_t", w_t, 3, "(B, H, P)")
+    b, h, p = w_t.shape
+    _check_temp(temp, h)
+    if tuple(state.sq_sum.shape) != (b, h, p):
+        raise ValueError(f"state was built for (B, H, P)={tuple(state.sq_sum.shape)} but w_t has shape {(b, h, p)}")
+    pos = state.pos
+    if bias is not None:
+        check_ndim("bias", bias, 3, "(H, N_max, 1)")
+        if bias.shape[0] != h or bias.shape[2] != 1:
+            raise ValueError(f"bias must have shape (H, N_max, 1) with H={h}, got {tuple(bias.shape)}")
+        if pos >= bias.shape[1]:
+            raise ValueError(
+                f"position {pos} is beyond the causal bias length N_max={bias.shape[1]} "
+                f"(decoding supports positions 0..{bias.shape[1] - 1})"
+            )
+    check_finite("w_t", w_t)
+    cdt = state.sq_sum.dtype
+    wc, tc = w_t.to(cdt), temp.to(cdt)
+    x = wc * wc
+    sq_sum = state.sq_sum + x
+    s = (x / torch.where(sq_sum > 0, sq_sum, torch.ones_like(sq_sum))).sum(dim=-1)  # (B, H)
+    if bias is not None:
+        s = s + p * bias[:, pos, 0].to(cdt)
+    pi = torch.softmax(s * tc, dim=1)
+    num = state.num + x * pi.unsqueeze(-1)
+    den = state.den + pi
+    dots = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
+    out = -(wc * pi.unsqueeze(-1)) / (1.0 + dots)
+    return out.to(w_t.dtype), TSSAState(sq_sum, num, den, pos + 1)
