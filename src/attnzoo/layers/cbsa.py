@@ -1,1 +1,147 @@
-"""Placeholder: the cbsa module is being written."""
+"""CBSA token mixer: Contract-and-Broadcast Self-Attention (Wen, Huang & Li), parameterised as Algorithm 1."""
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from attnzoo._checks import check_positive_int
+from attnzoo.layers.base import Attention, register_attention
+from attnzoo.ops.cbsa import cbsa, pool_reps, resolve_contraction
+from attnzoo.ops.cbsa.pooling import _check_grid
+
+__all__ = ["CBSAAttention"]
+
+
+@register_attention("cbsa")
+class CBSAAttention(Attention):
+    """CBSA layer (eqs 5-8, Algorithm 1): ``to_out(kappa * CBSA(proj(x)))``, non-causal, O(N M d).
+
+    Parameters exactly as Algorithm 1: one subspace projection ``proj`` (``U_[K]``, shared for query, key
+    and value; ``dim -> dim``, bias only with ``qkv_bias``), the over-parameterised output projection
+    ``to_out`` (``dim -> dim`` with bias), per-head step sizes ``kappa`` (``ss_x``, eq 6) and, for variants
+    that extract representatives ("cbsa", "agent"), ``eta`` (``ss_rep``, eq 5), both ``(heads, 1, 1)``
+    initialised ``randn`` as in Algorithm 1. Per-layer parameters: ``2 dim^2 + dim + 2 heads`` for "cbsa"
+    (``+ dim`` with ``qkv_bias``; ``- heads`` for "mssa"/"linear"/"channel", which have no eta).
+    The constant ``p/(m eps^2)`` of eq 6 and the sign of the softmax approximation are absorbed in kappa.
+
+    Options:
+        num_reps: 1-D pooling (``grid=None``): ``M = min(num_reps, N - num_prefix_tokens)``; ``None`` -> 64
+            (the paper's m = p for CBT). Must stay ``None`` when ``grid`` is given.
+        grid: ``(Hg, Wg)`` row-major token grid of the non-prefix tokens (``N = num_prefix_tokens + Hg*Wg``)
+            for 2-D average pooling; ``rep_grid`` the pooled grid (default ``(min(8, Hg), min(8, Wg))``,
+            Algorithm 1's 8x8).
+        num_prefix_tokens: leading tokens (CLS, registers) excluded from pooling. They still act as keys
+            and values of the extraction and receive the broadcast contraction through their column of
+            A_k, exactly like every other token (as in the paper's model).
+        contraction: "softmax" (eq 8) or "exact" (eq 7) for "cbsa"/"mssa"; ``None`` -> "softmax"; must be
+            ``None`` for the variants that fix it.
+        variant: "cbsa" | "mssa" | "linear" | "channel" | "agent" (§3.3, see :func:`attnzoo.ops.cbsa.cbsa`).
+        eps: coding precision of the exact contraction / "linear" / "channel".
+        qkv_bias: bias on the shared projection.
+        detach_init: stop-gradient on the pooled initial representatives (``sg`` of eq 5). Default ``False``
+            follows Algorithm 1, which back-propagates through the pooling.
+
+    Recorded internals (inside :func:`attnzoo.layers.base.capture_internals`), as available per variant:
+    ``attn_extract`` ``(B, H, M, N)`` (= A_k^T), ``attn_contract`` ``(B, H, M, M)`` (``(B, H, N, N)`` for
+    "mssa"), ``reps_init`` and ``reps`` (pooled / extracted representatives, ``(B, H, M, P)``),
+    ``filter`` ``(B, H, P, P)`` ("linear", "channel").
+    """
+
+    supports_causal = False
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        causal: bool = False,
+        num_reps: int | None = None,
+        grid: tuple[int, int] | None = None,
+        rep_grid: tuple[int, int] | None = None,
+        num_prefix_tokens: int = 0,
+        contraction: str | None = None,
+        variant: str = "cbsa",
+        eps: float = 1.0,
+        qkv_bias: bool = False,
+        detach_init: bool = False,
+    ) -> None:
+        super().__init__(dim, heads, causal=causal)
+        self.contraction = resolve_contraction(variant, contraction)
+        self.variant = variant
+        if num_reps is not None:
+            check_positive_int("num_reps", num_reps)
+        if grid is None and rep_grid is not None:
+            raise ValueError(f"rep_grid={rep_grid!r} needs a token grid; pass grid=(Hg, Wg) too, or use num_reps")
+        if grid is not None and num_reps is not None:
+            raise ValueError(
+                f"num_reps={num_reps!r} applies to 1-D pooling only; with grid={grid!r} use rep_grid=(Mh, Mw)"
+            )
+        if not isinstance(num_prefix_tokens, int) or isinstance(num_prefix_tokens, bool) or num_prefix_tokens < 0:
+            raise ValueError(f"num_prefix_tokens must be a non-negative integer, got {num_prefix_tokens!r}")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+            raise ValueError(f"eps must be a positive float, got {eps!r}")
+        if variant not in ("cbsa", "agent") and (num_reps is not None or grid is not None or rep_grid is not None):
+            raise ValueError(
+                f"variant={variant!r} pools no representatives; num_reps/grid/rep_grid apply to 'cbsa' and 'agent' "
+                f"(got num_reps={num_reps!r}, grid={grid!r}, rep_grid={rep_grid!r})"
+            )
+        # validate the grids now rather than at the first forward
+        if grid is not None:
+            _check_grid("grid", grid)
+        if rep_grid is not None:
+            _check_grid("rep_grid", rep_grid)
+        self.num_reps = num_reps
+        self.grid = tuple(grid) if grid is not None else None
+        self.rep_grid = tuple(rep_grid) if rep_grid is not None else None
+        self.num_prefix_tokens = num_prefix_tokens
+        self.eps = float(eps)
+        self.detach_init = bool(detach_init)
+
+        self.proj = nn.Linear(dim, dim, bias=qkv_bias)  # subspace bases U_[K], shared for q, k, v
+        self.to_out = nn.Linear(dim, dim)  # over-parameterised U_[K] (§4 implementation detail)
+        self.ss_x = nn.Parameter(torch.randn(heads, 1, 1))  # kappa, eq 6
+        self.ss_rep = nn.Parameter(torch.randn(heads, 1, 1)) if variant in ("cbsa", "agent") else None  # eta, eq 5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        w = rearrange(self.proj(x), "b n (h p) -> b h n p", h=self.heads)
+        reps_init = None
+        if self.ss_rep is not None:
+            reps_init = pool_reps(
+                w,
+                num_reps=self.num_reps,
+                grid=self.grid,
+                rep_grid=self.rep_grid,
+                num_prefix_tokens=self.num_prefix_tokens,
+            )
+            if self.detach_init:
+                reps_init = reps_init.detach()
+        capturing = self.capturing
+        res = cbsa(
+            w,
+            reps_init,
+            variant=self.variant,
+            contraction=self.contraction,
+            eps=self.eps,
+            eta=self.ss_rep if self.ss_rep is not None else 1.0,
+            return_internals=capturing,
+        )
+        if capturing:
+            out, internals = res
+            if reps_init is not None:
+                internals["reps_init"] = reps_init
+            internals.pop("contracted", None)
+            self.record(**internals)
+        else:
+            out = res
+        out = rearrange(self.ss_x * out, "b h n p -> b n (h p)")
+        return self.to_out(out)
+
+    def extra_repr(self) -> str:
+        s = f"{super().extra_repr()}, variant={self.variant!r}, contraction={self.contraction!r}"
+        if self.grid is not None:
+            s += f", grid={self.grid}, rep_grid={self.rep_grid}"
+        else:
+            s += f", num_reps={self.num_reps}"
+        return s + f", num_prefix_tokens={self.num_prefix_tokens}"

@@ -1,1 +1,177 @@
-"""Placeholder: the cbsa op is being written."""
+"""CBSA op: Contract-and-Broadcast Self-Attention on already-projected per-head tensors.
+
+Paper notation -> tensors (per head k, tokens as rows here, as columns in the paper):
+``w = (U_k^T Z)^T`` ``(B, H, N, P)``; representatives ``reps = (U_k^T Q_ini)^T`` ``(B, H, M, P)``
+(e.g. from :func:`pool_reps`). The op computes ``CBSA(Z | U)`` of eq 7/8 per head, *without* the
+step size kappa of eq 6 or the projections (those live in :class:`attnzoo.layers.cbsa.CBSAAttention`):
+
+1. extraction (eq 5): ``A^T = softmax_N(reps w^T * scale)`` ``(B, H, M, N)``;
+   ``R = reps + eta * A^T w`` ``(B, H, M, P)``;
+2. contraction: ``C = softmax_M(R R^T * scale) R`` (eq 8, "softmax") or
+   ``C = (I_M + p/(M eps^2) R R^T)^{-1} R`` (eq 7, "exact");
+3. broadcast: ``out = A C`` ``(B, H, N, P)``.
+
+Variants (§3.3, Table 4, Fig. 9): "cbsa" (above), "mssa" (tokens are their own representatives, A = I,
+so ``out = softmax(w w^T * scale) w`` (eq 9), or ``(I_N + p/(N eps^2) w w^T)^{-1} w`` exactly),
+"linear" (eq 12: ``w (I_P + w^T w / eps^2)^{-1}``), "channel" (eq 13: channel j scaled by
+``eps^2 / (eps^2 + sum_n w[n, j]^2)``), "agent" (eq 5 then broadcast, no contraction: ``out = A R``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnzoo._checks import check_choice, check_ndim
+from attnzoo.ops.cbsa.pooling import (
+    DEFAULT_NUM_REPS,
+    DEFAULT_REP_GRID,
+    pool_reps,
+    pool_reps_1d,
+    pool_reps_2d,
+)
+
+__all__ = [
+    "cbsa",
+    "pool_reps",
+    "pool_reps_1d",
+    "pool_reps_2d",
+    "resolve_contraction",
+    "VARIANTS",
+    "CONTRACTIONS",
+    "BACKENDS",
+    "DEFAULT_NUM_REPS",
+    "DEFAULT_REP_GRID",
+]
+
+VARIANTS = ("cbsa", "mssa", "linear", "channel", "agent")
+CONTRACTIONS = ("softmax", "exact")
+BACKENDS = ("auto", "naive", "torch")
+# Variants that extract representatives from ``reps`` (eq 5) and so need them.
+_NEEDS_REPS = ("cbsa", "agent")
+# Variants with a selectable contraction; the others fix it (eq 12/13 are the exact contraction in
+# closed form, "agent" has none).
+_SELECTABLE = ("cbsa", "mssa")
+
+
+def resolve_contraction(variant: str, contraction: str | None) -> str | None:
+    """Validate ``(variant, contraction)``; ``None`` means the variant's default ("softmax" where selectable)."""
+    check_choice("variant", variant, VARIANTS)
+    if variant in _SELECTABLE:
+        if contraction is None:
+            return "softmax"
+        check_choice("contraction", contraction, CONTRACTIONS)
+        return contraction
+    if contraction is not None:
+        fixed = "none (no contraction step)" if variant == "agent" else "the exact one in closed form"
+        raise ValueError(
+            f"contraction={contraction!r} cannot be chosen for variant={variant!r}, whose contraction is {fixed}; "
+            f"leave contraction=None (it is selectable only for variants {list(_SELECTABLE)})"
+        )
+    return None
+
+
+def _check_eta(eta, w: torch.Tensor):
+    target = (w.shape[0], w.shape[1], 1, 1)
+    if isinstance(eta, torch.Tensor):
+        try:
+            ok = torch.broadcast_shapes(eta.shape, target) == torch.Size(target)
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"eta must be a float or a tensor broadcastable to (B, H, 1, 1) = {target} (e.g. shape (H, 1, 1)), "
+                f"got shape {tuple(eta.shape)}"
+            )
+        return eta
+    if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not math.isfinite(eta):
+        raise ValueError(f"eta must be a finite float or a tensor broadcastable to (B, H, 1, 1), got {eta!r}")
+    return float(eta)
+
+
+def cbsa(
+    w: torch.Tensor,
+    reps: torch.Tensor | None = None,
+    *,
+    variant: str = "cbsa",
+    contraction: str | None = None,
+    eps: float = 1.0,
+    scale: float | None = None,
+    eta: float | torch.Tensor = 1.0,
+    return_internals: bool = False,
+    backend: str = "auto",
+) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Contract-and-Broadcast Self-Attention (eqs 5, 7, 8) and its §3.3 variants, per head.
+
+    Args:
+        w: projected tokens ``U_k^T Z``, ``(B, H, N, P)``, N >= 1.
+        reps: initial representatives ``U_k^T Q_ini``, ``(B, H, M, P)``, M >= 1; required for variants
+            "cbsa"/"agent", must be ``None`` for "mssa"/"linear"/"channel" (they fix their own).
+        variant: one of ``VARIANTS``.
+        contraction: "softmax" (eq 8) or "exact" (eq 7) for "cbsa"/"mssa" (``None`` -> "softmax");
+            must be ``None`` for the other variants.
+        eps: coding precision epsilon > 0 (exact contraction, "linear", "channel").
+        scale: softmax temperature (extraction and softmax contraction); default ``P ** -0.5`` as in Algorithm 1.
+        eta: extraction step size of eq 5, float or tensor broadcastable to ``(B, H, 1, 1)``.
+        return_internals: also return a dict: "attn_extract" ``(B, H, M, N)`` (= A_k^T), "reps" (extracted
+            R, ``(B, H, M, P)``), "attn_contract" (``(B, H, M, M)``, row i = weights of rep i's contraction
+            over reps; ``(B, H, N, N)`` for "mssa"), "contracted" (C), "filter" (``(B, H, P, P)``, "linear"
+            and "channel": ``out = w @ filter``). Only the keys the variant has are present.
+        backend: "auto" | "naive" | "torch".
+
+    Returns ``out`` ``(B, H, N, P)`` (same dtype as ``w``), or ``(out, internals)``. fp16/bf16 inputs are
+    computed in float32.
+    """
+    check_choice("backend", backend, BACKENDS)
+    contraction = resolve_contraction(variant, contraction)
+    check_ndim("w", w, 4, "(B, H, N, P)")
+    b, h, n, p = w.shape
+    if n < 1 or p < 1:
+        raise ValueError(f"w must hold at least one token and one channel, got shape {tuple(w.shape)}")
+    if variant in _NEEDS_REPS:
+        if reps is None:
+            raise ValueError(f"variant={variant!r} needs reps of shape (B, H, M, P) (e.g. from pool_reps(w)), got None")
+        check_ndim("reps", reps, 4, "(B, H, M, P)")
+        if reps.shape[0] != b or reps.shape[1] != h or reps.shape[3] != p or reps.shape[2] < 1:
+            raise ValueError(
+                f"reps must have shape (B, H, M, P) = ({b}, {h}, M >= 1, {p}) to match w {tuple(w.shape)}, "
+                f"got {tuple(reps.shape)}"
+            )
+        if reps.dtype != w.dtype:
+            raise TypeError(f"reps dtype {reps.dtype} differs from w dtype {w.dtype}")
+    elif reps is not None:
+        raise ValueError(
+            f"variant={variant!r} determines its own representatives (tokens / principal directions / basis); "
+            f"pass reps=None, got a tensor of shape {tuple(reps.shape)}"
+        )
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"eps must be a finite positive float, got {eps!r}")
+    if scale is None:
+        scale = p**-0.5
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite positive float or None (-> P ** -0.5), got {scale!r}")
+    eta = _check_eta(eta, w)
+
+    in_dtype = w.dtype
+    if in_dtype in (torch.float16, torch.bfloat16):
+        # softmax sums, Gram matrices and Cholesky factors need float32 accumulation
+        w = w.float()
+        reps = reps.float() if reps is not None else None
+        eta = eta.float() if isinstance(eta, torch.Tensor) else eta
+    elif isinstance(eta, torch.Tensor) and eta.dtype != w.dtype:
+        eta = eta.to(w.dtype)
+
+    kwargs = dict(variant=variant, contraction=contraction, eps=float(eps), scale=float(scale), eta=eta)
+    if backend == "naive":
+        from attnzoo.ops.cbsa.naive import cbsa_naive
+
+        out, internals = cbsa_naive(w, reps, **kwargs)
+    else:
+        from attnzoo.ops.cbsa.fast import cbsa_fast
+
+        out, internals = cbsa_fast(w, reps, need_internals=return_internals, **kwargs)
+
+    out = out.to(in_dtype)
+    if not return_internals:
+        return out
+    return out, {k: v.to(in_dtype) for k, v in internals.items()}

@@ -1,0 +1,117 @@
+"""Representative initialisation for CBSA: average pooling of the projected tokens (Q_ini of eq 5).
+
+Prefix tokens (CLS, registers, ...) are the first ``num_prefix_tokens`` tokens and are excluded from
+pooling explicitly. (The paper's Algorithm 1 instead drops the *last* token, ``w[:, :-1]``, which silently
+depends on where the CLS token sits; we never slice by position implicitly.)
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+
+from attnzoo._checks import check_ndim, check_positive_int
+
+__all__ = ["pool_reps", "pool_reps_1d", "pool_reps_2d", "DEFAULT_NUM_REPS", "DEFAULT_REP_GRID"]
+
+#: 1-D default: number of representatives (the paper's m = p = 64 for CBT models).
+DEFAULT_NUM_REPS = 64
+#: 2-D default: representatives grid of Algorithm 1 (``AdaptiveAvgPool2d((8, 8))``), clipped to the token grid.
+DEFAULT_REP_GRID = (8, 8)
+
+
+def _check_prefix(num_prefix_tokens: int) -> None:
+    if not isinstance(num_prefix_tokens, int) or isinstance(num_prefix_tokens, bool) or num_prefix_tokens < 0:
+        raise ValueError(f"num_prefix_tokens must be a non-negative integer, got {num_prefix_tokens!r}")
+
+
+def _check_grid(name: str, grid) -> tuple[int, int]:
+    if (
+        not isinstance(grid, (tuple, list))
+        or len(grid) != 2
+        or any(not isinstance(g, int) or isinstance(g, bool) or g < 1 for g in grid)
+    ):
+        raise ValueError(f"{name} must be a pair of positive integers (height, width), got {grid!r}")
+    return int(grid[0]), int(grid[1])
+
+
+def _body(w: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    check_ndim("w", w, 4, "(B, H, N, P)")
+    _check_prefix(num_prefix_tokens)
+    n = w.shape[-2]
+    if n - num_prefix_tokens < 1:
+        raise ValueError(
+            f"no non-prefix tokens to pool: N={n} tokens with num_prefix_tokens={num_prefix_tokens}; "
+            f"need N > num_prefix_tokens"
+        )
+    return w[..., num_prefix_tokens:, :]
+
+
+def pool_reps_1d(w: torch.Tensor, num_reps: int = DEFAULT_NUM_REPS, *, num_prefix_tokens: int = 0) -> torch.Tensor:
+    """Q_ini of eq 5 for a 1-D sequence: adaptive average pooling of the non-prefix tokens.
+
+    ``w``: ``(B, H, N, P)``; returns ``(B, H, M, P)`` with ``M = min(num_reps, N - num_prefix_tokens)``
+    (representative ``i`` averages the tokens in window ``[floor(i*L/M), ceil((i+1)*L/M))`` of the
+    ``L = N - num_prefix_tokens`` body tokens, as ``torch.nn.AdaptiveAvgPool1d``).
+    """
+    check_positive_int("num_reps", num_reps)
+    body = _body(w, num_prefix_tokens)
+    h = w.shape[1]
+    m = min(num_reps, body.shape[-2])
+    pooled = F.adaptive_avg_pool1d(rearrange(body, "b h n p -> (b h) p n"), m)
+    return rearrange(pooled, "(b h) p m -> b h m p", h=h)
+
+
+def pool_reps_2d(
+    w: torch.Tensor,
+    grid: tuple[int, int],
+    rep_grid: tuple[int, int] | None = None,
+    *,
+    num_prefix_tokens: int = 0,
+) -> torch.Tensor:
+    """Q_ini of eq 5 for a 2-D token grid: adaptive 2-D average pooling of the non-prefix tokens.
+
+    ``w``: ``(B, H, N, P)`` whose tokens after the prefix are a row-major ``grid = (Hg, Wg)`` image
+    (``N = num_prefix_tokens + Hg * Wg``); returns ``(B, H, Mh * Mw, P)`` in row-major order of
+    ``rep_grid = (Mh, Mw)`` (default ``(min(8, Hg), min(8, Wg))``, Algorithm 1's 8x8 clipped to the grid).
+    """
+    gh, gw = _check_grid("grid", grid)
+    if rep_grid is None:
+        rep_grid = (min(DEFAULT_REP_GRID[0], gh), min(DEFAULT_REP_GRID[1], gw))
+    rh, rw = _check_grid("rep_grid", rep_grid)
+    body = _body(w, num_prefix_tokens)
+    n_body = body.shape[-2]
+    if gh * gw != n_body:
+        raise ValueError(
+            f"grid={tuple(grid)} holds {gh * gw} tokens but the input has {n_body} non-prefix tokens "
+            f"(N={w.shape[-2]}, num_prefix_tokens={num_prefix_tokens}); need N = num_prefix_tokens + Hg * Wg"
+        )
+    h = w.shape[1]
+    img = rearrange(body, "b h (y x) p -> (b h) p y x", y=gh, x=gw)
+    pooled = F.adaptive_avg_pool2d(img, (rh, rw))
+    return rearrange(pooled, "(b h) p y x -> b h (y x) p", h=h)
+
+
+def pool_reps(
+    w: torch.Tensor,
+    *,
+    num_reps: int | None = None,
+    grid: tuple[int, int] | None = None,
+    rep_grid: tuple[int, int] | None = None,
+    num_prefix_tokens: int = 0,
+) -> torch.Tensor:
+    """Average-pooling initialisation Q_ini of eq 5: 2-D when ``grid`` is given, else 1-D.
+
+    ``w``: ``(B, H, N, P)`` -> ``(B, H, M, P)``. 1-D: ``M = min(num_reps or 64, N - num_prefix_tokens)``.
+    2-D: ``M = prod(rep_grid)``; ``num_reps`` must then be left ``None`` (use ``rep_grid``).
+    """
+    if grid is None:
+        if rep_grid is not None:
+            raise ValueError(f"rep_grid={rep_grid!r} needs a token grid; pass grid=(Hg, Wg) too, or use num_reps")
+        return pool_reps_1d(w, DEFAULT_NUM_REPS if num_reps is None else num_reps, num_prefix_tokens=num_prefix_tokens)
+    if num_reps is not None:
+        raise ValueError(
+            f"num_reps={num_reps!r} applies to 1-D pooling only; with grid={grid!r} set the representatives "
+            f"with rep_grid=(Mh, Mw)"
+        )
+    return pool_reps_2d(w, grid, rep_grid, num_prefix_tokens=num_prefix_tokens)
