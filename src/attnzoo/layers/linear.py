@@ -1,1 +1,110 @@
-"""Placeholder: the linear module is being written."""
+"""Multi-head linear attention (Katharopoulos et al., 2020) with the ViT / nanoGPT projection layout."""
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from attnzoo.layers.base import Attention, RecurrentMixin, register_attention
+from attnzoo.layers.softmax import check_step_input
+from attnzoo.ops.linear import (
+    FEATURE_MAPS,
+    init_linear_state,
+    linear_attention,
+    linear_attention_recurrent,
+    linear_attention_weights,
+)
+from attnzoo.ops.softmax._common import check_dropout
+
+__all__ = ["LinearAttention"]
+
+#: above this many tokens the explicit (N, N) map is not recorded even while capturing
+MAX_RECORDED_TOKENS = 2048
+
+
+@register_attention("linear")
+class LinearAttention(Attention, RecurrentMixin):
+    """Linear attention ``phi(q_i)^T sum_j phi(k_j) v_j^T / (phi(q_i)^T sum_j phi(k_j) + eps)`` per head
+    (Katharopoulos et al. 2020, eqs. 5-6; causal eqs. 8-10), ``phi = elu + 1`` by default.
+
+    Layout as :class:`~attnzoo.layers.softmax.SoftmaxAttention`: ``qkv = Linear(dim, 3 dim)``, ``proj = Linear(dim,
+    dim)``. Causal decoding keeps an O(1) state per step: ``{"s": (B, H, P, P), "z": (B, H, P)}`` in float32
+    (float64 for float64 modules) -- eqs. 18-20.
+
+    Internals recorded under :func:`~attnzoo.layers.base.capture_internals` (forward only):
+    ``attn`` ``(B, H, N, N)``, the normalised kernel matrix, computed explicitly and only when ``N <= 2048``.
+    """
+
+    supports_causal = True
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        causal: bool = False,
+        feature_map: str = "elu",
+        eps: float = 1e-6,
+        qkv_bias: bool = True,
+        proj_bias: bool = True,
+        proj_dropout: float = 0.0,
+        chunk_size: int | None = None,
+    ) -> None:
+        super().__init__(dim, heads, causal=causal)
+        if not isinstance(feature_map, str) or feature_map not in FEATURE_MAPS:
+            raise ValueError(
+                f"feature_map={feature_map!r} is not supported; valid feature maps: {sorted(FEATURE_MAPS)}"
+            )
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+            raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+        bad_chunk = isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+        if chunk_size is not None and bad_chunk:
+            raise ValueError(f"chunk_size must be None or a positive integer, got {chunk_size!r}")
+        check_dropout("proj_dropout", proj_dropout)
+        self.feature_map = feature_map
+        self.eps = float(eps)
+        self.chunk_size = chunk_size
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_dropout)
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        qkv = rearrange(self.qkv(x), "b n (three h p) -> three b h n p", three=3, h=self.heads)
+        return qkv[0], qkv[1], qkv[2]
+
+    def _out(self, o: torch.Tensor) -> torch.Tensor:
+        return self.proj_drop(self.proj(rearrange(o, "b h n p -> b n (h p)")))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        q, k, v = self._qkv(x)
+        if self.capturing and x.shape[1] <= MAX_RECORDED_TOKENS:
+            attn = linear_attention_weights(q, k, causal=self.causal, feature_map=self.feature_map, eps=self.eps)
+            self.record(attn=attn)
+        o = linear_attention(
+            q, k, v, causal=self.causal, feature_map=self.feature_map, eps=self.eps, chunk_size=self.chunk_size
+        )
+        return self._out(o)
+
+    # ---- decoding ---------------------------------------------------------------------------
+    def init_state(self, batch_size: int, *, device=None, dtype=None) -> dict[str, torch.Tensor]:
+        """Empty recurrent state ``{"s": (B, H, P, P), "z": (B, H, P)}`` (float32, or float64 for float64)."""
+        w = self.qkv.weight
+        s, z = init_linear_state(
+            batch_size, self.heads, self.head_dim, self.head_dim, device=device or w.device, dtype=dtype or w.dtype
+        )
+        return {"s": s, "z": z}
+
+    def step(self, x: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One token ``(B, 1, dim)`` in O(1): fold ``phi(k_t) v_t^T`` into the state, read it with ``phi(q_t)``."""
+        check_step_input(self, x)
+        if not isinstance(state, dict) or "s" not in state or "z" not in state:
+            raise TypeError("state must be the dict returned by init_state/step with keys ['s', 'z']")
+        q, k, v = self._qkv(x)
+        o, (s, z) = linear_attention_recurrent(
+            q, k, v, (state["s"], state["z"]), feature_map=self.feature_map, eps=self.eps
+        )
+        return self._out(o), {"s": s, "z": z}
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, feature_map={self.feature_map!r}"

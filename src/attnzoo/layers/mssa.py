@@ -1,1 +1,110 @@
-"""Placeholder: the mssa module is being written."""
+"""Multi-head subspace self-attention (MSSA): CRATE's (Yu et al., 2023) and AoT's (Wang et al.) token mixer."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from attnzoo.layers.base import Attention, RecurrentMixin, register_attention
+from attnzoo.layers.softmax import check_kv_cache, check_step_input
+from attnzoo.ops.mssa import mssa, mssa_query, mssa_weights
+from attnzoo.ops.softmax import softmax_attention
+from attnzoo.ops.softmax._common import check_dropout, check_scale
+
+__all__ = ["MSSAAttention"]
+
+
+@register_attention("mssa")
+class MSSAAttention(Attention, RecurrentMixin):
+    """MSSA (AoT eqs. 3/5 with ``phi = softmax``; CBSA eq. 9): ``sum_k U_k w_k softmax(q_k w_k^T * scale)`` with
+    ``w_k = U_k^T z`` shared as query, key and value.
+
+    Layout (CRATE): ``qkv = Linear(dim, dim, bias=False)`` holds ``U = [U_1 ... U_K]^T`` (``K = heads`` subspaces of
+    ``dim // heads``); ``to_out = Linear(dim, dim, bias=True)`` is CRATE's learned lift back to the ambient space
+    (the over-parameterised ``U_k``, CBSA §3 "Implementation detail"; AoT's vision models' parameter counts
+    match it). ``out_proj=False`` gives the literal eq. (3): the lift is the transposed ``U`` itself,
+    ``y = o @ qkv.weight``, with no extra parameters or bias.
+
+    Options: ``causal`` (AoT §4.1's masked MSSA), ``normalize_query`` (AoT §4.1: the query side ``P(U_k^T Z)``
+    has unit-norm tokens; keys/values do not), ``scale`` (default ``head_dim ** -0.5`` as in CRATE; the eqs.
+    have none -- it is absorbed in ``U``). The step size ``eta`` of eq. (3) belongs to the residual block.
+    Decoding: ``init_state``/``step`` keep a cache ``{"w"}`` of projections ``(B, H, t, head_dim)``.
+
+    Internals recorded under :func:`~attnzoo.layers.base.capture_internals` (forward only):
+    ``attn`` ``(B, H, N, N)`` (before attention dropout), computed explicitly then.
+    """
+
+    supports_causal = True
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        causal: bool = False,
+        scale: float | None = None,
+        normalize_query: bool = False,
+        out_proj: bool = True,
+        attn_dropout: float = 0.0,
+        proj_dropout: float = 0.0,
+    ) -> None:
+        super().__init__(dim, heads, causal=causal)
+        if not isinstance(normalize_query, bool):
+            raise TypeError(f"normalize_query must be a bool, got {normalize_query!r}")
+        if not isinstance(out_proj, bool):
+            raise TypeError(f"out_proj must be a bool, got {out_proj!r}")
+        self.attn_dropout = check_dropout("attn_dropout", attn_dropout)
+        check_dropout("proj_dropout", proj_dropout)
+        self.scale = check_scale(scale, self.head_dim)
+        self.normalize_query = normalize_query
+        self.qkv = nn.Linear(dim, dim, bias=False)
+        self.to_out = nn.Linear(dim, dim, bias=True) if out_proj else None
+        self.proj_drop = nn.Dropout(proj_dropout)
+
+    def _w(self, x: torch.Tensor) -> torch.Tensor:
+        return rearrange(self.qkv(x), "b n (h p) -> b h n p", h=self.heads)
+
+    def _out(self, o: torch.Tensor) -> torch.Tensor:
+        o = rearrange(o, "b h n p -> b n (h p)")
+        # Without a learned lift, sum_k U_k o_k = o @ W where U^T = W is the qkv weight (AoT eq. 3).
+        y = self.to_out(o) if self.to_out is not None else torch.matmul(o, self.qkv.weight)
+        return self.proj_drop(y)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        w = self._w(x)
+        p = self.attn_dropout if self.training else 0.0
+        if self.capturing:
+            attn = mssa_weights(w, causal=self.causal, scale=self.scale, normalize_query=self.normalize_query)
+            self.record(attn=attn)
+            o = torch.matmul(F.dropout(attn, p=p, training=p > 0), w.to(attn.dtype)).to(w.dtype)
+        else:
+            o = mssa(w, causal=self.causal, scale=self.scale, normalize_query=self.normalize_query, dropout_p=p)
+        return self._out(o)
+
+    # ---- decoding ---------------------------------------------------------------------------
+    def init_state(self, batch_size: int, *, device=None, dtype=None) -> dict[str, torch.Tensor]:
+        """Empty cache ``{"w"}`` of shape ``(batch_size, H, 0, head_dim)`` (keys and values are the same ``w``)."""
+        wt = self.qkv.weight
+        empty = torch.zeros(
+            batch_size, self.heads, 0, self.head_dim, device=device or wt.device, dtype=dtype or wt.dtype
+        )
+        return {"w": empty}
+
+    def step(self, x: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One token ``(B, 1, dim)``: append its projection to the cache, attend from it over the cache."""
+        check_step_input(self, x)
+        check_kv_cache(state, x.shape[0], ("w",))
+        w_t = self._w(x)
+        w = torch.cat([state["w"], w_t], dim=2)
+        p = self.attn_dropout if self.training else 0.0
+        q = mssa_query(w_t, self.normalize_query)
+        o = softmax_attention(q, w, w, causal=False, scale=self.scale, dropout_p=p)
+        return self._out(o), {"w": w}
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, scale={self.scale:.4g}, normalize_query={self.normalize_query}, "
+            f"out_proj={self.to_out is not None}"
+        )

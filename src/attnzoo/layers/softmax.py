@@ -1,1 +1,107 @@
-"""Placeholder: the softmax module is being written."""
+"""Multi-head softmax self-attention (Vaswani et al., 2017) with the ViT / DeiT / nanoGPT parameter layout."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from attnzoo.layers.base import Attention, RecurrentMixin, register_attention
+from attnzoo.ops.softmax import softmax_attention, softmax_attention_weights
+from attnzoo.ops.softmax._common import check_dropout, check_scale
+
+__all__ = ["SoftmaxAttention"]
+
+
+def check_step_input(module: Attention, x: torch.Tensor) -> None:
+    """``step`` takes one token ``(B, 1, dim)`` of a causal module."""
+    if not module.causal:
+        raise ValueError(f"{type(module).__name__}.step decodes causally; build the module with causal=True")
+    module.check_input(x)
+    if x.shape[1] != 1:
+        raise ValueError(f"step takes one token at a time: x must have shape (B, 1, dim), got {tuple(x.shape)}")
+
+
+def check_kv_cache(state, batch: int, names: tuple[str, ...]) -> None:
+    if not isinstance(state, dict) or any(n not in state for n in names):
+        raise TypeError(f"state must be the dict returned by init_state/step with keys {list(names)}")
+    if state[names[0]].shape[0] != batch:
+        raise ValueError(f"state was built for batch size {state[names[0]].shape[0]}, but x has batch size {batch}")
+
+
+@register_attention("softmax")
+class SoftmaxAttention(Attention, RecurrentMixin):
+    """Softmax attention ``proj(concat_h softmax(q_h k_h^T * scale [masked]) v_h)`` (Vaswani et al. 2017, eq. 1).
+
+    Layout: ``qkv = Linear(dim, 3 dim)`` split as ``(q | k | v)``, each ``(heads x head_dim)``; ``proj = Linear(dim,
+    dim)`` -- the same parameters (names aside) as ViT/DeiT ``Attention`` and nanoGPT ``CausalSelfAttention``.
+    Decoding: ``init_state``/``step`` keep a KV cache ``{"k", "v"}`` of shape ``(B, H, t, head_dim)``.
+
+    Internals recorded under :func:`~attnzoo.layers.base.capture_internals` (forward only):
+    ``attn`` ``(B, H, N, N)``, the attention probabilities (before attention dropout), computed explicitly then.
+    """
+
+    supports_causal = True
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        causal: bool = False,
+        qkv_bias: bool = True,
+        proj_bias: bool = True,
+        attn_dropout: float = 0.0,
+        proj_dropout: float = 0.0,
+        scale: float | None = None,
+    ) -> None:
+        super().__init__(dim, heads, causal=causal)
+        self.attn_dropout = check_dropout("attn_dropout", attn_dropout)
+        check_dropout("proj_dropout", proj_dropout)
+        self.scale = check_scale(scale, self.head_dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_dropout)
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        qkv = rearrange(self.qkv(x), "b n (three h p) -> three b h n p", three=3, h=self.heads)
+        return qkv[0], qkv[1], qkv[2]
+
+    def _out(self, o: torch.Tensor) -> torch.Tensor:
+        return self.proj_drop(self.proj(rearrange(o, "b h n p -> b n (h p)")))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        q, k, v = self._qkv(x)
+        p = self.attn_dropout if self.training else 0.0
+        if self.capturing:
+            attn = softmax_attention_weights(q, k, causal=self.causal, scale=self.scale)
+            self.record(attn=attn)
+            o = torch.matmul(F.dropout(attn, p=p, training=p > 0), v.to(attn.dtype)).to(v.dtype)
+        else:
+            o = softmax_attention(q, k, v, causal=self.causal, scale=self.scale, dropout_p=p)
+        return self._out(o)
+
+    # ---- decoding ---------------------------------------------------------------------------
+    def init_state(self, batch_size: int, *, device=None, dtype=None) -> dict[str, torch.Tensor]:
+        """Empty KV cache ``{"k", "v"}`` of shape ``(batch_size, H, 0, head_dim)``."""
+        w = self.qkv.weight
+        empty = torch.zeros(
+            batch_size, self.heads, 0, self.head_dim, device=device or w.device, dtype=dtype or w.dtype
+        )
+        return {"k": empty, "v": empty.clone()}
+
+    def step(self, x: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One token ``(B, 1, dim)``: append its key/value to the cache and attend over the whole cache."""
+        check_step_input(self, x)
+        check_kv_cache(state, x.shape[0], ("k", "v"))
+        q, k, v = self._qkv(x)
+        k = torch.cat([state["k"], k], dim=2)
+        v = torch.cat([state["v"], v], dim=2)
+        p = self.attn_dropout if self.training else 0.0
+        # The newest token is the last query: every cached key is in its past, so no mask is needed.
+        o = softmax_attention(q, k, v, causal=False, scale=self.scale, dropout_p=p)
+        return self._out(o), {"k": k, "v": v}
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, scale={self.scale:.4g}"

@@ -1,1 +1,60 @@
-"""Placeholder: the xca module is being written."""
+"""Cross-covariance attention (XCiT, El-Nouby et al., 2021): attention over channels, linear in tokens."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from attnzoo.layers.base import Attention, register_attention
+from attnzoo.ops.softmax._common import check_dropout
+from attnzoo.ops.xca import xca, xca_weights
+
+__all__ = ["XCAttention"]
+
+
+@register_attention("xca")
+class XCAttention(Attention):
+    """XCA (XCiT eq. 2): per head ``out = V softmax(q_hat^T k_hat * tau_h)^T`` with ``q_hat, k_hat`` L2-normalised
+    along tokens and a learned per-head temperature ``tau`` (``temperature``, ``(heads, 1, 1)``, init 1).
+
+    Bidirectional only (``causal=True`` raises): the ``(P, P)`` map sums over all tokens. Layout as XCiT's ``XCA``:
+    ``qkv = Linear(dim, 3 dim, bias=True)``, ``temperature``, ``proj = Linear(dim, dim)``.
+
+    Internals recorded under :func:`~attnzoo.layers.base.capture_internals`: ``attn`` ``(B, H, P, P)``, the
+    channel-attention probabilities (before attention dropout), ``P = dim // heads``.
+    """
+
+    supports_causal = False
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        causal: bool = False,
+        qkv_bias: bool = True,
+        proj_bias: bool = True,
+        attn_dropout: float = 0.0,
+        proj_dropout: float = 0.0,
+    ) -> None:
+        super().__init__(dim, heads, causal=causal)
+        self.attn_dropout = check_dropout("attn_dropout", attn_dropout)
+        check_dropout("proj_dropout", proj_dropout)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.temperature = nn.Parameter(torch.ones(heads, 1, 1))
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        qkv = rearrange(self.qkv(x), "b n (three h p) -> three b h n p", three=3, h=self.heads)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        p = self.attn_dropout if self.training else 0.0
+        if self.capturing:
+            attn = xca_weights(q, k, self.temperature)
+            self.record(attn=attn)
+            o = torch.matmul(v.to(attn.dtype), F.dropout(attn, p=p, training=p > 0).transpose(-1, -2)).to(v.dtype)
+        else:
+            o = xca(q, k, v, self.temperature, dropout_p=p)
+        return self.proj_drop(self.proj(rearrange(o, "b h n p -> b n (h p)")))

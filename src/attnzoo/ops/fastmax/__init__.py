@@ -1,1 +1,99 @@
-"""Placeholder: the fastmax op is being written."""
+"""Fastmax (FAST, Gerami et al.): polynomial-kernel attention on standardised q, k in O(N D^(p+1)).
+
+Public op :func:`fastmax`; helpers :func:`explicit_attention` (the N x N weights, for analysis),
+:func:`fastmax_init_state` / :func:`fastmax_step` (recurrent causal decoding) and :func:`fastmax_dropout`
+(FAST §2.4 dropout placements).
+
+Non-negativity of the weights (eq 10). Rows always sum to 1 by construction. For p=2,
+``f(s) = 1 + s + s^2/2 = ((1 + s)^2 + 1) / 2 >= 1/2``, so weights are positive for every input and scale.
+For p=1, ``f(s) = 1 + s`` is negative for ``s < -1``. Standardisation bounds the score: q_hat, k_hat have
+``||x_hat||^2 = D var / (var + eps) < D``, so by Cauchy-Schwarz ``|s| = scale |q_hat . k_hat| < scale * D``.
+Hence p=1 weights are non-negative for *every* input iff ``scale <= 1/D`` (the bound is attained in the
+limit ``k = -q``); with the default ``scale = D**-0.5`` (or the paper's literal ``scale = 1``) and D >= 2 they
+can be negative (and causal denominators can approach 0). Pass ``scale=1/D`` for a guaranteed p=1 average.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from attnzoo.ops.fastmax.common import (
+    BACKENDS,
+    EPS,
+    compute_dtype,
+    standardize,
+    validate_options,
+    validate_qkv,
+)
+from attnzoo.ops.fastmax.dropout import DROPOUT_PLACEMENTS, fastmax_dropout, sample_dropout_masks
+from attnzoo.ops.fastmax.factorized import FastmaxFunction, fastmax_factorized
+from attnzoo.ops.fastmax.naive import explicit_attention, fastmax_naive
+from attnzoo.ops.fastmax.recurrent import FastmaxState, fastmax_init_state, fastmax_step
+
+__all__ = [
+    "fastmax",
+    "fastmax_naive",
+    "explicit_attention",
+    "fastmax_init_state",
+    "fastmax_step",
+    "FastmaxState",
+    "fastmax_dropout",
+    "sample_dropout_masks",
+    "FastmaxFunction",
+    "DROPOUT_PLACEMENTS",
+    "BACKENDS",
+    "EPS",
+]
+
+
+def _triton_available() -> bool:
+    return (
+        importlib.util.find_spec("triton") is not None
+        and importlib.util.find_spec("attnzoo.ops.fastmax.triton") is not None
+    )
+
+
+def fastmax(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    p: int = 2,
+    causal: bool = False,
+    scale: float | None = None,
+    backend: str = "auto",
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """Fastmax (FAST eqs 5-12, causal 30-35): ``q, k (B, H, N, D)``, ``v (B, H, N, Dv)`` -> ``(B, H, N, Dv)``.
+
+    q and k are standardised per token (eqs 5-6, eps :data:`EPS`), scored ``s = scale * q_hat . k_hat``
+    (``scale`` defaults to ``D**-0.5``; ``1.0`` is the paper's literal form), weighted by
+    ``f(s) = sum_{l<=p} s^l / l!`` and normalised per row. ``backend``: ``"naive"`` (explicit N x N),
+    ``"torch"`` (factorised, FAST §2.5 custom backward, O(N D) saved per head), ``"torch_autograd"``
+    (factorised, autograd through it; for memory benchmarks), ``"triton"`` (only if
+    ``attnzoo.ops.fastmax.triton`` exists), ``"auto"`` (triton for CUDA tensors when importable, else torch).
+    ``chunk_size`` (default 64) is the token chunk of the sweeps. fp16/bf16 inputs are computed in float32.
+    """
+    validate_qkv(q, k, v)
+    scale, chunk = validate_options(p, scale, backend, chunk_size, q.shape[-1])
+    if backend == "auto":
+        backend = "triton" if q.is_cuda and _triton_available() else "torch"
+    if backend == "naive":
+        return fastmax_naive(q, k, v, p=p, causal=causal, scale=scale)
+    if backend == "triton" and not _triton_available():
+        raise ValueError(
+            "backend='triton' is not available for fastmax (needs the triton package and "
+            "attnzoo.ops.fastmax.triton); use one of ['auto', 'naive', 'torch', 'torch_autograd']"
+        )
+    cd = compute_dtype(q.dtype)
+    qs = standardize(q.to(cd)) * scale
+    kh = standardize(k.to(cd))
+    vv = v.to(cd)
+    if backend == "triton":
+        from attnzoo.ops.fastmax.triton import fastmax_triton
+
+        out = fastmax_triton(qs, kh, vv, p=p, causal=causal, chunk_size=chunk)
+    else:
+        out = fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk, custom_grad=backend == "torch")
+    return out.to(v.dtype)

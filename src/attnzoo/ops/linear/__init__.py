@@ -1,1 +1,106 @@
-"""Placeholder: the linear op is being written."""
+"""Linear attention (Katharopoulos et al., 2020) on ``(B, H, N, P)`` tensors with ``phi(x) = elu(x) + 1``.
+
+``out_i = phi(q_i)^T sum_j phi(k_j) v_j^T / (phi(q_i)^T sum_j phi(k_j) + eps)`` with ``j`` over all tokens, or
+``j <= i`` when causal. Backends: ``"naive"`` (explicit ``(N, N)`` matrix, :mod:`.naive`), ``"torch"``
+(``phi(K)^T V`` factorisation / chunked causal prefix states, :mod:`.chunk`), ``"triton"`` once a ``triton.py``
+here exports ``linear_attention_triton``; ``"auto"`` = Triton on CUDA when present, else ``"torch"``.
+:func:`linear_attention_recurrent` is the token-by-token form (:mod:`.recurrent`) used for decoding.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnzoo.ops.linear.chunk import linear_attention_chunk
+from attnzoo.ops.linear.naive import FEATURE_MAPS, feature_map_fn, linear_attention_naive, linear_attention_weights
+from attnzoo.ops.linear.recurrent import LinearState, init_linear_state, linear_attention_recurrent_loop
+from attnzoo.ops.softmax._common import check_tensors, resolve_backend
+
+__all__ = [
+    "linear_attention",
+    "linear_attention_recurrent",
+    "linear_attention_weights",
+    "init_linear_state",
+    "FEATURE_MAPS",
+]
+
+
+def _check_eps(eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    return float(eps)
+
+
+def _check_qkv(q, k, v) -> None:
+    check_tensors(("q", "k", "v"), (q, k, v))
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share the head size P: got {tuple(q.shape)} and {tuple(k.shape)}")
+    if not (q.shape[-2] == k.shape[-2] == v.shape[-2]):
+        raise ValueError(
+            f"q, k and v must hold the same number of tokens N: got {tuple(q.shape)}, {tuple(k.shape)}, "
+            f"{tuple(v.shape)}"
+        )
+
+
+def linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    feature_map: str = "elu",
+    eps: float = 1e-6,
+    backend: str = "auto",
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """Linear attention (Katharopoulos et al. 2020, eqs. 5-6; causal eqs. 8-10).
+
+    Shapes: ``q, k (B, H, N, P)``, ``v (B, H, N, Pv)`` -> ``(B, H, N, Pv)``. ``feature_map``: ``"elu"``
+    (``elu + 1``, the paper's) or ``"relu"``. ``chunk_size`` (causal ``"torch"`` path only) defaults to 64.
+    """
+    _check_qkv(q, k, v)
+    feature_map_fn(feature_map)
+    eps = _check_eps(eps)
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be None or a positive integer, got {chunk_size!r}")
+    kind, fn = resolve_backend("linear_attention", __name__, backend, q)
+    if kind == "naive":
+        return linear_attention_naive(q, k, v, causal=causal, feature_map=feature_map, eps=eps)
+    if kind == "triton":
+        return fn(q, k, v, causal=causal, feature_map=feature_map, eps=eps, chunk_size=chunk_size)
+    return linear_attention_chunk(q, k, v, causal=causal, feature_map=feature_map, eps=eps, chunk_size=chunk_size)
+
+
+def linear_attention_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    state: LinearState | None = None,
+    *,
+    feature_map: str = "elu",
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, LinearState]:
+    """Causal linear attention as an RNN (Katharopoulos et al. 2020, eqs. 18-20), continuing from ``state``.
+
+    ``q, k (B, H, T, P)``, ``v (B, H, T, Pv)``, ``state = (S (B, H, P, Pv), z (B, H, P))`` or ``None`` (empty)
+    -> ``(out (B, H, T, Pv), new_state)``. Pure: ``state`` is not modified. States are float32 (float64 for
+    float64 inputs). Running it over a whole sequence equals ``linear_attention(..., causal=True)``.
+    """
+    _check_qkv(q, k, v)
+    feature_map_fn(feature_map)
+    eps = _check_eps(eps)
+    b, h, _, p = q.shape
+    pv = v.shape[-1]
+    if state is None:
+        state = init_linear_state(b, h, p, pv, device=q.device, dtype=q.dtype)
+    if not (isinstance(state, (tuple, list)) and len(state) == 2 and all(isinstance(t, torch.Tensor) for t in state)):
+        raise TypeError("state must be None or a pair of tensors (S (B, H, P, Pv), z (B, H, P))")
+    s, z = state
+    if tuple(s.shape) != (b, h, p, pv) or tuple(z.shape) != (b, h, p):
+        raise ValueError(
+            f"state shapes {tuple(s.shape)}, {tuple(z.shape)} do not match q/v: expected {(b, h, p, pv)}, {(b, h, p)}"
+        )
+    if s.dtype != z.dtype or not s.is_floating_point():
+        raise TypeError(f"state tensors must share one floating dtype, got {s.dtype} and {z.dtype}")
+    return linear_attention_recurrent_loop(q, k, v, (s, z), feature_map=feature_map, eps=eps)

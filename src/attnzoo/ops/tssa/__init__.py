@@ -8,7 +8,8 @@ Public API:
 - :func:`tssa_init_state` / :func:`tssa_step`: O(1)-memory recurrent form of causal TSSA for decoding.
 
 Backends: ``"naive"`` (``naive.py``, the literal pseudocode, differentiated by autograd) and ``"torch"``
-(``chunked.py``, memory-lean with hand-written backward); ``"auto"`` picks ``"torch"``.
+(``chunked.py``, memory-lean with hand-written backward), ``"triton"`` (``triton.py``, fused kernels; needs
+the ``triton`` package); ``"auto"`` picks ``"triton"`` for CUDA tensors when Triton is installed, else ``"torch"``.
 """
 from __future__ import annotations
 
@@ -24,8 +25,7 @@ __all__ = ["tssa", "tssa_pi", "tssa_step", "tssa_init_state", "TSSAState"]
 
 def _backends() -> list[str]:
     names = ["auto", "naive", "torch"]
-    # A Triton kernel may be added later as ops/tssa/triton.py exporting ``tssa_triton``.
-    if importlib.util.find_spec("attnzoo.ops.tssa.triton") is not None:
+    if importlib.util.find_spec("triton") is not None:
         names.append("triton")
     return names
 
@@ -92,14 +92,14 @@ def tssa(
 
 def _dispatch(w, temp, causal, bias, backend) -> torch.Tensor:
     if backend == "auto":
-        backend = "torch"
+        backend = "triton" if w.is_cuda and "triton" in _backends() else "torch"
     if backend == "naive":
         from attnzoo.ops.tssa.naive import tssa_naive
 
         if causal and bias is None:
             bias = torch.zeros(w.shape[1], w.shape[2], 1, device=w.device, dtype=w.dtype)
         return tssa_naive(w, temp, causal=causal, bias=bias)
-    if backend == "triton":  # pragma: no cover - only once a kernel exists
+    if backend == "triton":
         from attnzoo.ops.tssa.triton import tssa_triton
 
         return tssa_triton(w, temp, causal=causal, bias=bias)

@@ -1,1 +1,60 @@
-"""Placeholder: the xca op is being written."""
+"""Cross-covariance attention (XCiT, El-Nouby et al., 2021) on ``(B, H, N, P)`` tensors: attention across the
+``P`` channels of each head (a ``(P, P)`` map per head), linear in ``N``. Bidirectional only: the map sums over
+every token, so there is no causal form (the op has no ``causal`` argument).
+
+Backends: ``"naive"`` (:mod:`.naive`), ``"torch"`` (normalisation folded into the Gram matrix, :mod:`.fused`),
+``"triton"`` once a ``triton.py`` here exports ``xca_triton``; ``"auto"`` = Triton on CUDA when present, else
+``"torch"``.
+"""
+from __future__ import annotations
+
+import torch
+
+from attnzoo._checks import check_finite
+from attnzoo.ops.softmax._common import check_dropout, check_tensors, resolve_backend
+from attnzoo.ops.xca.fused import xca_fused
+from attnzoo.ops.xca.naive import xca_naive, xca_weights
+
+__all__ = ["xca", "xca_weights", "as_temperature"]
+
+
+def as_temperature(temp, heads: int, like: torch.Tensor) -> torch.Tensor:
+    """Validate ``temp`` (a number, or a tensor of shape ``(H,)`` / ``(H, 1, 1)``) and return it as ``(H, 1, 1)``."""
+    if isinstance(temp, (int, float)) and not isinstance(temp, bool):
+        return torch.full((heads, 1, 1), float(temp), dtype=like.dtype, device=like.device)
+    if not isinstance(temp, torch.Tensor):
+        raise TypeError(f"temp must be a number or a tensor of shape (H,) or (H, 1, 1), got {type(temp).__name__}")
+    if tuple(temp.shape) not in ((heads,), (heads, 1, 1)):
+        raise ValueError(f"temp must have shape ({heads},) or ({heads}, 1, 1) for H={heads}, got {tuple(temp.shape)}")
+    if not temp.is_floating_point():
+        raise TypeError(f"temp must be a floating-point tensor, got dtype {temp.dtype}")
+    check_finite("temp", temp)
+    return temp.reshape(heads, 1, 1)
+
+
+def xca(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    temp,
+    *,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """XCA (XCiT eq. 2): ``out = V softmax(q_hat^T k_hat * temp)^T`` with ``q_hat, k_hat`` unit-norm per channel.
+
+    Shapes: ``q, k, v (B, H, N, P)``, ``temp (H,)`` or ``(H, 1, 1)`` (or a number) -> ``(B, H, N, P)``.
+    """
+    check_tensors(("q", "k", "v"), (q, k, v))
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(
+            f"q, k and v must have one shape (B, H, N, P): got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    temp = as_temperature(temp, q.shape[1], q)
+    dropout_p = check_dropout("dropout_p", dropout_p)
+    kind, fn = resolve_backend("xca", __name__, backend, q)
+    if kind == "naive":
+        return xca_naive(q, k, v, temp, dropout_p=dropout_p)
+    if kind == "triton":
+        return fn(q, k, v, temp, dropout_p=dropout_p)
+    return xca_fused(q, k, v, temp, dropout_p=dropout_p)

@@ -1,0 +1,206 @@
+"""Layer-wise capture: run a model once and collect, per attention layer, its input/output token
+representations (PyTorch forward hooks) and the mechanism's internals (through
+:func:`attnzoo.capture_internals`, i.e. what each module ``record``-s: TSSA ``pi``, attention maps,
+CBSA ``attn_extract`` ...). Model code is never patched.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from attnzoo.layers.base import Attention, capture_internals
+
+from . import measures
+
+__all__ = [
+    "LayerCapture",
+    "capture_layers",
+    "subspace_bases",
+    "memberships",
+    "token_grid",
+    "layer_measures",
+]
+
+# Registered mechanisms whose shared projection is the paper's subspace bases U_[K] (Linear dim -> dim).
+_BASIS_ATTR = {"tssa": "qkv", "mssa": "qkv", "cbsa": "proj"}
+
+
+@dataclass
+class LayerCapture:
+    """What one attention layer saw and did in one forward pass (tensors detached, on CPU)."""
+
+    name: str  #: qualified module name inside the model, e.g. ``"blocks.3.attn"``
+    index: int  #: order of the layer's first call in the forward pass
+    mechanism: str  #: registry name of the module (``"tssa"``, ``"softmax"`` ...)
+    module: Attention
+    input: torch.Tensor  #: ``(B, N, dim)`` tokens entering the token mixer (after any pre-norm)
+    output: torch.Tensor  #: ``(B, N, dim)`` the token mixer's output (before any residual)
+    block_output: torch.Tensor | None = None  #: output of the enclosing block (the residual stream), if a tensor
+    internals: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            return a
+    return None
+
+
+def capture_layers(model: nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, list[LayerCapture]]:
+    """Run ``model(*args, **kwargs)`` without gradients and return ``(model_output, layers)``.
+
+    ``layers`` lists every :class:`~attnzoo.Attention` module that ran, in execution order, with its
+    input/output tokens, the output of its parent block and its recorded internals. Class-attention
+    layers (modules with a ``keep_attention`` switch) are included as mechanism ``"class_attention"``
+    with their CLS-query map ``attn`` ``(B, H, 1, N)``.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    attn_mods = [(n, m) for n, m in model.named_modules() if _is_token_mixer(m)]
+    if not attn_mods:
+        raise ValueError(f"{type(model).__name__} holds no attnzoo Attention modules; nothing to capture")
+    # Class-attention layers (CaiT/XCiT/ToST heads) are not Attention modules; they expose their
+    # CLS->token maps through their public ``keep_attention`` switch, turned on for this pass only.
+    class_mods = [m for _, m in attn_mods if not isinstance(m, Attention)]
+    kept = [m.keep_attention for m in class_mods]
+    modules = dict(model.named_modules())
+    seen: dict[str, dict[str, Any]] = {}
+    order: list[str] = []
+    handles = []
+
+    def attn_hook(name: str):
+        def hook(_mod, h_args, h_kwargs, output):
+            if name not in seen:
+                order.append(name)
+            x = _first_tensor(h_args, h_kwargs)
+            seen.setdefault(name, {})
+            seen[name]["input"] = x.detach().cpu() if x is not None else None
+            seen[name]["output"] = output.detach().cpu() if isinstance(output, torch.Tensor) else None
+
+        return hook
+
+    def block_hook(name: str):
+        def hook(_mod, _args, output):
+            if isinstance(output, torch.Tensor):
+                seen.setdefault(name, {})["block_output"] = output.detach().cpu()
+
+        return hook
+
+    try:
+        for name, mod in attn_mods:
+            handles.append(mod.register_forward_hook(attn_hook(name), with_kwargs=True))
+            parent = name.rpartition(".")[0]
+            if name and parent and parent in modules and not isinstance(modules[parent], (nn.ModuleList, nn.ModuleDict)):
+                handles.append(modules[parent].register_forward_hook(block_hook(name)))
+        for m in class_mods:
+            m.keep_attention = True
+        with torch.no_grad(), capture_internals(model) as store:
+            out = model(*args, **kwargs)
+        for name, m in attn_mods:
+            last = getattr(m, "_last_attn", None) if not isinstance(m, Attention) else None
+            if isinstance(last, torch.Tensor):
+                store.setdefault(name, {})["attn"] = last.detach()
+    finally:
+        for h in handles:
+            h.remove()
+        for m, k in zip(class_mods, kept):
+            m.keep_attention = k
+    layers = []
+    mods = dict(attn_mods)
+    for i, name in enumerate(order):
+        rec = seen[name]
+        if rec.get("input") is None or rec.get("output") is None:
+            continue
+        m = mods[name]
+        layers.append(
+            LayerCapture(
+                name=name,
+                index=i,
+                mechanism=getattr(type(m), "registry_name", None) or ("class_attention" if not isinstance(m, Attention)
+                                                                         else type(m).__name__),
+                module=m,
+                input=rec["input"],
+                output=rec["output"],
+                block_output=rec.get("block_output"),
+                internals={k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in store.get(name, {}).items()},
+            )
+        )
+    return out, layers
+
+
+def _is_token_mixer(m: nn.Module) -> bool:
+    return isinstance(m, Attention) or isinstance(getattr(m, "keep_attention", None), bool)
+
+
+def subspace_bases(module: nn.Module) -> torch.Tensor | None:
+    """The subspace bases ``U: (K, dim, p)`` of a white-box mechanism, or ``None`` for black-box ones.
+
+    Uses ``module.subspace_bases()`` when defined; otherwise the shared ``dim -> dim`` projection of
+    TSSA/MSSA (``qkv``) and CBSA (``proj``), whose weight rows for head ``k`` are ``U_kᵀ``.
+    """
+    fn = getattr(module, "subspace_bases", None)
+    if callable(fn):
+        return fn()
+    attr = _BASIS_ATTR.get(getattr(type(module), "registry_name", None))
+    lin = getattr(module, attr, None) if attr else None
+    dim, heads = getattr(module, "dim", None), getattr(module, "heads", None)
+    if isinstance(lin, nn.Linear) and dim is not None and tuple(lin.weight.shape) == (dim, dim):
+        return rearrange(lin.weight.detach().cpu(), "(k p) d -> k d p", k=heads)
+    return None
+
+
+def memberships(layer: LayerCapture) -> torch.Tensor | None:
+    """TSSA's membership matrix ``Π: (B, N, K)`` from the recorded ``pi`` ``(B, H, N)``, else ``None``."""
+    pi = layer.internals.get("pi")
+    if not isinstance(pi, torch.Tensor) or pi.ndim != 3:
+        return None
+    return pi.transpose(-1, -2)
+
+
+def token_grid(n: int, grid: tuple[int, int] | None = None) -> tuple[int, tuple[int, int]]:
+    """``(prefix, (Hg, Wg))`` laying ``n`` tokens on an image grid: ``n = prefix + Hg·Wg``.
+
+    Without ``grid``: a square grid, after dropping one leading [CLS] token if that makes ``n`` square.
+    """
+    if grid is not None:
+        hg, wg = int(grid[0]), int(grid[1])
+        if hg < 1 or wg < 1 or hg * wg > n:
+            raise ValueError(f"grid={tuple(grid)} does not fit {n} tokens; need Hg*Wg <= {n}")
+        return n - hg * wg, (hg, wg)
+    for prefix in (0, 1):
+        s = math.isqrt(n - prefix) if n - prefix > 0 else 0
+        if s > 0 and s * s == n - prefix:
+            return prefix, (s, s)
+    raise ValueError(
+        f"cannot lay {n} tokens on a square image grid (neither {n} nor {n - 1} is a square); pass grid=(Hg, Wg)"
+    )
+
+
+def layer_measures(layer: LayerCapture, eps: float = 0.5) -> dict[str, float]:
+    """Per-layer white-box measures on the layer's input tokens ``Z^ℓ`` (batch mean).
+
+    Always ``coding_rate`` (``R(Z)``, CBSA eq 1) and its normalised variant; with subspace bases
+    ``U^ℓ`` also the compression term ``R_c(Z | U)`` (CBSA eq 2, raw and normalised); with TSSA's
+    recorded memberships ``Π^ℓ`` also ToST's variational compression ``R^var_c(Z, Π | U)`` (eq 4).
+    """
+    z = layer.input.to(torch.float64)
+    out = {
+        "coding_rate": float(measures.coding_rate(z, eps).mean()),
+        "coding_rate_normalized": float(measures.coding_rate(measures.normalize_tokens(z), eps).mean()),
+    }
+    u = subspace_bases(layer.module)
+    if u is not None and u.shape[1] == z.shape[-1]:
+        out["compression"] = float(measures.compression_term(z, u, eps).mean())
+        out["compression_normalized"] = float(measures.compression_term(z, u, eps, normalize=True).mean())
+        pi = memberships(layer)
+        if pi is not None and pi.shape[-2] == z.shape[-2] and pi.shape[-1] == u.shape[0]:
+            out["variational_compression"] = float(measures.variational_compression(z, pi, u, eps).mean())
+            out["variational_compression_normalized"] = float(
+                measures.variational_compression(z, pi, u, eps, normalize=True).mean()
+            )
+    return out

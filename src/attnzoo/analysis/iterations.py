@@ -1,0 +1,136 @@
+"""Parameter-free iterations the papers analyse, and explicit reference layers for rank-collapse stacks.
+
+- AoT eq 3: ``Z⁺ = Z + η Σ_k U_k U_kᵀ Z φ(Zᵀ U_k U_kᵀ Z)`` with ``φ`` = soft-max or Theorem 1's
+  thresholded soft-max ``h(σ(·))``, ``h(x) = τ·1{x > τ}``.
+- CBSA eq 12 (linear-attention variant): ``Z⁺ = Z − κ Σ_k U_k L_k (I + Σ_k²/ε²)⁻¹ L_kᵀ U_kᵀ Z``.
+- Dong et al. / CSP: a multi-head softmax self-attention layer and a CSP layer (eq 4), both without
+  skip connections, written out explicitly so stacks can be probed without any module.
+
+Tokens are rows: ``Z: (..., N, d)``; bases ``U: (K, d, p)``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnzoo._checks import check_choice, check_positive_int
+
+__all__ = [
+    "aot_denoise_step",
+    "aot_denoise",
+    "cbsa_linear_step",
+    "softmax_attention_reference",
+    "csp_reference",
+]
+
+
+def _check_z_u(z: torch.Tensor, u: torch.Tensor) -> None:
+    if not isinstance(z, torch.Tensor) or z.ndim < 2 or not z.is_floating_point():
+        raise ValueError("Z must be a floating-point tensor of shape (..., N, d)")
+    if not isinstance(u, torch.Tensor) or u.ndim != 3 or u.shape[1] != z.shape[-1]:
+        shape = tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__
+        raise ValueError(f"U must have shape (K, d={z.shape[-1]}, p), got {shape}")
+
+
+def _check_positive(name: str, value) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or not math.isfinite(value):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+
+
+def aot_denoise_step(
+    z: torch.Tensor, u: torch.Tensor, *, eta: float = 0.5, phi: str = "threshold", tau: float = 0.75
+) -> torch.Tensor:
+    """One step of AoT eq 3 on ``Z: (..., N, d)`` with bases ``U: (K, d, p)``.
+
+    ``phi="softmax"`` uses ``φ = σ`` column-wise (eq 4); ``phi="threshold"`` uses Theorem 1's
+    ``φ(x) = h(σ(x))``, ``h(x) = τ·1{x > τ}``.
+    """
+    _check_z_u(z, u)
+    check_choice("phi", phi, ["softmax", "threshold"])
+    _check_positive("eta", eta)
+    if phi == "threshold" and not 0 < tau <= 1:
+        raise ValueError(f"tau must lie in (0, 1] (Theorem 1 takes tau in (1/2, 1]), got {tau!r}")
+    u = u.to(z.dtype)
+    proj = torch.einsum("...nd,kdp->...knp", z, u)  # rows: (U_kᵀ z_j)ᵀ
+    m = proj @ proj.transpose(-1, -2)  # M_k = Zᵀ U_k U_kᵀ Z, symmetric (N, N)
+    # φ acts on each column m_i of M_k; by symmetry the column soft-max is the row soft-max transposed,
+    # and the update's row i needs φ(m_i)ᵀ, i.e. the row soft-max itself.
+    s = torch.softmax(m, dim=-1)
+    if phi == "threshold":
+        s = torch.where(s > tau, torch.full_like(s, tau), torch.zeros_like(s))
+    update = torch.einsum("...kij,...kjp,kdp->...id", s, proj, u)
+    return z + eta * update
+
+
+def aot_denoise(
+    z: torch.Tensor, u: torch.Tensor, layers: int, *, eta: float = 0.5, phi: str = "threshold", tau: float = 0.75
+) -> list[torch.Tensor]:
+    """Unroll :func:`aot_denoise_step` ``layers`` times; returns ``[Z⁽⁰⁾, …, Z⁽ᴸ⁾]``."""
+    check_positive_int("layers", layers)
+    out = [z]
+    for _ in range(layers):
+        out.append(aot_denoise_step(out[-1], u, eta=eta, phi=phi, tau=tau))
+    return out
+
+
+def cbsa_linear_step(z: torch.Tensor, u: torch.Tensor, *, eps: float = 0.1, kappa: float = 0.5) -> torch.Tensor:
+    """One forward step of CBSA's linear-attention variant (eq 12) with the residual of eq 6.
+
+    ``Z⁺ = Z − κ Σ_k U_k L_k (I + Σ_k²/ε²)⁻¹ L_kᵀ U_kᵀ Z`` where ``U_kᵀZ = L_k Σ_k R_kᵀ`` (eq 10): the
+    principal directions of each subspace are kept, low-variance directions shrink. ``Z: (..., N, d)``.
+    """
+    _check_z_u(z, u)
+    _check_positive("eps", eps)
+    _check_positive("kappa", kappa)
+    u = u.to(z.dtype)
+    proj = torch.einsum("...nd,kdp->...knp", z, u)  # (..., K, N, p)
+    cov = proj.transpose(-1, -2) @ proj  # (U_kᵀZ)(U_kᵀZ)ᵀ = L Σ² Lᵀ, (p, p)
+    lam, vecs = torch.linalg.eigh(0.5 * (cov + cov.transpose(-1, -2)))
+    gain = eps**2 / (eps**2 + lam.clamp_min(0))  # f(λ) = ε²/(ε²+λ) on the spectrum
+    shrink = (vecs * gain[..., None, :]) @ vecs.transpose(-1, -2)
+    update = torch.einsum("...knp,...kpq,kdq->...nd", proj, shrink, u)
+    return z - kappa * update
+
+
+def softmax_attention_reference(
+    x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, heads: int
+) -> torch.Tensor:
+    """Multi-head softmax self-attention without skip (Dong et al. 2021): ``‖_h softmax(Q_h K_hᵀ/√D) V_h``.
+
+    ``x: (..., N, C)``, ``w*: (C, C)`` (``Q = x wq``); heads split the channels. Returns ``(..., N, C)``.
+    """
+    check_positive_int("heads", heads)
+    c = x.shape[-1]
+    if c % heads:
+        raise ValueError(f"channels C={c} must be divisible by heads={heads}")
+
+    def split(t: torch.Tensor) -> torch.Tensor:
+        return t.unflatten(-1, (heads, c // heads)).transpose(-2, -3)  # (..., H, N, D)
+
+    q, k, v = split(x @ wq), split(x @ wk), split(x @ wv)
+    a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(c // heads), dim=-1)
+    return (a @ v).transpose(-2, -3).flatten(-2)
+
+
+def csp_reference(x: torch.Tensor, w: torch.Tensor, *, group_size: int = 2) -> torch.Tensor:
+    """Channel-wise sample permutation (CSP eq 4) without skip, written out explicitly.
+
+    ``V = x w``; channel ``c`` (0-based) is circularly shifted by ``J_c = c·⌈N/C⌉ mod N`` (eq 3) and
+    then, within consecutive groups of ``group_size`` samples, re-ordered so that its ranks follow those
+    of channel 0 (the reference channel, ``P_1 = I``). ``x: (..., N, C)``, ``w: (C, C)``.
+    """
+    check_positive_int("group_size", group_size)
+    v = x @ w
+    n, c = v.shape[-2], v.shape[-1]
+    step = -(-n // c)
+    shifted = torch.stack([torch.roll(v[..., ch], shifts=(ch * step) % n, dims=-1) for ch in range(c)], -1)
+    ref = v[..., :1]
+    out = shifted.clone()
+    for start in range(0, n, group_size):
+        sl = slice(start, min(start + group_size, n))
+        ranks = torch.argsort(torch.argsort(ref[..., sl, :], dim=-2), dim=-2)  # rank of each ref sample
+        sorted_vals = torch.sort(shifted[..., sl, 1:], dim=-2).values
+        out[..., sl, 1:] = torch.gather(sorted_vals, -2, ranks.expand_as(sorted_vals))
+    out[..., 0] = v[..., 0]
+    return out

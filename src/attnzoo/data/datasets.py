@@ -1,0 +1,159 @@
+"""Map-style datasets that return whole batches: ``get_batch(idx) -> (inputs, target)``.
+
+``inputs`` is a tuple of tensors passed to the model as ``model(*inputs)``. Generated datasets make
+sample ``i`` from its own RNG seeded by ``(seed, i)``, so any subset (a DDP shard, a resumed run)
+sees exactly the same samples, in any order, on any number of processes.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["BatchDataset", "ArrayDataset", "ImageDataset", "GeneratedDataset", "WindowDataset", "Batch"]
+
+Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]
+
+
+class BatchDataset:
+    """``len(ds)`` samples; ``ds.get_batch(idx: (B,) int array) -> (inputs, target)``."""
+
+    def __len__(self) -> int:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def get_batch(self, idx: np.ndarray) -> Batch:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _check_idx(self, idx) -> np.ndarray:
+        idx = np.asarray(idx, dtype=np.int64)
+        if idx.ndim != 1:
+            raise ValueError(f"idx must be a 1-D array of sample indices, got shape {idx.shape}")
+        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
+            raise IndexError(f"sample index out of range [0, {len(self)}): min {idx.min()}, max {idx.max()}")
+        return idx
+
+
+class ArrayDataset(BatchDataset):
+    """In-memory arrays: ``inputs`` (each ``(N, ...)``) and ``target (N, ...)``."""
+
+    def __init__(self, inputs: Sequence[np.ndarray], target: np.ndarray) -> None:
+        self.inputs = [np.asarray(a) for a in inputs]
+        self.target = np.asarray(target)
+        n = len(self.target)
+        for a in self.inputs:
+            if len(a) != n:
+                raise ValueError(f"inputs and target disagree on the sample count: {len(a)} vs {n}")
+
+    def __len__(self) -> int:
+        return len(self.target)
+
+    def get_batch(self, idx) -> Batch:
+        idx = self._check_idx(idx)
+        return tuple(torch.from_numpy(np.ascontiguousarray(a[idx])) for a in self.inputs), torch.from_numpy(
+            np.ascontiguousarray(self.target[idx])
+        )
+
+
+class ImageDataset(BatchDataset):
+    """uint8 images ``(N, H, W[, C])`` -> float ``(B, C, H', W')`` normalised by ``mean``/``std``, zero-padded to ``size``."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, mean: float, std: float, size: int | None = None):
+        if images.ndim == 3:
+            images = images[..., None]
+        if images.ndim != 4:
+            raise ValueError(f"images must have shape (N, H, W) or (N, H, W, C), got {images.shape}")
+        self.images = np.ascontiguousarray(images.transpose(0, 3, 1, 2))  # (N, C, H, W)
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.mean, self.std = float(mean), float(std)
+        h, w = self.images.shape[-2:]
+        self.size = size or max(h, w)
+        if self.size < max(h, w):
+            raise ValueError(f"img_size={self.size} is smaller than the images ({h}x{w}); valid: >= {max(h, w)}")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.images.shape[1], self.size, self.size)
+
+    def get_batch(self, idx) -> Batch:
+        idx = self._check_idx(idx)
+        x = torch.from_numpy(self.images[idx]).float().div_(255.0).sub_(self.mean).div_(self.std)
+        h, w = x.shape[-2:]
+        if (h, w) != (self.size, self.size):
+            # pad with the normalised value of a black pixel, centred
+            top, left = (self.size - h) // 2, (self.size - w) // 2
+            out = torch.full((x.shape[0], x.shape[1], self.size, self.size), -self.mean / self.std)
+            out[:, :, top : top + h, left : left + w] = x
+            x = out
+        return (x,), torch.from_numpy(self.labels[idx])
+
+
+class GeneratedDataset(BatchDataset):
+    """``n`` samples; sample ``i`` is ``make(np.random.default_rng([*seed, i]))`` -> ``(inputs tuple, target)``.
+
+    Samples are memoised (``cache=True``) so later epochs don't regenerate them.
+    """
+
+    def __init__(
+        self, n: int, seed: int | Sequence[int], make: Callable[[np.random.Generator], tuple], cache: bool = True
+    ) -> None:
+        if n < 1:
+            raise ValueError(f"a generated dataset needs n >= 1 samples, got {n}")
+        self.n, self.make, self.cache = int(n), make, cache
+        # an uncached stream of i.i.d. prompts needs no shuffling: the trainer reads it in order
+        self.shuffle = cache
+        self.seed = [int(seed)] if isinstance(seed, (int, np.integer)) else [int(s) for s in seed]
+        self._memo: dict[int, tuple] = {}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def sample(self, i: int) -> tuple:
+        i = int(i)
+        if i in self._memo:
+            return self._memo[i]
+        s = self.make(np.random.default_rng([*self.seed, i]))
+        if self.cache:
+            self._memo[i] = s
+        return s
+
+    def get_batch(self, idx) -> Batch:
+        idx = self._check_idx(idx)
+        samples = [self.sample(i) for i in idx]
+        n_in = len(samples[0][0])
+        inputs = tuple(torch.from_numpy(_widen(np.stack([s[0][k] for s in samples]))) for k in range(n_in))
+        target = torch.from_numpy(_widen(np.stack([np.asarray(s[1]) for s in samples])))
+        return inputs, target
+
+
+def _widen(a: np.ndarray) -> np.ndarray:
+    # samples are memoised in compact integer types (uint8 pixels, ...); models take int64 ids
+    return a.astype(np.int64) if a.dtype.kind in "iub" else a
+
+
+class WindowDataset(BatchDataset):
+    """Next-token windows of a token stream: sample ``i`` is ``(tokens[j:j+L],), tokens[j+1:j+L+1]`` with ``j = i * stride``.
+
+    Training uses ``stride=1`` (every offset); validation uses ``stride=L`` (disjoint windows covering the text).
+    """
+
+    def __init__(self, tokens: np.ndarray, block_size: int, stride: int = 1) -> None:
+        if len(tokens) <= block_size:
+            raise ValueError(f"the token stream ({len(tokens)} tokens) must be longer than block_size={block_size}")
+        if stride < 1:
+            raise ValueError(f"stride must be >= 1, got {stride}")
+        self.tokens = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+        self.block_size = int(block_size)
+        self.stride = int(stride)
+
+    def __len__(self) -> int:
+        return (len(self.tokens) - self.block_size - 1) // self.stride + 1
+
+    def get_batch(self, idx) -> Batch:
+        idx = torch.from_numpy(self._check_idx(idx)) * self.stride
+        offsets = idx[:, None] + torch.arange(self.block_size + 1)
+        w = self.tokens[offsets]
+        return (w[:, :-1].contiguous(),), w[:, 1:].contiguous()

@@ -1,0 +1,233 @@
+"""The one transformer skeleton: a :class:`Block` is a token mixer plus an optional MLP / ISTA step.
+
+Layouts (``x`` is ``(B, N, dim)``; ``A`` the mixer, ``F`` the feed-forward part, ``γ`` LayerScale):
+
+- ``norm="pre"``:  ``x += γ1·A(LN(x))``; ``x += γ2·F(LN(x))`` (GPT-2, ViT, XCiT, ToST Alg. 4)
+- ``norm="post"``: ``x = LN(x + A(x))``; ``x = LN(x + F(x))`` (original Transformer; ToST Table 7 Pathfinder)
+- ``norm="none"``: ``x += A(x)`` (AoT vision, Fig. 3)
+- ``ffn="ista"``:  ``x = ISTA(LN(x + A(LN(x))))`` (CRATE; ToST/CBSA papers), no residual around ISTA.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnzoo.layers.base import Attention, attention_info, build_attention, list_attentions
+
+__all__ = ["Mlp", "ISTA", "LayerScale", "Block", "build_blocks", "build_mixer", "supports_step", "init_weights"]
+
+
+class Mlp(nn.Module):
+    """Two-layer perceptron ``fc2(act(fc1(x)))`` applied per token (ToST Alg. 3)."""
+
+    def __init__(self, dim: int, hidden: int, *, act: str = "gelu", dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU() if act == "gelu" else nn.ReLU()
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
+class ISTA(nn.Module):
+    """CRATE's ISTA block: one non-negative proximal-gradient step of sparse coding against a learned
+    dictionary ``D`` (dim x dim), ``ISTA(z) = ReLU(z + η·Dᵀ(z − D z) − η·λ)``.
+
+    The step minimises ``λ‖x‖₁ + ½‖z − D x‖²`` over ``x ≥ 0`` from ``x = z`` (the sparsification step
+    of the CRATE layer that the ToST and CBSA papers build on); ``η = step`` and ``λ = lambd`` are fixed.
+    Applied per token, with no residual around it.
+    """
+
+    def __init__(self, dim: int, *, step: float = 0.1, lambd: float = 0.1) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim, dim))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        self.step = float(step)
+        self.lambd = float(lambd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = self.weight
+        residual = x - F.linear(x, d)  # z - D z, in row-vector form
+        return F.relu(x + self.step * F.linear(residual, d.t()) - self.step * self.lambd)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.weight.shape[0]}, step={self.step}, lambd={self.lambd}"
+
+
+class LayerScale(nn.Module):
+    """Per-channel learned scale of a residual branch (Touvron et al. 2021; used by XCiT/ToST)."""
+
+    def __init__(self, dim: int, init: float) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), float(init)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+def supports_step(mixer: nn.Module) -> bool:
+    """Whether a mixer implements token-by-token decoding (``init_state`` / ``step``)."""
+    return bool(getattr(mixer, "supports_step", False)) and callable(getattr(mixer, "step", None))
+
+
+class Block(nn.Module):
+    """Token mixer + optional feed-forward part with pre/post/no LayerNorm, LayerScale, residual on/off."""
+
+    def __init__(
+        self,
+        dim: int,
+        mixer: Attention,
+        *,
+        ffn: str = "mlp",
+        hidden: int | None = None,
+        act: str = "gelu",
+        norm: str = "pre",
+        residual: bool = True,
+        layerscale: float | None = None,
+        dropout: float = 0.0,
+        ista_step: float = 0.1,
+        ista_lambda: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.norm_kind = norm
+        self.ffn_kind = ffn
+        self.residual = residual
+        self.norm1 = nn.LayerNorm(dim) if norm != "none" else nn.Identity()
+        self.attn = mixer
+        self.ls1 = LayerScale(dim, layerscale) if layerscale is not None else nn.Identity()
+        self.drop = nn.Dropout(dropout)
+        if ffn == "none":
+            self.norm2 = self.ffn = self.ls2 = None
+        else:
+            self.norm2 = nn.LayerNorm(dim) if norm != "none" else nn.Identity()
+            if ffn == "mlp":
+                self.ffn = Mlp(dim, hidden or 4 * dim, act=act, dropout=dropout)
+                self.ls2 = LayerScale(dim, layerscale) if layerscale is not None else nn.Identity()
+            else:
+                self.ffn = ISTA(dim, step=ista_step, lambd=ista_lambda)
+                self.ls2 = None
+
+    def _run(self, x: torch.Tensor, mix) -> torch.Tensor:
+        if self.norm_kind == "post":
+            h = self.drop(self.ls1(mix(x)))
+            x = self.norm1(x + h if self.residual else h)
+        else:
+            h = self.drop(self.ls1(mix(self.norm1(x))))
+            x = x + h if self.residual else h
+        if self.ffn is None:
+            return x
+        if self.ffn_kind == "ista":
+            return self.ffn(self.norm2(x))
+        if self.norm_kind == "post":
+            h = self.drop(self.ls2(self.ffn(x)))
+            return self.norm2(x + h if self.residual else h)
+        h = self.drop(self.ls2(self.ffn(self.norm2(x))))
+        return x + h if self.residual else h
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._run(x, self.attn)
+
+    def step(self, x: torch.Tensor, state):
+        """One decoding step: ``x (B, 1, dim)`` -> ``(B, 1, dim)``, new mixer state (everything else is per token)."""
+        box = {}
+
+        def mix(h):
+            y, box["state"] = self.attn.step(h, state)
+            return y
+
+        y = self._run(x, mix)
+        return y, box["state"]
+
+
+def _accepted_options(name: str) -> set[str] | None:
+    """Keyword options the mechanism's constructor accepts; ``None`` if it takes ``**kwargs``."""
+    params = inspect.signature(attention_info(name).__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return set(params)
+
+
+def build_mixer(
+    name: str,
+    dim: int,
+    heads: int,
+    *,
+    causal: bool,
+    options: dict,
+    context: dict,
+) -> Attention:
+    """Build a mechanism, filling in the ``context`` options (layer index, grid, ...) it accepts.
+
+    Context entries are only passed when the mechanism's constructor names them and the user did not
+    set them, so CSP gets its ``layer_index``, CBSA its token ``grid``, causal TSSA its ``max_len``.
+    """
+    cls = attention_info(name)
+    if causal and not cls.supports_causal:
+        raise ValueError(
+            f"attention {name!r} has no causal mode and this model is a causal decoder; "
+            f"causal mechanisms are: {list_attentions(causal=True)}"
+        )
+    if not causal and not cls.supports_noncausal:
+        raise ValueError(
+            f"attention {name!r} is causal-only but this model is bidirectional; "
+            f"bidirectional mechanisms are: {list_attentions(causal=False)}"
+        )
+    accepted = _accepted_options(name)
+    # JSON turns tuples (grids, ...) into lists; mechanisms expect the tuple form
+    opts = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
+    for k, v in context.items():
+        if k not in opts and (accepted is None or k in accepted):
+            opts[k] = tuple(v) if isinstance(v, list) else v
+    return build_attention(name, dim, heads, causal=causal, **opts)
+
+
+def build_blocks(cfg, *, causal: bool, context: dict | None = None) -> nn.ModuleList:
+    """The ``cfg.depth`` blocks of a :class:`~attnzoo.models.config.BackboneConfig`."""
+    context = dict(context or {})
+    mechanisms = cfg.mechanisms()
+    ffns = cfg.ffn_kinds()
+    blocks = []
+    for i, (mech, ffn) in enumerate(zip(mechanisms, ffns)):
+        options = cfg.attention_options if i < cfg.split_index() else cfg.second_attention_options
+        ctx = {"layer_index": i, "num_layers": cfg.depth, **context}
+        mixer = build_mixer(mech, cfg.dim, cfg.heads, causal=causal, options=options, context=ctx)
+        blocks.append(
+            Block(
+                cfg.dim,
+                mixer,
+                ffn=ffn,
+                hidden=cfg.hidden_dim,
+                act=cfg.act,
+                norm=cfg.norm,
+                residual=cfg.residual,
+                layerscale=cfg.layerscale,
+                dropout=cfg.dropout,
+                ista_step=cfg.ista_step,
+                ista_lambda=cfg.ista_lambda,
+            )
+        )
+    return nn.ModuleList(blocks)
+
+
+
+def init_weights(module: nn.Module, *, std: float = 0.02) -> None:
+    """Truncated-normal init (std 0.02) of the Linear/Embedding layers the models own.
+
+    Token mixers are skipped: each mechanism initialises its own parameters as its paper does.
+    """
+    if isinstance(module, Attention):
+        return
+    if isinstance(module, nn.Linear):
+        nn.init.trunc_normal_(module.weight, std=std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, std=std)
+    for child in module.children():
+        init_weights(child, std=std)

@@ -1,0 +1,215 @@
+"""Causal decoder language model (nanoGPT layout) on the shared skeleton: GPT-2, ToST, AoT, Fastmax GPT."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnzoo.models.blocks import build_blocks, init_weights, supports_step
+from attnzoo.models.checkpoint import PretrainedModel
+from attnzoo.models.config import CausalLMConfig
+from attnzoo.models.embeddings import sinusoidal_positions
+
+__all__ = ["CausalLM", "check_token_ids", "sample_next"]
+
+
+def check_token_ids(name: str, idx: torch.Tensor, vocab_size: int, max_len: int | None) -> None:
+    """Validate a ``(B, T)`` integer token tensor."""
+    if not isinstance(idx, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids (B, T), got {type(idx).__name__}")
+    if idx.ndim != 2:
+        raise ValueError(f"{name} must have shape (B, T), got {tuple(idx.shape)}")
+    if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids, got dtype {idx.dtype}")
+    if idx.shape[1] < 1:
+        raise ValueError(f"{name} must hold at least one token (T >= 1)")
+    if max_len is not None and idx.shape[1] > max_len:
+        raise ValueError(f"{name} has T={idx.shape[1]} tokens but the model handles at most {max_len}")
+    if idx.numel() and not torch.compiler.is_compiling():
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(
+                f"{name} holds token ids in [{lo}, {hi}] but vocab_size={vocab_size} (valid: 0..{vocab_size - 1})"
+            )
+
+
+def sample_next(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Next token ``(B,)`` from last-position logits ``(B, V)``; ``temperature=0`` is greedy."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        k = min(top_k, logits.shape[-1])
+        kth = torch.topk(logits, k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+class CausalLM(PretrainedModel):
+    """``(B, T)`` token ids -> ``(B, T, vocab_size)`` next-token logits; token ``t`` sees tokens ``<= t`` only.
+
+    Input and output embeddings are tied (``tie_weights``). When every block's mixer implements
+    ``init_state/step`` (:class:`attnzoo.layers.RecurrentMixin`), :meth:`step` and :meth:`generate`
+    decode token by token with per-layer state instead of re-running the prefix.
+    """
+
+    config_class = CausalLMConfig
+
+    def __init__(self, config: CausalLMConfig) -> None:
+        super().__init__()
+        if not isinstance(config, CausalLMConfig):
+            raise TypeError(f"CausalLM needs a CausalLMConfig, got {type(config).__name__}")
+        self.config = cfg = config
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.dim) if cfg.pos_embed == "learned" else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = build_blocks(cfg, causal=True, context={"max_len": cfg.block_size})
+        self.ln_f = nn.LayerNorm(cfg.dim) if cfg.final_norm else nn.Identity()
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        init_weights(self)
+        # GPT-2: residual output projections scaled by 1/sqrt(2 * depth)
+        for blk in self.blocks:
+            if blk.ffn_kind == "mlp":
+                nn.init.trunc_normal_(blk.ffn.fc2.weight, std=0.02 / math.sqrt(2 * cfg.depth))
+        if cfg.tie_weights:
+            self.lm_head.weight = self.wte.weight
+
+    # ---- full forward ------------------------------------------------------------------------
+    def _embed(self, idx: torch.Tensor, start: int) -> torch.Tensor:
+        t = idx.shape[1]
+        x = self.wte(idx)
+        if self.config.pos_embed == "learned":
+            x = x + self.wpe(torch.arange(start, start + t, device=idx.device))
+        elif self.config.pos_embed == "sinusoidal":
+            x = x + sinusoidal_positions(start + t, self.config.dim, device=idx.device, dtype=x.dtype)[start:]
+        return self.drop(x)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        check_token_ids("idx", idx, self.config.vocab_size, self.config.block_size)
+        x = self._embed(idx, 0)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.lm_head(self.ln_f(x))
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor, *, ignore_index: int = -100) -> torch.Tensor:
+        """Mean next-token cross-entropy; ``targets (B, T)`` (``ignore_index`` entries skipped)."""
+        if not isinstance(targets, torch.Tensor) or targets.shape != idx.shape:
+            raise ValueError(
+                f"targets must have the shape of idx {tuple(idx.shape)}, got "
+                f"{tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__}"
+            )
+        logits = self(idx).flatten(0, 1)
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()  # the log-sum-exp over the vocabulary in float32 at least
+        return F.cross_entropy(logits, targets.flatten(), ignore_index=ignore_index)
+
+    # ---- incremental decoding ----------------------------------------------------------------
+    @property
+    def supports_incremental(self) -> bool:
+        """Whether every mixer decodes token by token (``init_state`` / ``step``)."""
+        return all(supports_step(b.attn) for b in self.blocks)
+
+    def _require_incremental(self) -> None:
+        if not self.supports_incremental:
+            bad = sorted({type(b.attn).__name__ for b in self.blocks if not supports_step(b.attn)})
+            raise ValueError(
+                f"incremental decoding needs init_state/step on every mixer; {bad} do not implement it "
+                f"(use generate(..., use_cache=False))"
+            )
+
+    def init_state(self, batch_size: int, *, device=None, dtype=None) -> dict:
+        """Empty decoding state for ``batch_size`` sequences (position 0)."""
+        self._require_incremental()
+        p = self.wte.weight
+        device = p.device if device is None else device
+        dtype = p.dtype if dtype is None else dtype
+        return {
+            "pos": 0,
+            "layers": [b.attn.init_state(batch_size, device=device, dtype=dtype) for b in self.blocks],
+        }
+
+    def step(self, idx_t: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+        """Feed one token per sequence, ``idx_t (B,)``; returns logits ``(B, vocab_size)`` and the new state.
+
+        Equals ``forward(prefix)[:, -1]`` for the prefix fed so far.
+        """
+        if not isinstance(idx_t, torch.Tensor) or idx_t.ndim != 1:
+            raise ValueError(
+                f"idx_t must be a (B,) tensor of token ids, got "
+                f"{tuple(idx_t.shape) if isinstance(idx_t, torch.Tensor) else type(idx_t).__name__}"
+            )
+        pos = state["pos"]
+        if self.config.pos_embed == "learned" and pos >= self.config.block_size:
+            raise ValueError(
+                f"position {pos} is past block_size={self.config.block_size} (learned positions end there)"
+            )
+        check_token_ids("idx_t", idx_t[:, None], self.config.vocab_size, None)
+        x = self._embed(idx_t[:, None], pos)
+        layers = []
+        for blk, s in zip(self.blocks, state["layers"]):
+            x, s = blk.step(x, s)
+            layers.append(s)
+        logits = self.lm_head(self.ln_f(x))[:, 0]
+        return logits, {"pos": pos + 1, "layers": layers}
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        use_cache: bool | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Append ``max_new_tokens`` sampled tokens to ``idx (B, T)``; returns ``(B, T + max_new_tokens)``.
+
+        ``use_cache=None`` decodes incrementally when every mixer supports it and the result fits in
+        ``block_size``; otherwise the (cropped) prefix is re-run for each new token, as nanoGPT does.
+        ``temperature=0`` decodes greedily.
+        """
+        check_token_ids("idx", idx, self.config.vocab_size, None)
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+        if not isinstance(temperature, (int, float)) or temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
+        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+        total = idx.shape[1] + max_new_tokens
+        fits = self.config.pos_embed != "learned" or total <= self.config.block_size
+        if use_cache is None:
+            use_cache = self.supports_incremental and fits
+        if max_new_tokens == 0:
+            return idx
+        if use_cache:
+            self._require_incremental()
+            if not fits:
+                raise ValueError(
+                    f"cached decoding of {total} tokens exceeds block_size={self.config.block_size}; "
+                    f"pass use_cache=False to decode with a sliding window"
+                )
+            state = self.init_state(idx.shape[0], device=idx.device)
+            for t in range(idx.shape[1]):
+                logits, state = self.step(idx[:, t], state)
+            out = [idx]
+            for i in range(max_new_tokens):
+                nxt = sample_next(logits, temperature=temperature, top_k=top_k, generator=generator)
+                out.append(nxt[:, None])
+                if i + 1 < max_new_tokens:
+                    logits, state = self.step(nxt, state)
+            return torch.cat(out, dim=1)
+        for _ in range(max_new_tokens):
+            logits = self(idx[:, -self.config.block_size :])[:, -1]
+            nxt = sample_next(logits, temperature=temperature, top_k=top_k, generator=generator)
+            idx = torch.cat([idx, nxt[:, None]], dim=1)
+        return idx

@@ -1,0 +1,141 @@
+"""Shared pieces of the Fastmax op: eps, validation, the polynomial kernel f (FAST eq 8) and its feature map.
+
+The factorisation of FAST eqs 24-29 is written here as an explicit feature map ``phi`` with
+``phi(q) . phi(k) = f(q . k)``::
+
+    p = 1:  phi(x) = [1, x]                          (P = 1 + D)
+    p = 2:  phi(x) = [1, x, vec(x x^T) / sqrt(2)]    (P = 1 + D + D^2)
+
+so ``sum_n phi(k_n) [v_n, 1]^T`` stacks the paper's moment sums: its rows are x^(1), x^(2), x^(3)/sqrt(2)
+(numerator, eq 28) and its last column y^(1), y^(2), y^(3)/sqrt(2) (denominator, eq 29). Splitting the 1/2!
+of f as 1/sqrt(2) on each side keeps phi the same for queries and keys, so one vjp serves both.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+import torch.nn.functional as F
+
+from attnzoo._checks import check_choice, check_ndim, check_positive_int
+
+__all__ = [
+    "EPS",
+    "VALID_P",
+    "BACKENDS",
+    "DEFAULT_CHUNK",
+    "check_p",
+    "resolve_scale",
+    "compute_dtype",
+    "standardize",
+    "kernel",
+    "kernel_grad",
+    "feature_dim",
+    "features",
+    "features_vjp",
+    "validate_qkv",
+    "validate_options",
+]
+
+#: eps added to the per-token variance in the standardisation (eq 6); shared by every path
+EPS = 1e-5
+VALID_P = (1, 2)
+BACKENDS = ("auto", "naive", "torch", "torch_autograd", "triton")
+#: tokens per chunk of the chunked sweeps (bounds temporaries to chunk * D^p per head)
+DEFAULT_CHUNK = 64
+
+_SQRT_HALF = math.sqrt(0.5)
+
+
+def check_p(p) -> None:
+    """Raise ``ValueError`` unless ``p`` is one of the orders FAST factorises (1 or 2)."""
+    if isinstance(p, bool) or not isinstance(p, int) or p not in VALID_P:
+        raise ValueError(f"p={p!r} is not supported; Fastmax's Taylor order p must be one of {list(VALID_P)}")
+
+
+def resolve_scale(scale, d: int) -> float:
+    """``None`` -> ``D**-0.5``; otherwise a finite positive number (``1.0`` is FAST's literal eq 7)."""
+    if scale is None:
+        return float(d) ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale={scale!r} must be a finite positive number (or None for head_dim**-0.5)")
+    return float(scale)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; everything else (fp16/bf16/fp32) is computed and accumulated in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def standardize(x: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+    """Eqs 5-6: per-token mean 0 and population std 1 over the last dim, ``(x - mean) / sqrt(var + eps)``."""
+    return F.layer_norm(x, (x.shape[-1],), eps=eps)
+
+
+def kernel(s: torch.Tensor, p: int) -> torch.Tensor:
+    """Eq 8: ``f(s) = sum_{l <= p} s^l / l!``."""
+    if p == 1:
+        return 1.0 + s
+    return 1.0 + s + 0.5 * s * s
+
+
+def kernel_grad(s: torch.Tensor, p: int) -> torch.Tensor:
+    """``f'(s)``: 1 for p=1, ``1 + s`` for p=2 (the factor of eqs 14-15, 36)."""
+    if p == 1:
+        return torch.ones_like(s)
+    return 1.0 + s
+
+
+def feature_dim(d: int, p: int) -> int:
+    """Length P of ``phi``: ``1 + D`` (p=1) or ``1 + D + D^2`` (p=2)."""
+    return 1 + d + (d * d if p == 2 else 0)
+
+
+def features(x: torch.Tensor, p: int) -> torch.Tensor:
+    """``phi(x)``: ``(..., N, D) -> (..., N, P)`` with ``phi(q) . phi(k) = f(q . k)`` (eqs 24-27)."""
+    parts = [x.new_ones(x.shape[:-1] + (1,)), x]
+    if p == 2:
+        parts.append((x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2) * _SQRT_HALF)
+    return torch.cat(parts, dim=-1)
+
+
+def features_vjp(x: torch.Tensor, u: torch.Tensor, p: int) -> torch.Tensor:
+    """``d/dx (phi(x) . u)`` per token: ``x (..., N, D)``, ``u (..., N, P)`` -> ``(..., N, D)``."""
+    d = x.shape[-1]
+    g = u[..., 1 : 1 + d]
+    if p == 2:
+        u2 = u[..., 1 + d :].unflatten(-1, (d, d))
+        # d/dx (x^T U x / sqrt2) = (U + U^T) x / sqrt2; symmetrising keeps this exact for any u
+        g = g + torch.einsum("...de,...e->...d", u2 + u2.transpose(-1, -2), x) * _SQRT_HALF
+    return g
+
+
+def validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Shapes ``q, k (B, H, N, D)`` and ``v (B, H, N, Dv)`` on one device with one dtype, N >= 1."""
+    check_ndim("q", q, 4, "(B, H, N, D)")
+    check_ndim("k", k, 4, "(B, H, N, D)")
+    check_ndim("v", v, 4, "(B, H, N, Dv)")
+    if q.shape != k.shape:
+        raise ValueError(f"q and k must have the same shape (B, H, N, D): got {tuple(q.shape)} and {tuple(k.shape)}")
+    if v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"v must agree with q on (B, H, N): got v {tuple(v.shape)} and q {tuple(q.shape)}")
+    if q.shape[2] < 1:
+        raise ValueError(f"sequences must hold at least one token (N >= 1), got N={q.shape[2]}")
+    if q.shape[3] < 1 or v.shape[3] < 1:
+        raise ValueError(f"head dims must be >= 1, got D={q.shape[3]} and Dv={v.shape[3]}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+
+
+def validate_options(p, scale, backend: str, chunk_size, d: int) -> tuple[float, int]:
+    """Validate op options; returns the resolved ``(scale, chunk_size)``."""
+    check_p(p)
+    check_choice("backend", backend, BACKENDS)
+    if chunk_size is None:
+        chunk_size = DEFAULT_CHUNK
+    else:
+        check_positive_int("chunk_size", chunk_size)
+    return resolve_scale(scale, d), chunk_size

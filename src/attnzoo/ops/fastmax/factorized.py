@@ -1,0 +1,190 @@
+"""Factorised Fastmax (FAST eqs 24-29 unmasked, 32-35 masked) with the memory-lean custom backward of FAST §2.5.
+
+All functions take already standardised inputs: ``qs = scale * q_hat`` and ``k_hat`` ``(B, H, N, D)``,
+``v (B, H, N, Dv)``. With ``phi`` the feature map of :mod:`common` (``phi(q) . phi(k) = f(q . k)``) and
+``va = [v, 1]`` (the trailing 1 makes the denominators of eq 29/35 ride along as a last value column), the
+state ``S = sum_n phi(k_n) va_n^T`` of shape ``(P, Dv + 1)`` holds every moment sum x, y of eqs 28-29.
+
+* unmasked: ``S`` over all tokens, then ``out_aug_i = phi(qs_i) S`` (eqs 26-27), O(N D^(p+1)) time.
+* masked (causal): the sequence is cut into chunks of C tokens; a chunk's queries read the prefix state of all
+  earlier chunks through the factorisation and the tokens of their own chunk through the explicit C x C
+  masked weights ``f(qs_i . k_n), n <= i``; the prefix state is then advanced by the chunk. Only one
+  ``(P, Dv + 1)`` state per head is alive at a time, never the O(N D^(p+1)) per-token prefix tensor of
+  eq 34-35. Cost O(N D^(p+1) + N C D).
+
+Every sum runs in the dtype of its inputs, which :func:`attnzoo.ops.fastmax.fastmax` makes float32 (float64
+for float64 inputs), so prefix states accumulate in float32 even for fp16/bf16 inputs.
+
+Backward (:class:`FastmaxFunction`, FAST §2.5, eqs 36-37). With ``g_i = dO_i / G_i`` and
+``c_i = g_i . o_i``, the weight gradient is ``dw_in = g_i . v_n - c_i = ga_i . va_n`` with ``ga = [g, -c]``;
+hence, with ``T = sum_i phi(qs_i) ga_i^T`` (the same factorisation with queries and keys swapped),
+
+    dqs_i = d/dqs_i [phi(qs_i) . (S ga_i)]     (S ga_i fixed)
+    dk_n  = d/dk_n  [phi(k_n)  . (T va_n)]     (T va_n fixed)
+    dv_n  = phi(k_n) . T[:, :Dv]
+
+Only ``qs, k_hat, v``, the outputs and the denominators ``G`` (O(N D) per head) are saved; S and T are
+recomputed. For the masked case S is a prefix state (a forward chunk sweep for dqs) and T a suffix state
+(a reverse chunk sweep for dk, dv), with the explicit C x C terms inside each chunk.
+"""
+from __future__ import annotations
+
+import torch
+
+from attnzoo.ops.fastmax.common import feature_dim, features, features_vjp, kernel, kernel_grad
+
+__all__ = ["factorized_forward", "factorized_backward", "FastmaxFunction", "fastmax_factorized"]
+
+
+def _spans(n: int, chunk: int) -> list[tuple[int, int]]:
+    return [(s, min(s + chunk, n)) for s in range(0, n, chunk)]
+
+
+def _append_one(v: torch.Tensor) -> torch.Tensor:
+    return torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)
+
+
+def _tril(n: int, device) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+
+
+def _masked(w: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    return torch.where(keep, w, torch.zeros((), dtype=w.dtype, device=w.device))
+
+
+def factorized_forward(
+    qs: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    p: int,
+    causal: bool,
+    chunk: int,
+    feat_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eqs 24-29 / 32-35 chunked: returns ``out (B, H, N, Dv)`` and denominators ``G (B, H, N)``.
+
+    ``feat_mask (B, H, P)`` optionally multiplies the query features (feature-dropout of the factorised
+    terms, used by :mod:`attnzoo.ops.fastmax.dropout`); the intra-chunk weights then use the feature form.
+    """
+    b, h, n, d = qs.shape
+    dv = v.shape[-1]
+    va = _append_one(v)
+    state = qs.new_zeros(b, h, feature_dim(d, p), dv + 1)
+    spans = _spans(n, chunk)
+
+    def query_features(s: int, e: int) -> torch.Tensor:
+        fq = features(qs[..., s:e, :], p)
+        return fq if feat_mask is None else fq * feat_mask.unsqueeze(-2)
+
+    outs = []
+    if not causal:
+        for s, e in spans:
+            state = state + features(k[..., s:e, :], p).transpose(-1, -2) @ va[..., s:e, :]
+        for s, e in spans:
+            outs.append(query_features(s, e) @ state)
+    else:
+        keep = _tril(min(chunk, n), qs.device)
+        for s, e in spans:
+            fq = query_features(s, e)
+            fk = features(k[..., s:e, :], p)
+            if feat_mask is None:
+                w = kernel(qs[..., s:e, :] @ k[..., s:e, :].transpose(-1, -2), p)
+            else:
+                w = fq @ fk.transpose(-1, -2)
+            outs.append(fq @ state + _masked(w, keep[: e - s, : e - s]) @ va[..., s:e, :])
+            state = state + fk.transpose(-1, -2) @ va[..., s:e, :]
+    out_aug = torch.cat(outs, dim=-2)
+    den = out_aug[..., dv]
+    return out_aug[..., :dv] / den.unsqueeze(-1), den
+
+
+def factorized_backward(
+    qs: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    den: torch.Tensor,
+    dout: torch.Tensor,
+    p: int,
+    causal: bool,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FAST §2.5 backward from the O(N D) saved tensors: returns ``(dqs, dk, dv)``."""
+    b, h, n, d = qs.shape
+    dv_dim = v.shape[-1]
+    p_dim = feature_dim(d, p)
+    g = dout / den.unsqueeze(-1)
+    ga = torch.cat([g, -(g * out).sum(dim=-1, keepdim=True)], dim=-1)
+    va = _append_one(v)
+    spans = _spans(n, chunk)
+    dq_parts: list[torch.Tensor] = []
+    dk_parts: list[torch.Tensor] = []
+    dv_parts: list[torch.Tensor] = []
+
+    if not causal:
+        s_state = qs.new_zeros(b, h, p_dim, dv_dim + 1)
+        t_state = qs.new_zeros(b, h, p_dim, dv_dim + 1)
+        for s, e in spans:
+            s_state = s_state + features(k[..., s:e, :], p).transpose(-1, -2) @ va[..., s:e, :]
+            t_state = t_state + features(qs[..., s:e, :], p).transpose(-1, -2) @ ga[..., s:e, :]
+        for s, e in spans:
+            qc, kc = qs[..., s:e, :], k[..., s:e, :]
+            dq_parts.append(features_vjp(qc, ga[..., s:e, :] @ s_state.transpose(-1, -2), p))
+            dk_parts.append(features_vjp(kc, va[..., s:e, :] @ t_state.transpose(-1, -2), p))
+            dv_parts.append(features(kc, p) @ t_state[..., :dv_dim])
+        return torch.cat(dq_parts, -2), torch.cat(dk_parts, -2), torch.cat(dv_parts, -2)
+
+    keep = _tril(min(chunk, n), qs.device)
+    # forward sweep: the prefix-state part of dqs
+    s_state = qs.new_zeros(b, h, p_dim, dv_dim + 1)
+    for s, e in spans:
+        dq_parts.append(features_vjp(qs[..., s:e, :], ga[..., s:e, :] @ s_state.transpose(-1, -2), p))
+        s_state = s_state + features(k[..., s:e, :], p).transpose(-1, -2) @ va[..., s:e, :]
+    del s_state
+    # reverse sweep: suffix state T for dk, dv, plus every intra-chunk term
+    t_state = qs.new_zeros(b, h, p_dim, dv_dim + 1)
+    for idx in range(len(spans) - 1, -1, -1):
+        s, e = spans[idx]
+        qc, kc, vac, gac = qs[..., s:e, :], k[..., s:e, :], va[..., s:e, :], ga[..., s:e, :]
+        m = keep[: e - s, : e - s]
+        sc = qc @ kc.transpose(-1, -2)
+        w = _masked(kernel(sc, p), m)
+        ds = _masked(kernel_grad(sc, p), m) * (gac @ vac.transpose(-1, -2))
+        dq_parts[idx] = dq_parts[idx] + ds @ kc
+        dk_parts.append(features_vjp(kc, vac @ t_state.transpose(-1, -2), p) + ds.transpose(-1, -2) @ qc)
+        dv_parts.append(features(kc, p) @ t_state[..., :dv_dim] + w.transpose(-1, -2) @ g[..., s:e, :])
+        t_state = t_state + features(qc, p).transpose(-1, -2) @ gac
+    dk_parts.reverse()
+    dv_parts.reverse()
+    return torch.cat(dq_parts, -2), torch.cat(dk_parts, -2), torch.cat(dv_parts, -2)
+
+
+class FastmaxFunction(torch.autograd.Function):
+    """Factorised Fastmax with the FAST §2.5 backward; saves only ``qs, k_hat, v, out, G`` (O(N D) per head)."""
+
+    @staticmethod
+    def forward(ctx, qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: int, causal: bool, chunk: int):
+        out, den = factorized_forward(qs, k, v, p, causal, chunk)
+        ctx.save_for_backward(qs, k, v, out, den)
+        ctx.p, ctx.causal, ctx.chunk = p, causal, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, dout: torch.Tensor):
+        qs, k, v, out, den = ctx.saved_tensors
+        dq, dk, dv = factorized_backward(qs, k, v, out, den, dout, ctx.p, ctx.causal, ctx.chunk)
+        return dq, dk, dv, None, None, None
+
+
+def fastmax_factorized(
+    qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, p: int, causal: bool, chunk: int, custom_grad: bool = True
+) -> torch.Tensor:
+    """Eqs 24-35 on standardised inputs; ``custom_grad=False`` differentiates through the factorisation.
+
+    The autograd variant (``backend="torch_autograd"``) keeps, per head, every chunk's features
+    ``phi(k)``/``phi(qs)`` (O(N D^p)) and, when causal, every chunk's prefix state (O(N/C * D^p * Dv)),
+    versus O(N D) for :class:`FastmaxFunction`: it exists to benchmark that memory difference.
+    """
+    if custom_grad:
+        return FastmaxFunction.apply(qs, k, v, p, causal, chunk)
+    return factorized_forward(qs, k, v, p, causal, chunk)[0]

@@ -1,0 +1,90 @@
+"""Token-by-token causal Fastmax: the running moment sums of FAST eqs 34-35 as a recurrent state."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from attnzoo._checks import check_ndim, check_positive_int
+from attnzoo.ops.fastmax.common import check_p, feature_dim, features, resolve_scale, standardize
+
+__all__ = ["FastmaxState", "fastmax_init_state", "fastmax_step"]
+
+
+class FastmaxState(NamedTuple):
+    """Running sums over the tokens seen so far, float32 (float64 for float64 decoding).
+
+    ``num (B, H, P, Dv)``: ``sum_n phi(k_hat_n) v_n^T`` = x^(1), x^(2), x^(3)/sqrt(2) of eq 34 stacked;
+    ``den (B, H, P)``: ``sum_n phi(k_hat_n)`` = y^(1), y^(2), y^(3)/sqrt(2) of eq 35 stacked.
+    """
+
+    num: torch.Tensor
+    den: torch.Tensor
+
+
+def fastmax_init_state(
+    batch_size: int,
+    heads: int,
+    head_dim: int,
+    value_dim: int | None = None,
+    *,
+    p: int = 2,
+    device=None,
+    dtype: torch.dtype | None = None,
+) -> FastmaxState:
+    """Empty state (zero sums); ``dtype`` below float32 is promoted to float32 so sums never accumulate in half."""
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("heads", heads)
+    check_positive_int("head_dim", head_dim)
+    value_dim = head_dim if value_dim is None else value_dim
+    check_positive_int("value_dim", value_dim)
+    check_p(p)
+    sd = torch.promote_types(dtype or torch.float32, torch.float32)
+    pd = feature_dim(head_dim, p)
+    return FastmaxState(
+        torch.zeros(batch_size, heads, pd, value_dim, device=device, dtype=sd),
+        torch.zeros(batch_size, heads, pd, device=device, dtype=sd),
+    )
+
+
+def fastmax_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    state: FastmaxState,
+    *,
+    p: int = 2,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, FastmaxState]:
+    """One causal step (eqs 32-35): ``q, k (B, H, 1, D)``, ``v (B, H, 1, Dv)`` -> ``(out (B, H, 1, Dv), new state)``.
+
+    Pure: the input state is not modified. The new token is added to the sums before they are read, so the
+    output attends to tokens ``<= t`` exactly like the parallel causal op.
+    """
+    check_p(p)
+    check_ndim("q", q, 4, "(B, H, 1, D)")
+    check_ndim("k", k, 4, "(B, H, 1, D)")
+    check_ndim("v", v, 4, "(B, H, 1, Dv)")
+    if q.shape != k.shape or q.shape[2] != 1 or v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            f"fastmax_step takes one token: q, k (B, H, 1, D) and v (B, H, 1, Dv); got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if not isinstance(state, FastmaxState):
+        raise TypeError(f"state must be a FastmaxState (see fastmax_init_state), got {type(state).__name__}")
+    b, h, _, d = q.shape
+    pd = feature_dim(d, p)
+    want = (b, h, pd, v.shape[-1])
+    if tuple(state.num.shape) != want or tuple(state.den.shape) != want[:3]:
+        raise ValueError(
+            f"state shapes num {tuple(state.num.shape)}, den {tuple(state.den.shape)} do not match "
+            f"num {want}, den {want[:3]} for these inputs with p={p}"
+        )
+    scale = resolve_scale(scale, d)
+    sd = state.num.dtype
+    fq = features(standardize(q.to(sd)) * scale, p)  # (B, H, 1, P)
+    fk = features(standardize(k.to(sd)), p)
+    num = state.num + fk.transpose(-1, -2) @ v.to(sd)
+    den = state.den + fk[..., 0, :]
+    out = (fq @ num) / (fq @ den.unsqueeze(-1))
+    return out.to(v.dtype), FastmaxState(num, den)

@@ -1,0 +1,468 @@
+"""Triton kernels for factorised Fastmax (FAST eqs 24-29 unmasked, 32-35 masked) with the §2.5 backward.
+
+Public entry point :func:`fastmax_triton`, called by ``fastmax(..., backend="triton")`` (and by ``"auto"``
+on CUDA) on already standardised inputs ``qs = scale * q_hat``, ``k_hat`` ``(B, H, N, D)`` and ``v (B, H,
+N, Dv)``. The math is that of ``factorized.py``: with ``va = [v, 1]`` (the last column carries the
+denominator of eq 29/35) the moment state is ``S = sum_n phi(k_n) va_n^T``, stored as three pieces
+
+    s0 = sum_n va_n  (E,)        s1 = sum_n k_n va_n^T  (D, E)        s2[d] = sum_n k_nd k_n va_n^T  (D, E)
+
+(``E = Dv + 1``; ``s2`` only for p = 2) and a query reads ``phi(q) . S = s0 + q s1 + 1/2 sum_d q_d (q s2[d])``.
+Tiles are padded to powers of two >= 16 (``tl.dot``'s minimum); padding is masked to zero so it never
+contributes. Every sum accumulates in float32 (float64 for float64 inputs).
+
+Backward (FAST §2.5, as in ``factorized.py``): only ``qs, k_hat, v``, the output and the denominators
+(O(N D) per head) are saved. With ``ga = [dO / G, -(dO / G) . O]`` and ``T = sum_i phi(qs_i) ga_i^T`` (the
+same state with queries and keys swapped): ``dqs_i = d/dq [phi(q) . (S ga_i)]``, ``dk_n = d/dk [phi(k) .
+(T va_n)]``, ``dv_n = phi(k_n) . T[:, :Dv]``; ``S`` and ``T`` are recomputed, never stored per token.
+
+Kernels and their memory traffic (per head; ``|X|`` = N x D elements):
+
+* unmasked state: grid ``(B*H, splits, 1 + D [p=2])``; each program streams its token range of ``k, v``
+  (``1 + D`` re-reads for p = 2, mostly from L2) and writes one ``(D, E)`` slice; splits over tokens are
+  summed by PyTorch (``splits x`` the state size of extra memory, chosen to fill the GPU).
+* unmasked apply / vjp: grid ``(B*H, N / BLOCK_N)``; reads ``q`` (or ``k``) and its ``va``/``ga`` rows once
+  and the state once per token block, writes ``out`` (+ ``G``) or the gradient once.
+* masked (causal): one program per ``(b, h)`` sweeps the token blocks carrying the prefix state (``s0, s1``
+  in registers, ``s2`` in a float32 scratch of ``D * D * E`` per head, read twice and written once per
+  block); inside a block the explicit ``BLOCK_N x BLOCK_N`` masked weights are used (eqs 30-31). The
+  backward runs a forward sweep for ``dqs`` and a reverse (suffix-state) sweep for ``dk, dv``. Peak extra
+  memory is O(N D + D^p E) per head, never the O(N D^p E) per-token prefix of eqs 34-35. A causal sweep
+  is token-sequential per head, so few heads with very long sequences use few SMs (correctness first).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from attnzoo.ops._triton_utils import acc_dtype, check_launchable, interpreting, pow2
+
+__all__ = ["fastmax_triton"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# jit helpers
+# ---------------------------------------------------------------------------------------------------
+@triton.jit
+def _load_rows(ptr, bh, offs_n, N, LIM, C, BC: tl.constexpr, ACC: tl.constexpr):
+    """Rows ``offs_n < LIM`` of a contiguous ``(BH, N, C)`` tensor as a zero-padded ``(BLOCK_N, BC)`` tile."""
+    offs_c = tl.arange(0, BC)
+    m = (offs_n[:, None] < LIM) & (offs_c[None, :] < C)
+    return tl.load(ptr + bh * N * C + offs_n[:, None] * C + offs_c[None, :], mask=m, other=0.0).to(ACC)
+
+
+@triton.jit
+def _load_vals(ptr, bh, offs_n, N, LIM, C, APPEND_ONE: tl.constexpr, BE: tl.constexpr, ACC: tl.constexpr):
+    """Value rows (``offs_n < LIM``); with APPEND_ONE the column ``C`` is 1 for real tokens (``va = [v, 1]``)."""
+    y = _load_rows(ptr, bh, offs_n, N, LIM, C, BE, ACC)
+    if APPEND_ONE:
+        offs_e = tl.arange(0, BE)
+        y = tl.where((offs_e[None, :] == C) & (offs_n[:, None] < LIM), 1.0, y)
+    return y
+
+
+@triton.jit
+def _col(x, d, BD: tl.constexpr):
+    """Column ``d`` of a ``(BLOCK_N, BD)`` tile."""
+    return tl.sum(tl.where(tl.arange(0, BD)[None, :] == d, x, 0.0), axis=1)
+
+
+@triton.jit
+def _s2_tile_ptrs(s2_base, d, BD: tl.constexpr, BE: tl.constexpr):
+    offs_r = tl.arange(0, BD)
+    offs_e = tl.arange(0, BE)
+    return s2_base + d * BD * BE + offs_r[:, None] * BE + offs_e[None, :]
+
+
+@triton.jit
+def _apply_state(x, s0, s1, s2_base, D, P2: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr):
+    """``phi(x) . S`` for a tile ``x (BLOCK_N, BD)``: ``s0 + x s1 + 1/2 sum_d x_d (x s2[d])`` (eqs 26-27)."""
+    acc = tl.dot(x, s1, input_precision="ieee") + s0[None, :]
+    if P2:
+        for d in range(0, D):
+            s2d = tl.load(_s2_tile_ptrs(s2_base, d, BD, BE))
+            acc += (0.5 * _col(x, d, BD))[:, None] * tl.dot(x, s2d, input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def _vjp_state(x, y, s1, s2_base, D, P2: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr):
+    """``d/dx [phi(x) . (S y)]`` with ``S y`` held fixed: ``y s1^T + sum_d e_d sum_e x_e (s2[d, e] . y)``
+    (s2 is symmetric in (d, e), so the two halves of the quadratic term coincide)."""
+    acc = tl.dot(y, tl.trans(s1), input_precision="ieee")
+    if P2:
+        offs_d = tl.arange(0, BD)
+        for d in range(0, D):
+            s2d = tl.load(_s2_tile_ptrs(s2_base, d, BD, BE))
+            t = tl.sum(x * tl.dot(y, tl.trans(s2d), input_precision="ieee"), axis=1)
+            acc += tl.where(offs_d[None, :] == d, t[:, None], 0.0)
+    return acc
+
+
+@triton.jit
+def _update_s2(x, y, s2_base, D, BD: tl.constexpr, BE: tl.constexpr):
+    """``s2[d] += (x_d * x)^T y`` in global scratch, for every d (p = 2 prefix/suffix state)."""
+    tl.debug_barrier()  # earlier reads of s2 in this block by other threads must finish first
+    for d in range(0, D):
+        ptrs = _s2_tile_ptrs(s2_base, d, BD, BE)
+        xd = _col(x, d, BD)[:, None] * x
+        tl.store(ptrs, tl.load(ptrs) + tl.dot(tl.trans(xd), y, input_precision="ieee"))
+    tl.debug_barrier()  # and the new state must be visible to all threads of the next block
+
+
+@triton.jit
+def _kernel(sc, P2: tl.constexpr):
+    """Eq 8: ``f(s) = 1 + s (+ s^2 / 2)``."""
+    if P2:
+        return 1.0 + sc + 0.5 * sc * sc
+    return 1.0 + sc
+
+
+@triton.jit
+def _kernel_grad(sc, P2: tl.constexpr):
+    if P2:
+        return 1.0 + sc
+    return tl.full(sc.shape, 1.0, sc.dtype)
+
+
+@triton.jit
+def _store_out(acc, out_ptr, den_ptr, bh, offs_n, N, OUT_COLS, NORMALIZE: tl.constexpr, BE: tl.constexpr):
+    """Store ``acc[:, :OUT_COLS]`` (divided by its column ``OUT_COLS``, the denominator, if NORMALIZE)."""
+    offs_e = tl.arange(0, BE)
+    nmask = offs_n < N
+    if NORMALIZE:
+        den = tl.sum(tl.where(offs_e[None, :] == OUT_COLS, acc, 0.0), axis=1)
+        acc = acc / den[:, None]
+        tl.store(den_ptr + bh * N + offs_n, den, mask=nmask)
+    m = nmask[:, None] & (offs_e[None, :] < OUT_COLS)
+    tl.store(out_ptr + bh * N * OUT_COLS + offs_n[:, None] * OUT_COLS + offs_e[None, :], acc, mask=m)
+
+
+# ---------------------------------------------------------------------------------------------------
+# unmasked kernels
+# ---------------------------------------------------------------------------------------------------
+@triton.jit
+def _state_kernel(
+    x_ptr, y_ptr, s0_ptr, s1_ptr, s2_ptr, N, D, C, TOK_PER_SPLIT,
+    APPEND_ONE: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr,
+):
+    """Partial state over one token range: program r = 0 writes ``s0, s1``, r = 1 + d writes ``s2[d]``."""
+    bh = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    r = tl.program_id(2)
+    nsplit = tl.num_programs(1)
+    slot = bh * nsplit + split
+    start_tok = split * TOK_PER_SPLIT
+    end_tok = tl.minimum(start_tok + TOK_PER_SPLIT, N)
+    offs_r = tl.arange(0, BD)
+    offs_e = tl.arange(0, BE)
+    acc = tl.zeros((BD, BE), ACC)
+    acc0 = tl.zeros((BE,), ACC)
+    for start in range(start_tok, end_tok, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        x = _load_rows(x_ptr, bh, offs_n, N, end_tok, D, BD, ACC)
+        y = _load_vals(y_ptr, bh, offs_n, N, end_tok, C, APPEND_ONE, BE, ACC)
+        if r == 0:
+            acc0 += tl.sum(y, axis=0)
+        else:
+            x = _col(x, r - 1, BD)[:, None] * x
+        acc += tl.dot(tl.trans(x), y, input_precision="ieee")
+    tile = offs_r[:, None] * BE + offs_e[None, :]
+    if r == 0:
+        tl.store(s0_ptr + slot * BE + offs_e, acc0)
+        tl.store(s1_ptr + slot * BD * BE + tile, acc)
+    else:
+        tl.store(s2_ptr + (slot * D + (r - 1)) * BD * BE + tile, acc)
+
+
+@triton.jit
+def _apply_kernel(
+    x_ptr, s0_ptr, s1_ptr, s2_ptr, out_ptr, den_ptr, N, D, OUT_COLS,
+    P2: tl.constexpr, NORMALIZE: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr,
+):
+    """``phi(x_n) . S`` for one token block (forward output with its denominator, or ``dv`` from ``T``)."""
+    bh = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_r = tl.arange(0, BD)
+    offs_e = tl.arange(0, BE)
+    x = _load_rows(x_ptr, bh, offs_n, N, N, D, BD, ACC)
+    s0 = tl.load(s0_ptr + bh * BE + offs_e)
+    s1 = tl.load(s1_ptr + bh * BD * BE + offs_r[:, None] * BE + offs_e[None, :])
+    acc = _apply_state(x, s0, s1, s2_ptr + bh * D * BD * BE, D, P2, BD, BE)
+    _store_out(acc, out_ptr, den_ptr, bh, offs_n, N, OUT_COLS, NORMALIZE, BE)
+
+
+@triton.jit
+def _vjp_kernel(
+    x_ptr, y_ptr, s1_ptr, s2_ptr, dx_ptr, N, D, C,
+    APPEND_ONE: tl.constexpr, P2: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr,
+):
+    """``d/dx_n [phi(x_n) . (S y_n)]`` for one token block (``dqs`` from ``S, ga`` or ``dk`` from ``T, va``)."""
+    bh = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_r = tl.arange(0, BD)
+    offs_e = tl.arange(0, BE)
+    x = _load_rows(x_ptr, bh, offs_n, N, N, D, BD, ACC)
+    y = _load_vals(y_ptr, bh, offs_n, N, N, C, APPEND_ONE, BE, ACC)
+    s1 = tl.load(s1_ptr + bh * BD * BE + offs_r[:, None] * BE + offs_e[None, :])
+    dx = _vjp_state(x, y, s1, s2_ptr + bh * D * BD * BE, D, P2, BD, BE)
+    m = (offs_n[:, None] < N) & (offs_r[None, :] < D)
+    tl.store(dx_ptr + bh * N * D + offs_n[:, None] * D + offs_r[None, :], dx, mask=m)
+
+
+# ---------------------------------------------------------------------------------------------------
+# masked (causal) sweeps
+# ---------------------------------------------------------------------------------------------------
+@triton.jit
+def _causal_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, s2_ptr, out_ptr, den_ptr, N, D, DV,
+    P2: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr,
+):
+    """Eqs 30-35 by blocks: prefix state of earlier blocks + explicit masked weights inside the block."""
+    bh = tl.program_id(0).to(tl.int64)
+    s2_base = s2_ptr + bh * D * BD * BE
+    s0 = tl.zeros((BE,), ACC)
+    s1 = tl.zeros((BD, BE), ACC)
+    for start in range(0, N, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        q = _load_rows(q_ptr, bh, offs_n, N, N, D, BD, ACC)
+        k = _load_rows(k_ptr, bh, offs_n, N, N, D, BD, ACC)
+        va = _load_vals(v_ptr, bh, offs_n, N, N, DV, True, BE, ACC)
+        acc = _apply_state(q, s0, s1, s2_base, D, P2, BD, BE)
+        keep = offs_n[:, None] >= offs_n[None, :]
+        w = tl.where(keep, _kernel(tl.dot(q, tl.trans(k), input_precision="ieee"), P2), 0.0)
+        acc += tl.dot(w, va, input_precision="ieee")
+        _store_out(acc, out_ptr, den_ptr, bh, offs_n, N, DV, True, BE)
+        s0 += tl.sum(va, axis=0)
+        s1 += tl.dot(tl.trans(k), va, input_precision="ieee")
+        if P2:
+            _update_s2(k, va, s2_base, D, BD, BE)
+
+
+@triton.jit
+def _causal_dq_kernel(
+    q_ptr, k_ptr, v_ptr, ga_ptr, s2_ptr, dq_ptr, N, D, DV,
+    P2: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr,
+):
+    """Forward sweep of the backward: ``dqs`` from the prefix state ``S`` plus the in-block masked terms."""
+    bh = tl.program_id(0).to(tl.int64)
+    s2_base = s2_ptr + bh * D * BD * BE
+    s1 = tl.zeros((BD, BE), ACC)
+    offs_r = tl.arange(0, BD)
+    for start in range(0, N, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        q = _load_rows(q_ptr, bh, offs_n, N, N, D, BD, ACC)
+        k = _load_rows(k_ptr, bh, offs_n, N, N, D, BD, ACC)
+        va = _load_vals(v_ptr, bh, offs_n, N, N, DV, True, BE, ACC)
+        ga = _load_vals(ga_ptr, bh, offs_n, N, N, DV + 1, False, BE, ACC)
+        dq = _vjp_state(q, ga, s1, s2_base, D, P2, BD, BE)
+        keep = offs_n[:, None] >= offs_n[None, :]
+        fprime = _kernel_grad(tl.dot(q, tl.trans(k), input_precision="ieee"), P2)
+        ds = tl.where(keep, fprime * tl.dot(ga, tl.trans(va), input_precision="ieee"), 0.0)
+        dq += tl.dot(ds, k, input_precision="ieee")
+        m = (offs_n[:, None] < N) & (offs_r[None, :] < D)
+        tl.store(dq_ptr + bh * N * D + offs_n[:, None] * D + offs_r[None, :], dq, mask=m)
+        s1 += tl.dot(tl.trans(k), va, input_precision="ieee")
+        if P2:
+            _update_s2(k, va, s2_base, D, BD, BE)
+
+
+@triton.jit
+def _causal_dkv_kernel(
+    q_ptr, k_ptr, v_ptr, ga_ptr, t2_ptr, dk_ptr, dv_ptr, N, D, DV,
+    P2: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr,
+):
+    """Reverse sweep of the backward: ``dk, dv`` from the suffix state ``T = sum_{i later} phi(q_i) ga_i^T``
+    plus the in-block masked terms."""
+    bh = tl.program_id(0).to(tl.int64)
+    t2_base = t2_ptr + bh * D * BD * BE
+    t0 = tl.zeros((BE,), ACC)
+    t1 = tl.zeros((BD, BE), ACC)
+    offs_r = tl.arange(0, BD)
+    n_blocks = tl.cdiv(N, BLOCK_N)
+    for i in range(0, n_blocks):
+        offs_n = (n_blocks - 1 - i) * BLOCK_N + tl.arange(0, BLOCK_N)
+        q = _load_rows(q_ptr, bh, offs_n, N, N, D, BD, ACC)
+        k = _load_rows(k_ptr, bh, offs_n, N, N, D, BD, ACC)
+        va = _load_vals(v_ptr, bh, offs_n, N, N, DV, True, BE, ACC)
+        ga = _load_vals(ga_ptr, bh, offs_n, N, N, DV + 1, False, BE, ACC)
+        dk = _vjp_state(k, va, t1, t2_base, D, P2, BD, BE)
+        dva = _apply_state(k, t0, t1, t2_base, D, P2, BD, BE)
+        keep = offs_n[:, None] >= offs_n[None, :]
+        sc = tl.dot(q, tl.trans(k), input_precision="ieee")
+        ds = tl.where(keep, _kernel_grad(sc, P2) * tl.dot(ga, tl.trans(va), input_precision="ieee"), 0.0)
+        w = tl.where(keep, _kernel(sc, P2), 0.0)
+        dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
+        dva += tl.dot(tl.trans(w), ga, input_precision="ieee")
+        m = (offs_n[:, None] < N) & (offs_r[None, :] < D)
+        tl.store(dk_ptr + bh * N * D + offs_n[:, None] * D + offs_r[None, :], dk, mask=m)
+        _store_out(dva, dv_ptr, dv_ptr, bh, offs_n, N, DV, False, BE)
+        t0 += tl.sum(ga, axis=0)
+        t1 += tl.dot(tl.trans(q), ga, input_precision="ieee")
+        if P2:
+            _update_s2(q, ga, t2_base, D, BD, BE)
+
+
+# ---------------------------------------------------------------------------------------------------
+# host side
+# ---------------------------------------------------------------------------------------------------
+class _Cfg:
+    def __init__(self, n: int, d: int, dv: int, p: int, block_n: int, num_splits: int | None, dtype, device):
+        self.n, self.d, self.dv, self.p2 = n, d, dv, p == 2
+        self.bn, self.bd, self.be = block_n, pow2(d), pow2(dv + 1)
+        # The causal sweeps (state + four operand tiles + a BLOCK_N^2 weight tile) and the p = 2 vjp keep
+        # their tiles in registers with blocks of 32 tokens and 8 warps: at D = 64, Dv + 1 <= 128 ptxas
+        # reports ~100-200 spill stores instead of ~10^4 with 64 tokens and 4 warps (checked by compiling
+        # for sm_90; no GPU run).
+        self.bn_small = min(block_n, 32)
+        self.warps = 8
+        self.d2 = d if p == 2 else 1  # s2 buffers keep one dummy slice for p = 1
+        self.acc = acc_dtype(dtype)
+        self.dtype, self.device = dtype, device
+        self.num_splits = num_splits
+
+    def causal_meta(self) -> dict:
+        return dict(
+            P2=self.p2, ACC=self.acc, BLOCK_N=self.bn_small, BD=self.bd, BE=self.be, num_warps=self.warps
+        )
+
+    def zeros(self, *shape):
+        return torch.zeros(*shape, device=self.device, dtype=self.dtype)
+
+
+def _state(x3: torch.Tensor, y3: torch.Tensor, append_one: bool, cfg: _Cfg):
+    """Unmasked ``S = sum_n phi(x_n) y_n^T`` as padded ``(s0 (BH, BE), s1 (BH, BD, BE), s2 (BH, D2, BD, BE))``."""
+    bh, n, _ = x3.shape
+    n_blocks = triton.cdiv(n, cfg.bn)
+    rows = 1 + (cfg.d if cfg.p2 else 0)
+    splits = cfg.num_splits
+    if splits is None:
+        # enough programs to fill a large GPU; 1 under the interpreter (CPU runs programs one by one)
+        splits = 1 if interpreting() else max(1, min(n_blocks, triton.cdiv(512, bh * rows)))
+    splits = min(splits, n_blocks)
+    tok = triton.cdiv(n_blocks, splits) * cfg.bn
+    splits = triton.cdiv(n, tok)
+    s0 = torch.empty(bh, splits, cfg.be, device=x3.device, dtype=cfg.dtype)
+    s1 = torch.empty(bh, splits, cfg.bd, cfg.be, device=x3.device, dtype=cfg.dtype)
+    s2 = torch.empty(bh, splits, cfg.d2, cfg.bd, cfg.be, device=x3.device, dtype=cfg.dtype)
+    _state_kernel[(bh, splits, rows)](
+        x3, y3, s0, s1, s2, n, cfg.d, y3.shape[-1], tok,
+        APPEND_ONE=append_one, ACC=cfg.acc, BLOCK_N=cfg.bn, BD=cfg.bd, BE=cfg.be, num_warps=cfg.warps,
+    )
+    if not cfg.p2:
+        s2 = s2[:, :1]  # never read; keeps shapes uniform
+    if splits == 1:
+        return s0[:, 0], s1[:, 0], s2[:, 0]
+    return s0.sum(1), s1.sum(1), s2.sum(1)
+
+
+def _apply(x3, s0, s1, s2, out_cols: int, normalize: bool, cfg: _Cfg):
+    bh, n, _ = x3.shape
+    out = torch.empty(bh, n, out_cols, device=x3.device, dtype=cfg.dtype)
+    den = torch.empty(bh, n, device=x3.device, dtype=cfg.dtype) if normalize else out
+    _apply_kernel[(bh, triton.cdiv(n, cfg.bn))](
+        x3, s0.contiguous(), s1.contiguous(), s2.contiguous(), out, den, n, cfg.d, out_cols,
+        P2=cfg.p2, NORMALIZE=normalize, ACC=cfg.acc, BLOCK_N=cfg.bn, BD=cfg.bd, BE=cfg.be, num_warps=cfg.warps,
+    )
+    return out, den
+
+
+def _vjp(x3, y3, append_one: bool, s1, s2, cfg: _Cfg):
+    bh, n, d = x3.shape
+    dx = torch.empty(bh, n, d, device=x3.device, dtype=cfg.dtype)
+    _vjp_kernel[(bh, triton.cdiv(n, cfg.bn_small))](
+        x3, y3, s1.contiguous(), s2.contiguous(), dx, n, d, y3.shape[-1],
+        APPEND_ONE=append_one, P2=cfg.p2, ACC=cfg.acc, BLOCK_N=cfg.bn_small, BD=cfg.bd, BE=cfg.be, num_warps=cfg.warps,
+    )
+    return dx
+
+
+def _forward(q3, k3, v3, causal: bool, cfg: _Cfg):
+    bh, n, _ = q3.shape
+    if not causal:
+        s0, s1, s2 = _state(k3, v3, True, cfg)
+        return _apply(q3, s0, s1, s2, cfg.dv, True, cfg)
+    out = torch.empty(bh, n, cfg.dv, device=q3.device, dtype=cfg.dtype)
+    den = torch.empty(bh, n, device=q3.device, dtype=cfg.dtype)
+    scratch = cfg.zeros(bh, cfg.d2, cfg.bd, cfg.be)
+    _causal_fwd_kernel[(bh,)](q3, k3, v3, scratch, out, den, n, cfg.d, cfg.dv, **cfg.causal_meta())
+    return out, den
+
+
+class FastmaxTritonFunction(torch.autograd.Function):
+    """Triton Fastmax on standardised inputs; saves ``qs, k_hat, v, out, G`` only (FAST §2.5)."""
+
+    @staticmethod
+    def forward(ctx, qs, k, v, p: int, causal: bool, block_n: int, num_splits):
+        b, h, n, d = qs.shape
+        dv = v.shape[-1]
+        cfg = _Cfg(n, d, dv, p, block_n, num_splits, qs.dtype, qs.device)
+        q3, k3, v3 = (t.contiguous().view(b * h, n, -1) for t in (qs, k, v))
+        out, den = _forward(q3, k3, v3, causal, cfg)
+        ctx.save_for_backward(q3, k3, v3, out, den)
+        ctx.cfg, ctx.causal, ctx.shape = cfg, causal, (b, h)
+        return out.view(b, h, n, dv)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q3, k3, v3, out, den = ctx.saved_tensors
+        cfg, (b, h) = ctx.cfg, ctx.shape
+        bh, n, d = q3.shape
+        g = dout.reshape(bh, n, cfg.dv).to(cfg.dtype) / den.unsqueeze(-1)
+        # ga = [g, -g.o]: the weight gradient g_i . v_n - g_i . o_i as one inner product with va = [v, 1]
+        ga = torch.cat([g, -(g * out).sum(dim=-1, keepdim=True)], dim=-1).contiguous()
+        if not ctx.causal:
+            s0, s1, s2 = _state(k3, v3, True, cfg)
+            dq = _vjp(q3, ga, False, s1, s2, cfg)
+            del s0, s1, s2
+            t0, t1, t2 = _state(q3, ga, False, cfg)
+            dk = _vjp(k3, v3, True, t1, t2, cfg)
+            dv, _ = _apply(k3, t0, t1, t2, cfg.dv, False, cfg)
+        else:
+            dq = torch.empty_like(q3)
+            dk = torch.empty_like(k3)
+            dv = torch.empty_like(v3)
+            meta = cfg.causal_meta()
+            scratch = cfg.zeros(bh, cfg.d2, cfg.bd, cfg.be)
+            _causal_dq_kernel[(bh,)](q3, k3, v3, ga, scratch, dq, n, d, cfg.dv, **meta)
+            scratch.zero_()
+            _causal_dkv_kernel[(bh,)](q3, k3, v3, ga, scratch, dk, dv, n, d, cfg.dv, **meta)
+        shape = (b, h, n)
+        return dq.view(*shape, d), dk.view(*shape, d), dv.view(*shape, cfg.dv), None, None, None, None
+
+
+def fastmax_triton(
+    qs: torch.Tensor,
+    k_hat: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    p: int = 2,
+    causal: bool = False,
+    chunk_size: int = 64,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Factorised Fastmax by Triton kernels: ``qs, k_hat (B, H, N, D)``, ``v (B, H, N, Dv)`` -> ``(B, H, N, Dv)``.
+
+    Inputs are standardised (and ``qs`` scaled) by :func:`attnzoo.ops.fastmax.fastmax`, in float32 or float64;
+    the result has that dtype. Differentiable in ``qs, k_hat, v`` (FAST §2.5 backward). ``chunk_size``: token
+    block of the kernels, rounded up to a power of two in [16, 128] (``tl.dot`` needs >= 16; the causal sweeps
+    cap it at 32 to stay in registers). ``num_splits``:
+    token splits of the unmasked state reduction (``None``: chosen to fill the GPU).
+    """
+    check_launchable("fastmax", qs, k_hat, v)
+    if p not in (1, 2):
+        raise ValueError(f"p={p!r} is not supported; Fastmax's Taylor order p must be one of [1, 2]")
+    if qs.dtype not in (torch.float32, torch.float64) or not (qs.dtype == k_hat.dtype == v.dtype):
+        raise TypeError(
+            f"fastmax_triton expects float32/float64 inputs of one dtype (fastmax() upcasts), "
+            f"got {qs.dtype}, {k_hat.dtype}, {v.dtype}"
+        )
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive integer or None, got {num_splits!r}")
+    block_n = min(pow2(chunk_size), 128)
+    return FastmaxTritonFunction.apply(qs, k_hat, v, p, causal, block_n, num_splits)

@@ -1,0 +1,50 @@
+"""Reference linear attention (Katharopoulos et al., 2020, eqs. 4-6 and 9): explicit ``(N, N)`` kernel matrix
+``phi(Q) phi(K)^T`` [lower-triangular when causal], row-normalised, times ``V``."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from attnzoo.ops.softmax.naive import acc_dtype
+
+__all__ = ["FEATURE_MAPS", "feature_map_fn", "linear_attention_naive", "linear_attention_weights"]
+
+
+def _elu_plus_one(x: torch.Tensor) -> torch.Tensor:
+    # Katharopoulos et al. eq. 7: phi(x) = elu(x) + 1 keeps features positive with non-vanishing gradient.
+    return F.elu(x) + 1.0
+
+
+FEATURE_MAPS = {"elu": _elu_plus_one, "relu": F.relu}
+
+
+def feature_map_fn(name: str):
+    if not isinstance(name, str) or name not in FEATURE_MAPS:
+        raise ValueError(f"feature_map={name!r} is not supported; valid feature maps: {sorted(FEATURE_MAPS)}")
+    return FEATURE_MAPS[name]
+
+
+def linear_attention_weights(
+    q: torch.Tensor, k: torch.Tensor, *, causal: bool, feature_map: str, eps: float
+) -> torch.Tensor:
+    """The normalised kernel matrix ``phi(q_i)^T phi(k_j) / (sum_j' phi(q_i)^T phi(k_j') + eps)``: ``(B, H, N, N)``."""
+    phi = feature_map_fn(feature_map)
+    acc = acc_dtype(q.dtype)
+    a = torch.matmul(phi(q.to(acc)), phi(k.to(acc)).transpose(-1, -2))
+    if causal:
+        a = torch.tril(a)
+    return a / (a.sum(dim=-1, keepdim=True) + eps)
+
+
+def linear_attention_naive(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    feature_map: str = "elu",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """``(B, H, N, P) x3 -> (B, H, N, Pv)`` through the explicit normalised kernel matrix (O(N^2))."""
+    attn = linear_attention_weights(q, k, causal=causal, feature_map=feature_map, eps=eps)
+    return torch.matmul(attn, v.to(attn.dtype)).to(v.dtype)

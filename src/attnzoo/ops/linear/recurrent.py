@@ -1,0 +1,52 @@
+"""Recurrent causal linear attention (Katharopoulos et al., 2020, eqs. 16-20: "transformers are RNNs").
+
+State ``(S, z)``: ``S = sum_j phi(k_j) v_j^T`` ``(B, H, P, Pv)`` and ``z = sum_j phi(k_j)`` ``(B, H, P)``, kept in
+float32 (float64 for float64 inputs). Each token costs ``O(P Pv)`` whatever its position.
+"""
+from __future__ import annotations
+
+import torch
+
+from attnzoo.ops.linear.naive import feature_map_fn
+from attnzoo.ops.softmax.naive import acc_dtype
+
+__all__ = ["linear_attention_recurrent_loop", "init_linear_state", "LinearState"]
+
+LinearState = tuple[torch.Tensor, torch.Tensor]
+
+
+def init_linear_state(
+    batch_size: int, heads: int, head_dim: int, value_dim: int, *, device=None, dtype=torch.float32
+) -> LinearState:
+    """Empty state ``(S (B, H, P, Pv), z (B, H, P))`` in the accumulation dtype of ``dtype``."""
+    acc = acc_dtype(dtype)
+    return (
+        torch.zeros(batch_size, heads, head_dim, value_dim, device=device, dtype=acc),
+        torch.zeros(batch_size, heads, head_dim, device=device, dtype=acc),
+    )
+
+
+def linear_attention_recurrent_loop(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    state: LinearState,
+    *,
+    feature_map: str,
+    eps: float,
+) -> tuple[torch.Tensor, LinearState]:
+    """Token-by-token state updates over ``N`` tokens; returns outputs ``(B, H, N, Pv)`` and the new state."""
+    phi = feature_map_fn(feature_map)
+    s, z = state
+    acc = s.dtype
+    fq, fk, va = phi(q.to(acc)), phi(k.to(acc)), v.to(acc)
+    outs = []
+    for t in range(q.shape[-2]):
+        # eq. 18-19: fold token t into the state before reading it (the causal mask includes j = t).
+        s = s + fk[:, :, t, :, None] * va[:, :, t, None, :]
+        z = z + fk[:, :, t]
+        num = torch.einsum("bhp,bhpv->bhv", fq[:, :, t], s)
+        den = torch.einsum("bhp,bhp->bh", fq[:, :, t], z).unsqueeze(-1)
+        outs.append(num / (den + eps))
+    return torch.stack(outs, dim=2).to(v.dtype), (s, z)
+

@@ -1,0 +1,30 @@
+"""Reference multi-head subspace self-attention (MSSA; CRATE, Yu et al. 2023; AoT eqs. 3 and 5, causal form in §4.1):
+per head ``w = U_k^T z``, ``softmax(q w^T * scale [masked]) w`` with the shared projection as query, key and value
+(``q = w``, or ``w`` with unit-norm rows when ``normalize_query``)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from attnzoo.ops.softmax.naive import softmax_attention_naive, softmax_attention_weights
+
+__all__ = ["mssa_naive", "mssa_weights", "mssa_query"]
+
+
+def mssa_query(w: torch.Tensor, normalize_query: bool) -> torch.Tensor:
+    """AoT §4.1's ``P(U_k^T Z)``: each token's projection put on the unit sphere (only the query side)."""
+    return F.normalize(w, dim=-1) if normalize_query else w
+
+
+def mssa_weights(w: torch.Tensor, *, causal: bool, scale: float, normalize_query: bool) -> torch.Tensor:
+    """MSSA attention map ``softmax(q w^T * scale)``: ``(B, H, N, N)``, rows are queries."""
+    return softmax_attention_weights(mssa_query(w, normalize_query), w, causal=causal, scale=scale)
+
+
+def mssa_naive(
+    w: torch.Tensor, *, causal: bool = False, scale: float, normalize_query: bool = False, dropout_p: float = 0.0
+) -> torch.Tensor:
+    """``(B, H, N, P) -> (B, H, N, P)``: explicit ``softmax(q w^T * scale [masked]) w``."""
+    return softmax_attention_naive(
+        mssa_query(w, normalize_query), w, w, causal=causal, scale=scale, dropout_p=dropout_p
+    )

@@ -1,0 +1,90 @@
+"""Validation and backend dispatch shared by the softmax-family ops (softmax, linear, xca, mssa)."""
+from __future__ import annotations
+
+import importlib
+import math
+from typing import Callable, Sequence
+
+import torch
+
+from attnzoo._checks import check_finite, check_ndim
+
+__all__ = ["resolve_backend", "check_tensors", "check_scale", "check_dropout", "valid_backends"]
+
+_LAYOUT = "(B, H, N, P)"
+_TRITON_CACHE: dict[str, Callable | None] = {}
+
+
+def _triton_kernel(module: str, fn: str) -> Callable | None:
+    # A Triton kernel is optional: it lives in ``<op folder>/triton.py`` exporting ``<op>_triton`` (the public
+    # op's arguments and keywords, minus ``backend``). Missing file or missing ``triton`` package -> None.
+    key = f"{module}:{fn}"
+    if key not in _TRITON_CACHE:
+        try:
+            _TRITON_CACHE[key] = getattr(importlib.import_module(module), f"{fn}_triton", None)
+        except ImportError:
+            _TRITON_CACHE[key] = None
+    return _TRITON_CACHE[key]
+
+
+def valid_backends(op: str, package: str) -> list[str]:
+    names = ["auto", "naive", "torch"]
+    if _triton_kernel(f"{package}.triton", op) is not None:
+        names.append("triton")
+    return names
+
+
+def resolve_backend(op: str, package: str, backend, x: torch.Tensor) -> tuple[str, Callable | None]:
+    """Map ``backend`` to ``"naive" | "torch" | "triton"`` (+ the Triton callable); ``auto`` = Triton on CUDA only."""
+    if not isinstance(backend, str) or backend not in ("auto", "naive", "torch", "triton"):
+        raise ValueError(f"backend={backend!r} is not supported by {op}; valid backends: {valid_backends(op, package)}")
+    if backend in ("naive", "torch"):
+        return backend, None
+    if backend == "auto" and not x.is_cuda:
+        return "torch", None
+    fn = _triton_kernel(f"{package}.triton", op)
+    if fn is not None:
+        return "triton", fn
+    if backend == "triton":
+        raise ValueError(
+            f"backend='triton' is not available for {op} (no importable Triton kernel); "
+            f"valid backends: {valid_backends(op, package)}"
+        )
+    return "torch", None
+
+
+def check_tensors(names: Sequence[str], tensors: Sequence[torch.Tensor]) -> None:
+    """Each tensor is a floating ``(B, H, N, P)`` tensor; all share dtype, device, ``B`` and ``H``; all finite."""
+    for n, t in zip(names, tensors):
+        check_ndim(n, t, 4, _LAYOUT)
+    ref_name, ref = names[0], tensors[0]
+    for n, t in zip(names[1:], tensors[1:]):
+        if t.dtype != ref.dtype:
+            raise TypeError(f"{ref_name} and {n} must share a dtype, got {ref.dtype} and {t.dtype}")
+        if t.device != ref.device:
+            raise ValueError(f"{ref_name} and {n} must be on one device, got {ref.device} and {t.device}")
+        if t.shape[:2] != ref.shape[:2]:
+            raise ValueError(
+                f"{ref_name} and {n} must agree on (B, H): got {tuple(ref.shape)} and {tuple(t.shape)}"
+            )
+    for n, t in zip(names, tensors):
+        if t.shape[-2] < 1 or t.shape[-1] < 1:
+            raise ValueError(f"{n} must hold at least one token and one channel, got shape {tuple(t.shape)}")
+    for n, t in zip(names, tensors):
+        check_finite(n, t)
+
+
+def check_scale(scale, head_dim: int) -> float:
+    """``None`` -> ``head_dim ** -0.5``; otherwise a positive finite real number."""
+    if scale is None:
+        return head_dim**-0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be None or a positive finite number, got {scale!r}")
+    return float(scale)
+
+
+def check_dropout(name: str, p) -> float:
+    """A probability in ``[0, 1)``."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 <= p < 1.0):
+        raise ValueError(f"{name} must be a probability in [0, 1), got {p!r}")
+    return float(p)

@@ -1,0 +1,44 @@
+"""Reference softmax attention: the explicit ``softmax(Q K^T * scale [masked]) V`` (Vaswani et al., 2017)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["softmax_attention_naive", "softmax_attention_weights", "acc_dtype", "causal_mask"]
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype: half-precision inputs are reduced in float32, wider dtypes in themselves."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def causal_mask(n: int, device: torch.device) -> torch.Tensor:
+    """``(n, n)`` boolean mask, True where key ``j`` lies in the future of query ``i`` (``j > i``)."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
+
+
+def softmax_attention_weights(
+    q: torch.Tensor, k: torch.Tensor, *, causal: bool, scale: float
+) -> torch.Tensor:
+    """Row-stochastic attention ``softmax(Q K^T * scale)``: ``(B, H, Nq, Nk)`` in the accumulation dtype."""
+    acc = acc_dtype(q.dtype)
+    logits = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * scale
+    if causal:
+        logits = logits.masked_fill(causal_mask(q.shape[-2], q.device), float("-inf"))
+    return logits.softmax(dim=-1)
+
+
+def softmax_attention_naive(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    scale: float,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """Explicit softmax attention ``(B, H, Nq, P), (B, H, Nk, P), (B, H, Nk, Pv) -> (B, H, Nq, Pv)``."""
+    attn = softmax_attention_weights(q, k, causal=causal, scale=scale)
+    if dropout_p > 0.0:
+        attn = F.dropout(attn, p=dropout_p, training=True)
+    return torch.matmul(attn, v.to(attn.dtype)).to(v.dtype)

@@ -1,0 +1,479 @@
+"""Triton kernels for TSSA (ToST): non-causal Alg. 1 / eq. 11 and causal Alg. 2 / eq. 28, forward and backward.
+
+Public entry point :func:`tssa_triton` (used by ``tssa(..., backend="triton")``; ``"auto"`` keeps the
+PyTorch path). The math and the saved tensors follow ``chunked.py`` (the ``"torch"`` backend): forward saves
+``w`` plus ``(B, H, N)`` / ``(B, H, P)`` statistics, backward recomputes the ``(B, H, N, P)`` intermediates.
+Every sum over tokens accumulates in float32 (float64 for float64 ``w``) also for fp16 ``w``.
+
+Kernel layout. ``w`` is viewed as ``(B*H, N, P)``. Token reductions are "column" kernels (one program per
+``(b, h, P-block)`` looping over token blocks); per-token reductions over ``P`` are "row" kernels (one
+program per ``(b, h, token block)`` looping over P-blocks); the softmax over heads is a tiny kernel on
+``(B, H, N)`` with one program per ``(b, token block)`` holding all heads. Causal prefix sums are two-level
+scans: ``tl.cumsum`` inside a block of ``BLOCK_N`` tokens plus a float32 carry across blocks, one program
+per ``(b, h, P-block)``; the backward's reverse (suffix) scans re-create the forward prefix inside a block
+from the block-start carries that its forward sweep stored (``(B, H, N/BLOCK_N, P)``, small).
+
+Memory traffic, in units of one ``(B, H, N, P)`` tensor ``|w|`` (the ``(B, H, N)`` traffic is ~``1/P`` of it):
+
+* non-causal forward: reads ``w`` 4x (column norms, Pi's logits, Pi-weighted moments, output), writes 1x.
+* non-causal backward: reads ``w`` 4x and ``grad_out`` 3x, writes ``grad_w`` 1x.
+* causal forward: reads ``w`` 2x, writes 1x. Causal backward: reads ``w`` and ``grad_out`` 3x each, writes 1x.
+
+Parallelism is over ``B*H*(P/BLOCK_P)`` programs for scans (token-sequential inside), which saturates a
+GPU for training-size batches; a single long sequence with few heads uses few SMs (correctness first).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.autograd.function import once_differentiable
+
+from attnzoo.ops._triton_utils import acc_dtype, check_launchable, interpreting, pow2
+from attnzoo.ops.tssa.chunked import reverse_chunked_cumsum
+from attnzoo.ops.tssa.naive import compute_dtype
+
+__all__ = ["tssa_triton"]
+
+# Same constants as chunked.py / naive.py: F.normalize's eps squared, and Alg. 1's 1e-8 on <pi_k, 1>.
+_NORM_EPS_SQ = 1e-24
+_PI_SUM_EPS = 1e-8
+
+
+# ---------------------------------------------------------------------------------------------------
+# generic kernels (views: x, y (BH, N, P); per-token vectors (BH, N); per-feature vectors (BH, P))
+# ---------------------------------------------------------------------------------------------------
+@triton.jit
+def _col_reduce_kernel(
+    x_ptr, y_ptr, a_ptr, out_ptr, N, P,
+    HAS_Y: tl.constexpr, HAS_A: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    """out[bh, p] = sum_n a[bh, n] * x[bh, n, p] * (y if HAS_Y else x)[bh, n, p]."""
+    bh = tl.program_id(0).to(tl.int64)
+    offs_p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+    pmask = offs_p < P
+    acc = tl.zeros((BLOCK_P,), ACC)
+    for start in range(0, N, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        nmask = offs_n < N
+        m = nmask[:, None] & pmask[None, :]
+        idx = bh * N * P + offs_n[:, None] * P + offs_p[None, :]
+        x = tl.load(x_ptr + idx, mask=m, other=0.0).to(ACC)
+        if HAS_Y:
+            t = x * tl.load(y_ptr + idx, mask=m, other=0.0).to(ACC)
+        else:
+            t = x * x
+        if HAS_A:
+            t = t * tl.load(a_ptr + bh * N + offs_n, mask=nmask, other=0.0).to(ACC)[:, None]
+        acc += tl.sum(t, axis=0)
+    tl.store(out_ptr + bh * P + offs_p, acc, mask=pmask)
+
+
+@triton.jit
+def _row_reduce_kernel(
+    x_ptr, y_ptr, u_ptr, v_ptr, out_ptr, N, P,
+    HAS_Y: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    """out[bh, n] = sum_p x^2 u[bh, p] (+ x y v[bh, p] if HAS_Y)."""
+    bh = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < N
+    acc = tl.zeros((BLOCK_N,), ACC)
+    for start in range(0, P, BLOCK_P):
+        offs_p = start + tl.arange(0, BLOCK_P)
+        pmask = offs_p < P
+        m = nmask[:, None] & pmask[None, :]
+        idx = bh * N * P + offs_n[:, None] * P + offs_p[None, :]
+        x = tl.load(x_ptr + idx, mask=m, other=0.0).to(ACC)
+        u = tl.load(u_ptr + bh * P + offs_p, mask=pmask, other=0.0)
+        t = x * x * u[None, :]
+        if HAS_Y:
+            y = tl.load(y_ptr + idx, mask=m, other=0.0).to(ACC)
+            v = tl.load(v_ptr + bh * P + offs_p, mask=pmask, other=0.0)
+            t += x * y * v[None, :]
+        acc += tl.sum(t, axis=1)
+    tl.store(out_ptr + bh * N + offs_n, acc, mask=nmask)
+
+
+@triton.jit
+def _head_softmax_kernel(s_ptr, temp_ptr, pi_ptr, H, N, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr):
+    """pi[b, :, n] = softmax over heads of s[b, :, n] * temp (eq. 10 / 39); one program holds all heads."""
+    b = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_h = tl.arange(0, BLOCK_H)
+    hmask = offs_h < H
+    m = hmask[:, None] & (offs_n[None, :] < N)
+    idx = b * H * N + offs_h[:, None] * N + offs_n[None, :]
+    s = tl.load(s_ptr + idx, mask=m, other=0.0)
+    t = tl.load(temp_ptr + offs_h, mask=hmask, other=0.0)
+    a = tl.where(hmask[:, None], s * t[:, None], float("-inf"))
+    e = tl.exp(a - tl.max(a, axis=0)[None, :])
+    tl.store(pi_ptr + idx, e / tl.sum(e, axis=0)[None, :], mask=m)
+
+
+@triton.jit
+def _nc_out_kernel(
+    w_ptr, pi_ptr, g_ptr, out_ptr, N, P, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr
+):
+    """eq. 11: out = -w * pi[n] * g[p] with g = 1 / (1 + dots)."""
+    bh = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
+    nmask = offs_n < N
+    pmask = offs_p < P
+    m = nmask[:, None] & pmask[None, :]
+    idx = bh * N * P + offs_n[:, None] * P + offs_p[None, :]
+    w = tl.load(w_ptr + idx, mask=m, other=0.0).to(ACC)
+    pi = tl.load(pi_ptr + bh * N + offs_n, mask=nmask, other=0.0)
+    g = tl.load(g_ptr + bh * P + offs_p, mask=pmask, other=0.0)
+    tl.store(out_ptr + idx, (-w * pi[:, None] * g[None, :]).to(out_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _nc_dw_kernel(
+    w_ptr, go_ptr, q_ptr, ds_ptr, pi_ptr, ddots_ptr, r_ptr, dc_ptr, g_ptr, dw_ptr, N, P,
+    ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    """dw = 2 w (q[n] d_dots[p] + d_s[n] r[p] + d_c[p]) - grad_out pi[n] g[p] (chain rule of Alg. 1)."""
+    bh = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
+    nmask = offs_n < N
+    pmask = offs_p < P
+    m = nmask[:, None] & pmask[None, :]
+    idx = bh * N * P + offs_n[:, None] * P + offs_p[None, :]
+    w = tl.load(w_ptr + idx, mask=m, other=0.0).to(ACC)
+    go = tl.load(go_ptr + idx, mask=m, other=0.0).to(ACC)
+    q = tl.load(q_ptr + bh * N + offs_n, mask=nmask, other=0.0)
+    ds = tl.load(ds_ptr + bh * N + offs_n, mask=nmask, other=0.0)
+    pi = tl.load(pi_ptr + bh * N + offs_n, mask=nmask, other=0.0)
+    dd = tl.load(ddots_ptr + bh * P + offs_p, mask=pmask, other=0.0)
+    r = tl.load(r_ptr + bh * P + offs_p, mask=pmask, other=0.0)
+    dc = tl.load(dc_ptr + bh * P + offs_p, mask=pmask, other=0.0)
+    g = tl.load(g_ptr + bh * P + offs_p, mask=pmask, other=0.0)
+    inner = q[:, None] * dd[None, :] + ds[:, None] * r[None, :] + dc[None, :]
+    dw = 2.0 * w * inner - go * pi[:, None] * g[None, :]
+    tl.store(dw_ptr + idx, dw.to(dw_ptr.dtype.element_ty), mask=m)
+
+
+# ---------------------------------------------------------------------------------------------------
+# causal scans
+# ---------------------------------------------------------------------------------------------------
+@triton.jit
+def _c_logits_kernel(w_ptr, spart_ptr, N, P, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Alg. 2: spart[bh, pb, n] = sum over this P-block of w^2 / cumsum_n(w^2) (0/0 := 0)."""
+    bh = tl.program_id(0).to(tl.int64)
+    pb = tl.program_id(1)
+    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    pmask = offs_p < P
+    carry = tl.zeros((BLOCK_P,), ACC)
+    for start in range(0, N, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        nmask = offs_n < N
+        m = nmask[:, None] & pmask[None, :]
+        w = tl.load(w_ptr + bh * N * P + offs_n[:, None] * P + offs_p[None, :], mask=m, other=0.0).to(ACC)
+        x = w * w
+        S = tl.cumsum(x, axis=0) + carry[None, :]
+        ratio = x / tl.where(S > 0, S, 1.0)
+        tl.store(spart_ptr + (bh * tl.num_programs(1) + pb) * N + offs_n, tl.sum(ratio, axis=1), mask=nmask)
+        carry += tl.sum(x, axis=0)
+
+
+@triton.jit
+def _c_out_kernel(
+    w_ptr, pi_ptr, den_ptr, out_ptr, N, P, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr
+):
+    """eq. 28: out = -w pi / (1 + cumsum(w^2 pi) / cumsum(pi)); P-block 0 also writes den = cumsum(pi)."""
+    bh = tl.program_id(0).to(tl.int64)
+    pb = tl.program_id(1)
+    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    pmask = offs_p < P
+    carry_num = tl.zeros((BLOCK_P,), ACC)
+    carry_den = tl.sum(tl.zeros((BLOCK_P,), ACC), axis=0)
+    for start in range(0, N, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        nmask = offs_n < N
+        m = nmask[:, None] & pmask[None, :]
+        idx = bh * N * P + offs_n[:, None] * P + offs_p[None, :]
+        w = tl.load(w_ptr + idx, mask=m, other=0.0).to(ACC)
+        pi = tl.load(pi_ptr + bh * N + offs_n, mask=nmask, other=0.0)
+        den = tl.cumsum(pi, axis=0) + carry_den
+        xp = w * w * pi[:, None]
+        num = tl.cumsum(xp, axis=0) + carry_num[None, :]
+        dots = num / tl.where(den > 0, den, 1.0)[:, None]
+        out = -w * pi[:, None] / (1.0 + dots)
+        tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=m)
+        if pb == 0:
+            tl.store(den_ptr + bh * N + offs_n, den, mask=nmask)
+        carry_num += tl.sum(xp, axis=0)
+        carry_den += tl.sum(pi, axis=0)
+
+
+@triton.jit
+def _c_bwd_fwd_sweep_kernel(
+    w_ptr, go_ptr, pi_ptr, den_ptr, a1_ptr, a2_ptr, cS_ptr, cN_ptr, N, P, NC,
+    ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    """Backward forward-sweep: per-P-block partials a1 = -sum_p go w g, a2 = sum_p d_dots dots, and the
+    block-start carries of cumsum(w^2) (cS) and cumsum(w^2 pi) (cN) for the reverse sweeps."""
+    bh = tl.program_id(0).to(tl.int64)
+    pb = tl.program_id(1)
+    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    pmask = offs_p < P
+    carry_S = tl.zeros((BLOCK_P,), ACC)
+    carry_N = tl.zeros((BLOCK_P,), ACC)
+    part = (bh * tl.num_programs(1) + pb) * N
+    for c in range(0, NC):
+        offs_n = c * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = offs_n < N
+        m = nmask[:, None] & pmask[None, :]
+        idx = bh * N * P + offs_n[:, None] * P + offs_p[None, :]
+        tl.store(cS_ptr + (bh * NC + c) * P + offs_p, carry_S, mask=pmask)
+        tl.store(cN_ptr + (bh * NC + c) * P + offs_p, carry_N, mask=pmask)
+        w = tl.load(w_ptr + idx, mask=m, other=0.0).to(ACC)
+        go = tl.load(go_ptr + idx, mask=m, other=0.0).to(ACC)
+        pi = tl.load(pi_ptr + bh * N + offs_n, mask=nmask, other=0.0)
+        den = tl.load(den_ptr + bh * N + offs_n, mask=nmask, other=1.0)
+        x = w * w
+        xp = x * pi[:, None]
+        num = tl.cumsum(xp, axis=0) + carry_N[None, :]
+        dots = num / tl.where(den > 0, den, 1.0)[:, None]
+        g = 1.0 / (1.0 + dots)
+        gw = go * w
+        tl.store(a1_ptr + part + offs_n, -tl.sum(gw * g, axis=1), mask=nmask)
+        d_dots = gw * pi[:, None] * g * g
+        tl.store(a2_ptr + part + offs_n, tl.sum(d_dots * dots, axis=1), mask=nmask)
+        carry_S += tl.sum(x, axis=0)
+        carry_N += tl.sum(xp, axis=0)
+
+
+@triton.jit
+def _c_bwd_rev_sweep_kernel(
+    w_ptr, go_ptr, pi_ptr, den_ptr, cS_ptr, cN_ptr, ds_ptr, a3_ptr, dw_ptr, N, P, NC,
+    FINAL: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    """Backward reverse sweep. d_num = suffix-sum of d_dots / den. FINAL=False: a3 = sum_p d_num w^2 (for
+    d_pi). FINAL=True: dw = 2 w (d_num pi + d_s / S + suffix-sum(-w^2 d_s / S^2)) - go pi g."""
+    bh = tl.program_id(0).to(tl.int64)
+    pb = tl.program_id(1)
+    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    pmask = offs_p < P
+    suf_num = tl.zeros((BLOCK_P,), ACC)
+    suf_S = tl.zeros((BLOCK_P,), ACC)
+    part = (bh * tl.num_programs(1) + pb) * N
+    for i in range(0, NC):
+        c = NC - 1 - i
+        offs_n = c * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = offs_n < N
+        m = nmask[:, None] & pmask[None, :]
+        idx = bh * N * P + offs_n[:, None] * P + offs_p[None, :]
+        cS = tl.load(cS_ptr + (bh * NC + c) * P + offs_p, mask=pmask, other=0.0)
+        cN = tl.load(cN_ptr + (bh * NC + c) * P + offs_p, mask=pmask, other=0.0)
+        w = tl.load(w_ptr + idx, mask=m, other=0.0).to(ACC)
+        go = tl.load(go_ptr + idx, mask=m, other=0.0).to(ACC)
+        pi = tl.load(pi_ptr + bh * N + offs_n, mask=nmask, other=0.0)
+        den = tl.load(den_ptr + bh * N + offs_n, mask=nmask, other=1.0)
+        den_safe = tl.where(den > 0, den, 1.0)
+        x = w * w
+        xp = x * pi[:, None]
+        num = tl.cumsum(xp, axis=0) + cN[None, :]
+        dots = num / den_safe[:, None]
+        g = 1.0 / (1.0 + dots)
+        y = go * w * pi[:, None] * g * g / den_safe[:, None]
+        d_num = tl.cumsum(y, axis=0, reverse=True) + suf_num[None, :]
+        suf_num += tl.sum(y, axis=0)
+        if FINAL:
+            ds = tl.load(ds_ptr + bh * N + offs_n, mask=nmask, other=0.0)
+            S = tl.cumsum(x, axis=0) + cS[None, :]
+            inv_S = 1.0 / tl.where(S > 0, S, 1.0)
+            d_S = -x * inv_S * inv_S * ds[:, None]
+            dx = d_num * pi[:, None] + ds[:, None] * inv_S + tl.cumsum(d_S, axis=0, reverse=True) + suf_S[None, :]
+            suf_S += tl.sum(d_S, axis=0)
+            dw = 2.0 * w * dx - go * pi[:, None] * g
+            tl.store(dw_ptr + idx, dw.to(dw_ptr.dtype.element_ty), mask=m)
+        else:
+            tl.store(a3_ptr + part + offs_n, tl.sum(d_num * x, axis=1), mask=nmask)
+
+
+# ---------------------------------------------------------------------------------------------------
+# host side
+# ---------------------------------------------------------------------------------------------------
+def _blocks(n: int, p: int, block_n: int | None, block_p: int | None) -> tuple[int, int]:
+    if block_n is None:
+        block_n = 16 if interpreting() else 64
+    if block_p is None:
+        block_p = min(pow2(p, 16), 16 if interpreting() else 64)
+    return block_n, block_p
+
+
+def _head_softmax(s: torch.Tensor, temp: torch.Tensor, block_n: int) -> torch.Tensor:
+    b, h, n = s.shape
+    pi = torch.empty_like(s)
+    _head_softmax_kernel[(b, triton.cdiv(n, block_n))](
+        s, temp.to(s.dtype).contiguous(), pi, h, n, BLOCK_H=pow2(h, 1), BLOCK_N=block_n
+    )
+    return pi
+
+
+def _col_reduce(x, y=None, a=None, *, cdt, bn, bp):
+    bh, n, p = x.shape
+    out = torch.empty(bh, p, device=x.device, dtype=cdt)
+    _col_reduce_kernel[(bh, triton.cdiv(p, bp))](
+        x, x if y is None else y, x if a is None else a, out, n, p,
+        HAS_Y=y is not None, HAS_A=a is not None, ACC=acc_dtype(cdt), BLOCK_N=bn, BLOCK_P=bp,
+    )
+    return out
+
+
+def _row_reduce(x, u, y=None, v=None, *, cdt, bn, bp):
+    bh, n, p = x.shape
+    out = torch.empty(bh, n, device=x.device, dtype=cdt)
+    _row_reduce_kernel[(bh, triton.cdiv(n, bn))](
+        x, x if y is None else y, u, u if v is None else v, out, n, p,
+        HAS_Y=y is not None, ACC=acc_dtype(cdt), BLOCK_N=bn, BLOCK_P=bp,
+    )
+    return out
+
+
+class _TSSANonCausalTriton(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w: torch.Tensor, temp: torch.Tensor, block_n: int, block_p: int):
+        b, h, n, p = w.shape
+        cdt = compute_dtype(w.dtype)
+        acc = acc_dtype(cdt)
+        w3 = w.contiguous().view(b * h, n, p)
+        kw = dict(cdt=cdt, bn=block_n, bp=block_p)
+        c = _col_reduce(w3, **kw)  # (BH, P) squared feature norms over tokens
+        r = 1.0 / c.clamp_min(_NORM_EPS_SQ)
+        s = _row_reduce(w3, r, **kw).view(b, h, n)  # sum_p w^2 / ||w_:,p||^2  (App. C.1 normalisation)
+        pi = _head_softmax(s, temp, block_n)
+        den = pi.sum(dim=-1).view(b * h, 1) + _PI_SUM_EPS
+        dots = _col_reduce(w3, a=pi.view(b * h, n), **kw) / den
+        g = 1.0 / (1.0 + dots)
+        out = torch.empty_like(w3)
+        _nc_out_kernel[(b * h, triton.cdiv(n, block_n), triton.cdiv(p, block_p))](
+            w3, pi, g, out, n, p, ACC=acc, BLOCK_N=block_n, BLOCK_P=block_p
+        )
+        ctx.save_for_backward(w, temp, c, r, s, pi, den, dots, g)
+        ctx.blocks = (block_n, block_p)
+        return out.view(b, h, n, p)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        w, temp, c, r, s, pi, den, dots, g = ctx.saved_tensors
+        block_n, block_p = ctx.blocks
+        b, h, n, p = w.shape
+        cdt = c.dtype
+        kw = dict(cdt=cdt, bn=block_n, bp=block_p)
+        w3 = w.contiguous().view(b * h, n, p)
+        go3 = grad_out.contiguous().view(b * h, n, p)
+        pi2 = pi.view(b * h, n)
+        # out = -w pi g,  g = 1 / (1 + dots),  dots = (pi / den) @ w^2
+        d_dots = _col_reduce(w3, go3, pi2, **kw) * g * g  # (BH, P)
+        # d_pi[n] = -sum_p go w g + sum_p w^2 d_dots / den - sum_n' d_q pi / den^2; the last sum equals
+        # sum_p d_dots dots / den because dots = sum_n pi w^2 / den.
+        d_pi = _row_reduce(w3, d_dots / den, go3, -g, **kw) - (d_dots * dots).sum(-1, keepdim=True) / den
+        d_pi = d_pi.view(b, h, n)
+        d_a = pi * (d_pi - (pi * d_pi).sum(dim=1, keepdim=True))  # softmax over heads
+        d_temp = (d_a * s).sum(dim=(0, 2))
+        d_s = (d_a * temp.to(cdt)[:, None]).reshape(b * h, n).contiguous()
+        d_r = _col_reduce(w3, a=d_s, **kw)
+        d_c = torch.where(c > _NORM_EPS_SQ, -d_r * r * r, torch.zeros_like(d_r))
+        q = (pi2 / den).contiguous()
+        dw = torch.empty_like(w3)
+        _nc_dw_kernel[(b * h, triton.cdiv(n, block_n), triton.cdiv(p, block_p))](
+            w3, go3, q, d_s, pi2, d_dots.contiguous(), r, d_c.contiguous(), g, dw, n, p,
+            ACC=acc_dtype(cdt), BLOCK_N=block_n, BLOCK_P=block_p,
+        )
+        return dw.view(b, h, n, p), d_temp.to(temp.dtype), None, None
+
+
+class _TSSACausalTriton(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w: torch.Tensor, temp: torch.Tensor, bias: torch.Tensor, block_n: int, block_p: int):
+        # bias: (H, N), already sliced to the sequence length
+        b, h, n, p = w.shape
+        cdt = compute_dtype(w.dtype)
+        acc = acc_dtype(cdt)
+        w3 = w.contiguous().view(b * h, n, p)
+        npb = triton.cdiv(p, block_p)
+        spart = torch.empty(b * h, npb, n, device=w.device, dtype=cdt)
+        _c_logits_kernel[(b * h, npb)](w3, spart, n, p, ACC=acc, BLOCK_N=block_n, BLOCK_P=block_p)
+        # sum_p (w^2 / cumsum(w^2) + b) = sum_p w^2 / cumsum(w^2) + P * b, as in Alg. 2
+        s = (spart.sum(dim=1).view(b, h, n) + p * bias.to(cdt)).contiguous()
+        pi = _head_softmax(s, temp, block_n)
+        out = torch.empty_like(w3)
+        den = torch.empty(b * h, n, device=w.device, dtype=cdt)
+        _c_out_kernel[(b * h, npb)](w3, pi, den, out, n, p, ACC=acc, BLOCK_N=block_n, BLOCK_P=block_p)
+        ctx.save_for_backward(w, temp, s, pi, den)
+        ctx.blocks = (block_n, block_p)
+        ctx.bias_dtype = bias.dtype
+        return out.view(b, h, n, p)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        w, temp, s, pi, den = ctx.saved_tensors
+        block_n, block_p = ctx.blocks
+        b, h, n, p = w.shape
+        cdt = s.dtype
+        acc = acc_dtype(cdt)
+        w3 = w.contiguous().view(b * h, n, p)
+        go3 = grad_out.contiguous().view(b * h, n, p)
+        npb, nc = triton.cdiv(p, block_p), triton.cdiv(n, block_n)
+        grid = (b * h, npb)
+        blocks = dict(ACC=acc, BLOCK_N=block_n, BLOCK_P=block_p)
+        a1 = torch.empty(b * h, npb, n, device=w.device, dtype=cdt)
+        a2 = torch.empty_like(a1)
+        a3 = torch.empty_like(a1)
+        cS = torch.empty(b * h, nc, p, device=w.device, dtype=cdt)
+        cN = torch.empty_like(cS)
+        _c_bwd_fwd_sweep_kernel[grid](w3, go3, pi, den, a1, a2, cS, cN, n, p, nc, **blocks)
+        _c_bwd_rev_sweep_kernel[grid](w3, go3, pi, den, cS, cN, den, a3, w3, n, p, nc, FINAL=False, **blocks)
+        # d_dots enters dots = cumsum(w^2 pi) / cumsum(pi) through the denominator as well
+        den_pos = den > 0
+        d_den = torch.where(den_pos, -a2.sum(1) / torch.where(den_pos, den, torch.ones_like(den)), torch.zeros_like(den))
+        d_pi = a1.sum(1) + a3.sum(1) + reverse_chunked_cumsum(d_den.unsqueeze(-1)).squeeze(-1)
+        d_pi = d_pi.view(b, h, n)
+        d_a = pi * (d_pi - (pi * d_pi).sum(dim=1, keepdim=True))  # softmax over heads
+        d_temp = (d_a * s).sum(dim=(0, 2))
+        d_s = d_a * temp.to(cdt)[:, None]
+        d_bias = d_s.sum(dim=0) * p
+        dw = torch.empty_like(w3)
+        _c_bwd_rev_sweep_kernel[grid](
+            w3, go3, pi, den, cS, cN, d_s.contiguous(), a3, dw, n, p, nc, FINAL=True, **blocks
+        )
+        return dw.view(b, h, n, p), d_temp.to(temp.dtype), d_bias.to(ctx.bias_dtype), None, None
+
+
+def tssa_triton(
+    w: torch.Tensor,
+    temp: torch.Tensor,
+    *,
+    causal: bool = False,
+    bias: torch.Tensor | None = None,
+    block_n: int | None = None,
+    block_p: int | None = None,
+) -> torch.Tensor:
+    """TSSA via Triton kernels ``(B, H, N, P) -> (B, H, N, P)``: Alg. 1 (eq. 11) or Alg. 2 (eq. 28).
+
+    ``temp``: ``(H,)``; ``bias``: ``(H, N_max, 1)`` or ``None`` (causal only). Differentiable in ``w``,
+    ``temp`` and ``bias`` (first order). ``block_n`` / ``block_p``: token / feature tile sizes (powers of
+    two; default 64 / min(64, P) on GPU). Inputs are validated by :func:`attnzoo.ops.tssa.tssa`; this only
+    checks that the tensors can be launched (CUDA, or CPU under ``TRITON_INTERPRET=1``).
+    """
+    check_launchable("tssa", w, temp, *(() if bias is None else (bias,)))
+    for name, val in (("block_n", block_n), ("block_p", block_p)):
+        if val is not None and (not isinstance(val, int) or val < 1 or val & (val - 1)):
+            raise ValueError(f"{name} must be a positive power of two, got {val!r}")
+    b, h, n, p = w.shape
+    bn, bp = _blocks(n, p, block_n, block_p)
+    if not causal:
+        return _TSSANonCausalTriton.apply(w, temp, bn, bp)
+    if bias is None:
+        bias_hn = torch.zeros(h, n, device=w.device, dtype=compute_dtype(w.dtype))
+    else:
+        bias_hn = bias[:, :n, 0]
+    return _TSSACausalTriton.apply(w, temp, bias_hn, bn, bp)

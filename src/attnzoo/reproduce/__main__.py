@@ -1,0 +1,3 @@
+from attnzoo.reproduce.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,183 @@
+"""What each ``--budget`` runs: data sizes, model sizes, steps and the mechanisms compared per section.
+
+``smoke`` (~2 min on a 2-core CPU, CI): every section with tiny models, few steps, few mechanisms.
+``default`` (~20-30 min on a 2-core CPU): every mechanism of every section at laptop scale.
+``full`` (a GPU): the papers' sequence lengths and longer training; same code paths.
+
+Within a section every model shares width, depth, heads, data, optimiser and steps; only the mechanism
+(and the architecture the paper pairs it with) changes.
+"""
+from __future__ import annotations
+
+import copy
+
+__all__ = ["BUDGETS", "SECTIONS", "budget"]
+
+#: section keys in report order
+SECTIONS = ("vision", "long-range", "language", "icl", "efficiency", "probes")
+
+VISION_ALL = ["vit", "tost", "xcit", "crate", "cbt", "aot", "csp_vit", "fastmax_vit"]
+LRA_ALL = ["softmax", "tssa", "fastmax", "csp", "cbsa"]
+LRA_TASKS_ALL = ["listops", "text", "retrieval", "image", "pathfinder"]
+LM_ALL = ["gpt", "tost", "aot", "aot_hybrid", "fastmax"]
+ICL_ALL = ["gpt", "aot"]
+
+BUDGETS: dict[str, dict] = {
+    "smoke": {
+        "description": "CI smoke test: tiny models, a few steps; checks the pipeline, not the papers",
+        "vision": {
+            "task": "digits", "task_options": {},
+            "models": ["vit", "tost", "crate"],
+            "arch": {"dim": 32, "depth": 1, "heads": 2, "patch_size": 2},
+            "train": {"steps": 12, "batch_size": 32, "lr": 2e-3, "log_every": 4},
+        },
+        "long-range": {
+            "tasks": {
+                "listops": {"n_train": 256, "n_val": 64, "min_len": 16, "max_len": 64, "max_depth": 3},
+                "image": {"dataset": "digits"},
+            },
+            "mechanisms": ["softmax", "tssa"],
+            "arch": {"dim": 32, "depth": 1, "heads": 2, "mlp_dim": 64},
+            "train": {"steps": 8, "batch_size": 16, "lr": 1e-3, "log_every": 4},
+        },
+        "language": {
+            "task_options": {"block_size": 32},
+            "models": ["gpt", "tost"],
+            "arch": {"dim": 32, "depth": 2, "heads": 2},
+            "train": {"steps": 10, "batch_size": 16, "lr": 3e-3, "log_every": 5},
+            "eval_windows": 32,
+            "contexts": [8, 32],
+        },
+        "icl": {
+            "tasks": {"linear": {"dim": 4, "n_points": 9, "n_val": 64},
+                      "sparse": {"dim": 4, "n_points": 9, "n_val": 64, "sparsity": 2}},
+            "models": ["gpt", "aot"],
+            "arch": {"dim": 32, "depth": 2, "heads": 2},
+            "train": {"steps": 10, "batch_size": 32, "lr": 1e-3, "log_every": 5},
+            "lasso_alpha": 0.01,
+        },
+        "efficiency": {
+            "mechanisms": ["softmax", "tssa", "fastmax_p1", "csp"],
+            "lengths": [64, 256], "dim": 64, "heads": 4, "repeats": 1, "budget_s": 2.0,
+            "causal": False,
+            "decode": ["softmax", "tssa"], "contexts": [16, 64], "decode_dim": 64, "decode_heads": 4,
+        },
+        "probes": {
+            "denoise": {"k": 3, "p": 16, "n_per": 20, "layers": 6},
+            "compress": {"iterations": 64, "snapshots": [0, 1, 16, 64], "n_per": 20},
+            "rank_collapse": {"depth": 4, "tokens": 16, "dim": 16, "heads": 2,
+                              "mechanisms": ["softmax", "csp", "tssa"]},
+            "layerwise": ["vit", "tost", "crate"],
+            "attention_maps": ["vit"],
+        },
+    },
+    "default": {
+        "description": "laptop scale: every mechanism, minutes of training per section on a 2-core CPU",
+        "vision": {
+            "task": "fashion_mnist", "task_options": {"n_train": 10000, "n_val": 2000},
+            "models": VISION_ALL,
+            "arch": {"dim": 64, "depth": 2, "heads": 4, "patch_size": 4},
+            "train": {"steps": 200, "batch_size": 64, "lr": 2e-3, "warmup_steps": 20},
+        },
+        "long-range": {
+            "tasks": {
+                "listops": {"n_train": 2000, "n_val": 200, "min_len": 64, "max_len": 256, "max_depth": 5},
+                "text": {"seq_len": 512, "n_train": 2000, "n_val": 400},
+                "retrieval": {"seq_len": 256, "n_train": 2000, "n_val": 200},
+                "image": {"dataset": "fashion_mnist", "n_train": 2000, "n_val": 400},
+                "pathfinder": {"size": 16, "n_train": 1000, "n_val": 200, "n_paths": 2, "path_steps": 10},
+            },
+            "mechanisms": LRA_ALL,
+            "arch": {"dim": 32, "depth": 2, "heads": 4, "mlp_dim": 64},
+            "train": {"steps": 60, "batch_size": 16, "lr": 2e-3, "warmup_steps": 6},
+        },
+        "language": {
+            "task_options": {"block_size": 128},
+            "models": LM_ALL,
+            "arch": {"dim": 64, "depth": 2, "heads": 4},
+            "train": {"steps": 200, "batch_size": 32, "lr": 3e-3, "warmup_steps": 20},
+            "eval_windows": 256,
+            "contexts": [16, 64, 128],
+        },
+        "icl": {
+            "tasks": {"linear": {"dim": 8, "n_points": 17, "n_val": 256},
+                      "sparse": {"dim": 8, "n_points": 17, "n_val": 256, "sparsity": 2}},
+            "models": ICL_ALL,
+            "arch": {"dim": 64, "depth": 4, "heads": 4},
+            "train": {"steps": 400, "batch_size": 64, "lr": 1e-3, "warmup_steps": 40},
+            "lasso_alpha": 0.01,
+        },
+        "efficiency": {
+            "mechanisms": ["softmax", "linear", "xca", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "csp"],
+            "lengths": [512, 2048, 8192], "dim": 384, "heads": 8, "repeats": 2, "budget_s": 6.0,
+            "causal": False,
+            "decode": ["softmax", "linear", "tssa", "fastmax_p1", "fastmax_p2"], "contexts": [128, 512, 2048],
+            "decode_dim": 384, "decode_heads": 8,
+        },
+        "probes": {
+            "denoise": {},
+            "compress": {"iterations": 256, "snapshots": [0, 1, 64, 256]},
+            "rank_collapse": {"depth": 12},
+            "layerwise": ["vit", "tost", "crate", "cbt", "aot"],
+            "attention_maps": ["vit", "fastmax_vit"],
+        },
+    },
+    "full": {
+        "description": "GPU scale: the LRA lengths, larger models and longer training (hours on one GPU)",
+        "vision": {
+            "task": "fashion_mnist", "task_options": {},
+            "models": VISION_ALL,
+            "arch": {"dim": 192, "depth": 6, "heads": 4, "patch_size": 4},
+            "train": {"steps": 5000, "batch_size": 128, "lr": 1e-3, "warmup_steps": 500},
+        },
+        "long-range": {
+            "tasks": {
+                "listops": {"n_train": 20000, "n_val": 2000},
+                "text": {},
+                "retrieval": {"n_train": 20000, "n_val": 2000},
+                "image": {"dataset": "fashion_mnist"},
+                "pathfinder": {"n_train": 20000, "n_val": 2000},
+            },
+            "mechanisms": LRA_ALL,
+            "arch": {"dim": 128, "depth": 4, "heads": 4, "mlp_dim": 256},
+            "train": {"steps": 5000, "batch_size": 32, "lr": 1e-3, "warmup_steps": 500},
+        },
+        "language": {
+            "task_options": {"block_size": 256},
+            "models": LM_ALL,
+            "arch": {"dim": 384, "depth": 6, "heads": 6},
+            "train": {"steps": 5000, "batch_size": 64, "lr": 1e-3, "warmup_steps": 200},
+            "eval_windows": 2048,
+            "contexts": [32, 128, 256],
+        },
+        "icl": {
+            "tasks": {"linear": {"dim": 20, "n_points": 41, "n_val": 1000},
+                      "sparse": {"dim": 20, "n_points": 41, "n_val": 1000, "sparsity": 3}},
+            "models": ICL_ALL,
+            "arch": {"dim": 128, "depth": 12, "heads": 8},
+            "train": {"steps": 20000, "batch_size": 64, "lr": 1e-4, "warmup_steps": 1000},
+            "lasso_alpha": 0.01,
+        },
+        "efficiency": {
+            "mechanisms": ["softmax", "linear", "xca", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "csp"],
+            "lengths": [1024, 4096, 16384, 65536], "dim": 384, "heads": 8, "repeats": 3, "budget_s": 20.0,
+            "causal": False,
+            "decode": ["softmax", "linear", "tssa", "fastmax_p1", "fastmax_p2"], "contexts": [128, 1024, 8192],
+            "decode_dim": 768, "decode_heads": 12,
+        },
+        "probes": {
+            "denoise": {},
+            "compress": {"iterations": 1024},
+            "rank_collapse": {"depth": 24},
+            "layerwise": ["vit", "tost", "crate", "cbt", "aot"],
+            "attention_maps": ["vit", "fastmax_vit"],
+        },
+    },
+}
+
+
+def budget(name: str) -> dict:
+    """A deep copy of budget ``name``'s plan."""
+    if name not in BUDGETS:
+        raise ValueError(f"unknown budget {name!r}; valid budgets: {sorted(BUDGETS)}")
+    return copy.deepcopy(BUDGETS[name])

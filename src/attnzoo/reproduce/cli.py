@@ -1,0 +1,55 @@
+"""``attnzoo reproduce --budget {smoke,default,full} --out DIR [--seed S] [--only section,...]``."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from attnzoo.reproduce.budgets import BUDGETS, SECTIONS
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="attnzoo reproduce",
+        description="Train and measure every mechanism side by side on the offline tasks and write DIR/report.md "
+                    "(tables, plots, verdicts against the papers) and DIR/results.json. Resumable: rerunning with the "
+                    "same --out skips finished steps.")
+    ap.add_argument("--budget", choices=sorted(BUDGETS), default="default",
+                    help="smoke: ~2 min CPU (CI); default: ~20-30 min on a 2-core CPU; full: a GPU")
+    ap.add_argument("--out", default=None, help="output directory (default results/<timestamp>/); reuse it to resume")
+    ap.add_argument("--seed", type=int, default=0, help="seed of every run (same seed, same numbers on one machine)")
+    ap.add_argument("--only", default=None, help=f"comma list of sections to run: {','.join(SECTIONS)}")
+    ap.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's default)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+    ap.add_argument("--list", action="store_true", help="print the steps of the plan and exit")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from attnzoo.reproduce.runner import ReproduceError, plan, resolve_sections, run, summary_line
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        if args.list:
+            sections = resolve_sections(args.only)
+            _, steps = plan(args.budget, args.seed)
+            for s in steps:
+                if s.section in sections:
+                    print(f"{s.id}  [{s.hash}]" + (f"  (needs {', '.join(s.deps)})" if s.deps else ""))
+            return 0
+        outcome = run(args.out, args.budget, seed=args.seed, only=args.only, device=args.device,
+                      progress=not args.no_progress, threads=args.threads, argv=argv)
+    except ReproduceError as e:
+        print(f"attnzoo reproduce: error: {e}", file=sys.stderr)
+        return 2
+    if outcome.interrupted:
+        return 130
+    print(summary_line(outcome))
+    if outcome.failed:
+        for sid, why in outcome.failed.items():
+            print(f"  failed: {sid}: {why}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,263 @@
+"""Shared pieces of the reproduce sections: run context, the training adapter, memory, tables, plots."""
+from __future__ import annotations
+
+import csv
+import ctypes
+import json
+import os
+import shutil
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from attnzoo.reproduce.store import Interrupted, StepStore, atomic_write_text
+
+__all__ = [
+    "Context",
+    "Table",
+    "Section",
+    "train_run",
+    "load_trained",
+    "peak_train_mb",
+    "md_table",
+    "fmt",
+    "save_figure",
+    "num_params",
+    "train_defaults",
+]
+
+
+@dataclass
+class Context:
+    """What every step function gets: where to write, the seed, the device and whether to show progress."""
+
+    out: Path
+    store: StepStore
+    seed: int
+    device: str = "cpu"
+    progress: bool = True
+
+
+@dataclass
+class Table:
+    """A report table: ``headers`` and ``rows`` of already-formatted cells, plus a caption."""
+
+    title: str
+    headers: list[str]
+    rows: list[list[Any]]
+    caption: str = ""
+
+    def markdown(self) -> str:
+        return md_table(self.headers, self.rows)
+
+
+@dataclass
+class Section:
+    """A summarised section: tables, PNG plots (paths relative to the output dir), findings, numbers."""
+
+    key: str
+    title: str
+    intro: str = ""
+    tables: list[Table] = field(default_factory=list)
+    plots: list[tuple[str, str]] = field(default_factory=list)  # (relative path, caption)
+    findings: list[dict] = field(default_factory=list)  # {"claim", "measured", "verdict"}
+    data: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+# ---- formatting -------------------------------------------------------------------------------------
+def fmt(value: Any, spec: str = ".3g") -> str:
+    """A table cell: ``-`` for missing values, ``format(value, spec)`` for numbers."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and value != value:
+            return "-"
+        return format(value, spec)
+    return str(value)
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """GitHub-flavoured markdown table (cells are ``str()``-ed, pipes escaped)."""
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def save_figure(fig, path: str | os.PathLike, dpi: int = 100) -> Path:
+    """Save a matplotlib figure as PNG atomically and close it."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(buf.getvalue())
+    os.replace(tmp, path)
+    return path
+
+
+def num_params(model: torch.nn.Module) -> int:
+    """Parameters, tied weights counted once."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+# ---- memory -------------------------------------------------------------------------------------------
+_MALLOC_FIXED = False
+
+
+def _fix_malloc_threshold() -> None:
+    """Make glibc return freed tensors to the OS (as ``attnzoo bench`` does with MALLOC_MMAP_THRESHOLD_),
+    so the peak-RSS measure of one call is not hidden by memory an earlier call left in the heap."""
+    global _MALLOC_FIXED
+    if _MALLOC_FIXED or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 65536)  # M_MMAP_THRESHOLD = -3
+    except OSError:
+        pass
+    _MALLOC_FIXED = True
+
+
+def _release_free_memory() -> None:
+    """Return freed heap pages to the OS (glibc ``malloc_trim``): memory an earlier training run freed but kept
+    resident would otherwise be reused without raising the peak-RSS counter."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def peak_train_mb(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, kind: str, device: str) -> float | None:
+    """Extra memory (MiB) held at the peak of one forward+backward training step of ``model`` on a batch.
+
+    CUDA: ``max_memory_allocated`` growth; CPU: peak-RSS growth (``attnzoo.bench.memory``). ``None`` when
+    the CPU measure is unavailable (no writable ``/proc/self/clear_refs``).
+    """
+    from attnzoo.bench.memory import cpu_peak_supported, peak_memory_bytes
+    from attnzoo.train.tasks import compute_loss
+
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        if not cpu_peak_supported():
+            return None
+        _fix_malloc_threshold()
+    model = model.to(dev).train()
+    inputs = tuple(x.to(dev) for x in inputs)
+    target = target.to(dev)
+    model.zero_grad(set_to_none=True)
+
+    def step():
+        loss, _ = compute_loss(kind, model(*inputs), target)
+        loss.backward()
+
+    step()  # warm-up: first-call allocations (workspaces, lazily built buffers) are not the model's cost
+    model.zero_grad(set_to_none=True)
+    _release_free_memory()
+    peak = peak_memory_bytes(step, dev)
+    model.zero_grad(set_to_none=True)
+    return peak / 2**20
+
+
+# ---- training -----------------------------------------------------------------------------------------
+def train_defaults(**kw) -> dict:
+    """The optimisation settings every model of a section shares (not tuned per model)."""
+    base = dict(optimizer="adamw", lr=1e-3, weight_decay=0.05, schedule="cosine", warmup_steps=0, grad_clip=1.0,
+                amp="off", compile=False, log_every=10, keep_checkpoints=1)
+    base.update(kw)
+    return base
+
+
+def _median_rate(run_dir: Path, key: str) -> float | None:
+    f = run_dir / "metrics.csv"
+    if not f.is_file():
+        return None
+    with open(f, newline="") as fh:
+        vals = [float(r[key]) for r in csv.DictReader(fh) if r.get("split") == "train" and r.get(key) not in (None, "")]
+    return statistics.median(vals) if vals else None
+
+
+def train_run(ctx: Context, step_id: str, cfg: dict) -> dict:
+    """Train with ``attnzoo.train`` into ``runs/<step_id>`` (resuming a checkpoint left by an interrupted run).
+
+    Returns the final validation metrics, the median training throughput over the logged windows
+    (``samples_per_s``, ``tokens_per_s``; the trainer's own figures, evaluation excluded) and the run dir.
+    """
+    from attnzoo.train.config import from_dict
+    from attnzoo.train.trainer import load_run, train
+
+    full = dict(cfg)
+    full.setdefault("device", ctx.device)
+    full.setdefault("eval_every", full["steps"])
+    full.setdefault("ckpt_every", max(1, full["steps"] // 4))
+    tcfg = from_dict(full)
+    run_dir = ctx.store.run_dir(step_id)
+    resume, overwrite = True, False
+    if (run_dir / "config.yaml").is_file():
+        if load_run(run_dir).to_dict() != tcfg.to_dict():
+            resume, overwrite = False, True  # the plan changed since that run: start it again
+        else:
+            done = run_dir / "final.json"
+            final = json.loads(done.read_text()).get("val") if done.is_file() else None
+            if final and (run_dir / "model").is_dir():
+                return _train_record(run_dir, final)
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        shutil.rmtree(run_dir)  # a half-created run directory (killed before the trainer wrote its marker)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    result = train(tcfg, run_dir, resume=resume, overwrite=overwrite, progress=ctx.progress)
+    if result.interrupted:
+        raise Interrupted(f"training of {step_id} stopped by signal at step {result.step}")
+    if not result.final_metrics:
+        # the checkpoint was at the last step but the run died before writing its results: run it again
+        result = train(tcfg, run_dir, overwrite=True, progress=ctx.progress)
+        if result.interrupted:
+            raise Interrupted(f"training of {step_id} stopped by signal at step {result.step}")
+    return _train_record(run_dir, result.final_metrics)
+
+
+def _train_record(run_dir: Path, final: dict) -> dict:
+    return {
+        "val": final,
+        "samples_per_s": _median_rate(run_dir, "samples_per_s"),
+        "tokens_per_s": _median_rate(run_dir, "tokens_per_s"),
+        "run_dir": str(run_dir),
+        "curve": _curve(run_dir),
+    }
+
+
+def _curve(run_dir: Path) -> list[list[float]]:
+    """``[[step, train loss], ...]`` from the trainer's metrics.csv."""
+    f = run_dir / "metrics.csv"
+    if not f.is_file():
+        return []
+    with open(f, newline="") as fh:
+        return [[int(r["step"]), float(r["loss"])] for r in csv.DictReader(fh) if r.get("split") == "train" and r.get("loss")]
+
+
+def load_trained(run_dir: str | os.PathLike) -> torch.nn.Module:
+    """The model a :func:`train_run` saved (eval mode)."""
+    from attnzoo.models import from_pretrained
+
+    return from_pretrained(Path(run_dir) / "model")
+
+
+def write_json(path: str | os.PathLike, payload: Any) -> Path:
+    from attnzoo.reproduce.store import jsonable
+
+    return atomic_write_text(path, json.dumps(jsonable(payload), indent=1, allow_nan=False) + "\n")

@@ -1,0 +1,213 @@
+"""Orchestration: plan the steps of a budget, run the missing ones (resumable), summarise, write the report."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from attnzoo.reproduce.budgets import SECTIONS, budget
+from attnzoo.reproduce.common import Context, write_json
+from attnzoo.reproduce.sections import ALIASES, SECTION_MODULES
+from attnzoo.reproduce.store import Interrupted, Step, StepStore
+
+__all__ = ["plan", "resolve_sections", "run", "RunOutcome", "RUN_FILE", "ReproduceError"]
+
+#: identifies a reproduce output directory and pins its budget and seed
+RUN_FILE = "run.json"
+
+
+class ReproduceError(ValueError):
+    """Bad arguments or an output directory that cannot be used."""
+
+
+@dataclass
+class RunOutcome:
+    out: Path
+    report: Path
+    results: Path
+    computed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    interrupted: bool = False
+    wall_s: float = 0.0
+
+
+def resolve_sections(only: str | list[str] | None) -> list[str]:
+    """Section keys from a comma list (aliases accepted), in report order; ``None`` = all."""
+    if only is None:
+        return list(SECTIONS)
+    items = only.split(",") if isinstance(only, str) else list(only)
+    keys = []
+    for raw in items:
+        k = raw.strip().lower()
+        if not k:
+            continue
+        k = ALIASES.get(k, k)
+        if k not in SECTION_MODULES:
+            raise ReproduceError(f"unknown section {raw.strip()!r} in --only; valid sections: {list(SECTIONS)}")
+        keys.append(k)
+    if not keys:
+        raise ReproduceError(f"--only selects no section; valid sections: {list(SECTIONS)}")
+    return [k for k in SECTIONS if k in keys]
+
+
+def plan(budget_name: str, seed: int) -> tuple[dict, list[Step]]:
+    """The budget's settings and every step of every section, dependencies before dependants."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ReproduceError(f"seed must be a non-negative integer, got {seed!r}")
+    try:
+        b = budget(budget_name)
+    except ValueError as e:
+        raise ReproduceError(str(e)) from None
+    steps: list[Step] = []
+    for key, mod in SECTION_MODULES.items():
+        if key == "probes":
+            steps += mod.plan_steps(b[key], seed, b["vision"])
+        else:
+            steps += mod.plan_steps(b[key], seed)
+    ids = [s.id for s in steps]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise AssertionError(f"duplicate step ids {dup}")
+    return b, steps
+
+
+def _select(steps: list[Step], sections: list[str]) -> list[Step]:
+    """Steps of the chosen sections plus, transitively, the steps they depend on (in plan order)."""
+    by_id = {s.id: s for s in steps}
+    need = {s.id for s in steps if s.section in sections}
+    frontier = list(need)
+    while frontier:
+        for d in by_id[frontier.pop()].deps:
+            if d not in by_id:
+                raise AssertionError(f"step depends on unknown step {d!r}")
+            if d not in need:
+                need.add(d)
+                frontier.append(d)
+    return [s for s in steps if s.id in need]
+
+
+def _prepare_out(out: Path, budget_name: str, seed: int) -> dict:
+    """Create or reopen ``out``; a directory from another budget/seed or a foreign non-empty one is refused."""
+    if out.exists() and not out.is_dir():
+        raise ReproduceError(f"--out {out} exists and is not a directory")
+    marker = out / RUN_FILE
+    if marker.is_file():
+        meta = json.loads(marker.read_text())
+        if meta.get("budget") != budget_name or meta.get("seed") != seed:
+            raise ReproduceError(
+                f"--out {out} holds a reproduce run with budget {meta.get('budget')!r} and seed {meta.get('seed')}; "
+                f"rerun with --budget {meta.get('budget')} --seed {meta.get('seed')} to continue it, or choose "
+                f"another --out")
+        return meta
+    if out.is_dir() and any(out.iterdir()):
+        raise ReproduceError(f"--out {out} is a non-empty directory that is not a reproduce run; choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"budget": budget_name, "seed": seed, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    write_json(marker, meta)
+    return meta
+
+
+def machine_description(device: str) -> dict:
+    """CPU model, threads, torch/python versions and the GPU if any."""
+    from attnzoo.bench.runner import machine_info
+
+    info = machine_info(torch.device(device))
+    info["platform"] = platform.platform()
+    info["numpy"] = __import__("numpy").__version__
+    return info
+
+
+def run(out: str | os.PathLike | None, budget_name: str = "default", *, seed: int = 0,
+        only: str | list[str] | None = None, device: str = "auto", progress: bool = True,
+        threads: int | None = None, argv: list[str] | None = None) -> RunOutcome:
+    """Run (or continue) ``attnzoo reproduce`` into ``out`` and write ``report.md`` and ``results.json``."""
+    from attnzoo.reproduce.report import write_report
+
+    t_start = time.perf_counter()
+    sections = resolve_sections(only)
+    b, steps = plan(budget_name, seed)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ReproduceError(f"--device must be auto, cpu or cuda[:N], got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ReproduceError("--device cuda but CUDA is not available; use --device cpu")
+    if threads is not None:
+        if threads < 1:
+            raise ReproduceError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+    out = Path(out) if out is not None else Path("results") / time.strftime("%Y%m%d-%H%M%S")
+    _prepare_out(out, budget_name, seed)
+    store = StepStore(out)
+    ctx = Context(out=out, store=store, seed=seed, device=device, progress=progress)
+    todo = _select(steps, sections)
+    outcome = RunOutcome(out, out / "report.md", out / "results.json")
+    records: dict[str, dict] = {}
+    failed_deps: set[str] = set()
+    from tqdm.auto import tqdm
+
+    bar = tqdm(todo, desc="reproduce", unit="step", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    try:
+        for step in bar:
+            bar.set_postfix_str(step.id)
+            rec = store.load(step)
+            if rec is not None:
+                records[step.id] = rec
+                outcome.skipped.append(step.id)
+                continue
+            bad = [d for d in step.deps if d in failed_deps or d in outcome.failed]
+            if bad:
+                outcome.failed[step.id] = f"skipped: depends on failed step(s) {bad}"
+                failed_deps.add(step.id)
+                continue
+            started = time.time()
+            t0 = time.perf_counter()
+            try:
+                result = step.fn(ctx, step)
+            except (Interrupted, KeyboardInterrupt):
+                raise
+            except Exception as e:  # noqa: BLE001 - one failed run must not lose the others; it is reported
+                outcome.failed[step.id] = f"{type(e).__name__}: {e}"
+                failed_deps.add(step.id)
+                if progress:
+                    bar.write(f"reproduce: step {step.id} failed: {type(e).__name__}: {e}")
+                    traceback.print_exc(file=sys.stderr)
+                continue
+            records[step.id] = store.save(step, result, time.perf_counter() - t0, started)
+            outcome.computed.append(step.id)
+    except (Interrupted, KeyboardInterrupt) as e:
+        outcome.interrupted = True
+        bar.close()
+        print(f"\nattnzoo reproduce: interrupted ({e or 'Ctrl-C'}); completed steps are saved in {out}. "
+              f"Run the same command again to continue.", file=sys.stderr)
+        outcome.wall_s = time.perf_counter() - t_start
+        return outcome
+    bar.close()
+    # sections not selected this time still appear when all their steps were computed earlier
+    for key in SECTIONS:
+        if key in sections:
+            continue
+        sec_steps = [s for s in steps if s.section == key]
+        recs = {s.id: store.load(s) for s in sec_steps}
+        if sec_steps and all(recs.values()):
+            records.update(recs)
+            sections.append(key)
+    sections = [k for k in SECTIONS if k in sections]
+    outcome.wall_s = time.perf_counter() - t_start
+    write_report(out, b, budget_name, seed, sections, steps, records, outcome, machine_description(device),
+                 argv if argv is not None else sys.argv[1:], threads=torch.get_num_threads())
+    return outcome
+
+
+def summary_line(o: RunOutcome) -> str:
+    return (f"reproduce: {len(o.computed)} step(s) computed, {len(o.skipped)} reused, {len(o.failed)} failed "
+            f"in {o.wall_s:.1f} s; report: {o.report}")
+

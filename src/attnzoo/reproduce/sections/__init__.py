@@ -1,0 +1,20 @@
+"""The report's sections, in order; each module has ``KEY``, ``TITLE``, ``plan_steps`` and ``summarize``."""
+from __future__ import annotations
+
+from attnzoo.reproduce.sections import efficiency, icl, language, lra, probes, vision
+
+#: section key -> module, in report order
+SECTION_MODULES = {
+    vision.KEY: vision,
+    lra.KEY: lra,
+    language.KEY: language,
+    icl.KEY: icl,
+    efficiency.KEY: efficiency,
+    probes.KEY: probes,
+}
+
+#: accepted spellings of section keys on the command line
+ALIASES = {"lra": lra.KEY, "long_range": lra.KEY, "longrange": lra.KEY, "bench": efficiency.KEY,
+           "lm": language.KEY, "probe": probes.KEY}
+
+__all__ = ["SECTION_MODULES", "ALIASES"]

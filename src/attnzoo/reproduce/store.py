@@ -1,0 +1,132 @@
+"""Resumable units of work: each :class:`Step` stores its result atomically as ``DIR/steps/<id>.json``.
+
+A step is skipped when its JSON exists and was computed from the same config (a hash of the config
+is stored beside the result); an interrupted run therefore continues with the first unfinished step.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["Step", "StepStore", "config_hash", "atomic_write_text", "jsonable", "Interrupted"]
+
+
+class Interrupted(Exception):
+    """A step was stopped by SIGINT/SIGTERM (its partial state is checkpointed where the step supports it)."""
+
+
+def jsonable(value: Any) -> Any:
+    """Deep-convert to JSON types: tuples -> lists, numpy/torch scalars -> Python, non-finite floats -> None."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        return jsonable(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def config_hash(config: dict) -> str:
+    """Stable short hash of a JSON-able config."""
+    text = json.dumps(jsonable(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to a temporary file beside ``path``, fsync it, then rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+@dataclass
+class Step:
+    """One training run or one measurement.
+
+    ``fn(ctx, config) -> dict`` computes the result; ``config`` (JSON-able) fully defines it, so its
+    hash decides whether a stored result can be reused. ``deps`` are ids of steps whose outputs
+    (e.g. trained checkpoints) this step reads; they run first.
+    """
+
+    id: str
+    section: str
+    config: dict
+    fn: Callable[[Any, dict], dict]
+    deps: tuple[str, ...] = field(default_factory=tuple)
+    label: str = ""
+
+    @property
+    def hash(self) -> str:
+        return config_hash(self.config)
+
+
+class StepStore:
+    """Results of steps under ``root/steps``; ``root/runs/<id>`` is each step's scratch directory."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+
+    def path(self, step_id: str) -> Path:
+        return self.root / "steps" / f"{step_id}.json"
+
+    def run_dir(self, step_id: str) -> Path:
+        return self.root / "runs" / step_id
+
+    def load(self, step: Step) -> dict | None:
+        """The stored record of ``step`` if it was computed from the same config, else ``None``."""
+        p = self.path(step.id)
+        if not p.is_file():
+            return None
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None  # a torn file cannot happen with atomic writes, but never trust it
+        if rec.get("config_hash") != step.hash:
+            return None
+        return rec
+
+    def load_by_id(self, step_id: str) -> dict | None:
+        """The stored record of step ``step_id`` whatever its config (for steps that read a dependency)."""
+        p = self.path(step_id)
+        if not p.is_file():
+            return None
+        return json.loads(p.read_text())
+
+    def save(self, step: Step, result: dict, wall_s: float, started: float) -> dict:
+        rec = {
+            "id": step.id,
+            "section": step.section,
+            "label": step.label,
+            "config": jsonable(step.config),
+            "config_hash": step.hash,
+            "result": jsonable(result),
+            "wall_s": round(wall_s, 3),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        atomic_write_text(self.path(step.id), json.dumps(rec, indent=1, allow_nan=False) + "\n")
+        return rec

@@ -1,0 +1,11 @@
+"""Training and evaluation: config, loop, schedules, optimisers (AdamW, Lion), checkpoints, DDP, CLIs.
+
+``train(cfg, out_dir)`` runs a config (``load_config(preset_or_yaml, overrides)``); see ``docs/training.md``.
+"""
+from attnzoo.train.config import ConfigError, TrainConfig, list_presets, load_config
+from attnzoo.train.optim import Lion, build_optimizer
+from attnzoo.train.schedules import lr_at
+from attnzoo.train.trainer import TrainResult, build_model, evaluate, train
+
+__all__ = ["ConfigError", "Lion", "TrainConfig", "TrainResult", "build_model", "build_optimizer", "evaluate",
+           "list_presets", "load_config", "lr_at", "train"]

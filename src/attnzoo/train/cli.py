@@ -1,0 +1,102 @@
+"""``attnzoo train <config.yaml | preset> [--out DIR] [--resume | --overwrite] [--key=value ...]``.
+
+Exit status: 0 done, 2 bad configuration, 3 missing dataset, 130 / 143 stopped by SIGINT / SIGTERM
+(after writing a checkpoint; continue with ``--resume``).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+USAGE = """usage: attnzoo train [CONFIG] [--out DIR] [--resume | --overwrite] [--no-progress] [--key=value ...]
+
+CONFIG is a YAML file or a preset name (attnzoo presets). Overrides use the config keys, with dotted keys
+into option mappings: --steps=200 --lr=3e-4 --attention=tssa --model_options.depth=4 --task_options.n_train=1000
+
+  --out DIR      run directory (default runs/<preset or config name>)
+  --resume       continue the run in DIR from its latest checkpoint (bit-exact); starts it if DIR is empty
+  --overwrite    delete the attnzoo run in DIR and start again (never deletes a directory that is not a run)
+  --no-progress  no progress bar
+Distributed: torchrun --nproc_per_node=N -m attnzoo train ... (global batch_size is split over the processes)
+"""
+
+
+def _split_args(argv: list[str]):
+    config = out = None
+    resume = overwrite = False
+    progress = True
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("-h", "--help"):
+            return None
+        if a in ("--out", "-o") and i + 1 < len(argv):
+            out = argv[i + 1]
+            i += 2
+            continue
+        if a.startswith("--out="):
+            out = a.split("=", 1)[1]
+        elif a == "--resume":
+            resume = True
+        elif a == "--overwrite":
+            overwrite = True
+        elif a == "--no-progress":
+            progress = False
+        elif not a.startswith("-") and config is None and not rest:
+            config = a
+        else:
+            rest.append(a)
+        i += 1
+    return config, out, resume, overwrite, progress, rest
+
+
+def main(argv: list[str] | None = None) -> int:
+    from attnzoo.data.paths import DatasetNotFoundError
+    from attnzoo.train.config import ConfigError, load_config, parse_overrides
+    from attnzoo.train.trainer import load_run, train
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parsed = _split_args(argv)
+    if parsed is None:
+        print(USAGE)
+        return 0
+    config, out, resume, overwrite, progress, rest = parsed
+    try:
+        overrides = parse_overrides(rest)
+        if config is None and not resume:
+            raise ConfigError("no config given: pass a YAML file or a preset name (attnzoo presets lists them)")
+        if out is None:
+            if config is None:
+                raise ConfigError("--resume needs --out DIR (the run directory)")
+            out = str(Path("runs") / Path(config).stem)
+        if config is None:
+            cfg = load_run(Path(out))
+            if overrides:
+                from attnzoo.train.config import apply_overrides
+
+                cfg = apply_overrides(cfg, overrides)
+        else:
+            cfg = load_config(config, overrides)
+        main_process = os.environ.get("RANK", "0") == "0"  # torchrun starts one CLI per process
+        if main_process:
+            print(f"attnzoo train: {cfg.task} / {cfg.model} -> {out}", file=sys.stderr)
+        result = train(cfg, out, resume=resume, overwrite=overwrite, progress=progress)
+    except ConfigError as e:
+        print(f"attnzoo train: error: {e}", file=sys.stderr)
+        return 2
+    except DatasetNotFoundError as e:
+        print(f"attnzoo train: error: {e}", file=sys.stderr)
+        return 3
+    if result.interrupted:
+        return 128 + int(result.signal or signal.SIGTERM)
+    metrics = ", ".join(f"{k}={v:.4f}" for k, v in result.final_metrics.items() if isinstance(v, float))
+    if main_process:
+        print(f"attnzoo train: done at step {result.step}: {metrics}. Run directory: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,87 @@
+"""``attnzoo eval RUN_DIR``: evaluate a run's checkpoint on its task's validation split.
+
+For in-context learning it prints the normalised squared error against the number of in-context
+examples, beside the least-squares baseline (AoT Fig. 6), and can plot it (``--plot FILE.png``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="attnzoo eval", description="evaluate a trained run on its validation split")
+    p.add_argument("run", help="run directory written by attnzoo train")
+    p.add_argument("--checkpoint", default="latest", help="checkpoint directory, or 'latest' (default)")
+    p.add_argument("--batch-size", type=int, default=None, help="evaluation batch size (default: the run's)")
+    p.add_argument("--max-batches", type=int, default=0, help="evaluate only this many batches (0 = all)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", default=None, help="also write the metrics to this JSON file")
+    p.add_argument("--plot", default=None, help="ICL tasks: plot error vs in-context examples to this PNG")
+    a = p.parse_args(argv)
+
+    import torch
+
+    from attnzoo.data.paths import DatasetNotFoundError
+    from attnzoo.data.tasks import build_task
+    from attnzoo.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+    from attnzoo.train.config import ConfigError
+    from attnzoo.train.trainer import _amp_dtype, build_model, evaluate, load_run, resolve_device
+
+    run = Path(a.run)
+    try:
+        cfg = load_run(run)
+        ckpt = latest_checkpoint(run / "checkpoints") if a.checkpoint == "latest" else Path(a.checkpoint)
+        if ckpt is None:
+            raise CheckpointError(f"{run} has no checkpoint yet")
+        device = resolve_device(a.device)
+        task = build_task(cfg.task, **cfg.task_options)
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg, task).to(device)
+        state = load_checkpoint(ckpt, model, restore_rng=False)
+        metrics = evaluate(model, task, a.batch_size or cfg.eval_batch_size or cfg.batch_size, device,
+                           max_batches=a.max_batches, amp_dtype=_amp_dtype(cfg.amp, device))
+    except (ConfigError, CheckpointError, DatasetNotFoundError) as e:
+        print(f"attnzoo eval: error: {e}", file=sys.stderr)
+        return 2
+    report = {"run": str(run), "checkpoint": str(ckpt), "step": state["step"], "task": cfg.task, "model": cfg.model,
+              "metrics": metrics}
+    if task.kind == "icl_regression":
+        import numpy as np
+
+        from attnzoo.data.icl import least_squares_baseline
+
+        n = min(len(task.val), 256)
+        (xs, ys), _ = task.val.get_batch(np.arange(n))
+        report["least_squares_per_position"] = (least_squares_baseline(xs.numpy(), ys.numpy())
+                                                / task.info["dim"]).tolist()
+        print("in-context examples | model error | least squares (normalised squared error)")
+        for i, (m, ls) in enumerate(zip(metrics["normalized_error_per_position"], report["least_squares_per_position"])):
+            print(f"{i:19d} | {m:11.4f} | {ls:.4f}")
+        if a.plot:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+
+            fig, ax = plt.subplots(figsize=(5, 3.5))
+            ax.plot(metrics["normalized_error_per_position"], label=cfg.model)
+            ax.plot(report["least_squares_per_position"], "--", label="least squares")
+            ax.set_xlabel("in-context examples")
+            ax.set_ylabel("normalised squared error")
+            ax.set_title(cfg.task)
+            ax.legend()
+            fig.tight_layout()
+            fig.savefig(a.plot, dpi=120)
+            print(f"plot: {a.plot}")
+    shown = {k: v for k, v in metrics.items() if isinstance(v, float)}
+    print(f"{cfg.task} / {cfg.model} @ step {state['step']}: " + ", ".join(f"{k}={v:.4f}" for k, v in shown.items()))
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

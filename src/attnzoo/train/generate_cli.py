@@ -1,0 +1,60 @@
+"""``attnzoo generate RUN_DIR --prompt TEXT``: sample text from a trained character-level language model."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="attnzoo generate", description="sample from a trained language model run")
+    p.add_argument("run", help="run directory of a causal-LM task (e.g. a shakespeare_* preset)")
+    p.add_argument("--prompt", default="\n", help="text to continue (characters of the run's vocabulary)")
+    p.add_argument("--max-new-tokens", type=int, default=300)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", default="latest")
+    p.add_argument("--device", default="auto")
+    a = p.parse_args(argv)
+
+    import torch
+
+    from attnzoo.data.tasks import build_task
+    from attnzoo.data.text import CharVocab
+    from attnzoo.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+    from attnzoo.train.config import ConfigError
+    from attnzoo.train.trainer import build_model, load_run, resolve_device
+
+    run = Path(a.run)
+    try:
+        cfg = load_run(run)
+        vocab_file = run / "vocab.json"
+        if not vocab_file.is_file():
+            raise ConfigError(f"{run} is not a language-model run (no vocab.json); task was {cfg.task!r}")
+        vocab = CharVocab.from_json(vocab_file.read_text())
+        ckpt = latest_checkpoint(run / "checkpoints") if a.checkpoint == "latest" else Path(a.checkpoint)
+        if ckpt is None:
+            raise CheckpointError(f"{run} has no checkpoint yet")
+        device = resolve_device(a.device)
+        # the model needs the task's sizes, not its data: build it with the saved task options
+        task = build_task(cfg.task, **cfg.task_options)
+        model = build_model(cfg, task).to(device)
+        load_checkpoint(ckpt, model, restore_rng=False)
+        model.eval()
+        ids = torch.as_tensor(vocab.encode(a.prompt or "\n"), device=device)[None].repeat(a.num_samples, 1)
+        g = torch.Generator(device=device).manual_seed(a.seed)
+        out = model.generate(ids, a.max_new_tokens, temperature=a.temperature, top_k=a.top_k, generator=g)
+    except (ConfigError, CheckpointError, ValueError) as e:
+        print(f"attnzoo generate: error: {e}", file=sys.stderr)
+        return 2
+    for i, row in enumerate(out.tolist()):
+        if a.num_samples > 1:
+            print(f"--- sample {i}")
+        print(vocab.decode(row))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,147 @@
+"""MSSAAttention module: CRATE layout, AoT variants (causal, normalised query, tied lift), KV cache, compile."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnzoo
+from attnzoo.layers import capture_internals
+
+DIM, HEADS = 12, 3
+P = DIM // HEADS
+
+
+def _build(**kw):
+    return attnzoo.build_attention("mssa", DIM, HEADS, **kw).double().eval()
+
+
+def _reference(m, x, causal=False, normalize_query=False, out_proj=True):
+    # Eq. (3)/(5) of AoT per subspace: w_k = U_k^T z, attention over tokens, lift (to_out, or U_k itself).
+    b, n, _ = x.shape
+    big_u = m.qkv.weight.T  # (dim, dim): columns grouped by head are U_1 ... U_K
+    outs = []
+    for h in range(HEADS):
+        u_k = big_u[:, h * P : (h + 1) * P]
+        w = x @ u_k  # (B, N, P)
+        q = F.normalize(w, dim=-1) if normalize_query else w
+        logits = q @ w.transpose(-1, -2) * P**-0.5
+        if causal:
+            logits = logits.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        o = logits.softmax(-1) @ w
+        outs.append(o @ u_k.T if not out_proj else o)
+    if out_proj:
+        return m.to_out(torch.cat(outs, dim=-1))
+    return sum(outs)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 16])
+@pytest.mark.parametrize(
+    "causal,normalize_query,out_proj",
+    [(False, False, True), (True, True, True), (True, False, False), (False, True, False)],
+)
+def test_shape_and_matches_definition(n, causal, normalize_query, out_proj):
+    m = _build(causal=causal, normalize_query=normalize_query, out_proj=out_proj)
+    x = torch.randn(2, n, DIM, dtype=torch.float64)
+    y = m(x)
+    assert y.shape == (2, n, DIM)
+    torch.testing.assert_close(y, _reference(m, x, causal, normalize_query, out_proj))
+
+
+def test_parameter_layout_crate_and_tied():
+    m = attnzoo.build_attention("mssa", DIM, HEADS)
+    shapes = {k: tuple(v.shape) for k, v in m.named_parameters()}
+    assert shapes == {"qkv.weight": (DIM, DIM), "to_out.weight": (DIM, DIM), "to_out.bias": (DIM,)}
+    tied = attnzoo.build_attention("mssa", DIM, HEADS, out_proj=False)
+    assert {k: tuple(v.shape) for k, v in tied.named_parameters()} == {"qkv.weight": (DIM, DIM)}
+
+
+@pytest.mark.parametrize("normalize_query", [False, True])
+@pytest.mark.parametrize("t", [0, 4, 8])
+def test_causal_no_leak(normalize_query, t):
+    m = _build(causal=True, normalize_query=normalize_query)
+    x = torch.randn(2, 9, DIM, dtype=torch.float64)
+    x2 = x.clone()
+    x2[:, t + 1 :] += torch.randn_like(x2[:, t + 1 :])
+    y, y2 = m(x), m(x2)
+    torch.testing.assert_close(y2[:, : t + 1], y[:, : t + 1], atol=0, rtol=0)
+    if t + 1 < 9:
+        assert not torch.allclose(y2[:, t + 1 :], y[:, t + 1 :])
+
+
+@pytest.mark.parametrize("normalize_query,out_proj", [(False, True), (True, False)])
+def test_step_equals_causal_parallel(normalize_query, out_proj):
+    m = _build(causal=True, normalize_query=normalize_query, out_proj=out_proj)
+    x = torch.randn(2, 7, DIM, dtype=torch.float64)
+    full = m(x)
+    state = m.init_state(2)
+    outs = []
+    for i in range(7):
+        y, state = m.step(x[:, i : i + 1], state)
+        outs.append(y)
+    torch.testing.assert_close(torch.cat(outs, dim=1), full)
+    assert state["w"].shape == (2, HEADS, 7, P)
+
+
+def test_step_errors():
+    m = _build(causal=True)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, 1, dim\)"):
+        m.step(torch.randn(2, 2, DIM, dtype=torch.float64), m.init_state(2))
+    with pytest.raises(TypeError, match=r"keys \['w'\]"):
+        m.step(torch.randn(1, 1, DIM, dtype=torch.float64), {"k": None})
+    with pytest.raises(ValueError, match="build the module with causal=True"):
+        _build().step(torch.randn(1, 1, DIM, dtype=torch.float64), m.init_state(1))
+
+
+@pytest.mark.parametrize("normalize_query", [False, True])
+def test_noncausal_permutation_equivariance(normalize_query):
+    m = _build(normalize_query=normalize_query)
+    x = torch.randn(2, 10, DIM, dtype=torch.float64)
+    perm = torch.randperm(10)
+    torch.testing.assert_close(m(x[:, perm]), m(x)[:, perm])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_capture_records_attention(causal):
+    m = _build(causal=causal)
+    x = torch.randn(2, 5, DIM, dtype=torch.float64)
+    with capture_internals(m) as store:
+        y = m(x)
+    attn = store[""]["attn"]
+    assert attn.shape == (2, HEADS, 5, 5)
+    torch.testing.assert_close(attn.sum(-1), torch.ones(2, HEADS, 5, dtype=torch.float64))
+    if causal:
+        assert torch.all(attn.triu(1) == 0)
+    else:  # shared Q = K: symmetric logits, so log attn_ij - log attn_ji = a_j - a_i (row log-normalisers)
+        d = attn.log() - attn.log().transpose(-1, -2)
+        torch.testing.assert_close(d, d[..., :, :1] - d[..., :, :1].transpose(-1, -2))
+    torch.testing.assert_close(y, m(x))
+
+
+def test_backward_reaches_all_parameters():
+    for out_proj in (True, False):
+        m = _build(causal=True, out_proj=out_proj)
+        m(torch.randn(2, 5, DIM, dtype=torch.float64)).square().sum().backward()
+        for name, p in m.named_parameters():
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_build_errors():
+    with pytest.raises(
+        TypeError,
+        match=r"unknown option\(s\) \['qkv_bias'\]; valid options: "
+        r"\['scale', 'normalize_query', 'out_proj', 'attn_dropout', 'proj_dropout'\]",
+    ):
+        attnzoo.build_attention("mssa", DIM, HEADS, qkv_bias=True)
+    with pytest.raises(TypeError, match="normalize_query must be a bool"):
+        attnzoo.build_attention("mssa", DIM, HEADS, normalize_query=1)
+    with pytest.raises(TypeError, match="out_proj must be a bool"):
+        attnzoo.build_attention("mssa", DIM, HEADS, out_proj="no")
+    with pytest.raises(ValueError, match="scale must be None or a positive finite number"):
+        attnzoo.build_attention("mssa", DIM, HEADS, scale=float("nan"))
+    assert "mssa" in attnzoo.list_attentions(causal=True)
+
+
+def test_torch_compile_matches_eager():
+    m = attnzoo.build_attention("mssa", DIM, HEADS, causal=True, normalize_query=True).eval()
+    x = torch.randn(2, 7, DIM)
+    compiled = torch.compile(m, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), m(x))

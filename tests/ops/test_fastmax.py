@@ -1,0 +1,394 @@
+"""Fastmax op (FAST): factorised paths vs the explicit-matrix reference, custom backward, recurrence, dropout."""
+import pytest
+import torch
+
+from attnzoo.ops.fastmax import (
+    EPS,
+    FastmaxState,
+    explicit_attention,
+    fastmax,
+    fastmax_dropout,
+    fastmax_init_state,
+    fastmax_naive,
+    fastmax_step,
+    sample_dropout_masks,
+)
+from attnzoo.ops.fastmax.common import feature_dim, standardize
+from attnzoo.ops.fastmax.naive import standardize_naive
+
+
+def _qkv(b, h, n, d, dv=None, dtype=torch.float64, grad=False):
+    dv = d if dv is None else dv
+    q = torch.randn(b, h, n, d, dtype=dtype)
+    k = torch.randn(b, h, n, d, dtype=dtype)
+    v = torch.randn(b, h, n, dv, dtype=dtype)
+    if grad:
+        for t in (q, k, v):
+            t.requires_grad_(True)
+    return q, k, v
+
+
+def _safe_scale(p, d):
+    # p=1 with scale > 1/D allows weights of either sign and near-zero denominators (ill-conditioned
+    # comparisons); the default scale for p=1 is covered separately in float64.
+    return 1.0 / d if p == 1 else None
+
+
+SHAPES = [(1, 1, 1, 3, 3), (2, 3, 2, 4, 4), (1, 2, 7, 5, 3), (2, 1, 33, 4, 6)]
+
+
+# ---------------------------------------------------------------- forward / backward vs naive
+
+
+@pytest.mark.parametrize("backend", ["torch", "torch_autograd"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_matches_naive_float64(backend, causal, p, shape):
+    b, h, n, d, dv = shape
+    q, k, v = _qkv(b, h, n, d, dv, grad=True)
+    scale = _safe_scale(p, d)
+    ref = fastmax_naive(q, k, v, p=p, causal=causal, scale=scale)
+    out = fastmax(q, k, v, p=p, causal=causal, scale=scale, backend=backend, chunk_size=3)
+    assert out.shape == (b, h, n, dv) and out.dtype == torch.float64
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    w = torch.randn_like(ref)
+    g_ref = torch.autograd.grad((ref * w).sum(), (q, k, v))
+    g_out = torch.autograd.grad((out * w).sum(), (q, k, v))
+    for a, r in zip(g_out, g_ref):
+        torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("scale", [None, 1.0])
+def test_p1_default_and_literal_scale_float64(causal, scale):
+    q, k, v = _qkv(2, 2, 9, 4, grad=True)
+    ref = fastmax_naive(q, k, v, p=1, causal=causal, scale=scale)
+    out = fastmax(q, k, v, p=1, causal=causal, scale=scale, chunk_size=4)
+    torch.testing.assert_close(out, ref, rtol=1e-8, atol=1e-8)
+    g_ref = torch.autograd.grad(ref.sum(), (q, k, v))
+    g_out = torch.autograd.grad(out.sum(), (q, k, v))
+    for a, r in zip(g_out, g_ref):
+        torch.testing.assert_close(a, r, rtol=1e-6, atol=1e-6)
+
+
+def test_p2_literal_scale_float64():
+    q, k, v = _qkv(1, 2, 11, 4, grad=True)
+    for causal in (False, True):
+        ref = fastmax_naive(q, k, v, p=2, causal=causal, scale=1.0)
+        out = fastmax(q, k, v, p=2, causal=causal, scale=1.0, chunk_size=4)
+        torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("p", [1, 2])
+def test_float32_close_to_float64(causal, p):
+    q, k, v = _qkv(2, 2, 19, 8, dtype=torch.float32, grad=True)
+    scale = _safe_scale(p, 8)
+    out = fastmax(q, k, v, p=p, causal=causal, scale=scale, chunk_size=5)
+    assert out.dtype == torch.float32
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    ref = fastmax_naive(q64, k64, v64, p=p, causal=causal, scale=scale)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
+    w = torch.randn_like(ref)
+    g = torch.autograd.grad((out * w.float()).sum(), (q, k, v))
+    g_ref = torch.autograd.grad((ref * w).sum(), (q64, k64, v64))
+    for a, r in zip(g, g_ref):
+        torch.testing.assert_close(a.double(), r, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("p", [1, 2])
+def test_gradcheck_custom_backward(causal, p):
+    q, k, v = _qkv(1, 1, 5, 3, 2, grad=True)
+    scale = _safe_scale(p, 3)
+
+    def f(q, k, v):
+        return fastmax(q, k, v, p=p, causal=causal, scale=scale, backend="torch", chunk_size=2)
+
+    assert torch.autograd.gradcheck(f, (q, k, v), eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck_naive(causal):
+    q, k, v = _qkv(1, 1, 4, 3, grad=True)
+    assert torch.autograd.gradcheck(lambda q, k, v: fastmax_naive(q, k, v, causal=causal), (q, k, v))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_custom_backward_saves_only_linear_memory(causal):
+    b, h, n, d = 1, 2, 32, 8
+    q, k, v = _qkv(b, h, n, d, dtype=torch.float32, grad=True)
+    saved = {}
+    for backend in ("torch", "torch_autograd"):
+        sizes = []
+
+        def pack(t, sizes=sizes):
+            sizes.append(t.numel())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fastmax(q, k, v, causal=causal, backend=backend, chunk_size=8)
+        saved[backend] = sizes
+    # §2.5: every tensor the custom Function path keeps is O(N D) per head
+    assert max(saved["torch"]) <= b * h * n * d
+    assert sum(saved["torch"]) <= 12 * b * h * n * d
+    # autograd through the factorisation keeps the O(N D^2) features (and causal prefix states)
+    assert sum(saved["torch_autograd"]) > b * h * n * feature_dim(d, 2)
+
+
+# ---------------------------------------------------------------- causality
+
+
+@pytest.mark.parametrize("backend", ["torch", "torch_autograd", "naive"])
+@pytest.mark.parametrize("p", [1, 2])
+def test_causal_no_leak_forward_and_backward(backend, p):
+    n, t = 13, 6
+    q, k, v = _qkv(2, 2, n, 4, grad=True)
+    out = fastmax(q, k, v, p=p, causal=True, backend=backend, chunk_size=4)
+    q2, k2, v2 = (x.detach().clone() for x in (q, k, v))
+    for x in (q2, k2, v2):
+        x[:, :, t + 1 :] = torch.randn_like(x[:, :, t + 1 :]) * 3
+    out2 = fastmax(q2, k2, v2, p=p, causal=True, backend=backend, chunk_size=4)
+    torch.testing.assert_close(out2[:, :, : t + 1], out[:, :, : t + 1], rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(out2[:, :, t + 1 :], out[:, :, t + 1 :])
+    grads = torch.autograd.grad(out[:, :, : t + 1].sum(), (q, k, v))
+    for g in grads:
+        assert torch.all(g[:, :, t + 1 :] == 0)
+        assert g[:, :, : t + 1].abs().sum() > 0
+
+
+# ---------------------------------------------------------------- identity 3 and eq 10
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("p", [1, 2])
+def test_explicit_matrix_times_v_equals_factorised(causal, p):
+    q, k, v = _qkv(2, 2, 10, 4, 5)
+    scale = _safe_scale(p, 4)
+    a = explicit_attention(q, k, p=p, causal=causal, scale=scale)
+    assert a.shape == (2, 2, 10, 10)
+    out = fastmax(q, k, v, p=p, causal=causal, scale=scale, chunk_size=3)
+    torch.testing.assert_close(a @ v, out, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(a.sum(-1), torch.ones(2, 2, 10, dtype=a.dtype), rtol=1e-12, atol=1e-12)
+    if causal:
+        assert torch.all(a.triu(1) == 0)
+
+
+@pytest.mark.parametrize("scale", [None, 1.0, 3.0])
+def test_p2_weights_positive_for_any_input(scale):
+    # f(s) = ((1 + s)^2 + 1) / 2 >= 1/2: positive even for adversarial k = -q and the literal scale
+    q, _, _ = _qkv(2, 2, 12, 6)
+    for k in (-q, torch.randn_like(q) * 10, q):
+        for causal in (False, True):
+            a = explicit_attention(q, k, p=2, causal=causal, scale=scale)
+            allowed = a if not causal else a[..., torch.ones(12, 12, dtype=torch.bool).tril()]
+            assert torch.all(allowed > 0)
+            torch.testing.assert_close(a.sum(-1), torch.ones_like(a[..., 0]))
+
+
+def test_p1_score_bound_and_nonnegativity_condition():
+    d = 6
+    q, k, _ = _qkv(2, 2, 12, d)
+    qh, kh = standardize_naive(q), standardize_naive(k)
+    # ||x_hat||^2 = D var/(var + eps) < D, hence |q_hat . k_hat| < D (Cauchy-Schwarz)
+    assert torch.all((qh * qh).sum(-1) < d)
+    for kk in (kh, -qh):
+        assert torch.all((qh @ kk.transpose(-1, -2)).abs() < d)
+    # scale <= 1/D: 1 + s > 0 for every input, including the extreme k = -q
+    for kk in (k, -q, -3 * q + 0.5):
+        a = explicit_attention(q, kk, p=1, scale=1.0 / d)
+        assert torch.all(a >= 0)
+        torch.testing.assert_close(a.sum(-1), torch.ones_like(a[..., 0]))
+    # the default scale D**-0.5 > 1/D: k = -q drives s_ii to about -sqrt(D) < -1, a negative weight
+    a = explicit_attention(q, -q, p=1)
+    assert a.diagonal(dim1=-2, dim2=-1).min() < 0
+    torch.testing.assert_close(a.sum(-1), torch.ones_like(a[..., 0]))
+
+
+def test_standardisation_matches_and_is_standard():
+    x = torch.randn(3, 2, 5, 7, dtype=torch.float64) * 4 + 2
+    xs = standardize(x)
+    torch.testing.assert_close(xs, standardize_naive(x), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(xs.mean(-1), torch.zeros(3, 2, 5, dtype=x.dtype), atol=1e-12, rtol=0)
+    var = x.var(-1, unbiased=False)
+    torch.testing.assert_close(xs.pow(2).mean(-1), var / (var + EPS), rtol=1e-12, atol=1e-12)
+
+
+def test_head_dim_one_is_uniform_attention():
+    # a single feature standardises to 0: s = 0, f = 1, plain (causal) mean of v
+    q, k, v = _qkv(1, 1, 6, 1, 3)
+    out = fastmax(q, k, v, causal=True)
+    ref = v.cumsum(2) / torch.arange(1, 7, dtype=v.dtype).view(1, 1, 6, 1)
+    torch.testing.assert_close(out, ref)
+
+
+# ---------------------------------------------------------------- low precision
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_half_inputs_accumulate_in_float32(dtype, causal):
+    q, k, v = _qkv(1, 2, 300, 8, dtype=torch.float32)
+    qh, kh, vh = (t.to(dtype).requires_grad_(True) for t in (q, k, v))
+    out = fastmax(qh, kh, vh, causal=causal)  # default chunk 64: 5 chunks, the last partial
+    assert out.dtype == dtype
+    ref = fastmax_naive(*(t.detach().double() for t in (qh, kh, vh)), causal=causal)
+    # only the final cast rounds: accumulating 300 tokens in half would drift well beyond this
+    tol = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+    out.float().sum().backward()
+    assert qh.grad.dtype == dtype and torch.isfinite(qh.grad.float()).all()
+
+
+# ---------------------------------------------------------------- recurrence
+
+
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_step_equals_parallel_causal(p, dtype):
+    b, h, n, d, dv = 2, 3, 9, 4, 5
+    q, k, v = _qkv(b, h, n, d, dv, dtype=dtype)
+    scale = _safe_scale(p, d)
+    ref = fastmax(q, k, v, p=p, causal=True, scale=scale, chunk_size=4)
+    state = fastmax_init_state(b, h, d, dv, p=p, dtype=dtype)
+    assert isinstance(state, FastmaxState) and state.num.shape == (b, h, feature_dim(d, p), dv)
+    outs = []
+    for t in range(n):
+        before = state.num.clone()
+        o, new = fastmax_step(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state, p=p, scale=scale)
+        assert torch.equal(state.num, before)  # pure update
+        state = new
+        outs.append(o)
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(torch.cat(outs, 2), ref, rtol=tol, atol=tol)
+
+
+def test_step_state_is_float32_for_half():
+    state = fastmax_init_state(1, 1, 4, dtype=torch.bfloat16)
+    assert state.num.dtype == torch.float32 and state.den.dtype == torch.float32
+    q, k, v = (t.bfloat16() for t in _qkv(1, 1, 1, 4, dtype=torch.float32))
+    o, state = fastmax_step(q, k, v, state)
+    assert o.dtype == torch.bfloat16 and state.num.dtype == torch.float32
+
+
+def test_step_errors():
+    state = fastmax_init_state(1, 2, 4)
+    q, k, v = _qkv(1, 2, 2, 4, dtype=torch.float32)
+    with pytest.raises(ValueError, match="one token"):
+        fastmax_step(q, k, v, state)
+    q1, k1, v1 = q[:, :, :1], k[:, :, :1], v[:, :, :1]
+    with pytest.raises(ValueError, match="state shapes"):
+        fastmax_step(q1, k1, v1, state, p=1)
+    with pytest.raises(TypeError, match="FastmaxState"):
+        fastmax_step(q1, k1, v1, (state.num, state.den))
+
+
+# ---------------------------------------------------------------- dropout placements (FAST §2.4)
+
+
+def _feature_masked_reference(qs, kh, v, m, d, causal):
+    """Independent p=2 form: m0 + sum_d m1_d q_d k_d + 1/2 sum_de m2_de q_d q_e k_d k_e."""
+    m0, m1, m2 = m[..., :1], m[..., 1 : 1 + d], m[..., 1 + d :].unflatten(-1, (d, d))
+    w = m0.unsqueeze(-1) + torch.einsum("bhid,bhd,bhjd->bhij", qs, m1, kh)
+    w = w + 0.5 * torch.einsum("bhid,bhie,bhde,bhjd,bhje->bhij", qs, qs, m2, kh, kh)
+    if causal:
+        w = w.tril()
+    return (w / w.sum(-1, keepdim=True)) @ v
+
+
+@pytest.mark.parametrize("placement", ["standard", "quadratic"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_feature_dropout_matches_explicit(placement, causal):
+    b, h, n, d = 2, 2, 9, 3
+    q, k, v = _qkv(b, h, n, d, grad=True)
+    masks = sample_dropout_masks(placement, 0.3, shape=(b, h, n, d), p=2, dtype=torch.float64)
+    m = masks["feat"]
+    assert torch.all(m[..., 0] == 1)  # order-0 terms are never dropped
+    if placement == "quadratic":
+        assert torch.all(m[..., : 1 + d] == 1)
+    assert set(m.unique().tolist()) <= {0.0, 1.0, 1 / 0.7} and (m == 0).any()
+    scale = d ** -0.5
+    out = fastmax_dropout(q, k, v, rate=0.3, placement=placement, causal=causal, masks=masks, chunk_size=4)
+    naive = fastmax_dropout(q, k, v, rate=0.3, placement=placement, causal=causal, masks=masks, backend="naive")
+    ref = _feature_masked_reference(standardize_naive(q) * scale, standardize_naive(k), v, m, d, causal)
+    torch.testing.assert_close(naive, ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    g = torch.autograd.grad(out.sum(), (q, k, v))
+    g_ref = torch.autograd.grad(ref.sum(), (q, k, v))
+    for a, r in zip(g, g_ref):
+        torch.testing.assert_close(a, r, rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_token_dropout_1d_matches_explicit(causal):
+    b, h, n, d = 2, 2, 9, 4
+    q, k, v = _qkv(b, h, n, d, grad=True)
+    masks = sample_dropout_masks("1d", 0.5, shape=(b, h, n, d), p=2, dtype=torch.float64)
+    assert masks["q"].shape == (b, h, n, 1) and (masks["k"] == 0).any()
+    out = fastmax_dropout(q, k, v, rate=0.5, placement="1d", causal=causal, masks=masks, chunk_size=4)
+    qs = standardize_naive(q) * d ** -0.5 * masks["q"]
+    kh = standardize_naive(k) * masks["k"]
+    s = qs @ kh.transpose(-1, -2)
+    w = 1 + s + s * s / 2
+    if causal:
+        w = w.tril()
+    ref = (w / w.sum(-1, keepdim=True)) @ v
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    g = torch.autograd.grad(out.sum(), (q, k, v))
+    g_ref = torch.autograd.grad(ref.sum(), (q, k, v))
+    for a, r in zip(g, g_ref):
+        torch.testing.assert_close(a, r, rtol=1e-8, atol=1e-8)
+
+
+def test_dropout_all_kept_equals_fastmax_and_sampling_varies():
+    q, k, v = _qkv(1, 2, 8, 3)
+    ones = {"feat": torch.ones(1, 2, feature_dim(3, 2), dtype=torch.float64)}
+    out = fastmax_dropout(q, k, v, rate=0.2, placement="standard", causal=True, masks=ones)
+    torch.testing.assert_close(out, fastmax(q, k, v, causal=True))
+    a = fastmax_dropout(q, k, v, rate=0.5, placement="quadratic")
+    b = fastmax_dropout(q, k, v, rate=0.5, placement="quadratic")
+    assert not torch.allclose(a, b)
+
+
+def test_dropout_errors():
+    q, k, v = _qkv(1, 1, 4, 3)
+    with pytest.raises(ValueError, match="dropout_placement='bogus'"):
+        fastmax_dropout(q, k, v, rate=0.1, placement="bogus")
+    with pytest.raises(ValueError, match="needs p=2"):
+        fastmax_dropout(q, k, v, rate=0.1, placement="quadratic", p=1)
+    with pytest.raises(ValueError, match=r"must be a number in \[0, 1\)"):
+        fastmax_dropout(q, k, v, rate=1.0, placement="standard")
+
+
+# ---------------------------------------------------------------- input validation
+
+
+def test_errors(monkeypatch):
+    import attnzoo.ops.fastmax as fm
+
+    q, k, v = _qkv(1, 2, 4, 3, dtype=torch.float32)
+    for bad in (3, 0, 2.0, True):
+        with pytest.raises(ValueError, match=r"p=.* is not supported.*\[1, 2\]"):
+            fastmax(q, k, v, p=bad)
+    with pytest.raises(ValueError, match="backend='cuda' is not supported"):
+        fastmax(q, k, v, backend="cuda")
+    monkeypatch.setattr(fm, "_triton_available", lambda: False)
+    with pytest.raises(ValueError, match="backend='triton' is not available"):
+        fastmax(q, k, v, backend="triton")
+    with pytest.raises(ValueError, match="scale=-1.0 must be a finite positive"):
+        fastmax(q, k, v, scale=-1.0)
+    with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
+        fastmax(q, k, v, chunk_size=0)
+    with pytest.raises(ValueError, match="q and k must have the same shape"):
+        fastmax(q, k[..., :2], v)
+    with pytest.raises(ValueError, match="v must agree with q"):
+        fastmax(q, k, v[:, :, :3])
+    with pytest.raises(ValueError, match=r"\(B, H, N, D\)"):
+        fastmax(q[0], k[0], v[0])
+    with pytest.raises(TypeError, match="floating-point"):
+        fastmax(q.long(), k.long(), v.long())
+    with pytest.raises(TypeError, match="share one dtype"):
+        fastmax(q, k.double(), v)
+    with pytest.raises(ValueError, match=r"p=3 is not supported"):
+        explicit_attention(q, k, p=3)

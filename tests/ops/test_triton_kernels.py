@@ -1,0 +1,254 @@
+"""Triton kernels of TSSA and Fastmax vs their naive references, run on CPU under TRITON_INTERPRET=1.
+
+The interpreter flag is read when a kernel is decorated, so it is set here before anything imports the
+kernel modules (they are imported lazily by the ops' ``backend="triton"`` dispatch). With a GPU and
+``TRITON_INTERPRET=0`` the same tests run the compiled kernels on CUDA.
+"""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# scripts/setup.sh installs triton==3.7.1; these tests are part of the suite, not optional.
+import triton  # noqa: E402, F401
+
+from attnzoo.ops.fastmax import fastmax  # noqa: E402
+from attnzoo.ops.fastmax.common import standardize  # noqa: E402
+from attnzoo.ops.tssa import tssa  # noqa: E402
+
+pytestmark = pytest.mark.triton
+
+INTERPRET = os.environ["TRITON_INTERPRET"].lower() in ("1", "true", "on", "yes")
+DEV = "cpu" if INTERPRET else "cuda"
+F64 = dict(rtol=1e-10, atol=1e-11)
+F32 = dict(rtol=2e-4, atol=2e-5)
+
+
+def _grads(out, inputs, seed_grad):
+    return torch.autograd.grad(out, inputs, seed_grad)
+
+
+def _assert_all_close(got, ref, tol):
+    for a, r in zip(got, ref):
+        torch.testing.assert_close(a, r, **tol)
+
+
+# ---------------------------------------------------------------------------------------------------
+# TSSA
+# ---------------------------------------------------------------------------------------------------
+def _tssa_inputs(b, h, n, p, dtype, causal):
+    w = torch.randn(b, h, n, p, dtype=dtype, device=DEV, requires_grad=True)
+    temp = (torch.rand(h, dtype=dtype, device=DEV) + 0.5).requires_grad_(True)
+    # bias longer than N (N_max >= N) so the kernels' slicing is exercised
+    bias = (0.1 * torch.randn(h, n + 3, 1, dtype=dtype, device=DEV)).requires_grad_(True) if causal else None
+    return w, temp, bias
+
+
+# (B, H, N, P, block_p): P=48 with block_p=32 -> a full and a masked feature block; N=33 -> 3 token blocks
+TSSA_CASES = [(1, 2, 33, 48, 32), (2, 3, 1, 5, None), (1, 2, 17, 16, None)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", TSSA_CASES)
+def test_tssa_matches_naive_float64(causal, case):
+    b, h, n, p, bp = case
+    from attnzoo.ops.tssa.triton import tssa_triton
+
+    w, temp, bias = _tssa_inputs(b, h, n, p, torch.float64, causal)
+    ins = (w, temp) + ((bias,) if causal else ())
+    ref = tssa(w, temp, causal=causal, bias=bias, backend="naive")
+    out = tssa_triton(w, temp, causal=causal, bias=bias, block_n=16, block_p=bp)
+    assert out.shape == (b, h, n, p) and out.dtype == torch.float64
+    torch.testing.assert_close(out, ref, **F64)
+    go = torch.randn_like(ref)
+    _assert_all_close(_grads(out, ins, go), _grads(ref, ins, go), F64)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tssa_dispatch_float32(causal):
+    # default tile sizes, through the public op's backend switch
+    w, temp, bias = _tssa_inputs(2, 3, 20, 24, torch.float32, causal)
+    ins = (w, temp) + ((bias,) if causal else ())
+    ref = tssa(w, temp, causal=causal, bias=bias, backend="naive")
+    out = tssa(w, temp, causal=causal, bias=bias, backend="triton")
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, **F32)
+    go = torch.randn_like(ref)
+    _assert_all_close(_grads(out, ins, go), _grads(ref, ins, go), dict(rtol=1e-3, atol=1e-4))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tssa_gradcheck(causal):
+    from attnzoo.ops.tssa.triton import tssa_triton
+
+    w, temp, bias = _tssa_inputs(1, 2, 5, 3, torch.float64, causal)
+    if causal:
+        assert torch.autograd.gradcheck(lambda a, t, c: tssa_triton(a, t, causal=True, bias=c, block_n=4),
+                                        (w, temp, bias), fast_mode=True)
+    else:
+        assert torch.autograd.gradcheck(lambda a, t: tssa_triton(a, t, block_n=4), (w, temp), fast_mode=True)
+
+
+def test_tssa_causal_no_leak():
+    from attnzoo.ops.tssa.triton import tssa_triton
+
+    w, temp, bias = _tssa_inputs(1, 3, 21, 6, torch.float64, True)
+    t = 9  # inside the 2nd token block of 8: checks both the carried prefix and the in-block scan
+    out = tssa_triton(w, temp, causal=True, bias=bias, block_n=8)
+    w2 = w.detach().clone()
+    w2[:, :, t + 1 :] = 10.0 * torch.randn_like(w2[:, :, t + 1 :])
+    out2 = tssa_triton(w2, temp, causal=True, bias=bias, block_n=8)
+    torch.testing.assert_close(out2[:, :, : t + 1], out[:, :, : t + 1], rtol=0, atol=0)
+    assert not torch.allclose(out2[:, :, t + 1 :], out[:, :, t + 1 :])
+    # and no gradient flows from outputs <= t back to tokens > t
+    (gw,) = torch.autograd.grad(out[:, :, : t + 1].sum(), w)
+    assert gw[:, :, t + 1 :].abs().max() == 0 and gw[:, :, : t + 1].abs().max() > 0
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tssa_float16_accumulates_in_float32(causal):
+    w, temp, bias = _tssa_inputs(1, 2, 19, 8, torch.float32, causal)
+    w16 = w.detach().half().requires_grad_(True)
+    out = tssa(w16, temp, causal=causal, bias=bias, backend="triton")
+    assert out.dtype == torch.float16
+    ref = tssa(w16.detach().float(), temp, causal=causal, bias=bias, backend="naive")
+    torch.testing.assert_close(out.float(), ref, rtol=2e-3, atol=2e-3)
+    (g,) = torch.autograd.grad(out.float().sum(), w16)
+    assert g.dtype == torch.float16 and torch.isfinite(g).all()
+
+
+def test_tssa_triton_rejects_bad_blocks_and_devices(monkeypatch):
+    from attnzoo.ops.tssa.triton import tssa_triton
+
+    w, temp, _ = _tssa_inputs(1, 2, 4, 3, torch.float32, False)
+    with pytest.raises(ValueError, match="block_n must be a positive power of two, got 12"):
+        tssa_triton(w, temp, block_n=12)
+    if INTERPRET:
+        with pytest.raises(TypeError, match="does not support bfloat16"):
+            tssa_triton(w.bfloat16(), temp)
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(ValueError, match="needs CUDA tensors"):
+            tssa_triton(w, temp)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fastmax
+# ---------------------------------------------------------------------------------------------------
+def _qkv(b, h, n, d, dv, dtype):
+    return [torch.randn(b, h, n, x, dtype=dtype, device=DEV, requires_grad=True) for x in (d, d, dv)]
+
+
+def _scale(p, d):
+    # p = 1 with scale <= 1/D keeps every weight non-negative (well-conditioned denominators)
+    return 1.0 / d if p == 1 else None
+
+
+# (B, H, N, D, Dv): N=33 -> 3 blocks of 16 (last partial); D, Dv not powers of two; N=1
+FASTMAX_CASES = [(1, 2, 33, 3, 5), (2, 1, 1, 4, 4)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("case", FASTMAX_CASES)
+def test_fastmax_matches_naive_float64(causal, p, case):
+    b, h, n, d, dv = case
+    q, k, v = _qkv(b, h, n, d, dv, torch.float64)
+    ref = fastmax(q, k, v, p=p, causal=causal, scale=_scale(p, d), backend="naive")
+    out = fastmax(q, k, v, p=p, causal=causal, scale=_scale(p, d), backend="triton", chunk_size=16)
+    assert out.shape == (b, h, n, dv) and out.dtype == torch.float64
+    torch.testing.assert_close(out, ref, **F64)
+    go = torch.randn_like(ref)
+    _assert_all_close(_grads(out, (q, k, v), go), _grads(ref, (q, k, v), go), F64)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("p", [1, 2])
+def test_fastmax_float32(causal, p):
+    # the default chunk size (64 -> a single block of 64 holding all 20 tokens)
+    q, k, v = _qkv(1, 2, 20, 4, 6, torch.float32)
+    ref = fastmax(q, k, v, p=p, causal=causal, scale=_scale(p, 4), backend="naive")
+    out = fastmax(q, k, v, p=p, causal=causal, scale=_scale(p, 4), backend="triton")
+    torch.testing.assert_close(out, ref, **F32)
+    go = torch.randn_like(ref)
+    _assert_all_close(_grads(out, (q, k, v), go), _grads(ref, (q, k, v), go), dict(rtol=1e-3, atol=1e-4))
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_fastmax_unmasked_token_splits(p):
+    # the state reduction split over token ranges (partial states summed) equals the one-pass state
+    from attnzoo.ops.fastmax.triton import fastmax_triton
+
+    q, k, v = _qkv(1, 1, 40, 3, 2, torch.float64)
+    scale = 1.0 / 3 if p == 1 else 3**-0.5
+    qs, kh = standardize(q) * scale, standardize(k)
+    ref = fastmax(q, k, v, p=p, scale=scale, backend="naive")
+    outs = [fastmax_triton(qs, kh, v, p=p, chunk_size=16, num_splits=s) for s in (1, 3)]
+    for out in outs:
+        torch.testing.assert_close(out, ref, **F64)
+    go = torch.randn_like(ref)
+    _assert_all_close(_grads(outs[1], (q, k, v), go), _grads(ref, (q, k, v), go), F64)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fastmax_gradcheck(causal):
+    from attnzoo.ops.fastmax.triton import fastmax_triton
+
+    n = 17 if causal else 5  # causal: two token blocks, so the carried prefix/suffix states are checked
+    qs, kh, v = _qkv(1, 1, n, 2, 1, torch.float64)
+    assert torch.autograd.gradcheck(lambda a, b, c: fastmax_triton(a, b, c, p=2, causal=causal, chunk_size=16),
+                                    (qs, kh, v), fast_mode=True)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_fastmax_causal_no_leak(p):
+    q, k, v = _qkv(1, 2, 26, 3, 2, torch.float64)
+    t = 18  # in the second block of 16
+    out = fastmax(q, k, v, p=p, causal=True, scale=_scale(p, 3), backend="triton", chunk_size=16)
+    q2, k2, v2 = (x.detach().clone() for x in (q, k, v))
+    for x in (q2, k2, v2):
+        x[:, :, t + 1 :] = 5.0 * torch.randn_like(x[:, :, t + 1 :])
+    out2 = fastmax(q2, k2, v2, p=p, causal=True, scale=_scale(p, 3), backend="triton", chunk_size=16)
+    torch.testing.assert_close(out2[:, :, : t + 1], out[:, :, : t + 1], rtol=0, atol=0)
+    assert not torch.allclose(out2[:, :, t + 1 :], out[:, :, t + 1 :])
+    grads = torch.autograd.grad(out[:, :, : t + 1].sum(), (q, k, v))
+    for g in grads:
+        assert g[:, :, t + 1 :].abs().max() == 0
+    assert grads[0][:, :, : t + 1].abs().max() > 0
+
+
+def test_fastmax_triton_rejects_bad_input(monkeypatch):
+    from attnzoo.ops.fastmax.triton import fastmax_triton
+
+    qs, kh, v = (x.detach() for x in _qkv(1, 1, 4, 2, 2, torch.float32))
+    with pytest.raises(ValueError, match="p=3 is not supported"):
+        fastmax_triton(qs, kh, v, p=3)
+    with pytest.raises(TypeError, match="float32/float64 inputs"):
+        fastmax_triton(qs.half(), kh.half(), v.half())
+    with pytest.raises(ValueError, match="chunk_size must be a positive integer, got 0"):
+        fastmax_triton(qs, kh, v, chunk_size=0)
+    with pytest.raises(ValueError, match="num_splits must be a positive integer or None, got 0"):
+        fastmax_triton(qs, kh, v, num_splits=0)
+    if INTERPRET:
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(ValueError, match="needs CUDA tensors"):
+            fastmax_triton(qs, kh, v)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tssa_zero_features_match_naive(causal):
+    # a feature that is 0 in every token (non-causal norm 0) or in the first tokens (causal prefix 0):
+    # the 0/0 := 0 convention of naive.py, with finite gradients
+    w, temp, bias = _tssa_inputs(1, 2, 7, 4, torch.float64, causal)
+    with torch.no_grad():
+        w[:, :, :, 1] = 0.0
+        w[:, :, :3, 2] = 0.0
+    ins = (w, temp) + ((bias,) if causal else ())
+    ref = tssa(w, temp, causal=causal, bias=bias, backend="naive")
+    out = tssa(w, temp, causal=causal, bias=bias, backend="triton")
+    torch.testing.assert_close(out, ref, **F64)
+    go = torch.randn_like(ref)
+    got = _grads(out, ins, go)
+    assert all(torch.isfinite(g).all() for g in got)
+    _assert_all_close(got, _grads(ref, ins, go), F64)

@@ -1,0 +1,173 @@
+"""The training loop: loss goes down per task family, resume is bit-exact, the run directory is safe,
+checkpoints are atomic, and 2-process DDP (gloo) equals 1 process with the same global batch."""
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attnzoo.train.checkpoint import latest_checkpoint
+from attnzoo.train.config import ConfigError, load_config
+from attnzoo.train.trainer import RUN_MARKER, train
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_models import tiny_factory  # noqa: E402
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # small models on a shared 2-core machine: one thread is faster and keeps results reproducible
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _cfg(**kw):
+    base = dict(task="digits", steps=20, batch_size=32, lr=3e-3, eval_every=10, log_every=1, ckpt_every=5,
+                warmup_steps=2, seed=3)
+    return load_config(None, {**base, **kw})
+
+
+def _train_losses(out: Path) -> list[tuple[str, str]]:
+    with open(out / "metrics.csv", newline="") as f:
+        return [(r["step"], r["loss"]) for r in csv.DictReader(f) if r["split"] == "train"]
+
+
+@pytest.mark.parametrize("task, opts, extra", [
+    ("digits", {}, {"optimizer": "lion", "lr": 1e-3}),
+    ("lra_image", {"dataset": "digits"}, {"lr": 5e-2, "schedule": "constant"}),
+    ("lra_retrieval", {"seq_len": 32, "n_train": 64, "n_val": 16}, {"lr": 3e-2, "schedule": "constant"}),
+    ("shakespeare_char", {"block_size": 16}, {"lr": 3e-2, "schedule": "linear", "eval_batches": 4}),
+    ("icl_linear", {"dim": 2, "n_points": 31}, {"lr": 0.3, "schedule": "inverse_sqrt", "warmup_steps": 5}),
+])
+def test_loss_decreases_for_each_task_family(tmp_path, task, opts, extra):
+    cfg = _cfg(task=task, task_options=opts, steps=40, eval_every=40, **extra)
+    res = train(cfg, tmp_path / "run", model_factory=tiny_factory, progress=False)
+    losses = [l for _, l in res.train_losses]
+    assert len(losses) == 40
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < 0.9 * first, (first, last)
+    assert "loss" in res.final_metrics and json.loads((tmp_path / "run" / "final.json").read_text())["step"] == 40
+
+
+def test_resume_after_signal_is_bit_exact(tmp_path):
+    # dropout makes the run depend on the RNG state, which the checkpoint must restore
+    cfg = _cfg(model_options={"dropout": 0.2})
+    full = train(cfg, tmp_path / "a", model_factory=tiny_factory, progress=False)
+
+    def kill_at_13(step, loss):
+        if step == 13:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    part = train(cfg, tmp_path / "b", model_factory=tiny_factory, progress=False, callback=kill_at_13)
+    assert part.interrupted and part.signal == signal.SIGTERM and part.step == 13
+    assert latest_checkpoint(tmp_path / "b" / "checkpoints").name == "step_00000013"
+    # a hard kill can leave log rows past the checkpoint: they must be dropped on resume
+    with open(tmp_path / "b" / "metrics.csv", "a") as f:
+        f.write("14,train,0.1,99.0,,,,\n")
+    rest = train(None, tmp_path / "b", resume=True, model_factory=tiny_factory, progress=False)
+    assert not rest.interrupted and rest.step == 20
+    assert _train_losses(tmp_path / "a") == _train_losses(tmp_path / "b")
+    wa = load_file(str(latest_checkpoint(tmp_path / "a" / "checkpoints") / "model.safetensors"))
+    wb = load_file(str(latest_checkpoint(tmp_path / "b" / "checkpoints") / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert full.final_metrics == rest.final_metrics
+
+
+def test_resume_refuses_a_different_config(tmp_path):
+    train(_cfg(steps=4), tmp_path / "r", model_factory=tiny_factory, progress=False)
+    with pytest.raises(ConfigError, match=r"lr: 0\.003 -> 0\.1"):
+        train(_cfg(steps=4, lr=0.1), tmp_path / "r", resume=True, model_factory=tiny_factory, progress=False)
+    more = train(_cfg(steps=6), tmp_path / "r", resume=True, model_factory=tiny_factory, progress=False)
+    assert more.step == 6 and [s for s, _ in _train_losses(tmp_path / "r")] == [str(i) for i in range(1, 7)]
+
+
+def test_output_directory_is_never_silently_overwritten(tmp_path):
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("precious")
+    for flags in ({}, {"overwrite": True}, {"resume": True}):
+        with pytest.raises(ConfigError, match="not an attnzoo run"):
+            train(_cfg(steps=2), foreign, model_factory=tiny_factory, progress=False, **flags)
+    assert os.listdir(foreign) == ["thesis.tex"]
+
+    run = tmp_path / "run"
+    train(_cfg(steps=2), run, model_factory=tiny_factory, progress=False)
+    assert (run / RUN_MARKER).is_file()
+    with pytest.raises(ConfigError, match="pass --resume to continue it or --overwrite"):
+        train(_cfg(steps=2), run, model_factory=tiny_factory, progress=False)
+    with pytest.raises(ConfigError, match="contradict"):
+        train(_cfg(steps=2), run, model_factory=tiny_factory, progress=False, resume=True, overwrite=True)
+    (run / "stale.txt").write_text("x")
+    train(_cfg(steps=3), run, model_factory=tiny_factory, progress=False, overwrite=True)
+    assert not (run / "stale.txt").exists() and len(_train_losses(run)) == 3
+    # --resume on an empty directory starts the run, so one command serves launch and restarts
+    res = train(_cfg(steps=2), tmp_path / "fresh", model_factory=tiny_factory, progress=False, resume=True)
+    assert res.step == 2
+
+
+def test_checkpoints_are_pickle_free_and_half_written_ones_ignored(tmp_path):
+    run = tmp_path / "run"
+    train(_cfg(steps=10, ckpt_every=5, keep_checkpoints=1), run, model_factory=tiny_factory, progress=False)
+    ck = run / "checkpoints"
+    assert sorted(p.name for p in ck.iterdir()) == ["latest", "step_00000010"]
+    files = sorted(p.name for p in (ck / "step_00000010").iterdir())
+    assert files == ["model.safetensors", "optimizer.safetensors", "rng_rank0.safetensors", "state.json"]
+    state = json.loads((ck / "step_00000010" / "state.json").read_text())
+    assert state["step"] == 10 and state["optimizer"]["param_groups"][0]["betas"] == [0.9, 0.999]
+    # a crash while writing leaves only a hidden temporary directory, never picked up
+    (ck / ".tmp_step_00000015").mkdir()
+    (ck / "latest").unlink()
+    assert latest_checkpoint(ck).name == "step_00000010"
+
+
+def test_two_process_ddp_equals_one_process(tmp_path):
+    script = tmp_path / "ddp_run.py"
+    script.write_text(
+        "import sys, torch\n"
+        f"sys.path.insert(0, {str(HERE)!r})\n"
+        "torch.set_num_threads(1)\n"
+        "from tiny_models import tiny_factory\n"
+        "from attnzoo.train.config import load_config\n"
+        "from attnzoo.train.trainer import train\n"
+        "cfg = load_config(None, dict(task='digits', steps=8, batch_size=32, lr=3e-3, eval_every=8, log_every=1,"
+        " ckpt_every=4, seed=1))\n"
+        "train(cfg, sys.argv[1], model_factory=tiny_factory, progress=False)\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           str(tmp_path / "two")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = subprocess.run([sys.executable, str(script), str(tmp_path / "one")], env=env, capture_output=True,
+                         text=True, timeout=240)
+    assert one.returncode == 0, one.stderr[-3000:]
+    l1 = [float(l) for _, l in _train_losses(tmp_path / "one")]
+    l2 = [float(l) for _, l in _train_losses(tmp_path / "two")]
+    assert len(l1) == len(l2) == 8
+    assert l1 == pytest.approx(l2, rel=1e-5, abs=1e-6)
+    w1 = load_file(str(tmp_path / "one" / "checkpoints" / "step_00000008" / "model.safetensors"))
+    w2 = load_file(str(tmp_path / "two" / "checkpoints" / "step_00000008" / "model.safetensors"))
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], rtol=1e-4, atol=1e-5)
+    state = json.loads((tmp_path / "two" / "checkpoints" / "step_00000008" / "state.json").read_text())
+    assert state["world_size"] == 2
+    assert (tmp_path / "two" / "checkpoints" / "step_00000008" / "rng_rank1.safetensors").is_file()
+
+
+def test_mixed_precision_settings(tmp_path):
+    # bf16 autocast also runs on CPU; fp16 needs CUDA's loss scaling and is refused on CPU
+    res = train(_cfg(steps=3, amp="bf16"), tmp_path / "bf16", model_factory=tiny_factory, progress=False)
+    assert all(torch.isfinite(torch.tensor(l)) for _, l in res.train_losses)
+    with pytest.raises(ConfigError, match="amp='fp16' needs CUDA"):
+        train(_cfg(steps=3, amp="fp16", device="cpu"), tmp_path / "fp16", model_factory=tiny_factory, progress=False)
+    assert not (tmp_path / "fp16").exists()
