@@ -60,7 +60,7 @@ def _connected(img: np.ndarray, gap: int) -> bool:
     return len(ids) == 1
 
 
-@pytest.mark.parametrize("size, n", [(32, 40), (128, 4)])
+@pytest.mark.parametrize("size, n", [(16, 30), (32, 40), (128, 4)])
 def test_pathfinder_labels_match_connectivity(size, n):
     labels = []
     for i in range(n):

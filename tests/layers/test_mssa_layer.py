@@ -14,16 +14,16 @@ def _build(**kw):
     return attnzoo.build_attention("mssa", DIM, HEADS, **kw).double().eval()
 
 
-def _reference(m, x, causal=False, normalize_query=False, out_proj=True):
+def _reference(m, x, causal=False, normalize_query=False, out_proj=True, p=P):
     # Eq. (3)/(5) of AoT per subspace: w_k = U_k^T z, attention over tokens, lift (to_out, or U_k itself).
     b, n, _ = x.shape
-    big_u = m.qkv.weight.T  # (dim, dim): columns grouped by head are U_1 ... U_K
+    big_u = m.qkv.weight.T  # (dim, K p): columns grouped by head are U_1 ... U_K
     outs = []
     for h in range(HEADS):
-        u_k = big_u[:, h * P : (h + 1) * P]
-        w = x @ u_k  # (B, N, P)
+        u_k = big_u[:, h * p : (h + 1) * p]
+        w = x @ u_k  # (B, N, p)
         q = F.normalize(w, dim=-1) if normalize_query else w
-        logits = q @ w.transpose(-1, -2) * P**-0.5
+        logits = q @ w.transpose(-1, -2) * p**-0.5
         if causal:
             logits = logits.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
         o = logits.softmax(-1) @ w
@@ -44,6 +44,22 @@ def test_shape_and_matches_definition(n, causal, normalize_query, out_proj):
     y = m(x)
     assert y.shape == (2, n, DIM)
     torch.testing.assert_close(y, _reference(m, x, causal, normalize_query, out_proj))
+
+
+@pytest.mark.parametrize("head_dim", [2, 5, 8])
+@pytest.mark.parametrize("out_proj", [True, False])
+def test_subspace_dim_independent_of_width(head_dim, out_proj):
+    """``head_dim`` sets the subspace dimension p (CRATE's dim_head); U is (dim, K p)."""
+    m = _build(causal=True, out_proj=out_proj, head_dim=head_dim)
+    assert tuple(m.qkv.weight.shape) == (HEADS * head_dim, DIM)
+    x = torch.randn(2, 7, DIM, dtype=torch.float64)
+    torch.testing.assert_close(m(x), _reference(m, x, True, False, out_proj, p=head_dim))
+    state = m.init_state(2)
+    steps = []
+    for t in range(7):
+        y, state = m.step(x[:, t : t + 1], state)
+        steps.append(y)
+    torch.testing.assert_close(torch.cat(steps, 1), m(x))
 
 
 def test_parameter_layout_crate_and_tied():
@@ -128,9 +144,11 @@ def test_build_errors():
     with pytest.raises(
         TypeError,
         match=r"unknown option\(s\) \['qkv_bias'\]; valid options: "
-        r"\['scale', 'normalize_query', 'out_proj', 'attn_dropout', 'proj_dropout'\]",
+        r"\['scale', 'normalize_query', 'out_proj', 'head_dim', 'attn_dropout', 'proj_dropout'\]",
     ):
         attnzoo.build_attention("mssa", DIM, HEADS, qkv_bias=True)
+    with pytest.raises(ValueError, match="head_dim must be a positive int .* got 0"):
+        attnzoo.build_attention("mssa", DIM, HEADS, head_dim=0)
     with pytest.raises(TypeError, match="normalize_query must be a bool"):
         attnzoo.build_attention("mssa", DIM, HEADS, normalize_query=1)
     with pytest.raises(TypeError, match="out_proj must be a bool"):

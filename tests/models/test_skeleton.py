@@ -142,6 +142,13 @@ def test_linear_ln_patch_embed_order():
     torch.testing.assert_close(emb(x), manual)
 
 
+def test_linear_ln_patch_embed_refuses_one_value_patches():
+    # LayerNorm over one value is identically 0: a 1-channel, 1-pixel patch would erase the image
+    with pytest.raises(ValueError, match=r"in_chans \* patch_size\*\*2 >= 2, got 1 \* 1\*\*2 = 1; use patch_embed='linear'"):
+        LinearLNPatchEmbed(1, 1, 8)
+    assert LinearLNPatchEmbed(1, 2, 8)(torch.randn(1, 2, 3, 3)).std() > 0
+
+
 def test_sinusoidal_positions():
     p = sinusoidal_positions(5, 7)
     assert p.shape == (5, 7)

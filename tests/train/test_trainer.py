@@ -83,6 +83,14 @@ def test_resume_after_signal_is_bit_exact(tmp_path):
     assert full.final_metrics == rest.final_metrics
 
 
+def test_resume_of_a_finished_run_keeps_its_final_metrics(tmp_path):
+    done = train(_cfg(steps=5, eval_every=5), tmp_path / "f", model_factory=tiny_factory, progress=False)
+    before = json.loads((tmp_path / "f" / "final.json").read_text())
+    again = train(None, tmp_path / "f", resume=True, model_factory=tiny_factory, progress=False)
+    after = json.loads((tmp_path / "f" / "final.json").read_text())
+    assert again.step == 5 and after == before and after["val"] == done.final_metrics and after["val"]["loss"] > 0
+
+
 def test_resume_refuses_a_different_config(tmp_path):
     train(_cfg(steps=4), tmp_path / "r", model_factory=tiny_factory, progress=False)
     with pytest.raises(ConfigError, match=r"lr: 0\.003 -> 0\.1"):

@@ -56,18 +56,14 @@ def capture_layers(model: nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, li
 
     ``layers`` lists every :class:`~attnzoo.Attention` module that ran, in execution order, with its
     input/output tokens, the output of its parent block and its recorded internals. Class-attention
-    layers (modules with a ``keep_attention`` switch) are included as mechanism ``"class_attention"``
-    with their CLS-query map ``attn`` ``(B, H, 1, N)``.
+    layers (:class:`~attnzoo.models.class_attention.ClassAttention`) are included as mechanism
+    ``"class_attention"`` with their CLS-query map ``attn`` ``(B, H, 1, 1+N)``.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     attn_mods = [(n, m) for n, m in model.named_modules() if _is_token_mixer(m)]
     if not attn_mods:
         raise ValueError(f"{type(model).__name__} holds no attnzoo Attention modules; nothing to capture")
-    # Class-attention layers (CaiT/XCiT/ToST heads) are not Attention modules; they expose their
-    # CLS->token maps through their public ``keep_attention`` switch, turned on for this pass only.
-    class_mods = [m for _, m in attn_mods if not isinstance(m, Attention)]
-    kept = [m.keep_attention for m in class_mods]
     modules = dict(model.named_modules())
     seen: dict[str, dict[str, Any]] = {}
     order: list[str] = []
@@ -97,19 +93,11 @@ def capture_layers(model: nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, li
             parent = name.rpartition(".")[0]
             if name and parent and parent in modules and not isinstance(modules[parent], (nn.ModuleList, nn.ModuleDict)):
                 handles.append(modules[parent].register_forward_hook(block_hook(name)))
-        for m in class_mods:
-            m.keep_attention = True
         with torch.no_grad(), capture_internals(model) as store:
             out = model(*args, **kwargs)
-        for name, m in attn_mods:
-            last = getattr(m, "_last_attn", None) if not isinstance(m, Attention) else None
-            if isinstance(last, torch.Tensor):
-                store.setdefault(name, {})["attn"] = last.detach()
     finally:
         for h in handles:
             h.remove()
-        for m, k in zip(class_mods, kept):
-            m.keep_attention = k
     layers = []
     mods = dict(attn_mods)
     for i, name in enumerate(order):
@@ -121,8 +109,7 @@ def capture_layers(model: nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, li
             LayerCapture(
                 name=name,
                 index=i,
-                mechanism=getattr(type(m), "registry_name", None) or ("class_attention" if not isinstance(m, Attention)
-                                                                         else type(m).__name__),
+                mechanism=_mechanism(m),
                 module=m,
                 input=rec["input"],
                 output=rec["output"],
@@ -134,7 +121,15 @@ def capture_layers(model: nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, li
 
 
 def _is_token_mixer(m: nn.Module) -> bool:
-    return isinstance(m, Attention) or isinstance(getattr(m, "keep_attention", None), bool)
+    return isinstance(m, Attention)
+
+
+def _mechanism(m: Attention) -> str:
+    from attnzoo.models.class_attention import ClassAttention
+
+    if isinstance(m, ClassAttention):  # not a registered mixer (its output is the CLS token only)
+        return "class_attention"
+    return getattr(type(m), "registry_name", None) or type(m).__name__
 
 
 def subspace_bases(module: nn.Module) -> torch.Tensor | None:

@@ -159,6 +159,7 @@ def measure_decode(name: str, dim: int, heads: int, contexts: list[int], device,
         for ctx in sorted(contexts):
             advance(max(0, ctx - holder["pos"]))
             peak = peak_memory_bytes(lambda: advance(block), device)
+            # The peak-memory pass just above already warmed these steps up (and moved the context along).
             sec = time_call(lambda: advance(block), device, repeats, warmup=0) / block
             rows.append(Row("decode", name, True, "module", 1, heads, ctx, dim, sec * 1e3, None,
                             peak / 2**20, None, None, None, "ok"))

@@ -158,7 +158,8 @@ def pathfinder_sample(
     if size < 16:
         raise ValueError(f"pathfinder size must be >= 16, got {size}")
     scale = size / 32
-    n_paths = n_paths if n_paths is not None else max(3, int(round(3 * scale**0.5)))
+    # Two paths only on small canvases: three separated 10-step paths rarely fit in 16x16.
+    n_paths = n_paths if n_paths is not None else (2 if size < 24 else max(3, int(round(3 * scale**0.5))))
     path_steps = path_steps if path_steps is not None else int(round(20 * scale))
     if n_paths < 2:
         raise ValueError(f"pathfinder needs n_paths >= 2 (two main paths), got {n_paths}")

@@ -27,7 +27,8 @@ class MSSAAttention(Attention, RecurrentMixin):
     ``y = o @ qkv.weight``, with no extra parameters or bias.
 
     Options: ``causal`` (AoT §4.1's masked MSSA), ``normalize_query`` (AoT §4.1: the query side ``P(U_k^T Z)``
-    has unit-norm tokens; keys/values do not), ``scale`` (default ``head_dim ** -0.5`` as in CRATE; the eqs.
+    has unit-norm tokens; keys/values do not), ``head_dim`` (subspace dimension ``p``; default ``dim // heads``,
+    CRATE's ``dim_head`` may differ, e.g. 64 at width 1280 for AoT-Huge), ``scale`` (default ``head_dim ** -0.5`` as in CRATE; the eqs.
     have none -- it is absorbed in ``U``). The step size ``eta`` of eq. (3) belongs to the residual block.
     Decoding: ``init_state``/``step`` keep a cache ``{"w"}`` of projections ``(B, H, t, head_dim)``.
 
@@ -46,10 +47,16 @@ class MSSAAttention(Attention, RecurrentMixin):
         scale: float | None = None,
         normalize_query: bool = False,
         out_proj: bool = True,
+        head_dim: int | None = None,
         attn_dropout: float = 0.0,
         proj_dropout: float = 0.0,
     ) -> None:
         super().__init__(dim, heads, causal=causal)
+        if head_dim is not None:
+            if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+                raise ValueError(f"head_dim must be a positive int (subspace dimension p) or None for dim // heads, "
+                                 f"got {head_dim!r}")
+            self.head_dim = head_dim
         if not isinstance(normalize_query, bool):
             raise TypeError(f"normalize_query must be a bool, got {normalize_query!r}")
         if not isinstance(out_proj, bool):
@@ -58,8 +65,9 @@ class MSSAAttention(Attention, RecurrentMixin):
         check_dropout("proj_dropout", proj_dropout)
         self.scale = check_scale(scale, self.head_dim)
         self.normalize_query = normalize_query
-        self.qkv = nn.Linear(dim, dim, bias=False)
-        self.to_out = nn.Linear(dim, dim, bias=True) if out_proj else None
+        inner = heads * self.head_dim  # K subspaces of dimension p; CRATE's default p = dim // heads
+        self.qkv = nn.Linear(dim, inner, bias=False)
+        self.to_out = nn.Linear(inner, dim, bias=True) if out_proj else None
         self.proj_drop = nn.Dropout(proj_dropout)
 
     def _w(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,6 +113,6 @@ class MSSAAttention(Attention, RecurrentMixin):
 
     def extra_repr(self) -> str:
         return (
-            f"{super().extra_repr()}, scale={self.scale:.4g}, normalize_query={self.normalize_query}, "
+            f"{super().extra_repr()}, head_dim={self.head_dim}, scale={self.scale:.4g}, normalize_query={self.normalize_query}, "
             f"out_proj={self.to_out is not None}"
         )

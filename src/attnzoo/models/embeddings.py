@@ -29,6 +29,12 @@ class LinearLNPatchEmbed(nn.Module):
         super().__init__()
         self.patch_size = patch_size
         patch_dim = in_chans * patch_size * patch_size
+        if patch_dim < 2:
+            # LayerNorm over a single value maps every input to 0 (x - mean(x) = 0): the model would see nothing.
+            raise ValueError(
+                f"patch_embed='linear_ln' needs in_chans * patch_size**2 >= 2, got {in_chans} * {patch_size}**2 = "
+                f"{patch_dim}; use patch_embed='linear' (or a larger patch_size) for 1-channel pixel tokens"
+            )
         self.norm_in = nn.LayerNorm(patch_dim)
         self.proj = nn.Linear(patch_dim, dim)
         self.norm_out = nn.LayerNorm(dim)

@@ -198,6 +198,9 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
 
 
 # ---- logging -----------------------------------------------------------------------------------------
+_TB_NOTICE_SHOWN = False
+
+
 class _Logger:
     def __init__(self, out: Path, kind: str, enabled: bool, resume_step: int | None) -> None:
         self.enabled = enabled
@@ -217,9 +220,12 @@ class _Logger:
             from torch.utils.tensorboard import SummaryWriter  # needs the optional `tensorboard` package
 
             self.tb = SummaryWriter(str(out / "tb"))
-        except Exception:
-            print("attnzoo train: tensorboard is not installed; logging to metrics.csv only "
-                  "(pip install tensorboard to get TensorBoard logs)", file=sys.stderr)
+        except ImportError:
+            global _TB_NOTICE_SHOWN
+            if not _TB_NOTICE_SHOWN:  # once per process: sweeps and the reproduce runner train many models
+                _TB_NOTICE_SHOWN = True
+                print("attnzoo train: tensorboard is not installed; logging to metrics.csv only "
+                      "(pip install 'attnzoo[tensorboard]' to get TensorBoard logs)", file=sys.stderr)
 
     def _rewrite(self, rows: list[dict]) -> None:
         tmp = self.path.with_suffix(".csv.tmp")
@@ -431,8 +437,14 @@ def _train(cfg, out, mode, info, device, progress, model_factory, callback) -> T
         bar.close()
     logger.close()
     result.step = step
+    if not result.interrupted and not result.final_metrics and step > 0:
+        # Resumed from the last checkpoint of a finished run: nothing ran, so evaluate the restored weights
+        # rather than overwrite final.json with empty metrics.
+        result.final_metrics = evaluate(model, task, ebs, device, info, cfg.eval_batches, amp_dtype)
     if not result.interrupted and info.is_main:
-        (out / "final.json").write_text(json.dumps({"step": step, "val": result.final_metrics}, indent=1))
+        tmp = out / "final.json.tmp"
+        tmp.write_text(json.dumps({"step": step, "val": result.final_metrics}, indent=1))
+        tmp.replace(out / "final.json")
         base = unwrap_model(model)
         if hasattr(base, "save_pretrained"):
             base.save_pretrained(str(out / "model"))
