@@ -35,7 +35,7 @@ def _parse(argv):
     ap = argparse.ArgumentParser(prog="attnzoo bench", description=__doc__.splitlines()[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="default")
     ap.add_argument("--sweeps", default="n,d,decode", help="comma list of: n, d, decode")
-    ap.add_argument("--mechanisms", default=None, help=f"comma list (default all): {cases.OP_CASES}")
+    ap.add_argument("--mechanisms", default=None, help=f"comma list (default {cases.OP_CASES}; also {cases.EXTRA_OP_CASES})")
     ap.add_argument("--lengths", type=int, nargs="+", help="N values of the n sweep")
     ap.add_argument("--dims", type=int, nargs="+", help="d values of the d sweep")
     ap.add_argument("--dim", type=int, help="model width d of the n sweep")
@@ -61,9 +61,9 @@ def _parse(argv):
     if bad:
         ap.error(f"unknown sweep(s) {bad}; valid: ['n', 'd', 'decode']")
     mechs = cases.OP_CASES if args.mechanisms is None else [m.strip() for m in args.mechanisms.split(",")]
-    bad = [m for m in mechs if m not in cases.OP_CASES]
+    bad = [m for m in mechs if m not in cases.ALL_OP_CASES]
     if bad:
-        ap.error(f"unknown mechanism(s) {bad}; valid: {cases.OP_CASES}")
+        ap.error(f"unknown mechanism(s) {bad}; valid: {cases.ALL_OP_CASES}")
     args.mechanisms = mechs
     return args
 

@@ -42,7 +42,7 @@ def _nbytes(*ts: torch.Tensor) -> int:
 
 def _op_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
     B, H, N, P = s.batch, s.heads, s.length, s.head_dim
-    if name in ("softmax", "linear", "fastmax_p1", "fastmax_p2", "xca"):
+    if name in ("softmax", "linear", "xca") or name.startswith("fastmax_p"):
         q, k, v = _randn((B, H, N, P), device, dtype, 3)
         if name == "softmax":
             run = lambda: ops.softmax_attention(q, k, v, causal=causal)  # noqa: E731
@@ -52,8 +52,10 @@ def _op_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
             temp = torch.ones(H, device=device, dtype=dtype)
             run = lambda: ops.xca(q, k, v, temp)  # noqa: E731
         else:
-            p = int(name[-1])
-            run = lambda: ops.fastmax(q, k, v, p=p, causal=causal)  # noqa: E731
+            p = int(name[len("fastmax_p")])
+            # "_autograd": autograd through the same chunked factorisation, the memory reference of FAST §2.5
+            backend = "torch_autograd" if name.endswith("_autograd") else "auto"
+            run = lambda: ops.fastmax(q, k, v, p=p, causal=causal, backend=backend)  # noqa: E731
         return Prepared([q, k, v], run, 4 * _nbytes(q))
     if name in ("tssa", "mssa"):
         (w,) = _randn((B, H, N, P), device, dtype)
@@ -64,6 +66,13 @@ def _op_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
         bias = torch.zeros(H, N, 1, device=device, dtype=dtype) if causal else None
         run = lambda: ops.tssa(w, temp, causal=causal, bias=bias)  # noqa: E731
         return Prepared([w], run, 2 * _nbytes(w))
+    if name == "cbsa":
+        (w,) = _randn((B, H, N, P), device, dtype)
+        from attnzoo.ops.cbsa.pooling import pool_reps
+
+        # representatives pooled from the tokens inside the timed call, as the module does (M = 64)
+        run = lambda: ops.cbsa(w, pool_reps(w, num_reps=64))  # noqa: E731
+        return Prepared([w], run, 2 * _nbytes(w))
     if name == "csp":
         (v,) = _randn((B, N, s.dim), device, dtype)
         shifts = ops.csp_shifts(N, s.dim, "linear").to(device)
@@ -72,11 +81,18 @@ def _op_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
     raise ValueError(f"no op-level benchmark case for {name!r}; valid: {OP_CASES}")
 
 
-OP_CASES = ["softmax", "linear", "xca", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "csp"]
-CAUSAL_OP_CASES = ["softmax", "linear", "mssa", "tssa", "fastmax_p1", "fastmax_p2"]
+OP_CASES = ["softmax", "linear", "xca", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "csp", "cbsa"]
+CAUSAL_OP_CASES = ["softmax", "linear", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "fastmax_p1_autograd",
+                   "fastmax_p2_autograd"]
+# Not in the default sweep: Fastmax with autograd through the factorisation instead of FAST §2.5's
+# custom backward, to measure what that backward saves (--mechanisms fastmax_p2,fastmax_p2_autograd).
+EXTRA_OP_CASES = ["fastmax_p1_autograd", "fastmax_p2_autograd"]
+ALL_OP_CASES = OP_CASES + EXTRA_OP_CASES
 
 
 def _module_name(name: str) -> tuple[str, dict]:
+    if name in EXTRA_OP_CASES:
+        raise ValueError(f"{name!r} is an op-level case only (use --level op)")
     if name.startswith("fastmax_p"):
         return "fastmax", {"p": int(name[-1])}
     return name, {}
@@ -109,7 +125,7 @@ def flops_hint(name: str, s: Shape) -> float:
     if name in quad:
         return float(B * H * quad[name])
     if name.startswith("fastmax"):
-        p = int(name[-1])
+        p = int(name[len("fastmax_p")])
         return float(B * H * N * sum(P ** (l + 1) for l in range(p + 1)))
     return float(B * H * N * P * (2 if name in ("linear", "xca") else 1) * (P if name in ("linear", "xca") else 1))
 
@@ -125,4 +141,5 @@ def decode_module(name: str, dim: int, heads: int, max_context: int, device, dty
 
 DECODE_CASES = ["softmax", "linear", "tssa", "fastmax_p1", "fastmax_p2"]
 
-__all__ = ["Shape", "Prepared", "prepare", "OP_CASES", "CAUSAL_OP_CASES", "DECODE_CASES", "decode_module"]
+__all__ = ["Shape", "Prepared", "prepare", "OP_CASES", "EXTRA_OP_CASES", "ALL_OP_CASES", "CAUSAL_OP_CASES",
+           "DECODE_CASES", "decode_module"]
