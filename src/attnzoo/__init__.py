@@ -2,9 +2,11 @@
 
 Top-level API (lazily imported):
 
-- ``build_attention(name, dim, heads, *, causal=False, **options)`` / ``list_attentions()``
+- ``build_attention(name, dim, heads, *, causal=False, **options)`` / ``list_attentions()`` /
+  ``attention_info(name)`` (the module class; its docstring lists the options)
 - ``capture_internals(model)``: collect mechanism internals (TSSA Pi, attention maps, ...)
-- ``create_model(name, **overrides)`` / ``list_models()`` / ``from_pretrained(dir)``
+- ``create_model(name, **overrides)`` / ``list_models()`` / ``from_pretrained(dir)`` / ``get_config(name)`` /
+  ``count_parameters(name)``
 - ``attnzoo.ops``: pure operators on ``(B, H, N, P)`` tensors
 """
 from __future__ import annotations
@@ -17,10 +19,13 @@ _EXPORTS = {
     "build_attention": "attnzoo.layers",
     "list_attentions": "attnzoo.layers",
     "capture_internals": "attnzoo.layers",
+    "attention_info": "attnzoo.layers",
     "Attention": "attnzoo.layers",
     "create_model": "attnzoo.models",
     "list_models": "attnzoo.models",
     "from_pretrained": "attnzoo.models",
+    "get_config": "attnzoo.models",
+    "count_parameters": "attnzoo.models",
 }
 
 __all__ = sorted(_EXPORTS) + ["ops", "__version__"]
