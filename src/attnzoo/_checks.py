@@ -4,11 +4,15 @@ Every error names the offending value and what would have been valid.
 """
 from __future__ import annotations
 
+import math
 from typing import Iterable, Sequence
 
 import torch
 
-__all__ = ["check_ndim", "check_same_shape", "check_finite", "check_choice", "check_positive_int"]
+__all__ = [
+    "check_ndim", "check_same_shape", "check_finite", "check_choice", "check_positive_int", "check_scale",
+    "check_dropout",
+]
 
 
 def check_ndim(name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
@@ -51,3 +55,19 @@ def check_choice(name: str, value, choices: Iterable) -> None:
 def check_positive_int(name: str, value) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_scale(scale, head_dim: int) -> float:
+    """``None`` -> ``head_dim ** -0.5``; otherwise a positive finite real number."""
+    if scale is None:
+        return head_dim**-0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be None or a positive finite number, got {scale!r}")
+    return float(scale)
+
+
+def check_dropout(name: str, p) -> float:
+    """A probability in ``[0, 1)``."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 <= p < 1.0):
+        raise ValueError(f"{name} must be a probability in [0, 1), got {p!r}")
+    return float(p)

@@ -53,3 +53,11 @@ def test_script_prints_and_updates(tmp_path, capsys):
     with pytest.raises(SystemExit, match="marker"):
         mod.main(["--update", str(bad)])
     assert bad.read_text() == "no markers\n"
+
+
+def test_readme_models_table_is_current():
+    """The README's table is generated (scripts/models_table.py --update README.md); stale counts fail here."""
+    mod = _load_script()
+    text = (SCRIPT.parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text.split(mod.BEGIN, 1)[1].split(mod.END, 1)[0].strip()
+    assert section == models_table_markdown().strip(), "run: python scripts/models_table.py --update README.md"

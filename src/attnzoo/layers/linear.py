@@ -14,7 +14,7 @@ from attnzoo.ops.linear import (
     linear_attention_recurrent,
     linear_attention_weights,
 )
-from attnzoo.ops.softmax._common import check_dropout
+from attnzoo._checks import check_dropout
 
 __all__ = ["LinearAttention"]
 

@@ -10,7 +10,7 @@ from attnzoo.layers.base import Attention, RecurrentMixin, register_attention
 from attnzoo.layers.softmax import check_kv_cache, check_step_input
 from attnzoo.ops.mssa import mssa, mssa_query, mssa_weights
 from attnzoo.ops.softmax import softmax_attention
-from attnzoo.ops.softmax._common import check_dropout, check_scale
+from attnzoo._checks import check_dropout, check_scale
 
 __all__ = ["MSSAAttention"]
 

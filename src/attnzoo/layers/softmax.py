@@ -8,7 +8,7 @@ from torch import nn
 
 from attnzoo.layers.base import Attention, RecurrentMixin, register_attention
 from attnzoo.ops.softmax import softmax_attention, softmax_attention_weights
-from attnzoo.ops.softmax._common import check_dropout, check_scale
+from attnzoo._checks import check_dropout, check_scale
 
 __all__ = ["SoftmaxAttention"]
 

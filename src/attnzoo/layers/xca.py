@@ -7,7 +7,7 @@ from einops import rearrange
 from torch import nn
 
 from attnzoo.layers.base import Attention, register_attention
-from attnzoo.ops.softmax._common import check_dropout
+from attnzoo._checks import check_dropout
 from attnzoo.ops.xca import xca, xca_weights
 
 __all__ = ["XCAttention"]

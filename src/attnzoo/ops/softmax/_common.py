@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import importlib
-import math
 from typing import Callable, Sequence
 
 import torch
 
-from attnzoo._checks import check_finite, check_ndim
+from attnzoo._checks import check_dropout, check_finite, check_ndim, check_scale
 
 __all__ = ["resolve_backend", "check_tensors", "check_scale", "check_dropout", "valid_backends"]
 
@@ -72,19 +71,3 @@ def check_tensors(names: Sequence[str], tensors: Sequence[torch.Tensor]) -> None
             raise ValueError(f"{n} must hold at least one token and one channel, got shape {tuple(t.shape)}")
     for n, t in zip(names, tensors):
         check_finite(n, t)
-
-
-def check_scale(scale, head_dim: int) -> float:
-    """``None`` -> ``head_dim ** -0.5``; otherwise a positive finite real number."""
-    if scale is None:
-        return head_dim**-0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale must be None or a positive finite number, got {scale!r}")
-    return float(scale)
-
-
-def check_dropout(name: str, p) -> float:
-    """A probability in ``[0, 1)``."""
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 <= p < 1.0):
-        raise ValueError(f"{name} must be a probability in [0, 1), got {p!r}")
-    return float(p)
