@@ -39,6 +39,15 @@ def test_quick_bench_writes_table_csv_json_and_plots(tmp_path):
         assert (out / png).stat().st_size > 1000
 
 
+def test_earlier_results_are_not_overwritten(tmp_path):
+    out = tmp_path / "bench"
+    out.mkdir()
+    (out / "results.csv").write_text("precious")
+    proc = _run(["--preset", "quick", "--sweeps", "n", "--mechanisms", "tssa", "--out", str(out)], tmp_path)
+    assert proc.returncode == 2 and "--overwrite" in proc.stderr
+    assert (out / "results.csv").read_text() == "precious"
+
+
 def test_unknown_mechanism_is_rejected_with_valid_list(tmp_path):
     proc = _run(["--preset", "quick", "--mechanisms", "softmax,nope", "--out", str(tmp_path / "x")], tmp_path)
     assert proc.returncode != 0

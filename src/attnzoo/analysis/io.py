@@ -5,12 +5,13 @@ import io
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from attnzoo._io import atomic_write_bytes
 
 __all__ = ["prepare_out_dir", "atomic_write_bytes", "write_json", "write_figure", "to_jsonable"]
 
@@ -25,26 +26,6 @@ def prepare_out_dir(out: str | os.PathLike, *, overwrite: bool = False) -> Path:
             f"output directory {str(path)!r} is not empty; pass --overwrite to replace its files, or pick a new --out"
         )
     path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to a temporary file beside ``path`` and rename it over ``path`` (no torn files)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file ordinary permissions
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     return path
 
 

@@ -50,6 +50,7 @@ def _parse(argv):
     ap.add_argument("--budget-s", type=float, default=20.0, help="stop growing N for a mechanism once one call exceeds this")
     ap.add_argument("--no-backward", action="store_true", help="forward only")
     ap.add_argument("--out", default=None, help="output dir (default results/bench-<timestamp>)")
+    ap.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
     args = ap.parse_args(argv)
     preset = PRESETS[args.preset]
     for key in ("lengths", "dims", "dim", "heads", "repeats"):
@@ -149,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
             print("bench: /proc/self/clear_refs is not writable here; CPU peak memory cannot be measured", file=sys.stderr)
             return 2
     out = args.out or os.path.join("results", "bench-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    earlier = [f for f in ("results.csv", "results.json") if os.path.exists(os.path.join(out, f))]
+    if earlier and not args.overwrite:  # checked before measuring, so nobody waits an hour to be refused
+        print(f"bench: {out} already holds {earlier} from an earlier run; pass --overwrite to replace them "
+              "or choose another --out", file=sys.stderr)
+        return 2
     rows, meta = run(args)
     print_table(rows)
     csv_path, json_path = write_results(out, rows, meta)

@@ -1,13 +1,14 @@
 """Log-log plots of benchmark rows (time and peak memory against the swept variable)."""
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from attnzoo._io import atomic_save_figure  # noqa: E402
 
 
 def plot_sweep(rows: list, sweep: str, xkey: str, path: str, title: str) -> str | None:
@@ -37,8 +38,5 @@ def plot_sweep(rows: list, sweep: str, xkey: str, path: str, title: str) -> str 
     axes[0][0].legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    atomic_save_figure(fig, path, dpi=110)
     return path

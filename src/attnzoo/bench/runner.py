@@ -170,18 +170,16 @@ def write_results(out_dir: str, rows: list[Row], meta: dict) -> tuple[str, str]:
     """Atomically write ``results.csv`` and ``results.json`` into ``out_dir``."""
     import csv
 
-    os.makedirs(out_dir, exist_ok=True)
+    import io
+
+    from attnzoo._io import atomic_write_text
+
     csv_path, json_path = os.path.join(out_dir, "results.csv"), os.path.join(out_dir, "results.json")
-    fields = list(Row.__dataclass_fields__)
-    tmp = csv_path + ".tmp"
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        for r in rows:
-            w.writerow(asdict(r))
-    os.replace(tmp, csv_path)
-    tmp = json_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"machine": meta, "rows": [asdict(r) for r in rows]}, f, indent=1)
-    os.replace(tmp, json_path)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(Row.__dataclass_fields__))
+    w.writeheader()
+    for r in rows:
+        w.writerow(asdict(r))
+    atomic_write_text(csv_path, buf.getvalue())
+    atomic_write_text(json_path, json.dumps({"machine": meta, "rows": [asdict(r) for r in rows]}, indent=1))
     return csv_path, json_path

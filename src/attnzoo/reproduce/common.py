@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import torch
 
+from attnzoo._io import atomic_save_figure
 from attnzoo.reproduce.store import Interrupted, StepStore, atomic_write_text
 
 __all__ = [
@@ -95,19 +96,7 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def save_figure(fig, path: str | os.PathLike, dpi: int = 100) -> Path:
     """Save a matplotlib figure as PNG atomically and close it."""
-    import io
-
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    plt.close(fig)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(buf.getvalue())
-    os.replace(tmp, path)
-    return path
+    return atomic_save_figure(fig, path, dpi=dpi)
 
 
 def num_params(model: torch.nn.Module) -> int:

@@ -25,6 +25,7 @@ import torch
 import yaml
 from torch import nn
 
+from attnzoo._io import atomic_write_text
 from attnzoo.data.tasks import Task, build_task
 from attnzoo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, unwrap_model
 from attnzoo.train.config import RESUME_MUTABLE_KEYS, ConfigError, TrainConfig, from_dict
@@ -442,9 +443,7 @@ def _train(cfg, out, mode, info, device, progress, model_factory, callback) -> T
         # rather than overwrite final.json with empty metrics.
         result.final_metrics = evaluate(model, task, ebs, device, info, cfg.eval_batches, amp_dtype)
     if not result.interrupted and info.is_main:
-        tmp = out / "final.json.tmp"
-        tmp.write_text(json.dumps({"step": step, "val": result.final_metrics}, indent=1))
-        tmp.replace(out / "final.json")
+        atomic_write_text(out / "final.json", json.dumps({"step": step, "val": result.final_metrics}, indent=1))
         base = unwrap_model(model)
         if hasattr(base, "save_pretrained"):
             base.save_pretrained(str(out / "model"))
