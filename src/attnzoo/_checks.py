@@ -38,9 +38,16 @@ def check_same_shape(names: Sequence[str], tensors: Sequence[torch.Tensor], dims
 
 def check_finite(name: str, t: torch.Tensor) -> None:
     """Raise ``ValueError`` if ``t`` holds NaN or Inf (skipped while tracing/compiling)."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or t.numel() == 0 or not (t.is_floating_point() or t.is_complex()):
         return
-    if not bool(torch.isfinite(t).all()):
+    # min/max propagate NaN and expose +-Inf: one read pass and no (N,)-sized bool temporary, which at
+    # N=16k made the check cost ~2/3 of a fused TSSA forward on CPU. Complex tensors take the plain path.
+    if t.is_complex():
+        ok = bool(torch.isfinite(t).all())
+    else:
+        lo, hi = torch.aminmax(t.detach())
+        ok = bool(torch.isfinite(lo) & torch.isfinite(hi))
+    if not ok:
         n_nan = int(torch.isnan(t).sum())
         n_inf = int(torch.isinf(t).sum())
         raise ValueError(f"{name} contains non-finite values ({n_nan} NaN, {n_inf} Inf); inputs must be finite")

@@ -16,6 +16,7 @@ import sys
 import torch
 
 from attnzoo.bench import cases
+from attnzoo.bench.memory import timing_allocator
 from attnzoo.bench.runner import Row, machine_info, measure_bandwidth, measure_case, measure_decode, write_results
 
 PRESETS = {
@@ -93,6 +94,7 @@ def print_table(rows: list[Row]) -> None:
 def run(args) -> tuple[list[Row], dict]:
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
+    timing_allocator()
     bandwidth = measure_bandwidth(device)
     meta = machine_info(device) | {"bandwidth_GBps": bandwidth / 1e9, "dtype": args.dtype, "level": args.level,
                                    "preset": args.preset, "argv": sys.argv[1:]}
@@ -133,19 +135,19 @@ def run(args) -> tuple[list[Row], dict]:
     if bar:
         bar.close()
     if "decode" in args.sweeps:
-        for mech in cases.DECODE_CASES:
-            if mech in args.mechanisms:
-                rows += measure_decode(mech, args.decode_dim, args.decode_heads, args.contexts, device, dtype, args.repeats)
+        decode = [m for m in cases.DECODE_CASES if m in args.mechanisms]
+        dbar = tqdm(decode, desc="decode", leave=False, file=sys.stderr) if tqdm else decode
+        for mech in dbar:
+            rows += measure_decode(mech, args.decode_dim, args.decode_heads, args.contexts, device, dtype, args.repeats)
     return rows, meta
 
 
 def main(argv: list[str] | None = None) -> int:
-    from attnzoo.bench.memory import cpu_peak_supported, ensure_malloc_env
+    from attnzoo.bench.memory import cpu_peak_supported
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parse(argv)
     if args.device == "cpu":
-        ensure_malloc_env(argv)
         if not cpu_peak_supported():
             print("bench: /proc/self/clear_refs is not writable here; CPU peak memory cannot be measured", file=sys.stderr)
             return 2

@@ -64,10 +64,9 @@ def time_call(fn: Callable[[], object], device: torch.device, repeats: int, warm
 def measure_bandwidth(device: torch.device, mib: int = 256, repeats: int = 5) -> float:
     """Bytes/s of a large device-to-device copy (read + write), the machine's practical roofline."""
     n = mib * 2**20 // 4
-    a = torch.empty(n, device=device).fill_(1.0)
-    b = torch.empty_like(a)
-    sec = time_call(lambda: b.copy_(a), device, repeats)
-    del a, b
+    src = torch.empty(n, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    sec = time_call(lambda: dst.copy_(src), device, repeats)
     return 2 * n * 4 / sec
 
 

@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 import csv
-import ctypes
 import json
 import os
 import shutil
 import statistics
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -105,32 +103,19 @@ def num_params(model: torch.nn.Module) -> int:
 
 
 # ---- memory -------------------------------------------------------------------------------------------
-_MALLOC_FIXED = False
-
-
 def _fix_malloc_threshold() -> None:
-    """Make glibc return freed tensors to the OS (as ``attnzoo bench`` does with MALLOC_MMAP_THRESHOLD_),
-    so the peak-RSS measure of one call is not hidden by memory an earlier call left in the heap."""
-    global _MALLOC_FIXED
-    if _MALLOC_FIXED or not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 65536)  # M_MMAP_THRESHOLD = -3
-    except OSError:
-        pass
-    _MALLOC_FIXED = True
+    """Put glibc in the allocator state ``attnzoo bench`` times under (``bench.memory.timing_allocator``);
+    peak-memory calls switch to their own setting for the measured call only."""
+    from attnzoo.bench.memory import timing_allocator
+
+    timing_allocator()
 
 
 def _release_free_memory() -> None:
-    """Return freed heap pages to the OS (glibc ``malloc_trim``): memory an earlier training run freed but kept
-    resident would otherwise be reused without raising the peak-RSS counter."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    """Return freed heap pages to the OS (glibc ``malloc_trim``)."""
+    from attnzoo.bench.memory import release_free_memory
+
+    release_free_memory()
 
 
 def peak_train_mb(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, kind: str, device: str) -> float | None:

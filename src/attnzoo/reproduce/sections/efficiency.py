@@ -184,7 +184,7 @@ def _findings(n_rows, dec_rows) -> list[dict]:
                                   "agrees if ≥10x faster at N ≥ 8192; not tested at shorter N"))
         if mem is None or common < 8192:
             out.append(claims.not_tested("ToST Fig. 6 (left)", "TSSA uses ~100x less memory than ViT's attention",
-                                         "roughly 100x less GPU memory at n=10k", f"no peak-memory pair at N ≥ 8192"))
+                                         "roughly 100x less GPU memory at n=10k", "no peak-memory pair at N ≥ 8192"))
         else:
             out.append(claims.finding("ToST Fig. 6 (left)", "TSSA uses ~100x less memory than ViT's attention",
                                       "roughly 100x less GPU memory at n=10k (vs an explicit N x N attention)",

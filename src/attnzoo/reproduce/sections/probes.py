@@ -105,7 +105,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         rows = [[layer] + [fmt(snr[k][i], ".3g") for k in snr] for i, layer in enumerate(r["layers"])]
         sec.tables.append(Table("denoise (AoT eq 3 on Definition 1 data): mean SNR per layer",
                                 ["layer"] + [f"SNR, φ={k}" for k in snr], rows,
-                                caption=f"fitted growth per layer: " + ", ".join(
+                                caption="fitted growth per layer: " + ", ".join(
                                     f"{k} x{_num(v):.4f}" for k, v in r["growth_factor_fit"].items())
                                 + f"; Theorem 1: x{_num(r['growth_factor_theory']):.4f}"))
         plot("denoise", r, "AoT Fig. 4: SNR per layer of the denoising iteration.")
