@@ -201,13 +201,18 @@ def test_recurrent_step_past_bias_length_raises():
 
 
 # ---- input errors ----------------------------------------------------------------------------------
-def test_non_finite_input_raises():
+@pytest.mark.parametrize("backend", ["auto", "torch", "naive"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_non_finite_input_raises(backend, causal, dtype):
+    # The fused non-causal path detects NaN/Inf through its sums of w^2 rather than a separate pass.
     w, temp, _ = _inputs((1, 2, 5, 3), torch.float32, False, requires_grad=False)
-    for bad in (float("nan"), float("inf")):
-        w2 = w.clone()
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        w2 = w.clone().to(dtype)
         w2[0, 1, 2, 0] = bad
         with pytest.raises(ValueError, match="w contains non-finite"):
-            tssa(w2, temp)
+            tssa(w2, temp, causal=causal, backend=backend)
+    assert torch.isfinite(tssa(w.to(dtype), temp, causal=causal, backend=backend)).all()
     with pytest.raises(ValueError, match="temp contains non-finite"):
         tssa(w, torch.tensor([1.0, float("nan")]))
 

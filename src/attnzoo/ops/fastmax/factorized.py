@@ -68,32 +68,32 @@ def factorized_forward(
     """
     b, h, n, d = qs.shape
     dv = v.shape[-1]
-    va = _append_one(v)
     state = qs.new_zeros(b, h, feature_dim(d, p), dv + 1)
     spans = _spans(n, chunk)
+    # One (B, H, N, Dv + 1) result written chunk by chunk; [v, 1] is built per chunk, never for all N.
+    out_aug = qs.new_empty(b, h, n, dv + 1)
 
     def query_features(s: int, e: int) -> torch.Tensor:
         fq = features(qs[..., s:e, :], p)
         return fq if feat_mask is None else fq * feat_mask.unsqueeze(-2)
 
-    outs = []
     if not causal:
         for s, e in spans:
-            state = state + features(k[..., s:e, :], p).transpose(-1, -2) @ va[..., s:e, :]
+            state = state + features(k[..., s:e, :], p).transpose(-1, -2) @ _append_one(v[..., s:e, :])
         for s, e in spans:
-            outs.append(query_features(s, e) @ state)
+            out_aug[..., s:e, :] = query_features(s, e) @ state
     else:
         keep = _tril(min(chunk, n), qs.device)
         for s, e in spans:
             fq = query_features(s, e)
             fk = features(k[..., s:e, :], p)
+            vac = _append_one(v[..., s:e, :])
             if feat_mask is None:
                 w = kernel(qs[..., s:e, :] @ k[..., s:e, :].transpose(-1, -2), p)
             else:
                 w = fq @ fk.transpose(-1, -2)
-            outs.append(fq @ state + _masked(w, keep[: e - s, : e - s]) @ va[..., s:e, :])
-            state = state + fk.transpose(-1, -2) @ va[..., s:e, :]
-    out_aug = torch.cat(outs, dim=-2)
+            out_aug[..., s:e, :] = fq @ state + _masked(w, keep[: e - s, : e - s]) @ vac
+            state = state + fk.transpose(-1, -2) @ vac
     den = out_aug[..., dv]
     return out_aug[..., :dv] / den.unsqueeze(-1), den
 
@@ -113,50 +113,56 @@ def factorized_backward(
     b, h, n, d = qs.shape
     dv_dim = v.shape[-1]
     p_dim = feature_dim(d, p)
-    g = dout / den.unsqueeze(-1)
-    ga = torch.cat([g, -(g * out).sum(dim=-1, keepdim=True)], dim=-1)
-    va = _append_one(v)
     spans = _spans(n, chunk)
-    dq_parts: list[torch.Tensor] = []
-    dk_parts: list[torch.Tensor] = []
-    dv_parts: list[torch.Tensor] = []
+    # Written chunk by chunk into preallocated gradients; g = dout / G and the augmented [g, -g.out] and
+    # [v, 1] are rebuilt per chunk (O(C D)) so that no extra (N, D)-sized copy is alive at the peak.
+    dq, dk, dv = torch.empty_like(qs), torch.empty_like(k), torch.empty_like(v)
+
+    def g_at(s: int, e: int) -> torch.Tensor:
+        return dout[..., s:e, :] / den[..., s:e].unsqueeze(-1)
+
+    def ga_at(s: int, e: int) -> torch.Tensor:
+        g = g_at(s, e)
+        return torch.cat([g, -(g * out[..., s:e, :]).sum(dim=-1, keepdim=True)], dim=-1)
+
+    def va_at(s: int, e: int) -> torch.Tensor:
+        return _append_one(v[..., s:e, :])
 
     if not causal:
         s_state = qs.new_zeros(b, h, p_dim, dv_dim + 1)
         t_state = qs.new_zeros(b, h, p_dim, dv_dim + 1)
         for s, e in spans:
-            s_state = s_state + features(k[..., s:e, :], p).transpose(-1, -2) @ va[..., s:e, :]
-            t_state = t_state + features(qs[..., s:e, :], p).transpose(-1, -2) @ ga[..., s:e, :]
+            s_state = s_state + features(k[..., s:e, :], p).transpose(-1, -2) @ va_at(s, e)
+            t_state = t_state + features(qs[..., s:e, :], p).transpose(-1, -2) @ ga_at(s, e)
         for s, e in spans:
             qc, kc = qs[..., s:e, :], k[..., s:e, :]
-            dq_parts.append(features_vjp(qc, ga[..., s:e, :] @ s_state.transpose(-1, -2), p))
-            dk_parts.append(features_vjp(kc, va[..., s:e, :] @ t_state.transpose(-1, -2), p))
-            dv_parts.append(features(kc, p) @ t_state[..., :dv_dim])
-        return torch.cat(dq_parts, -2), torch.cat(dk_parts, -2), torch.cat(dv_parts, -2)
+            dq[..., s:e, :] = features_vjp(qc, ga_at(s, e) @ s_state.transpose(-1, -2), p)
+            dk[..., s:e, :] = features_vjp(kc, va_at(s, e) @ t_state.transpose(-1, -2), p)
+            dv[..., s:e, :] = features(kc, p) @ t_state[..., :dv_dim]
+        return dq, dk, dv
 
     keep = _tril(min(chunk, n), qs.device)
     # forward sweep: the prefix-state part of dqs
     s_state = qs.new_zeros(b, h, p_dim, dv_dim + 1)
     for s, e in spans:
-        dq_parts.append(features_vjp(qs[..., s:e, :], ga[..., s:e, :] @ s_state.transpose(-1, -2), p))
-        s_state = s_state + features(k[..., s:e, :], p).transpose(-1, -2) @ va[..., s:e, :]
+        dq[..., s:e, :] = features_vjp(qs[..., s:e, :], ga_at(s, e) @ s_state.transpose(-1, -2), p)
+        s_state = s_state + features(k[..., s:e, :], p).transpose(-1, -2) @ va_at(s, e)
     del s_state
     # reverse sweep: suffix state T for dk, dv, plus every intra-chunk term
     t_state = qs.new_zeros(b, h, p_dim, dv_dim + 1)
     for idx in range(len(spans) - 1, -1, -1):
         s, e = spans[idx]
-        qc, kc, vac, gac = qs[..., s:e, :], k[..., s:e, :], va[..., s:e, :], ga[..., s:e, :]
+        qc, kc = qs[..., s:e, :], k[..., s:e, :]
+        vac, gac, gc = va_at(s, e), ga_at(s, e), g_at(s, e)
         m = keep[: e - s, : e - s]
         sc = qc @ kc.transpose(-1, -2)
         w = _masked(kernel(sc, p), m)
         ds = _masked(kernel_grad(sc, p), m) * (gac @ vac.transpose(-1, -2))
-        dq_parts[idx] = dq_parts[idx] + ds @ kc
-        dk_parts.append(features_vjp(kc, vac @ t_state.transpose(-1, -2), p) + ds.transpose(-1, -2) @ qc)
-        dv_parts.append(features(kc, p) @ t_state[..., :dv_dim] + w.transpose(-1, -2) @ g[..., s:e, :])
+        dq[..., s:e, :] += ds @ kc
+        dk[..., s:e, :] = features_vjp(kc, vac @ t_state.transpose(-1, -2), p) + ds.transpose(-1, -2) @ qc
+        dv[..., s:e, :] = features(kc, p) @ t_state[..., :dv_dim] + w.transpose(-1, -2) @ gc
         t_state = t_state + features(qc, p).transpose(-1, -2) @ gac
-    dk_parts.reverse()
-    dv_parts.reverse()
-    return torch.cat(dq_parts, -2), torch.cat(dk_parts, -2), torch.cat(dv_parts, -2)
+    return dq, dk, dv
 
 
 class FastmaxFunction(torch.autograd.Function):

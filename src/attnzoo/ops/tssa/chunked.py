@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from attnzoo._checks import check_finite
 from attnzoo.ops.tssa.naive import compute_dtype
 
 __all__ = ["tssa_torch", "tssa_pi_torch", "chunked_cumsum", "reverse_chunked_cumsum"]
@@ -89,6 +90,10 @@ class _TSSANonCausal(torch.autograd.Function):
         cdt = compute_dtype(w.dtype)
         wc, tc = w.to(cdt), temp.to(cdt)
         w2, c, r, s, pi, den, dots = _noncausal_stats(wc, tc)
+        # A NaN/Inf anywhere in w makes its feature's sum of squares non-finite: tssa() leaves the check
+        # of w to this point. (A finite c that overflowed also lands here; the full check then passes.)
+        if not torch.compiler.is_compiling() and not bool(torch.isfinite(c).all()):
+            check_finite("w", w)
         g = 1.0 / (1.0 + dots)
         # two passes over (B, H, N, P), written into w2's buffer (no longer needed): the sign rides on g
         # (Dynamo refuses out= on a non-contiguous tensor, which w2 is when w is a strided view.)
