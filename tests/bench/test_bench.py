@@ -64,15 +64,15 @@ def test_cpu_peak_memory_sees_a_temporary_allocation(tmp_path):
         "    t = torch.ones(16 * 2**20 // 4)\n"  # 16 MiB, freed before returning
         "    return t.sum()\n"
         "f()\n"
-        "a = peak_memory_bytes(f, dev); b = peak_memory_bytes(f, dev)\n"
-        "print(a / 2**20, b / 2**20)\n"
+        "a = peak_memory_bytes(f, dev); b = peak_memory_bytes(f, dev); c = peak_memory_bytes(f, dev, calls=3)\n"
+        "print(a / 2**20, b / 2**20, c / 2**20)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    first, second = map(float, proc.stdout.split())
-    # Both runs must see the 16 MiB tensor: the second proves freed memory went back to the OS.
-    for mib in (first, second):
-        assert 15 <= mib <= 24, (first, second)
+    first, second, least_of_3 = map(float, proc.stdout.split())
+    # Every run must see the 16 MiB tensor: the later ones prove freed memory went back to the OS.
+    for mib in (first, second, least_of_3):
+        assert 15 <= mib <= 24, (first, second, least_of_3)
 
 
 @pytest.mark.parametrize("mech", cases.ALL_OP_CASES)

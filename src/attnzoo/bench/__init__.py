@@ -76,7 +76,7 @@ def _fmt(v, spec):
 
 def print_table(rows: list[Row]) -> None:
     base = {(r.sweep, r.causal, r.length, r.dim): r.fwd_ms for r in rows if r.mechanism == "softmax" and r.fwd_ms}
-    hdr = f"{'sweep':<7}{'mechanism':<12}{'causal':<7}{'N':>7}{'d':>6}{'fwd ms':>11}{'fwd+bwd ms':>12}{'peak MiB':>10}{'x SDPA':>8}{'roofline':>9}"
+    hdr = f"{'sweep':<7}{'mechanism':<20}{'causal':<7}{'N':>7}{'d':>6}{'fwd ms':>11}{'fwd+bwd ms':>12}{'peak MiB':>10}{'x SDPA':>8}{'roofline':>9}"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
@@ -84,9 +84,9 @@ def print_table(rows: list[Row]) -> None:
         speed = ref / r.fwd_ms if (ref and r.fwd_ms) else None
         roof = None if r.roofline_frac is None else 100 * r.roofline_frac
         if r.status != "ok":
-            print(f"{r.sweep:<7}{r.mechanism:<12}{str(r.causal):<7}{r.length:>7}{r.dim:>6}  {r.status}")
+            print(f"{r.sweep:<7}{r.mechanism:<20}{str(r.causal):<7}{r.length:>7}{r.dim:>6}  {r.status}")
             continue
-        print(f"{r.sweep:<7}{r.mechanism:<12}{str(r.causal):<7}{r.length:>7}{r.dim:>6}{_fmt(r.fwd_ms, '11.3f')}"
+        print(f"{r.sweep:<7}{r.mechanism:<20}{str(r.causal):<7}{r.length:>7}{r.dim:>6}{_fmt(r.fwd_ms, '11.3f')}"
               f"{_fmt(r.fwdbwd_ms, '12.3f')}{_fmt(r.fwd_peak_mb, '10.1f')}{_fmt(speed, '8.1f')}"
               f"{_fmt(roof, '8.1f')}{'%' if roof is not None else ''}")
 

@@ -21,7 +21,8 @@ from typing import Callable, Iterator
 
 import torch
 
-CPU_METHOD = "peak RSS growth (VmHWM after reset via /proc/self/clear_refs; glibc mmap threshold 64 KiB while measured)"
+CPU_METHOD = ("peak RSS growth (VmHWM after reset via /proc/self/clear_refs; glibc mmap threshold 64 KiB while "
+              "measured; least of 2 calls)")
 CUDA_METHOD = "torch.cuda.max_memory_allocated growth"
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -92,8 +93,13 @@ def cpu_peak_supported() -> bool:
         return False
 
 
-def peak_memory_bytes(fn: Callable[[], object], device: torch.device) -> int:
-    """Run ``fn`` once and return the extra memory it held at its peak, in bytes."""
+def peak_memory_bytes(fn: Callable[[], object], device: torch.device, *, calls: int = 1) -> int:
+    """Run ``fn`` and return the extra memory it held at its peak, in bytes.
+
+    CPU: with ``calls > 1`` the least of that many measured calls. The first call after the allocator
+    switch can read up to one output-sized block high (measured: 122 then 98, 98, 98 MiB), and the
+    peak of a deterministic call can only be over-, never under-stated by allocator state.
+    """
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -104,11 +110,16 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device) -> int:
         peak = torch.cuda.max_memory_allocated(device)
         del out
         return max(0, peak - before)
+    best = None
     with measuring_allocator():
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        before = _read_status_kib("VmRSS")
-        out = fn()
-        peak = _read_status_kib("VmHWM")
-        del out
-    return max(0, peak - before) * 1024
+        for _ in range(max(1, calls)):
+            gc.collect()
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            before = _read_status_kib("VmRSS")
+            out = fn()
+            peak = _read_status_kib("VmHWM")
+            del out
+            grew = max(0, peak - before) * 1024
+            best = grew if best is None else min(best, grew)
+    return best
