@@ -23,13 +23,18 @@ def plot_sweep(rows: list, sweep: str, xkey: str, path: str, title: str) -> str 
     series = defaultdict(list)
     for r in rows:
         series[(r.mechanism, r.causal)].append(r)
+    # one colour per mechanism (the default cycle repeats after 10), dashed when causal
+    mechs = sorted({m for m, _ in series})
+    cmap = plt.get_cmap("tab10" if len(mechs) <= 10 else "tab20")
+    color = {m: cmap(i % cmap.N) for i, m in enumerate(mechs)}
     for ax, (key, label) in zip(axes[0], metrics):
         for (mech, causal), rs in sorted(series.items()):
             pts = sorted((getattr(r, xkey), getattr(r, key)) for r in rs if getattr(r, key) is not None)
             if pts:
                 xs, ys = zip(*pts)
                 ys = [max(y, 1e-3) for y in ys]
-                ax.plot(xs, ys, marker="o", label=mech + (" (causal)" if causal else ""))
+                ax.plot(xs, ys, marker="o", color=color[mech], linestyle="--" if causal else "-",
+                        label=mech + (" (causal)" if causal else ""))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel(xkey)
