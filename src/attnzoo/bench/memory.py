@@ -113,7 +113,10 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device, *, calls: 
     best = None
     with measuring_allocator():
         for _ in range(max(1, calls)):
+            # pages the previous call freed can stay resident in glibc's heap (not every large block is a
+            # fresh mmap): hand them back, or this call reuses them unseen and reads low (0 MiB measured)
             gc.collect()
+            release_free_memory()
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
             before = _read_status_kib("VmRSS")
