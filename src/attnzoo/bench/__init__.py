@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.device == "cpu":
         if not cpu_peak_supported():
-            print("bench: /proc/self/clear_refs is not writable here; CPU peak memory cannot be measured", file=sys.stderr)
+            print("bench: this torch's profiler reports no CPU allocation events; CPU peak memory cannot be measured",
+                  file=sys.stderr)
             return 2
     out = args.out or os.path.join("results", "bench-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     earlier = [f for f in ("results.csv", "results.json") if os.path.exists(os.path.join(out, f))]

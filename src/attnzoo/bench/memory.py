@@ -1,32 +1,30 @@
-"""Peak-memory measurement: CUDA allocator statistics, or on CPU the peak resident-set growth.
+"""Peak-memory measurement: CUDA allocator statistics, or on CPU the peak of live PyTorch allocations.
 
-CPU method (stated in every report): before the measured call the kernel's peak-RSS counter (VmHWM) is
-reset through ``/proc/self/clear_refs``; the figure is ``VmHWM - VmRSS_before``, i.e. the new memory
-the call touched at its peak. For this to see tensors that an earlier call freed, glibc must serve large
-blocks from fresh ``mmap``s rather than from heap pages it kept resident, so :func:`peak_memory_bytes`
-lowers glibc's mmap threshold to 64 KiB for the measured call only.
+CPU method (stated in every report): the call runs under ``torch.profiler`` with ``profile_memory=True``;
+every allocation and free of PyTorch's CPU allocator is an event with a signed size, and the figure is the
+largest running sum over the call, i.e. the most tensor memory the call held at once. It is exact and
+deterministic, unlike resident-set measures, which glibc's reuse of freed pages pushes up or down by whole
+tensors; it does not see memory that libraries allocate outside PyTorch (BLAS or OpenMP workspaces).
 
 Timings run under :func:`timing_allocator`, glibc's steady state in a long-running process (its dynamic
-mmap threshold grown to the 32 MiB cap, trim threshold twice that): the 64 KiB setting would make every
-temporary tensor a fresh ``mmap`` that page-faults on first touch, which costs the linear-time operators
-up to 3x at N=16k on CPU and is not what a user's training run sees.
+mmap threshold grown to the 32 MiB cap, trim threshold twice that): otherwise large temporaries alternate
+between fresh ``mmap``s that page-fault on first touch and reused heap blocks, which moves the time of the
+linear-time operators by up to 3x at N=16k on CPU, depending only on what ran before.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
+import functools
 import gc
 import sys
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
-CPU_METHOD = ("peak RSS growth (VmHWM after reset via /proc/self/clear_refs; glibc mmap threshold 64 KiB while "
-              "measured; least of 2 calls)")
+CPU_METHOD = "peak of live PyTorch CPU allocations during the call (torch.profiler allocation events)"
 CUDA_METHOD = "torch.cuda.max_memory_allocated growth"
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_MEASURE = (64 * 1024, 128 * 1024)  # (mmap, trim) thresholds while memory is measured
 _TIMING = (32 * 2**20, 64 * 2**20)  # glibc's dynamic thresholds at their cap (DEFAULT_MMAP_THRESHOLD_MAX)
 _libc = None
 
@@ -45,16 +43,12 @@ def _glibc():
     return _libc
 
 
-def _set_thresholds(mmap: int, trim: int) -> None:
-    lib = _glibc()
-    if lib:
-        lib.mallopt(_M_MMAP_THRESHOLD, mmap)
-        lib.mallopt(_M_TRIM_THRESHOLD, trim)
-
-
 def timing_allocator() -> None:
     """Put glibc in its long-running steady state (see the module docstring); call before timing."""
-    _set_thresholds(*_TIMING)
+    lib = _glibc()
+    if lib:
+        lib.mallopt(_M_MMAP_THRESHOLD, _TIMING[0])
+        lib.mallopt(_M_TRIM_THRESHOLD, _TIMING[1])
 
 
 def release_free_memory() -> None:
@@ -64,41 +58,43 @@ def release_free_memory() -> None:
         lib.malloc_trim(0)
 
 
-@contextlib.contextmanager
-def measuring_allocator() -> Iterator[None]:
-    """Serve every block >= 64 KiB from a fresh mmap inside the block, so peak RSS sees it; then restore."""
-    _set_thresholds(*_MEASURE)
-    release_free_memory()
-    try:
-        yield
-    finally:
-        _set_thresholds(*_TIMING)
+def _cpu_allocation_events(prof) -> list[tuple[int, int]]:
+    """``(time_ns, signed bytes)`` of every PyTorch CPU allocation (+) and free (-) the profiler recorded."""
+    results = getattr(prof.profiler, "kineto_results", None)
+    if results is None:
+        raise RuntimeError("this torch.profiler build exposes no allocation events; CPU peak memory is unavailable")
+    cpu = torch.autograd.DeviceType.CPU
+    return sorted((e.start_ns(), e.nbytes()) for e in results.events()
+                  if e.name() == "[memory]" and e.device_type() == cpu)
 
 
-def _read_status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not found in /proc/self/status")
+def _tracked_cpu_peak(fn: Callable[[], object]) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()  # its result is freed in here: only the peak matters
+    live = peak = 0
+    for _, nbytes in _cpu_allocation_events(prof):
+        live += nbytes
+        peak = max(peak, live)
+    return peak
 
 
+@functools.cache
 def cpu_peak_supported() -> bool:
+    """Whether this torch's profiler reports CPU allocations (checked once on a 1 MiB tensor)."""
     try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        _read_status_kib("VmHWM")
-        return True
-    except OSError:
+        return _tracked_cpu_peak(lambda: torch.empty(2**18).fill_(1.0)) >= 2**20
+    except Exception:  # noqa: BLE001 - any profiler failure means the measure is unavailable
         return False
 
 
 def peak_memory_bytes(fn: Callable[[], object], device: torch.device, *, calls: int = 1) -> int:
-    """Run ``fn`` and return the extra memory it held at its peak, in bytes.
+    """Run ``fn`` and return the most memory it held at once beyond what was allocated before, in bytes.
 
-    CPU: with ``calls > 1`` the least of that many measured calls. The first call after the allocator
-    switch can read up to one output-sized block high (measured: 122 then 98, 98, 98 MiB), and the
-    peak of a deterministic call can only be over-, never under-stated by allocator state.
+    Tensors ``fn`` returns count (they are alive at its end). CUDA: ``max_memory_allocated`` growth. CPU:
+    the tracked-allocation peak of the module docstring; with ``calls > 1`` the least over that many calls
+    (a deterministic call gives the same figure every time; a call that caches lazily reads high once).
     """
     gc.collect()
     if device.type == "cuda":
@@ -110,19 +106,4 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device, *, calls: 
         peak = torch.cuda.max_memory_allocated(device)
         del out
         return max(0, peak - before)
-    best = None
-    with measuring_allocator():
-        for _ in range(max(1, calls)):
-            # pages the previous call freed can stay resident in glibc's heap (not every large block is a
-            # fresh mmap): hand them back, or this call reuses them unseen and reads low (0 MiB measured)
-            gc.collect()
-            release_free_memory()
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            before = _read_status_kib("VmRSS")
-            out = fn()
-            peak = _read_status_kib("VmHWM")
-            del out
-            grew = max(0, peak - before) * 1024
-            best = grew if best is None else min(best, grew)
-    return best
+    return min(_tracked_cpu_peak(fn) for _ in range(max(1, calls)))

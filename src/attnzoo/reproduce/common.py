@@ -121,8 +121,8 @@ def _release_free_memory() -> None:
 def peak_train_mb(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, kind: str, device: str) -> float | None:
     """Extra memory (MiB) held at the peak of one forward+backward training step of ``model`` on a batch.
 
-    CUDA: ``max_memory_allocated`` growth; CPU: peak-RSS growth (``attnzoo.bench.memory``). ``None`` when
-    the CPU measure is unavailable (no writable ``/proc/self/clear_refs``).
+    CUDA: ``max_memory_allocated`` growth; CPU: peak of live PyTorch allocations (``attnzoo.bench.memory``).
+    ``None`` when the CPU measure is unavailable (a torch profiler without allocation events).
     """
     from attnzoo.bench.memory import cpu_peak_supported, peak_memory_bytes
     from attnzoo.train.tasks import compute_loss

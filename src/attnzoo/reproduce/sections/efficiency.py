@@ -194,7 +194,7 @@ def _findings(n_rows, dec_rows) -> list[dict]:
                                       "not store the N x N matrix, unlike the ViT attention the paper measured)"))
     for mech in sorted({r.mechanism for r in ok} - {"softmax"}):
         rs = {r.length: r for r in ok if r.mechanism == mech}
-        # below ~1 MiB the RSS measure is dominated by page granularity and allocator noise
+        # below ~1 MiB fixed-size buffers (statistics, states) dominate and the ratio says nothing about N
         pairs = [(n, 4 * n) for n in rs if 4 * n in rs and (rs[n].fwd_peak_mb or 0) > 1.0
                  and (rs[4 * n].fwd_peak_mb or 0) > 1.0]
         if mech in ("mssa",) or not pairs:
