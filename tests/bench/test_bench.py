@@ -89,3 +89,18 @@ def test_every_op_case_runs_forward_and_backward(mech):
     grads = torch.autograd.grad(out, prep.inputs, torch.ones_like(out))
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
     assert prep.bytes_moved > 0
+
+
+def test_cpu_peak_memory_keeps_errors_and_stderr(capfd):
+    import os
+
+    from attnzoo.bench.memory import peak_memory_bytes
+
+    def boom():
+        torch.ones(10)
+        raise ValueError("from inside the measured call")
+
+    with pytest.raises(ValueError, match="from inside the measured call"):
+        peak_memory_bytes(boom, torch.device("cpu"))
+    os.write(2, b"fd 2 is back\n")
+    assert "fd 2 is back" in capfd.readouterr().err

@@ -13,11 +13,13 @@ linear-time operators by up to 3x at N=16k on CPU, depending only on what ran be
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import gc
+import os
 import sys
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -68,11 +70,37 @@ def _cpu_allocation_events(prof) -> list[tuple[int, int]]:
                   if e.name() == "[memory]" and e.device_type() == cpu)
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null: some torch builds print a line from C++ at every profiler
+    start and stop (``USDT: ... profiler_start``), which would flood the progress output."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no usable fd 2: nothing to silence
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _tracked_cpu_peak(fn: Callable[[], object]) -> int:
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _native_stderr_silenced():  # only around start and stop: fn's own errors and warnings stay visible
+        prof.start()
+    try:
         fn()  # its result is freed in here: only the peak matters
+    finally:
+        with _native_stderr_silenced():
+            prof.stop()
     live = peak = 0
     for _, nbytes in _cpu_allocation_events(prof):
         live += nbytes
@@ -101,9 +129,8 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device, *, calls: 
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        out = fn()
+        fn()  # what it returns is counted by the peak whether or not it is kept
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device)
-        del out
         return max(0, peak - before)
     return min(_tracked_cpu_peak(fn) for _ in range(max(1, calls)))
