@@ -38,7 +38,7 @@ def _glibc():
         if sys.platform.startswith("linux"):
             try:
                 lib = ctypes.CDLL("libc.so.6")
-                lib.mallopt, lib.malloc_trim  # noqa: B018 - both must exist (glibc, not musl)
+                lib.mallopt  # noqa: B018 - must exist (glibc, not musl)
                 _libc = lib
             except (OSError, AttributeError):
                 pass
@@ -51,13 +51,6 @@ def timing_allocator() -> None:
     if lib:
         lib.mallopt(_M_MMAP_THRESHOLD, _TIMING[0])
         lib.mallopt(_M_TRIM_THRESHOLD, _TIMING[1])
-
-
-def release_free_memory() -> None:
-    """Return freed heap pages to the OS (glibc ``malloc_trim``)."""
-    lib = _glibc()
-    if lib:
-        lib.malloc_trim(0)
 
 
 def _cpu_allocation_events(prof) -> list[tuple[int, int]]:
@@ -117,12 +110,12 @@ def cpu_peak_supported() -> bool:
         return False
 
 
-def peak_memory_bytes(fn: Callable[[], object], device: torch.device, *, calls: int = 1) -> int:
+def peak_memory_bytes(fn: Callable[[], object], device: torch.device) -> int:
     """Run ``fn`` and return the most memory it held at once beyond what was allocated before, in bytes.
 
     Tensors ``fn`` returns count (they are alive at its end). CUDA: ``max_memory_allocated`` growth. CPU:
-    the tracked-allocation peak of the module docstring; with ``calls > 1`` the least over that many calls
-    (a deterministic call gives the same figure every time; a call that caches lazily reads high once).
+    the tracked-allocation peak of the module docstring, the same on every call of a deterministic ``fn``
+    (warm it up first if it caches something lazily).
     """
     gc.collect()
     if device.type == "cuda":
@@ -133,4 +126,4 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device, *, calls: 
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device)
         return max(0, peak - before)
-    return min(_tracked_cpu_peak(fn) for _ in range(max(1, calls)))
+    return _tracked_cpu_peak(fn)

@@ -112,7 +112,7 @@ def measure_case(
         # timed first: its warm-up call keeps one-off allocations (thread pools, workspaces) out of the peak
         sec = time_call(fwd, device, repeats)
         row.fwd_ms = sec * 1e3
-        row.fwd_peak_mb = peak_memory_bytes(fwd, device, calls=2) / 2**20
+        row.fwd_peak_mb = peak_memory_bytes(fwd, device) / 2**20
         row.roofline_frac = (prep.bytes_moved / bandwidth) / sec
         if backward:
             for t in prep.inputs:
@@ -123,7 +123,7 @@ def measure_case(
                 return torch.autograd.grad(out, prep.inputs, torch.ones_like(out))
 
             row.fwdbwd_ms = time_call(fwdbwd, device, repeats) * 1e3
-            row.fwdbwd_peak_mb = peak_memory_bytes(fwdbwd, device, calls=2) / 2**20
+            row.fwdbwd_peak_mb = peak_memory_bytes(fwdbwd, device) / 2**20
     except torch.OutOfMemoryError:
         row.status = "oom"
     except (RuntimeError, MemoryError) as err:

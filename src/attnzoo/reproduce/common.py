@@ -103,21 +103,6 @@ def num_params(model: torch.nn.Module) -> int:
 
 
 # ---- memory -------------------------------------------------------------------------------------------
-def _fix_malloc_threshold() -> None:
-    """Put glibc in the allocator state ``attnzoo bench`` times under (``bench.memory.timing_allocator``);
-    peak-memory calls switch to their own setting for the measured call only."""
-    from attnzoo.bench.memory import timing_allocator
-
-    timing_allocator()
-
-
-def _release_free_memory() -> None:
-    """Return freed heap pages to the OS (glibc ``malloc_trim``)."""
-    from attnzoo.bench.memory import release_free_memory
-
-    release_free_memory()
-
-
 def peak_train_mb(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, kind: str, device: str) -> float | None:
     """Extra memory (MiB) held at the peak of one forward+backward training step of ``model`` on a batch.
 
@@ -128,10 +113,8 @@ def peak_train_mb(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, k
     from attnzoo.train.tasks import compute_loss
 
     dev = torch.device(device)
-    if dev.type == "cpu":
-        if not cpu_peak_supported():
-            return None
-        _fix_malloc_threshold()
+    if dev.type == "cpu" and not cpu_peak_supported():
+        return None
     model = model.to(dev).train()
     inputs = tuple(x.to(dev) for x in inputs)
     target = target.to(dev)
@@ -143,7 +126,6 @@ def peak_train_mb(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, k
 
     step()  # warm-up: first-call allocations (workspaces, lazily built buffers) are not the model's cost
     model.zero_grad(set_to_none=True)
-    _release_free_memory()
     peak = peak_memory_bytes(step, dev)
     model.zero_grad(set_to_none=True)
     return peak / 2**20

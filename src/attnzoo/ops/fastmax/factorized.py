@@ -121,8 +121,8 @@ def factorized_backward(
     def g_at(s: int, e: int) -> torch.Tensor:
         return dout[..., s:e, :] / den[..., s:e].unsqueeze(-1)
 
-    def ga_at(s: int, e: int) -> torch.Tensor:
-        g = g_at(s, e)
+    def ga_at(s: int, e: int, g: torch.Tensor | None = None) -> torch.Tensor:
+        g = g_at(s, e) if g is None else g
         return torch.cat([g, -(g * out[..., s:e, :]).sum(dim=-1, keepdim=True)], dim=-1)
 
     def va_at(s: int, e: int) -> torch.Tensor:
@@ -153,7 +153,8 @@ def factorized_backward(
     for idx in range(len(spans) - 1, -1, -1):
         s, e = spans[idx]
         qc, kc = qs[..., s:e, :], k[..., s:e, :]
-        vac, gac, gc = va_at(s, e), ga_at(s, e), g_at(s, e)
+        gc = g_at(s, e)
+        vac, gac = va_at(s, e), ga_at(s, e, gc)
         m = keep[: e - s, : e - s]
         sc = qc @ kc.transpose(-1, -2)
         w = _masked(kernel(sc, p), m)

@@ -9,7 +9,8 @@ import dataclasses
 import torch
 
 from attnzoo.reproduce import claims
-from attnzoo.reproduce.common import Context, Section, Table, _fix_malloc_threshold, _release_free_memory, fmt
+from attnzoo.bench.memory import timing_allocator
+from attnzoo.reproduce.common import Context, Section, Table, fmt
 from attnzoo.reproduce.store import Step
 
 KEY = "efficiency"
@@ -52,7 +53,7 @@ def _run_machine(ctx: Context, step: Step) -> dict:
     from attnzoo.bench.runner import machine_info, measure_bandwidth
 
     dev = _device(ctx)
-    _fix_malloc_threshold()
+    timing_allocator()
     bw = measure_bandwidth(dev, mib=128, repeats=3)
     info = machine_info(dev)
     info["bandwidth_GBps"] = bw / 1e9
@@ -71,8 +72,7 @@ def _run_sweep(ctx: Context, step: Step) -> dict:
 
     c = step.config
     dev = _device(ctx)
-    _fix_malloc_threshold()
-    _release_free_memory()
+    timing_allocator()
     bw = _bandwidth(ctx)
     # a throw-away call first: the first call of a process pays one-off allocations (thread pools, workspaces)
     measure_case("n", c["mechanism"], cases.Shape(1, c["heads"], min(c["lengths"]), c["dim"]), causal=c["causal"],
@@ -96,8 +96,7 @@ def _run_decode(ctx: Context, step: Step) -> dict:
     from attnzoo.bench.runner import measure_decode
 
     c = step.config
-    _fix_malloc_threshold()
-    _release_free_memory()
+    timing_allocator()
     measure_decode(c["mechanism"], c["dim"], c["heads"], [min(c["contexts"])], _device(ctx), torch.float32, 1)  # warm-up
     rows = measure_decode(c["mechanism"], c["dim"], c["heads"], c["contexts"], _device(ctx), torch.float32,
                           c["repeats"])
