@@ -7,8 +7,11 @@ from attnzoo.ops.tssa import TSSAState, tssa, tssa_init_state, tssa_pi, tssa_ste
 from attnzoo.ops.tssa.chunked import chunked_cumsum, reverse_chunked_cumsum
 from attnzoo.ops.tssa.naive import tssa_naive
 
-# N=1, odd N, and N=300 > the scan chunk (32 at N=300) with a ragged last chunk
-SHAPES = [(1, 1, 1, 1), (2, 3, 1, 4), (2, 3, 7, 5), (1, 4, 33, 3), (2, 2, 300, 6)]
+# N=1, odd N, and N=300 > the scan chunk (32 at N=300) with a ragged last chunk; N=777 spans several
+# chunks (256+) and token blocks (64) of the CPU kernels, ragged, at a head dim they unroll (P=16)
+SHAPES = [(1, 1, 1, 1), (2, 3, 1, 4), (2, 3, 7, 5), (1, 4, 33, 3), (2, 2, 300, 6), (1, 3, 777, 16)]
+# "cpu" (fused C++ forward) must build here: a failed build fails these tests rather than skipping them
+FAST = ["torch", "cpu"]
 
 
 def _inputs(shape, dtype, causal, *, requires_grad=True, extra_len=3, seed=0):
@@ -31,13 +34,14 @@ def _out_and_grads(w, temp, bias, causal, backend, seed=1):
     return out, grads
 
 
+@pytest.mark.parametrize("backend", FAST)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 2e-4)])
-def test_fast_matches_naive(shape, causal, dtype, tol):
+def test_fast_matches_naive(shape, causal, dtype, tol, backend):
     w, temp, bias = _inputs(shape, dtype, causal)
     out_n, grads_n = _out_and_grads(w, temp, bias, causal, "naive")
-    out_f, grads_f = _out_and_grads(w, temp, bias, causal, "torch")
+    out_f, grads_f = _out_and_grads(w, temp, bias, causal, backend)
     assert out_f.dtype == dtype and out_f.shape == shape
     torch.testing.assert_close(out_f, out_n, rtol=tol, atol=tol)
     for gf, gn in zip(grads_f, grads_n):
@@ -45,9 +49,51 @@ def test_fast_matches_naive(shape, causal, dtype, tol):
         torch.testing.assert_close(gf, gn, rtol=tol, atol=tol * scale)
 
 
-def test_auto_is_torch_backend():
-    w, temp, bias = _inputs((2, 3, 9, 4), torch.float32, True, requires_grad=False)
-    assert torch.equal(tssa(w, temp, causal=True, bias=bias), tssa(w, temp, causal=True, bias=bias, backend="torch"))
+@pytest.mark.parametrize("causal", [False, True])
+def test_auto_is_cpu_kernels_on_cpu(causal):
+    w, temp, bias = _inputs((2, 3, 9, 4), torch.float32, causal, requires_grad=False)
+    out = tssa(w, temp, causal=causal, bias=bias)
+    assert torch.equal(out, tssa(w, temp, causal=causal, bias=bias, backend="cpu"))
+    # the kernels and the PyTorch forward round differently: equal to float32 precision, not bit for bit
+    torch.testing.assert_close(out, tssa(w, temp, causal=causal, bias=bias, backend="torch"), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("layout", ["bnhp_view", "sliced", "p_strided"])
+def test_cpu_kernels_take_strided_inputs(causal, layout):
+    # the layers pass the "b n (h p) -> b h n p" view of their projection straight to the kernels
+    g = torch.Generator().manual_seed(4)
+    base = torch.randn(2, 70, 3, 10, generator=g, dtype=torch.float64)
+    w = {"bnhp_view": base.transpose(1, 2), "sliced": base.transpose(1, 2)[:, :, 3:60:2, 1:8],
+         "p_strided": base.transpose(1, 2)[..., ::2]}[layout]
+    temp = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64)
+    bias = 0.3 * torch.randn(3, w.shape[2], 1, generator=g, dtype=torch.float64) if causal else None
+    wr, wc = w.clone().requires_grad_(), w.clone().requires_grad_()
+    ref = tssa(wr, temp, causal=causal, bias=bias, backend="naive")
+    out = tssa(wc, temp, causal=causal, bias=bias, backend="cpu")
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    cot = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad((out * cot).sum(), wc)[0],
+                               torch.autograd.grad((ref * cot).sum(), wr)[0], rtol=1e-10, atol=1e-10)
+
+
+def test_cpu_kernels_unavailable(monkeypatch):
+    from attnzoo.ops import _cpu_kernels
+
+    w, temp, _ = _inputs((1, 2, 5, 3), torch.float32, False, requires_grad=False)
+    monkeypatch.setenv("ATTNZOO_CPU_KERNELS", "0")
+    monkeypatch.setattr(_cpu_kernels, "_loaded", False)
+    assert _cpu_kernels.cpu_kernels() is None
+    # auto falls back to the PyTorch forward; asking for the kernels by name says why they are missing
+    assert torch.equal(tssa(w, temp), tssa(w, temp, backend="torch"))
+    with pytest.raises(RuntimeError, match="backend='cpu' needs .*ATTNZOO_CPU_KERNELS=0"):
+        tssa(w, temp, backend="cpu")
+
+
+def test_cpu_backend_rejects_other_devices():
+    w = torch.empty(1, 2, 5, 3, device="meta")
+    with pytest.raises(ValueError, match="backend='cpu' runs on CPU tensors, but w is on meta"):
+        tssa(w, torch.ones(2, device="meta"), backend="cpu")
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -65,7 +111,7 @@ def test_half_inputs_computed_in_float32(causal, dtype):
     torch.testing.assert_close(out.double(), ref, rtol=2 * eps, atol=2 * eps * ref.abs().max().item())
 
 
-@pytest.mark.parametrize("backend", ["torch", "naive"])
+@pytest.mark.parametrize("backend", ["torch", "cpu", "naive"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradcheck(causal, backend):
     w, temp, bias = _inputs((2, 3, 4, 2), torch.float64, causal, extra_len=1)
@@ -84,9 +130,9 @@ def test_torch_backend_is_first_order_only():
     assert torch.autograd.grad(g.sum(), w)[0].isfinite().all()
 
 
-@pytest.mark.parametrize("backend", ["torch", "naive"])
-def test_causal_does_not_leak(backend):
-    shape, t = (2, 3, 40, 4), 17
+@pytest.mark.parametrize("backend", ["torch", "cpu", "naive"])
+@pytest.mark.parametrize("shape,t", [((2, 3, 40, 4), 17), ((1, 2, 700, 5), 300)])  # 300: inside the 2nd CPU chunk
+def test_causal_does_not_leak(backend, shape, t):
     w, temp, bias = _inputs(shape, torch.float64, True, requires_grad=False)
     out = tssa(w, temp, causal=True, bias=bias, backend=backend)
     w2 = w.clone()
@@ -101,7 +147,7 @@ def test_causal_does_not_leak(backend):
     assert g[:, :, : t + 1].abs().max() > 0
 
 
-@pytest.mark.parametrize("backend", ["torch", "naive"])
+@pytest.mark.parametrize("backend", ["torch", "cpu", "naive"])
 def test_noncausal_token_permutation_equivariance(backend):
     w, temp, _ = _inputs((2, 3, 11, 4), torch.float64, False, requires_grad=False)
     perm = torch.randperm(11, generator=torch.Generator().manual_seed(3))
@@ -109,8 +155,9 @@ def test_noncausal_token_permutation_equivariance(backend):
     torch.testing.assert_close(tssa(w[:, :, perm], temp, backend=backend), out[:, :, perm], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("backend", FAST)
 @pytest.mark.parametrize("causal", [False, True])
-def test_zero_features_are_finite_and_agree(causal):
+def test_zero_features_are_finite_and_agree(causal, backend):
     # a feature that is exactly 0 (everywhere, or for the first tokens) hits 0/0 in Alg. 2 and a zero
     # norm in Alg. 1; both backends must define it the same way (0/0 := 0) with finite gradients
     w, temp, bias = _inputs((2, 2, 9, 3), torch.float64, causal, requires_grad=False)
@@ -121,7 +168,7 @@ def test_zero_features_are_finite_and_agree(causal):
         if t is not None:
             t.requires_grad_()
     out_n, grads_n = _out_and_grads(w, temp, bias, causal, "naive")
-    out_f, grads_f = _out_and_grads(w, temp, bias, causal, "torch")
+    out_f, grads_f = _out_and_grads(w, temp, bias, causal, backend)
     assert out_f.isfinite().all() and all(g.isfinite().all() for g in grads_f)
     torch.testing.assert_close(out_f, out_n, rtol=1e-12, atol=1e-12)
     for gf, gn in zip(grads_f, grads_n):
@@ -129,7 +176,8 @@ def test_zero_features_are_finite_and_agree(causal):
     assert out_f[:, :, :, 0].abs().max() == 0
 
 
-def test_causal_long_sequence_float32_accuracy():
+@pytest.mark.parametrize("backend", FAST)
+def test_causal_long_sequence_float32_accuracy(backend):
     # N = 65536 in float32 against a float64 evaluation of the reference: prefix sums must stay accurate
     b, h, n, p = 1, 2, 65536, 2
     g = torch.Generator().manual_seed(0)
@@ -141,7 +189,7 @@ def test_causal_long_sequence_float32_accuracy():
     ref = tssa_naive(w64, temp64, causal=True, bias=bias64)
     (gref,) = torch.autograd.grad((ref * cot).sum(), w64)
     w32 = w64.detach().float().requires_grad_()
-    out = tssa(w32, temp64.float(), causal=True, bias=bias64.float())
+    out = tssa(w32, temp64.float(), causal=True, bias=bias64.float(), backend=backend)
     (g32,) = torch.autograd.grad((out * cot.float()).sum(), w32)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(g32.double(), gref, rtol=1e-4, atol=1e-5 * gref.abs().max().item())
@@ -201,7 +249,7 @@ def test_recurrent_step_past_bias_length_raises():
 
 
 # ---- input errors ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("backend", ["auto", "torch", "naive"])
+@pytest.mark.parametrize("backend", ["auto", "torch", "cpu", "naive"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_non_finite_input_raises(backend, causal, dtype):

@@ -7,9 +7,11 @@ Public API:
 - :func:`tssa_pi`: the membership ``Pi`` ``(B, H, N)`` (eq. 10 / 39), for inspection.
 - :func:`tssa_init_state` / :func:`tssa_step`: O(1)-memory recurrent form of causal TSSA for decoding.
 
-Backends: ``"naive"`` (``naive.py``, the literal pseudocode, differentiated by autograd) and ``"torch"``
-(``chunked.py``, memory-lean with hand-written backward), ``"triton"`` (``triton.py``, fused kernels; needs
-the ``triton`` package); ``"auto"`` picks ``"triton"`` for CUDA tensors when Triton is installed, else ``"torch"``.
+Backends: ``"naive"`` (``naive.py``, the literal pseudocode, differentiated by autograd), ``"torch"``
+(``chunked.py``, memory-lean with hand-written backward), ``"cpu"`` (the same with its forward in fused C++
+kernels, ``cpu.cpp``, built on first use), ``"triton"`` (``triton.py``, fused kernels; needs the ``triton``
+package). ``"auto"`` picks ``"triton"`` for CUDA tensors when Triton is installed, ``"cpu"`` for CPU tensors
+when the kernels build (and not while ``torch.compile`` traces), else ``"torch"``.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ __all__ = ["tssa", "tssa_pi", "tssa_step", "tssa_init_state", "TSSAState"]
 
 
 def _backends() -> list[str]:
-    names = ["auto", "naive", "torch"]
+    names = ["auto", "naive", "torch", "cpu"]
     if importlib.util.find_spec("triton") is not None:
         names.append("triton")
     return names
@@ -89,7 +91,7 @@ def tssa(
     backend = _resolve(backend, w)
     # The fused non-causal path finds NaN/Inf in w from its per-feature sums of w^2 (then runs the full
     # check for the message) instead of an extra pass over w: a pass is ~1/8 of its forward time.
-    _validate(w, temp, causal, bias, backend, check_w=causal or backend != "torch")
+    _validate(w, temp, causal, bias, backend, check_w=causal or backend not in ("torch", "cpu"))
     # Autocast would run the token reductions (matmuls) in half precision; they must stay float32+.
     with torch.autocast(device_type=w.device.type, enabled=False):
         return _dispatch(w, temp, causal, bias, backend)
@@ -97,7 +99,16 @@ def tssa(
 
 def _resolve(backend: str, w: torch.Tensor) -> str:
     if backend == "auto":
-        return "triton" if w.is_cuda and "triton" in _backends() else "torch"
+        if w.is_cuda and "triton" in _backends():
+            return "triton"
+        if w.device.type == "cpu" and not torch.compiler.is_compiling():
+            from attnzoo.ops._cpu_kernels import cpu_kernels
+
+            if cpu_kernels() is not None:
+                return "cpu"
+        return "torch"
+    if backend == "cpu" and w.device.type != "cpu":
+        raise ValueError(f"backend='cpu' runs on CPU tensors, but w is on {w.device}; use backend='auto'")
     return backend
 
 
@@ -114,7 +125,16 @@ def _dispatch(w, temp, causal, bias, backend) -> torch.Tensor:
         return tssa_triton(w, temp, causal=causal, bias=bias)
     from attnzoo.ops.tssa.chunked import tssa_torch
 
-    return tssa_torch(w, temp, causal=causal, bias=bias)
+    kernels = None
+    # The kernels are opaque to torch.compile: while it traces, the PyTorch forward stands in for them.
+    if backend == "cpu" and not torch.compiler.is_compiling():
+        from attnzoo.ops._cpu_kernels import cpu_kernels, cpu_kernels_error
+
+        kernels = cpu_kernels()
+        if kernels is None:
+            raise RuntimeError(f"backend='cpu' needs attnzoo's CPU kernels: {cpu_kernels_error()}; "
+                               "use backend='torch' (or 'auto', which falls back to it)")
+    return tssa_torch(w, temp, causal=causal, bias=bias, kernels=kernels)
 
 
 def tssa_pi(

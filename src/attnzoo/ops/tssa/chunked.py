@@ -84,11 +84,33 @@ def _noncausal_stats(wc: torch.Tensor, temp: torch.Tensor):
     return w2, c, r, s, pi, den, dots
 
 
+def _unit_stride_rows(w: torch.Tensor) -> torch.Tensor:
+    # the kernels take any strides over (B, H, N) (e.g. the layers' "b n (h p) -> b h n p" view, uncopied)
+    return w if w.stride(-1) == 1 or w.shape[-1] == 1 else w.contiguous()
+
+
+def _noncausal_fused(kernels, w: torch.Tensor, wc: torch.Tensor, tc: torch.Tensor):
+    """Alg. 1's forward in three passes over ``w`` with the fused CPU kernels (``cpu.cpp``)."""
+    wc = _unit_stride_rows(wc)
+    c = kernels.tssa_sumsq(wc)
+    if not bool(torch.isfinite(c).all()):  # as in the PyTorch path: NaN/Inf in w shows in c
+        check_finite("w", w)
+    r = 1.0 / c.clamp_min(_NORM_EPS_SQ)
+    s, pi, num, den = kernels.tssa_token_stats(wc, r, tc.contiguous())
+    den = den.unsqueeze(-1) + _PI_SUM_EPS
+    g = 1.0 / (1.0 + num / den)
+    return kernels.tssa_scale(wc, pi, g), c, r, s, pi, den, g
+
+
 class _TSSANonCausal(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, w: torch.Tensor, temp: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, w: torch.Tensor, temp: torch.Tensor, kernels=None) -> torch.Tensor:
         cdt = compute_dtype(w.dtype)
         wc, tc = w.to(cdt), temp.to(cdt)
+        if kernels is not None:
+            out, c, r, s, pi, den, g = _noncausal_fused(kernels, w, wc, tc)
+            ctx.save_for_backward(w, temp, c, r, s, pi, den, g)
+            return out.to(w.dtype)
         w2, c, r, s, pi, den, dots = _noncausal_stats(wc, tc)
         # A NaN/Inf anywhere in w makes its feature's sum of squares non-finite: tssa() leaves the check
         # of w to this point. (A finite c that overflowed also lands here; the full check then passes.)
@@ -133,7 +155,7 @@ class _TSSANonCausal(torch.autograd.Function):
         coef.addcmul_(d_s.unsqueeze(-1), r.unsqueeze(-2)).add_(d_c.unsqueeze(-2)).mul_(wc).mul_(2.0)
         direct = gc * pi.unsqueeze(-1)
         coef.sub_(direct.mul_(g.unsqueeze(-2)))
-        return coef.to(w.dtype), d_temp.to(temp.dtype)
+        return coef.to(w.dtype), d_temp.to(temp.dtype), None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -141,10 +163,15 @@ class _TSSANonCausal(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------------------
 class _TSSACausal(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, w: torch.Tensor, temp: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, w: torch.Tensor, temp: torch.Tensor, bias: torch.Tensor, kernels=None) -> torch.Tensor:
         # bias: (H, N), already sliced to the sequence length
         cdt = compute_dtype(w.dtype)
         wc, tc, bc = w.to(cdt), temp.to(cdt), bias.to(cdt)
+        ctx.bias_dtype = bias.dtype
+        if kernels is not None:
+            out, s, pi, den = kernels.tssa_causal(_unit_stride_rows(wc), tc.contiguous(), bc.contiguous())
+            ctx.save_for_backward(w, temp, s, pi, den)
+            return out.to(w.dtype)
         p = w.shape[-1]
         x = wc * wc
         ratio = _safe_(chunked_cumsum(x))
@@ -160,7 +187,6 @@ class _TSSACausal(torch.autograd.Function):
         g.div_(_safe_(den.clone()).unsqueeze(-1)).add_(1.0).reciprocal_()
         g.mul_(wc).mul_(pi.unsqueeze(-1)).neg_()
         ctx.save_for_backward(w, temp, s, pi, den)
-        ctx.bias_dtype = bias.dtype
         return g.to(w.dtype)
 
     @staticmethod
@@ -204,24 +230,31 @@ class _TSSACausal(torch.autograd.Function):
         dw = dx.mul_(wc).mul_(2.0)
         direct = gc * pi_
         dw.sub_(direct.mul_(g))
-        return dw.to(w.dtype), d_temp.to(temp.dtype), d_bias.to(ctx.bias_dtype)
+        return dw.to(w.dtype), d_temp.to(temp.dtype), d_bias.to(ctx.bias_dtype), None
 
 
 def tssa_torch(
-    w: torch.Tensor, temp: torch.Tensor, *, causal: bool = False, bias: torch.Tensor | None = None
+    w: torch.Tensor,
+    temp: torch.Tensor,
+    *,
+    causal: bool = False,
+    bias: torch.Tensor | None = None,
+    kernels=None,
 ) -> torch.Tensor:
     """Memory-lean TSSA ``(B, H, N, P) -> (B, H, N, P)``: Alg. 1 (eq. 11) or Alg. 2 (eq. 28).
 
     ``temp``: ``(H,)``; ``bias``: ``(H, N_max, 1)`` or ``None`` (causal only). Inputs are assumed validated.
+    ``kernels``: ``torch.ops.attnzoo_cpu`` to run the forward with the fused CPU kernels (CPU tensors;
+    the backward is the same hand-written one), or ``None`` for the PyTorch forward.
     """
     if not causal:
-        return _TSSANonCausal.apply(w, temp)
+        return _TSSANonCausal.apply(w, temp, kernels)
     n = w.shape[-2]
     if bias is None:
         bias_hn = torch.zeros(w.shape[1], n, device=w.device, dtype=compute_dtype(w.dtype))
     else:
         bias_hn = bias[:, :n, 0]
-    return _TSSACausal.apply(w, temp, bias_hn)
+    return _TSSACausal.apply(w, temp, bias_hn, kernels)
 
 
 def tssa_pi_torch(

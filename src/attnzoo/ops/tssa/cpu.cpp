@@ -1,0 +1,423 @@
+// Fused CPU kernels for TSSA's forward (ToST Alg. 1 and Alg. 2), float32 and float64.
+//
+// Why: the PyTorch formulation (chunked.py) makes about nine passes over the (B, H, N, P) tensor
+// (w^2, three token reductions of it, two scalings of the output), so at N = 16k it is bound by memory
+// traffic at 4-6x the time to stream w in and the output out. Here each pass reads w once:
+//   non-causal: (1) per-feature sums of w^2 over tokens; (2) per token, s over features, Pi = softmax over
+//               heads, and the Pi-weighted sums of w^2 and of Pi; (3) out = -w Pi g.
+//   causal:     the same three passes, as prefix sums: each pass scans chunks of tokens in parallel from
+//               the exclusive carry that the previous (tiny) step computed from chunk totals.
+// Token sums are carried in double (float32 within runs of kFlush tokens, then double), so an N = 64k
+// prefix sum is as accurate as a float64 scan. The Python side (chunked.py) computes the O(HP) steps
+// between passes and keeps the hand-written backward; these kernels only replace its forward.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+using at::Tensor;
+
+namespace {
+
+// Tokens are processed in blocks of kBlock (all heads of a block stay in L2 between the steps that
+// revisit them); token sums run in the input precision within a block, then in double.
+constexpr int64_t kBlock = 64;
+
+int64_t chunk_size(int64_t batch, int64_t n) {
+  // a task is (b, chunk of tokens): enough chunks for every thread several times over, each long enough
+  // to amortise its carry; a multiple of kBlock
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t want = std::max<int64_t>(1, 4 * threads / std::max<int64_t>(1, batch));
+  const int64_t c = std::clamp<int64_t>((n + want - 1) / want, 256, 2048);
+  return (c + kBlock - 1) / kBlock * kBlock;
+}
+
+// A (B, H, N, P) tensor with unit stride over P and any strides over B, H, N (the layers hand over the
+// "b n (h p) -> b h n p" view of their projection, which must not be copied first).
+template <typename T>
+struct Rows {
+  T* data;
+  int64_t H, sb, sh, sn;
+  Rows(const Tensor& t)
+      : data(static_cast<T*>(t.data_ptr())), H(t.size(1)), sb(t.stride(0)), sh(t.stride(1)), sn(t.stride(2)) {}
+  T* operator()(int64_t b, int64_t h, int64_t n) const { return data + b * sb + h * sh + n * sn; }
+  // f(h, n) for every head and token n0 <= n < n1, in memory order: each head's run of tokens in turn for
+  // a (B, H, N, P) layout, each token's heads in turn for a (B, N, H, P) view. Either order visits every
+  // head's tokens in increasing n, which the causal scans need.
+  template <typename F>
+  void visit(int64_t n0, int64_t n1, F&& f) const {
+    if (sh > sn) {
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t n = n0; n < n1; ++n) f(h, n);
+    } else {
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t h = 0; h < H; ++h) f(h, n);
+    }
+  }
+};
+
+void check_w(const Tensor& w) {
+  TORCH_CHECK(w.dim() == 4, "w must be (B, H, N, P), got ", w.sizes());
+  TORCH_CHECK(w.device().is_cpu(), "w must be a CPU tensor");
+  TORCH_CHECK(w.size(3) == 1 || w.stride(3) == 1, "w must have unit stride over P");
+  TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kDouble, "w must be float32 or float64");
+}
+
+void check_small(const Tensor& t, const Tensor& w, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == w.scalar_type(), name,
+              " must be a contiguous CPU tensor of w's dtype");
+}
+
+// acc[0:P] += x[0:P]^2 * scale
+template <typename T>
+inline void add_sq(T* __restrict acc, const T* __restrict x, T scale, int64_t P) {
+#pragma omp simd
+  for (int64_t p = 0; p < P; ++p) acc[p] += scale * x[p] * x[p];
+}
+
+template <typename T>
+inline void flush(double* __restrict dst, T* __restrict src, int64_t P) {  // dst += src; src = 0
+#pragma omp simd
+  for (int64_t p = 0; p < P; ++p) {
+    dst[p] += static_cast<double>(src[p]);
+    src[p] = T(0);
+  }
+}
+
+// Calls f(std::integral_constant<int64_t, P>) for the common head dims (the compiler then unrolls the
+// per-row loops), f(std::integral_constant<int64_t, 0>) for any other P.
+template <typename F>
+void with_head_dim(int64_t P, F&& f) {
+  switch (P) {
+    case 16: f(std::integral_constant<int64_t, 16>{}); break;
+    case 32: f(std::integral_constant<int64_t, 32>{}); break;
+    case 48: f(std::integral_constant<int64_t, 48>{}); break;
+    case 64: f(std::integral_constant<int64_t, 64>{}); break;
+    case 96: f(std::integral_constant<int64_t, 96>{}); break;
+    case 128: f(std::integral_constant<int64_t, 128>{}); break;
+    default: f(std::integral_constant<int64_t, 0>{});
+  }
+}
+
+// Each kernel takes the head dim as a template constant KP (0: the runtime P_), redeclared inside the
+// parallel regions so that the compiler sees a constant there too.
+#define HEAD_DIM const int64_t P = KP ? KP : P_
+
+// softmax over heads, in place, of a[h * stride] for h < H (a holds s * temp on entry); in T (float32 for
+// float32 input) like the PyTorch path
+template <typename T>
+inline void softmax_heads(T* a, int64_t H, int64_t stride) {
+  T mx = a[0];
+  for (int64_t h = 1; h < H; ++h) mx = std::max(mx, a[h * stride]);
+  T z = 0;
+  for (int64_t h = 0; h < H; ++h) {
+    a[h * stride] = std::exp(a[h * stride] - mx);
+    z += a[h * stride];
+  }
+  const T inv = T(1) / z;
+  for (int64_t h = 0; h < H; ++h) a[h * stride] *= inv;
+}
+
+// part[b, k, h, :] = sum of w[b, h, n, :]^2 over the tokens n of chunk k (nc chunks of L tokens)
+template <typename T, int64_t KP>
+void chunk_sumsq(const Rows<const T>& w, double* part, int64_t B, int64_t N, int64_t P_, int64_t L, int64_t nc) {
+  const int64_t H = w.H;
+  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+    HEAD_DIM;
+    std::vector<T> run(H * P);
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      double* dst = part + task * H * P;
+      for (int64_t n0 = c0; n0 < c1; n0 += kBlock) {
+        w.visit(n0, std::min(c1, n0 + kBlock), [&](int64_t h, int64_t n) { add_sq(&run[h * P], w(b, h, n), T(1), P); });
+        flush(dst, run.data(), H * P);
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// non-causal (Alg. 1)
+// ---------------------------------------------------------------------------------------------------
+
+// Pass 1: c[b, h, p] = sum_n w[b, h, n, p]^2.
+template <typename T, int64_t KP>
+void sumsq_kernel(const Rows<const T>& w, T* c, int64_t B, int64_t N, int64_t P_) {
+  HEAD_DIM;
+  const int64_t HP = w.H * P, L = chunk_size(B, N), nc = (N + L - 1) / L;
+  std::vector<double> part(B * nc * HP, 0.0);
+  chunk_sumsq<T, KP>(w, part.data(), B, N, P, L, nc);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < HP; ++i) {
+      double s = 0;
+      for (int64_t k = 0; k < nc; ++k) s += part[(b * nc + k) * HP + i];
+      c[b * HP + i] = static_cast<T>(s);
+    }
+}
+
+Tensor tssa_sumsq(const Tensor& w) {
+  check_w(w);
+  Tensor c = at::empty({w.size(0), w.size(1), w.size(3)}, w.options());
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_sumsq", [&] {
+    with_head_dim(w.size(3), [&](auto kp) {
+      sumsq_kernel<scalar_t, decltype(kp)::value>(Rows<const scalar_t>(w), c.data_ptr<scalar_t>(), w.size(0),
+                                                  w.size(2), w.size(3));
+    });
+  });
+  return c;
+}
+
+// Pass 2: s[b,h,n] = sum_p w^2 r; pi = softmax_h(s temp); num[b,h,p] = sum_n pi w^2; den[b,h] = sum_n pi.
+template <typename T, int64_t KP>
+void stats_kernel(const Rows<const T>& w, const T* r, const T* temp, T* s, T* pi, T* num, T* den, int64_t B,
+                  int64_t N, int64_t P_) {
+  HEAD_DIM;
+  const int64_t H = w.H, HP = H * P, L = chunk_size(B, N), nc = (N + L - 1) / L;
+  std::vector<double> pnum(B * nc * HP, 0.0), pden(B * nc * H, 0.0);
+  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+    HEAD_DIM;
+    std::vector<T> run(HP), a(H * kBlock);  // a[h * kBlock + i]: s * temp, then pi, of token n0 + i
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      double* dnum = pnum.data() + task * HP;
+      double* dden = pden.data() + task * H;
+      for (int64_t n0 = c0; n0 < c1; n0 += kBlock) {
+        const int64_t n1 = std::min(c1, n0 + kBlock);
+        w.visit(n0, n1, [&](int64_t h, int64_t n) {
+          const T* __restrict x = w(b, h, n);
+          const T* __restrict rr = r + (b * H + h) * P;
+          T acc = 0;
+#pragma omp simd reduction(+ : acc)
+          for (int64_t p = 0; p < P; ++p) acc += x[p] * x[p] * rr[p];
+          s[(b * H + h) * N + n] = acc;
+          a[h * kBlock + (n - n0)] = acc * temp[h];
+        });
+        for (int64_t n = n0; n < n1; ++n) {
+          softmax_heads(&a[n - n0], H, kBlock);
+          for (int64_t h = 0; h < H; ++h) {
+            const T q = a[h * kBlock + (n - n0)];
+            pi[(b * H + h) * N + n] = q;
+            dden[h] += static_cast<double>(q);
+          }
+        }
+        w.visit(n0, n1, [&](int64_t h, int64_t n) { add_sq(&run[h * P], w(b, h, n), a[h * kBlock + (n - n0)], P); });
+        flush(dnum, run.data(), HP);
+      }
+    }
+  });
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i < H; ++i) {
+      double d = 0;
+      for (int64_t k = 0; k < nc; ++k) d += pden[(b * nc + k) * H + i];
+      den[b * H + i] = static_cast<T>(d);
+    }
+    for (int64_t i = 0; i < HP; ++i) {
+      double sum = 0;
+      for (int64_t k = 0; k < nc; ++k) sum += pnum[(b * nc + k) * HP + i];
+      num[b * HP + i] = static_cast<T>(sum);
+    }
+  }
+}
+
+std::vector<Tensor> tssa_token_stats(const Tensor& w, const Tensor& r, const Tensor& temp) {
+  check_w(w);
+  const int64_t B = w.size(0), H = w.size(1), N = w.size(2), P = w.size(3);
+  check_small(r, w, "r");
+  check_small(temp, w, "temp");
+  TORCH_CHECK(r.numel() == B * H * P && temp.numel() == H, "r must be (B, H, P) and temp (H,)");
+  Tensor s = at::empty({B, H, N}, w.options()), pi = at::empty({B, H, N}, w.options());
+  Tensor num = at::empty({B, H, P}, w.options()), den = at::empty({B, H}, w.options());
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_token_stats", [&] {
+    with_head_dim(P, [&](auto kp) {
+      stats_kernel<scalar_t, decltype(kp)::value>(
+          Rows<const scalar_t>(w), r.data_ptr<scalar_t>(), temp.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(),
+          pi.data_ptr<scalar_t>(), num.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(), B, N, P);
+    });
+  });
+  return {s, pi, num, den};
+}
+
+// Pass 3: out[b,h,n,p] = -w * pi[b,h,n] * g[b,h,p].
+template <typename T, int64_t KP>
+void scale_kernel(const Rows<const T>& w, const T* pi, const T* g, const Rows<T>& out, int64_t B, int64_t N,
+                  int64_t P_) {
+  const int64_t H = w.H, L = chunk_size(B, N), nc = (N + L - 1) / L;
+  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+    HEAD_DIM;
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      w.visit(c0, c1, [&](int64_t h, int64_t n) {
+        const T q = -pi[(b * H + h) * N + n];
+        const T* __restrict gg = g + (b * H + h) * P;
+        const T* __restrict x = w(b, h, n);
+        T* __restrict o = out(b, h, n);
+#pragma omp simd
+        for (int64_t p = 0; p < P; ++p) o[p] = x[p] * q * gg[p];
+      });
+    }
+  });
+}
+
+Tensor tssa_scale(const Tensor& w, const Tensor& pi, const Tensor& g) {
+  check_w(w);
+  check_small(pi, w, "pi");
+  check_small(g, w, "g");
+  TORCH_CHECK(pi.numel() == w.size(0) * w.size(1) * w.size(2) && g.numel() == w.size(0) * w.size(1) * w.size(3),
+              "pi must be (B, H, N) and g (B, H, P)");
+  Tensor out = at::empty_like(w);  // w's strides where w is dense, so the layers' view needs no copy back
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_scale", [&] {
+    with_head_dim(w.size(3), [&](auto kp) {
+      scale_kernel<scalar_t, decltype(kp)::value>(Rows<const scalar_t>(w), pi.data_ptr<scalar_t>(),
+                                                  g.data_ptr<scalar_t>(), Rows<scalar_t>(out), w.size(0),
+                                                  w.size(2), w.size(3));
+    });
+  });
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// causal (Alg. 2 / eq. 28)
+// ---------------------------------------------------------------------------------------------------
+
+// exclusive prefix over chunks, in place: part[row, k, :] becomes the sum of part[row, j, :] over j < k
+void exclusive_scan(std::vector<double>& part, int64_t rows, int64_t nc, int64_t width) {
+  at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<double> run(width);
+    for (int64_t row = r0; row < r1; ++row) {
+      std::fill(run.begin(), run.end(), 0.0);
+      for (int64_t k = 0; k < nc; ++k) {
+        double* v = part.data() + (row * nc + k) * width;
+        for (int64_t i = 0; i < width; ++i) {
+          const double t = v[i];
+          v[i] = run[i];
+          run[i] += t;
+        }
+      }
+    }
+  });
+}
+
+template <typename T, int64_t KP>
+void causal_kernel(const Rows<const T>& w, const T* temp, const T* bias, const Rows<T>& out, T* s, T* pi, T* den,
+                   int64_t B, int64_t N, int64_t P_) {
+  HEAD_DIM;
+  const int64_t H = w.H, HP = H * P, L = chunk_size(B, N), nc = (N + L - 1) / L;
+  // (A) chunk totals of w^2, then the exclusive carry into each chunk; layout (b, chunk, h, p)
+  std::vector<double> carry_sq(B * nc * HP, 0.0);
+  chunk_sumsq<T, KP>(w, carry_sq.data(), B, N, P, L, nc);
+  exclusive_scan(carry_sq, B, nc, HP);
+
+  // (B) scan each chunk from its carry: s = sum_p w^2 / cumsum(w^2) + P b, pi = softmax_h(s temp); and the
+  //     chunk totals of pi w^2 and of pi, layout (b, chunk, [h, p] then [h])
+  const int64_t W = HP + H;
+  std::vector<double> carry_pi(B * nc * W, 0.0);
+  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+    HEAD_DIM;
+    std::vector<double> S(HP);
+    std::vector<T> a(H * kBlock), run(HP);
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      std::copy_n(carry_sq.data() + task * HP, HP, S.data());
+      double* tot = carry_pi.data() + task * W;
+      for (int64_t n0 = c0; n0 < c1; n0 += kBlock) {
+        const int64_t n1 = std::min(c1, n0 + kBlock);
+        w.visit(n0, n1, [&](int64_t h, int64_t n) {
+          const T* __restrict x = w(b, h, n);
+          double* __restrict Sh = S.data() + h * P;
+          T acc = 0;
+#pragma omp simd reduction(+ : acc)
+          for (int64_t p = 0; p < P; ++p) {
+            const T x2 = x[p] * x[p];
+            Sh[p] += static_cast<double>(x2);
+            const T Sv = static_cast<T>(Sh[p]);
+            acc += x2 / (Sv > T(0) ? Sv : T(1));  // 0/0 := 0: x2 == 0 wherever the prefix sum is 0
+          }
+          const T sv = acc + static_cast<T>(P) * bias[h * N + n];
+          s[(b * H + h) * N + n] = sv;
+          a[h * kBlock + (n - n0)] = sv * temp[h];
+        });
+        for (int64_t n = n0; n < n1; ++n) {
+          softmax_heads(&a[n - n0], H, kBlock);
+          for (int64_t h = 0; h < H; ++h) {
+            const T q = a[h * kBlock + (n - n0)];
+            pi[(b * H + h) * N + n] = q;
+            tot[HP + h] += static_cast<double>(q);
+          }
+        }
+        w.visit(n0, n1, [&](int64_t h, int64_t n) { add_sq(&run[h * P], w(b, h, n), a[h * kBlock + (n - n0)], P); });
+        flush(tot, run.data(), HP);
+      }
+    }
+  });
+  exclusive_scan(carry_pi, B, nc, W);
+
+  // (C) scan again for num = cumsum(pi w^2), den = cumsum(pi); out = -w pi / (1 + num / den)
+  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+    HEAD_DIM;
+    std::vector<double> st(W);  // [h, p]: num, then [h]: den
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      std::copy_n(carry_pi.data() + task * W, W, st.data());
+      w.visit(c0, c1, [&](int64_t h, int64_t n) {
+        const int64_t i = (b * H + h) * N + n;
+        const T q = pi[i];
+        double& d = st[HP + h];
+        d += static_cast<double>(q);
+        const T dv = static_cast<T>(d);
+        den[i] = dv;
+        const T inv = T(1) / (dv > T(0) ? dv : T(1));
+        const T* __restrict x = w(b, h, n);
+        T* __restrict o = out(b, h, n);
+        double* __restrict nm = st.data() + h * P;
+#pragma omp simd
+        for (int64_t p = 0; p < P; ++p) {
+          nm[p] += static_cast<double>(q * x[p] * x[p]);
+          o[p] = -(x[p] * q) / (T(1) + static_cast<T>(nm[p]) * inv);
+        }
+      });
+    }
+  });
+}
+
+std::vector<Tensor> tssa_causal(const Tensor& w, const Tensor& temp, const Tensor& bias) {
+  check_w(w);
+  const int64_t B = w.size(0), H = w.size(1), N = w.size(2), P = w.size(3);
+  check_small(temp, w, "temp");
+  check_small(bias, w, "bias");
+  TORCH_CHECK(temp.numel() == H && bias.numel() == H * N, "temp must be (H,) and bias (H, N)");
+  Tensor out = at::empty_like(w);
+  Tensor s = at::empty({B, H, N}, w.options()), pi = at::empty({B, H, N}, w.options());
+  Tensor den = at::empty({B, H, N}, w.options());
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_causal", [&] {
+    with_head_dim(P, [&](auto kp) {
+      causal_kernel<scalar_t, decltype(kp)::value>(
+          Rows<const scalar_t>(w), temp.data_ptr<scalar_t>(), bias.data_ptr<scalar_t>(), Rows<scalar_t>(out),
+          s.data_ptr<scalar_t>(), pi.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(), B, N, P);
+    });
+  });
+  return {out, s, pi, den};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(attnzoo_cpu, m) {
+  m.def("tssa_sumsq(Tensor w) -> Tensor");
+  m.def("tssa_token_stats(Tensor w, Tensor r, Tensor temp) -> Tensor[]");
+  m.def("tssa_scale(Tensor w, Tensor pi, Tensor g) -> Tensor");
+  m.def("tssa_causal(Tensor w, Tensor temp, Tensor bias) -> Tensor[]");
+}
+
+TORCH_LIBRARY_IMPL(attnzoo_cpu, CPU, m) {
+  m.impl("tssa_sumsq", &tssa_sumsq);
+  m.impl("tssa_token_stats", &tssa_token_stats);
+  m.impl("tssa_scale", &tssa_scale);
+  m.impl("tssa_causal", &tssa_causal);
+}
