@@ -1,6 +1,6 @@
 """Fused C++ CPU kernels (``ops/*/cpu.cpp``), compiled on first use with ``torch.utils.cpp_extension``.
 
-The build takes ~15 s once per machine, torch version and source; later processes load the cached
+The build takes ~30 s (2 cores) once per machine, torch version and source; later processes load the cached
 library. It is keyed by the CPU's instruction-set flags because it is compiled with ``-march=native`` (a
 home directory shared by different machines gets one build per CPU kind). Where the build fails (no C++
 compiler, say), :func:`cpu_kernels` warns once and returns ``None`` and the ops use their PyTorch path.
@@ -74,7 +74,10 @@ def _build() -> None:
     from torch.utils.cpp_extension import load
 
     build_dir = _build_dir()
-    log.info("attnzoo: loading the CPU kernels from %s (the first use on a machine compiles them, ~15 s)", build_dir)
+    if not (build_dir / "attnzoo_cpu.so").exists():
+        # a pause of half a minute deserves a word (logging's last-resort handler shows warnings on stderr)
+        log.warning("attnzoo: compiling the fused CPU kernels into %s (once per machine and torch version, "
+                    "~30 s on 2 cores)", build_dir)
     load(
         name="attnzoo_cpu",
         sources=[str(s) for s in CPU_KERNEL_SOURCES],
