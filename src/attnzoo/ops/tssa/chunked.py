@@ -92,7 +92,7 @@ def _unit_stride_rows(w: torch.Tensor) -> torch.Tensor:
 def _noncausal_fused(kernels, w: torch.Tensor, wc: torch.Tensor, tc: torch.Tensor):
     """Alg. 1's forward in three passes over ``w`` with the fused CPU kernels (``cpu.cpp``)."""
     wc = _unit_stride_rows(wc)
-    c = kernels.tssa_sumsq(wc)
+    c = kernels.tssa_colsum_sq(wc, None)
     if not bool(torch.isfinite(c).all()):  # as in the PyTorch path: NaN/Inf in w shows in c
         check_finite("w", w)
     r = 1.0 / c.clamp_min(_NORM_EPS_SQ)
@@ -100,6 +100,24 @@ def _noncausal_fused(kernels, w: torch.Tensor, wc: torch.Tensor, tc: torch.Tenso
     den = den.unsqueeze(-1) + _PI_SUM_EPS
     g = 1.0 / (1.0 + num / den)
     return kernels.tssa_scale(wc, pi, g), c, r, s, pi, den, g
+
+
+def _noncausal_backward_fused(kernels, wc, tc, gc, c, r, s, pi, den, g):
+    """The backward below in four passes over ``w`` (two also read the output's gradient) with the CPU kernels;
+    the ``(B, H, N)`` and ``(B, H, P)`` steps in between stay in PyTorch."""
+    wc, gc = _unit_stride_rows(wc), _unit_stride_rows(gc)
+    d_pi, u = kernels.tssa_bwd_gw(wc, gc, pi, g)  # -sum_p G w g,  sum_n pi G w
+    d_dots = u * g * g
+    d_q = kernels.tssa_rowdot_sq(wc, d_dots)
+    d_pi += d_q / den - (d_q * pi).sum(dim=-1, keepdim=True) / (den * den)
+    d_a = pi * (d_pi - (pi * d_pi).sum(dim=1, keepdim=True))
+    d_temp = (d_a * s).sum(dim=(0, 2))
+    d_s = d_a * tc[:, None]
+    d_r = kernels.tssa_colsum_sq(wc, d_s)
+    d_c = torch.where(c > _NORM_EPS_SQ, -d_r * r * r, torch.zeros_like(d_r))
+    # dw = 2 w (q d_dots + d_s r + d_c) - G pi g
+    dw = kernels.tssa_bwd_dw(wc, gc, 2.0 * (pi / den), d_dots, 2.0 * d_s, r, 2.0 * d_c, pi, g)
+    return dw, d_temp
 
 
 class _TSSANonCausal(torch.autograd.Function):
@@ -110,7 +128,9 @@ class _TSSANonCausal(torch.autograd.Function):
         if kernels is not None:
             out, c, r, s, pi, den, g = _noncausal_fused(kernels, w, wc, tc)
             ctx.save_for_backward(w, temp, c, r, s, pi, den, g)
+            ctx.kernels = kernels
             return out.to(w.dtype)
+        ctx.kernels = None
         w2, c, r, s, pi, den, dots = _noncausal_stats(wc, tc)
         # A NaN/Inf anywhere in w makes its feature's sum of squares non-finite: tssa() leaves the check
         # of w to this point. (A finite c that overflowed also lands here; the full check then passes.)
@@ -133,6 +153,9 @@ class _TSSANonCausal(torch.autograd.Function):
         w, temp, c, r, s, pi, den, g = ctx.saved_tensors
         cdt = c.dtype
         wc, tc, gc = w.to(cdt), temp.to(cdt), grad_out.to(cdt)
+        if ctx.kernels is not None:
+            dw, d_temp = _noncausal_backward_fused(ctx.kernels, wc, tc, gc, c, r, s, pi, den, g)
+            return dw.to(w.dtype), d_temp.to(temp.dtype), None
         # out = -w * pi * g  with g = 1 / (1 + dots)
         gw = gc * wc
         d_pi = -_rowdot(gw, g)  # (B, H, N)

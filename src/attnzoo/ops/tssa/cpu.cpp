@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -126,9 +127,11 @@ inline void softmax_heads(T* a, int64_t H, int64_t stride) {
   for (int64_t h = 0; h < H; ++h) a[h * stride] *= inv;
 }
 
-// part[b, k, h, :] = sum of w[b, h, n, :]^2 over the tokens n of chunk k (nc chunks of L tokens)
+// part[b, k, h, :] = sum of d[b, h, n] w[b, h, n, :]^2 over the tokens n of chunk k (nc chunks of L tokens);
+// d == nullptr means d = 1
 template <typename T, int64_t KP>
-void chunk_sumsq(const Rows<const T>& w, double* part, int64_t B, int64_t N, int64_t P_, int64_t L, int64_t nc) {
+void chunk_sumsq(const Rows<const T>& w, const T* d, double* part, int64_t B, int64_t N, int64_t P_, int64_t L,
+                 int64_t nc) {
   const int64_t H = w.H;
   at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
     HEAD_DIM;
@@ -137,7 +140,9 @@ void chunk_sumsq(const Rows<const T>& w, double* part, int64_t B, int64_t N, int
       const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
       double* dst = part + task * H * P;
       for (int64_t n0 = c0; n0 < c1; n0 += kBlock) {
-        w.visit(n0, std::min(c1, n0 + kBlock), [&](int64_t h, int64_t n) { add_sq(&run[h * P], w(b, h, n), T(1), P); });
+        w.visit(n0, std::min(c1, n0 + kBlock), [&](int64_t h, int64_t n) {
+          add_sq(&run[h * P], w(b, h, n), d ? d[(b * H + h) * N + n] : T(1), P);
+        });
         flush(dst, run.data(), H * P);
       }
     }
@@ -148,13 +153,13 @@ void chunk_sumsq(const Rows<const T>& w, double* part, int64_t B, int64_t N, int
 // non-causal (Alg. 1)
 // ---------------------------------------------------------------------------------------------------
 
-// Pass 1: c[b, h, p] = sum_n w[b, h, n, p]^2.
+// Pass 1: c[b, h, p] = sum_n w[b, h, n, p]^2 (and, weighted, the backward's d_r = sum_n d_s w^2).
 template <typename T, int64_t KP>
-void sumsq_kernel(const Rows<const T>& w, T* c, int64_t B, int64_t N, int64_t P_) {
+void colsum_sq_kernel(const Rows<const T>& w, const T* d, T* c, int64_t B, int64_t N, int64_t P_) {
   HEAD_DIM;
   const int64_t HP = w.H * P, L = chunk_size(B, N), nc = (N + L - 1) / L;
   std::vector<double> part(B * nc * HP, 0.0);
-  chunk_sumsq<T, KP>(w, part.data(), B, N, P, L, nc);
+  chunk_sumsq<T, KP>(w, d, part.data(), B, N, P, L, nc);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < HP; ++i) {
       double s = 0;
@@ -163,13 +168,18 @@ void sumsq_kernel(const Rows<const T>& w, T* c, int64_t B, int64_t N, int64_t P_
     }
 }
 
-Tensor tssa_sumsq(const Tensor& w) {
+// sum_n d[b, h, n] w[b, h, n, p]^2 -> (B, H, P); d: (B, H, N) or None (d = 1)
+Tensor tssa_colsum_sq(const Tensor& w, const std::optional<Tensor>& d) {
   check_w(w);
+  if (d) {
+    check_small(*d, w, "d");
+    TORCH_CHECK(d->numel() == w.size(0) * w.size(1) * w.size(2), "d must be (B, H, N)");
+  }
   Tensor c = at::empty({w.size(0), w.size(1), w.size(3)}, w.options());
-  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_sumsq", [&] {
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_colsum_sq", [&] {
     with_head_dim(w.size(3), [&](auto kp) {
-      sumsq_kernel<scalar_t, decltype(kp)::value>(Rows<const scalar_t>(w), c.data_ptr<scalar_t>(), w.size(0),
-                                                  w.size(2), w.size(3));
+      colsum_sq_kernel<scalar_t, decltype(kp)::value>(Rows<const scalar_t>(w), d ? d->data_ptr<scalar_t>() : nullptr,
+                                                      c.data_ptr<scalar_t>(), w.size(0), w.size(2), w.size(3));
     });
   });
   return c;
@@ -284,6 +294,153 @@ Tensor tssa_scale(const Tensor& w, const Tensor& pi, const Tensor& g) {
 }
 
 // ---------------------------------------------------------------------------------------------------
+// non-causal backward (the derivation is in chunked.py's _TSSANonCausal.backward; four passes over w)
+// ---------------------------------------------------------------------------------------------------
+
+// e[b,h,n] = -sum_p G w g[b,h,p];  U[b,h,p] = sum_n pi[b,h,n] G w   (G: the output's gradient)
+template <typename T, int64_t KP>
+void bwd_gw_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* pi, const T* g, T* e, T* U, int64_t B,
+                   int64_t N, int64_t P_) {
+  HEAD_DIM;
+  const int64_t H = w.H, HP = H * P, L = chunk_size(B, N), nc = (N + L - 1) / L;
+  std::vector<double> part(B * nc * HP, 0.0);
+  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+    HEAD_DIM;
+    std::vector<T> run(HP);
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      for (int64_t n0 = c0; n0 < c1; n0 += kBlock) {
+        w.visit(n0, std::min(c1, n0 + kBlock), [&](int64_t h, int64_t n) {
+          const int64_t i = (b * H + h) * N + n;
+          const T* __restrict x = w(b, h, n);
+          const T* __restrict gr = G(b, h, n);
+          const T* __restrict gg = g + (b * H + h) * P;
+          T* __restrict acc = &run[h * P];
+          const T q = pi[i];
+          T dot = 0;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t p = 0; p < P; ++p) {
+            const T gx = gr[p] * x[p];
+            dot += gx * gg[p];
+            acc[p] += q * gx;
+          }
+          e[i] = -dot;
+        });
+        flush(part.data() + task * HP, run.data(), HP);
+      }
+    }
+  });
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < HP; ++i) {
+      double sum = 0;
+      for (int64_t k = 0; k < nc; ++k) sum += part[(b * nc + k) * HP + i];
+      U[b * HP + i] = static_cast<T>(sum);
+    }
+}
+
+std::vector<Tensor> tssa_bwd_gw(const Tensor& w, const Tensor& G, const Tensor& pi, const Tensor& g) {
+  check_w(w);
+  check_w(G);
+  TORCH_CHECK(G.sizes() == w.sizes() && G.scalar_type() == w.scalar_type(), "G must match w");
+  check_small(pi, w, "pi");
+  check_small(g, w, "g");
+  const int64_t B = w.size(0), H = w.size(1), N = w.size(2), P = w.size(3);
+  TORCH_CHECK(pi.numel() == B * H * N && g.numel() == B * H * P, "pi must be (B, H, N) and g (B, H, P)");
+  Tensor e = at::empty({B, H, N}, w.options()), U = at::empty({B, H, P}, w.options());
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_bwd_gw", [&] {
+    with_head_dim(P, [&](auto kp) {
+      bwd_gw_kernel<scalar_t, decltype(kp)::value>(Rows<const scalar_t>(w), Rows<const scalar_t>(G),
+                                                   pi.data_ptr<scalar_t>(), g.data_ptr<scalar_t>(),
+                                                   e.data_ptr<scalar_t>(), U.data_ptr<scalar_t>(), B, N, P);
+    });
+  });
+  return {e, U};
+}
+
+// out[b,h,n] = sum_p w[b,h,n,p]^2 v[b,h,p]
+template <typename T, int64_t KP>
+void rowdot_sq_kernel(const Rows<const T>& w, const T* v, T* out, int64_t B, int64_t N, int64_t P_) {
+  const int64_t H = w.H, L = chunk_size(B, N), nc = (N + L - 1) / L;
+  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+    HEAD_DIM;
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      w.visit(c0, c1, [&](int64_t h, int64_t n) {
+        const T* __restrict x = w(b, h, n);
+        const T* __restrict vv = v + (b * H + h) * P;
+        T acc = 0;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t p = 0; p < P; ++p) acc += x[p] * x[p] * vv[p];
+        out[(b * H + h) * N + n] = acc;
+      });
+    }
+  });
+}
+
+Tensor tssa_rowdot_sq(const Tensor& w, const Tensor& v) {
+  check_w(w);
+  check_small(v, w, "v");
+  TORCH_CHECK(v.numel() == w.size(0) * w.size(1) * w.size(3), "v must be (B, H, P)");
+  Tensor out = at::empty({w.size(0), w.size(1), w.size(2)}, w.options());
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_rowdot_sq", [&] {
+    with_head_dim(w.size(3), [&](auto kp) {
+      rowdot_sq_kernel<scalar_t, decltype(kp)::value>(Rows<const scalar_t>(w), v.data_ptr<scalar_t>(),
+                                                      out.data_ptr<scalar_t>(), w.size(0), w.size(2), w.size(3));
+    });
+  });
+  return out;
+}
+
+// dw = w (a[n] bb[p] + c[n] d[p] + e[p]) - G f[n] h[p]   ((B, H, N) / (B, H, P) coefficients)
+template <typename T, int64_t KP>
+void bwd_dw_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* a, const T* bb, const T* c, const T* d,
+                   const T* e, const T* f, const T* hh, const Rows<T>& dw, int64_t B, int64_t N, int64_t P_) {
+  const int64_t H = w.H, L = chunk_size(B, N), nc = (N + L - 1) / L;
+  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+    HEAD_DIM;
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      w.visit(c0, c1, [&](int64_t h, int64_t n) {
+        const int64_t i = (b * H + h) * N + n, j = (b * H + h) * P;
+        const T an = a[i], cn = c[i], fn = f[i];
+        const T* __restrict x = w(b, h, n);
+        const T* __restrict gr = G(b, h, n);
+        T* __restrict o = dw(b, h, n);
+#pragma omp simd
+        for (int64_t p = 0; p < P; ++p)
+          o[p] = x[p] * (an * bb[j + p] + cn * d[j + p] + e[j + p]) - gr[p] * fn * hh[j + p];
+      });
+    }
+  });
+}
+
+Tensor tssa_bwd_dw(const Tensor& w, const Tensor& G, const Tensor& a, const Tensor& bb, const Tensor& c,
+                   const Tensor& d, const Tensor& e, const Tensor& f, const Tensor& h) {
+  check_w(w);
+  check_w(G);
+  TORCH_CHECK(G.sizes() == w.sizes() && G.scalar_type() == w.scalar_type(), "G must match w");
+  const int64_t B = w.size(0), H = w.size(1), N = w.size(2), P = w.size(3);
+  for (const Tensor* t : {&a, &c, &f}) {
+    check_small(*t, w, "a per-token coefficient");
+    TORCH_CHECK(t->numel() == B * H * N, "per-token coefficients must be (B, H, N)");
+  }
+  for (const Tensor* t : {&bb, &d, &e, &h}) {
+    check_small(*t, w, "a per-feature coefficient");
+    TORCH_CHECK(t->numel() == B * H * P, "per-feature coefficients must be (B, H, P)");
+  }
+  Tensor dw = at::empty_like(w);
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_bwd_dw", [&] {
+    with_head_dim(P, [&](auto kp) {
+      bwd_dw_kernel<scalar_t, decltype(kp)::value>(
+          Rows<const scalar_t>(w), Rows<const scalar_t>(G), a.data_ptr<scalar_t>(), bb.data_ptr<scalar_t>(),
+          c.data_ptr<scalar_t>(), d.data_ptr<scalar_t>(), e.data_ptr<scalar_t>(), f.data_ptr<scalar_t>(),
+          h.data_ptr<scalar_t>(), Rows<scalar_t>(dw), B, N, P);
+    });
+  });
+  return dw;
+}
+
+// ---------------------------------------------------------------------------------------------------
 // causal (Alg. 2 / eq. 28)
 // ---------------------------------------------------------------------------------------------------
 
@@ -312,7 +469,7 @@ void causal_kernel(const Rows<const T>& w, const T* temp, const T* bias, const R
   const int64_t H = w.H, HP = H * P, L = chunk_size(B, N), nc = (N + L - 1) / L;
   // (A) chunk totals of w^2, then the exclusive carry into each chunk; layout (b, chunk, h, p)
   std::vector<double> carry_sq(B * nc * HP, 0.0);
-  chunk_sumsq<T, KP>(w, carry_sq.data(), B, N, P, L, nc);
+  chunk_sumsq<T, KP>(w, nullptr, carry_sq.data(), B, N, P, L, nc);
   exclusive_scan(carry_sq, B, nc, HP);
 
   // (B) scan each chunk from its carry: s = sum_p w^2 / cumsum(w^2) + P b, pi = softmax_h(s temp); and the
@@ -409,15 +566,21 @@ std::vector<Tensor> tssa_causal(const Tensor& w, const Tensor& temp, const Tenso
 }  // namespace
 
 TORCH_LIBRARY(attnzoo_cpu, m) {
-  m.def("tssa_sumsq(Tensor w) -> Tensor");
+  m.def("tssa_colsum_sq(Tensor w, Tensor? d) -> Tensor");
   m.def("tssa_token_stats(Tensor w, Tensor r, Tensor temp) -> Tensor[]");
   m.def("tssa_scale(Tensor w, Tensor pi, Tensor g) -> Tensor");
   m.def("tssa_causal(Tensor w, Tensor temp, Tensor bias) -> Tensor[]");
+  m.def("tssa_bwd_gw(Tensor w, Tensor G, Tensor pi, Tensor g) -> Tensor[]");
+  m.def("tssa_rowdot_sq(Tensor w, Tensor v) -> Tensor");
+  m.def("tssa_bwd_dw(Tensor w, Tensor G, Tensor a, Tensor b, Tensor c, Tensor d, Tensor e, Tensor f, Tensor h) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attnzoo_cpu, CPU, m) {
-  m.impl("tssa_sumsq", &tssa_sumsq);
+  m.impl("tssa_colsum_sq", &tssa_colsum_sq);
   m.impl("tssa_token_stats", &tssa_token_stats);
   m.impl("tssa_scale", &tssa_scale);
   m.impl("tssa_causal", &tssa_causal);
+  m.impl("tssa_bwd_gw", &tssa_bwd_gw);
+  m.impl("tssa_rowdot_sq", &tssa_rowdot_sq);
+  m.impl("tssa_bwd_dw", &tssa_bwd_dw);
 }
