@@ -77,6 +77,26 @@ def test_cpu_kernels_take_strided_inputs(causal, layout):
                                torch.autograd.grad((ref * cot).sum(), wr)[0], rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("p", [32, 48, 64])
+def test_cpu_kernels_unrolled_head_dims_match_torch(causal, p):
+    # the kernels are compiled separately for common head dims; these paths against the PyTorch backend in
+    # float32 at a length of several chunks, with the layers' (B, N, H, P)-ordered view as input
+    g = torch.Generator().manual_seed(p)
+    w = torch.randn(2, 600, 4, p, generator=g).transpose(1, 2)
+    temp = torch.tensor([0.5, 1.0, 2.0, 4.0])
+    bias = 0.1 * torch.randn(4, 600, 1, generator=g) if causal else None
+    cot = torch.randn(2, 4, 600, p, generator=g)
+    res = {}
+    for backend in ("torch", "cpu"):
+        wb = w.clone().requires_grad_()
+        out = tssa(wb, temp, causal=causal, bias=bias, backend=backend)
+        res[backend] = (out, torch.autograd.grad((out * cot).sum(), wb)[0])
+    torch.testing.assert_close(res["cpu"][0], res["torch"][0], rtol=1e-4, atol=1e-5)
+    gt = res["torch"][1]
+    torch.testing.assert_close(res["cpu"][1], gt, rtol=1e-4, atol=1e-4 * gt.abs().max().item())
+
+
 def test_cpu_kernels_unavailable(monkeypatch):
     from attnzoo.ops import _cpu_kernels
 

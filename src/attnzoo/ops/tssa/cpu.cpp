@@ -63,6 +63,17 @@ struct Rows {
         for (int64_t h = 0; h < H; ++h) f(h, n);
     }
   }
+  // the same with every head's tokens in decreasing n (the backward's suffix sums)
+  template <typename F>
+  void visit_reversed(int64_t n0, int64_t n1, F&& f) const {
+    if (sh > sn) {
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t n = n1 - 1; n >= n0; --n) f(h, n);
+    } else {
+      for (int64_t n = n1 - 1; n >= n0; --n)
+        for (int64_t h = 0; h < H; ++h) f(h, n);
+    }
+  }
 };
 
 void check_w(const Tensor& w) {
@@ -444,13 +455,22 @@ Tensor tssa_bwd_dw(const Tensor& w, const Tensor& G, const Tensor& a, const Tens
 // causal (Alg. 2 / eq. 28)
 // ---------------------------------------------------------------------------------------------------
 
-// exclusive prefix over chunks, in place: part[row, k, :] becomes the sum of part[row, j, :] over j < k
-void exclusive_scan(std::vector<double>& part, int64_t rows, int64_t nc, int64_t width) {
+// 1 / den in double for a prefix sum of Pi (1 where den <= 0): den can be a float32 denormal (Pi ~ 1e-44 at the
+// first tokens of a head the softmax all but ignores), whose float reciprocal is inf and would make 0 * inf
+template <typename T>
+inline double inv_den(T den) {
+  return den > T(0) ? 1.0 / static_cast<double>(den) : 1.0;
+}
+
+// exclusive scan over chunks, in place: part[row, k, :] becomes the sum of part[row, j, :] over j < k
+// (reverse: over j > k, the carry of a suffix sum)
+void exclusive_scan(std::vector<double>& part, int64_t rows, int64_t nc, int64_t width, bool reverse = false) {
   at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
     std::vector<double> run(width);
     for (int64_t row = r0; row < r1; ++row) {
       std::fill(run.begin(), run.end(), 0.0);
-      for (int64_t k = 0; k < nc; ++k) {
+      for (int64_t j = 0; j < nc; ++j) {
+        const int64_t k = reverse ? nc - 1 - j : j;
         double* v = part.data() + (row * nc + k) * width;
         for (int64_t i = 0; i < width; ++i) {
           const double t = v[i];
@@ -530,14 +550,14 @@ void causal_kernel(const Rows<const T>& w, const T* temp, const T* bias, const R
         d += static_cast<double>(q);
         const T dv = static_cast<T>(d);
         den[i] = dv;
-        const T inv = T(1) / (dv > T(0) ? dv : T(1));
+        const double inv = inv_den(dv);
         const T* __restrict x = w(b, h, n);
         T* __restrict o = out(b, h, n);
         double* __restrict nm = st.data() + h * P;
 #pragma omp simd
         for (int64_t p = 0; p < P; ++p) {
           nm[p] += static_cast<double>(q * x[p] * x[p]);
-          o[p] = -(x[p] * q) / (T(1) + static_cast<T>(nm[p]) * inv);
+          o[p] = -(x[p] * q) / (T(1) + static_cast<T>(nm[p] * inv));
         }
       });
     }
@@ -563,6 +583,218 @@ std::vector<Tensor> tssa_causal(const Tensor& w, const Tensor& temp, const Tenso
   return {out, s, pi, den};
 }
 
+
+// ---------------------------------------------------------------------------------------------------
+// causal backward (chunked.py's _TSSACausal.backward, whose formulas these passes follow)
+// ---------------------------------------------------------------------------------------------------
+// Per token n (head h, feature p): x = w^2, S = cumsum(x), M = cumsum(pi x), D = cumsum(pi) (saved as den),
+// dots = M / D, g = 1 / (1 + dots). With G the output's gradient:
+//   d_pi_dir = -sum_p G w g,  d_dots = G w pi g^2,  d_M = d_dots / D,  d_D = -sum_p d_dots dots / D,
+//   R = suffix-sum(d_M), Q = suffix-sum(d_D),  d_pi = d_pi_dir + sum_p R x + Q,
+//   d_a = pi (d_pi - sum_h pi d_pi)  (softmax over heads),  d_s = d_a temp,
+//   V = suffix-sum(-x d_s / S^2),  dw = 2 w (R pi + d_s / S + V) - G pi g.
+// Passes: (1) chunk totals of x and pi x -> forward carries; (2) forward scan for the chunk totals of d_M
+// and d_D -> suffix carries, recording S and M at every block start; (3) blocks in reverse: recompute S, M
+// forward inside the block, then the suffix sums backward, writing dw with V summed inside the chunk;
+// (4) dw += 2 w V_carry, the part of V from later chunks.
+template <typename T, int64_t KP>
+void causal_bwd_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* temp, const T* pi, const T* den,
+                       T* d_a, const Rows<T>& dw, int64_t B, int64_t N, int64_t P_) {
+  HEAD_DIM;
+  const int64_t H = w.H, HP = H * P, L = chunk_size(B, N), nc = (N + L - 1) / L;
+  const int64_t nblk = (L + kBlock - 1) / kBlock;  // blocks per chunk (the last chunk may use fewer)
+  auto safe = [](T v) { return v > T(0) ? v : T(1); };
+
+  // (1) forward carries of S and M
+  std::vector<double> carry_S(B * nc * HP, 0.0), carry_M(B * nc * HP, 0.0);
+  chunk_sumsq<T, KP>(w, nullptr, carry_S.data(), B, N, P, L, nc);
+  chunk_sumsq<T, KP>(w, pi, carry_M.data(), B, N, P, L, nc);
+  exclusive_scan(carry_S, B, nc, HP);
+  exclusive_scan(carry_M, B, nc, HP);
+
+  // (2) forward scan: d_pi_dir and d_D per token; chunk totals of d_M (then d_D): layout (b, chunk, W)
+  const int64_t W = HP + H;
+  std::vector<double> carry_R(B * nc * W, 0.0);
+  std::vector<double> blk_S(B * nc * nblk * HP), blk_M(B * nc * nblk * HP);
+  std::vector<T> d_pi_dir(B * H * N), d_D(B * H * N);
+  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+    HEAD_DIM;
+    std::vector<double> S(HP), M(HP);
+    std::vector<T> run(HP);
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      std::copy_n(carry_S.data() + task * HP, HP, S.data());
+      std::copy_n(carry_M.data() + task * HP, HP, M.data());
+      double* tot = carry_R.data() + task * W;
+      for (int64_t n0 = c0; n0 < c1; n0 += kBlock) {
+        const int64_t blk = task * nblk + (n0 - c0) / kBlock;
+        w.visit(n0, std::min(c1, n0 + kBlock), [&](int64_t h, int64_t n) {
+          double* __restrict Sh = S.data() + h * P;
+          double* __restrict Mh = M.data() + h * P;
+          if (n == n0) {
+            std::copy_n(Sh, P, blk_S.data() + blk * HP + h * P);
+            std::copy_n(Mh, P, blk_M.data() + blk * HP + h * P);
+          }
+          const int64_t i = (b * H + h) * N + n;
+          const T q = pi[i], D = den[i];
+          const double inv = inv_den(D);
+          const T* __restrict x = w(b, h, n);
+          const T* __restrict gr = G(b, h, n);
+          T* __restrict acc = &run[h * P];
+          T dpd = 0, dd = 0;
+#pragma omp simd reduction(+ : dpd, dd)
+          for (int64_t p = 0; p < P; ++p) {
+            const T x2 = x[p] * x[p];
+            Sh[p] += static_cast<double>(x2);
+            Mh[p] += static_cast<double>(q * x2);
+            const T dots = static_cast<T>(Mh[p] * inv);
+            const T gp = T(1) / (T(1) + dots);
+            const T gw = gr[p] * x[p];
+            dpd += gw * gp;
+            const T ddots = gw * q * gp * gp;
+            dd += ddots * dots;
+            acc[p] += static_cast<T>(static_cast<double>(ddots) * inv);
+          }
+          d_pi_dir[i] = -dpd;
+          const T dD = static_cast<T>(-static_cast<double>(dd) * inv * (D > T(0)));
+          d_D[i] = dD;
+          tot[HP + h] += static_cast<double>(dD);
+        });
+        flush(tot, run.data(), HP);
+      }
+    }
+  });
+  exclusive_scan(carry_R, B, nc, W, /*reverse=*/true);
+
+  // (3) blocks in reverse; V summed within the chunk, its chunk total kept for (4)
+  std::vector<double> carry_V(B * nc * HP, 0.0);
+  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+    HEAD_DIM;
+    std::vector<double> S(HP), M(HP), R(W), V(HP);
+    std::vector<T> inv_S(HP * kBlock), gb(HP * kBlock), Rb(HP * kBlock), dpi(H * kBlock), ds(H * kBlock);
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      std::copy_n(carry_R.data() + task * W, W, R.data());  // [h, p]: R, then [h]: Q
+      std::fill(V.begin(), V.end(), 0.0);
+      const int64_t last0 = c0 + (c1 - 1 - c0) / kBlock * kBlock;
+      for (int64_t n0 = last0; n0 >= c0; n0 -= kBlock) {
+        const int64_t n1 = std::min(c1, n0 + kBlock), blk = task * nblk + (n0 - c0) / kBlock;
+        std::copy_n(blk_S.data() + blk * HP, HP, S.data());
+        std::copy_n(blk_M.data() + blk * HP, HP, M.data());
+        // (i) S and M forward through the block: 1/S and g per token
+        w.visit(n0, n1, [&](int64_t h, int64_t n) {
+          const int64_t i = (b * H + h) * N + n, j = (h * kBlock + (n - n0)) * P;
+          const T q = pi[i];
+          const double inv = inv_den(den[i]);
+          const T* __restrict x = w(b, h, n);
+          double* __restrict Sh = S.data() + h * P;
+          double* __restrict Mh = M.data() + h * P;
+#pragma omp simd
+          for (int64_t p = 0; p < P; ++p) {
+            const T x2 = x[p] * x[p];
+            Sh[p] += static_cast<double>(x2);
+            Mh[p] += static_cast<double>(q * x2);
+            inv_S[j + p] = T(1) / safe(static_cast<T>(Sh[p]));
+            gb[j + p] = T(1) / (T(1) + static_cast<T>(Mh[p] * inv));
+          }
+        });
+        // (ii) suffix sums R, Q backward: d_pi per token
+        w.visit_reversed(n0, n1, [&](int64_t h, int64_t n) {
+          const int64_t i = (b * H + h) * N + n, j = (h * kBlock + (n - n0)) * P;
+          const T q = pi[i];
+          const double inv = inv_den(den[i]);
+          const T* __restrict x = w(b, h, n);
+          const T* __restrict gr = G(b, h, n);
+          double* __restrict Rh = R.data() + h * P;
+          T acc = 0;
+#pragma omp simd reduction(+ : acc)
+          for (int64_t p = 0; p < P; ++p) {
+            const T gp = gb[j + p];
+            Rh[p] += static_cast<double>(gr[p] * x[p] * q * gp * gp) * inv;
+            const T r = static_cast<T>(Rh[p]);
+            Rb[j + p] = r;
+            acc += r * x[p] * x[p];
+          }
+          R[HP + h] += static_cast<double>(d_D[i]);
+          dpi[h * kBlock + (n - n0)] = d_pi_dir[i] + acc + static_cast<T>(R[HP + h]);
+        });
+        // (iii) softmax over heads, per token
+        for (int64_t n = n0; n < n1; ++n) {
+          const int64_t t = n - n0;
+          T m = 0;
+          for (int64_t h = 0; h < H; ++h) m += pi[(b * H + h) * N + n] * dpi[h * kBlock + t];
+          for (int64_t h = 0; h < H; ++h) {
+            const int64_t i = (b * H + h) * N + n;
+            const T da = pi[i] * (dpi[h * kBlock + t] - m);
+            d_a[i] = da;
+            ds[h * kBlock + t] = da * temp[h];
+          }
+        }
+        // (iv) V backward, and dw
+        w.visit_reversed(n0, n1, [&](int64_t h, int64_t n) {
+          const int64_t i = (b * H + h) * N + n, j = (h * kBlock + (n - n0)) * P;
+          const T q = pi[i], dsn = ds[h * kBlock + (n - n0)];
+          const T* __restrict x = w(b, h, n);
+          const T* __restrict gr = G(b, h, n);
+          T* __restrict o = dw(b, h, n);
+          double* __restrict Vh = V.data() + h * P;
+#pragma omp simd
+          for (int64_t p = 0; p < P; ++p) {
+            const T is = inv_S[j + p];
+            Vh[p] -= static_cast<double>(x[p] * x[p] * dsn * is * is);
+            const T dx = Rb[j + p] * q + dsn * is + static_cast<T>(Vh[p]);
+            o[p] = T(2) * x[p] * dx - gr[p] * q * gb[j + p];
+          }
+        });
+      }
+      std::copy_n(V.data(), HP, carry_V.data() + task * HP);
+    }
+  });
+  if (nc == 1) return;
+  exclusive_scan(carry_V, B, nc, HP, /*reverse=*/true);
+
+  // (4) dw += 2 w V_carry (V from later chunks)
+  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+    HEAD_DIM;
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      if (task % nc == nc - 1) continue;  // nothing after the last chunk
+      std::vector<T> vc(HP);
+      for (int64_t k = 0; k < HP; ++k) vc[k] = static_cast<T>(2.0 * carry_V[task * HP + k]);
+      w.visit(c0, c1, [&](int64_t h, int64_t n) {
+        const T* __restrict x = w(b, h, n);
+        T* __restrict o = dw(b, h, n);
+        const T* __restrict v = vc.data() + h * P;
+#pragma omp simd
+        for (int64_t p = 0; p < P; ++p) o[p] += x[p] * v[p];
+      });
+    }
+  });
+}
+
+std::vector<Tensor> tssa_causal_bwd(const Tensor& w, const Tensor& G, const Tensor& temp, const Tensor& pi,
+                                    const Tensor& den) {
+  check_w(w);
+  check_w(G);
+  TORCH_CHECK(G.sizes() == w.sizes() && G.scalar_type() == w.scalar_type(), "G must match w");
+  const int64_t B = w.size(0), H = w.size(1), N = w.size(2), P = w.size(3);
+  check_small(temp, w, "temp");
+  check_small(pi, w, "pi");
+  check_small(den, w, "den");
+  TORCH_CHECK(temp.numel() == H && pi.numel() == B * H * N && den.numel() == B * H * N,
+              "temp must be (H,), pi and den (B, H, N)");
+  Tensor d_a = at::empty({B, H, N}, w.options());
+  Tensor dw = at::empty_like(w);
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_causal_bwd", [&] {
+    with_head_dim(P, [&](auto kp) {
+      causal_bwd_kernel<scalar_t, decltype(kp)::value>(
+          Rows<const scalar_t>(w), Rows<const scalar_t>(G), temp.data_ptr<scalar_t>(), pi.data_ptr<scalar_t>(),
+          den.data_ptr<scalar_t>(), d_a.data_ptr<scalar_t>(), Rows<scalar_t>(dw), B, N, P);
+    });
+  });
+  return {d_a, dw};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(attnzoo_cpu, m) {
@@ -572,6 +804,7 @@ TORCH_LIBRARY(attnzoo_cpu, m) {
   m.def("tssa_causal(Tensor w, Tensor temp, Tensor bias) -> Tensor[]");
   m.def("tssa_bwd_gw(Tensor w, Tensor G, Tensor pi, Tensor g) -> Tensor[]");
   m.def("tssa_rowdot_sq(Tensor w, Tensor v) -> Tensor");
+  m.def("tssa_causal_bwd(Tensor w, Tensor G, Tensor temp, Tensor pi, Tensor den) -> Tensor[]");
   m.def("tssa_bwd_dw(Tensor w, Tensor G, Tensor a, Tensor b, Tensor c, Tensor d, Tensor e, Tensor f, Tensor h) -> Tensor");
 }
 
@@ -583,4 +816,5 @@ TORCH_LIBRARY_IMPL(attnzoo_cpu, CPU, m) {
   m.impl("tssa_bwd_gw", &tssa_bwd_gw);
   m.impl("tssa_rowdot_sq", &tssa_rowdot_sq);
   m.impl("tssa_bwd_dw", &tssa_bwd_dw);
+  m.impl("tssa_causal_bwd", &tssa_causal_bwd);
 }
