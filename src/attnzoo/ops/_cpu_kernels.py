@@ -60,7 +60,7 @@ def _build_dir() -> Path:
 
 
 def _cflags() -> list[str]:
-    flags = ["-O3", "-std=c++17"]
+    flags = ["-O3"]  # torch adds the -std its headers need
     if platform.machine() in ("x86_64", "AMD64"):
         flags.append("-march=native")
     # at::parallel_for is inline OpenMP code when torch is built with OpenMP: without -fopenmp it runs serially

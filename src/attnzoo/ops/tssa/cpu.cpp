@@ -615,8 +615,14 @@ void causal_bwd_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* 
   // (2) forward scan: d_pi_dir and d_D per token; chunk totals of d_M (then d_D): layout (b, chunk, W)
   const int64_t W = HP + H;
   std::vector<double> carry_R(B * nc * W, 0.0);
-  std::vector<double> blk_S(B * nc * nblk * HP), blk_M(B * nc * nblk * HP);
-  std::vector<T> d_pi_dir(B * H * N), d_D(B * H * N);
+  // O(N) scratch from PyTorch's allocator, so that the benchmark's tracked peak memory sees it
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  Tensor blk_St = at::empty({B * nc * nblk * HP}, f64), blk_Mt = at::empty({B * nc * nblk * HP}, f64);
+  Tensor scratch = at::empty({2, B * H * N}, at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value));
+  double* blk_S = blk_St.data_ptr<double>();
+  double* blk_M = blk_Mt.data_ptr<double>();
+  T* d_pi_dir = static_cast<T*>(scratch.data_ptr());
+  T* d_D = d_pi_dir + B * H * N;
   at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
     HEAD_DIM;
     std::vector<double> S(HP), M(HP);
@@ -632,8 +638,8 @@ void causal_bwd_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* 
           double* __restrict Sh = S.data() + h * P;
           double* __restrict Mh = M.data() + h * P;
           if (n == n0) {
-            std::copy_n(Sh, P, blk_S.data() + blk * HP + h * P);
-            std::copy_n(Mh, P, blk_M.data() + blk * HP + h * P);
+            std::copy_n(Sh, P, blk_S + blk * HP + h * P);
+            std::copy_n(Mh, P, blk_M + blk * HP + h * P);
           }
           const int64_t i = (b * H + h) * N + n;
           const T q = pi[i], D = den[i];
@@ -679,8 +685,8 @@ void causal_bwd_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* 
       const int64_t last0 = c0 + (c1 - 1 - c0) / kBlock * kBlock;
       for (int64_t n0 = last0; n0 >= c0; n0 -= kBlock) {
         const int64_t n1 = std::min(c1, n0 + kBlock), blk = task * nblk + (n0 - c0) / kBlock;
-        std::copy_n(blk_S.data() + blk * HP, HP, S.data());
-        std::copy_n(blk_M.data() + blk * HP, HP, M.data());
+        std::copy_n(blk_S + blk * HP, HP, S.data());
+        std::copy_n(blk_M + blk * HP, HP, M.data());
         // (i) S and M forward through the block: 1/S and g per token
         w.visit(n0, n1, [&](int64_t h, int64_t n) {
           const int64_t i = (b * H + h) * N + n, j = (h * kBlock + (n - n0)) * P;
