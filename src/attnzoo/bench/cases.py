@@ -57,14 +57,16 @@ def _op_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
             backend = "torch_autograd" if name.endswith("_autograd") else "auto"
             run = lambda: ops.fastmax(q, k, v, p=p, causal=causal, backend=backend)  # noqa: E731
         return Prepared([q, k, v], run, 4 * _nbytes(q))
-    if name in ("tssa", "mssa"):
+    if name in ("tssa", "tssa_torch", "mssa"):
         (w,) = _randn((B, H, N, P), device, dtype)
         if name == "mssa":
             run = lambda: ops.mssa(w, causal=causal, normalize_query=causal)  # noqa: E731
             return Prepared([w], run, 2 * _nbytes(w))
         temp = torch.ones(H, device=device, dtype=dtype)
         bias = torch.zeros(H, N, 1, device=device, dtype=dtype) if causal else None
-        run = lambda: ops.tssa(w, temp, causal=causal, bias=bias)  # noqa: E731
+        # "tssa_torch": the PyTorch path, to measure what the fused CPU kernels ("auto" on CPU) gain
+        backend = "torch" if name == "tssa_torch" else "auto"
+        run = lambda: ops.tssa(w, temp, causal=causal, bias=bias, backend=backend)  # noqa: E731
         return Prepared([w], run, 2 * _nbytes(w))
     if name == "cbsa":
         (w,) = _randn((B, H, N, P), device, dtype)
@@ -83,10 +85,11 @@ def _op_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
 
 OP_CASES = ["softmax", "linear", "xca", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "csp", "cbsa"]
 CAUSAL_OP_CASES = ["softmax", "linear", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "fastmax_p1_autograd",
-                   "fastmax_p2_autograd"]
+                   "fastmax_p2_autograd", "tssa_torch"]
 # Not in the default sweep: Fastmax with autograd through the factorisation instead of FAST §2.5's
-# custom backward, to measure what that backward saves (--mechanisms fastmax_p2,fastmax_p2_autograd).
-EXTRA_OP_CASES = ["fastmax_p1_autograd", "fastmax_p2_autograd"]
+# custom backward, to measure what that backward saves (--mechanisms fastmax_p2,fastmax_p2_autograd); TSSA
+# on its PyTorch path beside the fused CPU kernels (--mechanisms tssa,tssa_torch).
+EXTRA_OP_CASES = ["fastmax_p1_autograd", "fastmax_p2_autograd", "tssa_torch"]
 ALL_OP_CASES = OP_CASES + EXTRA_OP_CASES
 
 

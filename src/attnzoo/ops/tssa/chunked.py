@@ -1,4 +1,6 @@
-"""Memory-lean TSSA (the ``"torch"`` backend): Alg. 1 / Alg. 2 of ToST with hand-written backward passes.
+"""Memory-lean TSSA (the ``"torch"`` and ``"cpu"`` backends): Alg. 1 / Alg. 2 of ToST with hand-written backward
+passes. The ``"cpu"`` backend runs the same formulas in the fused C++ kernels of ``cpu.cpp`` (three passes over
+``w`` forward, four backward); this module holds the PyTorch versions, which are also its specification.
 
 Why custom ``autograd.Function``s: differentiating the reference (``naive.py``) with autograd keeps about
 5x (non-causal) and 8x (causal) the size of ``w`` alive between forward and backward (``w_normed``,

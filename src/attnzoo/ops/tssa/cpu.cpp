@@ -1,15 +1,16 @@
-// Fused CPU kernels for TSSA's forward (ToST Alg. 1 and Alg. 2), float32 and float64.
+// Fused CPU kernels for TSSA (ToST Alg. 1 and Alg. 2), forward and backward, float32 and float64.
 //
-// Why: the PyTorch formulation (chunked.py) makes about nine passes over the (B, H, N, P) tensor
-// (w^2, three token reductions of it, two scalings of the output), so at N = 16k it is bound by memory
-// traffic at 4-6x the time to stream w in and the output out. Here each pass reads w once:
-//   non-causal: (1) per-feature sums of w^2 over tokens; (2) per token, s over features, Pi = softmax over
-//               heads, and the Pi-weighted sums of w^2 and of Pi; (3) out = -w Pi g.
-//   causal:     the same three passes, as prefix sums: each pass scans chunks of tokens in parallel from
-//               the exclusive carry that the previous (tiny) step computed from chunk totals.
-// Token sums are carried in double (float32 within runs of kFlush tokens, then double), so an N = 64k
-// prefix sum is as accurate as a float64 scan. The Python side (chunked.py) computes the O(HP) steps
-// between passes and keeps the hand-written backward; these kernels only replace its forward.
+// Why: the PyTorch formulation (chunked.py) makes about nine passes over the (B, H, N, P) tensor forward
+// (w^2, three token reductions of it, two scalings of the output) and more backward, so at N = 16k it is
+// bound by memory traffic. Here each pass reads w (and, backward, the output's gradient) once:
+//   non-causal forward: (1) per-feature sums of w^2 over tokens; (2) per token, s over features, Pi =
+//     softmax over heads, and the Pi-weighted sums of w^2 and of Pi; (3) out = -w Pi g.
+//   causal forward: the same three passes as prefix sums: each scans chunks of tokens in parallel from the
+//     exclusive carry computed from the previous pass's chunk totals.
+//   backward: four passes each (see the two backward sections).
+// Tasks are (batch, chunk of tokens); inside a chunk tokens go in blocks of kBlock. Token sums run in the
+// input precision within a block, then in double, so an N = 64k prefix sum is as accurate as a float64
+// scan. The Python side (chunked.py) does the O(HP) and O(HN) steps between passes.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
