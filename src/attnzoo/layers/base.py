@@ -18,6 +18,7 @@ import inspect
 from typing import Callable, Iterator
 
 import torch
+from einops import rearrange
 from torch import nn
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "attention_info",
     "capture_internals",
     "RecurrentMixin",
+    "QKVProjection",
 ]
 
 
@@ -159,6 +161,25 @@ def capture_internals(model: nn.Module) -> Iterator[dict[str, dict[str, torch.Te
     finally:
         for _, m in mods:
             m._capture_store = None
+
+
+class QKVProjection:
+    """The fused q/k/v projection ``qkv: Linear(dim, 3 dim)`` and output projection ``proj`` (+ dropout)
+    shared by the query-key-value mechanisms (softmax, linear, Fastmax)."""
+
+    def _init_projections(self, dim: int, qkv_bias: bool, proj_bias: bool, proj_dropout: float) -> None:
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.proj_drop = nn.Dropout(proj_dropout)
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(B, N, dim) -> q, k, v`` each ``(B, H, N, P)`` (views of one projection)."""
+        qkv = rearrange(self.qkv(x), "b n (three h p) -> three b h n p", three=3, h=self.heads)
+        return qkv[0], qkv[1], qkv[2]
+
+    def _out(self, o: torch.Tensor) -> torch.Tensor:
+        """``(B, H, N, P) -> (B, N, dim)``: merge the heads, project, dropout."""
+        return self.proj_drop(self.proj(rearrange(o, "b h n p -> b n (h p)")))
 
 
 class RecurrentMixin:

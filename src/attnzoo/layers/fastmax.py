@@ -4,11 +4,9 @@ from __future__ import annotations
 import numbers
 
 import torch
-from einops import rearrange
-from torch import nn
 
 from attnzoo._checks import check_choice, check_finite, check_positive_int
-from attnzoo.layers.base import Attention, RecurrentMixin, register_attention
+from attnzoo.layers.base import Attention, QKVProjection, RecurrentMixin, register_attention
 from attnzoo.ops.fastmax import (
     BACKENDS,
     FastmaxState,
@@ -33,7 +31,7 @@ def _check_rate(name: str, rate) -> None:
 
 
 @register_attention("fastmax")
-class FastmaxAttention(Attention, RecurrentMixin):
+class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
     """Fastmax attention (FAST eqs 5-12, causal 30-35) with ``qkv``/``proj`` linear projections.
 
     Options: ``p`` (Taylor order of f, 1 or 2), ``scale`` (score scale, default ``head_dim**-0.5``; p=1 weights
@@ -76,18 +74,12 @@ class FastmaxAttention(Attention, RecurrentMixin):
         self.attn_dropout = float(attn_dropout)
         self.dropout_placement = dropout_placement
         self.backend = backend
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(proj_dropout)
-
-    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        qkv = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.heads)
-        return qkv[0], qkv[1], qkv[2]
+        self._init_projections(dim, qkv_bias, proj_bias, proj_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         check_finite("x", x)
-        q, k, v = self._heads(x)
+        q, k, v = self._qkv(x)
         if self.training and self.attn_dropout > 0:
             out = fastmax_dropout(
                 q, k, v, rate=self.attn_dropout, placement=self.dropout_placement, p=self.p,
@@ -100,7 +92,7 @@ class FastmaxAttention(Attention, RecurrentMixin):
                 self.record(q_hat=standardize(q), k_hat=standardize(k))
                 if x.shape[1] <= MAX_CAPTURE_TOKENS:
                     self.record(attn=explicit_attention(q, k, p=self.p, causal=self.causal, scale=self.scale))
-        return self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
+        return self._out(out)
 
     # ---- recurrent decoding (causal only) -----------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> FastmaxState:
@@ -118,9 +110,9 @@ class FastmaxAttention(Attention, RecurrentMixin):
         check_finite("x", x)
         if x.shape[1] != 1:
             raise ValueError(f"step takes one token x of shape (B, 1, dim), got shape {tuple(x.shape)}")
-        q, k, v = self._heads(x)
+        q, k, v = self._qkv(x)
         out, state = fastmax_step(q, k, v, state, p=self.p, scale=self.scale)
-        return self.proj_drop(self.proj(rearrange(out, "b h 1 d -> b 1 (h d)"))), state
+        return self._out(out), state
 
     def _require_causal(self) -> None:
         if not self.causal:

@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import torch
-from einops import rearrange
-from torch import nn
 
-from attnzoo.layers.base import Attention, RecurrentMixin, register_attention
+from attnzoo.layers.base import Attention, QKVProjection, RecurrentMixin, register_attention
 from attnzoo.layers.softmax import check_step_input
 from attnzoo.ops.linear import (
     FEATURE_MAPS,
@@ -23,7 +21,7 @@ MAX_RECORDED_TOKENS = 2048
 
 
 @register_attention("linear")
-class LinearAttention(Attention, RecurrentMixin):
+class LinearAttention(QKVProjection, Attention, RecurrentMixin):
     """Linear attention ``phi(q_i)^T sum_j phi(k_j) v_j^T / (phi(q_i)^T sum_j phi(k_j) + eps)`` per head
     (Katharopoulos et al. 2020, eqs. 5-6; causal eqs. 8-10), ``phi = elu + 1`` by default.
 
@@ -64,16 +62,7 @@ class LinearAttention(Attention, RecurrentMixin):
         self.feature_map = feature_map
         self.eps = float(eps)
         self.chunk_size = chunk_size
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(proj_dropout)
-
-    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        qkv = rearrange(self.qkv(x), "b n (three h p) -> three b h n p", three=3, h=self.heads)
-        return qkv[0], qkv[1], qkv[2]
-
-    def _out(self, o: torch.Tensor) -> torch.Tensor:
-        return self.proj_drop(self.proj(rearrange(o, "b h n p -> b n (h p)")))
+        self._init_projections(dim, qkv_bias, proj_bias, proj_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)

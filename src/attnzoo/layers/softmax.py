@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
-from torch import nn
 
-from attnzoo.layers.base import Attention, RecurrentMixin, register_attention
+from attnzoo.layers.base import Attention, QKVProjection, RecurrentMixin, register_attention
 from attnzoo.ops.softmax import softmax_attention, softmax_attention_weights
 from attnzoo._checks import check_dropout, check_scale
 
@@ -30,7 +28,7 @@ def check_kv_cache(state, batch: int, names: tuple[str, ...]) -> None:
 
 
 @register_attention("softmax")
-class SoftmaxAttention(Attention, RecurrentMixin):
+class SoftmaxAttention(QKVProjection, Attention, RecurrentMixin):
     """Softmax attention ``proj(concat_h softmax(q_h k_h^T * scale [masked]) v_h)`` (Vaswani et al. 2017, eq. 1).
 
     Layout: ``qkv = Linear(dim, 3 dim)`` split as ``(q | k | v)``, each ``(heads x head_dim)``; ``proj = Linear(dim,
@@ -59,16 +57,7 @@ class SoftmaxAttention(Attention, RecurrentMixin):
         self.attn_dropout = check_dropout("attn_dropout", attn_dropout)
         check_dropout("proj_dropout", proj_dropout)
         self.scale = check_scale(scale, self.head_dim)
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(proj_dropout)
-
-    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        qkv = rearrange(self.qkv(x), "b n (three h p) -> three b h n p", three=3, h=self.heads)
-        return qkv[0], qkv[1], qkv[2]
-
-    def _out(self, o: torch.Tensor) -> torch.Tensor:
-        return self.proj_drop(self.proj(rearrange(o, "b h n p -> b n (h p)")))
+        self._init_projections(dim, qkv_bias, proj_bias, proj_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
