@@ -95,7 +95,7 @@ def test_capture_internals():
         y = m(x)
     rec = store[""]
     assert set(rec) == {"attn", "q_hat", "k_hat"}
-    q, k, v = m._heads(x)
+    q, k, v = m._qkv(x)
     torch.testing.assert_close(rec["q_hat"], standardize_naive(q), rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(rec["k_hat"], standardize_naive(k), rtol=1e-10, atol=1e-10)
     a = rec["attn"]

@@ -10,6 +10,7 @@ Environment: ``ATTNZOO_CPU_KERNELS=0`` skips the kernels (PyTorch path everywher
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -17,6 +18,7 @@ import platform
 import threading
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -78,15 +80,38 @@ def _build() -> None:
         # a pause of half a minute deserves a word (logging's last-resort handler shows warnings on stderr)
         log.warning("attnzoo: compiling the fused CPU kernels into %s (once per machine and torch version, "
                     "~30 s on 2 cores)", build_dir)
-    load(
-        name="attnzoo_cpu",
-        sources=[str(s) for s in CPU_KERNEL_SOURCES],
-        extra_cflags=_cflags(),
-        extra_ldflags=["-fopenmp"] if torch.backends.openmp.is_available() else [],
-        build_directory=str(build_dir),
-        is_python_module=False,
-        verbose=False,
-    )
+    with _build_lock(build_dir):
+        load(
+            name="attnzoo_cpu",
+            sources=[str(s) for s in CPU_KERNEL_SOURCES],
+            extra_cflags=_cflags(),
+            extra_ldflags=["-fopenmp"] if torch.backends.openmp.is_available() else [],
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=False,
+        )
+
+
+@contextlib.contextmanager
+def _build_lock(build_dir: Path) -> Iterator[None]:
+    """Serialise builds with an OS lock, which dies with its process.
+
+    torch's own lock is a file that a killed build (SIGKILL, OOM, a CI timeout) leaves behind, after which
+    every later ``load`` waits on it forever. Whoever holds this lock is the only process that can be inside
+    ``load`` for this directory, so a torch lock file it finds is stale and goes.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: torch's lock alone
+        yield
+        return
+    with open(build_dir / "attnzoo.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            (build_dir / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def cpu_kernels():
