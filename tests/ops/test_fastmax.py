@@ -46,7 +46,14 @@ SHAPES = [(1, 1, 1, 3, 3), (2, 3, 2, 4, 4), (1, 2, 7, 5, 3), (2, 1, 33, 4, 6)]
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("p", [1, 2])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_matches_naive_float64(backend, causal, p, shape):
+@pytest.mark.parametrize("unmasked_chunks", ["many", "default"])
+def test_matches_naive_float64(backend, causal, p, shape, unmasked_chunks, monkeypatch):
+    if unmasked_chunks == "many":
+        # unmasked sweeps take chunks of >= 2^18 feature elements by default (one chunk at these sizes);
+        # a budget of 1 brings them down to chunk_size=3, so the multi-chunk sums are exercised too
+        from attnzoo.ops.fastmax import factorized
+
+        monkeypatch.setattr(factorized, "_UNMASKED_FEATURES", 1)
     b, h, n, d, dv = shape
     q, k, v = _qkv(b, h, n, d, dv, grad=True)
     scale = _safe_scale(p, d)

@@ -40,6 +40,17 @@ def _spans(n: int, chunk: int) -> list[tuple[int, int]]:
     return [(s, min(s + chunk, n)) for s in range(0, n, chunk)]
 
 
+# Unmasked sums need no C x C intra-chunk terms, so their chunks only bound the (C, feature_dim) feature
+# temporaries: as many tokens as give this many feature elements per head, and at least the requested
+# chunk. (The masked chunk trades the C^2 terms against the per-chunk overhead; at the default C = 64 the
+# unmasked sweep at N = 16k, p = 1 was dominated by the Python overhead of its 256 chunks.)
+_UNMASKED_FEATURES = 1 << 18
+
+
+def _unmasked_spans(n: int, d: int, p: int, chunk: int) -> list[tuple[int, int]]:
+    return _spans(n, max(chunk, _UNMASKED_FEATURES // feature_dim(d, p)))
+
+
 def _append_one(v: torch.Tensor) -> torch.Tensor:
     return torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)
 
@@ -78,6 +89,7 @@ def factorized_forward(
         return fq if feat_mask is None else fq * feat_mask.unsqueeze(-2)
 
     if not causal:
+        spans = _unmasked_spans(n, d, p, chunk)
         for s, e in spans:
             state = state + features(k[..., s:e, :], p).transpose(-1, -2) @ _append_one(v[..., s:e, :])
         for s, e in spans:
@@ -129,6 +141,7 @@ def factorized_backward(
         return _append_one(v[..., s:e, :])
 
     if not causal:
+        spans = _unmasked_spans(n, d, p, chunk)
         s_state = qs.new_zeros(b, h, p_dim, dv_dim + 1)
         t_state = qs.new_zeros(b, h, p_dim, dv_dim + 1)
         for s, e in spans:
