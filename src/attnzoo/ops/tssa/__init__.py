@@ -8,8 +8,8 @@ Public API:
 - :func:`tssa_init_state` / :func:`tssa_step`: O(1)-memory recurrent form of causal TSSA for decoding.
 
 Backends: ``"naive"`` (``naive.py``, the literal pseudocode, differentiated by autograd), ``"torch"``
-(``chunked.py``, memory-lean with hand-written backward), ``"cpu"`` (the same with its forward in fused C++
-kernels, ``cpu.cpp``, built on first use), ``"triton"`` (``triton.py``, fused kernels; needs the ``triton``
+(``chunked.py``, memory-lean with hand-written backward), ``"cpu"`` (the same formulas, forward and backward, in fused
+C++ kernels, ``cpu.cpp``, built on first use), ``"triton"`` (``triton.py``, fused kernels; needs the ``triton``
 package). ``"auto"`` picks ``"triton"`` for CUDA tensors when Triton is installed, ``"cpu"`` for CPU tensors
 when the kernels build (and not while ``torch.compile`` traces), else ``"torch"``.
 """

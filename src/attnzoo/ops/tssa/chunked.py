@@ -276,8 +276,8 @@ def tssa_torch(
     """Memory-lean TSSA ``(B, H, N, P) -> (B, H, N, P)``: Alg. 1 (eq. 11) or Alg. 2 (eq. 28).
 
     ``temp``: ``(H,)``; ``bias``: ``(H, N_max, 1)`` or ``None`` (causal only). Inputs are assumed validated.
-    ``kernels``: ``torch.ops.attnzoo_cpu`` to run the forward with the fused CPU kernels (CPU tensors;
-    the backward is the same hand-written one), or ``None`` for the PyTorch forward.
+    ``kernels``: ``torch.ops.attnzoo_cpu`` to run forward and backward in the fused CPU kernels (CPU
+    tensors), or ``None`` for the PyTorch versions below.
     """
     if not causal:
         return _TSSANonCausal.apply(w, temp, kernels)

@@ -16,7 +16,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -161,6 +160,37 @@ void chunk_sumsq(const Rows<const T>& w, const T* d, double* part, int64_t B, in
   });
 }
 
+// out[b, i] = sum over chunks k of part[b, k, i] (width entries per chunk), rounded to T
+template <typename T>
+void sum_chunks(const double* part, int64_t B, int64_t nc, int64_t width, T* out) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < width; ++i) {
+      double s = 0;
+      for (int64_t k = 0; k < nc; ++k) s += part[(b * nc + k) * width + i];
+      out[b * width + i] = static_cast<T>(s);
+    }
+}
+
+// The second half of a block of tokens n0 <= n < n1 of batch b in the forward passes that find Pi: a[h * kBlock
+// + n - n0] holds s * temp and becomes Pi (softmax over heads, also written to pi (B, H, N)); Pi is added to
+// den[h] and Pi w^2 to num[h, :] (the block's sums run in T in `run`, then go to double).
+template <typename T, int64_t KP>
+inline void block_memberships(const Rows<const T>& w, int64_t b, int64_t n0, int64_t n1, int64_t N, int64_t P_,
+                              T* a, T* pi, T* run, double* num, double* den) {
+  HEAD_DIM;
+  const int64_t H = w.H;
+  for (int64_t n = n0; n < n1; ++n) {
+    softmax_heads(&a[n - n0], H, kBlock);
+    for (int64_t h = 0; h < H; ++h) {
+      const T q = a[h * kBlock + (n - n0)];
+      pi[(b * H + h) * N + n] = q;
+      den[h] += static_cast<double>(q);
+    }
+  }
+  w.visit(n0, n1, [&](int64_t h, int64_t n) { add_sq(&run[h * P], w(b, h, n), a[h * kBlock + (n - n0)], P); });
+  flush(num, run, H * P);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // non-causal (Alg. 1)
 // ---------------------------------------------------------------------------------------------------
@@ -172,12 +202,7 @@ void colsum_sq_kernel(const Rows<const T>& w, const T* d, T* c, int64_t B, int64
   const int64_t HP = w.H * P, L = chunk_size(B, N), nc = (N + L - 1) / L;
   std::vector<double> part(B * nc * HP, 0.0);
   chunk_sumsq<T, KP>(w, d, part.data(), B, N, P, L, nc);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < HP; ++i) {
-      double s = 0;
-      for (int64_t k = 0; k < nc; ++k) s += part[(b * nc + k) * HP + i];
-      c[b * HP + i] = static_cast<T>(s);
-    }
+  sum_chunks(part.data(), B, nc, HP, c);
 }
 
 // sum_n d[b, h, n] w[b, h, n, p]^2 -> (B, H, P); d: (B, H, N) or None (d = 1)
@@ -222,31 +247,12 @@ void stats_kernel(const Rows<const T>& w, const T* r, const T* temp, T* s, T* pi
           s[(b * H + h) * N + n] = acc;
           a[h * kBlock + (n - n0)] = acc * temp[h];
         });
-        for (int64_t n = n0; n < n1; ++n) {
-          softmax_heads(&a[n - n0], H, kBlock);
-          for (int64_t h = 0; h < H; ++h) {
-            const T q = a[h * kBlock + (n - n0)];
-            pi[(b * H + h) * N + n] = q;
-            dden[h] += static_cast<double>(q);
-          }
-        }
-        w.visit(n0, n1, [&](int64_t h, int64_t n) { add_sq(&run[h * P], w(b, h, n), a[h * kBlock + (n - n0)], P); });
-        flush(dnum, run.data(), HP);
+        block_memberships<T, KP>(w, b, n0, n1, N, P, a.data(), pi, run.data(), dnum, dden);
       }
     }
   });
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t i = 0; i < H; ++i) {
-      double d = 0;
-      for (int64_t k = 0; k < nc; ++k) d += pden[(b * nc + k) * H + i];
-      den[b * H + i] = static_cast<T>(d);
-    }
-    for (int64_t i = 0; i < HP; ++i) {
-      double sum = 0;
-      for (int64_t k = 0; k < nc; ++k) sum += pnum[(b * nc + k) * HP + i];
-      num[b * HP + i] = static_cast<T>(sum);
-    }
-  }
+  sum_chunks(pden.data(), B, nc, H, den);
+  sum_chunks(pnum.data(), B, nc, HP, num);
 }
 
 std::vector<Tensor> tssa_token_stats(const Tensor& w, const Tensor& r, const Tensor& temp) {
@@ -342,12 +348,7 @@ void bwd_gw_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* pi, 
       }
     }
   });
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < HP; ++i) {
-      double sum = 0;
-      for (int64_t k = 0; k < nc; ++k) sum += part[(b * nc + k) * HP + i];
-      U[b * HP + i] = static_cast<T>(sum);
-    }
+  sum_chunks(part.data(), B, nc, HP, U);
 }
 
 std::vector<Tensor> tssa_bwd_gw(const Tensor& w, const Tensor& G, const Tensor& pi, const Tensor& g) {
@@ -522,16 +523,7 @@ void causal_kernel(const Rows<const T>& w, const T* temp, const T* bias, const R
           s[(b * H + h) * N + n] = sv;
           a[h * kBlock + (n - n0)] = sv * temp[h];
         });
-        for (int64_t n = n0; n < n1; ++n) {
-          softmax_heads(&a[n - n0], H, kBlock);
-          for (int64_t h = 0; h < H; ++h) {
-            const T q = a[h * kBlock + (n - n0)];
-            pi[(b * H + h) * N + n] = q;
-            tot[HP + h] += static_cast<double>(q);
-          }
-        }
-        w.visit(n0, n1, [&](int64_t h, int64_t n) { add_sq(&run[h * P], w(b, h, n), a[h * kBlock + (n - n0)], P); });
-        flush(tot, run.data(), HP);
+        block_memberships<T, KP>(w, b, n0, n1, N, P, a.data(), pi, run.data(), tot, tot + HP);
       }
     }
   });
