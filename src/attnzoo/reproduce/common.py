@@ -27,6 +27,9 @@ __all__ = [
     "save_figure",
     "num_params",
     "train_defaults",
+    "seed_list",
+    "seeded_id",
+    "per_seed",
 ]
 
 
@@ -66,6 +69,28 @@ class Section:
     findings: list[dict] = field(default_factory=list)  # {"claim", "measured", "verdict"}
     data: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+
+# ---- seeds ------------------------------------------------------------------------------------------
+def seed_list(plan: dict, seed: int) -> list[int]:
+    """The seeds a section's trained comparisons run: ``seed, seed+1, ...`` (``plan["seeds"]``, default 1)."""
+    n = plan.get("seeds", 1)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"a section's 'seeds' must be a positive int, got {n!r}")
+    return [seed + i for i in range(n)]
+
+
+def seeded_id(base: str, seed: int) -> str:
+    """Step id of one seed's run of ``base`` (e.g. ``vision/vit/seed1``)."""
+    return f"{base}/seed{seed}"
+
+
+def per_seed(records: dict[str, dict], base: str) -> list[dict]:
+    """The results of every seed's run of ``base`` that has a record, in seed order."""
+    prefix = base + "/seed"
+    found = [(int(sid[len(prefix):]), rec["result"]) for sid, rec in records.items()
+             if sid.startswith(prefix) and sid[len(prefix):].isdigit()]
+    return [r for _, r in sorted(found, key=lambda x: x[0])]
 
 
 # ---- formatting -------------------------------------------------------------------------------------

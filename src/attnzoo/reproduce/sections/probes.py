@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from attnzoo.reproduce import claims
-from attnzoo.reproduce.common import Context, Section, Table, fmt, load_trained, save_figure
+from attnzoo.reproduce.common import Context, Section, Table, fmt, load_trained, save_figure, seeded_id
 from attnzoo.reproduce.store import Step
 
 KEY = "probes"
@@ -31,11 +31,11 @@ def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
             continue  # only models the vision section trains can be probed
         steps.append(Step(f"{KEY}/layerwise/{name}", KEY, {"experiment": "layerwise", "model": name, "batch": batch,
                                                            "eps": 0.5},
-                          _run_layerwise, deps=(f"vision/{name}",), label=f"layerwise/{name}"))
+                          _run_layerwise, deps=(seeded_id(f"vision/{name}", seed),), label=f"layerwise/{name}"))
     maps = [n for n in plan.get("attention_maps", []) if n in vision_plan["models"]]
     if maps:
         steps.append(Step(f"{KEY}/attention-maps", KEY, {"experiment": "attention-maps", "models": maps, "batch": batch},
-                          _run_maps, deps=tuple(f"vision/{n}" for n in maps), label="attention-maps"))
+                          _run_maps, deps=tuple(seeded_id(f"vision/{n}", seed) for n in maps), label="attention-maps"))
     return steps
 
 
@@ -56,7 +56,7 @@ def _val_batch(cfg: dict):
 
 
 def _trained(ctx: Context, name: str):
-    rec = ctx.store.load_by_id(f"vision/{name}")
+    rec = ctx.store.load_by_id(seeded_id(f"vision/{name}", ctx.seed))
     if rec is None:
         raise RuntimeError(f"probe needs the trained vision model {name!r}; its step has not run")
     return load_trained(rec["result"]["run_dir"])
