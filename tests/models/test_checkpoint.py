@@ -65,7 +65,9 @@ def test_config_json_is_plain_json(tmp_path):
     model.save_pretrained(tmp_path)
     data = json.loads((tmp_path / "config.json").read_text())
     assert data["arch"] == "vision" and data["attention"] == "cbsa"
-    assert data == model.config.to_dict()
+    with safetensors.safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        digest = f.metadata()["sha256"]
+    assert data == {**model.config.to_dict(), "weights_sha256": digest}
 
 
 def test_failed_save_leaves_existing_checkpoint_untouched(tmp_path, monkeypatch):
@@ -205,3 +207,81 @@ def test_every_registered_model_is_loadable_class():
 
     for name in list_models():
         assert model_class_for(get_config(name).arch).config_class.arch == get_config(name).arch
+
+
+def _rewrite_weights(directory, edit=None, keep_metadata=()):
+    """Re-save ``model.safetensors`` with ``edit(tensors)`` applied and only ``keep_metadata`` kept."""
+    path = directory / "model.safetensors"
+    with safetensors.safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    if edit is not None:
+        edit(tensors)
+    safetensors.torch.save_file(tensors, str(path), metadata={k: meta[k] for k in keep_metadata} or None)
+    return tensors
+
+
+def _bump_first(tensors):
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1.0
+
+
+@pytest.mark.parametrize("keep", [(), ("format", "aliases")])
+def test_edited_weights_with_stripped_metadata_are_detected(saved, keep):
+    # the checksum in config.json survives whatever is done to the safetensors metadata
+    _rewrite_weights(saved, _bump_first, keep)
+    with pytest.raises(CheckpointError, match=r"model.safetensors: checksum mismatch with weights_sha256 in .*config.json"):
+        from_pretrained(saved)
+
+
+def test_stripped_metadata_alone_still_loads_verified(saved, recwarn):
+    _rewrite_weights(saved)
+    from_pretrained(saved)
+    assert not [w for w in recwarn if "unverified" in str(w.message)]
+
+
+def test_metadata_checksum_disagreeing_with_config_is_an_error(saved):
+    # tensors edited and the metadata checksum recomputed to match, config.json untouched: still caught
+    tensors = _rewrite_weights(saved, _bump_first)
+    safetensors.torch.save_file(tensors, str(saved / "model.safetensors"), metadata={"sha256": ckpt._digest(tensors)})
+    with pytest.raises(CheckpointError, match="checksum mismatch with weights_sha256"):
+        from_pretrained(saved)
+
+
+def test_checkpoint_with_only_the_metadata_checksum_loads(saved, recwarn):
+    # checkpoints written before config.json carried the checksum: the metadata one is used, no warning
+    data = json.loads((saved / "config.json").read_text())
+    del data["weights_sha256"]
+    (saved / "config.json").write_text(json.dumps(data))
+    from_pretrained(saved)
+    assert not [w for w in recwarn if "unverified" in str(w.message)]
+    _rewrite_weights(saved, _bump_first, ("sha256",))
+    with pytest.raises(CheckpointError, match="checksum mismatch with its sha256 metadata"):
+        from_pretrained(saved)
+
+
+def test_checkpoint_without_any_checksum_loads_with_one_warning(saved):
+    data = json.loads((saved / "config.json").read_text())
+    del data["weights_sha256"]
+    (saved / "config.json").write_text(json.dumps(data))
+    tensors = _rewrite_weights(saved)
+    with pytest.warns(RuntimeWarning, match=r"model.safetensors: unverified weights"):
+        first = from_pretrained(saved)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        second = from_pretrained(saved)
+    assert not [w for w in again if "unverified" in str(w.message)]  # once per file, not per load
+    for model in (first, second):
+        own = model.state_dict()
+        assert all(torch.equal(own[k], t) for k, t in tensors.items())
+
+
+@pytest.mark.parametrize("bad", ["abc", 12, "G" * 64])
+def test_malformed_config_checksum(saved, bad):
+    data = json.loads((saved / "config.json").read_text())
+    data["weights_sha256"] = bad
+    (saved / "config.json").write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match="config.json: weights_sha256 must be a SHA-256 hex digest"):
+        from_pretrained(saved)

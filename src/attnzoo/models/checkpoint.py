@@ -5,6 +5,10 @@ after both were written and flushed (a failed rename restores the files already 
 save never leaves a half-written, mixed or overwritten checkpoint. Loads check the JSON, the config keys,
 the safetensors header, a SHA-256 of the tensor bytes, and the exact set of tensor names / shapes /
 dtypes, and name the file and the problem on error.
+
+The SHA-256 is stored twice: in the safetensors metadata and as ``weights_sha256`` in ``config.json``, so
+editing the tensors and stripping the metadata is still detected. A checkpoint carrying neither (written
+by other tools or by hand) loads with a one-time warning that its weights are unverified.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +29,9 @@ __all__ = ["PretrainedModel", "save_pretrained", "from_pretrained", "CheckpointE
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT_VERSION = "1"
+#: ``config.json`` key holding the SHA-256 of the weights (see :func:`_digest`); not a model config field
+CHECKSUM_KEY = "weights_sha256"
+_warned_unverified: set[str] = set()
 
 
 class CheckpointError(ValueError):
@@ -135,7 +143,7 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> Path:
         "aliases": json.dumps(aliases, sort_keys=True),
         "sha256": _digest(tensors),
     }
-    config_text = json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n"
+    config_text = json.dumps({**config.to_dict(), CHECKSUM_KEY: meta["sha256"]}, indent=2, sort_keys=True) + "\n"
 
     def write_config(path: str) -> None:
         with open(path, "w", encoding="utf-8") as f:
@@ -150,6 +158,11 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> Path:
 
 def read_config(directory: str | os.PathLike):
     """The model config stored in ``directory/config.json`` (clear error naming the file on problems)."""
+    return _read_config(directory)[0]
+
+
+def _read_config(directory: str | os.PathLike):
+    """``(config, weights checksum or None)`` from ``directory/config.json``."""
     from attnzoo.models.config import config_class_for
 
     path = Path(directory) / CONFIG_NAME
@@ -161,15 +174,24 @@ def read_config(directory: str | os.PathLike):
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(data, dict) or "arch" not in data:
         raise CheckpointError(f"{path}: expected a JSON object with an 'arch' key")
+    checksum = data.pop(CHECKSUM_KEY, None)
+    if checksum is not None and not (isinstance(checksum, str) and len(checksum) == 64
+                                     and all(c in "0123456789abcdef" for c in checksum)):
+        raise CheckpointError(f"{path}: {CHECKSUM_KEY} must be a SHA-256 hex digest (64 lowercase hex digits), "
+                              f"got {checksum!r}")
     try:
         cls = config_class_for(data["arch"])
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(data, source=str(path)), checksum
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: invalid config: {e}") from None
 
 
-def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
-    """Load ``path`` (safetensors) into ``model`` exactly: same names, shapes, dtypes, and checksum."""
+def load_weights(model: nn.Module, path: str | os.PathLike, expected_sha256: str | None = None) -> None:
+    """Load ``path`` (safetensors) into ``model`` exactly: same names, shapes, dtypes, and checksum.
+
+    The checksum is ``expected_sha256`` (from ``config.json``) and/or the file's ``sha256`` metadata; both
+    must match when present. With neither, the weights load with a one-time warning that they are unverified.
+    """
     from safetensors import safe_open
 
     path = Path(path)
@@ -181,8 +203,6 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # safetensors raises its own error types for bad headers / truncation
         raise CheckpointError(f"{path}: corrupt or not a safetensors file ({type(e).__name__}: {e})") from None
-    if "sha256" in meta and _digest(tensors) != meta["sha256"]:
-        raise CheckpointError(f"{path}: checksum mismatch; the tensor data is corrupt")
     try:
         aliases = json.loads(meta.get("aliases", "{}"))
     except json.JSONDecodeError:
@@ -209,6 +229,22 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
                 f"{path}: tensor {name!r} has shape {tuple(t.shape)} / {t.dtype}, the model expects "
                 f"{tuple(target.shape)} / {target.dtype}"
             )
+    # after the structural checks: a config that no longer fits is reported as such, not as corruption
+    wanted = {c for c in (expected_sha256, meta.get("sha256")) if c is not None}
+    if wanted:
+        digest = _digest(tensors)
+        if expected_sha256 is not None and digest != expected_sha256:
+            raise CheckpointError(f"{path}: checksum mismatch with {CHECKSUM_KEY} in {path.parent / CONFIG_NAME}; "
+                                  "the tensor data is corrupt or was edited")
+        if digest not in wanted or len(wanted) > 1:
+            raise CheckpointError(f"{path}: checksum mismatch with its sha256 metadata; the tensor data is corrupt")
+    else:
+        key = str(path.resolve())
+        if key not in _warned_unverified:
+            _warned_unverified.add(key)
+            warnings.warn(f"{path}: unverified weights: neither {path.parent / CONFIG_NAME} ({CHECKSUM_KEY}) nor the "
+                          "file's metadata holds a checksum, so corruption or edits cannot be detected. Re-save "
+                          "with save_pretrained to add one.", RuntimeWarning, stacklevel=3)
     with torch.no_grad():
         for name in sorted(expected):
             own[name].copy_(tensors[name])
@@ -243,9 +279,9 @@ def from_pretrained(directory: str | os.PathLike, *, device: str | torch.device 
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: not a directory")
-    config = read_config(directory)
+    config, checksum = _read_config(directory)
     model = model_class_for(config.arch)(config)
-    load_weights(model, directory / WEIGHTS_NAME)
+    load_weights(model, directory / WEIGHTS_NAME, checksum)
     if device is not None:
         model = model.to(device)
     return model.eval()
