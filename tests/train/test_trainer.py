@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from attnzoo.train.checkpoint import latest_checkpoint
 from attnzoo.train.config import ConfigError, load_config
-from attnzoo.train.trainer import RUN_MARKER, train
+from attnzoo.train.trainer import RUN_MARKER, foreign_run_files, train
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import tiny_factory  # noqa: E402
@@ -57,6 +57,7 @@ def test_loss_decreases_for_each_task_family(tmp_path, task, opts, extra):
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < 0.9 * first, (first, last)
     assert "loss" in res.final_metrics and json.loads((tmp_path / "run" / "final.json").read_text())["step"] == 40
+    assert foreign_run_files(tmp_path / "run") == []  # --overwrite knows every file a run writes
 
 
 def test_resume_after_signal_is_bit_exact(tmp_path):
@@ -115,9 +116,25 @@ def test_output_directory_is_never_silently_overwritten(tmp_path):
         train(_cfg(steps=2), run, model_factory=tiny_factory, progress=False)
     with pytest.raises(ConfigError, match="contradict"):
         train(_cfg(steps=2), run, model_factory=tiny_factory, progress=False, resume=True, overwrite=True)
-    (run / "stale.txt").write_text("x")
+    # --overwrite deletes only what attnzoo wrote: with the user's files there it refuses, listing them
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    (run / "notes.txt").write_text("mine")
+    (run / "checkpoints" / "best_by_hand").mkdir()
+    (run / "checkpoints" / "step_00000002" / "eval.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"also holds files attnzoo did not write: checkpoints/best_by_hand, "
+                                          r"checkpoints/step_00000002/eval.json, notes.txt\. --overwrite deletes only"):
+        train(_cfg(steps=3), run, model_factory=tiny_factory, progress=False, overwrite=True)
+    (run / "notes.txt").unlink()
+    (run / "checkpoints" / "best_by_hand").rmdir()
+    (run / "checkpoints" / "step_00000002" / "eval.json").unlink()
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before  # nothing was deleted
+    # the leftovers of writes a kill interrupted are attnzoo's own
+    (run / ".final.json.k2j4_x.tmp").write_text("{")
+    (run / "checkpoints" / ".tmp_step_00000003").mkdir()
+    (run / "checkpoints" / ".tmp_step_00000003" / "rng_rank0.safetensors").write_bytes(b"")
     train(_cfg(steps=3), run, model_factory=tiny_factory, progress=False, overwrite=True)
-    assert not (run / "stale.txt").exists() and len(_train_losses(run)) == 3
+    assert len(_train_losses(run)) == 3 and not (run / ".final.json.k2j4_x.tmp").exists()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_00000003"]
     # --resume on an empty directory starts the run, so one command serves launch and restarts
     res = train(_cfg(steps=2), tmp_path / "fresh", model_factory=tiny_factory, progress=False, resume=True)
     assert res.step == 2
@@ -129,7 +146,8 @@ def test_checkpoints_are_pickle_free_and_half_written_ones_ignored(tmp_path):
     ck = run / "checkpoints"
     assert sorted(p.name for p in ck.iterdir()) == ["latest", "step_00000010"]
     files = sorted(p.name for p in (ck / "step_00000010").iterdir())
-    assert files == ["model.safetensors", "optimizer.safetensors", "rng_rank0.safetensors", "state.json"]
+    assert files == ["manifest.json", "model.safetensors", "optimizer.safetensors", "rng_rank0.safetensors",
+                     "state.json"]
     state = json.loads((ck / "step_00000010" / "state.json").read_text())
     assert state["step"] == 10 and state["optimizer"]["param_groups"][0]["betas"] == [0.9, 0.999]
     # a crash while writing leaves only a hidden temporary directory, never picked up
@@ -170,6 +188,43 @@ def test_two_process_ddp_equals_one_process(tmp_path):
     state = json.loads((tmp_path / "two" / "checkpoints" / "step_00000008" / "state.json").read_text())
     assert state["world_size"] == 2
     assert (tmp_path / "two" / "checkpoints" / "step_00000008" / "rng_rank1.safetensors").is_file()
+
+
+def test_two_process_ddp_resume_logs_what_an_uninterrupted_run_logs(tmp_path):
+    # the first train loss logged after a resume averages losses from before the checkpoint (log_every=3,
+    # checkpoint at 4): every rank's part of that window must come back, not rank 0's on every rank
+    script = tmp_path / "ddp_resume.py"
+    script.write_text(
+        "import os, signal, sys, torch\n"
+        f"sys.path.insert(0, {str(HERE)!r})\n"
+        "torch.set_num_threads(1)\n"
+        "from tiny_models import tiny_factory\n"
+        "from attnzoo.train.config import load_config\n"
+        "from attnzoo.train.trainer import train\n"
+        "cfg = load_config(None, dict(task='digits', steps=8, batch_size=32, lr=3e-3, eval_every=8, log_every=3,"
+        " ckpt_every=8, seed=1, model_options={'dropout': 0.2}))\n"
+        "def stop_at_4(step, loss):\n"
+        "    if step == 4 and os.environ['RANK'] == '0':\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "train(cfg, sys.argv[1] + '/full', model_factory=tiny_factory, progress=False)\n"
+        "part = train(cfg, sys.argv[1] + '/part', model_factory=tiny_factory, progress=False, callback=stop_at_4)\n"
+        "assert part.interrupted and part.step == 4, part\n"
+        "train(None, sys.argv[1] + '/part', resume=True, model_factory=tiny_factory, progress=False)\n"
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           str(tmp_path)]
+    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = json.loads((tmp_path / "part" / "checkpoints" / "step_00000004" / "state.json").read_text())
+    assert state["world_size"] == 2 and [c for _, c in state["loss_windows"]] == [1, 1]
+    assert state["loss_windows"][0] != state["loss_windows"][1]
+    full, resumed = _train_losses(tmp_path / "full"), _train_losses(tmp_path / "part")
+    assert [s for s, _ in full] == ["3", "6", "8"]
+    assert resumed == full  # bit for bit, the step-6 row included
+    wa = load_file(str(tmp_path / "full" / "checkpoints" / "step_00000008" / "model.safetensors"))
+    wb = load_file(str(tmp_path / "part" / "checkpoints" / "step_00000008" / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_mixed_precision_settings(tmp_path):

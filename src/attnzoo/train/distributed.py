@@ -15,7 +15,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "init_distributed", "shutdown_distributed", "BatchSchedule", "all_reduce_sum", "all_reduce_max", "barrier"]
+__all__ = ["DistInfo", "init_distributed", "shutdown_distributed", "BatchSchedule", "all_reduce_sum", "all_reduce_max",
+           "all_gather_floats", "barrier"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,16 @@ def all_reduce_max(value: int, info: DistInfo) -> int:
     t = torch.tensor([value], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
+
+
+def all_gather_floats(values: list[float], info: DistInfo) -> list[list[float]]:
+    """Every process's ``values`` (the same length on all), indexed by rank; float64, so exact for floats."""
+    if not info.enabled:
+        return [list(values)]
+    t = torch.tensor(values, dtype=torch.float64)
+    out = [torch.empty_like(t) for _ in range(info.world_size)]
+    dist.all_gather(out, t)
+    return [o.tolist() for o in out]
 
 
 class BatchSchedule:

@@ -12,6 +12,7 @@ import contextlib
 import csv
 import json
 import math
+import re
 import shutil
 import signal
 import sys
@@ -27,10 +28,11 @@ from torch import nn
 
 from attnzoo._io import atomic_write_text
 from attnzoo.data.tasks import Task, build_task
-from attnzoo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, unwrap_model
+from attnzoo.train.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint,
+                                      unwrap_model)
 from attnzoo.train.config import RESUME_MUTABLE_KEYS, ConfigError, TrainConfig, from_dict
-from attnzoo.train.distributed import (BatchSchedule, DistInfo, all_reduce_max, all_reduce_sum, barrier, init_distributed,
-                                       shutdown_distributed)
+from attnzoo.train.distributed import (BatchSchedule, DistInfo, all_gather_floats, all_reduce_max, all_reduce_sum,
+                                       barrier, init_distributed, shutdown_distributed)
 from attnzoo.train.optim import build_optimizer
 from attnzoo.train.schedules import lr_at
 from attnzoo.train.tasks import ARCH_FOR_KIND, MetricAccumulator, compute_loss, metric_names, task_model_overrides
@@ -119,7 +121,8 @@ def prepare_out_dir(out: Path, resume: bool, overwrite: bool) -> str:
     """Decide what to do with ``out``: ``"fresh"`` or ``"resume"``; refuses to clobber anything silently.
 
     - missing or empty: a fresh run (``--resume`` too, so one command serves first launch and restarts);
-    - an attnzoo run directory: needs ``--resume`` (continue) or ``--overwrite`` (delete and start again);
+    - an attnzoo run directory: needs ``--resume`` (continue) or ``--overwrite`` (delete the run's own files
+      and start again; refused, with the list, when the directory also holds files attnzoo did not write);
     - any other non-empty directory: an error, whatever the flags (attnzoo never deletes foreign files).
     """
     if resume and overwrite:
@@ -137,9 +140,98 @@ def prepare_out_dir(out: Path, resume: bool, overwrite: bool) -> str:
             raise ConfigError(f"{out} has no config.yaml to resume from")
         return "resume"
     if overwrite:
+        foreign = foreign_run_files(out)
+        if foreign:
+            shown = ", ".join(foreign[:20]) + (f" ... ({len(foreign)} in all)" if len(foreign) > 20 else "")
+            raise ConfigError(f"--out {out} also holds files attnzoo did not write: {shown}. --overwrite deletes only "
+                              f"a run's own files: move or delete these first, or choose another --out")
         return "overwrite"
     raise ConfigError(f"--out {out} already holds a run; pass --resume to continue it or --overwrite to delete it "
                       f"and start again")
+
+
+# What ``train`` writes into a run directory; everything else there is the user's and is never deleted.
+_RUN_FILES = {RUN_MARKER, "config.yaml", "task.json", "vocab.json", "metrics.csv", "metrics.csv.tmp", "final.json"}
+_CKPT_FILES = re.compile(r"(model|optimizer|rng_rank[0-9]+)\.safetensors|state\.json|manifest\.json")
+_STEP_DIR = re.compile(r"(\.tmp_)?step_[0-9]{8,}")
+_MODEL_FILES = {"config.json", "model.safetensors"}
+
+
+def _is_temp_of(name: str, names) -> bool:
+    """``.<name>.<random>.tmp`` / ``.bak``: the temporaries of atomic writes (left behind by a kill)."""
+    m = re.fullmatch(r"\.(.+)\.[^.]+\.(tmp|bak)", name)
+    if m is None:
+        return False
+    return m.group(1) in names if isinstance(names, set) else bool(names.fullmatch(m.group(1)))
+
+
+def foreign_run_files(out: Path) -> list[str]:
+    """Paths (relative to ``out``) in a run directory that ``attnzoo train`` did not write (links included)."""
+    out = Path(out)
+    foreign: list[str] = []
+
+    def scan(d: Path, ok: Callable[[Path], bool]) -> None:
+        for p in sorted(d.iterdir()):
+            if p.is_symlink() or not ok(p):
+                foreign.append(str(p.relative_to(out)))
+
+    def step_dir(p: Path) -> bool:
+        if not p.is_dir():
+            return False
+        scan(p, lambda f: f.is_file() and (_CKPT_FILES.fullmatch(f.name) is not None or _is_temp_of(f.name, _CKPT_FILES)))
+        return True
+
+    def top(p: Path) -> bool:
+        if p.name in _RUN_FILES or _is_temp_of(p.name, _RUN_FILES):
+            return p.is_file()
+        if not p.is_dir() or p.is_symlink():
+            return False
+        if p.name == "checkpoints":
+            scan(p, lambda c: (c.name == "latest" and c.is_file()) or _is_temp_of(c.name, {"latest"})
+                 or (_STEP_DIR.fullmatch(c.name) is not None and step_dir(c)))
+        elif p.name == "model":
+            scan(p, lambda f: f.is_file() and (f.name in _MODEL_FILES or _is_temp_of(f.name, _MODEL_FILES)))
+        elif p.name == "tb":  # TensorBoard's event files
+            scan(p, lambda f: f.is_file() and f.name.startswith("events.out.tfevents."))
+        else:
+            return False
+        return True
+
+    scan(out, top)
+    return foreign
+
+
+def _remove_run_files(out: Path) -> None:
+    """Delete what a previous run wrote into ``out`` (checked by :func:`foreign_run_files` beforehand)."""
+    foreign = set(foreign_run_files(out))
+    if foreign:  # appeared since the check: still never delete them
+        raise ConfigError(f"--out {out}: files attnzoo did not write appeared: {sorted(foreign)[:20]}; not overwriting")
+    for p in out.iterdir():
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def _restored_window(state: dict[str, Any], info: DistInfo) -> list:
+    """This process's unlogged ``[loss sum, count]`` at the checkpoint.
+
+    Every process's window is saved, so the first train loss logged after a resume averages the same losses,
+    summed in the same order, as an uninterrupted run. On another number of processes (or from a checkpoint
+    that kept only rank 0's window) the main process carries the whole sum.
+    """
+    try:
+        if "loss_windows" in state:
+            windows = [[float(s), int(c)] for s, c in state["loss_windows"]]
+            if len(windows) == info.world_size:
+                return windows[info.rank]
+            total = [sum(w[0] for w in windows), sum(w[1] for w in windows)]
+        else:
+            s, c = state.get("loss_window", [0.0, 0])
+            total = [float(s), int(c)]
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"state.json: corrupt loss window ({e})") from None
+    return total if info.is_main else [0.0, 0]
 
 
 def load_run(out: Path) -> TrainConfig:
@@ -329,7 +421,7 @@ def _train(cfg, out, mode, info, device, progress, model_factory, callback) -> T
     barrier(info)  # every process has inspected the directory before the main one changes it
     if info.is_main:
         if mode == "overwrite":
-            shutil.rmtree(out)
+            _remove_run_files(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / RUN_MARKER).write_text("attnzoo training run\n")
         (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
@@ -343,7 +435,7 @@ def _train(cfg, out, mode, info, device, progress, model_factory, callback) -> T
         if state["world_size"] != info.world_size and info.is_main:
             print(f"attnzoo train: resuming a {state['world_size']}-process run on {info.world_size} processes; "
                   "the data order is the same, dropout streams differ", file=sys.stderr)
-        start_step, window = state["step"], state.get("loss_window", [0.0, 0])
+        start_step, window = state["step"], _restored_window(state, info)
         if info.is_main:
             print(f"attnzoo train: resumed from {ckpt} (step {start_step})", file=sys.stderr)
     elif mode == "resume" and info.is_main:
@@ -425,7 +517,10 @@ def _train(cfg, out, mode, info, device, progress, model_factory, callback) -> T
                                                             if isinstance(v, float)))
             signum = all_reduce_max(stop.signum or 0, info)
             if step % cfg.ckpt_every == 0 or step == cfg.steps or signum:
-                save_checkpoint(ckpt_root, step, model, optimizer, {"loss_window": window, "config": cfg.to_dict()},
+                # every process's unlogged losses, so that the log after a resume matches an uninterrupted run
+                windows = [[s, int(c)] for s, c in all_gather_floats(window, info)]
+                save_checkpoint(ckpt_root, step, model, optimizer,
+                                {"loss_window": window, "loss_windows": windows, "config": cfg.to_dict()},
                                 info, cfg.keep_checkpoints, scaler)
             if signum:
                 result.interrupted = True
