@@ -401,3 +401,31 @@ def test_errors(monkeypatch):
         fastmax(q, k.double(), v)
     with pytest.raises(ValueError, match=r"p=3 is not supported"):
         explicit_attention(q, k, p=3)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1, 1), (2, 3, 9, 5, 3), (1, 2, 31, 6, 7)])
+def test_unmasked_torch_path_contracts_moments_without_features(p, shape, monkeypatch):
+    """Eqs 11-12 without the concatenated phi or [v, 1] (forward and FAST §2.5 backward), still exact."""
+    from attnzoo.ops.fastmax import factorized
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the unmasked path must not build the concatenated feature map")
+
+    monkeypatch.setattr(factorized, "features", forbidden)
+    monkeypatch.setattr(factorized, "features_vjp", forbidden)
+    monkeypatch.setattr(factorized, "_append_one", forbidden)
+    monkeypatch.setattr(factorized, "_UNMASKED_FEATURES", 40)  # several second-order chunks
+    b, h, n, d, dv = shape
+    q, k, v = _qkv(b, h, n, d, dv, grad=True)
+    ref = fastmax_naive(q, k, v, p=p, scale=_safe_scale(p, d))
+    out = fastmax(q, k, v, p=p, scale=_safe_scale(p, d), backend="torch")
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    w = torch.randn_like(ref)
+    for a, r in zip(torch.autograd.grad((out * w).sum(), (q, k, v)), torch.autograd.grad((ref * w).sum(), (q, k, v))):
+        torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-9)
+
+
+def test_standardize_scale_rides_in_the_affine_weight():
+    x = torch.randn(2, 3, 5, 7, dtype=torch.float64)
+    torch.testing.assert_close(standardize(x, scale=0.3), standardize_naive(x) * 0.3, rtol=1e-12, atol=1e-12)

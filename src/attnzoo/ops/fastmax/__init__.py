@@ -18,6 +18,7 @@ import importlib.util
 
 import torch
 
+from attnzoo._checks import NonFiniteError, check_overflow, finite_absmax
 from attnzoo.ops.fastmax.common import (
     BACKENDS,
     EPS,
@@ -74,9 +75,17 @@ def fastmax(
     (factorised, autograd through it; for memory benchmarks), ``"triton"`` (only if
     ``attnzoo.ops.fastmax.triton`` exists), ``"auto"`` (triton for CUDA tensors when importable, else torch).
     ``chunk_size`` (default 64) is the token chunk of the sweeps. fp16/bf16 inputs are computed in float32.
+
+    NaN/Inf in q, k, v, and magnitudes that would overflow the compute dtype, raise
+    :class:`~attnzoo._checks.NonFiniteError` before any work (one host sync). p=1 with ``scale > 1/D`` (the
+    default scale for D >= 2) can also produce NaN/Inf from finite inputs (a normaliser crossing zero, see the
+    module doc); that case reads its output back once more and raises naming the cause.
     """
     validate_qkv(q, k, v)
     scale, chunk = validate_options(p, scale, backend, chunk_size, q.shape[-1])
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    _check_values(q, k, v, p, scale)
     if backend == "auto":
         backend = "triton" if q.is_cuda and _triton_available() else "torch"
     if backend == "naive":
@@ -87,7 +96,7 @@ def fastmax(
             "attnzoo.ops.fastmax.triton); use one of ['auto', 'naive', 'torch', 'torch_autograd']"
         )
     cd = compute_dtype(q.dtype)
-    qs = standardize(q.to(cd)) * scale
+    qs = standardize(q.to(cd), scale=scale)
     kh = standardize(k.to(cd))
     vv = v.to(cd)
     if backend == "triton":
@@ -96,4 +105,43 @@ def fastmax(
         out = fastmax_triton(qs, kh, vv, p=p, causal=causal, chunk_size=chunk)
     else:
         out = fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk, custom_grad=backend == "torch")
-    return out.to(v.dtype)
+    out = out.to(v.dtype)
+    if p == 1 and scale * q.shape[-1] > 1.0:
+        _check_p1_output(out, scale, q.shape[-1])
+    return out
+
+
+def _check_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: int, scale: float) -> None:
+    """NaN/Inf in q, k, v, or magnitudes that overflow the compute dtype (one host sync for all three)."""
+    absmax = finite_absmax({"q": q, "k": k, "v": v}, op="fastmax")
+    if not absmax:
+        return
+    n, d = q.shape[-2], q.shape[-1]
+    for name in ("q", "k"):
+        # the standardisation (eqs 5-6) squares x - mean(x): D * |x|^2 must stay in range
+        check_overflow("fastmax", name, absmax, 4.0 * absmax[name] ** 2 * d, q.dtype,
+                       f"the variance of {name} in the standardisation (eq 6)")
+    # the moment sums (eqs 28-29) add N products phi(k_hat) v_j with |phi| <= (1 + D)^p (|k_hat|^2 < D)
+    check_overflow("fastmax", "v", absmax, absmax["v"] * n * (1.0 + d) ** p, q.dtype,
+                   "the moment sums sum_j phi(k_j) v_j (eqs 28-29)")
+
+
+def _check_p1_output(out: torch.Tensor, scale: float, d: int) -> None:
+    """p=1 with ``scale > 1/D``: f(s) = 1 + s can be negative, so a row's normaliser sum_j (1 + s_ij) can cross
+    zero for finite inputs; say so instead of returning NaN/Inf (p=2, or ``scale <= 1/D``, cannot: module doc)."""
+    if _finite(out):
+        return
+    raise NonFiniteError(
+        f"fastmax: p=1 output is not finite although q, k, v are: with scale={scale:.4g} > 1/D={1.0 / d:.4g} the "
+        f"weights f(s) = 1 + s can be negative and a row's normaliser sum_j (1 + s_ij) crossed zero; pass "
+        f"scale=1/D ({1.0 / d:.4g}), for which p=1 weights are non-negative, or use p=2 (always positive)",
+        names=("scale",), kind="overflow",
+    )
+
+
+def _finite(t: torch.Tensor) -> bool:
+    try:
+        finite_absmax({"out": t})
+    except NonFiniteError:
+        return False
+    return True

@@ -68,9 +68,14 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def standardize(x: torch.Tensor, eps: float = EPS) -> torch.Tensor:
-    """Eqs 5-6: per-token mean 0 and population std 1 over the last dim, ``(x - mean) / sqrt(var + eps)``."""
-    return F.layer_norm(x, (x.shape[-1],), eps=eps)
+def standardize(x: torch.Tensor, eps: float = EPS, scale: float = 1.0) -> torch.Tensor:
+    """Eqs 5-6: per-token mean 0 and population std 1 over the last dim, ``scale * (x - mean) / sqrt(var + eps)``.
+
+    The scale rides in layer norm's affine weight: no extra pass over ``x`` (and on CPU layer norm with a
+    weight runs faster than without one).
+    """
+    d = x.shape[-1]
+    return F.layer_norm(x, (d,), weight=x.new_full((d,), scale), eps=eps)
 
 
 def kernel(s: torch.Tensor, p: int) -> torch.Tensor:

@@ -63,6 +63,137 @@ def _masked(w: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return torch.where(keep, w, torch.zeros((), dtype=w.dtype, device=w.device))
 
 
+def _tri_width(d: int) -> int:
+    return d * (d + 1) // 2
+
+
+def _tri_features(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Upper triangle of ``x x^T`` per token, row by row: ``x (..., C, D)`` -> ``out (..., C, D(D+1)/2)``.
+
+    The symmetric half of the p=2 feature ``vec(x x^T)``: ``(q . k)^2 = sum_{d<=e} w_de (q_d q_e)(k_d k_e)``
+    with ``w = 1`` on the diagonal and 2 above it, so half the elements and half the matmul flops.
+    """
+    d = x.shape[-1]
+    off = 0
+    for i in range(d):
+        torch.mul(x[..., i : i + 1], x[..., i:], out=out[..., off : off + d - i])
+        off += d - i
+    return out
+
+
+def _tri_weights(d: int, dtype, device) -> torch.Tensor:
+    """``(D(D+1)/2,)``: the 1/2! of f times ``w_de`` above: 1/2 on the diagonal, 1 off it."""
+    w = torch.ones(_tri_width(d), dtype=dtype, device=device)
+    w[torch.tensor([i * d - i * (i - 1) // 2 for i in range(d)], device=device)] = 0.5
+    return w
+
+
+def _bh(x: torch.Tensor) -> torch.Tensor:
+    """``(B, H, N, X) -> (B*H, N, X)`` (a view when possible) so the in-place batched matmuls apply."""
+    return x.reshape(-1, x.shape[-2], x.shape[-1])
+
+
+def unmasked_forward(qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eqs 11-12 with the moment sums contracted directly: ``out (B, H, N, Dv)``, ``G (B, H, N)``.
+
+    With ``s = qs . k`` and ``f(s) = 1 + s (+ s^2 / 2)``, the numerator and denominator of row i are
+
+        num_i = sum_n v_n + qs_i^T (K^T V) [+ sum_{d<=e} w_de qs_id qs_ie M_de]    (eq 28)
+        G_i   = N + qs_i . sum_n k_n      [+ sum_{d<=e} w_de qs_id qs_ie m_de]    (eq 29)
+
+    with ``M_de = sum_n k_nd k_ne v_n``, ``m_de = sum_n k_nd k_ne`` and ``w_de`` of :func:`_tri_weights`.
+    ``G`` rides along as one extra column of the small ``(D, Dv + 1)`` moment matrices, so p=1 is one
+    ``(N, D) x (D, Dv + 1)`` product with no feature tensor at all, and p=2 adds only the symmetric half
+    of ``k k^T`` / ``qs qs^T`` per token, built chunk by chunk (about ``_UNMASKED_FEATURES`` elements per
+    head) into one reused buffer: never the concatenated ``phi`` nor ``[v, 1]``.
+    """
+    b, h, n, d = qs.shape
+    dv = v.shape[-1]
+    q3, k3, v3 = _bh(qs), _bh(k), _bh(v)
+    # first order: [K^T V | K^T 1] and the zeroth order [sum_n v_n | N] (eqs 28-29, l = 0, 1)
+    m1 = torch.cat([torch.bmm(k3.transpose(-1, -2), v3), k3.sum(dim=-2).unsqueeze(-1)], dim=-1)
+    m0 = torch.cat([v3.sum(dim=-2), v3.new_full((v3.shape[0], 1), float(n))], dim=-1).unsqueeze(-2)
+    num = torch.baddbmm(m0, q3, m1)  # (BH, N, Dv + 1)
+    if p == 2:
+        t = _tri_width(d)
+        c = max(1, min(n, _UNMASKED_FEATURES // t))
+        buf = qs.new_empty(b * h, c, t)
+        m2 = qs.new_zeros(b * h, t, dv + 1)
+        for s, e in _spans(n, c):
+            fk = _tri_features(k3[:, s:e], buf[:, : e - s])
+            m2[..., :dv].baddbmm_(fk.transpose(-1, -2), v3[:, s:e])
+            m2[..., dv] += fk.sum(dim=-2)
+        m2 *= _tri_weights(d, qs.dtype, qs.device).unsqueeze(-1)
+        for s, e in _spans(n, c):
+            num[:, s:e].baddbmm_(_tri_features(q3[:, s:e], buf[:, : e - s]), m2)
+    den = num[..., dv].contiguous()  # saved for the backward: not a view that keeps num alive
+    out = num[..., :dv] / den.unsqueeze(-1)
+    return out.view(b, h, n, dv), den.reshape(b, h, n)
+
+
+def _sym_from_tri(m: torch.Tensor, d: int) -> torch.Tensor:
+    """``(BH, D(D+1)/2, X)`` upper-triangle rows -> the full symmetric ``(BH, D, D * X)`` (row d, columns (e, x))."""
+    i = torch.arange(d, device=m.device)
+    lo, hi = torch.minimum(i[:, None], i[None, :]), torch.maximum(i[:, None], i[None, :])
+    row = lo * d - lo * (lo - 1) // 2 + (hi - lo)  # position of (min, max) in the row-by-row triangle
+    return m.index_select(1, row.flatten()).view(m.shape[0], d, d * m.shape[-1])
+
+
+def unmasked_backward(
+    qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, den: torch.Tensor, dout: torch.Tensor,
+    p: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FAST §2.5 backward of :func:`unmasked_forward` in moment form: returns ``(dqs, dk, dv)``.
+
+    With ``ga_i = [g_i, -c_i]`` (``g = dO / G``, ``c_i = g_i . o_i``), ``va_n = [v_n, 1]`` and
+    ``ds_in = (ga_i . va_n) f'(s_in)`` (eq 36):
+
+        dqs_i = sum_n ds_in k_n   = M1 ga_i          [+ sum_{e,x} M3[d, e, x] qs_ie ga_ix]
+        dk_n  = sum_i ds_in qs_i  = Q1 va_n          [+ sum_{e,x} Q3[d, e, x] k_ne va_nx]
+        dv_n  = sum_i f(s_in) g_i = sum g + k_n^T Q1 [+ sum_{d<=e} w_de k_nd k_ne Q2_de]
+
+    with ``M1 = K^T [V, 1]``, ``Q1 = Qs^T [G, -c]`` and their second-order analogues ``M3 = sum_n k k^T va^T``,
+    ``Q3 = sum_i qs qs^T ga^T`` (built from the symmetric half, as in the forward). Only O(N D) inputs are
+    read; the second-order terms stream token chunks through one reused buffer.
+    """
+    b, h, n, d = qs.shape
+    dv_dim = v.shape[-1]
+    q3, k3, v3 = _bh(qs), _bh(k), _bh(v)
+    ga = qs.new_empty(b * h, n, dv_dim + 1)
+    g = torch.div(_bh(dout), den.reshape(b * h, n, 1), out=ga[..., :dv_dim])
+    torch.sum(g * _bh(out), dim=-1, out=ga[..., dv_dim]).neg_()
+    m1 = torch.cat([torch.bmm(k3.transpose(-1, -2), v3), k3.sum(dim=-2).unsqueeze(-1)], dim=-1)  # (BH, D, Dv+1)
+    q1 = torch.bmm(q3.transpose(-1, -2), ga)  # (BH, D, Dv+1)
+    dq = torch.bmm(ga, m1.transpose(-1, -2))
+    dk = torch.baddbmm(q1[..., dv_dim].unsqueeze(-2), v3, q1[..., :dv_dim].transpose(-1, -2))
+    dvv = torch.baddbmm(g.sum(dim=-2, keepdim=True), k3, q1[..., :dv_dim])
+    if p == 2:
+        t = _tri_width(d)
+        xw = d * (dv_dim + 1)
+        c = max(1, min(n, _UNMASKED_FEATURES // max(t, xw)))
+        tri_buf = qs.new_empty(b * h, c, t)
+        outer_buf = qs.new_empty(b * h, c, d, dv_dim + 1)
+        m2 = qs.new_zeros(b * h, t, dv_dim + 1)  # sum_n tri(k_n) va_n^T
+        q2 = qs.new_zeros(b * h, t, dv_dim + 1)  # sum_i tri(qs_i) ga_i^T
+        spans = _spans(n, c)
+        for s, e in spans:
+            fk = _tri_features(k3[:, s:e], tri_buf[:, : e - s])
+            m2[..., :dv_dim].baddbmm_(fk.transpose(-1, -2), v3[:, s:e])
+            m2[..., dv_dim] += fk.sum(dim=-2)
+            q2.baddbmm_(_tri_features(q3[:, s:e], tri_buf[:, : e - s]).transpose(-1, -2), ga[:, s:e])
+        m3, q3m = _sym_from_tri(m2, d), _sym_from_tri(q2, d)  # (BH, D, D (Dv+1))
+        q2w = q2[..., :dv_dim] * _tri_weights(d, qs.dtype, qs.device).unsqueeze(-1)
+        for s, e in spans:
+            ob = outer_buf[:, : e - s]
+            torch.mul(q3[:, s:e].unsqueeze(-1), ga[:, s:e].unsqueeze(-2), out=ob)  # qs_ie ga_ix
+            dq[:, s:e].baddbmm_(ob.view(b * h, e - s, xw), m3.transpose(-1, -2))
+            torch.mul(k3[:, s:e].unsqueeze(-1), v3[:, s:e].unsqueeze(-2), out=ob[..., :dv_dim])  # k_ne va_nx
+            ob[..., dv_dim] = k3[:, s:e]
+            dk[:, s:e].baddbmm_(ob.view(b * h, e - s, xw), q3m.transpose(-1, -2))
+            dvv[:, s:e].baddbmm_(_tri_features(k3[:, s:e], tri_buf[:, : e - s]), q2w)
+    return dq.view(b, h, n, d), dk.view(b, h, n, d), dvv.view(b, h, n, dv_dim)
+
+
 def factorized_forward(
     qs: torch.Tensor,
     k: torch.Tensor,
@@ -88,6 +219,8 @@ def factorized_forward(
         fq = features(qs[..., s:e, :], p)
         return fq if feat_mask is None else fq * feat_mask.unsqueeze(-2)
 
+    if not causal and feat_mask is None and not torch.is_grad_enabled():
+        return unmasked_forward(qs, k, v, p)
     if not causal:
         spans = _unmasked_spans(n, d, p, chunk)
         for s, e in spans:
@@ -122,6 +255,8 @@ def factorized_backward(
     chunk: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FAST §2.5 backward from the O(N D) saved tensors: returns ``(dqs, dk, dv)``."""
+    if not causal:
+        return unmasked_backward(qs, k, v, out, den, dout, p)
     b, h, n, d = qs.shape
     dv_dim = v.shape[-1]
     p_dim = feature_dim(d, p)
@@ -139,20 +274,6 @@ def factorized_backward(
 
     def va_at(s: int, e: int) -> torch.Tensor:
         return _append_one(v[..., s:e, :])
-
-    if not causal:
-        spans = _unmasked_spans(n, d, p, chunk)
-        s_state = qs.new_zeros(b, h, p_dim, dv_dim + 1)
-        t_state = qs.new_zeros(b, h, p_dim, dv_dim + 1)
-        for s, e in spans:
-            s_state = s_state + features(k[..., s:e, :], p).transpose(-1, -2) @ va_at(s, e)
-            t_state = t_state + features(qs[..., s:e, :], p).transpose(-1, -2) @ ga_at(s, e)
-        for s, e in spans:
-            qc, kc = qs[..., s:e, :], k[..., s:e, :]
-            dq[..., s:e, :] = features_vjp(qc, ga_at(s, e) @ s_state.transpose(-1, -2), p)
-            dk[..., s:e, :] = features_vjp(kc, va_at(s, e) @ t_state.transpose(-1, -2), p)
-            dv[..., s:e, :] = features(kc, p) @ t_state[..., :dv_dim]
-        return dq, dk, dv
 
     keep = _tril(min(chunk, n), qs.device)
     # forward sweep: the prefix-state part of dqs

@@ -6,7 +6,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from attnzoo._checks import check_dropout, check_finite, check_ndim, check_scale
+from attnzoo._checks import check_dropout, check_ndim, check_scale, finite_absmax
 
 __all__ = ["resolve_backend", "check_tensors", "check_scale", "check_dropout", "valid_backends"]
 
@@ -52,8 +52,11 @@ def resolve_backend(op: str, package: str, backend, x: torch.Tensor) -> tuple[st
     return "torch", None
 
 
-def check_tensors(names: Sequence[str], tensors: Sequence[torch.Tensor]) -> None:
-    """Each tensor is a floating ``(B, H, N, P)`` tensor; all share dtype, device, ``B`` and ``H``; all finite."""
+def check_tensors(names: Sequence[str], tensors: Sequence[torch.Tensor], op: str = "") -> dict[str, float]:
+    """Each tensor is a floating ``(B, H, N, P)`` tensor; all share dtype, device, ``B`` and ``H``; all finite.
+
+    Returns ``{name: max |tensor|}`` (one host sync for all of them; empty while tracing) for overflow bounds.
+    """
     for n, t in zip(names, tensors):
         check_ndim(n, t, 4, _LAYOUT)
     ref_name, ref = names[0], tensors[0]
@@ -69,5 +72,4 @@ def check_tensors(names: Sequence[str], tensors: Sequence[torch.Tensor]) -> None
     for n, t in zip(names, tensors):
         if t.shape[-2] < 1 or t.shape[-1] < 1:
             raise ValueError(f"{n} must hold at least one token and one channel, got shape {tuple(t.shape)}")
-    for n, t in zip(names, tensors):
-        check_finite(n, t)
+    return finite_absmax(dict(zip(names, tensors)), op=op)

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from attnzoo._checks import check_choice, check_finite, check_ndim
+from attnzoo._checks import check_choice, check_finite, check_ndim, check_overflow, finite_absmax
 
 __all__ = ["tssa", "tssa_pi", "tssa_step", "tssa_init_state", "TSSAState"]
 
@@ -39,7 +39,6 @@ def _check_temp(temp: torch.Tensor, heads: int) -> None:
         raise TypeError(f"temp must be a floating-point tensor, got dtype {temp.dtype}")
     if tuple(temp.shape) != (heads,):
         raise ValueError(f"temp must have shape (H,)=({heads},) (one temperature per head), got {tuple(temp.shape)}")
-    check_finite("temp", temp)
 
 
 def _check_bias(bias: torch.Tensor | None, heads: int, n: int, causal: bool) -> None:
@@ -55,7 +54,6 @@ def _check_bias(bias: torch.Tensor | None, heads: int, n: int, causal: bool) -> 
             f"bias covers N_max={bias.shape[1]} positions but the sequence has N={n} tokens; "
             f"bias needs N_max >= N"
         )
-    check_finite("bias", bias)
 
 
 def _validate(w, temp, causal, bias, backend, *, check_w: bool = True) -> None:
@@ -68,8 +66,14 @@ def _validate(w, temp, causal, bias, backend, *, check_w: bool = True) -> None:
         raise ValueError(f"w must have H, N, P >= 1, got shape (B, H, N, P)={tuple(w.shape)}")
     _check_temp(temp, h)
     _check_bias(bias, h, n, causal)
-    if check_w:
-        check_finite("w", w)
+    if temp.device != w.device or (bias is not None and bias.device != w.device):
+        raise ValueError(f"temp{' and bias' if bias is not None else ''} must be on w's device {w.device}, got "
+                         f"temp on {temp.device}" + (f", bias on {bias.device}" if bias is not None else ""))
+    # one host sync for every tensor (the fused non-causal paths find NaN/Inf in w from their sums of w^2)
+    absmax = finite_absmax({"w": w if check_w else None, "temp": temp, "bias": bias}, op="tssa")
+    # w^2 summed over the N tokens (the second moment of eq. 10/11) is the first intermediate to overflow
+    check_overflow("tssa", "w", absmax, absmax.get("w", 0.0) ** 2 * n, w.dtype,
+                   "the per-feature sum of w^2 over N tokens")
 
 
 def tssa(
@@ -89,12 +93,19 @@ def tssa(
     """
     check_choice("backend", backend, _backends())
     backend = _resolve(backend, w)
+    if isinstance(w, torch.Tensor) and w.device.type == "meta":
+        backend = "naive"  # shape inference: all backends give one shape and dtype; this one reads no values
     # The fused non-causal path finds NaN/Inf in w from its per-feature sums of w^2 (then runs the full
     # check for the message) instead of an extra pass over w: a pass is ~1/8 of its forward time.
     _validate(w, temp, causal, bias, backend, check_w=causal or backend not in ("torch", "cpu"))
     # Autocast would run the token reductions (matmuls) in half precision; they must stay float32+.
-    with torch.autocast(device_type=w.device.type, enabled=False):
+    with torch.autocast(device_type=_autocast_device(w), enabled=False):
         return _dispatch(w, temp, causal, bias, backend)
+
+
+def _autocast_device(w: torch.Tensor) -> str:
+    # meta tensors (shape inference) have no autocast state of their own
+    return "cpu" if w.device.type == "meta" else w.device.type
 
 
 def _resolve(backend: str, w: torch.Tensor) -> str:
@@ -148,7 +159,7 @@ def tssa_pi(
     """Group membership ``Pi`` ``(B, H, N)`` (rows sum to 1 over heads): eq. 10 with App. C.1's
     normalisation (Alg. 1), or eq. 39 (Alg. 2) when ``causal``; float32 or better."""
     _validate(w, temp, causal, bias, backend)
-    with torch.autocast(device_type=w.device.type, enabled=False):
+    with torch.autocast(device_type=_autocast_device(w), enabled=False):
         if backend == "naive":
             from attnzoo.ops.tssa.naive import tssa_pi_naive
 
@@ -202,7 +213,7 @@ def tssa_step(
                 f"position {pos} is beyond the causal bias length N_max={bias.shape[1]} "
                 f"(decoding supports positions 0..{bias.shape[1] - 1})"
             )
-    check_finite("w_t", w_t)
+    finite_absmax({"w_t": w_t, "temp": temp, "bias": bias}, op="tssa_step")
     cdt = state.sq_sum.dtype
     wc, tc = w_t.to(cdt), temp.to(cdt)
     x = wc * wc
