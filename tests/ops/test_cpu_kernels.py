@@ -1,11 +1,17 @@
 """The build-on-first-use machinery of the fused CPU kernels (``attnzoo.ops._cpu_kernels``)."""
+import json
 import os
 import shutil
 import subprocess
 import sys
+import time
+from pathlib import Path
 
+import pytest
 import torch
+import torch.utils.cpp_extension
 
+from attnzoo import ops
 from attnzoo.ops import _cpu_kernels
 
 
@@ -15,11 +21,123 @@ def test_kernels_build_here():
     assert _cpu_kernels.cpu_kernels_error() == ""
 
 
-def test_build_dir_is_keyed_by_torch_and_cpu(tmp_path, monkeypatch):
+def test_build_dir_is_keyed_by_torch_cpu_environment_flags_and_sources(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNZOO_CPU_KERNELS_DIR", str(tmp_path))
     d = _cpu_kernels._build_dir()
     assert d.parent == tmp_path and d.is_dir()
-    assert d.name == f"torch{torch.__version__.replace('+', '_')}-{_cpu_kernels._cpu_signature()}"
+    assert d.name == (f"torch{torch.__version__.replace('+', '_')}-{_cpu_kernels._cpu_signature()}-"
+                      f"{_cpu_kernels._build_key()}")
+    assert _cpu_kernels._build_dir() == d  # stable
+    src = tmp_path / "cpu.cpp"
+    src.write_text(_cpu_kernels.CPU_KERNEL_SOURCES[0].read_text() + "\n// edited\n")
+    changes = [
+        (sys, "executable", "/envs/b/bin/python"),
+        (sys, "prefix", "/envs/b"),
+        (torch, "__version__", "9.9.9"),
+        (_cpu_kernels, "_cflags", lambda: ["-O2"]),
+        (_cpu_kernels, "_ldflags", lambda: ["-lm"]),
+        (_cpu_kernels, "CPU_KERNEL_SOURCES", [src]),
+    ]
+    for obj, attr, value in changes:
+        with monkeypatch.context() as m:
+            m.setattr(obj, attr, value)
+            assert _cpu_kernels._build_dir().name.rsplit("-", 1)[1] != d.name.rsplit("-", 1)[1], attr
+
+
+def _fake_load(builds):
+    """Stands in for ``torch.utils.cpp_extension.load`` like ninja does: rebuild when the recorded recipe
+    (compiler command, include paths of this environment) differs or the library is missing, else nothing."""
+
+    def load(name, sources, extra_cflags, extra_ldflags, build_directory, **kw):
+        d = Path(build_directory)
+        recipe = json.dumps([sys.executable, sys.prefix, sources, extra_cflags, extra_ldflags])
+        ninja, lib = d / "build.ninja", d / f"{name}.so"
+        if ninja.is_file() and ninja.read_text() == recipe and lib.is_file():
+            return
+        builds.append((sys.prefix, d.name))
+        ninja.write_text(recipe)
+        lib.write_bytes(b"\x7fELF")
+
+    return load
+
+
+def test_two_environments_used_alternately_compile_once_each(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNZOO_CPU_KERNELS_DIR", str(tmp_path))
+    builds = []
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", _fake_load(builds))
+    envs = [("/envs/a/bin/python", "/envs/a"), ("/envs/b/bin/python", "/envs/b")] * 3
+
+    def use_alternately():
+        for exe, prefix in envs:  # one process of each environment after another
+            with monkeypatch.context() as m:
+                m.setattr(sys, "executable", exe)
+                m.setattr(sys, "prefix", prefix)
+                _cpu_kernels._build(wait_s=5)
+
+    use_alternately()
+    assert [b[0] for b in builds] == ["/envs/a", "/envs/b"]
+    assert builds[0][1] != builds[1][1] and len(list(tmp_path.iterdir())) == 2
+    # control: with one shared directory (the old key) the same sequence rebuilds on every switch
+    builds.clear()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setattr(_cpu_kernels, "_build_dir", lambda: shared)
+    use_alternately()
+    assert len(builds) == 6
+
+
+def test_waiting_for_another_build_says_so_once_then_falls_back(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("ATTNZOO_CPU_KERNELS_DIR", str(tmp_path))
+    monkeypatch.setenv("ATTNZOO_CPU_KERNELS_WAIT", "1.5")
+    build_dir = _cpu_kernels._build_dir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
+         "from attnzoo.ops._cpu_kernels import _build_lock\n"
+         "with _build_lock(Path(sys.argv[1])):\n    print('held', flush=True)\n    time.sleep(120)\n",
+         str(build_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+
+        def no_compile(*a, **kw):
+            raise AssertionError("must not build while another process holds the lock")
+
+        monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compile)
+        # as in a fresh process: nothing loaded yet
+        monkeypatch.setattr(_cpu_kernels, "_loaded", False)
+        monkeypatch.setattr(_cpu_kernels, "_error", None)
+        monkeypatch.setattr(_cpu_kernels, "_announced", False)
+        capfd.readouterr()
+        t0 = time.monotonic()
+        with pytest.warns(RuntimeWarning, match=rf"gave up waiting .*process {holder.pid} held the build lock .* "
+                                                rf"1\.5 s .*uses the PyTorch path"):
+            assert _cpu_kernels.cpu_kernels() is None
+        assert 1.5 <= time.monotonic() - t0 < 30
+        assert _cpu_kernels.cpu_kernels() is None  # no second wait
+        err = capfd.readouterr().err
+        assert err.count("attnzoo: waiting for") == 1, err
+        assert f"waiting for process {holder.pid}, which is building the fused CPU kernels in {build_dir}" in err
+        assert "ATTNZOO_CPU_KERNELS_WAIT" in err and f"process {holder.pid}" in _cpu_kernels.cpu_kernels_error()
+        # the ops work on, on their PyTorch path
+        w = torch.randn(2, 3, 7, 4, dtype=torch.float64)
+        temp = torch.ones(3, dtype=torch.float64)
+        torch.testing.assert_close(ops.tssa(w, temp, backend="auto"), ops.tssa(w, temp, backend="naive"))
+    finally:
+        holder.kill()
+        holder.wait()
+    # the dead holder's lock is gone with it: the next build proceeds at once
+    builds = []
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", _fake_load(builds))
+    _cpu_kernels._build(wait_s=0)
+    assert len(builds) == 1
+
+
+@pytest.mark.parametrize("raw", ["-1", "soon", "inf", "nan"])
+def test_bad_wait_setting_is_named(monkeypatch, raw):
+    monkeypatch.setenv("ATTNZOO_CPU_KERNELS_WAIT", raw)
+    monkeypatch.setattr(_cpu_kernels, "_loaded", False)
+    monkeypatch.setattr(_cpu_kernels, "_error", None)
+    with pytest.raises(ValueError, match=rf"ATTNZOO_CPU_KERNELS_WAIT='{raw}': expected a finite number of seconds"):
+        _cpu_kernels.cpu_kernels()
 
 
 def test_a_stale_torch_lock_does_not_hang_the_next_build(tmp_path):

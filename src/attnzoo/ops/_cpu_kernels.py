@@ -1,12 +1,21 @@
 """Fused C++ CPU kernels (``ops/*/cpu.cpp``), compiled on first use with ``torch.utils.cpp_extension``.
 
-The build takes ~30 s (2 cores) once per machine, torch version and source; later processes load the cached
-library. It is keyed by the CPU's instruction-set flags because it is compiled with ``-march=native`` (a
-home directory shared by different machines gets one build per CPU kind). Where the build fails (no C++
-compiler, say), :func:`cpu_kernels` warns once and returns ``None`` and the ops use their PyTorch path.
+The build takes ~30 s (2 cores) once; later processes load the cached library. Each build has its own cache
+directory, keyed by everything the compiled library depends on: the CPU's instruction-set flags (it is
+compiled with ``-march=native``, so a home directory shared by different machines gets one build per CPU
+kind), the Python environment (``sys.executable``, ``sys.prefix``: two virtual environments with the same
+torch would otherwise overwrite each other's build, and rebuild on every switch), the torch build, the
+compiler flags and the sources. Where the build fails (no C++ compiler, say), :func:`cpu_kernels` warns once
+and returns ``None`` and the ops use their PyTorch path.
+
+Builds into one directory are serialised by a lock. A process that finds another one building says so once
+on stderr (with that process's id) and waits at most ``ATTNZOO_CPU_KERNELS_WAIT`` seconds; then it warns
+and uses the PyTorch path for the rest of its life (one implementation per process, so its results do not
+change midway).
 
 Environment: ``ATTNZOO_CPU_KERNELS=0`` skips the kernels (PyTorch path everywhere);
-``ATTNZOO_CPU_KERNELS_DIR`` sets the build cache (default ``~/.cache/attnzoo/cpu_kernels``).
+``ATTNZOO_CPU_KERNELS_DIR`` sets the build cache (default ``~/.cache/attnzoo/cpu_kernels``);
+``ATTNZOO_CPU_KERNELS_WAIT`` bounds the wait for another process's build (seconds, default 300).
 """
 from __future__ import annotations
 
@@ -15,14 +24,16 @@ import hashlib
 import logging
 import os
 import platform
+import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
-__all__ = ["cpu_kernels", "cpu_kernels_error", "CPU_KERNEL_SOURCES"]
+__all__ = ["cpu_kernels", "cpu_kernels_error", "CPU_KERNEL_SOURCES", "BuildWaitTimeout", "DEFAULT_WAIT_S"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +44,16 @@ CPU_KERNEL_SOURCES = [_HERE / "tssa" / "cpu.cpp"]
 _lock = threading.Lock()
 _loaded = False
 _error: str | None = None
+_announced = False
+
+DEFAULT_WAIT_S = 300.0
+#: a process that only loads an up-to-date library holds the lock briefly: say nothing for waits this short
+_ANNOUNCE_AFTER_S = 1.0
+_LOCK_NAME = "attnzoo.lock"
+
+
+class BuildWaitTimeout(RuntimeError):
+    """Another process held the build lock longer than ``ATTNZOO_CPU_KERNELS_WAIT`` seconds."""
 
 
 def _enabled() -> bool:
@@ -53,12 +74,49 @@ def _cpu_signature() -> str:
     return hashlib.sha256(f"{platform.machine()} {flags}".encode()).hexdigest()[:12]
 
 
+def _wait_seconds() -> float:
+    """``ATTNZOO_CPU_KERNELS_WAIT`` (seconds >= 0), default :data:`DEFAULT_WAIT_S`."""
+    raw = os.environ.get("ATTNZOO_CPU_KERNELS_WAIT", "").strip()
+    if not raw:
+        return DEFAULT_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"ATTNZOO_CPU_KERNELS_WAIT={raw!r}: expected a finite number of seconds >= 0 (how long to "
+                         f"wait for another process's build of the CPU kernels; default {DEFAULT_WAIT_S:g})")
+    return value
+
+
+def _sources_digest() -> str:
+    h = hashlib.sha256()
+    for src in CPU_KERNEL_SOURCES:
+        h.update(src.name.encode())
+        h.update(src.read_bytes())
+    return h.hexdigest()
+
+
+def _build_key() -> str:
+    """Hash of what the compiled library depends on besides the CPU (see the module docstring)."""
+    parts = [
+        sys.executable, sys.prefix, sys.version, torch.__version__, str(getattr(torch.version, "git_version", "")),
+        str(Path(torch.__file__).parent), os.environ.get("CXX", ""), " ".join(_cflags()), " ".join(_ldflags()),
+        _sources_digest(),
+    ]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
+
+
 def _build_dir() -> Path:
     root = os.environ.get("ATTNZOO_CPU_KERNELS_DIR") or Path.home() / ".cache" / "attnzoo" / "cpu_kernels"
     torch_tag = torch.__version__.replace("+", "_")
-    d = Path(root) / f"torch{torch_tag}-{_cpu_signature()}"
+    d = Path(root) / f"torch{torch_tag}-{_cpu_signature()}-{_build_key()}"
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def _ldflags() -> list[str]:
+    return ["-fopenmp"] if torch.backends.openmp.is_available() else []
 
 
 def _cflags() -> list[str]:
@@ -72,46 +130,81 @@ def _cflags() -> list[str]:
     return flags
 
 
-def _build() -> None:
+def _build(wait_s: float = DEFAULT_WAIT_S) -> None:
     from torch.utils.cpp_extension import load
 
     build_dir = _build_dir()
-    if not (build_dir / "attnzoo_cpu.so").exists():
-        # a pause of half a minute deserves a word (logging's last-resort handler shows warnings on stderr)
-        log.warning("attnzoo: compiling the fused CPU kernels into %s (once per machine and torch version, "
-                    "~30 s on 2 cores)", build_dir)
-    with _build_lock(build_dir):
+    with _build_lock(build_dir, wait_s):
+        if not (build_dir / "attnzoo_cpu.so").exists():
+            # a pause of half a minute deserves a word (logging's last-resort handler shows warnings on stderr)
+            log.warning("attnzoo: compiling the fused CPU kernels into %s (once per machine and Python "
+                        "environment, ~30 s on 2 cores)", build_dir)
         load(
             name="attnzoo_cpu",
             sources=[str(s) for s in CPU_KERNEL_SOURCES],
             extra_cflags=_cflags(),
-            extra_ldflags=["-fopenmp"] if torch.backends.openmp.is_available() else [],
+            extra_ldflags=_ldflags(),
             build_directory=str(build_dir),
             is_python_module=False,
             verbose=False,
         )
 
 
+def _holder(build_dir: Path) -> str:
+    """``"process <pid>"`` of the lock's holder (it writes its pid into the lock file), if known."""
+    try:
+        pid = int((build_dir / _LOCK_NAME).read_text().strip())
+    except (OSError, ValueError):
+        return "another process"
+    return f"process {pid}"
+
+
 @contextlib.contextmanager
-def _build_lock(build_dir: Path) -> Iterator[None]:
-    """Serialise builds with an OS lock, which dies with its process.
+def _build_lock(build_dir: Path, wait_s: float = DEFAULT_WAIT_S) -> Iterator[None]:
+    """Serialise builds with an OS lock, which dies with its process; wait at most ``wait_s`` seconds for it.
 
     torch's own lock is a file that a killed build (SIGKILL, OOM, a CI timeout) leaves behind, after which
     every later ``load`` waits on it forever. Whoever holds this lock is the only process that can be inside
-    ``load`` for this directory, so a torch lock file it finds is stale and goes.
+    ``load`` for this directory, so a torch lock file it finds is stale and goes. The holder writes its pid
+    into the lock file so that waiting processes can say whom they wait for. Raises
+    :class:`BuildWaitTimeout` when the wait runs out.
     """
+    global _announced
     try:
         import fcntl
     except ImportError:  # not POSIX: torch's lock alone
         yield
         return
-    with open(build_dir / "attnzoo.lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    path = build_dir / _LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        start = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                pass
+            waited = time.monotonic() - start
+            if not _announced and (waited >= min(_ANNOUNCE_AFTER_S, wait_s)):
+                _announced = True  # once per process
+                print(f"attnzoo: waiting for {_holder(build_dir)}, which is building the fused CPU kernels in "
+                      f"{build_dir} (at most {wait_s:g} s, set by ATTNZOO_CPU_KERNELS_WAIT; then the PyTorch "
+                      "path is used)", file=sys.stderr, flush=True)
+            if waited >= wait_s:
+                raise BuildWaitTimeout(f"{_holder(build_dir)} held the build lock {path} for more than "
+                                       f"{wait_s:g} s (ATTNZOO_CPU_KERNELS_WAIT)")
+            time.sleep(min(0.1, max(wait_s - waited, 0.0)))
         try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             (build_dir / "lock").unlink(missing_ok=True)
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def cpu_kernels():
@@ -121,11 +214,17 @@ def cpu_kernels():
         return torch.ops.attnzoo_cpu
     if _error is not None or not _enabled():
         return None
+    wait_s = _wait_seconds()
     with _lock:
         if not _loaded and _error is None:
             try:
-                _build()
+                _build(wait_s)
                 _loaded = True
+            except BuildWaitTimeout as e:
+                _error = str(e)
+                warnings.warn(f"attnzoo: gave up waiting for the fused CPU kernels: {e}; this process uses the "
+                              "PyTorch path (slower). Later processes load the finished build.",
+                              RuntimeWarning, stacklevel=2)
             except Exception as e:  # noqa: BLE001 - any build failure means: use the PyTorch path
                 _error = f"{type(e).__name__}: {e}".strip()
                 warnings.warn(
