@@ -70,8 +70,14 @@ def test_flipped_exponent_byte_is_reported_by_eval_and_resume(run, capsys):
     assert eval_cli.main([str(run)]) == 2
     err = capsys.readouterr().err
     assert f"{path}: corrupt (SHA-256 differs" in err and "Traceback" not in err
-    with pytest.raises(CheckpointError, match=r"step_00000004/model.safetensors: corrupt \(SHA-256 differs"):
+    assert f"--checkpoint {run / 'checkpoints' / 'step_00000002'}" in err  # the intact one
+    with pytest.raises(CheckpointError, match=r"step_00000004/model.safetensors: corrupt \(SHA-256 differs.* "
+                                              r"Other checkpoints of this run: step_00000002; to resume from one, "
+                                              r"write its name into .*checkpoints/latest"):
         _resume(run)
+    # which works
+    (run / "checkpoints" / "latest").write_text("step_00000002\n")
+    assert _resume(run).step == 4
 
 
 def _truncate(p):

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from attnzoo.data.paths import DatasetNotFoundError
     from attnzoo.data.tasks import build_task
-    from attnzoo.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+    from attnzoo.train.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint
     from attnzoo.train.config import ConfigError
     from attnzoo.train.trainer import _amp_dtype, build_model, evaluate, load_run, resolve_device
 
@@ -40,7 +40,14 @@ def main(argv: list[str] | None = None) -> int:
         task = build_task(cfg.task, **cfg.task_options)
         torch.manual_seed(cfg.seed)
         model = build_model(cfg, task).to(device)
-        state = load_checkpoint(ckpt, model, restore_rng=False)
+        try:  # the files are verified against the checkpoint's manifest.json first
+            state = load_checkpoint(ckpt, model, restore_rng=False)
+        except CheckpointError as e:
+            earlier = [p for p in list_checkpoints(run / "checkpoints") if p.name != ckpt.name]
+            if not earlier:
+                raise
+            raise CheckpointError(f"{e}. Evaluate another checkpoint with --checkpoint, e.g. --checkpoint "
+                                  f"{earlier[-1]}") from None
         metrics = evaluate(model, task, a.batch_size or cfg.eval_batch_size or cfg.batch_size, device,
                            max_batches=a.max_batches, amp_dtype=_amp_dtype(cfg.amp, device))
     except (ConfigError, CheckpointError, DatasetNotFoundError) as e:

@@ -28,8 +28,8 @@ from torch import nn
 
 from attnzoo._io import atomic_write_text
 from attnzoo.data.tasks import Task, build_task
-from attnzoo.train.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint,
-                                      unwrap_model)
+from attnzoo.train.checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint,
+                                      save_checkpoint, unwrap_model)
 from attnzoo.train.config import RESUME_MUTABLE_KEYS, ConfigError, TrainConfig, from_dict
 from attnzoo.train.distributed import (BatchSchedule, DistInfo, all_gather_floats, all_reduce_max, all_reduce_sum,
                                        barrier, init_distributed, shutdown_distributed)
@@ -431,7 +431,14 @@ def _train(cfg, out, mode, info, device, progress, model_factory, callback) -> T
             (out / "vocab.json").write_text(task.vocab.to_json())
     barrier(info)
     if ckpt is not None:
-        state = load_checkpoint(ckpt, model, optimizer, info, scaler)
+        try:
+            state = load_checkpoint(ckpt, model, optimizer, info, scaler)
+        except CheckpointError as e:
+            earlier = [p.name for p in list_checkpoints(ckpt_root) if p.name != ckpt.name]
+            if not earlier:
+                raise
+            raise CheckpointError(f"{e}. Other checkpoints of this run: {', '.join(earlier)}; to resume from one, "
+                                  f"write its name into {ckpt_root / 'latest'}") from None
         if state["world_size"] != info.world_size and info.is_main:
             print(f"attnzoo train: resuming a {state['world_size']}-process run on {info.world_size} processes; "
                   "the data order is the same, dropout streams differ", file=sys.stderr)
