@@ -7,6 +7,8 @@ Top-level API (lazily imported):
 - ``capture_internals(model)``: collect mechanism internals (TSSA Pi, attention maps, ...)
 - ``create_model(name, **overrides)`` / ``list_models()`` / ``from_pretrained(dir)`` / ``get_config(name)`` /
   ``count_parameters(name)``
+- ``swap_attention(model, mechanism, **options)``: put an attnzoo mechanism in every self-attention of a
+  ``transformers`` GPT-2 / Llama / ViT model (needs the ``hf`` extra; see ``attnzoo.hf``)
 - ``attnzoo.ops``: pure operators on ``(B, H, N, P)`` tensors
 """
 from __future__ import annotations
@@ -26,6 +28,8 @@ _EXPORTS = {
     "from_pretrained": "attnzoo.models",
     "get_config": "attnzoo.models",
     "count_parameters": "attnzoo.models",
+    # imports transformers, so only on first use: `import attnzoo` stays free of it
+    "swap_attention": "attnzoo.hf",
 }
 
 __all__ = sorted(_EXPORTS) + ["ops", "__version__"]

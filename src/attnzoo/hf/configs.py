@@ -1,0 +1,189 @@
+"""``transformers`` configs of attnzoo's two model families: causal LMs and vision classifiers.
+
+Each config carries exactly the fields of the attnzoo dataclass it mirrors (:class:`attnzoo.models.config.
+CausalLMConfig` / :class:`~attnzoo.models.config.VisionConfig`) under the same names, so ``attention`` (the
+mechanism) and ``attention_options`` are plain config fields; the standard ``transformers`` names
+(``hidden_size``, ``num_hidden_layers``, ...) are aliases. Values are validated when the config is built
+by building the attnzoo config, so a bad value fails with attnzoo's message naming it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import field
+from typing import Any, ClassVar
+
+from transformers import PretrainedConfig
+
+from attnzoo.models.config import CausalLMConfig, ModelConfig, VisionConfig
+
+__all__ = ["AttnZooCausalLMConfig", "AttnZooVisionConfig", "attnzoo_fields"]
+
+
+def attnzoo_fields(cls: type[ModelConfig]) -> list[str]:
+    """Field names of an attnzoo config dataclass."""
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+class _AttnZooConfigMixin:
+    """Conversion to / from the attnzoo dataclass; ``_attnzoo_class`` names it."""
+
+    _attnzoo_class: ClassVar[type[ModelConfig]]
+    #: attnzoo field -> transformers field, where the names differ
+    _renamed: ClassVar[dict[str, str]] = {}
+
+    def to_attnzoo(self) -> ModelConfig:
+        """The attnzoo config these fields describe (validated by attnzoo)."""
+        values = {}
+        for name in attnzoo_fields(self._attnzoo_class):
+            v = getattr(self, self._renamed.get(name, name))
+            # JSON round trips turn tuples into lists and dicts stay dicts; attnzoo accepts both
+            values[name] = dict(v) if isinstance(v, dict) else v
+        return self._attnzoo_class(**values)
+
+    @classmethod
+    def from_attnzoo(cls, config: ModelConfig, **kwargs: Any):
+        """The ``transformers`` config of an attnzoo config (``kwargs``: extra ``transformers`` fields)."""
+        if not isinstance(config, cls._attnzoo_class):
+            raise TypeError(
+                f"{cls.__name__}.from_attnzoo needs a {cls._attnzoo_class.__name__}, got {type(config).__name__}"
+            )
+        values = {cls._renamed.get(k, k): v for k, v in dataclasses.asdict(config).items()}
+        values.update(kwargs)
+        return cls(**values)
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any):
+        """A registered attnzoo model (``attnzoo.list_models()``) as a ``transformers`` config.
+
+        ``overrides`` are attnzoo config fields (a new ``attention`` resets its options unless
+        ``attention_options`` is given too), e.g. ``from_preset("tost_gpt_base", dim=64, depth=2)``.
+        """
+        from attnzoo.models.registry import get_config
+
+        extra = {k: overrides.pop(k) for k in list(overrides) if k not in attnzoo_fields(cls._attnzoo_class)}
+        cfg = get_config(name, **overrides)
+        if not isinstance(cfg, cls._attnzoo_class):
+            raise ValueError(
+                f"model {name!r} is a {type(cfg).__name__}, not a {cls._attnzoo_class.__name__}; "
+                f"use the config class of its family"
+            )
+        return cls.from_attnzoo(cfg, **extra)
+
+    def _validate(self) -> None:
+        try:
+            self.to_attnzoo()
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{type(self).__name__}: {e}") from None
+
+
+class AttnZooCausalLMConfig(_AttnZooConfigMixin, PretrainedConfig):
+    """Config of :class:`attnzoo.hf.AttnZooForCausalLM` (fields of :class:`attnzoo.models.config.CausalLMConfig`).
+
+    ``attention`` is any causal mechanism (``attnzoo.list_attentions(causal=True)``). ``tie_word_embeddings``
+    is attnzoo's ``tie_weights`` (both names work). Input ``(B, T)`` token ids, ``T <= block_size``.
+    """
+
+    model_type: ClassVar[str] = "attnzoo_causal_lm"
+    _attnzoo_class: ClassVar[type[ModelConfig]] = CausalLMConfig
+    _renamed: ClassVar[dict[str, str]] = {"tie_weights": "tie_word_embeddings"}
+    attribute_map: ClassVar[dict[str, str]] = {
+        "hidden_size": "dim",
+        "num_hidden_layers": "depth",
+        "num_attention_heads": "heads",
+        "max_position_embeddings": "block_size",
+        "tie_weights": "tie_word_embeddings",
+    }
+    keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
+
+    # BackboneConfig
+    dim: int = 768
+    depth: int = 12
+    heads: int = 12
+    attention: str = "softmax"
+    attention_options: dict = field(default_factory=dict)
+    second_attention: str | None = None
+    second_attention_options: dict = field(default_factory=dict)
+    second_attention_from: int | None = None
+    ffn: str = "mlp"
+    mlp_ratio: float = 4.0
+    mlp_dim: int | None = None
+    ffn_layers: int | None = None
+    act: str = "gelu"
+    norm: str = "pre"
+    residual: bool = True
+    layerscale: float | None = None
+    final_norm: bool = True
+    dropout: float = 0.0
+    ista_step: float = 0.1
+    ista_lambda: float = 0.1
+    # CausalLMConfig
+    vocab_size: int = 50257
+    block_size: int = 1024
+    pos_embed: str = "learned"
+    tie_word_embeddings: bool = True
+    # generation
+    use_cache: bool = True
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        super().__post_init__(**kwargs)
+        self._validate()
+
+
+class AttnZooVisionConfig(_AttnZooConfigMixin, PretrainedConfig):
+    """Config of :class:`attnzoo.hf.AttnZooForImageClassification` (fields of :class:`attnzoo.models.config.
+    VisionConfig`). attnzoo's ``num_classes`` is ``transformers``' ``num_labels`` (both names work; the labels
+    live in ``id2label``). Input ``(B, in_chans, image_size, image_size)`` pixel values.
+    """
+
+    model_type: ClassVar[str] = "attnzoo_vision"
+    _attnzoo_class: ClassVar[type[ModelConfig]] = VisionConfig
+    _renamed: ClassVar[dict[str, str]] = {"num_classes": "num_labels"}
+    attribute_map: ClassVar[dict[str, str]] = {
+        "hidden_size": "dim",
+        "num_hidden_layers": "depth",
+        "num_attention_heads": "heads",
+        "num_channels": "in_chans",
+        "num_classes": "num_labels",
+    }
+
+    # BackboneConfig
+    dim: int = 384
+    depth: int = 12
+    heads: int = 6
+    attention: str = "softmax"
+    attention_options: dict = field(default_factory=dict)
+    second_attention: str | None = None
+    second_attention_options: dict = field(default_factory=dict)
+    second_attention_from: int | None = None
+    ffn: str = "mlp"
+    mlp_ratio: float = 4.0
+    mlp_dim: int | None = None
+    ffn_layers: int | None = None
+    act: str = "gelu"
+    norm: str = "pre"
+    residual: bool = True
+    layerscale: float | None = None
+    final_norm: bool = True
+    dropout: float = 0.0
+    ista_step: float = 0.1
+    ista_lambda: float = 0.1
+    # VisionConfig (num_classes is num_labels, a property over id2label)
+    image_size: int = 224
+    patch_size: int = 16
+    in_chans: int = 3
+    patch_embed: str = "linear"
+    pos_embed: str = "learned"
+    pool: str = "cls"
+    class_attention_layers: int = 2
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        # attnzoo's default head has 1000 classes (ImageNet); transformers' default is 2 labels
+        if self.id2label is None and kwargs.get("num_labels") is None and kwargs.get("num_classes") is None:
+            kwargs["num_labels"] = 1000
+        if "num_classes" in kwargs:
+            kwargs["num_labels"] = kwargs.pop("num_classes")
+        super().__post_init__(**kwargs)
+        self._validate()

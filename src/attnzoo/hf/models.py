@@ -1,0 +1,331 @@
+"""attnzoo's causal LMs and vision classifiers as ``transformers`` models (``PreTrainedModel``).
+
+Each wraps the attnzoo model it mirrors under ``self.model`` (:class:`attnzoo.models.language.CausalLM`,
+:class:`attnzoo.models.vision.VisionTransformer`), so the computation is attnzoo's own, parameter for
+parameter: the ``transformers`` checkpoint layout is attnzoo's with a ``model.`` prefix
+(:mod:`attnzoo.hf.conversion`).
+
+Decoding: the cache is :class:`RecurrentCache`, the per-layer state of each mechanism's ``init_state`` /
+``step`` (:class:`attnzoo.layers.RecurrentMixin`). TSSA, Fastmax and linear attention keep running sums of a
+fixed size (decoding memory is flat in the context length); softmax and MSSA keep their key/value cache.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast, ImageClassifierOutput
+
+from attnzoo.hf.configs import AttnZooCausalLMConfig, AttnZooVisionConfig
+from attnzoo.models.language import CausalLM
+from attnzoo.models.vision import VisionTransformer
+
+__all__ = ["RecurrentCache", "AttnZooForCausalLM", "AttnZooForImageClassification"]
+
+
+def _map_tensors(state: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """Apply ``fn`` to every tensor of a mechanism state (dicts, named tuples, lists; other leaves kept)."""
+    if isinstance(state, torch.Tensor):
+        return fn(state)
+    if isinstance(state, dict):
+        return {k: _map_tensors(v, fn) for k, v in state.items()}
+    if isinstance(state, tuple) and hasattr(state, "_fields"):
+        return type(state)._make(_map_tensors(v, fn) for v in state)
+    if isinstance(state, (list, tuple)):
+        return type(state)(_map_tensors(v, fn) for v in state)
+    return state
+
+
+def _tensors(state: Any) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    _map_tensors(state, lambda t: out.append(t) or t)
+    return out
+
+
+class RecurrentCache:
+    """Decoding cache of :class:`AttnZooForCausalLM`: the number of tokens seen and one state per block.
+
+    The states are those of the mechanisms' ``init_state``/``step``: running sums of fixed size for TSSA
+    (``TSSAState``), Fastmax (``FastmaxState``) and linear attention (``{"s", "z"}``), a growing key/value
+    cache for softmax (``{"k", "v"}``) and MSSA (``{"w"}``).
+    """
+
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, layers: list[Any]) -> None:
+        self.layers = list(layers)
+        self.pos = 0
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Tokens fed so far."""
+        return self.pos
+
+    def nbytes(self) -> int:
+        """Bytes held by the state tensors (constant in the context for the recurrent mechanisms)."""
+        return sum(t.numel() * t.element_size() for t in _tensors(self.layers))
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Select / reorder the batch rows (beam search)."""
+        self.layers = [_map_tensors(s, lambda t: t.index_select(0, beam_idx.to(t.device))) for s in self.layers]
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self.layers = [_map_tensors(s, lambda t: t.repeat_interleave(repeats, dim=0)) for s in self.layers]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.reorder_cache(indices)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __repr__(self) -> str:
+        return f"RecurrentCache(layers={len(self.layers)}, pos={self.pos}, bytes={self.nbytes()})"
+
+
+def _check_attention_mask(mask: torch.Tensor | None, batch: int, total: int) -> None:
+    """attnzoo's mechanisms take no padding mask: accept only masks without a 0 before a 1 in any row.
+
+    Right padding (ones then zeros) is harmless for a causal model (padded positions come after every real
+    token and their labels are ignored); left padding or holes would let padding tokens into the context.
+    """
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 2 or tuple(mask.shape) != (batch, total):
+        raise ValueError(
+            f"attention_mask must be a (batch, past + new tokens) = ({batch}, {total}) tensor of 0/1, got "
+            f"{tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__}"
+        )
+    m = mask.to(torch.int64)
+    if bool(((m != 0) & (m != 1)).any()):
+        raise ValueError("attention_mask must hold only 0 and 1")
+    if total > 1 and bool((m[:, 1:] > m[:, :-1]).any()):
+        raise ValueError(
+            "attention_mask has a 0 before a 1 (left padding or holes): attnzoo's mechanisms take no padding "
+            "mask, so pad on the right (tokenizer.padding_side='right') or batch sequences of equal length"
+        )
+
+
+class AttnZooPreTrainedModel(PreTrainedModel):
+    """Shared ``transformers`` plumbing: the wrapped attnzoo model initialises its own weights."""
+
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["Block"]
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # attnzoo's constructors already initialise every parameter as the papers do (GPT-2 / ViT normal
+        # init, each mechanism its own); transformers' generic init would overwrite that.
+        return
+
+
+class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
+    """attnzoo causal decoder (GPT-2, ToST, AoT, Fastmax GPT, any causal mechanism) as a ``transformers`` LM.
+
+    ``forward(input_ids (B, T), labels=None, past_key_values=None, use_cache=None)`` returns
+    ``CausalLMOutputWithPast`` with logits ``(B, T, vocab_size)``; ``labels`` are the inputs (shifted inside,
+    ``-100`` ignored). Without a cache the whole sequence runs in parallel; with one (``use_cache=True``, as
+    ``generate()`` does) tokens are fed one at a time through each mechanism's ``step`` and the returned
+    :class:`RecurrentCache` continues from there.
+    """
+
+    config_class = AttnZooCausalLMConfig
+    _tied_weights_keys = {"model.lm_head.weight": "model.wte.weight"}
+
+    def __init__(self, config: AttnZooCausalLMConfig) -> None:
+        super().__init__(config)
+        self.model = CausalLM(config.to_attnzoo())
+        if not self.model.supports_incremental:
+            raise ValueError(f"attention {config.attention!r} has no token-by-token decoding (init_state/step)")
+        self.post_init()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # the cache is a RecurrentCache built by forward, not transformers' key/value DynamicCache
+        return False
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.wte
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.wte = value
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.model.lm_head
+
+    def set_output_embeddings(self, value: nn.Module) -> None:
+        self.model.lm_head = value
+
+    def new_cache(self, batch_size: int, *, device=None, dtype=None) -> RecurrentCache:
+        """An empty :class:`RecurrentCache` for ``batch_size`` sequences."""
+        state = self.model.init_state(batch_size, device=device, dtype=dtype)
+        return RecurrentCache(state["layers"])
+
+    def _decode(self, input_ids: torch.Tensor, cache: RecurrentCache, keep: int) -> torch.Tensor:
+        """Feed ``input_ids (B, T)`` one token at a time; logits ``(B, keep, V)`` of the last ``keep`` tokens.
+
+        Each step is :meth:`attnzoo.models.language.CausalLM.step`'s computation, so decoding equals
+        attnzoo's own ``generate`` token for token.
+        """
+        m = self.model
+        t_new = input_ids.shape[1]
+        if m.config.pos_embed == "learned" and cache.pos + t_new > m.config.block_size:
+            raise ValueError(
+                f"decoding {cache.pos + t_new} tokens exceeds block_size={m.config.block_size} (learned positions "
+                f"end there); generate fewer tokens or decode with use_cache=False for a sliding window"
+            )
+        logits = []
+        for t in range(t_new):
+            x = m._embed(input_ids[:, t : t + 1], cache.pos)
+            for i, blk in enumerate(m.blocks):
+                x, cache.layers[i] = blk.step(x, cache.layers[i])
+            cache.pos += 1
+            if t >= t_new - keep:
+                logits.append(m.lm_head(m.ln_f(x)))
+        return torch.cat(logits, dim=1)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: RecurrentCache | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int = 0,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast | tuple:
+        """``input_ids (B, T)`` -> logits ``(B, T, V)`` (the last ``logits_to_keep`` positions when > 0)."""
+        from attnzoo.models.language import check_token_ids
+
+        if inputs_embeds is not None:
+            raise ValueError("inputs_embeds is not supported by attnzoo models; pass input_ids")
+        if input_ids is None:
+            raise ValueError("input_ids (B, T) is required")
+        position_ids = kwargs.pop("position_ids", None)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        if kwargs.pop("output_attentions", None):
+            raise ValueError("output_attentions is not supported; use attnzoo.capture_internals(model) instead")
+        check_token_ids("input_ids", input_ids, self.config.vocab_size, None)
+        if not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep must be a non-negative int, got {logits_to_keep!r}")
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        b, t = input_ids.shape
+        if past_key_values is not None and not isinstance(past_key_values, RecurrentCache):
+            raise TypeError(
+                f"past_key_values must be the RecurrentCache an AttnZooForCausalLM returned, got "
+                f"{type(past_key_values).__name__}"
+            )
+        if use_cache is None:
+            use_cache = past_key_values is not None
+        past = past_key_values.pos if past_key_values is not None else 0
+        if position_ids is not None:
+            expected = torch.arange(past, past + t, device=input_ids.device).expand(b, -1)
+            if tuple(position_ids.shape) != (b, t) or not torch.equal(position_ids.to(expected.device), expected):
+                raise ValueError("position_ids must be the default 0..T-1 after the cache; attnzoo takes no others")
+        _check_attention_mask(attention_mask, b, past + t)
+
+        keep = t if logits_to_keep == 0 else min(logits_to_keep, t)
+        hidden_states = None
+        if use_cache:
+            if output_hidden_states:
+                raise ValueError("output_hidden_states needs the parallel forward; pass use_cache=False")
+            cache = past_key_values if past_key_values is not None else self.new_cache(b, device=input_ids.device)
+            logits = self._decode(input_ids, cache, keep)
+        else:
+            if past_key_values is not None:
+                raise ValueError("past_key_values was given with use_cache=False; pass use_cache=True to extend it")
+            cache = None
+            m = self.model
+            check_token_ids("input_ids", input_ids, m.config.vocab_size, m.config.block_size)
+            x = m._embed(input_ids, 0)
+            states = [x] if output_hidden_states else None
+            for blk in m.blocks:
+                x = blk(x)
+                if states is not None:
+                    states.append(x)
+            x = m.ln_f(x)
+            if states is not None:
+                states[-1] = x  # transformers' convention: the last entry is after the final norm
+                hidden_states = tuple(states)
+            logits = m.lm_head(x[:, t - keep :])
+
+        loss = None
+        if labels is not None:
+            if keep != t:
+                raise ValueError("labels need the logits of every position; leave logits_to_keep=0")
+            if not isinstance(labels, torch.Tensor) or labels.shape != input_ids.shape:
+                raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}")
+            # next-token loss: position i predicts labels[i + 1] (transformers' convention, labels = input_ids)
+            shift_logits = logits[:, :-1].flatten(0, 1).float()
+            shift_labels = labels[:, 1:].flatten().to(logits.device)
+            if num_items_in_batch is None:
+                loss = F.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
+            else:
+                loss = F.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")
+                loss = loss / torch.as_tensor(num_items_in_batch, device=loss.device)
+        if not return_dict:
+            out = (logits, cache) if cache is not None else (logits,)
+            return ((loss,) + out) if loss is not None else out
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache, hidden_states=hidden_states)
+
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, **kwargs):
+        # position ids are implied by the cache; attnzoo computes its own positions
+        kwargs.pop("position_ids", None)
+        return super().prepare_inputs_for_generation(input_ids, past_key_values=past_key_values, **kwargs)
+
+
+class AttnZooForImageClassification(AttnZooPreTrainedModel):
+    """attnzoo vision classifier (ViT/DeiT, XCiT, ToST, CRATE, CBT, AoT, CSP-ViT) as a ``transformers`` model.
+
+    ``forward(pixel_values (B, C, H, W), labels=None)`` returns ``ImageClassifierOutput`` with logits
+    ``(B, num_labels)``; the loss follows ``config.problem_type`` as in ``transformers``' classifiers.
+    """
+
+    config_class = AttnZooVisionConfig
+    main_input_name = "pixel_values"
+
+    def __init__(self, config: AttnZooVisionConfig) -> None:
+        super().__init__(config)
+        self.model = VisionTransformer(config.to_attnzoo())
+        self.post_init()
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> ImageClassifierOutput | tuple:
+        """``pixel_values (B, in_chans, image_size, image_size)`` -> logits ``(B, num_labels)``."""
+        if pixel_values is None:
+            raise ValueError("pixel_values (B, C, H, W) is required")
+        kwargs.pop("num_items_in_batch", None)
+        if kwargs.pop("output_attentions", None):
+            raise ValueError("output_attentions is not supported; use attnzoo.capture_internals(model) instead")
+        if kwargs:
+            raise TypeError(f"unexpected arguments {sorted(kwargs)}")
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        hidden_states = None
+        if output_hidden_states:
+            states: list[torch.Tensor] = []
+            hooks = [blk.register_forward_hook(lambda _m, _i, o: states.append(o)) for blk in self.model.blocks]
+            try:
+                logits = self.model(pixel_values)
+            finally:
+                for h in hooks:
+                    h.remove()
+            hidden_states = tuple(states)
+        else:
+            logits = self.model(pixel_values)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels, logits, self.config)
+        if not return_dict:
+            return ((loss, logits) if loss is not None else (logits,))
+        return ImageClassifierOutput(loss=loss, logits=logits, hidden_states=hidden_states)

@@ -1,0 +1,361 @@
+"""``swap_attention``: put an attnzoo mechanism in place of every self-attention of a ``transformers`` model.
+
+Supported layouts (``transformers`` 5): GPT-2 (``GPT2Attention``: fused ``c_attn`` / ``c_proj`` ``Conv1D``),
+Llama-family decoders (``q_proj``/``k_proj``/``v_proj``/``o_proj``, grouped key/value heads allowed; Llama,
+Mistral, Qwen2, ...) and ViT (``ViTAttention``, the same four projections). Each attention module is replaced
+by a :class:`SwappedAttention` holding the attnzoo mechanism, built causal for decoders (``is_causal``) and
+bidirectional for encoders; the query/key/value/output weights are copied into the mechanism where it has the
+matching projection, and the report says which it could not reuse.
+
+Linearising a pretrained model this way is the usual first step before fine-tuning (the new mechanism's own
+parameters, e.g. TSSA's temperatures, start from their initial values).
+"""
+from __future__ import annotations
+
+import inspect
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnzoo.layers.base import Attention, attention_info, list_attentions
+from attnzoo.models.blocks import build_mixer
+
+__all__ = ["SwapReport", "SwappedLayer", "SwappedAttention", "swap_attention"]
+
+
+@dataclass
+class SwappedLayer:
+    """What happened to one attention module: its name, the mechanism now in place, and which of the original
+    ``q``/``k``/``v``/``o`` projections were copied (``reused``) or could not be (``not_reused``: name -> why);
+    ``new`` lists the mechanism's parameters that start from their initial values; ``notes`` anything else."""
+
+    name: str
+    original: str
+    causal: bool
+    reused: list[str] = field(default_factory=list)
+    not_reused: dict[str, str] = field(default_factory=dict)
+    new: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SwapReport:
+    """Returned by :func:`swap_attention`: one :class:`SwappedLayer` per replaced module, plus ``skipped``
+    (module name -> reason, e.g. cross-attention) and ``notes`` that hold for the whole model."""
+
+    mechanism: str
+    options: dict
+    layers: list[SwappedLayer] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def swapped(self) -> list[str]:
+        return [layer.name for layer in self.layers]
+
+    def __str__(self) -> str:
+        lines = [f"swap_attention({self.mechanism!r}, {self.options}): {len(self.layers)} module(s) replaced"]
+        for layer in self.layers:
+            kind = "causal" if layer.causal else "bidirectional"
+            lines.append(f"  {layer.name} ({layer.original}, {kind}): reused {layer.reused or 'nothing'}")
+            for what, why in layer.not_reused.items():
+                lines.append(f"    not reused {what}: {why}")
+            if layer.new:
+                lines.append(f"    new parameters: {layer.new}")
+        for name, why in self.skipped.items():
+            lines.append(f"  skipped {name}: {why}")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reading the original projections as (out, in) Linear weights
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Projections:
+    q: tuple[torch.Tensor, torch.Tensor | None]
+    k: tuple[torch.Tensor, torch.Tensor | None]
+    v: tuple[torch.Tensor, torch.Tensor | None]
+    o: tuple[torch.Tensor, torch.Tensor | None]
+    heads: int
+    head_dim: int
+    kv_heads: int
+    scale: float | None
+    attn_dropout: float
+    proj_dropout: float
+
+
+def _linear(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return m.weight.detach(), (m.bias.detach() if getattr(m, "bias", None) is not None else None)
+
+
+def _kind(module: nn.Module) -> str | None:
+    """``"gpt2"`` / ``"qkvo"`` for supported self-attention modules, ``None`` for anything else."""
+    if all(hasattr(module, n) for n in ("c_attn", "c_proj", "split_size", "head_dim")):
+        return "gpt2"
+    if all(isinstance(getattr(module, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        if hasattr(module, "head_dim") and hasattr(module, "is_causal"):
+            return "qkvo"
+    return None
+
+
+def _read(module: nn.Module, kind: str, config) -> _Projections:
+    if kind == "gpt2":
+        # Conv1D stores (in, out); the fused c_attn output is (q | k | v), each heads x head_dim
+        w = module.c_attn.weight.detach().t()
+        b = module.c_attn.bias.detach() if module.c_attn.bias is not None else None
+        d = module.split_size
+        qkv = [(w[i * d : (i + 1) * d], b[i * d : (i + 1) * d] if b is not None else None) for i in range(3)]
+        o = (module.c_proj.weight.detach().t(), module.c_proj.bias.detach() if module.c_proj.bias is not None else None)
+        heads = module.num_heads
+        return _Projections(*qkv, o, heads=heads, head_dim=module.head_dim, kv_heads=heads,
+                            scale=float(module.scaling), attn_dropout=float(module.attn_dropout.p),
+                            proj_dropout=float(module.resid_dropout.p))
+    head_dim = int(module.head_dim)
+    heads = module.q_proj.out_features // head_dim
+    kv_heads = module.k_proj.out_features // head_dim
+    drop = getattr(module, "attention_dropout", 0.0)
+    return _Projections(_linear(module.q_proj), _linear(module.k_proj), _linear(module.v_proj),
+                        _linear(module.o_proj), heads=heads, head_dim=head_dim, kv_heads=kv_heads,
+                        scale=float(getattr(module, "scaling", head_dim**-0.5)),
+                        attn_dropout=float(drop if isinstance(drop, (int, float)) else 0.0), proj_dropout=0.0)
+
+
+def _expand_kv(p: tuple[torch.Tensor, torch.Tensor | None], kv_heads: int, heads: int, head_dim: int):
+    """Grouped key/value heads repeated to one per query head (what ``repeat_kv`` does to the activations)."""
+    if kv_heads == heads:
+        return p
+    rep = heads // kv_heads
+    w, b = p
+    w = w.reshape(kv_heads, head_dim, -1).repeat_interleave(rep, dim=0).reshape(heads * head_dim, -1)
+    if b is not None:
+        b = b.reshape(kv_heads, head_dim).repeat_interleave(rep, dim=0).reshape(-1)
+    return w, b
+
+
+# ---------------------------------------------------------------------------------------------------
+# The replacement module
+# ---------------------------------------------------------------------------------------------------
+
+
+class SwappedAttention(nn.Module):
+    """An attnzoo mechanism behind the call signature of the ``transformers`` attention it replaced.
+
+    ``forward(hidden_states (B, N, dim), ...)`` returns ``(output (B, N, dim), None)`` like ``transformers``'
+    attention modules (no attention weights). Masks are not applied: the mechanism is causal for decoders and
+    sees every token for encoders (padding masks are ignored; pad on the right for decoders).
+
+    Decoding with ``transformers``' cache (``generate`` with ``use_cache=True``): the ``transformers`` cache
+    holds zero-width key/value entries so its length (hence the positions) advances, and the mechanism's own
+    recurrent state (``init_state``/``step``) is kept here per cache object; the prompt pass runs in parallel
+    and is replayed through ``step`` on the first decoding step.
+    """
+
+    def __init__(self, mixer: Attention, layer_idx: int | None, original: str) -> None:
+        super().__init__()
+        self.mixer = mixer
+        self.layer_idx = layer_idx
+        self.original = original
+        self.is_causal = mixer.causal
+        # cache object -> {"state", "prefix"}: weak, so a finished generate() frees the state
+        self._decoding: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, past_key_values=None, **kwargs: Any):
+        cache = past_key_values
+        if cache is None or not self.mixer.causal or not hasattr(cache, "update"):
+            return self.mixer(hidden_states), None
+        if self.layer_idx is None:
+            raise ValueError(f"{self.original} swapped without a layer index cannot use transformers' cache")
+        b, t, _ = hidden_states.shape
+        seen = cache.get_seq_length(self.layer_idx)
+        # One-channel placeholder entries advance the cache's length (transformers derives positions and masks
+        # from it) at B x T values per layer; the mechanism's real state lives in self._decoding.
+        mark = hidden_states.new_zeros(b, 1, t, 1)
+        cache.update(mark, mark, self.layer_idx)
+        entry = self._decoding.get(cache)
+        if entry is None:
+            if seen != 0:
+                raise ValueError(
+                    f"this transformers cache already holds {seen} tokens this swapped attention did not see; "
+                    f"start decoding from an empty cache"
+                )
+            # prompt: parallel forward; keep its inputs to build the recurrent state if decoding follows
+            self._decoding[cache] = {"state": None, "prefix": hidden_states.detach(), "pos": t}
+            return self.mixer(hidden_states), None
+        if entry["pos"] != seen:
+            raise ValueError(
+                f"this transformers cache holds {seen} tokens this swapped attention did not see; start decoding "
+                f"from an empty cache"
+            )
+        if entry["state"] is None:
+            state = self.mixer.init_state(b, device=hidden_states.device, dtype=hidden_states.dtype)
+            prefix = entry.pop("prefix")
+            for i in range(prefix.shape[1]):
+                _, state = self.mixer.step(prefix[:, i : i + 1], state)
+            entry["state"] = state
+        outs = []
+        for i in range(t):
+            y, entry["state"] = self.mixer.step(hidden_states[:, i : i + 1], entry["state"])
+            outs.append(y)
+        entry["pos"] += t
+        return torch.cat(outs, dim=1), None
+
+    def extra_repr(self) -> str:
+        return f"original={self.original}, layer_idx={self.layer_idx}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Building the mechanism with the original weights
+# ---------------------------------------------------------------------------------------------------
+
+
+def _accepts(mechanism: str) -> set[str]:
+    return set(inspect.signature(attention_info(mechanism).__init__).parameters)
+
+
+def _copy(dst: nn.Linear, w: torch.Tensor, b: torch.Tensor | None) -> None:
+    with torch.no_grad():
+        dst.weight.copy_(w)
+        if dst.bias is not None:
+            if b is not None:
+                dst.bias.copy_(b)
+            else:
+                dst.bias.zero_()  # the original had no bias: a zero bias computes the same function
+
+
+def _build(mechanism: str, proj: _Projections, dim: int, causal: bool, options: dict, context: dict,
+           ref: torch.Tensor) -> tuple[Attention, SwappedLayer]:
+    accepted = _accepts(mechanism)
+    opts = dict(options)
+    has_qkv_bias = proj.q[1] is not None
+    has_o_bias = proj.o[1] is not None
+    # keep the original's biases, scale and dropout unless the caller chose otherwise
+    defaults = {"qkv_bias": has_qkv_bias, "proj_bias": has_o_bias, "attn_dropout": proj.attn_dropout,
+                "proj_dropout": proj.proj_dropout}
+    if mechanism == "softmax":
+        defaults["scale"] = proj.scale
+    if mechanism == "fastmax":
+        # Fastmax's attention dropout also needs a placement (FAST §2.4): left to the caller
+        defaults.pop("attn_dropout")
+    for k, v in defaults.items():
+        if k in accepted and k not in opts:
+            opts[k] = v
+    if mechanism == "csp" and "v_bias" in accepted and "v_bias" not in opts:
+        opts["v_bias"] = proj.v[1] is not None
+    with torch.device(ref.device):
+        mixer = build_mixer(mechanism, dim, proj.heads, causal=causal, options=opts, context=context)
+    mixer.to(ref.dtype)
+    info = SwappedLayer(name="", original="", causal=causal)
+    if proj.heads * proj.head_dim != dim:
+        raise ValueError(
+            f"attention with {proj.heads} heads of head_dim {proj.head_dim} != hidden size {dim}: attnzoo's "
+            f"mechanisms split the hidden size into equal heads"
+        )
+    k = _expand_kv(proj.k, proj.kv_heads, proj.heads, proj.head_dim)
+    v = _expand_kv(proj.v, proj.kv_heads, proj.heads, proj.head_dim)
+    if proj.kv_heads != proj.heads:
+        info.notes.append(f"{proj.kv_heads} key/value heads repeated to {proj.heads}")
+    reused_names: set[str] = set()
+    fused_qkv = isinstance(getattr(mixer, "qkv", None), nn.Linear) and mixer.qkv.out_features == 3 * dim
+    if fused_qkv:  # softmax, linear, fastmax, xca: qkv = (q | k | v)
+        w = torch.cat([proj.q[0], k[0], v[0]], dim=0)
+        biases = [proj.q[1], k[1], v[1]]
+        b = torch.cat([x if x is not None else torch.zeros_like(proj.q[0][:, 0]) for x in biases])
+        _copy(mixer.qkv, w, b if any(x is not None for x in biases) else None)
+        info.reused += ["q", "k", "v"]
+        reused_names.add("qkv")
+    elif mechanism == "csp":
+        _copy(mixer.v_proj, *v)
+        info.reused.append("v")
+        info.not_reused["q"] = info.not_reused["k"] = "CSP has no queries or keys (it permutes the values)"
+        reused_names.add("v_proj")
+    else:
+        why = {
+            "tssa": "TSSA has one projection U (its `qkv`, dim x dim) shared by all roles, not q/k/v",
+            "mssa": "MSSA has one subspace projection U shared as query, key and value",
+            "cbsa": "CBSA has one subspace projection U shared as query, key and value",
+        }.get(mechanism, f"{mechanism} has no separate q/k/v projections")
+        for n in ("q", "k", "v"):
+            info.not_reused[n] = why
+    out = next((getattr(mixer, n) for n in ("proj", "to_out") if isinstance(getattr(mixer, n, None), nn.Linear)), None)
+    if out is not None and out.weight.shape == proj.o[0].shape:
+        _copy(out, *proj.o)
+        info.reused.append("o")
+        reused_names.add("proj" if out is getattr(mixer, "proj", None) else "to_out")
+    else:
+        info.not_reused["o"] = f"{mechanism} has no output projection of shape {tuple(proj.o[0].shape)}"
+    info.new = sorted(
+        n for n, _ in mixer.named_parameters() if n.split(".")[0] not in reused_names
+    )
+    return mixer, info
+
+
+def swap_attention(model: nn.Module, mechanism: str, **options: Any) -> SwapReport:
+    """Replace every self-attention module of a ``transformers`` GPT-2, Llama-family or ViT model, in place,
+    by attnzoo's ``mechanism`` (built with ``options``, see ``attnzoo.attention_info(mechanism)``).
+
+    Decoders get the causal form of the mechanism (it must have one: ``attnzoo.list_attentions(causal=True)``);
+    ViT gets the bidirectional form, told about its CLS token (``num_prefix_tokens=1``) and patch grid where
+    the mechanism takes them. The q/k/v/output weights are copied where the mechanism has those projections
+    (grouped key/value heads are repeated to one per head); biases, the softmax scale and dropout rates follow
+    the original unless ``options`` set them. Returns a :class:`SwapReport`; ``print(report)`` lists what was
+    reused and what starts fresh. Cross-attention modules are left alone (listed in ``report.skipped``).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (a transformers model), got {type(model).__name__}")
+    if not isinstance(mechanism, str) or mechanism not in list_attentions():
+        raise ValueError(f"unknown mechanism {mechanism!r}; valid mechanisms: {list_attentions()}")
+    config = getattr(model, "config", None)
+    dim = getattr(config, "hidden_size", None)
+    if not isinstance(dim, int):
+        raise ValueError("model has no config.hidden_size: swap_attention needs a transformers model")
+    targets = [(n, m, _kind(m)) for n, m in model.named_modules()]
+    targets = [(n, m, k) for n, m, k in targets if k is not None]
+    report = SwapReport(mechanism=mechanism, options=dict(options))
+    if not targets:
+        raise ValueError(
+            f"found no supported self-attention module in {type(model).__name__}; supported: GPT-2 "
+            f"(GPT2Attention), Llama-family (q_proj/k_proj/v_proj/o_proj) and ViT attention"
+        )
+    num_layers = int(getattr(config, "num_hidden_layers", len(targets)))
+    image = getattr(config, "image_size", None)
+    patch = getattr(config, "patch_size", None)
+    rope = any(hasattr(m, "rotary_emb") for m in model.modules()) or hasattr(config, "rope_parameters")
+    for i, (name, module, kind) in enumerate(targets):
+        if kind == "gpt2" and getattr(module, "is_cross_attention", False):
+            report.skipped[name] = "cross-attention (only self-attention is swapped)"
+            continue
+        causal = bool(getattr(module, "is_causal", False))
+        layer_idx = getattr(module, "layer_idx", None)
+        proj = _read(module, kind, config)
+        context: dict[str, Any] = {"layer_index": layer_idx if layer_idx is not None else i,
+                                   "num_layers": max(num_layers, i + 1)}
+        if causal:
+            max_pos = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+            if max_pos:
+                context["max_len"] = int(max_pos)
+        elif isinstance(image, int) and isinstance(patch, int) and image % patch == 0:
+            context["grid"] = (image // patch, image // patch)
+            context["num_prefix_tokens"] = 1  # ViT's CLS token leads the sequence
+        ref = next(module.parameters())
+        mixer, info = _build(mechanism, proj, dim, causal, options, context, ref)
+        info.name, info.original = name, type(module).__name__
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        swapped = SwappedAttention(mixer, layer_idx, type(module).__name__)
+        swapped.train(module.training)
+        setattr(parent, attr, swapped)
+        report.layers.append(info)
+        report.notes.extend(n for n in info.notes if n not in report.notes)
+    if rope and report.layers:
+        report.notes.append(
+            "rotary position embeddings are not applied inside the swapped mechanism (it sees no RoPE); "
+            "causal masking still orders the tokens"
+        )
+    report.notes.append("attention masks are not applied (no padding masks): pad decoders on the right")
+    return report
