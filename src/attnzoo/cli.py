@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("attnzoo.analysis.cli", "white-box probes and experiments (denoise, compress, ...)"),
     "reproduce": ("attnzoo.reproduce", "the papers' comparisons at laptop scale, one report"),
     "models": ("attnzoo.models.cli", "list registered models with parameter counts"),
+    "selftest": ("attnzoo.selftest", "check every mechanism x backend on this device against the float64 reference"),
 }
 
 

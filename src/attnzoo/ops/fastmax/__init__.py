@@ -19,6 +19,7 @@ import importlib.util
 import torch
 
 from attnzoo._checks import NonFiniteError, check_overflow, finite_absmax
+from attnzoo.ops._triton_utils import auto_uses_triton, run_auto_triton
 from attnzoo.ops.fastmax.common import (
     BACKENDS,
     EPS,
@@ -73,7 +74,8 @@ def fastmax(
     ``f(s) = sum_{l<=p} s^l / l!`` and normalised per row. ``backend``: ``"naive"`` (explicit N x N),
     ``"torch"`` (factorised, FAST §2.5 custom backward, O(N D) saved per head), ``"torch_autograd"``
     (factorised, autograd through it; for memory benchmarks), ``"triton"`` (only if
-    ``attnzoo.ops.fastmax.triton`` exists), ``"auto"`` (triton for CUDA tensors when importable, else torch).
+    ``attnzoo.ops.fastmax.triton`` exists), ``"auto"`` (triton for CUDA tensors when importable, else torch; a
+    Triton kernel that fails to compile or launch warns once and leaves ``"auto"`` on torch for the process).
     ``chunk_size`` (default 64) is the token chunk of the sweeps. fp16/bf16 inputs are computed in float32.
 
     NaN/Inf in q, k, v, and magnitudes that would overflow the compute dtype, raise
@@ -86,8 +88,9 @@ def fastmax(
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
     _check_values(q, k, v, p, scale)
-    if backend == "auto":
-        backend = "triton" if q.is_cuda and _triton_available() else "torch"
+    auto = backend == "auto"
+    if auto:
+        backend = "triton" if auto_uses_triton("fastmax", q) and _triton_available() else "torch"
     if backend == "naive":
         return fastmax_naive(q, k, v, p=p, causal=causal, scale=scale)
     if backend == "triton" and not _triton_available():
@@ -100,9 +103,16 @@ def fastmax(
     kh = standardize(k.to(cd))
     vv = v.to(cd)
     if backend == "triton":
-        from attnzoo.ops.fastmax.triton import fastmax_triton
+        def run_triton() -> torch.Tensor:
+            from attnzoo.ops.fastmax.triton import fastmax_triton
 
-        out = fastmax_triton(qs, kh, vv, p=p, causal=causal, chunk_size=chunk)
+            return fastmax_triton(qs, kh, vv, p=p, causal=causal, chunk_size=chunk)
+
+        def run_torch() -> torch.Tensor:
+            return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk, custom_grad=True)
+
+        # a kernel that fails to compile/launch under "auto": warn once, PyTorch path from then on
+        out = run_auto_triton("fastmax", run_triton, run_torch) if auto else run_triton()
     else:
         out = fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk, custom_grad=backend == "torch")
     out = out.to(v.dtype)

@@ -7,11 +7,19 @@ from typing import Callable, Sequence
 import torch
 
 from attnzoo._checks import check_dropout, check_ndim, check_scale, finite_absmax
+from attnzoo.ops._triton_utils import auto_uses_triton, run_auto_triton
 
 __all__ = ["resolve_backend", "check_tensors", "check_scale", "check_dropout", "valid_backends"]
 
 _LAYOUT = "(B, H, N, P)"
 _TRITON_CACHE: dict[str, Callable | None] = {}
+# Each op's PyTorch path, called with the same arguments as its ``<op>_triton``: what "auto" falls back to.
+_TORCH_PATHS = {
+    "softmax_attention": ("attnzoo.ops.softmax.sdpa", "softmax_attention_sdpa"),
+    "linear_attention": ("attnzoo.ops.linear.chunk", "linear_attention_chunk"),
+    "xca": ("attnzoo.ops.xca.fused", "xca_fused"),
+    "mssa": ("attnzoo.ops.mssa.sdpa", "mssa_sdpa"),
+}
 
 
 def _triton_kernel(module: str, fn: str) -> Callable | None:
@@ -26,6 +34,17 @@ def _triton_kernel(module: str, fn: str) -> Callable | None:
     return _TRITON_CACHE[key]
 
 
+def _auto_fallback(op: str, fn: Callable) -> Callable:
+    """``fn`` for ``"auto"``: a kernel that fails to compile/launch warns once, then the PyTorch path serves."""
+    module, name = _TORCH_PATHS[op]
+    torch_fn = getattr(importlib.import_module(module), name)
+
+    def call(*args, **kwargs):
+        return run_auto_triton(op, lambda: fn(*args, **kwargs), lambda: torch_fn(*args, **kwargs))
+
+    return call
+
+
 def valid_backends(op: str, package: str) -> list[str]:
     names = ["auto", "naive", "torch"]
     if _triton_kernel(f"{package}.triton", op) is not None:
@@ -34,16 +53,17 @@ def valid_backends(op: str, package: str) -> list[str]:
 
 
 def resolve_backend(op: str, package: str, backend, x: torch.Tensor) -> tuple[str, Callable | None]:
-    """Map ``backend`` to ``"naive" | "torch" | "triton"`` (+ the Triton callable); ``auto`` = Triton on CUDA only."""
+    """Map ``backend`` to ``"naive" | "torch" | "triton"`` (+ the Triton callable); ``auto`` = Triton on CUDA only
+    (its callable then falls back to the PyTorch path, warning once, if the kernel fails to compile or launch)."""
     if not isinstance(backend, str) or backend not in ("auto", "naive", "torch", "triton"):
         raise ValueError(f"backend={backend!r} is not supported by {op}; valid backends: {valid_backends(op, package)}")
     if backend in ("naive", "torch"):
         return backend, None
-    if backend == "auto" and not x.is_cuda:
+    if backend == "auto" and not auto_uses_triton(op, x):
         return "torch", None
     fn = _triton_kernel(f"{package}.triton", op)
     if fn is not None:
-        return "triton", fn
+        return "triton", (_auto_fallback(op, fn) if backend == "auto" else fn)
     if backend == "triton":
         raise ValueError(
             f"backend='triton' is not available for {op} (no importable Triton kernel); "

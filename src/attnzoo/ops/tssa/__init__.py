@@ -10,7 +10,8 @@ Public API:
 Backends: ``"naive"`` (``naive.py``, the literal pseudocode, differentiated by autograd), ``"torch"``
 (``chunked.py``, memory-lean with hand-written backward), ``"cpu"`` (the same formulas, forward and backward, in fused
 C++ kernels, ``cpu.cpp``, built on first use), ``"triton"`` (``triton.py``, fused kernels; needs the ``triton``
-package). ``"auto"`` picks ``"triton"`` for CUDA tensors when Triton is installed, ``"cpu"`` for CPU tensors
+package). ``"auto"`` picks ``"triton"`` for CUDA tensors when Triton is installed (if a kernel fails to
+compile or launch it warns once and uses ``"torch"`` for the rest of the process), ``"cpu"`` for CPU tensors
 when the kernels build (and not while ``torch.compile`` traces), else ``"torch"``.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import NamedTuple
 import torch
 
 from attnzoo._checks import check_choice, check_finite, check_ndim, check_overflow, finite_absmax
+from attnzoo.ops._triton_utils import auto_uses_triton, run_auto_triton
 
 __all__ = ["tssa", "tssa_pi", "tssa_step", "tssa_init_state", "TSSAState"]
 
@@ -92,6 +94,7 @@ def tssa(
     that is exactly 0 in every token so far) is defined as 0, identically in every backend.
     """
     check_choice("backend", backend, _backends())
+    auto = backend == "auto"
     backend = _resolve(backend, w)
     if isinstance(w, torch.Tensor) and w.device.type == "meta":
         backend = "naive"  # shape inference: all backends give one shape and dtype; this one reads no values
@@ -100,6 +103,9 @@ def tssa(
     _validate(w, temp, causal, bias, backend, check_w=causal or backend not in ("torch", "cpu"))
     # Autocast would run the token reductions (matmuls) in half precision; they must stay float32+.
     with torch.autocast(device_type=_autocast_device(w), enabled=False):
+        if auto and backend == "triton":  # a kernel that fails to compile/launch: warn once, PyTorch from then on
+            return run_auto_triton("tssa", lambda: _dispatch(w, temp, causal, bias, "triton"),
+                                   lambda: _dispatch(w, temp, causal, bias, "torch"))
         return _dispatch(w, temp, causal, bias, backend)
 
 
@@ -110,7 +116,7 @@ def _autocast_device(w: torch.Tensor) -> str:
 
 def _resolve(backend: str, w: torch.Tensor) -> str:
     if backend == "auto":
-        if w.is_cuda and "triton" in _backends():
+        if auto_uses_triton("tssa", w) and "triton" in _backends():
             return "triton"
         if w.device.type == "cpu" and not torch.compiler.is_compiling():
             from attnzoo.ops._cpu_kernels import cpu_kernels

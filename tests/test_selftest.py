@@ -1,0 +1,321 @@
+"""``attnzoo selftest`` and the Triton fallback of ``backend="auto"``, on a CPU-only machine.
+
+No GPU here: the CUDA side is simulated. The ops' "auto" dispatch asks ``_triton_utils._triton_device``
+whether a tensor is on a Triton device; patching it to say yes for CPU tensors sends "auto" to the Triton
+entry points, which are patched to fail as a kernel that does not compile would. The selftest's CUDA plan
+(its Triton rows) is run on CPU under ``TRITON_INTERPRET=1`` in a subprocess.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import attnzoo.ops  # noqa: F401  (binds the op subpackages in sys.modules)
+from attnzoo import selftest
+from attnzoo.cli import main as cli_main
+from attnzoo.ops import _triton_utils
+from attnzoo.ops._triton_utils import TritonFallbackWarning
+from attnzoo.ops.fastmax import fastmax
+from attnzoo.ops.softmax import softmax_attention
+from attnzoo.ops.tssa import tssa
+
+TSSA_MOD = sys.modules["attnzoo.ops.tssa"]  # attnzoo.ops.tssa is the function; the package is here
+SOFTMAX_MOD = sys.modules["attnzoo.ops.softmax"]
+LINEAR_MOD = sys.modules["attnzoo.ops.linear"]
+
+
+@pytest.fixture
+def one_thread():
+    # the selftest's many tiny ops run fastest on one thread (and a busy 2-core CI box makes two threads spin)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
+def _rows(text: str) -> dict[tuple[str, str, str], list[str]]:
+    """Table lines of the selftest output: (mechanism, backend, check) -> the remaining columns
+    ``[cases, f32 err, tol, f64 err, tol, result, (message)]``."""
+    names = sorted({s.name for s in selftest.SPECS} | {"fastmax", "softmax", "linear", "mssa", "tssa"}, key=len,
+                   reverse=True)
+    out = {}
+    for line in text.splitlines():
+        name = next((n for n in names if line.startswith(n + " ")), None)
+        if name is not None:
+            cols = [c.strip() for c in line[len(name):].split("  ") if c.strip()]
+            out[(name, cols[0], cols[1])] = cols[2:]
+    return out
+
+
+def _status(cols: list[str]) -> str:
+    return cols[5]
+
+
+# ------------------------------------------------------------------------------------------ the command
+
+
+def test_quick_cpu_selftest_passes_and_covers_every_mechanism(capsys, one_thread):
+    assert cli_main(["selftest", "--device", "cpu", "--quick"]) == 0
+    out = capsys.readouterr().out
+    rows = _rows(out)
+    assert " 0 failed" in out
+    for mech in ("softmax", "linear", "xca", "mssa", "tssa", "fastmax p=1", "fastmax p=2", "csp", "cbsa"):
+        assert _status(rows[(mech, "torch", "forward")]) == "ok"
+        assert _status(rows[(mech, "torch", "backward")]) == "ok"
+    # the fused CPU kernels are a backend of their own, with every check group
+    for check in ("forward", "backward", "causal leak", "decode"):
+        assert _status(rows[("tssa", "cpu", check)]) == "ok"
+        assert _status(rows[("fastmax p=2", "torch_autograd", check)]) == "ok"
+    for mech in ("softmax", "linear", "mssa"):
+        assert _status(rows[(mech, "torch", "causal leak")]) == "ok"
+    for mech in ("softmax", "linear", "mssa", "tssa", "fastmax"):
+        assert _status(rows[(mech, "layer (auto)", "decode")]) == "ok"
+    assert ("xca", "torch", "causal leak") not in rows  # bidirectional only: nothing to leak
+
+
+def _scaled(fn, factor):
+    def wrong(*args, **kwargs):
+        return fn(*args, **kwargs) * factor
+
+    return wrong
+
+
+def _leaky_linear_chunk(fn):
+    # the future leaks in at 1e-3 of the mean over *all* tokens: small, but a causal op must not move at all
+    def leaky(q, k, v, **kwargs):
+        out = fn(q, k, v, **kwargs)
+        return out + 1e-3 * v.mean(dim=2, keepdim=True) if kwargs.get("causal") else out
+
+    return leaky
+
+
+def _broken_tssa_step(fn):
+    def wrong(w_t, temp, state, **kwargs):
+        out, new = fn(w_t, temp, state, **kwargs)
+        return out * 1.001, new
+
+    return wrong
+
+
+@pytest.mark.parametrize(
+    "module,attr,breaker,failing,passing",
+    [
+        # a backend 0.1% off: forward and backward rows of that backend fail, other mechanisms stay ok
+        (SOFTMAX_MOD, "softmax_attention_sdpa", lambda f: _scaled(f, 1.001), [("softmax", "torch", "forward"),
+                                                                              ("softmax", "torch", "backward")],
+         [("tssa", "torch", "forward"), ("tssa", "cpu", "backward")]),
+        # a causal path that reads later tokens: the leak row fails
+        (LINEAR_MOD, "linear_attention_chunk", _leaky_linear_chunk, [("linear", "torch", "causal leak")],
+         [("tssa", "torch", "causal leak")]),
+        # a recurrence that drifts from the parallel form: only the decode rows fail
+        (TSSA_MOD, "tssa_step", _broken_tssa_step, [("tssa", "torch", "decode"), ("tssa", "cpu", "decode")],
+         [("tssa", "torch", "forward"), ("tssa", "cpu", "causal leak")]),
+    ],
+)
+def test_a_broken_backend_fails_its_row(monkeypatch, capsys, one_thread, module, attr, breaker, failing, passing):
+    monkeypatch.setattr(module, attr, breaker(getattr(module, attr)))
+    only = sorted({m.split()[0] for m, _, _ in failing + passing})
+    assert selftest.main(["--device", "cpu", "--quick", "--only", *only]) == 1
+    out = capsys.readouterr().out
+    rows = _rows(out)
+    for key in failing:
+        assert _status(rows[key]) == "FAIL", rows[key]
+        assert f"{key[0]} / {key[1]} / {key[2]}" in out.splitlines()[-1]  # the summary names the row
+    for key in passing:
+        assert _status(rows[key]) == "ok", rows[key]
+
+
+def test_an_exception_in_a_backend_is_a_failing_row_with_its_message(monkeypatch, capsys, one_thread):
+    def boom(*args, **kwargs):
+        raise RuntimeError("simulated kernel crash")
+
+    monkeypatch.setattr(SOFTMAX_MOD, "softmax_attention_sdpa", boom)
+    assert selftest.main(["--device", "cpu", "--quick", "--only", "softmax"]) == 1
+    rows = _rows(capsys.readouterr().out)
+    cols = rows[("softmax", "torch", "forward")]
+    assert _status(cols) == "FAIL" and cols[1] == cols[3] == "error"
+    assert cols[6] == "float32: RuntimeError: simulated kernel crash"
+
+
+@pytest.mark.parametrize("cuda_build", [None, "12.4"])
+def test_cuda_device_without_cuda_is_a_clear_error(monkeypatch, capsys, cuda_build):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", cuda_build)
+    assert cli_main(["selftest", "--device", "cuda", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda: CUDA is not available" in err and "attnzoo selftest --device cpu" in err
+    why = "no CUDA support" if cuda_build is None else "no CUDA GPU is visible"
+    assert why in err
+    assert "Traceback" not in err
+
+
+def test_bad_arguments(capsys):
+    assert selftest.main(["--only", "nosuch"]) == 2
+    assert "--only ['nosuch'] unknown; valid:" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        selftest.main(["--device", "tpu"])
+
+
+def test_cuda_plan_lists_the_triton_kernels_and_cpu_plan_the_cpu_kernels():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    by_name = {s.name: s for s in selftest.SPECS}
+    assert [b for b, _ in by_name["tssa"].backends(cuda)] == ["torch", "triton"]
+    assert [b for b, _ in by_name["tssa"].backends(cpu)] == ["torch", "cpu"]
+    for p in (1, 2):
+        assert [b for b, _ in by_name[f"fastmax p={p}"].backends(cuda)] == ["torch", "torch_autograd", "triton"]
+        assert "triton" not in [b for b, _ in by_name[f"fastmax p={p}"].backends(cpu)]
+
+
+def test_cuda_plan_triton_rows_run_under_the_interpreter():
+    # The rows `--device cuda` adds (the Triton kernels), run end to end on CPU tensors by Triton's interpreter.
+    # A subprocess: the interpreter must be on before triton and the kernels are first imported. Tiny shapes
+    # and float32 only, to stay quick (the kernels' own tests cover the rest).
+    script = textwrap.dedent(
+        """
+        import dataclasses, sys, torch
+        torch.set_num_threads(1)
+        import attnzoo.selftest as st
+        cuda = torch.device("cuda")
+        st.SPECS[:] = [dataclasses.replace(s, backends=lambda d, b=[x for x in s.backends(cuda) if x[0] == "triton"]: b)
+                       for s in st.SPECS if s.name in ("tssa", "fastmax p=1")]
+        st.DTYPES = (torch.float32,)
+        st._SHAPES_QUICK[:] = [(1, 2, 5, 3)]
+        st._decode_shapes = lambda quick: [(1, 2, 4, 3)]
+        rows = st.run_selftest(torch.device("cpu"), quick=True, only=["tssa", "fastmax"])
+        got = [(r.mechanism, r.backend, r.check) for r in rows]
+        want = [(m, "triton", c) for m in ("tssa", "fastmax p=1") for c in ("forward", "backward", "causal leak", "decode")]
+        assert got == want, got
+        sys.exit(0 if all(r.ok and r.cells["float32"].cases > 0 for r in rows) else 1)
+        """
+    )
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "FAIL" not in res.stdout and res.stdout.count(" ok") == 8
+
+
+def test_every_registered_mechanism_has_a_selftest(capsys):
+    rows = selftest._coverage_rows(selftest.SPECS, lambda row: None)
+    assert rows == []
+    # a spec list missing one (a newly registered module without a case) gives a failing row
+    rows = selftest._coverage_rows([s for s in selftest.SPECS if s.name != "csp"], lambda row: None)
+    assert [(r.mechanism, r.ok) for r in rows] == [("csp", False)]
+
+
+# ------------------------------------------------------------------------------ Triton fallback of "auto"
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """CPU tensors look like Triton-device tensors to the "auto" dispatch; no op has failed yet. The fused CPU
+    kernels are hidden too: on a GPU, "auto" without Triton means the PyTorch path."""
+    from attnzoo.ops import _cpu_kernels
+
+    monkeypatch.setattr(_triton_utils, "_triton_device", lambda x: True)
+    monkeypatch.setattr(_triton_utils, "_FAILED", {})
+    monkeypatch.setattr(_cpu_kernels, "cpu_kernels", lambda: None)
+
+
+def _failing_kernel(calls: list, exc: Exception):
+    def kernel(*args, **kwargs):
+        calls.append(1)
+        raise exc
+
+    return kernel
+
+
+def _assert_falls_back_once(op_name, run_auto, run_torch, calls):
+    with pytest.warns(TritonFallbackWarning, match=rf"Triton kernel of {op_name} failed \(RuntimeError: simulated"):
+        out = run_auto()
+    assert calls == [1]  # the kernel was tried
+    torch.testing.assert_close(out, run_torch(), rtol=0, atol=0)  # the PyTorch path's result, bit for bit
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = run_auto()
+    assert not [w for w in caught if issubclass(w.category, TritonFallbackWarning)]  # warned once only
+    assert calls == [1]  # and not tried again: PyTorch for the rest of the process
+    torch.testing.assert_close(again, out, rtol=0, atol=0)
+    assert op_name in _triton_utils.triton_failures()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tssa_auto_falls_back_to_torch_when_the_kernel_fails(monkeypatch, fake_gpu, causal):
+    tssa_triton_mod = importlib.import_module("attnzoo.ops.tssa.triton")
+
+    calls: list = []
+    monkeypatch.setattr(tssa_triton_mod, "tssa_triton", _failing_kernel(calls, RuntimeError("simulated PTX error")))
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(2, 3, 9, 4, generator=g, requires_grad=True)
+    temp = torch.rand(3, generator=g) + 0.5
+    bias = 0.1 * torch.randn(3, 12, 1, generator=g) if causal else None
+    _assert_falls_back_once("tssa", lambda: tssa(w, temp, causal=causal, bias=bias),
+                            lambda: tssa(w, temp, causal=causal, bias=bias, backend="torch"), calls)
+    # the fallback result is differentiable like the PyTorch path
+    (gw,) = torch.autograd.grad(tssa(w, temp, causal=causal, bias=bias).sum(), w)
+    (gt,) = torch.autograd.grad(tssa(w, temp, causal=causal, bias=bias, backend="torch").sum(), w)
+    torch.testing.assert_close(gw, gt, rtol=0, atol=0)
+    # naming the backend explicitly never falls back: the kernel's error reaches the caller
+    with pytest.raises(RuntimeError, match="simulated PTX error"):
+        tssa(w, temp, causal=causal, bias=bias, backend="triton")
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_fastmax_auto_falls_back_to_torch_when_the_kernel_fails(monkeypatch, fake_gpu, p):
+    fastmax_triton_mod = importlib.import_module("attnzoo.ops.fastmax.triton")
+
+    calls: list = []
+    monkeypatch.setattr(fastmax_triton_mod, "fastmax_triton",
+                        _failing_kernel(calls, RuntimeError("simulated out of shared memory")))
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 11, 4, generator=g) for _ in range(3))
+    _assert_falls_back_once("fastmax", lambda: fastmax(q, k, v, p=p, causal=True),
+                            lambda: fastmax(q, k, v, p=p, causal=True, backend="torch"), calls)
+
+
+def test_softmax_family_auto_falls_back_to_torch_when_the_kernel_fails(monkeypatch, fake_gpu):
+    # no softmax-family op ships a Triton kernel yet; "auto" wraps whichever one appears
+    from attnzoo.ops.softmax import _common
+
+    calls: list = []
+    failing = _failing_kernel(calls, RuntimeError("simulated compile error"))
+    monkeypatch.setattr(_common, "_triton_kernel", lambda module, fn: failing if fn == "softmax_attention" else None)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 2, 7, 5, generator=g) for _ in range(3))
+    _assert_falls_back_once("softmax_attention", lambda: softmax_attention(q, k, v, causal=True),
+                            lambda: softmax_attention(q, k, v, causal=True, backend="torch"), calls)
+
+
+def test_working_kernel_is_used_and_out_of_memory_is_not_a_kernel_failure(monkeypatch, fake_gpu):
+    tssa_triton_mod = importlib.import_module("attnzoo.ops.tssa.triton")
+
+    w, temp = torch.randn(1, 2, 5, 3), torch.ones(2)
+    marker = torch.full((1, 2, 5, 3), 7.0)
+    monkeypatch.setattr(tssa_triton_mod, "tssa_triton", lambda *a, **k: marker)
+    assert tssa(w, temp) is marker  # "auto" on a (simulated) GPU runs the kernel
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("simulated CUDA out of memory")
+
+    monkeypatch.setattr(tssa_triton_mod, "tssa_triton", oom)
+    with pytest.raises(torch.OutOfMemoryError):
+        tssa(w, temp)
+    assert "tssa" not in _triton_utils.triton_failures()  # a transient shortage does not disable the kernel
+
+
+def test_without_a_gpu_auto_never_tries_triton(monkeypatch):
+    tssa_triton_mod = importlib.import_module("attnzoo.ops.tssa.triton")
+
+    calls: list = []
+    monkeypatch.setattr(tssa_triton_mod, "tssa_triton", _failing_kernel(calls, RuntimeError("must not run")))
+    w, temp = torch.randn(1, 2, 5, 3), torch.ones(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TritonFallbackWarning)
+        tssa(w, temp)
+    assert calls == []
