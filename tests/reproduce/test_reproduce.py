@@ -26,8 +26,8 @@ HEADINGS = {
 
 #: header row prefixes every smoke report must contain (the tables' expected columns)
 TABLE_HEADERS = [
-    "| model | mechanism | paper | params | val acc % | train img/s | peak train-step MiB |",
-    "| mechanism | listops | image | avg |",
+    "| model | mechanism | architecture | params | val acc % | train img/s | peak train-step MiB |",
+    "| mechanism | listops | image | avg (learned) |",
     "| mechanism | listops (N=64) | image (N=64) |",
     "| model | mechanism | description | params | val loss (nats) | val bits/char | train tokens/s |",
     "| model | ms/token @ 8 | ms/token @ 32 | state KiB @ 8 | state KiB @ 32 |",
@@ -93,15 +93,21 @@ def test_results_json_holds_every_number(smoke):
     _, steps = plan("smoke", 0)
     assert set(res["steps"]) == {s.id for s in steps}
     vis = res["sections"]["vision"]["data"]["models"]
-    assert set(vis) == set(BUDGETS["smoke"]["vision"]["models"])
+    plan_v = BUDGETS["smoke"]["vision"]
+    assert set(vis) == set(plan_v["models"]) | set(plan_v["swaps"])
     for m in vis.values():
-        assert 0.0 <= m["accuracy"] <= 1.0 and m["params"] > 0 and m["samples_per_s"] > 0
+        assert len(m["accuracy_per_seed"]) == plan_v["seeds"] == m["seeds"]
+        assert m["accuracy_mean"] == pytest.approx(sum(m["accuracy_per_seed"]) / plan_v["seeds"])
+        assert 0.0 <= m["accuracy_mean"] <= 100.0 and m["params"] > 0 and m["samples_per_s"] > 0
+    for sec in res["sections"].values():
+        for f in sec["findings"]:
+            assert isinstance(f["seeds"], int) and isinstance(f["explanation"], str)
     lra = res["sections"]["long-range"]["data"]
     assert set(lra["majority"]) == set(BUDGETS["smoke"]["long-range"]["tasks"])
     assert all(10.0 <= v <= 100.0 for v in lra["majority"].values())  # 10 classes at most: majority >= 10%
     lm = res["sections"]["language"]["data"]["models"]
     for m in lm.values():
-        assert m["val_bpc"] == pytest.approx(m["val_loss"] / torch.log(torch.tensor(2.0)).item())
+        assert m["val_bpc_mean"] == pytest.approx(m["val_loss_mean"] / torch.log(torch.tensor(2.0)).item())
     # the baseline references of the ICL section: least squares is exact once k >= d (noiseless data)
     curves = res["sections"]["icl"]["data"]["curves"]["linear"]
     d = BUDGETS["smoke"]["icl"]["tasks"]["linear"]["dim"]
@@ -128,15 +134,16 @@ def test_interrupted_run_continues_and_same_seed_gives_same_numbers(smoke, tmp_p
     shutil.copytree(smoke, out)
     before = _results(out)["steps"]
     # a step whose training finished but whose record was never written, and a step lost entirely
-    (out / "steps" / "vision" / "vit.json").unlink()
-    (out / "steps" / "icl" / "linear" / "aot.json").unlink()
-    shutil.rmtree(out / "runs" / "icl" / "linear" / "aot")
+    (out / "steps" / "vision" / "vit" / "seed1.json").unlink()
+    (out / "steps" / "icl" / "linear" / "aot" / "seed0.json").unlink()
+    shutil.rmtree(out / "runs" / "icl" / "linear" / "aot" / "seed0")
     outcome = run(out, "smoke", seed=0, progress=False, only="vision,icl", threads=1)
-    assert sorted(outcome.computed) == ["icl/linear/aot", "vision/vit"]
+    assert sorted(outcome.computed) == ["icl/linear/aot/seed0", "vision/vit/seed1"]
     after = _results(out)["steps"]
     # retrained from scratch with the same seed: identical numbers
-    assert after["icl/linear/aot"]["result"]["error_per_position"] == before["icl/linear/aot"]["result"]["error_per_position"]
-    assert after["vision/vit"]["result"]["accuracy"] == before["vision/vit"]["result"]["accuracy"]
+    a, v = "icl/linear/aot/seed0", "vision/vit/seed1"
+    assert after[a]["result"]["error_per_position"] == before[a]["result"]["error_per_position"]
+    assert after[v]["result"]["accuracy"] == before[v]["result"]["accuracy"]
     # sections not selected this time are still reported, since their steps are complete
     assert list(_results(out)["sections"]) == list(SECTIONS)
 
@@ -163,23 +170,67 @@ def test_every_budget_plans_valid_runs(budget):
     assert trains
     for s in trains:
         cfg = from_dict(s.config["train"]).validate()
-        assert cfg.seed == 3
+        if "/seed" in s.id:  # a seeded comparison: seeds 3, 4, ... of its section
+            assert 3 <= cfg.seed < 3 + b[s.section].get("seeds", 1) and s.id.endswith(f"/seed{cfg.seed}")
+        else:
+            assert cfg.seed == 3
         get_config(cfg.model, **cfg.resolved_model_options())  # raises on an invalid architecture
+    if budget == "long":  # every trained comparison rests on >= 3 seeds
+        assert all(b[k]["seeds"] >= 3 for k in ("vision", "long-range", "language", "icl"))
+        lra_n = [t.get("seq_len", t.get("size", 0) ** 2) for t in b["long-range"]["tasks"].values()]
+        assert sum(n >= 1024 for n in lra_n) >= 2
     ids = [s.id for s in steps]
     assert all(d in ids and ids.index(d) < ids.index(s.id) for s in steps for d in s.deps)
 
 
-def test_claim_rules():
+#: (a per seed, b per seed, kind, lower_is_better, expected verdict): the rule's edges with known numbers
+VERDICT_TABLE = [
+    # one seed: a point estimate on the paper's side agrees; a contradiction cannot be judged without a spread
+    ([80.0], [81.5], "comparable", False, "agrees"),        # within tol = 2
+    ([78.0], [81.5], "comparable", False, "inconclusive"),  # beyond tol, one seed
+    ([81.0], [80.0], "at_least", False, "agrees"),
+    ([77.0], [80.0], "at_least", False, "inconclusive"),
+    ([1.0], [1.5], "at_least", True, "agrees"),
+    # three seeds, sd 1 each: se of the difference = sqrt(2/3) = 0.816, so 2 se = 1.633
+    ([79.0, 80.0, 81.0], [80.0, 81.0, 82.0], "at_least", False, "inconclusive"),   # gain -1 > -1.633
+    ([78.0, 79.0, 80.0], [80.0, 81.0, 82.0], "at_least", False, "disagrees"),      # gain -2 < -1.633
+    ([80.0, 81.0, 82.0], [80.0, 81.0, 82.0], "at_least", False, "agrees"),         # gain 0 (edge: agrees)
+    ([76.5, 77.5, 78.5], [80.0, 81.0, 82.0], "comparable", False, "inconclusive"), # gain -3.5 > -2 - 1.633
+    ([76.0, 77.0, 78.0], [80.0, 81.0, 82.0], "comparable", False, "disagrees"),    # gain -4 < -3.633
+    ([78.0, 79.0, 80.0], [80.0, 81.0, 82.0], "comparable", False, "agrees"),       # gain -2 = -tol (edge)
+    # lower is better (losses): a's loss 2 above b's with the same spread
+    ([3.0, 4.0, 5.0], [1.0, 2.0, 3.0], "at_least", True, "disagrees"),
+    ([2.0, 3.0, 4.0], [1.0, 2.0, 3.0], "at_least", True, "inconclusive"),
+    # a huge spread never yields a disagreement for a modest gap
+    ([60.0, 80.0, 100.0], [85.0, 86.0, 87.0], "at_least", False, "inconclusive"),
+]
+
+
+@pytest.mark.parametrize("a, b, kind, lower, expected", VERDICT_TABLE)
+def test_claim_rules(a, b, kind, lower, expected):
     kw = dict(tol=2.0, unit="pts", paper="P", claim="c", paper_value="v", a_name="a", b_name="b")
-    assert compare(80.0, 81.5, kind="comparable", **kw)["verdict"] == "agrees"
-    assert compare(78.0, 81.5, kind="comparable", **kw)["verdict"] == "disagrees"
-    assert compare(81.0, 80.0, kind="at_least", **kw)["verdict"] == "agrees"
-    assert compare(79.0, 80.0, kind="at_least", **kw)["verdict"] == "inconclusive"
-    assert compare(77.0, 80.0, kind="at_least", **kw)["verdict"] == "disagrees"
-    assert compare(1.0, 1.5, kind="at_least", lower_is_better=True, **kw)["verdict"] == "agrees"
-    assert compare(None, 1.0, kind="at_least", **kw)["verdict"] == "not tested"
+    f = compare(a, b, kind=kind, lower_is_better=lower, **kw)
+    assert f["verdict"] == expected, f
+    assert f["seeds"] == min(len(a), len(b))
+    if expected == "inconclusive":
+        assert "spread" in f["measured"] or "one seed" in f["measured"]
+
+
+def test_claim_rules_relative_and_errors():
+    from attnzoo.reproduce.claims import Stat, stat
+
+    kw = dict(unit="nats", paper="P", claim="c", paper_value="v", a_name="a", b_name="b", lower_is_better=True)
+    # "at most 15% above": 2.2 vs 2.0 is +10% (agrees); 2.6 vs 2.0 is +30% with a tight spread (disagrees)
+    assert compare([2.2, 2.21, 2.19], [2.0, 2.01, 1.99], kind="comparable", tol=0.15, relative=True,
+                   **kw)["verdict"] == "agrees"
+    assert compare([2.6, 2.61, 2.59], [2.0, 2.01, 1.99], kind="comparable", tol=0.15, relative=True,
+                   **kw)["verdict"] == "disagrees"
+    assert compare(None, 1.0, kind="at_least", tol=0.0, **kw)["verdict"] == "not tested"
     with pytest.raises(ValueError, match="kind must be"):
-        compare(1.0, 1.0, kind="better", **kw)
+        compare(1.0, 1.0, kind="better", tol=0.0, **kw)
+    s = stat([1.0, 2.0, 3.0])
+    assert s.mean == 2.0 and s.std == pytest.approx(1.0) and s.fmt(".1f") == "2.0 ± 1.0"
+    assert stat([None, float("nan")]) is None and stat(5.0) == Stat((5.0,)) and stat(5.0).std is None
 
 
 def test_bad_arguments_fail_early(tmp_path, capsys):
@@ -208,4 +259,4 @@ def test_list_prints_the_plan(capsys):
     assert main(["--budget", "smoke", "--list", "--only", "probes"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines and all(line.startswith("probes/") for line in lines)
-    assert any("needs vision/vit" in line for line in lines)
+    assert any("needs vision/vit/seed0" in line for line in lines)

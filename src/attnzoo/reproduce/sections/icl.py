@@ -35,7 +35,8 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         if task not in TASKS:
             raise ValueError(f"unknown ICL task {task!r}; valid: {sorted(TASKS)}")
         task_opts = dict(opts, seed=seed)
-        for name in list(plan["models"]) + list(plan.get("ablations", [])):
+        ablate = task in plan.get("ablation_tasks", plan["tasks"])
+        for name in list(plan["models"]) + (list(plan.get("ablations", [])) if ablate else []):
             if name not in MODELS:
                 raise ValueError(f"unknown ICL model {name!r}; valid: {sorted(MODELS)}")
             model_opts = dict(plan["arch"], **_OVERRIDES.get(name, {}))
@@ -183,7 +184,8 @@ def _findings(curves, finals, records, plan) -> list[dict]:
                                claim=f"AoT in-context learns {t} functions close to the GPT-2 transformer",
                                paper_value="AoT's curve lies close to the Transformer's",
                                a_name="aot", b_name="gpt", lower_is_better=True)
-            f["explanation"] = _ablation_text(t, fin, zero)
+            if f["verdict"] != "agrees":
+                f["explanation"] = _ablation_text(t, fin, zero)
             out.append(f)
         for m in ("gpt", "aot"):
             if m not in fin:

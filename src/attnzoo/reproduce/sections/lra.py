@@ -130,7 +130,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
                  "(see `attnzoo.data`), not the LRA release files.")
     majority = {t: 100 * records[f"{KEY}/{t}/labels"]["result"]["majority"] for t in tasks
                 if f"{KEY}/{t}/labels" in records}
-    learned = _learned(res, tasks, majority)
+    learned = _learned(res, tasks, majority) if plan.get("require_learned", True) else list(tasks)
     acc_rows = []
     for m in mechs:
         avg = _avg_stat(res, m, learned)
