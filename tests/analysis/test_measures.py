@@ -1,6 +1,7 @@
 """Measures against closed forms on constructed inputs."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -47,6 +48,61 @@ def test_compression_term_is_sum_of_projected_rates():
     scale = torch.rand(10, 1, generator=g, dtype=torch.float64) * 5 + 0.1
     assert M.compression_term(z * scale, u, normalize=True).item() == pytest.approx(
         M.compression_term(z, u, normalize=True).item(), rel=1e-10)
+
+
+def _crate_rate_numpy(z, u, eps_sq, normalize):
+    """CRATE's measured compression term written out in numpy/float64, one head and one batch element at a time."""
+    z, u = np.asarray(z, dtype=np.float64), np.asarray(u, dtype=np.float64)
+    out = np.zeros(z.shape[:-2])
+    for idx in np.ndindex(*z.shape[:-2]):
+        total = 0.0
+        for k in range(u.shape[0]):
+            w = z[idx] @ u[k]  # (N, p): row j is (U_kᵀ z_j)ᵀ
+            if normalize:
+                w = w / np.linalg.norm(w, axis=1, keepdims=True)
+            n, p = w.shape
+            sign, logdet = np.linalg.slogdet(np.eye(n) + p / (n * eps_sq) * (w @ w.T))  # N×N as in CRATE's code
+            assert sign > 0
+            total += 0.5 * logdet
+        out[idx] = total
+    return out
+
+
+@pytest.mark.parametrize("shape,k,p", [((7, 6), 2, 3), ((2, 5, 8), 4, 2), ((3, 2, 11, 4), 1, 4), ((9, 12), 3, 4)])
+def test_crate_compression_term_matches_numpy_definition(shape, k, p):
+    g = torch.Generator().manual_seed(sum(shape) + k)
+    z = torch.randn(*shape, generator=g, dtype=torch.float64) * 3.0
+    u = torch.randn(k, shape[-1], p, generator=g, dtype=torch.float64)  # learned bases need not be orthonormal
+    got = M.crate_compression_term(z, u)  # defaults: CRATE's eps² = 0.01, per-head unit-norm codes
+    np.testing.assert_allclose(got.numpy(), _crate_rate_numpy(z, u, 0.01, True), rtol=1e-10, atol=1e-10)
+    # normalisation off: the raw eq 2 at the same eps, both here and in the numpy definition
+    raw = M.crate_compression_term(z, u, 0.5, normalize=False)
+    torch.testing.assert_close(raw, M.compression_term(z, u, 0.5), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(raw.numpy(), _crate_rate_numpy(z, u, 0.25, False), rtol=1e-10, atol=1e-10)
+    # float32 tokens are measured in float64
+    assert M.crate_compression_term(z.float(), u.float()).dtype == torch.float64
+
+
+def test_crate_compression_term_depends_only_on_code_directions_and_is_bounded():
+    g = torch.Generator().manual_seed(5)
+    u = orthonormal_bases(3, 12, 4, generator=g)
+    z = torch.randn(20, 12, generator=g, dtype=torch.float64)
+    base = M.crate_compression_term(z, u).item()
+    # per-token scaling changes the raw term but not CRATE's (codes are normalised per head)
+    scale = torch.rand(20, 1, generator=g, dtype=torch.float64) * 10 + 0.1
+    assert M.crate_compression_term(z * scale, u).item() == pytest.approx(base, rel=1e-10)
+    assert M.compression_term(z * scale, u).item() != pytest.approx(M.compression_term(z, u).item(), rel=1e-3)
+    # it differs from normalising the ambient token before projecting (the other 'normalised' variant)
+    assert base != pytest.approx(M.compression_term(z, u, 0.1, normalize=True).item(), rel=1e-3)
+    # each head contributes at most ½ p log(1 + 1/ε²) (N >= p); all tokens on one direction per head: rank 1
+    assert 0 < base <= 3 * 0.5 * 4 * math.log(1 + 1 / 0.01) + 1e-9
+    line = torch.randn(20, 1, generator=g, dtype=torch.float64) @ torch.randn(1, 12, generator=g, dtype=torch.float64)
+    per_head_rank1 = 0.5 * math.log(1 + 4 / (20 * 0.01) * 20)  # N identical unit codes: one eigenvalue N
+    assert M.crate_compression_term(line, u).item() == pytest.approx(3 * per_head_rank1, rel=1e-9)
+    with pytest.raises(ValueError, match="eps must be a positive"):
+        M.crate_compression_term(z, u, eps=-0.1)
+    with pytest.raises(ValueError, match="ambient dimension 12 but the tokens have d=5"):
+        M.crate_compression_term(torch.randn(4, 5), u)
 
 
 def test_partition_compression_with_hard_labels_is_weighted_group_rates():

@@ -93,6 +93,28 @@ def test_layerwise_tost_and_cbt_report_their_compression_terms():
     assert set(r["series"]) == {"coding_rate", "coding_rate_normalized"}
 
 
+def test_layerwise_crate_measure_on_tokens_entering_and_leaving_each_block():
+    torch.manual_seed(3)
+    model = tiny("crate_t", depth=3)
+    x = torch.randn(2, 3, 16, 16)
+    r = layerwise(model, x, crate_eps=0.1)
+    assert r["params"] == {"eps": 0.5, "crate_eps": 0.1}
+    _, layers = capture_layers(model, x)
+    for lay, row in zip(layers, r["layers"]):
+        u = subspace_bases(lay.module)
+        assert row["crate_compression"] == pytest.approx(
+            measures.crate_compression_term(lay.input.double(), u, 0.1).mean().item(), rel=1e-12)
+        # leaving: the block's output (the residual stream after MSSA and ISTA), measured with the same U^ℓ
+        assert lay.block_output is not None and not torch.equal(lay.block_output, lay.input)
+        assert row["crate_compression_out"] == pytest.approx(
+            measures.crate_compression_term(lay.block_output.double(), u, 0.1).mean().item(), rel=1e-12)
+    # the next layer's input is the previous block's output through that layer's pre-norm
+    with torch.no_grad():
+        torch.testing.assert_close(layers[1].input, model.blocks[1].norm1(layers[0].block_output))
+    # a black-box layer has no bases: no CRATE measure
+    assert "crate_compression" not in layerwise(tiny("vit_cifar"), x)["series"]
+
+
 def test_membership_and_class_attention_maps_of_tost():
     model = tiny("tost_t")
     x = torch.randn(2, 3, 16, 16)

@@ -176,11 +176,15 @@ def token_grid(n: int, grid: tuple[int, int] | None = None) -> tuple[int, tuple[
     )
 
 
-def layer_measures(layer: LayerCapture, eps: float = 0.5) -> dict[str, float]:
+def layer_measures(layer: LayerCapture, eps: float = 0.5, *, crate_eps: float = 0.1) -> dict[str, float]:
     """Per-layer white-box measures on the layer's input tokens ``Z^ℓ`` (batch mean).
 
     Always ``coding_rate`` (``R(Z)``, CBSA eq 1) and its normalised variant; with subspace bases
-    ``U^ℓ`` also the compression term ``R_c(Z | U)`` (CBSA eq 2, raw and normalised); with TSSA's
+    ``U^ℓ`` also the compression term ``R_c(Z | U)`` (CBSA eq 2, raw and normalised, at ``eps``) and
+    CRATE's measured compression term (:func:`~attnzoo.analysis.measures.crate_compression_term`:
+    unit-norm codes per head, ``ε = crate_eps``, CRATE's code uses ``ε² = 0.01``) of the tokens entering
+    the layer (``crate_compression``) and of those leaving its block (``crate_compression_out``, the
+    block's output, where the block's output is a tensor), both with the layer's own ``U^ℓ``; with TSSA's
     recorded memberships ``Π^ℓ`` also ToST's variational compression ``R^var_c(Z, Π | U)`` (eq 4).
     """
     z = layer.input.to(torch.float64)
@@ -192,6 +196,11 @@ def layer_measures(layer: LayerCapture, eps: float = 0.5) -> dict[str, float]:
     if u is not None and u.shape[1] == z.shape[-1]:
         out["compression"] = float(measures.compression_term(z, u, eps).mean())
         out["compression_normalized"] = float(measures.compression_term(z, u, eps, normalize=True).mean())
+        out["crate_compression"] = float(measures.crate_compression_term(z, u, crate_eps).mean())
+        zo = layer.block_output
+        if isinstance(zo, torch.Tensor) and zo.ndim == z.ndim and zo.shape[-1] == z.shape[-1]:
+            out["crate_compression_out"] = float(measures.crate_compression_term(zo.to(torch.float64), u,
+                                                                                 crate_eps).mean())
         pi = memberships(layer)
         if pi is not None and pi.shape[-2] == z.shape[-2] and pi.shape[-1] == u.shape[0]:
             out["variational_compression"] = float(measures.variational_compression(z, pi, u, eps).mean())

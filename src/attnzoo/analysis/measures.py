@@ -15,6 +15,7 @@ import torch
 __all__ = [
     "coding_rate",
     "compression_term",
+    "crate_compression_term",
     "partition_compression",
     "variational_compression",
     "normalize_tokens",
@@ -102,6 +103,35 @@ def compression_term(z: torch.Tensor, u: torch.Tensor, eps: float = 0.5, *, norm
     if normalize:
         z = normalize_tokens(z)
     proj = torch.einsum("...nd,kdp->...knp", z.to(torch.float64), u.to(torch.float64))
+    return coding_rate(proj, eps).sum(-1)
+
+
+def crate_compression_term(
+    z: torch.Tensor, u: torch.Tensor, eps: float = 0.1, *, normalize: bool = True
+) -> torch.Tensor:
+    """The compression term as CRATE's code measures it per layer (Yu et al., CRATE, the layer-wise
+    ``R^c(Z^ℓ | U^ℓ)`` plots; CBSA Fig. 5 measures the same term of eq 2):
+
+    ``R^c(Z | U_[K]) = Σ_k ½ log det(I + p/(N ε²) (U_kᵀ Z)ᵀ (U_kᵀ Z))``
+
+    where each *projected* token ``U_kᵀ z_j`` (one head's ``p`` coordinates) is scaled to unit ℓ2 norm
+    before the log-determinant, and ``ε² = 0.01`` (``eps=0.1``). This differs from
+    :func:`compression_term` with ``normalize=True``, which scales the ambient token ``z_j`` before
+    projecting: here every head sees unit-norm codes, so the value depends only on the angles between
+    the tokens' codes *within* each subspace (not on their magnitudes), and each head contributes at
+    most ``½ p log(1 + 1/ε²)`` (``N >= p``; the trace of ``WᵀW`` is ``N``, the bound is attained by
+    isotropic codes).
+
+    ``Z: (..., N, d)``, ``U: (K, d, p)``. ``normalize=False`` skips the per-head normalisation and is
+    exactly :func:`compression_term` (the raw eq 2) at the same ``eps``. Returns shape ``(...)``.
+    """
+    _check_tokens("Z", z)
+    _check_bases(u, z.shape[-1])
+    _check_eps(eps)
+    proj = torch.einsum("...nd,kdp->...knp", z.to(torch.float64), u.to(torch.float64))  # rows: (U_kᵀ z_j)ᵀ
+    if normalize:
+        # a zero code (a token orthogonal to the whole subspace) stays zero instead of dividing by 0
+        proj = proj / proj.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
     return coding_rate(proj, eps).sum(-1)
 
 

@@ -105,23 +105,27 @@ def _self_layers(layers: list[LayerCapture]) -> list[LayerCapture]:
 # ---------------------------------------------------------------------------------------------
 # layerwise: ToST Fig. 4a, CBSA Fig. 5
 # ---------------------------------------------------------------------------------------------
-def layerwise(model: nn.Module, inputs, *, eps: float = 0.5) -> dict:
+def layerwise(model: nn.Module, inputs, *, eps: float = 0.5, crate_eps: float = 0.1) -> dict:
     """Per attention layer ``ℓ``: coding rate, compression term ``R_c(Z^ℓ | U^ℓ)`` (CBSA eq 2) and,
-    for TSSA, ``R^var_c(Z^ℓ, Π^ℓ | U^ℓ)`` (ToST eq 4), raw and on unit-norm tokens, where ``Z^ℓ`` is
-    the token mixer's input and ``U^ℓ``, ``Π^ℓ`` the layer's own bases and memberships.
+    for TSSA, ``R^var_c(Z^ℓ, Π^ℓ | U^ℓ)`` (ToST eq 4), raw and on unit-norm tokens (at ``eps``), and the
+    compression term as CRATE's code measures it (unit-norm codes per head, ``ε = crate_eps``; entering
+    the layer and leaving its block), where ``Z^ℓ`` is the token mixer's input and ``U^ℓ``, ``Π^ℓ`` the
+    layer's own bases and memberships.
     """
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     _, layers = capture_layers(model, *args)
     rows = []
     for lay in _self_layers(layers):
-        rows.append({"name": lay.name, "mechanism": lay.mechanism, **layer_measures(lay, eps)})
+        rows.append({"name": lay.name, "mechanism": lay.mechanism, **layer_measures(lay, eps, crate_eps=crate_eps)})
     keys = sorted({k for r in rows for k in r if k not in ("name", "mechanism")})
     series = {k: [r.get(k, float("nan")) for r in rows] for k in keys}
-    return {"experiment": "layerwise", "params": {"eps": eps}, "layers": rows, "series": series}
+    return {"experiment": "layerwise", "params": {"eps": eps, "crate_eps": crate_eps}, "layers": rows,
+            "series": series}
 
 
 def plot_layerwise(result: dict):
     groups = [
+        ("CRATE's measure (unit-norm codes)", ["crate_compression", "crate_compression_out"]),
         ("compression term", ["compression", "variational_compression"]),
         ("normalised tokens", ["compression_normalized", "variational_compression_normalized"]),
         ("coding rate R(Z)", ["coding_rate", "coding_rate_normalized"]),
@@ -139,7 +143,9 @@ def plot_layerwise(result: dict):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     mechs = sorted({r["mechanism"] for r in result["layers"]})
-    fig.suptitle(f"layer-wise compression ({', '.join(mechs)}; ε={result['params']['eps']})", fontsize=10)
+    crate = result["params"].get("crate_eps")
+    fig.suptitle(f"layer-wise compression ({', '.join(mechs)}; ε={result['params']['eps']}"
+                 + (f", CRATE's ε²={crate ** 2:.3g}" if crate is not None else "") + ")", fontsize=10)
     return fig
 
 
