@@ -1,12 +1,20 @@
 """LRA-style generators: ListOps against an independent evaluator, Pathfinder against a connectivity
-check on the rendered image (scipy.ndimage), Retrieval's labels, byte encoding, ICL prompts."""
+check on the rendered image (scipy.ndimage) and a flood fill, Pathfinder and Retrieval shortcut rules,
+Retrieval's labels, byte encoding, ICL prompts."""
+import itertools
+from collections import deque
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from scipy import ndimage
 
+from attnzoo.data import GeneratedDataset, build_task
 from attnzoo.data.icl import icl_sample, least_squares_baseline
-from attnzoo.data.lra import (DOT_VALUE, LISTOPS_VOCAB, encode_bytes, listops_evaluate, listops_sample,
-                              listops_to_string, pathfinder_sample, retrieval_sample)
+from attnzoo.data.lra import (DOT_VALUE, LISTOPS_VOCAB, PATH_VALUE, byte_histogram_similarity, encode_bytes,
+                              fit_band_rule, listops_evaluate, listops_sample, listops_to_string,
+                              pathfinder_sample, pathfinder_shortcut_accuracy, pathfinder_shortcut_features,
+                              retrieval_sample, retrieval_shortcut_accuracy)
 
 
 @pytest.mark.parametrize("expr, value", [
@@ -84,6 +92,159 @@ def test_pathfinder_deterministic_and_validated():
     assert a[1] == b[1]
     with pytest.raises(ValueError, match="n_paths >= 2"):
         pathfinder_sample(np.random.default_rng(0), n_paths=1)
+
+
+def _flood_connected(img: np.ndarray, gap: int) -> bool:
+    """Independent of the generator and of _connected: breadth-first search from one dot over inked pixels,
+    stepping up to gap + 1 pixels (Chebyshev) to cross a dash gap; different paths are gap + 3 apart."""
+    ink = img > 0
+    dots = np.argwhere(img == DOT_VALUE)
+    start = tuple(dots[0])
+    other = [tuple(p) for p in dots if max(abs(p[0] - start[0]), abs(p[1] - start[1])) > 2]
+    assert other, "every image shows two dots"
+    seen = {start}
+    todo = deque([start])
+    r = gap + 1
+    while todo:
+        y, x = todo.popleft()
+        for dy in range(-r, r + 1):
+            for dx in range(-r, r + 1):
+                q = (y + dy, x + dx)
+                if 0 <= q[0] < img.shape[0] and 0 <= q[1] < img.shape[1] and ink[q] and q not in seen:
+                    seen.add(q)
+                    todo.append(q)
+    return other[0] in seen
+
+
+# the default task (32x32) and the 16x16 setting of the `default` reproduce budget
+PATHFINDER_SETTINGS = {"default": {}, "budget16": {"size": 16, "n_paths": 2, "path_steps": 10}}
+
+
+@pytest.fixture(scope="module", params=sorted(PATHFINDER_SETTINGS))
+def pathfinder_task(request):
+    """300 train and 300 val examples of the registered task, as the trainer would read them."""
+    task = build_task("lra_pathfinder", n_train=300, n_val=300, seed=0, **PATHFINDER_SETTINGS[request.param])
+    return task, task.train.get_batch(np.arange(300)), task.val.get_batch(np.arange(300))
+
+
+def test_pathfinder_dot_distance_gives_no_label(pathfinder_task):
+    """The best band [lo, hi) on the dots' distance, fitted on train, is no better than the majority on val.
+
+    Before the negatives were matched, distances were 18.9 +- 1.0 px (positives) vs 18.2 +- 7.1 px
+    (negatives) at 32x32 and the best band scored ~90% on val.
+    """
+    task, _, _ = pathfinder_task
+    rule = pathfinder_shortcut_accuracy(task)["endpoint_distance"]
+    assert rule["val_accuracy"] <= rule["majority"] + 0.10, rule
+
+
+@pytest.mark.parametrize("feature", ["path_pixels", "ink"])
+def test_pathfinder_pixel_count_gives_no_label(pathfinder_task, feature):
+    task, _, _ = pathfinder_task
+    rule = pathfinder_shortcut_accuracy(task)[feature]
+    assert rule["val_accuracy"] <= rule["majority"] + 0.10, rule
+
+
+def test_pathfinder_dot_distances_match_between_classes(pathfinder_task):
+    """Same distribution of the dots' distance in both classes (the layout fixes it exactly)."""
+    _, ((images,), y), _ = pathfinder_task
+    d = pathfinder_shortcut_features(images.numpy())["endpoint_distance"]
+    y = y.numpy()
+    pos, neg = d[y == 1], d[y == 0]
+    assert 0.35 < y.mean() < 0.65
+    assert abs(np.median(pos) - np.median(neg)) < 0.5 and abs(pos.std() - neg.std()) < 0.3 * pos.std() + 0.1
+
+
+def test_pathfinder_labels_match_flood_fill(pathfinder_task):
+    _, ((images,), y), _ = pathfinder_task
+    side = int(round(images.shape[1] ** 0.5))
+    for img, label in zip(images.numpy().reshape(-1, side, side)[:120], y.numpy()[:120]):
+        assert _flood_connected(img, gap=1) == bool(label)
+
+
+def test_pathfinder_shortcut_features_by_hand():
+    img = np.zeros((16, 16), np.uint8)
+    img[2:5, 2:5] = DOT_VALUE  # centre (3, 3)
+    img[9:12, 6:9] = DOT_VALUE  # centre (10, 7)
+    img[5:9, 3] = PATH_VALUE
+    f = pathfinder_shortcut_features(img[None].reshape(1, -1))
+    np.testing.assert_allclose(f["endpoint_distance"], [np.hypot(7, 4)])
+    assert f["path_pixels"].tolist() == [4.0] and f["ink"].tolist() == [22.0]
+    img[9:12, 6:9] = 0
+    with pytest.raises(ValueError, match="one dot"):
+        pathfinder_shortcut_features(img[None])
+
+
+def _brute_band(x, y, band):
+    u = np.unique(x)
+    cuts = [-np.inf, *((u[1:] + u[:-1]) / 2), np.inf]
+    best = 0.0
+    for lo, hi in itertools.combinations(cuts, 2):
+        if band or np.isinf(lo) or np.isinf(hi):
+            inside = (x >= lo) & (x < hi)
+            best = max(best, max(np.mean(np.where(inside, k, 1 - k) == y) for k in (0, 1)))
+    return best
+
+
+@pytest.mark.parametrize("band", [True, False])
+def test_fit_band_rule_is_the_exhaustive_best(band):
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        n = int(rng.integers(3, 30))
+        x, y = rng.integers(0, 7, n).astype(float), rng.integers(0, 2, n)
+        rule = fit_band_rule(x, y, x, y, band=band)
+        assert rule["train_accuracy"] == pytest.approx(_brute_band(x, y, band))
+        assert rule["val_accuracy"] == pytest.approx(rule["train_accuracy"])  # val = train here
+
+
+def test_fit_band_rule_finds_a_planted_band_and_validates():
+    x = np.arange(20.0)
+    y = ((x >= 5) & (x < 12)).astype(int)
+    rule = fit_band_rule(x, y, x + 0.2, y)
+    assert (rule["lo"], rule["hi"], rule["inside_label"]) == (4.5, 11.5, 1)
+    assert rule["train_accuracy"] == 1.0 and rule["val_accuracy"] == 1.0 and rule["majority"] == 13 / 20
+    threshold = fit_band_rule(x, y, x, y, band=False)
+    assert threshold["train_accuracy"] == 15 / 20  # best one-sided rule: x >= 11.5 -> 0 (or x < 4.5 -> 0)
+    with pytest.raises(ValueError, match="labels must be 0 or 1"):
+        fit_band_rule(x, y + 1, x, y)
+    with pytest.raises(ValueError, match="1-D arrays of one length"):
+        fit_band_rule(x, y[:-1], x, y)
+
+
+def test_byte_histogram_similarity_by_hand():
+    a = np.array([[1, 1, 2, 0], [5, 5, 5, 5]])  # tokens are bytes + 1, 0 is padding
+    b = np.array([[2, 1, 1, 1], [6, 6, 0, 0]])
+    # histograms (2, 1) and (3, 1): cosine 7 / sqrt(5 * 10); disjoint bytes: 0
+    np.testing.assert_allclose(byte_histogram_similarity(a, b), [7 / np.sqrt(50), 0.0])
+
+
+def _retrieval_split(docs, n, seed, length=64):
+    def make(rng):
+        (a, b), label = retrieval_sample(rng, docs, length)
+        return (a, b), np.int64(label)
+
+    return GeneratedDataset(n, (seed,), make)
+
+
+def test_retrieval_shortcut_accuracy_reads_a_giveaway_and_nothing_else():
+    rng = np.random.default_rng(0)
+    # each work its own small alphabet: the byte histograms alone tell "same work" apart
+    own = [rng.choice(np.arange(65 + 8 * k, 73 + 8 * k), 400).astype(np.uint8) for k in range(4)]
+    # every work drawn from one alphabet: the histograms carry no label
+    shared = [rng.choice(np.arange(65, 91), 400).astype(np.uint8) for _ in range(4)]
+    giveaway = SimpleNamespace(train=_retrieval_split(own, 200, 1), val=_retrieval_split(own, 200, 2))
+    r = retrieval_shortcut_accuracy(giveaway)
+    assert r["val_accuracy"] > 0.95 and r["similar_label"] == 1 and 0 < r["threshold"] < 1
+    assert (r["n_train"], r["n_val"]) == (200, 200)
+    blind = retrieval_shortcut_accuracy(_retrieval_split(shared, 200, 1), _retrieval_split(shared, 200, 2))
+    assert blind["val_accuracy"] <= blind["majority"] + 0.10, blind
+    # examples given as arrays give the same answer as the datasets they came from
+    (a, b), y = _retrieval_split(own, 200, 1).get_batch(np.arange(200))
+    (av, bv), yv = _retrieval_split(own, 200, 2).get_batch(np.arange(200))
+    assert retrieval_shortcut_accuracy((a.numpy(), b.numpy(), y.numpy()), (av.numpy(), bv.numpy(), yv.numpy())) == r
+    assert retrieval_shortcut_accuracy(giveaway, max_examples=50)["n_val"] == 50
+    with pytest.raises(TypeError, match="train= and val="):
+        retrieval_shortcut_accuracy(object())
 
 
 def test_encode_bytes_pads_and_truncates():

@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 __all__ = [
@@ -21,6 +23,11 @@ __all__ = [
     "DOT_VALUE",
     "encode_bytes",
     "retrieval_sample",
+    "fit_band_rule",
+    "pathfinder_shortcut_features",
+    "pathfinder_shortcut_accuracy",
+    "byte_histogram_similarity",
+    "retrieval_shortcut_accuracy",
 ]
 
 # ---- ListOps -----------------------------------------------------------------------------------
@@ -129,13 +136,17 @@ DOT_VALUE = 255
 
 
 def _dilate(mask: np.ndarray, r: int) -> np.ndarray:
-    """Chebyshev dilation of a boolean mask by ``r`` pixels."""
-    out = mask.copy()
-    p = np.pad(mask, r)
+    """Chebyshev dilation of a boolean mask by ``r`` pixels (separable: rows, then columns)."""
+    if r <= 0:
+        return mask.copy()
     h, w = mask.shape
-    for dy in range(-r, r + 1):
-        for dx in range(-r, r + 1):
-            out |= p[r + dy : r + dy + h, r + dx : r + dx + w]
+    p = np.pad(mask, r)
+    rows = np.zeros((h + 2 * r, w), bool)
+    for d in range(2 * r + 1):
+        rows |= p[:, d : d + w]
+    out = np.zeros((h, w), bool)
+    for d in range(2 * r + 1):
+        out |= rows[d : d + h]
     return out
 
 
@@ -151,9 +162,19 @@ def pathfinder_sample(
     """One Pathfinder image ``(size, size)`` uint8 and its label (1 iff the two dots share a path).
 
     Each path is a unit-step walk with a random turn of at most ``curvature`` rad per step, drawn as
-    ``dash`` pixels on, ``gap`` off. Different paths (with their end dots) stay at least
-    ``gap + 3`` pixels apart, so dilating the image by ``ceil(gap / 2)`` joins the dashes of one path
-    and never two paths: that is the connectivity check the tests run on the rendered image.
+    ``dash`` pixels on, ``gap`` off, from both ends towards the middle (so a path's two ends look
+    alike). Different paths (with their end dots) stay at least ``gap + 3`` pixels apart, so dilating
+    the image by ``ceil(gap / 2)`` joins the dashes of one path and never two paths: that is the
+    connectivity check the tests run on the rendered image.
+
+    Neither the dots' distance nor the amount of ink gives the label away. The paths are laid out
+    before the label is drawn, so the image without its dots has one distribution for both labels
+    (same path pixel counts). The last path is placed with one end ``e'`` exactly as far (equal
+    squared distance in pixels) from an end ``e`` of path 0 as path 0's two ends are from each other;
+    the label then puts the dots on path 0's two ends (1) or on ``e`` and ``e'`` (0), so the dots'
+    distance has one distribution in both classes. (With the dots of a negative on any two paths'
+    ends, negatives spread over the whole image while a path's own ends sit about a path length
+    apart: a band on the distance alone scored ~90%.)
     """
     if size < 16:
         raise ValueError(f"pathfinder size must be >= 16, got {size}")
@@ -163,60 +184,134 @@ def pathfinder_sample(
     path_steps = path_steps if path_steps is not None else int(round(20 * scale))
     if n_paths < 2:
         raise ValueError(f"pathfinder needs n_paths >= 2 (two main paths), got {n_paths}")
-    sep = gap + 3
     for _attempt in range(200):
-        footprint = np.zeros((size, size), bool)  # pixels (with end dots) of paths placed so far
-        img = np.zeros((size, size), np.uint8)
-        ends: list[tuple[tuple[int, int], tuple[int, int]]] = []
-        for _p in range(n_paths):
-            placed = False
-            forbidden = _dilate(footprint, sep - 1)
-            for _try in range(100):
-                pix = _walk(rng, size, path_steps, dash, gap, curvature)
-                if pix is None:
-                    continue
-                mask = np.zeros((size, size), bool)
-                for y, x in pix:
-                    mask[y, x] = True
-                (y0, x0), (y1, x1) = pix[0], pix[-1]
-                fp = mask.copy()
-                fp[max(y0 - 1, 0) : y0 + 2, max(x0 - 1, 0) : x0 + 2] = True
-                fp[max(y1 - 1, 0) : y1 + 2, max(x1 - 1, 0) : x1 + 2] = True
-                if (fp & forbidden).any() or max(abs(y0 - y1), abs(x0 - x1)) < 2 * sep:
-                    continue
-                footprint |= fp
-                img[mask] = PATH_VALUE
-                ends.append((pix[0], pix[-1]))
-                placed = True
-                break
-            if not placed:
-                break
-        if len(ends) < n_paths:
+        layout = _layout(rng, size, n_paths, path_steps, dash, gap, curvature, sep=gap + 3)
+        if layout is None:
             continue
+        img, (p0, p1), (e, e2) = layout
         label = int(rng.integers(2))
-        a = ends[0][int(rng.integers(2))]
-        b = ends[0][1] if (label and a == ends[0][0]) else ends[0][0] if label else ends[1][int(rng.integers(2))]
+        if label:
+            a, b = (p0, p1) if rng.integers(2) else (p1, p0)
+        else:
+            a, b = (e, e2) if rng.integers(2) else (e2, e)
         for y, x in (a, b):
-            img[max(y - 1, 0) : y + 2, max(x - 1, 0) : x + 2] = DOT_VALUE
+            img[y - 1 : y + 2, x - 1 : x + 2] = DOT_VALUE
         return img, label
     raise RuntimeError(f"could not place {n_paths} separated paths of {path_steps} steps in a {size}x{size} image")
 
 
-def _walk(rng, size, steps, dash, gap, curvature):
-    """Pixels drawn by one dashed unit-step walk (first and last always drawn), or None if it leaves the frame."""
-    y0, x0 = rng.uniform(2, size - 3, size=2)
-    theta = rng.uniform(0, 2 * np.pi) + np.concatenate([[0.0], np.cumsum(rng.uniform(-curvature, curvature, steps))])
-    ys = np.rint(y0 + np.concatenate([[0.0], np.cumsum(np.sin(theta[:-1]))])).astype(np.int64)
-    xs = np.rint(x0 + np.concatenate([[0.0], np.cumsum(np.cos(theta[:-1]))])).astype(np.int64)
-    if ys.min() < 1 or xs.min() < 1 or ys.max() > size - 2 or xs.max() > size - 2:
-        return None
-    t = np.arange(steps + 1)
-    keep = (t % (dash + gap) < dash) | (t == steps)
-    pix: list[tuple[int, int]] = []
-    for yi, xi in zip(ys[keep].tolist(), xs[keep].tolist()):
-        if not pix or pix[-1] != (yi, xi):
-            pix.append((yi, xi))
-    return pix
+def _layout(rng, size, n_paths, path_steps, dash, gap, curvature, sep):
+    """Separated dashed paths: ``(image without dots, path 0's ends, (e, e'))`` or None if they did not fit.
+
+    Each path takes the first of up to 100 candidate walks (drawn 25 at a time) whose pixels and end
+    dots keep ``sep`` pixels from the paths already placed and whose ends are ``2 * sep`` apart (all
+    pixels stay 1 from the border, so a 3x3 dot always fits). The last path starts or ends (at random,
+    so the dash pattern does not mark that end) at a pixel ``e'`` with ``|e' - e|^2 = |p1 - p0|^2``,
+    ``e`` a random end of path 0.
+    """
+    footprint = np.zeros((size, size), bool)  # pixels (with end dots) of paths placed so far
+    img = np.zeros((size, size), np.uint8)
+    # The dash pattern runs from both ends to the middle, so the two ends of a path look alike (a
+    # pattern from one end only leaves a lone pixel at the other for some lengths, and the dots would
+    # then cover different amounts of path on a path's two ends than on two paths' ends). The middle
+    # pixels are drawn so that no gap is longer than `gap`.
+    t = np.arange(path_steps + 1)
+    from_end = np.minimum(t, path_steps - t)
+    drawn = (from_end % (dash + gap) < dash) | (t == path_steps // 2) | (t == (path_steps + 1) // 2)
+    ends: list[tuple[tuple[int, int], tuple[int, int]]] = []
+    e = None
+    for k in range(n_paths):
+        forbidden = _dilate(footprint, sep - 1)
+        near = _dilate(footprint, sep)  # an end dot (3x3) touches `forbidden` iff its centre is here
+        if k == n_paths - 1:
+            e = ends[0][int(rng.integers(2))]
+            anchors = np.asarray(e) + _lattice_ring(_sq(ends[0]))
+            inside = ((anchors >= 1) & (anchors <= size - 2)).all(1)
+            anchors = anchors[inside]
+            anchors = anchors[~near[anchors[:, 0], anchors[:, 1]]]  # a dot there would touch a path
+            if not len(anchors):
+                return None
+        for _batch in range(4):
+            if k < n_paths - 1:
+                ys, xs = _walks(rng, 25, size, path_steps, curvature)
+            else:
+                ys, xs = _anchored_walks(rng, 25, path_steps, curvature, anchors)
+            ok = (ys.min(1) >= 1) & (xs.min(1) >= 1) & (ys.max(1) <= size - 2) & (xs.max(1) <= size - 2)
+            ys, xs = np.clip(ys, 1, size - 2), np.clip(xs, 1, size - 2)  # only to index safely
+            ok &= ~forbidden[ys[:, drawn], xs[:, drawn]].any(axis=1)
+            ok &= ~near[ys[:, 0], xs[:, 0]] & ~near[ys[:, -1], xs[:, -1]]
+            ok &= np.maximum(abs(ys[:, 0] - ys[:, -1]), abs(xs[:, 0] - xs[:, -1])) >= 2 * sep
+            hits = np.flatnonzero(ok)
+            if hits.size:
+                y, x = ys[hits[0]], xs[hits[0]]
+                img[y[drawn], x[drawn]] = PATH_VALUE
+                footprint[y[drawn], x[drawn]] = True
+                for yy, xx in ((y[0], x[0]), (y[-1], x[-1])):
+                    footprint[yy - 1 : yy + 2, xx - 1 : xx + 2] = True
+                ends.append(((int(y[0]), int(x[0])), (int(y[-1]), int(x[-1]))))
+                break
+        else:
+            return None
+    first, last = ends[-1]
+    e2 = first if (first[0] - e[0]) ** 2 + (first[1] - e[1]) ** 2 == _sq(ends[0]) else last
+    return img, ends[0], (e, e2)
+
+
+def _sq(pair) -> int:
+    (y0, x0), (y1, x1) = pair
+    return (y1 - y0) ** 2 + (x1 - x0) ** 2
+
+
+def _lattice_ring(d2: int) -> np.ndarray:
+    """All integer offsets ``(dy, dx)`` with ``dy^2 + dx^2 == d2``: ``(K, 2)``."""
+    r = math.isqrt(d2)
+    dy = np.arange(-r, r + 1)
+    rest = d2 - dy**2
+    root = np.rint(np.sqrt(rest)).astype(np.int64)  # exact below 2^52; checked on the next line
+    on = root**2 == rest
+    dy, root = dy[on], root[on]
+    return np.unique(np.concatenate([np.stack([dy, root], 1), np.stack([dy, -root], 1)]), axis=0)
+
+
+def _shapes(rng, n, steps, curvature):
+    """Offsets (dy, dx) ``(n, steps + 1)`` from the start of ``n`` unit-step walks turning <= ``curvature`` a step."""
+    turns = rng.uniform(-curvature, curvature, (n, steps))
+    theta = rng.uniform(0, 2 * np.pi, (n, 1)) + np.concatenate([np.zeros((n, 1)), np.cumsum(turns, axis=1)], axis=1)
+    zero = np.zeros((n, 1))
+    dy = np.concatenate([zero, np.cumsum(np.sin(theta[:, :-1]), axis=1)], axis=1)
+    dx = np.concatenate([zero, np.cumsum(np.cos(theta[:, :-1]), axis=1)], axis=1)
+    return dy, dx
+
+
+def _walks(rng, n, size, steps, curvature):
+    """Pixel rows and columns ``(n, steps + 1)`` of ``n`` walks placed uniformly inside the 1-pixel margin.
+
+    The shape is drawn first, then the start uniformly among the positions that keep it inside the
+    margin: the distribution of a uniform start conditioned on fitting, without rejected draws. A
+    walk too wide for the frame comes out partly outside it (the caller rejects it).
+    """
+    dy, dx = _shapes(rng, n, steps, curvature)
+    lo_y, hi_y = 1 - dy.min(1), size - 2 - dy.max(1)
+    lo_x, hi_x = 1 - dx.min(1), size - 2 - dx.max(1)
+    y0 = lo_y + rng.random(n) * (hi_y - lo_y)
+    x0 = lo_x + rng.random(n) * (hi_x - lo_x)
+    return np.rint(y0[:, None] + dy).astype(np.int64), np.rint(x0[:, None] + dx).astype(np.int64)
+
+
+def _anchored_walks(rng, n, steps, curvature, anchors):
+    """``n`` walks from random pixels of ``anchors`` ``(K, 2)``, each reversed with probability 1/2.
+
+    Pixel rows and columns ``(n, steps + 1)``; a walk may leave the frame (the caller rejects it).
+    """
+    dy, dx = _shapes(rng, n, steps, curvature)
+    start = anchors[rng.integers(len(anchors), size=n)]
+    # a sub-pixel start inside the anchor pixel, so these walks are rasterised like the free ones
+    fy, fx = rng.uniform(-0.5, 0.5, (2, n, 1))
+    ys = np.rint(start[:, :1] + fy + dy).astype(np.int64)
+    xs = np.rint(start[:, 1:] + fx + dx).astype(np.int64)
+    flip = rng.random(n) < 0.5
+    ys[flip], xs[flip] = ys[flip, ::-1], xs[flip, ::-1]
+    return ys, xs
 
 
 # ---- byte-level text --------------------------------------------------------------------------
@@ -252,3 +347,174 @@ def retrieval_sample(rng: np.random.Generator, docs: list[np.ndarray], length: i
         b0 = int(rng.integers(0, len(e) - length + 1))
         pa, pb = d[a0 : a0 + length], e[b0 : b0 + length]
     return (pa.astype(np.int64) + 1, pb.astype(np.int64) + 1), label
+
+
+# ---- shortcut measures ----------------------------------------------------------------------------
+# A trivial rule on one scalar per example (the dots' distance, the amount of ink, the byte-histogram
+# similarity of two passages), fitted on train and scored on val: how far the label can be read off
+# without solving the task. Models should be compared against max(majority, this), not majority alone.
+
+_MAX_CUTS = 1024  # candidate cut points per rule: exhaustive below this many distinct values, else quantiles
+
+
+def fit_band_rule(
+    x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val: np.ndarray, *, band: bool = True
+) -> dict:
+    """Best rule "label ``inside_label`` iff ``lo <= x < hi``" on train, scored on val (binary labels 0/1).
+
+    ``x_*``: ``(M,)`` scalar features, ``y_*``: ``(M,)`` labels in {0, 1}. With ``band=False`` one end is
+    infinite (a threshold rule). Cut points lie midway between consecutive distinct train values (at most
+    1024 of them, else train quantiles); the search over all intervals and both labels is exhaustive.
+
+    Returns ``lo``, ``hi``, ``inside_label``, ``train_accuracy``, ``val_accuracy`` and ``majority`` (the
+    frequency of the most common val label: the best constant guess, with hindsight).
+    """
+    x_train, x_val = np.asarray(x_train, np.float64), np.asarray(x_val, np.float64)
+    y_train, y_val = np.asarray(y_train).astype(np.int64), np.asarray(y_val).astype(np.int64)
+    for name, x, y in (("train", x_train, y_train), ("val", x_val, y_val)):
+        if x.ndim != 1 or x.shape != y.shape or x.size == 0:
+            raise ValueError(f"{name} features and labels must be non-empty 1-D arrays of one length, "
+                             f"got {x.shape} and {y.shape}")
+        if not np.isin(y, (0, 1)).all():
+            raise ValueError(f"{name} labels must be 0 or 1, got values {np.unique(y).tolist()}")
+    u = np.unique(x_train)
+    mids = (u[1:] + u[:-1]) / 2
+    if mids.size > _MAX_CUTS:
+        mids = np.unique(np.quantile(x_train, np.linspace(0, 1, _MAX_CUTS + 2)[1:-1]))
+    cuts = np.concatenate([[-np.inf], mids, [np.inf]])
+    # positives / negatives strictly below each cut, so an interval [cuts[i], cuts[j]) holds pos[j] - pos[i]
+    order = np.sort(x_train)
+    below = np.searchsorted(order, cuts, side="left")
+    pos_sorted = np.concatenate([[0], np.cumsum(y_train[np.argsort(x_train, kind="stable")])])
+    pos = pos_sorted[below]
+    neg = below - pos
+    n, n_pos = y_train.size, int(y_train.sum())
+    if band:
+        i, j = np.triu_indices(cuts.size, k=1)
+    else:
+        i = np.concatenate([np.zeros(cuts.size - 1, np.int64), np.arange(1, cuts.size)])
+        j = np.concatenate([np.arange(1, cuts.size), np.full(cuts.size - 1, cuts.size - 1)])
+    in_pos, in_neg = pos[j] - pos[i], neg[j] - neg[i]
+    correct = np.stack([in_neg + (n_pos - in_pos), in_pos + (n - n_pos - in_neg)])  # inside_label 0 / 1
+    label, k = np.unravel_index(int(np.argmax(correct)), correct.shape)
+    lo, hi = float(cuts[i[k]]), float(cuts[j[k]])
+    inside = (x_val >= lo) & (x_val < hi)
+    pred = np.where(inside, label, 1 - label)
+    return dict(lo=lo, hi=hi, inside_label=int(label), train_accuracy=float(correct[label, k] / n),
+                val_accuracy=float((pred == y_val).mean()), majority=float(max(y_val.mean(), 1 - y_val.mean())))
+
+
+def pathfinder_shortcut_features(images: np.ndarray) -> dict[str, np.ndarray]:
+    """Per image of ``(M, S, S)`` (or ``(M, S*S)``) Pathfinder pixels: scalars that must not give the label away.
+
+    ``endpoint_distance``: Euclidean distance (px) between the centres of the two dots; ``path_pixels``:
+    pixels drawn as path (not covered by a dot); ``ink``: all non-zero pixels. Each ``(M,)``.
+    """
+    images = np.asarray(images)
+    if images.ndim == 2:
+        side = int(round(images.shape[1] ** 0.5))
+        if side * side != images.shape[1]:
+            raise ValueError(f"flat images must have a square number of pixels, got {images.shape[1]}")
+        images = images.reshape(len(images), side, side)
+    if images.ndim != 3:
+        raise ValueError(f"images must have shape (M, S, S) or (M, S*S), got {images.shape}")
+    dist = np.empty(len(images))
+    for m, img in enumerate(images):
+        ys, xs = np.nonzero(img == DOT_VALUE)
+        if ys.size == 0:
+            raise ValueError(f"image {m} shows no dot (no pixel of value {DOT_VALUE})")
+        # dots are 3x3 and far apart: the pixels within 2 of the first dot pixel form the first dot
+        first = np.maximum(abs(ys - ys[0]), abs(xs - xs[0])) <= 2
+        if first.all():
+            raise ValueError(f"image {m} shows one dot, Pathfinder images show two")
+        c0 = ys[first].mean(), xs[first].mean()
+        c1 = ys[~first].mean(), xs[~first].mean()
+        dist[m] = np.hypot(c0[0] - c1[0], c0[1] - c1[1])
+    return dict(endpoint_distance=dist, path_pixels=(images == PATH_VALUE).sum((1, 2)).astype(np.float64),
+                ink=(images > 0).sum((1, 2)).astype(np.float64))
+
+
+def byte_histogram_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity ``(M,)`` of the byte histograms of paired passages ``a``, ``b`` ``(M, N)``.
+
+    Tokens are bytes + 1 with 0 for padding (as :func:`encode_bytes` and :func:`retrieval_sample` make
+    them); padding is not counted. A passage of padding only has similarity 0.
+    """
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    if a.ndim != 2 or b.ndim != 2 or len(a) != len(b):
+        raise ValueError(f"a and b must be (M, N) token arrays with the same M, got {a.shape} and {b.shape}")
+
+    def hist(t):
+        rows = np.repeat(np.arange(len(t)), t.shape[1])
+        h = np.zeros((len(t), 257))
+        np.add.at(h, (rows, t.reshape(-1)), 1.0)
+        return h[:, 1:]  # padding is no byte
+
+    ha, hb = hist(a), hist(b)
+    norm = np.linalg.norm(ha, axis=1) * np.linalg.norm(hb, axis=1)
+    return np.where(norm > 0, (ha * hb).sum(1) / np.where(norm > 0, norm, 1.0), 0.0)
+
+
+def _examples(data, max_examples: int | None, chunk: int = 256) -> tuple[list[np.ndarray], np.ndarray]:
+    """``(inputs, labels)`` as numpy arrays from a batch dataset (``get_batch``) or an ``(*inputs, labels)`` tuple."""
+    if hasattr(data, "get_batch"):
+        n = len(data) if max_examples is None else min(len(data), max_examples)
+        parts = [data.get_batch(np.arange(s, min(s + chunk, n))) for s in range(0, n, chunk)]
+        inputs = [np.concatenate([p[0][k].numpy() for p in parts]) for k in range(len(parts[0][0]))]
+        return inputs, np.concatenate([p[1].numpy() for p in parts])
+    *inputs, labels = data
+    inputs = [np.asarray(x) for x in inputs]
+    labels = np.asarray(labels)
+    if max_examples is not None:
+        inputs, labels = [x[:max_examples] for x in inputs], labels[:max_examples]
+    return inputs, labels
+
+
+def _split(task_or_train, val):
+    if val is None:
+        if not (hasattr(task_or_train, "train") and hasattr(task_or_train, "val")):
+            raise TypeError("pass a built task (with .train and .val) or both train= and val= examples")
+        return task_or_train.train, task_or_train.val
+    return task_or_train, val
+
+
+def pathfinder_shortcut_accuracy(task_or_train, val=None, *, max_examples: int | None = None) -> dict[str, dict]:
+    """How well the best distance band and the best ink band predict Pathfinder labels.
+
+    ``task_or_train``: a built ``lra_pathfinder``/``lra_pathx`` task (``build_task(...)``), or train
+    examples ``(images (M, S*S) or (M, S, S), labels (M,))`` with ``val`` the same for validation.
+    ``max_examples`` caps the examples read from each split. Returns, for ``endpoint_distance``,
+    ``path_pixels`` and ``ink`` (see :func:`pathfinder_shortcut_features`), :func:`fit_band_rule`'s dict.
+    """
+    train, val = _split(task_or_train, val)
+    (img_tr,), y_tr = _examples(train, max_examples)
+    (img_va,), y_va = _examples(val, max_examples)
+    f_tr, f_va = pathfinder_shortcut_features(img_tr), pathfinder_shortcut_features(img_va)
+    return {k: fit_band_rule(f_tr[k], y_tr, f_va[k], y_va) for k in f_tr}
+
+
+def retrieval_shortcut_accuracy(task_or_train, val=None, *, max_examples: int | None = None) -> dict:
+    """How well "same work iff the two passages' byte histograms are similar" predicts Retrieval labels.
+
+    The feature is the cosine similarity of the two passages' byte histograms
+    (:func:`byte_histogram_similarity`); the rule is the best threshold on train (either direction),
+    scored on val. ``task_or_train``: a built ``lra_retrieval`` task, or train examples
+    ``(a (M, N), b (M, N), labels (M,))`` with ``val`` the same for validation; ``max_examples`` caps
+    the examples read from each split (a full split of 4,000-byte pairs is large).
+
+    Returns ``threshold`` (the fitted cut), ``similar_label`` (the label predicted at or above it),
+    ``train_accuracy``, ``val_accuracy``, ``majority`` (most common val label's frequency) and
+    ``n_train``/``n_val``.
+    """
+    train, val = _split(task_or_train, val)
+    (a_tr, b_tr), y_tr = _examples(train, max_examples)
+    (a_va, b_va), y_va = _examples(val, max_examples)
+    rule = fit_band_rule(byte_histogram_similarity(a_tr, b_tr), y_tr, byte_histogram_similarity(a_va, b_va), y_va,
+                         band=False)
+    # a threshold rule has one infinite end: above the finite cut the label is inside_label iff hi is infinite
+    above_inside = np.isinf(rule["hi"])
+    threshold = rule["lo"] if above_inside else rule["hi"]
+    similar = rule["inside_label"] if above_inside else 1 - rule["inside_label"]
+    return dict(threshold=float(threshold), similar_label=int(similar), train_accuracy=rule["train_accuracy"],
+                val_accuracy=rule["val_accuracy"], majority=rule["majority"], n_train=int(len(y_tr)),
+                n_val=int(len(y_va)))
