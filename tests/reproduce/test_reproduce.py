@@ -260,3 +260,21 @@ def test_list_prints_the_plan(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines and all(line.startswith("probes/") for line in lines)
     assert any("needs vision/vit/seed0" in line for line in lines)
+
+
+def test_interrupted_run_prints_the_command_that_continues_it(tmp_path, monkeypatch, capsys):
+    """Started without --out, the run writes to a new timestamped directory: the hint must name it."""
+    from attnzoo.reproduce.sections import probes
+    from attnzoo.reproduce.store import Interrupted
+
+    def stop(ctx, step):
+        raise Interrupted("SIGTERM")
+
+    monkeypatch.setattr(probes, "_run_synth", stop)
+    monkeypatch.chdir(tmp_path)
+    outcome = run(None, "smoke", seed=2, only="probes", progress=False)
+    assert outcome.interrupted
+    err = capsys.readouterr().err
+    hint = err.split("To continue, run: ", 1)[1].strip()
+    assert hint == f"attnzoo reproduce --budget smoke --seed 2 --out {outcome.out} --only probes"
+    assert outcome.out.parent == Path("results") and (tmp_path / outcome.out / "run.json").is_file()

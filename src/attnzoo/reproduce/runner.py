@@ -187,7 +187,7 @@ def run(out: str | os.PathLike | None, budget_name: str = "default", *, seed: in
         outcome.interrupted = True
         bar.close()
         print(f"\nattnzoo reproduce: interrupted ({e or 'Ctrl-C'}); completed steps are saved in {out}. "
-              f"Run the same command again to continue.", file=sys.stderr)
+              f"To continue, run: {resume_command(out, budget_name, seed, only)}", file=sys.stderr)
         outcome.wall_s = time.perf_counter() - t_start
         return outcome
     bar.close()
@@ -205,6 +205,17 @@ def run(out: str | os.PathLike | None, budget_name: str = "default", *, seed: in
     write_report(out, b, budget_name, seed, sections, steps, records, outcome, machine_description(device),
                  argv if argv is not None else sys.argv[1:], threads=torch.get_num_threads())
     return outcome
+
+
+def resume_command(out: Path, budget_name: str, seed: int, only: str | list[str] | None) -> str:
+    """The command that continues this run: it names the ``--out`` actually used (a run started without ``--out``
+    wrote to a new timestamped directory, which the same command line would not find again)."""
+    import shlex
+
+    cmd = ["attnzoo", "reproduce", "--budget", budget_name, "--seed", str(seed), "--out", str(out)]
+    if only:
+        cmd += ["--only", only if isinstance(only, str) else ",".join(only)]
+    return shlex.join(cmd)
 
 
 def summary_line(o: RunOutcome) -> str:
