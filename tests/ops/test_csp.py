@@ -234,17 +234,19 @@ def test_linear_schedule_hand_values():
 
 
 def test_power_schedule_hand_values():
-    # channel g = 1..LC over all layers is shifted by J^(g-1) - 1 with J = floor(N^(1/(LC-1)))
-    # N=1000, C=2, L=2: LC=4, J=floor(1000^(1/3))=10 (the float root is 9.999...)
+    # channel g = 1..LC over all layers is shifted by round(J^(g-1)) - 1 with the real J = N^(1/(LC-1))
+    # N=1000, C=2, L=2: LC=4, J=10 (the float root is 9.999...; the last shift must still be N-1)
     assert csp_shifts(1000, 2, "power", layer=0, num_layers=2).tolist() == [0, 9]
     assert csp_shifts(1000, 2, "power", layer=1, num_layers=2).tolist() == [99, 999]
-    # N=64, C=4, L=1: J = floor(64^(1/3)) = 4 -> 4^0-1, 4^1-1, 4^2-1, 4^3-1
+    # N=64, C=4, L=1: J = 4 -> 4^0-1, 4^1-1, 4^2-1, 4^3-1
     assert csp_shifts(64, 4, "power").tolist() == [0, 3, 15, 63]
-    # N=100, C=3, L=2: LC=6, J = floor(100^(1/5)) = 2 -> 2^(g-1) - 1
-    assert csp_shifts(100, 3, "power", layer=0, num_layers=2).tolist() == [0, 1, 3]
-    assert csp_shifts(100, 3, "power", layer=1, num_layers=2).tolist() == [7, 15, 31]
-    # base override: N=10, J=3 -> 0, 2, 8, (27-1) mod 10 = 6
+    # N=100, C=3, L=2: LC=6, J = 100^(1/5) = 2.512: J^(g-1) = 1, 2.51, 6.31, 15.85, 39.81, 100
+    # (the literal floor(J) = 2 would give 0, 1, 3, 7, 15, 31: never past N/3)
+    assert csp_shifts(100, 3, "power", layer=0, num_layers=2).tolist() == [0, 2, 5]
+    assert csp_shifts(100, 3, "power", layer=1, num_layers=2).tolist() == [15, 39, 99]
+    # base override keeps the literal integer formula: N=10, J=3 -> 0, 2, 8, (27-1) mod 10 = 6
     assert csp_shifts(10, 4, "power", base=3).tolist() == [0, 2, 8, 6]
+    assert csp_shifts(64, 4, "power", base=4).tolist() == csp_shifts(64, 4, "power").tolist()
     # a single channel overall has no reference to differ from
     assert csp_shifts(50, 1, "power").tolist() == [0]
     assert csp_shifts(9, 3, "none").tolist() == [0, 0, 0]
@@ -256,6 +258,32 @@ def test_shift_schedule_range_and_dtype():
         assert s.dtype == torch.long and s.shape == (C,)
         assert bool(((s >= 0) & (s < N)).all())
         assert int(s[0]) == 0
+
+
+def test_power_schedule_spreads_over_a_long_sequence():
+    """Path-X (N=16384) with L=4 layers of C=128 channels: the literal floor(N^(1/511)) = 1 made every shift 0."""
+    N, L, C = 16384, 4, 128
+    s = torch.cat([csp_shifts(N, C, "power", layer=i, num_layers=L) for i in range(L)])
+    assert s.shape == (L * C,)
+    assert bool(((s >= 0) & (s < N)).all())
+    assert int(s[0]) == 0 and int(s[-1]) == N - 1
+    assert bool((s[1:] >= s[:-1]).all())  # non-decreasing over g = 1..LC
+    assert len(set(s.tolist())) >= 300  # 355, as many as the authors' ceil(N^(g/LC))
+    assert int(csp_shifts(N, C, "power", layer=L - 1, num_layers=L).max()) >= N // 2
+    # geometric: the middle channel's shift is about sqrt(N) (J^((LC-1)/2) = N^(1/2) = 128)
+    assert abs(int(s[(L * C - 1) // 2]) - 128) <= 2
+    # the literal formula with its J = 1 is still there for whoever asks for it
+    assert csp_shifts(N, C, "power", layer=1, num_layers=L, base=1).tolist() == [0] * C
+
+
+@pytest.mark.parametrize("N, C, L", [(1, 3, 2), (3, 9, 3), (7, 2, 1), (50, 5, 4), (4096, 8, 3), (16384, 64, 6)])
+def test_power_schedule_small_and_odd_cases(N, C, L):
+    s = torch.cat([csp_shifts(N, C, "power", layer=i, num_layers=L) for i in range(L)])
+    assert bool(((s >= 0) & (s < N)).all()) and bool((s[1:] >= s[:-1]).all())
+    assert int(s[0]) == 0 and int(s[-1]) == N - 1
+    # as many distinct shifts as channels while the sequence is long enough to hold them
+    if N >= 2 ** (L * C):
+        assert len(set(s.tolist())) == L * C
 
 
 def test_shift_schedule_errors():

@@ -10,19 +10,9 @@ from attnzoo._checks import check_choice, check_positive_int
 __all__ = ["csp_shifts", "SHIFT_SCHEDULES"]
 
 #: "linear": J_c = (c-1)·ceil(N/C) (N ≈ C); "power": J^(g-1) - 1 over all L·C channels of the
-#: model (N >> C, the "Exp" of CSP Table 7); "none": no shifting (complete sorting, CSP Table 6 "—").
+#: model with a real base J = N^(1/(LC-1)) (N >> C, the "Exp" of CSP Table 7); "none": no shifting
+#: (complete sorting, CSP Table 6 "—").
 SHIFT_SCHEDULES = ("linear", "power", "none")
-
-
-def _power_base(n: int, exponent: int) -> int:
-    """Largest integer J >= 1 with J**exponent <= n, i.e. floor(n ** (1/exponent)) without float error."""
-    # Floats alone get exact roots wrong (1000 ** (1/3) == 9.999...), so correct the estimate in ints.
-    j = max(1, int(math.floor(n ** (1.0 / exponent))))
-    while j > 1 and j**exponent > n:
-        j -= 1
-    while (j + 1) ** exponent <= n:
-        j += 1
-    return j
 
 
 def csp_shifts(
@@ -42,8 +32,17 @@ def csp_shifts(
       are ignored.
     * ``"power"`` (§3.2.2, N >> C): the ``L·C`` channels of all ``L = num_layers`` layers are numbered
       ``g = 1..LC`` (layer ``layer``, 0-based, owns ``g = layer·C + 1 .. (layer+1)·C``) and channel ``g`` is
-      shifted by ``J^(g-1) - 1`` with base ``J = floor(N^(1/(LC-1)))`` so that the last shift is ≈ N-1.
-      ``base`` overrides ``J``; shifts are taken mod N. With ``LC == 1`` the single shift is 0.
+      shifted by ``round(J^(g-1)) - 1`` with the real base ``J = N^(1/(LC-1))``: the shifts grow
+      geometrically from 0 (channel 1 of layer 1 is the unshifted reference) to exactly ``N - 1`` (the
+      paper's ``J^(LC-1) - 1 ≈ N - 1``), never decreasing. With ``LC == 1`` the single shift is 0.
+
+      Deviation from the paper's literal ``J = floor(N^(1/(LC-1)))``: that floor is 1 whenever
+      ``LC - 1 > log2 N``, and then every shift is 0 (N=16384, L=4, C=128, the Path-X setting: one
+      distinct shift instead of a spread over the sequence). The real base keeps the paper's intent,
+      shifts spread geometrically up to N-1; it gives 355 distinct shifts there, as many as the
+      authors' code (``ceil(N^(g/(LC)))``, g = 0..LC-1).
+
+      ``base`` (an integer J) restores the literal formula ``(J^(g-1) - 1) mod N`` with that J.
     * ``"none"``: all zeros (complete sorting makes shifting redundant, §3.2.2).
     """
     check_positive_int("N", N)
@@ -64,9 +63,14 @@ def csp_shifts(
         steps = [(c * stride) % N for c in range(C)]
     else:
         total = num_layers * C
-        if base is None:
-            base = 1 if total == 1 else _power_base(N, total - 1)
         first = layer * C
-        # pow(J, g, N) keeps J^g small for large g; (J^g - 1) mod N is the circular step.
-        steps = [(pow(base, g, N) - 1) % N for g in range(first, first + C)]
+        if base is not None:
+            # pow(J, g, N) keeps J^g small for large g; (J^g - 1) mod N is the circular step.
+            steps = [(pow(base, g, N) - 1) % N for g in range(first, first + C)]
+        elif total == 1:
+            steps = [0]
+        else:
+            # N ** (g / (LC-1)) rather than J ** g: exact at both ends (1 and N), so the last shift is N-1.
+            # Half-up rounding, clamped in case float error crosses an end.
+            steps = [min(N - 1, max(0, math.floor(N ** (g / (total - 1)) + 0.5) - 1)) for g in range(first, first + C)]
     return torch.tensor(steps, dtype=torch.long)
