@@ -120,6 +120,21 @@ class AttnZooPreTrainedModel(PreTrainedModel):
         # init, each mechanism its own); transformers' generic init would overwrite that.
         return
 
+    @classmethod
+    def from_pretrained(cls, *args: Any, **kwargs: Any):
+        """``transformers``' loader, then every tensor it left at an unaligned address is copied to fresh memory.
+
+        The loader can hand out views into the safetensors file at arbitrary byte offsets; CPU matmul
+        kernels take different vector paths for unaligned data and round differently, so without the copy
+        a reloaded model's outputs differ from the saved model's in the last bits.
+        """
+        model = super().from_pretrained(*args, **kwargs)
+        with torch.no_grad():
+            for t in list(model.parameters()) + list(model.buffers()):
+                if t.numel() and t.data_ptr() % 64:
+                    t.data = t.data.clone()
+        return model
+
 
 class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
     """attnzoo causal decoder (GPT-2, ToST, AoT, Fastmax GPT, any causal mechanism) as a ``transformers`` LM.

@@ -1,0 +1,208 @@
+"""swap_attention on tiny random transformers GPT-2, Llama and ViT models (built offline, nothing downloaded)."""
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import attnzoo  # noqa: E402
+from attnzoo.hf import SwapReport, swap_attention  # noqa: E402
+from attnzoo.hf.swap import SwappedAttention  # noqa: E402
+from transformers import (  # noqa: E402
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    ViTConfig,
+    ViTForImageClassification,
+)
+
+CAUSAL = attnzoo.list_attentions(causal=True)
+BIDIRECTIONAL = attnzoo.list_attentions(causal=False)
+VOCAB = 53
+
+
+def gpt2(**kw) -> GPT2LMHeadModel:
+    cfg = dict(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=32, resid_pdrop=0.0,
+               embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(GPT2Config(**{**cfg, **kw})).eval()
+
+
+def llama(**kw) -> LlamaForCausalLM:
+    # grouped key/value heads (2 for 4 query heads), as in Llama 2/3, Mistral
+    cfg = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=32, bos_token_id=0, eos_token_id=0)
+    return LlamaForCausalLM(LlamaConfig(**{**cfg, **kw})).eval()
+
+
+def vit(**kw) -> ViTForImageClassification:
+    cfg = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=16,
+               patch_size=4, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return ViTForImageClassification(ViTConfig(**{**cfg, **kw})).eval()
+
+
+DECODERS = {"gpt2": gpt2, "llama": llama}
+
+
+def ids(b=2, t=9, seed=0):
+    return torch.randint(0, VOCAB, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+def images(b=2, seed=0):
+    return torch.randn(b, 3, 16, 16, generator=torch.Generator().manual_seed(seed))
+
+
+def _optimise(model, loss_fn, steps=4, lr=3e-3) -> list[float]:
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = loss_fn()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+@pytest.mark.parametrize("arch", sorted(DECODERS))
+@pytest.mark.parametrize("mechanism", CAUSAL)
+def test_decoder_swap_forward_backward_leak_and_training(arch, mechanism):
+    model = DECODERS[arch]()
+    report = swap_attention(model, mechanism)
+    assert isinstance(report, SwapReport) and len(report.layers) == 2 and not report.skipped
+    swapped = [m for m in model.modules() if isinstance(m, SwappedAttention)]
+    assert len(swapped) == 2
+    assert all(type(m.mixer).registry_name == mechanism and m.mixer.causal for m in swapped)
+    x = ids()
+    # causal leak test: changing token j leaves every logit before j unchanged, and changes some after it
+    model.eval()
+    with torch.no_grad():
+        base = model(x).logits
+        for j in (3, 8):
+            y = x.clone()
+            y[:, j] = (y[:, j] + 1) % VOCAB
+            out = model(y).logits
+            torch.testing.assert_close(out[:, :j], base[:, :j], rtol=0, atol=0)
+            assert not torch.allclose(out[:, j:], base[:, j:])
+    # backward reaches the new mechanism's parameters and the model's own
+    out = model(x, labels=x)
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+    for m in swapped:
+        grads = [p.grad for p in m.mixer.parameters()]
+        assert all(g is not None and torch.isfinite(g).all() for g in grads)
+        assert any(g.abs().sum() > 0 for g in grads)
+    model.zero_grad()
+    # a few optimiser steps on one batch lower its loss
+    losses = _optimise(model, lambda: model(x, labels=x).loss)
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("arch", sorted(DECODERS))
+@pytest.mark.parametrize("mechanism", CAUSAL)
+def test_swapped_decoder_generates_with_transformers_cache(arch, mechanism):
+    model = DECODERS[arch]()
+    swap_attention(model, mechanism)
+    prompt = ids(2, 5, seed=1)
+    kw = dict(max_new_tokens=6, do_sample=False, return_dict_in_generate=True, output_logits=True,
+              attention_mask=torch.ones_like(prompt), pad_token_id=0)
+    cached = model.generate(prompt, use_cache=True, **kw)
+    plain = model.generate(prompt, use_cache=False, **kw)
+    # the mechanism's own recurrent state / KV cache continues the prompt exactly as re-running the prefix does
+    assert torch.equal(cached.sequences, plain.sequences)
+    for a, b in zip(cached.logits, plain.logits):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mechanism", BIDIRECTIONAL)
+def test_vit_swap_forward_backward_and_training(mechanism):
+    model = vit()
+    report = swap_attention(model, mechanism)
+    assert len(report.layers) == 2 and not any(layer.causal for layer in report.layers)
+    x, labels = images(4), torch.tensor([0, 1, 2, 0])
+    out = model(pixel_values=x, labels=labels)
+    assert out.logits.shape == (4, 3) and torch.isfinite(out.loss)
+    out.loss.backward()
+    for m in model.modules():
+        if isinstance(m, SwappedAttention):
+            assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.mixer.parameters())
+    model.zero_grad()
+    # bidirectional: the first token (CLS) sees the last patch
+    model.eval()
+    with torch.no_grad():
+        y = x.clone()
+        y[:, :, -4:, -4:] += 1.0
+        assert not torch.allclose(model(pixel_values=y).logits, model(pixel_values=x).logits)
+    losses = _optimise(model, lambda: model(pixel_values=x, labels=labels).loss)
+    assert losses[-1] < losses[0]
+
+
+def test_softmax_swap_reuses_every_weight_gpt2_and_vit_unchanged():
+    # attnzoo's softmax with the copied q/k/v/o weights and GPT-2's scale is GPT-2's attention: same logits
+    model = gpt2()
+    x = ids()
+    with torch.no_grad():
+        ref = model(x).logits
+    report = swap_attention(model, "softmax")
+    assert all(layer.reused == ["q", "k", "v", "o"] and not layer.not_reused for layer in report.layers)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x).logits, ref, rtol=1e-5, atol=1e-6)
+    model = vit()
+    x = images()
+    with torch.no_grad():
+        ref = model(pixel_values=x).logits
+    swap_attention(model, "softmax")
+    with torch.no_grad():
+        torch.testing.assert_close(model(pixel_values=x).logits, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_llama_grouped_kv_heads_are_repeated_into_the_fused_projection():
+    model = llama(attention_bias=True)
+    attn = model.model.layers[1].self_attn
+    q, k, v, o = (getattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    q, k, v, o = [(m.weight.detach().clone(), m.bias.detach().clone()) for m in (q, k, v, o)]
+    report = swap_attention(model, "linear")
+    assert "2 key/value heads repeated to 4" in report.notes
+    assert any("rotary" in n for n in report.notes)  # says that RoPE is not applied
+    mixer = model.model.layers[1].self_attn.mixer
+    w, b = mixer.qkv.weight.detach(), mixer.qkv.bias.detach()
+    # head h of the keys/values is kv head h // 2 (head_dim 8)
+    k_rep = k[0].reshape(2, 8, 32).repeat_interleave(2, dim=0).reshape(32, 32)
+    v_rep = v[0].reshape(2, 8, 32).repeat_interleave(2, dim=0).reshape(32, 32)
+    assert torch.equal(w, torch.cat([q[0], k_rep, v_rep]))
+    assert torch.equal(b, torch.cat([q[1], k[1].reshape(2, 8).repeat_interleave(2, 0).reshape(-1),
+                                     v[1].reshape(2, 8).repeat_interleave(2, 0).reshape(-1)]))
+    assert torch.equal(mixer.proj.weight, o[0]) and torch.equal(mixer.proj.bias, o[1])
+
+
+def test_report_says_what_could_not_be_reused():
+    model = gpt2()
+    report = swap_attention(model, "tssa")
+    layer = report.layers[0]
+    assert layer.name == "transformer.h.0.attn" and layer.original == "GPT2Attention" and layer.causal
+    assert layer.reused == ["o"] and set(layer.not_reused) == {"q", "k", "v"}
+    assert {"temp", "bias", "qkv.weight"} <= set(layer.new)  # TSSA's own parameters start fresh
+    text = str(report)
+    assert "not reused q" in text and "transformer.h.1.attn" in text
+    csp = swap_attention(vit(), "csp").layers[0]
+    assert csp.reused == ["v", "o"] and set(csp.not_reused) == {"q", "k"}
+
+
+def test_options_reach_the_mechanism_and_cross_attention_is_skipped():
+    model = gpt2(add_cross_attention=True)
+    report = swap_attention(model, "fastmax", p=1)
+    assert len(report.layers) == 2 and len(report.skipped) == 2
+    assert all("cross-attention" in why for why in report.skipped.values())
+    assert all(m.mixer.p == 1 for m in model.modules() if isinstance(m, SwappedAttention))
+    assert type(model.transformer.h[0].crossattention).__name__ == "GPT2Attention"
+
+
+def test_bad_requests_raise_clear_errors():
+    with pytest.raises(ValueError, match="no causal mode"):
+        swap_attention(gpt2(), "xca")
+    with pytest.raises(ValueError, match="unknown mechanism 'flash'"):
+        swap_attention(gpt2(), "flash")
+    with pytest.raises(ValueError, match="config.hidden_size"):
+        swap_attention(torch.nn.Linear(2, 2), "softmax")
+    with pytest.raises(TypeError, match="unknown option"):
+        swap_attention(llama(), "tssa", nonsense=1)
