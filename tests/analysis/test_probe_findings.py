@@ -52,12 +52,14 @@ def test_layerwise_findings_judge_the_latter_half_and_explain_with_ablations():
         "tost": _layerwise("tssa", "variational_compression", [9, 8, 8.5, 7, 6, 5, 4, 3],
                            {"crate_compression": [1, 2, 3, 4, 5, 6, 7, 8]}),
         "vit": _layerwise("softmax", "coding_rate", [5, 4, 3, 2, 1, 1, 1, 1]),
+        "aot": _layerwise("mssa", "crate_compression", [8, 7, 6, 5, 4, 5, 6, 7],
+                          {"compression": [1, 1, 1, 1, 1, 2, 3, 4]}),
     }
     shallow = {"cbt": _layerwise("cbsa", "crate_compression", [33.0, 31.0])}
     trained = {n: {"accuracy": 0.6, "depth": 8, "steps": 100} for n in deep}
     out = {f["claim"].split("'s")[0].replace("the trained ", ""): f
            for f in P._findings({}, deep, shallow, trained)}
-    assert set(out) == {"crate", "cbt", "tost"}  # no claim for the black-box ViT
+    assert set(out) == {"crate", "cbt", "tost", "aot"}  # no claim for the black-box ViT
     for f in out.values():
         assert set(f) == set(claims.finding("p", "c", "v", "m", "agrees", "r"))
         assert f["seeds"] == 1 and "60.0% validation accuracy at depth 8" in f["measured"]
@@ -70,6 +72,10 @@ def test_layerwise_findings_judge_the_latter_half_and_explain_with_ablations():
     assert f["verdict"] == "disagrees"
     assert "R^c raw (eq 2) on the same model" in f["explanation"] and "verdict by the same rule agrees" in f["explanation"]
     assert "depth-2 model, same measure: 33 → 31" in f["explanation"]
+    assert f["explanation"].endswith("Reading: the verdict depends on the definition of the term: it agrees under "
+                                     "R^c raw (eq 2)")
+    # AoT rises over its latter half under every definition: the explanation says the measure is not the reason
+    assert out["aot"]["verdict"] == "disagrees" and "no other definition of the term reverses" in out["aot"]["explanation"]
     # ToST is judged on its own R^var_c over all layers (mostly decreases): agrees; CRATE's measure is not the claim
     assert out["tost"]["verdict"] == "agrees" and out["tost"]["paper"] == "ToST Fig. 4a"
     assert out["tost"]["measured"].startswith("R^var_c (ToST eq 4) per layer: 9 → 8 → 8.5")

@@ -214,7 +214,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             t = trained.get(name, {})
             acc = _num(t.get("accuracy")) * 100 if t.get("accuracy") is not None else math.nan
             mech = r["layers"][0]["mechanism"] if r["layers"] else "-"
-            keys = [_measure_key(r)] + [k for k in ("compression", "crate_compression", "crate_compression_out")
+            keys = [_measure_key(r)] + [k for k in ("compression", "crate_compression", "crate_compression_out",
+                                                    "variational_compression_normalized")
                                          if k != _measure_key(r) and k in r["series"]]
             for i, key in enumerate(keys):
                 vals = _layer_series(r, key)
@@ -271,6 +272,7 @@ MEASURE_LABEL = {
     "crate_compression_out": "R^c (CRATE's code), block output",
     "compression": "R^c raw (eq 2)",
     "variational_compression": "R^var_c (ToST eq 4)",
+    "variational_compression_normalized": "R^var_c, unit-norm tokens",
     "coding_rate": "R(Z) (eq 1)",
 }
 MEASURE_DEF = {
@@ -279,6 +281,7 @@ MEASURE_DEF = {
     "crate_compression_out": "the same on the tokens leaving the layer's block, with that layer's U^ℓ",
     "compression": "CBSA eq 2 on the raw tokens, ε = 0.5",
     "variational_compression": "ToST eq 4 with the layer's memberships Π^ℓ, raw tokens, ε = 0.5",
+    "variational_compression_normalized": "ToST eq 4 on tokens scaled to unit norm, ε = 0.5",
     "coding_rate": "CBSA eq 1, ε = 0.5 (black-box layers have no subspaces)",
 }
 
@@ -415,20 +418,27 @@ def _findings(res, lw, shallow=None, trained=None) -> list[dict]:
 def _layerwise_explanation(name: str, key: str, start: int, r: dict, shallow: dict | None) -> str:
     """The ablations run for a layer-wise verdict that is not 'agrees': other measures on the same model, and the
     same measure on the shallow vision model."""
-    parts = []
-    for k in ("compression", "crate_compression", "crate_compression_out", "variational_compression"):
+    parts, agreeing = [], []
+    for k in ("compression", "crate_compression", "crate_compression_out", "variational_compression",
+              "variational_compression_normalized"):
         if k == key or k not in r["series"]:
             continue
         vals = _layer_series(r, k)
-        parts.append(f"{MEASURE_LABEL[k]} on the same model ({MEASURE_DEF[k].split(' (')[0]}): "
-                     f"{_describe(vals, start)}, verdict by the same rule {_fall_verdict(vals, start)}")
+        v = _fall_verdict(vals, start)
+        if v == "agrees":
+            agreeing.append(MEASURE_LABEL[k])
+        parts.append(f"{MEASURE_LABEL[k]} on the same model: {_describe(vals, start)}, verdict by the same rule {v}")
     if shallow is not None and key in shallow["series"]:
         vals = _layer_series(shallow, key)
         parts.append(f"the vision section's depth-{len(vals)} model, same measure: "
                      + " → ".join(f"{v:.4g}" for v in vals))
-    lead = ("the measure is the leading explanation (the papers' terms differ in normalisation and ε); "
-            "the same model under the other definitions: ")
-    return lead + "; ".join(parts) if parts else "no ablation available for this model"
+    if not parts:
+        return "no ablation available for this model"
+    reading = (f"the verdict depends on the definition of the term: it agrees under {', '.join(agreeing)}"
+               if agreeing else "no other definition of the term reverses the verdict, so at this depth and "
+                                "training budget the pattern is the model's, not the measure's")
+    return "ablations (other definitions of the compression term, a shallower model): " + "; ".join(parts) + \
+        f". Reading: {reading}"
 
 
 def _softmax_denoise_finding(res) -> dict:
