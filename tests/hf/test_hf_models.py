@@ -13,6 +13,7 @@ import attnzoo.hf as H  # noqa: E402
 from attnzoo.models.config import CausalLMConfig, VisionConfig  # noqa: E402
 from transformers import (  # noqa: E402
     AutoConfig,
+    PretrainedConfig,
     AutoModelForCausalLM,
     AutoModelForImageClassification,
     Trainer,
@@ -49,21 +50,35 @@ def test_only_attnzoo_hf_imports_transformers():
     assert attnzoo.swap_attention is H.swap_attention
 
 
+# every attnzoo field away from its default (fields attnzoo gains later keep theirs and round-trip too)
+NON_DEFAULT = dict(attention="fastmax", attention_options={"p": 1}, second_attention="softmax",
+                   second_attention_options={"scale": 0.5}, second_attention_from=1, mlp_ratio=2.0, mlp_dim=48,
+                   ffn_layers=1, act="relu", layerscale=0.1, final_norm=False, dropout=0.1, ista_step=0.2,
+                   ista_lambda=0.3)
+NON_DEFAULT_LM = dict(pos_embed="sinusoidal", tie_weights=False)
+NON_DEFAULT_VISION = dict(in_chans=1, patch_embed="linear_ln", pos_embed="fourier", pool="class_attention",
+                          class_attention_layers=1)
+
+
 @pytest.mark.parametrize("hf_cls, az_cls", [(H.AttnZooCausalLMConfig, CausalLMConfig),
                                             (H.AttnZooVisionConfig, VisionConfig)])
-def test_config_mirrors_attnzoo_fields_and_round_trips(hf_cls, az_cls):
-    names = {hf_cls._renamed.get(f.name, f.name) for f in dataclasses.fields(az_cls)}
-    hf_fields = {f.name for f in dataclasses.fields(hf_cls)}
-    # num_labels is a property over id2label in transformers; every other field is declared
-    assert names - hf_fields <= {"num_labels"}
-    tiny = TINY_LM if az_cls is CausalLMConfig else TINY_VISION
-    az = az_cls(**tiny, attention="fastmax", attention_options={"p": 1})
+def test_config_carries_every_attnzoo_field_through_json(tmp_path, hf_cls, az_cls):
+    az_names = {f.name for f in dataclasses.fields(az_cls)}
+    tiny = dict(TINY_LM, **NON_DEFAULT_LM) if az_cls is CausalLMConfig else dict(TINY_VISION, **NON_DEFAULT_VISION)
+    extra = {"norm_eps": 1e-6} if "norm_eps" in az_names else {}
+    az = az_cls(**tiny, **NON_DEFAULT, **extra)
     hf = hf_cls.from_attnzoo(az)
     assert hf.attention == "fastmax" and hf.hidden_size == 32 and hf.num_hidden_layers == 2
+    for name in az_names:  # every attnzoo field is readable on the transformers config under its own name
+        assert getattr(hf, name) == getattr(az, name), name
     assert hf.to_attnzoo() == az
-    d = hf.to_dict()
-    again = AutoConfig.for_model(d.pop("model_type"), **d)
+    hf.save_pretrained(tmp_path)
+    again = AutoConfig.from_pretrained(tmp_path)
     assert type(again) is hf_cls and again.to_attnzoo() == az
+    # the declared fields are attnzoo's (under transformers' names where they differ) plus generation settings
+    declared = {f.name for f in dataclasses.fields(hf_cls)} - {f.name for f in dataclasses.fields(PretrainedConfig)}
+    assert declared - {hf_cls._renamed.get(n, n) for n in az_names} <= {
+        "use_cache", "bos_token_id", "eos_token_id", "pad_token_id"}
 
 
 def test_config_rejects_bad_values_early():
@@ -139,6 +154,15 @@ def test_sampling_generate_equals_attnzoo_sampling(mechanism):
     torch.manual_seed(8)
     other = model.generate(ids, max_new_tokens=10, do_sample=True, temperature=0.8, top_k=7, top_p=1.0)
     assert not torch.equal(other, hf)  # it does sample
+
+
+@pytest.mark.parametrize("mechanism", ["tssa", "softmax"])
+def test_beam_search_reorders_the_cache(mechanism):
+    model = tiny_lm(mechanism)
+    ids = tokens(2, 5)
+    cached = model.generate(ids, max_new_tokens=6, num_beams=3, do_sample=False)
+    plain = model.generate(ids, max_new_tokens=6, num_beams=3, do_sample=False, use_cache=False)
+    assert torch.equal(cached, plain)
 
 
 @pytest.mark.parametrize("mechanism", CAUSAL)

@@ -1,8 +1,9 @@
 """``transformers`` configs of attnzoo's two model families: causal LMs and vision classifiers.
 
-Each config carries exactly the fields of the attnzoo dataclass it mirrors (:class:`attnzoo.models.config.
+Each config carries the fields of the attnzoo dataclass it mirrors (:class:`attnzoo.models.config.
 CausalLMConfig` / :class:`~attnzoo.models.config.VisionConfig`) under the same names, so ``attention`` (the
-mechanism) and ``attention_options`` are plain config fields; the standard ``transformers`` names
+mechanism) and ``attention_options`` are plain config fields (a field attnzoo gains later travels as a plain
+attribute, which ``config.json`` stores too); the standard ``transformers`` names
 (``hidden_size``, ``num_hidden_layers``, ...) are aliases. Values are validated when the config is built
 by building the attnzoo config, so a bad value fails with attnzoo's message naming it.
 """
@@ -35,7 +36,12 @@ class _AttnZooConfigMixin:
         """The attnzoo config these fields describe (validated by attnzoo)."""
         values = {}
         for name in attnzoo_fields(self._attnzoo_class):
-            v = getattr(self, self._renamed.get(name, name))
+            hf_name = self._renamed.get(name, name)
+            # An attnzoo field this class does not declare (added to attnzoo later) is carried as a plain
+            # attribute (from_attnzoo passes it, config.json stores it); absent, attnzoo's default applies.
+            if not hasattr(self, hf_name):
+                continue
+            v = getattr(self, hf_name)
             # JSON round trips turn tuples into lists and dicts stay dicts; attnzoo accepts both
             values[name] = dict(v) if isinstance(v, dict) else v
         return self._attnzoo_class(**values)
