@@ -1,7 +1,12 @@
 """Parameter counts of the papers' configurations, computed on the meta device (nothing is allocated)."""
-import pytest
+import json
 
-from attnzoo.models import count_parameters, create_model, get_config, list_models, model_entry, paper_comparable_count
+import pytest
+import torch
+from torch import nn
+
+from attnzoo.models import (count_parameters, create_model, from_pretrained, get_config, list_models, model_entry,
+                            paper_comparable_count)
 
 WITH_FIGURES = [n for n in list_models() if model_entry(n).paper_params is not None]
 MATCHED = [n for n in WITH_FIGURES if "known-gap" not in model_entry(n).tags]
@@ -84,3 +89,61 @@ def test_count_excludes_position_embeddings_for_aot():
     full = count_parameters("aot_gpt_base")
     assert paper_comparable_count("aot_gpt_base") == full - 1024 * 1024
     assert get_config("aot_gpt_base").block_size == 1024
+
+
+TOST_FAMILY = ["tost_t", "tost_s", "tost_m"] + [n for n in list_models() if n.startswith("tost_lra_")]
+
+
+def _layernorm_eps(model: nn.Module) -> set[float]:
+    return {m.eps for m in model.modules() if isinstance(m, nn.LayerNorm)}
+
+
+@pytest.mark.parametrize("name", TOST_FAMILY)
+def test_tost_configs_follow_the_authors_code(name):
+    """tost_vision/tost.py builds every ToST model with qkv_bias=True and LayerNorm(eps=1e-6)."""
+    model = create_model(name, device="meta")
+    assert _layernorm_eps(model) == {1e-6}
+    assert all(blk.attn.qkv.bias is not None for blk in model.blocks)
+    cfg = get_config(name)
+    # the bias is the only parameter it adds: dim per TSSA layer
+    no_bias = count_parameters(name, attention_options={**cfg.attention_options, "qkv_bias": False})
+    assert count_parameters(name) - no_bias == cfg.depth * cfg.dim
+
+
+def test_xcit_baselines_share_the_tost_skeleton_eps():
+    # the same code builds XCiT with the same norm layer; XCA's qkv has its bias already
+    for name in ("xcit_s", "xcit_m"):
+        model = create_model(name, device="meta")
+        assert _layernorm_eps(model) == {1e-6}
+        assert all(blk.attn.qkv.bias is not None for blk in model.blocks)
+
+
+@pytest.mark.parametrize("name", ["vit_s", "crate_b", "cbt_s", "gpt2_base", "aot_gpt_base", "csp_vit_cifar",
+                                  "csp_lra_text", "tost_gpt_base"])
+def test_other_families_keep_pytorch_layernorm_eps(name):
+    # tost_gpt_*: the authors' language code is nanoGPT's (LayerNorm eps 1e-5, no qkv bias), so it stays
+    assert _layernorm_eps(create_model(name, device="meta")) == {1e-5}
+    assert get_config(name).norm_eps == 1e-5
+
+
+def test_norm_eps_validated():
+    with pytest.raises(ValueError, match="norm_eps must be a positive finite number"):
+        get_config("vit_s", norm_eps=0.0)
+    with pytest.raises(ValueError, match="norm_eps must be a positive finite number"):
+        get_config("vit_s", norm_eps=float("nan"))
+
+
+def test_checkpoint_without_norm_eps_loads_as_before(tmp_path):
+    """A config.json written before norm_eps existed loads with PyTorch's 1e-5 and the same outputs."""
+    torch.manual_seed(0)
+    model = create_model("vit_s", image_size=32, patch_size=8, dim=32, depth=2, heads=2, num_classes=3).eval()
+    model.save_pretrained(tmp_path)
+    cfg_path = tmp_path / "config.json"
+    d = json.loads(cfg_path.read_text())
+    del d["norm_eps"]
+    cfg_path.write_text(json.dumps(d))
+    loaded = from_pretrained(tmp_path).eval()
+    assert loaded.config.norm_eps == 1e-5 and _layernorm_eps(loaded) == {1e-5}
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+

@@ -18,7 +18,10 @@ from torch import nn
 
 from attnzoo.layers.base import Attention, attention_info, build_attention, list_attentions
 
-__all__ = ["Mlp", "ISTA", "LayerScale", "Block", "build_blocks", "build_mixer", "supports_step", "init_weights"]
+__all__ = [
+    "Mlp", "ISTA", "LayerScale", "Block", "build_blocks", "build_mixer", "supports_step", "init_weights",
+    "set_norm_eps",
+]
 
 
 class Mlp(nn.Module):
@@ -231,3 +234,15 @@ def init_weights(module: nn.Module, *, std: float = 0.02) -> None:
         nn.init.normal_(module.weight, std=std)
     for child in module.children():
         init_weights(child, std=std)
+
+
+def set_norm_eps(module: nn.Module, eps: float) -> None:
+    """Set the epsilon of every ``nn.LayerNorm`` in ``module`` (a config's ``norm_eps``).
+
+    Done once on the built model rather than threaded through each constructor: the blocks, the
+    class-attention layers, the patch embeddings and the final norm all take it, and ``eps`` holds no
+    parameter, so state dicts (and old checkpoints) are unaffected.
+    """
+    for m in module.modules():
+        if isinstance(m, nn.LayerNorm):
+            m.eps = float(eps)

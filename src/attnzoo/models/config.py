@@ -124,7 +124,8 @@ class BackboneConfig(ModelConfig):
     (CBSA §4.1 CRATE+CBT). ``ffn`` is ``"mlp"`` (two-layer GELU MLP), ``"ista"`` (CRATE's sparse coding
     step, no residual around it) or ``"none"`` (AoT); ``ffn_layers`` limits it to the first blocks
     (AoT §4.1 "Hybrid"). ``norm``: ``"pre"`` / ``"post"`` LayerNorm or ``"none"`` (AoT vision).
-    ``layerscale``: initial LayerScale value (XCiT), or ``None`` for no LayerScale.
+    ``layerscale``: initial LayerScale value (XCiT), or ``None`` for no LayerScale. ``norm_eps``: the
+    epsilon of every LayerNorm in the model (PyTorch's 1e-5 by default; XCiT/ToST's code uses 1e-6).
     """
 
     dim: int = 384
@@ -147,6 +148,7 @@ class BackboneConfig(ModelConfig):
     dropout: float = 0.0
     ista_step: float = 0.1
     ista_lambda: float = 0.1
+    norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
         check_positive_int("dim", self.dim)
@@ -196,6 +198,11 @@ class BackboneConfig(ModelConfig):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name} must be a non-negative number, got {v!r}")
+        if (
+            not isinstance(self.norm_eps, (int, float)) or isinstance(self.norm_eps, bool)
+            or not math.isfinite(self.norm_eps) or self.norm_eps <= 0
+        ):
+            raise ValueError(f"norm_eps must be a positive finite number (LayerNorm epsilon), got {self.norm_eps!r}")
 
     @property
     def hidden_dim(self) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnzoo.models.blocks import build_blocks, init_weights
+from attnzoo.models.blocks import build_blocks, init_weights, set_norm_eps
 from attnzoo.models.checkpoint import PretrainedModel
 from attnzoo.models.config import ICLConfig
 from attnzoo.models.embeddings import sinusoidal_positions
@@ -41,6 +41,7 @@ class ICLRegressor(PretrainedModel):
         self.ln_f = nn.LayerNorm(cfg.dim) if cfg.final_norm else nn.Identity()
         self.read_out = nn.Linear(cfg.dim, 1)
         init_weights(self)
+        set_norm_eps(self, cfg.norm_eps)
 
     def forward(self, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
         cfg = self.config

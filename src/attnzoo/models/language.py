@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.models.blocks import build_blocks, init_weights, supports_step
+from attnzoo.models.blocks import build_blocks, init_weights, set_norm_eps, supports_step
 from attnzoo.models.checkpoint import PretrainedModel
 from attnzoo.models.config import CausalLMConfig
 from attnzoo.models.embeddings import sinusoidal_positions
@@ -76,6 +76,7 @@ class CausalLM(PretrainedModel):
         self.ln_f = nn.LayerNorm(cfg.dim) if cfg.final_norm else nn.Identity()
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         init_weights(self)
+        set_norm_eps(self, cfg.norm_eps)
         # GPT-2: residual output projections scaled by 1/sqrt(2 * depth)
         for blk in self.blocks:
             if blk.ffn_kind == "mlp":

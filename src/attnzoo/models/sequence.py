@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnzoo.models.blocks import build_blocks, init_weights
+from attnzoo.models.blocks import build_blocks, init_weights, set_norm_eps
 from attnzoo.models.checkpoint import PretrainedModel
 from attnzoo.models.config import SequenceClassifierConfig
 from attnzoo.models.embeddings import sinusoidal_positions
@@ -53,6 +53,7 @@ class SequenceClassifier(PretrainedModel):
                 nn.Linear(feat, cfg.head_dim), nn.ReLU(), nn.Linear(cfg.head_dim, cfg.num_classes)
             )
         init_weights(self)
+        set_norm_eps(self, cfg.norm_eps)
         if self.pos_embed is not None:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:

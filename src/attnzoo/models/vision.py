@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnzoo.models.blocks import build_blocks, init_weights
+from attnzoo.models.blocks import build_blocks, init_weights, set_norm_eps
 from attnzoo.models.checkpoint import PretrainedModel
 from attnzoo.models.class_attention import ClassAttentionBlock
 from attnzoo.models.config import VisionConfig
@@ -64,6 +64,7 @@ class VisionTransformer(PretrainedModel):
         self.norm = nn.LayerNorm(cfg.dim) if cfg.final_norm else nn.Identity()
         self.head = nn.Linear(cfg.dim, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         init_weights(self)
+        set_norm_eps(self, cfg.norm_eps)
 
     def _check_images(self, x: torch.Tensor) -> None:
         cfg = self.config
