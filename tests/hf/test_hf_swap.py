@@ -137,6 +137,20 @@ def test_vit_swap_forward_backward_and_training(mechanism):
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.parametrize("arch", sorted(DECODERS))
+def test_softmax_swap_into_a_decoder_reproduces_it(arch):
+    # attnzoo's softmax with the copied q/k/v/o weights (Llama: grouped kv heads repeated, biases, rotary
+    # embedding applied to q and k) computes the original attention: the same logits
+    model = DECODERS[arch](**({"attention_bias": True} if arch == "llama" else {}))
+    x = ids()
+    with torch.no_grad():
+        ref = model(x).logits
+    report = swap_attention(model, "softmax")
+    assert all(layer.reused == ["q", "k", "v", "o"] and not layer.not_reused for layer in report.layers)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x).logits, ref, rtol=1e-5, atol=1e-6)
+
+
 def test_softmax_swap_reuses_every_weight_gpt2_and_vit_unchanged():
     # attnzoo's softmax with the copied q/k/v/o weights and GPT-2's scale is GPT-2's attention: same logits
     model = gpt2()
@@ -163,7 +177,8 @@ def test_llama_grouped_kv_heads_are_repeated_into_the_fused_projection():
     q, k, v, o = [(m.weight.detach().clone(), m.bias.detach().clone()) for m in (q, k, v, o)]
     report = swap_attention(model, "linear")
     assert "2 key/value heads repeated to 4" in report.notes
-    assert any("rotary" in n for n in report.notes)  # says that RoPE is not applied
+    assert any("rotary position embeddings rotate" in n for n in report.notes)
+    assert any("rotary position embeddings are not applied" in n for n in swap_attention(llama(), "tssa").notes)
     mixer = model.model.layers[1].self_attn.mixer
     w, b = mixer.qkv.weight.detach(), mixer.qkv.bias.detach()
     # head h of the keys/values is kv head h // 2 (head_dim 8)

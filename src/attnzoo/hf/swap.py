@@ -12,6 +12,7 @@ parameters, e.g. TSSA's temperatures, start from their initial values).
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import weakref
 from dataclasses import dataclass, field
@@ -143,6 +144,20 @@ def _expand_kv(p: tuple[torch.Tensor, torch.Tensor | None], kv_heads: int, heads
 # ---------------------------------------------------------------------------------------------------
 
 
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x (B, H, T, P)`` with ``cos, sin (B, T, R)``, ``R <= P`` (the first ``R`` channels
+    rotate, in ``transformers``' half-split layout: ``x cos + rotate_half(x) sin``)."""
+    r = cos.shape[-1]
+    cos, sin = cos.unsqueeze(1).to(x.dtype), sin.unsqueeze(1).to(x.dtype)
+    xr, rest = x[..., :r], x[..., r:]
+    half = torch.cat([-xr[..., r // 2 :], xr[..., : r // 2]], dim=-1)
+    return torch.cat([xr * cos + half * sin, rest], dim=-1)
+
+
+def _slice(rope: tuple[torch.Tensor, torch.Tensor] | None, i: int):
+    return None if rope is None else (rope[0][:, i : i + 1], rope[1][:, i : i + 1])
+
+
 class SwappedAttention(nn.Module):
     """An attnzoo mechanism behind the call signature of the ``transformers`` attention it replaced.
 
@@ -165,10 +180,40 @@ class SwappedAttention(nn.Module):
         # cache object -> {"state", "prefix"}: weak, so a finished generate() frees the state
         self._decoding: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
+    @property
+    def applies_rotary(self) -> bool:
+        """Whether rotary position embeddings passed by the model reach the mechanism (it has ``_qkv``)."""
+        return callable(getattr(type(self.mixer), "_qkv", None))
+
+    @contextlib.contextmanager
+    def _rotary(self, rope: tuple[torch.Tensor, torch.Tensor] | None):
+        """Rotate the mechanism's queries and keys by ``rope = (cos, sin)``, each ``(B, T, R)``, inside the block.
+
+        Llama-family attention rotates q and k after the projections (RoFormer eq. 34); the q/k/v mechanisms
+        (softmax, linear, Fastmax) compute all three in ``_qkv``, so the rotation wraps that method.
+        """
+        if rope is None or not self.applies_rotary:
+            yield
+            return
+        cos, sin = rope
+        mixer, method = self.mixer, type(self.mixer)._qkv
+
+        def rotated_qkv(x: torch.Tensor):
+            q, k, v = method(mixer, x)
+            return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+
+        mixer._qkv = rotated_qkv  # an instance attribute shadows the method for this call only
+        try:
+            yield
+        finally:
+            del mixer._qkv
+
     def forward(self, hidden_states: torch.Tensor, *args: Any, past_key_values=None, **kwargs: Any):
+        rope = kwargs.get("position_embeddings")
         cache = past_key_values
         if cache is None or not self.mixer.causal or not hasattr(cache, "update"):
-            return self.mixer(hidden_states), None
+            with self._rotary(rope):
+                return self.mixer(hidden_states), None
         if self.layer_idx is None:
             raise ValueError(f"{self.original} swapped without a layer index cannot use transformers' cache")
         b, t, _ = hidden_states.shape
@@ -185,8 +230,9 @@ class SwappedAttention(nn.Module):
                     f"start decoding from an empty cache"
                 )
             # prompt: parallel forward; keep its inputs to build the recurrent state if decoding follows
-            self._decoding[cache] = {"state": None, "prefix": hidden_states.detach(), "pos": t}
-            return self.mixer(hidden_states), None
+            self._decoding[cache] = {"state": None, "prefix": hidden_states.detach(), "rope": rope, "pos": t}
+            with self._rotary(rope):
+                return self.mixer(hidden_states), None
         if entry["pos"] != seen:
             raise ValueError(
                 f"this transformers cache holds {seen} tokens this swapped attention did not see; start decoding "
@@ -194,13 +240,15 @@ class SwappedAttention(nn.Module):
             )
         if entry["state"] is None:
             state = self.mixer.init_state(b, device=hidden_states.device, dtype=hidden_states.dtype)
-            prefix = entry.pop("prefix")
+            prefix, prefix_rope = entry.pop("prefix"), entry.pop("rope")
             for i in range(prefix.shape[1]):
-                _, state = self.mixer.step(prefix[:, i : i + 1], state)
+                with self._rotary(_slice(prefix_rope, i)):
+                    _, state = self.mixer.step(prefix[:, i : i + 1], state)
             entry["state"] = state
         outs = []
         for i in range(t):
-            y, entry["state"] = self.mixer.step(hidden_states[:, i : i + 1], entry["state"])
+            with self._rotary(_slice(rope, i)):
+                y, entry["state"] = self.mixer.step(hidden_states[:, i : i + 1], entry["state"])
             outs.append(y)
         entry["pos"] += t
         return torch.cat(outs, dim=1), None
@@ -303,7 +351,8 @@ def swap_attention(model: nn.Module, mechanism: str, **options: Any) -> SwapRepo
     ViT gets the bidirectional form, told about its CLS token (``num_prefix_tokens=1``) and patch grid where
     the mechanism takes them. The q/k/v/output weights are copied where the mechanism has those projections
     (grouped key/value heads are repeated to one per head); biases, the softmax scale and dropout rates follow
-    the original unless ``options`` set them. Returns a :class:`SwapReport`; ``print(report)`` lists what was
+    the original unless ``options`` set them; Llama-family rotary embeddings rotate the queries and keys of
+    the q/k/v mechanisms (softmax, linear, Fastmax). Returns a :class:`SwapReport`; ``print(report)`` lists what was
     reused and what starts fresh. Cross-attention modules are left alone (listed in ``report.skipped``).
     """
     if not isinstance(model, nn.Module):
@@ -353,9 +402,12 @@ def swap_attention(model: nn.Module, mechanism: str, **options: Any) -> SwapRepo
         report.layers.append(info)
         report.notes.extend(n for n in info.notes if n not in report.notes)
     if rope and report.layers:
-        report.notes.append(
-            "rotary position embeddings are not applied inside the swapped mechanism (it sees no RoPE); "
-            "causal masking still orders the tokens"
-        )
+        if callable(getattr(attention_info(mechanism), "_qkv", None)):
+            report.notes.append("rotary position embeddings rotate the mechanism's queries and keys, as in the original")
+        else:
+            report.notes.append(
+                f"rotary position embeddings are not applied: {mechanism} has no separate queries and keys to "
+                f"rotate; causal masking still orders the tokens"
+            )
     report.notes.append("attention masks are not applied (no padding masks): pad decoders on the right")
     return report
