@@ -63,6 +63,7 @@ def _status(cols: list[str]) -> str:
 
 def test_quick_cpu_selftest_passes_and_covers_every_mechanism(capsys, one_thread):
     assert cli_main(["selftest", "--device", "cpu", "--quick"]) == 0
+    assert torch.get_num_threads() == 1  # the command restores the caller's thread count
     out = capsys.readouterr().out
     rows = _rows(out)
     assert " 0 failed" in out
@@ -159,6 +160,8 @@ def test_cuda_device_without_cuda_is_a_clear_error(monkeypatch, capsys, cuda_bui
 def test_bad_arguments(capsys):
     assert selftest.main(["--only", "nosuch"]) == 2
     assert "--only ['nosuch'] unknown; valid:" in capsys.readouterr().err
+    assert selftest.main(["--threads", "0"]) == 2
+    assert "--threads must be a positive integer, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         selftest.main(["--device", "tpu"])
 

@@ -22,6 +22,7 @@ Exit status 0 when every row passes, 1 otherwise, 2 when the device cannot be us
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import math
 import platform
@@ -29,7 +30,7 @@ import sys
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -52,6 +53,8 @@ TOLERANCES: dict[tuple[str, torch.dtype], float] = {
     ("decode", torch.float32): 1e-4,
 }
 DTYPES = (torch.float32, torch.float64)
+# backends whose work is split over torch's CPU threads (the fused C++ kernels): run at the user's thread count
+_THREADED_BACKENDS = ("cpu",)
 
 
 # ------------------------------------------------------------------------------------------------ specs
@@ -62,7 +65,7 @@ class Spec:
     """How to exercise one mechanism's op.
 
     ``make(shape, cfg, gen)`` draws float64 CPU inputs; ``call(x, cfg, backend)`` runs the public op;
-    ``grads`` names the differentiable inputs; ``tokens`` maps an input to its token axis (for the leak test,
+    ``grads`` names the differentiable inputs (a config's ``max_n`` skips (B, H, N, P) shapes with longer N); ``tokens`` maps an input to its token axis (for the leak test,
     the output's token axis is 2); ``step(x, cfg)`` returns the token-by-token causal output, or is None.
     """
 
@@ -86,7 +89,7 @@ def _randn(shape, gen, scale: float = 1.0) -> torch.Tensor:
 # the CPU kernels unroll (16, 32, 64). --quick keeps two of them.
 _SHAPES_QUICK = [(2, 3, 7, 5), (1, 2, 70, 16)]
 _SHAPES_FULL = [(1, 1, 1, 3), (2, 3, 7, 5), (1, 4, 33, 3), (2, 2, 300, 6), (1, 3, 777, 16), (1, 2, 130, 32),
-                (1, 1, 70, 64)]
+                (1, 1, 70, 64), (2, 2, 1100, 8)]
 
 
 def _shapes(quick: bool) -> list[tuple[int, ...]]:
@@ -127,7 +130,7 @@ def _linear_call(x, cfg, backend):
     from attnzoo.ops.linear import linear_attention
 
     return linear_attention(x["q"], x["k"], x["v"], causal=cfg["causal"], feature_map=cfg["feature_map"],
-                            backend=backend)
+                            chunk_size=cfg.get("chunk_size"), backend=backend)
 
 
 def _linear_step(x, cfg):
@@ -223,7 +226,7 @@ def _fastmax_call(x, cfg, backend):
 
     d = x["q"].shape[-1]
     return fastmax(x["q"], x["k"], x["v"], p=cfg["p"], causal=cfg["causal"], scale=_fastmax_scale(cfg, d),
-                   backend=backend)
+                   chunk_size=cfg.get("chunk_size"), backend=backend)
 
 
 def _fastmax_step(x, cfg):
@@ -239,6 +242,11 @@ def _fastmax_step(x, cfg):
                                 scale=_fastmax_scale(cfg, d))
         outs.append(o)
     return torch.cat(outs, dim=2)
+
+
+def _fastmax_configs(quick: bool, p: int) -> list[dict]:
+    # chunk_size=5: many masked chunks (and ragged ones) in the causal sweeps at small N (max_n: shapes up to)
+    return _causal_configs(quick, p=p) + ([] if quick else [dict(causal=True, p=p, chunk_size=5, max_n=130)])
 
 
 def _fastmax_shapes(quick: bool) -> list[tuple[int, ...]]:
@@ -318,7 +326,8 @@ SPECS: list[Spec] = [
          _qkv, _softmax_call, ("q", "k", "v"), {"q": 2, "k": 2, "v": 2}),
     Spec("linear", _softmax_family_backends("linear_attention", "attnzoo.ops.linear"),
          lambda quick: [dict(causal=c, feature_map=f) for c in (False, True)
-                        for f in (("elu",) if quick else ("elu", "relu"))],
+                        for f in (("elu",) if quick else ("elu", "relu"))]
+         + ([] if quick else [dict(causal=True, feature_map="elu", chunk_size=5, max_n=130)]),
          _shapes, _qkv, _linear_call, ("q", "k", "v"), {"q": 2, "k": 2, "v": 2}, _linear_step),
     Spec("xca", _softmax_family_backends("xca", "attnzoo.ops.xca"), lambda quick: [dict(causal=False)], _shapes,
          _xca_make, _xca_call, ("q", "k", "v", "temp")),
@@ -328,9 +337,9 @@ SPECS: list[Spec] = [
          _shapes, lambda shape, cfg, gen: {"w": _randn(shape, gen)}, _mssa_call, ("w",), {"w": 2}),
     Spec("tssa", _tssa_backends, _causal_configs, _shapes, _tssa_make, _tssa_call, ("w", "temp", "bias"),
          {"w": 2, "bias": 1}, _tssa_step),
-    Spec("fastmax p=1", _fastmax_backends, lambda quick: _causal_configs(quick, p=1), _fastmax_shapes, _qkv,
+    Spec("fastmax p=1", _fastmax_backends, lambda quick: _fastmax_configs(quick, 1), _fastmax_shapes, _qkv,
          _fastmax_call, ("q", "k", "v"), {"q": 2, "k": 2, "v": 2}, _fastmax_step),
-    Spec("fastmax p=2", _fastmax_backends, lambda quick: _causal_configs(quick, p=2), _fastmax_shapes, _qkv,
+    Spec("fastmax p=2", _fastmax_backends, lambda quick: _fastmax_configs(quick, 2), _fastmax_shapes, _qkv,
          _fastmax_call, ("q", "k", "v"), {"q": 2, "k": 2, "v": 2}, _fastmax_step),
     Spec("csp", _only_torch, _csp_configs, _csp_shapes, _csp_make, _csp_call, ("v",)),
     Spec("cbsa", _only_torch,
@@ -545,7 +554,19 @@ def _decode_shapes(quick: bool) -> list[tuple[int, ...]]:
     return [(2, 3, 7, 5)] if quick else [(2, 3, 7, 5), (1, 2, 70, 16)]
 
 
-def _run_spec(spec: Spec, device: torch.device, quick: bool, refs: _RefCache, emit) -> list[Row]:
+@contextlib.contextmanager
+def _num_threads(n: int | None) -> Iterator[None]:
+    prev = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
+
+
+def _run_spec(spec: Spec, device: torch.device, quick: bool, refs: _RefCache, emit,
+              kernel_threads: int | None = None) -> list[Row]:
     rows: list[Row] = []
     configs = spec.configs(quick)
     has_causal = any(c.get("causal") for c in configs)
@@ -556,10 +577,16 @@ def _run_spec(spec: Spec, device: torch.device, quick: bool, refs: _RefCache, em
         if unavailable:
             for r in group.values():
                 r.skip_reason = unavailable
-        else:
+            for r in group.values():
+                emit(r)
+                rows.append(r)
+            continue
+        with _num_threads(kernel_threads if backend in _THREADED_BACKENDS else None):
             for dtype in DTYPES:
                 for cfg in configs:
                     for shape in spec.shapes(quick):
+                        if len(shape) == 4 and shape[2] > cfg.get("max_n", shape[2]):
+                            continue
                         _check_forward_backward(spec, cfg, shape, dtype, device, backend, refs,
                                                 group["forward"].cell(dtype), group["backward"].cell(dtype))
                         if cfg.get("causal"):
@@ -665,8 +692,12 @@ def resolve_device(name: str) -> torch.device:
 
 
 def run_selftest(device: torch.device, *, quick: bool = False, only: list[str] | None = None,
-                 out=None) -> list[Row]:
-    """Run every spec (or those named in ``only``) on ``device``; print the table to ``out`` as rows finish."""
+                 out=None, kernel_threads: int | None = None) -> list[Row]:
+    """Run every spec (or those named in ``only``) on ``device``; print the table to ``out`` as rows finish.
+
+    ``kernel_threads``: torch threads while the fused CPU kernels' rows run (their work is split over threads,
+    so only more than one exercises that); ``None`` keeps the current setting for every row.
+    """
     out = sys.stdout if out is None else out
     specs = [s for s in SPECS if not only or s.name in only or s.name.split()[0] in only]
 
@@ -678,7 +709,7 @@ def run_selftest(device: torch.device, *, quick: bool = False, only: list[str] |
     refs = _RefCache()
     rows: list[Row] = []
     for spec in specs:
-        rows += _run_spec(spec, device, quick, refs, emit)
+        rows += _run_spec(spec, device, quick, refs, emit, kernel_threads)
     if not only:
         rows += _layer_decode_rows(device, quick, emit)
         rows += _coverage_rows(specs, emit)
@@ -690,6 +721,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=["cpu", "cuda"], default=None,
                     help="where to run the backends (default: cuda if available, else cpu)")
     ap.add_argument("--quick", action="store_true", help="fewer shapes and options (a few seconds)")
+    ap.add_argument("--threads", type=int, default=None, metavar="N",
+                    help="torch CPU threads for every row (default: 1, the fastest for the small tensors of the "
+                         "checks, and torch's default for the fused CPU kernels' rows so their parallel split runs)")
     ap.add_argument("--only", nargs="+", metavar="MECHANISM", default=None,
                     help=f"only these mechanisms (of {[s.name.split()[0] for s in SPECS]})")
     args = ap.parse_args(argv)
@@ -699,6 +733,15 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             print(f"attnzoo selftest: --only {bad} unknown; valid: {sorted(valid)}", file=sys.stderr)
             return 2
+    if args.threads is not None and args.threads < 1:
+        print(f"attnzoo selftest: --threads must be a positive integer, got {args.threads}", file=sys.stderr)
+        return 2
+    kernel_threads = args.threads or torch.get_num_threads()
+    with _num_threads(args.threads or 1):  # restored afterwards: main() may run inside a larger program
+        return _run_main(args, kernel_threads)
+
+
+def _run_main(args: argparse.Namespace, kernel_threads: int) -> int:
     name = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = resolve_device(name)
@@ -707,9 +750,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     print(f"attnzoo selftest: device {device} ({where}), torch {torch.__version__}, "
-          f"{'quick' if args.quick else 'full'} run, {torch.get_num_threads()} threads")
+          f"{'quick' if args.quick else 'full'} run, {torch.get_num_threads()} CPU thread(s)"
+          + (f" ({kernel_threads} for the fused CPU kernels)" if device.type == "cpu" else ""))
     t0 = time.perf_counter()
-    rows = run_selftest(device, quick=args.quick, only=args.only)
+    rows = run_selftest(device, quick=args.quick, only=args.only, kernel_threads=kernel_threads)
     failed = [r for r in rows if not r.ok]
     skipped = [r for r in rows if r.skipped]
     print(f"selftest: {len(rows)} rows, {len(failed)} failed, {len(skipped)} skipped, "
