@@ -328,3 +328,90 @@ def test_bad_inputs():
         csp(torch.randn(6, 3), [0, 1, 2], 1)
     with pytest.raises(TypeError, match="floating-point"):
         csp(torch.ones(1, 6, 3, dtype=torch.long), [0, 1, 2], 1)
+
+
+# ---------------------------------------------------------------- small-group fast path (ops/csp/small.py)
+
+
+@pytest.fixture(params=["gather_shift", "loop_shift"])
+def shift_form(request, monkeypatch):
+    """Both forms of the circular shift: one gather (short N, non-CPU) and per-channel slices (CPU, long N)."""
+    from attnzoo.ops.csp import small
+
+    monkeypatch.setattr(small, "_LOOP_SHIFT_MIN_N", 10**9 if request.param == "gather_shift" else 1)
+    return request.param
+
+
+def _no_general_path(monkeypatch):
+    from attnzoo.ops.csp import gather
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("groups of 1, 2, 3, 4 or 8 tokens must take the small-group path")
+
+    monkeypatch.setattr(gather, "csp_source_index", forbidden)
+
+
+@pytest.mark.parametrize("G", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("B,K,C", [(1, 1, 1), (2, 3, 5), (3, 5, 4)])
+def test_small_groups_match_naive_exactly_with_ties(G, B, K, C, shift_form, monkeypatch):
+    N = G * K
+    gen = torch.Generator().manual_seed(G * 100 + N + C)
+    # few distinct values (and signed zeros): many ties, decided by the stable-sort rule of the reference
+    v = torch.randint(-2, 3, (B, N, C), generator=gen).double() * 0.5
+    v[v == 0] = torch.tensor([0.0, -0.0], dtype=torch.float64)[torch.randint(0, 2, ((v == 0).sum().item(),), generator=gen)]
+    shifts = torch.randint(-2 * N, 3 * N, (C,), generator=gen)
+    ref_v = v.clone().requires_grad_(True)
+    ref = csp(ref_v, shifts, K, backend="naive")
+    # the naive matmul turns -0.0 into 0.0; the general path's gather moves the very elements
+    general = v.gather(1, csp_source_index(v, shifts, K))
+    _no_general_path(monkeypatch)
+    vv = v.clone().requires_grad_(True)
+    out = csp(vv, shifts, K)
+    assert torch.equal(out, ref) and torch.equal(out.signbit(), general.signbit())
+    w = torch.randn(B, N, C, dtype=torch.float64, generator=gen)
+    (g_ref,) = torch.autograd.grad((ref * w).sum(), ref_v)
+    (g_out,) = torch.autograd.grad((out * w).sum(), vv)
+    assert torch.equal(g_out, g_ref)
+
+
+@pytest.mark.parametrize("G", [2, 4, 8])
+def test_small_groups_long_sequence_matches_general_path(G):
+    # default dispatch at N >= 512 on CPU: the per-channel slice shift; the general gather/sort path is the reference
+    from attnzoo.ops.csp.gather import _TokenPermute
+    from attnzoo.ops.csp.gather import csp_source_index as general_index
+
+    B, N, C = 2, 1024, 6
+    v = torch.randint(-3, 4, (B, N, C)).float().requires_grad_(True)
+    shifts = csp_shifts(N, C)
+    ref = _TokenPermute.apply(v, general_index(v, shifts, N // G))
+    out = csp(v, shifts, N // G)
+    assert torch.equal(out, ref)
+    w = torch.randn(B, N, C)
+    assert torch.equal(torch.autograd.grad((out * w).sum(), v)[0], torch.autograd.grad((ref * w).sum(), v)[0])
+
+
+@pytest.mark.parametrize("G", [3, 4, 8])
+def test_sorting_networks_sort_every_zero_one_input(G):
+    # 0-1 principle: a comparator network sorts every input iff it sorts every 0/1 input
+    from attnzoo.ops.csp.small import NETWORKS
+
+    for bits in itertools.product([0, 1], repeat=G):
+        x = list(bits)
+        for i, j in NETWORKS[G]:
+            assert i < j
+            if x[i] > x[j]:
+                x[i], x[j] = x[j], x[i]
+        assert x == sorted(bits), (bits, x)
+
+
+@pytest.mark.parametrize("G", [2, 4])
+def test_small_groups_gradgradcheck(G, shift_form):
+    v = _distinct((1, 2 * G, 3)).requires_grad_(True)
+    assert torch.autograd.gradgradcheck(lambda t: csp(t, [0, 1, 3], 2), (v,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_small_groups_low_precision_bits(dtype, shift_form):
+    v = torch.randn(2, 16, 5).to(dtype)
+    for K in (8, 4, 2):  # G = 2, 4, 8
+        assert torch.equal(csp(v, [0, 1, 2, 3, 4], K), csp(v.double(), [0, 1, 2, 3, 4], K).to(dtype))

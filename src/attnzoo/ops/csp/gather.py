@@ -63,6 +63,15 @@ class _TokenPermute(torch.autograd.Function):
 
 
 def csp_gather(v: torch.Tensor, shifts: torch.Tensor, groups: int) -> torch.Tensor:
-    """CSP eq 4 ``||_c GSort_K(S_{J_c} v_c)`` for ``v`` ``(B, N, C)`` -> ``(B, N, C)``, vectorised over b, c, k."""
+    """CSP eq 4 ``||_c GSort_K(S_{J_c} v_c)`` for ``v`` ``(B, N, C)`` -> ``(B, N, C)``, vectorised over b, c, k.
+
+    Groups of 1, 2, 3, 4 or 8 tokens take the compare-and-swap / sorting-network path of
+    :mod:`attnzoo.ops.csp.small` (same values, gradients and tie rule, no int64 index tensor).
+    """
+    from attnzoo.ops.csp.small import SMALL_GROUP_SIZES, csp_small_groups
+
+    group_size = v.shape[1] // groups
+    if group_size in SMALL_GROUP_SIZES:
+        return csp_small_groups(v, shifts, group_size)
     idx = csp_source_index(v, shifts, groups)
     return _TokenPermute.apply(v, idx)
