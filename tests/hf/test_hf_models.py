@@ -207,6 +207,10 @@ def test_bad_inputs_raise_clear_errors():
         model.generate(tokens(1, 30), max_new_tokens=20, do_sample=False)
     with pytest.raises(ValueError, match="inputs_embeds"):
         model(inputs_embeds=torch.zeros(1, 2, 32))
+    with pytest.raises(TypeError, match=r"unexpected arguments \['token_type_ids'\]"):
+        model(tokens(), token_type_ids=tokens())
+    with pytest.raises(ValueError, match="position_ids"):
+        model(tokens(), position_ids=torch.arange(5).flip(0).expand(2, -1))
 
 
 @pytest.mark.parametrize("mechanism", ["tssa", "softmax"])

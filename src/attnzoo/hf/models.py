@@ -225,6 +225,9 @@ class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         if kwargs.pop("output_attentions", None):
             raise ValueError("output_attentions is not supported; use attnzoo.capture_internals(model) instead")
+        unexpected = sorted(k for k, v in kwargs.items() if v is not None)
+        if unexpected:
+            raise TypeError(f"unexpected arguments {unexpected} for {type(self).__name__}.forward")
         check_token_ids("input_ids", input_ids, self.config.vocab_size, None)
         if not isinstance(logits_to_keep, int) or logits_to_keep < 0:
             raise ValueError(f"logits_to_keep must be a non-negative int, got {logits_to_keep!r}")
