@@ -262,6 +262,10 @@ class SwappedAttention(nn.Module):
 # ---------------------------------------------------------------------------------------------------
 
 
+#: mechanisms whose ``qkv`` is the fused ``(q | k | v)`` projection of standard attention
+_FUSED_QKV = ("softmax", "linear", "fastmax", "xca")
+
+
 def _accepts(mechanism: str) -> set[str]:
     return set(inspect.signature(attention_info(mechanism).__init__).parameters)
 
@@ -278,13 +282,19 @@ def _copy(dst: nn.Linear, w: torch.Tensor, b: torch.Tensor | None) -> None:
 
 def _build(mechanism: str, proj: _Projections, dim: int, causal: bool, options: dict, context: dict,
            ref: torch.Tensor) -> tuple[Attention, SwappedLayer]:
+    if proj.heads * proj.head_dim != dim:
+        raise ValueError(
+            f"attention with {proj.heads} heads of head_dim {proj.head_dim} != hidden size {dim}: attnzoo's "
+            f"mechanisms split the hidden size into equal heads"
+        )
     accepted = _accepts(mechanism)
     opts = dict(options)
-    has_qkv_bias = proj.q[1] is not None
-    has_o_bias = proj.o[1] is not None
-    # keep the original's biases, scale and dropout unless the caller chose otherwise
-    defaults = {"qkv_bias": has_qkv_bias, "proj_bias": has_o_bias, "attn_dropout": proj.attn_dropout,
+    # keep the original's biases, scale and dropout unless the caller chose otherwise; the q/k/v bias only
+    # where q/k/v are copied (TSSA's or CBSA's fresh projection U keeps its paper's default)
+    defaults = {"proj_bias": proj.o[1] is not None, "attn_dropout": proj.attn_dropout,
                 "proj_dropout": proj.proj_dropout}
+    if mechanism in _FUSED_QKV:
+        defaults["qkv_bias"] = proj.q[1] is not None
     if mechanism == "softmax":
         defaults["scale"] = proj.scale
     if mechanism == "fastmax":
@@ -299,18 +309,12 @@ def _build(mechanism: str, proj: _Projections, dim: int, causal: bool, options: 
         mixer = build_mixer(mechanism, dim, proj.heads, causal=causal, options=opts, context=context)
     mixer.to(ref.dtype)
     info = SwappedLayer(name="", original="", causal=causal)
-    if proj.heads * proj.head_dim != dim:
-        raise ValueError(
-            f"attention with {proj.heads} heads of head_dim {proj.head_dim} != hidden size {dim}: attnzoo's "
-            f"mechanisms split the hidden size into equal heads"
-        )
     k = _expand_kv(proj.k, proj.kv_heads, proj.heads, proj.head_dim)
     v = _expand_kv(proj.v, proj.kv_heads, proj.heads, proj.head_dim)
     if proj.kv_heads != proj.heads:
         info.notes.append(f"{proj.kv_heads} key/value heads repeated to {proj.heads}")
     reused_names: set[str] = set()
-    fused_qkv = isinstance(getattr(mixer, "qkv", None), nn.Linear) and mixer.qkv.out_features == 3 * dim
-    if fused_qkv:  # softmax, linear, fastmax, xca: qkv = (q | k | v)
+    if mechanism in _FUSED_QKV:  # softmax, linear, fastmax, xca: qkv = (q | k | v)
         w = torch.cat([proj.q[0], k[0], v[0]], dim=0)
         biases = [proj.q[1], k[1], v[1]]
         b = torch.cat([x if x is not None else torch.zeros_like(proj.q[0][:, 0]) for x in biases])
