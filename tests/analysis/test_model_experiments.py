@@ -115,6 +115,29 @@ def test_layerwise_crate_measure_on_tokens_entering_and_leaving_each_block():
     assert "crate_compression" not in layerwise(tiny("vit_cifar"), x)["series"]
 
 
+def test_layerwise_tost_measures_its_outputs_with_their_own_memberships():
+    torch.manual_seed(4)
+    model = tiny("tost_t")
+    x = torch.randn(2, 3, 16, 16)
+    r = layerwise(model, x)
+    _, layers = capture_layers(model, x)
+    lay, row = layers[0], r["layers"][0]
+    zo = lay.block_output
+    # ToST Fig. 4a: Π^ℓ = Π(Z^ℓ | U^ℓ) of the outputs, i.e. what the layer's TSSA assigns when fed those tokens
+    from einops import rearrange
+
+    from attnzoo.ops.tssa import tssa_pi
+
+    mod = lay.module
+    with torch.no_grad():
+        w = rearrange(mod.qkv(zo), "b n (h p) -> b h n p", h=mod.heads)
+        pi_out = tssa_pi(w, mod.temp.view(-1), causal=False, bias=mod.bias).transpose(-1, -2)
+    assert not torch.allclose(pi_out, lay.internals["pi"].transpose(-1, -2))  # not the input's memberships
+    expected = measures.variational_compression(zo.double(), pi_out, subspace_bases(mod)).mean().item()
+    assert row["variational_compression_out"] == pytest.approx(expected, rel=1e-6)
+    assert all(not m.capturing for m in model.modules() if isinstance(m, attnzoo.Attention))
+
+
 def test_membership_and_class_attention_maps_of_tost():
     model = tiny("tost_t")
     x = torch.randn(2, 3, 16, 16)

@@ -185,7 +185,9 @@ def layer_measures(layer: LayerCapture, eps: float = 0.5, *, crate_eps: float = 
     unit-norm codes per head, ``ε = crate_eps``, CRATE's code uses ``ε² = 0.01``) of the tokens entering
     the layer (``crate_compression``) and of those leaving its block (``crate_compression_out``, the
     block's output, where the block's output is a tensor), both with the layer's own ``U^ℓ``; with TSSA's
-    recorded memberships ``Π^ℓ`` also ToST's variational compression ``R^var_c(Z, Π | U)`` (eq 4).
+    recorded memberships ``Π^ℓ`` also ToST's variational compression ``R^var_c(Z, Π | U)`` (eq 4), and the same of
+    the tokens leaving the block with the memberships the layer assigns to them (``variational_compression_out``,
+    ToST Fig. 4a's "outputs Z^ℓ and Π^ℓ = Π(Z^ℓ | U^ℓ)").
     """
     z = layer.input.to(torch.float64)
     out = {
@@ -197,7 +199,7 @@ def layer_measures(layer: LayerCapture, eps: float = 0.5, *, crate_eps: float = 
         out["compression"] = float(measures.compression_term(z, u, eps).mean())
         out["compression_normalized"] = float(measures.compression_term(z, u, eps, normalize=True).mean())
         out["crate_compression"] = float(measures.crate_compression_term(z, u, crate_eps).mean())
-        zo = layer.block_output
+        zo = layer.block_output  # the tokens leaving the layer's block (None where the block returns no tensor)
         if isinstance(zo, torch.Tensor) and zo.ndim == z.ndim and zo.shape[-1] == z.shape[-1]:
             out["crate_compression_out"] = float(measures.crate_compression_term(zo.to(torch.float64), u,
                                                                                  crate_eps).mean())
@@ -207,4 +209,24 @@ def layer_measures(layer: LayerCapture, eps: float = 0.5, *, crate_eps: float = 
             out["variational_compression_normalized"] = float(
                 measures.variational_compression(z, pi, u, eps, normalize=True).mean()
             )
+            # ToST Fig. 4a measures the layer's outputs with the memberships Π(Z^ℓ | U^ℓ) of those outputs
+            if isinstance(zo, torch.Tensor) and zo.ndim == z.ndim and zo.shape[-1] == z.shape[-1]:
+                pi_out = _memberships_of(layer.module, zo)
+                if pi_out is not None and pi_out.shape[-1] == u.shape[0]:
+                    out["variational_compression_out"] = float(
+                        measures.variational_compression(zo.to(torch.float64), pi_out, u, eps).mean())
     return out
+
+
+def _memberships_of(module: nn.Module, tokens: torch.Tensor) -> torch.Tensor | None:
+    """The memberships ``Π: (B, N, K)`` a TSSA ``module`` assigns to ``tokens`` ``(B, N, dim)``: one more forward
+    of the module alone in capture mode (the model's own forward pass is not repeated)."""
+    try:
+        param = next(module.parameters())
+        tokens = tokens.to(device=param.device, dtype=param.dtype)
+    except StopIteration:
+        pass
+    with torch.no_grad(), capture_internals(module) as store:
+        module(tokens)
+    pi = store.get("", {}).get("pi")
+    return pi.transpose(-1, -2).cpu() if isinstance(pi, torch.Tensor) and pi.ndim == 3 else None

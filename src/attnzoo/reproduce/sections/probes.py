@@ -215,7 +215,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             acc = _num(t.get("accuracy")) * 100 if t.get("accuracy") is not None else math.nan
             mech = r["layers"][0]["mechanism"] if r["layers"] else "-"
             keys = [_measure_key(r)] + [k for k in ("compression", "crate_compression", "crate_compression_out",
-                                                    "variational_compression_normalized")
+                                                    "variational_compression_normalized",
+                                                    "variational_compression_out")
                                          if k != _measure_key(r) and k in r["series"]]
             for i, key in enumerate(keys):
                 vals = _layer_series(r, key)
@@ -233,8 +234,9 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             ["model", "mechanism", "depth", "steps", "val acc %", "measure", "layer 1 → last",
              f"latter half (layer {h0 + 1 if h0 is not None else '?'} → last): change"], rows,
             caption="Measures: " + "; ".join(f"{v} = {MEASURE_DEF[k]}" for k, v in MEASURE_LABEL.items())
-                    + ". Tokens are the validation images' tokens entering each attention layer (after its pre-norm), "
-                      "batch mean; each layer uses its own bases U^ℓ (and memberships Π^ℓ). The row marked (claim) "
+                    + ". Unless a row says 'block output', the tokens are those entering each attention layer "
+                      "(after its pre-norm; comparable in scale from layer to layer), batch mean over validation "
+                      "images; each layer uses its own bases U^ℓ (and memberships Π^ℓ). The row marked (claim) "
                       "decides the finding: ToST's own R^var_c for ToST, CRATE's measure for MSSA/CBSA."))
     if shallow:
         rows = []
@@ -273,6 +275,7 @@ MEASURE_LABEL = {
     "compression": "R^c raw (eq 2)",
     "variational_compression": "R^var_c (ToST eq 4)",
     "variational_compression_normalized": "R^var_c, unit-norm tokens",
+    "variational_compression_out": "R^var_c, block output",
     "coding_rate": "R(Z) (eq 1)",
 }
 MEASURE_DEF = {
@@ -282,6 +285,8 @@ MEASURE_DEF = {
     "compression": "CBSA eq 2 on the raw tokens, ε = 0.5",
     "variational_compression": "ToST eq 4 with the layer's memberships Π^ℓ, raw tokens, ε = 0.5",
     "variational_compression_normalized": "ToST eq 4 on tokens scaled to unit norm, ε = 0.5",
+    "variational_compression_out": "ToST eq 4 on the raw tokens leaving the layer's block with the memberships the "
+                                   "layer assigns to them (ToST Fig. 4a plots the layers' outputs), ε = 0.5",
     "coding_rate": "CBSA eq 1, ε = 0.5 (black-box layers have no subspaces)",
 }
 
@@ -420,7 +425,7 @@ def _layerwise_explanation(name: str, key: str, start: int, r: dict, shallow: di
     same measure on the shallow vision model."""
     parts, agreeing = [], []
     for k in ("compression", "crate_compression", "crate_compression_out", "variational_compression",
-              "variational_compression_normalized"):
+              "variational_compression_normalized", "variational_compression_out"):
         if k == key or k not in r["series"]:
             continue
         vals = _layer_series(r, k)
