@@ -176,7 +176,10 @@ def _findings(curves, finals, records, plan) -> list[dict]:
         zero = c["zero"][-1]
         fin = finals[t]
         learned = {m: [e < 0.5 * zero for e in fin[m]] for m in fin}
-        if "aot" in c and "gpt" in c:
+        # the comparisons with AoT need a baseline that left the zero predictor (error below 0.8x its error at every
+        # seed); the "learns" findings themselves use the stricter half-the-zero-predictor rule
+        gate = not plan.get("require_learned", True) or ("gpt" in fin and all(e < 0.8 * zero for e in fin["gpt"]))
+        if gate and "aot" in c and "gpt" in c:
             mean_err = {m: claims.stat(float(np.mean(r["error_per_position"]))
                                        for r in per_seed(records, f"{KEY}/{t}/{m}")) for m in ("aot", "gpt")}
             f = claims.compare(mean_err["aot"], mean_err["gpt"], kind="comparable", tol=0.1,
@@ -187,7 +190,7 @@ def _findings(curves, finals, records, plan) -> list[dict]:
             if f["verdict"] != "agrees":
                 f["explanation"] = _ablation_text(t, fin, zero)
             out.append(f)
-        for m in ("gpt", "aot"):
+        for m in ("gpt", "aot") if gate else ("gpt",):
             if m not in fin:
                 continue
             ls = c.get("least_squares", [None])[-1]
@@ -205,8 +208,24 @@ def _findings(curves, finals, records, plan) -> list[dict]:
                                seeds=len(fin[m]))
             if m == "aot" and verdict != "agrees":
                 f["explanation"] = _ablation_text(t, fin, zero)
+            elif verdict != "agrees":
+                f["explanation"] = _still_descending(per_seed(records, f"{KEY}/{t}/{m}"))
             out.append(f)
     return out
+
+
+def _still_descending(results: list[dict]) -> str:
+    """Whether the training loss was still falling at the end (the budget, not the model, would then be the limit)."""
+    parts = []
+    for r in results:
+        curve = r.get("curve") or []
+        if len(curve) >= 4:
+            half, last = curve[len(curve) // 2][1], float(np.mean([v for _, v in curve[-3:]]))
+            parts.append(f"{half:.3f} at step {curve[len(curve) // 2][0]} -> {last:.3f} at the end")
+    if not parts:
+        return ""
+    return ("training loss (per seed) " + "; ".join(parts) + ": still falling in the second half, so more steps "
+            "(the papers train 50k+) would be the next ablation; lasso/least squares show the functions are learnable")
 
 
 def _ablation_text(t: str, fin: dict, zero: float) -> str:
