@@ -216,16 +216,20 @@ def _findings(curves, finals, records, plan) -> list[dict]:
 
 def _still_descending(results: list[dict]) -> str:
     """Whether the training loss was still falling at the end (the budget, not the model, would then be the limit)."""
-    parts = []
+    parts, falling = [], []
     for r in results:
         curve = r.get("curve") or []
         if len(curve) >= 4:
-            half, last = curve[len(curve) // 2][1], float(np.mean([v for _, v in curve[-3:]]))
-            parts.append(f"{half:.3f} at step {curve[len(curve) // 2][0]} -> {last:.3f} at the end")
+            mid = curve[len(curve) // 2]
+            last = float(np.mean([v for _, v in curve[-3:]]))
+            parts.append(f"{mid[1]:.3f} at step {mid[0]} -> {last:.3f} at the end")
+            falling.append(last < 0.95 * mid[1])
     if not parts:
         return ""
-    return ("training loss (per seed) " + "; ".join(parts) + ": still falling in the second half, so more steps "
-            "(the papers train 50k+) would be the next ablation; lasso/least squares show the functions are learnable")
+    trend = ("still falling in the second half, so the budget is the limit: more steps (the papers train 50k+) "
+             "is the next ablation" if all(falling) else
+             "flat over the second half (a plateau), as Garg et al. report before in-context learning sets in")
+    return f"training loss (per seed) {'; '.join(parts)}: {trend}; lasso/least squares show the functions are learnable"
 
 
 def _ablation_text(t: str, fin: dict, zero: float) -> str:
