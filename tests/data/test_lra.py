@@ -133,9 +133,12 @@ def test_pathfinder_dot_distance_gives_no_label(pathfinder_task):
     Before the negatives were matched, distances were 18.9 +- 1.0 px (positives) vs 18.2 +- 7.1 px
     (negatives) at 32x32 and the best band scored ~90% on val.
     """
-    task, _, _ = pathfinder_task
+    task, ((img_tr,), y_tr), ((img_va,), y_va) = pathfinder_task
     rule = pathfinder_shortcut_accuracy(task)["endpoint_distance"]
     assert rule["val_accuracy"] <= rule["majority"] + 0.10, rule
+    # the task is read in chunks of 256 examples: same rule as from the whole split at once
+    dist = [pathfinder_shortcut_features(x.numpy())["endpoint_distance"] for x in (img_tr, img_va)]
+    assert fit_band_rule(dist[0], y_tr.numpy(), dist[1], y_va.numpy()) == rule
 
 
 @pytest.mark.parametrize("feature", ["path_pixels", "ink"])
