@@ -64,7 +64,10 @@ def test_layerwise_findings_judge_the_latter_half_and_explain_with_ablations():
         assert set(f) == set(claims.finding("p", "c", "v", "m", "agrees", "r"))
         assert f["seeds"] == 1 and "60.0% validation accuracy at depth 8" in f["measured"]
     # CRATE rises over its first half and falls over its latter half: agrees (layers 5 -> 8: 50 -> 47, 3 of 3 fall)
-    assert out["crate"]["verdict"] == "agrees" and out["crate"]["explanation"] == ""
+    assert out["crate"]["verdict"] == "agrees"
+    # ... while the raw eq 2 rises over the same layers: the agreement says the definition decides it
+    assert out["crate"]["explanation"].startswith("the definition matters: with the raw eq 2")
+    assert "layer 5 → 8: 14 → 17" in out["crate"]["explanation"] and out["crate"]["explanation"].endswith("disagrees")
     assert "layer 5 → 8: 50 → 47" in out["crate"]["measured"] and "3 of 3 steps fall" in out["crate"]["measured"]
     assert "30 → 40 → 45" in out["crate"]["measured"]  # per-layer numbers stated
     # CBT rises: disagrees, and the explanation gives the raw measure on the same model and the shallow model
@@ -78,6 +81,7 @@ def test_layerwise_findings_judge_the_latter_half_and_explain_with_ablations():
     assert out["aot"]["verdict"] == "disagrees" and "no other definition of the term reverses" in out["aot"]["explanation"]
     # ToST is judged on its own R^var_c over all layers (mostly decreases): agrees; CRATE's measure is not the claim
     assert out["tost"]["verdict"] == "agrees" and out["tost"]["paper"] == "ToST Fig. 4a"
+    assert out["tost"]["explanation"] == ""  # no raw R^c series given: nothing to contrast
     assert out["tost"]["measured"].startswith("R^var_c (ToST eq 4) per layer: 9 → 8 → 8.5")
 
 

@@ -416,6 +416,11 @@ def _findings(res, lw, shallow=None, trained=None) -> list[dict]:
                            f"{per_layer}; {_describe(vals, start)}{acc}", verdict, rule, seeds=1)
         if verdict != "agrees":
             f["explanation"] = _layerwise_explanation(name, key, start, r, shallow.get(name))
+        elif key != "compression" and "compression" in r["series"]:
+            raw = _layer_series(r, "compression")
+            if _fall_verdict(raw, start) != "agrees":  # the definition decides: say so beside the agreement
+                f["explanation"] = (f"the definition matters: with the raw eq 2 (no normalisation, ε = 0.5) the same "
+                                    f"layers give {_describe(raw, start)}, verdict {_fall_verdict(raw, start)}")
         out.append(f)
     return out
 
