@@ -104,3 +104,68 @@ def test_cpu_peak_memory_keeps_errors_and_stderr(capfd):
         peak_memory_bytes(boom, torch.device("cpu"))
     os.write(2, b"fd 2 is back\n")
     assert "fd 2 is back" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 3, 3), (2, 3, 9, 4, 5), (1, 2, 17, 5, 2)])
+def test_fastmax_baseline_computes_the_op(p, causal, shape):
+    """The einsum factorisation (eqs 11-12 / 32-35) and attnzoo's op are references for each other."""
+    from attnzoo import ops
+    from attnzoo.bench.baselines import fastmax_baseline
+
+    b, h, n, d, dv = shape
+    q, k = (torch.randn(b, h, n, d, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    v = torch.randn(b, h, n, dv, dtype=torch.float64, requires_grad=True)
+    scale = 1.0 / d  # p=1 with a larger scale may cross zero in a denominator (ill-conditioned comparison)
+    base = fastmax_baseline(q, k, v, p=p, causal=causal, scale=scale)
+    op = ops.fastmax(q, k, v, p=p, causal=causal, scale=scale)
+    naive = ops.fastmax(q, k, v, p=p, causal=causal, scale=scale, backend="naive")
+    torch.testing.assert_close(base, op, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(base, naive, rtol=1e-10, atol=1e-10)
+    w = torch.randn_like(op)
+    for a, r in zip(torch.autograd.grad((base * w).sum(), (q, k, v)), torch.autograd.grad((op * w).sum(), (q, k, v))):
+        torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 3), (2, 3, 9, 4), (1, 2, 33, 5)])
+def test_tssa_baseline_computes_the_op(causal, shape):
+    """ToST Alg. 1 / Alg. 2 as printed and attnzoo's TSSA (fused CPU kernels where built) agree."""
+    from attnzoo import ops
+    from attnzoo.bench.baselines import tssa_baseline
+
+    b, h, n, p = shape
+    w = torch.randn(b, h, n, p, dtype=torch.float64, requires_grad=True)
+    temp = torch.rand(h, dtype=torch.float64) + 0.5
+    bias = torch.randn(h, n + 3, 1, dtype=torch.float64) if causal else None
+    base = tssa_baseline(w, temp, causal=causal, bias=bias)
+    op = ops.tssa(w, temp, causal=causal, bias=bias)
+    torch.testing.assert_close(base, op, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(base, ops.tssa(w, temp, causal=causal, bias=bias, backend="naive"), rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(op)
+    torch.testing.assert_close(torch.autograd.grad((base * g).sum(), w)[0], torch.autograd.grad((op * g).sum(), w)[0],
+                               rtol=1e-9, atol=1e-11)
+
+
+def test_causal_fastmax_baseline_refuses_what_would_exhaust_memory(monkeypatch):
+    from attnzoo.bench import baselines
+
+    monkeypatch.setattr(baselines, "MAX_BASELINE_BYTES", 1000)
+    q = torch.randn(1, 1, 8, 4)
+    with pytest.raises(MemoryError, match="prefix moments"):
+        baselines.fastmax_baseline(q, q, q, p=2, causal=True)
+    assert baselines.fastmax_baseline(q, q, q, p=2, causal=False).shape == q.shape  # unmasked needs no prefix sums
+
+
+@pytest.mark.parametrize("mech", cases.BASELINE_CASES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_baseline_module_cases_run_forward_and_backward(mech, causal):
+    s = cases.Shape(batch=1, heads=2, length=9, dim=8)
+    prep = cases.prepare(mech, s, causal=causal, level="module", device=torch.device("cpu"), dtype=torch.float32)
+    for t in prep.inputs:
+        t.requires_grad_(True)
+    out = prep.run()
+    assert out.shape == (1, 9, 8)
+    (g,) = torch.autograd.grad(out, prep.inputs, torch.ones_like(out))
+    assert torch.isfinite(out).all() and torch.isfinite(g).all()

@@ -40,8 +40,26 @@ def _nbytes(*ts: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in ts)
 
 
+def _baseline_op_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
+    from attnzoo.bench import baselines
+
+    B, H, N, P = s.batch, s.heads, s.length, s.head_dim
+    mech, opts = baselines.BASELINE_CASES[name]
+    if mech == "fastmax":
+        q, k, v = _randn((B, H, N, P), device, dtype, 3)
+        run = lambda: baselines.fastmax_baseline(q, k, v, p=opts["p"], causal=causal)  # noqa: E731
+        return Prepared([q, k, v], run, 4 * _nbytes(q))
+    (w,) = _randn((B, H, N, P), device, dtype)
+    temp = torch.ones(H, device=device, dtype=dtype)
+    bias = torch.zeros(H, N, 1, device=device, dtype=dtype) if causal else None
+    run = lambda: baselines.tssa_baseline(w, temp, causal=causal, bias=bias)  # noqa: E731
+    return Prepared([w], run, 2 * _nbytes(w))
+
+
 def _op_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
     B, H, N, P = s.batch, s.heads, s.length, s.head_dim
+    if name in BASELINE_CASES:
+        return _baseline_op_case(name, s, causal, device, dtype)
     if name in ("softmax", "linear", "xca") or name.startswith("fastmax_p"):
         q, k, v = _randn((B, H, N, P), device, dtype, 3)
         if name == "softmax":
@@ -89,13 +107,19 @@ CAUSAL_OP_CASES = ["softmax", "linear", "mssa", "tssa", "fastmax_p1", "fastmax_p
 # Not in the default sweep: Fastmax with autograd through the factorisation instead of FAST §2.5's
 # custom backward, to measure what that backward saves (--mechanisms fastmax_p2,fastmax_p2_autograd); TSSA
 # on its PyTorch path beside the fused CPU kernels (--mechanisms tssa,tssa_torch).
-EXTRA_OP_CASES = ["fastmax_p1_autograd", "fastmax_p2_autograd", "tssa_torch"]
+# The straightforward PyTorch formulation of the same math beside attnzoo's op (bench/baselines.py), op and
+# module level: --mechanisms fastmax_p1,fastmax_p1_baseline,fastmax_p2,fastmax_p2_baseline,tssa,tssa_baseline
+BASELINE_CASES = ["fastmax_p1_baseline", "fastmax_p2_baseline", "tssa_baseline"]
+CAUSAL_OP_CASES += BASELINE_CASES
+EXTRA_OP_CASES = ["fastmax_p1_autograd", "fastmax_p2_autograd", "tssa_torch"] + BASELINE_CASES
 ALL_OP_CASES = OP_CASES + EXTRA_OP_CASES
 
 
 def _module_name(name: str) -> tuple[str, dict]:
-    if name in EXTRA_OP_CASES:
+    if name in EXTRA_OP_CASES and name not in BASELINE_CASES:
         raise ValueError(f"{name!r} is an op-level case only (use --level op)")
+    if name in BASELINE_CASES:
+        return name, {}
     if name.startswith("fastmax_p"):
         return "fastmax", {"p": int(name[-1])}
     return name, {}
@@ -105,9 +129,15 @@ def _module_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
     from attnzoo.layers import build_attention
 
     mech, opts = _module_name(name)
-    if causal and mech == "tssa":
+    if causal and mech.startswith("tssa"):
         opts["max_len"] = max(1024, s.length)
-    m = build_attention(mech, s.dim, s.heads, causal=causal, **opts).to(device=device, dtype=dtype)
+    if name in BASELINE_CASES:
+        from attnzoo.bench.baselines import build_baseline_module
+
+        m = build_baseline_module(name, s.dim, s.heads, causal=causal, **opts)
+    else:
+        m = build_attention(mech, s.dim, s.heads, causal=causal, **opts)
+    m = m.to(device=device, dtype=dtype)
     (x,) = _randn((s.batch, s.length, s.dim), device, dtype)
     params = sum(p.numel() * p.element_size() for p in m.parameters())
     return Prepared([x], lambda: m(x), 2 * _nbytes(x) + params)
@@ -145,4 +175,5 @@ def decode_module(name: str, dim: int, heads: int, max_context: int, device, dty
 DECODE_CASES = ["softmax", "linear", "tssa", "fastmax_p1", "fastmax_p2"]
 
 __all__ = ["Shape", "Prepared", "prepare", "OP_CASES", "EXTRA_OP_CASES", "ALL_OP_CASES", "CAUSAL_OP_CASES",
+           "BASELINE_CASES",
            "DECODE_CASES", "decode_module"]
