@@ -195,7 +195,26 @@ def test_cuda_plan_triton_rows_run_under_the_interpreter():
         got = [(r.mechanism, r.backend, r.check) for r in rows]
         want = [(m, "triton", c) for m in ("tssa", "fastmax p=1") for c in ("forward", "backward", "causal leak", "decode")]
         assert got == want, got
-        sys.exit(0 if all(r.ok and r.cells["float32"].cases > 0 for r in rows) else 1)
+        assert all(r.ok and r.cells["float32"].cases > 0 for r in rows)
+
+        # "auto" on a (simulated) GPU with the real kernels: the first call runs behind the backward guard,
+        # the next (its backward kernels verified) straight through the kernel's autograd function
+        import warnings
+        from attnzoo.ops import _cpu_kernels, _triton_utils
+        from attnzoo.ops.tssa import tssa
+        _triton_utils._triton_device = lambda x: True
+        _cpu_kernels.cpu_kernels = lambda: None
+        warnings.simplefilter("error")
+        w = torch.randn(2, 3, 9, 5, dtype=torch.float64, requires_grad=True)
+        temp = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64, requires_grad=True)
+        bias = (0.1 * torch.randn(3, 12, 1, dtype=torch.float64)).requires_grad_()
+        ref = torch.autograd.grad(tssa(w, temp, causal=True, bias=bias, backend="naive").pow(2).sum(), (w, temp, bias))
+        for guarded in (True, False):
+            out = tssa(w, temp, causal=True, bias=bias)
+            assert (type(out.grad_fn).__name__ == "_GuardedBackwardBackward") == guarded, out.grad_fn
+            for a, b in zip(torch.autograd.grad(out.pow(2).sum(), (w, temp, bias)), ref):
+                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+        assert _triton_utils.triton_failures() == {}
         """
     )
     env = dict(os.environ, TRITON_INTERPRET="1")
@@ -223,6 +242,7 @@ def fake_gpu(monkeypatch):
 
     monkeypatch.setattr(_triton_utils, "_triton_device", lambda x: True)
     monkeypatch.setattr(_triton_utils, "_FAILED", {})
+    monkeypatch.setattr(_triton_utils, "_BACKWARD_OK", set())
     monkeypatch.setattr(_cpu_kernels, "cpu_kernels", lambda: None)
 
 
@@ -293,6 +313,75 @@ def test_softmax_family_auto_falls_back_to_torch_when_the_kernel_fails(monkeypat
     q, k, v = (torch.randn(2, 2, 7, 5, generator=g) for _ in range(3))
     _assert_falls_back_once("softmax_attention", lambda: softmax_attention(q, k, v, causal=True),
                             lambda: softmax_attention(q, k, v, causal=True, backend="torch"), calls)
+
+
+class _BackwardFails(torch.autograd.Function):
+    """Identity whose backward raises, as a backward kernel that does not compile would."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("simulated backward kernel compile error")
+
+
+@pytest.mark.parametrize("op", ["tssa", "fastmax"])
+def test_auto_falls_back_when_the_backward_kernel_fails(monkeypatch, fake_gpu, op):
+    mod = importlib.import_module(f"attnzoo.ops.{op}.triton")
+    torch_path = {"tssa": lambda w, temp, causal, bias: tssa(w, temp, causal=causal, bias=bias, backend="torch"),
+                  "fastmax": lambda qs, kh, v, p, causal, chunk_size: sys.modules["attnzoo.ops.fastmax"]
+                  .fastmax_factorized(qs, kh, v, p=p, causal=causal, chunk=chunk_size)}[op]
+    calls: list = []
+
+    def kernel(*args, **kwargs):  # forward fine (the PyTorch result), backward broken
+        calls.append(1)
+        return _BackwardFails.apply(torch_path(*args, **kwargs))
+
+    monkeypatch.setattr(mod, f"{op}_triton", kernel)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 2, 9, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    temp = torch.tensor([0.7, 1.3], dtype=torch.float64, requires_grad=True)
+
+    def run(backend):
+        return tssa(x, temp, causal=True, backend=backend) if op == "tssa" else fastmax(x, x, x, causal=True,
+                                                                                         backend=backend)
+
+    cot = torch.randn(2, 2, 9, 4, generator=g, dtype=torch.float64)
+    ref_grads = torch.autograd.grad((run("torch") * cot).sum(), (x, temp), allow_unused=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = run("auto")  # the forward kernel runs and succeeds: no warning yet
+        assert calls == [1] and not caught
+        torch.testing.assert_close(out, run("torch"), rtol=0, atol=0)
+    with pytest.warns(TritonFallbackWarning, match=rf"Triton kernel of {op} failed .*simulated backward kernel"):
+        grads = torch.autograd.grad((out * cot).sum(), (x, temp), allow_unused=True)
+    for got, ref in zip(grads, ref_grads):  # the PyTorch path's gradients, through the whole graph
+        if ref is None:
+            assert got is None
+        else:
+            torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    run("auto")
+    assert calls == [1]  # PyTorch from then on
+
+
+def test_a_backward_kernel_that_ran_once_is_not_guarded_again(monkeypatch, fake_gpu):
+    mod = importlib.import_module("attnzoo.ops.tssa.triton")
+    monkeypatch.setattr(mod, "tssa_triton", lambda w, temp, causal, bias: tssa(w, temp, causal=causal, bias=bias,
+                                                                               backend="torch"))
+    w = torch.randn(1, 2, 6, 3, requires_grad=True)
+    temp = torch.ones(2)
+    first = tssa(w, temp)
+    assert type(first.grad_fn).__name__ == "_GuardedBackwardBackward"
+    first.sum().backward(retain_graph=True)
+    g1 = w.grad.clone()
+    first.sum().backward()  # a retained graph can be walked again through the guard
+    torch.testing.assert_close(w.grad, 2 * g1, rtol=1e-6, atol=1e-6)
+    second = tssa(w, temp)
+    assert type(second.grad_fn).__name__ != "_GuardedBackwardBackward"  # (tssa, non-causal, float32) verified
+    assert type(tssa(w, temp, causal=True).grad_fn).__name__ == "_GuardedBackwardBackward"  # other kernels: not yet
+    assert _triton_utils.triton_failures() == {}
 
 
 def test_working_kernel_is_used_and_out_of_memory_is_not_a_kernel_failure(monkeypatch, fake_gpu):

@@ -11,7 +11,8 @@ Fallback of ``"auto"``: a Triton kernel that fails to compile or launch on a use
 architecture, a Triton/driver mismatch, too little shared memory for a tile) must not take the op down when
 the user did not ask for Triton by name. :func:`run_auto_triton` runs the kernel, and on failure warns once
 per op (naming the op and the error), remembers the op as failed for the rest of the process and returns
-the PyTorch path's result; :func:`auto_uses_triton` then keeps ``"auto"`` off Triton for that op.
+the PyTorch path's result; :func:`auto_uses_triton` then keeps ``"auto"`` off Triton for that op. The
+backward kernels, compiled at the first ``.backward()``, are guarded the same way until one has run.
 ``backend="triton"`` named explicitly never falls back: the error reaches the caller.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from typing import Callable, TypeVar
+from typing import Callable, Sequence
 
 import torch
 
@@ -28,7 +29,6 @@ __all__ = [
     "run_auto_triton", "triton_failures",
 ]
 
-T = TypeVar("T")
 
 
 def interpreting() -> bool:
@@ -95,32 +95,100 @@ def triton_failures() -> dict[str, str]:
         return dict(_FAILED)
 
 
-def run_auto_triton(op: str, triton_call: Callable[[], T], torch_call: Callable[[], T]) -> T:
-    """``triton_call()``, or, if it raises, one :class:`TritonFallbackWarning` and ``torch_call()``.
+def _record_failure(op: str, err: BaseException) -> None:
+    """Disable ``op``'s kernel for the process; the first failure warns (naming the op and the error)."""
+    reason = f"{type(err).__name__}: {err}".strip()
+    first_line = reason.splitlines()[0][:500] if reason else type(err).__name__
+    with _FAILED_LOCK:
+        first = op not in _FAILED
+        _FAILED.setdefault(op, first_line)
+    if first:
+        msg = (
+            f"attnzoo: the Triton kernel of {op} failed ({first_line}); backend='auto' uses the PyTorch "
+            f"path for {op} for the rest of this process. Run `attnzoo selftest --device cuda` to check "
+            f"this GPU, or pass backend='triton' to see the full error"
+        )
+        warnings.warn(msg, TritonFallbackWarning, stacklevel=4)
 
-    For the ``"auto"`` backend only. Both callables compute the same op on the same (already validated)
-    inputs. Out-of-memory errors are re-raised, not treated as a kernel failure: the PyTorch path would need
-    the memory too, and a transient shortage must not disable the kernel for the whole process. Failures
-    CUDA reports asynchronously (after the launch returned) surface at a later synchronisation and are not
-    caught here; neither are failures of backward kernels, which run during ``.backward()``.
+
+# (op, key) whose backward kernels have run once under "auto": later calls are not guarded any more
+_BACKWARD_OK: set[tuple] = set()
+
+
+class _Plan:
+    """What the guard needs besides the inputs: the op, its kernel key and the two paths."""
+
+    def __init__(self, op: str, key: tuple, triton_call: Callable, torch_call: Callable) -> None:
+        self.op, self.key, self.triton_call, self.torch_call = op, key, triton_call, torch_call
+
+
+def _private_leaves(inputs: tuple) -> list:
+    # detached leaves: the guard differentiates the op with respect to its direct inputs only (an input that
+    # is computed from another input, say k_hat from v, is chained by the outer graph, not counted twice)
+    return [t.detach().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t for t in inputs]
+
+
+class _GuardedBackward(torch.autograd.Function):
+    """Runs the kernel; its backward runs the kernel's backward, or, if that fails to compile or launch,
+    differentiates the PyTorch path (recomputed from the same inputs) and disables the kernel."""
+
+    @staticmethod
+    def forward(ctx, plan: _Plan, *inputs):
+        leaves = _private_leaves(inputs)
+        with torch.enable_grad():
+            out = plan.triton_call(*leaves)
+        ctx.plan, ctx.leaves, ctx.out = plan, leaves, out
+        return out.detach()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        plan, leaves = ctx.plan, ctx.leaves
+        wanted = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+        with torch.enable_grad():
+            try:
+                # retain_graph: a caller's backward(retain_graph=True) may come through this node again
+                grads = torch.autograd.grad(ctx.out, wanted, grad, retain_graph=True, allow_unused=True)
+                _BACKWARD_OK.add((plan.op, plan.key))
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as err:  # noqa: BLE001 - see run_auto_triton
+                _record_failure(plan.op, err)
+                grads = torch.autograd.grad(plan.torch_call(*leaves), wanted, grad, allow_unused=True)
+        it = iter(grads)
+        return (None, *(next(it) if isinstance(t, torch.Tensor) and t.requires_grad else None for t in leaves))
+
+
+def run_auto_triton(
+    op: str,
+    triton_call: Callable[..., torch.Tensor],
+    torch_call: Callable[..., torch.Tensor],
+    inputs: Sequence[torch.Tensor | None],
+    *,
+    key: tuple = (),
+) -> torch.Tensor:
+    """``triton_call(*inputs)``, or, if it raises, one :class:`TritonFallbackWarning` and ``torch_call(*inputs)``.
+
+    For the ``"auto"`` backend only. Both callables compute the same op from the same (already validated)
+    ``inputs`` (tensors, or ``None`` for an absent optional one). The backward kernels compile on the first
+    ``.backward()``: until one backward of ``(op, key)`` (``key``: what selects different kernels, e.g. causal
+    and dtype) has succeeded, the kernel runs behind a guard whose backward falls back the same way, to the
+    gradients of the PyTorch path recomputed from ``inputs``. Out-of-memory errors are re-raised, not treated
+    as a kernel failure: the PyTorch path would need the memory too, and a transient shortage must not disable
+    the kernel for the whole process. Failures CUDA reports asynchronously (after the launch returned)
+    surface at a later synchronisation and are not caught.
     """
+    inputs = tuple(inputs)
     if op in _FAILED:
-        return torch_call()
+        return torch_call(*inputs)
+    guard = ((op, key) not in _BACKWARD_OK and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+             and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs))
     try:
-        return triton_call()
+        if guard:
+            return _GuardedBackward.apply(_Plan(op, key, triton_call, torch_call), *inputs)
+        return triton_call(*inputs)
     except torch.OutOfMemoryError:
         raise
     except Exception as err:  # noqa: BLE001 - compile errors come as many types (CompilationError, OutOfResources, ...)
-        reason = f"{type(err).__name__}: {err}".strip()
-        first_line = reason.splitlines()[0][:500] if reason else type(err).__name__
-        with _FAILED_LOCK:
-            first = op not in _FAILED
-            _FAILED.setdefault(op, first_line)
-        if first:
-            msg = (
-                f"attnzoo: the Triton kernel of {op} failed ({first_line}); backend='auto' uses the PyTorch "
-                f"path for {op} for the rest of this process. Run `attnzoo selftest --device cuda` to check "
-                f"this GPU, or pass backend='triton' to see the full error"
-            )
-            warnings.warn(msg, TritonFallbackWarning, stacklevel=3)
-        return torch_call()
+        _record_failure(op, err)
+        return torch_call(*inputs)

@@ -103,16 +103,17 @@ def fastmax(
     kh = standardize(k.to(cd))
     vv = v.to(cd)
     if backend == "triton":
-        def run_triton() -> torch.Tensor:
+        def run_triton(qs: torch.Tensor, kh: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
             from attnzoo.ops.fastmax.triton import fastmax_triton
 
             return fastmax_triton(qs, kh, vv, p=p, causal=causal, chunk_size=chunk)
 
-        def run_torch() -> torch.Tensor:
+        def run_torch(qs: torch.Tensor, kh: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
             return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk, custom_grad=True)
 
         # a kernel that fails to compile/launch under "auto": warn once, PyTorch path from then on
-        out = run_auto_triton("fastmax", run_triton, run_torch) if auto else run_triton()
+        out = (run_auto_triton("fastmax", run_triton, run_torch, (qs, kh, vv), key=(p, causal, qs.dtype))
+               if auto else run_triton(qs, kh, vv))
     else:
         out = fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk, custom_grad=backend == "torch")
     out = out.to(v.dtype)

@@ -40,7 +40,24 @@ def _auto_fallback(op: str, fn: Callable) -> Callable:
     torch_fn = getattr(importlib.import_module(module), name)
 
     def call(*args, **kwargs):
-        return run_auto_triton(op, lambda: fn(*args, **kwargs), lambda: torch_fn(*args, **kwargs))
+        slots = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        names = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+        tensors = [args[i] for i in slots] + [kwargs[k] for k in names]
+
+        def with_inputs(f: Callable) -> Callable:
+            def run(*ts):
+                a, kw = list(args), dict(kwargs)
+                for i, t in zip(slots, ts):
+                    a[i] = t
+                kw.update(zip(names, ts[len(slots):]))
+                return f(*a, **kw)
+
+            return run
+
+        # what selects different kernels: dtypes and the flag/mode arguments (causal, feature_map, ...)
+        key = (tuple(t.dtype for t in tensors), tuple(sorted((k, v) for k, v in kwargs.items()
+                                                             if isinstance(v, (bool, str)))))
+        return run_auto_triton(op, with_inputs(fn), with_inputs(torch_fn), tensors, key=key)
 
     return call
 

@@ -104,8 +104,9 @@ def tssa(
     # Autocast would run the token reductions (matmuls) in half precision; they must stay float32+.
     with torch.autocast(device_type=_autocast_device(w), enabled=False):
         if auto and backend == "triton":  # a kernel that fails to compile/launch: warn once, PyTorch from then on
-            return run_auto_triton("tssa", lambda: _dispatch(w, temp, causal, bias, "triton"),
-                                   lambda: _dispatch(w, temp, causal, bias, "torch"))
+            return run_auto_triton("tssa", lambda *a: _dispatch(*a[:2], causal, a[2], "triton"),
+                                   lambda *a: _dispatch(*a[:2], causal, a[2], "torch"),
+                                   (w, temp, bias), key=(causal, w.dtype, bias is not None))
         return _dispatch(w, temp, causal, bias, backend)
 
 
