@@ -126,7 +126,7 @@ def layerwise(model: nn.Module, inputs, *, eps: float = 0.5, crate_eps: float = 
 def plot_layerwise(result: dict):
     groups = [
         ("CRATE's measure (unit-norm codes)", ["crate_compression", "crate_compression_out"]),
-        ("compression term", ["compression", "variational_compression"]),
+        ("compression term", ["compression", "variational_compression", "variational_compression_out"]),
         ("normalised tokens", ["compression_normalized", "variational_compression_normalized"]),
         ("coding rate R(Z)", ["coding_rate", "coding_rate_normalized"]),
     ]
@@ -138,6 +138,7 @@ def plot_layerwise(result: dict):
     for ax, (title, keys) in zip(axes, groups):
         for i, k in enumerate(keys):
             ax.plot(x, result["series"][k], "o-", ms=3, color=PALETTE[i], label=k)
+        ax.set_xticks(x)
         ax.set_xlabel("layer")
         ax.set_title(title, fontsize=10)
         ax.grid(True, alpha=0.3)

@@ -1,6 +1,8 @@
-"""White-box probes (``attnzoo.analysis``): AoT's denoising theorem (Fig. 4), CBSA's compression of noisy lines
-(Fig. 4), rank collapse without skip connections (CSP Thm 1), and the per-layer compression term of the trained
-vision models (ToST Fig. 4a, CBSA Fig. 5) with their attention maps (ToST Fig. 5 / FAST Fig. 4).
+"""White-box probes (``attnzoo.analysis``): AoT's denoising theorem (Fig. 4, at two step sizes η), CBSA's compression
+of noisy lines (Fig. 4), rank collapse without skip connections (CSP Thm 1), the per-layer compression term (ToST
+Fig. 4a, CBSA Fig. 5, CRATE) of vision models trained for the probe at ``layerwise_depth`` layers (the vision section's
+recipe otherwise), measured as CRATE's code measures it, with the vision section's shallow models as an ablation, and
+the attention maps of the vision section's models (ToST Fig. 5 / FAST Fig. 4).
 """
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import math
 import numpy as np
 
 from attnzoo.reproduce import claims
-from attnzoo.reproduce.common import Context, Section, Table, fmt, load_trained, save_figure, seeded_id
+from attnzoo.reproduce.common import (Context, Section, Table, fmt, load_trained, save_figure, seeded_id,
+                                      train_defaults, train_run)
 from attnzoo.reproduce.store import Step
 
 KEY = "probes"
@@ -38,7 +41,6 @@ def _deep_vision_plan(plan: dict, vision_plan: dict) -> dict:
 
 
 def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
-    from attnzoo.reproduce.common import train_defaults
     from attnzoo.reproduce.sections import vision
 
     den = dict(plan["denoise"], seed=seed)
@@ -78,9 +80,10 @@ def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
         if name in vision_plan["models"]:
             # ablation: the same probe on the vision section's shallow model (what the report probed before)
             vid = seeded_id(f"vision/{name}", seed)
+            shallow_model = {"model_options": vision.model_options(name, vision_plan), "train": vision_plan["train"]}
             steps.append(Step(f"{KEY}/layerwise-shallow/{name}", KEY,
-                              {"experiment": "layerwise", "model": name, "source": vid,
-                               "depth": vision_plan["arch"]["depth"], "batch": lw_batch, **measure},
+                              {"experiment": "layerwise", "model": name, "source": vid, "trained": shallow_model,
+                               "batch": lw_batch, **measure},
                               _run_layerwise, deps=(vid,), label=f"layerwise-shallow/{name}"))
     maps = [n for n in plan.get("attention_maps", []) if n in vision_plan["models"]]
     if maps:
@@ -91,8 +94,6 @@ def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
 
 def _run_train(ctx: Context, step: Step) -> dict:
     """Train a probe model (the vision section's recipe at the probes' depth); validation accuracy beside it."""
-    from attnzoo.reproduce.common import train_run
-
     cfg = step.config["train"]
     rec = train_run(ctx, step.id, cfg)
     return {"accuracy": rec["val"].get("accuracy"), "val_loss": rec["val"].get("loss"), "run_dir": rec["run_dir"],
