@@ -41,6 +41,8 @@ BUDGETS: dict[str, dict] = {
                 "image": {"dataset": "digits"},
             },
             "mechanisms": ["softmax", "tssa"],
+            "ablations": {"tssa@2x": {"task": "listops", "mechanism": "tssa", "arch": {"depth": 2}, "train": {"steps": 4},
+                                      "why": "smoke: the ablation code path"}},
             "arch": {"dim": 32, "depth": 1, "heads": 2, "mlp_dim": 64},
             "train": {"steps": 8, "batch_size": 16, "lr": 1e-3, "log_every": 4},
         },
@@ -96,6 +98,11 @@ BUDGETS: dict[str, dict] = {
             "arch": {"dim": 32, "depth": 2, "heads": 4, "mlp_dim": 64},
             "train": {"steps": 100, "batch_size": 16, "lr": 2e-3, "warmup_steps": 10},
             "task_train": {"listops": {"steps": 250, "batch_size": 32, "warmup_steps": 25}},
+            # TSSA stays at the ListOps majority class here (also at lr 5e-4 and with another seed): does more capacity
+            # and more steps change that?
+            "ablations": {"tssa@2x": {"task": "listops", "mechanism": "tssa", "arch": {"dim": 64, "depth": 4,
+                                                                                     "mlp_dim": 128},
+                                      "train": {"steps": 500}, "why": "twice the width and depth, twice the steps"}},
         },
         "language": {
             "task_options": {"block_size": 128},

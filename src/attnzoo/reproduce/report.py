@@ -16,7 +16,8 @@ from attnzoo.reproduce.store import atomic_write_text, jsonable
 __all__ = ["write_report", "FINDING_COLUMNS", "PLOTS_DIR"]
 
 PLOTS_DIR = "plots"
-FINDING_COLUMNS = ["paper", "claim", "paper's figure", "measured here", "verdict", "rule"]
+FINDING_COLUMNS = ["paper", "claim", "paper's figure", "measured here", "verdict", "seeds", "rule",
+                   "explanation (ablation)"]
 _MARK = {"agrees": "agrees", "disagrees": "**disagrees**", "inconclusive": "inconclusive", "not tested": "not tested"}
 
 
@@ -43,7 +44,8 @@ def _summaries(out: Path, plan: dict, sections: list[str], records: dict, failed
 
 
 def _findings_md(findings: list[dict]) -> str:
-    rows = [[f["paper"], f["claim"], f["paper_value"], f["measured"], _MARK[f["verdict"]], f["rule"]] for f in findings]
+    rows = [[f["paper"], f["claim"], f["paper_value"], f["measured"], _MARK[f["verdict"]], f.get("seeds", "-"), f["rule"],
+             f.get("explanation") or "-"] for f in findings]
     return md_table(FINDING_COLUMNS, rows)
 
 
@@ -67,20 +69,25 @@ def _discussion(secs: list[Section], plan_name: str, plan: dict) -> list[str]:
     if dis:
         lines.append("")
         lines.append("Where they disagree:")
-        lines += [f"- *{f['paper']}* — {f['claim']}: {f['measured']} (paper: {f['paper_value']})." for _, f in dis]
+        lines += [f"- *{f['paper']}* — {f['claim']}: {f['measured']} (paper: {f['paper_value']})."
+                  + (f" Diagnosis: {f['explanation']}." if f.get("explanation") else " No ablation explains it yet.")
+                  for _, f in dis]
     inc = [(t, f) for t, f in allf if f["verdict"] in ("inconclusive", "not tested")]
     if inc:
         lines.append("")
         lines.append("Not decided by this run:")
-        lines += [f"- *{f['paper']}* — {f['claim']}: {f['measured']} ({f['verdict']})." for _, f in inc]
+        lines += [f"- *{f['paper']}* — {f['claim']}: {f['measured']} ({f['verdict']})."
+                  + (f" Diagnosis: {f['explanation']}." if f.get("explanation") else "") for _, f in inc]
     v = plan["vision"]
-    lines += ["", "Caveats (from this run's configuration): every training result is one seed of "
-              f"a model with width {v['arch']['dim']} and depth {v['arch']['depth']} (vision) trained for "
+    seeds = sorted({plan[k].get("seeds", 1) for k in ("vision", "long-range", "language", "icl")})
+    lines += ["", f"Caveats (from this run's configuration): every trained figure rests on {'/'.join(map(str, seeds))} "
+              f"seed(s) of a model with width {v['arch']['dim']} and depth {v['arch']['depth']} (vision) trained for "
               f"{v['train']['steps']} steps, against the papers' ImageNet/LRA/OpenWebText runs of hours to days on GPUs "
-              "with tuned hyper-parameters; all models of a section share one untuned optimiser setting. Differences "
-              f"of a point or two are within what another seed could change; the tolerance used for 'comparable' "
-              f"accuracy is {ACC_TOL:g} points. Timings "
-              "come from a shared CPU and vary between runs; accuracies and losses are reproducible for a seed."]
+              "with tuned hyper-parameters; all models of a section share one untuned optimiser setting. A verdict "
+              "'disagrees' needs the paper's direction contradicted by more than two standard errors of the "
+              "difference of the seed means, so with one seed a contradiction is reported as inconclusive; the "
+              f"tolerance of 'comparable' accuracy claims is {ACC_TOL:g} points. Timings come from a shared CPU and "
+              "vary between runs; accuracies and losses are reproducible for a seed."]
     if plan_name == "smoke":
         lines += ["", "**This is a smoke run**: the models train for a handful of steps, so the verdicts above only "
                   "show that the pipeline computes them; they say nothing about the papers."]
@@ -133,8 +140,9 @@ def write_report(out: Path, plan: dict, budget_name: str, seed: int, sections: l
     md += ["## Agreement with the papers", ""] + _discussion(secs, budget_name, plan) + [""]
     md += ["## Run configurations", "",
            "Each step is one training run or one measurement, stored in `steps/<id>.json` with its exact config "
-           "(the trainer's `config.yaml` and `metrics.csv` are in `runs/<id>/`). Seed of every step: "
-           f"{seed}.", ""]
+           f"(the trainer's `config.yaml` and `metrics.csv` are in `runs/<id>/`). Base seed {seed}: a step "
+           f"`<row>/seed<k>` is the run of that row with seed k (seeds {seed}, {seed}+1, ... per section); the other "
+           f"steps use seed {seed}.", ""]
     cfg_rows = [[f"`{sid}`", rec.get("config_hash", ""), f"{rec.get('wall_s', 0):.1f}", rec.get("finished", "")]
                 for sid, rec in records.items()]
     md += [md_table(["step", "config hash", "wall s", "finished"], cfg_rows), ""]
@@ -182,8 +190,8 @@ def _html(secs: list[Section], setup, budget_name: str, discussion: list[str]) -
             parts.append(f"<figure><img src='{html.escape(p)}'><figcaption>{html.escape(cap)}</figcaption></figure>")
         if s.findings:
             parts.append("<h3>Agreement with the papers</h3>" + _html_table(
-                FINDING_COLUMNS, [[f["paper"], f["claim"], f["paper_value"], f["measured"], f["verdict"], f["rule"]]
-                                  for f in s.findings]))
+                FINDING_COLUMNS, [[f["paper"], f["claim"], f["paper_value"], f["measured"], f["verdict"],
+                                   f.get("seeds", "-"), f["rule"], f.get("explanation") or "-"] for f in s.findings]))
     parts.append("<h2>Agreement with the papers</h2><pre style='white-space:pre-wrap'>"
                  + html.escape("\n".join(discussion)) + "</pre>")
     return "\n".join(parts) + "\n"
