@@ -218,7 +218,7 @@ def test_cuda_plan_triton_rows_run_under_the_interpreter():
         """
     )
     env = dict(os.environ, TRITON_INTERPRET="1")
-    res = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, "-c", script], check=False, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "FAIL" not in res.stdout and res.stdout.count(" ok") == 8
 
