@@ -411,3 +411,10 @@ def test_without_a_gpu_auto_never_tries_triton(monkeypatch):
         warnings.simplefilter("error", TritonFallbackWarning)
         tssa(w, temp)
     assert calls == []
+
+
+def test_selftest_reports_an_auto_fallback(monkeypatch, capsys, one_thread):
+    monkeypatch.setattr(_triton_utils, "_FAILED", {"tssa": "CompilationError: simulated"})
+    assert selftest.main(["--device", "cpu", "--quick", "--only", "csp"]) == 0
+    out = capsys.readouterr().out
+    assert "note: backend='auto' fell back to PyTorch for tssa: its Triton kernel failed (CompilationError: simulated)" in out

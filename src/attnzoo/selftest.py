@@ -762,6 +762,10 @@ def _run_main(args: argparse.Namespace, kernel_threads: int) -> int:
     rows = run_selftest(device, quick=args.quick, only=args.only, kernel_threads=kernel_threads)
     failed = [r for r in rows if not r.ok]
     skipped = [r for r in rows if r.skipped]
+    from attnzoo.ops._triton_utils import triton_failures
+
+    for op, err in triton_failures().items():  # the layer rows run backend="auto"
+        print(f"note: backend='auto' fell back to PyTorch for {op}: its Triton kernel failed ({err})")
     print(f"selftest: {len(rows)} rows, {len(failed)} failed, {len(skipped)} skipped, "
           f"{time.perf_counter() - t0:.1f} s")
     if failed:
