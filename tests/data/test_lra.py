@@ -79,6 +79,16 @@ def test_pathfinder_labels_match_connectivity(size, n):
     assert 0 < sum(labels) < n  # both classes occur
 
 
+@pytest.mark.parametrize("size, kw", [(16, {"n_paths": 2, "path_steps": 10}), (32, {}), (48, {"n_paths": 4})])
+def test_pathfinder_one_path_is_broken(size, kw):
+    """Every image: n_paths paths, one of them in two pieces (n_paths + 1 components once dashes are closed)."""
+    n_paths = kw.get("n_paths", 3)
+    for i in range(15):
+        img, _ = pathfinder_sample(np.random.default_rng([6, i]), size=size, **kw)
+        ink = ndimage.binary_dilation(img > 0, structure=np.ones((3, 3), bool))
+        assert ndimage.label(ink, structure=np.ones((3, 3)))[1] == n_paths + 1
+
+
 def test_pathfinder_wider_gaps_still_consistent():
     for i in range(10):
         img, label = pathfinder_sample(np.random.default_rng([8, i]), size=48, gap=2, dash=2)
@@ -92,6 +102,8 @@ def test_pathfinder_deterministic_and_validated():
     assert a[1] == b[1]
     with pytest.raises(ValueError, match="n_paths >= 2"):
         pathfinder_sample(np.random.default_rng(0), n_paths=1)
+    with pytest.raises(ValueError, match="path_steps=8 is too short to break a path.*need path_steps >= 9"):
+        pathfinder_sample(np.random.default_rng(0), size=16, path_steps=8)
 
 
 def _flood_connected(img: np.ndarray, gap: int) -> bool:
@@ -141,15 +153,15 @@ def test_pathfinder_dot_distance_gives_no_label(pathfinder_task):
     assert fit_band_rule(dist[0], y_tr.numpy(), dist[1], y_va.numpy()) == rule
 
 
-@pytest.mark.parametrize("feature", ["path_pixels", "ink"])
-def test_pathfinder_pixel_count_gives_no_label(pathfinder_task, feature):
+@pytest.mark.parametrize("feature", ["path_pixels", "ink", "dot_radius"])
+def test_pathfinder_pixel_count_and_dot_position_give_no_label(pathfinder_task, feature):
     task, _, _ = pathfinder_task
     rule = pathfinder_shortcut_accuracy(task)[feature]
     assert rule["val_accuracy"] <= rule["majority"] + 0.10, rule
 
 
 def test_pathfinder_dot_distances_match_between_classes(pathfinder_task):
-    """Same distribution of the dots' distance in both classes (the layout fixes it exactly)."""
+    """Same distribution of the dots' distance in both classes (whole and broken paths are drawn alike)."""
     _, ((images,), y), _ = pathfinder_task
     d = pathfinder_shortcut_features(images.numpy())["endpoint_distance"]
     y = y.numpy()
@@ -172,6 +184,7 @@ def test_pathfinder_shortcut_features_by_hand():
     img[5:9, 3] = PATH_VALUE
     f = pathfinder_shortcut_features(img[None].reshape(1, -1))
     np.testing.assert_allclose(f["endpoint_distance"], [np.hypot(7, 4)])
+    np.testing.assert_allclose(f["dot_radius"], [(np.hypot(4.5, 4.5) + np.hypot(2.5, 0.5)) / 2])  # centre (7.5, 7.5)
     assert f["path_pixels"].tolist() == [4.0] and f["ink"].tolist() == [22.0]
     img[9:12, 6:9] = 0
     with pytest.raises(ValueError, match="one dot"):

@@ -3,12 +3,11 @@
 - ListOps (Nangia & Bowman, 2018): nested ``[MAX``/``[MIN``/``[MED``/``[SM`` lists of digits; the
   label is the value (10 classes). Tokens: 0 pad, 1..10 digits 0..9, 11..14 operators, 15 ``]``.
 - Pathfinder (Linsley et al., 2018): two dots, dashed curved paths, distractor paths; label 1 iff
-  the dots lie on the same path. Pixel intensities are the tokens (vocab 256).
+  the dots lie on the same path (negatives: the outer ends of a broken path, so that the dots'
+  distance, position and the ink do not give the label away). Pixel intensities are the tokens (vocab 256).
 - Byte-level encodings for Text (IMDB) and Retrieval (two passages: same Shakespeare work or not).
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -167,14 +166,14 @@ def pathfinder_sample(
     the image by ``ceil(gap / 2)`` joins the dashes of one path and never two paths: that is the
     connectivity check the tests run on the rendered image.
 
-    Neither the dots' distance nor the amount of ink gives the label away. The paths are laid out
-    before the label is drawn, so the image without its dots has one distribution for both labels
-    (same path pixel counts). The last path is placed with one end ``e'`` exactly as far (equal
-    squared distance in pixels) from an end ``e`` of path 0 as path 0's two ends are from each other;
-    the label then puts the dots on path 0's two ends (1) or on ``e`` and ``e'`` (0), so the dots'
-    distance has one distribution in both classes. (With the dots of a negative on any two paths'
-    ends, negatives spread over the whole image while a path's own ends sit about a path length
-    apart: a band on the distance alone scored ~90%.)
+    Negatives are made by breaking a path, so that nothing but connectivity tells the classes apart.
+    Every image holds two candidate paths drawn alike (same length, placed in random order), one of
+    them broken into two pieces by a hole of at least ``gap + 3`` pixels (more than a dash gap, so
+    the pieces are two paths), plus ``n_paths - 2`` distractors. The image is drawn before the label;
+    the label then puts the dots on the ends of the whole path (1) or on the outer ends of the broken
+    one (0). The dotted pair is therefore distributed alike in both classes: same distance between
+    the dots, same positions in the frame, same amount of ink in the image. (With a negative's dots on
+    the ends of two unrelated paths, a band on the dots' distance alone scored ~90%.)
     """
     if size < 16:
         raise ValueError(f"pathfinder size must be >= 16, got {size}")
@@ -184,58 +183,47 @@ def pathfinder_sample(
     path_steps = path_steps if path_steps is not None else int(round(20 * scale))
     if n_paths < 2:
         raise ValueError(f"pathfinder needs n_paths >= 2 (two main paths), got {n_paths}")
+    sep = gap + 3
+    if path_steps < sep + 5:
+        raise ValueError(
+            f"path_steps={path_steps} is too short to break a path (pieces of 3 pixels around a hole of "
+            f"gap + 3 = {sep} steps): need path_steps >= {sep + 5}"
+        )
     for _attempt in range(200):
-        layout = _layout(rng, size, n_paths, path_steps, dash, gap, curvature, sep=gap + 3)
+        layout = _layout(rng, size, n_paths, path_steps, dash, gap, curvature, sep)
         if layout is None:
             continue
-        img, (p0, p1), (e, e2) = layout
+        img, whole, broken = layout
         label = int(rng.integers(2))
-        if label:
-            a, b = (p0, p1) if rng.integers(2) else (p1, p0)
-        else:
-            a, b = (e, e2) if rng.integers(2) else (e2, e)
-        for y, x in (a, b):
+        a, b = whole if label else broken
+        for y, x in (a, b) if rng.integers(2) else (b, a):
             img[y - 1 : y + 2, x - 1 : x + 2] = DOT_VALUE
         return img, label
     raise RuntimeError(f"could not place {n_paths} separated paths of {path_steps} steps in a {size}x{size} image")
 
 
 def _layout(rng, size, n_paths, path_steps, dash, gap, curvature, sep):
-    """Separated dashed paths: ``(image without dots, path 0's ends, (e, e'))`` or None if they did not fit.
+    """``(image without dots, ends of the whole path, outer ends of the broken path)``, or None.
 
     Each path takes the first of up to 100 candidate walks (drawn 25 at a time) whose pixels and end
     dots keep ``sep`` pixels from the paths already placed and whose ends are ``2 * sep`` apart (all
-    pixels stay 1 from the border, so a 3x3 dot always fits). The last path starts or ends (at random,
-    so the dash pattern does not mark that end) at a pixel ``e'`` with ``|e' - e|^2 = |p1 - p0|^2``,
-    ``e`` a random end of path 0.
+    pixels stay 1 from the border, so a 3x3 dot always fits). Separation is checked on whole paths,
+    before the break, and one hole position serves both candidates (both must admit it), so that
+    being broken says nothing about where or how a path was drawn.
     """
     footprint = np.zeros((size, size), bool)  # pixels (with end dots) of paths placed so far
-    img = np.zeros((size, size), np.uint8)
     # The dash pattern runs from both ends to the middle, so the two ends of a path look alike (a
-    # pattern from one end only leaves a lone pixel at the other for some lengths, and the dots would
-    # then cover different amounts of path on a path's two ends than on two paths' ends). The middle
+    # pattern from one end only leaves a lone pixel at the other for some lengths). The middle
     # pixels are drawn so that no gap is longer than `gap`.
     t = np.arange(path_steps + 1)
     from_end = np.minimum(t, path_steps - t)
     drawn = (from_end % (dash + gap) < dash) | (t == path_steps // 2) | (t == (path_steps + 1) // 2)
-    ends: list[tuple[tuple[int, int], tuple[int, int]]] = []
-    e = None
-    for k in range(n_paths):
+    paths: list[tuple[np.ndarray, np.ndarray]] = []
+    for _k in range(n_paths):
         forbidden = _dilate(footprint, sep - 1)
         near = _dilate(footprint, sep)  # an end dot (3x3) touches `forbidden` iff its centre is here
-        if k == n_paths - 1:
-            e = ends[0][int(rng.integers(2))]
-            anchors = np.asarray(e) + _lattice_ring(_sq(ends[0]))
-            inside = ((anchors >= 1) & (anchors <= size - 2)).all(1)
-            anchors = anchors[inside]
-            anchors = anchors[~near[anchors[:, 0], anchors[:, 1]]]  # a dot there would touch a path
-            if not len(anchors):
-                return None
         for _batch in range(4):
-            if k < n_paths - 1:
-                ys, xs = _walks(rng, 25, size, path_steps, curvature)
-            else:
-                ys, xs = _anchored_walks(rng, 25, path_steps, curvature, anchors)
+            ys, xs = _walks(rng, 25, size, path_steps, curvature)
             ok = (ys.min(1) >= 1) & (xs.min(1) >= 1) & (ys.max(1) <= size - 2) & (xs.max(1) <= size - 2)
             ys, xs = np.clip(ys, 1, size - 2), np.clip(xs, 1, size - 2)  # only to index safely
             ok &= ~forbidden[ys[:, drawn], xs[:, drawn]].any(axis=1)
@@ -244,33 +232,40 @@ def _layout(rng, size, n_paths, path_steps, dash, gap, curvature, sep):
             hits = np.flatnonzero(ok)
             if hits.size:
                 y, x = ys[hits[0]], xs[hits[0]]
-                img[y[drawn], x[drawn]] = PATH_VALUE
                 footprint[y[drawn], x[drawn]] = True
                 for yy, xx in ((y[0], x[0]), (y[-1], x[-1])):
                     footprint[yy - 1 : yy + 2, xx - 1 : xx + 2] = True
-                ends.append(((int(y[0]), int(x[0])), (int(y[-1]), int(x[-1]))))
+                paths.append((y, x))
                 break
         else:
             return None
-    first, last = ends[-1]
-    e2 = first if (first[0] - e[0]) ** 2 + (first[1] - e[1]) ** 2 == _sq(ends[0]) else last
-    return img, ends[0], (e, e2)
+    # the hole: steps [start, start + length), leaving pieces of >= 3 pixels (a dot never hides a piece)
+    start = int(rng.integers(3, path_steps - 2 - sep + 1))
+    lengths = [_hole(y, x, drawn, start, sep, path_steps - 2 - start) for y, x in paths[:2]]
+    if None in lengths:
+        return None
+    broken = int(rng.integers(2))
+    hole = (t >= start) & (t < start + lengths[broken])
+    img = np.zeros((size, size), np.uint8)
+    for i, (y, x) in enumerate(paths):
+        keep = drawn & ~hole if i == broken else drawn
+        img[y[keep], x[keep]] = PATH_VALUE
+    ends = [((int(y[0]), int(x[0])), (int(y[-1]), int(x[-1]))) for y, x in paths[:2]]
+    return img, ends[1 - broken], ends[broken]
 
 
-def _sq(pair) -> int:
-    (y0, x0), (y1, x1) = pair
-    return (y1 - y0) ** 2 + (x1 - x0) ** 2
-
-
-def _lattice_ring(d2: int) -> np.ndarray:
-    """All integer offsets ``(dy, dx)`` with ``dy^2 + dx^2 == d2``: ``(K, 2)``."""
-    r = math.isqrt(d2)
-    dy = np.arange(-r, r + 1)
-    rest = d2 - dy**2
-    root = np.rint(np.sqrt(rest)).astype(np.int64)  # exact below 2^52; checked on the next line
-    on = root**2 == rest
-    dy, root = dy[on], root[on]
-    return np.unique(np.concatenate([np.stack([dy, root], 1), np.stack([dy, -root], 1)]), axis=0)
+def _hole(ys, xs, drawn, start, sep, max_len):
+    """Fewest steps from ``start`` to leave out so the two pieces are ``sep`` apart (Chebyshev), or None."""
+    t = np.arange(len(ys))
+    before = drawn & (t < start)
+    for length in range(sep, max_len + 1):
+        after = drawn & (t >= start + length)
+        if not after.any():
+            return None
+        d = np.maximum(abs(ys[before][:, None] - ys[after][None]), abs(xs[before][:, None] - xs[after][None]))
+        if d.min() >= sep:
+            return length
+    return None
 
 
 def _shapes(rng, n, steps, curvature):
@@ -296,22 +291,6 @@ def _walks(rng, n, size, steps, curvature):
     y0 = lo_y + rng.random(n) * (hi_y - lo_y)
     x0 = lo_x + rng.random(n) * (hi_x - lo_x)
     return np.rint(y0[:, None] + dy).astype(np.int64), np.rint(x0[:, None] + dx).astype(np.int64)
-
-
-def _anchored_walks(rng, n, steps, curvature, anchors):
-    """``n`` walks from random pixels of ``anchors`` ``(K, 2)``, each reversed with probability 1/2.
-
-    Pixel rows and columns ``(n, steps + 1)``; a walk may leave the frame (the caller rejects it).
-    """
-    dy, dx = _shapes(rng, n, steps, curvature)
-    start = anchors[rng.integers(len(anchors), size=n)]
-    # a sub-pixel start inside the anchor pixel, so these walks are rasterised like the free ones
-    fy, fx = rng.uniform(-0.5, 0.5, (2, n, 1))
-    ys = np.rint(start[:, :1] + fy + dy).astype(np.int64)
-    xs = np.rint(start[:, 1:] + fx + dx).astype(np.int64)
-    flip = rng.random(n) < 0.5
-    ys[flip], xs[flip] = ys[flip, ::-1], xs[flip, ::-1]
-    return ys, xs
 
 
 # ---- byte-level text --------------------------------------------------------------------------
@@ -407,8 +386,9 @@ def fit_band_rule(
 def pathfinder_shortcut_features(images: np.ndarray) -> dict[str, np.ndarray]:
     """Per image of ``(M, S, S)`` (or ``(M, S*S)``) Pathfinder pixels: scalars that must not give the label away.
 
-    ``endpoint_distance``: Euclidean distance (px) between the centres of the two dots; ``path_pixels``:
-    pixels drawn as path (not covered by a dot); ``ink``: all non-zero pixels. Each ``(M,)``.
+    ``endpoint_distance``: Euclidean distance (px) between the centres of the two dots; ``dot_radius``:
+    mean distance of the two dots' centres from the image centre; ``path_pixels``: pixels drawn as path
+    (not covered by a dot); ``ink``: all non-zero pixels. Each ``(M,)``.
     """
     images = np.asarray(images)
     if images.ndim == 2:
@@ -418,7 +398,8 @@ def pathfinder_shortcut_features(images: np.ndarray) -> dict[str, np.ndarray]:
         images = images.reshape(len(images), side, side)
     if images.ndim != 3:
         raise ValueError(f"images must have shape (M, S, S) or (M, S*S), got {images.shape}")
-    dist = np.empty(len(images))
+    dist, radius = np.empty(len(images)), np.empty(len(images))
+    centre = (images.shape[1] - 1) / 2, (images.shape[2] - 1) / 2
     for m, img in enumerate(images):
         ys, xs = np.nonzero(img == DOT_VALUE)
         if ys.size == 0:
@@ -430,7 +411,9 @@ def pathfinder_shortcut_features(images: np.ndarray) -> dict[str, np.ndarray]:
         c0 = ys[first].mean(), xs[first].mean()
         c1 = ys[~first].mean(), xs[~first].mean()
         dist[m] = np.hypot(c0[0] - c1[0], c0[1] - c1[1])
-    return dict(endpoint_distance=dist, path_pixels=(images == PATH_VALUE).sum((1, 2)).astype(np.float64),
+        radius[m] = (np.hypot(*np.subtract(c0, centre)) + np.hypot(*np.subtract(c1, centre))) / 2
+    return dict(endpoint_distance=dist, dot_radius=radius,
+                path_pixels=(images == PATH_VALUE).sum((1, 2)).astype(np.float64),
                 ink=(images > 0).sum((1, 2)).astype(np.float64))
 
 
@@ -493,12 +476,12 @@ def _split(task_or_train, val):
 
 
 def pathfinder_shortcut_accuracy(task_or_train, val=None, *, max_examples: int | None = None) -> dict[str, dict]:
-    """How well the best distance band and the best ink band predict Pathfinder labels.
+    """How well the best band on the dots' distance, their position or the ink predicts Pathfinder labels.
 
     ``task_or_train``: a built ``lra_pathfinder``/``lra_pathx`` task (``build_task(...)``), or train
     examples ``(images (M, S*S) or (M, S, S), labels (M,))`` with ``val`` the same for validation.
-    ``max_examples`` caps the examples read from each split. Returns, for ``endpoint_distance``,
-    ``path_pixels`` and ``ink`` (see :func:`pathfinder_shortcut_features`), :func:`fit_band_rule`'s dict.
+    ``max_examples`` caps the examples read from each split. Returns, for each feature of
+    :func:`pathfinder_shortcut_features`, :func:`fit_band_rule`'s dict.
     """
     train, val = _split(task_or_train, val)
     f_tr, y_tr = _features(train, pathfinder_shortcut_features, max_examples)
