@@ -14,7 +14,9 @@ N x N attention map of a linear-time mechanism).
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+import types
 from typing import Callable, Iterator
 
 import torch
@@ -43,6 +45,15 @@ class Attention(nn.Module):
     supports_causal: bool = False
     #: whether the non-causal mechanism may run (it is a bidirectional mixer)
     supports_noncausal: bool = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        # NaN/Inf is found by the ops (one host sync per op call, on the projected tensors); a module re-raises it
+        # naming its own input x instead of an op argument the user never saw.
+        for meth in ("forward", "step"):
+            fn = cls.__dict__.get(meth)
+            if fn is not None and not getattr(fn, "_attnzoo_guarded", False):
+                setattr(cls, meth, _name_module_input(fn, f"{cls.__qualname__}.{meth}"))
 
     def __init__(self, dim: int, heads: int, *, causal: bool = False) -> None:
         super().__init__()
@@ -78,9 +89,10 @@ class Attention(nn.Module):
             self._capture_store[k] = v.detach() if isinstance(v, torch.Tensor) else v
 
     def check_input(self, x: torch.Tensor) -> None:
-        from attnzoo._checks import check_ndim
+        from attnzoo._checks import check_module_input, check_ndim
 
         check_ndim("x", x, 3, "(B, N, dim)")
+        check_module_input(self, "x", x)
         if x.shape[-1] != self.dim:
             raise ValueError(f"x has feature size {x.shape[-1]} but this attention was built with dim={self.dim}")
         if x.shape[1] < 1:
@@ -88,6 +100,44 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.heads}, causal={self.causal}"
+
+
+def _name_module_input(fn: Callable, qualname: str) -> Callable:
+    def guarded(self, x, *args, **kwargs):
+        from attnzoo._checks import NonFiniteError
+
+        try:
+            return fn(self, x, *args, **kwargs)
+        except NonFiniteError as e:
+            if getattr(e, "module", None) is not None:  # already named by an inner module
+                raise
+            raise _module_error(self, x, e) from e
+
+    # A code object of its own per method: torch.compile counts recompiles per code object, and one wrapper shared
+    # by every mechanism hit its recompile limit (8) once a few modules were compiled.
+    code = guarded.__code__.replace(co_name=fn.__name__, co_qualname=qualname)
+    wrapped = types.FunctionType(code, guarded.__globals__, fn.__name__, guarded.__defaults__, guarded.__closure__)
+    functools.update_wrapper(wrapped, fn)
+    wrapped._attnzoo_guarded = True
+    return wrapped
+
+
+def _module_error(module: nn.Module, x, err) -> Exception:
+    """The op's NonFiniteError restated for the module: NaN/Inf in x, or a finite x that is too large."""
+    from attnzoo._checks import NonFiniteError, finite_absmax
+
+    name = type(module).__name__
+    try:  # the error path: a second read of x costs nothing that matters now
+        absmax = finite_absmax({"x": x}, op=name) if isinstance(x, torch.Tensor) else {}
+    except NonFiniteError as e:
+        e.module = name
+        return e
+    m = absmax.get("x")
+    what = f"entries up to |x|={m:.3g}" if m is not None else "no NaN/Inf"
+    new = NonFiniteError(f"{name}: the input x is finite ({what}) but inside the module {err}",
+                         names=("x",) + tuple(err.names), kind=err.kind)
+    new.module = name
+    return new
 
 
 _REGISTRY: dict[str, type[Attention]] = {}

@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from attnzoo._checks import check_choice, check_ndim
+from attnzoo._checks import check_choice, check_ndim, check_overflow, finite_absmax
 from attnzoo.ops.cbsa.pooling import (
     DEFAULT_NUM_REPS,
     DEFAULT_REP_GRID,
@@ -151,6 +151,15 @@ def cbsa(
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a finite positive float or None (-> P ** -0.5), got {scale!r}")
     eta = _check_eta(eta, w)
+    absmax = finite_absmax({"w": w, "reps": reps, "eta": eta if isinstance(eta, torch.Tensor) else None}, op="cbsa")
+    if absmax:
+        # scores reps . w * scale and the Gram matrices R R^T sum P products of |R| <= |reps| + |eta| |w|;
+        # the closed forms ("linear", "channel") sum w^2 over the N tokens
+        eta_max = absmax.get("eta", abs(eta) if not isinstance(eta, torch.Tensor) else 0.0)
+        r = absmax.get("reps", 0.0) + eta_max * absmax["w"] + absmax["w"]
+        check_overflow("cbsa", "w", absmax, r * r * p * max(scale, 1.0) * max(n, 1) / max(eps, 1e-30) ** 2
+                       if variant in ("linear", "channel") or contraction == "exact" else r * r * p * max(scale, 1.0),
+                       w.dtype, "the scores / Gram matrices of the representatives")
 
     in_dtype = w.dtype
     if in_dtype in (torch.float16, torch.bfloat16):

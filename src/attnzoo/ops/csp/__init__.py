@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from attnzoo._checks import check_ndim, check_positive_int
+from attnzoo._checks import check_ndim, check_positive_int, finite_absmax
 from attnzoo.ops.csp.shifts import SHIFT_SCHEDULES, csp_shifts
 
 __all__ = ["csp", "csp_shifts", "csp_permutations", "csp_source_index", "SHIFT_SCHEDULES", "BACKENDS"]
@@ -34,6 +34,8 @@ def _check_args(v: torch.Tensor, shifts, groups: int, backend: str) -> torch.Ten
     if N < 1 or C < 1:
         raise ValueError(f"v must have N >= 1 tokens and C >= 1 channels, got shape {tuple(v.shape)}")
     check_positive_int("groups", groups)
+    # sorting puts NaN last and moves Inf like any value: the permutations would be silently meaningless
+    finite_absmax({"v": v}, op="csp")
     if N % groups != 0:
         raise ValueError(
             f"N={N} tokens cannot be split into groups={groups} equal groups; valid groups divide N: {_divisors(N)}"

@@ -15,6 +15,7 @@ import torch
 from attnzoo.ops.linear.chunk import linear_attention_chunk
 from attnzoo.ops.linear.naive import FEATURE_MAPS, feature_map_fn, linear_attention_naive, linear_attention_weights
 from attnzoo.ops.linear.recurrent import LinearState, init_linear_state, linear_attention_recurrent_loop
+from attnzoo._checks import check_overflow
 from attnzoo.ops.softmax._common import check_tensors, resolve_backend
 
 __all__ = [
@@ -32,8 +33,8 @@ def _check_eps(eps) -> float:
     return float(eps)
 
 
-def _check_qkv(q, k, v) -> None:
-    check_tensors(("q", "k", "v"), (q, k, v))
+def _check_qkv(q, k, v, op: str) -> None:
+    absmax = check_tensors(("q", "k", "v"), (q, k, v), op=op)
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must share the head size P: got {tuple(q.shape)} and {tuple(k.shape)}")
     if not (q.shape[-2] == k.shape[-2] == v.shape[-2]):
@@ -41,6 +42,13 @@ def _check_qkv(q, k, v) -> None:
             f"q, k and v must hold the same number of tokens N: got {tuple(q.shape)}, {tuple(k.shape)}, "
             f"{tuple(v.shape)}"
         )
+    if absmax:
+        # phi(x) <= 1 + |x| for elu + 1 and relu; the numerator phi(q) . sum_j phi(k_j) v_j sums N * P such
+        # products and the denominator N * P of them without v: beyond the dtype's range they give inf / inf = NaN
+        n, p = q.shape[-2], q.shape[-1]
+        bound = (1 + absmax["q"]) * (1 + absmax["k"]) * max(absmax["v"], 1.0) * n * p
+        worst = max(absmax, key=lambda k: absmax[k])
+        check_overflow(op, worst, absmax, bound, q.dtype, "the numerator phi(q) . sum_j phi(k_j) v_j^T")
 
 
 def linear_attention(
@@ -59,7 +67,9 @@ def linear_attention(
     Shapes: ``q, k (B, H, N, P)``, ``v (B, H, N, Pv)`` -> ``(B, H, N, Pv)``. ``feature_map``: ``"elu"``
     (``elu + 1``, the paper's) or ``"relu"``. ``chunk_size`` (causal ``"torch"`` path only) defaults to 64.
     """
-    _check_qkv(q, k, v)
+    _check_qkv(q, k, v, "linear_attention")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
     feature_map_fn(feature_map)
     eps = _check_eps(eps)
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
@@ -87,7 +97,7 @@ def linear_attention_recurrent(
     -> ``(out (B, H, T, Pv), new_state)``. Pure: ``state`` is not modified. States are float32 (float64 for
     float64 inputs). Running it over a whole sequence equals ``linear_attention(..., causal=True)``.
     """
-    _check_qkv(q, k, v)
+    _check_qkv(q, k, v, "linear_attention_recurrent")
     feature_map_fn(feature_map)
     eps = _check_eps(eps)
     b, h, _, p = q.shape

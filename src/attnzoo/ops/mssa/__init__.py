@@ -12,6 +12,7 @@ import torch
 
 from attnzoo.ops.mssa.naive import mssa_naive, mssa_query, mssa_weights
 from attnzoo.ops.mssa.sdpa import mssa_sdpa
+from attnzoo._checks import check_overflow
 from attnzoo.ops.softmax._common import check_dropout, check_scale, check_tensors, resolve_backend
 
 __all__ = ["mssa", "mssa_weights", "mssa_query"]
@@ -32,10 +33,16 @@ def mssa(
     following Reformer's shared-QK normalisation; keys and values stay unnormalised). ``causal``: token ``i``
     attends to ``j <= i`` (AoT's ``Mask``). ``scale`` defaults to ``P ** -0.5`` (CRATE's ``dim_head ** -0.5``).
     """
-    check_tensors(("w",), (w,))
+    absmax = check_tensors(("w",), (w,), op="mssa")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
     if not isinstance(normalize_query, bool):
         raise TypeError(f"normalize_query must be a bool, got {normalize_query!r}")
     scale = check_scale(scale, w.shape[-1])
+    if absmax:
+        # scores w.w * scale (and the row norms of the normalised query) overflow first: softmax then gives NaN
+        check_overflow("mssa", "w", absmax, absmax["w"] ** 2 * w.shape[-1] * max(scale, 1.0), w.dtype,
+                       "a score w.w * scale")
     dropout_p = check_dropout("dropout_p", dropout_p)
     kind, fn = resolve_backend("mssa", __name__, backend, w)
     kw = dict(causal=causal, scale=scale, normalize_query=normalize_query, dropout_p=dropout_p)

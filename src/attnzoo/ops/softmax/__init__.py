@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from attnzoo._checks import check_overflow
 from attnzoo.ops.softmax._common import check_dropout, check_scale, check_tensors, resolve_backend
 from attnzoo.ops.softmax.naive import softmax_attention_naive, softmax_attention_weights
 from attnzoo.ops.softmax.sdpa import softmax_attention_sdpa
@@ -31,7 +32,7 @@ def softmax_attention(
     ``causal`` masks key ``j > i`` for query ``i`` and needs ``Nq == Nk``. ``scale`` defaults to ``P ** -0.5``.
     ``dropout_p`` drops attention weights (pass 0 at eval time; the op does not look at a module's mode).
     """
-    check_tensors(("q", "k", "v"), (q, k, v))
+    absmax = check_tensors(("q", "k", "v"), (q, k, v), op="softmax_attention")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must share the head size P: got {tuple(q.shape)} and {tuple(k.shape)}")
     if k.shape[-2] != v.shape[-2]:
@@ -41,6 +42,12 @@ def softmax_attention(
             f"causal softmax attention needs as many queries as keys, got Nq={q.shape[-2]} and Nk={k.shape[-2]}"
         )
     scale = check_scale(scale, q.shape[-1])
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    if absmax:
+        # a score q.k * scale beyond float32's range is inf, and softmax turns inf - inf into NaN
+        check_overflow("softmax_attention", "q", absmax, absmax["q"] * absmax["k"] * q.shape[-1] * scale, q.dtype,
+                       "a score q.k * scale")
     dropout_p = check_dropout("dropout_p", dropout_p)
     kind, fn = resolve_backend("softmax_attention", __name__, backend, q)
     if kind == "naive":

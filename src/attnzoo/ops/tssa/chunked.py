@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from attnzoo._checks import check_finite
+from attnzoo._checks import explain_nonfinite
 from attnzoo.ops.tssa.naive import compute_dtype
 
 __all__ = ["tssa_torch", "tssa_pi_torch", "chunked_cumsum", "reverse_chunked_cumsum"]
@@ -96,7 +96,7 @@ def _noncausal_fused(kernels, w: torch.Tensor, wc: torch.Tensor, tc: torch.Tenso
     wc = _unit_stride_rows(wc)
     c = kernels.tssa_colsum_sq(wc, None)
     if not bool(torch.isfinite(c).all()):  # as in the PyTorch path: NaN/Inf in w shows in c
-        check_finite("w", w)
+        explain_nonfinite("tssa", "w", w, "the per-feature sum of w^2 over N tokens")
     r = 1.0 / c.clamp_min(_NORM_EPS_SQ)
     s, pi, num, den = kernels.tssa_token_stats(wc, r, tc.contiguous())
     den = den.unsqueeze(-1) + _PI_SUM_EPS
@@ -135,9 +135,9 @@ class _TSSANonCausal(torch.autograd.Function):
         ctx.kernels = None
         w2, c, r, s, pi, den, dots = _noncausal_stats(wc, tc)
         # A NaN/Inf anywhere in w makes its feature's sum of squares non-finite: tssa() leaves the check
-        # of w to this point. (A finite c that overflowed also lands here; the full check then passes.)
+        # of w to this point. (A finite w whose c overflowed also lands here and is reported as overflow.)
         if not torch.compiler.is_compiling() and not bool(torch.isfinite(c).all()):
-            check_finite("w", w)
+            explain_nonfinite("tssa", "w", w, "the per-feature sum of w^2 over N tokens")
         g = 1.0 / (1.0 + dots)
         # two passes over (B, H, N, P), written into w2's buffer (no longer needed): the sign rides on g
         # (Dynamo refuses out= on a non-contiguous tensor, which w2 is when w is a strided view.)

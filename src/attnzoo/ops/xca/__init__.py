@@ -8,9 +8,11 @@ Backends: ``"naive"`` (:mod:`.naive`), ``"torch"`` (normalisation folded into th
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
-from attnzoo._checks import check_finite
+from attnzoo._checks import check_finite, check_overflow
 from attnzoo.ops.softmax._common import check_dropout, check_tensors, resolve_backend
 from attnzoo.ops.xca.fused import xca_fused
 from attnzoo.ops.xca.naive import xca_naive, xca_weights
@@ -21,6 +23,8 @@ __all__ = ["xca", "xca_weights", "as_temperature"]
 def as_temperature(temp, heads: int, like: torch.Tensor) -> torch.Tensor:
     """Validate ``temp`` (a number, or a tensor of shape ``(H,)`` / ``(H, 1, 1)``) and return it as ``(H, 1, 1)``."""
     if isinstance(temp, (int, float)) and not isinstance(temp, bool):
+        if not math.isfinite(temp):
+            raise ValueError(f"temp={temp!r} must be a finite number (or a finite tensor of shape (H,) or (H, 1, 1))")
         return torch.full((heads, 1, 1), float(temp), dtype=like.dtype, device=like.device)
     if not isinstance(temp, torch.Tensor):
         raise TypeError(f"temp must be a number or a tensor of shape (H,) or (H, 1, 1), got {type(temp).__name__}")
@@ -45,12 +49,17 @@ def xca(
 
     Shapes: ``q, k, v (B, H, N, P)``, ``temp (H,)`` or ``(H, 1, 1)`` (or a number) -> ``(B, H, N, P)``.
     """
-    check_tensors(("q", "k", "v"), (q, k, v))
+    absmax = check_tensors(("q", "k", "v"), (q, k, v), op="xca")
     if not (q.shape == k.shape == v.shape):
         raise ValueError(
             f"q, k and v must have one shape (B, H, N, P): got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
     temp = as_temperature(temp, q.shape[1], q)
+    if absmax:
+        # q_hat, k_hat divide by per-channel norms over the N tokens: sum_n q^2 overflows first
+        for name in ("q", "k"):
+            check_overflow("xca", name, absmax, absmax[name] ** 2 * q.shape[-2], q.dtype,
+                           f"the per-channel sum of {name}^2 over N tokens")
     dropout_p = check_dropout("dropout_p", dropout_p)
     kind, fn = resolve_backend("xca", __name__, backend, q)
     if kind == "naive":
