@@ -168,8 +168,8 @@ def pathfinder_sample(
 
     Negatives are made by breaking a path, so that nothing but connectivity tells the classes apart.
     Every image holds two candidate paths drawn alike (same length, placed in random order), one of
-    them broken into two pieces by a hole of at least ``gap + 3`` pixels (more than a dash gap, so
-    the pieces are two paths), plus ``n_paths - 2`` distractors. The image is drawn before the label;
+    them broken into two pieces by a hole that leaves them at least ``gap + 3`` pixels apart (like
+    two different paths, unlike two dashes), plus ``n_paths - 2`` distractors. The image is drawn before the label;
     the label then puts the dots on the ends of the whole path (1) or on the outer ends of the broken
     one (0). The dotted pair is therefore distributed alike in both classes: same distance between
     the dots, same positions in the frame, same amount of ink in the image. (With a negative's dots on
