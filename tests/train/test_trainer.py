@@ -190,26 +190,33 @@ def test_two_process_ddp_equals_one_process(tmp_path):
     assert (tmp_path / "two" / "checkpoints" / "step_00000008" / "rng_rank1.safetensors").is_file()
 
 
+@pytest.mark.slow  # one torchrun launch, three trainings (~15 s on 2 busy cores)
 def test_two_process_ddp_resume_logs_what_an_uninterrupted_run_logs(tmp_path):
     # the first train loss logged after a resume averages losses from before the checkpoint (log_every=3,
     # checkpoint at 4): every rank's part of that window must come back, not rank 0's on every rank
     script = tmp_path / "ddp_resume.py"
     script.write_text(
         "import os, signal, sys, torch\n"
+        "import torch.distributed as dist\n"
         f"sys.path.insert(0, {str(HERE)!r})\n"
         "torch.set_num_threads(1)\n"
         "from tiny_models import tiny_factory\n"
+        "import attnzoo.train.trainer as trainer\n"
         "from attnzoo.train.config import load_config\n"
-        "from attnzoo.train.trainer import train\n"
+        # one process group for the three trainings: re-creating it inside a torchrun worker is unreliable
+        "dist.init_process_group('gloo')\n"
+        "trainer.shutdown_distributed = lambda: None\n"
         "cfg = load_config(None, dict(task='digits', steps=8, batch_size=32, lr=3e-3, eval_every=8, log_every=3,"
         " ckpt_every=8, seed=1, model_options={'dropout': 0.2}))\n"
         "def stop_at_4(step, loss):\n"
         "    if step == 4 and os.environ['RANK'] == '0':\n"
         "        os.kill(os.getpid(), signal.SIGTERM)\n"
-        "train(cfg, sys.argv[1] + '/full', model_factory=tiny_factory, progress=False)\n"
-        "part = train(cfg, sys.argv[1] + '/part', model_factory=tiny_factory, progress=False, callback=stop_at_4)\n"
+        "out = sys.argv[1]\n"
+        "trainer.train(cfg, out + '/full', model_factory=tiny_factory, progress=False)\n"
+        "part = trainer.train(cfg, out + '/part', model_factory=tiny_factory, progress=False, callback=stop_at_4)\n"
         "assert part.interrupted and part.step == 4, part\n"
-        "train(None, sys.argv[1] + '/part', resume=True, model_factory=tiny_factory, progress=False)\n"
+        "trainer.train(None, out + '/part', resume=True, model_factory=tiny_factory, progress=False)\n"
+        "dist.destroy_process_group()\n"
     )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
            str(tmp_path)]
