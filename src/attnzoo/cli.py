@@ -1,10 +1,13 @@
 """The ``attnzoo`` command: dispatches ``attnzoo <command> ...`` to the module that owns the command.
 
-Each command module exposes ``main(argv: list[str] | None) -> int`` with its own argparse parser.
+Each command module exposes ``main(argv: list[str] | None) -> int`` with its own argparse parser. Errors are one
+line ``attnzoo <command>: error: ...`` with a non-zero exit; ``attnzoo --debug <command> ...`` (or
+``ATTNZOO_DEBUG=1``) shows the traceback.
 """
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -23,22 +26,69 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = ["usage: attnzoo <command> [options]", "", "commands:"]
+    lines = ["usage: attnzoo [--debug] <command> [options]", "", "commands:"]
     lines += [f"  {name.ljust(width)}  {desc}" for name, (_, desc) in COMMANDS.items()]
     return "\n".join(lines)
 
 
+def _debug_requested(argv: list[str]) -> tuple[bool, list[str]]:
+    debug = os.environ.get("ATTNZOO_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+    if argv and argv[0] == "--debug":
+        return True, argv[1:]
+    return debug, argv
+
+
+def _one_line(e: BaseException) -> str:
+    """The error as one line: its message, prefixed with its type where the type carries the meaning."""
+    msg = " ".join(str(e).split()) or type(e).__name__
+    # ValueError/TypeError subclasses are attnzoo's validation errors: the message says it all
+    if isinstance(e, (ValueError, TypeError, KeyError, LookupError)) and type(e).__module__.startswith("attnzoo"):
+        return msg
+    if type(e) in (ValueError, TypeError):
+        return msg
+    return f"{type(e).__name__}: {msg}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``attnzoo [--debug] <command> ...``; an error is one line ``attnzoo <command>: error: ...`` and a
+    non-zero exit (``--debug`` or ``ATTNZOO_DEBUG=1`` shows the traceback instead)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug, argv = _debug_requested(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
-        print(f"attnzoo: unknown command {cmd!r}; valid commands: {sorted(COMMANDS)}", file=sys.stderr)
+        print(f"attnzoo: error: unknown command {cmd!r}; valid commands: {sorted(COMMANDS)}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[cmd][0])
-    return int(module.main(rest) or 0)
+    prev = os.environ.get("ATTNZOO_DEBUG")
+    if debug:
+        os.environ["ATTNZOO_DEBUG"] = "1"  # the commands' own error handlers re-raise too
+    try:
+        module = importlib.import_module(COMMANDS[cmd][0])
+        return int(module.main(rest) or 0)
+    except SystemExit as e:  # argparse's usage errors (already printed as one line) and commands' exits
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except KeyboardInterrupt:
+        print(f"attnzoo {cmd}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the CLI's last resort: one line, no traceback, unless --debug
+        if debug:
+            raise
+        print(f"attnzoo {cmd}: error: {_one_line(e)} (run `attnzoo --debug {cmd} ...` for the traceback)",
+              file=sys.stderr)
+        return 1
+    finally:
+        if debug:
+            if prev is None:
+                os.environ.pop("ATTNZOO_DEBUG", None)
+            else:
+                os.environ["ATTNZOO_DEBUG"] = prev
+
+
+def debug_enabled() -> bool:
+    """Whether errors should show their traceback (``attnzoo --debug`` or ``ATTNZOO_DEBUG=1``)."""
+    return _debug_requested([])[0]
 
 
 if __name__ == "__main__":

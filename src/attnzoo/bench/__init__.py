@@ -67,7 +67,35 @@ def _parse(argv):
     if bad:
         ap.error(f"unknown mechanism(s) {bad}; valid: {cases.ALL_OP_CASES}")
     args.mechanisms = mechs
+    _check_args(ap, args)
     return args
+
+
+#: every file a bench run writes into --out (--overwrite removes these, and only these)
+OUTPUT_FILES = ("results.csv", "results.json", "sweep_n.png", "sweep_d.png", "decode.png")
+
+
+def _check_args(ap: argparse.ArgumentParser, args) -> None:
+    """Refuse sizes a sweep cannot measure before anything is measured (argparse's one-line usage error)."""
+    for key in ("lengths", "dims"):
+        bad = [v for v in getattr(args, key) if v < 1]
+        if bad:
+            ap.error(f"--{key} must be positive integers, got {bad}")
+    for key in ("dim", "heads", "batch", "d_sweep_length", "repeats"):
+        if getattr(args, key) < 1:
+            ap.error(f"--{key.replace('_', '-')} must be a positive integer, got {getattr(args, key)}")
+    if not args.budget_s > 0:
+        ap.error(f"--budget-s must be a positive number of seconds, got {args.budget_s}")
+    # head size = dim // heads: a remainder would measure a narrower model than the results say
+    if "n" in args.sweeps and args.dim % args.heads:
+        ok = [h for h in range(1, args.dim + 1) if args.dim % h == 0]
+        ap.error(f"--dim {args.dim} is not divisible by --heads {args.heads}; heads dividing {args.dim}: {ok}")
+    if "d" in args.sweeps:
+        bad = [d for d in args.dims if d % args.heads]
+        if bad:
+            ap.error(f"--dims {bad} are not divisible by --heads {args.heads}; use multiples of {args.heads}")
+    if args.out is not None and os.path.exists(args.out) and not os.path.isdir(args.out):
+        ap.error(f"--out {args.out} exists and is not a directory; choose a directory")
 
 
 def _fmt(v, spec):
@@ -153,13 +181,19 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
     out = args.out or os.path.join("results", "bench-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    earlier = [f for f in ("results.csv", "results.json") if os.path.exists(os.path.join(out, f))]
+    earlier = [f for f in OUTPUT_FILES if os.path.exists(os.path.join(out, f))]
     if earlier and not args.overwrite:  # checked before measuring, so nobody waits an hour to be refused
         print(f"bench: {out} already holds {earlier} from an earlier run; pass --overwrite to replace them "
               "or choose another --out", file=sys.stderr)
         return 2
+    os.makedirs(out, exist_ok=True)  # fails now (not after the run) if --out cannot be created
+    if not os.access(out, os.W_OK):
+        print(f"bench: --out {out} is not writable", file=sys.stderr)
+        return 2
     rows, meta = run(args)
     print_table(rows)
+    for f in earlier:  # --overwrite: an earlier run's plots this run does not redraw must not stay beside it
+        os.remove(os.path.join(out, f))
     csv_path, json_path = write_results(out, rows, meta)
     from attnzoo.bench.plots import plot_sweep
 

@@ -135,10 +135,36 @@ def _get(name: str) -> Callable[..., Task]:
     return _TASKS[name]
 
 
+#: task options that count something (tokens, examples, pixels, ...): None (where allowed) or >= 1
+_POSITIVE_OPTIONS = ("n_train", "n_val", "block_size", "seq_len", "size", "min_len", "max_len", "max_depth",
+                     "max_args", "dim", "n_points", "sparsity", "img_size", "dash", "n_paths", "path_steps")
+_NONNEGATIVE_OPTIONS = ("seed", "gap")
+
+
+def check_option_ranges(name: str, options: dict[str, Any]) -> None:
+    """Value ranges of the common task options (types are checked by :func:`check_options`)."""
+    for k, v in options.items():
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if k in _POSITIVE_OPTIONS and v < 1:
+            raise ValueError(f"task {name!r}: option {k}={v!r} must be >= 1 (or left at its default)")
+        if k in _NONNEGATIVE_OPTIONS and v < 0:
+            raise ValueError(f"task {name!r}: option {k}={v!r} must be >= 0")
+    if "test_fraction" in options and not 0.0 < options["test_fraction"] < 1.0:
+        raise ValueError(f"task {name!r}: option test_fraction={options['test_fraction']!r} must lie in (0, 1)")
+    lo, hi = options.get("min_len"), options.get("max_len")
+    if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
+        raise ValueError(f"task {name!r}: min_len={lo} exceeds max_len={hi}; need min_len <= max_len")
+    sp, dim = options.get("sparsity"), options.get("dim")
+    if isinstance(sp, int) and isinstance(dim, int) and sp > dim:
+        raise ValueError(f"task {name!r}: sparsity={sp} exceeds dim={dim}; need 1 <= sparsity <= dim")
+
+
 def build_task(name: str, **options) -> Task:
-    """Build task ``name``; unknown or ill-typed options raise before any data is loaded."""
+    """Build task ``name``; unknown, ill-typed or out-of-range options raise before any data is loaded."""
     fn = _get(name)
     full = check_options(fn, options, f"task {name!r}")
+    check_option_ranges(name, full)
     task = fn(**full)
     task.options = full
     return task
@@ -339,3 +365,17 @@ def _icl_linear(*, dim: int = 20, n_points: int = 41, n_train: int = 10_000_000,
 def _icl_sparse(*, dim: int = 20, n_points: int = 41, sparsity: int = 3, n_train: int = 10_000_000,
                 n_val: int = 1000, seed: int = 0) -> Task:
     return _icl_task("icl_sparse_linear", dim, n_points, sparsity, n_train, n_val, seed)
+
+
+# ---- your own image folders ------------------------------------------------------------------------
+@register_task("image_folder", "image_classification", "your own images: root/<class>/*.png|jpg (or root/train + root/val), DeiT-style augmentation")
+def _image_folder(*, root: str, img_size: int = 224, val_fraction: float | None = None, seed: int = 0,
+                  random_resized_crop: bool = True, crop_scale_min: float = 0.08, hflip: float = 0.5,
+                  randaugment_n: int = 0, randaugment_m: float = 9.0, mixup: float = 0.0, cutmix: float = 0.0,
+                  mix_prob: float = 1.0, mix_switch_prob: float = 0.5, mean: list | None = None,
+                  std: list | None = None, crop_fraction: float = 0.875, num_workers: int = 0,
+                  verify: bool = True) -> Task:
+    from attnzoo.data.image_folder import build_image_folder  # Pillow is imported only when this task is used
+
+    train, val, info = build_image_folder(**{k: v for k, v in locals().items() if k != "build_image_folder"})
+    return Task("image_folder", "image_classification", train, val, info)

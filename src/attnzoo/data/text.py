@@ -6,6 +6,7 @@ files (one document each) and a CSV with ``text`` and ``label`` columns.
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 
@@ -77,16 +78,32 @@ def load_imdb(path: str | Path | None = None, source: str = "imdb") -> tuple[lis
     csv.field_size_limit(1 << 30)
     texts: list[str] = []
     labels: list[int] = []
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        cols = reader.fieldnames or []
-        if "text" not in cols or "label" not in cols:
-            raise ValueError(f"{path}: CSV needs 'text' and 'label' columns, found {cols}")
+    try:
+        raw = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: CSV is not UTF-8 text (byte at offset {e.start}); save it as UTF-8") from e
+    reader = csv.DictReader(io.StringIO(raw, newline=""))
+    cols = reader.fieldnames or []
+    if "text" not in cols or "label" not in cols:
+        raise ValueError(f"{path}: CSV needs 'text' and 'label' columns, found {cols}")
+    try:
         for row in reader:
             if source is not None and "source" in cols and row["source"] != source:
                 continue
+            label = row["label"]
+            try:
+                value = int(label)
+            except (TypeError, ValueError):
+                raise ValueError(f"{path}, line {reader.line_num}: label {label!r} is not an integer class id "
+                                 f"(labels must be integers 0, 1, ...)") from None
+            if value < 0:
+                raise ValueError(f"{path}, line {reader.line_num}: label {value} is negative; class ids are >= 0")
+            if row["text"] is None:
+                raise ValueError(f"{path}, line {reader.line_num}: row has no text column")
             texts.append(row["text"])
-            labels.append(int(row["label"]))
+            labels.append(value)
+    except csv.Error as e:
+        raise ValueError(f"{path}, line {reader.line_num}: malformed CSV: {e}") from e
     if not texts:
         raise ValueError(f"{path}: no rows (source filter {source!r})")
     return texts, np.asarray(labels, dtype=np.int64)

@@ -27,8 +27,9 @@ def check_token_ids(name: str, idx: torch.Tensor, vocab_size: int, max_len: int 
         raise ValueError(f"{name} must hold at least one token (T >= 1)")
     if max_len is not None and idx.shape[1] > max_len:
         raise ValueError(f"{name} has T={idx.shape[1]} tokens but the model handles at most {max_len}")
-    if idx.numel() and not torch.compiler.is_compiling():
-        lo, hi = int(idx.min()), int(idx.max())
+    if idx.numel() and not torch.compiler.is_compiling() and idx.device.type != "meta":
+        lo, hi = torch.aminmax(idx).__iter__()
+        lo, hi = torch.stack([lo, hi]).tolist()  # one host sync for both bounds
         if lo < 0 or hi >= vocab_size:
             raise ValueError(
                 f"{name} holds token ids in [{lo}, {hi}] but vocab_size={vocab_size} (valid: 0..{vocab_size - 1})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from attnzoo._checks import check_module_input, finite_absmax
 from attnzoo.models.blocks import build_blocks, init_weights, set_norm_eps
 from attnzoo.models.checkpoint import PretrainedModel
 from attnzoo.models.class_attention import ClassAttentionBlock
@@ -78,6 +79,11 @@ class VisionTransformer(PretrainedModel):
                 f"images must have shape (B, {cfg.in_chans}, {cfg.image_size}, {cfg.image_size}) for this model, "
                 f"got {tuple(x.shape)}"
             )
+        if not x.is_floating_point():
+            raise TypeError(f"images must be a floating-point tensor (normalised pixels), got dtype {x.dtype}; "
+                            f"convert with images.float() and normalise")
+        check_module_input(self, "images", x)
+        finite_absmax({"images": x}, op=type(self).__name__)
 
     def forward_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """Final normalised tokens ``(B, T, dim)``: T = 1+N (cls / class_attention) or N (mean)."""

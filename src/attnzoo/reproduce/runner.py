@@ -100,7 +100,14 @@ def _prepare_out(out: Path, budget_name: str, seed: int) -> dict:
         raise ReproduceError(f"--out {out} exists and is not a directory")
     marker = out / RUN_FILE
     if marker.is_file():
-        meta = json.loads(marker.read_text())
+        try:
+            meta = json.loads(marker.read_bytes().decode("utf-8"))
+            if not isinstance(meta, dict):
+                raise ValueError(f"a JSON object was expected, got {type(meta).__name__}")
+        except (ValueError, OSError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise ReproduceError(f"{marker} is corrupt ({' '.join(str(e).split())}); it should hold this run's "
+                                 f"budget and seed, e.g. {{\"budget\": \"default\", \"seed\": 0}}: restore or "
+                                 f"rewrite it, or choose another --out") from e
         if meta.get("budget") != budget_name or meta.get("seed") != seed:
             raise ReproduceError(
                 f"--out {out} holds a reproduce run with budget {meta.get('budget')!r} and seed {meta.get('seed')}; "

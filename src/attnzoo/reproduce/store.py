@@ -85,8 +85,8 @@ class StepStore:
         if not p.is_file():
             return None
         try:
-            rec = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
+            rec = json.loads(p.read_bytes().decode("utf-8"))
+        except (OSError, ValueError):
             return None  # a torn file cannot happen with atomic writes, but never trust it
         if rec.get("config_hash") != step.hash:
             return None
@@ -97,7 +97,11 @@ class StepStore:
         p = self.path(step_id)
         if not p.is_file():
             return None
-        return json.loads(p.read_text())
+        try:
+            return json.loads(p.read_bytes().decode("utf-8"))
+        except ValueError as e:  # JSONDecodeError / UnicodeDecodeError
+            raise ValueError(f"stored step result {p} is corrupt ({' '.join(str(e).split())}); delete it so that "
+                             f"step {step_id!r} is computed again") from e
 
     def save(self, step: Step, result: dict, wall_s: float, started: float) -> dict:
         rec = {

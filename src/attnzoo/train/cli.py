@@ -1,6 +1,6 @@
 """``attnzoo train <config.yaml | preset> [--out DIR] [--resume | --overwrite] [--key=value ...]``.
 
-Exit status: 0 done, 2 bad configuration, 3 missing dataset, 130 / 143 stopped by SIGINT / SIGTERM
+Exit status: 0 done, 2 bad configuration or input (config, task options, checkpoint), 1 other errors, 3 missing dataset, 130 / 143 stopped by SIGINT / SIGTERM
 (after writing a checkpoint; continue with ``--resume``).
 """
 from __future__ import annotations
@@ -53,9 +53,19 @@ def _split_args(argv: list[str]):
     return config, out, resume, overwrite, progress, rest
 
 
+def _fail(e: BaseException, code: int) -> int:
+    """Print ``e`` as one line (``--debug`` / ``ATTNZOO_DEBUG=1``: re-raise for the traceback)."""
+    from attnzoo.cli import _one_line, debug_enabled
+
+    if debug_enabled():
+        raise e
+    print(f"attnzoo train: error: {_one_line(e)}", file=sys.stderr)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     from attnzoo.data.paths import DatasetNotFoundError
-    from attnzoo.train.config import ConfigError, load_config, parse_overrides
+    from attnzoo.train.config import ConfigError, load_config, parse_overrides  # noqa: F401 (ConfigError below)
     from attnzoo.train.trainer import load_run, train
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -84,12 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         if main_process:
             print(f"attnzoo train: {cfg.task} / {cfg.model} -> {out}", file=sys.stderr)
         result = train(cfg, out, resume=resume, overwrite=overwrite, progress=progress)
-    except ConfigError as e:
-        print(f"attnzoo train: error: {e}", file=sys.stderr)
-        return 2
     except DatasetNotFoundError as e:
-        print(f"attnzoo train: error: {e}", file=sys.stderr)
-        return 3
+        return _fail(e, 3)
+    except (ValueError, TypeError, OSError, RuntimeError) as e:
+        # ConfigError, both CheckpointErrors, NonFiniteError, bad task options, unreadable files: one line each
+        return _fail(e, 2 if isinstance(e, (ValueError, TypeError)) else 1)
     if result.interrupted:
         return 128 + int(result.signal or signal.SIGTERM)
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in result.final_metrics.items() if isinstance(v, float))

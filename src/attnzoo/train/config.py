@@ -191,6 +191,55 @@ def from_dict(d: dict[str, Any]) -> TrainConfig:
     return TrainConfig(**kwargs)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping with a repeated key (plain PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                dup = key in seen
+            except TypeError:  # an unhashable key: the base class reports it
+                break
+            if dup:
+                raise ConfigError(
+                    f"duplicated key {key!r} (lines {seen[key] + 1} and {key_node.start_mark.line + 1}"
+                    f"{' of ' + self.name if self.name and not self.name.startswith('<') else ''}): each key may "
+                    f"appear once; delete one of them"
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path, text: str | None = None) -> Any:
+    """Parse a YAML file safely: no duplicated keys, UTF-8 only, errors name the file and line."""
+    name = str(path)
+    if text is None:
+        try:
+            raw = Path(path).read_bytes() if not hasattr(path, "read_bytes") else path.read_bytes()
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {name}: {e.strerror or e}") from e
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {name} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                              f"save it as UTF-8") from e
+    loader = _UniqueKeyLoader(text)
+    loader.name = name
+    try:
+        return loader.get_single_data()
+    except ConfigError:
+        raise
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"config file {name} is not valid YAML{where}: {problem}") from e
+    finally:
+        loader.dispose()
+
+
 def _presets_dir():
     return resources.files("attnzoo.train") / "presets"
 
@@ -200,7 +249,7 @@ def list_presets() -> dict[str, str]:
     out = {}
     for f in sorted(_presets_dir().iterdir(), key=lambda p: p.name):
         if f.name.endswith(".yaml"):
-            data = yaml.safe_load(f.read_text()) or {}
+            data = read_yaml(f) or {}
             out[f.name[: -len(".yaml")]] = data.get("description", "")
     return out
 
@@ -223,11 +272,14 @@ def load_config(source: str | Path | dict | None, overrides: dict[str, Any] | No
         p = Path(s)
         if p.suffix in (".yaml", ".yml") or "/" in s:
             if not p.is_file():
-                raise ConfigError(f"config file {p} does not exist")
-            text = p.read_text()
+                raise ConfigError(f"config file {p} does not exist" + (" (it is a directory)" if p.is_dir() else ""))
+            base = read_yaml(p)
         else:
-            text = preset_path(s).read_text()
-        base = yaml.safe_load(text) or {}
+            base = read_yaml(preset_path(s))
+        if base is None:
+            base = {}
+        if not isinstance(base, dict):
+            raise ConfigError(f"config {s} must be a YAML mapping of keys to values, got a {type(base).__name__}")
     cfg = from_dict(base)
     if overrides:
         cfg = apply_overrides(cfg, overrides)

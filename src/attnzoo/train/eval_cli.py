@@ -21,6 +21,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="also write the metrics to this JSON file")
     p.add_argument("--plot", default=None, help="ICL tasks: plot error vs in-context examples to this PNG")
     a = p.parse_args(argv)
+    if a.batch_size is not None and a.batch_size < 1:  # 0 used to fall back silently to the run's batch size
+        p.error(f"--batch-size must be a positive integer, got {a.batch_size}")
+    if a.max_batches < 0:
+        p.error(f"--max-batches must be >= 0 (0 = all), got {a.max_batches}")
 
     import torch
 

@@ -18,6 +18,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", default="latest")
     p.add_argument("--device", default="auto")
     a = p.parse_args(argv)
+    if a.max_new_tokens < 1:
+        p.error(f"--max-new-tokens must be a positive integer, got {a.max_new_tokens}")
+    if a.num_samples < 1:
+        p.error(f"--num-samples must be a positive integer, got {a.num_samples}")
+    if not (a.temperature >= 0 and a.temperature != float("inf")):
+        p.error(f"--temperature must be a finite number >= 0 (0 = greedy), got {a.temperature}")
+    if a.top_k is not None and a.top_k < 1:
+        p.error(f"--top-k must be a positive integer, got {a.top_k}")
 
     import torch
 
@@ -33,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         vocab_file = run / "vocab.json"
         if not vocab_file.is_file():
             raise ConfigError(f"{run} is not a language-model run (no vocab.json); task was {cfg.task!r}")
-        vocab = CharVocab.from_json(vocab_file.read_text())
+        try:
+            vocab = CharVocab.from_json(vocab_file.read_bytes().decode("utf-8"))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"{vocab_file} is corrupt ({type(e).__name__}: {e}); it should hold "
+                              f'{{"chars": [...]}} as written by attnzoo train') from e
         ckpt = latest_checkpoint(run / "checkpoints") if a.checkpoint == "latest" else Path(a.checkpoint)
         if ckpt is None:
             raise CheckpointError(f"{run} has no checkpoint yet")

@@ -239,7 +239,9 @@ def load_run(out: Path) -> TrainConfig:
     f = Path(out) / "config.yaml"
     if not f.is_file():
         raise ConfigError(f"{out} is not an attnzoo run directory (no config.yaml)")
-    return from_dict(yaml.safe_load(f.read_text()) or {})
+    from attnzoo.train.config import read_yaml  # UTF-8, no duplicated keys, errors name the file
+
+    return from_dict(read_yaml(f) or {})
 
 
 def _check_resume_config(saved: TrainConfig, given: TrainConfig | None) -> TrainConfig:
