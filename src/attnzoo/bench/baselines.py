@@ -32,7 +32,7 @@ BASELINE_CASES = {
 
 #: the causal Fastmax prefix moments are O(N D^p Dv) per head; above this many bytes the baseline refuses
 #: (``MemoryError``, recorded by the bench as ``oom``) instead of exhausting a shared machine's memory
-MAX_BASELINE_BYTES = 4 << 30
+MAX_BASELINE_BYTES = 2 << 30
 
 
 def _standardize(x: torch.Tensor) -> torch.Tensor:
