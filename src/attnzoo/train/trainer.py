@@ -35,6 +35,7 @@ from attnzoo.train.distributed import (BatchSchedule, DistInfo, all_gather_float
                                        barrier, init_distributed, shutdown_distributed)
 from attnzoo.train.optim import build_optimizer
 from attnzoo.train.schedules import lr_at
+from attnzoo.train.batches import train_batches
 from attnzoo.train.tasks import ARCH_FOR_KIND, MetricAccumulator, compute_loss, metric_names, task_model_overrides
 
 __all__ = ["train", "TrainResult", "build_model", "check_model_choice", "evaluate", "prepare_out_dir", "resolve_device", "RUN_MARKER",
@@ -468,13 +469,14 @@ def _train(cfg, out, mode, info, device, progress, model_factory, callback) -> T
     samples_window = 0
     model.train()
     step = start_step
+    batches = train_batches(task.train, schedule, start_step, cfg.steps, pin_memory=device.type == "cuda")
     with _StopFlag() as stop:
         while step < cfg.steps:
             lr = lr_at(step, lr=cfg.lr, steps=cfg.steps, schedule=cfg.schedule, warmup_steps=cfg.warmup_steps,
                        min_lr_ratio=cfg.min_lr_ratio)
             for g in optimizer.param_groups:
                 g["lr"] = lr
-            inputs, target = task.train.get_batch(schedule.local_batch(step))
+            inputs, target = next(batches)
             inputs = tuple(x.to(device, non_blocking=True) for x in inputs)
             target = target.to(device, non_blocking=True)
             with _autocast(device, amp_dtype):
