@@ -374,15 +374,16 @@ def test_small_groups_match_naive_exactly_with_ties(G, B, K, C, shift_form, monk
     assert torch.equal(g_out, g_ref)
 
 
-@pytest.mark.parametrize("G", [2, 4, 8])
-def test_small_groups_long_sequence_matches_general_path(G):
+@pytest.mark.parametrize("schedule", ["linear", "none"])
+@pytest.mark.parametrize("G", [1, 2, 4, 8])
+def test_small_groups_long_sequence_matches_general_path(G, schedule):
     # default dispatch at N >= 512 on CPU: the per-channel slice shift; the general gather/sort path is the reference
     from attnzoo.ops.csp.gather import _TokenPermute
     from attnzoo.ops.csp.gather import csp_source_index as general_index
 
     B, N, C = 2, 1024, 6
     v = torch.randint(-3, 4, (B, N, C)).float().requires_grad_(True)
-    shifts = csp_shifts(N, C)
+    shifts = csp_shifts(N, C, schedule)
     ref = _TokenPermute.apply(v, general_index(v, shifts, N // G))
     out = csp(v, shifts, N // G)
     assert torch.equal(out, ref)

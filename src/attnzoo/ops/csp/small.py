@@ -92,9 +92,11 @@ class _Layout:
     def shifted(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(S_{J_c} v_c)_c`` of ``v (B, N, C)`` (eq 3) in this layout, and a free tensor of the layout."""
         if self.steps is not None:
-            vt = _transpose(v)
-            u = _roll_rows(vt, self.steps, 1).view(self.b, self.c, self.k, self.g)
-            return u, vt.view(self.b, self.c, self.k, self.g)  # vt is spent: reused for the output
+            vt = _transpose(v).view(self.b, self.c, self.k, self.g)
+            if not any(self.steps):  # schedule "none": nothing to shift
+                return vt, self.empty(v)
+            u = _roll_rows(vt.view(self.b, self.c, self.n), self.steps, 1).view(self.b, self.c, self.k, self.g)
+            return u, vt  # vt is spent: reused for the output
         idx = _shift_index(self.n, self.shifts, 1).expand(self.b, self.n, self.c)
         return self.of_bnc(v.gather(1, idx)), self.empty(v)
 
@@ -109,7 +111,7 @@ class _Layout:
         (into ``scratch``, a free tensor of this layout, if given: big fresh allocations page-fault on CPU)."""
         if self.steps is not None:
             x = x4.view(self.b, self.c, self.n)
-            if unshift:
+            if unshift and any(self.steps):
                 x = _roll_rows(x, self.steps, -1, None if scratch is None else scratch.view(self.b, self.c, self.n))
             return _transpose(x)
         x = x4.permute(0, 2, 3, 1).reshape(self.b, self.n, self.c)
