@@ -1,6 +1,7 @@
 """The ``image_folder`` task on a generated folder of small PNG/JPEG images: labels, augmentation determinism,
 mixup/cutmix targets, DataLoader workers, training and bit-exact resume, bad inputs, and the ImageNet presets."""
 import os
+import pickle
 import signal
 from pathlib import Path
 
@@ -31,14 +32,18 @@ def _one_thread():
 
 
 def _make_folder(root: Path, classes=CLASSES, per_class=PER_CLASS, seed=0) -> Path:
-    """Class k's images are noise around grey level 40 + 80 k; every 4th image is a JPEG, some are greyscale."""
+    """Class k: horizontal stripes, vertical stripes or plain, around grey level 40 + 80 k, plus noise (a patch
+    LayerNorm removes brightness, so the stripes are what a ViT learns from); every 4th image is a JPEG and every
+    5th greyscale."""
     rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:16, 0:16]
+    patterns = [(yy // 2) % 2, (xx // 2) % 2, np.zeros((16, 16), int)]
     for k, name in enumerate(classes):
         d = root / name
         d.mkdir(parents=True)
         for i in range(per_class):
-            a = np.clip(rng.normal(40 + 80 * k, 20, (16, 16, 3)), 0, 255).astype(np.uint8)
-            img = Image.fromarray(a)
+            a = 40 + 80 * k + 70 * patterns[k % 3][..., None] + rng.normal(0, 15, (16, 16, 3))
+            img = Image.fromarray(np.clip(a, 0, 255).astype(np.uint8))
             if i % 5 == 1:
                 img = img.convert("L")
             img.save(d / (f"img{i:02d}.jpg" if i % 4 == 0 else f"img{i:02d}.png"))
@@ -149,11 +154,15 @@ def test_mixed_training_batches_have_soft_targets(folder):
 
 
 def test_batches_do_not_depend_on_num_workers(folder):
-    batches = {}
+    batches, val = {}, {}
     for w in (0, 2):
         t = build_task("image_folder", root=str(folder), val_fraction=0.25, num_workers=w, **AUG)
         sched = BatchSchedule(len(t.train), 9, seed=0)
         batches[w] = list(train_batches(t.train, sched, 2, 6))
+        val[w] = t.val.get_batch(np.arange(len(t.val)))[0][0]  # evaluation decodes on num_workers threads
+        # a spawned worker gets a pickled copy (without the thread pool)
+        assert torch.equal(pickle.loads(pickle.dumps(t.val)).get_batch(np.arange(3))[0][0], val[w][:3])
+    assert torch.equal(val[0], val[2])
     assert len(batches[0]) == len(batches[2]) == 4
     for ((xa,), ya), ((xb,), yb) in zip(batches[0], batches[2]):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
@@ -200,6 +209,18 @@ def test_cli_trains_on_a_folder(folder, tmp_path):
             "--task_options.num_workers=1", "--steps=3", "--batch_size=6", "--eval_every=3", "--log_every=1"]
     assert train_cli.main(args) == 0
     assert (run / "final.json").is_file() and (run / "model" / "model.safetensors").is_file()
+
+
+def test_a_tiny_vit_learns_the_folder(folder, tmp_path):
+    from attnzoo.train.trainer import train
+
+    # random resized crop + flip (the CBT/CRATE recipe): 40 steps separate the three stripe classes
+    cfg = _cfg(folder, task_options={"root": str(folder), "val_fraction": 0.25, "img_size": 16}, steps=40,
+               eval_every=40, log_every=10, model_options={"dim": 16, "depth": 1, "heads": 2, "mlp_dim": 32,
+                                                           "patch_size": 4})
+    res = train(cfg, tmp_path / "learn", progress=False)
+    assert res.train_losses[-1][1] < res.train_losses[0][1]
+    assert res.final_metrics["loss"] < 0.8 * np.log(3) and res.final_metrics["accuracy"] >= 7 / 9
 
 
 # ---- bad inputs --------------------------------------------------------------------------------------

@@ -152,6 +152,17 @@ class ImageFolderDataset(BatchDataset):
     def __len__(self) -> int:
         return len(self.files)
 
+    def _threads(self):
+        if getattr(self, "_pool", None) is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="attnzoo-image-folder")
+        return self._pool
+
+    def __getstate__(self) -> dict:
+        # a thread pool can't travel to a spawned DataLoader worker; it is re-created there if needed
+        return {k: v for k, v in self.__dict__.items() if k != "_pool"}
+
     @property
     def shape(self) -> tuple[int, int, int]:
         return (3, self.size, self.size)
@@ -178,7 +189,13 @@ class ImageFolderDataset(BatchDataset):
     def get_batch(self, idx, step: int = 0) -> Batch:
         """``((images (B, 3, size, size),), target)`` for sample indices ``idx`` at training step ``step``."""
         idx = self._check_idx(idx)
-        x = torch.stack([self.load(int(i), step) for i in idx]) if len(idx) else torch.empty(0, *self.shape)
+        if self.augment is None and self.num_workers > 0 and len(idx) > 1:
+            # evaluation batches don't go through the trainer's DataLoader: decode them on threads (Pillow
+            # releases the GIL while decoding and resampling); each image is a pure function of its index
+            imgs = list(self._threads().map(self.load, idx.tolist()))
+        else:
+            imgs = [self.load(int(i), step) for i in idx]
+        x = torch.stack(imgs) if imgs else torch.empty(0, *self.shape)
         y = torch.from_numpy(self.labels[idx])
         a = self.augment
         if a is not None and a.mixes:

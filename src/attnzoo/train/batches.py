@@ -7,6 +7,7 @@ batches, and hence the run, are the same for any number of workers, and a resume
 """
 from __future__ import annotations
 
+import signal
 from typing import Iterator
 
 import torch
@@ -38,6 +39,12 @@ class _Steps(Dataset):
         return step_batch(self.train, self.schedule, self.start + k)
 
 
+def _ignore_sigint(worker_id: int) -> None:
+    # Ctrl-C reaches the whole process group: the workers leave it to the main process, which finishes the
+    # step and checkpoints (a worker dying on it would break the next step's batch instead)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def train_batches(train: BatchDataset, schedule: BatchSchedule, start: int, stop: int,
                   pin_memory: bool = False) -> Iterator[Batch]:
     """Batches of steps ``start, ..., stop - 1`` in order; with ``train.num_workers > 0`` made ahead by that many
@@ -48,5 +55,6 @@ def train_batches(train: BatchDataset, schedule: BatchSchedule, start: int, stop
             yield step_batch(train, schedule, s)
         return
     loader = DataLoader(_Steps(train, schedule, start, stop), batch_size=None, shuffle=False, num_workers=workers,
-                        pin_memory=pin_memory and torch.cuda.is_available(), prefetch_factor=2)
+                        pin_memory=pin_memory and torch.cuda.is_available(), prefetch_factor=2,
+                        worker_init_fn=_ignore_sigint)
     yield from loader
