@@ -147,10 +147,10 @@ def test_mixed_training_batches_have_soft_targets(folder):
     idx = np.arange(0, 24, 3)  # the training files are sorted by class: this batch spans all three
     assert len(set(t.train.labels[idx].tolist())) == 3
     (x,), y = t.train.get_batch(idx, step=0)
-    assert y.shape == (8, 3) and torch.allclose(y.sum(1), torch.ones(8))
+    assert x.shape == (8, 3, 16, 16) and y.shape == (8, 3) and torch.allclose(y.sum(1), torch.ones(8))
     assert not torch.equal(y, y.round())  # some mixing happened in this batch
     (xv,), yv = t.val.get_batch(np.arange(4))
-    assert yv.shape == (4,)  # validation is never mixed
+    assert xv.shape == (4, 3, 16, 16) and yv.shape == (4,) and yv.dtype == torch.int64  # validation is never mixed
 
 
 def test_batches_do_not_depend_on_num_workers(folder):
