@@ -20,7 +20,7 @@ SECTIONS = ("vision", "long-range", "language", "icl", "efficiency", "probes")
 
 VISION_ALL = ["vit", "tost", "xcit", "crate", "cbt", "aot", "csp_vit", "fastmax_vit"]
 VISION_SWAPS = ["vit+tssa", "vit+xca", "vit+mssa", "vit+cbsa", "vit+csp"]
-VISION_ABLATIONS = ["aot+ista", "csp_vit_skeleton+softmax"]
+VISION_ABLATIONS = ["aot+ista", "csp_vit_skeleton+softmax", "vit+tssa-meanpool"]
 LRA_ALL = ["softmax", "tssa", "fastmax", "csp", "cbsa"]
 LRA_TASKS_ALL = ["listops", "text", "retrieval", "image", "pathfinder"]
 LM_ALL = ["gpt", "tost", "aot", "aot_hybrid", "fastmax"]

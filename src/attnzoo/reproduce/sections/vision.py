@@ -47,6 +47,10 @@ ABLATIONS: dict[str, tuple[str, str, dict, str]] = {
     # AoT is CRATE without the ISTA block and without LayerNorm: giving both back isolates what AoT's gap is due to
     "aot+ista": ("aot_vision_b", "mssa", {"ffn": "ista", "norm": "pre", "ista_step": 0.1, "ista_lambda": 0.1},
                  "AoT with CRATE's ISTA block and pre-norm restored"),
+    # TSSA mixes tokens only through global second-moment statistics, so a CLS token cannot gather the patches
+    # through it (ToST pools with class attention): the ViT skeleton with mean pooling tests that reading
+    "vit+tssa-meanpool": ("vit_s", "tssa", {"attention": "tssa", "attention_options": {}, "pool": "mean"},
+                           "ViT skeleton, TSSA attention, mean pooling instead of the CLS token"),
     # CSP-ViT's own skeleton (LayerNorm-linear patches, mean pooling) with softmax attention: the skeleton's share
     "csp_vit_skeleton+softmax": ("csp_vit_cifar", "softmax", {"mlp_dim": None, "dropout": 0.0, "attention": "softmax",
                                                    "attention_options": {}},
@@ -314,10 +318,21 @@ def _explain(a, b, a_ctl, b_ctl, f, ctl, res) -> str:
                    "ISTA/MLP block, i.e. genuine for attention-only models at this scale"
                    if abs(gap_abl) <= claims.ACC_TOL else
                    "restoring the block does not close the gap, so something else than the missing block explains it"))
-    return (f"controlled swap {a_ctl} vs {b_ctl} (ViT skeleton, only the attention differs): {acc(a_ctl)} vs "
+    one_seed = res[a_ctl]["accuracy"].n < 2 or res[b_ctl]["accuracy"].n < 2
+    text = (f"controlled swap {a_ctl} vs {b_ctl} (ViT skeleton, only the attention differs): {acc(a_ctl)} vs "
             f"{acc(b_ctl)}, verdict {ctl['verdict']} — "
             + ("the gap of the papers' architectures is the skeleton, not the mechanism"
                if ctl["verdict"] == "agrees" and f["verdict"] != "agrees" else
                "the mechanism itself is behind the gap" if ctl["verdict"] == "disagrees" else
                "the controlled comparison agrees with the architectures' verdict" if ctl["verdict"] == f["verdict"]
+               else "one seed: the spread that would decide the controlled comparison is unknown" if one_seed
                else "the controlled comparison is within the spread between seeds"))
+    mp = "vit+tssa-meanpool"
+    if a_ctl == "vit+tssa" and mp in res:
+        text += (f"; ablation {mp}: {acc(mp)} — TSSA mixes tokens only through global second-moment statistics, so "
+                 "a CLS token sees the patches only through them: "
+                 + ("mean pooling recovers the accuracy, so the CLS readout (not TSSA) costs the swap its points; "
+                    "ToST pairs TSSA with class attention for this reason"
+                    if res[mp]["accuracy"].mean >= res[b_ctl]["accuracy"].mean - claims.ACC_TOL else
+                    "mean pooling does not recover it either, so the gap is TSSA's in this skeleton"))
+    return text
