@@ -43,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         outcome = run(args.out, args.budget, seed=args.seed, only=args.only, device=args.device,
                       progress=not args.no_progress, threads=args.threads, argv=argv)
     except ReproduceError as e:
+        from attnzoo.cli import debug_enabled
+
+        if debug_enabled():
+            raise
         print(f"attnzoo reproduce: error: {e}", file=sys.stderr)
         return 2
     if outcome.interrupted:

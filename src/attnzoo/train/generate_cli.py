@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         g = torch.Generator(device=device).manual_seed(a.seed)
         out = model.generate(ids, a.max_new_tokens, temperature=a.temperature, top_k=a.top_k, generator=g)
     except (ConfigError, CheckpointError, ValueError) as e:
+        from attnzoo.cli import debug_enabled
+
+        if debug_enabled():
+            raise
         print(f"attnzoo generate: error: {e}", file=sys.stderr)
         return 2
     for i, row in enumerate(out.tolist()):
