@@ -71,7 +71,9 @@ def csp_gather(v: torch.Tensor, shifts: torch.Tensor, groups: int) -> torch.Tens
     from attnzoo.ops.csp.small import SMALL_GROUP_SIZES, csp_small_groups
 
     group_size = v.shape[1] // groups
-    if group_size in SMALL_GROUP_SIZES:
+    # the small-group path writes into strided slices (out=), which torch.compile cannot trace: compiled graphs
+    # take the general gather, which computes the same values
+    if group_size in SMALL_GROUP_SIZES and not torch.compiler.is_compiling():
         return csp_small_groups(v, shifts, group_size)
     idx = csp_source_index(v, shifts, groups)
     return _TokenPermute.apply(v, idx)

@@ -115,7 +115,10 @@ def fastmax(
         out = (run_auto_triton("fastmax", run_triton, run_torch, (qs, kh, vv), key=(p, causal, qs.dtype))
                if auto else run_triton(qs, kh, vv))
     else:
-        out = fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk, custom_grad=backend == "torch")
+        # the §2.5 backward writes into strided slices (out=), which torch.compile cannot trace: compiled graphs
+        # differentiate the chunked forward instead (same values, more memory)
+        custom = backend == "torch" and not torch.compiler.is_compiling()
+        out = fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk, custom_grad=custom)
     out = out.to(v.dtype)
     if p == 1 and scale * q.shape[-1] > 1.0:
         _check_p1_output(out, scale, q.shape[-1])

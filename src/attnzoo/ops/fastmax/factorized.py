@@ -74,6 +74,8 @@ def _tri_features(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     with ``w = 1`` on the diagonal and 2 above it, so half the elements and half the matmul flops.
     """
     d = x.shape[-1]
+    if torch.compiler.is_compiling():  # dynamo cannot trace out= into a strided slice; the functional form compiles
+        return torch.cat([x[..., i : i + 1] * x[..., i:] for i in range(d)], dim=-1)
     off = 0
     for i in range(d):
         torch.mul(x[..., i : i + 1], x[..., i:], out=out[..., off : off + d - i])
@@ -159,9 +161,13 @@ def unmasked_backward(
     b, h, n, d = qs.shape
     dv_dim = v.shape[-1]
     q3, k3, v3 = _bh(qs), _bh(k), _bh(v)
-    ga = qs.new_empty(b * h, n, dv_dim + 1)
-    g = torch.div(_bh(dout), den.reshape(b * h, n, 1), out=ga[..., :dv_dim])
-    torch.sum(g * _bh(out), dim=-1, out=ga[..., dv_dim]).neg_()
+    if torch.compiler.is_compiling():  # dynamo cannot trace out= into strided slices; same values, functional
+        g = _bh(dout) / den.reshape(b * h, n, 1)
+        ga = torch.cat([g, -(g * _bh(out)).sum(dim=-1, keepdim=True)], dim=-1)
+    else:
+        ga = qs.new_empty(b * h, n, dv_dim + 1)
+        g = torch.div(_bh(dout), den.reshape(b * h, n, 1), out=ga[..., :dv_dim])
+        torch.sum(g * _bh(out), dim=-1, out=ga[..., dv_dim]).neg_()
     m1 = torch.cat([torch.bmm(k3.transpose(-1, -2), v3), k3.sum(dim=-2).unsqueeze(-1)], dim=-1)  # (BH, D, Dv+1)
     q1 = torch.bmm(q3.transpose(-1, -2), ga)  # (BH, D, Dv+1)
     dq = torch.bmm(ga, m1.transpose(-1, -2))
