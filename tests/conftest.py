@@ -9,6 +9,10 @@ import pytest
 import torch
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Triton reads the interpreter flag when a kernel is decorated, i.e. when attnzoo.ops.*.triton is first imported,
+# which any test module may trigger (the CLI, selftest, the hf models): without a GPU, set it before all of them.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)

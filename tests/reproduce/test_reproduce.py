@@ -33,7 +33,7 @@ TABLE_HEADERS = [
     "| model | ms/token @ 8 | ms/token @ 32 | state KiB @ 8 | state KiB @ 32 |",
     "| predictor | k=1 |",
     "| mechanism | N=64 | N=256 |",
-    "| layer | SNR, φ=threshold | SNR, φ=softmax |",
+    "| layer | SNR, φ=threshold, η=0.1 | SNR, φ=softmax, η=0.1 | SNR, φ=threshold, η=0.02 | SNR, φ=softmax, η=0.02 |",
     "| " + " | ".join(FINDING_COLUMNS) + " |",
     "| step | config hash | wall s | finished |",
 ]
