@@ -66,6 +66,8 @@ def linear_attention(
 
     Shapes: ``q, k (B, H, N, P)``, ``v (B, H, N, Pv)`` -> ``(B, H, N, Pv)``. ``feature_map``: ``"elu"``
     (``elu + 1``, the paper's) or ``"relu"``. ``chunk_size`` (causal ``"torch"`` path only) defaults to 64.
+    ``eps = 0`` is allowed, but with ``"relu"`` a query whose features are all zero then divides 0 by 0 and its
+    output row is NaN (not checked, to keep the call free of a device sync): keep ``eps > 0`` with ``"relu"``.
     """
     _check_qkv(q, k, v, "linear_attention")
     if not isinstance(causal, bool):
