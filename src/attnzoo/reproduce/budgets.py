@@ -102,7 +102,12 @@ BUDGETS: dict[str, dict] = {
             # and more steps change that?
             "ablations": {"tssa@2x": {"task": "listops", "mechanism": "tssa", "arch": {"dim": 64, "depth": 4,
                                                                                      "mlp_dim": 128},
-                                      "train": {"steps": 500}, "why": "twice the width and depth, twice the steps"}},
+                                      "train": {"steps": 500}, "why": "twice the width and depth, twice the steps"},
+                          # measured in the default run: Fastmax and CSP stay at the majority class on ListOps too
+                          "fastmax@2x-steps": {"task": "listops", "mechanism": "fastmax", "train": {"steps": 500},
+                                               "why": "twice the steps"},
+                          "csp@2x-steps": {"task": "listops", "mechanism": "csp", "train": {"steps": 500},
+                                           "why": "twice the steps"}},
         },
         "language": {
             "task_options": {"block_size": 128},
