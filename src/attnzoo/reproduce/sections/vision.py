@@ -294,7 +294,8 @@ def _findings(res: dict) -> list[dict]:
             if a_ctl.startswith("vit+"):
                 ctl["claim"] = f"{claim.split(' ')[0]}'s attention in the ViT skeleton (controlled swap): " + claim
                 ctl["explanation"] = ("controlled swap: same embedding, pooling, blocks, width, depth, data and "
-                                      "optimiser; only the attention differs")
+                                      "optimiser; only the attention differs"
+                                      + ("" if ctl["verdict"] == "agrees" else "; " + f["explanation"]))
                 out += [f, ctl]
                 continue
         out.append(f)
