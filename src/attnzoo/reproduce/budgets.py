@@ -107,7 +107,12 @@ BUDGETS: dict[str, dict] = {
                           "fastmax@2x-steps": {"task": "listops", "mechanism": "fastmax", "train": {"steps": 500},
                                                "why": "twice the steps"},
                           "csp@2x-steps": {"task": "listops", "mechanism": "csp", "train": {"steps": 500},
-                                           "why": "twice the steps"}},
+                                           "why": "twice the steps"},
+                          # TSSA and CSP trail softmax on the pixel Image task: budget or mechanism?
+                          "tssa-image@2x-steps": {"task": "image", "mechanism": "tssa", "train": {"steps": 200},
+                                                  "why": "twice the steps"},
+                          "csp-image@2x-steps": {"task": "image", "mechanism": "csp", "train": {"steps": 200},
+                                                 "why": "twice the steps"}},
         },
         "language": {
             "task_options": {"block_size": 128},

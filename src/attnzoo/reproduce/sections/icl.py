@@ -228,7 +228,10 @@ def _still_descending(results: list[dict]) -> str:
         return ""
     trend = ("still falling in the second half, so the budget is the limit: more steps (the papers train 50k+) "
              "is the next ablation" if all(falling) else
-             "flat over the second half (a plateau), as Garg et al. report before in-context learning sets in")
+             "flat over the second half (a plateau), as Garg et al. report before in-context learning sets in"
+             if not any(falling) else
+             f"{sum(falling)} of {len(falling)} seeds still falling in the second half, the others on the plateau: "
+             "leaving the plateau within this budget is seed-dependent")
     return f"training loss (per seed) {'; '.join(parts)}: {trend}; lasso/least squares show the functions are learnable"
 
 
