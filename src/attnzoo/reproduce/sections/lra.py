@@ -223,14 +223,20 @@ def _ablation_reading(m: str, t: str, ablations: dict, res: dict, majority: dict
             continue
         acc = a["result"]["accuracy"]
         base = majority.get(t, CHANCE[t])
-        learned = acc.mean > base + LEARNED_MARGIN
+        soft = res["softmax"][t]["accuracy"]
+        base_acc = res[m][t]["accuracy"] if t in res[m] else None
         why = a.get("why", "more capacity and steps")
-        out.append(f"ablation {name} ({why}): {acc.fmt('.1f')}% vs majority "
-                   f"{base:.1f}% and softmax {res['softmax'][t]['accuracy'].fmt('.1f')}% — "
-                   + (f"with {why} it learns, so the gap is this budget's scale, not the mechanism"
-                      if learned else
-                      f"it stays at the majority class with {why} too, so at this scale the mechanism does not learn "
-                      "what softmax learns in the base budget (the papers train 50-90k steps at widths of 128-512)"))
+        if acc.mean >= soft.mean - claims.ACC_TOL:
+            reading = (f"with {why} it reaches softmax's accuracy (within {claims.ACC_TOL:g} pts), so the gap is this "
+                       "budget's scale, not the mechanism")
+        elif acc.mean > base + LEARNED_MARGIN and base_acc is not None and base_acc.mean <= base + LEARNED_MARGIN:
+            reading = (f"with {why} it leaves the majority class but stays below softmax: part of the gap is the "
+                       "budget, the rest remains")
+        else:
+            reading = (f"with {why} the gap to softmax stays, so at this scale the mechanism does not learn what "
+                       "softmax learns in the base budget (the papers train 50-90k steps at widths of 128-512)")
+        out.append(f"ablation {name} ({why}): {acc.fmt('.1f')}% vs majority {base:.1f}%, softmax {soft.fmt('.1f')}%"
+                   + (f" and {m} in the base budget {base_acc.fmt('.1f')}%" if base_acc else "") + f" — {reading}")
     return "; ".join(out)
 
 
