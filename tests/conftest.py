@@ -26,3 +26,12 @@ def _deterministic_nan_filled():
     yield
     torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
     torch.utils.deterministic.fill_uninitialized_memory = prev_fill
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test: small models on a shared 2-core machine run faster and reproducibly."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -23,12 +23,7 @@ PER_CLASS = 12
 AUG = dict(img_size=16, randaugment_n=2, randaugment_m=9, mixup=0.8, cutmix=1.0)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _make_folder(root: Path, classes=CLASSES, per_class=PER_CLASS, seed=0) -> Path:

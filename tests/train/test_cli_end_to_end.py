@@ -18,12 +18,7 @@ from attnzoo.train.checkpoint import latest_checkpoint
 TINY_VIT = ["--model_options.dim=16", "--model_options.depth=1", "--model_options.heads=2", "--model_options.mlp_dim=32"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _steps(run):

@@ -18,12 +18,7 @@ from attnzoo.train.trainer import build_model, load_run, train
 TINY_VIT = {"model_options": {"dim": 16, "depth": 1, "heads": 2, "mlp_dim": 32}}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

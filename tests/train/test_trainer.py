@@ -22,13 +22,7 @@ from tiny_models import tiny_factory  # noqa: E402
 HERE = Path(__file__).parent
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # small models on a shared 2-core machine: one thread is faster and keeps results reproducible
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _cfg(**kw):
