@@ -38,6 +38,20 @@ def task_train(plan: dict, task: str) -> dict:
     return {**plan["train"], **plan.get("task_train", {}).get(task, {})}
 
 
+def _seeded_runs(plan: dict, seed: int, task: str, task_opts: dict, row: str, mech: str, *, arch: dict | None = None,
+                 train: dict | None = None, extra: dict | None = None) -> list[Step]:
+    """One training step per seed of encoder row ``row`` (a mechanism, or an ablation of one) on ``task``."""
+    # one encoder shape for every mechanism (ToST Table 7's registered config, resized), pre-norm, mean pool
+    opts = dict(plan["arch"], **(arch or {}), attention=mech, attention_options=dict(MECHANISMS[mech]), dropout=0.0,
+                norm="pre", pool="mean")
+    settings = train_defaults(**{**task_train(plan, task), **(train or {})})
+    return [Step(seeded_id(f"{KEY}/{task}/{row}", s), KEY,
+                 {"train": dict(task=TASKS[task], task_options=dict(task_opts), model=f"tost_lra_{task}",
+                                model_options=opts, seed=s, **settings),
+                  "mechanism": mech, "task": task, **(extra or {})}, _run, label=f"{task}/{row}/seed{s}")
+            for s in seed_list(plan, seed)]
+
+
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     steps = []
     for task, task_opts in plan["tasks"].items():
@@ -46,28 +60,11 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         for mech in plan["mechanisms"]:
             if mech not in MECHANISMS:
                 raise ValueError(f"unknown LRA mechanism {mech!r}; valid: {sorted(MECHANISMS)}")
-            # one encoder shape for every mechanism (ToST Table 7's registered config, resized), pre-norm, mean pool
-            opts = dict(plan["arch"], attention=mech, attention_options=dict(MECHANISMS[mech]), dropout=0.0,
-                        norm="pre", pool="mean")
-            for s in seed_list(plan, seed):
-                train = dict(task=TASKS[task], task_options=dict(task_opts), model=f"tost_lra_{task}",
-                             model_options=opts, seed=s, **train_defaults(**task_train(plan, task)))
-                steps.append(Step(seeded_id(f"{KEY}/{task}/{mech}", s), KEY,
-                                  {"train": train, "mechanism": mech, "task": task}, _run,
-                                  label=f"{task}/{mech}/seed{s}"))
+            steps += _seeded_runs(plan, seed, task, task_opts, mech, mech)
         for name, abl in plan.get("ablations", {}).items():
-            if abl["task"] != task:
-                continue
-            mech = abl["mechanism"]
-            opts = dict(plan["arch"], **abl.get("arch", {}), attention=mech, attention_options=dict(MECHANISMS[mech]),
-                        dropout=0.0, norm="pre", pool="mean")
-            for s in seed_list(plan, seed):
-                train = dict(task=TASKS[task], task_options=dict(task_opts), model=f"tost_lra_{task}",
-                             model_options=opts, seed=s,
-                             **train_defaults(**{**task_train(plan, task), **abl.get("train", {})}))
-                steps.append(Step(seeded_id(f"{KEY}/{task}/{name}", s), KEY,
-                                  {"train": train, "mechanism": mech, "task": task, "ablation": name}, _run,
-                                  label=f"{task}/{name}/seed{s}"))
+            if abl["task"] == task:
+                steps += _seeded_runs(plan, seed, task, task_opts, name, abl["mechanism"], arch=abl.get("arch"),
+                                      train=abl.get("train"), extra={"ablation": name})
         steps.append(Step(f"{KEY}/{task}/labels", KEY, {"task": TASKS[task], "task_options": dict(task_opts)},
                           _run_labels, label=f"{task}/labels"))
         if task == "retrieval":
