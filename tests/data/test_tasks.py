@@ -41,6 +41,14 @@ def test_sequence_tasks_shapes():
     t = build_task("lra_image", dataset="digits")
     (ids,), y = _batch(t)
     assert ids.shape == (3, 64) and t.info["vocab_size"] == 256
+    # size pads to LRA's square canvas: the pixels are centred, the border is black (token 0)
+    t12 = build_task("lra_image", dataset="digits", size=12)
+    (ids12,), y12 = _batch(t12)
+    assert ids12.shape == (3, 144) and torch.equal(y12, y) and t12.info["seq_len"] == 144
+    img = ids12.view(3, 12, 12)
+    assert torch.equal(img[:, 2:10, 2:10].reshape(3, 64), ids) and int(img[:, :2].abs().sum()) == 0
+    with pytest.raises(ValueError, match=r"size must be an int >= the images. side \(digits: 8x8\), got 7"):
+        build_task("lra_image", dataset="digits", size=7)
 
 
 def test_text_and_retrieval_tasks():

@@ -64,6 +64,8 @@ def test_report_has_every_section_table_and_plot(smoke):
     for header in TABLE_HEADERS:
         assert header in text, f"missing table with columns {header!r}"
     assert "SMOKE RUN" in text
+    # a task a budget leaves out is named with the reason, not silently missing
+    assert "text: not run at this budget — smoke: the pipeline, not the papers" in text
     refs = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert len(refs) >= 6
     for ref in refs:
@@ -177,7 +179,7 @@ def test_every_budget_plans_valid_runs(budget):
         get_config(cfg.model, **cfg.resolved_model_options())  # raises on an invalid architecture
     if budget == "long":  # every trained comparison rests on >= 3 seeds
         assert all(b[k]["seeds"] >= 3 for k in ("vision", "long-range", "language", "icl"))
-        lra_n = [t.get("seq_len", t.get("size", 0) ** 2) for t in b["long-range"]["tasks"].values()]
+        lra_n = [t.get("seq_len", t.get("max_len", t.get("size", 0) ** 2)) for t in b["long-range"]["tasks"].values()]
         assert sum(n >= 1024 for n in lra_n) >= 2
     ids = [s.id for s in steps]
     assert all(d in ids and ids.index(d) < ids.index(s.id) for s in steps for d in s.deps)

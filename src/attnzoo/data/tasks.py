@@ -285,9 +285,11 @@ def _lra_retrieval(*, seq_len: int = 4000, n_train: int = 20000, n_val: int = 20
 _PIXEL_SOURCES = ("fashion_mnist", "mnist", "digits")
 
 
-@register_task("lra_image", "sequence_classification", "LRA Image: (Fashion-)MNIST as sequences of 8-bit pixel tokens (784 long), 10 classes")
+@register_task("lra_image", "sequence_classification",
+               "LRA Image: (Fashion-)MNIST as sequences of 8-bit pixel tokens (784 long; size=32 pads to LRA's 1,024), 10 classes")
 def _lra_image(*, dataset: typing.Literal["fashion_mnist", "mnist", "digits"] = "fashion_mnist",
-               root: str | None = None, n_train: int | None = None, n_val: int | None = None) -> Task:
+               root: str | None = None, n_train: int | None = None, n_val: int | None = None,
+               size: int | None = None) -> Task:
     loaders = {
         "fashion_mnist": partial(_img.load_fashion_mnist, root=root),
         "mnist": partial(_img.load_mnist, root=root),
@@ -295,6 +297,13 @@ def _lra_image(*, dataset: typing.Literal["fashion_mnist", "mnist", "digits"] = 
     }
     xtr, ytr = _subset(*loaders[dataset]("train"), n_train)
     xva, yva = _subset(*loaders[dataset]("test"), n_val)
+    if size is not None:
+        # LRA's Image task is 32x32 (1,024 tokens): centre the images on a black canvas of that size
+        h, w = xtr.shape[1:]
+        if not isinstance(size, int) or isinstance(size, bool) or size < max(h, w):
+            raise ValueError(f"lra_image size must be an int >= the images' side ({dataset}: {h}x{w}), got {size!r}")
+        pad = ((0, 0), ((size - h) // 2, size - h - (size - h) // 2), ((size - w) // 2, size - w - (size - w) // 2))
+        xtr, xva = np.pad(xtr, pad), np.pad(xva, pad)
     # pixel value v is token v (0..255): black pixels are real tokens here, not padding
     flat = lambda x: x.reshape(len(x), -1).astype(np.int64)  # noqa: E731
     return Task("lra_image", "sequence_classification", ArrayDataset([flat(xtr)], ytr), ArrayDataset([flat(xva)], yva),

@@ -23,10 +23,14 @@ MODELS = {"gpt": ("icl_gpt", "softmax", "Transformer (GPT-2 blocks)"),
           "aot_full_mlp": ("icl_aot_full_mlp", "mssa", "AoT Full MLP"),
           # ablation: AoT's attention-only model with softmax attention (untied q/k/v) instead of MSSA's shared
           # projection; tests whether the tied projection is what keeps AoT on the zero predictor
-          "aot+softmax": ("icl_aot", "softmax", "AoT without MLP, softmax attention (ablation)")}
+          "aot+softmax": ("icl_aot", "softmax", "AoT without MLP, softmax attention (ablation)"),
+          # ablation: the same AoT trained 4x longer; tests whether the plateau is the budget
+          "aot@4x-steps": ("icl_aot", "mssa", "AoT (attention only), 4x the steps (ablation)")}
 
 #: model overrides of the ablation rows
 _OVERRIDES = {"aot+softmax": {"attention": "softmax", "attention_options": {}}}
+#: multiplier of the section's steps (and warm-up) for the ablation rows that train longer
+_STEP_FACTOR = {"aot@4x-steps": 4}
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
@@ -44,8 +48,12 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
                 model_opts["ffn_layers"] = max(1, plan["arch"]["depth"] // 2)
             # the prompts (task seed) are the same for every model and seed; the seed varies initialisation and order
             for s in seed_list(plan, seed):
+                factor = _STEP_FACTOR.get(name, 1)
+                settings = dict(plan["train"], steps=factor * plan["train"]["steps"],
+                                **({"warmup_steps": factor * plan["train"]["warmup_steps"]}
+                                   if "warmup_steps" in plan["train"] else {}))
                 train = dict(task=TASKS[task], task_options=task_opts, model=MODELS[name][0], model_options=model_opts,
-                             seed=s, **train_defaults(**plan["train"]))
+                             seed=s, **train_defaults(**settings))
                 steps.append(Step(seeded_id(f"{KEY}/{task}/{name}", s), KEY, {"train": train}, _run_model,
                                   label=f"{task}/{name}/seed{s}"))
         steps.append(Step(f"{KEY}/{task}/baselines", KEY,
@@ -236,10 +244,25 @@ def _still_descending(results: list[dict]) -> str:
 
 
 def _ablation_text(t: str, fin: dict, zero: float) -> str:
-    """What the untied-projection ablation says about AoT's failure to learn in context."""
-    if "aot+softmax" not in fin or "aot" not in fin:
+    """What the ablations (untied projection; 4x the steps) say about AoT's failure to learn in context."""
+    if "aot" not in fin:
         return ""
-    a, s = claims.stat(fin["aot"]), claims.stat(fin["aot+softmax"])
+    a = claims.stat(fin["aot"])
+    parts = []
+    if "aot@4x-steps" in fin:
+        long = fin["aot@4x-steps"]
+        n_ok = sum(e < 0.5 * zero for e in long)
+        parts.append(f"ablation aot@4x-steps (the same AoT, 4x the steps): error {claims.stat(long).fmt('.3f')}, "
+                     f"{n_ok} of {len(long)} seeds below half the zero predictor — "
+                     + ("a longer budget takes AoT off the plateau, so the budget is the limit" if n_ok == len(long)
+                        else "leaving the plateau with a longer budget is seed-dependent" if n_ok else
+                        "4x the steps does not take AoT off the plateau"))
+    if "aot+softmax" in fin:
+        parts.append(_untied_text(a, claims.stat(fin["aot+softmax"]), zero))
+    return "; ".join(parts)
+
+
+def _untied_text(a: claims.Stat, s: claims.Stat, zero: float) -> str:
     learns = s.mean < 0.5 * zero
     return (f"ablation aot+softmax (the same attention-only model, softmax attention with separate q/k/v "
             f"projections instead of MSSA's one shared projection): error {s.fmt('.3f')} vs AoT's {a.fmt('.3f')} at "

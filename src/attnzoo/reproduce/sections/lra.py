@@ -179,6 +179,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
                                                                             and not isinstance(v, bool))
                          + " — byte statistics of same-play excerpts are partly shared, so some of this shortcut is "
                            "inherent to same-play retrieval")
+    for t, why in plan.get("left_out", {}).items():
+        sec.notes.append(f"{t}: not run at this budget — {why}")
     for t in tasks:
         if t not in learned and t in res.get("softmax", {}):
             sec.notes.append(f"{t}: the softmax baseline reached {res['softmax'][t]['accuracy'].fmt('.1f')}% against "
