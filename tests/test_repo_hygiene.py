@@ -1,0 +1,35 @@
+"""The repository tracks sources and documentation only: no archives, weights or build products, nothing large."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: suffixes of files that never belong in git (archives, weights, compiled objects)
+FORBIDDEN = (".whl", ".zip", ".tar", ".gz", ".tgz", ".bz2", ".xz", ".7z", ".rar", ".egg", ".so", ".o", ".pyc",
+             ".safetensors", ".pt", ".pth", ".ckpt", ".bin", ".npy", ".npz", ".pkl", ".pickle")
+#: the documentation's plots are the only binary files tracked, each well below this size
+MAX_BYTES = 600 * 1024
+
+
+def _tracked() -> list[Path]:
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.fail("the hygiene checks need a git checkout of the repository (CI runs on a clean clone)")
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    return [ROOT / p for p in out.decode().split("\0") if p]
+
+
+def test_no_archives_weights_or_build_products():
+    bad = [p.relative_to(ROOT).as_posix() for p in _tracked() if p.name.lower().endswith(FORBIDDEN)]
+    assert not bad, f"tracked files that belong in .gitignore, not git: {bad}"
+
+
+def test_no_large_files_and_binaries_only_as_plots():
+    files = [p for p in _tracked() if p.exists()]
+    large = [(p.relative_to(ROOT).as_posix(), p.stat().st_size) for p in files if p.stat().st_size > MAX_BYTES]
+    assert not large, f"tracked files over {MAX_BYTES // 1024} KiB: {large}"
+    binary = [p.relative_to(ROOT).as_posix() for p in files if b"\0" in p.read_bytes()[:8192]]
+    assert all(b.startswith("docs/") and b.endswith(".png") for b in binary), binary
