@@ -12,11 +12,12 @@ import argparse
 import datetime as _dt
 import os
 import sys
+from typing import NamedTuple
 
 import torch
 
-from attnzoo.bench import cases
-from attnzoo.bench.memory import timing_allocator
+from attnzoo.bench.cases import ALL_OP_CASES, CAUSAL_OP_CASES, DECODE_CASES, EXTRA_OP_CASES, OP_CASES, Shape
+from attnzoo.bench.memory import cpu_peak_supported, timing_allocator
 from attnzoo.bench.runner import Row, machine_info, measure_bandwidth, measure_case, measure_decode, write_results
 
 PRESETS = {
@@ -36,7 +37,7 @@ def _parse(argv):
     ap = argparse.ArgumentParser(prog="attnzoo bench", description=__doc__.splitlines()[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="default")
     ap.add_argument("--sweeps", default="n,d,decode", help="comma list of: n, d, decode")
-    ap.add_argument("--mechanisms", default=None, help=f"comma list (default {cases.OP_CASES}; also {cases.EXTRA_OP_CASES})")
+    ap.add_argument("--mechanisms", default=None, help=f"comma list (default {OP_CASES}; also {EXTRA_OP_CASES})")
     ap.add_argument("--lengths", type=int, nargs="+", help="N values of the n sweep")
     ap.add_argument("--dims", type=int, nargs="+", help="d values of the d sweep")
     ap.add_argument("--dim", type=int, help="model width d of the n sweep")
@@ -62,10 +63,10 @@ def _parse(argv):
     bad = [s for s in args.sweeps if s not in ("n", "d", "decode")]
     if bad:
         ap.error(f"unknown sweep(s) {bad}; valid: ['n', 'd', 'decode']")
-    mechs = cases.OP_CASES if args.mechanisms is None else [m.strip() for m in args.mechanisms.split(",")]
-    bad = [m for m in mechs if m not in cases.ALL_OP_CASES]
+    mechs = OP_CASES if args.mechanisms is None else [m.strip() for m in args.mechanisms.split(",")]
+    bad = [m for m in mechs if m not in ALL_OP_CASES]
     if bad:
-        ap.error(f"unknown mechanism(s) {bad}; valid: {cases.ALL_OP_CASES}")
+        ap.error(f"unknown mechanism(s) {bad}; valid: {ALL_OP_CASES}")
     args.mechanisms = mechs
     _check_args(ap, args)
     return args
@@ -119,6 +120,14 @@ def print_table(rows: list[Row]) -> None:
               f"{_fmt(roof, '8.1f')}{'%' if roof is not None else ''}")
 
 
+class _Series(NamedTuple):
+    """One mechanism's shapes in one sweep, measured in order until a call exceeds the time budget."""
+    sweep: str
+    mech: str
+    causal: bool
+    shapes: list[Shape]
+
+
 def run(args) -> tuple[list[Row], dict]:
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
@@ -129,23 +138,23 @@ def run(args) -> tuple[list[Row], dict]:
     print(f"machine: {meta['cpu']} | threads {meta['threads']} | {meta.get('gpu', 'no GPU')} | "
           f"copy bandwidth {bandwidth / 1e9:.1f} GB/s | memory: {meta['memory_method']}")
     rows: list[Row] = []
-    todo = []
+    todo: list[_Series] = []
     if "n" in args.sweeps:
         modes = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
         for causal in modes:
             for mech in args.mechanisms:
-                if causal and mech not in cases.CAUSAL_OP_CASES:
+                if causal and mech not in CAUSAL_OP_CASES:
                     continue
-                todo.append(("n", mech, causal, [cases.Shape(args.batch, args.heads, n, args.dim) for n in args.lengths]))
+                todo.append(_Series("n", mech, causal, [Shape(args.batch, args.heads, n, args.dim) for n in args.lengths]))
     if "d" in args.sweeps:
         for mech in args.mechanisms:
-            shapes = [cases.Shape(args.batch, args.heads, args.d_sweep_length, d) for d in args.dims if d % args.heads == 0]
-            todo.append(("d", mech, False, shapes))
+            shapes = [Shape(args.batch, args.heads, args.d_sweep_length, d) for d in args.dims if d % args.heads == 0]
+            todo.append(_Series("d", mech, False, shapes))
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover
         tqdm = None
-    bar = tqdm(total=sum(len(t[3]) for t in todo), desc="bench", leave=False, file=sys.stderr) if tqdm else None
+    bar = tqdm(total=sum(len(t.shapes) for t in todo), desc="bench", leave=False, file=sys.stderr) if tqdm else None
     for sweep, mech, causal, shapes in todo:
         over_budget = False
         for s in shapes:
@@ -163,7 +172,7 @@ def run(args) -> tuple[list[Row], dict]:
     if bar:
         bar.close()
     if "decode" in args.sweeps:
-        decode = [m for m in cases.DECODE_CASES if m in args.mechanisms]
+        decode = [m for m in DECODE_CASES if m in args.mechanisms]
         dbar = tqdm(decode, desc="decode", leave=False, file=sys.stderr) if tqdm else decode
         for mech in dbar:
             rows += measure_decode(mech, args.decode_dim, args.decode_heads, args.contexts, device, dtype, args.repeats)
@@ -171,8 +180,6 @@ def run(args) -> tuple[list[Row], dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from attnzoo.bench.memory import cpu_peak_supported
-
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parse(argv)
     if args.device == "cpu":
@@ -195,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     for f in earlier:  # --overwrite: an earlier run's plots this run does not redraw must not stay beside it
         os.remove(os.path.join(out, f))
     csv_path, json_path = write_results(out, rows, meta)
-    from attnzoo.bench.plots import plot_sweep
+    from attnzoo.bench.plots import plot_sweep  # imports matplotlib: not for --help or a refused run
 
     pngs = [
         plot_sweep(rows, "n", "length", os.path.join(out, "sweep_n.png"), f"K={args.heads}, d={args.dim}, {args.level} level"),

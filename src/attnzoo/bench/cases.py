@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 
 from attnzoo import ops
+from attnzoo.bench import baselines
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,6 @@ def _nbytes(*ts: torch.Tensor) -> int:
 
 
 def _baseline_op_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
-    from attnzoo.bench import baselines
-
     B, H, N, P = s.batch, s.heads, s.length, s.head_dim
     mech, opts = baselines.BASELINE_CASES[name]
     if mech == "fastmax":
@@ -109,7 +108,7 @@ CAUSAL_OP_CASES = ["softmax", "linear", "mssa", "tssa", "fastmax_p1", "fastmax_p
 # on its PyTorch path beside the fused CPU kernels (--mechanisms tssa,tssa_torch).
 # The straightforward PyTorch formulation of the same math beside attnzoo's op (bench/baselines.py), op and
 # module level: --mechanisms fastmax_p1,fastmax_p1_baseline,fastmax_p2,fastmax_p2_baseline,tssa,tssa_baseline
-BASELINE_CASES = ["fastmax_p1_baseline", "fastmax_p2_baseline", "tssa_baseline"]
+BASELINE_CASES = list(baselines.BASELINE_CASES)
 CAUSAL_OP_CASES += BASELINE_CASES
 EXTRA_OP_CASES = ["fastmax_p1_autograd", "fastmax_p2_autograd", "tssa_torch"] + BASELINE_CASES
 ALL_OP_CASES = OP_CASES + EXTRA_OP_CASES
@@ -132,9 +131,7 @@ def _module_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
     if causal and mech.startswith("tssa"):
         opts["max_len"] = max(1024, s.length)
     if name in BASELINE_CASES:
-        from attnzoo.bench.baselines import build_baseline_module
-
-        m = build_baseline_module(name, s.dim, s.heads, causal=causal, **opts)
+        m = baselines.build_baseline_module(name, s.dim, s.heads, causal=causal, **opts)
     else:
         m = build_attention(mech, s.dim, s.heads, causal=causal, **opts)
     m = m.to(device=device, dtype=dtype)
@@ -149,18 +146,6 @@ def prepare(name: str, s: Shape, *, causal: bool, level: str, device, dtype) -> 
     if level == "module":
         return _module_case(name, s, causal, device, dtype)
     raise ValueError(f"level={level!r}; valid: ['op', 'module']")
-
-
-def flops_hint(name: str, s: Shape) -> float:
-    """Leading-order multiply-adds of the op, for the table's context (not used for the roofline)."""
-    N, P, H, B = s.length, s.head_dim, s.heads, s.batch
-    quad = {"softmax": 2 * N * N * P, "mssa": 2 * N * N * P}
-    if name in quad:
-        return float(B * H * quad[name])
-    if name.startswith("fastmax"):
-        p = int(name[len("fastmax_p")])
-        return float(B * H * N * sum(P ** (l + 1) for l in range(p + 1)))
-    return float(B * H * N * P * (2 if name in ("linear", "xca") else 1) * (P if name in ("linear", "xca") else 1))
 
 
 def decode_module(name: str, dim: int, heads: int, max_context: int, device, dtype):

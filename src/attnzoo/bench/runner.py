@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from attnzoo.bench import cases
+from attnzoo.bench.cases import Shape, decode_module, prepare
 from attnzoo.bench.memory import CPU_METHOD, CUDA_METHOD, peak_memory_bytes
 
 
@@ -95,14 +95,14 @@ def machine_info(device: torch.device) -> dict:
 
 
 def measure_case(
-    sweep: str, name: str, shape: cases.Shape, *, causal: bool, level: str, device: torch.device,
+    sweep: str, name: str, shape: Shape, *, causal: bool, level: str, device: torch.device,
     dtype: torch.dtype, repeats: int, backward: bool, bandwidth: float,
 ) -> Row:
     """Forward (no grad) and forward+backward time and peak memory of one mechanism at one shape."""
     row = Row(sweep, name, causal, level, shape.batch, shape.heads, shape.length, shape.dim,
               None, None, None, None, None, None, "ok")
     try:
-        prep = cases.prepare(name, shape, causal=causal, level=level, device=device, dtype=dtype)
+        prep = prepare(name, shape, causal=causal, level=level, device=device, dtype=dtype)
         row.bytes_moved = prep.bytes_moved
 
         def fwd():
@@ -146,7 +146,7 @@ def measure_decode(name: str, dim: int, heads: int, contexts: list[int], device,
     figure holds whether a mechanism updates its state in place (a KV cache) or returns a new one.
     """
     rows = []
-    m = cases.decode_module(name, dim, heads, max(contexts) + (repeats + 2) * block, device, dtype)
+    m = decode_module(name, dim, heads, max(contexts) + (repeats + 2) * block, device, dtype)
     holder = {"state": m.init_state(1, device=device, dtype=dtype), "pos": 0}
     x = torch.randn(1, 1, dim, device=device, dtype=dtype)
 
