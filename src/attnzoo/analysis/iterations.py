@@ -3,8 +3,9 @@
 - AoT eq 3: ``Z⁺ = Z + η Σ_k U_k U_kᵀ Z φ(Zᵀ U_k U_kᵀ Z)`` with ``φ`` = soft-max or Theorem 1's
   thresholded soft-max ``h(σ(·))``, ``h(x) = τ·1{x > τ}``.
 - CBSA eq 12 (linear-attention variant): ``Z⁺ = Z − κ Σ_k U_k L_k (I + Σ_k²/ε²)⁻¹ L_kᵀ U_kᵀ Z``.
-- Dong et al. / CSP: a multi-head softmax self-attention layer and a CSP layer (eq 4), both without
-  skip connections, written out explicitly so stacks can be probed without any module.
+- Dong et al. / CSP: a multi-head softmax self-attention layer (written out) and a CSP layer (eq 4, through
+  :func:`attnzoo.ops.csp`), both without skip connections or projections after the value map, so stacks can
+  be probed without any module.
 
 Tokens are rows: ``Z: (..., N, d)``; bases ``U: (K, d, p)``.
 """
@@ -14,7 +15,9 @@ import math
 
 import torch
 
+from attnzoo import ops
 from attnzoo._checks import check_choice, check_positive_int
+from attnzoo.ops.csp import csp_shifts
 
 __all__ = [
     "aot_denoise_step",
@@ -100,6 +103,9 @@ def softmax_attention_reference(
 
     ``x: (..., N, C)``, ``w*: (C, C)`` (``Q = x wq``); heads split the channels. Returns ``(..., N, C)``.
     """
+    # Not ops.softmax_attention: the op multiplies the scores by D^-1/2 where Dong et al. (and this reference) divide
+    # by √D; for a head size D that is not a power of 4 the two differ in the last bit, which the rank-collapse stacks
+    # amplify (5.9109e-12 vs 5.9108e-12 after the smoke probe's 4 layers) into different published residuals.
     check_positive_int("heads", heads)
     c = x.shape[-1]
     if c % heads:
@@ -114,23 +120,25 @@ def softmax_attention_reference(
 
 
 def csp_reference(x: torch.Tensor, w: torch.Tensor, *, group_size: int = 2) -> torch.Tensor:
-    """Channel-wise sample permutation (CSP eq 4) without skip, written out explicitly.
+    """Channel-wise sample permutation (CSP eq 4) without skip: :func:`attnzoo.ops.csp` on ``V = x w``.
 
-    ``V = x w``; channel ``c`` (0-based) is circularly shifted by ``J_c = c·⌈N/C⌉ mod N`` (eq 3) and
-    then, within consecutive groups of ``group_size`` samples, re-ordered so that its ranks follow those
-    of channel 0 (the reference channel, ``P_1 = I``). ``x: (..., N, C)``, ``w: (C, C)``.
+    Channel ``c`` (0-based) is circularly shifted by ``J_c = c·⌈N/C⌉ mod N`` (eq 3, the ``"linear"`` schedule)
+    and then, within consecutive groups of ``group_size`` samples, re-ordered so that its ranks follow those
+    of channel 0 (the reference channel, ``P_1 = I``). ``x: (..., N, C)``, ``w: (C, C)``; a last group
+    shorter than ``group_size`` (``N`` not a multiple of it) is sorted on its own.
     """
     check_positive_int("group_size", group_size)
     v = x @ w
     n, c = v.shape[-2], v.shape[-1]
-    step = -(-n // c)
-    shifted = torch.stack([torch.roll(v[..., ch], shifts=(ch * step) % n, dims=-1) for ch in range(c)], -1)
-    ref = v[..., :1]
-    out = shifted.clone()
-    for start in range(0, n, group_size):
-        sl = slice(start, min(start + group_size, n))
-        ranks = torch.argsort(torch.argsort(ref[..., sl, :], dim=-2), dim=-2)  # rank of each ref sample
-        sorted_vals = torch.sort(shifted[..., sl, 1:], dim=-2).values
-        out[..., sl, 1:] = torch.gather(sorted_vals, -2, ranks.expand_as(sorted_vals))
-    out[..., 0] = v[..., 0]
-    return out
+    flat = v.reshape(-1, n, c)  # ops.csp takes (B, N, C)
+    shifts = csp_shifts(n, c, "linear")
+    whole = n - n % group_size
+    if whole == n:
+        return ops.csp(flat, shifts, n // group_size).reshape(v.shape)
+    # ops.csp splits N into equal groups; a ragged last group (the probes' N need not divide by group_size)
+    # is the same shift (groups of one token) followed by the group sorts of the two parts, unshifted
+    shifted = ops.csp(flat, shifts, n)
+    no_shift = torch.zeros(c, dtype=torch.long)
+    parts = [ops.csp(shifted[:, :whole], no_shift, whole // group_size)] if whole else []
+    parts.append(ops.csp(shifted[:, whole:], no_shift, 1))
+    return torch.cat(parts, dim=1).reshape(v.shape)

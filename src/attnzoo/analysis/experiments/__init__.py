@@ -19,7 +19,7 @@ from .models import (
     plot_subspaces,
     subspaces,
 )
-from .synthetic import compress, denoise, plot_compress, plot_denoise, plot_rank_collapse, rank_collapse
+from .parameter_free import compress, denoise, plot_compress, plot_denoise, plot_rank_collapse, rank_collapse
 
 __all__ = [
     "EXPERIMENTS",
