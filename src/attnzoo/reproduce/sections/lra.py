@@ -9,8 +9,17 @@ import math
 import numpy as np
 
 from attnzoo.reproduce import claims
-from attnzoo.reproduce.common import (Context, Section, Table, fmt, per_seed, save_figure, seed_list, seeded_id,
-                                      train_defaults)
+from attnzoo.reproduce.common import (
+    Context,
+    Section,
+    Table,
+    fmt,
+    per_seed,
+    save_figure,
+    seed_list,
+    seeded_id,
+    train_defaults,
+)
 from attnzoo.reproduce.sections.vision import classification_record
 from attnzoo.reproduce.store import Step
 
@@ -132,20 +141,42 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         rs = per_seed(records, f"{KEY}/{abl['task']}/{name}")
         if rs:
             ablations[name] = dict(abl, result=_fold(rs))
+    sec.intro = _intro(plan, tasks, lengths)
+    majority = {t: 100 * records[f"{KEY}/{t}/labels"]["result"]["majority"] for t in tasks
+                if f"{KEY}/{t}/labels" in records}
+    learned = _learned(res, tasks, majority) if plan.get("require_learned", True) else list(tasks)
+    sec.tables += _tables(res, mechs, tasks, lengths, learned, majority, ablations, plan)
+    shortcut = records.get(f"{KEY}/retrieval/shortcut", {}).get("result")
+    sec.notes += _notes(res, tasks, learned, majority, shortcut, plan)
+    sec.data = _data(res, mechs, learned, lengths, majority, shortcut)
+    if any(res[m] for m in mechs):
+        path = plots_dir / "long_range.png"
+        save_figure(_plot(res, mechs, tasks, lengths), path)
+        sec.plots.append((rel(path), "Accuracy per task (mean ± std over seeds; dashed: chance) and training steps/s "
+                                     "per task."))
+    sec.data["ablations"] = {n: {"task": a["task"], "mechanism": a["mechanism"],
+                                 "accuracy": a["result"]["per_seed"]} for n, a in ablations.items()}
+    sec.findings = _findings(res, mechs, tasks, lengths, learned, ablations, majority)
+    return sec
+
+
+def _intro(plan: dict, tasks: list[str], lengths: dict[str, int | None]) -> str:
     arch = plan["arch"]
     n_seeds = plan.get("seeds", 1)
     budgets = "; ".join(f"{t}: {task_train(plan, t)['steps']} steps of batch {task_train(plan, t)['batch_size']}"
                         for t in tasks)
-    sec.intro = (f"Every encoder: width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, MLP "
-                 f"{arch.get('mlp_dim')}, pre-norm, mean pooling, the same AdamW/cosine optimiser; only the "
-                 f"attention differs. Steps per task (shared by every mechanism, sized from learning curves so that "
-                 f"the softmax baseline learns): {budgets}. {n_seeds} seed{'s' if n_seeds > 1 else ''} per cell "
-                 "(mean ± sample std). Sequence lengths: " + ", ".join(f"{t} N={lengths[t]}" for t in tasks)
-                 + " (Retrieval: two documents of N bytes each). The data are generated or derived offline "
-                 "(see `attnzoo.data`), not the LRA release files.")
-    majority = {t: 100 * records[f"{KEY}/{t}/labels"]["result"]["majority"] for t in tasks
-                if f"{KEY}/{t}/labels" in records}
-    learned = _learned(res, tasks, majority) if plan.get("require_learned", True) else list(tasks)
+    return (f"Every encoder: width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, MLP "
+            f"{arch.get('mlp_dim')}, pre-norm, mean pooling, the same AdamW/cosine optimiser; only the "
+            f"attention differs. Steps per task (shared by every mechanism, sized from learning curves so that "
+            f"the softmax baseline learns): {budgets}. {n_seeds} seed{'s' if n_seeds > 1 else ''} per cell "
+            "(mean ± sample std). Sequence lengths: " + ", ".join(f"{t} N={lengths[t]}" for t in tasks)
+            + " (Retrieval: two documents of N bytes each). The data are generated or derived offline "
+            "(see `attnzoo.data`), not the LRA release files.")
+
+
+def _tables(res: dict, mechs: list[str], tasks: list[str], lengths: dict, learned: list[str], majority: dict,
+            ablations: dict, plan: dict) -> list[Table]:
+    """Accuracy (with chance, majority and which tasks softmax learned), the ablations, steps/s and peak memory."""
     acc_rows = []
     for m in mechs:
         avg = _avg_stat(res, m, learned)
@@ -156,56 +187,56 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         acc_rows.append(["majority class"] + [fmt(majority[t], ".1f") for t in tasks]
                         + [fmt(sum(majority[t] for t in learned) / len(learned), ".1f") if learned else "-"])
     acc_rows.append(["learned by softmax?"] + [fmt(t in learned) for t in tasks] + ["-"])
-    sec.tables.append(Table("Accuracy (%, mean ± std over seeds; avg over the learned tasks)",
-                            ["mechanism"] + tasks + ["avg (learned)"], acc_rows))
-    heads = [f"{t} (N={lengths[t]})" for t in tasks]
-    sps_rows, mem_rows = [], []
-    for m in mechs:
-        sps_rows.append([m] + [fmt(res[m].get(t, {}).get("steps_per_s"), ".2f") for t in tasks])
-        mem_rows.append([m] + [fmt(res[m].get(t, {}).get("peak_train_mb"), ".1f") for t in tasks])
+    tables = [Table("Accuracy (%, mean ± std over seeds; avg over the learned tasks)",
+                    ["mechanism"] + tasks + ["avg (learned)"], acc_rows)]
     if ablations:
-        sec.tables.append(Table("Ablations (testing the explanations of the gaps)",
-                                ["ablation", "task", "mechanism", "changes", "val acc %", "majority %"],
-                                [[n, a["task"], a["mechanism"], _describe_ablation(a, plan),
-                                  a["result"]["accuracy"].fmt(".1f") if a["result"]["accuracy"] else "-",
-                                  fmt(majority.get(a["task"]), ".1f")] for n, a in ablations.items()]))
-    sec.tables.append(Table("Training steps/s (higher is better; seed mean)", ["mechanism"] + heads, sps_rows))
-    sec.tables.append(Table("Peak memory of one training step (MiB)", ["mechanism"] + heads, mem_rows))
-    shortcut = records.get(f"{KEY}/retrieval/shortcut", {}).get("result")
+        tables.append(Table("Ablations (testing the explanations of the gaps)",
+                            ["ablation", "task", "mechanism", "changes", "val acc %", "majority %"],
+                            [[n, a["task"], a["mechanism"], _describe_ablation(a, plan),
+                              a["result"]["accuracy"].fmt(".1f") if a["result"]["accuracy"] else "-",
+                              fmt(majority.get(a["task"]), ".1f")] for n, a in ablations.items()]))
+    heads = [f"{t} (N={lengths[t]})" for t in tasks]
+    sps_rows = [[m] + [fmt(res[m].get(t, {}).get("steps_per_s"), ".2f") for t in tasks] for m in mechs]
+    mem_rows = [[m] + [fmt(res[m].get(t, {}).get("peak_train_mb"), ".1f") for t in tasks] for m in mechs]
+    tables.append(Table("Training steps/s (higher is better; seed mean)", ["mechanism"] + heads, sps_rows))
+    tables.append(Table("Peak memory of one training step (MiB)", ["mechanism"] + heads, mem_rows))
+    return tables
+
+
+def _notes(res: dict, tasks: list[str], learned: list[str], majority: dict, shortcut: dict | None,
+           plan: dict) -> list[str]:
+    notes = []
     if shortcut and shortcut.get("available"):
-        sec.notes.append("retrieval shortcut check: a threshold on the cosine similarity of the two documents' byte "
-                         "histograms, fitted on train, scores " + ", ".join(f"{k} {v:.3g}" for k, v in shortcut.items()
-                                                                            if isinstance(v, (int, float))
-                                                                            and not isinstance(v, bool))
-                         + " — byte statistics of same-play excerpts are partly shared, so some of this shortcut is "
-                           "inherent to same-play retrieval")
+        notes.append("retrieval shortcut check: a threshold on the cosine similarity of the two documents' byte "
+                     "histograms, fitted on train, scores " + ", ".join(f"{k} {v:.3g}" for k, v in shortcut.items()
+                                                                        if isinstance(v, (int, float))
+                                                                        and not isinstance(v, bool))
+                     + " — byte statistics of same-play excerpts are partly shared, so some of this shortcut is "
+                       "inherent to same-play retrieval")
     for t, why in plan.get("left_out", {}).items():
-        sec.notes.append(f"{t}: not run at this budget — {why}")
+        notes.append(f"{t}: not run at this budget — {why}")
     for t in tasks:
         if t not in learned and t in res.get("softmax", {}):
-            sec.notes.append(f"{t}: the softmax baseline reached {res['softmax'][t]['accuracy'].fmt('.1f')}% against "
-                             f"a majority class of {majority.get(t, CHANCE[t]):.1f}% (not {LEARNED_MARGIN:g} points "
-                             "above), so this task is left out of every comparison at this budget")
-    sec.data = {"accuracy": {m: {t: res[m][t]["per_seed"] for t in res[m]} for m in mechs},
-                "accuracy_mean": {m: {t: res[m][t]["accuracy"].mean for t in res[m] if res[m][t]["accuracy"]}
-                                  for m in mechs},
-                "accuracy_std": {m: {t: res[m][t]["accuracy"].std for t in res[m] if res[m][t]["accuracy"]}
-                                 for m in mechs},
-                "average_accuracy": {m: (a.mean if (a := _avg_stat(res, m, learned)) else None) for m in mechs},
-                "learned_tasks": learned,
-                "steps_per_s": {m: {t: res[m][t]["steps_per_s"] for t in res[m]} for m in mechs},
-                "peak_train_mb": {m: {t: res[m][t]["peak_train_mb"] for t in res[m]} for m in mechs},
-                "params": {m: {t: res[m][t]["params"] for t in res[m]} for m in mechs},
-                "lengths": lengths, "majority": majority, "retrieval_shortcut": shortcut}
-    if any(res[m] for m in mechs):
-        path = plots_dir / "long_range.png"
-        save_figure(_plot(res, mechs, tasks, lengths), path)
-        sec.plots.append((rel(path), "Accuracy per task (mean ± std over seeds; dashed: chance) and training steps/s "
-                                     "per task."))
-    sec.data["ablations"] = {n: {"task": a["task"], "mechanism": a["mechanism"],
-                                 "accuracy": a["result"]["per_seed"]} for n, a in ablations.items()}
-    sec.findings = _findings(res, mechs, tasks, lengths, learned, ablations, majority)
-    return sec
+            notes.append(f"{t}: the softmax baseline reached {res['softmax'][t]['accuracy'].fmt('.1f')}% against "
+                         f"a majority class of {majority.get(t, CHANCE[t]):.1f}% (not {LEARNED_MARGIN:g} points "
+                         "above), so this task is left out of every comparison at this budget")
+    return notes
+
+
+def _data(res: dict, mechs: list[str], learned: list[str], lengths: dict, majority: dict,
+          shortcut: dict | None) -> dict:
+    """The section's numbers for results.json (the ablations are added after the plot)."""
+    return {"accuracy": {m: {t: res[m][t]["per_seed"] for t in res[m]} for m in mechs},
+            "accuracy_mean": {m: {t: res[m][t]["accuracy"].mean for t in res[m] if res[m][t]["accuracy"]}
+                              for m in mechs},
+            "accuracy_std": {m: {t: res[m][t]["accuracy"].std for t in res[m] if res[m][t]["accuracy"]}
+                             for m in mechs},
+            "average_accuracy": {m: (a.mean if (a := _avg_stat(res, m, learned)) else None) for m in mechs},
+            "learned_tasks": learned,
+            "steps_per_s": {m: {t: res[m][t]["steps_per_s"] for t in res[m]} for m in mechs},
+            "peak_train_mb": {m: {t: res[m][t]["peak_train_mb"] for t in res[m]} for m in mechs},
+            "params": {m: {t: res[m][t]["params"] for t in res[m]} for m in mechs},
+            "lengths": lengths, "majority": majority, "retrieval_shortcut": shortcut}
 
 
 def _describe_ablation(abl: dict, plan: dict) -> str:

@@ -11,8 +11,17 @@ import math
 import numpy as np
 
 from attnzoo.reproduce import claims
-from attnzoo.reproduce.common import (Context, Section, Table, fmt, load_trained, save_figure, seeded_id,
-                                      train_defaults, train_run)
+from attnzoo.reproduce.common import (
+    Context,
+    Section,
+    Table,
+    fmt,
+    load_trained,
+    save_figure,
+    seeded_id,
+    train_defaults,
+    train_run,
+)
 from attnzoo.reproduce.store import Step
 
 KEY = "probes"
@@ -151,8 +160,6 @@ def _num(v) -> float:
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
-    from attnzoo.analysis.experiments import PLOTTERS
-
     sec = Section(KEY, TITLE)
     res = {sid.split("/", 1)[1]: rec["result"] for sid, rec in records.items()}
     trained = {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith("train/")}
@@ -161,95 +168,20 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
                  f"layer-wise probe measures vision models trained for it at depth {depth} (the vision section's task, "
                  "width, heads, patches and optimiser; only the depth and the step count differ) on validation images, "
                  "and, as an ablation, the vision section's own shallow models.")
-
-    def plot(name, result, caption):
-        path = plots_dir / f"probe_{name.replace('/', '_')}.png"
-        save_figure(PLOTTERS[result["experiment"]](result), path)
-        sec.plots.append((rel(path), caption))
-
+    plot = _plotter(sec, plots_dir, rel)
     dn = {k: v for k, v in res.items() if k == "denoise" or k.startswith("denoise/")}
     if "denoise" in dn:
-        runs = [k for k in dn if not k.endswith("-matched")]
-        cols, series = [], []
-        for k in runs:
-            eta = _num(dn[k]["params"]["eta"])
-            for phi, vals in dn[k]["snr"].items():
-                cols.append(f"SNR, φ={phi}, η={eta:g}")
-                series.append([_num(x) for x in vals])
-        n_rows = max(len(v) for v in series)
-        rows = [[i] + [fmt(v[i], ".3g") if i < len(v) else "-" for v in series] for i in range(n_rows)]
-        cap = "; ".join(f"η={_num(dn[k]['params']['eta']):g}: fitted growth per layer " + ", ".join(
-            f"{phi} x{_num(v):.4f}" for phi, v in dn[k]["growth_factor_fit"].items())
-            + f" (Theorem 1: x{_num(dn[k]['growth_factor_theory']):.4f})" for k in runs)
-        matched = next((dn[k] for k in dn if k.endswith("-matched")), None)
-        if matched is not None:
-            peak, peak_at, last = _peak(matched["snr"]["softmax"])
-            cap += (f". Same total step ηL at η={_num(matched['params']['eta']):g} over {matched['params']['layers']} "
-                    f"layers: soft-max φ SNR peaks at {peak:.3g} (layer {peak_at}) and ends at {last:.3g}")
-        cap += (". The paper gives no η for Fig. 4 and Theorem 1 states no condition on η; both runs are shown.")
-        sec.tables.append(Table("denoise (AoT eq 3 on Definition 1 data): mean SNR per layer",
-                                ["layer"] + cols, rows, caption=cap))
-        for k in runs:
-            plot(k, dn[k], f"AoT Fig. 4: SNR per layer of the denoising iteration, η={_num(dn[k]['params']['eta']):g}.")
+        _denoise_table(sec, dn, plot)
     if "compress" in res:
-        r = res["compress"]
-        rate = [_num(x) for x in r["coding_rate"]]
-        snaps = r["params"]["snapshots"]
-        rows = [[s, fmt(rate[s], ".4g"), fmt(_num(r["line_fit"].get(str(s))), ".3g")] for s in snaps]
-        sec.tables.append(Table("compress (CBSA eq 12 on noisy lines in R^3)",
-                                ["iteration", "coding rate Σ_c R(Z_c)", "mean σ2/σ1 per class"], rows))
-        plot("compress", r, "CBSA Fig. 4: points and coding rate over iterations.")
+        _compress_table(sec, res["compress"], plot)
     if "rank-collapse" in res:
-        r = res["rank-collapse"]
-        depth_axis = r["depth"]
-        picks = sorted({0, len(depth_axis) // 2, len(depth_axis) - 1})
-        rows = [[name] + [fmt(_num(series[i]), ".2e") for i in picks] for name, series in r["residual"].items()]
-        sec.tables.append(Table("rank collapse without skip connections: relative residual ‖ε(X)‖/‖X‖ (CSP eq 6)",
-                                ["stack"] + [f"depth {depth_axis[i]}" for i in picks], rows))
-        plot("rank-collapse", r, "CSP Thm 1 / Dong et al.: residual vs depth and output spectra.")
+        _rank_collapse_table(sec, res["rank-collapse"], plot)
     lw = {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith("layerwise/")}
     shallow = {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith("layerwise-shallow/")}
     if lw:
-        rows = []
-        for name, r in lw.items():
-            t = trained.get(name, {})
-            acc = _num(t.get("accuracy")) * 100 if t.get("accuracy") is not None else math.nan
-            mech = r["layers"][0]["mechanism"] if r["layers"] else "-"
-            keys = [_measure_key(r)] + [k for k in ("compression", "crate_compression", "crate_compression_out",
-                                                    "variational_compression_normalized",
-                                                    "variational_compression_out")
-                                         if k != _measure_key(r) and k in r["series"]]
-            for i, key in enumerate(keys):
-                vals = _layer_series(r, key)
-                h = _half_start(len(vals))
-                rows.append([name if i == 0 else "", mech if i == 0 else "", fmt(t.get("depth")) if i == 0 else "",
-                             fmt(t.get("steps")) if i == 0 else "", fmt(acc, ".1f") if i == 0 else "",
-                             MEASURE_LABEL.get(key, key) + (" (claim)" if i == 0 and key != "coding_rate" else ""),
-                             " → ".join(fmt(v, ".4g") for v in vals),
-                             f"{_delta(vals, h):+.4g} ({_downs(vals, h)}/{max(len(vals) - 1 - h, 0)} fall)"])
-            plot(f"layerwise/{name}", r, f"Per-layer measures of {name} trained at depth {t.get('depth', '?')} "
-                                         "(ToST Fig. 4a / CBSA Fig. 5).")
-        h0 = _half_start(depth) if isinstance(depth, int) else None
-        sec.tables.append(Table(
-            f"layerwise: compression term per layer of the probe models (depth {depth})",
-            ["model", "mechanism", "depth", "steps", "val acc %", "measure", "layer 1 → last",
-             f"latter half (layer {h0 + 1 if h0 is not None else '?'} → last): change"], rows,
-            caption="Measures: " + "; ".join(f"{v} = {MEASURE_DEF[k]}" for k, v in MEASURE_LABEL.items())
-                    + ". Unless a row says 'block output', the tokens are those entering each attention layer "
-                      "(after its pre-norm; comparable in scale from layer to layer), batch mean over validation "
-                      "images; each layer uses its own bases U^ℓ (and memberships Π^ℓ). The row marked (claim) "
-                      "decides the finding: ToST's own R^var_c for ToST, CRATE's measure for MSSA/CBSA."))
+        _layerwise_table(sec, lw, trained, depth, plot)
     if shallow:
-        rows = []
-        for name, r in shallow.items():
-            for key in [k for k in ("crate_compression", "compression", "variational_compression") if k in r["series"]]:
-                vals = _layer_series(r, key)
-                rows.append([name, len(vals), MEASURE_LABEL.get(key, key), " → ".join(fmt(v, ".4g") for v in vals)])
-        if rows:
-            sec.tables.append(Table("layerwise ablation: the vision section's shallow models",
-                                    ["model", "depth", "measure", "layer 1 → last"], rows,
-                                    caption="What the report probed before the deeper probe models: the same measures "
-                                            "on the vision section's trained models."))
+        _shallow_table(sec, shallow)
     if "attention-maps" in res:
         plot("attention-maps", res["attention-maps"],
              "Attention matrices / [CLS] maps of trained models side by side (ToST Fig. 5 / FAST Fig. 4).")
@@ -263,6 +195,108 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         lw = {n: r for n, r in lw.items() if n not in unlearned}
     sec.findings = _findings(res, lw, shallow, trained)
     return sec
+
+
+def _plotter(sec: Section, plots_dir, rel):
+    """``plot(name, result, caption)``: draw ``result`` with its experiment's plotter into the section's plots."""
+    from attnzoo.analysis.experiments import PLOTTERS
+
+    def plot(name: str, result: dict, caption: str) -> None:
+        path = plots_dir / f"probe_{name.replace('/', '_')}.png"
+        save_figure(PLOTTERS[result["experiment"]](result), path)
+        sec.plots.append((rel(path), caption))
+
+    return plot
+
+
+def _denoise_table(sec: Section, dn: dict[str, dict], plot) -> None:
+    """AoT eq 3: SNR per layer of every η run (the ``-matched`` run in the caption only), and their plots."""
+    runs = [k for k in dn if not k.endswith("-matched")]
+    cols, series = [], []
+    for k in runs:
+        eta = _num(dn[k]["params"]["eta"])
+        for phi, vals in dn[k]["snr"].items():
+            cols.append(f"SNR, φ={phi}, η={eta:g}")
+            series.append([_num(x) for x in vals])
+    n_rows = max(len(v) for v in series)
+    rows = [[i] + [fmt(v[i], ".3g") if i < len(v) else "-" for v in series] for i in range(n_rows)]
+    cap = "; ".join(f"η={_num(dn[k]['params']['eta']):g}: fitted growth per layer " + ", ".join(
+        f"{phi} x{_num(v):.4f}" for phi, v in dn[k]["growth_factor_fit"].items())
+        + f" (Theorem 1: x{_num(dn[k]['growth_factor_theory']):.4f})" for k in runs)
+    matched = next((dn[k] for k in dn if k.endswith("-matched")), None)
+    if matched is not None:
+        peak, peak_at, last = _peak(matched["snr"]["softmax"])
+        cap += (f". Same total step ηL at η={_num(matched['params']['eta']):g} over {matched['params']['layers']} "
+                f"layers: soft-max φ SNR peaks at {peak:.3g} (layer {peak_at}) and ends at {last:.3g}")
+    cap += (". The paper gives no η for Fig. 4 and Theorem 1 states no condition on η; both runs are shown.")
+    sec.tables.append(Table("denoise (AoT eq 3 on Definition 1 data): mean SNR per layer",
+                            ["layer"] + cols, rows, caption=cap))
+    for k in runs:
+        plot(k, dn[k], f"AoT Fig. 4: SNR per layer of the denoising iteration, η={_num(dn[k]['params']['eta']):g}.")
+
+
+def _compress_table(sec: Section, r: dict, plot) -> None:
+    rate = [_num(x) for x in r["coding_rate"]]
+    snaps = r["params"]["snapshots"]
+    rows = [[s, fmt(rate[s], ".4g"), fmt(_num(r["line_fit"].get(str(s))), ".3g")] for s in snaps]
+    sec.tables.append(Table("compress (CBSA eq 12 on noisy lines in R^3)",
+                            ["iteration", "coding rate Σ_c R(Z_c)", "mean σ2/σ1 per class"], rows))
+    plot("compress", r, "CBSA Fig. 4: points and coding rate over iterations.")
+
+
+def _rank_collapse_table(sec: Section, r: dict, plot) -> None:
+    depth_axis = r["depth"]
+    picks = sorted({0, len(depth_axis) // 2, len(depth_axis) - 1})
+    rows = [[name] + [fmt(_num(series[i]), ".2e") for i in picks] for name, series in r["residual"].items()]
+    sec.tables.append(Table("rank collapse without skip connections: relative residual ‖ε(X)‖/‖X‖ (CSP eq 6)",
+                            ["stack"] + [f"depth {depth_axis[i]}" for i in picks], rows))
+    plot("rank-collapse", r, "CSP Thm 1 / Dong et al.: residual vs depth and output spectra.")
+
+
+def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict], depth, plot) -> None:
+    """Per probe model: the claim's measure first, then the other measures it has, layer 1 → last; and its plot."""
+    rows = []
+    for name, r in lw.items():
+        t = trained.get(name, {})
+        acc = _num(t.get("accuracy")) * 100 if t.get("accuracy") is not None else math.nan
+        mech = r["layers"][0]["mechanism"] if r["layers"] else "-"
+        keys = [_measure_key(r)] + [k for k in ("compression", "crate_compression", "crate_compression_out",
+                                                "variational_compression_normalized",
+                                                "variational_compression_out")
+                                     if k != _measure_key(r) and k in r["series"]]
+        for i, key in enumerate(keys):
+            vals = _layer_series(r, key)
+            h = _half_start(len(vals))
+            rows.append([name if i == 0 else "", mech if i == 0 else "", fmt(t.get("depth")) if i == 0 else "",
+                         fmt(t.get("steps")) if i == 0 else "", fmt(acc, ".1f") if i == 0 else "",
+                         MEASURE_LABEL.get(key, key) + (" (claim)" if i == 0 and key != "coding_rate" else ""),
+                         " → ".join(fmt(v, ".4g") for v in vals),
+                         f"{_delta(vals, h):+.4g} ({_downs(vals, h)}/{max(len(vals) - 1 - h, 0)} fall)"])
+        plot(f"layerwise/{name}", r, f"Per-layer measures of {name} trained at depth {t.get('depth', '?')} "
+                                     "(ToST Fig. 4a / CBSA Fig. 5).")
+    h0 = _half_start(depth) if isinstance(depth, int) else None
+    sec.tables.append(Table(
+        f"layerwise: compression term per layer of the probe models (depth {depth})",
+        ["model", "mechanism", "depth", "steps", "val acc %", "measure", "layer 1 → last",
+         f"latter half (layer {h0 + 1 if h0 is not None else '?'} → last): change"], rows,
+        caption="Measures: " + "; ".join(f"{v} = {MEASURE_DEF[k]}" for k, v in MEASURE_LABEL.items())
+                + ". Unless a row says 'block output', the tokens are those entering each attention layer "
+                  "(after its pre-norm; comparable in scale from layer to layer), batch mean over validation "
+                  "images; each layer uses its own bases U^ℓ (and memberships Π^ℓ). The row marked (claim) "
+                  "decides the finding: ToST's own R^var_c for ToST, CRATE's measure for MSSA/CBSA."))
+
+
+def _shallow_table(sec: Section, shallow: dict[str, dict]) -> None:
+    rows = []
+    for name, r in shallow.items():
+        for key in [k for k in ("crate_compression", "compression", "variational_compression") if k in r["series"]]:
+            vals = _layer_series(r, key)
+            rows.append([name, len(vals), MEASURE_LABEL.get(key, key), " → ".join(fmt(v, ".4g") for v in vals)])
+    if rows:
+        sec.tables.append(Table("layerwise ablation: the vision section's shallow models",
+                                ["model", "depth", "measure", "layer 1 → last"], rows,
+                                caption="What the report probed before the deeper probe models: the same measures "
+                                        "on the vision section's trained models."))
 
 
 #: a probe model has learned its task when its accuracy clears the majority class by this many points
@@ -452,6 +486,23 @@ def _layerwise_explanation(name: str, key: str, start: int, r: dict, shallow: di
         f". Reading: {reading}"
 
 
+def _softmax_snr(r: dict) -> list[float]:
+    """Mean SNR per layer of a denoise run with the plain soft-max φ."""
+    return [_num(x) for x in r["snr"]["softmax"]]
+
+
+def _rises(vals: list[float]) -> bool:
+    return all(b > a for a, b in zip(vals, vals[1:]))
+
+
+def _describe_softmax_run(r: dict) -> str:
+    snr = _softmax_snr(r)
+    peak, at, last = _peak(snr)
+    return (f"η={_num(r['params']['eta']):g}, {len(snr) - 1} layers: SNR {snr[0]:.3g} → {last:.3g} "
+            f"(fitted x{_num(r['growth_factor_fit']['softmax']):.4f}/layer; "
+            + ("rises at every layer)" if _rises(snr) else f"peaks at {peak:.3g} at layer {at}, then falls)"))
+
+
 def _softmax_denoise_finding(res) -> dict:
     """AoT Fig. 4 with the plain soft-max φ, judged at the small η; the explanation gives the larger η and the run
     with the same total step ηL."""
@@ -459,27 +510,18 @@ def _softmax_denoise_finding(res) -> dict:
     small = next((v for k, v in res.items() if k.startswith("denoise/") and not k.endswith("-matched")), None)
     matched = next((v for k, v in res.items() if k.startswith("denoise/") and k.endswith("-matched")), None)
     judged = small if small is not None else big
-
-    def desc(r):
-        snr = [_num(x) for x in r["snr"]["softmax"]]
-        peak, at, last = _peak(snr)
-        rises = all(b > a for a, b in zip(snr, snr[1:]))
-        return snr, (f"η={_num(r['params']['eta']):g}, {len(snr) - 1} layers: SNR {snr[0]:.3g} → {last:.3g} "
-                     f"(fitted x{_num(r['growth_factor_fit']['softmax']):.4f}/layer; "
-                     + ("rises at every layer)" if rises else f"peaks at {peak:.3g} at layer {at}, then falls)"))
-
-    snr, measured = desc(judged)
-    rises = all(b > a for a, b in zip(snr, snr[1:]))
-    verdict = "agrees" if rises else "disagrees"
+    measured = _describe_softmax_run(judged)
+    verdict = "agrees" if _rises(_softmax_snr(judged)) else "disagrees"
     expl = []
     if small is not None:
         expl.append("the paper gives no η for Fig. 4 (and Theorem 1 states no condition on η), so both are run; "
-                    f"at the larger step {desc(big)[1]}")
+                    f"at the larger step {_describe_softmax_run(big)}")
     if matched is not None:
-        expl.append(f"with the same total step ηL as there, {desc(matched)[1]}: the soft-max iteration's rise lasts "
-                    "for a bounded total step ηL; it does not grow without end as Theorem 1's thresholded φ does "
-                    "(in the theorem's proof the threshold τ > 1/2 keeps only each token's own soft-max weight, so no "
-                    "token takes in others; the plain soft-max keeps the cross-token weights, the likely source of the fall)")
+        expl.append(f"with the same total step ηL as there, {_describe_softmax_run(matched)}: the soft-max "
+                    "iteration's rise lasts for a bounded total step ηL; it does not grow without end as Theorem 1's "
+                    "thresholded φ does (in the theorem's proof the threshold τ > 1/2 keeps only each token's own "
+                    "soft-max weight, so no token takes in others; the plain soft-max keeps the cross-token weights, "
+                    "the likely source of the fall)")
     return claims.finding("AoT Fig. 4", "eq 3 with the plain soft-max φ (practical MSSA) also denoises",
                           "Fig. 4 shows the SNR rising per layer (the φ and η used are not stated)", measured, verdict,
                           f"at η={_num(judged['params']['eta']):g} (the small step): agrees if the SNR rises at every "
