@@ -8,7 +8,7 @@ import shutil
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
@@ -19,6 +19,7 @@ __all__ = [
     "Context",
     "Table",
     "Section",
+    "ModelRow",
     "train_run",
     "load_trained",
     "peak_train_mb",
@@ -69,6 +70,14 @@ class Section:
     findings: list[dict] = field(default_factory=list)  # {"claim", "measured", "verdict"}
     data: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+
+class ModelRow(NamedTuple):
+    """One trained row of a section's table: the registered model, the attention it compares, how the table names it."""
+
+    registered: str
+    mechanism: str
+    description: str
 
 
 # ---- seeds ------------------------------------------------------------------------------------------

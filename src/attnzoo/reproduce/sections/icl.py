@@ -9,23 +9,36 @@ from __future__ import annotations
 import numpy as np
 
 from attnzoo.reproduce import claims
-from attnzoo.reproduce.common import (Context, Section, Table, fmt, per_seed, save_figure, seed_list, seeded_id,
-                                      train_defaults, train_run)
+from attnzoo.reproduce.common import (
+    Context,
+    ModelRow,
+    Section,
+    Table,
+    fmt,
+    per_seed,
+    save_figure,
+    seed_list,
+    seeded_id,
+    train_defaults,
+    train_run,
+)
 from attnzoo.reproduce.store import Step
 
 KEY = "icl"
 TITLE = "In-context learning: linear and sparse-linear regression"
 
 TASKS = {"linear": "icl_linear", "sparse": "icl_sparse_linear"}
-MODELS = {"gpt": ("icl_gpt", "softmax", "Transformer (GPT-2 blocks)"),
-          "aot": ("icl_aot", "mssa", "AoT (attention only)"),
-          "aot_hybrid": ("icl_aot_hybrid", "mssa", "AoT Hybrid"),
-          "aot_full_mlp": ("icl_aot_full_mlp", "mssa", "AoT Full MLP"),
-          # ablation: AoT's attention-only model with softmax attention (untied q/k/v) instead of MSSA's shared
-          # projection; tests whether the tied projection is what keeps AoT on the zero predictor
-          "aot+softmax": ("icl_aot", "softmax", "AoT without MLP, softmax attention (ablation)"),
-          # ablation: the same AoT trained 4x longer; tests whether the plateau is the budget
-          "aot@4x-steps": ("icl_aot", "mssa", "AoT (attention only), 4x the steps (ablation)")}
+MODELS: dict[str, ModelRow] = {
+    "gpt": ModelRow("icl_gpt", "softmax", "Transformer (GPT-2 blocks)"),
+    "aot": ModelRow("icl_aot", "mssa", "AoT (attention only)"),
+    "aot_hybrid": ModelRow("icl_aot_hybrid", "mssa", "AoT Hybrid"),
+    "aot_full_mlp": ModelRow("icl_aot_full_mlp", "mssa", "AoT Full MLP"),
+    # ablation: AoT's attention-only model with softmax attention (untied q/k/v) instead of MSSA's shared
+    # projection; tests whether the tied projection is what keeps AoT on the zero predictor
+    "aot+softmax": ModelRow("icl_aot", "softmax", "AoT without MLP, softmax attention (ablation)"),
+    # ablation: the same AoT trained 4x longer; tests whether the plateau is the budget
+    "aot@4x-steps": ModelRow("icl_aot", "mssa", "AoT (attention only), 4x the steps (ablation)"),
+}
 
 #: model overrides of the ablation rows
 _OVERRIDES = {"aot+softmax": {"attention": "softmax", "attention_options": {}}}
@@ -52,7 +65,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
                 settings = dict(plan["train"], steps=factor * plan["train"]["steps"],
                                 **({"warmup_steps": factor * plan["train"]["warmup_steps"]}
                                    if "warmup_steps" in plan["train"] else {}))
-                train = dict(task=TASKS[task], task_options=task_opts, model=MODELS[name][0], model_options=model_opts,
+                train = dict(task=TASKS[task], task_options=task_opts, model=MODELS[name].registered, model_options=model_opts,
                              seed=s, **train_defaults(**settings))
                 steps.append(Step(seeded_id(f"{KEY}/{task}/{name}", s), KEY, {"train": train}, _run_model,
                                   label=f"{task}/{name}/seed{s}"))

@@ -13,20 +13,34 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.reproduce import claims
-from attnzoo.reproduce.common import (Context, Section, Table, fmt, load_trained, num_params, peak_train_mb, per_seed,
-                                      save_figure, seed_list, seeded_id, train_defaults, train_run)
+from attnzoo.reproduce.common import (
+    Context,
+    ModelRow,
+    Section,
+    Table,
+    fmt,
+    load_trained,
+    num_params,
+    peak_train_mb,
+    per_seed,
+    save_figure,
+    seed_list,
+    seeded_id,
+    train_defaults,
+    train_run,
+)
 from attnzoo.reproduce.store import Step
 
 KEY = "language"
 TITLE = "Language: character-level Shakespeare"
 
-#: name -> (registered model, mechanism, description)
-MODELS: dict[str, tuple[str, str, str]] = {
-    "gpt": ("gpt2_base", "softmax", "GPT-2 layout (baseline)"),
-    "tost": ("tost_gpt_base", "tssa", "ToST (causal TSSA)"),
-    "aot": ("aot_gpt_base", "mssa", "AoT (attention only, no MLP)"),
-    "aot_hybrid": ("aot_gpt_hybrid", "mssa", "AoT Hybrid (MLP in the first half)"),
-    "fastmax": ("fastmax_gpt_p2", "fastmax", "Fastmax p=2 in GPT"),
+#: name -> its row of the section's tables
+MODELS: dict[str, ModelRow] = {
+    "gpt": ModelRow("gpt2_base", "softmax", "GPT-2 layout (baseline)"),
+    "tost": ModelRow("tost_gpt_base", "tssa", "ToST (causal TSSA)"),
+    "aot": ModelRow("aot_gpt_base", "mssa", "AoT (attention only, no MLP)"),
+    "aot_hybrid": ModelRow("aot_gpt_hybrid", "mssa", "AoT Hybrid (MLP in the first half)"),
+    "fastmax": ModelRow("fastmax_gpt_p2", "fastmax", "Fastmax p=2 in GPT"),
 }
 
 
@@ -148,7 +162,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     rows = []
     for n in names:
         r = res[n]
-        rows.append([n, MODELS[n][1], MODELS[n][2], fmt(r["params"], ","), r["val_loss"].fmt(".3f"),
+        rows.append([n, MODELS[n].mechanism, MODELS[n].description, fmt(r["params"], ","), r["val_loss"].fmt(".3f"),
                      r["val_loss"].scaled(1 / math.log(2)).fmt(".3f"), fmt(r["tokens_per_s"], ".0f"),
                      fmt(r["peak_train_mb"], ".1f")])
     sec.tables.append(Table("Validation loss and training cost",

@@ -6,55 +6,97 @@ validation accuracy, parameters, training images/s and the peak memory of one tr
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from attnzoo.reproduce import claims
-from attnzoo.reproduce.common import (Context, Section, Table, fmt, load_trained, num_params, peak_train_mb, per_seed,
-                                      save_figure, seed_list, seeded_id, train_defaults, train_run)
+from attnzoo.reproduce.common import (
+    Context,
+    ModelRow,
+    Section,
+    Table,
+    fmt,
+    load_trained,
+    num_params,
+    peak_train_mb,
+    per_seed,
+    save_figure,
+    seed_list,
+    seeded_id,
+    train_defaults,
+    train_run,
+)
 from attnzoo.reproduce.store import Step
 
 KEY = "vision"
 TITLE = "Vision: image classification"
 
-#: name -> (registered model, mechanism, paper, extra model overrides)
-MODELS: dict[str, tuple[str, str, str, dict]] = {
-    "vit": ("vit_s", "softmax", "ViT/DeiT (baseline)", {}),
-    "tost": ("tost_t", "tssa", "ToST", {}),
-    "xcit": ("xcit_s", "xca", "XCiT (ToST's baseline)", {}),
-    "crate": ("crate_t", "mssa", "CRATE (CBSA/AoT baseline)", {}),
-    "cbt": ("cbt_t", "cbsa", "CBSA (CBT)", {}),
-    "aot": ("aot_vision_b", "mssa", "AoT (attention only)", {}),
-    "csp_vit": ("csp_vit_cifar", "csp", "CSP-ViT", {"mlp_dim": None, "dropout": 0.0}),
-    "fastmax_vit": ("vit_s", "fastmax", "FAST (Fastmax p=2 in ViT)", {"attention": "fastmax",
-                                                                    "attention_options": {"p": 2}}),
+class VisionModel(NamedTuple):
+    """A paper's architecture: the registered model, its mechanism, the paper, overrides of the plan's arch."""
+
+    registered: str
+    mechanism: str
+    paper: str
+    overrides: dict
+
+
+class Swap(NamedTuple):
+    """A controlled swap: the attention put into the ViT skeleton and its options (``None``: from the token count)."""
+
+    mechanism: str
+    options: dict | None
+
+
+class Ablation(NamedTuple):
+    """An ablation row: the registered model, its mechanism, overrides applied after the plan's arch, a description."""
+
+    registered: str
+    mechanism: str
+    overrides: dict
+    description: str
+
+
+#: name -> the architecture of a paper
+MODELS: dict[str, VisionModel] = {
+    "vit": VisionModel("vit_s", "softmax", "ViT/DeiT (baseline)", {}),
+    "tost": VisionModel("tost_t", "tssa", "ToST", {}),
+    "xcit": VisionModel("xcit_s", "xca", "XCiT (ToST's baseline)", {}),
+    "crate": VisionModel("crate_t", "mssa", "CRATE (CBSA/AoT baseline)", {}),
+    "cbt": VisionModel("cbt_t", "cbsa", "CBSA (CBT)", {}),
+    "aot": VisionModel("aot_vision_b", "mssa", "AoT (attention only)", {}),
+    "csp_vit": VisionModel("csp_vit_cifar", "csp", "CSP-ViT", {"mlp_dim": None, "dropout": 0.0}),
+    "fastmax_vit": VisionModel("vit_s", "fastmax", "FAST (Fastmax p=2 in ViT)",
+                               {"attention": "fastmax", "attention_options": {"p": 2}}),
 }
 
 _IMAGE_SIZE = {"digits": 8, "mnist": 28, "fashion_mnist": 28}
 
 
 #: controlled swaps: the ViT baseline's own skeleton (conv patches, CLS token, MLP blocks, pre-norm) with only the
-#: attention replaced; name -> (mechanism, attention options; ``None`` = computed from the token count)
-SWAPS: dict[str, tuple[str, dict | None]] = {
-    "vit+tssa": ("tssa", {}),
-    "vit+xca": ("xca", {}),
-    "vit+mssa": ("mssa", {}),
-    "vit+cbsa": ("cbsa", {}),
-    "vit+csp": ("csp", None),
+#: attention replaced
+SWAPS: dict[str, Swap] = {
+    "vit+tssa": Swap("tssa", {}),
+    "vit+xca": Swap("xca", {}),
+    "vit+mssa": Swap("mssa", {}),
+    "vit+cbsa": Swap("cbsa", {}),
+    "vit+csp": Swap("csp", None),
 }
 
-#: ablations that test an explanation of a gap: name -> (registered model, overrides applied after the plan's arch)
-ABLATIONS: dict[str, tuple[str, str, dict, str]] = {
+#: ablations that test an explanation of a gap
+ABLATIONS: dict[str, Ablation] = {
     # AoT is CRATE without the ISTA block and without LayerNorm: giving both back isolates what AoT's gap is due to
-    "aot+ista": ("aot_vision_b", "mssa", {"ffn": "ista", "norm": "pre", "ista_step": 0.1, "ista_lambda": 0.1},
-                 "AoT with CRATE's ISTA block and pre-norm restored"),
+    "aot+ista": Ablation("aot_vision_b", "mssa", {"ffn": "ista", "norm": "pre", "ista_step": 0.1, "ista_lambda": 0.1},
+                         "AoT with CRATE's ISTA block and pre-norm restored"),
     # TSSA mixes tokens only through global second-moment statistics, so a CLS token cannot gather the patches
     # through it (ToST pools with class attention): the ViT skeleton with mean pooling tests that reading
-    "vit+tssa-meanpool": ("vit_s", "tssa", {"attention": "tssa", "attention_options": {}, "pool": "mean"},
-                           "ViT skeleton, TSSA attention, mean pooling instead of the CLS token"),
+    "vit+tssa-meanpool": Ablation("vit_s", "tssa", {"attention": "tssa", "attention_options": {}, "pool": "mean"},
+                                  "ViT skeleton, TSSA attention, mean pooling instead of the CLS token"),
     # CSP-ViT's own skeleton (LayerNorm-linear patches, mean pooling) with softmax attention: the skeleton's share
-    "csp_vit_skeleton+softmax": ("csp_vit_cifar", "softmax", {"mlp_dim": None, "dropout": 0.0, "attention": "softmax",
-                                                   "attention_options": {}},
-                                 "CSP-ViT's skeleton with softmax attention"),
+    "csp_vit_skeleton+softmax": Ablation("csp_vit_cifar", "softmax",
+                                         {"mlp_dim": None, "dropout": 0.0, "attention": "softmax",
+                                          "attention_options": {}},
+                                         "CSP-ViT's skeleton with softmax attention"),
 }
 
 
@@ -80,25 +122,26 @@ def model_options(name: str, plan: dict) -> dict:
             aopts = {"groups": _csp_groups(_n_patches(plan) + 1), "shift_schedule": "linear"}
         return {**plan["arch"], "attention": mech, "attention_options": dict(aopts)}
     if name in ABLATIONS:
-        return {**plan["arch"], **ABLATIONS[name][2]}
+        return {**plan["arch"], **ABLATIONS[name].overrides}
     if name not in MODELS:
         raise ValueError(f"unknown vision model {name!r}; valid: {sorted(MODELS) + sorted(SWAPS) + sorted(ABLATIONS)}")
-    _, mech, _, extra = MODELS[name]
-    opts = {**plan["arch"], **extra}
+    mech = MODELS[name].mechanism
+    opts = {**plan["arch"], **MODELS[name].overrides}
     if mech == "csp":
         opts["attention_options"] = {"groups": _csp_groups(_n_patches(plan)), "shift_schedule": "linear"}
     return opts
 
 
-def _registered(name: str) -> tuple[str, str, str]:
-    """(registered model, mechanism, description) of any vision row."""
+def _registered(name: str) -> ModelRow:
+    """The table row of any vision row: a paper's architecture, a controlled swap or an ablation."""
     if name in SWAPS:
-        return "vit_s", SWAPS[name][0], f"ViT skeleton, {SWAPS[name][0]} attention (controlled swap)"
+        mech = SWAPS[name].mechanism
+        return ModelRow("vit_s", mech, f"ViT skeleton, {mech} attention (controlled swap)")
     if name in ABLATIONS:
-        reg, mech, _, desc = ABLATIONS[name]
-        return reg, mech, desc
-    reg, mech, paper, _ = MODELS[name]
-    return reg, mech, paper
+        a = ABLATIONS[name]
+        return ModelRow(a.registered, a.mechanism, a.description)
+    m = MODELS[name]
+    return ModelRow(m.registered, m.mechanism, m.paper)
 
 
 def rows_of(plan: dict) -> list[str]:
