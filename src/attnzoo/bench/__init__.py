@@ -18,7 +18,7 @@ import torch
 
 from attnzoo.bench.cases import ALL_OP_CASES, CAUSAL_OP_CASES, DECODE_CASES, EXTRA_OP_CASES, OP_CASES, Shape
 from attnzoo.bench.memory import cpu_peak_supported, timing_allocator
-from attnzoo.bench.runner import Row, machine_info, measure_bandwidth, measure_case, measure_decode, write_results
+from attnzoo.bench.runner import Row, machine_info, measure_bandwidth, measure_decode, measure_series, write_results
 
 PRESETS = {
     # seconds on CI: tiny shapes, every code path
@@ -155,20 +155,10 @@ def run(args) -> tuple[list[Row], dict]:
     except ImportError:  # pragma: no cover
         tqdm = None
     bar = tqdm(total=sum(len(t.shapes) for t in todo), desc="bench", leave=False, file=sys.stderr) if tqdm else None
-    for sweep, mech, causal, shapes in todo:
-        over_budget = False
-        for s in shapes:
-            if over_budget:
-                rows.append(Row(sweep, mech, causal, args.level, s.batch, s.heads, s.length, s.dim,
-                                None, None, None, None, None, None, "skipped (time budget)"))
-            else:
-                r = measure_case(sweep, mech, s, causal=causal, level=args.level, device=device, dtype=dtype,
-                                 repeats=args.repeats, backward=not args.no_backward, bandwidth=bandwidth)
-                rows.append(r)
-                slowest = max(x for x in (r.fwd_ms, r.fwdbwd_ms, 0.0) if x is not None) / 1e3
-                over_budget = r.status != "ok" or slowest > args.budget_s
-            if bar:
-                bar.update(1)
+    for t in todo:
+        rows += measure_series(t.sweep, t.mech, t.shapes, causal=t.causal, level=args.level, device=device,
+                               dtype=dtype, repeats=args.repeats, backward=not args.no_backward, bandwidth=bandwidth,
+                               budget_s=args.budget_s, on_shape=bar.update if bar else None)
     if bar:
         bar.close()
     if "decode" in args.sweeps:

@@ -138,6 +138,31 @@ def measure_case(
     return row
 
 
+def measure_series(
+    sweep: str, name: str, shapes: list[Shape], *, causal: bool, level: str, device: torch.device,
+    dtype: torch.dtype, repeats: int, backward: bool, bandwidth: float, budget_s: float,
+    on_shape: Callable[[], None] | None = None,
+) -> list[Row]:
+    """:func:`measure_case` at each shape in order; once a call fails or takes longer than ``budget_s`` seconds,
+    the remaining (larger) shapes become rows with status ``"skipped (time budget)"``. ``on_shape`` runs after
+    each shape (a progress bar)."""
+    rows: list[Row] = []
+    over_budget = False
+    for s in shapes:
+        if over_budget:
+            rows.append(Row(sweep, name, causal, level, s.batch, s.heads, s.length, s.dim,
+                            None, None, None, None, None, None, "skipped (time budget)"))
+        else:
+            r = measure_case(sweep, name, s, causal=causal, level=level, device=device, dtype=dtype,
+                             repeats=repeats, backward=backward, bandwidth=bandwidth)
+            rows.append(r)
+            slowest = max(x for x in (r.fwd_ms, r.fwdbwd_ms, 0.0) if x is not None) / 1e3
+            over_budget = r.status != "ok" or slowest > budget_s
+        if on_shape is not None:
+            on_shape()
+    return rows
+
+
 def measure_decode(name: str, dim: int, heads: int, contexts: list[int], device, dtype, repeats: int,
                    block: int = 8) -> list[Row]:
     """Per-token step time and step memory at each context length (ToST Fig. 8).

@@ -282,9 +282,6 @@ def _lra_retrieval(*, seq_len: int = 4000, n_train: int = 20000, n_val: int = 20
                 dict(num_classes=2, vocab_size=257, seq_len=seq_len, pad_id=0))
 
 
-_PIXEL_SOURCES = ("fashion_mnist", "mnist", "digits")
-
-
 @register_task("lra_image", "sequence_classification",
                "LRA Image: (Fashion-)MNIST as sequences of 8-bit pixel tokens (784 long; size=32 pads to LRA's 1,024), 10 classes")
 def _lra_image(*, dataset: typing.Literal["fashion_mnist", "mnist", "digits"] = "fashion_mnist",

@@ -22,7 +22,6 @@ VISION_ALL = ["vit", "tost", "xcit", "crate", "cbt", "aot", "csp_vit", "fastmax_
 VISION_SWAPS = ["vit+tssa", "vit+xca", "vit+mssa", "vit+cbsa", "vit+csp"]
 VISION_ABLATIONS = ["aot+ista", "csp_vit_skeleton+softmax", "vit+tssa-meanpool"]
 LRA_ALL = ["softmax", "tssa", "fastmax", "csp", "cbsa"]
-LRA_TASKS_ALL = ["listops", "text", "retrieval", "image", "pathfinder"]
 LM_ALL = ["gpt", "tost", "aot", "aot_hybrid", "fastmax"]
 ICL_ALL = ["gpt", "aot"]
 

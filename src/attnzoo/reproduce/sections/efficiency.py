@@ -8,8 +8,8 @@ import dataclasses
 
 import torch
 
-from attnzoo.reproduce import claims
 from attnzoo.bench.memory import timing_allocator
+from attnzoo.reproduce import claims
 from attnzoo.reproduce.common import Context, Section, Table, fmt
 from attnzoo.reproduce.store import Step
 
@@ -68,7 +68,7 @@ def _bandwidth(ctx: Context) -> float:
 
 def _run_sweep(ctx: Context, step: Step) -> dict:
     from attnzoo.bench import cases
-    from attnzoo.bench.runner import Row, measure_case
+    from attnzoo.bench.runner import measure_case, measure_series
 
     c = step.config
     dev = _device(ctx)
@@ -77,18 +77,9 @@ def _run_sweep(ctx: Context, step: Step) -> dict:
     # a throw-away call first: the first call of a process pays one-off allocations (thread pools, workspaces)
     measure_case("n", c["mechanism"], cases.Shape(1, c["heads"], min(c["lengths"]), c["dim"]), causal=c["causal"],
                  level="op", device=dev, dtype=torch.float32, repeats=1, backward=True, bandwidth=bw)
-    rows, over = [], False
-    for n in c["lengths"]:
-        shape = cases.Shape(1, c["heads"], n, c["dim"])
-        if over:
-            rows.append(Row("n", c["mechanism"], c["causal"], "op", 1, c["heads"], n, c["dim"], None, None, None, None,
-                            None, None, "skipped (time budget)"))
-            continue
-        r = measure_case("n", c["mechanism"], shape, causal=c["causal"], level="op", device=dev, dtype=torch.float32,
-                         repeats=c["repeats"], backward=True, bandwidth=bw)
-        rows.append(r)
-        slowest = max(x for x in (r.fwd_ms, r.fwdbwd_ms, 0.0) if x is not None) / 1e3
-        over = r.status != "ok" or slowest > c["budget_s"]
+    shapes = [cases.Shape(1, c["heads"], n, c["dim"]) for n in c["lengths"]]
+    rows = measure_series("n", c["mechanism"], shapes, causal=c["causal"], level="op", device=dev, dtype=torch.float32,
+                          repeats=c["repeats"], backward=True, bandwidth=bw, budget_s=c["budget_s"])
     return {"rows": [dataclasses.asdict(r) for r in rows]}
 
 
