@@ -303,12 +303,17 @@ def test_fastmax_auto_falls_back_to_torch_when_the_kernel_fails(monkeypatch, fak
 
 
 def test_softmax_family_auto_falls_back_to_torch_when_the_kernel_fails(monkeypatch, fake_gpu):
-    # no softmax-family op ships a Triton kernel yet; "auto" wraps whichever one appears
-    from attnzoo.ops.softmax import _common
+    # no softmax-family op ships a Triton kernel yet; "auto" wraps whichever one its spec declares
+    import dataclasses
+
+    from attnzoo.ops._spec import Backend
 
     calls: list = []
-    failing = _failing_kernel(calls, RuntimeError("simulated compile error"))
-    monkeypatch.setattr(_common, "_triton_kernel", lambda module, fn: failing if fn == "softmax_attention" else None)
+    monkeypatch.setattr(SOFTMAX_MOD, "softmax_attention_triton",
+                        _failing_kernel(calls, RuntimeError("simulated compile error")), raising=False)
+    triton = Backend("attnzoo.ops.softmax", "softmax_attention_triton", kind="triton", available=lambda: True)
+    spec = SOFTMAX_MOD.SOFTMAX
+    monkeypatch.setattr(SOFTMAX_MOD, "SOFTMAX", dataclasses.replace(spec, backends={**spec.backends, "triton": triton}))
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(2, 2, 7, 5, generator=g) for _ in range(3))
     _assert_falls_back_once("softmax_attention", lambda: softmax_attention(q, k, v, causal=True),

@@ -12,7 +12,8 @@ import torch
 __all__ = [
     "check_ndim", "check_same_shape", "check_finite", "check_choice", "check_positive_int", "check_scale",
     "check_dropout", "NonFiniteError", "finite_absmax", "check_overflow", "explain_nonfinite", "overflow_limit",
-    "check_module_input",
+    "check_module_input", "check_probability", "check_bool", "check_optional_positive_int", "check_nonneg_int",
+    "check_nonneg_finite", "check_positive_finite", "check_optional_scale",
 ]
 
 
@@ -190,15 +191,59 @@ def check_positive_int(name: str, value) -> None:
 
 def check_scale(scale, head_dim: int) -> float:
     """``None`` -> ``head_dim ** -0.5``; otherwise a positive finite real number."""
-    if scale is None:
-        return head_dim**-0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale must be None or a positive finite number, got {scale!r}")
-    return float(scale)
+    scale = check_optional_scale("scale", scale)
+    return head_dim**-0.5 if scale is None else scale
 
 
-def check_dropout(name: str, p) -> float:
-    """A probability in ``[0, 1)``."""
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 <= p < 1.0):
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_probability(name: str, p) -> float:
+    """A probability in ``[0, 1)`` (dropout rates): the one copy of this check in attnzoo."""
+    if not _is_real(p) or not (0.0 <= p < 1.0):
         raise ValueError(f"{name} must be a probability in [0, 1), got {p!r}")
     return float(p)
+
+
+#: the name dropout options are checked under (kept for callers of the earlier name)
+check_dropout = check_probability
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def check_optional_positive_int(name: str, value) -> int | None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"{name} must be None or a positive integer, got {value!r}")
+    return value
+
+
+def check_nonneg_int(name: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def check_nonneg_finite(name: str, value) -> float:
+    if not _is_real(value) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def check_positive_finite(name: str, value) -> float:
+    if not _is_real(value) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def check_optional_scale(name: str, value) -> float | None:
+    """``None`` (the mechanism's default, usually ``head_dim ** -0.5``) or a positive finite number."""
+    if value is None:
+        return None
+    if not _is_real(value) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be None or a positive finite number, got {value!r}")
+    return float(value)

@@ -107,9 +107,10 @@ def _softmax_family_backends(op: str, package: str) -> Callable[[torch.device], 
     def backends(device: torch.device) -> list[tuple[str, str | None]]:
         out: list[tuple[str, str | None]] = [("torch", None)]
         if device.type == "cuda":
-            from attnzoo.ops.softmax._common import _triton_kernel
+            from attnzoo.ops._spec import Mechanism
 
-            if _triton_kernel(f"{package}.triton", op) is not None:
+            spec = next(v for v in vars(importlib.import_module(package)).values() if isinstance(v, Mechanism))
+            if "triton" in spec.backend_names():
                 out.append(("triton", None))
         return out
 

@@ -8,8 +8,7 @@ from torch import nn
 
 from attnzoo.layers import build_attention, capture_internals
 from attnzoo.layers.cbsa import CBSAAttention
-from attnzoo.ops.cbsa import cbsa
-from attnzoo.ops.cbsa import pool_reps
+from attnzoo.ops.cbsa import cbsa, pool_reps
 
 VARIANTS = [
     ("cbsa", None),
@@ -201,9 +200,9 @@ def test_build_attention_and_errors():
         CBSAAttention(16, 4, grid=14)
     with pytest.raises(ValueError, match="num_prefix_tokens must be a non-negative integer"):
         CBSAAttention(16, 4, num_prefix_tokens=-2)
-    with pytest.raises(ValueError, match="num_reps must be a positive integer"):
+    with pytest.raises(ValueError, match="num_reps must be None or a positive integer"):
         CBSAAttention(16, 4, num_reps=0)
-    with pytest.raises(ValueError, match="eps must be a positive float"):
+    with pytest.raises(ValueError, match="eps must be a positive finite number"):
         CBSAAttention(16, 4, eps=0)
     m = CBSAAttention(16, 4, grid=(4, 4), num_prefix_tokens=1)
     with pytest.raises(ValueError, match=r"grid=\(4, 4\) holds 16 tokens but the input has 19 non-prefix tokens"):

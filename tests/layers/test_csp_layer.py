@@ -95,14 +95,6 @@ def test_no_permutation_record_for_long_sequences():
     assert "perm" not in store[""] and store[""]["shifts"].shape == (2,)
 
 
-def test_gradients_reach_parameters_and_input():
-    m = build_attention("csp", 8, 2, groups=2)
-    x = torch.randn(2, 6, 8, requires_grad=True)
-    m(x).square().sum().backward()
-    for t in (x.grad, m.v_proj.weight.grad, m.proj.weight.grad):
-        assert t is not None and bool(torch.isfinite(t).all()) and bool(t.abs().sum() > 0)
-
-
 def test_torch_compile_matches_eager():
     m = build_attention("csp", 8, 2, groups=3)
     x = torch.randn(2, 9, 8)
@@ -117,7 +109,7 @@ def test_option_errors():
         build_attention("csp", 8, 2, shift_schedule="exp")
     with pytest.raises(ValueError, match=r"layer_index must be an integer in \[0, num_layers=2\), got 2"):
         build_attention("csp", 8, 2, layer_index=2, num_layers=2)
-    with pytest.raises(ValueError, match="proj_dropout must be a float in"):
+    with pytest.raises(ValueError, match=r"proj_dropout must be a probability in \[0, 1\), got 1.5"):
         build_attention("csp", 8, 2, proj_dropout=1.5)
     with pytest.raises(TypeError, match="unknown option.*'group'"):
         build_attention("csp", 8, 2, group=2)

@@ -66,17 +66,13 @@ def test_causal_is_not_permutation_equivariant():
 
 @pytest.mark.parametrize("p", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_step_equals_parallel(p, dtype):
+def test_step_state_dtype(p, dtype):
+    # step == causal forward for p=1 and 2, float32 and float64: tests/layers/test_contract.py (FASTMAX.examples)
     m = FastmaxAttention(12, 3, causal=True, p=p, scale=0.25 if p == 1 else None).to(dtype)
     x = torch.randn(2, 7, 12, dtype=dtype)
-    ref = m(x)
     state = m.init_state(2)
-    outs = []
     for t in range(7):
-        y, state = m.step(x[:, t : t + 1], state)
-        outs.append(y)
-    tol = 1e-10 if dtype == torch.float64 else 1e-5
-    torch.testing.assert_close(torch.cat(outs, 1), ref, rtol=tol, atol=tol)
+        _, state = m.step(x[:, t : t + 1], state)
     assert state.num.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
 
 
@@ -148,9 +144,9 @@ def test_errors():
         FastmaxAttention(8, 2, attn_dropout=0.1)
     with pytest.raises(ValueError, match="needs p=2"):
         FastmaxAttention(8, 2, p=1, attn_dropout=0.1, dropout_placement="quadratic")
-    with pytest.raises(ValueError, match=r"attn_dropout=1.5 must be a number in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"attn_dropout must be a probability in \[0, 1\), got 1.5"):
         FastmaxAttention(8, 2, attn_dropout=1.5, dropout_placement="standard")
-    with pytest.raises(ValueError, match=r"proj_dropout=-0.1 must be"):
+    with pytest.raises(ValueError, match=r"proj_dropout must be a probability in \[0, 1\), got -0.1"):
         FastmaxAttention(8, 2, proj_dropout=-0.1)
     with pytest.raises(ValueError, match="scale=0 must be a finite positive"):
         FastmaxAttention(8, 2, scale=0)

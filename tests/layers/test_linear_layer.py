@@ -47,31 +47,16 @@ def test_parameter_layout():
     }
 
 
-@pytest.mark.parametrize("t", [0, 5, 8])
-def test_causal_no_leak(t):
-    m = _build(causal=True, chunk_size=3)
-    x = torch.randn(2, 9, DIM, dtype=torch.float64)
-    x2 = x.clone()
-    x2[:, t + 1 :] += torch.randn_like(x2[:, t + 1 :])
-    y, y2 = m(x), m(x2)
-    torch.testing.assert_close(y2[:, : t + 1], y[:, : t + 1], atol=0, rtol=0)
-    if t + 1 < 9:
-        assert not torch.allclose(y2[:, t + 1 :], y[:, t + 1 :])
-
-
 @pytest.mark.parametrize("feature_map", ["elu", "relu"])
-def test_step_equals_causal_parallel_with_constant_state(feature_map):
+def test_step_keeps_a_constant_state(feature_map):
+    # step == causal forward (both feature maps): tests/layers/test_contract.py
     m = _build(causal=True, feature_map=feature_map)
     x = torch.randn(2, 9, DIM, dtype=torch.float64)
-    full = m(x)
     state = m.init_state(2)
-    outs = []
     for i in range(9):
-        y, state = m.step(x[:, i : i + 1], state)
+        _, state = m.step(x[:, i : i + 1], state)
         # O(1): the state never grows with the number of decoded tokens
         assert state["s"].shape == (2, HEADS, P, P) and state["z"].shape == (2, HEADS, P)
-        outs.append(y)
-    torch.testing.assert_close(torch.cat(outs, dim=1), full)
 
 
 def test_state_is_float32_for_half_modules():

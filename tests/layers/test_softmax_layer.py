@@ -50,29 +50,14 @@ def test_parameter_layout_matches_vit_nanogpt():
     assert sum(p.numel() for p in no_bias.parameters()) == 4 * DIM * DIM
 
 
-@pytest.mark.parametrize("t", [0, 4, 8])
-def test_causal_no_leak(t):
-    m = _build(causal=True)
-    x = torch.randn(2, 9, DIM, dtype=torch.float64)
-    x2 = x.clone()
-    x2[:, t + 1 :] += torch.randn_like(x2[:, t + 1 :])
-    y, y2 = m(x), m(x2)
-    torch.testing.assert_close(y2[:, : t + 1], y[:, : t + 1], atol=0, rtol=0)
-    if t + 1 < 9:
-        assert not torch.allclose(y2[:, t + 1 :], y[:, t + 1 :])
-
-
-def test_step_equals_causal_parallel():
+def test_kv_cache_grows_by_one_token_per_step():
+    # step == causal forward: tests/layers/test_contract.py
     m = _build(causal=True)
     x = torch.randn(2, 7, DIM, dtype=torch.float64)
-    full = m(x)
     state = m.init_state(2)
     assert state["k"].shape == (2, HEADS, 0, DIM // HEADS) and state["k"].dtype == torch.float64
-    outs = []
     for i in range(7):
-        y, state = m.step(x[:, i : i + 1], state)
-        outs.append(y)
-    torch.testing.assert_close(torch.cat(outs, dim=1), full)
+        _, state = m.step(x[:, i : i + 1], state)
     assert state["k"].shape == (2, HEADS, 7, DIM // HEADS)
 
 
@@ -140,8 +125,3 @@ def test_torch_compile_matches_eager():
     torch.testing.assert_close(compiled(x), m(x))
 
 
-def test_backward_reaches_all_parameters():
-    m = _build(causal=True)
-    m(torch.randn(2, 5, DIM, dtype=torch.float64)).square().sum().backward()
-    for name, p in m.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name

@@ -185,7 +185,8 @@ def test_exact_contraction_is_gradient_wrt_representatives(backend, m):
 def test_exact_cbsa_is_gradient_of_compression_term_wrt_tokens(backend, eta):
     """Identity 2 (eq 6/7): with A_k held fixed and U_k^T Q = sg(U_k^T Q_ini) + eta U_k^T Z A_k (eq 5),
 
-        grad_Z R_c(Q | U_[K]) = eta * p/(m eps^2) * sum_k U_k CBSA_k,   R_c = sum_k 1/2 logdet(I_m + p/(m eps^2) Q_k^T Q_k),
+        grad_Z R_c(Q | U_[K]) = eta * p/(m eps^2) * sum_k U_k CBSA_k,
+        R_c = sum_k 1/2 logdet(I_m + p/(m eps^2) Q_k^T Q_k),
 
     i.e. the exact CBSA output is the gradient of the compression term of (4) w.r.t. the tokens Z (through
     Q = Z A), up to the constant p/(m eps^2) (times eta, the extraction step mapping Z to Q).
@@ -266,7 +267,8 @@ def test_channel_variant_equals_linear_when_axes_are_principal(backend):
     torch.testing.assert_close(ch, lin, rtol=1e-10, atol=1e-12)
     # and differ for generic (correlated) channels
     w2 = torch.randn(1, 1, n, p, dtype=torch.float64)
-    assert (cbsa(w2, variant="channel", backend=backend) - cbsa(w2, variant="linear", backend=backend)).abs().max() > 1e-3
+    gap = cbsa(w2, variant="channel", backend=backend) - cbsa(w2, variant="linear", backend=backend)
+    assert gap.abs().max() > 1e-3
     # explicit eq 13
     expected = w2 * (eps**2 / (eps**2 + (w2**2).sum(-2, keepdim=True)))
     torch.testing.assert_close(cbsa(w2, variant="channel", eps=eps, backend=backend), expected)
@@ -435,11 +437,13 @@ def test_pool_errors():
 def test_op_errors():
     w = torch.randn(1, 2, 5, 4)
     reps = torch.randn(1, 2, 3, 4)
-    with pytest.raises(ValueError, match=r"contraction='inverse' is not supported; valid choices: \['softmax', 'exact'\]"):
+    with pytest.raises(ValueError,
+                       match=r"contraction='inverse' is not supported; valid choices: \['softmax', 'exact'\]"):
         cbsa(w, reps, contraction="inverse")
     with pytest.raises(ValueError, match=r"variant='nystrom' is not supported; valid choices"):
         cbsa(w, reps, variant="nystrom")
-    with pytest.raises(ValueError, match=r"backend='cuda' is not supported; valid choices: \['auto', 'naive', 'torch'\]"):
+    with pytest.raises(ValueError,
+                       match=r"backend='cuda' is not supported by cbsa; valid backends: \['auto', 'naive', 'torch'\]"):
         cbsa(w, reps, backend="cuda")
     with pytest.raises(ValueError, match="contraction='exact' cannot be chosen for variant='linear'"):
         cbsa(w, variant="linear", contraction="exact")
@@ -461,9 +465,9 @@ def test_op_errors():
         cbsa(w.long(), reps)
     with pytest.raises(ValueError, match="w must hold at least one token"):
         cbsa(w[:, :, :0], reps)
-    with pytest.raises(ValueError, match="eps must be a finite positive float, got 0.0"):
+    with pytest.raises(ValueError, match="eps must be a positive finite number, got 0.0"):
         cbsa(w, reps, eps=0.0)
-    with pytest.raises(ValueError, match="scale must be a finite positive float or None"):
+    with pytest.raises(ValueError, match="scale must be None or a positive finite number"):
         cbsa(w, reps, scale=-1.0)
     with pytest.raises(ValueError, match=r"eta must be a float or a tensor broadcastable to \(B, H, 1, 1\)"):
         cbsa(w, reps, eta=torch.ones(2))

@@ -48,7 +48,8 @@ def test_fast_matches_naive_forward(B, N, C, groups):
             csp(v32, shifts, groups, backend="torch"), csp(v32, shifts, groups, backend="naive"), rtol=1e-6, atol=1e-6
         )
         torch.testing.assert_close(
-            csp_permutations(v64, shifts, groups), csp_permutations(v64, shifts, groups, backend="naive"), rtol=0, atol=0
+            csp_permutations(v64, shifts, groups), csp_permutations(v64, shifts, groups, backend="naive"),
+            rtol=0, atol=0,
         )
 
 
@@ -358,7 +359,8 @@ def test_small_groups_match_naive_exactly_with_ties(G, B, K, C, shift_form, monk
     gen = torch.Generator().manual_seed(G * 100 + N + C)
     # few distinct values (and signed zeros): many ties, decided by the stable-sort rule of the reference
     v = torch.randint(-2, 3, (B, N, C), generator=gen).double() * 0.5
-    v[v == 0] = torch.tensor([0.0, -0.0], dtype=torch.float64)[torch.randint(0, 2, ((v == 0).sum().item(),), generator=gen)]
+    signs = torch.randint(0, 2, ((v == 0).sum().item(),), generator=gen)
+    v[v == 0] = torch.tensor([0.0, -0.0], dtype=torch.float64)[signs]
     shifts = torch.randint(-2 * N, 3 * N, (C,), generator=gen)
     ref_v = v.clone().requires_grad_(True)
     ref = csp(ref_v, shifts, K, backend="naive")

@@ -366,7 +366,7 @@ def test_dropout_errors():
         fastmax_dropout(q, k, v, rate=0.1, placement="bogus")
     with pytest.raises(ValueError, match="needs p=2"):
         fastmax_dropout(q, k, v, rate=0.1, placement="quadratic", p=1)
-    with pytest.raises(ValueError, match=r"must be a number in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"rate must be a probability in \[0, 1\), got 1.0"):
         fastmax_dropout(q, k, v, rate=1.0, placement="standard")
 
 

@@ -1,4 +1,11 @@
-"""Token-mixer modules ``(B, N, dim) -> (B, N, dim)``; importing this package registers them all."""
+"""Token-mixer modules ``(B, N, dim) -> (B, N, dim)``; importing this package registers them all.
+
+Every module of this package is imported here, so a new mechanism's layer file registers itself without being
+listed anywhere (see docs/adding_a_mechanism.md).
+"""
+import importlib
+import pkgutil
+
 from attnzoo.layers.base import (
     Attention,
     RecurrentMixin,
@@ -9,8 +16,10 @@ from attnzoo.layers.base import (
     register_attention,
 )
 
-# Each module registers its mechanism(s) on import.
-from attnzoo.layers import softmax, linear, xca, mssa, tssa, fastmax, csp, cbsa  # noqa: F401,E402
+for _m in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    if not _m.startswith("_"):
+        importlib.import_module(f"{__name__}.{_m}")  # each layer module registers its mechanism on import
+del _m
 
 __all__ = [
     "Attention",

@@ -1,8 +1,10 @@
 """Attention-module base class, the mechanism registry and the internals-capture mechanism.
 
 Every token mixer in attnzoo is an :class:`Attention` subclass mapping ``(B, N, dim) -> (B, N, dim)``
-(projections included). Mechanisms register themselves with :func:`register_attention`; users build
-them with :func:`build_attention` by name.
+(projections included). Each names its :class:`~attnzoo.ops._spec.Mechanism` (declared in ``ops/<op>/__init__.py``:
+options, backends, causal forms, decoding state) as ``mechanism`` and registers itself with
+:func:`register_attention`; users build them with :func:`build_attention` by name. The registry fills as the layer
+modules are imported, which importing any ``attnzoo.layers`` module does (the package imports them all).
 
 Internals (TSSA's Pi, attention matrices, CBSA's A_k, ...) are exposed through one mechanism: inside
 ``with capture_internals(model) as store:`` every attention module in ``model`` that calls
@@ -17,11 +19,14 @@ import contextlib
 import functools
 import inspect
 import types
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from einops import rearrange
 from torch import nn
+
+from attnzoo._checks import NonFiniteError, check_module_input, check_ndim, check_positive_int, finite_absmax
+from attnzoo.ops._spec import Mechanism, Options
 
 __all__ = [
     "Attention",
@@ -32,22 +37,34 @@ __all__ = [
     "capture_internals",
     "RecurrentMixin",
     "QKVProjection",
+    "check_step_input",
+    "check_kv_cache",
 ]
 
 
 class Attention(nn.Module):
     """Base class of attnzoo token mixers: ``forward(x: (B, N, dim)) -> (B, N, dim)``.
 
-    Subclasses set the class attributes below and call :meth:`record` for their internals.
+    Subclasses set ``mechanism`` (their op's spec), build their projections from ``self.options`` (the validated
+    options dataclass) and call :meth:`record` for their internals.
     """
 
-    #: whether the mechanism supports a causal (autoregressive) mode at all
+    #: the mechanism's description (options, backends, causal forms, state); ``None`` for ad-hoc mixers
+    mechanism: Mechanism | None = None
+    #: whether the mechanism supports a causal (autoregressive) mode at all (read from ``mechanism``)
     supports_causal: bool = False
     #: whether the non-causal mechanism may run (it is a bidirectional mixer)
     supports_noncausal: bool = True
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
+        mech = cls.__dict__.get("mechanism")
+        if mech is not None:
+            cls.supports_causal, cls.supports_noncausal = mech.causal, mech.noncausal
+            init = cls.__dict__.get("__init__")
+            if init is not None:
+                # introspection (build_attention's messages, models filling in context options) sees the options
+                init.__signature__ = _init_signature(mech.options)
         # NaN/Inf is found by the ops (one host sync per op call, on the projected tensors); a module re-raises it
         # naming its own input x instead of an op argument the user never saw.
         for meth in ("forward", "step"):
@@ -55,10 +72,8 @@ class Attention(nn.Module):
             if fn is not None and not getattr(fn, "_attnzoo_guarded", False):
                 setattr(cls, meth, _name_module_input(fn, f"{cls.__qualname__}.{meth}"))
 
-    def __init__(self, dim: int, heads: int, *, causal: bool = False) -> None:
+    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options: Any) -> None:
         super().__init__()
-        from attnzoo._checks import check_positive_int
-
         check_positive_int("dim", dim)
         check_positive_int("heads", heads)
         if dim % heads != 0:
@@ -70,6 +85,11 @@ class Attention(nn.Module):
             )
         if not causal and not self.supports_noncausal:
             raise ValueError(f"attention {name!r} is causal-only; pass causal=True")
+        mech = type(self).mechanism
+        if mech is None and options:
+            raise TypeError(f"attention {name!r} got unknown option(s) {list(options)}; it takes none")
+        #: the validated options (``None`` for mixers without a mechanism)
+        self.options: Options | None = mech.options.build(name, **options) if mech is not None else None
         self.dim = dim
         self.heads = heads
         self.head_dim = dim // heads
@@ -89,8 +109,6 @@ class Attention(nn.Module):
             self._capture_store[k] = v.detach() if isinstance(v, torch.Tensor) else v
 
     def check_input(self, x: torch.Tensor) -> None:
-        from attnzoo._checks import check_module_input, check_ndim
-
         check_ndim("x", x, 3, "(B, N, dim)")
         check_module_input(self, "x", x)
         if x.shape[-1] != self.dim:
@@ -104,8 +122,6 @@ class Attention(nn.Module):
 
 def _name_module_input(fn: Callable, qualname: str) -> Callable:
     def guarded(self, x, *args, **kwargs):
-        from attnzoo._checks import NonFiniteError
-
         try:
             return fn(self, x, *args, **kwargs)
         except NonFiniteError as e:
@@ -124,8 +140,6 @@ def _name_module_input(fn: Callable, qualname: str) -> Callable:
 
 def _module_error(module: nn.Module, x, err) -> Exception:
     """The op's NonFiniteError restated for the module: NaN/Inf in x, or a finite x that is too large."""
-    from attnzoo._checks import NonFiniteError, finite_absmax
-
     name = type(module).__name__
     try:  # the error path: a second read of x costs nothing that matters now
         absmax = finite_absmax({"x": x}, op=name) if isinstance(x, torch.Tensor) else {}
@@ -156,14 +170,19 @@ def register_attention(name: str) -> Callable[[type[Attention]], type[Attention]
     return deco
 
 
-def _ensure_loaded() -> None:
-    # Importing the package registers every built-in mechanism.
-    import attnzoo.layers  # noqa: F401
+def _init_signature(options: type[Options]) -> inspect.Signature:
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+              inspect.Parameter("dim", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=int),
+              inspect.Parameter("heads", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=int),
+              inspect.Parameter("causal", kw, default=False, annotation=bool)]
+    params += [inspect.Parameter(f.name, kw, default=f.default, annotation=f.type)
+               for f in options.__dataclass_fields__.values()]
+    return inspect.Signature(params, return_annotation=None)
 
 
 def list_attentions(causal: bool | None = None) -> list[str]:
-    """Registered mechanism names; ``causal=True`` keeps those with a causal mode."""
-    _ensure_loaded()
+    """Registered mechanism names; ``causal=True`` keeps those with a causal mode (read from their specs)."""
     names = sorted(_REGISTRY)
     if causal is True:
         names = [n for n in names if _REGISTRY[n].supports_causal]
@@ -173,7 +192,7 @@ def list_attentions(causal: bool | None = None) -> list[str]:
 
 
 def attention_info(name: str) -> type[Attention]:
-    _ensure_loaded()
+    """The registered class of ``name`` (its ``mechanism`` attribute is the spec)."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown attention {name!r}; valid names: {sorted(_REGISTRY)}")
     return _REGISTRY[name]
@@ -182,18 +201,10 @@ def attention_info(name: str) -> type[Attention]:
 def build_attention(name: str, dim: int, heads: int, *, causal: bool = False, **options) -> Attention:
     """Build a registered token mixer ``(B, N, dim) -> (B, N, dim)``.
 
-    Unknown ``options`` raise ``TypeError`` listing the options the mechanism accepts.
+    Options are checked by the mechanism's options dataclass when the module is built: an unknown one raises
+    ``TypeError`` listing the valid ones, a bad value ``ValueError`` naming the option, the value and what is valid.
     """
-    cls = attention_info(name)
-    sig = inspect.signature(cls.__init__)
-    params = sig.parameters
-    has_varkw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    if not has_varkw:
-        valid = [p for p in params if p not in ("self", "dim", "heads", "causal")]
-        unknown = [k for k in options if k not in params]
-        if unknown:
-            raise TypeError(f"attention {name!r} got unknown option(s) {unknown}; valid options: {valid}")
-    return cls(dim, heads, causal=causal, **options)
+    return attention_info(name)(dim, heads, causal=causal, **options)
 
 
 @contextlib.contextmanager
@@ -247,3 +258,20 @@ class RecurrentMixin:
 
     def step(self, x: torch.Tensor, state):  # pragma: no cover - interface
         raise NotImplementedError
+
+
+def check_step_input(module: Attention, x: torch.Tensor) -> None:
+    """``step`` takes one token ``(B, 1, dim)`` of a causal module."""
+    if not module.causal:
+        raise ValueError(f"{type(module).__name__}.step decodes causally; build the module with causal=True")
+    module.check_input(x)
+    if x.shape[1] != 1:
+        raise ValueError(f"step takes one token at a time: x must have shape (B, 1, dim), got {tuple(x.shape)}")
+
+
+def check_kv_cache(state, batch: int, names: tuple[str, ...]) -> None:
+    """``state`` is a cache dict with keys ``names`` built for ``batch`` sequences."""
+    if not isinstance(state, dict) or any(n not in state for n in names):
+        raise TypeError(f"state must be the dict returned by init_state/step with keys {list(names)}")
+    if state[names[0]].shape[0] != batch:
+        raise ValueError(f"state was built for batch size {state[names[0]].shape[0]}, but x has batch size {batch}")

@@ -5,10 +5,8 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from attnzoo._checks import check_positive_int
 from attnzoo.layers.base import Attention, register_attention
-from attnzoo.ops.cbsa import cbsa, pool_reps, resolve_contraction
-from attnzoo.ops.cbsa.pooling import _check_grid
+from attnzoo.ops.cbsa import CBSA, cbsa, pool_reps
 
 __all__ = ["CBSAAttention"]
 
@@ -48,60 +46,22 @@ class CBSAAttention(Attention):
     ``filter`` ``(B, H, P, P)`` ("linear", "channel").
     """
 
-    supports_causal = False
+    mechanism = CBSA
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        num_reps: int | None = None,
-        grid: tuple[int, int] | None = None,
-        rep_grid: tuple[int, int] | None = None,
-        num_prefix_tokens: int = 0,
-        contraction: str | None = None,
-        variant: str = "cbsa",
-        eps: float = 1.0,
-        qkv_bias: bool = False,
-        detach_init: bool = False,
-    ) -> None:
-        super().__init__(dim, heads, causal=causal)
-        self.contraction = resolve_contraction(variant, contraction)
-        self.variant = variant
-        if num_reps is not None:
-            check_positive_int("num_reps", num_reps)
-        if grid is None and rep_grid is not None:
-            raise ValueError(f"rep_grid={rep_grid!r} needs a token grid; pass grid=(Hg, Wg) too, or use num_reps")
-        if grid is not None and num_reps is not None:
-            raise ValueError(
-                f"num_reps={num_reps!r} applies to 1-D pooling only; with grid={grid!r} use rep_grid=(Mh, Mw)"
-            )
-        if not isinstance(num_prefix_tokens, int) or isinstance(num_prefix_tokens, bool) or num_prefix_tokens < 0:
-            raise ValueError(f"num_prefix_tokens must be a non-negative integer, got {num_prefix_tokens!r}")
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
-            raise ValueError(f"eps must be a positive float, got {eps!r}")
-        if variant not in ("cbsa", "agent") and (num_reps is not None or grid is not None or rep_grid is not None):
-            raise ValueError(
-                f"variant={variant!r} pools no representatives; num_reps/grid/rep_grid apply to 'cbsa' and 'agent' "
-                f"(got num_reps={num_reps!r}, grid={grid!r}, rep_grid={rep_grid!r})"
-            )
-        # validate the grids now rather than at the first forward
-        if grid is not None:
-            _check_grid("grid", grid)
-        if rep_grid is not None:
-            _check_grid("rep_grid", rep_grid)
-        self.num_reps = num_reps
-        self.grid = tuple(grid) if grid is not None else None
-        self.rep_grid = tuple(rep_grid) if rep_grid is not None else None
-        self.num_prefix_tokens = num_prefix_tokens
-        self.eps = float(eps)
-        self.detach_init = bool(detach_init)
+    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options) -> None:
+        super().__init__(dim, heads, causal=causal, **options)
+        o = self.options
+        self.contraction, self.variant = o.contraction, o.variant
+        self.num_reps, self.grid, self.rep_grid = o.num_reps, o.grid, o.rep_grid
+        self.num_prefix_tokens = o.num_prefix_tokens
+        self.eps = o.eps
+        self.detach_init = bool(o.detach_init)
 
-        self.proj = nn.Linear(dim, dim, bias=qkv_bias)  # subspace bases U_[K], shared for q, k, v
+        self.proj = nn.Linear(dim, dim, bias=o.qkv_bias)  # subspace bases U_[K], shared for q, k, v
         self.to_out = nn.Linear(dim, dim)  # over-parameterised U_[K] (§4 implementation detail)
         self.ss_x = nn.Parameter(torch.randn(heads, 1, 1))  # kappa, eq 6
-        self.ss_rep = nn.Parameter(torch.randn(heads, 1, 1)) if variant in ("cbsa", "agent") else None  # eta, eq 5
+        extracts = o.variant in ("cbsa", "agent")
+        self.ss_rep = nn.Parameter(torch.randn(heads, 1, 1)) if extracts else None  # eta, eq 5
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)

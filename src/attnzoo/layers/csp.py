@@ -4,9 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from attnzoo._checks import check_choice, check_positive_int
 from attnzoo.layers.base import Attention, register_attention
-from attnzoo.ops.csp import SHIFT_SCHEDULES, csp, csp_shifts, csp_source_index
+from attnzoo.ops.csp import CSP, csp, csp_shifts, csp_source_index
 
 __all__ = ["CSPAttention"]
 
@@ -36,37 +35,16 @@ class CSPAttention(Attention):
     ``perm[b, c, i] = j`` iff ``P_c[i, j] = 1`` (only when N <= 1024); ``v`` the value matrix ``(B, N, dim)``.
     """
 
-    supports_causal = False
+    mechanism = CSP
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        groups: int = 1,
-        shift_schedule: str = "linear",
-        layer_index: int = 0,
-        num_layers: int = 1,
-        v_bias: bool = False,
-        proj_bias: bool = True,
-        proj_dropout: float = 0.0,
-    ) -> None:
-        super().__init__(dim, heads, causal=causal)
-        check_positive_int("groups", groups)
-        check_choice("shift_schedule", shift_schedule, SHIFT_SCHEDULES)
-        check_positive_int("num_layers", num_layers)
-        if not isinstance(layer_index, int) or isinstance(layer_index, bool) or not 0 <= layer_index < num_layers:
-            raise ValueError(f"layer_index must be an integer in [0, num_layers={num_layers}), got {layer_index!r}")
-        self.groups = groups
-        self.shift_schedule = shift_schedule
-        self.layer_index = layer_index
-        self.num_layers = num_layers
-        if isinstance(proj_dropout, bool) or not isinstance(proj_dropout, (int, float)) or not 0 <= proj_dropout < 1:
-            raise ValueError(f"proj_dropout must be a float in [0, 1), got {proj_dropout!r}")
-        self.v_proj = nn.Linear(dim, dim, bias=v_bias)
-        self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(float(proj_dropout))
+    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options) -> None:
+        super().__init__(dim, heads, causal=causal, **options)
+        o = self.options
+        self.groups, self.shift_schedule = o.groups, o.shift_schedule
+        self.layer_index, self.num_layers = o.layer_index, o.num_layers
+        self.v_proj = nn.Linear(dim, dim, bias=o.v_bias)
+        self.proj = nn.Linear(dim, dim, bias=o.proj_bias)
+        self.proj_drop = nn.Dropout(o.proj_dropout)
         self._shift_cache: dict[tuple[int, str], torch.Tensor] = {}
 
     def shifts_for(self, N: int, device: torch.device | None = None) -> torch.Tensor:

@@ -1,14 +1,12 @@
 """Fastmax token mixer (FAST, Gerami et al.): ``proj(fastmax(qkv(x)))`` in O(N D^(p+1)) time."""
 from __future__ import annotations
 
-import numbers
-
 import torch
 
-from attnzoo._checks import check_choice, check_finite, check_positive_int
+from attnzoo._checks import check_finite, check_positive_int
 from attnzoo.layers.base import Attention, QKVProjection, RecurrentMixin, register_attention
 from attnzoo.ops.fastmax import (
-    BACKENDS,
+    FASTMAX,
     FastmaxState,
     explicit_attention,
     fastmax,
@@ -16,18 +14,12 @@ from attnzoo.ops.fastmax import (
     fastmax_init_state,
     fastmax_step,
 )
-from attnzoo.ops.fastmax.common import check_p, resolve_scale, standardize
-from attnzoo.ops.fastmax.dropout import check_dropout
+from attnzoo.ops.fastmax.common import resolve_scale, standardize
 
 __all__ = ["FastmaxAttention", "MAX_CAPTURE_TOKENS"]
 
 #: the explicit (B, H, N, N) map is recorded only up to this length (it is O(N^2), the op is not)
 MAX_CAPTURE_TOKENS = 2048
-
-
-def _check_rate(name: str, rate) -> None:
-    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not (0.0 <= rate < 1.0):
-        raise ValueError(f"{name}={rate!r} must be a number in [0, 1)")
 
 
 @register_attention("fastmax")
@@ -47,34 +39,15 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
     ``N <= MAX_CAPTURE_TOKENS`` (2048) because it is quadratic in N; longer inputs record no ``attn``.
     """
 
-    supports_causal = True
+    mechanism = FASTMAX
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        p: int = 2,
-        scale: float | None = None,
-        qkv_bias: bool = True,
-        proj_bias: bool = True,
-        attn_dropout: float = 0.0,
-        dropout_placement: str = "none",
-        proj_dropout: float = 0.0,
-        backend: str = "auto",
-    ) -> None:
-        super().__init__(dim, heads, causal=causal)
-        check_p(p)
-        self.scale = resolve_scale(scale, self.head_dim)
-        check_dropout(attn_dropout, dropout_placement, p)
-        _check_rate("proj_dropout", proj_dropout)
-        check_choice("backend", backend, BACKENDS)
-        self.p = p
-        self.attn_dropout = float(attn_dropout)
-        self.dropout_placement = dropout_placement
-        self.backend = backend
-        self._init_projections(dim, qkv_bias, proj_bias, proj_dropout)
+    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options) -> None:
+        super().__init__(dim, heads, causal=causal, **options)
+        o = self.options
+        self.scale = resolve_scale(o.scale, self.head_dim)
+        self.p, self.attn_dropout, self.dropout_placement = o.p, o.attn_dropout, o.dropout_placement
+        self.backend = o.backend
+        self._init_projections(dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)  # NaN/Inf: found by the op on q, k, v (one sync), reported for x by the base class

@@ -3,16 +3,14 @@ from __future__ import annotations
 
 import torch
 
-from attnzoo.layers.base import Attention, QKVProjection, RecurrentMixin, register_attention
-from attnzoo.layers.softmax import check_step_input
+from attnzoo.layers.base import Attention, QKVProjection, RecurrentMixin, check_step_input, register_attention
 from attnzoo.ops.linear import (
-    FEATURE_MAPS,
+    LINEAR,
     init_linear_state,
     linear_attention,
     linear_attention_recurrent,
     linear_attention_weights,
 )
-from attnzoo._checks import check_dropout
 
 __all__ = ["LinearAttention"]
 
@@ -33,36 +31,13 @@ class LinearAttention(QKVProjection, Attention, RecurrentMixin):
     ``attn`` ``(B, H, N, N)``, the normalised kernel matrix, computed explicitly and only when ``N <= 2048``.
     """
 
-    supports_causal = True
+    mechanism = LINEAR
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        feature_map: str = "elu",
-        eps: float = 1e-6,
-        qkv_bias: bool = True,
-        proj_bias: bool = True,
-        proj_dropout: float = 0.0,
-        chunk_size: int | None = None,
-    ) -> None:
-        super().__init__(dim, heads, causal=causal)
-        if not isinstance(feature_map, str) or feature_map not in FEATURE_MAPS:
-            raise ValueError(
-                f"feature_map={feature_map!r} is not supported; valid feature maps: {sorted(FEATURE_MAPS)}"
-            )
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-            raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-        bad_chunk = isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-        if chunk_size is not None and bad_chunk:
-            raise ValueError(f"chunk_size must be None or a positive integer, got {chunk_size!r}")
-        check_dropout("proj_dropout", proj_dropout)
-        self.feature_map = feature_map
-        self.eps = float(eps)
-        self.chunk_size = chunk_size
-        self._init_projections(dim, qkv_bias, proj_bias, proj_dropout)
+    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options) -> None:
+        super().__init__(dim, heads, causal=causal, **options)
+        o = self.options
+        self.feature_map, self.eps, self.chunk_size = o.feature_map, o.eps, o.chunk_size
+        self._init_projections(dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)

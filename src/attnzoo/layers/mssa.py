@@ -6,11 +6,10 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from attnzoo.layers.base import Attention, RecurrentMixin, register_attention
-from attnzoo.layers.softmax import check_kv_cache, check_step_input
-from attnzoo.ops.mssa import mssa, mssa_query, mssa_weights
+from attnzoo._checks import check_scale
+from attnzoo.layers.base import Attention, RecurrentMixin, check_kv_cache, check_step_input, register_attention
+from attnzoo.ops.mssa import MSSA, mssa, mssa_query, mssa_weights
 from attnzoo.ops.softmax import softmax_attention
-from attnzoo._checks import check_dropout, check_scale
 
 __all__ = ["MSSAAttention"]
 
@@ -28,7 +27,8 @@ class MSSAAttention(Attention, RecurrentMixin):
 
     Options: ``causal`` (AoT §4.1's masked MSSA), ``normalize_query`` (AoT §4.1: the query side ``P(U_k^T Z)``
     has unit-norm tokens; keys/values do not), ``head_dim`` (subspace dimension ``p``; default ``dim // heads``,
-    CRATE's ``dim_head`` may differ, e.g. 64 at width 1280 for AoT-Huge), ``scale`` (default ``head_dim ** -0.5`` as in CRATE; the eqs.
+    CRATE's ``dim_head`` may differ, e.g. 64 at width 1280 for AoT-Huge), ``scale`` (default ``head_dim ** -0.5`` as
+    in CRATE; the eqs.
     have none -- it is absorbed in ``U``). The step size ``eta`` of eq. (3) belongs to the residual block.
     Decoding: ``init_state``/``step`` keep a cache ``{"w"}`` of projections ``(B, H, t, head_dim)``.
 
@@ -36,39 +36,20 @@ class MSSAAttention(Attention, RecurrentMixin):
     ``attn`` ``(B, H, N, N)`` (before attention dropout), computed explicitly then.
     """
 
-    supports_causal = True
+    mechanism = MSSA
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        scale: float | None = None,
-        normalize_query: bool = False,
-        out_proj: bool = True,
-        head_dim: int | None = None,
-        attn_dropout: float = 0.0,
-        proj_dropout: float = 0.0,
-    ) -> None:
-        super().__init__(dim, heads, causal=causal)
-        if head_dim is not None:
-            if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
-                raise ValueError(f"head_dim must be a positive int (subspace dimension p) or None for dim // heads, "
-                                 f"got {head_dim!r}")
-            self.head_dim = head_dim
-        if not isinstance(normalize_query, bool):
-            raise TypeError(f"normalize_query must be a bool, got {normalize_query!r}")
-        if not isinstance(out_proj, bool):
-            raise TypeError(f"out_proj must be a bool, got {out_proj!r}")
-        self.attn_dropout = check_dropout("attn_dropout", attn_dropout)
-        check_dropout("proj_dropout", proj_dropout)
-        self.scale = check_scale(scale, self.head_dim)
-        self.normalize_query = normalize_query
+    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options) -> None:
+        super().__init__(dim, heads, causal=causal, **options)
+        o = self.options
+        if o.head_dim is not None:
+            self.head_dim = o.head_dim
+        self.attn_dropout = o.attn_dropout
+        self.scale = check_scale(o.scale, self.head_dim)
+        self.normalize_query = o.normalize_query
         inner = heads * self.head_dim  # K subspaces of dimension p; CRATE's default p = dim // heads
         self.qkv = nn.Linear(dim, inner, bias=False)
-        self.to_out = nn.Linear(inner, dim, bias=True) if out_proj else None
-        self.proj_drop = nn.Dropout(proj_dropout)
+        self.to_out = nn.Linear(inner, dim, bias=True) if o.out_proj else None
+        self.proj_drop = nn.Dropout(o.proj_dropout)
 
     def _w(self, x: torch.Tensor) -> torch.Tensor:
         return rearrange(self.qkv(x), "b n (h p) -> b h n p", h=self.heads)
@@ -113,6 +94,7 @@ class MSSAAttention(Attention, RecurrentMixin):
 
     def extra_repr(self) -> str:
         return (
-            f"{super().extra_repr()}, head_dim={self.head_dim}, scale={self.scale:.4g}, normalize_query={self.normalize_query}, "
+            f"{super().extra_repr()}, head_dim={self.head_dim}, scale={self.scale:.4g}, "
+            f"normalize_query={self.normalize_query}, "
             f"out_proj={self.to_out is not None}"
         )

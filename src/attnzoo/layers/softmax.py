@@ -4,27 +4,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnzoo.layers.base import Attention, QKVProjection, RecurrentMixin, register_attention
-from attnzoo.ops.softmax import softmax_attention, softmax_attention_weights
-from attnzoo._checks import check_dropout, check_scale
+from attnzoo._checks import check_scale
+from attnzoo.layers.base import (  # noqa: F401  (check_step_input, check_kv_cache: re-exported, their first home)
+    Attention,
+    QKVProjection,
+    RecurrentMixin,
+    check_kv_cache,
+    check_step_input,
+    register_attention,
+)
+from attnzoo.ops.softmax import SOFTMAX, softmax_attention, softmax_attention_weights
 
 __all__ = ["SoftmaxAttention"]
-
-
-def check_step_input(module: Attention, x: torch.Tensor) -> None:
-    """``step`` takes one token ``(B, 1, dim)`` of a causal module."""
-    if not module.causal:
-        raise ValueError(f"{type(module).__name__}.step decodes causally; build the module with causal=True")
-    module.check_input(x)
-    if x.shape[1] != 1:
-        raise ValueError(f"step takes one token at a time: x must have shape (B, 1, dim), got {tuple(x.shape)}")
-
-
-def check_kv_cache(state, batch: int, names: tuple[str, ...]) -> None:
-    if not isinstance(state, dict) or any(n not in state for n in names):
-        raise TypeError(f"state must be the dict returned by init_state/step with keys {list(names)}")
-    if state[names[0]].shape[0] != batch:
-        raise ValueError(f"state was built for batch size {state[names[0]].shape[0]}, but x has batch size {batch}")
 
 
 @register_attention("softmax")
@@ -39,25 +30,14 @@ class SoftmaxAttention(QKVProjection, Attention, RecurrentMixin):
     ``attn`` ``(B, H, N, N)``, the attention probabilities (before attention dropout), computed explicitly then.
     """
 
-    supports_causal = True
+    mechanism = SOFTMAX
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        qkv_bias: bool = True,
-        proj_bias: bool = True,
-        attn_dropout: float = 0.0,
-        proj_dropout: float = 0.0,
-        scale: float | None = None,
-    ) -> None:
-        super().__init__(dim, heads, causal=causal)
-        self.attn_dropout = check_dropout("attn_dropout", attn_dropout)
-        check_dropout("proj_dropout", proj_dropout)
-        self.scale = check_scale(scale, self.head_dim)
-        self._init_projections(dim, qkv_bias, proj_bias, proj_dropout)
+    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options) -> None:
+        super().__init__(dim, heads, causal=causal, **options)
+        o = self.options
+        self.attn_dropout = o.attn_dropout
+        self.scale = check_scale(o.scale, self.head_dim)
+        self._init_projections(dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)

@@ -12,7 +12,7 @@ from torch import nn
 
 from attnzoo._checks import check_positive_int
 from attnzoo.layers.base import Attention, RecurrentMixin, register_attention
-from attnzoo.ops.tssa import TSSAState, tssa, tssa_init_state, tssa_pi, tssa_step
+from attnzoo.ops.tssa import TSSA, TSSAState, tssa, tssa_init_state, tssa_pi, tssa_step
 
 __all__ = ["TSSAAttention"]
 
@@ -29,26 +29,17 @@ class TSSAAttention(Attention, RecurrentMixin):
     projected tokens ``U_k^T z_j``.
     """
 
-    supports_causal = True
+    mechanism = TSSA
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        qkv_bias: bool = False,
-        max_len: int = 1024,
-        proj_bias: bool = True,
-    ) -> None:
-        super().__init__(dim, heads, causal=causal)
-        check_positive_int("max_len", max_len)
-        self.max_len = max_len
-        self.qkv = nn.Linear(dim, dim, bias=qkv_bias)
+    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options) -> None:
+        super().__init__(dim, heads, causal=causal, **options)
+        o = self.options
+        self.max_len = o.max_len
+        self.qkv = nn.Linear(dim, dim, bias=o.qkv_bias)
         self.temp = nn.Parameter(torch.ones(heads, 1))
-        self.to_out = nn.Linear(dim, dim, bias=proj_bias)
+        self.to_out = nn.Linear(dim, dim, bias=o.proj_bias)
         if causal:
-            self.bias = nn.Parameter(torch.zeros(heads, max_len, 1))
+            self.bias = nn.Parameter(torch.zeros(heads, o.max_len, 1))
         else:
             self.register_parameter("bias", None)
 

@@ -7,8 +7,7 @@ from einops import rearrange
 from torch import nn
 
 from attnzoo.layers.base import Attention, register_attention
-from attnzoo._checks import check_dropout
-from attnzoo.ops.xca import xca, xca_weights
+from attnzoo.ops.xca import XCA, xca, xca_weights
 
 __all__ = ["XCAttention"]
 
@@ -25,26 +24,16 @@ class XCAttention(Attention):
     channel-attention probabilities (before attention dropout), ``P = dim // heads``.
     """
 
-    supports_causal = False
+    mechanism = XCA
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        qkv_bias: bool = True,
-        proj_bias: bool = True,
-        attn_dropout: float = 0.0,
-        proj_dropout: float = 0.0,
-    ) -> None:
-        super().__init__(dim, heads, causal=causal)
-        self.attn_dropout = check_dropout("attn_dropout", attn_dropout)
-        check_dropout("proj_dropout", proj_dropout)
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options) -> None:
+        super().__init__(dim, heads, causal=causal, **options)
+        o = self.options
+        self.attn_dropout = o.attn_dropout
+        self.qkv = nn.Linear(dim, 3 * dim, bias=o.qkv_bias)
         self.temperature = nn.Parameter(torch.ones(heads, 1, 1))
-        self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(proj_dropout)
+        self.proj = nn.Linear(dim, dim, bias=o.proj_bias)
+        self.proj_drop = nn.Dropout(o.proj_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)

@@ -24,8 +24,10 @@ from typing import Callable, Sequence
 
 import torch
 
+from attnzoo.ops._dtypes import acc_dtype
+
 __all__ = [
-    "interpreting", "pow2", "acc_dtype", "check_launchable", "TritonFallbackWarning", "auto_uses_triton",
+    "interpreting", "pow2", "tl_acc_dtype", "check_launchable", "TritonFallbackWarning", "auto_uses_triton",
     "run_auto_triton", "triton_failures",
 ]
 
@@ -43,11 +45,11 @@ def pow2(n: int, minimum: int = 16) -> int:
     return max(minimum, triton.next_power_of_2(max(int(n), 1)))
 
 
-def acc_dtype(dtype: torch.dtype):
-    """Accumulator type of the kernels: float64 for float64 inputs, float32 otherwise (fp16/bf16 too)."""
+def tl_acc_dtype(dtype: torch.dtype):
+    """Accumulator type of the kernels: :func:`attnzoo.ops._dtypes.acc_dtype` as a Triton type."""
     import triton.language as tl
 
-    return tl.float64 if dtype == torch.float64 else tl.float32
+    return tl.float64 if acc_dtype(dtype) == torch.float64 else tl.float32
 
 
 def check_launchable(op: str, *tensors: torch.Tensor) -> None:

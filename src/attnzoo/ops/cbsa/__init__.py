@@ -19,13 +19,29 @@ so ``out = softmax(w w^T * scale) w`` (eq 9), or ``(I_N + p/(N eps^2) w w^T)^{-1
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from attnzoo._checks import check_choice, check_ndim, check_overflow, finite_absmax
+from attnzoo._checks import (
+    check_bool,
+    check_choice,
+    check_ndim,
+    check_nonneg_int,
+    check_optional_positive_int,
+    check_overflow,
+    check_positive_finite,
+    check_scale,
+    finite_absmax,
+)
+from attnzoo.ops._dispatch import resolve_backend, run_backend
+from attnzoo.ops._spec import Backend, Mechanism, Options, option
+from attnzoo.ops.cbsa.fast import cbsa_fast  # noqa: F401  (the spec's backends look it up here)
+from attnzoo.ops.cbsa.naive import cbsa_naive
 from attnzoo.ops.cbsa.pooling import (
     DEFAULT_NUM_REPS,
     DEFAULT_REP_GRID,
+    _check_grid,
     pool_reps,
     pool_reps_1d,
     pool_reps_2d,
@@ -42,11 +58,12 @@ __all__ = [
     "BACKENDS",
     "DEFAULT_NUM_REPS",
     "DEFAULT_REP_GRID",
+    "CBSAOptions",
+    "CBSA",
 ]
 
 VARIANTS = ("cbsa", "mssa", "linear", "channel", "agent")
 CONTRACTIONS = ("softmax", "exact")
-BACKENDS = ("auto", "naive", "torch")
 # Variants that extract representatives from ``reps`` (eq 5) and so need them.
 _NEEDS_REPS = ("cbsa", "agent")
 # Variants with a selectable contraction; the others fix it (eq 12/13 are the exact contraction in
@@ -89,6 +106,41 @@ def _check_eta(eta, w: torch.Tensor):
     return float(eta)
 
 
+def _check_reps(w: torch.Tensor, reps: torch.Tensor | None, variant: str) -> None:
+    b, h, _, p = w.shape
+    if variant in _NEEDS_REPS:
+        if reps is None:
+            raise ValueError(f"variant={variant!r} needs reps of shape (B, H, M, P) (e.g. from pool_reps(w)), got None")
+        check_ndim("reps", reps, 4, "(B, H, M, P)")
+        if reps.shape[0] != b or reps.shape[1] != h or reps.shape[3] != p or reps.shape[2] < 1:
+            raise ValueError(
+                f"reps must have shape (B, H, M, P) = ({b}, {h}, M >= 1, {p}) to match w {tuple(w.shape)}, "
+                f"got {tuple(reps.shape)}"
+            )
+        if reps.dtype != w.dtype:
+            raise TypeError(f"reps dtype {reps.dtype} differs from w dtype {w.dtype}")
+    elif reps is not None:
+        raise ValueError(
+            f"variant={variant!r} determines its own representatives (tokens / principal directions / basis); "
+            f"pass reps=None, got a tensor of shape {tuple(reps.shape)}"
+        )
+
+
+def _check_magnitudes(w, reps, eta, variant: str, contraction: str | None, eps: float, scale: float) -> None:
+    """NaN/Inf in w, reps, eta, or magnitudes whose scores / Gram matrices would overflow (one host sync)."""
+    absmax = finite_absmax({"w": w, "reps": reps, "eta": eta if isinstance(eta, torch.Tensor) else None}, op="cbsa")
+    if not absmax:
+        return
+    n, p = w.shape[2], w.shape[3]
+    # scores reps . w * scale and the Gram matrices R R^T sum P products of |R| <= |reps| + |eta| |w|;
+    # the closed forms ("linear", "channel") sum w^2 over the N tokens
+    eta_max = absmax.get("eta", abs(eta) if not isinstance(eta, torch.Tensor) else 0.0)
+    r = absmax.get("reps", 0.0) + eta_max * absmax["w"] + absmax["w"]
+    check_overflow("cbsa", "w", absmax, r * r * p * max(scale, 1.0) * max(n, 1) / max(eps, 1e-30) ** 2
+                   if variant in ("linear", "channel") or contraction == "exact" else r * r * p * max(scale, 1.0),
+                   w.dtype, "the scores / Gram matrices of the representatives")
+
+
 def cbsa(
     w: torch.Tensor,
     reps: torch.Tensor | None = None,
@@ -122,44 +174,16 @@ def cbsa(
     Returns ``out`` ``(B, H, N, P)`` (same dtype as ``w``), or ``(out, internals)``. fp16/bf16 inputs are
     computed in float32.
     """
-    check_choice("backend", backend, BACKENDS)
-    contraction = resolve_contraction(variant, contraction)
     check_ndim("w", w, 4, "(B, H, N, P)")
-    b, h, n, p = w.shape
-    if n < 1 or p < 1:
+    name = resolve_backend(CBSA, backend, w, name="w")
+    contraction = resolve_contraction(variant, contraction)
+    if w.shape[2] < 1 or w.shape[3] < 1:
         raise ValueError(f"w must hold at least one token and one channel, got shape {tuple(w.shape)}")
-    if variant in _NEEDS_REPS:
-        if reps is None:
-            raise ValueError(f"variant={variant!r} needs reps of shape (B, H, M, P) (e.g. from pool_reps(w)), got None")
-        check_ndim("reps", reps, 4, "(B, H, M, P)")
-        if reps.shape[0] != b or reps.shape[1] != h or reps.shape[3] != p or reps.shape[2] < 1:
-            raise ValueError(
-                f"reps must have shape (B, H, M, P) = ({b}, {h}, M >= 1, {p}) to match w {tuple(w.shape)}, "
-                f"got {tuple(reps.shape)}"
-            )
-        if reps.dtype != w.dtype:
-            raise TypeError(f"reps dtype {reps.dtype} differs from w dtype {w.dtype}")
-    elif reps is not None:
-        raise ValueError(
-            f"variant={variant!r} determines its own representatives (tokens / principal directions / basis); "
-            f"pass reps=None, got a tensor of shape {tuple(reps.shape)}"
-        )
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps > 0):
-        raise ValueError(f"eps must be a finite positive float, got {eps!r}")
-    if scale is None:
-        scale = p**-0.5
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a finite positive float or None (-> P ** -0.5), got {scale!r}")
+    _check_reps(w, reps, variant)
+    eps = CBSAOptions.check("eps", eps)
+    scale = check_scale(scale, w.shape[3])
     eta = _check_eta(eta, w)
-    absmax = finite_absmax({"w": w, "reps": reps, "eta": eta if isinstance(eta, torch.Tensor) else None}, op="cbsa")
-    if absmax:
-        # scores reps . w * scale and the Gram matrices R R^T sum P products of |R| <= |reps| + |eta| |w|;
-        # the closed forms ("linear", "channel") sum w^2 over the N tokens
-        eta_max = absmax.get("eta", abs(eta) if not isinstance(eta, torch.Tensor) else 0.0)
-        r = absmax.get("reps", 0.0) + eta_max * absmax["w"] + absmax["w"]
-        check_overflow("cbsa", "w", absmax, r * r * p * max(scale, 1.0) * max(n, 1) / max(eps, 1e-30) ** 2
-                       if variant in ("linear", "channel") or contraction == "exact" else r * r * p * max(scale, 1.0),
-                       w.dtype, "the scores / Gram matrices of the representatives")
+    _check_magnitudes(w, reps, eta, variant, contraction, eps, scale)
 
     in_dtype = w.dtype
     if in_dtype in (torch.float16, torch.bfloat16):
@@ -170,17 +194,65 @@ def cbsa(
     elif isinstance(eta, torch.Tensor) and eta.dtype != w.dtype:
         eta = eta.to(w.dtype)
 
-    kwargs = dict(variant=variant, contraction=contraction, eps=float(eps), scale=float(scale), eta=eta)
-    if backend == "naive":
-        from attnzoo.ops.cbsa.naive import cbsa_naive
-
-        out, internals = cbsa_naive(w, reps, **kwargs)
-    else:
-        from attnzoo.ops.cbsa.fast import cbsa_fast
-
-        out, internals = cbsa_fast(w, reps, need_internals=return_internals, **kwargs)
-
+    out, internals = run_backend(CBSA, name, (w, reps), auto=backend == "auto", variant=variant,
+                                 contraction=contraction, eps=float(eps), scale=float(scale), eta=eta,
+                                 need_internals=return_internals)
     out = out.to(in_dtype)
     if not return_internals:
         return out
     return out, {k: v.to(in_dtype) for k, v in internals.items()}
+
+
+def _cbsa_naive(w, reps, *, need_internals: bool, **kwargs):
+    # the reference always builds its internals
+    return cbsa_naive(w, reps, **kwargs)
+
+
+def _check_variant(name: str, value) -> str:
+    check_choice(name, value, VARIANTS)
+    return value
+
+
+@dataclass(frozen=True)
+class CBSAOptions(Options):
+    """Options of the CBSA layer (Algorithm 1); see :class:`attnzoo.layers.cbsa.CBSAAttention`."""
+
+    num_reps: int | None = option(None, check_optional_positive_int, "1-D pooling: M; None -> 64")
+    grid: tuple[int, int] | None = option(None, doc="(Hg, Wg) token grid for 2-D pooling")
+    rep_grid: tuple[int, int] | None = option(None, doc="pooled grid; None -> (min(8, Hg), min(8, Wg))")
+    num_prefix_tokens: int = option(0, check_nonneg_int, "leading tokens (CLS, registers) not pooled")
+    contraction: str | None = option(None, doc="'softmax' (eq 8) or 'exact' (eq 7); None -> the variant's")
+    variant: str = option("cbsa", _check_variant, "'cbsa', 'mssa', 'linear', 'channel' or 'agent' (§3.3)")
+    eps: float = option(1.0, check_positive_finite, "coding precision of the exact contraction / 'linear' / 'channel'")
+    qkv_bias: bool = option(False, check_bool, "bias of the shared subspace projection")
+    detach_init: bool = option(False, check_bool, "stop-gradient on the pooled initial representatives (sg of eq 5)")
+
+    def validate(self) -> None:
+        object.__setattr__(self, "contraction", resolve_contraction(self.variant, self.contraction))
+        num_reps, grid, rep_grid = self.num_reps, self.grid, self.rep_grid
+        if grid is None and rep_grid is not None:
+            raise ValueError(f"rep_grid={rep_grid!r} needs a token grid; pass grid=(Hg, Wg) too, or use num_reps")
+        if grid is not None and num_reps is not None:
+            raise ValueError(
+                f"num_reps={num_reps!r} applies to 1-D pooling only; with grid={grid!r} use rep_grid=(Mh, Mw)"
+            )
+        if self.variant not in _NEEDS_REPS and (num_reps is not None or grid is not None or rep_grid is not None):
+            raise ValueError(
+                f"variant={self.variant!r} pools no representatives; num_reps/grid/rep_grid apply to 'cbsa' and "
+                f"'agent' (got num_reps={num_reps!r}, grid={grid!r}, rep_grid={rep_grid!r})"
+            )
+        # the grids are checked now rather than at the first forward
+        for name in ("grid", "rep_grid"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _check_grid(name, getattr(self, name)))
+
+
+CBSA = Mechanism(
+    op="cbsa",
+    options=CBSAOptions,
+    backends={"naive": Backend(__name__, "_cbsa_naive", kind="reference"), "torch": Backend(__name__, "cbsa_fast")},
+    causal=False,  # the representatives summarise every token
+    examples=({"num_reps": 4, "contraction": "exact"}, {"variant": "agent", "num_reps": 3}, {"variant": "linear"},
+              {"variant": "channel"}, {"variant": "mssa", "contraction": "exact"}),
+)
+BACKENDS = tuple(CBSA.backend_names())

@@ -9,27 +9,68 @@ hence which input a gradient reaches do.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from attnzoo._checks import check_ndim, check_positive_int, finite_absmax
+from attnzoo._checks import check_bool, check_choice, check_ndim, check_positive_int, check_probability, finite_absmax
+from attnzoo.ops._dispatch import resolve_backend, run_backend
+from attnzoo.ops._spec import Backend, Mechanism, Options, option
+from attnzoo.ops.csp.gather import csp_gather  # noqa: F401  (the spec's backends look it up here)
+from attnzoo.ops.csp.gather import csp_source_index as _source_index
+from attnzoo.ops.csp.naive import csp_naive, csp_permutations_naive
 from attnzoo.ops.csp.shifts import SHIFT_SCHEDULES, csp_shifts
 
-__all__ = ["csp", "csp_shifts", "csp_permutations", "csp_source_index", "SHIFT_SCHEDULES", "BACKENDS"]
+__all__ = ["csp", "csp_shifts", "csp_permutations", "csp_source_index", "SHIFT_SCHEDULES", "BACKENDS",
+           "CSPOptions", "CSP"]
 
-BACKENDS = ("auto", "naive", "torch")
+
+def _check_schedule(name: str, value) -> str:
+    check_choice(name, value, SHIFT_SCHEDULES)
+    return value
+
+
+@dataclass(frozen=True)
+class CSPOptions(Options):
+    """Options of the CSP layer (value projection, permutation, output projection)."""
+
+    groups: int = option(1, check_positive_int, "K of eq 4: N must be divisible by it")
+    shift_schedule: str = option("linear", _check_schedule, "'linear', 'power' or 'none' (csp_shifts)")
+    layer_index: int = option(0, doc="this layer's place in the power-law schedule, in [0, num_layers)")
+    num_layers: int = option(1, check_positive_int, "layers of the schedule")
+    v_bias: bool = option(False, check_bool, "bias of the value projection")
+    proj_bias: bool = option(True, check_bool, "bias of the output projection")
+    proj_dropout: float = option(0.0, check_probability, "dropout after the output projection")
+
+    def validate(self) -> None:
+        i = self.layer_index
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.num_layers:
+            raise ValueError(f"layer_index must be an integer in [0, num_layers={self.num_layers}), got {i!r}")
+
+
+def _csp_naive(v: torch.Tensor, shifts: torch.Tensor, groups: int) -> torch.Tensor:
+    return csp_naive(v, shifts.tolist(), groups)
+
+
+CSP = Mechanism(
+    op="csp",
+    options=CSPOptions,
+    backends={"naive": Backend(__name__, "_csp_naive", kind="reference"), "torch": Backend(__name__, "csp_gather")},
+    causal=False,  # group sorting reads every token of a group
+    examples=({"groups": 3, "shift_schedule": "power", "layer_index": 1, "num_layers": 2},),
+)
+BACKENDS = tuple(CSP.backend_names())
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _check_args(v: torch.Tensor, shifts, groups: int, backend: str) -> torch.Tensor:
-    """Validate and return ``shifts`` as a LongTensor ``(C,)`` on ``v.device``."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not supported by csp; valid backends: {list(BACKENDS)}")
+def _check_args(v: torch.Tensor, shifts, groups: int, backend: str) -> tuple[torch.Tensor, str]:
+    """Validate; return ``shifts`` as a LongTensor ``(C,)`` on ``v.device`` and the backend to run."""
     check_ndim("v", v, 3, "(B, N, C)")
+    name = resolve_backend(CSP, backend, v, name="v")
     B, N, C = v.shape
     if N < 1 or C < 1:
         raise ValueError(f"v must have N >= 1 tokens and C >= 1 channels, got shape {tuple(v.shape)}")
@@ -45,7 +86,7 @@ def _check_args(v: torch.Tensor, shifts, groups: int, backend: str) -> torch.Ten
             raise TypeError(f"shifts must hold integers, got a tensor of dtype {shifts.dtype}")
         if shifts.ndim != 1 or shifts.shape[0] != C:
             raise ValueError(f"shifts must have shape (C,) = ({C},), got shape {tuple(shifts.shape)}")
-        return shifts.to(device=v.device, dtype=torch.long)
+        return shifts.to(device=v.device, dtype=torch.long), name
     if not isinstance(shifts, Sequence) or isinstance(shifts, str):
         raise TypeError(f"shifts must be a length-C sequence of ints or an integer tensor, got {type(shifts).__name__}")
     if len(shifts) != C:
@@ -53,7 +94,7 @@ def _check_args(v: torch.Tensor, shifts, groups: int, backend: str) -> torch.Ten
     bad = [s for s in shifts if not isinstance(s, int) or isinstance(s, bool)]
     if bad:
         raise TypeError(f"shifts must hold integers, got {bad[:3]!r}")
-    return torch.tensor(list(shifts), dtype=torch.long, device=v.device)
+    return torch.tensor(list(shifts), dtype=torch.long, device=v.device), name
 
 
 def csp(v: torch.Tensor, shifts: Sequence[int] | torch.Tensor, groups: int, *, backend: str = "auto") -> torch.Tensor:
@@ -65,22 +106,14 @@ def csp(v: torch.Tensor, shifts: Sequence[int] | torch.Tensor, groups: int, *, b
     (piecewise constant) permutations. ``backend``: ``"auto"`` (= ``"torch"``), ``"torch"`` (gather/sort),
     ``"naive"`` (explicit N x N permutation matrices).
     """
-    s = _check_args(v, shifts, groups, backend)
-    if backend == "naive":
-        from attnzoo.ops.csp.naive import csp_naive
-
-        return csp_naive(v, s.tolist(), groups)
-    from attnzoo.ops.csp.gather import csp_gather
-
-    return csp_gather(v, s, groups)
+    s, name = _check_args(v, shifts, groups, backend)
+    return run_backend(CSP, name, (v, s, groups), auto=backend == "auto")
 
 
 def csp_source_index(v: torch.Tensor, shifts: Sequence[int] | torch.Tensor, groups: int) -> torch.Tensor:
     """LongTensor ``(B, N, C)``: ``csp(v)[b, i, c] == v[b, idx[b, i, c], c]`` (row i of ``P_c`` has its 1 at idx)."""
-    s = _check_args(v, shifts, groups, "torch")
-    from attnzoo.ops.csp.gather import csp_source_index as _index
-
-    return _index(v, s, groups)
+    s, _ = _check_args(v, shifts, groups, "torch")
+    return _source_index(v, s, groups)
 
 
 def csp_permutations(
@@ -90,13 +123,9 @@ def csp_permutations(
 
     For analysis only: O(B·C·N²) memory. ``csp(v) == einsum("bcij,bjc->bic", P, v)``.
     """
-    s = _check_args(v, shifts, groups, backend)
-    if backend == "naive":
-        from attnzoo.ops.csp.naive import csp_permutations_naive
-
+    s, name = _check_args(v, shifts, groups, backend)
+    if CSP.backends[name].kind == "reference":
         return csp_permutations_naive(v, s.tolist(), groups)
-    from attnzoo.ops.csp.gather import csp_source_index as _index
-
-    idx = _index(v, s, groups)  # (B, N, C)
+    idx = _source_index(v, s, groups)  # (B, N, C)
     N = v.shape[1]
     return torch.nn.functional.one_hot(idx.transpose(1, 2), N).to(v.dtype)

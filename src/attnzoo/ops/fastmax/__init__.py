@@ -14,21 +14,29 @@ can be negative (and causal denominators can approach 0). Pass ``scale=1/D`` for
 """
 from __future__ import annotations
 
-import importlib.util
+from dataclasses import dataclass
 
 import torch
 
-from attnzoo._checks import NonFiniteError, check_overflow, finite_absmax
-from attnzoo.ops._triton_utils import auto_uses_triton, run_auto_triton
+from attnzoo._checks import NonFiniteError, check_bool, check_overflow, check_probability, finite_absmax
+from attnzoo.ops._dispatch import resolve_backend, run_backend
+from attnzoo.ops._spec import Backend, Mechanism, Options, option, triton_available
 from attnzoo.ops.fastmax.common import (
     BACKENDS,
     EPS,
+    check_p,
     compute_dtype,
+    resolve_scale,
     standardize,
     validate_options,
     validate_qkv,
 )
-from attnzoo.ops.fastmax.dropout import DROPOUT_PLACEMENTS, fastmax_dropout, sample_dropout_masks
+from attnzoo.ops.fastmax.dropout import (
+    DROPOUT_PLACEMENTS,
+    check_dropout_placement,
+    fastmax_dropout,
+    sample_dropout_masks,
+)
 from attnzoo.ops.fastmax.factorized import FastmaxFunction, fastmax_factorized
 from attnzoo.ops.fastmax.naive import explicit_attention, fastmax_naive
 from attnzoo.ops.fastmax.recurrent import FastmaxState, fastmax_init_state, fastmax_step
@@ -46,14 +54,74 @@ __all__ = [
     "DROPOUT_PLACEMENTS",
     "BACKENDS",
     "EPS",
+    "FastmaxOptions",
+    "FASTMAX",
 ]
 
 
 def _triton_available() -> bool:
-    return (
-        importlib.util.find_spec("triton") is not None
-        and importlib.util.find_spec("attnzoo.ops.fastmax.triton") is not None
-    )
+    return triton_available("attnzoo.ops.fastmax.triton")
+
+
+def _check_p(name: str, p) -> int:
+    check_p(p)
+    return p
+
+
+def _check_scale(name: str, scale) -> float | None:
+    return None if scale is None else resolve_scale(scale, 1)
+
+
+def _check_backend(name: str, backend) -> str:
+    if not isinstance(backend, str) or backend not in FASTMAX.backends and backend != "auto":
+        raise ValueError(f"{name}={backend!r} is not supported by fastmax; valid backends: {FASTMAX.backend_names()}")
+    return backend
+
+
+@dataclass(frozen=True)
+class FastmaxOptions(Options):
+    """Options of the Fastmax layer (FAST; ``qkv``/``proj`` projections)."""
+
+    p: int = option(2, _check_p, "Taylor order of f (1 or 2)")
+    scale: float | None = option(None, _check_scale, "score scale; None -> head_dim ** -0.5")
+    qkv_bias: bool = option(True, check_bool, "bias of the fused q/k/v projection")
+    proj_bias: bool = option(True, check_bool, "bias of the output projection")
+    attn_dropout: float = option(0.0, check_probability, "dropout rate of the factorised terms (training only)")
+    dropout_placement: str = option("none", doc="'none', 'standard', '1d' or 'quadratic' (FAST §2.4)")
+    proj_dropout: float = option(0.0, check_probability, "dropout after the output projection")
+    backend: str = option("auto", _check_backend, "backend of the op")
+
+    def validate(self) -> None:
+        check_dropout_placement(self.attn_dropout, self.dropout_placement, self.p)
+
+
+def _fastmax_torch(qs, kh, vv, *, p: int, causal: bool, chunk_size: int) -> torch.Tensor:
+    # the §2.5 backward writes into strided slices (out=), which torch.compile cannot trace: compiled graphs
+    # differentiate the chunked forward instead (same values, more memory)
+    custom = not torch.compiler.is_compiling()
+    return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk_size, custom_grad=custom)
+
+
+def _fastmax_torch_autograd(qs, kh, vv, *, p: int, causal: bool, chunk_size: int) -> torch.Tensor:
+    return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk_size, custom_grad=False)
+
+
+# Every backend but the reference takes the standardised, scaled inputs ``(qs, k_hat, v)`` in the compute dtype.
+FASTMAX = Mechanism(
+    op="fastmax",
+    options=FastmaxOptions,
+    backends={
+        "naive": Backend(__name__, "fastmax_naive", kind="reference"),
+        "torch": Backend(__name__, "_fastmax_torch"),
+        "torch_autograd": Backend(__name__, "_fastmax_torch_autograd"),
+        "triton": Backend("attnzoo.ops.fastmax.triton", "fastmax_triton", kind="triton", devices=("cuda",),
+                          available=lambda: _triton_available()),
+    },
+    causal=True,
+    state=FastmaxState,
+    # p=1 weights are an average only for scale <= 1/D (module doc): 0.25 for the tests' D=4
+    examples=({"p": 1, "scale": 0.25},),
+)
 
 
 def fastmax(
@@ -88,37 +156,14 @@ def fastmax(
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
     _check_values(q, k, v, p, scale)
-    auto = backend == "auto"
-    if auto:
-        backend = "triton" if auto_uses_triton("fastmax", q) and _triton_available() else "torch"
-    if backend == "naive":
+    name = resolve_backend(FASTMAX, backend, q, name="q")
+    if name == "naive":
         return fastmax_naive(q, k, v, p=p, causal=causal, scale=scale)
-    if backend == "triton" and not _triton_available():
-        raise ValueError(
-            "backend='triton' is not available for fastmax (needs the triton package and "
-            "attnzoo.ops.fastmax.triton); use one of ['auto', 'naive', 'torch', 'torch_autograd']"
-        )
     cd = compute_dtype(q.dtype)
     qs = standardize(q.to(cd), scale=scale)
     kh = standardize(k.to(cd))
-    vv = v.to(cd)
-    if backend == "triton":
-        def run_triton(qs: torch.Tensor, kh: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
-            from attnzoo.ops.fastmax.triton import fastmax_triton
-
-            return fastmax_triton(qs, kh, vv, p=p, causal=causal, chunk_size=chunk)
-
-        def run_torch(qs: torch.Tensor, kh: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
-            return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk, custom_grad=True)
-
-        # a kernel that fails to compile/launch under "auto": warn once, PyTorch path from then on
-        out = (run_auto_triton("fastmax", run_triton, run_torch, (qs, kh, vv), key=(p, causal, qs.dtype))
-               if auto else run_triton(qs, kh, vv))
-    else:
-        # the §2.5 backward writes into strided slices (out=), which torch.compile cannot trace: compiled graphs
-        # differentiate the chunked forward instead (same values, more memory)
-        custom = backend == "torch" and not torch.compiler.is_compiling()
-        out = fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk, custom_grad=custom)
+    out = run_backend(FASTMAX, name, (qs, kh, v.to(cd)), auto=backend == "auto", p=p, causal=causal,
+                      chunk_size=chunk)
     out = out.to(v.dtype)
     if p == 1 and scale * q.shape[-1] > 1.0:
         _check_p1_output(out, scale, q.shape[-1])

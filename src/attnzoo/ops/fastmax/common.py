@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo._checks import check_choice, check_ndim, check_positive_int
+from attnzoo.ops._dtypes import acc_dtype
 
 __all__ = [
     "EPS",
@@ -63,9 +64,8 @@ def resolve_scale(scale, d: int) -> float:
     return float(scale)
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; everything else (fp16/bf16/fp32) is computed and accumulated in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+#: float64 stays float64; everything else (fp16/bf16/fp32) is computed and accumulated in float32
+compute_dtype = acc_dtype
 
 
 def standardize(x: torch.Tensor, eps: float = EPS, scale: float = 1.0) -> torch.Tensor:

@@ -19,11 +19,9 @@ factorisation (the §2.5 custom backward assumes the exact kernel); "1d" reuses 
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
 
-from attnzoo._checks import check_choice
+from attnzoo._checks import check_choice, check_probability
 from attnzoo.ops.fastmax.common import (
     compute_dtype,
     feature_dim,
@@ -35,16 +33,15 @@ from attnzoo.ops.fastmax.common import (
 from attnzoo.ops.fastmax.factorized import factorized_forward, fastmax_factorized
 from attnzoo.ops.fastmax.naive import naive_from_hat, standardize_naive
 
-__all__ = ["DROPOUT_PLACEMENTS", "check_dropout", "sample_dropout_masks", "fastmax_dropout"]
+__all__ = ["DROPOUT_PLACEMENTS", "check_dropout_placement", "sample_dropout_masks", "fastmax_dropout"]
 
 DROPOUT_PLACEMENTS = ("none", "standard", "1d", "quadratic")
 
 
-def check_dropout(rate, placement: str, p: int, name: str = "attn_dropout") -> None:
-    """Validate a dropout ``rate`` in [0, 1) and a ``placement`` from :data:`DROPOUT_PLACEMENTS` for order ``p``."""
+def check_dropout_placement(rate, placement: str, p: int, name: str = "attn_dropout") -> None:
+    """A ``placement`` from :data:`DROPOUT_PLACEMENTS` that order ``p`` has and that fits the probability ``rate``."""
     check_choice("dropout_placement", placement, DROPOUT_PLACEMENTS)
-    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not (0.0 <= rate < 1.0):
-        raise ValueError(f"{name}={rate!r} must be a number in [0, 1)")
+    check_probability(name, rate)
     if placement == "quadratic" and p != 2:
         raise ValueError(f"dropout_placement='quadratic' needs p=2 (p={p} has no quadratic terms)")
     if placement == "none" and rate > 0:
@@ -107,7 +104,7 @@ def fastmax_dropout(
     """
     validate_qkv(q, k, v)
     scale, chunk = validate_options(p, scale, backend, chunk_size, q.shape[-1])
-    check_dropout(rate, placement, p, name="rate")
+    check_dropout_placement(rate, placement, p, name="rate")
     cd = compute_dtype(q.dtype)
     if masks is None:
         masks = sample_dropout_masks(placement, rate, shape=tuple(q.shape), p=p, device=q.device, dtype=cd,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from attnzoo.ops.fastmax.common import EPS, compute_dtype, kernel, validate_qkv, validate_options
+from attnzoo.ops.fastmax.common import EPS, compute_dtype, kernel, validate_options, validate_qkv
 
 __all__ = ["standardize_naive", "explicit_attention", "explicit_attention_from_hat", "fastmax_naive", "naive_from_hat"]
 

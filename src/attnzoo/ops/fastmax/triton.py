@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from attnzoo.ops._triton_utils import acc_dtype, check_launchable, interpreting, pow2
+from attnzoo.ops._triton_utils import check_launchable, interpreting, pow2, tl_acc_dtype
 
 __all__ = ["fastmax_triton"]
 
@@ -320,7 +320,7 @@ class _Cfg:
         self.bn_small = min(block_n, 32)
         self.warps = 8
         self.d2 = d if p == 2 else 1  # s2 buffers keep one dummy slice for p = 1
-        self.acc = acc_dtype(dtype)
+        self.acc = tl_acc_dtype(dtype)
         self.dtype, self.device = dtype, device
         self.num_splits = num_splits
 

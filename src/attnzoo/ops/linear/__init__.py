@@ -2,21 +2,29 @@
 
 ``out_i = phi(q_i)^T sum_j phi(k_j) v_j^T / (phi(q_i)^T sum_j phi(k_j) + eps)`` with ``j`` over all tokens, or
 ``j <= i`` when causal. Backends: ``"naive"`` (explicit ``(N, N)`` matrix, :mod:`.naive`), ``"torch"``
-(``phi(K)^T V`` factorisation / chunked causal prefix states, :mod:`.chunk`), ``"triton"`` once a ``triton.py``
-here exports ``linear_attention_triton``; ``"auto"`` = Triton on CUDA when present, else ``"torch"``.
+(``phi(K)^T V`` factorisation / chunked causal prefix states, :mod:`.chunk`); ``"auto"`` follows
+:mod:`attnzoo.ops._dispatch` (:data:`LINEAR` declares the mechanism).
 :func:`linear_attention_recurrent` is the token-by-token form (:mod:`.recurrent`) used for decoding.
 """
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 import torch
 
-from attnzoo.ops.linear.chunk import linear_attention_chunk
-from attnzoo.ops.linear.naive import FEATURE_MAPS, feature_map_fn, linear_attention_naive, linear_attention_weights
+from attnzoo._checks import (
+    check_bool,
+    check_nonneg_finite,
+    check_optional_positive_int,
+    check_overflow,
+    check_probability,
+)
+from attnzoo.ops._dispatch import resolve_backend, run_backend
+from attnzoo.ops._spec import Backend, Mechanism, Options, option
+from attnzoo.ops.linear.chunk import linear_attention_chunk  # noqa: F401  (the spec's backends look it up here)
+from attnzoo.ops.linear.naive import FEATURE_MAPS, feature_map_fn, linear_attention_naive, linear_attention_weights  # noqa: F401
 from attnzoo.ops.linear.recurrent import LinearState, init_linear_state, linear_attention_recurrent_loop
-from attnzoo._checks import check_overflow
-from attnzoo.ops.softmax._common import check_tensors, resolve_backend
+from attnzoo.ops.softmax._common import check_tensors
 
 __all__ = [
     "linear_attention",
@@ -24,13 +32,43 @@ __all__ = [
     "linear_attention_weights",
     "init_linear_state",
     "FEATURE_MAPS",
+    "LinearOptions",
+    "LINEAR",
 ]
 
 
+def check_feature_map(name: str, value) -> str:
+    feature_map_fn(value)
+    return value
+
+
+@dataclass(frozen=True)
+class LinearOptions(Options):
+    """Options of linear attention (ViT / nanoGPT projection layout)."""
+
+    feature_map: str = option("elu", check_feature_map, "phi: 'elu' (elu + 1, the paper's) or 'relu'")
+    eps: float = option(1e-6, check_nonneg_finite, "added to the normaliser")
+    qkv_bias: bool = option(True, check_bool, "bias of the fused q/k/v projection")
+    proj_bias: bool = option(True, check_bool, "bias of the output projection")
+    proj_dropout: float = option(0.0, check_probability, "dropout after the output projection")
+    chunk_size: int | None = option(None, check_optional_positive_int, "token chunk of the causal 'torch' path")
+
+
+LINEAR = Mechanism(
+    op="linear_attention",
+    options=LinearOptions,
+    backends={
+        "naive": Backend(__name__, "linear_attention_naive", kind="reference"),
+        "torch": Backend(__name__, "linear_attention_chunk"),
+    },
+    causal=True,
+    state=dict,
+    examples=({"chunk_size": 3}, {"feature_map": "relu"}),  # {"s": (B, H, P, P), "z": (B, H, P)}
+)
+
+
 def _check_eps(eps) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-    return float(eps)
+    return LinearOptions.check("eps", eps)
 
 
 def _check_qkv(q, k, v, op: str) -> None:
@@ -74,14 +112,12 @@ def linear_attention(
         raise TypeError(f"causal must be a bool, got {causal!r}")
     feature_map_fn(feature_map)
     eps = _check_eps(eps)
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"chunk_size must be None or a positive integer, got {chunk_size!r}")
-    kind, fn = resolve_backend("linear_attention", __name__, backend, q)
-    if kind == "naive":
-        return linear_attention_naive(q, k, v, causal=causal, feature_map=feature_map, eps=eps)
-    if kind == "triton":
-        return fn(q, k, v, causal=causal, feature_map=feature_map, eps=eps, chunk_size=chunk_size)
-    return linear_attention_chunk(q, k, v, causal=causal, feature_map=feature_map, eps=eps, chunk_size=chunk_size)
+    chunk_size = LinearOptions.check("chunk_size", chunk_size)
+    name = resolve_backend(LINEAR, backend, q, name="q")
+    # the reference has no chunks: every other backend takes the chunk size
+    extra = {} if LINEAR.backends[name].kind == "reference" else {"chunk_size": chunk_size}
+    return run_backend(LINEAR, name, (q, k, v), auto=backend == "auto", causal=causal, feature_map=feature_map,
+                       eps=eps, **extra)
 
 
 def linear_attention_recurrent(

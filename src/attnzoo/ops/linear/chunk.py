@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
+from attnzoo.ops._dtypes import acc_dtype
 from attnzoo.ops.linear.naive import feature_map_fn
-from attnzoo.ops.softmax.naive import acc_dtype
 
 __all__ = ["linear_attention_chunk", "DEFAULT_CHUNK_SIZE"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnzoo.ops.softmax.naive import acc_dtype
+from attnzoo.ops._dtypes import acc_dtype
 
 __all__ = ["FEATURE_MAPS", "feature_map_fn", "linear_attention_naive", "linear_attention_weights"]
 

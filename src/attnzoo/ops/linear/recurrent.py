@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from attnzoo.ops._dtypes import acc_dtype
 from attnzoo.ops.linear.naive import feature_map_fn
-from attnzoo.ops.softmax.naive import acc_dtype
 
 __all__ = ["linear_attention_recurrent_loop", "init_linear_state", "LinearState"]
 

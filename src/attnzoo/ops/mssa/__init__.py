@@ -3,19 +3,52 @@
 
 The op is the per-head attention ``softmax(q w^T * scale [masked]) w``; the lift back through ``U_k`` (or a
 learned output projection) is the module's job. Backends: ``"naive"`` (:mod:`.naive`), ``"torch"`` (SDPA with
-``q = k = v = w``, :mod:`.sdpa`), ``"triton"`` once a ``triton.py`` here exports ``mssa_triton``; ``"auto"`` =
-Triton on CUDA when present, else ``"torch"``.
+``q = k = v = w``, :mod:`.sdpa`); ``"auto"`` follows :mod:`attnzoo.ops._dispatch` (:data:`MSSA` declares the
+mechanism).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from attnzoo.ops.mssa.naive import mssa_naive, mssa_query, mssa_weights
-from attnzoo.ops.mssa.sdpa import mssa_sdpa
-from attnzoo._checks import check_overflow
-from attnzoo.ops.softmax._common import check_dropout, check_scale, check_tensors, resolve_backend
+from attnzoo._checks import check_bool, check_optional_scale, check_overflow, check_probability
+from attnzoo.ops._dispatch import resolve_backend, run_backend
+from attnzoo.ops._spec import Backend, Mechanism, Options, option
+from attnzoo.ops.mssa.naive import mssa_naive, mssa_query, mssa_weights  # noqa: F401
+from attnzoo.ops.mssa.sdpa import mssa_sdpa  # noqa: F401  (the spec's backends look it up here)
+from attnzoo.ops.softmax._common import check_dropout, check_scale, check_tensors
 
-__all__ = ["mssa", "mssa_weights", "mssa_query"]
+__all__ = ["mssa", "mssa_weights", "mssa_query", "MSSAOptions", "MSSA"]
+
+
+def _check_head_dim(name: str, value) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be a positive int (subspace dimension p) or None for dim // heads, "
+                         f"got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class MSSAOptions(Options):
+    """Options of MSSA (CRATE / AoT layout)."""
+
+    scale: float | None = option(None, check_optional_scale, "score scale; None -> head_dim ** -0.5")
+    normalize_query: bool = option(False, check_bool, "unit-norm queries (AoT §4.1)")
+    out_proj: bool = option(True, check_bool, "learned output lift (CRATE); False: the transposed U (eq. 3)")
+    head_dim: int | None = option(None, _check_head_dim, "subspace dimension p; None -> dim // heads")
+    attn_dropout: float = option(0.0, check_probability, "dropout on the attention weights (training only)")
+    proj_dropout: float = option(0.0, check_probability, "dropout after the output lift")
+
+
+MSSA = Mechanism(
+    op="mssa",
+    options=MSSAOptions,
+    backends={"naive": Backend(__name__, "mssa_naive", kind="reference"), "torch": Backend(__name__, "mssa_sdpa")},
+    causal=True,
+    state=dict,
+    examples=({"normalize_query": True, "out_proj": False}, {"head_dim": 5}),  # the cache {"w"}
+)
 
 
 def mssa(
@@ -36,18 +69,13 @@ def mssa(
     absmax = check_tensors(("w",), (w,), op="mssa")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
-    if not isinstance(normalize_query, bool):
-        raise TypeError(f"normalize_query must be a bool, got {normalize_query!r}")
+    check_bool("normalize_query", normalize_query)
     scale = check_scale(scale, w.shape[-1])
     if absmax:
         # scores w.w * scale (and the row norms of the normalised query) overflow first: softmax then gives NaN
         check_overflow("mssa", "w", absmax, absmax["w"] ** 2 * w.shape[-1] * max(scale, 1.0), w.dtype,
                        "a score w.w * scale")
     dropout_p = check_dropout("dropout_p", dropout_p)
-    kind, fn = resolve_backend("mssa", __name__, backend, w)
-    kw = dict(causal=causal, scale=scale, normalize_query=normalize_query, dropout_p=dropout_p)
-    if kind == "naive":
-        return mssa_naive(w, **kw)
-    if kind == "triton":
-        return fn(w, **kw)
-    return mssa_sdpa(w, **kw)
+    name = resolve_backend(MSSA, backend, w, name="w")
+    return run_backend(MSSA, name, (w,), auto=backend == "auto", causal=causal, scale=scale,
+                       normalize_query=normalize_query, dropout_p=dropout_p)

@@ -1,19 +1,46 @@
 """Softmax attention (Vaswani et al., 2017) on ``(B, H, N, P)`` tensors: ``softmax(Q K^T * scale [masked]) V``.
 
-Backends: ``"naive"`` (explicit attention matrix, :mod:`.naive`), ``"torch"`` (``F.scaled_dot_product_attention``,
-:mod:`.sdpa`), ``"triton"`` once a ``triton.py`` here exports ``softmax_attention_triton``; ``"auto"`` = Triton on
-CUDA when present, else ``"torch"``.
+Backends (:data:`SOFTMAX`): ``"naive"`` (explicit attention matrix, :mod:`.naive`), ``"torch"``
+(``F.scaled_dot_product_attention``, :mod:`.sdpa`); ``"auto"`` follows :mod:`attnzoo.ops._dispatch`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from attnzoo._checks import check_overflow
-from attnzoo.ops.softmax._common import check_dropout, check_scale, check_tensors, resolve_backend
-from attnzoo.ops.softmax.naive import softmax_attention_naive, softmax_attention_weights
-from attnzoo.ops.softmax.sdpa import softmax_attention_sdpa
+from attnzoo._checks import check_bool, check_optional_scale, check_overflow, check_probability
+from attnzoo.ops._dispatch import resolve_backend, run_backend
+from attnzoo.ops._spec import Backend, Mechanism, Options, option
+from attnzoo.ops.softmax._common import check_dropout, check_scale, check_tensors
+from attnzoo.ops.softmax.naive import softmax_attention_naive, softmax_attention_weights  # noqa: F401
+from attnzoo.ops.softmax.sdpa import softmax_attention_sdpa  # noqa: F401  (the spec's backends look it up here)
 
-__all__ = ["softmax_attention", "softmax_attention_weights"]
+__all__ = ["softmax_attention", "softmax_attention_weights", "SoftmaxOptions", "SOFTMAX"]
+
+
+@dataclass(frozen=True)
+class SoftmaxOptions(Options):
+    """Options of softmax attention (ViT / DeiT / nanoGPT layout)."""
+
+    qkv_bias: bool = option(True, check_bool, "bias of the fused q/k/v projection")
+    proj_bias: bool = option(True, check_bool, "bias of the output projection")
+    attn_dropout: float = option(0.0, check_probability, "dropout on the attention weights (training only)")
+    proj_dropout: float = option(0.0, check_probability, "dropout after the output projection")
+    scale: float | None = option(None, check_optional_scale, "score scale; None -> head_dim ** -0.5")
+
+
+# The backends are looked up in this package at call time (so ``softmax_attention_sdpa`` may be replaced here).
+SOFTMAX = Mechanism(
+    op="softmax_attention",
+    options=SoftmaxOptions,
+    backends={
+        "naive": Backend(__name__, "softmax_attention_naive", kind="reference"),
+        "torch": Backend(__name__, "softmax_attention_sdpa"),
+    },
+    causal=True,
+    state=dict,  # the KV cache {"k", "v"}
+)
 
 
 def softmax_attention(
@@ -49,9 +76,6 @@ def softmax_attention(
         check_overflow("softmax_attention", "q", absmax, absmax["q"] * absmax["k"] * q.shape[-1] * scale, q.dtype,
                        "a score q.k * scale")
     dropout_p = check_dropout("dropout_p", dropout_p)
-    kind, fn = resolve_backend("softmax_attention", __name__, backend, q)
-    if kind == "naive":
-        return softmax_attention_naive(q, k, v, causal=causal, scale=scale, dropout_p=dropout_p)
-    if kind == "triton":
-        return fn(q, k, v, causal=causal, scale=scale, dropout_p=dropout_p)
-    return softmax_attention_sdpa(q, k, v, causal=causal, scale=scale, dropout_p=dropout_p)
+    name = resolve_backend(SOFTMAX, backend, q, name="q")
+    return run_backend(SOFTMAX, name, (q, k, v), auto=backend == "auto", causal=causal, scale=scale,
+                       dropout_p=dropout_p)

@@ -4,12 +4,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from attnzoo.ops._dtypes import acc_dtype  # re-exported: the name's earlier home
+
 __all__ = ["softmax_attention_naive", "softmax_attention_weights", "acc_dtype", "causal_mask"]
-
-
-def acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Accumulation dtype: half-precision inputs are reduced in float32, wider dtypes in themselves."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def causal_mask(n: int, device: torch.device) -> torch.Tensor:

@@ -10,28 +10,26 @@ Public API:
 Backends: ``"naive"`` (``naive.py``, the literal pseudocode, differentiated by autograd), ``"torch"``
 (``chunked.py``, memory-lean with hand-written backward), ``"cpu"`` (the same formulas, forward and backward, in fused
 C++ kernels, ``cpu.cpp``, built on first use), ``"triton"`` (``triton.py``, fused kernels; needs the ``triton``
-package). ``"auto"`` picks ``"triton"`` for CUDA tensors when Triton is installed (if a kernel fails to
-compile or launch it warns once and uses ``"torch"`` for the rest of the process), ``"cpu"`` for CPU tensors
-when the kernels build (and not while ``torch.compile`` traces), else ``"torch"``.
+package). ``"auto"`` follows :mod:`attnzoo.ops._dispatch`: ``"triton"`` for CUDA tensors when Triton is installed
+(if a kernel fails to compile or launch it warns once and uses ``"torch"`` for the rest of the process), ``"cpu"`` for
+CPU tensors when the kernels build (and not while ``torch.compile`` traces), else ``"torch"``. :data:`TSSA`
+declares the mechanism.
 """
 from __future__ import annotations
 
-import importlib.util
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
-from attnzoo._checks import check_choice, check_finite, check_ndim, check_overflow, finite_absmax
-from attnzoo.ops._triton_utils import auto_uses_triton, run_auto_triton
+from attnzoo._checks import check_bool, check_ndim, check_overflow, check_positive_int, finite_absmax
+from attnzoo.ops import _cpu_kernels
+from attnzoo.ops._dispatch import resolve_backend, run_backend
+from attnzoo.ops._spec import Backend, Mechanism, Options, option
+from attnzoo.ops.tssa.chunked import tssa_pi_torch, tssa_torch
+from attnzoo.ops.tssa.naive import tssa_naive, tssa_pi_naive
 
-__all__ = ["tssa", "tssa_pi", "tssa_step", "tssa_init_state", "TSSAState"]
-
-
-def _backends() -> list[str]:
-    names = ["auto", "naive", "torch", "cpu"]
-    if importlib.util.find_spec("triton") is not None:
-        names.append("triton")
-    return names
+__all__ = ["tssa", "tssa_pi", "tssa_step", "tssa_init_state", "TSSAState", "TSSAOptions", "TSSA"]
 
 
 def _check_temp(temp: torch.Tensor, heads: int) -> None:
@@ -58,8 +56,7 @@ def _check_bias(bias: torch.Tensor | None, heads: int, n: int, causal: bool) -> 
         )
 
 
-def _validate(w, temp, causal, bias, backend, *, check_w: bool = True) -> None:
-    check_choice("backend", backend, _backends())
+def _validate(w, temp, causal, bias, *, check_w: bool = True) -> None:
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
     check_ndim("w", w, 4, "(B, H, N, P)")
@@ -93,21 +90,17 @@ def tssa(
     means zeros). Internals run in float32 or better; the result has ``w``'s dtype. Causal 0/0 (a feature
     that is exactly 0 in every token so far) is defined as 0, identically in every backend.
     """
-    check_choice("backend", backend, _backends())
-    auto = backend == "auto"
-    backend = _resolve(backend, w)
-    if isinstance(w, torch.Tensor) and w.device.type == "meta":
-        backend = "naive"  # shape inference: all backends give one shape and dtype; this one reads no values
+    check_ndim("w", w, 4, "(B, H, N, P)")
+    name = resolve_backend(TSSA, backend, w, name="w")
+    if w.device.type == "meta":
+        name = "naive"  # shape inference: all backends give one shape and dtype; this one reads no values
     # The fused non-causal path finds NaN/Inf in w from its per-feature sums of w^2 (then runs the full
     # check for the message) instead of an extra pass over w: a pass is ~1/8 of its forward time.
-    _validate(w, temp, causal, bias, backend, check_w=causal or backend not in ("torch", "cpu"))
+    _validate(w, temp, causal, bias, check_w=causal or name not in ("torch", "cpu"))
     # Autocast would run the token reductions (matmuls) in half precision; they must stay float32+.
     with torch.autocast(device_type=_autocast_device(w), enabled=False):
-        if auto and backend == "triton":  # a kernel that fails to compile/launch: warn once, PyTorch from then on
-            return run_auto_triton("tssa", lambda *a: _dispatch(*a[:2], causal, a[2], "triton"),
-                                   lambda *a: _dispatch(*a[:2], causal, a[2], "torch"),
-                                   (w, temp, bias), key=(causal, w.dtype, bias is not None))
-        return _dispatch(w, temp, causal, bias, backend)
+        return run_backend(TSSA, name, (w, temp), auto=backend == "auto", tensor_options={"bias": bias},
+                           causal=causal)
 
 
 def _autocast_device(w: torch.Tensor) -> str:
@@ -115,42 +108,23 @@ def _autocast_device(w: torch.Tensor) -> str:
     return "cpu" if w.device.type == "meta" else w.device.type
 
 
-def _resolve(backend: str, w: torch.Tensor) -> str:
-    if backend == "auto":
-        if auto_uses_triton("tssa", w) and "triton" in _backends():
-            return "triton"
-        if w.device.type == "cpu" and not torch.compiler.is_compiling():
-            from attnzoo.ops._cpu_kernels import cpu_kernels
-
-            if cpu_kernels() is not None:
-                return "cpu"
-        return "torch"
-    if backend == "cpu" and w.device.type != "cpu":
-        raise ValueError(f"backend='cpu' runs on CPU tensors, but w is on {w.device}; use backend='auto'")
-    return backend
+def _tssa_naive(w, temp, *, causal: bool, bias) -> torch.Tensor:
+    if causal and bias is None:
+        bias = torch.zeros(w.shape[1], w.shape[2], 1, device=w.device, dtype=w.dtype)
+    return tssa_naive(w, temp, causal=causal, bias=bias)
 
 
-def _dispatch(w, temp, causal, bias, backend) -> torch.Tensor:
-    if backend == "naive":
-        from attnzoo.ops.tssa.naive import tssa_naive
+def _tssa_torch(w, temp, *, causal: bool, bias) -> torch.Tensor:
+    return tssa_torch(w, temp, causal=causal, bias=bias, kernels=None)
 
-        if causal and bias is None:
-            bias = torch.zeros(w.shape[1], w.shape[2], 1, device=w.device, dtype=w.dtype)
-        return tssa_naive(w, temp, causal=causal, bias=bias)
-    if backend == "triton":
-        from attnzoo.ops.tssa.triton import tssa_triton
 
-        return tssa_triton(w, temp, causal=causal, bias=bias)
-    from attnzoo.ops.tssa.chunked import tssa_torch
-
+def _tssa_cpu(w, temp, *, causal: bool, bias) -> torch.Tensor:
     kernels = None
     # The kernels are opaque to torch.compile: while it traces, the PyTorch forward stands in for them.
-    if backend == "cpu" and not torch.compiler.is_compiling():
-        from attnzoo.ops._cpu_kernels import cpu_kernels, cpu_kernels_error
-
-        kernels = cpu_kernels()
+    if not torch.compiler.is_compiling():
+        kernels = _cpu_kernels.cpu_kernels()
         if kernels is None:
-            raise RuntimeError(f"backend='cpu' needs attnzoo's CPU kernels: {cpu_kernels_error()}; "
+            raise RuntimeError(f"backend='cpu' needs attnzoo's CPU kernels: {_cpu_kernels.cpu_kernels_error()}; "
                                "use backend='torch' (or 'auto', which falls back to it)")
     return tssa_torch(w, temp, causal=causal, bias=bias, kernels=kernels)
 
@@ -165,16 +139,14 @@ def tssa_pi(
 ) -> torch.Tensor:
     """Group membership ``Pi`` ``(B, H, N)`` (rows sum to 1 over heads): eq. 10 with App. C.1's
     normalisation (Alg. 1), or eq. 39 (Alg. 2) when ``causal``; float32 or better."""
-    _validate(w, temp, causal, bias, backend)
+    check_ndim("w", w, 4, "(B, H, N, P)")
+    name = resolve_backend(TSSA, backend, w, name="w")
+    _validate(w, temp, causal, bias)
     with torch.autocast(device_type=_autocast_device(w), enabled=False):
-        if backend == "naive":
-            from attnzoo.ops.tssa.naive import tssa_pi_naive
-
+        if TSSA.backends[name].kind == "reference":
             if causal and bias is None:
                 bias = torch.zeros(w.shape[1], w.shape[2], 1, device=w.device, dtype=w.dtype)
             return tssa_pi_naive(w, temp, causal=causal, bias=bias)
-        from attnzoo.ops.tssa.chunked import tssa_pi_torch
-
         return tssa_pi_torch(w, temp, causal=causal, bias=bias)
 
 
@@ -234,3 +206,27 @@ def tssa_step(
     dots = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
     out = -(wc * pi.unsqueeze(-1)) / (1.0 + dots)
     return out.to(w_t.dtype), TSSAState(sq_sum, num, den, pos + 1)
+
+
+@dataclass(frozen=True)
+class TSSAOptions(Options):
+    """Options of the TSSA layer (ToST Alg. 1 / 2 parameters)."""
+
+    qkv_bias: bool = option(False, check_bool, "bias of the input projection (Alg. 1: off)")
+    max_len: int = option(1024, check_positive_int, "length of the causal positional bias (eq. 39)")
+    proj_bias: bool = option(True, check_bool, "bias of the output projection")
+
+
+TSSA = Mechanism(
+    op="tssa",
+    options=TSSAOptions,
+    backends={
+        "naive": Backend(__name__, "_tssa_naive", kind="reference"),
+        "torch": Backend(__name__, "_tssa_torch"),
+        "cpu": Backend(__name__, "_tssa_cpu", kind="cpu", devices=("cpu",)),
+        "triton": Backend("attnzoo.ops.tssa.triton", "tssa_triton", kind="triton", devices=("cuda",)),
+    },
+    causal=True,
+    state=TSSAState,
+    examples=({"qkv_bias": True, "max_len": 10},),
+)

@@ -16,6 +16,7 @@ like ``2 sqrt(N)`` ulps instead of ``N`` ulps for a sequential float32 scan.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -75,7 +76,19 @@ def _rowdot(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.matmul(v.unsqueeze(-2), x.transpose(-1, -2)).squeeze(-2)
 
 
-def _noncausal_stats(wc: torch.Tensor, temp: torch.Tensor):
+class NonCausalStats(NamedTuple):
+    """Alg. 1's statistics of ``wc`` (float32+): what the forward computes and the backward reuses."""
+
+    w2: torch.Tensor  # (B, H, N, P) squared entries
+    c: torch.Tensor  # (B, H, P) squared feature norms over tokens
+    r: torch.Tensor  # (B, H, P) their clamped reciprocals
+    s: torch.Tensor  # (B, H, N) sum_p of the normalised squares
+    pi: torch.Tensor  # (B, H, N) membership (eq. 10)
+    den: torch.Tensor  # (B, H, 1) sum_n pi + eps
+    dots: torch.Tensor  # (B, H, P) Pi-weighted second moment
+
+
+def _noncausal_stats(wc: torch.Tensor, temp: torch.Tensor) -> NonCausalStats:
     w2 = wc * wc  # the one (B, H, N, P) temporary, shared by all three token reductions
     c = w2.sum(dim=-2)  # (B, H, P) squared feature norms over tokens
     r = 1.0 / c.clamp_min(_NORM_EPS_SQ)
@@ -83,7 +96,7 @@ def _noncausal_stats(wc: torch.Tensor, temp: torch.Tensor):
     pi = torch.softmax(s * temp[:, None], dim=1)
     den = pi.sum(dim=-1, keepdim=True) + _PI_SUM_EPS  # (B, H, 1)
     dots = torch.matmul((pi / den).unsqueeze(-2), w2).squeeze(-2)  # (B, H, P) weighted second moment
-    return w2, c, r, s, pi, den, dots
+    return NonCausalStats(w2, c, r, s, pi, den, dots)
 
 
 def _unit_stride_rows(w: torch.Tensor) -> torch.Tensor:
@@ -224,7 +237,8 @@ class _TSSACausal(torch.autograd.Function):
         wc, tc, gc = w.to(cdt), temp.to(cdt), grad_out.to(cdt)
         p = w.shape[-1]
         if ctx.kernels is not None:  # the same formulas in four fused passes (cpu.cpp, causal backward)
-            d_a, dw = ctx.kernels.tssa_causal_bwd(_unit_stride_rows(wc), _unit_stride_rows(gc), tc.contiguous(), pi, den)
+            d_a, dw = ctx.kernels.tssa_causal_bwd(_unit_stride_rows(wc), _unit_stride_rows(gc), tc.contiguous(), pi,
+                                                  den)
             d_s = d_a * tc[:, None]
             return (dw.to(w.dtype), (d_a * s).sum(dim=(0, 2)).to(temp.dtype), (d_s.sum(dim=0) * p).to(ctx.bias_dtype),
                     None)
@@ -296,7 +310,7 @@ def tssa_pi_torch(
     cdt = compute_dtype(w.dtype)
     wc, tc = w.to(cdt), temp.to(cdt)
     if not causal:
-        return _noncausal_stats(wc, tc)[4]
+        return _noncausal_stats(wc, tc).pi
     x = wc * wc
     s = (x / _safe_(chunked_cumsum(x))).sum(dim=-1)
     if bias is not None:

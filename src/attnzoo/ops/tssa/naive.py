@@ -7,12 +7,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from attnzoo.ops._dtypes import acc_dtype
+
 __all__ = ["tssa_naive", "tssa_pi_naive", "safe_denominator", "compute_dtype"]
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Internal precision: float32 or better, so fp16/bf16 inputs reduce over tokens in float32."""
-    return torch.promote_types(dtype, torch.float32)
+#: internal precision: float32 or better, so fp16/bf16 inputs reduce over tokens in float32
+compute_dtype = acc_dtype
 
 
 def safe_denominator(den: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from attnzoo.ops._triton_utils import acc_dtype, check_launchable, interpreting, pow2
+from attnzoo.ops._triton_utils import check_launchable, interpreting, pow2, tl_acc_dtype
 from attnzoo.ops.tssa.chunked import reverse_chunked_cumsum
 from attnzoo.ops.tssa.naive import compute_dtype
 
@@ -321,7 +321,7 @@ def _col_reduce(x, y=None, a=None, *, cdt, bn, bp):
     out = torch.empty(bh, p, device=x.device, dtype=cdt)
     _col_reduce_kernel[(bh, triton.cdiv(p, bp))](
         x, x if y is None else y, x if a is None else a, out, n, p,
-        HAS_Y=y is not None, HAS_A=a is not None, ACC=acc_dtype(cdt), BLOCK_N=bn, BLOCK_P=bp,
+        HAS_Y=y is not None, HAS_A=a is not None, ACC=tl_acc_dtype(cdt), BLOCK_N=bn, BLOCK_P=bp,
     )
     return out
 
@@ -331,7 +331,7 @@ def _row_reduce(x, u, y=None, v=None, *, cdt, bn, bp):
     out = torch.empty(bh, n, device=x.device, dtype=cdt)
     _row_reduce_kernel[(bh, triton.cdiv(n, bn))](
         x, x if y is None else y, u, u if v is None else v, out, n, p,
-        HAS_Y=y is not None, ACC=acc_dtype(cdt), BLOCK_N=bn, BLOCK_P=bp,
+        HAS_Y=y is not None, ACC=tl_acc_dtype(cdt), BLOCK_N=bn, BLOCK_P=bp,
     )
     return out
 
@@ -341,7 +341,7 @@ class _TSSANonCausalTriton(torch.autograd.Function):
     def forward(ctx, w: torch.Tensor, temp: torch.Tensor, block_n: int, block_p: int):
         b, h, n, p = w.shape
         cdt = compute_dtype(w.dtype)
-        acc = acc_dtype(cdt)
+        acc = tl_acc_dtype(cdt)
         w3 = w.contiguous().view(b * h, n, p)
         kw = dict(cdt=cdt, bn=block_n, bp=block_p)
         c = _col_reduce(w3, **kw)  # (BH, P) squared feature norms over tokens
@@ -385,7 +385,7 @@ class _TSSANonCausalTriton(torch.autograd.Function):
         dw = torch.empty_like(w3)
         _nc_dw_kernel[(b * h, triton.cdiv(n, block_n), triton.cdiv(p, block_p))](
             w3, go3, q, d_s, pi2, d_dots.contiguous(), r, d_c.contiguous(), g, dw, n, p,
-            ACC=acc_dtype(cdt), BLOCK_N=block_n, BLOCK_P=block_p,
+            ACC=tl_acc_dtype(cdt), BLOCK_N=block_n, BLOCK_P=block_p,
         )
         return dw.view(b, h, n, p), d_temp.to(temp.dtype), None, None
 
@@ -396,7 +396,7 @@ class _TSSACausalTriton(torch.autograd.Function):
         # bias: (H, N), already sliced to the sequence length
         b, h, n, p = w.shape
         cdt = compute_dtype(w.dtype)
-        acc = acc_dtype(cdt)
+        acc = tl_acc_dtype(cdt)
         w3 = w.contiguous().view(b * h, n, p)
         npb = triton.cdiv(p, block_p)
         spart = torch.empty(b * h, npb, n, device=w.device, dtype=cdt)
@@ -419,7 +419,7 @@ class _TSSACausalTriton(torch.autograd.Function):
         block_n, block_p = ctx.blocks
         b, h, n, p = w.shape
         cdt = s.dtype
-        acc = acc_dtype(cdt)
+        acc = tl_acc_dtype(cdt)
         w3 = w.contiguous().view(b * h, n, p)
         go3 = grad_out.contiguous().view(b * h, n, p)
         npb, nc = triton.cdiv(p, block_p), triton.cdiv(n, block_n)
@@ -434,7 +434,8 @@ class _TSSACausalTriton(torch.autograd.Function):
         _c_bwd_rev_sweep_kernel[grid](w3, go3, pi, den, cS, cN, den, a3, w3, n, p, nc, FINAL=False, **blocks)
         # d_dots enters dots = cumsum(w^2 pi) / cumsum(pi) through the denominator as well
         den_pos = den > 0
-        d_den = torch.where(den_pos, -a2.sum(1) / torch.where(den_pos, den, torch.ones_like(den)), torch.zeros_like(den))
+        d_den = torch.where(den_pos, -a2.sum(1) / torch.where(den_pos, den, torch.ones_like(den)),
+                            torch.zeros_like(den))
         d_pi = a1.sum(1) + a3.sum(1) + reverse_chunked_cumsum(d_den.unsqueeze(-1)).squeeze(-1)
         d_pi = d_pi.view(b, h, n)
         d_a = pi * (d_pi - (pi * d_pi).sum(dim=1, keepdim=True))  # softmax over heads

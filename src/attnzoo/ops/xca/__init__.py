@@ -2,22 +2,42 @@
 ``P`` channels of each head (a ``(P, P)`` map per head), linear in ``N``. Bidirectional only: the map sums over
 every token, so there is no causal form (the op has no ``causal`` argument).
 
-Backends: ``"naive"`` (:mod:`.naive`), ``"torch"`` (normalisation folded into the Gram matrix, :mod:`.fused`),
-``"triton"`` once a ``triton.py`` here exports ``xca_triton``; ``"auto"`` = Triton on CUDA when present, else
-``"torch"``.
+Backends: ``"naive"`` (:mod:`.naive`), ``"torch"`` (normalisation folded into the Gram matrix, :mod:`.fused`);
+``"auto"`` follows :mod:`attnzoo.ops._dispatch` (:data:`XCA` declares the mechanism).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from attnzoo._checks import check_finite, check_overflow
-from attnzoo.ops.softmax._common import check_dropout, check_tensors, resolve_backend
-from attnzoo.ops.xca.fused import xca_fused
-from attnzoo.ops.xca.naive import xca_naive, xca_weights
+from attnzoo._checks import check_bool, check_finite, check_overflow, check_probability
+from attnzoo.ops._dispatch import resolve_backend, run_backend
+from attnzoo.ops._spec import Backend, Mechanism, Options, option
+from attnzoo.ops.softmax._common import check_dropout, check_tensors
+from attnzoo.ops.xca.fused import xca_fused  # noqa: F401  (the spec's backends look it up here)
+from attnzoo.ops.xca.naive import xca_naive, xca_weights  # noqa: F401  (the spec's backends look it up here)
 
-__all__ = ["xca", "xca_weights", "as_temperature"]
+__all__ = ["xca", "xca_weights", "as_temperature", "XCAOptions", "XCA"]
+
+
+@dataclass(frozen=True)
+class XCAOptions(Options):
+    """Options of cross-covariance attention (XCiT layout)."""
+
+    qkv_bias: bool = option(True, check_bool, "bias of the fused q/k/v projection")
+    proj_bias: bool = option(True, check_bool, "bias of the output projection")
+    attn_dropout: float = option(0.0, check_probability, "dropout on the (P, P) channel attention (training only)")
+    proj_dropout: float = option(0.0, check_probability, "dropout after the output projection")
+
+
+XCA = Mechanism(
+    op="xca",
+    options=XCAOptions,
+    backends={"naive": Backend(__name__, "xca_naive", kind="reference"), "torch": Backend(__name__, "xca_fused")},
+    causal=False,  # the (P, P) map sums over every token
+)
 
 
 def as_temperature(temp, heads: int, like: torch.Tensor) -> torch.Tensor:
@@ -61,9 +81,5 @@ def xca(
             check_overflow("xca", name, absmax, absmax[name] ** 2 * q.shape[-2], q.dtype,
                            f"the per-channel sum of {name}^2 over N tokens")
     dropout_p = check_dropout("dropout_p", dropout_p)
-    kind, fn = resolve_backend("xca", __name__, backend, q)
-    if kind == "naive":
-        return xca_naive(q, k, v, temp, dropout_p=dropout_p)
-    if kind == "triton":
-        return fn(q, k, v, temp, dropout_p=dropout_p)
-    return xca_fused(q, k, v, temp, dropout_p=dropout_p)
+    name = resolve_backend(XCA, backend, q, name="q")
+    return run_backend(XCA, name, (q, k, v, temp), auto=backend == "auto", dropout_p=dropout_p)
