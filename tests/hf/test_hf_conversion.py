@@ -6,11 +6,12 @@ import torch
 
 pytest.importorskip("transformers")
 
+from safetensors import safe_open  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoModelForImageClassification  # noqa: E402
+
 import attnzoo  # noqa: E402
 import attnzoo.hf as H  # noqa: E402
 from attnzoo.models.config import SequenceClassifierConfig  # noqa: E402
-from safetensors import safe_open  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoModelForImageClassification  # noqa: E402
 
 TINY_LM = dict(dim=32, depth=2, heads=4, vocab_size=61, block_size=24)
 

@@ -8,17 +8,18 @@ import torch
 
 pytest.importorskip("transformers")
 
-import attnzoo  # noqa: E402
-import attnzoo.hf as H  # noqa: E402
-from attnzoo.models.config import CausalLMConfig, VisionConfig  # noqa: E402
 from transformers import (  # noqa: E402
     AutoConfig,
-    PretrainedConfig,
     AutoModelForCausalLM,
     AutoModelForImageClassification,
+    PretrainedConfig,
     Trainer,
     TrainingArguments,
 )
+
+import attnzoo  # noqa: E402
+import attnzoo.hf as H  # noqa: E402
+from attnzoo.models.config import CausalLMConfig, VisionConfig  # noqa: E402
 
 CAUSAL = attnzoo.list_attentions(causal=True)
 BIDIRECTIONAL = attnzoo.list_attentions(causal=False)

@@ -4,9 +4,6 @@ import torch
 
 pytest.importorskip("transformers")
 
-import attnzoo  # noqa: E402
-from attnzoo.hf import SwapReport, swap_attention  # noqa: E402
-from attnzoo.hf.swap import SwappedAttention  # noqa: E402
 from transformers import (  # noqa: E402
     GPT2Config,
     GPT2LMHeadModel,
@@ -15,6 +12,10 @@ from transformers import (  # noqa: E402
     ViTConfig,
     ViTForImageClassification,
 )
+
+import attnzoo  # noqa: E402
+from attnzoo.hf import SwapReport, swap_attention  # noqa: E402
+from attnzoo.hf.swap import SwappedAttention  # noqa: E402
 
 CAUSAL = attnzoo.list_attentions(causal=True)
 BIDIRECTIONAL = attnzoo.list_attentions(causal=False)

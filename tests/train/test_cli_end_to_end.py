@@ -9,13 +9,13 @@ import sys
 import time
 
 import pytest
-import torch
 
 from attnzoo.train import cli as train_cli
 from attnzoo.train import eval_cli, generate_cli
 from attnzoo.train.checkpoint import latest_checkpoint
 
-TINY_VIT = ["--model_options.dim=16", "--model_options.depth=1", "--model_options.heads=2", "--model_options.mlp_dim=32"]
+TINY_VIT = ["--model_options.dim=16", "--model_options.depth=1", "--model_options.heads=2",
+            "--model_options.mlp_dim=32"]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -2,8 +2,8 @@
 import pytest
 
 from attnzoo.train import cli as train_cli
-from attnzoo.train.config import (ConfigError, apply_overrides, list_presets, load_config, parse_overrides)
-from attnzoo.train.trainer import check_model_choice
+from attnzoo.train.config import ConfigError, apply_overrides, list_presets, load_config, parse_overrides
+from attnzoo.train.objectives import check_model_choice
 
 
 def test_parse_overrides_forms():

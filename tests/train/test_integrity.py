@@ -13,7 +13,9 @@ import yaml
 from attnzoo.train import eval_cli
 from attnzoo.train.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint
 from attnzoo.train.config import load_config
-from attnzoo.train.trainer import build_model, load_run, train
+from attnzoo.train.objectives import build_task_model
+from attnzoo.train.run_dir import load_run
+from attnzoo.train.trainer import train
 
 TINY_VIT = {"model_options": {"dim": 16, "depth": 1, "heads": 2, "mlp_dim": 32}}
 
@@ -159,7 +161,7 @@ def test_checkpoint_without_manifest_loads_with_one_warning(run):
     cfg = load_run(run)
     from attnzoo.data.tasks import build_task
 
-    model = build_model(cfg, build_task(cfg.task, **cfg.task_options))
+    model = build_task_model(cfg, build_task(cfg.task, **cfg.task_options))
     with pytest.warns(RuntimeWarning, match=r"step_00000004 has no manifest.json .* loading them unverified"):
         state = load_checkpoint(ck, model, restore_rng=False)
     assert state["step"] == 4

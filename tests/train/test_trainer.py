@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 
 from attnzoo.train.checkpoint import latest_checkpoint
 from attnzoo.train.config import ConfigError, load_config
-from attnzoo.train.trainer import RUN_MARKER, foreign_run_files, train
+from attnzoo.train.run_dir import RUN_MARKER, foreign_run_files
+from attnzoo.train.trainer import train
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import tiny_factory  # noqa: E402
@@ -46,7 +47,7 @@ def _train_losses(out: Path) -> list[tuple[str, str]]:
 def test_loss_decreases_for_each_task_family(tmp_path, task, opts, extra):
     cfg = _cfg(task=task, task_options=opts, steps=40, eval_every=40, **extra)
     res = train(cfg, tmp_path / "run", model_factory=tiny_factory, progress=False)
-    losses = [l for _, l in res.train_losses]
+    losses = [loss for _, loss in res.train_losses]
     assert len(losses) == 40
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < 0.9 * first, (first, last)
@@ -171,8 +172,8 @@ def test_two_process_ddp_equals_one_process(tmp_path):
     one = subprocess.run([sys.executable, str(script), str(tmp_path / "one")], env=env, capture_output=True,
                          text=True, timeout=240)
     assert one.returncode == 0, one.stderr[-3000:]
-    l1 = [float(l) for _, l in _train_losses(tmp_path / "one")]
-    l2 = [float(l) for _, l in _train_losses(tmp_path / "two")]
+    l1 = [float(loss) for _, loss in _train_losses(tmp_path / "one")]
+    l2 = [float(loss) for _, loss in _train_losses(tmp_path / "two")]
     assert len(l1) == len(l2) == 8
     assert l1 == pytest.approx(l2, rel=1e-5, abs=1e-6)
     w1 = load_file(str(tmp_path / "one" / "checkpoints" / "step_00000008" / "model.safetensors"))
@@ -231,7 +232,7 @@ def test_two_process_ddp_resume_logs_what_an_uninterrupted_run_logs(tmp_path):
 def test_mixed_precision_settings(tmp_path):
     # bf16 autocast also runs on CPU; fp16 needs CUDA's loss scaling and is refused on CPU
     res = train(_cfg(steps=3, amp="bf16"), tmp_path / "bf16", model_factory=tiny_factory, progress=False)
-    assert all(torch.isfinite(torch.tensor(l)) for _, l in res.train_losses)
+    assert all(torch.isfinite(torch.tensor(loss)) for _, loss in res.train_losses)
     with pytest.raises(ConfigError, match="amp='fp16' needs CUDA"):
         train(_cfg(steps=3, amp="fp16", device="cpu"), tmp_path / "fp16", model_factory=tiny_factory, progress=False)
     assert not (tmp_path / "fp16").exists()

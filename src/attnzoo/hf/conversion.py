@@ -141,7 +141,7 @@ def hf_to_attnzoo(
     for ``attnzoo.from_pretrained`` (no ``transformers`` needed to load it).
     """
     from attnzoo.hf.models import AttnZooPreTrainedModel
-    from attnzoo.models.registry import build_model
+    from attnzoo.models import build_model
 
     if isinstance(model_or_dir, (str, os.PathLike)):
         from transformers import AutoConfig

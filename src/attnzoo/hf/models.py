@@ -215,29 +215,11 @@ class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
         **kwargs: Any,
     ) -> CausalLMOutputWithPast | tuple:
         """``input_ids (B, T)`` -> logits ``(B, T, V)`` (the last ``logits_to_keep`` positions when > 0)."""
-        from attnzoo.models.language import check_token_ids
-
-        if inputs_embeds is not None:
-            raise ValueError("inputs_embeds is not supported by attnzoo models; pass input_ids")
-        if input_ids is None:
-            raise ValueError("input_ids (B, T) is required")
         position_ids = kwargs.pop("position_ids", None)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        if kwargs.pop("output_attentions", None):
-            raise ValueError("output_attentions is not supported; use attnzoo.capture_internals(model) instead")
-        unexpected = sorted(k for k, v in kwargs.items() if v is not None)
-        if unexpected:
-            raise TypeError(f"unexpected arguments {unexpected} for {type(self).__name__}.forward")
-        check_token_ids("input_ids", input_ids, self.config.vocab_size, None)
-        if not isinstance(logits_to_keep, int) or logits_to_keep < 0:
-            raise ValueError(f"logits_to_keep must be a non-negative int, got {logits_to_keep!r}")
+        self._check_inputs(input_ids, inputs_embeds, past_key_values, logits_to_keep, kwargs)
         return_dict = self.config.return_dict if return_dict is None else return_dict
         b, t = input_ids.shape
-        if past_key_values is not None and not isinstance(past_key_values, RecurrentCache):
-            raise TypeError(
-                f"past_key_values must be the RecurrentCache an AttnZooForCausalLM returned, got "
-                f"{type(past_key_values).__name__}"
-            )
         if use_cache is None:
             use_cache = past_key_values is not None
         past = past_key_values.pos if past_key_values is not None else 0
@@ -258,43 +240,79 @@ class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
             if past_key_values is not None:
                 raise ValueError("past_key_values was given with use_cache=False; pass use_cache=True to extend it")
             cache = None
-            m = self.model
-            check_token_ids("input_ids", input_ids, m.config.vocab_size, m.config.block_size)
-            x = m._embed(input_ids, 0)
-            states = [x] if output_hidden_states else None
-            for blk in m.blocks:
-                x = blk(x)
-                if states is not None:
-                    states.append(x)
-            x = m.ln_f(x)
-            if states is not None:
-                states[-1] = x  # transformers' convention: the last entry is after the final norm
-                hidden_states = tuple(states)
-            logits = m.lm_head(x[:, t - keep :])
-
-        loss = None
-        if labels is not None:
-            if keep != t:
-                raise ValueError("labels need the logits of every position; leave logits_to_keep=0")
-            if not isinstance(labels, torch.Tensor) or labels.shape != input_ids.shape:
-                raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}")
-            # next-token loss: position i predicts labels[i + 1] (transformers' convention, labels = input_ids)
-            shift_logits = logits[:, :-1].flatten(0, 1).float()
-            shift_labels = labels[:, 1:].flatten().to(logits.device)
-            if num_items_in_batch is None:
-                loss = F.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
-            else:
-                loss = F.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")
-                loss = loss / torch.as_tensor(num_items_in_batch, device=loss.device)
+            logits, hidden_states = self._parallel(input_ids, keep, bool(output_hidden_states))
+        loss = None if labels is None else _next_token_loss(logits, labels, input_ids, keep, num_items_in_batch)
         if not return_dict:
             out = (logits, cache) if cache is not None else (logits,)
             return ((loss,) + out) if loss is not None else out
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache, hidden_states=hidden_states)
 
+    def _check_inputs(self, input_ids: torch.LongTensor | None, inputs_embeds: torch.Tensor | None,
+                      past_key_values: Any, logits_to_keep: Any, kwargs: dict[str, Any]) -> None:
+        """Refuse, with the reason, what ``transformers`` may pass but attnzoo does not support."""
+        from attnzoo.models.language import check_token_ids
+
+        if inputs_embeds is not None:
+            raise ValueError("inputs_embeds is not supported by attnzoo models; pass input_ids")
+        if input_ids is None:
+            raise ValueError("input_ids (B, T) is required")
+        if kwargs.pop("output_attentions", None):
+            raise ValueError("output_attentions is not supported; use attnzoo.capture_internals(model) instead")
+        unexpected = sorted(k for k, v in kwargs.items() if v is not None)
+        if unexpected:
+            raise TypeError(f"unexpected arguments {unexpected} for {type(self).__name__}.forward")
+        check_token_ids("input_ids", input_ids, self.config.vocab_size, None)
+        if not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep must be a non-negative int, got {logits_to_keep!r}")
+        if past_key_values is not None and not isinstance(past_key_values, RecurrentCache):
+            raise TypeError(
+                f"past_key_values must be the RecurrentCache an AttnZooForCausalLM returned, got "
+                f"{type(past_key_values).__name__}"
+            )
+
+    def _parallel(self, input_ids: torch.Tensor, keep: int,
+                  output_hidden_states: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """The whole of ``input_ids (B, T)`` at once: logits ``(B, keep, V)`` of the last ``keep`` positions and,
+        when asked, the hidden states ``(B, T, D)`` after the embedding and after each block."""
+        from attnzoo.models.language import check_token_ids
+
+        m = self.model
+        t = input_ids.shape[1]
+        check_token_ids("input_ids", input_ids, m.config.vocab_size, m.config.block_size)
+        x = m._embed(input_ids, 0)
+        states = [x] if output_hidden_states else None
+        for blk in m.blocks:
+            x = blk(x)
+            if states is not None:
+                states.append(x)
+        x = m.ln_f(x)
+        hidden_states = None
+        if states is not None:
+            states[-1] = x  # transformers' convention: the last entry is after the final norm
+            hidden_states = tuple(states)
+        return m.lm_head(x[:, t - keep :]), hidden_states
+
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, **kwargs):
         # position ids are implied by the cache; attnzoo computes its own positions
         kwargs.pop("position_ids", None)
         return super().prepare_inputs_for_generation(input_ids, past_key_values=past_key_values, **kwargs)
+
+
+def _next_token_loss(logits: torch.Tensor, labels: torch.Tensor, input_ids: torch.Tensor, keep: int,
+                     num_items_in_batch: Any) -> torch.Tensor:
+    """Cross-entropy of ``logits (B, T, V)`` at position i against ``labels[:, i + 1]`` (``-100`` ignored), as
+    ``transformers`` does with ``labels = input_ids``; summed over ``num_items_in_batch`` when given."""
+    t = input_ids.shape[1]
+    if keep != t:
+        raise ValueError("labels need the logits of every position; leave logits_to_keep=0")
+    if not isinstance(labels, torch.Tensor) or labels.shape != input_ids.shape:
+        raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}")
+    shift_logits = logits[:, :-1].flatten(0, 1).float()
+    shift_labels = labels[:, 1:].flatten().to(logits.device)
+    if num_items_in_batch is None:
+        return F.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
+    loss = F.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")
+    return loss / torch.as_tensor(num_items_in_batch, device=loss.device)
 
 
 class AttnZooForImageClassification(AttnZooPreTrainedModel):

@@ -407,7 +407,8 @@ def swap_attention(model: nn.Module, mechanism: str, **options: Any) -> SwapRepo
         report.notes.extend(n for n in info.notes if n not in report.notes)
     if rope and report.layers:
         if callable(getattr(attention_info(mechanism), "_qkv", None)):
-            report.notes.append("rotary position embeddings rotate the mechanism's queries and keys, as in the original")
+            report.notes.append(
+                "rotary position embeddings rotate the mechanism's queries and keys, as in the original")
         else:
             report.notes.append(
                 f"rotary position embeddings are not applied: {mechanism} has no separate queries and keys to "

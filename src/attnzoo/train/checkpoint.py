@@ -30,7 +30,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
-from attnzoo._io import atomic_write_text
+from attnzoo._io import atomic_write_text, to_jsonable, write_json
 from attnzoo.train.distributed import DistInfo, barrier
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints", "verify_checkpoint",
@@ -71,12 +71,11 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, tuple):
-        return list(v)
+def _json_value(v: Any) -> Any:
+    """A non-tensor optimizer or loss-scaler state value for ``state.json`` (e.g. ``betas``: tuple -> list)."""
     if isinstance(v, torch.Tensor):
         raise TypeError("tensors go to safetensors, not JSON")
-    return v
+    return to_jsonable(v, nonfinite="keep")
 
 
 def _split_optimizer_state(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -88,8 +87,8 @@ def _split_optimizer_state(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.
             if isinstance(v, torch.Tensor):
                 tensors[f"{idx}.{k}"] = v.detach().cpu().contiguous()
             else:
-                scalars.setdefault(str(idx), {})[k] = _jsonable(v)
-    groups = [{k: _jsonable(v) for k, v in g.items()} for g in sd["param_groups"]]
+                scalars.setdefault(str(idx), {})[k] = _json_value(v)
+    groups = [{k: _json_value(v) for k, v in g.items()} for g in sd["param_groups"]]
     return tensors, {"param_groups": groups, "scalars": scalars}
 
 
@@ -181,8 +180,8 @@ def _sha256_file(path: Path) -> str:
 def _write_manifest(directory: Path) -> None:
     files = {p.name: {"size": p.stat().st_size, "sha256": _sha256_file(p)}
              for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST_NAME}
-    atomic_write_text(directory / MANIFEST_NAME,
-                      json.dumps({"format": FORMAT_VERSION, "algorithm": "sha256", "files": files}, indent=1))
+    write_json(directory / MANIFEST_NAME, {"format": FORMAT_VERSION, "algorithm": "sha256", "files": files},
+               newline=False)
 
 
 def verify_checkpoint(path: Path) -> bool:
@@ -247,10 +246,10 @@ def save_checkpoint(root: Path, step: int, model: nn.Module, optimizer: torch.op
             "step": step,
             "world_size": info.world_size,
             "optimizer": opt_meta,
-            "scaler": {k: _jsonable(v) for k, v in scaler.state_dict().items()} if scaler is not None else None,
+            "scaler": {k: _json_value(v) for k, v in scaler.state_dict().items()} if scaler is not None else None,
             **extra,
         }
-        atomic_write_text(tmp / "state.json", json.dumps(state, indent=1))
+        write_json(tmp / "state.json", state, nonfinite="keep", newline=False)
         _write_manifest(tmp)  # last: covers every rank's files too (they were written before the barrier)
         _fsync_dir(tmp)
         if final.exists():

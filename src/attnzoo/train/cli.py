@@ -1,7 +1,7 @@
 """``attnzoo train <config.yaml | preset> [--out DIR] [--resume | --overwrite] [--key=value ...]``.
 
-Exit status: 0 done, 2 bad configuration or input (config, task options, checkpoint), 1 other errors, 3 missing dataset, 130 / 143 stopped by SIGINT / SIGTERM
-(after writing a checkpoint; continue with ``--resume``).
+Exit status: 0 done, 2 bad configuration or input (config, task options, checkpoint), 1 other errors, 3 missing
+dataset, 130 / 143 stopped by SIGINT / SIGTERM (after writing a checkpoint; continue with ``--resume``).
 """
 from __future__ import annotations
 
@@ -66,7 +66,8 @@ def _fail(e: BaseException, code: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     from attnzoo.data.paths import DatasetNotFoundError
     from attnzoo.train.config import ConfigError, load_config, parse_overrides  # noqa: F401 (ConfigError below)
-    from attnzoo.train.trainer import load_run, train
+    from attnzoo.train.run_dir import load_run
+    from attnzoo.train.trainer import train
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parsed = _split_args(argv)

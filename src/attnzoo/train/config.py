@@ -18,8 +18,8 @@ import yaml
 from attnzoo.train.optim import OPTIMIZERS
 from attnzoo.train.schedules import SCHEDULES
 
-__all__ = ["TrainConfig", "ConfigError", "ConfigTypeError", "load_config", "apply_overrides", "parse_overrides", "list_presets",
-           "preset_path", "RESUME_MUTABLE_KEYS"]
+__all__ = ["TrainConfig", "ConfigError", "ConfigTypeError", "load_config", "apply_overrides", "parse_overrides",
+           "list_presets", "preset_path", "RESUME_MUTABLE_KEYS"]
 
 
 class ConfigError(ValueError):

@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     from attnzoo.data.text import CharVocab
     from attnzoo.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
     from attnzoo.train.config import ConfigError
-    from attnzoo.train.trainer import build_model, load_run, resolve_device
+    from attnzoo.train.device import resolve_device
+    from attnzoo.train.objectives import build_task_model
+    from attnzoo.train.run_dir import load_run
 
     run = Path(a.run)
     try:
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(a.device)
         # the model needs the task's sizes, not its data: build it with the saved task options
         task = build_task(cfg.task, **cfg.task_options)
-        model = build_model(cfg, task).to(device)
+        model = build_task_model(cfg, task).to(device)
         load_checkpoint(ckpt, model, restore_rng=False)
         model.eval()
         ids = torch.as_tensor(vocab.encode(a.prompt or "\n"), device=device)[None].repeat(a.num_samples, 1)

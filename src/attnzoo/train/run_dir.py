@@ -1,0 +1,165 @@
+"""A training run's directory: which runs may be resumed or overwritten, what a run writes there, its saved config.
+
+A run directory holds the marker file :data:`RUN_MARKER`, ``config.yaml``, ``task.json`` (``vocab.json`` for
+character-level tasks), ``metrics.csv``, ``final.json``, ``checkpoints/``, ``model/`` and ``tb/``. Anything else in
+it is the user's: attnzoo never deletes it.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Callable, Literal
+
+import yaml
+
+from attnzoo._io import atomic_write_text
+from attnzoo.data.tasks import Task
+from attnzoo.train.config import RESUME_MUTABLE_KEYS, ConfigError, TrainConfig, from_dict, read_yaml
+
+__all__ = ["RUN_MARKER", "RunMode", "run_dir_mode", "foreign_run_files", "remove_run_files", "write_run_files",
+           "load_run", "check_resume_config"]
+
+#: file that marks a directory as an attnzoo run (only such directories may be resumed or overwritten)
+RUN_MARKER = ".attnzoo-run"
+
+RunMode = Literal["fresh", "resume", "overwrite"]
+
+
+def run_dir_mode(out: Path, resume: bool, overwrite: bool) -> RunMode:
+    """Decide what ``train`` does with ``out``: start ``"fresh"``, ``"resume"`` or ``"overwrite"``; refuses to
+    clobber anything silently.
+
+    - missing or empty: a fresh run (``--resume`` too, so one command serves first launch and restarts);
+    - an attnzoo run directory: needs ``--resume`` (continue) or ``--overwrite`` (delete the run's own files
+      and start again; refused, with the list, when the directory also holds files attnzoo did not write);
+    - any other non-empty directory: an error, whatever the flags (attnzoo never deletes foreign files).
+    """
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite contradict each other; pass one")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} exists and is not a directory")
+    if not out.exists() or not any(out.iterdir()):
+        return "fresh"
+    is_run = (out / RUN_MARKER).is_file()
+    if not is_run:
+        raise ConfigError(f"--out {out} is a non-empty directory that is not an attnzoo run; refusing to write "
+                          f"into it. Choose another --out.")
+    if resume:
+        if not (out / "config.yaml").is_file():
+            raise ConfigError(f"{out} has no config.yaml to resume from")
+        return "resume"
+    if overwrite:
+        foreign = foreign_run_files(out)
+        if foreign:
+            shown = ", ".join(foreign[:20]) + (f" ... ({len(foreign)} in all)" if len(foreign) > 20 else "")
+            raise ConfigError(f"--out {out} also holds files attnzoo did not write: {shown}. --overwrite deletes only "
+                              f"a run's own files: move or delete these first, or choose another --out")
+        return "overwrite"
+    raise ConfigError(f"--out {out} already holds a run; pass --resume to continue it or --overwrite to delete it "
+                      f"and start again")
+
+
+# What ``train`` writes into a run directory; everything else there is the user's and is never deleted.
+# (``metrics.csv.tmp``: the temporary of older versions, which rewrote metrics.csv through it.)
+_RUN_FILES = {RUN_MARKER, "config.yaml", "task.json", "vocab.json", "metrics.csv", "metrics.csv.tmp", "final.json"}
+_CKPT_FILES = re.compile(r"(model|optimizer|rng_rank[0-9]+)\.safetensors|state\.json|manifest\.json")
+_STEP_DIR = re.compile(r"(\.tmp_)?step_[0-9]{8,}")
+_MODEL_FILES = {"config.json", "model.safetensors"}
+
+
+def _is_temp_of(name: str, names: set[str] | re.Pattern) -> bool:
+    """``.<name>.<random>.tmp`` / ``.bak``: the temporaries of atomic writes (left behind by a kill)."""
+    m = re.fullmatch(r"\.(.+)\.[^.]+\.(tmp|bak)", name)
+    if m is None:
+        return False
+    return m.group(1) in names if isinstance(names, set) else bool(names.fullmatch(m.group(1)))
+
+
+def foreign_run_files(out: Path) -> list[str]:
+    """Paths (relative to ``out``) in a run directory that ``attnzoo train`` did not write (links included)."""
+    out = Path(out)
+    foreign: list[str] = []
+
+    def scan(d: Path, ok: Callable[[Path], bool]) -> None:
+        for p in sorted(d.iterdir()):
+            if p.is_symlink() or not ok(p):
+                foreign.append(str(p.relative_to(out)))
+
+    def step_dir(p: Path) -> bool:
+        if not p.is_dir():
+            return False
+        scan(p, lambda f: f.is_file() and (_CKPT_FILES.fullmatch(f.name) is not None
+                                           or _is_temp_of(f.name, _CKPT_FILES)))
+        return True
+
+    def top(p: Path) -> bool:
+        if p.name in _RUN_FILES or _is_temp_of(p.name, _RUN_FILES):
+            return p.is_file()
+        if not p.is_dir() or p.is_symlink():
+            return False
+        if p.name == "checkpoints":
+            scan(p, lambda c: (c.name == "latest" and c.is_file()) or _is_temp_of(c.name, {"latest"})
+                 or (_STEP_DIR.fullmatch(c.name) is not None and step_dir(c)))
+        elif p.name == "model":
+            scan(p, lambda f: f.is_file() and (f.name in _MODEL_FILES or _is_temp_of(f.name, _MODEL_FILES)))
+        elif p.name == "tb":  # TensorBoard's event files
+            scan(p, lambda f: f.is_file() and f.name.startswith("events.out.tfevents."))
+        else:
+            return False
+        return True
+
+    scan(out, top)
+    return foreign
+
+
+def remove_run_files(out: Path) -> None:
+    """Delete what a previous run wrote into ``out`` (checked by :func:`foreign_run_files` beforehand)."""
+    foreign = set(foreign_run_files(out))
+    if foreign:  # appeared since the check: still never delete them
+        raise ConfigError(f"--out {out}: files attnzoo did not write appeared: {sorted(foreign)[:20]}; not overwriting")
+    for p in out.iterdir():
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def write_run_files(out: Path, cfg: TrainConfig, task: Task, *, overwrite: bool) -> None:
+    """Mark ``out`` as a run and save what resuming, ``attnzoo eval`` and ``attnzoo generate`` read back: the config,
+    the task's description and (character-level tasks) the vocabulary. Main process only."""
+    if overwrite:
+        remove_run_files(out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / RUN_MARKER, "attnzoo training run\n")
+    atomic_write_text(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    task_json = {"task": task.name, "kind": task.kind, "info": task.info, "options": task.options}
+    # default=str: a task's description is for people; an odd option value is kept as its text
+    atomic_write_text(out / "task.json", json.dumps(task_json, indent=1, default=str))
+    if task.vocab is not None:
+        atomic_write_text(out / "vocab.json", task.vocab.to_json())
+
+
+def load_run(out: Path) -> TrainConfig:
+    """The config saved in a run directory."""
+    f = Path(out) / "config.yaml"
+    if not f.is_file():
+        raise ConfigError(f"{out} is not an attnzoo run directory (no config.yaml)")
+    return from_dict(read_yaml(f) or {})  # read_yaml: UTF-8, no duplicated keys, errors name the file
+
+
+def check_resume_config(saved: TrainConfig, given: TrainConfig | None) -> TrainConfig:
+    """The config a resumed run continues with: ``given`` if it differs from the saved one only in
+    :data:`RESUME_MUTABLE_KEYS`, else a :class:`ConfigError` listing the differences."""
+    if given is None:
+        return saved
+    a, b = saved.to_dict(), given.to_dict()
+    diff = [k for k in a if a[k] != b[k] and k not in RESUME_MUTABLE_KEYS]
+    if diff:
+        changes = ", ".join(f"{k}: {a[k]!r} -> {b[k]!r}" for k in diff)
+        raise ConfigError(
+            f"resuming with a different config would not continue the same run: {changes}. "
+            f"Only {list(RESUME_MUTABLE_KEYS)} may change on resume (or give no config: the saved one is used)."
+        )
+    return given
