@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_save_figure", "to_jsonable", "write_json"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_save_figure", "fsync_dir", "to_jsonable", "write_json"]
 
 #: what :func:`to_jsonable` makes of NaN and infinities: JSON ``null``, the strings ``"nan"``/``"inf"``/``"-inf"``,
 #: or the float left as it is (``json`` then writes the non-standard ``NaN``/``Infinity``)
@@ -40,6 +40,20 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Flush ``path``'s directory entries (a rename into it) to disk, where the platform allows (best effort)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

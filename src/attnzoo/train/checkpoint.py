@@ -30,7 +30,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
-from attnzoo._io import atomic_write_text, to_jsonable, write_json
+from attnzoo._io import atomic_write_text, fsync_dir, to_jsonable, write_json
 from attnzoo.train.distributed import DistInfo, barrier
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints", "verify_checkpoint",
@@ -56,19 +56,6 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             model = model._orig_mod
         else:
             return model
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _json_value(v: Any) -> Any:
@@ -251,11 +238,11 @@ def save_checkpoint(root: Path, step: int, model: nn.Module, optimizer: torch.op
         }
         write_json(tmp / "state.json", state, nonfinite="keep", newline=False)
         _write_manifest(tmp)  # last: covers every rank's files too (they were written before the barrier)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
         atomic_write_text(root / "latest", final.name + "\n")
         for old in list_checkpoints(root)[:-keep] if keep > 0 else []:
             if old != final:
