@@ -1,19 +1,15 @@
-"""Output handling for experiments: refuse to clobber, write atomically, JSON-safe values."""
+"""Output handling for experiments: refuse to clobber; strict JSON (no NaN/Infinity literals) with non-finite
+floats as the strings ``"nan"``/``"inf"``/``"-inf"``, written through the shared :mod:`attnzoo._io` helpers.
+"""
 from __future__ import annotations
 
-import io
-import json
-import math
 import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
+from attnzoo import _io
 
-from attnzoo._io import atomic_write_bytes
-
-__all__ = ["prepare_out_dir", "atomic_write_bytes", "write_json", "write_figure", "to_jsonable"]
+__all__ = ["prepare_out_dir", "write_json", "to_jsonable"]
 
 
 def prepare_out_dir(out: str | os.PathLike, *, overwrite: bool = False) -> Path:
@@ -31,30 +27,9 @@ def prepare_out_dir(out: str | os.PathLike, *, overwrite: bool = False) -> Path:
 
 def to_jsonable(value: Any) -> Any:
     """Tensors/arrays to lists, numpy scalars to Python; non-finite floats to the strings "inf"/"-inf"/"nan"."""
-    if isinstance(value, torch.Tensor):
-        value = value.detach().cpu().to(torch.float64).numpy() if value.is_floating_point() else value.cpu().numpy()
-    if isinstance(value, np.ndarray):
-        return to_jsonable(value.tolist())
-    if isinstance(value, np.generic):
-        return to_jsonable(value.item())
-    if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, Path):
-        return str(value)
-    return value
+    return _io.to_jsonable(value, nonfinite="string")
 
 
 def write_json(path: str | os.PathLike, payload: dict) -> Path:
     # compact: indentation would put every number of the long per-layer/per-point lists on its own line
-    text = json.dumps(to_jsonable(payload), separators=(",", ":"), allow_nan=False) + "\n"
-    return atomic_write_bytes(path, text.encode())
-
-
-def write_figure(path: str | os.PathLike, fig, *, dpi: int = 110) -> Path:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    return atomic_write_bytes(path, buf.getvalue())
+    return _io.write_json(path, payload, indent=None, nonfinite="string")

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
+import numpy as np
 import torch
 
 from attnzoo._io import atomic_save_figure
-from attnzoo.reproduce.store import Interrupted, StepStore, atomic_write_text
+from attnzoo.reproduce.store import Interrupted, StepStore
 
 __all__ = [
     "Context",
@@ -29,6 +30,7 @@ __all__ = [
     "num_params",
     "train_defaults",
     "seed_list",
+    "seed_mean",
     "seeded_id",
     "per_seed",
 ]
@@ -103,6 +105,12 @@ def per_seed(records: dict[str, dict], base: str) -> list[dict]:
 
 
 # ---- formatting -------------------------------------------------------------------------------------
+def seed_mean(records: Sequence[dict], key: str) -> float | None:
+    """Mean of ``key`` over the seeds' results that have it; ``None`` if none has."""
+    vals = [r[key] for r in records if r.get(key) is not None]
+    return float(np.mean(vals)) if vals else None
+
+
 def fmt(value: Any, spec: str = ".3g") -> str:
     """A table cell: ``-`` for missing values, ``format(value, spec)`` for numbers."""
     if value is None:
@@ -144,7 +152,7 @@ def peak_train_mb(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, k
     ``None`` when the CPU measure is unavailable (a torch profiler without allocation events).
     """
     from attnzoo.bench.memory import cpu_peak_supported, peak_memory_bytes
-    from attnzoo.train.tasks import compute_loss
+    from attnzoo.train.objectives import compute_loss
 
     dev = torch.device(device)
     if dev.type == "cpu" and not cpu_peak_supported():
@@ -237,7 +245,8 @@ def _curve(run_dir: Path) -> list[list[float]]:
     if not f.is_file():
         return []
     with open(f, newline="") as fh:
-        return [[int(r["step"]), float(r["loss"])] for r in csv.DictReader(fh) if r.get("split") == "train" and r.get("loss")]
+        return [[int(r["step"]), float(r["loss"])] for r in csv.DictReader(fh)
+                if r.get("split") == "train" and r.get("loss")]
 
 
 def load_trained(run_dir: str | os.PathLike) -> torch.nn.Module:
@@ -245,9 +254,3 @@ def load_trained(run_dir: str | os.PathLike) -> torch.nn.Module:
     from attnzoo.models import from_pretrained
 
     return from_pretrained(Path(run_dir) / "model")
-
-
-def write_json(path: str | os.PathLike, payload: Any) -> Path:
-    from attnzoo.reproduce.store import jsonable
-
-    return atomic_write_text(path, json.dumps(jsonable(payload), indent=1, allow_nan=False) + "\n")

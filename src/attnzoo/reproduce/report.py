@@ -8,10 +8,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from attnzoo._io import atomic_write_text, write_json
 from attnzoo.reproduce.claims import ACC_TOL
-from attnzoo.reproduce.common import Section, md_table, write_json
+from attnzoo.reproduce.common import Section, md_table
 from attnzoo.reproduce.sections import SECTION_MODULES
-from attnzoo.reproduce.store import atomic_write_text, jsonable
 
 __all__ = ["write_report", "FINDING_COLUMNS", "PLOTS_DIR"]
 
@@ -44,8 +44,8 @@ def _summaries(out: Path, plan: dict, sections: list[str], records: dict, failed
 
 
 def _findings_md(findings: list[dict]) -> str:
-    rows = [[f["paper"], f["claim"], f["paper_value"], f["measured"], _MARK[f["verdict"]], f.get("seeds", "-"), f["rule"],
-             f.get("explanation") or "-"] for f in findings]
+    rows = [[f["paper"], f["claim"], f["paper_value"], f["measured"], _MARK[f["verdict"]], f.get("seeds", "-"),
+             f["rule"], f.get("explanation") or "-"] for f in findings]
     return md_table(FINDING_COLUMNS, rows)
 
 
@@ -82,8 +82,9 @@ def _discussion(secs: list[Section], plan_name: str, plan: dict) -> list[str]:
     seeds = sorted({plan[k].get("seeds", 1) for k in ("vision", "long-range", "language", "icl")})
     lines += ["", f"Caveats (from this run's configuration): every trained figure rests on {'/'.join(map(str, seeds))} "
               f"seed(s) of a model with width {v['arch']['dim']} and depth {v['arch']['depth']} (vision) trained for "
-              f"{v['train']['steps']} steps, against the papers' ImageNet/LRA/OpenWebText runs of hours to days on GPUs "
-              "with tuned hyper-parameters; all models of a section share one untuned optimiser setting. A verdict "
+              f"{v['train']['steps']} steps, against the papers' ImageNet/LRA/OpenWebText runs of hours to days on "
+              "GPUs with tuned hyper-parameters; all models of a section share one untuned optimiser setting. "
+              "A verdict "
               "'disagrees' needs the paper's direction contradicted by more than two standard errors of the "
               "difference of the seed means, so with one seed a contradiction is reported as inconclusive; the "
               f"tolerance of 'comparable' accuracy claims is {ACC_TOL:g} points. Timings come from a shared CPU and "
@@ -120,7 +121,8 @@ def write_report(out: Path, plan: dict, budget_name: str, seed: int, sections: l
     md += [f"Every table, plot and verdict below was generated from this run's own measurements by `{cmd}`. "
            "Re-running the command with the same `--out` reuses finished steps and recomputes nothing.", ""]
     md += ["## Contents", ""] + [f"- [{s.title}](#{_anchor(s.title)})" for s in secs]
-    md += ["- [Agreement with the papers](#agreement-with-the-papers)", "- [Run configurations](#run-configurations)", ""]
+    md += ["- [Agreement with the papers](#agreement-with-the-papers)", "- [Run configurations](#run-configurations)",
+           ""]
     md += ["## Setup", "", md_table(["item", "value"], setup), ""]
     for s in secs:
         md += [f"## {s.title}", ""]
@@ -162,7 +164,7 @@ def write_report(out: Path, plan: dict, budget_name: str, seed: int, sections: l
                   for sid, r in records.items()},
         "failed": outcome.failed,
     }
-    write_json(out / "results.json", jsonable(payload))
+    write_json(out / "results.json", payload)
 
 
 def _anchor(title: str) -> str:

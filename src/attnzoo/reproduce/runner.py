@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 
+from attnzoo._io import write_json
 from attnzoo.reproduce.budgets import SECTIONS, budget
-from attnzoo.reproduce.common import Context, write_json
+from attnzoo.reproduce.common import Context
 from attnzoo.reproduce.sections import ALIASES, SECTION_MODULES
 from attnzoo.reproduce.store import Interrupted, Step, StepStore
 

@@ -7,42 +7,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from attnzoo._io import atomic_write_text
+from attnzoo._io import to_jsonable, write_json
 
-__all__ = ["Step", "StepStore", "config_hash", "atomic_write_text", "jsonable", "Interrupted"]
+__all__ = ["Step", "StepStore", "config_hash", "Interrupted"]
 
 
 class Interrupted(Exception):
     """A step was stopped by SIGINT/SIGTERM (its partial state is checkpointed where the step supports it)."""
 
 
-def jsonable(value: Any) -> Any:
-    """Deep-convert to JSON types: tuples -> lists, numpy/torch scalars -> Python, non-finite floats -> None."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 1) == 0:
-        value = value.item()
-    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
-        return jsonable(value.tolist())
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def config_hash(config: dict) -> str:
     """Stable short hash of a JSON-able config."""
-    text = json.dumps(jsonable(config), sort_keys=True, separators=(",", ":"))
+    text = json.dumps(to_jsonable(config), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -108,12 +90,12 @@ class StepStore:
             "id": step.id,
             "section": step.section,
             "label": step.label,
-            "config": jsonable(step.config),
+            "config": to_jsonable(step.config),
             "config_hash": step.hash,
-            "result": jsonable(result),
+            "result": to_jsonable(result),
             "wall_s": round(wall_s, 3),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
-        atomic_write_text(self.path(step.id), json.dumps(rec, indent=1, allow_nan=False) + "\n")
+        write_json(self.path(step.id), rec)
         return rec

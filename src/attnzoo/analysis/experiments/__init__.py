@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..io import prepare_out_dir, write_figure, write_json
+from attnzoo._io import atomic_save_figure
+
+from ..io import prepare_out_dir, write_json
 from .models import (
     attention_maps,
     example_input,
@@ -66,7 +68,9 @@ PLOTTERS = {
 }
 
 
-def save_experiment(result: dict, out: str | os.PathLike, *, overwrite: bool = False, dpi: int = 110) -> dict[str, Path]:
+def save_experiment(
+    result: dict, out: str | os.PathLike, *, overwrite: bool = False, dpi: int = 110
+) -> dict[str, Path]:
     """Plot ``result`` and write ``<out>/<experiment>.png`` and ``.json`` atomically.
 
     Refuses a non-empty ``out`` unless ``overwrite``. Returns ``{"png": path, "json": path}``.
@@ -76,6 +80,6 @@ def save_experiment(result: dict, out: str | os.PathLike, *, overwrite: bool = F
         raise ValueError(f"result['experiment']={name!r} is not an experiment; valid: {sorted(PLOTTERS)}")
     out_dir = prepare_out_dir(out, overwrite=overwrite)
     fig = PLOTTERS[name](result)
-    png = write_figure(out_dir / f"{name}.png", fig, dpi=dpi)
+    png = atomic_save_figure(fig, out_dir / f"{name}.png", dpi=dpi)
     js = write_json(out_dir / f"{name}.json", result)
     return {"png": png, "json": js}

@@ -17,6 +17,7 @@ from attnzoo.reproduce.common import (
     per_seed,
     save_figure,
     seed_list,
+    seed_mean,
     seeded_id,
     train_defaults,
 )
@@ -115,14 +116,10 @@ LEARNED_MARGIN = 5.0
 
 def _fold(rs: list[dict]) -> dict:
     """One task x mechanism over seeds: accuracy (%) as a Stat, the costs as seed means."""
-    def mean(k):
-        vals = [r[k] for r in rs if r.get(k) is not None]
-        return float(np.mean(vals)) if vals else None
-
     return {"accuracy": claims.stat(100 * r["accuracy"] for r in rs if r.get("accuracy") is not None),
             "per_seed": [None if r.get("accuracy") is None else 100 * r["accuracy"] for r in rs],
-            "steps_per_s": mean("steps_per_s"), "peak_train_mb": mean("peak_train_mb"), "params": rs[0]["params"],
-            "seq_len": rs[0]["seq_len"], "seeds": len(rs)}
+            "steps_per_s": seed_mean(rs, "steps_per_s"), "peak_train_mb": seed_mean(rs, "peak_train_mb"),
+            "params": rs[0]["params"], "seq_len": rs[0]["seq_len"], "seeds": len(rs)}
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
@@ -358,9 +355,9 @@ def _findings(res, mechs, tasks, lengths, learned, ablations=None, majority=None
             per_task.append((t, ft))
             out.append(ft)
         if f["verdict"] != "agrees":
-            f["explanation"] = ("per-task breakdown (same seeds; the per-task findings carry their ablations): " + "; ".join(
-                f"{t}: {ft['verdict']} ({res[m][t]['accuracy'].fmt('.1f')} vs {res['softmax'][t]['accuracy'].fmt('.1f')})"
-                for t, ft in per_task))
+            f["explanation"] = ("per-task breakdown (same seeds; the per-task findings carry their ablations): "
+                                + "; ".join(f"{t}: {ft['verdict']} ({res[m][t]['accuracy'].fmt('.1f')} vs "
+                                            f"{res['softmax'][t]['accuracy'].fmt('.1f')})" for t, ft in per_task))
         out.insert(len(out) - len(per_task), f)
     # speed at the longest length both ran
     if "softmax" in mechs and tasks:

@@ -23,6 +23,7 @@ from attnzoo.reproduce.common import (
     per_seed,
     save_figure,
     seed_list,
+    seed_mean,
     seeded_id,
     train_defaults,
     train_run,
@@ -153,7 +154,8 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     steps = []
     for name in rows_of(plan):
         if name not in MODELS and name not in SWAPS and name not in ABLATIONS:
-            raise ValueError(f"unknown vision model {name!r}; valid: {sorted(MODELS) + sorted(SWAPS) + sorted(ABLATIONS)}")
+            raise ValueError(f"unknown vision model {name!r}; "
+                             f"valid: {sorted(MODELS) + sorted(SWAPS) + sorted(ABLATIONS)}")
         reg, mech, paper = _registered(name)
         for s in seed_list(plan, seed):
             train = dict(task=plan["task"], task_options=dict(plan["task_options"]), model=reg,
@@ -209,11 +211,9 @@ def _stats(records: dict, name: str) -> dict | None:
     rs = per_seed(records, f"{KEY}/{name}")
     if not rs:
         return None
-    mean = (lambda k: float(np.mean([r[k] for r in rs if r.get(k) is not None]))
-            if any(r.get(k) is not None for r in rs) else None)
     return {"accuracy": claims.stat(_pct(r.get("accuracy")) for r in rs), "params": rs[0]["params"],
-            "samples_per_s": mean("samples_per_s"), "peak_train_mb": mean("peak_train_mb"), "tokens": rs[0]["tokens"],
-            "seeds": len(rs), "curve": rs[0].get("curve")}
+            "samples_per_s": seed_mean(rs, "samples_per_s"), "peak_train_mb": seed_mean(rs, "peak_train_mb"),
+            "tokens": rs[0]["tokens"], "seeds": len(rs), "curve": rs[0].get("curve")}
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
@@ -225,8 +225,9 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
                  f"{arch['depth']}, {arch['heads']} heads, patch {arch['patch_size']}, and trains for "
                  f"{plan['train']['steps']} steps of batch {plan['train']['batch_size']} with the same AdamW/cosine "
                  f"schedule (lr {plan['train']['lr']}), no augmentation; {n_seeds} seed{'s' if n_seeds > 1 else ''} "
-                 "per row (accuracy: mean ± sample std over seeds). The first table keeps each paper's own architecture "
-                 "(ISTA vs MLP blocks, no MLP in AoT, class attention in XCiT/ToST, CSP-ViT's patch embedding and mean "
+                 "per row (accuracy: mean ± sample std over seeds). The first table keeps each paper's own "
+                 "architecture (ISTA vs MLP blocks, no MLP in AoT, class attention in XCiT/ToST, CSP-ViT's patch "
+                 "embedding and mean "
                  "pooling), so its rows differ in more than the attention. The second table is the controlled "
                  "comparison: the ViT baseline's skeleton (conv patches, CLS token, MLP blocks, pre-norm) with only "
                  "the attention swapped.")
@@ -237,7 +238,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         return [n, mech, desc, fmt(r["params"], ","), r["accuracy"].fmt(".1f"), fmt(r["samples_per_s"], ".0f"),
                 fmt(r["peak_train_mb"], ".1f"), fmt(r["tokens"], "d")]
 
-    heads = ["model", "mechanism", "architecture", "params", "val acc %", "train img/s", "peak train-step MiB", "tokens"]
+    heads = ["model", "mechanism", "architecture", "params", "val acc %", "train img/s", "peak train-step MiB",
+             "tokens"]
     sec.tables.append(Table("Papers' architectures", heads, [row(n) for n in plan["models"] if n in res]))
     swaps = [n for n in ["vit", "fastmax_vit"] + list(plan.get("swaps", [])) if n in res]
     if len(swaps) > 1:
