@@ -193,7 +193,8 @@ def test_cuda_plan_triton_rows_run_under_the_interpreter():
         st._decode_shapes = lambda quick: [(1, 2, 4, 3)]
         rows = st.run_selftest(torch.device("cpu"), quick=True, only=["tssa", "fastmax"])
         got = [(r.mechanism, r.backend, r.check) for r in rows]
-        want = [(m, "triton", c) for m in ("tssa", "fastmax p=1") for c in ("forward", "backward", "causal leak", "decode")]
+        checks = ("forward", "backward", "causal leak", "decode")
+        want = [(m, "triton", c) for m in ("tssa", "fastmax p=1") for c in checks]
         assert got == want, got
         assert all(r.ok and r.cells["float32"].cases > 0 for r in rows)
 
@@ -218,7 +219,8 @@ def test_cuda_plan_triton_rows_run_under_the_interpreter():
         """
     )
     env = dict(os.environ, TRITON_INTERPRET="1")
-    res = subprocess.run([sys.executable, "-c", script], check=False, env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, "-c", script], check=False, env=env, capture_output=True, text=True,
+                         timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "FAIL" not in res.stdout and res.stdout.count(" ok") == 8
 
@@ -422,4 +424,5 @@ def test_selftest_reports_an_auto_fallback(monkeypatch, capsys, one_thread):
     monkeypatch.setattr(_triton_utils, "_FAILED", {"tssa": "CompilationError: simulated"})
     assert selftest.main(["--device", "cpu", "--quick", "--only", "csp"]) == 0
     out = capsys.readouterr().out
-    assert "note: backend='auto' fell back to PyTorch for tssa: its Triton kernel failed (CompilationError: simulated)" in out
+    note = "note: backend='auto' fell back to PyTorch for tssa: its Triton kernel failed (CompilationError: simulated)"
+    assert note in out

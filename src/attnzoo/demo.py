@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                 except ValueError as err:  # e.g. a causal length beyond a learned position table
                     print(f"{label:<18}{n:>7}{n_params:>10}  skipped: {err}")
                     continue
-                print(f"{label:<18}{n:>7}{n_params:>10}{y.mean().item():>11.4f}{y.std().item():>10.4f}{sec * 1e3:>10.2f}")
+                print(f"{label:<18}{n:>7}{n_params:>10}{y.mean().item():>11.4f}{y.std().item():>10.4f}"
+                      f"{sec * 1e3:>10.2f}")
     return 0
 
 

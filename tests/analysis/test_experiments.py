@@ -73,7 +73,8 @@ def test_save_experiment_refuses_non_empty_dir_and_writes_atomically(tmp_path):
 
 def test_cli_denoise_end_to_end(tmp_path, capsys):
     out = tmp_path / "d"
-    argv = ["denoise", "--out", str(out), "--k", "3", "--p", "24", "--n-per", "20", "--eta", "0.2", "--layers", "4", "--dpi", "40"]
+    argv = ["denoise", "--out", str(out), "--k", "3", "--p", "24", "--n-per", "20", "--eta", "0.2", "--layers", "4",
+            "--dpi", "40"]
     assert analyze_main(argv) == 0
     data = json.loads((out / "denoise.json").read_text())
     assert "snr" in data and len(data["snr"]["threshold"]) == 5

@@ -73,12 +73,14 @@ def test_layerwise_findings_judge_the_latter_half_and_explain_with_ablations():
     # CBT rises: disagrees, and the explanation gives the raw measure on the same model and the shallow model
     f = out["cbt"]
     assert f["verdict"] == "disagrees"
-    assert "R^c raw (eq 2) on the same model" in f["explanation"] and "verdict by the same rule agrees" in f["explanation"]
+    assert "R^c raw (eq 2) on the same model" in f["explanation"]
+    assert "verdict by the same rule agrees" in f["explanation"]
     assert "depth-2 model, same measure: 33 → 31" in f["explanation"]
     assert f["explanation"].endswith("Reading: the verdict depends on the definition of the term: it agrees under "
                                      "R^c raw (eq 2)")
     # AoT rises over its latter half under every definition: the explanation says the measure is not the reason
-    assert out["aot"]["verdict"] == "disagrees" and "no other definition of the term reverses" in out["aot"]["explanation"]
+    assert out["aot"]["verdict"] == "disagrees"
+    assert "no other definition of the term reverses" in out["aot"]["explanation"]
     # ToST is judged on its own R^var_c over all layers (mostly decreases): agrees; CRATE's measure is not the claim
     assert out["tost"]["verdict"] == "agrees" and out["tost"]["paper"] == "ToST Fig. 4a"
     assert out["tost"]["explanation"] == ""  # no raw R^c series given: nothing to contrast

@@ -177,7 +177,7 @@ def test_train_and_resume_bit_exactly(folder, tmp_path):
 
     full = train(_cfg(folder), tmp_path / "a", progress=False)
     assert full.step == 8 and len(full.train_losses) == 8
-    assert all(np.isfinite(l) for _, l in full.train_losses) and 0 <= full.final_metrics["accuracy"] <= 1
+    assert all(np.isfinite(loss) for _, loss in full.train_losses) and 0 <= full.final_metrics["accuracy"] <= 1
 
     def kill_at_5(step, loss):
         if step == 5:

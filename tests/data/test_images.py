@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 
 from attnzoo.data import DatasetNotFoundError
-from attnzoo.data.images import (load_digits, load_fashion_mnist, load_idx_split, load_mnist, read_idx,
-                                 safe_load_numpy_pickle, write_idx)
+from attnzoo.data.images import (
+    load_digits,
+    load_fashion_mnist,
+    load_idx_split,
+    load_mnist,
+    read_idx,
+    safe_load_numpy_pickle,
+    write_idx,
+)
 
 
 @pytest.mark.parametrize("name", ["a.idx", "a.idx.gz"])

@@ -11,10 +11,22 @@ from scipy import ndimage
 
 from attnzoo.data import GeneratedDataset, build_task
 from attnzoo.data.icl import icl_sample, least_squares_baseline
-from attnzoo.data.lra import (DOT_VALUE, LISTOPS_VOCAB, PATH_VALUE, byte_histogram_similarity, encode_bytes,
-                              fit_band_rule, listops_evaluate, listops_sample, listops_to_string,
-                              pathfinder_sample, pathfinder_shortcut_accuracy, pathfinder_shortcut_features,
-                              retrieval_sample, retrieval_shortcut_accuracy)
+from attnzoo.data.lra import (
+    DOT_VALUE,
+    LISTOPS_VOCAB,
+    PATH_VALUE,
+    byte_histogram_similarity,
+    encode_bytes,
+    fit_band_rule,
+    listops_evaluate,
+    listops_sample,
+    listops_to_string,
+    pathfinder_sample,
+    pathfinder_shortcut_accuracy,
+    pathfinder_shortcut_features,
+    retrieval_sample,
+    retrieval_shortcut_accuracy,
+)
 
 
 @pytest.mark.parametrize("expr, value", [

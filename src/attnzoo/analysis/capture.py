@@ -91,7 +91,8 @@ def capture_layers(model: nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, li
         for name, mod in attn_mods:
             handles.append(mod.register_forward_hook(attn_hook(name), with_kwargs=True))
             parent = name.rpartition(".")[0]
-            if name and parent and parent in modules and not isinstance(modules[parent], (nn.ModuleList, nn.ModuleDict)):
+            container = isinstance(modules.get(parent), (nn.ModuleList, nn.ModuleDict))
+            if name and parent and parent in modules and not container:
                 handles.append(modules[parent].register_forward_hook(block_hook(name)))
         with torch.no_grad(), capture_internals(model) as store:
             out = model(*args, **kwargs)

@@ -139,7 +139,15 @@ def _one_model(args):
 
 def _run(args) -> dict:
     from .experiments import (
-        attention_maps, compress, denoise, example_input, layerwise, load_model, membership, rank_collapse, subspaces,
+        attention_maps,
+        compress,
+        denoise,
+        example_input,
+        layerwise,
+        load_model,
+        membership,
+        rank_collapse,
+        subspaces,
     )
 
     name = args.experiment
@@ -181,7 +189,8 @@ def _run(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.experiment in ("layerwise", "membership", "subspaces") and (args.checkpoint is None) == (args.model is None):
+    needs_model = args.experiment in ("layerwise", "membership", "subspaces")
+    if needs_model and (args.checkpoint is None) == (args.model is None):
         parser.error(f"{args.experiment} needs exactly one of --checkpoint DIR or --model NAME")
     try:
         prepare_out_dir(args.out, overwrite=args.overwrite)  # fail before computing anything

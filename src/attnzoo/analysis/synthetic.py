@@ -18,7 +18,8 @@ def _check_nonneg(name: str, value) -> None:
 def orthonormal_bases(
     k: int, d: int, p: int, *, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64
 ) -> torch.Tensor:
-    """``K`` mutually orthogonal ``p``-dim subspaces of ``R^d``: ``U: (K, d, p)`` with ``[U_1 … U_K] ∈ O(d, Kp)`` (AoT eq 7)."""
+    """``K`` mutually orthogonal ``p``-dim subspaces of ``R^d``: ``U: (K, d, p)`` with ``[U_1 … U_K] ∈ O(d, Kp)``
+    (AoT eq 7)."""
     for name, v in (("k", k), ("d", d), ("p", p)):
         check_positive_int(name, v)
     if k * p > d:

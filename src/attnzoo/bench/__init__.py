@@ -44,12 +44,15 @@ def _parse(argv):
     ap.add_argument("--heads", type=int, help="heads K")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--d-sweep-length", type=int, default=4096)
-    ap.add_argument("--causal", choices=["both", "yes", "no"], default="both", help="n sweep: causal, non-causal or both")
-    ap.add_argument("--level", choices=["op", "module"], default="op", help="pure op on (B,H,N,P) or module incl. projections")
+    ap.add_argument("--causal", choices=["both", "yes", "no"], default="both",
+                    help="n sweep: causal, non-causal or both")
+    ap.add_argument("--level", choices=["op", "module"], default="op",
+                    help="pure op on (B,H,N,P) or module incl. projections")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
     ap.add_argument("--repeats", type=int)
-    ap.add_argument("--budget-s", type=float, default=20.0, help="stop growing N for a mechanism once one call exceeds this")
+    ap.add_argument("--budget-s", type=float, default=20.0,
+                    help="stop growing N for a mechanism once one call exceeds this")
     ap.add_argument("--no-backward", action="store_true", help="forward only")
     ap.add_argument("--out", default=None, help="output dir (default results/bench-<timestamp>)")
     ap.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
@@ -105,7 +108,8 @@ def _fmt(v, spec):
 
 def print_table(rows: list[Row]) -> None:
     base = {(r.sweep, r.causal, r.length, r.dim): r.fwd_ms for r in rows if r.mechanism == "softmax" and r.fwd_ms}
-    hdr = f"{'sweep':<7}{'mechanism':<20}{'causal':<7}{'N':>7}{'d':>6}{'fwd ms':>11}{'fwd+bwd ms':>12}{'peak MiB':>10}{'x SDPA':>8}{'roofline':>9}"
+    hdr = (f"{'sweep':<7}{'mechanism':<20}{'causal':<7}{'N':>7}{'d':>6}{'fwd ms':>11}{'fwd+bwd ms':>12}"
+           f"{'peak MiB':>10}{'x SDPA':>8}{'roofline':>9}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
@@ -145,7 +149,8 @@ def run(args) -> tuple[list[Row], dict]:
             for mech in args.mechanisms:
                 if causal and mech not in CAUSAL_OP_CASES:
                     continue
-                todo.append(_Series("n", mech, causal, [Shape(args.batch, args.heads, n, args.dim) for n in args.lengths]))
+                shapes = [Shape(args.batch, args.heads, n, args.dim) for n in args.lengths]
+                todo.append(_Series("n", mech, causal, shapes))
     if "d" in args.sweeps:
         for mech in args.mechanisms:
             shapes = [Shape(args.batch, args.heads, args.d_sweep_length, d) for d in args.dims if d % args.heads == 0]
@@ -195,9 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     from attnzoo.bench.plots import plot_sweep  # imports matplotlib: not for --help or a refused run
 
     pngs = [
-        plot_sweep(rows, "n", "length", os.path.join(out, "sweep_n.png"), f"K={args.heads}, d={args.dim}, {args.level} level"),
+        plot_sweep(rows, "n", "length", os.path.join(out, "sweep_n.png"),
+                   f"K={args.heads}, d={args.dim}, {args.level} level"),
         plot_sweep(rows, "d", "dim", os.path.join(out, "sweep_d.png"), f"K={args.heads}, N={args.d_sweep_length}"),
-        plot_sweep(rows, "decode", "length", os.path.join(out, "decode.png"), "causal decoding: per-token step vs context"),
+        plot_sweep(rows, "decode", "length", os.path.join(out, "decode.png"),
+                   "causal decoding: per-token step vs context"),
     ]
     print(f"wrote {csv_path}, {json_path}" + "".join(f", {p}" for p in pngs if p))
     return 0

@@ -194,7 +194,6 @@ def measure_decode(name: str, dim: int, heads: int, contexts: list[int], device,
 def write_results(out_dir: str, rows: list[Row], meta: dict) -> tuple[str, str]:
     """Atomically write ``results.csv`` and ``results.json`` into ``out_dir``."""
     import csv
-
     import io
 
     from attnzoo._io import atomic_write_text

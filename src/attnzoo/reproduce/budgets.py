@@ -41,8 +41,8 @@ BUDGETS: dict[str, dict] = {
             },
             "mechanisms": ["softmax", "tssa"],
             "left_out": {"text": "smoke: the pipeline, not the papers"},
-            "ablations": {"tssa@2x": {"task": "listops", "mechanism": "tssa", "arch": {"depth": 2}, "train": {"steps": 4},
-                                      "why": "smoke: the ablation code path"}},
+            "ablations": {"tssa@2x": {"task": "listops", "mechanism": "tssa", "arch": {"depth": 2},
+                                      "train": {"steps": 4}, "why": "smoke: the ablation code path"}},
             "arch": {"dim": 32, "depth": 1, "heads": 2, "mlp_dim": 64},
             "train": {"steps": 8, "batch_size": 16, "lr": 1e-3, "log_every": 4},
         },
@@ -242,7 +242,8 @@ def _long() -> dict:
     }
     lra["left_out"] = {
         "text": "softmax at N=512 reached 54% against a 50% majority after 800 steps of batch 32 (15 min of one "
-                "CPU thread for one seed); at N=1024 it needs more than this budget gives all five mechanisms x 3 seeds",
+                "CPU thread for one seed); at N=1024 it needs more than this budget gives all five mechanisms x 3 "
+                "seeds",
         "retrieval": "softmax at N=256 stayed at 52-54% (majority 51%) for 600 steps of batch 32, no better than the "
                      "byte-histogram shortcut (52.8%); each step encodes two documents, so longer runs do not fit",
     }

@@ -133,7 +133,8 @@ def compare(a: float | Sequence[float] | Stat | None, b: float | Sequence[float]
     n = min(sa.n, sb.n)
     rel = f", {100 * diff / sb.mean:+.1f}%" if relative and sb.mean else ""
     measured = (f"{a_name} {sa.fmt(spec)} vs {b_name} {sb.fmt(spec)} ({'+' if diff >= 0 else ''}{diff:.3g} {unit}{rel}"
-                + (f"; se of the difference {se:.2g}" if se is not None else "") + f"; {n} seed{'s' if n != 1 else ''})")
+                + (f"; se of the difference {se:.2g}" if se is not None else "")
+                + f"; {n} seed{'s' if n != 1 else ''})")
     better = "lower" if lower_is_better else "higher"
     side = (f"{a_name} is {better} or within {tol:g}{'x' + b_name if relative else ' ' + unit} of {b_name}"
             if kind == "comparable" else f"{a_name} is at least as good as {b_name} ({better} is better)")

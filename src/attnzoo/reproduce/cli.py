@@ -16,7 +16,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(tables, plots, verdicts against the papers) and DIR/results.json. Resumable: rerunning with the "
                     "same --out skips finished steps.")
     ap.add_argument("--budget", choices=sorted(BUDGETS), default="default",
-                    help="smoke: ~2 min CPU (CI); default: <= 30 min on a 2-core CPU, one seed; long: ~2 h on a 2-core CPU, 3 seeds; full: a GPU")
+                    help="smoke: ~2 min CPU (CI); default: <= 30 min on a 2-core CPU, one seed; long: ~2 h on a "
+                         "2-core CPU, 3 seeds; full: a GPU")
     ap.add_argument("--out", default=None, help="output directory (default results/<timestamp>/); reuse it to resume")
     ap.add_argument("--seed", type=int, default=0, help="seed of every run (same seed, same numbers on one machine)")
     ap.add_argument("--only", default=None, help=f"comma list of sections to run: {','.join(SECTIONS)}")

@@ -263,7 +263,8 @@ def rank_collapse(
     al.) and ``csp_reference`` (CSP eq 4); ``mechanisms`` (default: every registered non-causal
     mechanism) are built with :func:`attnzoo.build_attention`; ``init="gaussian"`` redraws their
     linear layers like the references' (``N(0, 1/fan_in)`` weights, zero biases), ``init="default"``
-    keeps the modules' own initialisation. Also returns the normalised singular spectrum of each stack's output (CSP Fig. 3).
+    keeps the modules' own initialisation. Also returns the normalised singular spectrum of each stack's output
+    (CSP Fig. 3).
     """
     for name, v in (("depth", depth), ("tokens", tokens), ("dim", dim), ("heads", heads), ("batch", batch)):
         check_positive_int(name, v)

@@ -88,7 +88,8 @@ def _run_decode(ctx: Context, step: Step) -> dict:
 
     c = step.config
     timing_allocator()
-    measure_decode(c["mechanism"], c["dim"], c["heads"], [min(c["contexts"])], _device(ctx), torch.float32, 1)  # warm-up
+    # warm-up
+    measure_decode(c["mechanism"], c["dim"], c["heads"], [min(c["contexts"])], _device(ctx), torch.float32, 1)
     rows = measure_decode(c["mechanism"], c["dim"], c["heads"], c["contexts"], _device(ctx), torch.float32,
                           c["repeats"])
     return {"rows": [dataclasses.asdict(r) for r in rows]}
@@ -121,7 +122,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
                 return fmt(getattr(r, attr), spec) if r.status == "ok" else r.status
         return "-"
 
-    for attr, title, spec in (("fwd_ms", "Forward time (ms)", ".2f"), ("fwdbwd_ms", "Forward+backward time (ms)", ".2f"),
+    for attr, title, spec in (("fwd_ms", "Forward time (ms)", ".2f"),
+                              ("fwdbwd_ms", "Forward+backward time (ms)", ".2f"),
                               ("fwd_peak_mb", "Forward peak memory (MiB)", ".1f")):
         sec.tables.append(Table(title, ["mechanism"] + [f"N={n}" for n in lengths],
                                 [[m] + [cell(m, n, attr, spec) for n in lengths] for m in mechs]))
@@ -131,7 +133,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         by = {(r.mechanism, r.length): r for r in dec_rows}
         sec.tables.append(Table(f"Causal decoding: per-token step time (ms), d={plan['decode_dim']}, "
                                 f"K={plan['decode_heads']}", ["mechanism"] + [f"context {c}" for c in ctxs],
-                                [[m] + [fmt(getattr(by.get((m, c)), "fwd_ms", None), ".3f") for c in ctxs] for m in dm]))
+                                [[m] + [fmt(getattr(by.get((m, c)), "fwd_ms", None), ".3f") for c in ctxs]
+                                 for m in dm]))
     plots_dir.mkdir(parents=True, exist_ok=True)
     p1 = plot_sweep(rows, "n", "length", str(plots_dir / "efficiency_n.png"),
                     f"ops, K={plan['heads']}, d={plan['dim']} (CPU figures of attnzoo bench at reduced size)")
@@ -140,7 +143,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     p2 = plot_sweep(rows, "decode", "length", str(plots_dir / "efficiency_decode.png"),
                     "causal decoding: per-token step vs context")
     if p2:
-        sec.plots.append((rel(plots_dir / "efficiency_decode.png"), "Per-token decode step time and memory vs context."))
+        sec.plots.append((rel(plots_dir / "efficiency_decode.png"),
+                          "Per-token decode step time and memory vs context."))
     sec.data = {"machine": machine, "rows": [dataclasses.asdict(r) for r in rows]}
     sec.findings = _findings(n_rows, dec_rows, plan)
     return sec

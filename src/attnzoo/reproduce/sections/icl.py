@@ -65,8 +65,8 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
                 settings = dict(plan["train"], steps=factor * plan["train"]["steps"],
                                 **({"warmup_steps": factor * plan["train"]["warmup_steps"]}
                                    if "warmup_steps" in plan["train"] else {}))
-                train = dict(task=TASKS[task], task_options=task_opts, model=MODELS[name].registered, model_options=model_opts,
-                             seed=s, **train_defaults(**settings))
+                train = dict(task=TASKS[task], task_options=task_opts, model=MODELS[name].registered,
+                             model_options=model_opts, seed=s, **train_defaults(**settings))
                 steps.append(Step(seeded_id(f"{KEY}/{task}/{name}", s), KEY, {"train": train}, _run_model,
                                   label=f"{task}/{name}/seed{s}"))
         steps.append(Step(f"{KEY}/{task}/baselines", KEY,

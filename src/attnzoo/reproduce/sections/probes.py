@@ -65,9 +65,10 @@ def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
         Step(f"{KEY}/denoise/eta{small:g}-matched", KEY,
              {"experiment": "denoise", "params": dict(den, eta=small, layers=max(1, round(layers * big_eta / small)))},
              _run_synth, label=f"denoise/eta{small:g}-matched"),
-        Step(f"{KEY}/compress", KEY, {"experiment": "compress", "params": dict(plan["compress"], seed=seed)}, _run_synth,
-             label="compress"),
-        Step(f"{KEY}/rank-collapse", KEY, {"experiment": "rank-collapse", "params": dict(plan["rank_collapse"], seed=seed)},
+        Step(f"{KEY}/compress", KEY, {"experiment": "compress", "params": dict(plan["compress"], seed=seed)},
+             _run_synth, label="compress"),
+        Step(f"{KEY}/rank-collapse", KEY,
+             {"experiment": "rank-collapse", "params": dict(plan["rank_collapse"], seed=seed)},
              _run_synth, label="rank-collapse"),
     ]
     batch = {"task": vision_plan["task"], "task_options": vision_plan["task_options"], "n": 8}
@@ -96,8 +97,9 @@ def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
                               _run_layerwise, deps=(vid,), label=f"layerwise-shallow/{name}"))
     maps = [n for n in plan.get("attention_maps", []) if n in vision_plan["models"]]
     if maps:
-        steps.append(Step(f"{KEY}/attention-maps", KEY, {"experiment": "attention-maps", "models": maps, "batch": batch},
-                          _run_maps, deps=tuple(seeded_id(f"vision/{n}", seed) for n in maps), label="attention-maps"))
+        steps.append(Step(f"{KEY}/attention-maps", KEY,
+                          {"experiment": "attention-maps", "models": maps, "batch": batch}, _run_maps,
+                          deps=tuple(seeded_id(f"vision/{n}", seed) for n in maps), label="attention-maps"))
     return steps
 
 
@@ -407,10 +409,12 @@ def _findings(res, lw, shallow=None, trained=None) -> list[dict]:
         out.append(_softmax_denoise_finding(res))
     if "compress" in res:
         rate = [_num(x) for x in res["compress"]["coding_rate"]]
-        out.append(claims.finding("CBSA Fig. 4", "the parameter-free CBSA iteration compresses tokens (coding rate falls)",
+        out.append(claims.finding("CBSA Fig. 4",
+                                  "the parameter-free CBSA iteration compresses tokens (coding rate falls)",
                                   "coding rate decreases, points collapse onto their lines",
                                   f"coding rate {rate[0]:.4g} → {rate[-1]:.4g} over {len(rate) - 1} iterations",
-                                  "agrees" if rate[-1] < rate[0] else "disagrees", "agrees if the final rate < initial"))
+                                  "agrees" if rate[-1] < rate[0] else "disagrees",
+                                  "agrees if the final rate < initial"))
     if "rank-collapse" in res:
         resid = {k: [_num(x) for x in v] for k, v in res["rank-collapse"]["residual"].items()}
         if "softmax_reference" in resid and "csp_reference" in resid:
@@ -438,7 +442,8 @@ def _findings(res, lw, shallow=None, trained=None) -> list[dict]:
             claim_text = f"the trained {name}'s layers decrease the compression term (mostly, layer by layer)"
             paper_value = "the compression term mostly decreases by layer (ToST-S, ImageNet)"
             rule = ("over all layers: agrees if the last layer's value is below the first's with at least half of the "
-                    "layer-to-layer steps falling; disagrees if it rises with fewer than half falling; else inconclusive")
+                    "layer-to-layer steps falling; disagrees if it rises with fewer than half falling; else "
+                    "inconclusive")
         else:  # CBSA Fig. 5 / CRATE: consecutive compression over the latter half of the layers
             start = _half_start(len(vals))
             claim_text = f"the trained {name}'s layers decrease the compression term over the latter half of the layers"
