@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnzoo.models._registry import config_class_for, model_class_for
+
 __all__ = ["PretrainedModel", "save_pretrained", "from_pretrained", "CheckpointError", "CONFIG_NAME", "WEIGHTS_NAME"]
 
 CONFIG_NAME = "config.json"
@@ -163,8 +165,6 @@ def read_config(directory: str | os.PathLike):
 
 def _read_config(directory: str | os.PathLike):
     """``(config, weights checksum or None)`` from ``directory/config.json``."""
-    from attnzoo.models.config import config_class_for
-
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
         raise CheckpointError(f"{path}: missing (not an attnzoo checkpoint directory?)")
@@ -274,8 +274,6 @@ class PretrainedModel(nn.Module):
 
 def from_pretrained(directory: str | os.PathLike, *, device: str | torch.device | None = None) -> nn.Module:
     """Rebuild a model saved with ``save_pretrained`` (weights loaded bit-exactly, eval mode)."""
-    from attnzoo.models.registry import model_class_for
-
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: not a directory")

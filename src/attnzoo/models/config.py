@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from attnzoo._checks import check_choice, check_positive_int
+from attnzoo.models._registry import config_class_for  # re-exported: the model files register the architectures
 
 __all__ = [
     "ModelConfig",
@@ -348,14 +349,3 @@ class ICLConfig(BackboneConfig):
         check_positive_int("n_dims", self.n_dims)
         check_positive_int("max_points", self.max_points)
         check_choice("pos_embed", self.pos_embed, SEQ_POS)
-
-
-_CONFIGS: dict[str, type[ModelConfig]] = {
-    c.arch: c for c in (VisionConfig, CausalLMConfig, SequenceClassifierConfig, ICLConfig)
-}
-
-
-def config_class_for(arch: str) -> type[ModelConfig]:
-    if arch not in _CONFIGS:
-        raise ValueError(f"unknown model arch {arch!r}; valid archs: {sorted(_CONFIGS)}")
-    return _CONFIGS[arch]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from attnzoo.models._registry import register_architecture
 from attnzoo.models.blocks import build_blocks, init_weights, set_norm_eps
 from attnzoo.models.checkpoint import PretrainedModel
 from attnzoo.models.config import ICLConfig
@@ -19,6 +20,7 @@ def interleave(xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
     return torch.stack([xs, ys_wide], dim=2).reshape(b, 2 * n, d)
 
 
+@register_architecture
 class ICLRegressor(PretrainedModel):
     """``xs (B, N, n_dims)``, ``ys (B, N)`` -> predictions ``(B, N)`` of ``y_i`` from ``(x_1, y_1, ..., x_i)``.
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnzoo.models._registry import register_architecture
 from attnzoo.models.blocks import build_blocks, init_weights, set_norm_eps, supports_step
 from attnzoo.models.checkpoint import PretrainedModel
 from attnzoo.models.config import CausalLMConfig
@@ -55,6 +56,7 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+@register_architecture
 class CausalLM(PretrainedModel):
     """``(B, T)`` token ids -> ``(B, T, vocab_size)`` next-token logits; token ``t`` sees tokens ``<= t`` only.
 

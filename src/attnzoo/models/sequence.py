@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from attnzoo.models._registry import register_architecture
 from attnzoo.models.blocks import build_blocks, init_weights, set_norm_eps
 from attnzoo.models.checkpoint import PretrainedModel
 from attnzoo.models.config import SequenceClassifierConfig
@@ -13,6 +14,7 @@ from attnzoo.models.language import check_token_ids
 __all__ = ["SequenceClassifier"]
 
 
+@register_architecture
 class SequenceClassifier(PretrainedModel):
     """``(B, N)`` token ids -> ``(B, num_classes)`` logits, with any bidirectional mechanism.
 

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from attnzoo._checks import check_module_input, finite_absmax
+from attnzoo.models._registry import register_architecture
 from attnzoo.models.blocks import build_blocks, init_weights, set_norm_eps
 from attnzoo.models.checkpoint import PretrainedModel
 from attnzoo.models.class_attention import ClassAttentionBlock
@@ -14,6 +15,7 @@ from attnzoo.models.embeddings import ConvStem, FourierPositionalEncoding, Linea
 __all__ = ["VisionTransformer"]
 
 
+@register_architecture
 class VisionTransformer(PretrainedModel):
     """``(B, in_chans, image_size, image_size)`` images -> ``(B, num_classes)`` logits.
 

@@ -6,8 +6,8 @@ on the meta device. Where a figure needs a convention to be met (binary millions
 """
 from __future__ import annotations
 
+from attnzoo.models._registry import register_model
 from attnzoo.models.config import CausalLMConfig, ICLConfig, SequenceClassifierConfig, VisionConfig
-from attnzoo.models.registry import register_model
 
 MIB = 2.0**20  # some ToST Table 2/5 figures are in units of 2^20 parameters, see below
 
