@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from attnzoo._checks import check_choice, check_positive_int
+from attnzoo._checks import check_bool, check_choice, check_nonneg_int, check_positive_int, check_probability
 from attnzoo.models._registry import config_class_for  # re-exported: the model files register the architectures
 
 __all__ = [
@@ -54,16 +54,6 @@ def _jsonable(value: Any, where: str) -> Any:
     raise TypeError(
         f"{where} must be JSON-serialisable (str/int/float/bool/None/list/dict), got {type(value).__name__}"
     )
-
-
-def _check_nonneg_int(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-
-
-def _check_prob(name: str, value) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
 
 
 @dataclass
@@ -168,7 +158,7 @@ class BackboneConfig(ModelConfig):
                 raise TypeError(f"{name} must be a dict of keyword options, got {type(v).__name__}")
             setattr(self, name, _jsonable(v, name))
         if self.second_attention_from is not None:
-            _check_nonneg_int("second_attention_from", self.second_attention_from)
+            check_nonneg_int("second_attention_from", self.second_attention_from)
             if self.second_attention_from > self.depth:
                 raise ValueError(
                     f"second_attention_from={self.second_attention_from} must be in [0, depth={self.depth}]"
@@ -181,7 +171,7 @@ class BackboneConfig(ModelConfig):
         if self.mlp_dim is not None:
             check_positive_int("mlp_dim", self.mlp_dim)
         if self.ffn_layers is not None:
-            _check_nonneg_int("ffn_layers", self.ffn_layers)
+            check_nonneg_int("ffn_layers", self.ffn_layers)
             if self.ffn_layers > self.depth:
                 raise ValueError(f"ffn_layers={self.ffn_layers} must be in [0, depth={self.depth}]")
         if self.ffn == "ista" and self.norm == "post":
@@ -190,11 +180,9 @@ class BackboneConfig(ModelConfig):
             not isinstance(self.layerscale, (int, float)) or isinstance(self.layerscale, bool) or self.layerscale <= 0
         ):
             raise ValueError(f"layerscale must be a positive initial value or None, got {self.layerscale!r}")
-        if not isinstance(self.residual, bool):
-            raise TypeError(f"residual must be a bool, got {self.residual!r}")
-        if not isinstance(self.final_norm, bool):
-            raise TypeError(f"final_norm must be a bool, got {self.final_norm!r}")
-        _check_prob("dropout", self.dropout)
+        check_bool("residual", self.residual)
+        check_bool("final_norm", self.final_norm)
+        check_probability("dropout", self.dropout)
         for name in ("ista_step", "ista_lambda"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
@@ -252,7 +240,7 @@ class VisionConfig(BackboneConfig):
         super().__post_init__()
         for name in ("image_size", "patch_size", "in_chans"):
             check_positive_int(name, getattr(self, name))
-        _check_nonneg_int("num_classes", self.num_classes)
+        check_nonneg_int("num_classes", self.num_classes)
         if self.image_size % self.patch_size:
             raise ValueError(
                 f"image_size={self.image_size} must be divisible by patch_size={self.patch_size}"
@@ -265,7 +253,7 @@ class VisionConfig(BackboneConfig):
                 f"patch_embed='conv' stacks stride-2 convolutions, so patch_size must be a power of two >= 2, "
                 f"got {self.patch_size}"
             )
-        _check_nonneg_int("class_attention_layers", self.class_attention_layers)
+        check_nonneg_int("class_attention_layers", self.class_attention_layers)
         if self.pool == "class_attention" and self.class_attention_layers < 1:
             raise ValueError("pool='class_attention' needs class_attention_layers >= 1")
 
@@ -294,8 +282,7 @@ class CausalLMConfig(BackboneConfig):
         check_positive_int("vocab_size", self.vocab_size)
         check_positive_int("block_size", self.block_size)
         check_choice("pos_embed", self.pos_embed, SEQ_POS)
-        if not isinstance(self.tie_weights, bool):
-            raise TypeError(f"tie_weights must be a bool, got {self.tie_weights!r}")
+        check_bool("tie_weights", self.tie_weights)
 
 
 @dataclass
@@ -326,8 +313,7 @@ class SequenceClassifierConfig(BackboneConfig):
         check_choice("pos_embed", self.pos_embed, SEQ_POS)
         if self.head_dim is not None:
             check_positive_int("head_dim", self.head_dim)
-        if not isinstance(self.dual, bool):
-            raise TypeError(f"dual must be a bool, got {self.dual!r}")
+        check_bool("dual", self.dual)
 
 
 @dataclass
