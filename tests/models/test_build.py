@@ -1,11 +1,10 @@
 """Every registered model builds at tiny size, runs forward + backward on CPU, and has its documented shape."""
 import pytest
 import torch
+from models_helpers import example_input, expected_shape, tiny_overrides
 
 import attnzoo
 from attnzoo.models import create_model, get_config, list_models
-
-from models_helpers import example_input, expected_shape, tiny_overrides
 
 
 @pytest.mark.parametrize("name", list_models())

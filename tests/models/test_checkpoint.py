@@ -5,12 +5,11 @@ import os
 import pytest
 import safetensors.torch
 import torch
+from models_helpers import example_input, tiny_overrides
 
 import attnzoo
 from attnzoo.models import CheckpointError, VisionTransformer, create_model, from_pretrained, list_models
 from attnzoo.models import checkpoint as ckpt
-
-from models_helpers import example_input, tiny_overrides
 
 ROUND_TRIP = list_models()
 
@@ -230,7 +229,8 @@ def _bump_first(tensors):
 def test_edited_weights_with_stripped_metadata_are_detected(saved, keep):
     # the checksum in config.json survives whatever is done to the safetensors metadata
     _rewrite_weights(saved, _bump_first, keep)
-    with pytest.raises(CheckpointError, match=r"model.safetensors: checksum mismatch with weights_sha256 in .*config.json"):
+    match = r"model.safetensors: checksum mismatch with weights_sha256 in .*config.json"
+    with pytest.raises(CheckpointError, match=match):
         from_pretrained(saved)
 
 

@@ -2,6 +2,7 @@
 import json
 
 import pytest
+from models_helpers import tiny_overrides
 
 from attnzoo.models import (
     CausalLMConfig,
@@ -14,8 +15,6 @@ from attnzoo.models import (
     register_model,
 )
 from attnzoo.models.config import config_class_for
-
-from models_helpers import tiny_overrides
 
 
 @pytest.mark.parametrize("name", list_models())

@@ -2,12 +2,11 @@
 forward, generation, and clear errors for non-causal mechanisms."""
 import pytest
 import torch
+from models_helpers import tiny_overrides
 
 from attnzoo import list_attentions
 from attnzoo.layers.base import attention_info
 from attnzoo.models import CausalLM, CausalLMConfig, create_model, get_config, list_models
-
-from models_helpers import tiny_overrides
 
 CAUSAL_MODELS = [n for n in list_models() if get_config(n).arch == "causal_lm"]
 ICL_MODELS = [n for n in list_models() if get_config(n).arch == "icl_regressor"]

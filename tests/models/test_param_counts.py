@@ -5,8 +5,15 @@ import pytest
 import torch
 from torch import nn
 
-from attnzoo.models import (count_parameters, create_model, from_pretrained, get_config, list_models, model_entry,
-                            paper_comparable_count)
+from attnzoo.models import (
+    count_parameters,
+    create_model,
+    from_pretrained,
+    get_config,
+    list_models,
+    model_entry,
+    paper_comparable_count,
+)
 
 WITH_FIGURES = [n for n in list_models() if model_entry(n).paper_params is not None]
 MATCHED = [n for n in WITH_FIGURES if "known-gap" not in model_entry(n).tags]

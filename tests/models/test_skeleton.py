@@ -4,12 +4,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from models_helpers import tiny_overrides
 
 from attnzoo import build_attention, capture_internals
 from attnzoo.models import ISTA, Block, ClassAttentionBlock, create_model, get_config
 from attnzoo.models.embeddings import ConvStem, FourierPositionalEncoding, LinearLNPatchEmbed, sinusoidal_positions
-
-from models_helpers import tiny_overrides
 
 
 def _block(norm, ffn, **kw):
@@ -144,7 +143,8 @@ def test_linear_ln_patch_embed_order():
 
 def test_linear_ln_patch_embed_refuses_one_value_patches():
     # LayerNorm over one value is identically 0: a 1-channel, 1-pixel patch would erase the image
-    with pytest.raises(ValueError, match=r"in_chans \* patch_size\*\*2 >= 2, got 1 \* 1\*\*2 = 1; use patch_embed='linear'"):
+    match = r"in_chans \* patch_size\*\*2 >= 2, got 1 \* 1\*\*2 = 1; use patch_embed='linear'"
+    with pytest.raises(ValueError, match=match):
         LinearLNPatchEmbed(1, 1, 8)
     assert LinearLNPatchEmbed(1, 2, 8)(torch.randn(1, 2, 3, 3)).std() > 0
 
