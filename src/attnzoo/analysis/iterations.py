@@ -16,7 +16,7 @@ import math
 import torch
 
 from attnzoo import ops
-from attnzoo._checks import check_choice, check_positive_int
+from attnzoo._checks import check_choice, check_positive_finite, check_positive_int
 from attnzoo.ops.csp import csp_shifts
 
 __all__ = [
@@ -36,11 +36,6 @@ def _check_z_u(z: torch.Tensor, u: torch.Tensor) -> None:
         raise ValueError(f"U must have shape (K, d={z.shape[-1]}, p), got {shape}")
 
 
-def _check_positive(name: str, value) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or not math.isfinite(value):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-
-
 def aot_denoise_step(
     z: torch.Tensor, u: torch.Tensor, *, eta: float = 0.5, phi: str = "threshold", tau: float = 0.75
 ) -> torch.Tensor:
@@ -51,7 +46,7 @@ def aot_denoise_step(
     """
     _check_z_u(z, u)
     check_choice("phi", phi, ["softmax", "threshold"])
-    _check_positive("eta", eta)
+    check_positive_finite("eta", eta)
     if phi == "threshold" and not 0 < tau <= 1:
         raise ValueError(f"tau must lie in (0, 1] (Theorem 1 takes tau in (1/2, 1]), got {tau!r}")
     u = u.to(z.dtype)
@@ -84,8 +79,8 @@ def cbsa_linear_step(z: torch.Tensor, u: torch.Tensor, *, eps: float = 0.1, kapp
     principal directions of each subspace are kept, low-variance directions shrink. ``Z: (..., N, d)``.
     """
     _check_z_u(z, u)
-    _check_positive("eps", eps)
-    _check_positive("kappa", kappa)
+    check_positive_finite("eps", eps)
+    check_positive_finite("kappa", kappa)
     u = u.to(z.dtype)
     proj = torch.einsum("...nd,kdp->...knp", z, u)  # (..., K, N, p)
     cov = proj.transpose(-1, -2) @ proj  # (U_kᵀZ)(U_kᵀZ)ᵀ = L Σ² Lᵀ, (p, p)
