@@ -10,6 +10,7 @@ Parameter counts are computed on the meta device (nothing is allocated).
 ``<!-- models-table:end -->`` in the given file (written atomically; the file is left untouched if the
 markers are missing).
 """
+
 from __future__ import annotations
 
 import argparse

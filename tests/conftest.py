@@ -3,6 +3,7 @@
 With deterministic algorithms on, PyTorch fills tensors from ``torch.empty`` (and friends) with NaN,
 so a fast path that forgets to write part of its output fails the comparison instead of passing by luck.
 """
+
 import os
 
 import pytest

@@ -7,6 +7,7 @@ exit, an ``error:`` line naming the culprit on stderr, and no traceback.
 ``classify(case)`` is also used by hand to tally a checkout: "clear" (the right error naming the culprit),
 "obscure" (an error that does not) or "silent" (no error at all).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -107,8 +108,7 @@ OP_CASES = [
     Case("tssa-nan-w-torch", lambda d: _tssa(w=_t(B, H, N, P, fill=NAN), backend="torch"), NF, ("w", "NaN")),
     Case("tssa-inf-w-naive", lambda d: _tssa(w=_t(B, H, N, P, fill=INF), backend="naive"), NF, ("w", "Inf")),
     Case("tssa-nan-temp", lambda d: _tssa(temp=torch.tensor([1.0, NAN])), NF, ("temp", "NaN")),
-    Case("tssa-1e20-noncausal", lambda d: _tssa(w=_t(B, H, N, P, scale=1e20), backend="torch"), NF,
-         ("w", "overflow")),
+    Case("tssa-1e20-noncausal", lambda d: _tssa(w=_t(B, H, N, P, scale=1e20), backend="torch"), NF, ("w", "overflow")),
     Case("tssa-1e20-causal", lambda d: _tssa(w=_t(B, H, N, P, scale=1e20), causal=True), NF, ("w", "overflow")),
     Case("tssa-temp-shape", lambda d: _tssa(temp=torch.ones(H + 1)), ValueError, ("temp", "(H,)")),
     Case("tssa-bad-backend", lambda d: _tssa(backend="gpu"), ValueError, ("backend", "'gpu'")),
@@ -168,8 +168,12 @@ MODULE_CASES = [Case(f"module-{m}-nan-x", lambda d, m=m: _module(m, _x(NAN)), NF
 MODULE_CASES += [
     Case("module-csp-inf-x", lambda d: _module("csp", _x(INF)), NF, ("x", "Inf")),
     Case("module-cbsa-float64", lambda d: _module("cbsa", _x(dtype=torch.float64)), TypeError, ("x", "float64")),
-    Case("module-softmax-float64", lambda d: _module("softmax", _x(dtype=torch.float64)), TypeError,
-         ("x", "float64", "float32")),
+    Case(
+        "module-softmax-float64",
+        lambda d: _module("softmax", _x(dtype=torch.float64)),
+        TypeError,
+        ("x", "float64", "float32"),
+    ),
     Case("module-tssa-meta", lambda d: _module("tssa", _x(device="meta")), ValueError, ("x", "meta")),
     Case("module-fastmax-1e20", lambda d: _module("fastmax", _x(scale=1e20)), NF, ("x", "overflow")),
     Case("module-mssa-1e20", lambda d: _module("mssa", _x(scale=1e20)), NF, ("x", "overflow")),
@@ -205,10 +209,18 @@ def _lm(idx):
 
 MODEL_CASES = [
     Case("vision-nan-images", lambda d: _vision(lambda c, s: _t(1, c, s, s, fill=NAN)), NF, ("images", "NaN")),
-    Case("vision-float64", lambda d: _vision(lambda c, s: _t(1, c, s, s, dtype=torch.float64)), TypeError,
-         ("images", "float64")),
-    Case("vision-uint8", lambda d: _vision(lambda c, s: torch.zeros(1, c, s, s, dtype=torch.uint8)), TypeError,
-         ("images", "uint8")),
+    Case(
+        "vision-float64",
+        lambda d: _vision(lambda c, s: _t(1, c, s, s, dtype=torch.float64)),
+        TypeError,
+        ("images", "float64"),
+    ),
+    Case(
+        "vision-uint8",
+        lambda d: _vision(lambda c, s: torch.zeros(1, c, s, s, dtype=torch.uint8)),
+        TypeError,
+        ("images", "uint8"),
+    ),
     Case("vision-shape", lambda d: _vision(lambda c, s: _t(1, c, s + 1, s + 1)), ValueError, ("images", "shape")),
     Case("lm-token-range", lambda d: _lm(torch.tensor([[1, 2, 50]])), ValueError, ("idx", "50", "vocab_size=50")),
     Case("lm-negative-token", lambda d: _lm(torch.tensor([[-1, 2]])), ValueError, ("idx", "-1")),
@@ -249,31 +261,54 @@ def _config(src, overrides=None):
 
 
 DATA_CASES = [
-    Case("csv-label-notanint", lambda d: _load_imdb(_csv(d, b"text,label\ngood,1\nbad,notanint\n")), ValueError,
-         ("reviews.csv", "notanint", "line 3")),
-    Case("csv-not-utf8", lambda d: _load_imdb(_csv(d, b"text,label\n\xff\xfe bad,1\n")), ValueError,
-         ("reviews.csv", "UTF-8")),
-    Case("csv-missing-label-col", lambda d: _load_imdb(_csv(d, b"text,y\na,1\n")), ValueError,
-         ("reviews.csv", "label")),
-    Case("csv-negative-label", lambda d: _load_imdb(_csv(d, b"text,label\na,-2\n")), ValueError,
-         ("reviews.csv", "-2")),
+    Case(
+        "csv-label-notanint",
+        lambda d: _load_imdb(_csv(d, b"text,label\ngood,1\nbad,notanint\n")),
+        ValueError,
+        ("reviews.csv", "notanint", "line 3"),
+    ),
+    Case(
+        "csv-not-utf8",
+        lambda d: _load_imdb(_csv(d, b"text,label\n\xff\xfe bad,1\n")),
+        ValueError,
+        ("reviews.csv", "UTF-8"),
+    ),
+    Case(
+        "csv-missing-label-col", lambda d: _load_imdb(_csv(d, b"text,y\na,1\n")), ValueError, ("reviews.csv", "label")
+    ),
+    Case("csv-negative-label", lambda d: _load_imdb(_csv(d, b"text,label\na,-2\n")), ValueError, ("reviews.csv", "-2")),
     Case("task-n_train-neg", lambda d: _task("icl_linear", n_train=-5), ValueError, ("n_train=-5", ">= 1")),
-    Case("task-block_size-0", lambda d: _task("char_lm", root=str(d), block_size=0), ValueError,
-         ("block_size=0",)),
-    Case("task-min-gt-max", lambda d: _task("lra_listops", min_len=50, max_len=10), ValueError,
-         ("min_len=50", "max_len=10")),
+    Case("task-block_size-0", lambda d: _task("char_lm", root=str(d), block_size=0), ValueError, ("block_size=0",)),
+    Case(
+        "task-min-gt-max",
+        lambda d: _task("lra_listops", min_len=50, max_len=10),
+        ValueError,
+        ("min_len=50", "max_len=10"),
+    ),
     Case("task-test-fraction", lambda d: _task("digits", test_fraction=1.5), ValueError, ("test_fraction", "1.5")),
-    Case("task-sparsity-gt-dim", lambda d: _task("icl_sparse_linear", dim=4, sparsity=9), ValueError,
-         ("sparsity=9", "dim=4")),
+    Case(
+        "task-sparsity-gt-dim",
+        lambda d: _task("icl_sparse_linear", dim=4, sparsity=9),
+        ValueError,
+        ("sparsity=9", "dim=4"),
+    ),
     Case("task-unknown-option", lambda d: _task("digits", n_trian=5), ValueError, ("n_trian",)),
     Case("task-bad-type", lambda d: _task("icl_linear", dim="20"), TypeError, ("dim", "'20'")),
-    Case("yaml-duplicate-key", lambda d: _config(_yaml(d, b"model: vit_cifar\nsteps: 5\nsteps: 7\n")), ValueError,
-         ("cfg.yaml", "steps", "duplicated")),
+    Case(
+        "yaml-duplicate-key",
+        lambda d: _config(_yaml(d, b"model: vit_cifar\nsteps: 5\nsteps: 7\n")),
+        ValueError,
+        ("cfg.yaml", "steps", "duplicated"),
+    ),
     Case("yaml-not-utf8", lambda d: _config(_yaml(d, b"model: vit\xff\n")), ValueError, ("cfg.yaml", "UTF-8")),
     Case("yaml-invalid", lambda d: _config(_yaml(d, b"model: [\n")), ValueError, ("cfg.yaml", "line")),
     Case("yaml-not-mapping", lambda d: _config(_yaml(d, b"- a\n- b\n")), ValueError, ("cfg.yaml", "mapping")),
-    Case("yaml-nested-duplicate", lambda d: _config(_yaml(d, b"model: m\nmodel_options:\n  depth: 1\n  depth: 2\n")),
-         ValueError, ("depth", "duplicated")),
+    Case(
+        "yaml-nested-duplicate",
+        lambda d: _config(_yaml(d, b"model: m\nmodel_options:\n  depth: 1\n  depth: 2\n")),
+        ValueError,
+        ("depth", "duplicated"),
+    ),
     Case("config-unknown-key", lambda d: _config({"model": "m", "lerning_rate": 1}), ValueError, ("lerning_rate",)),
     Case("config-bad-type", lambda d: _config({"model": "m", "steps": "many"}), TypeError, ("steps", "'many'")),
 ]
@@ -291,12 +326,24 @@ def _pretrained(d: Path, corrupt: Callable[[Path], None]):
 
 
 CHECKPOINT_CASES = [
-    Case("pretrained-config-not-json", lambda d: _pretrained(d, lambda p: (p / "config.json").write_text("{oops")),
-         ValueError, ("config.json", "JSON")),
-    Case("pretrained-weights-missing", lambda d: _pretrained(d, lambda p: (p / "model.safetensors").unlink()),
-         ValueError, ("model.safetensors", "missing")),
-    Case("pretrained-dir-missing", lambda d: _from_pretrained(d / "nothing"), (ValueError, FileNotFoundError),
-         ("nothing",)),
+    Case(
+        "pretrained-config-not-json",
+        lambda d: _pretrained(d, lambda p: (p / "config.json").write_text("{oops")),
+        ValueError,
+        ("config.json", "JSON"),
+    ),
+    Case(
+        "pretrained-weights-missing",
+        lambda d: _pretrained(d, lambda p: (p / "model.safetensors").unlink()),
+        ValueError,
+        ("model.safetensors", "missing"),
+    ),
+    Case(
+        "pretrained-dir-missing",
+        lambda d: _from_pretrained(d / "nothing"),
+        (ValueError, FileNotFoundError),
+        ("nothing",),
+    ),
 ]
 
 
@@ -336,44 +383,120 @@ def _fake_run(d: Path):
 
 CLI_CASES = [
     Case("cli-unknown-command", _cli(["trian"]), SystemExit, ("trian",), cli=True),
-    Case("cli-train-dup-yaml", _cli_file(lambda d: _yaml(d, b"model: vit_cifar\nlr: 1\nlr: 2\n"),
-                                         ["train", "{d}/cfg.yaml", "--out", "{d}/o"]), SystemExit,
-         ("cfg.yaml", "lr"), cli=True),
-    Case("cli-train-not-utf8", _cli_file(lambda d: _yaml(d, b"model: \xff\n"), ["train", "{d}/cfg.yaml", "--out",
-                                                                               "{d}/o"]), SystemExit,
-         ("cfg.yaml", "UTF-8"), cli=True),
-    Case("cli-train-unknown-preset", _cli(["train", "no_such_preset", "--out", "{d}/o"]), SystemExit,
-         ("no_such_preset",), cli=True),
-    Case("cli-train-n_train", _cli(["train", "icl_linear_aot", "--out", "{d}/o", "--task_options.n_train=-5"]), SystemExit,
-         ("n_train=-5",), cli=True),
-    Case("cli-train-bad-override", _cli(["train", "digits_vit_tiny", "--out", "{d}/o", "--steps=abc"]), SystemExit,
-         ("steps", "abc"), cli=True),
-    Case("cli-train-resume-corrupt-config", _cli_file(_fake_run, ["train", "--resume", "--out", "{d}/run"]),
-         SystemExit, ("config.yaml", "steps"), cli=True),
-    Case("cli-bench-lengths-0", _cli(["bench", "--preset", "quick", "--lengths", "0", "--out", "{d}/b"]), SystemExit,
-         ("--lengths", "0"), cli=True),
-    Case("cli-bench-heads-neg", _cli(["bench", "--preset", "quick", "--heads", "-4", "--out", "{d}/b"]), SystemExit,
-         ("--heads", "-4"), cli=True),
-    Case("cli-bench-dim-heads", _cli(["bench", "--preset", "quick", "--dim", "30", "--heads", "4", "--out", "{d}/b"]),
-         SystemExit, ("--dim 30", "--heads 4"), cli=True),
-    Case("cli-bench-dims-heads", _cli(["bench", "--preset", "quick", "--sweeps", "d", "--dims", "30", "--heads", "4",
-                                       "--out", "{d}/b"]), SystemExit, ("--dims", "30"), cli=True),
-    Case("cli-bench-out-file", _cli_file(lambda d: (d / "f.txt").write_text("x"),
-                                         ["bench", "--preset", "quick", "--out", "{d}/f.txt"]), SystemExit,
-         ("f.txt", "not a directory"), cli=True),
-    Case("cli-bench-repeats-0", _cli(["bench", "--preset", "quick", "--repeats", "0", "--out", "{d}/b"]), SystemExit,
-         ("--repeats", "0"), cli=True),
-    Case("cli-bench-unknown-mech", _cli(["bench", "--mechanisms", "nope", "--out", "{d}/b"]), SystemExit,
-         ("nope",), cli=True),
-    Case("cli-eval-batch-size-0", _cli(["eval", "{d}/run", "--batch-size", "0"]), SystemExit,
-         ("--batch-size", "0"), cli=True),
+    Case(
+        "cli-train-dup-yaml",
+        _cli_file(lambda d: _yaml(d, b"model: vit_cifar\nlr: 1\nlr: 2\n"), ["train", "{d}/cfg.yaml", "--out", "{d}/o"]),
+        SystemExit,
+        ("cfg.yaml", "lr"),
+        cli=True,
+    ),
+    Case(
+        "cli-train-not-utf8",
+        _cli_file(lambda d: _yaml(d, b"model: \xff\n"), ["train", "{d}/cfg.yaml", "--out", "{d}/o"]),
+        SystemExit,
+        ("cfg.yaml", "UTF-8"),
+        cli=True,
+    ),
+    Case(
+        "cli-train-unknown-preset",
+        _cli(["train", "no_such_preset", "--out", "{d}/o"]),
+        SystemExit,
+        ("no_such_preset",),
+        cli=True,
+    ),
+    Case(
+        "cli-train-n_train",
+        _cli(["train", "icl_linear_aot", "--out", "{d}/o", "--task_options.n_train=-5"]),
+        SystemExit,
+        ("n_train=-5",),
+        cli=True,
+    ),
+    Case(
+        "cli-train-bad-override",
+        _cli(["train", "digits_vit_tiny", "--out", "{d}/o", "--steps=abc"]),
+        SystemExit,
+        ("steps", "abc"),
+        cli=True,
+    ),
+    Case(
+        "cli-train-resume-corrupt-config",
+        _cli_file(_fake_run, ["train", "--resume", "--out", "{d}/run"]),
+        SystemExit,
+        ("config.yaml", "steps"),
+        cli=True,
+    ),
+    Case(
+        "cli-bench-lengths-0",
+        _cli(["bench", "--preset", "quick", "--lengths", "0", "--out", "{d}/b"]),
+        SystemExit,
+        ("--lengths", "0"),
+        cli=True,
+    ),
+    Case(
+        "cli-bench-heads-neg",
+        _cli(["bench", "--preset", "quick", "--heads", "-4", "--out", "{d}/b"]),
+        SystemExit,
+        ("--heads", "-4"),
+        cli=True,
+    ),
+    Case(
+        "cli-bench-dim-heads",
+        _cli(["bench", "--preset", "quick", "--dim", "30", "--heads", "4", "--out", "{d}/b"]),
+        SystemExit,
+        ("--dim 30", "--heads 4"),
+        cli=True,
+    ),
+    Case(
+        "cli-bench-dims-heads",
+        _cli(["bench", "--preset", "quick", "--sweeps", "d", "--dims", "30", "--heads", "4", "--out", "{d}/b"]),
+        SystemExit,
+        ("--dims", "30"),
+        cli=True,
+    ),
+    Case(
+        "cli-bench-out-file",
+        _cli_file(lambda d: (d / "f.txt").write_text("x"), ["bench", "--preset", "quick", "--out", "{d}/f.txt"]),
+        SystemExit,
+        ("f.txt", "not a directory"),
+        cli=True,
+    ),
+    Case(
+        "cli-bench-repeats-0",
+        _cli(["bench", "--preset", "quick", "--repeats", "0", "--out", "{d}/b"]),
+        SystemExit,
+        ("--repeats", "0"),
+        cli=True,
+    ),
+    Case(
+        "cli-bench-unknown-mech",
+        _cli(["bench", "--mechanisms", "nope", "--out", "{d}/b"]),
+        SystemExit,
+        ("nope",),
+        cli=True,
+    ),
+    Case(
+        "cli-eval-batch-size-0",
+        _cli(["eval", "{d}/run", "--batch-size", "0"]),
+        SystemExit,
+        ("--batch-size", "0"),
+        cli=True,
+    ),
     Case("cli-eval-not-a-run", _cli(["eval", "{d}/nothing"]), SystemExit, ("nothing",), cli=True),
-    Case("cli-generate-tokens-0", _cli(["generate", "{d}/run", "--max-new-tokens", "0"]), SystemExit,
-         ("--max-new-tokens", "0"), cli=True),
+    Case(
+        "cli-generate-tokens-0",
+        _cli(["generate", "{d}/run", "--max-new-tokens", "0"]),
+        SystemExit,
+        ("--max-new-tokens", "0"),
+        cli=True,
+    ),
     Case("cli-generate-not-a-run", _cli(["generate", "{d}/nothing"]), SystemExit, ("nothing",), cli=True),
-    Case("cli-reproduce-corrupt-run-json-run", _cli_file(_run_json, ["reproduce", "--out", "{d}/rep", "--budget",
-                                                                     "smoke", "--only", "efficiency"]),
-         SystemExit, ("run.json", "corrupt"), cli=True),
+    Case(
+        "cli-reproduce-corrupt-run-json-run",
+        _cli_file(_run_json, ["reproduce", "--out", "{d}/rep", "--budget", "smoke", "--only", "efficiency"]),
+        SystemExit,
+        ("run.json", "corrupt"),
+        cli=True,
+    ),
 ]
 
 CASES = OP_CASES + MODULE_CASES + MODEL_CASES + DATA_CASES + CHECKPOINT_CASES + CLI_CASES
@@ -466,8 +589,13 @@ def test_meta_tensors_infer_shapes_without_reading_values() -> None:
 
 def test_finite_inputs_of_ordinary_size_pass() -> None:
     # the overflow bounds are loose: inputs scaled by 1e6 are still computed (and finite)
-    for f in (lambda: _fastmax(mag=1e6, p=1), lambda: _linear(mag=1e6), lambda: _softmax(mag=1e6),
-              lambda: _mssa(_t(B, H, N, P, scale=1e6)), lambda: _tssa(w=_t(B, H, N, P, scale=1e6))):
+    for f in (
+        lambda: _fastmax(mag=1e6, p=1),
+        lambda: _linear(mag=1e6),
+        lambda: _softmax(mag=1e6),
+        lambda: _mssa(_t(B, H, N, P, scale=1e6)),
+        lambda: _tssa(w=_t(B, H, N, P, scale=1e6)),
+    ):
         assert torch.isfinite(f()).all()
 
 

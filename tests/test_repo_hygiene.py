@@ -1,4 +1,5 @@
 """The repository tracks sources and documentation only: no archives, weights or build products, nothing large."""
+
 from __future__ import annotations
 
 import shutil
@@ -9,8 +10,30 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 #: suffixes of files that never belong in git (archives, weights, compiled objects)
-FORBIDDEN = (".whl", ".zip", ".tar", ".gz", ".tgz", ".bz2", ".xz", ".7z", ".rar", ".egg", ".so", ".o", ".pyc",
-             ".safetensors", ".pt", ".pth", ".ckpt", ".bin", ".npy", ".npz", ".pkl", ".pickle")
+FORBIDDEN = (
+    ".whl",
+    ".zip",
+    ".tar",
+    ".gz",
+    ".tgz",
+    ".bz2",
+    ".xz",
+    ".7z",
+    ".rar",
+    ".egg",
+    ".so",
+    ".o",
+    ".pyc",
+    ".safetensors",
+    ".pt",
+    ".pth",
+    ".ckpt",
+    ".bin",
+    ".npy",
+    ".npz",
+    ".pkl",
+    ".pickle",
+)
 #: the documentation's plots are the only binary files tracked, each well below this size
 MAX_BYTES = 600 * 1024
 

@@ -5,6 +5,7 @@ whether a tensor is on a Triton device; patching it to say yes for CPU tensors s
 entry points, which are patched to fail as a kernel that does not compile would. The selftest's CUDA plan
 (its Triton rows) is run on CPU under ``TRITON_INTERPRET=1`` in a subprocess.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -43,13 +44,14 @@ def one_thread():
 def _rows(text: str) -> dict[tuple[str, str, str], list[str]]:
     """Table lines of the selftest output: (mechanism, backend, check) -> the remaining columns
     ``[cases, f32 err, tol, f64 err, tol, result, (message)]``."""
-    names = sorted({s.name for s in selftest.SPECS} | {"fastmax", "softmax", "linear", "mssa", "tssa"}, key=len,
-                   reverse=True)
+    names = sorted(
+        {s.name for s in selftest.SPECS} | {"fastmax", "softmax", "linear", "mssa", "tssa"}, key=len, reverse=True
+    )
     out = {}
     for line in text.splitlines():
         name = next((n for n in names if line.startswith(n + " ")), None)
         if name is not None:
-            cols = [c.strip() for c in line[len(name):].split("  ") if c.strip()]
+            cols = [c.strip() for c in line[len(name) :].split("  ") if c.strip()]
             out[(name, cols[0], cols[1])] = cols[2:]
     return out
 
@@ -109,15 +111,29 @@ def _broken_tssa_step(fn):
     "module,attr,breaker,failing,passing",
     [
         # a backend 0.1% off: forward and backward rows of that backend fail, other mechanisms stay ok
-        (SOFTMAX_MOD, "softmax_attention_sdpa", lambda f: _scaled(f, 1.001), [("softmax", "torch", "forward"),
-                                                                              ("softmax", "torch", "backward")],
-         [("tssa", "torch", "forward"), ("tssa", "cpu", "backward")]),
+        (
+            SOFTMAX_MOD,
+            "softmax_attention_sdpa",
+            lambda f: _scaled(f, 1.001),
+            [("softmax", "torch", "forward"), ("softmax", "torch", "backward")],
+            [("tssa", "torch", "forward"), ("tssa", "cpu", "backward")],
+        ),
         # a causal path that reads later tokens: the leak row fails
-        (LINEAR_MOD, "linear_attention_chunk", _leaky_linear_chunk, [("linear", "torch", "causal leak")],
-         [("tssa", "torch", "causal leak")]),
+        (
+            LINEAR_MOD,
+            "linear_attention_chunk",
+            _leaky_linear_chunk,
+            [("linear", "torch", "causal leak")],
+            [("tssa", "torch", "causal leak")],
+        ),
         # a recurrence that drifts from the parallel form: only the decode rows fail
-        (TSSA_MOD, "tssa_step", _broken_tssa_step, [("tssa", "torch", "decode"), ("tssa", "cpu", "decode")],
-         [("tssa", "torch", "forward"), ("tssa", "cpu", "causal leak")]),
+        (
+            TSSA_MOD,
+            "tssa_step",
+            _broken_tssa_step,
+            [("tssa", "torch", "decode"), ("tssa", "cpu", "decode")],
+            [("tssa", "torch", "forward"), ("tssa", "cpu", "causal leak")],
+        ),
     ],
 )
 def test_a_broken_backend_fails_its_row(monkeypatch, capsys, one_thread, module, attr, breaker, failing, passing):
@@ -219,8 +235,9 @@ def test_cuda_plan_triton_rows_run_under_the_interpreter():
         """
     )
     env = dict(os.environ, TRITON_INTERPRET="1")
-    res = subprocess.run([sys.executable, "-c", script], check=False, env=env, capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", script], check=False, env=env, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "FAIL" not in res.stdout and res.stdout.count(" ok") == 8
 
@@ -280,8 +297,12 @@ def test_tssa_auto_falls_back_to_torch_when_the_kernel_fails(monkeypatch, fake_g
     w = torch.randn(2, 3, 9, 4, generator=g, requires_grad=True)
     temp = torch.rand(3, generator=g) + 0.5
     bias = 0.1 * torch.randn(3, 12, 1, generator=g) if causal else None
-    _assert_falls_back_once("tssa", lambda: tssa(w, temp, causal=causal, bias=bias),
-                            lambda: tssa(w, temp, causal=causal, bias=bias, backend="torch"), calls)
+    _assert_falls_back_once(
+        "tssa",
+        lambda: tssa(w, temp, causal=causal, bias=bias),
+        lambda: tssa(w, temp, causal=causal, bias=bias, backend="torch"),
+        calls,
+    )
     # the fallback result is differentiable like the PyTorch path
     (gw,) = torch.autograd.grad(tssa(w, temp, causal=causal, bias=bias).sum(), w)
     (gt,) = torch.autograd.grad(tssa(w, temp, causal=causal, bias=bias, backend="torch").sum(), w)
@@ -296,12 +317,17 @@ def test_fastmax_auto_falls_back_to_torch_when_the_kernel_fails(monkeypatch, fak
     fastmax_triton_mod = importlib.import_module("attnzoo.ops.fastmax.triton")
 
     calls: list = []
-    monkeypatch.setattr(fastmax_triton_mod, "fastmax_triton",
-                        _failing_kernel(calls, RuntimeError("simulated out of shared memory")))
+    monkeypatch.setattr(
+        fastmax_triton_mod, "fastmax_triton", _failing_kernel(calls, RuntimeError("simulated out of shared memory"))
+    )
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, 11, 4, generator=g) for _ in range(3))
-    _assert_falls_back_once("fastmax", lambda: fastmax(q, k, v, p=p, causal=True),
-                            lambda: fastmax(q, k, v, p=p, causal=True, backend="torch"), calls)
+    _assert_falls_back_once(
+        "fastmax",
+        lambda: fastmax(q, k, v, p=p, causal=True),
+        lambda: fastmax(q, k, v, p=p, causal=True, backend="torch"),
+        calls,
+    )
 
 
 def test_softmax_family_auto_falls_back_to_torch_when_the_kernel_fails(monkeypatch, fake_gpu):
@@ -311,15 +337,23 @@ def test_softmax_family_auto_falls_back_to_torch_when_the_kernel_fails(monkeypat
     from attnzoo.ops._spec import Backend
 
     calls: list = []
-    monkeypatch.setattr(SOFTMAX_MOD, "softmax_attention_triton",
-                        _failing_kernel(calls, RuntimeError("simulated compile error")), raising=False)
+    monkeypatch.setattr(
+        SOFTMAX_MOD,
+        "softmax_attention_triton",
+        _failing_kernel(calls, RuntimeError("simulated compile error")),
+        raising=False,
+    )
     triton = Backend("attnzoo.ops.softmax", "softmax_attention_triton", kind="triton", available=lambda: True)
     spec = SOFTMAX_MOD.SOFTMAX
     monkeypatch.setattr(SOFTMAX_MOD, "SOFTMAX", dataclasses.replace(spec, backends={**spec.backends, "triton": triton}))
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(2, 2, 7, 5, generator=g) for _ in range(3))
-    _assert_falls_back_once("softmax_attention", lambda: softmax_attention(q, k, v, causal=True),
-                            lambda: softmax_attention(q, k, v, causal=True, backend="torch"), calls)
+    _assert_falls_back_once(
+        "softmax_attention",
+        lambda: softmax_attention(q, k, v, causal=True),
+        lambda: softmax_attention(q, k, v, causal=True, backend="torch"),
+        calls,
+    )
 
 
 class _BackwardFails(torch.autograd.Function):
@@ -337,9 +371,12 @@ class _BackwardFails(torch.autograd.Function):
 @pytest.mark.parametrize("op", ["tssa", "fastmax"])
 def test_auto_falls_back_when_the_backward_kernel_fails(monkeypatch, fake_gpu, op):
     mod = importlib.import_module(f"attnzoo.ops.{op}.triton")
-    torch_path = {"tssa": lambda w, temp, causal, bias: tssa(w, temp, causal=causal, bias=bias, backend="torch"),
-                  "fastmax": lambda qs, kh, v, p, causal, chunk_size: sys.modules["attnzoo.ops.fastmax"]
-                  .fastmax_factorized(qs, kh, v, p=p, causal=causal, chunk=chunk_size)}[op]
+    torch_path = {
+        "tssa": lambda w, temp, causal, bias: tssa(w, temp, causal=causal, bias=bias, backend="torch"),
+        "fastmax": lambda qs, kh, v, p, causal, chunk_size: sys.modules["attnzoo.ops.fastmax"].fastmax_factorized(
+            qs, kh, v, p=p, causal=causal, chunk=chunk_size
+        ),
+    }[op]
     calls: list = []
 
     def kernel(*args, **kwargs):  # forward fine (the PyTorch result), backward broken
@@ -352,8 +389,11 @@ def test_auto_falls_back_when_the_backward_kernel_fails(monkeypatch, fake_gpu, o
     temp = torch.tensor([0.7, 1.3], dtype=torch.float64, requires_grad=True)
 
     def run(backend):
-        return tssa(x, temp, causal=True, backend=backend) if op == "tssa" else fastmax(x, x, x, causal=True,
-                                                                                         backend=backend)
+        return (
+            tssa(x, temp, causal=True, backend=backend)
+            if op == "tssa"
+            else fastmax(x, x, x, causal=True, backend=backend)
+        )
 
     cot = torch.randn(2, 2, 9, 4, generator=g, dtype=torch.float64)
     ref_grads = torch.autograd.grad((run("torch") * cot).sum(), (x, temp), allow_unused=True)
@@ -375,8 +415,9 @@ def test_auto_falls_back_when_the_backward_kernel_fails(monkeypatch, fake_gpu, o
 
 def test_a_backward_kernel_that_ran_once_is_not_guarded_again(monkeypatch, fake_gpu):
     mod = importlib.import_module("attnzoo.ops.tssa.triton")
-    monkeypatch.setattr(mod, "tssa_triton", lambda w, temp, causal, bias: tssa(w, temp, causal=causal, bias=bias,
-                                                                               backend="torch"))
+    monkeypatch.setattr(
+        mod, "tssa_triton", lambda w, temp, causal, bias: tssa(w, temp, causal=causal, bias=bias, backend="torch")
+    )
     w = torch.randn(1, 2, 6, 3, requires_grad=True)
     temp = torch.ones(2)
     first = tssa(w, temp)

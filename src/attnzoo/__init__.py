@@ -11,6 +11,7 @@ Top-level API (lazily imported):
   ``transformers`` GPT-2 / Llama / ViT model (needs the ``hf`` extra; see ``attnzoo.hf``)
 - ``attnzoo.ops``: pure operators on ``(B, H, N, P)`` tensors
 """
+
 from __future__ import annotations
 
 import importlib

@@ -2,6 +2,7 @@
 
 Every error names the offending value and what would have been valid.
 """
+
 from __future__ import annotations
 
 import math
@@ -10,10 +11,26 @@ from typing import Iterable, Mapping, Sequence
 import torch
 
 __all__ = [
-    "check_ndim", "check_same_shape", "check_finite", "check_choice", "check_positive_int", "check_scale",
-    "check_dropout", "NonFiniteError", "finite_absmax", "check_overflow", "explain_nonfinite", "overflow_limit",
-    "check_module_input", "check_probability", "check_bool", "check_optional_positive_int", "check_nonneg_int",
-    "check_nonneg_finite", "check_positive_finite", "check_optional_scale",
+    "check_ndim",
+    "check_same_shape",
+    "check_finite",
+    "check_choice",
+    "check_positive_int",
+    "check_scale",
+    "check_dropout",
+    "NonFiniteError",
+    "finite_absmax",
+    "check_overflow",
+    "explain_nonfinite",
+    "overflow_limit",
+    "check_module_input",
+    "check_probability",
+    "check_bool",
+    "check_optional_positive_int",
+    "check_nonneg_int",
+    "check_nonneg_finite",
+    "check_positive_finite",
+    "check_optional_scale",
 ]
 
 
@@ -103,10 +120,13 @@ def finite_absmax(tensors: Mapping[str, torch.Tensor | None], *, op: str = "") -
         for name in bad:  # error path: counting costs more syncs, which no longer matter
             t = tensors[name]
             x = torch.view_as_real(t.detach()) if t.is_complex() else t.detach()
-            parts.append(f"{name} contains non-finite values ({int(torch.isnan(x).sum())} NaN, "
-                         f"{int(torch.isinf(x).sum())} Inf) among its {t.numel()} values")
-        raise NonFiniteError(f"{_prefix(op)}{'; '.join(parts)}; inputs must be finite (no NaN or Inf)",
-                             names=tuple(bad), kind="input")
+            parts.append(
+                f"{name} contains non-finite values ({int(torch.isnan(x).sum())} NaN, "
+                f"{int(torch.isinf(x).sum())} Inf) among its {t.numel()} values"
+            )
+        raise NonFiniteError(
+            f"{_prefix(op)}{'; '.join(parts)}; inputs must be finite (no NaN or Inf)", names=tuple(bad), kind="input"
+        )
     return out
 
 
@@ -136,7 +156,8 @@ def check_overflow(op: str, name: str, absmax: dict[str, float], bound: float, d
             f"{_prefix(op)}{name} has entries up to |{name}|={absmax[name]:.3g}: {what} would reach ~{bound:.3g}, "
             f"beyond {cdt}'s largest value {limit:.3g} (overflow: the output would be NaN/Inf); rescale {name} "
             f"(typical activations are O(1)) or compute in float64",
-            names=(name,), kind="overflow",
+            names=(name,),
+            kind="overflow",
         )
 
 
@@ -152,7 +173,8 @@ def explain_nonfinite(op: str, name: str, t: torch.Tensor, what: str) -> None:
         f"{_prefix(op)}{name} is finite (entries up to |{name}|={m:.3g}) but {what} overflowed {cdt} "
         f"(largest value {overflow_limit(t.dtype):.3g}), which would make the output NaN/Inf; rescale {name} "
         f"(typical activations are O(1)) or compute in float64",
-        names=(name,), kind="overflow",
+        names=(name,),
+        kind="overflow",
     )
 
 

@@ -4,6 +4,7 @@ Writes never leave a torn file: the data go to a uniquely named temporary file i
 filesystem, so the rename is atomic), are fsync-ed, and the file is renamed over the target; on any error the
 temporary is removed and the target is left as it was.
 """
+
 from __future__ import annotations
 
 import io
@@ -97,8 +98,14 @@ def to_jsonable(value: Any, *, nonfinite: NonFinite = "null") -> Any:
     return value
 
 
-def write_json(path: str | os.PathLike, payload: Any, *, indent: int | None = 1, nonfinite: NonFinite = "null",
-               newline: bool = True) -> Path:
+def write_json(
+    path: str | os.PathLike,
+    payload: Any,
+    *,
+    indent: int | None = 1,
+    nonfinite: NonFinite = "null",
+    newline: bool = True,
+) -> Path:
     """Write ``to_jsonable(payload)`` to ``path`` atomically; returns the path.
 
     ``indent=None`` writes compactly (no spaces: long number lists stay on one line); ``newline`` ends the file
@@ -106,6 +113,7 @@ def write_json(path: str | os.PathLike, payload: Any, *, indent: int | None = 1,
     strict JSON readers).
     """
     separators = (",", ":") if indent is None else None
-    text = json.dumps(to_jsonable(payload, nonfinite=nonfinite), indent=indent, separators=separators,
-                      allow_nan=nonfinite == "keep")
+    text = json.dumps(
+        to_jsonable(payload, nonfinite=nonfinite), indent=indent, separators=separators, allow_nan=nonfinite == "keep"
+    )
     return atomic_write_text(path, text + "\n" if newline else text)

@@ -4,6 +4,7 @@ Each command module exposes ``main(argv: list[str] | None) -> int`` with its own
 line ``attnzoo <command>: error: ...`` with a non-zero exit; ``attnzoo --debug <command> ...`` (or
 ``ATTNZOO_DEBUG=1``) shows the traceback.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -75,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - the CLI's last resort: one line, no traceback, unless --debug
         if debug:
             raise
-        print(f"attnzoo {cmd}: error: {_one_line(e)} (run `attnzoo --debug {cmd} ...` for the traceback)",
-              file=sys.stderr)
+        print(
+            f"attnzoo {cmd}: error: {_one_line(e)} (run `attnzoo --debug {cmd} ...` for the traceback)", file=sys.stderr
+        )
         return 1
     finally:
         if debug:

@@ -4,6 +4,7 @@ A quick smoke check that everything is installed and wired: for each mechanism (
 it has one) it runs a forward pass on random tokens of shape ``(B, N, dim)`` and reports the output's mean
 and std, the median wall time over a few repeats, and the parameter count.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,9 @@ def main(argv: list[str] | None = None) -> int:
                 except ValueError as err:  # e.g. a causal length beyond a learned position table
                     print(f"{label:<18}{n:>7}{n_params:>10}  skipped: {err}")
                     continue
-                print(f"{label:<18}{n:>7}{n_params:>10}{y.mean().item():>11.4f}{y.std().item():>10.4f}"
-                      f"{sec * 1e3:>10.2f}")
+                print(
+                    f"{label:<18}{n:>7}{n_params:>10}{y.mean().item():>11.4f}{y.std().item():>10.4f}{sec * 1e3:>10.2f}"
+                )
     return 0
 
 

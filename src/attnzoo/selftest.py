@@ -21,6 +21,7 @@ A registered mechanism without a case here is a failing ``coverage`` row. Exit s
 (rows of backends this machine lacks are skipped, with the reason), 1 otherwise, 2 for unusable arguments
 (e.g. ``--device cuda`` without CUDA).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -91,8 +92,16 @@ def _randn(shape, gen, scale: float = 1.0) -> torch.Tensor:
 # PyTorch scans (32-64 tokens) and of the CPU kernels (64-token blocks, 256-token chunks), and the head dims
 # the CPU kernels unroll (16, 32, 64). --quick keeps two of them.
 _SHAPES_QUICK = [(2, 3, 7, 5), (1, 2, 70, 16)]
-_SHAPES_FULL = [(1, 1, 1, 3), (2, 3, 7, 5), (1, 4, 33, 3), (2, 2, 300, 6), (1, 3, 777, 16), (1, 2, 130, 32),
-                (1, 1, 70, 64), (2, 2, 1100, 8)]
+_SHAPES_FULL = [
+    (1, 1, 1, 3),
+    (2, 3, 7, 5),
+    (1, 4, 33, 3),
+    (2, 2, 300, 6),
+    (1, 3, 777, 16),
+    (1, 2, 130, 32),
+    (1, 1, 70, 64),
+    (2, 2, 1100, 8),
+]
 
 
 def _shapes(quick: bool) -> list[tuple[int, ...]]:
@@ -133,8 +142,15 @@ def _softmax_call(x, cfg, backend):
 def _linear_call(x, cfg, backend):
     from attnzoo.ops.linear import linear_attention
 
-    return linear_attention(x["q"], x["k"], x["v"], causal=cfg["causal"], feature_map=cfg["feature_map"],
-                            chunk_size=cfg.get("chunk_size"), backend=backend)
+    return linear_attention(
+        x["q"],
+        x["k"],
+        x["v"],
+        causal=cfg["causal"],
+        feature_map=cfg["feature_map"],
+        chunk_size=cfg.get("chunk_size"),
+        backend=backend,
+    )
 
 
 def _linear_step(x, cfg):
@@ -142,8 +158,9 @@ def _linear_step(x, cfg):
 
     state, outs = None, []
     for t in range(x["q"].shape[2]):
-        o, state = linear_attention_recurrent(*(x[k][:, :, t : t + 1] for k in "qkv"), state,
-                                              feature_map=cfg["feature_map"])
+        o, state = linear_attention_recurrent(
+            *(x[k][:, :, t : t + 1] for k in "qkv"), state, feature_map=cfg["feature_map"]
+        )
         outs.append(o)
     return torch.cat(outs, dim=2)
 
@@ -151,8 +168,12 @@ def _linear_step(x, cfg):
 # -- xca
 def _xca_make(shape, cfg, gen):
     h = shape[1]
-    return {"q": _randn(shape, gen), "k": _randn(shape, gen), "v": _randn(shape, gen),
-            "temp": 0.5 + torch.rand(h, generator=gen, dtype=torch.float64)}
+    return {
+        "q": _randn(shape, gen),
+        "k": _randn(shape, gen),
+        "v": _randn(shape, gen),
+        "temp": 0.5 + torch.rand(h, generator=gen, dtype=torch.float64),
+    }
 
 
 def _xca_call(x, cfg, backend):
@@ -183,8 +204,10 @@ def _tssa_backends(device: torch.device) -> list[tuple[str, str | None]]:
 def _tssa_make(shape, cfg, gen):
     _, h, n, p = shape
     # features of different scales and temperatures away from 1 keep Pi far from uniform (as tests/ops do)
-    x = {"w": _randn(shape, gen) * torch.exp(_randn((1, h, 1, p), gen)),
-         "temp": 0.5 + 2 * torch.rand(h, generator=gen, dtype=torch.float64)}
+    x = {
+        "w": _randn(shape, gen) * torch.exp(_randn((1, h, 1, p), gen)),
+        "temp": 0.5 + 2 * torch.rand(h, generator=gen, dtype=torch.float64),
+    }
     if cfg["causal"]:
         x["bias"] = _randn((h, n + 3, 1), gen, 0.3)  # N_max > N, as a module's max_len is
     return x
@@ -229,8 +252,16 @@ def _fastmax_call(x, cfg, backend):
     from attnzoo.ops.fastmax import fastmax
 
     d = x["q"].shape[-1]
-    return fastmax(x["q"], x["k"], x["v"], p=cfg["p"], causal=cfg["causal"], scale=_fastmax_scale(cfg, d),
-                   chunk_size=cfg.get("chunk_size"), backend=backend)
+    return fastmax(
+        x["q"],
+        x["k"],
+        x["v"],
+        p=cfg["p"],
+        causal=cfg["causal"],
+        scale=_fastmax_scale(cfg, d),
+        chunk_size=cfg.get("chunk_size"),
+        backend=backend,
+    )
 
 
 def _fastmax_step(x, cfg):
@@ -242,8 +273,7 @@ def _fastmax_step(x, cfg):
     outs = []
     for t in range(n):
         sl = slice(t, t + 1)
-        o, state = fastmax_step(q[:, :, sl], k[:, :, sl], v[:, :, sl], state, p=cfg["p"],
-                                scale=_fastmax_scale(cfg, d))
+        o, state = fastmax_step(q[:, :, sl], k[:, :, sl], v[:, :, sl], state, p=cfg["p"], scale=_fastmax_scale(cfg, d))
         outs.append(o)
     return torch.cat(outs, dim=2)
 
@@ -283,8 +313,10 @@ def _csp_call(x, cfg, backend):
 
 
 def _csp_configs(quick: bool) -> list[dict]:
-    cfgs = [dict(causal=False, shifts="schedule", groups="small groups"),
-            dict(causal=False, shifts="arbitrary", groups="complete sort")]
+    cfgs = [
+        dict(causal=False, shifts="schedule", groups="small groups"),
+        dict(causal=False, shifts="arbitrary", groups="complete sort"),
+    ]
     return cfgs if quick else cfgs + [dict(causal=False, shifts="arbitrary", groups="shift only")]
 
 
@@ -293,8 +325,15 @@ def _smallest_factor(n: int) -> int:
 
 
 # -- cbsa: (B, H, N, P, M): M < P, M > P (the exact solve's push-through branch), M > N
-_CBSA_CASES = [("cbsa", "softmax"), ("cbsa", "exact"), ("agent", None), ("mssa", "softmax"), ("mssa", "exact"),
-               ("linear", None), ("channel", None)]
+_CBSA_CASES = [
+    ("cbsa", "softmax"),
+    ("cbsa", "exact"),
+    ("agent", None),
+    ("mssa", "softmax"),
+    ("mssa", "exact"),
+    ("linear", None),
+    ("channel", None),
+]
 
 
 def _cbsa_shapes(quick: bool) -> list[tuple[int, ...]]:
@@ -326,34 +365,107 @@ def _only_torch(device: torch.device) -> list[tuple[str, str | None]]:
 
 
 SPECS: list[Spec] = [
-    Spec("softmax", _softmax_family_backends("softmax_attention", "attnzoo.ops.softmax"), _causal_configs, _shapes,
-         _qkv, _softmax_call, ("q", "k", "v"), {"q": 2, "k": 2, "v": 2}),
-    Spec("linear", _softmax_family_backends("linear_attention", "attnzoo.ops.linear"),
-         lambda quick: [dict(causal=c, feature_map=f) for c in (False, True)
-                        for f in (("elu",) if quick else ("elu", "relu"))]
-         + ([] if quick else [dict(causal=True, feature_map="elu", chunk_size=5, max_n=130)]),
-         _shapes, _qkv, _linear_call, ("q", "k", "v"), {"q": 2, "k": 2, "v": 2}, _linear_step),
-    Spec("xca", _softmax_family_backends("xca", "attnzoo.ops.xca"), lambda quick: [dict(causal=False)], _shapes,
-         _xca_make, _xca_call, ("q", "k", "v", "temp")),
-    Spec("mssa", _softmax_family_backends("mssa", "attnzoo.ops.mssa"),
-         lambda quick: [dict(causal=c, normalize_query=nq) for c in (False, True) for nq in (False, True)
-                        if not quick or c == nq],
-         _shapes, lambda shape, cfg, gen: {"w": _randn(shape, gen)}, _mssa_call, ("w",), {"w": 2}),
-    Spec("tssa", _tssa_backends, _causal_configs, _shapes, _tssa_make, _tssa_call, ("w", "temp", "bias"),
-         {"w": 2, "bias": 1}, _tssa_step),
-    Spec("fastmax p=1", _fastmax_backends, lambda quick: _fastmax_configs(quick, 1), _fastmax_shapes, _qkv,
-         _fastmax_call, ("q", "k", "v"), {"q": 2, "k": 2, "v": 2}, _fastmax_step),
-    Spec("fastmax p=2", _fastmax_backends, lambda quick: _fastmax_configs(quick, 2), _fastmax_shapes, _qkv,
-         _fastmax_call, ("q", "k", "v"), {"q": 2, "k": 2, "v": 2}, _fastmax_step),
+    Spec(
+        "softmax",
+        _softmax_family_backends("softmax_attention", "attnzoo.ops.softmax"),
+        _causal_configs,
+        _shapes,
+        _qkv,
+        _softmax_call,
+        ("q", "k", "v"),
+        {"q": 2, "k": 2, "v": 2},
+    ),
+    Spec(
+        "linear",
+        _softmax_family_backends("linear_attention", "attnzoo.ops.linear"),
+        lambda quick: (
+            [dict(causal=c, feature_map=f) for c in (False, True) for f in (("elu",) if quick else ("elu", "relu"))]
+            + ([] if quick else [dict(causal=True, feature_map="elu", chunk_size=5, max_n=130)])
+        ),
+        _shapes,
+        _qkv,
+        _linear_call,
+        ("q", "k", "v"),
+        {"q": 2, "k": 2, "v": 2},
+        _linear_step,
+    ),
+    Spec(
+        "xca",
+        _softmax_family_backends("xca", "attnzoo.ops.xca"),
+        lambda quick: [dict(causal=False)],
+        _shapes,
+        _xca_make,
+        _xca_call,
+        ("q", "k", "v", "temp"),
+    ),
+    Spec(
+        "mssa",
+        _softmax_family_backends("mssa", "attnzoo.ops.mssa"),
+        lambda quick: [
+            dict(causal=c, normalize_query=nq) for c in (False, True) for nq in (False, True) if not quick or c == nq
+        ],
+        _shapes,
+        lambda shape, cfg, gen: {"w": _randn(shape, gen)},
+        _mssa_call,
+        ("w",),
+        {"w": 2},
+    ),
+    Spec(
+        "tssa",
+        _tssa_backends,
+        _causal_configs,
+        _shapes,
+        _tssa_make,
+        _tssa_call,
+        ("w", "temp", "bias"),
+        {"w": 2, "bias": 1},
+        _tssa_step,
+    ),
+    Spec(
+        "fastmax p=1",
+        _fastmax_backends,
+        lambda quick: _fastmax_configs(quick, 1),
+        _fastmax_shapes,
+        _qkv,
+        _fastmax_call,
+        ("q", "k", "v"),
+        {"q": 2, "k": 2, "v": 2},
+        _fastmax_step,
+    ),
+    Spec(
+        "fastmax p=2",
+        _fastmax_backends,
+        lambda quick: _fastmax_configs(quick, 2),
+        _fastmax_shapes,
+        _qkv,
+        _fastmax_call,
+        ("q", "k", "v"),
+        {"q": 2, "k": 2, "v": 2},
+        _fastmax_step,
+    ),
     Spec("csp", _only_torch, _csp_configs, _csp_shapes, _csp_make, _csp_call, ("v",)),
-    Spec("cbsa", _only_torch,
-         lambda quick: [dict(causal=False, variant=v, contraction=c) for v, c in _CBSA_CASES],
-         _cbsa_shapes, _cbsa_make, _cbsa_call, ("w", "reps", "eta")),
+    Spec(
+        "cbsa",
+        _only_torch,
+        lambda quick: [dict(causal=False, variant=v, contraction=c) for v, c in _CBSA_CASES],
+        _cbsa_shapes,
+        _cbsa_make,
+        _cbsa_call,
+        ("w", "reps", "eta"),
+    ),
 ]
 
 #: registered module name -> the specs that test its op (every registered mechanism must appear here)
-MODULE_SPECS = {"softmax": ["softmax"], "linear": ["linear"], "xca": ["xca"], "mssa": ["mssa"], "tssa": ["tssa"],
-                "fastmax": ["fastmax p=1", "fastmax p=2"], "csp": ["csp"], "cbsa": ["cbsa"]}
+MODULE_SPECS = {
+    "softmax": ["softmax"],
+    "linear": ["linear"],
+    "xca": ["xca"],
+    "mssa": ["mssa"],
+    "tssa": ["tssa"],
+    "fastmax": ["fastmax p=1", "fastmax p=2"],
+    "csp": ["csp"],
+    "cbsa": ["cbsa"],
+}
 
 
 # ------------------------------------------------------------------------------------------------ rows
@@ -481,8 +593,9 @@ class _RefCache:
             x64 = spec.make(shape, cfg, gen)
             # the reference sees exactly the (rounded) values the backend sees, in float64
             xr = {k: t.to(dtype).to(torch.float64) for k, t in x64.items()}
-            ref_out, ref_grads, cot = _out_and_grads(spec, _to(xr, torch.float64, torch.device("cpu"), spec.grads),
-                                                     cfg, "naive", gen)
+            ref_out, ref_grads, cot = _out_and_grads(
+                spec, _to(xr, torch.float64, torch.device("cpu"), spec.grads), cfg, "naive", gen
+            )
             self._store[key] = (xr, cot, ref_out, ref_grads)
         return self._store[key]
 
@@ -569,8 +682,9 @@ def _num_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(prev)
 
 
-def _run_spec(spec: Spec, device: torch.device, quick: bool, refs: _RefCache, emit,
-              kernel_threads: int | None = None) -> list[Row]:
+def _run_spec(
+    spec: Spec, device: torch.device, quick: bool, refs: _RefCache, emit, kernel_threads: int | None = None
+) -> list[Row]:
     rows: list[Row] = []
     configs = spec.configs(quick)
     has_causal = any(c.get("causal") for c in configs)
@@ -591,8 +705,17 @@ def _run_spec(spec: Spec, device: torch.device, quick: bool, refs: _RefCache, em
                     for shape in spec.shapes(quick):
                         if len(shape) == 4 and shape[2] > cfg.get("max_n", shape[2]):
                             continue
-                        _check_forward_backward(spec, cfg, shape, dtype, device, backend, refs,
-                                                group["forward"].cell(dtype), group["backward"].cell(dtype))
+                        _check_forward_backward(
+                            spec,
+                            cfg,
+                            shape,
+                            dtype,
+                            device,
+                            backend,
+                            refs,
+                            group["forward"].cell(dtype),
+                            group["backward"].cell(dtype),
+                        )
                         if cfg.get("causal"):
                             _check_leak(spec, cfg, shape, dtype, device, backend, group["causal leak"].cell(dtype))
                     if cfg.get("causal") and spec.step is not None:
@@ -656,8 +779,17 @@ def _coverage_rows(specs: list[Spec], emit) -> list[Row]:
 # ------------------------------------------------------------------------------------------------ driver
 
 
-_COLS = [("mechanism", 12), ("backend", 15), ("check", 12), ("cases", 5), ("float32 err", 11), ("tol", 6),
-         ("float64 err", 11), ("tol", 6), ("result", 6)]
+_COLS = [
+    ("mechanism", 12),
+    ("backend", 15),
+    ("check", 12),
+    ("cases", 5),
+    ("float32 err", 11),
+    ("tol", 6),
+    ("float64 err", 11),
+    ("tol", 6),
+    ("result", 6),
+]
 
 
 def _header() -> str:
@@ -689,14 +821,23 @@ def resolve_device(name: str) -> torch.device:
     if name != "cuda":
         raise ValueError(f"--device must be 'cpu' or 'cuda', got {name!r}")
     if not torch.cuda.is_available():
-        why = ("this torch build has no CUDA support (torch.version.cuda is None; install a CUDA build of torch)"
-               if torch.version.cuda is None else "no CUDA GPU is visible (check the driver and CUDA_VISIBLE_DEVICES)")
+        why = (
+            "this torch build has no CUDA support (torch.version.cuda is None; install a CUDA build of torch)"
+            if torch.version.cuda is None
+            else "no CUDA GPU is visible (check the driver and CUDA_VISIBLE_DEVICES)"
+        )
         raise ValueError(f"--device cuda: CUDA is not available: {why}; run `attnzoo selftest --device cpu` instead")
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def run_selftest(device: torch.device, *, quick: bool = False, only: list[str] | None = None,
-                 out=None, kernel_threads: int | None = None) -> list[Row]:
+def run_selftest(
+    device: torch.device,
+    *,
+    quick: bool = False,
+    only: list[str] | None = None,
+    out=None,
+    kernel_threads: int | None = None,
+) -> list[Row]:
     """Run every spec (or those named in ``only``) on ``device``; print the table to ``out`` as rows finish.
 
     ``kernel_threads``: torch threads while the fused CPU kernels' rows run (their work is split over threads,
@@ -721,18 +862,34 @@ def run_selftest(device: torch.device, *, quick: bool = False, only: list[str] |
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="attnzoo selftest",
-                                 description="Check every mechanism x every backend of this device against the "
-                                             "float64 naive reference: forward, gradients, causal leak, decoding.")
-    ap.add_argument("--device", choices=["cpu", "cuda"], default=None,
-                    help="where to run the backends (default: cuda if available, else cpu)")
+    ap = argparse.ArgumentParser(
+        prog="attnzoo selftest",
+        description="Check every mechanism x every backend of this device against the "
+        "float64 naive reference: forward, gradients, causal leak, decoding.",
+    )
+    ap.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default=None,
+        help="where to run the backends (default: cuda if available, else cpu)",
+    )
     ap.add_argument("--quick", action="store_true", help="fewer shapes and options (a few seconds)")
-    ap.add_argument("--threads", type=int, default=None, metavar="N",
-                    help="torch CPU threads for every row (default: 1, the fastest for the small tensors of the "
-                         "checks, and torch's default for the fused CPU kernels' rows so their parallel split runs)")
-    ap.add_argument("--only", nargs="+", metavar="MECHANISM", default=None,
-                    help="only these mechanisms (fastmax: both p; 'fastmax p=1' one of them): "
-                         + ", ".join(dict.fromkeys(s.name.split()[0] for s in SPECS)))
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="torch CPU threads for every row (default: 1, the fastest for the small tensors of the "
+        "checks, and torch's default for the fused CPU kernels' rows so their parallel split runs)",
+    )
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        metavar="MECHANISM",
+        default=None,
+        help="only these mechanisms (fastmax: both p; 'fastmax p=1' one of them): "
+        + ", ".join(dict.fromkeys(s.name.split()[0] for s in SPECS)),
+    )
     args = ap.parse_args(argv)
     valid = {s.name for s in SPECS} | {s.name.split()[0] for s in SPECS}
     if args.only:
@@ -756,9 +913,11 @@ def _run_main(args: argparse.Namespace, kernel_threads: int) -> int:
         print(f"attnzoo selftest: {err}", file=sys.stderr)
         return 2
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    print(f"attnzoo selftest: device {device} ({where}), torch {torch.__version__}, "
-          f"{'quick' if args.quick else 'full'} run, {torch.get_num_threads()} CPU thread(s)"
-          + (f" ({kernel_threads} for the fused CPU kernels)" if device.type == "cpu" else ""))
+    print(
+        f"attnzoo selftest: device {device} ({where}), torch {torch.__version__}, "
+        f"{'quick' if args.quick else 'full'} run, {torch.get_num_threads()} CPU thread(s)"
+        + (f" ({kernel_threads} for the fused CPU kernels)" if device.type == "cpu" else "")
+    )
     t0 = time.perf_counter()
     rows = run_selftest(device, quick=args.quick, only=args.only, kernel_threads=kernel_threads)
     failed = [r for r in rows if not r.ok]
@@ -767,8 +926,7 @@ def _run_main(args: argparse.Namespace, kernel_threads: int) -> int:
 
     for op, err in triton_failures().items():  # the layer rows run backend="auto"
         print(f"note: backend='auto' fell back to PyTorch for {op}: its Triton kernel failed ({err})")
-    print(f"selftest: {len(rows)} rows, {len(failed)} failed, {len(skipped)} skipped, "
-          f"{time.perf_counter() - t0:.1f} s")
+    print(f"selftest: {len(rows)} rows, {len(failed)} failed, {len(skipped)} skipped, {time.perf_counter() - t0:.1f} s")
     if failed:
         print("FAILED: " + "; ".join(f"{r.mechanism} / {r.backend} / {r.check}" for r in failed))
         return 1

@@ -1,4 +1,5 @@
 """The synthetic experiments reproduce the papers' claims at reduced size, and the CLI writes its files."""
+
 import json
 import math
 
@@ -73,8 +74,23 @@ def test_save_experiment_refuses_non_empty_dir_and_writes_atomically(tmp_path):
 
 def test_cli_denoise_end_to_end(tmp_path, capsys):
     out = tmp_path / "d"
-    argv = ["denoise", "--out", str(out), "--k", "3", "--p", "24", "--n-per", "20", "--eta", "0.2", "--layers", "4",
-            "--dpi", "40"]
+    argv = [
+        "denoise",
+        "--out",
+        str(out),
+        "--k",
+        "3",
+        "--p",
+        "24",
+        "--n-per",
+        "20",
+        "--eta",
+        "0.2",
+        "--layers",
+        "4",
+        "--dpi",
+        "40",
+    ]
     assert analyze_main(argv) == 0
     data = json.loads((out / "denoise.json").read_text())
     assert "snr" in data and len(data["snr"]["threshold"]) == 5
@@ -85,13 +101,55 @@ def test_cli_denoise_end_to_end(tmp_path, capsys):
 
 
 def test_cli_compress_and_rank_collapse_through_top_level_command(tmp_path):
-    assert top_main(["analyze", "compress", "--out", str(tmp_path / "c"), "--classes", "3", "--n-per", "10",
-                     "--iterations", "20", "--snapshots", "0,10", "--kappa", "0.5", "--dpi", "40"]) == 0
+    assert (
+        top_main(
+            [
+                "analyze",
+                "compress",
+                "--out",
+                str(tmp_path / "c"),
+                "--classes",
+                "3",
+                "--n-per",
+                "10",
+                "--iterations",
+                "20",
+                "--snapshots",
+                "0,10",
+                "--kappa",
+                "0.5",
+                "--dpi",
+                "40",
+            ]
+        )
+        == 0
+    )
     data = json.loads((tmp_path / "c" / "compress.json").read_text())
     assert data["coding_rate"][-1] < data["coding_rate"][0]
     assert (tmp_path / "c" / "compress.png").exists()
-    assert top_main(["analyze", "rank-collapse", "--out", str(tmp_path / "r"), "--depth", "3", "--tokens", "8",
-                     "--dim", "8", "--heads", "2", "--mechanisms", "none", "--dpi", "40"]) == 0
+    assert (
+        top_main(
+            [
+                "analyze",
+                "rank-collapse",
+                "--out",
+                str(tmp_path / "r"),
+                "--depth",
+                "3",
+                "--tokens",
+                "8",
+                "--dim",
+                "8",
+                "--heads",
+                "2",
+                "--mechanisms",
+                "none",
+                "--dpi",
+                "40",
+            ]
+        )
+        == 0
+    )
     data = json.loads((tmp_path / "r" / "rank-collapse.json").read_text())
     assert set(data["residual"]) == {"softmax_reference", "csp_reference"}
     assert all(math.isfinite(v) for v in data["residual"]["softmax_reference"])

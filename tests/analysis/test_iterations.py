@@ -1,4 +1,5 @@
 """Parameter-free iterations (AoT eq 3, CBSA eq 12) and the explicit softmax / CSP reference layers."""
+
 import math
 
 import pytest
@@ -91,7 +92,7 @@ def test_csp_reference_permutes_each_channel(n, group):
     for c in range(4):
         torch.testing.assert_close(torch.sort(out[:, c]).values, torch.sort(v[:, c]).values)
     for start in range(0, n, group):
-        blk = out[start:start + group]
+        blk = out[start : start + group]
         ref_order = torch.argsort(blk[:, 0])
         for c in range(1, 4):
             assert (torch.diff(blk[ref_order, c]) >= 0).all()

@@ -1,4 +1,5 @@
 """Measures against closed forms on constructed inputs."""
+
 import math
 
 import numpy as np
@@ -47,7 +48,8 @@ def test_compression_term_is_sum_of_projected_rates():
     # normalised variant is invariant to per-token scaling
     scale = torch.rand(10, 1, generator=g, dtype=torch.float64) * 5 + 0.1
     assert M.compression_term(z * scale, u, normalize=True).item() == pytest.approx(
-        M.compression_term(z, u, normalize=True).item(), rel=1e-10)
+        M.compression_term(z, u, normalize=True).item(), rel=1e-10
+    )
 
 
 def _crate_rate_numpy(z, u, eps_sq, normalize):
@@ -142,8 +144,9 @@ def test_variational_compression_normalize_and_batch():
     assert batched.shape == (2,)
     assert batched[1].item() == pytest.approx(M.variational_compression(z[1], pi[1], u).item(), rel=1e-12)
     scaled = z * torch.rand(2, 8, 1, generator=g, dtype=torch.float64).add(0.5)
-    torch.testing.assert_close(M.variational_compression(scaled, pi, u, normalize=True),
-                               M.variational_compression(z, pi, u, normalize=True))
+    torch.testing.assert_close(
+        M.variational_compression(scaled, pi, u, normalize=True), M.variational_compression(z, pi, u, normalize=True)
+    )
 
 
 def test_snr_noise_free_is_infinite_and_matches_definition_1_level():
@@ -187,14 +190,16 @@ def test_norm_1_inf_closed_form():
     resid = M.rank1_residual(x)
     torch.testing.assert_close(resid, x - x.mean(0, keepdim=True))
     assert M.rank_collapse_residual(x, relative=True).item() == pytest.approx(
-        M.norm_1_inf(resid).item() / math.sqrt(135))
+        M.norm_1_inf(resid).item() / math.sqrt(135)
+    )
 
 
 def test_singular_spectrum_and_gram():
     x = torch.diag(torch.tensor([4.0, 2.0, 1.0], dtype=torch.float64))
     torch.testing.assert_close(M.singular_spectrum(x), torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64))
-    torch.testing.assert_close(M.singular_spectrum(x, normalize=False), torch.tensor([4.0, 2.0, 1.0],
-                                                                                      dtype=torch.float64))
+    torch.testing.assert_close(
+        M.singular_spectrum(x, normalize=False), torch.tensor([4.0, 2.0, 1.0], dtype=torch.float64)
+    )
     u = orthonormal_bases(3, 12, 4, generator=torch.Generator().manual_seed(9)) * 3.0  # scaled: normalised away
     torch.testing.assert_close(M.subspace_gram(u), torch.eye(12, dtype=torch.float64), atol=1e-12, rtol=0)
     sub = M.subspace_gram(u, directions=2, generator=torch.Generator().manual_seed(0))

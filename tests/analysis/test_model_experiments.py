@@ -1,5 +1,6 @@
 """Capture and the model experiments (layerwise, membership, attention-maps, subspaces) end to end on
 tiny models: registry models from ``attnzoo.create_model`` and a stack assembled from ``build_attention``."""
+
 import json
 
 import pytest
@@ -103,11 +104,13 @@ def test_layerwise_crate_measure_on_tokens_entering_and_leaving_each_block():
     for lay, row in zip(layers, r["layers"]):
         u = subspace_bases(lay.module)
         assert row["crate_compression"] == pytest.approx(
-            measures.crate_compression_term(lay.input.double(), u, 0.1).mean().item(), rel=1e-12)
+            measures.crate_compression_term(lay.input.double(), u, 0.1).mean().item(), rel=1e-12
+        )
         # leaving: the block's output (the residual stream after MSSA and ISTA), measured with the same U^ℓ
         assert lay.block_output is not None and not torch.equal(lay.block_output, lay.input)
         assert row["crate_compression_out"] == pytest.approx(
-            measures.crate_compression_term(lay.block_output.double(), u, 0.1).mean().item(), rel=1e-12)
+            measures.crate_compression_term(lay.block_output.double(), u, 0.1).mean().item(), rel=1e-12
+        )
     # the next layer's input is the previous block's output through that layer's pre-norm
     with torch.no_grad():
         torch.testing.assert_close(layers[1].input, model.blocks[1].norm1(layers[0].block_output))
@@ -200,12 +203,41 @@ def test_cli_model_experiments_from_checkpoints(tmp_path):
         assert json.loads((out / f"{exp}.json").read_text())["experiment"] == exp
         assert (out / f"{exp}.png").stat().st_size > 500
     out = tmp_path / "maps"
-    assert analyze_main(["attention-maps", "--out", str(out), "--checkpoint", str(tmp_path / "soft"),
-                         "--checkpoint", str(tmp_path / "fast"), "--batch", "1", *common]) == 0
+    assert (
+        analyze_main(
+            [
+                "attention-maps",
+                "--out",
+                str(out),
+                "--checkpoint",
+                str(tmp_path / "soft"),
+                "--checkpoint",
+                str(tmp_path / "fast"),
+                "--batch",
+                "1",
+                *common,
+            ]
+        )
+        == 0
+    )
     data = json.loads((out / "attention-maps.json").read_text())
     assert len(data["matrices"]) == 2
     # registry model with overrides instead of a checkpoint
     out = tmp_path / "lw"
-    assert analyze_main(["layerwise", "--out", str(out), "--model", "cbt_t", *[a for k, v in TINY.items()
-                         for a in ("--model-opt", f"{k}={v}")], "--batch", "2", *common]) == 0
+    assert (
+        analyze_main(
+            [
+                "layerwise",
+                "--out",
+                str(out),
+                "--model",
+                "cbt_t",
+                *[a for k, v in TINY.items() for a in ("--model-opt", f"{k}={v}")],
+                "--batch",
+                "2",
+                *common,
+            ]
+        )
+        == 0
+    )
     assert "compression" in json.loads((out / "layerwise.json").read_text())["series"]

@@ -1,5 +1,6 @@
 """The probes section's verdict rules (layer-wise compression, AoT Fig. 4) on tables of known numbers, and its
 plan: deep probe models trained for the probe, the shallow vision models as an ablation, both denoise step sizes."""
+
 import pytest
 
 from attnzoo.reproduce import claims
@@ -7,19 +8,22 @@ from attnzoo.reproduce.budgets import budget
 from attnzoo.reproduce.sections import probes as P
 
 
-@pytest.mark.parametrize("vals,start,expected", [
-    ([5, 4, 3, 2], 0, "agrees"),  # falls at every step
-    ([5, 6, 4, 3], 0, "agrees"),  # falls overall, 2 of 3 steps fall
-    ([1, 2, 3, 4], 0, "disagrees"),  # rises at every step
-    ([3, 2, 4, 5], 0, "disagrees"),  # rises overall, 1 of 3 steps falls
-    ([5, 1, 6, 5.5], 0, "inconclusive"),  # rises overall though 2 of 3 steps fall
-    ([5, 6, 7, 4.9], 0, "inconclusive"),  # falls overall though only 1 of 3 steps falls
-    ([1, 2, 3, 9, 8, 7, 6, 5], 4, "agrees"),  # CRATE's shape: decompresses early, compresses over the latter half
-    ([1, 2, 3, 9, 8, 7, 6, 5], 0, "inconclusive"),  # ... which the whole-range rule would not call
-    ([1, 2, 3, 4, 4, 5, 6, 7], 4, "disagrees"),
-    ([1, 1], 0, "inconclusive"),  # no change
-    ([3.0], 0, "inconclusive"),  # nothing to compare
-])
+@pytest.mark.parametrize(
+    "vals,start,expected",
+    [
+        ([5, 4, 3, 2], 0, "agrees"),  # falls at every step
+        ([5, 6, 4, 3], 0, "agrees"),  # falls overall, 2 of 3 steps fall
+        ([1, 2, 3, 4], 0, "disagrees"),  # rises at every step
+        ([3, 2, 4, 5], 0, "disagrees"),  # rises overall, 1 of 3 steps falls
+        ([5, 1, 6, 5.5], 0, "inconclusive"),  # rises overall though 2 of 3 steps fall
+        ([5, 6, 7, 4.9], 0, "inconclusive"),  # falls overall though only 1 of 3 steps falls
+        ([1, 2, 3, 9, 8, 7, 6, 5], 4, "agrees"),  # CRATE's shape: decompresses early, compresses over the latter half
+        ([1, 2, 3, 9, 8, 7, 6, 5], 0, "inconclusive"),  # ... which the whole-range rule would not call
+        ([1, 2, 3, 4, 4, 5, 6, 7], 4, "disagrees"),
+        ([1, 1], 0, "inconclusive"),  # no change
+        ([3.0], 0, "inconclusive"),  # nothing to compare
+    ],
+)
 def test_fall_verdict_table(vals, start, expected):
     assert P._fall_verdict([float(v) for v in vals], start) == expected
 
@@ -30,35 +34,52 @@ def test_latter_half_starts_mid_way_with_two_layers_at_least(n, start):
 
 
 def _layerwise(mech, key, vals, extra=None):
-    rows = [{"name": f"blocks.{i}.attn", "mechanism": mech, key: v, **{k: s[i] for k, s in (extra or {}).items()}}
-            for i, v in enumerate(vals)]
+    rows = [
+        {"name": f"blocks.{i}.attn", "mechanism": mech, key: v, **{k: s[i] for k, s in (extra or {}).items()}}
+        for i, v in enumerate(vals)
+    ]
     series = {key: list(vals), **(extra or {})}
     return {"experiment": "layerwise", "params": {"eps": 0.5, "crate_eps": 0.1}, "layers": rows, "series": series}
 
 
 def _denoise(eta, soft, thresh, tau=0.75):
-    return {"experiment": "denoise", "params": {"eta": eta, "layers": len(soft) - 1, "tau": tau},
-            "snr": {"threshold": thresh, "softmax": soft},
-            "growth_factor_fit": {"threshold": thresh[1] / thresh[0], "softmax": soft[-1] / soft[0]},
-            "growth_factor_theory": 1 + eta * tau}
+    return {
+        "experiment": "denoise",
+        "params": {"eta": eta, "layers": len(soft) - 1, "tau": tau},
+        "snr": {"threshold": thresh, "softmax": soft},
+        "growth_factor_fit": {"threshold": thresh[1] / thresh[0], "softmax": soft[-1] / soft[0]},
+        "growth_factor_theory": 1 + eta * tau,
+    }
 
 
 def test_layerwise_findings_judge_the_latter_half_and_explain_with_ablations():
     deep = {
-        "crate": _layerwise("mssa", "crate_compression", [30, 40, 45, 44, 50, 49, 48, 47],
-                            {"compression": [10, 11, 12, 13, 14, 15, 16, 17]}),
-        "cbt": _layerwise("cbsa", "crate_compression", [30, 31, 32, 33, 34, 35, 36, 37],
-                          {"compression": [20, 19, 18, 17, 16, 15, 14, 13]}),
-        "tost": _layerwise("tssa", "variational_compression", [9, 8, 8.5, 7, 6, 5, 4, 3],
-                           {"crate_compression": [1, 2, 3, 4, 5, 6, 7, 8]}),
+        "crate": _layerwise(
+            "mssa",
+            "crate_compression",
+            [30, 40, 45, 44, 50, 49, 48, 47],
+            {"compression": [10, 11, 12, 13, 14, 15, 16, 17]},
+        ),
+        "cbt": _layerwise(
+            "cbsa",
+            "crate_compression",
+            [30, 31, 32, 33, 34, 35, 36, 37],
+            {"compression": [20, 19, 18, 17, 16, 15, 14, 13]},
+        ),
+        "tost": _layerwise(
+            "tssa",
+            "variational_compression",
+            [9, 8, 8.5, 7, 6, 5, 4, 3],
+            {"crate_compression": [1, 2, 3, 4, 5, 6, 7, 8]},
+        ),
         "vit": _layerwise("softmax", "coding_rate", [5, 4, 3, 2, 1, 1, 1, 1]),
-        "aot": _layerwise("mssa", "crate_compression", [8, 7, 6, 5, 4, 5, 6, 7],
-                          {"compression": [1, 1, 1, 1, 1, 2, 3, 4]}),
+        "aot": _layerwise(
+            "mssa", "crate_compression", [8, 7, 6, 5, 4, 5, 6, 7], {"compression": [1, 1, 1, 1, 1, 2, 3, 4]}
+        ),
     }
     shallow = {"cbt": _layerwise("cbsa", "crate_compression", [33.0, 31.0])}
     trained = {n: {"accuracy": 0.6, "depth": 8, "steps": 100} for n in deep}
-    out = {f["claim"].split("'s")[0].replace("the trained ", ""): f
-           for f in P._findings({}, deep, shallow, trained)}
+    out = {f["claim"].split("'s")[0].replace("the trained ", ""): f for f in P._findings({}, deep, shallow, trained)}
     assert set(out) == {"crate", "cbt", "tost", "aot"}  # no claim for the black-box ViT
     for f in out.values():
         assert set(f) == set(claims.finding("p", "c", "v", "m", "agrees", "r"))
@@ -76,8 +97,9 @@ def test_layerwise_findings_judge_the_latter_half_and_explain_with_ablations():
     assert "R^c raw (eq 2) on the same model" in f["explanation"]
     assert "verdict by the same rule agrees" in f["explanation"]
     assert "depth-2 model, same measure: 33 → 31" in f["explanation"]
-    assert f["explanation"].endswith("Reading: the verdict depends on the definition of the term: it agrees under "
-                                     "R^c raw (eq 2)")
+    assert f["explanation"].endswith(
+        "Reading: the verdict depends on the definition of the term: it agrees under R^c raw (eq 2)"
+    )
     # AoT rises over its latter half under every definition: the explanation says the measure is not the reason
     assert out["aot"]["verdict"] == "disagrees"
     assert "no other definition of the term reverses" in out["aot"]["explanation"]
@@ -124,7 +146,8 @@ def test_plan_trains_deep_probe_models_and_keeps_the_shallow_ablation():
     assert den["probes/denoise/eta0.02"]["eta"] == 0.02
     big = den["probes/denoise"]
     assert den["probes/denoise/eta0.02-matched"]["layers"] * 0.02 == pytest.approx(
-        big.get("layers", 12) * big.get("eta", 0.1))
+        big.get("layers", 12) * big.get("eta", 0.1)
+    )
     with pytest.raises(ValueError, match="layerwise_depth must be an int >= 2"):
         P.plan_steps(dict(b["probes"], layerwise_depth=1), 0, b["vision"])
     with pytest.raises(ValueError, match="unknown layer-wise probe model 'nope'"):

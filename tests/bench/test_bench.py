@@ -1,4 +1,5 @@
 """The benchmark runs end to end at tiny size and its memory measure sees what it should."""
+
 import csv
 import json
 import subprocess
@@ -11,8 +12,9 @@ from attnzoo.bench import cases
 
 
 def _run(args, tmp_path):
-    return subprocess.run([sys.executable, "-m", "attnzoo.bench", *args], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "attnzoo.bench", *args], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
 
 
 def test_quick_bench_writes_table_csv_json_and_plots(tmp_path):
@@ -145,8 +147,9 @@ def test_tssa_baseline_computes_the_op(causal, shape):
     ref = ops.tssa(w, temp, causal=causal, bias=bias, backend="naive")
     torch.testing.assert_close(base, ref, rtol=1e-12, atol=1e-12)
     g = torch.randn_like(op)
-    torch.testing.assert_close(torch.autograd.grad((base * g).sum(), w)[0], torch.autograd.grad((op * g).sum(), w)[0],
-                               rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(
+        torch.autograd.grad((base * g).sum(), w)[0], torch.autograd.grad((op * g).sum(), w)[0], rtol=1e-9, atol=1e-11
+    )
 
 
 def test_causal_fastmax_baseline_refuses_what_would_exhaust_memory(monkeypatch):

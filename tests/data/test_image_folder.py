@@ -1,5 +1,6 @@
 """The ``image_folder`` task on a generated folder of small PNG/JPEG images: labels, augmentation determinism,
 mixup/cutmix targets, DataLoader workers, training and bit-exact resume, bad inputs, and the ImageNet presets."""
+
 import os
 import pickle
 import signal
@@ -164,11 +165,21 @@ def test_batches_do_not_depend_on_num_workers(folder):
 
 
 def _cfg(folder, **kw):
-    base = dict(task="image_folder", task_options={"root": str(folder), "val_fraction": 0.25, **AUG},
-                model="vit_cifar", model_options={"dim": 16, "depth": 1, "heads": 2, "mlp_dim": 32, "patch_size": 4,
-                                                  "dropout": 0.1},
-                steps=8, batch_size=9, lr=3e-3, eval_every=8, log_every=1, ckpt_every=4, seed=3,
-                label_smoothing=0.1, warmup_steps=2)
+    base = dict(
+        task="image_folder",
+        task_options={"root": str(folder), "val_fraction": 0.25, **AUG},
+        model="vit_cifar",
+        model_options={"dim": 16, "depth": 1, "heads": 2, "mlp_dim": 32, "patch_size": 4, "dropout": 0.1},
+        steps=8,
+        batch_size=9,
+        lr=3e-3,
+        eval_every=8,
+        log_every=1,
+        ckpt_every=4,
+        seed=3,
+        label_smoothing=0.1,
+        warmup_steps=2,
+    )
     return load_config(None, {**base, **kw})
 
 
@@ -197,11 +208,26 @@ def test_cli_trains_on_a_folder(folder, tmp_path):
     from attnzoo.train import cli as train_cli
 
     run, config = tmp_path / "cli", tmp_path / "folder.yaml"
-    config.write_text(f"task: image_folder\ntask_options:\n  root: {folder}\n  img_size: 16\n  val_fraction: 0.25\n"
-                      "  mixup: 0.8\n  cutmix: 1.0\n  randaugment_n: 2\nmodel: vit_cifar\nlabel_smoothing: 0.1\n")
-    args = [str(config), "--out", str(run), "--no-progress", "--model_options.dim=16", "--model_options.depth=1",
-            "--model_options.heads=2", "--model_options.mlp_dim=32", "--model_options.patch_size=4",
-            "--task_options.num_workers=1", "--steps=3", "--batch_size=6", "--eval_every=3", "--log_every=1"]
+    config.write_text(
+        f"task: image_folder\ntask_options:\n  root: {folder}\n  img_size: 16\n  val_fraction: 0.25\n"
+        "  mixup: 0.8\n  cutmix: 1.0\n  randaugment_n: 2\nmodel: vit_cifar\nlabel_smoothing: 0.1\n"
+    )
+    args = [
+        str(config),
+        "--out",
+        str(run),
+        "--no-progress",
+        "--model_options.dim=16",
+        "--model_options.depth=1",
+        "--model_options.heads=2",
+        "--model_options.mlp_dim=32",
+        "--model_options.patch_size=4",
+        "--task_options.num_workers=1",
+        "--steps=3",
+        "--batch_size=6",
+        "--eval_every=3",
+        "--log_every=1",
+    ]
     assert train_cli.main(args) == 0
     assert (run / "final.json").is_file() and (run / "model" / "model.safetensors").is_file()
 
@@ -210,9 +236,14 @@ def test_a_tiny_vit_learns_the_folder(folder, tmp_path):
     from attnzoo.train.trainer import train
 
     # random resized crop + flip (the CBT/CRATE recipe): 40 steps separate the three stripe classes
-    cfg = _cfg(folder, task_options={"root": str(folder), "val_fraction": 0.25, "img_size": 16}, steps=40,
-               eval_every=40, log_every=10, model_options={"dim": 16, "depth": 1, "heads": 2, "mlp_dim": 32,
-                                                           "patch_size": 4})
+    cfg = _cfg(
+        folder,
+        task_options={"root": str(folder), "val_fraction": 0.25, "img_size": 16},
+        steps=40,
+        eval_every=40,
+        log_every=10,
+        model_options={"dim": 16, "depth": 1, "heads": 2, "mlp_dim": 32, "patch_size": 4},
+    )
     res = train(cfg, tmp_path / "learn", progress=False)
     assert res.train_losses[-1][1] < res.train_losses[0][1]
     assert res.final_metrics["loss"] < 0.8 * np.log(3) and res.final_metrics["accuracy"] >= 7 / 9
@@ -255,18 +286,27 @@ def test_bad_folders_name_the_offending_path(tmp_path):
 
 def test_bad_options_are_rejected_before_reading(tmp_path):
     missing = tmp_path / "never-read"
-    for kw, match in [({"hflip": 1.5}, "hflip=1.5 must lie in"), ({"mixup": -1.0}, "mixup=-1.0 must be >= 0"),
-                      ({"mean": [0.5, 0.5]}, "mean=.* list of 3 numbers"), ({"std": [1, 0, 1]}, "all > 0"),
-                      ({"crop_scale_min": 0.0}, "crop_scale_min=0.0 must lie in"),
-                      ({"randaugment_m": 11.0}, r"randaugment_m=11.0 must lie in \[0.0, 10.0\]")]:
+    for kw, match in [
+        ({"hflip": 1.5}, "hflip=1.5 must lie in"),
+        ({"mixup": -1.0}, "mixup=-1.0 must be >= 0"),
+        ({"mean": [0.5, 0.5]}, "mean=.* list of 3 numbers"),
+        ({"std": [1, 0, 1]}, "all > 0"),
+        ({"crop_scale_min": 0.0}, "crop_scale_min=0.0 must lie in"),
+        ({"randaugment_m": 11.0}, r"randaugment_m=11.0 must lie in \[0.0, 10.0\]"),
+    ]:
         _err(missing, match, **kw)
     with pytest.raises(TypeError, match="num_workers"):
         build_task("image_folder", root=str(missing), num_workers="two")
 
 
 # ---- the ImageNet presets ------------------------------------------------------------------------------
-IMAGENET_PRESETS = {"imagenet_tost_s": "tost_s", "imagenet_cbt_s": "cbt_s", "imagenet_crate_s": "crate_s",
-                    "imagenet_aot_b": "aot_vision_b", "imagenet_xcit_s": "xcit_s"}
+IMAGENET_PRESETS = {
+    "imagenet_tost_s": "tost_s",
+    "imagenet_cbt_s": "cbt_s",
+    "imagenet_crate_s": "crate_s",
+    "imagenet_aot_b": "aot_vision_b",
+    "imagenet_xcit_s": "xcit_s",
+}
 
 
 @pytest.mark.parametrize("preset, model", sorted(IMAGENET_PRESETS.items()))

@@ -1,4 +1,5 @@
 """Image loaders: IDX, the code-free MNIST pickle reader, the installed datasets, missing-data messages."""
+
 import gzip
 import os
 import pickle

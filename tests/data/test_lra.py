@@ -1,6 +1,7 @@
 """LRA-style generators: ListOps against an independent evaluator, Pathfinder against a connectivity
 check on the rendered image (scipy.ndimage) and a flood fill, Pathfinder and Retrieval shortcut rules,
 Retrieval's labels, byte encoding, ICL prompts."""
+
 import itertools
 from collections import deque
 from types import SimpleNamespace
@@ -29,14 +30,17 @@ from attnzoo.data.lra import (
 )
 
 
-@pytest.mark.parametrize("expr, value", [
-    ("[MAX 2 9 [MIN 4 7 ] 0 ]", 9),
-    ("[MED 1 2 3 4 ]", 2),  # LRA: int(np.median) of an even count truncates the mean
-    ("[MED 7 1 5 ]", 5),
-    ("[SM 5 7 [SM 9 9 ] ]", 0),
-    ("[MIN [MAX 1 2 ] [MED 8 9 3 ] ]", 2),
-    ("4", 4),
-])
+@pytest.mark.parametrize(
+    "expr, value",
+    [
+        ("[MAX 2 9 [MIN 4 7 ] 0 ]", 9),
+        ("[MED 1 2 3 4 ]", 2),  # LRA: int(np.median) of an even count truncates the mean
+        ("[MED 7 1 5 ]", 5),
+        ("[SM 5 7 [SM 9 9 ] ]", 0),
+        ("[MIN [MAX 1 2 ] [MED 8 9 3 ] ]", 2),
+        ("4", 4),
+    ],
+)
 def test_listops_evaluator_known_values(expr, value):
     assert listops_evaluate(expr) == value
 

@@ -1,4 +1,5 @@
 """The task registry: every task kind yields the documented batch shapes; options are validated early."""
+
 import numpy as np
 import pytest
 import torch

@@ -1,4 +1,5 @@
 """Text corpora: Shakespeare split by play, IMDB CSV, user directories, the character vocabulary."""
+
 import numpy as np
 import pytest
 

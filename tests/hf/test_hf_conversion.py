@@ -1,4 +1,5 @@
 """Checkpoints both ways between attnzoo and the transformers layout: bit-exact round trips."""
+
 import json
 
 import pytest
@@ -31,11 +32,14 @@ def _assert_same_state(a: torch.nn.Module, b: torch.nn.Module) -> None:
         assert sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]), k
 
 
-@pytest.mark.parametrize("name, overrides, tied", [
-    ("tost_gpt_base", {}, True),
-    ("aot_gpt_hybrid", {"ffn_layers": 1}, True),
-    ("fastmax_gpt_p1", {"tie_weights": False, "pos_embed": "sinusoidal"}, False),
-])
+@pytest.mark.parametrize(
+    "name, overrides, tied",
+    [
+        ("tost_gpt_base", {}, True),
+        ("aot_gpt_hybrid", {"ffn_layers": 1}, True),
+        ("fastmax_gpt_p1", {"tie_weights": False, "pos_embed": "sinusoidal"}, False),
+    ],
+)
 def test_lm_checkpoint_round_trip_through_transformers(tmp_path, name, overrides, tied):
     src = _perturb(attnzoo.create_model(name, **TINY_LM, **overrides))
     src.save_pretrained(tmp_path / "attnzoo")
@@ -64,8 +68,9 @@ def test_lm_checkpoint_round_trip_through_transformers(tmp_path, name, overrides
 
 def test_vision_checkpoint_round_trip_through_transformers(tmp_path):
     # conv stem (BatchNorm buffers), LayerScale, class-attention pooling: every kind of tensor a classifier has
-    src = _perturb(attnzoo.create_model("tost_t", dim=64, depth=2, heads=4, image_size=16, num_classes=7,
-                                        class_attention_layers=1))
+    src = _perturb(
+        attnzoo.create_model("tost_t", dim=64, depth=2, heads=4, image_size=16, num_classes=7, class_attention_layers=1)
+    )
     hf = H.attnzoo_to_hf(src, tmp_path / "hf", id2label={i: f"c{i}" for i in range(7)})
     assert hf.config.num_labels == 7 and hf.config.id2label[3] == "c3"
     loaded = AutoModelForImageClassification.from_pretrained(tmp_path / "hf").eval()

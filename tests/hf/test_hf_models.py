@@ -1,4 +1,5 @@
 """attnzoo's causal LMs and vision classifiers as transformers models: Auto classes, generate, checkpoints, Trainer."""
+
 import dataclasses
 import re
 from pathlib import Path
@@ -42,7 +43,8 @@ def test_only_attnzoo_hf_imports_transformers():
     # `import attnzoo` must not need transformers: no module outside attnzoo/hf imports it
     root = Path(attnzoo.__file__).parent
     offenders = [
-        str(p.relative_to(root)) for p in root.rglob("*.py")
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
         if "hf" not in p.relative_to(root).parts[:1]
         and re.search(r"^\s*(import|from)\s+transformers\b", p.read_text(encoding="utf-8"), re.M)
     ]
@@ -52,17 +54,31 @@ def test_only_attnzoo_hf_imports_transformers():
 
 
 # every attnzoo field away from its default (fields attnzoo gains later keep theirs and round-trip too)
-NON_DEFAULT = dict(attention="fastmax", attention_options={"p": 1}, second_attention="softmax",
-                   second_attention_options={"scale": 0.5}, second_attention_from=1, mlp_ratio=2.0, mlp_dim=48,
-                   ffn_layers=1, act="relu", layerscale=0.1, final_norm=False, dropout=0.1, ista_step=0.2,
-                   ista_lambda=0.3)
+NON_DEFAULT = dict(
+    attention="fastmax",
+    attention_options={"p": 1},
+    second_attention="softmax",
+    second_attention_options={"scale": 0.5},
+    second_attention_from=1,
+    mlp_ratio=2.0,
+    mlp_dim=48,
+    ffn_layers=1,
+    act="relu",
+    layerscale=0.1,
+    final_norm=False,
+    dropout=0.1,
+    ista_step=0.2,
+    ista_lambda=0.3,
+)
 NON_DEFAULT_LM = dict(pos_embed="sinusoidal", tie_weights=False)
-NON_DEFAULT_VISION = dict(in_chans=1, patch_embed="linear_ln", pos_embed="fourier", pool="class_attention",
-                          class_attention_layers=1)
+NON_DEFAULT_VISION = dict(
+    in_chans=1, patch_embed="linear_ln", pos_embed="fourier", pool="class_attention", class_attention_layers=1
+)
 
 
-@pytest.mark.parametrize("hf_cls, az_cls", [(H.AttnZooCausalLMConfig, CausalLMConfig),
-                                            (H.AttnZooVisionConfig, VisionConfig)])
+@pytest.mark.parametrize(
+    "hf_cls, az_cls", [(H.AttnZooCausalLMConfig, CausalLMConfig), (H.AttnZooVisionConfig, VisionConfig)]
+)
 def test_config_carries_every_attnzoo_field_through_json(tmp_path, hf_cls, az_cls):
     az_names = {f.name for f in dataclasses.fields(az_cls)}
     tiny = dict(TINY_LM, **NON_DEFAULT_LM) if az_cls is CausalLMConfig else dict(TINY_VISION, **NON_DEFAULT_VISION)
@@ -79,7 +95,11 @@ def test_config_carries_every_attnzoo_field_through_json(tmp_path, hf_cls, az_cl
     # the declared fields are attnzoo's (under transformers' names where they differ) plus generation settings
     declared = {f.name for f in dataclasses.fields(hf_cls)} - {f.name for f in dataclasses.fields(PretrainedConfig)}
     assert declared - {hf_cls._renamed.get(n, n) for n in az_names} <= {
-        "use_cache", "bos_token_id", "eos_token_id", "pad_token_id"}
+        "use_cache",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+    }
 
 
 def test_config_rejects_bad_values_early():
@@ -236,8 +256,9 @@ def test_save_pretrained_from_pretrained_is_bit_exact(tmp_path, mechanism):
 
 def test_vision_save_pretrained_from_pretrained_is_bit_exact(tmp_path):
     # conv stem: BatchNorm running statistics are buffers and must survive too
-    cfg = H.AttnZooVisionConfig(**{**TINY_VISION, "dim": 64}, patch_embed="conv", attention="xca",
-                                pool="class_attention", layerscale=1.0)
+    cfg = H.AttnZooVisionConfig(
+        **{**TINY_VISION, "dim": 64}, patch_embed="conv", attention="xca", pool="class_attention", layerscale=1.0
+    )
     model = AutoModelForImageClassification.from_config(cfg)
     model.train()
     model(pixel_values=torch.randn(4, 3, 16, 16))  # updates the BatchNorm running statistics
@@ -251,9 +272,18 @@ def test_vision_save_pretrained_from_pretrained_is_bit_exact(tmp_path):
 
 
 def _trainer_args(tmp_path) -> TrainingArguments:
-    return TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4,
-                             learning_rate=1e-2, report_to=[], use_cpu=True, save_strategy="no",
-                             logging_steps=1, disable_tqdm=True, dataloader_num_workers=0)
+    return TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
 
 
 def test_trainer_runs_two_steps_on_the_lm(tmp_path):

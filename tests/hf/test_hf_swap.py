@@ -1,4 +1,5 @@
 """swap_attention on tiny random transformers GPT-2, Llama and ViT models (built offline, nothing downloaded)."""
+
 import pytest
 import torch
 
@@ -23,21 +24,49 @@ VOCAB = 53
 
 
 def gpt2(**kw) -> GPT2LMHeadModel:
-    cfg = dict(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=32, resid_pdrop=0.0,
-               embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    cfg = dict(
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        vocab_size=VOCAB,
+        n_positions=32,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return GPT2LMHeadModel(GPT2Config(**{**cfg, **kw})).eval()
 
 
 def llama(**kw) -> LlamaForCausalLM:
     # grouped key/value heads (2 for 4 query heads), as in Llama 2/3, Mistral
-    cfg = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=32, bos_token_id=0, eos_token_id=0)
+    cfg = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=32,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return LlamaForCausalLM(LlamaConfig(**{**cfg, **kw})).eval()
 
 
 def vit(**kw) -> ViTForImageClassification:
-    cfg = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=16,
-               patch_size=4, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg = dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        image_size=16,
+        patch_size=4,
+        num_labels=3,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return ViTForImageClassification(ViTConfig(**{**cfg, **kw})).eval()
 
 
@@ -105,8 +134,14 @@ def test_swapped_decoder_generates_with_transformers_cache(arch, mechanism):
     model = DECODERS[arch]()
     swap_attention(model, mechanism)
     prompt = ids(2, 5, seed=1)
-    kw = dict(max_new_tokens=6, do_sample=False, return_dict_in_generate=True, output_logits=True,
-              attention_mask=torch.ones_like(prompt), pad_token_id=0)
+    kw = dict(
+        max_new_tokens=6,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_logits=True,
+        attention_mask=torch.ones_like(prompt),
+        pad_token_id=0,
+    )
     cached = model.generate(prompt, use_cache=True, **kw)
     plain = model.generate(prompt, use_cache=False, **kw)
     # the mechanism's own recurrent state / KV cache continues the prompt exactly as re-running the prefix does
@@ -178,8 +213,16 @@ def test_llama_grouped_kv_heads_are_repeated_into_the_fused_projection():
     k_rep = k[0].reshape(2, 8, 32).repeat_interleave(2, dim=0).reshape(32, 32)
     v_rep = v[0].reshape(2, 8, 32).repeat_interleave(2, dim=0).reshape(32, 32)
     assert torch.equal(w, torch.cat([q[0], k_rep, v_rep]))
-    assert torch.equal(b, torch.cat([q[1], k[1].reshape(2, 8).repeat_interleave(2, 0).reshape(-1),
-                                     v[1].reshape(2, 8).repeat_interleave(2, 0).reshape(-1)]))
+    assert torch.equal(
+        b,
+        torch.cat(
+            [
+                q[1],
+                k[1].reshape(2, 8).repeat_interleave(2, 0).reshape(-1),
+                v[1].reshape(2, 8).repeat_interleave(2, 0).reshape(-1),
+            ]
+        ),
+    )
     assert torch.equal(mixer.proj.weight, o[0]) and torch.equal(mixer.proj.bias, o[1])
 
 

@@ -1,4 +1,5 @@
 """CBSAAttention module: Algorithm 1 parameterisation, options, internals, errors, compile."""
+
 from __future__ import annotations
 
 import pytest

@@ -6,6 +6,7 @@ and dtype; forward and gradients equal to the op's reference backend (``naive.py
 token decoding equals the causal forward (mechanisms with a recurrent state); bad options and bad decoding inputs
 raise naming the culprit. A new mechanism is covered as soon as its layer registers.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -77,8 +78,7 @@ def test_every_mechanism_is_described_by_a_spec(name):
 
 def _shape_cases() -> list:
     # one token with the defaults; the examples are option sets for N tokens (CSP's groups divide N, say)
-    return [pytest.param(*c.values, n, id=f"{c.id}-n{n}")
-            for c in _cases() for n in ((N,) if c.values[1] else (1, N))]
+    return [pytest.param(*c.values, n, id=f"{c.id}-n{n}") for c in _cases() for n in ((N,) if c.values[1] else (1, N))]
 
 
 @pytest.mark.parametrize("name,opts,n", _shape_cases())
@@ -180,8 +180,11 @@ def test_decoding_refuses_bad_input(name):
 @pytest.mark.parametrize("name", list_attentions())
 def test_unknown_option_lists_the_valid_ones(name):
     valid = attention_info(name).mechanism.options.names()
-    with pytest.raises(TypeError, match=rf"attention '{name}' got unknown option\(s\) \['bogus'\]; valid options: "
-                                        + rf"{list(valid)!r}".replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(
+        TypeError,
+        match=rf"attention '{name}' got unknown option\(s\) \['bogus'\]; valid options: "
+        + rf"{list(valid)!r}".replace("[", r"\[").replace("]", r"\]"),
+    ):
         build_attention(name, DIM, HEADS, bogus=1)
     with pytest.raises(TypeError, match="unknown option"):
         attention_info(name)(DIM, HEADS, bogus=1)  # the class itself checks, not only build_attention

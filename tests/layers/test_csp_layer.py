@@ -1,4 +1,5 @@
 """CSPAttention module: parameterisation (CSP Table 3), forward = projections around the op, internals."""
+
 import pytest
 import torch
 

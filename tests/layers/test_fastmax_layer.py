@@ -1,4 +1,5 @@
 """FastmaxAttention module: fast vs naive backend, causality, equivariance, decoding, internals, errors."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """LinearAttention module: layout, causality, O(1)-state decoding, internals, options, compile."""
+
 import pytest
 import torch
 import torch.nn.functional as F

@@ -1,4 +1,5 @@
 """MSSAAttention module: CRATE layout, AoT variants (causal, normalised query, tied lift), KV cache, compile."""
+
 import pytest
 import torch
 import torch.nn.functional as F

@@ -1,4 +1,5 @@
 """SoftmaxAttention module: layout, causality, KV-cache decoding, internals, options, compile."""
+
 import math
 
 import pytest
@@ -123,5 +124,3 @@ def test_torch_compile_matches_eager():
     x = torch.randn(2, 7, DIM)
     compiled = torch.compile(m, backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(x), m(x))
-
-

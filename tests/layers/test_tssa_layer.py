@@ -1,4 +1,5 @@
 """Module-level tests of TSSAAttention (ToST Alg. 1 / 2): wiring, parameters, internals, decoding, errors."""
+
 import pytest
 import torch
 from einops import rearrange

@@ -1,4 +1,5 @@
 """XCAttention module: XCiT layout, no causal mode, equivariance, internals, options, compile."""
+
 import pytest
 import torch
 import torch.nn.functional as F

@@ -3,6 +3,7 @@
 (A uniquely named helper module rather than conftest.py, so that ``from models_helpers import ...`` never
 resolves to another directory's conftest when the whole suite runs.)
 """
+
 import torch
 
 from attnzoo.models import get_config
@@ -61,4 +62,3 @@ def expected_shape(cfg, batch: int, n: int | None = None) -> tuple:
     if cfg.arch == "icl_regressor":
         return (batch, cfg.max_points if n is None else n)
     raise AssertionError(cfg.arch)
-

@@ -1,4 +1,5 @@
 """Every registered model builds at tiny size, runs forward + backward on CPU, and has its documented shape."""
+
 import pytest
 import torch
 from models_helpers import example_input, expected_shape, tiny_overrides
@@ -52,10 +53,34 @@ def test_top_level_exports():
 def test_list_models_pattern():
     names = list_models("tost_*")
     assert names and all(n.startswith("tost_") for n in names)
-    for required in ["tost_t", "tost_s", "tost_m", "xcit_s", "xcit_m", "vit_s", "vit_b", "crate_t", "crate_s",
-                     "crate_b", "crate_l", "cbt_t", "cbt_s", "cbt_b", "cbt_l", "aot_vision_b", "aot_vision_l",
-                     "aot_vision_h", "csp_vit_cifar", "tost_gpt_base", "tost_gpt_medium", "tost_gpt_large",
-                     "aot_gpt_base", "aot_gpt_medium", "aot_gpt_large", "gpt2_base"]:
+    for required in [
+        "tost_t",
+        "tost_s",
+        "tost_m",
+        "xcit_s",
+        "xcit_m",
+        "vit_s",
+        "vit_b",
+        "crate_t",
+        "crate_s",
+        "crate_b",
+        "crate_l",
+        "cbt_t",
+        "cbt_s",
+        "cbt_b",
+        "cbt_l",
+        "aot_vision_b",
+        "aot_vision_l",
+        "aot_vision_h",
+        "csp_vit_cifar",
+        "tost_gpt_base",
+        "tost_gpt_medium",
+        "tost_gpt_large",
+        "aot_gpt_base",
+        "aot_gpt_medium",
+        "aot_gpt_large",
+        "gpt2_base",
+    ]:
         assert required in list_models()
 
 

@@ -1,4 +1,5 @@
 """save_pretrained / from_pretrained: bit-exact round trips, atomic writes, clear errors on bad files."""
+
 import json
 import os
 

@@ -1,4 +1,5 @@
 """Checkpoints written before issue 14's registry refactor load unchanged (fixtures/make_checkpoint_fixture.py)."""
+
 import base64
 import hashlib
 import json

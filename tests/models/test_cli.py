@@ -1,4 +1,5 @@
 """``attnzoo models`` and scripts/models_table.py (the README table generated from the registry)."""
+
 import importlib.util
 from pathlib import Path
 

@@ -1,4 +1,5 @@
 """Configs: JSON round trips, strict keys, validation, registry errors and overrides."""
+
 import json
 
 import pytest

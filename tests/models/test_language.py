@@ -1,5 +1,6 @@
 """Causal decoders end to end: no information leaks from the future, incremental decoding equals the full
 forward, generation, and clear errors for non-causal mechanisms."""
+
 import pytest
 import torch
 from models_helpers import tiny_overrides
@@ -169,5 +170,7 @@ def test_icl_prediction_sees_only_the_prefix(name):
     with pytest.raises(ValueError, match="ys must have shape"):
         model(xs, ys[:, :-1])
     with pytest.raises(ValueError, match="max_points"):
-        model(torch.randn(1, cfg.max_points + 1, cfg.n_dims, dtype=torch.double),
-              torch.randn(1, cfg.max_points + 1, dtype=torch.double))
+        model(
+            torch.randn(1, cfg.max_points + 1, cfg.n_dims, dtype=torch.double),
+            torch.randn(1, cfg.max_points + 1, dtype=torch.double),
+        )

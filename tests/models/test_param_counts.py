@@ -1,4 +1,5 @@
 """Parameter counts of the papers' configurations, computed on the meta device (nothing is allocated)."""
+
 import json
 
 import pytest
@@ -22,12 +23,33 @@ MATCHED = [n for n in WITH_FIGURES if "known-gap" not in model_entry(n).tags]
 def test_every_paper_table_is_covered():
     """The figures of ToST Tables 2/4/5/6, CBSA Table 3, AoT Tables 1/2 and CSP Table 3 are all registered."""
     expected = {
-        "tost_t", "tost_s", "tost_m", "xcit_s", "xcit_m", "vit_s", "vit_b",  # ToST Tables 2/5
-        "tost_gpt_base", "tost_gpt_medium", "tost_gpt_large", "gpt2_base",  # ToST Tables 4/6
-        "cbt_t", "cbt_s", "cbt_b", "cbt_l", "crate_b", "crate_l",  # CBSA Table 3
-        "aot_gpt_base", "aot_gpt_medium", "aot_gpt_large", "aot_gpt_hybrid", "aot_gpt_full_mlp",  # AoT Table 1
-        "aot_vision_b", "aot_vision_l", "aot_vision_h",  # AoT Table 2
-        "csp_vit_cifar", "vit_cifar",  # CSP Table 3
+        "tost_t",
+        "tost_s",
+        "tost_m",
+        "xcit_s",
+        "xcit_m",
+        "vit_s",
+        "vit_b",  # ToST Tables 2/5
+        "tost_gpt_base",
+        "tost_gpt_medium",
+        "tost_gpt_large",
+        "gpt2_base",  # ToST Tables 4/6
+        "cbt_t",
+        "cbt_s",
+        "cbt_b",
+        "cbt_l",
+        "crate_b",
+        "crate_l",  # CBSA Table 3
+        "aot_gpt_base",
+        "aot_gpt_medium",
+        "aot_gpt_large",
+        "aot_gpt_hybrid",
+        "aot_gpt_full_mlp",  # AoT Table 1
+        "aot_vision_b",
+        "aot_vision_l",
+        "aot_vision_h",  # AoT Table 2
+        "csp_vit_cifar",
+        "vit_cifar",  # CSP Table 3
     }
     assert expected <= set(WITH_FIGURES)
 
@@ -125,8 +147,9 @@ def test_xcit_baselines_share_the_tost_skeleton_eps():
         assert all(blk.attn.qkv.bias is not None for blk in model.blocks)
 
 
-@pytest.mark.parametrize("name", ["vit_s", "crate_b", "cbt_s", "gpt2_base", "aot_gpt_base", "csp_vit_cifar",
-                                  "csp_lra_text", "tost_gpt_base"])
+@pytest.mark.parametrize(
+    "name", ["vit_s", "crate_b", "cbt_s", "gpt2_base", "aot_gpt_base", "csp_vit_cifar", "csp_lra_text", "tost_gpt_base"]
+)
 def test_other_families_keep_pytorch_layernorm_eps(name):
     # tost_gpt_*: the authors' language code is nanoGPT's (LayerNorm eps 1e-5, no qkv bias), so it stays
     assert _layernorm_eps(create_model(name, device="meta")) == {1e-5}
@@ -153,4 +176,3 @@ def test_checkpoint_without_norm_eps_loads_as_before(tmp_path):
     assert loaded.config.norm_eps == 1e-5 and _layernorm_eps(loaded) == {1e-5}
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
-

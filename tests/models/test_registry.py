@@ -1,4 +1,5 @@
 """The registry (timm's pattern): it imports nothing from attnzoo, and an architecture is one model file."""
+
 import ast
 import sys
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """The shared skeleton: block layouts, ISTA, LayerScale, context options, embeddings, class attention, heads."""
+
 import math
 
 import pytest

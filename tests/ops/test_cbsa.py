@@ -1,4 +1,5 @@
 """CBSA op: fast vs naive, white-box identities (eqs 4-9, 12, 13), pooling helpers, errors."""
+
 from __future__ import annotations
 
 import math
@@ -437,13 +438,15 @@ def test_pool_errors():
 def test_op_errors():
     w = torch.randn(1, 2, 5, 4)
     reps = torch.randn(1, 2, 3, 4)
-    with pytest.raises(ValueError,
-                       match=r"contraction='inverse' is not supported; valid choices: \['softmax', 'exact'\]"):
+    with pytest.raises(
+        ValueError, match=r"contraction='inverse' is not supported; valid choices: \['softmax', 'exact'\]"
+    ):
         cbsa(w, reps, contraction="inverse")
     with pytest.raises(ValueError, match=r"variant='nystrom' is not supported; valid choices"):
         cbsa(w, reps, variant="nystrom")
-    with pytest.raises(ValueError,
-                       match=r"backend='cuda' is not supported by cbsa; valid backends: \['auto', 'naive', 'torch'\]"):
+    with pytest.raises(
+        ValueError, match=r"backend='cuda' is not supported by cbsa; valid backends: \['auto', 'naive', 'torch'\]"
+    ):
         cbsa(w, reps, backend="cuda")
     with pytest.raises(ValueError, match="contraction='exact' cannot be chosen for variant='linear'"):
         cbsa(w, variant="linear", contraction="exact")

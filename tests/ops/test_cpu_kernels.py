@@ -1,4 +1,5 @@
 """The build-on-first-use machinery of the fused CPU kernels (``attnzoo.ops._cpu_kernels``)."""
+
 import json
 import os
 import shutil
@@ -25,8 +26,9 @@ def test_build_dir_is_keyed_by_torch_cpu_environment_flags_and_sources(tmp_path,
     monkeypatch.setenv("ATTNZOO_CPU_KERNELS_DIR", str(tmp_path))
     d = _cpu_kernels._build_dir()
     assert d.parent == tmp_path and d.is_dir()
-    assert d.name == (f"torch{torch.__version__.replace('+', '_')}-{_cpu_kernels._cpu_signature()}-"
-                      f"{_cpu_kernels._build_key()}")
+    assert d.name == (
+        f"torch{torch.__version__.replace('+', '_')}-{_cpu_kernels._cpu_signature()}-{_cpu_kernels._build_key()}"
+    )
     assert _cpu_kernels._build_dir() == d  # stable
     src = tmp_path / "cpu.cpp"
     src.write_text(_cpu_kernels.CPU_KERNEL_SOURCES[0].read_text() + "\n// edited\n")
@@ -91,10 +93,17 @@ def test_waiting_for_another_build_says_so_once_then_falls_back(tmp_path, monkey
     monkeypatch.setenv("ATTNZOO_CPU_KERNELS_WAIT", "1.5")
     build_dir = _cpu_kernels._build_dir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
-         "from attnzoo.ops._cpu_kernels import _build_lock\n"
-         "with _build_lock(Path(sys.argv[1])):\n    print('held', flush=True)\n    time.sleep(120)\n",
-         str(build_dir)], stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom pathlib import Path\n"
+            "from attnzoo.ops._cpu_kernels import _build_lock\n"
+            "with _build_lock(Path(sys.argv[1])):\n    print('held', flush=True)\n    time.sleep(120)\n",
+            str(build_dir),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
 
@@ -108,8 +117,11 @@ def test_waiting_for_another_build_says_so_once_then_falls_back(tmp_path, monkey
         monkeypatch.setattr(_cpu_kernels, "_announced", False)
         capfd.readouterr()
         t0 = time.monotonic()
-        with pytest.warns(RuntimeWarning, match=rf"gave up waiting .*process {holder.pid} held the build lock .* "
-                                                rf"1\.5 s .*uses the PyTorch path"):
+        with pytest.warns(
+            RuntimeWarning,
+            match=rf"gave up waiting .*process {holder.pid} held the build lock .* "
+            rf"1\.5 s .*uses the PyTorch path",
+        ):
             assert _cpu_kernels.cpu_kernels() is None
         assert 1.5 <= time.monotonic() - t0 < 30
         assert _cpu_kernels.cpu_kernels() is None  # no second wait
@@ -149,8 +161,10 @@ def test_a_stale_torch_lock_does_not_hang_the_next_build(tmp_path):
     shutil.copytree(src, root / src.name)
     (root / src.name / "lock").write_text("")
     env = dict(os.environ, ATTNZOO_CPU_KERNELS_DIR=str(root))
-    code = ("from attnzoo.ops._cpu_kernels import cpu_kernels, cpu_kernels_error\n"
-            "k = cpu_kernels(); assert k is not None, cpu_kernels_error(); print('loaded')")
+    code = (
+        "from attnzoo.ops._cpu_kernels import cpu_kernels, cpu_kernels_error\n"
+        "k = cpu_kernels(); assert k is not None, cpu_kernels_error(); print('loaded')"
+    )
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
     assert res.returncode == 0 and "loaded" in res.stdout, res.stderr[-2000:]
     assert not (root / src.name / "lock").exists()

@@ -1,4 +1,5 @@
 """CSP op (CSP eqs 3-5, §3.2.2, App. B): fast gather path vs explicit permutation matrices, and properties."""
+
 import itertools
 
 import pytest
@@ -48,8 +49,10 @@ def test_fast_matches_naive_forward(B, N, C, groups):
             csp(v32, shifts, groups, backend="torch"), csp(v32, shifts, groups, backend="naive"), rtol=1e-6, atol=1e-6
         )
         torch.testing.assert_close(
-            csp_permutations(v64, shifts, groups), csp_permutations(v64, shifts, groups, backend="naive"),
-            rtol=0, atol=0,
+            csp_permutations(v64, shifts, groups),
+            csp_permutations(v64, shifts, groups, backend="naive"),
+            rtol=0,
+            atol=0,
         )
 
 

@@ -1,4 +1,5 @@
 """Fastmax op (FAST): factorised paths vs the explicit-matrix reference, custom backward, recurrence, dropout."""
+
 import importlib
 
 import pytest
@@ -244,7 +245,7 @@ def test_half_inputs_accumulate_in_float32(dtype, causal):
     assert out.dtype == dtype
     ref = fastmax_naive(*(t.detach().double() for t in (qh, kh, vh)), causal=causal)
     # only the final cast rounds: accumulating 300 tokens in half would drift well beyond this
-    tol = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -10
+    tol = 2**-7 if dtype == torch.bfloat16 else 2**-10
     torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
     out.float().sum().backward()
     assert qh.grad.dtype == dtype and torch.isfinite(qh.grad.float()).all()
@@ -317,7 +318,7 @@ def test_feature_dropout_matches_explicit(placement, causal):
     if placement == "quadratic":
         assert torch.all(m[..., : 1 + d] == 1)
     assert set(m.unique().tolist()) <= {0.0, 1.0, 1 / 0.7} and (m == 0).any()
-    scale = d ** -0.5
+    scale = d**-0.5
     out = fastmax_dropout(q, k, v, rate=0.3, placement=placement, causal=causal, masks=masks, chunk_size=4)
     naive = fastmax_dropout(q, k, v, rate=0.3, placement=placement, causal=causal, masks=masks, backend="naive")
     ref = _feature_masked_reference(standardize_naive(q) * scale, standardize_naive(k), v, m, d, causal)
@@ -336,7 +337,7 @@ def test_token_dropout_1d_matches_explicit(causal):
     masks = sample_dropout_masks("1d", 0.5, shape=(b, h, n, d), p=2, dtype=torch.float64)
     assert masks["q"].shape == (b, h, n, 1) and (masks["k"] == 0).any()
     out = fastmax_dropout(q, k, v, rate=0.5, placement="1d", causal=causal, masks=masks, chunk_size=4)
-    qs = standardize_naive(q) * d ** -0.5 * masks["q"]
+    qs = standardize_naive(q) * d**-0.5 * masks["q"]
     kh = standardize_naive(k) * masks["k"]
     s = qs @ kh.transpose(-1, -2)
     w = 1 + s + s * s / 2

@@ -1,4 +1,5 @@
 """linear_attention: factorised / chunked fast paths and the recurrent form vs the explicit reference."""
+
 import pytest
 import torch
 import torch.nn.functional as F

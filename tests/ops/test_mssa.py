@@ -1,4 +1,5 @@
 """mssa: SDPA fast path (q = k = v = w) vs the explicit reference, AoT's causal / normalised-query forms."""
+
 import pytest
 import torch
 import torch.nn.functional as F

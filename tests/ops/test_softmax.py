@@ -1,4 +1,5 @@
 """softmax_attention: SDPA fast path vs the explicit reference, causality, equivariance, errors."""
+
 import pytest
 import torch
 
@@ -163,6 +164,9 @@ def test_triton_backend_is_refused_without_a_kernel_or_runs_with_one():
     if "triton" in SOFTMAX.backend_names():
         assert softmax_attention(q, k, v, backend="triton").shape == v.shape
     else:
-        with pytest.raises(ValueError, match=r"backend='triton' is not supported by softmax_attention; valid "
-                                             r"backends: \['auto', 'naive', 'torch'\]"):
+        with pytest.raises(
+            ValueError,
+            match=r"backend='triton' is not supported by softmax_attention; valid "
+            r"backends: \['auto', 'naive', 'torch'\]",
+        ):
             softmax_attention(q, k, v, backend="triton")

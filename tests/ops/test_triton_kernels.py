@@ -4,6 +4,7 @@ The interpreter flag is read when a kernel is decorated, so it is set here befor
 kernel modules (they are imported lazily by the ops' ``backend="triton"`` dispatch). With a GPU and
 ``TRITON_INTERPRET=0`` the same tests run the compiled kernels on CUDA.
 """
+
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -85,8 +86,9 @@ def test_tssa_gradcheck(causal):
 
     w, temp, bias = _tssa_inputs(1, 2, 5, 3, torch.float64, causal)
     if causal:
-        assert torch.autograd.gradcheck(lambda a, t, c: tssa_triton(a, t, causal=True, bias=c, block_n=4),
-                                        (w, temp, bias), fast_mode=True)
+        assert torch.autograd.gradcheck(
+            lambda a, t, c: tssa_triton(a, t, causal=True, bias=c, block_n=4), (w, temp, bias), fast_mode=True
+        )
     else:
         assert torch.autograd.gradcheck(lambda a, t: tssa_triton(a, t, block_n=4), (w, temp), fast_mode=True)
 
@@ -197,8 +199,9 @@ def test_fastmax_gradcheck(causal):
 
     n = 17 if causal else 5  # causal: two token blocks, so the carried prefix/suffix states are checked
     qs, kh, v = _qkv(1, 1, n, 2, 1, torch.float64)
-    assert torch.autograd.gradcheck(lambda a, b, c: fastmax_triton(a, b, c, p=2, causal=causal, chunk_size=16),
-                                    (qs, kh, v), fast_mode=True)
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: fastmax_triton(a, b, c, p=2, causal=causal, chunk_size=16), (qs, kh, v), fast_mode=True
+    )
 
 
 @pytest.mark.parametrize("p", [1, 2])

@@ -1,5 +1,6 @@
 """Op-level tests of TSSA (ToST Alg. 1 / 2): fast path vs the literal reference, gradients, causality,
 equivariance, recurrent decoding, input errors, and the white-box identity with eq. 4 / eq. 6."""
+
 import pytest
 import torch
 
@@ -64,8 +65,11 @@ def test_cpu_kernels_take_strided_inputs(causal, layout):
     # the layers pass the "b n (h p) -> b h n p" view of their projection straight to the kernels
     g = torch.Generator().manual_seed(4)
     base = torch.randn(2, 70, 3, 10, generator=g, dtype=torch.float64)
-    w = {"bnhp_view": base.transpose(1, 2), "sliced": base.transpose(1, 2)[:, :, 3:60:2, 1:8],
-         "p_strided": base.transpose(1, 2)[..., ::2]}[layout]
+    w = {
+        "bnhp_view": base.transpose(1, 2),
+        "sliced": base.transpose(1, 2)[:, :, 3:60:2, 1:8],
+        "p_strided": base.transpose(1, 2)[..., ::2],
+    }[layout]
     temp = torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64)
     bias = 0.3 * torch.randn(3, w.shape[2], 1, generator=g, dtype=torch.float64) if causal else None
     wr, wc = w.clone().requires_grad_(), w.clone().requires_grad_()
@@ -73,8 +77,12 @@ def test_cpu_kernels_take_strided_inputs(causal, layout):
     out = tssa(wc, temp, causal=causal, bias=bias, backend="cpu")
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     cot = torch.randn(ref.shape, generator=g, dtype=torch.float64)
-    torch.testing.assert_close(torch.autograd.grad((out * cot).sum(), wc)[0],
-                               torch.autograd.grad((ref * cot).sum(), wr)[0], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(
+        torch.autograd.grad((out * cot).sum(), wc)[0],
+        torch.autograd.grad((ref * cot).sum(), wr)[0],
+        rtol=1e-10,
+        atol=1e-10,
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True])

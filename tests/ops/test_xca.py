@@ -1,4 +1,5 @@
 """xca: the Gram-folded fast path vs the explicit XCiT reference, equivariance, temperatures, errors."""
+
 import pytest
 import torch
 import torch.nn.functional as F

@@ -1,5 +1,6 @@
 """``attnzoo reproduce``: the smoke budget end to end (report structure, results.json, resume, determinism),
 plan validation for every budget, the claim verdict rules and bad-argument errors."""
+
 from __future__ import annotations
 
 import json
@@ -113,7 +114,7 @@ def test_results_json_holds_every_number(smoke):
     # the baseline references of the ICL section: least squares is exact once k >= d (noiseless data)
     curves = res["sections"]["icl"]["data"]["curves"]["linear"]
     d = BUDGETS["smoke"]["icl"]["tasks"]["linear"]["dim"]
-    assert max(curves["least_squares"][d + 1:]) < 1e-8
+    assert max(curves["least_squares"][d + 1 :]) < 1e-8
     assert curves["lasso"][-1] < curves["zero"][-1]
 
 
@@ -188,18 +189,18 @@ def test_every_budget_plans_valid_runs(budget):
 #: (a per seed, b per seed, kind, lower_is_better, expected verdict): the rule's edges with known numbers
 VERDICT_TABLE = [
     # one seed: a point estimate on the paper's side agrees; a contradiction cannot be judged without a spread
-    ([80.0], [81.5], "comparable", False, "agrees"),        # within tol = 2
+    ([80.0], [81.5], "comparable", False, "agrees"),  # within tol = 2
     ([78.0], [81.5], "comparable", False, "inconclusive"),  # beyond tol, one seed
     ([81.0], [80.0], "at_least", False, "agrees"),
     ([77.0], [80.0], "at_least", False, "inconclusive"),
     ([1.0], [1.5], "at_least", True, "agrees"),
     # three seeds, sd 1 each: se of the difference = sqrt(2/3) = 0.816, so 2 se = 1.633
-    ([79.0, 80.0, 81.0], [80.0, 81.0, 82.0], "at_least", False, "inconclusive"),   # gain -1 > -1.633
-    ([78.0, 79.0, 80.0], [80.0, 81.0, 82.0], "at_least", False, "disagrees"),      # gain -2 < -1.633
-    ([80.0, 81.0, 82.0], [80.0, 81.0, 82.0], "at_least", False, "agrees"),         # gain 0 (edge: agrees)
-    ([76.5, 77.5, 78.5], [80.0, 81.0, 82.0], "comparable", False, "inconclusive"), # gain -3.5 > -2 - 1.633
-    ([76.0, 77.0, 78.0], [80.0, 81.0, 82.0], "comparable", False, "disagrees"),    # gain -4 < -3.633
-    ([78.0, 79.0, 80.0], [80.0, 81.0, 82.0], "comparable", False, "agrees"),       # gain -2 = -tol (edge)
+    ([79.0, 80.0, 81.0], [80.0, 81.0, 82.0], "at_least", False, "inconclusive"),  # gain -1 > -1.633
+    ([78.0, 79.0, 80.0], [80.0, 81.0, 82.0], "at_least", False, "disagrees"),  # gain -2 < -1.633
+    ([80.0, 81.0, 82.0], [80.0, 81.0, 82.0], "at_least", False, "agrees"),  # gain 0 (edge: agrees)
+    ([76.5, 77.5, 78.5], [80.0, 81.0, 82.0], "comparable", False, "inconclusive"),  # gain -3.5 > -2 - 1.633
+    ([76.0, 77.0, 78.0], [80.0, 81.0, 82.0], "comparable", False, "disagrees"),  # gain -4 < -3.633
+    ([78.0, 79.0, 80.0], [80.0, 81.0, 82.0], "comparable", False, "agrees"),  # gain -2 = -tol (edge)
     # lower is better (losses): a's loss 2 above b's with the same spread
     ([3.0, 4.0, 5.0], [1.0, 2.0, 3.0], "at_least", True, "disagrees"),
     ([2.0, 3.0, 4.0], [1.0, 2.0, 3.0], "at_least", True, "inconclusive"),
@@ -223,10 +224,14 @@ def test_claim_rules_relative_and_errors():
 
     kw = dict(unit="nats", paper="P", claim="c", paper_value="v", a_name="a", b_name="b", lower_is_better=True)
     # "at most 15% above": 2.2 vs 2.0 is +10% (agrees); 2.6 vs 2.0 is +30% with a tight spread (disagrees)
-    assert compare([2.2, 2.21, 2.19], [2.0, 2.01, 1.99], kind="comparable", tol=0.15, relative=True,
-                   **kw)["verdict"] == "agrees"
-    assert compare([2.6, 2.61, 2.59], [2.0, 2.01, 1.99], kind="comparable", tol=0.15, relative=True,
-                   **kw)["verdict"] == "disagrees"
+    assert (
+        compare([2.2, 2.21, 2.19], [2.0, 2.01, 1.99], kind="comparable", tol=0.15, relative=True, **kw)["verdict"]
+        == "agrees"
+    )
+    assert (
+        compare([2.6, 2.61, 2.59], [2.0, 2.01, 1.99], kind="comparable", tol=0.15, relative=True, **kw)["verdict"]
+        == "disagrees"
+    )
     assert compare(None, 1.0, kind="at_least", tol=0.0, **kw)["verdict"] == "not tested"
     with pytest.raises(ValueError, match="kind must be"):
         compare(1.0, 1.0, kind="better", tol=0.0, **kw)

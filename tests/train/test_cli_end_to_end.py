@@ -1,5 +1,6 @@
 """The CLIs with real attnzoo models: SIGINT checkpoints and exits 130, --resume continues, eval and
 generate read the run directory."""
+
 import csv
 import json
 import os
@@ -14,8 +15,12 @@ from attnzoo.train import cli as train_cli
 from attnzoo.train import eval_cli, generate_cli
 from attnzoo.train.checkpoint import latest_checkpoint
 
-TINY_VIT = ["--model_options.dim=16", "--model_options.depth=1", "--model_options.heads=2",
-            "--model_options.mlp_dim=32"]
+TINY_VIT = [
+    "--model_options.dim=16",
+    "--model_options.depth=1",
+    "--model_options.heads=2",
+    "--model_options.mlp_dim=32",
+]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -28,10 +33,24 @@ def _steps(run):
 
 def test_sigint_checkpoints_then_resume_and_eval(tmp_path, capsys):
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "attnzoo", "train", "digits_vit_tiny", "--out", str(run), "--steps=100000",
-           "--ckpt_every=100000", "--eval_every=100000", "--log_every=1", "--no-progress", *TINY_VIT]
-    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "attnzoo",
+        "train",
+        "digits_vit_tiny",
+        "--out",
+        str(run),
+        "--steps=100000",
+        "--ckpt_every=100000",
+        "--eval_every=100000",
+        "--log_every=1",
+        "--no-progress",
+        *TINY_VIT,
+    ]
+    proc = subprocess.Popen(
+        cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -61,8 +80,16 @@ def test_sigint_checkpoints_then_resume_and_eval(tmp_path, capsys):
 
 def test_train_and_generate_language_model(tmp_path, capsys):
     run = tmp_path / "lm"
-    args = ["shakespeare_gpt2_tiny", "--out", str(run), "--steps=3", "--eval_batches=1", "--no-progress",
-            "--task_options.block_size=16", *TINY_VIT[:3]]
+    args = [
+        "shakespeare_gpt2_tiny",
+        "--out",
+        str(run),
+        "--steps=3",
+        "--eval_batches=1",
+        "--no-progress",
+        "--task_options.block_size=16",
+        *TINY_VIT[:3],
+    ]
     assert train_cli.main(args) == 0
     capsys.readouterr()
     gen = [str(run), "--prompt", "ROMEO:", "--max-new-tokens", "20", "--seed", "5"]
@@ -76,8 +103,18 @@ def test_train_and_generate_language_model(tmp_path, capsys):
 
 def test_icl_eval_reports_error_per_example_count(tmp_path):
     run = tmp_path / "icl"
-    args = ["icl_linear_gpt", "--out", str(run), "--steps=2", "--no-progress", "--batch_size=8",
-            "--task_options.dim=4", "--task_options.n_points=6", "--task_options.n_val=8", *TINY_VIT[:3]]
+    args = [
+        "icl_linear_gpt",
+        "--out",
+        str(run),
+        "--steps=2",
+        "--no-progress",
+        "--batch_size=8",
+        "--task_options.dim=4",
+        "--task_options.n_points=6",
+        "--task_options.n_val=8",
+        *TINY_VIT[:3],
+    ]
     assert train_cli.main(args) == 0
     report, plot = tmp_path / "icl.json", tmp_path / "icl.png"
     assert eval_cli.main([str(run), "--json", str(report), "--plot", str(plot)]) == 0

@@ -1,5 +1,6 @@
 """Training checkpoints are verified before use: every file has a SHA-256 in manifest.json, damage is
 reported naming the file (by eval and by resume), and ``checkpoints/latest`` cannot lead out of the run."""
+
 import hashlib
 import json
 import os
@@ -26,8 +27,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("base") / "run"
-    cfg = load_config("digits_vit_tiny", {**TINY_VIT, "steps": 4, "ckpt_every": 2, "eval_every": 4, "log_every": 1,
-                                          "warmup_steps": 1})
+    cfg = load_config(
+        "digits_vit_tiny", {**TINY_VIT, "steps": 4, "ckpt_every": 2, "eval_every": 4, "log_every": 1, "warmup_steps": 1}
+    )
     train(cfg, run, progress=False)
     return run
 
@@ -52,8 +54,11 @@ def test_manifest_holds_the_sha256_of_every_file(run):
     assert latest_checkpoint(run / "checkpoints") == ck
     manifest = json.loads((ck / "manifest.json").read_text())
     files = sorted(p.name for p in ck.iterdir() if p.name != "manifest.json")
-    assert sorted(manifest["files"]) == files == ["model.safetensors", "optimizer.safetensors",
-                                                  "rng_rank0.safetensors", "state.json"]
+    assert (
+        sorted(manifest["files"])
+        == files
+        == ["model.safetensors", "optimizer.safetensors", "rng_rank0.safetensors", "state.json"]
+    )
     for name, entry in manifest["files"].items():
         data = (ck / name).read_bytes()
         assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
@@ -68,9 +73,12 @@ def test_flipped_exponent_byte_is_reported_by_eval_and_resume(run, capsys):
     err = capsys.readouterr().err
     assert f"{path}: corrupt (SHA-256 differs" in err and "Traceback" not in err
     assert f"--checkpoint {run / 'checkpoints' / 'step_00000002'}" in err  # the intact one
-    with pytest.raises(CheckpointError, match=r"step_00000004/model.safetensors: corrupt \(SHA-256 differs.* "
-                                              r"Other checkpoints of this run: step_00000002; to resume from one, "
-                                              r"write its name into .*checkpoints/latest"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"step_00000004/model.safetensors: corrupt \(SHA-256 differs.* "
+        r"Other checkpoints of this run: step_00000002; to resume from one, "
+        r"write its name into .*checkpoints/latest",
+    ):
         _resume(run)
     # which works
     (run / "checkpoints" / "latest").write_text("step_00000002\n")
@@ -82,7 +90,7 @@ def _truncate(p):
 
 
 def _garbage_json(p):
-    p.write_text("{\"step\": 4, \"form")
+    p.write_text('{"step": 4, "form')
 
 
 def _negative_step(p):
@@ -91,19 +99,27 @@ def _negative_step(p):
     p.write_text(json.dumps(state))
 
 
-@pytest.mark.parametrize("name, damage, manifest, message", [
-    ("model.safetensors", _truncate, True, r"model.safetensors: corrupt \(truncated to \d+ bytes, written as \d+\)"),
-    ("model.safetensors", _truncate, False, r"model.safetensors: corrupt or truncated \(SafetensorError"),
-    ("model.safetensors", os.remove, True, r"model.safetensors: missing \(listed in manifest.json\)"),
-    ("model.safetensors", os.remove, False, r"model.safetensors: missing"),
-    ("optimizer.safetensors", _truncate, True, r"optimizer.safetensors: corrupt \(truncated"),
-    ("optimizer.safetensors", _truncate, False, r"optimizer.safetensors: corrupt, truncated or missing"),
-    ("state.json", _garbage_json, True, r"state.json: corrupt \(truncated"),
-    ("state.json", _garbage_json, False, r"state.json: corrupt \(JSONDecodeError"),
-    ("state.json", _negative_step, False, r"state.json: corrupt \('step' is -1, expected an integer >= 0\)"),
-    ("rng_rank0.safetensors", _truncate, False, r"rng_rank0.safetensors: corrupt \(SafetensorError"),
-    ("manifest.json", _garbage_json, True, r"manifest.json: corrupt manifest"),
-])
+@pytest.mark.parametrize(
+    "name, damage, manifest, message",
+    [
+        (
+            "model.safetensors",
+            _truncate,
+            True,
+            r"model.safetensors: corrupt \(truncated to \d+ bytes, written as \d+\)",
+        ),
+        ("model.safetensors", _truncate, False, r"model.safetensors: corrupt or truncated \(SafetensorError"),
+        ("model.safetensors", os.remove, True, r"model.safetensors: missing \(listed in manifest.json\)"),
+        ("model.safetensors", os.remove, False, r"model.safetensors: missing"),
+        ("optimizer.safetensors", _truncate, True, r"optimizer.safetensors: corrupt \(truncated"),
+        ("optimizer.safetensors", _truncate, False, r"optimizer.safetensors: corrupt, truncated or missing"),
+        ("state.json", _garbage_json, True, r"state.json: corrupt \(truncated"),
+        ("state.json", _garbage_json, False, r"state.json: corrupt \(JSONDecodeError"),
+        ("state.json", _negative_step, False, r"state.json: corrupt \('step' is -1, expected an integer >= 0\)"),
+        ("rng_rank0.safetensors", _truncate, False, r"rng_rank0.safetensors: corrupt \(SafetensorError"),
+        ("manifest.json", _garbage_json, True, r"manifest.json: corrupt manifest"),
+    ],
+)
 def test_damaged_checkpoint_files_are_named(run, name, damage, manifest, message):
     ck = _latest(run)
     if not manifest:
@@ -127,8 +143,16 @@ def test_config_that_no_longer_fits_names_the_tensor(run, capsys):
     assert "no longer matches this checkpoint" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("pointer", ["../../elsewhere/step_00000002", "{elsewhere}/step_00000002",
-                                     "step_00000002/../../../elsewhere/step_00000002", "step_2", ""])
+@pytest.mark.parametrize(
+    "pointer",
+    [
+        "../../elsewhere/step_00000002",
+        "{elsewhere}/step_00000002",
+        "step_00000002/../../../elsewhere/step_00000002",
+        "step_2",
+        "",
+    ],
+)
 def test_latest_may_only_name_a_checkpoint_of_the_run(run, tmp_path, capsys, pointer):
     # a complete, valid checkpoint outside the run: the old code loaded it
     elsewhere = tmp_path / "elsewhere"

@@ -1,4 +1,5 @@
 """The shared JSON helpers (``attnzoo._io``) and the metric accumulator's public state API."""
+
 import json
 import math
 from pathlib import Path
@@ -10,13 +11,31 @@ import torch
 from attnzoo._io import to_jsonable, write_json
 from attnzoo.train.objectives import MetricAccumulator, compute_loss
 
-ODD = {"t": (1, 2.5), 3: np.float32(0.5), "arr": np.arange(3), "ten": torch.tensor([1.5, 2.0]),
-       "scalar": torch.tensor(7), "p": Path("a/b"), "nan": float("nan"), "inf": -math.inf, "nested": [{"x": (True,)}]}
+ODD = {
+    "t": (1, 2.5),
+    3: np.float32(0.5),
+    "arr": np.arange(3),
+    "ten": torch.tensor([1.5, 2.0]),
+    "scalar": torch.tensor(7),
+    "p": Path("a/b"),
+    "nan": float("nan"),
+    "inf": -math.inf,
+    "nested": [{"x": (True,)}],
+}
 
 
 def test_to_jsonable_deep_converts():
-    assert to_jsonable(ODD) == {"t": [1, 2.5], "3": 0.5, "arr": [0, 1, 2], "ten": [1.5, 2.0], "scalar": 7,
-                                "p": "a/b", "nan": None, "inf": None, "nested": [{"x": [True]}]}
+    assert to_jsonable(ODD) == {
+        "t": [1, 2.5],
+        "3": 0.5,
+        "arr": [0, 1, 2],
+        "ten": [1.5, 2.0],
+        "scalar": 7,
+        "p": "a/b",
+        "nan": None,
+        "inf": None,
+        "nested": [{"x": [True]}],
+    }
     assert to_jsonable(ODD, nonfinite="string")["nan"] == "nan"
     assert to_jsonable(ODD, nonfinite="string")["inf"] == "-inf"
     assert math.isnan(to_jsonable(ODD, nonfinite="keep")["nan"])

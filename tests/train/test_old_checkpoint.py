@@ -4,6 +4,7 @@
 step 6 of 12: config, task description, metrics.csv and the step-6 checkpoint (weights, AdamW state, RNG state,
 loss window, manifest). Resuming it must give exactly what an uninterrupted run gives today.
 """
+
 import base64
 import csv
 import json
@@ -51,5 +52,6 @@ def test_run_from_before_the_refactor_resumes_bit_exactly(tmp_path):
     wa = load_file(str(old / "checkpoints" / "step_00000012" / "model.safetensors"))
     wb = load_file(str(tmp_path / "fresh" / "checkpoints" / "step_00000012" / "model.safetensors"))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-    assert (old / "checkpoints" / "step_00000012" / "state.json").read_bytes() == \
-        (tmp_path / "fresh" / "checkpoints" / "step_00000012" / "state.json").read_bytes()
+    assert (old / "checkpoints" / "step_00000012" / "state.json").read_bytes() == (
+        tmp_path / "fresh" / "checkpoints" / "step_00000012" / "state.json"
+    ).read_bytes()

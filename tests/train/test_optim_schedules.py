@@ -1,4 +1,5 @@
 """Learning-rate schedules and the Lion optimiser."""
+
 import math
 
 import pytest

@@ -1,5 +1,6 @@
 """The training loop: loss goes down per task family, resume is bit-exact, the run directory is safe,
 checkpoints are atomic, and 2-process DDP (gloo) equals 1 process with the same global batch."""
+
 import csv
 import json
 import os
@@ -27,8 +28,17 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _cfg(**kw):
-    base = dict(task="digits", steps=20, batch_size=32, lr=3e-3, eval_every=10, log_every=1, ckpt_every=5,
-                warmup_steps=2, seed=3)
+    base = dict(
+        task="digits",
+        steps=20,
+        batch_size=32,
+        lr=3e-3,
+        eval_every=10,
+        log_every=1,
+        ckpt_every=5,
+        warmup_steps=2,
+        seed=3,
+    )
     return load_config(None, {**base, **kw})
 
 
@@ -37,13 +47,16 @@ def _train_losses(out: Path) -> list[tuple[str, str]]:
         return [(r["step"], r["loss"]) for r in csv.DictReader(f) if r["split"] == "train"]
 
 
-@pytest.mark.parametrize("task, opts, extra", [
-    ("digits", {}, {"optimizer": "lion", "lr": 1e-3}),
-    ("lra_image", {"dataset": "digits"}, {"lr": 5e-2, "schedule": "constant"}),
-    ("lra_retrieval", {"seq_len": 32, "n_train": 64, "n_val": 16}, {"lr": 3e-2, "schedule": "constant"}),
-    ("shakespeare_char", {"block_size": 16}, {"lr": 3e-2, "schedule": "linear", "eval_batches": 4}),
-    ("icl_linear", {"dim": 2, "n_points": 31}, {"lr": 0.3, "schedule": "inverse_sqrt", "warmup_steps": 5}),
-])
+@pytest.mark.parametrize(
+    "task, opts, extra",
+    [
+        ("digits", {}, {"optimizer": "lion", "lr": 1e-3}),
+        ("lra_image", {"dataset": "digits"}, {"lr": 5e-2, "schedule": "constant"}),
+        ("lra_retrieval", {"seq_len": 32, "n_train": 64, "n_val": 16}, {"lr": 3e-2, "schedule": "constant"}),
+        ("shakespeare_char", {"block_size": 16}, {"lr": 3e-2, "schedule": "linear", "eval_batches": 4}),
+        ("icl_linear", {"dim": 2, "n_points": 31}, {"lr": 0.3, "schedule": "inverse_sqrt", "warmup_steps": 5}),
+    ],
+)
 def test_loss_decreases_for_each_task_family(tmp_path, task, opts, extra):
     cfg = _cfg(task=task, task_options=opts, steps=40, eval_every=40, **extra)
     res = train(cfg, tmp_path / "run", model_factory=tiny_factory, progress=False)
@@ -116,8 +129,11 @@ def test_output_directory_is_never_silently_overwritten(tmp_path):
     (run / "notes.txt").write_text("mine")
     (run / "checkpoints" / "best_by_hand").mkdir()
     (run / "checkpoints" / "step_00000002" / "eval.json").write_text("{}")
-    with pytest.raises(ConfigError, match=r"also holds files attnzoo did not write: checkpoints/best_by_hand, "
-                                          r"checkpoints/step_00000002/eval.json, notes.txt\. --overwrite deletes only"):
+    with pytest.raises(
+        ConfigError,
+        match=r"also holds files attnzoo did not write: checkpoints/best_by_hand, "
+        r"checkpoints/step_00000002/eval.json, notes.txt\. --overwrite deletes only",
+    ):
         train(_cfg(steps=3), run, model_factory=tiny_factory, progress=False, overwrite=True)
     (run / "notes.txt").unlink()
     (run / "checkpoints" / "best_by_hand").rmdir()
@@ -141,8 +157,13 @@ def test_checkpoints_are_pickle_free_and_half_written_ones_ignored(tmp_path):
     ck = run / "checkpoints"
     assert sorted(p.name for p in ck.iterdir()) == ["latest", "step_00000010"]
     files = sorted(p.name for p in (ck / "step_00000010").iterdir())
-    assert files == ["manifest.json", "model.safetensors", "optimizer.safetensors", "rng_rank0.safetensors",
-                     "state.json"]
+    assert files == [
+        "manifest.json",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "rng_rank0.safetensors",
+        "state.json",
+    ]
     state = json.loads((ck / "step_00000010" / "state.json").read_text())
     assert state["step"] == 10 and state["optimizer"]["param_groups"][0]["betas"] == [0.9, 0.999]
     # a crash while writing leaves only a hidden temporary directory, never picked up
@@ -165,12 +186,20 @@ def test_two_process_ddp_equals_one_process(tmp_path):
         "train(cfg, sys.argv[1], model_factory=tiny_factory, progress=False)\n"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-           str(tmp_path / "two")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+        str(tmp_path / "two"),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    one = subprocess.run([sys.executable, str(script), str(tmp_path / "one")], env=env, capture_output=True,
-                         text=True, timeout=240)
+    one = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "one")], env=env, capture_output=True, text=True, timeout=240
+    )
     assert one.returncode == 0, one.stderr[-3000:]
     l1 = [float(loss) for _, loss in _train_losses(tmp_path / "one")]
     l2 = [float(loss) for _, loss in _train_losses(tmp_path / "two")]
@@ -213,10 +242,16 @@ def test_two_process_ddp_resume_logs_what_an_uninterrupted_run_logs(tmp_path):
         "trainer.train(None, out + '/part', resume=True, model_factory=tiny_factory, progress=False)\n"
         "dist.destroy_process_group()\n"
     )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-           str(tmp_path)]
-    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=240)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+        str(tmp_path),
+    ]
+    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     state = json.loads((tmp_path / "part" / "checkpoints" / "step_00000004" / "state.json").read_text())
     assert state["world_size"] == 2 and [c for _, c in state["loss_windows"]] == [1, 1]

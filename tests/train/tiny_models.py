@@ -1,4 +1,5 @@
 """Tiny models for the trainer's tests (one per task kind), independent of attnzoo.models."""
+
 from __future__ import annotations
 
 import torch
@@ -8,8 +9,13 @@ from torch import nn
 class TinyImageClassifier(nn.Module):
     def __init__(self, in_chans: int, img_size: int, num_classes: int, hidden: int = 32, dropout: float = 0.0):
         super().__init__()
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_chans * img_size * img_size, hidden), nn.GELU(),
-                                 nn.Dropout(dropout), nn.Linear(hidden, num_classes))
+        self.net = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(in_chans * img_size * img_size, hidden),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, num_classes),
+        )
 
     def forward(self, x):  # (B, C, H, W) -> (B, num_classes)
         return self.net(x)
@@ -58,8 +64,9 @@ def tiny_factory(cfg, task):
     """``model_factory`` for ``attnzoo.train.trainer.train``."""
     i = task.info
     if task.kind == "image_classification":
-        return TinyImageClassifier(i["in_chans"], i["img_size"], i["num_classes"],
-                                   dropout=float(cfg.model_options.get("dropout", 0.0)))
+        return TinyImageClassifier(
+            i["in_chans"], i["img_size"], i["num_classes"], dropout=float(cfg.model_options.get("dropout", 0.0))
+        )
     if task.kind == "sequence_classification":
         return TinySeqClassifier(i["vocab_size"], i["num_classes"])
     if task.kind == "pair_classification":

@@ -10,6 +10,7 @@
 - experiments (``attnzoo analyze <experiment> --out DIR``): denoise, compress, rank-collapse,
   layerwise, membership, attention-maps, subspaces.
 """
+
 from __future__ import annotations
 
 from .capture import LayerCapture, capture_layers, layer_measures, memberships, subspace_bases, token_grid

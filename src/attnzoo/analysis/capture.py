@@ -3,6 +3,7 @@ representations (PyTorch forward hooks) and the mechanism's internals (through
 :func:`attnzoo.capture_internals`, i.e. what each module ``record``-s: TSSA ``pi``, attention maps,
 CBSA ``attn_extract`` ...). Model code is never patched.
 """
+
 from __future__ import annotations
 
 import math
@@ -202,8 +203,9 @@ def layer_measures(layer: LayerCapture, eps: float = 0.5, *, crate_eps: float = 
         out["crate_compression"] = float(measures.crate_compression_term(z, u, crate_eps).mean())
         zo = layer.block_output  # the tokens leaving the layer's block (None where the block returns no tensor)
         if isinstance(zo, torch.Tensor) and zo.ndim == z.ndim and zo.shape[-1] == z.shape[-1]:
-            out["crate_compression_out"] = float(measures.crate_compression_term(zo.to(torch.float64), u,
-                                                                                 crate_eps).mean())
+            out["crate_compression_out"] = float(
+                measures.crate_compression_term(zo.to(torch.float64), u, crate_eps).mean()
+            )
         pi = memberships(layer)
         if pi is not None and pi.shape[-2] == z.shape[-2] and pi.shape[-1] == u.shape[0]:
             out["variational_compression"] = float(measures.variational_compression(z, pi, u, eps).mean())
@@ -215,7 +217,8 @@ def layer_measures(layer: LayerCapture, eps: float = 0.5, *, crate_eps: float = 
                 pi_out = _memberships_of(layer.module, zo)
                 if pi_out is not None and pi_out.shape[-1] == u.shape[0]:
                     out["variational_compression_out"] = float(
-                        measures.variational_compression(zo.to(torch.float64), pi_out, u, eps).mean())
+                        measures.variational_compression(zo.to(torch.float64), pi_out, u, eps).mean()
+                    )
     return out
 
 

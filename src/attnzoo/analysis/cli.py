@@ -8,6 +8,7 @@ Examples::
     attnzoo analyze layerwise --out runs/tost --checkpoint runs/tost-cifar/best
     attnzoo analyze attention-maps --out runs/maps --checkpoint runs/softmax --checkpoint runs/fastmax
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,20 +55,36 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _model_args(p: argparse.ArgumentParser, *, multiple: bool = False, needs_input: bool = True) -> None:
     act = "append" if multiple else "store"
-    p.add_argument("--checkpoint", action=act, help="directory written by save_pretrained / attnzoo train"
-                   + (" (repeat to compare models)" if multiple else ""))
-    p.add_argument("--model", action=act, help="registered model name (random init), instead of --checkpoint"
-                   + (" (repeat to compare)" if multiple else ""))
-    p.add_argument("--model-opt", type=_kv, action="append", default=[], metavar="KEY=VALUE",
-                   help="create_model override for --model (JSON values), repeatable")
+    p.add_argument(
+        "--checkpoint",
+        action=act,
+        help="directory written by save_pretrained / attnzoo train"
+        + (" (repeat to compare models)" if multiple else ""),
+    )
+    p.add_argument(
+        "--model",
+        action=act,
+        help="registered model name (random init), instead of --checkpoint"
+        + (" (repeat to compare)" if multiple else ""),
+    )
+    p.add_argument(
+        "--model-opt",
+        type=_kv,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="create_model override for --model (JSON values), repeatable",
+    )
     if needs_input:
         p.add_argument("--data", help="a .pt/.npy file holding a ready input batch (default: random inputs)")
         p.add_argument("--batch", type=int, default=8, help="batch size")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnzoo analyze", description="White-box probes: each experiment "
-                                     "writes <out>/<experiment>.png and <out>/<experiment>.json.")
+    parser = argparse.ArgumentParser(
+        prog="attnzoo analyze",
+        description="White-box probes: each experiment writes <out>/<experiment>.png and <out>/<experiment>.json.",
+    )
     sub = parser.add_subparsers(dest="experiment", metavar="experiment")
     sub.required = True
 
@@ -98,11 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dim", type=int, default=32)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--mechanisms", default=None,
-                   help="comma-separated registered mechanisms (default: all non-causal; 'none' for references only)")
-    p.add_argument("--init", choices=["gaussian", "default"], default="gaussian",
-                   help="gaussian: N(0, 1/fan_in) linear weights, zero biases (as the references); "
-                        "default: the modules' own initialisation")
+    p.add_argument(
+        "--mechanisms",
+        default=None,
+        help="comma-separated registered mechanisms (default: all non-causal; 'none' for references only)",
+    )
+    p.add_argument(
+        "--init",
+        choices=["gaussian", "default"],
+        default="gaussian",
+        help="gaussian: N(0, 1/fan_in) linear weights, zero biases (as the references); "
+        "default: the modules' own initialisation",
+    )
 
     p = sub.add_parser("layerwise", help=EXPERIMENTS["layerwise"], description=EXPERIMENTS["layerwise"])
     _common(p)
@@ -116,8 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", type=int, default=0, help="which input of the batch to draw")
     p.add_argument("--grid", type=_grid, default=None, help="token grid HxW (default: from the model config)")
 
-    p = sub.add_parser("attention-maps", help=EXPERIMENTS["attention-maps"],
-                       description=EXPERIMENTS["attention-maps"])
+    p = sub.add_parser("attention-maps", help=EXPERIMENTS["attention-maps"], description=EXPERIMENTS["attention-maps"])
     _common(p)
     _model_args(p, multiple=True)
     p.add_argument("--layer", type=int, default=None, help="self-attention layer index (default: last)")
@@ -152,19 +175,46 @@ def _run(args) -> dict:
 
     name = args.experiment
     if name == "denoise":
-        return denoise(k=args.k, p=args.p, n_per=args.n_per, delta=args.delta, eta=args.eta, tau=args.tau,
-                       layers=args.layers, seed=args.seed)
+        return denoise(
+            k=args.k,
+            p=args.p,
+            n_per=args.n_per,
+            delta=args.delta,
+            eta=args.eta,
+            tau=args.tau,
+            layers=args.layers,
+            seed=args.seed,
+        )
     if name == "compress":
         kw = {} if args.snapshots is None else {"snapshots": args.snapshots}
-        return compress(classes=args.classes, n_per=args.n_per, noise=args.noise, eps=args.eps, kappa=args.kappa,
-                        iterations=args.iterations, seed=args.seed, **kw)
+        return compress(
+            classes=args.classes,
+            n_per=args.n_per,
+            noise=args.noise,
+            eps=args.eps,
+            kappa=args.kappa,
+            iterations=args.iterations,
+            seed=args.seed,
+            **kw,
+        )
     if name == "rank-collapse":
         mechs = None
         if args.mechanisms is not None:
-            mechs = [] if args.mechanisms.strip().lower() == "none" else \
-                [m.strip() for m in args.mechanisms.split(",") if m.strip()]
-        return rank_collapse(depth=args.depth, tokens=args.tokens, dim=args.dim, heads=args.heads,
-                             batch=args.batch, mechanisms=mechs, init=args.init, seed=args.seed)
+            mechs = (
+                []
+                if args.mechanisms.strip().lower() == "none"
+                else [m.strip() for m in args.mechanisms.split(",") if m.strip()]
+            )
+        return rank_collapse(
+            depth=args.depth,
+            tokens=args.tokens,
+            dim=args.dim,
+            heads=args.heads,
+            batch=args.batch,
+            mechanisms=mechs,
+            init=args.init,
+            seed=args.seed,
+        )
     if name == "subspaces":
         return subspaces(_one_model(args), directions=args.directions or None, seed=args.seed)
     if name in ("layerwise", "membership"):

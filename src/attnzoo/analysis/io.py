@@ -1,6 +1,7 @@
 """Output handling for experiments: refuse to clobber; strict JSON (no NaN/Infinity literals) with non-finite
 floats as the strings ``"nan"``/``"inf"``/``"-inf"``, written through the shared :mod:`attnzoo._io` helpers.
 """
+
 from __future__ import annotations
 
 import os

@@ -9,6 +9,7 @@
 
 Tokens are rows: ``Z: (..., N, d)``; bases ``U: (K, d, p)``.
 """
+
 from __future__ import annotations
 
 import math

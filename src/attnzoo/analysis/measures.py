@@ -6,6 +6,7 @@ papers' ``Z ∈ R^{d×N}`` transposed. Leading dims are batch dims; every measur
 batch element (shape ``(...)``). Subspace bases are stacked as ``U: (K, d, p)`` (``U[k]`` = ``U_k``).
 Log-determinants are computed in float64.
 """
+
 from __future__ import annotations
 
 import math
@@ -205,8 +206,10 @@ def subspace_snr(z: torch.Tensor, u: torch.Tensor, labels: torch.Tensor) -> torc
         raise TypeError(f"labels must be an integer tensor, got dtype {labels.dtype}")
     k_count = u.shape[0]
     if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= k_count):
-        raise ValueError(f"labels must lie in [0, {k_count - 1}] (one per subspace), got range "
-                         f"[{int(labels.min())}, {int(labels.max())}]")
+        raise ValueError(
+            f"labels must lie in [0, {k_count - 1}] (one per subspace), got range "
+            f"[{int(labels.min())}, {int(labels.max())}]"
+        )
     z64, u64 = z.to(torch.float64), u.to(torch.float64)
     out = []
     for k in range(k_count):
@@ -217,8 +220,11 @@ def subspace_snr(z: torch.Tensor, u: torch.Tensor, labels: torch.Tensor) -> torc
         if zk.shape[-2] == 0:
             out.append(torch.full_like(num, float("nan")))
         else:
-            out.append(torch.where(den > 0, num / den.clamp_min(torch.finfo(torch.float64).tiny),
-                                   torch.full_like(num, float("inf"))))
+            out.append(
+                torch.where(
+                    den > 0, num / den.clamp_min(torch.finfo(torch.float64).tiny), torch.full_like(num, float("inf"))
+                )
+            )
     return torch.stack(out, -1)
 
 

@@ -1,4 +1,5 @@
 """Matplotlib figures on the Agg canvas (no pyplot global state, no display needed)."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,16 @@ __all__ = ["new_figure", "grid_shape", "PALETTE"]
 
 #: colour cycle shared by the experiment plots (colour-blind friendly "tab10")
 PALETTE = [
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-    "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
 ]
 
 

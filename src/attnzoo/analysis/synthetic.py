@@ -1,6 +1,7 @@
 """Synthetic token data: AoT's mixture of noisy low-rank Gaussians (Definition 1) and CBSA Fig. 4's
 noisy one-dimensional subspaces. Tokens are rows: ``Z: (N, d)``.
 """
+
 from __future__ import annotations
 
 import torch

@@ -6,6 +6,7 @@ Writes ``results.csv``, ``results.json`` (with the machine description) and log-
 and reports each op's fraction of the machine's roofline: the time to stream its inputs and output once
 at the bandwidth of a large copy measured in the same run, divided by its measured time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,14 +23,31 @@ from attnzoo.bench.runner import Row, machine_info, measure_bandwidth, measure_d
 
 PRESETS = {
     # seconds on CI: tiny shapes, every code path
-    "quick": dict(lengths=[64, 256], dims=[32, 64], dim=64, heads=4, contexts=[16, 64], repeats=2,
-                  decode_dim=64, decode_heads=4),
+    "quick": dict(
+        lengths=[64, 256], dims=[32, 64], dim=64, heads=4, contexts=[16, 64], repeats=2, decode_dim=64, decode_heads=4
+    ),
     # the README's CPU figures (ToST Fig. 6: K=8, d=384)
-    "default": dict(lengths=[1024, 2048, 4096, 8192, 16384], dims=[128, 256, 512, 1024], dim=384, heads=8,
-                    contexts=[128, 512, 2048, 8192], repeats=3, decode_dim=768, decode_heads=12),
+    "default": dict(
+        lengths=[1024, 2048, 4096, 8192, 16384],
+        dims=[128, 256, 512, 1024],
+        dim=384,
+        heads=8,
+        contexts=[128, 512, 2048, 8192],
+        repeats=3,
+        decode_dim=768,
+        decode_heads=12,
+    ),
     # GPU: longer sequences and ToST Fig. 7's K=32, d=4096
-    "paper": dict(lengths=[1024, 4096, 16384, 32768, 65536, 131072], dims=[256, 512, 1024, 2048, 4096], dim=384,
-                  heads=8, contexts=[128, 1024, 8192, 32768], repeats=5, decode_dim=768, decode_heads=12),
+    "paper": dict(
+        lengths=[1024, 4096, 16384, 32768, 65536, 131072],
+        dims=[256, 512, 1024, 2048, 4096],
+        dim=384,
+        heads=8,
+        contexts=[128, 1024, 8192, 32768],
+        repeats=5,
+        decode_dim=768,
+        decode_heads=12,
+    ),
 }
 
 
@@ -44,15 +62,18 @@ def _parse(argv):
     ap.add_argument("--heads", type=int, help="heads K")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--d-sweep-length", type=int, default=4096)
-    ap.add_argument("--causal", choices=["both", "yes", "no"], default="both",
-                    help="n sweep: causal, non-causal or both")
-    ap.add_argument("--level", choices=["op", "module"], default="op",
-                    help="pure op on (B,H,N,P) or module incl. projections")
+    ap.add_argument(
+        "--causal", choices=["both", "yes", "no"], default="both", help="n sweep: causal, non-causal or both"
+    )
+    ap.add_argument(
+        "--level", choices=["op", "module"], default="op", help="pure op on (B,H,N,P) or module incl. projections"
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
     ap.add_argument("--repeats", type=int)
-    ap.add_argument("--budget-s", type=float, default=20.0,
-                    help="stop growing N for a mechanism once one call exceeds this")
+    ap.add_argument(
+        "--budget-s", type=float, default=20.0, help="stop growing N for a mechanism once one call exceeds this"
+    )
     ap.add_argument("--no-backward", action="store_true", help="forward only")
     ap.add_argument("--out", default=None, help="output dir (default results/bench-<timestamp>)")
     ap.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
@@ -108,8 +129,10 @@ def _fmt(v, spec):
 
 def print_table(rows: list[Row]) -> None:
     base = {(r.sweep, r.causal, r.length, r.dim): r.fwd_ms for r in rows if r.mechanism == "softmax" and r.fwd_ms}
-    hdr = (f"{'sweep':<7}{'mechanism':<20}{'causal':<7}{'N':>7}{'d':>6}{'fwd ms':>11}{'fwd+bwd ms':>12}"
-           f"{'peak MiB':>10}{'x SDPA':>8}{'roofline':>9}")
+    hdr = (
+        f"{'sweep':<7}{'mechanism':<20}{'causal':<7}{'N':>7}{'d':>6}{'fwd ms':>11}{'fwd+bwd ms':>12}"
+        f"{'peak MiB':>10}{'x SDPA':>8}{'roofline':>9}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
@@ -119,13 +142,16 @@ def print_table(rows: list[Row]) -> None:
         if r.status != "ok":
             print(f"{r.sweep:<7}{r.mechanism:<20}{str(r.causal):<7}{r.length:>7}{r.dim:>6}  {r.status}")
             continue
-        print(f"{r.sweep:<7}{r.mechanism:<20}{str(r.causal):<7}{r.length:>7}{r.dim:>6}{_fmt(r.fwd_ms, '11.3f')}"
-              f"{_fmt(r.fwdbwd_ms, '12.3f')}{_fmt(r.fwd_peak_mb, '10.1f')}{_fmt(speed, '8.1f')}"
-              f"{_fmt(roof, '8.1f')}{'%' if roof is not None else ''}")
+        print(
+            f"{r.sweep:<7}{r.mechanism:<20}{str(r.causal):<7}{r.length:>7}{r.dim:>6}{_fmt(r.fwd_ms, '11.3f')}"
+            f"{_fmt(r.fwdbwd_ms, '12.3f')}{_fmt(r.fwd_peak_mb, '10.1f')}{_fmt(speed, '8.1f')}"
+            f"{_fmt(roof, '8.1f')}{'%' if roof is not None else ''}"
+        )
 
 
 class _Series(NamedTuple):
     """One mechanism's shapes in one sweep, measured in order until a call exceeds the time budget."""
+
     sweep: str
     mech: str
     causal: bool
@@ -137,10 +163,17 @@ def run(args) -> tuple[list[Row], dict]:
     dtype = getattr(torch, args.dtype)
     timing_allocator()
     bandwidth = measure_bandwidth(device)
-    meta = machine_info(device) | {"bandwidth_GBps": bandwidth / 1e9, "dtype": args.dtype, "level": args.level,
-                                   "preset": args.preset, "argv": sys.argv[1:]}
-    print(f"machine: {meta['cpu']} | threads {meta['threads']} | {meta.get('gpu', 'no GPU')} | "
-          f"copy bandwidth {bandwidth / 1e9:.1f} GB/s | memory: {meta['memory_method']}")
+    meta = machine_info(device) | {
+        "bandwidth_GBps": bandwidth / 1e9,
+        "dtype": args.dtype,
+        "level": args.level,
+        "preset": args.preset,
+        "argv": sys.argv[1:],
+    }
+    print(
+        f"machine: {meta['cpu']} | threads {meta['threads']} | {meta.get('gpu', 'no GPU')} | "
+        f"copy bandwidth {bandwidth / 1e9:.1f} GB/s | memory: {meta['memory_method']}"
+    )
     rows: list[Row] = []
     todo: list[_Series] = []
     if "n" in args.sweeps:
@@ -161,9 +194,20 @@ def run(args) -> tuple[list[Row], dict]:
         tqdm = None
     bar = tqdm(total=sum(len(t.shapes) for t in todo), desc="bench", leave=False, file=sys.stderr) if tqdm else None
     for t in todo:
-        rows += measure_series(t.sweep, t.mech, t.shapes, causal=t.causal, level=args.level, device=device,
-                               dtype=dtype, repeats=args.repeats, backward=not args.no_backward, bandwidth=bandwidth,
-                               budget_s=args.budget_s, on_shape=bar.update if bar else None)
+        rows += measure_series(
+            t.sweep,
+            t.mech,
+            t.shapes,
+            causal=t.causal,
+            level=args.level,
+            device=device,
+            dtype=dtype,
+            repeats=args.repeats,
+            backward=not args.no_backward,
+            bandwidth=bandwidth,
+            budget_s=args.budget_s,
+            on_shape=bar.update if bar else None,
+        )
     if bar:
         bar.close()
     if "decode" in args.sweeps:
@@ -179,14 +223,19 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.device == "cpu":
         if not cpu_peak_supported():
-            print("bench: this torch's profiler reports no CPU allocation events; CPU peak memory cannot be measured",
-                  file=sys.stderr)
+            print(
+                "bench: this torch's profiler reports no CPU allocation events; CPU peak memory cannot be measured",
+                file=sys.stderr,
+            )
             return 2
     out = args.out or os.path.join("results", "bench-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     earlier = [f for f in OUTPUT_FILES if os.path.exists(os.path.join(out, f))]
     if earlier and not args.overwrite:  # checked before measuring, so nobody waits an hour to be refused
-        print(f"bench: {out} already holds {earlier} from an earlier run; pass --overwrite to replace them "
-              "or choose another --out", file=sys.stderr)
+        print(
+            f"bench: {out} already holds {earlier} from an earlier run; pass --overwrite to replace them "
+            "or choose another --out",
+            file=sys.stderr,
+        )
         return 2
     os.makedirs(out, exist_ok=True)  # fails now (not after the run) if --out cannot be created
     if not os.access(out, os.W_OK):
@@ -200,11 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     from attnzoo.bench.plots import plot_sweep  # imports matplotlib: not for --help or a refused run
 
     pngs = [
-        plot_sweep(rows, "n", "length", os.path.join(out, "sweep_n.png"),
-                   f"K={args.heads}, d={args.dim}, {args.level} level"),
+        plot_sweep(
+            rows, "n", "length", os.path.join(out, "sweep_n.png"), f"K={args.heads}, d={args.dim}, {args.level} level"
+        ),
         plot_sweep(rows, "d", "dim", os.path.join(out, "sweep_d.png"), f"K={args.heads}, N={args.d_sweep_length}"),
-        plot_sweep(rows, "decode", "length", os.path.join(out, "decode.png"),
-                   "causal decoding: per-token step vs context"),
+        plot_sweep(
+            rows, "decode", "length", os.path.join(out, "decode.png"), "causal decoding: per-token step vs context"
+        ),
     ]
     print(f"wrote {csv_path}, {json_path}" + "".join(f", {p}" for p in pngs if p))
     return 0

@@ -12,6 +12,7 @@ transcriptions of the papers (no chunking, no custom backward, autograd differen
 
 They are also references: ``tests/bench/test_bench.py`` checks they compute the attnzoo ops' numbers.
 """
+
 from __future__ import annotations
 
 import torch

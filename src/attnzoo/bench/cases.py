@@ -3,6 +3,7 @@
 An op case returns the inputs it needs and the bytes an ideal implementation must move (read every
 input once, write the output once); that byte count is the roofline reference.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -101,8 +102,17 @@ def _op_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
 
 
 OP_CASES = ["softmax", "linear", "xca", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "csp", "cbsa"]
-CAUSAL_OP_CASES = ["softmax", "linear", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "fastmax_p1_autograd",
-                   "fastmax_p2_autograd", "tssa_torch"]
+CAUSAL_OP_CASES = [
+    "softmax",
+    "linear",
+    "mssa",
+    "tssa",
+    "fastmax_p1",
+    "fastmax_p2",
+    "fastmax_p1_autograd",
+    "fastmax_p2_autograd",
+    "tssa_torch",
+]
 # Not in the default sweep: Fastmax with autograd through the factorisation instead of FAST §2.5's
 # custom backward, to measure what that backward saves (--mechanisms fastmax_p2,fastmax_p2_autograd); TSSA
 # on its PyTorch path beside the fused CPU kernels (--mechanisms tssa,tssa_torch).
@@ -159,6 +169,15 @@ def decode_module(name: str, dim: int, heads: int, max_context: int, device, dty
 
 DECODE_CASES = ["softmax", "linear", "tssa", "fastmax_p1", "fastmax_p2"]
 
-__all__ = ["Shape", "Prepared", "prepare", "OP_CASES", "EXTRA_OP_CASES", "ALL_OP_CASES", "CAUSAL_OP_CASES",
-           "BASELINE_CASES",
-           "DECODE_CASES", "decode_module"]
+__all__ = [
+    "Shape",
+    "Prepared",
+    "prepare",
+    "OP_CASES",
+    "EXTRA_OP_CASES",
+    "ALL_OP_CASES",
+    "CAUSAL_OP_CASES",
+    "BASELINE_CASES",
+    "DECODE_CASES",
+    "decode_module",
+]

@@ -11,6 +11,7 @@ mmap threshold grown to the 32 MiB cap, trim threshold twice that): otherwise la
 between fresh ``mmap``s that page-fault on first touch and reused heap blocks, which moves the time of the
 linear-time operators by up to 3x at N=16k on CPU, depending only on what ran before.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,8 +60,9 @@ def _cpu_allocation_events(prof) -> list[tuple[int, int]]:
     if results is None:
         raise RuntimeError("this torch.profiler build exposes no allocation events; CPU peak memory is unavailable")
     cpu = torch.autograd.DeviceType.CPU
-    return sorted((e.start_ns(), e.nbytes()) for e in results.events()
-                  if e.name() == "[memory]" and e.device_type() == cpu)
+    return sorted(
+        (e.start_ns(), e.nbytes()) for e in results.events() if e.name() == "[memory]" and e.device_type() == cpu
+    )
 
 
 @contextlib.contextmanager

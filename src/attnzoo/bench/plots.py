@@ -1,4 +1,5 @@
 """Log-log plots of benchmark rows (time and peak memory against the swept variable)."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -16,8 +17,11 @@ def plot_sweep(rows: list, sweep: str, xkey: str, path: str, title: str) -> str 
     rows = [r for r in rows if r.sweep == sweep and r.status == "ok"]
     if not rows:
         return None
-    metrics = [("fwd_ms", "forward time (ms)"), ("fwdbwd_ms", "forward+backward time (ms)"),
-               ("fwd_peak_mb", "forward peak memory (MiB)")]
+    metrics = [
+        ("fwd_ms", "forward time (ms)"),
+        ("fwdbwd_ms", "forward+backward time (ms)"),
+        ("fwd_peak_mb", "forward peak memory (MiB)"),
+    ]
     metrics = [m for m in metrics if any(getattr(r, m[0]) is not None for r in rows)]
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False)
     series = defaultdict(list)
@@ -33,8 +37,14 @@ def plot_sweep(rows: list, sweep: str, xkey: str, path: str, title: str) -> str 
             if pts:
                 xs, ys = zip(*pts)
                 ys = [max(y, 1e-3) for y in ys]
-                ax.plot(xs, ys, marker="o", color=color[mech], linestyle="--" if causal else "-",
-                        label=mech + (" (causal)" if causal else ""))
+                ax.plot(
+                    xs,
+                    ys,
+                    marker="o",
+                    color=color[mech],
+                    linestyle="--" if causal else "-",
+                    label=mech + (" (causal)" if causal else ""),
+                )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel(xkey)

@@ -1,4 +1,5 @@
 """Benchmark runner: time (median after warm-up; CUDA events on GPU) and peak memory per case."""
+
 from __future__ import annotations
 
 import gc
@@ -95,12 +96,36 @@ def machine_info(device: torch.device) -> dict:
 
 
 def measure_case(
-    sweep: str, name: str, shape: Shape, *, causal: bool, level: str, device: torch.device,
-    dtype: torch.dtype, repeats: int, backward: bool, bandwidth: float,
+    sweep: str,
+    name: str,
+    shape: Shape,
+    *,
+    causal: bool,
+    level: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    repeats: int,
+    backward: bool,
+    bandwidth: float,
 ) -> Row:
     """Forward (no grad) and forward+backward time and peak memory of one mechanism at one shape."""
-    row = Row(sweep, name, causal, level, shape.batch, shape.heads, shape.length, shape.dim,
-              None, None, None, None, None, None, "ok")
+    row = Row(
+        sweep,
+        name,
+        causal,
+        level,
+        shape.batch,
+        shape.heads,
+        shape.length,
+        shape.dim,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        "ok",
+    )
     try:
         prep = prepare(name, shape, causal=causal, level=level, device=device, dtype=dtype)
         row.bytes_moved = prep.bytes_moved
@@ -139,8 +164,18 @@ def measure_case(
 
 
 def measure_series(
-    sweep: str, name: str, shapes: list[Shape], *, causal: bool, level: str, device: torch.device,
-    dtype: torch.dtype, repeats: int, backward: bool, bandwidth: float, budget_s: float,
+    sweep: str,
+    name: str,
+    shapes: list[Shape],
+    *,
+    causal: bool,
+    level: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    repeats: int,
+    backward: bool,
+    bandwidth: float,
+    budget_s: float,
     on_shape: Callable[[], None] | None = None,
 ) -> list[Row]:
     """:func:`measure_case` at each shape in order; once a call fails or takes longer than ``budget_s`` seconds,
@@ -150,11 +185,38 @@ def measure_series(
     over_budget = False
     for s in shapes:
         if over_budget:
-            rows.append(Row(sweep, name, causal, level, s.batch, s.heads, s.length, s.dim,
-                            None, None, None, None, None, None, "skipped (time budget)"))
+            rows.append(
+                Row(
+                    sweep,
+                    name,
+                    causal,
+                    level,
+                    s.batch,
+                    s.heads,
+                    s.length,
+                    s.dim,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    "skipped (time budget)",
+                )
+            )
         else:
-            r = measure_case(sweep, name, s, causal=causal, level=level, device=device, dtype=dtype,
-                             repeats=repeats, backward=backward, bandwidth=bandwidth)
+            r = measure_case(
+                sweep,
+                name,
+                s,
+                causal=causal,
+                level=level,
+                device=device,
+                dtype=dtype,
+                repeats=repeats,
+                backward=backward,
+                bandwidth=bandwidth,
+            )
             rows.append(r)
             slowest = max(x for x in (r.fwd_ms, r.fwdbwd_ms, 0.0) if x is not None) / 1e3
             over_budget = r.status != "ok" or slowest > budget_s
@@ -163,8 +225,9 @@ def measure_series(
     return rows
 
 
-def measure_decode(name: str, dim: int, heads: int, contexts: list[int], device, dtype, repeats: int,
-                   block: int = 8) -> list[Row]:
+def measure_decode(
+    name: str, dim: int, heads: int, contexts: list[int], device, dtype, repeats: int, block: int = 8
+) -> list[Row]:
     """Per-token step time and step memory at each context length (ToST Fig. 8).
 
     Steps are timed in blocks of ``block`` consecutive tokens starting at the context length, so the
@@ -186,8 +249,25 @@ def measure_decode(name: str, dim: int, heads: int, contexts: list[int], device,
             peak = peak_memory_bytes(lambda: advance(block), device)
             # The peak-memory pass just above already warmed these steps up (and moved the context along).
             sec = time_call(lambda: advance(block), device, repeats, warmup=0) / block
-            rows.append(Row("decode", name, True, "module", 1, heads, ctx, dim, sec * 1e3, None,
-                            peak / 2**20, None, None, None, "ok"))
+            rows.append(
+                Row(
+                    "decode",
+                    name,
+                    True,
+                    "module",
+                    1,
+                    heads,
+                    ctx,
+                    dim,
+                    sec * 1e3,
+                    None,
+                    peak / 2**20,
+                    None,
+                    None,
+                    None,
+                    "ok",
+                )
+            )
     return rows
 
 

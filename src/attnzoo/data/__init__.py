@@ -4,6 +4,7 @@
 :mod:`attnzoo.data.tasks` for the batch layout of each task kind and :mod:`attnzoo.data.paths` for
 where the data lives (``$ATTNZOO_DATA``, default ``~/.cache/attnzoo/data``).
 """
+
 from attnzoo.data.datasets import ArrayDataset, BatchDataset, GeneratedDataset, ImageDataset, WindowDataset
 from attnzoo.data.paths import DatasetNotFoundError, data_root
 from attnzoo.data.tasks import TASK_KINDS, Task, build_task, list_tasks, task_options

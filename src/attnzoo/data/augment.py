@@ -9,6 +9,7 @@ References: Inception-style random resized crop (Szegedy et al. 2015); RandAugme
 ``N`` ops per image at magnitude ``M`` out of 10); mixup (Zhang et al. 2018); CutMix (Yun et al. 2019), mixed as
 in DeiT (Touvron et al. 2021): each batch is mixed with itself reversed, one of the two chosen per batch.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,9 +24,13 @@ _BICUBIC = Image.Resampling.BICUBIC
 _FILL = (128, 128, 128)  # grey for the pixels geometric ops uncover (timm's choice)
 
 
-def random_resized_crop(img: Image.Image, size: int, rng: np.random.Generator,
-                        scale: tuple[float, float] = (0.08, 1.0),
-                        ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> Image.Image:
+def random_resized_crop(
+    img: Image.Image,
+    size: int,
+    rng: np.random.Generator,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+) -> Image.Image:
     """A crop of random area fraction in ``scale`` and aspect ratio (log-uniform) in ``ratio``, resized to
     ``size x size``; after 10 failed draws the largest centred crop within ``ratio`` (Inception's fallback)."""
     w, h = img.size
@@ -101,9 +106,17 @@ def rand_augment(img: Image.Image, n: int, m: float, rng: np.random.Generator) -
 
 
 # ---- mixup / cutmix -------------------------------------------------------------------------------
-def mix_batch(x: torch.Tensor, y: torch.Tensor, num_classes: int, rng: np.random.Generator, *,
-              mixup_alpha: float = 0.0, cutmix_alpha: float = 0.0, prob: float = 1.0,
-              switch_prob: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+def mix_batch(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_classes: int,
+    rng: np.random.Generator,
+    *,
+    mixup_alpha: float = 0.0,
+    cutmix_alpha: float = 0.0,
+    prob: float = 1.0,
+    switch_prob: float = 0.5,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Mix a batch with itself reversed: images ``x (B, C, H, W)`` and labels ``y (B,)`` int64 ->
     ``(x', soft targets (B, num_classes) float32)``; each target row sums to 1.
 

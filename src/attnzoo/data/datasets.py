@@ -4,6 +4,7 @@
 sample ``i`` from its own RNG seeded by ``(seed, i)``, so any subset (a DDP shard, a resumed run)
 sees exactly the same samples, in any order, on any number of processes.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence

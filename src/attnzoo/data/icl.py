@@ -4,6 +4,7 @@ A prompt draws ``w`` (dense ``N(0, I_d)``, or with only ``sparsity`` non-zero Ga
 and ``x_1..x_n ~ N(0, I_d)``; the targets are ``y_i = w^T x_i``. The model sees
 ``(x_1, y_1, ..., x_n)`` and predicts every ``y_i`` from the prefix ending at ``x_i``.
 """
+
 from __future__ import annotations
 
 import numpy as np

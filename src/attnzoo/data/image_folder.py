@@ -8,6 +8,7 @@ Training images are augmented DeiT-style (:mod:`attnzoo.data.augment`); sample `
 so a step's batch is a pure function of ``(seed, step, indices)``: resume, DDP shards and DataLoader workers
 (``num_workers``) give identical pixels.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,8 +22,15 @@ from PIL import Image, UnidentifiedImageError
 from attnzoo.data import augment as _aug
 from attnzoo.data.datasets import Batch, BatchDataset
 
-__all__ = ["ImageFolderDataset", "Augment", "scan_image_folder", "split_image_folder", "IMAGE_EXTENSIONS",
-           "IMAGENET_MEAN", "IMAGENET_STD"]
+__all__ = [
+    "ImageFolderDataset",
+    "Augment",
+    "scan_image_folder",
+    "split_image_folder",
+    "IMAGE_EXTENSIONS",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+]
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -54,11 +62,15 @@ def _class_files(folder: Path) -> list[Path]:
         if p.name.startswith("."):  # .DS_Store, editors' swap files: not data
             continue
         if p.is_dir():
-            raise ValueError(f"{p} is a folder inside class folder {folder}; expected only PNG/JPEG files "
-                             f"(one level of class folders: root/<class>/<image>)")
+            raise ValueError(
+                f"{p} is a folder inside class folder {folder}; expected only PNG/JPEG files "
+                f"(one level of class folders: root/<class>/<image>)"
+            )
         if p.suffix.lower() not in IMAGE_EXTENSIONS:
-            raise ValueError(f"{p} is not a PNG/JPEG image (extension {p.suffix or 'none'!r}); valid extensions: "
-                             f"{list(IMAGE_EXTENSIONS)}. Move it out of the class folder")
+            raise ValueError(
+                f"{p} is not a PNG/JPEG image (extension {p.suffix or 'none'!r}); valid extensions: "
+                f"{list(IMAGE_EXTENSIONS)}. Move it out of the class folder"
+            )
         files.append(p)
     if not files:
         raise ValueError(f"class folder {folder} holds no PNG/JPEG images; remove it or add images")
@@ -81,8 +93,10 @@ def scan_image_folder(
     else:
         extra = sorted(set(found) - set(classes))
         if extra:
-            raise ValueError(f"{root} has class folders the training set lacks: {extra[:10]}; "
-                             f"training classes: {list(classes)[:10]}{' ...' if len(classes) > 10 else ''}")
+            raise ValueError(
+                f"{root} has class folders the training set lacks: {extra[:10]}; "
+                f"training classes: {list(classes)[:10]}{' ...' if len(classes) > 10 else ''}"
+            )
     files: list[Path] = []
     labels: list[int] = []
     for k, name in enumerate(classes):
@@ -137,15 +151,26 @@ class ImageFolderDataset(BatchDataset):
     #: the trainer passes the step to :meth:`get_batch` (augmentation depends on it)
     step_dependent = True
 
-    def __init__(self, files: Sequence[Path], labels: np.ndarray, num_classes: int, size: int, *,
-                 mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
-                 augment: Augment | None = None, seed: int = 0, crop_fraction: float = 0.875,
-                 num_workers: int = 0) -> None:
+    def __init__(
+        self,
+        files: Sequence[Path],
+        labels: np.ndarray,
+        num_classes: int,
+        size: int,
+        *,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+        augment: Augment | None = None,
+        seed: int = 0,
+        crop_fraction: float = 0.875,
+        num_workers: int = 0,
+    ) -> None:
         self.files = [str(f) for f in files]  # plain strings: cheap to pickle into spawned workers
         self.labels = np.asarray(labels, np.int64)
         if len(self.files) != len(self.labels) or not self.files:
-            raise ValueError(f"need as many labels as files (>= 1), got {len(self.files)} files, "
-                             f"{len(self.labels)} labels")
+            raise ValueError(
+                f"need as many labels as files (>= 1), got {len(self.files)} files, {len(self.labels)} labels"
+            )
         self.num_classes, self.size = int(num_classes), int(size)
         self.mean = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
@@ -204,8 +229,16 @@ class ImageFolderDataset(BatchDataset):
         if a is not None and a.mixes:
             # seeded by the batch's first index too, so DDP shards of one step mix differently
             rng = np.random.default_rng([self.seed, 2, int(step), int(idx[0]) if len(idx) else 0])
-            xm, ym = _aug.mix_batch(x, y, self.num_classes, rng, mixup_alpha=a.mixup, cutmix_alpha=a.cutmix,
-                                    prob=a.mix_prob, switch_prob=a.mix_switch_prob)
+            xm, ym = _aug.mix_batch(
+                x,
+                y,
+                self.num_classes,
+                rng,
+                mixup_alpha=a.mixup,
+                cutmix_alpha=a.cutmix,
+                prob=a.mix_prob,
+                switch_prob=a.mix_switch_prob,
+            )
             return (xm,), ym
         return (x,), y
 
@@ -224,16 +257,34 @@ def _check_stats(
         return default
     ok = len(value) == 3 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
     if not ok or (positive and min(value) <= 0):
-        raise ValueError(f"task 'image_folder': option {name}={value!r} must be a list of 3 numbers (R, G, B)"
-                         + (", all > 0" if positive else ""))
+        raise ValueError(
+            f"task 'image_folder': option {name}={value!r} must be a list of 3 numbers (R, G, B)"
+            + (", all > 0" if positive else "")
+        )
     return tuple(float(v) for v in value)
 
 
-def build_image_folder(*, root: str, img_size: int, val_fraction: float | None, seed: int, random_resized_crop: bool,
-                       crop_scale_min: float, hflip: float, randaugment_n: int, randaugment_m: float, mixup: float,
-                       cutmix: float, mix_prob: float, mix_switch_prob: float, mean: Sequence[float] | None,
-                       std: Sequence[float] | None, crop_fraction: float, num_workers: int,
-                       verify: bool) -> tuple[ImageFolderDataset, ImageFolderDataset, dict]:
+def build_image_folder(
+    *,
+    root: str,
+    img_size: int,
+    val_fraction: float | None,
+    seed: int,
+    random_resized_crop: bool,
+    crop_scale_min: float,
+    hflip: float,
+    randaugment_n: int,
+    randaugment_m: float,
+    mixup: float,
+    cutmix: float,
+    mix_prob: float,
+    mix_switch_prob: float,
+    mean: Sequence[float] | None,
+    std: Sequence[float] | None,
+    crop_fraction: float,
+    num_workers: int,
+    verify: bool,
+) -> tuple[ImageFolderDataset, ImageFolderDataset, dict]:
     """The ``image_folder`` task's ``(train, val, info)``; every option is checked before any file is read."""
     _check_range("crop_scale_min", crop_scale_min, 0.0, 1.0, lo_open=True)
     _check_range("crop_fraction", crop_fraction, 0.0, 1.0, lo_open=True)
@@ -247,14 +298,18 @@ def build_image_folder(*, root: str, img_size: int, val_fraction: float | None, 
     std_t = _check_stats("std", std, IMAGENET_STD, positive=True)
     base = Path(root).expanduser()
     if not base.is_dir():
-        raise ValueError(f"task 'image_folder': root={root!r} is not a folder"
-                         + (" (it is a file)" if base.exists() else " (it does not exist)"))
+        raise ValueError(
+            f"task 'image_folder': root={root!r} is not a folder"
+            + (" (it is a file)" if base.exists() else " (it does not exist)")
+        )
     has_split = (base / "train").is_dir() and (base / "val").is_dir()
     if has_split:
         if val_fraction is not None:
-            raise ValueError(f"task 'image_folder': {base} has train/ and val/ folders, so "
-                             f"val_fraction={val_fraction!r} has no use; leave it unset (null), or point root at a "
-                             "folder of class folders")
+            raise ValueError(
+                f"task 'image_folder': {base} has train/ and val/ folders, so "
+                f"val_fraction={val_fraction!r} has no use; leave it unset (null), or point root at a "
+                "folder of class folders"
+            )
         files, labels, classes = scan_image_folder(base / "train")
         vfiles, vlabels, _ = scan_image_folder(base / "val", classes)
         if not vfiles:
@@ -262,23 +317,43 @@ def build_image_folder(*, root: str, img_size: int, val_fraction: float | None, 
     else:
         if (base / "train").is_dir() or (base / "val").is_dir():
             missing = "val" if (base / "train").is_dir() else "train"
-            raise ValueError(f"task 'image_folder': {base} has a {'train' if missing == 'val' else 'val'}/ folder but "
-                             f"no {missing}/ folder; give both, or class folders directly under root with val_fraction")
+            raise ValueError(
+                f"task 'image_folder': {base} has a {'train' if missing == 'val' else 'val'}/ folder but "
+                f"no {missing}/ folder; give both, or class folders directly under root with val_fraction"
+            )
         all_files, all_labels, classes = scan_image_folder(base)
         tr, va = split_image_folder(all_labels, 0.1 if val_fraction is None else val_fraction, seed)
         if len(va) == 0:
-            raise ValueError(f"task 'image_folder': {base} has too few images per class for a validation split "
-                             f"(need >= 2 in some class)")
+            raise ValueError(
+                f"task 'image_folder': {base} has too few images per class for a validation split "
+                f"(need >= 2 in some class)"
+            )
         files, labels = [all_files[i] for i in tr], all_labels[tr]
         vfiles, vlabels = [all_files[i] for i in va], all_labels[va]
     if verify:
         check_image_headers([*files, *vfiles])
-    aug = Augment(random_resized_crop=random_resized_crop, crop_scale=(crop_scale_min, 1.0), hflip=hflip,
-                  randaugment_n=randaugment_n, randaugment_m=randaugment_m, mixup=mixup, cutmix=cutmix,
-                  mix_prob=mix_prob, mix_switch_prob=mix_switch_prob)
+    aug = Augment(
+        random_resized_crop=random_resized_crop,
+        crop_scale=(crop_scale_min, 1.0),
+        hflip=hflip,
+        randaugment_n=randaugment_n,
+        randaugment_m=randaugment_m,
+        mixup=mixup,
+        cutmix=cutmix,
+        mix_prob=mix_prob,
+        mix_switch_prob=mix_switch_prob,
+    )
     common = dict(mean=mean_t, std=std_t, seed=seed, crop_fraction=crop_fraction, num_workers=num_workers)
     train = ImageFolderDataset(files, labels, len(classes), img_size, augment=aug, **common)
     val = ImageFolderDataset(vfiles, vlabels, len(classes), img_size, augment=None, **common)
-    info = dict(num_classes=len(classes), in_chans=3, img_size=img_size, mean=list(mean_t), std=list(std_t),
-                classes=classes, n_train=len(files), n_val=len(vfiles))
+    info = dict(
+        num_classes=len(classes),
+        in_chans=3,
+        img_size=img_size,
+        mean=list(mean_t),
+        std=list(std_t),
+        classes=classes,
+        n_train=len(files),
+        n_val=len(vfiles),
+    )
     return train, val, info

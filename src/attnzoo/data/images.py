@@ -4,6 +4,7 @@ Every loader returns uint8 arrays ``images (N, H, W)`` or ``(N, H, W, C)`` and i
 The MNIST pickle is read by a restricted unpickler that never imports or calls anything: it only
 recognises numpy's array-reconstruction opcodes and rebuilds the arrays itself from their raw bytes.
 """
+
 from __future__ import annotations
 
 import gzip

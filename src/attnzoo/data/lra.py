@@ -7,6 +7,7 @@
   distance, position and the ink do not give the label away). Pixel intensities are the tokens (vocab 256).
 - Byte-level encodings for Text (IMDB) and Retrieval (two passages: same Shakespeare work or not).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -352,8 +353,9 @@ def fit_band_rule(
     y_train, y_val = np.asarray(y_train).astype(np.int64), np.asarray(y_val).astype(np.int64)
     for name, x, y in (("train", x_train, y_train), ("val", x_val, y_val)):
         if x.ndim != 1 or x.shape != y.shape or x.size == 0:
-            raise ValueError(f"{name} features and labels must be non-empty 1-D arrays of one length, "
-                             f"got {x.shape} and {y.shape}")
+            raise ValueError(
+                f"{name} features and labels must be non-empty 1-D arrays of one length, got {x.shape} and {y.shape}"
+            )
         if not np.isin(y, (0, 1)).all():
             raise ValueError(f"{name} labels must be 0 or 1, got values {np.unique(y).tolist()}")
     u = np.unique(x_train)
@@ -379,8 +381,14 @@ def fit_band_rule(
     lo, hi = float(cuts[i[k]]), float(cuts[j[k]])
     inside = (x_val >= lo) & (x_val < hi)
     pred = np.where(inside, label, 1 - label)
-    return dict(lo=lo, hi=hi, inside_label=int(label), train_accuracy=float(correct[label, k] / n),
-                val_accuracy=float((pred == y_val).mean()), majority=float(max(y_val.mean(), 1 - y_val.mean())))
+    return dict(
+        lo=lo,
+        hi=hi,
+        inside_label=int(label),
+        train_accuracy=float(correct[label, k] / n),
+        val_accuracy=float((pred == y_val).mean()),
+        majority=float(max(y_val.mean(), 1 - y_val.mean())),
+    )
 
 
 def pathfinder_shortcut_features(images: np.ndarray) -> dict[str, np.ndarray]:
@@ -412,9 +420,12 @@ def pathfinder_shortcut_features(images: np.ndarray) -> dict[str, np.ndarray]:
         c1 = ys[~first].mean(), xs[~first].mean()
         dist[m] = np.hypot(c0[0] - c1[0], c0[1] - c1[1])
         radius[m] = (np.hypot(*np.subtract(c0, centre)) + np.hypot(*np.subtract(c1, centre))) / 2
-    return dict(endpoint_distance=dist, dot_radius=radius,
-                path_pixels=(images == PATH_VALUE).sum((1, 2)).astype(np.float64),
-                ink=(images > 0).sum((1, 2)).astype(np.float64))
+    return dict(
+        endpoint_distance=dist,
+        dot_radius=radius,
+        path_pixels=(images == PATH_VALUE).sum((1, 2)).astype(np.float64),
+        ink=(images > 0).sum((1, 2)).astype(np.float64),
+    )
 
 
 def byte_histogram_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -514,6 +525,12 @@ def retrieval_shortcut_accuracy(task_or_train, val=None, *, max_examples: int | 
     above_inside = np.isinf(rule["hi"])
     threshold = rule["lo"] if above_inside else rule["hi"]
     similar = rule["inside_label"] if above_inside else 1 - rule["inside_label"]
-    return dict(threshold=float(threshold), similar_label=int(similar), train_accuracy=rule["train_accuracy"],
-                val_accuracy=rule["val_accuracy"], majority=rule["majority"], n_train=int(len(y_tr)),
-                n_val=int(len(y_va)))
+    return dict(
+        threshold=float(threshold),
+        similar_label=int(similar),
+        train_accuracy=rule["train_accuracy"],
+        val_accuracy=rule["val_accuracy"],
+        majority=rule["majority"],
+        n_train=int(len(y_tr)),
+        n_val=int(len(y_va)),
+    )

@@ -10,6 +10,7 @@ registries; nothing is downloaded at run time. Layout under :func:`data_root`::
       fashion_mnist/*-ubyte.gz              optional; else /usr/share/datasets/fashion-mnist (Debian)
       generated/                            caches written by attnzoo itself
 """
+
 from __future__ import annotations
 
 import os

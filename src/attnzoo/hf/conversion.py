@@ -8,6 +8,7 @@ The ``transformers`` checkpoint of :class:`~attnzoo.hf.AttnZooForCausalLM` /
 without the tied ``lm_head.weight`` (``transformers`` stores a tied weight once and re-ties on load).
 Conversions copy tensors unchanged, so they are bit-exact both ways.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,9 +54,7 @@ def config_to_hf(config: ModelConfig, **kwargs: Any):
 def config_from_hf(config) -> ModelConfig:
     """The attnzoo config of an ``AttnZooCausalLMConfig`` / ``AttnZooVisionConfig``."""
     if not isinstance(config, tuple(_HF_CONFIGS.values())):
-        raise TypeError(
-            f"config must be an AttnZooCausalLMConfig or AttnZooVisionConfig, got {type(config).__name__}"
-        )
+        raise TypeError(f"config must be an AttnZooCausalLMConfig or AttnZooVisionConfig, got {type(config).__name__}")
     return config.to_attnzoo()
 
 

@@ -9,6 +9,7 @@ Decoding: the cache is :class:`RecurrentCache`, the per-layer state of each mech
 ``step`` (:class:`attnzoo.layers.RecurrentMixin`). TSSA, Fastmax and linear attention keep running sums of a
 fixed size (decoding memory is flat in the context length); softmax and MSSA keep their key/value cache.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -247,8 +248,14 @@ class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
             return ((loss,) + out) if loss is not None else out
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache, hidden_states=hidden_states)
 
-    def _check_inputs(self, input_ids: torch.LongTensor | None, inputs_embeds: torch.Tensor | None,
-                      past_key_values: Any, logits_to_keep: Any, kwargs: dict[str, Any]) -> None:
+    def _check_inputs(
+        self,
+        input_ids: torch.LongTensor | None,
+        inputs_embeds: torch.Tensor | None,
+        past_key_values: Any,
+        logits_to_keep: Any,
+        kwargs: dict[str, Any],
+    ) -> None:
         """Refuse, with the reason, what ``transformers`` may pass but attnzoo does not support."""
         from attnzoo.models.language import check_token_ids
 
@@ -270,8 +277,9 @@ class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
                 f"{type(past_key_values).__name__}"
             )
 
-    def _parallel(self, input_ids: torch.Tensor, keep: int,
-                  output_hidden_states: bool) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+    def _parallel(
+        self, input_ids: torch.Tensor, keep: int, output_hidden_states: bool
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """The whole of ``input_ids (B, T)`` at once: logits ``(B, keep, V)`` of the last ``keep`` positions and,
         when asked, the hidden states ``(B, T, D)`` after the embedding and after each block."""
         from attnzoo.models.language import check_token_ids
@@ -298,8 +306,9 @@ class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
         return super().prepare_inputs_for_generation(input_ids, past_key_values=past_key_values, **kwargs)
 
 
-def _next_token_loss(logits: torch.Tensor, labels: torch.Tensor, input_ids: torch.Tensor, keep: int,
-                     num_items_in_batch: Any) -> torch.Tensor:
+def _next_token_loss(
+    logits: torch.Tensor, labels: torch.Tensor, input_ids: torch.Tensor, keep: int, num_items_in_batch: Any
+) -> torch.Tensor:
     """Cross-entropy of ``logits (B, T, V)`` at position i against ``labels[:, i + 1]`` (``-100`` ignored), as
     ``transformers`` does with ``labels = input_ids``; summed over ``num_items_in_batch`` when given."""
     t = input_ids.shape[1]
@@ -363,5 +372,5 @@ class AttnZooForImageClassification(AttnZooPreTrainedModel):
         if labels is not None:
             loss = self.loss_function(labels, logits, self.config)
         if not return_dict:
-            return ((loss, logits) if loss is not None else (logits,))
+            return (loss, logits) if loss is not None else (logits,)
         return ImageClassifierOutput(loss=loss, logits=logits, hidden_states=hidden_states)

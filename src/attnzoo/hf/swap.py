@@ -10,6 +10,7 @@ matching projection, and the report says which it could not reuse.
 Linearising a pretrained model this way is the usual first step before fine-tuning (the new mechanism's own
 parameters, e.g. TSSA's temperatures, start from their initial values).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -114,17 +115,32 @@ def _read(module: nn.Module, kind: str, config) -> _Projections:
         qkv = [(w[i * d : (i + 1) * d], b[i * d : (i + 1) * d] if b is not None else None) for i in range(3)]
         o = (module.c_proj.weight.detach().t(), module.c_proj.bias.detach() if module.c_proj.bias is not None else None)
         heads = module.num_heads
-        return _Projections(*qkv, o, heads=heads, head_dim=module.head_dim, kv_heads=heads,
-                            scale=float(module.scaling), attn_dropout=float(module.attn_dropout.p),
-                            proj_dropout=float(module.resid_dropout.p))
+        return _Projections(
+            *qkv,
+            o,
+            heads=heads,
+            head_dim=module.head_dim,
+            kv_heads=heads,
+            scale=float(module.scaling),
+            attn_dropout=float(module.attn_dropout.p),
+            proj_dropout=float(module.resid_dropout.p),
+        )
     head_dim = int(module.head_dim)
     heads = module.q_proj.out_features // head_dim
     kv_heads = module.k_proj.out_features // head_dim
     drop = getattr(module, "attention_dropout", 0.0)
-    return _Projections(_linear(module.q_proj), _linear(module.k_proj), _linear(module.v_proj),
-                        _linear(module.o_proj), heads=heads, head_dim=head_dim, kv_heads=kv_heads,
-                        scale=float(getattr(module, "scaling", head_dim**-0.5)),
-                        attn_dropout=float(drop if isinstance(drop, (int, float)) else 0.0), proj_dropout=0.0)
+    return _Projections(
+        _linear(module.q_proj),
+        _linear(module.k_proj),
+        _linear(module.v_proj),
+        _linear(module.o_proj),
+        heads=heads,
+        head_dim=head_dim,
+        kv_heads=kv_heads,
+        scale=float(getattr(module, "scaling", head_dim**-0.5)),
+        attn_dropout=float(drop if isinstance(drop, (int, float)) else 0.0),
+        proj_dropout=0.0,
+    )
 
 
 def _expand_kv(p: tuple[torch.Tensor, torch.Tensor | None], kv_heads: int, heads: int, head_dim: int):
@@ -280,8 +296,9 @@ def _copy(dst: nn.Linear, w: torch.Tensor, b: torch.Tensor | None) -> None:
                 dst.bias.zero_()  # the original had no bias: a zero bias computes the same function
 
 
-def _build(mechanism: str, proj: _Projections, dim: int, causal: bool, options: dict, context: dict,
-           ref: torch.Tensor) -> tuple[Attention, SwappedLayer]:
+def _build(
+    mechanism: str, proj: _Projections, dim: int, causal: bool, options: dict, context: dict, ref: torch.Tensor
+) -> tuple[Attention, SwappedLayer]:
     if proj.heads * proj.head_dim != dim:
         raise ValueError(
             f"attention with {proj.heads} heads of head_dim {proj.head_dim} != hidden size {dim}: attnzoo's "
@@ -291,8 +308,11 @@ def _build(mechanism: str, proj: _Projections, dim: int, causal: bool, options: 
     opts = dict(options)
     # keep the original's biases, scale and dropout unless the caller chose otherwise; the q/k/v bias only
     # where q/k/v are copied (TSSA's or CBSA's fresh projection U keeps its paper's default)
-    defaults = {"proj_bias": proj.o[1] is not None, "attn_dropout": proj.attn_dropout,
-                "proj_dropout": proj.proj_dropout}
+    defaults = {
+        "proj_bias": proj.o[1] is not None,
+        "attn_dropout": proj.attn_dropout,
+        "proj_dropout": proj.proj_dropout,
+    }
     if mechanism in _FUSED_QKV:
         defaults["qkv_bias"] = proj.q[1] is not None
     if mechanism == "softmax":
@@ -341,9 +361,7 @@ def _build(mechanism: str, proj: _Projections, dim: int, causal: bool, options: 
         reused_names.add("proj" if out is getattr(mixer, "proj", None) else "to_out")
     else:
         info.not_reused["o"] = f"{mechanism} has no output projection of shape {tuple(proj.o[0].shape)}"
-    info.new = sorted(
-        n for n, _ in mixer.named_parameters() if n.split(".")[0] not in reused_names
-    )
+    info.new = sorted(n for n, _ in mixer.named_parameters() if n.split(".")[0] not in reused_names)
     return mixer, info
 
 
@@ -386,8 +404,10 @@ def swap_attention(model: nn.Module, mechanism: str, **options: Any) -> SwapRepo
         causal = bool(getattr(module, "is_causal", False))
         layer_idx = getattr(module, "layer_idx", None)
         proj = _read(module, kind, config)
-        context: dict[str, Any] = {"layer_index": layer_idx if layer_idx is not None else i,
-                                   "num_layers": max(num_layers, i + 1)}
+        context: dict[str, Any] = {
+            "layer_index": layer_idx if layer_idx is not None else i,
+            "num_layers": max(num_layers, i + 1),
+        }
         if causal:
             max_pos = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
             if max_pos:
@@ -408,7 +428,8 @@ def swap_attention(model: nn.Module, mechanism: str, **options: Any) -> SwapRepo
     if rope and report.layers:
         if callable(getattr(attention_info(mechanism), "_qkv", None)):
             report.notes.append(
-                "rotary position embeddings rotate the mechanism's queries and keys, as in the original")
+                "rotary position embeddings rotate the mechanism's queries and keys, as in the original"
+            )
         else:
             report.notes.append(
                 f"rotary position embeddings are not applied: {mechanism} has no separate queries and keys to "

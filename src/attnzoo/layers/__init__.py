@@ -3,6 +3,7 @@
 Every module of this package is imported here, so a new mechanism's layer file registers itself without being
 listed anywhere (see docs/adding_a_mechanism.md).
 """
+
 import importlib
 import pkgutil
 

@@ -13,6 +13,7 @@ qualified module name: ``store["blocks.3.attn"]["pi"]``. Outside a capture, ``re
 and modules can check ``self.capturing`` to skip computing expensive internals (e.g. an explicit
 N x N attention map of a linear-time mechanism).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -148,8 +149,11 @@ def _module_error(module: nn.Module, x, err) -> Exception:
         return e
     m = absmax.get("x")
     what = f"entries up to |x|={m:.3g}" if m is not None else "no NaN/Inf"
-    new = NonFiniteError(f"{name}: the input x is finite ({what}) but inside the module {err}",
-                         names=("x",) + tuple(err.names), kind=err.kind)
+    new = NonFiniteError(
+        f"{name}: the input x is finite ({what}) but inside the module {err}",
+        names=("x",) + tuple(err.names),
+        kind=err.kind,
+    )
     new.module = name
     return new
 
@@ -172,12 +176,16 @@ def register_attention(name: str) -> Callable[[type[Attention]], type[Attention]
 
 def _init_signature(options: type[Options]) -> inspect.Signature:
     kw = inspect.Parameter.KEYWORD_ONLY
-    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-              inspect.Parameter("dim", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=int),
-              inspect.Parameter("heads", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=int),
-              inspect.Parameter("causal", kw, default=False, annotation=bool)]
-    params += [inspect.Parameter(f.name, kw, default=f.default, annotation=f.type)
-               for f in options.__dataclass_fields__.values()]
+    params = [
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("dim", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=int),
+        inspect.Parameter("heads", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=int),
+        inspect.Parameter("causal", kw, default=False, annotation=bool),
+    ]
+    params += [
+        inspect.Parameter(f.name, kw, default=f.default, annotation=f.type)
+        for f in options.__dataclass_fields__.values()
+    ]
     return inspect.Signature(params, return_annotation=None)
 
 

@@ -1,4 +1,5 @@
 """CBSA token mixer: Contract-and-Broadcast Self-Attention (Wen, Huang & Li), parameterised as Algorithm 1."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """CSP token mixer: value projection, channel-wise sample permutation (CSP eq 4), output projection."""
+
 from __future__ import annotations
 
 import torch
@@ -52,9 +53,9 @@ class CSPAttention(Attention):
         key = (N, str(device))
         s = self._shift_cache.get(key)
         if s is None:
-            s = csp_shifts(
-                N, self.dim, self.shift_schedule, layer=self.layer_index, num_layers=self.num_layers
-            ).to(device)
+            s = csp_shifts(N, self.dim, self.shift_schedule, layer=self.layer_index, num_layers=self.num_layers).to(
+                device
+            )
             self._shift_cache[key] = s
         return s
 

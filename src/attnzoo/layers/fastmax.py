@@ -1,4 +1,5 @@
 """Fastmax token mixer (FAST, Gerami et al.): ``proj(fastmax(qkv(x)))`` in O(N D^(p+1)) time."""
+
 from __future__ import annotations
 
 import torch
@@ -54,8 +55,15 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
         q, k, v = self._qkv(x)
         if self.training and self.attn_dropout > 0:
             out = fastmax_dropout(
-                q, k, v, rate=self.attn_dropout, placement=self.dropout_placement, p=self.p,
-                causal=self.causal, scale=self.scale, backend=self.backend,
+                q,
+                k,
+                v,
+                rate=self.attn_dropout,
+                placement=self.dropout_placement,
+                p=self.p,
+                causal=self.causal,
+                scale=self.scale,
+                backend=self.backend,
             )
         else:
             out = fastmax(q, k, v, p=self.p, causal=self.causal, scale=self.scale, backend=self.backend)

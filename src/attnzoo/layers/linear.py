@@ -1,4 +1,5 @@
 """Multi-head linear attention (Katharopoulos et al., 2020) with the ViT / nanoGPT projection layout."""
+
 from __future__ import annotations
 
 import torch

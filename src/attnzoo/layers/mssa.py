@@ -1,4 +1,5 @@
 """Multi-head subspace self-attention (MSSA): CRATE's (Yu et al., 2023) and AoT's (Wang et al.) token mixer."""
+
 from __future__ import annotations
 
 import torch

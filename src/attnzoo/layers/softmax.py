@@ -1,4 +1,5 @@
 """Multi-head softmax self-attention (Vaswani et al., 2017) with the ViT / DeiT / nanoGPT parameter layout."""
+
 from __future__ import annotations
 
 import torch
@@ -55,9 +56,7 @@ class SoftmaxAttention(QKVProjection, Attention, RecurrentMixin):
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> dict[str, torch.Tensor]:
         """Empty KV cache ``{"k", "v"}`` of shape ``(batch_size, H, 0, head_dim)``."""
         w = self.qkv.weight
-        empty = torch.zeros(
-            batch_size, self.heads, 0, self.head_dim, device=device or w.device, dtype=dtype or w.dtype
-        )
+        empty = torch.zeros(batch_size, self.heads, 0, self.head_dim, device=device or w.device, dtype=dtype or w.dtype)
         return {"k": empty, "v": empty.clone()}
 
     def step(self, x: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -4,6 +4,7 @@ Parameters are exactly those of the paper's pseudocode, so parameter counts matc
 ``qkv`` (one ``dim x dim`` projection; its name is the paper's), per-head ``temp`` ``(heads, 1)``,
 ``to_out``, and in causal mode the positional ``bias`` ``(heads, max_len, 1)`` of eq. 39.
 """
+
 from __future__ import annotations
 
 import torch

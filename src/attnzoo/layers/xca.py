@@ -1,4 +1,5 @@
 """Cross-covariance attention (XCiT, El-Nouby et al., 2021): attention over channels, linear in tokens."""
+
 from __future__ import annotations
 
 import torch

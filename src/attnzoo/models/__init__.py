@@ -9,6 +9,7 @@
 - Config dataclasses: :class:`VisionConfig`, :class:`CausalLMConfig`, :class:`SequenceClassifierConfig`,
   :class:`ICLConfig`.
 """
+
 # These imports are the one list of architectures: importing a model file (icl, language, sequence, vision)
 # registers its class with @register_architecture, and the registry derives arch -> model class -> config class
 # from those registrations; importing zoo registers the papers' named configurations.

@@ -11,6 +11,7 @@ into it without an import cycle:
 Registrations happen when their module is imported; ``attnzoo.models/__init__.py`` imports every model file,
 and that import list is the one place that lists the architectures.
 """
+
 from __future__ import annotations
 
 import fnmatch

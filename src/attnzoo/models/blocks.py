@@ -7,6 +7,7 @@ Layouts (``x`` is ``(B, N, dim)``; ``A`` the mixer, ``F`` the feed-forward part,
 - ``norm="none"``: ``x += A(x)`` (AoT vision, Fig. 3)
 - ``ffn="ista"``:  ``x = ISTA(LN(x + A(LN(x))))`` (CRATE; ToST/CBSA papers), no residual around ISTA.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -19,7 +20,14 @@ from torch import nn
 from attnzoo.layers.base import Attention, attention_info, build_attention, list_attentions
 
 __all__ = [
-    "Mlp", "ISTA", "LayerScale", "Block", "build_blocks", "build_mixer", "supports_step", "init_weights",
+    "Mlp",
+    "ISTA",
+    "LayerScale",
+    "Block",
+    "build_blocks",
+    "build_mixer",
+    "supports_step",
+    "init_weights",
     "set_norm_eps",
 ]
 
@@ -216,7 +224,6 @@ def build_blocks(cfg, *, causal: bool, context: dict | None = None) -> nn.Module
             )
         )
     return nn.ModuleList(blocks)
-
 
 
 def init_weights(module: nn.Module, *, std: float = 0.02) -> None:

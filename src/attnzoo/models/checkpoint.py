@@ -10,6 +10,7 @@ The SHA-256 is stored twice: in the safetensors metadata and as ``weights_sha256
 editing the tensors and stripping the metadata is still detected. A checkpoint carrying neither (written
 by other tools or by hand) loads with a one-time warning that its weights are unverified.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -175,10 +176,12 @@ def _read_config(directory: str | os.PathLike):
     if not isinstance(data, dict) or "arch" not in data:
         raise CheckpointError(f"{path}: expected a JSON object with an 'arch' key")
     checksum = data.pop(CHECKSUM_KEY, None)
-    if checksum is not None and not (isinstance(checksum, str) and len(checksum) == 64
-                                     and all(c in "0123456789abcdef" for c in checksum)):
-        raise CheckpointError(f"{path}: {CHECKSUM_KEY} must be a SHA-256 hex digest (64 lowercase hex digits), "
-                              f"got {checksum!r}")
+    if checksum is not None and not (
+        isinstance(checksum, str) and len(checksum) == 64 and all(c in "0123456789abcdef" for c in checksum)
+    ):
+        raise CheckpointError(
+            f"{path}: {CHECKSUM_KEY} must be a SHA-256 hex digest (64 lowercase hex digits), got {checksum!r}"
+        )
     try:
         cls = config_class_for(data["arch"])
         return cls.from_dict(data, source=str(path)), checksum
@@ -234,17 +237,23 @@ def load_weights(model: nn.Module, path: str | os.PathLike, expected_sha256: str
     if wanted:
         digest = _digest(tensors)
         if expected_sha256 is not None and digest != expected_sha256:
-            raise CheckpointError(f"{path}: checksum mismatch with {CHECKSUM_KEY} in {path.parent / CONFIG_NAME}; "
-                                  "the tensor data is corrupt or was edited")
+            raise CheckpointError(
+                f"{path}: checksum mismatch with {CHECKSUM_KEY} in {path.parent / CONFIG_NAME}; "
+                "the tensor data is corrupt or was edited"
+            )
         if digest not in wanted or len(wanted) > 1:
             raise CheckpointError(f"{path}: checksum mismatch with its sha256 metadata; the tensor data is corrupt")
     else:
         key = str(path.resolve())
         if key not in _warned_unverified:
             _warned_unverified.add(key)
-            warnings.warn(f"{path}: unverified weights: neither {path.parent / CONFIG_NAME} ({CHECKSUM_KEY}) nor the "
-                          "file's metadata holds a checksum, so corruption or edits cannot be detected. Re-save "
-                          "with save_pretrained to add one.", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"{path}: unverified weights: neither {path.parent / CONFIG_NAME} ({CHECKSUM_KEY}) nor the "
+                "file's metadata holds a checksum, so corruption or edits cannot be detected. Re-save "
+                "with save_pretrained to add one.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
     with torch.no_grad():
         for name in sorted(expected):
             own[name].copy_(tensors[name])

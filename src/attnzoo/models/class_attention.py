@@ -5,6 +5,7 @@ O(N). The patch tokens pass through unchanged, as in CaiT. (XCiT's reference cod
 to the patch tokens inside these layers, which changes what the second layer sees; the papers do not
 describe it, so we do not replicate it.)
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """``attnzoo models``: list the registered models with their parameter counts (computed on the meta device)."""
+
 from __future__ import annotations
 
 import argparse

@@ -3,6 +3,7 @@
 Every architecture has one config class. Unknown keys are an error that lists the valid keys; values are
 validated when the config is built, so a bad config fails before any tensor is allocated.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -72,9 +73,7 @@ class ModelConfig:
         unknown = sorted(set(keys) - set(cls.valid_keys()))
         if unknown:
             where = f" (in {source})" if source else ""
-            raise ValueError(
-                f"unknown {cls.__name__} key(s) {unknown}{where}; valid keys: {cls.valid_keys()}"
-            )
+            raise ValueError(f"unknown {cls.__name__} key(s) {unknown}{where}; valid keys: {cls.valid_keys()}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict including the ``arch`` tag."""
@@ -188,8 +187,10 @@ class BackboneConfig(ModelConfig):
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name} must be a non-negative number, got {v!r}")
         if (
-            not isinstance(self.norm_eps, (int, float)) or isinstance(self.norm_eps, bool)
-            or not math.isfinite(self.norm_eps) or self.norm_eps <= 0
+            not isinstance(self.norm_eps, (int, float))
+            or isinstance(self.norm_eps, bool)
+            or not math.isfinite(self.norm_eps)
+            or self.norm_eps <= 0
         ):
             raise ValueError(f"norm_eps must be a positive finite number (LayerNorm epsilon), got {self.norm_eps!r}")
 
@@ -242,9 +243,7 @@ class VisionConfig(BackboneConfig):
             check_positive_int(name, getattr(self, name))
         check_nonneg_int("num_classes", self.num_classes)
         if self.image_size % self.patch_size:
-            raise ValueError(
-                f"image_size={self.image_size} must be divisible by patch_size={self.patch_size}"
-            )
+            raise ValueError(f"image_size={self.image_size} must be divisible by patch_size={self.patch_size}")
         check_choice("patch_embed", self.patch_embed, PATCH_EMBEDS)
         check_choice("pos_embed", self.pos_embed, VISION_POS)
         check_choice("pool", self.pool, VISION_POOLS)

@@ -1,5 +1,6 @@
 """Input embeddings: image patch embeddings (linear / LayerNorm-linear / convolutional stem) and
 positional encodings (learned, XCiT's Fourier features, 1-D sinusoidal)."""
+
 from __future__ import annotations
 
 import math

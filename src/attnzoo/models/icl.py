@@ -1,4 +1,5 @@
 """In-context regression model (Garg et al. 2022; AoT §4.1.2): linear read-in, causal backbone, read-out."""
+
 from __future__ import annotations
 
 import torch

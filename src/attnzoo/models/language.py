@@ -1,4 +1,5 @@
 """Causal decoder language model (nanoGPT layout) on the shared skeleton: GPT-2, ToST, AoT, Fastmax GPT."""
+
 from __future__ import annotations
 
 import math

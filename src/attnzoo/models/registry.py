@@ -3,6 +3,7 @@
 The registrations themselves live in :mod:`attnzoo.models._registry` (which imports nothing from attnzoo);
 this module adds what needs torch: building a model from a config, and parameter counts on the meta device.
 """
+
 from __future__ import annotations
 
 import torch
@@ -80,8 +81,10 @@ def count_parameters(name_or_config: str | ModelConfig, *, exclude: tuple[str, .
 
     ``exclude``: parameter-name prefixes left out of the count (e.g. ``("wpe.",)``).
     """
-    cfg = get_config(name_or_config, **overrides) if isinstance(name_or_config, str) else (
-        name_or_config.replace(**overrides) if overrides else name_or_config
+    cfg = (
+        get_config(name_or_config, **overrides)
+        if isinstance(name_or_config, str)
+        else (name_or_config.replace(**overrides) if overrides else name_or_config)
     )
     model = build_model(cfg, device="meta")
     return sum(p.numel() for n, p in model.named_parameters() if not any(n.startswith(e) for e in exclude))

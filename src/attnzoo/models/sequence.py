@@ -1,4 +1,5 @@
 """Sequence classifier for long-range tasks (LRA): embedding -> bidirectional blocks -> pooling -> head."""
+
 from __future__ import annotations
 
 import torch
@@ -83,8 +84,10 @@ class SequenceClassifier(PretrainedModel):
         if self.config.dual:
             if tokens2 is None:
                 raise ValueError("this is a two-sequence (dual) classifier: call model(tokens_a, tokens_b)")
-            same_batch = isinstance(tokens, torch.Tensor) and isinstance(tokens2, torch.Tensor) and (
-                tokens.ndim == tokens2.ndim == 2 and tokens.shape[0] == tokens2.shape[0]
+            same_batch = (
+                isinstance(tokens, torch.Tensor)
+                and isinstance(tokens2, torch.Tensor)
+                and (tokens.ndim == tokens2.ndim == 2 and tokens.shape[0] == tokens2.shape[0])
             )
             if not same_batch:
                 raise ValueError("tokens and tokens2 must be (B, N) tensors with the same batch size B")

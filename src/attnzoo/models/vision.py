@@ -1,4 +1,5 @@
 """Vision classifier on the shared skeleton: ViT/DeiT, XCiT (no LPI), ToST, CRATE, CBT, AoT, CSP-ViT."""
+
 from __future__ import annotations
 
 import torch
@@ -36,9 +37,7 @@ class VisionTransformer(PretrainedModel):
         self.grid = cfg.grid
         n_patches = self.grid[0] * self.grid[1]
         self.num_prefix_tokens = 1 if cfg.pool == "cls" else 0
-        self.cls_token = (
-            nn.Parameter(torch.zeros(1, 1, cfg.dim)) if cfg.pool in ("cls", "class_attention") else None
-        )
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.dim)) if cfg.pool in ("cls", "class_attention") else None
         self.pos_embed = self.pos_fourier = None
         if cfg.pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.zeros(1, n_patches + self.num_prefix_tokens, cfg.dim))
@@ -82,8 +81,10 @@ class VisionTransformer(PretrainedModel):
                 f"got {tuple(x.shape)}"
             )
         if not x.is_floating_point():
-            raise TypeError(f"images must be a floating-point tensor (normalised pixels), got dtype {x.dtype}; "
-                            f"convert with images.float() and normalise")
+            raise TypeError(
+                f"images must be a floating-point tensor (normalised pixels), got dtype {x.dtype}; "
+                f"convert with images.float() and normalise"
+            )
         check_module_input(self, "images", x)
         finite_absmax({"images": x}, op=type(self).__name__)
 

@@ -4,6 +4,7 @@ Parameter figures are the papers' own; ``tests/models/test_param_counts.py`` che
 on the meta device. Where a figure needs a convention to be met (binary millions, nanoGPT's
 "non-embedding" count) or cannot be met, the entry's ``note`` and the comment beside it say why.
 """
+
 from __future__ import annotations
 
 from attnzoo.models._registry import register_model
@@ -17,14 +18,25 @@ MIB = 2.0**20  # some ToST Table 2/5 figures are in units of 2^20 parameters, se
 
 
 def _vit(dim: int, depth: int, heads: int, **kw) -> VisionConfig:
-    base = dict(dim=dim, depth=depth, heads=heads, attention="softmax", patch_embed="linear", pos_embed="learned",
-                pool="cls", ffn="mlp", mlp_ratio=4.0, norm="pre")
+    base = dict(
+        dim=dim,
+        depth=depth,
+        heads=heads,
+        attention="softmax",
+        patch_embed="linear",
+        pos_embed="learned",
+        pool="cls",
+        ffn="mlp",
+        mlp_ratio=4.0,
+        norm="pre",
+    )
     base.update(kw)
     return VisionConfig(**base)
 
 
-@register_model("vit_s", paper="DeiT-S (Touvron et al. 2021) as in ToST Table 5 / CBSA Table 3", paper_params=22.1,
-                tags=("vision",))
+@register_model(
+    "vit_s", paper="DeiT-S (Touvron et al. 2021) as in ToST Table 5 / CBSA Table 3", paper_params=22.1, tags=("vision",)
+)
 def vit_s() -> VisionConfig:
     return _vit(384, 12, 6)
 
@@ -50,9 +62,21 @@ def vit_b() -> VisionConfig:
 
 
 def _xcit_skeleton(dim: int, depth: int, heads: int, attention: str, **kw) -> VisionConfig:
-    base = dict(dim=dim, depth=depth, heads=heads, attention=attention, patch_embed="conv", pos_embed="fourier",
-                pool="class_attention", class_attention_layers=2, ffn="mlp", mlp_ratio=4.0, norm="pre",
-                layerscale=1.0 if depth <= 12 else 1e-5, norm_eps=1e-6)
+    base = dict(
+        dim=dim,
+        depth=depth,
+        heads=heads,
+        attention=attention,
+        patch_embed="conv",
+        pos_embed="fourier",
+        pool="class_attention",
+        class_attention_layers=2,
+        ffn="mlp",
+        mlp_ratio=4.0,
+        norm="pre",
+        layerscale=1.0 if depth <= 12 else 1e-5,
+        norm_eps=1e-6,
+    )
     base.update(kw)
     return VisionConfig(**base)
 
@@ -71,20 +95,38 @@ def tost_s() -> VisionConfig:
     return _xcit_skeleton(384, 12, 8, "tssa", attention_options=_TOST_TSSA)
 
 
-@register_model("tost_m", paper="ToST Table 5 (ToST-M)", paper_params=68.1, paper_params_unit=MIB,
-                note="= 71.5M; Table 5 mixes 10^6 and 2^20 units", tags=("vision",))
+@register_model(
+    "tost_m",
+    paper="ToST Table 5 (ToST-M)",
+    paper_params=68.1,
+    paper_params_unit=MIB,
+    note="= 71.5M; Table 5 mixes 10^6 and 2^20 units",
+    tags=("vision",),
+)
 def tost_m() -> VisionConfig:
     return _xcit_skeleton(512, 24, 8, "tssa", attention_options=_TOST_TSSA)
 
 
-@register_model("xcit_s", paper="ToST Table 5 (XCiT-S12/16 without LPI)", paper_params=24.9, paper_params_unit=MIB,
-                note="= 26.1M; Table 5 mixes 10^6 and 2^20 units", tags=("vision",))
+@register_model(
+    "xcit_s",
+    paper="ToST Table 5 (XCiT-S12/16 without LPI)",
+    paper_params=24.9,
+    paper_params_unit=MIB,
+    note="= 26.1M; Table 5 mixes 10^6 and 2^20 units",
+    tags=("vision",),
+)
 def xcit_s() -> VisionConfig:
     return _xcit_skeleton(384, 12, 8, "xca")
 
 
-@register_model("xcit_m", paper="ToST Table 5 (XCiT-M24/16 without LPI)", paper_params=80.2, paper_params_unit=MIB,
-                note="= 84.1M; Table 5 mixes 10^6 and 2^20 units", tags=("vision",))
+@register_model(
+    "xcit_m",
+    paper="ToST Table 5 (XCiT-M24/16 without LPI)",
+    paper_params=80.2,
+    paper_params_unit=MIB,
+    note="= 84.1M; Table 5 mixes 10^6 and 2^20 units",
+    tags=("vision",),
+)
 def xcit_m() -> VisionConfig:
     return _xcit_skeleton(512, 24, 8, "xca")
 
@@ -97,8 +139,19 @@ def xcit_m() -> VisionConfig:
 
 
 def _crate(dim: int, depth: int, heads: int, **kw) -> VisionConfig:
-    base = dict(dim=dim, depth=depth, heads=heads, attention="mssa", patch_embed="linear_ln", pos_embed="learned",
-                pool="cls", ffn="ista", norm="pre", ista_step=0.1, ista_lambda=0.1)
+    base = dict(
+        dim=dim,
+        depth=depth,
+        heads=heads,
+        attention="mssa",
+        patch_embed="linear_ln",
+        pos_embed="learned",
+        pool="cls",
+        ffn="ista",
+        norm="pre",
+        ista_step=0.1,
+        ista_lambda=0.1,
+    )
     base.update(kw)
     return VisionConfig(**base)
 
@@ -177,9 +230,19 @@ def crate_cbt_s() -> VisionConfig:
 
 def _aot_vision(dim: int, depth: int, heads: int, head_dim: int | None = None) -> VisionConfig:
     options = {} if head_dim is None else {"head_dim": head_dim}
-    return VisionConfig(dim=dim, depth=depth, heads=heads, attention="mssa", attention_options=options,
-                        patch_embed="linear_ln", pos_embed="learned", pool="cls", ffn="none", norm="none",
-                        final_norm=True)
+    return VisionConfig(
+        dim=dim,
+        depth=depth,
+        heads=heads,
+        attention="mssa",
+        attention_options=options,
+        patch_embed="linear_ln",
+        pos_embed="learned",
+        pool="cls",
+        ffn="none",
+        norm="none",
+        final_norm=True,
+    )
 
 
 @register_model("aot_vision_b", paper="AoT Table 2 (AoT-Base)", paper_params=16.0, tags=("vision",))
@@ -207,9 +270,23 @@ def aot_vision_h() -> VisionConfig:
 
 
 def _cifar_vit(attention: str, options: dict) -> VisionConfig:
-    return VisionConfig(image_size=32, patch_size=4, num_classes=10, dim=512, depth=6, heads=8, mlp_dim=512,
-                        attention=attention, attention_options=options, patch_embed="linear_ln",
-                        pos_embed="learned", pool="mean", ffn="mlp", norm="pre", dropout=0.1)
+    return VisionConfig(
+        image_size=32,
+        patch_size=4,
+        num_classes=10,
+        dim=512,
+        depth=6,
+        heads=8,
+        mlp_dim=512,
+        attention=attention,
+        attention_options=options,
+        patch_embed="linear_ln",
+        pos_embed="learned",
+        pool="mean",
+        ffn="mlp",
+        norm="pre",
+        dropout=0.1,
+    )
 
 
 @register_model("csp_vit_cifar", paper="CSP Table 3 (ViT + CSP, CIFAR-10)", paper_params=6.38, tags=("vision",))
@@ -228,14 +305,27 @@ def vit_cifar() -> VisionConfig:
 
 
 def _gpt(dim: int, depth: int, heads: int, **kw) -> CausalLMConfig:
-    base = dict(dim=dim, depth=depth, heads=heads, vocab_size=50257, block_size=1024, attention="softmax",
-                ffn="mlp", mlp_ratio=4.0, norm="pre")
+    base = dict(
+        dim=dim,
+        depth=depth,
+        heads=heads,
+        vocab_size=50257,
+        block_size=1024,
+        attention="softmax",
+        ffn="mlp",
+        mlp_ratio=4.0,
+        norm="pre",
+    )
     base.update(kw)
     return CausalLMConfig(**base)
 
 
-@register_model("gpt2_base", paper="GPT-2 (Radford et al. 2019) as in ToST Table 4 / AoT Table 1", paper_params=124.0,
-                tags=("language",))
+@register_model(
+    "gpt2_base",
+    paper="GPT-2 (Radford et al. 2019) as in ToST Table 4 / AoT Table 1",
+    paper_params=124.0,
+    tags=("language",),
+)
 def gpt2_base() -> CausalLMConfig:
     return _gpt(768, 12, 12)
 
@@ -264,32 +354,45 @@ def tost_gpt_large() -> CausalLMConfig:
 _AOT_MSSA = {"normalize_query": True}
 
 
-@register_model("aot_gpt_base", paper="AoT Table 1 (Base)", paper_params=102.0,
-                tags=("language",), count_excludes=("wpe.",))
+@register_model(
+    "aot_gpt_base", paper="AoT Table 1 (Base)", paper_params=102.0, tags=("language",), count_excludes=("wpe.",)
+)
 def aot_gpt_base() -> CausalLMConfig:
     return _gpt(1024, 24, 16, attention="mssa", attention_options=_AOT_MSSA, ffn="none")
 
 
-@register_model("aot_gpt_medium", paper="AoT Table 1 (Medium)", paper_params=182.0,
-                tags=("language",), count_excludes=("wpe.",))
+@register_model(
+    "aot_gpt_medium", paper="AoT Table 1 (Medium)", paper_params=182.0, tags=("language",), count_excludes=("wpe.",)
+)
 def aot_gpt_medium() -> CausalLMConfig:
     return _gpt(1280, 36, 20, attention="mssa", attention_options=_AOT_MSSA, ffn="none")
 
 
-@register_model("aot_gpt_large", paper="AoT Table 1 (Large)", paper_params=326.0,
-                tags=("language",), count_excludes=("wpe.",))
+@register_model(
+    "aot_gpt_large", paper="AoT Table 1 (Large)", paper_params=326.0, tags=("language",), count_excludes=("wpe.",)
+)
 def aot_gpt_large() -> CausalLMConfig:
     return _gpt(1600, 48, 25, attention="mssa", attention_options=_AOT_MSSA, ffn="none")
 
 
-@register_model("aot_gpt_hybrid", paper="AoT §4.1, Table 1 (Hybrid)", paper_params=81.0,
-                tags=("language",), count_excludes=("wpe.",))
+@register_model(
+    "aot_gpt_hybrid",
+    paper="AoT §4.1, Table 1 (Hybrid)",
+    paper_params=81.0,
+    tags=("language",),
+    count_excludes=("wpe.",),
+)
 def aot_gpt_hybrid() -> CausalLMConfig:
     return _gpt(768, 12, 12, attention="mssa", attention_options=_AOT_MSSA, ffn="mlp", ffn_layers=6)
 
 
-@register_model("aot_gpt_full_mlp", paper="AoT §4.1, Table 1 (Full MLP)", paper_params=109.0,
-                tags=("language",), count_excludes=("wpe.",))
+@register_model(
+    "aot_gpt_full_mlp",
+    paper="AoT §4.1, Table 1 (Full MLP)",
+    paper_params=109.0,
+    tags=("language",),
+    count_excludes=("wpe.",),
+)
 def aot_gpt_full_mlp() -> CausalLMConfig:
     return _gpt(768, 12, 12, attention="mssa", attention_options=_AOT_MSSA, ffn="mlp")
 
@@ -314,8 +417,18 @@ def fastmax_gpt_p2() -> CausalLMConfig:
 
 def _icl(attention: str, depth: int, ffn: str, ffn_layers: int | None = None) -> ICLConfig:
     opts = dict(_AOT_MSSA) if attention == "mssa" else {}
-    return ICLConfig(n_dims=20, max_points=41, dim=128, heads=8, depth=depth, attention=attention,
-                     attention_options=opts, ffn=ffn, ffn_layers=ffn_layers, norm="pre")
+    return ICLConfig(
+        n_dims=20,
+        max_points=41,
+        dim=128,
+        heads=8,
+        depth=depth,
+        attention=attention,
+        attention_options=opts,
+        ffn=ffn,
+        ffn_layers=ffn_layers,
+        norm="pre",
+    )
 
 
 @register_model("icl_gpt", paper="AoT §4.1.2 (Transformer)", tags=("icl",))
@@ -380,18 +493,36 @@ def _register_lra() -> None:
         depth, dim, heads, mlp, pre, drop = _TOST_LRA[task]
 
         def tost_cfg(depth=depth, dim=dim, heads=heads, mlp=mlp, pre=pre, drop=drop, data=data):
-            return SequenceClassifierConfig(depth=depth, dim=dim, heads=heads, mlp_dim=mlp,
-                                            norm="pre" if pre else "post", dropout=drop, attention="tssa",
-                                            attention_options=dict(_TOST_TSSA), norm_eps=1e-6, pool="mean", **data)
+            return SequenceClassifierConfig(
+                depth=depth,
+                dim=dim,
+                heads=heads,
+                mlp_dim=mlp,
+                norm="pre" if pre else "post",
+                dropout=drop,
+                attention="tssa",
+                attention_options=dict(_TOST_TSSA),
+                norm_eps=1e-6,
+                pool="mean",
+                **data,
+            )
 
         register_model(f"tost_lra_{task}", paper=f"ToST Table 7 ({task})", tags=("lra",))(tost_cfg)
 
         depth, dim, heads, mlp = _CSP_LRA[task]
 
         def csp_cfg(depth=depth, dim=dim, heads=heads, mlp=mlp, data=data):
-            return SequenceClassifierConfig(depth=depth, dim=dim, heads=heads, mlp_dim=mlp, norm="pre",
-                                            attention="csp", attention_options={"groups": 1, "shift_schedule": "none"},
-                                            pool="cls", **data)
+            return SequenceClassifierConfig(
+                depth=depth,
+                dim=dim,
+                heads=heads,
+                mlp_dim=mlp,
+                norm="pre",
+                attention="csp",
+                attention_options={"groups": 1, "shift_schedule": "none"},
+                pool="cls",
+                **data,
+            )
 
         register_model(f"csp_lra_{task}", paper=f"CSP Table 6 ({task})", tags=("lra",))(csp_cfg)
 

@@ -4,6 +4,7 @@ One sub-package per mechanism, each with a ``naive.py`` reference and its fast p
 public function. The imports below are eager on purpose: importing ``attnzoo.ops.tssa`` binds the
 *sub-package* to ``attnzoo.ops.tssa``, and the function imported afterwards must be what that name means.
 """
+
 from __future__ import annotations
 
 from attnzoo.ops.cbsa import cbsa

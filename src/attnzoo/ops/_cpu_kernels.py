@@ -17,6 +17,7 @@ Environment: ``ATTNZOO_CPU_KERNELS=0`` skips the kernels (PyTorch path everywher
 ``ATTNZOO_CPU_KERNELS_DIR`` sets the build cache (default ``~/.cache/attnzoo/cpu_kernels``);
 ``ATTNZOO_CPU_KERNELS_WAIT`` bounds the wait for another process's build (seconds, default 300).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -84,8 +85,10 @@ def _wait_seconds() -> float:
     except ValueError:
         value = float("nan")
     if not value >= 0 or value == float("inf"):
-        raise ValueError(f"ATTNZOO_CPU_KERNELS_WAIT={raw!r}: expected a finite number of seconds >= 0 (how long to "
-                         f"wait for another process's build of the CPU kernels; default {DEFAULT_WAIT_S:g})")
+        raise ValueError(
+            f"ATTNZOO_CPU_KERNELS_WAIT={raw!r}: expected a finite number of seconds >= 0 (how long to "
+            f"wait for another process's build of the CPU kernels; default {DEFAULT_WAIT_S:g})"
+        )
     return value
 
 
@@ -100,8 +103,15 @@ def _sources_digest() -> str:
 def _build_key() -> str:
     """Hash of what the compiled library depends on besides the CPU (see the module docstring)."""
     parts = [
-        sys.executable, sys.prefix, sys.version, torch.__version__, str(getattr(torch.version, "git_version", "")),
-        str(Path(torch.__file__).parent), os.environ.get("CXX", ""), " ".join(_cflags()), " ".join(_ldflags()),
+        sys.executable,
+        sys.prefix,
+        sys.version,
+        torch.__version__,
+        str(getattr(torch.version, "git_version", "")),
+        str(Path(torch.__file__).parent),
+        os.environ.get("CXX", ""),
+        " ".join(_cflags()),
+        " ".join(_ldflags()),
         _sources_digest(),
     ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
@@ -137,8 +147,11 @@ def _build(wait_s: float = DEFAULT_WAIT_S) -> None:
     with _build_lock(build_dir, wait_s):
         if not (build_dir / "attnzoo_cpu.so").exists():
             # a pause of half a minute deserves a word (logging's last-resort handler shows warnings on stderr)
-            log.warning("attnzoo: compiling the fused CPU kernels into %s (once per machine and Python "
-                        "environment, ~30 s on 2 cores)", build_dir)
+            log.warning(
+                "attnzoo: compiling the fused CPU kernels into %s (once per machine and Python "
+                "environment, ~30 s on 2 cores)",
+                build_dir,
+            )
         load(
             name="attnzoo_cpu",
             sources=[str(s) for s in CPU_KERNEL_SOURCES],
@@ -188,12 +201,18 @@ def _build_lock(build_dir: Path, wait_s: float = DEFAULT_WAIT_S) -> Iterator[Non
             waited = time.monotonic() - start
             if not _announced and (waited >= min(_ANNOUNCE_AFTER_S, wait_s)):
                 _announced = True  # once per process
-                print(f"attnzoo: waiting for {_holder(build_dir)}, which is building the fused CPU kernels in "
-                      f"{build_dir} (at most {wait_s:g} s, set by ATTNZOO_CPU_KERNELS_WAIT; then the PyTorch "
-                      "path is used)", file=sys.stderr, flush=True)
+                print(
+                    f"attnzoo: waiting for {_holder(build_dir)}, which is building the fused CPU kernels in "
+                    f"{build_dir} (at most {wait_s:g} s, set by ATTNZOO_CPU_KERNELS_WAIT; then the PyTorch "
+                    "path is used)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if waited >= wait_s:
-                raise BuildWaitTimeout(f"{_holder(build_dir)} held the build lock {path} for more than "
-                                       f"{wait_s:g} s (ATTNZOO_CPU_KERNELS_WAIT)")
+                raise BuildWaitTimeout(
+                    f"{_holder(build_dir)} held the build lock {path} for more than "
+                    f"{wait_s:g} s (ATTNZOO_CPU_KERNELS_WAIT)"
+                )
             time.sleep(min(0.1, max(wait_s - waited, 0.0)))
         try:
             os.ftruncate(fd, 0)
@@ -222,9 +241,12 @@ def cpu_kernels():
                 _loaded = True
             except BuildWaitTimeout as e:
                 _error = str(e)
-                warnings.warn(f"attnzoo: gave up waiting for the fused CPU kernels: {e}; this process uses the "
-                              "PyTorch path (slower). Later processes load the finished build.",
-                              RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"attnzoo: gave up waiting for the fused CPU kernels: {e}; this process uses the "
+                    "PyTorch path (slower). Later processes load the finished build.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             except Exception as e:  # noqa: BLE001 - any build failure means: use the PyTorch path
                 _error = f"{type(e).__name__}: {e}".strip()
                 warnings.warn(

@@ -10,6 +10,7 @@ asked for on a device they do not run on raise ``ValueError`` naming the op, the
 :func:`force_backend` makes ``"auto"`` resolve to a named backend within a block: how the contract tests run every
 layer on its op's reference without knowing the layer.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -66,8 +67,9 @@ def resolve_backend(mech: Mechanism, backend, x: torch.Tensor, *, name: str = "x
         raise ValueError(f"backend={backend!r} is not supported by {mech.op}; valid backends: {mech.backend_names()}")
     if not b.is_available():
         need = "the triton package and " + b.module if b.kind == "triton" else b.module
-        raise ValueError(f"backend={backend!r} is not available for {mech.op} (needs {need}); "
-                         f"valid backends: {mech.backend_names()}")
+        raise ValueError(
+            f"backend={backend!r} is not available for {mech.op} (needs {need}); valid backends: {mech.backend_names()}"
+        )
     # Triton kernels check their own device (CUDA, or CPU under TRITON_INTERPRET=1) with a message saying how
     if b.kind == "cpu" and x.device.type != "cpu":
         raise ValueError(f"backend={backend!r} runs on CPU tensors, but {name} is on {x.device}; use backend='auto'")
@@ -76,12 +78,15 @@ def resolve_backend(mech: Mechanism, backend, x: torch.Tensor, *, name: str = "x
 
 def _kernel_key(tensors: Sequence, options: dict) -> tuple:
     # what selects different kernels: dtypes, which optional inputs are present, and the flag/mode options
-    return (tuple(t.dtype if isinstance(t, torch.Tensor) else None for t in tensors),
-            tuple(sorted((k, v) for k, v in options.items() if isinstance(v, (bool, str, int)))))
+    return (
+        tuple(t.dtype if isinstance(t, torch.Tensor) else None for t in tensors),
+        tuple(sorted((k, v) for k, v in options.items() if isinstance(v, (bool, str, int)))),
+    )
 
 
-def run_backend(mech: Mechanism, name: str, tensors: Sequence, *, auto: bool,
-                tensor_options: dict | None = None, **options) -> torch.Tensor:
+def run_backend(
+    mech: Mechanism, name: str, tensors: Sequence, *, auto: bool, tensor_options: dict | None = None, **options
+) -> torch.Tensor:
     """``backend(*tensors, **tensor_options, **options)``.
 
     A Triton backend chosen by ``"auto"`` runs behind the fallback guard, with the PyTorch path
@@ -100,5 +105,4 @@ def run_backend(mech: Mechanism, name: str, tensors: Sequence, *, auto: bool,
         return lambda *ts: f(*ts[:n], **dict(zip(keys, ts[n:])), **options)
 
     inputs = (*tensors, *tensor_options.values())
-    return _triton_utils.run_auto_triton(mech.op, bind(fn), bind(torch_fn), inputs,
-                                         key=_kernel_key(inputs, options))
+    return _triton_utils.run_auto_triton(mech.op, bind(fn), bind(torch_fn), inputs, key=_kernel_key(inputs, options))

@@ -1,4 +1,5 @@
 """Dtype rules shared by every op: which dtype reductions accumulate in."""
+
 from __future__ import annotations
 
 import torch

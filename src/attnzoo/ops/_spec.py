@@ -6,6 +6,7 @@ dataclass whose fields are checked by the shared checks of :mod:`attnzoo._checks
 of its recurrent decoding state. The op dispatches through it (:mod:`attnzoo.ops._dispatch`), its layer builds its
 options from it, and ``build_attention`` / ``list_attentions`` / ``attention_info`` read it.
 """
+
 from __future__ import annotations
 
 import dataclasses

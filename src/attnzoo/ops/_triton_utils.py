@@ -15,6 +15,7 @@ the PyTorch path's result; :func:`auto_uses_triton` then keeps ``"auto"`` off Tr
 backward kernels, compiled at the first ``.backward()``, are guarded the same way until one has run.
 ``backend="triton"`` named explicitly never falls back: the error reaches the caller.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,10 +28,15 @@ import torch
 from attnzoo.ops._dtypes import acc_dtype
 
 __all__ = [
-    "interpreting", "pow2", "tl_acc_dtype", "check_launchable", "TritonFallbackWarning", "auto_uses_triton",
-    "run_auto_triton", "triton_failures",
+    "interpreting",
+    "pow2",
+    "tl_acc_dtype",
+    "check_launchable",
+    "TritonFallbackWarning",
+    "auto_uses_triton",
+    "run_auto_triton",
+    "triton_failures",
 ]
-
 
 
 def interpreting() -> bool:
@@ -183,8 +189,12 @@ def run_auto_triton(
     inputs = tuple(inputs)
     if op in _FAILED:
         return torch_call(*inputs)
-    guard = ((op, key) not in _BACKWARD_OK and torch.is_grad_enabled() and not torch.compiler.is_compiling()
-             and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs))
+    guard = (
+        (op, key) not in _BACKWARD_OK
+        and torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+        and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+    )
     try:
         if guard:
             return _GuardedBackward.apply(_Plan(op, key, triton_call, torch_call), *inputs)

@@ -10,6 +10,7 @@ same ``DIR`` skips finished steps, and a training run stopped midway resumes fro
 
 Python API: ``run(out, budget, seed=..., only=...)``, ``plan(budget, seed)``; budgets in :data:`BUDGETS`.
 """
+
 from __future__ import annotations
 
 from attnzoo.reproduce.budgets import BUDGETS, SECTIONS

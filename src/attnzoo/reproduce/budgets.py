@@ -9,6 +9,7 @@ seeds per trained comparison, only the tasks the baselines learn in that time.
 Within a section every model shares width, depth, heads, data, optimiser and steps; only the mechanism
 (and the architecture the paper pairs it with) changes.
 """
+
 from __future__ import annotations
 
 import copy
@@ -29,8 +30,11 @@ BUDGETS: dict[str, dict] = {
     "smoke": {
         "description": "CI smoke test: tiny models, a few steps; checks the pipeline, not the papers",
         "vision": {
-            "task": "digits", "task_options": {},
-            "models": ["vit", "tost", "crate"], "swaps": ["vit+tssa"], "seeds": 2,
+            "task": "digits",
+            "task_options": {},
+            "models": ["vit", "tost", "crate"],
+            "swaps": ["vit+tssa"],
+            "seeds": 2,
             "arch": {"dim": 32, "depth": 1, "heads": 2, "patch_size": 2},
             "train": {"steps": 12, "batch_size": 32, "lr": 2e-3, "log_every": 4},
         },
@@ -41,8 +45,15 @@ BUDGETS: dict[str, dict] = {
             },
             "mechanisms": ["softmax", "tssa"],
             "left_out": {"text": "smoke: the pipeline, not the papers"},
-            "ablations": {"tssa@2x": {"task": "listops", "mechanism": "tssa", "arch": {"depth": 2},
-                                      "train": {"steps": 4}, "why": "smoke: the ablation code path"}},
+            "ablations": {
+                "tssa@2x": {
+                    "task": "listops",
+                    "mechanism": "tssa",
+                    "arch": {"depth": 2},
+                    "train": {"steps": 4},
+                    "why": "smoke: the ablation code path",
+                }
+            },
             "arch": {"dim": 32, "depth": 1, "heads": 2, "mlp_dim": 64},
             "train": {"steps": 8, "batch_size": 16, "lr": 1e-3, "log_every": 4},
         },
@@ -55,33 +66,55 @@ BUDGETS: dict[str, dict] = {
             "contexts": [8, 32],
         },
         "icl": {
-            "tasks": {"linear": {"dim": 4, "n_points": 9, "n_val": 64},
-                      "sparse": {"dim": 4, "n_points": 9, "n_val": 64, "sparsity": 2}},
-            "models": ["gpt", "aot"], "ablations": ["aot+softmax", "aot@4x-steps"], "ablation_tasks": ["linear"],
+            "tasks": {
+                "linear": {"dim": 4, "n_points": 9, "n_val": 64},
+                "sparse": {"dim": 4, "n_points": 9, "n_val": 64, "sparsity": 2},
+            },
+            "models": ["gpt", "aot"],
+            "ablations": ["aot+softmax", "aot@4x-steps"],
+            "ablation_tasks": ["linear"],
             "arch": {"dim": 32, "depth": 2, "heads": 2},
             "train": {"steps": 10, "batch_size": 32, "lr": 1e-3, "log_every": 5},
             "lasso_alpha": 0.01,
         },
         "efficiency": {
             "mechanisms": ["softmax", "tssa", "fastmax_p1", "csp"],
-            "lengths": [64, 256], "dim": 64, "heads": 4, "repeats": 1, "budget_s": 2.0,
+            "lengths": [64, 256],
+            "dim": 64,
+            "heads": 4,
+            "repeats": 1,
+            "budget_s": 2.0,
             "causal": False,
-            "decode": ["softmax", "tssa"], "contexts": [16, 64], "decode_dim": 64, "decode_heads": 4,
+            "decode": ["softmax", "tssa"],
+            "contexts": [16, 64],
+            "decode_dim": 64,
+            "decode_heads": 4,
         },
         "probes": {
             "denoise": {"k": 3, "p": 16, "n_per": 20, "layers": 6},
             "compress": {"iterations": 64, "snapshots": [0, 1, 16, 64], "n_per": 20},
-            "rank_collapse": {"depth": 4, "tokens": 16, "dim": 16, "heads": 2,
-                              "mechanisms": ["softmax", "csp", "tssa"]},
-            "layerwise": ["vit", "tost", "crate"], "layerwise_depth": 4, "require_learned": False,
+            "rank_collapse": {
+                "depth": 4,
+                "tokens": 16,
+                "dim": 16,
+                "heads": 2,
+                "mechanisms": ["softmax", "csp", "tssa"],
+            },
+            "layerwise": ["vit", "tost", "crate"],
+            "layerwise_depth": 4,
+            "require_learned": False,
             "attention_maps": ["vit"],
         },
     },
     "default": {
         "description": "laptop scale: every mechanism, minutes of training per section on a 2-core CPU",
         "vision": {
-            "task": "fashion_mnist", "task_options": {"n_train": 10000, "n_val": 2000},
-            "models": VISION_ALL, "swaps": VISION_SWAPS, "ablations": VISION_ABLATIONS, "seeds": 2,
+            "task": "fashion_mnist",
+            "task_options": {"n_train": 10000, "n_val": 2000},
+            "models": VISION_ALL,
+            "swaps": VISION_SWAPS,
+            "ablations": VISION_ABLATIONS,
+            "seeds": 2,
             "arch": {"dim": 64, "depth": 2, "heads": 4, "patch_size": 4},
             "train": {"steps": 200, "batch_size": 64, "lr": 2e-3, "warmup_steps": 20},
         },
@@ -94,38 +127,67 @@ BUDGETS: dict[str, dict] = {
                 "listops": {"n_train": 8000, "n_val": 400, "min_len": 64, "max_len": 256, "max_depth": 5},
                 "image": {"dataset": "fashion_mnist", "n_train": 2000, "n_val": 400},
             },
-            "mechanisms": LRA_ALL, "seeds": 2,
+            "mechanisms": LRA_ALL,
+            "seeds": 2,
             "arch": {"dim": 32, "depth": 2, "heads": 4, "mlp_dim": 64},
             "train": {"steps": 100, "batch_size": 16, "lr": 2e-3, "warmup_steps": 10},
             "task_train": {"listops": {"steps": 250, "batch_size": 32, "warmup_steps": 25}},
             # TSSA stays at the ListOps majority class here (also at lr 5e-4 and with another seed): does more capacity
             # and more steps change that?
-            "ablations": {"tssa@2x": {"task": "listops", "mechanism": "tssa", "arch": {"dim": 64, "depth": 4,
-                                                                                     "mlp_dim": 128},
-                                      "train": {"steps": 500}, "why": "twice the width and depth, twice the steps"},
-                          # measured in the default run: Fastmax and CSP stay at the majority class on ListOps too
-                          "fastmax@2x-steps": {"task": "listops", "mechanism": "fastmax", "train": {"steps": 500},
-                                               "why": "twice the steps"},
-                          "csp@2x-steps": {"task": "listops", "mechanism": "csp", "train": {"steps": 500},
-                                           "why": "twice the steps"},
-                          # TSSA and CSP trail softmax on the pixel Image task: budget or mechanism?
-                          "tssa-image@2x-steps": {"task": "image", "mechanism": "tssa", "train": {"steps": 200},
-                                                  "why": "twice the steps"},
-                          "csp-image@2x-steps": {"task": "image", "mechanism": "csp", "train": {"steps": 200},
-                                                 "why": "twice the steps"}},
+            "ablations": {
+                "tssa@2x": {
+                    "task": "listops",
+                    "mechanism": "tssa",
+                    "arch": {"dim": 64, "depth": 4, "mlp_dim": 128},
+                    "train": {"steps": 500},
+                    "why": "twice the width and depth, twice the steps",
+                },
+                # measured in the default run: Fastmax and CSP stay at the majority class on ListOps too
+                "fastmax@2x-steps": {
+                    "task": "listops",
+                    "mechanism": "fastmax",
+                    "train": {"steps": 500},
+                    "why": "twice the steps",
+                },
+                "csp@2x-steps": {
+                    "task": "listops",
+                    "mechanism": "csp",
+                    "train": {"steps": 500},
+                    "why": "twice the steps",
+                },
+                # TSSA and CSP trail softmax on the pixel Image task: budget or mechanism?
+                "tssa-image@2x-steps": {
+                    "task": "image",
+                    "mechanism": "tssa",
+                    "train": {"steps": 200},
+                    "why": "twice the steps",
+                },
+                "csp-image@2x-steps": {
+                    "task": "image",
+                    "mechanism": "csp",
+                    "train": {"steps": 200},
+                    "why": "twice the steps",
+                },
+            },
         },
         "language": {
             "task_options": {"block_size": 128},
-            "models": LM_ALL, "seeds": 2,
+            "models": LM_ALL,
+            "seeds": 2,
             "arch": {"dim": 64, "depth": 2, "heads": 4},
             "train": {"steps": 200, "batch_size": 32, "lr": 3e-3, "warmup_steps": 20},
             "eval_windows": 256,
             "contexts": [16, 64, 128],
         },
         "icl": {
-            "tasks": {"linear": {"dim": 8, "n_points": 17, "n_val": 256},
-                      "sparse": {"dim": 8, "n_points": 17, "n_val": 256, "sparsity": 2}},
-            "models": ICL_ALL, "ablations": ["aot+softmax"], "ablation_tasks": ["linear"], "seeds": 2,
+            "tasks": {
+                "linear": {"dim": 8, "n_points": 17, "n_val": 256},
+                "sparse": {"dim": 8, "n_points": 17, "n_val": 256, "sparsity": 2},
+            },
+            "models": ICL_ALL,
+            "ablations": ["aot+softmax"],
+            "ablation_tasks": ["linear"],
+            "seeds": 2,
             "arch": {"dim": 64, "depth": 4, "heads": 4},
             # In-context regression has a long loss plateau (Garg et al.): at 400 steps neither model leaves the
             # zero predictor; by 2,000 steps GPT's error at k=16 is ~0.3 (measured, d=8, one thread ~160 s).
@@ -134,10 +196,16 @@ BUDGETS: dict[str, dict] = {
         },
         "efficiency": {
             "mechanisms": ["softmax", "linear", "xca", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "csp"],
-            "lengths": [512, 2048, 8192], "dim": 384, "heads": 8, "repeats": 2, "budget_s": 6.0,
+            "lengths": [512, 2048, 8192],
+            "dim": 384,
+            "heads": 8,
+            "repeats": 2,
+            "budget_s": 6.0,
             "causal": False,
-            "decode": ["softmax", "linear", "tssa", "fastmax_p1", "fastmax_p2"], "contexts": [128, 512, 2048],
-            "decode_dim": 384, "decode_heads": 8,
+            "decode": ["softmax", "linear", "tssa", "fastmax_p1", "fastmax_p2"],
+            "contexts": [128, 512, 2048],
+            "decode_dim": 384,
+            "decode_heads": 8,
         },
         "probes": {
             "denoise": {},
@@ -145,14 +213,16 @@ BUDGETS: dict[str, dict] = {
             "rank_collapse": {"depth": 12},
             # probe models: the vision recipe (same steps) at depth 8, as the papers' layer-wise claims are about depth;
             # all five train in ~130 s of one CPU thread and reach 54-71% (fashion_mnist, majority 10%)
-            "layerwise": ["vit", "tost", "crate", "cbt", "aot"], "layerwise_depth": 8,
+            "layerwise": ["vit", "tost", "crate", "cbt", "aot"],
+            "layerwise_depth": 8,
             "attention_maps": ["vit", "fastmax_vit"],
         },
     },
     "full": {
         "description": "GPU scale: the LRA lengths, larger models and longer training (hours on one GPU)",
         "vision": {
-            "task": "fashion_mnist", "task_options": {},
+            "task": "fashion_mnist",
+            "task_options": {},
             "models": VISION_ALL,
             "arch": {"dim": 192, "depth": 6, "heads": 4, "patch_size": 4},
             "train": {"steps": 5000, "batch_size": 128, "lr": 1e-3, "warmup_steps": 500},
@@ -178,8 +248,10 @@ BUDGETS: dict[str, dict] = {
             "contexts": [32, 128, 256],
         },
         "icl": {
-            "tasks": {"linear": {"dim": 20, "n_points": 41, "n_val": 1000},
-                      "sparse": {"dim": 20, "n_points": 41, "n_val": 1000, "sparsity": 3}},
+            "tasks": {
+                "linear": {"dim": 20, "n_points": 41, "n_val": 1000},
+                "sparse": {"dim": 20, "n_points": 41, "n_val": 1000, "sparsity": 3},
+            },
             "models": ICL_ALL,
             "arch": {"dim": 128, "depth": 12, "heads": 8},
             "train": {"steps": 20000, "batch_size": 64, "lr": 1e-4, "warmup_steps": 1000},
@@ -187,16 +259,23 @@ BUDGETS: dict[str, dict] = {
         },
         "efficiency": {
             "mechanisms": ["softmax", "linear", "xca", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "csp"],
-            "lengths": [1024, 4096, 16384, 65536], "dim": 384, "heads": 8, "repeats": 3, "budget_s": 20.0,
+            "lengths": [1024, 4096, 16384, 65536],
+            "dim": 384,
+            "heads": 8,
+            "repeats": 3,
+            "budget_s": 20.0,
             "causal": False,
-            "decode": ["softmax", "linear", "tssa", "fastmax_p1", "fastmax_p2"], "contexts": [128, 1024, 8192],
-            "decode_dim": 768, "decode_heads": 12,
+            "decode": ["softmax", "linear", "tssa", "fastmax_p1", "fastmax_p2"],
+            "contexts": [128, 1024, 8192],
+            "decode_dim": 768,
+            "decode_heads": 12,
         },
         "probes": {
             "denoise": {},
             "compress": {"iterations": 1024},
             "rank_collapse": {"depth": 24},
-            "layerwise": ["vit", "tost", "crate", "cbt", "aot"], "layerwise_depth": 12,
+            "layerwise": ["vit", "tost", "crate", "cbt", "aot"],
+            "layerwise_depth": 12,
             "attention_maps": ["vit", "fastmax_vit"],
         },
     },
@@ -220,8 +299,10 @@ def _long() -> dict:
     seeds (spread) for every accuracy claim, ListOps steps until every softmax seed leaves the majority class,
     the N = 1,024 tasks, and ablations at twice each task's steps."""
     plan = copy.deepcopy(BUDGETS["default"])
-    plan["description"] = ("2-core CPU, ~70 min: 3 seeds for every trained comparison; LRA-style ListOps, Image "
-                           "and Pathfinder, the latter two at N=1024; resumable step by step")
+    plan["description"] = (
+        "2-core CPU, ~70 min: 3 seeds for every trained comparison; LRA-style ListOps, Image "
+        "and Pathfinder, the latter two at N=1024; resumable step by step"
+    )
     for key in ("vision", "long-range", "language", "icl"):
         plan[key]["seeds"] = 3
     plan["icl"]["ablations"] = ["aot+softmax", "aot@4x-steps"]
@@ -242,10 +323,10 @@ def _long() -> dict:
     }
     lra["left_out"] = {
         "text": "softmax at N=512 reached 54% against a 50% majority after 800 steps of batch 32 (15 min of one "
-                "CPU thread for one seed); at N=1024 it needs more than this budget gives all five mechanisms x 3 "
-                "seeds",
+        "CPU thread for one seed); at N=1024 it needs more than this budget gives all five mechanisms x 3 "
+        "seeds",
         "retrieval": "softmax at N=256 stayed at 52-54% (majority 51%) for 600 steps of batch 32, no better than the "
-                     "byte-histogram shortcut (52.8%); each step encodes two documents, so longer runs do not fit",
+        "byte-histogram shortcut (52.8%); each step encodes two documents, so longer runs do not fit",
     }
     for abl in lra["ablations"].values():  # "twice the steps" of the task's (larger) step budget here
         abl["train"] = {"steps": 2 * lra["task_train"][abl["task"]]["steps"]}

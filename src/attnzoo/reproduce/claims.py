@@ -14,6 +14,7 @@ means and ``se = sqrt(s_a^2/n_a + s_b^2/n_b)`` its standard error,
 * ``inconclusive`` in between, and whenever a side has a single seed (its spread is unknown), with the spread
   stated.
 """
+
 from __future__ import annotations
 
 import math
@@ -79,22 +80,40 @@ def stat(values: float | Iterable[float | None] | Stat | None) -> Stat | None:
     return Stat(vals) if vals else None
 
 
-def finding(paper: str, claim: str, paper_value: str, measured: str, verdict: str, rule: str, *,
-            seeds: int = 1, explanation: str = "") -> dict:
+def finding(
+    paper: str,
+    claim: str,
+    paper_value: str,
+    measured: str,
+    verdict: str,
+    rule: str,
+    *,
+    seeds: int = 1,
+    explanation: str = "",
+) -> dict:
     if verdict not in VERDICTS:
         raise ValueError(f"verdict {verdict!r} is not one of {VERDICTS}")
     if not isinstance(seeds, int) or seeds < 0:
         raise ValueError(f"seeds must be a non-negative int, got {seeds!r}")
-    return {"paper": paper, "claim": claim, "paper_value": paper_value, "measured": measured, "verdict": verdict,
-            "rule": rule, "seeds": seeds, "explanation": explanation}
+    return {
+        "paper": paper,
+        "claim": claim,
+        "paper_value": paper_value,
+        "measured": measured,
+        "verdict": verdict,
+        "rule": rule,
+        "seeds": seeds,
+        "explanation": explanation,
+    }
 
 
 def not_tested(paper: str, claim: str, paper_value: str, why: str) -> dict:
     return finding(paper, claim, paper_value, why, "not tested", "-", seeds=0)
 
 
-def verdict_from_stats(a: Stat, b: Stat, *, threshold: float, lower_is_better: bool = False) -> tuple[str, float,
-                                                                                                        float | None]:
+def verdict_from_stats(
+    a: Stat, b: Stat, *, threshold: float, lower_is_better: bool = False
+) -> tuple[str, float, float | None]:
     """``(verdict, gain, se)`` for the claim "``a`` is better than ``b`` by at least ``threshold``".
 
     ``gain`` is the difference of the means oriented so that positive favours ``a``; ``threshold`` is in the
@@ -111,9 +130,22 @@ def verdict_from_stats(a: Stat, b: Stat, *, threshold: float, lower_is_better: b
     return "inconclusive", gain, se
 
 
-def compare(a: float | Sequence[float] | Stat | None, b: float | Sequence[float] | Stat | None, *, kind: str,
-            tol: float, unit: str, paper: str, claim: str, paper_value: str, a_name: str, b_name: str,
-            lower_is_better: bool = False, relative: bool = False, spec: str = ".3g") -> dict:
+def compare(
+    a: float | Sequence[float] | Stat | None,
+    b: float | Sequence[float] | Stat | None,
+    *,
+    kind: str,
+    tol: float,
+    unit: str,
+    paper: str,
+    claim: str,
+    paper_value: str,
+    a_name: str,
+    b_name: str,
+    lower_is_better: bool = False,
+    relative: bool = False,
+    spec: str = ".3g",
+) -> dict:
     """Verdict on ``a`` (the paper's mechanism, one value per seed) against ``b`` (its baseline).
 
     ``kind="comparable"``: the paper's side is "better than ``b`` or worse by at most ``tol``";
@@ -132,17 +164,27 @@ def compare(a: float | Sequence[float] | Stat | None, b: float | Sequence[float]
     diff = sa.mean - sb.mean
     n = min(sa.n, sb.n)
     rel = f", {100 * diff / sb.mean:+.1f}%" if relative and sb.mean else ""
-    measured = (f"{a_name} {sa.fmt(spec)} vs {b_name} {sb.fmt(spec)} ({'+' if diff >= 0 else ''}{diff:.3g} {unit}{rel}"
-                + (f"; se of the difference {se:.2g}" if se is not None else "")
-                + f"; {n} seed{'s' if n != 1 else ''})")
+    measured = (
+        f"{a_name} {sa.fmt(spec)} vs {b_name} {sb.fmt(spec)} ({'+' if diff >= 0 else ''}{diff:.3g} {unit}{rel}"
+        + (f"; se of the difference {se:.2g}" if se is not None else "")
+        + f"; {n} seed{'s' if n != 1 else ''})"
+    )
     better = "lower" if lower_is_better else "higher"
-    side = (f"{a_name} is {better} or within {tol:g}{'x' + b_name if relative else ' ' + unit} of {b_name}"
-            if kind == "comparable" else f"{a_name} is at least as good as {b_name} ({better} is better)")
-    rule = (f"agrees if {side} (difference of the means); disagrees only if contradicted by more than 2 standard "
-            "errors of the difference; else inconclusive (always with one seed)")
+    side = (
+        f"{a_name} is {better} or within {tol:g}{'x' + b_name if relative else ' ' + unit} of {b_name}"
+        if kind == "comparable"
+        else f"{a_name} is at least as good as {b_name} ({better} is better)"
+    )
+    rule = (
+        f"agrees if {side} (difference of the means); disagrees only if contradicted by more than 2 standard "
+        "errors of the difference; else inconclusive (always with one seed)"
+    )
     if verdict == "inconclusive":
-        spread = (f"spread: {a_name} sd {_sd(sa)}, {b_name} sd {_sd(sb)}" if se is not None
-                  else "one seed: the spread between seeds is unknown")
+        spread = (
+            f"spread: {a_name} sd {_sd(sa)}, {b_name} sd {_sd(sb)}"
+            if se is not None
+            else "one seed: the spread between seeds is unknown"
+        )
         measured += f" [{spread}]"
     return finding(paper, claim, paper_value, measured, verdict, rule, seeds=n)
 

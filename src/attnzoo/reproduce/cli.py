@@ -1,4 +1,5 @@
 """``attnzoo reproduce --budget {smoke,default,long,full} --out DIR [--seed S] [--only section,...]``."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,11 +14,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="attnzoo reproduce",
         description="Train and measure every mechanism side by side on the offline tasks and write DIR/report.md "
-                    "(tables, plots, verdicts against the papers) and DIR/results.json. Resumable: rerunning with the "
-                    "same --out skips finished steps.")
-    ap.add_argument("--budget", choices=sorted(BUDGETS), default="default",
-                    help="smoke: ~2 min CPU (CI); default: <= 30 min on a 2-core CPU, one seed; long: ~2 h on a "
-                         "2-core CPU, 3 seeds; full: a GPU")
+        "(tables, plots, verdicts against the papers) and DIR/results.json. Resumable: rerunning with the "
+        "same --out skips finished steps.",
+    )
+    ap.add_argument(
+        "--budget",
+        choices=sorted(BUDGETS),
+        default="default",
+        help="smoke: ~2 min CPU (CI); default: <= 30 min on a 2-core CPU, one seed; long: ~2 h on a "
+        "2-core CPU, 3 seeds; full: a GPU",
+    )
     ap.add_argument("--out", default=None, help="output directory (default results/<timestamp>/); reuse it to resume")
     ap.add_argument("--seed", type=int, default=0, help="seed of every run (same seed, same numbers on one machine)")
     ap.add_argument("--only", default=None, help=f"comma list of sections to run: {','.join(SECTIONS)}")
@@ -41,8 +47,16 @@ def main(argv: list[str] | None = None) -> int:
                 if s.section in sections:
                     print(f"{s.id}  [{s.hash}]" + (f"  (needs {', '.join(s.deps)})" if s.deps else ""))
             return 0
-        outcome = run(args.out, args.budget, seed=args.seed, only=args.only, device=args.device,
-                      progress=not args.no_progress, threads=args.threads, argv=argv)
+        outcome = run(
+            args.out,
+            args.budget,
+            seed=args.seed,
+            only=args.only,
+            device=args.device,
+            progress=not args.no_progress,
+            threads=args.threads,
+            argv=argv,
+        )
     except ReproduceError as e:
         from attnzoo.cli import debug_enabled
 

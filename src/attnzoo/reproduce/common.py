@@ -1,4 +1,5 @@
 """Shared pieces of the reproduce sections: run context, the training adapter, memory, tables, plots."""
+
 from __future__ import annotations
 
 import csv
@@ -99,8 +100,11 @@ def seeded_id(base: str, seed: int) -> str:
 def per_seed(records: dict[str, dict], base: str) -> list[dict]:
     """The results of every seed's run of ``base`` that has a record, in seed order."""
     prefix = base + "/seed"
-    found = [(int(sid[len(prefix):]), rec["result"]) for sid, rec in records.items()
-             if sid.startswith(prefix) and sid[len(prefix):].isdigit()]
+    found = [
+        (int(sid[len(prefix) :]), rec["result"])
+        for sid, rec in records.items()
+        if sid.startswith(prefix) and sid[len(prefix) :].isdigit()
+    ]
     return [r for _, r in sorted(found, key=lambda x: x[0])]
 
 
@@ -126,6 +130,7 @@ def fmt(value: Any, spec: str = ".3g") -> str:
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """GitHub-flavoured markdown table (cells are ``str()``-ed, pipes escaped)."""
+
     def cell(v: Any) -> str:
         return str(v).replace("|", "\\|").replace("\n", " ")
 
@@ -176,8 +181,18 @@ def peak_train_mb(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, k
 # ---- training -----------------------------------------------------------------------------------------
 def train_defaults(**kw) -> dict:
     """The optimisation settings every model of a section shares (not tuned per model)."""
-    base = dict(optimizer="adamw", lr=1e-3, weight_decay=0.05, schedule="cosine", warmup_steps=0, grad_clip=1.0,
-                amp="off", compile=False, log_every=10, keep_checkpoints=1)
+    base = dict(
+        optimizer="adamw",
+        lr=1e-3,
+        weight_decay=0.05,
+        schedule="cosine",
+        warmup_steps=0,
+        grad_clip=1.0,
+        amp="off",
+        compile=False,
+        log_every=10,
+        keep_checkpoints=1,
+    )
     base.update(kw)
     return base
 
@@ -245,8 +260,11 @@ def _curve(run_dir: Path) -> list[list[float]]:
     if not f.is_file():
         return []
     with open(f, newline="") as fh:
-        return [[int(r["step"]), float(r["loss"])] for r in csv.DictReader(fh)
-                if r.get("split") == "train" and r.get("loss")]
+        return [
+            [int(r["step"]), float(r["loss"])]
+            for r in csv.DictReader(fh)
+            if r.get("split") == "train" and r.get("loss")
+        ]
 
 
 def load_trained(run_dir: str | os.PathLike) -> torch.nn.Module:

@@ -1,4 +1,5 @@
 """``report.md`` (+ ``report.html``) and ``results.json`` from the step records and the section summaries."""
+
 from __future__ import annotations
 
 import html
@@ -16,8 +17,16 @@ from attnzoo.reproduce.sections import SECTION_MODULES
 __all__ = ["write_report", "FINDING_COLUMNS", "PLOTS_DIR"]
 
 PLOTS_DIR = "plots"
-FINDING_COLUMNS = ["paper", "claim", "paper's figure", "measured here", "verdict", "seeds", "rule",
-                   "explanation (ablation)"]
+FINDING_COLUMNS = [
+    "paper",
+    "claim",
+    "paper's figure",
+    "measured here",
+    "verdict",
+    "seeds",
+    "rule",
+    "explanation (ablation)",
+]
 _MARK = {"agrees": "agrees", "disagrees": "**disagrees**", "inconclusive": "inconclusive", "not tested": "not tested"}
 
 
@@ -44,8 +53,19 @@ def _summaries(out: Path, plan: dict, sections: list[str], records: dict, failed
 
 
 def _findings_md(findings: list[dict]) -> str:
-    rows = [[f["paper"], f["claim"], f["paper_value"], f["measured"], _MARK[f["verdict"]], f.get("seeds", "-"),
-             f["rule"], f.get("explanation") or "-"] for f in findings]
+    rows = [
+        [
+            f["paper"],
+            f["claim"],
+            f["paper_value"],
+            f["measured"],
+            _MARK[f["verdict"]],
+            f.get("seeds", "-"),
+            f["rule"],
+            f.get("explanation") or "-",
+        ]
+        for f in findings
+    ]
     return md_table(FINDING_COLUMNS, rows)
 
 
@@ -57,9 +77,11 @@ def _discussion(secs: list[Section], plan_name: str, plan: dict) -> list[str]:
     """The closing discussion, built from the verdicts (nothing here is written before the numbers exist)."""
     allf = [(s.title, f) for s in secs for f in s.findings]
     counts = Counter(f["verdict"] for _, f in allf)
-    lines = [f"Of {len(allf)} checks against the papers' claims: "
-             + ", ".join(f"{counts.get(v, 0)} {v}" for v in ("agrees", "disagrees", "inconclusive", "not tested"))
-             + "."]
+    lines = [
+        f"Of {len(allf)} checks against the papers' claims: "
+        + ", ".join(f"{counts.get(v, 0)} {v}" for v in ("agrees", "disagrees", "inconclusive", "not tested"))
+        + "."
+    ]
     dis = [(t, f) for t, f in allf if f["verdict"] == "disagrees"]
     agr = [(t, f) for t, f in allf if f["verdict"] == "agrees"]
     if agr:
@@ -69,34 +91,56 @@ def _discussion(secs: list[Section], plan_name: str, plan: dict) -> list[str]:
     if dis:
         lines.append("")
         lines.append("Where they disagree:")
-        lines += [f"- *{f['paper']}* — {f['claim']}: {f['measured']} (paper: {f['paper_value']})."
-                  + (f" Diagnosis: {f['explanation']}." if f.get("explanation") else " No ablation explains it yet.")
-                  for _, f in dis]
+        lines += [
+            f"- *{f['paper']}* — {f['claim']}: {f['measured']} (paper: {f['paper_value']})."
+            + (f" Diagnosis: {f['explanation']}." if f.get("explanation") else " No ablation explains it yet.")
+            for _, f in dis
+        ]
     inc = [(t, f) for t, f in allf if f["verdict"] in ("inconclusive", "not tested")]
     if inc:
         lines.append("")
         lines.append("Not decided by this run:")
-        lines += [f"- *{f['paper']}* — {f['claim']}: {f['measured']} ({f['verdict']})."
-                  + (f" Diagnosis: {f['explanation']}." if f.get("explanation") else "") for _, f in inc]
+        lines += [
+            f"- *{f['paper']}* — {f['claim']}: {f['measured']} ({f['verdict']})."
+            + (f" Diagnosis: {f['explanation']}." if f.get("explanation") else "")
+            for _, f in inc
+        ]
     v = plan["vision"]
     seeds = sorted({plan[k].get("seeds", 1) for k in ("vision", "long-range", "language", "icl")})
-    lines += ["", f"Caveats (from this run's configuration): every trained figure rests on {'/'.join(map(str, seeds))} "
-              f"seed(s) of a model with width {v['arch']['dim']} and depth {v['arch']['depth']} (vision) trained for "
-              f"{v['train']['steps']} steps, against the papers' ImageNet/LRA/OpenWebText runs of hours to days on "
-              "GPUs with tuned hyper-parameters; all models of a section share one untuned optimiser setting. "
-              "A verdict "
-              "'disagrees' needs the paper's direction contradicted by more than two standard errors of the "
-              "difference of the seed means, so with one seed a contradiction is reported as inconclusive; the "
-              f"tolerance of 'comparable' accuracy claims is {ACC_TOL:g} points. Timings come from a shared CPU and "
-              "vary between runs; accuracies and losses are reproducible for a seed."]
+    lines += [
+        "",
+        f"Caveats (from this run's configuration): every trained figure rests on {'/'.join(map(str, seeds))} "
+        f"seed(s) of a model with width {v['arch']['dim']} and depth {v['arch']['depth']} (vision) trained for "
+        f"{v['train']['steps']} steps, against the papers' ImageNet/LRA/OpenWebText runs of hours to days on "
+        "GPUs with tuned hyper-parameters; all models of a section share one untuned optimiser setting. "
+        "A verdict "
+        "'disagrees' needs the paper's direction contradicted by more than two standard errors of the "
+        "difference of the seed means, so with one seed a contradiction is reported as inconclusive; the "
+        f"tolerance of 'comparable' accuracy claims is {ACC_TOL:g} points. Timings come from a shared CPU and "
+        "vary between runs; accuracies and losses are reproducible for a seed.",
+    ]
     if plan_name == "smoke":
-        lines += ["", "**This is a smoke run**: the models train for a handful of steps, so the verdicts above only "
-                  "show that the pipeline computes them; they say nothing about the papers."]
+        lines += [
+            "",
+            "**This is a smoke run**: the models train for a handful of steps, so the verdicts above only "
+            "show that the pipeline computes them; they say nothing about the papers.",
+        ]
     return lines
 
 
-def write_report(out: Path, plan: dict, budget_name: str, seed: int, sections: list[str], steps: list, records: dict,
-                 outcome, machine: dict, argv: list[str], threads: int) -> None:
+def write_report(
+    out: Path,
+    plan: dict,
+    budget_name: str,
+    seed: int,
+    sections: list[str],
+    steps: list,
+    records: dict,
+    outcome,
+    machine: dict,
+    argv: list[str],
+    threads: int,
+) -> None:
     secs = _summaries(out, plan, sections, records, outcome.failed)
     compute_s = sum(r.get("wall_s", 0.0) for r in records.values())
     cmd = "attnzoo reproduce " + " ".join(argv) if argv else f"attnzoo reproduce --budget {budget_name} --out {out}"
@@ -107,22 +151,37 @@ def write_report(out: Path, plan: dict, budget_name: str, seed: int, sections: l
         ["command", f"`{cmd}`"],
         ["machine", f"{machine.get('cpu')} ({machine.get('cpu_count')} CPUs), {machine.get('gpu', 'no GPU')}"],
         ["torch threads", str(threads)],
-        ["software", f"torch {machine.get('torch')}, Python {machine.get('python')}, numpy {machine.get('numpy')}, "
-                     f"{machine.get('platform')}"],
+        [
+            "software",
+            f"torch {machine.get('torch')}, Python {machine.get('python')}, numpy {machine.get('numpy')}, "
+            f"{machine.get('platform')}",
+        ],
         ["device", machine.get("device", "-")],
-        ["wall time", f"{_fmt_s(compute_s)} of step compute in total ({len(records)} steps); this invocation "
-                      f"{_fmt_s(outcome.wall_s)} ({len(outcome.computed)} computed, {len(outcome.skipped)} reused)"],
+        [
+            "wall time",
+            f"{_fmt_s(compute_s)} of step compute in total ({len(records)} steps); this invocation "
+            f"{_fmt_s(outcome.wall_s)} ({len(outcome.computed)} computed, {len(outcome.skipped)} reused)",
+        ],
         ["generated", created],
     ]
     md = [f"# attnzoo reproduce: the papers' comparisons at laptop scale (`{budget_name}` budget)", ""]
     if budget_name == "smoke":
-        md += ["> **SMOKE RUN** — tiny models trained for a few steps to exercise every code path. The numbers below "
-               "are not evidence for or against any paper; run `attnzoo reproduce --budget default` for that.", ""]
-    md += [f"Every table, plot and verdict below was generated from this run's own measurements by `{cmd}`. "
-           "Re-running the command with the same `--out` reuses finished steps and recomputes nothing.", ""]
+        md += [
+            "> **SMOKE RUN** — tiny models trained for a few steps to exercise every code path. The numbers below "
+            "are not evidence for or against any paper; run `attnzoo reproduce --budget default` for that.",
+            "",
+        ]
+    md += [
+        f"Every table, plot and verdict below was generated from this run's own measurements by `{cmd}`. "
+        "Re-running the command with the same `--out` reuses finished steps and recomputes nothing.",
+        "",
+    ]
     md += ["## Contents", ""] + [f"- [{s.title}](#{_anchor(s.title)})" for s in secs]
-    md += ["- [Agreement with the papers](#agreement-with-the-papers)", "- [Run configurations](#run-configurations)",
-           ""]
+    md += [
+        "- [Agreement with the papers](#agreement-with-the-papers)",
+        "- [Run configurations](#run-configurations)",
+        "",
+    ]
     md += ["## Setup", "", md_table(["item", "value"], setup), ""]
     for s in secs:
         md += [f"## {s.title}", ""]
@@ -140,28 +199,61 @@ def write_report(out: Path, plan: dict, budget_name: str, seed: int, sections: l
         for n in s.notes:
             md += [f"> {n}", ""]
     md += ["## Agreement with the papers", ""] + _discussion(secs, budget_name, plan) + [""]
-    md += ["## Run configurations", "",
-           "Each step is one training run or one measurement, stored in `steps/<id>.json` with its exact config "
-           f"(the trainer's `config.yaml` and `metrics.csv` are in `runs/<id>/`). Base seed {seed}: a step "
-           f"`<row>/seed<k>` is the run of that row with seed k (seeds {seed}, {seed}+1, ... per section); the other "
-           f"steps use seed {seed}.", ""]
-    cfg_rows = [[f"`{sid}`", rec.get("config_hash", ""), f"{rec.get('wall_s', 0):.1f}", rec.get("finished", "")]
-                for sid, rec in records.items()]
+    md += [
+        "## Run configurations",
+        "",
+        "Each step is one training run or one measurement, stored in `steps/<id>.json` with its exact config "
+        f"(the trainer's `config.yaml` and `metrics.csv` are in `runs/<id>/`). Base seed {seed}: a step "
+        f"`<row>/seed<k>` is the run of that row with seed k (seeds {seed}, {seed}+1, ... per section); the other "
+        f"steps use seed {seed}.",
+        "",
+    ]
+    cfg_rows = [
+        [f"`{sid}`", rec.get("config_hash", ""), f"{rec.get('wall_s', 0):.1f}", rec.get("finished", "")]
+        for sid, rec in records.items()
+    ]
     md += [md_table(["step", "config hash", "wall s", "finished"], cfg_rows), ""]
     for sid, rec in records.items():
-        md += [f"<details><summary><code>{sid}</code></summary>", "", "```json",
-               json.dumps(rec.get("config", {}), indent=1, sort_keys=True), "```", "", "</details>", ""]
+        md += [
+            f"<details><summary><code>{sid}</code></summary>",
+            "",
+            "```json",
+            json.dumps(rec.get("config", {}), indent=1, sort_keys=True),
+            "```",
+            "",
+            "</details>",
+            "",
+        ]
     atomic_write_text(out / "report.md", "\n".join(md) + "\n")
     atomic_write_text(out / "report.html", _html(secs, setup, budget_name, _discussion(secs, budget_name, plan)))
     payload = {
-        "meta": {"budget": budget_name, "seed": seed, "command": cmd, "machine": machine, "threads": threads,
-                 "generated": created, "compute_s": compute_s, "invocation_wall_s": outcome.wall_s,
-                 "sections": [s.key for s in secs], "plan": plan},
-        "sections": {s.key: {"title": s.title, "data": s.data, "findings": s.findings, "notes": s.notes,
-                             "tables": [{"title": t.title, "headers": t.headers, "rows": t.rows} for t in s.tables],
-                             "plots": [p for p, _ in s.plots]} for s in secs},
-        "steps": {sid: {"section": r["section"], "config": r["config"], "result": r["result"], "wall_s": r["wall_s"]}
-                  for sid, r in records.items()},
+        "meta": {
+            "budget": budget_name,
+            "seed": seed,
+            "command": cmd,
+            "machine": machine,
+            "threads": threads,
+            "generated": created,
+            "compute_s": compute_s,
+            "invocation_wall_s": outcome.wall_s,
+            "sections": [s.key for s in secs],
+            "plan": plan,
+        },
+        "sections": {
+            s.key: {
+                "title": s.title,
+                "data": s.data,
+                "findings": s.findings,
+                "notes": s.notes,
+                "tables": [{"title": t.title, "headers": t.headers, "rows": t.rows} for t in s.tables],
+                "plots": [p for p, _ in s.plots],
+            }
+            for s in secs
+        },
+        "steps": {
+            sid: {"section": r["section"], "config": r["config"], "result": r["result"], "wall_s": r["wall_s"]}
+            for sid, r in records.items()
+        },
         "failed": outcome.failed,
     }
     write_json(out / "results.json", payload)
@@ -179,11 +271,14 @@ def _html_table(headers, rows) -> str:
 
 
 def _html(secs: list[Section], setup, budget_name: str, discussion: list[str]) -> str:
-    parts = ["<!doctype html><meta charset='utf-8'><title>attnzoo reproduce</title>",
-             "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;"
-             "margin:8px 0}td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}img{max-width:100%}</style>",
-             f"<h1>attnzoo reproduce ({html.escape(budget_name)} budget)</h1>", "<h2>Setup</h2>",
-             _html_table(["item", "value"], setup)]
+    parts = [
+        "<!doctype html><meta charset='utf-8'><title>attnzoo reproduce</title>",
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;"
+        "margin:8px 0}td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}img{max-width:100%}</style>",
+        f"<h1>attnzoo reproduce ({html.escape(budget_name)} budget)</h1>",
+        "<h2>Setup</h2>",
+        _html_table(["item", "value"], setup),
+    ]
     for s in secs:
         parts.append(f"<h2>{html.escape(s.title)}</h2><p>{html.escape(s.intro)}</p>")
         for t in s.tables:
@@ -191,9 +286,28 @@ def _html(secs: list[Section], setup, budget_name: str, discussion: list[str]) -
         for p, cap in s.plots:
             parts.append(f"<figure><img src='{html.escape(p)}'><figcaption>{html.escape(cap)}</figcaption></figure>")
         if s.findings:
-            parts.append("<h3>Agreement with the papers</h3>" + _html_table(
-                FINDING_COLUMNS, [[f["paper"], f["claim"], f["paper_value"], f["measured"], f["verdict"],
-                                   f.get("seeds", "-"), f["rule"], f.get("explanation") or "-"] for f in s.findings]))
-    parts.append("<h2>Agreement with the papers</h2><pre style='white-space:pre-wrap'>"
-                 + html.escape("\n".join(discussion)) + "</pre>")
+            parts.append(
+                "<h3>Agreement with the papers</h3>"
+                + _html_table(
+                    FINDING_COLUMNS,
+                    [
+                        [
+                            f["paper"],
+                            f["claim"],
+                            f["paper_value"],
+                            f["measured"],
+                            f["verdict"],
+                            f.get("seeds", "-"),
+                            f["rule"],
+                            f.get("explanation") or "-",
+                        ]
+                        for f in s.findings
+                    ],
+                )
+            )
+    parts.append(
+        "<h2>Agreement with the papers</h2><pre style='white-space:pre-wrap'>"
+        + html.escape("\n".join(discussion))
+        + "</pre>"
+    )
     return "\n".join(parts) + "\n"

@@ -1,4 +1,5 @@
 """Orchestration: plan the steps of a budget, run the missing ones (resumable), summarise, write the report."""
+
 from __future__ import annotations
 
 import json
@@ -106,14 +107,17 @@ def _prepare_out(out: Path, budget_name: str, seed: int) -> dict:
             if not isinstance(meta, dict):
                 raise ValueError(f"a JSON object was expected, got {type(meta).__name__}")
         except (ValueError, OSError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise ReproduceError(f"{marker} is corrupt ({' '.join(str(e).split())}); it should hold this run's "
-                                 f"budget and seed, e.g. {{\"budget\": \"default\", \"seed\": 0}}: restore or "
-                                 f"rewrite it, or choose another --out") from e
+            raise ReproduceError(
+                f"{marker} is corrupt ({' '.join(str(e).split())}); it should hold this run's "
+                f'budget and seed, e.g. {{"budget": "default", "seed": 0}}: restore or '
+                f"rewrite it, or choose another --out"
+            ) from e
         if meta.get("budget") != budget_name or meta.get("seed") != seed:
             raise ReproduceError(
                 f"--out {out} holds a reproduce run with budget {meta.get('budget')!r} and seed {meta.get('seed')}; "
                 f"rerun with --budget {meta.get('budget')} --seed {meta.get('seed')} to continue it, or choose "
-                f"another --out")
+                f"another --out"
+            )
         return meta
     if out.is_dir() and any(out.iterdir()):
         raise ReproduceError(f"--out {out} is a non-empty directory that is not a reproduce run; choose another --out")
@@ -133,9 +137,17 @@ def machine_description(device: str) -> dict:
     return info
 
 
-def run(out: str | os.PathLike | None, budget_name: str = "default", *, seed: int = 0,
-        only: str | list[str] | None = None, device: str = "auto", progress: bool = True,
-        threads: int | None = None, argv: list[str] | None = None) -> RunOutcome:
+def run(
+    out: str | os.PathLike | None,
+    budget_name: str = "default",
+    *,
+    seed: int = 0,
+    only: str | list[str] | None = None,
+    device: str = "auto",
+    progress: bool = True,
+    threads: int | None = None,
+    argv: list[str] | None = None,
+) -> RunOutcome:
     """Run (or continue) ``attnzoo reproduce`` into ``out`` and write ``report.md`` and ``results.json``."""
     from attnzoo.reproduce.report import write_report
 
@@ -194,8 +206,11 @@ def run(out: str | os.PathLike | None, budget_name: str = "default", *, seed: in
     except (Interrupted, KeyboardInterrupt) as e:
         outcome.interrupted = True
         bar.close()
-        print(f"\nattnzoo reproduce: interrupted ({e or 'Ctrl-C'}); completed steps are saved in {out}. "
-              f"To continue, run: {resume_command(out, budget_name, seed, only)}", file=sys.stderr)
+        print(
+            f"\nattnzoo reproduce: interrupted ({e or 'Ctrl-C'}); completed steps are saved in {out}. "
+            f"To continue, run: {resume_command(out, budget_name, seed, only)}",
+            file=sys.stderr,
+        )
         outcome.wall_s = time.perf_counter() - t_start
         return outcome
     bar.close()
@@ -210,8 +225,19 @@ def run(out: str | os.PathLike | None, budget_name: str = "default", *, seed: in
             sections.append(key)
     sections = [k for k in SECTIONS if k in sections]
     outcome.wall_s = time.perf_counter() - t_start
-    write_report(out, b, budget_name, seed, sections, steps, records, outcome, machine_description(device),
-                 argv if argv is not None else sys.argv[1:], threads=torch.get_num_threads())
+    write_report(
+        out,
+        b,
+        budget_name,
+        seed,
+        sections,
+        steps,
+        records,
+        outcome,
+        machine_description(device),
+        argv if argv is not None else sys.argv[1:],
+        threads=torch.get_num_threads(),
+    )
     return outcome
 
 
@@ -227,6 +253,7 @@ def resume_command(out: Path, budget_name: str, seed: int, only: str | list[str]
 
 
 def summary_line(o: RunOutcome) -> str:
-    return (f"reproduce: {len(o.computed)} step(s) computed, {len(o.skipped)} reused, {len(o.failed)} failed "
-            f"in {o.wall_s:.1f} s; report: {o.report}")
-
+    return (
+        f"reproduce: {len(o.computed)} step(s) computed, {len(o.skipped)} reused, {len(o.failed)} failed "
+        f"in {o.wall_s:.1f} s; report: {o.report}"
+    )

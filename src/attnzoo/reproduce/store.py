@@ -3,6 +3,7 @@
 A step is skipped when its JSON exists and was computed from the same config (a hash of the config
 is stored beside the result); an interrupted run therefore continues with the first unfinished step.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -82,8 +83,10 @@ class StepStore:
         try:
             return json.loads(p.read_bytes().decode("utf-8"))
         except ValueError as e:  # JSONDecodeError / UnicodeDecodeError
-            raise ValueError(f"stored step result {p} is corrupt ({' '.join(str(e).split())}); delete it so that "
-                             f"step {step_id!r} is computed again") from e
+            raise ValueError(
+                f"stored step result {p} is corrupt ({' '.join(str(e).split())}); delete it so that "
+                f"step {step_id!r} is computed again"
+            ) from e
 
     def save(self, step: Step, result: dict, wall_s: float, started: float) -> dict:
         rec = {

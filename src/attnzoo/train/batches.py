@@ -5,6 +5,7 @@ and ``s`` (datasets with ``step_dependent = True``, e.g. augmented image folders
 (the dataset's ``num_workers``) each make whole steps and the loader hands them back in step order, so the
 batches, and hence the run, are the same for any number of workers, and a resumed run restarts at ``start``.
 """
+
 from __future__ import annotations
 
 import signal
@@ -45,8 +46,9 @@ def _ignore_sigint(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def train_batches(train: BatchDataset, schedule: BatchSchedule, start: int, stop: int,
-                  pin_memory: bool = False) -> Iterator[Batch]:
+def train_batches(
+    train: BatchDataset, schedule: BatchSchedule, start: int, stop: int, pin_memory: bool = False
+) -> Iterator[Batch]:
     """Batches of steps ``start, ..., stop - 1`` in order; with ``train.num_workers > 0`` made ahead by that many
     DataLoader worker processes (two steps each in flight)."""
     workers = int(getattr(train, "num_workers", 0) or 0)
@@ -54,7 +56,13 @@ def train_batches(train: BatchDataset, schedule: BatchSchedule, start: int, stop
         for s in range(start, stop):
             yield step_batch(train, schedule, s)
         return
-    loader = DataLoader(_Steps(train, schedule, start, stop), batch_size=None, shuffle=False, num_workers=workers,
-                        pin_memory=pin_memory and torch.cuda.is_available(), prefetch_factor=2,
-                        worker_init_fn=_ignore_sigint)
+    loader = DataLoader(
+        _Steps(train, schedule, start, stop),
+        batch_size=None,
+        shuffle=False,
+        num_workers=workers,
+        pin_memory=pin_memory and torch.cuda.is_available(),
+        prefetch_factor=2,
+        worker_init_fn=_ignore_sigint,
+    )
     yield from loader

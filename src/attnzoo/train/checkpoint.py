@@ -14,6 +14,7 @@ Loads check the manifest first, so a flipped byte or a truncated file is reporte
 training (or evaluating) on damaged numbers. ``latest`` may only name a ``step_*`` directory inside the
 run's ``checkpoints`` directory. Nothing is ever unpickled.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,8 +34,17 @@ from torch import nn
 from attnzoo._io import atomic_write_text, fsync_dir, to_jsonable, write_json
 from attnzoo.train.distributed import DistInfo, barrier
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "list_checkpoints", "verify_checkpoint",
-           "CheckpointError", "unwrap_model", "atomic_write_text", "MANIFEST_NAME"]
+__all__ = [
+    "save_checkpoint",
+    "load_checkpoint",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "verify_checkpoint",
+    "CheckpointError",
+    "unwrap_model",
+    "atomic_write_text",
+    "MANIFEST_NAME",
+]
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -120,8 +130,11 @@ def list_checkpoints(root: Path) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if _STEP_NAME.fullmatch(p.name) and p.is_dir() and _inside(root, p)
-                  and (p / "state.json").is_file())
+    return sorted(
+        p
+        for p in root.iterdir()
+        if _STEP_NAME.fullmatch(p.name) and p.is_dir() and _inside(root, p) and (p / "state.json").is_file()
+    )
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -142,12 +155,14 @@ def latest_checkpoint(root: Path) -> Path | None:
             raise CheckpointError(
                 f"{pointer} names {name[:200]!r}, which is not a checkpoint of this run: it may only hold the name "
                 f"of a step_NNNNNNNN directory inside {root}. Fix or delete {pointer} (then the newest checkpoint "
-                "is used)")
+                "is used)"
+            )
         p = root / name
         if p.exists() and not _inside(root, p):
             raise CheckpointError(
                 f"{p} leads outside {root} (a symbolic link to {p.resolve()}); refusing to load a checkpoint "
-                "from outside the run")
+                "from outside the run"
+            )
         if (p / "state.json").is_file():
             return p
     elif pointer.is_symlink() or pointer.exists():
@@ -165,10 +180,14 @@ def _sha256_file(path: Path) -> str:
 
 
 def _write_manifest(directory: Path) -> None:
-    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256_file(p)}
-             for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST_NAME}
-    write_json(directory / MANIFEST_NAME, {"format": FORMAT_VERSION, "algorithm": "sha256", "files": files},
-               newline=False)
+    files = {
+        p.name: {"size": p.stat().st_size, "sha256": _sha256_file(p)}
+        for p in sorted(directory.iterdir())
+        if p.is_file() and p.name != MANIFEST_NAME
+    }
+    write_json(
+        directory / MANIFEST_NAME, {"format": FORMAT_VERSION, "algorithm": "sha256", "files": files}, newline=False
+    )
 
 
 def verify_checkpoint(path: Path) -> bool:
@@ -183,16 +202,21 @@ def verify_checkpoint(path: Path) -> bool:
         key = str(path.resolve())
         if key not in _warned_unverified:
             _warned_unverified.add(key)
-            warnings.warn(f"{path} has no {MANIFEST_NAME} (written by an older attnzoo): its files cannot be "
-                          "verified against checksums; loading them unverified", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"{path} has no {MANIFEST_NAME} (written by an older attnzoo): its files cannot be "
+                "verified against checksums; loading them unverified",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         return False
     try:
         manifest = json.loads(mpath.read_bytes().decode("utf-8"))
         files = manifest["files"]
         entries = [(str(n), int(e["size"]), str(e["sha256"])) for n, e in files.items()]
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"{mpath}: corrupt manifest ({type(e).__name__}: {e}); the checkpoint cannot be "
-                              "verified") from None
+        raise CheckpointError(
+            f"{mpath}: corrupt manifest ({type(e).__name__}: {e}); the checkpoint cannot be verified"
+        ) from None
     for name, size, digest in entries:
         f = path / name
         if "/" in name or "\\" in name or name in ("", ".", ".."):
@@ -201,17 +225,28 @@ def verify_checkpoint(path: Path) -> bool:
             raise CheckpointError(f"{f}: missing (listed in {MANIFEST_NAME}); the checkpoint is incomplete")
         actual = f.stat().st_size
         if actual != size:
-            raise CheckpointError(f"{f}: corrupt ({'truncated' if actual < size else 'grown'} to {actual} bytes, "
-                                  f"written as {size}); use another checkpoint")
+            raise CheckpointError(
+                f"{f}: corrupt ({'truncated' if actual < size else 'grown'} to {actual} bytes, "
+                f"written as {size}); use another checkpoint"
+            )
         if _sha256_file(f) != digest:
-            raise CheckpointError(f"{f}: corrupt (SHA-256 differs from {MANIFEST_NAME}: the file changed after it "
-                                  "was written); use another checkpoint")
+            raise CheckpointError(
+                f"{f}: corrupt (SHA-256 differs from {MANIFEST_NAME}: the file changed after it "
+                "was written); use another checkpoint"
+            )
     return True
 
 
-def save_checkpoint(root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    extra: dict[str, Any], info: DistInfo = DistInfo(), keep: int = 2,
-                    scaler: torch.amp.GradScaler | None = None) -> Path:
+def save_checkpoint(
+    root: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, Any],
+    info: DistInfo = DistInfo(),
+    keep: int = 2,
+    scaler: torch.amp.GradScaler | None = None,
+) -> Path:
     """Write the checkpoint of ``step`` atomically (collective: every process must call it)."""
     root = Path(root)
     final = _step_dir(root, step)
@@ -263,7 +298,8 @@ def _check_model_shapes(file: Path, model: nn.Module) -> None:
         if shapes[k] != tuple(own[k].shape):
             raise CheckpointError(
                 f"{file}: tensor {k!r} has shape {shapes[k]} but the model built from the run's config has "
-                f"{tuple(own[k].shape)}; the config (model size options) no longer matches this checkpoint")
+                f"{tuple(own[k].shape)}; the config (model size options) no longer matches this checkpoint"
+            )
 
 
 def _read_state(path: Path) -> dict[str, Any]:
@@ -275,8 +311,9 @@ def _read_state(path: Path) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise CheckpointError(f"{state_file}: corrupt (expected a JSON object, got {type(state).__name__})")
     if state.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"{state_file}: checkpoint format {state.get('format')!r}, this attnzoo reads "
-                              f"{FORMAT_VERSION}")
+        raise CheckpointError(
+            f"{state_file}: checkpoint format {state.get('format')!r}, this attnzoo reads {FORMAT_VERSION}"
+        )
     for key, lo in (("step", 0), ("world_size", 1)):
         v = state.get(key)
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
@@ -284,9 +321,14 @@ def _read_state(path: Path) -> dict[str, Any]:
     return state
 
 
-def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    info: DistInfo = DistInfo(), scaler: torch.amp.GradScaler | None = None,
-                    restore_rng: bool = True) -> dict[str, Any]:
+def load_checkpoint(
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    info: DistInfo = DistInfo(),
+    scaler: torch.amp.GradScaler | None = None,
+    restore_rng: bool = True,
+) -> dict[str, Any]:
     """Restore weights (and optimizer, loss scaler, this process's RNG) from ``path``; returns ``state.json``.
 
     The files are verified against ``manifest.json`` first (see :func:`verify_checkpoint`); every problem is a
@@ -308,8 +350,9 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     except Exception as e:  # noqa: BLE001 - dtype mismatch, damaged data, ...
         raise CheckpointError(f"{model_file} does not fit the model: {e}") from e
     if missing or unexpected:
-        raise CheckpointError(f"{model_file} does not fit the model: missing {sorted(missing)[:8]}, "
-                              f"unexpected {sorted(unexpected)[:8]}")
+        raise CheckpointError(
+            f"{model_file} does not fit the model: missing {sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}"
+        )
     if optimizer is not None:
         opt_file = path / "optimizer.safetensors"
         try:
@@ -323,10 +366,16 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
         params = [p for g in optimizer.param_groups for p in g["params"]]
         for idx, st in sd["state"].items():
             for name, t in st.items():
-                if (isinstance(t, torch.Tensor) and t.dim() > 0 and 0 <= idx < len(params)
-                        and t.shape != params[idx].shape):
-                    raise CheckpointError(f"{opt_file}: {idx}.{name} has shape {tuple(t.shape)}, parameter {idx} "
-                                          f"has {tuple(params[idx].shape)}; the optimizer state does not fit")
+                if (
+                    isinstance(t, torch.Tensor)
+                    and t.dim() > 0
+                    and 0 <= idx < len(params)
+                    and t.shape != params[idx].shape
+                ):
+                    raise CheckpointError(
+                        f"{opt_file}: {idx}.{name} has shape {tuple(t.shape)}, parameter {idx} "
+                        f"has {tuple(params[idx].shape)}; the optimizer state does not fit"
+                    )
         try:
             optimizer.load_state_dict(sd)
         except (ValueError, KeyError, TypeError) as e:

@@ -3,6 +3,7 @@
 Exit status: 0 done, 2 bad configuration or input (config, task options, checkpoint), 1 other errors, 3 missing
 dataset, 130 / 143 stopped by SIGINT / SIGTERM (after writing a checkpoint; continue with ``--resume``).
 """
+
 from __future__ import annotations
 
 import os

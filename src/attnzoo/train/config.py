@@ -2,6 +2,7 @@
 
 Every key, type and choice is checked before anything is built; errors list the valid choices.
 """
+
 from __future__ import annotations
 
 import copy
@@ -18,8 +19,17 @@ import yaml
 from attnzoo.train.optim import OPTIMIZERS
 from attnzoo.train.schedules import SCHEDULES
 
-__all__ = ["TrainConfig", "ConfigError", "ConfigTypeError", "load_config", "apply_overrides", "parse_overrides",
-           "list_presets", "preset_path", "RESUME_MUTABLE_KEYS"]
+__all__ = [
+    "TrainConfig",
+    "ConfigError",
+    "ConfigTypeError",
+    "load_config",
+    "apply_overrides",
+    "parse_overrides",
+    "list_presets",
+    "preset_path",
+    "RESUME_MUTABLE_KEYS",
+]
 
 
 class ConfigError(ValueError):
@@ -112,8 +122,9 @@ class TrainConfig:
         if self.eval_batch_size is not None and self.eval_batch_size < 1:
             raise ConfigError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
         if not self.model:
-            raise ConfigError("no model given: set model: NAME in the config or pass --model=NAME "
-                              "(attnzoo models lists them)")
+            raise ConfigError(
+                "no model given: set model: NAME in the config or pass --model=NAME (attnzoo models lists them)"
+            )
         return self
 
 
@@ -223,8 +234,10 @@ def read_yaml(path, text: str | None = None) -> Any:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ConfigError(f"config file {name} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
-                              f"save it as UTF-8") from e
+            raise ConfigError(
+                f"config file {name} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                f"save it as UTF-8"
+            ) from e
     loader = _UniqueKeyLoader(text)
     loader.name = name
     try:
@@ -295,8 +308,10 @@ def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
             raise _unknown_key(head)
         if rest:
             if _HINTS[head] is not dict:
-                raise ConfigError(f"{head!r} is not an options mapping; dotted keys work on: "
-                                  f"{[k for k in _FIELDS if _HINTS[k] is dict]}")
+                raise ConfigError(
+                    f"{head!r} is not an options mapping; dotted keys work on: "
+                    f"{[k for k in _FIELDS if _HINTS[k] is dict]}"
+                )
             d[head] = {**d[head], rest: value}
         else:
             d[head] = value

@@ -1,4 +1,5 @@
 """The device a run trains on and its mixed-precision setting."""
+
 from __future__ import annotations
 
 import contextlib

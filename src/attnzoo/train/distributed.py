@@ -6,6 +6,7 @@ of ``w`` takes the ``r``-th contiguous slice (DistributedSampler-style sharding)
 batch ``B`` and ``w`` processes with ``B / w`` each see the same samples, and a resumed run continues
 from exactly the next batch.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "init_distributed", "shutdown_distributed", "BatchSchedule", "all_reduce_sum", "all_reduce_max",
-           "all_gather_floats", "barrier"]
+__all__ = [
+    "DistInfo",
+    "init_distributed",
+    "shutdown_distributed",
+    "BatchSchedule",
+    "all_reduce_sum",
+    "all_reduce_max",
+    "all_gather_floats",
+    "barrier",
+]
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 For in-context learning it prints the normalised squared error against the number of in-context
 examples, beside the least-squares baseline (AoT Fig. 6), and can plot it (``--plot FILE.png``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,10 +55,17 @@ def _evaluate_checkpoint(a: argparse.Namespace) -> tuple[Any, Path, Any, dict[st
         earlier = [p for p in list_checkpoints(run / "checkpoints") if p.name != ckpt.name]
         if not earlier:
             raise
-        raise CheckpointError(f"{e}. Evaluate another checkpoint with --checkpoint, e.g. --checkpoint "
-                              f"{earlier[-1]}") from None
-    metrics = evaluate(model, task, a.batch_size or cfg.eval_batch_size or cfg.batch_size, device,
-                       max_batches=a.max_batches, amp_dtype=amp_dtype(cfg.amp, device))
+        raise CheckpointError(
+            f"{e}. Evaluate another checkpoint with --checkpoint, e.g. --checkpoint {earlier[-1]}"
+        ) from None
+    metrics = evaluate(
+        model,
+        task,
+        a.batch_size or cfg.eval_batch_size or cfg.batch_size,
+        device,
+        max_batches=a.max_batches,
+        amp_dtype=amp_dtype(cfg.amp, device),
+    )
     return cfg, ckpt, task, state, metrics
 
 
@@ -106,8 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CheckpointError, DatasetNotFoundError) as e:
         print(f"attnzoo eval: error: {e}", file=sys.stderr)
         return 2
-    report = {"run": str(Path(a.run)), "checkpoint": str(ckpt), "step": state["step"], "task": cfg.task,
-              "model": cfg.model, "metrics": metrics}
+    report = {
+        "run": str(Path(a.run)),
+        "checkpoint": str(ckpt),
+        "step": state["step"],
+        "task": cfg.task,
+        "model": cfg.model,
+        "metrics": metrics,
+    }
     if task.kind == "icl_regression":
         report["least_squares_per_position"] = _icl_curve(task, metrics, cfg, a.plot)
     shown = {k: v for k, v in metrics.items() if isinstance(v, float)}

@@ -1,4 +1,5 @@
 """``attnzoo generate RUN_DIR --prompt TEXT``: sample text from a trained character-level language model."""
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             vocab = CharVocab.from_json(vocab_file.read_bytes().decode("utf-8"))
         except (ValueError, KeyError, TypeError) as e:
-            raise ConfigError(f"{vocab_file} is corrupt ({type(e).__name__}: {e}); it should hold "
-                              f'{{"chars": [...]}} as written by attnzoo train') from e
+            raise ConfigError(
+                f"{vocab_file} is corrupt ({type(e).__name__}: {e}); it should hold "
+                f'{{"chars": [...]}} as written by attnzoo train'
+            ) from e
         ckpt = latest_checkpoint(run / "checkpoints") if a.checkpoint == "latest" else Path(a.checkpoint)
         if ckpt is None:
             raise CheckpointError(f"{run} has no checkpoint yet")

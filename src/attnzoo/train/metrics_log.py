@@ -1,4 +1,5 @@
 """Where a run's numbers go: ``metrics.csv`` (one row per logged step and split), TensorBoard when installed."""
+
 from __future__ import annotations
 
 import csv
@@ -73,6 +74,9 @@ def _tensorboard_writer(directory: Path):
         global _TB_NOTICE_SHOWN
         if not _TB_NOTICE_SHOWN:  # once per process: sweeps and the reproduce runner train many models
             _TB_NOTICE_SHOWN = True
-            print("attnzoo train: tensorboard is not installed; logging to metrics.csv only "
-                  "(pip install 'attnzoo[tensorboard]' to get TensorBoard logs)", file=sys.stderr)
+            print(
+                "attnzoo train: tensorboard is not installed; logging to metrics.csv only "
+                "(pip install 'attnzoo[tensorboard]' to get TensorBoard logs)",
+                file=sys.stderr,
+            )
         return None

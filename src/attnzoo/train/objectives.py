@@ -2,6 +2,7 @@
 
 (``attnzoo.data.tasks`` builds the tasks themselves; this module is the glue between a task and a model.)
 """
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,15 @@ from torch import nn
 from attnzoo.data.tasks import Task, task_kind
 from attnzoo.train.config import ConfigError, TrainConfig
 
-__all__ = ["ARCH_FOR_KIND", "task_model_overrides", "check_model_choice", "build_task_model", "compute_loss",
-           "MetricAccumulator", "metric_names"]
+__all__ = [
+    "ARCH_FOR_KIND",
+    "task_model_overrides",
+    "check_model_choice",
+    "build_task_model",
+    "compute_loss",
+    "MetricAccumulator",
+    "metric_names",
+]
 
 
 #: the model architecture (``attnzoo.models`` config ``arch``) each task kind needs
@@ -34,8 +42,12 @@ def task_model_overrides(task: Task) -> dict[str, Any]:
     if task.kind == "image_classification":
         return {"num_classes": i["num_classes"], "image_size": i["img_size"], "in_chans": i["in_chans"]}
     if task.kind in ("sequence_classification", "pair_classification"):
-        return {"num_classes": i["num_classes"], "vocab_size": i["vocab_size"], "max_len": i["seq_len"],
-                "dual": task.kind == "pair_classification"}
+        return {
+            "num_classes": i["num_classes"],
+            "vocab_size": i["vocab_size"],
+            "max_len": i["seq_len"],
+            "dual": task.kind == "pair_classification",
+        }
     if task.kind == "causal_lm":
         return {"vocab_size": i["vocab_size"], "block_size": i["seq_len"]}
     if task.kind == "icl_regression":
@@ -55,8 +67,10 @@ def check_model_choice(cfg: TrainConfig) -> None:
     arch = ARCH_FOR_KIND[kind]
     if get_config(cfg.model).arch != arch:
         fitting = [n for n in names if get_config(n).arch == arch]
-        raise ConfigError(f"model {cfg.model!r} is a {get_config(cfg.model).arch!r} model but task {cfg.task!r} "
-                          f"({kind}) needs a {arch!r} model; valid models for it: {fitting}")
+        raise ConfigError(
+            f"model {cfg.model!r} is a {get_config(cfg.model).arch!r} model but task {cfg.task!r} "
+            f"({kind}) needs a {arch!r} model; valid models for it: {fitting}"
+        )
     opts = cfg.resolved_model_options()
     if "attention" in opts:
         valid = attnzoo.list_attentions()
@@ -93,8 +107,9 @@ def _outputs(out: Any) -> torch.Tensor:
     raise TypeError(f"model returned {type(out).__name__}; expected a tensor")
 
 
-def compute_loss(kind: str, out: Any, target: torch.Tensor,
-                 label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_loss(
+    kind: str, out: Any, target: torch.Tensor, label_smoothing: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(mean loss, predictions)`` for a batch; predictions are logits or regression outputs."""
     pred = _outputs(out)
     if kind in ("image_classification", "sequence_classification", "pair_classification"):
@@ -172,6 +187,9 @@ class MetricAccumulator:
             return {"loss": loss, "bits_per_token": loss / math.log(2), "perplexity": math.exp(min(loss, 50.0))}
         if self.kind == "icl_regression":
             per_pos = (self.pos_err / self.count / self.info["dim"]).tolist()
-            return {"loss": loss, "normalized_error": float(sum(per_pos) / len(per_pos)),
-                    "normalized_error_per_position": per_pos}
+            return {
+                "loss": loss,
+                "normalized_error": float(sum(per_pos) / len(per_pos)),
+                "normalized_error_per_position": per_pos,
+            }
         return {"loss": loss, "accuracy": self.correct / self.count}

@@ -1,4 +1,5 @@
 """Optimisers: AdamW (PyTorch's) and Lion (Chen et al., 2023, "Symbolic Discovery of Optimization Algorithms")."""
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -14,8 +15,9 @@ OPTIMIZERS = ("adamw", "lion")
 class Lion(torch.optim.Optimizer):
     """Lion: ``u = sign(b1 m + (1 - b1) g)``; ``p -= lr (u + wd p)``; ``m = b2 m + (1 - b2) g``."""
 
-    def __init__(self, params: Iterable, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
-                 weight_decay: float = 0.0) -> None:
+    def __init__(
+        self, params: Iterable, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0
+    ) -> None:
         if lr <= 0:
             raise ValueError(f"Lion lr must be > 0, got {lr}")
         if not all(0.0 <= b < 1.0 for b in betas):
@@ -45,8 +47,9 @@ class Lion(torch.optim.Optimizer):
         return loss
 
 
-def build_optimizer(model: nn.Module, name: str, *, lr: float, weight_decay: float,
-                    betas: tuple[float, float]) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module, name: str, *, lr: float, weight_decay: float, betas: tuple[float, float]
+) -> torch.optim.Optimizer:
     """AdamW or Lion with weight decay on matrices only (not on biases, norms, embeddings' 1-D params)."""
     if name not in OPTIMIZERS:
         raise ValueError(f"optimizer={name!r} is not supported; valid choices: {list(OPTIMIZERS)}")

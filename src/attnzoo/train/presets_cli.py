@@ -1,4 +1,5 @@
 """``attnzoo presets [show NAME | tasks]``: the shipped training presets and the available tasks."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, desc in list_tasks().items():
             import inspect
 
-            opts = ", ".join(f"{k}=(required)" if v is inspect.Parameter.empty else f"{k}={v!r}"
-                             for k, v in task_options(name).items())
+            opts = ", ".join(
+                f"{k}=(required)" if v is inspect.Parameter.empty else f"{k}={v!r}"
+                for k, v in task_options(name).items()
+            )
             print(f"{name:18s} [{task_kind(name)}] {desc}\n{'':18s} options: {opts}")
         return 0
     if a.what == "show":

@@ -4,6 +4,7 @@ A run directory holds the marker file :data:`RUN_MARKER`, ``config.yaml``, ``tas
 character-level tasks), ``metrics.csv``, ``final.json``, ``checkpoints/``, ``model/`` and ``tb/``. Anything else in
 it is the user's: attnzoo never deletes it.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,16 @@ from attnzoo._io import atomic_write_text
 from attnzoo.data.tasks import Task
 from attnzoo.train.config import RESUME_MUTABLE_KEYS, ConfigError, TrainConfig, from_dict, read_yaml
 
-__all__ = ["RUN_MARKER", "RunMode", "run_dir_mode", "foreign_run_files", "remove_run_files", "write_run_files",
-           "load_run", "check_resume_config"]
+__all__ = [
+    "RUN_MARKER",
+    "RunMode",
+    "run_dir_mode",
+    "foreign_run_files",
+    "remove_run_files",
+    "write_run_files",
+    "load_run",
+    "check_resume_config",
+]
 
 #: file that marks a directory as an attnzoo run (only such directories may be resumed or overwritten)
 RUN_MARKER = ".attnzoo-run"
@@ -44,8 +53,10 @@ def run_dir_mode(out: Path, resume: bool, overwrite: bool) -> RunMode:
         return "fresh"
     is_run = (out / RUN_MARKER).is_file()
     if not is_run:
-        raise ConfigError(f"--out {out} is a non-empty directory that is not an attnzoo run; refusing to write "
-                          f"into it. Choose another --out.")
+        raise ConfigError(
+            f"--out {out} is a non-empty directory that is not an attnzoo run; refusing to write "
+            f"into it. Choose another --out."
+        )
     if resume:
         if not (out / "config.yaml").is_file():
             raise ConfigError(f"{out} has no config.yaml to resume from")
@@ -54,11 +65,14 @@ def run_dir_mode(out: Path, resume: bool, overwrite: bool) -> RunMode:
         foreign = foreign_run_files(out)
         if foreign:
             shown = ", ".join(foreign[:20]) + (f" ... ({len(foreign)} in all)" if len(foreign) > 20 else "")
-            raise ConfigError(f"--out {out} also holds files attnzoo did not write: {shown}. --overwrite deletes only "
-                              f"a run's own files: move or delete these first, or choose another --out")
+            raise ConfigError(
+                f"--out {out} also holds files attnzoo did not write: {shown}. --overwrite deletes only "
+                f"a run's own files: move or delete these first, or choose another --out"
+            )
         return "overwrite"
-    raise ConfigError(f"--out {out} already holds a run; pass --resume to continue it or --overwrite to delete it "
-                      f"and start again")
+    raise ConfigError(
+        f"--out {out} already holds a run; pass --resume to continue it or --overwrite to delete it and start again"
+    )
 
 
 # What ``train`` writes into a run directory; everything else there is the user's and is never deleted.
@@ -90,8 +104,9 @@ def foreign_run_files(out: Path) -> list[str]:
     def step_dir(p: Path) -> bool:
         if not p.is_dir():
             return False
-        scan(p, lambda f: f.is_file() and (_CKPT_FILES.fullmatch(f.name) is not None
-                                           or _is_temp_of(f.name, _CKPT_FILES)))
+        scan(
+            p, lambda f: f.is_file() and (_CKPT_FILES.fullmatch(f.name) is not None or _is_temp_of(f.name, _CKPT_FILES))
+        )
         return True
 
     def top(p: Path) -> bool:
@@ -100,8 +115,14 @@ def foreign_run_files(out: Path) -> list[str]:
         if not p.is_dir() or p.is_symlink():
             return False
         if p.name == "checkpoints":
-            scan(p, lambda c: (c.name == "latest" and c.is_file()) or _is_temp_of(c.name, {"latest"})
-                 or (_STEP_DIR.fullmatch(c.name) is not None and step_dir(c)))
+            scan(
+                p,
+                lambda c: (
+                    (c.name == "latest" and c.is_file())
+                    or _is_temp_of(c.name, {"latest"})
+                    or (_STEP_DIR.fullmatch(c.name) is not None and step_dir(c))
+                ),
+            )
         elif p.name == "model":
             scan(p, lambda f: f.is_file() and (f.name in _MODEL_FILES or _is_temp_of(f.name, _MODEL_FILES)))
         elif p.name == "tb":  # TensorBoard's event files

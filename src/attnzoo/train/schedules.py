@@ -1,4 +1,5 @@
 """Learning-rate schedules as pure functions of the step (so a resumed run needs no scheduler state)."""
+
 from __future__ import annotations
 
 import math
@@ -8,8 +9,9 @@ __all__ = ["SCHEDULES", "lr_at"]
 SCHEDULES = ("cosine", "linear", "inverse_sqrt", "constant")
 
 
-def lr_at(step: int, *, lr: float, steps: int, schedule: str = "cosine", warmup_steps: int = 0,
-          min_lr_ratio: float = 0.0) -> float:
+def lr_at(
+    step: int, *, lr: float, steps: int, schedule: str = "cosine", warmup_steps: int = 0, min_lr_ratio: float = 0.0
+) -> float:
     """Learning rate for optimizer step ``step`` (0-based) of ``steps``.
 
     Linear warm-up from ``lr / warmup_steps`` to ``lr`` over ``warmup_steps`` steps, then

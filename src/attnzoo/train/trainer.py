@@ -6,6 +6,7 @@ optimizer step. It logs to a progress bar, ``metrics.csv`` and TensorBoard (when
 ``eval_every`` steps, checkpoints every ``ckpt_every`` steps and when SIGINT/SIGTERM arrives, and resumes
 bit-exactly from a checkpoint.
 """
+
 from __future__ import annotations
 
 import signal
@@ -58,8 +59,19 @@ from attnzoo.train.run_dir import (
 )
 from attnzoo.train.schedules import lr_at
 
-__all__ = ["train", "TrainResult", "build_task_model", "check_model_choice", "evaluate", "run_dir_mode",
-           "resolve_device", "RUN_MARKER", "load_run", "foreign_run_files", "ModelFactory"]
+__all__ = [
+    "train",
+    "TrainResult",
+    "build_task_model",
+    "check_model_choice",
+    "evaluate",
+    "run_dir_mode",
+    "resolve_device",
+    "RUN_MARKER",
+    "load_run",
+    "foreign_run_files",
+    "ModelFactory",
+]
 
 ModelFactory = Callable[[TrainConfig, Task], nn.Module]
 
@@ -74,9 +86,16 @@ class TrainResult:
     train_losses: list[tuple[int, float]] = field(default_factory=list)
 
 
-def train(cfg: TrainConfig | None, out_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
-          progress: bool = True, model_factory: ModelFactory | None = None,
-          callback: Callable[[int, float], None] | None = None) -> TrainResult:
+def train(
+    cfg: TrainConfig | None,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    model_factory: ModelFactory | None = None,
+    callback: Callable[[int, float], None] | None = None,
+) -> TrainResult:
     """Train according to ``cfg`` into ``out_dir`` (see :func:`run_dir_mode` for the directory rules).
 
     With ``resume=True`` and ``cfg=None`` the run's saved config is used. ``model_factory(cfg, task)``
@@ -99,8 +118,9 @@ def train(cfg: TrainConfig | None, out_dir: str | Path, *, resume: bool = False,
     info = init_distributed(device.type)
     try:
         device = resolve_device(cfg.device, info)
-        run, start_step, window = _start(cfg, out, mode=mode, info=info, device=device, progress=progress,
-                                         model_factory=model_factory)
+        run, start_step, window = _start(
+            cfg, out, mode=mode, info=info, device=device, progress=progress, model_factory=model_factory
+        )
         result = _loop(run, start_step, window, callback)
         _finish(run, result)
         return result
@@ -109,19 +129,25 @@ def train(cfg: TrainConfig | None, out_dir: str | Path, *, resume: bool = False,
 
 
 # ---- the loop ----------------------------------------------------------------------------------------
-def _loop(run: _Run, start_step: int, window: _LossWindow,
-          callback: Callable[[int, float], None] | None) -> TrainResult:
+def _loop(
+    run: _Run, start_step: int, window: _LossWindow, callback: Callable[[int, float], None] | None
+) -> TrainResult:
     """Steps ``start_step + 1 .. cfg.steps``: train, then log, evaluate and checkpoint when they are due."""
     cfg = run.cfg
     result = TrainResult(run.out, start_step)
     step = start_step
     run.model.train()
-    batches = train_batches(run.task.train, run.schedule, start_step, cfg.steps,
-                            pin_memory=run.device.type == "cuda")
+    batches = train_batches(run.task.train, run.schedule, start_step, cfg.steps, pin_memory=run.device.type == "cuda")
     with _StopFlag() as stop:
         while step < cfg.steps:
-            lr = lr_at(step, lr=cfg.lr, steps=cfg.steps, schedule=cfg.schedule, warmup_steps=cfg.warmup_steps,
-                       min_lr_ratio=cfg.min_lr_ratio)
+            lr = lr_at(
+                step,
+                lr=cfg.lr,
+                steps=cfg.steps,
+                schedule=cfg.schedule,
+                warmup_steps=cfg.warmup_steps,
+                min_lr_ratio=cfg.min_lr_ratio,
+            )
             for g in run.optimizer.param_groups:
                 g["lr"] = lr
             loss = _train_step(run, next(batches), step)
@@ -195,8 +221,16 @@ class _LossWindow:
 
 
 # ---- set-up ---------------------------------------------------------------------------------------------
-def _start(cfg: TrainConfig, out: Path, *, mode: RunMode, info: DistInfo, device: torch.device, progress: bool,
-           model_factory: ModelFactory | None) -> tuple[_Run, int, _LossWindow]:
+def _start(
+    cfg: TrainConfig,
+    out: Path,
+    *,
+    mode: RunMode,
+    info: DistInfo,
+    device: torch.device,
+    progress: bool,
+    model_factory: ModelFactory | None,
+) -> tuple[_Run, int, _LossWindow]:
     """Build task, model and optimizer, write the run directory, restore the checkpoint when resuming.
 
     Returns the run, the step to continue from and the restored loss window. The order of the random draws
@@ -206,10 +240,12 @@ def _start(cfg: TrainConfig, out: Path, *, mode: RunMode, info: DistInfo, device
     task = build_task(cfg.task, **cfg.task_options)
     torch.manual_seed(cfg.seed)
     model = (model_factory or build_task_model)(cfg, task).to(device)
-    schedule = BatchSchedule(len(task.train), cfg.batch_size, cfg.seed, info,
-                             shuffle=getattr(task.train, "shuffle", True))
-    optimizer = build_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                betas=(cfg.beta1, cfg.beta2))
+    schedule = BatchSchedule(
+        len(task.train), cfg.batch_size, cfg.seed, info, shuffle=getattr(task.train, "shuffle", True)
+    )
+    optimizer = build_optimizer(
+        model, cfg.optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.beta1, cfg.beta2)
+    )
     scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
     # dropout etc. draw from a per-process stream (the model init above used the shared seed)
     torch.manual_seed(cfg.seed + 1 + info.rank)
@@ -227,15 +263,28 @@ def _start(cfg: TrainConfig, out: Path, *, mode: RunMode, info: DistInfo, device
         print(f"attnzoo train: no checkpoint in {out}; starting from step 0", file=sys.stderr)
 
     log = MetricsLog(out, task.kind, enabled=info.is_main, resume_step=start_step if mode == "resume" else None)
-    run = _Run(cfg=cfg, out=out, info=info, device=device, amp_dtype=amp, task=task, model=model,
-               train_model=_wrap_for_training(model, cfg, info, device), optimizer=optimizer, scaler=scaler,
-               schedule=schedule, log=log, bar=_progress_bar(cfg, start_step) if progress and info.is_main else None)
+    run = _Run(
+        cfg=cfg,
+        out=out,
+        info=info,
+        device=device,
+        amp_dtype=amp,
+        task=task,
+        model=model,
+        train_model=_wrap_for_training(model, cfg, info, device),
+        optimizer=optimizer,
+        scaler=scaler,
+        schedule=schedule,
+        log=log,
+        bar=_progress_bar(cfg, start_step) if progress and info.is_main else None,
+    )
     window.t_start = run.t0
     return run, start_step, window
 
 
-def _resume(ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
-            info: DistInfo) -> tuple[int, _LossWindow]:
+def _resume(
+    ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None, info: DistInfo
+) -> tuple[int, _LossWindow]:
     """Load ``ckpt`` (weights, optimizer, scaler, this process's RNG); the step and loss window to continue from."""
     try:
         state = load_checkpoint(ckpt, model, optimizer, info, scaler)
@@ -243,11 +292,16 @@ def _resume(ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scal
         earlier = [p.name for p in list_checkpoints(ckpt.parent) if p.name != ckpt.name]
         if not earlier:
             raise
-        raise CheckpointError(f"{e}. Other checkpoints of this run: {', '.join(earlier)}; to resume from one, "
-                              f"write its name into {ckpt.parent / 'latest'}") from None
+        raise CheckpointError(
+            f"{e}. Other checkpoints of this run: {', '.join(earlier)}; to resume from one, "
+            f"write its name into {ckpt.parent / 'latest'}"
+        ) from None
     if state["world_size"] != info.world_size and info.is_main:
-        print(f"attnzoo train: resuming a {state['world_size']}-process run on {info.world_size} processes; "
-              "the data order is the same, dropout streams differ", file=sys.stderr)
+        print(
+            f"attnzoo train: resuming a {state['world_size']}-process run on {info.world_size} processes; "
+            "the data order is the same, dropout streams differ",
+            file=sys.stderr,
+        )
     loss_sum, count = _restored_window(state, info)
     if info.is_main:
         print(f"attnzoo train: resumed from {ckpt} (step {state['step']})", file=sys.stderr)
@@ -324,8 +378,17 @@ def _log_train(run: _Run, step: int, lr: float, window: _LossWindow, result: Tra
     train_loss = float(avg[0] / avg[1])
     rate = window.samples / max(time.perf_counter() - window.t_start, 1e-9)
     tokens_per_sample = run.task.info.get("seq_len", 1)
-    run.log.log(step, "train", {"lr": lr, "loss": train_loss, "samples_per_s": round(rate, 2),
-                                "tokens_per_s": round(rate * tokens_per_sample, 1), "elapsed_s": run.elapsed()})
+    run.log.log(
+        step,
+        "train",
+        {
+            "lr": lr,
+            "loss": train_loss,
+            "samples_per_s": round(rate, 2),
+            "tokens_per_s": round(rate * tokens_per_sample, 1),
+            "elapsed_s": run.elapsed(),
+        },
+    )
     result.train_losses.append((step, train_loss))
     if run.bar is not None:
         run.bar.set_postfix(loss=f"{train_loss:.4f}", lr=f"{lr:.2e}", samples_s=f"{rate:.0f}")
@@ -334,8 +397,15 @@ def _log_train(run: _Run, step: int, lr: float, window: _LossWindow, result: Tra
 
 def _evaluate_run(run: _Run) -> dict[str, Any]:
     cfg = run.cfg
-    return evaluate(run.model, run.task, cfg.eval_batch_size or cfg.batch_size, run.device, run.info,
-                    cfg.eval_batches, run.amp_dtype)
+    return evaluate(
+        run.model,
+        run.task,
+        cfg.eval_batch_size or cfg.batch_size,
+        run.device,
+        run.info,
+        cfg.eval_batches,
+        run.amp_dtype,
+    )
 
 
 def _log_eval(run: _Run, step: int, lr: float, result: TrainResult) -> None:
@@ -343,25 +413,36 @@ def _log_eval(run: _Run, step: int, lr: float, result: TrainResult) -> None:
     run.log.log(step, "val", {**metrics, "lr": lr, "elapsed_s": run.elapsed()})
     result.final_metrics = metrics
     if run.bar is not None:
-        run.bar.write(f"step {step}: " + ", ".join(f"val_{k}={v:.4f}" for k, v in metrics.items()
-                                                    if isinstance(v, float)))
+        run.bar.write(
+            f"step {step}: " + ", ".join(f"val_{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+        )
 
 
 def _save(run: _Run, step: int, window: _LossWindow) -> None:
     """Checkpoint ``step`` (collective) with every process's unlogged losses, so that the first train loss logged
     after a resume matches an uninterrupted run."""
     windows = [[s, int(c)] for s, c in all_gather_floats(window.sums(), run.info)]
-    save_checkpoint(run.ckpt_root, step, run.model, run.optimizer,
-                    {"loss_window": window.sums(), "loss_windows": windows, "config": run.cfg.to_dict()},
-                    run.info, run.cfg.keep_checkpoints, run.scaler)
+    save_checkpoint(
+        run.ckpt_root,
+        step,
+        run.model,
+        run.optimizer,
+        {"loss_window": window.sums(), "loss_windows": windows, "config": run.cfg.to_dict()},
+        run.info,
+        run.cfg.keep_checkpoints,
+        run.scaler,
+    )
 
 
 def _stopped(run: _Run, step: int, signum: int, result: TrainResult) -> None:
     result.interrupted = True
     result.signal = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
     if run.info.is_main:
-        print(f"\nattnzoo train: stopped by signal at step {step}; checkpoint saved. "
-              f"Continue with: attnzoo train --resume --out {run.out}", file=sys.stderr)
+        print(
+            f"\nattnzoo train: stopped by signal at step {step}; checkpoint saved. "
+            f"Continue with: attnzoo train --resume --out {run.out}",
+            file=sys.stderr,
+        )
 
 
 def _finish(run: _Run, result: TrainResult) -> None:
@@ -374,8 +455,9 @@ def _finish(run: _Run, result: TrainResult) -> None:
         # rather than overwrite final.json with empty metrics.
         result.final_metrics = _evaluate_run(run)
     if not result.interrupted and run.info.is_main:
-        write_json(run.out / "final.json", {"step": result.step, "val": result.final_metrics}, nonfinite="keep",
-                   newline=False)
+        write_json(
+            run.out / "final.json", {"step": result.step, "val": result.final_metrics}, nonfinite="keep", newline=False
+        )
         base = unwrap_model(run.model)
         if hasattr(base, "save_pretrained"):
             base.save_pretrained(str(run.out / "model"))
@@ -418,8 +500,15 @@ def _val_batches(task: Task, batch_size: int, info: DistInfo, max_batches: int) 
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, task: Task, batch_size: int, device: torch.device, info: DistInfo = DistInfo(),
-             max_batches: int = 0, amp_dtype: torch.dtype | None = None) -> dict[str, Any]:
+def evaluate(
+    model: nn.Module,
+    task: Task,
+    batch_size: int,
+    device: torch.device,
+    info: DistInfo = DistInfo(),
+    max_batches: int = 0,
+    amp_dtype: torch.dtype | None = None,
+) -> dict[str, Any]:
     """Metrics on the validation set (its first ``max_batches`` batches if > 0), batches split over processes."""
     was_training = model.training
     model.eval()

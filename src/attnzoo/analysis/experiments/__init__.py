@@ -1,6 +1,7 @@
 """The ``attnzoo analyze`` experiments: compute functions returning JSON-ready dicts, plot functions
 returning Agg figures, and :func:`save_experiment` writing ``<out>/<name>.png`` + ``<out>/<name>.json``.
 """
+
 from __future__ import annotations
 
 import os

@@ -2,6 +2,7 @@
 ``layerwise`` (ToST Fig. 4a, CBSA Fig. 5), ``membership`` (ToST Fig. 4b/9), ``attention-maps``
 (ToST Fig. 5, FAST Fig. 4) and ``subspaces`` (ToST Fig. 11).
 """
+
 from __future__ import annotations
 
 import os
@@ -119,8 +120,7 @@ def layerwise(model: nn.Module, inputs, *, eps: float = 0.5, crate_eps: float = 
         rows.append({"name": lay.name, "mechanism": lay.mechanism, **layer_measures(lay, eps, crate_eps=crate_eps)})
     keys = sorted({k for r in rows for k in r if k not in ("name", "mechanism")})
     series = {k: [r.get(k, float("nan")) for r in rows] for k in keys}
-    return {"experiment": "layerwise", "params": {"eps": eps, "crate_eps": crate_eps}, "layers": rows,
-            "series": series}
+    return {"experiment": "layerwise", "params": {"eps": eps, "crate_eps": crate_eps}, "layers": rows, "series": series}
 
 
 def plot_layerwise(result: dict):
@@ -145,8 +145,12 @@ def plot_layerwise(result: dict):
         ax.legend(fontsize=7)
     mechs = sorted({r["mechanism"] for r in result["layers"]})
     crate = result["params"].get("crate_eps")
-    fig.suptitle(f"layer-wise compression ({', '.join(mechs)}; ε={result['params']['eps']}"
-                 + (f", CRATE's ε²={crate ** 2:.3g}" if crate is not None else "") + ")", fontsize=10)
+    fig.suptitle(
+        f"layer-wise compression ({', '.join(mechs)}; ε={result['params']['eps']}"
+        + (f", CRATE's ε²={crate**2:.3g}" if crate is not None else "")
+        + ")",
+        fontsize=10,
+    )
     return fig
 
 
@@ -190,8 +194,11 @@ def membership(
         prefix, (hg, wg) = token_grid(pi.shape[1], grid)
         maps = pi[image, prefix:].T.reshape(pi.shape[-1], hg, wg)  # (K, Hg, Wg)
         out[lay.name] = maps.tolist()
-    return {"experiment": "membership", "params": {"image": image, "layers": list(layers) if layers else None},
-            "membership": out}
+    return {
+        "experiment": "membership",
+        "params": {"image": image, "layers": list(layers) if layers else None},
+        "membership": out,
+    }
 
 
 def plot_membership(result: dict):
@@ -283,10 +290,17 @@ def attention_maps(
                 pass
         chosen[label] = entry
     if not cls_maps and not matrices:
-        raise ValueError("no model recorded attention maps ('attn' of softmax/mssa/fastmax, CBSA 'attn_extract' "
-                         "or class-attention layers); nothing to draw")
-    return {"experiment": "attention-maps", "params": {"layer": layer, "image": image}, "layers": chosen,
-            "cls_maps": cls_maps, "matrices": matrices}
+        raise ValueError(
+            "no model recorded attention maps ('attn' of softmax/mssa/fastmax, CBSA 'attn_extract' "
+            "or class-attention layers); nothing to draw"
+        )
+    return {
+        "experiment": "attention-maps",
+        "params": {"layer": layer, "image": image},
+        "layers": chosen,
+        "cls_maps": cls_maps,
+        "matrices": matrices,
+    }
 
 
 def plot_attention_maps(result: dict):
@@ -336,12 +350,18 @@ def subspaces(model: nn.Module, *, directions: int | None = 4, seed: int = 0) ->
         full = measures.subspace_gram(u).abs()
         mask = ~torch.block_diag(*[torch.ones(p, p, dtype=torch.bool)] * k)
         cross = full[mask]
-        coherence[name] = {"mean_abs_cross": float(cross.mean()) if cross.numel() else 0.0,
-                           "max_abs_cross": float(cross.max()) if cross.numel() else 0.0}
+        coherence[name] = {
+            "mean_abs_cross": float(cross.mean()) if cross.numel() else 0.0,
+            "max_abs_cross": float(cross.max()) if cross.numel() else 0.0,
+        }
     if not grams:
         raise ValueError("the model has no white-box layers with subspace bases (tssa, mssa, cbsa); nothing to draw")
-    return {"experiment": "subspaces", "params": {"directions": directions, "seed": seed}, "gram": grams,
-            "coherence": coherence}
+    return {
+        "experiment": "subspaces",
+        "params": {"directions": directions, "seed": seed},
+        "gram": grams,
+        "coherence": coherence,
+    }
 
 
 def plot_subspaces(result: dict):

@@ -3,6 +3,7 @@
 
 Each ``<name>(...)`` computes a JSON-ready result dict; ``plot_<name>(result)`` draws it.
 """
+
 from __future__ import annotations
 
 import math
@@ -105,16 +106,18 @@ def plot_denoise(result: dict):
     labels = {"threshold": "thresholded soft-max φ (Theorem 1)", "softmax": "soft-max φ"}
     for i, (phi, series) in enumerate(result["snr"].items()):
         fit = result["growth_factor_fit"][phi]
-        ax.plot(layers, series, "o-", color=PALETTE[i], ms=4,
-                label=f"{labels.get(phi, phi)}: fitted ×{fit:.3f}/layer")
+        ax.plot(layers, series, "o-", color=PALETTE[i], ms=4, label=f"{labels.get(phi, phi)}: fitted ×{fit:.3f}/layer")
     s0 = result["snr"]["threshold"][0]
-    ax.plot(layers, s0 * theory ** layers, "--", color="gray", label=f"Theorem 1: ×(1+ητ) = ×{theory:.3f}/layer")
+    ax.plot(layers, s0 * theory**layers, "--", color="gray", label=f"Theorem 1: ×(1+ητ) = ×{theory:.3f}/layer")
     ax.set_yscale("log")
     ax.set_xlabel("layer l")
     ax.set_ylabel("SNR(Z_k^(l)), mean over k  (AoT eq 6)")
     prm = result["params"]
-    ax.set_title(f"AoT eq 3 on Definition 1 data: K={prm['k']}, p={prm['p']}, N={prm['k'] * prm['n_per']}, "
-                 f"δ={prm['delta']}, η={prm['eta']}, τ={prm['tau']}", fontsize=9)
+    ax.set_title(
+        f"AoT eq 3 on Definition 1 data: K={prm['k']}, p={prm['p']}, N={prm['k'] * prm['n_per']}, "
+        f"δ={prm['delta']}, η={prm['eta']}, τ={prm['tau']}",
+        fontsize=9,
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     return fig
@@ -158,8 +161,16 @@ def compress(
             z = its.cbsa_linear_step(z, eye, eps=eps, kappa=kappa)
     return {
         "experiment": "compress",
-        "params": dict(classes=classes, n_per=n_per, noise=noise, eps=eps, kappa=kappa,
-                       iterations=iterations, snapshots=snaps, seed=seed),
+        "params": dict(
+            classes=classes,
+            n_per=n_per,
+            noise=noise,
+            eps=eps,
+            kappa=kappa,
+            iterations=iterations,
+            snapshots=snaps,
+            seed=seed,
+        ),
         "iterations": list(range(iterations + 1)),
         "coding_rate": rate,
         "coding_rate_all": rate_all,
@@ -200,8 +211,9 @@ def plot_compress(result: dict):
     ax.set_xlabel("iteration")
     ax.set_ylabel("coding rate (CBSA eq 1)")
     prm = result["params"]
-    ax.set_title(f"CBSA eq 12, parameter-free, per class: ε={prm['eps']}, κ={prm['kappa']}, noise={prm['noise']}",
-                 fontsize=9)
+    ax.set_title(
+        f"CBSA eq 12, parameter-free, per class: ε={prm['eps']}, κ={prm['kappa']}, noise={prm['noise']}", fontsize=9
+    )
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return fig
@@ -212,6 +224,7 @@ def plot_compress(result: dict):
 # ---------------------------------------------------------------------------------------------
 def _reference_stacks(depth: int, dim: int, heads: int, gen: torch.Generator):
     """Explicit softmax-MHA (Dong et al.) and CSP layers with Gaussian weights of variance 1/dim."""
+
     def w():
         return torch.randn(dim, dim, generator=gen, dtype=torch.float64) / math.sqrt(dim)
 
@@ -239,7 +252,7 @@ def _module_stack(name: str, depth: int, dim: int, heads: int, seed: int, init: 
             for m in mods:
                 for lin in m.modules():
                     if isinstance(lin, torch.nn.Linear):
-                        torch.nn.init.normal_(lin.weight, std=lin.in_features ** -0.5)
+                        torch.nn.init.normal_(lin.weight, std=lin.in_features**-0.5)
                         if lin.bias is not None:
                             torch.nn.init.zeros_(lin.bias)
     return mods
@@ -307,8 +320,16 @@ def rank_collapse(
         spectrum[name] = measures.singular_spectrum(x[0]).tolist()
     return {
         "experiment": "rank-collapse",
-        "params": dict(depth=depth, tokens=tokens, dim=dim, heads=heads, batch=batch,
-                       mechanisms=list(mechanisms), init=init, seed=seed),
+        "params": dict(
+            depth=depth,
+            tokens=tokens,
+            dim=dim,
+            heads=heads,
+            batch=batch,
+            mechanisms=list(mechanisms),
+            init=init,
+            seed=seed,
+        ),
         "depth": list(range(depth + 1)),
         "residual": residual,
         "residual_abs": residual_abs,
@@ -328,8 +349,16 @@ def plot_rank_collapse(result: dict):
     markers = "os^vD<>px*h"
     for i, (name, series) in enumerate(result["residual"].items()):
         style = "--" if name.endswith("_reference") else "-"
-        ax1.plot(depth, np.maximum(series, floor), style, marker=markers[i % len(markers)], ms=4, mfc="none",
-                 color=PALETTE[i % len(PALETTE)], label=name)
+        ax1.plot(
+            depth,
+            np.maximum(series, floor),
+            style,
+            marker=markers[i % len(markers)],
+            ms=4,
+            mfc="none",
+            color=PALETTE[i % len(PALETTE)],
+            label=name,
+        )
         ax2.plot(np.maximum(result["spectrum"][name], floor), style, color=PALETTE[i % len(PALETTE)], label=name)
     ax2.plot(result["spectrum_input"], ":", color="black", label="input X")
     ax1.set_yscale("log")

@@ -16,6 +16,7 @@ so ``out = softmax(w w^T * scale) w`` (eq 9), or ``(I_N + p/(N eps^2) w w^T)^{-1
 "linear" (eq 12: ``w (I_P + w^T w / eps^2)^{-1}``), "channel" (eq 13: channel j scaled by
 ``eps^2 / (eps^2 + sum_n w[n, j]^2)``), "agent" (eq 5 then broadcast, no contraction: ``out = A R``).
 """
+
 from __future__ import annotations
 
 import math
@@ -136,9 +137,16 @@ def _check_magnitudes(w, reps, eta, variant: str, contraction: str | None, eps: 
     # the closed forms ("linear", "channel") sum w^2 over the N tokens
     eta_max = absmax.get("eta", abs(eta) if not isinstance(eta, torch.Tensor) else 0.0)
     r = absmax.get("reps", 0.0) + eta_max * absmax["w"] + absmax["w"]
-    check_overflow("cbsa", "w", absmax, r * r * p * max(scale, 1.0) * max(n, 1) / max(eps, 1e-30) ** 2
-                   if variant in ("linear", "channel") or contraction == "exact" else r * r * p * max(scale, 1.0),
-                   w.dtype, "the scores / Gram matrices of the representatives")
+    check_overflow(
+        "cbsa",
+        "w",
+        absmax,
+        r * r * p * max(scale, 1.0) * max(n, 1) / max(eps, 1e-30) ** 2
+        if variant in ("linear", "channel") or contraction == "exact"
+        else r * r * p * max(scale, 1.0),
+        w.dtype,
+        "the scores / Gram matrices of the representatives",
+    )
 
 
 def cbsa(
@@ -194,9 +202,18 @@ def cbsa(
     elif isinstance(eta, torch.Tensor) and eta.dtype != w.dtype:
         eta = eta.to(w.dtype)
 
-    out, internals = run_backend(CBSA, name, (w, reps), auto=backend == "auto", variant=variant,
-                                 contraction=contraction, eps=float(eps), scale=float(scale), eta=eta,
-                                 need_internals=return_internals)
+    out, internals = run_backend(
+        CBSA,
+        name,
+        (w, reps),
+        auto=backend == "auto",
+        variant=variant,
+        contraction=contraction,
+        eps=float(eps),
+        scale=float(scale),
+        eta=eta,
+        need_internals=return_internals,
+    )
     out = out.to(in_dtype)
     if not return_internals:
         return out
@@ -252,7 +269,12 @@ CBSA = Mechanism(
     options=CBSAOptions,
     backends={"naive": Backend(__name__, "_cbsa_naive", kind="reference"), "torch": Backend(__name__, "cbsa_fast")},
     causal=False,  # the representatives summarise every token
-    examples=({"num_reps": 4, "contraction": "exact"}, {"variant": "agent", "num_reps": 3}, {"variant": "linear"},
-              {"variant": "channel"}, {"variant": "mssa", "contraction": "exact"}),
+    examples=(
+        {"num_reps": 4, "contraction": "exact"},
+        {"variant": "agent", "num_reps": 3},
+        {"variant": "linear"},
+        {"variant": "channel"},
+        {"variant": "mssa", "contraction": "exact"},
+    ),
 )
 BACKENDS = tuple(CBSA.backend_names())

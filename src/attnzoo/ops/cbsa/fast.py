@@ -6,6 +6,7 @@ whichever Gram is smaller, using the push-through identity ``(I_m + a R R^T)^{-1
 that is what makes the exact MSSA contraction (m = N) linear in N. Both matrices are >= I, hence
 well conditioned. Inputs are assumed validated by :func:`attnzoo.ops.cbsa.cbsa`.
 """
+
 from __future__ import annotations
 
 import torch

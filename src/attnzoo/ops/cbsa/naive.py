@@ -5,6 +5,7 @@ every softmax normalises columns (``dim=-2``) as in eqs 5, 8 and 9, and the exac
 ``(I + p/(m eps^2) Q^T Q)^{-1}`` of eq 7 with an explicit matrix inverse. Inputs are assumed validated
 by :func:`attnzoo.ops.cbsa.cbsa`. O(N M P) for "cbsa"/"agent", O(N^2 P + N^3) for "mssa".
 """
+
 from __future__ import annotations
 
 import torch

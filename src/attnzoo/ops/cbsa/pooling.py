@@ -4,6 +4,7 @@ Prefix tokens (CLS, registers, ...) are the first ``num_prefix_tokens`` tokens a
 pooling explicitly. (The paper's Algorithm 1 instead drops the *last* token, ``w[:, :-1]``, which silently
 depends on where the CLS token sits; we never slice by position implicitly.)
 """
+
 from __future__ import annotations
 
 import torch

@@ -7,6 +7,7 @@ channel's ranks and each channel's sorted order break ties by token position (st
 naive and the fast backend alike. Output values never depend on the tie rule; the implied P_c and
 hence which input a gradient reaches do.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,8 +23,16 @@ from attnzoo.ops.csp.gather import csp_source_index as _source_index
 from attnzoo.ops.csp.naive import csp_naive, csp_permutations_naive
 from attnzoo.ops.csp.shifts import SHIFT_SCHEDULES, csp_shifts
 
-__all__ = ["csp", "csp_shifts", "csp_permutations", "csp_source_index", "SHIFT_SCHEDULES", "BACKENDS",
-           "CSPOptions", "CSP"]
+__all__ = [
+    "csp",
+    "csp_shifts",
+    "csp_permutations",
+    "csp_source_index",
+    "SHIFT_SCHEDULES",
+    "BACKENDS",
+    "CSPOptions",
+    "CSP",
+]
 
 
 def _check_schedule(name: str, value) -> str:

@@ -3,6 +3,7 @@
 Cost is O(B·N·C·log(N/K)) time and O(B·N·C) memory (no N x N maps); groups of size 2 use a
 comparison ("min-max", §3.2.1) instead of a sort and groups of size 1 are a pure circular shift.
 """
+
 from __future__ import annotations
 
 import torch

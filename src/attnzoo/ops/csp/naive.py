@@ -1,4 +1,5 @@
 """Reference CSP: explicit per-channel permutation matrices ``P_c = T_c S_{J_c}`` (CSP eqs 3-5)."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """CSP circular-shift schedules (CSP §3.2.2, Figure 2)."""
+
 from __future__ import annotations
 
 import math

@@ -15,6 +15,7 @@ Gradients: the op is a per-(b, c) permutation ``P_c`` of the tokens (eq 5), piec
 its adjoint is the inverse permutation. Only the per-group choices are saved (a bool per pair for G = 2,
 a uint8 slot per token otherwise), never an int64 ``(B, N, C)`` index.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,27 @@ __all__ = ["SMALL_GROUP_SIZES", "NETWORKS", "csp_small_groups"]
 NETWORKS: dict[int, list[tuple[int, int]]] = {
     3: [(0, 2), (0, 1), (1, 2)],
     4: [(0, 1), (2, 3), (0, 2), (1, 3), (1, 2)],
-    8: [(0, 1), (2, 3), (4, 5), (6, 7), (0, 2), (1, 3), (4, 6), (5, 7), (1, 2), (5, 6),
-        (0, 4), (1, 5), (2, 6), (3, 7), (2, 4), (3, 5), (1, 2), (3, 4), (5, 6)],
+    8: [
+        (0, 1),
+        (2, 3),
+        (4, 5),
+        (6, 7),
+        (0, 2),
+        (1, 3),
+        (4, 6),
+        (5, 7),
+        (1, 2),
+        (5, 6),
+        (0, 4),
+        (1, 5),
+        (2, 6),
+        (3, 7),
+        (2, 4),
+        (3, 5),
+        (1, 2),
+        (3, 4),
+        (5, 6),
+    ],
 }
 #: group sizes this path handles (1: pure shifting, groups = N)
 SMALL_GROUP_SIZES = (1, 2, *NETWORKS)

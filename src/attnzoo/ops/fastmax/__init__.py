@@ -12,6 +12,7 @@ Hence p=1 weights are non-negative for *every* input iff ``scale <= 1/D`` (the b
 limit ``k = -q``); with the default ``scale = D**-0.5`` (or the paper's literal ``scale = 1``) and D >= 2 they
 can be negative (and causal denominators can approach 0). Pass ``scale=1/D`` for a guaranteed p=1 average.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -114,8 +115,13 @@ FASTMAX = Mechanism(
         "naive": Backend(__name__, "fastmax_naive", kind="reference"),
         "torch": Backend(__name__, "_fastmax_torch"),
         "torch_autograd": Backend(__name__, "_fastmax_torch_autograd"),
-        "triton": Backend("attnzoo.ops.fastmax.triton", "fastmax_triton", kind="triton", devices=("cuda",),
-                          available=lambda: _triton_available()),
+        "triton": Backend(
+            "attnzoo.ops.fastmax.triton",
+            "fastmax_triton",
+            kind="triton",
+            devices=("cuda",),
+            available=lambda: _triton_available(),
+        ),
     },
     causal=True,
     state=FastmaxState,
@@ -162,8 +168,7 @@ def fastmax(
     cd = compute_dtype(q.dtype)
     qs = standardize(q.to(cd), scale=scale)
     kh = standardize(k.to(cd))
-    out = run_backend(FASTMAX, name, (qs, kh, v.to(cd)), auto=backend == "auto", p=p, causal=causal,
-                      chunk_size=chunk)
+    out = run_backend(FASTMAX, name, (qs, kh, v.to(cd)), auto=backend == "auto", p=p, causal=causal, chunk_size=chunk)
     out = out.to(v.dtype)
     if p == 1 and scale * q.shape[-1] > 1.0:
         _check_p1_output(out, scale, q.shape[-1])
@@ -178,11 +183,23 @@ def _check_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: int, sca
     n, d = q.shape[-2], q.shape[-1]
     for name in ("q", "k"):
         # the standardisation (eqs 5-6) squares x - mean(x): D * |x|^2 must stay in range
-        check_overflow("fastmax", name, absmax, 4.0 * absmax[name] ** 2 * d, q.dtype,
-                       f"the variance of {name} in the standardisation (eq 6)")
+        check_overflow(
+            "fastmax",
+            name,
+            absmax,
+            4.0 * absmax[name] ** 2 * d,
+            q.dtype,
+            f"the variance of {name} in the standardisation (eq 6)",
+        )
     # the moment sums (eqs 28-29) add N products phi(k_hat) v_j with |phi| <= (1 + D)^p (|k_hat|^2 < D)
-    check_overflow("fastmax", "v", absmax, absmax["v"] * n * (1.0 + d) ** p, q.dtype,
-                   "the moment sums sum_j phi(k_j) v_j (eqs 28-29)")
+    check_overflow(
+        "fastmax",
+        "v",
+        absmax,
+        absmax["v"] * n * (1.0 + d) ** p,
+        q.dtype,
+        "the moment sums sum_j phi(k_j) v_j (eqs 28-29)",
+    )
 
 
 def _check_p1_output(out: torch.Tensor, scale: float, d: int) -> None:
@@ -194,7 +211,8 @@ def _check_p1_output(out: torch.Tensor, scale: float, d: int) -> None:
         f"fastmax: p=1 output is not finite although q, k, v are: with scale={scale:.4g} > 1/D={1.0 / d:.4g} the "
         f"weights f(s) = 1 + s can be negative and a row's normaliser sum_j (1 + s_ij) crossed zero; pass "
         f"scale=1/D ({1.0 / d:.4g}), for which p=1 weights are non-negative, or use p=2 (always positive)",
-        names=("scale",), kind="overflow",
+        names=("scale",),
+        kind="overflow",
     )
 
 

@@ -10,6 +10,7 @@ so ``sum_n phi(k_n) [v_n, 1]^T`` stacks the paper's moment sums: its rows are x^
 (numerator, eq 28) and its last column y^(1), y^(2), y^(3)/sqrt(2) (denominator, eq 29). Splitting the 1/2!
 of f as 1/sqrt(2) on each side keeps phi the same for queries and keys, so one vjp serves both.
 """
+
 from __future__ import annotations
 
 import math

@@ -17,6 +17,7 @@ Kept entries are rescaled by ``1 / (1 - rate)`` (inverted dropout). Feature drop
 "1d" keeps f and its non-negativity (p=2). "standard"/"quadratic" use plain autograd through the
 factorisation (the §2.5 custom backward assumes the exact kernel); "1d" reuses the custom-backward op.
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,9 +46,7 @@ def check_dropout_placement(rate, placement: str, p: int, name: str = "attn_drop
     if placement == "quadratic" and p != 2:
         raise ValueError(f"dropout_placement='quadratic' needs p=2 (p={p} has no quadratic terms)")
     if placement == "none" and rate > 0:
-        raise ValueError(
-            f"{name}={rate} needs a dropout_placement among {list(DROPOUT_PLACEMENTS[1:])}, got 'none'"
-        )
+        raise ValueError(f"{name}={rate} needs a dropout_placement among {list(DROPOUT_PLACEMENTS[1:])}, got 'none'")
 
 
 def sample_dropout_masks(
@@ -107,8 +106,9 @@ def fastmax_dropout(
     check_dropout_placement(rate, placement, p, name="rate")
     cd = compute_dtype(q.dtype)
     if masks is None:
-        masks = sample_dropout_masks(placement, rate, shape=tuple(q.shape), p=p, device=q.device, dtype=cd,
-                                     generator=generator)
+        masks = sample_dropout_masks(
+            placement, rate, shape=tuple(q.shape), p=p, device=q.device, dtype=cd, generator=generator
+        )
     std = standardize_naive if backend == "naive" else standardize
     qs, kh, vv = std(q.to(cd)) * scale, std(k.to(cd)), v.to(cd)
     if "q" in masks:
@@ -118,8 +118,9 @@ def fastmax_dropout(
         if backend == "naive":
             out = naive_from_hat(qs, kh, vv, p=p, causal=causal)
         else:
-            out = fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk,
-                                     custom_grad=backend != "torch_autograd")
+            out = fastmax_factorized(
+                qs, kh, vv, p=p, causal=causal, chunk=chunk, custom_grad=backend != "torch_autograd"
+            )
     elif backend == "naive":
         out = _naive_feature_masked(qs, kh, vv, feat.to(cd), p=p, causal=causal)
     else:

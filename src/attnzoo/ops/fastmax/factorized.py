@@ -27,6 +27,7 @@ Only ``qs, k_hat, v``, the outputs and the denominators ``G`` (O(N D) per head) 
 recomputed. For the masked case S is a prefix state (a forward chunk sweep for dqs) and T a suffix state
 (a reverse chunk sweep for dk, dv), with the explicit C x C terms inside each chunk.
 """
+
 from __future__ import annotations
 
 import torch
@@ -142,7 +143,12 @@ def _sym_from_tri(m: torch.Tensor, d: int) -> torch.Tensor:
 
 
 def unmasked_backward(
-    qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, den: torch.Tensor, dout: torch.Tensor,
+    qs: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    den: torch.Tensor,
+    dout: torch.Tensor,
     p: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FAST §2.5 backward of :func:`unmasked_forward` in moment form: returns ``(dqs, dk, dv)``.

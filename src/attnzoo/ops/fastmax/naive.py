@@ -1,4 +1,5 @@
 """Reference Fastmax with an explicit N x N weight matrix (FAST eqs 5-12 unmasked, 30-31 masked)."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """Token-by-token causal Fastmax: the running moment sums of FAST eqs 34-35 as a recurrent state."""
+
 from __future__ import annotations
 
 from typing import NamedTuple

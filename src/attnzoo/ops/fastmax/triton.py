@@ -30,6 +30,7 @@ Kernels and their memory traffic (per head; ``|X|`` = N x D elements):
   memory is O(N D + D^p E) per head, never the O(N D^p E) per-token prefix of eqs 34-35. A causal sweep
   is token-sequential per head, so few heads with very long sequences use few SMs (correctness first).
 """
+
 from __future__ import annotations
 
 import torch
@@ -144,8 +145,20 @@ def _store_out(acc, out_ptr, den_ptr, bh, offs_n, N, OUT_COLS, NORMALIZE: tl.con
 # ---------------------------------------------------------------------------------------------------
 @triton.jit
 def _state_kernel(
-    x_ptr, y_ptr, s0_ptr, s1_ptr, s2_ptr, N, D, C, TOK_PER_SPLIT,
-    APPEND_ONE: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr,
+    x_ptr,
+    y_ptr,
+    s0_ptr,
+    s1_ptr,
+    s2_ptr,
+    N,
+    D,
+    C,
+    TOK_PER_SPLIT,
+    APPEND_ONE: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BD: tl.constexpr,
+    BE: tl.constexpr,
 ):
     """Partial state over one token range: program r = 0 writes ``s0, s1``, r = 1 + d writes ``s2[d]``."""
     bh = tl.program_id(0).to(tl.int64)
@@ -178,9 +191,21 @@ def _state_kernel(
 
 @triton.jit
 def _apply_kernel(
-    x_ptr, s0_ptr, s1_ptr, s2_ptr, out_ptr, den_ptr, N, D, OUT_COLS,
-    P2: tl.constexpr, NORMALIZE: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_N: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr,
+    x_ptr,
+    s0_ptr,
+    s1_ptr,
+    s2_ptr,
+    out_ptr,
+    den_ptr,
+    N,
+    D,
+    OUT_COLS,
+    P2: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BD: tl.constexpr,
+    BE: tl.constexpr,
 ):
     """``phi(x_n) . S`` for one token block (forward output with its denominator, or ``dv`` from ``T``)."""
     bh = tl.program_id(0).to(tl.int64)
@@ -196,9 +221,20 @@ def _apply_kernel(
 
 @triton.jit
 def _vjp_kernel(
-    x_ptr, y_ptr, s1_ptr, s2_ptr, dx_ptr, N, D, C,
-    APPEND_ONE: tl.constexpr, P2: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_N: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr,
+    x_ptr,
+    y_ptr,
+    s1_ptr,
+    s2_ptr,
+    dx_ptr,
+    N,
+    D,
+    C,
+    APPEND_ONE: tl.constexpr,
+    P2: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BD: tl.constexpr,
+    BE: tl.constexpr,
 ):
     """``d/dx_n [phi(x_n) . (S y_n)]`` for one token block (``dqs`` from ``S, ga`` or ``dk`` from ``T, va``)."""
     bh = tl.program_id(0).to(tl.int64)
@@ -218,8 +254,20 @@ def _vjp_kernel(
 # ---------------------------------------------------------------------------------------------------
 @triton.jit
 def _causal_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, s2_ptr, out_ptr, den_ptr, N, D, DV,
-    P2: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    s2_ptr,
+    out_ptr,
+    den_ptr,
+    N,
+    D,
+    DV,
+    P2: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BD: tl.constexpr,
+    BE: tl.constexpr,
 ):
     """Eqs 30-35 by blocks: prefix state of earlier blocks + explicit masked weights inside the block."""
     bh = tl.program_id(0).to(tl.int64)
@@ -244,8 +292,20 @@ def _causal_fwd_kernel(
 
 @triton.jit
 def _causal_dq_kernel(
-    q_ptr, k_ptr, v_ptr, ga_ptr, s2_ptr, dq_ptr, N, D, DV,
-    P2: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ga_ptr,
+    s2_ptr,
+    dq_ptr,
+    N,
+    D,
+    DV,
+    P2: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BD: tl.constexpr,
+    BE: tl.constexpr,
 ):
     """Forward sweep of the backward: ``dqs`` from the prefix state ``S`` plus the in-block masked terms."""
     bh = tl.program_id(0).to(tl.int64)
@@ -272,8 +332,21 @@ def _causal_dq_kernel(
 
 @triton.jit
 def _causal_dkv_kernel(
-    q_ptr, k_ptr, v_ptr, ga_ptr, t2_ptr, dk_ptr, dv_ptr, N, D, DV,
-    P2: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ga_ptr,
+    t2_ptr,
+    dk_ptr,
+    dv_ptr,
+    N,
+    D,
+    DV,
+    P2: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BD: tl.constexpr,
+    BE: tl.constexpr,
 ):
     """Reverse sweep of the backward: ``dk, dv`` from the suffix state ``T = sum_{i later} phi(q_i) ga_i^T``
     plus the in-block masked terms."""
@@ -325,9 +398,7 @@ class _Cfg:
         self.num_splits = num_splits
 
     def causal_meta(self) -> dict:
-        return dict(
-            P2=self.p2, ACC=self.acc, BLOCK_N=self.bn_small, BD=self.bd, BE=self.be, num_warps=self.warps
-        )
+        return dict(P2=self.p2, ACC=self.acc, BLOCK_N=self.bn_small, BD=self.bd, BE=self.be, num_warps=self.warps)
 
     def zeros(self, *shape):
         return torch.zeros(*shape, device=self.device, dtype=self.dtype)
@@ -349,8 +420,21 @@ def _state(x3: torch.Tensor, y3: torch.Tensor, append_one: bool, cfg: _Cfg):
     s1 = torch.empty(bh, splits, cfg.bd, cfg.be, device=x3.device, dtype=cfg.dtype)
     s2 = torch.empty(bh, splits, cfg.d2, cfg.bd, cfg.be, device=x3.device, dtype=cfg.dtype)
     _state_kernel[(bh, splits, rows)](
-        x3, y3, s0, s1, s2, n, cfg.d, y3.shape[-1], tok,
-        APPEND_ONE=append_one, ACC=cfg.acc, BLOCK_N=cfg.bn, BD=cfg.bd, BE=cfg.be, num_warps=cfg.warps,
+        x3,
+        y3,
+        s0,
+        s1,
+        s2,
+        n,
+        cfg.d,
+        y3.shape[-1],
+        tok,
+        APPEND_ONE=append_one,
+        ACC=cfg.acc,
+        BLOCK_N=cfg.bn,
+        BD=cfg.bd,
+        BE=cfg.be,
+        num_warps=cfg.warps,
     )
     if not cfg.p2:
         s2 = s2[:, :1]  # never read; keeps shapes uniform
@@ -364,8 +448,22 @@ def _apply(x3, s0, s1, s2, out_cols: int, normalize: bool, cfg: _Cfg):
     out = torch.empty(bh, n, out_cols, device=x3.device, dtype=cfg.dtype)
     den = torch.empty(bh, n, device=x3.device, dtype=cfg.dtype) if normalize else out
     _apply_kernel[(bh, triton.cdiv(n, cfg.bn))](
-        x3, s0.contiguous(), s1.contiguous(), s2.contiguous(), out, den, n, cfg.d, out_cols,
-        P2=cfg.p2, NORMALIZE=normalize, ACC=cfg.acc, BLOCK_N=cfg.bn, BD=cfg.bd, BE=cfg.be, num_warps=cfg.warps,
+        x3,
+        s0.contiguous(),
+        s1.contiguous(),
+        s2.contiguous(),
+        out,
+        den,
+        n,
+        cfg.d,
+        out_cols,
+        P2=cfg.p2,
+        NORMALIZE=normalize,
+        ACC=cfg.acc,
+        BLOCK_N=cfg.bn,
+        BD=cfg.bd,
+        BE=cfg.be,
+        num_warps=cfg.warps,
     )
     return out, den
 
@@ -374,8 +472,21 @@ def _vjp(x3, y3, append_one: bool, s1, s2, cfg: _Cfg):
     bh, n, d = x3.shape
     dx = torch.empty(bh, n, d, device=x3.device, dtype=cfg.dtype)
     _vjp_kernel[(bh, triton.cdiv(n, cfg.bn_small))](
-        x3, y3, s1.contiguous(), s2.contiguous(), dx, n, d, y3.shape[-1],
-        APPEND_ONE=append_one, P2=cfg.p2, ACC=cfg.acc, BLOCK_N=cfg.bn_small, BD=cfg.bd, BE=cfg.be, num_warps=cfg.warps,
+        x3,
+        y3,
+        s1.contiguous(),
+        s2.contiguous(),
+        dx,
+        n,
+        d,
+        y3.shape[-1],
+        APPEND_ONE=append_one,
+        P2=cfg.p2,
+        ACC=cfg.acc,
+        BLOCK_N=cfg.bn_small,
+        BD=cfg.bd,
+        BE=cfg.be,
+        num_warps=cfg.warps,
     )
     return dx
 

@@ -6,6 +6,7 @@
 :mod:`attnzoo.ops._dispatch` (:data:`LINEAR` declares the mechanism).
 :func:`linear_attention_recurrent` is the token-by-token form (:mod:`.recurrent`) used for decoding.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -116,8 +117,9 @@ def linear_attention(
     name = resolve_backend(LINEAR, backend, q, name="q")
     # the reference has no chunks: every other backend takes the chunk size
     extra = {} if LINEAR.backends[name].kind == "reference" else {"chunk_size": chunk_size}
-    return run_backend(LINEAR, name, (q, k, v), auto=backend == "auto", causal=causal, feature_map=feature_map,
-                       eps=eps, **extra)
+    return run_backend(
+        LINEAR, name, (q, k, v), auto=backend == "auto", causal=causal, feature_map=feature_map, eps=eps, **extra
+    )
 
 
 def linear_attention_recurrent(

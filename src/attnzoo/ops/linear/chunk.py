@@ -5,6 +5,7 @@ Causal: tokens are cut into chunks of ``C``; inside a chunk the masked ``(C, C)`
 each query reads the exclusive prefix state ``S = sum phi(k) v^T`` / ``z = sum phi(k)`` of the previous chunks.
 Memory is ``O(N C + (N / C) P Pv)``; states and sums are kept in float32 (or float64) whatever the input dtype.
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """Reference linear attention (Katharopoulos et al., 2020, eqs. 4-6 and 9): explicit ``(N, N)`` kernel matrix
 ``phi(Q) phi(K)^T`` [lower-triangular when causal], row-normalised, times ``V``."""
+
 from __future__ import annotations
 
 import torch

@@ -3,6 +3,7 @@
 State ``(S, z)``: ``S = sum_j phi(k_j) v_j^T`` ``(B, H, P, Pv)`` and ``z = sum_j phi(k_j)`` ``(B, H, P)``, kept in
 float32 (float64 for float64 inputs). Each token costs ``O(P Pv)`` whatever its position.
 """
+
 from __future__ import annotations
 
 import torch
@@ -49,4 +50,3 @@ def linear_attention_recurrent_loop(
         den = torch.einsum("bhp,bhp->bh", fq[:, :, t], z).unsqueeze(-1)
         outs.append(num / (den + eps))
     return torch.stack(outs, dim=2).to(v.dtype), (s, z)
-

@@ -6,6 +6,7 @@ learned output projection) is the module's job. Backends: ``"naive"`` (:mod:`.na
 ``q = k = v = w``, :mod:`.sdpa`); ``"auto"`` follows :mod:`attnzoo.ops._dispatch` (:data:`MSSA` declares the
 mechanism).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,8 +25,9 @@ __all__ = ["mssa", "mssa_weights", "mssa_query", "MSSAOptions", "MSSA"]
 
 def _check_head_dim(name: str, value) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{name} must be a positive int (subspace dimension p) or None for dim // heads, "
-                         f"got {value!r}")
+        raise ValueError(
+            f"{name} must be a positive int (subspace dimension p) or None for dim // heads, got {value!r}"
+        )
     return value
 
 
@@ -73,9 +75,18 @@ def mssa(
     scale = check_scale(scale, w.shape[-1])
     if absmax:
         # scores w.w * scale (and the row norms of the normalised query) overflow first: softmax then gives NaN
-        check_overflow("mssa", "w", absmax, absmax["w"] ** 2 * w.shape[-1] * max(scale, 1.0), w.dtype,
-                       "a score w.w * scale")
+        check_overflow(
+            "mssa", "w", absmax, absmax["w"] ** 2 * w.shape[-1] * max(scale, 1.0), w.dtype, "a score w.w * scale"
+        )
     dropout_p = check_dropout("dropout_p", dropout_p)
     name = resolve_backend(MSSA, backend, w, name="w")
-    return run_backend(MSSA, name, (w,), auto=backend == "auto", causal=causal, scale=scale,
-                       normalize_query=normalize_query, dropout_p=dropout_p)
+    return run_backend(
+        MSSA,
+        name,
+        (w,),
+        auto=backend == "auto",
+        causal=causal,
+        scale=scale,
+        normalize_query=normalize_query,
+        dropout_p=dropout_p,
+    )

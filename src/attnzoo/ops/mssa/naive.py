@@ -1,6 +1,7 @@
 """Reference multi-head subspace self-attention (MSSA; CRATE, Yu et al. 2023; AoT eqs. 3 and 5, causal form in §4.1):
 per head ``w = U_k^T z``, ``softmax(q w^T * scale [masked]) w`` with the shared projection as query, key and value
 (``q = w``, or ``w`` with unit-norm rows when ``normalize_query``)."""
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """Fast MSSA: fused ``F.scaled_dot_product_attention`` with the one projection ``w`` as key and value (and query,
 unless ``normalize_query``); autograd sums the three gradient paths into ``w``."""
+
 from __future__ import annotations
 
 import torch

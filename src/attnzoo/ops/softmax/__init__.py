@@ -3,6 +3,7 @@
 Backends (:data:`SOFTMAX`): ``"naive"`` (explicit attention matrix, :mod:`.naive`), ``"torch"``
 (``F.scaled_dot_product_attention``, :mod:`.sdpa`); ``"auto"`` follows :mod:`attnzoo.ops._dispatch`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -73,9 +74,16 @@ def softmax_attention(
         raise TypeError(f"causal must be a bool, got {causal!r}")
     if absmax:
         # a score q.k * scale beyond float32's range is inf, and softmax turns inf - inf into NaN
-        check_overflow("softmax_attention", "q", absmax, absmax["q"] * absmax["k"] * q.shape[-1] * scale, q.dtype,
-                       "a score q.k * scale")
+        check_overflow(
+            "softmax_attention",
+            "q",
+            absmax,
+            absmax["q"] * absmax["k"] * q.shape[-1] * scale,
+            q.dtype,
+            "a score q.k * scale",
+        )
     dropout_p = check_dropout("dropout_p", dropout_p)
     name = resolve_backend(SOFTMAX, backend, q, name="q")
-    return run_backend(SOFTMAX, name, (q, k, v), auto=backend == "auto", causal=causal, scale=scale,
-                       dropout_p=dropout_p)
+    return run_backend(
+        SOFTMAX, name, (q, k, v), auto=backend == "auto", causal=causal, scale=scale, dropout_p=dropout_p
+    )

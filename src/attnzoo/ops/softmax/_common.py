@@ -2,6 +2,7 @@
 
 Backends are chosen by :mod:`attnzoo.ops._dispatch` from each op's :class:`~attnzoo.ops._spec.Mechanism`.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -29,9 +30,7 @@ def check_tensors(names: Sequence[str], tensors: Sequence[torch.Tensor], op: str
         if t.device != ref.device:
             raise ValueError(f"{ref_name} and {n} must be on one device, got {ref.device} and {t.device}")
         if t.shape[:2] != ref.shape[:2]:
-            raise ValueError(
-                f"{ref_name} and {n} must agree on (B, H): got {tuple(ref.shape)} and {tuple(t.shape)}"
-            )
+            raise ValueError(f"{ref_name} and {n} must agree on (B, H): got {tuple(ref.shape)} and {tuple(t.shape)}")
     for n, t in zip(names, tensors):
         if t.shape[-2] < 1 or t.shape[-1] < 1:
             raise ValueError(f"{n} must hold at least one token and one channel, got shape {tuple(t.shape)}")

@@ -1,4 +1,5 @@
 """Reference softmax attention: the explicit ``softmax(Q K^T * scale [masked]) V`` (Vaswani et al., 2017)."""
+
 from __future__ import annotations
 
 import torch
@@ -14,9 +15,7 @@ def causal_mask(n: int, device: torch.device) -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
 
 
-def softmax_attention_weights(
-    q: torch.Tensor, k: torch.Tensor, *, causal: bool, scale: float
-) -> torch.Tensor:
+def softmax_attention_weights(q: torch.Tensor, k: torch.Tensor, *, causal: bool, scale: float) -> torch.Tensor:
     """Row-stochastic attention ``softmax(Q K^T * scale)``: ``(B, H, Nq, Nk)`` in the accumulation dtype."""
     acc = acc_dtype(q.dtype)
     logits = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * scale

@@ -1,5 +1,6 @@
 """Fast softmax attention through PyTorch's fused ``F.scaled_dot_product_attention`` (flash / memory-efficient
 kernels on GPU, a fused math kernel on CPU)."""
+
 from __future__ import annotations
 
 import torch

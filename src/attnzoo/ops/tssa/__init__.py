@@ -15,6 +15,7 @@ package). ``"auto"`` follows :mod:`attnzoo.ops._dispatch`: ``"triton"`` for CUDA
 CPU tensors when the kernels build (and not while ``torch.compile`` traces), else ``"torch"``. :data:`TSSA`
 declares the mechanism.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,8 +52,7 @@ def _check_bias(bias: torch.Tensor | None, heads: int, n: int, causal: bool) -> 
         raise ValueError(f"bias must have shape (H, N_max, 1) with H={heads}, got {tuple(bias.shape)}")
     if bias.shape[1] < n:
         raise ValueError(
-            f"bias covers N_max={bias.shape[1]} positions but the sequence has N={n} tokens; "
-            f"bias needs N_max >= N"
+            f"bias covers N_max={bias.shape[1]} positions but the sequence has N={n} tokens; bias needs N_max >= N"
         )
 
 
@@ -66,13 +66,16 @@ def _validate(w, temp, causal, bias, *, check_w: bool = True) -> None:
     _check_temp(temp, h)
     _check_bias(bias, h, n, causal)
     if temp.device != w.device or (bias is not None and bias.device != w.device):
-        raise ValueError(f"temp{' and bias' if bias is not None else ''} must be on w's device {w.device}, got "
-                         f"temp on {temp.device}" + (f", bias on {bias.device}" if bias is not None else ""))
+        raise ValueError(
+            f"temp{' and bias' if bias is not None else ''} must be on w's device {w.device}, got "
+            f"temp on {temp.device}" + (f", bias on {bias.device}" if bias is not None else "")
+        )
     # one host sync for every tensor (the fused non-causal paths find NaN/Inf in w from their sums of w^2)
     absmax = finite_absmax({"w": w if check_w else None, "temp": temp, "bias": bias}, op="tssa")
     # w^2 summed over the N tokens (the second moment of eq. 10/11) is the first intermediate to overflow
-    check_overflow("tssa", "w", absmax, absmax.get("w", 0.0) ** 2 * n, w.dtype,
-                   "the per-feature sum of w^2 over N tokens")
+    check_overflow(
+        "tssa", "w", absmax, absmax.get("w", 0.0) ** 2 * n, w.dtype, "the per-feature sum of w^2 over N tokens"
+    )
 
 
 def tssa(
@@ -99,8 +102,7 @@ def tssa(
     _validate(w, temp, causal, bias, check_w=causal or name not in ("torch", "cpu"))
     # Autocast would run the token reductions (matmuls) in half precision; they must stay float32+.
     with torch.autocast(device_type=_autocast_device(w), enabled=False):
-        return run_backend(TSSA, name, (w, temp), auto=backend == "auto", tensor_options={"bias": bias},
-                           causal=causal)
+        return run_backend(TSSA, name, (w, temp), auto=backend == "auto", tensor_options={"bias": bias}, causal=causal)
 
 
 def _autocast_device(w: torch.Tensor) -> str:
@@ -124,8 +126,10 @@ def _tssa_cpu(w, temp, *, causal: bool, bias) -> torch.Tensor:
     if not torch.compiler.is_compiling():
         kernels = _cpu_kernels.cpu_kernels()
         if kernels is None:
-            raise RuntimeError(f"backend='cpu' needs attnzoo's CPU kernels: {_cpu_kernels.cpu_kernels_error()}; "
-                               "use backend='torch' (or 'auto', which falls back to it)")
+            raise RuntimeError(
+                f"backend='cpu' needs attnzoo's CPU kernels: {_cpu_kernels.cpu_kernels_error()}; "
+                "use backend='torch' (or 'auto', which falls back to it)"
+            )
     return tssa_torch(w, temp, causal=causal, bias=bias, kernels=kernels)
 
 

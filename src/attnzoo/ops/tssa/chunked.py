@@ -13,6 +13,7 @@ All reductions over tokens run in float32 or better (also for fp16/bf16 ``w``). 
 two-level (within chunks of about sqrt(N) tokens, then across chunk totals), so the rounding error grows
 like ``2 sqrt(N)`` ulps instead of ``N`` ulps for a sequential float32 scan.
 """
+
 from __future__ import annotations
 
 import math
@@ -237,11 +238,16 @@ class _TSSACausal(torch.autograd.Function):
         wc, tc, gc = w.to(cdt), temp.to(cdt), grad_out.to(cdt)
         p = w.shape[-1]
         if ctx.kernels is not None:  # the same formulas in four fused passes (cpu.cpp, causal backward)
-            d_a, dw = ctx.kernels.tssa_causal_bwd(_unit_stride_rows(wc), _unit_stride_rows(gc), tc.contiguous(), pi,
-                                                  den)
+            d_a, dw = ctx.kernels.tssa_causal_bwd(
+                _unit_stride_rows(wc), _unit_stride_rows(gc), tc.contiguous(), pi, den
+            )
             d_s = d_a * tc[:, None]
-            return (dw.to(w.dtype), (d_a * s).sum(dim=(0, 2)).to(temp.dtype), (d_s.sum(dim=0) * p).to(ctx.bias_dtype),
-                    None)
+            return (
+                dw.to(w.dtype),
+                (d_a * s).sum(dim=(0, 2)).to(temp.dtype),
+                (d_s.sum(dim=0) * p).to(ctx.bias_dtype),
+                None,
+            )
         pi_ = pi.unsqueeze(-1)
         den_pos = den > 0
         den_safe = _safe_(den.clone())

@@ -2,6 +2,7 @@
 
 Differentiated by autograd, no memory tricks: this is the ground truth the fast path is tested against.
 """
+
 from __future__ import annotations
 
 import torch

@@ -22,6 +22,7 @@ Memory traffic, in units of one ``(B, H, N, P)`` tensor ``|w|`` (the ``(B, H, N)
 Parallelism is over ``B*H*(P/BLOCK_P)`` programs for scans (token-sequential inside), which saturates a
 GPU for training-size batches; a single long sequence with few heads uses few SMs (correctness first).
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,9 +46,17 @@ _PI_SUM_EPS = 1e-8
 # ---------------------------------------------------------------------------------------------------
 @triton.jit
 def _col_reduce_kernel(
-    x_ptr, y_ptr, a_ptr, out_ptr, N, P,
-    HAS_Y: tl.constexpr, HAS_A: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+    x_ptr,
+    y_ptr,
+    a_ptr,
+    out_ptr,
+    N,
+    P,
+    HAS_Y: tl.constexpr,
+    HAS_A: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):
     """out[bh, p] = sum_n a[bh, n] * x[bh, n, p] * (y if HAS_Y else x)[bh, n, p]."""
     bh = tl.program_id(0).to(tl.int64)
@@ -72,8 +81,17 @@ def _col_reduce_kernel(
 
 @triton.jit
 def _row_reduce_kernel(
-    x_ptr, y_ptr, u_ptr, v_ptr, out_ptr, N, P,
-    HAS_Y: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+    x_ptr,
+    y_ptr,
+    u_ptr,
+    v_ptr,
+    out_ptr,
+    N,
+    P,
+    HAS_Y: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):
     """out[bh, n] = sum_p x^2 u[bh, p] (+ x y v[bh, p] if HAS_Y)."""
     bh = tl.program_id(0).to(tl.int64)
@@ -132,8 +150,21 @@ def _nc_out_kernel(
 
 @triton.jit
 def _nc_dw_kernel(
-    w_ptr, go_ptr, q_ptr, ds_ptr, pi_ptr, ddots_ptr, r_ptr, dc_ptr, g_ptr, dw_ptr, N, P,
-    ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+    w_ptr,
+    go_ptr,
+    q_ptr,
+    ds_ptr,
+    pi_ptr,
+    ddots_ptr,
+    r_ptr,
+    dc_ptr,
+    g_ptr,
+    dw_ptr,
+    N,
+    P,
+    ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):
     """dw = 2 w (q[n] d_dots[p] + d_s[n] r[p] + d_c[p]) - grad_out pi[n] g[p] (chain rule of Alg. 1)."""
     bh = tl.program_id(0).to(tl.int64)
@@ -212,8 +243,20 @@ def _c_out_kernel(
 
 @triton.jit
 def _c_bwd_fwd_sweep_kernel(
-    w_ptr, go_ptr, pi_ptr, den_ptr, a1_ptr, a2_ptr, cS_ptr, cN_ptr, N, P, NC,
-    ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+    w_ptr,
+    go_ptr,
+    pi_ptr,
+    den_ptr,
+    a1_ptr,
+    a2_ptr,
+    cS_ptr,
+    cN_ptr,
+    N,
+    P,
+    NC,
+    ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):
     """Backward forward-sweep: per-P-block partials a1 = -sum_p go w g, a2 = sum_p d_dots dots, and the
     block-start carries of cumsum(w^2) (cS) and cumsum(w^2 pi) (cN) for the reverse sweeps."""
@@ -250,8 +293,22 @@ def _c_bwd_fwd_sweep_kernel(
 
 @triton.jit
 def _c_bwd_rev_sweep_kernel(
-    w_ptr, go_ptr, pi_ptr, den_ptr, cS_ptr, cN_ptr, ds_ptr, a3_ptr, dw_ptr, N, P, NC,
-    FINAL: tl.constexpr, ACC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+    w_ptr,
+    go_ptr,
+    pi_ptr,
+    den_ptr,
+    cS_ptr,
+    cN_ptr,
+    ds_ptr,
+    a3_ptr,
+    dw_ptr,
+    N,
+    P,
+    NC,
+    FINAL: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):
     """Backward reverse sweep. d_num = suffix-sum of d_dots / den. FINAL=False: a3 = sum_p d_num w^2 (for
     d_pi). FINAL=True: dw = 2 w (d_num pi + d_s / S + suffix-sum(-w^2 d_s / S^2)) - go pi g."""
@@ -320,8 +377,17 @@ def _col_reduce(x, y=None, a=None, *, cdt, bn, bp):
     bh, n, p = x.shape
     out = torch.empty(bh, p, device=x.device, dtype=cdt)
     _col_reduce_kernel[(bh, triton.cdiv(p, bp))](
-        x, x if y is None else y, x if a is None else a, out, n, p,
-        HAS_Y=y is not None, HAS_A=a is not None, ACC=tl_acc_dtype(cdt), BLOCK_N=bn, BLOCK_P=bp,
+        x,
+        x if y is None else y,
+        x if a is None else a,
+        out,
+        n,
+        p,
+        HAS_Y=y is not None,
+        HAS_A=a is not None,
+        ACC=tl_acc_dtype(cdt),
+        BLOCK_N=bn,
+        BLOCK_P=bp,
     )
     return out
 
@@ -330,8 +396,17 @@ def _row_reduce(x, u, y=None, v=None, *, cdt, bn, bp):
     bh, n, p = x.shape
     out = torch.empty(bh, n, device=x.device, dtype=cdt)
     _row_reduce_kernel[(bh, triton.cdiv(n, bn))](
-        x, x if y is None else y, u, u if v is None else v, out, n, p,
-        HAS_Y=y is not None, ACC=tl_acc_dtype(cdt), BLOCK_N=bn, BLOCK_P=bp,
+        x,
+        x if y is None else y,
+        u,
+        u if v is None else v,
+        out,
+        n,
+        p,
+        HAS_Y=y is not None,
+        ACC=tl_acc_dtype(cdt),
+        BLOCK_N=bn,
+        BLOCK_P=bp,
     )
     return out
 
@@ -384,8 +459,21 @@ class _TSSANonCausalTriton(torch.autograd.Function):
         q = (pi2 / den).contiguous()
         dw = torch.empty_like(w3)
         _nc_dw_kernel[(b * h, triton.cdiv(n, block_n), triton.cdiv(p, block_p))](
-            w3, go3, q, d_s, pi2, d_dots.contiguous(), r, d_c.contiguous(), g, dw, n, p,
-            ACC=tl_acc_dtype(cdt), BLOCK_N=block_n, BLOCK_P=block_p,
+            w3,
+            go3,
+            q,
+            d_s,
+            pi2,
+            d_dots.contiguous(),
+            r,
+            d_c.contiguous(),
+            g,
+            dw,
+            n,
+            p,
+            ACC=tl_acc_dtype(cdt),
+            BLOCK_N=block_n,
+            BLOCK_P=block_p,
         )
         return dw.view(b, h, n, p), d_temp.to(temp.dtype), None, None
 
@@ -434,8 +522,9 @@ class _TSSACausalTriton(torch.autograd.Function):
         _c_bwd_rev_sweep_kernel[grid](w3, go3, pi, den, cS, cN, den, a3, w3, n, p, nc, FINAL=False, **blocks)
         # d_dots enters dots = cumsum(w^2 pi) / cumsum(pi) through the denominator as well
         den_pos = den > 0
-        d_den = torch.where(den_pos, -a2.sum(1) / torch.where(den_pos, den, torch.ones_like(den)),
-                            torch.zeros_like(den))
+        d_den = torch.where(
+            den_pos, -a2.sum(1) / torch.where(den_pos, den, torch.ones_like(den)), torch.zeros_like(den)
+        )
         d_pi = a1.sum(1) + a3.sum(1) + reverse_chunked_cumsum(d_den.unsqueeze(-1)).squeeze(-1)
         d_pi = d_pi.view(b, h, n)
         d_a = pi * (d_pi - (pi * d_pi).sum(dim=1, keepdim=True))  # softmax over heads

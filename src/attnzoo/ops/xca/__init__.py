@@ -5,6 +5,7 @@ every token, so there is no causal form (the op has no ``causal`` argument).
 Backends: ``"naive"`` (:mod:`.naive`), ``"torch"`` (normalisation folded into the Gram matrix, :mod:`.fused`);
 ``"auto"`` follows :mod:`attnzoo.ops._dispatch` (:data:`XCA` declares the mechanism).
 """
+
 from __future__ import annotations
 
 import math
@@ -78,8 +79,14 @@ def xca(
     if absmax:
         # q_hat, k_hat divide by per-channel norms over the N tokens: sum_n q^2 overflows first
         for name in ("q", "k"):
-            check_overflow("xca", name, absmax, absmax[name] ** 2 * q.shape[-2], q.dtype,
-                           f"the per-channel sum of {name}^2 over N tokens")
+            check_overflow(
+                "xca",
+                name,
+                absmax,
+                absmax[name] ** 2 * q.shape[-2],
+                q.dtype,
+                f"the per-channel sum of {name}^2 over N tokens",
+            )
     dropout_p = check_dropout("dropout_p", dropout_p)
     name = resolve_backend(XCA, backend, q, name="q")
     return run_backend(XCA, name, (q, k, v, temp), auto=backend == "auto", dropout_p=dropout_p)

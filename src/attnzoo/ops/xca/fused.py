@@ -1,6 +1,7 @@
 """Fast cross-covariance attention: the token-axis normalisation is folded into the ``(P, P)`` Gram matrix
 (``q_hat^T k_hat = (q^T k) / (|q| |k|^T)``), so the normalised ``(N, P)`` copies of ``q`` and ``k`` are never
 written. Same result as :mod:`.naive` up to rounding; the clamp matches ``F.normalize``'s ``eps``."""
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """Reference cross-covariance attention (XCiT, El-Nouby et al., 2021, eq. 2): ``q, k`` L2-normalised along the
 token axis, a ``(P, P)`` channel-attention map ``softmax(q_hat^T k_hat * tau)`` per head, applied to ``v``."""
+
 from __future__ import annotations
 
 import torch

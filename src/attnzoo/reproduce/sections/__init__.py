@@ -1,4 +1,5 @@
 """The report's sections, in order; each module has ``KEY``, ``TITLE``, ``plan_steps`` and ``summarize``."""
+
 from __future__ import annotations
 
 from attnzoo.reproduce.sections import efficiency, icl, language, lra, probes, vision
@@ -14,7 +15,13 @@ SECTION_MODULES = {
 }
 
 #: accepted spellings of section keys on the command line
-ALIASES = {"lra": lra.KEY, "long_range": lra.KEY, "longrange": lra.KEY, "bench": efficiency.KEY,
-           "lm": language.KEY, "probe": probes.KEY}
+ALIASES = {
+    "lra": lra.KEY,
+    "long_range": lra.KEY,
+    "longrange": lra.KEY,
+    "bench": efficiency.KEY,
+    "lm": language.KEY,
+    "probe": probes.KEY,
+}
 
 __all__ = ["SECTION_MODULES", "ALIASES"]

@@ -4,6 +4,7 @@ the number of in-context examples, with least squares and Lasso (scikit-learn) f
 Errors are squared errors divided by the input dimension d (Garg et al. 2022's normalisation, as
 ``attnzoo.train``'s ``normalized_error``): predicting 0 scores 1 on dense functions, s/d on s-sparse ones.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -62,24 +63,54 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             # the prompts (task seed) are the same for every model and seed; the seed varies initialisation and order
             for s in seed_list(plan, seed):
                 factor = _STEP_FACTOR.get(name, 1)
-                settings = dict(plan["train"], steps=factor * plan["train"]["steps"],
-                                **({"warmup_steps": factor * plan["train"]["warmup_steps"]}
-                                   if "warmup_steps" in plan["train"] else {}))
-                train = dict(task=TASKS[task], task_options=task_opts, model=MODELS[name].registered,
-                             model_options=model_opts, seed=s, **train_defaults(**settings))
-                steps.append(Step(seeded_id(f"{KEY}/{task}/{name}", s), KEY, {"train": train}, _run_model,
-                                  label=f"{task}/{name}/seed{s}"))
-        steps.append(Step(f"{KEY}/{task}/baselines", KEY,
-                          {"task": TASKS[task], "task_options": task_opts, "lasso_alpha": plan["lasso_alpha"]},
-                          _run_baselines, label=f"{task}/baselines"))
+                settings = dict(
+                    plan["train"],
+                    steps=factor * plan["train"]["steps"],
+                    **(
+                        {"warmup_steps": factor * plan["train"]["warmup_steps"]}
+                        if "warmup_steps" in plan["train"]
+                        else {}
+                    ),
+                )
+                train = dict(
+                    task=TASKS[task],
+                    task_options=task_opts,
+                    model=MODELS[name].registered,
+                    model_options=model_opts,
+                    seed=s,
+                    **train_defaults(**settings),
+                )
+                steps.append(
+                    Step(
+                        seeded_id(f"{KEY}/{task}/{name}", s),
+                        KEY,
+                        {"train": train},
+                        _run_model,
+                        label=f"{task}/{name}/seed{s}",
+                    )
+                )
+        steps.append(
+            Step(
+                f"{KEY}/{task}/baselines",
+                KEY,
+                {"task": TASKS[task], "task_options": task_opts, "lasso_alpha": plan["lasso_alpha"]},
+                _run_baselines,
+                label=f"{task}/baselines",
+            )
+        )
     return steps
 
 
 def _run_model(ctx: Context, step: Step) -> dict:
     rec = train_run(ctx, step.id, step.config["train"])
     val = rec["val"]
-    return {"error_per_position": val["normalized_error_per_position"], "mean_error": val["normalized_error"],
-            "samples_per_s": rec["samples_per_s"], "curve": rec["curve"], "run_dir": rec["run_dir"]}
+    return {
+        "error_per_position": val["normalized_error_per_position"],
+        "mean_error": val["normalized_error"],
+        "samples_per_s": rec["samples_per_s"],
+        "curve": rec["curve"],
+        "run_dir": rec["run_dir"],
+    }
 
 
 def baseline_errors(xs: np.ndarray, ys: np.ndarray, lasso_alpha: float) -> dict[str, list[float]]:
@@ -116,8 +147,11 @@ def _run_baselines(ctx: Context, step: Step) -> dict:
 
     task = build_task(step.config["task"], **step.config["task_options"])
     (xs, ys), _ = task.val.get_batch(np.arange(len(task.val)))
-    return {"errors": baseline_errors(xs.numpy(), ys.numpy(), step.config["lasso_alpha"]),
-            "n_prompts": len(task.val), "dim": task.info["dim"]}
+    return {
+        "errors": baseline_errors(xs.numpy(), ys.numpy(), step.config["lasso_alpha"]),
+        "n_prompts": len(task.val),
+        "dim": task.info["dim"],
+    }
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
@@ -125,13 +159,15 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     arch, tr = plan["arch"], plan["train"]
     first = next(iter(plan["tasks"].values()))
     d, n = first["dim"], first["n_points"]
-    sec.intro = (f"Prompts of {n} Gaussian inputs in d={d} (the papers use d=20, 41 points, 50k steps); sparse "
-                 f"functions keep {plan['tasks'].get('sparse', {}).get('sparsity', '-')} non-zero weights. Models: "
-                 f"width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, {tr['steps']} steps of "
-                 f"{tr['batch_size']} fresh prompts, {plan.get('seeds', 1)} seed(s) per model (curves: seed mean; "
-                 "the k=all column: mean ± std). Error = squared error / d on "
-                 f"{first.get('n_val', 1000)} held-out prompts; position k uses k in-context examples. Lasso "
-                 f"alpha = {plan['lasso_alpha']} (AoT Fig. 6).")
+    sec.intro = (
+        f"Prompts of {n} Gaussian inputs in d={d} (the papers use d=20, 41 points, 50k steps); sparse "
+        f"functions keep {plan['tasks'].get('sparse', {}).get('sparsity', '-')} non-zero weights. Models: "
+        f"width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, {tr['steps']} steps of "
+        f"{tr['batch_size']} fresh prompts, {plan.get('seeds', 1)} seed(s) per model (curves: seed mean; "
+        "the k=all column: mean ± std). Error = squared error / d on "
+        f"{first.get('n_val', 1000)} held-out prompts; position k uses k in-context examples. Lasso "
+        f"alpha = {plan['lasso_alpha']} (AoT Fig. 6)."
+    )
     curves: dict[str, dict[str, list[float]]] = {}
     finals: dict[str, dict[str, list[float]]] = {}
     for task in plan["tasks"]:
@@ -150,12 +186,20 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             continue
         npos = len(next(iter(c.values())))
         ks = sorted({1, max(1, d // 2), min(d, npos - 1), npos - 1})
-        rows = [[k_name] + [fmt(v[k], ".3f") for k in ks] + [fmt(float(np.mean(v)), ".3f")]
-                + [claims.stat(finals[task][k_name]).fmt(".3f") if k_name in finals[task] else fmt(v[-1], ".3f")]
-                for k_name, v in c.items()]
-        sec.tables.append(Table(f"{task}: normalised squared error by number of in-context examples",
-                                ["predictor"] + [f"k={k}" for k in ks] + ["mean over k", f"k={npos - 1} over seeds"],
-                                rows))
+        rows = [
+            [k_name]
+            + [fmt(v[k], ".3f") for k in ks]
+            + [fmt(float(np.mean(v)), ".3f")]
+            + [claims.stat(finals[task][k_name]).fmt(".3f") if k_name in finals[task] else fmt(v[-1], ".3f")]
+            for k_name, v in c.items()
+        ]
+        sec.tables.append(
+            Table(
+                f"{task}: normalised squared error by number of in-context examples",
+                ["predictor"] + [f"k={k}" for k in ks] + ["mean over k", f"k={npos - 1} over seeds"],
+                rows,
+            )
+        )
     sec.data = {"curves": curves, "final_error_per_seed": finals}
     if any(curves.values()):
         path = plots_dir / "icl.png"
@@ -176,8 +220,15 @@ def _plot(curves, d):
     styles = {"zero": ":", "least_squares": "--", "lasso": "-."}
     for ax, t in zip(axes[0], tasks):
         for i, (name, v) in enumerate(curves[t].items()):
-            ax.plot(range(len(v)), v, styles.get(name, "-"), marker=None if name in styles else "o", ms=3,
-                    label=name, color="gray" if name in styles else f"C{i}")
+            ax.plot(
+                range(len(v)),
+                v,
+                styles.get(name, "-"),
+                marker=None if name in styles else "o",
+                ms=3,
+                label=name,
+                color="gray" if name in styles else f"C{i}",
+            )
         ax.axvline(d, color="k", lw=0.5, alpha=0.5)
         ax.set_xlabel("in-context examples")
         ax.set_ylabel("squared error / d")
@@ -201,13 +252,23 @@ def _findings(curves, finals, records, plan) -> list[dict]:
         # seed); the "learns" findings themselves use the stricter half-the-zero-predictor rule
         gate = not plan.get("require_learned", True) or ("gpt" in fin and all(e < 0.8 * zero for e in fin["gpt"]))
         if gate and "aot" in c and "gpt" in c:
-            mean_err = {m: claims.stat(float(np.mean(r["error_per_position"]))
-                                       for r in per_seed(records, f"{KEY}/{t}/{m}")) for m in ("aot", "gpt")}
-            f = claims.compare(mean_err["aot"], mean_err["gpt"], kind="comparable", tol=0.1,
-                               unit="(error/d)", paper="AoT Fig. 6",
-                               claim=f"AoT in-context learns {t} functions close to the GPT-2 transformer",
-                               paper_value="AoT's curve lies close to the Transformer's",
-                               a_name="aot", b_name="gpt", lower_is_better=True)
+            mean_err = {
+                m: claims.stat(float(np.mean(r["error_per_position"])) for r in per_seed(records, f"{KEY}/{t}/{m}"))
+                for m in ("aot", "gpt")
+            }
+            f = claims.compare(
+                mean_err["aot"],
+                mean_err["gpt"],
+                kind="comparable",
+                tol=0.1,
+                unit="(error/d)",
+                paper="AoT Fig. 6",
+                claim=f"AoT in-context learns {t} functions close to the GPT-2 transformer",
+                paper_value="AoT's curve lies close to the Transformer's",
+                a_name="aot",
+                b_name="gpt",
+                lower_is_better=True,
+            )
             if f["verdict"] != "agrees":
                 f["explanation"] = _ablation_text(t, fin, zero)
             out.append(f)
@@ -217,16 +278,26 @@ def _findings(curves, finals, records, plan) -> list[dict]:
             ls = c.get("least_squares", [None])[-1]
             st = claims.stat(fin[m])
             n_ok = sum(learned[m])
-            measured = (f"{m} error {st.fmt('.3f')} at k={len(c[m]) - 1} vs zero predictor {zero:.3f}"
-                        + (f", least squares {ls:.3f}" if ls is not None else "")
-                        + f"; {n_ok} of {len(fin[m])} seeds below half the zero predictor")
-            rule = ("agrees if every seed's error with all examples is below half the zero predictor's; disagrees if "
-                    "no seed's is; inconclusive when the seeds split")
+            measured = (
+                f"{m} error {st.fmt('.3f')} at k={len(c[m]) - 1} vs zero predictor {zero:.3f}"
+                + (f", least squares {ls:.3f}" if ls is not None else "")
+                + f"; {n_ok} of {len(fin[m])} seeds below half the zero predictor"
+            )
+            rule = (
+                "agrees if every seed's error with all examples is below half the zero predictor's; disagrees if "
+                "no seed's is; inconclusive when the seeds split"
+            )
             verdict = "agrees" if n_ok == len(fin[m]) else "disagrees" if n_ok == 0 else "inconclusive"
             paper = "Garg et al. 2022 (AoT's baseline)" if m == "gpt" else "AoT Fig. 6"
-            f = claims.finding(paper, f"{m} learns {t} functions in context (error falls with examples)",
-                               "error near least squares' once k ≥ d (after 50k+ steps)", measured, verdict, rule,
-                               seeds=len(fin[m]))
+            f = claims.finding(
+                paper,
+                f"{m} learns {t} functions in context (error falls with examples)",
+                "error near least squares' once k ≥ d (after 50k+ steps)",
+                measured,
+                verdict,
+                rule,
+                seeds=len(fin[m]),
+            )
             if m == "aot" and verdict != "agrees":
                 f["explanation"] = _ablation_text(t, fin, zero)
             elif verdict != "agrees":
@@ -247,12 +318,15 @@ def _still_descending(results: list[dict]) -> str:
             falling.append(last < 0.95 * mid[1])
     if not parts:
         return ""
-    trend = ("still falling in the second half, so the budget is the limit: more steps (the papers train 50k+) "
-             "is the next ablation" if all(falling) else
-             "flat over the second half (a plateau), as Garg et al. report before in-context learning sets in"
-             if not any(falling) else
-             f"{sum(falling)} of {len(falling)} seeds still falling in the second half, the others on the plateau: "
-             "leaving the plateau within this budget is seed-dependent")
+    trend = (
+        "still falling in the second half, so the budget is the limit: more steps (the papers train 50k+) "
+        "is the next ablation"
+        if all(falling)
+        else "flat over the second half (a plateau), as Garg et al. report before in-context learning sets in"
+        if not any(falling)
+        else f"{sum(falling)} of {len(falling)} seeds still falling in the second half, the others on the plateau: "
+        "leaving the plateau within this budget is seed-dependent"
+    )
     return f"training loss (per seed) {'; '.join(parts)}: {trend}; lasso/least squares show the functions are learnable"
 
 
@@ -265,11 +339,17 @@ def _ablation_text(t: str, fin: dict, zero: float) -> str:
     if "aot@4x-steps" in fin:
         long = fin["aot@4x-steps"]
         n_ok = sum(e < 0.5 * zero for e in long)
-        parts.append(f"ablation aot@4x-steps (the same AoT, 4x the steps): error {claims.stat(long).fmt('.3f')}, "
-                     f"{n_ok} of {len(long)} seeds below half the zero predictor — "
-                     + ("a longer budget takes AoT off the plateau, so the budget is the limit" if n_ok == len(long)
-                        else "leaving the plateau with a longer budget is seed-dependent" if n_ok else
-                        "4x the steps does not take AoT off the plateau"))
+        parts.append(
+            f"ablation aot@4x-steps (the same AoT, 4x the steps): error {claims.stat(long).fmt('.3f')}, "
+            f"{n_ok} of {len(long)} seeds below half the zero predictor — "
+            + (
+                "a longer budget takes AoT off the plateau, so the budget is the limit"
+                if n_ok == len(long)
+                else "leaving the plateau with a longer budget is seed-dependent"
+                if n_ok
+                else "4x the steps does not take AoT off the plateau"
+            )
+        )
     if "aot+softmax" in fin:
         parts.append(_untied_text(a, claims.stat(fin["aot+softmax"]), zero))
     return "; ".join(parts)
@@ -277,10 +357,15 @@ def _ablation_text(t: str, fin: dict, zero: float) -> str:
 
 def _untied_text(a: claims.Stat, s: claims.Stat, zero: float) -> str:
     learns = s.mean < 0.5 * zero
-    return (f"ablation aot+softmax (the same attention-only model, softmax attention with separate q/k/v "
-            f"projections instead of MSSA's one shared projection): error {s.fmt('.3f')} vs AoT's {a.fmt('.3f')} at "
-            f"all examples (zero predictor {zero:.3f}) — "
-            + ("untying the projection lets the attention-only model learn, so MSSA's tied q/k/v (not the missing "
-               "MLP) keeps AoT on the zero-predictor plateau at this budget (in-context regression has a long plateau; "
-               "the paper trains 50k+ steps)" if learns else
-               "untying the projection does not help at this budget, so the plateau is not MSSA's tying alone"))
+    return (
+        f"ablation aot+softmax (the same attention-only model, softmax attention with separate q/k/v "
+        f"projections instead of MSSA's one shared projection): error {s.fmt('.3f')} vs AoT's {a.fmt('.3f')} at "
+        f"all examples (zero predictor {zero:.3f}) — "
+        + (
+            "untying the projection lets the attention-only model learn, so MSSA's tied q/k/v (not the missing "
+            "MLP) keeps AoT on the zero-predictor plateau at this budget (in-context regression has a long plateau; "
+            "the paper trains 50k+ steps)"
+            if learns
+            else "untying the projection does not help at this budget, so the plateau is not MSSA's tying alone"
+        )
+    )

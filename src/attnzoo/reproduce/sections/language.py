@@ -2,6 +2,7 @@
 and depth: validation loss in bits per character, training tokens/s, peak training memory, and token-by-token
 generation speed and decoding-state memory against context length (ToST Table 4 / Fig. 8, AoT Table 1).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,12 +59,22 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     for name in plan["models"]:
         reg, mech, _ = MODELS[name]
         for s in seed_list(plan, seed):
-            train = dict(task="shakespeare_char", task_options=dict(plan["task_options"]), model=reg,
-                         model_options=model_options(name, plan["arch"]), seed=s, eval_batches=1,
-                         **train_defaults(**plan["train"]))
+            train = dict(
+                task="shakespeare_char",
+                task_options=dict(plan["task_options"]),
+                model=reg,
+                model_options=model_options(name, plan["arch"]),
+                seed=s,
+                eval_batches=1,
+                **train_defaults(**plan["train"]),
+            )
             # decoding cost is a property of the architecture, not of the seed: profiled on the first seed only
-            cfg = {"train": train, "mechanism": mech, "eval_windows": plan["eval_windows"],
-                   "contexts": plan["contexts"] if s == seed else []}
+            cfg = {
+                "train": train,
+                "mechanism": mech,
+                "eval_windows": plan["eval_windows"],
+                "contexts": plan["contexts"] if s == seed else [],
+            }
             steps.append(Step(seeded_id(f"{KEY}/{name}", s), KEY, cfg, _run, label=f"{name}/seed{s}"))
     return steps
 
@@ -76,7 +87,7 @@ def lm_eval(model, val, n_windows: int, batch: int = 32) -> float:
     idx = np.unique(np.linspace(0, len(val) - 1, n_windows).astype(np.int64))
     total, count = 0.0, 0
     for s in range(0, len(idx), batch):
-        (x,), y = val.get_batch(idx[s:s + batch])
+        (x,), y = val.get_batch(idx[s : s + batch])
         logits = model(x)
         total += float(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum"))
         count += y.numel()
@@ -117,8 +128,9 @@ def decode_profile(model, contexts: list[int], block: int = 8, repeats: int = 3,
             for t in range(start, ctx):
                 _, state = model.step(toks[:, t], state)
             times.append((time.perf_counter() - t0) / max(1, ctx - start))
-        out.append({"context": ctx, "ms_per_token": 1e3 * float(np.median(times)),
-                    "state_kib": state_bytes(state) / 1024})
+        out.append(
+            {"context": ctx, "ms_per_token": 1e3 * float(np.median(times)), "state_kib": state_bytes(state) / 1024}
+        )
     return out
 
 
@@ -151,50 +163,95 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec = Section(KEY, TITLE)
     seeds_res = {n: per_seed(records, f"{KEY}/{n}") for n in plan["models"]}
     names = [n for n in plan["models"] if seeds_res[n]]
-    res = {n: dict(seeds_res[n][0], val_loss=claims.stat(r["val_loss"] for r in seeds_res[n]),
-                   tokens_per_s=float(np.mean([r["tokens_per_s"] or 0.0 for r in seeds_res[n]])),
-                   seeds=len(seeds_res[n])) for n in names}
+    res = {
+        n: dict(
+            seeds_res[n][0],
+            val_loss=claims.stat(r["val_loss"] for r in seeds_res[n]),
+            tokens_per_s=float(np.mean([r["tokens_per_s"] or 0.0 for r in seeds_res[n]])),
+            seeds=len(seeds_res[n]),
+        )
+        for n in names
+    }
     arch, tr = plan["arch"], plan["train"]
-    sec.intro = (f"Shakespeare's works, train/validation split by play, character vocabulary; block "
-                 f"{plan['task_options']['block_size']}, width {arch['dim']}, depth {arch['depth']}, {arch['heads']} "
-                 f"heads; {tr['steps']} steps of batch {tr['batch_size']} (same optimiser for all). Validation loss "
-                 f"on {plan['eval_windows']} windows spread through the validation plays, "
-                 f"{plan.get('seeds', 1)} seed(s) per model (mean ± std). A unigram model scores about 4.7 bits/char "
-                 "here; lower is better.")
+    sec.intro = (
+        f"Shakespeare's works, train/validation split by play, character vocabulary; block "
+        f"{plan['task_options']['block_size']}, width {arch['dim']}, depth {arch['depth']}, {arch['heads']} "
+        f"heads; {tr['steps']} steps of batch {tr['batch_size']} (same optimiser for all). Validation loss "
+        f"on {plan['eval_windows']} windows spread through the validation plays, "
+        f"{plan.get('seeds', 1)} seed(s) per model (mean ± std). A unigram model scores about 4.7 bits/char "
+        "here; lower is better."
+    )
     rows = []
     for n in names:
         r = res[n]
-        rows.append([n, MODELS[n].mechanism, MODELS[n].description, fmt(r["params"], ","), r["val_loss"].fmt(".3f"),
-                     r["val_loss"].scaled(1 / math.log(2)).fmt(".3f"), fmt(r["tokens_per_s"], ".0f"),
-                     fmt(r["peak_train_mb"], ".1f")])
-    sec.tables.append(Table("Validation loss and training cost",
-                            ["model", "mechanism", "description", "params", "val loss (nats)", "val bits/char",
-                             "train tokens/s", "peak train-step MiB"], rows))
+        rows.append(
+            [
+                n,
+                MODELS[n].mechanism,
+                MODELS[n].description,
+                fmt(r["params"], ","),
+                r["val_loss"].fmt(".3f"),
+                r["val_loss"].scaled(1 / math.log(2)).fmt(".3f"),
+                fmt(r["tokens_per_s"], ".0f"),
+                fmt(r["peak_train_mb"], ".1f"),
+            ]
+        )
+    sec.tables.append(
+        Table(
+            "Validation loss and training cost",
+            [
+                "model",
+                "mechanism",
+                "description",
+                "params",
+                "val loss (nats)",
+                "val bits/char",
+                "train tokens/s",
+                "peak train-step MiB",
+            ],
+            rows,
+        )
+    )
     contexts = sorted({d["context"] for n in names for d in res[n]["decode"]})
     if contexts:
         drows = []
         for n in names:
             by = {d["context"]: d for d in res[n]["decode"]}
-            drows.append([n] + [fmt(by.get(c, {}).get("ms_per_token"), ".3f") for c in contexts]
-                         + [fmt(by.get(c, {}).get("state_kib"), ".1f") for c in contexts])
-        sec.tables.append(Table("Token-by-token generation (batch 1, cached decoding)",
-                                ["model"] + [f"ms/token @ {c}" for c in contexts]
-                                + [f"state KiB @ {c}" for c in contexts], drows))
-    sec.data = {"models": {n: {**{k: v for k, v in res[n].items()
-                                  if k not in ("curve", "run_dir", "val_loss", "val_bpc")},
-                               "val_loss_mean": res[n]["val_loss"].mean,
-                               "val_bpc_mean": res[n]["val_loss"].mean / math.log(2),
-                               "val_loss_std": res[n]["val_loss"].std,
-                               "val_loss_per_seed": list(res[n]["val_loss"].values)} for n in names}}
+            drows.append(
+                [n]
+                + [fmt(by.get(c, {}).get("ms_per_token"), ".3f") for c in contexts]
+                + [fmt(by.get(c, {}).get("state_kib"), ".1f") for c in contexts]
+            )
+        sec.tables.append(
+            Table(
+                "Token-by-token generation (batch 1, cached decoding)",
+                ["model"] + [f"ms/token @ {c}" for c in contexts] + [f"state KiB @ {c}" for c in contexts],
+                drows,
+            )
+        )
+    sec.data = {
+        "models": {
+            n: {
+                **{k: v for k, v in res[n].items() if k not in ("curve", "run_dir", "val_loss", "val_bpc")},
+                "val_loss_mean": res[n]["val_loss"].mean,
+                "val_bpc_mean": res[n]["val_loss"].mean / math.log(2),
+                "val_loss_std": res[n]["val_loss"].std,
+                "val_loss_per_seed": list(res[n]["val_loss"].values),
+            }
+            for n in names
+        }
+    }
     if names:
         path = plots_dir / "language.png"
         save_figure(_plot(res, names), path)
         sec.plots.append((rel(path), "Training loss, per-token decode time and decoding-state size vs context."))
     gpt_unlearned = "gpt" in res and res["gpt"]["val_loss"].mean / math.log(2) > UNIGRAM_BPC - LEARNED_MARGIN_BPC
     if plan.get("require_learned", True) and gpt_unlearned:
-        sec.notes.append(f"the GPT baseline's {res['gpt']['val_loss'].scaled(1 / math.log(2)).fmt('.2f')} bits/char is "
-                         f"not {LEARNED_MARGIN_BPC:g} below the unigram model's ~{UNIGRAM_BPC:g}: no comparison "
-                         "reported")
+        sec.notes.append(
+            f"the GPT baseline's {res['gpt']['val_loss'].scaled(1 / math.log(2)).fmt('.2f')} bits/char is "
+            f"not {LEARNED_MARGIN_BPC:g} below the unigram model's ~{UNIGRAM_BPC:g}: no comparison "
+            "reported"
+        )
         return sec
     sec.findings = _findings(res)
     return sec
@@ -239,19 +296,49 @@ def _plot(res, names):
 def _rel_claim(res, a, paper, claim, pv, rel_tol) -> dict:
     if a not in res or "gpt" not in res:
         return claims.not_tested(paper, claim, pv, f"{a} or gpt not in this run")
-    return claims.compare(res[a]["val_loss"], res["gpt"]["val_loss"], kind="comparable", tol=rel_tol / 100,
-                          relative=True, unit="nats", paper=paper, claim=claim, paper_value=pv, a_name=a, b_name="gpt",
-                          lower_is_better=True, spec=".3f")
+    return claims.compare(
+        res[a]["val_loss"],
+        res["gpt"]["val_loss"],
+        kind="comparable",
+        tol=rel_tol / 100,
+        relative=True,
+        unit="nats",
+        paper=paper,
+        claim=claim,
+        paper_value=pv,
+        a_name=a,
+        b_name="gpt",
+        lower_is_better=True,
+        spec=".3f",
+    )
 
 
 def _findings(res) -> list[dict]:
     out = [
-        _rel_claim(res, "tost", "ToST Table 4", "swapping TSSA for softmax largely preserves LM quality",
-                   "ToST-Base 3.20 vs GPT2-Base 2.84 OWT loss (+12.7%)", 15.0),
-        _rel_claim(res, "aot", "AoT Table 1", "attention-only AoT comes close to GPT-2",
-                   "AoT-Base 4.70 vs GPT-2 4.32 LAMBADA loss (+8.8%)", 15.0),
-        _rel_claim(res, "fastmax", "FAST §3, Fig. 6", "Fastmax's training follows softmax's",
-                   "loss curves of Fastmax follow softmax's", 15.0),
+        _rel_claim(
+            res,
+            "tost",
+            "ToST Table 4",
+            "swapping TSSA for softmax largely preserves LM quality",
+            "ToST-Base 3.20 vs GPT2-Base 2.84 OWT loss (+12.7%)",
+            15.0,
+        ),
+        _rel_claim(
+            res,
+            "aot",
+            "AoT Table 1",
+            "attention-only AoT comes close to GPT-2",
+            "AoT-Base 4.70 vs GPT-2 4.32 LAMBADA loss (+8.8%)",
+            15.0,
+        ),
+        _rel_claim(
+            res,
+            "fastmax",
+            "FAST §3, Fig. 6",
+            "Fastmax's training follows softmax's",
+            "loss curves of Fastmax follow softmax's",
+            15.0,
+        ),
     ]
     if "aot_hybrid" in res and "aot" in res:
         out.append(_hybrid(res))
@@ -262,29 +349,48 @@ def _findings(res) -> list[dict]:
             lo, hi = min(d), max(d)
             flat = d[hi]["state_kib"] <= d[lo]["state_kib"] * 1.01
             grows = g[hi]["state_kib"] / max(g[lo]["state_kib"], 1e-9)
-            out.append(claims.finding(
-                "ToST Fig. 8 / Table 4" if m == "tost" else "FAST §2.5 (recurrent form)",
-                f"{m} decodes with constant memory in the context (softmax's KV cache grows)",
-                "ToST: 0.24x GPT-2's memory at 8k tokens" if m == "tost" else "recurrent form: O(1) state per token",
-                f"{m} state {d[lo]['state_kib']:.1f} -> {d[hi]['state_kib']:.1f} KiB from context {lo} to {hi}; "
-                f"gpt KV cache x{grows:.1f}", "agrees" if flat else "disagrees",
-                f"agrees if {m}'s decoding state does not grow from context {lo} to {hi}"))
+            out.append(
+                claims.finding(
+                    "ToST Fig. 8 / Table 4" if m == "tost" else "FAST §2.5 (recurrent form)",
+                    f"{m} decodes with constant memory in the context (softmax's KV cache grows)",
+                    "ToST: 0.24x GPT-2's memory at 8k tokens"
+                    if m == "tost"
+                    else "recurrent form: O(1) state per token",
+                    f"{m} state {d[lo]['state_kib']:.1f} -> {d[hi]['state_kib']:.1f} KiB from context {lo} to {hi}; "
+                    f"gpt KV cache x{grows:.1f}",
+                    "agrees" if flat else "disagrees",
+                    f"agrees if {m}'s decoding state does not grow from context {lo} to {hi}",
+                )
+            )
             tr = d[hi]["ms_per_token"] / d[lo]["ms_per_token"]
             gr = g[hi]["ms_per_token"] / g[lo]["ms_per_token"]
-            out.append(claims.finding(
-                "ToST Fig. 8" if m == "tost" else "FAST §2.5",
-                f"{m}'s per-token decode time does not grow with context",
-                "ToST: flat per-token time vs growing for GPT-2" if m == "tost" else "O(1) work per decoded token",
-                f"{m} x{tr:.2f}, gpt x{gr:.2f} from context {lo} to {hi}",
-                "agrees" if tr <= 1.5 else "disagrees",
-                f"agrees if {m}'s ms/token grows by at most 1.5x from context {lo} to {hi} (timing noise allowed)"))
+            out.append(
+                claims.finding(
+                    "ToST Fig. 8" if m == "tost" else "FAST §2.5",
+                    f"{m}'s per-token decode time does not grow with context",
+                    "ToST: flat per-token time vs growing for GPT-2" if m == "tost" else "O(1) work per decoded token",
+                    f"{m} x{tr:.2f}, gpt x{gr:.2f} from context {lo} to {hi}",
+                    "agrees" if tr <= 1.5 else "disagrees",
+                    f"agrees if {m}'s ms/token grows by at most 1.5x from context {lo} to {hi} (timing noise allowed)",
+                )
+            )
     return out
 
 
 def _hybrid(res) -> dict:
-    f = claims.compare(res["aot"]["val_loss"], res["aot_hybrid"]["val_loss"], kind="comparable", tol=0.05,
-                       relative=True, unit="nats", paper="AoT Table 1 / §4.1.2",
-                       claim="MLPs add little to AoT (Hybrid ≈ attention-only)",
-                       paper_value="Hybrid 4.84 vs Base 4.70 LAMBADA loss (Hybrid has fewer parameters)",
-                       a_name="aot", b_name="aot_hybrid", lower_is_better=True, spec=".3f")
+    f = claims.compare(
+        res["aot"]["val_loss"],
+        res["aot_hybrid"]["val_loss"],
+        kind="comparable",
+        tol=0.05,
+        relative=True,
+        unit="nats",
+        paper="AoT Table 1 / §4.1.2",
+        claim="MLPs add little to AoT (Hybrid ≈ attention-only)",
+        paper_value="Hybrid 4.84 vs Base 4.70 LAMBADA loss (Hybrid has fewer parameters)",
+        a_name="aot",
+        b_name="aot_hybrid",
+        lower_is_better=True,
+        spec=".3f",
+    )
     return f

@@ -2,6 +2,7 @@
 Fastmax vs CSP vs CBSA encoders of equal size: accuracy per task and average (ToST Table 3 / FAST Table 1 /
 CSP Table 4), training steps/s (FAST Table 2) and the peak memory of a training step at each task's length.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,13 @@ from attnzoo.reproduce.store import Step
 KEY = "long-range"
 TITLE = "Long-range: LRA-style suite"
 
-TASKS = {"listops": "lra_listops", "text": "lra_text", "retrieval": "lra_retrieval", "image": "lra_image",
-         "pathfinder": "lra_pathfinder"}
+TASKS = {
+    "listops": "lra_listops",
+    "text": "lra_text",
+    "retrieval": "lra_retrieval",
+    "image": "lra_image",
+    "pathfinder": "lra_pathfinder",
+}
 CHANCE = {"listops": 10.0, "text": 50.0, "retrieval": 50.0, "image": 10.0, "pathfinder": 50.0}
 
 #: mechanism -> attention options (CSP as in CSP Table 6: complete sorting, K = 1; Fastmax p = 2 as FAST's main)
@@ -48,18 +54,52 @@ def task_train(plan: dict, task: str) -> dict:
     return {**plan["train"], **plan.get("task_train", {}).get(task, {})}
 
 
-def _seeded_runs(plan: dict, seed: int, task: str, task_opts: dict, row: str, mech: str, *, arch: dict | None = None,
-                 train: dict | None = None, extra: dict | None = None) -> list[Step]:
+def _seeded_runs(
+    plan: dict,
+    seed: int,
+    task: str,
+    task_opts: dict,
+    row: str,
+    mech: str,
+    *,
+    arch: dict | None = None,
+    train: dict | None = None,
+    extra: dict | None = None,
+) -> list[Step]:
     """One training step per seed of encoder row ``row`` (a mechanism, or an ablation of one) on ``task``."""
     # one encoder shape for every mechanism (ToST Table 7's registered config, resized), pre-norm, mean pool
-    opts = dict(plan["arch"], **(arch or {}), attention=mech, attention_options=dict(MECHANISMS[mech]), dropout=0.0,
-                norm="pre", pool="mean")
+    opts = dict(
+        plan["arch"],
+        **(arch or {}),
+        attention=mech,
+        attention_options=dict(MECHANISMS[mech]),
+        dropout=0.0,
+        norm="pre",
+        pool="mean",
+    )
     settings = train_defaults(**{**task_train(plan, task), **(train or {})})
-    return [Step(seeded_id(f"{KEY}/{task}/{row}", s), KEY,
-                 {"train": dict(task=TASKS[task], task_options=dict(task_opts), model=f"tost_lra_{task}",
-                                model_options=opts, seed=s, **settings),
-                  "mechanism": mech, "task": task, **(extra or {})}, _run, label=f"{task}/{row}/seed{s}")
-            for s in seed_list(plan, seed)]
+    return [
+        Step(
+            seeded_id(f"{KEY}/{task}/{row}", s),
+            KEY,
+            {
+                "train": dict(
+                    task=TASKS[task],
+                    task_options=dict(task_opts),
+                    model=f"tost_lra_{task}",
+                    model_options=opts,
+                    seed=s,
+                    **settings,
+                ),
+                "mechanism": mech,
+                "task": task,
+                **(extra or {}),
+            },
+            _run,
+            label=f"{task}/{row}/seed{s}",
+        )
+        for s in seed_list(plan, seed)
+    ]
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
@@ -73,13 +113,36 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             steps += _seeded_runs(plan, seed, task, task_opts, mech, mech)
         for name, abl in plan.get("ablations", {}).items():
             if abl["task"] == task:
-                steps += _seeded_runs(plan, seed, task, task_opts, name, abl["mechanism"], arch=abl.get("arch"),
-                                      train=abl.get("train"), extra={"ablation": name})
-        steps.append(Step(f"{KEY}/{task}/labels", KEY, {"task": TASKS[task], "task_options": dict(task_opts)},
-                          _run_labels, label=f"{task}/labels"))
+                steps += _seeded_runs(
+                    plan,
+                    seed,
+                    task,
+                    task_opts,
+                    name,
+                    abl["mechanism"],
+                    arch=abl.get("arch"),
+                    train=abl.get("train"),
+                    extra={"ablation": name},
+                )
+        steps.append(
+            Step(
+                f"{KEY}/{task}/labels",
+                KEY,
+                {"task": TASKS[task], "task_options": dict(task_opts)},
+                _run_labels,
+                label=f"{task}/labels",
+            )
+        )
         if task == "retrieval":
-            steps.append(Step(f"{KEY}/{task}/shortcut", KEY, {"task": TASKS[task], "task_options": dict(task_opts)},
-                              _run_shortcut, label=f"{task}/shortcut"))
+            steps.append(
+                Step(
+                    f"{KEY}/{task}/shortcut",
+                    KEY,
+                    {"task": TASKS[task], "task_options": dict(task_opts)},
+                    _run_shortcut,
+                    label=f"{task}/shortcut",
+                )
+            )
     return steps
 
 
@@ -116,10 +179,15 @@ LEARNED_MARGIN = 5.0
 
 def _fold(rs: list[dict]) -> dict:
     """One task x mechanism over seeds: accuracy (%) as a Stat, the costs as seed means."""
-    return {"accuracy": claims.stat(100 * r["accuracy"] for r in rs if r.get("accuracy") is not None),
-            "per_seed": [None if r.get("accuracy") is None else 100 * r["accuracy"] for r in rs],
-            "steps_per_s": seed_mean(rs, "steps_per_s"), "peak_train_mb": seed_mean(rs, "peak_train_mb"),
-            "params": rs[0]["params"], "seq_len": rs[0]["seq_len"], "seeds": len(rs)}
+    return {
+        "accuracy": claims.stat(100 * r["accuracy"] for r in rs if r.get("accuracy") is not None),
+        "per_seed": [None if r.get("accuracy") is None else 100 * r["accuracy"] for r in rs],
+        "steps_per_s": seed_mean(rs, "steps_per_s"),
+        "peak_train_mb": seed_mean(rs, "peak_train_mb"),
+        "params": rs[0]["params"],
+        "seq_len": rs[0]["seq_len"],
+        "seeds": len(rs),
+    }
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
@@ -139,8 +207,9 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         if rs:
             ablations[name] = dict(abl, result=_fold(rs))
     sec.intro = _intro(plan, tasks, lengths)
-    majority = {t: 100 * records[f"{KEY}/{t}/labels"]["result"]["majority"] for t in tasks
-                if f"{KEY}/{t}/labels" in records}
+    majority = {
+        t: 100 * records[f"{KEY}/{t}/labels"]["result"]["majority"] for t in tasks if f"{KEY}/{t}/labels" in records
+    }
     learned = _learned(res, tasks, majority) if plan.get("require_learned", True) else list(tasks)
     sec.tables += _tables(res, mechs, tasks, lengths, learned, majority, ablations, plan)
     shortcut = records.get(f"{KEY}/retrieval/shortcut", {}).get("result")
@@ -149,10 +218,13 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     if any(res[m] for m in mechs):
         path = plots_dir / "long_range.png"
         save_figure(_plot(res, mechs, tasks, lengths), path)
-        sec.plots.append((rel(path), "Accuracy per task (mean ± std over seeds; dashed: chance) and training steps/s "
-                                     "per task."))
-    sec.data["ablations"] = {n: {"task": a["task"], "mechanism": a["mechanism"],
-                                 "accuracy": a["result"]["per_seed"]} for n, a in ablations.items()}
+        sec.plots.append(
+            (rel(path), "Accuracy per task (mean ± std over seeds; dashed: chance) and training steps/s per task.")
+        )
+    sec.data["ablations"] = {
+        n: {"task": a["task"], "mechanism": a["mechanism"], "accuracy": a["result"]["per_seed"]}
+        for n, a in ablations.items()
+    }
     sec.findings = _findings(res, mechs, tasks, lengths, learned, ablations, majority)
     return sec
 
@@ -160,38 +232,73 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
 def _intro(plan: dict, tasks: list[str], lengths: dict[str, int | None]) -> str:
     arch = plan["arch"]
     n_seeds = plan.get("seeds", 1)
-    budgets = "; ".join(f"{t}: {task_train(plan, t)['steps']} steps of batch {task_train(plan, t)['batch_size']}"
-                        for t in tasks)
-    return (f"Every encoder: width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, MLP "
-            f"{arch.get('mlp_dim')}, pre-norm, mean pooling, the same AdamW/cosine optimiser; only the "
-            f"attention differs. Steps per task (shared by every mechanism, sized from learning curves so that "
-            f"the softmax baseline learns): {budgets}. {n_seeds} seed{'s' if n_seeds > 1 else ''} per cell "
-            "(mean ± sample std). Sequence lengths: " + ", ".join(f"{t} N={lengths[t]}" for t in tasks)
-            + " (Retrieval: two documents of N bytes each). The data are generated or derived offline "
-            "(see `attnzoo.data`), not the LRA release files.")
+    budgets = "; ".join(
+        f"{t}: {task_train(plan, t)['steps']} steps of batch {task_train(plan, t)['batch_size']}" for t in tasks
+    )
+    return (
+        f"Every encoder: width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, MLP "
+        f"{arch.get('mlp_dim')}, pre-norm, mean pooling, the same AdamW/cosine optimiser; only the "
+        f"attention differs. Steps per task (shared by every mechanism, sized from learning curves so that "
+        f"the softmax baseline learns): {budgets}. {n_seeds} seed{'s' if n_seeds > 1 else ''} per cell "
+        "(mean ± sample std). Sequence lengths: "
+        + ", ".join(f"{t} N={lengths[t]}" for t in tasks)
+        + " (Retrieval: two documents of N bytes each). The data are generated or derived offline "
+        "(see `attnzoo.data`), not the LRA release files."
+    )
 
 
-def _tables(res: dict, mechs: list[str], tasks: list[str], lengths: dict, learned: list[str], majority: dict,
-            ablations: dict, plan: dict) -> list[Table]:
+def _tables(
+    res: dict,
+    mechs: list[str],
+    tasks: list[str],
+    lengths: dict,
+    learned: list[str],
+    majority: dict,
+    ablations: dict,
+    plan: dict,
+) -> list[Table]:
     """Accuracy (with chance, majority and which tasks softmax learned), the ablations, steps/s and peak memory."""
     acc_rows = []
     for m in mechs:
         avg = _avg_stat(res, m, learned)
-        acc_rows.append([m] + [res[m][t]["accuracy"].fmt(".1f") if t in res[m] and res[m][t]["accuracy"] else "-"
-                               for t in tasks] + [avg.fmt(".1f") if avg else "-"])
+        acc_rows.append(
+            [m]
+            + [res[m][t]["accuracy"].fmt(".1f") if t in res[m] and res[m][t]["accuracy"] else "-" for t in tasks]
+            + [avg.fmt(".1f") if avg else "-"]
+        )
     acc_rows.append(["chance"] + [fmt(CHANCE[t], ".1f") for t in tasks] + ["-"])
     if len(majority) == len(tasks):
-        acc_rows.append(["majority class"] + [fmt(majority[t], ".1f") for t in tasks]
-                        + [fmt(sum(majority[t] for t in learned) / len(learned), ".1f") if learned else "-"])
+        acc_rows.append(
+            ["majority class"]
+            + [fmt(majority[t], ".1f") for t in tasks]
+            + [fmt(sum(majority[t] for t in learned) / len(learned), ".1f") if learned else "-"]
+        )
     acc_rows.append(["learned by softmax?"] + [fmt(t in learned) for t in tasks] + ["-"])
-    tables = [Table("Accuracy (%, mean ± std over seeds; avg over the learned tasks)",
-                    ["mechanism"] + tasks + ["avg (learned)"], acc_rows)]
+    tables = [
+        Table(
+            "Accuracy (%, mean ± std over seeds; avg over the learned tasks)",
+            ["mechanism"] + tasks + ["avg (learned)"],
+            acc_rows,
+        )
+    ]
     if ablations:
-        tables.append(Table("Ablations (testing the explanations of the gaps)",
-                            ["ablation", "task", "mechanism", "changes", "val acc %", "majority %"],
-                            [[n, a["task"], a["mechanism"], _describe_ablation(a, plan),
-                              a["result"]["accuracy"].fmt(".1f") if a["result"]["accuracy"] else "-",
-                              fmt(majority.get(a["task"]), ".1f")] for n, a in ablations.items()]))
+        tables.append(
+            Table(
+                "Ablations (testing the explanations of the gaps)",
+                ["ablation", "task", "mechanism", "changes", "val acc %", "majority %"],
+                [
+                    [
+                        n,
+                        a["task"],
+                        a["mechanism"],
+                        _describe_ablation(a, plan),
+                        a["result"]["accuracy"].fmt(".1f") if a["result"]["accuracy"] else "-",
+                        fmt(majority.get(a["task"]), ".1f"),
+                    ]
+                    for n, a in ablations.items()
+                ],
+            )
+        )
     heads = [f"{t} (N={lengths[t]})" for t in tasks]
     sps_rows = [[m] + [fmt(res[m].get(t, {}).get("steps_per_s"), ".2f") for t in tasks] for m in mechs]
     mem_rows = [[m] + [fmt(res[m].get(t, {}).get("peak_train_mb"), ".1f") for t in tasks] for m in mechs]
@@ -200,40 +307,49 @@ def _tables(res: dict, mechs: list[str], tasks: list[str], lengths: dict, learne
     return tables
 
 
-def _notes(res: dict, tasks: list[str], learned: list[str], majority: dict, shortcut: dict | None,
-           plan: dict) -> list[str]:
+def _notes(
+    res: dict, tasks: list[str], learned: list[str], majority: dict, shortcut: dict | None, plan: dict
+) -> list[str]:
     notes = []
     if shortcut and shortcut.get("available"):
-        notes.append("retrieval shortcut check: a threshold on the cosine similarity of the two documents' byte "
-                     "histograms, fitted on train, scores " + ", ".join(f"{k} {v:.3g}" for k, v in shortcut.items()
-                                                                        if isinstance(v, (int, float))
-                                                                        and not isinstance(v, bool))
-                     + " — byte statistics of same-play excerpts are partly shared, so some of this shortcut is "
-                       "inherent to same-play retrieval")
+        notes.append(
+            "retrieval shortcut check: a threshold on the cosine similarity of the two documents' byte "
+            "histograms, fitted on train, scores "
+            + ", ".join(
+                f"{k} {v:.3g}" for k, v in shortcut.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            )
+            + " — byte statistics of same-play excerpts are partly shared, so some of this shortcut is "
+            "inherent to same-play retrieval"
+        )
     for t, why in plan.get("left_out", {}).items():
         notes.append(f"{t}: not run at this budget — {why}")
     for t in tasks:
         if t not in learned and t in res.get("softmax", {}):
-            notes.append(f"{t}: the softmax baseline reached {res['softmax'][t]['accuracy'].fmt('.1f')}% against "
-                         f"a majority class of {majority.get(t, CHANCE[t]):.1f}% (not {LEARNED_MARGIN:g} points "
-                         "above), so this task is left out of every comparison at this budget")
+            notes.append(
+                f"{t}: the softmax baseline reached {res['softmax'][t]['accuracy'].fmt('.1f')}% against "
+                f"a majority class of {majority.get(t, CHANCE[t]):.1f}% (not {LEARNED_MARGIN:g} points "
+                "above), so this task is left out of every comparison at this budget"
+            )
     return notes
 
 
-def _data(res: dict, mechs: list[str], learned: list[str], lengths: dict, majority: dict,
-          shortcut: dict | None) -> dict:
+def _data(
+    res: dict, mechs: list[str], learned: list[str], lengths: dict, majority: dict, shortcut: dict | None
+) -> dict:
     """The section's numbers for results.json (the ablations are added after the plot)."""
-    return {"accuracy": {m: {t: res[m][t]["per_seed"] for t in res[m]} for m in mechs},
-            "accuracy_mean": {m: {t: res[m][t]["accuracy"].mean for t in res[m] if res[m][t]["accuracy"]}
-                              for m in mechs},
-            "accuracy_std": {m: {t: res[m][t]["accuracy"].std for t in res[m] if res[m][t]["accuracy"]}
-                             for m in mechs},
-            "average_accuracy": {m: (a.mean if (a := _avg_stat(res, m, learned)) else None) for m in mechs},
-            "learned_tasks": learned,
-            "steps_per_s": {m: {t: res[m][t]["steps_per_s"] for t in res[m]} for m in mechs},
-            "peak_train_mb": {m: {t: res[m][t]["peak_train_mb"] for t in res[m]} for m in mechs},
-            "params": {m: {t: res[m][t]["params"] for t in res[m]} for m in mechs},
-            "lengths": lengths, "majority": majority, "retrieval_shortcut": shortcut}
+    return {
+        "accuracy": {m: {t: res[m][t]["per_seed"] for t in res[m]} for m in mechs},
+        "accuracy_mean": {m: {t: res[m][t]["accuracy"].mean for t in res[m] if res[m][t]["accuracy"]} for m in mechs},
+        "accuracy_std": {m: {t: res[m][t]["accuracy"].std for t in res[m] if res[m][t]["accuracy"]} for m in mechs},
+        "average_accuracy": {m: (a.mean if (a := _avg_stat(res, m, learned)) else None) for m in mechs},
+        "learned_tasks": learned,
+        "steps_per_s": {m: {t: res[m][t]["steps_per_s"] for t in res[m]} for m in mechs},
+        "peak_train_mb": {m: {t: res[m][t]["peak_train_mb"] for t in res[m]} for m in mechs},
+        "params": {m: {t: res[m][t]["params"] for t in res[m]} for m in mechs},
+        "lengths": lengths,
+        "majority": majority,
+        "retrieval_shortcut": shortcut,
+    }
 
 
 def _describe_ablation(abl: dict, plan: dict) -> str:
@@ -254,16 +370,25 @@ def _ablation_reading(m: str, t: str, ablations: dict, res: dict, majority: dict
         base_acc = res[m][t]["accuracy"] if t in res[m] else None
         why = a.get("why", "more capacity and steps")
         if acc.mean >= soft.mean - claims.ACC_TOL:
-            reading = (f"with {why} it reaches softmax's accuracy (within {claims.ACC_TOL:g} pts), so the gap is this "
-                       "budget's scale, not the mechanism")
+            reading = (
+                f"with {why} it reaches softmax's accuracy (within {claims.ACC_TOL:g} pts), so the gap is this "
+                "budget's scale, not the mechanism"
+            )
         elif acc.mean > base + LEARNED_MARGIN and base_acc is not None and base_acc.mean <= base + LEARNED_MARGIN:
-            reading = (f"with {why} it leaves the majority class but stays below softmax: part of the gap is the "
-                       "budget, the rest remains")
+            reading = (
+                f"with {why} it leaves the majority class but stays below softmax: part of the gap is the "
+                "budget, the rest remains"
+            )
         else:
-            reading = (f"with {why} the gap to softmax stays, so at this scale the mechanism does not learn what "
-                       "softmax learns in the base budget (the papers train 50-90k steps at widths of 128-512)")
-        out.append(f"ablation {name} ({why}): {acc.fmt('.1f')}% vs majority {base:.1f}%, softmax {soft.fmt('.1f')}%"
-                   + (f" and {m} in the base budget {base_acc.fmt('.1f')}%" if base_acc else "") + f" — {reading}")
+            reading = (
+                f"with {why} the gap to softmax stays, so at this scale the mechanism does not learn what "
+                "softmax learns in the base budget (the papers train 50-90k steps at widths of 128-512)"
+            )
+        out.append(
+            f"ablation {name} ({why}): {acc.fmt('.1f')}% vs majority {base:.1f}%, softmax {soft.fmt('.1f')}%"
+            + (f" and {m} in the base budget {base_acc.fmt('.1f')}%" if base_acc else "")
+            + f" — {reading}"
+        )
     return "; ".join(out)
 
 
@@ -292,8 +417,15 @@ def _plot(res, mechs, tasks, lengths):
     for i, m in enumerate(mechs):
         acc = [res[m][t]["accuracy"] if t in res[m] else None for t in tasks]
         sps = [res[m].get(t, {}).get("steps_per_s") or 0.0 for t in tasks]
-        a1.bar(x + i * w, [a.mean if a else 0.0 for a in acc], w, yerr=[(a.std or 0.0) if a else 0.0 for a in acc],
-               label=m, color=f"C{i}", capsize=2)
+        a1.bar(
+            x + i * w,
+            [a.mean if a else 0.0 for a in acc],
+            w,
+            yerr=[(a.std or 0.0) if a else 0.0 for a in acc],
+            label=m,
+            color=f"C{i}",
+            capsize=2,
+        )
         a2.bar(x + i * w, sps, w, label=m, color=f"C{i}")
     for j, t in enumerate(tasks):
         a1.hlines(CHANCE[t], j - 0.1, j + 0.9, colors="gray", linestyles="--", lw=1)
@@ -324,12 +456,29 @@ def _learned(res, tasks, majority) -> list[str]:
     return out
 
 
-CLAIMS = [("tssa", "at_least", "ToST Table 3", "TSSA matches or beats the softmax Transformer", "ToST 59.90 vs "
-           "Transformer 59.24 (LRA average)"),
-          ("fastmax", "comparable", "FAST Table 1", "Fastmax keeps softmax's accuracy", "Fastmax2 57.90 vs vanilla "
-           "57.37 (LRA average)"),
-          ("csp", "at_least", "CSP Table 4", "CSP beats the softmax Transformer", "CSP 58.91 vs Transformer 54.39 "
-           "(LRA average)")]
+CLAIMS = [
+    (
+        "tssa",
+        "at_least",
+        "ToST Table 3",
+        "TSSA matches or beats the softmax Transformer",
+        "ToST 59.90 vs Transformer 59.24 (LRA average)",
+    ),
+    (
+        "fastmax",
+        "comparable",
+        "FAST Table 1",
+        "Fastmax keeps softmax's accuracy",
+        "Fastmax2 57.90 vs vanilla 57.37 (LRA average)",
+    ),
+    (
+        "csp",
+        "at_least",
+        "CSP Table 4",
+        "CSP beats the softmax Transformer",
+        "CSP 58.91 vs Transformer 54.39 (LRA average)",
+    ),
+]
 
 
 def _findings(res, mechs, tasks, lengths, learned, ablations=None, majority=None) -> list[dict]:
@@ -339,25 +488,50 @@ def _findings(res, mechs, tasks, lengths, learned, ablations=None, majority=None
     for m, kind, paper, claim, paper_value in CLAIMS:
         if m not in mechs or "softmax" not in mechs or not learned:
             continue
-        f = claims.compare(_avg_stat(res, m, learned), _avg_stat(res, "softmax", learned), kind=kind, tol=tol,
-                           unit="pts", paper=paper, claim=claim + " on the LRA average", paper_value=paper_value,
-                           a_name=m, b_name="softmax", spec=".1f")
+        f = claims.compare(
+            _avg_stat(res, m, learned),
+            _avg_stat(res, "softmax", learned),
+            kind=kind,
+            tol=tol,
+            unit="pts",
+            paper=paper,
+            claim=claim + " on the LRA average",
+            paper_value=paper_value,
+            a_name=m,
+            b_name="softmax",
+            spec=".1f",
+        )
         f["measured"] += f" (average over the learned tasks: {', '.join(learned)})"
         per_task = []
         for t in learned:
             if t not in res[m]:
                 continue
-            ft = claims.compare(res[m][t]["accuracy"], res["softmax"][t]["accuracy"], kind=kind, tol=tol, unit="pts",
-                                paper=paper, claim=f"{claim} on {t}", paper_value=f"per-task column of {paper}",
-                                a_name=m, b_name="softmax", spec=".1f")
+            ft = claims.compare(
+                res[m][t]["accuracy"],
+                res["softmax"][t]["accuracy"],
+                kind=kind,
+                tol=tol,
+                unit="pts",
+                paper=paper,
+                claim=f"{claim} on {t}",
+                paper_value=f"per-task column of {paper}",
+                a_name=m,
+                b_name="softmax",
+                spec=".1f",
+            )
             if ft["verdict"] != "agrees":
                 ft["explanation"] = _ablation_reading(m, t, ablations, res, majority)
             per_task.append((t, ft))
             out.append(ft)
         if f["verdict"] != "agrees":
-            f["explanation"] = ("per-task breakdown (same seeds; the per-task findings carry their ablations): "
-                                + "; ".join(f"{t}: {ft['verdict']} ({res[m][t]['accuracy'].fmt('.1f')} vs "
-                                            f"{res['softmax'][t]['accuracy'].fmt('.1f')})" for t, ft in per_task))
+            f["explanation"] = (
+                "per-task breakdown (same seeds; the per-task findings carry their ablations): "
+                + "; ".join(
+                    f"{t}: {ft['verdict']} ({res[m][t]['accuracy'].fmt('.1f')} vs "
+                    f"{res['softmax'][t]['accuracy'].fmt('.1f')})"
+                    for t, ft in per_task
+                )
+            )
         out.insert(len(out) - len(per_task), f)
     # speed at the longest length both ran
     if "softmax" in mechs and tasks:
@@ -365,42 +539,73 @@ def _findings(res, mechs, tasks, lengths, learned, ablations=None, majority=None
         n = lengths[longest]
         base = res["softmax"].get(longest, {}).get("steps_per_s")
         for m, paper, claim, pv, min_n in (
-            ("fastmax", "FAST Table 2", "Fastmax2 trains faster than softmax once N ≥ 1024 (D = 32)",
-             "6.1 vs 1.8 steps/s at N=4000 (Text); equal at N=1000", 1024),
-            ("tssa", "ToST Table 4 (right)", "TSSA is faster than softmax attention at long N",
-             "0.60x the time of GPT-2 at 4k tokens", 1024),
-            ("csp", "CSP §4.2 / Fig. 4", "CSP trains faster than the softmax Transformer on LRA",
-             "the fastest training speed of all compared models", 1024),
+            (
+                "fastmax",
+                "FAST Table 2",
+                "Fastmax2 trains faster than softmax once N ≥ 1024 (D = 32)",
+                "6.1 vs 1.8 steps/s at N=4000 (Text); equal at N=1000",
+                1024,
+            ),
+            (
+                "tssa",
+                "ToST Table 4 (right)",
+                "TSSA is faster than softmax attention at long N",
+                "0.60x the time of GPT-2 at 4k tokens",
+                1024,
+            ),
+            (
+                "csp",
+                "CSP §4.2 / Fig. 4",
+                "CSP trains faster than the softmax Transformer on LRA",
+                "the fastest training speed of all compared models",
+                1024,
+            ),
         ):
             if m not in mechs:
                 continue
             val = res[m].get(longest, {}).get("steps_per_s")
             if n is None or n < min_n:
                 ratio = f"{val / base:.2f}x softmax" if val and base else "n/a"
-                out.append(claims.not_tested(paper, claim, pv, f"longest task N={n} < {min_n} (measured {ratio} "
-                                                               f"steps/s on {longest})"))
+                out.append(
+                    claims.not_tested(
+                        paper, claim, pv, f"longest task N={n} < {min_n} (measured {ratio} steps/s on {longest})"
+                    )
+                )
                 continue
             if val is None or base is None:
                 out.append(claims.not_tested(paper, claim, pv, "missing steps/s"))
                 continue
             verdict = "agrees" if val > base else "disagrees"
-            out.append(claims.finding(paper, claim, pv, f"{m} {val:.2f} vs softmax {base:.2f} steps/s on {longest} "
-                                      f"(N={n}): {val / base:.2f}x", verdict, f"agrees if {m} steps/s > softmax's",
-                                      seeds=res[m][longest]["seeds"]))
+            out.append(
+                claims.finding(
+                    paper,
+                    claim,
+                    pv,
+                    f"{m} {val:.2f} vs softmax {base:.2f} steps/s on {longest} (N={n}): {val / base:.2f}x",
+                    verdict,
+                    f"agrees if {m} steps/s > softmax's",
+                    seeds=res[m][longest]["seeds"],
+                )
+            )
         if "csp" in mechs and len(mechs) > 2:
             gm = {m: _geo_mean([res[m].get(t, {}).get("steps_per_s") for t in tasks]) for m in mechs}
             known = {m: v for m, v in gm.items() if v}
             if known:
                 best = max(known, key=known.get)
-                f = claims.finding("CSP §4.2 / Fig. 4", "CSP has the fastest training of all models compared",
-                                   "fastest of 14 Transformer variants on LRA",
-                                   "geometric-mean steps/s: " + ", ".join(f"{m} {v:.2f}" for m, v in known.items()),
-                                   "agrees" if best == "csp" else "disagrees",
-                                   "agrees if CSP has the highest geometric-mean steps/s over the tasks",
-                                   seeds=min(r["seeds"] for m in mechs for r in res[m].values()))
+                f = claims.finding(
+                    "CSP §4.2 / Fig. 4",
+                    "CSP has the fastest training of all models compared",
+                    "fastest of 14 Transformer variants on LRA",
+                    "geometric-mean steps/s: " + ", ".join(f"{m} {v:.2f}" for m, v in known.items()),
+                    "agrees" if best == "csp" else "disagrees",
+                    "agrees if CSP has the highest geometric-mean steps/s over the tasks",
+                    seeds=min(r["seeds"] for m in mechs for r in res[m].values()),
+                )
                 if best != "csp":
-                    f["explanation"] = (f"{best} is faster: the comparison set differs from the paper's (TSSA was not "
-                                        "among CSP's 14 variants); CSP vs softmax alone: "
-                                        f"{known.get('csp', 0) / known.get('softmax', 1):.2f}x")
+                    f["explanation"] = (
+                        f"{best} is faster: the comparison set differs from the paper's (TSSA was not "
+                        "among CSP's 14 variants); CSP vs softmax alone: "
+                        f"{known.get('csp', 0) / known.get('softmax', 1):.2f}x"
+                    )
                 out.append(f)
     return out

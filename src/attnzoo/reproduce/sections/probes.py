@@ -4,6 +4,7 @@ Fig. 4a, CBSA Fig. 5, CRATE) of vision models trained for the probe at ``layerwi
 recipe otherwise), measured as CRATE's code measures it, with the vision section's shallow models as an ablation, and
 the attention maps of the vision section's models (ToST Fig. 5 / FAST Fig. 4).
 """
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,12 @@ TITLE = "White-box probes"
 SMALL_ETA = 0.02
 
 #: paper and figure behind each layer-wise claim (model -> paper label)
-LAYERWISE_PAPERS = {"tost": "ToST Fig. 4a", "crate": "CRATE / CBSA Fig. 5", "cbt": "CBSA Fig. 5",
-                    "aot": "CBSA Fig. 5 / AoT (MSSA)"}
+LAYERWISE_PAPERS = {
+    "tost": "ToST Fig. 4a",
+    "crate": "CRATE / CBSA Fig. 5",
+    "cbt": "CBSA Fig. 5",
+    "aot": "CBSA Fig. 5 / AoT (MSSA)",
+}
 
 #: the measure each mechanism's claim is judged on: ToST's own R^var_c for TSSA, CRATE's measured R^c otherwise
 _CLAIM_MEASURE = {"tssa": "variational_compression"}
@@ -45,8 +50,11 @@ def _deep_vision_plan(plan: dict, vision_plan: dict) -> dict:
     depth = plan.get("layerwise_depth", vision_plan["arch"]["depth"])
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 2:
         raise ValueError(f"probes' layerwise_depth must be an int >= 2 (layer-wise claims need layers), got {depth!r}")
-    return {**vision_plan, "arch": {**vision_plan["arch"], "depth": depth},
-            "train": {**vision_plan["train"], **plan.get("layerwise_train", {})}}
+    return {
+        **vision_plan,
+        "arch": {**vision_plan["arch"], "depth": depth},
+        "train": {**vision_plan["train"], **plan.get("layerwise_train", {})},
+    }
 
 
 def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
@@ -57,19 +65,42 @@ def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
     layers = den.get("layers", 12)
     small = plan.get("denoise_small_eta", SMALL_ETA)
     steps = [
-        Step(f"{KEY}/denoise", KEY, {"experiment": "denoise", "params": dict(den, eta=big_eta)}, _run_synth,
-             label="denoise"),
-        Step(f"{KEY}/denoise/eta{small:g}", KEY, {"experiment": "denoise", "params": dict(den, eta=small)},
-             _run_synth, label=f"denoise/eta{small:g}"),
+        Step(
+            f"{KEY}/denoise",
+            KEY,
+            {"experiment": "denoise", "params": dict(den, eta=big_eta)},
+            _run_synth,
+            label="denoise",
+        ),
+        Step(
+            f"{KEY}/denoise/eta{small:g}",
+            KEY,
+            {"experiment": "denoise", "params": dict(den, eta=small)},
+            _run_synth,
+            label=f"denoise/eta{small:g}",
+        ),
         # the same total step eta*L as the first run: does the soft-max iteration's fall depend on eta or on eta*L?
-        Step(f"{KEY}/denoise/eta{small:g}-matched", KEY,
-             {"experiment": "denoise", "params": dict(den, eta=small, layers=max(1, round(layers * big_eta / small)))},
-             _run_synth, label=f"denoise/eta{small:g}-matched"),
-        Step(f"{KEY}/compress", KEY, {"experiment": "compress", "params": dict(plan["compress"], seed=seed)},
-             _run_synth, label="compress"),
-        Step(f"{KEY}/rank-collapse", KEY,
-             {"experiment": "rank-collapse", "params": dict(plan["rank_collapse"], seed=seed)},
-             _run_synth, label="rank-collapse"),
+        Step(
+            f"{KEY}/denoise/eta{small:g}-matched",
+            KEY,
+            {"experiment": "denoise", "params": dict(den, eta=small, layers=max(1, round(layers * big_eta / small)))},
+            _run_synth,
+            label=f"denoise/eta{small:g}-matched",
+        ),
+        Step(
+            f"{KEY}/compress",
+            KEY,
+            {"experiment": "compress", "params": dict(plan["compress"], seed=seed)},
+            _run_synth,
+            label="compress",
+        ),
+        Step(
+            f"{KEY}/rank-collapse",
+            KEY,
+            {"experiment": "rank-collapse", "params": dict(plan["rank_collapse"], seed=seed)},
+            _run_synth,
+            label="rank-collapse",
+        ),
     ]
     batch = {"task": vision_plan["task"], "task_options": vision_plan["task_options"], "n": 8}
     lw_batch = dict(batch, n=plan.get("layerwise_batch", 32))
@@ -79,27 +110,61 @@ def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
         if name not in vision.MODELS:
             raise ValueError(f"unknown layer-wise probe model {name!r}; valid: {sorted(vision.MODELS)}")
         reg, mech, paper, _ = vision.MODELS[name]
-        train = dict(task=deep["task"], task_options=dict(deep["task_options"]), model=reg,
-                     model_options=vision.model_options(name, deep), seed=seed, **train_defaults(**deep["train"]))
+        train = dict(
+            task=deep["task"],
+            task_options=dict(deep["task_options"]),
+            model=reg,
+            model_options=vision.model_options(name, deep),
+            seed=seed,
+            **train_defaults(**deep["train"]),
+        )
         tid = f"{KEY}/train/{name}"
-        steps.append(Step(tid, KEY, {"train": train, "mechanism": mech, "paper": paper}, _run_train,
-                          label=f"train/{name}"))
-        steps.append(Step(f"{KEY}/layerwise/{name}", KEY,
-                          {"experiment": "layerwise", "model": name, "source": tid, "train": train, "batch": lw_batch,
-                           **measure}, _run_layerwise, deps=(tid,), label=f"layerwise/{name}"))
+        steps.append(
+            Step(tid, KEY, {"train": train, "mechanism": mech, "paper": paper}, _run_train, label=f"train/{name}")
+        )
+        steps.append(
+            Step(
+                f"{KEY}/layerwise/{name}",
+                KEY,
+                {"experiment": "layerwise", "model": name, "source": tid, "train": train, "batch": lw_batch, **measure},
+                _run_layerwise,
+                deps=(tid,),
+                label=f"layerwise/{name}",
+            )
+        )
         if name in vision_plan["models"]:
             # ablation: the same probe on the vision section's shallow model (what the report probed before)
             vid = seeded_id(f"vision/{name}", seed)
             shallow_model = {"model_options": vision.model_options(name, vision_plan), "train": vision_plan["train"]}
-            steps.append(Step(f"{KEY}/layerwise-shallow/{name}", KEY,
-                              {"experiment": "layerwise", "model": name, "source": vid, "trained": shallow_model,
-                               "batch": lw_batch, **measure},
-                              _run_layerwise, deps=(vid,), label=f"layerwise-shallow/{name}"))
+            steps.append(
+                Step(
+                    f"{KEY}/layerwise-shallow/{name}",
+                    KEY,
+                    {
+                        "experiment": "layerwise",
+                        "model": name,
+                        "source": vid,
+                        "trained": shallow_model,
+                        "batch": lw_batch,
+                        **measure,
+                    },
+                    _run_layerwise,
+                    deps=(vid,),
+                    label=f"layerwise-shallow/{name}",
+                )
+            )
     maps = [n for n in plan.get("attention_maps", []) if n in vision_plan["models"]]
     if maps:
-        steps.append(Step(f"{KEY}/attention-maps", KEY,
-                          {"experiment": "attention-maps", "models": maps, "batch": batch}, _run_maps,
-                          deps=tuple(seeded_id(f"vision/{n}", seed) for n in maps), label="attention-maps"))
+        steps.append(
+            Step(
+                f"{KEY}/attention-maps",
+                KEY,
+                {"experiment": "attention-maps", "models": maps, "batch": batch},
+                _run_maps,
+                deps=tuple(seeded_id(f"vision/{n}", seed) for n in maps),
+                label="attention-maps",
+            )
+        )
     return steps
 
 
@@ -107,9 +172,15 @@ def _run_train(ctx: Context, step: Step) -> dict:
     """Train a probe model (the vision section's recipe at the probes' depth); validation accuracy beside it."""
     cfg = step.config["train"]
     rec = train_run(ctx, step.id, cfg)
-    return {"accuracy": rec["val"].get("accuracy"), "val_loss": rec["val"].get("loss"), "run_dir": rec["run_dir"],
-            "depth": cfg["model_options"]["depth"], "steps": cfg["steps"], "batch_size": cfg["batch_size"],
-            "curve": rec["curve"]}
+    return {
+        "accuracy": rec["val"].get("accuracy"),
+        "val_loss": rec["val"].get("loss"),
+        "run_dir": rec["run_dir"],
+        "depth": cfg["model_options"]["depth"],
+        "steps": cfg["steps"],
+        "batch_size": cfg["batch_size"],
+        "curve": rec["curve"],
+    }
 
 
 def _run_synth(ctx: Context, step: Step) -> dict:
@@ -166,10 +237,12 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     res = {sid.split("/", 1)[1]: rec["result"] for sid, rec in records.items()}
     trained = {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith("train/")}
     depth = next((t["depth"] for t in trained.values()), plan.get("layerwise_depth"))
-    sec.intro = ("Synthetic probes run the papers' parameter-free iterations exactly (`attnzoo analyze`); the "
-                 f"layer-wise probe measures vision models trained for it at depth {depth} (the vision section's task, "
-                 "width, heads, patches and optimiser; only the depth and the step count differ) on validation images, "
-                 "and, as an ablation, the vision section's own shallow models.")
+    sec.intro = (
+        "Synthetic probes run the papers' parameter-free iterations exactly (`attnzoo analyze`); the "
+        f"layer-wise probe measures vision models trained for it at depth {depth} (the vision section's task, "
+        "width, heads, patches and optimiser; only the depth and the step count differ) on validation images, "
+        "and, as an ablation, the vision section's own shallow models."
+    )
     plot = _plotter(sec, plots_dir, rel)
     dn = {k: v for k, v in res.items() if k == "denoise" or k.startswith("denoise/")}
     if "denoise" in dn:
@@ -185,15 +258,23 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     if shallow:
         _shallow_table(sec, shallow)
     if "attention-maps" in res:
-        plot("attention-maps", res["attention-maps"],
-             "Attention matrices / [CLS] maps of trained models side by side (ToST Fig. 5 / FAST Fig. 4).")
+        plot(
+            "attention-maps",
+            res["attention-maps"],
+            "Attention matrices / [CLS] maps of trained models side by side (ToST Fig. 5 / FAST Fig. 4).",
+        )
     sec.data = {k: _slim(v) for k, v in res.items()}
     majority = 100.0 * plan.get("majority", 0.1)
-    unlearned = {n for n, t in trained.items()
-                 if t.get("accuracy") is None or 100.0 * _num(t["accuracy"]) < majority + LEARNED_MARGIN}
+    unlearned = {
+        n
+        for n, t in trained.items()
+        if t.get("accuracy") is None or 100.0 * _num(t["accuracy"]) < majority + LEARNED_MARGIN
+    }
     if plan.get("require_learned", True) and unlearned:
-        sec.notes.append(f"probe model(s) {', '.join(sorted(unlearned))} did not reach {LEARNED_MARGIN:g} points above "
-                         f"the {majority:.0f}% majority class; their layer-wise claims are not judged")
+        sec.notes.append(
+            f"probe model(s) {', '.join(sorted(unlearned))} did not reach {LEARNED_MARGIN:g} points above "
+            f"the {majority:.0f}% majority class; their layer-wise claims are not judged"
+        )
         lw = {n: r for n, r in lw.items() if n not in unlearned}
     sec.findings = _findings(res, lw, shallow, trained)
     return sec
@@ -222,17 +303,23 @@ def _denoise_table(sec: Section, dn: dict[str, dict], plot) -> None:
             series.append([_num(x) for x in vals])
     n_rows = max(len(v) for v in series)
     rows = [[i] + [fmt(v[i], ".3g") if i < len(v) else "-" for v in series] for i in range(n_rows)]
-    cap = "; ".join(f"η={_num(dn[k]['params']['eta']):g}: fitted growth per layer " + ", ".join(
-        f"{phi} x{_num(v):.4f}" for phi, v in dn[k]["growth_factor_fit"].items())
-        + f" (Theorem 1: x{_num(dn[k]['growth_factor_theory']):.4f})" for k in runs)
+    cap = "; ".join(
+        f"η={_num(dn[k]['params']['eta']):g}: fitted growth per layer "
+        + ", ".join(f"{phi} x{_num(v):.4f}" for phi, v in dn[k]["growth_factor_fit"].items())
+        + f" (Theorem 1: x{_num(dn[k]['growth_factor_theory']):.4f})"
+        for k in runs
+    )
     matched = next((dn[k] for k in dn if k.endswith("-matched")), None)
     if matched is not None:
         peak, peak_at, last = _peak(matched["snr"]["softmax"])
-        cap += (f". Same total step ηL at η={_num(matched['params']['eta']):g} over {matched['params']['layers']} "
-                f"layers: soft-max φ SNR peaks at {peak:.3g} (layer {peak_at}) and ends at {last:.3g}")
-    cap += (". The paper gives no η for Fig. 4 and Theorem 1 states no condition on η; both runs are shown.")
-    sec.tables.append(Table("denoise (AoT eq 3 on Definition 1 data): mean SNR per layer",
-                            ["layer"] + cols, rows, caption=cap))
+        cap += (
+            f". Same total step ηL at η={_num(matched['params']['eta']):g} over {matched['params']['layers']} "
+            f"layers: soft-max φ SNR peaks at {peak:.3g} (layer {peak_at}) and ends at {last:.3g}"
+        )
+    cap += ". The paper gives no η for Fig. 4 and Theorem 1 states no condition on η; both runs are shown."
+    sec.tables.append(
+        Table("denoise (AoT eq 3 on Definition 1 data): mean SNR per layer", ["layer"] + cols, rows, caption=cap)
+    )
     for k in runs:
         plot(k, dn[k], f"AoT Fig. 4: SNR per layer of the denoising iteration, η={_num(dn[k]['params']['eta']):g}.")
 
@@ -241,8 +328,13 @@ def _compress_table(sec: Section, r: dict, plot) -> None:
     rate = [_num(x) for x in r["coding_rate"]]
     snaps = r["params"]["snapshots"]
     rows = [[s, fmt(rate[s], ".4g"), fmt(_num(r["line_fit"].get(str(s))), ".3g")] for s in snaps]
-    sec.tables.append(Table("compress (CBSA eq 12 on noisy lines in R^3)",
-                            ["iteration", "coding rate Σ_c R(Z_c)", "mean σ2/σ1 per class"], rows))
+    sec.tables.append(
+        Table(
+            "compress (CBSA eq 12 on noisy lines in R^3)",
+            ["iteration", "coding rate Σ_c R(Z_c)", "mean σ2/σ1 per class"],
+            rows,
+        )
+    )
     plot("compress", r, "CBSA Fig. 4: points and coding rate over iterations.")
 
 
@@ -250,8 +342,13 @@ def _rank_collapse_table(sec: Section, r: dict, plot) -> None:
     depth_axis = r["depth"]
     picks = sorted({0, len(depth_axis) // 2, len(depth_axis) - 1})
     rows = [[name] + [fmt(_num(series[i]), ".2e") for i in picks] for name, series in r["residual"].items()]
-    sec.tables.append(Table("rank collapse without skip connections: relative residual ‖ε(X)‖/‖X‖ (CSP eq 6)",
-                            ["stack"] + [f"depth {depth_axis[i]}" for i in picks], rows))
+    sec.tables.append(
+        Table(
+            "rank collapse without skip connections: relative residual ‖ε(X)‖/‖X‖ (CSP eq 6)",
+            ["stack"] + [f"depth {depth_axis[i]}" for i in picks],
+            rows,
+        )
+    )
     plot("rank-collapse", r, "CSP Thm 1 / Dong et al.: residual vs depth and output spectra.")
 
 
@@ -262,30 +359,60 @@ def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict]
         t = trained.get(name, {})
         acc = _num(t.get("accuracy")) * 100 if t.get("accuracy") is not None else math.nan
         mech = r["layers"][0]["mechanism"] if r["layers"] else "-"
-        keys = [_measure_key(r)] + [k for k in ("compression", "crate_compression", "crate_compression_out",
-                                                "variational_compression_normalized",
-                                                "variational_compression_out")
-                                     if k != _measure_key(r) and k in r["series"]]
+        keys = [_measure_key(r)] + [
+            k
+            for k in (
+                "compression",
+                "crate_compression",
+                "crate_compression_out",
+                "variational_compression_normalized",
+                "variational_compression_out",
+            )
+            if k != _measure_key(r) and k in r["series"]
+        ]
         for i, key in enumerate(keys):
             vals = _layer_series(r, key)
             h = _half_start(len(vals))
-            rows.append([name if i == 0 else "", mech if i == 0 else "", fmt(t.get("depth")) if i == 0 else "",
-                         fmt(t.get("steps")) if i == 0 else "", fmt(acc, ".1f") if i == 0 else "",
-                         MEASURE_LABEL.get(key, key) + (" (claim)" if i == 0 and key != "coding_rate" else ""),
-                         " → ".join(fmt(v, ".4g") for v in vals),
-                         f"{_delta(vals, h):+.4g} ({_downs(vals, h)}/{max(len(vals) - 1 - h, 0)} fall)"])
-        plot(f"layerwise/{name}", r, f"Per-layer measures of {name} trained at depth {t.get('depth', '?')} "
-                                     "(ToST Fig. 4a / CBSA Fig. 5).")
+            rows.append(
+                [
+                    name if i == 0 else "",
+                    mech if i == 0 else "",
+                    fmt(t.get("depth")) if i == 0 else "",
+                    fmt(t.get("steps")) if i == 0 else "",
+                    fmt(acc, ".1f") if i == 0 else "",
+                    MEASURE_LABEL.get(key, key) + (" (claim)" if i == 0 and key != "coding_rate" else ""),
+                    " → ".join(fmt(v, ".4g") for v in vals),
+                    f"{_delta(vals, h):+.4g} ({_downs(vals, h)}/{max(len(vals) - 1 - h, 0)} fall)",
+                ]
+            )
+        plot(
+            f"layerwise/{name}",
+            r,
+            f"Per-layer measures of {name} trained at depth {t.get('depth', '?')} (ToST Fig. 4a / CBSA Fig. 5).",
+        )
     h0 = _half_start(depth) if isinstance(depth, int) else None
-    sec.tables.append(Table(
-        f"layerwise: compression term per layer of the probe models (depth {depth})",
-        ["model", "mechanism", "depth", "steps", "val acc %", "measure", "layer 1 → last",
-         f"latter half (layer {h0 + 1 if h0 is not None else '?'} → last): change"], rows,
-        caption="Measures: " + "; ".join(f"{v} = {MEASURE_DEF[k]}" for k, v in MEASURE_LABEL.items())
-                + ". Unless a row says 'block output', the tokens are those entering each attention layer "
-                  "(after its pre-norm; comparable in scale from layer to layer), batch mean over validation "
-                  "images; each layer uses its own bases U^ℓ (and memberships Π^ℓ). The row marked (claim) "
-                  "decides the finding: ToST's own R^var_c for ToST, CRATE's measure for MSSA/CBSA."))
+    sec.tables.append(
+        Table(
+            f"layerwise: compression term per layer of the probe models (depth {depth})",
+            [
+                "model",
+                "mechanism",
+                "depth",
+                "steps",
+                "val acc %",
+                "measure",
+                "layer 1 → last",
+                f"latter half (layer {h0 + 1 if h0 is not None else '?'} → last): change",
+            ],
+            rows,
+            caption="Measures: "
+            + "; ".join(f"{v} = {MEASURE_DEF[k]}" for k, v in MEASURE_LABEL.items())
+            + ". Unless a row says 'block output', the tokens are those entering each attention layer "
+            "(after its pre-norm; comparable in scale from layer to layer), batch mean over validation "
+            "images; each layer uses its own bases U^ℓ (and memberships Π^ℓ). The row marked (claim) "
+            "decides the finding: ToST's own R^var_c for ToST, CRATE's measure for MSSA/CBSA.",
+        )
+    )
 
 
 def _shallow_table(sec: Section, shallow: dict[str, dict]) -> None:
@@ -295,10 +422,15 @@ def _shallow_table(sec: Section, shallow: dict[str, dict]) -> None:
             vals = _layer_series(r, key)
             rows.append([name, len(vals), MEASURE_LABEL.get(key, key), " → ".join(fmt(v, ".4g") for v in vals)])
     if rows:
-        sec.tables.append(Table("layerwise ablation: the vision section's shallow models",
-                                ["model", "depth", "measure", "layer 1 → last"], rows,
-                                caption="What the report probed before the deeper probe models: the same measures "
-                                        "on the vision section's trained models."))
+        sec.tables.append(
+            Table(
+                "layerwise ablation: the vision section's shallow models",
+                ["model", "depth", "measure", "layer 1 → last"],
+                rows,
+                caption="What the report probed before the deeper probe models: the same measures "
+                "on the vision section's trained models.",
+            )
+        )
 
 
 #: a probe model has learned its task when its accuracy clears the majority class by this many points
@@ -317,13 +449,13 @@ MEASURE_LABEL = {
 }
 MEASURE_DEF = {
     "crate_compression": "Σ_k ½ logdet(I + p/(N ε²) W_kᵀW_k), W_k = U_kᵀZ with every token's code scaled to unit norm, "
-                         "ε² = 0.01 (as CRATE's code measures it)",
+    "ε² = 0.01 (as CRATE's code measures it)",
     "crate_compression_out": "the same on the tokens leaving the layer's block, with that layer's U^ℓ",
     "compression": "CBSA eq 2 on the raw tokens, ε = 0.5",
     "variational_compression": "ToST eq 4 with the layer's memberships Π^ℓ, raw tokens, ε = 0.5",
     "variational_compression_normalized": "ToST eq 4 on tokens scaled to unit norm, ε = 0.5",
     "variational_compression_out": "ToST eq 4 on the raw tokens leaving the layer's block with the memberships the "
-                                   "layer assigns to them (ToST Fig. 4a plots the layers' outputs), ε = 0.5",
+    "layer assigns to them (ToST Fig. 4a plots the layers' outputs), ε = 0.5",
     "coding_rate": "CBSA eq 1, ε = 0.5 (black-box layers have no subspaces)",
 }
 
@@ -355,7 +487,7 @@ def _delta(vals: list[float], start: int) -> float:
 
 def _downs(vals: list[float], start: int) -> int:
     """How many consecutive layer-to-layer steps from ``start`` on decrease the value."""
-    return sum(1 for a, b in zip(vals[start:], vals[start + 1:]) if b < a)
+    return sum(1 for a, b in zip(vals[start:], vals[start + 1 :]) if b < a)
 
 
 def _peak(series) -> tuple[float, int, float]:
@@ -386,8 +518,10 @@ def _fall_verdict(vals: list[float], start: int) -> str:
 
 def _describe(vals: list[float], start: int) -> str:
     n = len(vals) - 1 - start
-    return (f"layer {start + 1} → {len(vals)}: {vals[start]:.4g} → {vals[-1]:.4g} ({_delta(vals, start):+.4g}; "
-            f"{_downs(vals, start)} of {n} steps fall)")
+    return (
+        f"layer {start + 1} → {len(vals)}: {vals[start]:.4g} → {vals[-1]:.4g} ({_delta(vals, start):+.4g}; "
+        f"{_downs(vals, start)} of {n} steps fall)"
+    )
 
 
 def _findings(res, lw, shallow=None, trained=None) -> list[dict]:
@@ -400,32 +534,47 @@ def _findings(res, lw, shallow=None, trained=None) -> list[dict]:
         measured = f"η={eta:g}: fitted x{fit:.4f} per layer"
         small = next((v for k, v in res.items() if k.startswith("denoise/") and not k.endswith("-matched")), None)
         if small is not None:
-            measured += (f"; η={_num(small['params']['eta']):g}: x{_num(small['growth_factor_fit']['threshold']):.4f} "
-                         f"(1+ητ = {_num(small['growth_factor_theory']):.4f})")
-        out.append(claims.finding("AoT Theorem 1 / Fig. 4", "each layer of eq 3 (thresholded φ) multiplies the SNR by "
-                                  "about 1+ητ", f"1+ητ = {theory:.4f} at η={eta:g}", measured,
-                                  "agrees" if fit >= theory * 0.995 else "disagrees",
-                                  "agrees if the fitted growth is at least 99.5% of 1+ητ (at the first η)"))
+            measured += (
+                f"; η={_num(small['params']['eta']):g}: x{_num(small['growth_factor_fit']['threshold']):.4f} "
+                f"(1+ητ = {_num(small['growth_factor_theory']):.4f})"
+            )
+        out.append(
+            claims.finding(
+                "AoT Theorem 1 / Fig. 4",
+                "each layer of eq 3 (thresholded φ) multiplies the SNR by about 1+ητ",
+                f"1+ητ = {theory:.4f} at η={eta:g}",
+                measured,
+                "agrees" if fit >= theory * 0.995 else "disagrees",
+                "agrees if the fitted growth is at least 99.5% of 1+ητ (at the first η)",
+            )
+        )
         out.append(_softmax_denoise_finding(res))
     if "compress" in res:
         rate = [_num(x) for x in res["compress"]["coding_rate"]]
-        out.append(claims.finding("CBSA Fig. 4",
-                                  "the parameter-free CBSA iteration compresses tokens (coding rate falls)",
-                                  "coding rate decreases, points collapse onto their lines",
-                                  f"coding rate {rate[0]:.4g} → {rate[-1]:.4g} over {len(rate) - 1} iterations",
-                                  "agrees" if rate[-1] < rate[0] else "disagrees",
-                                  "agrees if the final rate < initial"))
+        out.append(
+            claims.finding(
+                "CBSA Fig. 4",
+                "the parameter-free CBSA iteration compresses tokens (coding rate falls)",
+                "coding rate decreases, points collapse onto their lines",
+                f"coding rate {rate[0]:.4g} → {rate[-1]:.4g} over {len(rate) - 1} iterations",
+                "agrees" if rate[-1] < rate[0] else "disagrees",
+                "agrees if the final rate < initial",
+            )
+        )
     if "rank-collapse" in res:
         resid = {k: [_num(x) for x in v] for k, v in res["rank-collapse"]["residual"].items()}
         if "softmax_reference" in resid and "csp_reference" in resid:
             s, c = resid["softmax_reference"], resid["csp_reference"]
-            out.append(claims.finding("CSP Theorem 1 / Dong et al.",
-                                      "softmax attention without skips collapses to rank 1; CSP does not",
-                                      "softmax residual → 0 doubly exponentially; CSP keeps full rank",
-                                      f"softmax {s[0]:.2e} → {s[-1]:.2e}, CSP {c[0]:.2e} → {c[-1]:.2e} over "
-                                      f"{len(s) - 1} layers",
-                                      "agrees" if s[-1] < 1e-3 * s[0] and c[-1] > 0.1 * c[0] else "disagrees",
-                                      "agrees if softmax's residual falls 1000x while CSP's stays above 10%"))
+            out.append(
+                claims.finding(
+                    "CSP Theorem 1 / Dong et al.",
+                    "softmax attention without skips collapses to rank 1; CSP does not",
+                    "softmax residual → 0 doubly exponentially; CSP keeps full rank",
+                    f"softmax {s[0]:.2e} → {s[-1]:.2e}, CSP {c[0]:.2e} → {c[-1]:.2e} over {len(s) - 1} layers",
+                    "agrees" if s[-1] < 1e-3 * s[0] and c[-1] > 0.1 * c[0] else "disagrees",
+                    "agrees if softmax's residual falls 1000x while CSP's stays above 10%",
+                )
+            )
     for name, r in lw.items():
         key = _measure_key(r)
         if key == "coding_rate":
@@ -434,33 +583,50 @@ def _findings(res, lw, shallow=None, trained=None) -> list[dict]:
         if len(vals) < 2:
             continue
         t = trained.get(name, {})
-        acc = (f"; the model reached {100 * _num(t['accuracy']):.1f}% validation accuracy at depth {t.get('depth')} "
-               f"after {t.get('steps')} steps" if t.get("accuracy") is not None else "")
+        acc = (
+            f"; the model reached {100 * _num(t['accuracy']):.1f}% validation accuracy at depth {t.get('depth')} "
+            f"after {t.get('steps')} steps"
+            if t.get("accuracy") is not None
+            else ""
+        )
         per_layer = f"{MEASURE_LABEL[key]} per layer: " + " → ".join(f"{v:.4g}" for v in vals)
         if key == "variational_compression":  # ToST Fig. 4a: "mostly decreases by layer" over all layers
             start = 0
             claim_text = f"the trained {name}'s layers decrease the compression term (mostly, layer by layer)"
             paper_value = "the compression term mostly decreases by layer (ToST-S, ImageNet)"
-            rule = ("over all layers: agrees if the last layer's value is below the first's with at least half of the "
-                    "layer-to-layer steps falling; disagrees if it rises with fewer than half falling; else "
-                    "inconclusive")
+            rule = (
+                "over all layers: agrees if the last layer's value is below the first's with at least half of the "
+                "layer-to-layer steps falling; disagrees if it rises with fewer than half falling; else "
+                "inconclusive"
+            )
         else:  # CBSA Fig. 5 / CRATE: consecutive compression over the latter half of the layers
             start = _half_start(len(vals))
             claim_text = f"the trained {name}'s layers decrease the compression term over the latter half of the layers"
             paper_value = "the latter half of the layers exhibit consecutive compression (CBSA Fig. 5, CRATE's plots)"
-            rule = ("over the latter half of the layers: agrees if the value falls from the half's first layer to the "
-                    "last with at least half of the steps falling; disagrees if it rises with fewer than half falling; "
-                    "else inconclusive")
+            rule = (
+                "over the latter half of the layers: agrees if the value falls from the half's first layer to the "
+                "last with at least half of the steps falling; disagrees if it rises with fewer than half falling; "
+                "else inconclusive"
+            )
         verdict = _fall_verdict(vals, start)
-        f = claims.finding(LAYERWISE_PAPERS.get(name, "CBSA Fig. 5 / CRATE"), claim_text, paper_value,
-                           f"{per_layer}; {_describe(vals, start)}{acc}", verdict, rule, seeds=1)
+        f = claims.finding(
+            LAYERWISE_PAPERS.get(name, "CBSA Fig. 5 / CRATE"),
+            claim_text,
+            paper_value,
+            f"{per_layer}; {_describe(vals, start)}{acc}",
+            verdict,
+            rule,
+            seeds=1,
+        )
         if verdict != "agrees":
             f["explanation"] = _layerwise_explanation(name, key, start, r, shallow.get(name))
         elif key != "compression" and "compression" in r["series"]:
             raw = _layer_series(r, "compression")
             if _fall_verdict(raw, start) != "agrees":  # the definition decides: say so beside the agreement
-                f["explanation"] = (f"the definition matters: with the raw eq 2 (no normalisation, ε = 0.5) the same "
-                                    f"layers give {_describe(raw, start)}, verdict {_fall_verdict(raw, start)}")
+                f["explanation"] = (
+                    f"the definition matters: with the raw eq 2 (no normalisation, ε = 0.5) the same "
+                    f"layers give {_describe(raw, start)}, verdict {_fall_verdict(raw, start)}"
+                )
         out.append(f)
     return out
 
@@ -469,8 +635,14 @@ def _layerwise_explanation(name: str, key: str, start: int, r: dict, shallow: di
     """The ablations run for a layer-wise verdict that is not 'agrees': other measures on the same model, and the
     same measure on the shallow vision model."""
     parts, agreeing = [], []
-    for k in ("compression", "crate_compression", "crate_compression_out", "variational_compression",
-              "variational_compression_normalized", "variational_compression_out"):
+    for k in (
+        "compression",
+        "crate_compression",
+        "crate_compression_out",
+        "variational_compression",
+        "variational_compression_normalized",
+        "variational_compression_out",
+    ):
         if k == key or k not in r["series"]:
             continue
         vals = _layer_series(r, k)
@@ -480,15 +652,22 @@ def _layerwise_explanation(name: str, key: str, start: int, r: dict, shallow: di
         parts.append(f"{MEASURE_LABEL[k]} on the same model: {_describe(vals, start)}, verdict by the same rule {v}")
     if shallow is not None and key in shallow["series"]:
         vals = _layer_series(shallow, key)
-        parts.append(f"the vision section's depth-{len(vals)} model, same measure: "
-                     + " → ".join(f"{v:.4g}" for v in vals))
+        parts.append(
+            f"the vision section's depth-{len(vals)} model, same measure: " + " → ".join(f"{v:.4g}" for v in vals)
+        )
     if not parts:
         return "no ablation available for this model"
-    reading = (f"the verdict depends on the definition of the term: it agrees under {', '.join(agreeing)}"
-               if agreeing else "no other definition of the term reverses the verdict, so at this depth and "
-                                "training budget the pattern is the model's, not the measure's")
-    return "ablations (other definitions of the compression term, a shallower model): " + "; ".join(parts) + \
-        f". Reading: {reading}"
+    reading = (
+        f"the verdict depends on the definition of the term: it agrees under {', '.join(agreeing)}"
+        if agreeing
+        else "no other definition of the term reverses the verdict, so at this depth and "
+        "training budget the pattern is the model's, not the measure's"
+    )
+    return (
+        "ablations (other definitions of the compression term, a shallower model): "
+        + "; ".join(parts)
+        + f". Reading: {reading}"
+    )
 
 
 def _softmax_snr(r: dict) -> list[float]:
@@ -503,9 +682,11 @@ def _rises(vals: list[float]) -> bool:
 def _describe_softmax_run(r: dict) -> str:
     snr = _softmax_snr(r)
     peak, at, last = _peak(snr)
-    return (f"η={_num(r['params']['eta']):g}, {len(snr) - 1} layers: SNR {snr[0]:.3g} → {last:.3g} "
-            f"(fitted x{_num(r['growth_factor_fit']['softmax']):.4f}/layer; "
-            + ("rises at every layer)" if _rises(snr) else f"peaks at {peak:.3g} at layer {at}, then falls)"))
+    return (
+        f"η={_num(r['params']['eta']):g}, {len(snr) - 1} layers: SNR {snr[0]:.3g} → {last:.3g} "
+        f"(fitted x{_num(r['growth_factor_fit']['softmax']):.4f}/layer; "
+        + ("rises at every layer)" if _rises(snr) else f"peaks at {peak:.3g} at layer {at}, then falls)")
+    )
 
 
 def _softmax_denoise_finding(res) -> dict:
@@ -519,15 +700,25 @@ def _softmax_denoise_finding(res) -> dict:
     verdict = "agrees" if _rises(_softmax_snr(judged)) else "disagrees"
     expl = []
     if small is not None:
-        expl.append("the paper gives no η for Fig. 4 (and Theorem 1 states no condition on η), so both are run; "
-                    f"at the larger step {_describe_softmax_run(big)}")
+        expl.append(
+            "the paper gives no η for Fig. 4 (and Theorem 1 states no condition on η), so both are run; "
+            f"at the larger step {_describe_softmax_run(big)}"
+        )
     if matched is not None:
-        expl.append(f"with the same total step ηL as there, {_describe_softmax_run(matched)}: the soft-max "
-                    "iteration's rise lasts for a bounded total step ηL; it does not grow without end as Theorem 1's "
-                    "thresholded φ does (in the theorem's proof the threshold τ > 1/2 keeps only each token's own "
-                    "soft-max weight, so no token takes in others; the plain soft-max keeps the cross-token weights, "
-                    "the likely source of the fall)")
-    return claims.finding("AoT Fig. 4", "eq 3 with the plain soft-max φ (practical MSSA) also denoises",
-                          "Fig. 4 shows the SNR rising per layer (the φ and η used are not stated)", measured, verdict,
-                          f"at η={_num(judged['params']['eta']):g} (the small step): agrees if the SNR rises at every "
-                          "layer, else disagrees", explanation="; ".join(expl))
+        expl.append(
+            f"with the same total step ηL as there, {_describe_softmax_run(matched)}: the soft-max "
+            "iteration's rise lasts for a bounded total step ηL; it does not grow without end as Theorem 1's "
+            "thresholded φ does (in the theorem's proof the threshold τ > 1/2 keeps only each token's own "
+            "soft-max weight, so no token takes in others; the plain soft-max keeps the cross-token weights, "
+            "the likely source of the fall)"
+        )
+    return claims.finding(
+        "AoT Fig. 4",
+        "eq 3 with the plain soft-max φ (practical MSSA) also denoises",
+        "Fig. 4 shows the SNR rising per layer (the φ and η used are not stated)",
+        measured,
+        verdict,
+        f"at η={_num(judged['params']['eta']):g} (the small step): agrees if the SNR rises at every "
+        "layer, else disagrees",
+        explanation="; ".join(expl),
+    )

@@ -4,6 +4,7 @@ Each model is the paper's architecture (registered in ``attnzoo.models``) shrunk
 depth and heads, trained with the same optimiser and steps on (Fashion-)MNIST / digits. Reported:
 validation accuracy, parameters, training images/s and the peak memory of one training step.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -32,6 +33,7 @@ from attnzoo.reproduce.store import Step
 
 KEY = "vision"
 TITLE = "Vision: image classification"
+
 
 class VisionModel(NamedTuple):
     """A paper's architecture: the registered model, its mechanism, the paper, overrides of the plan's arch."""
@@ -67,8 +69,9 @@ MODELS: dict[str, VisionModel] = {
     "cbt": VisionModel("cbt_t", "cbsa", "CBSA (CBT)", {}),
     "aot": VisionModel("aot_vision_b", "mssa", "AoT (attention only)", {}),
     "csp_vit": VisionModel("csp_vit_cifar", "csp", "CSP-ViT", {"mlp_dim": None, "dropout": 0.0}),
-    "fastmax_vit": VisionModel("vit_s", "fastmax", "FAST (Fastmax p=2 in ViT)",
-                               {"attention": "fastmax", "attention_options": {"p": 2}}),
+    "fastmax_vit": VisionModel(
+        "vit_s", "fastmax", "FAST (Fastmax p=2 in ViT)", {"attention": "fastmax", "attention_options": {"p": 2}}
+    ),
 }
 
 _IMAGE_SIZE = {"digits": 8, "mnist": 28, "fashion_mnist": 28}
@@ -87,17 +90,27 @@ SWAPS: dict[str, Swap] = {
 #: ablations that test an explanation of a gap
 ABLATIONS: dict[str, Ablation] = {
     # AoT is CRATE without the ISTA block and without LayerNorm: giving both back isolates what AoT's gap is due to
-    "aot+ista": Ablation("aot_vision_b", "mssa", {"ffn": "ista", "norm": "pre", "ista_step": 0.1, "ista_lambda": 0.1},
-                         "AoT with CRATE's ISTA block and pre-norm restored"),
+    "aot+ista": Ablation(
+        "aot_vision_b",
+        "mssa",
+        {"ffn": "ista", "norm": "pre", "ista_step": 0.1, "ista_lambda": 0.1},
+        "AoT with CRATE's ISTA block and pre-norm restored",
+    ),
     # TSSA mixes tokens only through global second-moment statistics, so a CLS token cannot gather the patches
     # through it (ToST pools with class attention): the ViT skeleton with mean pooling tests that reading
-    "vit+tssa-meanpool": Ablation("vit_s", "tssa", {"attention": "tssa", "attention_options": {}, "pool": "mean"},
-                                  "ViT skeleton, TSSA attention, mean pooling instead of the CLS token"),
+    "vit+tssa-meanpool": Ablation(
+        "vit_s",
+        "tssa",
+        {"attention": "tssa", "attention_options": {}, "pool": "mean"},
+        "ViT skeleton, TSSA attention, mean pooling instead of the CLS token",
+    ),
     # CSP-ViT's own skeleton (LayerNorm-linear patches, mean pooling) with softmax attention: the skeleton's share
-    "csp_vit_skeleton+softmax": Ablation("csp_vit_cifar", "softmax",
-                                         {"mlp_dim": None, "dropout": 0.0, "attention": "softmax",
-                                          "attention_options": {}},
-                                         "CSP-ViT's skeleton with softmax attention"),
+    "csp_vit_skeleton+softmax": Ablation(
+        "csp_vit_cifar",
+        "softmax",
+        {"mlp_dim": None, "dropout": 0.0, "attention": "softmax", "attention_options": {}},
+        "CSP-ViT's skeleton with softmax attention",
+    ),
 }
 
 
@@ -154,14 +167,28 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     steps = []
     for name in rows_of(plan):
         if name not in MODELS and name not in SWAPS and name not in ABLATIONS:
-            raise ValueError(f"unknown vision model {name!r}; "
-                             f"valid: {sorted(MODELS) + sorted(SWAPS) + sorted(ABLATIONS)}")
+            raise ValueError(
+                f"unknown vision model {name!r}; valid: {sorted(MODELS) + sorted(SWAPS) + sorted(ABLATIONS)}"
+            )
         reg, mech, paper = _registered(name)
         for s in seed_list(plan, seed):
-            train = dict(task=plan["task"], task_options=dict(plan["task_options"]), model=reg,
-                         model_options=model_options(name, plan), seed=s, **train_defaults(**plan["train"]))
-            steps.append(Step(seeded_id(f"{KEY}/{name}", s), KEY, {"train": train, "mechanism": mech, "paper": paper},
-                              _run, label=f"{name}/seed{s}"))
+            train = dict(
+                task=plan["task"],
+                task_options=dict(plan["task_options"]),
+                model=reg,
+                model_options=model_options(name, plan),
+                seed=s,
+                **train_defaults(**plan["train"]),
+            )
+            steps.append(
+                Step(
+                    seeded_id(f"{KEY}/{name}", s),
+                    KEY,
+                    {"train": train, "mechanism": mech, "paper": paper},
+                    _run,
+                    label=f"{name}/seed{s}",
+                )
+            )
     return steps
 
 
@@ -211,9 +238,15 @@ def _stats(records: dict, name: str) -> dict | None:
     rs = per_seed(records, f"{KEY}/{name}")
     if not rs:
         return None
-    return {"accuracy": claims.stat(_pct(r.get("accuracy")) for r in rs), "params": rs[0]["params"],
-            "samples_per_s": seed_mean(rs, "samples_per_s"), "peak_train_mb": seed_mean(rs, "peak_train_mb"),
-            "tokens": rs[0]["tokens"], "seeds": len(rs), "curve": rs[0].get("curve")}
+    return {
+        "accuracy": claims.stat(_pct(r.get("accuracy")) for r in rs),
+        "params": rs[0]["params"],
+        "samples_per_s": seed_mean(rs, "samples_per_s"),
+        "peak_train_mb": seed_mean(rs, "peak_train_mb"),
+        "tokens": rs[0]["tokens"],
+        "seeds": len(rs),
+        "curve": rs[0].get("curve"),
+    }
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
@@ -221,47 +254,84 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     res = {n: st for n in rows_of(plan) if (st := _stats(records, n)) is not None}
     arch = plan["arch"]
     n_seeds = plan.get("seeds", 1)
-    sec.intro = (f"Task `{plan['task']}` ({_describe_task(plan)}); every model has width {arch['dim']}, depth "
-                 f"{arch['depth']}, {arch['heads']} heads, patch {arch['patch_size']}, and trains for "
-                 f"{plan['train']['steps']} steps of batch {plan['train']['batch_size']} with the same AdamW/cosine "
-                 f"schedule (lr {plan['train']['lr']}), no augmentation; {n_seeds} seed{'s' if n_seeds > 1 else ''} "
-                 "per row (accuracy: mean ± sample std over seeds). The first table keeps each paper's own "
-                 "architecture (ISTA vs MLP blocks, no MLP in AoT, class attention in XCiT/ToST, CSP-ViT's patch "
-                 "embedding and mean "
-                 "pooling), so its rows differ in more than the attention. The second table is the controlled "
-                 "comparison: the ViT baseline's skeleton (conv patches, CLS token, MLP blocks, pre-norm) with only "
-                 "the attention swapped.")
+    sec.intro = (
+        f"Task `{plan['task']}` ({_describe_task(plan)}); every model has width {arch['dim']}, depth "
+        f"{arch['depth']}, {arch['heads']} heads, patch {arch['patch_size']}, and trains for "
+        f"{plan['train']['steps']} steps of batch {plan['train']['batch_size']} with the same AdamW/cosine "
+        f"schedule (lr {plan['train']['lr']}), no augmentation; {n_seeds} seed{'s' if n_seeds > 1 else ''} "
+        "per row (accuracy: mean ± sample std over seeds). The first table keeps each paper's own "
+        "architecture (ISTA vs MLP blocks, no MLP in AoT, class attention in XCiT/ToST, CSP-ViT's patch "
+        "embedding and mean "
+        "pooling), so its rows differ in more than the attention. The second table is the controlled "
+        "comparison: the ViT baseline's skeleton (conv patches, CLS token, MLP blocks, pre-norm) with only "
+        "the attention swapped."
+    )
 
     def row(n):
         r = res[n]
         reg, mech, desc = _registered(n)
-        return [n, mech, desc, fmt(r["params"], ","), r["accuracy"].fmt(".1f"), fmt(r["samples_per_s"], ".0f"),
-                fmt(r["peak_train_mb"], ".1f"), fmt(r["tokens"], "d")]
+        return [
+            n,
+            mech,
+            desc,
+            fmt(r["params"], ","),
+            r["accuracy"].fmt(".1f"),
+            fmt(r["samples_per_s"], ".0f"),
+            fmt(r["peak_train_mb"], ".1f"),
+            fmt(r["tokens"], "d"),
+        ]
 
-    heads = ["model", "mechanism", "architecture", "params", "val acc %", "train img/s", "peak train-step MiB",
-             "tokens"]
+    heads = [
+        "model",
+        "mechanism",
+        "architecture",
+        "params",
+        "val acc %",
+        "train img/s",
+        "peak train-step MiB",
+        "tokens",
+    ]
     sec.tables.append(Table("Papers' architectures", heads, [row(n) for n in plan["models"] if n in res]))
     swaps = [n for n in ["vit", "fastmax_vit"] + list(plan.get("swaps", [])) if n in res]
     if len(swaps) > 1:
-        sec.tables.append(Table("Controlled swap: ViT skeleton, only the attention differs", heads,
-                                [row(n) for n in swaps]))
+        sec.tables.append(
+            Table("Controlled swap: ViT skeleton, only the attention differs", heads, [row(n) for n in swaps])
+        )
     abl = [n for n in plan.get("ablations", []) if n in res]
     if abl:
         sec.tables.append(Table("Ablations (testing the explanations of the gaps below)", heads, [row(n) for n in abl]))
-    sec.data = {"models": {n: {"accuracy_mean": r["accuracy"].mean, "accuracy_std": r["accuracy"].std,
-                               "accuracy_per_seed": list(r["accuracy"].values), "params": r["params"],
-                               "samples_per_s": r["samples_per_s"], "peak_train_mb": r["peak_train_mb"],
-                               "tokens": r["tokens"], "seeds": r["seeds"]} for n, r in res.items()}}
+    sec.data = {
+        "models": {
+            n: {
+                "accuracy_mean": r["accuracy"].mean,
+                "accuracy_std": r["accuracy"].std,
+                "accuracy_per_seed": list(r["accuracy"].values),
+                "params": r["params"],
+                "samples_per_s": r["samples_per_s"],
+                "peak_train_mb": r["peak_train_mb"],
+                "tokens": r["tokens"],
+                "seeds": r["seeds"],
+            }
+            for n, r in res.items()
+        }
+    }
     names = [n for n in plan["models"] if n in res]
     if names:
         path = plots_dir / "vision.png"
         save_figure(_plot(res, names + [n for n in swaps if n not in names]), path)
-        sec.plots.append((rel(path), "Validation accuracy (mean ± std over seeds), training throughput and peak "
-                                     "memory of one training step."))
+        sec.plots.append(
+            (
+                rel(path),
+                "Validation accuracy (mean ± std over seeds), training throughput and peak "
+                "memory of one training step.",
+            )
+        )
     majority = 100.0 * plan.get("majority", 0.1)
     if plan.get("require_learned", True) and "vit" in res and res["vit"]["accuracy"].mean < majority + LEARNED_MARGIN:
-        sec.notes.append(f"the ViT baseline reached {res['vit']['accuracy'].fmt('.1f')}% against a majority class of "
-                         f"{majority:.0f}%: not {LEARNED_MARGIN:g} points above it, so no comparison is reported")
+        sec.notes.append(
+            f"the ViT baseline reached {res['vit']['accuracy'].fmt('.1f')}% against a majority class of "
+            f"{majority:.0f}%: not {LEARNED_MARGIN:g} points above it, so no comparison is reported"
+        )
         return sec
     sec.findings = _findings(res)
     return sec
@@ -292,8 +362,10 @@ def _plot(res: dict, names: list[str]):
     acc = [res[n]["accuracy"] for n in names]
     axes[0].bar(x, [a.mean for a in acc], yerr=[a.std or 0.0 for a in acc], color=colors, capsize=3)
     axes[0].set_ylabel("validation accuracy (%)")
-    for ax, key, label in ((axes[1], "samples_per_s", "training images / s"),
-                           (axes[2], "peak_train_mb", "peak memory of a training step (MiB)")):
+    for ax, key, label in (
+        (axes[1], "samples_per_s", "training images / s"),
+        (axes[2], "peak_train_mb", "peak memory of a training step (MiB)"),
+    ):
         ax.bar(x, [res[n].get(key) or 0.0 for n in names], color=colors)
         ax.set_ylabel(label)
     for ax in axes:
@@ -306,19 +378,66 @@ def _plot(res: dict, names: list[str]):
 
 #: (paper's row, its controlled-swap row, baseline row, baseline's controlled row, kind, paper, claim, paper's figure)
 CLAIMS = [
-    ("tost", "vit+tssa", "vit", "vit", "comparable", "ToST Table 2", "ToST is competitive with ViT at similar size",
-     "ToST-S 77.9 vs ViT-S 79.8 ImageNet top-1 (-1.9 pts)"),
-    ("tost", "vit+tssa", "xcit", "vit+xca", "comparable", "ToST Table 2",
-     "ToST is competitive with XCiT (same skeleton, XCA attention)", "ToST-S 77.9 vs XCiT-S 80.5 (-2.6 pts)"),
-    ("cbt", "vit+cbsa", "crate", "vit+mssa", "at_least", "CBSA Table 3", "CBT matches or beats CRATE",
-     "CBT-B 73.4 vs CRATE-B 70.8 ImageNet top-1 (+2.6 pts)"),
-    ("aot", "aot+ista", "crate", "crate", "comparable", "AoT Table 2 / §4.2",
-     "attention-only AoT is competitive with CRATE despite no MLP",
-     "AoT-B 70.2 vs CRATE-α-B 81.2 (-11 pts; the paper calls it comparable)"),
-    ("csp_vit", "vit+csp", "vit", "vit", "at_least", "CSP Table 3", "CSP-ViT beats the MHA ViT",
-     "CSP 84.81 vs MHA 81.90 CIFAR-10 top-1 (+2.9 pts)"),
-    ("fastmax_vit", None, "vit", None, "comparable", "FAST §3 / Table 1", "Fastmax keeps softmax attention's accuracy",
-     "Fastmax2 57.90 vs softmax 57.37 LRA average (+0.5 pts)"),
+    (
+        "tost",
+        "vit+tssa",
+        "vit",
+        "vit",
+        "comparable",
+        "ToST Table 2",
+        "ToST is competitive with ViT at similar size",
+        "ToST-S 77.9 vs ViT-S 79.8 ImageNet top-1 (-1.9 pts)",
+    ),
+    (
+        "tost",
+        "vit+tssa",
+        "xcit",
+        "vit+xca",
+        "comparable",
+        "ToST Table 2",
+        "ToST is competitive with XCiT (same skeleton, XCA attention)",
+        "ToST-S 77.9 vs XCiT-S 80.5 (-2.6 pts)",
+    ),
+    (
+        "cbt",
+        "vit+cbsa",
+        "crate",
+        "vit+mssa",
+        "at_least",
+        "CBSA Table 3",
+        "CBT matches or beats CRATE",
+        "CBT-B 73.4 vs CRATE-B 70.8 ImageNet top-1 (+2.6 pts)",
+    ),
+    (
+        "aot",
+        "aot+ista",
+        "crate",
+        "crate",
+        "comparable",
+        "AoT Table 2 / §4.2",
+        "attention-only AoT is competitive with CRATE despite no MLP",
+        "AoT-B 70.2 vs CRATE-α-B 81.2 (-11 pts; the paper calls it comparable)",
+    ),
+    (
+        "csp_vit",
+        "vit+csp",
+        "vit",
+        "vit",
+        "at_least",
+        "CSP Table 3",
+        "CSP-ViT beats the MHA ViT",
+        "CSP 84.81 vs MHA 81.90 CIFAR-10 top-1 (+2.9 pts)",
+    ),
+    (
+        "fastmax_vit",
+        None,
+        "vit",
+        None,
+        "comparable",
+        "FAST §3 / Table 1",
+        "Fastmax keeps softmax attention's accuracy",
+        "Fastmax2 57.90 vs softmax 57.37 LRA average (+0.5 pts)",
+    ),
 ]
 
 
@@ -326,8 +445,19 @@ def _findings(res: dict) -> list[dict]:
     out = []
 
     def cmp(a, b, kind, paper, claim, paper_value):
-        return claims.compare(res[a]["accuracy"], res[b]["accuracy"], kind=kind, tol=claims.ACC_TOL, unit="pts",
-                              paper=paper, claim=claim, paper_value=paper_value, a_name=a, b_name=b, spec=".1f")
+        return claims.compare(
+            res[a]["accuracy"],
+            res[b]["accuracy"],
+            kind=kind,
+            tol=claims.ACC_TOL,
+            unit="pts",
+            paper=paper,
+            claim=claim,
+            paper_value=paper_value,
+            a_name=a,
+            b_name=b,
+            spec=".1f",
+        )
 
     for a, a_ctl, b, b_ctl, kind, paper, claim, pv in CLAIMS:
         if a not in res or b not in res:
@@ -338,18 +468,22 @@ def _findings(res: dict) -> list[dict]:
             f["explanation"] = _explain(a, b, a_ctl, b_ctl, f, ctl, res)
             if a_ctl.startswith("vit+"):
                 ctl["claim"] = f"{claim.split(' ')[0]}'s attention in the ViT skeleton (controlled swap): " + claim
-                ctl["explanation"] = ("controlled swap: same embedding, pooling, blocks, width, depth, data and "
-                                      "optimiser; only the attention differs"
-                                      + ("" if ctl["verdict"] == "agrees" else "; " + f["explanation"]))
+                ctl["explanation"] = (
+                    "controlled swap: same embedding, pooling, blocks, width, depth, data and "
+                    "optimiser; only the attention differs"
+                    + ("" if ctl["verdict"] == "agrees" else "; " + f["explanation"])
+                )
                 out += [f, ctl]
                 continue
         out.append(f)
     skel = "csp_vit_skeleton+softmax"
     for f in out:
         if f["claim"] == "CSP-ViT beats the MHA ViT" and skel in res and "csp_vit" in res:
-            f["explanation"] += (f"; ablation {skel} (CSP-ViT's LayerNorm-linear patches and mean pooling with softmax "
-                                 f"attention): {res[skel]['accuracy'].fmt('.1f')} vs csp_vit "
-                                 f"{res['csp_vit']['accuracy'].fmt('.1f')} in the same skeleton")
+            f["explanation"] += (
+                f"; ablation {skel} (CSP-ViT's LayerNorm-linear patches and mean pooling with softmax "
+                f"attention): {res[skel]['accuracy'].fmt('.1f')} vs csp_vit "
+                f"{res['csp_vit']['accuracy'].fmt('.1f')} in the same skeleton"
+            )
     return out
 
 
@@ -358,27 +492,42 @@ def _explain(a, b, a_ctl, b_ctl, f, ctl, res) -> str:
     acc = lambda n: res[n]["accuracy"].fmt(".1f")  # noqa: E731
     if a_ctl == "aot+ista":
         gap_abl = res[a_ctl]["accuracy"].mean - res[b]["accuracy"].mean
-        return (f"ablation {a_ctl} (AoT with CRATE's ISTA block and pre-norm restored): {acc(a_ctl)} vs {b} "
-                f"{acc(b)} ({gap_abl:+.1f} pts) against AoT's {acc(a)}: "
-                + ("restoring the block closes the gap, so at this width and depth the gap is the missing "
-                   "ISTA/MLP block, i.e. genuine for attention-only models at this scale"
-                   if abs(gap_abl) <= claims.ACC_TOL else
-                   "restoring the block does not close the gap, so something else than the missing block explains it"))
+        return (
+            f"ablation {a_ctl} (AoT with CRATE's ISTA block and pre-norm restored): {acc(a_ctl)} vs {b} "
+            f"{acc(b)} ({gap_abl:+.1f} pts) against AoT's {acc(a)}: "
+            + (
+                "restoring the block closes the gap, so at this width and depth the gap is the missing "
+                "ISTA/MLP block, i.e. genuine for attention-only models at this scale"
+                if abs(gap_abl) <= claims.ACC_TOL
+                else "restoring the block does not close the gap, so something else than the missing block explains it"
+            )
+        )
     one_seed = res[a_ctl]["accuracy"].n < 2 or res[b_ctl]["accuracy"].n < 2
-    text = (f"controlled swap {a_ctl} vs {b_ctl} (ViT skeleton, only the attention differs): {acc(a_ctl)} vs "
-            f"{acc(b_ctl)}, verdict {ctl['verdict']} — "
-            + ("the gap of the papers' architectures is the skeleton, not the mechanism"
-               if ctl["verdict"] == "agrees" and f["verdict"] != "agrees" else
-               "the mechanism itself is behind the gap" if ctl["verdict"] == "disagrees" else
-               "the controlled comparison agrees with the architectures' verdict" if ctl["verdict"] == f["verdict"]
-               else "one seed: the spread that would decide the controlled comparison is unknown" if one_seed
-               else "the controlled comparison is within the spread between seeds"))
+    text = (
+        f"controlled swap {a_ctl} vs {b_ctl} (ViT skeleton, only the attention differs): {acc(a_ctl)} vs "
+        f"{acc(b_ctl)}, verdict {ctl['verdict']} — "
+        + (
+            "the gap of the papers' architectures is the skeleton, not the mechanism"
+            if ctl["verdict"] == "agrees" and f["verdict"] != "agrees"
+            else "the mechanism itself is behind the gap"
+            if ctl["verdict"] == "disagrees"
+            else "the controlled comparison agrees with the architectures' verdict"
+            if ctl["verdict"] == f["verdict"]
+            else "one seed: the spread that would decide the controlled comparison is unknown"
+            if one_seed
+            else "the controlled comparison is within the spread between seeds"
+        )
+    )
     mp = "vit+tssa-meanpool"
     if a_ctl == "vit+tssa" and mp in res:
-        text += (f"; ablation {mp}: {acc(mp)} — TSSA mixes tokens only through global second-moment statistics, so "
-                 "a CLS token sees the patches only through them: "
-                 + ("mean pooling recovers the accuracy, so the CLS readout (not TSSA) costs the swap its points; "
-                    "ToST pairs TSSA with class attention for this reason"
-                    if res[mp]["accuracy"].mean >= res[b_ctl]["accuracy"].mean - claims.ACC_TOL else
-                    "mean pooling does not recover it either, so the gap is TSSA's in this skeleton"))
+        text += (
+            f"; ablation {mp}: {acc(mp)} — TSSA mixes tokens only through global second-moment statistics, so "
+            "a CLS token sees the patches only through them: "
+            + (
+                "mean pooling recovers the accuracy, so the CLS readout (not TSSA) costs the swap its points; "
+                "ToST pairs TSSA with class attention for this reason"
+                if res[mp]["accuracy"].mean >= res[b_ctl]["accuracy"].mean - claims.ACC_TOL
+                else "mean pooling does not recover it either, so the gap is TSSA's in this skeleton"
+            )
+        )
     return text
