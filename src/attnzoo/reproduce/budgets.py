@@ -3,7 +3,8 @@
 ``smoke`` (~2 min on a 2-core CPU, CI): every section with tiny models, few steps, few mechanisms.
 ``default`` (<= 30 min on a 2-core CPU; ~22 min measured): every mechanism of every section at laptop scale, two
 seeds per trained comparison, only the tasks the baselines learn in that time.
-``long`` (~70 min on a 2-core CPU, <= 2 h, resumable): 3 seeds for every trained comparison, LRA-style tasks at N=1024.
+``long`` (<= 2 h on a 2-core CPU, resumable; 112 min of one-thread step compute measured): 3 seeds for every
+trained comparison, LRA-style tasks at N=1024.
 ``full`` (a GPU): the papers' sequence lengths and longer training; same code paths.
 
 Within a section every model shares width, depth, heads, data, optimiser and steps; only the mechanism
@@ -294,13 +295,13 @@ _smoke_without_gates()
 
 def _long() -> dict:
     """``long``: the `default` plan with 3 seeds for every trained comparison and LRA-style tasks at N = 1,024 where
-    linear attention's speed shows (Image at LRA's 32x32, Pathfinder 32x32). Sized to about 70 minutes of compute on
-    a 2-core CPU (<= 2 h); interrupted, it resumes step by step. The extra time goes where the claims are decided:
-    seeds (spread) for every accuracy claim, ListOps steps until every softmax seed leaves the majority class,
-    the N = 1,024 tasks, and ablations at twice each task's steps."""
+    linear attention's speed shows (Image at LRA's 32x32, Pathfinder 32x32). Measured: 112 min of step compute at
+    one torch thread on a 2-core CPU (<= 2 h); interrupted, it resumes step by step. The extra time goes where the
+    claims are decided: seeds (spread) for every accuracy claim, ListOps steps until every softmax seed leaves the
+    majority class, the N = 1,024 tasks, and ablations at twice each task's steps."""
     plan = copy.deepcopy(BUDGETS["default"])
     plan["description"] = (
-        "2-core CPU, ~70 min: 3 seeds for every trained comparison; LRA-style ListOps, Image "
+        "2-core CPU, <= 2 h (112 min measured): 3 seeds for every trained comparison; LRA-style ListOps, Image "
         "and Pathfinder, the latter two at N=1024; resumable step by step"
     )
     for key in ("vision", "long-range", "language", "icl"):
