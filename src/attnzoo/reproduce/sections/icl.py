@@ -206,6 +206,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         save_figure(_plot(curves, d), path)
         sec.plots.append((rel(path), "Normalised squared error vs number of in-context examples (AoT Fig. 6)."))
     sec.findings = _findings(curves, finals, records, plan)
+    sec.notes += _gate_notes(curves, finals, plan)
     return sec
 
 
@@ -240,6 +241,24 @@ def _plot(curves, d):
     return fig
 
 
+def _baseline_learned(fin: dict, zero: float, plan: dict) -> bool:
+    return not plan.get("require_learned", True) or ("gpt" in fin and float(np.mean(fin["gpt"])) < 0.8 * zero)
+
+
+def _gate_notes(curves, finals, plan) -> list[str]:
+    """Say which AoT-vs-GPT comparisons were not made because the GPT baseline had not learned."""
+    notes = []
+    for t, c in curves.items():
+        fin = finals[t]
+        if "zero" in c and "gpt" in fin and "aot" in fin and not _baseline_learned(fin, c["zero"][-1], plan):
+            notes.append(
+                f"{t}: GPT's mean error with all examples ({float(np.mean(fin['gpt'])):.3f}) is not below 0.8x the "
+                f"zero predictor's ({c['zero'][-1]:.3f}), so AoT is not compared with it on this task (AoT's own "
+                "finding against the zero predictor stays)"
+            )
+    return notes
+
+
 def _findings(curves, finals, records, plan) -> list[dict]:
     out = []
     for t, c in curves.items():
@@ -248,9 +267,10 @@ def _findings(curves, finals, records, plan) -> list[dict]:
         zero = c["zero"][-1]
         fin = finals[t]
         learned = {m: [e < 0.5 * zero for e in fin[m]] for m in fin}
-        # the comparisons with AoT need a baseline that left the zero predictor (error below 0.8x its error at every
-        # seed); the "learns" findings themselves use the stricter half-the-zero-predictor rule
-        gate = not plan.get("require_learned", True) or ("gpt" in fin and all(e < 0.8 * zero for e in fin["gpt"]))
+        # the comparisons with AoT need a baseline that left the zero predictor (mean error over seeds below 0.8x
+        # its error, as the other sections gate on the baseline's mean); the "learns" findings need no baseline and
+        # use the stricter half-the-zero-predictor rule per seed
+        gate = _baseline_learned(fin, zero, plan)
         if gate and "aot" in c and "gpt" in c:
             mean_err = {
                 m: claims.stat(float(np.mean(r["error_per_position"])) for r in per_seed(records, f"{KEY}/{t}/{m}"))
@@ -260,7 +280,7 @@ def _findings(curves, finals, records, plan) -> list[dict]:
                 mean_err["aot"],
                 mean_err["gpt"],
                 kind="comparable",
-                tol=0.1,
+                tol=0.1 * zero,  # 10% of the zero predictor's error: linear ~1, sparse ~0.26
                 unit="(error/d)",
                 paper="AoT Fig. 6",
                 claim=f"AoT in-context learns {t} functions close to the GPT-2 transformer",
@@ -272,7 +292,7 @@ def _findings(curves, finals, records, plan) -> list[dict]:
             if f["verdict"] != "agrees":
                 f["explanation"] = _ablation_text(t, fin, zero)
             out.append(f)
-        for m in ("gpt", "aot") if gate else ("gpt",):
+        for m in ("gpt", "aot"):
             if m not in fin:
                 continue
             ls = c.get("least_squares", [None])[-1]
