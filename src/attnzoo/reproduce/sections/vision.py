@@ -252,69 +252,10 @@ def _stats(records: dict, name: str) -> dict | None:
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec = Section(KEY, TITLE)
     res = {n: st for n in rows_of(plan) if (st := _stats(records, n)) is not None}
-    arch = plan["arch"]
-    n_seeds = plan.get("seeds", 1)
-    sec.intro = (
-        f"Task `{plan['task']}` ({_describe_task(plan)}); every model has width {arch['dim']}, depth "
-        f"{arch['depth']}, {arch['heads']} heads, patch {arch['patch_size']}, and trains for "
-        f"{plan['train']['steps']} steps of batch {plan['train']['batch_size']} with the same AdamW/cosine "
-        f"schedule (lr {plan['train']['lr']}), no augmentation; {n_seeds} seed{'s' if n_seeds > 1 else ''} "
-        "per row (accuracy: mean ± sample std over seeds). The first table keeps each paper's own "
-        "architecture (ISTA vs MLP blocks, no MLP in AoT, class attention in XCiT/ToST, CSP-ViT's patch "
-        "embedding and mean "
-        "pooling), so its rows differ in more than the attention. The second table is the controlled "
-        "comparison: the ViT baseline's skeleton (conv patches, CLS token, MLP blocks, pre-norm) with only "
-        "the attention swapped."
-    )
-
-    def row(n):
-        r = res[n]
-        reg, mech, desc = _registered(n)
-        return [
-            n,
-            mech,
-            desc,
-            fmt(r["params"], ","),
-            r["accuracy"].fmt(".1f"),
-            fmt(r["samples_per_s"], ".0f"),
-            fmt(r["peak_train_mb"], ".1f"),
-            fmt(r["tokens"], "d"),
-        ]
-
-    heads = [
-        "model",
-        "mechanism",
-        "architecture",
-        "params",
-        "val acc %",
-        "train img/s",
-        "peak train-step MiB",
-        "tokens",
-    ]
-    sec.tables.append(Table("Papers' architectures", heads, [row(n) for n in plan["models"] if n in res]))
+    sec.intro = _intro(plan)
     swaps = [n for n in ["vit", "fastmax_vit"] + list(plan.get("swaps", [])) if n in res]
-    if len(swaps) > 1:
-        sec.tables.append(
-            Table("Controlled swap: ViT skeleton, only the attention differs", heads, [row(n) for n in swaps])
-        )
-    abl = [n for n in plan.get("ablations", []) if n in res]
-    if abl:
-        sec.tables.append(Table("Ablations (testing the explanations of the gaps below)", heads, [row(n) for n in abl]))
-    sec.data = {
-        "models": {
-            n: {
-                "accuracy_mean": r["accuracy"].mean,
-                "accuracy_std": r["accuracy"].std,
-                "accuracy_per_seed": list(r["accuracy"].values),
-                "params": r["params"],
-                "samples_per_s": r["samples_per_s"],
-                "peak_train_mb": r["peak_train_mb"],
-                "tokens": r["tokens"],
-                "seeds": r["seeds"],
-            }
-            for n, r in res.items()
-        }
-    }
+    sec.tables += _tables(res, plan, swaps)
+    sec.data = {"models": {n: _model_data(r) for n, r in res.items()}}
     names = [n for n in plan["models"] if n in res]
     if names:
         path = plots_dir / "vision.png"
@@ -335,6 +276,67 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         return sec
     sec.findings = _findings(res)
     return sec
+
+
+def _intro(plan: dict) -> str:
+    arch = plan["arch"]
+    n_seeds = plan.get("seeds", 1)
+    return (
+        f"Task `{plan['task']}` ({_describe_task(plan)}); every model has width {arch['dim']}, depth "
+        f"{arch['depth']}, {arch['heads']} heads, patch {arch['patch_size']}, and trains for "
+        f"{plan['train']['steps']} steps of batch {plan['train']['batch_size']} with the same AdamW/cosine "
+        f"schedule (lr {plan['train']['lr']}), no augmentation; {n_seeds} seed{'s' if n_seeds > 1 else ''} "
+        "per row (accuracy: mean ± sample std over seeds). The first table keeps each paper's own "
+        "architecture (ISTA vs MLP blocks, no MLP in AoT, class attention in XCiT/ToST, CSP-ViT's patch "
+        "embedding and mean "
+        "pooling), so its rows differ in more than the attention. The second table is the controlled "
+        "comparison: the ViT baseline's skeleton (conv patches, CLS token, MLP blocks, pre-norm) with only "
+        "the attention swapped."
+    )
+
+
+_HEADS = ["model", "mechanism", "architecture", "params", "val acc %", "train img/s", "peak train-step MiB", "tokens"]
+
+
+def _tables(res: dict, plan: dict, swaps: list[str]) -> list[Table]:
+    """The papers' architectures, the controlled swap and the ablations (one row per model, seed means)."""
+
+    def row(n):
+        r = res[n]
+        reg, mech, desc = _registered(n)
+        return [
+            n,
+            mech,
+            desc,
+            fmt(r["params"], ","),
+            r["accuracy"].fmt(".1f"),
+            fmt(r["samples_per_s"], ".0f"),
+            fmt(r["peak_train_mb"], ".1f"),
+            fmt(r["tokens"], "d"),
+        ]
+
+    tables = [Table("Papers' architectures", _HEADS, [row(n) for n in plan["models"] if n in res])]
+    if len(swaps) > 1:
+        tables.append(
+            Table("Controlled swap: ViT skeleton, only the attention differs", _HEADS, [row(n) for n in swaps])
+        )
+    abl = [n for n in plan.get("ablations", []) if n in res]
+    if abl:
+        tables.append(Table("Ablations (testing the explanations of the gaps below)", _HEADS, [row(n) for n in abl]))
+    return tables
+
+
+def _model_data(r: dict) -> dict:
+    return {
+        "accuracy_mean": r["accuracy"].mean,
+        "accuracy_std": r["accuracy"].std,
+        "accuracy_per_seed": list(r["accuracy"].values),
+        "params": r["params"],
+        "samples_per_s": r["samples_per_s"],
+        "peak_train_mb": r["peak_train_mb"],
+        "tokens": r["tokens"],
+        "seeds": r["seeds"],
+    }
 
 
 def _describe_task(plan: dict) -> str:
