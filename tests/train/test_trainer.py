@@ -172,7 +172,19 @@ def test_checkpoints_are_pickle_free_and_half_written_ones_ignored(tmp_path):
     assert latest_checkpoint(ck).name == "step_00000010"
 
 
-def test_two_process_ddp_equals_one_process(tmp_path):
+@pytest.fixture
+def ddp_serial():
+    """One torchrun job at a time: under pytest-xdist the two DDP tests otherwise overlap on a 2-core machine, and
+    one of the four gloo ranks was seen aborting ("terminate called without an active exception") when they did."""
+    import fcntl
+    import tempfile
+
+    with open(os.path.join(tempfile.gettempdir(), "attnzoo-ddp-tests.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def test_two_process_ddp_equals_one_process(tmp_path, ddp_serial):
     script = tmp_path / "ddp_run.py"
     script.write_text(
         "import sys, torch\n"
@@ -215,7 +227,7 @@ def test_two_process_ddp_equals_one_process(tmp_path):
 
 
 @pytest.mark.slow  # one torchrun launch, three trainings (~15 s on 2 busy cores)
-def test_two_process_ddp_resume_logs_what_an_uninterrupted_run_logs(tmp_path):
+def test_two_process_ddp_resume_logs_what_an_uninterrupted_run_logs(tmp_path, ddp_serial):
     # the first train loss logged after a resume averages losses from before the checkpoint (log_every=3,
     # checkpoint at 4): every rank's part of that window must come back, not rank 0's on every rank
     script = tmp_path / "ddp_resume.py"
