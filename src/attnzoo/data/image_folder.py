@@ -264,38 +264,11 @@ def _check_stats(
     return tuple(float(v) for v in value)
 
 
-def build_image_folder(
-    *,
-    root: str,
-    img_size: int,
-    val_fraction: float | None,
-    seed: int,
-    random_resized_crop: bool,
-    crop_scale_min: float,
-    hflip: float,
-    randaugment_n: int,
-    randaugment_m: float,
-    mixup: float,
-    cutmix: float,
-    mix_prob: float,
-    mix_switch_prob: float,
-    mean: Sequence[float] | None,
-    std: Sequence[float] | None,
-    crop_fraction: float,
-    num_workers: int,
-    verify: bool,
-) -> tuple[ImageFolderDataset, ImageFolderDataset, dict]:
-    """The ``image_folder`` task's ``(train, val, info)``; every option is checked before any file is read."""
-    _check_range("crop_scale_min", crop_scale_min, 0.0, 1.0, lo_open=True)
-    _check_range("crop_fraction", crop_fraction, 0.0, 1.0, lo_open=True)
-    for k, v in (("hflip", hflip), ("mix_prob", mix_prob), ("mix_switch_prob", mix_switch_prob)):
-        _check_range(k, v, 0.0, 1.0)
-    _check_range("randaugment_m", randaugment_m, 0.0, 10.0)
-    for k, v in (("mixup", mixup), ("cutmix", cutmix), ("randaugment_n", randaugment_n), ("num_workers", num_workers)):
-        if v < 0:
-            raise ValueError(f"task 'image_folder': option {k}={v!r} must be >= 0 (0 disables it)")
-    mean_t = _check_stats("mean", mean, IMAGENET_MEAN, positive=False)
-    std_t = _check_stats("std", std, IMAGENET_STD, positive=True)
+def _scan_splits(
+    root: str, val_fraction: float | None, seed: int
+) -> tuple[list[Path], np.ndarray, list[Path], np.ndarray, list[str]]:
+    """Train and validation ``(files, labels)`` and the class names: from ``root/train`` and ``root/val`` when both
+    exist, else a seeded per-class split of the class folders under ``root``."""
     base = Path(root).expanduser()
     if not base.is_dir():
         raise ValueError(
@@ -330,6 +303,42 @@ def build_image_folder(
             )
         files, labels = [all_files[i] for i in tr], all_labels[tr]
         vfiles, vlabels = [all_files[i] for i in va], all_labels[va]
+    return files, labels, vfiles, vlabels, classes
+
+
+def build_image_folder(
+    *,
+    root: str,
+    img_size: int,
+    val_fraction: float | None,
+    seed: int,
+    random_resized_crop: bool,
+    crop_scale_min: float,
+    hflip: float,
+    randaugment_n: int,
+    randaugment_m: float,
+    mixup: float,
+    cutmix: float,
+    mix_prob: float,
+    mix_switch_prob: float,
+    mean: Sequence[float] | None,
+    std: Sequence[float] | None,
+    crop_fraction: float,
+    num_workers: int,
+    verify: bool,
+) -> tuple[ImageFolderDataset, ImageFolderDataset, dict]:
+    """The ``image_folder`` task's ``(train, val, info)``; every option is checked before any file is read."""
+    _check_range("crop_scale_min", crop_scale_min, 0.0, 1.0, lo_open=True)
+    _check_range("crop_fraction", crop_fraction, 0.0, 1.0, lo_open=True)
+    for k, v in (("hflip", hflip), ("mix_prob", mix_prob), ("mix_switch_prob", mix_switch_prob)):
+        _check_range(k, v, 0.0, 1.0)
+    _check_range("randaugment_m", randaugment_m, 0.0, 10.0)
+    for k, v in (("mixup", mixup), ("cutmix", cutmix), ("randaugment_n", randaugment_n), ("num_workers", num_workers)):
+        if v < 0:
+            raise ValueError(f"task 'image_folder': option {k}={v!r} must be >= 0 (0 disables it)")
+    mean_t = _check_stats("mean", mean, IMAGENET_MEAN, positive=False)
+    std_t = _check_stats("std", std, IMAGENET_STD, positive=True)
+    files, labels, vfiles, vlabels, classes = _scan_splits(root, val_fraction, seed)
     if verify:
         check_image_headers([*files, *vfiles])
     aug = Augment(
