@@ -484,128 +484,147 @@ CLAIMS = [
 def _findings(res, mechs, tasks, lengths, learned, ablations=None, majority=None) -> list[dict]:
     ablations, majority = ablations or {}, majority or {}
     out = []
-    tol = claims.ACC_TOL
     for m, kind, paper, claim, paper_value in CLAIMS:
         if m not in mechs or "softmax" not in mechs or not learned:
             continue
-        f = claims.compare(
-            _avg_stat(res, m, learned),
-            _avg_stat(res, "softmax", learned),
+        out += _accuracy_findings(res, m, kind, paper, claim, paper_value, learned, ablations, majority)
+    if "softmax" in mechs and tasks:
+        out += _speed_findings(res, mechs, tasks, lengths)
+        if "csp" in mechs and len(mechs) > 2:
+            f = _fastest_finding(res, mechs, tasks)
+            if f is not None:
+                out.append(f)
+    return out
+
+
+def _accuracy_findings(res, m, kind, paper, claim, paper_value, learned, ablations, majority) -> list[dict]:
+    """The LRA-average finding of one accuracy claim, followed by its per-task findings on the learned tasks."""
+    tol = claims.ACC_TOL
+    f = claims.compare(
+        _avg_stat(res, m, learned),
+        _avg_stat(res, "softmax", learned),
+        kind=kind,
+        tol=tol,
+        unit="pts",
+        paper=paper,
+        claim=claim + " on the LRA average",
+        paper_value=paper_value,
+        a_name=m,
+        b_name="softmax",
+        spec=".1f",
+    )
+    f["measured"] += f" (average over the learned tasks: {', '.join(learned)})"
+    per_task = []
+    for t in learned:
+        if t not in res[m]:
+            continue
+        ft = claims.compare(
+            res[m][t]["accuracy"],
+            res["softmax"][t]["accuracy"],
             kind=kind,
             tol=tol,
             unit="pts",
             paper=paper,
-            claim=claim + " on the LRA average",
-            paper_value=paper_value,
+            claim=f"{claim} on {t}",
+            paper_value=f"per-task column of {paper}",
             a_name=m,
             b_name="softmax",
             spec=".1f",
         )
-        f["measured"] += f" (average over the learned tasks: {', '.join(learned)})"
-        per_task = []
-        for t in learned:
-            if t not in res[m]:
-                continue
-            ft = claims.compare(
-                res[m][t]["accuracy"],
-                res["softmax"][t]["accuracy"],
-                kind=kind,
-                tol=tol,
-                unit="pts",
-                paper=paper,
-                claim=f"{claim} on {t}",
-                paper_value=f"per-task column of {paper}",
-                a_name=m,
-                b_name="softmax",
-                spec=".1f",
-            )
-            if ft["verdict"] != "agrees":
-                ft["explanation"] = _ablation_reading(m, t, ablations, res, majority)
-            per_task.append((t, ft))
-            out.append(ft)
-        if f["verdict"] != "agrees":
-            f["explanation"] = (
-                "per-task breakdown (same seeds; the per-task findings carry their ablations): "
-                + "; ".join(
-                    f"{t}: {ft['verdict']} ({res[m][t]['accuracy'].fmt('.1f')} vs "
-                    f"{res['softmax'][t]['accuracy'].fmt('.1f')})"
-                    for t, ft in per_task
-                )
-            )
-        out.insert(len(out) - len(per_task), f)
-    # speed at the longest length both ran
-    if "softmax" in mechs and tasks:
-        longest = max(tasks, key=lambda t: lengths[t] or 0)
-        n = lengths[longest]
-        base = res["softmax"].get(longest, {}).get("steps_per_s")
-        for m, paper, claim, pv, min_n in (
-            (
-                "fastmax",
-                "FAST Table 2",
-                "Fastmax2 trains faster than softmax once N ≥ 1024 (D = 32)",
-                "6.1 vs 1.8 steps/s at N=4000 (Text); equal at N=1000",
-                1024,
-            ),
-            (
-                "tssa",
-                "ToST Table 4 (right)",
-                "TSSA is faster than softmax attention at long N",
-                "0.60x the time of GPT-2 at 4k tokens",
-                1024,
-            ),
-            (
-                "csp",
-                "CSP §4.2 / Fig. 4",
-                "CSP trains faster than the softmax Transformer on LRA",
-                "the fastest training speed of all compared models",
-                1024,
-            ),
-        ):
-            if m not in mechs:
-                continue
-            val = res[m].get(longest, {}).get("steps_per_s")
-            if n is None or n < min_n:
-                ratio = f"{val / base:.2f}x softmax" if val and base else "n/a"
-                out.append(
-                    claims.not_tested(
-                        paper, claim, pv, f"longest task N={n} < {min_n} (measured {ratio} steps/s on {longest})"
-                    )
-                )
-                continue
-            if val is None or base is None:
-                out.append(claims.not_tested(paper, claim, pv, "missing steps/s"))
-                continue
-            verdict = "agrees" if val > base else "disagrees"
+        if ft["verdict"] != "agrees":
+            ft["explanation"] = _ablation_reading(m, t, ablations, res, majority)
+        per_task.append((t, ft))
+    if f["verdict"] != "agrees":
+        f["explanation"] = "per-task breakdown (same seeds; the per-task findings carry their ablations): " + "; ".join(
+            f"{t}: {ft['verdict']} ({res[m][t]['accuracy'].fmt('.1f')} vs {res['softmax'][t]['accuracy'].fmt('.1f')})"
+            for t, ft in per_task
+        )
+    # the average comes first, then its per-task breakdown
+    return [f] + [ft for _, ft in per_task]
+
+
+#: (mechanism, paper, claim, paper value, smallest N at which the paper's speed claim applies)
+_SPEED_CLAIMS = (
+    (
+        "fastmax",
+        "FAST Table 2",
+        "Fastmax2 trains faster than softmax once N ≥ 1024 (D = 32)",
+        "6.1 vs 1.8 steps/s at N=4000 (Text); equal at N=1000",
+        1024,
+    ),
+    (
+        "tssa",
+        "ToST Table 4 (right)",
+        "TSSA is faster than softmax attention at long N",
+        "0.60x the time of GPT-2 at 4k tokens",
+        1024,
+    ),
+    (
+        "csp",
+        "CSP §4.2 / Fig. 4",
+        "CSP trains faster than the softmax Transformer on LRA",
+        "the fastest training speed of all compared models",
+        1024,
+    ),
+)
+
+
+def _speed_findings(res, mechs, tasks, lengths) -> list[dict]:
+    """Speed claims against softmax, judged at the longest length both ran."""
+    out = []
+    longest = max(tasks, key=lambda t: lengths[t] or 0)
+    n = lengths[longest]
+    base = res["softmax"].get(longest, {}).get("steps_per_s")
+    for m, paper, claim, pv, min_n in _SPEED_CLAIMS:
+        if m not in mechs:
+            continue
+        val = res[m].get(longest, {}).get("steps_per_s")
+        if n is None or n < min_n:
+            ratio = f"{val / base:.2f}x softmax" if val and base else "n/a"
             out.append(
-                claims.finding(
-                    paper,
-                    claim,
-                    pv,
-                    f"{m} {val:.2f} vs softmax {base:.2f} steps/s on {longest} (N={n}): {val / base:.2f}x",
-                    verdict,
-                    f"agrees if {m} steps/s > softmax's",
-                    seeds=res[m][longest]["seeds"],
+                claims.not_tested(
+                    paper, claim, pv, f"longest task N={n} < {min_n} (measured {ratio} steps/s on {longest})"
                 )
             )
-        if "csp" in mechs and len(mechs) > 2:
-            gm = {m: _geo_mean([res[m].get(t, {}).get("steps_per_s") for t in tasks]) for m in mechs}
-            known = {m: v for m, v in gm.items() if v}
-            if known:
-                best = max(known, key=known.get)
-                f = claims.finding(
-                    "CSP §4.2 / Fig. 4",
-                    "CSP has the fastest training of all models compared",
-                    "fastest of 14 Transformer variants on LRA",
-                    "geometric-mean steps/s: " + ", ".join(f"{m} {v:.2f}" for m, v in known.items()),
-                    "agrees" if best == "csp" else "disagrees",
-                    "agrees if CSP has the highest geometric-mean steps/s over the tasks",
-                    seeds=min(r["seeds"] for m in mechs for r in res[m].values()),
-                )
-                if best != "csp":
-                    f["explanation"] = (
-                        f"{best} is faster: the comparison set differs from the paper's (TSSA was not "
-                        "among CSP's 14 variants); CSP vs softmax alone: "
-                        f"{known.get('csp', 0) / known.get('softmax', 1):.2f}x"
-                    )
-                out.append(f)
+            continue
+        if val is None or base is None:
+            out.append(claims.not_tested(paper, claim, pv, "missing steps/s"))
+            continue
+        verdict = "agrees" if val > base else "disagrees"
+        out.append(
+            claims.finding(
+                paper,
+                claim,
+                pv,
+                f"{m} {val:.2f} vs softmax {base:.2f} steps/s on {longest} (N={n}): {val / base:.2f}x",
+                verdict,
+                f"agrees if {m} steps/s > softmax's",
+                seeds=res[m][longest]["seeds"],
+            )
+        )
     return out
+
+
+def _fastest_finding(res, mechs, tasks) -> dict | None:
+    """CSP's 'fastest of all compared' claim over the geometric-mean steps/s; None if no mechanism has a speed."""
+    gm = {m: _geo_mean([res[m].get(t, {}).get("steps_per_s") for t in tasks]) for m in mechs}
+    known = {m: v for m, v in gm.items() if v}
+    if not known:
+        return None
+    best = max(known, key=known.get)
+    f = claims.finding(
+        "CSP §4.2 / Fig. 4",
+        "CSP has the fastest training of all models compared",
+        "fastest of 14 Transformer variants on LRA",
+        "geometric-mean steps/s: " + ", ".join(f"{m} {v:.2f}" for m, v in known.items()),
+        "agrees" if best == "csp" else "disagrees",
+        "agrees if CSP has the highest geometric-mean steps/s over the tasks",
+        seeds=min(r["seeds"] for m in mechs for r in res[m].values()),
+    )
+    if best != "csp":
+        f["explanation"] = (
+            f"{best} is faster: the comparison set differs from the paper's (TSSA was not "
+            "among CSP's 14 variants); CSP vs softmax alone: "
+            f"{known.get('csp', 0) / known.get('softmax', 1):.2f}x"
+        )
+    return f
