@@ -145,7 +145,38 @@ def write_report(
     compute_s = sum(r.get("wall_s", 0.0) for r in records.values())
     cmd = "attnzoo reproduce " + " ".join(argv) if argv else f"attnzoo reproduce --budget {budget_name} --out {out}"
     created = time.strftime("%Y-%m-%d %H:%M:%S")
-    setup = [
+    setup = _setup_rows(budget_name, plan, seed, cmd, machine, threads, compute_s, records, outcome, created)
+    md = _report_md(secs, setup, budget_name, plan, seed, cmd, records)
+    atomic_write_text(out / "report.md", "\n".join(md) + "\n")
+    atomic_write_text(out / "report.html", _html(secs, setup, budget_name, _discussion(secs, budget_name, plan)))
+    meta = {
+        "budget": budget_name,
+        "seed": seed,
+        "command": cmd,
+        "machine": machine,
+        "threads": threads,
+        "generated": created,
+        "compute_s": compute_s,
+        "invocation_wall_s": outcome.wall_s,
+        "sections": [s.key for s in secs],
+        "plan": plan,
+    }
+    write_json(out / "results.json", _results_payload(meta, secs, records, outcome.failed))
+
+
+def _setup_rows(
+    budget_name: str,
+    plan: dict,
+    seed: int,
+    cmd: str,
+    machine: dict,
+    threads: int,
+    compute_s: float,
+    records: dict,
+    outcome,
+    created: str,
+) -> list[list[str]]:
+    return [
         ["budget", f"`{budget_name}`: {plan['description']}"],
         ["seed", str(seed)],
         ["command", f"`{cmd}`"],
@@ -164,6 +195,12 @@ def write_report(
         ],
         ["generated", created],
     ]
+
+
+def _report_md(
+    secs: list[Section], setup: list, budget_name: str, plan: dict, seed: int, cmd: str, records: dict
+) -> list[str]:
+    """The lines of ``report.md``: header, contents, setup, one part per section, discussion, run configs."""
     md = [f"# attnzoo reproduce: the papers' comparisons at laptop scale (`{budget_name}` budget)", ""]
     if budget_name == "smoke":
         md += [
@@ -184,22 +221,31 @@ def write_report(
     ]
     md += ["## Setup", "", md_table(["item", "value"], setup), ""]
     for s in secs:
-        md += [f"## {s.title}", ""]
-        if s.intro:
-            md += [s.intro, ""]
-        for t in s.tables:
-            md += [f"### {t.title}", "", t.markdown(), ""]
-            if t.caption:
-                md += [t.caption, ""]
-        for path, caption in s.plots:
-            alt = caption.replace("[", "").replace("]", "")  # brackets would end the image's alt text
-            md += [f"![{alt}]({path})", "", f"*{caption}*", ""]
-        if s.findings:
-            md += [f"### {s.title.split(':')[0]}: agreement with the papers", "", _findings_md(s.findings), ""]
-        for n in s.notes:
-            md += [f"> {n}", ""]
+        md += _section_md(s)
     md += ["## Agreement with the papers", ""] + _discussion(secs, budget_name, plan) + [""]
-    md += [
+    return md + _configs_md(seed, records)
+
+
+def _section_md(s: Section) -> list[str]:
+    md = [f"## {s.title}", ""]
+    if s.intro:
+        md += [s.intro, ""]
+    for t in s.tables:
+        md += [f"### {t.title}", "", t.markdown(), ""]
+        if t.caption:
+            md += [t.caption, ""]
+    for path, caption in s.plots:
+        alt = caption.replace("[", "").replace("]", "")  # brackets would end the image's alt text
+        md += [f"![{alt}]({path})", "", f"*{caption}*", ""]
+    if s.findings:
+        md += [f"### {s.title.split(':')[0]}: agreement with the papers", "", _findings_md(s.findings), ""]
+    for n in s.notes:
+        md += [f"> {n}", ""]
+    return md
+
+
+def _configs_md(seed: int, records: dict) -> list[str]:
+    md = [
         "## Run configurations",
         "",
         "Each step is one training run or one measurement, stored in `steps/<id>.json` with its exact config "
@@ -224,21 +270,12 @@ def write_report(
             "</details>",
             "",
         ]
-    atomic_write_text(out / "report.md", "\n".join(md) + "\n")
-    atomic_write_text(out / "report.html", _html(secs, setup, budget_name, _discussion(secs, budget_name, plan)))
-    payload = {
-        "meta": {
-            "budget": budget_name,
-            "seed": seed,
-            "command": cmd,
-            "machine": machine,
-            "threads": threads,
-            "generated": created,
-            "compute_s": compute_s,
-            "invocation_wall_s": outcome.wall_s,
-            "sections": [s.key for s in secs],
-            "plan": plan,
-        },
+    return md
+
+
+def _results_payload(meta: dict, secs: list[Section], records: dict, failed: dict) -> dict:
+    return {
+        "meta": meta,
         "sections": {
             s.key: {
                 "title": s.title,
@@ -254,9 +291,8 @@ def write_report(
             sid: {"section": r["section"], "config": r["config"], "result": r["result"], "wall_s": r["wall_s"]}
             for sid, r in records.items()
         },
-        "failed": outcome.failed,
+        "failed": failed,
     }
-    write_json(out / "results.json", payload)
 
 
 def _anchor(title: str) -> str:

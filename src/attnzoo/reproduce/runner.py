@@ -154,12 +154,7 @@ def run(
     t_start = time.perf_counter()
     sections = resolve_sections(only)
     b, steps = plan(budget_name, seed)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise ReproduceError(f"--device must be auto, cpu or cuda[:N], got {device!r}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ReproduceError("--device cuda but CUDA is not available; use --device cpu")
+    device = _resolve_device(device)
     if threads is not None:
         if threads < 1:
             raise ReproduceError(f"--threads must be >= 1, got {threads}")
@@ -168,14 +163,56 @@ def run(
     _prepare_out(out, budget_name, seed)
     store = StepStore(out)
     ctx = Context(out=out, store=store, seed=seed, device=device, progress=progress)
-    todo = _select(steps, sections)
     outcome = RunOutcome(out, out / "report.md", out / "results.json")
     records: dict[str, dict] = {}
-    failed_deps: set[str] = set()
+    try:
+        _run_steps(_select(steps, sections), ctx, outcome, records, progress)
+    except (Interrupted, KeyboardInterrupt) as e:
+        outcome.interrupted = True
+        print(
+            f"\nattnzoo reproduce: interrupted ({e or 'Ctrl-C'}); completed steps are saved in {out}. "
+            f"To continue, run: {resume_command(out, budget_name, seed, only)}",
+            file=sys.stderr,
+        )
+        outcome.wall_s = time.perf_counter() - t_start
+        return outcome
+    sections = _with_finished_sections(sections, steps, store, records)
+    outcome.wall_s = time.perf_counter() - t_start
+    write_report(
+        out,
+        b,
+        budget_name,
+        seed,
+        sections,
+        steps,
+        records,
+        outcome,
+        machine_description(device),
+        argv if argv is not None else sys.argv[1:],
+        threads=torch.get_num_threads(),
+    )
+    return outcome
+
+
+def _resolve_device(device: str) -> str:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ReproduceError(f"--device must be auto, cpu or cuda[:N], got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ReproduceError("--device cuda but CUDA is not available; use --device cpu")
+    return device
+
+
+def _run_steps(todo: list[Step], ctx: Context, outcome: RunOutcome, records: dict, progress: bool) -> None:
+    """Load each finished step, compute each missing one; a failed step (and what depends on it) is recorded in
+    ``outcome.failed`` and the others go on. An interruption propagates after the bar is closed."""
     from tqdm.auto import tqdm
 
+    store = ctx.store
+    failed_deps: set[str] = set()
     bar = tqdm(todo, desc="reproduce", unit="step", disable=not progress, file=sys.stderr, dynamic_ncols=True)
-    try:
+    with bar:
         for step in bar:
             bar.set_postfix_str(step.id)
             rec = store.load(step)
@@ -203,18 +240,11 @@ def run(
                 continue
             records[step.id] = store.save(step, result, time.perf_counter() - t0, started)
             outcome.computed.append(step.id)
-    except (Interrupted, KeyboardInterrupt) as e:
-        outcome.interrupted = True
-        bar.close()
-        print(
-            f"\nattnzoo reproduce: interrupted ({e or 'Ctrl-C'}); completed steps are saved in {out}. "
-            f"To continue, run: {resume_command(out, budget_name, seed, only)}",
-            file=sys.stderr,
-        )
-        outcome.wall_s = time.perf_counter() - t_start
-        return outcome
-    bar.close()
-    # sections not selected this time still appear when all their steps were computed earlier
+
+
+def _with_finished_sections(sections: list[str], steps: list[Step], store: StepStore, records: dict) -> list[str]:
+    """Sections not selected this time still appear when all their steps were computed earlier."""
+    sections = list(sections)
     for key in SECTIONS:
         if key in sections:
             continue
@@ -223,22 +253,7 @@ def run(
         if sec_steps and all(recs.values()):
             records.update(recs)
             sections.append(key)
-    sections = [k for k in SECTIONS if k in sections]
-    outcome.wall_s = time.perf_counter() - t_start
-    write_report(
-        out,
-        b,
-        budget_name,
-        seed,
-        sections,
-        steps,
-        records,
-        outcome,
-        machine_description(device),
-        argv if argv is not None else sys.argv[1:],
-        threads=torch.get_num_threads(),
-    )
-    return outcome
+    return [k for k in SECTIONS if k in sections]
 
 
 def resume_command(out: Path, budget_name: str, seed: int, only: str | list[str] | None) -> str:

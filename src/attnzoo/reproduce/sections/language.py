@@ -181,54 +181,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         f"{plan.get('seeds', 1)} seed(s) per model (mean ± std). A unigram model scores about 4.7 bits/char "
         "here; lower is better."
     )
-    rows = []
-    for n in names:
-        r = res[n]
-        rows.append(
-            [
-                n,
-                MODELS[n].mechanism,
-                MODELS[n].description,
-                fmt(r["params"], ","),
-                r["val_loss"].fmt(".3f"),
-                r["val_loss"].scaled(1 / math.log(2)).fmt(".3f"),
-                fmt(r["tokens_per_s"], ".0f"),
-                fmt(r["peak_train_mb"], ".1f"),
-            ]
-        )
-    sec.tables.append(
-        Table(
-            "Validation loss and training cost",
-            [
-                "model",
-                "mechanism",
-                "description",
-                "params",
-                "val loss (nats)",
-                "val bits/char",
-                "train tokens/s",
-                "peak train-step MiB",
-            ],
-            rows,
-        )
-    )
-    contexts = sorted({d["context"] for n in names for d in res[n]["decode"]})
-    if contexts:
-        drows = []
-        for n in names:
-            by = {d["context"]: d for d in res[n]["decode"]}
-            drows.append(
-                [n]
-                + [fmt(by.get(c, {}).get("ms_per_token"), ".3f") for c in contexts]
-                + [fmt(by.get(c, {}).get("state_kib"), ".1f") for c in contexts]
-            )
-        sec.tables.append(
-            Table(
-                "Token-by-token generation (batch 1, cached decoding)",
-                ["model"] + [f"ms/token @ {c}" for c in contexts] + [f"state KiB @ {c}" for c in contexts],
-                drows,
-            )
-        )
+    sec.tables += _tables(res, names)
     sec.data = {
         "models": {
             n: {
@@ -255,6 +208,60 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         return sec
     sec.findings = _findings(res)
     return sec
+
+
+def _tables(res: dict, names: list[str]) -> list[Table]:
+    """The loss-and-cost table and, when decoding was timed, the per-token generation table."""
+    tables = []
+    rows = []
+    for n in names:
+        r = res[n]
+        rows.append(
+            [
+                n,
+                MODELS[n].mechanism,
+                MODELS[n].description,
+                fmt(r["params"], ","),
+                r["val_loss"].fmt(".3f"),
+                r["val_loss"].scaled(1 / math.log(2)).fmt(".3f"),
+                fmt(r["tokens_per_s"], ".0f"),
+                fmt(r["peak_train_mb"], ".1f"),
+            ]
+        )
+    tables.append(
+        Table(
+            "Validation loss and training cost",
+            [
+                "model",
+                "mechanism",
+                "description",
+                "params",
+                "val loss (nats)",
+                "val bits/char",
+                "train tokens/s",
+                "peak train-step MiB",
+            ],
+            rows,
+        )
+    )
+    contexts = sorted({d["context"] for n in names for d in res[n]["decode"]})
+    if contexts:
+        drows = []
+        for n in names:
+            by = {d["context"]: d for d in res[n]["decode"]}
+            drows.append(
+                [n]
+                + [fmt(by.get(c, {}).get("ms_per_token"), ".3f") for c in contexts]
+                + [fmt(by.get(c, {}).get("state_kib"), ".1f") for c in contexts]
+            )
+        tables.append(
+            Table(
+                "Token-by-token generation (batch 1, cached decoding)",
+                ["model"] + [f"ms/token @ {c}" for c in contexts] + [f"state KiB @ {c}" for c in contexts],
+                drows,
+            )
+        )
+    return tables
 
 
 #: a unigram character model's validation bits/char on this split, and how far below it the baseline must get
