@@ -58,13 +58,25 @@ def _deep_vision_plan(plan: dict, vision_plan: dict) -> dict:
 
 
 def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
-    from attnzoo.reproduce.sections import vision
+    steps = _synthetic_steps(plan, seed)
+    batch = {"task": vision_plan["task"], "task_options": vision_plan["task_options"], "n": 8}
+    lw_batch = dict(batch, n=plan.get("layerwise_batch", 32))
+    measure = {"eps": 0.5, "crate_eps": 0.1}
+    deep = _deep_vision_plan(plan, vision_plan)
+    for name in plan["layerwise"]:
+        steps.extend(_layerwise_steps(name, seed, deep, vision_plan, lw_batch, measure))
+    steps.extend(_maps_steps(plan, seed, vision_plan, batch))
+    return steps
 
+
+def _synthetic_steps(plan: dict, seed: int) -> list[Step]:
+    """The parameter-free probes: denoise at two step sizes (and at the small one with the same ηL), compress, and
+    rank collapse."""
     den = dict(plan["denoise"], seed=seed)
     big_eta = den.get("eta", 0.1)
     layers = den.get("layers", 12)
     small = plan.get("denoise_small_eta", SMALL_ETA)
-    steps = [
+    return [
         Step(
             f"{KEY}/denoise",
             KEY,
@@ -102,70 +114,75 @@ def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
             label="rank-collapse",
         ),
     ]
-    batch = {"task": vision_plan["task"], "task_options": vision_plan["task_options"], "n": 8}
-    lw_batch = dict(batch, n=plan.get("layerwise_batch", 32))
-    measure = {"eps": 0.5, "crate_eps": 0.1}
-    deep = _deep_vision_plan(plan, vision_plan)
-    for name in plan["layerwise"]:
-        if name not in vision.MODELS:
-            raise ValueError(f"unknown layer-wise probe model {name!r}; valid: {sorted(vision.MODELS)}")
-        reg, mech, paper, _ = vision.MODELS[name]
-        train = dict(
-            task=deep["task"],
-            task_options=dict(deep["task_options"]),
-            model=reg,
-            model_options=vision.model_options(name, deep),
-            seed=seed,
-            **train_defaults(**deep["train"]),
-        )
-        tid = f"{KEY}/train/{name}"
-        steps.append(
-            Step(tid, KEY, {"train": train, "mechanism": mech, "paper": paper}, _run_train, label=f"train/{name}")
-        )
+
+
+def _layerwise_steps(name: str, seed: int, deep: dict, vision_plan: dict, lw_batch: dict, measure: dict) -> list[Step]:
+    """One layer-wise probe model: its training at the probes' depth, its probe, and (when the vision section trains
+    it too) the same probe on the vision section's shallow model."""
+    from attnzoo.reproduce.sections import vision
+
+    if name not in vision.MODELS:
+        raise ValueError(f"unknown layer-wise probe model {name!r}; valid: {sorted(vision.MODELS)}")
+    reg, mech, paper, _ = vision.MODELS[name]
+    train = dict(
+        task=deep["task"],
+        task_options=dict(deep["task_options"]),
+        model=reg,
+        model_options=vision.model_options(name, deep),
+        seed=seed,
+        **train_defaults(**deep["train"]),
+    )
+    tid = f"{KEY}/train/{name}"
+    steps = [
+        Step(tid, KEY, {"train": train, "mechanism": mech, "paper": paper}, _run_train, label=f"train/{name}"),
+        Step(
+            f"{KEY}/layerwise/{name}",
+            KEY,
+            {"experiment": "layerwise", "model": name, "source": tid, "train": train, "batch": lw_batch, **measure},
+            _run_layerwise,
+            deps=(tid,),
+            label=f"layerwise/{name}",
+        ),
+    ]
+    if name in vision_plan["models"]:
+        # ablation: the same probe on the vision section's shallow model (what the report probed before)
+        vid = seeded_id(f"vision/{name}", seed)
+        shallow_model = {"model_options": vision.model_options(name, vision_plan), "train": vision_plan["train"]}
         steps.append(
             Step(
-                f"{KEY}/layerwise/{name}",
+                f"{KEY}/layerwise-shallow/{name}",
                 KEY,
-                {"experiment": "layerwise", "model": name, "source": tid, "train": train, "batch": lw_batch, **measure},
+                {
+                    "experiment": "layerwise",
+                    "model": name,
+                    "source": vid,
+                    "trained": shallow_model,
+                    "batch": lw_batch,
+                    **measure,
+                },
                 _run_layerwise,
-                deps=(tid,),
-                label=f"layerwise/{name}",
-            )
-        )
-        if name in vision_plan["models"]:
-            # ablation: the same probe on the vision section's shallow model (what the report probed before)
-            vid = seeded_id(f"vision/{name}", seed)
-            shallow_model = {"model_options": vision.model_options(name, vision_plan), "train": vision_plan["train"]}
-            steps.append(
-                Step(
-                    f"{KEY}/layerwise-shallow/{name}",
-                    KEY,
-                    {
-                        "experiment": "layerwise",
-                        "model": name,
-                        "source": vid,
-                        "trained": shallow_model,
-                        "batch": lw_batch,
-                        **measure,
-                    },
-                    _run_layerwise,
-                    deps=(vid,),
-                    label=f"layerwise-shallow/{name}",
-                )
-            )
-    maps = [n for n in plan.get("attention_maps", []) if n in vision_plan["models"]]
-    if maps:
-        steps.append(
-            Step(
-                f"{KEY}/attention-maps",
-                KEY,
-                {"experiment": "attention-maps", "models": maps, "batch": batch},
-                _run_maps,
-                deps=tuple(seeded_id(f"vision/{n}", seed) for n in maps),
-                label="attention-maps",
+                deps=(vid,),
+                label=f"layerwise-shallow/{name}",
             )
         )
     return steps
+
+
+def _maps_steps(plan: dict, seed: int, vision_plan: dict, batch: dict) -> list[Step]:
+    """The attention-maps step over the vision section's models named for it (none if it trains none of them)."""
+    maps = [n for n in plan.get("attention_maps", []) if n in vision_plan["models"]]
+    if not maps:
+        return []
+    return [
+        Step(
+            f"{KEY}/attention-maps",
+            KEY,
+            {"experiment": "attention-maps", "models": maps, "batch": batch},
+            _run_maps,
+            deps=tuple(seeded_id(f"vision/{n}", seed) for n in maps),
+            label="attention-maps",
+        )
+    ]
 
 
 def _run_train(ctx: Context, step: Step) -> dict:
@@ -528,107 +545,130 @@ def _findings(res, lw, shallow=None, trained=None) -> list[dict]:
     shallow, trained = shallow or {}, trained or {}
     out = []
     if "denoise" in res:
-        r = res["denoise"]
-        fit, theory = _num(r["growth_factor_fit"]["threshold"]), _num(r["growth_factor_theory"])
-        eta = _num(r["params"]["eta"])
-        measured = f"η={eta:g}: fitted x{fit:.4f} per layer"
-        small = next((v for k, v in res.items() if k.startswith("denoise/") and not k.endswith("-matched")), None)
-        if small is not None:
-            measured += (
-                f"; η={_num(small['params']['eta']):g}: x{_num(small['growth_factor_fit']['threshold']):.4f} "
-                f"(1+ητ = {_num(small['growth_factor_theory']):.4f})"
-            )
-        out.append(
-            claims.finding(
-                "AoT Theorem 1 / Fig. 4",
-                "each layer of eq 3 (thresholded φ) multiplies the SNR by about 1+ητ",
-                f"1+ητ = {theory:.4f} at η={eta:g}",
-                measured,
-                "agrees" if fit >= theory * 0.995 else "disagrees",
-                "agrees if the fitted growth is at least 99.5% of 1+ητ (at the first η)",
-            )
-        )
+        out.append(_threshold_denoise_finding(res))
         out.append(_softmax_denoise_finding(res))
     if "compress" in res:
-        rate = [_num(x) for x in res["compress"]["coding_rate"]]
-        out.append(
-            claims.finding(
-                "CBSA Fig. 4",
-                "the parameter-free CBSA iteration compresses tokens (coding rate falls)",
-                "coding rate decreases, points collapse onto their lines",
-                f"coding rate {rate[0]:.4g} → {rate[-1]:.4g} over {len(rate) - 1} iterations",
-                "agrees" if rate[-1] < rate[0] else "disagrees",
-                "agrees if the final rate < initial",
-            )
-        )
+        out.append(_compress_finding(res["compress"]))
     if "rank-collapse" in res:
-        resid = {k: [_num(x) for x in v] for k, v in res["rank-collapse"]["residual"].items()}
-        if "softmax_reference" in resid and "csp_reference" in resid:
-            s, c = resid["softmax_reference"], resid["csp_reference"]
-            out.append(
-                claims.finding(
-                    "CSP Theorem 1 / Dong et al.",
-                    "softmax attention without skips collapses to rank 1; CSP does not",
-                    "softmax residual → 0 doubly exponentially; CSP keeps full rank",
-                    f"softmax {s[0]:.2e} → {s[-1]:.2e}, CSP {c[0]:.2e} → {c[-1]:.2e} over {len(s) - 1} layers",
-                    "agrees" if s[-1] < 1e-3 * s[0] and c[-1] > 0.1 * c[0] else "disagrees",
-                    "agrees if softmax's residual falls 1000x while CSP's stays above 10%",
-                )
-            )
+        out.extend(_rank_collapse_findings(res["rank-collapse"]))
     for name, r in lw.items():
-        key = _measure_key(r)
-        if key == "coding_rate":
-            continue  # no subspace bases: the paper's compression term is not defined for this mechanism
-        vals = _layer_series(r, key)
-        if len(vals) < 2:
-            continue
-        t = trained.get(name, {})
-        acc = (
-            f"; the model reached {100 * _num(t['accuracy']):.1f}% validation accuracy at depth {t.get('depth')} "
-            f"after {t.get('steps')} steps"
-            if t.get("accuracy") is not None
-            else ""
-        )
-        per_layer = f"{MEASURE_LABEL[key]} per layer: " + " → ".join(f"{v:.4g}" for v in vals)
-        if key == "variational_compression":  # ToST Fig. 4a: "mostly decreases by layer" over all layers
-            start = 0
-            claim_text = f"the trained {name}'s layers decrease the compression term (mostly, layer by layer)"
-            paper_value = "the compression term mostly decreases by layer (ToST-S, ImageNet)"
-            rule = (
-                "over all layers: agrees if the last layer's value is below the first's with at least half of the "
-                "layer-to-layer steps falling; disagrees if it rises with fewer than half falling; else "
-                "inconclusive"
-            )
-        else:  # CBSA Fig. 5 / CRATE: consecutive compression over the latter half of the layers
-            start = _half_start(len(vals))
-            claim_text = f"the trained {name}'s layers decrease the compression term over the latter half of the layers"
-            paper_value = "the latter half of the layers exhibit consecutive compression (CBSA Fig. 5, CRATE's plots)"
-            rule = (
-                "over the latter half of the layers: agrees if the value falls from the half's first layer to the "
-                "last with at least half of the steps falling; disagrees if it rises with fewer than half falling; "
-                "else inconclusive"
-            )
-        verdict = _fall_verdict(vals, start)
-        f = claims.finding(
-            LAYERWISE_PAPERS.get(name, "CBSA Fig. 5 / CRATE"),
-            claim_text,
-            paper_value,
-            f"{per_layer}; {_describe(vals, start)}{acc}",
-            verdict,
-            rule,
-            seeds=1,
-        )
-        if verdict != "agrees":
-            f["explanation"] = _layerwise_explanation(name, key, start, r, shallow.get(name))
-        elif key != "compression" and "compression" in r["series"]:
-            raw = _layer_series(r, "compression")
-            if _fall_verdict(raw, start) != "agrees":  # the definition decides: say so beside the agreement
-                f["explanation"] = (
-                    f"the definition matters: with the raw eq 2 (no normalisation, ε = 0.5) the same "
-                    f"layers give {_describe(raw, start)}, verdict {_fall_verdict(raw, start)}"
-                )
-        out.append(f)
+        f = _layerwise_finding(name, r, trained.get(name, {}), shallow.get(name))
+        if f is not None:
+            out.append(f)
     return out
+
+
+def _threshold_denoise_finding(res) -> dict:
+    """AoT Theorem 1 with the thresholded φ, judged at the first η; the small η's growth is reported beside it."""
+    r = res["denoise"]
+    fit, theory = _num(r["growth_factor_fit"]["threshold"]), _num(r["growth_factor_theory"])
+    eta = _num(r["params"]["eta"])
+    measured = f"η={eta:g}: fitted x{fit:.4f} per layer"
+    small = next((v for k, v in res.items() if k.startswith("denoise/") and not k.endswith("-matched")), None)
+    if small is not None:
+        measured += (
+            f"; η={_num(small['params']['eta']):g}: x{_num(small['growth_factor_fit']['threshold']):.4f} "
+            f"(1+ητ = {_num(small['growth_factor_theory']):.4f})"
+        )
+    return claims.finding(
+        "AoT Theorem 1 / Fig. 4",
+        "each layer of eq 3 (thresholded φ) multiplies the SNR by about 1+ητ",
+        f"1+ητ = {theory:.4f} at η={eta:g}",
+        measured,
+        "agrees" if fit >= theory * 0.995 else "disagrees",
+        "agrees if the fitted growth is at least 99.5% of 1+ητ (at the first η)",
+    )
+
+
+def _compress_finding(r: dict) -> dict:
+    rate = [_num(x) for x in r["coding_rate"]]
+    return claims.finding(
+        "CBSA Fig. 4",
+        "the parameter-free CBSA iteration compresses tokens (coding rate falls)",
+        "coding rate decreases, points collapse onto their lines",
+        f"coding rate {rate[0]:.4g} → {rate[-1]:.4g} over {len(rate) - 1} iterations",
+        "agrees" if rate[-1] < rate[0] else "disagrees",
+        "agrees if the final rate < initial",
+    )
+
+
+def _rank_collapse_findings(r: dict) -> list[dict]:
+    """CSP Theorem 1, judged only when both reference stacks were run (otherwise no finding)."""
+    resid = {k: [_num(x) for x in v] for k, v in r["residual"].items()}
+    if "softmax_reference" not in resid or "csp_reference" not in resid:
+        return []
+    s, c = resid["softmax_reference"], resid["csp_reference"]
+    return [
+        claims.finding(
+            "CSP Theorem 1 / Dong et al.",
+            "softmax attention without skips collapses to rank 1; CSP does not",
+            "softmax residual → 0 doubly exponentially; CSP keeps full rank",
+            f"softmax {s[0]:.2e} → {s[-1]:.2e}, CSP {c[0]:.2e} → {c[-1]:.2e} over {len(s) - 1} layers",
+            "agrees" if s[-1] < 1e-3 * s[0] and c[-1] > 0.1 * c[0] else "disagrees",
+            "agrees if softmax's residual falls 1000x while CSP's stays above 10%",
+        )
+    ]
+
+
+def _layerwise_finding(name: str, r: dict, t: dict, shallow: dict | None) -> dict | None:
+    """One probe model's layer-wise claim on its claim measure (None where that claim is undefined), with the
+    ablations as its explanation when it does not agree, or the raw eq 2's verdict when that one differs."""
+    key = _measure_key(r)
+    if key == "coding_rate":
+        return None  # no subspace bases: the paper's compression term is not defined for this mechanism
+    vals = _layer_series(r, key)
+    if len(vals) < 2:
+        return None
+    acc = (
+        f"; the model reached {100 * _num(t['accuracy']):.1f}% validation accuracy at depth {t.get('depth')} "
+        f"after {t.get('steps')} steps"
+        if t.get("accuracy") is not None
+        else ""
+    )
+    per_layer = f"{MEASURE_LABEL[key]} per layer: " + " → ".join(f"{v:.4g}" for v in vals)
+    start, claim_text, paper_value, rule = _layerwise_claim(name, key, len(vals))
+    verdict = _fall_verdict(vals, start)
+    f = claims.finding(
+        LAYERWISE_PAPERS.get(name, "CBSA Fig. 5 / CRATE"),
+        claim_text,
+        paper_value,
+        f"{per_layer}; {_describe(vals, start)}{acc}",
+        verdict,
+        rule,
+        seeds=1,
+    )
+    if verdict != "agrees":
+        f["explanation"] = _layerwise_explanation(name, key, start, r, shallow)
+    elif key != "compression" and "compression" in r["series"]:
+        raw = _layer_series(r, "compression")
+        if _fall_verdict(raw, start) != "agrees":  # the definition decides: say so beside the agreement
+            f["explanation"] = (
+                f"the definition matters: with the raw eq 2 (no normalisation, ε = 0.5) the same "
+                f"layers give {_describe(raw, start)}, verdict {_fall_verdict(raw, start)}"
+            )
+    return f
+
+
+def _layerwise_claim(name: str, key: str, n_layers: int) -> tuple[int, str, str, str]:
+    """``(start, claim, paper value, rule)``: ToST's claim spans all layers, CBSA's / CRATE's the latter half."""
+    if key == "variational_compression":  # ToST Fig. 4a: "mostly decreases by layer" over all layers
+        return (
+            0,
+            f"the trained {name}'s layers decrease the compression term (mostly, layer by layer)",
+            "the compression term mostly decreases by layer (ToST-S, ImageNet)",
+            "over all layers: agrees if the last layer's value is below the first's with at least half of the "
+            "layer-to-layer steps falling; disagrees if it rises with fewer than half falling; else "
+            "inconclusive",
+        )
+    # CBSA Fig. 5 / CRATE: consecutive compression over the latter half of the layers
+    return (
+        _half_start(n_layers),
+        f"the trained {name}'s layers decrease the compression term over the latter half of the layers",
+        "the latter half of the layers exhibit consecutive compression (CBSA Fig. 5, CRATE's plots)",
+        "over the latter half of the layers: agrees if the value falls from the half's first layer to the "
+        "last with at least half of the steps falling; disagrees if it rises with fewer than half falling; "
+        "else inconclusive",
+    )
 
 
 def _layerwise_explanation(name: str, key: str, start: int, r: dict, shallow: dict | None) -> str:
