@@ -56,3 +56,35 @@ def test_no_large_files_and_binaries_only_as_plots():
     assert not large, f"tracked files over {MAX_BYTES // 1024} KiB: {large}"
     binary = [p.relative_to(ROOT).as_posix() for p in files if b"\0" in p.read_bytes()[:8192]]
     assert all(b.startswith("docs/") and b.endswith(".png") for b in binary), binary
+
+
+def _check_structure(src: Path) -> subprocess.CompletedProcess:
+    import sys
+
+    script = ROOT / "scripts" / "check_structure.py"
+    return subprocess.run([sys.executable, str(script), str(src)], capture_output=True, text=True)
+
+
+def test_no_import_cycle_and_no_function_over_80_lines():
+    r = _check_structure(ROOT / "src")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "import cycles (strongly connected components): 0" in r.stdout
+    assert "functions over 80 lines: 0" in r.stdout
+
+
+def test_structure_check_finds_a_cycle_and_a_long_function(tmp_path):
+    pkg = tmp_path / "attnzoo"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from attnzoo import b\n")
+    # an import inside a function counts; one under `if TYPE_CHECKING:` does not
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from attnzoo import c\n\n"
+        "def f():\n    from attnzoo import a\n" + "    x = 1\n" * 80
+    )
+    (pkg / "c.py").write_text("from attnzoo import b\n")
+    r = _check_structure(tmp_path)
+    assert r.returncode == 1
+    assert "import cycles (strongly connected components): 1" in r.stdout
+    assert "attnzoo.a" in r.stdout and "attnzoo.b" in r.stdout and "attnzoo.c" not in r.stdout
+    assert "functions over 80 lines: 1" in r.stdout and "b.py" in r.stdout
