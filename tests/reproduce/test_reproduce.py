@@ -186,6 +186,27 @@ def test_every_budget_plans_valid_runs(budget):
     assert all(d in ids and ids.index(d) < ids.index(s.id) for s in steps for d in s.deps)
 
 
+def test_long_plan_seeds_per_task_and_longer_ablations():
+    """``task_seeds`` overrides a task's seed count (for its comparisons and ablations alike); the ``aot@Nx-steps``
+    ablations train N times the section's steps and warm-up, everything else equal."""
+    from collections import Counter
+
+    b, steps = plan("long", 0)
+    lra = b["long-range"]
+    counts = Counter(s.id.rsplit("/", 1)[0] for s in steps if s.id.startswith("long-range/") and "/seed" in s.id)
+    for task in lra["tasks"]:
+        n = lra.get("task_seeds", {}).get(task, lra["seeds"])
+        rows = [k for k in counts if k.split("/")[1] == task]
+        assert rows and all(counts[k] == n for k in rows), (task, n, counts)
+    assert lra["task_seeds"] == {"pathfinder": 1}  # kept for speed at N = 1024; its accuracy is gated out
+    icl = {s.id: s.config["train"] for s in steps if s.id.startswith("icl/") and "train" in s.config}
+    for task in b["icl"]["ablation_tasks"]:
+        for k in range(b["icl"]["seeds"]):
+            base, longer = icl[f"icl/{task}/aot/seed{k}"], icl[f"icl/{task}/aot@2x-steps/seed{k}"]
+            assert longer["steps"] == 2 * base["steps"] and longer["warmup_steps"] == 2 * base["warmup_steps"]
+            assert {**longer, "steps": 0, "warmup_steps": 0} == {**base, "steps": 0, "warmup_steps": 0}
+
+
 #: (a per seed, b per seed, kind, lower_is_better, expected verdict): the rule's edges with known numbers
 VERDICT_TABLE = [
     # one seed: a point estimate on the paper's side agrees; a contradiction cannot be judged without a spread

@@ -37,14 +37,15 @@ MODELS: dict[str, ModelRow] = {
     # ablation: AoT's attention-only model with softmax attention (untied q/k/v) instead of MSSA's shared
     # projection; tests whether the tied projection is what keeps AoT on the zero predictor
     "aot+softmax": ModelRow("icl_aot", "softmax", "AoT without MLP, softmax attention (ablation)"),
-    # ablation: the same AoT trained 4x longer; tests whether the plateau is the budget
+    # ablations: the same AoT trained 2x or 4x longer; they test whether the plateau is the budget
+    "aot@2x-steps": ModelRow("icl_aot", "mssa", "AoT (attention only), 2x the steps (ablation)"),
     "aot@4x-steps": ModelRow("icl_aot", "mssa", "AoT (attention only), 4x the steps (ablation)"),
 }
 
 #: model overrides of the ablation rows
 _OVERRIDES = {"aot+softmax": {"attention": "softmax", "attention_options": {}}}
 #: multiplier of the section's steps (and warm-up) for the ablation rows that train longer
-_STEP_FACTOR = {"aot@4x-steps": 4}
+_STEP_FACTOR = {"aot@2x-steps": 2, "aot@4x-steps": 4}
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
@@ -351,23 +352,25 @@ def _still_descending(results: list[dict]) -> str:
 
 
 def _ablation_text(t: str, fin: dict, zero: float) -> str:
-    """What the ablations (untied projection; 4x the steps) say about AoT's failure to learn in context."""
+    """What the ablations (untied projection; 2x or 4x the steps) say about AoT's failure to learn in context."""
     if "aot" not in fin:
         return ""
     a = claims.stat(fin["aot"])
     parts = []
-    if "aot@4x-steps" in fin:
-        long = fin["aot@4x-steps"]
+    for name, factor in _STEP_FACTOR.items():
+        if name not in fin:
+            continue
+        long = fin[name]
         n_ok = sum(e < 0.5 * zero for e in long)
         parts.append(
-            f"ablation aot@4x-steps (the same AoT, 4x the steps): error {claims.stat(long).fmt('.3f')}, "
+            f"ablation {name} (the same AoT, {factor}x the steps): error {claims.stat(long).fmt('.3f')}, "
             f"{n_ok} of {len(long)} seeds below half the zero predictor — "
             + (
                 "a longer budget takes AoT off the plateau, so the budget is the limit"
                 if n_ok == len(long)
                 else "leaving the plateau with a longer budget is seed-dependent"
                 if n_ok
-                else "4x the steps does not take AoT off the plateau"
+                else f"{factor}x the steps does not take AoT off the plateau"
             )
         )
     if "aot+softmax" in fin:

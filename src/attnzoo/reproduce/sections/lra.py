@@ -54,6 +54,13 @@ def task_train(plan: dict, task: str) -> dict:
     return {**plan["train"], **plan.get("task_train", {}).get(task, {})}
 
 
+def task_seeds(plan: dict, seed: int, task: str) -> list[int]:
+    """The seeds of ``task``'s runs: the section's ``seeds`` unless ``task_seeds`` overrides it (a task kept only for
+    its training speed, not learned at the budget, runs one seed)."""
+    n = plan.get("task_seeds", {}).get(task, plan.get("seeds", 1))
+    return seed_list({"seeds": n}, seed)
+
+
 def _seeded_runs(
     plan: dict,
     seed: int,
@@ -98,7 +105,7 @@ def _seeded_runs(
             _run,
             label=f"{task}/{row}/seed{s}",
         )
-        for s in seed_list(plan, seed)
+        for s in task_seeds(plan, seed, task)
     ]
 
 
@@ -239,8 +246,9 @@ def _intro(plan: dict, tasks: list[str], lengths: dict[str, int | None]) -> str:
         f"Every encoder: width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, MLP "
         f"{arch.get('mlp_dim')}, pre-norm, mean pooling, the same AdamW/cosine optimiser; only the "
         f"attention differs. Steps per task (shared by every mechanism, sized from learning curves so that "
-        f"the softmax baseline learns): {budgets}. {n_seeds} seed{'s' if n_seeds > 1 else ''} per cell "
-        "(mean ± sample std). Sequence lengths: "
+        f"the softmax baseline learns): {budgets}. {n_seeds} seed{'s' if n_seeds > 1 else ''} per cell"
+        + "".join(f"; {t}: {k} seed{'s' if k > 1 else ''}" for t, k in plan.get("task_seeds", {}).items() if t in tasks)
+        + " (mean ± sample std). Sequence lengths: "
         + ", ".join(f"{t} N={lengths[t]}" for t in tasks)
         + " (Retrieval: two documents of N bytes each). The data are generated or derived offline "
         "(see `attnzoo.data`), not the LRA release files."
