@@ -82,8 +82,9 @@ def test_cpu_peak_memory_is_the_most_held_at_once():
 
 @pytest.mark.parametrize("mech", cases.ALL_OP_CASES)
 def test_every_op_case_runs_forward_and_backward(mech):
-    s = cases.Shape(batch=1, heads=2, length=17, dim=16)
-    causal = mech in cases.EXTRA_OP_CASES
+    pairs = mech in cases.CSP_PAIR_CASES  # groups of two tokens need an even N; CSP has no causal form
+    s = cases.Shape(batch=1, heads=2, length=18 if pairs else 17, dim=16)
+    causal = mech in cases.EXTRA_OP_CASES and not pairs
     prep = cases.prepare(mech, s, causal=causal, level="op", device=torch.device("cpu"), dtype=torch.float32)
     for t in prep.inputs:
         t.requires_grad_(True)
@@ -91,6 +92,25 @@ def test_every_op_case_runs_forward_and_backward(mech):
     grads = torch.autograd.grad(out, prep.inputs, torch.ones_like(out))
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
     assert prep.bytes_moved > 0
+
+
+def test_csp_pair_cases_compute_the_same_values_and_refuse_odd_n():
+    s = cases.Shape(batch=2, heads=2, length=64, dim=24)
+    outs = []
+    for mech in cases.CSP_PAIR_CASES:
+        torch.manual_seed(0)
+        outs.append(cases.prepare(mech, s, causal=False, level="op", device=torch.device("cpu"), dtype=torch.float32))
+    assert all(torch.equal(o.inputs[0], outs[0].inputs[0]) for o in outs)
+    assert all(torch.equal(o.run(), outs[0].run()) for o in outs[1:])
+    with pytest.raises(ValueError, match="csp_pairs needs an even sequence length, got N=17"):
+        cases.prepare(
+            "csp_pairs",
+            cases.Shape(1, 2, 17, 16),
+            causal=False,
+            level="op",
+            device=torch.device("cpu"),
+            dtype=torch.float32,
+        )
 
 
 def test_cpu_peak_memory_keeps_errors_and_stderr(capfd):

@@ -63,15 +63,16 @@ def test_fast_matches_naive_backward(B, N, C, groups):
         v = torch.randn(B, N, C, dtype=torch.float64)
         g = torch.randn(B, N, C, dtype=torch.float64)
         grads = []
-        for backend in ("torch", "naive"):
+        for backend in ("torch", "cpu", "naive"):
             vv = v.clone().requires_grad_(True)
             (csp(vv, shifts, groups, backend=backend) * g).sum().backward()
             grads.append(vv.grad)
-        torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+        torch.testing.assert_close(grads[0], grads[2], rtol=0, atol=0)
+        torch.testing.assert_close(grads[1], grads[2], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("B,N,C,groups", [(2, 4, 3, 1), (1, 6, 3, 3), (1, 6, 2, 2), (2, 5, 2, 5), (1, 1, 2, 1)])
-@pytest.mark.parametrize("backend", ["torch", "naive"])
+@pytest.mark.parametrize("backend", ["torch", "cpu", "naive"])
 def test_gradcheck(B, N, C, groups, backend):
     v = _distinct((B, N, C)).requires_grad_(True)
     shifts = csp_shifts(N, C)
@@ -316,7 +317,7 @@ def test_groups_must_divide_n():
 
 def test_bad_inputs():
     v = torch.randn(1, 6, 3)
-    with pytest.raises(ValueError, match=r"backend='cuda'.*\['auto', 'naive', 'torch'\]"):
+    with pytest.raises(ValueError, match=r"backend='cuda'.*\['auto', 'naive', 'torch', 'cpu'\]"):
         csp(v, [0, 1, 2], 1, backend="cuda")
     with pytest.raises(ValueError, match=r"C=3 steps.*got 2"):
         csp(v, [0, 1], 1)
@@ -355,9 +356,10 @@ def _no_general_path(monkeypatch):
     monkeypatch.setattr(gather, "csp_source_index", forbidden)
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
 @pytest.mark.parametrize("G", [1, 2, 3, 4, 8])
-@pytest.mark.parametrize("B,K,C", [(1, 1, 1), (2, 3, 5), (3, 5, 4)])
-def test_small_groups_match_naive_exactly_with_ties(G, B, K, C, shift_form, monkeypatch):
+@pytest.mark.parametrize("B,K,C", [(1, 1, 1), (2, 3, 5), (3, 5, 4), (2, 7, 37)])
+def test_small_groups_match_naive_exactly_with_ties(G, B, K, C, shift_form, backend, monkeypatch):
     N = G * K
     gen = torch.Generator().manual_seed(G * 100 + N + C)
     # few distinct values (and signed zeros): many ties, decided by the stable-sort rule of the reference
@@ -371,7 +373,7 @@ def test_small_groups_match_naive_exactly_with_ties(G, B, K, C, shift_form, monk
     general = v.gather(1, csp_source_index(v, shifts, K))
     _no_general_path(monkeypatch)
     vv = v.clone().requires_grad_(True)
-    out = csp(vv, shifts, K)
+    out = csp(vv, shifts, K, backend=backend)
     assert torch.equal(out, ref) and torch.equal(out.signbit(), general.signbit())
     w = torch.randn(B, N, C, dtype=torch.float64, generator=gen)
     (g_ref,) = torch.autograd.grad((ref * w).sum(), ref_v)
@@ -379,9 +381,10 @@ def test_small_groups_match_naive_exactly_with_ties(G, B, K, C, shift_form, monk
     assert torch.equal(g_out, g_ref)
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
 @pytest.mark.parametrize("schedule", ["linear", "none"])
 @pytest.mark.parametrize("G", [1, 2, 4, 8])
-def test_small_groups_long_sequence_matches_general_path(G, schedule):
+def test_small_groups_long_sequence_matches_general_path(G, schedule, backend):
     # default dispatch at N >= 512 on CPU: the per-channel slice shift; the general gather/sort path is the reference
     from attnzoo.ops.csp.gather import _TokenPermute
     from attnzoo.ops.csp.gather import csp_source_index as general_index
@@ -390,7 +393,7 @@ def test_small_groups_long_sequence_matches_general_path(G, schedule):
     v = torch.randint(-3, 4, (B, N, C)).float().requires_grad_(True)
     shifts = csp_shifts(N, C, schedule)
     ref = _TokenPermute.apply(v, general_index(v, shifts, N // G))
-    out = csp(v, shifts, N // G)
+    out = csp(v, shifts, N // G, backend=backend)
     assert torch.equal(out, ref)
     w = torch.randn(B, N, C)
     assert torch.equal(torch.autograd.grad((out * w).sum(), v)[0], torch.autograd.grad((ref * w).sum(), v)[0])
@@ -410,14 +413,68 @@ def test_sorting_networks_sort_every_zero_one_input(G):
         assert x == sorted(bits), (bits, x)
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
 @pytest.mark.parametrize("G", [2, 4])
-def test_small_groups_gradgradcheck(G, shift_form):
+def test_small_groups_gradgradcheck(G, shift_form, backend):
     v = _distinct((1, 2 * G, 3)).requires_grad_(True)
-    assert torch.autograd.gradgradcheck(lambda t: csp(t, [0, 1, 3], 2), (v,))
+    assert torch.autograd.gradgradcheck(lambda t: csp(t, [0, 1, 3], 2, backend=backend), (v,))
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_small_groups_low_precision_bits(dtype, shift_form):
+def test_small_groups_low_precision_bits(dtype, shift_form, backend):
     v = torch.randn(2, 16, 5).to(dtype)
     for K in (8, 4, 2):  # G = 2, 4, 8
-        assert torch.equal(csp(v, [0, 1, 2, 3, 4], K), csp(v.double(), [0, 1, 2, 3, 4], K).to(dtype))
+        got = csp(v, [0, 1, 2, 3, 4], K, backend=backend)
+        assert torch.equal(got, csp(v.double(), [0, 1, 2, 3, 4], K, backend="naive").to(dtype))
+
+
+# ---------------------------------------------------------------- fused CPU kernel for groups of two (ops/csp/cpu.cpp)
+
+
+def test_auto_takes_the_fused_kernel_for_pairs_and_falls_back_without_it(monkeypatch):
+    from attnzoo.ops import _cpu_kernels
+    from attnzoo.ops._dispatch import resolve_backend
+    from attnzoo.ops.csp import CSP
+
+    v = torch.randn(2, 8, 3)
+    assert resolve_backend(CSP, "auto", v) == "cpu"
+    calls = []
+    real = _cpu_kernels.cpu_kernels()
+    monkeypatch.setattr(_cpu_kernels, "cpu_kernels", lambda: calls.append(1) or real)
+    csp(v, [0, 1, 2], 4)
+    assert calls, "groups of two on CPU must reach the fused kernels"
+    monkeypatch.setattr(_cpu_kernels, "cpu_kernels", lambda: None)
+    monkeypatch.setattr(_cpu_kernels, "cpu_kernels_error", lambda: "no compiler")
+    assert resolve_backend(CSP, "auto", v) == "torch"
+    torch.testing.assert_close(csp(v, [0, 1, 2], 4), csp(v, [0, 1, 2], 4, backend="naive"), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="backend='cpu' needs attnzoo's CPU kernels: no compiler"):
+        csp(v, [0, 1, 2], 4, backend="cpu")
+
+
+@pytest.mark.parametrize("B,N,C", [(1, 2, 1), (2, 34, 17), (1, 130, 48), (3, 64, 40)])
+def test_fused_pairs_kernel_matches_reference_forward_and_backward(B, N, C):
+    # C not a multiple of the kernel's 16-channel tile, a shifted reference channel, shifts that wrap a pair
+    gen = torch.Generator().manual_seed(B * 1000 + N + C)
+    v = torch.randint(-3, 4, (B, N, C), generator=gen).double() * 0.25  # ties
+    shifts = torch.randint(-3 * N, 3 * N, (C,), generator=gen)
+    shifts[0] = N - 1  # the reference's first pair wraps around the end
+    ref_v, vv = v.clone().requires_grad_(True), v.clone().requires_grad_(True)
+    ref = csp(ref_v, shifts, N // 2, backend="naive")
+    out = csp(vv, shifts, N // 2, backend="cpu")
+    assert torch.equal(out, ref)
+    w = torch.randn(B, N, C, dtype=torch.float64, generator=gen)
+    assert torch.equal(torch.autograd.grad((out * w).sum(), vv)[0], torch.autograd.grad((ref * w).sum(), ref_v)[0])
+
+
+def test_fused_pairs_kernel_rejects_bad_arguments():
+    from attnzoo.ops import _cpu_kernels
+
+    k = _cpu_kernels.cpu_kernels()
+    v = torch.randn(1, 4, 3)
+    with pytest.raises(RuntimeError, match=r"shifts must lie in \[0, N\) = \[0, 4\), got 4 at channel 1"):
+        k.csp_pairs(v, torch.tensor([0, 4, 1]))
+    with pytest.raises(RuntimeError, match="even N, got N = 5"):
+        k.csp_pairs(torch.randn(1, 5, 3), torch.tensor([0, 1, 2]))
+    with pytest.raises(RuntimeError, match=r"swap must be the forward's contiguous bool \(B, C, N / 2\)"):
+        k.csp_pairs_bwd(v, torch.tensor([0, 1, 2]), torch.zeros(1, 3, 3, dtype=torch.bool))

@@ -98,7 +98,22 @@ def _op_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
         shifts = ops.csp_shifts(N, s.dim, "linear").to(device)
         run = lambda: ops.csp(v, shifts, 1)  # noqa: E731
         return Prepared([v], run, 2 * _nbytes(v))
-    raise ValueError(f"no op-level benchmark case for {name!r}; valid: {OP_CASES}")
+    if name in CSP_PAIR_CASES:
+        # CSP with groups of two tokens (K = N/2, CSP §3.2.1's min-max): "auto" (the fused CPU kernel on CPU),
+        # the PyTorch compare-and-swap path, and the general index-and-gather path it replaces
+        if N % 2:
+            raise ValueError(f"{name} needs an even sequence length, got N={N}")
+        (v,) = _randn((B, N, s.dim), device, dtype)
+        shifts = ops.csp_shifts(N, s.dim, "linear").to(device)
+        if name == "csp_pairs_general":
+            from attnzoo.ops.csp.gather import csp_general
+
+            run = lambda: csp_general(v, shifts, N // 2)  # noqa: E731
+        else:
+            backend = "torch" if name == "csp_pairs_torch" else "auto"
+            run = lambda: ops.csp(v, shifts, N // 2, backend=backend)  # noqa: E731
+        return Prepared([v], run, 2 * _nbytes(v))
+    raise ValueError(f"no op-level benchmark case for {name!r}; valid: {ALL_OP_CASES}")
 
 
 OP_CASES = ["softmax", "linear", "xca", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "csp", "cbsa"]
@@ -120,7 +135,9 @@ CAUSAL_OP_CASES = [
 # module level: --mechanisms fastmax_p1,fastmax_p1_baseline,fastmax_p2,fastmax_p2_baseline,tssa,tssa_baseline
 BASELINE_CASES = list(baselines.BASELINE_CASES)
 CAUSAL_OP_CASES += BASELINE_CASES
-EXTRA_OP_CASES = ["fastmax_p1_autograd", "fastmax_p2_autograd", "tssa_torch"] + BASELINE_CASES
+# CSP with groups of two: --mechanisms csp_pairs,csp_pairs_torch,csp_pairs_general (op level)
+CSP_PAIR_CASES = ["csp_pairs", "csp_pairs_torch", "csp_pairs_general"]
+EXTRA_OP_CASES = ["fastmax_p1_autograd", "fastmax_p2_autograd", "tssa_torch"] + BASELINE_CASES + CSP_PAIR_CASES
 ALL_OP_CASES = OP_CASES + EXTRA_OP_CASES
 
 

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).resolve().parent
 #: the C++ sources compiled into the one library (namespace ``torch.ops.attnzoo_cpu``)
-CPU_KERNEL_SOURCES = [_HERE / "tssa" / "cpu.cpp"]
+CPU_KERNEL_SOURCES = [_HERE / "tssa" / "cpu.cpp", _HERE / "csp" / "cpu.cpp"]
 
 _lock = threading.Lock()
 _loaded = False
@@ -140,6 +140,21 @@ def _cflags() -> list[str]:
     return flags
 
 
+def _staged_sources(build_dir: Path) -> list[Path]:
+    """The sources copied into ``build_dir`` as ``<op>_cpu.cpp``: every op's file is ``cpu.cpp``, and ninja names
+    each object after its source's file name. A copy is written only when missing (the build key covers the
+    sources' contents), so its time stamp does not make ninja rebuild on every load."""
+    staged = []
+    for src in CPU_KERNEL_SOURCES:
+        dst = build_dir / f"{src.parent.name}_{src.name}"
+        if not dst.exists() or dst.read_bytes() != src.read_bytes():
+            tmp = dst.with_suffix(".tmp")
+            tmp.write_bytes(src.read_bytes())
+            os.replace(tmp, dst)
+        staged.append(dst)
+    return staged
+
+
 def _build(wait_s: float = DEFAULT_WAIT_S) -> None:
     from torch.utils.cpp_extension import load
 
@@ -154,7 +169,7 @@ def _build(wait_s: float = DEFAULT_WAIT_S) -> None:
             )
         load(
             name="attnzoo_cpu",
-            sources=[str(s) for s in CPU_KERNEL_SOURCES],
+            sources=[str(s) for s in _staged_sources(build_dir)],
             extra_cflags=_cflags(),
             extra_ldflags=_ldflags(),
             build_directory=str(build_dir),

@@ -16,9 +16,10 @@ from typing import Sequence
 import torch
 
 from attnzoo._checks import check_bool, check_choice, check_ndim, check_positive_int, check_probability, finite_absmax
+from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import resolve_backend, run_backend
 from attnzoo.ops._spec import Backend, Mechanism, Options, option
-from attnzoo.ops.csp.gather import csp_gather  # noqa: F401  (the spec's backends look it up here)
+from attnzoo.ops.csp.gather import csp_gather
 from attnzoo.ops.csp.gather import csp_source_index as _source_index
 from attnzoo.ops.csp.naive import csp_naive, csp_permutations_naive
 from attnzoo.ops.csp.shifts import SHIFT_SCHEDULES, csp_shifts
@@ -62,10 +63,31 @@ def _csp_naive(v: torch.Tensor, shifts: torch.Tensor, groups: int) -> torch.Tens
     return csp_naive(v, shifts.tolist(), groups)
 
 
+def _csp_cpu(v: torch.Tensor, shifts: torch.Tensor, groups: int) -> torch.Tensor:
+    # groups of two tokens in the fused C++ kernel (cpu.cpp); other group sizes are the PyTorch path's
+    if torch.compiler.is_compiling():  # the kernel is opaque to torch.compile: the PyTorch path stands in
+        return csp_gather(v, shifts, groups)
+    kernels = _cpu_kernels.cpu_kernels()
+    if kernels is None:
+        raise RuntimeError(
+            f"backend='cpu' needs attnzoo's CPU kernels: {_cpu_kernels.cpu_kernels_error()}; "
+            "use backend='torch' (or 'auto', which falls back to it)"
+        )
+    if v.shape[1] == 2 * groups:
+        from attnzoo.ops.csp.small import csp_small_groups
+
+        return csp_small_groups(v, shifts, 2, kernels=kernels)
+    return csp_gather(v, shifts, groups)
+
+
 CSP = Mechanism(
     op="csp",
     options=CSPOptions,
-    backends={"naive": Backend(__name__, "_csp_naive", kind="reference"), "torch": Backend(__name__, "csp_gather")},
+    backends={
+        "naive": Backend(__name__, "_csp_naive", kind="reference"),
+        "torch": Backend(__name__, "csp_gather"),
+        "cpu": Backend(__name__, "_csp_cpu", kind="cpu", devices=("cpu",)),
+    },
     causal=False,  # group sorting reads every token of a group
     examples=({"groups": 3, "shift_schedule": "power", "layer_index": 1, "num_layers": 2},),
 )
@@ -112,8 +134,10 @@ def csp(v: torch.Tensor, shifts: Sequence[int] | torch.Tensor, groups: int, *, b
     Inside each of ``groups`` contiguous token groups, channel c's sorted values are placed at the positions
     ranked by the (shifted) reference channel 0, the optimal transport of App. B; channel 0 is only shifted.
     ``groups=1`` is complete sorting, ``groups=N`` pure shifting. Gradients flow to ``v`` through the
-    (piecewise constant) permutations. ``backend``: ``"auto"`` (= ``"torch"``), ``"torch"`` (gather/sort),
-    ``"naive"`` (explicit N x N permutation matrices).
+    (piecewise constant) permutations. ``backend``: ``"auto"`` (``"cpu"`` for CPU tensors when the fused
+    kernels build, else ``"torch"``), ``"torch"`` (gather/sort; compare-and-swap or sorting networks for groups
+    of 1-8 tokens), ``"cpu"`` (groups of two in one fused C++ pass, the rest as ``"torch"``), ``"naive"``
+    (explicit N x N permutation matrices).
     """
     s, name = _check_args(v, shifts, groups, backend)
     return run_backend(CSP, name, (v, s, groups), auto=backend == "auto")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["csp_gather", "csp_source_index"]
+__all__ = ["csp_gather", "csp_general", "csp_source_index"]
 
 
 def csp_source_index(v: torch.Tensor, shifts: torch.Tensor, groups: int) -> torch.Tensor:
@@ -76,5 +76,11 @@ def csp_gather(v: torch.Tensor, shifts: torch.Tensor, groups: int) -> torch.Tens
     # take the general gather, which computes the same values
     if group_size in SMALL_GROUP_SIZES and not torch.compiler.is_compiling():
         return csp_small_groups(v, shifts, group_size)
-    idx = csp_source_index(v, shifts, groups)
-    return _TokenPermute.apply(v, idx)
+    return csp_general(v, shifts, groups)
+
+
+def csp_general(v: torch.Tensor, shifts: torch.Tensor, groups: int) -> torch.Tensor:
+    """CSP eq 4 for any group size: an int64 source index ``(B, N, C)`` (:func:`csp_source_index`), then one
+    gather; the path every group size took before the small-group and fused paths (``attnzoo bench`` times
+    them against it)."""
+    return _TokenPermute.apply(v, csp_source_index(v, shifts, groups))

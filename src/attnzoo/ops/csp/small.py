@@ -191,12 +191,18 @@ def _network_forward(u: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 class _SmallGroupCSP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, v: torch.Tensor, shifts: torch.Tensor, g: int) -> torch.Tensor:
+    def forward(ctx, v: torch.Tensor, shifts: torch.Tensor, g: int, kernels=None) -> torch.Tensor:
         n = v.shape[1]
-        steps = [j % n for j in shifts.tolist()] if _use_loop(v) else None
+        fused = kernels is not None and g == 2
+        steps = [j % n for j in shifts.tolist()] if fused or _use_loop(v) else None
         lay = _Layout(v.shape, g, shifts, steps)
+        ctx.lay, ctx.kernels = lay, kernels if fused else None
+        if fused:  # one C++ pass per (sample, tile of channels); swaps saved as (B, C, K) bools, as below
+            j = torch.tensor(steps, dtype=torch.long)
+            out, swap = kernels.csp_pairs(v.contiguous(), j)
+            ctx.save_for_backward(j, swap)
+            return out
         u, out = lay.shifted(v)
-        ctx.lay = lay
         if g == 1:  # groups = N: pure shifting
             ctx.save_for_backward(shifts)
             return lay.to_bnc(u)
@@ -209,8 +215,10 @@ class _SmallGroupCSP(torch.autograd.Function):
         lay = ctx.lay
         g4 = lay.of_bnc(grad)
         if lay.g == 1:
-            return lay.to_bnc(g4, unshift=True), None, None
-        _, choice = ctx.saved_tensors
+            return lay.to_bnc(g4, unshift=True), None, None, None
+        shifts, choice = ctx.saved_tensors
+        if ctx.kernels is not None and not torch.is_grad_enabled():
+            return ctx.kernels.csp_pairs_bwd(grad.contiguous(), shifts, choice), None, None, None
         if torch.is_grad_enabled():
             # double backward (create_graph=True): differentiable ops only, no writes into buffers
             if lay.g == 2:
@@ -218,22 +226,23 @@ class _SmallGroupCSP(torch.autograd.Function):
                 gu = torch.stack([torch.where(choice, b, a), torch.where(choice, a, b)], dim=-1)
             else:
                 gu = torch.zeros_like(g4).scatter(3, choice.long(), g4)
-            return lay.to_bnc(gu.contiguous(), unshift=True), None, None
+            return lay.to_bnc(gu.contiguous(), unshift=True), None, None, None
         gu = lay.empty(grad)
         if lay.g == 2:
             # a transposition is its own inverse: the same swaps send each gradient back to its source
             _swap_where(choice, g4[..., 0], g4[..., 1], gu[..., 0], gu[..., 1])
         else:
             gu.scatter_(3, choice.long(), g4)  # a permutation per group: every slot written exactly once
-        return lay.to_bnc(gu, unshift=True, scratch=g4), None, None
+        return lay.to_bnc(gu, unshift=True, scratch=g4), None, None, None
 
 
-def csp_small_groups(v: torch.Tensor, shifts: torch.Tensor, group_size: int) -> torch.Tensor:
+def csp_small_groups(v: torch.Tensor, shifts: torch.Tensor, group_size: int, *, kernels=None) -> torch.Tensor:
     """CSP eq 4 for ``v (B, N, C)`` with groups of ``group_size`` in :data:`SMALL_GROUP_SIZES` tokens.
 
     ``shifts``: LongTensor ``(C,)`` on ``v.device`` with values in ``[0, N)``. Same values and gradients
-    as :func:`attnzoo.ops.csp.gather.csp_gather` (and the naive reference), tie rule included.
+    as :func:`attnzoo.ops.csp.gather.csp_gather` (and the naive reference), tie rule included. ``kernels``
+    (``torch.ops.attnzoo_cpu``, CPU tensors): groups of two run in the fused C++ kernel of ``cpu.cpp``.
     """
     if group_size not in SMALL_GROUP_SIZES:
         raise ValueError(f"group_size={group_size!r}; the small-group path handles {list(SMALL_GROUP_SIZES)}")
-    return _SmallGroupCSP.apply(v, shifts, group_size)
+    return _SmallGroupCSP.apply(v, shifts, group_size, kernels)

@@ -1,0 +1,178 @@
+// Fused CPU kernel for CSP eq 4 with groups of two tokens (G = 2), forward and backward.
+//
+// Why: the PyTorch small-group path (small.py) makes about ten passes over the (B, N, C) values: a transpose
+// to (B, C, N), the per-channel shift (eq 3) as slice copies, two comparisons, the bitwise swap (four
+// passes) and a transpose back. Here a task is (sample, tile of kTile channels) and makes two passes:
+//   (1) read the tile's columns row by row (one cache line per token for float32) and write each channel,
+//       already shifted, into a per-task buffer of kTile x N (sequential streams);
+//   (2) per pair of tokens, compare-and-swap each channel, placed by the reference channel's order, and
+//       write the output rows; the swaps go to a bool (B, C, N/2) for the backward.
+// The reference channel's order (channel 0, shifted) is one byte per pair and sample, computed first.
+// Tie rule as the reference (a stable sort): strict '>' on both sides, so equal values keep their order.
+// Values are only moved, never computed: the output is bit-exact.
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+using at::Tensor;
+
+namespace {
+
+// channels per task: 16 float32 values are one 64-byte line of a token's row
+constexpr int64_t kTile = 16;
+
+void check_args(const Tensor& x, const Tensor& shifts, const char* name) {
+  TORCH_CHECK(x.dim() == 3, name, " must be (B, N, C), got ", x.dim(), " dimensions");
+  TORCH_CHECK(x.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK(x.size(1) % 2 == 0, "groups of two need an even N, got N = ", x.size(1));
+  TORCH_CHECK(shifts.scalar_type() == at::kLong && shifts.dim() == 1 && shifts.size(0) == x.size(2) &&
+                  shifts.is_contiguous(),
+              "shifts must be a contiguous int64 (C,) tensor");
+  const int64_t n = x.size(1);
+  const int64_t* j = shifts.data_ptr<int64_t>();
+  for (int64_t c = 0; c < shifts.size(0); ++c)
+    TORCH_CHECK(j[c] >= 0 && j[c] < n, "shifts must lie in [0, N) = [0, ", n, "), got ", j[c], " at channel ", c);
+}
+
+// ref[b * K + k] = 1 where the shifted reference channel (channel 0) is descending in pair k of sample b
+template <typename T>
+void reference_order(const T* v, const int64_t* J, uint8_t* ref, int64_t B, int64_t N, int64_t C) {
+  const int64_t K = N / 2;
+  at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const T* vb = v + b * N * C;
+      int64_t src = (N - J[0]) % N;  // u_0[m] = v[(m - J_0) mod N, 0]
+      for (int64_t k = 0; k < K; ++k) {
+        const T x = vb[src * C];
+        src = src + 1 == N ? 0 : src + 1;
+        const T y = vb[src * C];
+        src = src + 1 == N ? 0 : src + 1;
+        ref[b * K + k] = static_cast<uint8_t>(x > y);
+      }
+    }
+  });
+}
+
+template <typename T>
+void pairs_forward(const T* v, const int64_t* J, const uint8_t* ref, T* out, bool* swap, int64_t B, int64_t N,
+                   int64_t C) {
+  const int64_t K = N / 2, tiles = (C + kTile - 1) / kTile;
+  at::parallel_for(0, B * tiles, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> buf(kTile * N);
+    int64_t pos[kTile];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / tiles, c0 = (t % tiles) * kTile, tc = std::min(kTile, C - c0);
+      const T* vb = v + b * N * C + c0;
+      // (1) buf[j][(n + J_c) mod N] = v[n][c]: channel c shifted by J_c (eq 3)
+      for (int64_t j = 0; j < tc; ++j) pos[j] = J[c0 + j];
+      for (int64_t n = 0; n < N; ++n) {
+        const T* row = vb + n * C;
+        for (int64_t j = 0; j < tc; ++j) {
+          buf[j * N + pos[j]] = row[j];
+          pos[j] = pos[j] + 1 == N ? 0 : pos[j] + 1;
+        }
+      }
+      // (2) slot 0 of a pair takes the smaller value unless the reference pair is descending
+      T* ob = out + b * N * C + c0;
+      const uint8_t* rb = ref + b * K;
+      bool* sb = swap + (b * C + c0) * K;
+      for (int64_t k = 0; k < K; ++k) {
+        T* o0 = ob + 2 * k * C;
+        T* o1 = o0 + C;
+        const bool r = rb[k];
+        for (int64_t j = 0; j < tc; ++j) {
+          const T x = buf[j * N + 2 * k], y = buf[j * N + 2 * k + 1];
+          const bool s = (x > y) != r;
+          o0[j] = s ? y : x;
+          o1[j] = s ? x : y;
+          sb[j * K + k] = s;
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void pairs_backward(const T* g, const int64_t* J, const bool* swap, T* gv, int64_t B, int64_t N, int64_t C) {
+  const int64_t K = N / 2, tiles = (C + kTile - 1) / kTile;
+  at::parallel_for(0, B * tiles, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> buf(kTile * N);
+    int64_t pos[kTile];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / tiles, c0 = (t % tiles) * kTile, tc = std::min(kTile, C - c0);
+      // (1) a transposition is its own inverse: the same swaps send each pair's gradients back to its slots
+      const T* gb = g + b * N * C + c0;
+      const bool* sb = swap + (b * C + c0) * K;
+      for (int64_t k = 0; k < K; ++k) {
+        const T* g0 = gb + 2 * k * C;
+        const T* g1 = g0 + C;
+        for (int64_t j = 0; j < tc; ++j) {
+          const bool s = sb[j * K + k];
+          buf[j * N + 2 * k] = s ? g1[j] : g0[j];
+          buf[j * N + 2 * k + 1] = s ? g0[j] : g1[j];
+        }
+      }
+      // (2) undo the shift: grad_v[n][c] = buf[j][(n + J_c) mod N]
+      T* ob = gv + b * N * C + c0;
+      for (int64_t j = 0; j < tc; ++j) pos[j] = J[c0 + j];
+      for (int64_t n = 0; n < N; ++n) {
+        T* row = ob + n * C;
+        for (int64_t j = 0; j < tc; ++j) {
+          row[j] = buf[j * N + pos[j]];
+          pos[j] = pos[j] + 1 == N ? 0 : pos[j] + 1;
+        }
+      }
+    }
+  });
+}
+
+std::vector<Tensor> csp_pairs(const Tensor& v, const Tensor& shifts) {
+  check_args(v, shifts, "v");
+  const int64_t B = v.size(0), N = v.size(1), C = v.size(2);
+  Tensor out = at::empty_like(v);
+  Tensor swap = at::empty({B, C, N / 2}, v.options().dtype(at::kBool));
+  Tensor ref = at::empty({B, N / 2}, v.options().dtype(at::kByte));
+  if (v.numel() == 0) return {out, swap};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, v.scalar_type(), "csp_pairs", [&] {
+    const int64_t* J = shifts.data_ptr<int64_t>();
+    reference_order<scalar_t>(v.data_ptr<scalar_t>(), J, ref.data_ptr<uint8_t>(), B, N, C);
+    pairs_forward<scalar_t>(v.data_ptr<scalar_t>(), J, ref.data_ptr<uint8_t>(), out.data_ptr<scalar_t>(),
+                            swap.data_ptr<bool>(), B, N, C);
+  });
+  return {out, swap};
+}
+
+Tensor csp_pairs_bwd(const Tensor& grad, const Tensor& shifts, const Tensor& swap) {
+  check_args(grad, shifts, "grad");
+  const int64_t B = grad.size(0), N = grad.size(1), C = grad.size(2);
+  TORCH_CHECK(swap.scalar_type() == at::kBool && swap.is_contiguous() && swap.dim() == 3 && swap.size(0) == B &&
+                  swap.size(1) == C && swap.size(2) == N / 2,
+              "swap must be the forward's contiguous bool (B, C, N / 2)");
+  Tensor gv = at::empty_like(grad);
+  if (grad.numel() == 0) return gv;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "csp_pairs_bwd", [&] {
+    pairs_backward<scalar_t>(grad.data_ptr<scalar_t>(), shifts.data_ptr<int64_t>(), swap.data_ptr<bool>(),
+                             gv.data_ptr<scalar_t>(), B, N, C);
+  });
+  return gv;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(attnzoo_cpu, m) {
+  m.def("csp_pairs(Tensor v, Tensor shifts) -> Tensor[]");
+  m.def("csp_pairs_bwd(Tensor grad, Tensor shifts, Tensor swap) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(attnzoo_cpu, CPU, m) {
+  m.impl("csp_pairs", &csp_pairs);
+  m.impl("csp_pairs_bwd", &csp_pairs_bwd);
+}
