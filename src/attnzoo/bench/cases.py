@@ -60,10 +60,14 @@ def _op_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
     B, H, N, P = s.batch, s.heads, s.length, s.head_dim
     if name in BASELINE_CASES:
         return _baseline_op_case(name, s, causal, device, dtype)
-    if name in ("softmax", "linear", "xca") or name.startswith("fastmax_p"):
+    if name in ("softmax", "softmax_explicit", "linear", "xca") or name.startswith("fastmax_p"):
         q, k, v = _randn((B, H, N, P), device, dtype, 3)
         if name == "softmax":
             run = lambda: ops.softmax_attention(q, k, v, causal=causal)  # noqa: E731
+        elif name == "softmax_explicit":
+            # the N x N scores and weights materialised (the reference): the attention the papers' memory
+            # figures compare against, where SDPA streams the scores
+            run = lambda: ops.softmax_attention(q, k, v, causal=causal, backend="naive")  # noqa: E731
         elif name == "linear":
             run = lambda: ops.linear_attention(q, k, v, causal=causal)  # noqa: E731
         elif name == "xca":
@@ -119,6 +123,7 @@ def _op_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
 OP_CASES = ["softmax", "linear", "xca", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "csp", "cbsa"]
 CAUSAL_OP_CASES = [
     "softmax",
+    "softmax_explicit",
     "linear",
     "mssa",
     "tssa",
@@ -137,7 +142,10 @@ BASELINE_CASES = list(baselines.BASELINE_CASES)
 CAUSAL_OP_CASES += BASELINE_CASES
 # CSP with groups of two: --mechanisms csp_pairs,csp_pairs_torch,csp_pairs_general (op level)
 CSP_PAIR_CASES = ["csp_pairs", "csp_pairs_torch", "csp_pairs_general"]
-EXTRA_OP_CASES = ["fastmax_p1_autograd", "fastmax_p2_autograd", "tssa_torch"] + BASELINE_CASES + CSP_PAIR_CASES
+# softmax with the N x N matrix materialised (the naive reference), the memory baseline of the papers' figures
+EXTRA_OP_CASES = (
+    ["softmax_explicit", "fastmax_p1_autograd", "fastmax_p2_autograd", "tssa_torch"] + BASELINE_CASES + CSP_PAIR_CASES
+)
 ALL_OP_CASES = OP_CASES + EXTRA_OP_CASES
 
 

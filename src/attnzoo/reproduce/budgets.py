@@ -86,6 +86,7 @@ BUDGETS: dict[str, dict] = {
             "repeats": 1,
             "budget_s": 2.0,
             "causal": False,
+            "explicit_softmax": True,
             "decode": ["softmax", "tssa"],
             "contexts": [16, 64],
             "decode_dim": 64,
@@ -203,6 +204,8 @@ BUDGETS: dict[str, dict] = {
             "repeats": 2,
             "budget_s": 6.0,
             "causal": False,
+            # softmax with the N x N matrix stored, forward at the longest N: the baseline of the memory claims
+            "explicit_softmax": True,
             "decode": ["softmax", "linear", "tssa", "fastmax_p1", "fastmax_p2"],
             "contexts": [128, 512, 2048],
             "decode_dim": 384,

@@ -337,6 +337,11 @@ def _notes(
                 f"{t}: the softmax baseline reached {res['softmax'][t]['accuracy'].fmt('.1f')}% against "
                 f"a majority class of {majority.get(t, CHANCE[t]):.1f}% (not {LEARNED_MARGIN:g} points "
                 "above), so this task is left out of every comparison at this budget"
+                + (
+                    f"; it runs {plan['task_seeds'][t]} seed(s) for its training cost (the steps/s and memory tables)"
+                    if t in plan.get("task_seeds", {})
+                    else ""
+                )
             )
     return notes
 
