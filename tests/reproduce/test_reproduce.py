@@ -175,6 +175,8 @@ def test_every_budget_plans_valid_runs(budget):
         cfg = from_dict(s.config["train"]).validate()
         if "/seed" in s.id:  # a seeded comparison: seeds 3, 4, ... of its section
             assert 3 <= cfg.seed < 3 + b[s.section].get("seeds", 1) and s.id.endswith(f"/seed{cfg.seed}")
+        elif "/extra-seed" in s.id:  # an extra-seeds ablation: the seeds after the section's
+            assert cfg.seed >= 3 + b[s.section].get("seeds", 1) and s.id.endswith(f"/extra-seed{cfg.seed}")
         else:
             assert cfg.seed == 3
         get_config(cfg.model, **cfg.resolved_model_options())  # raises on an invalid architecture
@@ -306,3 +308,29 @@ def test_interrupted_run_prints_the_command_that_continues_it(tmp_path, monkeypa
     hint = err.split("To continue, run: ", 1)[1].strip()
     assert hint == f"attnzoo reproduce --budget smoke --seed 2 --out {outcome.out} --only probes"
     assert outcome.out.parent == Path("results") and (tmp_path / outcome.out / "run.json").is_file()
+
+
+def test_vision_extra_seeds_explain_a_controlled_comparison_within_the_spread():
+    """An inconclusive controlled swap with extra seeds gets their verdict in its explanation; the extra seeds never
+    enter the tables' statistics (plan steps use their own ids)."""
+    from attnzoo.reproduce.claims import stat
+    from attnzoo.reproduce.sections import vision
+
+    res = {
+        "cbt": {"accuracy": stat([73.0, 74.0, 73.5]), "accuracy_more": None},
+        "crate": {"accuracy": stat([59.0, 60.0, 58.5]), "accuracy_more": None},
+        "vit+cbsa": {"accuracy": stat([60.0, 63.0, 61.0]), "accuracy_more": stat([60.0, 63.0, 61.0, 55.0, 56.0, 55.5])},
+        "vit+mssa": {"accuracy": stat([65.0, 58.0, 65.0]), "accuracy_more": stat([65.0, 58.0, 65.0, 64.0, 65.0, 64.5])},
+    }
+    ctl = [f for f in vision._findings(res) if f["claim"].startswith("CBT's attention in the ViT skeleton")]
+    assert len(ctl) == 1 and ctl[0]["verdict"] == "inconclusive"
+    assert "ablation with 6 seeds each" in ctl[0]["explanation"]
+    assert "verdict disagrees — more seeds resolve it (disagrees)" in ctl[0]["explanation"]
+    res["vit+cbsa"]["accuracy_more"] = None
+    ctl = [f for f in vision._findings(res) if f["claim"].startswith("CBT's attention in the ViT skeleton")]
+    assert "seeds each" not in ctl[0]["explanation"]
+    b, steps = plan("long", 0)
+    ids = [s.id for s in steps if s.id.startswith("vision/vit+cbsa/")]
+    assert ids == [f"vision/vit+cbsa/seed{k}" for k in range(3)] + [f"vision/vit+cbsa/extra-seed{k}" for k in (3, 4, 5)]
+    with pytest.raises(ValueError, match=r"extra_seeds row 'vit\+nope' is not a row of this plan"):
+        vision.plan_steps({**b["vision"], "extra_seeds": {"rows": ["vit+nope"], "seeds": 1}}, 0)
