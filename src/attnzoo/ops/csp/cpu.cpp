@@ -2,11 +2,11 @@
 //
 // Why: the PyTorch small-group path (small.py) makes about ten passes over the (B, N, C) values: a transpose
 // to (B, C, N), the per-channel shift (eq 3) as slice copies, two comparisons, the bitwise swap (four
-// passes) and a transpose back. Here a task is (sample, tile of kTile channels) and makes two passes:
-//   (1) read the tile's columns row by row (one cache line per token for float32) and write each channel,
-//       already shifted, into a per-task buffer of kTile x N (sequential streams);
-//   (2) per pair of tokens, compare-and-swap each channel, placed by the reference channel's order, and
-//       write the output rows; the swaps go to a bool (B, C, N/2) for the backward.
+// passes) and a transpose back. Here a task is (sample, tile of kTile channels) and walks the tokens in blocks
+// of kBlock, each in three steps that stay in L1/L2: (1) read the tile's columns, each channel from its own
+// shifted start, into per-channel runs; (2) per pair of tokens, compare-and-swap each channel, placed by the
+// reference channel's order, and note the swaps (a bool (B, C, N/2), for the backward); (3) write the block's
+// output rows. The values cross memory once in and once out.
 // The reference channel's order (channel 0, shifted) is one byte per pair and sample, computed first.
 // Tie rule as the reference (a stable sort): strict '>' on both sides, so equal values keep their order.
 // Values are only moved, never computed: the output is bit-exact.
@@ -61,40 +61,77 @@ void reference_order(const T* v, const int64_t* J, uint8_t* ref, int64_t B, int6
   });
 }
 
+// Tokens per block: a block's 16 channels x kBlock values (in and out) stay in L1/L2 between the three steps.
+constexpr int64_t kBlock = 512;
+
+// lb[j][i] = x[(s0_j + i) mod N][j] for i < len: channel j's values from token s0_j on (a strided column read,
+// split where it wraps around the end of the sequence)
+template <typename T>
+inline void gather_columns(const T* x, int64_t N, int64_t C, const int64_t* s0, int64_t tc, int64_t len, T* lb) {
+  for (int64_t j = 0; j < tc; ++j) {
+    const T* col = x + j;
+    T* dst = lb + j * kBlock;
+    int64_t s = s0[j];
+    int64_t i = 0;
+    while (i < len) {
+      const int64_t run = std::min(len - i, N - s);
+      for (int64_t r = 0; r < run; ++r) dst[i + r] = col[(s + r) * C];
+      i += run;
+      s = 0;
+    }
+  }
+}
+
+// y[(s0_j + i) mod N][j] = ob[j][i] for i < len (the inverse of gather_columns)
+template <typename T>
+inline void scatter_columns(const T* ob, int64_t N, int64_t C, const int64_t* s0, int64_t tc, int64_t len, T* y) {
+  for (int64_t j = 0; j < tc; ++j) {
+    T* col = y + j;
+    const T* src = ob + j * kBlock;
+    int64_t s = s0[j];
+    int64_t i = 0;
+    while (i < len) {
+      const int64_t run = std::min(len - i, N - s);
+      for (int64_t r = 0; r < run; ++r) col[(s + r) * C] = src[i + r];
+      i += run;
+      s = 0;
+    }
+  }
+}
+
 template <typename T>
 void pairs_forward(const T* v, const int64_t* J, const uint8_t* ref, T* out, bool* swap, int64_t B, int64_t N,
                    int64_t C) {
   const int64_t K = N / 2, tiles = (C + kTile - 1) / kTile;
   at::parallel_for(0, B * tiles, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<T> buf(kTile * N);
-    int64_t pos[kTile];
+    std::vector<T> lb(kTile * kBlock), ob(kTile * kBlock);
+    int64_t s0[kTile], zero[kTile] = {0};
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / tiles, c0 = (t % tiles) * kTile, tc = std::min(kTile, C - c0);
       const T* vb = v + b * N * C + c0;
-      // (1) buf[j][(n + J_c) mod N] = v[n][c]: channel c shifted by J_c (eq 3)
-      for (int64_t j = 0; j < tc; ++j) pos[j] = J[c0 + j];
-      for (int64_t n = 0; n < N; ++n) {
-        const T* row = vb + n * C;
-        for (int64_t j = 0; j < tc; ++j) {
-          buf[j * N + pos[j]] = row[j];
-          pos[j] = pos[j] + 1 == N ? 0 : pos[j] + 1;
-        }
-      }
-      // (2) slot 0 of a pair takes the smaller value unless the reference pair is descending
-      T* ob = out + b * N * C + c0;
+      T* outb = out + b * N * C + c0;
       const uint8_t* rb = ref + b * K;
-      bool* sb = swap + (b * C + c0) * K;
-      for (int64_t k = 0; k < K; ++k) {
-        T* o0 = ob + 2 * k * C;
-        T* o1 = o0 + C;
-        const bool r = rb[k];
+      for (int64_t m0 = 0; m0 < N; m0 += kBlock) {
+        const int64_t len = std::min(kBlock, N - m0);
+        // (1) u_c[m] = v[(m - J_c) mod N][c] for the block's tokens m (eq 3)
+        for (int64_t j = 0; j < tc; ++j) s0[j] = (m0 - J[c0 + j] + N) % N;
+        gather_columns(vb, N, C, s0, tc, len, lb.data());
+        // (2) per pair: slot 0 takes the smaller value unless the reference pair is descending
+        const uint8_t* r = rb + m0 / 2;
         for (int64_t j = 0; j < tc; ++j) {
-          const T x = buf[j * N + 2 * k], y = buf[j * N + 2 * k + 1];
-          const bool s = (x > y) != r;
-          o0[j] = s ? y : x;
-          o1[j] = s ? x : y;
-          sb[j * K + k] = s;
+          const T* u = lb.data() + j * kBlock;
+          T* o = ob.data() + j * kBlock;
+          bool* sw = swap + (b * C + c0 + j) * K + m0 / 2;
+          for (int64_t k = 0; k < len / 2; ++k) {
+            const T x = u[2 * k], y = u[2 * k + 1];
+            const bool s = (x > y) != static_cast<bool>(r[k]);
+            o[2 * k] = s ? y : x;
+            o[2 * k + 1] = s ? x : y;
+            sw[k] = s;
+          }
         }
+        // (3) the block's output rows
+        scatter_columns(ob.data(), N, C, zero, tc, len, outb + m0 * C);
       }
     }
   });
@@ -104,31 +141,30 @@ template <typename T>
 void pairs_backward(const T* g, const int64_t* J, const bool* swap, T* gv, int64_t B, int64_t N, int64_t C) {
   const int64_t K = N / 2, tiles = (C + kTile - 1) / kTile;
   at::parallel_for(0, B * tiles, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<T> buf(kTile * N);
-    int64_t pos[kTile];
+    std::vector<T> lb(kTile * kBlock), ob(kTile * kBlock);
+    int64_t s0[kTile], zero[kTile] = {0};
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / tiles, c0 = (t % tiles) * kTile, tc = std::min(kTile, C - c0);
-      // (1) a transposition is its own inverse: the same swaps send each pair's gradients back to its slots
       const T* gb = g + b * N * C + c0;
-      const bool* sb = swap + (b * C + c0) * K;
-      for (int64_t k = 0; k < K; ++k) {
-        const T* g0 = gb + 2 * k * C;
-        const T* g1 = g0 + C;
+      T* gvb = gv + b * N * C + c0;
+      for (int64_t m0 = 0; m0 < N; m0 += kBlock) {
+        const int64_t len = std::min(kBlock, N - m0);
+        gather_columns(gb + m0 * C, N, C, zero, tc, len, lb.data());
+        // a transposition is its own inverse: the same swaps send each pair's gradients back to its slots
         for (int64_t j = 0; j < tc; ++j) {
-          const bool s = sb[j * K + k];
-          buf[j * N + 2 * k] = s ? g1[j] : g0[j];
-          buf[j * N + 2 * k + 1] = s ? g0[j] : g1[j];
+          const T* gu = lb.data() + j * kBlock;
+          T* o = ob.data() + j * kBlock;
+          const bool* sw = swap + (b * C + c0 + j) * K + m0 / 2;
+          for (int64_t k = 0; k < len / 2; ++k) {
+            const bool s = sw[k];
+            const T x = gu[2 * k], y = gu[2 * k + 1];
+            o[2 * k] = s ? y : x;
+            o[2 * k + 1] = s ? x : y;
+          }
         }
-      }
-      // (2) undo the shift: grad_v[n][c] = buf[j][(n + J_c) mod N]
-      T* ob = gv + b * N * C + c0;
-      for (int64_t j = 0; j < tc; ++j) pos[j] = J[c0 + j];
-      for (int64_t n = 0; n < N; ++n) {
-        T* row = ob + n * C;
-        for (int64_t j = 0; j < tc; ++j) {
-          row[j] = buf[j * N + pos[j]];
-          pos[j] = pos[j] + 1 == N ? 0 : pos[j] + 1;
-        }
+        // undo the shift: grad_v[(m - J_c) mod N][c] = gu_c[m]
+        for (int64_t j = 0; j < tc; ++j) s0[j] = (m0 - J[c0 + j] + N) % N;
+        scatter_columns(ob.data(), N, C, s0, tc, len, gvb);
       }
     }
   });
