@@ -452,18 +452,20 @@ def test_auto_takes_the_fused_kernel_for_pairs_and_falls_back_without_it(monkeyp
         csp(v, [0, 1, 2], 4, backend="cpu")
 
 
-@pytest.mark.parametrize("B,N,C", [(1, 2, 1), (2, 34, 17), (1, 130, 48), (3, 64, 40)])
-def test_fused_pairs_kernel_matches_reference_forward_and_backward(B, N, C):
-    # C not a multiple of the kernel's 16-channel tile, a shifted reference channel, shifts that wrap a pair
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])  # float32: the AVX-512 path where the CPU has it
+@pytest.mark.parametrize("B,N,C", [(1, 2, 1), (2, 34, 17), (1, 130, 48), (3, 64, 40), (1, 1030, 35)])
+def test_fused_pairs_kernel_matches_reference_forward_and_backward(B, N, C, dtype):
+    # C not a multiple of the kernel's 16-channel tile, a shifted reference channel, shifts that wrap a pair,
+    # N beyond one 512-token block of the portable path
     gen = torch.Generator().manual_seed(B * 1000 + N + C)
-    v = torch.randint(-3, 4, (B, N, C), generator=gen).double() * 0.25  # ties
+    v = (torch.randint(-3, 4, (B, N, C), generator=gen).double() * 0.25).to(dtype)  # ties
     shifts = torch.randint(-3 * N, 3 * N, (C,), generator=gen)
     shifts[0] = N - 1  # the reference's first pair wraps around the end
     ref_v, vv = v.clone().requires_grad_(True), v.clone().requires_grad_(True)
     ref = csp(ref_v, shifts, N // 2, backend="naive")
     out = csp(vv, shifts, N // 2, backend="cpu")
     assert torch.equal(out, ref)
-    w = torch.randn(B, N, C, dtype=torch.float64, generator=gen)
+    w = torch.randn(B, N, C, dtype=torch.float64, generator=gen).to(dtype)
     assert torch.equal(torch.autograd.grad((out * w).sum(), vv)[0], torch.autograd.grad((ref * w).sum(), ref_v)[0])
 
 
@@ -476,5 +478,5 @@ def test_fused_pairs_kernel_rejects_bad_arguments():
         k.csp_pairs(v, torch.tensor([0, 4, 1]))
     with pytest.raises(RuntimeError, match="even N, got N = 5"):
         k.csp_pairs(torch.randn(1, 5, 3), torch.tensor([0, 1, 2]))
-    with pytest.raises(RuntimeError, match=r"swap must be the forward's contiguous bool \(B, C, N / 2\)"):
+    with pytest.raises(RuntimeError, match=r"swap must be the forward's contiguous bool \(B, N / 2, C\)"):
         k.csp_pairs_bwd(v, torch.tensor([0, 1, 2]), torch.zeros(1, 3, 3, dtype=torch.bool))

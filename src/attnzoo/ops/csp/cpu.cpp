@@ -5,8 +5,9 @@
 // passes) and a transpose back. Here a task is (sample, tile of kTile channels) and walks the tokens in blocks
 // of kBlock, each in three steps that stay in L1/L2: (1) read the tile's columns, each channel from its own
 // shifted start, into per-channel runs; (2) per pair of tokens, compare-and-swap each channel, placed by the
-// reference channel's order, and note the swaps (a bool (B, C, N/2), for the backward); (3) write the block's
-// output rows. The values cross memory once in and once out.
+// reference channel's order, and note the swaps (a bool (B, N/2, C), for the backward); (3) write the block's
+// output rows. The values cross memory once in and once out. With AVX-512 (float32) a tile is one vector and
+// each pair is two gathers, a compare and two row stores, with no transposition at all (see below).
 // The reference channel's order (channel 0, shifted) is one byte per pair and sample, computed first.
 // Tie rule as the reference (a stable sort): strict '>' on both sides, so equal values keep their order.
 // Values are only moved, never computed: the output is bit-exact.
@@ -21,6 +22,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 using at::Tensor;
 
@@ -121,13 +126,13 @@ void pairs_forward(const T* v, const int64_t* J, const uint8_t* ref, T* out, boo
         for (int64_t j = 0; j < tc; ++j) {
           const T* u = lb.data() + j * kBlock;
           T* o = ob.data() + j * kBlock;
-          bool* sw = swap + (b * C + c0 + j) * K + m0 / 2;
+          bool* sw = swap + (b * K + m0 / 2) * C + c0 + j;
           for (int64_t k = 0; k < len / 2; ++k) {
             const T x = u[2 * k], y = u[2 * k + 1];
             const bool s = (x > y) != static_cast<bool>(r[k]);
             o[2 * k] = s ? y : x;
             o[2 * k + 1] = s ? x : y;
-            sw[k] = s;
+            sw[k * C] = s;
           }
         }
         // (3) the block's output rows
@@ -154,9 +159,9 @@ void pairs_backward(const T* g, const int64_t* J, const bool* swap, T* gv, int64
         for (int64_t j = 0; j < tc; ++j) {
           const T* gu = lb.data() + j * kBlock;
           T* o = ob.data() + j * kBlock;
-          const bool* sw = swap + (b * C + c0 + j) * K + m0 / 2;
+          const bool* sw = swap + (b * K + m0 / 2) * C + c0 + j;
           for (int64_t k = 0; k < len / 2; ++k) {
-            const bool s = sw[k];
+            const bool s = sw[k * C];
             const T x = gu[2 * k], y = gu[2 * k + 1];
             o[2 * k] = s ? y : x;
             o[2 * k + 1] = s ? x : y;
@@ -170,18 +175,119 @@ void pairs_backward(const T* g, const int64_t* J, const bool* swap, T* gv, int64
   });
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// float32 with AVX-512: 16 channels are one vector, so no transposition is needed. Per pair k of a tile, the two
+// shifted values of each channel (rows (2k - J_c) and (2k + 1 - J_c) mod N, a different row per lane) are
+// gathered, compared and blended, and the pair's two output rows stored as they are; the backward scatters the
+// swapped gradients to the same rows. Offsets are int32: used when N * C < 2^31.
+constexpr bool kHaveAvx512 = true;
+
+// element offsets (row * C + lane) of u_c[0] and u_c[1] for the tile's lanes, and the lanes' mask
+inline void first_offsets(const int64_t* J, int64_t N, int64_t C, int64_t c0, int64_t tc, __m512i& off0, __m512i& off1,
+                          __mmask16& lanes) {
+  alignas(64) int32_t o0[16] = {0}, o1[16] = {0};
+  for (int64_t j = 0; j < tc; ++j) {
+    const int64_t r0 = (N - J[c0 + j]) % N, r1 = (r0 + 1) % N;
+    o0[j] = static_cast<int32_t>(r0 * C + c0 + j);
+    o1[j] = static_cast<int32_t>(r1 * C + c0 + j);
+  }
+  off0 = _mm512_load_si512(o0);
+  off1 = _mm512_load_si512(o1);
+  lanes = static_cast<__mmask16>((1u << tc) - 1u);
+}
+
+// the offsets two rows on (pair k + 1), wrapped into [0, N * C)
+inline __m512i next_pair(__m512i off, __m512i step, __m512i limit) {
+  off = _mm512_add_epi32(off, step);
+  return _mm512_mask_sub_epi32(off, _mm512_cmpge_epi32_mask(off, limit), off, limit);
+}
+
+void pairs_forward_avx512(const float* v, const int64_t* J, const uint8_t* ref, float* out, bool* swap, int64_t B,
+                          int64_t N, int64_t C) {
+  const int64_t K = N / 2, tiles = (C + 15) / 16;
+  const __m512i step = _mm512_set1_epi32(static_cast<int32_t>(2 * C));
+  const __m512i limit = _mm512_set1_epi32(static_cast<int32_t>(N * C));
+  at::parallel_for(0, B * tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / tiles, c0 = (t % tiles) * 16, tc = std::min<int64_t>(16, C - c0);
+      __m512i off0, off1;
+      __mmask16 lanes;
+      first_offsets(J, N, C, c0, tc, off0, off1, lanes);
+      const float* vb = v + b * N * C;
+      float* ob = out + b * N * C + c0;
+      bool* sb = swap + b * K * C + c0;
+      const uint8_t* rb = ref + b * K;
+      const __m512 zero = _mm512_setzero_ps();
+      for (int64_t k = 0; k < K; ++k) {
+        const __m512 x = _mm512_mask_i32gather_ps(zero, lanes, off0, vb, 4);
+        const __m512 y = _mm512_mask_i32gather_ps(zero, lanes, off1, vb, 4);
+        // strict '>' (ordered): equal values keep their order, as the stable sort of the reference
+        const __mmask16 s = _mm512_cmp_ps_mask(x, y, _CMP_GT_OQ) ^ static_cast<__mmask16>(rb[k] ? 0xFFFF : 0);
+        _mm512_mask_storeu_ps(ob + 2 * k * C, lanes, _mm512_mask_blend_ps(s, x, y));
+        _mm512_mask_storeu_ps(ob + (2 * k + 1) * C, lanes, _mm512_mask_blend_ps(s, y, x));
+        _mm_mask_storeu_epi8(sb + k * C, lanes, _mm_maskz_set1_epi8(s, 1));
+        off0 = next_pair(off0, step, limit);
+        off1 = next_pair(off1, step, limit);
+      }
+    }
+  });
+}
+
+void pairs_backward_avx512(const float* g, const int64_t* J, const bool* swap, float* gv, int64_t B, int64_t N,
+                           int64_t C) {
+  const int64_t K = N / 2, tiles = (C + 15) / 16;
+  const __m512i step = _mm512_set1_epi32(static_cast<int32_t>(2 * C));
+  const __m512i limit = _mm512_set1_epi32(static_cast<int32_t>(N * C));
+  at::parallel_for(0, B * tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / tiles, c0 = (t % tiles) * 16, tc = std::min<int64_t>(16, C - c0);
+      __m512i off0, off1;
+      __mmask16 lanes;
+      first_offsets(J, N, C, c0, tc, off0, off1, lanes);
+      const float* gb = g + b * N * C + c0;
+      float* gvb = gv + b * N * C;
+      const bool* sb = swap + b * K * C + c0;
+      for (int64_t k = 0; k < K; ++k) {
+        const __m512 x = _mm512_maskz_loadu_ps(lanes, gb + 2 * k * C);
+        const __m512 y = _mm512_maskz_loadu_ps(lanes, gb + (2 * k + 1) * C);
+        const __mmask16 s = _mm_test_epi8_mask(_mm_maskz_loadu_epi8(lanes, sb + k * C), _mm_set1_epi8(1));
+        // a transposition is its own inverse: the same swaps send each pair's gradients back to its sources
+        _mm512_mask_i32scatter_ps(gvb, lanes, off0, _mm512_mask_blend_ps(s, x, y), 4);
+        _mm512_mask_i32scatter_ps(gvb, lanes, off1, _mm512_mask_blend_ps(s, y, x), 4);
+        off0 = next_pair(off0, step, limit);
+        off1 = next_pair(off1, step, limit);
+      }
+    }
+  });
+}
+#else
+constexpr bool kHaveAvx512 = false;
+void pairs_forward_avx512(const float*, const int64_t*, const uint8_t*, float*, bool*, int64_t, int64_t, int64_t) {}
+void pairs_backward_avx512(const float*, const int64_t*, const bool*, float*, int64_t, int64_t, int64_t) {}
+#endif
+
+// the AVX-512 path takes float32 whose element offsets fit in int32
+bool use_avx512(const Tensor& x) {
+  return kHaveAvx512 && x.scalar_type() == at::kFloat && x.size(1) * x.size(2) < (int64_t{1} << 31);
+}
+
 std::vector<Tensor> csp_pairs(const Tensor& v, const Tensor& shifts) {
   check_args(v, shifts, "v");
   const int64_t B = v.size(0), N = v.size(1), C = v.size(2);
   Tensor out = at::empty_like(v);
-  Tensor swap = at::empty({B, C, N / 2}, v.options().dtype(at::kBool));
+  Tensor swap = at::empty({B, N / 2, C}, v.options().dtype(at::kBool));
   Tensor ref = at::empty({B, N / 2}, v.options().dtype(at::kByte));
   if (v.numel() == 0) return {out, swap};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, v.scalar_type(), "csp_pairs", [&] {
     const int64_t* J = shifts.data_ptr<int64_t>();
     reference_order<scalar_t>(v.data_ptr<scalar_t>(), J, ref.data_ptr<uint8_t>(), B, N, C);
-    pairs_forward<scalar_t>(v.data_ptr<scalar_t>(), J, ref.data_ptr<uint8_t>(), out.data_ptr<scalar_t>(),
-                            swap.data_ptr<bool>(), B, N, C);
+    if (use_avx512(v)) {
+      pairs_forward_avx512(v.data_ptr<float>(), J, ref.data_ptr<uint8_t>(), out.data_ptr<float>(),
+                           swap.data_ptr<bool>(), B, N, C);
+    } else {
+      pairs_forward<scalar_t>(v.data_ptr<scalar_t>(), J, ref.data_ptr<uint8_t>(), out.data_ptr<scalar_t>(),
+                              swap.data_ptr<bool>(), B, N, C);
+    }
   });
   return {out, swap};
 }
@@ -190,13 +296,18 @@ Tensor csp_pairs_bwd(const Tensor& grad, const Tensor& shifts, const Tensor& swa
   check_args(grad, shifts, "grad");
   const int64_t B = grad.size(0), N = grad.size(1), C = grad.size(2);
   TORCH_CHECK(swap.scalar_type() == at::kBool && swap.is_contiguous() && swap.dim() == 3 && swap.size(0) == B &&
-                  swap.size(1) == C && swap.size(2) == N / 2,
-              "swap must be the forward's contiguous bool (B, C, N / 2)");
+                  swap.size(1) == N / 2 && swap.size(2) == C,
+              "swap must be the forward's contiguous bool (B, N / 2, C)");
   Tensor gv = at::empty_like(grad);
   if (grad.numel() == 0) return gv;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "csp_pairs_bwd", [&] {
-    pairs_backward<scalar_t>(grad.data_ptr<scalar_t>(), shifts.data_ptr<int64_t>(), swap.data_ptr<bool>(),
-                             gv.data_ptr<scalar_t>(), B, N, C);
+    if (use_avx512(grad)) {
+      pairs_backward_avx512(grad.data_ptr<float>(), shifts.data_ptr<int64_t>(), swap.data_ptr<bool>(),
+                            gv.data_ptr<float>(), B, N, C);
+    } else {
+      pairs_backward<scalar_t>(grad.data_ptr<scalar_t>(), shifts.data_ptr<int64_t>(), swap.data_ptr<bool>(),
+                               gv.data_ptr<scalar_t>(), B, N, C);
+    }
   });
   return gv;
 }

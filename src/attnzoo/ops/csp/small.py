@@ -197,7 +197,7 @@ class _SmallGroupCSP(torch.autograd.Function):
         steps = [j % n for j in shifts.tolist()] if fused or _use_loop(v) else None
         lay = _Layout(v.shape, g, shifts, steps)
         ctx.lay, ctx.kernels = lay, kernels if fused else None
-        if fused:  # one C++ pass per (sample, tile of channels); swaps saved as (B, C, K) bools, as below
+        if fused:  # the C++ kernel; its swaps are (B, K, C) bools, the transpose of the layout used below
             j = torch.tensor(steps, dtype=torch.long)
             out, swap = kernels.csp_pairs(v.contiguous(), j)
             ctx.save_for_backward(j, swap)
@@ -217,8 +217,10 @@ class _SmallGroupCSP(torch.autograd.Function):
         if lay.g == 1:
             return lay.to_bnc(g4, unshift=True), None, None, None
         shifts, choice = ctx.saved_tensors
-        if ctx.kernels is not None and not torch.is_grad_enabled():
-            return ctx.kernels.csp_pairs_bwd(grad.contiguous(), shifts, choice), None, None, None
+        if ctx.kernels is not None:
+            if not torch.is_grad_enabled():
+                return ctx.kernels.csp_pairs_bwd(grad.contiguous(), shifts, choice), None, None, None
+            choice = choice.transpose(1, 2)  # (B, C, K), the layout of the double-backward path below
         if torch.is_grad_enabled():
             # double backward (create_graph=True): differentiable ops only, no writes into buffers
             if lay.g == 2:
