@@ -37,8 +37,10 @@ CHECKSUM_KEY = "weights_sha256"
 _warned_unverified: set[str] = set()
 
 
-class CheckpointError(ValueError):
-    """A checkpoint file is missing, corrupt or does not match the model it describes."""
+class CheckpointError(ValueError, RuntimeError):
+    """A checkpoint (pretrained weights or a training run's step) is missing, corrupt, incomplete or does not match
+    the model/optimizer it is loaded into. One class for both kinds; a ``ValueError`` and a ``RuntimeError``, as each
+    kind was before they were merged, so existing ``except`` clauses keep catching it."""
 
 
 def _tensor_bytes(t: torch.Tensor):

@@ -32,6 +32,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
 from attnzoo._io import atomic_write_text, fsync_dir, to_jsonable, write_json
+from attnzoo.models.checkpoint import CheckpointError
 from attnzoo.train.distributed import DistInfo, barrier
 
 __all__ = [
@@ -51,10 +52,6 @@ MANIFEST_NAME = "manifest.json"
 #: the only names ``checkpoints/latest`` may hold (what :func:`save_checkpoint` writes)
 _STEP_NAME = re.compile(r"step_[0-9]{8,}")
 _warned_unverified: set[str] = set()
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete or does not match the model/optimizer."""
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
