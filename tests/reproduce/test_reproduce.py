@@ -334,3 +334,46 @@ def test_vision_extra_seeds_explain_a_controlled_comparison_within_the_spread():
     assert ids == [f"vision/vit+cbsa/seed{k}" for k in range(3)] + [f"vision/vit+cbsa/extra-seed{k}" for k in (3, 4, 5)]
     with pytest.raises(ValueError, match=r"extra_seeds row 'vit\+nope' is not a row of this plan"):
         vision.plan_steps({**b["vision"], "extra_seeds": {"rows": ["vit+nope"], "seeds": 1}}, 0)
+
+
+def test_layerwise_probe_over_seeds_uses_the_mean_series_and_the_seeds_agreement():
+    from attnzoo.reproduce.sections import probes
+
+    falling, rising, flat = [5.0, 4.0, 3.0, 2.0], [2.0, 3.0, 4.0, 5.0], [3.0, 3.1, 2.9, 3.0]
+    assert probes._seeds_verdict([4.0, 3.5, 3.0, 2.5], [falling, falling, rising], 0) == "agrees"  # 2 of 3 seeds
+    assert probes._seeds_verdict([3.5, 3.5, 3.5, 3.49], [falling, rising, flat], 0) == "inconclusive"  # 1 of 3
+    assert probes._seeds_verdict([2.0, 3.0, 4.0, 5.0], [rising, rising, rising], 0) == "disagrees"
+
+    def probe(vals):
+        return {
+            "layers": [
+                {"name": f"blocks.{i}.attn", "mechanism": "tssa", "variational_compression": v}
+                for i, v in enumerate(vals)
+            ],
+            "series": {"variational_compression": vals},
+        }
+
+    f = probes._layerwise_finding("tost", probe(falling), {}, None, [probe(falling), probe(rising)])
+    assert f["seeds"] == 3 and f["verdict"] == "agrees" and "mean of 3 seeds" in f["measured"]
+    assert "per seed: agrees, agrees, disagrees" in f["measured"]
+    b, steps = plan("long", 0)
+    ids = {s.id for s in steps}
+    for name in ("tost", "crate", "cbt", "aot"):
+        assert {
+            f"probes/layerwise/{name}",
+            f"probes/layerwise/{name}/extra-seed1",
+            f"probes/layerwise/{name}/extra-seed2",
+        } <= ids
+    assert not any(i.startswith("probes/train/vit/extra-seed") for i in ids)  # no layer-wise claim for softmax
+
+
+def test_baselines_count_as_learned_only_when_every_seed_learned():
+    from attnzoo.reproduce.claims import stat
+    from attnzoo.reproduce.sections import icl, lra
+
+    res = {"softmax": {"listops": {"accuracy": stat([35.0, 15.2])}, "image": {"accuracy": stat([40.0, 45.0])}}}
+    # ListOps' mean (25.1) clears a 17% majority by 5 points, but one seed sits at the majority class
+    assert lra._learned(res, ["listops", "image"], {"listops": 17.0, "image": 13.5}) == ["image"]
+    plan = {"require_learned": True}
+    assert icl._baseline_learned({"gpt": [0.11, 0.24]}, 0.263, plan) is False  # seed 2 on the plateau
+    assert icl._baseline_learned({"gpt": [0.11, 0.10]}, 0.263, plan) is True

@@ -196,6 +196,28 @@ inline void first_offsets(const int64_t* J, int64_t N, int64_t C, int64_t c0, in
   lanes = static_cast<__mmask16>((1u << tc) - 1u);
 }
 
+// Every row of a tile is first touched by its lane with the smallest shift (lane j reaches row r at pair
+// (r + J_j) / 2), and the hardware prefetchers cannot follow a gather's 16 streams: the kernels prefetch that lane's
+// rows kPrefetch pairs ahead, so the other lanes find them in cache.
+constexpr int64_t kPrefetch = 32;
+
+inline int64_t leading_lane(const int64_t* J, int64_t c0, int64_t tc) {
+  int64_t lead = 0;
+  for (int64_t j = 1; j < tc; ++j)
+    if (J[c0 + j] < J[c0 + lead]) lead = j;
+  return lead;
+}
+
+// prefetch rows (2k + 2 kPrefetch - J) mod N and the next of the tile's columns from c0
+template <typename T>
+inline void prefetch_rows(const T* base, int64_t k, int64_t J, int64_t N, int64_t C, int64_t c0) {
+  int64_t r = (2 * (k + kPrefetch) - J) % N;
+  r = r < 0 ? r + N : r;
+  _mm_prefetch(reinterpret_cast<const char*>(base + r * C + c0), _MM_HINT_T0);
+  r = r + 1 == N ? 0 : r + 1;
+  _mm_prefetch(reinterpret_cast<const char*>(base + r * C + c0), _MM_HINT_T0);
+}
+
 // the offsets two rows on (pair k + 1), wrapped into [0, N * C)
 inline __m512i next_pair(__m512i off, __m512i step, __m512i limit) {
   off = _mm512_add_epi32(off, step);
@@ -218,7 +240,9 @@ void pairs_forward_avx512(const float* v, const int64_t* J, const uint8_t* ref, 
       bool* sb = swap + b * K * C + c0;
       const uint8_t* rb = ref + b * K;
       const __m512 zero = _mm512_setzero_ps();
+      const int64_t lead_j = J[c0 + leading_lane(J, c0, tc)];
       for (int64_t k = 0; k < K; ++k) {
+        prefetch_rows(vb, k, lead_j, N, C, c0);
         const __m512 x = _mm512_mask_i32gather_ps(zero, lanes, off0, vb, 4);
         const __m512 y = _mm512_mask_i32gather_ps(zero, lanes, off1, vb, 4);
         // strict '>' (ordered): equal values keep their order, as the stable sort of the reference
@@ -247,7 +271,9 @@ void pairs_backward_avx512(const float* g, const int64_t* J, const bool* swap, f
       const float* gb = g + b * N * C + c0;
       float* gvb = gv + b * N * C;
       const bool* sb = swap + b * K * C + c0;
+      const int64_t lead_j = J[c0 + leading_lane(J, c0, tc)];
       for (int64_t k = 0; k < K; ++k) {
+        prefetch_rows(gvb, k, lead_j, N, C, c0);
         const __m512 x = _mm512_maskz_loadu_ps(lanes, gb + 2 * k * C);
         const __m512 y = _mm512_maskz_loadu_ps(lanes, gb + (2 * k + 1) * C);
         const __mmask16 s = _mm_test_epi8_mask(_mm_maskz_loadu_epi8(lanes, sb + k * C), _mm_set1_epi8(1));

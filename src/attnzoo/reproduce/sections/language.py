@@ -198,11 +198,12 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         path = plots_dir / "language.png"
         save_figure(_plot(res, names), path)
         sec.plots.append((rel(path), "Training loss, per-token decode time and decoding-state size vs context."))
-    gpt_unlearned = "gpt" in res and res["gpt"]["val_loss"].mean / math.log(2) > UNIGRAM_BPC - LEARNED_MARGIN_BPC
+    # every seed of the baseline must get the margin below the unigram model
+    gpt_unlearned = "gpt" in res and max(res["gpt"]["val_loss"].values) / math.log(2) > UNIGRAM_BPC - LEARNED_MARGIN_BPC
     if plan.get("require_learned", True) and gpt_unlearned:
         sec.notes.append(
             f"the GPT baseline's {res['gpt']['val_loss'].scaled(1 / math.log(2)).fmt('.2f')} bits/char is "
-            f"not {LEARNED_MARGIN_BPC:g} below the unigram model's ~{UNIGRAM_BPC:g}: no comparison "
+            f"not {LEARNED_MARGIN_BPC:g} below the unigram model's ~{UNIGRAM_BPC:g} on every seed: no comparison "
             "reported"
         )
         return sec

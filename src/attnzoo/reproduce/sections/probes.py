@@ -65,6 +65,11 @@ def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
     deep = _deep_vision_plan(plan, vision_plan)
     for name in plan["layerwise"]:
         steps.extend(_layerwise_steps(name, seed, deep, vision_plan, lw_batch, measure))
+        # more seeds of the models with a layer-wise claim: the verdict then rests on the seed-mean series and on
+        # how many seeds agree with it (ids apart from the base seed's, so its steps are reused)
+        if name in LAYERWISE_PAPERS:
+            for s in range(seed + 1, seed + plan.get("layerwise_seeds", 1)):
+                steps.extend(_layerwise_steps(name, s, deep, vision_plan, lw_batch, measure, suffix=f"/extra-seed{s}"))
     steps.extend(_maps_steps(plan, seed, vision_plan, batch))
     return steps
 
@@ -116,9 +121,11 @@ def _synthetic_steps(plan: dict, seed: int) -> list[Step]:
     ]
 
 
-def _layerwise_steps(name: str, seed: int, deep: dict, vision_plan: dict, lw_batch: dict, measure: dict) -> list[Step]:
-    """One layer-wise probe model: its training at the probes' depth, its probe, and (when the vision section trains
-    it too) the same probe on the vision section's shallow model."""
+def _layerwise_steps(
+    name: str, seed: int, deep: dict, vision_plan: dict, lw_batch: dict, measure: dict, suffix: str = ""
+) -> list[Step]:
+    """One layer-wise probe model: its training at the probes' depth, its probe, and (for the base seed, when the
+    vision section trains it too) the same probe on the vision section's shallow model."""
     from attnzoo.reproduce.sections import vision
 
     if name not in vision.MODELS:
@@ -132,19 +139,19 @@ def _layerwise_steps(name: str, seed: int, deep: dict, vision_plan: dict, lw_bat
         seed=seed,
         **train_defaults(**deep["train"]),
     )
-    tid = f"{KEY}/train/{name}"
+    tid = f"{KEY}/train/{name}{suffix}"
     steps = [
-        Step(tid, KEY, {"train": train, "mechanism": mech, "paper": paper}, _run_train, label=f"train/{name}"),
+        Step(tid, KEY, {"train": train, "mechanism": mech, "paper": paper}, _run_train, label=f"train/{name}{suffix}"),
         Step(
-            f"{KEY}/layerwise/{name}",
+            f"{KEY}/layerwise/{name}{suffix}",
             KEY,
             {"experiment": "layerwise", "model": name, "source": tid, "train": train, "batch": lw_batch, **measure},
             _run_layerwise,
             deps=(tid,),
-            label=f"layerwise/{name}",
+            label=f"layerwise/{name}{suffix}",
         ),
     ]
-    if name in vision_plan["models"]:
+    if name in vision_plan["models"] and not suffix:
         # ablation: the same probe on the vision section's shallow model (what the report probed before)
         vid = seeded_id(f"vision/{name}", seed)
         shallow_model = {"model_options": vision.model_options(name, vision_plan), "train": vision_plan["train"]}
@@ -251,7 +258,14 @@ def _num(v) -> float:
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec = Section(KEY, TITLE)
-    res = {sid.split("/", 1)[1]: rec["result"] for sid, rec in records.items()}
+    all_res = {sid.split("/", 1)[1]: rec["result"] for sid, rec in records.items()}
+    # extra seeds of the layer-wise models: {name: [(train result, probe result), ...]}, kept out of the tables
+    res = {k: v for k, v in all_res.items() if "/extra-seed" not in k}
+    more: dict[str, list] = {}
+    for k, v in sorted(all_res.items()):
+        if k.startswith("layerwise/") and "/extra-seed" in k:
+            name, tail = k.split("/", 1)[1].split("/", 1)
+            more.setdefault(name, []).append((all_res.get(f"train/{name}/{tail}", {}), v))
     trained = {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith("train/")}
     depth = next((t["depth"] for t in trained.values()), plan.get("layerwise_depth"))
     sec.intro = (
@@ -293,8 +307,14 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             f"the {majority:.0f}% majority class; their layer-wise claims are not judged"
         )
         lw = {n: r for n, r in lw.items() if n not in unlearned}
-    sec.findings = _findings(res, lw, shallow, trained)
+    if plan.get("require_learned", True):  # extra seeds that did not learn are left out of their model's verdict
+        more = {n: [(t, r) for t, r in runs if _learned(t, majority)] for n, runs in more.items()}
+    sec.findings = _findings(res, lw, shallow, trained, {n: [r for _, r in runs] for n, runs in more.items()})
     return sec
+
+
+def _learned(t: dict, majority: float) -> bool:
+    return t.get("accuracy") is not None and 100.0 * _num(t["accuracy"]) >= majority + LEARNED_MARGIN
 
 
 def _plotter(sec: Section, plots_dir, rel):
@@ -541,8 +561,8 @@ def _describe(vals: list[float], start: int) -> str:
     )
 
 
-def _findings(res, lw, shallow=None, trained=None) -> list[dict]:
-    shallow, trained = shallow or {}, trained or {}
+def _findings(res, lw, shallow=None, trained=None, more=None) -> list[dict]:
+    shallow, trained, more = shallow or {}, trained or {}, more or {}
     out = []
     if "denoise" in res:
         out.append(_threshold_denoise_finding(res))
@@ -552,7 +572,7 @@ def _findings(res, lw, shallow=None, trained=None) -> list[dict]:
     if "rank-collapse" in res:
         out.extend(_rank_collapse_findings(res["rank-collapse"]))
     for name, r in lw.items():
-        f = _layerwise_finding(name, r, trained.get(name, {}), shallow.get(name))
+        f = _layerwise_finding(name, r, trained.get(name, {}), shallow.get(name), more.get(name, []))
         if f is not None:
             out.append(f)
     return out
@@ -610,15 +630,20 @@ def _rank_collapse_findings(r: dict) -> list[dict]:
     ]
 
 
-def _layerwise_finding(name: str, r: dict, t: dict, shallow: dict | None) -> dict | None:
+def _layerwise_finding(name: str, r: dict, t: dict, shallow: dict | None, more: list | None = None) -> dict | None:
     """One probe model's layer-wise claim on its claim measure (None where that claim is undefined), with the
-    ablations as its explanation when it does not agree, or the raw eq 2's verdict when that one differs."""
+    ablations as its explanation when it does not agree, or the raw eq 2's verdict when that one differs. With
+    more seeds (``more``: their probe results) the claim is judged on the seed-mean series (see
+    :func:`_seeds_verdict`)."""
     key = _measure_key(r)
     if key == "coding_rate":
         return None  # no subspace bases: the paper's compression term is not defined for this mechanism
     vals = _layer_series(r, key)
     if len(vals) < 2:
         return None
+    runs = [vals] + [v for m in more or [] if len(v := _layer_series(m, key)) == len(vals)]
+    if len(runs) > 1:
+        return _layerwise_seeds_finding(name, key, runs, r, shallow)
     acc = (
         f"; the model reached {100 * _num(t['accuracy']):.1f}% validation accuracy at depth {t.get('depth')} "
         f"after {t.get('steps')} steps"
@@ -646,6 +671,37 @@ def _layerwise_finding(name: str, r: dict, t: dict, shallow: dict | None) -> dic
                 f"the definition matters: with the raw eq 2 (no normalisation, ε = 0.5) the same "
                 f"layers give {_describe(raw, start)}, verdict {_fall_verdict(raw, start)}"
             )
+    return f
+
+
+def _seeds_verdict(mean: list[float], runs: list[list[float]], start: int) -> str:
+    """The seed-mean series' verdict when more than half of the seeds' own series give the same one; else
+    ``inconclusive`` (the seeds disagree about the trend)."""
+    v = _fall_verdict(mean, start)
+    same = sum(_fall_verdict(x, start) == v for x in runs)
+    return v if v != "inconclusive" and 2 * same > len(runs) else "inconclusive"
+
+
+def _layerwise_seeds_finding(name: str, key: str, runs: list[list[float]], r: dict, shallow: dict | None) -> dict:
+    """The layer-wise claim over several seeds of the probe model: seed-mean series, per-seed verdicts."""
+    mean = [sum(x[i] for x in runs) / len(runs) for i in range(len(runs[0]))]
+    start, claim_text, paper_value, rule = _layerwise_claim(name, key, len(mean))
+    verdict = _seeds_verdict(mean, runs, start)
+    per_seed = [_fall_verdict(x, start) for x in runs]
+    f = claims.finding(
+        LAYERWISE_PAPERS.get(name, "CBSA Fig. 5 / CRATE"),
+        claim_text,
+        paper_value,
+        f"{MEASURE_LABEL[key]} per layer (mean of {len(runs)} seeds): "
+        + " → ".join(f"{v:.4g}" for v in mean)
+        + f"; {_describe(mean, start)}; per seed: {', '.join(per_seed)}",
+        verdict,
+        rule + f"; over {len(runs)} seeds: the seed-mean series' verdict when more than half of the seeds give it, "
+        "else inconclusive",
+        seeds=len(runs),
+    )
+    if verdict != "agrees":
+        f["explanation"] = "base seed's model: " + _layerwise_explanation(name, key, start, r, shallow)
     return f
 
 
