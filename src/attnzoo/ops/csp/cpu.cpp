@@ -257,31 +257,39 @@ void pairs_forward_avx512(const float* v, const int64_t* J, const uint8_t* ref, 
   });
 }
 
+// Backward in two passes per tile, with no scatter (AMD's are slow): (1) per pair, send the two gradients back to
+// their slots (a transposition is its own inverse) into a (N, 16) buffer, contiguous loads and stores; (2) undo
+// the shift: gradient row s of v, lane c, is buffer row (s + J_c) mod N (one gather per row; the buffer is
+// compact, so the lanes' rows stay in L2).
 void pairs_backward_avx512(const float* g, const int64_t* J, const bool* swap, float* gv, int64_t B, int64_t N,
                            int64_t C) {
   const int64_t K = N / 2, tiles = (C + 15) / 16;
-  const __m512i step = _mm512_set1_epi32(static_cast<int32_t>(2 * C));
-  const __m512i limit = _mm512_set1_epi32(static_cast<int32_t>(N * C));
+  const __m512i one = _mm512_set1_epi32(1), n_vec = _mm512_set1_epi32(static_cast<int32_t>(N));
   at::parallel_for(0, B * tiles, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> buf(N * 16);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / tiles, c0 = (t % tiles) * 16, tc = std::min<int64_t>(16, C - c0);
-      __m512i off0, off1;
-      __mmask16 lanes;
-      first_offsets(J, N, C, c0, tc, off0, off1, lanes);
+      const __mmask16 lanes = static_cast<__mmask16>((1u << tc) - 1u);
       const float* gb = g + b * N * C + c0;
-      float* gvb = gv + b * N * C;
       const bool* sb = swap + b * K * C + c0;
-      const int64_t lead_j = J[c0 + leading_lane(J, c0, tc)];
+      float* u = buf.data();
       for (int64_t k = 0; k < K; ++k) {
-        prefetch_rows(gvb, k, lead_j, N, C, c0);
         const __m512 x = _mm512_maskz_loadu_ps(lanes, gb + 2 * k * C);
         const __m512 y = _mm512_maskz_loadu_ps(lanes, gb + (2 * k + 1) * C);
         const __mmask16 s = _mm_test_epi8_mask(_mm_maskz_loadu_epi8(lanes, sb + k * C), _mm_set1_epi8(1));
-        // a transposition is its own inverse: the same swaps send each pair's gradients back to its sources
-        _mm512_mask_i32scatter_ps(gvb, lanes, off0, _mm512_mask_blend_ps(s, x, y), 4);
-        _mm512_mask_i32scatter_ps(gvb, lanes, off1, _mm512_mask_blend_ps(s, y, x), 4);
-        off0 = next_pair(off0, step, limit);
-        off1 = next_pair(off1, step, limit);
+        _mm512_storeu_ps(u + 2 * k * 16, _mm512_mask_blend_ps(s, x, y));
+        _mm512_storeu_ps(u + (2 * k + 1) * 16, _mm512_mask_blend_ps(s, y, x));
+      }
+      alignas(64) int32_t m0[16] = {0};
+      for (int64_t j = 0; j < tc; ++j) m0[j] = static_cast<int32_t>(J[c0 + j]);  // row 0 of v went to J_c
+      __m512i m = _mm512_load_si512(m0);
+      const __m512i cols = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      float* gvb = gv + b * N * C + c0;
+      for (int64_t row = 0; row < N; ++row) {
+        const __m512i off = _mm512_add_epi32(_mm512_slli_epi32(m, 4), cols);
+        _mm512_mask_storeu_ps(gvb + row * C, lanes, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lanes, off, u, 4));
+        m = _mm512_add_epi32(m, one);
+        m = _mm512_mask_sub_epi32(m, _mm512_cmpge_epi32_mask(m, n_vec), m, n_vec);
       }
     }
   });
