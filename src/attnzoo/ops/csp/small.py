@@ -213,13 +213,14 @@ class _SmallGroupCSP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         lay = ctx.lay
+        if ctx.kernels is not None and not torch.is_grad_enabled():  # before any relayout of grad: none is needed
+            shifts, choice = ctx.saved_tensors
+            return ctx.kernels.csp_pairs_bwd(grad.contiguous(), shifts, choice), None, None, None
         g4 = lay.of_bnc(grad)
         if lay.g == 1:
             return lay.to_bnc(g4, unshift=True), None, None, None
         shifts, choice = ctx.saved_tensors
         if ctx.kernels is not None:
-            if not torch.is_grad_enabled():
-                return ctx.kernels.csp_pairs_bwd(grad.contiguous(), shifts, choice), None, None, None
             choice = choice.transpose(1, 2)  # (B, C, K), the layout of the double-backward path below
         if torch.is_grad_enabled():
             # double backward (create_graph=True): differentiable ops only, no writes into buffers
