@@ -30,6 +30,8 @@ recomputed. For the masked case S is a prefix state (a forward chunk sweep for d
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from attnzoo.ops.fastmax.common import feature_dim, features, features_vjp, kernel, kernel_grad
@@ -105,14 +107,22 @@ def unmasked_forward(qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: int)
         G_i   = N + qs_i . sum_n k_n      [+ sum_{d<=e} w_de qs_id qs_ie m_de]    (eq 29)
 
     with ``M_de = sum_n k_nd k_ne v_n``, ``m_de = sum_n k_nd k_ne`` and ``w_de`` of :func:`_tri_weights`.
-    ``G`` rides along as one extra column of the small ``(D, Dv + 1)`` moment matrices, so p=1 is one
-    ``(N, D) x (D, Dv + 1)`` product with no feature tensor at all, and p=2 adds only the symmetric half
+    p=1 is one ``(N, D) x (D, Dv)`` product and one multiply-and-sum for ``G``, with no feature tensor at all.
+    For p=2 ``G`` rides along as one extra column of the small ``(D, Dv + 1)`` moment matrices, which adds only
+    the symmetric half
     of ``k k^T`` / ``qs qs^T`` per token, built chunk by chunk (about ``_UNMASKED_FEATURES`` elements per
     head) into one reused buffer: never the concatenated ``phi`` nor ``[v, 1]``.
     """
     b, h, n, d = qs.shape
     dv = v.shape[-1]
     q3, k3, v3 = _bh(qs), _bh(k), _bh(v)
+    if p == 1:
+        # numerator and denominator apart: two contiguous products and a contiguous division, where the
+        # extra-column form below divides a strided (N, Dv + 1) slice (~1/4 of a small p=1 call)
+        num = torch.baddbmm(v3.sum(dim=-2, keepdim=True), q3, torch.bmm(k3.transpose(-1, -2), v3))
+        # a (N, D) x (D, 1) product runs slower as a bmm than as one multiply-and-sum pass
+        den = (q3 * k3.sum(dim=-2).unsqueeze(-2)).sum(dim=-1).add_(float(n))  # (BH, N): saved for the backward
+        return num.div_(den.unsqueeze(-1)).view(b, h, n, dv), den.view(b, h, n)
     # first order: [K^T V | K^T 1] and the zeroth order [sum_n v_n | N] (eqs 28-29, l = 0, 1)
     m1 = torch.cat([torch.bmm(k3.transpose(-1, -2), v3), k3.sum(dim=-2).unsqueeze(-1)], dim=-1)
     m0 = torch.cat([v3.sum(dim=-2), v3.new_full((v3.shape[0], 1), float(n))], dim=-1).unsqueeze(-2)
@@ -338,6 +348,8 @@ def fastmax_factorized(
     ``phi(k)``/``phi(qs)`` (O(N D^p)) and, when causal, every chunk's prefix state (O(N/C * D^p * Dv)),
     versus O(N D) for :class:`FastmaxFunction`: it exists to benchmark that memory difference.
     """
-    if custom_grad:
+    if custom_grad and torch.is_grad_enabled() and (qs.requires_grad or k.requires_grad or v.requires_grad):
         return FastmaxFunction.apply(qs, k, v, p, causal, chunk)
-    return factorized_forward(qs, k, v, p, causal, chunk)[0]
+    # nothing to differentiate (inference): the same forward without the autograd.Function's overhead
+    with torch.no_grad() if custom_grad else contextlib.nullcontext():
+        return factorized_forward(qs, k, v, p, causal, chunk)[0]
