@@ -4,6 +4,7 @@ checkpoints are atomic, and 2-process DDP (gloo) equals 1 process with the same 
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -175,13 +176,31 @@ def test_checkpoints_are_pickle_free_and_half_written_ones_ignored(tmp_path):
 @pytest.fixture
 def ddp_serial():
     """One torchrun job at a time: under pytest-xdist the two DDP tests otherwise overlap on a 2-core machine, and
-    one of the four gloo ranks was seen aborting ("terminate called without an active exception") when they did."""
+    one of the four gloo ranks was seen aborting ("terminate called without an active exception") when they did.
+    The abort was seen once more with the jobs serialised, at teardown after the run's files were all written:
+    :func:`_torchrun` runs such a job once more."""
     import fcntl
     import tempfile
 
     with open(os.path.join(tempfile.gettempdir(), "attnzoo-ddp-tests.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+#: what a gloo rank prints when it aborts at teardown: seen about once in ten full runs, after every step, checkpoint
+#: and final.json of the run were written (both ranks had passed the trainer's closing barrier)
+_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def _torchrun(cmd: list[str], env: dict, outputs: list) -> subprocess.CompletedProcess:
+    """Run a torchrun job; when a rank aborted with the gloo teardown signature, run it once more from clean
+    ``outputs`` (a second abort, or any other failure, is returned as it is and fails the test)."""
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    if proc.returncode != 0 and _TEARDOWN_ABORT in proc.stderr:
+        for out in outputs:
+            shutil.rmtree(out, ignore_errors=True)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    return proc
 
 
 def test_two_process_ddp_equals_one_process(tmp_path, ddp_serial):
@@ -207,7 +226,7 @@ def test_two_process_ddp_equals_one_process(tmp_path, ddp_serial):
         str(script),
         str(tmp_path / "two"),
     ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    proc = _torchrun(cmd, env, [tmp_path / "two"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     one = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "one")], env=env, capture_output=True, text=True, timeout=240
@@ -263,7 +282,7 @@ def test_two_process_ddp_resume_logs_what_an_uninterrupted_run_logs(tmp_path, dd
         str(script),
         str(tmp_path),
     ]
-    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240)
+    proc = _torchrun(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, [tmp_path / "full", tmp_path / "part"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     state = json.loads((tmp_path / "part" / "checkpoints" / "step_00000004" / "state.json").read_text())
     assert state["world_size"] == 2 and [c for _, c in state["loss_windows"]] == [1, 1]
