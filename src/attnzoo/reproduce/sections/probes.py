@@ -20,7 +20,6 @@ from attnzoo.reproduce.common import (
     load_trained,
     save_figure,
     seeded_id,
-    train_defaults,
     train_run,
 )
 from attnzoo.reproduce.store import Step
@@ -130,18 +129,11 @@ def _layerwise_steps(
 
     if name not in vision.MODELS:
         raise ValueError(f"unknown layer-wise probe model {name!r}; valid: {sorted(vision.MODELS)}")
-    reg, mech, paper, _ = vision.MODELS[name]
-    train = dict(
-        task=deep["task"],
-        task_options=dict(deep["task_options"]),
-        model=reg,
-        model_options=vision.model_options(name, deep),
-        seed=seed,
-        **train_defaults(**deep["train"]),
-    )
+    config = vision.row_config(deep, name, seed)
+    train = config["train"]
     tid = f"{KEY}/train/{name}{suffix}"
     steps = [
-        Step(tid, KEY, {"train": train, "mechanism": mech, "paper": paper}, _run_train, label=f"train/{name}{suffix}"),
+        Step(tid, KEY, config, _run_train, label=f"train/{name}{suffix}"),
         Step(
             f"{KEY}/layerwise/{name}{suffix}",
             KEY,

@@ -182,7 +182,9 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     return steps
 
 
-def _row_step(plan: dict, name: str, seed: int, sid: str) -> Step:
+def row_config(plan: dict, name: str, seed: int) -> dict:
+    """A step config training vision row ``name`` with ``plan``'s task, shape and optimiser: ``{"train", "mechanism",
+    "paper"}`` (the probes section trains its deeper models with it too)."""
     reg, mech, paper = _registered(name)
     train = dict(
         task=plan["task"],
@@ -192,7 +194,11 @@ def _row_step(plan: dict, name: str, seed: int, sid: str) -> Step:
         seed=seed,
         **train_defaults(**plan["train"]),
     )
-    return Step(sid, KEY, {"train": train, "mechanism": mech, "paper": paper}, _run, label=sid.split("/", 1)[1])
+    return {"train": train, "mechanism": mech, "paper": paper}
+
+
+def _row_step(plan: dict, name: str, seed: int, sid: str) -> Step:
+    return Step(sid, KEY, row_config(plan, name, seed), _run, label=sid.split("/", 1)[1])
 
 
 def classification_record(ctx: Context, step: Step) -> dict:
