@@ -34,7 +34,14 @@ from typing import Iterator
 
 import torch
 
-__all__ = ["cpu_kernels", "cpu_kernels_error", "CPU_KERNEL_SOURCES", "BuildWaitTimeout", "DEFAULT_WAIT_S"]
+__all__ = [
+    "cpu_kernels",
+    "cpu_kernels_error",
+    "required_cpu_kernels",
+    "CPU_KERNEL_SOURCES",
+    "BuildWaitTimeout",
+    "DEFAULT_WAIT_S",
+]
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +246,17 @@ def _build_lock(build_dir: Path, wait_s: float = DEFAULT_WAIT_S) -> Iterator[Non
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def required_cpu_kernels():
+    """``torch.ops.attnzoo_cpu`` for an op's explicit ``backend="cpu"``; raises naming why they are missing."""
+    kernels = cpu_kernels()
+    if kernels is None:
+        raise RuntimeError(
+            f"backend='cpu' needs attnzoo's CPU kernels: {cpu_kernels_error()}; "
+            "use backend='torch' (or 'auto', which falls back to it)"
+        )
+    return kernels
 
 
 def cpu_kernels():

@@ -67,12 +67,7 @@ def _csp_cpu(v: torch.Tensor, shifts: torch.Tensor, groups: int) -> torch.Tensor
     # groups of two tokens in the fused C++ kernel (cpu.cpp); other group sizes are the PyTorch path's
     if torch.compiler.is_compiling():  # the kernel is opaque to torch.compile: the PyTorch path stands in
         return csp_gather(v, shifts, groups)
-    kernels = _cpu_kernels.cpu_kernels()
-    if kernels is None:
-        raise RuntimeError(
-            f"backend='cpu' needs attnzoo's CPU kernels: {_cpu_kernels.cpu_kernels_error()}; "
-            "use backend='torch' (or 'auto', which falls back to it)"
-        )
+    kernels = _cpu_kernels.required_cpu_kernels()
     if v.shape[1] == 2 * groups:
         from attnzoo.ops.csp.small import csp_small_groups
 

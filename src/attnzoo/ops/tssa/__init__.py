@@ -124,12 +124,7 @@ def _tssa_cpu(w, temp, *, causal: bool, bias) -> torch.Tensor:
     kernels = None
     # The kernels are opaque to torch.compile: while it traces, the PyTorch forward stands in for them.
     if not torch.compiler.is_compiling():
-        kernels = _cpu_kernels.cpu_kernels()
-        if kernels is None:
-            raise RuntimeError(
-                f"backend='cpu' needs attnzoo's CPU kernels: {_cpu_kernels.cpu_kernels_error()}; "
-                "use backend='torch' (or 'auto', which falls back to it)"
-            )
+        kernels = _cpu_kernels.required_cpu_kernels()
     return tssa_torch(w, temp, causal=causal, bias=bias, kernels=kernels)
 
 
