@@ -15,11 +15,13 @@ can be negative (and causal denominators can approach 0). Pass ``scale=1/D`` for
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from attnzoo._checks import NonFiniteError, check_bool, check_overflow, check_probability, finite_absmax
+from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import resolve_backend, run_backend
 from attnzoo.ops._spec import Backend, Mechanism, Options, option, triton_available
 from attnzoo.ops.fastmax.common import (
@@ -103,6 +105,12 @@ def _fastmax_torch(qs, kh, vv, *, p: int, causal: bool, chunk_size: int) -> torc
     return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk_size, custom_grad=custom)
 
 
+def _fastmax_cpu(qs, kh, vv, *, p: int, causal: bool, chunk_size: int) -> torch.Tensor:
+    # what the fused kernel (cpu.cpp) does not cover (p=2, causal, gradients) runs on the PyTorch path;
+    # :func:`fastmax` sends the unmasked p=1 forward to the kernel before standardising
+    return _fastmax_torch(qs, kh, vv, p=p, causal=causal, chunk_size=chunk_size)
+
+
 def _fastmax_torch_autograd(qs, kh, vv, *, p: int, causal: bool, chunk_size: int) -> torch.Tensor:
     return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk_size, custom_grad=False)
 
@@ -115,6 +123,7 @@ FASTMAX = Mechanism(
         "naive": Backend(__name__, "fastmax_naive", kind="reference"),
         "torch": Backend(__name__, "_fastmax_torch"),
         "torch_autograd": Backend(__name__, "_fastmax_torch_autograd"),
+        "cpu": Backend(__name__, "_fastmax_cpu", kind="cpu", devices=("cpu",)),
         "triton": Backend(
             "attnzoo.ops.fastmax.triton",
             "fastmax_triton",
@@ -161,8 +170,10 @@ def fastmax(
     scale, chunk = validate_options(p, scale, backend, chunk_size, q.shape[-1])
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
-    _check_values(q, k, v, p, scale)
     name = resolve_backend(FASTMAX, backend, q, name="q")
+    if name == "cpu" and _fused_p1(q, k, v, p, causal):
+        return _fastmax_p1_cpu(q, k, v, scale)
+    _check_values(q, k, v, p, scale)
     if name == "naive":
         return fastmax_naive(q, k, v, p=p, causal=causal, scale=scale)
     cd = compute_dtype(q.dtype)
@@ -175,11 +186,40 @@ def fastmax(
     return out
 
 
+def _fused_p1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: int, causal: bool) -> bool:
+    """Whether the fused CPU kernel serves this call: the unmasked p=1 forward of float32/float64 inputs with nothing
+    to differentiate (training keeps the PyTorch path, whose forward saves what the §2.5 backward reads)."""
+    if p != 1 or causal or q.dtype not in (torch.float32, torch.float64) or torch.compiler.is_compiling():
+        return False
+    return not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+
+
+def _fastmax_p1_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """The unmasked p=1 forward in one fused kernel (``cpu.cpp``): standardisation, moments, output and the value
+    checks in two reads of the inputs. The kernel reports max |x| and NaN/Inf per input, so the errors are
+    :func:`_check_values`' (raised before the output is returned, not before the work)."""
+    kernels = _cpu_kernels.required_cpu_kernels()
+    q, k, v = (t if t.shape[-1] == 1 or t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    out, _, seen = kernels.fastmax_p1_unmasked(q, k, v, scale, EPS)
+    # per input (q, k, v, out): max |x| over the tasks and a value that is NaN exactly when some x was NaN or +-Inf
+    vals = seen.amax(dim=0).tolist()
+    if any(math.isnan(x) for x in vals[1:6:2]):
+        finite_absmax({"q": q, "k": k, "v": v}, op="fastmax")  # raises, naming the input and what it holds
+    _check_bounds(dict(zip("qkv", vals[0:6:2])), q, p=1)
+    if math.isnan(vals[7]) and scale * q.shape[-1] > 1.0:
+        _check_p1_output(out, scale, q.shape[-1])  # finite inputs: a normaliser crossed zero
+    return out
+
+
 def _check_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: int, scale: float) -> None:
     """NaN/Inf in q, k, v, or magnitudes that overflow the compute dtype (one host sync for all three)."""
     absmax = finite_absmax({"q": q, "k": k, "v": v}, op="fastmax")
-    if not absmax:
-        return
+    if absmax:
+        _check_bounds(absmax, q, p)
+
+
+def _check_bounds(absmax: dict[str, float], q: torch.Tensor, p: int) -> None:
+    """Overflow bounds from max |q|, |k|, |v| (the standardisation's variance and the moment sums)."""
     n, d = q.shape[-2], q.shape[-1]
     for name in ("q", "k"):
         # the standardisation (eqs 5-6) squares x - mean(x): D * |x|^2 must stay in range

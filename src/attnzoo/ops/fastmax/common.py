@@ -43,7 +43,7 @@ __all__ = [
 #: eps added to the per-token variance in the standardisation (eq 6); shared by every path
 EPS = 1e-5
 VALID_P = (1, 2)
-BACKENDS = ("auto", "naive", "torch", "torch_autograd", "triton")
+BACKENDS = ("auto", "naive", "torch", "torch_autograd", "cpu", "triton")
 #: tokens per chunk of the chunked sweeps (bounds temporaries to chunk * D^p per head)
 DEFAULT_CHUNK = 64
 

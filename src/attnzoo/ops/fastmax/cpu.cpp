@@ -1,0 +1,342 @@
+// Fused CPU kernel for the unmasked Fastmax forward with p = 1 (FAST eqs 5-12 / 26-29), float32 and float64.
+//
+// Why: the PyTorch path makes about ten passes over (B, H, N, D) tensors for this case: the value checks of q,
+// k, v, two layer norms (each read and written), the moment sums, the product with the queries, the
+// denominator and the division, each allocating a fresh output. Here a task is one (batch, head) and reads q,
+// k, v once and writes the output once:
+//   keys:    per block of kBlock tokens, standardise k (eqs 5-6) into a buffer with a trailing 1, copy v
+//            with a trailing 1, and add the block's kb^T vb to M = sum_n [k_hat_n, 1] [v_n, 1]^T, which holds
+//            K^T V, sum_n k_hat_n (last column), sum_n v_n (last row) and N (corner): eqs 28-29's moments.
+//   queries: per block, standardise and scale q into a buffer with a trailing 1; then [num | G] = qb M and
+//            out = num / G (eqs 11-12).
+// The value checks ride along: per task, max |x| of q, k and v and a flag for NaN/Inf, so the caller raises
+// the same errors (non-finite input, overflow bounds) as before without another pass over the inputs.
+// Both products are register-blocked (kRows x kLanes accumulators): the only flops of the op.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+using at::Tensor;
+
+namespace {
+
+constexpr int64_t kBlock = 64;  // tokens per block: the block's buffers (kBlock x ~64 values each) stay in L1/L2
+constexpr int kRows = 8;        // rows of the register block
+
+template <typename T>
+constexpr int lanes() {
+  return 64 / static_cast<int>(sizeof(T));  // one 64-byte vector of T (a cache line)
+}
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// max |x| and NaN/Inf of the values a task read, in vector registers until the end of the task
+template <typename T>
+struct Seen;
+
+#if defined(__AVX512F__)
+constexpr bool kSimd = true;
+
+// The 64-byte vector of T and the handful of operations the kernel needs, for float and double.
+template <typename T>
+struct Vec;
+
+template <>
+struct Vec<float> {
+  using R = __m512;
+  using M = __mmask16;
+  static M mask(int64_t n) { return n >= 16 ? M(0xFFFF) : M((1u << n) - 1); }
+  static R zero() { return _mm512_setzero_ps(); }
+  static R set1(float a) { return _mm512_set1_ps(a); }
+  static R load(const float* p) { return _mm512_loadu_ps(p); }
+  static R load(const float* p, M m) { return _mm512_maskz_loadu_ps(m, p); }
+  static void store(float* p, R x) { _mm512_storeu_ps(p, x); }
+  static void store(float* p, R x, M m) { _mm512_mask_storeu_ps(p, m, x); }
+  static R fma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
+  static R add(R a, R b) { return _mm512_add_ps(a, b); }
+  static R sub(R a, R b) { return _mm512_sub_ps(a, b); }
+  static R mask_sub(R a, M m, R b) { return _mm512_maskz_sub_ps(m, a, b); }
+  static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
+  static R div(R a, R b) { return _mm512_div_ps(a, b); }
+  static R max(R a, R b) { return _mm512_max_ps(a, b); }
+  static R abs(R a) { return _mm512_abs_ps(a); }
+  static float sum(R a) { return _mm512_reduce_add_ps(a); }
+  static float hmax(R a) { return _mm512_reduce_max_ps(a); }
+};
+
+template <>
+struct Vec<double> {
+  using R = __m512d;
+  using M = __mmask8;
+  static M mask(int64_t n) { return n >= 8 ? M(0xFF) : M((1u << n) - 1); }
+  static R zero() { return _mm512_setzero_pd(); }
+  static R set1(double a) { return _mm512_set1_pd(a); }
+  static R load(const double* p) { return _mm512_loadu_pd(p); }
+  static R load(const double* p, M m) { return _mm512_maskz_loadu_pd(m, p); }
+  static void store(double* p, R x) { _mm512_storeu_pd(p, x); }
+  static void store(double* p, R x, M m) { _mm512_mask_storeu_pd(p, m, x); }
+  static R fma(R a, R b, R c) { return _mm512_fmadd_pd(a, b, c); }
+  static R add(R a, R b) { return _mm512_add_pd(a, b); }
+  static R sub(R a, R b) { return _mm512_sub_pd(a, b); }
+  static R mask_sub(R a, M m, R b) { return _mm512_maskz_sub_pd(m, a, b); }
+  static R mul(R a, R b) { return _mm512_mul_pd(a, b); }
+  static R div(R a, R b) { return _mm512_div_pd(a, b); }
+  static R max(R a, R b) { return _mm512_max_pd(a, b); }
+  static R abs(R a) { return _mm512_abs_pd(a); }
+  static double sum(R a) { return _mm512_reduce_add_pd(a); }
+  static double hmax(R a) { return _mm512_reduce_max_pd(a); }
+};
+
+// C[r][0:W] += sum_{t < K} A[r * ar + t * at] * B[t * bs + 0:W] for r < kRows: the register-blocked inner
+// product of both phases (keys: A = kb^T, t runs over tokens; queries: A = qb, t runs over features).
+template <typename T>
+inline void block_product(const T* A, int64_t ar, int64_t at, const T* B, int64_t bs, int64_t K, T* C, int64_t cs) {
+  using V = Vec<T>;
+  typename V::R acc[kRows];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) acc[r] = V::load(C + r * cs);
+  for (int64_t t = 0; t < K; ++t) {
+    const typename V::R b = V::load(B + t * bs);
+    const T* a = A + t * at;
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) acc[r] = V::fma(V::set1(a[r * ar]), b, acc[r]);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) V::store(C + r * cs, acc[r]);
+}
+
+template <typename T>
+struct Seen {
+  using V = Vec<T>;
+  typename V::R absmax = V::zero(), poison = V::zero();  // poison: sum of x * 0, NaN once any x is NaN or +-Inf
+  inline void add(typename V::R x) {
+    absmax = V::max(absmax, V::abs(x));
+    poison = V::fma(x, V::zero(), poison);
+  }
+  // the masked-off lanes load as 0: they change neither value
+  inline void row(const T* x, int64_t n) {
+    constexpr int W = lanes<T>();
+    for (int64_t i = 0; i < n; i += W) add(V::load(x + i, V::mask(n - i)));
+  }
+  T max_abs() const { return V::hmax(absmax); }
+  T nan_if_seen() const { return V::sum(poison); }
+};
+
+// dst[0:D] = scale * (x - mean(x)) / sqrt(var(x) + eps) (eqs 5-6), dst[D] = 1; the row's padding stays 0
+template <typename T>
+inline void standardize_row(const T* x, int64_t D, T scale, T eps, T* dst, Seen<T>& seen) {
+  using V = Vec<T>;
+  constexpr int W = lanes<T>();
+  typename V::R s = V::zero();
+  for (int64_t i = 0; i < D; i += W) {
+    const typename V::R xi = V::load(x + i, V::mask(D - i));
+    seen.add(xi);
+    s = V::add(s, xi);
+  }
+  const T mean = V::sum(s) / static_cast<T>(D);
+  const typename V::R vm = V::set1(mean);
+  typename V::R ss = V::zero();
+  for (int64_t i = 0; i < D; i += W) {
+    const auto m = V::mask(D - i);
+    // masked-off lanes must add 0, not mean^2: subtract the mean only where x was loaded
+    const typename V::R c = V::load(x + i, m);
+    const typename V::R d = V::mask_sub(c, m, vm);
+    ss = V::fma(d, d, ss);
+  }
+  const typename V::R r = V::set1(scale / std::sqrt(V::sum(ss) / static_cast<T>(D) + eps));
+  for (int64_t i = 0; i < D; i += W) {
+    const auto m = V::mask(D - i);
+    V::store(dst + i, V::mul(V::sub(V::load(x + i, m), vm), r), m);
+  }
+  dst[D] = T(1);
+}
+
+// dst[0:n] = x[0:n]
+template <typename T>
+inline void copy_row(const T* x, int64_t n, T* dst, Seen<T>& seen) {
+  using V = Vec<T>;
+  constexpr int W = lanes<T>();
+  for (int64_t i = 0; i < n; i += W) {
+    const auto m = V::mask(n - i);
+    const typename V::R xi = V::load(x + i, m);
+    seen.add(xi);
+    V::store(dst + i, xi, m);
+  }
+}
+
+// o[0:n] = a[0:n] / g
+template <typename T>
+inline void divide_row(const T* a, T g, int64_t n, T* o, Seen<T>& seen) {
+  using V = Vec<T>;
+  constexpr int W = lanes<T>();
+  const typename V::R vg = V::set1(g);
+  for (int64_t i = 0; i < n; i += W) {
+    const auto m = V::mask(n - i);
+    const typename V::R oi = V::div(V::load(a + i, m), vg);
+    seen.add(oi);
+    V::store(o + i, oi, m);
+  }
+}
+#else
+constexpr bool kSimd = false;
+
+template <typename T>
+inline void block_product(const T* A, int64_t ar, int64_t at, const T* B, int64_t bs, int64_t K, T* C, int64_t cs) {
+  constexpr int W = lanes<T>();
+  for (int r = 0; r < kRows; ++r)
+    for (int64_t t = 0; t < K; ++t) {
+      const T a = A[r * ar + t * at];
+      for (int j = 0; j < W; ++j) C[r * cs + j] += a * B[t * bs + j];
+    }
+}
+
+template <typename T>
+struct Seen {
+  T absmax = 0, poison = 0;  // poison: sum of x * 0, NaN once any x is NaN or +-Inf
+  inline void row(const T* x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      absmax = std::max(absmax, std::abs(x[i]));
+      poison += x[i] * T(0);
+    }
+  }
+  T max_abs() const { return absmax; }
+  T nan_if_seen() const { return poison; }
+};
+
+template <typename T>
+inline void standardize_row(const T* x, int64_t D, T scale, T eps, T* dst, Seen<T>& seen) {
+  seen.row(x, D);
+  T s = 0;
+  for (int64_t i = 0; i < D; ++i) s += x[i];
+  const T mean = s / static_cast<T>(D);
+  T ss = 0;
+  for (int64_t i = 0; i < D; ++i) ss += (x[i] - mean) * (x[i] - mean);
+  const T r = scale / std::sqrt(ss / static_cast<T>(D) + eps);
+  for (int64_t i = 0; i < D; ++i) dst[i] = (x[i] - mean) * r;
+  dst[D] = T(1);
+}
+
+template <typename T>
+inline void copy_row(const T* x, int64_t n, T* dst, Seen<T>& seen) {
+  seen.row(x, n);
+  std::copy(x, x + n, dst);
+}
+
+template <typename T>
+inline void divide_row(const T* a, T g, int64_t n, T* o, Seen<T>& seen) {
+  for (int64_t i = 0; i < n; ++i) o[i] = a[i] / g;
+  seen.row(o, n);
+}
+#endif
+
+struct Strides {
+  int64_t b, h, n;
+  explicit Strides(const Tensor& t) : b(t.stride(0)), h(t.stride(1)), n(t.stride(2)) {}
+};
+
+template <typename T>
+void p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double eps, Tensor& out,
+                 Tensor& den, Tensor& seen) {
+  constexpr int W = lanes<T>();
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), Dv = v.size(3);
+  const int64_t Dp = round_up(D + 1, kRows);  // [k_hat, 1] padded to whole register blocks of rows
+  const int64_t Vp = round_up(Dv + 1, W);     // [v, 1] padded to whole vectors
+  const Strides sq(q), sk(k), sv(v);
+  const T* qd = q.data_ptr<T>();
+  const T* kd = k.data_ptr<T>();
+  const T* vd = v.data_ptr<T>();
+  T* od = out.data_ptr<T>();
+  T* gd = den.data_ptr<T>();
+  T* sd = seen.data_ptr<T>();
+  const T sc = static_cast<T>(scale), ep = static_cast<T>(eps);
+  at::parallel_for(0, B * H, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> xb(kBlock * Dp), vb(kBlock * Vp), M(Dp * Vp), aug(kBlock * Vp);
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / H, h = task % H;
+      const T* qh = qd + b * sq.b + h * sq.h;
+      const T* kh = kd + b * sk.b + h * sk.h;
+      const T* vh = vd + b * sv.b + h * sv.h;
+      Seen<T> seen_q, seen_k, seen_v, seen_o;
+      std::fill(M.begin(), M.end(), T(0));
+      std::fill(xb.begin(), xb.end(), T(0));
+      std::fill(vb.begin(), vb.end(), T(0));
+      // keys: M += [k_hat, 1]^T [v, 1] block by block
+      for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
+        const int64_t nb = std::min(kBlock, N - n0);
+        for (int64_t i = 0; i < nb; ++i) {
+          const T* kr = kh + (n0 + i) * sk.n;
+          const T* vr = vh + (n0 + i) * sv.n;
+          standardize_row(kr, D, T(1), ep, xb.data() + i * Dp, seen_k);
+          copy_row(vr, Dv, vb.data() + i * Vp, seen_v);
+          vb[i * Vp + Dv] = T(1);
+        }
+        for (int64_t d0 = 0; d0 < Dp; d0 += kRows)
+          for (int64_t j0 = 0; j0 < Vp; j0 += W)
+            block_product(xb.data() + d0, 1, Dp, vb.data() + j0, Vp, nb, M.data() + d0 * Vp + j0, Vp);
+      }
+      // queries: [num | G] = [qs, 1] M, out = num / G
+      T* oh = od + task * N * Dv;
+      T* gh = gd + task * N;
+      for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
+        const int64_t nb = std::min(kBlock, N - n0);
+        for (int64_t i = 0; i < nb; ++i) {
+          const T* qr = qh + (n0 + i) * sq.n;
+          standardize_row(qr, D, sc, ep, xb.data() + i * Dp, seen_q);
+        }
+        std::fill(aug.begin(), aug.end(), T(0));
+        const int64_t rows = round_up(nb, kRows);  // rows past nb hold the last block's values: never written out
+        for (int64_t r0 = 0; r0 < rows; r0 += kRows)
+          for (int64_t j0 = 0; j0 < Vp; j0 += W)
+            block_product(xb.data() + r0 * Dp, Dp, 1, M.data() + j0, Vp, Dp, aug.data() + r0 * Vp + j0, Vp);
+        for (int64_t i = 0; i < nb; ++i) {
+          const T* a = aug.data() + i * Vp;
+          divide_row(a, a[Dv], Dv, oh + (n0 + i) * Dv, seen_o);
+          gh[n0 + i] = a[Dv];
+        }
+      }
+      T* s = sd + task * 8;
+      const Seen<T>* all[4] = {&seen_q, &seen_k, &seen_v, &seen_o};
+      for (int i = 0; i < 4; ++i) s[2 * i] = all[i]->max_abs(), s[2 * i + 1] = all[i]->nan_if_seen();
+    }
+  });
+}
+
+// (out (B, H, N, Dv), G (B, H, N), seen (B * H, 8)): per task max |x| and NaN-or-0 of q, k, v and out in turn.
+std::vector<Tensor> fastmax_p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                                        double eps) {
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && v.sizes().slice(0, 3) == q.sizes().slice(0, 3),
+              "q, k must be (B, H, N, D) and v (B, H, N, Dv)");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
+              "q, k, v must share one dtype");
+  for (const Tensor* t : {&q, &k, &v})
+    TORCH_CHECK(t->size(3) == 1 || t->stride(3) == 1, "q, k, v must have unit stride over their last dim");
+  TORCH_CHECK(q.size(2) >= 1 && q.size(3) >= 1 && v.size(3) >= 1, "empty sequence or head dim");
+  Tensor out = at::empty(v.sizes(), v.options());
+  Tensor den = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  Tensor seen = at::empty({q.size(0) * q.size(1), 8}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fastmax_p1_unmasked",
+                             [&] { p1_unmasked<scalar_t>(q, k, v, scale, eps, out, den, seen); });
+  return {out, den, seen};
+}
+
+// whether this build has the vector kernel (AVX-512); without it the kernel is correct but slower than PyTorch
+bool fastmax_p1_simd() { return kSimd; }
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(attnzoo_cpu, m) {
+  m.def("fastmax_p1_unmasked(Tensor q, Tensor k, Tensor v, float scale, float eps) -> Tensor[]");
+  m.def("fastmax_p1_simd() -> bool", &fastmax_p1_simd);
+}
+
+TORCH_LIBRARY_IMPL(attnzoo_cpu, CPU, m) { m.impl("fastmax_p1_unmasked", &fastmax_p1_unmasked); }
