@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from attnzoo._checks import NonFiniteError, check_bool, check_overflow, check_probability, finite_absmax
-from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import resolve_backend, run_backend
 from attnzoo.ops._spec import Backend, Mechanism, Options, option, triton_available
+from attnzoo.ops.fastmax import cpu as fastmax_cpu
 from attnzoo.ops.fastmax.common import (
     BACKENDS,
     EPS,
@@ -171,8 +171,8 @@ def fastmax(
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
     name = resolve_backend(FASTMAX, backend, q, name="q")
-    if name == "cpu" and _fused_p1(q, k, v, p, causal):
-        return _fastmax_p1_cpu(q, k, v, scale)
+    if _fused_p1(name, backend, q, p, causal):
+        return _fastmax_p1_fused(q, k, v, scale)
     _check_values(q, k, v, p, scale)
     if name == "naive":
         return fastmax_naive(q, k, v, p=p, causal=causal, scale=scale)
@@ -186,22 +186,20 @@ def fastmax(
     return out
 
 
-def _fused_p1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: int, causal: bool) -> bool:
-    """Whether the fused CPU kernel serves this call: the unmasked p=1 forward of float32/float64 inputs with nothing
-    to differentiate (training keeps the PyTorch path, whose forward saves what the §2.5 backward reads)."""
-    if p != 1 or causal or q.dtype not in (torch.float32, torch.float64) or torch.compiler.is_compiling():
+def _fused_p1(name: str, backend: str, q: torch.Tensor, p: int, causal: bool) -> bool:
+    """Whether the fused CPU kernel (``cpu.cpp``) serves this call: the unmasked p=1 op (forward, and the forward of
+    training) on float32/float64 CPU tensors; ``"auto"`` takes it only where the kernel is the vector build."""
+    if name != "cpu" or p != 1 or causal or q.dtype not in (torch.float32, torch.float64):
         return False
-    return not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+    return not torch.compiler.is_compiling() and (backend == "cpu" or fastmax_cpu.simd_kernel())
 
 
-def _fastmax_p1_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """The unmasked p=1 forward in one fused kernel (``cpu.cpp``): standardisation, moments, output and the value
-    checks in two reads of the inputs. The kernel reports max |x| and NaN/Inf per input, so the errors are
-    :func:`_check_values`' (raised before the output is returned, not before the work)."""
-    kernels = _cpu_kernels.required_cpu_kernels()
-    q, k, v = (t if t.shape[-1] == 1 or t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    out, _, seen = kernels.fastmax_p1_unmasked(q, k, v, scale, EPS)
-    # per input (q, k, v, out): max |x| over the tasks and a value that is NaN exactly when some x was NaN or +-Inf
+def _fastmax_p1_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """The fused kernel reads every input once and reports max |x| and NaN/Inf of q, k, v and the output, so the
+    errors are :func:`_check_values`' and :func:`_check_p1_output`'s without another pass (raised before the output
+    is returned rather than before the work)."""
+    out, seen = fastmax_cpu.fastmax_p1_cpu(q, k, v, scale)
+    # per tensor (q, k, v, out): max |x| over the (b, h) tasks, and NaN exactly when some x was NaN or +-Inf
     vals = seen.amax(dim=0).tolist()
     if any(math.isnan(x) for x in vals[1:6:2]):
         finite_absmax({"q": q, "k": k, "v": v}, op="fastmax")  # raises, naming the input and what it holds

@@ -134,7 +134,7 @@ struct Seen {
 
 // dst[0:D] = scale * (x - mean(x)) / sqrt(var(x) + eps) (eqs 5-6), dst[D] = 1; the row's padding stays 0
 template <typename T>
-inline void standardize_row(const T* x, int64_t D, T scale, T eps, T* dst, Seen<T>& seen) {
+inline void standardize_row(const T* x, int64_t D, T scale, T eps, T* dst, Seen<T>& seen, T* moments) {
   using V = Vec<T>;
   constexpr int W = lanes<T>();
   typename V::R s = V::zero();
@@ -153,7 +153,9 @@ inline void standardize_row(const T* x, int64_t D, T scale, T eps, T* dst, Seen<
     const typename V::R d = V::mask_sub(c, m, vm);
     ss = V::fma(d, d, ss);
   }
-  const typename V::R r = V::set1(scale / std::sqrt(V::sum(ss) / static_cast<T>(D) + eps));
+  const T rstd = T(1) / std::sqrt(V::sum(ss) / static_cast<T>(D) + eps);
+  moments[0] = mean, moments[1] = rstd;
+  const typename V::R r = V::set1(scale * rstd);
   for (int64_t i = 0; i < D; i += W) {
     const auto m = V::mask(D - i);
     V::store(dst + i, V::mul(V::sub(V::load(x + i, m), vm), r), m);
@@ -214,14 +216,16 @@ struct Seen {
 };
 
 template <typename T>
-inline void standardize_row(const T* x, int64_t D, T scale, T eps, T* dst, Seen<T>& seen) {
+inline void standardize_row(const T* x, int64_t D, T scale, T eps, T* dst, Seen<T>& seen, T* moments) {
   seen.row(x, D);
   T s = 0;
   for (int64_t i = 0; i < D; ++i) s += x[i];
   const T mean = s / static_cast<T>(D);
   T ss = 0;
   for (int64_t i = 0; i < D; ++i) ss += (x[i] - mean) * (x[i] - mean);
-  const T r = scale / std::sqrt(ss / static_cast<T>(D) + eps);
+  const T rstd = T(1) / std::sqrt(ss / static_cast<T>(D) + eps);
+  moments[0] = mean, moments[1] = rstd;
+  const T r = scale * rstd;
   for (int64_t i = 0; i < D; ++i) dst[i] = (x[i] - mean) * r;
   dst[D] = T(1);
 }
@@ -244,9 +248,15 @@ struct Strides {
   explicit Strides(const Tensor& t) : b(t.stride(0)), h(t.stride(1)), n(t.stride(2)) {}
 };
 
+// What the training forward keeps for the backward: the standardised inputs, their per-token mean and rstd (the
+// layer norm's backward reads them) and the moments M (B, H, D + 1, Dv + 1) = sum_n [k_hat_n, 1] [v_n, 1]^T.
+struct Saved {
+  Tensor qs, kh, moments, M;
+};
+
 template <typename T>
 void p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double eps, Tensor& out,
-                 Tensor& den, Tensor& seen) {
+                 Tensor& den, Tensor& seen, Saved* saved) {
   constexpr int W = lanes<T>();
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), Dv = v.size(3);
   const int64_t Dp = round_up(D + 1, kRows);  // [k_hat, 1] padded to whole register blocks of rows
@@ -258,6 +268,12 @@ void p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale
   T* od = out.data_ptr<T>();
   T* gd = den.data_ptr<T>();
   T* sd = seen.data_ptr<T>();
+  // moments: (4, B, H, N): mean and rstd of q, then of k
+  T* qs_d = saved ? saved->qs.data_ptr<T>() : nullptr;
+  T* kh_d = saved ? saved->kh.data_ptr<T>() : nullptr;
+  T* mo_d = saved ? saved->moments.data_ptr<T>() : nullptr;
+  T* M_d = saved ? saved->M.data_ptr<T>() : nullptr;
+  const int64_t BHN = B * H * N;
   const T sc = static_cast<T>(scale), ep = static_cast<T>(eps);
   at::parallel_for(0, B * H, 1, [&](int64_t t0, int64_t t1) {
     std::vector<T> xb(kBlock * Dp), vb(kBlock * Vp), M(Dp * Vp), aug(kBlock * Vp);
@@ -276,7 +292,14 @@ void p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale
         for (int64_t i = 0; i < nb; ++i) {
           const T* kr = kh + (n0 + i) * sk.n;
           const T* vr = vh + (n0 + i) * sv.n;
-          standardize_row(kr, D, T(1), ep, xb.data() + i * Dp, seen_k);
+          T mo[2];
+          T* row = xb.data() + i * Dp;
+          standardize_row(kr, D, T(1), ep, row, seen_k, mo);
+          if (saved) {
+            const int64_t at = task * N + n0 + i;
+            std::copy(row, row + D, kh_d + at * D);
+            mo_d[2 * BHN + at] = mo[0], mo_d[3 * BHN + at] = mo[1];
+          }
           copy_row(vr, Dv, vb.data() + i * Vp, seen_v);
           vb[i * Vp + Dv] = T(1);
         }
@@ -284,6 +307,8 @@ void p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale
           for (int64_t j0 = 0; j0 < Vp; j0 += W)
             block_product(xb.data() + d0, 1, Dp, vb.data() + j0, Vp, nb, M.data() + d0 * Vp + j0, Vp);
       }
+      if (saved)
+        for (int64_t d = 0; d <= D; ++d) std::copy(&M[d * Vp], &M[d * Vp] + Dv + 1, M_d + (task * (D + 1) + d) * (Dv + 1));
       // queries: [num | G] = [qs, 1] M, out = num / G
       T* oh = od + task * N * Dv;
       T* gh = gd + task * N;
@@ -291,7 +316,14 @@ void p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale
         const int64_t nb = std::min(kBlock, N - n0);
         for (int64_t i = 0; i < nb; ++i) {
           const T* qr = qh + (n0 + i) * sq.n;
-          standardize_row(qr, D, sc, ep, xb.data() + i * Dp, seen_q);
+          T mo[2];
+          T* row = xb.data() + i * Dp;
+          standardize_row(qr, D, sc, ep, row, seen_q, mo);
+          if (saved) {
+            const int64_t at = task * N + n0 + i;
+            std::copy(row, row + D, qs_d + at * D);
+            mo_d[at] = mo[0], mo_d[BHN + at] = mo[1];
+          }
         }
         std::fill(aug.begin(), aug.end(), T(0));
         const int64_t rows = round_up(nb, kRows);  // rows past nb hold the last block's values: never written out
@@ -311,9 +343,10 @@ void p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale
   });
 }
 
-// (out (B, H, N, Dv), G (B, H, N), seen (B * H, 8)): per task max |x| and NaN-or-0 of q, k, v and out in turn.
-std::vector<Tensor> fastmax_p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                                        double eps) {
+// (out (B, H, N, Dv), G (B, H, N), seen (B * H, 8)): per task max |x| and NaN-or-0 of q, k, v and out in turn;
+// with save, also qs, k_hat (B, H, N, D), moments (4, B, H, N, 1) and M (B, H, D + 1, Dv + 1) (see Saved).
+std::vector<Tensor> fastmax_p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double eps,
+                                        bool save) {
   TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && v.sizes().slice(0, 3) == q.sizes().slice(0, 3),
               "q, k must be (B, H, N, D) and v (B, H, N, Dv)");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
@@ -321,12 +354,22 @@ std::vector<Tensor> fastmax_p1_unmasked(const Tensor& q, const Tensor& k, const 
   for (const Tensor* t : {&q, &k, &v})
     TORCH_CHECK(t->size(3) == 1 || t->stride(3) == 1, "q, k, v must have unit stride over their last dim");
   TORCH_CHECK(q.size(2) >= 1 && q.size(3) >= 1 && v.size(3) >= 1, "empty sequence or head dim");
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), Dv = v.size(3);
   Tensor out = at::empty(v.sizes(), v.options());
-  Tensor den = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
-  Tensor seen = at::empty({q.size(0) * q.size(1), 8}, q.options());
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fastmax_p1_unmasked",
-                             [&] { p1_unmasked<scalar_t>(q, k, v, scale, eps, out, den, seen); });
-  return {out, den, seen};
+  Tensor den = at::empty({B, H, N}, q.options());
+  Tensor seen = at::empty({B * H, 8}, q.options());
+  Saved saved;
+  if (save) {
+    saved.qs = at::empty({B, H, N, D}, q.options());
+    saved.kh = at::empty({B, H, N, D}, q.options());
+    saved.moments = at::empty({4, B, H, N, 1}, q.options());
+    saved.M = at::empty({B, H, D + 1, Dv + 1}, q.options());
+  }
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fastmax_p1_unmasked", [&] {
+    p1_unmasked<scalar_t>(q, k, v, scale, eps, out, den, seen, save ? &saved : nullptr);
+  });
+  if (!save) return {out, den, seen};
+  return {out, den, seen, saved.qs, saved.kh, saved.moments, saved.M};
 }
 
 // whether this build has the vector kernel (AVX-512); without it the kernel is correct but slower than PyTorch
@@ -335,7 +378,7 @@ bool fastmax_p1_simd() { return kSimd; }
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(attnzoo_cpu, m) {
-  m.def("fastmax_p1_unmasked(Tensor q, Tensor k, Tensor v, float scale, float eps) -> Tensor[]");
+  m.def("fastmax_p1_unmasked(Tensor q, Tensor k, Tensor v, float scale, float eps, bool save) -> Tensor[]");
   m.def("fastmax_p1_simd() -> bool", &fastmax_p1_simd);
 }
 
