@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from attnzoo._checks import NonFiniteError, check_bool, check_overflow, check_probability, finite_absmax
+from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import resolve_backend, run_backend
 from attnzoo.ops._spec import Backend, Mechanism, Options, option, triton_available
 from attnzoo.ops.fastmax import cpu as fastmax_cpu
@@ -106,8 +107,10 @@ def _fastmax_torch(qs, kh, vv, *, p: int, causal: bool, chunk_size: int) -> torc
 
 
 def _fastmax_cpu(qs, kh, vv, *, p: int, causal: bool, chunk_size: int) -> torch.Tensor:
-    # what the fused kernel (cpu.cpp) does not cover (p=2, causal, gradients) runs on the PyTorch path;
-    # :func:`fastmax` sends the unmasked p=1 forward to the kernel before standardising
+    # :func:`fastmax` sends the unmasked p=1 op to the fused kernel (cpu.cpp) before standardising; what it does not
+    # cover (p=2, causal, half inputs) runs on the PyTorch path. Named explicitly, "cpu" needs the kernels built.
+    if not torch.compiler.is_compiling():
+        _cpu_kernels.required_cpu_kernels()
     return _fastmax_torch(qs, kh, vv, p=p, causal=causal, chunk_size=chunk_size)
 
 
