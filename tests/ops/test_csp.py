@@ -480,3 +480,24 @@ def test_fused_pairs_kernel_rejects_bad_arguments():
         k.csp_pairs(torch.randn(1, 5, 3), torch.tensor([0, 1, 2]))
     with pytest.raises(RuntimeError, match=r"swap must be the forward's contiguous bool \(B, N / 2, C\)"):
         k.csp_pairs_bwd(v, torch.tensor([0, 1, 2]), torch.zeros(1, 3, 3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])  # AVX-512 and portable kernels
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_fused_pairs_kernel_finds_nonfinite_values_while_moving_them(bad, dtype):
+    # the 'cpu' backend checks v inside its kernel (no pass of its own): same error as the other backends,
+    # for a value in any sample, tile (C = 35: a partial last tile) and position
+    from attnzoo._checks import NonFiniteError
+
+    B, N, C = 3, 66, 35
+    for b, n, c in [(0, 0, 0), (2, 65, 34), (1, 31, 17)]:
+        v = torch.randn(B, N, C).to(dtype)
+        shifts = torch.arange(C) * 5
+        assert torch.isfinite(csp(v, shifts, N // 2, backend="cpu")).all()
+        v[b, n, c] = bad
+        for backend in ("cpu", "torch"):
+            with pytest.raises(NonFiniteError, match=r"csp: v .*(NaN|Inf)"):
+                csp(v, shifts, N // 2, backend=backend)
+    # groups other than pairs take the PyTorch path behind 'cpu': checked before it runs
+    with pytest.raises(NonFiniteError, match=r"csp: v "):
+        csp(v, shifts, N // 3, backend="cpu")

@@ -10,6 +10,7 @@ hence which input a gradient reaches do.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -71,7 +72,11 @@ def _csp_cpu(v: torch.Tensor, shifts: torch.Tensor, groups: int) -> torch.Tensor
     if v.shape[1] == 2 * groups:
         from attnzoo.ops.csp.small import csp_small_groups
 
-        return csp_small_groups(v, shifts, 2, kernels=kernels)
+        out, poison = csp_small_groups(v, shifts, 2, kernels=kernels, with_poison=True)
+        if math.isnan(poison.sum().item()):
+            finite_absmax({"v": v}, op="csp")  # raises, naming what v holds
+        return out
+    finite_absmax({"v": v}, op="csp")
     return csp_gather(v, shifts, groups)
 
 
@@ -93,8 +98,13 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _check_args(v: torch.Tensor, shifts, groups: int, backend: str) -> tuple[torch.Tensor, str]:
-    """Validate; return ``shifts`` as a LongTensor ``(C,)`` on ``v.device`` and the backend to run."""
+def _check_args(
+    v: torch.Tensor, shifts, groups: int, backend: str, *, defer_values: bool = False
+) -> tuple[torch.Tensor, str]:
+    """Validate; return ``shifts`` as a LongTensor ``(C,)`` on ``v.device`` and the backend to run.
+
+    ``defer_values``: on the ``"cpu"`` backend the values of v are left to :func:`_csp_cpu`, whose kernel finds
+    NaN/Inf while it moves them (the same error, without an extra pass over v)."""
     check_ndim("v", v, 3, "(B, N, C)")
     name = resolve_backend(CSP, backend, v, name="v")
     B, N, C = v.shape
@@ -102,7 +112,8 @@ def _check_args(v: torch.Tensor, shifts, groups: int, backend: str) -> tuple[tor
         raise ValueError(f"v must have N >= 1 tokens and C >= 1 channels, got shape {tuple(v.shape)}")
     check_positive_int("groups", groups)
     # sorting puts NaN last and moves Inf like any value: the permutations would be silently meaningless
-    finite_absmax({"v": v}, op="csp")
+    if not (defer_values and name == "cpu") or torch.compiler.is_compiling():
+        finite_absmax({"v": v}, op="csp")
     if N % groups != 0:
         raise ValueError(
             f"N={N} tokens cannot be split into groups={groups} equal groups; valid groups divide N: {_divisors(N)}"
@@ -134,7 +145,7 @@ def csp(v: torch.Tensor, shifts: Sequence[int] | torch.Tensor, groups: int, *, b
     of 1-8 tokens), ``"cpu"`` (groups of two in one fused C++ pass, the rest as ``"torch"``), ``"naive"``
     (explicit N x N permutation matrices).
     """
-    s, name = _check_args(v, shifts, groups, backend)
+    s, name = _check_args(v, shifts, groups, backend, defer_values=True)
     return run_backend(CSP, name, (v, s, groups), auto=backend == "auto")
 
 

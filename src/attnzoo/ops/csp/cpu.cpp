@@ -6,7 +6,8 @@
 // of kBlock, each in three steps that stay in L1/L2: (1) read the tile's columns, each channel from its own
 // shifted start, into per-channel runs; (2) per pair of tokens, compare-and-swap each channel, placed by the
 // reference channel's order, and note the swaps (a bool (B, N/2, C), for the backward); (3) write the block's
-// output rows. The values cross memory once in and once out. With AVX-512 (float32) a tile is one vector and
+// output rows. The values cross memory once in and once out, and are checked for NaN/Inf on the way (the op's
+// finiteness check, without a pass of its own). With AVX-512 (float32) a tile is one vector and
 // each pair is two gathers, a compare and two row stores, with no transposition at all (see below).
 // The reference channel's order (channel 0, shifted) is one byte per pair and sample, computed first.
 // Tie rule as the reference (a stable sort): strict '>' on both sides, so equal values keep their order.
@@ -17,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -224,9 +226,11 @@ inline __m512i next_pair(__m512i off, __m512i step, __m512i limit) {
   return _mm512_mask_sub_epi32(off, _mm512_cmpge_epi32_mask(off, limit), off, limit);
 }
 
-void pairs_forward_avx512(const float* v, const int64_t* J, const uint8_t* ref, float* out, bool* swap, int64_t B,
-                          int64_t N, int64_t C) {
+// poison[b]: sum of v * 0 over sample b's values (each is gathered once): NaN iff the sample holds NaN or +-Inf
+void pairs_forward_avx512(const float* v, const int64_t* J, const uint8_t* ref, float* out, bool* swap, float* poison,
+                          int64_t B, int64_t N, int64_t C) {
   const int64_t K = N / 2, tiles = (C + 15) / 16;
+  std::vector<float> tile_poison(B * tiles);
   const __m512i step = _mm512_set1_epi32(static_cast<int32_t>(2 * C));
   const __m512i limit = _mm512_set1_epi32(static_cast<int32_t>(N * C));
   at::parallel_for(0, B * tiles, 1, [&](int64_t t0, int64_t t1) {
@@ -241,10 +245,12 @@ void pairs_forward_avx512(const float* v, const int64_t* J, const uint8_t* ref, 
       const uint8_t* rb = ref + b * K;
       const __m512 zero = _mm512_setzero_ps();
       const int64_t lead_j = J[c0 + leading_lane(J, c0, tc)];
+      __m512 seen = zero;
       for (int64_t k = 0; k < K; ++k) {
         prefetch_rows(vb, k, lead_j, N, C, c0);
         const __m512 x = _mm512_mask_i32gather_ps(zero, lanes, off0, vb, 4);
         const __m512 y = _mm512_mask_i32gather_ps(zero, lanes, off1, vb, 4);
+        seen = _mm512_fmadd_ps(x, zero, _mm512_fmadd_ps(y, zero, seen));
         // strict '>' (ordered): equal values keep their order, as the stable sort of the reference
         const __mmask16 s = _mm512_cmp_ps_mask(x, y, _CMP_GT_OQ) ^ static_cast<__mmask16>(rb[k] ? 0xFFFF : 0);
         _mm512_mask_storeu_ps(ob + 2 * k * C, lanes, _mm512_mask_blend_ps(s, x, y));
@@ -253,8 +259,14 @@ void pairs_forward_avx512(const float* v, const int64_t* J, const uint8_t* ref, 
         off0 = next_pair(off0, step, limit);
         off1 = next_pair(off1, step, limit);
       }
+      tile_poison[t] = _mm512_reduce_add_ps(seen);
     }
   });
+  for (int64_t b = 0; b < B; ++b) {
+    float p = 0;
+    for (int64_t i = 0; i < tiles; ++i) p += tile_poison[b * tiles + i];
+    poison[b] = p;
+  }
 }
 
 // Backward in two passes per tile, with no scatter (AMD's are slow): (1) per pair, send the two gradients back to
@@ -296,7 +308,8 @@ void pairs_backward_avx512(const float* g, const int64_t* J, const bool* swap, f
 }
 #else
 constexpr bool kHaveAvx512 = false;
-void pairs_forward_avx512(const float*, const int64_t*, const uint8_t*, float*, bool*, int64_t, int64_t, int64_t) {}
+void pairs_forward_avx512(const float*, const int64_t*, const uint8_t*, float*, bool*, float*, int64_t, int64_t,
+                          int64_t) {}
 void pairs_backward_avx512(const float*, const int64_t*, const bool*, float*, int64_t, int64_t, int64_t) {}
 #endif
 
@@ -305,25 +318,39 @@ bool use_avx512(const Tensor& x) {
   return kHaveAvx512 && x.scalar_type() == at::kFloat && x.size(1) * x.size(2) < (int64_t{1} << 31);
 }
 
+// per sample, sum of v * 0 in float: NaN iff v holds NaN or +-Inf (the portable path's finiteness check)
+template <typename T>
+void portable_poison(const T* v, int64_t B, int64_t NC, float* poison) {
+  at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      float p = 0;
+      for (int64_t i = 0; i < NC; ++i) p += static_cast<float>(v[b * NC + i]) * 0.0f;
+      poison[b] = p;
+    }
+  });
+}
+
 std::vector<Tensor> csp_pairs(const Tensor& v, const Tensor& shifts) {
   check_args(v, shifts, "v");
   const int64_t B = v.size(0), N = v.size(1), C = v.size(2);
   Tensor out = at::empty_like(v);
   Tensor swap = at::empty({B, N / 2, C}, v.options().dtype(at::kBool));
   Tensor ref = at::empty({B, N / 2}, v.options().dtype(at::kByte));
-  if (v.numel() == 0) return {out, swap};
+  Tensor poison = at::zeros({B}, v.options().dtype(at::kFloat));
+  if (v.numel() == 0) return {out, swap, poison};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, v.scalar_type(), "csp_pairs", [&] {
     const int64_t* J = shifts.data_ptr<int64_t>();
     reference_order<scalar_t>(v.data_ptr<scalar_t>(), J, ref.data_ptr<uint8_t>(), B, N, C);
     if (use_avx512(v)) {
       pairs_forward_avx512(v.data_ptr<float>(), J, ref.data_ptr<uint8_t>(), out.data_ptr<float>(),
-                           swap.data_ptr<bool>(), B, N, C);
+                           swap.data_ptr<bool>(), poison.data_ptr<float>(), B, N, C);
     } else {
       pairs_forward<scalar_t>(v.data_ptr<scalar_t>(), J, ref.data_ptr<uint8_t>(), out.data_ptr<scalar_t>(),
                               swap.data_ptr<bool>(), B, N, C);
+      portable_poison<scalar_t>(v.data_ptr<scalar_t>(), B, N * C, poison.data_ptr<float>());
     }
   });
-  return {out, swap};
+  return {out, swap, poison};
 }
 
 Tensor csp_pairs_bwd(const Tensor& grad, const Tensor& shifts, const Tensor& swap) {

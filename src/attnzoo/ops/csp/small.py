@@ -199,19 +199,23 @@ class _SmallGroupCSP(torch.autograd.Function):
         ctx.lay, ctx.kernels = lay, kernels if fused else None
         if fused:  # the C++ kernel; its swaps are (B, K, C) bools, the transpose of the layout used below
             j = torch.tensor(steps, dtype=torch.long)
-            out, swap = kernels.csp_pairs(v.contiguous(), j)
+            # poison (B,): NaN exactly where a sample holds NaN/Inf (the kernel's finiteness check, no extra pass)
+            out, swap, poison = kernels.csp_pairs(v.contiguous(), j)
             ctx.save_for_backward(j, swap)
-            return out
+            ctx.mark_non_differentiable(poison)
+            return out, poison
         u, out = lay.shifted(v)
+        none = v.new_zeros(0)
+        ctx.mark_non_differentiable(none)
         if g == 1:  # groups = N: pure shifting
             ctx.save_for_backward(shifts)
-            return lay.to_bnc(u)
+            return lay.to_bnc(u), none
         choice = _pair_forward(u, out) if g == 2 else _network_forward(u, out)
         ctx.save_for_backward(shifts, choice)
-        return lay.to_bnc(out)
+        return lay.to_bnc(out), none
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx, grad: torch.Tensor, _poison):
         lay = ctx.lay
         if ctx.kernels is not None and not torch.is_grad_enabled():  # before any relayout of grad: none is needed
             shifts, choice = ctx.saved_tensors
@@ -239,13 +243,18 @@ class _SmallGroupCSP(torch.autograd.Function):
         return lay.to_bnc(gu, unshift=True, scratch=g4), None, None, None
 
 
-def csp_small_groups(v: torch.Tensor, shifts: torch.Tensor, group_size: int, *, kernels=None) -> torch.Tensor:
+def csp_small_groups(
+    v: torch.Tensor, shifts: torch.Tensor, group_size: int, *, kernels=None, with_poison: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """CSP eq 4 for ``v (B, N, C)`` with groups of ``group_size`` in :data:`SMALL_GROUP_SIZES` tokens.
 
     ``shifts``: LongTensor ``(C,)`` on ``v.device`` with values in ``[0, N)``. Same values and gradients
     as :func:`attnzoo.ops.csp.gather.csp_gather` (and the naive reference), tie rule included. ``kernels``
-    (``torch.ops.attnzoo_cpu``, CPU tensors): groups of two run in the fused C++ kernel of ``cpu.cpp``.
+    (``torch.ops.attnzoo_cpu``, CPU tensors): groups of two run in the fused C++ kernel of ``cpu.cpp``;
+    ``with_poison`` also returns its ``(B,)`` finiteness flags (NaN where a sample holds NaN/Inf; empty when the
+    kernel did not run).
     """
     if group_size not in SMALL_GROUP_SIZES:
         raise ValueError(f"group_size={group_size!r}; the small-group path handles {list(SMALL_GROUP_SIZES)}")
-    return _SmallGroupCSP.apply(v, shifts, group_size, kernels)
+    out, poison = _SmallGroupCSP.apply(v, shifts, group_size, kernels)
+    return (out, poison) if with_poison else out
