@@ -159,13 +159,16 @@ def fastmax(
     (``scale`` defaults to ``D**-0.5``; ``1.0`` is the paper's literal form), weighted by
     ``f(s) = sum_{l<=p} s^l / l!`` and normalised per row. ``backend``: ``"naive"`` (explicit N x N),
     ``"torch"`` (factorised, FAST §2.5 custom backward, O(N D) saved per head), ``"torch_autograd"``
-    (factorised, autograd through it; for memory benchmarks), ``"triton"`` (only if
-    ``attnzoo.ops.fastmax.triton`` exists), ``"auto"`` (triton for CUDA tensors when importable, else torch; a
-    Triton kernel that fails to compile or launch warns once and leaves ``"auto"`` on torch for the process).
+    (factorised, autograd through it; for memory benchmarks), ``"cpu"`` (the unmasked p=1 op, forward and the
+    forward of training, in one fused C++ kernel, ``cpu.cpp``; every other case as ``"torch"``), ``"triton"`` (only
+    if ``attnzoo.ops.fastmax.triton`` exists), ``"auto"`` (triton for CUDA tensors when importable; on CPU the fused
+    kernel where it is the AVX-512 build; else torch; a Triton kernel that fails to compile or launch warns once and
+    leaves ``"auto"`` on torch for the process).
     ``chunk_size`` (default 64) is the token chunk of the sweeps. fp16/bf16 inputs are computed in float32.
 
     NaN/Inf in q, k, v, and magnitudes that would overflow the compute dtype, raise
-    :class:`~attnzoo._checks.NonFiniteError` before any work (one host sync). p=1 with ``scale > 1/D`` (the
+    :class:`~attnzoo._checks.NonFiniteError` before any work (one host sync); the fused CPU kernel finds them
+    while it reads the inputs and raises the same error before returning. p=1 with ``scale > 1/D`` (the
     default scale for D >= 2) can also produce NaN/Inf from finite inputs (a normaliser crossing zero, see the
     module doc); that case reads its output back once more and raises naming the cause.
     """
