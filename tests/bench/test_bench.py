@@ -193,3 +193,29 @@ def test_baseline_module_cases_run_forward_and_backward(mech, causal):
     assert out.shape == (1, 9, 8)
     (g,) = torch.autograd.grad(out, prep.inputs, torch.ones_like(out))
     assert torch.isfinite(out).all() and torch.isfinite(g).all()
+
+
+def test_cpu_warm_up_runs_until_a_call_takes_no_fresh_pages(monkeypatch):
+    from attnzoo.bench import runner
+
+    # fault counter as the calls move it: 5000 fresh pages per call for the first three calls, then 10
+    per_call = iter([5000, 5000, 5000, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10])
+    state = {"faults": 0, "calls": 0}
+
+    def fn():
+        state["calls"] += 1
+        state["faults"] += next(per_call)
+
+    monkeypatch.setattr(runner, "_minor_faults", lambda: state["faults"])
+    runner.time_call(fn, torch.device("cpu"), repeats=3, warmup=1)
+    # 1 warm-up call + settling until the first quiet call (calls 2, 3, 4) + 3 timed
+    assert state["calls"] == 1 + 3 + 3
+
+    # a case that never settles stops after SETTLE_CALLS extra calls; warmup=0 (decode) never settles
+    state["calls"] = 0
+    monkeypatch.setattr(runner, "_minor_faults", lambda: state["calls"] * 10_000)
+    runner.time_call(lambda: state.__setitem__("calls", state["calls"] + 1), torch.device("cpu"), repeats=2)
+    assert state["calls"] == 1 + runner.SETTLE_CALLS + 2
+    state["calls"] = 0
+    runner.time_call(lambda: state.__setitem__("calls", state["calls"] + 1), torch.device("cpu"), 2, warmup=0)
+    assert state["calls"] == 2

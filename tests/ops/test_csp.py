@@ -453,7 +453,11 @@ def test_auto_takes_the_fused_kernel_for_pairs_and_falls_back_without_it(monkeyp
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])  # float32: the AVX-512 path where the CPU has it
-@pytest.mark.parametrize("B,N,C", [(1, 2, 1), (2, 34, 17), (1, 130, 48), (3, 64, 40), (1, 1030, 35)])
+@pytest.mark.parametrize(
+    "B,N,C",
+    # C = 80, 128, 144: several 16-channel tiles per task, full tiles (streamed stores) and a short last group
+    [(1, 2, 1), (2, 34, 17), (1, 130, 48), (3, 64, 40), (1, 1030, 35), (1, 66, 80), (2, 40, 128), (1, 98, 144)],
+)
 def test_fused_pairs_kernel_matches_reference_forward_and_backward(B, N, C, dtype):
     # C not a multiple of the kernel's 16-channel tile, a shifted reference channel, shifts that wrap a pair,
     # N beyond one 512-token block of the portable path
@@ -478,8 +482,8 @@ def test_fused_pairs_kernel_rejects_bad_arguments():
         k.csp_pairs(v, torch.tensor([0, 4, 1]))
     with pytest.raises(RuntimeError, match="even N, got N = 5"):
         k.csp_pairs(torch.randn(1, 5, 3), torch.tensor([0, 1, 2]))
-    with pytest.raises(RuntimeError, match=r"swap must be the forward's contiguous bool \(B, N / 2, C\)"):
-        k.csp_pairs_bwd(v, torch.tensor([0, 1, 2]), torch.zeros(1, 3, 3, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match=r"swap must be the forward's contiguous int16 \(B, ceil\(C / 16\), N / 2\)"):
+        k.csp_pairs_bwd(v, torch.tensor([0, 1, 2]), torch.zeros(1, 2, 3, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])  # AVX-512 and portable kernels
@@ -501,3 +505,24 @@ def test_fused_pairs_kernel_finds_nonfinite_values_while_moving_them(bad, dtype)
     # groups other than pairs take the PyTorch path behind 'cpu': checked before it runs
     with pytest.raises(NonFiniteError, match=r"csp: v "):
         csp(v, shifts, N // 3, backend="cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fused_pairs_double_backward_unpacks_the_swap_bits_of_every_tile(dtype):
+    # create_graph=True takes the differentiable path, fed by the kernel's packed swaps (C = 35: three words).
+    # g = P^T w is linear in w; its derivative along r is P r, so both must match the reference.
+    B, N, C = 2, 10, 35
+    gen = torch.Generator().manual_seed(5)
+    v = torch.randn(B, N, C, generator=gen, dtype=torch.float64).to(dtype)
+    shifts = torch.randint(0, N, (C,), generator=gen)
+    r = torch.randn(B, N, C, generator=gen, dtype=torch.float64).to(dtype)
+    results = []
+    for backend in ("cpu", "naive"):
+        vv = v.clone().requires_grad_(True)
+        w = torch.randn(B, N, C, generator=torch.Generator().manual_seed(6), dtype=torch.float64).to(dtype)
+        w.requires_grad_(True)
+        (g,) = torch.autograd.grad((csp(vv, shifts, N // 2, backend=backend) * w).sum(), vv, create_graph=True)
+        (gw,) = torch.autograd.grad((g * r).sum(), w)
+        results.append((g.detach(), gw))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])

@@ -5,7 +5,7 @@
 // passes) and a transpose back. Here a task is (sample, tile of kTile channels) and walks the tokens in blocks
 // of kBlock, each in three steps that stay in L1/L2: (1) read the tile's columns, each channel from its own
 // shifted start, into per-channel runs; (2) per pair of tokens, compare-and-swap each channel, placed by the
-// reference channel's order, and note the swaps (a bool (B, N/2, C), for the backward); (3) write the block's
+// reference channel's order, and note the swaps (one bit per pair and channel, for the backward); (3) write the block's
 // output rows. The values cross memory once in and once out, and are checked for NaN/Inf on the way (the op's
 // finiteness check, without a pass of its own). With AVX-512 (float32) a tile is one vector and
 // each pair is two gathers, a compare and two row stores, with no transposition at all (see below).
@@ -34,7 +34,7 @@ using at::Tensor;
 namespace {
 
 // channels per task: 16 float32 values are one 64-byte line of a token's row
-constexpr int64_t kTile = 16;
+constexpr int64_t kTile = 16;  // also the bits of a swap mask word (uint16)
 
 void check_args(const Tensor& x, const Tensor& shifts, const char* name) {
   TORCH_CHECK(x.dim() == 3, name, " must be (B, N, C), got ", x.dim(), " dimensions");
@@ -107,7 +107,7 @@ inline void scatter_columns(const T* ob, int64_t N, int64_t C, const int64_t* s0
 }
 
 template <typename T>
-void pairs_forward(const T* v, const int64_t* J, const uint8_t* ref, T* out, bool* swap, int64_t B, int64_t N,
+void pairs_forward(const T* v, const int64_t* J, const uint8_t* ref, T* out, uint16_t* swap, int64_t B, int64_t N,
                    int64_t C) {
   const int64_t K = N / 2, tiles = (C + kTile - 1) / kTile;
   at::parallel_for(0, B * tiles, 1, [&](int64_t t0, int64_t t1) {
@@ -128,13 +128,13 @@ void pairs_forward(const T* v, const int64_t* J, const uint8_t* ref, T* out, boo
         for (int64_t j = 0; j < tc; ++j) {
           const T* u = lb.data() + j * kBlock;
           T* o = ob.data() + j * kBlock;
-          bool* sw = swap + (b * K + m0 / 2) * C + c0 + j;
+          uint16_t* sw = swap + t * K + m0 / 2;
           for (int64_t k = 0; k < len / 2; ++k) {
             const T x = u[2 * k], y = u[2 * k + 1];
             const bool s = (x > y) != static_cast<bool>(r[k]);
             o[2 * k] = s ? y : x;
             o[2 * k + 1] = s ? x : y;
-            sw[k * C] = s;
+            sw[k] = static_cast<uint16_t>((j ? sw[k] : 0) | (s << j));
           }
         }
         // (3) the block's output rows
@@ -145,7 +145,7 @@ void pairs_forward(const T* v, const int64_t* J, const uint8_t* ref, T* out, boo
 }
 
 template <typename T>
-void pairs_backward(const T* g, const int64_t* J, const bool* swap, T* gv, int64_t B, int64_t N, int64_t C) {
+void pairs_backward(const T* g, const int64_t* J, const uint16_t* swap, T* gv, int64_t B, int64_t N, int64_t C) {
   const int64_t K = N / 2, tiles = (C + kTile - 1) / kTile;
   at::parallel_for(0, B * tiles, 1, [&](int64_t t0, int64_t t1) {
     std::vector<T> lb(kTile * kBlock), ob(kTile * kBlock);
@@ -161,9 +161,9 @@ void pairs_backward(const T* g, const int64_t* J, const bool* swap, T* gv, int64
         for (int64_t j = 0; j < tc; ++j) {
           const T* gu = lb.data() + j * kBlock;
           T* o = ob.data() + j * kBlock;
-          const bool* sw = swap + (b * K + m0 / 2) * C + c0 + j;
+          const uint16_t* sw = swap + t * K + m0 / 2;
           for (int64_t k = 0; k < len / 2; ++k) {
-            const bool s = sw[k * C];
+            const bool s = (sw[k] >> j) & 1;
             const T x = gu[2 * k], y = gu[2 * k + 1];
             o[2 * k] = s ? y : x;
             o[2 * k + 1] = s ? x : y;
@@ -226,45 +226,81 @@ inline __m512i next_pair(__m512i off, __m512i step, __m512i limit) {
   return _mm512_mask_sub_epi32(off, _mm512_cmpge_epi32_mask(off, limit), off, limit);
 }
 
+// Tiles per task: a task walks kGroup adjacent tiles together, so each row it touches is kGroup adjacent cache
+// lines (the prefetchers follow those, not a lone 64-byte line per row), while its lanes' rows still stay in
+// L2 between the lanes that read them. Fewer when that would leave threads idle.
+constexpr int64_t kGroup = 4;
+
+inline int64_t tiles_per_task(int64_t B, int64_t tiles) {
+  const int64_t threads = at::get_num_threads();
+  for (int64_t w = kGroup; w > 1; w /= 2)
+    if (B * ((tiles + w - 1) / w) >= threads) return w;
+  return 1;
+}
+
+// Non-temporal stores when every tile is full and 64-byte aligned: the output is written once and read by a
+// later op, so writing it around the caches saves the read-for-ownership of each line (a third of the traffic).
+inline bool can_stream(const float* out, int64_t C) {
+  return C % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 64 == 0;
+}
+
+inline void store_row(float* dst, __mmask16 lanes, __m512 x, bool stream) {
+  if (stream)
+    _mm512_stream_ps(dst, x);
+  else
+    _mm512_mask_storeu_ps(dst, lanes, x);
+}
+
 // poison[b]: sum of v * 0 over sample b's values (each is gathered once): NaN iff the sample holds NaN or +-Inf
-void pairs_forward_avx512(const float* v, const int64_t* J, const uint8_t* ref, float* out, bool* swap, float* poison,
+void pairs_forward_avx512(const float* v, const int64_t* J, const uint8_t* ref, float* out, uint16_t* swap, float* poison,
                           int64_t B, int64_t N, int64_t C) {
-  const int64_t K = N / 2, tiles = (C + 15) / 16;
-  std::vector<float> tile_poison(B * tiles);
+  const int64_t K = N / 2, tiles = (C + 15) / 16, W = tiles_per_task(B, tiles), groups = (tiles + W - 1) / W;
+  const bool stream = can_stream(out, C);
+  std::vector<float> task_poison(B * groups);
   const __m512i step = _mm512_set1_epi32(static_cast<int32_t>(2 * C));
   const __m512i limit = _mm512_set1_epi32(static_cast<int32_t>(N * C));
-  at::parallel_for(0, B * tiles, 1, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, B * groups, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / tiles, c0 = (t % tiles) * 16, tc = std::min<int64_t>(16, C - c0);
-      __m512i off0, off1;
-      __mmask16 lanes;
-      first_offsets(J, N, C, c0, tc, off0, off1, lanes);
+      const int64_t b = t / groups, cg = (t % groups) * W * 16, nw = std::min(W, tiles - (t % groups) * W);
+      __m512i off0[kGroup], off1[kGroup];
+      __mmask16 lanes[kGroup];
+      int64_t lead_j = N;
+      for (int64_t w = 0; w < nw; ++w) {
+        const int64_t c0 = cg + 16 * w, tc = std::min<int64_t>(16, C - c0);
+        first_offsets(J, N, C, c0, tc, off0[w], off1[w], lanes[w]);
+        lead_j = std::min(lead_j, J[c0 + leading_lane(J, c0, tc)]);
+      }
       const float* vb = v + b * N * C;
-      float* ob = out + b * N * C + c0;
-      bool* sb = swap + b * K * C + c0;
+      float* ob = out + b * N * C + cg;
+      uint16_t* sb = swap + (b * tiles + cg / 16) * K;
       const uint8_t* rb = ref + b * K;
       const __m512 zero = _mm512_setzero_ps();
-      const int64_t lead_j = J[c0 + leading_lane(J, c0, tc)];
       __m512 seen = zero;
       for (int64_t k = 0; k < K; ++k) {
-        prefetch_rows(vb, k, lead_j, N, C, c0);
-        const __m512 x = _mm512_mask_i32gather_ps(zero, lanes, off0, vb, 4);
-        const __m512 y = _mm512_mask_i32gather_ps(zero, lanes, off1, vb, 4);
-        seen = _mm512_fmadd_ps(x, zero, _mm512_fmadd_ps(y, zero, seen));
-        // strict '>' (ordered): equal values keep their order, as the stable sort of the reference
-        const __mmask16 s = _mm512_cmp_ps_mask(x, y, _CMP_GT_OQ) ^ static_cast<__mmask16>(rb[k] ? 0xFFFF : 0);
-        _mm512_mask_storeu_ps(ob + 2 * k * C, lanes, _mm512_mask_blend_ps(s, x, y));
-        _mm512_mask_storeu_ps(ob + (2 * k + 1) * C, lanes, _mm512_mask_blend_ps(s, y, x));
-        _mm_mask_storeu_epi8(sb + k * C, lanes, _mm_maskz_set1_epi8(s, 1));
-        off0 = next_pair(off0, step, limit);
-        off1 = next_pair(off1, step, limit);
+        for (int64_t w = 0; w < nw; ++w) prefetch_rows(vb, k, lead_j, N, C, cg + 16 * w);
+        const __mmask16 rk = static_cast<__mmask16>(rb[k] ? 0xFFFF : 0);
+        for (int64_t w = 0; w < kGroup; ++w) {
+          if (w >= nw) break;
+          const __m512 x = _mm512_mask_i32gather_ps(zero, lanes[w], off0[w], vb, 4);
+          const __m512 y = _mm512_mask_i32gather_ps(zero, lanes[w], off1[w], vb, 4);
+          seen = _mm512_fmadd_ps(x, zero, _mm512_fmadd_ps(y, zero, seen));
+          // strict '>' (ordered): equal values keep their order, as the stable sort of the reference
+          const __mmask16 s = _mm512_cmp_ps_mask(x, y, _CMP_GT_OQ) ^ rk;
+          float* o = ob + 2 * k * C + 16 * w;
+          store_row(o, lanes[w], _mm512_mask_blend_ps(s, x, y), stream);
+          store_row(o + C, lanes[w], _mm512_mask_blend_ps(s, y, x), stream);
+          sb[w * K + k] = static_cast<uint16_t>(s & lanes[w]);
+          off0[w] = next_pair(off0[w], step, limit);
+          off1[w] = next_pair(off1[w], step, limit);
+        }
       }
-      tile_poison[t] = _mm512_reduce_add_ps(seen);
+      task_poison[t] = _mm512_reduce_add_ps(seen);
     }
   });
+  if (stream) _mm_sfence();  // the streamed rows are visible before the output is handed on
   for (int64_t b = 0; b < B; ++b) {
     float p = 0;
-    for (int64_t i = 0; i < tiles; ++i) p += tile_poison[b * tiles + i];
+    for (int64_t i = 0; i < groups; ++i) p += task_poison[b * groups + i];
     poison[b] = p;
   }
 }
@@ -273,24 +309,31 @@ void pairs_forward_avx512(const float* v, const int64_t* J, const uint8_t* ref, 
 // their slots (a transposition is its own inverse) into a (N, 16) buffer, contiguous loads and stores; (2) undo
 // the shift: gradient row s of v, lane c, is buffer row (s + J_c) mod N (one gather per row; the buffer is
 // compact, so the lanes' rows stay in L2).
-void pairs_backward_avx512(const float* g, const int64_t* J, const bool* swap, float* gv, int64_t B, int64_t N,
+void pairs_backward_avx512(const float* g, const int64_t* J, const uint16_t* swap, float* gv, int64_t B, int64_t N,
                            int64_t C) {
   const int64_t K = N / 2, tiles = (C + 15) / 16;
+  const bool stream = can_stream(gv, C);
   const __m512i one = _mm512_set1_epi32(1), n_vec = _mm512_set1_epi32(static_cast<int32_t>(N));
+  // one (N, 16) buffer per thread, 64-byte aligned rows, uninitialised (pass (1) writes every row before pass (2)
+  // reads it); allocated here, not in the workers: a worker's own allocation lands in its glibc arena, which
+  // grew by a fresh (page-faulting) megabyte per call
+  Tensor scratch = at::empty({at::get_num_threads(), N * 16 + 16}, at::TensorOptions().dtype(at::kFloat));
+  float* scratch0 = scratch.data_ptr<float>();
+  const int64_t row_stride = N * 16 + 16;
   at::parallel_for(0, B * tiles, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> buf(N * 16);
+    float* u = scratch0 + at::get_thread_num() * row_stride;
+    u += (64 - reinterpret_cast<uintptr_t>(u) % 64) % 64 / sizeof(float);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / tiles, c0 = (t % tiles) * 16, tc = std::min<int64_t>(16, C - c0);
       const __mmask16 lanes = static_cast<__mmask16>((1u << tc) - 1u);
       const float* gb = g + b * N * C + c0;
-      const bool* sb = swap + b * K * C + c0;
-      float* u = buf.data();
+      const uint16_t* sb = swap + t * K;
       for (int64_t k = 0; k < K; ++k) {
         const __m512 x = _mm512_maskz_loadu_ps(lanes, gb + 2 * k * C);
         const __m512 y = _mm512_maskz_loadu_ps(lanes, gb + (2 * k + 1) * C);
-        const __mmask16 s = _mm_test_epi8_mask(_mm_maskz_loadu_epi8(lanes, sb + k * C), _mm_set1_epi8(1));
-        _mm512_storeu_ps(u + 2 * k * 16, _mm512_mask_blend_ps(s, x, y));
-        _mm512_storeu_ps(u + (2 * k + 1) * 16, _mm512_mask_blend_ps(s, y, x));
+        const __mmask16 s = static_cast<__mmask16>(sb[k]);
+        _mm512_store_ps(u + 2 * k * 16, _mm512_mask_blend_ps(s, x, y));
+        _mm512_store_ps(u + (2 * k + 1) * 16, _mm512_mask_blend_ps(s, y, x));
       }
       alignas(64) int32_t m0[16] = {0};
       for (int64_t j = 0; j < tc; ++j) m0[j] = static_cast<int32_t>(J[c0 + j]);  // row 0 of v went to J_c
@@ -299,18 +342,19 @@ void pairs_backward_avx512(const float* g, const int64_t* J, const bool* swap, f
       float* gvb = gv + b * N * C + c0;
       for (int64_t row = 0; row < N; ++row) {
         const __m512i off = _mm512_add_epi32(_mm512_slli_epi32(m, 4), cols);
-        _mm512_mask_storeu_ps(gvb + row * C, lanes, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lanes, off, u, 4));
+        store_row(gvb + row * C, lanes, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lanes, off, u, 4), stream);
         m = _mm512_add_epi32(m, one);
         m = _mm512_mask_sub_epi32(m, _mm512_cmpge_epi32_mask(m, n_vec), m, n_vec);
       }
     }
   });
+  if (stream) _mm_sfence();
 }
 #else
 constexpr bool kHaveAvx512 = false;
-void pairs_forward_avx512(const float*, const int64_t*, const uint8_t*, float*, bool*, float*, int64_t, int64_t,
+void pairs_forward_avx512(const float*, const int64_t*, const uint8_t*, float*, uint16_t*, float*, int64_t, int64_t,
                           int64_t) {}
-void pairs_backward_avx512(const float*, const int64_t*, const bool*, float*, int64_t, int64_t, int64_t) {}
+void pairs_backward_avx512(const float*, const int64_t*, const uint16_t*, float*, int64_t, int64_t, int64_t) {}
 #endif
 
 // the AVX-512 path takes float32 whose element offsets fit in int32
@@ -334,7 +378,7 @@ std::vector<Tensor> csp_pairs(const Tensor& v, const Tensor& shifts) {
   check_args(v, shifts, "v");
   const int64_t B = v.size(0), N = v.size(1), C = v.size(2);
   Tensor out = at::empty_like(v);
-  Tensor swap = at::empty({B, N / 2, C}, v.options().dtype(at::kBool));
+  Tensor swap = at::empty({B, (C + 15) / 16, N / 2}, v.options().dtype(at::kShort));
   Tensor ref = at::empty({B, N / 2}, v.options().dtype(at::kByte));
   Tensor poison = at::zeros({B}, v.options().dtype(at::kFloat));
   if (v.numel() == 0) return {out, swap, poison};
@@ -343,10 +387,10 @@ std::vector<Tensor> csp_pairs(const Tensor& v, const Tensor& shifts) {
     reference_order<scalar_t>(v.data_ptr<scalar_t>(), J, ref.data_ptr<uint8_t>(), B, N, C);
     if (use_avx512(v)) {
       pairs_forward_avx512(v.data_ptr<float>(), J, ref.data_ptr<uint8_t>(), out.data_ptr<float>(),
-                           swap.data_ptr<bool>(), poison.data_ptr<float>(), B, N, C);
+                           reinterpret_cast<uint16_t*>(swap.data_ptr<int16_t>()), poison.data_ptr<float>(), B, N, C);
     } else {
       pairs_forward<scalar_t>(v.data_ptr<scalar_t>(), J, ref.data_ptr<uint8_t>(), out.data_ptr<scalar_t>(),
-                              swap.data_ptr<bool>(), B, N, C);
+                              reinterpret_cast<uint16_t*>(swap.data_ptr<int16_t>()), B, N, C);
       portable_poison<scalar_t>(v.data_ptr<scalar_t>(), B, N * C, poison.data_ptr<float>());
     }
   });
@@ -356,17 +400,17 @@ std::vector<Tensor> csp_pairs(const Tensor& v, const Tensor& shifts) {
 Tensor csp_pairs_bwd(const Tensor& grad, const Tensor& shifts, const Tensor& swap) {
   check_args(grad, shifts, "grad");
   const int64_t B = grad.size(0), N = grad.size(1), C = grad.size(2);
-  TORCH_CHECK(swap.scalar_type() == at::kBool && swap.is_contiguous() && swap.dim() == 3 && swap.size(0) == B &&
-                  swap.size(1) == N / 2 && swap.size(2) == C,
-              "swap must be the forward's contiguous bool (B, N / 2, C)");
+  TORCH_CHECK(swap.scalar_type() == at::kShort && swap.is_contiguous() && swap.dim() == 3 && swap.size(0) == B &&
+                  swap.size(1) == (C + 15) / 16 && swap.size(2) == N / 2,
+              "swap must be the forward's contiguous int16 (B, ceil(C / 16), N / 2) bit masks");
   Tensor gv = at::empty_like(grad);
   if (grad.numel() == 0) return gv;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "csp_pairs_bwd", [&] {
     if (use_avx512(grad)) {
-      pairs_backward_avx512(grad.data_ptr<float>(), shifts.data_ptr<int64_t>(), swap.data_ptr<bool>(),
+      pairs_backward_avx512(grad.data_ptr<float>(), shifts.data_ptr<int64_t>(), reinterpret_cast<uint16_t*>(swap.data_ptr<int16_t>()),
                             gv.data_ptr<float>(), B, N, C);
     } else {
-      pairs_backward<scalar_t>(grad.data_ptr<scalar_t>(), shifts.data_ptr<int64_t>(), swap.data_ptr<bool>(),
+      pairs_backward<scalar_t>(grad.data_ptr<scalar_t>(), shifts.data_ptr<int64_t>(), reinterpret_cast<uint16_t*>(swap.data_ptr<int16_t>()),
                                gv.data_ptr<scalar_t>(), B, N, C);
     }
   });

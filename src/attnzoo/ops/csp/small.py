@@ -189,6 +189,14 @@ def _network_forward(u: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return order.gather(3, rank)
 
 
+def _unpack_swaps(bits: torch.Tensor, c: int) -> torch.Tensor:
+    """The fused kernel's swaps, int16 ``(B, ceil(C / 16), K)`` with bit j of word ``[b, t, k]`` for channel
+    ``16 t + j``, as bools ``(B, C, K)``."""
+    lanes = torch.arange(16, device=bits.device, dtype=torch.int32)
+    unpacked = (bits.to(torch.int32).unsqueeze(2) >> lanes[:, None]) & 1  # (B, T, 16, K)
+    return unpacked.flatten(1, 2)[:, :c].bool()
+
+
 class _SmallGroupCSP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, v: torch.Tensor, shifts: torch.Tensor, g: int, kernels=None) -> torch.Tensor:
@@ -197,7 +205,7 @@ class _SmallGroupCSP(torch.autograd.Function):
         steps = [j % n for j in shifts.tolist()] if fused or _use_loop(v) else None
         lay = _Layout(v.shape, g, shifts, steps)
         ctx.lay, ctx.kernels = lay, kernels if fused else None
-        if fused:  # the C++ kernel; its swaps are (B, K, C) bools, the transpose of the layout used below
+        if fused:  # the C++ kernel; its swaps are bit masks, see _unpack_swaps
             j = torch.tensor(steps, dtype=torch.long)
             # poison (B,): NaN exactly where a sample holds NaN/Inf (the kernel's finiteness check, no extra pass)
             out, swap, poison = kernels.csp_pairs(v.contiguous(), j)
@@ -225,7 +233,7 @@ class _SmallGroupCSP(torch.autograd.Function):
             return lay.to_bnc(g4, unshift=True), None, None, None
         shifts, choice = ctx.saved_tensors
         if ctx.kernels is not None:
-            choice = choice.transpose(1, 2)  # (B, C, K), the layout of the double-backward path below
+            choice = _unpack_swaps(choice, lay.c)  # (B, C, K), the layout of the double-backward path below
         if torch.is_grad_enabled():
             # double backward (create_graph=True): differentiable ops only, no writes into buffers
             if lay.g == 2:
