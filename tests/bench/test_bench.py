@@ -198,8 +198,8 @@ def test_baseline_module_cases_run_forward_and_backward(mech, causal):
 def test_cpu_warm_up_runs_until_a_call_takes_no_fresh_pages(monkeypatch):
     from attnzoo.bench import runner
 
-    # fault counter as the calls move it: 5000 fresh pages per call for the first three calls, then 10
-    per_call = iter([5000, 5000, 5000, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10])
+    # fault counter as the calls move it: fresh pages on calls 1-3 and 5 (a quiet call in between), then 10 a call
+    per_call = iter([5000, 5000, 5000, 10, 5000] + [10] * 20)
     state = {"faults": 0, "calls": 0}
 
     def fn():
@@ -208,8 +208,9 @@ def test_cpu_warm_up_runs_until_a_call_takes_no_fresh_pages(monkeypatch):
 
     monkeypatch.setattr(runner, "_minor_faults", lambda: state["faults"])
     runner.time_call(fn, torch.device("cpu"), repeats=3, warmup=1)
-    # 1 warm-up call + settling until the first quiet call (calls 2, 3, 4) + 3 timed
-    assert state["calls"] == 1 + 3 + 3
+    # 1 warm-up call + settling until SETTLE_QUIET quiet calls in a row + 3 timed
+    settle = {1: 3, 2: 6, 3: 7}[runner.SETTLE_QUIET]  # quiet call 4 (then 5 faults again), calls 6, 7, 8 quiet
+    assert state["calls"] == 1 + settle + 3
 
     # a case that never settles stops after SETTLE_CALLS extra calls; warmup=0 (decode) never settles
     state["calls"] = 0

@@ -41,9 +41,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-# Warm-up on CPU goes on until a call takes (nearly) no fresh pages from the OS, at most this many extra calls or
-# seconds: see _settle_heap.
-SETTLE_CALLS, SETTLE_S, SETTLE_PAGES = 12, 3.0, 64
+# Warm-up on CPU goes on until SETTLE_QUIET calls in a row take (nearly) no fresh pages from the OS, at most
+# SETTLE_CALLS extra calls or SETTLE_S seconds: see _settle_heap.
+SETTLE_CALLS, SETTLE_S, SETTLE_PAGES, SETTLE_QUIET = 12, 3.0, 64, 1
 
 
 def _minor_faults() -> int | None:
@@ -55,18 +55,22 @@ def _minor_faults() -> int | None:
 
 
 def _settle_heap(fn: Callable[[], object]) -> None:
-    """Call ``fn`` until one call page-faults fewer than ``SETTLE_PAGES`` pages (bounded by ``SETTLE_CALLS`` and
-    ``SETTLE_S``). A fresh process's glibc heap keeps placing its large blocks on addresses it has reserved but
-    never touched for the first ten or so calls of a case, so those calls pay for first-touch page faults (12k
-    faults, ~10 ms, per call of CSP with groups of two at N=16384, d=384 on a 2-core VM) that a training loop in
-    its steady state does not; timing starts once that has stopped."""
+    """Call ``fn`` until ``SETTLE_QUIET`` calls in a row each page-fault fewer than ``SETTLE_PAGES`` pages
+    (bounded by ``SETTLE_CALLS`` and ``SETTLE_S``). A fresh process's glibc heap, grown once, keeps placing its
+    large blocks on parts of it never touched before for the first calls of a case, so those calls pay for
+    first-touch page faults (12k faults, ~10 ms, per call of CSP with groups of two at N=16384, d=384 on a 2-core
+    VM); timing starts after them. This removes the start-up transient only: later calls can still land on fresh
+    pages now and then (waiting for three quiet calls in a row did not make the CSP figure steadier), and the
+    median then counts them."""
     if _minor_faults() is None:
         return
     deadline = time.perf_counter() + SETTLE_S
+    quiet = 0
     for _ in range(SETTLE_CALLS):
         before = _minor_faults()
         fn()
-        if _minor_faults() - before < SETTLE_PAGES or time.perf_counter() > deadline:
+        quiet = quiet + 1 if _minor_faults() - before < SETTLE_PAGES else 0
+        if quiet >= SETTLE_QUIET or time.perf_counter() > deadline:
             return
 
 
