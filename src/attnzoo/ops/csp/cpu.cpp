@@ -296,8 +296,10 @@ void pairs_forward_avx512(const float* v, const int64_t* J, const uint8_t* ref, 
       }
       task_poison[t] = _mm512_reduce_add_ps(seen);
     }
+    // non-temporal stores are weakly ordered: each worker fences its own before the parallel region ends, so
+    // the rows are visible to whichever thread reads the output next
+    if (stream) _mm_sfence();
   });
-  if (stream) _mm_sfence();  // the streamed rows are visible before the output is handed on
   for (int64_t b = 0; b < B; ++b) {
     float p = 0;
     for (int64_t i = 0; i < groups; ++i) p += task_poison[b * groups + i];
@@ -347,8 +349,8 @@ void pairs_backward_avx512(const float* g, const int64_t* J, const uint16_t* swa
         m = _mm512_mask_sub_epi32(m, _mm512_cmpge_epi32_mask(m, n_vec), m, n_vec);
       }
     }
+    if (stream) _mm_sfence();  // each worker fences its own non-temporal stores (see the forward)
   });
-  if (stream) _mm_sfence();
 }
 #else
 constexpr bool kHaveAvx512 = false;
