@@ -5,8 +5,8 @@
 // passes) and a transpose back. Here a task is (sample, tile of kTile channels) and walks the tokens in blocks
 // of kBlock, each in three steps that stay in L1/L2: (1) read the tile's columns, each channel from its own
 // shifted start, into per-channel runs; (2) per pair of tokens, compare-and-swap each channel, placed by the
-// reference channel's order, and note the swaps (one bit per pair and channel, for the backward); (3) write the block's
-// output rows. The values cross memory once in and once out, and are checked for NaN/Inf on the way (the op's
+// reference channel's order, and note the swaps (one bit per pair and channel, for the backward); (3) write the
+// block's output rows. The values cross memory once in and once out, and are checked for NaN/Inf on the way (the op's
 // finiteness check, without a pass of its own). With AVX-512 (float32) a tile is one vector and
 // each pair is two gathers, a compare and two row stores, with no transposition at all (see below).
 // The reference channel's order (channel 0, shifted) is one byte per pair and sample, computed first.
@@ -252,8 +252,8 @@ inline void store_row(float* dst, __mmask16 lanes, __m512 x, bool stream) {
 }
 
 // poison[b]: sum of v * 0 over sample b's values (each is gathered once): NaN iff the sample holds NaN or +-Inf
-void pairs_forward_avx512(const float* v, const int64_t* J, const uint8_t* ref, float* out, uint16_t* swap, float* poison,
-                          int64_t B, int64_t N, int64_t C) {
+void pairs_forward_avx512(const float* v, const int64_t* J, const uint8_t* ref, float* out, uint16_t* swap,
+                          float* poison, int64_t B, int64_t N, int64_t C) {
   const int64_t K = N / 2, tiles = (C + 15) / 16, W = tiles_per_task(B, tiles), groups = (tiles + W - 1) / W;
   const bool stream = can_stream(out, C);
   std::vector<float> task_poison(B * groups);
@@ -380,19 +380,21 @@ std::vector<Tensor> csp_pairs(const Tensor& v, const Tensor& shifts) {
   check_args(v, shifts, "v");
   const int64_t B = v.size(0), N = v.size(1), C = v.size(2);
   Tensor out = at::empty_like(v);
+  // bit j of word [b, t, k]: channel 16 t + j of pair k swapped; tile-major, so threads write disjoint lines
   Tensor swap = at::empty({B, (C + 15) / 16, N / 2}, v.options().dtype(at::kShort));
   Tensor ref = at::empty({B, N / 2}, v.options().dtype(at::kByte));
   Tensor poison = at::zeros({B}, v.options().dtype(at::kFloat));
   if (v.numel() == 0) return {out, swap, poison};
+  uint16_t* bits = reinterpret_cast<uint16_t*>(swap.data_ptr<int16_t>());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, v.scalar_type(), "csp_pairs", [&] {
     const int64_t* J = shifts.data_ptr<int64_t>();
     reference_order<scalar_t>(v.data_ptr<scalar_t>(), J, ref.data_ptr<uint8_t>(), B, N, C);
     if (use_avx512(v)) {
-      pairs_forward_avx512(v.data_ptr<float>(), J, ref.data_ptr<uint8_t>(), out.data_ptr<float>(),
-                           reinterpret_cast<uint16_t*>(swap.data_ptr<int16_t>()), poison.data_ptr<float>(), B, N, C);
+      pairs_forward_avx512(v.data_ptr<float>(), J, ref.data_ptr<uint8_t>(), out.data_ptr<float>(), bits,
+                           poison.data_ptr<float>(), B, N, C);
     } else {
-      pairs_forward<scalar_t>(v.data_ptr<scalar_t>(), J, ref.data_ptr<uint8_t>(), out.data_ptr<scalar_t>(),
-                              reinterpret_cast<uint16_t*>(swap.data_ptr<int16_t>()), B, N, C);
+      pairs_forward<scalar_t>(v.data_ptr<scalar_t>(), J, ref.data_ptr<uint8_t>(), out.data_ptr<scalar_t>(), bits, B,
+                              N, C);
       portable_poison<scalar_t>(v.data_ptr<scalar_t>(), B, N * C, poison.data_ptr<float>());
     }
   });
@@ -407,13 +409,13 @@ Tensor csp_pairs_bwd(const Tensor& grad, const Tensor& shifts, const Tensor& swa
               "swap must be the forward's contiguous int16 (B, ceil(C / 16), N / 2) bit masks");
   Tensor gv = at::empty_like(grad);
   if (grad.numel() == 0) return gv;
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(swap.data_ptr<int16_t>());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "csp_pairs_bwd", [&] {
     if (use_avx512(grad)) {
-      pairs_backward_avx512(grad.data_ptr<float>(), shifts.data_ptr<int64_t>(), reinterpret_cast<uint16_t*>(swap.data_ptr<int16_t>()),
-                            gv.data_ptr<float>(), B, N, C);
+      pairs_backward_avx512(grad.data_ptr<float>(), shifts.data_ptr<int64_t>(), bits, gv.data_ptr<float>(), B, N, C);
     } else {
-      pairs_backward<scalar_t>(grad.data_ptr<scalar_t>(), shifts.data_ptr<int64_t>(), reinterpret_cast<uint16_t*>(swap.data_ptr<int16_t>()),
-                               gv.data_ptr<scalar_t>(), B, N, C);
+      pairs_backward<scalar_t>(grad.data_ptr<scalar_t>(), shifts.data_ptr<int64_t>(), bits, gv.data_ptr<scalar_t>(), B,
+                               N, C);
     }
   });
   return gv;
