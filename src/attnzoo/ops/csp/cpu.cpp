@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -307,6 +308,27 @@ void pairs_forward_avx512(const float* v, const int64_t* J, const uint8_t* ref, 
   }
 }
 
+// Scratch buffers up to this size stay with their worker thread between calls.
+constexpr int64_t kKeepScratch = int64_t{16} << 20;
+
+// The calling worker's (n, 16) float buffer, 64-byte aligned rows, uninitialised. Kept between calls (up to
+// kKeepScratch bytes, else a one-off in `temp`): a fresh megabyte per call, whether from the workers' glibc arenas
+// (which grew by one every call) or from the main heap, fragmented the heap into a cycle of trimming and
+// page-faulting the outputs back in.
+float* worker_scratch(int64_t n, std::unique_ptr<__m512[]>& temp) {
+  if (n * static_cast<int64_t>(sizeof(__m512)) > kKeepScratch) {
+    temp.reset(new __m512[n]);
+    return reinterpret_cast<float*>(temp.get());
+  }
+  thread_local std::unique_ptr<__m512[]> kept;
+  thread_local int64_t kept_n = 0;
+  if (kept_n < n) {
+    kept.reset(new __m512[n]);
+    kept_n = n;
+  }
+  return reinterpret_cast<float*>(kept.get());
+}
+
 // Backward in two passes per tile, with no scatter (AMD's are slow): (1) per pair, send the two gradients back to
 // their slots (a transposition is its own inverse) into a (N, 16) buffer, contiguous loads and stores; (2) undo
 // the shift: gradient row s of v, lane c, is buffer row (s + J_c) mod N (one gather per row; the buffer is
@@ -316,15 +338,9 @@ void pairs_backward_avx512(const float* g, const int64_t* J, const uint16_t* swa
   const int64_t K = N / 2, tiles = (C + 15) / 16;
   const bool stream = can_stream(gv, C);
   const __m512i one = _mm512_set1_epi32(1), n_vec = _mm512_set1_epi32(static_cast<int32_t>(N));
-  // one (N, 16) buffer per thread, 64-byte aligned rows, uninitialised (pass (1) writes every row before pass (2)
-  // reads it); allocated here, not in the workers: a worker's own allocation lands in its glibc arena, which
-  // grew by a fresh (page-faulting) megabyte per call
-  Tensor scratch = at::empty({at::get_num_threads(), N * 16 + 16}, at::TensorOptions().dtype(at::kFloat));
-  float* scratch0 = scratch.data_ptr<float>();
-  const int64_t row_stride = N * 16 + 16;
   at::parallel_for(0, B * tiles, 1, [&](int64_t t0, int64_t t1) {
-    float* u = scratch0 + at::get_thread_num() * row_stride;
-    u += (64 - reinterpret_cast<uintptr_t>(u) % 64) % 64 / sizeof(float);
+    std::unique_ptr<__m512[]> temp;
+    float* u = worker_scratch(N, temp);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / tiles, c0 = (t % tiles) * 16, tc = std::min<int64_t>(16, C - c0);
       const __mmask16 lanes = static_cast<__mmask16>((1u << tc) - 1u);
