@@ -209,7 +209,7 @@ def test_cpu_warm_up_runs_until_a_call_takes_no_fresh_pages(monkeypatch):
     monkeypatch.setattr(runner, "_minor_faults", lambda: state["faults"])
     runner.time_call(fn, torch.device("cpu"), repeats=3, warmup=1)
     # 1 warm-up call + settling until SETTLE_QUIET quiet calls in a row + 3 timed
-    settle = {1: 3, 2: 6, 3: 7}[runner.SETTLE_QUIET]  # quiet call 4 (then 5 faults again), calls 6, 7, 8 quiet
+    settle = {1: 3, 2: 6, 3: 7}[runner.SETTLE_QUIET]  # quiet call 4, call 5 faults again, calls 6, 7, 8 quiet
     assert state["calls"] == 1 + settle + 3
 
     # a case that never settles stops after SETTLE_CALLS extra calls; warmup=0 (decode) never settles

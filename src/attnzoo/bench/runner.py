@@ -43,7 +43,7 @@ def _sync(device: torch.device) -> None:
 
 # Warm-up on CPU goes on until SETTLE_QUIET calls in a row take (nearly) no fresh pages from the OS, at most
 # SETTLE_CALLS extra calls or SETTLE_S seconds: see _settle_heap.
-SETTLE_CALLS, SETTLE_S, SETTLE_PAGES, SETTLE_QUIET = 12, 3.0, 64, 1
+SETTLE_CALLS, SETTLE_S, SETTLE_PAGES, SETTLE_QUIET = 30, 3.0, 64, 3
 
 
 def _minor_faults() -> int | None:
@@ -56,12 +56,11 @@ def _minor_faults() -> int | None:
 
 def _settle_heap(fn: Callable[[], object]) -> None:
     """Call ``fn`` until ``SETTLE_QUIET`` calls in a row each page-fault fewer than ``SETTLE_PAGES`` pages
-    (bounded by ``SETTLE_CALLS`` and ``SETTLE_S``). A fresh process's glibc heap, grown once, keeps placing its
-    large blocks on parts of it never touched before for the first calls of a case, so those calls pay for
-    first-touch page faults (12k faults, ~10 ms, per call of CSP with groups of two at N=16384, d=384 on a 2-core
-    VM); timing starts after them. This removes the start-up transient only: later calls can still land on fresh
-    pages now and then (waiting for three quiet calls in a row did not make the CSP figure steadier), and the
-    median then counts them."""
+    (bounded by ``SETTLE_CALLS`` and ``SETTLE_S``). In a fresh process the first calls of a case page-fault their
+    large outputs while glibc's heap finds its layout (12k faults, ~10 ms, per call of CSP with groups of two at
+    N=16384, d=384 on a 2-core VM), sometimes with quiet calls in between; timing starts after that transient.
+    A case whose heap never settles (see docs/performance.md on glibc's tcache and aligned blocks) is timed
+    with its faults after ``SETTLE_CALLS`` calls or ``SETTLE_S`` seconds."""
     if _minor_faults() is None:
         return
     deadline = time.perf_counter() + SETTLE_S
