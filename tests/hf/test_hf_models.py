@@ -197,6 +197,19 @@ def test_cached_forward_matches_parallel_forward(mechanism):
     assert rest.past_key_values.get_seq_length() == 9
 
 
+def test_cache_is_taken_under_its_new_and_its_old_name():
+    # transformers 5.24 passes the decoding cache as cache=, earlier versions as past_key_values=
+    model = tiny_lm("tssa")
+    ids = tokens(2, 7)
+    first_new, first_old = model(ids[:, :3], use_cache=True), model(ids[:, :3], use_cache=True)
+    new = model(ids[:, 3:], cache=first_new.past_key_values, use_cache=True)
+    old = model(ids[:, 3:], past_key_values=first_old.past_key_values, use_cache=True)
+    torch.testing.assert_close(new.logits, old.logits, rtol=0, atol=0)
+    assert new.past_key_values.get_seq_length() == old.past_key_values.get_seq_length() == 7
+    with pytest.raises(ValueError, match="cache= or past_key_values=, not both"):
+        model(ids[:, 3:], cache=new.past_key_values, past_key_values=old.past_key_values, use_cache=True)
+
+
 @pytest.mark.parametrize("mechanism", CAUSAL)
 def test_decoding_memory_is_flat_for_recurrent_mechanisms(mechanism):
     model = tiny_lm(mechanism)

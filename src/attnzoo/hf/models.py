@@ -12,6 +12,7 @@ fixed size (decoding memory is flat in the context length); softmax and MSSA kee
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -25,6 +26,14 @@ from attnzoo.models.language import CausalLM
 from attnzoo.models.vision import VisionTransformer
 
 __all__ = ["RecurrentCache", "AttnZooForCausalLM", "AttnZooForImageClassification"]
+
+# transformers 5.24 renamed the decoding cache argument of generate()/forward() from ``past_key_values`` to ``cache``
+# (the old name warns until 5.40). attnzoo's forward takes both; generation passes whichever this version expects.
+_GENERATE_CACHE_ARG = (
+    "cache"
+    if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+    else "past_key_values"
+)
 
 
 def _map_tensors(state: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -213,9 +222,16 @@ class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
         inputs_embeds: torch.Tensor | None = None,
+        cache: RecurrentCache | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast | tuple:
-        """``input_ids (B, T)`` -> logits ``(B, T, V)`` (the last ``logits_to_keep`` positions when > 0)."""
+        """``input_ids (B, T)`` -> logits ``(B, T, V)`` (the last ``logits_to_keep`` positions when > 0).
+
+        The decoding cache comes as ``cache`` (transformers >= 5.24) or ``past_key_values`` (its earlier name)."""
+        if cache is not None:
+            if past_key_values is not None:
+                raise ValueError("pass the decoding cache once, as cache= or past_key_values=, not both")
+            past_key_values = cache
         position_ids = kwargs.pop("position_ids", None)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         self._check_inputs(input_ids, inputs_embeds, past_key_values, logits_to_keep, kwargs)
@@ -300,10 +316,11 @@ class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
             hidden_states = tuple(states)
         return m.lm_head(x[:, t - keep :]), hidden_states
 
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, **kwargs):
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, cache=None, **kwargs):
         # position ids are implied by the cache; attnzoo computes its own positions
         kwargs.pop("position_ids", None)
-        return super().prepare_inputs_for_generation(input_ids, past_key_values=past_key_values, **kwargs)
+        kwargs[_GENERATE_CACHE_ARG] = cache if cache is not None else past_key_values
+        return super().prepare_inputs_for_generation(input_ids, **kwargs)
 
 
 def _next_token_loss(

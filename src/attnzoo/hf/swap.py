@@ -224,9 +224,10 @@ class SwappedAttention(nn.Module):
         finally:
             del mixer._qkv
 
-    def forward(self, hidden_states: torch.Tensor, *args: Any, past_key_values=None, **kwargs: Any):
+    def forward(self, hidden_states: torch.Tensor, *args: Any, past_key_values=None, cache=None, **kwargs: Any):
         rope = kwargs.get("position_embeddings")
-        cache = past_key_values
+        # transformers >= 5.24 hands the decoder layers' cache over as `cache`, earlier versions as `past_key_values`
+        cache = cache if cache is not None else past_key_values
         if cache is None or not self.mixer.causal or not hasattr(cache, "update"):
             with self._rotary(rope):
                 return self.mixer(hidden_states), None
