@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from attnzoo.reproduce import BUDGETS, SECTIONS, ReproduceError, main, plan, run
-from attnzoo.reproduce.claims import VERDICTS, compare
-from attnzoo.reproduce.report import FINDING_COLUMNS
+from attnzoo.reproduce.claims import VERDICTS, compare, verdict_from_ci
+from attnzoo.reproduce.report import CONFIGS_FILE, FINDING_COLUMNS
 from attnzoo.reproduce.store import Step, StepStore
 
 HEADINGS = {
@@ -36,7 +36,8 @@ TABLE_HEADERS = [
     "| mechanism | N=64 | N=256 |",
     "| layer | SNR, φ=threshold, η=0.1 | SNR, φ=softmax, η=0.1 | SNR, φ=threshold, η=0.02 | SNR, φ=softmax, η=0.02 |",
     "| " + " | ".join(FINDING_COLUMNS) + " |",
-    "| step | config hash | wall s | finished |",
+    "| paper | claim | effect [95% CI] (margin) | verdict | section |",
+    "| section | step compute | share |",
 ]
 
 
@@ -60,8 +61,11 @@ def _results(out: Path) -> dict:
 @pytest.mark.slow
 def test_report_has_every_section_table_and_plot(smoke):
     text = (smoke / "report.md").read_text()
-    for h in [*HEADINGS.values(), "## Setup", "## Agreement with the papers", "## Run configurations"]:
+    for h in [*HEADINGS.values(), "## Summary", "## Compute", "## Provenance"]:
         assert re.search(rf"^{re.escape(h)}$", text, re.M), f"missing heading {h!r}"
+    # the summary comes first; the configuration appendix is a file of its own, linked
+    assert text.index("## Summary") < min(text.index(h) for h in HEADINGS.values())
+    assert f"]({CONFIGS_FILE})" in text and "<details>" not in text
     for header in TABLE_HEADERS:
         assert header in text, f"missing table with columns {header!r}"
     assert "SMOKE RUN" in text
@@ -75,10 +79,12 @@ def test_report_has_every_section_table_and_plot(smoke):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", ref
     on_disk = {p.relative_to(smoke).as_posix() for p in (smoke / "plots").glob("*.png")}
     assert on_disk == set(refs), "every plot is referenced exactly by the report"
-    # every step's exact config appears in the report
+    # every step's exact config appears in the configuration file
+    configs = (smoke / CONFIGS_FILE).read_text()
+    assert "| step | config hash | wall s | finished |" in configs
     _, steps = plan("smoke", 0)
     for s in steps:
-        assert f"<code>{s.id}</code>" in text
+        assert f"<code>{s.id}</code>" in configs
 
 
 @pytest.mark.slow
@@ -97,14 +103,20 @@ def test_results_json_holds_every_number(smoke):
     assert set(res["steps"]) == {s.id for s in steps}
     vis = res["sections"]["vision"]["data"]["models"]
     plan_v = BUDGETS["smoke"]["vision"]
-    assert set(vis) == set(plan_v["models"]) | set(plan_v["swaps"])
+    assert set(vis) == set(plan_v["models"]) | set(plan_v["swaps"]) | {"vit@2x-steps"}
     for m in vis.values():
         assert len(m["accuracy_per_seed"]) == plan_v["seeds"] == m["seeds"]
         assert m["accuracy_mean"] == pytest.approx(sum(m["accuracy_per_seed"]) / plan_v["seeds"])
         assert 0.0 <= m["accuracy_mean"] <= 100.0 and m["params"] > 0 and m["samples_per_s"] > 0
+    n_comparisons = 0
     for sec in res["sections"].values():
         for f in sec["findings"]:
             assert isinstance(f["seeds"], int) and isinstance(f["explanation"], str)
+            assert f["kind"] in ("paper", "check")
+            if f.get("claim_type"):  # a trained comparison: its verdict follows from its own fields
+                n_comparisons += 1
+                _check_comparison_fields(f)
+    assert n_comparisons >= 4
     lra = res["sections"]["long-range"]["data"]
     assert set(lra["majority"]) == set(BUDGETS["smoke"]["long-range"]["tasks"])
     assert all(10.0 <= v <= 100.0 for v in lra["majority"].values())  # 10 classes at most: majority >= 10%
@@ -116,6 +128,26 @@ def test_results_json_holds_every_number(smoke):
     d = BUDGETS["smoke"]["icl"]["tasks"]["linear"]["dim"]
     assert max(curves["least_squares"][d + 1 :]) < 1e-8
     assert curves["lasso"][-1] < curves["zero"][-1]
+
+
+def _check_comparison_fields(f: dict) -> None:
+    """Recompute a comparison's effect, CI and verdict from its per-seed values (scipy's Welch interval)."""
+    from scipy import stats
+
+    a, b = f["values_a"], f["values_b"]
+    sign = -1.0 if f["lower_is_better"] else 1.0
+    assert f["effect"] == pytest.approx(sign * (sum(a) / len(a) - sum(b) / len(b)), abs=1e-12)
+    if len(a) >= 2 and len(b) >= 2 and (max(a) > min(a) or max(b) > min(b)):
+        ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+        lo, hi = sorted((sign * ci.low, sign * ci.high))
+        assert f["ci95"] == pytest.approx([lo, hi], rel=1e-9, abs=1e-9)
+    elif len(a) < 2 or len(b) < 2:
+        assert f["ci95"] is None
+    expected = verdict_from_ci(f["ci95"], f["margin"])
+    if f.get("gate"):
+        assert f["verdict"] == "inconclusive" and f.get("ungated_verdict", "inconclusive") == expected
+    else:
+        assert f["verdict"] == expected
 
 
 @pytest.mark.slow
@@ -209,58 +241,105 @@ def test_long_plan_seeds_per_task_and_longer_ablations():
             assert {**longer, "steps": 0, "warmup_steps": 0} == {**base, "steps": 0, "warmup_steps": 0}
 
 
-#: (a per seed, b per seed, kind, lower_is_better, expected verdict): the rule's edges with known numbers
+#: (a per seed, b per seed, claim type, margin, lower_is_better, expected verdict): the rule's edges with known numbers.
+#: With sd 1 on both sides and 3 seeds each: se = sqrt(2/3) = 0.816, Welch df = 4, t_0.975,4 = 2.776, half-width 2.267.
 VERDICT_TABLE = [
-    # one seed: a point estimate on the paper's side agrees; a contradiction cannot be judged without a spread
-    ([80.0], [81.5], "comparable", False, "agrees"),  # within tol = 2
-    ([78.0], [81.5], "comparable", False, "inconclusive"),  # beyond tol, one seed
-    ([81.0], [80.0], "at_least", False, "agrees"),
-    ([77.0], [80.0], "at_least", False, "inconclusive"),
-    ([1.0], [1.5], "at_least", True, "agrees"),
-    # three seeds, sd 1 each: se of the difference = sqrt(2/3) = 0.816, so 2 se = 1.633
-    ([79.0, 80.0, 81.0], [80.0, 81.0, 82.0], "at_least", False, "inconclusive"),  # gain -1 > -1.633
-    ([78.0, 79.0, 80.0], [80.0, 81.0, 82.0], "at_least", False, "disagrees"),  # gain -2 < -1.633
-    ([80.0, 81.0, 82.0], [80.0, 81.0, 82.0], "at_least", False, "agrees"),  # gain 0 (edge: agrees)
-    ([76.5, 77.5, 78.5], [80.0, 81.0, 82.0], "comparable", False, "inconclusive"),  # gain -3.5 > -2 - 1.633
-    ([76.0, 77.0, 78.0], [80.0, 81.0, 82.0], "comparable", False, "disagrees"),  # gain -4 < -3.633
-    ([78.0, 79.0, 80.0], [80.0, 81.0, 82.0], "comparable", False, "agrees"),  # gain -2 = -tol (edge)
-    # lower is better (losses): a's loss 2 above b's with the same spread
-    ([3.0, 4.0, 5.0], [1.0, 2.0, 3.0], "at_least", True, "disagrees"),
-    ([2.0, 3.0, 4.0], [1.0, 2.0, 3.0], "at_least", True, "inconclusive"),
-    # a huge spread never yields a disagreement for a modest gap
-    ([60.0, 80.0, 100.0], [85.0, 86.0, 87.0], "at_least", False, "inconclusive"),
+    # one seed: no interval, never decided either way
+    ([81.0], [80.0], "superiority", 0.0, False, "inconclusive"),
+    ([70.0], [80.0], "superiority", 0.0, False, "inconclusive"),
+    ([80.0], [81.5], "non-inferiority", 2.0, False, "inconclusive"),
+    # superiority: the whole CI above 0 agrees, the whole CI below 0 disagrees (the same evidence either way)
+    ([82.3, 83.3, 84.3], [79.0, 80.0, 81.0], "superiority", 0.0, False, "agrees"),  # effect 3.3 > 2.267
+    ([81.2, 82.2, 83.2], [79.0, 80.0, 81.0], "superiority", 0.0, False, "inconclusive"),  # 2.2 < 2.267
+    ([75.7, 76.7, 77.7], [79.0, 80.0, 81.0], "superiority", 0.0, False, "disagrees"),  # -3.3
+    ([76.8, 77.8, 78.8], [79.0, 80.0, 81.0], "superiority", 0.0, False, "inconclusive"),  # -2.2
+    # non-inferiority, margin 2: agrees when the CI lies above -2, disagrees when below -2
+    ([79.3, 80.3, 81.3], [79.0, 80.0, 81.0], "non-inferiority", 2.0, False, "agrees"),  # CI [-1.97, 2.57]
+    ([78.7, 79.7, 80.7], [79.0, 80.0, 81.0], "non-inferiority", 2.0, False, "inconclusive"),  # CI [-2.57, 1.97]
+    ([73.7, 74.7, 75.7], [79.0, 80.0, 81.0], "non-inferiority", 2.0, False, "disagrees"),  # CI [-7.57, -3.03]
+    # lower is better (losses): a's loss 3.3 above b's with sd 1
+    ([4.3, 5.3, 6.3], [1.0, 2.0, 3.0], "superiority", 0.0, True, "disagrees"),
+    ([-2.3, -1.3, -0.3], [1.0, 2.0, 3.0], "superiority", 0.0, True, "agrees"),
+    # a huge spread decides nothing
+    ([60.0, 80.0, 100.0], [85.0, 86.0, 87.0], "superiority", 0.0, False, "inconclusive"),
 ]
 
 
-@pytest.mark.parametrize("a, b, kind, lower, expected", VERDICT_TABLE)
-def test_claim_rules(a, b, kind, lower, expected):
-    kw = dict(tol=2.0, unit="pts", paper="P", claim="c", paper_value="v", a_name="a", b_name="b")
-    f = compare(a, b, kind=kind, lower_is_better=lower, **kw)
+@pytest.mark.parametrize("a, b, claim_type, margin, lower, expected", VERDICT_TABLE)
+def test_claim_rules(a, b, claim_type, margin, lower, expected):
+    kw = dict(unit="pts", paper="P", claim="c", paper_value="v", a_name="a", b_name="b")
+    src = "a paper's comparison" if margin else ""
+    f = compare(a, b, claim_type=claim_type, margin=margin, margin_source=src, lower_is_better=lower, **kw)
     assert f["verdict"] == expected, f
-    assert f["seeds"] == min(len(a), len(b))
-    if expected == "inconclusive":
-        assert "spread" in f["measured"] or "one seed" in f["measured"]
+    assert f["seeds"] == min(len(a), len(b)) and f["kind"] == "paper"
+    assert f["values_a"] == a and f["values_b"] == b
+    _check_comparison_fields(f)
+
+
+def test_welch_interval_is_symmetric_in_the_evidence():
+    """Swapping the sides of a superiority claim swaps agrees and disagrees and nothing else."""
+    kw = dict(claim_type="superiority", unit="pts", paper="P", claim="c", paper_value="v", a_name="a", b_name="b")
+    for a, b in [([82.3, 83.3, 84.3], [79.0, 80.0, 81.0]), ([81.2, 82.2, 83.2], [79.0, 80.0, 81.0])]:
+        one, other = compare(a, b, **kw), compare(b, a, **kw)
+        swap = {"agrees": "disagrees", "disagrees": "agrees", "inconclusive": "inconclusive"}
+        assert other["verdict"] == swap[one["verdict"]]
+        assert other["ci95"] == pytest.approx([-one["ci95"][1], -one["ci95"][0]])
 
 
 def test_claim_rules_relative_and_errors():
     from attnzoo.reproduce.claims import Stat, stat
 
     kw = dict(unit="nats", paper="P", claim="c", paper_value="v", a_name="a", b_name="b", lower_is_better=True)
+    ni = dict(claim_type="non-inferiority", margin=0.15, margin_source="paper", relative=True)
     # "at most 15% above": 2.2 vs 2.0 is +10% (agrees); 2.6 vs 2.0 is +30% with a tight spread (disagrees)
-    assert (
-        compare([2.2, 2.21, 2.19], [2.0, 2.01, 1.99], kind="comparable", tol=0.15, relative=True, **kw)["verdict"]
-        == "agrees"
-    )
-    assert (
-        compare([2.6, 2.61, 2.59], [2.0, 2.01, 1.99], kind="comparable", tol=0.15, relative=True, **kw)["verdict"]
-        == "disagrees"
-    )
-    assert compare(None, 1.0, kind="at_least", tol=0.0, **kw)["verdict"] == "not tested"
-    with pytest.raises(ValueError, match="kind must be"):
-        compare(1.0, 1.0, kind="better", tol=0.0, **kw)
+    assert compare([2.2, 2.21, 2.19], [2.0, 2.01, 1.99], **ni, **kw)["verdict"] == "agrees"
+    assert compare([2.6, 2.61, 2.59], [2.0, 2.01, 1.99], **ni, **kw)["verdict"] == "disagrees"
+    assert compare(None, 1.0, claim_type="superiority", **kw)["verdict"] == "not tested"
+    with pytest.raises(ValueError, match="claim_type must be"):
+        compare(1.0, 1.0, claim_type="better", **kw)
+    with pytest.raises(ValueError, match="non-inferiority claim needs margin > 0 and the paper's comparison"):
+        compare([1.0, 2.0], [1.0, 2.0], claim_type="non-inferiority", margin=0.1, **kw)
+    with pytest.raises(ValueError, match="superiority claim has margin 0"):
+        compare([1.0, 2.0], [1.0, 2.0], claim_type="superiority", margin=0.1, **kw)
     s = stat([1.0, 2.0, 3.0])
     assert s.mean == 2.0 and s.std == pytest.approx(1.0) and s.fmt(".1f") == "2.0 ± 1.0"
     assert stat([None, float("nan")]) is None and stat(5.0) == Stat((5.0,)) and stat(5.0).std is None
+
+
+#: (gap before, gap after, noise, the word): known numbers for the explanations' vocabulary
+CHANGE_WORDS = [
+    (10.0, 9.5, 1.0, "stays"),
+    (10.0, 5.0, 1.0, "shrinks"),
+    (10.0, 0.5, 1.0, "closes"),
+    (10.0, -5.0, 1.0, "reverses"),
+    (5.0, 10.0, 1.0, "widens"),
+    (25.4, 11.4, 3.0, "shrinks"),  # the LRA Image gap of issue 24: "stays" was wrong there
+]
+
+
+@pytest.mark.parametrize("before, after, noise, word", CHANGE_WORDS)
+def test_explanation_words_follow_the_numbers(before, after, noise, word):
+    from attnzoo.reproduce.claims import change_word
+
+    assert change_word(before, after, noise=noise) == word
+    with pytest.raises(ValueError, match="noise >= 0"):
+        change_word(before, after, noise=-1.0)
+
+
+def test_plateau_gate_makes_comparisons_inconclusive_and_keeps_the_numbers_verdict():
+    from attnzoo.reproduce.claims import plateau_gate, stat
+
+    kw = dict(claim_type="superiority", unit="pts", paper="P", claim="c", paper_value="v", a_name="a", b_name="b")
+    base, f = stat([79.0, 80.0, 81.0]), compare([82.3, 83.3, 84.3], [79.0, 80.0, 81.0], **kw)
+    assert f["verdict"] == "agrees"
+    # twice the steps moves the baseline by 0.5 < the smallest effect (3.3): plateaued, nothing gated
+    info = plateau_gate([f], "b", base, stat([79.5, 80.5, 81.5]), "pts")
+    assert info["plateaued"] and f["verdict"] == "agrees" and "gate" not in f
+    # by 5 > 3.3: not plateaued, the verdict becomes inconclusive and the numbers' verdict is kept
+    info = plateau_gate([f], "b", base, stat([84.0, 85.0, 86.0]), "pts")
+    assert not info["plateaued"] and f["verdict"] == "inconclusive" and f["ungated_verdict"] == "agrees"
+    g = compare([82.3, 83.3, 84.3], [79.0, 80.0, 81.0], **kw)
+    assert not plateau_gate([g], "b", base, None, "pts")["plateaued"] and g["verdict"] == "inconclusive"
 
 
 def test_bad_arguments_fail_early(tmp_path, capsys):
@@ -325,7 +404,7 @@ def test_vision_extra_seeds_explain_a_controlled_comparison_within_the_spread():
     ctl = [f for f in vision._findings(res) if f["claim"].startswith("CBT's attention in the ViT skeleton")]
     assert len(ctl) == 1 and ctl[0]["verdict"] == "inconclusive"
     assert "ablation with 6 seeds each" in ctl[0]["explanation"]
-    assert "verdict disagrees — more seeds resolve it (disagrees)" in ctl[0]["explanation"]
+    assert "verdict disagrees — more seeds resolve it (disagrees)" in ctl[0]["explanation"], ctl[0]["explanation"]
     res["vit+cbsa"]["accuracy_more"] = None
     ctl = [f for f in vision._findings(res) if f["claim"].startswith("CBT's attention in the ViT skeleton")]
     assert "seeds each" not in ctl[0]["explanation"]
@@ -377,3 +456,38 @@ def test_baselines_count_as_learned_only_when_every_seed_learned():
     plan = {"require_learned": True}
     assert icl._baseline_learned({"gpt": [0.11, 0.24]}, 0.263, plan) is False  # seed 2 on the plateau
     assert icl._baseline_learned({"gpt": [0.11, 0.10]}, 0.263, plan) is True
+
+
+def test_jobs_runs_steps_in_processes_with_the_numbers_of_one_job(tmp_path):
+    """--jobs 2: cheap real steps (n-gram and regression baselines) computed in worker processes, a dependency
+    started only after the step it reads, the same numbers as one process, and a failed dependency reported."""
+    import dataclasses
+
+    from attnzoo.reproduce.common import Context
+    from attnzoo.reproduce.runner import RunOutcome, _run_steps, _run_steps_parallel
+
+    _, steps = plan("smoke", 0)
+    by_id = {s.id: s for s in steps}
+    cheap = [by_id["language/ngram-baselines"], by_id["icl/linear/baselines"], by_id["icl/sparse/baselines"]]
+    cheap[2] = dataclasses.replace(cheap[2], deps=("icl/linear/baselines",))
+    bad = dataclasses.replace(cheap[0], id="language/broken", config={"task_options": {"block_size": -1}})
+    dep = dataclasses.replace(cheap[1], id="icl/linear/needs-broken", deps=("language/broken",))
+    results = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"jobs{jobs}"
+        ctx = Context(out=out, store=StepStore(out), seed=0, progress=False)
+        outcome, records = RunOutcome(out, out / "r.md", out / "r.json"), {}
+        if jobs == 1:
+            _run_steps(cheap, ctx, outcome, records, progress=False)
+            assert outcome.failed == {}
+        else:  # with a failing step and its dependant: reported, not run, the others unaffected
+            _run_steps_parallel([bad, dep] + cheap, ctx, outcome, records, progress=False, jobs=2, threads=1)
+            assert set(outcome.failed) == {"language/broken", "icl/linear/needs-broken"}
+            assert "depends on failed step" in outcome.failed["icl/linear/needs-broken"]
+        assert sorted(outcome.computed) == sorted(s.id for s in cheap)
+        results[jobs] = {sid: r["result"] for sid, r in records.items()}
+        starts = {sid: r["started"] for sid, r in records.items()}
+        assert starts["icl/sparse/baselines"] >= records["icl/linear/baselines"]["finished"]
+    assert results[1] == results[2]
+    ng = results[2]["language/ngram-baselines"]
+    assert 0 < ng["bigram_bpc"] < ng["unigram_bpc"] < 7  # a bigram model beats a unigram one on English text

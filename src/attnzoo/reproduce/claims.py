@@ -1,18 +1,26 @@
 """Checking the papers' claims against measured numbers: every verdict is computed, with its rule stated.
 
-A finding is a dict ``{paper, claim, paper_value, measured, verdict, rule, seeds, explanation}``. Verdicts:
-``agrees``, ``disagrees``, ``inconclusive`` and ``not tested`` (the run lacks a model or a length the claim
-needs). ``seeds`` is how many seeds the numbers rest on; ``explanation`` names the ablation run for a
-disagreement (and its numbers), or is empty.
+A finding is a dict ``{kind, paper, claim, paper_value, measured, verdict, rule, seeds, explanation}``:
 
-Trained figures are :class:`Stat` objects (one value per seed). A verdict on "``a`` is at least as good as
-``b``" (or "within ``tol`` of ``b``") accounts for their spread: with ``gain`` the oriented difference of the
-means and ``se = sqrt(s_a^2/n_a + s_b^2/n_b)`` its standard error,
+* ``kind`` is ``"paper"`` (a claim one of the five papers makes, with its table or section in ``paper``) or
+  ``"check"`` (an implementation or sanity check: complexity, decode flatness, baselines learning at all). The
+  headline tally counts paper claims only.
+* ``verdict`` is ``agrees``, ``disagrees``, ``inconclusive`` or ``not tested`` (the run lacks a model or a
+  length the claim needs).
 
-* ``agrees`` when ``gain >= -tol`` (the point estimate lies on the paper's side of the line),
-* ``disagrees`` only when ``gain < -tol - 2 se`` (contradicted by more than two standard errors),
-* ``inconclusive`` in between, and whenever a side has a single seed (its spread is unknown), with the spread
-  stated.
+A trained comparison (:func:`compare`) also carries ``effect`` (difference of the seed means, oriented so that
+positive favours the claim), ``ci95`` (``[lo, hi]``, a 95% Welch-t interval of that difference with the
+Welch-Satterthwaite degrees of freedom ``df``), ``margin``, ``values_a`` and ``values_b`` (per seed). Claims are
+of two types:
+
+* *superiority* ("A beats B"): ``margin = 0``;
+* *non-inferiority* ("A is comparable to B"): ``margin > 0``, taken from the paper's own comparison and quoted
+  in ``margin_source``.
+
+The rule needs the same evidence either way: **agrees** when the whole interval lies above ``-margin``,
+**disagrees** when the whole interval lies below ``-margin``, **inconclusive** otherwise (and always when a side
+has a single seed, whose spread is unknown). Cost and speed figures measured once (decode flatness, memory
+growth, milliseconds) keep rules of their own and are marked ``measurement: true``.
 """
 
 from __future__ import annotations
@@ -21,12 +29,25 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-__all__ = ["ACC_TOL", "Stat", "stat", "compare", "finding", "not_tested", "VERDICTS", "verdict_from_stats"]
-
-#: accuracy difference (percentage points) within which two models are called comparable by a "comparable" claim
-ACC_TOL = 2.0
+__all__ = [
+    "KINDS",
+    "CLAIM_TYPES",
+    "Stat",
+    "stat",
+    "welch_ci",
+    "verdict_from_ci",
+    "compare",
+    "finding",
+    "not_tested",
+    "gate",
+    "plateau_gate",
+    "VERDICTS",
+    "change_word",
+]
 
 VERDICTS = ("agrees", "disagrees", "inconclusive", "not tested")
+KINDS = ("paper", "check")
+CLAIM_TYPES = ("superiority", "non-inferiority")
 
 
 @dataclass(frozen=True)
@@ -80,6 +101,44 @@ def stat(values: float | Iterable[float | None] | Stat | None) -> Stat | None:
     return Stat(vals) if vals else None
 
 
+def welch_ci(
+    a: Stat, b: Stat, *, lower_is_better: bool = False, level: float = 0.95
+) -> tuple[float, tuple[float, float] | None, float | None]:
+    """``(effect, (lo, hi), df)``: the oriented difference of the means and its Welch-t interval.
+
+    ``effect = mean(a) - mean(b)`` (negated when lower is better), ``se = sqrt(s_a²/n_a + s_b²/n_b)``,
+    ``df`` by Welch-Satterthwaite, interval ``effect ± t_{(1+level)/2, df} · se``. With a single seed on either
+    side the interval is ``None``. Two sides without spread (``se = 0``) give the degenerate interval
+    ``[effect, effect]``.
+    """
+    from scipy.stats import t as student_t
+
+    effect = (b.mean - a.mean) if lower_is_better else (a.mean - b.mean)
+    if a.n < 2 or b.n < 2:
+        return effect, None, None
+    va, vb = a.std**2 / a.n, b.std**2 / b.n
+    se = math.sqrt(va + vb)
+    if se == 0.0:
+        return effect, (effect, effect), float(a.n + b.n - 2)
+    df = (va + vb) ** 2 / (va**2 / (a.n - 1) + vb**2 / (b.n - 1))
+    half = float(student_t.ppf(0.5 + level / 2, df)) * se
+    return effect, (effect - half, effect + half), df
+
+
+def verdict_from_ci(ci: tuple[float, float] | None, margin: float) -> str:
+    """The symmetric rule: the whole interval above ``-margin`` agrees, the whole interval below disagrees."""
+    if margin < 0:
+        raise ValueError(f"margin must be >= 0, got {margin}")
+    if ci is None:
+        return "inconclusive"
+    lo, hi = ci
+    if lo > -margin:
+        return "agrees"
+    if hi < -margin:
+        return "disagrees"
+    return "inconclusive"
+
+
 def finding(
     paper: str,
     claim: str,
@@ -88,14 +147,20 @@ def finding(
     verdict: str,
     rule: str,
     *,
+    kind: str,
     seeds: int = 1,
     explanation: str = "",
+    measurement: bool = False,
 ) -> dict:
+    """A finding dict (see the module docstring); ``measurement=True`` marks a cost or speed figure measured once."""
     if verdict not in VERDICTS:
         raise ValueError(f"verdict {verdict!r} is not one of {VERDICTS}")
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r} is not one of {KINDS}")
     if not isinstance(seeds, int) or seeds < 0:
         raise ValueError(f"seeds must be a non-negative int, got {seeds!r}")
-    return {
+    f = {
+        "kind": kind,
         "paper": paper,
         "claim": claim,
         "paper_value": paper_value,
@@ -105,89 +170,152 @@ def finding(
         "seeds": seeds,
         "explanation": explanation,
     }
+    if measurement:
+        f["measurement"] = True
+    return f
 
 
-def not_tested(paper: str, claim: str, paper_value: str, why: str) -> dict:
-    return finding(paper, claim, paper_value, why, "not tested", "-", seeds=0)
-
-
-def verdict_from_stats(
-    a: Stat, b: Stat, *, threshold: float, lower_is_better: bool = False
-) -> tuple[str, float, float | None]:
-    """``(verdict, gain, se)`` for the claim "``a`` is better than ``b`` by at least ``threshold``".
-
-    ``gain`` is the difference of the means oriented so that positive favours ``a``; ``threshold`` is in the
-    same units (0 for "at least as good", ``-tol`` for "within tol"). See the module docstring for the rule.
-    """
-    gain = (b.mean - a.mean) if lower_is_better else (a.mean - b.mean)
-    se = None
-    if a.n >= 2 and b.n >= 2:
-        se = math.sqrt(a.std**2 / a.n + b.std**2 / b.n)
-    if gain >= threshold:
-        return "agrees", gain, se
-    if se is not None and gain < threshold - 2 * se:
-        return "disagrees", gain, se
-    return "inconclusive", gain, se
+def not_tested(paper: str, claim: str, paper_value: str, why: str, *, kind: str = "paper") -> dict:
+    return finding(paper, claim, paper_value, why, "not tested", "-", kind=kind, seeds=0)
 
 
 def compare(
     a: float | Sequence[float] | Stat | None,
     b: float | Sequence[float] | Stat | None,
     *,
-    kind: str,
-    tol: float,
+    claim_type: str,
     unit: str,
     paper: str,
     claim: str,
     paper_value: str,
     a_name: str,
     b_name: str,
+    kind: str = "paper",
+    margin: float = 0.0,
+    margin_source: str = "",
     lower_is_better: bool = False,
     relative: bool = False,
     spec: str = ".3g",
 ) -> dict:
     """Verdict on ``a`` (the paper's mechanism, one value per seed) against ``b`` (its baseline).
 
-    ``kind="comparable"``: the paper's side is "better than ``b`` or worse by at most ``tol``";
-    ``kind="at_least"``: "at least as good as ``b``". ``relative=True`` reads ``tol`` as a fraction of ``b``'s
-    mean (losses: "at most 15% above"). ``lower_is_better`` flips the direction (losses, errors). A contradiction
-    is a disagreement only beyond two standard errors of the difference of the means.
+    ``claim_type="superiority"``: "``a`` is better than ``b``" (``margin`` must be 0);
+    ``claim_type="non-inferiority"``: "``a`` is comparable to ``b``": worse by less than ``margin`` (> 0, in
+    ``unit``; a fraction of ``b``'s mean with ``relative=True``), quoted from the paper in ``margin_source``.
+    ``lower_is_better`` flips the direction (losses, errors). See the module docstring for the rule.
     """
-    if kind not in ("comparable", "at_least"):
-        raise ValueError(f"kind must be 'comparable' or 'at_least', got {kind!r}")
+    if claim_type not in CLAIM_TYPES:
+        raise ValueError(f"claim_type must be one of {CLAIM_TYPES}, got {claim_type!r}")
+    if claim_type == "superiority" and margin != 0:
+        raise ValueError(f"a superiority claim has margin 0, got {margin}")
+    if claim_type == "non-inferiority" and (margin <= 0 or not margin_source):
+        raise ValueError(
+            f"a non-inferiority claim needs margin > 0 and the paper's comparison it comes from (margin_source), "
+            f"got margin={margin!r}, margin_source={margin_source!r}"
+        )
     sa, sb = stat(a), stat(b)
     if sa is None or sb is None:
-        return not_tested(paper, claim, paper_value, f"no measurement for {a_name if sa is None else b_name}")
-    tol_abs = tol * abs(sb.mean) if relative else tol
-    threshold = -tol_abs if kind == "comparable" else 0.0
-    verdict, gain, se = verdict_from_stats(sa, sb, threshold=threshold, lower_is_better=lower_is_better)
-    diff = sa.mean - sb.mean
+        missing = a_name if sa is None else b_name
+        return not_tested(paper, claim, paper_value, f"no measurement for {missing}", kind=kind)
+    margin_abs = margin * abs(sb.mean) if relative else float(margin)
+    effect, ci, df = welch_ci(sa, sb, lower_is_better=lower_is_better)
+    verdict = verdict_from_ci(ci, margin_abs)
     n = min(sa.n, sb.n)
-    rel = f", {100 * diff / sb.mean:+.1f}%" if relative and sb.mean else ""
+    rel = f", {100 * (sa.mean - sb.mean) / sb.mean:+.1f}%" if relative and sb.mean else ""
+    ci_txt = f"95% CI [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci is not None else "one seed: no interval"
     measured = (
-        f"{a_name} {sa.fmt(spec)} vs {b_name} {sb.fmt(spec)} ({'+' if diff >= 0 else ''}{diff:.3g} {unit}{rel}"
-        + (f"; se of the difference {se:.2g}" if se is not None else "")
-        + f"; {n} seed{'s' if n != 1 else ''})"
+        f"{a_name} {sa.fmt(spec)} vs {b_name} {sb.fmt(spec)}: effect {effect:+.3g} {unit}{rel}, {ci_txt} "
+        f"({sa.n} vs {sb.n} seeds)"
     )
     better = "lower" if lower_is_better else "higher"
-    side = (
-        f"{a_name} is {better} or within {tol:g}{'x' + b_name if relative else ' ' + unit} of {b_name}"
-        if kind == "comparable"
-        else f"{a_name} is at least as good as {b_name} ({better} is better)"
-    )
-    rule = (
-        f"agrees if {side} (difference of the means); disagrees only if contradicted by more than 2 standard "
-        "errors of the difference; else inconclusive (always with one seed)"
-    )
-    if verdict == "inconclusive":
-        spread = (
-            f"spread: {a_name} sd {_sd(sa)}, {b_name} sd {_sd(sb)}"
-            if se is not None
-            else "one seed: the spread between seeds is unknown"
+    if claim_type == "superiority":
+        rule = (
+            f"superiority ({better} is better): agrees if the 95% Welch-t CI of the effect lies above 0, "
+            "disagrees if below 0, else inconclusive"
         )
-        measured += f" [{spread}]"
-    return finding(paper, claim, paper_value, measured, verdict, rule, seeds=n)
+    else:
+        m_txt = f"{margin:g}×{b_name}'s mean = {margin_abs:.3g} {unit}" if relative else f"{margin:g} {unit}"
+        rule = (
+            f"non-inferiority, margin {m_txt} ({margin_source}): agrees if the 95% Welch-t CI of the effect lies "
+            f"above -{margin_abs:.3g}, disagrees if below, else inconclusive"
+        )
+    f = finding(paper, claim, paper_value, measured, verdict, rule, kind=kind, seeds=n)
+    f.update(
+        claim_type=claim_type,
+        a_name=a_name,
+        b_name=b_name,
+        unit=unit,
+        effect=effect,
+        ci95=list(ci) if ci is not None else None,
+        df=df,
+        margin=margin_abs,
+        margin_source=margin_source,
+        values_a=list(sa.values),
+        values_b=list(sb.values),
+        lower_is_better=lower_is_better,
+    )
+    return f
 
 
-def _sd(s: Stat) -> str:
-    return "-" if s.std is None else f"{s.std:.3g}"
+def gate(f: dict, why: str) -> dict:
+    """Make a decided verdict ``inconclusive`` because a precondition (a plateau, a baseline that learned) fails.
+
+    The verdict the numbers alone give stays in ``ungated_verdict``; ``why`` is appended to the explanation.
+    """
+    if f["verdict"] in ("agrees", "disagrees"):
+        f["ungated_verdict"] = f["verdict"]
+        f["verdict"] = "inconclusive"
+    f["gate"] = why
+    return f
+
+
+def plateau_gate(
+    findings: list[dict], baseline: str, base: Stat | None, longer: Stat | None, unit: str, spec: str = ".3g"
+) -> dict:
+    """The plateau evidence of a section's baseline, applied to the section's trained comparisons.
+
+    The baseline has plateaued when its run at twice the steps moves its validation metric (seed means) by less
+    than the smallest ``|effect|`` among the section's comparisons. If it has not, or there is no such run, every
+    comparison in ``findings`` is made ``inconclusive`` with :func:`gate` (the numbers-alone verdict is kept).
+    Returns ``{"baseline", "plateaued", "change", "smallest_effect", "text"}`` for the report.
+    """
+    effects = [abs(f["effect"]) for f in findings if f.get("claim_type") and f.get("effect") is not None]
+    smallest = min(effects) if effects else None
+    if base is None or longer is None:
+        ok, change = False, None
+        text = f"{baseline}: no run at twice the steps, so its plateau is not shown"
+    else:
+        change = longer.mean - base.mean
+        ok = smallest is not None and abs(change) < smallest
+        text = (
+            f"{baseline} at twice the steps: {longer.fmt(spec)} vs {base.fmt(spec)} {unit} (change {change:+.3g}); "
+            + (
+                "no comparison in this section to set the bar"
+                if smallest is None
+                else f"the smallest effect this section reports is {smallest:.3g}: "
+                + ("plateaued" if ok else "not plateaued")
+            )
+        )
+    if not ok:
+        for f in findings:
+            if f.get("claim_type"):
+                gate(f, f"the baseline is not shown to plateau ({text})")
+    return {"baseline": baseline, "plateaued": ok, "change": change, "smallest_effect": smallest, "text": text}
+
+
+def change_word(before: float, after: float, *, noise: float) -> str:
+    """How a gap (``before`` -> ``after``, both oriented so that larger means a larger gap) moved, in words.
+
+    ``noise`` (>= 0) is the smallest change that counts: a change within it "stays"; a gap that ends within
+    ``noise`` of zero or past it "closes" (or "reverses" when it changes sign by more than ``noise``); otherwise
+    it "shrinks" or "widens". Callers pass gaps (oriented differences), not scores.
+    """
+    if noise < 0 or not (math.isfinite(before) and math.isfinite(after) and math.isfinite(noise)):
+        raise ValueError(f"change_word needs finite values and noise >= 0, got {before}, {after}, {noise}")
+    if abs(after - before) <= noise:
+        return "stays"
+    if before > noise and after < -noise:
+        return "reverses"
+    if abs(after) <= noise:
+        return "closes"
+    return "shrinks" if abs(after) < abs(before) else "widens"

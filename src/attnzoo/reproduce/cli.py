@@ -29,8 +29,22 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--only", default=None, help=f"comma list of sections to run: {','.join(SECTIONS)}")
     ap.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's default)")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="run independent steps in N processes (each with --threads torch threads, default 1); a step's numbers "
+        "are those of --jobs 1 --threads 1",
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     ap.add_argument("--list", action="store_true", help="print the steps of the plan and exit")
+    ap.add_argument(
+        "--reuse",
+        default=None,
+        metavar="RESULTS_JSON",
+        help="import the steps of an earlier run's results.json whose config is unchanged (only new or changed steps "
+        "are computed; e.g. to rebuild a report under new rules)",
+    )
     return ap
 
 
@@ -56,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.no_progress,
             threads=args.threads,
             argv=argv,
+            reuse=args.reuse,
+            jobs=args.jobs,
         )
     except ReproduceError as e:
         from attnzoo.cli import debug_enabled

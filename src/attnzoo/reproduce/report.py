@@ -10,23 +10,16 @@ from collections import Counter
 from pathlib import Path
 
 from attnzoo._io import atomic_write_text, write_json
-from attnzoo.reproduce.claims import ACC_TOL
+from attnzoo.reproduce.claims import VERDICTS
 from attnzoo.reproduce.common import Section, md_table
 from attnzoo.reproduce.sections import SECTION_MODULES
 
-__all__ = ["write_report", "FINDING_COLUMNS", "PLOTS_DIR"]
+__all__ = ["write_report", "FINDING_COLUMNS", "PLOTS_DIR", "CONFIGS_FILE", "effect_cell"]
 
 PLOTS_DIR = "plots"
-FINDING_COLUMNS = [
-    "paper",
-    "claim",
-    "paper's figure",
-    "measured here",
-    "verdict",
-    "seeds",
-    "rule",
-    "explanation (ablation)",
-]
+FINDING_COLUMNS = ["kind", "paper", "claim", "paper's figure", "measured here", "verdict", "seeds", "notes"]
+SUMMARY_COLUMNS = ["paper", "claim", "effect [95% CI] (margin)", "verdict", "section"]
+CONFIGS_FILE = "configs.md"
 _MARK = {"agrees": "agrees", "disagrees": "**disagrees**", "inconclusive": "inconclusive", "not tested": "not tested"}
 
 
@@ -52,79 +45,126 @@ def _summaries(out: Path, plan: dict, sections: list[str], records: dict, failed
     return result
 
 
-def _findings_md(findings: list[dict]) -> str:
-    rows = [
-        [
-            f["paper"],
-            f["claim"],
-            f["paper_value"],
-            f["measured"],
-            _MARK[f["verdict"]],
-            f.get("seeds", "-"),
-            f["rule"],
-            f.get("explanation") or "-",
-        ]
-        for f in findings
-    ]
-    return md_table(FINDING_COLUMNS, rows)
+def effect_cell(f: dict) -> str:
+    """``+1.2 pts [-0.3, +2.7] (margin 1.9)`` for a comparison; the measured text for a measurement."""
+    if f.get("claim_type") is None or f.get("effect") is None:
+        return f["measured"]
+    ci = f.get("ci95")
+    ci_txt = f" [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci else " (one seed: no CI)"
+    margin = f" (margin {f['margin']:.3g})" if f.get("margin") else ""
+    return f"{f['effect']:+.3g} {f.get('unit', '')}{ci_txt}{margin}"
+
+
+def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], int]:
+    """The findings table with its notes (rule, gate, explanation) as numbered footnotes under it."""
+    rows, notes = [], []
+    for f in findings:
+        refs = []
+        for label, text in (("rule", f.get("rule")), ("gated", f.get("gate")), ("why", f.get("explanation"))):
+            if text and text != "-":
+                notes.append(f"[{start}] {label}: {text}")
+                refs.append(f"[{start}]")
+                start += 1
+        verdict = _MARK[f["verdict"]]
+        if f.get("ungated_verdict"):
+            verdict += f" (numbers alone: {f['ungated_verdict']})"
+        rows.append(
+            [
+                f.get("kind", "-") + (" (measurement)" if f.get("measurement") else ""),
+                f["paper"],
+                f["claim"],
+                f["paper_value"],
+                f["measured"],
+                verdict,
+                f.get("seeds", "-"),
+                " ".join(refs) or "-",
+            ]
+        )
+    return md_table(FINDING_COLUMNS, rows), notes, start
 
 
 def _fmt_s(s: float) -> str:
     return f"{s / 60:.1f} min" if s >= 120 else f"{s:.0f} s"
 
 
-def _discussion(secs: list[Section], plan_name: str, plan: dict) -> list[str]:
-    """The closing discussion, built from the verdicts (nothing here is written before the numbers exist)."""
-    allf = [(s.title, f) for s in secs for f in s.findings]
-    counts = Counter(f["verdict"] for _, f in allf)
+def _summary(secs: list[Section], plan_name: str) -> list[str]:
+    """The first screen: the paper claims as one table, one line per disagreement, then the checks' tally.
+    Only ``kind: "paper"`` findings count in the headline."""
+    allf = [(s.title.split(":")[0], f) for s in secs for f in s.findings]
+    paper = [(t, f) for t, f in allf if f.get("kind") == "paper"]
+    checks = [(t, f) for t, f in allf if f.get("kind") == "check"]
+    counts = Counter(f["verdict"] for _, f in paper)
     lines = [
-        f"Of {len(allf)} checks against the papers' claims: "
-        + ", ".join(f"{counts.get(v, 0)} {v}" for v in ("agrees", "disagrees", "inconclusive", "not tested"))
-        + "."
+        f"**{len(paper)} claims of the five papers** tested: "
+        + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
+        + f". {len(checks)} implementation checks are counted apart (table below). A comparison agrees when its "
+        "whole 95% Welch-t interval lies on the paper's side of -margin, disagrees when it lies wholly on the other "
+        "side, and is inconclusive otherwise; it is also inconclusive when its section's baseline is not shown to "
+        "plateau or did not learn the task (the numbers-alone verdict is then given in brackets).",
+        "",
+        md_table(
+            SUMMARY_COLUMNS,
+            [
+                [
+                    f["paper"],
+                    f["claim"],
+                    effect_cell(f),
+                    _MARK[f["verdict"]] + (f" ({f['ungated_verdict']} ungated)" if f.get("ungated_verdict") else ""),
+                    t,
+                ]
+                for t, f in paper
+            ],
+        ),
+        "",
     ]
-    dis = [(t, f) for t, f in allf if f["verdict"] == "disagrees"]
-    agr = [(t, f) for t, f in allf if f["verdict"] == "agrees"]
-    if agr:
-        lines.append("")
-        lines.append("Where the small-scale numbers agree with the papers:")
-        lines += [f"- *{f['paper']}* — {f['claim']}: {f['measured']}." for _, f in agr]
+    dis = [(t, f) for t, f in paper if f["verdict"] == "disagrees"]
     if dis:
-        lines.append("")
-        lines.append("Where they disagree:")
+        lines += ["Disagreements:", ""]
         lines += [
-            f"- *{f['paper']}* — {f['claim']}: {f['measured']} (paper: {f['paper_value']})."
-            + (f" Diagnosis: {f['explanation']}." if f.get("explanation") else " No ablation explains it yet.")
+            f"- *{f['paper']}* — {f['claim']}: {effect_cell(f)}. "
+            + (f"Diagnosis: {f['explanation']}." if f.get("explanation") else "No ablation explains it yet.")
             for _, f in dis
         ]
-    inc = [(t, f) for t, f in allf if f["verdict"] in ("inconclusive", "not tested")]
-    if inc:
         lines.append("")
-        lines.append("Not decided by this run:")
+    if checks:
+        cc = Counter(f["verdict"] for _, f in checks)
         lines += [
-            f"- *{f['paper']}* — {f['claim']}: {f['measured']} ({f['verdict']})."
-            + (f" Diagnosis: {f['explanation']}." if f.get("explanation") else "")
-            for _, f in inc
+            "Implementation checks: " + ", ".join(f"{cc.get(v, 0)} {v}" for v in VERDICTS if cc.get(v)) + ".",
+            "",
+            md_table(
+                ["check", "measured", "verdict", "section"],
+                [[f["claim"], f["measured"], _MARK[f["verdict"]], t] for t, f in checks],
+            ),
+            "",
         ]
-    v = plan["vision"]
-    seeds = sorted({plan[k].get("seeds", 1) for k in ("vision", "long-range", "language", "icl")})
-    lines += [
-        "",
-        f"Caveats (from this run's configuration): every trained figure rests on {'/'.join(map(str, seeds))} "
-        f"seed(s) of a model with width {v['arch']['dim']} and depth {v['arch']['depth']} (vision) trained for "
-        f"{v['train']['steps']} steps, against the papers' ImageNet/LRA/OpenWebText runs of hours to days on "
-        "GPUs with tuned hyper-parameters; all models of a section share one untuned optimiser setting. "
-        "A verdict "
-        "'disagrees' needs the paper's direction contradicted by more than two standard errors of the "
-        "difference of the seed means, so with one seed a contradiction is reported as inconclusive; the "
-        f"tolerance of 'comparable' accuracy claims is {ACC_TOL:g} points. Timings come from a shared CPU and "
-        "vary between runs; accuracies and losses are reproducible for a seed.",
-    ]
     if plan_name == "smoke":
         lines += [
+            "**This is a smoke run**: the models train for a handful of steps, so the verdicts above only show that "
+            "the pipeline computes them; they say nothing about the papers.",
             "",
-            "**This is a smoke run**: the models train for a handful of steps, so the verdicts above only "
-            "show that the pipeline computes them; they say nothing about the papers.",
         ]
+    return lines
+
+
+def _compute_md(secs: list[Section], records: dict) -> list[str]:
+    """Compute per section and, within trained sections, per row (ablations and plateau checks included)."""
+    per_sec: Counter = Counter()
+    per_row: Counter = Counter()
+    for sid, r in records.items():
+        per_sec[r["section"]] += r.get("wall_s", 0.0)
+        parts = sid.split("/")
+        row = "/".join(p for p in parts[1:] if not p.startswith("seed") and not p.startswith("extra-seed"))
+        per_row[(r["section"], row)] += r.get("wall_s", 0.0)
+    total = sum(per_sec.values()) or 1.0
+    rows = [[s.title.split(":")[0], _fmt_s(per_sec[s.key]), f"{100 * per_sec[s.key] / total:.0f}%"] for s in secs]
+    lines = ["## Compute", "", md_table(["section", "step compute", "share"], rows), ""]
+    detail = [
+        [sec, row, _fmt_s(v)]
+        for (sec, row), v in sorted(per_row.items(), key=lambda kv: -kv[1])
+        if ("@" in row or "+" in row or "ablation" in row or "baselines" in row)
+    ]
+    if detail:
+        lines += ["Ablations, plateau checks and baselines:", "", md_table(["section", "row", "compute"], detail), ""]
     return lines
 
 
@@ -146,9 +186,10 @@ def write_report(
     cmd = "attnzoo reproduce " + " ".join(argv) if argv else f"attnzoo reproduce --budget {budget_name} --out {out}"
     created = time.strftime("%Y-%m-%d %H:%M:%S")
     setup = _setup_rows(budget_name, plan, seed, cmd, machine, threads, compute_s, records, outcome, created)
-    md = _report_md(secs, setup, budget_name, plan, seed, cmd, records)
+    md = _report_md(secs, setup, budget_name, cmd, records)
+    atomic_write_text(out / CONFIGS_FILE, "\n".join(_configs_md(seed, records)) + "\n")
     atomic_write_text(out / "report.md", "\n".join(md) + "\n")
-    atomic_write_text(out / "report.html", _html(secs, setup, budget_name, _discussion(secs, budget_name, plan)))
+    atomic_write_text(out / "report.html", _html(secs, setup, budget_name, _summary(secs, budget_name)))
     meta = {
         "budget": budget_name,
         "seed": seed,
@@ -197,10 +238,8 @@ def _setup_rows(
     ]
 
 
-def _report_md(
-    secs: list[Section], setup: list, budget_name: str, plan: dict, seed: int, cmd: str, records: dict
-) -> list[str]:
-    """The lines of ``report.md``: header, contents, setup, one part per section, discussion, run configs."""
+def _report_md(secs: list[Section], setup: list, budget_name: str, cmd: str, records: dict) -> list[str]:
+    """The lines of ``report.md``: summary first, then one part per section, compute, provenance."""
     md = [f"# attnzoo reproduce: the papers' comparisons at laptop scale (`{budget_name}` budget)", ""]
     if budget_name == "smoke":
         md += [
@@ -208,22 +247,23 @@ def _report_md(
             "are not evidence for or against any paper; run `attnzoo reproduce --budget default` for that.",
             "",
         ]
-    md += [
-        f"Every table, plot and verdict below was generated from this run's own measurements by `{cmd}`. "
-        "Re-running the command with the same `--out` reuses finished steps and recomputes nothing.",
-        "",
-    ]
+    md += ["## Summary", ""] + _summary(secs, budget_name)
     md += ["## Contents", ""] + [f"- [{s.title}](#{_anchor(s.title)})" for s in secs]
-    md += [
-        "- [Agreement with the papers](#agreement-with-the-papers)",
-        "- [Run configurations](#run-configurations)",
-        "",
-    ]
-    md += ["## Setup", "", md_table(["item", "value"], setup), ""]
+    md += ["- [Compute](#compute)", "- [Provenance](#provenance)", ""]
     for s in secs:
         md += _section_md(s)
-    md += ["## Agreement with the papers", ""] + _discussion(secs, budget_name, plan) + [""]
-    return md + _configs_md(seed, records)
+    md += _compute_md(secs, records)
+    md += [
+        "## Provenance",
+        "",
+        f"Every table, plot and verdict above was generated from this run's own measurements by `{cmd}`; "
+        "re-running it with the same `--out` reuses finished steps. Each step's exact configuration is in "
+        f"[{CONFIGS_FILE}]({CONFIGS_FILE}) and in `results.json`.",
+        "",
+        md_table(["item", "value"], setup),
+        "",
+    ]
+    return md
 
 
 def _section_md(s: Section) -> list[str]:
@@ -237,8 +277,14 @@ def _section_md(s: Section) -> list[str]:
     for path, caption in s.plots:
         alt = caption.replace("[", "").replace("]", "")  # brackets would end the image's alt text
         md += [f"![{alt}]({path})", "", f"*{caption}*", ""]
+    plateau = s.data.get("plateau") if isinstance(s.data, dict) else None
+    if plateau:
+        items = plateau.values() if "text" not in plateau else [plateau]
+        md += ["Plateau evidence: " + "; ".join(p["text"] for p in items) + ".", ""]
     if s.findings:
-        md += [f"### {s.title.split(':')[0]}: agreement with the papers", "", _findings_md(s.findings), ""]
+        table, notes, _ = _findings_md(s.findings)
+        md += [f"### {s.title.split(':')[0]}: findings", "", table, ""]
+        md += [n + "  " for n in notes] + [""]
     for n in s.notes:
         md += [f"> {n}", ""]
     return md
@@ -328,22 +374,18 @@ def _html(secs: list[Section], setup, budget_name: str, discussion: list[str]) -
                     FINDING_COLUMNS,
                     [
                         [
+                            f.get("kind", "-"),
                             f["paper"],
                             f["claim"],
                             f["paper_value"],
                             f["measured"],
                             f["verdict"],
                             f.get("seeds", "-"),
-                            f["rule"],
-                            f.get("explanation") or "-",
+                            " ".join(x for x in (f.get("rule"), f.get("gate"), f.get("explanation")) if x) or "-",
                         ]
                         for f in s.findings
                     ],
                 )
             )
-    parts.append(
-        "<h2>Agreement with the papers</h2><pre style='white-space:pre-wrap'>"
-        + html.escape("\n".join(discussion))
-        + "</pre>"
-    )
+    parts.append("<h2>Summary</h2><pre style='white-space:pre-wrap'>" + html.escape("\n".join(discussion)) + "</pre>")
     return "\n".join(parts) + "\n"

@@ -17,9 +17,9 @@ from attnzoo._io import write_json
 from attnzoo.reproduce.budgets import SECTIONS, budget
 from attnzoo.reproduce.common import Context
 from attnzoo.reproduce.sections import ALIASES, SECTION_MODULES
-from attnzoo.reproduce.store import Interrupted, Step, StepStore
+from attnzoo.reproduce.store import Interrupted, Step, StepStore, config_hash
 
-__all__ = ["plan", "resolve_sections", "run", "RunOutcome", "RUN_FILE", "ReproduceError"]
+__all__ = ["plan", "resolve_sections", "run", "RunOutcome", "RUN_FILE", "ReproduceError", "import_results"]
 
 #: identifies a reproduce output directory and pins its budget and seed
 RUN_FILE = "run.json"
@@ -147,11 +147,15 @@ def run(
     progress: bool = True,
     threads: int | None = None,
     argv: list[str] | None = None,
+    reuse: str | os.PathLike | None = None,
+    jobs: int = 1,
 ) -> RunOutcome:
     """Run (or continue) ``attnzoo reproduce`` into ``out`` and write ``report.md`` and ``results.json``."""
     from attnzoo.reproduce.report import write_report
 
     t_start = time.perf_counter()
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise ReproduceError(f"--jobs must be a positive integer, got {jobs!r}")
     sections = resolve_sections(only)
     b, steps = plan(budget_name, seed)
     device = _resolve_device(device)
@@ -162,11 +166,19 @@ def run(
     out = Path(out) if out is not None else Path("results") / time.strftime("%Y%m%d-%H%M%S")
     _prepare_out(out, budget_name, seed)
     store = StepStore(out)
+    if reuse is not None:
+        n = import_results(reuse, steps, store)
+        if progress:
+            print(f"reproduce: reused {n} stored step(s) from {reuse}", file=sys.stderr)
     ctx = Context(out=out, store=store, seed=seed, device=device, progress=progress)
     outcome = RunOutcome(out, out / "report.md", out / "results.json")
     records: dict[str, dict] = {}
     try:
-        _run_steps(_select(steps, sections), ctx, outcome, records, progress)
+        todo = _select(steps, sections)
+        if jobs > 1:
+            _run_steps_parallel(todo, ctx, outcome, records, progress, jobs, threads)
+        else:
+            _run_steps(todo, ctx, outcome, records, progress)
     except (Interrupted, KeyboardInterrupt) as e:
         outcome.interrupted = True
         print(
@@ -192,6 +204,30 @@ def run(
         threads=torch.get_num_threads(),
     )
     return outcome
+
+
+def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore) -> int:
+    """Store the step records of another run's ``results.json`` whose config equals this plan's (same hash).
+
+    A step whose config changed is not imported, so it is computed again; a step already stored here is kept.
+    Returns how many records were imported. Lets a report be rebuilt under new rules, or a plan extended by a few
+    steps, without retraining what did not change.
+    """
+    path = Path(path)
+    try:
+        stored = json.loads(path.read_bytes().decode("utf-8"))["steps"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ReproduceError(f"--reuse {path}: not a readable results.json with a 'steps' object ({e})") from e
+    n = 0
+    for step in steps:
+        rec = stored.get(step.id)
+        if not isinstance(rec, dict) or store.load(step) is not None:
+            continue
+        if config_hash(rec.get("config", {})) != step.hash or "result" not in rec:
+            continue
+        store.save(step, rec["result"], float(rec.get("wall_s", 0.0)), time.time())
+        n += 1
+    return n
 
 
 def _resolve_device(device: str) -> str:
@@ -240,6 +276,87 @@ def _run_steps(todo: list[Step], ctx: Context, outcome: RunOutcome, records: dic
                 continue
             records[step.id] = store.save(step, result, time.perf_counter() - t0, started)
             outcome.computed.append(step.id)
+
+
+def _compute_step(ctx: Context, step: Step) -> tuple[dict, float, float]:
+    """Run one step in a worker process: ``(result, wall_s, started)``."""
+    started = time.time()
+    t0 = time.perf_counter()
+    result = step.fn(ctx, step)
+    return result, time.perf_counter() - t0, started
+
+
+def _init_worker(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def _run_steps_parallel(
+    todo: list[Step], ctx: Context, outcome: RunOutcome, records: dict, progress: bool, jobs: int, threads: int | None
+) -> None:
+    """:func:`_run_steps` over ``jobs`` worker processes: a step starts once the steps it depends on are stored.
+
+    Each step is seeded by its own config, so its numbers do not depend on which worker ran it or when (with the
+    same threads per process as a ``--jobs 1`` run: ``--threads``, default 1 per worker). Only this process writes
+    to the store.
+    """
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    from tqdm.auto import tqdm
+
+    store = ctx.store
+    pending: list[Step] = []
+    for step in todo:
+        rec = store.load(step)
+        if rec is not None:
+            records[step.id] = rec
+            outcome.skipped.append(step.id)
+        else:
+            pending.append(step)
+    wctx = Context(out=ctx.out, store=ctx.store, seed=ctx.seed, device=ctx.device, progress=False)
+    bar = tqdm(total=len(pending), desc=f"reproduce ({jobs} jobs)", unit="step", disable=not progress, file=sys.stderr)
+    pool = cf.ProcessPoolExecutor(
+        jobs, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(threads or 1,)
+    )
+    running: dict = {}
+    try:
+        while pending or running:
+            for step in list(pending):
+                if len(running) >= jobs:
+                    break
+                bad = [d for d in step.deps if d in outcome.failed]
+                if bad:
+                    pending.remove(step)
+                    outcome.failed[step.id] = f"skipped: depends on failed step(s) {bad}"
+                    bar.update(1)
+                elif all(d in records or d not in {s.id for s in todo} for d in step.deps):
+                    pending.remove(step)
+                    running[pool.submit(_compute_step, wctx, step)] = step
+            if not running:  # every remaining step waits on a failed or missing dependency
+                for step in pending:
+                    outcome.failed[step.id] = "skipped: its dependencies did not complete"
+                break
+            done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                step = running.pop(fut)
+                bar.update(1)
+                try:
+                    result, wall_s, started = fut.result()
+                except Interrupted:
+                    raise
+                except Exception as e:  # noqa: BLE001 - one failed run must not lose the others; it is reported
+                    outcome.failed[step.id] = f"{type(e).__name__}: {e}"
+                    if progress:
+                        bar.write(f"reproduce: step {step.id} failed: {type(e).__name__}: {e}")
+                    continue
+                records[step.id] = store.save(step, result, wall_s, started)
+                outcome.computed.append(step.id)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    finally:
+        bar.close()
+    pool.shutdown(wait=True)
 
 
 def _with_finished_sections(sections: list[str], steps: list[Step], store: StepStore, records: dict) -> list[str]:

@@ -272,6 +272,8 @@ def _fastest_finding(ok) -> dict:
         f"fastest forward at N={longest}: {fastest} ({at[fastest].fwd_ms:.2f} ms)",
         "agrees" if fastest != "softmax" else "disagrees",
         "agrees if softmax is not the fastest op at the longest N measured",
+        kind="check",
+        measurement=True,
     )
 
 
@@ -294,6 +296,8 @@ def _tssa_findings(ok, plan: dict | None, explicit=None) -> list[dict]:
             f"at N={common}: {speed:.1f}x faster than SDPA",
             verdict,
             "agrees if ≥10x faster at N ≥ 8192; not tested at shorter N",
+            kind="paper",
+            measurement=True,
         )
     ]
     if mem is None or common < 8192:
@@ -321,6 +325,8 @@ def _tssa_memory_finding(common, s, t, mem: float, plan: dict | None, explicit=N
         "agrees" if mem >= 10 else "disagrees",
         "agrees if ≥10x less forward peak memory at N ≥ 8192 (SDPA's CPU kernel does "
         "not store the N x N matrix, unlike the ViT attention the paper measured)",
+        kind="paper",
+        measurement=True,
     )
     if f["verdict"] == "agrees" or not plan:
         return f
@@ -370,6 +376,8 @@ def _memory_growth_findings(ok) -> list[dict]:
                 f"{rs[n4].fwd_peak_mb:.1f} / {rs[n].fwd_peak_mb:.1f} MiB = {ratio:.2f} (N={n}->{n4})",
                 "agrees" if ratio <= 4.5 else "disagrees",
                 "agrees if the ratio is ≤ 4.5",
+                kind="check",
+                measurement=True,
             )
         )
     return out
@@ -398,6 +406,8 @@ def _decode_findings(dec_rows) -> list[dict]:
                 f"{mech} x{growth:.2f} from context {lo} to {hi}{sg}",
                 "agrees" if growth <= 1.5 else "disagrees",
                 "agrees if the per-token time grows by at most 1.5x (timing noise allowed)",
+                kind="check",
+                measurement=True,
             )
         )
     return out

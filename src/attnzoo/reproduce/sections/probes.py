@@ -7,6 +7,7 @@ the attention maps of the vision section's models (ToST Fig. 5 / FAST Fig. 4).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -42,6 +43,10 @@ LAYERWISE_PAPERS = {
 #: the measure each mechanism's claim is judged on: ToST's own R^var_c for TSSA, CRATE's measured R^c otherwise
 _CLAIM_MEASURE = {"tssa": "variational_compression"}
 _DEFAULT_MEASURE = "crate_compression"
+
+
+#: every probe finding tests a paper's claim with a rule of its own (trends over layers or iterations)
+_finding = functools.partial(claims.finding, kind="paper", measurement=True)
 
 
 def _deep_vision_plan(plan: dict, vision_plan: dict) -> dict:
@@ -582,7 +587,7 @@ def _threshold_denoise_finding(res) -> dict:
             f"; η={_num(small['params']['eta']):g}: x{_num(small['growth_factor_fit']['threshold']):.4f} "
             f"(1+ητ = {_num(small['growth_factor_theory']):.4f})"
         )
-    return claims.finding(
+    return _finding(
         "AoT Theorem 1 / Fig. 4",
         "each layer of eq 3 (thresholded φ) multiplies the SNR by about 1+ητ",
         f"1+ητ = {theory:.4f} at η={eta:g}",
@@ -594,7 +599,7 @@ def _threshold_denoise_finding(res) -> dict:
 
 def _compress_finding(r: dict) -> dict:
     rate = [_num(x) for x in r["coding_rate"]]
-    return claims.finding(
+    return _finding(
         "CBSA Fig. 4",
         "the parameter-free CBSA iteration compresses tokens (coding rate falls)",
         "coding rate decreases, points collapse onto their lines",
@@ -611,7 +616,7 @@ def _rank_collapse_findings(r: dict) -> list[dict]:
         return []
     s, c = resid["softmax_reference"], resid["csp_reference"]
     return [
-        claims.finding(
+        _finding(
             "CSP Theorem 1 / Dong et al.",
             "softmax attention without skips collapses to rank 1; CSP does not",
             "softmax residual → 0 doubly exponentially; CSP keeps full rank",
@@ -645,7 +650,7 @@ def _layerwise_finding(name: str, r: dict, t: dict, shallow: dict | None, more: 
     per_layer = f"{MEASURE_LABEL[key]} per layer: " + " → ".join(f"{v:.4g}" for v in vals)
     start, claim_text, paper_value, rule = _layerwise_claim(name, key, len(vals))
     verdict = _fall_verdict(vals, start)
-    f = claims.finding(
+    f = _finding(
         LAYERWISE_PAPERS.get(name, "CBSA Fig. 5 / CRATE"),
         claim_text,
         paper_value,
@@ -680,7 +685,7 @@ def _layerwise_seeds_finding(name: str, key: str, runs: list[list[float]], r: di
     start, claim_text, paper_value, rule = _layerwise_claim(name, key, len(mean))
     verdict = _seeds_verdict(mean, runs, start)
     per_seed = [_fall_verdict(x, start) for x in runs]
-    f = claims.finding(
+    f = _finding(
         LAYERWISE_PAPERS.get(name, "CBSA Fig. 5 / CRATE"),
         claim_text,
         paper_value,
@@ -800,7 +805,7 @@ def _softmax_denoise_finding(res) -> dict:
             "soft-max weight, so no token takes in others; the plain soft-max keeps the cross-token weights, "
             "the likely source of the fall)"
         )
-    return claims.finding(
+    return _finding(
         "AoT Fig. 4",
         "eq 3 with the plain soft-max φ (practical MSSA) also denoises",
         "Fig. 4 shows the SNR rising per layer (the φ and η used are not stated)",

@@ -89,13 +89,14 @@ SWAPS: dict[str, Swap] = {
 
 #: ablations that test an explanation of a gap
 ABLATIONS: dict[str, Ablation] = {
-    # AoT is CRATE without the ISTA block and without LayerNorm: giving both back isolates what AoT's gap is due to
+    # AoT is CRATE without the ISTA block and without LayerNorm: one factor given back at a time
     "aot+ista": Ablation(
         "aot_vision_b",
         "mssa",
-        {"ffn": "ista", "norm": "pre", "ista_step": 0.1, "ista_lambda": 0.1},
-        "AoT with CRATE's ISTA block and pre-norm restored",
+        {"ffn": "ista", "ista_step": 0.1, "ista_lambda": 0.1},
+        "AoT with CRATE's ISTA block restored (norm unchanged)",
     ),
+    "aot+prenorm": Ablation("aot_vision_b", "mssa", {"norm": "pre"}, "AoT with CRATE's pre-norm restored (no ISTA)"),
     # TSSA mixes tokens only through global second-moment statistics, so a CLS token cannot gather the patches
     # through it (ToST pools with class attention): the ViT skeleton with mean pooling tests that reading
     "vit+tssa-meanpool": Ablation(
@@ -158,15 +159,21 @@ def _registered(name: str) -> ModelRow:
     return ModelRow(m.registered, m.mechanism, m.paper)
 
 
+#: the baseline's plateau check: the ViT baseline trained with twice the steps (and warm-up), nothing else changed
+PLATEAU = "vit@2x-steps"
+
+
 def rows_of(plan: dict) -> list[str]:
-    """Every trained row of the section: the papers' architectures, the controlled swaps, the ablations."""
-    return list(plan["models"]) + list(plan.get("swaps", [])) + list(plan.get("ablations", []))
+    """Every trained row of the section: the papers' architectures, the controlled swaps, the ablations and the
+    baseline's plateau check."""
+    rows = list(plan["models"]) + list(plan.get("swaps", [])) + list(plan.get("ablations", []))
+    return rows + ([PLATEAU] if plan.get("plateau", True) and "vit" in plan["models"] else [])
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     steps = []
     for name in rows_of(plan):
-        if name not in MODELS and name not in SWAPS and name not in ABLATIONS:
+        if name not in MODELS and name not in SWAPS and name not in ABLATIONS and name != PLATEAU:
             raise ValueError(
                 f"unknown vision model {name!r}; valid: {sorted(MODELS) + sorted(SWAPS) + sorted(ABLATIONS)}"
             )
@@ -185,14 +192,19 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
 def row_config(plan: dict, name: str, seed: int) -> dict:
     """A step config training vision row ``name`` with ``plan``'s task, shape and optimiser: ``{"train", "mechanism",
     "paper"}`` (the probes section trains its deeper models with it too)."""
-    reg, mech, paper = _registered(name)
+    base = name.split("@")[0]
+    reg, mech, paper = _registered(base)
+    opt = dict(plan["train"])
+    if name == PLATEAU:
+        opt["steps"] *= 2
+        opt["warmup_steps"] = 2 * opt.get("warmup_steps", 0)
     train = dict(
         task=plan["task"],
         task_options=dict(plan["task_options"]),
         model=reg,
-        model_options=model_options(name, plan),
+        model_options=model_options(base, plan),
         seed=seed,
-        **train_defaults(**plan["train"]),
+        **train_defaults(**opt),
     )
     return {"train": train, "mechanism": mech, "paper": paper}
 
@@ -293,7 +305,14 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         )
         return sec
     sec.findings = _findings(res)
+    sec.data["plateau"] = claims.plateau_gate(
+        sec.findings, "vit", res["vit"]["accuracy"] if "vit" in res else None, _acc(res, PLATEAU), "%", ".1f"
+    )
     return sec
+
+
+def _acc(res: dict, name: str) -> claims.Stat | None:
+    return res[name]["accuracy"] if name in res else None
 
 
 def _intro(plan: dict) -> str:
@@ -397,14 +416,16 @@ def _plot(res: dict, names: list[str]):
     return fig
 
 
-#: (paper's row, its controlled-swap row, baseline row, baseline's controlled row, kind, paper, claim, paper's figure)
+#: (paper's row, its controlled-swap row, baseline row, baseline's controlled row, claim type, margin in points and
+#: the paper's comparison it is read from, paper, claim, paper's figure)
 CLAIMS = [
     (
         "tost",
         "vit+tssa",
         "vit",
         "vit",
-        "comparable",
+        "non-inferiority",
+        (1.9, "ToST Table 2: ToST-S is 1.9 pts below ViT-S and called competitive"),
         "ToST Table 2",
         "ToST is competitive with ViT at similar size",
         "ToST-S 77.9 vs ViT-S 79.8 ImageNet top-1 (-1.9 pts)",
@@ -414,7 +435,8 @@ CLAIMS = [
         "vit+tssa",
         "xcit",
         "vit+xca",
-        "comparable",
+        "non-inferiority",
+        (2.6, "ToST Table 2: ToST-S is 2.6 pts below XCiT-S and called comparable"),
         "ToST Table 2",
         "ToST is competitive with XCiT (same skeleton, XCA attention)",
         "ToST-S 77.9 vs XCiT-S 80.5 (-2.6 pts)",
@@ -424,9 +446,10 @@ CLAIMS = [
         "vit+cbsa",
         "crate",
         "vit+mssa",
-        "at_least",
+        "superiority",
+        (0.0, ""),
         "CBSA Table 3",
-        "CBT matches or beats CRATE",
+        "CBT beats CRATE",
         "CBT-B 73.4 vs CRATE-B 70.8 ImageNet top-1 (+2.6 pts)",
     ),
     (
@@ -434,7 +457,8 @@ CLAIMS = [
         "aot+ista",
         "crate",
         "crate",
-        "comparable",
+        "non-inferiority",
+        (11.0, "AoT Table 2 / §4.2: AoT-B is 11 pts below CRATE-α-B and called comparable"),
         "AoT Table 2 / §4.2",
         "attention-only AoT is competitive with CRATE despite no MLP",
         "AoT-B 70.2 vs CRATE-α-B 81.2 (-11 pts; the paper calls it comparable)",
@@ -444,7 +468,8 @@ CLAIMS = [
         "vit+csp",
         "vit",
         "vit",
-        "at_least",
+        "superiority",
+        (0.0, ""),
         "CSP Table 3",
         "CSP-ViT beats the MHA ViT",
         "CSP 84.81 vs MHA 81.90 CIFAR-10 top-1 (+2.9 pts)",
@@ -454,7 +479,8 @@ CLAIMS = [
         None,
         "vit",
         None,
-        "comparable",
+        "non-inferiority",
+        (2.6, "FAST Table 1: Fastmax2 is up to 2.6 pts below softmax on a task (Retrieval), said to keep its accuracy"),
         "FAST §3 / Table 1",
         "Fastmax keeps softmax attention's accuracy",
         "Fastmax2 57.90 vs softmax 57.37 LRA average (+0.5 pts)",
@@ -465,48 +491,55 @@ CLAIMS = [
 def _findings(res: dict) -> list[dict]:
     out = []
 
-    def cmp(a, b, kind, paper, claim, paper_value):
-        return claims.compare(res[a]["accuracy"], res[b]["accuracy"], **_cmp_kw(kind, paper, claim, paper_value, a, b))
+    def cmp(a, b, claim_type, margin, paper, claim, paper_value):
+        return claims.compare(
+            res[a]["accuracy"], res[b]["accuracy"], **_cmp_kw(claim_type, margin, paper, claim, paper_value, a, b)
+        )
 
-    for a, a_ctl, b, b_ctl, kind, paper, claim, pv in CLAIMS:
+    for a, a_ctl, b, b_ctl, claim_type, margin, paper, claim, pv in CLAIMS:
         if a not in res or b not in res:
             continue
-        f = cmp(a, b, kind, paper, claim, pv)
-        if a_ctl in res and b_ctl in res and (a_ctl, b_ctl) != (a, b):
-            ctl = cmp(a_ctl, b_ctl, kind, paper, claim + " — controlled", pv)
-            more = None
-            if ctl["verdict"] == "inconclusive" and res[a_ctl]["accuracy_more"] and res[b_ctl]["accuracy_more"]:
-                more = claims.compare(
-                    res[a_ctl]["accuracy_more"],
-                    res[b_ctl]["accuracy_more"],
-                    **_cmp_kw(kind, paper, claim, pv, a_ctl, b_ctl),
+        f = _with_params(cmp(a, b, claim_type, margin, paper, claim, pv), res, a, b)
+        if a == "aot":
+            f["explanation"] = _aot_ablations(res, b)
+        elif a_ctl in res and b_ctl in res and (a_ctl, b_ctl) != (a, b):
+            ctl = _with_params(cmp(a_ctl, b_ctl, claim_type, margin, paper, claim, pv), res, a_ctl, b_ctl)
+            ctl["claim"] = f"{claim.split(' ')[0]}'s attention in the ViT skeleton (controlled swap): " + claim
+            f["explanation"] = _explain(a, b, a_ctl, b_ctl, f, ctl, res, claim_type, margin)
+            ctl["explanation"] = "controlled swap: same embedding, pooling, blocks, width, depth, data and optimiser"
+            more_a, more_b = res[a_ctl].get("accuracy_more"), res[b_ctl].get("accuracy_more")
+            if ctl["verdict"] == "inconclusive" and more_a and more_b:
+                more = claims.compare(more_a, more_b, **_cmp_kw(claim_type, margin, paper, claim, pv, a_ctl, b_ctl))
+                ctl["explanation"] += (
+                    f"; ablation with {min(more_a.n, more_b.n)} seeds each (the section's and extra ones): "
+                    f"{more_a.fmt('.1f')} vs {more_b.fmt('.1f')}, effect {more['effect']:+.1f} pts, verdict "
+                    + more["verdict"]
+                    + (
+                        " — still within the spread: at this scale the two attentions are not told apart"
+                        if more["verdict"] == "inconclusive"
+                        else f" — more seeds resolve it ({more['verdict']})"
+                    )
                 )
-            f["explanation"] = _explain(a, b, a_ctl, b_ctl, f, ctl, res, more)
-            if a_ctl.startswith("vit+"):
-                ctl["claim"] = f"{claim.split(' ')[0]}'s attention in the ViT skeleton (controlled swap): " + claim
-                ctl["explanation"] = (
-                    "controlled swap: same embedding, pooling, blocks, width, depth, data and "
-                    "optimiser; only the attention differs"
-                    + ("" if ctl["verdict"] == "agrees" else "; " + f["explanation"])
-                )
-                out += [f, ctl]
-                continue
+            out += [f, ctl]
+            continue
         out.append(f)
-    skel = "csp_vit_skeleton+softmax"
-    for f in out:
-        if f["claim"] == "CSP-ViT beats the MHA ViT" and skel in res and "csp_vit" in res:
-            f["explanation"] += (
-                f"; ablation {skel} (CSP-ViT's LayerNorm-linear patches and mean pooling with softmax "
-                f"attention): {res[skel]['accuracy'].fmt('.1f')} vs csp_vit "
-                f"{res['csp_vit']['accuracy'].fmt('.1f')} in the same skeleton"
-            )
     return out
 
 
-def _cmp_kw(kind: str, paper: str, claim: str, paper_value: str, a: str, b: str) -> dict:
+def _with_params(f: dict, res: dict, a: str, b: str) -> dict:
+    """The parameter counts of both sides, stated beside the comparison ("similar size" claims read them)."""
+    pa, pb = res[a].get("params"), res[b].get("params")
+    if pa and pb:
+        f["params_a"], f["params_b"] = pa, pb
+        f["measured"] += f"; parameters {pa:,} vs {pb:,} ({pa / pb:.2f}x)"
+    return f
+
+
+def _cmp_kw(claim_type: str, margin: tuple[float, str], paper: str, claim: str, paper_value: str, a: str, b: str):
     return dict(
-        kind=kind,
-        tol=claims.ACC_TOL,
+        claim_type=claim_type,
+        margin=margin[0],
+        margin_source=margin[1],
         unit="pts",
         paper=paper,
         claim=claim,
@@ -517,63 +550,60 @@ def _cmp_kw(kind: str, paper: str, claim: str, paper_value: str, a: str, b: str)
     )
 
 
-def _more_seeds_text(a_ctl: str, b_ctl: str, more: dict, res: dict) -> str:
-    """The extra-seeds ablation of a controlled comparison the section's seeds left within the spread."""
-    n = min(res[a_ctl]["accuracy_more"].n, res[b_ctl]["accuracy_more"].n)
+def gap_change(res: dict, base: str, ablated: str, ref: str, key: str = "accuracy") -> str:
+    """How ablating ``base`` into ``ablated`` moved its gap to ``ref``, with the word chosen from the numbers.
+
+    The gap is ``ref - row`` (points); the change is judged by the 95% Welch-t CI of ``ablated - base``: a CI that
+    contains 0 "stays", otherwise :func:`attnzoo.reproduce.claims.change_word` with the CI's half-width as noise.
+    """
+    b, a, r = res[base][key], res[ablated][key], res[ref][key]
+    before, after = r.mean - b.mean, r.mean - a.mean
+    delta, ci, _ = claims.welch_ci(a, b)
+    if ci is None:
+        return f"gap to {ref} {before:+.1f} -> {after:+.1f} pts (one seed: the change is not judged)"
+    half = (ci[1] - ci[0]) / 2
+    word = "stays" if ci[0] <= 0 <= ci[1] else claims.change_word(before, after, noise=half)
     return (
-        f"; ablation with {n} seeds each (the section's and extra ones): {res[a_ctl]['accuracy_more'].fmt('.1f')} "
-        f"vs {res[b_ctl]['accuracy_more'].fmt('.1f')}, verdict {more['verdict']} — "
-        + (
-            "still within the spread: at this scale the two attentions are not told apart"
-            if more["verdict"] == "inconclusive"
-            else f"more seeds resolve it ({more['verdict']})"
-        )
+        f"gap to {ref} {before:+.1f} -> {after:+.1f} pts: it {word} (change of {ablated} vs {base} "
+        f"{delta:+.1f} pts, 95% CI [{ci[0]:+.1f}, {ci[1]:+.1f}])"
     )
 
 
-def _explain(a, b, a_ctl, b_ctl, f, ctl, res, more: dict | None = None) -> str:
-    """The ablation's reading, stated with its numbers."""
+def _aot_ablations(res: dict, ref: str) -> str:
+    """AoT vs CRATE differ in two factors (the ISTA block, pre-norm): one ablation each, each read on its own."""
+    parts = []
+    for abl, what in (("aot+ista", "CRATE's ISTA block alone"), ("aot+prenorm", "pre-norm alone")):
+        if abl in res and "aot" in res:
+            head = f"ablation {abl} ({what}): {res[abl]['accuracy'].fmt('.1f')}; "
+            parts.append(head + gap_change(res, "aot", abl, ref))
+    return "; ".join(parts)
+
+
+def _explain(a, b, a_ctl, b_ctl, f, ctl, res, claim_type, margin) -> str:
+    """The controlled swap's reading, stated with its numbers; every word follows from the two verdicts and CIs."""
     acc = lambda n: res[n]["accuracy"].fmt(".1f")  # noqa: E731
-    if a_ctl == "aot+ista":
-        gap_abl = res[a_ctl]["accuracy"].mean - res[b]["accuracy"].mean
-        return (
-            f"ablation {a_ctl} (AoT with CRATE's ISTA block and pre-norm restored): {acc(a_ctl)} vs {b} "
-            f"{acc(b)} ({gap_abl:+.1f} pts) against AoT's {acc(a)}: "
-            + (
-                "restoring the block closes the gap, so at this width and depth the gap is the missing "
-                "ISTA/MLP block, i.e. genuine for attention-only models at this scale"
-                if abs(gap_abl) <= claims.ACC_TOL
-                else "restoring the block does not close the gap, so something else than the missing block explains it"
-            )
-        )
-    one_seed = res[a_ctl]["accuracy"].n < 2 or res[b_ctl]["accuracy"].n < 2
+    lo_hi = lambda g: "no interval" if g["ci95"] is None else f"95% CI [{g['ci95'][0]:+.1f}, {g['ci95'][1]:+.1f}]"  # noqa: E731
     text = (
         f"controlled swap {a_ctl} vs {b_ctl} (ViT skeleton, only the attention differs): {acc(a_ctl)} vs "
-        f"{acc(b_ctl)}, verdict {ctl['verdict']} — "
-        + (
-            "the gap of the papers' architectures is the skeleton, not the mechanism"
-            if ctl["verdict"] == "agrees" and f["verdict"] != "agrees"
-            else "the mechanism itself is behind the gap"
-            if ctl["verdict"] == "disagrees"
-            else "the controlled comparison agrees with the architectures' verdict"
-            if ctl["verdict"] == f["verdict"]
-            else "one seed: the spread that would decide the controlled comparison is unknown"
-            if one_seed
-            else "the controlled comparison is within the spread between seeds"
-        )
+        f"{acc(b_ctl)}, effect {ctl['effect']:+.1f} pts, {lo_hi(ctl)}, {ctl['verdict']}"
     )
+    if ctl["verdict"] != f["verdict"] and "inconclusive" not in (ctl["verdict"], f["verdict"]):
+        text += "; the two skeletons give opposite verdicts"
+    skel = {"csp_vit": "csp_vit_skeleton+softmax"}.get(a)
+    if skel in res:
+        within = claims.compare(
+            res[a]["accuracy"], res[skel]["accuracy"], **_cmp_kw(claim_type, margin, "", "", "", a, skel)
+        )
+        text += (
+            f"; in {a}'s own skeleton with softmax attention ({skel}): {acc(a)} vs {acc(skel)}, effect "
+            f"{within['effect']:+.1f} pts, {lo_hi(within)}, {within['verdict']}"
+        )
+        signs = {g["verdict"] for g in (within, ctl)}
+        if signs == {"agrees", "disagrees"}:
+            text += ": the mechanism's effect changes sign with the skeleton (an interaction, not a skeleton effect)"
     mp = "vit+tssa-meanpool"
     if a_ctl == "vit+tssa" and mp in res:
-        text += (
-            f"; ablation {mp}: {acc(mp)} — TSSA mixes tokens only through global second-moment statistics, so "
-            "a CLS token sees the patches only through them: "
-            + (
-                "mean pooling recovers the accuracy, so the CLS readout (not TSSA) costs the swap its points; "
-                "ToST pairs TSSA with class attention for this reason"
-                if res[mp]["accuracy"].mean >= res[b_ctl]["accuracy"].mean - claims.ACC_TOL
-                else "mean pooling does not recover it either, so the gap is TSSA's in this skeleton"
-            )
+        text += f"; ablation {mp} (mean pooling instead of the CLS token, one factor): " + gap_change(
+            res, a_ctl, mp, b_ctl
         )
-    if more is not None:
-        text += _more_seeds_text(a_ctl, b_ctl, more, res)
     return text
