@@ -39,6 +39,7 @@ BUDGETS: dict[str, dict] = {
             "swaps": ["vit+tssa"],
             "seeds": 2,
             "extra_seeds": {"rows": ["vit+tssa", "vit"], "seeds": 1},
+            "lr_sweep": [1e-3, 2e-3, 4e-3],
             "arch": {"dim": 32, "depth": 1, "heads": 2, "patch_size": 2},
             "train": {"steps": 12, "batch_size": 32, "lr": 2e-3, "log_every": 4},
         },
@@ -48,6 +49,7 @@ BUDGETS: dict[str, dict] = {
                 "image": {"dataset": "digits"},
             },
             "mechanisms": ["softmax", "tssa"],
+            "lr_sweep": [5e-4, 1e-3, 2e-3],
             "left_out": {"text": "smoke: the pipeline, not the papers"},
             "ablations": {
                 "tssa@2x-steps": {
@@ -69,6 +71,7 @@ BUDGETS: dict[str, dict] = {
         "language": {
             "task_options": {"block_size": 32},
             "models": ["gpt", "tost"],
+            "lr_sweep": [1e-3, 3e-3, 1e-2],
             "arch": {"dim": 32, "depth": 2, "heads": 2},
             "train": {"steps": 10, "batch_size": 16, "lr": 3e-3, "log_every": 5},
             "eval_windows": 32,
@@ -126,6 +129,8 @@ BUDGETS: dict[str, dict] = {
             "swaps": VISION_SWAPS,
             "ablations": VISION_ABLATIONS,
             "seeds": 2,
+            # every compared row's rate: the best of three on the sweep's own seed (its table is in the report)
+            "lr_sweep": [6e-4, 2e-3, 6e-3],
             "arch": {"dim": 64, "depth": 2, "heads": 4, "patch_size": 4},
             "train": {"steps": 200, "batch_size": 64, "lr": 2e-3, "warmup_steps": 20},
         },
@@ -199,6 +204,7 @@ BUDGETS: dict[str, dict] = {
             "task_options": {"block_size": 128},
             "models": LM_ALL,
             "seeds": 2,
+            "lr_sweep": [1e-3, 3e-3, 1e-2],
             "arch": {"dim": 64, "depth": 2, "heads": 4},
             "train": {"steps": 200, "batch_size": 32, "lr": 3e-3, "warmup_steps": 20},
             "eval_windows": 256,
@@ -346,6 +352,7 @@ def _long() -> dict:
     plan["icl"]["ablations"] = ["aot+softmax", "aot@2x-steps", "gpt@2x-steps"]
     plan["icl"]["ablation_tasks"] = ["linear", "sparse"]
     lra = plan["long-range"]
+    lra["lr_sweep"] = [6e-4, 2e-3, 6e-3]  # `default` leaves LRA untuned (its comparisons are then inconclusive)
     lra["tasks"] = {
         "listops": {"n_train": 8000, "n_val": 400, "min_len": 64, "max_len": 256, "max_depth": 5},
         "image": {"dataset": "fashion_mnist", "n_train": 4000, "n_val": 400, "size": 32},

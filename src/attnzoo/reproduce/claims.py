@@ -265,7 +265,7 @@ def gate(f: dict, why: str) -> dict:
     if f["verdict"] in ("agrees", "disagrees"):
         f["ungated_verdict"] = f["verdict"]
         f["verdict"] = "inconclusive"
-    f["gate"] = why
+    f["gate"] = f"{f['gate']}; {why}" if f.get("gate") else why
     return f
 
 

@@ -40,10 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--list", action="store_true", help="print the steps of the plan and exit")
     ap.add_argument(
         "--reuse",
+        action="append",
         default=None,
-        metavar="RESULTS_JSON",
-        help="import the steps of an earlier run's results.json whose config is unchanged (only new or changed steps "
-        "are computed; e.g. to rebuild a report under new rules)",
+        metavar="RESULTS",
+        help="import the steps of an earlier run (its results.json or its directory; repeatable) whose config is "
+        "unchanged: only new or changed steps are computed, e.g. to rebuild a report under new rules",
     )
     return ap
 

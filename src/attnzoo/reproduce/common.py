@@ -272,3 +272,67 @@ def load_trained(run_dir: str | os.PathLike) -> torch.nn.Module:
     from attnzoo.models import from_pretrained
 
     return from_pretrained(Path(run_dir) / "model")
+
+
+# ---- learning-rate sweeps --------------------------------------------------------------------------------
+#: the sweep trains on its own seed, apart from the reported seeds (base seed + this offset)
+SWEEP_SEED_OFFSET = 100
+
+
+def sweep_id(base: str, lr: float) -> str:
+    """Step id of one learning rate of row ``base``'s sweep (e.g. ``vision/vit/lr-sweep/lr0.002``)."""
+    return f"{base}/lr-sweep/lr{lr:g}"
+
+
+def sweep_table(
+    records: dict,
+    rows: Sequence[str],
+    prefix: str,
+    lrs: Sequence[float],
+    used: float,
+    metric: str,
+    higher_is_better: bool,
+    scale: float = 1.0,
+    label: str = "",
+) -> tuple[Table | None, dict[str, str]]:
+    """The sweep as a table (one row per model, the best rate marked) and ``{row: why}`` for every row whose best
+    swept rate is not the ``used`` one its seeds trained with (its comparisons are then not tuned)."""
+    table_rows, untuned = [], {}
+    for row in rows:
+        vals = {}
+        for lr in lrs:
+            rec = records.get(sweep_id(f"{prefix}/{row}", lr))
+            v = rec["result"].get(metric) if rec else None
+            if v is not None:
+                vals[lr] = scale * v
+        if len(vals) < len(lrs):
+            if vals:
+                untuned[row] = f"{row}'s learning-rate sweep is incomplete"
+            continue
+        best = (max if higher_is_better else min)(vals, key=vals.get)
+        if best != used:
+            untuned[row] = (
+                f"{row}'s best swept learning rate is {best:g} ({vals[best]:.3g}), not the {used:g} ({vals[used]:.3g}) "
+                "its seeds trained with"
+            )
+        table_rows.append([row] + [f"**{vals[lr]:.3g}**" if lr == best else f"{vals[lr]:.3g}" for lr in lrs])
+    if not table_rows:
+        return None, untuned
+    title = "Learning-rate sweep" + (f" ({label})" if label else "")
+    caption = (
+        f"{metric} on the sweep's own seed (base seed + {SWEEP_SEED_OFFSET}, not a reported seed); best rate in bold. "
+        f"The reported seeds train at {used:g}: a comparison involving a row whose best rate differs is inconclusive."
+    )
+    return Table(title, ["row"] + [f"lr {lr:g}" for lr in lrs], table_rows, caption), untuned
+
+
+def gate_untuned(findings: list[dict], untuned: dict[str, str]) -> None:
+    """Make every comparison involving an untuned row inconclusive (the numbers' verdict is kept)."""
+    from attnzoo.reproduce.claims import gate
+
+    for f in findings:
+        if not f.get("claim_type"):
+            continue
+        why = [untuned[n] for n in (f.get("a_name"), f.get("b_name")) if n in untuned]
+        if why:
+            gate(f, "not tuned: " + "; ".join(why))

@@ -147,7 +147,7 @@ def run(
     progress: bool = True,
     threads: int | None = None,
     argv: list[str] | None = None,
-    reuse: str | os.PathLike | None = None,
+    reuse: str | os.PathLike | list | None = None,
     jobs: int = 1,
 ) -> RunOutcome:
     """Run (or continue) ``attnzoo reproduce`` into ``out`` and write ``report.md`` and ``results.json``."""
@@ -166,10 +166,10 @@ def run(
     out = Path(out) if out is not None else Path("results") / time.strftime("%Y%m%d-%H%M%S")
     _prepare_out(out, budget_name, seed)
     store = StepStore(out)
-    if reuse is not None:
-        n = import_results(reuse, steps, store)
+    for src in [reuse] if isinstance(reuse, (str, os.PathLike)) else reuse or []:
+        n = import_results(src, steps, store)
         if progress:
-            print(f"reproduce: reused {n} stored step(s) from {reuse}", file=sys.stderr)
+            print(f"reproduce: reused {n} stored step(s) from {src}", file=sys.stderr)
     ctx = Context(out=out, store=store, seed=seed, device=device, progress=progress)
     outcome = RunOutcome(out, out / "report.md", out / "results.json")
     records: dict[str, dict] = {}
@@ -215,9 +215,17 @@ def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore)
     """
     path = Path(path)
     try:
-        stored = json.loads(path.read_bytes().decode("utf-8"))["steps"]
+        if path.is_dir():  # another reproduce directory: its stored step records
+            stored = {}
+            for f in sorted((path / "steps").rglob("*.json")):
+                rec = json.loads(f.read_bytes().decode("utf-8"))
+                stored[f.relative_to(path / "steps").with_suffix("").as_posix()] = rec
+        else:
+            stored = json.loads(path.read_bytes().decode("utf-8"))["steps"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ReproduceError(f"--reuse {path}: not a readable results.json with a 'steps' object ({e})") from e
+        raise ReproduceError(
+            f"--reuse {path}: not a readable results.json with a 'steps' object or a reproduce directory ({e})"
+        ) from e
     n = 0
     for step in steps:
         rec = stored.get(step.id)

@@ -15,11 +15,13 @@ import torch.nn.functional as F
 
 from attnzoo.reproduce import claims
 from attnzoo.reproduce.common import (
+    SWEEP_SEED_OFFSET,
     Context,
     ModelRow,
     Section,
     Table,
     fmt,
+    gate_untuned,
     load_trained,
     num_params,
     peak_train_mb,
@@ -27,6 +29,8 @@ from attnzoo.reproduce.common import (
     save_figure,
     seed_list,
     seeded_id,
+    sweep_id,
+    sweep_table,
     train_defaults,
     train_run,
 )
@@ -77,26 +81,33 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         )
     ]
     rows = list(plan["models"]) + ([PLATEAU] if plan.get("plateau", True) and "gpt" in plan["models"] else [])
-    for name in rows:
+    runs = [
+        (name, s, seeded_id(f"{KEY}/{name}", s), plan["train"]["lr"]) for name in rows for s in seed_list(plan, seed)
+    ]
+    runs += [
+        (name, seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{name}", lr), lr)
+        for name in plan["models"]
+        for lr in plan.get("lr_sweep", [])
+    ]
+    for name, s, sid, lr in runs:
         reg, mech, _ = MODELS[name.split("@")[0]]
-        for s in seed_list(plan, seed):
-            train = dict(
-                task="shakespeare_char",
-                task_options=dict(plan["task_options"]),
-                model=reg,
-                model_options=model_options(name.split("@")[0], plan["arch"]),
-                seed=s,
-                eval_batches=1,
-                **train_defaults(**_train_plan(plan, name)),
-            )
-            # decoding cost is a property of the architecture, not of the seed: profiled on the first seed only
-            cfg = {
-                "train": train,
-                "mechanism": mech,
-                "eval_windows": plan["eval_windows"],
-                "contexts": plan["contexts"] if s == seed and name != PLATEAU else [],
-            }
-            steps.append(Step(seeded_id(f"{KEY}/{name}", s), KEY, cfg, _run, label=f"{name}/seed{s}"))
+        train = dict(
+            task="shakespeare_char",
+            task_options=dict(plan["task_options"]),
+            model=reg,
+            model_options=model_options(name.split("@")[0], plan["arch"]),
+            seed=s,
+            eval_batches=1,
+            **train_defaults(**{**_train_plan(plan, name), "lr": lr}),
+        )
+        # decoding cost is a property of the architecture, not of the seed: profiled on the first seed only
+        cfg = {
+            "train": train,
+            "mechanism": mech,
+            "eval_windows": plan["eval_windows"],
+            "contexts": plan["contexts"] if s == seed and name != PLATEAU else [],
+        }
+        steps.append(Step(sid, KEY, cfg, _run, label=sid.split("/", 1)[1]))
     return steps
 
 
@@ -273,6 +284,16 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         claims.stat(r["val_loss"] for r in longer) if longer else None,
         "nats",
     )
+    lrs = plan.get("lr_sweep", [])
+    table, untuned = sweep_table(
+        records, plan["models"], KEY, lrs, plan["train"]["lr"], "val_loss", False, label="validation loss, nats"
+    )
+    if table is not None:
+        sec.tables.append(table)
+    if not lrs:
+        untuned = {n: f"no learning-rate sweep at this budget ({n})" for n in plan["models"]}
+    sec.data["untuned"] = untuned
+    gate_untuned(sec.findings, untuned)
     return sec
 
 

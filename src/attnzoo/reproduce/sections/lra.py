@@ -11,15 +11,19 @@ import numpy as np
 
 from attnzoo.reproduce import claims
 from attnzoo.reproduce.common import (
+    SWEEP_SEED_OFFSET,
     Context,
     Section,
     Table,
     fmt,
+    gate_untuned,
     per_seed,
     save_figure,
     seed_list,
     seed_mean,
     seeded_id,
+    sweep_id,
+    sweep_table,
     train_defaults,
 )
 from attnzoo.reproduce.sections.vision import classification_record
@@ -72,8 +76,10 @@ def _seeded_runs(
     arch: dict | None = None,
     train: dict | None = None,
     extra: dict | None = None,
+    sweep_lr: float | None = None,
 ) -> list[Step]:
-    """One training step per seed of encoder row ``row`` (a mechanism, or an ablation of one) on ``task``."""
+    """One training step per seed of encoder row ``row`` (a mechanism, or an ablation of one) on ``task``; with
+    ``sweep_lr``, the one step of the learning-rate sweep at that rate (on the sweep's own seed)."""
     # one encoder shape for every mechanism (ToST Table 7's registered config, resized), pre-norm, mean pool
     opts = dict(
         plan["arch"],
@@ -85,9 +91,16 @@ def _seeded_runs(
         pool="mean",
     )
     settings = train_defaults(**{**task_train(plan, task), **(train or {})})
+    if sweep_lr is not None:
+        settings["lr"] = sweep_lr
+    ids = (
+        [(seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{task}/{row}", sweep_lr))]
+        if sweep_lr is not None
+        else [(s, seeded_id(f"{KEY}/{task}/{row}", s)) for s in task_seeds(plan, seed, task)]
+    )
     return [
         Step(
-            seeded_id(f"{KEY}/{task}/{row}", s),
+            sid,
             KEY,
             {
                 "train": dict(
@@ -103,10 +116,16 @@ def _seeded_runs(
                 **(extra or {}),
             },
             _run,
-            label=f"{task}/{row}/seed{s}",
+            label=sid.split("/", 1)[1],
         )
-        for s in task_seeds(plan, seed, task)
+        for s, sid in ids
     ]
+
+
+def sweep_tasks(plan: dict) -> list[str]:
+    """Tasks whose learning rates are swept: those with accuracy claims (a task run for its speed alone, with one
+    seed, is not)."""
+    return [t for t in plan["tasks"] if plan.get("task_seeds", {}).get(t) != 1]
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
@@ -118,6 +137,9 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             if mech not in MECHANISMS:
                 raise ValueError(f"unknown LRA mechanism {mech!r}; valid: {sorted(MECHANISMS)}")
             steps += _seeded_runs(plan, seed, task, task_opts, mech, mech)
+            if task in sweep_tasks(plan):
+                for lr in plan.get("lr_sweep", []):
+                    steps += _seeded_runs(plan, seed, task, task_opts, mech, mech, sweep_lr=lr)
         for name, abl in plan.get("ablations", {}).items():
             if abl["task"] == task:
                 steps += _seeded_runs(
@@ -236,7 +258,27 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         res, mechs, tasks, lengths, learned, ablations, plan["arch"]["dim"] // plan["arch"]["heads"]
     )
     sec.data["plateau"] = _plateau(sec.findings, res, learned, ablations)
+    _tune(sec, records, plan, mechs, learned)
     return sec
+
+
+def _tune(sec: Section, records: dict, plan: dict, mechs: list[str], learned: list[str]) -> None:
+    """The sweep table per task, and the gate of each comparison whose rows were not run at their best rate (per
+    task; an average finding is gated by any of its tasks)."""
+    lrs = plan.get("lr_sweep", [])
+    every = {}
+    for t in learned:
+        table, untuned = sweep_table(
+            records, mechs, f"{KEY}/{t}", lrs, task_train(plan, t)["lr"], "accuracy", True, 100.0, f"{t}, accuracy %"
+        )
+        if table is not None:
+            sec.tables.append(table)
+        if not lrs or t not in sweep_tasks(plan):
+            untuned = {m: f"no learning-rate sweep on {t} at this budget" for m in mechs}
+        every[t] = untuned
+        gate_untuned([f for f in sec.findings if f["claim"].endswith(f" on {t}")], untuned)
+        gate_untuned([f for f in sec.findings if f["claim"].endswith(" on the LRA average")], untuned)
+    sec.data["untuned"] = every
 
 
 def _intro(plan: dict, tasks: list[str], lengths: dict[str, int | None]) -> str:

@@ -13,11 +13,13 @@ import numpy as np
 
 from attnzoo.reproduce import claims
 from attnzoo.reproduce.common import (
+    SWEEP_SEED_OFFSET,
     Context,
     ModelRow,
     Section,
     Table,
     fmt,
+    gate_untuned,
     load_trained,
     num_params,
     peak_train_mb,
@@ -26,6 +28,8 @@ from attnzoo.reproduce.common import (
     seed_list,
     seed_mean,
     seeded_id,
+    sweep_id,
+    sweep_table,
     train_defaults,
     train_run,
 )
@@ -186,7 +190,16 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             raise ValueError(f"extra_seeds row {name!r} is not a row of this plan; rows: {rows_of(plan)}")
         first = seed + plan.get("seeds", 1)
         steps += [_row_step(plan, name, s, f"{KEY}/{name}/extra-seed{s}") for s in range(first, first + extra["seeds"])]
+    for name in sweep_rows(plan):
+        for lr in plan.get("lr_sweep", []):
+            swept = {**plan, "train": {**plan["train"], "lr": lr}}
+            steps.append(_row_step(swept, name, seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{name}", lr)))
     return steps
+
+
+def sweep_rows(plan: dict) -> list[str]:
+    """The rows whose learning rate is swept: every row a finding compares (papers' architectures, swaps)."""
+    return list(plan["models"]) + list(plan.get("swaps", []))
 
 
 def row_config(plan: dict, name: str, seed: int) -> dict:
@@ -308,6 +321,16 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.data["plateau"] = claims.plateau_gate(
         sec.findings, "vit", res["vit"]["accuracy"] if "vit" in res else None, _acc(res, PLATEAU), "%", ".1f"
     )
+    lrs = plan.get("lr_sweep", [])
+    table, untuned = sweep_table(
+        records, sweep_rows(plan), KEY, lrs, plan["train"]["lr"], "accuracy", True, 100.0, "validation accuracy %"
+    )
+    if table is not None:
+        sec.tables.append(table)
+    if not lrs:
+        untuned = {n: f"no learning-rate sweep at this budget ({n})" for n in sweep_rows(plan)}
+    sec.data["untuned"] = untuned
+    gate_untuned(sec.findings, untuned)
     return sec
 
 
