@@ -13,6 +13,7 @@ import torch
 
 from attnzoo.reproduce import BUDGETS, SECTIONS, ReproduceError, main, plan, run
 from attnzoo.reproduce.claims import VERDICTS, compare, verdict_from_ci
+from attnzoo.reproduce.common import SWEEP_SEED_OFFSET
 from attnzoo.reproduce.report import CONFIGS_FILE, FINDING_COLUMNS
 from attnzoo.reproduce.store import Step, StepStore
 
@@ -209,6 +210,9 @@ def test_every_budget_plans_valid_runs(budget):
             assert 3 <= cfg.seed < 3 + b[s.section].get("seeds", 1) and s.id.endswith(f"/seed{cfg.seed}")
         elif "/extra-seed" in s.id:  # an extra-seeds ablation: the seeds after the section's
             assert cfg.seed >= 3 + b[s.section].get("seeds", 1) and s.id.endswith(f"/extra-seed{cfg.seed}")
+        elif "/lr-sweep/" in s.id:  # a learning-rate sweep: a seed of its own, apart from the reported ones
+            assert cfg.seed == 3 + SWEEP_SEED_OFFSET and s.id.endswith(f"/lr{cfg.lr:g}")
+            assert cfg.lr in b[s.section]["lr_sweep"]
         else:
             assert cfg.seed == 3
         get_config(cfg.model, **cfg.resolved_model_options())  # raises on an invalid architecture
@@ -409,7 +413,7 @@ def test_vision_extra_seeds_explain_a_controlled_comparison_within_the_spread():
     ctl = [f for f in vision._findings(res) if f["claim"].startswith("CBT's attention in the ViT skeleton")]
     assert "seeds each" not in ctl[0]["explanation"]
     b, steps = plan("long", 0)
-    ids = [s.id for s in steps if s.id.startswith("vision/vit+cbsa/")]
+    ids = [s.id for s in steps if s.id.startswith("vision/vit+cbsa/") and "/lr-sweep/" not in s.id]
     assert ids == [f"vision/vit+cbsa/seed{k}" for k in range(3)] + [f"vision/vit+cbsa/extra-seed{k}" for k in (3, 4, 5)]
     with pytest.raises(ValueError, match=r"extra_seeds row 'vit\+nope' is not a row of this plan"):
         vision.plan_steps({**b["vision"], "extra_seeds": {"rows": ["vit+nope"], "seeds": 1}}, 0)
