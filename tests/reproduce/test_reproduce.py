@@ -495,3 +495,26 @@ def test_jobs_runs_steps_in_processes_with_the_numbers_of_one_job(tmp_path):
     assert results[1] == results[2]
     ng = results[2]["language/ngram-baselines"]
     assert 0 < ng["bigram_bpc"] < ng["unigram_bpc"] < 7  # a bigram model beats a unigram one on English text
+
+
+def test_sweep_table_marks_the_best_rate_and_gates_untuned_rows():
+    from attnzoo.reproduce.common import gate_untuned, sweep_id, sweep_table
+
+    lrs, used = [1e-3, 2e-3, 4e-3], 2e-3
+    acc = {"vit": [0.60, 0.70, 0.65], "tost": [0.72, 0.66, 0.50], "crate": [0.50, 0.55]}  # crate: one rate missing
+    records = {
+        sweep_id(f"vision/{row}", lr): {"result": {"accuracy": a}}
+        for row, vals in acc.items()
+        for lr, a in zip(lrs, vals)
+    }
+    table, untuned = sweep_table(records, ["vit", "tost", "crate"], "vision", lrs, used, "accuracy", True, 100.0)
+    assert [r[0] for r in table.rows] == ["vit", "tost"] and table.rows[0][2] == "**70**"
+    assert set(untuned) == {"tost", "crate"}
+    assert "best swept learning rate is 0.001 (72)" in untuned["tost"] and "incomplete" in untuned["crate"]
+    kw = dict(claim_type="superiority", unit="pts", paper="P", claim="c", paper_value="v")
+    tuned = compare([82.3, 83.3, 84.3], [79.0, 80.0, 81.0], a_name="vit", b_name="vit+x", **kw)
+    not_tuned = compare([82.3, 83.3, 84.3], [79.0, 80.0, 81.0], a_name="tost", b_name="vit", **kw)
+    gate_untuned([tuned, not_tuned], untuned)
+    assert tuned["verdict"] == "agrees" and "gate" not in tuned
+    assert not_tuned["verdict"] == "inconclusive" and not_tuned["ungated_verdict"] == "agrees"
+    assert not_tuned["gate"].startswith("not tuned: tost's best swept learning rate")
