@@ -1,0 +1,183 @@
+"""One writer per directory: an OS-level lock (``fcntl.flock``) on ``DIR/.attnzoo-lock``.
+
+``attnzoo train`` and ``attnzoo reproduce`` hold it exclusively while they write a run or reproduce directory;
+``attnzoo eval`` and ``attnzoo generate`` hold it shared while they read one (readers exclude writers, not each
+other). A second writer fails at once with :class:`DirectoryLocked`, whose message names the holder's pid, host and
+command (recorded inside the lock file). The kernel drops a ``flock`` when its process dies, so the lock of a
+killed process is never stale: the next process simply takes it. The lock file itself is never deleted while in
+use (deleting a locked file would let a second process lock a new file of the same name); a lock file that this
+process created together with its otherwise empty directory is removed again on release.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shlex
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Literal
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; directories are then not locked (documented in the README)
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["LOCK_NAME", "DirectoryLocked", "DirLock", "lock_directory", "holder_of"]
+
+#: the lock file inside a locked directory (a run file: ``--overwrite`` and the emptiness checks ignore it)
+LOCK_NAME = ".attnzoo-lock"
+
+
+class DirectoryLocked(RuntimeError):
+    """Another process holds the directory's lock (the message names it)."""
+
+
+def _this_command() -> str:
+    argv = list(sys.argv)
+    if argv and argv[0].endswith(("__main__.py", "-c")):  # python -m attnzoo ..., python -c ...
+        argv[0] = "python -m attnzoo" if argv[0].endswith("__main__.py") else "python -c"
+    return shlex.join(argv)[:500]
+
+
+def holder_of(directory: str | os.PathLike) -> str:
+    """What the lock file of ``directory`` says about its (last) exclusive holder: ``pid N on HOST (COMMAND)``."""
+    try:
+        text = (Path(directory) / LOCK_NAME).read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return "another process"
+    fields = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    if "pid" not in fields:
+        return "another process"
+    since = f", since {fields['since']}" if fields.get("since") else ""
+    return f"pid {fields['pid']} on {fields.get('host', '?')} ({fields.get('command', '?')}{since})"
+
+
+class DirLock:
+    """``flock`` on ``directory/.attnzoo-lock`` (created, with ``directory``, when missing).
+
+    ``mode="exclusive"`` (writers) or ``"shared"`` (readers); ``what`` names the directory in the message, e.g.
+    ``"run directory"``. Use as a context manager or with :meth:`acquire` / :meth:`release`.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        mode: Literal["exclusive", "shared"] = "exclusive",
+        what: str = "directory",
+    ) -> None:
+        if mode not in ("exclusive", "shared"):
+            raise ValueError(f"lock mode must be 'exclusive' or 'shared', got {mode!r}")
+        self.directory = Path(directory)
+        self.mode = mode
+        self.what = what
+        self._fd: int | None = None
+        self._created_dir = False
+
+    @property
+    def path(self) -> Path:
+        return self.directory / LOCK_NAME
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> DirLock:
+        """Take the lock or raise :class:`DirectoryLocked` at once (never waits)."""
+        if self._fd is not None or fcntl is None:
+            return self
+        if not self.directory.exists():
+            if self.mode == "shared":
+                return self  # a reader of a missing directory: its own error says so
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._created_dir = True
+        for _ in range(10):  # retried only when the file was replaced between open and flock (see below)
+            fd = self._open()
+            if fd is None:  # a read-only directory without a lock file: nothing can write it, nothing to lock
+                return self
+            op = (fcntl.LOCK_EX if self.mode == "exclusive" else fcntl.LOCK_SH) | fcntl.LOCK_NB
+            try:
+                fcntl.flock(fd, op)
+            except OSError as e:
+                os.close(fd)
+                if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise
+                self._created_dir = False
+                raise DirectoryLocked(self._message()) from None
+            # the holder before us may have removed the file on release: then we locked a file nobody else sees
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._fd = fd
+                break
+            os.close(fd)
+        else:
+            raise DirectoryLocked(f"{self.path} keeps being replaced; is another program deleting it?")
+        if self.mode == "exclusive":
+            self._record()
+        return self
+
+    def _open(self) -> int | None:
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError:
+            if self.mode == "shared" and self.path.is_file():
+                return os.open(self.path, os.O_RDONLY)
+            if self.mode == "shared" and not self.path.exists():
+                return None
+            raise
+
+    def _record(self) -> None:
+        """Write who holds the lock into the lock file itself (in place: a rename would change the locked file)."""
+        info = (
+            f"pid={os.getpid()}\nhost={socket.gethostname()}\ncommand={_this_command()}\n"
+            f"since={time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+        )
+        try:
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, info.encode("utf-8", "replace"), 0)
+        except OSError:
+            pass  # a full disk must not stop the run for want of this note; the lock itself is held
+
+    def _message(self) -> str:
+        who = holder_of(self.directory)
+        if self.mode == "shared":
+            return (
+                f"{self.what} {self.directory} is being written by {who}; wait for it to finish "
+                f"(or stop it) and try again"
+            )
+        return (
+            f"{self.what} {self.directory} is in use by {who}; only one attnzoo process may write it at a time "
+            f"(attnzoo eval/generate also hold it while they read): wait for it to finish, or choose another directory"
+        )
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            if self._created_dir and {p.name for p in self.directory.iterdir()} == {LOCK_NAME}:
+                # nothing but our lock file in the directory we created: leave no trace of a run that wrote nothing
+                self.path.unlink()
+                self.directory.rmdir()
+        except OSError:
+            pass
+        finally:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+            self._created_dir = False
+
+    def __enter__(self) -> DirLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def lock_directory(directory: str | os.PathLike, what: str = "directory") -> DirLock:
+    """An exclusive :class:`DirLock` on ``directory``, already acquired."""
+    return DirLock(directory, what=what).acquire()
