@@ -7,18 +7,21 @@ temporary is removed and the target is left as it was.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 __all__ = [
     "WriteError",
     "ReadError",
     "read_json",
+    "all_or_nothing",
     "atomic_write_bytes",
     "atomic_write_text",
     "atomic_save_figure",
@@ -102,6 +105,40 @@ def _named(e: OSError, path: Path) -> OSError:
     if isinstance(e, WriteError) or e.errno is None:
         return e
     return OSError(e.errno, e.strerror, str(path))  # OSError(errno, ...) picks the subclass (FileNotFoundError, ...)
+
+
+@contextlib.contextmanager
+def all_or_nothing(paths: list[str | os.PathLike]) -> Iterator[None]:
+    """Files written together (e.g. ``report.md`` and ``results.json``): if the block raises, each of ``paths`` is
+    restored to what it was before (or removed, if it did not exist), so no half of the set is left newer.
+
+    The old files are kept as hard links (no copy, no extra space), then put back with an atomic rename.
+    """
+    saved: dict[Path, Path | None] = {}
+    try:
+        for p in map(Path, paths):
+            keep = p.with_name(f".{p.name}.keep.tmp")
+            keep.unlink(missing_ok=True)
+            if p.is_file():
+                try:
+                    os.link(p, keep)
+                except OSError:  # a filesystem without hard links
+                    shutil.copy2(p, keep)
+                saved[p] = keep
+            else:
+                saved[p] = None
+        yield
+    except BaseException:
+        for p, keep in saved.items():
+            if keep is not None:
+                os.replace(keep, p)
+            else:
+                p.unlink(missing_ok=True)
+        raise
+    else:
+        for keep in saved.values():
+            if keep is not None:
+                keep.unlink(missing_ok=True)
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

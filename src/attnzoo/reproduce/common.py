@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import csv
-import json
 import os
 import shutil
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from attnzoo._io import atomic_save_figure
+from attnzoo._io import ReadError, atomic_save_figure, read_json
 from attnzoo.reproduce.store import Interrupted, StepStore
 
 __all__ = [
@@ -226,8 +226,7 @@ def train_run(ctx: Context, step_id: str, cfg: dict) -> dict:
         if load_run(run_dir).to_dict() != tcfg.to_dict():
             resume, overwrite = False, True  # the plan changed since that run: start it again
         else:
-            done = run_dir / "final.json"
-            final = json.loads(done.read_text()).get("val") if done.is_file() else None
+            final = _final_metrics(run_dir / "final.json")
             if final and (run_dir / "model").is_dir():
                 return _train_record(run_dir, final)
     elif run_dir.exists() and any(run_dir.iterdir()):
@@ -242,6 +241,22 @@ def train_run(ctx: Context, step_id: str, cfg: dict) -> dict:
         if result.interrupted:
             raise Interrupted(f"training of {step_id} stopped by signal at step {result.step}")
     return _train_record(run_dir, result.final_metrics)
+
+
+def _final_metrics(done: Path) -> dict | None:
+    """The validation metrics in a finished run's ``final.json``; ``None`` when it is missing or damaged (then
+    deleted, with a notice: resuming the run from its last checkpoint writes it again)."""
+    if not done.is_file():
+        return None
+    try:
+        final = read_json(done, "a training run's final metrics")
+        if not isinstance(final, dict) or not isinstance(final.get("val"), dict):
+            raise ReadError(f"{done} is corrupt: no 'val' metrics")
+    except ReadError as e:
+        print(f"attnzoo reproduce: {e}; it is computed again from the run's last checkpoint", file=sys.stderr)
+        done.unlink()
+        return None
+    return final["val"]
 
 
 def _train_record(run_dir: Path, final: dict) -> dict:
