@@ -25,7 +25,7 @@ try:
 except ImportError:  # Windows: no flock; directories are then not locked (documented in the README)
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["LOCK_NAME", "DirectoryLocked", "DirLock", "lock_directory", "holder_of"]
+__all__ = ["LOCK_NAME", "DirectoryLocked", "DirLock", "lock_directory", "holder_of", "refuse_if_locked"]
 
 #: the lock file inside a locked directory (a run file: ``--overwrite`` and the emptiness checks ignore it)
 LOCK_NAME = ".attnzoo-lock"
@@ -36,10 +36,16 @@ class DirectoryLocked(RuntimeError):
 
 
 def _this_command() -> str:
-    argv = list(sys.argv)
-    if argv and argv[0].endswith(("__main__.py", "-c")):  # python -m attnzoo ..., python -c ...
-        argv[0] = "python -m attnzoo" if argv[0].endswith("__main__.py") else "python -c"
-    return shlex.join(argv)[:500]
+    """This process's command line, as a user would type it (``attnzoo train ...``, ``python -m attnzoo ...``)."""
+    argv = list(sys.argv) or ["python"]
+    head = argv[0]
+    if head.endswith("__main__.py"):
+        head = f"python -m {Path(head).parent.name}"  # python -m attnzoo / python -m attnzoo.reproduce
+    elif head == "-c":
+        head = "python -c"
+    else:
+        head = Path(head).name
+    return " ".join([head, shlex.join(argv[1:])]).strip()[:500]
 
 
 def holder_of(directory: str | os.PathLike) -> str:
@@ -181,3 +187,24 @@ class DirLock:
 def lock_directory(directory: str | os.PathLike, what: str = "directory") -> DirLock:
     """An exclusive :class:`DirLock` on ``directory``, already acquired."""
     return DirLock(directory, what=what).acquire()
+
+
+def refuse_if_locked(directory: str | os.PathLike, what: str = "directory") -> None:
+    """Raise :class:`DirectoryLocked` if another process holds ``directory``'s lock (writes nothing).
+
+    For errors about a directory's state: when another process is writing it, that process is the real culprit.
+    """
+    path = Path(directory) / LOCK_NAME
+    if fcntl is None or not path.is_file():
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            raise DirectoryLocked(DirLock(directory, what=what)._message()) from None
+    finally:
+        os.close(fd)

@@ -70,7 +70,7 @@ def _fail(e: BaseException, code: int, out: str | None = None) -> int:
     rank = os.environ.get("RANK", "0")
     if rank != "0" and isinstance(e, (ValueError, TypeError, DirectoryLocked)):
         return code
-    msg = _one_line(e)
+    msg = " ".join(str(e).split()) if isinstance(e, DirectoryLocked) else _one_line(e)
     if isinstance(e, WriteError) and out is not None:
         msg += (
             f". The run's checkpoints and files written before are kept; free space (or fix the cause) and continue "

@@ -23,7 +23,7 @@ from safetensors import SafetensorError
 from torch import nn
 
 from attnzoo._io import write_error, write_json
-from attnzoo._lock import DirectoryLocked, DirLock
+from attnzoo._lock import DirectoryLocked, DirLock, refuse_if_locked
 from attnzoo.data.datasets import Batch
 from attnzoo.data.tasks import Task, build_task
 from attnzoo.train.batches import train_batches
@@ -107,7 +107,11 @@ def train(
     out = Path(out_dir)
     # checked before anything is written (a foreign directory, a bad config: nothing touched), then again under
     # the run's lock, which a concurrent process may have changed the directory before
-    mode, cfg = _mode_and_config(out, cfg, resume, overwrite, model_factory)
+    try:
+        mode, cfg = _mode_and_config(out, cfg, resume, overwrite, model_factory)
+    except ConfigError:
+        refuse_if_locked(out, "run directory")  # a run another process is writing: name that process instead
+        raise
     device = resolve_device(cfg.device)
     info = init_distributed(device.type)
     lock = None
