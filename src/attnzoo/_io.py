@@ -131,7 +131,10 @@ def all_or_nothing(paths: list[str | os.PathLike]) -> Iterator[None]:
     except BaseException:
         for p, keep in saved.items():
             if keep is not None:
-                os.replace(keep, p)
+                if p.exists() and os.path.samefile(keep, p):  # unchanged (rename between links does nothing)
+                    keep.unlink()
+                else:
+                    os.replace(keep, p)
             else:
                 p.unlink(missing_ok=True)
         raise
