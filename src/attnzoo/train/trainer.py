@@ -114,6 +114,8 @@ def train(
         raise
     device = resolve_device(cfg.device)
     info = init_distributed(device.type)
+    if info.is_main:
+        _warn_about_schedule(cfg)
     lock = None
     try:
         lock = _lock_run(out, info)
@@ -147,6 +149,19 @@ def _mode_and_config(
         cfg.validate()
         check_model_choice(cfg)
     return mode, cfg
+
+
+def _warn_about_schedule(cfg: TrainConfig) -> None:
+    """A warm-up as long as the run never reaches the learning rate asked for (e.g. an ImageNet preset's
+    ``warmup_steps`` with a short ``--steps``): say so, with the peak it does reach."""
+    if cfg.warmup_steps >= cfg.steps > 0:
+        peak = lr_at(cfg.steps - 1, lr=cfg.lr, steps=cfg.steps, schedule=cfg.schedule, warmup_steps=cfg.warmup_steps)
+        print(
+            f"attnzoo train: warning: warmup_steps={cfg.warmup_steps} is not shorter than steps={cfg.steps}: the "
+            f"learning rate only rises to {peak:.3g} of lr={cfg.lr:g} and the {cfg.schedule} schedule never starts; "
+            f"pass e.g. --warmup_steps={max(cfg.steps // 10, 0)}",
+            file=sys.stderr,
+        )
 
 
 def _lock_run(out: Path, info: DistInfo) -> DirLock | None:
@@ -421,7 +436,8 @@ def _log_train(run: _Run, step: int, lr: float, window: _LossWindow, result: Tra
     avg = all_reduce_sum(torch.tensor([window.loss_sum, float(window.count)], dtype=torch.float64), run.info)
     train_loss = float(avg[0] / avg[1])
     rate = window.samples / max(time.perf_counter() - window.t_start, 1e-9)
-    tokens_per_sample = run.task.info.get("seq_len", 1)
+    # sequence tasks only: an image's token count depends on the model's patch size, so it is left empty
+    tokens_per_sample = run.task.info.get("seq_len")
     run.log.log(
         step,
         "train",
@@ -429,7 +445,7 @@ def _log_train(run: _Run, step: int, lr: float, window: _LossWindow, result: Tra
             "lr": lr,
             "loss": train_loss,
             "samples_per_s": round(rate, 2),
-            "tokens_per_s": round(rate * tokens_per_sample, 1),
+            "tokens_per_s": round(rate * tokens_per_sample, 1) if tokens_per_sample else "",
             "elapsed_s": run.elapsed(),
         },
     )
