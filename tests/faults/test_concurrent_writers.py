@@ -62,6 +62,7 @@ def _stop(p: subprocess.Popen) -> None:
     p.wait(timeout=30)
 
 
+@pytest.mark.slow  # three real training processes
 def test_second_train_on_one_out_fails_cleanly_and_the_first_run_is_intact(tmp_path):
     run = tmp_path / "run"
     first = subprocess.Popen(

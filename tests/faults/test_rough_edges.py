@@ -65,3 +65,45 @@ def test_generate_prints_no_deprecation_of_attnzoos_own_output(capfd):
     assert out.shape == (1, 6)
     captured = capfd.readouterr()
     assert "deprecated" not in captured.err + captured.out
+
+
+@pytest.mark.slow  # a fresh interpreter importing transformers
+def test_a_saved_model_loads_without_importing_attnzoo_hf(tmp_path):
+    """config.json carries auto_map: transformers asks for trust_remote_code (not for a newer transformers), and
+    with it loads attnzoo's own class through the small module saved beside the config."""
+    pytest.importorskip("transformers")
+    import json
+    import os
+    import subprocess
+
+    from attnzoo.hf import AttnZooCausalLMConfig, AttnZooForCausalLM, AttnZooVisionConfig
+
+    AttnZooForCausalLM(AttnZooCausalLMConfig(dim=16, depth=1, heads=2, vocab_size=11, block_size=32)).save_pretrained(
+        tmp_path / "lm"
+    )
+    assert json.loads((tmp_path / "lm" / "config.json").read_text())["auto_map"] == {
+        "AutoConfig": "attnzoo_hf.AttnZooCausalLMConfig",
+        "AutoModelForCausalLM": "attnzoo_hf.AttnZooForCausalLM",
+    }
+    AttnZooVisionConfig(dim=16, depth=1, heads=2).save_pretrained(tmp_path / "vit")
+    assert json.loads((tmp_path / "vit" / "config.json").read_text())["auto_map"]["AutoConfig"].endswith(
+        "AttnZooVisionConfig"
+    )
+    code = (
+        "import sys\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "try:\n"
+        "    AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
+        "except ValueError as e:\n"
+        "    print('REFUSED', ' '.join(str(e).split()))\n"
+        "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)\n"
+        "print('LOADED', type(m).__module__, type(m).__name__)\n"
+    )
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "lm")], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stderr
+    assert "REFUSED" in res.stdout and "trust_remote_code=True" in res.stdout, res.stdout
+    assert "update Transformers" not in res.stdout
+    assert "LOADED attnzoo.hf.models AttnZooForCausalLM" in res.stdout
