@@ -181,11 +181,15 @@ class StepStore:
         return rec
 
     def clean_leftovers(self) -> list[Path]:
-        """Delete temporaries that a killed or failed write left under ``steps/`` (``.NAME.json.*.tmp``)."""
-        d = self.root / "steps"
-        if not d.is_dir():
-            return []
-        gone = [p for p in d.rglob(".*.tmp") if p.is_file() and re.fullmatch(r"\..+\.json\.[^.]+\.tmp", p.name)]
+        """Delete the temporaries that killed or failed writes left (``.NAME.<random>.tmp``) under ``steps/`` and
+        ``runs/``, and beside the reports (``.report.md.*.tmp``, ``.results.json.keep.tmp``, ...); the caller holds
+        the directory's lock. Training runs also clean their partial checkpoints when resumed."""
+        tmp = r"\..+\.[^.]+\.tmp"  # what an atomic write leaves when killed: .NAME.<random>.tmp
+        gone = [p for d in ("steps", "runs") for p in (self.root / d).rglob(".*.tmp") if p.is_file()]
+        gone = [p for p in gone if re.fullmatch(tmp, p.name)]
+        if self.root.is_dir():
+            top = r"\.(report\.md|report\.html|results\.json|run\.json)\.[^.]+\.tmp"
+            gone += [p for p in self.root.iterdir() if p.is_file() and re.fullmatch(top, p.name)]
         for p in gone:
             p.unlink(missing_ok=True)
         return gone
