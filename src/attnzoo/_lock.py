@@ -65,7 +65,8 @@ class DirLock:
     """``flock`` on ``directory/.attnzoo-lock`` (created, with ``directory``, when missing).
 
     ``mode="exclusive"`` (writers) or ``"shared"`` (readers); ``what`` names the directory in the message, e.g.
-    ``"run directory"``. Use as a context manager or with :meth:`acquire` / :meth:`release`.
+    ``"run directory"``; ``create=False`` locks nothing where the lock file is missing (a reader of a directory
+    that may not be attnzoo's). Use as a context manager or with :meth:`acquire` / :meth:`release`.
     """
 
     def __init__(
@@ -74,11 +75,13 @@ class DirLock:
         *,
         mode: Literal["exclusive", "shared"] = "exclusive",
         what: str = "directory",
+        create: bool = True,
     ) -> None:
         if mode not in ("exclusive", "shared"):
             raise ValueError(f"lock mode must be 'exclusive' or 'shared', got {mode!r}")
         self.directory = Path(directory)
         self.mode = mode
+        self.create = create
         self.what = what
         self._fd: int | None = None
         self._created_dir = False
@@ -108,11 +111,13 @@ class DirLock:
             try:
                 fcntl.flock(fd, op)
             except OSError as e:
-                os.close(fd)
                 if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    os.close(fd)
                     raise
+                readers = self.mode == "exclusive" and _can_share(fd)
+                os.close(fd)
                 self._created_dir = False
-                raise DirectoryLocked(self._message()) from None
+                raise DirectoryLocked(self._message(readers=readers)) from None
             # the holder before us may have removed the file on release: then we locked a file nobody else sees
             try:
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
@@ -129,6 +134,8 @@ class DirLock:
         return self
 
     def _open(self) -> int | None:
+        if not self.create and not self.path.is_file():
+            return None
         try:
             return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         except PermissionError:
@@ -150,7 +157,12 @@ class DirLock:
         except OSError:
             pass  # a full disk must not stop the run for want of this note; the lock itself is held
 
-    def _message(self) -> str:
+    def _message(self, readers: bool = False) -> str:
+        if readers:  # readers record nothing (there may be several): the file names an earlier writer
+            return (
+                f"{self.what} {self.directory} is being read by another process (attnzoo eval or attnzoo generate); "
+                "wait for it to finish and try again"
+            )
         who = holder_of(self.directory)
         if self.mode == "shared":
             return (
@@ -189,6 +201,16 @@ def lock_directory(directory: str | os.PathLike, what: str = "directory") -> Dir
     return DirLock(directory, what=what).acquire()
 
 
+def _can_share(fd: int) -> bool:
+    """Whether the file of ``fd``, which is locked, could be locked shared: its holders are readers."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
+
+
 def refuse_if_locked(directory: str | os.PathLike, what: str = "directory") -> None:
     """Raise :class:`DirectoryLocked` if another process holds ``directory``'s lock (writes nothing).
 
@@ -205,6 +227,6 @@ def refuse_if_locked(directory: str | os.PathLike, what: str = "directory") -> N
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
         if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-            raise DirectoryLocked(DirLock(directory, what=what)._message()) from None
+            raise DirectoryLocked(DirLock(directory, what=what)._message(readers=_can_share(fd))) from None
     finally:
         os.close(fd)

@@ -139,7 +139,7 @@ def test_readers_share_and_exclude_writers(tmp_path):
     try:
         with DirLock(d, mode="shared"):  # a second reader is fine
             pass
-        with pytest.raises(DirectoryLocked, match="is in use by"):
+        with pytest.raises(DirectoryLocked, match="is being read by another process"):
             DirLock(d).acquire()
     finally:
         _stop(reader)
@@ -149,6 +149,17 @@ def test_readers_share_and_exclude_writers(tmp_path):
             DirLock(d, mode="shared").acquire()
     finally:
         _stop(writer)
+
+
+def test_a_reader_makes_no_lock_file_in_a_directory_that_is_no_run(tmp_path, capsys):
+    from attnzoo.train import eval_cli
+
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "notes.txt").write_text("x")
+    assert eval_cli.main([str(d)]) == 2
+    assert "is not an attnzoo run directory" in capsys.readouterr().err
+    assert [p.name for p in d.iterdir()] == ["notes.txt"]
 
 
 def test_eval_and_generate_refuse_a_run_being_written(tmp_path, capsys):

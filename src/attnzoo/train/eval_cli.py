@@ -109,10 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     from attnzoo.data.paths import DatasetNotFoundError
     from attnzoo.train.checkpoint import CheckpointError
     from attnzoo.train.config import ConfigError
+    from attnzoo.train.run_dir import RUN_MARKER
 
     try:
         # shared: evaluations may run side by side, but not while attnzoo train writes (and rotates) checkpoints
-        with DirLock(a.run, mode="shared", what="run directory"):
+        with DirLock(a.run, mode="shared", what="run directory", create=(Path(a.run) / RUN_MARKER).is_file()):
             cfg, ckpt, task, state, metrics = _evaluate_checkpoint(a)
     except (ConfigError, CheckpointError, DatasetNotFoundError, DirectoryLocked) as e:
         print(f"attnzoo eval: error: {e}", file=sys.stderr)

@@ -37,10 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     from attnzoo.train.config import ConfigError
     from attnzoo.train.device import resolve_device
     from attnzoo.train.objectives import build_task_model
-    from attnzoo.train.run_dir import load_run
+    from attnzoo.train.run_dir import RUN_MARKER, load_run
 
     run = Path(a.run)
-    lock = DirLock(run, mode="shared", what="run directory")  # not while attnzoo train rewrites the checkpoints
+    # not while attnzoo train rewrites the checkpoints; no lock file is made in a directory that is no run
+    lock = DirLock(run, mode="shared", what="run directory", create=(run / RUN_MARKER).is_file())
     try:
         lock.acquire()
         cfg = load_run(run)

@@ -114,12 +114,12 @@ def train(
         raise
     device = resolve_device(cfg.device)
     info = init_distributed(device.type)
-    if info.is_main:
-        _warn_about_schedule(cfg)
     lock = None
     try:
         lock = _lock_run(out, info)
         mode, cfg = _mode_and_config(out, cfg, resume, overwrite, model_factory)
+        if info.is_main:
+            _warn_about_schedule(cfg)
         device = resolve_device(cfg.device, info)
         run, start_step, window = _start(
             cfg, out, mode=mode, info=info, device=device, progress=progress, model_factory=model_factory
