@@ -180,3 +180,16 @@ def test_resume_cleans_what_faults_left_and_keeps_the_rest(tmp_path, capsys, one
     assert sorted(p.name for p in ck.iterdir()) == ["latest", "step_00000004"]
     assert "removed what an earlier fault left in" in capsys.readouterr().err
     assert clean_leftovers(run) == []
+
+
+def test_a_run_metrics_file_damaged_after_the_run_is_named(tmp_path):
+    from attnzoo.reproduce.common import _curve, _median_rate
+
+    (tmp_path / "metrics.csv").write_text(HEADER + _good(1, 2))
+    assert _curve(tmp_path) == [[1, 2.1], [2, 2.2]] and _median_rate(tmp_path, "samples_per_s") == 100.0
+    (tmp_path / "metrics.csv").write_bytes(HEADER.encode() + b"1,train,0.1,\xff\xfe,,1,,1\n")
+    with pytest.raises(ReadError, match=r"metrics.csv is damaged \(UnicodeDecodeError"):
+        _curve(tmp_path)
+    (tmp_path / "metrics.csv").write_text(HEADER + "1,train,0.1,2.\0,,1,,1\n")
+    with pytest.raises(ReadError, match=r"metrics.csv is damaged \(ValueError"):
+        _median_rate(tmp_path, "samples_per_s")

@@ -201,9 +201,24 @@ def _median_rate(run_dir: Path, key: str) -> float | None:
     f = run_dir / "metrics.csv"
     if not f.is_file():
         return None
-    with open(f, newline="") as fh:
-        vals = [float(r[key]) for r in csv.DictReader(fh) if r.get("split") == "train" and r.get(key) not in (None, "")]
+    vals = [float(r[key]) for r in _train_rows(f) if r.get(key) not in (None, "")]
     return statistics.median(vals) if vals else None
+
+
+def _train_rows(f: Path) -> list[dict]:
+    """The train rows of a run's ``metrics.csv``, their numbers checked; a damaged file is a ``ReadError`` naming
+    it (the trainer checks every row when it resumes a run, so this means damage after the run ended)."""
+    try:
+        with open(f, newline="", encoding="utf-8") as fh:
+            rows = [r for r in csv.DictReader(fh) if r.get("split") == "train"]
+        for r in rows:
+            int(r["step"]), float(r.get("loss") or 0.0)
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, csv.Error) as e:
+        raise ReadError(
+            f"{f} is damaged ({type(e).__name__}: {e}); delete the step's record in steps/ and its run directory "
+            "to compute it again"
+        ) from None
+    return rows
 
 
 def train_run(ctx: Context, step_id: str, cfg: dict) -> dict:
@@ -274,12 +289,7 @@ def _curve(run_dir: Path) -> list[list[float]]:
     f = run_dir / "metrics.csv"
     if not f.is_file():
         return []
-    with open(f, newline="") as fh:
-        return [
-            [int(r["step"]), float(r["loss"])]
-            for r in csv.DictReader(fh)
-            if r.get("split") == "train" and r.get("loss")
-        ]
+    return [[int(r["step"]), float(r["loss"])] for r in _train_rows(f) if r.get("loss")]
 
 
 def load_trained(run_dir: str | os.PathLike) -> torch.nn.Module:
