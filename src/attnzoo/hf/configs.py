@@ -11,7 +11,9 @@ by building the attnzoo config, so a bad value fails with attnzoo's message nami
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from transformers import PretrainedConfig
@@ -26,12 +28,28 @@ def attnzoo_fields(cls: type[ModelConfig]) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
+#: the module ``auto_map`` names, written beside ``config.json`` (see ``save_pretrained``)
+LOADER_MODULE = "attnzoo_hf"
+_LOADER_SOURCE = (
+    "# Written by attnzoo: lets transformers' Auto classes load this model (trust_remote_code=True) by importing\n"
+    "# the installed attnzoo (pip install 'attnzoo[hf]'). Equivalent to `import attnzoo.hf` before loading.\n"
+    "from attnzoo.hf import (  # noqa: F401\n"
+    "    AttnZooCausalLMConfig,\n"
+    "    AttnZooForCausalLM,\n"
+    "    AttnZooForImageClassification,\n"
+    "    AttnZooVisionConfig,\n"
+    ")\n"
+)
+
+
 class _AttnZooConfigMixin:
     """Conversion to / from the attnzoo dataclass; ``_attnzoo_class`` names it."""
 
     _attnzoo_class: ClassVar[type[ModelConfig]]
     #: attnzoo field -> transformers field, where the names differ
     _renamed: ClassVar[dict[str, str]] = {}
+    #: transformers Auto class -> the attnzoo.hf class it loads (``auto_map``)
+    _auto_classes: ClassVar[dict[str, str]] = {}
 
     def to_attnzoo(self) -> ModelConfig:
         """The attnzoo config these fields describe (validated by attnzoo)."""
@@ -46,6 +64,18 @@ class _AttnZooConfigMixin:
             # JSON round trips turn tuples into lists and dicts stay dicts; attnzoo accepts both
             values[name] = dict(v) if isinstance(v, dict) else v
         return self._attnzoo_class(**values)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
+        """``transformers``' ``save_pretrained``, plus ``auto_map`` and the module it names (:data:`LOADER_MODULE`):
+        ``transformers`` can then load the directory without ``import attnzoo.hf`` when given
+        ``trust_remote_code=True`` (and without it says to pass that, rather than to update transformers). The
+        module only imports the installed ``attnzoo.hf``; no attnzoo code is copied."""
+        from attnzoo._io import atomic_write_text
+
+        self.auto_map = {auto: f"{LOADER_MODULE}.{name}" for auto, name in self._auto_classes.items()}
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        atomic_write_text(Path(save_directory) / f"{LOADER_MODULE}.py", _LOADER_SOURCE)
+        return out
 
     @classmethod
     def from_attnzoo(cls, config: ModelConfig, **kwargs: Any):
@@ -91,6 +121,10 @@ class AttnZooCausalLMConfig(_AttnZooConfigMixin, PretrainedConfig):
     """
 
     model_type: ClassVar[str] = "attnzoo_causal_lm"
+    _auto_classes: ClassVar[dict[str, str]] = {
+        "AutoConfig": "AttnZooCausalLMConfig",
+        "AutoModelForCausalLM": "AttnZooForCausalLM",
+    }
     _attnzoo_class: ClassVar[type[ModelConfig]] = CausalLMConfig
     _renamed: ClassVar[dict[str, str]] = {"tie_weights": "tie_word_embeddings"}
     attribute_map: ClassVar[dict[str, str]] = {
@@ -146,6 +180,10 @@ class AttnZooVisionConfig(_AttnZooConfigMixin, PretrainedConfig):
     """
 
     model_type: ClassVar[str] = "attnzoo_vision"
+    _auto_classes: ClassVar[dict[str, str]] = {
+        "AutoConfig": "AttnZooVisionConfig",
+        "AutoModelForImageClassification": "AttnZooForImageClassification",
+    }
     _attnzoo_class: ClassVar[type[ModelConfig]] = VisionConfig
     _renamed: ClassVar[dict[str, str]] = {"num_classes": "num_labels"}
     attribute_map: ClassVar[dict[str, str]] = {

@@ -12,6 +12,7 @@ fixed size (decoding memory is flat in the context length); softmax and MSSA kee
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any, Callable
 
@@ -33,6 +34,10 @@ _GENERATE_CACHE_ARG = (
     "cache"
     if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
     else "past_key_values"
+)
+# ... and the output field that holds it (constructing the output with the old name warns on every first generate)
+_OUTPUT_CACHE = (
+    "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 )
 
 
@@ -262,7 +267,7 @@ class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
         if not return_dict:
             out = (logits, cache) if cache is not None else (logits,)
             return ((loss,) + out) if loss is not None else out
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache, hidden_states=hidden_states)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=hidden_states, **{_OUTPUT_CACHE: cache})
 
     def _check_inputs(
         self,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import threading
 import types
 from typing import Any, Callable, Iterator
 
@@ -96,15 +97,23 @@ class Attention(nn.Module):
         self.head_dim = dim // heads
         self.causal = causal
         self._capture_store: dict | None = None
+        self._capture_thread: int | None = None  # the thread whose capture_internals fills _capture_store
 
     # ---- internals -------------------------------------------------------------------------
+    def __getstate__(self) -> dict:
+        # a copy (copy.deepcopy, pickle) is not part of the original's capture
+        state = dict(super().__getstate__())
+        state["_capture_store"] = state["_capture_thread"] = None
+        return state
+
     @property
     def capturing(self) -> bool:
-        return self._capture_store is not None
+        """Whether this thread's :func:`capture_internals` is collecting this module's internals."""
+        return self._capture_store is not None and self._capture_thread == threading.get_ident()
 
     def record(self, **tensors: torch.Tensor) -> None:
-        """Store internals (detached) when a :func:`capture_internals` context is active."""
-        if self._capture_store is None:
+        """Store internals (detached) when a :func:`capture_internals` context of this thread is active."""
+        if not self.capturing:
             return
         for k, v in tensors.items():
             self._capture_store[k] = v.detach() if isinstance(v, torch.Tensor) else v
@@ -215,21 +224,37 @@ def build_attention(name: str, dim: int, heads: int, *, causal: bool = False, **
     return attention_info(name)(dim, heads, causal=causal, **options)
 
 
+_CAPTURE_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def capture_internals(model: nn.Module) -> Iterator[dict[str, dict[str, torch.Tensor]]]:
     """Collect the internals every :class:`Attention` in ``model`` records during forward passes.
 
-    Yields ``{qualified_module_name: {internal_name: tensor}}``; the last forward wins.
+    Yields ``{qualified_module_name: {internal_name: tensor}}``; the last forward wins. Only forwards run by the
+    calling thread are recorded (another thread may use the model meanwhile); capturing the same model from two
+    threads at once raises ``RuntimeError`` (capture a ``copy.deepcopy`` of it per thread). Nested captures in one
+    thread record into the innermost and give the outer one back on exit.
     """
+    me = threading.get_ident()
     store: dict[str, dict[str, torch.Tensor]] = {}
     mods = [(n, m) for n, m in model.named_modules() if isinstance(m, Attention)]
-    try:
+    with _CAPTURE_LOCK:  # check and claim together: two threads cannot both see the modules free
+        busy = [n for n, m in mods if m._capture_store is not None and m._capture_thread != me]
+        if busy:
+            raise RuntimeError(
+                f"capture_internals: {type(model).__name__} (module {busy[0] or '<root>'!r}) is being captured by "
+                "another thread; capture one model per thread at a time (e.g. a copy.deepcopy of it per thread)"
+            )
+        previous = [(m, m._capture_store, m._capture_thread) for _, m in mods]
         for n, m in mods:
-            m._capture_store = store.setdefault(n, {})
+            m._capture_store, m._capture_thread = store.setdefault(n, {}), me
+    try:
         yield store
     finally:
-        for _, m in mods:
-            m._capture_store = None
+        with _CAPTURE_LOCK:
+            for m, prev_store, prev_thread in previous:
+                m._capture_store, m._capture_thread = prev_store, prev_thread
 
 
 class QKVProjection:

@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from attnzoo._lock import DirectoryLocked
     from attnzoo.reproduce.runner import ReproduceError, plan, resolve_sections, run, summary_line
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -74,13 +75,13 @@ def main(argv: list[str] | None = None) -> int:
             reuse=args.reuse,
             jobs=args.jobs,
         )
-    except ReproduceError as e:
+    except (ReproduceError, DirectoryLocked) as e:
         from attnzoo.cli import debug_enabled
 
         if debug_enabled():
             raise
         print(f"attnzoo reproduce: error: {e}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(e, DirectoryLocked) else 2
     if outcome.interrupted:
         return 130
     print(summary_line(outcome))

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import csv
-import json
 import os
 import shutil
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from attnzoo._io import atomic_save_figure
+from attnzoo._io import ReadError, atomic_save_figure, read_json
 from attnzoo.reproduce.store import Interrupted, StepStore
 
 __all__ = [
@@ -201,9 +201,24 @@ def _median_rate(run_dir: Path, key: str) -> float | None:
     f = run_dir / "metrics.csv"
     if not f.is_file():
         return None
-    with open(f, newline="") as fh:
-        vals = [float(r[key]) for r in csv.DictReader(fh) if r.get("split") == "train" and r.get(key) not in (None, "")]
+    vals = [float(r[key]) for r in _train_rows(f) if r.get(key) not in (None, "")]
     return statistics.median(vals) if vals else None
+
+
+def _train_rows(f: Path) -> list[dict]:
+    """The train rows of a run's ``metrics.csv``, their numbers checked; a damaged file is a ``ReadError`` naming
+    it (the trainer checks every row when it resumes a run, so this means damage after the run ended)."""
+    try:
+        with open(f, newline="", encoding="utf-8") as fh:
+            rows = [r for r in csv.DictReader(fh) if r.get("split") == "train"]
+        for r in rows:
+            int(r["step"]), float(r.get("loss") or 0.0)
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, csv.Error) as e:
+        raise ReadError(
+            f"{f} is damaged ({type(e).__name__}: {e}); delete the step's record in steps/ and its run directory "
+            "to compute it again"
+        ) from None
+    return rows
 
 
 def train_run(ctx: Context, step_id: str, cfg: dict) -> dict:
@@ -226,8 +241,7 @@ def train_run(ctx: Context, step_id: str, cfg: dict) -> dict:
         if load_run(run_dir).to_dict() != tcfg.to_dict():
             resume, overwrite = False, True  # the plan changed since that run: start it again
         else:
-            done = run_dir / "final.json"
-            final = json.loads(done.read_text()).get("val") if done.is_file() else None
+            final = _final_metrics(run_dir / "final.json")
             if final and (run_dir / "model").is_dir():
                 return _train_record(run_dir, final)
     elif run_dir.exists() and any(run_dir.iterdir()):
@@ -242,6 +256,22 @@ def train_run(ctx: Context, step_id: str, cfg: dict) -> dict:
         if result.interrupted:
             raise Interrupted(f"training of {step_id} stopped by signal at step {result.step}")
     return _train_record(run_dir, result.final_metrics)
+
+
+def _final_metrics(done: Path) -> dict | None:
+    """The validation metrics in a finished run's ``final.json``; ``None`` when it is missing or damaged (then
+    deleted, with a notice: resuming the run from its last checkpoint writes it again)."""
+    if not done.is_file():
+        return None
+    try:
+        final = read_json(done, "a training run's final metrics")
+        if not isinstance(final, dict) or not isinstance(final.get("val"), dict):
+            raise ReadError(f"{done} is corrupt: no 'val' metrics")
+    except ReadError as e:
+        print(f"attnzoo reproduce: {e}; it is computed again from the run's last checkpoint", file=sys.stderr)
+        done.unlink()
+        return None
+    return final["val"]
 
 
 def _train_record(run_dir: Path, final: dict) -> dict:
@@ -259,12 +289,7 @@ def _curve(run_dir: Path) -> list[list[float]]:
     f = run_dir / "metrics.csv"
     if not f.is_file():
         return []
-    with open(f, newline="") as fh:
-        return [
-            [int(r["step"]), float(r["loss"])]
-            for r in csv.DictReader(fh)
-            if r.get("split") == "train" and r.get("loss")
-        ]
+    return [[int(r["step"]), float(r["loss"])] for r in _train_rows(f) if r.get("loss")]
 
 
 def load_trained(run_dir: str | os.PathLike) -> torch.nn.Module:

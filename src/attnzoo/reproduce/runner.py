@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import platform
@@ -13,10 +15,12 @@ from pathlib import Path
 
 import torch
 
-from attnzoo._io import write_json
+from attnzoo._io import all_or_nothing, write_error, write_json
+from attnzoo._lock import LOCK_NAME, DirLock
 from attnzoo.reproduce.budgets import SECTIONS, budget
 from attnzoo.reproduce.common import Context
 from attnzoo.reproduce.sections import ALIASES, SECTION_MODULES
+from attnzoo.reproduce.report import CONFIGS_FILE
 from attnzoo.reproduce.store import Interrupted, Step, StepStore, config_hash
 
 __all__ = ["plan", "resolve_sections", "run", "RunOutcome", "RUN_FILE", "ReproduceError", "import_results"]
@@ -96,10 +100,31 @@ def _select(steps: list[Step], sections: list[str]) -> list[Step]:
     return [s for s in steps if s.id in need]
 
 
-def _prepare_out(out: Path, budget_name: str, seed: int) -> dict:
-    """Create or reopen ``out``; a directory from another budget/seed or a foreign non-empty one is refused."""
+def _refuse_foreign_out(out: Path) -> None:
+    """Refuse (before anything is written there) a non-directory or a non-empty directory that is no reproduce run."""
     if out.exists() and not out.is_dir():
         raise ReproduceError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and not (out / RUN_FILE).is_file() and any(p.name != LOCK_NAME for p in out.iterdir()):
+        raise ReproduceError(f"--out {out} is a non-empty directory that is not a reproduce run; choose another --out")
+
+
+def _one_writer(fn):
+    """Run ``fn(out, ...)`` holding ``out``'s lock (one ``attnzoo reproduce`` per directory; a second one fails at
+    once naming the first); ``out=None`` becomes a new ``results/<timestamp>`` directory."""
+
+    @functools.wraps(fn)
+    def locked(out: str | os.PathLike | None = None, *args, **kwargs):
+        out = Path(out) if out is not None else Path("results") / time.strftime("%Y%m%d-%H%M%S")
+        _refuse_foreign_out(out)
+        with DirLock(out, what="reproduce directory"):
+            return fn(out, *args, **kwargs)
+
+    return locked
+
+
+def _prepare_out(out: Path, budget_name: str, seed: int) -> dict:
+    """Create or reopen ``out``; a directory from another budget/seed or a foreign non-empty one is refused."""
+    _refuse_foreign_out(out)
     marker = out / RUN_FILE
     if marker.is_file():
         try:
@@ -119,8 +144,6 @@ def _prepare_out(out: Path, budget_name: str, seed: int) -> dict:
                 f"another --out"
             )
         return meta
-    if out.is_dir() and any(out.iterdir()):
-        raise ReproduceError(f"--out {out} is a non-empty directory that is not a reproduce run; choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     meta = {"budget": budget_name, "seed": seed, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
     write_json(marker, meta)
@@ -137,6 +160,7 @@ def machine_description(device: str) -> dict:
     return info
 
 
+@_one_writer
 def run(
     out: str | os.PathLike | None,
     budget_name: str = "default",
@@ -166,6 +190,7 @@ def run(
     out = Path(out) if out is not None else Path("results") / time.strftime("%Y%m%d-%H%M%S")
     _prepare_out(out, budget_name, seed)
     store = StepStore(out)
+    store.clean_leftovers()
     for src in [reuse] if isinstance(reuse, (str, os.PathLike)) else reuse or []:
         n = import_results(src, steps, store)
         if progress:
@@ -188,21 +213,25 @@ def run(
         )
         outcome.wall_s = time.perf_counter() - t_start
         return outcome
+    except OSError as e:  # a store write (disk full, ...): every failure so far, the culprit, the way on
+        raise _stopped_by(e, outcome, resume_command(out, budget_name, seed, only)) from None
     sections = _with_finished_sections(sections, steps, store, records)
     outcome.wall_s = time.perf_counter() - t_start
-    write_report(
-        out,
-        b,
-        budget_name,
-        seed,
-        sections,
-        steps,
-        records,
-        outcome,
-        machine_description(device),
-        argv if argv is not None else sys.argv[1:],
-        threads=torch.get_num_threads(),
-    )
+    # report.md only together with results.json
+    with _report_or_nothing(out, outcome, resume_command(out, budget_name, seed, only)):
+        write_report(
+            out,
+            b,
+            budget_name,
+            seed,
+            sections,
+            steps,
+            records,
+            outcome,
+            machine_description(device),
+            argv if argv is not None else sys.argv[1:],
+            threads=torch.get_num_threads(),
+        )
     return outcome
 
 
@@ -236,6 +265,24 @@ def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore)
         store.save(step, rec["result"], float(rec.get("wall_s", 0.0)), time.time())
         n += 1
     return n
+
+
+@contextlib.contextmanager
+def _report_or_nothing(out: Path, outcome: RunOutcome, continue_cmd: str):
+    """Write the reports all or not at all (a failed write restores the previous ones) and name the failure."""
+    try:
+        with all_or_nothing([out / "report.md", out / "report.html", out / "results.json", out / CONFIGS_FILE]):
+            yield
+    except OSError as e:
+        raise _stopped_by(write_error("the report", e.filename or out, e), outcome, continue_cmd) from None
+
+
+def _stopped_by(e: OSError, outcome: RunOutcome, continue_cmd: str) -> ReproduceError:
+    """The error that ends a run stopped by a failed write, after every failed step so far is printed."""
+    for sid, why in outcome.failed.items():
+        print(f"  failed: {sid}: {why}", file=sys.stderr)
+    done = f"{len(outcome.computed)} step(s) computed this time and {len(outcome.skipped)} reused are stored"
+    return ReproduceError(f"{e}. {done} in {outcome.out}; free space (or fix the cause), then: {continue_cmd}")
 
 
 def _resolve_device(device: str) -> str:

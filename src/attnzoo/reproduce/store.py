@@ -2,6 +2,9 @@
 
 A step is skipped when its JSON exists and was computed from the same config (a hash of the config
 is stored beside the result); an interrupted run therefore continues with the first unfinished step.
+Every record carries the SHA-256 of its own content and of the run files it was computed from
+(``runs/<id>/final.json``); a record or run file that no longer matches is recomputed, with a notice,
+never reported.
 """
 
 from __future__ import annotations
@@ -9,18 +12,39 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from attnzoo._io import to_jsonable, write_json
+from attnzoo._io import to_jsonable, write_error, write_json
 
 __all__ = ["Step", "StepStore", "config_hash", "Interrupted"]
 
 
 class Interrupted(Exception):
     """A step was stopped by SIGINT/SIGTERM (its partial state is checkpointed where the step supports it)."""
+
+
+#: the run files whose SHA-256 a step's record keeps (relative to the step's run directory)
+RUN_FILES_CHECKED = ("final.json",)
+
+
+def _content_hash(rec: dict) -> str:
+    """SHA-256 of a record's canonical JSON, its own ``sha256`` field left out (floats keep every digit)."""
+    body = {k: v for k, v in rec.items() if k != "sha256"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _notice(msg: str) -> None:
+    print(f"attnzoo reproduce: {msg}", file=sys.stderr)
 
 
 def config_hash(config: dict) -> str:
@@ -63,17 +87,49 @@ class StepStore:
         return self.root / "runs" / step_id
 
     def load(self, step: Step) -> dict | None:
-        """The stored record of ``step`` if it was computed from the same config, else ``None``."""
+        """The stored record of ``step`` if it was computed from the same config and is intact, else ``None``.
+
+        A record whose content or run files no longer match their SHA-256 is set aside with a notice (the step is
+        then computed again; a damaged ``final.json`` is deleted so that the run's last checkpoint rewrites it).
+        """
         p = self.path(step.id)
         if not p.is_file():
             return None
         try:
             rec = json.loads(p.read_bytes().decode("utf-8"))
-        except (OSError, ValueError):
-            return None  # a torn file cannot happen with atomic writes, but never trust it
+            if not isinstance(rec, dict):
+                raise ValueError(f"a JSON object was expected, got {type(rec).__name__}")
+        except (OSError, ValueError) as e:
+            _notice(f"{p} is unreadable ({' '.join(str(e).split())[:200]}); step {step.id} is computed again")
+            return None
         if rec.get("config_hash") != step.hash:
             return None
+        why = self._damage(rec)
+        if why is not None:
+            _notice(f"{why}; step {step.id} is computed again instead of reported")
+            return None
         return rec
+
+    def _damage(self, rec: dict) -> str | None:
+        """What in a stored record (or the run files it lists) changed since it was written, or ``None``."""
+        p = self.path(str(rec.get("id")))
+        if "sha256" not in rec:
+            return None  # written before checksums existed: nothing to compare with
+        if rec["sha256"] != _content_hash(rec):
+            return f"{p} does not match its SHA-256 (it changed after it was written)"
+        for rel, digest in (rec.get("files") or {}).items():
+            f = self.root / rel
+            if not isinstance(rel, str) or ".." in Path(rel).parts or Path(rel).is_absolute():
+                return f"{p} lists a run file outside {self.root} ({rel!r})"
+            try:
+                same = _file_hash(f) == digest
+            except OSError:
+                return f"{f}, which {p} was computed from, is missing or unreadable"
+            if not same:
+                if f.name == "final.json":
+                    f.unlink(missing_ok=True)  # the run's last checkpoint rewrites it when the step is redone
+                return f"{f} does not match the SHA-256 recorded in {p} (deleted)"
+        return None
 
     def load_by_id(self, step_id: str) -> dict | None:
         """The stored record of step ``step_id`` whatever its config (for steps that read a dependency)."""
@@ -81,14 +137,22 @@ class StepStore:
         if not p.is_file():
             return None
         try:
-            return json.loads(p.read_bytes().decode("utf-8"))
+            rec = json.loads(p.read_bytes().decode("utf-8"))
         except ValueError as e:  # JSONDecodeError / UnicodeDecodeError
             raise ValueError(
                 f"stored step result {p} is corrupt ({' '.join(str(e).split())}); delete it so that "
                 f"step {step_id!r} is computed again"
             ) from e
+        why = self._damage(rec) if isinstance(rec, dict) else f"{p} holds no JSON object"
+        if why is not None:
+            raise ValueError(
+                f"stored step result {p} is damaged: {why}; delete it so that step {step_id!r} is computed again"
+            )
+        return rec
 
     def save(self, step: Step, result: dict, wall_s: float, started: float) -> dict:
+        """Store ``result`` of ``step`` (with the SHA-256 of the record and of its run's files); a failed write is a
+        :class:`~attnzoo._io.WriteError` naming the step and the file."""
         rec = {
             "id": step.id,
             "section": step.section,
@@ -100,5 +164,32 @@ class StepStore:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
-        write_json(self.path(step.id), rec)
+        files = {}
+        for name in RUN_FILES_CHECKED:
+            f = self.run_dir(step.id) / name
+            if f.is_file():
+                files[f.relative_to(self.root).as_posix()] = _file_hash(f)
+        if files:
+            rec["files"] = files
+        # the hash of what a reader gets back: the record as JSON text, read again
+        rec = json.loads(json.dumps(to_jsonable(rec)))
+        rec["sha256"] = _content_hash(rec)
+        try:
+            write_json(self.path(step.id), rec)
+        except OSError as e:
+            raise write_error(f"the result of step {step.id}", self.path(step.id), e) from None
         return rec
+
+    def clean_leftovers(self) -> list[Path]:
+        """Delete the temporaries that killed or failed writes left (``.NAME.<random>.tmp``) under ``steps/`` and
+        ``runs/``, and beside the reports (``.report.md.*.tmp``, ``.results.json.keep.tmp``, ...); the caller holds
+        the directory's lock. Training runs also clean their partial checkpoints when resumed."""
+        tmp = r"\..+\.[^.]+\.tmp"  # what an atomic write leaves when killed: .NAME.<random>.tmp
+        gone = [p for d in ("steps", "runs") for p in (self.root / d).rglob(".*.tmp") if p.is_file()]
+        gone = [p for p in gone if re.fullmatch(tmp, p.name)]
+        if self.root.is_dir():
+            top = r"\.(report\.md|report\.html|results\.json|run\.json)\.[^.]+\.tmp"
+            gone += [p for p in self.root.iterdir() if p.is_file() and re.fullmatch(top, p.name)]
+        for p in gone:
+            p.unlink(missing_ok=True)
+        return gone

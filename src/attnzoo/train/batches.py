@@ -8,7 +8,9 @@ batches, and hence the run, are the same for any number of workers, and a resume
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 from typing import Iterator
 
 import torch
@@ -46,12 +48,35 @@ def _ignore_sigint(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+_capped_notice_shown = False
+
+
+def _usable_workers(asked: int) -> int:
+    """``asked`` DataLoader workers, at most one per CPU core this process may use (presets ask for a big
+    machine's count; more workers than cores only compete for them, and DataLoader warns)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    if asked <= cores:
+        return asked
+    global _capped_notice_shown
+    if not _capped_notice_shown:
+        _capped_notice_shown = True
+        print(
+            f"attnzoo train: num_workers={asked} but this process may use {cores} CPU core(s): using {cores} "
+            "data-loading workers",
+            file=sys.stderr,
+        )
+    return cores
+
+
 def train_batches(
     train: BatchDataset, schedule: BatchSchedule, start: int, stop: int, pin_memory: bool = False
 ) -> Iterator[Batch]:
     """Batches of steps ``start, ..., stop - 1`` in order; with ``train.num_workers > 0`` made ahead by that many
     DataLoader worker processes (two steps each in flight)."""
-    workers = int(getattr(train, "num_workers", 0) or 0)
+    workers = _usable_workers(int(getattr(train, "num_workers", 0) or 0))
     if workers <= 0 or stop <= start:
         for s in range(start, stop):
             yield step_batch(train, schedule, s)

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
-from attnzoo._io import atomic_write_text, fsync_dir, to_jsonable, write_json
+from attnzoo._io import atomic_write_text, fsync_dir, to_jsonable, write_error, write_json
 from attnzoo.models.checkpoint import CheckpointError
 from attnzoo.train.distributed import DistInfo, barrier
 
@@ -244,7 +244,31 @@ def save_checkpoint(
     keep: int = 2,
     scaler: torch.amp.GradScaler | None = None,
 ) -> Path:
-    """Write the checkpoint of ``step`` atomically (collective: every process must call it)."""
+    """Write the checkpoint of ``step`` atomically (collective: every process must call it).
+
+    A failed write (e.g. a full disk) raises a :class:`~attnzoo._io.WriteError` naming the step and the file; the
+    previous checkpoints and ``latest`` stay as they were, and the half-written ``.tmp_step_N`` is removed.
+    """
+    try:
+        return _save_checkpoint(root, step, model, optimizer, extra, info, keep, scaler)
+    except (OSError, SafetensorError) as e:  # safetensors reports a full disk as its own "I/O error"
+        tmp = Path(root) / f".tmp_step_{step:08d}"
+        if info.is_main and tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        path = getattr(e, "filename", None) or _step_dir(Path(root), step)
+        raise write_error(f"checkpoint step {step}", path, e) from None
+
+
+def _save_checkpoint(
+    root: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, Any],
+    info: DistInfo,
+    keep: int,
+    scaler: torch.amp.GradScaler | None,
+) -> Path:
     root = Path(root)
     final = _step_dir(root, step)
     tmp = root / f".tmp_step_{step:08d}"
@@ -278,9 +302,20 @@ def save_checkpoint(
         atomic_write_text(root / "latest", final.name + "\n")
         for old in list_checkpoints(root)[:-keep] if keep > 0 else []:
             if old != final:
-                shutil.rmtree(old, ignore_errors=True)
+                _delete_checkpoint(old)
     barrier(info)
     return final
+
+
+def _delete_checkpoint(path: Path) -> None:
+    """Rename ``step_N`` to ``.del_step_N`` (atomic), then delete it: a deletion cut short leaves no ``step_*``
+    directory that looks like a checkpoint, and the next start removes the ``.del_*`` rest."""
+    gone = path.with_name(f".del_{path.name}")
+    try:
+        os.replace(path, gone)
+    except OSError:
+        return  # kept; the next save tries again
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 def _check_model_shapes(file: Path, model: nn.Module) -> None:

@@ -7,6 +7,7 @@ dataset, 130 / 143 stopped by SIGINT / SIGTERM (after writing a checkpoint; cont
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -54,13 +55,28 @@ def _split_args(argv: list[str]):
     return config, out, resume, overwrite, progress, rest
 
 
-def _fail(e: BaseException, code: int) -> int:
-    """Print ``e`` as one line (``--debug`` / ``ATTNZOO_DEBUG=1``: re-raise for the traceback)."""
+def _fail(e: BaseException, code: int, out: str | None = None) -> int:
+    """Print ``e`` as one line (``--debug`` / ``ATTNZOO_DEBUG=1``: re-raise for the traceback).
+
+    Under torchrun the errors every process meets alike (a bad config or directory, a locked run) are printed by
+    the main process only, so the user reads one line; a write error ends with the command that continues.
+    """
+    from attnzoo._io import WriteError
+    from attnzoo._lock import DirectoryLocked
     from attnzoo.cli import _one_line, debug_enabled
 
     if debug_enabled():
         raise e
-    print(f"attnzoo train: error: {_one_line(e)}", file=sys.stderr)
+    rank = os.environ.get("RANK", "0")
+    if rank != "0" and isinstance(e, (ValueError, TypeError, DirectoryLocked)):
+        return code
+    msg = " ".join(str(e).split()) if isinstance(e, DirectoryLocked) else _one_line(e)
+    if isinstance(e, WriteError) and out is not None:
+        msg += (
+            f". The run's checkpoints and files written before are kept; free space (or fix the cause) and continue "
+            f"with: attnzoo train --resume --out {shlex.quote(out)}"
+        )
+    print(f"attnzoo train: error{'' if rank == '0' else f' (rank {rank})'}: {msg}", file=sys.stderr)
     return code
 
 
@@ -97,10 +113,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"attnzoo train: {cfg.task} / {cfg.model} -> {out}", file=sys.stderr)
         result = train(cfg, out, resume=resume, overwrite=overwrite, progress=progress)
     except DatasetNotFoundError as e:
-        return _fail(e, 3)
+        return _fail(e, 3, out)
     except (ValueError, TypeError, OSError, RuntimeError) as e:
-        # ConfigError, both CheckpointErrors, NonFiniteError, bad task options, unreadable files: one line each
-        return _fail(e, 2 if isinstance(e, (ValueError, TypeError)) else 1)
+        # ConfigError, both CheckpointErrors, NonFiniteError, bad task options, unreadable files, a run locked by
+        # another process, a failed write: one line each
+        return _fail(e, 2 if isinstance(e, (ValueError, TypeError)) else 1, out)
     if result.interrupted:
         return 128 + int(result.signal or signal.SIGTERM)
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in result.final_metrics.items() if isinstance(v, float))

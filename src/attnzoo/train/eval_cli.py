@@ -105,13 +105,17 @@ def _icl_curve(task, metrics: dict[str, Any], cfg, plot: str | None) -> list[flo
 def main(argv: list[str] | None = None) -> int:
     a = _parse_args(argv)
     from attnzoo._io import write_json
+    from attnzoo._lock import DirectoryLocked, DirLock
     from attnzoo.data.paths import DatasetNotFoundError
     from attnzoo.train.checkpoint import CheckpointError
     from attnzoo.train.config import ConfigError
+    from attnzoo.train.run_dir import RUN_MARKER
 
     try:
-        cfg, ckpt, task, state, metrics = _evaluate_checkpoint(a)
-    except (ConfigError, CheckpointError, DatasetNotFoundError) as e:
+        # shared: evaluations may run side by side, but not while attnzoo train writes (and rotates) checkpoints
+        with DirLock(a.run, mode="shared", what="run directory", create=(Path(a.run) / RUN_MARKER).is_file()):
+            cfg, ckpt, task, state, metrics = _evaluate_checkpoint(a)
+    except (ConfigError, CheckpointError, DatasetNotFoundError, DirectoryLocked) as e:
         print(f"attnzoo eval: error: {e}", file=sys.stderr)
         return 2
     report = {
@@ -127,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     shown = {k: v for k, v in metrics.items() if isinstance(v, float)}
     print(f"{cfg.task} / {cfg.model} @ step {state['step']}: " + ", ".join(f"{k}={v:.4f}" for k, v in shown.items()))
     if a.json:
-        write_json(a.json, report, nonfinite="keep", newline=False)
+        try:
+            write_json(a.json, report, nonfinite="keep", newline=False)
+        except OSError as e:
+            print(f"attnzoo eval: error: could not write the metrics to --json {a.json}: {e}", file=sys.stderr)
+            return 1
     return 0
 
 

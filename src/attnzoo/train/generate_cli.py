@@ -30,16 +30,20 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from attnzoo._lock import DirectoryLocked, DirLock
     from attnzoo.data.tasks import build_task
     from attnzoo.data.text import CharVocab
     from attnzoo.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
     from attnzoo.train.config import ConfigError
     from attnzoo.train.device import resolve_device
     from attnzoo.train.objectives import build_task_model
-    from attnzoo.train.run_dir import load_run
+    from attnzoo.train.run_dir import RUN_MARKER, load_run
 
     run = Path(a.run)
+    # not while attnzoo train rewrites the checkpoints; no lock file is made in a directory that is no run
+    lock = DirLock(run, mode="shared", what="run directory", create=(run / RUN_MARKER).is_file())
     try:
+        lock.acquire()
         cfg = load_run(run)
         vocab_file = run / "vocab.json"
         if not vocab_file.is_file():
@@ -63,13 +67,15 @@ def main(argv: list[str] | None = None) -> int:
         ids = torch.as_tensor(vocab.encode(a.prompt or "\n"), device=device)[None].repeat(a.num_samples, 1)
         g = torch.Generator(device=device).manual_seed(a.seed)
         out = model.generate(ids, a.max_new_tokens, temperature=a.temperature, top_k=a.top_k, generator=g)
-    except (ConfigError, CheckpointError, ValueError) as e:
+    except (ConfigError, CheckpointError, ValueError, DirectoryLocked) as e:
         from attnzoo.cli import debug_enabled
 
         if debug_enabled():
             raise
         print(f"attnzoo generate: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        lock.release()
     for i, row in enumerate(out.tolist()):
         if a.num_samples > 1:
             print(f"--- sample {i}")

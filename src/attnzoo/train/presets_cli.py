@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+#: what a task option's default ``None`` stands for, where that is not "no limit / not used"
+_NONE_MEANS = {"val_fraction": " (0.1 when root has no train/ and val/ folders)"}
+
 
 def main(argv: list[str] | None = None) -> int:
     from attnzoo.data.tasks import list_tasks, task_kind, task_options
@@ -19,7 +22,9 @@ def main(argv: list[str] | None = None) -> int:
             import inspect
 
             opts = ", ".join(
-                f"{k}=(required)" if v is inspect.Parameter.empty else f"{k}={v!r}"
+                f"{k}=(required)"
+                if v is inspect.Parameter.empty
+                else f"{k}={v!r}{_NONE_MEANS.get(k, '') * (v is None)}"
                 for k, v in task_options(name).items()
             )
             print(f"{name:18s} [{task_kind(name)}] {desc}\n{'':18s} options: {opts}")

@@ -16,6 +16,7 @@ from typing import Callable, Literal
 import yaml
 
 from attnzoo._io import atomic_write_text
+from attnzoo._lock import LOCK_NAME
 from attnzoo.data.tasks import Task
 from attnzoo.train.config import RESUME_MUTABLE_KEYS, ConfigError, TrainConfig, from_dict, read_yaml
 
@@ -28,6 +29,7 @@ __all__ = [
     "write_run_files",
     "load_run",
     "check_resume_config",
+    "clean_leftovers",
 ]
 
 #: file that marks a directory as an attnzoo run (only such directories may be resumed or overwritten)
@@ -49,7 +51,7 @@ def run_dir_mode(out: Path, resume: bool, overwrite: bool) -> RunMode:
         raise ConfigError("--resume and --overwrite contradict each other; pass one")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
-    if not out.exists() or not any(out.iterdir()):
+    if not out.exists() or not any(p.name != LOCK_NAME for p in out.iterdir()):
         return "fresh"
     is_run = (out / RUN_MARKER).is_file()
     if not is_run:
@@ -77,9 +79,18 @@ def run_dir_mode(out: Path, resume: bool, overwrite: bool) -> RunMode:
 
 # What ``train`` writes into a run directory; everything else there is the user's and is never deleted.
 # (``metrics.csv.tmp``: the temporary of older versions, which rewrote metrics.csv through it.)
-_RUN_FILES = {RUN_MARKER, "config.yaml", "task.json", "vocab.json", "metrics.csv", "metrics.csv.tmp", "final.json"}
+_RUN_FILES = {
+    RUN_MARKER,
+    LOCK_NAME,
+    "config.yaml",
+    "task.json",
+    "vocab.json",
+    "metrics.csv",
+    "metrics.csv.tmp",
+    "final.json",
+}
 _CKPT_FILES = re.compile(r"(model|optimizer|rng_rank[0-9]+)\.safetensors|state\.json|manifest\.json")
-_STEP_DIR = re.compile(r"(\.tmp_)?step_[0-9]{8,}")
+_STEP_DIR = re.compile(r"(\.tmp_|\.del_)?step_[0-9]{8,}")
 _MODEL_FILES = {"config.json", "model.safetensors"}
 
 
@@ -141,10 +152,67 @@ def remove_run_files(out: Path) -> None:
     if foreign:  # appeared since the check: still never delete them
         raise ConfigError(f"--out {out}: files attnzoo did not write appeared: {sorted(foreign)[:20]}; not overwriting")
     for p in out.iterdir():
+        if p.name == LOCK_NAME:  # held by this process: deleting it would let another process lock a new one
+            continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         else:
             p.unlink()
+
+
+def _is_tmp(name: str, names: set[str] | re.Pattern) -> bool:
+    return name.endswith(".tmp") and _is_temp_of(name, names)
+
+
+def _partial_checkpoint(d: Path) -> bool:
+    """A ``step_*`` directory that is no complete checkpoint: no ``state.json``, or a file its manifest lists is
+    gone (a deletion of an old checkpoint that was cut short). Files are not hashed here: loading does that."""
+    if not (d / "state.json").is_file():
+        return True
+    try:
+        listed = json.loads((d / "manifest.json").read_bytes().decode("utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # no manifest (older checkpoints) or a damaged one: loading reports it by name
+    return isinstance(listed, dict) and not all((d / str(n)).is_file() for n in listed)
+
+
+def clean_leftovers(out: Path) -> list[str]:
+    """Delete what faults and kills leave behind in run ``out`` and return the paths removed (relative to ``out``).
+
+    Temporaries of atomic writes (``.NAME.*.tmp``), checkpoint directories being written (``.tmp_step_N``) or
+    deleted (``.del_step_N``), and partial ``step_*`` directories other than the one ``checkpoints/latest`` names.
+    Only files attnzoo writes are touched; the caller holds the run's lock, so none of them is in use.
+    """
+    out = Path(out)
+    removed: list[Path] = []
+    if not out.is_dir():
+        return []
+    removed += [p for p in out.iterdir() if p.is_file() and _is_tmp(p.name, _RUN_FILES)]
+    model = out / "model"
+    if model.is_dir() and not model.is_symlink():
+        removed += [p for p in model.iterdir() if p.is_file() and _is_tmp(p.name, _MODEL_FILES)]
+    ckpts = out / "checkpoints"
+    if ckpts.is_dir() and not ckpts.is_symlink():
+        try:
+            latest = (ckpts / "latest").read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            latest = ""
+        for c in sorted(ckpts.iterdir()):
+            if c.is_symlink():
+                continue
+            if c.is_file() and _is_tmp(c.name, {"latest"}):
+                removed.append(c)
+            elif c.is_dir() and _STEP_DIR.fullmatch(c.name):
+                if c.name.startswith((".tmp_", ".del_")) or (c.name != latest and _partial_checkpoint(c)):
+                    removed.append(c)
+                else:
+                    removed += [f for f in c.iterdir() if f.is_file() and _is_tmp(f.name, _CKPT_FILES)]
+    for p in removed:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    return [str(p.relative_to(out)) for p in removed]
 
 
 def write_run_files(out: Path, cfg: TrainConfig, task: Task, *, overwrite: bool) -> None:

@@ -19,9 +19,11 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
-from attnzoo._io import write_json
+from attnzoo._io import write_error, write_json
+from attnzoo._lock import DirectoryLocked, DirLock, refuse_if_locked
 from attnzoo.data.datasets import Batch
 from attnzoo.data.tasks import Task, build_task
 from attnzoo.train.batches import train_batches
@@ -52,6 +54,7 @@ from attnzoo.train.run_dir import (
     RUN_MARKER,
     RunMode,
     check_resume_config,
+    clean_leftovers,
     foreign_run_files,
     load_run,
     run_dir_mode,
@@ -102,6 +105,38 @@ def train(
     replaces ``attnzoo.create_model`` (for custom models). ``callback(step, loss)`` runs after each step.
     """
     out = Path(out_dir)
+    # checked before anything is written (a foreign directory, a bad config: nothing touched), then again under
+    # the run's lock, which a concurrent process may have changed the directory before
+    try:
+        mode, cfg = _mode_and_config(out, cfg, resume, overwrite, model_factory)
+    except ConfigError:
+        refuse_if_locked(out, "run directory")  # a run another process is writing: name that process instead
+        raise
+    device = resolve_device(cfg.device)
+    info = init_distributed(device.type)
+    lock = None
+    try:
+        lock = _lock_run(out, info)
+        mode, cfg = _mode_and_config(out, cfg, resume, overwrite, model_factory)
+        if info.is_main:
+            _warn_about_schedule(cfg)
+        device = resolve_device(cfg.device, info)
+        run, start_step, window = _start(
+            cfg, out, mode=mode, info=info, device=device, progress=progress, model_factory=model_factory
+        )
+        result = _loop(run, start_step, window, callback)
+        _finish(run, result)
+        return result
+    finally:
+        if lock is not None:
+            lock.release()
+        shutdown_distributed()
+
+
+def _mode_and_config(
+    out: Path, cfg: TrainConfig | None, resume: bool, overwrite: bool, model_factory: ModelFactory | None
+) -> tuple[RunMode, TrainConfig]:
+    """What ``train`` does with ``out`` and the validated config it runs (the saved one, checked, on resume)."""
     mode = run_dir_mode(out, resume, overwrite)
     if mode == "resume":
         cfg = check_resume_config(load_run(out), cfg)
@@ -113,19 +148,35 @@ def train(
     else:
         cfg.validate()
         check_model_choice(cfg)
+    return mode, cfg
 
-    device = resolve_device(cfg.device)
-    info = init_distributed(device.type)
-    try:
-        device = resolve_device(cfg.device, info)
-        run, start_step, window = _start(
-            cfg, out, mode=mode, info=info, device=device, progress=progress, model_factory=model_factory
+
+def _warn_about_schedule(cfg: TrainConfig) -> None:
+    """A warm-up as long as the run never reaches the learning rate asked for (e.g. an ImageNet preset's
+    ``warmup_steps`` with a short ``--steps``): say so, with the peak it does reach."""
+    if cfg.warmup_steps >= cfg.steps > 0:
+        peak = lr_at(cfg.steps - 1, lr=cfg.lr, steps=cfg.steps, schedule=cfg.schedule, warmup_steps=cfg.warmup_steps)
+        print(
+            f"attnzoo train: warning: warmup_steps={cfg.warmup_steps} is not shorter than steps={cfg.steps}: the "
+            f"learning rate only rises to {peak:.3g} of lr={cfg.lr:g} and the {cfg.schedule} schedule never starts; "
+            f"pass e.g. --warmup_steps={max(cfg.steps // 10, 0)}",
+            file=sys.stderr,
         )
-        result = _loop(run, start_step, window, callback)
-        _finish(run, result)
-        return result
-    finally:
-        shutdown_distributed()
+
+
+def _lock_run(out: Path, info: DistInfo) -> DirLock | None:
+    """The main process locks ``out`` (one writer per run directory); every process learns whether it could."""
+    lock, err = None, None
+    if info.is_main:
+        try:
+            lock = DirLock(out, what="run directory").acquire()
+        except DirectoryLocked as e:
+            err = e
+    if all_reduce_max(int(err is not None), info):
+        if err is not None:
+            raise err
+        raise DirectoryLocked(f"run directory {out} is in use by another process (the main process reported it)")
+    return lock
 
 
 # ---- the loop ----------------------------------------------------------------------------------------
@@ -254,7 +305,15 @@ def _start(
     ckpt = latest_checkpoint(out / "checkpoints") if mode == "resume" else None
     barrier(info)  # every process has inspected the directory before the main one changes it
     if info.is_main:
-        write_run_files(out, cfg, task, overwrite=mode == "overwrite")
+        if mode == "resume":
+            removed = clean_leftovers(out)
+            if removed:
+                shown = ", ".join(removed[:8]) + (f" ... ({len(removed)} in all)" if len(removed) > 8 else "")
+                print(f"attnzoo train: removed what an earlier fault left in {out}: {shown}", file=sys.stderr)
+        try:
+            write_run_files(out, cfg, task, overwrite=mode == "overwrite")
+        except OSError as e:
+            raise write_error("the run's config files", e.filename or out, e) from None
     barrier(info)
     start_step, window = 0, _LossWindow()
     if ckpt is not None:
@@ -377,7 +436,8 @@ def _log_train(run: _Run, step: int, lr: float, window: _LossWindow, result: Tra
     avg = all_reduce_sum(torch.tensor([window.loss_sum, float(window.count)], dtype=torch.float64), run.info)
     train_loss = float(avg[0] / avg[1])
     rate = window.samples / max(time.perf_counter() - window.t_start, 1e-9)
-    tokens_per_sample = run.task.info.get("seq_len", 1)
+    # sequence tasks only: an image's token count depends on the model's patch size, so it is left empty
+    tokens_per_sample = run.task.info.get("seq_len")
     run.log.log(
         step,
         "train",
@@ -385,7 +445,7 @@ def _log_train(run: _Run, step: int, lr: float, window: _LossWindow, result: Tra
             "lr": lr,
             "loss": train_loss,
             "samples_per_s": round(rate, 2),
-            "tokens_per_s": round(rate * tokens_per_sample, 1),
+            "tokens_per_s": round(rate * tokens_per_sample, 1) if tokens_per_sample else "",
             "elapsed_s": run.elapsed(),
         },
     )
@@ -455,12 +515,22 @@ def _finish(run: _Run, result: TrainResult) -> None:
         # rather than overwrite final.json with empty metrics.
         result.final_metrics = _evaluate_run(run)
     if not result.interrupted and run.info.is_main:
-        write_json(
-            run.out / "final.json", {"step": result.step, "val": result.final_metrics}, nonfinite="keep", newline=False
-        )
         base = unwrap_model(run.model)
         if hasattr(base, "save_pretrained"):
-            base.save_pretrained(str(run.out / "model"))
+            try:
+                base.save_pretrained(str(run.out / "model"))
+            except (OSError, SafetensorError) as e:  # safetensors reports a full disk as its own "I/O error"
+                raise write_error("the final model", getattr(e, "filename", None) or run.out / "model", e) from None
+        # last: a run with final.json is finished (the reproduce runner relies on it), so it follows the model
+        try:
+            write_json(
+                run.out / "final.json",
+                {"step": result.step, "val": result.final_metrics},
+                nonfinite="keep",
+                newline=False,
+            )
+        except OSError as e:
+            raise write_error("final.json", run.out / "final.json", e) from None
     barrier(run.info)
 
 
