@@ -19,8 +19,8 @@ from attnzoo._io import all_or_nothing, write_error, write_json
 from attnzoo._lock import LOCK_NAME, DirLock
 from attnzoo.reproduce.budgets import SECTIONS, budget
 from attnzoo.reproduce.common import Context
-from attnzoo.reproduce.sections import ALIASES, SECTION_MODULES
 from attnzoo.reproduce.report import CONFIGS_FILE
+from attnzoo.reproduce.sections import ALIASES, SECTION_MODULES
 from attnzoo.reproduce.store import Interrupted, Step, StepStore, config_hash
 
 __all__ = ["plan", "resolve_sections", "run", "RunOutcome", "RUN_FILE", "ReproduceError", "import_results"]
