@@ -125,7 +125,8 @@ def _seeded_runs(
 def sweep_tasks(plan: dict) -> list[str]:
     """Tasks whose learning rates are swept: those with accuracy claims (a task run for its speed alone, with one
     seed, is not)."""
-    return [t for t in plan["tasks"] if plan.get("task_seeds", {}).get(t) != 1]
+    tasks = [t for t in plan["tasks"] if plan.get("task_seeds", {}).get(t) != 1]
+    return [t for t in tasks if t in plan.get("lr_sweep_tasks", tasks)]
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
