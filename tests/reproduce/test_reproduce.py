@@ -518,3 +518,25 @@ def test_sweep_table_marks_the_best_rate_and_gates_untuned_rows():
     assert tuned["verdict"] == "agrees" and "gate" not in tuned
     assert not_tuned["verdict"] == "inconclusive" and not_tuned["ungated_verdict"] == "agrees"
     assert not_tuned["gate"].startswith("not tuned: tost's best swept learning rate")
+
+
+def test_reuse_imports_only_steps_whose_config_is_unchanged(tmp_path):
+    from attnzoo.reproduce.runner import import_results
+
+    old = StepStore(tmp_path / "old")
+    same = Step("sec/same", "sec", {"x": 1}, lambda ctx, step: {})
+    changed_before = Step("sec/changed", "sec", {"x": 1}, lambda ctx, step: {})
+    old.save(same, {"y": 1}, 2.5, 0.0)
+    old.save(changed_before, {"y": 2}, 1.0, 0.0)
+    changed_now = Step("sec/changed", "sec", {"x": 2}, lambda ctx, step: {})
+    new_step = Step("sec/new", "sec", {"x": 3}, lambda ctx, step: {})
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"steps": {s: old.load_by_id(s) for s in ("sec/same", "sec/changed")}}))
+    for src in (results, tmp_path / "old"):  # a results.json or a reproduce directory
+        new = StepStore(tmp_path / f"new-{src.name}")
+        assert import_results(src, [same, changed_now, new_step], new) == 1
+        rec = new.load(same)
+        assert rec["result"] == {"y": 1} and rec["wall_s"] == 2.5
+        assert new.load(changed_now) is None and new.load(new_step) is None
+    with pytest.raises(ReproduceError, match="not a readable results.json"):
+        import_results(tmp_path / "missing.json", [same], StepStore(tmp_path / "x"))
