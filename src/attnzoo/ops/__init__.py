@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from attnzoo.ops.cbsa import cbsa
 from attnzoo.ops.csp import csp, csp_permutations, csp_shifts, csp_source_index
+from attnzoo.ops.ema import ema
 from attnzoo.ops.fastmax import fastmax
 from attnzoo.ops.linear import linear_attention
 from attnzoo.ops.mssa import mssa
@@ -22,6 +23,7 @@ __all__ = [
     "csp_permutations",
     "csp_shifts",
     "csp_source_index",
+    "ema",
     "fastmax",
     "linear_attention",
     "mssa",
