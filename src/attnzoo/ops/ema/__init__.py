@@ -1,8 +1,8 @@
 """MEGA's multi-dimensional damped exponential moving average (Ma et al. 2022, §3.1, eqs 2-3).
 
 Per channel ``j`` of ``x (B, N, D)`` and each of its ``h`` expanded dimensions:
-``u_t = beta x_t``, ``h_t = alpha * u_t + (1 - alpha * delta) * h_{t-1}``, ``y_t = eta^T h_t``, with the damping
-``alpha`` and decay ``delta`` in [0, 1] (the layer passes sigmoids of its parameters). ``causal=True`` is that
+``u_t = beta x_t``, ``h_t = alpha * u_t + (1 - alpha * delta) * h_{t-1}``, ``y_t = eta^T h_t``, with the weight
+``alpha`` and the damping factor ``delta`` in [0, 1] (the layer passes sigmoids of its parameters). ``causal=True`` is that
 recurrence (MEGA's decoders); ``causal=False`` adds a second EMA with its own coefficients run backwards (MEGA's
 bidirectional encoders), so coefficients are ``(D, h)`` causal and ``(2, D, h)`` bidirectional.
 
