@@ -11,6 +11,8 @@ from attnzoo.layers._norms import NORM_LAYERS
 from attnzoo.ops import mega as mega_ops
 from attnzoo.ops.ema import ema
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors on a shared 2-core machine
+
 D = 8
 
 

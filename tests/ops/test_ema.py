@@ -5,6 +5,8 @@ import torch
 
 from attnzoo.ops.ema import ema, ema_kernel, ema_step, init_ema_state
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors on a shared 2-core machine
+
 SHAPES = [(1, 1, 1, 1), (2, 7, 3, 4), (1, 16, 5, 2), (2, 33, 2, 3)]  # (B, N, D, h)
 TOL = {torch.float64: dict(atol=1e-10, rtol=1e-10), torch.float32: dict(atol=2e-5, rtol=2e-5)}
 

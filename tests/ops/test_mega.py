@@ -8,6 +8,8 @@ import torch
 from attnzoo.ops.mega import mega_attention
 from attnzoo.ops.mega.naive import laplace
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors on a shared 2-core machine
+
 SHAPES = [(1, 1, 2, 3), (2, 7, 3, 4), (1, 16, 4, 2), (2, 33, 2, 5)]  # (B, N, Z, E)
 TOL = {torch.float64: dict(atol=1e-10, rtol=1e-10), torch.float32: dict(atol=2e-5, rtol=2e-5)}
 

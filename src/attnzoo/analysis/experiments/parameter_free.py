@@ -290,9 +290,10 @@ def rank_collapse(
     skipped: dict[str, str] = {}
     if mechanisms is None:
         try:
-            from attnzoo.layers import list_attentions
+            from attnzoo.layers import attention_info, list_attentions
 
-            mechanisms = list_attentions(causal=False)
+            # token mixers only: a layer that owns its residual update (MEGA) is a whole block, not a mixer
+            mechanisms = [n for n in list_attentions(causal=False) if not attention_info(n).owns_residual]
         except Exception as e:  # noqa: BLE001 - the references still make the experiment meaningful
             skipped["*"] = f"could not list mechanisms: {e}"
             mechanisms = []
