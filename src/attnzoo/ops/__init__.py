@@ -12,6 +12,7 @@ from attnzoo.ops.csp import csp, csp_permutations, csp_shifts, csp_source_index
 from attnzoo.ops.ema import ema
 from attnzoo.ops.fastmax import fastmax
 from attnzoo.ops.linear import linear_attention
+from attnzoo.ops.mega import mega_attention
 from attnzoo.ops.mssa import mssa
 from attnzoo.ops.softmax import softmax_attention
 from attnzoo.ops.tssa import tssa
@@ -26,6 +27,7 @@ __all__ = [
     "ema",
     "fastmax",
     "linear_attention",
+    "mega_attention",
     "mssa",
     "softmax_attention",
     "tssa",
