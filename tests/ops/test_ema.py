@@ -147,3 +147,12 @@ def test_bad_inputs_are_named():
     bad[0, 1, 1] = float("nan")
     with pytest.raises(ValueError, match="x contains non-finite"):
         ema(bad, a, d, b, e, causal=True)
+
+
+def test_mixed_precision_keeps_the_kernel_in_float32():
+    x = torch.randn(2, 9, 3)
+    coeffs = _coeffs(3, 2, False, torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = ema(x, *coeffs)
+    assert y.dtype == torch.float32
+    torch.testing.assert_close(y, ema(x, *coeffs), rtol=0, atol=0)

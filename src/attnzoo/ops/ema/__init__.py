@@ -2,9 +2,9 @@
 
 Per channel ``j`` of ``x (B, N, D)`` and each of its ``h`` expanded dimensions:
 ``u_t = beta x_t``, ``h_t = alpha * u_t + (1 - alpha * delta) * h_{t-1}``, ``y_t = eta^T h_t``, with the weight
-``alpha`` and the damping factor ``delta`` in [0, 1] (the layer passes sigmoids of its parameters). ``causal=True`` is that
-recurrence (MEGA's decoders); ``causal=False`` adds a second EMA with its own coefficients run backwards (MEGA's
-bidirectional encoders), so coefficients are ``(D, h)`` causal and ``(2, D, h)`` bidirectional.
+``alpha`` and the damping factor ``delta`` in [0, 1] (the layer passes sigmoids of its parameters).
+``causal=True`` is that recurrence (MEGA's decoders); ``causal=False`` adds a second EMA with its own coefficients
+run backwards (MEGA's bidirectional encoders), so coefficients are ``(D, h)`` causal and ``(2, D, h)`` bidirectional.
 
 Backends: ``"naive"`` (the recurrence token by token, :mod:`.naive`) and ``"torch"`` (FFT convolution with the
 EMA kernel, O(N log N), :mod:`.fft`). :func:`ema_step` is the recurrent form for decoding, state ``(B, D, h)``.

@@ -61,12 +61,15 @@ def ema_fft(
     acc = acc_dtype(x.dtype)
     N = x.shape[1]
     n = _next_fast_len(2 * N)
-    k = ema_kernel(alpha, delta, beta, eta, N)  # (D, N) or (2, D, N)
-    xf = torch.fft.rfft(x.to(acc).transpose(1, 2), n=n)  # (B, D, n // 2 + 1)
-    if causal:
-        kf = torch.fft.rfft(k, n=n)
-    else:
-        # forward: convolution with k[0]; backward: correlation with k[1] (conjugate spectrum)
-        kf = torch.fft.rfft(k[0], n=n) + torch.fft.rfft(k[1], n=n).conj()
-    y = torch.fft.irfft(xf * kf, n=n)[..., :N]
+    # autocast would run the kernel's einsum in half precision, and cuFFT takes no bfloat16: the kernel's powers
+    # and the spectra stay in the accumulation dtype under mixed precision too
+    with torch.autocast(x.device.type, enabled=False):
+        k = ema_kernel(alpha, delta, beta, eta, N)  # (D, N) or (2, D, N)
+        xf = torch.fft.rfft(x.to(acc).transpose(1, 2), n=n)  # (B, D, n // 2 + 1)
+        if causal:
+            kf = torch.fft.rfft(k, n=n)
+        else:
+            # forward: convolution with k[0]; backward: correlation with k[1] (conjugate spectrum)
+            kf = torch.fft.rfft(k[0], n=n) + torch.fft.rfft(k[1], n=n).conj()
+        y = torch.fft.irfft(xf * kf, n=n)[..., :N]
     return y.transpose(1, 2).to(x.dtype)
