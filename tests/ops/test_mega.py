@@ -26,10 +26,12 @@ def _fwd_bwd(ts, **kw):
     return [y.detach()] + [t.grad for t in leaves]
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+CASES = [(s, torch.float64) for s in SHAPES] + [(SHAPES[3], torch.float32)]
+
+
+@pytest.mark.parametrize("shape,dtype", CASES)
 @pytest.mark.parametrize("fn", ["softmax", "laplace"])
-@pytest.mark.parametrize("chunk_size", [None, 1, 4, 5, 64])
+@pytest.mark.parametrize("chunk_size", [None, 1, 5, 64])
 def test_chunked_matches_reference_forward_backward(shape, dtype, fn, chunk_size):
     B, N, Z, E = shape
     R = N if chunk_size is None else min(chunk_size, N)

@@ -9,6 +9,8 @@ direction of the bidirectional EMA reads ``sum_{s >= t} k'[s - t] x_s``, a corre
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from attnzoo.ops._dtypes import acc_dtype
@@ -63,7 +65,8 @@ def ema_fft(
     n = _next_fast_len(2 * N)
     # autocast would run the kernel's einsum in half precision, and cuFFT takes no bfloat16: the kernel's powers
     # and the spectra stay in the accumulation dtype under mixed precision too
-    with torch.autocast(x.device.type, enabled=False):
+    dev = x.device.type
+    with torch.autocast(dev, enabled=False) if torch.amp.is_autocast_available(dev) else contextlib.nullcontext():
         k = ema_kernel(alpha, delta, beta, eta, N)  # (D, N) or (2, D, N)
         xf = torch.fft.rfft(x.to(acc).transpose(1, 2), n=n)  # (B, D, n // 2 + 1)
         if causal:
