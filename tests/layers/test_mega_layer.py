@@ -57,7 +57,7 @@ def test_one_chunk_holding_the_sequence_is_full_attention(attention, n):
 
 
 def test_layer_is_mega_equations_written_out():
-    # MEGA eqs 2-16 with the layer's own parameters, from the public ops only (prenorm, softmax, no chunks)
+    # MEGA §3.1-3.2 with the layer's own parameters, from the public ops only (prenorm, softmax, no chunks)
     m = _layer(max_len=12)
     x = _x(7)
     xn = m.norm(x)

@@ -1,4 +1,4 @@
-"""MEGA's damped EMA: the FFT convolution and the recurrent step against the literal recurrence (MEGA eqs 2-3)."""
+"""MEGA's damped EMA: the FFT convolution and the recurrent step against the literal recurrence (MEGA §3.1)."""
 
 import pytest
 import torch

@@ -43,7 +43,7 @@ def test_chunked_matches_reference_forward_backward(shape, dtype, fn, chunk_size
 
 
 def _by_hand(q, k, v, b, fn, chunk):
-    # MEGA eqs 9 / 15 one query at a time, over the keys of its chunk
+    # MEGA §3.2-3.3 one query at a time, over the keys of its chunk
     B, N, Z = q.shape
     R = (b.shape[0] + 1) // 2
     out = torch.zeros(B, N, v.shape[2], dtype=q.dtype)

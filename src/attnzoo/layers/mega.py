@@ -19,18 +19,18 @@ __all__ = ["MegaLayer"]
 
 @register_attention("mega")
 class MegaLayer(Attention):
-    """Moving average equipped gated attention (MEGA eqs 2-16), bidirectional, as MEGA's encoders use it.
+    """Moving average equipped gated attention (MEGA §3.1-3.2), bidirectional, as MEGA's encoders use it.
 
     With ``X`` the normalised input (``prenorm``; the raw input otherwise) of width ``D = dim``:
 
-    - ``X' = silu(EMA(X) + omega ⊙ X)``: the bidirectional damped EMA (eqs 2-3, :func:`attnzoo.ops.ema`), whose
+    - ``X' = silu(EMA(X) + omega ⊙ X)``: the bidirectional damped EMA (§3.1, :func:`attnzoo.ops.ema`), whose
       ``alpha = sigmoid(.)``, ``delta = sigmoid(.)``, ``beta``, ``eta / sqrt(h)`` are ``(2, D, h)`` parameters;
-    - ``[u, Z, r, H_x] = [sigmoid, silu, silu, id](X' W + b)`` (eqs 7, 10, 12, 13) and ``V = silu(X W_v + b_v)``
-      (eq 6, width ``E = hdim``);
-    - ``Q = Z ⊙ kappa_q + mu_q``, ``K = Z ⊙ kappa_k + mu_k`` (eq 8) and ``O = f(Q Kᵀ / c + B_rel) V`` with ``f`` the
-      softmax or the Laplace function, within chunks of ``chunk_size`` (eq 9, 15; §3.5), or ``O = CSP(V)`` (CSP eq 4
+    - ``[u, Z, r, H_x] = [sigmoid, silu, silu, id](X' W + b)`` (§3.2) and ``V = silu(X W_v + b_v)``
+      (width ``E = hdim``);
+    - ``Q = Z ⊙ kappa_q + mu_q``, ``K = Z ⊙ kappa_k + mu_k`` and ``O = f(Q Kᵀ / c + B_rel) V`` with ``f`` the
+      softmax or the Laplace function, within chunks of ``chunk_size`` (§3.3, §3.5), or ``O = CSP(V)`` (CSP eq 4
       in place of the attention, with CSP's ``csp_groups`` and ``shift_schedule``: CSP §4, Table 7);
-    - ``H = silu(H_x + (r ⊙ O) W_h + b_h)`` (eq 14) and the update gate ``Y = u ⊙ H + (1 - u) ⊙ X_in`` (eq 16)
+    - ``H = silu(H_x + (r ⊙ O) W_h + b_h)`` and the update gate ``Y = u ⊙ H + (1 - u) ⊙ X_in``
       with ``X_in`` the layer's raw input; post-norm normalises ``Y``.
 
     The layer owns its residual (the update gate mixes ``H`` with the raw input): in the skeleton's
@@ -68,7 +68,7 @@ class MegaLayer(Attention):
         self.mx_proj = nn.Linear(D, D + zw + E + D)
         self.h_proj = nn.Linear(E, D)
         if o.attention != "csp":
-            self.qk_scale = nn.Parameter(torch.empty(2, Z))  # kappa_q, kappa_k of eq 8
+            self.qk_scale = nn.Parameter(torch.empty(2, Z))  # kappa_q, kappa_k
             self.qk_offset = nn.Parameter(torch.empty(2, Z))  # mu_q, mu_k
             R = o.chunk_size if o.chunk_size is not None else o.max_len
             self.rel_bias = nn.Parameter(torch.empty(2 * R - 1))
@@ -138,24 +138,24 @@ class MegaLayer(Attention):
         groups = self._check_length(N)
         residual = x
         xn = self.norm(x) if self.prenorm else x
-        v = self.hidden_drop(F.silu(self.v_proj(xn)))  # eq 6
-        mx = F.silu(ema(xn, *self.ema_coefficients(), causal=False) + xn * self.ema_omega)  # eqs 2-4
+        v = self.hidden_drop(F.silu(self.v_proj(xn)))
+        mx = F.silu(ema(xn, *self.ema_coefficients(), causal=False) + xn * self.ema_omega)  # EMA(X) + omega X
         mx = self.drop(mx)
         base = self.mx_proj(mx)
         if groups is None:
             u, zr, hx = torch.split(base, [D, self.zdim + E, D], dim=-1)
-            z, r = torch.split(F.silu(zr), [self.zdim, E], dim=-1)  # eqs 7, 12
-            q = z * self.qk_scale[0] + self.qk_offset[0]  # eq 8
+            z, r = torch.split(F.silu(zr), [self.zdim, E], dim=-1)  # shared Z, reset gate r
+            q = z * self.qk_scale[0] + self.qk_offset[0]  # the two offsets of Z
             k = z * self.qk_scale[1] + self.qk_offset[1]
             fn = "softmax" if self.attention == "softmax" else "laplace"
-            o = mega_attention(q, k, v, self.rel_bias, fn=fn, chunk_size=self.chunk_size)  # eqs 9, 15
+            o = mega_attention(q, k, v, self.rel_bias, fn=fn, chunk_size=self.chunk_size)
         else:
             u, r, hx = torch.split(base, [D, E, D], dim=-1)
             r = F.silu(r)
             o = csp(v, self.shifts_for(N, x.device), groups)  # CSP eq 4 in place of eq 9
-        u = torch.sigmoid(u)  # eq 10
-        h = self.drop(F.silu(hx + self.h_proj(o * r)))  # eqs 13-14
-        y = residual + u * (h - residual)  # eq 16
+        u = torch.sigmoid(u)  # update gate
+        h = self.drop(F.silu(hx + self.h_proj(o * r)))
+        y = residual + u * (h - residual)  # u ⊙ H + (1 - u) ⊙ X
         if self.capturing:
             self.record(ema=mx, u=u, r=r)
         return y if self.prenorm else self.norm(y)

@@ -6,7 +6,7 @@ Layouts (``x`` is ``(B, N, dim)``; ``A`` the mixer, ``F`` the feed-forward part,
 - ``norm="post"``: ``x = LN(x + A(x))``; ``x = LN(x + F(x))`` (original Transformer; ToST Table 7 Pathfinder)
 - ``norm="none"``: ``x += A(x)`` (AoT vision, Fig. 3)
 - ``ffn="ista"``:  ``x = ISTA(LN(x + A(LN(x))))`` (CRATE; ToST/CBSA papers), no residual around ISTA.
-- a mixer that owns its residual (``A.owns_residual``, MEGA's layer with its gated ``x + u (h - x)``, MEGA eq 16):
+- a mixer that owns its residual (``A.owns_residual``, MEGA's layer with its gated ``x + u (h - x)``, MEGA §3.2):
   ``x = A(x)`` (``x += γ1·(A(x) − x)`` with LayerScale), then the feed-forward half as above (MEGA's normalised
   FFN: ``norm="pre"`` or ``"post"``).
 

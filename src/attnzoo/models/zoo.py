@@ -546,7 +546,9 @@ _MEGA_LRA = {
     "pathfinder": (6, 128, 64, 256, "laplace", "batchnorm", True, 0.0),
 }
 
-#: Mega-chunk's chunk size r on these tasks (MEGA §4.1: 128 on every LRA task but Path-X)
+#: Mega-chunk's chunk size r on these tasks. MEGA's code leaves it to --chunk-size; 128 is the size we recall from
+#: MEGA §4.1's LRA setup (Path-X, not here, used a larger one), not checked against the paper's text (it is not in
+#: shared/papers): override it with attention_options.chunk_size where the paper says otherwise.
 MEGA_CHUNK = 128
 
 # CSP Table 7 (MEGA using CSP): (groups K, shift schedule, hidden dims, dropout). K = "—" (Image: shifting only)

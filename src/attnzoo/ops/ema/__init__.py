@@ -1,4 +1,4 @@
-"""MEGA's multi-dimensional damped exponential moving average (Ma et al. 2022, §3.1, eqs 2-3).
+"""MEGA's multi-dimensional damped exponential moving average (Ma et al. 2022, §3.1).
 
 Per channel ``j`` of ``x (B, N, D)`` and each of its ``h`` expanded dimensions:
 ``u_t = beta x_t``, ``h_t = alpha * u_t + (1 - alpha * delta) * h_{t-1}``, ``y_t = eta^T h_t``, with the weight
@@ -91,7 +91,7 @@ def ema(
     causal: bool = False,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """MEGA's damped EMA (eqs 2-3): ``x (B, N, D)`` -> ``(B, N, D)``.
+    """MEGA's damped EMA (§3.1): ``x (B, N, D)`` -> ``(B, N, D)``.
 
     Coefficients ``alpha, delta, beta, eta``: ``(D, h)`` when ``causal`` (``y_t`` reads ``x_{<=t}``), else
     ``(2, D, h)``: the forward EMA plus a backward EMA with its own coefficients (``y_t`` reads every token).

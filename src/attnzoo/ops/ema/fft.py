@@ -1,7 +1,7 @@
-"""EMA as a long convolution (MEGA §3.1, eq 4 unrolled): ``y = K * x`` with the kernel of the damped recurrence,
-computed by FFT in O(N log N).
+"""EMA as a long convolution (MEGA §3.1, the recurrence unrolled): ``y = K * x`` with the kernel of the damped
+recurrence, computed by FFT in O(N log N).
 
-Unrolling MEGA eq 3 gives ``y_t = sum_{s <= t} k[t - s] x_s`` with
+Unrolling MEGA's recurrence gives ``y_t = sum_{s <= t} k[t - s] x_s`` with
 ``k[l] = sum_n eta_n alpha_n beta_n (1 - alpha_n delta_n)^l`` per channel (a Vandermonde product). The backward
 direction of the bidirectional EMA reads ``sum_{s >= t} k'[s - t] x_s``, a correlation: with both zero-padded to
 ``n >= 2N`` no circular term wraps in, so one forward FFT of ``x`` and one inverse give both directions.

@@ -1,4 +1,4 @@
-"""Reference damped EMA: the recurrence of MEGA eqs 2-3 written literally, one token at a time.
+"""Reference damped EMA: the recurrence of MEGA §3.1 written literally, one token at a time.
 
 ``u_t = beta x_t``, ``h_t = alpha * u_t + (1 - alpha * delta) * h_{t-1}``, ``y_t = eta^T h_t`` per channel, with
 ``h`` of ``ndim`` expanded dimensions per channel (MEGA §3.1, "multi-dimensional damped EMA"); the bidirectional
@@ -22,7 +22,7 @@ def ema_recurrence(
     eta: torch.Tensor,
     h: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One direction of MEGA eqs 2-3 in the accumulation dtype of ``x``.
+    """One direction of MEGA's §3.1 recurrence in the accumulation dtype of ``x``.
 
     ``x (B, N, D)``; ``alpha, delta, beta, eta (D, h)``; ``h (B, D, h)`` the state before token 0 (zeros when
     ``None``). Returns ``y (B, N, D)`` in the accumulation dtype and the state after the last token.
@@ -30,14 +30,14 @@ def ema_recurrence(
     acc = acc_dtype(x.dtype)
     xa = x.to(acc)
     a, d, b, e = (t.to(acc) for t in (alpha, delta, beta, eta))
-    decay = 1 - a * d  # MEGA eq 3's damping: (1 - alpha ⊙ delta)
+    decay = 1 - a * d  # MEGA's damping: (1 - alpha ⊙ delta)
     if h is None:
         h = xa.new_zeros(x.shape[0], x.shape[2], a.shape[1])
     h = h.to(acc)
     ys = []
     for t in range(x.shape[1]):
-        u = b * xa[:, t, :, None]  # eq 2: u_t = beta x_t, (B, D, h)
-        h = a * u + decay * h  # eq 3
+        u = b * xa[:, t, :, None]  # u_t = beta x_t, (B, D, h)
+        h = a * u + decay * h
         ys.append((h * e).sum(-1))  # y_t = eta^T h_t
     y = torch.stack(ys, dim=1) if ys else xa.new_zeros(x.shape)
     return y, h

@@ -1,9 +1,9 @@
 """MEGA (Ma et al. 2022): the single-head gated attention of the MEGA layer and the layer's spec.
 
 :func:`mega_attention` is the attention of MEGA §3.2-3.3 on already-projected tensors: ``q, k (B, N, Z)`` (the
-shared ``Z`` with its two offsets, eq 8), ``v (B, N, E)`` and the relative position bias, with ``softmax`` (eq 15,
-text) or the Laplace function (§3.3, images), over the whole sequence or within chunks of ``chunk_size`` tokens
-(§3.5, "Mega-chunk"). Backends: ``"naive"`` (the explicit ``(N, N)`` map with a chunk mask, :mod:`.naive`) and
+shared ``Z`` with its two offsets), ``v (B, N, E)`` and the relative position bias, with ``softmax`` (text) or
+the Laplace function (§3.3, images), over the whole sequence or within chunks of ``chunk_size`` tokens (§3.5,
+"Mega-chunk"). Backends: ``"naive"`` (the explicit ``(N, N)`` map with a chunk mask, :mod:`.naive`) and
 ``"torch"`` (chunk by chunk, :mod:`.chunked`). MEGA is single-head: the layout has no ``H``.
 
 :data:`MEGA` declares the layer (:class:`attnzoo.layers.mega.MegaLayer`): its EMA (:mod:`attnzoo.ops.ema`), its
@@ -57,8 +57,8 @@ class MegaOptions(Options):
     """Options of the MEGA layer (MEGA §3, the code's ``MovingAverageGatedAttention``)."""
 
     attention: str = option("softmax", _choice(ATTENTIONS), "'softmax' (text), 'laplace' (images) or 'csp' (CSP eq 4)")
-    ndim: int = option(16, check_positive_int, "h: expanded dimensions of the EMA per channel (MEGA eq 2)")
-    zdim: int = option(64, check_positive_int, "Z: width of the shared query/key representation (eq 7)")
+    ndim: int = option(16, check_positive_int, "h: expanded dimensions of the EMA per channel (MEGA §3.1)")
+    zdim: int = option(64, check_positive_int, "Z: width of the shared query/key representation (MEGA §3.2)")
     hdim: int | None = option(None, check_optional_positive_int, "E: width of the value and gates (None: 2 dim)")
     chunk_size: int | None = option(None, check_optional_positive_int, "r of MEGA-chunk (§3.5); None: one chunk")
     max_len: int = option(1024, check_positive_int, "positions of the relative bias without chunks (2 max_len - 1)")
@@ -110,7 +110,7 @@ def mega_attention(
     chunk_size: int | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """MEGA's single-head attention (eqs 8-9, 15; §3.5 chunks): ``q, k (B, N, Z)``, ``v (B, N, E)`` -> ``(B, N, E)``.
+    """MEGA's single-head attention (§3.2-3.3; §3.5 chunks): ``q, k (B, N, Z)``, ``v (B, N, E)`` -> ``(B, N, E)``.
 
     ``rel_bias (2R - 1,)``: ``rel_bias[R - 1 + j - i]`` is added to the score of query i and key j; R must cover
     the attention's span (N, or ``chunk_size``). ``fn``: ``"softmax"`` (scores scaled by ``Z^-1/2``) or
