@@ -69,15 +69,17 @@ def test_quick_cpu_selftest_passes_and_covers_every_mechanism(capsys, one_thread
     out = capsys.readouterr().out
     rows = _rows(out)
     assert " 0 failed" in out
-    for mech in ("softmax", "linear", "xca", "mssa", "tssa", "fastmax p=1", "fastmax p=2", "csp", "cbsa"):
+    mechs = ("softmax", "linear", "xca", "mssa", "tssa", "fastmax p=1", "fastmax p=2", "csp", "cbsa", "ema", "mega")
+    for mech in mechs:
         assert _status(rows[(mech, "torch", "forward")]) == "ok"
         assert _status(rows[(mech, "torch", "backward")]) == "ok"
     # the fused CPU kernels are a backend of their own, with every check group
     for check in ("forward", "backward", "causal leak", "decode"):
         assert _status(rows[("tssa", "cpu", check)]) == "ok"
         assert _status(rows[("fastmax p=2", "torch_autograd", check)]) == "ok"
-    for mech in ("softmax", "linear", "mssa"):
+    for mech in ("softmax", "linear", "mssa", "ema"):
         assert _status(rows[(mech, "torch", "causal leak")]) == "ok"
+    assert _status(rows[("ema", "torch", "decode")]) == "ok"
     for mech in ("softmax", "linear", "mssa", "tssa", "fastmax"):
         assert _status(rows[(mech, "layer (auto)", "decode")]) == "ok"
     assert ("xca", "torch", "causal leak") not in rows  # bidirectional only: nothing to leak

@@ -1,9 +1,9 @@
 """``attnzoo selftest``: every mechanism x every backend of this device against the float64 naive reference.
 
 Run it first on a new machine (``--device cuda`` on a GPU: the Triton kernels have not been run on yours).
-For each mechanism (softmax, linear, xca, mssa, tssa, fastmax p=1 and p=2, csp, cbsa) and each backend
-available on the device (e.g. TSSA: ``torch``, the fused ``cpu`` kernels on CPU, ``triton`` on CUDA) it checks,
-in float32 and float64 inputs:
+For each mechanism (softmax, linear, xca, mssa, tssa, fastmax p=1 and p=2, csp, cbsa, MEGA's ema and
+attention) and each backend available on the device (e.g. TSSA: ``torch``, the fused ``cpu`` kernels on CPU,
+``triton`` on CUDA) it checks, in float32 and float64 inputs:
 
 - ``forward``: the output against the op's ``naive`` backend evaluated in float64 (on CPU) on the same
   inputs (float32 inputs are rounded first, so the row measures the backend's error, not the rounding);
@@ -360,6 +360,49 @@ def _cbsa_call(x, cfg, backend):
     return cbsa(x["w"], x.get("reps"), **kw)
 
 
+# -- ema: x (B, H, N, P) is B*H sequences of P channels; h = 3 expanded dimensions; alpha, delta through a sigmoid
+def _ema_make(shape, cfg, gen):
+    b, hh, n, p = shape
+    lead = (p, 3) if cfg["causal"] else (2, p, 3)
+    return {"x": _randn(shape, gen), **{k: _randn(lead, gen) for k in ("alpha", "delta", "beta", "eta")}}
+
+
+def _ema_args(x):
+    return x["x"].flatten(0, 1), torch.sigmoid(x["alpha"]), torch.sigmoid(x["delta"]), x["beta"], x["eta"]
+
+
+def _ema_call(x, cfg, backend):
+    from attnzoo.ops.ema import ema
+
+    return ema(*_ema_args(x), causal=cfg["causal"], backend=backend).view(x["x"].shape)
+
+
+def _ema_step(x, cfg):
+    from attnzoo.ops.ema import ema_step
+
+    xs, *coeffs = _ema_args(x)
+    state, outs = None, []
+    for t in range(xs.shape[1]):
+        y, state = ema_step(xs[:, t : t + 1], state, *coeffs)
+        outs.append(y)
+    return torch.cat(outs, dim=1).view(x["x"].shape)
+
+
+# -- mega attention: q, k (B, H, N, P), v (B, H, N, P + 1) as B*H single-head sequences; full and chunked
+def _mega_make(shape, cfg, gen):
+    b, hh, n, p = shape
+    qkv = {k: _randn((b, hh, n, p + (k == "v")), gen) for k in ("q", "k", "v")}
+    return {**qkv, "rel_bias": _randn((2 * n - 1,), gen, 0.5)}
+
+
+def _mega_call(x, cfg, backend):
+    from attnzoo.ops.mega import mega_attention
+
+    q, k, v = (x[n].flatten(0, 1) for n in ("q", "k", "v"))
+    out = mega_attention(q, k, v, x["rel_bias"], fn=cfg["fn"], chunk_size=cfg["chunk_size"], backend=backend)
+    return out.view(x["v"].shape)
+
+
 def _only_torch(device: torch.device) -> list[tuple[str, str | None]]:
     return [("torch", None)]
 
@@ -445,6 +488,26 @@ SPECS: list[Spec] = [
     ),
     Spec("csp", _only_torch, _csp_configs, _csp_shapes, _csp_make, _csp_call, ("v",)),
     Spec(
+        "ema",
+        _only_torch,
+        _causal_configs,
+        _shapes,
+        _ema_make,
+        _ema_call,
+        ("x", "alpha", "delta", "beta", "eta"),
+        {"x": 2},
+        _ema_step,
+    ),
+    Spec(
+        "mega",
+        _only_torch,
+        lambda quick: [dict(causal=False, fn=f, chunk_size=c) for f in ("softmax", "laplace") for c in (None, 5)],
+        _shapes,
+        _mega_make,
+        _mega_call,
+        ("q", "k", "v", "rel_bias"),
+    ),
+    Spec(
         "cbsa",
         _only_torch,
         lambda quick: [dict(causal=False, variant=v, contraction=c) for v, c in _CBSA_CASES],
@@ -465,6 +528,7 @@ MODULE_SPECS = {
     "fastmax": ["fastmax p=1", "fastmax p=2"],
     "csp": ["csp"],
     "cbsa": ["cbsa"],
+    "mega": ["ema", "mega"],
 }
 
 

@@ -84,7 +84,7 @@ def test_cpu_peak_memory_is_the_most_held_at_once():
 def test_every_op_case_runs_forward_and_backward(mech):
     pairs = mech in cases.CSP_PAIR_CASES  # groups of two tokens need an even N; CSP has no causal form
     s = cases.Shape(batch=1, heads=2, length=18 if pairs else 17, dim=16)
-    causal = mech in cases.EXTRA_OP_CASES and not pairs
+    causal = mech in cases.EXTRA_OP_CASES and mech in cases.CAUSAL_OP_CASES
     prep = cases.prepare(mech, s, causal=causal, level="op", device=torch.device("cpu"), dtype=torch.float32)
     for t in prep.inputs:
         t.requires_grad_(True)
@@ -220,3 +220,18 @@ def test_cpu_warm_up_runs_until_a_call_takes_no_fresh_pages(monkeypatch):
     state["calls"] = 0
     runner.time_call(lambda: state.__setitem__("calls", state["calls"] + 1), torch.device("cpu"), 2, warmup=0)
     assert state["calls"] == 2
+
+
+@pytest.mark.parametrize("mech", ["mega", "mega_chunk", "mega_csp"])
+def test_mega_module_cases_run_forward_and_backward(mech):
+    s = cases.Shape(batch=1, heads=2, length=20, dim=16)
+    prep = cases.prepare(mech, s, causal=False, level="module", device=torch.device("cpu"), dtype=torch.float32)
+    for t in prep.inputs:
+        t.requires_grad_(True)
+    out = prep.run()
+    (g,) = torch.autograd.grad(out.square().sum(), prep.inputs)
+    assert out.shape == (1, 20, 16) and torch.isfinite(g).all() and g.abs().sum() > 0
+    with pytest.raises(ValueError, match="'mega' has no causal form"):
+        cases.prepare("mega", s, causal=True, level="op", device=torch.device("cpu"), dtype=torch.float32)
+    with pytest.raises(ValueError, match="op-level case only"):
+        cases.prepare("ema", s, causal=False, level="module", device=torch.device("cpu"), dtype=torch.float32)

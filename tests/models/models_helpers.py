@@ -27,6 +27,11 @@ def tiny_overrides(name: str, **extra) -> dict:
         over["mlp_dim"] = 48
     if cfg.attention == "csp" and cfg.arch == "vision":
         over["attention_options"] = dict(cfg.attention_options, groups=8)  # 64 tokens in groups of 8
+    if cfg.attention == "mega" and cfg.attention_options.get("csp_groups"):
+        # CSP's groups must divide the tiny length: keep the model's group size (N / K tokens) where it fits
+        n = over.get("max_len", cfg.max_len)
+        k = cfg.attention_options["csp_groups"]
+        over["attention_options"] = dict(cfg.attention_options, csp_groups=max(1, n * k // cfg.max_len))
     over.update(extra)
     return over
 

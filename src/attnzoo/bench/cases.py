@@ -117,7 +117,36 @@ def _op_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
             backend = "torch" if name == "csp_pairs_torch" else "auto"
             run = lambda: ops.csp(v, shifts, N // 2, backend=backend)  # noqa: E731
         return Prepared([v], run, 2 * _nbytes(v))
+    if name in MEGA_CASES:
+        return _mega_op_case(name, s, causal, device, dtype)
     raise ValueError(f"no op-level benchmark case for {name!r}; valid: {ALL_OP_CASES}")
+
+
+def _mega_op_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
+    """MEGA's token mixing as its ops (single-head: ``heads`` plays no part): the EMA over the ``d`` channels with
+    ``h = 16`` (bidirectional, or causal), or the attention on ``Z = min(64, d)`` and ``E = 2 d`` (MEGA's LRA
+    ratios): full softmax, chunks of 128 (MEGA-chunk), or CSP on the value (complete sorting, CSP Table 7)."""
+    B, N, D = s.batch, s.length, s.dim
+    if name == "ema":
+        (x,) = _randn((B, N, D), device, dtype)
+        lead = (D, 16) if causal else (2, D, 16)
+        a, d = (torch.rand(lead, device=device, dtype=dtype) * 0.9 + 0.05 for _ in range(2))
+        b, e = _randn(lead, device, dtype, 2)
+        run = lambda: ops.ema(x, a, d, b, e, causal=causal)  # noqa: E731
+        return Prepared([x], run, 2 * _nbytes(x))
+    if causal:
+        raise ValueError(f"{name!r} has no causal form (MEGA's encoder attention); run it with causal=False")
+    Z, E = min(64, D), 2 * D
+    (v,) = _randn((B, N, E), device, dtype)
+    if name == "mega_csp":
+        shifts = torch.zeros(E, dtype=torch.long, device=device)  # K = 1: complete sorting makes shifts redundant
+        run = lambda: ops.csp(v, shifts, 1)  # noqa: E731
+        return Prepared([v], run, 2 * _nbytes(v))
+    q, k = _randn((B, N, Z), device, dtype, 2)
+    chunk = MEGA_CHUNK if name == "mega_chunk" else None
+    bias = torch.zeros(2 * (chunk or N) - 1, device=device, dtype=dtype)
+    run = lambda: ops.mega_attention(q, k, v, bias, chunk_size=chunk)  # noqa: E731
+    return Prepared([q, k, v], run, _nbytes(q, k) + 2 * _nbytes(v))
 
 
 OP_CASES = ["softmax", "linear", "xca", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "csp", "cbsa"]
@@ -146,10 +175,23 @@ CSP_PAIR_CASES = ["csp_pairs", "csp_pairs_torch", "csp_pairs_general"]
 EXTRA_OP_CASES = (
     ["softmax_explicit", "fastmax_p1_autograd", "fastmax_p2_autograd", "tssa_torch"] + BASELINE_CASES + CSP_PAIR_CASES
 )
+# MEGA's token mixing (not in the default sweep): its EMA (causal too) and its three attention forms, dense,
+# chunked (r = 128) and CSP in its place; op and module level: --mechanisms ema,mega,mega_chunk,mega_csp
+MEGA_CASES = ["ema", "mega", "mega_chunk", "mega_csp"]
+MEGA_CHUNK = 128  # Mega-chunk's r on LRA (attnzoo.models.zoo.MEGA_CHUNK)
+EXTRA_OP_CASES += MEGA_CASES
+CAUSAL_OP_CASES += ["ema"]
 ALL_OP_CASES = OP_CASES + EXTRA_OP_CASES
 
 
 def _module_name(name: str) -> tuple[str, dict]:
+    if name in ("mega", "mega_chunk", "mega_csp"):
+        # the whole MEGA layer (EMA, gates, projections) with MEGA's LRA widths relative to d (E = 2d)
+        return "mega", {
+            "mega": {"attention": "softmax"},
+            "mega_chunk": {"attention": "softmax", "chunk_size": MEGA_CHUNK},
+            "mega_csp": {"attention": "csp", "csp_groups": 1, "shift_schedule": "none"},
+        }[name]
     if name in EXTRA_OP_CASES and name not in BASELINE_CASES:
         raise ValueError(f"{name!r} is an op-level case only (use --level op)")
     if name in BASELINE_CASES:
@@ -165,6 +207,10 @@ def _module_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
     mech, opts = _module_name(name)
     if causal and mech.startswith("tssa"):
         opts["max_len"] = max(1024, s.length)
+    if mech == "mega":
+        opts = dict(opts, zdim=min(64, s.dim))
+        if "chunk_size" not in opts and opts["attention"] != "csp":
+            opts["max_len"] = max(1024, s.length)  # the relative bias spans the sequence
     if name in BASELINE_CASES:
         m = baselines.build_baseline_module(name, s.dim, s.heads, causal=causal, **opts)
     else:
@@ -203,6 +249,7 @@ __all__ = [
     "ALL_OP_CASES",
     "CAUSAL_OP_CASES",
     "BASELINE_CASES",
+    "MEGA_CASES",
     "DECODE_CASES",
     "decode_module",
 ]

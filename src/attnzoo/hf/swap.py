@@ -382,6 +382,12 @@ def swap_attention(model: nn.Module, mechanism: str, **options: Any) -> SwapRepo
         raise TypeError(f"model must be a torch.nn.Module (a transformers model), got {type(model).__name__}")
     if not isinstance(mechanism, str) or mechanism not in list_attentions():
         raise ValueError(f"unknown mechanism {mechanism!r}; valid mechanisms: {list_attentions()}")
+    if attention_info(mechanism).owns_residual:
+        swappable = [n for n in list_attentions() if not attention_info(n).owns_residual]
+        raise ValueError(
+            f"mechanism {mechanism!r} computes its own normalisation and residual update (a whole block, not an "
+            f"attention module) and cannot replace a transformers attention module; swappable: {swappable}"
+        )
     config = getattr(model, "config", None)
     dim = getattr(config, "hidden_size", None)
     if not isinstance(dim, int):

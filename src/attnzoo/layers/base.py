@@ -57,6 +57,9 @@ class Attention(nn.Module):
     supports_causal: bool = False
     #: whether the non-causal mechanism may run (it is a bidirectional mixer)
     supports_noncausal: bool = True
+    #: whether the module computes its own normalisation and residual update (MEGA's gated ``x + u (h - x)``): the
+    #: skeleton's block then hands it the residual stream and takes back the new stream, adding no norm around it
+    owns_residual: bool = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)

@@ -6,6 +6,11 @@ Layouts (``x`` is ``(B, N, dim)``; ``A`` the mixer, ``F`` the feed-forward part,
 - ``norm="post"``: ``x = LN(x + A(x))``; ``x = LN(x + F(x))`` (original Transformer; ToST Table 7 Pathfinder)
 - ``norm="none"``: ``x += A(x)`` (AoT vision, Fig. 3)
 - ``ffn="ista"``:  ``x = ISTA(LN(x + A(LN(x))))`` (CRATE; ToST/CBSA papers), no residual around ISTA.
+- a mixer that owns its residual (``A.owns_residual``, MEGA's layer with its gated ``x + u (h - x)``, MEGA §3.2):
+  ``x = A(x)`` (``x += γ1·(A(x) − x)`` with LayerScale), then the feed-forward half as above (MEGA's normalised
+  FFN: ``norm="pre"`` or ``"post"``).
+
+``norm_layer`` picks the block's normalisation: LayerNorm (``"layernorm"``), or MEGA's ScaleNorm / BatchNorm.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnzoo.layers._norms import build_norm
 from attnzoo.layers.base import Attention, attention_info, build_attention, list_attentions
 
 __all__ = [
@@ -33,12 +39,12 @@ __all__ = [
 
 
 class Mlp(nn.Module):
-    """Two-layer perceptron ``fc2(act(fc1(x)))`` applied per token (ToST Alg. 3)."""
+    """Two-layer perceptron ``fc2(act(fc1(x)))`` applied per token (ToST Alg. 3; SiLU in MEGA's FFN)."""
 
     def __init__(self, dim: int, hidden: int, *, act: str = "gelu", dropout: float = 0.0) -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU() if act == "gelu" else nn.ReLU()
+        self.act = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}[act]()
         self.fc2 = nn.Linear(hidden, dim)
         self.drop = nn.Dropout(dropout)
 
@@ -104,19 +110,27 @@ class Block(nn.Module):
         dropout: float = 0.0,
         ista_step: float = 0.1,
         ista_lambda: float = 0.1,
+        norm_layer: str = "layernorm",
     ) -> None:
         super().__init__()
         self.norm_kind = norm
         self.ffn_kind = ffn
         self.residual = residual
-        self.norm1 = nn.LayerNorm(dim) if norm != "none" else nn.Identity()
+        self.owns_residual = bool(getattr(mixer, "owns_residual", False))
+        if self.owns_residual and not residual:
+            raise ValueError(
+                f"{type(mixer).__name__} computes its own residual update (its output holds its input): "
+                "residual=False cannot remove it; use residual=True"
+            )
+        # the mixer's own norm stands in for norm1 when it owns its residual
+        self.norm1 = build_norm(norm_layer, dim) if norm != "none" and not self.owns_residual else nn.Identity()
         self.attn = mixer
         self.ls1 = LayerScale(dim, layerscale) if layerscale is not None else nn.Identity()
         self.drop = nn.Dropout(dropout)
         if ffn == "none":
             self.norm2 = self.ffn = self.ls2 = None
         else:
-            self.norm2 = nn.LayerNorm(dim) if norm != "none" else nn.Identity()
+            self.norm2 = build_norm(norm_layer, dim) if norm != "none" else nn.Identity()
             if ffn == "mlp":
                 self.ffn = Mlp(dim, hidden or 4 * dim, act=act, dropout=dropout)
                 self.ls2 = LayerScale(dim, layerscale) if layerscale is not None else nn.Identity()
@@ -125,7 +139,11 @@ class Block(nn.Module):
                 self.ls2 = None
 
     def _run(self, x: torch.Tensor, mix) -> torch.Tensor:
-        if self.norm_kind == "post":
+        if self.owns_residual:
+            # LayerScale scales the mixer's update: x + γ (A(x) - x), A(x) itself at γ = 1
+            y = mix(x)
+            x = y if isinstance(self.ls1, nn.Identity) else x + self.drop(self.ls1(y - x))
+        elif self.norm_kind == "post":
             h = self.drop(self.ls1(mix(x)))
             x = self.norm1(x + h if self.residual else h)
         else:
@@ -206,7 +224,15 @@ def build_blocks(cfg, *, causal: bool, context: dict | None = None) -> nn.Module
     blocks = []
     for i, (mech, ffn) in enumerate(zip(mechanisms, ffns)):
         options = cfg.attention_options if i < cfg.split_index() else cfg.second_attention_options
-        ctx = {"layer_index": i, "num_layers": cfg.depth, **context}
+        # the skeleton's norm and dropout, for mixers that own their residual update and normalisation (MEGA)
+        ctx = {
+            "layer_index": i,
+            "num_layers": cfg.depth,
+            "norm_layer": cfg.norm_layer,
+            "prenorm": cfg.norm != "post",
+            "dropout": cfg.dropout,
+            **context,
+        }
         mixer = build_mixer(mech, cfg.dim, cfg.heads, causal=causal, options=options, context=ctx)
         blocks.append(
             Block(
@@ -221,6 +247,7 @@ def build_blocks(cfg, *, causal: bool, context: dict | None = None) -> nn.Module
                 dropout=cfg.dropout,
                 ista_step=cfg.ista_step,
                 ista_lambda=cfg.ista_lambda,
+                norm_layer=cfg.norm_layer,
             )
         )
     return nn.ModuleList(blocks)

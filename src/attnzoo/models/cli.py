@@ -35,6 +35,9 @@ def model_rows(pattern: str | None = None) -> list[ModelRow]:
         cfg = entry.config()
         mechs = list(dict.fromkeys(cfg.mechanisms()))
         attention = " + ".join(mechs)
+        inner = cfg.attention_options.get("attention") if cfg.attention == "mega" else None
+        if inner is not None:  # MEGA's layer: which attention it runs (softmax, laplace or CSP in its place)
+            attention += f" ({inner})"
         if getattr(cfg, "pool", None) == "class_attention":
             attention += " (+ class attention)"
         figure = ""

@@ -32,7 +32,9 @@ VISION_POS = ("learned", "fourier", "none")
 SEQ_POS = ("learned", "sinusoidal", "none")
 VISION_POOLS = ("cls", "mean", "class_attention")
 SEQ_POOLS = ("cls", "mean")
-ACTS = ("gelu", "relu")
+ACTS = ("gelu", "relu", "silu")
+#: the blocks' normalisation: LayerNorm, or MEGA's ScaleNorm / BatchNorm over tokens (attnzoo.layers._norms)
+NORM_LAYERS = ("layernorm", "scalenorm", "batchnorm")
 
 
 def _jsonable(value: Any, where: str) -> Any:
@@ -116,6 +118,8 @@ class BackboneConfig(ModelConfig):
     (AoT §4.1 "Hybrid"). ``norm``: ``"pre"`` / ``"post"`` LayerNorm or ``"none"`` (AoT vision).
     ``layerscale``: initial LayerScale value (XCiT), or ``None`` for no LayerScale. ``norm_eps``: the
     epsilon of every LayerNorm in the model (PyTorch's 1e-5 by default; XCiT/ToST's code uses 1e-6).
+    ``norm_layer``: the blocks' normalisation, ``"layernorm"``, or MEGA's ``"scalenorm"`` / ``"batchnorm"`` (the
+    sequence classifier's final norm follows it; the other models keep LayerNorm there).
     """
 
     dim: int = 384
@@ -139,6 +143,7 @@ class BackboneConfig(ModelConfig):
     ista_step: float = 0.1
     ista_lambda: float = 0.1
     norm_eps: float = 1e-5
+    norm_layer: str = "layernorm"
 
     def __post_init__(self) -> None:
         check_positive_int("dim", self.dim)
@@ -165,6 +170,7 @@ class BackboneConfig(ModelConfig):
         check_choice("ffn", self.ffn, FFNS)
         check_choice("norm", self.norm, NORMS)
         check_choice("act", self.act, ACTS)
+        check_choice("norm_layer", self.norm_layer, NORM_LAYERS)
         if not isinstance(self.mlp_ratio, (int, float)) or isinstance(self.mlp_ratio, bool) or self.mlp_ratio <= 0:
             raise ValueError(f"mlp_ratio must be a positive number, got {self.mlp_ratio!r}")
         if self.mlp_dim is not None:

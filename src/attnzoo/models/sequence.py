@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from attnzoo.layers._norms import build_norm
 from attnzoo.models._registry import register_architecture
 from attnzoo.models.blocks import build_blocks, init_weights, set_norm_eps
 from attnzoo.models.checkpoint import PretrainedModel
@@ -47,7 +48,7 @@ class SequenceClassifier(PretrainedModel):
             causal=False,
             context={"num_prefix_tokens": self.num_prefix_tokens, "max_len": cfg.max_len + self.num_prefix_tokens},
         )
-        self.norm = nn.LayerNorm(cfg.dim) if cfg.final_norm else nn.Identity()
+        self.norm = build_norm(cfg.norm_layer, cfg.dim) if cfg.final_norm else nn.Identity()
         feat = 4 * cfg.dim if cfg.dual else cfg.dim
         if cfg.head_dim is None:
             self.head = nn.Linear(feat, cfg.num_classes)

@@ -528,3 +528,79 @@ def _register_lra() -> None:
 
 
 _register_lra()
+
+
+# MEGA on LRA (Ma et al. 2022), as its released code configures it (facebookresearch/mega:
+# fairseq/models/lra/model.py, mega_lra_* architectures, and examples/mega/README.lra.md's command lines):
+# (layers, width D, Z, E = hidden = FFN width, attention function, norm, pre-norm, dropout). EMA expansion h = 16,
+# SiLU, mean pooling, no positional embedding (the EMA and the relative bias carry positions), final norm only
+# with pre-norm, head Linear(D, E) -> act -> Linear(E, classes). The code's ListOps default norm is ScaleNorm but its
+# README trains with LayerNorm; we follow the README. Differences of form: our token embedding also serves the
+# image tasks (MEGA embeds a pixel with a Linear(1, D)); the dual head reads [u, v, u*v, u-v] (4D, MEGA's 2D); the
+# relative bias spans our max_len (MEGA: 2002 / 4002 positions for ListOps / Text and Retrieval).
+_MEGA_LRA = {
+    "listops": (6, 80, 64, 160, "softmax", "layernorm", False, 0.1),
+    "text": (4, 128, 64, 256, "softmax", "scalenorm", False, 0.1),
+    "retrieval": (6, 128, 64, 256, "softmax", "scalenorm", False, 0.1),
+    "image": (8, 160, 96, 320, "laplace", "batchnorm", True, 0.0),
+    "pathfinder": (6, 128, 64, 256, "laplace", "batchnorm", True, 0.0),
+}
+
+#: Mega-chunk's chunk size r on these tasks. MEGA's code leaves it to --chunk-size; 128 is the size we recall from
+#: MEGA §4.1's LRA setup (Path-X, not here, used a larger one), not checked against the paper's text (it is not in
+#: shared/papers): override it with attention_options.chunk_size where the paper says otherwise.
+MEGA_CHUNK = 128
+
+# CSP Table 7 (MEGA using CSP): (groups K, shift schedule, hidden dims, dropout). K = "—" (Image: shifting only)
+# is None; "—" shifts are "none", "Linear" is "linear". "Hidden Dims" is read as MEGA's --encoder-hidden-dim,
+# which in MEGA's code also sets the FFN width; layers, norms and the rest as MEGA's (Table 7's layer counts agree).
+_MEGA_CSP_LRA = {
+    "listops": (1, "none", 160, 0.1),
+    "text": (1, "none", 256, 0.1),
+    "retrieval": (1, "none", 256, 0.1),
+    "image": (None, "linear", 1024, 0.0),
+    "pathfinder": (512, "linear", 256, 0.1),
+}
+
+
+def _mega_lra(task: str, *, chunk_size: int | None = None, csp: bool = False) -> SequenceClassifierConfig:
+    depth, dim, zdim, hidden, fn, norm_layer, pre, drop = _MEGA_LRA[task]
+    head = hidden
+    options: dict = dict(attention=fn, zdim=zdim, ndim=16, chunk_size=chunk_size)
+    if csp:
+        groups, schedule, hidden, drop = _MEGA_CSP_LRA[task]
+        options = dict(attention="csp", ndim=16, csp_groups=groups, shift_schedule=schedule)
+    options["hdim"] = hidden
+    return SequenceClassifierConfig(
+        depth=depth,
+        dim=dim,
+        heads=1,  # MEGA's attention is single-head
+        attention="mega",
+        attention_options=options,
+        mlp_dim=hidden,
+        act="silu",
+        norm="pre" if pre else "post",
+        norm_layer=norm_layer,
+        final_norm=pre,
+        dropout=drop,
+        pool="mean",
+        pos_embed="none",
+        head_dim=head,
+        **_LRA_TASKS[task],
+    )
+
+
+def _register_mega_lra() -> None:
+    for task in _LRA_TASKS:
+        register_model(f"mega_lra_{task}", paper=f"MEGA LRA ({task}), CSP Table 4", tags=("lra",))(
+            lambda task=task: _mega_lra(task)
+        )
+        register_model(f"mega_chunk_lra_{task}", paper=f"MEGA-chunk LRA ({task}, r = 128), CSP Table 4", tags=("lra",))(
+            lambda task=task: _mega_lra(task, chunk_size=MEGA_CHUNK)
+        )
+        register_model(f"mega_csp_lra_{task}", paper=f"CSP Table 7 ({task}): MEGA using CSP", tags=("lra",))(
+            lambda task=task: _mega_lra(task, csp=True)
+        )
+
+
+_register_mega_lra()

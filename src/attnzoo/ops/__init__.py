@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from attnzoo.ops.cbsa import cbsa
 from attnzoo.ops.csp import csp, csp_permutations, csp_shifts, csp_source_index
+from attnzoo.ops.ema import ema
 from attnzoo.ops.fastmax import fastmax
 from attnzoo.ops.linear import linear_attention
+from attnzoo.ops.mega import mega_attention
 from attnzoo.ops.mssa import mssa
 from attnzoo.ops.softmax import softmax_attention
 from attnzoo.ops.tssa import tssa
@@ -22,8 +24,10 @@ __all__ = [
     "csp_permutations",
     "csp_shifts",
     "csp_source_index",
+    "ema",
     "fastmax",
     "linear_attention",
+    "mega_attention",
     "mssa",
     "softmax_attention",
     "tssa",

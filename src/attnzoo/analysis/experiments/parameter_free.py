@@ -258,6 +258,13 @@ def _module_stack(name: str, depth: int, dim: int, heads: int, seed: int, init: 
     return mods
 
 
+def _token_mixers() -> list[str]:
+    """The registered bidirectional token mixers; a layer that owns its residual update (MEGA) is a whole block."""
+    from attnzoo.layers import attention_info, list_attentions
+
+    return [n for n in list_attentions(causal=False) if not attention_info(n).owns_residual]
+
+
 def rank_collapse(
     *,
     depth: int = 12,
@@ -290,9 +297,7 @@ def rank_collapse(
     skipped: dict[str, str] = {}
     if mechanisms is None:
         try:
-            from attnzoo.layers import list_attentions
-
-            mechanisms = list_attentions(causal=False)
+            mechanisms = _token_mixers()
         except Exception as e:  # noqa: BLE001 - the references still make the experiment meaningful
             skipped["*"] = f"could not list mechanisms: {e}"
             mechanisms = []

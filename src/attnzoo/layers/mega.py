@@ -1,0 +1,168 @@
+"""The MEGA layer (Ma et al. 2022, §3): damped EMA, single-head gated attention (or CSP), reset and update gates."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnzoo.layers._norms import build_norm
+from attnzoo.layers.base import Attention, register_attention
+from attnzoo.ops.csp import csp, csp_shifts
+from attnzoo.ops.ema import ema
+from attnzoo.ops.mega import MEGA, mega_attention
+
+__all__ = ["MegaLayer"]
+
+
+@register_attention("mega")
+class MegaLayer(Attention):
+    """Moving average equipped gated attention (MEGA §3.1-3.2), bidirectional, as MEGA's encoders use it.
+
+    With ``X`` the normalised input (``prenorm``; the raw input otherwise) of width ``D = dim``:
+
+    - ``X' = silu(EMA(X) + omega ⊙ X)``: the bidirectional damped EMA (§3.1, :func:`attnzoo.ops.ema`), whose
+      ``alpha = sigmoid(.)``, ``delta = sigmoid(.)``, ``beta``, ``eta / sqrt(h)`` are ``(2, D, h)`` parameters;
+    - ``[u, Z, r, H_x] = [sigmoid, silu, silu, id](X' W + b)`` (§3.2) and ``V = silu(X W_v + b_v)``
+      (width ``E = hdim``);
+    - ``Q = Z ⊙ kappa_q + mu_q``, ``K = Z ⊙ kappa_k + mu_k`` and ``O = f(Q Kᵀ / c + B_rel) V`` with ``f`` the
+      softmax or the Laplace function, within chunks of ``chunk_size`` (§3.3, §3.5), or ``O = CSP(V)`` (CSP eq 4
+      in place of the attention, with CSP's ``csp_groups`` and ``shift_schedule``: CSP §4, Table 7);
+    - ``H = silu(H_x + (r ⊙ O) W_h + b_h)`` and the update gate ``Y = u ⊙ H + (1 - u) ⊙ X_in``
+      with ``X_in`` the layer's raw input; post-norm normalises ``Y``.
+
+    The layer owns its residual (the update gate mixes ``H`` with the raw input): in the skeleton's
+    :class:`~attnzoo.models.blocks.Block` it takes the residual stream and returns the new one, and the block's
+    feed-forward half is MEGA's normalised FFN. ``heads`` is checked and otherwise ignored: MEGA is single-head.
+
+    Parameters (``E = hdim``, ``R`` = ``chunk_size`` or ``max_len``): norm ``2D`` (``1`` for ScaleNorm);
+    EMA ``8Dh + D``; ``W_v`` ``DE + E``; ``W`` ``D(Z + E + 2D) + Z + E + 2D``; ``W_h`` ``ED + D``; offsets ``4Z``;
+    relative bias ``2R - 1``. With ``attention="csp"`` the shared ``Z``, its offsets and the bias are not built.
+
+    Recorded internals: ``ema`` (``X'``, ``(B, N, D)``), ``u`` (update gate ``(B, N, D)``), ``r`` (reset gate).
+    """
+
+    mechanism = MEGA
+    owns_residual = True
+
+    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options) -> None:
+        super().__init__(dim, heads, causal=causal, **options)
+        o = self.options
+        D, h, Z = dim, o.ndim, o.zdim
+        E = o.hdim if o.hdim is not None else 2 * dim
+        self.attention, self.ndim, self.zdim, self.hdim = o.attention, h, Z, E
+        self.chunk_size, self.max_len, self.prenorm = o.chunk_size, o.max_len, o.prenorm
+        self.csp_groups, self.shift_schedule = o.csp_groups, o.shift_schedule
+        self.layer_index, self.num_layers = o.layer_index, o.num_layers
+        self.norm = build_norm(o.norm_layer, D)
+        # EMA coefficients, forward then backward direction (MEGA's bidirectional kernel of width 2D)
+        self.ema_alpha = nn.Parameter(torch.empty(2, D, h))
+        self.ema_delta = nn.Parameter(torch.empty(2, D, h))
+        self.ema_beta = nn.Parameter(torch.empty(2, D, h))
+        self.ema_eta = nn.Parameter(torch.empty(2, D, h))
+        self.ema_omega = nn.Parameter(torch.empty(D))
+        self.v_proj = nn.Linear(D, E)
+        zw = 0 if o.attention == "csp" else Z
+        self.mx_proj = nn.Linear(D, D + zw + E + D)
+        self.h_proj = nn.Linear(E, D)
+        if o.attention != "csp":
+            self.qk_scale = nn.Parameter(torch.empty(2, Z))  # kappa_q, kappa_k
+            self.qk_offset = nn.Parameter(torch.empty(2, Z))  # mu_q, mu_k
+            R = o.chunk_size if o.chunk_size is not None else o.max_len
+            self.rel_bias = nn.Parameter(torch.empty(2 * R - 1))
+        self.drop = nn.Dropout(o.dropout)
+        self.hidden_drop = nn.Dropout(o.hidden_dropout)
+        self._shift_cache: dict[tuple[int, str], torch.Tensor] = {}
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """MEGA's initialisation: EMA rates N(0, 0.2) before the sigmoid, ``beta`` near ``(1, -1, 1, ...)``,
+        ``eta`` and ``omega`` N(0, 1), projections N(0, 0.02) with zero biases, offsets zero."""
+        with torch.no_grad():
+            nn.init.normal_(self.ema_alpha, std=0.2)
+            nn.init.normal_(self.ema_delta, std=0.2)
+            signs = torch.ones(self.ndim)
+            signs[1::2] = -1.0  # alternating signs: MEGA's code finds them more stable
+            self.ema_beta.normal_(std=0.02).add_(signs)
+            nn.init.normal_(self.ema_eta, std=1.0)
+            nn.init.normal_(self.ema_omega, std=1.0)
+            for lin in (self.v_proj, self.mx_proj, self.h_proj):
+                nn.init.normal_(lin.weight, std=0.02)
+                nn.init.zeros_(lin.bias)
+            if self.attention != "csp":
+                nn.init.normal_(self.qk_scale, std=0.02)
+                nn.init.zeros_(self.qk_offset)
+                nn.init.normal_(self.rel_bias, std=0.02)
+
+    def ema_coefficients(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``alpha, delta, beta, eta`` ``(2, D, h)`` as :func:`attnzoo.ops.ema` takes them (eta scaled by 1/sqrt(h))."""
+        return (
+            torch.sigmoid(self.ema_alpha),
+            torch.sigmoid(self.ema_delta),
+            self.ema_beta,
+            self.ema_eta * math.sqrt(1.0 / self.ndim),
+        )
+
+    def shifts_for(self, N: int, device: torch.device | None = None) -> torch.Tensor:
+        """CSP's per-channel shift steps ``(hdim,)`` for N tokens (cached per N and device)."""
+        key = (N, str(device))
+        s = self._shift_cache.get(key)
+        if s is None:
+            s = csp_shifts(N, self.hdim, self.shift_schedule, layer=self.layer_index, num_layers=self.num_layers)
+            s = self._shift_cache[key] = s.to(device)
+        return s
+
+    def _check_length(self, N: int) -> int | None:
+        """CSP's groups for N tokens (``None`` for attention), or a clear error when N does not fit the options."""
+        if self.attention == "csp":
+            groups = N if self.csp_groups is None else self.csp_groups
+            if N % groups:
+                valid = [d for d in range(1, N + 1) if N % d == 0]
+                raise ValueError(
+                    f"MegaLayer(attention='csp', csp_groups={groups}) needs N divisible by csp_groups, got N={N}; "
+                    f"valid csp_groups: {valid} (or None: shifting only)"
+                )
+            return groups
+        if self.chunk_size is None and N > self.max_len:
+            raise ValueError(
+                f"MegaLayer(max_len={self.max_len}) got N={N} tokens: its relative position bias covers "
+                f"max_len tokens; build it with max_len >= {N}, or set chunk_size"
+            )
+        return None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        N, D, E = x.shape[1], self.dim, self.hdim
+        groups = self._check_length(N)
+        residual = x
+        xn = self.norm(x) if self.prenorm else x
+        v = self.hidden_drop(F.silu(self.v_proj(xn)))
+        mx = F.silu(ema(xn, *self.ema_coefficients(), causal=False) + xn * self.ema_omega)  # EMA(X) + omega X
+        mx = self.drop(mx)
+        base = self.mx_proj(mx)
+        if groups is None:
+            u, zr, hx = torch.split(base, [D, self.zdim + E, D], dim=-1)
+            z, r = torch.split(F.silu(zr), [self.zdim, E], dim=-1)  # shared Z, reset gate r
+            q = z * self.qk_scale[0] + self.qk_offset[0]  # the two offsets of Z
+            k = z * self.qk_scale[1] + self.qk_offset[1]
+            fn = "softmax" if self.attention == "softmax" else "laplace"
+            o = mega_attention(q, k, v, self.rel_bias, fn=fn, chunk_size=self.chunk_size)
+        else:
+            u, r, hx = torch.split(base, [D, E, D], dim=-1)
+            r = F.silu(r)
+            o = csp(v, self.shifts_for(N, x.device), groups)  # CSP eq 4 in place of eq 9
+        u = torch.sigmoid(u)  # update gate
+        h = self.drop(F.silu(hx + self.h_proj(o * r)))
+        y = residual + u * (h - residual)  # u ⊙ H + (1 - u) ⊙ X
+        if self.capturing:
+            self.record(ema=mx, u=u, r=r)
+        return y if self.prenorm else self.norm(y)
+
+    def extra_repr(self) -> str:
+        extra = f"chunk_size={self.chunk_size}" if self.attention != "csp" else f"csp_groups={self.csp_groups}"
+        return (
+            f"{super().extra_repr()}, attention={self.attention!r}, ndim={self.ndim}, zdim={self.zdim}, "
+            f"hdim={self.hdim}, {extra}, prenorm={self.prenorm}"
+        )
