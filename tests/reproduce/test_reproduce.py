@@ -540,3 +540,16 @@ def test_reuse_imports_only_steps_whose_config_is_unchanged(tmp_path):
         assert new.load(changed_now) is None and new.load(new_step) is None
     with pytest.raises(ReproduceError, match="not a readable results.json"):
         import_results(tmp_path / "missing.json", [same], StepStore(tmp_path / "x"))
+
+
+@pytest.mark.slow
+def test_report_only_writes_a_report_from_stored_steps_and_lists_the_missing(smoke, tmp_path):
+    out = tmp_path / "partial"
+    shutil.copytree(smoke, out)
+    (out / "steps" / "vision" / "vit" / "seed1.json").unlink()
+    outcome = run(out, "smoke", seed=0, progress=False, report_only=True)
+    assert outcome.computed == [] and outcome.missing == ["vision/vit/seed1"]
+    assert not (out / "steps" / "vision" / "vit" / "seed1.json").exists()
+    res = _results(out)
+    assert res["meta"]["missing_steps"] == ["vision/vit/seed1"] and list(res["sections"]) == list(SECTIONS)
+    assert "`vision/vit/seed1`" in (out / "report.md").read_text()

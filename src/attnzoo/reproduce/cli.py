@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="run independent steps in N processes (each with --threads torch threads, default 1); a step's numbers "
         "are those of --jobs 1 --threads 1",
     )
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="compute nothing: write the report from the steps stored so far, listing the plan's missing steps",
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     ap.add_argument("--list", action="store_true", help="print the steps of the plan and exit")
     ap.add_argument(
@@ -74,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             argv=argv,
             reuse=args.reuse,
             jobs=args.jobs,
+            report_only=args.report_only,
         )
     except (ReproduceError, DirectoryLocked) as e:
         from attnzoo.cli import debug_enabled

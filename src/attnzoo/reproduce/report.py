@@ -182,6 +182,16 @@ def write_report(
     threads: int,
 ) -> None:
     secs = _summaries(out, plan, sections, records, outcome.failed)
+    missing = getattr(outcome, "missing", [])
+    for sec in secs:
+        mine = [sid for sid in missing if sid.split("/", 1)[0] == sec.key]
+        if mine:
+            sec.notes.insert(
+                0,
+                f"{len(mine)} step(s) of this section's plan were not computed (report written with --report-only): "
+                + ", ".join(f"`{sid}`" for sid in mine)
+                + ". Findings that need them are not tested, untuned or not shown to plateau.",
+            )
     compute_s = sum(r.get("wall_s", 0.0) for r in records.values())
     cmd = "attnzoo reproduce " + " ".join(argv) if argv else f"attnzoo reproduce --budget {budget_name} --out {out}"
     created = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -199,6 +209,7 @@ def write_report(
         "generated": created,
         "compute_s": compute_s,
         "invocation_wall_s": outcome.wall_s,
+        "missing_steps": missing,
         "sections": [s.key for s in secs],
         "plan": plan,
     }

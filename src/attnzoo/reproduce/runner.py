@@ -41,6 +41,7 @@ class RunOutcome:
     computed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
     interrupted: bool = False
     wall_s: float = 0.0
 
@@ -173,6 +174,7 @@ def run(
     argv: list[str] | None = None,
     reuse: str | os.PathLike | list | None = None,
     jobs: int = 1,
+    report_only: bool = False,
 ) -> RunOutcome:
     """Run (or continue) ``attnzoo reproduce`` into ``out`` and write ``report.md`` and ``results.json``."""
     from attnzoo.reproduce.report import write_report
@@ -199,11 +201,7 @@ def run(
     outcome = RunOutcome(out, out / "report.md", out / "results.json")
     records: dict[str, dict] = {}
     try:
-        todo = _select(steps, sections)
-        if jobs > 1:
-            _run_steps_parallel(todo, ctx, outcome, records, progress, jobs, threads)
-        else:
-            _run_steps(todo, ctx, outcome, records, progress)
+        _execute(_select(steps, sections), ctx, outcome, records, progress, jobs, threads, report_only)
     except (Interrupted, KeyboardInterrupt) as e:
         outcome.interrupted = True
         print(
@@ -215,7 +213,8 @@ def run(
         return outcome
     except OSError as e:  # a store write (disk full, ...): every failure so far, the culprit, the way on
         raise _stopped_by(e, outcome, resume_command(out, budget_name, seed, only)) from None
-    sections = _with_finished_sections(sections, steps, store, records)
+    if not report_only:
+        sections = _with_finished_sections(sections, steps, store, records)
     outcome.wall_s = time.perf_counter() - t_start
     # report.md only together with results.json
     with _report_or_nothing(out, outcome, resume_command(out, budget_name, seed, only)):
@@ -233,6 +232,22 @@ def run(
             threads=torch.get_num_threads(),
         )
     return outcome
+
+
+def _execute(todo, ctx, outcome, records, progress, jobs, threads, report_only) -> None:
+    """Compute the missing steps of ``todo`` (in ``jobs`` processes), or with ``report_only`` only load them."""
+    if report_only:  # nothing computed: the report says which steps of the plan it lacks
+        for step in todo:
+            rec = ctx.store.load(step)
+            if rec is None:
+                outcome.missing.append(step.id)
+            else:
+                records[step.id] = rec
+                outcome.skipped.append(step.id)
+    elif jobs > 1:
+        _run_steps_parallel(todo, ctx, outcome, records, progress, jobs, threads)
+    else:
+        _run_steps(todo, ctx, outcome, records, progress)
 
 
 def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore) -> int:
@@ -441,6 +456,7 @@ def resume_command(out: Path, budget_name: str, seed: int, only: str | list[str]
 
 def summary_line(o: RunOutcome) -> str:
     return (
-        f"reproduce: {len(o.computed)} step(s) computed, {len(o.skipped)} reused, {len(o.failed)} failed "
-        f"in {o.wall_s:.1f} s; report: {o.report}"
+        f"reproduce: {len(o.computed)} step(s) computed, {len(o.skipped)} reused, {len(o.failed)} failed"
+        + (f", {len(o.missing)} missing (--report-only)" if o.missing else "")
+        + f" in {o.wall_s:.1f} s; report: {o.report}"
     )
