@@ -1,0 +1,502 @@
+"""Adaptation of a pretrained model into a mechanism: attention transfer, then fine-tuning (Hedgehog/LoLCATs style).
+
+Stage 1, *attention transfer* (steps ``1..transfer_steps``): the pretrained model is a frozen teacher. One forward
+of the teacher per step, with a hook on each of its attention modules, runs the student's swapped attention on that
+module's own inputs and takes ``mse(student(x_l), teacher(x_l))`` (``x_l`` the teacher's input to layer ``l``);
+each layer's loss is back-propagated at once (its graph is freed before the next layer runs), so every layer
+trains in the one pass and only the student's attention runs besides the teacher. Only what the mechanism adds is
+trained (optionally its inherited projections too).
+
+Stage 2, *fine-tuning* (the next ``finetune_steps`` steps): the student alone, on the task / language-model loss
+(``model(**batch).loss`` for ``transformers`` models), every weight or LoRA adapters (``peft``) plus the
+mechanism's new parameters.
+
+A run directory holds ``adapt.json`` (the configuration), ``metrics.csv`` (one row per step: stage, learning rate,
+loss and each layer's transfer loss; one row per evaluation), ``transfer_loss.png``, ``results.json`` (the
+evaluations: teacher, swapped, after transfer, after fine-tuning) and ``checkpoints/`` (attnzoo's atomic
+safetensors checkpoints). A batch is a pure function of its step and the RNG state is checkpointed, so a resumed run
+repeats the uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnzoo._io import atomic_save_figure, atomic_write_text, write_json
+from attnzoo.adapt.student import Student, make_student
+from attnzoo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from attnzoo.train.schedules import lr_at
+
+__all__ = ["AdaptConfig", "AdaptResult", "adapt", "AdaptError", "transfer_losses", "plot_transfer", "default_loss"]
+
+Batch = Mapping[str, Any] | Sequence[Any]
+_MARKER = ".attnzoo-adapt"
+_OWN_FILES = {_MARKER, "adapt.json", "metrics.csv", "results.json", "transfer_loss.png", "report.txt"}
+
+
+class AdaptError(ValueError):
+    """A bad adaptation setting or run directory."""
+
+
+@dataclass
+class AdaptConfig:
+    """Settings of :func:`adapt`; ``lora_rank=0`` fine-tunes every weight, ``> 0`` trains LoRA adapters of that
+    rank (on every linear layer but the output head) plus the mechanism's new parameters.
+    ``train_projections``: in the transfer stage also train the inherited q/k/v/o projections (``None``: only if
+    the mechanism adds no parameters of its own, e.g. linear attention)."""
+
+    mechanism: str
+    options: dict = field(default_factory=dict)
+    transfer_steps: int = 100
+    finetune_steps: int = 0
+    transfer_lr: float = 1e-3
+    finetune_lr: float = 1e-4
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    train_projections: bool | None = None
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 2
+    seed: int = 0
+
+    def validate(self) -> None:
+        for name in ("transfer_steps", "finetune_steps", "warmup_steps", "lora_rank", "seed"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise AdaptError(f"{name} must be an integer >= 0, got {v!r}")
+        for name in ("checkpoint_every", "keep_checkpoints"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise AdaptError(f"{name} must be an integer >= 1, got {v!r}")
+        if self.transfer_steps + self.finetune_steps == 0:
+            raise AdaptError("transfer_steps and finetune_steps are both 0: nothing to do")
+        for name in ("transfer_lr", "finetune_lr", "lora_alpha"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise AdaptError(f"{name} must be a finite number > 0, got {v!r}")
+        for name in ("weight_decay", "grad_clip"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise AdaptError(f"{name} must be a finite number >= 0, got {v!r}")
+        if not isinstance(self.options, dict):
+            raise AdaptError(f"options must be a dict of the mechanism's options, got {type(self.options).__name__}")
+
+    @property
+    def total_steps(self) -> int:
+        return self.transfer_steps + self.finetune_steps
+
+    def stage(self, step: int) -> str:
+        """The stage of (1-based) step ``step``."""
+        return "transfer" if step <= self.transfer_steps else "finetune"
+
+
+@dataclass
+class AdaptResult:
+    """The adapted ``student`` (a :class:`~attnzoo.adapt.student.Student`), the last step done, the evaluations
+    (``{"teacher": {...}, "swapped": {...}, "transfer": {...}, "finetune": {...}}``, those that ran) and the
+    transfer loss per layer at the last transfer step."""
+
+    student: Student
+    step: int
+    evaluations: dict[str, dict[str, float]]
+    layer_losses: list[float]
+
+
+# ---- run directory ------------------------------------------------------------------------------------------
+
+
+def _prepare_dir(out: Path, cfg: AdaptConfig, resume: bool, overwrite: bool) -> bool:
+    """Create / check ``out``; returns whether a checkpoint may be resumed."""
+    if resume and overwrite:
+        raise AdaptError("resume and overwrite contradict each other; pass one")
+    if out.exists() and not out.is_dir():
+        raise AdaptError(f"out {out} exists and is not a directory")
+    if out.exists() and any(out.iterdir()):
+        if not (out / _MARKER).is_file():
+            raise AdaptError(f"out {out} is a non-empty directory that is not an attnzoo adapt run; choose another")
+        if overwrite:
+            foreign = sorted(p.name for p in out.iterdir() if p.name not in _OWN_FILES and p.name != "checkpoints")
+            if foreign:
+                raise AdaptError(f"out {out} also holds files adapt did not write: {foreign}; move them first")
+            shutil.rmtree(out / "checkpoints", ignore_errors=True)
+            for name in _OWN_FILES:
+                (out / name).unlink(missing_ok=True)
+        elif resume:
+            import json
+
+            saved = json.loads((out / "adapt.json").read_text())
+            given = asdict(cfg)
+            differ = sorted(k for k in set(saved) | set(given) if saved.get(k) != _jsonish(given.get(k)))
+            if differ:
+                raise AdaptError(
+                    f"{out} was started with other settings ({', '.join(f'{k}: {saved.get(k)!r}' for k in differ)}); "
+                    f"resume with the same settings or choose another out"
+                )
+            return True
+        else:
+            raise AdaptError(f"out {out} already holds an adapt run; pass resume to continue it or overwrite")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / _MARKER, "attnzoo adapt run\n")
+    write_json(out / "adapt.json", asdict(cfg))
+    return False
+
+
+def _jsonish(v: Any) -> Any:
+    import json
+
+    from attnzoo._io import to_jsonable
+
+    return json.loads(json.dumps(to_jsonable(v)))
+
+
+class _Csv:
+    """``metrics.csv``: appended row by row; on resume, rows after the checkpoint's step are dropped first."""
+
+    def __init__(self, path: Path, n_layers: int, resume_step: int | None) -> None:
+        self.path = path
+        self.fields = ["step", "stage", "split", "lr", "loss", "perplexity", "accuracy", "tokens", "elapsed_s"]
+        self.fields += [f"transfer_{i}" for i in range(n_layers)]
+        rows: list[dict] = []
+        if resume_step is not None and path.is_file():
+            with open(path, newline="") as f:
+                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
+            # evaluations logged at the checkpoint's own step belong after it (they follow the save)
+            rows = [r for r in rows if not (int(r["step"]) == resume_step and r["split"] == "eval")]
+        buf = io.StringIO(newline="")
+        w = csv.DictWriter(buf, fieldnames=self.fields)
+        w.writeheader()
+        w.writerows(rows)
+        atomic_write_text(path, buf.getvalue())
+
+    def log(self, row: dict[str, Any]) -> None:
+        row = {k: (repr(float(v)) if isinstance(v, float) else v) for k, v in row.items() if k in self.fields}
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=self.fields).writerow(row)
+
+
+def plot_transfer(csv_path: Path, png: Path) -> Path | None:
+    """Per-layer transfer loss against step (log scale) from ``metrics.csv``; ``None`` when there is none."""
+    with open(csv_path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["stage"] == "transfer" and r["split"] == "train"]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    cols = [c for c in rows[0] if c.startswith("transfer_")]
+    steps = [int(r["step"]) for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    cmap = plt.get_cmap("viridis")
+    for i, c in enumerate(cols):
+        ax.plot(steps, [float(r[c]) for r in rows], color=cmap(i / max(len(cols) - 1, 1)), lw=1, label=f"layer {i}")
+    ax.set_yscale("log")
+    ax.set_xlabel("transfer step")
+    ax.set_ylabel("MSE(student attention, teacher attention)")
+    ax.set_title("attention transfer: per-layer loss (dark = first layer)")
+    if len(cols) <= 12:
+        ax.legend(fontsize=7, ncol=2)
+    return atomic_save_figure(fig, png)
+
+
+# ---- the stages ---------------------------------------------------------------------------------------------
+
+
+def _call(model: nn.Module, batch: Batch, drop: tuple[str, ...] = (), extra: dict | None = None):
+    if isinstance(batch, Mapping):
+        kw = {k: v for k, v in batch.items() if k not in drop}
+        kw.update(extra or {})
+        return model(**kw)
+    return model(*batch)
+
+
+def _tokens(batch: Batch) -> int:
+    if isinstance(batch, Mapping):
+        x = batch.get("input_ids", batch.get("pixel_values"))
+    else:
+        x = batch[0] if len(batch) else None
+    if not isinstance(x, torch.Tensor):
+        return 0
+    return int(x.numel()) if x.dtype in (torch.int64, torch.int32) else int(x.shape[0])
+
+
+def default_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """``model(**batch).loss`` (``transformers`` models given ``labels``)."""
+    out = _call(model, batch)
+    loss = getattr(out, "loss", None)
+    if not isinstance(loss, torch.Tensor):
+        raise AdaptError(
+            "fine-tuning needs a loss: give batches with labels to a transformers model (out.loss), or pass loss_fn"
+        )
+    return loss
+
+
+class _Transfer:
+    """Hooks on the teacher's attention modules that train the student's on the same inputs (module docstring)."""
+
+    _CACHE_KEYS = ("past_key_values", "past_key_value", "cache", "use_cache")
+
+    def __init__(self, teacher: nn.Module, student: Student) -> None:
+        self.names = [layer.name for layer in student.layers]
+        self.pairs = [(teacher.get_submodule(n), student.model.get_submodule(n)) for n in self.names]
+        self.losses: list[float] = [math.nan] * len(self.pairs)
+
+    def _hook(self, i: int, backward: bool):
+        student_module = self.pairs[i][1]
+
+        def hook(module, args, kwargs, output):
+            kw = {k: v for k, v in kwargs.items() if k not in self._CACHE_KEYS}
+            with torch.set_grad_enabled(backward):
+                got = student_module(*args, **kw)
+                got = got[0] if isinstance(got, tuple) else got
+                want = output[0] if isinstance(output, tuple) else output
+                loss = F.mse_loss(got.float(), want.detach().float())
+                if backward:
+                    # backward now: this layer's graph is freed before the teacher's next layer runs
+                    loss.backward()
+            self.losses[i] = float(loss.detach())
+
+        return hook
+
+    def run(self, teacher: nn.Module, batch: Batch, causal_hf: bool, backward: bool = True) -> list[float]:
+        """Each layer's transfer loss on ``batch`` (accumulating its gradients when ``backward``)."""
+        handles = [
+            t.register_forward_hook(self._hook(i, backward), with_kwargs=True) for i, (t, _) in enumerate(self.pairs)
+        ]
+        try:
+            with torch.no_grad():
+                _call(teacher, batch, drop=("labels",), extra={"use_cache": False} if causal_hf else None)
+        finally:
+            for h in handles:
+                h.remove()
+        return list(self.losses)
+
+
+def transfer_losses(teacher: nn.Module, student: Student, batch: Batch) -> list[float]:
+    """Each swapped layer's ``mse(student attention, teacher attention)`` on the teacher's inputs for ``batch``."""
+    was = student.model.training
+    student.model.eval()
+    try:
+        causal_hf = student.causal and student.family in ("gpt2", "llama")
+        return _Transfer(teacher, student).run(teacher, batch, causal_hf, backward=False)
+    finally:
+        student.model.train(was)
+
+
+def _params_by_name(model: nn.Module, names: Sequence[str]) -> list[nn.Parameter]:
+    own = dict(model.named_parameters())
+    return [own[n] for n in names]
+
+
+def _lora_targets(model: nn.Module) -> list[str]:
+    heads = ("lm_head", "classifier", "score", "head")
+    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.rpartition(".")[2] not in heads]
+
+
+def _inject_lora(model: nn.Module, cfg: AdaptConfig) -> list[nn.Parameter]:
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError as e:
+        raise ImportError('LoRA fine-tuning needs peft: pip install "attnzoo[adapt]" (or pip install peft)') from e
+    targets = _lora_targets(model)
+    if not targets:
+        raise AdaptError("lora_rank > 0 but the model has no linear layer to put LoRA adapters on")
+    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=0.0)
+    inject_adapter_in_model(lora, model)
+    return [p for n, p in model.named_parameters() if "lora_" in n]
+
+
+def adapt(
+    teacher: nn.Module,
+    batches: Callable[[int], Batch],
+    cfg: AdaptConfig,
+    out: str | Path | None = None,
+    *,
+    loss_fn: Callable[[nn.Module, Batch], torch.Tensor] | None = None,
+    eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    stop_after: int | None = None,
+    progress: bool = True,
+) -> AdaptResult:
+    """Adapt ``teacher`` into ``cfg.mechanism``: attention transfer then fine-tuning (module docstring).
+
+    ``batches(step)`` gives the batch of 1-based ``step`` (a dict of the model's keyword inputs, with ``labels`` for
+    fine-tuning ``transformers`` models, or a tuple of positional inputs) and must depend on ``step`` only.
+    ``eval_fn(model)`` (e.g. perplexity on held-out text) runs on the teacher and on the student before, between
+    and after the stages. ``out``: the run directory (``None``: no checkpoints or logs); ``resume`` continues the
+    run in ``out`` from its last checkpoint; ``stop_after``: stop (with a checkpoint) after that step.
+    """
+    cfg.validate()
+    if not callable(batches):
+        raise AdaptError("batches must be a function step -> batch")
+    if stop_after is not None and (not isinstance(stop_after, int) or stop_after < 1):
+        raise AdaptError(f"stop_after must be an integer >= 1 or None, got {stop_after!r}")
+    torch.manual_seed(
+        cfg.seed
+    )  # the mechanism's new parameters start from the seed's draw (a resume restores the rest)
+    student = make_student(teacher, cfg.mechanism, cfg.options)
+    teacher.eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    model = student.model
+    new = [p for layer in student.layers for p in _params_by_name(model, layer.new)]
+    inherited = [p for layer in student.layers for p in _params_by_name(model, layer.inherited)]
+    train_proj = cfg.train_projections if cfg.train_projections is not None else not new
+    transfer_params = new + (inherited if train_proj else [])
+    if cfg.transfer_steps and not transfer_params:
+        raise AdaptError(
+            f"{cfg.mechanism} adds no parameters to the pretrained projections and train_projections=False: the "
+            f"transfer stage would train nothing; set train_projections=True (or None)"
+        )
+    lora_params = _inject_lora(model, cfg) if cfg.lora_rank > 0 else []
+    causal_hf = student.causal and student.family in ("gpt2", "llama")
+    loss_fn = loss_fn or default_loss
+
+    out = Path(out) if out is not None else None
+    start, evaluations, elapsed, tokens = 0, {}, 0.0, 0
+    may_resume = _prepare_dir(out, cfg, resume, overwrite) if out is not None else False
+    ckpt = latest_checkpoint(out / "checkpoints") if may_resume else None
+    opt, opt_stage = None, None
+    if ckpt is not None:
+        # the optimizer saved is that of the checkpoint's stage: restored only if training continues in that stage
+        import json
+
+        saved = json.loads((ckpt / "state.json").read_text())
+        saved_stage, start = saved.get("stage"), int(saved["step"])
+        if start < cfg.total_steps and cfg.stage(start + 1) == saved_stage:
+            opt_stage = saved_stage
+            opt = _optimizer(cfg, opt_stage, transfer_params, new, lora_params, model)
+            _set_trainable(model, opt)
+        state = load_checkpoint(ckpt, model, opt)
+        start = int(state["step"])
+        evaluations, elapsed, tokens = state.get("evaluations", {}), state["elapsed_s"], state["tokens"]
+    log = _Csv(out / "metrics.csv", len(student.layers), start if ckpt is not None else None) if out else None
+
+    def evaluate(name: str, m: nn.Module, step: int) -> None:
+        if eval_fn is None or name in evaluations:
+            return
+        was = m.training
+        m.eval()
+        with torch.no_grad():
+            evaluations[name] = {k: float(v) for k, v in eval_fn(m).items()}
+        m.train(was)
+        if log:
+            log.log({"step": step, "stage": name, "split": "eval", "tokens": tokens, **evaluations[name]})
+        if out:
+            write_json(out / "results.json", {"evaluations": evaluations, "report": student.report})
+
+    if start == 0:
+        evaluate("teacher", teacher, 0)
+        evaluate("swapped", model, 0)
+    transfer = _Transfer(teacher, student)
+    layer_losses: list[float] = []
+    stop = min(cfg.total_steps, stop_after) if stop_after is not None else cfg.total_steps
+    bar = _progress(cfg, start, progress)
+    step = start
+    try:
+        for step in range(start + 1, stop + 1):
+            stage = cfg.stage(step)
+            if opt_stage != stage:
+                opt = _optimizer(cfg, stage, transfer_params, new, lora_params, model)
+                opt_stage = stage
+                _set_trainable(model, opt)
+            first = 1 if stage == "transfer" else cfg.transfer_steps + 1
+            n = cfg.transfer_steps if stage == "transfer" else cfg.finetune_steps
+            lr = lr_at(
+                step - first, lr=_lr(cfg, stage), steps=n, warmup_steps=min(cfg.warmup_steps, n), min_lr_ratio=0.1
+            )
+            for g in opt.param_groups:
+                g["lr"] = lr
+            t0 = time.perf_counter()
+            batch = batches(step)
+            opt.zero_grad(set_to_none=True)
+            row: dict[str, Any] = {"step": step, "stage": stage, "split": "train", "lr": lr}
+            if stage == "transfer":
+                model.eval()  # the student's dropout stays off: its layers must match a deterministic teacher
+                layer_losses = transfer.run(teacher, batch, causal_hf)
+                loss = sum(layer_losses) / len(layer_losses)
+                row.update({f"transfer_{i}": v for i, v in enumerate(layer_losses)})
+            else:
+                model.train()
+                loss_t = loss_fn(model, batch)
+                loss_t.backward()
+                loss = float(loss_t.detach())
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"adapt: {stage} loss is {loss} at step {step}; lower the learning rate")
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], cfg.grad_clip)
+            opt.step()
+            elapsed += time.perf_counter() - t0
+            tokens += _tokens(batch)
+            row.update({"loss": loss, "tokens": tokens, "elapsed_s": elapsed})
+            if log:
+                log.log(row)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(stage=stage, loss=f"{loss:.4g}")
+            end_of_stage = step == cfg.transfer_steps or step == cfg.total_steps
+            if out and (step % cfg.checkpoint_every == 0 or step == stop or end_of_stage):
+                extra = {"stage": stage, "evaluations": evaluations, "elapsed_s": elapsed, "tokens": tokens}
+                save_checkpoint(out / "checkpoints", step, model, opt, extra, keep=cfg.keep_checkpoints)
+            if step == cfg.transfer_steps:
+                evaluate("transfer", model, step)
+            if step == cfg.total_steps and cfg.finetune_steps:
+                evaluate("finetune", model, step)
+    finally:
+        if bar is not None:
+            bar.close()
+    if out:
+        if plot_transfer(out / "metrics.csv", out / "transfer_loss.png") is None:
+            (out / "transfer_loss.png").unlink(missing_ok=True)
+        atomic_write_text(out / "report.txt", student.report + "\n")
+        write_json(out / "results.json", {"evaluations": evaluations, "report": student.report, "step": step})
+    return AdaptResult(student=student, step=step, evaluations=evaluations, layer_losses=layer_losses)
+
+
+def _lr(cfg: AdaptConfig, stage: str) -> float:
+    return cfg.transfer_lr if stage == "transfer" else cfg.finetune_lr
+
+
+def _optimizer(cfg, stage, transfer_params, new, lora_params, model) -> torch.optim.Optimizer:
+    if stage == "transfer":
+        params = transfer_params
+    elif cfg.lora_rank > 0:
+        params = lora_params + [p for p in new if all(p is not q for q in lora_params)]
+    else:
+        params = [p for n, p in model.named_parameters()]
+    return torch.optim.AdamW(params, lr=_lr(cfg, stage), weight_decay=cfg.weight_decay)
+
+
+def _set_trainable(model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    """Gradients only for the optimizer's parameters (the rest of the student stays frozen)."""
+    ids = {id(p) for g in opt.param_groups for p in g["params"]}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in ids)
+
+
+def _progress(cfg: AdaptConfig, start: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=cfg.total_steps, initial=start, desc=f"adapt {cfg.mechanism}", dynamic_ncols=True)
+
+
+def config_fields() -> list[str]:
+    """The names of :class:`AdaptConfig`'s settings."""
+    return [f.name for f in fields(AdaptConfig)]
