@@ -8,6 +8,7 @@ Llama-family model (SmolLM2) into ``transformers``. Needs the ``hf`` extra (``tr
 
 from __future__ import annotations
 
+from attnzoo.adapt.gguf import load_gguf_llama, load_smollm2
 from attnzoo.adapt.loop import AdaptConfig, AdaptError, AdaptResult, adapt, plot_transfer, transfer_losses
 from attnzoo.adapt.student import FAMILIES, AdaptLayer, Student, make_student, model_family
 
@@ -17,6 +18,8 @@ __all__ = [
     "AdaptLayer",
     "AdaptResult",
     "FAMILIES",
+    "load_gguf_llama",
+    "load_smollm2",
     "Student",
     "adapt",
     "make_student",

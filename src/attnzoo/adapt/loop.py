@@ -320,6 +320,128 @@ def _inject_lora(model: nn.Module, cfg: AdaptConfig) -> list[nn.Parameter]:
     return [p for n, p in model.named_parameters() if "lora_" in n]
 
 
+class _Run:
+    """The state of one adaptation: student, parameter groups, optimizer, counters, log (see :func:`adapt`)."""
+
+    def __init__(self, teacher: nn.Module, cfg: AdaptConfig, out: Path | None, eval_fn) -> None:
+        torch.manual_seed(cfg.seed)  # the mechanism's new parameters start from the seed's draw
+        self.cfg, self.teacher, self.out, self.eval_fn = cfg, teacher, out, eval_fn
+        self.student = make_student(teacher, cfg.mechanism, cfg.options)
+        teacher.eval()
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+        self.model = model = self.student.model
+        self.new = [p for layer in self.student.layers for p in _params_by_name(model, layer.new)]
+        inherited = [p for layer in self.student.layers for p in _params_by_name(model, layer.inherited)]
+        train_proj = cfg.train_projections if cfg.train_projections is not None else not self.new
+        self.transfer_params = self.new + (inherited if train_proj else [])
+        if cfg.transfer_steps and not self.transfer_params:
+            raise AdaptError(
+                f"{cfg.mechanism} adds no parameters to the pretrained projections and train_projections=False: the "
+                f"transfer stage would train nothing; set train_projections=True (or None)"
+            )
+        self.lora_params = _inject_lora(model, cfg) if cfg.lora_rank > 0 else []
+        self.transfer = _Transfer(teacher, self.student)
+        self.causal_hf = self.student.causal and self.student.family in ("gpt2", "llama")
+        self.opt: torch.optim.Optimizer | None = None
+        self.opt_stage: str | None = None
+        self.start, self.elapsed, self.tokens = 0, 0.0, 0
+        self.evaluations: dict[str, dict[str, float]] = {}
+        self.layer_losses: list[float] = []
+        self.log: _Csv | None = None
+
+    def use_optimizer(self, stage: str) -> None:
+        """The optimizer of ``stage`` (a new one when the stage changes), gradients for its parameters only."""
+        if self.opt_stage == stage:
+            return
+        cfg, model = self.cfg, self.model
+        if stage == "transfer":
+            params = self.transfer_params
+        elif cfg.lora_rank > 0:
+            params = self.lora_params + [p for p in self.new if all(p is not q for q in self.lora_params)]
+        else:
+            params = list(model.parameters())
+        self.opt = torch.optim.AdamW(params, lr=_lr(cfg, stage), weight_decay=cfg.weight_decay)
+        self.opt_stage = stage
+        ids = {id(p) for p in params}
+        for p in model.parameters():
+            p.requires_grad_(id(p) in ids)
+
+    def restore(self, ckpt: Path) -> None:
+        """Continue from ``ckpt``; its optimizer is restored only if training continues in the checkpoint's stage."""
+        import json
+
+        saved = json.loads((ckpt / "state.json").read_text())
+        step = int(saved["step"])
+        if step < self.cfg.total_steps and self.cfg.stage(step + 1) == saved.get("stage"):
+            self.use_optimizer(saved["stage"])
+        state = load_checkpoint(ckpt, self.model, self.opt)
+        self.start = int(state["step"])
+        self.evaluations, self.elapsed, self.tokens = state.get("evaluations", {}), state["elapsed_s"], state["tokens"]
+
+    def evaluate(self, name: str, m: nn.Module, step: int) -> None:
+        if self.eval_fn is None or name in self.evaluations:
+            return
+        was = m.training
+        m.eval()
+        with torch.no_grad():
+            self.evaluations[name] = {k: float(v) for k, v in self.eval_fn(m).items()}
+        m.train(was)
+        if self.log:
+            self.log.log(
+                {"step": step, "stage": name, "split": "eval", "tokens": self.tokens, **self.evaluations[name]}
+            )
+        if self.out:
+            write_json(self.out / "results.json", {"evaluations": self.evaluations, "report": self.student.report})
+
+    def step(self, step: int, batch: Batch, loss_fn) -> dict[str, Any]:
+        """One optimizer step; returns its ``metrics.csv`` row."""
+        cfg, stage = self.cfg, self.cfg.stage(step)
+        self.use_optimizer(stage)
+        first, n = (1, cfg.transfer_steps) if stage == "transfer" else (cfg.transfer_steps + 1, cfg.finetune_steps)
+        lr = lr_at(step - first, lr=_lr(cfg, stage), steps=n, warmup_steps=min(cfg.warmup_steps, n), min_lr_ratio=0.1)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        t0 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        row: dict[str, Any] = {"step": step, "stage": stage, "split": "train", "lr": lr}
+        if stage == "transfer":
+            self.model.eval()  # the student's dropout stays off: its layers must match a deterministic teacher
+            self.layer_losses = self.transfer.run(self.teacher, batch, self.causal_hf)
+            loss = sum(self.layer_losses) / len(self.layer_losses)
+            row.update({f"transfer_{i}": v for i, v in enumerate(self.layer_losses)})
+        else:
+            self.model.train()
+            loss_t = loss_fn(self.model, batch)
+            loss_t.backward()
+            loss = float(loss_t.detach())
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"adapt: {stage} loss is {loss} at step {step}; lower the learning rate")
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_([p for g in self.opt.param_groups for p in g["params"]], cfg.grad_clip)
+        self.opt.step()
+        self.elapsed += time.perf_counter() - t0
+        self.tokens += _tokens(batch)
+        row.update({"loss": loss, "tokens": self.tokens, "elapsed_s": self.elapsed})
+        return row
+
+    def save(self, step: int) -> None:
+        extra = {
+            "stage": self.cfg.stage(step),
+            "evaluations": self.evaluations,
+            "elapsed_s": self.elapsed,
+            "tokens": self.tokens,
+        }
+        save_checkpoint(self.out / "checkpoints", step, self.model, self.opt, extra, keep=self.cfg.keep_checkpoints)
+
+    def finish(self, step: int) -> None:
+        if plot_transfer(self.out / "metrics.csv", self.out / "transfer_loss.png") is None:
+            (self.out / "transfer_loss.png").unlink(missing_ok=True)
+        atomic_write_text(self.out / "report.txt", self.student.report + "\n")
+        payload = {"evaluations": self.evaluations, "report": self.student.report, "step": step}
+        write_json(self.out / "results.json", payload)
+
+
 def adapt(
     teacher: nn.Module,
     batches: Callable[[int], Batch],
@@ -346,147 +468,45 @@ def adapt(
         raise AdaptError("batches must be a function step -> batch")
     if stop_after is not None and (not isinstance(stop_after, int) or stop_after < 1):
         raise AdaptError(f"stop_after must be an integer >= 1 or None, got {stop_after!r}")
-    torch.manual_seed(
-        cfg.seed
-    )  # the mechanism's new parameters start from the seed's draw (a resume restores the rest)
-    student = make_student(teacher, cfg.mechanism, cfg.options)
-    teacher.eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
-    model = student.model
-    new = [p for layer in student.layers for p in _params_by_name(model, layer.new)]
-    inherited = [p for layer in student.layers for p in _params_by_name(model, layer.inherited)]
-    train_proj = cfg.train_projections if cfg.train_projections is not None else not new
-    transfer_params = new + (inherited if train_proj else [])
-    if cfg.transfer_steps and not transfer_params:
-        raise AdaptError(
-            f"{cfg.mechanism} adds no parameters to the pretrained projections and train_projections=False: the "
-            f"transfer stage would train nothing; set train_projections=True (or None)"
-        )
-    lora_params = _inject_lora(model, cfg) if cfg.lora_rank > 0 else []
-    causal_hf = student.causal and student.family in ("gpt2", "llama")
-    loss_fn = loss_fn or default_loss
-
     out = Path(out) if out is not None else None
-    start, evaluations, elapsed, tokens = 0, {}, 0.0, 0
+    run = _Run(teacher, cfg, out, eval_fn)
     may_resume = _prepare_dir(out, cfg, resume, overwrite) if out is not None else False
     ckpt = latest_checkpoint(out / "checkpoints") if may_resume else None
-    opt, opt_stage = None, None
     if ckpt is not None:
-        # the optimizer saved is that of the checkpoint's stage: restored only if training continues in that stage
-        import json
-
-        saved = json.loads((ckpt / "state.json").read_text())
-        saved_stage, start = saved.get("stage"), int(saved["step"])
-        if start < cfg.total_steps and cfg.stage(start + 1) == saved_stage:
-            opt_stage = saved_stage
-            opt = _optimizer(cfg, opt_stage, transfer_params, new, lora_params, model)
-            _set_trainable(model, opt)
-        state = load_checkpoint(ckpt, model, opt)
-        start = int(state["step"])
-        evaluations, elapsed, tokens = state.get("evaluations", {}), state["elapsed_s"], state["tokens"]
-    log = _Csv(out / "metrics.csv", len(student.layers), start if ckpt is not None else None) if out else None
-
-    def evaluate(name: str, m: nn.Module, step: int) -> None:
-        if eval_fn is None or name in evaluations:
-            return
-        was = m.training
-        m.eval()
-        with torch.no_grad():
-            evaluations[name] = {k: float(v) for k, v in eval_fn(m).items()}
-        m.train(was)
-        if log:
-            log.log({"step": step, "stage": name, "split": "eval", "tokens": tokens, **evaluations[name]})
-        if out:
-            write_json(out / "results.json", {"evaluations": evaluations, "report": student.report})
-
-    if start == 0:
-        evaluate("teacher", teacher, 0)
-        evaluate("swapped", model, 0)
-    transfer = _Transfer(teacher, student)
-    layer_losses: list[float] = []
+        run.restore(ckpt)
+    if out is not None:
+        run.log = _Csv(out / "metrics.csv", len(run.student.layers), run.start if ckpt is not None else None)
+    if run.start == 0:
+        run.evaluate("teacher", teacher, 0)
+        run.evaluate("swapped", run.model, 0)
     stop = min(cfg.total_steps, stop_after) if stop_after is not None else cfg.total_steps
-    bar = _progress(cfg, start, progress)
-    step = start
+    bar = _progress(cfg, run.start, progress)
+    step = run.start
     try:
-        for step in range(start + 1, stop + 1):
-            stage = cfg.stage(step)
-            if opt_stage != stage:
-                opt = _optimizer(cfg, stage, transfer_params, new, lora_params, model)
-                opt_stage = stage
-                _set_trainable(model, opt)
-            first = 1 if stage == "transfer" else cfg.transfer_steps + 1
-            n = cfg.transfer_steps if stage == "transfer" else cfg.finetune_steps
-            lr = lr_at(
-                step - first, lr=_lr(cfg, stage), steps=n, warmup_steps=min(cfg.warmup_steps, n), min_lr_ratio=0.1
-            )
-            for g in opt.param_groups:
-                g["lr"] = lr
-            t0 = time.perf_counter()
-            batch = batches(step)
-            opt.zero_grad(set_to_none=True)
-            row: dict[str, Any] = {"step": step, "stage": stage, "split": "train", "lr": lr}
-            if stage == "transfer":
-                model.eval()  # the student's dropout stays off: its layers must match a deterministic teacher
-                layer_losses = transfer.run(teacher, batch, causal_hf)
-                loss = sum(layer_losses) / len(layer_losses)
-                row.update({f"transfer_{i}": v for i, v in enumerate(layer_losses)})
-            else:
-                model.train()
-                loss_t = loss_fn(model, batch)
-                loss_t.backward()
-                loss = float(loss_t.detach())
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"adapt: {stage} loss is {loss} at step {step}; lower the learning rate")
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], cfg.grad_clip)
-            opt.step()
-            elapsed += time.perf_counter() - t0
-            tokens += _tokens(batch)
-            row.update({"loss": loss, "tokens": tokens, "elapsed_s": elapsed})
-            if log:
-                log.log(row)
+        for step in range(run.start + 1, stop + 1):
+            row = run.step(step, batches(step), loss_fn or default_loss)
+            if run.log:
+                run.log.log(row)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(stage=stage, loss=f"{loss:.4g}")
-            end_of_stage = step == cfg.transfer_steps or step == cfg.total_steps
+                bar.set_postfix(stage=row["stage"], loss=f"{row['loss']:.4g}")
+            end_of_stage = step in (cfg.transfer_steps, cfg.total_steps)
             if out and (step % cfg.checkpoint_every == 0 or step == stop or end_of_stage):
-                extra = {"stage": stage, "evaluations": evaluations, "elapsed_s": elapsed, "tokens": tokens}
-                save_checkpoint(out / "checkpoints", step, model, opt, extra, keep=cfg.keep_checkpoints)
+                run.save(step)
             if step == cfg.transfer_steps:
-                evaluate("transfer", model, step)
+                run.evaluate("transfer", run.model, step)
             if step == cfg.total_steps and cfg.finetune_steps:
-                evaluate("finetune", model, step)
+                run.evaluate("finetune", run.model, step)
     finally:
         if bar is not None:
             bar.close()
     if out:
-        if plot_transfer(out / "metrics.csv", out / "transfer_loss.png") is None:
-            (out / "transfer_loss.png").unlink(missing_ok=True)
-        atomic_write_text(out / "report.txt", student.report + "\n")
-        write_json(out / "results.json", {"evaluations": evaluations, "report": student.report, "step": step})
-    return AdaptResult(student=student, step=step, evaluations=evaluations, layer_losses=layer_losses)
+        run.finish(step)
+    return AdaptResult(student=run.student, step=step, evaluations=run.evaluations, layer_losses=run.layer_losses)
 
 
 def _lr(cfg: AdaptConfig, stage: str) -> float:
     return cfg.transfer_lr if stage == "transfer" else cfg.finetune_lr
-
-
-def _optimizer(cfg, stage, transfer_params, new, lora_params, model) -> torch.optim.Optimizer:
-    if stage == "transfer":
-        params = transfer_params
-    elif cfg.lora_rank > 0:
-        params = lora_params + [p for p in new if all(p is not q for q in lora_params)]
-    else:
-        params = [p for n, p in model.named_parameters()]
-    return torch.optim.AdamW(params, lr=_lr(cfg, stage), weight_decay=cfg.weight_decay)
-
-
-def _set_trainable(model: nn.Module, opt: torch.optim.Optimizer) -> None:
-    """Gradients only for the optimizer's parameters (the rest of the student stays frozen)."""
-    ids = {id(p) for g in opt.param_groups for p in g["params"]}
-    for p in model.parameters():
-        p.requires_grad_(id(p) in ids)
 
 
 def _progress(cfg: AdaptConfig, start: int, enabled: bool):
