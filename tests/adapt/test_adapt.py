@@ -196,3 +196,22 @@ def test_bad_inputs(tmp_path):
             AdaptConfig("tssa", transfer_steps=0, finetune_steps=1),
             progress=False,
         )
+
+
+def test_resume_runs_an_interrupted_final_evaluation(one_thread, tmp_path):
+    teacher = tiny_llama()
+    held_out = lm_batch(10**6)
+    calls = []
+
+    def ev(m):
+        calls.append(1)
+        if len(calls) == 4:  # teacher, swapped, transfer, then the final evaluation is interrupted
+            raise KeyboardInterrupt
+        return {"loss": float(m(**held_out).loss)}
+
+    cfg = AdaptConfig("tssa", transfer_steps=2, finetune_steps=1)
+    with pytest.raises(KeyboardInterrupt):
+        adapt(teacher, lm_batch, cfg, tmp_path / "run", eval_fn=ev, progress=False)
+    res = adapt(teacher, lm_batch, cfg, tmp_path / "run", eval_fn=ev, resume=True, progress=False)
+    assert res.step == 3 and set(res.evaluations) == {"teacher", "swapped", "transfer", "finetune"}
+    assert len(calls) == 5  # only the missing evaluation ran again

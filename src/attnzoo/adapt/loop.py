@@ -479,6 +479,11 @@ def adapt(
     if run.start == 0:
         run.evaluate("teacher", teacher, 0)
         run.evaluate("swapped", run.model, 0)
+    # an evaluation interrupted after its stage's last checkpoint runs now, on that checkpoint
+    if run.start == cfg.transfer_steps > 0:
+        run.evaluate("transfer", run.model, run.start)
+    if run.start == cfg.total_steps and cfg.finetune_steps:
+        run.evaluate("finetune", run.model, run.start)
     stop = min(cfg.total_steps, stop_after) if stop_after is not None else cfg.total_steps
     bar = _progress(cfg, run.start, progress)
     step = run.start
