@@ -7,7 +7,14 @@ import torch
 
 pytest.importorskip("transformers")
 from torch import nn  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, ViTConfig, ViTForImageClassification  # noqa: E402
+from transformers import (  # noqa: E402
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    ViTConfig,
+    ViTForImageClassification,
+)
 
 from attnzoo.adapt import AdaptConfig, AdaptError, adapt, make_student, model_family, transfer_losses  # noqa: E402
 
@@ -45,6 +52,15 @@ def tiny_vit(seed: int = 0) -> ViTForImageClassification:
     return ViTForImageClassification(cfg).eval()
 
 
+def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    cfg = GPT2Config(
+        vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4, initializer_range=0.2, bos_token_id=0,
+        eos_token_id=0,
+    )  # fmt: skip
+    return GPT2LMHeadModel(cfg).eval()
+
+
 def lm_batch(step: int, n: int = 16):
     g = torch.Generator().manual_seed(1000 + step)
     # a repeating pattern with noise: something a language model can learn in a few steps
@@ -69,12 +85,14 @@ def _train_rows(path):
         ("linear", "llama", 1e-2, None),
         ("fastmax", "llama", 1e-2, None),
         ("cbsa", "vit", 1e-2, None),
+        ("linear", "gpt2", 1e-2, None),
     ],
 )
 def test_transfer_lowers_every_layers_loss(one_thread, tmp_path, mechanism, family, lr, train_projections):
     steps = 40
-    teacher = tiny_llama() if family == "llama" else tiny_vit()
-    batches = lm_batch if family == "llama" else image_batch
+    teacher = {"llama": tiny_llama, "gpt2": tiny_gpt2, "vit": tiny_vit}[family]()
+    batches = image_batch if family == "vit" else lm_batch
+    assert model_family(teacher) == family
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
     held_out = batches(10**6)
     swapped = make_student(teacher, mechanism)
@@ -129,7 +147,7 @@ def test_finetune_lowers_lm_loss(one_thread, lora_rank):
 
 def test_resume_repeats_the_uninterrupted_run(one_thread, tmp_path):
     teacher = tiny_llama()
-    cfg = AdaptConfig(mechanism="tssa", transfer_steps=3, finetune_steps=3, checkpoint_every=2, transfer_lr=1e-2)
+    cfg = AdaptConfig("tssa", transfer_steps=3, finetune_steps=3, checkpoint_every=2, transfer_lr=1e-2, lora_rank=2)
     whole = adapt(teacher, lm_batch, cfg, tmp_path / "a", progress=False)
     # interrupted after step 2 (inside transfer) and after step 3 (at the stage boundary), then resumed
     adapt(teacher, lm_batch, cfg, tmp_path / "b", stop_after=2, progress=False)
