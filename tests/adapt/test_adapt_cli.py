@@ -49,3 +49,25 @@ def test_adapt_cli_errors(tmp_path, tiny_gguf, capsys):
     assert "not a model directory (no config.json)" in capsys.readouterr().err
     assert main(["adapt", "--model", "x", "--mechanism", "tssa", "--out", "y", "--option", "p"]) == 2
     assert "--option takes key=value" in capsys.readouterr().err
+
+
+def test_adapt_cli_transformers_directory(one_thread, tmp_path, tiny_gguf, capsys):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from attnzoo.adapt import load_gguf_llama
+
+    _, tok = load_gguf_llama(tiny_gguf)
+    tiny_llama().save_pretrained(tmp_path / "good")  # (a GGUF-loaded model is not serialisable)
+    tok.save_pretrained(tmp_path / "good")
+    args = ["adapt", "--model", str(tmp_path / "good"), "--mechanism", "fastmax", "--transfer-steps", "1"]
+    args += ["--block-size", "16", "--eval-tokens", "32", "--no-progress", "--out"]
+    assert main(args + [str(tmp_path / "run")]) == 0
+    assert "swapped" in capsys.readouterr().out
+    # a tokenizer with more tokens (64) than the model's embedding rows (32)
+    small = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2))  # fmt: skip
+    small.save_pretrained(tmp_path / "bad")
+    tok.save_pretrained(tmp_path / "bad")
+    args[2] = str(tmp_path / "bad")
+    assert main(args + [str(tmp_path / "run2")]) == 1
+    assert "tokenizer has 64 tokens but the model's embedding has 32 rows" in capsys.readouterr().err

@@ -64,6 +64,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stop-after", type=int, default=None, help="stop (with a checkpoint) after this step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (CUDA when available)")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     for name in ("block_size", "batch_size"):
@@ -93,6 +94,12 @@ def load_pretrained(spec: str):
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as e:
         raise FileNotFoundError(f"--model {spec!r}: no tokenizer files in {path} ({e})") from None
+    rows = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > rows:
+        raise ValueError(
+            f"--model {spec!r}: its tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows; "
+            f"the tokenizer does not belong to this model"
+        )
     return model.eval(), tokenizer
 
 
@@ -119,7 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         seed=a.seed,
     )
     cfg.validate()
+    from attnzoo.train.device import resolve_device
+
+    device = resolve_device(a.device)
     teacher, tokenizer = load_pretrained(a.model)
+    teacher.to(device)
     vocab = teacher.get_input_embeddings().weight.shape[0]
     train_text, held_out = load_text_split(a.data)
     need = cfg.total_steps * a.batch_size * a.block_size

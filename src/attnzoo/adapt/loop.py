@@ -25,7 +25,7 @@ import io
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -224,6 +224,13 @@ def _call(model: nn.Module, batch: Batch, drop: tuple[str, ...] = (), extra: dic
     return model(*batch)
 
 
+def _to(batch: Batch, device: torch.device) -> Batch:
+    """``batch`` with its tensors on ``device`` (the teacher's)."""
+    if isinstance(batch, Mapping):
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in batch)
+
+
 def _tokens(batch: Batch) -> int:
     if isinstance(batch, Mapping):
         x = batch.get("input_ids", batch.get("pixel_values"))
@@ -292,7 +299,8 @@ def transfer_losses(teacher: nn.Module, student: Student, batch: Batch) -> list[
     student.model.eval()
     try:
         causal_hf = student.causal and student.family in ("gpt2", "llama")
-        return _Transfer(teacher, student).run(teacher, batch, causal_hf, backward=False)
+        device = next(teacher.parameters()).device
+        return _Transfer(teacher, student).run(teacher, _to(batch, device), causal_hf, backward=False)
     finally:
         student.model.train(was)
 
@@ -343,6 +351,7 @@ class _Run:
         self.lora_params = _inject_lora(model, cfg) if cfg.lora_rank > 0 else []
         self.transfer = _Transfer(teacher, self.student)
         self.causal_hf = self.student.causal and self.student.family in ("gpt2", "llama")
+        self.device = next(teacher.parameters()).device  # batches go where the teacher is
         self.opt: torch.optim.Optimizer | None = None
         self.opt_stage: str | None = None
         self.start, self.elapsed, self.tokens = 0, 0.0, 0
@@ -403,6 +412,7 @@ class _Run:
         for g in self.opt.param_groups:
             g["lr"] = lr
         t0 = time.perf_counter()
+        batch = _to(batch, self.device)
         self.opt.zero_grad(set_to_none=True)
         row: dict[str, Any] = {"step": step, "stage": stage, "split": "train", "lr": lr}
         if stage == "transfer":
@@ -520,8 +530,3 @@ def _progress(cfg: AdaptConfig, start: int, enabled: bool):
     from tqdm.auto import tqdm
 
     return tqdm(total=cfg.total_steps, initial=start, desc=f"adapt {cfg.mechanism}", dynamic_ncols=True)
-
-
-def config_fields() -> list[str]:
-    """The names of :class:`AdaptConfig`'s settings."""
-    return [f.name for f in fields(AdaptConfig)]

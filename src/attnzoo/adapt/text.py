@@ -68,6 +68,7 @@ def perplexity(model: nn.Module, tokens: torch.Tensor, block: int) -> dict[str, 
     """Perplexity ``exp(mean NLL)`` of ``model`` on ``tokens (T,)`` in disjoint windows of ``block`` tokens (each
     window predicts its tokens after the first from the ones before it)."""
     total, count = 0.0, 0
+    tokens = tokens.to(next(model.parameters()).device)
     for s in range(0, tokens.numel() - 1, block):
         x = tokens[s : s + block + 1][None]
         if x.shape[1] < 2:
