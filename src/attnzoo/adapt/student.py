@@ -118,7 +118,7 @@ def _swap_attnzoo(model: nn.Module, mechanism: str, options: dict[str, Any]) -> 
         ref = next(old.parameters(), None)
         if ref is None:
             ref = torch.zeros((), device=next(model.parameters()).device, dtype=next(model.parameters()).dtype)
-        qkv, proj = getattr(old, "qkv", None), getattr(old, "proj", None)
+        qkv, proj = getattr(old, "qkv", None), _output_projection(old)
         fused = type(old).registry_name in _FUSED_QKV if hasattr(type(old), "registry_name") else False
         if fused and isinstance(qkv, nn.Linear) and qkv.weight.shape == (3 * dim, dim):
             w = qkv.weight.detach()
@@ -160,6 +160,15 @@ def _swap_attnzoo(model: nn.Module, mechanism: str, options: dict[str, Any]) -> 
     return layers, f"swapped {len(layers)} attnzoo mixer(s) for {mechanism!r}\n" + "\n".join(lines)
 
 
+def _output_projection(mixer: nn.Module) -> nn.Linear | None:
+    """The mixer's ``dim x dim`` output projection (``proj`` or, in TSSA/CBSA/MSSA, ``to_out``), if any."""
+    for n in ("proj", "to_out"):
+        m = getattr(mixer, n, None)
+        if isinstance(m, nn.Linear):
+            return m
+    return None
+
+
 def _fresh(mechanism, p, dim, causal, options, context, ref):
     """A mechanism with nothing to inherit but (maybe) the output projection (the source mixer had no q/k/v)."""
     from attnzoo.hf.swap import SwappedLayer, _copy
@@ -169,12 +178,12 @@ def _fresh(mechanism, p, dim, causal, options, context, ref):
         mixer = build_mixer(mechanism, dim, p.heads, causal=causal, options=dict(options), context=context)
     mixer.to(ref.dtype)
     info = SwappedLayer(name="", original="", causal=causal)
-    out = getattr(mixer, "proj", None)
+    out = _output_projection(mixer)
     reused = set()
-    if isinstance(out, nn.Linear) and p.o[0].shape == out.weight.shape:
+    if out is not None and p.o[0].shape == out.weight.shape:
         _copy(out, *p.o)
         info.reused.append("o")
-        reused.add("proj")
+        reused.add("proj" if out is getattr(mixer, "proj", None) else "to_out")
     info.new = sorted(n for n, _ in mixer.named_parameters() if n.split(".")[0] not in reused)
     return mixer, info
 
