@@ -71,3 +71,22 @@ def test_adapt_cli_transformers_directory(one_thread, tmp_path, tiny_gguf, capsy
     args[2] = str(tmp_path / "bad")
     assert main(args + [str(tmp_path / "run2")]) == 1
     assert "tokenizer has 64 tokens but the model's embedding has 32 rows" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset, mechanism", [("digits_vit_tiny", "cbsa"), ("shakespeare_gpt2_tiny", "tssa")])
+def test_adapt_cli_on_an_attnzoo_run(one_thread, tmp_path, capsys, preset, mechanism):
+    from attnzoo.train import cli as train_cli
+
+    run = tmp_path / "trained"
+    tiny = ["--model_options.dim=16", "--model_options.depth=2", "--model_options.heads=2", "--eval_batches=1"]
+    extra = ["--task_options.block_size=16"] if "shakespeare" in preset else []
+    assert train_cli.main([preset, "--out", str(run), "--steps=2", "--no-progress", *tiny, *extra]) == 0
+    capsys.readouterr()
+    args = ["adapt", "--model", f"run:{run}", "--mechanism", mechanism, "--out", str(tmp_path / "adapted")]
+    args += ["--transfer-steps", "3", "--finetune-steps", "1", "--batch-size", "4", "--eval-batches", "1"]
+    assert main([*args, "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    metric = "accuracy" if "digits" in preset else "perplexity"
+    assert all(f"{stage}" in printed for stage in ("teacher", "swapped", "transfer", "finetune")) and metric in printed
+    assert main([*args, "--data", "imdb", "--overwrite"]) == 1
+    assert "--data does not apply to run:DIR models" in capsys.readouterr().err

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 MODEL_HELP = (
-    "smollm2 (the GGUF installed by scripts/install_models.sh), gguf:PATH (a Llama-family GGUF file), or a local "
-    "transformers model directory (GPT-2 or Llama-family, with its tokenizer)"
+    "smollm2 (the GGUF installed by scripts/install_models.sh), gguf:PATH (a Llama-family GGUF file), a local "
+    "transformers model directory (GPT-2 or Llama-family, with its tokenizer), or run:DIR (an `attnzoo train` run: "
+    "its latest checkpoint, adapted on its own task's data)"
 )
 
 
@@ -41,7 +42,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--mechanism", required=True, help="the attnzoo mechanism to adapt into (causal form)")
     p.add_argument("--option", action="append", type=_option, default=[], help="mechanism option key=value")
-    p.add_argument("--data", default="shakespeare", choices=TEXT_SOURCES, help="offline training/held-out text")
+    p.add_argument(
+        "--data", default=None, choices=TEXT_SOURCES, help="offline training/held-out text (default shakespeare)"
+    )
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--overwrite", action="store_true", help="delete the run in --out and start again")
@@ -60,6 +63,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=128, help="tokens per training window")
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--eval-tokens", type=int, default=4096, help="held-out tokens for perplexity (0: no evaluation)")
+    p.add_argument("--eval-batches", type=int, default=8, help="run:DIR models: validation batches per evaluation")
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--stop-after", type=int, default=None, help="stop (with a checkpoint) after this step")
     p.add_argument("--seed", type=int, default=0)
@@ -70,7 +74,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("block_size", "batch_size"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(a, name)}")
-    for name in ("eval_tokens", "threads"):
+    for name in ("eval_tokens", "eval_batches", "threads"):
         if getattr(a, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
     return a
@@ -103,12 +107,62 @@ def load_pretrained(spec: str):
     return model.eval(), tokenizer
 
 
+def _text_model(a: argparse.Namespace, total_steps: int, device):
+    """A pretrained language model (on ``device``), its training batches and held-out perplexity on ``--data``."""
+    from attnzoo.adapt.text import load_text_split, perplexity, token_stream, window_batches
+
+    teacher, tokenizer = load_pretrained(a.model)
+    teacher.to(device)
+    vocab = teacher.get_input_embeddings().weight.shape[0]
+    train_text, held_out = load_text_split(a.data or "shakespeare")
+    need = total_steps * a.batch_size * a.block_size
+    train_tokens = token_stream(tokenizer, train_text, max(need, 64 * a.block_size), vocab)
+    eval_tokens = token_stream(tokenizer, held_out, a.eval_tokens, vocab) if a.eval_tokens else None
+    batches = window_batches(train_tokens, a.block_size, a.batch_size, a.seed)
+    eval_fn = (lambda m: perplexity(m, eval_tokens, a.block_size)) if eval_tokens is not None else None
+    return teacher, batches, eval_fn
+
+
+def _attnzoo_run(run: str, a: argparse.Namespace, device):
+    """An ``attnzoo train`` run's model (latest checkpoint, on ``device``), batches of its task's training set
+    (``--batch-size`` samples drawn from ``(seed, step)``), its task loss and its validation metrics."""
+    import torch
+
+    from attnzoo.data.tasks import build_task
+    from attnzoo.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+    from attnzoo.train.objectives import build_task_model, compute_loss
+    from attnzoo.train.run_dir import load_run
+    from attnzoo.train.trainer import evaluate
+
+    cfg = load_run(Path(run))
+    ckpt = latest_checkpoint(Path(run) / "checkpoints")
+    if ckpt is None:
+        raise CheckpointError(f"--model run:{run}: the run has no checkpoint yet")
+    task = build_task(cfg.task, **cfg.task_options)
+    model = build_task_model(cfg, task)
+    load_checkpoint(ckpt, model, restore_rng=False)
+    model.to(device).eval()
+    n = len(task.train)
+
+    def batches(step: int):
+        g = torch.Generator().manual_seed(a.seed * 1_000_003 + step)
+        return task.train.get_batch(torch.randint(0, n, (a.batch_size,), generator=g).numpy())
+
+    def loss_fn(m, batch):
+        return compute_loss(task.kind, m(*batch[0]), batch[1])[0]
+
+    def eval_fn(m):
+        metrics = evaluate(m, task, a.batch_size, device, max_batches=a.eval_batches)
+        return {k: v for k, v in metrics.items() if isinstance(v, float)}
+
+    return model, batches, loss_fn, (eval_fn if a.eval_batches else None)
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _parse_args(argv)
     import torch
 
     from attnzoo.adapt.loop import AdaptConfig, adapt
-    from attnzoo.adapt.text import load_text_split, perplexity, token_stream, window_batches
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -129,20 +183,19 @@ def main(argv: list[str] | None = None) -> int:
     from attnzoo.train.device import resolve_device
 
     device = resolve_device(a.device)
-    teacher, tokenizer = load_pretrained(a.model)
-    teacher.to(device)
-    vocab = teacher.get_input_embeddings().weight.shape[0]
-    train_text, held_out = load_text_split(a.data)
-    need = cfg.total_steps * a.batch_size * a.block_size
-    train_tokens = token_stream(tokenizer, train_text, max(need, 64 * a.block_size), vocab)
-    eval_tokens = token_stream(tokenizer, held_out, a.eval_tokens, vocab) if a.eval_tokens else None
-    batches = window_batches(train_tokens, a.block_size, a.batch_size, a.seed)
-    eval_fn = (lambda m: perplexity(m, eval_tokens, a.block_size)) if eval_tokens is not None else None
+    if a.model.startswith("run:"):
+        if a.data is not None:
+            raise ValueError("--data does not apply to run:DIR models: they adapt on their own task's data")
+        teacher, batches, loss_fn, eval_fn = _attnzoo_run(a.model[len("run:") :], a, device)
+    else:
+        teacher, batches, eval_fn = _text_model(a, cfg.total_steps, device)
+        loss_fn = None
     res = adapt(
         teacher,
         batches,
         cfg,
         a.out,
+        loss_fn=loss_fn,
         eval_fn=eval_fn,
         resume=a.resume,
         overwrite=a.overwrite,

@@ -216,26 +216,34 @@ def plot_transfer(csv_path: Path, png: Path) -> Path | None:
 # ---- the stages ---------------------------------------------------------------------------------------------
 
 
+def _is_pair(batch: Batch) -> bool:
+    """attnzoo's dataset batches: ``(inputs tuple, target)``."""
+    return isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[0], tuple)
+
+
 def _call(model: nn.Module, batch: Batch, drop: tuple[str, ...] = (), extra: dict | None = None):
     if isinstance(batch, Mapping):
         kw = {k: v for k, v in batch.items() if k not in drop}
         kw.update(extra or {})
         return model(**kw)
-    return model(*batch)
+    return model(*batch[0]) if _is_pair(batch) else model(*batch)
 
 
-def _to(batch: Batch, device: torch.device) -> Batch:
+def _to(batch: Any, device: torch.device) -> Any:
     """``batch`` with its tensors on ``device`` (the teacher's)."""
     if isinstance(batch, Mapping):
-        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-    return tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in batch)
+        return {k: _to(v, device) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to(v, device) for v in batch)
+    return batch.to(device) if isinstance(batch, torch.Tensor) else batch
 
 
 def _tokens(batch: Batch) -> int:
     if isinstance(batch, Mapping):
         x = batch.get("input_ids", batch.get("pixel_values"))
     else:
-        x = batch[0] if len(batch) else None
+        inputs = batch[0] if _is_pair(batch) else batch
+        x = inputs[0] if len(inputs) else None
     if not isinstance(x, torch.Tensor):
         return 0
     return int(x.numel()) if x.dtype in (torch.int64, torch.int32) else int(x.shape[0])
@@ -468,7 +476,8 @@ def adapt(
     """Adapt ``teacher`` into ``cfg.mechanism``: attention transfer then fine-tuning (module docstring).
 
     ``batches(step)`` gives the batch of 1-based ``step`` (a dict of the model's keyword inputs, with ``labels`` for
-    fine-tuning ``transformers`` models, or a tuple of positional inputs) and must depend on ``step`` only.
+    fine-tuning ``transformers`` models; a tuple of positional inputs; or attnzoo's ``(inputs tuple, target)``,
+    with ``loss_fn`` for fine-tuning) and must depend on ``step`` only.
     ``eval_fn(model)`` (e.g. perplexity on held-out text) runs on the teacher and on the student before, between
     and after the stages. ``out``: the run directory (``None``: no checkpoints or logs); ``resume`` continues the
     run in ``out`` from its last checkpoint; ``stop_after``: stop (with a checkpoint) after that step.

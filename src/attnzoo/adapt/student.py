@@ -145,6 +145,9 @@ def _swap_attnzoo(model: nn.Module, mechanism: str, options: dict[str, Any]) -> 
         context: dict[str, Any] = {"layer_index": i, "num_layers": len(mixers)}
         if causal and max_len:
             context["max_len"] = int(max_len)
+        if not causal and hasattr(model, "grid"):  # attnzoo vision models: the patch grid behind any prefix tokens
+            context["grid"] = tuple(model.grid)
+            context["num_prefix_tokens"] = int(getattr(model, "num_prefix_tokens", 0))
         if parts is not None:
             mixer, info = _build(mechanism, p, dim, causal, options, context, ref)
         else:
