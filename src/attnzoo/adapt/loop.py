@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import shutil
 import time
@@ -33,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo._io import atomic_save_figure, atomic_write_text, write_json
+from attnzoo._io import atomic_save_figure, atomic_write_text, to_jsonable, write_json
 from attnzoo.adapt.student import Student, make_student
 from attnzoo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from attnzoo.train.schedules import lr_at
@@ -135,19 +136,20 @@ def _prepare_dir(out: Path, cfg: AdaptConfig, resume: bool, overwrite: bool) -> 
             for name in _OWN_FILES:
                 (out / name).unlink(missing_ok=True)
         elif resume:
-            import json
-
             saved = json.loads((out / "adapt.json").read_text())
             given = asdict(cfg)
             differ = sorted(k for k in set(saved) | set(given) if saved.get(k) != _jsonish(given.get(k)))
             if differ:
                 raise AdaptError(
                     f"{out} was started with other settings ({', '.join(f'{k}: {saved.get(k)!r}' for k in differ)}); "
-                    f"resume with the same settings or choose another out"
+                    f"resume with the same settings or choose another output directory"
                 )
             return True
         else:
-            raise AdaptError(f"out {out} already holds an adapt run; pass resume to continue it or overwrite")
+            raise AdaptError(
+                f"out {out} already holds an adapt run; pass resume=True (--resume) to continue it or "
+                f"overwrite=True (--overwrite) to start again"
+            )
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / _MARKER, "attnzoo adapt run\n")
     write_json(out / "adapt.json", asdict(cfg))
@@ -155,10 +157,7 @@ def _prepare_dir(out: Path, cfg: AdaptConfig, resume: bool, overwrite: bool) -> 
 
 
 def _jsonish(v: Any) -> Any:
-    import json
-
-    from attnzoo._io import to_jsonable
-
+    """``v`` as it reads back from ``adapt.json`` (tuples as lists, ...)."""
     return json.loads(json.dumps(to_jsonable(v)))
 
 
@@ -386,8 +385,6 @@ class _Run:
 
     def restore(self, ckpt: Path) -> None:
         """Continue from ``ckpt``; its optimizer is restored only if training continues in the checkpoint's stage."""
-        import json
-
         saved = json.loads((ckpt / "state.json").read_text())
         step = int(saved["step"])
         if step < self.cfg.total_steps and self.cfg.stage(step + 1) == saved.get("stage"):
