@@ -91,20 +91,9 @@ def load_pretrained(spec: str):
     path = Path(spec)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"--model {spec!r}: not a model directory (no config.json); valid: {MODEL_HELP}")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from attnzoo.hf.pretrained import load_local_causal_lm
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise FileNotFoundError(f"--model {spec!r}: no tokenizer files in {path} ({e})") from None
-    rows = model.get_input_embeddings().weight.shape[0]
-    if len(tokenizer) > rows:
-        raise ValueError(
-            f"--model {spec!r}: its tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows; "
-            f"the tokenizer does not belong to this model"
-        )
-    return model.eval(), tokenizer
+    return load_local_causal_lm(path)
 
 
 def _text_model(a: argparse.Namespace, total_steps: int, device):

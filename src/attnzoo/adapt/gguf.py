@@ -46,21 +46,9 @@ def load_gguf_llama(path: str | Path, dtype: torch.dtype = torch.float32):
         raise DatasetNotFoundError(
             f"GGUF model file {path} not found; " + (_INSTALL if path.name == SMOLLM2_FILE else "check the path")
         )
-    try:
-        import gguf  # noqa: F401 - transformers reads GGUF through it
-    except ImportError as e:
-        raise ImportError('reading GGUF files needs the gguf package: pip install "attnzoo[adapt]"') from e
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from attnzoo.hf.pretrained import load_gguf_causal_lm
 
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    rows = model.get_input_embeddings().weight.shape[0]
-    if len(tokenizer) > rows:
-        raise ValueError(
-            f"{path}: its tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows; the "
-            f"tokenizer does not belong to this model"
-        )
-    return model.eval(), tokenizer
+    return load_gguf_causal_lm(path, dtype)
 
 
 def load_smollm2(dtype: torch.dtype = torch.float32):
