@@ -147,24 +147,38 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
 
 
 def _compute_md(secs: list[Section], records: dict) -> list[str]:
-    """Compute per section and, within trained sections, per row (ablations and plateau checks included)."""
-    per_sec: Counter = Counter()
-    per_row: Counter = Counter()
+    """Step compute per section, split into the compared rows, the learning-rate sweeps and the ablations and
+    plateau checks (rows named ``x@...``, ``x+...`` beyond the swaps, ``x-...``), with the time of each of those."""
+    kinds = ("compared rows and measurements", "learning-rate sweeps", "ablations and plateau checks")
+    per: dict = {}
+    abl: Counter = Counter()
     for sid, r in records.items():
-        per_sec[r["section"]] += r.get("wall_s", 0.0)
-        parts = sid.split("/")
-        row = "/".join(p for p in parts[1:] if not p.startswith("seed") and not p.startswith("extra-seed"))
-        per_row[(r["section"], row)] += r.get("wall_s", 0.0)
-    total = sum(per_sec.values()) or 1.0
-    rows = [[s.title.split(":")[0], _fmt_s(per_sec[s.key]), f"{100 * per_sec[s.key] / total:.0f}%"] for s in secs]
-    lines = ["## Compute", "", md_table(["section", "step compute", "share"], rows), ""]
-    detail = [
-        [sec, row, _fmt_s(v)]
-        for (sec, row), v in sorted(per_row.items(), key=lambda kv: -kv[1])
-        if ("@" in row or "+" in row or "ablation" in row or "baselines" in row)
-    ]
-    if detail:
-        lines += ["Ablations, plateau checks and baselines:", "", md_table(["section", "row", "compute"], detail), ""]
+        row = "/".join(p for p in sid.split("/")[1:] if not p.startswith(("seed", "extra-seed")))
+        if "/lr-sweep/" in sid:
+            kind = kinds[1]
+        elif (
+            "@" in row
+            or "extra-seed" in sid
+            or any(t in row for t in ("ablation", "-meanpool", "+ista", "+prenorm", "+softmax"))
+        ):
+            kind = kinds[2]
+            abl[(r["section"], row.split("/lr-sweep")[0])] += r.get("wall_s", 0.0)
+        else:
+            kind = kinds[0]
+        per.setdefault(r["section"], Counter())[kind] += r.get("wall_s", 0.0)
+    total = sum(sum(c.values()) for c in per.values()) or 1.0
+    rows = []
+    for s in secs:
+        c = per.get(s.key, Counter())
+        rows.append(
+            [s.title.split(":")[0]]
+            + [_fmt_s(c[k]) for k in kinds]
+            + [_fmt_s(sum(c.values())), f"{100 * sum(c.values()) / total:.0f}%"]
+        )
+    lines = ["## Compute", "", md_table(["section", *kinds, "total", "share"], rows), ""]
+    if abl:
+        detail = [[sec, f"`{row}`", _fmt_s(v)] for (sec, row), v in sorted(abl.items(), key=lambda kv: -kv[1])]
+        lines += ["Each ablation and plateau check:", "", md_table(["section", "row", "compute"], detail), ""]
     return lines
 
 
