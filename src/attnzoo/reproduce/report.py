@@ -156,13 +156,12 @@ def _compute_md(secs: list[Section], records: dict) -> list[str]:
         row = "/".join(p for p in sid.split("/")[1:] if not p.startswith(("seed", "extra-seed")))
         if "/lr-sweep/" in sid:
             kind = kinds[1]
-        elif (
-            "@" in row
-            or "extra-seed" in sid
-            or any(t in row for t in ("ablation", "-meanpool", "+ista", "+prenorm", "+softmax"))
-        ):
+        elif "@" in row or any(t in row for t in ("-meanpool", "+ista", "+prenorm", "+softmax")):
             kind = kinds[2]
-            abl[(r["section"], row.split("/lr-sweep")[0])] += r.get("wall_s", 0.0)
+            abl[(r["section"], row)] += r.get("wall_s", 0.0)
+        elif "/extra-seed" in sid and r["section"] == "vision":  # more seeds of two rows: an ablation of the spread
+            kind = kinds[2]
+            abl[(r["section"], f"{row} (extra seeds)")] += r.get("wall_s", 0.0)
         else:
             kind = kinds[0]
         per.setdefault(r["section"], Counter())[kind] += r.get("wall_s", 0.0)
