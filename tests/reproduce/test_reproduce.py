@@ -38,7 +38,7 @@ TABLE_HEADERS = [
     "| layer | SNR, φ=threshold, η=0.1 | SNR, φ=softmax, η=0.1 | SNR, φ=threshold, η=0.02 | SNR, φ=softmax, η=0.02 |",
     "| " + " | ".join(FINDING_COLUMNS) + " |",
     "| paper | claim | effect [95% CI] (margin) | verdict | section |",
-    "| section | compared rows and measurements | learning-rate sweeps | ablations and plateau checks | total | share |",
+    "| section | compared rows and measurements | learning-rate sweeps | ablations and plateau checks | total |",
 ]
 
 
