@@ -276,7 +276,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             f"the GPT baseline's {gpt_bpc.fmt('.2f')} bits/char is not {LEARNED_MARGIN_BPC:g} below the character "
             + (f"bigram model's {bar:.2f}" if bar is not None else "bigram model (not measured in this run)")
             + " on every seed: the models are at bigram level, so no comparison is reported (the sweep and the "
-            "plateau run below say how far the budget is from that)"
+            "plateau run above say how far the budget is from that)"
         )
     longer = per_seed(records, f"{KEY}/{PLATEAU}")
     sec.data["plateau"] = claims.plateau_gate(
