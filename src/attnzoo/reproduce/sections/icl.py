@@ -16,6 +16,7 @@ from attnzoo.reproduce.common import (
     Section,
     Table,
     fmt,
+    gate_untuned,
     per_seed,
     save_figure,
     seed_list,
@@ -224,6 +225,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         for t in curves
         if "gpt" in finals.get(t, {})
     }
+    # no learning-rate sweep here (GPT's runs are the report's costliest): its comparisons are untuned
+    gate_untuned(sec.findings, {m: f"no learning-rate sweep in this section ({m})" for m in ("aot", "gpt")})
     sec.notes += _gate_notes(curves, finals, plan)
     return sec
 
