@@ -335,6 +335,8 @@ def sweep_table(
                 untuned[row] = f"{row}'s learning-rate sweep is incomplete"
             continue
         best = (max if higher_is_better else min)(vals, key=vals.get)
+        if used in vals and vals[used] == vals[best]:
+            best = used  # a tie with the rate the seeds used: that rate is (one of) the best
         if best != used:
             untuned[row] = (
                 f"{row}'s best swept learning rate is {best:g} ({vals[best]:.3g}), not the {used:g} ({vals[used]:.3g}) "
