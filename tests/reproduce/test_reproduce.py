@@ -314,10 +314,12 @@ def test_claim_rules_relative_and_errors():
 CHANGE_WORDS = [
     (10.0, 9.5, 1.0, "stays"),
     (10.0, 5.0, 1.0, "shrinks"),
-    (10.0, 0.5, 1.0, "closes"),
+    (10.0, 0.5, 1.0, "is no longer distinguishable from zero"),
+    (0.4, -1.0, 1.5, "stays"),  # no gap before: nothing closes
     (10.0, -5.0, 1.0, "reverses"),
     (5.0, 10.0, 1.0, "widens"),
     (25.4, 11.4, 3.0, "shrinks"),  # the LRA Image gap of issue 24: "stays" was wrong there
+    (25.4, 11.4, 15.9, "is no longer distinguishable from zero"),  # ... and with its real interval (±15.9)
 ]
 
 

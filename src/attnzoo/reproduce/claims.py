@@ -306,16 +306,17 @@ def plateau_gate(
 def change_word(before: float, after: float, *, noise: float) -> str:
     """How a gap (``before`` -> ``after``, both oriented so that larger means a larger gap) moved, in words.
 
-    ``noise`` (>= 0) is the smallest change that counts: a change within it "stays"; a gap that ends within
-    ``noise`` of zero or past it "closes" (or "reverses" when it changes sign by more than ``noise``); otherwise
+    ``noise`` (>= 0) is the resolution of the new gap (the half-width of its interval): a gap that was larger than
+    ``noise`` and now lies within it "is no longer distinguishable from zero" (not "closes": equality is not
+    shown); a change within ``noise`` "stays"; a sign change beyond ``noise`` on both sides "reverses"; otherwise
     it "shrinks" or "widens". Callers pass gaps (oriented differences), not scores.
     """
     if noise < 0 or not (math.isfinite(before) and math.isfinite(after) and math.isfinite(noise)):
         raise ValueError(f"change_word needs finite values and noise >= 0, got {before}, {after}, {noise}")
+    if abs(after) <= noise < abs(before):
+        return "is no longer distinguishable from zero"
     if abs(after - before) <= noise:
         return "stays"
     if before > noise and after < -noise:
         return "reverses"
-    if abs(after) <= noise:
-        return "closes"
     return "shrinks" if abs(after) < abs(before) else "widens"

@@ -102,6 +102,21 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
         "side, and is inconclusive otherwise; it is also inconclusive when its section's baseline is not shown to "
         "plateau or did not learn the task (the numbers-alone verdict is then given in brackets).",
         "",
+    ]
+    gated = [f for _, f in paper if f.get("ungated_verdict")]
+    if gated:
+        n_plateau = sum("plateau" in f["gate"] for f in gated)
+        n_tuned = sum("not tuned" in f["gate"] for f in gated)
+        lines += [
+            f"{len(gated)} of the {counts.get('inconclusive', 0)} inconclusive verdicts would be decided by their "
+            f"intervals alone but are gated: {n_plateau} because the section's baseline is not shown to plateau, "
+            f"{n_tuned} because a row was not run at its best swept learning rate (some for both). They say the "
+            "training budget is short, not that the claim holds or fails.",
+            "",
+        ]
+    silent = [s for s in secs if not any(f.get("kind") == "paper" for f in s.findings)]
+    lines += [f"- {s.title}: no paper claim decided here. {s.notes[0] if s.notes else ''}".rstrip() for s in silent]
+    lines += ([""] if silent else []) + [
         md_table(
             SUMMARY_COLUMNS,
             [

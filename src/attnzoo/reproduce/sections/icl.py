@@ -227,6 +227,9 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     }
     # no learning-rate sweep here (GPT's runs are the report's costliest): its comparisons are untuned
     gate_untuned(sec.findings, {m: f"no learning-rate sweep in this section ({m})" for m in ("aot", "gpt")})
+    for f in sec.findings:  # AoT's own "learns in context" claims rest on the same untuned rate
+        if f["kind"] == "paper" and not f.get("claim_type"):
+            claims.gate(f, "not tuned: no learning-rate sweep in this section (aot)")
     sec.notes += _gate_notes(curves, finals, plan)
     return sec
 
