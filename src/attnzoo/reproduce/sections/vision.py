@@ -511,6 +511,19 @@ CLAIMS = [
 ]
 
 
+#: a controlled swap whose paper makes its own same-skeleton claim (instead of the architectures' claim above):
+#: controlled row -> (claim type, (margin, source), paper, claim, paper's figure)
+CONTROLLED_CLAIMS = {
+    "vit+cbsa": (
+        "non-inferiority",
+        (1.5, "CBSA Table 4: CBSA-T is 1.5 pts below MSSA-T and called competitive"),
+        "CBSA Table 4",
+        "CBSA is competitive with MSSA when only the attention differs",
+        "CBSA-T 63.2 vs MSSA-T 64.7, CBSA-S 71.4 vs MSSA-S 72.1 ImageNet top-1 (fair comparison)",
+    ),
+}
+
+
 def _findings(res: dict) -> list[dict]:
     out = []
 
@@ -526,13 +539,19 @@ def _findings(res: dict) -> list[dict]:
         if a == "aot":
             f["explanation"] = _aot_ablations(res, b)
         elif a_ctl in res and b_ctl in res and (a_ctl, b_ctl) != (a, b):
-            ctl = _with_params(cmp(a_ctl, b_ctl, claim_type, margin, paper, claim, pv), res, a_ctl, b_ctl)
-            ctl["claim"] = f"{claim.split(' ')[0]}'s attention in the ViT skeleton (controlled swap): " + claim
+            if a_ctl in CONTROLLED_CLAIMS:
+                ctype, cmargin, cpaper, cclaim, cpv = CONTROLLED_CLAIMS[a_ctl]
+                ctl = _with_params(cmp(a_ctl, b_ctl, ctype, cmargin, cpaper, cclaim, cpv), res, a_ctl, b_ctl)
+                ctl["claim"] = "in the ViT skeleton (controlled swap): " + cclaim
+            else:
+                ctl = _with_params(cmp(a_ctl, b_ctl, claim_type, margin, paper, claim, pv), res, a_ctl, b_ctl)
+                ctl["claim"] = f"{claim.split(' ')[0]}'s attention in the ViT skeleton (controlled swap): " + claim
             f["explanation"] = _explain(a, b, a_ctl, b_ctl, f, ctl, res, claim_type, margin)
             ctl["explanation"] = "controlled swap: same embedding, pooling, blocks, width, depth, data and optimiser"
             more_a, more_b = res[a_ctl].get("accuracy_more"), res[b_ctl].get("accuracy_more")
             if ctl["verdict"] == "inconclusive" and more_a and more_b:
-                more = claims.compare(more_a, more_b, **_cmp_kw(claim_type, margin, paper, claim, pv, a_ctl, b_ctl))
+                cm = (ctl["margin"], ctl["margin_source"])
+                more = claims.compare(more_a, more_b, **_cmp_kw(ctl["claim_type"], cm, "", "", "", a_ctl, b_ctl))
                 ctl["explanation"] += (
                     f"; ablation with {min(more_a.n, more_b.n)} seeds each (the section's and extra ones): "
                     f"{more_a.fmt('.1f')} vs {more_b.fmt('.1f')}, effect {more['effect']:+.1f} pts, verdict "
