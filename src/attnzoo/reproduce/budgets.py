@@ -3,7 +3,8 @@
 ``smoke`` (~2 min on a 2-core CPU, CI): every section with tiny models, few steps, few mechanisms.
 ``default`` (<= 30 min on a 2-core CPU): every mechanism of every section at laptop scale, two seeds per trained
 comparison, only the tasks the baselines learn (on every seed) in that time.
-``long`` (<= 2 h on a 2-core CPU, resumable; 119 min of one-thread step compute measured): 3 seeds for every
+``long`` (target <= 2 h on a 2-core CPU with ``--jobs 2``, resumable; 119 min of one-thread step compute were
+measured before the learning-rate sweeps and plateau checks were added, not since): 3 seeds for every
 trained comparison, LRA-style tasks at N=1024.
 ``full`` (a GPU): the papers' sequence lengths and longer training; same code paths.
 
@@ -336,7 +337,8 @@ def _long() -> dict:
     we measured, so it runs one short seed for its training speed only."""
     plan = copy.deepcopy(BUDGETS["default"])
     plan["description"] = (
-        "2-core CPU, <= 2 h (119 min of one-thread step compute measured): 3 seeds for every trained comparison; "
+        "2-core CPU, target <= 2 h with --jobs 2 (not re-measured since the learning-rate sweeps and plateau checks "
+        "were added): 3 seeds for every trained comparison; "
         "LRA-style ListOps and Image, the latter at N=1024, and Pathfinder at N=1024 for training speed (one seed: "
         "not learned at CPU budgets); resumable step by step"
     )
