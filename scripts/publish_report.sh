@@ -10,7 +10,11 @@ done
 rm -f docs/results/*.png
 mkdir -p docs/results
 cp "$src"/plots/*.png docs/results/
-cp "$src/results.json" "$src/configs.md" docs/results/
-sed -e 's#](plots/#](results/#g' -e 's#](configs.md)#](results/configs.md)#g' "$src/report.md" > docs/results.md.tmp
+abs=$(cd "$src" && pwd)
+# paths of this machine become DIR (the run's --out) so the committed files name no local directory
+sed -E -e "s#$abs#DIR#g" -e 's#"/[^"]*/(runs/[^"]*)"#"DIR/\1"#g' "$src/results.json" > docs/results/results.json
+sed -e "s#$abs#DIR#g" "$src/configs.md" > docs/results/configs.md
+sed -e 's#](plots/#](results/#g' -e 's#](configs.md)#](results/configs.md)#g' -e "s#$abs#DIR#g" "$src/report.md" \
+  > docs/results.md.tmp
 mv docs/results.md.tmp docs/results.md
 echo "publish_report: docs/results.md, docs/results/ from $src"
