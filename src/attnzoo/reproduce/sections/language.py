@@ -278,6 +278,12 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             + " on every seed: the models are at bigram level, so no comparison is reported (the sweep and the "
             "plateau run above say how far the budget is from that)"
         )
+    _gate(sec, records, plan, res)
+    return sec
+
+
+def _gate(sec: Section, records: dict, plan: dict, res: dict) -> None:
+    """The plateau run of the baseline and the learning-rate sweep: their evidence, and the gates they set."""
     longer = per_seed(records, f"{KEY}/{PLATEAU}")
     sec.data["plateau"] = claims.plateau_gate(
         sec.findings,
@@ -296,7 +302,6 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         untuned = {n: f"no learning-rate sweep at this budget ({n})" for n in plan["models"]}
     sec.data["untuned"] = untuned
     gate_untuned(sec.findings, untuned)
-    return sec
 
 
 def _tables(res: dict, names: list[str]) -> list[Table]:
