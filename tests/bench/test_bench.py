@@ -235,3 +235,34 @@ def test_mega_module_cases_run_forward_and_backward(mech):
         cases.prepare("mega", s, causal=True, level="op", device=torch.device("cpu"), dtype=torch.float32)
     with pytest.raises(ValueError, match="op-level case only"):
         cases.prepare("ema", s, causal=False, level="module", device=torch.device("cpu"), dtype=torch.float32)
+
+
+def test_a_failing_case_is_an_error_row_and_the_series_stops(monkeypatch):
+    # A kernel failure at one shape (H200: CUDA adaptive pooling's backward at N=65536) must not end a long run:
+    # the row says what failed, the larger shapes are skipped, the other rows stay.
+    from attnzoo.bench import runner
+
+    real_prepare = runner.prepare
+
+    def prepare(name, shape, **kw):
+        prep = real_prepare(name, shape, **kw)
+        if shape.length == 32:
+            monkeypatch.setattr(prep, "run", lambda: (_ for _ in ()).throw(RuntimeError("launch\n bounds")))
+        return prep
+
+    monkeypatch.setattr(runner, "prepare", prepare)
+    shapes = [cases.Shape(1, 2, n, 16) for n in (16, 32, 64)]
+    rows = runner.measure_series(
+        "n",
+        "linear",
+        shapes,
+        causal=False,
+        level="op",
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        repeats=1,
+        backward=False,
+        bandwidth=1e9,
+        budget_s=60.0,
+    )
+    assert [r.status for r in rows] == ["ok", "error: RuntimeError: launch bounds", "skipped (N=32 gave error)"]

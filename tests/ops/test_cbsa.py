@@ -357,7 +357,9 @@ def _adaptive_windows(length: int, out: int):
     return [(math.floor(i * length / out), math.ceil((i + 1) * length / out)) for i in range(out)]
 
 
-@pytest.mark.parametrize("n,num_prefix,num_reps", [(1, 0, 64), (7, 0, 3), (10, 2, 3), (5, 1, 64), (13, 3, 10)])
+@pytest.mark.parametrize(
+    "n,num_prefix,num_reps", [(1, 0, 64), (7, 0, 3), (10, 2, 3), (5, 1, 64), (13, 3, 10), (66, 2, 8), (130, 1, 64)]
+)
 def test_pool_1d_matches_window_means(n, num_prefix, num_reps):
     w = torch.randn(2, 3, n, 4, dtype=torch.float64)
     reps = pool_reps(w, num_reps=num_reps, num_prefix_tokens=num_prefix)
@@ -371,6 +373,20 @@ def test_pool_1d_matches_window_means(n, num_prefix, num_reps):
     w2 = w.clone()
     w2[:, :, :num_prefix] = 1e3
     torch.testing.assert_close(pool_reps(w2, num_reps=num_reps, num_prefix_tokens=num_prefix), reps)
+
+
+@pytest.mark.parametrize("length,m", [(64, 8), (65, 8), (7, 3), (1, 1), (100, 64), (5, 5)])
+def test_window_means_equal_adaptive_avg_pool_forward_and_backward(length, m):
+    # the pooling is written without F.adaptive_avg_pool1d (its CUDA backward fails for long windows): same values
+    from attnzoo.ops.cbsa.pooling import window_means
+
+    x = torch.randn(2, 3, length, 4, dtype=torch.float64, requires_grad=True)
+    got = window_means(x, m)
+    ref = torch.nn.functional.adaptive_avg_pool1d(x.transpose(-1, -2).flatten(0, 1), m).unflatten(0, (2, 3))
+    ref = ref.transpose(-1, -2)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(got)
+    torch.testing.assert_close(*(torch.autograd.grad(y, x, g)[0] for y in (got, ref)), rtol=1e-12, atol=1e-12)
 
 
 def test_pool_1d_default_is_64_reps():

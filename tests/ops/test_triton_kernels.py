@@ -177,6 +177,18 @@ def test_fastmax_float32(causal, p):
     _assert_all_close(_grads(out, (q, k, v), go), _grads(ref, (q, k, v), go), dict(rtol=1e-3, atol=1e-4))
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_fastmax_head_dim_128(causal):
+    # ToST Fig. 7's d = 4096 over 32 heads: with Triton's default 3 pipeline stages the state kernel asked an
+    # H200 for 288 KiB of shared memory and failed to launch; the pipeline depth now follows the tile size
+    q, k, v = _qkv(1, 1, 70, 128, 128, torch.float32)
+    ref = fastmax(q, k, v, p=1, causal=causal, scale=_scale(1, 128), backend="naive")
+    out = fastmax(q, k, v, p=1, causal=causal, scale=_scale(1, 128), backend="triton")
+    torch.testing.assert_close(out, ref, **F32)
+    go = torch.randn_like(ref)
+    _assert_all_close(_grads(out, (q, k, v), go), _grads(ref, (q, k, v), go), dict(rtol=1e-3, atol=1e-4))
+
+
 @pytest.mark.parametrize("p", [1, 2])
 def test_fastmax_unmasked_token_splits(p):
     # the state reduction split over token ranges (partial states summed) equals the one-pass state

@@ -258,4 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
     ]
     print(f"wrote {csv_path}, {json_path}" + "".join(f", {p}" for p in pngs if p))
-    return 0
+    failed = [r for r in rows if r.status.startswith("error")]
+    for r in failed:
+        print(f"bench: {r.mechanism} ({r.sweep} sweep, N={r.length}, d={r.dim}) failed: {r.status}", file=sys.stderr)
+    return 1 if failed else 0

@@ -130,6 +130,12 @@ def machine_info(device: torch.device) -> dict:
     return info
 
 
+def _one_line(err: BaseException, limit: int = 160) -> str:
+    text = " ".join(str(err).split())
+    text = f"{type(err).__name__}: {text}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def measure_case(
     sweep: str,
     name: str,
@@ -195,7 +201,9 @@ def measure_case(
         if "out of memory" in str(err).lower() or isinstance(err, MemoryError):
             row.status = "oom"
         else:
-            raise
+            # A library or kernel failure at one shape (a CUDA launch limit, say) becomes this row's status, so a
+            # long run keeps its other rows; the larger shapes of the series are skipped and main() exits 1.
+            row.status = "error: " + _one_line(err)
     finally:
         gc.collect()
         if device.type == "cuda":
@@ -219,12 +227,12 @@ def measure_series(
     on_shape: Callable[[], None] | None = None,
 ) -> list[Row]:
     """:func:`measure_case` at each shape in order; once a call fails or takes longer than ``budget_s`` seconds,
-    the remaining (larger) shapes become rows with status ``"skipped (time budget)"``. ``on_shape`` runs after
+    the remaining (larger) shapes become rows with status ``"skipped (...)"`` saying which. ``on_shape`` runs after
     each shape (a progress bar)."""
     rows: list[Row] = []
-    over_budget = False
+    skip: str | None = None  # why the remaining shapes are not measured
     for s in shapes:
-        if over_budget:
+        if skip is not None:
             rows.append(
                 Row(
                     sweep,
@@ -241,7 +249,7 @@ def measure_series(
                     None,
                     None,
                     None,
-                    "skipped (time budget)",
+                    skip,
                 )
             )
         else:
@@ -259,7 +267,10 @@ def measure_series(
             )
             rows.append(r)
             slowest = max(x for x in (r.fwd_ms, r.fwdbwd_ms, 0.0) if x is not None) / 1e3
-            over_budget = r.status != "ok" or slowest > budget_s
+            if r.status != "ok":
+                skip = f"skipped (N={s.length} gave {r.status.split(':')[0]})"
+            elif slowest > budget_s:
+                skip = "skipped (time budget)"
         if on_shape is not None:
             on_shape()
     return rows

@@ -57,10 +57,27 @@ def pool_reps_1d(w: torch.Tensor, num_reps: int = DEFAULT_NUM_REPS, *, num_prefi
     """
     check_positive_int("num_reps", num_reps)
     body = _body(w, num_prefix_tokens)
-    h = w.shape[1]
     m = min(num_reps, body.shape[-2])
-    pooled = F.adaptive_avg_pool1d(rearrange(body, "b h n p -> (b h) p n"), m)
-    return rearrange(pooled, "(b h) p m -> b h m p", h=h)
+    return window_means(body, m)
+
+
+def window_means(x: torch.Tensor, m: int) -> torch.Tensor:
+    """``AdaptiveAvgPool1d`` along the token axis: ``x (..., L, P)`` -> ``(..., m, P)``, window ``i`` the tokens
+    ``[floor(i L / m), ceil((i + 1) L / m))``.
+
+    Written with a reshape (``m`` divides ``L``) or a window matrix rather than ``F.adaptive_avg_pool1d``: CUDA's
+    adaptive pooling backward fails for long windows (an internal launch-bounds assert seen at L = 65536, m = 64
+    on an H200), and both forms have plain backward passes.
+    """
+    n_tok = x.shape[-2]
+    if n_tok % m == 0:
+        return x.unflatten(-2, (m, n_tok // m)).mean(-2)
+    i = torch.arange(m, device=x.device)
+    start, end = (i * n_tok) // m, ((i + 1) * n_tok + m - 1) // m
+    tok = torch.arange(n_tok, device=x.device)
+    inside = (tok >= start[:, None]) & (tok < end[:, None])
+    weights = inside.to(x.dtype) / (end - start).to(x.dtype)[:, None]
+    return torch.einsum("ml,...lp->...mp", weights, x)
 
 
 def pool_reps_2d(

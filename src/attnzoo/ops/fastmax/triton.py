@@ -382,23 +382,49 @@ def _causal_dkv_kernel(
 # ---------------------------------------------------------------------------------------------------
 # host side
 # ---------------------------------------------------------------------------------------------------
+#: bytes of shared memory the software-pipelined loads of one kernel may buffer (an H100/H200 block has 227 KiB)
+_SMEM_BUDGET = 160 * 1024
+
+
+def _stages(tile_elems: int, elem_size: int) -> int:
+    """Pipelining depth (Triton's ``num_stages``, default 3) whose buffered tiles fit :data:`_SMEM_BUDGET`.
+
+    Three stages of the state kernel's ``k, va`` tiles at D = Dv = 128 need 288 KiB and fail to launch on an
+    H200 (out of shared memory); fewer stages run the same arithmetic.
+    """
+    return max(1, min(3, _SMEM_BUDGET // (tile_elems * elem_size)))
+
+
 class _Cfg:
     def __init__(self, n: int, d: int, dv: int, p: int, block_n: int, num_splits: int | None, dtype, device):
         self.n, self.d, self.dv, self.p2 = n, d, dv, p == 2
         self.bn, self.bd, self.be = block_n, pow2(d), pow2(dv + 1)
+        esize = torch.empty((), dtype=dtype).element_size()
+        # per loop iteration: the state sweep loads a token tile of k and va; the p = 2 reads of s2 a (D, E) tile
+        self.stages = _stages(max(self.bn * (self.bd + self.be), self.bd * self.be if p == 2 else 0), esize)
         # The causal sweeps (state + four operand tiles + a BLOCK_N^2 weight tile) and the p = 2 vjp keep
         # their tiles in registers with blocks of 32 tokens and 8 warps: at D = 64, Dv + 1 <= 128 ptxas
         # reports ~100-200 spill stores instead of ~10^4 with 64 tokens and 4 warps (checked by compiling
         # for sm_90; no GPU run).
         self.bn_small = min(block_n, 32)
         self.warps = 8
+        # the causal sweeps load q, k, va and ga token tiles per block, and (p = 2) (D, E) tiles of the scratch
+        self.causal_stages = _stages(max(self.bn_small * 2 * (self.bd + self.be), self.bd * self.be), esize)
         self.d2 = d if p == 2 else 1  # s2 buffers keep one dummy slice for p = 1
         self.acc = tl_acc_dtype(dtype)
         self.dtype, self.device = dtype, device
         self.num_splits = num_splits
 
     def causal_meta(self) -> dict:
-        return dict(P2=self.p2, ACC=self.acc, BLOCK_N=self.bn_small, BD=self.bd, BE=self.be, num_warps=self.warps)
+        return dict(
+            P2=self.p2,
+            ACC=self.acc,
+            BLOCK_N=self.bn_small,
+            BD=self.bd,
+            BE=self.be,
+            num_warps=self.warps,
+            num_stages=self.causal_stages,
+        )
 
     def zeros(self, *shape):
         return torch.zeros(*shape, device=self.device, dtype=self.dtype)
@@ -435,6 +461,7 @@ def _state(x3: torch.Tensor, y3: torch.Tensor, append_one: bool, cfg: _Cfg):
         BD=cfg.bd,
         BE=cfg.be,
         num_warps=cfg.warps,
+        num_stages=cfg.stages,
     )
     if not cfg.p2:
         s2 = s2[:, :1]  # never read; keeps shapes uniform
@@ -464,6 +491,7 @@ def _apply(x3, s0, s1, s2, out_cols: int, normalize: bool, cfg: _Cfg):
         BD=cfg.bd,
         BE=cfg.be,
         num_warps=cfg.warps,
+        num_stages=cfg.stages,
     )
     return out, den
 
@@ -487,6 +515,7 @@ def _vjp(x3, y3, append_one: bool, s1, s2, cfg: _Cfg):
         BD=cfg.bd,
         BE=cfg.be,
         num_warps=cfg.warps,
+        num_stages=cfg.stages,
     )
     return dx
 
