@@ -9,7 +9,6 @@ import torch
 
 from attnzoo.ops._check_inputs import causal_configs, randn, shapes
 from attnzoo.ops._spec import CheckCase
-from attnzoo.ops.ema import ema, ema_step
 
 
 def _make(shape: tuple[int, ...], cfg: dict, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -23,10 +22,15 @@ def _args(x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
 
 
 def _call(x: dict[str, torch.Tensor], cfg: dict, backend: str) -> torch.Tensor:
+    # imported when called: a test may replace the op's functions in their module
+    from attnzoo.ops.ema import ema
+
     return ema(*_args(x), causal=cfg["causal"], backend=backend).view(x["x"].shape)
 
 
 def _step(x: dict[str, torch.Tensor], _cfg: dict) -> torch.Tensor:
+    from attnzoo.ops.ema import ema_step
+
     xs, *coeffs = _args(x)
     state, outs = None, []
     for t in range(xs.shape[1]):

@@ -10,7 +10,6 @@ import torch
 from attnzoo.ops._check_inputs import randn, shapes
 from attnzoo.ops._spec import CheckCase
 from attnzoo.ops.ema import EMA
-from attnzoo.ops.mega import mega_attention
 
 
 def _make(shape: tuple[int, ...], _cfg: dict, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -20,6 +19,9 @@ def _make(shape: tuple[int, ...], _cfg: dict, gen: torch.Generator) -> dict[str,
 
 
 def _call(x: dict[str, torch.Tensor], cfg: dict, backend: str) -> torch.Tensor:
+    # imported when called: a test may replace the op's functions in their module
+    from attnzoo.ops.mega import mega_attention
+
     q, k, v = (x[n].flatten(0, 1) for n in ("q", "k", "v"))
     out = mega_attention(q, k, v, x["rel_bias"], fn=cfg["fn"], chunk_size=cfg["chunk_size"], backend=backend)
     return out.view(x["v"].shape)

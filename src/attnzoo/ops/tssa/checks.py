@@ -6,7 +6,6 @@ import torch
 
 from attnzoo.ops._check_inputs import causal_configs, randn, shapes
 from attnzoo.ops._spec import CheckCase
-from attnzoo.ops.tssa import tssa, tssa_init_state, tssa_step
 
 
 def _make(shape: tuple[int, ...], cfg: dict, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -22,10 +21,15 @@ def _make(shape: tuple[int, ...], cfg: dict, gen: torch.Generator) -> dict[str, 
 
 
 def _call(x: dict[str, torch.Tensor], cfg: dict, backend: str) -> torch.Tensor:
+    # imported when called: a test may replace the op's functions in their module
+    from attnzoo.ops.tssa import tssa
+
     return tssa(x["w"], x["temp"], causal=cfg["causal"], bias=x.get("bias"), backend=backend)
 
 
 def _step(x: dict[str, torch.Tensor], _cfg: dict) -> torch.Tensor:
+    from attnzoo.ops.tssa import tssa_init_state, tssa_step
+
     w = x["w"]
     b, h, n, p = w.shape
     state = tssa_init_state(b, h, p, device=w.device, dtype=w.dtype)
