@@ -78,8 +78,7 @@ def specs() -> list[CheckCase]:
 
 
 def plan(mech: Mechanism, device: torch.device) -> list[tuple[str, str | None]]:
-    """The backends of ``mech`` the selftest runs on ``device``: every one but the reference whose ``devices``
-    include it, each with the reason it cannot run in this process (``None`` when it can)."""
+    """The backends of ``mech`` but its reference that declare ``device``: (name, why it cannot run here or None)."""
     return [
         (name, _unavailable(b))
         for name, b in mech.backends.items()
@@ -213,7 +212,7 @@ def _out_and_grads(spec: CheckCase, x: Inputs, cfg: dict, backend: str, cot: tor
 
 
 class _RefCache:
-    """Float64 naive outputs and gradients per (spec, config, shape, input dtype), shared by the backends."""
+    """Float64 reference outputs and gradients per (case, config, shape, input dtype), shared by the backends."""
 
     def __init__(self) -> None:
         self._store: dict[tuple, tuple] = {}
@@ -473,7 +472,7 @@ def run_selftest(
     out=None,
     kernel_threads: int | None = None,
 ) -> list[Row]:
-    """Run every spec (or those named in ``only``) on ``device``; print the table to ``out`` as rows finish.
+    """Run every case (or those named in ``only``) on ``device``; print the table to ``out`` as rows finish.
 
     ``kernel_threads``: torch threads while the fused CPU kernels' rows run (their work is split over threads,
     so only more than one exercises that); ``None`` keeps the current setting for every row.
