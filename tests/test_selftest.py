@@ -8,6 +8,7 @@ entry points, which are patched to fail as a kernel that does not compile would.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import subprocess
@@ -45,7 +46,7 @@ def _rows(text: str) -> dict[tuple[str, str, str], list[str]]:
     """Table lines of the selftest output: (mechanism, backend, check) -> the remaining columns
     ``[cases, f32 err, tol, f64 err, tol, result, (message)]``."""
     names = sorted(
-        {s.name for s in selftest.SPECS} | {"fastmax", "softmax", "linear", "mssa", "tssa"}, key=len, reverse=True
+        {s.name for s in selftest.specs()} | {"fastmax", "softmax", "linear", "mssa", "tssa"}, key=len, reverse=True
     )
     out = {}
     for line in text.splitlines():
@@ -77,6 +78,11 @@ def test_quick_cpu_selftest_passes_and_covers_every_mechanism(capsys, one_thread
     for check in ("forward", "backward", "causal leak", "decode"):
         assert _status(rows[("tssa", "cpu", check)]) == "ok"
         assert _status(rows[("fastmax p=2", "torch_autograd", check)]) == "ok"
+        for p in (1, 2):  # every registered backend is self-tested: Fastmax's and CSP's cpu too
+            assert _status(rows[(f"fastmax p={p}", "cpu", check)]) == "ok"
+    for check in ("forward", "backward"):
+        assert _status(rows[("csp", "cpu", check)]) == "ok"
+    assert not [key for key in rows if key[1] in ("naive", "triton")]  # the reference; Triton rows are CUDA's
     for mech in ("softmax", "linear", "mssa", "ema"):
         assert _status(rows[(mech, "torch", "causal leak")]) == "ok"
     assert _status(rows[("ema", "torch", "decode")]) == "ok"
@@ -186,12 +192,32 @@ def test_bad_arguments(capsys):
 
 def test_cuda_plan_lists_the_triton_kernels_and_cpu_plan_the_cpu_kernels():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    by_name = {s.name: s for s in selftest.SPECS}
-    assert [b for b, _ in by_name["tssa"].backends(cuda)] == ["torch", "triton"]
-    assert [b for b, _ in by_name["tssa"].backends(cpu)] == ["torch", "cpu"]
+    by_name = {s.name: s for s in selftest.specs()}
+
+    def planned(case: str, device: torch.device) -> list[str]:
+        return [b for b, _ in selftest.plan(by_name[case].mechanism, device)]
+
+    assert planned("tssa", cuda) == ["torch", "triton"]
+    assert planned("tssa", cpu) == ["torch", "cpu"]
     for p in (1, 2):
-        assert [b for b, _ in by_name[f"fastmax p={p}"].backends(cuda)] == ["torch", "torch_autograd", "triton"]
-        assert "triton" not in [b for b, _ in by_name[f"fastmax p={p}"].backends(cpu)]
+        assert planned(f"fastmax p={p}", cuda) == ["torch", "torch_autograd", "triton"]
+        assert "triton" not in planned(f"fastmax p={p}", cpu)
+        assert "cpu" in planned(f"fastmax p={p}", cpu)
+    assert planned("csp", cpu) == ["torch", "cpu"] and planned("csp", cuda) == ["torch"]
+    # every registered backend but the reference runs on CPU or on CUDA, as its declared devices say
+    for case in by_name.values():
+        mech = case.mechanism
+        both = set(planned(case.name, cpu)) | set(planned(case.name, cuda))
+        assert both == set(mech.backends) - {mech.reference}, case.name
+
+
+def test_cpu_plan_skips_the_cpu_kernels_with_the_reason_when_they_do_not_build(monkeypatch):
+    from attnzoo.ops import _cpu_kernels
+
+    monkeypatch.setattr(_cpu_kernels, "cpu_kernels", lambda: None)
+    monkeypatch.setattr(_cpu_kernels, "cpu_kernels_error", lambda: "simulated: no compiler")
+    plan = dict(selftest.plan(TSSA_MOD.TSSA, torch.device("cpu")))
+    assert plan == {"torch": None, "cpu": "CPU kernels unavailable: simulated: no compiler"}
 
 
 def test_cuda_plan_triton_rows_run_under_the_interpreter():
@@ -200,19 +226,20 @@ def test_cuda_plan_triton_rows_run_under_the_interpreter():
     # and float32 only, to stay quick (the kernels' own tests cover the rest).
     script = textwrap.dedent(
         """
-        import dataclasses, sys, torch
+        import sys, torch
         torch.set_num_threads(1)
         import attnzoo.selftest as st
+        from attnzoo.ops import _check_inputs
         cuda = torch.device("cuda")
-        st.SPECS[:] = [dataclasses.replace(s, backends=lambda d, b=[x for x in s.backends(cuda) if x[0] == "triton"]: b)
-                       for s in st.SPECS if s.name in ("tssa", "fastmax p=1")]
+        cuda_plan = st.plan
+        st.plan = lambda mech, device: [x for x in cuda_plan(mech, cuda) if x[0] == "triton"]
         st.DTYPES = (torch.float32,)
-        st._SHAPES_QUICK[:] = [(1, 2, 5, 3)]
+        _check_inputs.SHAPES_QUICK[:] = [(1, 2, 5, 3)]
         st._decode_shapes = lambda quick: [(1, 2, 4, 3)]
-        rows = st.run_selftest(torch.device("cpu"), quick=True, only=["tssa", "fastmax"])
+        rows = st.run_selftest(torch.device("cpu"), quick=True, only=["tssa", "fastmax p=1"])
         got = [(r.mechanism, r.backend, r.check) for r in rows]
         checks = ("forward", "backward", "causal leak", "decode")
-        want = [(m, "triton", c) for m in ("tssa", "fastmax p=1") for c in checks]
+        want = [(m, "triton", c) for m in ("fastmax p=1", "tssa") for c in checks]
         assert got == want, got
         assert all(r.ok and r.cells["float32"].cases > 0 for r in rows)
 
@@ -245,11 +272,159 @@ def test_cuda_plan_triton_rows_run_under_the_interpreter():
 
 
 def test_every_registered_mechanism_has_a_selftest(capsys):
-    rows = selftest._coverage_rows(selftest.SPECS, lambda row: None)
+    rows = selftest._coverage_rows(selftest.specs(), lambda row: None)
     assert rows == []
-    # a spec list missing one (a newly registered module without a case) gives a failing row
-    rows = selftest._coverage_rows([s for s in selftest.SPECS if s.name != "csp"], lambda row: None)
+    # a case list missing one (a mechanism's case that did not run) gives a failing row
+    rows = selftest._coverage_rows([s for s in selftest.specs() if s.name != "csp"], lambda row: None)
     assert [(r.mechanism, r.ok) for r in rows] == [("csp", False)]
+    rows = selftest._coverage_rows([s for s in selftest.specs() if s.name != "ema"], lambda row: None)
+    assert [(r.mechanism, r.ok) for r in rows] == [("mega", False)]  # MEGA's cases include its EMA's
+
+
+# ------------------------------------------------------------------------------ a mechanism registered at runtime
+
+# A toy mechanism's folder, written by the test into a temporary package: each output token is the mean of the
+# values up to it (causal) or of all of them. Its reference, a PyTorch path, a CUDA-only backend, its selftest case
+# and its layer; nothing in attnzoo names it.
+_TOY_FILES = {
+    "__init__.py": """
+        from dataclasses import dataclass
+
+        import torch
+
+        from attnzoo.ops._spec import Backend, Mechanism, Options
+
+
+        @dataclass(frozen=True)
+        class ToyOptions(Options):
+            \"\"\"No options.\"\"\"
+
+
+        def toy_cumsum(v, *, causal):
+            if not causal:
+                return v.mean(dim=2, keepdim=True).expand_as(v)
+            return v.cumsum(dim=2) / torch.arange(1, v.shape[2] + 1, dtype=v.dtype, device=v.device).view(-1, 1)
+
+
+        TOY = Mechanism(
+            op="toy",
+            options=ToyOptions,
+            backends={
+                "naive": Backend("attnzoo_toy.naive", "toy_naive", kind="reference"),
+                "torch": Backend(__name__, "toy_cumsum"),
+                "gpu": Backend(__name__, "toy_cumsum", devices=("cuda",)),
+            },
+            causal=True,
+            checks="attnzoo_toy.checks",
+        )
+
+
+        def toy(v, *, causal=False, backend="torch"):
+            return TOY.backends[backend].load()(v, causal=causal)
+        """,
+    "naive.py": """
+        import torch
+
+
+        def toy_naive(v, *, causal):
+            n = v.shape[2]
+            w = torch.ones(n, n, dtype=v.dtype, device=v.device)
+            w = torch.tril(w) if causal else w
+            return (w / w.sum(dim=-1, keepdim=True)) @ v
+        """,
+    "checks.py": """
+        import torch
+
+        from attnzoo.ops._check_inputs import causal_configs, randn
+        from attnzoo.ops._spec import CheckCase
+        from attnzoo_toy import toy
+
+
+        def make(shape, cfg, gen):
+            return {"v": randn(shape, gen)}
+
+
+        def call(x, cfg, backend):
+            return toy(x["v"], causal=cfg["causal"], backend=backend)
+
+
+        def step(x, cfg):
+            v = x["v"]
+            total, outs = torch.zeros_like(v[:, :, :1]), []
+            for t in range(v.shape[2]):
+                total = total + v[:, :, t : t + 1]
+                outs.append(total / (t + 1))
+            return torch.cat(outs, dim=2)
+
+
+        CASES = (CheckCase("toy", make, call, ("v",), causal_configs, lambda quick: [(2, 3, 7, 5)], {"v": 2}, step),)
+        """,
+    "layer.py": """
+        from torch import nn
+
+        from attnzoo.layers.base import Attention, register_attention
+        from attnzoo_toy import TOY, toy
+
+
+        @register_attention("toy")
+        class ToyAttention(Attention):
+            mechanism = TOY
+
+            def __init__(self, dim, heads, *, causal=False, **options):
+                super().__init__(dim, heads, causal=causal, **options)
+                self.proj = nn.Linear(dim, dim)
+
+            def forward(self, x):
+                v = self.proj(x).unflatten(-1, (self.heads, self.head_dim)).transpose(1, 2)
+                return toy(v, causal=self.causal).transpose(1, 2).flatten(2)
+        """,
+}
+
+
+@pytest.fixture
+def toy_mechanism(monkeypatch, tmp_path):
+    """The toy package importable and its layer registered, in a copy of the registry restored afterwards."""
+    from attnzoo.layers import register_attention
+
+    pkg = tmp_path / "attnzoo_toy"
+    pkg.mkdir()
+    for name, text in _TOY_FILES.items():
+        (pkg / name).write_text(textwrap.dedent(text))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = sys.modules[register_attention.__module__]
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    yield importlib.import_module("attnzoo_toy.layer")
+    for name in [m for m in sys.modules if m == "attnzoo_toy" or m.startswith("attnzoo_toy.")]:
+        del sys.modules[name]
+
+
+def test_a_mechanism_registered_at_runtime_gets_its_rows(toy_mechanism, monkeypatch, capsys, one_thread):
+    from attnzoo.layers import attention_info, list_attentions
+
+    assert "toy" in list_attentions() and attention_info("toy") is toy_mechanism.ToyAttention
+    toy_mech = toy_mechanism.TOY
+    assert "toy" in [s.name for s in selftest.specs()]
+    assert [b for b, _ in selftest.plan(toy_mech, torch.device("cuda"))] == ["torch", "gpu"]
+    assert selftest.main(["--device", "cpu", "--quick", "--only", "toy"]) == 0
+    rows = _rows(capsys.readouterr().out)
+    checks = ("forward", "backward", "causal leak", "decode")
+    assert sorted(rows) == sorted(("toy", "torch", c) for c in checks)  # no reference row, no CUDA-only row
+    assert all(_status(cols) == "ok" for cols in rows.values())
+    assert selftest._coverage_rows(selftest.specs(), lambda row: None) == []
+
+    # a wrong PyTorch path fails its rows
+    monkeypatch.setattr(sys.modules["attnzoo_toy"], "toy_cumsum", _scaled(sys.modules["attnzoo_toy"].toy_cumsum, 1.01))
+    assert selftest.main(["--device", "cpu", "--quick", "--only", "toy"]) == 1
+    rows = _rows(capsys.readouterr().out)
+    assert _status(rows[("toy", "torch", "forward")]) == "FAIL"
+
+    # declaring no checks is a failing coverage row
+    monkeypatch.setattr(toy_mechanism.ToyAttention, "mechanism", dataclasses.replace(toy_mech, checks=None))
+    rows = selftest._coverage_rows(selftest.specs(), lambda row: None)
+    assert [(r.mechanism, r.check, r.ok) for r in rows] == [("toy", "coverage", False)]
+
+    monkeypatch.undo()  # the registry copy goes: the toy does not outlive the test
+    assert "toy" not in list_attentions() and "toy" not in [s.name for s in selftest.specs()]
 
 
 # ------------------------------------------------------------------------------ Triton fallback of "auto"

@@ -1,11 +1,13 @@
 """``attnzoo selftest``: every mechanism x every backend of this device against the float64 naive reference.
 
 Run it first on a new machine (``--device cuda`` on a GPU: the Triton kernels have not been run on yours).
-For each mechanism (softmax, linear, xca, mssa, tssa, fastmax p=1 and p=2, csp, cbsa, MEGA's ema and
-attention) and each backend available on the device (e.g. TSSA: ``torch``, the fused ``cpu`` kernels on CPU,
-``triton`` on CUDA) it checks, in float32 and float64 inputs:
+Everything comes from the registry: for each registered mechanism, the cases its folder declares
+(``Mechanism.checks``, ``ops/<op>/checks.py``: softmax, linear, xca, mssa, tssa, fastmax p=1 and p=2, csp, cbsa,
+MEGA's ema and attention), and for each case every backend of its op but the reference that declares the device
+(``Backend.devices``; e.g. TSSA: ``torch``, the fused ``cpu`` kernels on CPU, ``triton`` on CUDA), it checks, in
+float32 and float64 inputs:
 
-- ``forward``: the output against the op's ``naive`` backend evaluated in float64 (on CPU) on the same
+- ``forward``: the output against the op's reference backend evaluated in float64 (on CPU) on the same
   inputs (float32 inputs are rounded first, so the row measures the backend's error, not the rounding);
 - ``backward``: the gradients of every differentiable input (q/k/v, w, temperatures, biases, reps, eta)
   for a random cotangent, against the reference's;
@@ -17,7 +19,7 @@ attention) and each backend available on the device (e.g. TSSA: ``torch``, the f
 
 The error of a row is the worst over its cases of ``max|got - ref| / max(1, max|ref|)`` (the relative error
 for outputs above 1 in magnitude, the absolute one below); an exception counts as a failure and is shown.
-A registered mechanism without a case here is a failing ``coverage`` row. Exit status 0 when every row passes
+A registered mechanism without cases is a failing ``coverage`` row. Exit status 0 when every row passes
 (rows of backends this machine lacks are skipped, with the reason), 1 otherwise, 2 for unusable arguments
 (e.g. ``--device cuda`` without CUDA).
 """
@@ -33,11 +35,14 @@ import sys
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import torch
 
-__all__ = ["main", "run_selftest", "Row", "SPECS", "TOLERANCES"]
+from attnzoo.ops._check_inputs import randn
+from attnzoo.ops._spec import Backend, CheckCase, Mechanism
+
+__all__ = ["main", "plan", "run_selftest", "Row", "specs", "TOLERANCES"]
 
 Inputs = dict[str, torch.Tensor]
 
@@ -56,480 +61,42 @@ TOLERANCES: dict[tuple[str, torch.dtype], float] = {
     ("decode", torch.float32): 1e-4,
 }
 DTYPES = (torch.float32, torch.float64)
-# backends whose work is split over torch's CPU threads (the fused C++ kernels): run at the user's thread count
-_THREADED_BACKENDS = ("cpu",)
 
 
 # ------------------------------------------------------------------------------------------------ specs
 
 
-@dataclass(frozen=True)
-class Spec:
-    """How to exercise one mechanism's op.
+def specs() -> list[CheckCase]:
+    """The selftest cases of every registered mechanism, each once, in the order of ``list_attentions()``."""
+    from attnzoo.layers import attention_info, list_attentions
 
-    ``make(shape, cfg, gen)`` draws float64 CPU inputs; ``call(x, cfg, backend)`` runs the public op;
-    ``grads`` names the differentiable inputs; ``tokens`` maps an input to its token axis (for the leak test,
-    the output's token axis is 2); ``step(x, cfg)`` returns the token-by-token causal output, or is None.
-    A config's ``max_n`` skips ``(B, H, N, P)`` shapes with longer N.
-    """
-
-    name: str
-    backends: Callable[[torch.device], list[tuple[str, str | None]]]  # (backend, reason it is unavailable)
-    configs: Callable[[bool], list[dict]]
-    shapes: Callable[[bool], list[tuple[int, ...]]]
-    make: Callable[[tuple[int, ...], dict, torch.Generator], Inputs]
-    call: Callable[[Inputs, dict, str], torch.Tensor]
-    grads: tuple[str, ...]
-    tokens: dict[str, int] = field(default_factory=dict)
-    step: Callable[[Inputs, dict], torch.Tensor] | None = None
+    out: dict[str, CheckCase] = {}
+    for name in list_attentions():
+        for case in attention_info(name).mechanism.check_cases():
+            out.setdefault(case.name, case)  # layers sharing a mechanism share its cases
+    return list(out.values())
 
 
-def _randn(shape, gen, scale: float = 1.0) -> torch.Tensor:
-    return torch.randn(shape, generator=gen, dtype=torch.float64) * scale
+def plan(mech: Mechanism, device: torch.device) -> list[tuple[str, str | None]]:
+    """The backends of ``mech`` but its reference that declare ``device``: (name, why it cannot run here or None)."""
+    return [
+        (name, _unavailable(b))
+        for name, b in mech.backends.items()
+        if name != mech.reference and ("any" in b.devices or device.type in b.devices)
+    ]
 
 
-# Shapes (B, H, N, P): N=1, odd N, a head dim that is not a power of two, N across the chunks of the
-# PyTorch scans (32-64 tokens) and of the CPU kernels (64-token blocks, 256-token chunks), and the head dims
-# the CPU kernels unroll (16, 32, 64). --quick keeps two of them.
-_SHAPES_QUICK = [(2, 3, 7, 5), (1, 2, 70, 16)]
-_SHAPES_FULL = [
-    (1, 1, 1, 3),
-    (2, 3, 7, 5),
-    (1, 4, 33, 3),
-    (2, 2, 300, 6),
-    (1, 3, 777, 16),
-    (1, 2, 130, 32),
-    (1, 1, 70, 64),
-    (2, 2, 1100, 8),
-]
-
-
-def _shapes(quick: bool) -> list[tuple[int, ...]]:
-    return list(_SHAPES_QUICK if quick else _SHAPES_FULL)
-
-
-def _causal_configs(quick: bool, **extra) -> list[dict]:
-    return [dict(causal=c, **extra) for c in (False, True)]
-
-
-def _softmax_family_backends(op: str, package: str) -> Callable[[torch.device], list[tuple[str, str | None]]]:
-    def backends(device: torch.device) -> list[tuple[str, str | None]]:
-        out: list[tuple[str, str | None]] = [("torch", None)]
-        if device.type == "cuda":
-            from attnzoo.ops._spec import Mechanism
-
-            spec = next(v for v in vars(importlib.import_module(package)).values() if isinstance(v, Mechanism))
-            if "triton" in spec.backend_names():
-                out.append(("triton", None))
-        return out
-
-    return backends
-
-
-def _qkv(shape, cfg, gen) -> Inputs:
-    b, h, n, p = shape
-    return {"q": _randn(shape, gen), "k": _randn(shape, gen), "v": _randn((b, h, n, p + 1), gen)}
-
-
-# -- softmax
-def _softmax_call(x, cfg, backend):
-    from attnzoo.ops.softmax import softmax_attention
-
-    return softmax_attention(x["q"], x["k"], x["v"], causal=cfg["causal"], backend=backend)
-
-
-# -- linear
-def _linear_call(x, cfg, backend):
-    from attnzoo.ops.linear import linear_attention
-
-    return linear_attention(
-        x["q"],
-        x["k"],
-        x["v"],
-        causal=cfg["causal"],
-        feature_map=cfg["feature_map"],
-        chunk_size=cfg.get("chunk_size"),
-        backend=backend,
-    )
-
-
-def _linear_step(x, cfg):
-    from attnzoo.ops.linear import linear_attention_recurrent
-
-    state, outs = None, []
-    for t in range(x["q"].shape[2]):
-        o, state = linear_attention_recurrent(
-            *(x[k][:, :, t : t + 1] for k in "qkv"), state, feature_map=cfg["feature_map"]
-        )
-        outs.append(o)
-    return torch.cat(outs, dim=2)
-
-
-# -- xca
-def _xca_make(shape, cfg, gen):
-    h = shape[1]
-    return {
-        "q": _randn(shape, gen),
-        "k": _randn(shape, gen),
-        "v": _randn(shape, gen),
-        "temp": 0.5 + torch.rand(h, generator=gen, dtype=torch.float64),
-    }
-
-
-def _xca_call(x, cfg, backend):
-    from attnzoo.ops.xca import xca
-
-    return xca(x["q"], x["k"], x["v"], x["temp"], backend=backend)
-
-
-# -- mssa
-def _mssa_call(x, cfg, backend):
-    from attnzoo.ops.mssa import mssa
-
-    return mssa(x["w"], causal=cfg["causal"], normalize_query=cfg["normalize_query"], backend=backend)
-
-
-# -- tssa
-def _tssa_backends(device: torch.device) -> list[tuple[str, str | None]]:
-    out: list[tuple[str, str | None]] = [("torch", None)]
-    if device.type == "cpu":
+def _unavailable(b: Backend) -> str | None:
+    if not b.is_available():
+        if b.kind == "triton" and importlib.util.find_spec("triton") is None:
+            return "the triton package is not installed"
+        return f"{b.module}.{b.attr} cannot run in this process"
+    if b.kind == "cpu":
         from attnzoo.ops._cpu_kernels import cpu_kernels, cpu_kernels_error
 
-        out.append(("cpu", None if cpu_kernels() is not None else f"CPU kernels unavailable: {cpu_kernels_error()}"))
-    elif device.type == "cuda":
-        out.append(("triton", None if importlib.util.find_spec("triton") else "the triton package is not installed"))
-    return out
-
-
-def _tssa_make(shape, cfg, gen):
-    _, h, n, p = shape
-    # features of different scales and temperatures away from 1 keep Pi far from uniform (as tests/ops do)
-    x = {
-        "w": _randn(shape, gen) * torch.exp(_randn((1, h, 1, p), gen)),
-        "temp": 0.5 + 2 * torch.rand(h, generator=gen, dtype=torch.float64),
-    }
-    if cfg["causal"]:
-        x["bias"] = _randn((h, n + 3, 1), gen, 0.3)  # N_max > N, as a module's max_len is
-    return x
-
-
-def _tssa_call(x, cfg, backend):
-    from attnzoo.ops.tssa import tssa
-
-    return tssa(x["w"], x["temp"], causal=cfg["causal"], bias=x.get("bias"), backend=backend)
-
-
-def _tssa_step(x, cfg):
-    from attnzoo.ops.tssa import tssa_init_state, tssa_step
-
-    w = x["w"]
-    b, h, n, p = w.shape
-    state = tssa_init_state(b, h, p, device=w.device, dtype=w.dtype)
-    outs = []
-    for t in range(n):
-        o, state = tssa_step(w[:, :, t], x["temp"], state, bias=x["bias"])
-        outs.append(o)
-    return torch.stack(outs, dim=2)
-
-
-# -- fastmax
-def _fastmax_backends(device: torch.device) -> list[tuple[str, str | None]]:
-    out: list[tuple[str, str | None]] = [("torch", None), ("torch_autograd", None)]
-    if device.type == "cuda":
-        from attnzoo.ops.fastmax import _triton_available
-
-        out.append(("triton", None if _triton_available() else "the triton package is not installed"))
-    return out
-
-
-def _fastmax_scale(cfg, d: int) -> float | None:
-    # p=1 with scale > 1/D can have negative weights and near-zero normalisers: ill-conditioned comparisons
-    # (the op's module doc); 1/D keeps p=1 an average, as the tests do.
-    return 1.0 / d if cfg["p"] == 1 else None
-
-
-def _fastmax_call(x, cfg, backend):
-    from attnzoo.ops.fastmax import fastmax
-
-    d = x["q"].shape[-1]
-    return fastmax(
-        x["q"],
-        x["k"],
-        x["v"],
-        p=cfg["p"],
-        causal=cfg["causal"],
-        scale=_fastmax_scale(cfg, d),
-        chunk_size=cfg.get("chunk_size"),
-        backend=backend,
-    )
-
-
-def _fastmax_step(x, cfg):
-    from attnzoo.ops.fastmax import fastmax_init_state, fastmax_step
-
-    q, k, v = x["q"], x["k"], x["v"]
-    b, h, n, d = q.shape
-    state = fastmax_init_state(b, h, d, v.shape[-1], p=cfg["p"], device=q.device, dtype=q.dtype)
-    outs = []
-    for t in range(n):
-        sl = slice(t, t + 1)
-        o, state = fastmax_step(q[:, :, sl], k[:, :, sl], v[:, :, sl], state, p=cfg["p"], scale=_fastmax_scale(cfg, d))
-        outs.append(o)
-    return torch.cat(outs, dim=2)
-
-
-def _fastmax_configs(quick: bool, p: int) -> list[dict]:
-    # chunk_size=5: many masked chunks (and ragged ones) in the causal sweeps at small N (max_n: shapes up to)
-    return _causal_configs(quick, p=p) + ([] if quick else [dict(causal=True, p=p, chunk_size=5, max_n=130)])
-
-
-def _fastmax_shapes(quick: bool) -> list[tuple[int, ...]]:
-    # p=2 features are 1 + D + D^2 wide: D=64 alone would dominate the run
-    return [s for s in _shapes(quick) if s[3] <= 32]
-
-
-# -- csp: (B, N, C, groups): complete sort, pure shift, groups of 2 (min/max path), odd N, N=1
-def _csp_shapes(quick: bool) -> list[tuple[int, ...]]:
-    if quick:
-        return [(2, 12, 5, 4), (1, 9, 4, 1)]
-    return [(1, 1, 3, 1), (2, 6, 4, 1), (2, 6, 4, 3), (2, 7, 5, 7), (2, 12, 5, 6), (1, 15, 3, 3), (2, 300, 16, 10)]
-
-
-def _csp_make(shape, cfg, gen):
-    b, n, c, _ = shape
-    # continuous random values are distinct (ties would make the permutation, hence gradients, tie-rule
-    # dependent; both backends break ties alike, but float32 rounding could create ties float64 lacks)
-    return {"v": _randn((b, n, c), gen)}
-
-
-def _csp_call(x, cfg, backend):
-    from attnzoo.ops.csp import csp, csp_shifts
-
-    v = x["v"]
-    n, c = v.shape[1], v.shape[2]
-    shifts = csp_shifts(n, c) if cfg["shifts"] == "schedule" else [(3 * i * i + 1) % (2 * n + 1) - n for i in range(c)]
-    groups = {"complete sort": 1, "small groups": n // _smallest_factor(n), "shift only": n}[cfg["groups"]]
-    return csp(v, shifts, groups, backend=backend)
-
-
-def _csp_configs(quick: bool) -> list[dict]:
-    cfgs = [
-        dict(causal=False, shifts="schedule", groups="small groups"),
-        dict(causal=False, shifts="arbitrary", groups="complete sort"),
-    ]
-    return cfgs if quick else cfgs + [dict(causal=False, shifts="arbitrary", groups="shift only")]
-
-
-def _smallest_factor(n: int) -> int:
-    return next((f for f in range(2, n + 1) if n % f == 0), 1)
-
-
-# -- cbsa: (B, H, N, P, M): M < P, M > P (the exact solve's push-through branch), M > N
-_CBSA_CASES = [
-    ("cbsa", "softmax"),
-    ("cbsa", "exact"),
-    ("agent", None),
-    ("mssa", "softmax"),
-    ("mssa", "exact"),
-    ("linear", None),
-    ("channel", None),
-]
-
-
-def _cbsa_shapes(quick: bool) -> list[tuple[int, ...]]:
-    if quick:
-        return [(2, 3, 7, 5, 3), (1, 2, 16, 8, 9)]
-    return [(1, 1, 1, 4, 1), (2, 3, 7, 5, 3), (2, 2, 9, 3, 5), (1, 2, 16, 8, 4), (1, 1, 3, 2, 6), (2, 2, 200, 16, 8)]
-
-
-def _cbsa_make(shape, cfg, gen):
-    b, h, n, p, m = shape
-    x = {"w": _randn((b, h, n, p), gen)}
-    if cfg["variant"] in ("cbsa", "agent"):
-        x["reps"] = _randn((b, h, m, p), gen)
-        x["eta"] = _randn((h, 1, 1), gen)
-    return x
-
-
-def _cbsa_call(x, cfg, backend):
-    from attnzoo.ops.cbsa import cbsa
-
-    kw = dict(variant=cfg["variant"], contraction=cfg["contraction"], eps=0.7, backend=backend)
-    if "eta" in x:
-        kw["eta"] = x["eta"]
-    return cbsa(x["w"], x.get("reps"), **kw)
-
-
-# -- ema: x (B, H, N, P) is B*H sequences of P channels; h = 3 expanded dimensions; alpha, delta through a sigmoid
-def _ema_make(shape, cfg, gen):
-    b, hh, n, p = shape
-    lead = (p, 3) if cfg["causal"] else (2, p, 3)
-    return {"x": _randn(shape, gen), **{k: _randn(lead, gen) for k in ("alpha", "delta", "beta", "eta")}}
-
-
-def _ema_args(x):
-    return x["x"].flatten(0, 1), torch.sigmoid(x["alpha"]), torch.sigmoid(x["delta"]), x["beta"], x["eta"]
-
-
-def _ema_call(x, cfg, backend):
-    from attnzoo.ops.ema import ema
-
-    return ema(*_ema_args(x), causal=cfg["causal"], backend=backend).view(x["x"].shape)
-
-
-def _ema_step(x, cfg):
-    from attnzoo.ops.ema import ema_step
-
-    xs, *coeffs = _ema_args(x)
-    state, outs = None, []
-    for t in range(xs.shape[1]):
-        y, state = ema_step(xs[:, t : t + 1], state, *coeffs)
-        outs.append(y)
-    return torch.cat(outs, dim=1).view(x["x"].shape)
-
-
-# -- mega attention: q, k (B, H, N, P), v (B, H, N, P + 1) as B*H single-head sequences; full and chunked
-def _mega_make(shape, cfg, gen):
-    b, hh, n, p = shape
-    qkv = {k: _randn((b, hh, n, p + (k == "v")), gen) for k in ("q", "k", "v")}
-    return {**qkv, "rel_bias": _randn((2 * n - 1,), gen, 0.5)}
-
-
-def _mega_call(x, cfg, backend):
-    from attnzoo.ops.mega import mega_attention
-
-    q, k, v = (x[n].flatten(0, 1) for n in ("q", "k", "v"))
-    out = mega_attention(q, k, v, x["rel_bias"], fn=cfg["fn"], chunk_size=cfg["chunk_size"], backend=backend)
-    return out.view(x["v"].shape)
-
-
-def _only_torch(device: torch.device) -> list[tuple[str, str | None]]:
-    return [("torch", None)]
-
-
-SPECS: list[Spec] = [
-    Spec(
-        "softmax",
-        _softmax_family_backends("softmax_attention", "attnzoo.ops.softmax"),
-        _causal_configs,
-        _shapes,
-        _qkv,
-        _softmax_call,
-        ("q", "k", "v"),
-        {"q": 2, "k": 2, "v": 2},
-    ),
-    Spec(
-        "linear",
-        _softmax_family_backends("linear_attention", "attnzoo.ops.linear"),
-        lambda quick: (
-            [dict(causal=c, feature_map=f) for c in (False, True) for f in (("elu",) if quick else ("elu", "relu"))]
-            + ([] if quick else [dict(causal=True, feature_map="elu", chunk_size=5, max_n=130)])
-        ),
-        _shapes,
-        _qkv,
-        _linear_call,
-        ("q", "k", "v"),
-        {"q": 2, "k": 2, "v": 2},
-        _linear_step,
-    ),
-    Spec(
-        "xca",
-        _softmax_family_backends("xca", "attnzoo.ops.xca"),
-        lambda quick: [dict(causal=False)],
-        _shapes,
-        _xca_make,
-        _xca_call,
-        ("q", "k", "v", "temp"),
-    ),
-    Spec(
-        "mssa",
-        _softmax_family_backends("mssa", "attnzoo.ops.mssa"),
-        lambda quick: [
-            dict(causal=c, normalize_query=nq) for c in (False, True) for nq in (False, True) if not quick or c == nq
-        ],
-        _shapes,
-        lambda shape, cfg, gen: {"w": _randn(shape, gen)},
-        _mssa_call,
-        ("w",),
-        {"w": 2},
-    ),
-    Spec(
-        "tssa",
-        _tssa_backends,
-        _causal_configs,
-        _shapes,
-        _tssa_make,
-        _tssa_call,
-        ("w", "temp", "bias"),
-        {"w": 2, "bias": 1},
-        _tssa_step,
-    ),
-    Spec(
-        "fastmax p=1",
-        _fastmax_backends,
-        lambda quick: _fastmax_configs(quick, 1),
-        _fastmax_shapes,
-        _qkv,
-        _fastmax_call,
-        ("q", "k", "v"),
-        {"q": 2, "k": 2, "v": 2},
-        _fastmax_step,
-    ),
-    Spec(
-        "fastmax p=2",
-        _fastmax_backends,
-        lambda quick: _fastmax_configs(quick, 2),
-        _fastmax_shapes,
-        _qkv,
-        _fastmax_call,
-        ("q", "k", "v"),
-        {"q": 2, "k": 2, "v": 2},
-        _fastmax_step,
-    ),
-    Spec("csp", _only_torch, _csp_configs, _csp_shapes, _csp_make, _csp_call, ("v",)),
-    Spec(
-        "ema",
-        _only_torch,
-        _causal_configs,
-        _shapes,
-        _ema_make,
-        _ema_call,
-        ("x", "alpha", "delta", "beta", "eta"),
-        {"x": 2},
-        _ema_step,
-    ),
-    Spec(
-        "mega",
-        _only_torch,
-        lambda quick: [dict(causal=False, fn=f, chunk_size=c) for f in ("softmax", "laplace") for c in (None, 5)],
-        _shapes,
-        _mega_make,
-        _mega_call,
-        ("q", "k", "v", "rel_bias"),
-    ),
-    Spec(
-        "cbsa",
-        _only_torch,
-        lambda quick: [dict(causal=False, variant=v, contraction=c) for v, c in _CBSA_CASES],
-        _cbsa_shapes,
-        _cbsa_make,
-        _cbsa_call,
-        ("w", "reps", "eta"),
-    ),
-]
-
-#: registered module name -> the specs that test its op (every registered mechanism must appear here)
-MODULE_SPECS = {
-    "softmax": ["softmax"],
-    "linear": ["linear"],
-    "xca": ["xca"],
-    "mssa": ["mssa"],
-    "tssa": ["tssa"],
-    "fastmax": ["fastmax p=1", "fastmax p=2"],
-    "csp": ["csp"],
-    "cbsa": ["cbsa"],
-    "mega": ["ema", "mega"],
-}
+        if cpu_kernels() is None:
+            return f"CPU kernels unavailable: {cpu_kernels_error()}"
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ rows
@@ -634,23 +201,23 @@ def _to(x: Inputs, dtype: torch.dtype, device: torch.device, grads: Iterable[str
     return out
 
 
-def _out_and_grads(spec: Spec, x: Inputs, cfg: dict, backend: str, cot: torch.Tensor | torch.Generator):
+def _out_and_grads(spec: CheckCase, x: Inputs, cfg: dict, backend: str, cot: torch.Tensor | torch.Generator):
     """Output and gradients of ``sum(out * cot)``; ``cot`` (float64, CPU) is drawn from it when a generator."""
     out = spec.call(x, cfg, backend)
     if isinstance(cot, torch.Generator):
         cot = torch.randn(out.shape, generator=cot, dtype=torch.float64)
     leaves = [k for k in spec.grads if k in x]
     gs = torch.autograd.grad((out * cot.to(out.device, out.dtype)).sum(), [x[k] for k in leaves], allow_unused=True)
-    return out.detach(), dict(zip(leaves, gs)), cot
+    return out.detach(), dict(zip(leaves, gs, strict=True)), cot
 
 
 class _RefCache:
-    """Float64 naive outputs and gradients per (spec, config, shape, input dtype), shared by the backends."""
+    """Float64 reference outputs and gradients per (case, config, shape, input dtype), shared by the backends."""
 
     def __init__(self) -> None:
         self._store: dict[tuple, tuple] = {}
 
-    def get(self, spec: Spec, cfg: dict, shape, dtype: torch.dtype):
+    def get(self, spec: CheckCase, cfg: dict, shape, dtype: torch.dtype):
         key = (spec.name, _cfg_key(cfg), shape, dtype)
         if key not in self._store:
             gen = torch.Generator().manual_seed(_seed(spec.name, _cfg_key(cfg), shape))
@@ -658,7 +225,7 @@ class _RefCache:
             # the reference sees exactly the (rounded) values the backend sees, in float64
             xr = {k: t.to(dtype).to(torch.float64) for k, t in x64.items()}
             ref_out, ref_grads, cot = _out_and_grads(
-                spec, _to(xr, torch.float64, torch.device("cpu"), spec.grads), cfg, "naive", gen
+                spec, _to(xr, torch.float64, torch.device("cpu"), spec.grads), cfg, spec.mechanism.reference, gen
             )
             self._store[key] = (xr, cot, ref_out, ref_grads)
         return self._store[key]
@@ -697,7 +264,7 @@ def _check_leak(spec, cfg, shape, dtype, device, backend, row: Row) -> None:
         xp = dict(x64)
         for k, ax in spec.tokens.items():
             if k in xp:
-                fresh = _randn(xp[k].shape, gen, 3.0)
+                fresh = randn(xp[k].shape, gen, 3.0)
                 idx = torch.arange(xp[k].shape[ax]) > t
                 shape_b = [1] * xp[k].ndim
                 shape_b[ax] = -1
@@ -708,7 +275,7 @@ def _check_leak(spec, cfg, shape, dtype, device, backend, row: Row) -> None:
         row.fail(exc)
         return
     err = _err(out2[:, :, : t + 1], out.detach()[:, :, : t + 1])
-    for k, g in zip(leaves, gs):
+    for k, g in zip(leaves, gs, strict=True):
         if g is None:
             continue
         later = g.narrow(spec.tokens[k], t + 1, g.shape[spec.tokens[k]] - t - 1)
@@ -747,14 +314,14 @@ def _num_threads(n: int | None) -> Iterator[None]:
 
 
 def _run_spec(
-    spec: Spec, device: torch.device, quick: bool, refs: _RefCache, emit, kernel_threads: int | None = None
+    spec: CheckCase, device: torch.device, quick: bool, refs: _RefCache, emit, kernel_threads: int | None = None
 ) -> list[Row]:
     rows: list[Row] = []
     configs = spec.configs(quick)
     has_causal = any(c.get("causal") for c in configs)
     checks = ["forward", "backward"] + (["causal leak"] if has_causal else [])
     checks += ["decode"] if spec.step is not None and has_causal else []
-    for backend, unavailable in spec.backends(device):
+    for backend, unavailable in plan(spec.mechanism, device):
         group = {c: Row.for_check(spec.name, backend, c) for c in checks}
         if unavailable:
             for r in group.values():
@@ -763,7 +330,9 @@ def _run_spec(
                 emit(r)
                 rows.append(r)
             continue
-        with _num_threads(kernel_threads if backend in _THREADED_BACKENDS else None):
+        # the fused CPU kernels split their work over torch's threads: they run at the user's thread count
+        threaded = spec.mechanism.backends[backend].kind == "cpu"
+        with _num_threads(kernel_threads if threaded else None):
             for dtype in DTYPES:
                 for cfg in configs:
                     for shape in spec.shapes(quick):
@@ -809,8 +378,8 @@ def _layer_decode_rows(device: torch.device, quick: bool, emit) -> list[Row]:
                 m = build_attention(name, 12, 3, causal=True).to(device=device, dtype=dtype).eval()
                 with torch.no_grad():
                     for prm in m.parameters():  # away from the init (zero biases, unit temperatures)
-                        prm.add_(_randn(prm.shape, gen, 0.2).to(device, dtype))
-                    x = _randn((2, n, 12), gen).to(device, dtype)
+                        prm.add_(randn(prm.shape, gen, 0.2).to(device, dtype))
+                    x = randn((2, n, 12), gen).to(device, dtype)
                     par = m(x)
                     state = m.init_state(2, device=device, dtype=dtype)
                     outs = []
@@ -825,16 +394,17 @@ def _layer_decode_rows(device: torch.device, quick: bool, emit) -> list[Row]:
     return rows
 
 
-def _coverage_rows(specs: list[Spec], emit) -> list[Row]:
-    """A failing row for any registered mechanism the selftest has no case for (a new module must add one)."""
-    from attnzoo.layers import list_attentions
+def _coverage_rows(cases: list[CheckCase], emit) -> list[Row]:
+    """A failing row for any registered mechanism whose cases did not all run (none declared: a new one must)."""
+    from attnzoo.layers import attention_info, list_attentions
 
-    names = {s.name for s in specs}
+    names = {s.name for s in cases}
     rows = []
-    for mech in list_attentions():
-        if mech not in MODULE_SPECS or not set(MODULE_SPECS[mech]) <= names:
+    for name in list_attentions():
+        own = {c.name for c in attention_info(name).mechanism.check_cases()}
+        if not own or not own <= names:
             cell = Cell(0.0, math.inf, 1, "no selftest case for this registered mechanism")
-            row = Row(mech, "-", "coverage", {"-": cell})
+            row = Row(name, "-", "coverage", {"-": cell})
             emit(row)
             rows.append(row)
     return rows
@@ -874,7 +444,7 @@ def format_row(r: Row) -> str:
     f64 = _fmt_cell(r.cells.get("float64"), r.skipped)
     cases = max((c.cases for c in r.cells.values()), default=0)
     cells = [r.mechanism, r.backend, r.check, str(cases), *f32, *f64, r.status]
-    line = "  ".join(f"{c:<{w}}" for c, (_, w) in zip(cells, _COLS))
+    line = "  ".join(f"{c:<{w}}" for c, (_, w) in zip(cells, _COLS, strict=True))
     return (line + (f"  {r.note}" if r.note else "")).rstrip()
 
 
@@ -902,13 +472,13 @@ def run_selftest(
     out=None,
     kernel_threads: int | None = None,
 ) -> list[Row]:
-    """Run every spec (or those named in ``only``) on ``device``; print the table to ``out`` as rows finish.
+    """Run every case (or those named in ``only``) on ``device``; print the table to ``out`` as rows finish.
 
     ``kernel_threads``: torch threads while the fused CPU kernels' rows run (their work is split over threads,
     so only more than one exercises that); ``None`` keeps the current setting for every row.
     """
     out = sys.stdout if out is None else out
-    specs = [s for s in SPECS if not only or s.name in only or s.name.split()[0] in only]
+    cases = [s for s in specs() if not only or s.name in only or s.name.split()[0] in only]
 
     def emit(row: Row) -> None:
         print(format_row(row), file=out, flush=True)
@@ -917,15 +487,16 @@ def run_selftest(
     print("-" * len(_header()), file=out, flush=True)
     refs = _RefCache()
     rows: list[Row] = []
-    for spec in specs:
+    for spec in cases:
         rows += _run_spec(spec, device, quick, refs, emit, kernel_threads)
     if not only:
         rows += _layer_decode_rows(device, quick, emit)
-        rows += _coverage_rows(specs, emit)
+        rows += _coverage_rows(cases, emit)
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
+    cases = specs()
     ap = argparse.ArgumentParser(
         prog="attnzoo selftest",
         description="Check every mechanism x every backend of this device against the "
@@ -952,10 +523,10 @@ def main(argv: list[str] | None = None) -> int:
         metavar="MECHANISM",
         default=None,
         help="only these mechanisms (fastmax: both p; 'fastmax p=1' one of them): "
-        + ", ".join(dict.fromkeys(s.name.split()[0] for s in SPECS)),
+        + ", ".join(dict.fromkeys(s.name.split()[0] for s in cases)),
     )
     args = ap.parse_args(argv)
-    valid = {s.name for s in SPECS} | {s.name.split()[0] for s in SPECS}
+    valid = {s.name for s in cases} | {s.name.split()[0] for s in cases}
     if args.only:
         bad = [m for m in args.only if m not in valid]
         if bad:

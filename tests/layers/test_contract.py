@@ -18,7 +18,7 @@ import attnzoo
 from attnzoo.layers import attention_info, build_attention, list_attentions
 from attnzoo.layers.base import Attention
 from attnzoo.ops._dispatch import force_backend
-from attnzoo.ops._spec import Mechanism, Options
+from attnzoo.ops._spec import CheckCase, Mechanism, Options
 
 DIM, HEADS, N = 12, 3, 9
 
@@ -71,6 +71,21 @@ def test_every_mechanism_is_described_by_a_spec(name):
     assert params == ["self", "dim", "heads", "causal", *spec.options.names()]
     m = build_attention(name, DIM, HEADS)
     assert m.options == spec.options()  # the defaults, checked once, kept on the module
+
+
+@pytest.mark.parametrize("name", list_attentions())
+def test_every_mechanism_declares_selftest_cases_that_run(name):
+    # `attnzoo selftest` reads them from the spec (Mechanism.checks): each makes inputs the reference op accepts
+    cases = attention_info(name).mechanism.check_cases()
+    assert cases and all(isinstance(c, CheckCase) and isinstance(c.mechanism, Mechanism) for c in cases)
+    for case in cases:
+        made: set[str] = set()  # an input may belong to some configs only (TSSA's causal bias, CBSA's reps)
+        for cfg in case.configs(True):
+            x = case.make(case.shapes(True)[0], cfg, torch.Generator().manual_seed(0))
+            made |= set(x)
+            out = case.call(x, cfg, case.mechanism.reference)
+            assert out.dtype == torch.float64 and torch.isfinite(out).all(), (case.name, cfg)
+        assert set(case.grads) | set(case.tokens) <= made, case.name
 
 
 # ------------------------------------------------------------------------------------------------ forward

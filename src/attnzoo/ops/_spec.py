@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping
 
-__all__ = ["Backend", "Mechanism", "Options", "option", "triton_available"]
+__all__ = ["Backend", "CheckCase", "Mechanism", "Options", "option", "triton_available"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -40,7 +40,7 @@ class Backend:
     module: str
     attr: str
     kind: str = "torch"
-    #: device types it runs on (documentation; "cpu" kernels are refused elsewhere, Triton checks its own)
+    #: device types it runs on ("any": every one): ``attnzoo selftest`` runs it there; "cpu" kernels refuse others
     devices: tuple[str, ...] = ("any",)
     available: Callable[[], bool] | None = None
 
@@ -132,6 +132,8 @@ class Mechanism:
     #: option sets the contract tests (tests/layers/test_contract.py) run besides the defaults, for a sequence of
     #: 9 tokens: the options that change the computation (orders, variants, chunking)
     examples: tuple[dict[str, Any], ...] = ()
+    #: module whose ``CASES`` (:class:`CheckCase`) say how ``attnzoo selftest`` exercises the op (``None``: no case)
+    checks: str | None = None
     kinds: ClassVar[tuple[str, ...]] = ("reference", "torch", "cpu", "triton")
 
     def __post_init__(self) -> None:
@@ -144,3 +146,33 @@ class Mechanism:
     def backend_names(self) -> list[str]:
         """The names ``backend=`` accepts in this process: ``"auto"`` and the available backends."""
         return ["auto"] + [n for n, b in self.backends.items() if b.is_available()]
+
+    def check_cases(self) -> tuple["CheckCase", ...]:
+        """The selftest cases of :attr:`checks` (imported now), each bound to the mechanism whose backends it runs."""
+        if self.checks is None:
+            return ()
+        cases = importlib.import_module(self.checks).CASES
+        return tuple(c if c.mechanism is not None else dataclasses.replace(c, mechanism=self) for c in cases)
+
+
+@dataclass(frozen=True)
+class CheckCase:
+    """One named case of ``attnzoo selftest`` for an op, declared in ``ops/<op>/checks.py``.
+
+    ``make(shape, cfg, gen)`` draws float64 CPU inputs (a dict of tensors); ``call(x, cfg, backend)`` runs the public
+    op with ``backend`` (output token axis 2); ``grads`` names the differentiable inputs; ``tokens`` maps an input to
+    its token axis (the causal leak test); ``step(x, cfg)`` is the token-by-token causal output, or ``None``;
+    ``configs(quick)`` and ``shapes(quick)`` list the configs (plain values; ``causal`` and ``max_n``, which skips
+    ``(B, H, N, P)`` shapes with longer N, are read by the selftest) and shapes. ``mechanism`` is the op whose
+    backends run (``None``: the mechanism declaring the case; MEGA's cases include its EMA's).
+    """
+
+    name: str
+    make: Callable[..., dict[str, Any]]
+    call: Callable[..., Any]
+    grads: tuple[str, ...]
+    configs: Callable[[bool], list[dict[str, Any]]]
+    shapes: Callable[[bool], list[tuple[int, ...]]]
+    tokens: Mapping[str, int] = field(default_factory=dict)
+    step: Callable[..., Any] | None = None
+    mechanism: Mechanism | None = None

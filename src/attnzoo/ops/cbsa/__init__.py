@@ -276,5 +276,6 @@ CBSA = Mechanism(
         {"variant": "channel"},
         {"variant": "mssa", "contraction": "exact"},
     ),
+    checks="attnzoo.ops.cbsa.checks",
 )
 BACKENDS = tuple(CBSA.backend_names())

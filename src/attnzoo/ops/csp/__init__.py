@@ -90,6 +90,7 @@ CSP = Mechanism(
     },
     causal=False,  # group sorting reads every token of a group
     examples=({"groups": 3, "shift_schedule": "power", "layer_index": 1, "num_layers": 2},),
+    checks="attnzoo.ops.csp.checks",
 )
 BACKENDS = tuple(CSP.backend_names())
 

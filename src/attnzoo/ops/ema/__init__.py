@@ -42,6 +42,7 @@ EMA = Mechanism(
     },
     causal=True,
     state=torch.Tensor,  # h (B, D, ndim)
+    checks="attnzoo.ops.ema.checks",
 )
 
 

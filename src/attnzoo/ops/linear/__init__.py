@@ -65,6 +65,7 @@ LINEAR = Mechanism(
     causal=True,
     state=dict,
     examples=({"chunk_size": 3}, {"feature_map": "relu"}),  # {"s": (B, H, P, P), "z": (B, H, P)}
+    checks="attnzoo.ops.linear.checks",
 )
 
 

@@ -97,6 +97,7 @@ MEGA = Mechanism(
         {"attention": "csp", "csp_groups": 3, "shift_schedule": "power", "layer_index": 1, "num_layers": 2},
         {"attention": "csp", "csp_groups": None, "norm_layer": "batchnorm"},
     ),
+    checks="attnzoo.ops.mega.checks",
 )
 
 

@@ -50,6 +50,7 @@ MSSA = Mechanism(
     causal=True,
     state=dict,
     examples=({"normalize_query": True, "out_proj": False}, {"head_dim": 5}),  # the cache {"w"}
+    checks="attnzoo.ops.mssa.checks",
 )
 
 

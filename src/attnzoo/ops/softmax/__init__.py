@@ -41,6 +41,7 @@ SOFTMAX = Mechanism(
     },
     causal=True,
     state=dict,  # the KV cache {"k", "v"}
+    checks="attnzoo.ops.softmax.checks",
 )
 
 

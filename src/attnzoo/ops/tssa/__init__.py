@@ -228,4 +228,5 @@ TSSA = Mechanism(
     causal=True,
     state=TSSAState,
     examples=({"qkv_bias": True, "max_len": 10},),
+    checks="attnzoo.ops.tssa.checks",
 )

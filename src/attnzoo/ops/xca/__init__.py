@@ -38,6 +38,7 @@ XCA = Mechanism(
     options=XCAOptions,
     backends={"naive": Backend(__name__, "xca_naive", kind="reference"), "torch": Backend(__name__, "xca_fused")},
     causal=False,  # the (P, P) map sums over every token
+    checks="attnzoo.ops.xca.checks",
 )
 
 
