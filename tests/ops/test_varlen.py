@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from varlen_cases import MODES, assert_equal_to_alone
 
 from attnzoo.ops._varlen import segments
 
@@ -72,3 +73,29 @@ def test_bad_offsets_are_clear_errors(cu, err, match):
 def test_mask_and_offsets_together_are_refused():
     with pytest.raises(ValueError, match="not both"):
         segments(1, 3, attention_mask=torch.ones(1, 3), cu_seqlens=torch.tensor([0, 3]))
+
+
+# ----------------------------------------------------------------------------------------------- the harness
+def _segment_mean(x, attention_mask=None, cu_seqlens=None, ignore_segments=False):
+    """x (B, H, N, P) -> every token gets the mean of its sequence's tokens (a toy op that honours segments)."""
+    seg = segments(x.shape[0], x.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens)
+    if seg is None or ignore_segments:
+        return x.mean(2, keepdim=True).expand_as(x)
+    onehot = torch.nn.functional.one_hot(seg.ids.clamp_min(0), seg.num).to(x.dtype) * seg.real[..., None]
+    sums = torch.einsum("bns,bhnp->bhsp", onehot, x)
+    means = sums / seg.lengths.clamp_min(1)[:, None, :, None].to(x.dtype)
+    return torch.einsum("bns,bhsp->bhnp", onehot, means)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_harness_passes_an_op_that_honours_segments_and_fails_one_that_does_not(mode):
+    gen = torch.Generator().manual_seed(1)
+    seqs = [{"x": torch.randn(1, 2, n, 3, generator=gen, dtype=torch.float64)} for n in (1, 4, 7)]
+    assert_equal_to_alone(_segment_mean, seqs, {"x": 2}, mode=mode)
+    with pytest.raises(AssertionError):
+        assert_equal_to_alone(
+            lambda **kw: _segment_mean(**kw, ignore_segments="attention_mask" in kw or "cu_seqlens" in kw),
+            seqs,
+            {"x": 2},
+            mode=mode,
+        )
