@@ -75,7 +75,7 @@ class Attention(nn.Module):
         if mech is not None:  # the spec states the causal forms once; the registry and the models read them here
             cls.supports_causal, cls.supports_noncausal = mech.causal, mech.noncausal
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Attention:
+    def __new__(cls, *_args: Any, **kwargs: Any) -> Attention:
         # Python's own message for a misspelt option names neither the mechanism nor the valid options
         accepted = _keywords(cls)
         unknown = [k for k in kwargs if accepted is not None and k not in accepted]
