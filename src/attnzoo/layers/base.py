@@ -173,8 +173,8 @@ class _NamingInput:
         return None
 
     def __exit__(self, typ: type | None, err: BaseException | None, tb: Any) -> bool:
+        # an error an inner module has already named (its ``module`` is set) passes through as it is
         if typ is not None and issubclass(typ, NonFiniteError) and getattr(err, "module", None) is None:
-            # an error an inner module has already named passes through as it is
             raise _module_error(self.module, self.x, err) from err
         return False
 
