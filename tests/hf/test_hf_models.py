@@ -20,7 +20,7 @@ from transformers import (  # noqa: E402
 
 import attnzoo  # noqa: E402
 import attnzoo.hf as H  # noqa: E402
-from attnzoo.models.config import CausalLMConfig, VisionConfig  # noqa: E402
+from attnzoo.models.config import BackboneConfig, CausalLMConfig, VisionConfig  # noqa: E402
 
 CAUSAL = attnzoo.list_attentions(causal=True)
 BIDIRECTIONAL = attnzoo.list_attentions(causal=False)
@@ -100,6 +100,27 @@ def test_config_carries_every_attnzoo_field_through_json(tmp_path, hf_cls, az_cl
         "eos_token_id",
         "pad_token_id",
     }
+
+
+@pytest.mark.parametrize(
+    "hf_cls, az_cls", [(H.AttnZooCausalLMConfig, CausalLMConfig), (H.AttnZooVisionConfig, VisionConfig)]
+)
+def test_config_declares_and_round_trips_every_backbone_field(tmp_path, hf_cls, az_cls):
+    # the transformers config's fields are read from the attnzoo dataclass: none goes missing (norm_eps once did)
+    declared = {f.name for f in dataclasses.fields(hf_cls)}
+    backbone = [f.name for f in dataclasses.fields(BackboneConfig)]
+    assert [n for n in backbone if hf_cls._renamed.get(n, n) not in declared] == []
+    own = {f.name for f in dataclasses.fields(az_cls)} - set(backbone) - {"num_classes"}
+    assert {hf_cls._renamed.get(n, n) for n in own} <= declared
+    # every BackboneConfig field away from its default comes back through config.json
+    tiny = TINY_LM if az_cls is CausalLMConfig else TINY_VISION
+    values = dict(NON_DEFAULT, ffn="none", norm="post", residual=False, norm_eps=1e-6, norm_layer="scalenorm")
+    default = BackboneConfig()
+    assert [n for n in backbone if n not in tiny and values.get(n, getattr(default, n)) == getattr(default, n)] == []
+    az = az_cls(**tiny, **values)
+    hf_cls.from_attnzoo(az).save_pretrained(tmp_path)
+    again = AutoConfig.from_pretrained(tmp_path).to_attnzoo()
+    assert {n: getattr(again, n) for n in backbone} == {n: getattr(az, n) for n in backbone}
 
 
 def test_config_rejects_bad_values_early():

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import attnzoo
+from attnzoo._checks import NonFiniteError
 from attnzoo.layers import attention_info, build_attention, list_attentions
 from attnzoo.layers.base import Attention
 from attnzoo.ops._dispatch import force_backend
@@ -86,6 +87,31 @@ def test_every_mechanism_declares_selftest_cases_that_run(name):
             out = case.call(x, cfg, case.mechanism.reference)
             assert out.dtype == torch.float64 and torch.isfinite(out).all(), (case.name, cfg)
         assert set(case.grads) | set(case.tokens) <= made, case.name
+
+
+@pytest.mark.parametrize("name", list_attentions())
+def test_the_constructor_defaults_are_the_options_defaults(name):
+    # the constructor states its options explicitly, with the defaults of the spec's dataclass (stated once there)
+    import inspect
+
+    cls = attention_info(name)
+    params = inspect.signature(cls.__init__).parameters
+    assert {f.name: params[f.name].default for f in dataclasses.fields(cls.mechanism.options)} == {
+        f.name: f.default for f in dataclasses.fields(cls.mechanism.options)
+    }
+    assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in ["causal", *cls.mechanism.options.names()])
+
+
+@pytest.mark.parametrize("name", list_attentions())
+def test_nan_in_the_input_is_reported_for_the_modules_input(name):
+    # the op finds it in its projected tensors; the module restates it for x, the tensor the caller passed
+    for causal in _modes(name):
+        m = _build(name, {}, causal=causal)
+        x = _x()
+        x[0, 2, 1] = float("nan")
+        with pytest.raises(NonFiniteError, match=rf"^{type(m).__name__}: x contains non-finite values") as info:
+            m(x)
+        assert info.value.module == type(m).__name__
 
 
 # ------------------------------------------------------------------------------------------------ forward

@@ -1,9 +1,8 @@
 """``transformers`` configs of attnzoo's two model families: causal LMs and vision classifiers.
 
-Each config carries the fields of the attnzoo dataclass it mirrors (:class:`attnzoo.models.config.
-CausalLMConfig` / :class:`~attnzoo.models.config.VisionConfig`) under the same names, so ``attention`` (the
-mechanism) and ``attention_options`` are plain config fields (a field attnzoo gains later travels as a plain
-attribute, which ``config.json`` stores too); the standard ``transformers`` names
+Each config declares the fields of the attnzoo dataclass it mirrors (:class:`attnzoo.models.config.
+CausalLMConfig` / :class:`~attnzoo.models.config.VisionConfig`), read from that dataclass, under the same names, so
+``attention`` (the mechanism) and ``attention_options`` are plain config fields; the standard ``transformers`` names
 (``hidden_size``, ``num_hidden_layers``, ...) are aliases. Values are validated when the config is built
 by building the attnzoo config, so a bad value fails with attnzoo's message naming it.
 """
@@ -56,8 +55,8 @@ class _AttnZooConfigMixin:
         values = {}
         for name in attnzoo_fields(self._attnzoo_class):
             hf_name = self._renamed.get(name, name)
-            # An attnzoo field this class does not declare (added to attnzoo later) is carried as a plain
-            # attribute (from_attnzoo passes it, config.json stores it); absent, attnzoo's default applies.
+            # a field deleted from the instance (or a config built without transformers' dataclass init) takes
+            # attnzoo's default
             if not hasattr(self, hf_name):
                 continue
             v = getattr(self, hf_name)
@@ -113,7 +112,34 @@ class _AttnZooConfigMixin:
             raise type(e)(f"{type(self).__name__}: {e}") from None
 
 
-class AttnZooCausalLMConfig(_AttnZooConfigMixin, PretrainedConfig):
+_LM_RENAMED = {"tie_weights": "tie_word_embeddings"}
+_VISION_RENAMED = {"num_classes": "num_labels"}
+
+
+def _fields_of(attnzoo_class: type[ModelConfig], renamed: dict[str, str], **defaults: Any) -> type[PretrainedConfig]:
+    """A ``PretrainedConfig`` declaring the fields of ``attnzoo_class`` (under ``renamed`` names), the base of the
+    family's ``transformers`` config: the attnzoo dataclass is the one list of fields, so none goes missing here
+    when attnzoo gains one. ``defaults`` override attnzoo's where the family's ``transformers`` config differs.
+
+    ``num_labels`` (attnzoo's ``num_classes``) is ``PretrainedConfig``'s property over ``id2label``: not a field.
+    """
+    annotations: dict[str, Any] = {}
+    namespace: dict[str, Any] = {"__module__": __name__, "__annotations__": annotations}
+    for f in dataclasses.fields(attnzoo_class):
+        name = renamed.get(f.name, f.name)
+        if name == "num_labels":
+            continue
+        annotations[name] = f.type
+        if name in defaults:
+            namespace[name] = defaults[name]
+        elif f.default_factory is not dataclasses.MISSING:
+            namespace[name] = field(default_factory=f.default_factory)
+        else:
+            namespace[name] = f.default
+    return type(f"_{attnzoo_class.__name__}Fields", (PretrainedConfig,), namespace)
+
+
+class AttnZooCausalLMConfig(_AttnZooConfigMixin, _fields_of(CausalLMConfig, _LM_RENAMED, dim=768, heads=12)):
     """Config of :class:`attnzoo.hf.AttnZooForCausalLM` (fields of :class:`attnzoo.models.config.CausalLMConfig`).
 
     ``attention`` is any causal mechanism (``attnzoo.list_attentions(causal=True)``). ``tie_word_embeddings``
@@ -126,7 +152,7 @@ class AttnZooCausalLMConfig(_AttnZooConfigMixin, PretrainedConfig):
         "AutoModelForCausalLM": "AttnZooForCausalLM",
     }
     _attnzoo_class: ClassVar[type[ModelConfig]] = CausalLMConfig
-    _renamed: ClassVar[dict[str, str]] = {"tie_weights": "tie_word_embeddings"}
+    _renamed: ClassVar[dict[str, str]] = _LM_RENAMED
     attribute_map: ClassVar[dict[str, str]] = {
         "hidden_size": "dim",
         "num_hidden_layers": "depth",
@@ -136,32 +162,6 @@ class AttnZooCausalLMConfig(_AttnZooConfigMixin, PretrainedConfig):
     }
     keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
 
-    # BackboneConfig
-    dim: int = 768
-    depth: int = 12
-    heads: int = 12
-    attention: str = "softmax"
-    attention_options: dict = field(default_factory=dict)
-    second_attention: str | None = None
-    second_attention_options: dict = field(default_factory=dict)
-    second_attention_from: int | None = None
-    ffn: str = "mlp"
-    mlp_ratio: float = 4.0
-    mlp_dim: int | None = None
-    ffn_layers: int | None = None
-    act: str = "gelu"
-    norm: str = "pre"
-    residual: bool = True
-    layerscale: float | None = None
-    final_norm: bool = True
-    dropout: float = 0.0
-    ista_step: float = 0.1
-    ista_lambda: float = 0.1
-    # CausalLMConfig
-    vocab_size: int = 50257
-    block_size: int = 1024
-    pos_embed: str = "learned"
-    tie_word_embeddings: bool = True
     # generation
     use_cache: bool = True
     bos_token_id: int | None = None
@@ -173,7 +173,7 @@ class AttnZooCausalLMConfig(_AttnZooConfigMixin, PretrainedConfig):
         self._validate()
 
 
-class AttnZooVisionConfig(_AttnZooConfigMixin, PretrainedConfig):
+class AttnZooVisionConfig(_AttnZooConfigMixin, _fields_of(VisionConfig, _VISION_RENAMED)):
     """Config of :class:`attnzoo.hf.AttnZooForImageClassification` (fields of :class:`attnzoo.models.config.
     VisionConfig`). attnzoo's ``num_classes`` is ``transformers``' ``num_labels`` (both names work; the labels
     live in ``id2label``). Input ``(B, in_chans, image_size, image_size)`` pixel values.
@@ -185,7 +185,7 @@ class AttnZooVisionConfig(_AttnZooConfigMixin, PretrainedConfig):
         "AutoModelForImageClassification": "AttnZooForImageClassification",
     }
     _attnzoo_class: ClassVar[type[ModelConfig]] = VisionConfig
-    _renamed: ClassVar[dict[str, str]] = {"num_classes": "num_labels"}
+    _renamed: ClassVar[dict[str, str]] = _VISION_RENAMED
     attribute_map: ClassVar[dict[str, str]] = {
         "hidden_size": "dim",
         "num_hidden_layers": "depth",
@@ -193,36 +193,6 @@ class AttnZooVisionConfig(_AttnZooConfigMixin, PretrainedConfig):
         "num_channels": "in_chans",
         "num_classes": "num_labels",
     }
-
-    # BackboneConfig
-    dim: int = 384
-    depth: int = 12
-    heads: int = 6
-    attention: str = "softmax"
-    attention_options: dict = field(default_factory=dict)
-    second_attention: str | None = None
-    second_attention_options: dict = field(default_factory=dict)
-    second_attention_from: int | None = None
-    ffn: str = "mlp"
-    mlp_ratio: float = 4.0
-    mlp_dim: int | None = None
-    ffn_layers: int | None = None
-    act: str = "gelu"
-    norm: str = "pre"
-    residual: bool = True
-    layerscale: float | None = None
-    final_norm: bool = True
-    dropout: float = 0.0
-    ista_step: float = 0.1
-    ista_lambda: float = 0.1
-    # VisionConfig (num_classes is num_labels, a property over id2label)
-    image_size: int = 224
-    patch_size: int = 16
-    in_chans: int = 3
-    patch_embed: str = "linear"
-    pos_embed: str = "learned"
-    pool: str = "cls"
-    class_attention_layers: int = 2
 
     def __post_init__(self, **kwargs: Any) -> None:
         # attnzoo's default head has 1000 classes (ImageNet); transformers' default is 2 labels

@@ -1,26 +1,22 @@
 """Token-mixer modules ``(B, N, dim) -> (B, N, dim)``; importing this package registers them all.
 
-Every module of this package is imported here, so a new mechanism's layer file registers itself without being
-listed anywhere (see docs/adding_a_mechanism.md).
+Every public module of this package is imported here (:func:`attnzoo.registry.import_submodules`, the convention
+``attnzoo.models`` follows too), so a new mechanism's layer file registers itself without being listed anywhere
+(see docs/adding_a_mechanism.md); a layer defined elsewhere registers with ``register_attention`` when it is
+defined.
 """
 
-import importlib
-import pkgutil
-
-from attnzoo.layers.base import (
-    Attention,
-    RecurrentMixin,
+from attnzoo.layers.base import Attention, RecurrentMixin, capture_internals
+from attnzoo.registry import (
     attention_info,
     build_attention,
-    capture_internals,
+    import_submodules,
     list_attentions,
     register_attention,
+    unregister_attention,
 )
 
-for _m in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    if not _m.startswith("_"):
-        importlib.import_module(f"{__name__}.{_m}")  # each layer module registers its mechanism on import
-del _m
+import_submodules(__name__, __path__)
 
 __all__ = [
     "Attention",
@@ -30,4 +26,5 @@ __all__ = [
     "capture_internals",
     "list_attentions",
     "register_attention",
+    "unregister_attention",
 ]

@@ -1,10 +1,11 @@
-"""Attention-module base class, the mechanism registry and the internals-capture mechanism.
+"""Attention-module base class and the internals-capture mechanism.
 
 Every token mixer in attnzoo is an :class:`Attention` subclass mapping ``(B, N, dim) -> (B, N, dim)``
 (projections included). Each names its :class:`~attnzoo.ops._spec.Mechanism` (declared in ``ops/<op>/__init__.py``:
 options, backends, causal forms, decoding state) as ``mechanism`` and registers itself with
-:func:`register_attention`; users build them with :func:`build_attention` by name. The registry fills as the layer
-modules are imported, which importing any ``attnzoo.layers`` module does (the package imports them all).
+:func:`~attnzoo.registry.register_attention`; users build them with :func:`~attnzoo.registry.build_attention` by
+name. The registry (:mod:`attnzoo.registry`, re-exported here where it always was) fills as the layer modules are
+imported, which importing any ``attnzoo.layers`` module does (the package imports them all).
 
 Internals (TSSA's Pi, attention matrices, CBSA's A_k, ...) are exposed through one mechanism: inside
 ``with capture_internals(model) as store:`` every attention module in ``model`` that calls
@@ -20,8 +21,7 @@ import contextlib
 import functools
 import inspect
 import threading
-import types
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 from einops import rearrange
@@ -29,6 +29,12 @@ from torch import nn
 
 from attnzoo._checks import NonFiniteError, check_module_input, check_ndim, check_positive_int, finite_absmax
 from attnzoo.ops._spec import Mechanism, Options
+from attnzoo.registry import (  # noqa: F401  (re-exported: their home before attnzoo.registry)
+    attention_info,
+    build_attention,
+    list_attentions,
+    register_attention,
+)
 
 __all__ = [
     "Attention",
@@ -47,8 +53,10 @@ __all__ = [
 class Attention(nn.Module):
     """Base class of attnzoo token mixers: ``forward(x: (B, N, dim)) -> (B, N, dim)``.
 
-    Subclasses set ``mechanism`` (their op's spec), build their projections from ``self.options`` (the validated
-    options dataclass) and call :meth:`record` for their internals.
+    Subclasses set ``mechanism`` (their op's spec), take the spec's options as keyword parameters of their
+    constructor (defaults read from the options dataclass), pass them on to this constructor, which validates them
+    into ``self.options``, build their projections from it and call :meth:`record` for their internals. Their
+    ``forward`` (and ``step``) runs inside :meth:`naming_input`.
     """
 
     #: the mechanism's description (options, backends, causal forms, state); ``None`` for ad-hoc mixers
@@ -61,21 +69,21 @@ class Attention(nn.Module):
     #: skeleton's block then hands it the residual stream and takes back the new stream, adding no norm around it
     owns_residual: bool = False
 
-    def __init_subclass__(cls, **kwargs) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         mech = cls.__dict__.get("mechanism")
-        if mech is not None:
+        if mech is not None:  # the spec states the causal forms once; the registry and the models read them here
             cls.supports_causal, cls.supports_noncausal = mech.causal, mech.noncausal
-            init = cls.__dict__.get("__init__")
-            if init is not None:
-                # introspection (build_attention's messages, models filling in context options) sees the options
-                init.__signature__ = _init_signature(mech.options)
-        # NaN/Inf is found by the ops (one host sync per op call, on the projected tensors); a module re-raises it
-        # naming its own input x instead of an op argument the user never saw.
-        for meth in ("forward", "step"):
-            fn = cls.__dict__.get(meth)
-            if fn is not None and not getattr(fn, "_attnzoo_guarded", False):
-                setattr(cls, meth, _name_module_input(fn, f"{cls.__qualname__}.{meth}"))
+
+    def __new__(cls, *_args: Any, **kwargs: Any) -> Attention:
+        # Python's own message for a misspelt option names neither the mechanism nor the valid options
+        accepted = _keywords(cls)
+        unknown = [k for k in kwargs if accepted is not None and k not in accepted]
+        if unknown:
+            name = getattr(cls, "registry_name", cls.__name__)
+            valid = cls.mechanism.options.names() if cls.mechanism is not None else sorted(accepted - {"dim", "heads"})
+            raise TypeError(f"attention {name!r} got unknown option(s) {unknown}; valid options: {valid}")
+        return super().__new__(cls)
 
     def __init__(self, dim: int, heads: int, *, causal: bool = False, **options: Any) -> None:
         super().__init__()
@@ -129,29 +137,49 @@ class Attention(nn.Module):
         if x.shape[1] < 1:
             raise ValueError("x must hold at least one token (N >= 1)")
 
+    def naming_input(self, x: torch.Tensor) -> _NamingInput:
+        """``with self.naming_input(x):`` around a forward's body: an op's NonFiniteError (NaN/Inf or overflow found
+        in the projected tensors it was given) is raised again naming this module's input ``x``, the tensor the
+        user passed, instead of the op's ``q``/``k``/``v`` the user never saw.
+
+        The ops check their tensors (one host sync per op call); the module does not read ``x`` a second time
+        unless an op has failed. The ``with`` statement sits in each layer's own ``forward``: ``torch.compile``
+        counts recompiles per code object, so a wrapper shared by every mechanism hits its recompile limit.
+        """
+        return _NamingInput(self, x)
+
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.heads}, causal={self.causal}"
 
 
-def _name_module_input(fn: Callable, qualname: str) -> Callable:
-    def guarded(self, x, *args, **kwargs):
-        try:
-            return fn(self, x, *args, **kwargs)
-        except NonFiniteError as e:
-            if getattr(e, "module", None) is not None:  # already named by an inner module
-                raise
-            raise _module_error(self, x, e) from e
-
-    # A code object of its own per method: torch.compile counts recompiles per code object, and one wrapper shared
-    # by every mechanism hit its recompile limit (8) once a few modules were compiled.
-    code = guarded.__code__.replace(co_name=fn.__name__, co_qualname=qualname)
-    wrapped = types.FunctionType(code, guarded.__globals__, fn.__name__, guarded.__defaults__, guarded.__closure__)
-    functools.update_wrapper(wrapped, fn)
-    wrapped._attnzoo_guarded = True
-    return wrapped
+@functools.lru_cache(maxsize=None)
+def _keywords(cls: type) -> frozenset[str] | None:
+    """The keyword arguments ``cls``'s constructor takes; ``None`` where it takes ``**options`` (any)."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL) - {"self"}
 
 
-def _module_error(module: nn.Module, x, err) -> Exception:
+class _NamingInput:
+    """The context manager of :meth:`Attention.naming_input`."""
+
+    __slots__ = ("module", "x")
+
+    def __init__(self, module: nn.Module, x: torch.Tensor) -> None:
+        self.module, self.x = module, x
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, typ: type | None, err: BaseException | None, tb: Any) -> bool:
+        # an error an inner module has already named (its ``module`` is set) passes through as it is
+        if typ is not None and issubclass(typ, NonFiniteError) and getattr(err, "module", None) is None:
+            raise _module_error(self.module, self.x, err) from err
+        return False
+
+
+def _module_error(module: nn.Module, x: Any, err: NonFiniteError) -> Exception:
     """The op's NonFiniteError restated for the module: NaN/Inf in x, or a finite x that is too large."""
     name = type(module).__name__
     try:  # the error path: a second read of x costs nothing that matters now
@@ -168,63 +196,6 @@ def _module_error(module: nn.Module, x, err) -> Exception:
     )
     new.module = name
     return new
-
-
-_REGISTRY: dict[str, type[Attention]] = {}
-
-
-def register_attention(name: str) -> Callable[[type[Attention]], type[Attention]]:
-    """Class decorator: register an :class:`Attention` subclass under ``name``."""
-
-    def deco(cls: type[Attention]) -> type[Attention]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"attention name {name!r} is already registered to {_REGISTRY[name].__name__}")
-        cls.registry_name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
-
-
-def _init_signature(options: type[Options]) -> inspect.Signature:
-    kw = inspect.Parameter.KEYWORD_ONLY
-    params = [
-        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-        inspect.Parameter("dim", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=int),
-        inspect.Parameter("heads", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=int),
-        inspect.Parameter("causal", kw, default=False, annotation=bool),
-    ]
-    params += [
-        inspect.Parameter(f.name, kw, default=f.default, annotation=f.type)
-        for f in options.__dataclass_fields__.values()
-    ]
-    return inspect.Signature(params, return_annotation=None)
-
-
-def list_attentions(causal: bool | None = None) -> list[str]:
-    """Registered mechanism names; ``causal=True`` keeps those with a causal mode (read from their specs)."""
-    names = sorted(_REGISTRY)
-    if causal is True:
-        names = [n for n in names if _REGISTRY[n].supports_causal]
-    elif causal is False:
-        names = [n for n in names if _REGISTRY[n].supports_noncausal]
-    return names
-
-
-def attention_info(name: str) -> type[Attention]:
-    """The registered class of ``name`` (its ``mechanism`` attribute is the spec)."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown attention {name!r}; valid names: {sorted(_REGISTRY)}")
-    return _REGISTRY[name]
-
-
-def build_attention(name: str, dim: int, heads: int, *, causal: bool = False, **options) -> Attention:
-    """Build a registered token mixer ``(B, N, dim) -> (B, N, dim)``.
-
-    Options are checked by the mechanism's options dataclass when the module is built: an unknown one raises
-    ``TypeError`` listing the valid ones, a bad value ``ValueError`` naming the option, the value and what is valid.
-    """
-    return attention_info(name)(dim, heads, causal=causal, **options)
 
 
 _CAPTURE_LOCK = threading.Lock()

@@ -7,7 +7,7 @@ from einops import rearrange
 from torch import nn
 
 from attnzoo.layers.base import Attention, register_attention
-from attnzoo.ops.cbsa import CBSA, cbsa, pool_reps
+from attnzoo.ops.cbsa import CBSA, CBSAOptions, cbsa, pool_reps
 
 __all__ = ["CBSAAttention"]
 
@@ -49,8 +49,36 @@ class CBSAAttention(Attention):
 
     mechanism = CBSA
 
-    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options) -> None:
-        super().__init__(dim, heads, causal=causal, **options)
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        causal: bool = False,
+        num_reps: int | None = CBSAOptions.num_reps,
+        grid: tuple[int, int] | None = CBSAOptions.grid,
+        rep_grid: tuple[int, int] | None = CBSAOptions.rep_grid,
+        num_prefix_tokens: int = CBSAOptions.num_prefix_tokens,
+        contraction: str | None = CBSAOptions.contraction,
+        variant: str = CBSAOptions.variant,
+        eps: float = CBSAOptions.eps,
+        qkv_bias: bool = CBSAOptions.qkv_bias,
+        detach_init: bool = CBSAOptions.detach_init,
+    ) -> None:
+        super().__init__(
+            dim,
+            heads,
+            causal=causal,
+            num_reps=num_reps,
+            grid=grid,
+            rep_grid=rep_grid,
+            num_prefix_tokens=num_prefix_tokens,
+            contraction=contraction,
+            variant=variant,
+            eps=eps,
+            qkv_bias=qkv_bias,
+            detach_init=detach_init,
+        )
         o = self.options
         self.contraction, self.variant = o.contraction, o.variant
         self.num_reps, self.grid, self.rep_grid = o.num_reps, o.grid, o.rep_grid
@@ -66,38 +94,39 @@ class CBSAAttention(Attention):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        w = rearrange(self.proj(x), "b n (h p) -> b h n p", h=self.heads)
-        reps_init = None
-        if self.ss_rep is not None:
-            reps_init = pool_reps(
+        with self.naming_input(x):
+            w = rearrange(self.proj(x), "b n (h p) -> b h n p", h=self.heads)
+            reps_init = None
+            if self.ss_rep is not None:
+                reps_init = pool_reps(
+                    w,
+                    num_reps=self.num_reps,
+                    grid=self.grid,
+                    rep_grid=self.rep_grid,
+                    num_prefix_tokens=self.num_prefix_tokens,
+                )
+                if self.detach_init:
+                    reps_init = reps_init.detach()
+            capturing = self.capturing
+            res = cbsa(
                 w,
-                num_reps=self.num_reps,
-                grid=self.grid,
-                rep_grid=self.rep_grid,
-                num_prefix_tokens=self.num_prefix_tokens,
+                reps_init,
+                variant=self.variant,
+                contraction=self.contraction,
+                eps=self.eps,
+                eta=self.ss_rep if self.ss_rep is not None else 1.0,
+                return_internals=capturing,
             )
-            if self.detach_init:
-                reps_init = reps_init.detach()
-        capturing = self.capturing
-        res = cbsa(
-            w,
-            reps_init,
-            variant=self.variant,
-            contraction=self.contraction,
-            eps=self.eps,
-            eta=self.ss_rep if self.ss_rep is not None else 1.0,
-            return_internals=capturing,
-        )
-        if capturing:
-            out, internals = res
-            if reps_init is not None:
-                internals["reps_init"] = reps_init
-            internals.pop("contracted", None)
-            self.record(**internals)
-        else:
-            out = res
-        out = rearrange(self.ss_x * out, "b h n p -> b n (h p)")
-        return self.to_out(out)
+            if capturing:
+                out, internals = res
+                if reps_init is not None:
+                    internals["reps_init"] = reps_init
+                internals.pop("contracted", None)
+                self.record(**internals)
+            else:
+                out = res
+            out = rearrange(self.ss_x * out, "b h n p -> b n (h p)")
+            return self.to_out(out)
 
     def extra_repr(self) -> str:
         s = f"{super().extra_repr()}, variant={self.variant!r}, contraction={self.contraction!r}"

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from attnzoo.layers.base import Attention, register_attention
-from attnzoo.ops.csp import CSP, csp, csp_shifts, csp_source_index
+from attnzoo.ops.csp import CSP, CSPOptions, csp, csp_shifts, csp_source_index
 
 __all__ = ["CSPAttention"]
 
@@ -38,8 +38,32 @@ class CSPAttention(Attention):
 
     mechanism = CSP
 
-    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options) -> None:
-        super().__init__(dim, heads, causal=causal, **options)
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        causal: bool = False,
+        groups: int = CSPOptions.groups,
+        shift_schedule: str = CSPOptions.shift_schedule,
+        layer_index: int = CSPOptions.layer_index,
+        num_layers: int = CSPOptions.num_layers,
+        v_bias: bool = CSPOptions.v_bias,
+        proj_bias: bool = CSPOptions.proj_bias,
+        proj_dropout: float = CSPOptions.proj_dropout,
+    ) -> None:
+        super().__init__(
+            dim,
+            heads,
+            causal=causal,
+            groups=groups,
+            shift_schedule=shift_schedule,
+            layer_index=layer_index,
+            num_layers=num_layers,
+            v_bias=v_bias,
+            proj_bias=proj_bias,
+            proj_dropout=proj_dropout,
+        )
         o = self.options
         self.groups, self.shift_schedule = o.groups, o.shift_schedule
         self.layer_index, self.num_layers = o.layer_index, o.num_layers
@@ -67,14 +91,15 @@ class CSPAttention(Attention):
             raise ValueError(
                 f"CSPAttention(groups={self.groups}) needs N divisible by groups, got N={N}; valid groups: {valid}"
             )
-        shifts = self.shifts_for(N, x.device)
-        v = self.v_proj(x)
-        y = csp(v, shifts, self.groups)
-        if self.capturing:
-            self.record(shifts=shifts, v=v)
-            if N <= MAX_RECORD_N:
-                self.record(perm=csp_source_index(v, shifts, self.groups).transpose(1, 2))
-        return self.proj_drop(self.proj(y))
+        with self.naming_input(x):
+            shifts = self.shifts_for(N, x.device)
+            v = self.v_proj(x)
+            y = csp(v, shifts, self.groups)
+            if self.capturing:
+                self.record(shifts=shifts, v=v)
+                if N <= MAX_RECORD_N:
+                    self.record(perm=csp_source_index(v, shifts, self.groups).transpose(1, 2))
+            return self.proj_drop(self.proj(y))
 
     def extra_repr(self) -> str:
         return (

@@ -8,6 +8,7 @@ from attnzoo._checks import check_finite, check_positive_int
 from attnzoo.layers.base import Attention, QKVProjection, RecurrentMixin, register_attention
 from attnzoo.ops.fastmax import (
     FASTMAX,
+    FastmaxOptions,
     FastmaxState,
     explicit_attention,
     fastmax,
@@ -42,8 +43,34 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
 
     mechanism = FASTMAX
 
-    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options) -> None:
-        super().__init__(dim, heads, causal=causal, **options)
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        causal: bool = False,
+        p: int = FastmaxOptions.p,
+        scale: float | None = FastmaxOptions.scale,
+        qkv_bias: bool = FastmaxOptions.qkv_bias,
+        proj_bias: bool = FastmaxOptions.proj_bias,
+        attn_dropout: float = FastmaxOptions.attn_dropout,
+        dropout_placement: str = FastmaxOptions.dropout_placement,
+        proj_dropout: float = FastmaxOptions.proj_dropout,
+        backend: str = FastmaxOptions.backend,
+    ) -> None:
+        super().__init__(
+            dim,
+            heads,
+            causal=causal,
+            p=p,
+            scale=scale,
+            qkv_bias=qkv_bias,
+            proj_bias=proj_bias,
+            attn_dropout=attn_dropout,
+            dropout_placement=dropout_placement,
+            proj_dropout=proj_dropout,
+            backend=backend,
+        )
         o = self.options
         self.scale = resolve_scale(o.scale, self.head_dim)
         self.p, self.attn_dropout, self.dropout_placement = o.p, o.attn_dropout, o.dropout_placement
@@ -51,28 +78,29 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
         self._init_projections(dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.check_input(x)  # NaN/Inf: found by the op on q, k, v (one sync), reported for x by the base class
-        q, k, v = self._qkv(x)
-        if self.training and self.attn_dropout > 0:
-            out = fastmax_dropout(
-                q,
-                k,
-                v,
-                rate=self.attn_dropout,
-                placement=self.dropout_placement,
-                p=self.p,
-                causal=self.causal,
-                scale=self.scale,
-                backend=self.backend,
-            )
-        else:
-            out = fastmax(q, k, v, p=self.p, causal=self.causal, scale=self.scale, backend=self.backend)
-        if self.capturing:
-            with torch.no_grad():
-                self.record(q_hat=standardize(q), k_hat=standardize(k))
-                if x.shape[1] <= MAX_CAPTURE_TOKENS:
-                    self.record(attn=explicit_attention(q, k, p=self.p, causal=self.causal, scale=self.scale))
-        return self._out(out)
+        self.check_input(x)  # NaN/Inf: found by the op on q, k, v (one sync), reported for x by naming_input
+        with self.naming_input(x):
+            q, k, v = self._qkv(x)
+            if self.training and self.attn_dropout > 0:
+                out = fastmax_dropout(
+                    q,
+                    k,
+                    v,
+                    rate=self.attn_dropout,
+                    placement=self.dropout_placement,
+                    p=self.p,
+                    causal=self.causal,
+                    scale=self.scale,
+                    backend=self.backend,
+                )
+            else:
+                out = fastmax(q, k, v, p=self.p, causal=self.causal, scale=self.scale, backend=self.backend)
+            if self.capturing:
+                with torch.no_grad():
+                    self.record(q_hat=standardize(q), k_hat=standardize(k))
+                    if x.shape[1] <= MAX_CAPTURE_TOKENS:
+                        self.record(attn=explicit_attention(q, k, p=self.p, causal=self.causal, scale=self.scale))
+            return self._out(out)
 
     # ---- recurrent decoding (causal only) -----------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> FastmaxState:
@@ -90,9 +118,10 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
         check_finite("x", x)
         if x.shape[1] != 1:
             raise ValueError(f"step takes one token x of shape (B, 1, dim), got shape {tuple(x.shape)}")
-        q, k, v = self._qkv(x)
-        out, state = fastmax_step(q, k, v, state, p=self.p, scale=self.scale)
-        return self._out(out), state
+        with self.naming_input(x):
+            q, k, v = self._qkv(x)
+            out, state = fastmax_step(q, k, v, state, p=self.p, scale=self.scale)
+            return self._out(out), state
 
     def _require_causal(self) -> None:
         if not self.causal:

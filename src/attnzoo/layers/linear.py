@@ -7,6 +7,7 @@ import torch
 from attnzoo.layers.base import Attention, QKVProjection, RecurrentMixin, check_step_input, register_attention
 from attnzoo.ops.linear import (
     LINEAR,
+    LinearOptions,
     init_linear_state,
     linear_attention,
     linear_attention_recurrent,
@@ -34,22 +35,45 @@ class LinearAttention(QKVProjection, Attention, RecurrentMixin):
 
     mechanism = LINEAR
 
-    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options) -> None:
-        super().__init__(dim, heads, causal=causal, **options)
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        causal: bool = False,
+        feature_map: str = LinearOptions.feature_map,
+        eps: float = LinearOptions.eps,
+        qkv_bias: bool = LinearOptions.qkv_bias,
+        proj_bias: bool = LinearOptions.proj_bias,
+        proj_dropout: float = LinearOptions.proj_dropout,
+        chunk_size: int | None = LinearOptions.chunk_size,
+    ) -> None:
+        super().__init__(
+            dim,
+            heads,
+            causal=causal,
+            feature_map=feature_map,
+            eps=eps,
+            qkv_bias=qkv_bias,
+            proj_bias=proj_bias,
+            proj_dropout=proj_dropout,
+            chunk_size=chunk_size,
+        )
         o = self.options
         self.feature_map, self.eps, self.chunk_size = o.feature_map, o.eps, o.chunk_size
         self._init_projections(dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        q, k, v = self._qkv(x)
-        if self.capturing and x.shape[1] <= MAX_RECORDED_TOKENS:
-            attn = linear_attention_weights(q, k, causal=self.causal, feature_map=self.feature_map, eps=self.eps)
-            self.record(attn=attn)
-        o = linear_attention(
-            q, k, v, causal=self.causal, feature_map=self.feature_map, eps=self.eps, chunk_size=self.chunk_size
-        )
-        return self._out(o)
+        with self.naming_input(x):
+            q, k, v = self._qkv(x)
+            if self.capturing and x.shape[1] <= MAX_RECORDED_TOKENS:
+                attn = linear_attention_weights(q, k, causal=self.causal, feature_map=self.feature_map, eps=self.eps)
+                self.record(attn=attn)
+            o = linear_attention(
+                q, k, v, causal=self.causal, feature_map=self.feature_map, eps=self.eps, chunk_size=self.chunk_size
+            )
+            return self._out(o)
 
     # ---- decoding ---------------------------------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> dict[str, torch.Tensor]:
@@ -65,11 +89,12 @@ class LinearAttention(QKVProjection, Attention, RecurrentMixin):
         check_step_input(self, x)
         if not isinstance(state, dict) or "s" not in state or "z" not in state:
             raise TypeError("state must be the dict returned by init_state/step with keys ['s', 'z']")
-        q, k, v = self._qkv(x)
-        o, (s, z) = linear_attention_recurrent(
-            q, k, v, (state["s"], state["z"]), feature_map=self.feature_map, eps=self.eps
-        )
-        return self._out(o), {"s": s, "z": z}
+        with self.naming_input(x):
+            q, k, v = self._qkv(x)
+            o, (s, z) = linear_attention_recurrent(
+                q, k, v, (state["s"], state["z"]), feature_map=self.feature_map, eps=self.eps
+            )
+            return self._out(o), {"s": s, "z": z}
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, feature_map={self.feature_map!r}"

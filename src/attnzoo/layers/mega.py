@@ -12,7 +12,7 @@ from attnzoo.layers._norms import build_norm
 from attnzoo.layers.base import Attention, register_attention
 from attnzoo.ops.csp import csp, csp_shifts
 from attnzoo.ops.ema import ema
-from attnzoo.ops.mega import MEGA, mega_attention
+from attnzoo.ops.mega import MEGA, MegaOptions, mega_attention
 
 __all__ = ["MegaLayer"]
 
@@ -47,15 +47,58 @@ class MegaLayer(Attention):
     mechanism = MEGA
     owns_residual = True
 
-    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options) -> None:
-        super().__init__(dim, heads, causal=causal, **options)
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        causal: bool = False,
+        attention: str = MegaOptions.attention,
+        ndim: int = MegaOptions.ndim,
+        zdim: int = MegaOptions.zdim,
+        hdim: int | None = MegaOptions.hdim,
+        chunk_size: int | None = MegaOptions.chunk_size,
+        max_len: int = MegaOptions.max_len,
+        norm_layer: str = MegaOptions.norm_layer,
+        prenorm: bool = MegaOptions.prenorm,
+        dropout: float = MegaOptions.dropout,
+        hidden_dropout: float = MegaOptions.hidden_dropout,
+        csp_groups: int | None = MegaOptions.csp_groups,
+        shift_schedule: str = MegaOptions.shift_schedule,
+        layer_index: int = MegaOptions.layer_index,
+        num_layers: int = MegaOptions.num_layers,
+    ) -> None:
+        super().__init__(
+            dim,
+            heads,
+            causal=causal,
+            attention=attention,
+            ndim=ndim,
+            zdim=zdim,
+            hdim=hdim,
+            chunk_size=chunk_size,
+            max_len=max_len,
+            norm_layer=norm_layer,
+            prenorm=prenorm,
+            dropout=dropout,
+            hidden_dropout=hidden_dropout,
+            csp_groups=csp_groups,
+            shift_schedule=shift_schedule,
+            layer_index=layer_index,
+            num_layers=num_layers,
+        )
         o = self.options
-        D, h, Z = dim, o.ndim, o.zdim
-        E = o.hdim if o.hdim is not None else 2 * dim
-        self.attention, self.ndim, self.zdim, self.hdim = o.attention, h, Z, E
+        self.attention, self.ndim, self.zdim = o.attention, o.ndim, o.zdim
+        self.hdim = o.hdim if o.hdim is not None else 2 * dim
         self.chunk_size, self.max_len, self.prenorm = o.chunk_size, o.max_len, o.prenorm
         self.csp_groups, self.shift_schedule = o.csp_groups, o.shift_schedule
         self.layer_index, self.num_layers = o.layer_index, o.num_layers
+        self._build_parameters(o)
+        self._shift_cache: dict[tuple[int, str], torch.Tensor] = {}
+        self.reset_parameters()
+
+    def _build_parameters(self, o: MegaOptions) -> None:
+        D, h, Z, E = self.dim, self.ndim, self.zdim, self.hdim
         self.norm = build_norm(o.norm_layer, D)
         # EMA coefficients, forward then backward direction (MEGA's bidirectional kernel of width 2D)
         self.ema_alpha = nn.Parameter(torch.empty(2, D, h))
@@ -74,8 +117,6 @@ class MegaLayer(Attention):
             self.rel_bias = nn.Parameter(torch.empty(2 * R - 1))
         self.drop = nn.Dropout(o.dropout)
         self.hidden_drop = nn.Dropout(o.hidden_dropout)
-        self._shift_cache: dict[tuple[int, str], torch.Tensor] = {}
-        self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """MEGA's initialisation: EMA rates N(0, 0.2) before the sigmoid, ``beta`` near ``(1, -1, 1, ...)``,
@@ -136,29 +177,30 @@ class MegaLayer(Attention):
         self.check_input(x)
         N, D, E = x.shape[1], self.dim, self.hdim
         groups = self._check_length(N)
-        residual = x
-        xn = self.norm(x) if self.prenorm else x
-        v = self.hidden_drop(F.silu(self.v_proj(xn)))
-        mx = F.silu(ema(xn, *self.ema_coefficients(), causal=False) + xn * self.ema_omega)  # EMA(X) + omega X
-        mx = self.drop(mx)
-        base = self.mx_proj(mx)
-        if groups is None:
-            u, zr, hx = torch.split(base, [D, self.zdim + E, D], dim=-1)
-            z, r = torch.split(F.silu(zr), [self.zdim, E], dim=-1)  # shared Z, reset gate r
-            q = z * self.qk_scale[0] + self.qk_offset[0]  # the two offsets of Z
-            k = z * self.qk_scale[1] + self.qk_offset[1]
-            fn = "softmax" if self.attention == "softmax" else "laplace"
-            o = mega_attention(q, k, v, self.rel_bias, fn=fn, chunk_size=self.chunk_size)
-        else:
-            u, r, hx = torch.split(base, [D, E, D], dim=-1)
-            r = F.silu(r)
-            o = csp(v, self.shifts_for(N, x.device), groups)  # CSP eq 4 in place of eq 9
-        u = torch.sigmoid(u)  # update gate
-        h = self.drop(F.silu(hx + self.h_proj(o * r)))
-        y = residual + u * (h - residual)  # u ⊙ H + (1 - u) ⊙ X
-        if self.capturing:
-            self.record(ema=mx, u=u, r=r)
-        return y if self.prenorm else self.norm(y)
+        with self.naming_input(x):
+            residual = x
+            xn = self.norm(x) if self.prenorm else x
+            v = self.hidden_drop(F.silu(self.v_proj(xn)))
+            mx = F.silu(ema(xn, *self.ema_coefficients(), causal=False) + xn * self.ema_omega)  # EMA(X) + omega X
+            mx = self.drop(mx)
+            base = self.mx_proj(mx)
+            if groups is None:
+                u, zr, hx = torch.split(base, [D, self.zdim + E, D], dim=-1)
+                z, r = torch.split(F.silu(zr), [self.zdim, E], dim=-1)  # shared Z, reset gate r
+                q = z * self.qk_scale[0] + self.qk_offset[0]  # the two offsets of Z
+                k = z * self.qk_scale[1] + self.qk_offset[1]
+                fn = "softmax" if self.attention == "softmax" else "laplace"
+                o = mega_attention(q, k, v, self.rel_bias, fn=fn, chunk_size=self.chunk_size)
+            else:
+                u, r, hx = torch.split(base, [D, E, D], dim=-1)
+                r = F.silu(r)
+                o = csp(v, self.shifts_for(N, x.device), groups)  # CSP eq 4 in place of eq 9
+            u = torch.sigmoid(u)  # update gate
+            h = self.drop(F.silu(hx + self.h_proj(o * r)))
+            y = residual + u * (h - residual)  # u ⊙ H + (1 - u) ⊙ X
+            if self.capturing:
+                self.record(ema=mx, u=u, r=r)
+            return y if self.prenorm else self.norm(y)
 
     def extra_repr(self) -> str:
         extra = f"chunk_size={self.chunk_size}" if self.attention != "csp" else f"csp_groups={self.csp_groups}"

@@ -9,7 +9,7 @@ from torch import nn
 
 from attnzoo._checks import check_scale
 from attnzoo.layers.base import Attention, RecurrentMixin, check_kv_cache, check_step_input, register_attention
-from attnzoo.ops.mssa import MSSA, mssa, mssa_query, mssa_weights
+from attnzoo.ops.mssa import MSSA, MSSAOptions, mssa, mssa_query, mssa_weights
 from attnzoo.ops.softmax import softmax_attention
 
 __all__ = ["MSSAAttention"]
@@ -39,8 +39,30 @@ class MSSAAttention(Attention, RecurrentMixin):
 
     mechanism = MSSA
 
-    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options) -> None:
-        super().__init__(dim, heads, causal=causal, **options)
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        causal: bool = False,
+        scale: float | None = MSSAOptions.scale,
+        normalize_query: bool = MSSAOptions.normalize_query,
+        out_proj: bool = MSSAOptions.out_proj,
+        head_dim: int | None = MSSAOptions.head_dim,
+        attn_dropout: float = MSSAOptions.attn_dropout,
+        proj_dropout: float = MSSAOptions.proj_dropout,
+    ) -> None:
+        super().__init__(
+            dim,
+            heads,
+            causal=causal,
+            scale=scale,
+            normalize_query=normalize_query,
+            out_proj=out_proj,
+            head_dim=head_dim,
+            attn_dropout=attn_dropout,
+            proj_dropout=proj_dropout,
+        )
         o = self.options
         if o.head_dim is not None:
             self.head_dim = o.head_dim
@@ -63,15 +85,16 @@ class MSSAAttention(Attention, RecurrentMixin):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        w = self._w(x)
-        p = self.attn_dropout if self.training else 0.0
-        if self.capturing:
-            attn = mssa_weights(w, causal=self.causal, scale=self.scale, normalize_query=self.normalize_query)
-            self.record(attn=attn)
-            o = torch.matmul(F.dropout(attn, p=p, training=p > 0), w.to(attn.dtype)).to(w.dtype)
-        else:
-            o = mssa(w, causal=self.causal, scale=self.scale, normalize_query=self.normalize_query, dropout_p=p)
-        return self._out(o)
+        with self.naming_input(x):
+            w = self._w(x)
+            p = self.attn_dropout if self.training else 0.0
+            if self.capturing:
+                attn = mssa_weights(w, causal=self.causal, scale=self.scale, normalize_query=self.normalize_query)
+                self.record(attn=attn)
+                o = torch.matmul(F.dropout(attn, p=p, training=p > 0), w.to(attn.dtype)).to(w.dtype)
+            else:
+                o = mssa(w, causal=self.causal, scale=self.scale, normalize_query=self.normalize_query, dropout_p=p)
+            return self._out(o)
 
     # ---- decoding ---------------------------------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> dict[str, torch.Tensor]:
@@ -86,12 +109,13 @@ class MSSAAttention(Attention, RecurrentMixin):
         """One token ``(B, 1, dim)``: append its projection to the cache, attend from it over the cache."""
         check_step_input(self, x)
         check_kv_cache(state, x.shape[0], ("w",))
-        w_t = self._w(x)
-        w = torch.cat([state["w"], w_t], dim=2)
-        p = self.attn_dropout if self.training else 0.0
-        q = mssa_query(w_t, self.normalize_query)
-        o = softmax_attention(q, w, w, causal=False, scale=self.scale, dropout_p=p)
-        return self._out(o), {"w": w}
+        with self.naming_input(x):
+            w_t = self._w(x)
+            w = torch.cat([state["w"], w_t], dim=2)
+            p = self.attn_dropout if self.training else 0.0
+            q = mssa_query(w_t, self.normalize_query)
+            o = softmax_attention(q, w, w, causal=False, scale=self.scale, dropout_p=p)
+            return self._out(o), {"w": w}
 
     def extra_repr(self) -> str:
         return (

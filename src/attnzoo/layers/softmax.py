@@ -14,7 +14,7 @@ from attnzoo.layers.base import (  # noqa: F401  (check_step_input, check_kv_cac
     check_step_input,
     register_attention,
 )
-from attnzoo.ops.softmax import SOFTMAX, softmax_attention, softmax_attention_weights
+from attnzoo.ops.softmax import SOFTMAX, SoftmaxOptions, softmax_attention, softmax_attention_weights
 
 __all__ = ["SoftmaxAttention"]
 
@@ -33,8 +33,28 @@ class SoftmaxAttention(QKVProjection, Attention, RecurrentMixin):
 
     mechanism = SOFTMAX
 
-    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options) -> None:
-        super().__init__(dim, heads, causal=causal, **options)
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        causal: bool = False,
+        qkv_bias: bool = SoftmaxOptions.qkv_bias,
+        proj_bias: bool = SoftmaxOptions.proj_bias,
+        attn_dropout: float = SoftmaxOptions.attn_dropout,
+        proj_dropout: float = SoftmaxOptions.proj_dropout,
+        scale: float | None = SoftmaxOptions.scale,
+    ) -> None:
+        super().__init__(
+            dim,
+            heads,
+            causal=causal,
+            qkv_bias=qkv_bias,
+            proj_bias=proj_bias,
+            attn_dropout=attn_dropout,
+            proj_dropout=proj_dropout,
+            scale=scale,
+        )
         o = self.options
         self.attn_dropout = o.attn_dropout
         self.scale = check_scale(o.scale, self.head_dim)
@@ -42,15 +62,16 @@ class SoftmaxAttention(QKVProjection, Attention, RecurrentMixin):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        q, k, v = self._qkv(x)
-        p = self.attn_dropout if self.training else 0.0
-        if self.capturing:
-            attn = softmax_attention_weights(q, k, causal=self.causal, scale=self.scale)
-            self.record(attn=attn)
-            o = torch.matmul(F.dropout(attn, p=p, training=p > 0), v.to(attn.dtype)).to(v.dtype)
-        else:
-            o = softmax_attention(q, k, v, causal=self.causal, scale=self.scale, dropout_p=p)
-        return self._out(o)
+        with self.naming_input(x):
+            q, k, v = self._qkv(x)
+            p = self.attn_dropout if self.training else 0.0
+            if self.capturing:
+                attn = softmax_attention_weights(q, k, causal=self.causal, scale=self.scale)
+                self.record(attn=attn)
+                o = torch.matmul(F.dropout(attn, p=p, training=p > 0), v.to(attn.dtype)).to(v.dtype)
+            else:
+                o = softmax_attention(q, k, v, causal=self.causal, scale=self.scale, dropout_p=p)
+            return self._out(o)
 
     # ---- decoding ---------------------------------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> dict[str, torch.Tensor]:
@@ -63,13 +84,14 @@ class SoftmaxAttention(QKVProjection, Attention, RecurrentMixin):
         """One token ``(B, 1, dim)``: append its key/value to the cache and attend over the whole cache."""
         check_step_input(self, x)
         check_kv_cache(state, x.shape[0], ("k", "v"))
-        q, k, v = self._qkv(x)
-        k = torch.cat([state["k"], k], dim=2)
-        v = torch.cat([state["v"], v], dim=2)
-        p = self.attn_dropout if self.training else 0.0
-        # The newest token is the last query: every cached key is in its past, so no mask is needed.
-        o = softmax_attention(q, k, v, causal=False, scale=self.scale, dropout_p=p)
-        return self._out(o), {"k": k, "v": v}
+        with self.naming_input(x):
+            q, k, v = self._qkv(x)
+            k = torch.cat([state["k"], k], dim=2)
+            v = torch.cat([state["v"], v], dim=2)
+            p = self.attn_dropout if self.training else 0.0
+            # The newest token is the last query: every cached key is in its past, so no mask is needed.
+            o = softmax_attention(q, k, v, causal=False, scale=self.scale, dropout_p=p)
+            return self._out(o), {"k": k, "v": v}
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, scale={self.scale:.4g}"

@@ -13,7 +13,7 @@ from torch import nn
 
 from attnzoo._checks import check_positive_int
 from attnzoo.layers.base import Attention, RecurrentMixin, register_attention
-from attnzoo.ops.tssa import TSSA, TSSAState, tssa, tssa_init_state, tssa_pi, tssa_step
+from attnzoo.ops.tssa import TSSA, TSSAOptions, TSSAState, tssa, tssa_init_state, tssa_pi, tssa_step
 
 __all__ = ["TSSAAttention"]
 
@@ -32,8 +32,17 @@ class TSSAAttention(Attention, RecurrentMixin):
 
     mechanism = TSSA
 
-    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options) -> None:
-        super().__init__(dim, heads, causal=causal, **options)
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        causal: bool = False,
+        qkv_bias: bool = TSSAOptions.qkv_bias,
+        max_len: int = TSSAOptions.max_len,
+        proj_bias: bool = TSSAOptions.proj_bias,
+    ) -> None:
+        super().__init__(dim, heads, causal=causal, qkv_bias=qkv_bias, max_len=max_len, proj_bias=proj_bias)
         o = self.options
         self.max_len = o.max_len
         self.qkv = nn.Linear(dim, dim, bias=o.qkv_bias)
@@ -54,13 +63,14 @@ class TSSAAttention(Attention, RecurrentMixin):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         self._check_len(x.shape[1])
-        w = rearrange(self.qkv(x), "b n (h p) -> b h n p", h=self.heads)
-        temp = self.temp.view(-1)
-        out = tssa(w, temp, causal=self.causal, bias=self.bias)
-        if self.capturing:
-            with torch.no_grad():
-                self.record(pi=tssa_pi(w, temp, causal=self.causal, bias=self.bias), w=w)
-        return self.to_out(rearrange(out, "b h n p -> b n (h p)"))
+        with self.naming_input(x):
+            w = rearrange(self.qkv(x), "b n (h p) -> b h n p", h=self.heads)
+            temp = self.temp.view(-1)
+            out = tssa(w, temp, causal=self.causal, bias=self.bias)
+            if self.capturing:
+                with torch.no_grad():
+                    self.record(pi=tssa_pi(w, temp, causal=self.causal, bias=self.bias), w=w)
+            return self.to_out(rearrange(out, "b h n p -> b n (h p)"))
 
     # ---- recurrent decoding (causal only) -----------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> TSSAState:
@@ -83,9 +93,10 @@ class TSSAAttention(Attention, RecurrentMixin):
             raise ValueError(
                 f"cannot decode position {state.pos}: this causal TSSA supports positions < max_len={self.max_len}"
             )
-        w_t = rearrange(self.qkv(x), "b 1 (h p) -> b h p", h=self.heads)
-        out, state = tssa_step(w_t, self.temp.view(-1), state, bias=self.bias)
-        return self.to_out(rearrange(out, "b h p -> b 1 (h p)")), state
+        with self.naming_input(x):
+            w_t = rearrange(self.qkv(x), "b 1 (h p) -> b h p", h=self.heads)
+            out, state = tssa_step(w_t, self.temp.view(-1), state, bias=self.bias)
+            return self.to_out(rearrange(out, "b h p -> b 1 (h p)")), state
 
     def _require_causal(self) -> None:
         if not self.causal:

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 
-from attnzoo.layers.base import Attention, register_attention
-from attnzoo.ops.xca import XCA, xca, xca_weights
+from attnzoo.layers.base import Attention, QKVProjection, register_attention
+from attnzoo.ops.xca import XCA, XCAOptions, xca, xca_weights
 
 __all__ = ["XCAttention"]
 
 
 @register_attention("xca")
-class XCAttention(Attention):
+class XCAttention(QKVProjection, Attention):
     """XCA (XCiT eq. 2): per head ``out = V softmax(q_hat^T k_hat * tau_h)^T`` with ``q_hat, k_hat`` L2-normalised
     along tokens and a learned per-head temperature ``tau`` (``temperature``, ``(heads, 1, 1)``, init 1).
 
@@ -27,24 +26,40 @@ class XCAttention(Attention):
 
     mechanism = XCA
 
-    def __init__(self, dim: int, heads: int, *, causal: bool = False, **options) -> None:
-        super().__init__(dim, heads, causal=causal, **options)
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        causal: bool = False,
+        qkv_bias: bool = XCAOptions.qkv_bias,
+        proj_bias: bool = XCAOptions.proj_bias,
+        attn_dropout: float = XCAOptions.attn_dropout,
+        proj_dropout: float = XCAOptions.proj_dropout,
+    ) -> None:
+        super().__init__(
+            dim,
+            heads,
+            causal=causal,
+            qkv_bias=qkv_bias,
+            proj_bias=proj_bias,
+            attn_dropout=attn_dropout,
+            proj_dropout=proj_dropout,
+        )
         o = self.options
         self.attn_dropout = o.attn_dropout
-        self.qkv = nn.Linear(dim, 3 * dim, bias=o.qkv_bias)
+        self._init_projections(dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
         self.temperature = nn.Parameter(torch.ones(heads, 1, 1))
-        self.proj = nn.Linear(dim, dim, bias=o.proj_bias)
-        self.proj_drop = nn.Dropout(o.proj_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        qkv = rearrange(self.qkv(x), "b n (three h p) -> three b h n p", three=3, h=self.heads)
-        q, k, v = qkv[0], qkv[1], qkv[2]
-        p = self.attn_dropout if self.training else 0.0
-        if self.capturing:
-            attn = xca_weights(q, k, self.temperature)
-            self.record(attn=attn)
-            o = torch.matmul(v.to(attn.dtype), F.dropout(attn, p=p, training=p > 0).transpose(-1, -2)).to(v.dtype)
-        else:
-            o = xca(q, k, v, self.temperature, dropout_p=p)
-        return self.proj_drop(self.proj(rearrange(o, "b h n p -> b n (h p)")))
+        with self.naming_input(x):
+            q, k, v = self._qkv(x)
+            p = self.attn_dropout if self.training else 0.0
+            if self.capturing:
+                attn = xca_weights(q, k, self.temperature)
+                self.record(attn=attn)
+                o = torch.matmul(v.to(attn.dtype), F.dropout(attn, p=p, training=p > 0).transpose(-1, -2)).to(v.dtype)
+            else:
+                o = xca(q, k, v, self.temperature, dropout_p=p)
+            return self._out(o)

@@ -3,17 +3,15 @@
 - ``create_model(name, **overrides)`` / ``list_models(pattern)`` / ``register_model``: timm-style registry of
   the papers' configurations (``attention=`` swaps the mechanism of any model where it is valid).
 - Adding an architecture: a model file with a config class (``ModelConfig`` subclass with an ``arch`` tag)
-  and ``@register_architecture`` above the model class, imported below; named sizes go in ``zoo.py``.
+  and ``@register_architecture`` above the model class; named sizes go in ``zoo.py``. Nothing lists the file:
+  importing this package imports every public module of it, as ``attnzoo.layers`` does for the mechanisms
+  (:func:`attnzoo.registry.import_submodules`).
 - ``from_pretrained(dir)`` / ``model.save_pretrained(dir)``: ``config.json`` + ``model.safetensors``.
 - ``count_parameters(name)``: parameter count on the meta device (no allocation).
 - Config dataclasses: :class:`VisionConfig`, :class:`CausalLMConfig`, :class:`SequenceClassifierConfig`,
   :class:`ICLConfig`.
 """
 
-# These imports are the one list of architectures: importing a model file (icl, language, sequence, vision)
-# registers its class with @register_architecture, and the registry derives arch -> model class -> config class
-# from those registrations; importing zoo registers the papers' named configurations.
-from attnzoo.models import zoo  # noqa: F401
 from attnzoo.models.blocks import ISTA, Block, LayerScale, Mlp
 from attnzoo.models.checkpoint import CheckpointError, PretrainedModel, from_pretrained, save_pretrained
 from attnzoo.models.class_attention import ClassAttention, ClassAttentionBlock
@@ -41,6 +39,11 @@ from attnzoo.models.registry import (
 )
 from attnzoo.models.sequence import SequenceClassifier
 from attnzoo.models.vision import VisionTransformer
+from attnzoo.registry import import_submodules
+
+# Importing a model file registers its class with @register_architecture (the registry derives arch -> model
+# class -> config class from those registrations), importing zoo the papers' named configurations.
+import_submodules(__name__, __path__)
 
 __all__ = [
     "BackboneConfig",

@@ -8,8 +8,9 @@ into it without an import cycle:
   found from it (:func:`model_class_for`, :func:`config_class_for`);
 - a configuration function puts ``@register_model("name", paper=...)`` above itself (``models/zoo.py``).
 
-Registrations happen when their module is imported; ``attnzoo.models/__init__.py`` imports every model file,
-and that import list is the one place that lists the architectures.
+Registrations happen when their module is imported; ``attnzoo.models/__init__.py`` imports every public module
+of the package (:func:`attnzoo.registry.import_submodules`, the convention of ``attnzoo.layers`` too), so a new
+model file registers itself without being listed anywhere, and a model defined elsewhere registers when defined.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ Layouts (``x`` is ``(B, N, dim)``; ``A`` the mixer, ``F`` the feed-forward part,
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import torch
@@ -23,7 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnzoo.layers._norms import build_norm
-from attnzoo.layers.base import Attention, attention_info, build_attention, list_attentions
+from attnzoo.layers.base import Attention
+from attnzoo.registry import attention_info, build_attention, list_attentions
 
 __all__ = [
     "Mlp",
@@ -174,14 +174,6 @@ class Block(nn.Module):
         return y, box["state"]
 
 
-def _accepted_options(name: str) -> set[str] | None:
-    """Keyword options the mechanism's constructor accepts; ``None`` if it takes ``**kwargs``."""
-    params = inspect.signature(attention_info(name).__init__).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return None
-    return set(params)
-
-
 def build_mixer(
     name: str,
     dim: int,
@@ -193,8 +185,8 @@ def build_mixer(
 ) -> Attention:
     """Build a mechanism, filling in the ``context`` options (layer index, grid, ...) it accepts.
 
-    Context entries are only passed when the mechanism's constructor names them and the user did not
-    set them, so CSP gets its ``layer_index``, CBSA its token ``grid``, causal TSSA its ``max_len``.
+    Context entries are only passed when they are options of the mechanism (its spec's options dataclass) and
+    the user did not set them, so CSP gets its ``layer_index``, CBSA its token ``grid``, causal TSSA its ``max_len``.
     """
     cls = attention_info(name)
     if causal and not cls.supports_causal:
@@ -207,11 +199,11 @@ def build_mixer(
             f"attention {name!r} is causal-only but this model is bidirectional; "
             f"bidirectional mechanisms are: {list_attentions(causal=False)}"
         )
-    accepted = _accepted_options(name)
+    accepted = set(cls.mechanism.options.names()) if cls.mechanism is not None else set()
     # JSON turns tuples (grids, ...) into lists; mechanisms expect the tuple form
     opts = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
     for k, v in context.items():
-        if k not in opts and (accepted is None or k in accepted):
+        if k not in opts and k in accepted:
             opts[k] = tuple(v) if isinstance(v, list) else v
     return build_attention(name, dim, heads, causal=causal, **opts)
 
@@ -222,7 +214,7 @@ def build_blocks(cfg, *, causal: bool, context: dict | None = None) -> nn.Module
     mechanisms = cfg.mechanisms()
     ffns = cfg.ffn_kinds()
     blocks = []
-    for i, (mech, ffn) in enumerate(zip(mechanisms, ffns)):
+    for i, (mech, ffn) in enumerate(zip(mechanisms, ffns, strict=True)):
         options = cfg.attention_options if i < cfg.split_index() else cfg.second_attention_options
         # the skeleton's norm and dropout, for mixers that own their residual update and normalisation (MEGA)
         ctx = {

@@ -161,11 +161,6 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike) -> Path:
     return directory
 
 
-def read_config(directory: str | os.PathLike):
-    """The model config stored in ``directory/config.json`` (clear error naming the file on problems)."""
-    return _read_config(directory)[0]
-
-
 def _read_config(directory: str | os.PathLike):
     """``(config, weights checksum or None)`` from ``directory/config.json``."""
     path = Path(directory) / CONFIG_NAME

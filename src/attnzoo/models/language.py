@@ -153,6 +153,11 @@ class CausalLM(PretrainedModel):
                 f"{tuple(idx_t.shape) if isinstance(idx_t, torch.Tensor) else type(idx_t).__name__}"
             )
         pos = state["pos"]
+        if len(state["layers"]) != len(self.blocks):
+            raise ValueError(
+                f"state holds {len(state['layers'])} layers' states but this model has {len(self.blocks)} blocks; "
+                "start from this model's init_state"
+            )
         if self.config.pos_embed == "learned" and pos >= self.config.block_size:
             raise ValueError(
                 f"position {pos} is past block_size={self.config.block_size} (learned positions end there)"
@@ -160,7 +165,7 @@ class CausalLM(PretrainedModel):
         check_token_ids("idx_t", idx_t[:, None], self.config.vocab_size, None)
         x = self._embed(idx_t[:, None], pos)
         layers = []
-        for blk, s in zip(self.blocks, state["layers"]):
+        for blk, s in zip(self.blocks, state["layers"], strict=True):
             x, s = blk.step(x, s)
             layers.append(s)
         logits = self.lm_head(self.ln_f(x))[:, 0]

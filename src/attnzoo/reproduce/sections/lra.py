@@ -176,7 +176,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     return steps
 
 
-def _run_shortcut(ctx: Context, step: Step) -> dict:
+def _run_shortcut(_ctx: Context, step: Step) -> dict:
     """How far a rule on the two documents' byte histograms alone gets (a shortcut the model could take)."""
     from attnzoo.data import build_task
     from attnzoo.data import lra as lra_data
@@ -188,7 +188,7 @@ def _run_shortcut(ctx: Context, step: Step) -> dict:
     return {"available": True, **dict(fn(task))}
 
 
-def _run_labels(ctx: Context, step: Step) -> dict:
+def _run_labels(_ctx: Context, step: Step) -> dict:
     """Class frequencies of the validation set: the majority-class rate is the bar a model must clear."""
     from attnzoo.data import build_task
 

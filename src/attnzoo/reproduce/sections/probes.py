@@ -204,7 +204,7 @@ def _run_train(ctx: Context, step: Step) -> dict:
     }
 
 
-def _run_synth(ctx: Context, step: Step) -> dict:
+def _run_synth(_ctx: Context, step: Step) -> dict:
     from attnzoo.analysis import compress, denoise, rank_collapse
     from attnzoo.analysis.io import to_jsonable
 
@@ -526,7 +526,7 @@ def _delta(vals: list[float], start: int) -> float:
 
 def _downs(vals: list[float], start: int) -> int:
     """How many consecutive layer-to-layer steps from ``start`` on decrease the value."""
-    return sum(1 for a, b in zip(vals[start:], vals[start + 1 :]) if b < a)
+    return sum(1 for a, b in zip(vals[start:], vals[start + 1 :], strict=False) if b < a)
 
 
 def _peak(series) -> tuple[float, int, float]:
@@ -665,7 +665,7 @@ def _layerwise_finding(name: str, r: dict, t: dict, shallow: dict | None, more: 
         seeds=1,
     )
     if verdict != "agrees":
-        f["explanation"] = _layerwise_explanation(name, key, start, r, shallow)
+        f["explanation"] = _layerwise_explanation(key, start, r, shallow)
     elif key != "compression" and "compression" in r["series"]:
         raw = _layer_series(r, "compression")
         if _fall_verdict(raw, start) != "agrees":  # the definition decides: say so beside the agreement
@@ -703,7 +703,7 @@ def _layerwise_seeds_finding(name: str, key: str, runs: list[list[float]], r: di
         seeds=len(runs),
     )
     if verdict != "agrees":
-        f["explanation"] = "base seed's model: " + _layerwise_explanation(name, key, start, r, shallow)
+        f["explanation"] = "base seed's model: " + _layerwise_explanation(key, start, r, shallow)
     return f
 
 
@@ -729,7 +729,7 @@ def _layerwise_claim(name: str, key: str, n_layers: int) -> tuple[int, str, str,
     )
 
 
-def _layerwise_explanation(name: str, key: str, start: int, r: dict, shallow: dict | None) -> str:
+def _layerwise_explanation(key: str, start: int, r: dict, shallow: dict | None) -> str:
     """The ablations run for a layer-wise verdict that is not 'agrees': other measures on the same model, and the
     same measure on the shallow vision model."""
     parts, agreeing = [], []
@@ -774,7 +774,7 @@ def _softmax_snr(r: dict) -> list[float]:
 
 
 def _rises(vals: list[float]) -> bool:
-    return all(b > a for a, b in zip(vals, vals[1:]))
+    return all(b > a for a, b in zip(vals, vals[1:], strict=False))
 
 
 def _describe_softmax_run(r: dict) -> str:
