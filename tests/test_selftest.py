@@ -383,23 +383,25 @@ _TOY_FILES = {
 
 @pytest.fixture
 def toy_mechanism(monkeypatch, tmp_path):
-    """The toy package importable and its layer registered, in a copy of the registry restored afterwards."""
-    from attnzoo.layers import register_attention
+    """The toy package importable and its layer registered, unregistered afterwards."""
+    from attnzoo.layers import list_attentions, unregister_attention
 
     pkg = tmp_path / "attnzoo_toy"
     pkg.mkdir()
     for name, text in _TOY_FILES.items():
         (pkg / name).write_text(textwrap.dedent(text))
     monkeypatch.syspath_prepend(str(tmp_path))
-    registry = sys.modules[register_attention.__module__]
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    before = list_attentions()
     yield importlib.import_module("attnzoo_toy.layer")
+    if "toy" in list_attentions():
+        unregister_attention("toy")
+    assert list_attentions() == before
     for name in [m for m in sys.modules if m == "attnzoo_toy" or m.startswith("attnzoo_toy.")]:
         del sys.modules[name]
 
 
 def test_a_mechanism_registered_at_runtime_gets_its_rows(toy_mechanism, monkeypatch, capsys, one_thread):
-    from attnzoo.layers import attention_info, list_attentions
+    from attnzoo.layers import attention_info, list_attentions, unregister_attention
 
     assert "toy" in list_attentions() and attention_info("toy") is toy_mechanism.ToyAttention
     toy_mech = toy_mechanism.TOY
@@ -423,7 +425,7 @@ def test_a_mechanism_registered_at_runtime_gets_its_rows(toy_mechanism, monkeypa
     rows = selftest._coverage_rows(selftest.specs(), lambda row: None)
     assert [(r.mechanism, r.check, r.ok) for r in rows] == [("toy", "coverage", False)]
 
-    monkeypatch.undo()  # the registry copy goes: the toy does not outlive the test
+    unregister_attention("toy")  # what the fixture does afterwards: the toy does not outlive the test
     assert "toy" not in list_attentions() and "toy" not in [s.name for s in selftest.specs()]
 
 
