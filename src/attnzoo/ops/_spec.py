@@ -132,6 +132,12 @@ class Projections:
     #: ``qkv_bias`` (the q/k/v bias), ``v_bias``, ``proj_bias`` (the output bias), ``scale`` (the attention
     #: logits' scale, only where it means the same), ``attn_dropout``, ``proj_dropout``
     follows: tuple[str, ...] = ("proj_bias", "attn_dropout", "proj_dropout")
+    FOLLOWABLE: ClassVar[tuple[str, ...]] = ("qkv_bias", "v_bias", "proj_bias", "scale", "attn_dropout", "proj_dropout")
+
+    def __post_init__(self) -> None:
+        bad = [n for n in self.follows if n not in self.FOLLOWABLE]
+        if bad:
+            raise ValueError(f"Projections.follows has {bad}; valid: {list(self.FOLLOWABLE)}")
 
     def copied(self) -> dict[str, str]:
         """Role (``"qkv"``, ``"q"``, ``"k"``, ``"v"``, ``"o"``) -> attribute of the projections a swap copies into."""
