@@ -342,7 +342,9 @@ def _swap_options(layout: Projections, accepted: list[str], proj: _Projections, 
 _ROLE = {"q": "query", "k": "key", "v": "value"}
 
 
-def _copy_weights(mechanism: str, mixer: Attention, layout: Projections, proj: _Projections, info: SwappedLayer):
+def _copy_weights(
+    mechanism: str, mixer: Attention, layout: Projections, proj: _Projections, info: SwappedLayer
+) -> set[str]:
     """Copy the original's projections into ``mixer`` as ``layout`` says; the names of the projections copied."""
     k = _expand_kv(proj.k, proj.kv_heads, proj.heads, proj.head_dim)
     v = _expand_kv(proj.v, proj.kv_heads, proj.heads, proj.head_dim)
