@@ -64,11 +64,6 @@ def _lists() -> dict[str, list[str]]:
         "CAUSAL_OP_CASES": [n for n, (_, c) in cases.items() if c.causal] + baseline,
         "BASELINE_CASES": baseline,
         "DECODE_CASES": [n for n, (_, c) in cases.items() if c.decode],
-        # CSP with groups of two: --mechanisms csp_pairs,csp_pairs_torch,csp_pairs_general (op level)
-        "CSP_PAIR_CASES": [n for n, (m, c) in cases.items() if m == "csp" and not c.default],
-        # MEGA's token mixing: its EMA (causal too) and its three attention forms, dense, chunked (r = 128) and CSP in
-        # its place; op and module level: --mechanisms ema,mega,mega_chunk,mega_csp
-        "MEGA_CASES": [n for n, (m, _) in cases.items() if m == "mega"],
     }
 
 
