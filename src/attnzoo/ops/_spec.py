@@ -4,7 +4,10 @@ A :class:`Mechanism` says what a mechanism is to the rest of attnzoo: its typed 
 dataclass whose fields are checked by the shared checks of :mod:`attnzoo._checks`), the backends of its op (name ->
 :class:`Backend`, each with the devices it runs on), whether it has a causal and a bidirectional form, and the type
 of its recurrent decoding state. The op dispatches through it (:mod:`attnzoo.ops._dispatch`), its layer builds its
-options from it, and ``build_attention`` / ``list_attentions`` / ``attention_info`` read it.
+options from it, and ``build_attention`` / ``list_attentions`` / ``attention_info`` read it. What the rest of attnzoo
+needs of the mechanism is declared here too, read through the attention registry so that a mechanism registered at
+runtime is served like the built-in ones: its layer's :class:`Projections` (``swap_attention``, capture), its
+:class:`BenchCase` list (``attnzoo bench``) and its :class:`Card` (the README mechanisms table).
 """
 
 from __future__ import annotations
