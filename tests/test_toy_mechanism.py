@@ -5,6 +5,7 @@ swapped into a pretrained-style model with its projections copied, captured, and
 from __future__ import annotations
 
 import dataclasses
+import sys
 import textwrap
 from dataclasses import dataclass
 
@@ -93,8 +94,6 @@ def toy(tmp_path, monkeypatch):
             return self.to_out(rearrange(toy_attention(q, k, v, causal=self.causal), "b h n p -> b n (h p)"))
 
     yield ToyAttention
-    import sys
-
     for mod in ("toyattn.bench", "toyattn"):
         sys.modules.pop(mod, None)
 
