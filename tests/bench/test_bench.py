@@ -9,6 +9,10 @@ import pytest
 import torch
 
 from attnzoo.bench import cases
+from attnzoo.layers import attention_info
+
+# CSP with groups of two tokens (csp_pairs, csp_pairs_torch, csp_pairs_general): CSP's cases beside its default one
+CSP_PAIR_CASES = [c.name for c in attention_info("csp").mechanism.bench if not c.default]
 
 
 def _run(args, tmp_path):
@@ -37,6 +41,19 @@ def test_quick_bench_writes_table_csv_json_and_plots(tmp_path):
     assert all(float(r["fwd_ms"]) > 0 and float(r["fwdbwd_ms"]) > 0 for r in nd)
     for png in ("sweep_n.png", "sweep_d.png", "decode.png"):
         assert (out / png).stat().st_size > 1000
+
+
+def test_the_registry_declares_the_cases_the_published_figures_were_measured_with():
+    # declared by the mechanisms (Mechanism.bench) since, listed by hand in this module before: the same cases
+    assert cases.OP_CASES == ["softmax", "linear", "xca", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "csp", "cbsa"]
+    assert cases.DECODE_CASES == ["softmax", "linear", "tssa", "fastmax_p1", "fastmax_p2"]
+    causal = ["softmax", "softmax_explicit", "linear", "mssa", "tssa", "fastmax_p1", "fastmax_p2"]
+    causal += ["fastmax_p1_autograd", "fastmax_p2_autograd", "tssa_torch", "ema"] + cases.BASELINE_CASES
+    assert sorted(cases.CAUSAL_OP_CASES) == sorted(causal)
+    extra = ["softmax_explicit", "fastmax_p1_autograd", "fastmax_p2_autograd", "tssa_torch"] + cases.BASELINE_CASES
+    extra += ["csp_pairs", "csp_pairs_torch", "csp_pairs_general", "ema", "mega", "mega_chunk", "mega_csp"]
+    assert sorted(cases.EXTRA_OP_CASES) == sorted(extra)
+    assert cases.ALL_OP_CASES == cases.OP_CASES + cases.EXTRA_OP_CASES
 
 
 def test_earlier_results_are_not_overwritten(tmp_path):
@@ -82,7 +99,7 @@ def test_cpu_peak_memory_is_the_most_held_at_once():
 
 @pytest.mark.parametrize("mech", cases.ALL_OP_CASES)
 def test_every_op_case_runs_forward_and_backward(mech):
-    pairs = mech in cases.CSP_PAIR_CASES  # groups of two tokens need an even N; CSP has no causal form
+    pairs = mech in CSP_PAIR_CASES  # groups of two tokens need an even N; CSP has no causal form
     s = cases.Shape(batch=1, heads=2, length=18 if pairs else 17, dim=16)
     causal = mech in cases.EXTRA_OP_CASES and mech in cases.CAUSAL_OP_CASES
     prep = cases.prepare(mech, s, causal=causal, level="op", device=torch.device("cpu"), dtype=torch.float32)
@@ -95,9 +112,10 @@ def test_every_op_case_runs_forward_and_backward(mech):
 
 
 def test_csp_pair_cases_compute_the_same_values_and_refuse_odd_n():
+    assert CSP_PAIR_CASES == ["csp_pairs", "csp_pairs_torch", "csp_pairs_general"]
     s = cases.Shape(batch=2, heads=2, length=64, dim=24)
     outs = []
-    for mech in cases.CSP_PAIR_CASES:
+    for mech in CSP_PAIR_CASES:
         torch.manual_seed(0)
         outs.append(cases.prepare(mech, s, causal=False, level="op", device=torch.device("cpu"), dtype=torch.float32))
     assert all(torch.equal(o.inputs[0], outs[0].inputs[0]) for o in outs)

@@ -260,3 +260,69 @@ def test_bad_requests_raise_clear_errors():
         swap_attention(torch.nn.Linear(2, 2), "softmax")
     with pytest.raises(TypeError, match="unknown option"):
         swap_attention(llama(), "tssa", nonsense=1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Which pretrained weights end up where: read from each mechanism's Mechanism.projections
+# ---------------------------------------------------------------------------------------------------
+
+#: the built-in mechanisms' layouts, spelled out: pretrained role -> the mechanism's projection it is copied into
+SWAP_LAYOUTS = {
+    "softmax": {"qkv": "qkv", "o": "proj"},
+    "linear": {"qkv": "qkv", "o": "proj"},
+    "fastmax": {"qkv": "qkv", "o": "proj"},
+    "xca": {"qkv": "qkv", "o": "proj"},
+    "csp": {"v": "v_proj", "o": "proj"},
+    "tssa": {"o": "to_out"},  # one projection U shared as q, k and v: nothing to copy into it
+    "mssa": {"o": "to_out"},
+    "cbsa": {"o": "to_out"},  # `proj` is CBSA's input subspace projection U, not its output
+}
+SWAPPABLE = [n for n in attnzoo.list_attentions() if not attnzoo.attention_info(n).owns_residual]
+
+
+def _pretrained_weights(module) -> dict:
+    """Role -> (out, in) weight of a GPT-2 or ViT attention module, before the swap."""
+    if hasattr(module, "c_attn"):  # GPT-2's Conv1D stores (in, out); c_attn is (q | k | v)
+        q, k, v = module.c_attn.weight.detach().t().clone().chunk(3, dim=0)
+        return {"q": q, "k": k, "v": v, "o": module.c_proj.weight.detach().t().clone()}
+    return {r: getattr(module, f"{r}_proj").weight.detach().clone() for r in ("q", "k", "v", "o")}
+
+
+@pytest.mark.parametrize("mechanism", SWAPPABLE)
+def test_swap_copies_each_pretrained_projection_where_the_mechanism_declares_it(mechanism):
+    spec = attnzoo.attention_info(mechanism).mechanism
+    layout = spec.projections.copied()
+    if mechanism in SWAP_LAYOUTS:
+        assert layout == SWAP_LAYOUTS[mechanism]
+    causal = attnzoo.attention_info(mechanism).supports_causal
+    model = gpt2() if causal else vit()
+    names = [n for n, m in model.named_modules() if type(m).__name__ in ("GPT2Attention", "ViTAttention")]
+    before = {n: _pretrained_weights(model.get_submodule(n)) for n in names}
+    report = swap_attention(model, mechanism)
+    assert [layer.name for layer in report.layers] == names
+    for layer in report.layers:
+        mixer = model.get_submodule(layer.name).mixer
+        orig = before[layer.name]
+        expected = {"qkv": torch.cat([orig["q"], orig["k"], orig["v"]])} | orig
+        for role, attr in layout.items():
+            assert torch.equal(getattr(mixer, attr).weight, expected[role]), (role, attr)
+        roles = [r for role in layout for r in (["q", "k", "v"] if role == "qkv" else [role])]
+        assert layer.reused == [r for r in ("q", "k", "v", "o") if r in roles]
+        assert set(layer.not_reused) == {"q", "k", "v", "o"} - set(roles)
+        # every other projection starts fresh: no pretrained weight lands anywhere else
+        for name, p in mixer.named_parameters():
+            if name.split(".")[0] not in layout.values():
+                assert not any(p.shape == w.shape and torch.equal(p, w) for w in expected.values()), name
+                assert name in layer.new
+
+
+def test_cbsa_swap_puts_the_output_projection_into_to_out_not_its_subspace_projection():
+    # CBSA's `proj` is the subspace bases U_[K] (its input projection), `to_out` its output projection
+    model = vit()
+    o = model.vit.layers[0].attention.o_proj.weight.detach().clone()
+    report = swap_attention(model, "cbsa")
+    mixer = model.vit.layers[0].attention.mixer
+    assert torch.equal(mixer.to_out.weight, o)
+    assert not torch.equal(mixer.proj.weight, o)
+    assert report.layers[0].reused == ["o"] and set(report.layers[0].not_reused) == {"q", "k", "v"}
+    assert "proj.weight" in report.layers[0].new and "to_out.weight" not in report.layers[0].new

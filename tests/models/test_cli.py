@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from attnzoo.cli import main as attnzoo_main
+from attnzoo.layers import list_attentions as attnzoo_list_attentions
 from attnzoo.models import count_parameters, list_models
 from attnzoo.models.cli import main, models_table_markdown
 
@@ -62,3 +63,28 @@ def test_readme_models_table_is_current():
     text = (SCRIPT.parents[1] / "README.md").read_text(encoding="utf-8")
     section = text.split(mod.BEGIN, 1)[1].split(mod.END, 1)[0].strip()
     assert section == models_table_markdown().strip(), "run: python scripts/models_table.py --update README.md"
+
+
+def test_readme_mechanisms_table_is_current():
+    """The README's mechanisms table is generated from each mechanism's Mechanism.card (scripts/models_table.py)."""
+    from attnzoo.layers._table import mechanisms_table_markdown
+
+    mod = _load_script()
+    text = (SCRIPT.parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text.split(mod.MECHANISMS_BEGIN, 1)[1].split(mod.MECHANISMS_END, 1)[0].strip()
+    assert section == mechanisms_table_markdown().strip(), "run: python scripts/models_table.py --update README.md"
+    for name in attnzoo_list_attentions():
+        assert f"| `{name}` |" in section
+
+
+def test_script_updates_the_mechanisms_table_where_marked(tmp_path, capsys):
+    from attnzoo.layers._table import mechanisms_table_markdown
+
+    mod = _load_script()
+    assert mod.main(["--mechanisms"]) == 0
+    assert capsys.readouterr().out.strip() == mechanisms_table_markdown()
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{mod.MECHANISMS_BEGIN}\nold\n{mod.MECHANISMS_END}\n\n{mod.BEGIN}\nold\n{mod.END}\n")
+    assert mod.main(["--update", str(readme), "--pattern", "aot_*"]) == 0
+    text = readme.read_text()
+    assert "old" not in text and mechanisms_table_markdown() in text and models_table_markdown("aot_*") in text

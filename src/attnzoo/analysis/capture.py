@@ -27,9 +27,6 @@ __all__ = [
     "layer_measures",
 ]
 
-# Registered mechanisms whose shared projection is the paper's subspace bases U_[K] (Linear dim -> dim).
-_BASIS_ATTR = {"tssa": "qkv", "mssa": "qkv", "cbsa": "proj"}
-
 
 @dataclass
 class LayerCapture:
@@ -137,13 +134,15 @@ def _mechanism(m: Attention) -> str:
 def subspace_bases(module: nn.Module) -> torch.Tensor | None:
     """The subspace bases ``U: (K, dim, p)`` of a white-box mechanism, or ``None`` for black-box ones.
 
-    Uses ``module.subspace_bases()`` when defined; otherwise the shared ``dim -> dim`` projection of
-    TSSA/MSSA (``qkv``) and CBSA (``proj``), whose weight rows for head ``k`` are ``U_kᵀ``.
+    Uses ``module.subspace_bases()`` when defined; otherwise the ``dim -> dim`` projection the mechanism declares
+    shared as query, key and value (``Mechanism.projections.shared``: TSSA's and MSSA's ``qkv``, CBSA's ``proj``),
+    whose weight rows for head ``k`` are ``U_kᵀ``.
     """
     fn = getattr(module, "subspace_bases", None)
     if callable(fn):
         return fn()
-    attr = _BASIS_ATTR.get(getattr(type(module), "registry_name", None))
+    spec = getattr(type(module), "mechanism", None)
+    attr = spec.projections.shared if spec is not None and spec.projections is not None else None
     lin = getattr(module, attr, None) if attr else None
     dim, heads = getattr(module, "dim", None), getattr(module, "heads", None)
     if isinstance(lin, nn.Linear) and dim is not None and tuple(lin.weight.shape) == (dim, dim):

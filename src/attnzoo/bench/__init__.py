@@ -17,7 +17,8 @@ from typing import NamedTuple
 
 import torch
 
-from attnzoo.bench.cases import ALL_OP_CASES, CAUSAL_OP_CASES, DECODE_CASES, EXTRA_OP_CASES, OP_CASES, Shape
+from attnzoo.bench import cases
+from attnzoo.bench.cases import Shape
 from attnzoo.bench.memory import cpu_peak_supported, timing_allocator
 from attnzoo.bench.runner import Row, machine_info, measure_bandwidth, measure_decode, measure_series, write_results
 
@@ -55,7 +56,9 @@ def _parse(argv):
     ap = argparse.ArgumentParser(prog="attnzoo bench", description=__doc__.splitlines()[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="default")
     ap.add_argument("--sweeps", default="n,d,decode", help="comma list of: n, d, decode")
-    ap.add_argument("--mechanisms", default=None, help=f"comma list (default {OP_CASES}; also {EXTRA_OP_CASES})")
+    ap.add_argument(
+        "--mechanisms", default=None, help=f"comma list (default {cases.OP_CASES}; also {cases.EXTRA_OP_CASES})"
+    )
     ap.add_argument("--lengths", type=int, nargs="+", help="N values of the n sweep")
     ap.add_argument("--dims", type=int, nargs="+", help="d values of the d sweep")
     ap.add_argument("--dim", type=int, help="model width d of the n sweep")
@@ -87,10 +90,11 @@ def _parse(argv):
     bad = [s for s in args.sweeps if s not in ("n", "d", "decode")]
     if bad:
         ap.error(f"unknown sweep(s) {bad}; valid: ['n', 'd', 'decode']")
-    mechs = OP_CASES if args.mechanisms is None else [m.strip() for m in args.mechanisms.split(",")]
-    bad = [m for m in mechs if m not in ALL_OP_CASES]
+    mechs = cases.OP_CASES if args.mechanisms is None else [m.strip() for m in args.mechanisms.split(",")]
+    valid = cases.ALL_OP_CASES
+    bad = [m for m in mechs if m not in valid]
     if bad:
-        ap.error(f"unknown mechanism(s) {bad}; valid: {ALL_OP_CASES}")
+        ap.error(f"unknown mechanism(s) {bad}; valid: {valid}")
     args.mechanisms = mechs
     _check_args(ap, args)
     return args
@@ -178,9 +182,10 @@ def run(args) -> tuple[list[Row], dict]:
     todo: list[_Series] = []
     if "n" in args.sweeps:
         modes = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
+        causal_cases = cases.CAUSAL_OP_CASES
         for causal in modes:
             for mech in args.mechanisms:
-                if causal and mech not in CAUSAL_OP_CASES:
+                if causal and mech not in causal_cases:
                     continue
                 shapes = [Shape(args.batch, args.heads, n, args.dim) for n in args.lengths]
                 todo.append(_Series("n", mech, causal, shapes))
@@ -211,7 +216,7 @@ def run(args) -> tuple[list[Row], dict]:
     if bar:
         bar.close()
     if "decode" in args.sweeps:
-        decode = [m for m in DECODE_CASES if m in args.mechanisms]
+        decode = [m for m in cases.DECODE_CASES if m in args.mechanisms]
         dbar = tqdm(decode, desc="decode", leave=False, file=sys.stderr) if tqdm else decode
         for mech in dbar:
             rows += measure_decode(mech, args.decode_dim, args.decode_heads, args.contexts, device, dtype, args.repeats)

@@ -14,7 +14,6 @@ parameters, e.g. TSSA's temperatures, start from their initial values).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ from torch import nn
 
 from attnzoo.layers.base import Attention, attention_info, list_attentions
 from attnzoo.models.blocks import build_mixer
+from attnzoo.ops._spec import Projections
 
 __all__ = ["SwapReport", "SwappedLayer", "SwappedAttention", "swap_attention"]
 
@@ -198,8 +198,9 @@ class SwappedAttention(nn.Module):
 
     @property
     def applies_rotary(self) -> bool:
-        """Whether rotary position embeddings passed by the model reach the mechanism (it has ``_qkv``)."""
-        return callable(getattr(type(self.mixer), "_qkv", None))
+        """Whether rotary position embeddings passed by the model reach the mechanism (its copied queries and
+        keys come from ``_qkv``)."""
+        return _rotates(type(self.mixer))
 
     @contextlib.contextmanager
     def _rotary(self, rope: tuple[torch.Tensor, torch.Tensor] | None):
@@ -279,12 +280,24 @@ class SwappedAttention(nn.Module):
 # ---------------------------------------------------------------------------------------------------
 
 
-#: mechanisms whose ``qkv`` is the fused ``(q | k | v)`` projection of standard attention
-_FUSED_QKV = ("softmax", "linear", "fastmax", "xca")
+def _layout(mechanism: str) -> Projections:
+    """The projections ``mechanism``'s layer declares (its ``Mechanism.projections``): where the weights go."""
+    spec = attention_info(mechanism).mechanism
+    layout = spec.projections if spec is not None else None
+    if layout is None:
+        raise ValueError(
+            f"mechanism {mechanism!r} declares no projections (Mechanism.projections in its ops/<op>/__init__.py): "
+            f"swap_attention cannot tell where the pretrained query/key/value/output weights go"
+        )
+    return layout
 
 
-def _accepts(mechanism: str) -> set[str]:
-    return set(inspect.signature(attention_info(mechanism).__init__).parameters)
+def _rotates(cls: type[Attention]) -> bool:
+    """Whether rotary embeddings can reach ``cls``'s queries and keys: it computes them in ``_qkv`` from query and
+    key projections a swap copies (rotating fresh projections would only scramble them)."""
+    layout = cls.mechanism.projections if cls.mechanism is not None else None
+    has_qk = layout is not None and (layout.qkv is not None or (layout.q is not None and layout.k is not None))
+    return has_qk and callable(getattr(cls, "_qkv", None))
 
 
 def _copy(dst: nn.Linear, w: torch.Tensor, b: torch.Tensor | None) -> None:
@@ -297,6 +310,75 @@ def _copy(dst: nn.Linear, w: torch.Tensor, b: torch.Tensor | None) -> None:
                 dst.bias.zero_()  # the original had no bias: a zero bias computes the same function
 
 
+def _copy_into(mixer: Attention, attr: str, w: torch.Tensor, b: torch.Tensor | None) -> str | None:
+    """Copy ``(w, b)`` into the projection ``mixer.<attr>``; the reason when it cannot (``None``: copied)."""
+    dst = getattr(mixer, attr, None)
+    if not isinstance(dst, nn.Linear):
+        return f"its `{attr}` is not a Linear projection in this configuration"
+    if dst.weight.shape != w.shape:
+        return f"its `{attr}` has shape {tuple(dst.weight.shape)}, the original {tuple(w.shape)}"
+    _copy(dst, w, b)
+    return None
+
+
+def _swap_options(layout: Projections, accepted: list[str], proj: _Projections, options: dict) -> dict:
+    """``options`` with the settings the layout follows taken from the original where the caller left them; the
+    q/k/v bias only where q/k/v are copied (TSSA's or CBSA's fresh projection U keeps its paper's default)."""
+    original = {
+        "qkv_bias": proj.q[1] is not None,
+        "v_bias": proj.v[1] is not None,
+        "proj_bias": proj.o[1] is not None,
+        "scale": proj.scale,
+        "attn_dropout": proj.attn_dropout,
+        "proj_dropout": proj.proj_dropout,
+    }
+    opts = dict(options)
+    for name in layout.follows:
+        if name in accepted and name not in opts:
+            opts[name] = original[name]
+    return opts
+
+
+_ROLE = {"q": "query", "k": "key", "v": "value"}
+
+
+def _copy_weights(
+    mechanism: str, mixer: Attention, layout: Projections, proj: _Projections, info: SwappedLayer
+) -> set[str]:
+    """Copy the original's projections into ``mixer`` as ``layout`` says; the names of the projections copied."""
+    k = _expand_kv(proj.k, proj.kv_heads, proj.heads, proj.head_dim)
+    v = _expand_kv(proj.v, proj.kv_heads, proj.heads, proj.head_dim)
+    roles = {"q": proj.q, "k": k, "v": v, "o": proj.o}
+    if layout.qkv is not None:  # qkv = (q | k | v), the fused projection of standard attention
+        w = torch.cat([proj.q[0], k[0], v[0]], dim=0)
+        biases = [proj.q[1], k[1], v[1]]
+        b = torch.cat([x if x is not None else torch.zeros_like(proj.q[0][:, 0]) for x in biases])
+        roles["qkv"] = (w, b if any(x is not None for x in biases) else None)
+    copied: set[str] = set()
+    for role, attr in layout.copied().items():
+        why = _copy_into(mixer, attr, *roles[role])
+        done = ["q", "k", "v"] if role == "qkv" else [role]
+        if why is None:
+            info.reused += done
+            copied.add(attr)
+        else:
+            info.not_reused.update({r: f"{mechanism}: {why}" for r in done})
+    for role in ("q", "k", "v", "o"):
+        if role in info.reused or role in info.not_reused:
+            continue
+        if role != "o" and layout.shared is not None:
+            info.not_reused[role] = (
+                f"{mechanism} has one projection U (its `{layout.shared}`) shared as query, key and value, "
+                f"not separate q/k/v"
+            )
+        elif role == "o":
+            info.not_reused["o"] = f"{mechanism} has no output projection of shape {tuple(proj.o[0].shape)}"
+        else:
+            info.not_reused[role] = f"{mechanism} has no {_ROLE[role]} projection"
+    info.reused.sort(key=["q", "k", "v", "o"].index)
+    return copied
+
+
 def _build(
     mechanism: str, proj: _Projections, dim: int, causal: bool, options: dict, context: dict, ref: torch.Tensor
 ) -> tuple[Attention, SwappedLayer]:
@@ -305,64 +387,16 @@ def _build(
             f"attention with {proj.heads} heads of head_dim {proj.head_dim} != hidden size {dim}: attnzoo's "
             f"mechanisms split the hidden size into equal heads"
         )
-    accepted = _accepts(mechanism)
-    opts = dict(options)
-    # keep the original's biases, scale and dropout unless the caller chose otherwise; the q/k/v bias only
-    # where q/k/v are copied (TSSA's or CBSA's fresh projection U keeps its paper's default)
-    defaults = {
-        "proj_bias": proj.o[1] is not None,
-        "attn_dropout": proj.attn_dropout,
-        "proj_dropout": proj.proj_dropout,
-    }
-    if mechanism in _FUSED_QKV:
-        defaults["qkv_bias"] = proj.q[1] is not None
-    if mechanism == "softmax":
-        defaults["scale"] = proj.scale
-    if mechanism == "fastmax":
-        # Fastmax's attention dropout also needs a placement (FAST §2.4): left to the caller
-        defaults.pop("attn_dropout")
-    for k, v in defaults.items():
-        if k in accepted and k not in opts:
-            opts[k] = v
-    if mechanism == "csp" and "v_bias" in accepted and "v_bias" not in opts:
-        opts["v_bias"] = proj.v[1] is not None
+    layout = _layout(mechanism)
+    opts = _swap_options(layout, attention_info(mechanism).mechanism.options.names(), proj, options)
     with torch.device(ref.device):
         mixer = build_mixer(mechanism, dim, proj.heads, causal=causal, options=opts, context=context)
     mixer.to(ref.dtype)
     info = SwappedLayer(name="", original="", causal=causal)
-    k = _expand_kv(proj.k, proj.kv_heads, proj.heads, proj.head_dim)
-    v = _expand_kv(proj.v, proj.kv_heads, proj.heads, proj.head_dim)
     if proj.kv_heads != proj.heads:
         info.notes.append(f"{proj.kv_heads} key/value heads repeated to {proj.heads}")
-    reused_names: set[str] = set()
-    if mechanism in _FUSED_QKV:  # softmax, linear, fastmax, xca: qkv = (q | k | v)
-        w = torch.cat([proj.q[0], k[0], v[0]], dim=0)
-        biases = [proj.q[1], k[1], v[1]]
-        b = torch.cat([x if x is not None else torch.zeros_like(proj.q[0][:, 0]) for x in biases])
-        _copy(mixer.qkv, w, b if any(x is not None for x in biases) else None)
-        info.reused += ["q", "k", "v"]
-        reused_names.add("qkv")
-    elif mechanism == "csp":
-        _copy(mixer.v_proj, *v)
-        info.reused.append("v")
-        info.not_reused["q"] = info.not_reused["k"] = "CSP has no queries or keys (it permutes the values)"
-        reused_names.add("v_proj")
-    else:
-        why = {
-            "tssa": "TSSA has one projection U (its `qkv`, dim x dim) shared by all roles, not q/k/v",
-            "mssa": "MSSA has one subspace projection U shared as query, key and value",
-            "cbsa": "CBSA has one subspace projection U shared as query, key and value",
-        }.get(mechanism, f"{mechanism} has no separate q/k/v projections")
-        for n in ("q", "k", "v"):
-            info.not_reused[n] = why
-    out = next((getattr(mixer, n) for n in ("proj", "to_out") if isinstance(getattr(mixer, n, None), nn.Linear)), None)
-    if out is not None and out.weight.shape == proj.o[0].shape:
-        _copy(out, *proj.o)
-        info.reused.append("o")
-        reused_names.add("proj" if out is getattr(mixer, "proj", None) else "to_out")
-    else:
-        info.not_reused["o"] = f"{mechanism} has no output projection of shape {tuple(proj.o[0].shape)}"
-    info.new = sorted(n for n, _ in mixer.named_parameters() if n.split(".")[0] not in reused_names)
+    copied = _copy_weights(mechanism, mixer, layout, proj, info)
+    info.new = sorted(n for n, _ in mixer.named_parameters() if n.split(".")[0] not in copied)
     return mixer, info
 
 
@@ -372,11 +406,12 @@ def swap_attention(model: nn.Module, mechanism: str, **options: Any) -> SwapRepo
 
     Decoders get the causal form of the mechanism (it must have one: ``attnzoo.list_attentions(causal=True)``);
     ViT gets the bidirectional form, told about its CLS token (``num_prefix_tokens=1``) and patch grid where
-    the mechanism takes them. The q/k/v/output weights are copied where the mechanism has those projections
-    (grouped key/value heads are repeated to one per head); biases, the softmax scale and dropout rates follow
-    the original unless ``options`` set them; Llama-family rotary embeddings rotate the queries and keys of
-    the q/k/v mechanisms (softmax, linear, Fastmax). Returns a :class:`SwapReport`; ``print(report)`` lists what was
-    reused and what starts fresh. Cross-attention modules are left alone (listed in ``report.skipped``).
+    the mechanism takes them. The q/k/v/output weights are copied into the projections the mechanism declares
+    (``Mechanism.projections``; grouped key/value heads are repeated to one per head); biases, the softmax scale
+    and dropout rates follow the original unless ``options`` set them; Llama-family rotary embeddings rotate the
+    queries and keys of the q/k/v mechanisms (softmax, linear, Fastmax). Returns a :class:`SwapReport`;
+    ``print(report)`` lists what was reused and what starts fresh. Cross-attention modules are left alone (listed
+    in ``report.skipped``).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module (a transformers model), got {type(model).__name__}")
@@ -388,6 +423,7 @@ def swap_attention(model: nn.Module, mechanism: str, **options: Any) -> SwapRepo
             f"mechanism {mechanism!r} computes its own normalisation and residual update (a whole block, not an "
             f"attention module) and cannot replace a transformers attention module; swappable: {swappable}"
         )
+    _layout(mechanism)  # refused before anything is built
     config = getattr(model, "config", None)
     dim = getattr(config, "hidden_size", None)
     if not isinstance(dim, int):
@@ -433,7 +469,7 @@ def swap_attention(model: nn.Module, mechanism: str, **options: Any) -> SwapRepo
         report.layers.append(info)
         report.notes.extend(n for n in info.notes if n not in report.notes)
     if rope and report.layers:
-        if callable(getattr(attention_info(mechanism), "_qkv", None)):
+        if _rotates(attention_info(mechanism)):
             report.notes.append(
                 "rotary position embeddings rotate the mechanism's queries and keys, as in the original"
             )

@@ -4,7 +4,10 @@ A :class:`Mechanism` says what a mechanism is to the rest of attnzoo: its typed 
 dataclass whose fields are checked by the shared checks of :mod:`attnzoo._checks`), the backends of its op (name ->
 :class:`Backend`, each with the devices it runs on), whether it has a causal and a bidirectional form, and the type
 of its recurrent decoding state. The op dispatches through it (:mod:`attnzoo.ops._dispatch`), its layer builds its
-options from it, and ``build_attention`` / ``list_attentions`` / ``attention_info`` read it.
+options from it, and ``build_attention`` / ``list_attentions`` / ``attention_info`` read it. What the rest of attnzoo
+needs of the mechanism is declared here too, read through the attention registry so that a mechanism registered at
+runtime is served like the built-in ones: its layer's :class:`Projections` (``swap_attention``, capture), its
+:class:`BenchCase` list (``attnzoo bench``) and its :class:`Card` (the README mechanisms table).
 """
 
 from __future__ import annotations
@@ -17,7 +20,18 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping
 
-__all__ = ["Backend", "CheckCase", "Mechanism", "Options", "option", "triton_available"]
+__all__ = [
+    "Backend",
+    "BenchCase",
+    "Card",
+    "CheckCase",
+    "Mechanism",
+    "Options",
+    "Projections",
+    "Shape",
+    "option",
+    "triton_available",
+]
 
 
 @functools.lru_cache(maxsize=None)
@@ -112,6 +126,107 @@ class Options:
 
 
 @dataclass(frozen=True)
+class Projections:
+    """The ``nn.Linear`` projections of a mechanism's layer, by attribute name (``None``: the layer has none).
+
+    ``swap_attention`` copies a pretrained attention's weights by these names and capture reads the subspace
+    bases from ``shared``; a layer that declares none of them is refused by the swap rather than left with fresh
+    projections under a pretrained model's rotary embedding.
+    """
+
+    #: fused ``(q | k | v)`` projection ``Linear(dim, 3 dim)`` of standard attention
+    qkv: str | None = None
+    q: str | None = None
+    k: str | None = None
+    v: str | None = None
+    #: one projection ``U`` serving as query, key and value (the subspace bases of TSSA, MSSA, CBSA)
+    shared: str | None = None
+    out: str | None = None
+    #: the layer's options a swap sets from the attention it replaces, where the caller leaves them: of
+    #: ``qkv_bias`` (the q/k/v bias), ``v_bias``, ``proj_bias`` (the output bias), ``scale`` (the attention
+    #: logits' scale, only where it means the same), ``attn_dropout``, ``proj_dropout``
+    follows: tuple[str, ...] = ("proj_bias", "attn_dropout", "proj_dropout")
+    FOLLOWABLE: ClassVar[tuple[str, ...]] = ("qkv_bias", "v_bias", "proj_bias", "scale", "attn_dropout", "proj_dropout")
+
+    def __post_init__(self) -> None:
+        bad = [n for n in self.follows if n not in self.FOLLOWABLE]
+        if bad:
+            raise ValueError(f"Projections.follows has {bad}; valid: {list(self.FOLLOWABLE)}")
+
+    def copied(self) -> dict[str, str]:
+        """Role (``"qkv"``, ``"q"``, ``"k"``, ``"v"``, ``"o"``) -> attribute of the projections a swap copies into."""
+        roles = {"qkv": self.qkv, "q": self.q, "k": self.k, "v": self.v, "o": self.out}
+        return {role: attr for role, attr in roles.items() if attr is not None}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A benchmark shape: ``batch`` x ``heads`` x ``length`` tokens of model width ``dim`` (``heads * head_dim``)."""
+
+    batch: int
+    heads: int
+    length: int
+    dim: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One case of ``attnzoo bench``, declared by the mechanism it measures.
+
+    ``op`` names (``"module:function"``, imported when the case runs) ``fn(shape, causal, device, dtype) ->
+    (inputs, run, bytes_moved)``: the tensors that receive gradients, the timed call, and the bytes an ideal
+    implementation moves (the roofline reference).
+    """
+
+    name: str
+    op: str
+    #: in the default sweep (otherwise run only when named with ``--mechanisms``)
+    default: bool = True
+    #: the n sweep also runs its causal form
+    causal: bool = False
+    #: options of the mechanism's layer for ``--level module``; ``None``: an op-level case only
+    module: Mapping[str, Any] | None = None
+    #: ``"module:function"`` of ``fn(options, length, dim, causal) -> options``: the layer's options that depend on
+    #: the shape (a position table as long as the sequence)
+    sized: str | None = None
+    #: the decode sweep times its causal layer's ``step``
+    decode: bool = False
+
+    def prepare(self, shape: Shape, causal: bool, device: Any, dtype: Any) -> tuple[list, Callable[[], Any], int]:
+        """``(inputs, run, bytes_moved)`` of the op-level case at ``shape``."""
+        return _load(self.op)(shape, causal, device, dtype)
+
+    def module_options(self, length: int, dim: int, causal: bool) -> dict[str, Any]:
+        """The layer's options for a sequence of ``length`` tokens of width ``dim``."""
+        opts = dict(self.module or {})
+        return _load(self.sized)(opts, length, dim, causal) if self.sized else opts
+
+
+def _load(ref: str) -> Callable:
+    """The function ``"module:function"`` names (its module imported on first use)."""
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class Card:
+    """The mechanism's row of the README mechanisms table (generated by ``scripts/models_table.py``)."""
+
+    paper: str
+    #: time and memory in the sequence length N
+    time: str
+    memory: str
+    #: what the causal form is (or why there is none), after ``yes`` / ``no``
+    causal: str = ""
+    #: the ``attnzoo.ops`` functions of the layer (default: the mechanism's ``op``)
+    ops: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Mechanism:
     """A mechanism's one description: options, backends, causal forms and decoding state."""
 
@@ -134,6 +249,14 @@ class Mechanism:
     examples: tuple[dict[str, Any], ...] = ()
     #: module whose ``CASES`` (:class:`CheckCase`) say how ``attnzoo selftest`` exercises the op (``None``: no case)
     checks: str | None = None
+    #: the layer's projections (``swap_attention``, capture); ``None``: not declared, the layer is not swappable
+    projections: Projections | None = None
+    #: its ``attnzoo bench`` cases
+    bench: tuple[BenchCase, ...] = ()
+    #: its README row; ``None``: a row with its name only
+    card: Card | None = None
+    #: position in listings (the README table, the bench's default sweep): the softmax baseline first
+    order: int = 1000
     kinds: ClassVar[tuple[str, ...]] = ("reference", "torch", "cpu", "triton")
 
     def __post_init__(self) -> None:

@@ -36,7 +36,7 @@ from attnzoo._checks import (
     finite_absmax,
 )
 from attnzoo.ops._dispatch import resolve_backend, run_backend
-from attnzoo.ops._spec import Backend, Mechanism, Options, option
+from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops.cbsa.fast import cbsa_fast  # noqa: F401  (the spec's backends look it up here)
 from attnzoo.ops.cbsa.naive import cbsa_naive
 from attnzoo.ops.cbsa.pooling import (
@@ -277,5 +277,9 @@ CBSA = Mechanism(
         {"variant": "mssa", "contraction": "exact"},
     ),
     checks="attnzoo.ops.cbsa.checks",
+    projections=Projections(shared="proj", out="to_out"),
+    bench=(BenchCase("cbsa", "attnzoo.ops.cbsa.bench:cbsa", module={}),),
+    card=Card("CBSA, Contract-and-Broadcast Self-Attention (eqs 5, 7, 8)", "O(N·m)", "O(N·m)"),
+    order=7,
 )
 BACKENDS = tuple(CBSA.backend_names())

@@ -19,7 +19,7 @@ import torch
 from attnzoo._checks import check_bool, check_choice, check_ndim, check_positive_int, check_probability, finite_absmax
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import resolve_backend, run_backend
-from attnzoo.ops._spec import Backend, Mechanism, Options, option
+from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops.csp.gather import csp_gather
 from attnzoo.ops.csp.gather import csp_source_index as _source_index
 from attnzoo.ops.csp.naive import csp_naive, csp_permutations_naive
@@ -91,6 +91,15 @@ CSP = Mechanism(
     causal=False,  # group sorting reads every token of a group
     examples=({"groups": 3, "shift_schedule": "power", "layer_index": 1, "num_layers": 2},),
     checks="attnzoo.ops.csp.checks",
+    projections=Projections(v="v_proj", out="proj", follows=("v_bias", "proj_bias", "attn_dropout", "proj_dropout")),
+    bench=(
+        BenchCase("csp", "attnzoo.ops.csp.bench:csp", module={}),
+        BenchCase("csp_pairs", "attnzoo.ops.csp.bench:csp_pairs", default=False),
+        BenchCase("csp_pairs_torch", "attnzoo.ops.csp.bench:csp_pairs_torch", default=False),
+        BenchCase("csp_pairs_general", "attnzoo.ops.csp.bench:csp_pairs_general", default=False),
+    ),
+    card=Card("CSP, Channel-wise Sample Permutation (eq 4)", "O(N log N) (sort)", "O(N)"),
+    order=6,
 )
 BACKENDS = tuple(CSP.backend_names())
 

@@ -23,7 +23,7 @@ import torch
 from attnzoo._checks import NonFiniteError, check_bool, check_overflow, check_probability, finite_absmax
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import resolve_backend, run_backend
-from attnzoo.ops._spec import Backend, Mechanism, Options, option, triton_available
+from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option, triton_available
 from attnzoo.ops.fastmax import cpu as fastmax_cpu
 from attnzoo.ops.fastmax.common import (
     BACKENDS,
@@ -140,6 +140,20 @@ FASTMAX = Mechanism(
     # p=1 weights are an average only for scale <= 1/D (module doc): 0.25 for the tests' D=4
     examples=({"p": 1, "scale": 0.25},),
     checks="attnzoo.ops.fastmax.checks",
+    projections=Projections(qkv="qkv", out="proj", follows=("qkv_bias", "proj_bias", "proj_dropout")),
+    bench=(
+        BenchCase("fastmax_p1", "attnzoo.ops.fastmax.bench:fastmax_p1", causal=True, module={"p": 1}, decode=True),
+        BenchCase("fastmax_p2", "attnzoo.ops.fastmax.bench:fastmax_p2", causal=True, module={"p": 2}, decode=True),
+        BenchCase("fastmax_p1_autograd", "attnzoo.ops.fastmax.bench:fastmax_p1_autograd", default=False, causal=True),
+        BenchCase("fastmax_p2_autograd", "attnzoo.ops.fastmax.bench:fastmax_p2_autograd", default=False, causal=True),
+    ),
+    card=Card(
+        "FAST, Factorizable Attention (p = 1, 2)",
+        "O(N·D^(p+1))",
+        "O(N·D) with the §2.5 custom backward",
+        causal="chunked prefix state; recurrent",
+    ),
+    order=5,
 )
 
 

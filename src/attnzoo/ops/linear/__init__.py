@@ -21,7 +21,7 @@ from attnzoo._checks import (
     check_probability,
 )
 from attnzoo.ops._dispatch import resolve_backend, run_backend
-from attnzoo.ops._spec import Backend, Mechanism, Options, option
+from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops.linear.chunk import linear_attention_chunk  # noqa: F401  (the spec's backends look it up here)
 from attnzoo.ops.linear.naive import FEATURE_MAPS, feature_map_fn, linear_attention_naive, linear_attention_weights  # noqa: F401
 from attnzoo.ops.linear.recurrent import LinearState, init_linear_state, linear_attention_recurrent_loop
@@ -66,6 +66,10 @@ LINEAR = Mechanism(
     state=dict,
     examples=({"chunk_size": 3}, {"feature_map": "relu"}),  # {"s": (B, H, P, P), "z": (B, H, P)}
     checks="attnzoo.ops.linear.checks",
+    projections=Projections(qkv="qkv", out="proj", follows=("qkv_bias", "proj_bias", "attn_dropout", "proj_dropout")),
+    bench=(BenchCase("linear", "attnzoo.ops.linear.bench:linear", causal=True, module={}, decode=True),),
+    card=Card("Katharopoulos et al. 2020", "O(N)", "O(N)", causal="recurrent"),
+    order=1,
 )
 
 

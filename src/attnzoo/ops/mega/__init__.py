@@ -27,7 +27,7 @@ from attnzoo._checks import (
     finite_absmax,
 )
 from attnzoo.ops._dispatch import resolve_backend, run_backend
-from attnzoo.ops._spec import Backend, Mechanism, Options, option
+from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, option
 from attnzoo.ops.csp.shifts import SHIFT_SCHEDULES
 
 __all__ = ["mega_attention", "MegaOptions", "MEGA", "ATTENTIONS", "NORM_LAYERS"]
@@ -98,6 +98,39 @@ MEGA = Mechanism(
         {"attention": "csp", "csp_groups": None, "norm_layer": "batchnorm"},
     ),
     checks="attnzoo.ops.mega.checks",
+    bench=(
+        BenchCase("ema", "attnzoo.ops.mega.bench:ema", default=False, causal=True),
+        BenchCase(
+            "mega",
+            "attnzoo.ops.mega.bench:mega",
+            default=False,
+            module={"attention": "softmax"},
+            sized="attnzoo.ops.mega.bench:sized",
+        ),
+        BenchCase(
+            "mega_chunk",
+            "attnzoo.ops.mega.bench:mega_chunk",
+            default=False,
+            module={"attention": "softmax", "chunk_size": 128},
+            sized="attnzoo.ops.mega.bench:sized",
+        ),
+        BenchCase(
+            "mega_csp",
+            "attnzoo.ops.mega.bench:mega_csp",
+            default=False,
+            module={"attention": "csp", "csp_groups": 1, "shift_schedule": "none"},
+            sized="attnzoo.ops.mega.bench:sized",
+        ),
+    ),
+    card=Card(
+        "MEGA layer (Ma et al. 2022): damped EMA + single-head gated attention (softmax / Laplace), chunks of r, "
+        "or CSP in its place",
+        "O(N²), O(N·r) chunked, O(N log N) with CSP; EMA O(N log N) (FFT)",
+        "O(N²), O(N·r), O(N)",
+        causal="the EMA op has a causal form and a step",
+        ops=("ema", "mega_attention"),
+    ),
+    order=8,
 )
 
 

@@ -15,7 +15,7 @@ import torch
 
 from attnzoo._checks import check_bool, check_optional_scale, check_overflow, check_probability
 from attnzoo.ops._dispatch import resolve_backend, run_backend
-from attnzoo.ops._spec import Backend, Mechanism, Options, option
+from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops.mssa.naive import mssa_naive, mssa_query, mssa_weights  # noqa: F401
 from attnzoo.ops.mssa.sdpa import mssa_sdpa  # noqa: F401  (the spec's backends look it up here)
 from attnzoo.ops.softmax._common import check_dropout, check_scale, check_tensors
@@ -51,6 +51,10 @@ MSSA = Mechanism(
     state=dict,
     examples=({"normalize_query": True, "out_proj": False}, {"head_dim": 5}),  # the cache {"w"}
     checks="attnzoo.ops.mssa.checks",
+    projections=Projections(shared="qkv", out="to_out"),
+    bench=(BenchCase("mssa", "attnzoo.ops.mssa.bench:mssa", causal=True, module={}),),
+    card=Card("CRATE / AoT (multi-head subspace self-attention)", "O(N²)", "O(N)", causal="normalised queries, AoT LM"),
+    order=3,
 )
 
 

@@ -12,7 +12,7 @@ import torch
 
 from attnzoo._checks import check_bool, check_optional_scale, check_overflow, check_probability
 from attnzoo.ops._dispatch import resolve_backend, run_backend
-from attnzoo.ops._spec import Backend, Mechanism, Options, option
+from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops.softmax._common import check_dropout, check_scale, check_tensors
 from attnzoo.ops.softmax.naive import softmax_attention_naive, softmax_attention_weights  # noqa: F401
 from attnzoo.ops.softmax.sdpa import softmax_attention_sdpa  # noqa: F401  (the spec's backends look it up here)
@@ -42,6 +42,15 @@ SOFTMAX = Mechanism(
     causal=True,
     state=dict,  # the KV cache {"k", "v"}
     checks="attnzoo.ops.softmax.checks",
+    projections=Projections(
+        qkv="qkv", out="proj", follows=("qkv_bias", "proj_bias", "scale", "attn_dropout", "proj_dropout")
+    ),
+    bench=(
+        BenchCase("softmax", "attnzoo.ops.softmax.bench:softmax", causal=True, module={}, decode=True),
+        BenchCase("softmax_explicit", "attnzoo.ops.softmax.bench:softmax_explicit", default=False, causal=True),
+    ),
+    card=Card("Vaswani et al. 2017 (baseline; SDPA fast path)", "O(N²)", "O(N) with SDPA", causal="KV-cache decoding"),
+    order=0,
 )
 
 

@@ -26,7 +26,7 @@ import torch
 from attnzoo._checks import check_bool, check_ndim, check_overflow, check_positive_int, finite_absmax
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import resolve_backend, run_backend
-from attnzoo.ops._spec import Backend, Mechanism, Options, option
+from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops.tssa.chunked import tssa_pi_torch, tssa_torch
 from attnzoo.ops.tssa.naive import tssa_naive, tssa_pi_naive
 
@@ -229,4 +229,23 @@ TSSA = Mechanism(
     state=TSSAState,
     examples=({"qkv_bias": True, "max_len": 10},),
     checks="attnzoo.ops.tssa.checks",
+    projections=Projections(shared="qkv", out="to_out"),
+    bench=(
+        BenchCase(
+            "tssa",
+            "attnzoo.ops.tssa.bench:tssa",
+            causal=True,
+            module={},
+            sized="attnzoo.ops.tssa.bench:sized",
+            decode=True,
+        ),
+        BenchCase("tssa_torch", "attnzoo.ops.tssa.bench:tssa_torch", default=False, causal=True),
+    ),
+    card=Card(
+        "ToST, Token Statistics Self-Attention (Alg. 1, 2)",
+        "O(N)",
+        "O(N)",
+        causal="learned position bias, `max_len`; recurrent",
+    ),
+    order=4,
 )

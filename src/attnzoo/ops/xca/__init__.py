@@ -15,7 +15,7 @@ import torch
 
 from attnzoo._checks import check_bool, check_finite, check_overflow, check_probability
 from attnzoo.ops._dispatch import resolve_backend, run_backend
-from attnzoo.ops._spec import Backend, Mechanism, Options, option
+from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops.softmax._common import check_dropout, check_tensors
 from attnzoo.ops.xca.fused import xca_fused  # noqa: F401  (the spec's backends look it up here)
 from attnzoo.ops.xca.naive import xca_naive, xca_weights  # noqa: F401  (the spec's backends look it up here)
@@ -39,6 +39,10 @@ XCA = Mechanism(
     backends={"naive": Backend(__name__, "xca_naive", kind="reference"), "torch": Backend(__name__, "xca_fused")},
     causal=False,  # the (P, P) map sums over every token
     checks="attnzoo.ops.xca.checks",
+    projections=Projections(qkv="qkv", out="proj", follows=("qkv_bias", "proj_bias", "attn_dropout", "proj_dropout")),
+    bench=(BenchCase("xca", "attnzoo.ops.xca.bench:xca", module={}),),
+    card=Card("XCiT, El-Nouby et al. 2021", "O(N)", "O(N)"),
+    order=2,
 )
 
 

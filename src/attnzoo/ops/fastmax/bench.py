@@ -1,0 +1,30 @@
+"""Benchmark cases of Fastmax (declared in the mechanism's ``bench``)."""
+
+from __future__ import annotations
+
+import torch
+
+from attnzoo import ops
+from attnzoo.ops._bench import Case, Shape, nbytes, randn
+
+
+def _case(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype, p: int, backend: str) -> Case:
+    q, k, v = randn((s.batch, s.heads, s.length, s.head_dim), device, dtype, 3)
+    return [q, k, v], lambda: ops.fastmax(q, k, v, p=p, causal=causal, backend=backend), 4 * nbytes(q)
+
+
+def fastmax_p1(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype) -> Case:
+    return _case(s, causal, device, dtype, 1, "auto")
+
+
+def fastmax_p2(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype) -> Case:
+    return _case(s, causal, device, dtype, 2, "auto")
+
+
+# "_autograd": autograd through the same chunked factorisation, the memory reference of FAST §2.5
+def fastmax_p1_autograd(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype) -> Case:
+    return _case(s, causal, device, dtype, 1, "torch_autograd")
+
+
+def fastmax_p2_autograd(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype) -> Case:
+    return _case(s, causal, device, dtype, 2, "torch_autograd")
