@@ -17,7 +17,7 @@ from torch import nn
 import attnzoo
 from attnzoo.analysis.capture import capture_layers, subspace_bases
 from attnzoo.bench import cases
-from attnzoo.layers import Attention, base, register_attention
+from attnzoo.layers import Attention, register_attention, unregister_attention
 from attnzoo.layers._table import mechanisms_table_markdown
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, Shape, option
 
@@ -39,6 +39,19 @@ FOLDER = {
             q, k, v = (torch.randn(s.batch, s.heads, s.length, s.head_dim, device=device, dtype=dtype) for _ in "qkv")
             return [q, k, v], lambda: toy_attention(q, k, v, causal=causal), 4 * q.numel() * q.element_size()
     """,
+    "checks.py": """
+        from attnzoo.ops._check_inputs import causal_configs, qkv
+        from attnzoo.ops._spec import CheckCase
+
+
+        def call(x, cfg, backend):
+            from toyattn import toy_attention
+
+            return toy_attention(x["q"], x["k"], x["v"][..., :-1], causal=cfg["causal"])
+
+
+        CASES = (CheckCase("toy", qkv, call, ("q", "k", "v"), causal_configs, lambda quick: [(2, 3, 7, 5)], {"q": 2}),)
+    """,
 }
 
 
@@ -58,6 +71,7 @@ TOY = Mechanism(
     projections=Projections(q="to_q", k="to_k", v="to_v", out="to_out", follows=("proj_bias",)),
     bench=(BenchCase("toy", "toyattn.bench:toy", causal=True, module={}),),
     card=Card("a toy for the tests", "O(N²)", "O(N)", causal="masked"),
+    checks="toyattn.checks",
     order=50,
 )
 
@@ -70,7 +84,6 @@ def toy(tmp_path, monkeypatch):
     for name, text in FOLDER.items():
         (pkg / name).write_text(textwrap.dedent(text))
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
 
     @register_attention("toy")
     class ToyAttention(Attention):
@@ -94,7 +107,8 @@ def toy(tmp_path, monkeypatch):
             return self.to_out(rearrange(toy_attention(q, k, v, causal=self.causal), "b h n p -> b n (h p)"))
 
     yield ToyAttention
-    for mod in ("toyattn.bench", "toyattn"):
+    unregister_attention("toy")
+    for mod in ("toyattn.bench", "toyattn.checks", "toyattn"):
         sys.modules.pop(mod, None)
 
 
@@ -170,3 +184,12 @@ def test_a_shared_projection_is_the_subspace_bases_and_is_not_rotated(toy, monke
 
 def test_the_registry_is_restored():
     assert "toy" not in attnzoo.list_attentions() and "toy" not in cases.ALL_OP_CASES
+
+
+def test_toy_is_in_the_selftest(toy, capsys, one_thread):
+    from attnzoo import selftest
+
+    assert selftest.main(["--device", "cpu", "--quick", "--only", "toy"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("toy ")]
+    assert sorted((r[1], r[2]) for r in rows) == [("torch", "backward"), ("torch", "causal"), ("torch", "forward")]
+    assert all(r[-1] == "ok" for r in rows)
