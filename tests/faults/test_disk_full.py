@@ -242,15 +242,13 @@ def _pages(directory: Path, skip=()) -> int:
 
 
 class _RealTmpfs:
-    """A tmpfs just big enough for the run's files up to its first checkpoint and half of a second one."""
+    """A tmpfs of ``size`` bytes at ``root/disk``."""
 
     kind = "real tmpfs"
 
-    def __init__(self, root: Path, measured: Path, every: int) -> None:
+    def __init__(self, root: Path, size: int) -> None:
         import subprocess
 
-        ckpt = _pages(measured / "checkpoints" / f"step_{every:08d}")
-        size = _pages(measured, skip=("model", "final.json")) + ckpt // 2
         self.dir = root / "disk"
         self.dir.mkdir()
         subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(self.dir)], check=True)
@@ -306,7 +304,10 @@ class _InjectedFull:
         pass
 
 
-@pytest.fixture(params=["real tmpfs" if _can_mount() else "injected ENOSPC"])
+DISK_KIND = "real tmpfs" if _can_mount() else "injected ENOSPC"
+
+
+@pytest.fixture(params=[DISK_KIND])
 def small_disk(request, tmp_path, monkeypatch, capsys):
     """The first checkpoint fits, the second does not: a real tmpfs where mounting works, else injected ENOSPC.
 
@@ -316,7 +317,8 @@ def small_disk(request, tmp_path, monkeypatch, capsys):
     if request.param == "real tmpfs":
         measured = tmp_path / "measured"  # the same run on the ordinary disk, to size the tmpfs
         train(load_config("digits_vit_tiny", _tiny_overrides(every, steps=every)), measured, progress=False)
-        disk = _RealTmpfs(tmp_path, measured, every)
+        ckpt = _pages(measured / "checkpoints" / f"step_{every:08d}")
+        disk = _RealTmpfs(tmp_path, _pages(measured, skip=("model", "final.json")) + ckpt // 2)
     else:
         disk = _InjectedFull(tmp_path, every, monkeypatch, capsys)
     disk.every = every
@@ -353,3 +355,62 @@ def test_train_on_a_full_disk_names_the_checkpoint_keeps_the_previous_and_contin
     assert leftovers == [], f"[{disk.kind}] temporary files left: {leftovers}"
     train_steps = [s for s, split in _rows(run) if split == "train"]
     assert train_steps == [str(i) for i in range(1, 2 * every + 1)], disk.kind  # no row lost or doubled
+
+
+@pytest.mark.parametrize("kind", [DISK_KIND])
+def test_reproduce_on_a_full_disk_names_the_step_and_continues(kind, tmp_path, monkeypatch, capsys):
+    """Three steps: one fails by itself (once), one is stored, one does not fit; freeing space and running the
+    printed command computes only what is missing and writes report.md together with results.json."""
+    from attnzoo.reproduce import ReproduceError, runner, store
+    from attnzoo.reproduce.store import Step
+
+    calls = {"a": 0, "b": 0, "c": 0}
+
+    def step_fn(name, value, fail_once=False):
+        def fn(ctx, step):
+            calls[name] += 1
+            if fail_once and calls[name] == 1:
+                raise ValueError("diverged")
+            return {"v": value}
+
+        return fn
+
+    big = [0.123456789] * 12000  # ~150 kB of JSON: more than the 64 kB disk holds
+    steps = [
+        Step(f"probes/{n}", "probes", {"k": i}, step_fn(n, v, n == "a"))
+        for i, (n, v) in enumerate([("a", 1.0), ("b", 2.0), ("c", big)])
+    ]
+    budget = runner.plan("smoke", 0)[0]
+    monkeypatch.setattr(runner, "plan", lambda budget_name, seed: (budget, steps))
+    monkeypatch.setattr(runner, "machine_description", lambda device: {})
+    disk = _RealTmpfs(tmp_path, 64 * 1024) if kind == "real tmpfs" else None
+    state = {"full": True}
+    if disk is None:
+        real = store.write_json
+
+        def full_for_c(path, payload, **kw):
+            if state["full"] and Path(path).name == "c.json":
+                _full()
+            return real(path, payload, **kw)
+
+        monkeypatch.setattr(store, "write_json", full_for_c)
+    try:
+        out = (disk.dir if disk else tmp_path) / "rep"
+        with pytest.raises(ReproduceError) as e:
+            runner.run(out, "smoke", only="probes", progress=False)
+        msg = str(e.value)
+        assert f"could not write the result of step probes/c ({out / 'steps' / 'probes' / 'c.json'})" in msg, kind
+        assert "No space left on device" in msg and "failed: probes/a: ValueError: diverged" in capsys.readouterr().err
+        assert not (out / "report.md").exists() and not (out / "results.json").exists(), kind
+        continue_cmd = msg.split("then: attnzoo reproduce ")[1].split()
+        assert continue_cmd == ["--budget", "smoke", "--seed", "0", "--out", str(out), "--only", "probes"], msg
+        if disk:
+            disk.free_space()
+        state["full"] = False
+        runner.run(out, "smoke", only="probes", progress=False)  # what the printed command runs
+        assert calls == {"a": 2, "b": 1, "c": 2}, f"[{kind}] b was stored and is not computed again: {calls}"
+        assert (out / "report.md").is_file() and (out / "results.json").is_file(), kind
+        assert [p.name for p in out.rglob("*") if ".tmp" in p.name] == [], kind
+    finally:
+        if disk:
+            disk.close()
