@@ -112,7 +112,8 @@ def test_train_cli_prints_one_line_with_the_continue_command(tmp_path, monkeypat
     rc = cli.main(["digits_vit_tiny", "--out", str(run), "--steps=2", "--no-progress", "--model_options.depth=1"])
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert rc == 1 and len(err) == 1
-    assert "could not write checkpoint step 2" in err[0] and "No space left on device" in err[0]
+    assert err[0].startswith("attnzoo train: error: could not write checkpoint step 2 (")
+    assert "No space left on device" in err[0]
     assert err[0].endswith(f"continue with: attnzoo train --resume --out {run}")
 
 

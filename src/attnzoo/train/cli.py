@@ -96,7 +96,8 @@ def _fail(e: BaseException, code: int, out: str | None = None) -> int:
     if debug_enabled():
         raise e
     rank = os.environ.get("RANK", "0")
-    msg = " ".join(str(e).split()) if isinstance(e, DirectoryLocked) else _one_line(e)
+    # these messages say what happened in full; a type name in front ("WriteError: ...") would add nothing
+    msg = " ".join(str(e).split()) if isinstance(e, (DirectoryLocked, WriteError)) else _one_line(e)
     if isinstance(e, WriteError) and out is not None:
         msg += (
             f". The run's checkpoints and files written before are kept; free space (or fix the cause) and continue "
