@@ -21,6 +21,10 @@ import signal
 import sys
 import time
 import uuid
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 __all__ = ["record_error_line", "launch"]
 
@@ -86,14 +90,14 @@ def launch(nproc: int, train_argv: list[str]) -> int:
     return 0
 
 
-def _own_line(failure) -> str:
+def _own_line(failure: ProcessFailure) -> str:
     """The line a worker printed and recorded (:func:`record_error_line`), or ``""``."""
     message = failure.message
     text = message.get("message", "") if isinstance(message, dict) else ""
     return text if isinstance(text, str) and text.startswith("attnzoo ") else ""
 
 
-def _report(e) -> int:
+def _report(e: ChildFailedError) -> int:
     """Print one line for the failed worker unless it printed its own; its exit status.
 
     The worker that reported an error is the culprit, not the others the agent then stopped with SIGTERM (their
