@@ -68,9 +68,15 @@ def test_an_empty_metrics_file_is_noticed(tmp_path, capsys):
 
 @pytest.mark.parametrize("content", [b"\x00\x01\x02 random bytes\xff\n1,2\n", b"stp,splt\n1,train\n"])
 def test_a_damaged_header_is_an_error_naming_the_file(tmp_path, content):
-    with pytest.raises(ReadError, match=r"metrics.csv, line 1: not a metrics.csv header for this task"):
+    with pytest.raises(ReadError, match=r"metrics.csv, line 1: not a metrics.csv header for this task") as e:
         _log(tmp_path, content)
     assert (tmp_path / "metrics.csv").read_bytes() == content  # kept for the user to look at
+    assert "(b'" not in str(e.value)  # the header is quoted as text
+
+
+def test_a_damaged_header_with_crlf_is_quoted_as_the_user_sees_it(tmp_path):
+    with pytest.raises(ReadError, match=r"header for this task \('stp,split'; expected"):
+        _log(tmp_path, b"stp,split\r\n1,train\r\n")
 
 
 def test_read_json_names_the_file(tmp_path):

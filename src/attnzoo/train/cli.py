@@ -12,7 +12,8 @@ import signal
 import sys
 from pathlib import Path
 
-USAGE = """usage: attnzoo train [CONFIG] [--out DIR] [--resume | --overwrite] [--no-progress] [--key=value ...]
+USAGE = """usage: attnzoo train [CONFIG] [--out DIR] [--resume | --overwrite] [--no-progress] [--nproc-per-node N]
+                     [--key=value ...]
 
 CONFIG is a YAML file or a preset name (attnzoo presets). Overrides use the config keys, with dotted keys
 into option mappings: --steps=200 --lr=3e-4 --attention=tssa --model_options.depth=4 --task_options.n_train=1000
@@ -21,8 +22,34 @@ into option mappings: --steps=200 --lr=3e-4 --attention=tssa --model_options.dep
   --resume       continue the run in DIR from its latest checkpoint (bit-exact); starts it if DIR is empty
   --overwrite    delete the attnzoo run in DIR and start again (never deletes a directory that is not a run)
   --no-progress  no progress bar
-Distributed: torchrun --nproc_per_node=N -m attnzoo train ... (global batch_size is split over the processes)
+  --nproc-per-node N
+                 data-parallel over N processes on this machine (torchrun's launcher, in-process: an error is one
+                 line, without torchrun's ChildFailedError summary); global batch_size is split over them
+Distributed over several machines: torchrun ... -m attnzoo train ...
 """
+
+
+def _take_nproc(argv: list[str]) -> tuple[int | None, list[str]]:
+    """``--nproc-per-node N`` (or ``--nproc_per_node``, ``=N``) and the remaining arguments, for the workers."""
+    from attnzoo.train.config import ConfigError
+
+    nproc, rest, i = None, [], 0
+    while i < len(argv):
+        a = argv[i]
+        name, eq, value = a.partition("=")
+        if name.replace("_", "-") != "--nproc-per-node":
+            rest.append(a)
+            i += 1
+            continue
+        if not eq:
+            if i + 1 >= len(argv):
+                raise ConfigError("--nproc-per-node needs a number of processes")
+            value = argv[i + 1]
+        if not value.isdigit() or int(value) < 1:
+            raise ConfigError(f"--nproc-per-node must be a positive whole number, got {value!r}")
+        nproc = int(value)
+        i += 1 if eq else 2
+    return nproc, rest
 
 
 def _split_args(argv: list[str]):
@@ -64,19 +91,25 @@ def _fail(e: BaseException, code: int, out: str | None = None) -> int:
     from attnzoo._io import WriteError
     from attnzoo._lock import DirectoryLocked
     from attnzoo.cli import _one_line, debug_enabled
+    from attnzoo.train.launch import record_error_line
 
     if debug_enabled():
         raise e
     rank = os.environ.get("RANK", "0")
-    if rank != "0" and isinstance(e, (ValueError, TypeError, DirectoryLocked)):
-        return code
-    msg = " ".join(str(e).split()) if isinstance(e, DirectoryLocked) else _one_line(e)
+    # these messages say what happened in full; a type name in front ("WriteError: ...") would add nothing
+    msg = " ".join(str(e).split()) if isinstance(e, (DirectoryLocked, WriteError)) else _one_line(e)
     if isinstance(e, WriteError) and out is not None:
         msg += (
             f". The run's checkpoints and files written before are kept; free space (or fix the cause) and continue "
             f"with: attnzoo train --resume --out {shlex.quote(out)}"
         )
-    print(f"attnzoo train: error{'' if rank == '0' else f' (rank {rank})'}: {msg}", file=sys.stderr)
+    if rank != "0" and isinstance(e, (ValueError, TypeError, DirectoryLocked)):
+        # every rank meets it alike: rank 0 prints it; torchrun's summary names it whichever rank it calls first
+        record_error_line(f"attnzoo train: error: {msg}")
+        return code
+    line = f"attnzoo train: error{'' if rank == '0' else f' (rank {rank})'}: {msg}"
+    print(line, file=sys.stderr)
+    record_error_line(line)  # torchrun's failure summary then names it (see attnzoo.train.launch)
     return code
 
 
@@ -87,6 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     from attnzoo.train.trainer import train
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        nproc, argv = _take_nproc(argv)
+    except ValueError as e:
+        return _fail(e, 2)
+    if nproc is not None and nproc > 1 and "-h" not in argv and "--help" not in argv:
+        if "WORLD_SIZE" in os.environ:
+            return _fail(ConfigError("--nproc-per-node starts the processes itself: do not use it under torchrun"), 2)
+        from attnzoo.train.launch import launch
+
+        return launch(nproc, argv)
     parsed = _split_args(argv)
     if parsed is None:
         print(USAGE)

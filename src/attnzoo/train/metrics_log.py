@@ -64,8 +64,9 @@ class MetricsLog:
         except (UnicodeDecodeError, csv.Error, StopIteration):
             header = []
         if "step" not in header or "split" not in header or not set(header) <= set(self.fields):
+            found = lines[0][:120].decode("utf-8", "backslashreplace").rstrip("\r")  # as text, not b'...\r'
             raise ReadError(
-                f"{self.path}, line 1: not a metrics.csv header for this task ({lines[0][:120]!r}; expected "
+                f"{self.path}, line 1: not a metrics.csv header for this task ({found!r}; expected "
                 f"{','.join(self.fields)}); move the file away (the run resumes with a new log) or restore it"
             )
         numeric = set(self.fields) - {"step", "split"}
