@@ -88,9 +88,10 @@ def resolve_backend(
     """The backend ``mech``'s op runs for ``backend`` on ``x`` (named ``name`` in messages).
 
     ``inputs`` and ``options`` (the call's) let ``"auto"`` ask a backend's :attr:`Backend.auto_if`."""
-    if check_backend(mech, backend) == "auto":
+    b = mech.backends.get(backend) if isinstance(backend, str) else None
+    if b is None:  # "auto", or a value check_backend refuses
+        check_backend(mech, backend)
         return _auto(mech, (x,) if inputs is None else inputs, options)
-    b = mech.backends[backend]
     if not b.is_available():
         need = b.needs or b.module
         need = "the triton package and " + need if b.kind == "triton" else need
@@ -117,7 +118,7 @@ def _kernel_key(tensors: Sequence, options: Mapping[str, Any]) -> tuple:
     )
 
 
-def call_backend(mech: Mechanism, backend: Any, inputs: Sequence, *, name: str = "x", **options: Any) -> Any:
+def call_backend(mech: Mechanism, backend: Any, inputs: tuple, *, name: str = "x", **options: Any) -> Any:
     """The one way into an op's backends: ``fn(*inputs, **options)`` for the backend ``backend`` resolves to.
 
     ``inputs`` are the op's tensor arguments as the caller gave them (``None`` for an absent optional one; the
@@ -126,7 +127,6 @@ def call_backend(mech: Mechanism, backend: Any, inputs: Sequence, *, name: str =
     PyTorch path (:attr:`Mechanism.default`, called the same way) as the fallback; the guard differentiates with
     respect to the tensors of ``inputs``.
     """
-    inputs = tuple(inputs)
     resolved = resolve_backend(mech, backend, inputs[0], name=name, inputs=inputs, options=options)
     b = mech.backends[resolved]
     fn = b.load()

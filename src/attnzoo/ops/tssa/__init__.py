@@ -57,9 +57,9 @@ def _check_bias(bias: torch.Tensor | None, heads: int, n: int, causal: bool) -> 
 
 
 def _check_shapes(w, temp, causal, bias) -> None:
+    check_ndim("w", w, 4, "(B, H, N, P)")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
-    check_ndim("w", w, 4, "(B, H, N, P)")
     _, h, n, p = w.shape
     if h < 1 or n < 1 or p < 1:
         raise ValueError(f"w must have H, N, P >= 1, got shape (B, H, N, P)={tuple(w.shape)}")
@@ -96,7 +96,6 @@ def tssa(
     means zeros). Internals run in float32 or better; the result has ``w``'s dtype. Causal 0/0 (a feature
     that is exactly 0 in every token so far) is defined as 0, identically in every backend.
     """
-    check_ndim("w", w, 4, "(B, H, N, P)")
     _check_shapes(w, temp, causal, bias)
     # Autocast would run the token reductions (matmuls) in half precision; they must stay float32+.
     with torch.autocast(device_type=_autocast_device(w), enabled=False):
