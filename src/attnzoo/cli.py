@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "adapt": ("attnzoo.adapt.cli", "adapt a pretrained model (SmolLM2, GPT-2, Llama, an attnzoo run) into a mechanism"),
     "models": ("attnzoo.models.cli", "list registered models with parameter counts"),
     "selftest": ("attnzoo.selftest", "check every mechanism x backend on this device against the float64 reference"),
+    "kernels": ("attnzoo.kernels", "list the fused CPU kernels' builds; --clean removes all but this environment's"),
 }
 
 

@@ -168,3 +168,69 @@ def test_a_stale_torch_lock_does_not_hang_the_next_build(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
     assert res.returncode == 0 and "loaded" in res.stdout, res.stderr[-2000:]
     assert not (root / src.name / "lock").exists()
+
+
+def _fake_builds(root: Path, ages_h: list[float]) -> list[Path]:
+    # build directories named as _cpu_kernels names them, last used ages_h hours ago
+    now = time.time()
+    dirs = []
+    for i, age in enumerate(ages_h):
+        d = root / f"torch9.9.9-{i:012x}-{'ab' * 6}"
+        d.mkdir()
+        (d / "attnzoo_cpu.so").write_bytes(b"\x7fELF")
+        (d / "last_used").touch()
+        os.utime(d / "last_used", (now - age * 3600,) * 2)
+        dirs.append(d)
+    return dirs
+
+
+def test_old_builds_are_removed_least_recently_used_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNZOO_CPU_KERNELS_DIR", str(tmp_path))
+    builds = []
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", _fake_load(builds))
+    old = _fake_builds(tmp_path, [5.0, 1.0, 30.0, 2.0])
+    (tmp_path / "notes").mkdir()  # not a build: never touched
+    _cpu_kernels._build(wait_s=5)
+    current = _cpu_kernels.current_build_dir()
+    # the current build and the two most recently used others stay (KEEP_BUILDS = 3)
+    assert _cpu_kernels.builds() == [current, old[1], old[3]]
+    assert (tmp_path / "notes").is_dir()
+    assert _cpu_kernels.clean_builds(keep=1) == [old[1], old[3]]
+    assert _cpu_kernels.builds() == [current]
+
+
+def test_a_build_another_process_holds_is_not_removed(tmp_path, monkeypatch):
+    pytest.importorskip("fcntl")
+    monkeypatch.setenv("ATTNZOO_CPU_KERNELS_DIR", str(tmp_path))
+    busy, idle = _fake_builds(tmp_path, [10.0, 20.0])
+    code = (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True); time.sleep(60)"
+    )
+    lock = str(busy / _cpu_kernels._LOCK_NAME)
+    holder = subprocess.Popen([sys.executable, "-c", code, lock], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"  # building or loading in another process
+        assert _cpu_kernels.clean_builds(keep=0) == [idle]
+        assert busy.is_dir() and not idle.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    with pytest.raises(ValueError, match="keep must be an integer >= 0"):
+        _cpu_kernels.clean_builds(keep=-1)
+
+
+def test_kernels_command_lists_and_cleans(tmp_path, monkeypatch, capsys):
+    from attnzoo.cli import main
+
+    monkeypatch.setenv("ATTNZOO_CPU_KERNELS_DIR", str(tmp_path))
+    old = _fake_builds(tmp_path, [3.0, 1.0])
+    assert main(["kernels"]) == 0
+    out = capsys.readouterr().out
+    assert "2 build(s)" in out and out.index(old[1].name) < out.index(old[0].name)
+    assert main(["kernels", "--keep", "2"]) == 0
+    assert "removed" in capsys.readouterr().out and not old[0].exists() and old[1].exists()
+    assert main(["kernels", "--clean"]) == 0
+    assert "1 build(s) removed" in capsys.readouterr().out and _cpu_kernels.builds() == []
+    assert main(["kernels", "--keep", "0"]) == 2

@@ -267,3 +267,32 @@ def test_tssa_zero_features_match_naive(causal):
     got = _grads(out, ins, go)
     assert all(torch.isfinite(g).all() for g in got)
     _assert_all_close(got, _grads(ref, ins, go), F64)
+
+
+# ---------------------------------------------------------------------------------------------------
+# "auto" through the fallback guard (the backends take the raw inputs and check their values inside it)
+# ---------------------------------------------------------------------------------------------------
+def test_auto_runs_the_kernels_behind_the_guard_and_input_errors_are_not_kernel_failures(monkeypatch):
+    from attnzoo._checks import NonFiniteError
+    from attnzoo.ops import _triton_utils
+
+    monkeypatch.setattr(_triton_utils, "_triton_device", lambda x: True)  # "auto" takes Triton, as on CUDA
+    monkeypatch.setattr(_triton_utils, "_FAILED", {})
+    monkeypatch.setattr(_triton_utils, "_BACKWARD_OK", set())
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 9, 4, dtype=torch.float64, device=DEV, requires_grad=True) for _ in range(3))
+    temp = (torch.rand(2, dtype=torch.float64, device=DEV) + 0.5).requires_grad_(True)
+    for run, ref, inputs in (
+        (lambda b: fastmax(q, k, v, p=2, causal=True, backend=b), "torch", (q, k, v)),
+        (lambda b: tssa(q, temp, causal=True, backend=b), "naive", (q, temp)),
+    ):
+        out, want = run("auto"), run(ref)
+        torch.testing.assert_close(out, want, **F64)
+        _assert_all_close(_grads(out, inputs, torch.ones_like(out)), _grads(want, inputs, torch.ones_like(want)), F64)
+    bad = q.detach().clone()
+    bad[0, 1, 4, 2] = float("nan")
+    with pytest.raises(NonFiniteError, match="fastmax: q"):
+        fastmax(bad.requires_grad_(), k, v)
+    with pytest.raises(NonFiniteError, match="tssa: w"):
+        tssa(bad, temp, causal=True)
+    assert _triton_utils.triton_failures() == {}  # the kernels stay in use

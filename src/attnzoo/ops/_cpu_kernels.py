@@ -16,6 +16,9 @@ change midway).
 Environment: ``ATTNZOO_CPU_KERNELS=0`` skips the kernels (PyTorch path everywhere);
 ``ATTNZOO_CPU_KERNELS_DIR`` sets the build cache (default ``~/.cache/attnzoo/cpu_kernels``);
 ``ATTNZOO_CPU_KERNELS_WAIT`` bounds the wait for another process's build (seconds, default 300).
+
+Every change of the key leaves a build directory behind: after each load the least recently used beyond
+:data:`KEEP_BUILDS` are removed (:func:`clean_builds`, also ``attnzoo kernels --clean``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import hashlib
 import logging
 import os
 import platform
+import re
+import shutil
 import sys
 import threading
 import time
@@ -41,6 +46,12 @@ __all__ = [
     "CPU_KERNEL_SOURCES",
     "BuildWaitTimeout",
     "DEFAULT_WAIT_S",
+    "KEEP_BUILDS",
+    "builds",
+    "cache_root",
+    "clean_builds",
+    "current_build_dir",
+    "last_used",
 ]
 
 log = logging.getLogger(__name__)
@@ -58,6 +69,10 @@ DEFAULT_WAIT_S = 300.0
 #: a process that only loads an up-to-date library holds the lock briefly: say nothing for waits this short
 _ANNOUNCE_AFTER_S = 1.0
 _LOCK_NAME = "attnzoo.lock"
+#: touched at every load: the least recently used builds are the ones removed
+_USED_NAME = "last_used"
+#: build directories kept in the cache (the current one included); older ones are removed after a load
+KEEP_BUILDS = 3
 
 
 class BuildWaitTimeout(RuntimeError):
@@ -124,12 +139,82 @@ def _build_key() -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
 
 
-def _build_dir() -> Path:
-    root = os.environ.get("ATTNZOO_CPU_KERNELS_DIR") or Path.home() / ".cache" / "attnzoo" / "cpu_kernels"
+def cache_root() -> Path:
+    """The directory holding one build directory per key (``ATTNZOO_CPU_KERNELS_DIR``)."""
+    return Path(os.environ.get("ATTNZOO_CPU_KERNELS_DIR") or Path.home() / ".cache" / "attnzoo" / "cpu_kernels")
+
+
+def current_build_dir() -> Path:
+    """The build directory this process's torch, CPU, Python environment and sources select (maybe not built)."""
     torch_tag = torch.__version__.replace("+", "_")
-    d = Path(root) / f"torch{torch_tag}-{_cpu_signature()}-{_build_key()}"
+    return cache_root() / f"torch{torch_tag}-{_cpu_signature()}-{_build_key()}"
+
+
+def _build_dir() -> Path:
+    d = current_build_dir()
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def _is_build(d: Path) -> bool:
+    # only what this module names (torch<version>-<cpu>-<key>) is ever removed, whatever else shares the root
+    return d.is_dir() and re.fullmatch(r"torch.+-[0-9a-f]{12}-[0-9a-f]{12}", d.name) is not None
+
+
+def last_used(d: Path) -> float:
+    """When the build in ``d`` was last loaded (a time stamp; the directory's own for builds before that record)."""
+    for p in (d / _USED_NAME, d):
+        with contextlib.suppress(OSError):
+            return p.stat().st_mtime
+    return 0.0
+
+
+def builds() -> list[Path]:
+    """The build directories under :func:`cache_root`, most recently used first."""
+    root = cache_root()
+    found = [d for d in root.iterdir() if _is_build(d)] if root.is_dir() else []
+    return sorted(found, key=last_used, reverse=True)
+
+
+def clean_builds(keep: int = KEEP_BUILDS) -> list[Path]:
+    """Remove the build directories beyond the ``keep`` most recently used; the one this environment uses stays
+    (it counts towards ``keep``), and so does any that another process is building or loading right now. Returns the
+    removed directories."""
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 0:
+        raise ValueError(f"keep must be an integer >= 0 (build directories to keep), got {keep!r}")
+    current = current_build_dir()
+    old = [d for d in builds() if d != current]
+    removed = []
+    for d in old[max(keep - 1, 0) :]:
+        with _unused(d) as free:
+            if free:
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d)
+    return removed
+
+
+@contextlib.contextmanager
+def _unused(d: Path) -> Iterator[bool]:
+    """Whether no process holds ``d``'s build lock; held for the block so that none starts meanwhile."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no way to tell, so leave it
+        yield False
+        return
+    try:
+        fd = os.open(d / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
 
 
 def _ldflags() -> list[str]:
@@ -183,6 +268,12 @@ def _build(wait_s: float = DEFAULT_WAIT_S) -> None:
             is_python_module=False,
             verbose=False,
         )
+        (build_dir / _USED_NAME).touch()
+    # every source edit, torch upgrade or environment leaves a build behind: the least recently used go
+    try:
+        clean_builds(KEEP_BUILDS)
+    except OSError as e:  # a cache that cannot be tidied must not cost the kernels
+        log.debug("attnzoo: could not remove old CPU kernel builds: %s", e)
 
 
 def _holder(build_dir: Path) -> str:

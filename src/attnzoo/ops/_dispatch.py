@@ -1,28 +1,32 @@
 """The one backend dispatcher of attnzoo's ops: the same rules and messages for every mechanism.
 
 ``backend="auto"`` picks, in order: the op's Triton kernel for CUDA tensors (unless it failed before in this process,
-see :mod:`attnzoo.ops._triton_utils`); its fused CPU kernels for CPU tensors when they build, except while
-``torch.compile`` traces (the kernels are opaque to it); else the op's PyTorch path (:attr:`Mechanism.default`).
+see :mod:`attnzoo.ops._triton_utils`); its fused CPU kernels for CPU tensors when they build and the backend's
+:attr:`~attnzoo.ops._spec.Backend.auto_if` takes the call, except while ``torch.compile`` traces (the kernels are
+opaque to it); else the op's PyTorch path (:attr:`Mechanism.default`).
 A Triton kernel that fails to compile or launch under ``"auto"`` warns once and the PyTorch path serves from then on;
 a backend named explicitly never falls back. Unknown names, backends that cannot run in this process and backends
 asked for on a device they do not run on raise ``ValueError`` naming the op, the value and the valid names.
 
 :func:`force_backend` makes ``"auto"`` resolve to a named backend within a block: how the contract tests run every
 layer on its op's reference without knowing the layer.
+
+Every op reaches its backends through :func:`call_backend`: ``backend(*inputs, **options)`` with the op's own
+(checked) arguments, so each backend does its own preparation and no op looks at backend names.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
 from attnzoo.ops import _cpu_kernels, _triton_utils
-from attnzoo.ops._spec import Mechanism
+from attnzoo.ops._spec import Backend, Mechanism
 
-__all__ = ["resolve_backend", "run_backend", "force_backend"]
+__all__ = ["call_backend", "check_backend", "resolve_backend", "runs_reference", "force_backend"]
 
 _FORCED = threading.local()
 
@@ -43,30 +47,54 @@ def _cpu_kernels_ready() -> bool:
     return _cpu_kernels.cpu_kernels() is not None
 
 
-def _auto(mech: Mechanism, x: torch.Tensor) -> str:
+def _auto(mech: Mechanism, inputs: Sequence, options: Mapping[str, Any] | None) -> str:
+    x = inputs[0]
     forced = getattr(_FORCED, "name", None)
     if forced is not None and forced in mech.backends and mech.backends[forced].is_available():
         return forced
-    dev = x.device.type
     for name, b in mech.backends.items():
         if b.kind == "triton" and _triton_utils.auto_uses_triton(mech.op, x) and b.is_available():
             return name
-    if dev == "cpu" and not torch.compiler.is_compiling():
+    if x.device.type == "cpu" and not torch.compiler.is_compiling():
         for name, b in mech.backends.items():
-            if b.kind == "cpu" and _cpu_kernels_ready():
+            if b.kind == "cpu" and _cpu_kernels_ready() and _auto_takes(b, inputs, options):
                 return name
     return mech.default
 
 
-def resolve_backend(mech: Mechanism, backend, x: torch.Tensor, *, name: str = "x") -> str:
-    """The backend ``mech``'s op runs for ``backend`` on ``x`` (named ``name`` in messages)."""
-    if backend == "auto":
-        return _auto(mech, x)
+def _auto_takes(b: Backend, inputs: Sequence, options: Mapping[str, Any] | None) -> bool:
+    # without the call's options (resolve_backend asked about a tensor alone) the backend's own rule cannot run
+    return b.auto_if is None or (options is not None and b.auto_if(inputs, options))
+
+
+def check_backend(mech: Mechanism, backend: Any, *, name: str = "backend") -> str:
+    """``backend`` if it names one of ``mech``'s backends (or ``"auto"``); else ``ValueError`` listing the valid
+    names. The one check of a backend name: the ops call it through :func:`call_backend`, options fields directly."""
     b = mech.backends.get(backend) if isinstance(backend, str) else None
-    if b is None:
-        raise ValueError(f"backend={backend!r} is not supported by {mech.op}; valid backends: {mech.backend_names()}")
+    if b is None and backend != "auto":
+        raise ValueError(f"{name}={backend!r} is not supported by {mech.op}; valid backends: {mech.backend_names()}")
+    return backend
+
+
+def resolve_backend(
+    mech: Mechanism,
+    backend: Any,
+    x: torch.Tensor,
+    *,
+    name: str = "x",
+    inputs: Sequence | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> str:
+    """The backend ``mech``'s op runs for ``backend`` on ``x`` (named ``name`` in messages).
+
+    ``inputs`` and ``options`` (the call's) let ``"auto"`` ask a backend's :attr:`Backend.auto_if`."""
+    b = mech.backends.get(backend) if isinstance(backend, str) else None
+    if b is None:  # "auto", or a value check_backend refuses
+        check_backend(mech, backend)
+        return _auto(mech, (x,) if inputs is None else inputs, options)
     if not b.is_available():
-        need = "the triton package and " + b.module if b.kind == "triton" else b.module
+        need = b.needs or b.module
+        need = "the triton package and " + need if b.kind == "triton" else need
         raise ValueError(
             f"backend={backend!r} is not available for {mech.op} (needs {need}); valid backends: {mech.backend_names()}"
         )
@@ -76,7 +104,13 @@ def resolve_backend(mech: Mechanism, backend, x: torch.Tensor, *, name: str = "x
     return backend
 
 
-def _kernel_key(tensors: Sequence, options: dict) -> tuple:
+def runs_reference(mech: Mechanism, backend: Any, x: torch.Tensor, *, name: str = "x") -> bool:
+    """Whether ``backend`` resolves to ``mech``'s reference: for the analysis helpers (``tssa_pi``,
+    ``csp_permutations``) that have a literal form and one fast form instead of a backend each."""
+    return resolve_backend(mech, backend, x, name=name) == mech.reference
+
+
+def _kernel_key(tensors: Sequence, options: Mapping[str, Any]) -> tuple:
     # what selects different kernels: dtypes, which optional inputs are present, and the flag/mode options
     return (
         tuple(t.dtype if isinstance(t, torch.Tensor) else None for t in tensors),
@@ -84,25 +118,23 @@ def _kernel_key(tensors: Sequence, options: dict) -> tuple:
     )
 
 
-def run_backend(
-    mech: Mechanism, name: str, tensors: Sequence, *, auto: bool, tensor_options: dict | None = None, **options
-) -> torch.Tensor:
-    """``backend(*tensors, **tensor_options, **options)``.
+def call_backend(mech: Mechanism, backend: Any, inputs: tuple, *, name: str = "x", **options: Any) -> Any:
+    """The one way into an op's backends: ``fn(*inputs, **options)`` for the backend ``backend`` resolves to.
 
-    A Triton backend chosen by ``"auto"`` runs behind the fallback guard, with the PyTorch path
-    (:attr:`Mechanism.default`, called the same way) as the fallback; the guard differentiates with respect to
-    ``tensors`` and the (tensor or ``None``) values of ``tensor_options``.
+    ``inputs`` are the op's tensor arguments as the caller gave them (``None`` for an absent optional one; the
+    first decides the device), ``options`` its checked keyword options; every backend of ``mech`` takes the same
+    and does its own preparation. A Triton backend chosen by ``"auto"`` runs behind the fallback guard, with the
+    PyTorch path (:attr:`Mechanism.default`, called the same way) as the fallback; the guard differentiates with
+    respect to the tensors of ``inputs``.
     """
-    b = mech.backends[name]
+    resolved = resolve_backend(mech, backend, inputs[0], name=name, inputs=inputs, options=options)
+    b = mech.backends[resolved]
     fn = b.load()
-    tensor_options = tensor_options or {}
-    if not (auto and b.kind == "triton"):
-        return fn(*tensors, **tensor_options, **options)
+    if not (b.kind == "triton" and backend == "auto"):
+        return fn(*inputs, **options)
     torch_fn: Callable = mech.backends[mech.default].load()
-    n, keys = len(tensors), list(tensor_options)
 
     def bind(f: Callable) -> Callable:
-        return lambda *ts: f(*ts[:n], **dict(zip(keys, ts[n:])), **options)
+        return lambda *ts: f(*ts, **options)
 
-    inputs = (*tensors, *tensor_options.values())
     return _triton_utils.run_auto_triton(mech.op, bind(fn), bind(torch_fn), inputs, key=_kernel_key(inputs, options))

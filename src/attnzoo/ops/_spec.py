@@ -49,6 +49,10 @@ class Backend:
     replace the function in its module. ``kind`` is what ``"auto"`` selects by: ``"reference"`` (the ``naive.py``
     of the op), ``"torch"`` (the PyTorch path), ``"cpu"`` (fused C++ kernels for CPU tensors), ``"triton"``.
     ``available`` (when given) says whether the backend can run in this process at all.
+
+    Calling convention (:func:`attnzoo.ops._dispatch.call_backend`): ``fn(*inputs, **options)``, the op's tensor
+    arguments in its order (``None`` for an absent optional one) and its checked keyword options, the same for
+    every backend of the op; each backend prepares them itself (standardisation, dtype, layout, value checks).
     """
 
     module: str
@@ -57,12 +61,16 @@ class Backend:
     #: device types it runs on ("any": every one): ``attnzoo selftest`` runs it there; "cpu" kernels refuse others
     devices: tuple[str, ...] = ("any",)
     available: Callable[[], bool] | None = None
+    #: the kernel module it imports when it runs, if not ``module`` (a Triton backend also needs ``triton``)
+    needs: str | None = None
+    #: for ``"auto"`` (CPU kernels): whether it takes a call, given ``(inputs, options)``; ``None``: every call
+    auto_if: Callable[[tuple, Mapping[str, Any]], bool] | None = None
 
     def is_available(self) -> bool:
         if self.available is not None:
             return self.available()
         if self.kind == "triton":
-            return triton_available(self.module)
+            return triton_available(self.needs or self.module)
         return True
 
     def load(self) -> Callable:

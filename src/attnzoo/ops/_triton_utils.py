@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from attnzoo._checks import NonFiniteError
 from attnzoo.ops._dtypes import acc_dtype
 
 __all__ = [
@@ -199,7 +200,8 @@ def run_auto_triton(
         if guard:
             return _GuardedBackward.apply(_Plan(op, key, triton_call, torch_call), *inputs)
         return triton_call(*inputs)
-    except torch.OutOfMemoryError:
+    except (torch.OutOfMemoryError, NonFiniteError):
+        # a backend checks the values of its inputs itself: NaN/Inf there is the caller's error, not the kernel's
         raise
     except Exception as err:  # noqa: BLE001 - compile errors come as many types (CompilationError, OutOfResources, ...)
         _record_failure(op, err)

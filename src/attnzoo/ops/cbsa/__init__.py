@@ -35,7 +35,7 @@ from attnzoo._checks import (
     check_scale,
     finite_absmax,
 )
-from attnzoo.ops._dispatch import resolve_backend, run_backend
+from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops.cbsa.fast import cbsa_fast  # noqa: F401  (the spec's backends look it up here)
 from attnzoo.ops.cbsa.naive import cbsa_naive
@@ -183,7 +183,6 @@ def cbsa(
     computed in float32.
     """
     check_ndim("w", w, 4, "(B, H, N, P)")
-    name = resolve_backend(CBSA, backend, w, name="w")
     contraction = resolve_contraction(variant, contraction)
     if w.shape[2] < 1 or w.shape[3] < 1:
         raise ValueError(f"w must hold at least one token and one channel, got shape {tuple(w.shape)}")
@@ -202,11 +201,11 @@ def cbsa(
     elif isinstance(eta, torch.Tensor) and eta.dtype != w.dtype:
         eta = eta.to(w.dtype)
 
-    out, internals = run_backend(
+    out, internals = call_backend(
         CBSA,
-        name,
+        backend,
         (w, reps),
-        auto=backend == "auto",
+        name="w",
         variant=variant,
         contraction=contraction,
         eps=float(eps),
@@ -221,8 +220,9 @@ def cbsa(
 
 
 def _cbsa_naive(w, reps, *, need_internals: bool, **kwargs):
-    # the reference always builds its internals
-    return cbsa_naive(w, reps, **kwargs)
+    # the reference always builds its internals; like the fast path it hands them back only when asked
+    out, internals = cbsa_naive(w, reps, **kwargs)
+    return out, internals if need_internals else {}
 
 
 def _check_variant(name: str, value) -> str:

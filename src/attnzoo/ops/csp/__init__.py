@@ -18,7 +18,7 @@ import torch
 
 from attnzoo._checks import check_bool, check_choice, check_ndim, check_positive_int, check_probability, finite_absmax
 from attnzoo.ops import _cpu_kernels
-from attnzoo.ops._dispatch import resolve_backend, run_backend
+from attnzoo.ops._dispatch import call_backend, runs_reference
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops.csp.gather import csp_gather
 from attnzoo.ops.csp.gather import csp_source_index as _source_index
@@ -60,24 +60,35 @@ class CSPOptions(Options):
             raise ValueError(f"layer_index must be an integer in [0, num_layers={self.num_layers}), got {i!r}")
 
 
-def _csp_naive(v: torch.Tensor, shifts: torch.Tensor, groups: int) -> torch.Tensor:
+def _csp_naive(v: torch.Tensor, shifts: torch.Tensor, *, groups: int) -> torch.Tensor:
+    _check_values(v)
     return csp_naive(v, shifts.tolist(), groups)
 
 
-def _csp_cpu(v: torch.Tensor, shifts: torch.Tensor, groups: int) -> torch.Tensor:
-    # groups of two tokens in the fused C++ kernel (cpu.cpp); other group sizes are the PyTorch path's
+def _csp_torch(v: torch.Tensor, shifts: torch.Tensor, *, groups: int) -> torch.Tensor:
+    _check_values(v)
+    return csp_gather(v, shifts, groups)
+
+
+def _csp_cpu(v: torch.Tensor, shifts: torch.Tensor, *, groups: int) -> torch.Tensor:
+    # groups of two tokens in the fused C++ kernel (cpu.cpp), which finds NaN/Inf while it moves the values (no
+    # extra pass over v); other group sizes are the PyTorch path's
     if torch.compiler.is_compiling():  # the kernel is opaque to torch.compile: the PyTorch path stands in
-        return csp_gather(v, shifts, groups)
+        return _csp_torch(v, shifts, groups=groups)
     kernels = _cpu_kernels.required_cpu_kernels()
     if v.shape[1] == 2 * groups:
         from attnzoo.ops.csp.small import csp_small_groups
 
         out, poison = csp_small_groups(v, shifts, 2, kernels=kernels, with_poison=True)
         if math.isnan(poison.sum().item()):
-            finite_absmax({"v": v}, op="csp")  # raises, naming what v holds
+            _check_values(v)  # raises, naming what v holds
         return out
+    return _csp_torch(v, shifts, groups=groups)
+
+
+def _check_values(v: torch.Tensor) -> None:
+    # sorting puts NaN last and moves Inf like any value: the permutations would be silently meaningless
     finite_absmax({"v": v}, op="csp")
-    return csp_gather(v, shifts, groups)
 
 
 CSP = Mechanism(
@@ -85,7 +96,7 @@ CSP = Mechanism(
     options=CSPOptions,
     backends={
         "naive": Backend(__name__, "_csp_naive", kind="reference"),
-        "torch": Backend(__name__, "csp_gather"),
+        "torch": Backend(__name__, "_csp_torch"),
         "cpu": Backend(__name__, "_csp_cpu", kind="cpu", devices=("cpu",)),
     },
     causal=False,  # group sorting reads every token of a group
@@ -108,22 +119,14 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _check_args(
-    v: torch.Tensor, shifts, groups: int, backend: str, *, defer_values: bool = False
-) -> tuple[torch.Tensor, str]:
-    """Validate; return ``shifts`` as a LongTensor ``(C,)`` on ``v.device`` and the backend to run.
-
-    ``defer_values``: on the ``"cpu"`` backend the values of v are left to :func:`_csp_cpu`, whose kernel finds
-    NaN/Inf while it moves them (the same error, without an extra pass over v)."""
+def _check_args(v: torch.Tensor, shifts, groups: int) -> torch.Tensor:
+    """Validate the shapes and ``shifts`` (the values of v are the backends'); return ``shifts`` as a LongTensor
+    ``(C,)`` on ``v.device``."""
     check_ndim("v", v, 3, "(B, N, C)")
-    name = resolve_backend(CSP, backend, v, name="v")
     B, N, C = v.shape
     if N < 1 or C < 1:
         raise ValueError(f"v must have N >= 1 tokens and C >= 1 channels, got shape {tuple(v.shape)}")
     check_positive_int("groups", groups)
-    # sorting puts NaN last and moves Inf like any value: the permutations would be silently meaningless
-    if not (defer_values and name == "cpu") or torch.compiler.is_compiling():
-        finite_absmax({"v": v}, op="csp")
     if N % groups != 0:
         raise ValueError(
             f"N={N} tokens cannot be split into groups={groups} equal groups; valid groups divide N: {_divisors(N)}"
@@ -133,7 +136,7 @@ def _check_args(
             raise TypeError(f"shifts must hold integers, got a tensor of dtype {shifts.dtype}")
         if shifts.ndim != 1 or shifts.shape[0] != C:
             raise ValueError(f"shifts must have shape (C,) = ({C},), got shape {tuple(shifts.shape)}")
-        return shifts.to(device=v.device, dtype=torch.long), name
+        return shifts.to(device=v.device, dtype=torch.long)
     if not isinstance(shifts, Sequence) or isinstance(shifts, str):
         raise TypeError(f"shifts must be a length-C sequence of ints or an integer tensor, got {type(shifts).__name__}")
     if len(shifts) != C:
@@ -141,7 +144,7 @@ def _check_args(
     bad = [s for s in shifts if not isinstance(s, int) or isinstance(s, bool)]
     if bad:
         raise TypeError(f"shifts must hold integers, got {bad[:3]!r}")
-    return torch.tensor(list(shifts), dtype=torch.long, device=v.device), name
+    return torch.tensor(list(shifts), dtype=torch.long, device=v.device)
 
 
 def csp(v: torch.Tensor, shifts: Sequence[int] | torch.Tensor, groups: int, *, backend: str = "auto") -> torch.Tensor:
@@ -155,13 +158,14 @@ def csp(v: torch.Tensor, shifts: Sequence[int] | torch.Tensor, groups: int, *, b
     of 1-8 tokens), ``"cpu"`` (groups of two in one fused C++ pass, the rest as ``"torch"``), ``"naive"``
     (explicit N x N permutation matrices).
     """
-    s, name = _check_args(v, shifts, groups, backend, defer_values=True)
-    return run_backend(CSP, name, (v, s, groups), auto=backend == "auto")
+    s = _check_args(v, shifts, groups)
+    return call_backend(CSP, backend, (v, s), name="v", groups=groups)
 
 
 def csp_source_index(v: torch.Tensor, shifts: Sequence[int] | torch.Tensor, groups: int) -> torch.Tensor:
     """LongTensor ``(B, N, C)``: ``csp(v)[b, i, c] == v[b, idx[b, i, c], c]`` (row i of ``P_c`` has its 1 at idx)."""
-    s, _ = _check_args(v, shifts, groups, "torch")
+    s = _check_args(v, shifts, groups)
+    _check_values(v)
     return _source_index(v, s, groups)
 
 
@@ -172,8 +176,11 @@ def csp_permutations(
 
     For analysis only: O(B·C·N²) memory. ``csp(v) == einsum("bcij,bjc->bic", P, v)``.
     """
-    s, name = _check_args(v, shifts, groups, backend)
-    if CSP.backends[name].kind == "reference":
+    check_ndim("v", v, 3, "(B, N, C)")
+    reference = runs_reference(CSP, backend, v, name="v")
+    s = _check_args(v, shifts, groups)
+    _check_values(v)
+    if reference:
         return csp_permutations_naive(v, s.tolist(), groups)
     idx = _source_index(v, s, groups)  # (B, N, C)
     N = v.shape[1]

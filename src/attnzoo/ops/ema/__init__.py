@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from attnzoo._checks import check_bool, check_ndim, finite_absmax
-from attnzoo.ops._dispatch import resolve_backend, run_backend
+from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._dtypes import acc_dtype
 from attnzoo.ops._spec import Backend, Mechanism, Options, option
 from attnzoo.ops.ema.fft import ema_kernel
@@ -103,8 +103,7 @@ def ema(
     coeffs = {"alpha": alpha, "delta": delta, "beta": beta, "eta": eta}
     _check(x, coeffs, causal, "ema")
     _check_rates(alpha, delta, "ema")
-    name = resolve_backend(EMA, backend, x, name="x")
-    return run_backend(EMA, name, (x, alpha, delta, beta, eta), auto=backend == "auto", causal=causal)
+    return call_backend(EMA, backend, (x, alpha, delta, beta, eta), name="x", causal=causal)
 
 
 def init_ema_state(

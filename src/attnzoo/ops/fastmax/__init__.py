@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 import torch
 
 from attnzoo._checks import NonFiniteError, check_bool, check_overflow, check_probability, finite_absmax
 from attnzoo.ops import _cpu_kernels
-from attnzoo.ops._dispatch import resolve_backend, run_backend
+from attnzoo.ops._dispatch import call_backend, check_backend, resolve_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option, triton_available
 from attnzoo.ops.fastmax import cpu as fastmax_cpu
 from attnzoo.ops.fastmax.common import (
-    BACKENDS,
     EPS,
     check_p,
     compute_dtype,
@@ -38,7 +38,7 @@ from attnzoo.ops.fastmax.common import (
 from attnzoo.ops.fastmax.dropout import (
     DROPOUT_PLACEMENTS,
     check_dropout_placement,
-    fastmax_dropout,
+    masked_fastmax,
     sample_dropout_masks,
 )
 from attnzoo.ops.fastmax.factorized import FastmaxFunction, fastmax_factorized
@@ -67,19 +67,18 @@ def _triton_available() -> bool:
     return triton_available("attnzoo.ops.fastmax.triton")
 
 
-def _check_p(name: str, p) -> int:
+def _check_p(_name: str, p) -> int:
     check_p(p)
     return p
 
 
-def _check_scale(name: str, scale) -> float | None:
+def _check_scale(_name: str, scale) -> float | None:
     return None if scale is None else resolve_scale(scale, 1)
 
 
 def _check_backend(name: str, backend) -> str:
-    if not isinstance(backend, str) or backend not in FASTMAX.backends and backend != "auto":
-        raise ValueError(f"{name}={backend!r} is not supported by fastmax; valid backends: {FASTMAX.backend_names()}")
-    return backend
+    # at construction, with the dispatcher's one check of a backend name
+    return check_backend(FASTMAX, backend, name=name)
 
 
 @dataclass(frozen=True)
@@ -99,39 +98,86 @@ class FastmaxOptions(Options):
         check_dropout_placement(self.attn_dropout, self.dropout_placement, self.p)
 
 
-def _fastmax_torch(qs, kh, vv, *, p: int, causal: bool, chunk_size: int) -> torch.Tensor:
+def _prepared(q, k, v, *, p: int, scale: float, sweeps: Callable) -> torch.Tensor:
+    """The PyTorch and Triton backends' common frame: the value checks, the standardisation (eqs 5-6) in the
+    compute dtype, ``sweeps(qs, k_hat, v)``, and p=1's check that no normaliser crossed zero."""
+    _check_values(q, k, v, p)
+    cd = compute_dtype(q.dtype)
+    out = sweeps(standardize(q.to(cd), scale=scale), standardize(k.to(cd)), v.to(cd)).to(v.dtype)
+    if p == 1 and scale * q.shape[-1] > 1.0:
+        _check_p1_output(out, scale, q.shape[-1])
+    return out
+
+
+def _fastmax_naive(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int) -> torch.Tensor:
+    del chunk_size  # the explicit N x N weights have no chunks
+    _check_values(q, k, v, p)
+    return fastmax_naive(q, k, v, p=p, causal=causal, scale=scale)
+
+
+def _fastmax_torch(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int) -> torch.Tensor:
     # the §2.5 backward writes into strided slices (out=), which torch.compile cannot trace: compiled graphs
     # differentiate the chunked forward instead (same values, more memory)
     custom = not torch.compiler.is_compiling()
-    return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk_size, custom_grad=custom)
+
+    def sweeps(qs, kh, vv):
+        return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk_size, custom_grad=custom)
+
+    return _prepared(q, k, v, p=p, scale=scale, sweeps=sweeps)
 
 
-def _fastmax_cpu(qs, kh, vv, *, p: int, causal: bool, chunk_size: int) -> torch.Tensor:
-    # :func:`fastmax` sends the unmasked p=1 op to the fused kernel (cpu.cpp) before standardising; what it does not
-    # cover (p=2, causal, half inputs) runs on the PyTorch path. Named explicitly, "cpu" needs the kernels built.
+def _fastmax_torch_autograd(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int) -> torch.Tensor:
+    def sweeps(qs, kh, vv):
+        return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk_size, custom_grad=False)
+
+    return _prepared(q, k, v, p=p, scale=scale, sweeps=sweeps)
+
+
+def _fastmax_triton(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int) -> torch.Tensor:
+    from attnzoo.ops.fastmax.triton import fastmax_triton  # optional: imported only when it runs
+
+    def sweeps(qs, kh, vv):
+        return fastmax_triton(qs, kh, vv, p=p, causal=causal, chunk_size=chunk_size)
+
+    return _prepared(q, k, v, p=p, scale=scale, sweeps=sweeps)
+
+
+def _kernel_covers(q: torch.Tensor, p, causal) -> bool:
+    """What the fused kernel (``cpu.cpp``) computes: the unmasked p=1 op (forward, and the forward of training) on
+    float32/float64 tensors; it is opaque to torch.compile."""
+    return p == 1 and not causal and q.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling()
+
+
+def _auto_takes_kernel(inputs: tuple, options: Mapping[str, Any]) -> bool:
+    # the portable build of the kernel is slower than PyTorch: "auto" takes only the vector (AVX-512) one
+    return _kernel_covers(inputs[0], options.get("p"), options.get("causal")) and fastmax_cpu.simd_kernel()
+
+
+def _fastmax_cpu(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int) -> torch.Tensor:
+    # what the kernel does not cover (p=2, causal, half inputs) runs on the PyTorch path; named explicitly, "cpu"
+    # still needs the kernels built
+    if _kernel_covers(q, p, causal):
+        return _fastmax_p1_fused(q, k, v, scale)
     if not torch.compiler.is_compiling():
         _cpu_kernels.required_cpu_kernels()
-    return _fastmax_torch(qs, kh, vv, p=p, causal=causal, chunk_size=chunk_size)
+    return _fastmax_torch(q, k, v, p=p, causal=causal, scale=scale, chunk_size=chunk_size)
 
 
-def _fastmax_torch_autograd(qs, kh, vv, *, p: int, causal: bool, chunk_size: int) -> torch.Tensor:
-    return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk_size, custom_grad=False)
-
-
-# Every backend but the reference takes the standardised, scaled inputs ``(qs, k_hat, v)`` in the compute dtype.
+# Every backend takes the op's raw q, k, v and its checked options, and prepares them itself.
 FASTMAX = Mechanism(
     op="fastmax",
     options=FastmaxOptions,
     backends={
-        "naive": Backend(__name__, "fastmax_naive", kind="reference"),
+        "naive": Backend(__name__, "_fastmax_naive", kind="reference"),
         "torch": Backend(__name__, "_fastmax_torch"),
         "torch_autograd": Backend(__name__, "_fastmax_torch_autograd"),
-        "cpu": Backend(__name__, "_fastmax_cpu", kind="cpu", devices=("cpu",)),
+        "cpu": Backend(__name__, "_fastmax_cpu", kind="cpu", devices=("cpu",), auto_if=_auto_takes_kernel),
         "triton": Backend(
-            "attnzoo.ops.fastmax.triton",
-            "fastmax_triton",
+            __name__,
+            "_fastmax_triton",
             kind="triton",
             devices=("cuda",),
+            needs="attnzoo.ops.fastmax.triton",
             available=lambda: _triton_available(),
         ),
     },
@@ -155,6 +201,10 @@ FASTMAX = Mechanism(
     ),
     order=5,
 )
+BACKENDS = tuple(FASTMAX.backend_names())
+#: the masked kernel's form where it is not the factorised sweeps with FAST's backward (the kernels have no masked
+#: form: every other backend runs those sweeps)
+_MASKED_FORMS = {FASTMAX.reference: "explicit", "torch_autograd": "autograd"}
 
 
 def fastmax(
@@ -188,31 +238,51 @@ def fastmax(
     module doc); that case reads its output back once more and raises naming the cause.
     """
     validate_qkv(q, k, v)
-    scale, chunk = validate_options(p, scale, backend, chunk_size, q.shape[-1])
+    scale, chunk = validate_options(p, scale, chunk_size, q.shape[-1])
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
-    name = resolve_backend(FASTMAX, backend, q, name="q")
-    if _fused_p1(name, backend, q, p, causal):
-        return _fastmax_p1_fused(q, k, v, scale)
-    _check_values(q, k, v, p, scale)
-    if name == "naive":
-        return fastmax_naive(q, k, v, p=p, causal=causal, scale=scale)
-    cd = compute_dtype(q.dtype)
-    qs = standardize(q.to(cd), scale=scale)
-    kh = standardize(k.to(cd))
-    out = run_backend(FASTMAX, name, (qs, kh, v.to(cd)), auto=backend == "auto", p=p, causal=causal, chunk_size=chunk)
-    out = out.to(v.dtype)
-    if p == 1 and scale * q.shape[-1] > 1.0:
-        _check_p1_output(out, scale, q.shape[-1])
-    return out
+    return call_backend(FASTMAX, backend, (q, k, v), name="q", p=p, causal=causal, scale=scale, chunk_size=chunk)
 
 
-def _fused_p1(name: str, backend: str, q: torch.Tensor, p: int, causal: bool) -> bool:
-    """Whether the fused CPU kernel (``cpu.cpp``) serves this call: the unmasked p=1 op (forward, and the forward of
-    training) on float32/float64 CPU tensors; ``"auto"`` takes it only where the kernel is the vector build."""
-    if name != "cpu" or p != 1 or causal or q.dtype not in (torch.float32, torch.float64):
-        return False
-    return not torch.compiler.is_compiling() and (backend == "cpu" or fastmax_cpu.simd_kernel())
+def fastmax_dropout(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    rate: float,
+    placement: str,
+    p: int = 2,
+    causal: bool = False,
+    scale: float | None = None,
+    backend: str = "auto",
+    chunk_size: int | None = None,
+    masks: dict[str, torch.Tensor] | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Fastmax (eqs 5-12 / 30-35) with FAST §2.4 dropout on the factorised terms; ``(B, H, N, Dv)``.
+
+    ``masks`` (from :func:`sample_dropout_masks`) are drawn when not given. ``backend="naive"`` evaluates the
+    same masked kernel with an explicit N x N matrix (a reference for tests), ``"torch_autograd"`` differentiates
+    the sweeps by autograd, every other backend runs the sweeps with FAST's backward.
+    """
+    validate_qkv(q, k, v)
+    scale, chunk = validate_options(p, scale, chunk_size, q.shape[-1])
+    check_dropout_placement(rate, placement, p, name="rate")
+    form = _MASKED_FORMS.get(resolve_backend(FASTMAX, backend, q, name="q"), "custom_grad")
+    return masked_fastmax(
+        q,
+        k,
+        v,
+        rate=rate,
+        placement=placement,
+        p=p,
+        causal=causal,
+        scale=scale,
+        chunk=chunk,
+        form=form,
+        masks=masks,
+        generator=generator,
+    )
 
 
 def _fastmax_p1_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -224,13 +294,13 @@ def _fastmax_p1_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     vals = seen.amax(dim=0).tolist()
     if any(math.isnan(x) for x in vals[1:6:2]):
         finite_absmax({"q": q, "k": k, "v": v}, op="fastmax")  # raises, naming the input and what it holds
-    _check_bounds(dict(zip("qkv", vals[0:6:2])), q, p=1)
+    _check_bounds(dict(zip("qkv", vals[0:6:2], strict=True)), q, p=1)
     if math.isnan(vals[7]) and scale * q.shape[-1] > 1.0:
         _check_p1_output(out, scale, q.shape[-1])  # finite inputs: a normaliser crossed zero
     return out
 
 
-def _check_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: int, scale: float) -> None:
+def _check_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: int) -> None:
     """NaN/Inf in q, k, v, or magnitudes that overflow the compute dtype (one host sync for all three)."""
     absmax = finite_absmax({"q": q, "k": k, "v": v}, op="fastmax")
     if absmax:

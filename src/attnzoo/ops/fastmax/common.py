@@ -19,13 +19,12 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from attnzoo._checks import check_choice, check_ndim, check_positive_int
+from attnzoo._checks import check_ndim, check_positive_int
 from attnzoo.ops._dtypes import acc_dtype
 
 __all__ = [
     "EPS",
     "VALID_P",
-    "BACKENDS",
     "DEFAULT_CHUNK",
     "check_p",
     "resolve_scale",
@@ -43,7 +42,6 @@ __all__ = [
 #: eps added to the per-token variance in the standardisation (eq 6); shared by every path
 EPS = 1e-5
 VALID_P = (1, 2)
-BACKENDS = ("auto", "naive", "torch", "torch_autograd", "cpu", "triton")
 #: tokens per chunk of the chunked sweeps (bounds temporaries to chunk * D^p per head)
 DEFAULT_CHUNK = 64
 
@@ -136,10 +134,9 @@ def validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
 
 
-def validate_options(p, scale, backend: str, chunk_size, d: int) -> tuple[float, int]:
-    """Validate op options; returns the resolved ``(scale, chunk_size)``."""
+def validate_options(p, scale, chunk_size, d: int) -> tuple[float, int]:
+    """Validate op options (the backend is the dispatcher's); returns the resolved ``(scale, chunk_size)``."""
     check_p(p)
-    check_choice("backend", backend, BACKENDS)
     if chunk_size is None:
         chunk_size = DEFAULT_CHUNK
     else:

@@ -28,13 +28,11 @@ from attnzoo.ops.fastmax.common import (
     feature_dim,
     features,
     standardize,
-    validate_options,
-    validate_qkv,
 )
 from attnzoo.ops.fastmax.factorized import factorized_forward, fastmax_factorized
 from attnzoo.ops.fastmax.naive import naive_from_hat, standardize_naive
 
-__all__ = ["DROPOUT_PLACEMENTS", "check_dropout_placement", "sample_dropout_masks", "fastmax_dropout"]
+__all__ = ["DROPOUT_PLACEMENTS", "check_dropout_placement", "sample_dropout_masks", "masked_fastmax"]
 
 DROPOUT_PLACEMENTS = ("none", "standard", "1d", "quadratic")
 
@@ -81,47 +79,41 @@ def sample_dropout_masks(
     return {"feat": feat}
 
 
-def fastmax_dropout(
+def masked_fastmax(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     *,
     rate: float,
     placement: str,
-    p: int = 2,
-    causal: bool = False,
-    scale: float | None = None,
-    backend: str = "auto",
-    chunk_size: int | None = None,
-    masks: dict[str, torch.Tensor] | None = None,
-    generator: torch.Generator | None = None,
+    p: int,
+    causal: bool,
+    scale: float,
+    chunk: int,
+    form: str,
+    masks: dict[str, torch.Tensor] | None,
+    generator: torch.Generator | None,
 ) -> torch.Tensor:
-    """Fastmax (eqs 5-12 / 30-35) with FAST §2.4 dropout on the factorised terms; ``(B, H, N, Dv)``.
-
-    ``masks`` (from :func:`sample_dropout_masks`) are drawn when not given. ``backend="naive"`` evaluates the
-    same masked kernel with an explicit N x N matrix (a reference for tests).
-    """
-    validate_qkv(q, k, v)
-    scale, chunk = validate_options(p, scale, backend, chunk_size, q.shape[-1])
-    check_dropout_placement(rate, placement, p, name="rate")
+    """The masked kernel of :func:`attnzoo.ops.fastmax.fastmax_dropout` on checked arguments: ``form`` is
+    ``"explicit"`` (an N x N matrix, the reference), ``"autograd"`` (the sweeps, differentiated by autograd) or
+    ``"custom_grad"`` (the sweeps with FAST's backward where the masks keep the kernel exact)."""
     cd = compute_dtype(q.dtype)
     if masks is None:
         masks = sample_dropout_masks(
             placement, rate, shape=tuple(q.shape), p=p, device=q.device, dtype=cd, generator=generator
         )
-    std = standardize_naive if backend == "naive" else standardize
+    explicit = form == "explicit"
+    std = standardize_naive if explicit else standardize
     qs, kh, vv = std(q.to(cd)) * scale, std(k.to(cd)), v.to(cd)
     if "q" in masks:
         qs, kh = qs * masks["q"].to(cd), kh * masks["k"].to(cd)
     feat = masks.get("feat")
     if feat is None:
-        if backend == "naive":
+        if explicit:
             out = naive_from_hat(qs, kh, vv, p=p, causal=causal)
         else:
-            out = fastmax_factorized(
-                qs, kh, vv, p=p, causal=causal, chunk=chunk, custom_grad=backend != "torch_autograd"
-            )
-    elif backend == "naive":
+            out = fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk, custom_grad=form == "custom_grad")
+    elif explicit:
         out = _naive_feature_masked(qs, kh, vv, feat.to(cd), p=p, causal=causal)
     else:
         out = factorized_forward(qs, kh, vv, p, causal, chunk, feat_mask=feat.to(cd))[0]

@@ -39,7 +39,7 @@ def explicit_attention(
     Computed in float32 (float64 for float64 inputs) and returned in that dtype, for analysis.
     """
     validate_qkv(q, k, k)
-    scale, _ = validate_options(p, scale, "naive", None, q.shape[-1])
+    scale, _ = validate_options(p, scale, None, q.shape[-1])
     cd = compute_dtype(q.dtype)
     qs = standardize_naive(q.to(cd)) * scale
     return explicit_attention_from_hat(qs, standardize_naive(k.to(cd)), p=p, causal=causal)
@@ -56,7 +56,7 @@ def fastmax_naive(
 ) -> torch.Tensor:
     """Eqs 5-12 / 30-31 via the explicit N x N matrix: ``q, k (B, H, N, D)``, ``v (B, H, N, Dv)`` -> same as v."""
     validate_qkv(q, k, v)
-    scale, _ = validate_options(p, scale, "naive", None, q.shape[-1])
+    scale, _ = validate_options(p, scale, None, q.shape[-1])
     cd = compute_dtype(q.dtype)
     qs = standardize_naive(q.to(cd)) * scale
     out = naive_from_hat(qs, standardize_naive(k.to(cd)), v.to(cd), p=p, causal=causal)

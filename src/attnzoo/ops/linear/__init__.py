@@ -20,12 +20,12 @@ from attnzoo._checks import (
     check_overflow,
     check_probability,
 )
-from attnzoo.ops._dispatch import resolve_backend, run_backend
+from attnzoo.ops._common import check_tensors
+from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops.linear.chunk import linear_attention_chunk  # noqa: F401  (the spec's backends look it up here)
 from attnzoo.ops.linear.naive import FEATURE_MAPS, feature_map_fn, linear_attention_naive, linear_attention_weights  # noqa: F401
 from attnzoo.ops.linear.recurrent import LinearState, init_linear_state, linear_attention_recurrent_loop
-from attnzoo.ops.softmax._common import check_tensors
 
 __all__ = [
     "linear_attention",
@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 
-def check_feature_map(name: str, value) -> str:
+def check_feature_map(_name: str, value) -> str:
     feature_map_fn(value)
     return value
 
@@ -55,11 +55,16 @@ class LinearOptions(Options):
     chunk_size: int | None = option(None, check_optional_positive_int, "token chunk of the causal 'torch' path")
 
 
+def _linear_naive(q, k, v, *, causal: bool, feature_map: str, eps: float, chunk_size: int | None) -> torch.Tensor:
+    del chunk_size  # the explicit (N, N) matrix has no chunks
+    return linear_attention_naive(q, k, v, causal=causal, feature_map=feature_map, eps=eps)
+
+
 LINEAR = Mechanism(
     op="linear_attention",
     options=LinearOptions,
     backends={
-        "naive": Backend(__name__, "linear_attention_naive", kind="reference"),
+        "naive": Backend(__name__, "_linear_naive", kind="reference"),
         "torch": Backend(__name__, "linear_attention_chunk"),
     },
     causal=True,
@@ -119,11 +124,8 @@ def linear_attention(
     feature_map_fn(feature_map)
     eps = _check_eps(eps)
     chunk_size = LinearOptions.check("chunk_size", chunk_size)
-    name = resolve_backend(LINEAR, backend, q, name="q")
-    # the reference has no chunks: every other backend takes the chunk size
-    extra = {} if LINEAR.backends[name].kind == "reference" else {"chunk_size": chunk_size}
-    return run_backend(
-        LINEAR, name, (q, k, v), auto=backend == "auto", causal=causal, feature_map=feature_map, eps=eps, **extra
+    return call_backend(
+        LINEAR, backend, (q, k, v), name="q", causal=causal, feature_map=feature_map, eps=eps, chunk_size=chunk_size
     )
 
 

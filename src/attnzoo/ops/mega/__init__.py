@@ -26,7 +26,7 @@ from attnzoo._checks import (
     check_probability,
     finite_absmax,
 )
-from attnzoo.ops._dispatch import resolve_backend, run_backend
+from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, option
 from attnzoo.ops.csp.shifts import SHIFT_SCHEDULES
 
@@ -172,5 +172,4 @@ def mega_attention(
             f"{'N' if span == N else 'chunk_size'}), got {rel_bias.shape[0]}"
         )
     finite_absmax({"q": q, "k": k, "v": v, "rel_bias": rel_bias}, op="mega_attention")
-    name = resolve_backend(MEGA, backend, q, name="q")
-    return run_backend(MEGA, name, (q, k, v, rel_bias), auto=backend == "auto", fn=fn, chunk=span)
+    return call_backend(MEGA, backend, (q, k, v, rel_bias), name="q", fn=fn, chunk=span)

@@ -13,12 +13,19 @@ from dataclasses import dataclass
 
 import torch
 
-from attnzoo._checks import check_bool, check_optional_scale, check_overflow, check_probability
-from attnzoo.ops._dispatch import resolve_backend, run_backend
+from attnzoo._checks import (
+    check_bool,
+    check_dropout,
+    check_optional_scale,
+    check_overflow,
+    check_probability,
+    check_scale,
+)
+from attnzoo.ops._common import check_tensors
+from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops.mssa.naive import mssa_naive, mssa_query, mssa_weights  # noqa: F401
 from attnzoo.ops.mssa.sdpa import mssa_sdpa  # noqa: F401  (the spec's backends look it up here)
-from attnzoo.ops.softmax._common import check_dropout, check_scale, check_tensors
 
 __all__ = ["mssa", "mssa_weights", "mssa_query", "MSSAOptions", "MSSA"]
 
@@ -84,12 +91,11 @@ def mssa(
             "mssa", "w", absmax, absmax["w"] ** 2 * w.shape[-1] * max(scale, 1.0), w.dtype, "a score w.w * scale"
         )
     dropout_p = check_dropout("dropout_p", dropout_p)
-    name = resolve_backend(MSSA, backend, w, name="w")
-    return run_backend(
+    return call_backend(
         MSSA,
-        name,
+        backend,
         (w,),
-        auto=backend == "auto",
+        name="w",
         causal=causal,
         scale=scale,
         normalize_query=normalize_query,

@@ -10,10 +10,17 @@ from dataclasses import dataclass
 
 import torch
 
-from attnzoo._checks import check_bool, check_optional_scale, check_overflow, check_probability
-from attnzoo.ops._dispatch import resolve_backend, run_backend
+from attnzoo._checks import (
+    check_bool,
+    check_dropout,
+    check_optional_scale,
+    check_overflow,
+    check_probability,
+    check_scale,
+)
+from attnzoo.ops._common import check_tensors
+from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
-from attnzoo.ops.softmax._common import check_dropout, check_scale, check_tensors
 from attnzoo.ops.softmax.naive import softmax_attention_naive, softmax_attention_weights  # noqa: F401
 from attnzoo.ops.softmax.sdpa import softmax_attention_sdpa  # noqa: F401  (the spec's backends look it up here)
 
@@ -93,7 +100,4 @@ def softmax_attention(
             "a score q.k * scale",
         )
     dropout_p = check_dropout("dropout_p", dropout_p)
-    name = resolve_backend(SOFTMAX, backend, q, name="q")
-    return run_backend(
-        SOFTMAX, name, (q, k, v), auto=backend == "auto", causal=causal, scale=scale, dropout_p=dropout_p
-    )
+    return call_backend(SOFTMAX, backend, (q, k, v), name="q", causal=causal, scale=scale, dropout_p=dropout_p)

@@ -25,7 +25,7 @@ import torch
 
 from attnzoo._checks import check_bool, check_ndim, check_overflow, check_positive_int, finite_absmax
 from attnzoo.ops import _cpu_kernels
-from attnzoo.ops._dispatch import resolve_backend, run_backend
+from attnzoo.ops._dispatch import call_backend, runs_reference
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops.tssa.chunked import tssa_pi_torch, tssa_torch
 from attnzoo.ops.tssa.naive import tssa_naive, tssa_pi_naive
@@ -56,10 +56,10 @@ def _check_bias(bias: torch.Tensor | None, heads: int, n: int, causal: bool) -> 
         )
 
 
-def _validate(w, temp, causal, bias, *, check_w: bool = True) -> None:
+def _check_shapes(w, temp, causal, bias) -> None:
+    check_ndim("w", w, 4, "(B, H, N, P)")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
-    check_ndim("w", w, 4, "(B, H, N, P)")
     _, h, n, p = w.shape
     if h < 1 or n < 1 or p < 1:
         raise ValueError(f"w must have H, N, P >= 1, got shape (B, H, N, P)={tuple(w.shape)}")
@@ -70,11 +70,14 @@ def _validate(w, temp, causal, bias, *, check_w: bool = True) -> None:
             f"temp{' and bias' if bias is not None else ''} must be on w's device {w.device}, got "
             f"temp on {temp.device}" + (f", bias on {bias.device}" if bias is not None else "")
         )
+
+
+def _check_values(w, temp, bias, *, check_w: bool = True) -> None:
     # one host sync for every tensor (the fused non-causal paths find NaN/Inf in w from their sums of w^2)
     absmax = finite_absmax({"w": w if check_w else None, "temp": temp, "bias": bias}, op="tssa")
     # w^2 summed over the N tokens (the second moment of eq. 10/11) is the first intermediate to overflow
     check_overflow(
-        "tssa", "w", absmax, absmax.get("w", 0.0) ** 2 * n, w.dtype, "the per-feature sum of w^2 over N tokens"
+        "tssa", "w", absmax, absmax.get("w", 0.0) ** 2 * w.shape[2], w.dtype, "the per-feature sum of w^2 over N tokens"
     )
 
 
@@ -93,16 +96,10 @@ def tssa(
     means zeros). Internals run in float32 or better; the result has ``w``'s dtype. Causal 0/0 (a feature
     that is exactly 0 in every token so far) is defined as 0, identically in every backend.
     """
-    check_ndim("w", w, 4, "(B, H, N, P)")
-    name = resolve_backend(TSSA, backend, w, name="w")
-    if w.device.type == "meta":
-        name = "naive"  # shape inference: all backends give one shape and dtype; this one reads no values
-    # The fused non-causal path finds NaN/Inf in w from its per-feature sums of w^2 (then runs the full
-    # check for the message) instead of an extra pass over w: a pass is ~1/8 of its forward time.
-    _validate(w, temp, causal, bias, check_w=causal or name not in ("torch", "cpu"))
+    _check_shapes(w, temp, causal, bias)
     # Autocast would run the token reductions (matmuls) in half precision; they must stay float32+.
     with torch.autocast(device_type=_autocast_device(w), enabled=False):
-        return run_backend(TSSA, name, (w, temp), auto=backend == "auto", tensor_options={"bias": bias}, causal=causal)
+        return call_backend(TSSA, backend, (w, temp, bias), name="w", causal=causal)
 
 
 def _autocast_device(w: torch.Tensor) -> str:
@@ -110,22 +107,35 @@ def _autocast_device(w: torch.Tensor) -> str:
     return "cpu" if w.device.type == "meta" else w.device.type
 
 
-def _tssa_naive(w, temp, *, causal: bool, bias) -> torch.Tensor:
+def _tssa_naive(w, temp, bias, *, causal: bool) -> torch.Tensor:
+    _check_values(w, temp, bias)
     if causal and bias is None:
         bias = torch.zeros(w.shape[1], w.shape[2], 1, device=w.device, dtype=w.dtype)
     return tssa_naive(w, temp, causal=causal, bias=bias)
 
 
-def _tssa_torch(w, temp, *, causal: bool, bias) -> torch.Tensor:
-    return tssa_torch(w, temp, causal=causal, bias=bias, kernels=None)
-
-
-def _tssa_cpu(w, temp, *, causal: bool, bias) -> torch.Tensor:
-    kernels = None
-    # The kernels are opaque to torch.compile: while it traces, the PyTorch forward stands in for them.
-    if not torch.compiler.is_compiling():
-        kernels = _cpu_kernels.required_cpu_kernels()
+def _tssa_torch(w, temp, bias, *, causal: bool, kernels=None) -> torch.Tensor:
+    if w.device.type == "meta":
+        return _tssa_naive(w, temp, bias, causal=causal)  # shape inference: the reference reads no values
+    # The fused non-causal path finds NaN/Inf in w from its per-feature sums of w^2 (then runs the full
+    # check for the message) instead of an extra pass over w: a pass is ~1/8 of its forward time.
+    _check_values(w, temp, bias, check_w=causal)
     return tssa_torch(w, temp, causal=causal, bias=bias, kernels=kernels)
+
+
+def _tssa_cpu(w, temp, bias, *, causal: bool) -> torch.Tensor:
+    # The kernels are opaque to torch.compile: while it traces, the PyTorch forward stands in for them.
+    kernels = None if torch.compiler.is_compiling() else _cpu_kernels.required_cpu_kernels()
+    return _tssa_torch(w, temp, bias, causal=causal, kernels=kernels)
+
+
+def _tssa_triton(w, temp, bias, *, causal: bool) -> torch.Tensor:
+    from attnzoo.ops.tssa.triton import tssa_triton  # optional: imported only when it runs
+
+    if w.device.type == "meta":
+        return _tssa_naive(w, temp, bias, causal=causal)  # shape inference: the reference reads no values
+    _check_values(w, temp, bias)
+    return tssa_triton(w, temp, causal=causal, bias=bias)
 
 
 def tssa_pi(
@@ -139,10 +149,11 @@ def tssa_pi(
     """Group membership ``Pi`` ``(B, H, N)`` (rows sum to 1 over heads): eq. 10 with App. C.1's
     normalisation (Alg. 1), or eq. 39 (Alg. 2) when ``causal``; float32 or better."""
     check_ndim("w", w, 4, "(B, H, N, P)")
-    name = resolve_backend(TSSA, backend, w, name="w")
-    _validate(w, temp, causal, bias)
+    reference = runs_reference(TSSA, backend, w, name="w")
+    _check_shapes(w, temp, causal, bias)
+    _check_values(w, temp, bias)
     with torch.autocast(device_type=_autocast_device(w), enabled=False):
-        if TSSA.backends[name].kind == "reference":
+        if reference:
             if causal and bias is None:
                 bias = torch.zeros(w.shape[1], w.shape[2], 1, device=w.device, dtype=w.dtype)
             return tssa_pi_naive(w, temp, causal=causal, bias=bias)
@@ -223,7 +234,7 @@ TSSA = Mechanism(
         "naive": Backend(__name__, "_tssa_naive", kind="reference"),
         "torch": Backend(__name__, "_tssa_torch"),
         "cpu": Backend(__name__, "_tssa_cpu", kind="cpu", devices=("cpu",)),
-        "triton": Backend("attnzoo.ops.tssa.triton", "tssa_triton", kind="triton", devices=("cuda",)),
+        "triton": Backend(__name__, "_tssa_triton", kind="triton", devices=("cuda",), needs="attnzoo.ops.tssa.triton"),
     },
     causal=True,
     state=TSSAState,

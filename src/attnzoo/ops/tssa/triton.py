@@ -356,7 +356,7 @@ def _c_bwd_rev_sweep_kernel(
 # ---------------------------------------------------------------------------------------------------
 # host side
 # ---------------------------------------------------------------------------------------------------
-def _blocks(n: int, p: int, block_n: int | None, block_p: int | None) -> tuple[int, int]:
+def _blocks(p: int, block_n: int | None, block_p: int | None) -> tuple[int, int]:
     if block_n is None:
         block_n = 16 if interpreting() else 64
     if block_p is None:
@@ -559,7 +559,7 @@ def tssa_triton(
         if val is not None and (not isinstance(val, int) or val < 1 or val & (val - 1)):
             raise ValueError(f"{name} must be a positive power of two, got {val!r}")
     b, h, n, p = w.shape
-    bn, bp = _blocks(n, p, block_n, block_p)
+    bn, bp = _blocks(p, block_n, block_p)
     if not causal:
         return _TSSANonCausalTriton.apply(w, temp, bn, bp)
     if bias is None:

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from attnzoo._checks import check_bool, check_finite, check_overflow, check_probability
-from attnzoo.ops._dispatch import resolve_backend, run_backend
+from attnzoo._checks import check_bool, check_dropout, check_finite, check_overflow, check_probability
+from attnzoo.ops._common import check_tensors
+from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
-from attnzoo.ops.softmax._common import check_dropout, check_tensors
 from attnzoo.ops.xca.fused import xca_fused  # noqa: F401  (the spec's backends look it up here)
 from attnzoo.ops.xca.naive import xca_naive, xca_weights  # noqa: F401  (the spec's backends look it up here)
 
@@ -93,5 +93,4 @@ def xca(
                 f"the per-channel sum of {name}^2 over N tokens",
             )
     dropout_p = check_dropout("dropout_p", dropout_p)
-    name = resolve_backend(XCA, backend, q, name="q")
-    return run_backend(XCA, name, (q, k, v, temp), auto=backend == "auto", dropout_p=dropout_p)
+    return call_backend(XCA, backend, (q, k, v, temp), name="q", dropout_p=dropout_p)

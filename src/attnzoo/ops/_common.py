@@ -1,7 +1,4 @@
-"""Tensor validation shared by the softmax-family ops (softmax, linear, xca, mssa).
-
-Backends are chosen by :mod:`attnzoo.ops._dispatch` from each op's :class:`~attnzoo.ops._spec.Mechanism`.
-"""
+"""Tensor validation shared by the ops on ``(B, H, N, P)`` tensors (softmax, linear, xca, mssa)."""
 
 from __future__ import annotations
 
@@ -9,9 +6,9 @@ from typing import Sequence
 
 import torch
 
-from attnzoo._checks import check_dropout, check_ndim, check_scale, finite_absmax
+from attnzoo._checks import check_ndim, finite_absmax
 
-__all__ = ["check_tensors", "check_scale", "check_dropout"]
+__all__ = ["check_tensors"]
 
 _LAYOUT = "(B, H, N, P)"
 
@@ -21,17 +18,17 @@ def check_tensors(names: Sequence[str], tensors: Sequence[torch.Tensor], op: str
 
     Returns ``{name: max |tensor|}`` (one host sync for all of them; empty while tracing) for overflow bounds.
     """
-    for n, t in zip(names, tensors):
+    for n, t in zip(names, tensors, strict=True):
         check_ndim(n, t, 4, _LAYOUT)
     ref_name, ref = names[0], tensors[0]
-    for n, t in zip(names[1:], tensors[1:]):
+    for n, t in zip(names[1:], tensors[1:], strict=True):
         if t.dtype != ref.dtype:
             raise TypeError(f"{ref_name} and {n} must share a dtype, got {ref.dtype} and {t.dtype}")
         if t.device != ref.device:
             raise ValueError(f"{ref_name} and {n} must be on one device, got {ref.device} and {t.device}")
         if t.shape[:2] != ref.shape[:2]:
             raise ValueError(f"{ref_name} and {n} must agree on (B, H): got {tuple(ref.shape)} and {tuple(t.shape)}")
-    for n, t in zip(names, tensors):
+    for n, t in zip(names, tensors, strict=True):
         if t.shape[-2] < 1 or t.shape[-1] < 1:
             raise ValueError(f"{n} must hold at least one token and one channel, got shape {tuple(t.shape)}")
-    return finite_absmax(dict(zip(names, tensors)), op=op)
+    return finite_absmax(dict(zip(names, tensors, strict=True)), op=op)
