@@ -296,3 +296,24 @@ def test_auto_runs_the_kernels_behind_the_guard_and_input_errors_are_not_kernel_
     with pytest.raises(NonFiniteError, match="tssa: w"):
         tssa(bad, temp, causal=True)
     assert _triton_utils.triton_failures() == {}  # the kernels stay in use
+
+
+def test_auto_takes_the_fastmax_kernels_only_where_two_pipeline_stages_fit(monkeypatch):
+    # H200: at D = Dv = 128 one stage fits in shared memory and ran 12x slower than the PyTorch path
+    from attnzoo.ops import _cpu_kernels, _triton_utils
+    from attnzoo.ops._dispatch import resolve_backend
+    from attnzoo.ops.fastmax import FASTMAX
+    from attnzoo.ops.fastmax.triton import pipeline_stages
+
+    f32 = torch.float32
+    assert [pipeline_stages(d, d, 1, None, f32, False) for d in (32, 48, 64, 128)] == [3, 3, 3, 1]
+    assert [pipeline_stages(d, d, 2, None, f32, True) for d in (32, 64, 128)] == [3, 3, 1]
+    assert [pipeline_stages(d, d, 1, None, torch.float64, False) for d in (32, 64)] == [3, 1]  # 8-byte tiles
+    monkeypatch.setattr(_triton_utils, "_triton_device", lambda x: True)
+    monkeypatch.setattr(_triton_utils, "_FAILED", {})
+    monkeypatch.setattr(_cpu_kernels, "cpu_kernels", lambda: None)
+    for d, want in ((48, "triton"), (64, "triton"), (128, "torch")):
+        q, k, v = (torch.randn(1, 1, 4, d) for _ in "qkv")
+        for causal in (False, True):
+            opts = dict(p=1, causal=causal, scale=None, chunk_size=None)
+            assert resolve_backend(FASTMAX, "auto", q, inputs=(q, k, v), options=opts) == want, (d, causal)

@@ -53,7 +53,12 @@ def _auto(mech: Mechanism, inputs: Sequence, options: Mapping[str, Any] | None) 
     if forced is not None and forced in mech.backends and mech.backends[forced].is_available():
         return forced
     for name, b in mech.backends.items():
-        if b.kind == "triton" and _triton_utils.auto_uses_triton(mech.op, x) and b.is_available():
+        if (
+            b.kind == "triton"
+            and _triton_utils.auto_uses_triton(mech.op, x)
+            and b.is_available()
+            and _auto_takes(b, inputs, options)
+        ):
             return name
     if x.device.type == "cpu" and not torch.compiler.is_compiling():
         for name, b in mech.backends.items():

@@ -63,7 +63,8 @@ class Backend:
     available: Callable[[], bool] | None = None
     #: the kernel module it imports when it runs, if not ``module`` (a Triton backend also needs ``triton``)
     needs: str | None = None
-    #: for ``"auto"`` (CPU kernels): whether it takes a call, given ``(inputs, options)``; ``None``: every call
+    #: for ``"auto"`` (CPU and Triton kernels): whether it takes a call, given ``(inputs, options)``; ``None``: every
+    #: call
     auto_if: Callable[[tuple, Mapping[str, Any]], bool] | None = None
 
     def is_available(self) -> bool:

@@ -142,6 +142,17 @@ def _fastmax_triton(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: 
     return _prepared(q, k, v, p=p, scale=scale, sweeps=sweeps)
 
 
+def _auto_takes_triton(inputs: tuple, options: Mapping[str, Any]) -> bool:
+    # At head dim 128 only one pipeline stage fits an H200's shared memory, and one stage ran 12x slower than the
+    # PyTorch path (docs/performance.md, 2026-11-26): "auto" takes the kernels where two or more stages fit.
+    from attnzoo.ops.fastmax.triton import pipeline_stages
+
+    q, v = inputs[0], inputs[2]
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # what the kernels compute in
+    p, causal, chunk = options.get("p", 2), bool(options.get("causal")), options.get("chunk_size")
+    return pipeline_stages(q.shape[-1], v.shape[-1], p, chunk, dtype, causal) >= 2
+
+
 def _kernel_covers(q: torch.Tensor, p, causal) -> bool:
     """What the fused kernel (``cpu.cpp``) computes: the unmasked p=1 op (forward, and the forward of training) on
     float32/float64 tensors; it is opaque to torch.compile."""
@@ -179,6 +190,7 @@ FASTMAX = Mechanism(
             devices=("cuda",),
             needs="attnzoo.ops.fastmax.triton",
             available=lambda: _triton_available(),
+            auto_if=_auto_takes_triton,
         ),
     },
     causal=True,

@@ -39,7 +39,7 @@ import triton.language as tl
 
 from attnzoo.ops._triton_utils import check_launchable, interpreting, pow2, tl_acc_dtype
 
-__all__ = ["fastmax_triton"]
+__all__ = ["fastmax_triton", "pipeline_stages"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -428,6 +428,13 @@ class _Cfg:
 
     def zeros(self, *shape):
         return torch.zeros(*shape, device=self.device, dtype=self.dtype)
+
+
+def pipeline_stages(d: int, dv: int, p: int, chunk_size: int | None, dtype: torch.dtype, causal: bool) -> int:
+    """The pipeline depth the kernels run with at head dims ``d``, ``dv`` (what ``"auto"`` asks: one stage is slow)."""
+    block_n = min(pow2(64 if chunk_size is None else chunk_size), 128)
+    cfg = _Cfg(0, d, dv, p, block_n, None, dtype, None)
+    return cfg.causal_stages if causal else cfg.stages
 
 
 def _state(x3: torch.Tensor, y3: torch.Tensor, append_one: bool, cfg: _Cfg):
