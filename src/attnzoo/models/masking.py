@@ -8,7 +8,8 @@ Decoding a padded batch (:func:`masked_step`): a padding token leaves its row's 
 zero output, so each row's state is that of its real tokens alone, ``S_b(t) = S_b(t-1)`` where ``mask[b, t] = 0``.
 A layer whose ``step`` takes ``attention_mask=`` (the ``(B, t + 1)`` mask of every token fed so far, this one last)
 does this itself; for the others the rows are selected here, which works for states of a fixed size. Python ints
-in a state (a position counter such as ``TSSAState.pos``) become per-row values: rows sharing them step together.
+in a state (a position counter such as ``TSSAState.pos``) become per-row values (:class:`RowInts`): the step runs
+once per distinct value and each row keeps its own.
 """
 
 from __future__ import annotations
@@ -86,72 +87,60 @@ def _map(state: Any, fn: Callable[[Any], Any]) -> Any:
     return state
 
 
-def _rows(state: Any, idx: torch.Tensor) -> Any:
-    """The rows ``idx`` of a state (its per-row ints as the one value those rows share)."""
-
-    def pick(v: Any) -> Any:
-        if isinstance(v, RowInts):
-            return int(v.values[idx[0]])
-        return v.index_select(0, idx) if isinstance(v, torch.Tensor) else v
-
-    return _map(state, pick)
+def _with_ints(state: Any, values: list[int]) -> Any:
+    """``state`` with its per-row ints (in leaf order) set to one value each, ``values``."""
+    it = iter(values)
+    return _map(state, lambda v: next(it) if isinstance(v, RowInts) else v)
 
 
-def _groups(state: Any, real: torch.Tensor) -> list[tuple[torch.Tensor, bool]]:
-    """Rows that step together: the same real/padding flag and the same per-row ints, ``[(rows, real)]``."""
-    keys = [real.long()] + [v.values for v in _leaves(state) if isinstance(v, RowInts)]
-    key = torch.stack(keys, dim=1)
-    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
-    return [((inverse == g).nonzero().flatten(), bool(uniq[g, 0])) for g in range(uniq.shape[0])]
+def _select(rows: torch.Tensor, new: Any, old: Any, name: str) -> Any:
+    """``new`` at the rows ``rows (B,)`` bool, ``old`` elsewhere, leaf by leaf (ints become per-row where they
+    differ)."""
+    pairs = iter(list(zip(_leaves(new), _leaves(old), strict=True)))
 
-
-def _merge(parts: list[tuple[torch.Tensor, Any]], batch: int, name: str) -> Any:
-    """One state of ``batch`` rows from the states of row groups ``[(rows, state)]``."""
-    flat = [_leaves(s) for _, s in parts]
-    it = iter(range(len(flat[0])))
-
-    def leaf(template: Any) -> Any:
-        i = next(it)
-        vals = [f[i] for f in flat]
-        if isinstance(template, torch.Tensor):
-            if any(v.shape[1:] != template.shape[1:] for v in vals):
+    def leaf(_: Any) -> Any:
+        n, o = next(pairs)
+        if isinstance(n, torch.Tensor):
+            if n.shape != o.shape:
                 raise ValueError(
                     f"attention {name!r} keeps a decoding state that grows with the tokens (a key/value cache): "
                     f"decoding a padded batch needs its step to take attention_mask= (the mask of the tokens fed "
                     f"so far); decode prompts of equal length, or use a mechanism with a fixed-size state"
                 )
-            out = template.new_empty((batch,) + tuple(template.shape[1:]))
-            for (rows, _), v in zip(parts, vals, strict=True):
-                out.index_copy_(0, rows, v.to(out.dtype))
-            return out
-        ints = [int(v.values[0]) if isinstance(v, RowInts) else int(v) for v in vals]
-        if len(set(ints)) == 1:
-            return ints[0]
-        out = torch.empty(batch, dtype=torch.int64, device=parts[0][0].device)
-        for (rows, _), v in zip(parts, ints, strict=True):
-            out[rows] = v
-        return RowInts(out)
+            return torch.where(rows.view((-1,) + (1,) * (n.ndim - 1)), n, o)
+        dev = rows.device
+        vals = torch.where(
+            rows, torch.as_tensor(n, device=dev), o.values if isinstance(o, RowInts) else torch.as_tensor(o, device=dev)
+        )
+        return int(vals[0]) if bool((vals == vals[0]).all()) else RowInts(vals)
 
-    return _map(parts[0][1], leaf)
+    return _map(new, leaf)
 
 
 def masked_step(mixer: nn.Module, x: torch.Tensor, state: Any, attention_mask: torch.Tensor | None) -> tuple:
     """``mixer.step(x (B, 1, dim), state)`` where ``attention_mask (B, t + 1)`` (1 = real) marks the tokens fed so
-    far, this one last: a padding token leaves its row's state unchanged and gets a zero output."""
+    far, this one last: a padding token leaves its row's state unchanged and gets a zero output.
+
+    The step runs on the whole batch (so per-row inputs a wrapper binds, e.g. rotary tables, stay aligned), once
+    per distinct value of the state's per-row ints; each row keeps the result of its own value.
+    """
     if attention_mask is None:
         return mixer.step(x, state)
     if _step_takes_mask(type(mixer)):
         return mixer.step(x, state, attention_mask=attention_mask)
-    real = attention_mask[:, -1].bool()
-    per_row = any(isinstance(v, RowInts) for v in _leaves(state))
+    real = attention_mask[:, -1].bool().to(x.device)
+    per_row = [v.values.to(x.device) for v in _leaves(state) if isinstance(v, RowInts)]
     if not per_row and bool(real.all()):
         return mixer.step(x, state)
-    ys = torch.zeros_like(x)
-    parts = []
-    for rows, is_real in _groups(state, real):
-        sub = _rows(state, rows)
-        if is_real:
-            y, sub = mixer.step(x.index_select(0, rows), sub)
-            ys = ys.index_copy(0, rows, y.to(ys.dtype))
-        parts.append((rows, sub))
-    return ys, _merge(parts, x.shape[0], mechanism_name(mixer))
+    name = mechanism_name(mixer)
+    if not per_row:
+        y, new = mixer.step(x, state)
+        return torch.where(real[:, None, None], y, torch.zeros_like(y)), _select(real, new, state, name)
+    key = torch.stack(per_row, dim=1)
+    ys, out = torch.zeros_like(x), state
+    for values in torch.unique(key[real], dim=0).tolist():
+        rows = real & (key == torch.tensor(values, device=key.device)).all(dim=1)
+        y, new = mixer.step(x, _with_ints(state, values))
+        ys = torch.where(rows[:, None, None], y.to(ys.dtype), ys)
+        out = _select(rows, new, out, name)
+    return ys, out
