@@ -113,3 +113,24 @@ def test_unmasked_layers_raise_instead_of_ignoring_the_mask(arch):
         out = model(ids, attention_mask=mask).logits
         for i, p in enumerate(PROMPTS):
             torch.testing.assert_close(out[i, : len(p)], model(torch.tensor([p])).logits[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mechanism", ["softmax", "linear", "tssa"])
+@pytest.mark.parametrize("arch", sorted(DECODERS))
+def test_prompt_is_prefilled_not_replayed(arch, mechanism, monkeypatch):
+    # softmax and linear hand the state of the parallel prompt pass to step: only the new tokens are stepped;
+    # the others (no prefill yet) replay the prompt once on the first decoding step
+    model = swapped(arch, mechanism)
+    mixer = next(m for m in model.modules() if isinstance(m, SwappedAttention)).mixer
+    calls = []
+    step = type(mixer).step
+    monkeypatch.setattr(type(mixer), "step", lambda self, *a, **k: calls.append(1) or step(self, *a, **k))
+    prompt = torch.tensor([PROMPTS[2]])
+    out = _generate(model, prompt, torch.ones_like(prompt))
+    per_layer = len(calls) // len(list(m for m in model.modules() if isinstance(m, SwappedAttention)))
+    assert per_layer == (4 if mechanism in ("softmax", "linear") else 4 + prompt.shape[1])
+    monkeypatch.undo()
+    plain = _generate(model, prompt, torch.ones_like(prompt), use_cache=False)
+    assert torch.equal(out.sequences, plain.sequences)
+    for a, b in zip(out.scores, plain.scores, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -24,6 +24,7 @@ from torch import nn
 from attnzoo.layers.base import Attention, attention_info, list_attentions
 from attnzoo.models.blocks import build_mixer
 from attnzoo.models.masking import mask_keywords, masked_step
+from attnzoo.models.prefill import prefill
 from attnzoo.ops._spec import Projections
 
 __all__ = ["SwapReport", "SwappedLayer", "SwappedAttention", "swap_attention"]
@@ -207,8 +208,9 @@ class SwappedAttention(nn.Module):
 
     Decoding with ``transformers``' cache (``generate`` with ``use_cache=True``): the ``transformers`` cache
     holds zero-width key/value entries so its length (hence the positions) advances, and the mechanism's own
-    recurrent state (``init_state``/``step``) is kept here per cache object; the prompt pass runs in parallel
-    and is replayed through ``step`` on the first decoding step.
+    recurrent state (``init_state``/``step``) is kept here per cache object. The prompt pass runs in parallel;
+    where the mechanism has a prefill (:func:`attnzoo.models.prefill.prefill`: softmax, linear) that pass also
+    gives the state, otherwise the prompt is replayed through ``step`` on the first decoding step.
     """
 
     def __init__(self, mixer: Attention, layer_idx: int | None, original: str) -> None:
@@ -279,6 +281,11 @@ class SwappedAttention(nn.Module):
                 entry = {"state": state, "pos": 0, "mask": None}
                 self._decoding[cache] = entry
                 return self._steps(entry, hidden_states, rope, keep, 0), None
+            with self._rotary(rope):
+                pre = prefill(self.mixer, hidden_states, keep)
+            if pre is not None:  # the state after the prompt from the parallel pass: nothing to replay
+                self._decoding[cache] = {"state": pre[1], "pos": t, "mask": keep}
+                return pre[0], None
             # prompt: parallel forward; keep its inputs to build the recurrent state if decoding follows
             entry = {"state": None, "prefix": hidden_states.detach(), "rope": rope, "pos": t, "mask": keep}
             self._decoding[cache] = entry

@@ -23,7 +23,7 @@ from torch import nn
 
 from attnzoo.registry import attention_info, list_attentions
 
-__all__ = ["mask_keywords", "masked_step", "masked_mechanisms", "mechanism_name", "RowInts"]
+__all__ = ["mask_keywords", "masked_step", "masked_mechanisms", "mechanism_name", "step_takes_mask", "RowInts"]
 
 
 def mechanism_name(mixer: nn.Module) -> str:
@@ -51,7 +51,8 @@ def mask_keywords(
 
 
 @functools.lru_cache(maxsize=None)
-def _step_takes_mask(cls: type) -> bool:
+def step_takes_mask(cls: type) -> bool:
+    """Whether ``cls.step`` takes ``attention_mask=`` (the mask of the tokens fed so far) and skips padding itself."""
     step = getattr(cls, "step", None)
     return step is not None and "attention_mask" in inspect.signature(step).parameters
 
@@ -126,7 +127,7 @@ def masked_step(mixer: nn.Module, x: torch.Tensor, state: Any, attention_mask: t
     """
     if attention_mask is None:
         return mixer.step(x, state)
-    if _step_takes_mask(type(mixer)):
+    if step_takes_mask(type(mixer)):
         return mixer.step(x, state, attention_mask=attention_mask)
     real = attention_mask[:, -1].bool().to(x.device)
     per_row = [v.values.to(x.device) for v in _leaves(state) if isinstance(v, RowInts)]
