@@ -185,3 +185,26 @@ def test_a_mask_on_an_unmasked_layer_is_an_error_never_ignored():
     with pytest.raises(ValueError, match=r"attention 'softmax' does not honour attention_mask.*supports_masks=False"):
         model(ids, **kw)
     model(ids)  # without a mask it runs as before
+
+
+@pytest.mark.parametrize("mechanism", attnzoo.list_attentions(causal=True))
+def test_prefill_state_equals_stepping_the_prompt(mechanism):
+    model = _lm(mechanism)
+    ids = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(4))
+    pre = model.prefill(ids)
+    if mechanism not in ("softmax", "linear"):
+        assert pre is None  # no prefill yet: generate() feeds the prompt through step
+        return
+    logits, state = pre
+    torch.testing.assert_close(logits, model(ids), rtol=1e-12, atol=1e-12)
+    stepped = model.init_state(2)
+    for t in range(ids.shape[1]):
+        last, stepped = model.step(ids[:, t], stepped)
+    assert state["pos"] == stepped["pos"] == 7
+    for a, b in zip(state["layers"], stepped["layers"], strict=True):
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(logits[:, -1], last, rtol=1e-10, atol=1e-12)
+    nxt, _ = model.step(ids[:, 0], state)
+    ref, _ = model.step(ids[:, 0], stepped)
+    torch.testing.assert_close(nxt, ref, rtol=1e-10, atol=1e-12)

@@ -225,6 +225,10 @@ class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
                 f"decoding {top + t_new} tokens exceeds block_size={m.config.block_size} (learned positions "
                 f"end there); generate fewer tokens or decode with use_cache=False for a sliding window"
             )
+        pre = m.prefill(input_ids) if cache.pos == 0 and mask is None and t_new > 1 else None
+        if pre is not None:  # the prompt through the parallel form once, its state handed to step
+            cache.layers, cache.pos = pre[1]["layers"], t_new
+            return pre[0][:, t_new - keep :]
         state = {"pos": cache.row_pos if cache.row_pos is not None else cache.pos, "layers": cache.layers}
         if cache.mask is not None:
             state["mask"] = cache.mask

@@ -14,6 +14,7 @@ from attnzoo.models.blocks import build_blocks, init_weights, set_norm_eps, supp
 from attnzoo.models.checkpoint import PretrainedModel
 from attnzoo.models.config import CausalLMConfig
 from attnzoo.models.embeddings import sinusoidal_positions
+from attnzoo.models.prefill import has_prefill, prefill
 from attnzoo.ops._varlen import check_attention_mask, segments
 
 __all__ = ["CausalLM", "check_token_ids", "sample_next"]
@@ -279,13 +280,35 @@ class CausalLM(PretrainedModel):
             idx = torch.cat([idx, sample(logits)[:, None]], dim=1)
         return idx
 
+    def prefill(self, idx: torch.Tensor) -> tuple[torch.Tensor, dict] | None:
+        """The prompt ``idx (B, T)`` through the parallel causal form once: logits ``(B, T, V)`` and the decoding
+        state after it (equal to feeding it through :meth:`step`); ``None`` when a mixer has no prefill
+        (:func:`attnzoo.models.prefill.prefill`: softmax, linear), whose prompt :meth:`generate` feeds token by token.
+        """
+        if not all(has_prefill(b.attn) for b in self.blocks):
+            return None
+        check_token_ids("idx", idx, self.config.vocab_size, self.config.block_size)
+        x = self._embed(idx, 0)
+        layers = []
+        for blk in self.blocks:
+            box = {}
+
+            def mix(h: torch.Tensor, attn=blk.attn, box=box) -> torch.Tensor:
+                out, box["state"] = prefill(attn, h)
+                return out
+
+            x = blk._run(x, mix)
+            layers.append(box["state"])
+        return self.lm_head(self.ln_f(x)), {"pos": idx.shape[1], "layers": layers}
+
     def _generate_cached(
         self, idx: torch.Tensor, max_new_tokens: int, mask: torch.Tensor | None, sample
     ) -> torch.Tensor:
         """Incremental decoding of :meth:`generate`; ``mask (B, T)`` bool or ``None`` (no padding)."""
-        state = self.init_state(idx.shape[0], device=idx.device)
-        logits = None
-        for t in range(idx.shape[1]):
+        pre = self.prefill(idx) if mask is None else None
+        state = pre[1] if pre is not None else self.init_state(idx.shape[0], device=idx.device)
+        logits = pre[0][:, -1] if pre is not None else None
+        for t in range(0 if pre is None else idx.shape[1], idx.shape[1]):
             real = None if mask is None else mask[:, t : t + 1]
             x, state = self._step_hidden(idx[:, t : t + 1], state, real)
             new = self.lm_head(self.ln_f(x))[:, 0]

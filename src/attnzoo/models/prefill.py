@@ -24,7 +24,7 @@ from attnzoo.models.masking import mask_keywords, step_takes_mask
 from attnzoo.ops.linear.naive import feature_map_fn
 from attnzoo.ops.linear.recurrent import init_linear_state
 
-__all__ = ["prefill"]
+__all__ = ["prefill", "has_prefill"]
 
 
 def _forward(mixer: nn.Module, x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
@@ -72,3 +72,10 @@ def prefill(mixer: nn.Module, x: torch.Tensor, attention_mask: torch.Tensor | No
         if cls in _ADAPTERS:
             return _ADAPTERS[cls](mixer, x, attention_mask)
     return None
+
+
+def has_prefill(mixer: nn.Module) -> bool:
+    """Whether :func:`prefill` computes ``mixer``'s state from a parallel pass of an unpadded prompt."""
+    if callable(getattr(mixer, "prefill", None)):
+        return True
+    return bool(getattr(mixer, "causal", False)) and any(c in _ADAPTERS for c in type(mixer).__mro__)
