@@ -468,6 +468,25 @@ def _build(
     return mixer, info
 
 
+def _whole_model_notes(report: SwapReport, mechanism: str, rope: bool) -> None:
+    """The notes that hold for the whole swapped model: rotary embeddings, padding masks."""
+    if rope and report.layers:
+        if _rotates(attention_info(mechanism)):
+            report.notes.append(
+                "rotary position embeddings rotate the mechanism's queries and keys, as in the original"
+            )
+        else:
+            report.notes.append(
+                f"rotary position embeddings are not applied: {mechanism} has no separate queries and keys to "
+                f"rotate; causal masking still orders the tokens"
+            )
+    if not getattr(attention_info(mechanism), "supports_masks", False):
+        report.notes.append(
+            f"{mechanism} does not honour padding masks yet: a padded batch raises without transformers' cache; "
+            f"with it, a padded prompt goes through the mechanism's step where its decoding state has a fixed size"
+        )
+
+
 def swap_attention(model: nn.Module, mechanism: str, **options: Any) -> SwapReport:
     """Replace every self-attention module of a ``transformers`` GPT-2, Llama-family or ViT model, in place,
     by attnzoo's ``mechanism`` (built with ``options``, see ``attnzoo.attention_info(mechanism)``).
@@ -536,19 +555,5 @@ def swap_attention(model: nn.Module, mechanism: str, **options: Any) -> SwapRepo
         setattr(parent, attr, swapped)
         report.layers.append(info)
         report.notes.extend(n for n in info.notes if n not in report.notes)
-    if rope and report.layers:
-        if _rotates(attention_info(mechanism)):
-            report.notes.append(
-                "rotary position embeddings rotate the mechanism's queries and keys, as in the original"
-            )
-        else:
-            report.notes.append(
-                f"rotary position embeddings are not applied: {mechanism} has no separate queries and keys to "
-                f"rotate; causal masking still orders the tokens"
-            )
-    if not getattr(attention_info(mechanism), "supports_masks", False):
-        report.notes.append(
-            f"{mechanism} does not honour padding masks yet: a padded batch raises (decoding a padded batch works "
-            f"where its decoding state has a fixed size)"
-        )
+    _whole_model_notes(report, mechanism, rope)
     return report
