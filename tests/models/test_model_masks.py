@@ -208,3 +208,10 @@ def test_prefill_state_equals_stepping_the_prompt(mechanism):
     nxt, _ = model.step(ids[:, 0], state)
     ref, _ = model.step(ids[:, 0], stepped)
     torch.testing.assert_close(nxt, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_an_all_ones_mask_runs_on_any_layer():
+    model = _lm("tssa")
+    ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, attention_mask=torch.ones_like(ids)), model(ids), rtol=0, atol=0)

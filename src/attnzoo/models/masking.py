@@ -39,9 +39,12 @@ def masked_mechanisms() -> list[str]:
 def mask_keywords(
     mixer: nn.Module, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
 ) -> dict[str, torch.Tensor]:
-    """The keywords to pass ``mixer`` (only those given); a clear error when it cannot honour them."""
+    """The keywords to pass ``mixer`` (only those given); a clear error when it cannot honour them (a mask of all
+    ones needs no honouring)."""
     kw = {k: v for k, v in (("attention_mask", attention_mask), ("cu_seqlens", cu_seqlens)) if v is not None}
     if kw and not getattr(mixer, "supports_masks", False):
+        if cu_seqlens is None and isinstance(attention_mask, torch.Tensor) and bool((attention_mask != 0).all()):
+            return {}  # nothing padded: the unmasked forward is exact
         raise ValueError(
             f"attention {mechanism_name(mixer)!r} does not honour {' / '.join(kw)} yet (its layer has "
             f"supports_masks=False): it would mix padding or other sequences into each one; run sequences of equal "
