@@ -122,3 +122,15 @@ def test_parallel_forward_with_padding():
         assert torch.equal(out[1, :2], torch.zeros_like(out[1, :2]))  # no real token yet: zero logits
     with pytest.raises(ValueError, match="only 0 and 1"):
         model(ids, attention_mask=right * 2)
+
+
+@pytest.mark.parametrize("mechanism", ["tssa", "linear"])
+def test_beam_search_from_left_padded_prompts_equals_each_alone(mechanism):
+    # the cache's per-row positions, padding history and per-row state ints follow the beams
+    model = tiny_lm(mechanism, {})
+    ids, mask = padded("left")
+    kw = dict(max_new_tokens=4, num_beams=3, do_sample=False, pad_token_id=0)
+    out = model.generate(ids, attention_mask=mask, **kw)
+    for i, p in enumerate(PROMPTS):
+        alone = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), **kw)
+        assert torch.equal(out[i, -4:], alone[0, -4:])
