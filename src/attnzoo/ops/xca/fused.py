@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.ops._dtypes import acc_dtype
+from attnzoo.ops._segment_ops import apply_per_segment, real_4d, segment_onehot, zero_padding
+from attnzoo.ops._varlen import Segments, segments
 
 __all__ = ["xca_fused"]
 
@@ -15,9 +17,19 @@ _NORM_EPS = 1e-12  # F.normalize's default: a zero column maps to zero, never to
 
 
 def xca_fused(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, temp: torch.Tensor, *, dropout_p: float = 0.0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    temp: torch.Tensor,
+    *,
+    dropout_p: float = 0.0,
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``(B, H, N, P) x3, temp (H, 1, 1) -> (B, H, N, P)`` in ``O(N P^2)`` with one Gram matmul."""
+    seg = segments(q.shape[0], q.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
+    if seg is not None:
+        return _xca_segments(q, k, v, temp, seg, dropout_p)
     acc = acc_dtype(q.dtype)
     qa, ka = q.to(acc), k.to(acc)
     gram = torch.matmul(qa.transpose(-1, -2), ka)  # (B, H, P, P)
@@ -28,3 +40,27 @@ def xca_fused(
     if dropout_p > 0.0:
         attn = F.dropout(attn, p=dropout_p, training=True)
     return torch.matmul(v.to(acc), attn.transpose(-1, -2)).to(v.dtype)
+
+
+def _xca_segments(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, temp: torch.Tensor, seg: Segments, dropout_p: float
+) -> torch.Tensor:
+    """Per sequence ``s``: ``G_s = sum_{n in s} q_n^T k_n`` ``(P, P)``, ``|q|_s^2 = sum_{n in s} q_n^2`` (real
+    tokens only, by one-hot segment sums), ``A_s = softmax(G_s * temp / (|q|_s |k|_s^T))``; ``out_n = A_{s(n)} v_n``."""
+    acc = acc_dtype(q.dtype)
+    real = real_4d(seg)
+    zero = torch.zeros((), dtype=acc, device=q.device)
+    # padding zeroed before any sum (``where``: its loud values never meet the arithmetic, and get zero gradient)
+    qa, ka, va = (torch.where(real, t.to(acc), zero) for t in (q, k, v))
+    onehot = segment_onehot(seg, acc)  # (B, N, S)
+    if seg.num == 1:
+        gram = torch.matmul(qa.transpose(-1, -2), ka).unsqueeze(2)  # (B, H, 1, P, P)
+    else:
+        gram = torch.einsum("bns,bhnp,bhnr->bhspr", onehot, qa, ka)
+    qnorm = torch.einsum("bns,bhnp->bhsp", onehot, qa * qa).sqrt().clamp_min(_NORM_EPS)  # (B, H, S, P)
+    knorm = torch.einsum("bns,bhnp->bhsp", onehot, ka * ka).sqrt().clamp_min(_NORM_EPS)
+    logits = gram * (temp.to(acc).unsqueeze(1) / (qnorm.unsqueeze(-1) * knorm.unsqueeze(-2)))
+    attn = logits.softmax(dim=-1)
+    if dropout_p > 0.0:
+        attn = F.dropout(attn, p=dropout_p, training=True)
+    return zero_padding(apply_per_segment(va, attn.transpose(-1, -2), seg), seg).to(v.dtype)
