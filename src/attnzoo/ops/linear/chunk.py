@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from attnzoo.ops._dtypes import acc_dtype
+from attnzoo.ops._segment_ops import apply_per_segment, real_4d, segment_onehot, zero_padding
+from attnzoo.ops._varlen import Segments, segments
 from attnzoo.ops.linear.naive import feature_map_fn
 
 __all__ = ["linear_attention_chunk", "DEFAULT_CHUNK_SIZE"]
@@ -35,11 +37,28 @@ def linear_attention_chunk(
     feature_map: str = "elu",
     eps: float = 1e-6,
     chunk_size: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``(B, H, N, P), (B, H, N, P), (B, H, N, Pv) -> (B, H, N, Pv)`` in ``O(N)`` time."""
+    """``(B, H, N, P), (B, H, N, P), (B, H, N, Pv) -> (B, H, N, Pv)`` in ``O(N)`` time.
+
+    With ``attention_mask``/``cu_seqlens`` see :func:`_segment_noncausal` and :func:`_segment_causal`."""
     phi = feature_map_fn(feature_map)
     acc = acc_dtype(q.dtype)
     fq, fk, va = phi(q.to(acc)), phi(k.to(acc)), v.to(acc)
+    seg = segments(q.shape[0], q.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
+    if seg is not None:
+        real = real_4d(seg)
+        zero = torch.zeros((), dtype=acc, device=q.device)
+        # padding zeroed before any sum; the ones column carries the normaliser z = sum phi(k) through the same sums
+        fq, fk = torch.where(real, fq, zero), torch.where(real, fk, zero)
+        va1 = torch.where(real, torch.cat([va, torch.ones_like(va[..., :1])], dim=-1), zero)
+        if causal:
+            y = _segment_causal(fq, fk, va1, seg, min(q.shape[-2], chunk_size or DEFAULT_CHUNK_SIZE))
+        else:
+            y = _segment_noncausal(fq, fk, va1, seg)
+        den = torch.where(real, y[..., -1:] + eps, 1.0)  # padding rows: never 0 / 0, even with eps = 0
+        return zero_padding(y[..., :-1] / den, seg).to(v.dtype)
     if not causal:
         kv = torch.einsum("bhnp,bhnv->bhpv", fk, va)
         z = fk.sum(dim=-2)
@@ -63,3 +82,60 @@ def linear_attention_chunk(
     out = num / (den + eps).unsqueeze(-1)
     out = rearrange(out, "b h m c v -> b h (m c) v")
     return out[:, :, :n].to(v.dtype)
+
+
+def _segment_noncausal(fq: torch.Tensor, fk: torch.Tensor, va1: torch.Tensor, seg: Segments) -> torch.Tensor:
+    """``y_i = phi(q_i)^T sum_{j: s(j) = s(i)} phi(k_j) [v_j, 1]^T`` by one-hot segment sums: ``(B, H, N, Pv + 1)``."""
+    if seg.num == 1:
+        kv = torch.matmul(fk.transpose(-1, -2), va1).unsqueeze(2)  # (B, H, 1, P, Pv + 1)
+    else:
+        kv = torch.einsum("bns,bhnp,bhnv->bhspv", segment_onehot(seg, fk.dtype), fk, va1)
+    return apply_per_segment(fq, kv, seg)
+
+
+def _segmented_cumsum(x: torch.Tensor, reset: torch.Tensor) -> torch.Tensor:
+    """Inclusive scan ``h_m = x_m + (0 if reset_m else h_{m-1})`` along axis 2 of ``x (B, H, M, ...)``, ``reset (B,
+    M)`` bool; Hillis-Steele in ``log2 M`` vectorised steps, sums of the terms themselves (no differences of long
+    prefix sums, which would cancel)."""
+    m = x.shape[2]
+    extra = (1,) * (x.ndim - 3)
+    d = 1
+    while d < m:
+        stop = reset[:, None, d:].reshape(reset.shape[0], 1, m - d, *extra)
+        x = torch.cat([x[:, :, :d], x[:, :, d:] + torch.where(stop, 0.0, x[:, :, :-d])], dim=2)
+        reset = torch.cat([reset[:, :d], reset[:, d:] | reset[:, :-d]], dim=1)
+        d *= 2
+    return x
+
+
+def _segment_causal(fq: torch.Tensor, fk: torch.Tensor, va1: torch.Tensor, seg: Segments, c: int) -> torch.Tensor:
+    """Causal ``y_i = phi(q_i)^T sum_{j <= i, s(j) = s(i)} phi(k_j) [v_j, 1]^T`` in chunks of ``c`` tokens.
+
+    Inside a chunk the ``(c, c)`` kernel is masked to ``j <= i`` of the same sequence. Across chunks a token only
+    needs the state of its own sequence from earlier chunks, and only the sequence open at a chunk's end continues
+    into the next: ``h_m`` = that sequence's state up to the end of chunk ``m``, restarted in every chunk where a
+    sequence starts (segmented scan); a token reads ``h_{m-1}`` when its sequence started before its chunk.
+    Padding features are zero, so padding adds nothing to any sum.
+    """
+    b, n = seg.ids.shape
+    tok = torch.arange(n, device=seg.ids.device)
+    # the index of the first token of each token's sequence (-1 before a row's first real token)
+    start = torch.where(seg.real & (seg.pos == 0), tok, -1).cummax(dim=1).values
+    pad = (-n) % c
+    if pad:
+        fq, fk, va1 = (F.pad(t, (0, 0, 0, pad)) for t in (fq, fk, va1))
+        start = F.pad(start, (0, pad), value=-2)  # a sequence of its own: reads nothing, adds nothing (zero features)
+    fq, fk, va1 = (rearrange(t, "b h (m c) p -> b h m c p", c=c) for t in (fq, fk, va1))
+    start = start.view(b, -1, c)  # (B, M, C)
+    first = torch.arange(start.shape[1], device=start.device)[None, :, None] * c  # each chunk's first token
+
+    same = (start[..., :, None] == start[..., None, :]) & torch.ones(c, c, dtype=torch.bool, device=start.device).tril()
+    intra = torch.matmul(fq, fk.transpose(-1, -2)).masked_fill(~same[:, None], 0.0)  # (B, H, M, C, C)
+
+    last = start[..., -1:]  # the sequence open at the chunk's end
+    tail = torch.einsum("bhmcp,bhmcv->bhmpv", fk * (start == last)[:, None, ..., None].to(fk.dtype), va1)
+    h = _segmented_cumsum(tail, (last >= first)[..., 0])
+    carry = torch.cat([torch.zeros_like(h[:, :, :1]), h[:, :, :-1]], dim=2)  # (B, H, M, P, Pv + 1)
+    reads = (start < first)[:, None, ..., None].to(fq.dtype)  # its sequence began in an earlier chunk
+    y = torch.matmul(intra, va1) + torch.matmul(fq * reads, carry)
+    return rearrange(y, "b h m c v -> b h (m c) v")[:, :, :n]

@@ -44,9 +44,7 @@ def mssa_naive(
     seg = segments(w.shape[0], w.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=w.device)
     if seg is not None:
         return run_each_alone(
-            lambda x: mssa_naive(
-                x, causal=causal, scale=scale, normalize_query=normalize_query, dropout_p=dropout_p
-            ),
+            lambda x: mssa_naive(x, causal=causal, scale=scale, normalize_query=normalize_query, dropout_p=dropout_p),
             seg,
             (w,),
             w.shape[-1],
