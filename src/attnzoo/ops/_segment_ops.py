@@ -15,7 +15,15 @@ import torch.nn.functional as F
 
 from attnzoo.ops._varlen import Segments
 
-__all__ = ["run_each_alone", "attention_allowed", "segment_onehot", "apply_per_segment", "zero_padding", "real_4d"]
+__all__ = [
+    "run_each_alone",
+    "attention_allowed",
+    "segment_onehot",
+    "apply_per_segment",
+    "zero_padding",
+    "zero_padding_tokens",
+    "real_4d",
+]
 
 
 def real_4d(seg: Segments) -> torch.Tensor:
@@ -26,6 +34,14 @@ def real_4d(seg: Segments) -> torch.Tensor:
 def zero_padding(out: torch.Tensor, seg: Segments) -> torch.Tensor:
     """``out (B, H, N, P)`` with padding positions set to exactly 0 (``where``: no NaN/inf leaks, zero gradient)."""
     return torch.where(real_4d(seg), out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
+def zero_padding_tokens(y: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """A layer's output ``y (B, N, dim)`` with the padding tokens of ``attention_mask`` ``(B, N)`` (already checked
+    by the op) set to 0: the output projection's bias must not reappear there. A packed row has no padding."""
+    if attention_mask is None:
+        return y
+    return torch.where(attention_mask[..., None] != 0, y, torch.zeros((), dtype=y.dtype, device=y.device))
 
 
 def run_each_alone(
@@ -45,15 +61,17 @@ def run_each_alone(
     return out
 
 
-def attention_allowed(seg: Segments, causal: bool) -> torch.Tensor:
+def attention_allowed(seg: Segments, causal: bool, *, pad_self: bool = True) -> torch.Tensor:
     """``(B, 1, N, N)`` bool, True where query ``i`` may attend to key ``j``: same sequence, ``j`` real, and
-    ``pos_j <= pos_i`` when causal; each padding query attends to itself only, so no row is empty (an all-masked
-    row gives NaN in softmax, and NaN would reach the gradients) -- its output is zeroed afterwards."""
+    ``pos_j <= pos_i`` when causal. With ``pad_self`` each padding query attends to itself only, so no row is empty
+    (an all-masked row gives NaN in softmax, and NaN would reach the gradients) -- its output is zeroed afterwards."""
     ids = seg.ids
     allowed = (ids[:, :, None] == ids[:, None, :]) & (ids[:, None, :] >= 0)
     if causal:
         n = ids.shape[1]
         allowed = allowed & torch.ones(n, n, dtype=torch.bool, device=ids.device).tril()
+    if not pad_self:
+        return allowed[:, None]
     eye = torch.eye(ids.shape[1], dtype=torch.bool, device=ids.device)
     return (allowed | (eye & ~seg.real[:, :, None]))[:, None]
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.ops._dtypes import acc_dtype
-from attnzoo.ops._segment_ops import run_each_alone
+from attnzoo.ops._segment_ops import attention_allowed, run_each_alone
 from attnzoo.ops._varlen import segments
 
 __all__ = ["FEATURE_MAPS", "feature_map_fn", "linear_attention_naive", "linear_attention_weights"]
@@ -28,14 +28,25 @@ def feature_map_fn(name: str):
 
 
 def linear_attention_weights(
-    q: torch.Tensor, k: torch.Tensor, *, causal: bool, feature_map: str, eps: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    causal: bool,
+    feature_map: str,
+    eps: float,
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The normalised kernel matrix ``phi(q_i)^T phi(k_j) / (sum_j' phi(q_i)^T phi(k_j') + eps)``: ``(B, H, N, N)``."""
+    """The normalised kernel matrix ``phi(q_i)^T phi(k_j) / (sum_j' phi(q_i)^T phi(k_j') + eps)``: ``(B, H, N, N)``
+    (with ``attention_mask``/``cu_seqlens``: ``j, j'`` over ``i``'s own sequence's real tokens; padding rows 0)."""
     phi = feature_map_fn(feature_map)
     acc = acc_dtype(q.dtype)
     a = torch.matmul(phi(q.to(acc)), phi(k.to(acc)).transpose(-1, -2))
     if causal:
         a = torch.tril(a)
+    seg = segments(q.shape[0], q.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
+    if seg is not None:
+        a = a.masked_fill(~attention_allowed(seg, causal, pad_self=False), 0.0)
     return a / (a.sum(dim=-1, keepdim=True) + eps)
 
 
