@@ -50,12 +50,16 @@ def test_masked_causal_does_not_leak(backend):
     assert not torch.allclose(out2[0, :, 5:], out[0, :, 5:])
 
 
-def test_all_padding_row_gives_zeros_not_nan():
-    q, k, v = (torch.randn(2, 1, 4, 3) for _ in range(3))
-    mask = torch.tensor([[0, 0, 0, 0], [1, 1, 0, 1]])
-    for backend in ("naive", "torch"):
-        out = softmax_attention(q, k, v, attention_mask=mask, backend=backend)
-        assert bool((out[0] == 0).all()) and bool(out.isfinite().all())
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("backend", ["naive", "torch"])
+def test_all_padding_row_gives_zeros_not_nan(backend, causal):
+    q, k, v = (torch.randn(2, 1, 4, 3, requires_grad=True) for _ in range(3))
+    mask = torch.tensor([[0, 0, 0, 0], [0, 1, 0, 1]])
+    out = softmax_attention(q, k, v, attention_mask=mask, causal=causal, backend=backend)
+    assert bool((out[0] == 0).all()) and bool((out[1, :, ::2] == 0).all()) and bool(out.isfinite().all())
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    for g in grads:  # no NaN from the empty row, and padding gets no gradient
+        assert bool((g[0] == 0).all()) and bool((g[1, :, ::2] == 0).all()) and bool(g.isfinite().all())
 
 
 def test_mask_errors_are_clear():

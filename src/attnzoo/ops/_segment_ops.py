@@ -63,9 +63,14 @@ def run_each_alone(
 
 def attention_allowed(seg: Segments, causal: bool, *, pad_self: bool = True) -> torch.Tensor:
     """``(B, 1, N, N)`` bool, True where query ``i`` may attend to key ``j``: same sequence, ``j`` real, and
-    ``pos_j <= pos_i`` when causal. With ``pad_self`` each padding query attends to itself only, so no row is empty
-    (an all-masked row gives NaN in softmax, and NaN would reach the gradients) -- its output is zeroed afterwards."""
+    ``pos_j <= pos_i`` when causal (``(B, 1, 1, N)`` for a bidirectional padded batch). With ``pad_self`` no row is
+    empty (an all-masked row gives NaN in softmax, and NaN would reach the gradients): each padding query attends
+    to itself only (or to the real keys) -- its output is zeroed afterwards."""
     ids = seg.ids
+    if pad_self and not causal and seg.num == 1:
+        # a padded batch: a (B, 1, 1, N) key mask suffices (fused SDPA kernels take it without an N x N tensor);
+        # padding queries read the real keys (zeroed afterwards), and a row without real tokens reads every key
+        return (seg.real | ~seg.real.any(dim=1, keepdim=True))[:, None, None, :]
     allowed = (ids[:, :, None] == ids[:, None, :]) & (ids[:, None, :] >= 0)
     if causal:
         n = ids.shape[1]
