@@ -110,10 +110,11 @@ def _segmented_cumsum(x: torch.Tensor, reset: torch.Tensor) -> torch.Tensor:
     prefix sums, which would cancel)."""
     m = x.shape[2]
     extra = (1,) * (x.ndim - 3)
+    x = x.clone()  # updated in place below: one pass per step fewer than rebuilding it
     d = 1
     while d < m:
-        stop = reset[:, None, d:].reshape(reset.shape[0], 1, m - d, *extra)
-        x = torch.cat([x[:, :, :d], x[:, :, d:] + torch.where(stop, 0.0, x[:, :, :-d])], dim=2)
+        keep = (~reset[:, d:]).to(x.dtype).reshape(reset.shape[0], 1, m - d, *extra)
+        x[:, :, d:] += x[:, :, :-d] * keep  # the product is a new tensor: it reads the previous step's values
         reset = torch.cat([reset[:, :d], reset[:, d:] | reset[:, :-d]], dim=1)
         d *= 2
     return x
