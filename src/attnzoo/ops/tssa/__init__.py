@@ -27,8 +27,9 @@ from attnzoo._checks import check_bool, check_ndim, check_overflow, check_positi
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend, runs_reference
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
-from attnzoo.ops.tssa.chunked import tssa_pi_torch, tssa_torch
-from attnzoo.ops.tssa.naive import tssa_naive, tssa_pi_naive
+from attnzoo.ops._varlen import Segments, segments
+from attnzoo.ops.tssa.chunked import tssa_pi_torch, tssa_pi_torch_varlen, tssa_torch, tssa_torch_varlen
+from attnzoo.ops.tssa.naive import tssa_naive, tssa_naive_varlen, tssa_pi_naive, tssa_pi_naive_varlen
 
 __all__ = ["tssa", "tssa_pi", "tssa_step", "tssa_init_state", "TSSAState", "TSSAOptions", "TSSA"]
 
@@ -43,6 +44,7 @@ def _check_temp(temp: torch.Tensor, heads: int) -> None:
 
 
 def _check_bias(bias: torch.Tensor | None, heads: int, n: int, causal: bool) -> None:
+    # n: the longest sequence (the causal bias is read at the position within each sequence)
     if bias is None:
         return
     if not causal:
@@ -52,11 +54,12 @@ def _check_bias(bias: torch.Tensor | None, heads: int, n: int, causal: bool) -> 
         raise ValueError(f"bias must have shape (H, N_max, 1) with H={heads}, got {tuple(bias.shape)}")
     if bias.shape[1] < n:
         raise ValueError(
-            f"bias covers N_max={bias.shape[1]} positions but the sequence has N={n} tokens; bias needs N_max >= N"
+            f"bias covers N_max={bias.shape[1]} positions but the longest sequence has N={n} tokens; "
+            "bias needs N_max >= N"
         )
 
 
-def _check_shapes(w, temp, causal, bias) -> None:
+def _check_shapes(w, temp, causal, bias, seg: Segments | None = None) -> None:
     check_ndim("w", w, 4, "(B, H, N, P)")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
@@ -64,7 +67,8 @@ def _check_shapes(w, temp, causal, bias) -> None:
     if h < 1 or n < 1 or p < 1:
         raise ValueError(f"w must have H, N, P >= 1, got shape (B, H, N, P)={tuple(w.shape)}")
     _check_temp(temp, h)
-    _check_bias(bias, h, n, causal)
+    longest = n if seg is None or bias is None else int(seg.lengths.max())
+    _check_bias(bias, h, longest, causal)
     if temp.device != w.device or (bias is not None and bias.device != w.device):
         raise ValueError(
             f"temp{' and bias' if bias is not None else ''} must be on w's device {w.device}, got "
@@ -88,6 +92,8 @@ def tssa(
     causal: bool = False,
     bias: torch.Tensor | None = None,
     backend: str = "auto",
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """TSSA update ``-Pi * w / (1 + dots)`` of eq. 11 (Alg. 1) or causal eq. 28 (Alg. 2), ``(B, H, N, P)``.
 
@@ -95,11 +101,35 @@ def tssa(
     ``1/(2 eta)``); ``bias``: learned causal bias ``(H, N_max, 1)`` with ``N_max >= N`` (Alg. 2; ``None``
     means zeros). Internals run in float32 or better; the result has ``w``'s dtype. Causal 0/0 (a feature
     that is exactly 0 in every token so far) is defined as 0, identically in every backend.
+
+    ``attention_mask`` ``(B, N)`` (True/1 = a real token) or ``cu_seqlens`` ``(S + 1,)`` (sequences packed in one
+    row, ``B == 1``): every sequence gets what it gets alone. Eq. 10's norms ``sum_n w_n^2``, eq. 11's
+    ``<pi_k, 1>`` and second moments ``sum_n pi_kn w_n^2`` run over the real tokens of the token's own sequence;
+    the causal prefix sums of eq. 28 / 39 restart at each sequence's first token and ``bias`` is read at the
+    position within the sequence (``N_max`` >= the longest sequence). Padding gives zero output and gradient.
+    Backends ``"naive"`` and ``"torch"`` take them (``"auto"`` picks ``"torch"``).
     """
-    _check_shapes(w, temp, causal, bias)
+    seg = segments(w.shape[0], w.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=w.device)
+    _check_shapes(w, temp, causal, bias, seg)
     # Autocast would run the token reductions (matmuls) in half precision; they must stay float32+.
     with torch.autocast(device_type=_autocast_device(w), enabled=False):
-        return call_backend(TSSA, backend, (w, temp, bias), name="w", causal=causal)
+        if seg is None:
+            return call_backend(TSSA, backend, (w, temp, bias), name="w", causal=causal)
+        backend = _MASKED_AUTO if backend == "auto" else backend
+        return call_backend(TSSA, backend, (w, temp, bias), name="w", causal=causal, seg=seg)
+
+
+#: the backend "auto" runs for masked or packed calls (the fused kernels do not take Segments yet)
+_MASKED_AUTO = "torch"
+_MASKED_BACKENDS = ("naive", "torch")
+
+
+def _refuse_masks(backend: str, seg: Segments | None) -> None:
+    if seg is not None:
+        raise ValueError(
+            f"backend={backend!r} of tssa does not take attention_mask / cu_seqlens yet; use backend='torch' "
+            f"(or 'auto', which picks it for masked calls) or 'naive'; backends that take masks: {_MASKED_BACKENDS}"
+        )
 
 
 def _autocast_device(w: torch.Tensor) -> str:
@@ -107,29 +137,36 @@ def _autocast_device(w: torch.Tensor) -> str:
     return "cpu" if w.device.type == "meta" else w.device.type
 
 
-def _tssa_naive(w, temp, bias, *, causal: bool) -> torch.Tensor:
+def _tssa_naive(w, temp, bias, *, causal: bool, seg: Segments | None = None) -> torch.Tensor:
     _check_values(w, temp, bias)
     if causal and bias is None:
         bias = torch.zeros(w.shape[1], w.shape[2], 1, device=w.device, dtype=w.dtype)
+    if seg is not None:
+        return tssa_naive_varlen(w, temp, seg, causal=causal, bias=bias)
     return tssa_naive(w, temp, causal=causal, bias=bias)
 
 
-def _tssa_torch(w, temp, bias, *, causal: bool, kernels=None) -> torch.Tensor:
+def _tssa_torch(w, temp, bias, *, causal: bool, kernels=None, seg: Segments | None = None) -> torch.Tensor:
     if w.device.type == "meta":
-        return _tssa_naive(w, temp, bias, causal=causal)  # shape inference: the reference reads no values
+        return torch.empty_like(w) if seg is not None else _tssa_naive(w, temp, bias, causal=causal)
+    if seg is not None:
+        _check_values(w, temp, bias)
+        return tssa_torch_varlen(w, temp, seg, causal=causal, bias=bias)
     # The fused non-causal path finds NaN/Inf in w from its per-feature sums of w^2 (then runs the full
     # check for the message) instead of an extra pass over w: a pass is ~1/8 of its forward time.
     _check_values(w, temp, bias, check_w=causal)
     return tssa_torch(w, temp, causal=causal, bias=bias, kernels=kernels)
 
 
-def _tssa_cpu(w, temp, bias, *, causal: bool) -> torch.Tensor:
+def _tssa_cpu(w, temp, bias, *, causal: bool, seg: Segments | None = None) -> torch.Tensor:
+    _refuse_masks("cpu", seg)
     # The kernels are opaque to torch.compile: while it traces, the PyTorch forward stands in for them.
     kernels = None if torch.compiler.is_compiling() else _cpu_kernels.required_cpu_kernels()
     return _tssa_torch(w, temp, bias, causal=causal, kernels=kernels)
 
 
-def _tssa_triton(w, temp, bias, *, causal: bool) -> torch.Tensor:
+def _tssa_triton(w, temp, bias, *, causal: bool, seg: Segments | None = None) -> torch.Tensor:
+    _refuse_masks("triton", seg)
     from attnzoo.ops.tssa.triton import tssa_triton  # optional: imported only when it runs
 
     if w.device.type == "meta":
@@ -145,18 +182,26 @@ def tssa_pi(
     causal: bool = False,
     bias: torch.Tensor | None = None,
     backend: str = "auto",
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Group membership ``Pi`` ``(B, H, N)`` (rows sum to 1 over heads): eq. 10 with App. C.1's
-    normalisation (Alg. 1), or eq. 39 (Alg. 2) when ``causal``; float32 or better."""
+    normalisation (Alg. 1), or eq. 39 (Alg. 2) when ``causal``; float32 or better. ``attention_mask`` /
+    ``cu_seqlens`` as in :func:`tssa` (each sequence alone; zeros at padding)."""
     check_ndim("w", w, 4, "(B, H, N, P)")
     reference = runs_reference(TSSA, backend, w, name="w")
-    _check_shapes(w, temp, causal, bias)
+    seg = segments(w.shape[0], w.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=w.device)
+    _check_shapes(w, temp, causal, bias, seg)
     _check_values(w, temp, bias)
     with torch.autocast(device_type=_autocast_device(w), enabled=False):
         if reference:
             if causal and bias is None:
                 bias = torch.zeros(w.shape[1], w.shape[2], 1, device=w.device, dtype=w.dtype)
+            if seg is not None:
+                return tssa_pi_naive_varlen(w, temp, seg, causal=causal, bias=bias)
             return tssa_pi_naive(w, temp, causal=causal, bias=bias)
+        if seg is not None:
+            return tssa_pi_torch_varlen(w, temp, seg, causal=causal, bias=bias)
         return tssa_pi_torch(w, temp, causal=causal, bias=bias)
 
 

@@ -24,9 +24,10 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from attnzoo._checks import explain_nonfinite
-from attnzoo.ops.tssa.naive import compute_dtype
+from attnzoo.ops._varlen import Segments
+from attnzoo.ops.tssa.naive import compute_dtype, safe_denominator
 
-__all__ = ["tssa_torch", "tssa_pi_torch", "chunked_cumsum", "reverse_chunked_cumsum"]
+__all__ = ["tssa_torch", "tssa_pi_torch", "tssa_torch_varlen", "chunked_cumsum", "reverse_chunked_cumsum"]
 
 # F.normalize(w, dim=-2) divides by max(||w||, 1e-12); squared, that is max(sum w^2, 1e-24).
 _NORM_EPS_SQ = 1e-24
@@ -322,3 +323,98 @@ def tssa_pi_torch(
     if bias is not None:
         s = s + w.shape[-1] * bias[:, : w.shape[-2], 0].to(cdt)
     return torch.softmax(s * tc[:, None], dim=1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# padded batches and packed rows (Segments): one vectorised pass, differentiated by autograd
+# ---------------------------------------------------------------------------------------------------
+def _slots(seg: Segments) -> torch.Tensor:
+    """``(B, N)`` int64: the token's sequence, padding sent to an extra slot ``seg.num`` that no output reads."""
+    return torch.where(seg.ids >= 0, seg.ids, seg.num)
+
+
+def _seg_sum(x: torch.Tensor, slots: torch.Tensor, num: int) -> torch.Tensor:
+    """``(B, H, N[, P]) -> (B, H, num + 1[, P])``: sums over the tokens of each sequence (last slot: padding)."""
+    idx = slots.view(slots.shape[0], 1, -1, *([1] * (x.ndim - 3))).expand(x.shape)
+    shape = list(x.shape)
+    shape[2] = num + 1
+    return x.new_zeros(shape).scatter_add(2, idx, x)
+
+
+def _seg_read(stat: torch.Tensor, slots: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``(B, H, S + 1[, P]) -> like (B, H, N[, P])``: each token's sequence statistic."""
+    idx = slots.view(slots.shape[0], 1, -1, *([1] * (like.ndim - 3))).expand(like.shape)
+    return stat.gather(2, idx)
+
+
+def _seg_cumsum(x: torch.Tensor, seg: Segments) -> torch.Tensor:
+    """Inclusive prefix sum over tokens (dim 2) of ``(B, H, N, P)`` restarted at each sequence's first token.
+
+    Padding must already be zero in ``x``. One sequence per row (a padded batch) is a plain two-level scan. A packed
+    row takes a segmented Hillis-Steele scan (log2 of the longest sequence doubling steps, each adding the partial
+    sum ``d`` tokens back where that token is in the same sequence): subtracting the prefix before each start
+    instead would cancel catastrophically for a small token after a long sequence.
+    """
+    if seg.num == 1:
+        return chunked_cumsum(x)
+    n, ids, out, d = x.shape[2], seg.ids, x, 1
+    longest = int(seg.lengths.max())
+    while d < longest:
+        same = (ids[:, d:] == ids[:, :-d]).view(ids.shape[0], 1, n - d, *([1] * (x.ndim - 3)))
+        out = out + F.pad(torch.where(same, out[:, :, : n - d], 0.0), (0, 0) * (x.ndim - 3) + (d, 0))
+        d *= 2
+    return out
+
+
+def _varlen_noncausal(wc: torch.Tensor, tc: torch.Tensor, seg: Segments) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 10 / 11 per sequence: norms, ``<pi_k, 1>`` and second moments over its real tokens. ``(out, pi)``."""
+    slots, real = _slots(seg), seg.real.unsqueeze(1)
+    w2 = wc * wc
+    r = 1.0 / _seg_sum(w2, slots, seg.num).clamp_min(_NORM_EPS_SQ)  # (B, H, S + 1, P)
+    s = (w2 * _seg_read(r, slots, w2)).sum(dim=-1)  # (B, H, N) = sum_p w_normed^2
+    pi = torch.softmax(s * tc[:, None], dim=1) * real
+    den = _seg_sum(pi, slots, seg.num) + _PI_SUM_EPS  # (B, H, S + 1)
+    dots = _seg_sum(w2 * pi.unsqueeze(-1), slots, seg.num) / den.unsqueeze(-1)
+    return -(wc * pi.unsqueeze(-1)) / (1.0 + _seg_read(dots, slots, w2)), pi
+
+
+def _varlen_causal(wc, tc, bias_pos, seg: Segments) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 28 / 39 per sequence: prefix sums restarted at its first token, bias ``(B, H, N)`` read at ``pos``."""
+    x = wc * wc
+    s = (x / safe_denominator(_seg_cumsum(x, seg))).sum(dim=-1) + wc.shape[-1] * bias_pos
+    pi = torch.softmax(s * tc[:, None], dim=1) * seg.real.unsqueeze(1)
+    pi_ = pi.unsqueeze(-1)
+    dots = _seg_cumsum(x * pi_, seg) / safe_denominator(_seg_cumsum(pi_, seg))
+    return -(wc * pi_) / (1.0 + dots), pi
+
+
+def _varlen(w, temp, seg: Segments, causal: bool, bias) -> tuple[torch.Tensor, torch.Tensor]:
+    cdt = compute_dtype(w.dtype)
+    # padding (whatever it holds) becomes exact zeros: zero output, zero gradient, no NaN from pads
+    wc = torch.where(seg.real[:, None, :, None], w.to(cdt), 0.0)
+    tc = temp.to(cdt)
+    if not causal:
+        return _varlen_noncausal(wc, tc, seg)
+    if bias is None:
+        bias_pos = torch.zeros((), device=w.device, dtype=cdt)
+    else:
+        bias_pos = bias[:, :, 0].to(cdt)[:, seg.pos].transpose(0, 1)  # (B, H, N): bias at the in-sequence position
+    return _varlen_causal(wc, tc, bias_pos, seg)
+
+
+def tssa_torch_varlen(
+    w: torch.Tensor, temp: torch.Tensor, seg: Segments, *, causal: bool = False, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """TSSA (eq. 11 / 28) of every sequence of ``seg`` in one vectorised pass, ``(B, H, N, P)``, zero at padding.
+
+    Statistics are segment sums (``scatter_add`` over each token's sequence id), causal sums prefix sums restarted
+    at each sequence's start; no padding, no loop over sequences. Differentiated by autograd.
+    """
+    return _varlen(w, temp, seg, causal, bias)[0].to(w.dtype)
+
+
+def tssa_pi_torch_varlen(
+    w: torch.Tensor, temp: torch.Tensor, seg: Segments, *, causal: bool = False, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Membership Pi ``(B, H, N)`` (eq. 10 / 39) per sequence of ``seg``, zero at padding, float32 or better."""
+    return _varlen(w, temp, seg, causal, bias)[1]
