@@ -34,7 +34,9 @@ def test_equal_to_alone_float64(backend, causal, mode, lengths):
     def call(**kw):
         return tssa(causal=causal, backend=backend, **kw)
 
-    assert_equal_to_alone(call, _seqs(lengths, torch.float64), {"w": 2}, mode=mode, shared=_shared(lengths, torch.float64, causal))
+    assert_equal_to_alone(
+        call, _seqs(lengths, torch.float64), {"w": 2}, mode=mode, shared=_shared(lengths, torch.float64, causal)
+    )
 
 
 @pytest.mark.parametrize("backend", MASKED + ["auto"])
@@ -55,3 +57,66 @@ def test_equal_to_alone_float32(backend, causal, mode):
         rtol=2e-4,
         atol=2e-5,
     )
+
+
+@pytest.mark.parametrize("backend", MASKED)
+def test_causal_packed_row_does_not_leak(backend):
+    # changing a later token (same or next sequence) leaves every earlier output unchanged
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(1, 2, 12, 3, generator=g, dtype=torch.float64)
+    temp = torch.tensor([0.7, 1.9], dtype=torch.float64)
+    bias = 0.3 * torch.randn(2, 8, 1, generator=g, dtype=torch.float64)
+    cu = torch.tensor([0, 5, 12])
+    out = tssa(w, temp, causal=True, bias=bias, cu_seqlens=cu, backend=backend)
+    for t in (3, 5, 9):
+        w2 = w.clone()
+        w2[:, :, t] += 10.0
+        out2 = tssa(w2, temp, causal=True, bias=bias, cu_seqlens=cu, backend=backend)
+        torch.testing.assert_close(out2[:, :, :t], out[:, :, :t], rtol=0, atol=0)
+        assert not torch.equal(out2[:, :, t], out[:, :, t])
+
+
+@pytest.mark.parametrize("backend", MASKED)
+def test_causal_bias_is_read_at_the_position_within_the_sequence(backend):
+    # the second packed sequence starts at row index 4 but position 0: it must see bias[:, 0], not bias[:, 4]
+    w = torch.randn(1, 2, 6, 3, dtype=torch.float64)
+    temp = torch.ones(2, dtype=torch.float64)
+    bias = torch.zeros(2, 6, 1, dtype=torch.float64)
+    bias[0, 4:] = 5.0  # only read at positions >= 4, which the sequences (4 and 2 tokens) never reach
+    cu = torch.tensor([0, 4, 6])
+    got = tssa(w, temp, causal=True, bias=bias, cu_seqlens=cu, backend=backend)
+    want = tssa(w, temp, causal=True, bias=torch.zeros_like(bias), cu_seqlens=cu, backend=backend)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_all_padding_row_gives_zeros():
+    w = torch.randn(2, 2, 5, 3, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0, 1, 1], [0, 0, 0, 0, 0]])
+    for causal in (False, True):
+        out = tssa(w, torch.ones(2, dtype=torch.float64), causal=causal, attention_mask=mask, backend="torch")
+        assert bool((out[1] == 0).all()) and bool(torch.isfinite(out).all())
+        pi = tssa_pi(w, torch.ones(2, dtype=torch.float64), causal=causal, attention_mask=mask)
+        assert bool((pi[1] == 0).all()) and bool((pi[0, :, 2] == 0).all())
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_backends_without_masks_refuse_them_naming_the_alternative(backend):
+    w = torch.randn(1, 2, 5, 3)
+    mask = torch.ones(1, 5, dtype=torch.bool)
+    with pytest.raises(ValueError, match="backend='torch'"):
+        tssa(w, torch.ones(2), attention_mask=mask, backend=backend)
+
+
+def test_bad_masks_raise():
+    w, temp = torch.randn(2, 2, 5, 3), torch.ones(2)
+    with pytest.raises(ValueError, match=r"shape \(B, N\)"):
+        tssa(w, temp, attention_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="batch size 1"):
+        tssa(w, temp, cu_seqlens=torch.tensor([0, 5]))
+    with pytest.raises(ValueError, match="not both"):
+        tssa(w[:1], temp, attention_mask=torch.ones(1, 5), cu_seqlens=torch.tensor([0, 5]))
+    # the causal bias must cover the longest sequence (not the packed row)
+    bias = torch.zeros(2, 3, 1)
+    tssa(w[:1], temp, causal=True, bias=bias, cu_seqlens=torch.tensor([0, 3, 5]))
+    with pytest.raises(ValueError, match="longest sequence has N=4"):
+        tssa(w[:1], temp, causal=True, bias=bias, cu_seqlens=torch.tensor([0, 4, 5]))

@@ -31,6 +31,7 @@ class TSSAAttention(Attention, RecurrentMixin):
     """
 
     mechanism = TSSA
+    supports_masks = True
 
     def __init__(
         self,
@@ -53,24 +54,37 @@ class TSSAAttention(Attention, RecurrentMixin):
         else:
             self.register_parameter("bias", None)
 
-    def _check_len(self, n: int) -> None:
-        if self.causal and n > self.max_len:
+    def _check_len(self, n: int, packed: bool = False) -> None:
+        # a packed row is checked per sequence by the op (the bias is read at the position within each sequence)
+        if self.causal and n > self.max_len and not packed:
             raise ValueError(
                 f"sequence length N={n} exceeds max_len={self.max_len} of this causal TSSA "
                 f"(its positional bias has max_len entries); build it with max_len >= {n}"
             )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``x`` ``(B, N, dim) -> (B, N, dim)``; ``attention_mask`` ``(B, N)`` or ``cu_seqlens`` as in
+        :func:`~attnzoo.ops.tssa.tssa` (each sequence alone; padding positions give zeros)."""
         self.check_input(x)
-        self._check_len(x.shape[1])
+        self._check_len(x.shape[1], packed=attention_mask is not None or cu_seqlens is not None)
+        masks = {"attention_mask": attention_mask, "cu_seqlens": cu_seqlens}
         with self.naming_input(x):
             w = rearrange(self.qkv(x), "b n (h p) -> b h n p", h=self.heads)
             temp = self.temp.view(-1)
-            out = tssa(w, temp, causal=self.causal, bias=self.bias)
+            out = tssa(w, temp, causal=self.causal, bias=self.bias, **masks)
             if self.capturing:
                 with torch.no_grad():
-                    self.record(pi=tssa_pi(w, temp, causal=self.causal, bias=self.bias), w=w)
-            return self.to_out(rearrange(out, "b h n p -> b n (h p)"))
+                    self.record(pi=tssa_pi(w, temp, causal=self.causal, bias=self.bias, **masks), w=w)
+            y = self.to_out(rearrange(out, "b h n p -> b n (h p)"))
+            if attention_mask is not None:  # validated by the op; to_out's bias must not reach padding
+                y = torch.where((attention_mask != 0).unsqueeze(-1), y, 0.0)
+            return y
 
     # ---- recurrent decoding (causal only) -----------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> TSSAState:

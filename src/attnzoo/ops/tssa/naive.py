@@ -11,7 +11,14 @@ import torch.nn.functional as F
 from attnzoo.ops._dtypes import acc_dtype
 from attnzoo.ops._varlen import Segments
 
-__all__ = ["tssa_naive", "tssa_pi_naive", "tssa_naive_varlen", "tssa_pi_naive_varlen", "safe_denominator", "compute_dtype"]
+__all__ = [
+    "tssa_naive",
+    "tssa_pi_naive",
+    "tssa_naive_varlen",
+    "tssa_pi_naive_varlen",
+    "safe_denominator",
+    "compute_dtype",
+]
 
 
 #: internal precision: float32 or better, so fp16/bf16 inputs reduce over tokens in float32
