@@ -5,7 +5,7 @@ import pytest
 import torch
 from varlen_cases import MODES, assert_equal_to_alone
 
-from attnzoo.ops.tssa import tssa, tssa_pi
+from attnzoo.ops.tssa import tssa, tssa_init_state, tssa_pi, tssa_step
 
 MASKED = ["naive", "torch"]
 # 1 token, odd lengths, and 300/77 across the scan chunk (32 at N=300, 16 below) with ragged last chunks
@@ -120,3 +120,31 @@ def test_bad_masks_raise():
     tssa(w[:1], temp, causal=True, bias=bias, cu_seqlens=torch.tensor([0, 3, 5]))
     with pytest.raises(ValueError, match="longest sequence has N=4"):
         tssa(w[:1], temp, causal=True, bias=bias, cu_seqlens=torch.tensor([0, 4, 5]))
+
+
+def test_decoding_a_left_padded_prompt_equals_each_prompt_alone():
+    g = torch.Generator().manual_seed(7)
+    lengths, h, p = [6, 2, 4], 2, 3
+    temp = torch.tensor([0.8, 1.7], dtype=torch.float64)
+    bias = 0.3 * torch.randn(h, 8, 1, generator=g, dtype=torch.float64)
+    seqs = [torch.randn(1, h, n, p, generator=g, dtype=torch.float64) for n in lengths]
+    width = max(lengths)
+    w = 1e3 * torch.randn(len(lengths), h, width, p, generator=g, dtype=torch.float64)
+    mask = torch.zeros(len(lengths), width, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        w[i, :, width - s.shape[2] :] = s[0]
+        mask[i, width - s.shape[2] :] = True
+    state = tssa_init_state(len(lengths), h, p, dtype=torch.float64)
+    outs = []
+    for t in range(width):
+        o, state = tssa_step(w[:, :, t], temp, state, bias=bias, attention_mask=mask[:, t])
+        outs.append(o)
+    got = torch.stack(outs, dim=2)
+    assert state.pos.tolist() == lengths
+    torch.testing.assert_close(got, tssa(w, temp, causal=True, bias=bias, attention_mask=mask), rtol=1e-12, atol=1e-12)
+    for i, s in enumerate(seqs):
+        alone = tssa(s, temp, causal=True, bias=bias, backend="naive")
+        torch.testing.assert_close(got[i : i + 1, :, width - s.shape[2] :], alone, rtol=1e-12, atol=1e-12)
+    assert bool((got[~mask.unsqueeze(1).expand(-1, h, -1)] == 0).all())
+    with pytest.raises(ValueError, match=r"shape \(B,\)"):
+        tssa_step(w[:, :, 0], temp, state, bias=bias, attention_mask=mask)

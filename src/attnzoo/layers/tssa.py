@@ -95,22 +95,30 @@ class TSSAAttention(Attention, RecurrentMixin):
         dtype = self.temp.dtype if dtype is None else dtype
         return tssa_init_state(batch_size, self.heads, self.head_dim, device=device, dtype=dtype)
 
-    def step(self, x: torch.Tensor, state: TSSAState) -> tuple[torch.Tensor, TSSAState]:
-        """Decode one token ``x`` ``(B, 1, dim)``; equals the causal forward at position ``state.pos``."""
+    def step(
+        self, x: torch.Tensor, state: TSSAState, *, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, TSSAState]:
+        """Decode one token ``x`` ``(B, 1, dim)``; equals the causal forward at position ``state.pos``.
+
+        ``attention_mask`` ``(B, 1)`` or ``(B,)``: a padding token leaves its row's state unchanged and gives zeros
+        (decoding a padded prompt equals decoding each prompt alone)."""
         self._require_causal()
         self.check_input(x)
         if x.shape[1] != 1:
             raise ValueError(f"step takes one token x of shape (B, 1, dim), got shape {tuple(x.shape)}")
         if not isinstance(state, TSSAState):
             raise TypeError(f"state must be a TSSAState from init_state, got {type(state).__name__}")
-        if state.pos >= self.max_len:
+        if isinstance(state.pos, int) and state.pos >= self.max_len:
             raise ValueError(
                 f"cannot decode position {state.pos}: this causal TSSA supports positions < max_len={self.max_len}"
             )
         with self.naming_input(x):
             w_t = rearrange(self.qkv(x), "b 1 (h p) -> b h p", h=self.heads)
-            out, state = tssa_step(w_t, self.temp.view(-1), state, bias=self.bias)
-            return self.to_out(rearrange(out, "b h p -> b 1 (h p)")), state
+            out, state = tssa_step(w_t, self.temp.view(-1), state, bias=self.bias, attention_mask=attention_mask)
+            y = self.to_out(rearrange(out, "b h p -> b 1 (h p)"))
+            if attention_mask is not None:  # to_out's bias must not reach padding
+                y = torch.where((attention_mask.reshape(-1, 1, 1) != 0), y, 0.0)
+            return y, state
 
     def _require_causal(self) -> None:
         if not self.causal:

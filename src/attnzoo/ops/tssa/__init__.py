@@ -27,7 +27,7 @@ from attnzoo._checks import check_bool, check_ndim, check_overflow, check_positi
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend, runs_reference
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
-from attnzoo.ops._varlen import Segments, segments
+from attnzoo.ops._varlen import Segments, check_attention_mask, segments
 from attnzoo.ops.tssa.chunked import tssa_pi_torch, tssa_pi_torch_varlen, tssa_torch, tssa_torch_varlen
 from attnzoo.ops.tssa.naive import tssa_naive, tssa_naive_varlen, tssa_pi_naive, tssa_pi_naive_varlen
 
@@ -211,7 +211,7 @@ class TSSAState(NamedTuple):
     sq_sum: torch.Tensor  # (B, H, P) running sum of w^2 (Alg. 2's cumsum(w_sq))
     num: torch.Tensor  # (B, H, P) running sum of Pi * w^2 (numerator of dots)
     den: torch.Tensor  # (B, H) running sum of Pi (denominator of dots)
-    pos: int  # index of the next token
+    pos: int | torch.Tensor  # index of the next token; (B,) int64 per row after a masked step (padded prompts)
 
 
 def tssa_init_state(
@@ -224,19 +224,28 @@ def tssa_init_state(
 
 
 def tssa_step(
-    w_t: torch.Tensor, temp: torch.Tensor, state: TSSAState, *, bias: torch.Tensor | None = None
+    w_t: torch.Tensor,
+    temp: torch.Tensor,
+    state: TSSAState,
+    *,
+    bias: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, TSSAState]:
     """One decoding step of causal TSSA (eq. 28 / Alg. 2) for token ``state.pos``: pure, O(HP) memory.
 
     ``w_t``: ``(B, H, P)``; ``temp``: ``(H,)``; ``bias``: ``(H, N_max, 1)`` or ``None``. Returns
     ``(out_t (B, H, P), new_state)``; ``out_t`` equals position ``state.pos`` of
-    ``tssa(w, temp, causal=True, bias=bias)``.
+    ``tssa(w, temp, causal=True, bias=bias)``. ``attention_mask`` ``(B,)`` (True/1 = a real token): a padding
+    token leaves its row's state (sums and position) unchanged and gives zeros, so decoding a padded prompt
+    equals decoding each prompt alone; positions then become per row (``state.pos`` ``(B,)``).
     """
     check_ndim("w_t", w_t, 3, "(B, H, P)")
     b, h, p = w_t.shape
     _check_temp(temp, h)
     if tuple(state.sq_sum.shape) != (b, h, p):
         raise ValueError(f"state was built for (B, H, P)={tuple(state.sq_sum.shape)} but w_t has shape {(b, h, p)}")
+    if attention_mask is not None or isinstance(state.pos, torch.Tensor):
+        return _step_masked(w_t, temp, state, bias, attention_mask)
     pos = state.pos
     if bias is not None:
         check_ndim("bias", bias, 3, "(H, N_max, 1)")
@@ -261,6 +270,48 @@ def tssa_step(
     dots = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
     out = -(wc * pi.unsqueeze(-1)) / (1.0 + dots)
     return out.to(w_t.dtype), TSSAState(sq_sum, num, den, pos + 1)
+
+
+def _step_masked(w_t, temp, state: TSSAState, bias, attention_mask) -> tuple[torch.Tensor, TSSAState]:
+    """:func:`tssa_step` with a per-row position ``(B,)`` and a per-row real-token flag (eq. 28 per sequence)."""
+    b, h, p = w_t.shape
+    real = torch.ones(b, dtype=torch.bool, device=w_t.device)
+    if attention_mask is not None:
+        real = _check_step_mask(attention_mask, b).to(w_t.device)
+    pos = torch.as_tensor(state.pos, device=w_t.device).to(torch.int64).expand(b)
+    if bias is not None:
+        check_ndim("bias", bias, 3, "(H, N_max, 1)")
+        if bias.shape[0] != h or bias.shape[2] != 1:
+            raise ValueError(f"bias must have shape (H, N_max, 1) with H={h}, got {tuple(bias.shape)}")
+        if bool((pos[real] >= bias.shape[1]).any()):
+            raise ValueError(
+                f"position {int(pos[real].max())} is beyond the causal bias length N_max={bias.shape[1]} "
+                f"(decoding supports positions 0..{bias.shape[1] - 1})"
+            )
+    finite_absmax({"w_t": w_t, "temp": temp, "bias": bias}, op="tssa_step")
+    cdt = state.sq_sum.dtype
+    r3 = real.view(b, 1, 1)
+    wc, tc = torch.where(r3, w_t.to(cdt), 0.0), temp.to(cdt)
+    x = wc * wc
+    sq_sum = state.sq_sum + x
+    s = (x / torch.where(sq_sum > 0, sq_sum, torch.ones_like(sq_sum))).sum(dim=-1)  # (B, H)
+    if bias is not None:
+        s = s + p * bias[:, :, 0].to(cdt)[:, pos.clamp_max(bias.shape[1] - 1)].transpose(0, 1)
+    pi = torch.softmax(s * tc, dim=1) * real.view(b, 1)
+    num = state.num + x * pi.unsqueeze(-1)
+    den = state.den + pi
+    dots = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
+    out = -(wc * pi.unsqueeze(-1)) / (1.0 + dots)
+    return out.to(w_t.dtype), TSSAState(sq_sum, num, den, pos + real.long())
+
+
+def _check_step_mask(mask, batch: int) -> torch.Tensor:
+    # one token per row: (B,) or the (B, 1) slice of a (B, N) mask
+    if isinstance(mask, torch.Tensor) and mask.ndim == 2 and mask.shape[1] == 1:
+        mask = mask[:, 0]
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 1:
+        raise ValueError(f"attention_mask of one decoding step must have shape (B,) = ({batch},) or (B, 1)")
+    return check_attention_mask(mask.unsqueeze(-1), batch, 1).squeeze(-1)
 
 
 @dataclass(frozen=True)
