@@ -328,23 +328,22 @@ def tssa_pi_torch(
 # ---------------------------------------------------------------------------------------------------
 # padded batches and packed rows (Segments): one vectorised pass, differentiated by autograd
 # ---------------------------------------------------------------------------------------------------
-def _slots(seg: Segments) -> torch.Tensor:
-    """``(B, N)`` int64: the token's sequence, padding sent to an extra slot ``seg.num`` that no output reads."""
-    return torch.where(seg.ids >= 0, seg.ids, seg.num)
+def _seg_sum(x: torch.Tensor, seg: Segments) -> torch.Tensor:
+    """``(B, H, N[, P]) -> (B, H, S[, P])``: sums over the tokens of each sequence (padding must be zero in ``x``).
 
-
-def _seg_sum(x: torch.Tensor, slots: torch.Tensor, num: int) -> torch.Tensor:
-    """``(B, H, N[, P]) -> (B, H, num + 1[, P])``: sums over the tokens of each sequence (last slot: padding)."""
-    idx = slots.view(slots.shape[0], 1, -1, *([1] * (x.ndim - 3))).expand(x.shape)
+    A padded batch has one sequence per row (a plain sum over tokens); a packed row has ``B == 1`` and no padding,
+    so one ``index_add`` by sequence id does it.
+    """
+    if seg.num == 1:
+        return x.sum(dim=2, keepdim=True)
     shape = list(x.shape)
-    shape[2] = num + 1
-    return x.new_zeros(shape).scatter_add(2, idx, x)
+    shape[2] = seg.num
+    return x.new_zeros(shape).index_add_(2, seg.ids[0], x)
 
 
-def _seg_read(stat: torch.Tensor, slots: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``(B, H, S + 1[, P]) -> like (B, H, N[, P])``: each token's sequence statistic."""
-    idx = slots.view(slots.shape[0], 1, -1, *([1] * (like.ndim - 3))).expand(like.shape)
-    return stat.gather(2, idx)
+def _seg_read(stat: torch.Tensor, seg: Segments) -> torch.Tensor:
+    """``(B, H, S[, P]) -> (B, H, N or 1[, P])``: each token's sequence statistic (broadcast for one per row)."""
+    return stat if seg.num == 1 else stat.index_select(2, seg.ids[0])
 
 
 def _seg_cumsum(x: torch.Tensor, seg: Segments) -> torch.Tensor:
@@ -368,14 +367,13 @@ def _seg_cumsum(x: torch.Tensor, seg: Segments) -> torch.Tensor:
 
 def _varlen_noncausal(wc: torch.Tensor, tc: torch.Tensor, seg: Segments) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 10 / 11 per sequence: norms, ``<pi_k, 1>`` and second moments over its real tokens. ``(out, pi)``."""
-    slots, real = _slots(seg), seg.real.unsqueeze(1)
     w2 = wc * wc
-    r = 1.0 / _seg_sum(w2, slots, seg.num).clamp_min(_NORM_EPS_SQ)  # (B, H, S + 1, P)
-    s = (w2 * _seg_read(r, slots, w2)).sum(dim=-1)  # (B, H, N) = sum_p w_normed^2
-    pi = torch.softmax(s * tc[:, None], dim=1) * real
-    den = _seg_sum(pi, slots, seg.num) + _PI_SUM_EPS  # (B, H, S + 1)
-    dots = _seg_sum(w2 * pi.unsqueeze(-1), slots, seg.num) / den.unsqueeze(-1)
-    return -(wc * pi.unsqueeze(-1)) / (1.0 + _seg_read(dots, slots, w2)), pi
+    r = 1.0 / _seg_sum(w2, seg).clamp_min(_NORM_EPS_SQ)  # (B, H, S, P)
+    s = (w2 * _seg_read(r, seg)).sum(dim=-1)  # (B, H, N) = sum_p w_normed^2
+    pi = torch.softmax(s * tc[:, None], dim=1) * seg.real.unsqueeze(1)
+    den = _seg_sum(pi, seg) + _PI_SUM_EPS  # (B, H, S)
+    dots = _seg_sum(w2 * pi.unsqueeze(-1), seg) / den.unsqueeze(-1)
+    return -(wc * pi.unsqueeze(-1)) / (1.0 + _seg_read(dots, seg)), pi
 
 
 def _varlen_causal(wc, tc, bias_pos, seg: Segments) -> tuple[torch.Tensor, torch.Tensor]:
