@@ -8,6 +8,8 @@ from varlen_cases import MODES, assert_equal_to_alone
 from attnzoo.ops.tssa import tssa, tssa_init_state, tssa_pi, tssa_step
 
 MASKED = ["naive", "torch"]
+# the fused CPU kernels take them for non-causal TSSA (a task table of runs of real tokens)
+MASKED_NONCAUSAL = MASKED + ["cpu"]
 # 1 token, odd lengths, and 300/77 across the scan chunk (32 at N=300, 16 below) with ragged last chunks
 LENGTHS = [[1, 5, 3], [7, 1], [300, 77, 33]]
 
@@ -26,8 +28,10 @@ def _shared(lengths, dtype, causal, h=3, seed=1):
     return shared
 
 
-@pytest.mark.parametrize("backend", MASKED)
-@pytest.mark.parametrize("causal", [False, True])
+CASES = [(b, False) for b in MASKED_NONCAUSAL] + [(b, True) for b in MASKED]
+
+
+@pytest.mark.parametrize("backend,causal", CASES)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("lengths", LENGTHS)
 def test_equal_to_alone_float64(backend, causal, mode, lengths):
@@ -39,8 +43,7 @@ def test_equal_to_alone_float64(backend, causal, mode, lengths):
     )
 
 
-@pytest.mark.parametrize("backend", MASKED + ["auto"])
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("backend,causal", CASES + [("auto", False), ("auto", True)])
 @pytest.mark.parametrize("mode", MODES)
 def test_equal_to_alone_float32(backend, causal, mode):
     lengths = [40, 1, 17]
@@ -99,12 +102,28 @@ def test_all_padding_row_gives_zeros():
         assert bool((pi[1] == 0).all()) and bool((pi[0, :, 2] == 0).all())
 
 
-@pytest.mark.parametrize("backend", ["cpu", "triton"])
-def test_backends_without_masks_refuse_them_naming_the_alternative(backend):
+@pytest.mark.parametrize("backend,causal", [("cpu", True), ("triton", False), ("triton", True)])
+def test_backends_without_masks_refuse_them_naming_the_alternative(backend, causal):
     w = torch.randn(1, 2, 5, 3)
     mask = torch.ones(1, 5, dtype=torch.bool)
     with pytest.raises(ValueError, match="backend='torch'"):
-        tssa(w, torch.ones(2), attention_mask=mask, backend=backend)
+        tssa(w, torch.ones(2), causal=causal, attention_mask=mask, backend=backend)
+
+
+def test_cpu_kernels_long_sequences_span_several_tasks():
+    # 1100 and 600 tokens: several 512-token tasks per sequence, a gap of padding in the middle of a row
+    g = torch.Generator().manual_seed(9)
+    w = torch.randn(2, 3, 1200, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    temp = torch.tensor([0.6, 1.3, 2.2], dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(2, 1200, dtype=torch.bool)
+    mask[0, 1100:] = False
+    mask[1, 300:900] = False
+    outs = [tssa(w, temp, attention_mask=mask, backend=b) for b in ("cpu", "torch")]
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-10, atol=1e-12)
+    cot = torch.randn(outs[0].shape, generator=g, dtype=torch.float64)
+    grads = [torch.autograd.grad((o * cot).sum(), (w, temp)) for o in outs]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 def test_bad_masks_raise():

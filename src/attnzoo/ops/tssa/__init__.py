@@ -28,7 +28,13 @@ from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend, runs_reference
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops._varlen import Segments, check_attention_mask, segments
-from attnzoo.ops.tssa.chunked import tssa_pi_torch, tssa_pi_torch_varlen, tssa_torch, tssa_torch_varlen
+from attnzoo.ops.tssa.chunked import (
+    tssa_cpu_varlen,
+    tssa_pi_torch,
+    tssa_pi_torch_varlen,
+    tssa_torch,
+    tssa_torch_varlen,
+)
 from attnzoo.ops.tssa.naive import tssa_naive, tssa_naive_varlen, tssa_pi_naive, tssa_pi_naive_varlen
 
 __all__ = ["tssa", "tssa_pi", "tssa_step", "tssa_init_state", "TSSAState", "TSSAOptions", "TSSA"]
@@ -159,7 +165,13 @@ def _tssa_torch(w, temp, bias, *, causal: bool, kernels=None, seg: Segments | No
 
 
 def _tssa_cpu(w, temp, bias, *, causal: bool, seg: Segments | None = None) -> torch.Tensor:
-    _refuse_masks("cpu", seg)
+    if seg is not None:
+        if causal:
+            _refuse_masks("cpu (causal)", seg)
+        _check_values(w, temp, bias)
+        if torch.compiler.is_compiling():  # the kernels are opaque to torch.compile
+            return tssa_torch_varlen(w, temp, seg, causal=causal, bias=bias)
+        return tssa_cpu_varlen(w, temp, seg, _cpu_kernels.required_cpu_kernels())
     # The kernels are opaque to torch.compile: while it traces, the PyTorch forward stands in for them.
     kernels = None if torch.compiler.is_compiling() else _cpu_kernels.required_cpu_kernels()
     return _tssa_torch(w, temp, bias, causal=causal, kernels=kernels)

@@ -416,3 +416,108 @@ def tssa_pi_torch_varlen(
 ) -> torch.Tensor:
     """Membership Pi ``(B, H, N)`` (eq. 10 / 39) per sequence of ``seg``, zero at padding, float32 or better."""
     return _varlen(w, temp, seg, causal, bias)[1]
+
+
+# ---------------------------------------------------------------------------------------------------
+# padded batches and packed rows in the fused CPU kernels (non-causal): a task table, no copy of w
+# ---------------------------------------------------------------------------------------------------
+# tokens per task of the kernels' table (their default chunks are 256-2048 tokens)
+_TASK_LEN = 512
+
+
+class VarlenTasks(NamedTuple):
+    """The kernels' work list for ``Segments``: runs of real tokens of one sequence, at most ``_TASK_LEN`` long."""
+
+    table: torch.Tensor  # (T, 5) int64: row b, first token n0, end n1, slot (b * S + sequence id), pos of n0
+    slots: int  # number of per-sequence statistic slots (B * S)
+    slot: torch.Tensor  # (B, N) int64: each token's slot, ``slots`` at padding
+
+
+def varlen_tasks(seg: Segments) -> VarlenTasks:
+    """The task table of ``seg`` (vectorised: a run starts where the previous token is padding or of another
+    sequence, or at every ``_TASK_LEN``-th position of its sequence)."""
+    real, ids, pos = seg.real, seg.ids, seg.pos
+    b_n = ids.shape[0]
+    prev_real = F.pad(real[:, :-1], (1, 0), value=False)
+    prev_ids = F.pad(ids[:, :-1], (1, 0), value=-1)
+    start = real & (~prev_real | (ids != prev_ids) | (pos % _TASK_LEN == 0))
+    next_start = F.pad(start[:, 1:], (0, 1), value=True)
+    next_real = F.pad(real[:, 1:], (0, 1), value=False)
+    end = real & (~next_real | next_start)
+    bs, n0 = start.nonzero().unbind(1)
+    _, n1 = end.nonzero().unbind(1)
+    slot_of = torch.where(real, torch.arange(b_n, device=ids.device)[:, None] * seg.num + ids, b_n * seg.num)
+    table = torch.stack([bs, n0, n1 + 1, slot_of[bs, n0], pos[bs, n0]], dim=1).contiguous()
+    return VarlenTasks(table, b_n * seg.num, slot_of)
+
+
+def _slot_sum(x: torch.Tensor, vt: VarlenTasks) -> torch.Tensor:
+    """``(B, H, N) -> (slots, H)``: per-sequence sums (padding goes to a dropped extra slot)."""
+    h = x.shape[1]
+    flat = x.transpose(1, 2).reshape(-1, h)
+    return x.new_zeros(vt.slots + 1, h).index_add_(0, vt.slot.reshape(-1), flat)[:-1]
+
+
+def _slot_read(stat: torch.Tensor, vt: VarlenTasks, fill: float) -> torch.Tensor:
+    """``(slots, H) -> (B, H, N)``: each token's sequence statistic, ``fill`` at padding."""
+    ext = torch.cat([stat, stat.new_full((1, stat.shape[1]), fill)])
+    b_n, n = vt.slot.shape
+    return ext[vt.slot.reshape(-1)].view(b_n, n, -1).transpose(1, 2)
+
+
+def _noncausal_fused_varlen(kernels, w, wc, tc, vt: VarlenTasks):
+    """Eq. 10 / 11 per sequence in the fused kernels' three passes, statistics per slot ``(slots, H, P)``."""
+    wc, tab, ns = _unit_stride_rows(wc), vt.table, vt.slots
+    c = kernels.tssa_colsum_sq(wc, None, tab, ns)
+    if not bool(torch.isfinite(c).all()):
+        explain_nonfinite("tssa", "w", w, "the per-feature sum of w^2 over each sequence's tokens")
+    r = 1.0 / c.clamp_min(_NORM_EPS_SQ)
+    s, pi, num, den = kernels.tssa_token_stats(wc, r, tc.contiguous(), tab, ns)
+    den = den.unsqueeze(-1) + _PI_SUM_EPS  # (slots, H, 1)
+    g = 1.0 / (1.0 + num / den)
+    return kernels.tssa_scale(wc, pi, g, tab, ns), c, r, s, pi, den, g
+
+
+def _noncausal_backward_fused_varlen(kernels, wc, tc, gc, saved, vt: VarlenTasks):
+    """:func:`_noncausal_backward_fused` per sequence: its sums over tokens per slot."""
+    c, r, s, pi, den, g = saved
+    wc, gc, tab, ns = _unit_stride_rows(wc), _unit_stride_rows(gc), vt.table, vt.slots
+    d_pi, u = kernels.tssa_bwd_gw(wc, gc, pi, g, tab, ns)
+    d_dots = u * g * g
+    d_q = kernels.tssa_rowdot_sq(wc, d_dots, tab, ns)
+    den_tok = _slot_read(den[..., 0], vt, 1.0)  # (B, H, N)
+    d_pi += d_q / den_tok - _slot_read(_slot_sum(d_q * pi, vt) / (den[..., 0] * den[..., 0]), vt, 0.0)
+    d_a = pi * (d_pi - (pi * d_pi).sum(dim=1, keepdim=True))  # zero at padding, where pi is
+    d_temp = (d_a * s).sum(dim=(0, 2))
+    d_s = (d_a * tc[:, None]).contiguous()
+    d_r = kernels.tssa_colsum_sq(wc, d_s, tab, ns)
+    d_c = torch.where(c > _NORM_EPS_SQ, -d_r * r * r, torch.zeros_like(d_r))
+    coef = (2.0 * (pi / den_tok)).contiguous()
+    dw = kernels.tssa_bwd_dw(wc, gc, coef, d_dots, 2.0 * d_s, r, 2.0 * d_c, pi, g, tab, ns)
+    return dw, d_temp
+
+
+class _TSSANonCausalVarlen(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w: torch.Tensor, temp: torch.Tensor, kernels, vt: VarlenTasks) -> torch.Tensor:
+        cdt = compute_dtype(w.dtype)
+        out, *saved = _noncausal_fused_varlen(kernels, w, w.to(cdt), temp.to(cdt), vt)
+        ctx.save_for_backward(w, temp, *saved)
+        ctx.kernels, ctx.vt = kernels, vt
+        return out.to(w.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        w, temp, *saved = ctx.saved_tensors
+        cdt = saved[0].dtype
+        dw, d_temp = _noncausal_backward_fused_varlen(
+            ctx.kernels, w.to(cdt), temp.to(cdt), grad_out.to(cdt), saved, ctx.vt
+        )
+        return dw.to(w.dtype), d_temp.to(temp.dtype), None, None
+
+
+def tssa_cpu_varlen(w: torch.Tensor, temp: torch.Tensor, seg: Segments, kernels) -> torch.Tensor:
+    """Non-causal TSSA (eq. 11) of every sequence of ``seg`` in the fused CPU kernels, ``(B, H, N, P)``, zero at
+    padding: the kernels run over a table of runs of real tokens (:func:`varlen_tasks`), summing per sequence."""
+    return _TSSANonCausalVarlen.apply(w, temp, kernels, varlen_tasks(seg))
