@@ -113,7 +113,7 @@ def tssa(
     ``<pi_k, 1>`` and second moments ``sum_n pi_kn w_n^2`` run over the real tokens of the token's own sequence;
     the causal prefix sums of eq. 28 / 39 restart at each sequence's first token and ``bias`` is read at the
     position within the sequence (``N_max`` >= the longest sequence). Padding gives zero output and gradient.
-    Backends ``"naive"``, ``"torch"`` and, non-causal, ``"cpu"`` take them (``"auto"`` picks one of those).
+    Backends ``"naive"``, ``"torch"`` and ``"cpu"`` take them (``"auto"`` picks one of those).
     """
     seg = segments(w.shape[0], w.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=w.device)
     _check_shapes(w, temp, causal, bias, seg)
@@ -121,17 +121,17 @@ def tssa(
     with torch.autocast(device_type=_autocast_device(w), enabled=False):
         if seg is None:
             return call_backend(TSSA, backend, (w, temp, bias), name="w", causal=causal)
-        backend = _masked_auto(w, causal) if backend == "auto" else backend
+        backend = _masked_auto(w) if backend == "auto" else backend
         return call_backend(TSSA, backend, (w, temp, bias), name="w", causal=causal, seg=seg)
 
 
-#: backends that take attention_mask / cu_seqlens ("cpu": non-causal only)
-_MASKED_BACKENDS = ("naive", "torch", "cpu (non-causal)")
+#: backends that take attention_mask / cu_seqlens
+_MASKED_BACKENDS = ("naive", "torch", "cpu")
 
 
-def _masked_auto(w: torch.Tensor, causal: bool) -> str:
+def _masked_auto(w: torch.Tensor) -> str:
     """The backend ``"auto"`` runs for a masked or packed call: the fused CPU kernels where they take it."""
-    cpu = w.device.type == "cpu" and not causal and not torch.compiler.is_compiling()
+    cpu = w.device.type == "cpu" and not torch.compiler.is_compiling()
     return "cpu" if cpu and _cpu_kernels.cpu_kernels() is not None else "torch"
 
 
@@ -171,12 +171,10 @@ def _tssa_torch(w, temp, bias, *, causal: bool, kernels=None, seg: Segments | No
 
 def _tssa_cpu(w, temp, bias, *, causal: bool, seg: Segments | None = None) -> torch.Tensor:
     if seg is not None:
-        if causal:
-            _refuse_masks("cpu", seg, " for causal TSSA")
         _check_values(w, temp, bias)
         if torch.compiler.is_compiling():  # the kernels are opaque to torch.compile
             return tssa_torch_varlen(w, temp, seg, causal=causal, bias=bias)
-        return tssa_cpu_varlen(w, temp, seg, _cpu_kernels.required_cpu_kernels())
+        return tssa_cpu_varlen(w, temp, seg, _cpu_kernels.required_cpu_kernels(), causal=causal, bias=bias)
     # The kernels are opaque to torch.compile: while it traces, the PyTorch forward stands in for them.
     kernels = None if torch.compiler.is_compiling() else _cpu_kernels.required_cpu_kernels()
     return _tssa_torch(w, temp, bias, causal=causal, kernels=kernels)

@@ -517,7 +517,48 @@ class _TSSANonCausalVarlen(torch.autograd.Function):
         return dw.to(w.dtype), d_temp.to(temp.dtype), None, None
 
 
-def tssa_cpu_varlen(w: torch.Tensor, temp: torch.Tensor, seg: Segments, kernels) -> torch.Tensor:
-    """Non-causal TSSA (eq. 11) of every sequence of ``seg`` in the fused CPU kernels, ``(B, H, N, P)``, zero at
-    padding: the kernels run over a table of runs of real tokens (:func:`varlen_tasks`), summing per sequence."""
-    return _TSSANonCausalVarlen.apply(w, temp, kernels, varlen_tasks(seg))
+class _TSSACausalVarlen(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w, temp, bias, kernels, vt: VarlenTasks, pos: torch.Tensor) -> torch.Tensor:
+        # bias: (H, N_max), read by the kernels at each token's position within its sequence
+        cdt = compute_dtype(w.dtype)
+        wc, tc, bc = _unit_stride_rows(w.to(cdt)), temp.to(cdt).contiguous(), bias.to(cdt).contiguous()
+        out, s, pi, den = kernels.tssa_causal(wc, tc, bc, vt.table, vt.slots)
+        ctx.save_for_backward(w, temp, s, pi, den, pos)
+        ctx.kernels, ctx.vt, ctx.bias_shape, ctx.bias_dtype = kernels, vt, bias.shape, bias.dtype
+        return out.to(w.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        w, temp, s, pi, den, pos = ctx.saved_tensors
+        cdt, (h, n_max), vt = s.dtype, ctx.bias_shape, ctx.vt
+        wc, gc = _unit_stride_rows(w.to(cdt)), _unit_stride_rows(grad_out.to(cdt))
+        d_a, dw = ctx.kernels.tssa_causal_bwd(wc, gc, temp.to(cdt).contiguous(), pi, den, vt.table, vt.slots)
+        d_s = d_a * temp.to(cdt)[:, None]  # zero at padding, where pi is
+        # s = ... + P * bias[h, pos]: the bias gradient gathers each token's d_s at its position
+        d_bias = d_s.new_zeros(h, n_max).index_add_(1, pos.reshape(-1), d_s.transpose(0, 1).reshape(h, -1))
+        return (
+            dw.to(w.dtype),
+            (d_a * s).sum(dim=(0, 2)).to(temp.dtype),
+            (d_bias * w.shape[-1]).to(ctx.bias_dtype),
+            None,
+            None,
+            None,
+        )
+
+
+def tssa_cpu_varlen(
+    w: torch.Tensor, temp: torch.Tensor, seg: Segments, kernels, *, causal: bool = False, bias=None
+) -> torch.Tensor:
+    """TSSA (eq. 11 / 28) of every sequence of ``seg`` in the fused CPU kernels, ``(B, H, N, P)``, zero at padding:
+    the kernels run over a table of runs of real tokens (:func:`varlen_tasks`), sums and carries per sequence,
+    the causal bias ``(H, N_max, 1)`` read at each token's position within its sequence."""
+    vt = varlen_tasks(seg)
+    if not causal:
+        return _TSSANonCausalVarlen.apply(w, temp, kernels, vt)
+    if bias is None:
+        bias_hn = torch.zeros(w.shape[1], max(1, int(seg.lengths.max())), device=w.device, dtype=w.dtype)
+    else:
+        bias_hn = bias[:, :, 0]
+    return _TSSACausalVarlen.apply(w, temp, bias_hn, kernels, vt, seg.pos)

@@ -157,11 +157,11 @@ void sum_chunks(const double* part, int64_t B, int64_t nc, int64_t width, T* out
 // the kernels never read it, and per-token outputs there stay zero. A slot's tasks are consecutive in the table.
 struct Tasks {
   struct Task {
-    int64_t b, c0, c1, slot;
+    int64_t b, c0, c1, slot, pos0;  // pos0: position of token c0 within its sequence
   };
   const int64_t* tab = nullptr;
-  int64_t count = 0, nc = 1, L = 1, N = 0, nslots = 0;
-  Tasks(int64_t B, int64_t N_, const std::optional<Tensor>& table, int64_t ns) : N(N_) {
+  int64_t count = 0, nc = 1, L = 1, B = 0, N = 0, nslots = 0;
+  Tasks(int64_t B_, int64_t N_, const std::optional<Tensor>& table, int64_t ns) : B(B_), N(N_) {
     if (table) {
       TORCH_CHECK(table->scalar_type() == at::kLong && table->dim() == 2 && table->size(1) == 5 &&
                       table->is_contiguous() && table->device().is_cpu(),
@@ -169,6 +169,7 @@ struct Tasks {
       tab = table->data_ptr<int64_t>();
       count = table->size(0);
       nslots = ns;
+      for (int64_t t = 0; t < count; ++t) L = std::max(L, tab[5 * t + 2] - tab[5 * t + 1]);  // longest task
     } else {
       L = chunk_size(B, N);
       nc = (N + L - 1) / L;
@@ -177,9 +178,9 @@ struct Tasks {
     }
   }
   Task operator[](int64_t t) const {
-    if (tab) return {tab[5 * t], tab[5 * t + 1], tab[5 * t + 2], tab[5 * t + 3]};
+    if (tab) return {tab[5 * t], tab[5 * t + 1], tab[5 * t + 2], tab[5 * t + 3], tab[5 * t + 4]};
     const int64_t b = t / nc, c0 = (t % nc) * L;
-    return {b, c0, std::min(N, c0 + L), b};
+    return {b, c0, std::min(N, c0 + L), b, c0};
   }
   // out[slot, i] = the sum of part[task, i] over the slot's tasks, in double, rounded to T
   template <typename T>
@@ -550,26 +551,45 @@ void exclusive_scan(std::vector<double>& part, int64_t rows, int64_t nc, int64_t
   });
 }
 
+// exclusive_scan over the tasks of each slot (consecutive in the table): the carries restart at each sequence
+void exclusive_scan(std::vector<double>& part, const Tasks& tasks, int64_t width, bool reverse = false) {
+  if (!tasks.tab) return exclusive_scan(part, tasks.nslots, tasks.nc, width, reverse);
+  std::vector<double> run(width, 0.0);
+  int64_t prev = -1;
+  for (int64_t j = 0; j < tasks.count; ++j) {
+    const int64_t t = reverse ? tasks.count - 1 - j : j, slot = tasks.tab[5 * t + 3];
+    if (slot != prev) std::fill(run.begin(), run.end(), 0.0);
+    prev = slot;
+    double* v = part.data() + t * width;
+    for (int64_t i = 0; i < width; ++i) {
+      const double x = v[i];
+      v[i] = run[i];
+      run[i] += x;
+    }
+  }
+}
+
 template <typename T, int64_t KP>
-void causal_kernel(const Rows<const T>& w, const T* temp, const T* bias, const Rows<T>& out, T* s, T* pi, T* den,
-                   int64_t B, int64_t N, int64_t P_) {
+void causal_kernel(const Rows<const T>& w, const T* temp, const T* bias, int64_t Nb, const Rows<T>& out, T* s, T* pi,
+                   T* den, const Tasks& tasks, int64_t N, int64_t P_) {
   HEAD_DIM;
-  const int64_t H = w.H, HP = H * P, L = chunk_size(B, N), nc = (N + L - 1) / L;
-  // (A) chunk totals of w^2, then the exclusive carry into each chunk; layout (b, chunk, h, p)
-  std::vector<double> carry_sq(B * nc * HP, 0.0);
-  chunk_sumsq<T, KP>(w, nullptr, carry_sq.data(), Tasks(B, N, std::nullopt, 0), N, P);
-  exclusive_scan(carry_sq, B, nc, HP);
+  const int64_t H = w.H, HP = H * P, ntask = tasks.count;
+  // (A) chunk totals of w^2, then the exclusive carry into each chunk; layout (task, h, p)
+  std::vector<double> carry_sq(ntask * HP, 0.0);
+  chunk_sumsq<T, KP>(w, nullptr, carry_sq.data(), tasks, N, P);
+  exclusive_scan(carry_sq, tasks, HP);
 
   // (B) scan each chunk from its carry: s = sum_p w^2 / cumsum(w^2) + P b, pi = softmax_h(s temp); and the
   //     chunk totals of pi w^2 and of pi, layout (b, chunk, [h, p] then [h])
   const int64_t W = HP + H;
-  std::vector<double> carry_pi(B * nc * W, 0.0);
-  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+  std::vector<double> carry_pi(ntask * W, 0.0);
+  at::parallel_for(0, ntask, 1, [&](int64_t t0, int64_t t1) {
     HEAD_DIM;
     std::vector<double> S(HP);
     std::vector<T> a(H * kBlock), run(HP);
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      const Tasks::Task tk = tasks[task];
+      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1, shift = tk.pos0 - tk.c0;  // bias at the in-sequence pos
       std::copy_n(carry_sq.data() + task * HP, HP, S.data());
       double* tot = carry_pi.data() + task * W;
       for (int64_t n0 = c0; n0 < c1; n0 += kBlock) {
@@ -585,7 +605,7 @@ void causal_kernel(const Rows<const T>& w, const T* temp, const T* bias, const R
             const T Sv = static_cast<T>(Sh[p]);
             acc += x2 / (Sv > T(0) ? Sv : T(1));  // 0/0 := 0: x2 == 0 wherever the prefix sum is 0
           }
-          const T sv = acc + static_cast<T>(P) * bias[h * N + n];
+          const T sv = acc + static_cast<T>(P) * bias[h * Nb + n + shift];
           s[(b * H + h) * N + n] = sv;
           a[h * kBlock + (n - n0)] = sv * temp[h];
         });
@@ -593,14 +613,15 @@ void causal_kernel(const Rows<const T>& w, const T* temp, const T* bias, const R
       }
     }
   });
-  exclusive_scan(carry_pi, B, nc, W);
+  exclusive_scan(carry_pi, tasks, W);
 
   // (C) scan again for num = cumsum(pi w^2), den = cumsum(pi); out = -w pi / (1 + num / den)
-  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, ntask, 1, [&](int64_t t0, int64_t t1) {
     HEAD_DIM;
     std::vector<double> st(W);  // [h, p]: num, then [h]: den
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      const Tasks::Task tk = tasks[task];
+      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1;
       std::copy_n(carry_pi.data() + task * W, W, st.data());
       w.visit(c0, c1, [&](int64_t h, int64_t n) {
         const int64_t i = (b * H + h) * N + n;
@@ -623,20 +644,25 @@ void causal_kernel(const Rows<const T>& w, const T* temp, const T* bias, const R
   });
 }
 
-std::vector<Tensor> tssa_causal(const Tensor& w, const Tensor& temp, const Tensor& bias) {
+// bias: (H, N), or (H, N_max) read at each token's position within its sequence with a task table
+std::vector<Tensor> tssa_causal(const Tensor& w, const Tensor& temp, const Tensor& bias,
+                                const std::optional<Tensor>& table, int64_t nslots) {
   check_w(w);
   const int64_t B = w.size(0), H = w.size(1), N = w.size(2), P = w.size(3);
+  const Tasks tasks(B, N, table, nslots);
   check_small(temp, w, "temp");
   check_small(bias, w, "bias");
-  TORCH_CHECK(temp.numel() == H && bias.numel() == H * N, "temp must be (H,) and bias (H, N)");
-  Tensor out = at::empty_like(w);
-  Tensor s = at::empty({B, H, N}, w.options()), pi = at::empty({B, H, N}, w.options());
-  Tensor den = at::empty({B, H, N}, w.options());
+  TORCH_CHECK(temp.numel() == H && bias.dim() == 2 && bias.size(0) == H && (table || bias.size(1) == N),
+              "temp must be (H,) and bias (H, N) (or (H, N_max) with a table)");
+  Tensor out = tasks.like(w);
+  Tensor s = tasks.per_token({B, H, N}, w.options()), pi = tasks.per_token({B, H, N}, w.options());
+  Tensor den = tasks.per_token({B, H, N}, w.options());
   AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_causal", [&] {
     with_head_dim(P, [&](auto kp) {
       causal_kernel<scalar_t, decltype(kp)::value>(
-          Rows<const scalar_t>(w), temp.data_ptr<scalar_t>(), bias.data_ptr<scalar_t>(), Rows<scalar_t>(out),
-          s.data_ptr<scalar_t>(), pi.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(), B, N, P);
+          Rows<const scalar_t>(w), temp.data_ptr<scalar_t>(), bias.data_ptr<scalar_t>(), bias.size(1),
+          Rows<scalar_t>(out), s.data_ptr<scalar_t>(), pi.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(), tasks, N,
+          P);
     });
   });
   return {out, s, pi, den};
@@ -658,37 +684,38 @@ std::vector<Tensor> tssa_causal(const Tensor& w, const Tensor& temp, const Tenso
 // (4) dw += 2 w V_carry, the part of V from later chunks.
 template <typename T, int64_t KP>
 void causal_bwd_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* temp, const T* pi, const T* den,
-                       T* d_a, const Rows<T>& dw, int64_t B, int64_t N, int64_t P_) {
+                       T* d_a, const Rows<T>& dw, const Tasks& tasks, int64_t N, int64_t P_) {
   HEAD_DIM;
-  const int64_t H = w.H, HP = H * P, L = chunk_size(B, N), nc = (N + L - 1) / L;
+  const int64_t H = w.H, HP = H * P, ntask = tasks.count, L = tasks.L;
   const int64_t nblk = (L + kBlock - 1) / kBlock;  // blocks per chunk (the last chunk may use fewer)
   auto safe = [](T v) { return v > T(0) ? v : T(1); };
 
   // (1) forward carries of S and M
-  std::vector<double> carry_S(B * nc * HP, 0.0), carry_M(B * nc * HP, 0.0);
-  const Tasks chunks(B, N, std::nullopt, 0);
-  chunk_sumsq<T, KP>(w, nullptr, carry_S.data(), chunks, N, P);
-  chunk_sumsq<T, KP>(w, pi, carry_M.data(), chunks, N, P);
-  exclusive_scan(carry_S, B, nc, HP);
-  exclusive_scan(carry_M, B, nc, HP);
+  std::vector<double> carry_S(ntask * HP, 0.0), carry_M(ntask * HP, 0.0);
+  chunk_sumsq<T, KP>(w, nullptr, carry_S.data(), tasks, N, P);
+  chunk_sumsq<T, KP>(w, pi, carry_M.data(), tasks, N, P);
+  exclusive_scan(carry_S, tasks, HP);
+  exclusive_scan(carry_M, tasks, HP);
 
   // (2) forward scan: d_pi_dir and d_D per token; chunk totals of d_M (then d_D): layout (b, chunk, W)
   const int64_t W = HP + H;
-  std::vector<double> carry_R(B * nc * W, 0.0);
+  std::vector<double> carry_R(ntask * W, 0.0);
   // O(N) scratch from PyTorch's allocator, so that the benchmark's tracked peak memory sees it
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
-  Tensor blk_St = at::empty({B * nc * nblk * HP}, f64), blk_Mt = at::empty({B * nc * nblk * HP}, f64);
-  Tensor scratch = at::empty({2, B * H * N}, at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value));
+  Tensor blk_St = at::empty({ntask * nblk * HP}, f64), blk_Mt = at::empty({ntask * nblk * HP}, f64);
+  const int64_t BHN = tasks.B * w.H * N;
+  Tensor scratch = at::empty({2, BHN}, at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value));
   double* blk_S = blk_St.data_ptr<double>();
   double* blk_M = blk_Mt.data_ptr<double>();
   T* d_pi_dir = static_cast<T*>(scratch.data_ptr());
-  T* d_D = d_pi_dir + B * H * N;
-  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+  T* d_D = d_pi_dir + BHN;
+  at::parallel_for(0, ntask, 1, [&](int64_t t0, int64_t t1) {
     HEAD_DIM;
     std::vector<double> S(HP), M(HP);
     std::vector<T> run(HP);
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      const Tasks::Task tk = tasks[task];
+      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1;
       std::copy_n(carry_S.data() + task * HP, HP, S.data());
       std::copy_n(carry_M.data() + task * HP, HP, M.data());
       double* tot = carry_R.data() + task * W;
@@ -730,16 +757,17 @@ void causal_bwd_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* 
       }
     }
   });
-  exclusive_scan(carry_R, B, nc, W, /*reverse=*/true);
+  exclusive_scan(carry_R, tasks, W, /*reverse=*/true);
 
   // (3) blocks in reverse; V summed within the chunk, its chunk total kept for (4)
-  std::vector<double> carry_V(B * nc * HP, 0.0);
-  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+  std::vector<double> carry_V(ntask * HP, 0.0);
+  at::parallel_for(0, ntask, 1, [&](int64_t t0, int64_t t1) {
     HEAD_DIM;
     std::vector<double> S(HP), M(HP), R(W), V(HP);
     std::vector<T> inv_S(HP * kBlock), gb(HP * kBlock), Rb(HP * kBlock), dpi(H * kBlock), ds(H * kBlock);
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      const Tasks::Task tk = tasks[task];
+      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1;
       std::copy_n(carry_R.data() + task * W, W, R.data());  // [h, p]: R, then [h]: Q
       std::fill(V.begin(), V.end(), 0.0);
       const int64_t last0 = c0 + (c1 - 1 - c0) / kBlock * kBlock;
@@ -816,15 +844,16 @@ void causal_bwd_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* 
       std::copy_n(V.data(), HP, carry_V.data() + task * HP);
     }
   });
-  if (nc == 1) return;
-  exclusive_scan(carry_V, B, nc, HP, /*reverse=*/true);
+  if (!tasks.tab && tasks.nc == 1) return;
+  exclusive_scan(carry_V, tasks, HP, /*reverse=*/true);
 
   // (4) dw += 2 w V_carry (V from later chunks)
-  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, ntask, 1, [&](int64_t t0, int64_t t1) {
     HEAD_DIM;
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
-      if (task % nc == nc - 1) continue;  // nothing after the last chunk
+      const Tasks::Task tk = tasks[task];
+      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1;
+      if (!tasks.tab && task % tasks.nc == tasks.nc - 1) continue;  // nothing after the last chunk
       std::vector<T> vc(HP);
       for (int64_t k = 0; k < HP; ++k) vc[k] = static_cast<T>(2.0 * carry_V[task * HP + k]);
       w.visit(c0, c1, [&](int64_t h, int64_t n) {
@@ -839,7 +868,7 @@ void causal_bwd_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* 
 }
 
 std::vector<Tensor> tssa_causal_bwd(const Tensor& w, const Tensor& G, const Tensor& temp, const Tensor& pi,
-                                    const Tensor& den) {
+                                    const Tensor& den, const std::optional<Tensor>& table, int64_t nslots) {
   check_w(w);
   check_w(G);
   TORCH_CHECK(G.sizes() == w.sizes() && G.scalar_type() == w.scalar_type(), "G must match w");
@@ -849,13 +878,14 @@ std::vector<Tensor> tssa_causal_bwd(const Tensor& w, const Tensor& G, const Tens
   check_small(den, w, "den");
   TORCH_CHECK(temp.numel() == H && pi.numel() == B * H * N && den.numel() == B * H * N,
               "temp must be (H,), pi and den (B, H, N)");
-  Tensor d_a = at::empty({B, H, N}, w.options());
-  Tensor dw = at::empty_like(w);
+  const Tasks tasks(B, N, table, nslots);
+  Tensor d_a = tasks.per_token({B, H, N}, w.options());
+  Tensor dw = tasks.like(w);
   AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_causal_bwd", [&] {
     with_head_dim(P, [&](auto kp) {
       causal_bwd_kernel<scalar_t, decltype(kp)::value>(
           Rows<const scalar_t>(w), Rows<const scalar_t>(G), temp.data_ptr<scalar_t>(), pi.data_ptr<scalar_t>(),
-          den.data_ptr<scalar_t>(), d_a.data_ptr<scalar_t>(), Rows<scalar_t>(dw), B, N, P);
+          den.data_ptr<scalar_t>(), d_a.data_ptr<scalar_t>(), Rows<scalar_t>(dw), tasks, N, P);
     });
   });
   return {d_a, dw};
@@ -868,10 +898,12 @@ TORCH_LIBRARY(attnzoo_cpu, m) {
   m.def("tssa_colsum_sq(Tensor w, Tensor? d, Tensor? tasks=None, int nslots=0) -> Tensor");
   m.def("tssa_token_stats(Tensor w, Tensor r, Tensor temp, Tensor? tasks=None, int nslots=0) -> Tensor[]");
   m.def("tssa_scale(Tensor w, Tensor pi, Tensor g, Tensor? tasks=None, int nslots=0) -> Tensor");
-  m.def("tssa_causal(Tensor w, Tensor temp, Tensor bias) -> Tensor[]");
+  m.def("tssa_causal(Tensor w, Tensor temp, Tensor bias, Tensor? tasks=None, int nslots=0) -> Tensor[]");
   m.def("tssa_bwd_gw(Tensor w, Tensor G, Tensor pi, Tensor g, Tensor? tasks=None, int nslots=0) -> Tensor[]");
   m.def("tssa_rowdot_sq(Tensor w, Tensor v, Tensor? tasks=None, int nslots=0) -> Tensor");
-  m.def("tssa_causal_bwd(Tensor w, Tensor G, Tensor temp, Tensor pi, Tensor den) -> Tensor[]");
+  m.def(
+      "tssa_causal_bwd(Tensor w, Tensor G, Tensor temp, Tensor pi, Tensor den, Tensor? tasks=None, int nslots=0) "
+      "-> Tensor[]");
   m.def(
       "tssa_bwd_dw(Tensor w, Tensor G, Tensor a, Tensor b, Tensor c, Tensor d, Tensor e, Tensor f, Tensor h, "
       "Tensor? tasks=None, int nslots=0) -> Tensor");
