@@ -350,14 +350,21 @@ def _seg_cumsum(x: torch.Tensor, seg: Segments) -> torch.Tensor:
     """Inclusive prefix sum over tokens (dim 2) of ``(B, H, N, P)`` restarted at each sequence's first token.
 
     Padding must already be zero in ``x``. One sequence per row (a padded batch) is a plain two-level scan. A packed
-    row takes a segmented Hillis-Steele scan (log2 of the longest sequence doubling steps, each adding the partial
-    sum ``d`` tokens back where that token is in the same sequence): subtracting the prefix before each start
-    instead would cancel catastrophically for a small token after a long sequence.
+    row subtracts the prefix before each sequence's start from a row-wide prefix sum: in float64 for float32 input
+    (the cancellation then stays far below float32 rounding, and an all-zero prefix stays exactly 0); for float64
+    input, which has no wider type, a segmented Hillis-Steele scan (log2 of the longest sequence doubling steps,
+    each adding the partial sum ``d`` tokens back where that token is in the same sequence), exact of cancellation.
     """
     if seg.num == 1:
         return chunked_cumsum(x)
-    n, ids, out, d = x.shape[2], seg.ids, x, 1
-    longest = int(seg.lengths.max())
+    n, ids = x.shape[2], seg.ids
+    if x.dtype != torch.float64:
+        cum = torch.cumsum(x.double(), dim=2)
+        start = torch.arange(n, device=x.device) - seg.pos  # (B, N): index of the sequence's first token
+        before = F.pad(cum, (0, 0) * (x.ndim - 3) + (1, 0))  # before[:, :, i] = sum of tokens < i
+        idx = start.view(start.shape[0], 1, n, *([1] * (x.ndim - 3))).expand(x.shape)
+        return (cum - before.gather(2, idx)).to(x.dtype)
+    out, d, longest = x, 1, int(seg.lengths.max())
     while d < longest:
         same = (ids[:, d:] == ids[:, :-d]).view(ids.shape[0], 1, n - d, *([1] * (x.ndim - 3)))
         out = out + F.pad(torch.where(same, out[:, :, : n - d], 0.0), (0, 0) * (x.ndim - 3) + (d, 0))
