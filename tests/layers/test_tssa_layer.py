@@ -205,3 +205,17 @@ def test_masked_forward_records_pi_per_sequence():
     pi, pi_alone = rec["0"]["pi"], alone["0"]["pi"]
     torch.testing.assert_close(pi[:1, :, 2:], pi_alone, rtol=1e-12, atol=1e-12)
     assert bool((pi[0, :, :2] == 0).all())
+
+
+def test_decoding_a_left_padded_prompt_equals_each_prompt_alone():
+    m = _randomise(TSSAAttention(8, 2, causal=True, max_len=6)).double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    state, outs = m.init_state(2), []
+    for t in range(5):
+        y, state = m.step(x[:, t : t + 1], state, attention_mask=mask[:, t : t + 1])
+        outs.append(y)
+    got = torch.cat(outs, dim=1)
+    torch.testing.assert_close(got, m(x, attention_mask=mask), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got[:1, 2:], m(x[:1, 2:]), rtol=1e-12, atol=1e-12)
+    assert bool((got[0, :2] == 0).all()) and state.pos.tolist() == [3, 5]
