@@ -101,7 +101,6 @@ def assert_equal_to_alone(
         return
 
     grads_alone = [
-        # the shared inputs' gradient below goes through these graphs again
         torch.autograd.grad((o * c).sum(), list(leaves.values()), allow_unused=True, retain_graph=bool(shared))
         for o, c, leaves in zip(outs, cots, alone_leaves, strict=True)
     ]
