@@ -48,7 +48,7 @@ def check_same_shape(names: Sequence[str], tensors: Sequence[torch.Tensor], dims
     """Raise ``ValueError`` unless the tensors agree on ``dims`` (all dims when ``None``)."""
     ref = tensors[0]
     idx = list(range(ref.ndim)) if dims is None else list(dims)
-    for n, t in zip(names[1:], tensors[1:]):
+    for n, t in zip(names[1:], tensors[1:], strict=True):
         if t.ndim != ref.ndim or any(t.shape[i] != ref.shape[i] for i in idx):
             raise ValueError(
                 f"{names[0]} and {n} must agree on dims {idx}: got {tuple(ref.shape)} and {tuple(t.shape)}"
@@ -105,7 +105,7 @@ def finite_absmax(tensors: Mapping[str, torch.Tensor | None], *, op: str = "") -
         groups.setdefault(t.device, []).append((name, torch.stack([lo, hi])))
     out: dict[str, float] = {}
     bad: list[str] = []
-    for dev, items in groups.items():
+    for items in groups.values():
         # float32 holds every half/bf16/float32 value exactly; float64 inputs keep float64
         wide = torch.float64 if any(v.dtype == torch.float64 for _, v in items) else torch.float32
         vals = torch.cat([v.to(wide) for _, v in items]).tolist()  # the sync

@@ -35,7 +35,7 @@ SCRIPT = textwrap.dedent(
     runner.plan = lambda budget_name, seed: ({{}}, steps)
     runner.machine_description = lambda device: {{}}
 
-    def write_report(out, plan, budget_name, seed, sections, steps, records, outcome, *a, **kw):
+    def write_report(out, plan, budget_name, seed, sections, records, outcome, *a, **kw):
         atomic_write_text(out / "report.md", f"{{len(records)}} steps\\n")
         write_json(out / "results.json", {{"steps": records}})
 

@@ -243,12 +243,16 @@ def test_decoding_memory_is_flat_for_recurrent_mechanisms(mechanism):
         assert big > small  # softmax / MSSA keep every key and value
 
 
-def test_attention_mask_right_padding_ok_left_padding_rejected():
+def test_attention_mask_right_padding_ok_left_padding_needs_a_masked_layer():
+    # more in test_hf_masks.py (generate from padded prompts)
     model = tiny_lm("linear")
     ids = tokens(2, 5)
     right = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
-    torch.testing.assert_close(model(ids, attention_mask=right).logits, model(ids).logits, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="left padding"):
+    out, full = model(ids, attention_mask=right).logits, model(ids).logits
+    torch.testing.assert_close(out[0], full[0], rtol=0, atol=0)
+    torch.testing.assert_close(out[1, :3], full[1, :3], rtol=0, atol=0)
+    # the parallel forward of a left-padded batch needs the layer to honour the mask: never silently ignored
+    with pytest.raises(ValueError, match="attention 'linear' does not honour attention_mask"):
         model(ids, attention_mask=torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]]))
 
 

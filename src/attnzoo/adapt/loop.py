@@ -272,7 +272,7 @@ class _Transfer:
     def _hook(self, i: int, backward: bool):
         student_module = self.pairs[i][1]
 
-        def hook(module, args, kwargs, output):
+        def hook(_module, args, kwargs, output):
             kw = {k: v for k, v in kwargs.items() if k not in self._CACHE_KEYS}
             with torch.set_grad_enabled(backward):
                 got = student_module(*args, **kw)

@@ -31,11 +31,11 @@ def plot_sweep(rows: list, sweep: str, xkey: str, path: str, title: str) -> str 
     mechs = sorted({m for m, _ in series})
     cmap = plt.get_cmap("tab10" if len(mechs) <= 10 else "tab20")
     color = {m: cmap(i % cmap.N) for i, m in enumerate(mechs)}
-    for ax, (key, label) in zip(axes[0], metrics):
+    for ax, (key, label) in zip(axes[0], metrics, strict=True):
         for (mech, causal), rs in sorted(series.items()):
             pts = sorted((getattr(r, xkey), getattr(r, key)) for r in rs if getattr(r, key) is not None)
             if pts:
-                xs, ys = zip(*pts)
+                xs, ys = zip(*pts, strict=True)
                 ys = [max(y, 1e-3) for y in ys]
                 ax.plot(
                     xs,

@@ -77,12 +77,13 @@ def _enhance(cls):
 
 
 RAND_AUGMENT_OPS = {
-    "identity": lambda img, m, s: img,
-    "autocontrast": lambda img, m, s: ImageOps.autocontrast(img),
-    "equalize": lambda img, m, s: ImageOps.equalize(img),
+    # every op takes (image, magnitude, sign); the ones without a magnitude ignore the last two
+    "identity": lambda img, _m, _s: img,
+    "autocontrast": lambda img, _m, _s: ImageOps.autocontrast(img),
+    "equalize": lambda img, _m, _s: ImageOps.equalize(img),
     "rotate": lambda img, m, s: img.rotate(s * 30.0 * m, Image.Resampling.BILINEAR, fillcolor=_FILL),
-    "solarize": lambda img, m, s: ImageOps.solarize(img, int(round(256 - 256 * m))),
-    "posterize": lambda img, m, s: ImageOps.posterize(img, max(1, 8 - int(round(4 * m)))),
+    "solarize": lambda img, m, _s: ImageOps.solarize(img, int(round(256 - 256 * m))),
+    "posterize": lambda img, m, _s: ImageOps.posterize(img, max(1, 8 - int(round(4 * m)))),
     "color": _enhance(ImageEnhance.Color),
     "contrast": _enhance(ImageEnhance.Contrast),
     "brightness": _enhance(ImageEnhance.Brightness),

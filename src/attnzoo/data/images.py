@@ -145,7 +145,7 @@ class _DtypeSpec:
         return np.dtype((order if order != "|" else "=") + self.code)
 
 
-def _reconstruct(cls, shape, typecode) -> _ArraySpec:
+def _reconstruct(cls, _shape, _typecode) -> _ArraySpec:  # pickle passes numpy's (cls, shape, typecode)
     if cls is not _NDARRAY_MARK:
         raise pickle.UnpicklingError("_reconstruct may only rebuild numpy.ndarray")
     return _ArraySpec()
@@ -178,7 +178,7 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
                 f"refusing to load global {module}.{name}: only numpy array reconstruction is allowed"
             ) from None
 
-    def persistent_load(self, pid):
+    def persistent_load(self, _pid):
         raise pickle.UnpicklingError("persistent ids are not allowed")
 
 

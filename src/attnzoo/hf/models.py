@@ -24,7 +24,9 @@ from transformers.modeling_outputs import CausalLMOutputWithPast, ImageClassifie
 
 from attnzoo.hf.configs import AttnZooCausalLMConfig, AttnZooVisionConfig
 from attnzoo.models.language import CausalLM
+from attnzoo.models.masking import RowInts
 from attnzoo.models.vision import VisionTransformer
+from attnzoo.ops._varlen import segments
 
 __all__ = ["RecurrentCache", "AttnZooForCausalLM", "AttnZooForImageClassification"]
 
@@ -45,6 +47,8 @@ def _map_tensors(state: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """Apply ``fn`` to every tensor of a mechanism state (dicts, named tuples, lists; other leaves kept)."""
     if isinstance(state, torch.Tensor):
         return fn(state)
+    if isinstance(state, RowInts):  # per-row positions of a padded batch (attnzoo.models.masking)
+        return RowInts(fn(state.values))
     if isinstance(state, dict):
         return {k: _map_tensors(v, fn) for k, v in state.items()}
     if isinstance(state, tuple) and hasattr(state, "_fields"):
@@ -73,7 +77,16 @@ class RecurrentCache:
 
     def __init__(self, layers: list[Any]) -> None:
         self.layers = list(layers)
+        #: tokens fed so far, padding included (transformers' cache length)
         self.pos = 0
+        #: once a padding token has been fed: each row's position ``(B,)`` (its real tokens so far), the ``(B, pos)``
+        #: mask of the tokens fed (1 = real) and the logits ``(B, V)`` of each row's last real token
+        self.row_pos: torch.Tensor | None = None
+        self.mask: torch.Tensor | None = None
+        self.last_logits: torch.Tensor | None = None
+
+    def _rows(self) -> list[str]:
+        return [n for n in ("row_pos", "mask", "last_logits") if getattr(self, n) is not None]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Tokens fed so far."""
@@ -86,9 +99,14 @@ class RecurrentCache:
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Select / reorder the batch rows (beam search)."""
         self.layers = [_map_tensors(s, lambda t: t.index_select(0, beam_idx.to(t.device))) for s in self.layers]
+        for n in self._rows():
+            t = getattr(self, n)
+            setattr(self, n, t.index_select(0, beam_idx.to(t.device)))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         self.layers = [_map_tensors(s, lambda t: t.repeat_interleave(repeats, dim=0)) for s in self.layers]
+        for n in self._rows():
+            setattr(self, n, getattr(self, n).repeat_interleave(repeats, dim=0))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self.reorder_cache(indices)
@@ -100,14 +118,14 @@ class RecurrentCache:
         return f"RecurrentCache(layers={len(self.layers)}, pos={self.pos}, bytes={self.nbytes()})"
 
 
-def _check_attention_mask(mask: torch.Tensor | None, batch: int, total: int) -> None:
-    """attnzoo's mechanisms take no padding mask: accept only masks without a 0 before a 1 in any row.
+def _check_attention_mask(mask: torch.Tensor | None, batch: int, total: int) -> torch.Tensor | None:
+    """The ``(batch, past + new tokens)`` 0/1 mask as bool; ``None`` when absent or all ones (nothing padded).
 
-    Right padding (ones then zeros) is harmless for a causal model (padded positions come after every real
-    token and their labels are ignored); left padding or holes would let padding tokens into the context.
+    Padding anywhere (left, right, holes) is honoured: a padding token is skipped by the decoding state and each
+    row is computed as if alone (:meth:`AttnZooForCausalLM.forward`).
     """
     if mask is None:
-        return
+        return None
     if not isinstance(mask, torch.Tensor) or mask.ndim != 2 or tuple(mask.shape) != (batch, total):
         raise ValueError(
             f"attention_mask must be a (batch, past + new tokens) = ({batch}, {total}) tensor of 0/1, got "
@@ -116,11 +134,7 @@ def _check_attention_mask(mask: torch.Tensor | None, batch: int, total: int) -> 
     m = mask.to(torch.int64)
     if bool(((m != 0) & (m != 1)).any()):
         raise ValueError("attention_mask must hold only 0 and 1")
-    if total > 1 and bool((m[:, 1:] > m[:, :-1]).any()):
-        raise ValueError(
-            "attention_mask has a 0 before a 1 (left padding or holes): attnzoo's mechanisms take no padding "
-            "mask, so pad on the right (tokenizer.padding_side='right') or batch sequences of equal length"
-        )
+    return None if bool(m.all()) else m.bool()
 
 
 class AttnZooPreTrainedModel(PreTrainedModel):
@@ -193,27 +207,49 @@ class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
         state = self.model.init_state(batch_size, device=device, dtype=dtype)
         return RecurrentCache(state["layers"])
 
-    def _decode(self, input_ids: torch.Tensor, cache: RecurrentCache, keep: int) -> torch.Tensor:
+    def _decode(
+        self, input_ids: torch.Tensor, cache: RecurrentCache, keep: int, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """Feed ``input_ids (B, T)`` one token at a time; logits ``(B, keep, V)`` of the last ``keep`` tokens.
 
-        Each step is :meth:`attnzoo.models.language.CausalLM.step`'s computation, so decoding equals
-        attnzoo's own ``generate`` token for token.
+        Each step is :meth:`attnzoo.models.language.CausalLM.step`'s computation, so decoding equals attnzoo's own
+        ``generate`` token for token. ``mask (B, T)`` (True = real, ``None``: all real): a padding token leaves its
+        row's state and position unchanged and repeats the logits of the row's last real token (zeros before any),
+        so a left- or right-padded prompt continues as that prompt alone.
         """
         m = self.model
         t_new = input_ids.shape[1]
-        if m.config.pos_embed == "learned" and cache.pos + t_new > m.config.block_size:
+        top = int(cache.row_pos.max()) if cache.row_pos is not None else cache.pos
+        if m.config.pos_embed == "learned" and top + t_new > m.config.block_size:
             raise ValueError(
-                f"decoding {cache.pos + t_new} tokens exceeds block_size={m.config.block_size} (learned positions "
+                f"decoding {top + t_new} tokens exceeds block_size={m.config.block_size} (learned positions "
                 f"end there); generate fewer tokens or decode with use_cache=False for a sliding window"
             )
+        pre = m.prefill(input_ids) if cache.pos == 0 and mask is None and t_new > 1 else None
+        if pre is not None:  # the prompt through the parallel form once, its state handed to step
+            cache.layers, cache.pos = pre[1]["layers"], t_new
+            return pre[0][:, t_new - keep :]
+        state = {"pos": cache.row_pos if cache.row_pos is not None else cache.pos, "layers": cache.layers}
+        if cache.mask is not None:
+            state["mask"] = cache.mask
+        last = cache.last_logits
         logits = []
         for t in range(t_new):
-            x = m._embed(input_ids[:, t : t + 1], cache.pos)
-            for i, blk in enumerate(m.blocks):
-                x, cache.layers[i] = blk.step(x, cache.layers[i])
+            real = None if mask is None else mask[:, t : t + 1]
+            x, state = m._step_hidden(input_ids[:, t : t + 1], state, real)
             cache.pos += 1
+            if t < t_new - keep and real is None and last is None:
+                continue  # no logits needed
+            new = m.lm_head(m.ln_f(x))[:, 0]
+            if real is not None or last is not None:
+                real = real if real is not None else torch.ones_like(new[:, :1], dtype=torch.bool)
+                new = torch.where(real, new, last if last is not None else torch.zeros_like(new))
+                last = new
             if t >= t_new - keep:
-                logits.append(m.lm_head(m.ln_f(x)))
+                logits.append(new[:, None])
+        cache.layers = state["layers"]
+        if "mask" in state:
+            cache.row_pos, cache.mask, cache.last_logits = state["pos"], state["mask"], last
         return torch.cat(logits, dim=1)
 
     def forward(
@@ -249,7 +285,7 @@ class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
             expected = torch.arange(past, past + t, device=input_ids.device).expand(b, -1)
             if tuple(position_ids.shape) != (b, t) or not torch.equal(position_ids.to(expected.device), expected):
                 raise ValueError("position_ids must be the default 0..T-1 after the cache; attnzoo takes no others")
-        _check_attention_mask(attention_mask, b, past + t)
+        mask = _check_attention_mask(attention_mask, b, past + t)
 
         keep = t if logits_to_keep == 0 else min(logits_to_keep, t)
         hidden_states = None
@@ -257,12 +293,12 @@ class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
             if output_hidden_states:
                 raise ValueError("output_hidden_states needs the parallel forward; pass use_cache=False")
             cache = past_key_values if past_key_values is not None else self.new_cache(b, device=input_ids.device)
-            logits = self._decode(input_ids, cache, keep)
+            logits = self._decode(input_ids, cache, keep, None if mask is None else mask[:, past:])
         else:
             if past_key_values is not None:
                 raise ValueError("past_key_values was given with use_cache=False; pass use_cache=True to extend it")
             cache = None
-            logits, hidden_states = self._parallel(input_ids, keep, bool(output_hidden_states))
+            logits, hidden_states = self._parallel(input_ids, keep, bool(output_hidden_states), mask)
         loss = None if labels is None else _next_token_loss(logits, labels, input_ids, keep, num_items_in_batch)
         if not return_dict:
             out = (logits, cache) if cache is not None else (logits,)
@@ -299,19 +335,26 @@ class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
             )
 
     def _parallel(
-        self, input_ids: torch.Tensor, keep: int, output_hidden_states: bool
+        self, input_ids: torch.Tensor, keep: int, output_hidden_states: bool, mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """The whole of ``input_ids (B, T)`` at once: logits ``(B, keep, V)`` of the last ``keep`` positions and,
-        when asked, the hidden states ``(B, T, D)`` after the embedding and after each block."""
+        when asked, the hidden states ``(B, T, D)`` after the embedding and after each block.
+
+        ``mask (B, T)`` (True = real): positions restart at each row's first real token and the mixers get the mask
+        (an error for a mechanism that cannot honour it) unless the padding only trails the real tokens, which a
+        causal model needs no mask for; a padding position repeats the logits of its row's last real token."""
         from attnzoo.models.language import check_token_ids
 
         m = self.model
         t = input_ids.shape[1]
         check_token_ids("input_ids", input_ids, m.config.vocab_size, m.config.block_size)
-        x = m._embed(input_ids, 0)
+        trailing = mask is None or not bool((mask[:, 1:] & ~mask[:, :-1]).any())  # no 0 before a 1
+        layer_mask = None if trailing else mask
+        seg = segments(*input_ids.shape, attention_mask=layer_mask, device=input_ids.device)
+        x = m._embed(input_ids, 0 if seg is None else seg.pos)
         states = [x] if output_hidden_states else None
         for blk in m.blocks:
-            x = blk(x)
+            x = blk(x, attention_mask=layer_mask)
             if states is not None:
                 states.append(x)
         x = m.ln_f(x)
@@ -319,7 +362,12 @@ class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
         if states is not None:
             states[-1] = x  # transformers' convention: the last entry is after the final norm
             hidden_states = tuple(states)
-        return m.lm_head(x[:, t - keep :]), hidden_states
+        if mask is None:
+            return m.lm_head(x[:, t - keep :]), hidden_states
+        # each position's row-last real token so far (-1 before the first): its logits stand for the padding
+        idx = torch.where(mask, torch.arange(t, device=mask.device), -1).cummax(dim=1).values[:, t - keep :]
+        logits = m.lm_head(x.gather(1, idx.clamp_min(0)[..., None].expand(-1, -1, x.shape[-1])))
+        return torch.where(idx[..., None] >= 0, logits, torch.zeros_like(logits)), hidden_states
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, cache=None, **kwargs):
         # position ids are implied by the cache; attnzoo computes its own positions

@@ -23,6 +23,8 @@ from torch import nn
 
 from attnzoo.layers.base import Attention, attention_info, list_attentions
 from attnzoo.models.blocks import build_mixer
+from attnzoo.models.masking import mask_keywords, masked_step
+from attnzoo.models.prefill import prefill
 from attnzoo.ops._spec import Projections
 
 __all__ = ["SwapReport", "SwappedLayer", "SwappedAttention", "swap_attention"]
@@ -174,17 +176,41 @@ def _slice(rope: tuple[torch.Tensor, torch.Tensor] | None, i: int):
     return None if rope is None else (rope[0][:, i : i + 1], rope[1][:, i : i + 1])
 
 
+def _key_mask(mask: Any, batch: int) -> torch.Tensor | None:
+    """The ``(B, K)`` keep-mask (True = a real token) of the keys in ``transformers``' attention mask; ``None`` when
+    nothing is padded.
+
+    Decoder layers get a 4-D ``(B, 1, Q, K)`` mask: bool (True = attend, SDPA) or additive float (0 = attend,
+    eager), or ``None`` when nothing is masked beyond causality. The last query row attends to every real key
+    (the causal limit is the last key), so it is the padding mask of the keys.
+    """
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 4 or mask.shape[0] not in (1, batch):
+        raise ValueError(
+            f"swapped attention got an attention mask it cannot read ({type(mask).__name__}"
+            f"{tuple(mask.shape) if isinstance(mask, torch.Tensor) else ''}); it reads the 4-D (B, 1, Q, K) bool or "
+            f"additive masks of the 'sdpa' and 'eager' attention implementations"
+        )
+    row = mask[:, 0, -1, :]
+    keep = row if row.dtype == torch.bool else row > torch.finfo(row.dtype).min / 2
+    keep = keep.expand(batch, -1)
+    return None if bool(keep.all()) else keep
+
+
 class SwappedAttention(nn.Module):
     """An attnzoo mechanism behind the call signature of the ``transformers`` attention it replaced.
 
     ``forward(hidden_states (B, N, dim), ...)`` returns ``(output (B, N, dim), None)`` like ``transformers``'
-    attention modules (no attention weights). Masks are not applied: the mechanism is causal for decoders and
-    sees every token for encoders (padding masks are ignored; pad on the right for decoders).
+    attention modules (no attention weights). The padding in ``transformers``' ``attention_mask`` reaches the
+    mechanism as its ``(B, N)`` ``attention_mask`` (an error for a mechanism whose layer cannot honour it, never
+    ignored); in decoding a padding token leaves its row's state unchanged (:func:`attnzoo.models.masking.masked_step`).
 
     Decoding with ``transformers``' cache (``generate`` with ``use_cache=True``): the ``transformers`` cache
     holds zero-width key/value entries so its length (hence the positions) advances, and the mechanism's own
-    recurrent state (``init_state``/``step``) is kept here per cache object; the prompt pass runs in parallel
-    and is replayed through ``step`` on the first decoding step.
+    recurrent state (``init_state``/``step``) is kept here per cache object. The prompt pass runs in parallel;
+    where the mechanism has a prefill (:func:`attnzoo.models.prefill.prefill`: softmax, linear) that pass also
+    gives the state, otherwise the prompt is replayed through ``step`` on the first decoding step.
     """
 
     def __init__(self, mixer: Attention, layer_idx: int | None, original: str) -> None:
@@ -227,11 +253,12 @@ class SwappedAttention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, past_key_values=None, cache=None, **kwargs: Any):
         rope = kwargs.get("position_embeddings")
+        keep = _key_mask(kwargs.get("attention_mask"), hidden_states.shape[0])
         # transformers >= 5.24 hands the decoder layers' cache over as `cache`, earlier versions as `past_key_values`
         cache = cache if cache is not None else past_key_values
         if cache is None or not self.mixer.causal or not hasattr(cache, "update"):
             with self._rotary(rope):
-                return self.mixer(hidden_states), None
+                return self.mixer(hidden_states, **self._keywords(keep)), None
         if self.layer_idx is None:
             raise ValueError(f"{self.original} swapped without a layer index cannot use transformers' cache")
         b, t, _ = hidden_states.shape
@@ -247,29 +274,70 @@ class SwappedAttention(nn.Module):
                     f"this transformers cache already holds {seen} tokens this swapped attention did not see; "
                     f"start decoding from an empty cache"
                 )
-            # prompt: parallel forward; keep its inputs to build the recurrent state if decoding follows
-            self._decoding[cache] = {"state": None, "prefix": hidden_states.detach(), "rope": rope, "pos": t}
+            if self._needs_mask(keep) and not getattr(self.mixer, "supports_masks", False):
+                # the mechanism cannot take the mask in its parallel form: the padded prompt goes through its step,
+                # which leaves a row's state unchanged at its padding
+                state = self.mixer.init_state(b, device=mark.device, dtype=mark.dtype)
+                entry = {"state": state, "pos": 0, "mask": None}
+                self._decoding[cache] = entry
+                return self._steps(entry, hidden_states, rope, keep, 0), None
             with self._rotary(rope):
-                return self.mixer(hidden_states), None
+                pre = prefill(self.mixer, hidden_states, keep)
+            if pre is not None:  # the state after the prompt from the parallel pass: nothing to replay
+                self._decoding[cache] = {"state": pre[1], "pos": t, "mask": keep}
+                return pre[0], None
+            # prompt: parallel forward; keep its inputs to build the recurrent state if decoding follows
+            entry = {"state": None, "prefix": hidden_states.detach(), "rope": rope, "pos": t, "mask": keep}
+            self._decoding[cache] = entry
+            with self._rotary(rope):
+                return self.mixer(hidden_states, **self._keywords(keep)), None
         if entry["pos"] != seen:
             raise ValueError(
                 f"this transformers cache holds {seen} tokens this swapped attention did not see; start decoding "
                 f"from an empty cache"
             )
         if entry["state"] is None:
-            state = self.mixer.init_state(b, device=hidden_states.device, dtype=hidden_states.dtype)
-            prefix, prefix_rope = entry.pop("prefix"), entry.pop("rope")
-            for i in range(prefix.shape[1]):
-                with self._rotary(_slice(prefix_rope, i)):
-                    _, state = self.mixer.step(prefix[:, i : i + 1], state)
-            entry["state"] = state
+            self._replay(entry, b, hidden_states)
+        return self._steps(entry, hidden_states, rope, keep, seen), None
+
+    def _steps(self, entry: dict, x: torch.Tensor, rope, keep: torch.Tensor | None, seen: int) -> torch.Tensor:
+        """``x (B, T, dim)`` through the mechanism's ``step`` after ``seen`` tokens; ``keep (B, seen + T)``."""
+        b, t, _ = x.shape
+        hist = entry["mask"]  # (B, tokens fed) once a padding token was seen, else None
+        if hist is not None or keep is not None:
+            new = keep[:, seen:] if keep is not None else x.new_ones(b, t, dtype=torch.bool)
+            hist = torch.cat([hist if hist is not None else new.new_ones(b, seen), new], dim=1)
         outs = []
         for i in range(t):
             with self._rotary(_slice(rope, i)):
-                y, entry["state"] = self.mixer.step(hidden_states[:, i : i + 1], entry["state"])
+                m = None if hist is None else hist[:, : seen + i + 1]
+                y, entry["state"] = masked_step(self.mixer, x[:, i : i + 1], entry["state"], m)
             outs.append(y)
         entry["pos"] += t
-        return torch.cat(outs, dim=1), None
+        entry["mask"] = hist
+        return torch.cat(outs, dim=1)
+
+    def _needs_mask(self, keep: torch.Tensor | None) -> bool:
+        """Whether padding ``keep (B, N)`` must reach the parallel form: trailing padding in a causal mechanism
+        needs no mask (no real token sees it)."""
+        if keep is None:
+            return False
+        return not self.mixer.causal or bool((keep[:, 1:] & ~keep[:, :-1]).any())
+
+    def _keywords(self, keep: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """The mask keywords of a parallel forward over ``keep (B, N)``; an error when the mechanism cannot honour
+        a needed mask."""
+        return mask_keywords(self.mixer, attention_mask=keep) if self._needs_mask(keep) else {}
+
+    def _replay(self, entry: dict, b: int, ref: torch.Tensor) -> None:
+        """The recurrent state after the prompt the parallel forward saw, fed through ``step`` token by token."""
+        state = self.mixer.init_state(b, device=ref.device, dtype=ref.dtype)
+        prefix, prefix_rope, mask = entry.pop("prefix"), entry.pop("rope"), entry["mask"]
+        for i in range(prefix.shape[1]):
+            with self._rotary(_slice(prefix_rope, i)):
+                m = None if mask is None else mask[:, : i + 1]
+                _, state = masked_step(self.mixer, prefix[:, i : i + 1], state, m)
+        entry["state"] = state
 
     def extra_repr(self) -> str:
         return f"original={self.original}, layer_idx={self.layer_idx}"
@@ -400,6 +468,25 @@ def _build(
     return mixer, info
 
 
+def _whole_model_notes(report: SwapReport, mechanism: str, rope: bool) -> None:
+    """The notes that hold for the whole swapped model: rotary embeddings, padding masks."""
+    if rope and report.layers:
+        if _rotates(attention_info(mechanism)):
+            report.notes.append(
+                "rotary position embeddings rotate the mechanism's queries and keys, as in the original"
+            )
+        else:
+            report.notes.append(
+                f"rotary position embeddings are not applied: {mechanism} has no separate queries and keys to "
+                f"rotate; causal masking still orders the tokens"
+            )
+    if not getattr(attention_info(mechanism), "supports_masks", False):
+        report.notes.append(
+            f"{mechanism} does not honour padding masks yet: a padded batch raises without transformers' cache; "
+            f"with it, a padded prompt goes through the mechanism's step where its decoding state has a fixed size"
+        )
+
+
 def swap_attention(model: nn.Module, mechanism: str, **options: Any) -> SwapReport:
     """Replace every self-attention module of a ``transformers`` GPT-2, Llama-family or ViT model, in place,
     by attnzoo's ``mechanism`` (built with ``options``, see ``attnzoo.attention_info(mechanism)``).
@@ -468,15 +555,5 @@ def swap_attention(model: nn.Module, mechanism: str, **options: Any) -> SwapRepo
         setattr(parent, attr, swapped)
         report.layers.append(info)
         report.notes.extend(n for n in info.notes if n not in report.notes)
-    if rope and report.layers:
-        if _rotates(attention_info(mechanism)):
-            report.notes.append(
-                "rotary position embeddings rotate the mechanism's queries and keys, as in the original"
-            )
-        else:
-            report.notes.append(
-                f"rotary position embeddings are not applied: {mechanism} has no separate queries and keys to "
-                f"rotate; causal masking still orders the tokens"
-            )
-    report.notes.append("attention masks are not applied (no padding masks): pad decoders on the right")
+    _whole_model_notes(report, mechanism, rope)
     return report

@@ -68,6 +68,7 @@ class Attention(nn.Module):
     #: whether the module computes its own normalisation and residual update (MEGA's gated ``x + u (h - x)``): the
     #: skeleton's block then hands it the residual stream and takes back the new stream, adding no norm around it
     owns_residual: bool = False
+    supports_masks: bool = False  # forward honours attention_mask= / cu_seqlens= (models refuse masks otherwise)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from attnzoo.layers.base import Attention, QKVProjection, RecurrentMixin, check_step_input, register_attention
+from attnzoo.ops._segment_ops import zero_padding_tokens
 from attnzoo.ops.linear import (
     LINEAR,
     LinearOptions,
@@ -31,9 +32,14 @@ class LinearAttention(QKVProjection, Attention, RecurrentMixin):
 
     Internals recorded under :func:`~attnzoo.layers.base.capture_internals` (forward only):
     ``attn`` ``(B, H, N, N)``, the normalised kernel matrix, computed explicitly and only when ``N <= 2048``.
+
+    ``forward(x, attention_mask=..., cu_seqlens=...)``: the moment sums run over each sequence's own real tokens
+    (the causal state restarts at each sequence start; see :func:`~attnzoo.ops.linear.linear_attention`); padding
+    tokens give 0. Decoding needs nothing more: each row's state starts empty.
     """
 
     mechanism = LINEAR
+    supports_masks = True
 
     def __init__(
         self,
@@ -63,17 +69,30 @@ class LinearAttention(QKVProjection, Attention, RecurrentMixin):
         self.feature_map, self.eps, self.chunk_size = o.feature_map, o.eps, o.chunk_size
         self._init_projections(dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x (B, N, dim) -> (B, N, dim)``; ``attention_mask (B, N)`` or ``cu_seqlens`` as in the op."""
         self.check_input(x)
         with self.naming_input(x):
             q, k, v = self._qkv(x)
+            masks = dict(attention_mask=attention_mask, cu_seqlens=cu_seqlens)
             if self.capturing and x.shape[1] <= MAX_RECORDED_TOKENS:
-                attn = linear_attention_weights(q, k, causal=self.causal, feature_map=self.feature_map, eps=self.eps)
+                attn = linear_attention_weights(
+                    q, k, causal=self.causal, feature_map=self.feature_map, eps=self.eps, **masks
+                )
                 self.record(attn=attn)
             o = linear_attention(
-                q, k, v, causal=self.causal, feature_map=self.feature_map, eps=self.eps, chunk_size=self.chunk_size
+                q,
+                k,
+                v,
+                causal=self.causal,
+                feature_map=self.feature_map,
+                eps=self.eps,
+                chunk_size=self.chunk_size,
+                **masks,
             )
-            return self._out(o)
+            return zero_padding_tokens(self._out(o), attention_mask)
 
     # ---- decoding ---------------------------------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> dict[str, torch.Tensor]:

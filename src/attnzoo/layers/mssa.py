@@ -9,6 +9,8 @@ from torch import nn
 
 from attnzoo._checks import check_scale
 from attnzoo.layers.base import Attention, RecurrentMixin, check_kv_cache, check_step_input, register_attention
+from attnzoo.ops._segment_ops import attention_allowed, zero_padding_tokens
+from attnzoo.ops._varlen import segments
 from attnzoo.ops.mssa import MSSA, MSSAOptions, mssa, mssa_query, mssa_weights
 from attnzoo.ops.softmax import softmax_attention
 
@@ -33,11 +35,16 @@ class MSSAAttention(Attention, RecurrentMixin):
     have none -- it is absorbed in ``U``). The step size ``eta`` of eq. (3) belongs to the residual block.
     Decoding: ``init_state``/``step`` keep a cache ``{"w"}`` of projections ``(B, H, t, head_dim)``.
 
+    ``forward(x, attention_mask=..., cu_seqlens=...)``: each sequence attends within its own real tokens (see
+    :func:`~attnzoo.ops.mssa.mssa`); padding tokens give 0.
+
     Internals recorded under :func:`~attnzoo.layers.base.capture_internals` (forward only):
-    ``attn`` ``(B, H, N, N)`` (before attention dropout), computed explicitly then.
+    ``attn`` ``(B, H, N, N)`` (before attention dropout), computed explicitly then (with a mask: 0 outside each
+    query's sequence, padding rows 0).
     """
 
     mechanism = MSSA
+    supports_masks = True
 
     def __init__(
         self,
@@ -83,18 +90,35 @@ class MSSAAttention(Attention, RecurrentMixin):
         y = self.to_out(o) if self.to_out is not None else torch.matmul(o, self.qkv.weight)
         return self.proj_drop(y)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x (B, N, dim) -> (B, N, dim)``; ``attention_mask (B, N)`` or ``cu_seqlens`` as in the op."""
         self.check_input(x)
         with self.naming_input(x):
             w = self._w(x)
             p = self.attn_dropout if self.training else 0.0
             if self.capturing:
-                attn = mssa_weights(w, causal=self.causal, scale=self.scale, normalize_query=self.normalize_query)
+                seg = segments(*x.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device)
+                allowed = None if seg is None else attention_allowed(seg, self.causal)
+                attn = mssa_weights(
+                    w, causal=self.causal, scale=self.scale, normalize_query=self.normalize_query, allowed=allowed
+                )
+                if seg is not None:
+                    attn = attn * seg.real[:, None, :, None]  # padding queries attend to nothing
                 self.record(attn=attn)
                 o = torch.matmul(F.dropout(attn, p=p, training=p > 0), w.to(attn.dtype)).to(w.dtype)
             else:
-                o = mssa(w, causal=self.causal, scale=self.scale, normalize_query=self.normalize_query, dropout_p=p)
-            return self._out(o)
+                o = mssa(
+                    w,
+                    causal=self.causal,
+                    scale=self.scale,
+                    normalize_query=self.normalize_query,
+                    dropout_p=p,
+                    attention_mask=attention_mask,
+                    cu_seqlens=cu_seqlens,
+                )
+            return zero_padding_tokens(self._out(o), attention_mask)
 
     # ---- decoding ---------------------------------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> dict[str, torch.Tensor]:

@@ -14,6 +14,8 @@ from attnzoo.layers.base import (  # noqa: F401  (check_step_input, check_kv_cac
     check_step_input,
     register_attention,
 )
+from attnzoo.ops._segment_ops import attention_allowed, zero_padding_tokens
+from attnzoo.ops._varlen import segments
 from attnzoo.ops.softmax import SOFTMAX, SoftmaxOptions, softmax_attention, softmax_attention_weights
 
 __all__ = ["SoftmaxAttention"]
@@ -27,11 +29,16 @@ class SoftmaxAttention(QKVProjection, Attention, RecurrentMixin):
     dim)`` -- the same parameters (names aside) as ViT/DeiT ``Attention`` and nanoGPT ``CausalSelfAttention``.
     Decoding: ``init_state``/``step`` keep a KV cache ``{"k", "v"}`` of shape ``(B, H, t, head_dim)``.
 
+    ``forward(x, attention_mask=..., cu_seqlens=...)``: each sequence attends within its own real tokens (see
+    :func:`~attnzoo.ops.softmax.softmax_attention`); padding tokens give 0.
+
     Internals recorded under :func:`~attnzoo.layers.base.capture_internals` (forward only):
-    ``attn`` ``(B, H, N, N)``, the attention probabilities (before attention dropout), computed explicitly then.
+    ``attn`` ``(B, H, N, N)``, the attention probabilities (before attention dropout), computed explicitly then
+    (with a mask: 0 outside each query's sequence, padding rows 0).
     """
 
     mechanism = SOFTMAX
+    supports_masks = True
 
     def __init__(
         self,
@@ -60,18 +67,34 @@ class SoftmaxAttention(QKVProjection, Attention, RecurrentMixin):
         self.scale = check_scale(o.scale, self.head_dim)
         self._init_projections(dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x (B, N, dim) -> (B, N, dim)``; ``attention_mask (B, N)`` or ``cu_seqlens`` as in the op."""
         self.check_input(x)
         with self.naming_input(x):
             q, k, v = self._qkv(x)
             p = self.attn_dropout if self.training else 0.0
             if self.capturing:
-                attn = softmax_attention_weights(q, k, causal=self.causal, scale=self.scale)
+                seg = segments(*x.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device)
+                allowed = None if seg is None else attention_allowed(seg, self.causal)
+                attn = softmax_attention_weights(q, k, causal=self.causal, scale=self.scale, allowed=allowed)
+                if seg is not None:
+                    attn = attn * seg.real[:, None, :, None]  # padding queries attend to nothing
                 self.record(attn=attn)
                 o = torch.matmul(F.dropout(attn, p=p, training=p > 0), v.to(attn.dtype)).to(v.dtype)
             else:
-                o = softmax_attention(q, k, v, causal=self.causal, scale=self.scale, dropout_p=p)
-            return self._out(o)
+                o = softmax_attention(
+                    q,
+                    k,
+                    v,
+                    causal=self.causal,
+                    scale=self.scale,
+                    dropout_p=p,
+                    attention_mask=attention_mask,
+                    cu_seqlens=cu_seqlens,
+                )
+            return zero_padding_tokens(self._out(o), attention_mask)
 
     # ---- decoding ---------------------------------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> dict[str, torch.Tensor]:

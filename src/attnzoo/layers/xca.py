@@ -7,7 +7,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnzoo.layers.base import Attention, QKVProjection, register_attention
+from attnzoo.ops._segment_ops import zero_padding_tokens
+from attnzoo.ops._varlen import segments
 from attnzoo.ops.xca import XCA, XCAOptions, xca, xca_weights
+from attnzoo.ops.xca.fused import xca_segment_weights
 
 __all__ = ["XCAttention"]
 
@@ -21,10 +24,15 @@ class XCAttention(QKVProjection, Attention):
     ``qkv = Linear(dim, 3 dim, bias=True)``, ``temperature``, ``proj = Linear(dim, dim)``.
 
     Internals recorded under :func:`~attnzoo.layers.base.capture_internals`: ``attn`` ``(B, H, P, P)``, the
-    channel-attention probabilities (before attention dropout), ``P = dim // heads``.
+    channel-attention probabilities (before attention dropout), ``P = dim // heads``; with ``cu_seqlens``
+    ``(1, H, S, P, P)``, one map per packed sequence.
+
+    ``forward(x, attention_mask=..., cu_seqlens=...)``: the channel norms and covariance sum over each sequence's
+    own real tokens (see :func:`~attnzoo.ops.xca.xca`); padding tokens give 0.
     """
 
     mechanism = XCA
+    supports_masks = True
 
     def __init__(
         self,
@@ -51,15 +59,22 @@ class XCAttention(QKVProjection, Attention):
         self._init_projections(dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
         self.temperature = nn.Parameter(torch.ones(heads, 1, 1))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x (B, N, dim) -> (B, N, dim)``; ``attention_mask (B, N)`` or ``cu_seqlens`` as in the op."""
         self.check_input(x)
         with self.naming_input(x):
             q, k, v = self._qkv(x)
             p = self.attn_dropout if self.training else 0.0
-            if self.capturing:
+            if self.capturing and attention_mask is None and cu_seqlens is None:
                 attn = xca_weights(q, k, self.temperature)
                 self.record(attn=attn)
                 o = torch.matmul(v.to(attn.dtype), F.dropout(attn, p=p, training=p > 0).transpose(-1, -2)).to(v.dtype)
             else:
-                o = xca(q, k, v, self.temperature, dropout_p=p)
-            return self._out(o)
+                if self.capturing:
+                    seg = segments(*x.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device)
+                    attn = xca_segment_weights(q, k, self.temperature, seg)
+                    self.record(attn=attn.squeeze(2) if cu_seqlens is None else attn)
+                o = xca(q, k, v, self.temperature, dropout_p=p, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
+            return zero_padding_tokens(self._out(o), attention_mask)

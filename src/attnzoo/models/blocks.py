@@ -23,6 +23,7 @@ from torch import nn
 
 from attnzoo.layers._norms import build_norm
 from attnzoo.layers.base import Attention
+from attnzoo.models.masking import mask_keywords, masked_step
 from attnzoo.registry import attention_info, build_attention, list_attentions
 
 __all__ = [
@@ -159,15 +160,25 @@ class Block(nn.Module):
         h = self.drop(self.ls2(self.ffn(self.norm2(x))))
         return x + h if self.residual else h
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._run(x, self.attn)
+    def forward(
+        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x (B, N, dim)``; ``attention_mask (B, N)`` / ``cu_seqlens (S + 1,)`` go to the mixer (the only part
+        that mixes tokens), only when given."""
+        kw = mask_keywords(self.attn, attention_mask, cu_seqlens)
+        if not kw:
+            return self._run(x, self.attn)
+        return self._run(x, lambda h: self.attn(h, **kw))
 
-    def step(self, x: torch.Tensor, state):
-        """One decoding step: ``x (B, 1, dim)`` -> ``(B, 1, dim)``, new mixer state (everything else is per token)."""
+    def step(self, x: torch.Tensor, state, *, attention_mask: torch.Tensor | None = None):
+        """One decoding step: ``x (B, 1, dim)`` -> ``(B, 1, dim)``, new mixer state (everything else is per token).
+
+        ``attention_mask (B, t + 1)``: the real tokens fed so far, this one last; a padding token leaves its row's
+        mixer state unchanged (:func:`attnzoo.models.masking.masked_step`)."""
         box = {}
 
         def mix(h):
-            y, box["state"] = self.attn.step(h, state)
+            y, box["state"] = masked_step(self.attn, h, state, attention_mask)
             return y
 
         y = self._run(x, mix)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -13,6 +14,8 @@ from attnzoo.models.blocks import build_blocks, init_weights, set_norm_eps, supp
 from attnzoo.models.checkpoint import PretrainedModel
 from attnzoo.models.config import CausalLMConfig
 from attnzoo.models.embeddings import sinusoidal_positions
+from attnzoo.models.prefill import has_prefill, prefill
+from attnzoo.ops._varlen import check_attention_mask, segments
 
 __all__ = ["CausalLM", "check_token_ids", "sample_next"]
 
@@ -89,20 +92,40 @@ class CausalLM(PretrainedModel):
             self.lm_head.weight = self.wte.weight
 
     # ---- full forward ------------------------------------------------------------------------
-    def _embed(self, idx: torch.Tensor, start: int) -> torch.Tensor:
+    def _embed(self, idx: torch.Tensor, start: int | torch.Tensor) -> torch.Tensor:
+        """Token plus position embeddings of ``idx (B, T)``; positions ``start + 0..T-1`` with ``start`` an int or a
+        per-row ``(B,)`` tensor, or given per token as a ``(B, T)`` tensor (``Segments.pos`` of a padded batch)."""
         t = idx.shape[1]
         x = self.wte(idx)
-        if self.config.pos_embed == "learned":
-            x = x + self.wpe(torch.arange(start, start + t, device=idx.device))
-        elif self.config.pos_embed == "sinusoidal":
-            x = x + sinusoidal_positions(start + t, self.config.dim, device=idx.device, dtype=x.dtype)[start:]
-        return self.drop(x)
+        kind = self.config.pos_embed
+        if kind not in ("learned", "sinusoidal"):
+            return self.drop(x)
+        if isinstance(start, int):
+            if kind == "learned":
+                return self.drop(x + self.wpe(torch.arange(start, start + t, device=idx.device)))
+            table = sinusoidal_positions(start + t, self.config.dim, device=idx.device, dtype=x.dtype)
+            return self.drop(x + table[start:])
+        pos = start if start.ndim == 2 else start[:, None] + torch.arange(t, device=idx.device)
+        if kind == "learned":
+            return self.drop(x + self.wpe(pos))
+        table = sinusoidal_positions(int(pos.max()) + 1, self.config.dim, device=idx.device, dtype=x.dtype)
+        return self.drop(x + table[pos])
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``idx (B, T)`` -> logits ``(B, T, V)``. ``attention_mask (B, T)`` (1 = real token, padding anywhere) or
+        ``cu_seqlens (S + 1,)`` (sequences packed in one row, ``B = 1``): each sequence is computed as if alone
+        (positions restart at its first real token; logits at padding positions are meaningless)."""
         check_token_ids("idx", idx, self.config.vocab_size, self.config.block_size)
-        x = self._embed(idx, 0)
+        seg = segments(*idx.shape, attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=idx.device)
+        x = self._embed(idx, 0 if seg is None else seg.pos)
         for blk in self.blocks:
-            x = blk(x)
+            x = blk(x, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
         return self.lm_head(self.ln_f(x))
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, *, ignore_index: int = -100) -> torch.Tensor:
@@ -142,34 +165,63 @@ class CausalLM(PretrainedModel):
             "layers": [b.attn.init_state(batch_size, device=device, dtype=dtype) for b in self.blocks],
         }
 
-    def step(self, idx_t: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+    def step(
+        self, idx_t: torch.Tensor, state: dict, *, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict]:
         """Feed one token per sequence, ``idx_t (B,)``; returns logits ``(B, vocab_size)`` and the new state.
 
-        Equals ``forward(prefix)[:, -1]`` for the prefix fed so far.
+        Equals ``forward(prefix)[:, -1]`` for the prefix fed so far. ``attention_mask (B,)`` (1 = real): a padding
+        token leaves its row's state and position unchanged and gets zero logits, so each row decodes its real
+        tokens alone (left-padded prompts).
         """
         if not isinstance(idx_t, torch.Tensor) or idx_t.ndim != 1:
             raise ValueError(
                 f"idx_t must be a (B,) tensor of token ids, got "
                 f"{tuple(idx_t.shape) if isinstance(idx_t, torch.Tensor) else type(idx_t).__name__}"
             )
-        pos = state["pos"]
+        real = None
+        if attention_mask is not None:
+            if isinstance(attention_mask, torch.Tensor) and attention_mask.ndim == 1:
+                attention_mask = attention_mask[:, None]
+            real = check_attention_mask(attention_mask, idx_t.shape[0], 1, name="attention_mask (B,)")
+        x, state = self._step_hidden(idx_t[:, None], state, real)
+        logits = self.lm_head(self.ln_f(x))[:, 0]
+        if real is not None:
+            logits = torch.where(real, logits, torch.zeros_like(logits))
+        return logits, state
+
+    def _step_hidden(self, idx: torch.Tensor, state: dict, real: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+        """One token ``idx (B, 1)`` through the blocks: hidden ``(B, 1, dim)`` and the new state; ``real (B, 1)``
+        bool marks real tokens (``None``: all). The state's ``pos`` is an int, or ``(B,)`` once rows differ, and
+        its ``mask (B, t)`` the real tokens fed so far (kept once a padding token has been fed)."""
+        pos, hist = state["pos"], state.get("mask")
         if len(state["layers"]) != len(self.blocks):
             raise ValueError(
                 f"state holds {len(state['layers'])} layers' states but this model has {len(self.blocks)} blocks; "
                 "start from this model's init_state"
             )
-        if self.config.pos_embed == "learned" and pos >= self.config.block_size:
+        top = int(pos.max()) if isinstance(pos, torch.Tensor) else pos
+        if self.config.pos_embed == "learned" and top >= self.config.block_size:
             raise ValueError(
-                f"position {pos} is past block_size={self.config.block_size} (learned positions end there)"
+                f"position {top} is past block_size={self.config.block_size} (learned positions end there)"
             )
-        check_token_ids("idx_t", idx_t[:, None], self.config.vocab_size, None)
-        x = self._embed(idx_t[:, None], pos)
+        check_token_ids("idx_t", idx, self.config.vocab_size, None)
+        b = idx.shape[0]
+        if hist is None and (real is None or bool(real.all())):
+            real = None  # nothing padded so far: the unmasked step
+        else:
+            hist = hist if hist is not None else torch.ones(b, pos, dtype=torch.bool, device=idx.device)
+            real = real if real is not None else torch.ones(b, 1, dtype=torch.bool, device=idx.device)
+            hist = torch.cat([hist, real], dim=1)
+        x = self._embed(idx, pos)
         layers = []
         for blk, s in zip(self.blocks, state["layers"], strict=True):
-            x, s = blk.step(x, s)
+            x, s = blk.step(x, s, attention_mask=hist)
             layers.append(s)
-        logits = self.lm_head(self.ln_f(x))[:, 0]
-        return logits, {"pos": pos + 1, "layers": layers}
+        if hist is None:
+            return x, {"pos": pos + 1, "layers": layers}
+        rows = pos if isinstance(pos, torch.Tensor) else torch.full((b,), pos, device=idx.device)
+        return x, {"pos": rows + real[:, 0].long(), "layers": layers, "mask": hist}
 
     @torch.no_grad()
     def generate(
@@ -181,12 +233,14 @@ class CausalLM(PretrainedModel):
         top_k: int | None = None,
         use_cache: bool | None = None,
         generator: torch.Generator | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Append ``max_new_tokens`` sampled tokens to ``idx (B, T)``; returns ``(B, T + max_new_tokens)``.
 
         ``use_cache=None`` decodes incrementally when every mixer supports it and the result fits in
         ``block_size``; otherwise the (cropped) prefix is re-run for each new token, as nanoGPT does.
-        ``temperature=0`` decodes greedily.
+        ``temperature=0`` decodes greedily. ``attention_mask (B, T)`` (1 = real) marks padding in the prompts (left,
+        right or anywhere): each row continues its real tokens as if alone; the new tokens follow the padding.
         """
         check_token_ids("idx", idx, self.config.vocab_size, None)
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
@@ -195,12 +249,16 @@ class CausalLM(PretrainedModel):
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
         if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+        mask = None if attention_mask is None else check_attention_mask(attention_mask, *idx.shape).to(idx.device)
+        if mask is not None and bool(mask.all()):
+            mask = None
         total = idx.shape[1] + max_new_tokens
         fits = self.config.pos_embed != "learned" or total <= self.config.block_size
         if use_cache is None:
             use_cache = self.supports_incremental and fits
         if max_new_tokens == 0:
             return idx
+        sample = functools.partial(sample_next, temperature=temperature, top_k=top_k, generator=generator)
         if use_cache:
             self._require_incremental()
             if not fits:
@@ -208,18 +266,60 @@ class CausalLM(PretrainedModel):
                     f"cached decoding of {total} tokens exceeds block_size={self.config.block_size}; "
                     f"pass use_cache=False to decode with a sliding window"
                 )
-            state = self.init_state(idx.shape[0], device=idx.device)
-            for t in range(idx.shape[1]):
-                logits, state = self.step(idx[:, t], state)
-            out = [idx]
-            for i in range(max_new_tokens):
-                nxt = sample_next(logits, temperature=temperature, top_k=top_k, generator=generator)
-                out.append(nxt[:, None])
-                if i + 1 < max_new_tokens:
-                    logits, state = self.step(nxt, state)
-            return torch.cat(out, dim=1)
+            return self._generate_cached(idx, max_new_tokens, mask, sample)
         for _ in range(max_new_tokens):
-            logits = self(idx[:, -self.config.block_size :])[:, -1]
-            nxt = sample_next(logits, temperature=temperature, top_k=top_k, generator=generator)
-            idx = torch.cat([idx, nxt[:, None]], dim=1)
+            window = idx[:, -self.config.block_size :]
+            if mask is None:
+                logits = self(window)[:, -1]
+            else:
+                m = mask[:, -self.config.block_size :]
+                # the last real token of each row predicts its next one (right padding puts it before the end)
+                last = (torch.arange(m.shape[1], device=m.device) * m).argmax(dim=1)
+                logits = self(window, attention_mask=m)[torch.arange(m.shape[0]), last]
+                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+            idx = torch.cat([idx, sample(logits)[:, None]], dim=1)
         return idx
+
+    def prefill(self, idx: torch.Tensor) -> tuple[torch.Tensor, dict] | None:
+        """The prompt ``idx (B, T)`` through the parallel causal form once: logits ``(B, T, V)`` and the decoding
+        state after it (equal to feeding it through :meth:`step`); ``None`` when a mixer has no prefill
+        (:func:`attnzoo.models.prefill.prefill`: softmax, linear), whose prompt :meth:`generate` feeds token by token.
+        """
+        if not all(has_prefill(b.attn) for b in self.blocks):
+            return None
+        check_token_ids("idx", idx, self.config.vocab_size, self.config.block_size)
+        x = self._embed(idx, 0)
+        layers = []
+        for blk in self.blocks:
+            box = {}
+
+            def mix(h: torch.Tensor, attn=blk.attn, box=box) -> torch.Tensor:
+                out, box["state"] = prefill(attn, h)
+                return out
+
+            x = blk._run(x, mix)
+            layers.append(box["state"])
+        return self.lm_head(self.ln_f(x)), {"pos": idx.shape[1], "layers": layers}
+
+    def _generate_cached(
+        self, idx: torch.Tensor, max_new_tokens: int, mask: torch.Tensor | None, sample
+    ) -> torch.Tensor:
+        """Incremental decoding of :meth:`generate`; ``mask (B, T)`` bool or ``None`` (no padding)."""
+        pre = self.prefill(idx) if mask is None else None
+        state = pre[1] if pre is not None else self.init_state(idx.shape[0], device=idx.device)
+        logits = pre[0][:, -1] if pre is not None else None
+        for t in range(0 if pre is None else idx.shape[1], idx.shape[1]):
+            real = None if mask is None else mask[:, t : t + 1]
+            x, state = self._step_hidden(idx[:, t : t + 1], state, real)
+            new = self.lm_head(self.ln_f(x))[:, 0]
+            # a padding token keeps the logits of its row's last real token (right padding ends the prompt with it)
+            if real is not None:
+                new = torch.where(real, new, logits if logits is not None else torch.zeros_like(new))
+            logits = new
+        out = [idx]
+        for i in range(max_new_tokens):
+            nxt = sample(logits)
+            out.append(nxt[:, None])
+            if i + 1 < max_new_tokens:
+                logits, state = self.step(nxt, state)
+        return torch.cat(out, dim=1)

@@ -202,7 +202,6 @@ def write_report(
     budget_name: str,
     seed: int,
     sections: list[str],
-    steps: list,
     records: dict,
     outcome,
     machine: dict,

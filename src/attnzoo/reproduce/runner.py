@@ -224,7 +224,6 @@ def run(
             budget_name,
             seed,
             sections,
-            steps,
             records,
             outcome,
             machine_description(device),

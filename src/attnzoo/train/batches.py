@@ -42,7 +42,7 @@ class _Steps(Dataset):
         return step_batch(self.train, self.schedule, self.start + k)
 
 
-def _ignore_sigint(worker_id: int) -> None:
+def _ignore_sigint(_worker_id: int) -> None:
     # Ctrl-C reaches the whole process group: the workers leave it to the main process, which finishes the
     # step and checkpoints (a worker dying on it would break the next step's batch instead)
     signal.signal(signal.SIGINT, signal.SIG_IGN)

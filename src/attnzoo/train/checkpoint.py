@@ -33,7 +33,7 @@ from torch import nn
 
 from attnzoo._io import atomic_write_text, fsync_dir, to_jsonable, write_error, write_json
 from attnzoo.models.checkpoint import CheckpointError
-from attnzoo.train.distributed import DistInfo, barrier
+from attnzoo.train.distributed import SINGLE_PROCESS, DistInfo, barrier
 
 __all__ = [
     "save_checkpoint",
@@ -240,7 +240,7 @@ def save_checkpoint(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     extra: dict[str, Any],
-    info: DistInfo = DistInfo(),
+    info: DistInfo = SINGLE_PROCESS,
     keep: int = 2,
     scaler: torch.amp.GradScaler | None = None,
 ) -> Path:
@@ -357,7 +357,7 @@ def load_checkpoint(
     path: Path,
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
-    info: DistInfo = DistInfo(),
+    info: DistInfo = SINGLE_PROCESS,
     scaler: torch.amp.GradScaler | None = None,
     restore_rng: bool = True,
 ) -> dict[str, Any]:

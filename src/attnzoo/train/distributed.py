@@ -43,6 +43,10 @@ class DistInfo:
         return self.world_size > 1
 
 
+#: one process, rank 0 (frozen, so one shared instance serves as every default)
+SINGLE_PROCESS = DistInfo()
+
+
 def init_distributed(device_type: str) -> DistInfo:
     """Join the process group torchrun set up (``WORLD_SIZE`` > 1): NCCL on CUDA, gloo on CPU."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -99,7 +103,7 @@ class BatchSchedule:
     ``shuffle=False`` walks the dataset in order (used for streams of i.i.d. generated samples).
     """
 
-    def __init__(self, n: int, batch_size: int, seed: int, info: DistInfo = DistInfo(), shuffle: bool = True):
+    def __init__(self, n: int, batch_size: int, seed: int, info: DistInfo = SINGLE_PROCESS, shuffle: bool = True):
         if batch_size > n:
             raise ValueError(f"batch_size={batch_size} is larger than the training set ({n} samples)")
         if batch_size % info.world_size:

@@ -81,7 +81,7 @@ def _icl_curve(task, metrics: dict[str, Any], cfg, plot: str | None) -> list[flo
     ls_curve = (least_squares_baseline(xs.numpy(), ys.numpy()) / task.info["dim"]).tolist()
     model_curve = metrics["normalized_error_per_position"]
     print("in-context examples | model error | least squares (normalised squared error)")
-    for i, (m, ls) in enumerate(zip(model_curve, ls_curve)):
+    for i, (m, ls) in enumerate(zip(model_curve, ls_curve, strict=True)):
         print(f"{i:19d} | {m:11.4f} | {ls:.4f}")
     if plot:
         import matplotlib

@@ -91,7 +91,7 @@ class MetricsLog:
                 if why is None and len(cells) != len(header):
                     why = f"{len(cells)} fields, the header has {len(header)}"
                 if why is None:
-                    row = dict(zip(header, cells))
+                    row = dict(zip(header, cells, strict=True))
                     why = _bad_row(row, numeric)
                     if why is None:
                         key = (int(row["step"]), row["split"])

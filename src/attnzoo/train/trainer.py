@@ -38,6 +38,7 @@ from attnzoo.train.checkpoint import (
 from attnzoo.train.config import ConfigError, TrainConfig
 from attnzoo.train.device import amp_dtype, autocast, resolve_device
 from attnzoo.train.distributed import (
+    SINGLE_PROCESS,
     BatchSchedule,
     DistInfo,
     all_gather_floats,
@@ -547,7 +548,7 @@ class _StopFlag:
                 self._old[s] = signal.signal(s, self._handle)
         return self
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum, _frame) -> None:
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C aborts without waiting for the checkpoint
         self.signum = signum
@@ -575,7 +576,7 @@ def evaluate(
     task: Task,
     batch_size: int,
     device: torch.device,
-    info: DistInfo = DistInfo(),
+    info: DistInfo = SINGLE_PROCESS,
     max_batches: int = 0,
     amp_dtype: torch.dtype | None = None,
 ) -> dict[str, Any]:

@@ -135,7 +135,7 @@ def plot_layerwise(result: dict):
     fig = new_figure(4.2 * len(groups), 3.6)
     axes = np.atleast_1d(fig.subplots(1, len(groups)))
     x = np.arange(1, len(result["layers"]) + 1)
-    for ax, (title, keys) in zip(axes, groups):
+    for ax, (title, keys) in zip(axes, groups, strict=True):
         for i, k in enumerate(keys):
             ax.plot(x, result["series"][k], "o-", ms=3, color=PALETTE[i], label=k)
         ax.set_xticks(x)

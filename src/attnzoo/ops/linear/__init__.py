@@ -55,9 +55,13 @@ class LinearOptions(Options):
     chunk_size: int | None = option(None, check_optional_positive_int, "token chunk of the causal 'torch' path")
 
 
-def _linear_naive(q, k, v, *, causal: bool, feature_map: str, eps: float, chunk_size: int | None) -> torch.Tensor:
+def _linear_naive(
+    q, k, v, *, causal: bool, feature_map: str, eps: float, chunk_size: int | None, attention_mask=None, cu_seqlens=None
+) -> torch.Tensor:
     del chunk_size  # the explicit (N, N) matrix has no chunks
-    return linear_attention_naive(q, k, v, causal=causal, feature_map=feature_map, eps=eps)
+    return linear_attention_naive(
+        q, k, v, causal=causal, feature_map=feature_map, eps=eps, attention_mask=attention_mask, cu_seqlens=cu_seqlens
+    )
 
 
 LINEAR = Mechanism(
@@ -110,6 +114,8 @@ def linear_attention(
     eps: float = 1e-6,
     backend: str = "auto",
     chunk_size: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Linear attention (Katharopoulos et al. 2020, eqs. 5-6; causal eqs. 8-10).
 
@@ -117,6 +123,11 @@ def linear_attention(
     (``elu + 1``, the paper's) or ``"relu"``. ``chunk_size`` (causal ``"torch"`` path only) defaults to 64.
     ``eps = 0`` is allowed, but with ``"relu"`` a query whose features are all zero then divides 0 by 0 and its
     output row is NaN (not checked, to keep the call free of a device sync): keep ``eps > 0`` with ``"relu"``.
+    ``attention_mask`` ``(B, N)`` (True/1 = real token) or ``cu_seqlens`` (sequences packed in one row, ``B = 1``):
+    the moment sums run over the real tokens of the query's own sequence ``s(i)`` only,
+    ``out_i = phi(q_i)^T S_i / (phi(q_i)^T z_i + eps)`` with ``S_i = sum_{j: s(j) = s(i) [, j <= i]} phi(k_j) v_j^T``
+    and ``z_i`` the same sum of ``phi(k_j)`` (the causal state restarts at each sequence's first token); padding
+    positions give 0. Decoding (:func:`linear_attention_recurrent`) starts each row from an empty state.
     """
     _check_qkv(q, k, v, "linear_attention")
     if not isinstance(causal, bool):
@@ -125,7 +136,16 @@ def linear_attention(
     eps = _check_eps(eps)
     chunk_size = LinearOptions.check("chunk_size", chunk_size)
     return call_backend(
-        LINEAR, backend, (q, k, v), name="q", causal=causal, feature_map=feature_map, eps=eps, chunk_size=chunk_size
+        LINEAR,
+        backend,
+        (q, k, v),
+        name="q",
+        causal=causal,
+        feature_map=feature_map,
+        eps=eps,
+        chunk_size=chunk_size,
+        attention_mask=attention_mask,
+        cu_seqlens=cu_seqlens,
     )
 
 

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.ops._dtypes import acc_dtype
+from attnzoo.ops._segment_ops import attention_allowed, run_each_alone
+from attnzoo.ops._varlen import segments
 
 __all__ = ["FEATURE_MAPS", "feature_map_fn", "linear_attention_naive", "linear_attention_weights"]
 
@@ -26,14 +28,25 @@ def feature_map_fn(name: str):
 
 
 def linear_attention_weights(
-    q: torch.Tensor, k: torch.Tensor, *, causal: bool, feature_map: str, eps: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    causal: bool,
+    feature_map: str,
+    eps: float,
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The normalised kernel matrix ``phi(q_i)^T phi(k_j) / (sum_j' phi(q_i)^T phi(k_j') + eps)``: ``(B, H, N, N)``."""
+    """The normalised kernel matrix ``phi(q_i)^T phi(k_j) / (sum_j' phi(q_i)^T phi(k_j') + eps)``: ``(B, H, N, N)``
+    (with ``attention_mask``/``cu_seqlens``: ``j, j'`` over ``i``'s own sequence's real tokens; padding rows 0)."""
     phi = feature_map_fn(feature_map)
     acc = acc_dtype(q.dtype)
     a = torch.matmul(phi(q.to(acc)), phi(k.to(acc)).transpose(-1, -2))
     if causal:
         a = torch.tril(a)
+    seg = segments(q.shape[0], q.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
+    if seg is not None:
+        a = a.masked_fill(~attention_allowed(seg, causal, pad_self=False), 0.0)
     return a / (a.sum(dim=-1, keepdim=True) + eps)
 
 
@@ -45,7 +58,21 @@ def linear_attention_naive(
     causal: bool = False,
     feature_map: str = "elu",
     eps: float = 1e-6,
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``(B, H, N, P) x3 -> (B, H, N, Pv)`` through the explicit normalised kernel matrix (O(N^2))."""
+    """``(B, H, N, P) x3 -> (B, H, N, Pv)`` through the explicit normalised kernel matrix (O(N^2)).
+
+    With ``attention_mask``/``cu_seqlens``: each sequence's real tokens run alone (the definition),
+    ``out_i = sum_{j: s(j) = s(i) [, j <= i]} phi(q_i)^T phi(k_j) v_j / (sum_j phi(q_i)^T phi(k_j) + eps)``;
+    padding rows are 0."""
+    seg = segments(q.shape[0], q.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
+    if seg is not None:
+        return run_each_alone(
+            lambda a, b, c: linear_attention_naive(a, b, c, causal=causal, feature_map=feature_map, eps=eps),
+            seg,
+            (q, k, v),
+            v.shape[-1],
+        )
     attn = linear_attention_weights(q, k, causal=causal, feature_map=feature_map, eps=eps)
     return torch.matmul(attn, v.to(attn.dtype)).to(v.dtype)

@@ -73,12 +73,18 @@ def mssa(
     normalize_query: bool = False,
     dropout_p: float = 0.0,
     backend: str = "auto",
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """MSSA per head (AoT eq. 3 / CRATE eq. 9 inner term): ``softmax(q w^T * scale [masked]) w``.
 
     ``w (B, H, N, P)`` -> ``(B, H, N, P)``. ``q = w``, or ``w / |w|`` row-wise when ``normalize_query`` (AoT §4.1,
     following Reformer's shared-QK normalisation; keys and values stay unnormalised). ``causal``: token ``i``
     attends to ``j <= i`` (AoT's ``Mask``). ``scale`` defaults to ``P ** -0.5`` (CRATE's ``dim_head ** -0.5``).
+    ``attention_mask`` ``(B, N)`` (True/1 = real token) or ``cu_seqlens`` (sequences packed in one row, ``B = 1``):
+    ``out_i = sum_{j: s(j) = s(i)} softmax_j(q_i w_j^T * scale [j <= i]) w_j`` over the real tokens of ``i``'s own
+    sequence (each sequence as if alone; the subspace projection and query normalisation are per token); padding
+    positions give 0.
     """
     absmax = check_tensors(("w",), (w,), op="mssa")
     if not isinstance(causal, bool):
@@ -100,4 +106,6 @@ def mssa(
         scale=scale,
         normalize_query=normalize_query,
         dropout_p=dropout_p,
+        attention_mask=attention_mask,
+        cu_seqlens=cu_seqlens,
     )

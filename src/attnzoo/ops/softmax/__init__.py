@@ -70,12 +70,18 @@ def softmax_attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
     backend: str = "auto",
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention ``softmax(Q K^T * scale) V`` (Vaswani et al. 2017, eq. 1).
 
     Shapes: ``q (B, H, Nq, P)``, ``k (B, H, Nk, P)``, ``v (B, H, Nk, Pv)`` -> ``(B, H, Nq, Pv)``.
     ``causal`` masks key ``j > i`` for query ``i`` and needs ``Nq == Nk``. ``scale`` defaults to ``P ** -0.5``.
     ``dropout_p`` drops attention weights (pass 0 at eval time; the op does not look at a module's mode).
+    ``attention_mask`` ``(B, N)`` (True/1 = real token) or ``cu_seqlens`` (offsets of sequences packed in one row,
+    ``B = 1``), self-attention only (``Nq == Nk``): query ``i`` of sequence ``s(i)`` attends to the real keys of
+    its own sequence, ``out_i = sum_{j: s(j) = s(i)} softmax_j(q_i k_j^T * scale [j <= i]) v_j``, i.e. each
+    sequence as if alone; padding positions give 0.
     """
     absmax = check_tensors(("q", "k", "v"), (q, k, v), op="softmax_attention")
     if q.shape[-1] != k.shape[-1]:
@@ -100,4 +106,19 @@ def softmax_attention(
             "a score q.k * scale",
         )
     dropout_p = check_dropout("dropout_p", dropout_p)
-    return call_backend(SOFTMAX, backend, (q, k, v), name="q", causal=causal, scale=scale, dropout_p=dropout_p)
+    if (attention_mask is not None or cu_seqlens is not None) and q.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            "attention_mask/cu_seqlens describe the tokens of self-attention and need as many queries as keys, "
+            f"got Nq={q.shape[-2]} and Nk={k.shape[-2]}"
+        )
+    return call_backend(
+        SOFTMAX,
+        backend,
+        (q, k, v),
+        name="q",
+        causal=causal,
+        scale=scale,
+        dropout_p=dropout_p,
+        attention_mask=attention_mask,
+        cu_seqlens=cu_seqlens,
+    )

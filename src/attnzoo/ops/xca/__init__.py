@@ -70,10 +70,16 @@ def xca(
     *,
     dropout_p: float = 0.0,
     backend: str = "auto",
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """XCA (XCiT eq. 2): ``out = V softmax(q_hat^T k_hat * temp)^T`` with ``q_hat, k_hat`` unit-norm per channel.
 
     Shapes: ``q, k, v (B, H, N, P)``, ``temp (H,)`` or ``(H, 1, 1)`` (or a number) -> ``(B, H, N, P)``.
+    ``attention_mask`` ``(B, N)`` (True/1 = real token) or ``cu_seqlens`` (sequences packed in one row, ``B = 1``):
+    the channel norms and covariance sum over the real tokens of each sequence ``s`` alone,
+    ``A_s = softmax(q_hat_s^T k_hat_s * temp)`` with ``q_hat_s = q / sqrt(sum_{n in s} q_n^2)``, and
+    ``out_n = v_n A_{s(n)}^T``; padding positions give 0.
     """
     absmax = check_tensors(("q", "k", "v"), (q, k, v), op="xca")
     if not (q.shape == k.shape == v.shape):
@@ -93,4 +99,12 @@ def xca(
                 f"the per-channel sum of {name}^2 over N tokens",
             )
     dropout_p = check_dropout("dropout_p", dropout_p)
-    return call_backend(XCA, backend, (q, k, v, temp), name="q", dropout_p=dropout_p)
+    return call_backend(
+        XCA,
+        backend,
+        (q, k, v, temp),
+        name="q",
+        dropout_p=dropout_p,
+        attention_mask=attention_mask,
+        cu_seqlens=cu_seqlens,
+    )

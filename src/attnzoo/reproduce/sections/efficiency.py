@@ -18,7 +18,7 @@ KEY = "efficiency"
 TITLE = "Efficiency: time and memory vs sequence length"
 
 
-def plan_steps(plan: dict, seed: int) -> list[Step]:
+def plan_steps(plan: dict, _seed: int) -> list[Step]:  # no seeds: measurements
     from attnzoo.bench import cases
 
     bad = [m for m in plan["mechanisms"] if m not in cases.OP_CASES]
@@ -74,7 +74,7 @@ def _device(ctx: Context) -> torch.device:
     return torch.device(dev)
 
 
-def _run_machine(ctx: Context, step: Step) -> dict:
+def _run_machine(ctx: Context, _step: Step) -> dict:
     from attnzoo.bench.memory import cpu_peak_supported
     from attnzoo.bench.runner import machine_info, measure_bandwidth
 

@@ -150,7 +150,7 @@ def baseline_errors(xs: np.ndarray, ys: np.ndarray, lasso_alpha: float) -> dict[
     return {k: (v.mean(0) / d).tolist() for k, v in err.items()}
 
 
-def _run_baselines(ctx: Context, step: Step) -> dict:
+def _run_baselines(_ctx: Context, step: Step) -> dict:
     from attnzoo.data import build_task
 
     task = build_task(step.config["task"], **step.config["task_options"])
@@ -243,7 +243,7 @@ def _plot(curves, d):
     tasks = [t for t in curves if curves[t]]
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 3.8), squeeze=False)
     styles = {"zero": ":", "least_squares": "--", "lasso": "-."}
-    for ax, t in zip(axes[0], tasks):
+    for ax, t in zip(axes[0], tasks, strict=True):
         for i, (name, v) in enumerate(curves[t].items()):
             ax.plot(
                 range(len(v)),
@@ -318,7 +318,7 @@ def _findings(curves, finals, records, plan) -> list[dict]:
                 lower_is_better=True,
             )
             if f["verdict"] != "agrees":
-                f["explanation"] = _ablation_text(t, fin, zero)
+                f["explanation"] = _ablation_text(fin, zero)
             out.append(f)
         for m in ("gpt", "aot"):
             if m not in fin:
@@ -348,7 +348,7 @@ def _findings(curves, finals, records, plan) -> list[dict]:
                 seeds=len(fin[m]),
             )
             if m == "aot" and verdict != "agrees":
-                f["explanation"] = _ablation_text(t, fin, zero)
+                f["explanation"] = _ablation_text(fin, zero)
             elif verdict != "agrees":
                 f["explanation"] = _still_descending(per_seed(records, f"{KEY}/{t}/{m}"))
             out.append(f)
@@ -379,7 +379,7 @@ def _still_descending(results: list[dict]) -> str:
     return f"training loss (per seed) {'; '.join(parts)}: {trend}; lasso/least squares show the functions are learnable"
 
 
-def _ablation_text(t: str, fin: dict, zero: float) -> str:
+def _ablation_text(fin: dict, zero: float) -> str:
     """What the ablations (untied projection; 2x or 4x the steps) say about AoT's failure to learn in context."""
     if "aot" not in fin:
         return ""

@@ -111,7 +111,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     return steps
 
 
-def _run_ngrams(ctx: Context, step: Step) -> dict:
+def _run_ngrams(_ctx: Context, step: Step) -> dict:
     """Count-based unigram and bigram character models (add-one smoothing) fitted on the training plays and
     scored, in bits per character, on the same validation windows as the trained models (:func:`lm_eval`)."""
     from attnzoo.data import build_task

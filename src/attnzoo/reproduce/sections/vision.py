@@ -546,7 +546,7 @@ def _findings(res: dict) -> list[dict]:
             else:
                 ctl = _with_params(cmp(a_ctl, b_ctl, claim_type, margin, paper, claim, pv), res, a_ctl, b_ctl)
                 ctl["claim"] = f"{claim.split(' ')[0]}'s attention in the ViT skeleton (controlled swap): " + claim
-            f["explanation"] = _explain(a, b, a_ctl, b_ctl, f, ctl, res, claim_type, margin)
+            f["explanation"] = _explain(a, a_ctl, b_ctl, f, ctl, res, claim_type, margin)
             ctl["explanation"] = "controlled swap: same embedding, pooling, blocks, width, depth, data and optimiser"
             more_a, more_b = res[a_ctl].get("accuracy_more"), res[b_ctl].get("accuracy_more")
             if ctl["verdict"] == "inconclusive" and more_a and more_b:
@@ -624,7 +624,7 @@ def _aot_ablations(res: dict, ref: str) -> str:
     return "; ".join(parts)
 
 
-def _explain(a, b, a_ctl, b_ctl, f, ctl, res, claim_type, margin) -> str:
+def _explain(a, a_ctl, b_ctl, f, ctl, res, claim_type, margin) -> str:
     """The controlled swap's reading, stated with its numbers; every word follows from the two verdicts and CIs."""
     acc = lambda n: res[n]["accuracy"].fmt(".1f")  # noqa: E731
     lo_hi = lambda g: "no interval" if g["ci95"] is None else f"95% CI [{g['ci95'][0]:+.1f}, {g['ci95'][1]:+.1f}]"  # noqa: E731
