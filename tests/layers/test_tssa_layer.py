@@ -219,3 +219,25 @@ def test_decoding_a_left_padded_prompt_equals_each_prompt_alone():
     torch.testing.assert_close(got, m(x, attention_mask=mask), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(got[:1, 2:], m(x[:1, 2:]), rtol=1e-12, atol=1e-12)
     assert bool((got[0, :2] == 0).all()) and state.pos.tolist() == [3, 5]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_prefill_state_equals_stepping_the_prompt(masked):
+    m = _randomise(TSSAAttention(8, 2, causal=True, max_len=8)).double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool) if masked else None
+    out, state = m.prefill(x, attention_mask=mask)
+    torch.testing.assert_close(out, m(x, attention_mask=mask), rtol=0, atol=0)
+    stepped = m.init_state(2)
+    for t in range(5):
+        _, stepped = m.step(x[:, t : t + 1], stepped, attention_mask=None if mask is None else mask[:, : t + 1])
+    for a, b in zip(state[:3], stepped[:3], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert (state.pos.tolist() if masked else state.pos) == ([3, 5] if masked else 5)
+    nxt = torch.randn(2, 1, 8, dtype=torch.float64)
+    ones = None if mask is None else torch.ones(2, 6, dtype=torch.bool)
+    if ones is not None:
+        ones[:, :5] = mask
+    torch.testing.assert_close(
+        m.step(nxt, state, attention_mask=ones)[0], m.step(nxt, stepped, attention_mask=ones)[0], rtol=1e-12, atol=1e-12
+    )

@@ -100,8 +100,9 @@ class TSSAAttention(Attention, RecurrentMixin):
     ) -> tuple[torch.Tensor, TSSAState]:
         """Decode one token ``x`` ``(B, 1, dim)``; equals the causal forward at position ``state.pos``.
 
-        ``attention_mask`` ``(B, 1)`` or ``(B,)``: a padding token leaves its row's state unchanged and gives zeros
-        (decoding a padded prompt equals decoding each prompt alone)."""
+        ``attention_mask`` ``(B, t + 1)`` (the mask of every token fed so far, this one last, as models pass it) or
+        ``(B,)``: a padding token leaves its row's state unchanged and gives zeros (decoding a padded prompt equals
+        decoding each prompt alone)."""
         self._require_causal()
         self.check_input(x)
         if x.shape[1] != 1:
@@ -114,11 +115,29 @@ class TSSAAttention(Attention, RecurrentMixin):
             )
         with self.naming_input(x):
             w_t = rearrange(self.qkv(x), "b 1 (h p) -> b h p", h=self.heads)
-            out, state = tssa_step(w_t, self.temp.view(-1), state, bias=self.bias, attention_mask=attention_mask)
+            real = None if attention_mask is None else _this_token(attention_mask)
+            out, state = tssa_step(w_t, self.temp.view(-1), state, bias=self.bias, attention_mask=real)
             y = self.to_out(rearrange(out, "b h p -> b 1 (h p)"))
-            if attention_mask is not None:  # to_out's bias must not reach padding
-                y = torch.where((attention_mask.reshape(-1, 1, 1) != 0), y, 0.0)
+            if real is not None:  # to_out's bias must not reach padding
+                y = torch.where((real.reshape(-1, 1, 1) != 0), y, 0.0)
             return y, state
+
+    def prefill(self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, TSSAState]:
+        """``(out (B, N, dim), state)``: the causal forward of the prompt ``x`` and the decoding state after it
+        (Alg. 2's running sums of ``w^2``, ``Pi w^2`` and ``Pi`` over each row's real tokens), in one parallel pass
+        instead of ``N`` steps. ``attention_mask`` ``(B, N)``: positions become per row (``state.pos`` ``(B,)``)."""
+        self._require_causal()
+        out = self(x, attention_mask=attention_mask)
+        w = rearrange(self.qkv(x), "b n (h p) -> b h n p", h=self.heads)
+        pi = tssa_pi(w, self.temp.view(-1), causal=True, bias=self.bias, attention_mask=attention_mask)
+        cdt = torch.promote_types(self.temp.dtype, torch.float32)
+        x2 = w.to(cdt) ** 2
+        if attention_mask is not None:
+            real = (attention_mask != 0).to(x.device)
+            x2 = torch.where(real[:, None, :, None], x2, 0.0)
+        pos = x.shape[1] if attention_mask is None else real.sum(dim=-1)
+        state = TSSAState(x2.sum(dim=2), (x2 * pi.to(cdt).unsqueeze(-1)).sum(dim=2), pi.to(cdt).sum(dim=2), pos)
+        return out, state
 
     def _require_causal(self) -> None:
         if not self.causal:
@@ -127,3 +146,8 @@ class TSSAAttention(Attention, RecurrentMixin):
     def extra_repr(self) -> str:
         extra = f", max_len={self.max_len}" if self.causal else ""
         return super().extra_repr() + extra
+
+
+def _this_token(mask: torch.Tensor) -> torch.Tensor:
+    # (B, t + 1): the mask of every token fed so far, this one last (the models' convention); (B,) or (B, 1) as is
+    return mask[:, -1] if mask.ndim == 2 else mask
