@@ -128,7 +128,7 @@ def test_prompt_is_prefilled_not_replayed(arch, mechanism, monkeypatch):
     prompt = torch.tensor([PROMPTS[2]])
     out = _generate(model, prompt, torch.ones_like(prompt))
     per_layer = len(calls) // len(list(m for m in model.modules() if isinstance(m, SwappedAttention)))
-    assert per_layer == (4 if mechanism in ("softmax", "linear") else 4 + prompt.shape[1])
+    assert per_layer == (4 if mechanism in ("softmax", "linear", "tssa") else 4 + prompt.shape[1])
     monkeypatch.undo()
     plain = _generate(model, prompt, torch.ones_like(prompt), use_cache=False)
     assert torch.equal(out.sequences, plain.sequences)

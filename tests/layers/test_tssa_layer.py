@@ -1,5 +1,8 @@
 """Module-level tests of TSSAAttention (ToST Alg. 1 / 2): wiring, parameters, internals, decoding, errors."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from einops import rearrange
@@ -175,3 +178,66 @@ def test_half_precision_module():
     y = m.to(torch.bfloat16)(x.bfloat16())
     assert y.dtype == torch.bfloat16
     torch.testing.assert_close(y.float(), ref, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mode", ["left", "right", "packed"])
+def test_masked_and_packed_equal_each_sequence_alone(causal, mode):
+    sys.path.insert(0, str(Path(__file__).parents[1] / "ops"))  # the shared equal-to-alone harness lives there
+    from varlen_cases import assert_equal_to_alone
+
+    m = _randomise(TSSAAttention(12, 3, causal=causal, max_len=9)).double()
+    g = torch.Generator().manual_seed(3)
+    seqs = [{"x": torch.randn(1, n, 12, generator=g, dtype=torch.float64)} for n in (5, 1, 9)]
+    # a packed row (15 tokens) may be longer than max_len: the bias is read at the position within each sequence
+    assert_equal_to_alone(m, seqs, {"x": 1}, mode=mode, out_axis=1)
+
+
+def test_masked_forward_records_pi_per_sequence():
+    m = _randomise(TSSAAttention(8, 2, causal=True, max_len=6)).double()
+    model = torch.nn.Sequential(m)
+    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    with capture_internals(model) as rec:
+        m(x, attention_mask=mask)
+    with capture_internals(model) as alone:
+        model(x[:1, 2:])
+    pi, pi_alone = rec["0"]["pi"], alone["0"]["pi"]
+    torch.testing.assert_close(pi[:1, :, 2:], pi_alone, rtol=1e-12, atol=1e-12)
+    assert bool((pi[0, :, :2] == 0).all())
+
+
+def test_decoding_a_left_padded_prompt_equals_each_prompt_alone():
+    m = _randomise(TSSAAttention(8, 2, causal=True, max_len=6)).double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    state, outs = m.init_state(2), []
+    for t in range(5):
+        y, state = m.step(x[:, t : t + 1], state, attention_mask=mask[:, t : t + 1])
+        outs.append(y)
+    got = torch.cat(outs, dim=1)
+    torch.testing.assert_close(got, m(x, attention_mask=mask), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got[:1, 2:], m(x[:1, 2:]), rtol=1e-12, atol=1e-12)
+    assert bool((got[0, :2] == 0).all()) and state.pos.tolist() == [3, 5]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_prefill_state_equals_stepping_the_prompt(masked):
+    m = _randomise(TSSAAttention(8, 2, causal=True, max_len=8)).double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool) if masked else None
+    out, state = m.prefill(x, attention_mask=mask)
+    torch.testing.assert_close(out, m(x, attention_mask=mask), rtol=0, atol=0)
+    stepped = m.init_state(2)
+    for t in range(5):
+        _, stepped = m.step(x[:, t : t + 1], stepped, attention_mask=None if mask is None else mask[:, : t + 1])
+    for a, b in zip(state[:3], stepped[:3], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert (state.pos.tolist() if masked else state.pos) == ([3, 5] if masked else 5)
+    nxt = torch.randn(2, 1, 8, dtype=torch.float64)
+    ones = None if mask is None else torch.ones(2, 6, dtype=torch.bool)
+    if ones is not None:
+        ones[:, :5] = mask
+    torch.testing.assert_close(
+        m.step(nxt, state, attention_mask=ones)[0], m.step(nxt, stepped, attention_mask=ones)[0], rtol=1e-12, atol=1e-12
+    )

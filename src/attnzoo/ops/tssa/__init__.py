@@ -27,8 +27,15 @@ from attnzoo._checks import check_bool, check_ndim, check_overflow, check_positi
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend, runs_reference
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
-from attnzoo.ops.tssa.chunked import tssa_pi_torch, tssa_torch
-from attnzoo.ops.tssa.naive import tssa_naive, tssa_pi_naive
+from attnzoo.ops._varlen import Segments, check_attention_mask, segments
+from attnzoo.ops.tssa.chunked import (
+    tssa_cpu_varlen,
+    tssa_pi_torch,
+    tssa_pi_torch_varlen,
+    tssa_torch,
+    tssa_torch_varlen,
+)
+from attnzoo.ops.tssa.naive import tssa_naive, tssa_naive_varlen, tssa_pi_naive, tssa_pi_naive_varlen
 
 __all__ = ["tssa", "tssa_pi", "tssa_step", "tssa_init_state", "TSSAState", "TSSAOptions", "TSSA"]
 
@@ -43,6 +50,7 @@ def _check_temp(temp: torch.Tensor, heads: int) -> None:
 
 
 def _check_bias(bias: torch.Tensor | None, heads: int, n: int, causal: bool) -> None:
+    # n: the longest sequence (the causal bias is read at the position within each sequence)
     if bias is None:
         return
     if not causal:
@@ -52,11 +60,12 @@ def _check_bias(bias: torch.Tensor | None, heads: int, n: int, causal: bool) -> 
         raise ValueError(f"bias must have shape (H, N_max, 1) with H={heads}, got {tuple(bias.shape)}")
     if bias.shape[1] < n:
         raise ValueError(
-            f"bias covers N_max={bias.shape[1]} positions but the sequence has N={n} tokens; bias needs N_max >= N"
+            f"bias covers N_max={bias.shape[1]} positions but the longest sequence has N={n} tokens; "
+            "bias needs N_max >= N"
         )
 
 
-def _check_shapes(w, temp, causal, bias) -> None:
+def _check_shapes(w, temp, causal, bias, seg: Segments | None = None) -> None:
     check_ndim("w", w, 4, "(B, H, N, P)")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
@@ -64,7 +73,8 @@ def _check_shapes(w, temp, causal, bias) -> None:
     if h < 1 or n < 1 or p < 1:
         raise ValueError(f"w must have H, N, P >= 1, got shape (B, H, N, P)={tuple(w.shape)}")
     _check_temp(temp, h)
-    _check_bias(bias, h, n, causal)
+    longest = n if seg is None or bias is None else int(seg.lengths.max())
+    _check_bias(bias, h, longest, causal)
     if temp.device != w.device or (bias is not None and bias.device != w.device):
         raise ValueError(
             f"temp{' and bias' if bias is not None else ''} must be on w's device {w.device}, got "
@@ -88,6 +98,8 @@ def tssa(
     causal: bool = False,
     bias: torch.Tensor | None = None,
     backend: str = "auto",
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """TSSA update ``-Pi * w / (1 + dots)`` of eq. 11 (Alg. 1) or causal eq. 28 (Alg. 2), ``(B, H, N, P)``.
 
@@ -95,11 +107,40 @@ def tssa(
     ``1/(2 eta)``); ``bias``: learned causal bias ``(H, N_max, 1)`` with ``N_max >= N`` (Alg. 2; ``None``
     means zeros). Internals run in float32 or better; the result has ``w``'s dtype. Causal 0/0 (a feature
     that is exactly 0 in every token so far) is defined as 0, identically in every backend.
+
+    ``attention_mask`` ``(B, N)`` (True/1 = a real token) or ``cu_seqlens`` ``(S + 1,)`` (sequences packed in one
+    row, ``B == 1``): every sequence gets what it gets alone. Eq. 10's norms ``sum_n w_n^2``, eq. 11's
+    ``<pi_k, 1>`` and second moments ``sum_n pi_kn w_n^2`` run over the real tokens of the token's own sequence;
+    the causal prefix sums of eq. 28 / 39 restart at each sequence's first token and ``bias`` is read at the
+    position within the sequence (``N_max`` >= the longest sequence). Padding gives zero output and gradient.
+    Backends ``"naive"``, ``"torch"`` and ``"cpu"`` take them (``"auto"`` picks one of those).
     """
-    _check_shapes(w, temp, causal, bias)
+    seg = segments(w.shape[0], w.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=w.device)
+    _check_shapes(w, temp, causal, bias, seg)
     # Autocast would run the token reductions (matmuls) in half precision; they must stay float32+.
     with torch.autocast(device_type=_autocast_device(w), enabled=False):
-        return call_backend(TSSA, backend, (w, temp, bias), name="w", causal=causal)
+        if seg is None:
+            return call_backend(TSSA, backend, (w, temp, bias), name="w", causal=causal)
+        backend = _masked_auto(w) if backend == "auto" else backend
+        return call_backend(TSSA, backend, (w, temp, bias), name="w", causal=causal, seg=seg)
+
+
+#: backends that take attention_mask / cu_seqlens
+_MASKED_BACKENDS = ("naive", "torch", "cpu")
+
+
+def _masked_auto(w: torch.Tensor) -> str:
+    """The backend ``"auto"`` runs for a masked or packed call: the fused CPU kernels where they take it."""
+    cpu = w.device.type == "cpu" and not torch.compiler.is_compiling()
+    return "cpu" if cpu and _cpu_kernels.cpu_kernels() is not None else "torch"
+
+
+def _refuse_masks(backend: str, seg: Segments | None, what: str = "") -> None:
+    if seg is not None:
+        raise ValueError(
+            f"backend={backend!r} of tssa does not take attention_mask / cu_seqlens{what} yet; use backend='torch' "
+            f"(or 'auto', which picks a backend that does) or 'naive'; backends that take masks: {_MASKED_BACKENDS}"
+        )
 
 
 def _autocast_device(w: torch.Tensor) -> str:
@@ -107,29 +148,40 @@ def _autocast_device(w: torch.Tensor) -> str:
     return "cpu" if w.device.type == "meta" else w.device.type
 
 
-def _tssa_naive(w, temp, bias, *, causal: bool) -> torch.Tensor:
+def _tssa_naive(w, temp, bias, *, causal: bool, seg: Segments | None = None) -> torch.Tensor:
     _check_values(w, temp, bias)
     if causal and bias is None:
         bias = torch.zeros(w.shape[1], w.shape[2], 1, device=w.device, dtype=w.dtype)
+    if seg is not None:
+        return tssa_naive_varlen(w, temp, seg, causal=causal, bias=bias)
     return tssa_naive(w, temp, causal=causal, bias=bias)
 
 
-def _tssa_torch(w, temp, bias, *, causal: bool, kernels=None) -> torch.Tensor:
+def _tssa_torch(w, temp, bias, *, causal: bool, kernels=None, seg: Segments | None = None) -> torch.Tensor:
     if w.device.type == "meta":
-        return _tssa_naive(w, temp, bias, causal=causal)  # shape inference: the reference reads no values
+        return torch.empty_like(w) if seg is not None else _tssa_naive(w, temp, bias, causal=causal)
+    if seg is not None:
+        _check_values(w, temp, bias)
+        return tssa_torch_varlen(w, temp, seg, causal=causal, bias=bias)
     # The fused non-causal path finds NaN/Inf in w from its per-feature sums of w^2 (then runs the full
     # check for the message) instead of an extra pass over w: a pass is ~1/8 of its forward time.
     _check_values(w, temp, bias, check_w=causal)
     return tssa_torch(w, temp, causal=causal, bias=bias, kernels=kernels)
 
 
-def _tssa_cpu(w, temp, bias, *, causal: bool) -> torch.Tensor:
+def _tssa_cpu(w, temp, bias, *, causal: bool, seg: Segments | None = None) -> torch.Tensor:
+    if seg is not None:
+        _check_values(w, temp, bias)
+        if torch.compiler.is_compiling():  # the kernels are opaque to torch.compile
+            return tssa_torch_varlen(w, temp, seg, causal=causal, bias=bias)
+        return tssa_cpu_varlen(w, temp, seg, _cpu_kernels.required_cpu_kernels(), causal=causal, bias=bias)
     # The kernels are opaque to torch.compile: while it traces, the PyTorch forward stands in for them.
     kernels = None if torch.compiler.is_compiling() else _cpu_kernels.required_cpu_kernels()
     return _tssa_torch(w, temp, bias, causal=causal, kernels=kernels)
 
 
-def _tssa_triton(w, temp, bias, *, causal: bool) -> torch.Tensor:
+def _tssa_triton(w, temp, bias, *, causal: bool, seg: Segments | None = None) -> torch.Tensor:
+    _refuse_masks("triton", seg)
     from attnzoo.ops.tssa.triton import tssa_triton  # optional: imported only when it runs
 
     if w.device.type == "meta":
@@ -145,18 +197,26 @@ def tssa_pi(
     causal: bool = False,
     bias: torch.Tensor | None = None,
     backend: str = "auto",
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Group membership ``Pi`` ``(B, H, N)`` (rows sum to 1 over heads): eq. 10 with App. C.1's
-    normalisation (Alg. 1), or eq. 39 (Alg. 2) when ``causal``; float32 or better."""
+    normalisation (Alg. 1), or eq. 39 (Alg. 2) when ``causal``; float32 or better. ``attention_mask`` /
+    ``cu_seqlens`` as in :func:`tssa` (each sequence alone; zeros at padding)."""
     check_ndim("w", w, 4, "(B, H, N, P)")
     reference = runs_reference(TSSA, backend, w, name="w")
-    _check_shapes(w, temp, causal, bias)
+    seg = segments(w.shape[0], w.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=w.device)
+    _check_shapes(w, temp, causal, bias, seg)
     _check_values(w, temp, bias)
     with torch.autocast(device_type=_autocast_device(w), enabled=False):
         if reference:
             if causal and bias is None:
                 bias = torch.zeros(w.shape[1], w.shape[2], 1, device=w.device, dtype=w.dtype)
+            if seg is not None:
+                return tssa_pi_naive_varlen(w, temp, seg, causal=causal, bias=bias)
             return tssa_pi_naive(w, temp, causal=causal, bias=bias)
+        if seg is not None:
+            return tssa_pi_torch_varlen(w, temp, seg, causal=causal, bias=bias)
         return tssa_pi_torch(w, temp, causal=causal, bias=bias)
 
 
@@ -166,7 +226,7 @@ class TSSAState(NamedTuple):
     sq_sum: torch.Tensor  # (B, H, P) running sum of w^2 (Alg. 2's cumsum(w_sq))
     num: torch.Tensor  # (B, H, P) running sum of Pi * w^2 (numerator of dots)
     den: torch.Tensor  # (B, H) running sum of Pi (denominator of dots)
-    pos: int  # index of the next token
+    pos: int | torch.Tensor  # index of the next token; (B,) int64 per row after a masked step (padded prompts)
 
 
 def tssa_init_state(
@@ -179,19 +239,28 @@ def tssa_init_state(
 
 
 def tssa_step(
-    w_t: torch.Tensor, temp: torch.Tensor, state: TSSAState, *, bias: torch.Tensor | None = None
+    w_t: torch.Tensor,
+    temp: torch.Tensor,
+    state: TSSAState,
+    *,
+    bias: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, TSSAState]:
     """One decoding step of causal TSSA (eq. 28 / Alg. 2) for token ``state.pos``: pure, O(HP) memory.
 
     ``w_t``: ``(B, H, P)``; ``temp``: ``(H,)``; ``bias``: ``(H, N_max, 1)`` or ``None``. Returns
     ``(out_t (B, H, P), new_state)``; ``out_t`` equals position ``state.pos`` of
-    ``tssa(w, temp, causal=True, bias=bias)``.
+    ``tssa(w, temp, causal=True, bias=bias)``. ``attention_mask`` ``(B,)`` (True/1 = a real token): a padding
+    token leaves its row's state (sums and position) unchanged and gives zeros, so decoding a padded prompt
+    equals decoding each prompt alone; positions then become per row (``state.pos`` ``(B,)``).
     """
     check_ndim("w_t", w_t, 3, "(B, H, P)")
     b, h, p = w_t.shape
     _check_temp(temp, h)
     if tuple(state.sq_sum.shape) != (b, h, p):
         raise ValueError(f"state was built for (B, H, P)={tuple(state.sq_sum.shape)} but w_t has shape {(b, h, p)}")
+    if attention_mask is not None or isinstance(state.pos, torch.Tensor):
+        return _step_masked(w_t, temp, state, bias, attention_mask)
     pos = state.pos
     if bias is not None:
         check_ndim("bias", bias, 3, "(H, N_max, 1)")
@@ -216,6 +285,48 @@ def tssa_step(
     dots = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
     out = -(wc * pi.unsqueeze(-1)) / (1.0 + dots)
     return out.to(w_t.dtype), TSSAState(sq_sum, num, den, pos + 1)
+
+
+def _step_masked(w_t, temp, state: TSSAState, bias, attention_mask) -> tuple[torch.Tensor, TSSAState]:
+    """:func:`tssa_step` with a per-row position ``(B,)`` and a per-row real-token flag (eq. 28 per sequence)."""
+    b, h, p = w_t.shape
+    real = torch.ones(b, dtype=torch.bool, device=w_t.device)
+    if attention_mask is not None:
+        real = _check_step_mask(attention_mask, b).to(w_t.device)
+    pos = torch.as_tensor(state.pos, device=w_t.device).to(torch.int64).expand(b)
+    if bias is not None:
+        check_ndim("bias", bias, 3, "(H, N_max, 1)")
+        if bias.shape[0] != h or bias.shape[2] != 1:
+            raise ValueError(f"bias must have shape (H, N_max, 1) with H={h}, got {tuple(bias.shape)}")
+        if bool((pos[real] >= bias.shape[1]).any()):
+            raise ValueError(
+                f"position {int(pos[real].max())} is beyond the causal bias length N_max={bias.shape[1]} "
+                f"(decoding supports positions 0..{bias.shape[1] - 1})"
+            )
+    finite_absmax({"w_t": w_t, "temp": temp, "bias": bias}, op="tssa_step")
+    cdt = state.sq_sum.dtype
+    r3 = real.view(b, 1, 1)
+    wc, tc = torch.where(r3, w_t.to(cdt), 0.0), temp.to(cdt)
+    x = wc * wc
+    sq_sum = state.sq_sum + x
+    s = (x / torch.where(sq_sum > 0, sq_sum, torch.ones_like(sq_sum))).sum(dim=-1)  # (B, H)
+    if bias is not None:
+        s = s + p * bias[:, :, 0].to(cdt)[:, pos.clamp_max(bias.shape[1] - 1)].transpose(0, 1)
+    pi = torch.softmax(s * tc, dim=1) * real.view(b, 1)
+    num = state.num + x * pi.unsqueeze(-1)
+    den = state.den + pi
+    dots = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
+    out = -(wc * pi.unsqueeze(-1)) / (1.0 + dots)
+    return out.to(w_t.dtype), TSSAState(sq_sum, num, den, pos + real.long())
+
+
+def _check_step_mask(mask, batch: int) -> torch.Tensor:
+    # one token per row: (B,) or the (B, 1) slice of a (B, N) mask
+    if isinstance(mask, torch.Tensor) and mask.ndim == 2 and mask.shape[1] == 1:
+        mask = mask[:, 0]
+    if not isinstance(mask, torch.Tensor) or mask.ndim != 1:
+        raise ValueError(f"attention_mask of one decoding step must have shape (B,) = ({batch},) or (B, 1)")
+    return check_attention_mask(mask.unsqueeze(-1), batch, 1).squeeze(-1)
 
 
 @dataclass(frozen=True)

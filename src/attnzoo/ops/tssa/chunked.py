@@ -24,9 +24,10 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from attnzoo._checks import explain_nonfinite
-from attnzoo.ops.tssa.naive import compute_dtype
+from attnzoo.ops._varlen import Segments
+from attnzoo.ops.tssa.naive import compute_dtype, safe_denominator
 
-__all__ = ["tssa_torch", "tssa_pi_torch", "chunked_cumsum", "reverse_chunked_cumsum"]
+__all__ = ["tssa_torch", "tssa_pi_torch", "tssa_torch_varlen", "chunked_cumsum", "reverse_chunked_cumsum"]
 
 # F.normalize(w, dim=-2) divides by max(||w||, 1e-12); squared, that is max(sum w^2, 1e-24).
 _NORM_EPS_SQ = 1e-24
@@ -322,3 +323,249 @@ def tssa_pi_torch(
     if bias is not None:
         s = s + w.shape[-1] * bias[:, : w.shape[-2], 0].to(cdt)
     return torch.softmax(s * tc[:, None], dim=1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# padded batches and packed rows (Segments): one vectorised pass, differentiated by autograd
+# ---------------------------------------------------------------------------------------------------
+def _seg_sum(x: torch.Tensor, seg: Segments) -> torch.Tensor:
+    """``(B, H, N[, P]) -> (B, H, S[, P])``: sums over the tokens of each sequence (padding must be zero in ``x``).
+
+    A padded batch has one sequence per row (a plain sum over tokens); a packed row has ``B == 1`` and no padding,
+    so one ``index_add`` by sequence id does it.
+    """
+    if seg.num == 1:
+        return x.sum(dim=2, keepdim=True)
+    shape = list(x.shape)
+    shape[2] = seg.num
+    return x.new_zeros(shape).index_add_(2, seg.ids[0], x)
+
+
+def _seg_read(stat: torch.Tensor, seg: Segments) -> torch.Tensor:
+    """``(B, H, S[, P]) -> (B, H, N or 1[, P])``: each token's sequence statistic (broadcast for one per row)."""
+    return stat if seg.num == 1 else stat.index_select(2, seg.ids[0])
+
+
+def _seg_cumsum(x: torch.Tensor, seg: Segments) -> torch.Tensor:
+    """Inclusive prefix sum over tokens (dim 2) of ``(B, H, N, P)`` restarted at each sequence's first token.
+
+    Padding must already be zero in ``x``. One sequence per row (a padded batch) is a plain two-level scan. A packed
+    row subtracts the prefix before each sequence's start from a row-wide prefix sum: in float64 for float32 input
+    (the cancellation then stays far below float32 rounding, and an all-zero prefix stays exactly 0); for float64
+    input, which has no wider type, a segmented Hillis-Steele scan (log2 of the longest sequence doubling steps,
+    each adding the partial sum ``d`` tokens back where that token is in the same sequence), exact of cancellation.
+    """
+    if seg.num == 1:
+        return chunked_cumsum(x)
+    n, ids = x.shape[2], seg.ids
+    if x.dtype != torch.float64:
+        cum = torch.cumsum(x.double(), dim=2)
+        start = torch.arange(n, device=x.device) - seg.pos  # (B, N): index of the sequence's first token
+        before = F.pad(cum, (0, 0) * (x.ndim - 3) + (1, 0))  # before[:, :, i] = sum of tokens < i
+        idx = start.view(start.shape[0], 1, n, *([1] * (x.ndim - 3))).expand(x.shape)
+        return (cum - before.gather(2, idx)).to(x.dtype)
+    out, d, longest = x, 1, int(seg.lengths.max())
+    while d < longest:
+        same = (ids[:, d:] == ids[:, :-d]).view(ids.shape[0], 1, n - d, *([1] * (x.ndim - 3)))
+        out = out + F.pad(torch.where(same, out[:, :, : n - d], 0.0), (0, 0) * (x.ndim - 3) + (d, 0))
+        d *= 2
+    return out
+
+
+def _varlen_noncausal(wc: torch.Tensor, tc: torch.Tensor, seg: Segments) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 10 / 11 per sequence: norms, ``<pi_k, 1>`` and second moments over its real tokens. ``(out, pi)``."""
+    w2 = wc * wc
+    r = 1.0 / _seg_sum(w2, seg).clamp_min(_NORM_EPS_SQ)  # (B, H, S, P)
+    s = (w2 * _seg_read(r, seg)).sum(dim=-1)  # (B, H, N) = sum_p w_normed^2
+    pi = torch.softmax(s * tc[:, None], dim=1) * seg.real.unsqueeze(1)
+    den = _seg_sum(pi, seg) + _PI_SUM_EPS  # (B, H, S)
+    dots = _seg_sum(w2 * pi.unsqueeze(-1), seg) / den.unsqueeze(-1)
+    return -(wc * pi.unsqueeze(-1)) / (1.0 + _seg_read(dots, seg)), pi
+
+
+def _varlen_causal(wc, tc, bias_pos, seg: Segments) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 28 / 39 per sequence: prefix sums restarted at its first token, bias ``(B, H, N)`` read at ``pos``."""
+    x = wc * wc
+    s = (x / safe_denominator(_seg_cumsum(x, seg))).sum(dim=-1) + wc.shape[-1] * bias_pos
+    pi = torch.softmax(s * tc[:, None], dim=1) * seg.real.unsqueeze(1)
+    pi_ = pi.unsqueeze(-1)
+    dots = _seg_cumsum(x * pi_, seg) / safe_denominator(_seg_cumsum(pi_, seg))
+    return -(wc * pi_) / (1.0 + dots), pi
+
+
+def _varlen(w, temp, seg: Segments, causal: bool, bias) -> tuple[torch.Tensor, torch.Tensor]:
+    cdt = compute_dtype(w.dtype)
+    # padding (whatever it holds) becomes exact zeros: zero output, zero gradient, no NaN from pads
+    wc = torch.where(seg.real[:, None, :, None], w.to(cdt), 0.0)
+    tc = temp.to(cdt)
+    if not causal:
+        return _varlen_noncausal(wc, tc, seg)
+    if bias is None:
+        bias_pos = torch.zeros((), device=w.device, dtype=cdt)
+    else:
+        bias_pos = bias[:, :, 0].to(cdt)[:, seg.pos].transpose(0, 1)  # (B, H, N): bias at the in-sequence position
+    return _varlen_causal(wc, tc, bias_pos, seg)
+
+
+def tssa_torch_varlen(
+    w: torch.Tensor, temp: torch.Tensor, seg: Segments, *, causal: bool = False, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """TSSA (eq. 11 / 28) of every sequence of ``seg`` in one vectorised pass, ``(B, H, N, P)``, zero at padding.
+
+    Statistics are segment sums (``scatter_add`` over each token's sequence id), causal sums prefix sums restarted
+    at each sequence's start; no padding, no loop over sequences. Differentiated by autograd.
+    """
+    return _varlen(w, temp, seg, causal, bias)[0].to(w.dtype)
+
+
+def tssa_pi_torch_varlen(
+    w: torch.Tensor, temp: torch.Tensor, seg: Segments, *, causal: bool = False, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Membership Pi ``(B, H, N)`` (eq. 10 / 39) per sequence of ``seg``, zero at padding, float32 or better."""
+    return _varlen(w, temp, seg, causal, bias)[1]
+
+
+# ---------------------------------------------------------------------------------------------------
+# padded batches and packed rows in the fused CPU kernels (non-causal): a task table, no copy of w
+# ---------------------------------------------------------------------------------------------------
+# tokens per task of the kernels' table (their default chunks are 256-2048 tokens)
+_TASK_LEN = 512
+
+
+class VarlenTasks(NamedTuple):
+    """The kernels' work list for ``Segments``: runs of real tokens of one sequence, at most ``_TASK_LEN`` long."""
+
+    table: torch.Tensor  # (T, 5) int64: row b, first token n0, end n1, slot (b * S + sequence id), pos of n0
+    slots: int  # number of per-sequence statistic slots (B * S)
+    slot: torch.Tensor  # (B, N) int64: each token's slot, ``slots`` at padding
+
+
+def varlen_tasks(seg: Segments) -> VarlenTasks:
+    """The task table of ``seg`` (vectorised: a run starts where the previous token is padding or of another
+    sequence, or at every ``_TASK_LEN``-th position of its sequence)."""
+    real, ids, pos = seg.real, seg.ids, seg.pos
+    b_n = ids.shape[0]
+    prev_real = F.pad(real[:, :-1], (1, 0), value=False)
+    prev_ids = F.pad(ids[:, :-1], (1, 0), value=-1)
+    start = real & (~prev_real | (ids != prev_ids) | (pos % _TASK_LEN == 0))
+    next_start = F.pad(start[:, 1:], (0, 1), value=True)
+    next_real = F.pad(real[:, 1:], (0, 1), value=False)
+    end = real & (~next_real | next_start)
+    bs, n0 = start.nonzero().unbind(1)
+    _, n1 = end.nonzero().unbind(1)
+    slot_of = torch.where(real, torch.arange(b_n, device=ids.device)[:, None] * seg.num + ids, b_n * seg.num)
+    table = torch.stack([bs, n0, n1 + 1, slot_of[bs, n0], pos[bs, n0]], dim=1).contiguous()
+    return VarlenTasks(table, b_n * seg.num, slot_of)
+
+
+def _slot_sum(x: torch.Tensor, vt: VarlenTasks) -> torch.Tensor:
+    """``(B, H, N) -> (slots, H)``: per-sequence sums (padding goes to a dropped extra slot)."""
+    h = x.shape[1]
+    flat = x.transpose(1, 2).reshape(-1, h)
+    return x.new_zeros(vt.slots + 1, h).index_add_(0, vt.slot.reshape(-1), flat)[:-1]
+
+
+def _slot_read(stat: torch.Tensor, vt: VarlenTasks, fill: float) -> torch.Tensor:
+    """``(slots, H) -> (B, H, N)``: each token's sequence statistic, ``fill`` at padding."""
+    ext = torch.cat([stat, stat.new_full((1, stat.shape[1]), fill)])
+    b_n, n = vt.slot.shape
+    return ext[vt.slot.reshape(-1)].view(b_n, n, -1).transpose(1, 2)
+
+
+def _noncausal_fused_varlen(kernels, w, wc, tc, vt: VarlenTasks):
+    """Eq. 10 / 11 per sequence in the fused kernels' three passes, statistics per slot ``(slots, H, P)``."""
+    wc, tab, ns = _unit_stride_rows(wc), vt.table, vt.slots
+    c = kernels.tssa_colsum_sq(wc, None, tab, ns)
+    if not bool(torch.isfinite(c).all()):
+        explain_nonfinite("tssa", "w", w, "the per-feature sum of w^2 over each sequence's tokens")
+    r = 1.0 / c.clamp_min(_NORM_EPS_SQ)
+    s, pi, num, den = kernels.tssa_token_stats(wc, r, tc.contiguous(), tab, ns)
+    den = den.unsqueeze(-1) + _PI_SUM_EPS  # (slots, H, 1)
+    g = 1.0 / (1.0 + num / den)
+    return kernels.tssa_scale(wc, pi, g, tab, ns), c, r, s, pi, den, g
+
+
+def _noncausal_backward_fused_varlen(kernels, wc, tc, gc, saved, vt: VarlenTasks):
+    """:func:`_noncausal_backward_fused` per sequence: its sums over tokens per slot."""
+    c, r, s, pi, den, g = saved
+    wc, gc, tab, ns = _unit_stride_rows(wc), _unit_stride_rows(gc), vt.table, vt.slots
+    d_pi, u = kernels.tssa_bwd_gw(wc, gc, pi, g, tab, ns)
+    d_dots = u * g * g
+    d_q = kernels.tssa_rowdot_sq(wc, d_dots, tab, ns)
+    den_tok = _slot_read(den[..., 0], vt, 1.0)  # (B, H, N)
+    d_pi += d_q / den_tok - _slot_read(_slot_sum(d_q * pi, vt) / (den[..., 0] * den[..., 0]), vt, 0.0)
+    d_a = pi * (d_pi - (pi * d_pi).sum(dim=1, keepdim=True))  # zero at padding, where pi is
+    d_temp = (d_a * s).sum(dim=(0, 2))
+    d_s = (d_a * tc[:, None]).contiguous()
+    d_r = kernels.tssa_colsum_sq(wc, d_s, tab, ns)
+    d_c = torch.where(c > _NORM_EPS_SQ, -d_r * r * r, torch.zeros_like(d_r))
+    coef = (2.0 * (pi / den_tok)).contiguous()
+    dw = kernels.tssa_bwd_dw(wc, gc, coef, d_dots, 2.0 * d_s, r, 2.0 * d_c, pi, g, tab, ns)
+    return dw, d_temp
+
+
+class _TSSANonCausalVarlen(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w: torch.Tensor, temp: torch.Tensor, kernels, vt: VarlenTasks) -> torch.Tensor:
+        cdt = compute_dtype(w.dtype)
+        out, *saved = _noncausal_fused_varlen(kernels, w, w.to(cdt), temp.to(cdt), vt)
+        ctx.save_for_backward(w, temp, *saved)
+        ctx.kernels, ctx.vt = kernels, vt
+        return out.to(w.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        w, temp, *saved = ctx.saved_tensors
+        cdt = saved[0].dtype
+        dw, d_temp = _noncausal_backward_fused_varlen(
+            ctx.kernels, w.to(cdt), temp.to(cdt), grad_out.to(cdt), saved, ctx.vt
+        )
+        return dw.to(w.dtype), d_temp.to(temp.dtype), None, None
+
+
+class _TSSACausalVarlen(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w, temp, bias, kernels, vt: VarlenTasks, pos: torch.Tensor) -> torch.Tensor:
+        # bias: (H, N_max), read by the kernels at each token's position within its sequence
+        cdt = compute_dtype(w.dtype)
+        wc, tc, bc = _unit_stride_rows(w.to(cdt)), temp.to(cdt).contiguous(), bias.to(cdt).contiguous()
+        out, s, pi, den = kernels.tssa_causal(wc, tc, bc, vt.table, vt.slots)
+        ctx.save_for_backward(w, temp, s, pi, den, pos)
+        ctx.kernels, ctx.vt, ctx.bias_shape, ctx.bias_dtype = kernels, vt, bias.shape, bias.dtype
+        return out.to(w.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        w, temp, s, pi, den, pos = ctx.saved_tensors
+        cdt, (h, n_max), vt = s.dtype, ctx.bias_shape, ctx.vt
+        wc, gc = _unit_stride_rows(w.to(cdt)), _unit_stride_rows(grad_out.to(cdt))
+        d_a, dw = ctx.kernels.tssa_causal_bwd(wc, gc, temp.to(cdt).contiguous(), pi, den, vt.table, vt.slots)
+        d_s = d_a * temp.to(cdt)[:, None]  # zero at padding, where pi is
+        # s = ... + P * bias[h, pos]: the bias gradient gathers each token's d_s at its position
+        d_bias = d_s.new_zeros(h, n_max).index_add_(1, pos.reshape(-1), d_s.transpose(0, 1).reshape(h, -1))
+        return (
+            dw.to(w.dtype),
+            (d_a * s).sum(dim=(0, 2)).to(temp.dtype),
+            (d_bias * w.shape[-1]).to(ctx.bias_dtype),
+            None,
+            None,
+            None,
+        )
+
+
+def tssa_cpu_varlen(
+    w: torch.Tensor, temp: torch.Tensor, seg: Segments, kernels, *, causal: bool = False, bias=None
+) -> torch.Tensor:
+    """TSSA (eq. 11 / 28) of every sequence of ``seg`` in the fused CPU kernels, ``(B, H, N, P)``, zero at padding:
+    the kernels run over a table of runs of real tokens (:func:`varlen_tasks`), sums and carries per sequence,
+    the causal bias ``(H, N_max, 1)`` read at each token's position within its sequence."""
+    vt = varlen_tasks(seg)
+    if not causal:
+        return _TSSANonCausalVarlen.apply(w, temp, kernels, vt)
+    if bias is None:
+        bias_hn = torch.zeros(w.shape[1], max(1, int(seg.lengths.max())), device=w.device, dtype=w.dtype)
+    else:
+        bias_hn = bias[:, :, 0]
+    return _TSSACausalVarlen.apply(w, temp, bias_hn, kernels, vt, seg.pos)

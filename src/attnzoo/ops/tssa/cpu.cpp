@@ -16,6 +16,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -138,28 +140,6 @@ inline void softmax_heads(T* a, int64_t H, int64_t stride) {
   for (int64_t h = 0; h < H; ++h) a[h * stride] *= inv;
 }
 
-// part[b, k, h, :] = sum of d[b, h, n] w[b, h, n, :]^2 over the tokens n of chunk k (nc chunks of L tokens);
-// d == nullptr means d = 1
-template <typename T, int64_t KP>
-void chunk_sumsq(const Rows<const T>& w, const T* d, double* part, int64_t B, int64_t N, int64_t P_, int64_t L,
-                 int64_t nc) {
-  const int64_t H = w.H;
-  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
-    HEAD_DIM;
-    std::vector<T> run(H * P);
-    for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
-      double* dst = part + task * H * P;
-      for (int64_t n0 = c0; n0 < c1; n0 += kBlock) {
-        w.visit(n0, std::min(c1, n0 + kBlock), [&](int64_t h, int64_t n) {
-          add_sq(&run[h * P], w(b, h, n), d ? d[(b * H + h) * N + n] : T(1), P);
-        });
-        flush(dst, run.data(), H * P);
-      }
-    }
-  });
-}
-
 // out[b, i] = sum over chunks k of part[b, k, i] (width entries per chunk), rounded to T
 template <typename T>
 void sum_chunks(const double* part, int64_t B, int64_t nc, int64_t width, T* out) {
@@ -169,6 +149,75 @@ void sum_chunks(const double* part, int64_t B, int64_t nc, int64_t width, T* out
       for (int64_t k = 0; k < nc; ++k) s += part[(b * nc + k) * width + i];
       out[b * width + i] = static_cast<T>(s);
     }
+}
+
+// The units of work of the passes over w: by default (b, chunk of L tokens), all of row b's statistics in slot b;
+// for padded batches and packed rows (chunked.py's _varlen_tasks) a table of (b, n0, n1, slot, pos0) rows: runs of
+// real tokens of one sequence (at most L long), whose statistics go to the sequence's slot. Padding is in no task:
+// the kernels never read it, and per-token outputs there stay zero. A slot's tasks are consecutive in the table.
+struct Tasks {
+  struct Task {
+    int64_t b, c0, c1, slot, pos0;  // pos0: position of token c0 within its sequence
+  };
+  const int64_t* tab = nullptr;
+  int64_t count = 0, nc = 1, L = 1, B = 0, N = 0, nslots = 0;
+  Tasks(int64_t B_, int64_t N_, const std::optional<Tensor>& table, int64_t ns) : B(B_), N(N_) {
+    if (table) {
+      TORCH_CHECK(table->scalar_type() == at::kLong && table->dim() == 2 && table->size(1) == 5 &&
+                      table->is_contiguous() && table->device().is_cpu(),
+                  "tasks must be a contiguous CPU int64 tensor (T, 5)");
+      tab = table->data_ptr<int64_t>();
+      count = table->size(0);
+      nslots = ns;
+      for (int64_t t = 0; t < count; ++t) L = std::max(L, tab[5 * t + 2] - tab[5 * t + 1]);  // longest task
+    } else {
+      L = chunk_size(B, N);
+      nc = (N + L - 1) / L;
+      count = B * nc;
+      nslots = B;
+    }
+  }
+  Task operator[](int64_t t) const {
+    if (tab) return {tab[5 * t], tab[5 * t + 1], tab[5 * t + 2], tab[5 * t + 3], tab[5 * t + 4]};
+    const int64_t b = t / nc, c0 = (t % nc) * L;
+    return {b, c0, std::min(N, c0 + L), b, c0};
+  }
+  // out[slot, i] = the sum of part[task, i] over the slot's tasks, in double, rounded to T
+  template <typename T>
+  void reduce(const double* part, int64_t width, T* out) const {
+    if (!tab) return sum_chunks(part, nslots, nc, width, out);
+    std::vector<double> acc(nslots * width, 0.0);
+    for (int64_t t = 0; t < count; ++t)
+      for (int64_t i = 0; i < width; ++i) acc[tab[5 * t + 3] * width + i] += part[t * width + i];
+    for (int64_t i = 0; i < nslots * width; ++i) out[i] = static_cast<T>(acc[i]);
+  }
+  // per-token outputs: zeros where no task writes (padding)
+  Tensor per_token(at::IntArrayRef sizes, const at::TensorOptions& o) const {
+    return tab ? at::zeros(sizes, o) : at::empty(sizes, o);
+  }
+  Tensor like(const Tensor& w) const { return tab ? at::zeros_like(w) : at::empty_like(w); }
+};
+
+// part[task, h, :] = sum of d[b, h, n] w[b, h, n, :]^2 over the task's tokens n;
+// d == nullptr means d = 1
+template <typename T, int64_t KP>
+void chunk_sumsq(const Rows<const T>& w, const T* d, double* part, const Tasks& tasks, int64_t N, int64_t P_) {
+  const int64_t H = w.H;
+  at::parallel_for(0, tasks.count, 1, [&](int64_t t0, int64_t t1) {
+    HEAD_DIM;
+    std::vector<T> run(H * P);
+    for (int64_t task = t0; task < t1; ++task) {
+      const Tasks::Task tk = tasks[task];
+      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1;
+      double* dst = part + task * H * P;
+      for (int64_t n0 = c0; n0 < c1; n0 += kBlock) {
+        w.visit(n0, std::min(c1, n0 + kBlock), [&](int64_t h, int64_t n) {
+          add_sq(&run[h * P], w(b, h, n), d ? d[(b * H + h) * N + n] : T(1), P);
+        });
+        flush(dst, run.data(), H * P);
+      }
+    }
+  });
 }
 
 // The second half of a block of tokens n0 <= n < n1 of batch b in the forward passes that find Pi: a[h * kBlock
@@ -197,26 +246,28 @@ inline void block_memberships(const Rows<const T>& w, int64_t b, int64_t n0, int
 
 // Pass 1: c[b, h, p] = sum_n w[b, h, n, p]^2 (and, weighted, the backward's d_r = sum_n d_s w^2).
 template <typename T, int64_t KP>
-void colsum_sq_kernel(const Rows<const T>& w, const T* d, T* c, int64_t B, int64_t N, int64_t P_) {
+void colsum_sq_kernel(const Rows<const T>& w, const T* d, T* c, const Tasks& tasks, int64_t N, int64_t P_) {
   HEAD_DIM;
-  const int64_t HP = w.H * P, L = chunk_size(B, N), nc = (N + L - 1) / L;
-  std::vector<double> part(B * nc * HP, 0.0);
-  chunk_sumsq<T, KP>(w, d, part.data(), B, N, P, L, nc);
-  sum_chunks(part.data(), B, nc, HP, c);
+  const int64_t HP = w.H * P;
+  std::vector<double> part(tasks.count * HP, 0.0);
+  chunk_sumsq<T, KP>(w, d, part.data(), tasks, N, P);
+  tasks.reduce(part.data(), HP, c);
 }
 
-// sum_n d[b, h, n] w[b, h, n, p]^2 -> (B, H, P); d: (B, H, N) or None (d = 1)
-Tensor tssa_colsum_sq(const Tensor& w, const std::optional<Tensor>& d) {
+// sum_n d[b, h, n] w[b, h, n, p]^2 -> (B, H, P) (or (slots, H, P) with a task table); d: (B, H, N) or None (d = 1)
+Tensor tssa_colsum_sq(const Tensor& w, const std::optional<Tensor>& d, const std::optional<Tensor>& table,
+                      int64_t nslots) {
   check_w(w);
   if (d) {
     check_small(*d, w, "d");
     TORCH_CHECK(d->numel() == w.size(0) * w.size(1) * w.size(2), "d must be (B, H, N)");
   }
-  Tensor c = at::empty({w.size(0), w.size(1), w.size(3)}, w.options());
+  const Tasks tasks(w.size(0), w.size(2), table, nslots);
+  Tensor c = at::empty({tasks.nslots, w.size(1), w.size(3)}, w.options());
   AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_colsum_sq", [&] {
     with_head_dim(w.size(3), [&](auto kp) {
       colsum_sq_kernel<scalar_t, decltype(kp)::value>(Rows<const scalar_t>(w), d ? d->data_ptr<scalar_t>() : nullptr,
-                                                      c.data_ptr<scalar_t>(), w.size(0), w.size(2), w.size(3));
+                                                      c.data_ptr<scalar_t>(), tasks, w.size(2), w.size(3));
     });
   });
   return c;
@@ -224,23 +275,24 @@ Tensor tssa_colsum_sq(const Tensor& w, const std::optional<Tensor>& d) {
 
 // Pass 2: s[b,h,n] = sum_p w^2 r; pi = softmax_h(s temp); num[b,h,p] = sum_n pi w^2; den[b,h] = sum_n pi.
 template <typename T, int64_t KP>
-void stats_kernel(const Rows<const T>& w, const T* r, const T* temp, T* s, T* pi, T* num, T* den, int64_t B,
-                  int64_t N, int64_t P_) {
+void stats_kernel(const Rows<const T>& w, const T* r, const T* temp, T* s, T* pi, T* num, T* den,
+                  const Tasks& tasks, int64_t N, int64_t P_) {
   HEAD_DIM;
-  const int64_t H = w.H, HP = H * P, L = chunk_size(B, N), nc = (N + L - 1) / L;
-  std::vector<double> pnum(B * nc * HP, 0.0), pden(B * nc * H, 0.0);
-  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+  const int64_t H = w.H, HP = H * P;
+  std::vector<double> pnum(tasks.count * HP, 0.0), pden(tasks.count * H, 0.0);
+  at::parallel_for(0, tasks.count, 1, [&](int64_t t0, int64_t t1) {
     HEAD_DIM;
     std::vector<T> run(HP), a(H * kBlock);  // a[h * kBlock + i]: s * temp, then pi, of token n0 + i
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      const Tasks::Task tk = tasks[task];
+      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1, slot = tk.slot;
       double* dnum = pnum.data() + task * HP;
       double* dden = pden.data() + task * H;
       for (int64_t n0 = c0; n0 < c1; n0 += kBlock) {
         const int64_t n1 = std::min(c1, n0 + kBlock);
         w.visit(n0, n1, [&](int64_t h, int64_t n) {
           const T* __restrict x = w(b, h, n);
-          const T* __restrict rr = r + (b * H + h) * P;
+          const T* __restrict rr = r + (slot * H + h) * P;
           T acc = 0;
 #pragma omp simd reduction(+ : acc)
           for (int64_t p = 0; p < P; ++p) acc += x[p] * x[p] * rr[p];
@@ -251,23 +303,26 @@ void stats_kernel(const Rows<const T>& w, const T* r, const T* temp, T* s, T* pi
       }
     }
   });
-  sum_chunks(pden.data(), B, nc, H, den);
-  sum_chunks(pnum.data(), B, nc, HP, num);
+  tasks.reduce(pden.data(), H, den);
+  tasks.reduce(pnum.data(), HP, num);
 }
 
-std::vector<Tensor> tssa_token_stats(const Tensor& w, const Tensor& r, const Tensor& temp) {
+std::vector<Tensor> tssa_token_stats(const Tensor& w, const Tensor& r, const Tensor& temp,
+                                     const std::optional<Tensor>& table, int64_t nslots) {
   check_w(w);
   const int64_t B = w.size(0), H = w.size(1), N = w.size(2), P = w.size(3);
+  const Tasks tasks(B, N, table, nslots);
+  const int64_t S = tasks.nslots;
   check_small(r, w, "r");
   check_small(temp, w, "temp");
-  TORCH_CHECK(r.numel() == B * H * P && temp.numel() == H, "r must be (B, H, P) and temp (H,)");
-  Tensor s = at::empty({B, H, N}, w.options()), pi = at::empty({B, H, N}, w.options());
-  Tensor num = at::empty({B, H, P}, w.options()), den = at::empty({B, H}, w.options());
+  TORCH_CHECK(r.numel() == S * H * P && temp.numel() == H, "r must be (B, H, P) (slots for a table) and temp (H,)");
+  Tensor s = tasks.per_token({B, H, N}, w.options()), pi = tasks.per_token({B, H, N}, w.options());
+  Tensor num = at::empty({S, H, P}, w.options()), den = at::empty({S, H}, w.options());
   AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_token_stats", [&] {
     with_head_dim(P, [&](auto kp) {
       stats_kernel<scalar_t, decltype(kp)::value>(
           Rows<const scalar_t>(w), r.data_ptr<scalar_t>(), temp.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(),
-          pi.data_ptr<scalar_t>(), num.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(), B, N, P);
+          pi.data_ptr<scalar_t>(), num.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(), tasks, N, P);
     });
   });
   return {s, pi, num, den};
@@ -275,16 +330,17 @@ std::vector<Tensor> tssa_token_stats(const Tensor& w, const Tensor& r, const Ten
 
 // Pass 3: out[b,h,n,p] = -w * pi[b,h,n] * g[b,h,p].
 template <typename T, int64_t KP>
-void scale_kernel(const Rows<const T>& w, const T* pi, const T* g, const Rows<T>& out, int64_t B, int64_t N,
-                  int64_t P_) {
-  const int64_t H = w.H, L = chunk_size(B, N), nc = (N + L - 1) / L;
-  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+void scale_kernel(const Rows<const T>& w, const T* pi, const T* g, const Rows<T>& out, const Tasks& tasks,
+                  int64_t N, int64_t P_) {
+  const int64_t H = w.H;
+  at::parallel_for(0, tasks.count, 1, [&](int64_t t0, int64_t t1) {
     HEAD_DIM;
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      const Tasks::Task tk = tasks[task];
+      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1, slot = tk.slot;
       w.visit(c0, c1, [&](int64_t h, int64_t n) {
         const T q = -pi[(b * H + h) * N + n];
-        const T* __restrict gg = g + (b * H + h) * P;
+        const T* __restrict gg = g + (slot * H + h) * P;
         const T* __restrict x = w(b, h, n);
         T* __restrict o = out(b, h, n);
 #pragma omp simd
@@ -294,18 +350,20 @@ void scale_kernel(const Rows<const T>& w, const T* pi, const T* g, const Rows<T>
   });
 }
 
-Tensor tssa_scale(const Tensor& w, const Tensor& pi, const Tensor& g) {
+Tensor tssa_scale(const Tensor& w, const Tensor& pi, const Tensor& g, const std::optional<Tensor>& table,
+                  int64_t nslots) {
   check_w(w);
   check_small(pi, w, "pi");
   check_small(g, w, "g");
-  TORCH_CHECK(pi.numel() == w.size(0) * w.size(1) * w.size(2) && g.numel() == w.size(0) * w.size(1) * w.size(3),
-              "pi must be (B, H, N) and g (B, H, P)");
-  Tensor out = at::empty_like(w);  // w's strides where w is dense, so the layers' view needs no copy back
+  const Tasks tasks(w.size(0), w.size(2), table, nslots);
+  TORCH_CHECK(pi.numel() == w.size(0) * w.size(1) * w.size(2) && g.numel() == tasks.nslots * w.size(1) * w.size(3),
+              "pi must be (B, H, N) and g (B, H, P) (slots for a table)");
+  Tensor out = tasks.like(w);  // w's strides where w is dense, so the layers' view needs no copy back
   AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_scale", [&] {
     with_head_dim(w.size(3), [&](auto kp) {
       scale_kernel<scalar_t, decltype(kp)::value>(Rows<const scalar_t>(w), pi.data_ptr<scalar_t>(),
-                                                  g.data_ptr<scalar_t>(), Rows<scalar_t>(out), w.size(0),
-                                                  w.size(2), w.size(3));
+                                                  g.data_ptr<scalar_t>(), Rows<scalar_t>(out), tasks, w.size(2),
+                                                  w.size(3));
     });
   });
   return out;
@@ -317,22 +375,23 @@ Tensor tssa_scale(const Tensor& w, const Tensor& pi, const Tensor& g) {
 
 // e[b,h,n] = -sum_p G w g[b,h,p];  U[b,h,p] = sum_n pi[b,h,n] G w   (G: the output's gradient)
 template <typename T, int64_t KP>
-void bwd_gw_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* pi, const T* g, T* e, T* U, int64_t B,
-                   int64_t N, int64_t P_) {
+void bwd_gw_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* pi, const T* g, T* e, T* U,
+                   const Tasks& tasks, int64_t N, int64_t P_) {
   HEAD_DIM;
-  const int64_t H = w.H, HP = H * P, L = chunk_size(B, N), nc = (N + L - 1) / L;
-  std::vector<double> part(B * nc * HP, 0.0);
-  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+  const int64_t H = w.H, HP = H * P;
+  std::vector<double> part(tasks.count * HP, 0.0);
+  at::parallel_for(0, tasks.count, 1, [&](int64_t t0, int64_t t1) {
     HEAD_DIM;
     std::vector<T> run(HP);
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      const Tasks::Task tk = tasks[task];
+      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1, slot = tk.slot;
       for (int64_t n0 = c0; n0 < c1; n0 += kBlock) {
         w.visit(n0, std::min(c1, n0 + kBlock), [&](int64_t h, int64_t n) {
           const int64_t i = (b * H + h) * N + n;
           const T* __restrict x = w(b, h, n);
           const T* __restrict gr = G(b, h, n);
-          const T* __restrict gg = g + (b * H + h) * P;
+          const T* __restrict gg = g + (slot * H + h) * P;
           T* __restrict acc = &run[h * P];
           const T q = pi[i];
           T dot = 0;
@@ -348,23 +407,26 @@ void bwd_gw_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* pi, 
       }
     }
   });
-  sum_chunks(part.data(), B, nc, HP, U);
+  tasks.reduce(part.data(), HP, U);
 }
 
-std::vector<Tensor> tssa_bwd_gw(const Tensor& w, const Tensor& G, const Tensor& pi, const Tensor& g) {
+std::vector<Tensor> tssa_bwd_gw(const Tensor& w, const Tensor& G, const Tensor& pi, const Tensor& g,
+                                const std::optional<Tensor>& table, int64_t nslots) {
   check_w(w);
   check_w(G);
   TORCH_CHECK(G.sizes() == w.sizes() && G.scalar_type() == w.scalar_type(), "G must match w");
   check_small(pi, w, "pi");
   check_small(g, w, "g");
   const int64_t B = w.size(0), H = w.size(1), N = w.size(2), P = w.size(3);
-  TORCH_CHECK(pi.numel() == B * H * N && g.numel() == B * H * P, "pi must be (B, H, N) and g (B, H, P)");
-  Tensor e = at::empty({B, H, N}, w.options()), U = at::empty({B, H, P}, w.options());
+  const Tasks tasks(B, N, table, nslots);
+  TORCH_CHECK(pi.numel() == B * H * N && g.numel() == tasks.nslots * H * P,
+              "pi must be (B, H, N) and g (B, H, P) (slots for a table)");
+  Tensor e = tasks.per_token({B, H, N}, w.options()), U = at::empty({tasks.nslots, H, P}, w.options());
   AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_bwd_gw", [&] {
     with_head_dim(P, [&](auto kp) {
       bwd_gw_kernel<scalar_t, decltype(kp)::value>(Rows<const scalar_t>(w), Rows<const scalar_t>(G),
                                                    pi.data_ptr<scalar_t>(), g.data_ptr<scalar_t>(),
-                                                   e.data_ptr<scalar_t>(), U.data_ptr<scalar_t>(), B, N, P);
+                                                   e.data_ptr<scalar_t>(), U.data_ptr<scalar_t>(), tasks, N, P);
     });
   });
   return {e, U};
@@ -372,15 +434,16 @@ std::vector<Tensor> tssa_bwd_gw(const Tensor& w, const Tensor& G, const Tensor& 
 
 // out[b,h,n] = sum_p w[b,h,n,p]^2 v[b,h,p]
 template <typename T, int64_t KP>
-void rowdot_sq_kernel(const Rows<const T>& w, const T* v, T* out, int64_t B, int64_t N, int64_t P_) {
-  const int64_t H = w.H, L = chunk_size(B, N), nc = (N + L - 1) / L;
-  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+void rowdot_sq_kernel(const Rows<const T>& w, const T* v, T* out, const Tasks& tasks, int64_t N, int64_t P_) {
+  const int64_t H = w.H;
+  at::parallel_for(0, tasks.count, 1, [&](int64_t t0, int64_t t1) {
     HEAD_DIM;
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      const Tasks::Task tk = tasks[task];
+      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1, slot = tk.slot;
       w.visit(c0, c1, [&](int64_t h, int64_t n) {
         const T* __restrict x = w(b, h, n);
-        const T* __restrict vv = v + (b * H + h) * P;
+        const T* __restrict vv = v + (slot * H + h) * P;
         T acc = 0;
 #pragma omp simd reduction(+ : acc)
         for (int64_t p = 0; p < P; ++p) acc += x[p] * x[p] * vv[p];
@@ -390,15 +453,16 @@ void rowdot_sq_kernel(const Rows<const T>& w, const T* v, T* out, int64_t B, int
   });
 }
 
-Tensor tssa_rowdot_sq(const Tensor& w, const Tensor& v) {
+Tensor tssa_rowdot_sq(const Tensor& w, const Tensor& v, const std::optional<Tensor>& table, int64_t nslots) {
   check_w(w);
   check_small(v, w, "v");
-  TORCH_CHECK(v.numel() == w.size(0) * w.size(1) * w.size(3), "v must be (B, H, P)");
-  Tensor out = at::empty({w.size(0), w.size(1), w.size(2)}, w.options());
+  const Tasks tasks(w.size(0), w.size(2), table, nslots);
+  TORCH_CHECK(v.numel() == tasks.nslots * w.size(1) * w.size(3), "v must be (B, H, P) (slots for a table)");
+  Tensor out = tasks.per_token({w.size(0), w.size(1), w.size(2)}, w.options());
   AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_rowdot_sq", [&] {
     with_head_dim(w.size(3), [&](auto kp) {
       rowdot_sq_kernel<scalar_t, decltype(kp)::value>(Rows<const scalar_t>(w), v.data_ptr<scalar_t>(),
-                                                      out.data_ptr<scalar_t>(), w.size(0), w.size(2), w.size(3));
+                                                      out.data_ptr<scalar_t>(), tasks, w.size(2), w.size(3));
     });
   });
   return out;
@@ -407,14 +471,15 @@ Tensor tssa_rowdot_sq(const Tensor& w, const Tensor& v) {
 // dw = w (a[n] bb[p] + c[n] d[p] + e[p]) - G f[n] h[p]   ((B, H, N) / (B, H, P) coefficients)
 template <typename T, int64_t KP>
 void bwd_dw_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* a, const T* bb, const T* c, const T* d,
-                   const T* e, const T* f, const T* hh, const Rows<T>& dw, int64_t B, int64_t N, int64_t P_) {
-  const int64_t H = w.H, L = chunk_size(B, N), nc = (N + L - 1) / L;
-  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+                   const T* e, const T* f, const T* hh, const Rows<T>& dw, const Tasks& tasks, int64_t N, int64_t P_) {
+  const int64_t H = w.H;
+  at::parallel_for(0, tasks.count, 1, [&](int64_t t0, int64_t t1) {
     HEAD_DIM;
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      const Tasks::Task tk = tasks[task];
+      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1, slot = tk.slot;
       w.visit(c0, c1, [&](int64_t h, int64_t n) {
-        const int64_t i = (b * H + h) * N + n, j = (b * H + h) * P;
+        const int64_t i = (b * H + h) * N + n, j = (slot * H + h) * P;
         const T an = a[i], cn = c[i], fn = f[i];
         const T* __restrict x = w(b, h, n);
         const T* __restrict gr = G(b, h, n);
@@ -428,26 +493,28 @@ void bwd_dw_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* a, c
 }
 
 Tensor tssa_bwd_dw(const Tensor& w, const Tensor& G, const Tensor& a, const Tensor& bb, const Tensor& c,
-                   const Tensor& d, const Tensor& e, const Tensor& f, const Tensor& h) {
+                   const Tensor& d, const Tensor& e, const Tensor& f, const Tensor& h, const std::optional<Tensor>& table,
+                   int64_t nslots) {
   check_w(w);
   check_w(G);
   TORCH_CHECK(G.sizes() == w.sizes() && G.scalar_type() == w.scalar_type(), "G must match w");
   const int64_t B = w.size(0), H = w.size(1), N = w.size(2), P = w.size(3);
+  const Tasks tasks(B, N, table, nslots);
   for (const Tensor* t : {&a, &c, &f}) {
     check_small(*t, w, "a per-token coefficient");
     TORCH_CHECK(t->numel() == B * H * N, "per-token coefficients must be (B, H, N)");
   }
   for (const Tensor* t : {&bb, &d, &e, &h}) {
     check_small(*t, w, "a per-feature coefficient");
-    TORCH_CHECK(t->numel() == B * H * P, "per-feature coefficients must be (B, H, P)");
+    TORCH_CHECK(t->numel() == tasks.nslots * H * P, "per-feature coefficients must be (B, H, P) (slots for a table)");
   }
-  Tensor dw = at::empty_like(w);
+  Tensor dw = tasks.like(w);
   AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_bwd_dw", [&] {
     with_head_dim(P, [&](auto kp) {
       bwd_dw_kernel<scalar_t, decltype(kp)::value>(
           Rows<const scalar_t>(w), Rows<const scalar_t>(G), a.data_ptr<scalar_t>(), bb.data_ptr<scalar_t>(),
           c.data_ptr<scalar_t>(), d.data_ptr<scalar_t>(), e.data_ptr<scalar_t>(), f.data_ptr<scalar_t>(),
-          h.data_ptr<scalar_t>(), Rows<scalar_t>(dw), B, N, P);
+          h.data_ptr<scalar_t>(), Rows<scalar_t>(dw), tasks, N, P);
     });
   });
   return dw;
@@ -484,26 +551,45 @@ void exclusive_scan(std::vector<double>& part, int64_t rows, int64_t nc, int64_t
   });
 }
 
+// exclusive_scan over the tasks of each slot (consecutive in the table): the carries restart at each sequence
+void exclusive_scan(std::vector<double>& part, const Tasks& tasks, int64_t width, bool reverse = false) {
+  if (!tasks.tab) return exclusive_scan(part, tasks.nslots, tasks.nc, width, reverse);
+  std::vector<double> run(width, 0.0);
+  int64_t prev = -1;
+  for (int64_t j = 0; j < tasks.count; ++j) {
+    const int64_t t = reverse ? tasks.count - 1 - j : j, slot = tasks.tab[5 * t + 3];
+    if (slot != prev) std::fill(run.begin(), run.end(), 0.0);
+    prev = slot;
+    double* v = part.data() + t * width;
+    for (int64_t i = 0; i < width; ++i) {
+      const double x = v[i];
+      v[i] = run[i];
+      run[i] += x;
+    }
+  }
+}
+
 template <typename T, int64_t KP>
-void causal_kernel(const Rows<const T>& w, const T* temp, const T* bias, const Rows<T>& out, T* s, T* pi, T* den,
-                   int64_t B, int64_t N, int64_t P_) {
+void causal_kernel(const Rows<const T>& w, const T* temp, const T* bias, int64_t Nb, const Rows<T>& out, T* s, T* pi,
+                   T* den, const Tasks& tasks, int64_t N, int64_t P_) {
   HEAD_DIM;
-  const int64_t H = w.H, HP = H * P, L = chunk_size(B, N), nc = (N + L - 1) / L;
-  // (A) chunk totals of w^2, then the exclusive carry into each chunk; layout (b, chunk, h, p)
-  std::vector<double> carry_sq(B * nc * HP, 0.0);
-  chunk_sumsq<T, KP>(w, nullptr, carry_sq.data(), B, N, P, L, nc);
-  exclusive_scan(carry_sq, B, nc, HP);
+  const int64_t H = w.H, HP = H * P, ntask = tasks.count;
+  // (A) chunk totals of w^2, then the exclusive carry into each chunk; layout (task, h, p)
+  std::vector<double> carry_sq(ntask * HP, 0.0);
+  chunk_sumsq<T, KP>(w, nullptr, carry_sq.data(), tasks, N, P);
+  exclusive_scan(carry_sq, tasks, HP);
 
   // (B) scan each chunk from its carry: s = sum_p w^2 / cumsum(w^2) + P b, pi = softmax_h(s temp); and the
   //     chunk totals of pi w^2 and of pi, layout (b, chunk, [h, p] then [h])
   const int64_t W = HP + H;
-  std::vector<double> carry_pi(B * nc * W, 0.0);
-  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+  std::vector<double> carry_pi(ntask * W, 0.0);
+  at::parallel_for(0, ntask, 1, [&](int64_t t0, int64_t t1) {
     HEAD_DIM;
     std::vector<double> S(HP);
     std::vector<T> a(H * kBlock), run(HP);
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      const Tasks::Task tk = tasks[task];
+      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1, shift = tk.pos0 - tk.c0;  // bias at the in-sequence pos
       std::copy_n(carry_sq.data() + task * HP, HP, S.data());
       double* tot = carry_pi.data() + task * W;
       for (int64_t n0 = c0; n0 < c1; n0 += kBlock) {
@@ -519,7 +605,7 @@ void causal_kernel(const Rows<const T>& w, const T* temp, const T* bias, const R
             const T Sv = static_cast<T>(Sh[p]);
             acc += x2 / (Sv > T(0) ? Sv : T(1));  // 0/0 := 0: x2 == 0 wherever the prefix sum is 0
           }
-          const T sv = acc + static_cast<T>(P) * bias[h * N + n];
+          const T sv = acc + static_cast<T>(P) * bias[h * Nb + n + shift];
           s[(b * H + h) * N + n] = sv;
           a[h * kBlock + (n - n0)] = sv * temp[h];
         });
@@ -527,14 +613,15 @@ void causal_kernel(const Rows<const T>& w, const T* temp, const T* bias, const R
       }
     }
   });
-  exclusive_scan(carry_pi, B, nc, W);
+  exclusive_scan(carry_pi, tasks, W);
 
   // (C) scan again for num = cumsum(pi w^2), den = cumsum(pi); out = -w pi / (1 + num / den)
-  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, ntask, 1, [&](int64_t t0, int64_t t1) {
     HEAD_DIM;
     std::vector<double> st(W);  // [h, p]: num, then [h]: den
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      const Tasks::Task tk = tasks[task];
+      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1;
       std::copy_n(carry_pi.data() + task * W, W, st.data());
       w.visit(c0, c1, [&](int64_t h, int64_t n) {
         const int64_t i = (b * H + h) * N + n;
@@ -557,20 +644,25 @@ void causal_kernel(const Rows<const T>& w, const T* temp, const T* bias, const R
   });
 }
 
-std::vector<Tensor> tssa_causal(const Tensor& w, const Tensor& temp, const Tensor& bias) {
+// bias: (H, N), or (H, N_max) read at each token's position within its sequence with a task table
+std::vector<Tensor> tssa_causal(const Tensor& w, const Tensor& temp, const Tensor& bias,
+                                const std::optional<Tensor>& table, int64_t nslots) {
   check_w(w);
   const int64_t B = w.size(0), H = w.size(1), N = w.size(2), P = w.size(3);
+  const Tasks tasks(B, N, table, nslots);
   check_small(temp, w, "temp");
   check_small(bias, w, "bias");
-  TORCH_CHECK(temp.numel() == H && bias.numel() == H * N, "temp must be (H,) and bias (H, N)");
-  Tensor out = at::empty_like(w);
-  Tensor s = at::empty({B, H, N}, w.options()), pi = at::empty({B, H, N}, w.options());
-  Tensor den = at::empty({B, H, N}, w.options());
+  TORCH_CHECK(temp.numel() == H && bias.dim() == 2 && bias.size(0) == H && (table || bias.size(1) == N),
+              "temp must be (H,) and bias (H, N) (or (H, N_max) with a table)");
+  Tensor out = tasks.like(w);
+  Tensor s = tasks.per_token({B, H, N}, w.options()), pi = tasks.per_token({B, H, N}, w.options());
+  Tensor den = tasks.per_token({B, H, N}, w.options());
   AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_causal", [&] {
     with_head_dim(P, [&](auto kp) {
       causal_kernel<scalar_t, decltype(kp)::value>(
-          Rows<const scalar_t>(w), temp.data_ptr<scalar_t>(), bias.data_ptr<scalar_t>(), Rows<scalar_t>(out),
-          s.data_ptr<scalar_t>(), pi.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(), B, N, P);
+          Rows<const scalar_t>(w), temp.data_ptr<scalar_t>(), bias.data_ptr<scalar_t>(), bias.size(1),
+          Rows<scalar_t>(out), s.data_ptr<scalar_t>(), pi.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(), tasks, N,
+          P);
     });
   });
   return {out, s, pi, den};
@@ -592,36 +684,38 @@ std::vector<Tensor> tssa_causal(const Tensor& w, const Tensor& temp, const Tenso
 // (4) dw += 2 w V_carry, the part of V from later chunks.
 template <typename T, int64_t KP>
 void causal_bwd_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* temp, const T* pi, const T* den,
-                       T* d_a, const Rows<T>& dw, int64_t B, int64_t N, int64_t P_) {
+                       T* d_a, const Rows<T>& dw, const Tasks& tasks, int64_t N, int64_t P_) {
   HEAD_DIM;
-  const int64_t H = w.H, HP = H * P, L = chunk_size(B, N), nc = (N + L - 1) / L;
+  const int64_t H = w.H, HP = H * P, ntask = tasks.count, L = tasks.L;
   const int64_t nblk = (L + kBlock - 1) / kBlock;  // blocks per chunk (the last chunk may use fewer)
   auto safe = [](T v) { return v > T(0) ? v : T(1); };
 
   // (1) forward carries of S and M
-  std::vector<double> carry_S(B * nc * HP, 0.0), carry_M(B * nc * HP, 0.0);
-  chunk_sumsq<T, KP>(w, nullptr, carry_S.data(), B, N, P, L, nc);
-  chunk_sumsq<T, KP>(w, pi, carry_M.data(), B, N, P, L, nc);
-  exclusive_scan(carry_S, B, nc, HP);
-  exclusive_scan(carry_M, B, nc, HP);
+  std::vector<double> carry_S(ntask * HP, 0.0), carry_M(ntask * HP, 0.0);
+  chunk_sumsq<T, KP>(w, nullptr, carry_S.data(), tasks, N, P);
+  chunk_sumsq<T, KP>(w, pi, carry_M.data(), tasks, N, P);
+  exclusive_scan(carry_S, tasks, HP);
+  exclusive_scan(carry_M, tasks, HP);
 
   // (2) forward scan: d_pi_dir and d_D per token; chunk totals of d_M (then d_D): layout (b, chunk, W)
   const int64_t W = HP + H;
-  std::vector<double> carry_R(B * nc * W, 0.0);
+  std::vector<double> carry_R(ntask * W, 0.0);
   // O(N) scratch from PyTorch's allocator, so that the benchmark's tracked peak memory sees it
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
-  Tensor blk_St = at::empty({B * nc * nblk * HP}, f64), blk_Mt = at::empty({B * nc * nblk * HP}, f64);
-  Tensor scratch = at::empty({2, B * H * N}, at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value));
+  Tensor blk_St = at::empty({ntask * nblk * HP}, f64), blk_Mt = at::empty({ntask * nblk * HP}, f64);
+  const int64_t BHN = tasks.B * w.H * N;
+  Tensor scratch = at::empty({2, BHN}, at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value));
   double* blk_S = blk_St.data_ptr<double>();
   double* blk_M = blk_Mt.data_ptr<double>();
   T* d_pi_dir = static_cast<T*>(scratch.data_ptr());
-  T* d_D = d_pi_dir + B * H * N;
-  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+  T* d_D = d_pi_dir + BHN;
+  at::parallel_for(0, ntask, 1, [&](int64_t t0, int64_t t1) {
     HEAD_DIM;
     std::vector<double> S(HP), M(HP);
     std::vector<T> run(HP);
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      const Tasks::Task tk = tasks[task];
+      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1;
       std::copy_n(carry_S.data() + task * HP, HP, S.data());
       std::copy_n(carry_M.data() + task * HP, HP, M.data());
       double* tot = carry_R.data() + task * W;
@@ -663,16 +757,17 @@ void causal_bwd_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* 
       }
     }
   });
-  exclusive_scan(carry_R, B, nc, W, /*reverse=*/true);
+  exclusive_scan(carry_R, tasks, W, /*reverse=*/true);
 
   // (3) blocks in reverse; V summed within the chunk, its chunk total kept for (4)
-  std::vector<double> carry_V(B * nc * HP, 0.0);
-  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+  std::vector<double> carry_V(ntask * HP, 0.0);
+  at::parallel_for(0, ntask, 1, [&](int64_t t0, int64_t t1) {
     HEAD_DIM;
     std::vector<double> S(HP), M(HP), R(W), V(HP);
     std::vector<T> inv_S(HP * kBlock), gb(HP * kBlock), Rb(HP * kBlock), dpi(H * kBlock), ds(H * kBlock);
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
+      const Tasks::Task tk = tasks[task];
+      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1;
       std::copy_n(carry_R.data() + task * W, W, R.data());  // [h, p]: R, then [h]: Q
       std::fill(V.begin(), V.end(), 0.0);
       const int64_t last0 = c0 + (c1 - 1 - c0) / kBlock * kBlock;
@@ -749,15 +844,16 @@ void causal_bwd_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* 
       std::copy_n(V.data(), HP, carry_V.data() + task * HP);
     }
   });
-  if (nc == 1) return;
-  exclusive_scan(carry_V, B, nc, HP, /*reverse=*/true);
+  if (!tasks.tab && tasks.nc == 1) return;
+  exclusive_scan(carry_V, tasks, HP, /*reverse=*/true);
 
   // (4) dw += 2 w V_carry (V from later chunks)
-  at::parallel_for(0, B * nc, 1, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, ntask, 1, [&](int64_t t0, int64_t t1) {
     HEAD_DIM;
     for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = task / nc, c0 = (task % nc) * L, c1 = std::min(N, c0 + L);
-      if (task % nc == nc - 1) continue;  // nothing after the last chunk
+      const Tasks::Task tk = tasks[task];
+      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1;
+      if (!tasks.tab && task % tasks.nc == tasks.nc - 1) continue;  // nothing after the last chunk
       std::vector<T> vc(HP);
       for (int64_t k = 0; k < HP; ++k) vc[k] = static_cast<T>(2.0 * carry_V[task * HP + k]);
       w.visit(c0, c1, [&](int64_t h, int64_t n) {
@@ -772,7 +868,7 @@ void causal_bwd_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* 
 }
 
 std::vector<Tensor> tssa_causal_bwd(const Tensor& w, const Tensor& G, const Tensor& temp, const Tensor& pi,
-                                    const Tensor& den) {
+                                    const Tensor& den, const std::optional<Tensor>& table, int64_t nslots) {
   check_w(w);
   check_w(G);
   TORCH_CHECK(G.sizes() == w.sizes() && G.scalar_type() == w.scalar_type(), "G must match w");
@@ -782,13 +878,14 @@ std::vector<Tensor> tssa_causal_bwd(const Tensor& w, const Tensor& G, const Tens
   check_small(den, w, "den");
   TORCH_CHECK(temp.numel() == H && pi.numel() == B * H * N && den.numel() == B * H * N,
               "temp must be (H,), pi and den (B, H, N)");
-  Tensor d_a = at::empty({B, H, N}, w.options());
-  Tensor dw = at::empty_like(w);
+  const Tasks tasks(B, N, table, nslots);
+  Tensor d_a = tasks.per_token({B, H, N}, w.options());
+  Tensor dw = tasks.like(w);
   AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "tssa_causal_bwd", [&] {
     with_head_dim(P, [&](auto kp) {
       causal_bwd_kernel<scalar_t, decltype(kp)::value>(
           Rows<const scalar_t>(w), Rows<const scalar_t>(G), temp.data_ptr<scalar_t>(), pi.data_ptr<scalar_t>(),
-          den.data_ptr<scalar_t>(), d_a.data_ptr<scalar_t>(), Rows<scalar_t>(dw), B, N, P);
+          den.data_ptr<scalar_t>(), d_a.data_ptr<scalar_t>(), Rows<scalar_t>(dw), tasks, N, P);
     });
   });
   return {d_a, dw};
@@ -797,14 +894,19 @@ std::vector<Tensor> tssa_causal_bwd(const Tensor& w, const Tensor& G, const Tens
 }  // namespace
 
 TORCH_LIBRARY(attnzoo_cpu, m) {
-  m.def("tssa_colsum_sq(Tensor w, Tensor? d) -> Tensor");
-  m.def("tssa_token_stats(Tensor w, Tensor r, Tensor temp) -> Tensor[]");
-  m.def("tssa_scale(Tensor w, Tensor pi, Tensor g) -> Tensor");
-  m.def("tssa_causal(Tensor w, Tensor temp, Tensor bias) -> Tensor[]");
-  m.def("tssa_bwd_gw(Tensor w, Tensor G, Tensor pi, Tensor g) -> Tensor[]");
-  m.def("tssa_rowdot_sq(Tensor w, Tensor v) -> Tensor");
-  m.def("tssa_causal_bwd(Tensor w, Tensor G, Tensor temp, Tensor pi, Tensor den) -> Tensor[]");
-  m.def("tssa_bwd_dw(Tensor w, Tensor G, Tensor a, Tensor b, Tensor c, Tensor d, Tensor e, Tensor f, Tensor h) -> Tensor");
+  // tasks / nslots: padded batches and packed rows (the Tasks struct); None for the plain (B, chunk) tasks
+  m.def("tssa_colsum_sq(Tensor w, Tensor? d, Tensor? tasks=None, int nslots=0) -> Tensor");
+  m.def("tssa_token_stats(Tensor w, Tensor r, Tensor temp, Tensor? tasks=None, int nslots=0) -> Tensor[]");
+  m.def("tssa_scale(Tensor w, Tensor pi, Tensor g, Tensor? tasks=None, int nslots=0) -> Tensor");
+  m.def("tssa_causal(Tensor w, Tensor temp, Tensor bias, Tensor? tasks=None, int nslots=0) -> Tensor[]");
+  m.def("tssa_bwd_gw(Tensor w, Tensor G, Tensor pi, Tensor g, Tensor? tasks=None, int nslots=0) -> Tensor[]");
+  m.def("tssa_rowdot_sq(Tensor w, Tensor v, Tensor? tasks=None, int nslots=0) -> Tensor");
+  m.def(
+      "tssa_causal_bwd(Tensor w, Tensor G, Tensor temp, Tensor pi, Tensor den, Tensor? tasks=None, int nslots=0) "
+      "-> Tensor[]");
+  m.def(
+      "tssa_bwd_dw(Tensor w, Tensor G, Tensor a, Tensor b, Tensor c, Tensor d, Tensor e, Tensor f, Tensor h, "
+      "Tensor? tasks=None, int nslots=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attnzoo_cpu, CPU, m) {

@@ -9,8 +9,16 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.ops._dtypes import acc_dtype
+from attnzoo.ops._varlen import Segments
 
-__all__ = ["tssa_naive", "tssa_pi_naive", "safe_denominator", "compute_dtype"]
+__all__ = [
+    "tssa_naive",
+    "tssa_pi_naive",
+    "tssa_naive_varlen",
+    "tssa_pi_naive_varlen",
+    "safe_denominator",
+    "compute_dtype",
+]
 
 
 #: internal precision: float32 or better, so fp16/bf16 inputs reduce over tokens in float32
@@ -75,3 +83,26 @@ def tssa_naive(
     attn = 1.0 / (1 + dots)
     out = -torch.mul(w.mul(pi.unsqueeze(-1)), attn)
     return out.to(out_dtype)
+
+
+def _each_alone(fn, w: torch.Tensor, seg: Segments, shape: tuple, out_dtype: torch.dtype, **kw) -> torch.Tensor:
+    # the definition of masked/packed TSSA: each sequence's real tokens run alone, padding stays zero
+    out = torch.zeros(shape, device=w.device, dtype=out_dtype)
+    for row, idx in seg.sequences():
+        out[row, :, idx] = fn(w[row : row + 1, :, idx], **kw)[0].to(out_dtype)
+    return out
+
+
+def tssa_naive_varlen(
+    w: torch.Tensor, temp: torch.Tensor, seg: Segments, *, causal: bool = False, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Eq. 11 / 28 over each sequence of ``seg`` alone (its statistics over its real tokens only, the causal bias
+    read at the position within the sequence), ``(B, H, N, P)`` with zeros at padding."""
+    return _each_alone(tssa_naive, w, seg, w.shape, w.dtype, temp=temp, causal=causal, bias=bias)
+
+
+def tssa_pi_naive_varlen(
+    w: torch.Tensor, temp: torch.Tensor, seg: Segments, *, causal: bool = False, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Membership Pi ``(B, H, N)`` of eq. 10 / 39 over each sequence of ``seg`` alone, zeros at padding."""
+    return _each_alone(tssa_pi_naive, w, seg, w.shape[:3], compute_dtype(w.dtype), temp=temp, causal=causal, bias=bias)

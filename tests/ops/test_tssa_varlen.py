@@ -1,0 +1,172 @@
+"""TSSA with padding masks and packed rows (issue 27): every backend that takes them equals each sequence alone,
+forward and backward; the causal bias is read at the position within each sequence; bad input is refused."""
+
+import pytest
+import torch
+from varlen_cases import MODES, assert_equal_to_alone
+
+from attnzoo.ops.tssa import tssa, tssa_init_state, tssa_pi, tssa_step
+
+# the fused CPU kernels take them through a task table of runs of real tokens
+MASKED = ["naive", "torch", "cpu"]
+# 1 token, odd lengths, and 300/77 across the scan chunk (32 at N=300, 16 below) with ragged last chunks
+LENGTHS = [[1, 5, 3], [7, 1], [300, 77, 33]]
+
+
+def _seqs(lengths, dtype, h=3, p=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.exp(torch.randn(1, h, 1, p, generator=g, dtype=torch.float64))
+    return [{"w": (torch.randn(1, h, n, p, generator=g, dtype=torch.float64) * scale).to(dtype)} for n in lengths]
+
+
+def _shared(lengths, dtype, causal, h=3, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    shared = {"temp": (0.5 + 2 * torch.rand(h, generator=g, dtype=torch.float64)).to(dtype)}
+    if causal:
+        shared["bias"] = (0.3 * torch.randn(h, max(lengths) + 2, 1, generator=g, dtype=torch.float64)).to(dtype)
+    return shared
+
+
+CASES = [(b, c) for b in MASKED for c in (False, True)]
+
+
+@pytest.mark.parametrize("backend,causal", CASES)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("lengths", LENGTHS)
+def test_equal_to_alone_float64(backend, causal, mode, lengths):
+    def call(**kw):
+        return tssa(causal=causal, backend=backend, **kw)
+
+    assert_equal_to_alone(
+        call, _seqs(lengths, torch.float64), {"w": 2}, mode=mode, shared=_shared(lengths, torch.float64, causal)
+    )
+
+
+@pytest.mark.parametrize("backend,causal", CASES + [("auto", False), ("auto", True)])
+@pytest.mark.parametrize("mode", MODES)
+def test_equal_to_alone_float32(backend, causal, mode):
+    lengths = [40, 1, 17]
+
+    def call(**kw):
+        return tssa(causal=causal, backend=backend, **kw)
+
+    assert_equal_to_alone(
+        call,
+        _seqs(lengths, torch.float32),
+        {"w": 2},
+        mode=mode,
+        shared=_shared(lengths, torch.float32, causal),
+        rtol=2e-4,
+        atol=2e-5,
+    )
+
+
+@pytest.mark.parametrize("backend", MASKED)
+def test_causal_packed_row_does_not_leak(backend):
+    # changing a later token (same or next sequence) leaves every earlier output unchanged
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(1, 2, 12, 3, generator=g, dtype=torch.float64)
+    temp = torch.tensor([0.7, 1.9], dtype=torch.float64)
+    bias = 0.3 * torch.randn(2, 8, 1, generator=g, dtype=torch.float64)
+    cu = torch.tensor([0, 5, 12])
+    out = tssa(w, temp, causal=True, bias=bias, cu_seqlens=cu, backend=backend)
+    for t in (3, 5, 9):
+        w2 = w.clone()
+        w2[:, :, t] += 10.0
+        out2 = tssa(w2, temp, causal=True, bias=bias, cu_seqlens=cu, backend=backend)
+        torch.testing.assert_close(out2[:, :, :t], out[:, :, :t], rtol=0, atol=0)
+        assert not torch.equal(out2[:, :, t], out[:, :, t])
+
+
+@pytest.mark.parametrize("backend", MASKED)
+def test_causal_bias_is_read_at_the_position_within_the_sequence(backend):
+    # the second packed sequence starts at row index 4 but position 0: it must see bias[:, 0], not bias[:, 4]
+    w = torch.randn(1, 2, 6, 3, dtype=torch.float64)
+    temp = torch.ones(2, dtype=torch.float64)
+    bias = torch.zeros(2, 6, 1, dtype=torch.float64)
+    bias[0, 4:] = 5.0  # only read at positions >= 4, which the sequences (4 and 2 tokens) never reach
+    cu = torch.tensor([0, 4, 6])
+    got = tssa(w, temp, causal=True, bias=bias, cu_seqlens=cu, backend=backend)
+    want = tssa(w, temp, causal=True, bias=torch.zeros_like(bias), cu_seqlens=cu, backend=backend)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_all_padding_row_gives_zeros():
+    w = torch.randn(2, 2, 5, 3, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0, 1, 1], [0, 0, 0, 0, 0]])
+    for causal in (False, True):
+        out = tssa(w, torch.ones(2, dtype=torch.float64), causal=causal, attention_mask=mask, backend="torch")
+        assert bool((out[1] == 0).all()) and bool(torch.isfinite(out).all())
+        pi = tssa_pi(w, torch.ones(2, dtype=torch.float64), causal=causal, attention_mask=mask)
+        assert bool((pi[1] == 0).all()) and bool((pi[0, :, 2] == 0).all())
+
+
+@pytest.mark.parametrize("backend,causal", [("triton", False), ("triton", True)])
+def test_backends_without_masks_refuse_them_naming_the_alternative(backend, causal):
+    w = torch.randn(1, 2, 5, 3)
+    mask = torch.ones(1, 5, dtype=torch.bool)
+    with pytest.raises(ValueError, match="backend='torch'"):
+        tssa(w, torch.ones(2), causal=causal, attention_mask=mask, backend=backend)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cpu_kernels_long_sequences_span_several_tasks(causal):
+    # 1100 and 600 tokens: several 512-token tasks per sequence, a gap of padding in the middle of a row
+    g = torch.Generator().manual_seed(9)
+    w = torch.randn(2, 3, 1200, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    temp = torch.tensor([0.6, 1.3, 2.2], dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(2, 1200, dtype=torch.bool)
+    mask[0, 1100:] = False
+    mask[1, 300:900] = False
+    bias = (0.3 * torch.randn(3, 1100, 1, generator=g, dtype=torch.float64)).requires_grad_(causal)
+    kw = {"causal": causal, "bias": bias if causal else None, "attention_mask": mask}
+    outs = [tssa(w, temp, backend=b, **kw) for b in ("cpu", "torch")]
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-10, atol=1e-12)
+    cot = torch.randn(outs[0].shape, generator=g, dtype=torch.float64)
+    leaves = (w, temp, bias) if causal else (w, temp)
+    grads = [torch.autograd.grad((o * cot).sum(), leaves) for o in outs]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_bad_masks_raise():
+    w, temp = torch.randn(2, 2, 5, 3), torch.ones(2)
+    with pytest.raises(ValueError, match=r"shape \(B, N\)"):
+        tssa(w, temp, attention_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="batch size 1"):
+        tssa(w, temp, cu_seqlens=torch.tensor([0, 5]))
+    with pytest.raises(ValueError, match="not both"):
+        tssa(w[:1], temp, attention_mask=torch.ones(1, 5), cu_seqlens=torch.tensor([0, 5]))
+    # the causal bias must cover the longest sequence (not the packed row)
+    bias = torch.zeros(2, 3, 1)
+    tssa(w[:1], temp, causal=True, bias=bias, cu_seqlens=torch.tensor([0, 3, 5]))
+    with pytest.raises(ValueError, match="longest sequence has N=4"):
+        tssa(w[:1], temp, causal=True, bias=bias, cu_seqlens=torch.tensor([0, 4, 5]))
+
+
+def test_decoding_a_left_padded_prompt_equals_each_prompt_alone():
+    g = torch.Generator().manual_seed(7)
+    lengths, h, p = [6, 2, 4], 2, 3
+    temp = torch.tensor([0.8, 1.7], dtype=torch.float64)
+    bias = 0.3 * torch.randn(h, 8, 1, generator=g, dtype=torch.float64)
+    seqs = [torch.randn(1, h, n, p, generator=g, dtype=torch.float64) for n in lengths]
+    width = max(lengths)
+    w = 1e3 * torch.randn(len(lengths), h, width, p, generator=g, dtype=torch.float64)
+    mask = torch.zeros(len(lengths), width, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        w[i, :, width - s.shape[2] :] = s[0]
+        mask[i, width - s.shape[2] :] = True
+    state = tssa_init_state(len(lengths), h, p, dtype=torch.float64)
+    outs = []
+    for t in range(width):
+        o, state = tssa_step(w[:, :, t], temp, state, bias=bias, attention_mask=mask[:, t])
+        outs.append(o)
+    got = torch.stack(outs, dim=2)
+    assert state.pos.tolist() == lengths
+    torch.testing.assert_close(got, tssa(w, temp, causal=True, bias=bias, attention_mask=mask), rtol=1e-12, atol=1e-12)
+    for i, s in enumerate(seqs):
+        alone = tssa(s, temp, causal=True, bias=bias, backend="naive")
+        torch.testing.assert_close(got[i : i + 1, :, width - s.shape[2] :], alone, rtol=1e-12, atol=1e-12)
+    assert bool((got[~mask.unsqueeze(1).expand(-1, h, -1)] == 0).all())
+    with pytest.raises(ValueError, match=r"shape \(B,\)"):
+        tssa_step(w[:, :, 0], temp, state, bias=bias, attention_mask=mask)
