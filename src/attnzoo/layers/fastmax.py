@@ -42,6 +42,7 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
     """
 
     mechanism = FASTMAX
+    supports_masks = True
 
     def __init__(
         self,
@@ -77,7 +78,12 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
         self.backend = o.backend
         self._init_projections(dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x (B, N, dim)`` -> ``(B, N, dim)``; ``attention_mask (B, N)`` / ``cu_seqlens`` as the op takes them
+        (moments over each sequence's real tokens; zero output at padding)."""
+        masks = {"attention_mask": attention_mask, "cu_seqlens": cu_seqlens}
         self.check_input(x)  # NaN/Inf: found by the op on q, k, v (one sync), reported for x by naming_input
         with self.naming_input(x):
             q, k, v = self._qkv(x)
@@ -92,15 +98,20 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
                     causal=self.causal,
                     scale=self.scale,
                     backend=self.backend,
+                    **masks,
                 )
             else:
-                out = fastmax(q, k, v, p=self.p, causal=self.causal, scale=self.scale, backend=self.backend)
+                out = fastmax(q, k, v, p=self.p, causal=self.causal, scale=self.scale, backend=self.backend, **masks)
             if self.capturing:
                 with torch.no_grad():
                     self.record(q_hat=standardize(q), k_hat=standardize(k))
-                    if x.shape[1] <= MAX_CAPTURE_TOKENS:
+                    # the explicit map is of one unmasked sequence: not recorded for padded or packed inputs
+                    if x.shape[1] <= MAX_CAPTURE_TOKENS and attention_mask is None and cu_seqlens is None:
                         self.record(attn=explicit_attention(q, k, p=self.p, causal=self.causal, scale=self.scale))
-            return self._out(out)
+            y = self._out(out)
+            if attention_mask is not None:  # padding: zero, not proj's bias (the op checked the mask)
+                y = torch.where(attention_mask.to(device=y.device, dtype=torch.bool).unsqueeze(-1), y, 0.0)
+            return y
 
     # ---- recurrent decoding (causal only) -----------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> FastmaxState:
