@@ -118,18 +118,21 @@ def _fastmax_naive(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: i
     return fastmax_naive(q, k, v, p=p, causal=causal, scale=scale, segs=segs)
 
 
-def _masked(q, k, v, segs: Segments, *, p: int, causal: bool, scale: float, chunk_size: int) -> torch.Tensor:
-    """Padded batches and packed rows (:mod:`attnzoo.ops.fastmax.varlen`), differentiated by autograd."""
+def _masked(
+    q, k, v, segs: Segments, *, p: int, causal: bool, scale: float, chunk_size: int, custom: bool
+) -> torch.Tensor:
+    """Padded batches and packed rows (:mod:`attnzoo.ops.fastmax.varlen`); ``custom``: FAST §2.5's backward."""
 
     def sweeps(qs, kh, vv):
-        return masked_sweeps(qs, kh, vv, segs, p=p, causal=causal, chunk=chunk_size)
+        return masked_sweeps(qs, kh, vv, segs, p=p, causal=causal, chunk=chunk_size, custom_grad=custom)
 
     return _prepared(q, k, v, p=p, scale=scale, sweeps=sweeps)
 
 
 def _fastmax_torch(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
     if segs is not None:
-        return _masked(q, k, v, segs, p=p, causal=causal, scale=scale, chunk_size=chunk_size)
+        custom = not torch.compiler.is_compiling()
+        return _masked(q, k, v, segs, p=p, causal=causal, scale=scale, chunk_size=chunk_size, custom=custom)
     # the §2.5 backward writes into strided slices (out=), which torch.compile cannot trace: compiled graphs
     # differentiate the chunked forward instead (same values, more memory)
     custom = not torch.compiler.is_compiling()
@@ -142,7 +145,7 @@ def _fastmax_torch(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: i
 
 def _fastmax_torch_autograd(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
     if segs is not None:
-        return _masked(q, k, v, segs, p=p, causal=causal, scale=scale, chunk_size=chunk_size)
+        return _masked(q, k, v, segs, p=p, causal=causal, scale=scale, chunk_size=chunk_size, custom=False)
 
     def sweeps(qs, kh, vv):
         return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk_size, custom_grad=False)

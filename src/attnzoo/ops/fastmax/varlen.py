@@ -16,12 +16,15 @@ common length, no loop over sequences: the loops run over token chunks, all rows
 
 from __future__ import annotations
 
+import contextlib
+from typing import Callable
+
 import torch
 
 from attnzoo.ops._varlen import Segments
-from attnzoo.ops.fastmax.common import features, kernel
+from attnzoo.ops.fastmax.common import features, features_vjp, kernel, kernel_grad
 
-__all__ = ["masked_sweeps"]
+__all__ = ["masked_sweeps", "MaskedFastmaxFunction"]
 
 
 def _spans(n: int, chunk: int) -> list[tuple[int, int]]:
@@ -29,57 +32,141 @@ def _spans(n: int, chunk: int) -> list[tuple[int, int]]:
 
 
 def _carried(
-    qs: torch.Tensor, k: torch.Tensor, va: torch.Tensor, ids: torch.Tensor, p: int, chunk: int, reverse: bool
+    x: torch.Tensor, vals: torch.Tensor, ids: torch.Tensor, p: int, chunk: int, reverse: bool, read: Callable
 ) -> list[torch.Tensor]:
-    """Per chunk ``(B, H, C, Dv + 1)``: ``phi(qs_i) . S`` with ``S`` the moments (eqs 28-29) of the earlier chunks'
-    keys (later ones when ``reverse``) of query i's own sequence; zero where that sequence starts in the chunk."""
-    b, h, n, d = qs.shape
-    state = qs.new_zeros(b, h, features(qs[..., :1, :], p).shape[-1], va.shape[-1])
+    """Per chunk: ``read(s, e, S)`` at the tokens whose sequence ``S`` belongs to (zero elsewhere), where ``S`` is
+    ``sum_n phi(x_n) vals_n^T`` over the earlier chunks' tokens (later ones when ``reverse``) of one sequence: the
+    carried moments (eqs 28-29), restarted where the sequence changes (module doc)."""
+    b, h, n, _ = x.shape
+    state = x.new_zeros(b, h, features(x[..., :1, :], p).shape[-1], vals.shape[-1])
     carry = torch.full((b,), -1, dtype=ids.dtype, device=ids.device)  # the sequence the state belongs to
     spans = _spans(n, chunk)
-    parts: list[torch.Tensor] = [qs.new_zeros(0)] * len(spans)
+    parts: list[torch.Tensor] = [x.new_zeros(0)] * len(spans)
     for j in reversed(range(len(spans))) if reverse else range(len(spans)):
         s, e = spans[j]
         idc = ids[:, s:e]
         reads = (idc == carry[:, None]) & (idc >= 0)
-        fq = features(qs[..., s:e, :], p)
-        parts[j] = torch.where(reads[:, None, :, None], fq @ state, 0.0)
+        parts[j] = torch.where(reads[:, None, :, None], read(s, e, state), 0.0)
         # the sequence the state holds after this chunk: the chunk's last (first when reverse) real one
         edge = torch.where(idc >= 0, idc, -1).amax(-1) if not reverse else torch.where(idc >= 0, idc, n).amin(-1)
         edge = torch.where((edge >= 0) & (edge < n), edge, carry)  # a chunk of padding only leaves it unchanged
         add = (idc == edge[:, None]) & (idc >= 0)
-        fk = features(k[..., s:e, :], p)
         keep = (edge == carry)[:, None, None, None]
-        vac = torch.where(add[:, None, :, None], va[..., s:e, :], 0.0)
-        state = torch.where(keep, state, 0.0) + fk.transpose(-1, -2) @ vac
+        vc = torch.where(add[:, None, :, None], vals[..., s:e, :], 0.0)
+        state = torch.where(keep, state, 0.0) + features(x[..., s:e, :], p).transpose(-1, -2) @ vc
         carry = edge
     return parts
 
 
-def masked_sweeps(
-    qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segs: Segments, *, p: int, causal: bool, chunk: int
-) -> torch.Tensor:
-    """Module doc's sums on standardised ``qs = scale * q_hat``, ``k = k_hat`` ``(B, H, N, D)``, ``v (B, H, N, Dv)``
-    -> ``(B, H, N, Dv)`` (zero at padding); differentiable by autograd (every sum masks by ``where``, so padding
-    inputs get exactly zero gradient)."""
-    n, dv = qs.shape[-2], v.shape[-1]
-    ids = segs.ids.to(qs.device)
-    real = ids >= 0
+def _same(ids: torch.Tensor, s: int, e: int, causal: bool) -> torch.Tensor:
+    """``(B, C, C)``: key n of the chunk counts for query i (same sequence, real, ``n <= i`` when causal)."""
+    idc = ids[:, s:e]
+    same = (idc[:, :, None] == idc[:, None, :]) & (idc[:, None, :] >= 0)
+    return same.tril() if causal else same
+
+
+def _augmented(v: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """``[v, 1]`` with zero rows at padding, so padding keys enter no sum."""
     va = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)
-    va = torch.where(real[:, None, :, None], va, 0.0)
-    fwd = _carried(qs, k, va, ids, p, chunk, reverse=False)
-    bwd = None if causal else _carried(qs, k, va, ids, p, chunk, reverse=True)
-    tril = torch.ones(min(chunk, n), min(chunk, n), dtype=torch.bool, device=qs.device).tril()
+    return torch.where(real[:, None, :, None], va, 0.0)
+
+
+def _forward(qs, k, v, ids, p: int, causal: bool, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``out (B, H, N, Dv)`` (zero at padding) and denominators ``G (B, H, N)`` (1 at padding)."""
+    n, dv = qs.shape[-2], v.shape[-1]
+    real = ids >= 0
+    va = _augmented(v, real)
+
+    def read(s, e, state):
+        return features(qs[..., s:e, :], p) @ state
+
+    sweeps = [_carried(k, va, ids, p, chunk, rev, read) for rev in ((False,) if causal else (False, True))]
     parts = []
     for j, (s, e) in enumerate(_spans(n, chunk)):
-        idc = ids[:, s:e]
-        same = (idc[:, :, None] == idc[:, None, :]) & (idc[:, None, :] >= 0)  # (B, C, C): own sequence's keys
-        if causal:
-            same = same & tril[: e - s, : e - s]
         w = kernel(qs[..., s:e, :] @ k[..., s:e, :].transpose(-1, -2), p)
-        acc = fwd[j] + torch.where(same[:, None], w, 0.0) @ va[..., s:e, :]
-        parts.append(acc if bwd is None else acc + bwd[j])
+        acc = torch.where(_same(ids, s, e, causal)[:, None], w, 0.0) @ va[..., s:e, :]
+        parts.append(sum((sw[j] for sw in sweeps), acc))
     out_aug = torch.cat(parts, dim=-2)
     keep = real[:, None, :, None]
     den = torch.where(keep, out_aug[..., dv:], 1.0)  # padding queries: no keys, zero output (not 0/0)
-    return torch.where(keep, out_aug[..., :dv] / den, 0.0)
+    return torch.where(keep, out_aug[..., :dv] / den, 0.0), den[..., 0]
+
+
+def _backward(qs, k, v, ids, out, den, dout, p: int, causal: bool, chunk: int):
+    """FAST §2.5 (eqs 36-37) per sequence: ``(dqs, dk, dv)`` from the carried states of both sweeps.
+
+    With ``ga_i = [g_i, -g_i . o_i]`` (``g = dO / G``) and ``ds_in = (ga_i . va_n) f'(s_in)`` on the counted
+    pairs: ``dqs_i = vjp phi(qs_i) . (S_i ga_i)`` with ``S`` the key moments carried as in the forward,
+    ``dk_n = vjp phi(k_n) . (T_n va_n)`` and ``dv_n = phi(k_n) . T_n[:, :Dv]`` with ``T = sum_i phi(qs_i) ga_i^T``
+    carried the other way, plus the explicit C x C terms inside each chunk."""
+    n, d, dv_dim = qs.shape[-2], qs.shape[-1], v.shape[-1]
+    real = ids >= 0
+    va = _augmented(v, real)
+    g = torch.where(real[:, None, :, None], dout / den.unsqueeze(-1), 0.0)
+    ga = torch.cat([g, -(g * out).sum(dim=-1, keepdim=True)], dim=-1)
+
+    def read_q(s, e, state):
+        return features_vjp(qs[..., s:e, :], ga[..., s:e, :] @ state.transpose(-1, -2), p)
+
+    def read_k(s, e, state):
+        kc = k[..., s:e, :]
+        return torch.cat(
+            [features_vjp(kc, va[..., s:e, :] @ state.transpose(-1, -2), p), features(kc, p) @ state[..., :dv_dim]], -1
+        )
+
+    dirs_q = (False,) if causal else (False, True)
+    dirs_k = (True,) if causal else (False, True)
+    sq = [_carried(k, va, ids, p, chunk, rev, read_q) for rev in dirs_q]
+    sk = [_carried(qs, ga, ids, p, chunk, rev, read_k) for rev in dirs_k]
+    dq, dkv = [], []
+    for j, (s, e) in enumerate(_spans(n, chunk)):
+        qc, kc = qs[..., s:e, :], k[..., s:e, :]
+        same = _same(ids, s, e, causal)[:, None]
+        sc = qc @ kc.transpose(-1, -2)
+        ds = torch.where(same, kernel_grad(sc, p), 0.0) * (ga[..., s:e, :] @ va[..., s:e, :].transpose(-1, -2))
+        w = torch.where(same, kernel(sc, p), 0.0)
+        dq.append(sum((x[j] for x in sq), ds @ kc))
+        intra = torch.cat([ds.transpose(-1, -2) @ qc, w.transpose(-1, -2) @ g[..., s:e, :]], -1)
+        dkv.append(sum((x[j] for x in sk), intra))
+    dkv = torch.cat(dkv, dim=-2)
+    return torch.cat(dq, dim=-2), dkv[..., :d], dkv[..., d:]
+
+
+class MaskedFastmaxFunction(torch.autograd.Function):
+    """The masked sweeps with the FAST §2.5 backward: saves only ``qs, k, v, out, G`` (O(N D) per head)."""
+
+    @staticmethod
+    def forward(ctx, qs, k, v, ids, p: int, causal: bool, chunk: int):
+        out, den = _forward(qs, k, v, ids, p, causal, chunk)
+        ctx.save_for_backward(qs, k, v, ids, out, den)
+        ctx.p, ctx.causal, ctx.chunk = p, causal, chunk
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        qs, k, v, ids, out, den = ctx.saved_tensors
+        dq, dk, dv = _backward(qs, k, v, ids, out, den, dout, ctx.p, ctx.causal, ctx.chunk)
+        return dq, dk, dv, None, None, None, None
+
+
+def masked_sweeps(
+    qs: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    segs: Segments,
+    *,
+    p: int,
+    causal: bool,
+    chunk: int,
+    custom_grad: bool = True,
+) -> torch.Tensor:
+    """Module doc's sums on standardised ``qs = scale * q_hat``, ``k = k_hat`` ``(B, H, N, D)``, ``v (B, H, N, Dv)``
+    -> ``(B, H, N, Dv)`` (zero at padding). ``custom_grad``: FAST §2.5's backward (:class:`MaskedFastmaxFunction`),
+    else autograd through the sweeps; either way padding inputs get exactly zero gradient (every sum masks by
+    ``where``)."""
+    ids = segs.ids.to(qs.device)
+    if custom_grad and torch.is_grad_enabled() and (qs.requires_grad or k.requires_grad or v.requires_grad):
+        return MaskedFastmaxFunction.apply(qs, k, v, ids, p, causal, chunk)
+    with torch.no_grad() if custom_grad else contextlib.nullcontext():
+        return _forward(qs, k, v, ids, p, causal, chunk)[0]
