@@ -112,3 +112,49 @@ def test_layer_equal_to_alone(causal, mode):
         return layer(x, **kw)
 
     assert_equal_to_alone(call, seqs, {"x": 1}, mode=mode, out_axis=1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cpu_kernel_takes_segments_natively(monkeypatch, dtype, mode):
+    # p=1 non-causal inference runs the fused kernel with the per-token sequence ids (counted calls), with lengths
+    # around its 64-token block and its 8-row register block, and widths that are not whole vectors
+    fm = importlib.import_module("attnzoo.ops.fastmax")
+    calls = []
+    kernel = fm.fastmax_cpu.fastmax_p1_segments_cpu
+    monkeypatch.setattr(fm.fastmax_cpu, "fastmax_p1_segments_cpu", lambda *a: calls.append(1) or kernel(*a))
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    for lengths in ([5, 1, 9, 4], [70, 1, 130, 64]):
+        seqs = _seqs(lengths, dtype=dtype, d=17, dv=9)
+
+        def call(q, k, v, **kw):
+            return fastmax(q, k, v, p=1, scale=1 / 17, backend="cpu", **kw)
+
+        with torch.no_grad():
+            assert_equal_to_alone(call, seqs, AXES, mode=mode, backward=False, rtol=tol, atol=tol)
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_decoding_a_left_padded_prompt_equals_decoding_it_alone(p):
+    torch.manual_seed(0)
+    layer = FastmaxAttention(12, 3, causal=True, p=p, scale=0.25 if p == 1 else None).to(torch.float64)
+    x = torch.randn(1, 5, 12, dtype=torch.float64)
+    pad = 1e3 * torch.randn(1, 3, 12, dtype=torch.float64)
+    padded = torch.cat([pad, x], dim=1)
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]])
+    state, alone = layer.init_state(1, dtype=torch.float64), layer.init_state(1, dtype=torch.float64)
+    outs = []
+    for t in range(8):
+        y, state = layer.step(padded[:, t : t + 1], state, attention_mask=mask[:, t : t + 1])
+        outs.append(y)
+    want = []
+    for t in range(5):
+        y, alone = layer.step(x[:, t : t + 1], alone)
+        want.append(y)
+    got = torch.cat(outs, dim=1)
+    assert bool((got[:, :3] == 0).all())
+    torch.testing.assert_close(got[:, 3:], torch.cat(want, dim=1), rtol=1e-10, atol=1e-11)
+    torch.testing.assert_close(state.num, alone.num, rtol=1e-10, atol=1e-11)
+    # and it equals the masked parallel forward
+    torch.testing.assert_close(got, layer(padded, attention_mask=mask), rtol=1e-10, atol=1e-11)

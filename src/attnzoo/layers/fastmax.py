@@ -122,8 +122,12 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
         dtype = self.qkv.weight.dtype if dtype is None else dtype
         return fastmax_init_state(batch_size, self.heads, self.head_dim, p=self.p, device=device, dtype=dtype)
 
-    def step(self, x: torch.Tensor, state: FastmaxState) -> tuple[torch.Tensor, FastmaxState]:
-        """Decode one token ``x (B, 1, dim)``; equals the causal forward at that position (no dropout)."""
+    def step(
+        self, x: torch.Tensor, state: FastmaxState, *, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, FastmaxState]:
+        """Decode one token ``x (B, 1, dim)``; equals the causal forward at that position (no dropout).
+
+        ``attention_mask (B, 1)``: a padding token leaves its row's state unchanged and gets zero output."""
         self._require_causal()
         self.check_input(x)
         check_finite("x", x)
@@ -131,8 +135,11 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
             raise ValueError(f"step takes one token x of shape (B, 1, dim), got shape {tuple(x.shape)}")
         with self.naming_input(x):
             q, k, v = self._qkv(x)
-            out, state = fastmax_step(q, k, v, state, p=self.p, scale=self.scale)
-            return self._out(out), state
+            out, state = fastmax_step(q, k, v, state, p=self.p, scale=self.scale, attention_mask=attention_mask)
+            y = self._out(out)
+            if attention_mask is not None:
+                y = torch.where(attention_mask.to(device=y.device, dtype=torch.bool).unsqueeze(-1), y, 0.0)
+            return y, state
 
     def _require_causal(self) -> None:
         if not self.causal:

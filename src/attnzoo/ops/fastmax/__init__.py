@@ -180,13 +180,16 @@ def _auto_takes_triton(inputs: tuple, options: Mapping[str, Any]) -> bool:
     return pipeline_stages(q.shape[-1], v.shape[-1], p, chunk, dtype, causal) >= 2
 
 
-def _kernel_covers(q: torch.Tensor, p, causal, segs=None) -> bool:
-    """What the fused kernel (``cpu.cpp``) computes: the unmasked p=1 op (forward, and the forward of training) on
-    float32/float64 tensors; it is opaque to torch.compile."""
+def _kernel_covers(inputs: tuple, p, causal, segs=None) -> bool:
+    """What the fused kernel (``cpu.cpp``) computes: the non-causal p=1 op on float32/float64 tensors, unmasked
+    (forward, and the forward of training) or over padded batches / packed rows (inference: training with masks
+    runs the PyTorch sweeps and their backward); it is opaque to torch.compile."""
+    q = inputs[0]
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
     return (
         p == 1
         and not causal
-        and segs is None
+        and (segs is None or not grad)
         and q.dtype in (torch.float32, torch.float64)
         and not torch.compiler.is_compiling()
     )
@@ -194,15 +197,15 @@ def _kernel_covers(q: torch.Tensor, p, causal, segs=None) -> bool:
 
 def _auto_takes_kernel(inputs: tuple, options: Mapping[str, Any]) -> bool:
     # the portable build of the kernel is slower than PyTorch: "auto" takes only the vector (AVX-512) one
-    covers = _kernel_covers(inputs[0], options.get("p"), options.get("causal"), options.get("segs"))
+    covers = _kernel_covers(inputs, options.get("p"), options.get("causal"), options.get("segs"))
     return covers and fastmax_cpu.simd_kernel()
 
 
 def _fastmax_cpu(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
     # what the kernel does not cover (p=2, causal, half inputs, masks and packed rows) runs on the PyTorch path;
     # named explicitly, "cpu" still needs the kernels built
-    if _kernel_covers(q, p, causal, segs):
-        return _fastmax_p1_fused(q, k, v, scale)
+    if _kernel_covers((q, k, v), p, causal, segs):
+        return _fastmax_p1_fused(q, k, v, scale, segs)
     if not torch.compiler.is_compiling():
         _cpu_kernels.required_cpu_kernels()
     return _fastmax_torch(q, k, v, p=p, causal=causal, scale=scale, chunk_size=chunk_size, segs=segs)
@@ -250,7 +253,8 @@ FASTMAX = Mechanism(
 BACKENDS = tuple(FASTMAX.backend_names())
 #: the masked kernel's form where it is not the factorised sweeps with FAST's backward (the kernels have no masked
 #: form: every other backend runs those sweeps)
-#: the backends that take attention_mask / cu_seqlens ("cpu" runs them on the PyTorch path)
+#: the backends that take attention_mask / cu_seqlens ("cpu": its kernel for p=1 non-causal inference, the PyTorch
+#: sweeps for the rest)
 MASK_BACKENDS = ("naive", "torch", "torch_autograd", "cpu")
 _MASKED_FORMS = {FASTMAX.reference: "explicit", "torch_autograd": "autograd"}
 
@@ -285,7 +289,8 @@ def fastmax(
     B = 1): q, k are standardised per token as always, and the moment sums of eqs 28-29 / 34-35 run over the real
     keys of the query's own sequence only (causal prefixes restart at each sequence's first token), so every
     sequence gets what it gets alone; padding outputs zero. Backends :data:`MASK_BACKENDS` take them
-    (:mod:`attnzoo.ops.fastmax.varlen`; ``"cpu"`` runs the PyTorch sweeps for them), ``"triton"`` raises.
+    (:mod:`attnzoo.ops.fastmax.varlen`; ``"cpu"``: its kernel for p=1 non-causal inference, the PyTorch sweeps
+    otherwise), ``"triton"`` raises.
 
     NaN/Inf in q, k, v, and magnitudes that would overflow the compute dtype, raise
     :class:`~attnzoo._checks.NonFiniteError` before any work (one host sync); the fused CPU kernel finds them
@@ -351,11 +356,14 @@ def fastmax_dropout(
     )
 
 
-def _fastmax_p1_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def _fastmax_p1_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, segs=None) -> torch.Tensor:
     """The fused kernel reads every input once and reports max |x| and NaN/Inf of q, k, v and the output, so the
     errors are :func:`_check_values`' and :func:`_check_p1_output`'s without another pass (raised before the output
     is returned rather than before the work)."""
-    out, seen = fastmax_cpu.fastmax_p1_cpu(q, k, v, scale)
+    if segs is None:
+        out, seen = fastmax_cpu.fastmax_p1_cpu(q, k, v, scale)
+    else:
+        out, seen = fastmax_cpu.fastmax_p1_segments_cpu(q, k, v, scale, segs.ids, segs.num)
     # per tensor (q, k, v, out): max |x| over the (b, h) tasks, and NaN exactly when some x was NaN or +-Inf
     vals = seen.amax(dim=0).tolist()
     if any(math.isnan(x) for x in vals[1:6:2]):
