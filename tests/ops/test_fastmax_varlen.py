@@ -158,3 +158,12 @@ def test_decoding_a_left_padded_prompt_equals_decoding_it_alone(p):
     torch.testing.assert_close(state.num, alone.num, rtol=1e-10, atol=1e-11)
     # and it equals the masked parallel forward
     torch.testing.assert_close(got, layer(padded, attention_mask=mask), rtol=1e-10, atol=1e-11)
+
+
+@pytest.mark.parametrize("mode", ["left", "right"])
+@pytest.mark.parametrize("backend", ["torch", "torch_autograd"])
+def test_padded_non_causal_total_moments_over_several_spans(monkeypatch, backend, mode):
+    # a padded non-causal batch reads each row's total moments, summed in spans of _TOTAL_FEATURES feature
+    # elements: shrunk here so that the sums run over several spans, the last one partial
+    monkeypatch.setattr(importlib.import_module("attnzoo.ops.fastmax.varlen"), "_TOTAL_FEATURES", 60)
+    assert_equal_to_alone(_call(backend, 2, False), _seqs(LENGTHS), AXES, mode=mode)

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from attnzoo.ops._varlen import Segments
-from attnzoo.ops.fastmax.common import features, features_vjp, kernel, kernel_grad
+from attnzoo.ops.fastmax.common import feature_dim, features, features_vjp, kernel, kernel_grad
 
 __all__ = ["masked_sweeps", "MaskedFastmaxFunction"]
 
@@ -71,11 +71,33 @@ def _augmented(v: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     return torch.where(real[:, None, :, None], va, 0.0)
 
 
-def _forward(qs, k, v, ids, p: int, causal: bool, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``out (B, H, N, Dv)`` (zero at padding) and denominators ``G (B, H, N)`` (1 at padding)."""
+# Tokens per chunk of a one-sequence-per-row non-causal call, which has no C x C terms: as many as give this many
+# feature elements per head (the unmasked path's rule), so few Python steps at long N.
+_TOTAL_FEATURES = 1 << 18
+
+
+def _total_spans(x: torch.Tensor, p: int, chunk: int) -> list[tuple[int, int]]:
+    return _spans(x.shape[-2], max(chunk, _TOTAL_FEATURES // feature_dim(x.shape[-1], p)))
+
+
+def _total(x: torch.Tensor, vals: torch.Tensor, p: int, spans: list[tuple[int, int]]) -> torch.Tensor:
+    """``sum_n phi(x_n) vals_n^T`` over the whole row (``vals`` is zero at padding): ``(B, H, P, X)``."""
+    return sum(features(x[..., s:e, :], p).transpose(-1, -2) @ vals[..., s:e, :] for s, e in spans)
+
+
+def _forward(qs, k, v, ids, p: int, causal: bool, chunk: int, single: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``out (B, H, N, Dv)`` (zero at padding) and denominators ``G (B, H, N)`` (1 at padding). ``single``: one
+    sequence per row (a padded batch) and not causal, where every query reads its row's total moments."""
     n, dv = qs.shape[-2], v.shape[-1]
     real = ids >= 0
     va = _augmented(v, real)
+    keep = real[:, None, :, None]
+    if single:
+        spans = _total_spans(qs, p, chunk)
+        state = _total(k, va, p, spans)
+        out_aug = torch.cat([features(qs[..., s:e, :], p) @ state for s, e in spans], dim=-2)
+        den = torch.where(keep, out_aug[..., dv:], 1.0)
+        return torch.where(keep, out_aug[..., :dv] / den, 0.0), den[..., 0]
 
     def read(s, e, state):
         return features(qs[..., s:e, :], p) @ state
@@ -87,12 +109,11 @@ def _forward(qs, k, v, ids, p: int, causal: bool, chunk: int) -> tuple[torch.Ten
         acc = torch.where(_same(ids, s, e, causal)[:, None], w, 0.0) @ va[..., s:e, :]
         parts.append(sum((sw[j] for sw in sweeps), acc))
     out_aug = torch.cat(parts, dim=-2)
-    keep = real[:, None, :, None]
     den = torch.where(keep, out_aug[..., dv:], 1.0)  # padding queries: no keys, zero output (not 0/0)
     return torch.where(keep, out_aug[..., :dv] / den, 0.0), den[..., 0]
 
 
-def _backward(qs, k, v, ids, out, den, dout, p: int, causal: bool, chunk: int):
+def _backward(qs, k, v, ids, out, den, dout, p: int, causal: bool, chunk: int, single: bool):
     """FAST §2.5 (eqs 36-37) per sequence: ``(dqs, dk, dv)`` from the carried states of both sweeps.
 
     With ``ga_i = [g_i, -g_i . o_i]`` (``g = dO / G``) and ``ds_in = (ga_i . va_n) f'(s_in)`` on the counted
@@ -114,6 +135,13 @@ def _backward(qs, k, v, ids, out, den, dout, p: int, causal: bool, chunk: int):
             [features_vjp(kc, va[..., s:e, :] @ state.transpose(-1, -2), p), features(kc, p) @ state[..., :dv_dim]], -1
         )
 
+    if single:  # the total moments S and T of the whole row (zero rows at padding in va, ga)
+        spans = _total_spans(qs, p, chunk)
+        s_tot, t_tot = _total(k, va, p, spans), _total(qs, ga, p, spans)
+        dq = torch.cat([read_q(s, e, s_tot) for s, e in spans], dim=-2)
+        dkv = torch.cat([read_k(s, e, t_tot) for s, e in spans], dim=-2)
+        dkv = torch.where(real[:, None, :, None], dkv, 0.0)  # phi(k_n) . T is not zero at padding keys
+        return dq, dkv[..., :d], dkv[..., d:]
     dirs_q = (False,) if causal else (False, True)
     dirs_k = (True,) if causal else (False, True)
     sq = [_carried(k, va, ids, p, chunk, rev, read_q) for rev in dirs_q]
@@ -136,18 +164,18 @@ class MaskedFastmaxFunction(torch.autograd.Function):
     """The masked sweeps with the FAST §2.5 backward: saves only ``qs, k, v, out, G`` (O(N D) per head)."""
 
     @staticmethod
-    def forward(ctx, qs, k, v, ids, p: int, causal: bool, chunk: int):
-        out, den = _forward(qs, k, v, ids, p, causal, chunk)
+    def forward(ctx, qs, k, v, ids, p: int, causal: bool, chunk: int, single: bool):
+        out, den = _forward(qs, k, v, ids, p, causal, chunk, single)
         ctx.save_for_backward(qs, k, v, ids, out, den)
-        ctx.p, ctx.causal, ctx.chunk = p, causal, chunk
+        ctx.p, ctx.causal, ctx.chunk, ctx.single = p, causal, chunk, single
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
         qs, k, v, ids, out, den = ctx.saved_tensors
-        dq, dk, dv = _backward(qs, k, v, ids, out, den, dout, ctx.p, ctx.causal, ctx.chunk)
-        return dq, dk, dv, None, None, None, None
+        dq, dk, dv = _backward(qs, k, v, ids, out, den, dout, ctx.p, ctx.causal, ctx.chunk, ctx.single)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def masked_sweeps(
@@ -166,7 +194,8 @@ def masked_sweeps(
     else autograd through the sweeps; either way padding inputs get exactly zero gradient (every sum masks by
     ``where``)."""
     ids = segs.ids.to(qs.device)
+    single = not causal and segs.num == 1
     if custom_grad and torch.is_grad_enabled() and (qs.requires_grad or k.requires_grad or v.requires_grad):
-        return MaskedFastmaxFunction.apply(qs, k, v, ids, p, causal, chunk)
+        return MaskedFastmaxFunction.apply(qs, k, v, ids, p, causal, chunk, single)
     with torch.no_grad() if custom_grad else contextlib.nullcontext():
-        return _forward(qs, k, v, ids, p, causal, chunk)[0]
+        return _forward(qs, k, v, ids, p, causal, chunk, single)[0]
