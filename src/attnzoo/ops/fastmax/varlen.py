@@ -23,6 +23,7 @@ import torch
 
 from attnzoo.ops._varlen import Segments
 from attnzoo.ops.fastmax.common import feature_dim, features, features_vjp, kernel, kernel_grad
+from attnzoo.ops.fastmax.factorized import unmasked_backward, unmasked_forward
 
 __all__ = ["masked_sweeps", "MaskedFastmaxFunction"]
 
@@ -160,6 +161,34 @@ def _backward(qs, k, v, ids, out, den, dout, p: int, causal: bool, chunk: int, s
     return torch.cat(dq, dim=-2), dkv[..., :d], dkv[..., d:]
 
 
+class _PaddedTotals(torch.autograd.Function):
+    """A padded non-causal batch through the unmasked moment-form forward and backward (``factorized``), on inputs
+    zeroed at padding: a zero key adds only f(0) = 1 to the sums, so N becomes the row's real count."""
+
+    @staticmethod
+    def forward(ctx, qs, k, v, count, p: int):
+        out, den = unmasked_forward(qs, k, v, p, count=count)
+        ctx.save_for_backward(qs, k, v, out, den)
+        ctx.p = p
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        qs, k, v, out, den = ctx.saved_tensors
+        return *unmasked_backward(qs, k, v, out, den, dout.contiguous(), ctx.p), None, None
+
+
+def _padded_totals(qs, k, v, ids, p: int) -> torch.Tensor:
+    """:class:`_PaddedTotals` with the padding zeroed by ``where`` (its inputs get exactly zero gradient) and
+    padding outputs zero; an all-padding row counts 1 so that no 0/0 appears."""
+    real = ids >= 0
+    keep = real[:, None, :, None]
+    qs, k, v = (torch.where(keep, x, 0.0) for x in (qs, k, v))
+    count = real.sum(-1).clamp_min(1)
+    return torch.where(keep, _PaddedTotals.apply(qs, k, v, count, p), 0.0)
+
+
 class MaskedFastmaxFunction(torch.autograd.Function):
     """The masked sweeps with the FAST §2.5 backward: saves only ``qs, k, v, out, G`` (O(N D) per head)."""
 
@@ -195,6 +224,8 @@ def masked_sweeps(
     ``where``)."""
     ids = segs.ids.to(qs.device)
     single = not causal and segs.num == 1
+    if single and custom_grad and not torch.compiler.is_compiling():
+        return _padded_totals(qs, k, v, ids, p)
     if custom_grad and torch.is_grad_enabled() and (qs.requires_grad or k.requires_grad or v.requires_grad):
         return MaskedFastmaxFunction.apply(qs, k, v, ids, p, causal, chunk, single)
     with torch.no_grad() if custom_grad else contextlib.nullcontext():
