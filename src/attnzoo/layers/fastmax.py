@@ -35,10 +35,15 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
     :mod:`attnzoo.ops.fastmax.dropout`), ``proj_dropout`` (after ``proj``), ``backend`` of the op
     (``"auto"``, ``"naive"``, ``"torch"``, ``"torch_autograd"``, ``"triton"``).
 
+    ``forward(x, attention_mask=, cu_seqlens=)``: padded batches and packed rows, each sequence as if alone (moments
+    over its own real tokens, see :func:`~attnzoo.ops.fastmax.fastmax`); zero output at padding. Not with
+    ``attn_dropout`` in training (a clear error), nor ``backend="triton"`` (names the backends that take them).
+
     Internals recorded under :func:`~attnzoo.layers.base.capture_internals`: ``q_hat``, ``k_hat``
     ``(B, H, N, head_dim)``, the standardised (unscaled) queries and keys of eqs 5-6, and ``attn``
     ``(B, H, N, N)``, the explicit row-normalised weights of eq 7 (without dropout), recorded only when
-    ``N <= MAX_CAPTURE_TOKENS`` (2048) because it is quadratic in N; longer inputs record no ``attn``.
+    ``N <= MAX_CAPTURE_TOKENS`` (2048) because it is quadratic in N; longer inputs, and padded or packed ones,
+    record no ``attn``.
     """
 
     mechanism = FASTMAX
