@@ -35,13 +35,19 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
     :mod:`attnzoo.ops.fastmax.dropout`), ``proj_dropout`` (after ``proj``), ``backend`` of the op
     (``"auto"``, ``"naive"``, ``"torch"``, ``"torch_autograd"``, ``"triton"``).
 
+    ``forward(x, attention_mask=, cu_seqlens=)``: padded batches and packed rows, each sequence as if alone (moments
+    over its own real tokens, see :func:`~attnzoo.ops.fastmax.fastmax`); zero output at padding. Not with
+    ``attn_dropout`` in training (a clear error), nor ``backend="triton"`` (names the backends that take them).
+
     Internals recorded under :func:`~attnzoo.layers.base.capture_internals`: ``q_hat``, ``k_hat``
     ``(B, H, N, head_dim)``, the standardised (unscaled) queries and keys of eqs 5-6, and ``attn``
     ``(B, H, N, N)``, the explicit row-normalised weights of eq 7 (without dropout), recorded only when
-    ``N <= MAX_CAPTURE_TOKENS`` (2048) because it is quadratic in N; longer inputs record no ``attn``.
+    ``N <= MAX_CAPTURE_TOKENS`` (2048) because it is quadratic in N; longer inputs, and padded or packed ones,
+    record no ``attn``.
     """
 
     mechanism = FASTMAX
+    supports_masks = True
 
     def __init__(
         self,
@@ -77,7 +83,12 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
         self.backend = o.backend
         self._init_projections(dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x (B, N, dim)`` -> ``(B, N, dim)``; ``attention_mask (B, N)`` / ``cu_seqlens`` as the op takes them
+        (moments over each sequence's real tokens; zero output at padding)."""
+        masks = {"attention_mask": attention_mask, "cu_seqlens": cu_seqlens}
         self.check_input(x)  # NaN/Inf: found by the op on q, k, v (one sync), reported for x by naming_input
         with self.naming_input(x):
             q, k, v = self._qkv(x)
@@ -92,15 +103,20 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
                     causal=self.causal,
                     scale=self.scale,
                     backend=self.backend,
+                    **masks,
                 )
             else:
-                out = fastmax(q, k, v, p=self.p, causal=self.causal, scale=self.scale, backend=self.backend)
+                out = fastmax(q, k, v, p=self.p, causal=self.causal, scale=self.scale, backend=self.backend, **masks)
             if self.capturing:
                 with torch.no_grad():
                     self.record(q_hat=standardize(q), k_hat=standardize(k))
-                    if x.shape[1] <= MAX_CAPTURE_TOKENS:
+                    # the explicit map is of one unmasked sequence: not recorded for padded or packed inputs
+                    if x.shape[1] <= MAX_CAPTURE_TOKENS and attention_mask is None and cu_seqlens is None:
                         self.record(attn=explicit_attention(q, k, p=self.p, causal=self.causal, scale=self.scale))
-            return self._out(out)
+            y = self._out(out)
+            if attention_mask is not None:  # padding: zero, not proj's bias (the op checked the mask)
+                y = torch.where(attention_mask.to(device=y.device, dtype=torch.bool).unsqueeze(-1), y, 0.0)
+            return y
 
     # ---- recurrent decoding (causal only) -----------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> FastmaxState:
@@ -111,8 +127,12 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
         dtype = self.qkv.weight.dtype if dtype is None else dtype
         return fastmax_init_state(batch_size, self.heads, self.head_dim, p=self.p, device=device, dtype=dtype)
 
-    def step(self, x: torch.Tensor, state: FastmaxState) -> tuple[torch.Tensor, FastmaxState]:
-        """Decode one token ``x (B, 1, dim)``; equals the causal forward at that position (no dropout)."""
+    def step(
+        self, x: torch.Tensor, state: FastmaxState, *, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, FastmaxState]:
+        """Decode one token ``x (B, 1, dim)``; equals the causal forward at that position (no dropout).
+
+        ``attention_mask (B, 1)``: a padding token leaves its row's state unchanged and gets zero output."""
         self._require_causal()
         self.check_input(x)
         check_finite("x", x)
@@ -120,8 +140,11 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
             raise ValueError(f"step takes one token x of shape (B, 1, dim), got shape {tuple(x.shape)}")
         with self.naming_input(x):
             q, k, v = self._qkv(x)
-            out, state = fastmax_step(q, k, v, state, p=self.p, scale=self.scale)
-            return self._out(out), state
+            out, state = fastmax_step(q, k, v, state, p=self.p, scale=self.scale, attention_mask=attention_mask)
+            y = self._out(out)
+            if attention_mask is not None:
+                y = torch.where(attention_mask.to(device=y.device, dtype=torch.bool).unsqueeze(-1), y, 0.0)
+            return y, state
 
     def _require_causal(self) -> None:
         if not self.causal:

@@ -25,6 +25,7 @@ from attnzoo._checks import NonFiniteError, check_bool, check_overflow, check_pr
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend, check_backend, resolve_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option, triton_available
+from attnzoo.ops._varlen import Segments, segments
 from attnzoo.ops.fastmax import cpu as fastmax_cpu
 from attnzoo.ops.fastmax.common import (
     EPS,
@@ -44,6 +45,7 @@ from attnzoo.ops.fastmax.dropout import (
 from attnzoo.ops.fastmax.factorized import FastmaxFunction, fastmax_factorized
 from attnzoo.ops.fastmax.naive import explicit_attention, fastmax_naive
 from attnzoo.ops.fastmax.recurrent import FastmaxState, fastmax_init_state, fastmax_step
+from attnzoo.ops.fastmax.varlen import masked_sweeps
 
 __all__ = [
     "fastmax",
@@ -60,6 +62,7 @@ __all__ = [
     "EPS",
     "FastmaxOptions",
     "FASTMAX",
+    "MASK_BACKENDS",
 ]
 
 
@@ -109,13 +112,27 @@ def _prepared(q, k, v, *, p: int, scale: float, sweeps: Callable) -> torch.Tenso
     return out
 
 
-def _fastmax_naive(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int) -> torch.Tensor:
+def _fastmax_naive(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
     del chunk_size  # the explicit N x N weights have no chunks
     _check_values(q, k, v, p)
-    return fastmax_naive(q, k, v, p=p, causal=causal, scale=scale)
+    return fastmax_naive(q, k, v, p=p, causal=causal, scale=scale, segs=segs)
 
 
-def _fastmax_torch(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int) -> torch.Tensor:
+def _masked(
+    q, k, v, segs: Segments, *, p: int, causal: bool, scale: float, chunk_size: int, custom: bool
+) -> torch.Tensor:
+    """Padded batches and packed rows (:mod:`attnzoo.ops.fastmax.varlen`); ``custom``: FAST §2.5's backward."""
+
+    def sweeps(qs, kh, vv):
+        return masked_sweeps(qs, kh, vv, segs, p=p, causal=causal, chunk=chunk_size, custom_grad=custom)
+
+    return _prepared(q, k, v, p=p, scale=scale, sweeps=sweeps)
+
+
+def _fastmax_torch(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
+    if segs is not None:
+        custom = not torch.compiler.is_compiling()
+        return _masked(q, k, v, segs, p=p, causal=causal, scale=scale, chunk_size=chunk_size, custom=custom)
     # the §2.5 backward writes into strided slices (out=), which torch.compile cannot trace: compiled graphs
     # differentiate the chunked forward instead (same values, more memory)
     custom = not torch.compiler.is_compiling()
@@ -126,14 +143,22 @@ def _fastmax_torch(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: i
     return _prepared(q, k, v, p=p, scale=scale, sweeps=sweeps)
 
 
-def _fastmax_torch_autograd(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int) -> torch.Tensor:
+def _fastmax_torch_autograd(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
+    if segs is not None:
+        return _masked(q, k, v, segs, p=p, causal=causal, scale=scale, chunk_size=chunk_size, custom=False)
+
     def sweeps(qs, kh, vv):
         return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk_size, custom_grad=False)
 
     return _prepared(q, k, v, p=p, scale=scale, sweeps=sweeps)
 
 
-def _fastmax_triton(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int) -> torch.Tensor:
+def _fastmax_triton(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
+    if segs is not None:
+        raise ValueError(
+            "fastmax: backend='triton' does not take attention_mask/cu_seqlens yet; the backends that do are "
+            f"{list(MASK_BACKENDS)} (backend='auto' picks one of them)"
+        )
     from attnzoo.ops.fastmax.triton import fastmax_triton  # optional: imported only when it runs
 
     def sweeps(qs, kh, vv):
@@ -147,31 +172,43 @@ def _auto_takes_triton(inputs: tuple, options: Mapping[str, Any]) -> bool:
     # PyTorch path (docs/performance.md, 2026-11-26): "auto" takes the kernels where two or more stages fit.
     from attnzoo.ops.fastmax.triton import pipeline_stages
 
+    if options.get("segs") is not None:
+        return False  # the kernels take no masks yet (MASK_BACKENDS)
     q, v = inputs[0], inputs[2]
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # what the kernels compute in
     p, causal, chunk = options.get("p", 2), bool(options.get("causal")), options.get("chunk_size")
     return pipeline_stages(q.shape[-1], v.shape[-1], p, chunk, dtype, causal) >= 2
 
 
-def _kernel_covers(q: torch.Tensor, p, causal) -> bool:
-    """What the fused kernel (``cpu.cpp``) computes: the unmasked p=1 op (forward, and the forward of training) on
-    float32/float64 tensors; it is opaque to torch.compile."""
-    return p == 1 and not causal and q.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling()
+def _kernel_covers(inputs: tuple, p, causal, segs=None) -> bool:
+    """What the fused kernel (``cpu.cpp``) computes: the non-causal p=1 op on float32/float64 tensors, unmasked
+    (forward, and the forward of training) or over padded batches / packed rows (inference: training with masks
+    runs the PyTorch sweeps and their backward); it is opaque to torch.compile."""
+    q = inputs[0]
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+    return (
+        p == 1
+        and not causal
+        and (segs is None or not grad)
+        and q.dtype in (torch.float32, torch.float64)
+        and not torch.compiler.is_compiling()
+    )
 
 
 def _auto_takes_kernel(inputs: tuple, options: Mapping[str, Any]) -> bool:
     # the portable build of the kernel is slower than PyTorch: "auto" takes only the vector (AVX-512) one
-    return _kernel_covers(inputs[0], options.get("p"), options.get("causal")) and fastmax_cpu.simd_kernel()
+    covers = _kernel_covers(inputs, options.get("p"), options.get("causal"), options.get("segs"))
+    return covers and fastmax_cpu.simd_kernel()
 
 
-def _fastmax_cpu(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int) -> torch.Tensor:
-    # what the kernel does not cover (p=2, causal, half inputs) runs on the PyTorch path; named explicitly, "cpu"
-    # still needs the kernels built
-    if _kernel_covers(q, p, causal):
-        return _fastmax_p1_fused(q, k, v, scale)
+def _fastmax_cpu(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
+    # what the kernel does not cover (p=2, causal, half inputs, masks and packed rows) runs on the PyTorch path;
+    # named explicitly, "cpu" still needs the kernels built
+    if _kernel_covers((q, k, v), p, causal, segs):
+        return _fastmax_p1_fused(q, k, v, scale, segs)
     if not torch.compiler.is_compiling():
         _cpu_kernels.required_cpu_kernels()
-    return _fastmax_torch(q, k, v, p=p, causal=causal, scale=scale, chunk_size=chunk_size)
+    return _fastmax_torch(q, k, v, p=p, causal=causal, scale=scale, chunk_size=chunk_size, segs=segs)
 
 
 # Every backend takes the op's raw q, k, v and its checked options, and prepares them itself.
@@ -216,6 +253,9 @@ FASTMAX = Mechanism(
 BACKENDS = tuple(FASTMAX.backend_names())
 #: the masked kernel's form where it is not the factorised sweeps with FAST's backward (the kernels have no masked
 #: form: every other backend runs those sweeps)
+#: the backends that take attention_mask / cu_seqlens ("cpu": its kernel for p=1 non-causal inference, the PyTorch
+#: sweeps for the rest)
+MASK_BACKENDS = ("naive", "torch", "torch_autograd", "cpu")
 _MASKED_FORMS = {FASTMAX.reference: "explicit", "torch_autograd": "autograd"}
 
 
@@ -229,6 +269,8 @@ def fastmax(
     scale: float | None = None,
     backend: str = "auto",
     chunk_size: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fastmax (FAST eqs 5-12, causal 30-35): ``q, k (B, H, N, D)``, ``v (B, H, N, Dv)`` -> ``(B, H, N, Dv)``.
 
@@ -243,6 +285,13 @@ def fastmax(
     leaves ``"auto"`` on torch for the process).
     ``chunk_size`` (default 64) is the token chunk of the sweeps. fp16/bf16 inputs are computed in float32.
 
+    ``attention_mask (B, N)`` (True/1 = a real token) or ``cu_seqlens (S + 1,)`` (sequences packed in one row,
+    B = 1): q, k are standardised per token as always, and the moment sums of eqs 28-29 / 34-35 run over the real
+    keys of the query's own sequence only (causal prefixes restart at each sequence's first token), so every
+    sequence gets what it gets alone; padding outputs zero. Backends :data:`MASK_BACKENDS` take them
+    (:mod:`attnzoo.ops.fastmax.varlen`; ``"cpu"``: its kernel for p=1 non-causal inference, the PyTorch sweeps
+    otherwise), ``"triton"`` raises.
+
     NaN/Inf in q, k, v, and magnitudes that would overflow the compute dtype, raise
     :class:`~attnzoo._checks.NonFiniteError` before any work (one host sync); the fused CPU kernel finds them
     while it reads the inputs and raises the same error before returning. p=1 with ``scale > 1/D`` (the
@@ -253,7 +302,10 @@ def fastmax(
     scale, chunk = validate_options(p, scale, chunk_size, q.shape[-1])
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
-    return call_backend(FASTMAX, backend, (q, k, v), name="q", p=p, causal=causal, scale=scale, chunk_size=chunk)
+    segs = segments(q.shape[0], q.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
+    return call_backend(
+        FASTMAX, backend, (q, k, v), name="q", p=p, causal=causal, scale=scale, chunk_size=chunk, segs=segs
+    )
 
 
 def fastmax_dropout(
@@ -270,6 +322,8 @@ def fastmax_dropout(
     chunk_size: int | None = None,
     masks: dict[str, torch.Tensor] | None = None,
     generator: torch.Generator | None = None,
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fastmax (eqs 5-12 / 30-35) with FAST §2.4 dropout on the factorised terms; ``(B, H, N, Dv)``.
 
@@ -278,6 +332,11 @@ def fastmax_dropout(
     the sweeps by autograd, every other backend runs the sweeps with FAST's backward.
     """
     validate_qkv(q, k, v)
+    if attention_mask is not None or cu_seqlens is not None:
+        raise ValueError(
+            "fastmax_dropout: FAST §2.4 dropout does not take attention_mask/cu_seqlens yet; train with "
+            "attn_dropout=0 (or dropout_placement='none') for padded or packed inputs, or use fastmax(...)"
+        )
     scale, chunk = validate_options(p, scale, chunk_size, q.shape[-1])
     check_dropout_placement(rate, placement, p, name="rate")
     form = _MASKED_FORMS.get(resolve_backend(FASTMAX, backend, q, name="q"), "custom_grad")
@@ -297,11 +356,14 @@ def fastmax_dropout(
     )
 
 
-def _fastmax_p1_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def _fastmax_p1_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, segs=None) -> torch.Tensor:
     """The fused kernel reads every input once and reports max |x| and NaN/Inf of q, k, v and the output, so the
     errors are :func:`_check_values`' and :func:`_check_p1_output`'s without another pass (raised before the output
     is returned rather than before the work)."""
-    out, seen = fastmax_cpu.fastmax_p1_cpu(q, k, v, scale)
+    if segs is None:
+        out, seen = fastmax_cpu.fastmax_p1_cpu(q, k, v, scale)
+    else:
+        out, seen = fastmax_cpu.fastmax_p1_segments_cpu(q, k, v, scale, segs.ids, segs.num)
     # per tensor (q, k, v, out): max |x| over the (b, h) tasks, and NaN exactly when some x was NaN or +-Inf
     vals = seen.amax(dim=0).tolist()
     if any(math.isnan(x) for x in vals[1:6:2]):

@@ -12,6 +12,10 @@
 // The value checks ride along: per task, max |x| of q, k and v and a flag for NaN/Inf, so the caller raises
 // the same errors (non-finite input, overflow bounds) as before without another pass over the inputs.
 // Both products are register-blocked (kRows x kLanes accumulators): the only flops of the op.
+// Padded batches and packed rows (fastmax_p1_segments, inference): with per-token sequence ids (B, N) (-1 at
+// padding), each sequence of a row gets its own M, summed over its real keys only, and each query reads its own
+// sequence's M; a block is cut into runs of one id (contiguous: the ids never decrease over real tokens), so
+// there is no padding to a common length and no copy; padding outputs zero.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -254,9 +258,27 @@ struct Saved {
   Tensor qs, kh, moments, M;
 };
 
+// f(r0, r1, seq) for each run of rows [r0, r1) of one real sequence in rows [0, nb) of the block at n0; without
+// ids, the whole block is one run of sequence 0
+template <typename F>
+inline void for_runs(const int64_t* ids, int64_t n0, int64_t nb, F&& f) {
+  if (!ids) {
+    f(int64_t(0), nb, int64_t(0));
+    return;
+  }
+  for (int64_t r = 0; r < nb;) {
+    const int64_t seq = ids[n0 + r];
+    int64_t e = r + 1;
+    while (e < nb && ids[n0 + e] == seq) ++e;
+    if (seq >= 0) f(r, e, seq);
+    r = e;
+  }
+}
+
+// ids: nullptr (unmasked), or (B, N) sequence ids with num sequences per row at most (see the file's head)
 template <typename T>
 void p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double eps, Tensor& out,
-                 Tensor& den, Tensor& seen, Saved* saved) {
+                 Tensor& den, Tensor& seen, Saved* saved, const int64_t* ids = nullptr, int64_t num = 1) {
   constexpr int W = lanes<T>();
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), Dv = v.size(3);
   const int64_t Dp = round_up(D + 1, kRows);  // [k_hat, 1] padded to whole register blocks of rows
@@ -276,9 +298,11 @@ void p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale
   const int64_t BHN = B * H * N;
   const T sc = static_cast<T>(scale), ep = static_cast<T>(eps);
   at::parallel_for(0, B * H, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<T> xb(kBlock * Dp), vb(kBlock * Vp), M(Dp * Vp), aug(kBlock * Vp);
+    // kRows spare rows: a run's register blocks may reach past the block's end
+    std::vector<T> xb((kBlock + kRows) * Dp), vb(kBlock * Vp), M(num * Dp * Vp), aug((kBlock + kRows) * Vp);
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t b = task / H, h = task % H;
+      const int64_t* idr = ids ? ids + b * N : nullptr;
       const T* qh = qd + b * sq.b + h * sq.h;
       const T* kh = kd + b * sk.b + h * sk.h;
       const T* vh = vd + b * sv.b + h * sv.h;
@@ -303,9 +327,13 @@ void p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale
           copy_row(vr, Dv, vb.data() + i * Vp, seen_v);
           vb[i * Vp + Dv] = T(1);
         }
-        for (int64_t d0 = 0; d0 < Dp; d0 += kRows)
-          for (int64_t j0 = 0; j0 < Vp; j0 += W)
-            block_product(xb.data() + d0, 1, Dp, vb.data() + j0, Vp, nb, M.data() + d0 * Vp + j0, Vp);
+        for_runs(idr, n0, nb, [&](int64_t r0, int64_t r1, int64_t seq) {
+          T* Ms = M.data() + seq * Dp * Vp;
+          for (int64_t d0 = 0; d0 < Dp; d0 += kRows)
+            for (int64_t j0 = 0; j0 < Vp; j0 += W)
+              block_product(xb.data() + r0 * Dp + d0, 1, Dp, vb.data() + r0 * Vp + j0, Vp, r1 - r0,
+                            Ms + d0 * Vp + j0, Vp);
+        });
       }
       if (saved)
         for (int64_t d = 0; d <= D; ++d) std::copy(&M[d * Vp], &M[d * Vp] + Dv + 1, M_d + (task * (D + 1) + d) * (Dv + 1));
@@ -325,12 +353,21 @@ void p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale
             mo_d[at] = mo[0], mo_d[BHN + at] = mo[1];
           }
         }
-        std::fill(aug.begin(), aug.end(), T(0));
-        const int64_t rows = round_up(nb, kRows);  // rows past nb hold the last block's values: never written out
-        for (int64_t r0 = 0; r0 < rows; r0 += kRows)
-          for (int64_t j0 = 0; j0 < Vp; j0 += W)
-            block_product(xb.data() + r0 * Dp, Dp, 1, M.data() + j0, Vp, Dp, aug.data() + r0 * Vp + j0, Vp);
+        // rows past a run hold other rows' values: never written out, and zeroed again before their own run
+        for_runs(idr, n0, nb, [&](int64_t r0, int64_t r1, int64_t seq) {
+          const int64_t rows = round_up(r1 - r0, kRows);
+          const T* Ms = M.data() + seq * Dp * Vp;
+          std::fill(aug.begin() + r0 * Vp, aug.begin() + (r0 + rows) * Vp, T(0));
+          for (int64_t i0 = r0; i0 < r0 + rows; i0 += kRows)
+            for (int64_t j0 = 0; j0 < Vp; j0 += W)
+              block_product(xb.data() + i0 * Dp, Dp, 1, Ms + j0, Vp, Dp, aug.data() + i0 * Vp + j0, Vp);
+        });
         for (int64_t i = 0; i < nb; ++i) {
+          if (idr && idr[n0 + i] < 0) {  // padding: zero output, a unit denominator
+            std::fill(oh + (n0 + i) * Dv, oh + (n0 + i + 1) * Dv, T(0));
+            gh[n0 + i] = T(1);
+            continue;
+          }
           const T* a = aug.data() + i * Vp;
           divide_row(a, a[Dv], Dv, oh + (n0 + i) * Dv, seen_o);
           gh[n0 + i] = a[Dv];
@@ -372,6 +409,30 @@ std::vector<Tensor> fastmax_p1_unmasked(const Tensor& q, const Tensor& k, const 
   return {out, den, seen, saved.qs, saved.kh, saved.moments, saved.M};
 }
 
+// Inference over padded batches / packed rows: ids (B, N) int64 (-1 at padding), num sequences per row at most;
+// returns (out, seen) as above, padding outputs zero.
+std::vector<Tensor> fastmax_p1_segments(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ids,
+                                        int64_t num, double scale, double eps) {
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && v.sizes().slice(0, 3) == q.sizes().slice(0, 3),
+              "q, k must be (B, H, N, D) and v (B, H, N, Dv)");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
+              "q, k, v must share one dtype");
+  for (const Tensor* t : {&q, &k, &v})
+    TORCH_CHECK(t->size(3) == 1 || t->stride(3) == 1, "q, k, v must have unit stride over their last dim");
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 2 && ids.size(0) == q.size(0) &&
+                  ids.size(1) == q.size(2) && ids.is_contiguous(),
+              "ids must be a contiguous (B, N) int64 tensor");
+  TORCH_CHECK(num >= 1, "num must be >= 1");
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2);
+  Tensor out = at::empty(v.sizes(), v.options());
+  Tensor den = at::empty({B, H, N}, q.options());
+  Tensor seen = at::empty({B * H, 8}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fastmax_p1_segments", [&] {
+    p1_unmasked<scalar_t>(q, k, v, scale, eps, out, den, seen, nullptr, ids.data_ptr<int64_t>(), num);
+  });
+  return {out, seen};
+}
+
 // whether this build has the vector kernel (AVX-512); without it the kernel is correct but slower than PyTorch
 bool fastmax_p1_simd() { return kSimd; }
 
@@ -380,6 +441,10 @@ bool fastmax_p1_simd() { return kSimd; }
 TORCH_LIBRARY_FRAGMENT(attnzoo_cpu, m) {
   m.def("fastmax_p1_unmasked(Tensor q, Tensor k, Tensor v, float scale, float eps, bool save) -> Tensor[]");
   m.def("fastmax_p1_simd() -> bool", &fastmax_p1_simd);
+  m.def("fastmax_p1_segments(Tensor q, Tensor k, Tensor v, Tensor ids, int num, float scale, float eps) -> Tensor[]");
 }
 
-TORCH_LIBRARY_IMPL(attnzoo_cpu, CPU, m) { m.impl("fastmax_p1_unmasked", &fastmax_p1_unmasked); }
+TORCH_LIBRARY_IMPL(attnzoo_cpu, CPU, m) {
+  m.impl("fastmax_p1_unmasked", &fastmax_p1_unmasked);
+  m.impl("fastmax_p1_segments", &fastmax_p1_segments);
+}

@@ -15,7 +15,7 @@ from attnzoo.ops import _cpu_kernels
 from attnzoo.ops.fastmax.common import EPS
 from attnzoo.ops.fastmax.factorized import unmasked_backward
 
-__all__ = ["fastmax_p1_cpu", "simd_kernel"]
+__all__ = ["fastmax_p1_cpu", "fastmax_p1_segments_cpu", "simd_kernel"]
 
 
 def simd_kernel() -> bool:
@@ -65,4 +65,16 @@ def fastmax_p1_cpu(
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _FastmaxP1CPU.apply(q, k, v, scale)
     out, _, seen = _cpu_kernels.required_cpu_kernels().fastmax_p1_unmasked(q, k, v, scale, EPS, False)
+    return out, seen
+
+
+def fastmax_p1_segments_cpu(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, ids: torch.Tensor, num: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fastmax_p1_cpu` (inference only) over padded batches / packed rows: ``ids (B, N)`` int64, each token's
+    sequence within its row (``-1`` at padding, :class:`~attnzoo.ops._varlen.Segments`), ``num`` sequences per row
+    at most; each query's moments run over its own sequence's real keys, padding outputs zero."""
+    q, k, v = (t if t.shape[-1] == 1 or t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    kernels = _cpu_kernels.required_cpu_kernels()
+    out, seen = kernels.fastmax_p1_segments(q, k, v, ids.contiguous(), num, scale, EPS)
     return out, seen

@@ -106,7 +106,9 @@ def _bh(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-2], x.shape[-1])
 
 
-def unmasked_forward(qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+def unmasked_forward(
+    qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: int, count: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Eqs 11-12 with the moment sums contracted directly: ``out (B, H, N, Dv)``, ``G (B, H, N)``.
 
     With ``s = qs . k`` and ``f(s) = 1 + s (+ s^2 / 2)``, the numerator and denominator of row i are
@@ -115,6 +117,8 @@ def unmasked_forward(qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: int)
         G_i   = N + qs_i . sum_n k_n      [+ sum_{d<=e} w_de qs_id qs_ie m_de]    (eq 29)
 
     with ``M_de = sum_n k_nd k_ne v_n``, ``m_de = sum_n k_nd k_ne`` and ``w_de`` of :func:`_tri_weights`.
+    ``count (B,)``, when given, replaces N (the zeroth-order term f(0) = 1 of every key): the padded batches of
+    :mod:`attnzoo.ops.fastmax.varlen` zero the padding keys and values, which then add only that term.
     p=1 is one ``(N, D) x (D, Dv)`` product and one multiply-and-sum for ``G``, with no feature tensor at all.
     For p=2 ``G`` rides along as one extra column of the small ``(D, Dv + 1)`` moment matrices, which adds only
     the symmetric half
@@ -128,11 +132,13 @@ def unmasked_forward(qs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: int)
         # numerator and denominator apart: a contiguous division, where the extra-column form below divides a
         # strided (N, Dv + 1) slice; the denominator as one multiply-and-sum (faster here than a matrix-vector bmm)
         num = torch.baddbmm(v3.sum(dim=-2, keepdim=True), q3, torch.bmm(k3.transpose(-1, -2), v3))
-        den = (q3 * k3.sum(dim=-2).unsqueeze(-2)).sum(dim=-1).add_(float(n))  # (BH, N): saved for the backward
+        den = (q3 * k3.sum(dim=-2).unsqueeze(-2)).sum(dim=-1)  # (BH, N): saved for the backward
+        den = den.add_(float(n)) if count is None else den.add_(count.to(den.dtype).repeat_interleave(h)[:, None])
         return num.div_(den.unsqueeze(-1)).view(b, h, n, dv), den.view(b, h, n)
     # first order: [K^T V | K^T 1] and the zeroth order [sum_n v_n | N] (eqs 28-29, l = 0, 1)
     m1 = torch.cat([torch.bmm(k3.transpose(-1, -2), v3), k3.sum(dim=-2).unsqueeze(-1)], dim=-1)
-    m0 = torch.cat([v3.sum(dim=-2), v3.new_full((v3.shape[0], 1), float(n))], dim=-1).unsqueeze(-2)
+    n0 = v3.new_full((v3.shape[0], 1), float(n)) if count is None else count.to(v3.dtype).repeat_interleave(h)[:, None]
+    m0 = torch.cat([v3.sum(dim=-2), n0], dim=-1).unsqueeze(-2)
     num = torch.baddbmm(m0, q3, m1)  # (BH, N, Dv + 1)
     if p == 2:
         t = _tri_width(d)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from attnzoo.ops._varlen import Segments
 from attnzoo.ops.fastmax.common import EPS, compute_dtype, kernel, validate_options, validate_qkv
 
 __all__ = ["standardize_naive", "explicit_attention", "explicit_attention_from_hat", "fastmax_naive", "naive_from_hat"]
@@ -53,11 +54,27 @@ def fastmax_naive(
     p: int = 2,
     causal: bool = False,
     scale: float | None = None,
+    segs: Segments | None = None,
 ) -> torch.Tensor:
-    """Eqs 5-12 / 30-31 via the explicit N x N matrix: ``q, k (B, H, N, D)``, ``v (B, H, N, Dv)`` -> same as v."""
+    """Eqs 5-12 / 30-31 via the explicit N x N matrix: ``q, k (B, H, N, D)``, ``v (B, H, N, Dv)`` -> same as v.
+
+    With ``segs`` (padding masks, packed rows) each sequence runs alone on its real tokens: the definition the
+    fast paths must equal; padding positions get zero output."""
     validate_qkv(q, k, v)
     scale, _ = validate_options(p, scale, None, q.shape[-1])
+    if segs is not None:
+        return _per_sequence(q, k, v, segs, p=p, causal=causal, scale=scale)
     cd = compute_dtype(q.dtype)
     qs = standardize_naive(q.to(cd)) * scale
     out = naive_from_hat(qs, standardize_naive(k.to(cd)), v.to(cd), p=p, causal=causal)
     return out.to(v.dtype)
+
+
+def _per_sequence(q, k, v, segs: Segments, *, p: int, causal: bool, scale: float) -> torch.Tensor:
+    """Each sequence of ``segs`` alone (a loop: this is the reference), scattered into a zero ``(B, H, N, Dv)``."""
+    out = v.new_zeros(v.shape)
+    for row, idx in segs.sequences():
+        idx = idx.to(q.device)
+        pick = (slice(row, row + 1), slice(None), idx)
+        out[row, :, idx] = fastmax_naive(q[pick], k[pick], v[pick], p=p, causal=causal, scale=scale)[0]
+    return out

@@ -7,6 +7,7 @@ from typing import NamedTuple
 import torch
 
 from attnzoo._checks import check_ndim, check_positive_int
+from attnzoo.ops._varlen import check_attention_mask
 from attnzoo.ops.fastmax.common import check_p, feature_dim, features, resolve_scale, standardize
 
 __all__ = ["FastmaxState", "fastmax_init_state", "fastmax_step"]
@@ -56,11 +57,14 @@ def fastmax_step(
     *,
     p: int = 2,
     scale: float | None = None,
+    attention_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, FastmaxState]:
     """One causal step (eqs 32-35): ``q, k (B, H, 1, D)``, ``v (B, H, 1, Dv)`` -> ``(out (B, H, 1, Dv), new state)``.
 
     Pure: the input state is not modified. The new token is added to the sums before they are read, so the
-    output attends to tokens ``<= t`` exactly like the parallel causal op.
+    output attends to tokens ``<= t`` exactly like the parallel causal op. ``attention_mask (B, 1)`` (True/1 = a
+    real token): a padding token leaves its row's sums unchanged and gets zero output, so decoding a padded
+    prompt equals decoding it unpadded.
     """
     check_p(p)
     check_ndim("q", q, 4, "(B, H, 1, D)")
@@ -82,10 +86,17 @@ def fastmax_step(
             f"num {want}, den {want[:3]} for these inputs with p={p}"
         )
     scale = resolve_scale(scale, d)
+    real = None if attention_mask is None else check_attention_mask(attention_mask, b, 1).to(q.device)
     sd = state.num.dtype
     fq = features(standardize(q.to(sd)) * scale, p)  # (B, H, 1, P)
     fk = features(standardize(k.to(sd)), p)
+    if real is not None:
+        fk = torch.where(real[:, :, None, None], fk, 0.0)  # padding: nothing enters the sums
     num = state.num + fk.transpose(-1, -2) @ v.to(sd)
     den = state.den + fk[..., 0, :]
-    out = (fq @ num) / (fq @ den.unsqueeze(-1))
+    g = fq @ den.unsqueeze(-1)
+    if real is not None:  # a row with no real token yet has G = 0: zero output, not 0/0
+        keep = real[:, :, None, None]
+        return torch.where(keep, (fq @ num) / torch.where(keep, g, 1.0), 0.0).to(v.dtype), FastmaxState(num, den)
+    out = (fq @ num) / g
     return out.to(v.dtype), FastmaxState(num, den)

@@ -1,0 +1,169 @@
+"""Fastmax with padding masks and packed rows (issue 27): every backend equals each sequence run alone."""
+
+import importlib
+
+import pytest
+import torch
+from varlen_cases import MODES, assert_equal_to_alone
+
+from attnzoo.layers.fastmax import FastmaxAttention
+from attnzoo.ops.fastmax import MASK_BACKENDS, fastmax, fastmax_dropout
+
+AXES = {"q": 2, "k": 2, "v": 2}
+# lengths 1, and not multiples of the chunk (4 here, the default 64 in the float32 case)
+LENGTHS = [5, 1, 9, 4]
+
+
+def _seqs(lengths, dtype=torch.float64, d=3, dv=2, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        {n: torch.randn(1, 2, length, d if n != "v" else dv, generator=gen, dtype=dtype) for n in "qkv"}
+        for length in lengths
+    ]
+
+
+def _call(backend, p, causal, chunk=4):
+    scale = 0.25 if p == 1 else None  # p=1 weights are an average for scale <= 1/D
+
+    def call(q, k, v, **kw):
+        return fastmax(q, k, v, p=p, causal=causal, scale=scale, backend=backend, chunk_size=chunk, **kw)
+
+    return call
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("backend", MASK_BACKENDS)
+def test_equal_to_alone_float64(backend, p, causal, mode):
+    assert_equal_to_alone(_call(backend, p, causal), _seqs(LENGTHS), AXES, mode=mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_equal_to_alone_float32(backend, causal, mode):
+    # default chunk (64) with sequences longer than one chunk and not a multiple of it
+    seqs = _seqs([70, 1, 33], dtype=torch.float32, d=8, dv=5)
+    call = _call(backend, 2, causal, chunk=None)
+    assert_equal_to_alone(call, seqs, AXES, mode=mode, rtol=1e-4, atol=1e-5)
+
+
+def test_unmasked_paths_unchanged_by_an_all_real_mask():
+    q, k, v = (torch.cat([s[n] for s in _seqs([7, 7])]) for n in "qkv")
+    for causal in (False, True):
+        ref = fastmax(q, k, v, causal=causal, backend="torch", chunk_size=4)
+        got = fastmax(q, k, v, causal=causal, backend="torch", chunk_size=4, attention_mask=torch.ones(2, 7))
+        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["torch", "naive"])
+def test_causal_no_leak_within_a_packed_row(backend):
+    # a later token (of the same sequence or the next) never changes an earlier output
+    q, k, v = (torch.cat([s[n] for s in _seqs([6, 5])], dim=2) for n in "qkv")
+    cu = torch.tensor([0, 6, 11], dtype=torch.int32)
+    out = fastmax(q, k, v, p=2, causal=True, backend=backend, chunk_size=4, cu_seqlens=cu)
+    t = 7
+    q2, k2, v2 = (x.clone() for x in (q, k, v))
+    for x in (q2, k2, v2):
+        x[:, :, t + 1 :] = 5.0 * torch.randn_like(x[:, :, t + 1 :])
+    out2 = fastmax(q2, k2, v2, p=2, causal=True, backend=backend, chunk_size=4, cu_seqlens=cu)
+    torch.testing.assert_close(out2[:, :, : t + 1], out[:, :, : t + 1], rtol=0, atol=0)
+    assert not torch.allclose(out2[:, :, t + 1 :], out[:, :, t + 1 :])
+
+
+def test_row_without_real_tokens_gives_zeros():
+    q, k, v = (torch.randn(2, 1, 5, 3, dtype=torch.float64) for _ in range(3))
+    mask = torch.tensor([[0, 0, 0, 0, 0], [0, 1, 1, 0, 1]])
+    for backend in MASK_BACKENDS:
+        out = fastmax(q, k, v, backend=backend, attention_mask=mask)
+        assert bool((out[0] == 0).all()) and bool((out[1, :, [0, 3]] == 0).all()) and bool(out.isfinite().all())
+
+
+def test_bad_input_errors():
+    q = torch.randn(2, 1, 5, 3)
+    with pytest.raises(ValueError, match="shape"):
+        fastmax(q, q, q, attention_mask=torch.ones(2, 4))
+    with pytest.raises(ValueError, match="batch size 1"):
+        fastmax(q, q, q, cu_seqlens=torch.tensor([0, 5], dtype=torch.int32))
+    with pytest.raises(ValueError, match="not both"):
+        fastmax(q[:1], q[:1], q[:1], attention_mask=torch.ones(1, 5), cu_seqlens=torch.tensor([0, 5]))
+    with pytest.raises(ValueError, match="attention_mask/cu_seqlens"):
+        fastmax_dropout(q, q, q, rate=0.1, placement="1d", attention_mask=torch.ones(2, 5))
+
+
+def test_triton_backend_names_the_mask_backends():
+    fm = importlib.import_module("attnzoo.ops.fastmax")  # the sub-package (attnzoo.ops.fastmax is also the function)
+    q = torch.randn(1, 1, 4, 2)
+    with pytest.raises(ValueError, match="torch_autograd"):
+        fm._fastmax_triton(q, q, q, p=2, causal=False, scale=1.0, chunk_size=4, segs=object())
+    assert not fm._auto_takes_triton((q, q, q), {"segs": object()})
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_layer_equal_to_alone(causal, mode):
+    torch.manual_seed(0)
+    layer = FastmaxAttention(12, 3, causal=causal, p=2).to(torch.float64)
+    gen = torch.Generator().manual_seed(1)
+    seqs = [{"x": torch.randn(1, n, 12, generator=gen, dtype=torch.float64)} for n in (6, 1, 3)]
+
+    def call(x, **kw):
+        return layer(x, **kw)
+
+    assert_equal_to_alone(call, seqs, {"x": 1}, mode=mode, out_axis=1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cpu_kernel_takes_segments_natively(monkeypatch, dtype, mode):
+    # p=1 non-causal inference runs the fused kernel with the per-token sequence ids (counted calls), with lengths
+    # around its 64-token block and its 8-row register block, and widths that are not whole vectors
+    fm = importlib.import_module("attnzoo.ops.fastmax")
+    calls = []
+    kernel = fm.fastmax_cpu.fastmax_p1_segments_cpu
+    monkeypatch.setattr(fm.fastmax_cpu, "fastmax_p1_segments_cpu", lambda *a: calls.append(1) or kernel(*a))
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    for lengths in ([5, 1, 9, 4], [70, 1, 130, 64]):
+        seqs = _seqs(lengths, dtype=dtype, d=17, dv=9)
+
+        def call(q, k, v, **kw):
+            return fastmax(q, k, v, p=1, scale=1 / 17, backend="cpu", **kw)
+
+        with torch.no_grad():
+            assert_equal_to_alone(call, seqs, AXES, mode=mode, backward=False, rtol=tol, atol=tol)
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_decoding_a_left_padded_prompt_equals_decoding_it_alone(p):
+    torch.manual_seed(0)
+    layer = FastmaxAttention(12, 3, causal=True, p=p, scale=0.25 if p == 1 else None).to(torch.float64)
+    x = torch.randn(1, 5, 12, dtype=torch.float64)
+    pad = 1e3 * torch.randn(1, 3, 12, dtype=torch.float64)
+    padded = torch.cat([pad, x], dim=1)
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]])
+    state, alone = layer.init_state(1, dtype=torch.float64), layer.init_state(1, dtype=torch.float64)
+    outs = []
+    for t in range(8):
+        y, state = layer.step(padded[:, t : t + 1], state, attention_mask=mask[:, t : t + 1])
+        outs.append(y)
+    want = []
+    for t in range(5):
+        y, alone = layer.step(x[:, t : t + 1], alone)
+        want.append(y)
+    got = torch.cat(outs, dim=1)
+    assert bool((got[:, :3] == 0).all())
+    torch.testing.assert_close(got[:, 3:], torch.cat(want, dim=1), rtol=1e-10, atol=1e-11)
+    torch.testing.assert_close(state.num, alone.num, rtol=1e-10, atol=1e-11)
+    # and it equals the masked parallel forward
+    torch.testing.assert_close(got, layer(padded, attention_mask=mask), rtol=1e-10, atol=1e-11)
+
+
+@pytest.mark.parametrize("mode", ["left", "right"])
+@pytest.mark.parametrize("backend", ["torch", "torch_autograd"])
+def test_padded_non_causal_total_moments_over_several_spans(monkeypatch, backend, mode):
+    # a padded non-causal batch reads each row's total moments, summed in spans of _TOTAL_FEATURES feature
+    # elements: shrunk here so that the sums run over several spans, the last one partial
+    monkeypatch.setattr(importlib.import_module("attnzoo.ops.fastmax.varlen"), "_TOTAL_FEATURES", 60)
+    assert_equal_to_alone(_call(backend, 2, False), _seqs(LENGTHS), AXES, mode=mode)
