@@ -101,7 +101,8 @@ def assert_equal_to_alone(
         return
 
     grads_alone = [
-        torch.autograd.grad((o * c).sum(), list(leaves.values()), allow_unused=True)
+        # the graphs stay for the shared inputs' gradient below
+        torch.autograd.grad((o * c).sum(), list(leaves.values()), allow_unused=True, retain_graph=bool(shared))
         for o, c, leaves in zip(outs, cots, alone_leaves, strict=True)
     ]
     shared_grads = (
