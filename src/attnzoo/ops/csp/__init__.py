@@ -18,7 +18,7 @@ import torch
 
 from attnzoo._checks import check_bool, check_choice, check_ndim, check_positive_int, check_probability, finite_absmax
 from attnzoo.ops import _cpu_kernels
-from attnzoo.ops._dispatch import call_backend, runs_reference
+from attnzoo.ops._dispatch import call_backend, resolve_backend, runs_reference
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops._varlen import Segments, segments
 from attnzoo.ops.csp.gather import csp_gather
@@ -112,10 +112,7 @@ CSP = Mechanism(
     backends={
         "naive": Backend(__name__, "_csp_naive", kind="reference"),
         "torch": Backend(__name__, "_csp_torch"),
-        # "auto" leaves masked calls to the PyTorch path (the kernel does not take segments)
-        "cpu": Backend(
-            __name__, "_csp_cpu", kind="cpu", devices=("cpu",), auto_if=lambda inputs, opts: opts.get("toks") is None
-        ),
+        "cpu": Backend(__name__, "_csp_cpu", kind="cpu", devices=("cpu",)),
     },
     causal=False,  # group sorting reads every token of a group
     examples=({"groups": 3, "shift_schedule": "power", "layer_index": 1, "num_layers": 2},),
@@ -212,6 +209,8 @@ def csp(
     toks = segments(v.shape[0], v.shape[1], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=v.device)
     s = _check_args(v, shifts, groups, toks)
     if toks is not None:
+        if backend == "auto" and resolve_backend(CSP, backend, v, name="v") == "cpu":
+            backend = "torch"  # the fused kernel does not take segments yet
         return call_backend(CSP, backend, (v, s), name="v", groups=groups, toks=toks)
     return call_backend(CSP, backend, (v, s), name="v", groups=groups)
 
