@@ -6,6 +6,7 @@ import pytest
 import torch
 from varlen_cases import MODES, assert_equal_to_alone
 
+from attnzoo.layers.mega import MegaLayer
 from attnzoo.ops.mega import mega_attention
 
 LENGTHS = [5, 1, 7, 3]  # 1, and lengths not divisible by the chunk sizes
@@ -59,3 +60,32 @@ def test_bias_must_cover_the_longest_sequence():
     mega_attention(q, q, q, torch.randn(11), cu_seqlens=cu)  # R = 6 covers sequences of 3 and 6
     with pytest.raises(ValueError, match=r"R >= 6"):
         mega_attention(q, q, q, torch.randn(9), cu_seqlens=cu)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"attention": "softmax"},
+        {"attention": "laplace", "chunk_size": 2},
+        {"attention": "softmax", "chunk_size": 3, "prenorm": False, "norm_layer": "scalenorm"},
+        {"attention": "csp", "csp_groups": 1, "shift_schedule": "linear"},
+    ],
+)
+def test_layer_equal_to_alone(options, mode):
+    torch.manual_seed(0)
+    layer = MegaLayer(6, 1, ndim=3, zdim=4, hdim=5, max_len=8, **options).double()
+    g = torch.Generator().manual_seed(2)
+    seqs = [{"x": torch.randn(1, n, 6, generator=g, dtype=torch.float64)} for n in (5, 1, 4)]
+    assert_equal_to_alone(layer, seqs, {"x": 1}, mode=mode, out_axis=1)
+    assert MegaLayer.supports_masks
+
+
+def test_layer_errors_with_masks():
+    x, mask = torch.randn(2, 4, 6), torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    with pytest.raises(ValueError, match="csp_groups=None"):
+        MegaLayer(6, 1, attention="csp", csp_groups=None)(x, attention_mask=mask)
+    with pytest.raises(ValueError, match="batchnorm"):
+        MegaLayer(6, 1, norm_layer="batchnorm").train()(x, attention_mask=mask)
+    with pytest.raises(ValueError, match="needs N divisible by csp_groups, got N=3"):
+        MegaLayer(6, 1, attention="csp", csp_groups=2)(x, attention_mask=mask)
