@@ -32,7 +32,7 @@ def _call(groups, backend, shifts=SHIFTS):
 @pytest.mark.parametrize("backend", ["naive", "torch", "auto"])
 @pytest.mark.parametrize(
     "groups,lengths",
-    [(1, [5, 1, 7, 3]), (2, [6, 2, 8, 4]), (3, [9, 3, 6]), (4, [16, 4, 12]), (2, [2, 10])],
+    [(1, [5, 1, 7, 3]), (None, [5, 1, 7, 3]), (2, [6, 2, 8, 4]), (3, [9, 3, 6]), (4, [16, 4, 12]), (2, [2, 10])],
 )
 @pytest.mark.parametrize("ties", [False, True])
 def test_equal_to_alone_float64(groups, lengths, backend, mode, ties):

@@ -183,11 +183,6 @@ class MegaLayer(Attention):
                 "MegaLayer(norm_layer='batchnorm') pools statistics over every token of the batch in training, "
                 "padding included; use 'layernorm' or 'scalenorm' with attention_mask / cu_seqlens"
             )
-        if self.attention == "csp" and self.csp_groups is None:
-            raise ValueError(
-                "MegaLayer(attention='csp', csp_groups=None) shifts only (groups = each sequence's length), which "
-                "attention_mask / cu_seqlens do not support yet; set csp_groups (e.g. 1)"
-            )
         for n in toks.lengths.unique().tolist():
             if n > 0:
                 self._check_length(int(n))  # each sequence must fit the options as it would alone
@@ -210,9 +205,8 @@ class MegaLayer(Attention):
         N, D, E = x.shape[1], self.dim, self.hdim
         masked = attention_mask is not None or cu_seqlens is not None
         toks = self._check_segments(x, attention_mask, cu_seqlens) if masked else None
+        # CSP's groups: csp_groups (None: groups of one token) with masks, else checked against N
         groups = self.csp_groups if masked else self._check_length(N)
-        if masked and self.attention != "csp":
-            groups = None
         kw = dict(attention_mask=attention_mask, cu_seqlens=cu_seqlens)
         with self.naming_input(x):
             residual = x
@@ -221,7 +215,7 @@ class MegaLayer(Attention):
             ema_out = ema(xn, *self.ema_coefficients(), causal=False, **kw)
             mx = self.drop(F.silu(ema_out + xn * self.ema_omega))  # EMA(X) + omega X
             base = self.mx_proj(mx)
-            if groups is None:
+            if self.attention != "csp":
                 u, zr, hx = torch.split(base, [D, self.zdim + E, D], dim=-1)
                 z, r = torch.split(F.silu(zr), [self.zdim, E], dim=-1)  # shared Z, reset gate r
                 q = z * self.qk_scale[0] + self.qk_offset[0]  # the two offsets of Z

@@ -62,25 +62,26 @@ class CSPOptions(Options):
             raise ValueError(f"layer_index must be an integer in [0, num_layers={self.num_layers}), got {i!r}")
 
 
-def _csp_naive(v: torch.Tensor, shifts: torch.Tensor, *, groups: int, toks: Segments | None = None) -> torch.Tensor:
+def _csp_naive(v: torch.Tensor, shifts: torch.Tensor, *, groups: int | None, toks: Segments | None = None):
     _check_values(v)
     if toks is None:
         return csp_naive(v, shifts.tolist(), groups)
     out = torch.zeros_like(v)
     for row, idx in toks.sequences():  # the definition: every sequence alone
         steps = shifts if shifts.ndim == 1 else shifts[row, int(toks.ids[row, idx[0]])]
-        out[row, idx] = csp_naive(v[row : row + 1, idx], steps.tolist(), groups)[0]
+        k = idx.numel() if groups is None else groups  # None: groups of one token, shifting only
+        out[row, idx] = csp_naive(v[row : row + 1, idx], steps.tolist(), k)[0]
     return out
 
 
-def _csp_torch(v: torch.Tensor, shifts: torch.Tensor, *, groups: int, toks: Segments | None = None) -> torch.Tensor:
+def _csp_torch(v: torch.Tensor, shifts: torch.Tensor, *, groups: int | None, toks: Segments | None = None):
     _check_values(v)
     if toks is not None:
         return csp_varlen(v, shifts, toks, groups)
     return csp_gather(v, shifts, groups)
 
 
-def _csp_cpu(v: torch.Tensor, shifts: torch.Tensor, *, groups: int, toks: Segments | None = None) -> torch.Tensor:
+def _csp_cpu(v: torch.Tensor, shifts: torch.Tensor, *, groups: int | None, toks: Segments | None = None):
     if toks is not None:
         raise ValueError(
             "backend='cpu' of csp does not take attention_mask / cu_seqlens yet; "
@@ -144,16 +145,18 @@ def _check_lengths(toks: Segments, groups: int) -> None:
         )
 
 
-def _check_args(v: torch.Tensor, shifts, groups: int, toks: Segments | None = None) -> torch.Tensor:
+def _check_args(v: torch.Tensor, shifts, groups: int | None, toks: Segments | None = None) -> torch.Tensor:
     """Validate the shapes and ``shifts`` (the values of v are the backends'); return ``shifts`` as a LongTensor
     ``(C,)`` (or ``(B, S, C)`` with segments) on ``v.device``."""
     check_ndim("v", v, 3, "(B, N, C)")
     B, N, C = v.shape
     if N < 1 or C < 1:
         raise ValueError(f"v must have N >= 1 tokens and C >= 1 channels, got shape {tuple(v.shape)}")
-    check_positive_int("groups", groups)
+    if groups is not None or toks is None:
+        check_positive_int("groups", groups)
     if toks is not None:
-        _check_lengths(toks, groups)
+        if groups is not None:
+            _check_lengths(toks, groups)
         if isinstance(shifts, torch.Tensor) and shifts.ndim == 3:
             if tuple(shifts.shape) != (B, toks.num, C) or shifts.is_floating_point() or shifts.dtype == torch.bool:
                 raise ValueError(
@@ -184,7 +187,7 @@ def _check_args(v: torch.Tensor, shifts, groups: int, toks: Segments | None = No
 def csp(
     v: torch.Tensor,
     shifts: Sequence[int] | torch.Tensor,
-    groups: int,
+    groups: int | None,
     *,
     backend: str = "auto",
     attention_mask: torch.Tensor | None = None,
@@ -202,11 +205,14 @@ def csp(
 
     ``attention_mask`` ``(B, N)`` (True at real tokens) or ``cu_seqlens`` ``(S + 1,)`` (sequences packed in one
     row): every sequence is CSP alone on its real tokens, shifts taken modulo its own length ``L_s`` and
-    ``groups`` groups of ``L_s / groups`` tokens (``L_s`` must be divisible by ``groups``); ``shifts`` may then
+    ``groups`` groups of ``L_s / groups`` tokens (``L_s`` must be divisible by ``groups``; ``groups=None``: groups
+    of one token, i.e. ``groups = L_s``, shifting only); ``shifts`` may then
     also be ``(B, S, C)``, one schedule per sequence. Padding gives zeros. Backends "torch" and "naive" take masks
     (see :mod:`attnzoo.ops.csp.varlen`).
     """
     toks = segments(v.shape[0], v.shape[1], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=v.device)
+    if groups is None and toks is None and v.ndim == 3:
+        groups = v.shape[1]  # groups of one token: shifting only
     s = _check_args(v, shifts, groups, toks)
     if toks is not None:
         if backend == "auto" and resolve_backend(CSP, backend, v, name="v") == "cpu":

@@ -31,8 +31,9 @@ def token_shifts(shifts: torch.Tensor, toks: Segments) -> torch.Tensor:
     return shifts.gather(1, seq)
 
 
-def csp_varlen_source_index(v: torch.Tensor, shifts: torch.Tensor, toks: Segments, groups: int) -> torch.Tensor:
-    """``idx`` ``(B, N, C)`` with ``out[b, i, c] = v[b, idx[b, i, c], c]`` per sequence (module doc)."""
+def csp_varlen_source_index(v: torch.Tensor, shifts: torch.Tensor, toks: Segments, groups: int | None) -> torch.Tensor:
+    """``idx`` ``(B, N, C)`` with ``out[b, i, c] = v[b, idx[b, i, c], c]`` per sequence (module doc); ``groups=None``
+    is groups of one token (``groups = L_s``: shifting only)."""
     b, n, c = v.shape
     ids, pos = toks.ids, toks.pos
     real = ids >= 0
@@ -42,6 +43,8 @@ def csp_varlen_source_index(v: torch.Tensor, shifts: torch.Tensor, toks: Segment
         start = (tok - pos).unsqueeze(-1)
         src = start + torch.remainder(pos.unsqueeze(-1) - token_shifts(shifts, toks), length.unsqueeze(-1))
         src = torch.where(real.unsqueeze(-1), src, tok.unsqueeze(-1))  # padding stays put
+        if groups is None:
+            return src
         u = v.detach().gather(1, src)
         size = (length // groups).clamp_min(1)  # G_s tokens per group
         # one id per (sequence, group); each padding token its own group, after every real one
@@ -52,7 +55,7 @@ def csp_varlen_source_index(v: torch.Tensor, shifts: torch.Tensor, toks: Segment
         return torch.empty_like(src).scatter_(1, slots, src.gather(1, order))
 
 
-def csp_varlen(v: torch.Tensor, shifts: torch.Tensor, toks: Segments, groups: int) -> torch.Tensor:
+def csp_varlen(v: torch.Tensor, shifts: torch.Tensor, toks: Segments, groups: int | None) -> torch.Tensor:
     """CSP eq 4 per sequence: ``v`` ``(B, N, C)`` -> ``(B, N, C)``, zero at padding; gradients by the inverse
     permutation (:class:`~attnzoo.ops.csp.gather._TokenPermute`)."""
     out = _TokenPermute.apply(v, csp_varlen_source_index(v, shifts, toks, groups))
