@@ -54,14 +54,43 @@ def test_lengths_not_divisible_by_groups_are_an_error_as_alone():
         csp(v, SHIFTS, 2, cu_seqlens=torch.tensor([0, 4, 7]))
 
 
-def test_cpu_backend_refuses_masks_and_auto_avoids_it():
-    v = torch.randn(2, 4, 5)
-    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
-    with pytest.raises(ValueError, match="backend='torch', 'naive' or 'auto'"):
-        csp(v, SHIFTS, 2, backend="cpu", attention_mask=mask)
-    torch.testing.assert_close(
-        csp(v, SHIFTS, 2, attention_mask=mask), csp(v, SHIFTS, 2, backend="naive", attention_mask=mask)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("groups,lengths", [(3, [6, 6, 6]), (1, [2, 2]), (2, [4])])
+def test_cpu_kernel_pairs_equal_to_alone(groups, lengths, ties, dtype, mode):
+    # every sequence in groups of two: the fused kernel reads the sequences' runs in place
+    seqs = _seqs(lengths, dtype=dtype, ties=ties)
+    tol = dict(rtol=0, atol=0)  # values are only moved
+    assert_equal_to_alone(_call(groups, "cpu"), seqs, {"v": 1}, mode=mode, out_axis=1, **tol)
+
+
+def test_cpu_kernel_runs_for_pairs_and_the_torch_path_serves_the_rest():
+    v = torch.randn(1, 10, 5, dtype=torch.float64)
+    v.requires_grad_(True)
+    assert (
+        "PairsVarlen"
+        in type(csp(v[:, :8], SHIFTS, 2, backend="cpu", cu_seqlens=torch.tensor([0, 4, 8])).grad_fn).__name__
     )
+    mixed = csp(v, SHIFTS, 2, backend="cpu", cu_seqlens=torch.tensor([0, 4, 10]))  # groups of 2 and of 3
+    assert "PairsVarlen" not in type(mixed.grad_fn).__name__
+    torch.testing.assert_close(mixed, csp(v, SHIFTS, 2, backend="naive", cu_seqlens=torch.tensor([0, 4, 10])))
+    holed = torch.tensor([[1, 0, 1, 1, 1, 0, 0, 0, 0, 0]])
+    torch.testing.assert_close(
+        csp(v, SHIFTS, 2, backend="cpu", attention_mask=holed),
+        csp(v, SHIFTS, 2, backend="naive", attention_mask=holed),
+    )
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("groups", [1, 2, None])
+def test_masks_with_holes(backend, groups):
+    v = torch.randn(2, 7, 5, dtype=torch.float64)
+    mask = torch.tensor([[1, 0, 1, 1, 0, 1, 0], [0, 1, 1, 0, 1, 1, 0]])
+    want = csp(v, SHIFTS, groups, backend="naive", attention_mask=mask)
+    torch.testing.assert_close(csp(v, SHIFTS, groups, backend=backend, attention_mask=mask), want, rtol=0, atol=0)
+    alone = csp(v[:1, [0, 2, 3, 5]], SHIFTS, groups)
+    torch.testing.assert_close(want[:1, [0, 2, 3, 5]], alone, rtol=0, atol=0)
 
 
 def test_per_sequence_shifts():

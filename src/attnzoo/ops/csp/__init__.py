@@ -18,14 +18,14 @@ import torch
 
 from attnzoo._checks import check_bool, check_choice, check_ndim, check_positive_int, check_probability, finite_absmax
 from attnzoo.ops import _cpu_kernels
-from attnzoo.ops._dispatch import call_backend, resolve_backend, runs_reference
+from attnzoo.ops._dispatch import call_backend, runs_reference
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops._varlen import Segments, segments
 from attnzoo.ops.csp.gather import csp_gather
 from attnzoo.ops.csp.gather import csp_source_index as _source_index
 from attnzoo.ops.csp.naive import csp_naive, csp_permutations_naive
 from attnzoo.ops.csp.shifts import SHIFT_SCHEDULES, csp_shifts
-from attnzoo.ops.csp.varlen import csp_varlen
+from attnzoo.ops.csp.varlen import csp_pairs_varlen, csp_varlen, sequence_runs
 
 __all__ = [
     "csp",
@@ -83,10 +83,7 @@ def _csp_torch(v: torch.Tensor, shifts: torch.Tensor, *, groups: int | None, tok
 
 def _csp_cpu(v: torch.Tensor, shifts: torch.Tensor, *, groups: int | None, toks: Segments | None = None):
     if toks is not None:
-        raise ValueError(
-            "backend='cpu' of csp does not take attention_mask / cu_seqlens yet; "
-            "use backend='torch', 'naive' or 'auto' (which picks 'torch' for masked calls)"
-        )
+        return _csp_cpu_segments(v, shifts, groups, toks)
     # groups of two tokens in the fused C++ kernel (cpu.cpp), which finds NaN/Inf while it moves the values (no
     # extra pass over v); other group sizes are the PyTorch path's
     if torch.compiler.is_compiling():  # the kernel is opaque to torch.compile: the PyTorch path stands in
@@ -100,6 +97,20 @@ def _csp_cpu(v: torch.Tensor, shifts: torch.Tensor, *, groups: int | None, toks:
             _check_values(v)  # raises, naming what v holds
         return out
     return _csp_torch(v, shifts, groups=groups)
+
+
+def _csp_cpu_segments(v: torch.Tensor, shifts: torch.Tensor, groups: int | None, toks: Segments) -> torch.Tensor:
+    # sequences all in groups of two (length 2 * groups), side by side in their rows: the fused kernel, reading the
+    # sequences' runs natively; other group sizes (and masks with holes) are the PyTorch path's, as without masks
+    if torch.compiler.is_compiling() or groups is None:
+        return _csp_torch(v, shifts, groups=groups, toks=toks)
+    kernels = _cpu_kernels.required_cpu_kernels()
+    live = toks.lengths[toks.lengths > 0]
+    runs = sequence_runs(toks) if bool((live == 2 * groups).all()) else None
+    if runs is None:
+        return _csp_torch(v, shifts, groups=groups, toks=toks)
+    _check_values(v)
+    return csp_pairs_varlen(v, shifts, toks, runs, kernels)
 
 
 def _check_values(v: torch.Tensor) -> None:
@@ -215,8 +226,6 @@ def csp(
         groups = v.shape[1]  # groups of one token: shifting only
     s = _check_args(v, shifts, groups, toks)
     if toks is not None:
-        if backend == "auto" and resolve_backend(CSP, backend, v, name="v") == "cpu":
-            backend = "torch"  # the fused kernel does not take segments yet
         return call_backend(CSP, backend, (v, s), name="v", groups=groups, toks=toks)
     return call_backend(CSP, backend, (v, s), name="v", groups=groups)
 

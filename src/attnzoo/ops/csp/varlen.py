@@ -40,8 +40,11 @@ def csp_varlen_source_index(v: torch.Tensor, shifts: torch.Tensor, toks: Segment
     tok = torch.arange(n, device=v.device).expand(b, n)
     length = toks.lengths.gather(1, ids.clamp_min(0)).clamp_min(1)  # (B, N): the token's sequence length
     with torch.no_grad():
-        start = (tok - pos).unsqueeze(-1)
-        src = start + torch.remainder(pos.unsqueeze(-1) - token_shifts(shifts, toks), length.unsqueeze(-1))
+        # the row's tokens by (sequence, position): sequence s's position p is rank offset_s + p (holed masks too)
+        by_seq = torch.argsort(torch.where(real, ids, toks.num) * n + tok, dim=1)
+        offset = (toks.lengths.cumsum(-1) - toks.lengths).gather(1, ids.clamp_min(0))
+        rank = offset.unsqueeze(-1) + torch.remainder(pos.unsqueeze(-1) - token_shifts(shifts, toks), length[..., None])
+        src = by_seq.unsqueeze(-1).expand(b, n, c).gather(1, rank)
         src = torch.where(real.unsqueeze(-1), src, tok.unsqueeze(-1))  # padding stays put
         if groups is None:
             return src
@@ -60,3 +63,45 @@ def csp_varlen(v: torch.Tensor, shifts: torch.Tensor, toks: Segments, groups: in
     permutation (:class:`~attnzoo.ops.csp.gather._TokenPermute`)."""
     out = _TokenPermute.apply(v, csp_varlen_source_index(v, shifts, toks, groups))
     return out * toks.real.unsqueeze(-1).to(v.dtype)
+
+
+def sequence_runs(toks: Segments) -> torch.Tensor | None:
+    """``(B, S, 2)`` int64: each sequence's first token in its row and its length; ``None`` if a sequence's tokens
+    are not side by side (a mask with holes), which the fused kernel does not take."""
+    b, n = toks.ids.shape
+    num = toks.num
+    tok = torch.arange(n, device=toks.ids.device).expand(b, n)
+    key = torch.where(toks.real, toks.ids, num)  # padding goes to a spare column
+    first = torch.full((b, num + 1), n, dtype=torch.long, device=tok.device).scatter_reduce(1, key, tok, "amin")
+    last = torch.full((b, num + 1), -1, dtype=torch.long, device=tok.device).scatter_reduce(1, key, tok, "amax")
+    first, last, length = first[:, :num], last[:, :num], toks.lengths
+    if bool(((length > 0) & (last - first + 1 != length)).any()):
+        return None
+    return torch.stack([torch.where(length > 0, first, 0), length], dim=-1).contiguous()
+
+
+class _PairsVarlen(torch.autograd.Function):
+    """Groups of two in every sequence by the fused kernel (``csp_pairs_varlen`` of cpu.cpp); backward sends each
+    gradient back through the same swaps."""
+
+    @staticmethod
+    def forward(ctx, v: torch.Tensor, runs: torch.Tensor, steps: torch.Tensor, kernels) -> torch.Tensor:
+        out, swap = kernels.csp_pairs_varlen(v.contiguous(), runs, steps)
+        ctx.save_for_backward(runs, steps, swap)
+        ctx.kernels = kernels
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        runs, steps, swap = ctx.saved_tensors
+        return ctx.kernels.csp_pairs_varlen_bwd(grad.contiguous(), runs, steps, swap), None, None, None
+
+
+def csp_pairs_varlen(v: torch.Tensor, shifts: torch.Tensor, toks: Segments, runs: torch.Tensor, kernels):
+    """CSP eq 4 per sequence with groups of two tokens (every length ``2 * groups``) in one fused pass over ``v``
+    ``(B, N, C)``; ``runs`` from :func:`sequence_runs`. Zero at padding."""
+    b, c = v.shape[0], v.shape[2]
+    per_seq = shifts.view(1, 1, c).expand(b, toks.num, c) if shifts.ndim == 1 else shifts
+    steps = torch.remainder(per_seq, toks.lengths.clamp_min(1).unsqueeze(-1)).contiguous()
+    return _PairsVarlen.apply(v, runs, steps, kernels)
