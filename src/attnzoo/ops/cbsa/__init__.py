@@ -185,13 +185,9 @@ def cbsa(
             over reps; ``(B, H, N, N)`` for "mssa"), "contracted" (C), "filter" (``(B, H, P, P)``, "linear"
             and "channel": ``out = w @ filter``). Only the keys the variant has are present.
         backend: "auto" | "naive" | "torch" (both take masks).
-        attention_mask: ``(B, N)`` bool or 0/1, True at real tokens: each row's real tokens are one sequence.
-        cu_seqlens: ``(S + 1,)`` offsets of S sequences packed in one row (B = 1).
-        reps_attention_mask / reps_cu_seqlens: which representatives belong to which sequence, on the ``(B, M)``
-            grid of ``reps`` (as :func:`pool_reps_varlen` returns them); by default every representative of a
-            padded row is its sequence's, and a packed row's M representatives split evenly, M / S per sequence.
-            With masks every sequence is CBSA alone on its own tokens and representatives (see
-            :mod:`attnzoo.ops.cbsa.varlen`); padding gives zero output.
+        attention_mask / cu_seqlens: ``(B, N)`` padding mask (True = real) / ``(S + 1,)`` packed offsets (B = 1).
+        reps_attention_mask / reps_cu_seqlens: the reps' sequences (:func:`pool_reps_varlen`; default: a row's, or
+            split evenly in a packed row). Each sequence is CBSA alone (:mod:`attnzoo.ops.cbsa.varlen`), padding 0.
 
     Returns ``out`` ``(B, H, N, P)`` (same dtype as ``w``), or ``(out, internals)``. fp16/bf16 inputs are
     computed in float32.
@@ -204,11 +200,8 @@ def cbsa(
     eps = CBSAOptions.check("eps", eps)
     scale = check_scale(scale, w.shape[3])
     eta = _check_eta(eta, w)
-    toks, reps_seg = _segments(w, reps, attention_mask, cu_seqlens, reps_attention_mask, reps_cu_seqlens)
-    if toks is not None:
-        if return_internals:
-            raise ValueError("return_internals is not available with attention_mask / cu_seqlens; run without them")
-        w = w.masked_fill(~toks.real[:, None, :, None], 0)  # padding never enters a sum (nor the magnitude check)
+    masks = (attention_mask, cu_seqlens, reps_attention_mask, reps_cu_seqlens)
+    w, toks, reps_seg = _with_segments(w, reps, masks, return_internals)
     _check_magnitudes(w, reps, eta, variant, contraction, eps, scale)
 
     in_dtype = w.dtype
@@ -238,6 +231,16 @@ def cbsa(
     if not return_internals:
         return out
     return out, {k: v.to(in_dtype) for k, v in internals.items()}
+
+
+def _with_segments(w, reps, keywords, return_internals: bool):
+    """``w`` zeroed at padding, and the tokens' and representatives' :class:`Segments` (``None`` without masks)."""
+    toks, reps_seg = _segments(w, reps, *keywords)
+    if toks is not None:
+        if return_internals:
+            raise ValueError("return_internals is not available with attention_mask / cu_seqlens; run without them")
+        w = w.masked_fill(~toks.real[:, None, :, None], 0)  # padding never enters a sum (nor the magnitude check)
+    return w, toks, reps_seg
 
 
 def _segments(w, reps, attention_mask, cu_seqlens, reps_attention_mask, reps_cu_seqlens):

@@ -218,8 +218,8 @@ def csp(
     row): every sequence is CSP alone on its real tokens, shifts taken modulo its own length ``L_s`` and
     ``groups`` groups of ``L_s / groups`` tokens (``L_s`` must be divisible by ``groups``; ``groups=None``: groups
     of one token, i.e. ``groups = L_s``, shifting only); ``shifts`` may then
-    also be ``(B, S, C)``, one schedule per sequence. Padding gives zeros. Backends "torch" and "naive" take masks
-    (see :mod:`attnzoo.ops.csp.varlen`).
+    also be ``(B, S, C)``, one schedule per sequence. Padding gives zeros. Every backend takes masks
+    (see :mod:`attnzoo.ops.csp.varlen`; "cpu": the fused kernel when every sequence is in groups of two).
     """
     toks = segments(v.shape[0], v.shape[1], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=v.device)
     if groups is None and toks is None and v.ndim == 3:
