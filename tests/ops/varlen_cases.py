@@ -101,6 +101,7 @@ def assert_equal_to_alone(
         return
 
     grads_alone = [
+        # the graphs stay for the shared inputs' gradient below
         torch.autograd.grad((o * c).sum(), list(leaves.values()), allow_unused=True, retain_graph=bool(shared))
         for o, c, leaves in zip(outs, cots, alone_leaves, strict=True)
     ]

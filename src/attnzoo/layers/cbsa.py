@@ -7,7 +7,7 @@ from einops import rearrange
 from torch import nn
 
 from attnzoo.layers.base import Attention, register_attention
-from attnzoo.ops.cbsa import CBSA, CBSAOptions, cbsa, pool_reps
+from attnzoo.ops.cbsa import CBSA, DEFAULT_NUM_REPS, CBSAOptions, cbsa, pool_reps, pool_reps_varlen
 
 __all__ = ["CBSAAttention"]
 
@@ -48,6 +48,7 @@ class CBSAAttention(Attention):
     """
 
     mechanism = CBSA
+    supports_masks = True  # forward honours attention_mask / cu_seqlens (issue 27)
 
     def __init__(
         self,
@@ -92,22 +93,17 @@ class CBSAAttention(Attention):
         extracts = o.variant in ("cbsa", "agent")
         self.ss_rep = nn.Parameter(torch.randn(heads, 1, 1)) if extracts else None  # eta, eq 5
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x`` ``(B, N, dim)`` -> ``(B, N, dim)``; with ``attention_mask`` ``(B, N)`` or ``cu_seqlens``
+        ``(S + 1,)`` every sequence is pooled and attended alone, and padding positions give zeros."""
         self.check_input(x)
+        masked = attention_mask is not None or cu_seqlens is not None
         with self.naming_input(x):
             w = rearrange(self.proj(x), "b n (h p) -> b h n p", h=self.heads)
-            reps_init = None
-            if self.ss_rep is not None:
-                reps_init = pool_reps(
-                    w,
-                    num_reps=self.num_reps,
-                    grid=self.grid,
-                    rep_grid=self.rep_grid,
-                    num_prefix_tokens=self.num_prefix_tokens,
-                )
-                if self.detach_init:
-                    reps_init = reps_init.detach()
-            capturing = self.capturing
+            reps_init, reps_kw = self._pool(w, attention_mask, cu_seqlens)
+            capturing = self.capturing and not masked
             res = cbsa(
                 w,
                 reps_init,
@@ -116,6 +112,9 @@ class CBSAAttention(Attention):
                 eps=self.eps,
                 eta=self.ss_rep if self.ss_rep is not None else 1.0,
                 return_internals=capturing,
+                attention_mask=attention_mask,
+                cu_seqlens=cu_seqlens,
+                **reps_kw,
             )
             if capturing:
                 out, internals = res
@@ -125,8 +124,40 @@ class CBSAAttention(Attention):
                 self.record(**internals)
             else:
                 out = res
-            out = rearrange(self.ss_x * out, "b h n p -> b n (h p)")
-            return self.to_out(out)
+            out = self.to_out(rearrange(self.ss_x * out, "b h n p -> b n (h p)"))
+            if attention_mask is not None:  # the output bias must not reach padding positions
+                out = out * (attention_mask != 0).unsqueeze(-1).to(out.dtype)
+            return out
+
+    def _pool(self, w, attention_mask, cu_seqlens) -> tuple[torch.Tensor | None, dict]:
+        """Initial representatives (eq 5's Q_ini) and, with masks, the keywords assigning them to sequences."""
+        if self.ss_rep is None:
+            return None, {}
+        if attention_mask is None and cu_seqlens is None:
+            reps, kw = (
+                pool_reps(
+                    w,
+                    num_reps=self.num_reps,
+                    grid=self.grid,
+                    rep_grid=self.rep_grid,
+                    num_prefix_tokens=self.num_prefix_tokens,
+                ),
+                {},
+            )
+        elif self.grid is not None:
+            raise ValueError(
+                "CBSA with 2-D pooling (grid=...) does not take attention_mask / cu_seqlens; "
+                "use 1-D pooling (num_reps) for padded or packed sequences"
+            )
+        else:
+            reps, kw = pool_reps_varlen(
+                w,
+                DEFAULT_NUM_REPS if self.num_reps is None else self.num_reps,
+                num_prefix_tokens=self.num_prefix_tokens,
+                attention_mask=attention_mask,
+                cu_seqlens=cu_seqlens,
+            )
+        return (reps.detach() if self.detach_init else reps), kw
 
     def extra_repr(self) -> str:
         s = f"{super().extra_repr()}, variant={self.variant!r}, contraction={self.contraction!r}"

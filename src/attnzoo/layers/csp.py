@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from attnzoo.layers.base import Attention, register_attention
+from attnzoo.ops._varlen import segments
 from attnzoo.ops.csp import CSP, CSPOptions, csp, csp_shifts, csp_source_index
 
 __all__ = ["CSPAttention"]
@@ -37,6 +38,7 @@ class CSPAttention(Attention):
     """
 
     mechanism = CSP
+    supports_masks = True  # forward honours attention_mask / cu_seqlens (issue 27)
 
     def __init__(
         self,
@@ -83,8 +85,15 @@ class CSPAttention(Attention):
             self._shift_cache[key] = s
         return s
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x`` ``(B, N, dim)`` -> ``(B, N, dim)``; with ``attention_mask`` ``(B, N)`` or ``cu_seqlens``
+        ``(S + 1,)`` every sequence is permuted alone, with the shift schedule of its own length (zeros at padding).
+        """
         self.check_input(x)
+        if attention_mask is not None or cu_seqlens is not None:
+            return self._forward_segments(x, attention_mask, cu_seqlens)
         N = x.shape[1]
         if N % self.groups != 0:
             valid = [d for d in range(1, N + 1) if N % d == 0]
@@ -100,6 +109,22 @@ class CSPAttention(Attention):
                 if N <= MAX_RECORD_N:
                     self.record(perm=csp_source_index(v, shifts, self.groups).transpose(1, 2))
             return self.proj_drop(self.proj(y))
+
+    def _forward_segments(self, x, attention_mask, cu_seqlens) -> torch.Tensor:
+        """Padded batch or packed row: one shift schedule per sequence (``(B, S, dim)``), as each alone."""
+        toks = segments(x.shape[0], x.shape[1], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device)
+        lengths = toks.lengths
+        # one schedule per distinct length (python ints: the schedules are formulas of N, not tensors)
+        shifts = torch.zeros(*lengths.shape, self.dim, dtype=torch.long, device=x.device)
+        for n in lengths.unique().tolist():
+            if n > 0:
+                shifts[lengths == n] = self.shifts_for(int(n), x.device)
+        with self.naming_input(x):
+            v = self.v_proj(x)
+            y = csp(v, shifts, self.groups, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
+            if self.capturing:
+                self.record(shifts=shifts, v=v)
+            return self.proj_drop(self.proj(y)) * toks.real.unsqueeze(-1).to(y.dtype)
 
     def extra_repr(self) -> str:
         return (

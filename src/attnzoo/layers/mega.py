@@ -10,6 +10,7 @@ from torch import nn
 
 from attnzoo.layers._norms import build_norm
 from attnzoo.layers.base import Attention, register_attention
+from attnzoo.ops._varlen import segments
 from attnzoo.ops.csp import csp, csp_shifts
 from attnzoo.ops.ema import ema
 from attnzoo.ops.mega import MEGA, MegaOptions, mega_attention
@@ -45,6 +46,7 @@ class MegaLayer(Attention):
     """
 
     mechanism = MEGA
+    supports_masks = True  # forward honours attention_mask / cu_seqlens (issue 27)
     owns_residual = True
 
     def __init__(
@@ -173,34 +175,65 @@ class MegaLayer(Attention):
             )
         return None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _check_segments(self, x: torch.Tensor, attention_mask, cu_seqlens):
+        """The :class:`~attnzoo.ops._varlen.Segments` of a masked call, after the checks the options need."""
+        toks = segments(x.shape[0], x.shape[1], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device)
+        if self.options.norm_layer == "batchnorm" and self.training:
+            raise ValueError(
+                "MegaLayer(norm_layer='batchnorm') pools statistics over every token of the batch in training, "
+                "padding included; use 'layernorm' or 'scalenorm' with attention_mask / cu_seqlens"
+            )
+        for n in toks.lengths.unique().tolist():
+            if n > 0:
+                self._check_length(int(n))  # each sequence must fit the options as it would alone
+        return toks
+
+    def _seq_shifts(self, toks, device) -> torch.Tensor:
+        """CSP's shift schedule per sequence ``(B, S, hdim)``, each from its own length."""
+        shifts = torch.zeros(*toks.lengths.shape, self.hdim, dtype=torch.long, device=device)
+        for n in toks.lengths.unique().tolist():
+            if n > 0:
+                shifts[toks.lengths == n] = self.shifts_for(int(n), device)
+        return shifts
+
+    def forward(
+        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x`` ``(B, N, dim)`` -> ``(B, N, dim)``; with ``attention_mask`` ``(B, N)`` or ``cu_seqlens`` ``(S + 1,)``
+        every sequence is the layer alone (EMA restarted, attention and chunks within it), zeros at padding."""
         self.check_input(x)
         N, D, E = x.shape[1], self.dim, self.hdim
-        groups = self._check_length(N)
+        masked = attention_mask is not None or cu_seqlens is not None
+        toks = self._check_segments(x, attention_mask, cu_seqlens) if masked else None
+        # CSP's groups: csp_groups (None: groups of one token) with masks, else checked against N
+        groups = self.csp_groups if masked else self._check_length(N)
+        kw = dict(attention_mask=attention_mask, cu_seqlens=cu_seqlens)
         with self.naming_input(x):
             residual = x
             xn = self.norm(x) if self.prenorm else x
             v = self.hidden_drop(F.silu(self.v_proj(xn)))
-            mx = F.silu(ema(xn, *self.ema_coefficients(), causal=False) + xn * self.ema_omega)  # EMA(X) + omega X
-            mx = self.drop(mx)
+            ema_out = ema(xn, *self.ema_coefficients(), causal=False, **kw)
+            mx = self.drop(F.silu(ema_out + xn * self.ema_omega))  # EMA(X) + omega X
             base = self.mx_proj(mx)
-            if groups is None:
+            if self.attention != "csp":
                 u, zr, hx = torch.split(base, [D, self.zdim + E, D], dim=-1)
                 z, r = torch.split(F.silu(zr), [self.zdim, E], dim=-1)  # shared Z, reset gate r
                 q = z * self.qk_scale[0] + self.qk_offset[0]  # the two offsets of Z
                 k = z * self.qk_scale[1] + self.qk_offset[1]
                 fn = "softmax" if self.attention == "softmax" else "laplace"
-                o = mega_attention(q, k, v, self.rel_bias, fn=fn, chunk_size=self.chunk_size)
+                o = mega_attention(q, k, v, self.rel_bias, fn=fn, chunk_size=self.chunk_size, **kw)
             else:
                 u, r, hx = torch.split(base, [D, E, D], dim=-1)
                 r = F.silu(r)
-                o = csp(v, self.shifts_for(N, x.device), groups)  # CSP eq 4 in place of eq 9
+                shifts = self._seq_shifts(toks, x.device) if masked else self.shifts_for(N, x.device)
+                o = csp(v, shifts, groups, **kw)  # CSP eq 4 in place of eq 9
             u = torch.sigmoid(u)  # update gate
             h = self.drop(F.silu(hx + self.h_proj(o * r)))
             y = residual + u * (h - residual)  # u ⊙ H + (1 - u) ⊙ X
             if self.capturing:
                 self.record(ema=mx, u=u, r=r)
-            return y if self.prenorm else self.norm(y)
+            y = y if self.prenorm else self.norm(y)
+            return y * toks.real.unsqueeze(-1).to(y.dtype) if masked else y
 
     def extra_repr(self) -> str:
         extra = f"chunk_size={self.chunk_size}" if self.attention != "csp" else f"csp_groups={self.csp_groups}"

@@ -37,6 +37,7 @@ from attnzoo._checks import (
 )
 from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
+from attnzoo.ops._varlen import Segments, segments
 from attnzoo.ops.cbsa.fast import cbsa_fast  # noqa: F401  (the spec's backends look it up here)
 from attnzoo.ops.cbsa.naive import cbsa_naive
 from attnzoo.ops.cbsa.pooling import (
@@ -46,6 +47,7 @@ from attnzoo.ops.cbsa.pooling import (
     pool_reps,
     pool_reps_1d,
     pool_reps_2d,
+    pool_reps_varlen,
 )
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "pool_reps",
     "pool_reps_1d",
     "pool_reps_2d",
+    "pool_reps_varlen",
     "resolve_contraction",
     "VARIANTS",
     "CONTRACTIONS",
@@ -160,6 +163,10 @@ def cbsa(
     eta: float | torch.Tensor = 1.0,
     return_internals: bool = False,
     backend: str = "auto",
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    reps_attention_mask: torch.Tensor | None = None,
+    reps_cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Contract-and-Broadcast Self-Attention (eqs 5, 7, 8) and its §3.3 variants, per head.
 
@@ -177,7 +184,10 @@ def cbsa(
             R, ``(B, H, M, P)``), "attn_contract" (``(B, H, M, M)``, row i = weights of rep i's contraction
             over reps; ``(B, H, N, N)`` for "mssa"), "contracted" (C), "filter" (``(B, H, P, P)``, "linear"
             and "channel": ``out = w @ filter``). Only the keys the variant has are present.
-        backend: "auto" | "naive" | "torch".
+        backend: "auto" | "naive" | "torch" (both take masks).
+        attention_mask / cu_seqlens: ``(B, N)`` padding mask (True = real) / ``(S + 1,)`` packed offsets (B = 1).
+        reps_attention_mask / reps_cu_seqlens: the reps' sequences (:func:`pool_reps_varlen`; default: a row's, or
+            split evenly in a packed row). Each sequence is CBSA alone (:mod:`attnzoo.ops.cbsa.varlen`), padding 0.
 
     Returns ``out`` ``(B, H, N, P)`` (same dtype as ``w``), or ``(out, internals)``. fp16/bf16 inputs are
     computed in float32.
@@ -190,6 +200,8 @@ def cbsa(
     eps = CBSAOptions.check("eps", eps)
     scale = check_scale(scale, w.shape[3])
     eta = _check_eta(eta, w)
+    masks = (attention_mask, cu_seqlens, reps_attention_mask, reps_cu_seqlens)
+    w, toks, reps_seg = _with_segments(w, reps, masks, return_internals)
     _check_magnitudes(w, reps, eta, variant, contraction, eps, scale)
 
     in_dtype = w.dtype
@@ -212,6 +224,8 @@ def cbsa(
         scale=float(scale),
         eta=eta,
         need_internals=return_internals,
+        toks=toks,
+        reps_seg=reps_seg,
     )
     out = out.to(in_dtype)
     if not return_internals:
@@ -219,10 +233,75 @@ def cbsa(
     return out, {k: v.to(in_dtype) for k, v in internals.items()}
 
 
-def _cbsa_naive(w, reps, *, need_internals: bool, **kwargs):
+def _with_segments(w, reps, keywords, return_internals: bool):
+    """``w`` zeroed at padding, and the tokens' and representatives' :class:`Segments` (``None`` without masks)."""
+    toks, reps_seg = _segments(w, reps, *keywords)
+    if toks is not None:
+        if return_internals:
+            raise ValueError("return_internals is not available with attention_mask / cu_seqlens; run without them")
+        w = w.masked_fill(~toks.real[:, None, :, None], 0)  # padding never enters a sum (nor the magnitude check)
+    return w, toks, reps_seg
+
+
+def _segments(w, reps, attention_mask, cu_seqlens, reps_attention_mask, reps_cu_seqlens):
+    """The tokens' and the representatives' :class:`Segments` (``(None, None)`` without masks)."""
+    b, n = w.shape[0], w.shape[2]
+    toks = segments(b, n, attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=w.device)
+    given = reps_attention_mask is not None or reps_cu_seqlens is not None
+    if toks is None:
+        if given:
+            raise ValueError("reps_attention_mask / reps_cu_seqlens need attention_mask or cu_seqlens for the tokens")
+        return None, None
+    if reps is None:
+        if given:
+            raise ValueError("reps_attention_mask / reps_cu_seqlens need reps (variants 'cbsa' and 'agent')")
+        return toks, None
+    m = reps.shape[2]
+    if given:
+        rseg = segments(b, m, attention_mask=reps_attention_mask, cu_seqlens=reps_cu_seqlens, device=w.device)
+    elif cu_seqlens is not None:
+        if m % toks.num:
+            raise ValueError(
+                f"reps hold M={m} representatives for {toks.num} packed sequences: pass reps_cu_seqlens "
+                "(e.g. from pool_reps_varlen) unless M splits evenly"
+            )
+        rseg = segments(b, m, cu_seqlens=torch.arange(0, m + 1, m // toks.num, device=w.device))
+    else:
+        rseg = segments(b, m, attention_mask=torch.ones(b, m, dtype=torch.bool, device=w.device))
+    crossed = (cu_seqlens is None and reps_cu_seqlens is not None) or (
+        cu_seqlens is not None and given and not reps_cu_seqlens is not None
+    )
+    if crossed or rseg.num != toks.num:
+        raise ValueError(
+            f"the representatives describe {rseg.num} sequences per row but the tokens {toks.num}: pair "
+            "attention_mask with reps_attention_mask and cu_seqlens with reps_cu_seqlens"
+        )
+    return toks, rseg
+
+
+def _cbsa_naive(w, reps, *, need_internals: bool, toks: Segments | None = None, reps_seg=None, **kwargs):
     # the reference always builds its internals; like the fast path it hands them back only when asked
+    if toks is not None:
+        return _cbsa_naive_varlen(w, reps, toks, reps_seg, **kwargs), {}
     out, internals = cbsa_naive(w, reps, **kwargs)
     return out, internals if need_internals else {}
+
+
+def _cbsa_naive_varlen(w, reps, toks: Segments, reps_seg: Segments | None, *, eta, **kwargs) -> torch.Tensor:
+    """The definition with masks: every sequence run alone through :func:`cbsa_naive`, padding zero."""
+    out = torch.zeros_like(w)
+    for row, idx in toks.sequences():
+        s = int(toks.ids[row, idx[0]])
+        eta_b = eta[row : row + 1] if isinstance(eta, torch.Tensor) and eta.ndim == 4 and eta.shape[0] > 1 else eta
+        reps_s = None
+        if reps is not None:
+            ridx = (reps_seg.ids[row] == s).nonzero().flatten()
+            if not ridx.numel():
+                raise ValueError(f"sequence {s} of row {row} has no representatives (check reps_attention_mask)")
+            reps_s = reps[row : row + 1, :, ridx]
+        o, _ = cbsa_naive(w[row : row + 1, :, idx], reps_s, eta=eta_b, **kwargs)
+        out[row, :, idx] = o[0]
+    return out
 
 
 def _check_variant(name: str, value) -> str:

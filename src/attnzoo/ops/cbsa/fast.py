@@ -12,6 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from attnzoo.ops._varlen import Segments
+from attnzoo.ops.cbsa.varlen import cbsa_varlen
+
 __all__ = ["cbsa_fast"]
 
 
@@ -51,8 +54,15 @@ def cbsa_fast(
     scale: float,
     eta,
     need_internals: bool = False,
+    toks: Segments | None = None,
+    reps_seg: Segments | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """CBSA(Z | U) of eqs 5, 7/8 and its §3.3 variants; ``w``: ``(B, H, N, P)`` -> ``(B, H, N, P)``."""
+    """CBSA(Z | U) of eqs 5, 7/8 and its §3.3 variants; ``w``: ``(B, H, N, P)`` -> ``(B, H, N, P)``.
+
+    ``toks`` / ``reps_seg``: sequences of the tokens and representatives (padded batch or packed row)."""
+    if toks is not None:
+        kw = dict(variant=variant, contraction=contraction, eps=eps, scale=scale, eta=eta)
+        return cbsa_varlen(w, reps, toks, reps_seg, **kw), {}
     p = w.shape[-1]
     internals: dict[str, torch.Tensor] = {}
 

@@ -12,8 +12,10 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from attnzoo._checks import check_ndim, check_positive_int
+from attnzoo.ops._varlen import segments
+from attnzoo.ops.cbsa.varlen import pool_window_weights
 
-__all__ = ["pool_reps", "pool_reps_1d", "pool_reps_2d", "DEFAULT_NUM_REPS", "DEFAULT_REP_GRID"]
+__all__ = ["pool_reps", "pool_reps_1d", "pool_reps_2d", "pool_reps_varlen", "DEFAULT_NUM_REPS", "DEFAULT_REP_GRID"]
 
 #: 1-D default: number of representatives (the paper's m = p = 64 for CBT models).
 DEFAULT_NUM_REPS = 64
@@ -133,3 +135,32 @@ def pool_reps(
             f"with rep_grid=(Mh, Mw)"
         )
     return pool_reps_2d(w, grid, rep_grid, num_prefix_tokens=num_prefix_tokens)
+
+
+def pool_reps_varlen(
+    w: torch.Tensor,
+    num_reps: int = DEFAULT_NUM_REPS,
+    *,
+    num_prefix_tokens: int = 0,
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """1-D Q_ini of eq 5 per sequence of a padded batch or packed row: each sequence's reps as it alone would get.
+
+    ``w``: ``(B, H, N, P)``; returns ``reps`` ``(B, H, K, P)`` and the keywords telling :func:`cbsa` which reps
+    belong to which sequence (``reps_attention_mask`` ``(B, K)`` or ``reps_cu_seqlens`` ``(S + 1,)``). Sequence
+    ``s`` gets ``min(num_reps, L_s - num_prefix_tokens)`` reps, the window means of :func:`pool_reps_1d` over its
+    own real tokens; padded rows are right-padded with zero slots that take no part.
+    """
+    check_ndim("w", w, 4, "(B, H, N, P)")
+    check_positive_int("num_reps", num_reps)
+    _check_prefix(num_prefix_tokens)
+    toks = segments(w.shape[0], w.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=w.device)
+    if toks is None:
+        raise ValueError("pool_reps_varlen needs attention_mask or cu_seqlens (else use pool_reps_1d)")
+    weights, seq, m = pool_window_weights(toks, num_reps, num_prefix_tokens, w.dtype)
+    reps = torch.einsum("bkn,bhnp->bhkp", weights, w)
+    if cu_seqlens is not None:
+        offsets = torch.cat([m.new_zeros(1), m[0].cumsum(0)])
+        return reps, {"reps_cu_seqlens": offsets}
+    return reps, {"reps_attention_mask": seq >= 0}

@@ -20,10 +20,12 @@ from attnzoo._checks import check_bool, check_choice, check_ndim, check_positive
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend, runs_reference
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
+from attnzoo.ops._varlen import Segments, segments
 from attnzoo.ops.csp.gather import csp_gather
 from attnzoo.ops.csp.gather import csp_source_index as _source_index
 from attnzoo.ops.csp.naive import csp_naive, csp_permutations_naive
 from attnzoo.ops.csp.shifts import SHIFT_SCHEDULES, csp_shifts
+from attnzoo.ops.csp.varlen import csp_pairs_varlen, csp_varlen, sequence_runs
 
 __all__ = [
     "csp",
@@ -60,17 +62,28 @@ class CSPOptions(Options):
             raise ValueError(f"layer_index must be an integer in [0, num_layers={self.num_layers}), got {i!r}")
 
 
-def _csp_naive(v: torch.Tensor, shifts: torch.Tensor, *, groups: int) -> torch.Tensor:
+def _csp_naive(v: torch.Tensor, shifts: torch.Tensor, *, groups: int | None, toks: Segments | None = None):
     _check_values(v)
-    return csp_naive(v, shifts.tolist(), groups)
+    if toks is None:
+        return csp_naive(v, shifts.tolist(), groups)
+    out = torch.zeros_like(v)
+    for row, idx in toks.sequences():  # the definition: every sequence alone
+        steps = shifts if shifts.ndim == 1 else shifts[row, int(toks.ids[row, idx[0]])]
+        k = idx.numel() if groups is None else groups  # None: groups of one token, shifting only
+        out[row, idx] = csp_naive(v[row : row + 1, idx], steps.tolist(), k)[0]
+    return out
 
 
-def _csp_torch(v: torch.Tensor, shifts: torch.Tensor, *, groups: int) -> torch.Tensor:
+def _csp_torch(v: torch.Tensor, shifts: torch.Tensor, *, groups: int | None, toks: Segments | None = None):
     _check_values(v)
+    if toks is not None:
+        return csp_varlen(v, shifts, toks, groups)
     return csp_gather(v, shifts, groups)
 
 
-def _csp_cpu(v: torch.Tensor, shifts: torch.Tensor, *, groups: int) -> torch.Tensor:
+def _csp_cpu(v: torch.Tensor, shifts: torch.Tensor, *, groups: int | None, toks: Segments | None = None):
+    if toks is not None:
+        return _csp_cpu_segments(v, shifts, groups, toks)
     # groups of two tokens in the fused C++ kernel (cpu.cpp), which finds NaN/Inf while it moves the values (no
     # extra pass over v); other group sizes are the PyTorch path's
     if torch.compiler.is_compiling():  # the kernel is opaque to torch.compile: the PyTorch path stands in
@@ -84,6 +97,20 @@ def _csp_cpu(v: torch.Tensor, shifts: torch.Tensor, *, groups: int) -> torch.Ten
             _check_values(v)  # raises, naming what v holds
         return out
     return _csp_torch(v, shifts, groups=groups)
+
+
+def _csp_cpu_segments(v: torch.Tensor, shifts: torch.Tensor, groups: int | None, toks: Segments) -> torch.Tensor:
+    # sequences all in groups of two (length 2 * groups), side by side in their rows: the fused kernel, reading the
+    # sequences' runs natively; other group sizes (and masks with holes) are the PyTorch path's, as without masks
+    if torch.compiler.is_compiling() or groups is None:
+        return _csp_torch(v, shifts, groups=groups, toks=toks)
+    kernels = _cpu_kernels.required_cpu_kernels()
+    live = toks.lengths[toks.lengths > 0]
+    runs = sequence_runs(toks) if bool((live == 2 * groups).all()) else None
+    if runs is None:
+        return _csp_torch(v, shifts, groups=groups, toks=toks)
+    _check_values(v)
+    return csp_pairs_varlen(v, shifts, toks, runs, kernels)
 
 
 def _check_values(v: torch.Tensor) -> None:
@@ -119,15 +146,36 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _check_args(v: torch.Tensor, shifts, groups: int) -> torch.Tensor:
+def _check_lengths(toks: Segments, groups: int) -> None:
+    """Every sequence splits into ``groups`` equal groups, as it must when run alone."""
+    bad = toks.lengths[(toks.lengths > 0) & (toks.lengths % groups != 0)]
+    if bad.numel():
+        raise ValueError(
+            f"every sequence must split into groups={groups} equal groups (as when run alone), "
+            f"got sequence lengths such as {bad[:4].tolist()}; use groups dividing every length (groups=1 always does)"
+        )
+
+
+def _check_args(v: torch.Tensor, shifts, groups: int | None, toks: Segments | None = None) -> torch.Tensor:
     """Validate the shapes and ``shifts`` (the values of v are the backends'); return ``shifts`` as a LongTensor
-    ``(C,)`` on ``v.device``."""
+    ``(C,)`` (or ``(B, S, C)`` with segments) on ``v.device``."""
     check_ndim("v", v, 3, "(B, N, C)")
     B, N, C = v.shape
     if N < 1 or C < 1:
         raise ValueError(f"v must have N >= 1 tokens and C >= 1 channels, got shape {tuple(v.shape)}")
-    check_positive_int("groups", groups)
-    if N % groups != 0:
+    if groups is not None or toks is None:
+        check_positive_int("groups", groups)
+    if toks is not None:
+        if groups is not None:
+            _check_lengths(toks, groups)
+        if isinstance(shifts, torch.Tensor) and shifts.ndim == 3:
+            if tuple(shifts.shape) != (B, toks.num, C) or shifts.is_floating_point() or shifts.dtype == torch.bool:
+                raise ValueError(
+                    f"per-sequence shifts must be an integer tensor (B, S, C) = ({B}, {toks.num}, {C}), "
+                    f"got {tuple(shifts.shape)} of dtype {shifts.dtype}"
+                )
+            return shifts.to(device=v.device, dtype=torch.long)
+    elif N % groups != 0:
         raise ValueError(
             f"N={N} tokens cannot be split into groups={groups} equal groups; valid groups divide N: {_divisors(N)}"
         )
@@ -147,7 +195,15 @@ def _check_args(v: torch.Tensor, shifts, groups: int) -> torch.Tensor:
     return torch.tensor(list(shifts), dtype=torch.long, device=v.device)
 
 
-def csp(v: torch.Tensor, shifts: Sequence[int] | torch.Tensor, groups: int, *, backend: str = "auto") -> torch.Tensor:
+def csp(
+    v: torch.Tensor,
+    shifts: Sequence[int] | torch.Tensor,
+    groups: int | None,
+    *,
+    backend: str = "auto",
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+) -> torch.Tensor:
     """CSP eq 4: ``v`` ``(B, N, C)`` -> ``(B, N, C)``, channel c shifted by ``shifts[c]`` (mod N), then sorted.
 
     Inside each of ``groups`` contiguous token groups, channel c's sorted values are placed at the positions
@@ -157,8 +213,20 @@ def csp(v: torch.Tensor, shifts: Sequence[int] | torch.Tensor, groups: int, *, b
     kernels build, else ``"torch"``), ``"torch"`` (gather/sort; compare-and-swap or sorting networks for groups
     of 1-8 tokens), ``"cpu"`` (groups of two in one fused C++ pass, the rest as ``"torch"``), ``"naive"``
     (explicit N x N permutation matrices).
+
+    ``attention_mask`` ``(B, N)`` (True at real tokens) or ``cu_seqlens`` ``(S + 1,)`` (sequences packed in one
+    row): every sequence is CSP alone on its real tokens, shifts taken modulo its own length ``L_s`` and
+    ``groups`` groups of ``L_s / groups`` tokens (``L_s`` must be divisible by ``groups``; ``groups=None``: groups
+    of one token, i.e. ``groups = L_s``, shifting only); ``shifts`` may then
+    also be ``(B, S, C)``, one schedule per sequence. Padding gives zeros. Every backend takes masks
+    (see :mod:`attnzoo.ops.csp.varlen`; "cpu": the fused kernel when every sequence is in groups of two).
     """
-    s = _check_args(v, shifts, groups)
+    toks = segments(v.shape[0], v.shape[1], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=v.device)
+    if groups is None and toks is None and v.ndim == 3:
+        groups = v.shape[1]  # groups of one token: shifting only
+    s = _check_args(v, shifts, groups, toks)
+    if toks is not None:
+        return call_backend(CSP, backend, (v, s), name="v", groups=groups, toks=toks)
     return call_backend(CSP, backend, (v, s), name="v", groups=groups)
 
 

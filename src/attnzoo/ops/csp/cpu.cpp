@@ -437,14 +437,110 @@ Tensor csp_pairs_bwd(const Tensor& grad, const Tensor& shifts, const Tensor& swa
   return gv;
 }
 
+
+// Sequences of a padded batch or packed row (issue 27), each in groups of two of its own tokens: seg (B, S, 2) holds
+// each sequence's first token in its row and its (even) length, 0 for none; J (B, S, C) its shifts, in [0, length).
+// Channel c reads u_c[m] = v[start + (m - J_c) mod L, c] (eq 3 within the sequence); each pair is placed by the
+// reference channel's order as in pairs_forward. A task is one sequence: tasks write disjoint rows. Rows of no
+// sequence (padding) stay zero, in the output and in the gradient. swap (B, N, C) is 1 at the first token of a
+// swapped pair.
+template <typename T>
+void pairs_varlen(const T* v, const int64_t* seg, const int64_t* J, T* out, uint8_t* swap, int64_t B, int64_t S,
+                  int64_t N, int64_t C, bool backward) {
+  at::parallel_for(0, B * S, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / S, start = seg[2 * t], len = seg[2 * t + 1];
+      const T* vb = v + b * N * C;
+      T* ob = out + b * N * C;
+      uint8_t* sb = swap + b * N * C;
+      const int64_t* Js = J + t * C;
+      auto src = [&](int64_t m, int64_t c) {
+        const int64_t i = m - Js[c];
+        return start + (i < 0 ? i + len : i);
+      };
+      for (int64_t k = 0; k + 1 < len; k += 2) {
+        const int64_t row0 = (start + k) * C, row1 = (start + k + 1) * C;
+        if (backward) {  // a transposition is its own inverse: each gradient goes back to its source
+          for (int64_t c = 0; c < C; ++c) {
+            const bool s = sb[row0 + c] != 0;
+            const T gx = vb[row0 + c], gy = vb[row1 + c];
+            ob[src(k, c) * C + c] = s ? gy : gx;
+            ob[src(k + 1, c) * C + c] = s ? gx : gy;
+          }
+          continue;
+        }
+        // strict '>' on both sides: equal values keep their order, as the reference's stable sort
+        const bool ref_desc = static_cast<float>(vb[src(k, 0) * C]) > static_cast<float>(vb[src(k + 1, 0) * C]);
+        for (int64_t c = 0; c < C; ++c) {
+          const T x = vb[src(k, c) * C + c], y = vb[src(k + 1, c) * C + c];
+          const bool s = (static_cast<float>(x) > static_cast<float>(y)) != ref_desc;
+          ob[row0 + c] = s ? y : x;
+          ob[row1 + c] = s ? x : y;
+          sb[row0 + c] = static_cast<uint8_t>(s);
+        }
+      }
+    }
+  });
+}
+
+void check_varlen(const Tensor& x, const Tensor& seg, const Tensor& J, const char* name) {
+  TORCH_CHECK(x.dim() == 3 && x.is_contiguous(), name, " must be a contiguous (B, N, C) tensor");
+  const int64_t B = x.size(0), N = x.size(1), C = x.size(2);
+  TORCH_CHECK(seg.scalar_type() == at::kLong && seg.dim() == 3 && seg.size(0) == B && seg.size(2) == 2 &&
+                  seg.is_contiguous(),
+              "seg must be a contiguous int64 (B, S, 2) tensor of (start, length)");
+  const int64_t S = seg.size(1);
+  TORCH_CHECK(J.scalar_type() == at::kLong && J.dim() == 3 && J.size(0) == B && J.size(1) == S && J.size(2) == C &&
+                  J.is_contiguous(),
+              "shifts must be a contiguous int64 (B, S, C) tensor");
+  const int64_t* sg = seg.data_ptr<int64_t>();
+  const int64_t* j = J.data_ptr<int64_t>();
+  for (int64_t t = 0; t < B * S; ++t) {
+    const int64_t start = sg[2 * t], len = sg[2 * t + 1];
+    TORCH_CHECK(len >= 0 && len % 2 == 0 && start >= 0 && start + len <= N, "sequence ", t,
+                " must be an even run of tokens inside its row, got start ", start, ", length ", len);
+    for (int64_t c = 0; c < C && len > 0; ++c)
+      TORCH_CHECK(j[t * C + c] >= 0 && j[t * C + c] < len, "shifts must lie in [0, length)");
+  }
+}
+
+std::vector<Tensor> csp_pairs_varlen(const Tensor& v, const Tensor& seg, const Tensor& shifts) {
+  check_varlen(v, seg, shifts, "v");
+  Tensor out = at::zeros(v.sizes(), v.options());
+  Tensor swap = at::zeros(v.sizes(), v.options().dtype(at::kByte));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, v.scalar_type(), "csp_pairs_varlen", [&] {
+    pairs_varlen<scalar_t>(v.data_ptr<scalar_t>(), seg.data_ptr<int64_t>(), shifts.data_ptr<int64_t>(),
+                           out.data_ptr<scalar_t>(), swap.data_ptr<uint8_t>(), v.size(0), seg.size(1), v.size(1),
+                           v.size(2), false);
+  });
+  return {out, swap};
+}
+
+Tensor csp_pairs_varlen_bwd(const Tensor& grad, const Tensor& seg, const Tensor& shifts, const Tensor& swap) {
+  check_varlen(grad, seg, shifts, "grad");
+  TORCH_CHECK(swap.scalar_type() == at::kByte && swap.sizes() == grad.sizes() && swap.is_contiguous(),
+              "swap must be the forward's contiguous uint8 (B, N, C) flags");
+  Tensor gv = at::zeros(grad.sizes(), grad.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "csp_pairs_varlen_bwd", [&] {
+    pairs_varlen<scalar_t>(grad.data_ptr<scalar_t>(), seg.data_ptr<int64_t>(), shifts.data_ptr<int64_t>(),
+                           gv.data_ptr<scalar_t>(), const_cast<uint8_t*>(swap.data_ptr<uint8_t>()), grad.size(0),
+                           seg.size(1), grad.size(1), grad.size(2), true);
+  });
+  return gv;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(attnzoo_cpu, m) {
   m.def("csp_pairs(Tensor v, Tensor shifts) -> Tensor[]");
   m.def("csp_pairs_bwd(Tensor grad, Tensor shifts, Tensor swap) -> Tensor");
+  m.def("csp_pairs_varlen(Tensor v, Tensor seg, Tensor shifts) -> Tensor[]");
+  m.def("csp_pairs_varlen_bwd(Tensor grad, Tensor seg, Tensor shifts, Tensor swap) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attnzoo_cpu, CPU, m) {
   m.impl("csp_pairs", &csp_pairs);
   m.impl("csp_pairs_bwd", &csp_pairs_bwd);
+  m.impl("csp_pairs_varlen", &csp_pairs_varlen);
+  m.impl("csp_pairs_varlen_bwd", &csp_pairs_varlen_bwd);
 }

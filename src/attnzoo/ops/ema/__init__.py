@@ -20,6 +20,7 @@ from attnzoo._checks import check_bool, check_ndim, finite_absmax
 from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._dtypes import acc_dtype
 from attnzoo.ops._spec import Backend, Mechanism, Options, option
+from attnzoo.ops._varlen import segments
 from attnzoo.ops.ema.fft import ema_kernel
 from attnzoo.ops.ema.naive import ema_recurrence
 
@@ -91,8 +92,14 @@ def ema(
     *,
     causal: bool = False,
     backend: str = "auto",
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """MEGA's damped EMA (§3.1): ``x (B, N, D)`` -> ``(B, N, D)``.
+
+    ``attention_mask`` ``(B, N)`` (True at real tokens) or ``cu_seqlens`` ``(S + 1,)`` (sequences packed in one
+    row): the recurrence restarts at each sequence's first token (``h = 0`` before it), the backward EMA at its
+    last; padding gives zeros. Both backends take them ("torch": left/right padding and packed rows, not holes).
 
     Coefficients ``alpha, delta, beta, eta``: ``(D, h)`` when ``causal`` (``y_t`` reads ``x_{<=t}``), else
     ``(2, D, h)``: the forward EMA plus a backward EMA with its own coefficients (``y_t`` reads every token).
@@ -103,7 +110,10 @@ def ema(
     coeffs = {"alpha": alpha, "delta": delta, "beta": beta, "eta": eta}
     _check(x, coeffs, causal, "ema")
     _check_rates(alpha, delta, "ema")
-    return call_backend(EMA, backend, (x, alpha, delta, beta, eta), name="x", causal=causal)
+    toks = segments(x.shape[0], x.shape[1], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device)
+    if toks is None:
+        return call_backend(EMA, backend, (x, alpha, delta, beta, eta), name="x", causal=causal)
+    return call_backend(EMA, backend, (x, alpha, delta, beta, eta), name="x", causal=causal, toks=toks)
 
 
 def init_ema_state(

@@ -14,6 +14,8 @@ import contextlib
 import torch
 
 from attnzoo.ops._dtypes import acc_dtype
+from attnzoo.ops._varlen import Segments
+from attnzoo.ops.ema.varlen import check_contiguous, ema_leak
 
 __all__ = ["ema_fft", "ema_kernel"]
 
@@ -57,9 +59,14 @@ def ema_fft(
     eta: torch.Tensor,
     *,
     causal: bool,
+    toks: Segments | None = None,
 ) -> torch.Tensor:
     """MEGA's EMA by FFT convolution: ``x (B, N, D)`` -> ``(B, N, D)``; coefficients ``(D, h)`` when ``causal``,
-    else ``(2, D, h)`` (forward then backward direction). Accumulates in float32 (float64 for float64)."""
+    else ``(2, D, h)`` (forward then backward direction). Accumulates in float32 (float64 for float64).
+
+    ``toks``: sequences of a padded batch or packed row; each restarts (:mod:`attnzoo.ops.ema.varlen`)."""
+    if toks is not None:
+        return _ema_fft_segments(x, alpha, delta, beta, eta, causal=causal, toks=toks)
     acc = acc_dtype(x.dtype)
     N = x.shape[1]
     n = _next_fast_len(2 * N)
@@ -76,3 +83,22 @@ def ema_fft(
             kf = torch.fft.rfft(k[0], n=n) + torch.fft.rfft(k[1], n=n).conj()
         y = torch.fft.irfft(xf * kf, n=n)[..., :N]
     return y.transpose(1, 2).to(x.dtype)
+
+
+def _ema_fft_segments(x, alpha, delta, beta, eta, *, causal: bool, toks: Segments) -> torch.Tensor:
+    """The row's FFT EMA with padding zeroed, less what earlier (later, backwards) sequences leak in."""
+    check_contiguous(toks)
+    real = toks.real.unsqueeze(-1).to(x.dtype)
+    x = x * real
+    y = ema_fft(x, alpha, delta, beta, eta, causal=causal).to(acc_dtype(x.dtype))
+    if toks.num > 1:
+        ids, pos, lengths = toks.ids, toks.pos, toks.lengths
+        fwd = (alpha, delta, beta, eta) if causal else (alpha[0], delta[0], beta[0], eta[0])
+        y = y - ema_leak(x, *fwd, ids, pos, lengths)
+        if not causal:  # the backward EMA is the forward one on the reversed row, sequences in reverse order
+            length = lengths.gather(1, ids.clamp_min(0))
+            rev_ids = torch.where(ids >= 0, toks.num - 1 - ids, -1).flip(1)
+            rev_pos = (length - 1 - pos).flip(1)
+            bwd = (alpha[1], delta[1], beta[1], eta[1])
+            y = y - ema_leak(x.flip(1), *bwd, rev_ids, rev_pos, lengths.flip(1)).flip(1)
+    return (y * real).to(x.dtype)

@@ -51,9 +51,16 @@ def ema_naive(
     eta: torch.Tensor,
     *,
     causal: bool,
+    toks=None,
 ) -> torch.Tensor:
     """MEGA's EMA by its recurrence: ``x (B, N, D)`` -> ``(B, N, D)``; coefficients ``(D, h)`` when ``causal``,
-    else ``(2, D, h)`` (forward then backward direction)."""
+    else ``(2, D, h)`` (forward then backward direction). ``toks`` (:class:`~attnzoo.ops._varlen.Segments`): every
+    sequence alone, its state starting from zero; padding gives zeros."""
+    if toks is not None:
+        out = torch.zeros_like(x)
+        for row, idx in toks.sequences():
+            out[row, idx] = ema_naive(x[row : row + 1, idx], alpha, delta, beta, eta, causal=causal)[0]
+        return out
     if causal:
         return ema_recurrence(x, alpha, delta, beta, eta)[0].to(x.dtype)
     fwd = ema_recurrence(x, alpha[0], delta[0], beta[0], eta[0])[0]

@@ -28,6 +28,7 @@ from attnzoo._checks import (
 )
 from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, option
+from attnzoo.ops._varlen import segments
 from attnzoo.ops.csp.shifts import SHIFT_SCHEDULES
 
 __all__ = ["mega_attention", "MegaOptions", "MEGA", "ATTENTIONS", "NORM_LAYERS"]
@@ -143,6 +144,8 @@ def mega_attention(
     fn: str = "softmax",
     chunk_size: int | None = None,
     backend: str = "auto",
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """MEGA's single-head attention (§3.2-3.3; §3.5 chunks): ``q, k (B, N, Z)``, ``v (B, N, E)`` -> ``(B, N, E)``.
 
@@ -150,6 +153,11 @@ def mega_attention(
     the attention's span (N, or ``chunk_size``). ``fn``: ``"softmax"`` (scores scaled by ``Z^-1/2``) or
     ``"laplace"`` (scores divided by the keys of the chunk). ``chunk_size``: attention within consecutive chunks of
     that many tokens (the last may be shorter); ``None`` or ``>= N`` is full attention.
+
+    ``attention_mask`` ``(B, N)`` (True at real tokens) or ``cu_seqlens`` ``(S + 1,)`` (sequences packed in one
+    row): each sequence attends within itself, its chunks counted from its first token and the bias read at
+    positions within it (:mod:`attnzoo.ops.mega.varlen`); R must then cover the longest sequence's span. Padding
+    gives zeros. Both backends take them.
     """
     check_choice("fn", fn, ("softmax", "laplace"))
     chunk_size = check_optional_positive_int("chunk_size", chunk_size)
@@ -165,11 +173,16 @@ def mega_attention(
     N = q.shape[1]
     if N < 1 or q.shape[2] < 1 or v.shape[2] < 1:
         raise ValueError(f"q and v need one token and one channel at least, got {tuple(q.shape)}, {tuple(v.shape)}")
-    span = N if chunk_size is None else min(chunk_size, N)
+    toks = segments(q.shape[0], N, attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
+    longest = N if toks is None else max(1, int(toks.lengths.max()))
+    span = longest if chunk_size is None else min(chunk_size, longest)
     if rel_bias.shape[0] % 2 == 0 or (rel_bias.shape[0] + 1) // 2 < span:
         raise ValueError(
             f"rel_bias must hold 2R - 1 values with R >= {span} (the attention's span: "
-            f"{'N' if span == N else 'chunk_size'}), got {rel_bias.shape[0]}"
+            f"{'N' if span == longest else 'chunk_size'}), got {rel_bias.shape[0]}"
         )
     finite_absmax({"q": q, "k": k, "v": v, "rel_bias": rel_bias}, op="mega_attention")
+    if toks is not None:
+        opts = dict(fn=fn, chunk=span, toks=toks, chunk_size=chunk_size)
+        return call_backend(MEGA, backend, (q, k, v, rel_bias), name="q", **opts)
     return call_backend(MEGA, backend, (q, k, v, rel_bias), name="q", fn=fn, chunk=span)

@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.ops._dtypes import acc_dtype
+from attnzoo.ops._varlen import Segments
 from attnzoo.ops.mega.naive import laplace
+from attnzoo.ops.mega.varlen import mega_attention_varlen
 
 __all__ = ["mega_attention_chunked"]
 
@@ -24,8 +26,14 @@ def mega_attention_chunked(
     *,
     fn: str,
     chunk: int,
+    toks: Segments | None = None,
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
-    """``q, k (B, N, Z)``, ``v (B, N, E)``, ``rel_bias (2R - 1,)`` -> ``(B, N, E)``; chunks of ``chunk`` tokens."""
+    """``q, k (B, N, Z)``, ``v (B, N, E)``, ``rel_bias (2R - 1,)`` -> ``(B, N, E)``; chunks of ``chunk`` tokens.
+
+    ``toks``: sequences of a padded batch or packed row, chunks of ``chunk_size`` counted from each start."""
+    if toks is not None:
+        return mega_attention_varlen(q, k, v, rel_bias, toks, fn=fn, chunk_size=chunk_size)
     acc = acc_dtype(q.dtype)
     B, N, Z = q.shape
     E = v.shape[2]

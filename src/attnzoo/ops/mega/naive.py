@@ -34,8 +34,21 @@ def mega_attention_naive(
     *,
     fn: str,
     chunk: int,
+    toks=None,
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
-    """``q, k (B, N, Z)``, ``v (B, N, E)``, ``rel_bias (2R - 1,)`` -> ``(B, N, E)`` with an explicit ``(N, N)`` map."""
+    """``q, k (B, N, Z)``, ``v (B, N, E)``, ``rel_bias (2R - 1,)`` -> ``(B, N, E)`` with an explicit ``(N, N)`` map.
+
+    ``toks`` (:class:`~attnzoo.ops._varlen.Segments`): every sequence alone (chunks of ``min(chunk_size, L_s)``),
+    padding zero."""
+    if toks is not None:
+        out = torch.zeros_like(v)
+        for row, idx in toks.sequences():
+            L = idx.numel()
+            span = L if chunk_size is None else min(chunk_size, L)
+            sub = (t[row : row + 1, idx] for t in (q, k, v))
+            out[row, idx] = mega_attention_naive(*sub, rel_bias, fn=fn, chunk=span)[0]
+        return out
     acc = acc_dtype(q.dtype)
     qa, ka, va, ba = (t.to(acc) for t in (q, k, v, rel_bias))
     N, Z = q.shape[1], q.shape[2]

@@ -1,0 +1,71 @@
+"""MEGA attention on padded batches and packed rows (issue 27): each sequence attends within itself.
+
+Query ``i`` and key ``j`` of one sequence (positions ``p_i, p_j`` counted from its first real token) interact iff
+they share a chunk of that sequence, ``p_i // r == p_j // r`` (chunks counted from the sequence's start; ``r`` the
+sequence's length without chunking), with the relative bias read at ``b[p_j - p_i]``; the Laplace scale counts the
+keys of that chunk. Any key of query ``i``'s chunk lies within ``r - 1`` tokens of it in the row, so the row is cut
+in blocks of ``r`` tokens and block ``c`` scores against blocks ``c - 1, c, c + 1`` under a segment mask:
+``(B, C, r, 3r)`` scores, O(N r), no loop over sequences. Padding queries give zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from attnzoo.ops._dtypes import acc_dtype
+from attnzoo.ops._varlen import Segments
+from attnzoo.ops.mega.naive import laplace
+
+__all__ = ["mega_attention_varlen"]
+
+
+def _windows(x: torch.Tensor, r: int, blocks: int, wide: bool, value: int = 0) -> torch.Tensor:
+    """``x (B, N, ...)`` -> ``(B, C, w, ...)``: block ``c``'s keys, blocks ``c - 1 .. c + 1`` when ``wide``."""
+    n = x.shape[1]
+    tail = [0, 0] * (x.ndim - 2)
+    if not wide:
+        return F.pad(x, tail + [0, blocks * r - n], value=value).unflatten(1, (blocks, r))
+    padded = F.pad(x, tail + [r, (blocks + 1) * r - n], value=value)  # one empty block before, the rest after
+    return padded.unfold(1, 3 * r, r).movedim(-1, 2)
+
+
+def mega_attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rel_bias: torch.Tensor,
+    toks: Segments,
+    *,
+    fn: str,
+    chunk_size: int | None,
+) -> torch.Tensor:
+    """``q, k (B, N, Z)``, ``v (B, N, E)``, ``rel_bias (2R - 1,)`` -> ``(B, N, E)`` per sequence (module doc)."""
+    acc = acc_dtype(q.dtype)
+    b, n, z = q.shape
+    longest = int(toks.lengths.max())
+    r = max(1, longest if chunk_size is None else min(chunk_size, longest))
+    wide = r < n  # one block holding the whole row needs no neighbours
+    r = min(r, n)
+    blocks = -(-n // r)
+    ids = torch.where(toks.real, toks.ids, -1)
+    chunk = torch.where(toks.real, toks.pos // r, -1)
+    # per sequence its chunk is min(chunk_size, L_s) = chunk_size or L_s: both are what pos // r gives
+    qa = F.pad(q.to(acc), (0, 0, 0, blocks * r - n)).unflatten(1, (blocks, r))  # (B, C, r, Z)
+    ka, va = (_windows(t.to(acc), r, blocks, wide) for t in (k, v))  # (B, C, w, .)
+    kid = _windows(ids, r, blocks, wide, value=-1)  # window padding is no token
+    kch, kpos = (_windows(t, r, blocks, wide) for t in (chunk, toks.pos))
+    qid, qch, qpos = (F.pad(t, (0, blocks * r - n), value=-1).unflatten(1, (blocks, r)) for t in (ids, chunk, toks.pos))
+    allowed = (qid[..., None] == kid[..., None, :]) & (qch[..., None] == kch[..., None, :]) & (qid[..., None] >= 0)
+    R = (rel_bias.shape[0] + 1) // 2
+    rel = (R - 1 + kpos[..., None, :] - qpos[..., None]).clamp(0, 2 * R - 2)
+    bias = rel_bias.to(acc)[rel]  # b[p_j - p_i]; pairs not allowed are masked below
+    s = qa @ ka.transpose(-1, -2)
+    if fn == "softmax":
+        s = (s * z**-0.5 + bias).masked_fill(~allowed, torch.finfo(acc).min)
+        w = torch.softmax(s, dim=-1) * allowed
+    else:
+        count = allowed.sum(-1, keepdim=True).clamp_min(1).to(acc)  # keys in the query's chunk
+        w = laplace(s / count + bias) * allowed
+    out = (w @ va).flatten(1, 2)[:, :n]
+    return (out * toks.real.unsqueeze(-1)).to(v.dtype)

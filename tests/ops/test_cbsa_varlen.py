@@ -1,0 +1,109 @@
+"""CBSA with padding masks and packed rows (issue 27): every sequence as if alone, for every backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from varlen_cases import MODES, assert_equal_to_alone
+
+from attnzoo.layers.cbsa import CBSAAttention
+from attnzoo.ops.cbsa import cbsa, pool_reps_1d, pool_reps_varlen
+
+CASES = [
+    ("cbsa", "softmax"),
+    ("cbsa", "exact"),
+    ("agent", None),
+    ("mssa", "softmax"),
+    ("mssa", "exact"),
+    ("linear", None),
+    ("channel", None),
+]
+# lengths 1 and not divisible by the number of reps (uneven windows), more reps than tokens, P < reps
+LENGTHS = [5, 1, 7, 3]
+
+
+def _seqs(lengths, h=2, p=3, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [{"w": torch.randn(1, h, n, p, generator=g, dtype=dtype)} for n in lengths]
+
+
+def _shared(variant, eta):
+    return {"eta": eta} if variant in ("cbsa", "agent") else None  # only these extract (eq 5)
+
+
+def _call(variant, contraction, backend, num_reps, prefix=0):
+    def call(w, eta=1.0, attention_mask=None, cu_seqlens=None):
+        reps, kw = None, {}
+        if variant in ("cbsa", "agent"):
+            if attention_mask is None and cu_seqlens is None:
+                reps = pool_reps_1d(w, num_reps, num_prefix_tokens=prefix)
+            else:
+                reps, kw = pool_reps_varlen(
+                    w, num_reps, num_prefix_tokens=prefix, attention_mask=attention_mask, cu_seqlens=cu_seqlens
+                )
+        kw.update(attention_mask=attention_mask, cu_seqlens=cu_seqlens)
+        return cbsa(w, reps, variant=variant, contraction=contraction, eta=eta, eps=0.8, backend=backend, **kw)
+
+    return call
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("backend", ["naive", "torch", "auto"])
+@pytest.mark.parametrize("variant,contraction", CASES)
+def test_equal_to_alone_float64(variant, contraction, backend, mode):
+    eta = torch.randn(2, 1, 1, dtype=torch.float64)
+    call = _call(variant, contraction, backend, num_reps=4)
+    assert_equal_to_alone(call, _seqs(LENGTHS), {"w": 2}, mode=mode, shared=_shared(variant, eta))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("variant,contraction", [("cbsa", "softmax"), ("cbsa", "exact"), ("agent", None)])
+def test_equal_to_alone_with_prefix_tokens(variant, contraction, mode):
+    eta = torch.randn(2, 1, 1, dtype=torch.float64)
+    call = _call(variant, contraction, "torch", num_reps=2, prefix=1)
+    assert_equal_to_alone(call, _seqs([4, 2, 7]), {"w": 2}, mode=mode, shared=_shared(variant, eta))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("variant,contraction", CASES)
+def test_equal_to_alone_float32(variant, contraction, mode):
+    eta = torch.randn(2, 1, 1)
+    call = _call(variant, contraction, "torch", num_reps=3)
+    seqs = _seqs([9, 1, 6], p=4, dtype=torch.float32)
+    assert_equal_to_alone(call, seqs, {"w": 2}, mode=mode, shared=_shared(variant, eta), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["naive", "torch"])
+def test_explicit_reps_split_evenly_in_a_packed_row(backend):
+    g = torch.Generator().manual_seed(1)
+    w1, w2 = torch.randn(1, 2, 3, 4, generator=g, dtype=torch.float64), torch.randn(1, 2, 5, 4, generator=g).double()
+    r1, r2 = torch.randn(1, 2, 2, 4, generator=g, dtype=torch.float64), torch.randn(1, 2, 2, 4, generator=g).double()
+    cu = torch.tensor([0, 3, 8])
+    out = cbsa(torch.cat([w1, w2], 2), torch.cat([r1, r2], 2), cu_seqlens=cu, backend=backend, contraction="exact")
+    torch.testing.assert_close(out[:, :, :3], cbsa(w1, r1, contraction="exact"), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(out[:, :, 3:], cbsa(w2, r2, contraction="exact"), rtol=1e-10, atol=1e-12)
+
+
+def test_mask_errors():
+    w, reps = torch.randn(1, 1, 6, 2), torch.randn(1, 1, 3, 2)
+    with pytest.raises(ValueError, match="M=3 representatives for 2 packed sequences"):
+        cbsa(w, reps, cu_seqlens=torch.tensor([0, 2, 6]))
+    with pytest.raises(ValueError, match="need attention_mask or cu_seqlens"):
+        cbsa(w, reps, reps_attention_mask=torch.ones(1, 3))
+    with pytest.raises(ValueError, match="pair attention_mask with reps_attention_mask"):
+        cbsa(w, reps, attention_mask=torch.ones(1, 6), reps_cu_seqlens=torch.tensor([0, 3]))
+    with pytest.raises(ValueError, match="return_internals is not available"):
+        cbsa(w, reps, attention_mask=torch.ones(1, 6), return_internals=True)
+    with pytest.raises(ValueError, match="no non-prefix tokens"):
+        pool_reps_varlen(w, 2, num_prefix_tokens=2, cu_seqlens=torch.tensor([0, 2, 6]))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("variant", ["cbsa", "mssa"])
+def test_layer_equal_to_alone(variant, mode):
+    torch.manual_seed(0)
+    layer = CBSAAttention(8, 2, variant=variant, num_reps=3 if variant == "cbsa" else None).double()
+    g = torch.Generator().manual_seed(2)
+    seqs = [{"x": torch.randn(1, n, 8, generator=g, dtype=torch.float64)} for n in (5, 1, 4)]
+    assert_equal_to_alone(layer, seqs, {"x": 1}, mode=mode, out_axis=1)
+    assert CBSAAttention.supports_masks
