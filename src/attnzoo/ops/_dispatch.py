@@ -47,12 +47,24 @@ def _cpu_kernels_ready() -> bool:
     return _cpu_kernels.cpu_kernels() is not None
 
 
+#: the option names under which the ops hand a call's padding mask or packed offsets (or their Segments) on
+_MASK_OPTIONS = ("attention_mask", "cu_seqlens", "seg", "segs")
+
+
+def _masked(options: Mapping[str, Any] | None) -> bool:
+    return options is not None and any(options.get(k) is not None for k in _MASK_OPTIONS)
+
+
 def _auto(mech: Mechanism, inputs: Sequence, options: Mapping[str, Any] | None) -> str:
     x = inputs[0]
+    masked = _masked(options)
     forced = getattr(_FORCED, "name", None)
     if forced is not None and forced in mech.backends and mech.backends[forced].is_available():
-        return forced
+        if not masked or mech.backends[forced].masks:
+            return forced
     for name, b in mech.backends.items():
+        if masked and not b.masks:
+            continue
         if (
             b.kind == "triton"
             and _triton_utils.auto_uses_triton(mech.op, x)
@@ -62,7 +74,7 @@ def _auto(mech: Mechanism, inputs: Sequence, options: Mapping[str, Any] | None) 
             return name
     if x.device.type == "cpu" and not torch.compiler.is_compiling():
         for name, b in mech.backends.items():
-            if b.kind == "cpu" and _cpu_kernels_ready() and _auto_takes(b, inputs, options):
+            if b.kind == "cpu" and (b.masks or not masked) and _cpu_kernels_ready() and _auto_takes(b, inputs, options):
                 return name
     return mech.default
 
@@ -97,6 +109,11 @@ def resolve_backend(
     if b is None:  # "auto", or a value check_backend refuses
         check_backend(mech, backend)
         return _auto(mech, (x,) if inputs is None else inputs, options)
+    if not b.masks and _masked(options):
+        raise ValueError(
+            f"backend={backend!r} of {mech.op} does not take attention_mask / cu_seqlens yet; the backends that do: "
+            f"{mech.mask_backends()} (backend='auto' picks one of them)"
+        )
     if not b.is_available():
         need = b.needs or b.module
         need = "the triton package and " + need if b.kind == "triton" else need

@@ -66,6 +66,9 @@ class Backend:
     #: for ``"auto"`` (CPU and Triton kernels): whether it takes a call, given ``(inputs, options)``; ``None``: every
     #: call
     auto_if: Callable[[tuple, Mapping[str, Any]], bool] | None = None
+    #: whether it takes ``attention_mask`` / ``cu_seqlens`` (padded batches, packed rows); the dispatcher refuses a
+    #: masked call to one that does not, and ``"auto"`` never picks it for one
+    masks: bool = True
 
     def is_available(self) -> bool:
         if self.available is not None:
@@ -274,6 +277,10 @@ class Mechanism:
                 raise ValueError(f"{self.op}: backend {name!r} has kind {b.kind!r}; valid kinds: {list(self.kinds)}")
         if self.default not in self.backends or self.reference not in self.backends:
             raise ValueError(f"{self.op}: default {self.default!r} and reference {self.reference!r} must be backends")
+
+    def mask_backends(self) -> list[str]:
+        """The available backends that take ``attention_mask`` / ``cu_seqlens``."""
+        return [n for n, b in self.backends.items() if b.masks and b.is_available()]
 
     def backend_names(self) -> list[str]:
         """The names ``backend=`` accepts in this process: ``"auto"`` and the available backends."""

@@ -153,12 +153,7 @@ def _fastmax_torch_autograd(q, k, v, *, p: int, causal: bool, scale: float, chun
     return _prepared(q, k, v, p=p, scale=scale, sweeps=sweeps)
 
 
-def _fastmax_triton(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
-    if segs is not None:
-        raise ValueError(
-            "fastmax: backend='triton' does not take attention_mask/cu_seqlens yet; the backends that do are "
-            f"{list(MASK_BACKENDS)} (backend='auto' picks one of them)"
-        )
+def _fastmax_triton(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int) -> torch.Tensor:
     from attnzoo.ops.fastmax.triton import fastmax_triton  # optional: imported only when it runs
 
     def sweeps(qs, kh, vv):
@@ -172,8 +167,6 @@ def _auto_takes_triton(inputs: tuple, options: Mapping[str, Any]) -> bool:
     # PyTorch path (docs/performance.md, 2026-11-26): "auto" takes the kernels where two or more stages fit.
     from attnzoo.ops.fastmax.triton import pipeline_stages
 
-    if options.get("segs") is not None:
-        return False  # the kernels take no masks yet (MASK_BACKENDS)
     q, v = inputs[0], inputs[2]
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # what the kernels compute in
     p, causal, chunk = options.get("p", 2), bool(options.get("causal")), options.get("chunk_size")
@@ -228,6 +221,7 @@ FASTMAX = Mechanism(
             needs="attnzoo.ops.fastmax.triton",
             available=lambda: _triton_available(),
             auto_if=_auto_takes_triton,
+            masks=False,  # the kernels take no sequence ids yet
         ),
     },
     causal=True,
@@ -255,7 +249,7 @@ BACKENDS = tuple(FASTMAX.backend_names())
 #: form: every other backend runs those sweeps)
 #: the backends that take attention_mask / cu_seqlens ("cpu": its kernel for p=1 non-causal inference, the PyTorch
 #: sweeps for the rest)
-MASK_BACKENDS = ("naive", "torch", "torch_autograd", "cpu")
+MASK_BACKENDS = tuple(FASTMAX.mask_backends())
 _MASKED_FORMS = {FASTMAX.reference: "explicit", "torch_autograd": "autograd"}
 
 

@@ -121,26 +121,7 @@ def tssa(
     with torch.autocast(device_type=_autocast_device(w), enabled=False):
         if seg is None:
             return call_backend(TSSA, backend, (w, temp, bias), name="w", causal=causal)
-        backend = _masked_auto(w) if backend == "auto" else backend
         return call_backend(TSSA, backend, (w, temp, bias), name="w", causal=causal, seg=seg)
-
-
-#: backends that take attention_mask / cu_seqlens
-_MASKED_BACKENDS = ("naive", "torch", "cpu")
-
-
-def _masked_auto(w: torch.Tensor) -> str:
-    """The backend ``"auto"`` runs for a masked or packed call: the fused CPU kernels where they take it."""
-    cpu = w.device.type == "cpu" and not torch.compiler.is_compiling()
-    return "cpu" if cpu and _cpu_kernels.cpu_kernels() is not None else "torch"
-
-
-def _refuse_masks(backend: str, seg: Segments | None, what: str = "") -> None:
-    if seg is not None:
-        raise ValueError(
-            f"backend={backend!r} of tssa does not take attention_mask / cu_seqlens{what} yet; use backend='torch' "
-            f"(or 'auto', which picks a backend that does) or 'naive'; backends that take masks: {_MASKED_BACKENDS}"
-        )
 
 
 def _autocast_device(w: torch.Tensor) -> str:
@@ -180,8 +161,7 @@ def _tssa_cpu(w, temp, bias, *, causal: bool, seg: Segments | None = None) -> to
     return _tssa_torch(w, temp, bias, causal=causal, kernels=kernels)
 
 
-def _tssa_triton(w, temp, bias, *, causal: bool, seg: Segments | None = None) -> torch.Tensor:
-    _refuse_masks("triton", seg)
+def _tssa_triton(w, temp, bias, *, causal: bool) -> torch.Tensor:
     from attnzoo.ops.tssa.triton import tssa_triton  # optional: imported only when it runs
 
     if w.device.type == "meta":
@@ -345,7 +325,10 @@ TSSA = Mechanism(
         "naive": Backend(__name__, "_tssa_naive", kind="reference"),
         "torch": Backend(__name__, "_tssa_torch"),
         "cpu": Backend(__name__, "_tssa_cpu", kind="cpu", devices=("cpu",)),
-        "triton": Backend(__name__, "_tssa_triton", kind="triton", devices=("cuda",), needs="attnzoo.ops.tssa.triton"),
+        # masks=False: the Triton kernels take no sequence ids yet (the CPU kernels' run table would carry over)
+        "triton": Backend(
+            __name__, "_tssa_triton", kind="triton", devices=("cuda",), needs="attnzoo.ops.tssa.triton", masks=False
+        ),
     },
     causal=True,
     state=TSSAState,
