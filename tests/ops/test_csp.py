@@ -348,7 +348,7 @@ def shift_form(request, monkeypatch):
 
 
 def _no_general_path(monkeypatch):
-    from attnzoo.ops.csp import gather
+    from attnzoo.ops.csp import parallel as gather
 
     def forbidden(*args, **kwargs):
         raise AssertionError("groups of 1, 2, 3, 4 or 8 tokens must take the small-group path")
@@ -386,8 +386,8 @@ def test_small_groups_match_naive_exactly_with_ties(G, B, K, C, shift_form, back
 @pytest.mark.parametrize("G", [1, 2, 4, 8])
 def test_small_groups_long_sequence_matches_general_path(G, schedule, backend):
     # default dispatch at N >= 512 on CPU: the per-channel slice shift; the general gather/sort path is the reference
-    from attnzoo.ops.csp.gather import _TokenPermute
-    from attnzoo.ops.csp.gather import csp_source_index as general_index
+    from attnzoo.ops.csp.parallel import _TokenPermute
+    from attnzoo.ops.csp.parallel import csp_source_index as general_index
 
     B, N, C = 2, 1024, 6
     v = torch.randint(-3, 4, (B, N, C)).float().requires_grad_(True)

@@ -52,7 +52,7 @@ def test_matches_naive_float64(backend, causal, p, shape, unmasked_chunks, monke
     if unmasked_chunks == "many":
         # unmasked sweeps take chunks of >= 2^18 feature elements by default (one chunk at these sizes);
         # a budget of 1 brings them down to chunk_size=3, so the multi-chunk sums are exercised too
-        from attnzoo.ops.fastmax import factorized
+        from attnzoo.ops.fastmax import chunk as factorized
 
         monkeypatch.setattr(factorized, "_UNMASKED_FEATURES", 1)
     b, h, n, d, dv = shape
@@ -408,7 +408,7 @@ def test_errors(monkeypatch):
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1, 1), (2, 3, 9, 5, 3), (1, 2, 31, 6, 7)])
 def test_unmasked_torch_path_contracts_moments_without_features(p, shape, monkeypatch):
     """Eqs 11-12 without the concatenated phi or [v, 1] (forward and FAST §2.5 backward), still exact."""
-    from attnzoo.ops.fastmax import factorized
+    from attnzoo.ops.fastmax import chunk as factorized
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the unmasked path must not build the concatenated feature map")

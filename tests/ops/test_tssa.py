@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attnzoo.ops.tssa import TSSAState, tssa, tssa_init_state, tssa_pi, tssa_step
-from attnzoo.ops.tssa.chunked import chunked_cumsum, reverse_chunked_cumsum
+from attnzoo.ops.tssa.chunk import chunked_cumsum, reverse_chunked_cumsum
 from attnzoo.ops.tssa.naive import tssa_naive
 
 # N=1, odd N, and N=300 > the scan chunk (32 at N=300) with a ragged last chunk; N=777 spans several

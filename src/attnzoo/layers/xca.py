@@ -10,7 +10,7 @@ from attnzoo.layers.base import Attention, QKVProjection, register_attention
 from attnzoo.ops._segment_ops import zero_padding_tokens
 from attnzoo.ops._varlen import segments
 from attnzoo.ops.xca import XCA, XCAOptions, xca, xca_weights
-from attnzoo.ops.xca.fused import xca_segment_weights
+from attnzoo.ops.xca.parallel import xca_segment_weights
 
 __all__ = ["XCAttention"]
 

@@ -38,8 +38,8 @@ from attnzoo._checks import (
 from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops._varlen import Segments, segments
-from attnzoo.ops.cbsa.fast import cbsa_fast  # noqa: F401  (the spec's backends look it up here)
 from attnzoo.ops.cbsa.naive import cbsa_naive
+from attnzoo.ops.cbsa.parallel import cbsa_fast  # noqa: F401  (the spec's backends look it up here)
 from attnzoo.ops.cbsa.pooling import (
     DEFAULT_NUM_REPS,
     DEFAULT_REP_GRID,

@@ -21,9 +21,9 @@ from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend, runs_reference
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops._varlen import Segments, segments
-from attnzoo.ops.csp.gather import csp_gather
-from attnzoo.ops.csp.gather import csp_source_index as _source_index
 from attnzoo.ops.csp.naive import csp_naive, csp_permutations_naive
+from attnzoo.ops.csp.parallel import csp_gather
+from attnzoo.ops.csp.parallel import csp_source_index as _source_index
 from attnzoo.ops.csp.shifts import SHIFT_SCHEDULES, csp_shifts
 from attnzoo.ops.csp.varlen import csp_pairs_varlen, csp_varlen, sequence_runs
 

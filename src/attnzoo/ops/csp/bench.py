@@ -10,7 +10,7 @@ import torch
 
 from attnzoo import ops
 from attnzoo.ops._bench import Case, Shape, nbytes, randn
-from attnzoo.ops.csp.gather import csp_general
+from attnzoo.ops.csp.parallel import csp_general
 
 
 def _values(s: Shape, device: torch.device, dtype: torch.dtype):

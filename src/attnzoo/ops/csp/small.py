@@ -3,7 +3,7 @@
 ``GSort_K`` sorts each channel inside groups of G tokens. For G = 2 that sort is one compare-and-swap per
 (group, channel) (the "min-max" of CSP §3.2.1); for G = 3, 4, 8 a fixed sorting network of 3, 5 and 19
 compare-and-swaps. Either is a handful of elementwise passes over the shifted values, O(N) per channel,
-instead of an argsort and the int64 index arithmetic of :mod:`attnzoo.ops.csp.gather`. The circular shift
+instead of an argsort and the int64 index arithmetic of :mod:`attnzoo.ops.csp.parallel`. The circular shift
 of eq 3 is applied as two slice copies per channel on CPU (no index tensor), or one gather elsewhere.
 
 Tie rule (as the reference, :mod:`attnzoo.ops.csp.naive`): stable sorts, ties broken by token position,
@@ -257,7 +257,7 @@ def csp_small_groups(
     """CSP eq 4 for ``v (B, N, C)`` with groups of ``group_size`` in :data:`SMALL_GROUP_SIZES` tokens.
 
     ``shifts``: LongTensor ``(C,)`` on ``v.device`` with values in ``[0, N)``. Same values and gradients
-    as :func:`attnzoo.ops.csp.gather.csp_gather` (and the naive reference), tie rule included. ``kernels``
+    as :func:`attnzoo.ops.csp.parallel.csp_gather` (and the naive reference), tie rule included. ``kernels``
     (``torch.ops.attnzoo_cpu``, CPU tensors): groups of two run in the fused C++ kernel of ``cpu.cpp``;
     ``with_poison`` also returns its ``(B,)`` finiteness flags (NaN where a sample holds NaN/Inf; empty when the
     kernel did not run).

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from attnzoo.ops._varlen import Segments
-from attnzoo.ops.csp.gather import _TokenPermute
+from attnzoo.ops.csp.parallel import _TokenPermute
 
 __all__ = ["csp_varlen", "csp_varlen_source_index", "token_shifts"]
 
@@ -60,7 +60,7 @@ def csp_varlen_source_index(v: torch.Tensor, shifts: torch.Tensor, toks: Segment
 
 def csp_varlen(v: torch.Tensor, shifts: torch.Tensor, toks: Segments, groups: int | None) -> torch.Tensor:
     """CSP eq 4 per sequence: ``v`` ``(B, N, C)`` -> ``(B, N, C)``, zero at padding; gradients by the inverse
-    permutation (:class:`~attnzoo.ops.csp.gather._TokenPermute`)."""
+    permutation (:class:`~attnzoo.ops.csp.parallel._TokenPermute`)."""
     out = _TokenPermute.apply(v, csp_varlen_source_index(v, shifts, toks, groups))
     return out * toks.real.unsqueeze(-1).to(v.dtype)
 

@@ -27,6 +27,7 @@ from attnzoo.ops._dispatch import call_backend, check_backend, resolve_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option, triton_available
 from attnzoo.ops._varlen import Segments, segments
 from attnzoo.ops.fastmax import cpu as fastmax_cpu
+from attnzoo.ops.fastmax.chunk import FastmaxFunction, fastmax_factorized
 from attnzoo.ops.fastmax.common import (
     EPS,
     check_p,
@@ -42,7 +43,6 @@ from attnzoo.ops.fastmax.dropout import (
     masked_fastmax,
     sample_dropout_masks,
 )
-from attnzoo.ops.fastmax.factorized import FastmaxFunction, fastmax_factorized
 from attnzoo.ops.fastmax.naive import explicit_attention, fastmax_naive
 from attnzoo.ops.fastmax.recurrent import FastmaxState, fastmax_init_state, fastmax_step
 from attnzoo.ops.fastmax.varlen import masked_sweeps

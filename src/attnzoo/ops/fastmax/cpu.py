@@ -3,7 +3,7 @@
 The kernel standardises q and k (eqs 5-6), sums the moments of eqs 28-29 and writes the output of eqs 11-12 in
 two reads of the inputs. For training it also hands back what the backward reads: the standardised ``qs``,
 ``k_hat``, their per-token mean and rstd, and the moments ``M``. The backward is FAST §2.5's (the PyTorch
-:func:`~attnzoo.ops.fastmax.factorized.unmasked_backward`, which reuses ``M``) followed by the layer norm's
+:func:`~attnzoo.ops.fastmax.chunk.unmasked_backward`, which reuses ``M``) followed by the layer norm's
 backward for the standardisation.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from attnzoo.ops import _cpu_kernels
+from attnzoo.ops.fastmax.chunk import unmasked_backward
 from attnzoo.ops.fastmax.common import EPS
-from attnzoo.ops.fastmax.factorized import unmasked_backward
 
 __all__ = ["fastmax_p1_cpu", "fastmax_p1_segments_cpu", "simd_kernel"]
 

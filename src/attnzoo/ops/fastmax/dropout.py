@@ -23,13 +23,13 @@ from __future__ import annotations
 import torch
 
 from attnzoo._checks import check_choice, check_probability
+from attnzoo.ops.fastmax.chunk import factorized_forward, fastmax_factorized
 from attnzoo.ops.fastmax.common import (
     compute_dtype,
     feature_dim,
     features,
     standardize,
 )
-from attnzoo.ops.fastmax.factorized import factorized_forward, fastmax_factorized
 from attnzoo.ops.fastmax.naive import naive_from_hat, standardize_naive
 
 __all__ = ["DROPOUT_PLACEMENTS", "check_dropout_placement", "sample_dropout_masks", "masked_fastmax"]

@@ -2,7 +2,7 @@
 
 Public entry point :func:`fastmax_triton`, called by ``fastmax(..., backend="triton")`` (and by ``"auto"``
 on CUDA) on already standardised inputs ``qs = scale * q_hat``, ``k_hat`` ``(B, H, N, D)`` and ``v (B, H,
-N, Dv)``. The math is that of ``factorized.py``: with ``va = [v, 1]`` (the last column carries the
+N, Dv)``. The math is that of ``chunk.py``: with ``va = [v, 1]`` (the last column carries the
 denominator of eq 29/35) the moment state is ``S = sum_n phi(k_n) va_n^T``, stored as three pieces
 
     s0 = sum_n va_n  (E,)        s1 = sum_n k_n va_n^T  (D, E)        s2[d] = sum_n k_nd k_n va_n^T  (D, E)
@@ -11,7 +11,7 @@ denominator of eq 29/35) the moment state is ``S = sum_n phi(k_n) va_n^T``, stor
 Tiles are padded to powers of two >= 16 (``tl.dot``'s minimum); padding is masked to zero so it never
 contributes. Every sum accumulates in float32 (float64 for float64 inputs).
 
-Backward (FAST §2.5, as in ``factorized.py``): only ``qs, k_hat, v``, the output and the denominators
+Backward (FAST §2.5, as in ``chunk.py``): only ``qs, k_hat, v``, the output and the denominators
 (O(N D) per head) are saved. With ``ga = [dO / G, -(dO / G) . O]`` and ``T = sum_i phi(qs_i) ga_i^T`` (the
 same state with queries and keys swapped): ``dqs_i = d/dq [phi(q) . (S ga_i)]``, ``dk_n = d/dk [phi(k) .
 (T va_n)]``, ``dv_n = phi(k_n) . T[:, :Dv]``; ``S`` and ``T`` are recomputed, never stored per token.

@@ -22,8 +22,8 @@ from typing import Callable
 import torch
 
 from attnzoo.ops._varlen import Segments
+from attnzoo.ops.fastmax.chunk import unmasked_backward, unmasked_forward
 from attnzoo.ops.fastmax.common import feature_dim, features, features_vjp, kernel, kernel_grad
-from attnzoo.ops.fastmax.factorized import unmasked_backward, unmasked_forward
 
 __all__ = ["masked_sweeps", "MaskedFastmaxFunction"]
 

@@ -89,7 +89,7 @@ MEGA = Mechanism(
     options=MegaOptions,
     backends={
         "naive": Backend("attnzoo.ops.mega.naive", "mega_attention_naive", kind="reference"),
-        "torch": Backend("attnzoo.ops.mega.chunked", "mega_attention_chunked"),
+        "torch": Backend("attnzoo.ops.mega.chunk", "mega_attention_chunked"),
     },
     causal=False,  # the bidirectional encoder layer (the decoder's causal attention and step are not built yet)
     examples=(

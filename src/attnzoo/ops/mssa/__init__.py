@@ -25,7 +25,7 @@ from attnzoo.ops._common import check_tensors
 from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops.mssa.naive import mssa_naive, mssa_query, mssa_weights  # noqa: F401
-from attnzoo.ops.mssa.sdpa import mssa_sdpa  # noqa: F401  (the spec's backends look it up here)
+from attnzoo.ops.mssa.parallel import mssa_sdpa  # noqa: F401  (the spec's backends look it up here)
 
 __all__ = ["mssa", "mssa_weights", "mssa_query", "MSSAOptions", "MSSA"]
 

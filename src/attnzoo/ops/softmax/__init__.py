@@ -22,7 +22,7 @@ from attnzoo.ops._common import check_tensors
 from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops.softmax.naive import softmax_attention_naive, softmax_attention_weights  # noqa: F401
-from attnzoo.ops.softmax.sdpa import softmax_attention_sdpa  # noqa: F401  (the spec's backends look it up here)
+from attnzoo.ops.softmax.parallel import softmax_attention_sdpa  # noqa: F401  (the spec's backends look it up here)
 
 __all__ = ["softmax_attention", "softmax_attention_weights", "SoftmaxOptions", "SOFTMAX"]
 

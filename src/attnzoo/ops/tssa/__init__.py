@@ -8,7 +8,7 @@ Public API:
 - :func:`tssa_init_state` / :func:`tssa_step`: O(1)-memory recurrent form of causal TSSA for decoding.
 
 Backends: ``"naive"`` (``naive.py``, the literal pseudocode, differentiated by autograd), ``"torch"``
-(``chunked.py``, memory-lean with hand-written backward), ``"cpu"`` (the same formulas, forward and backward, in fused
+(``chunk.py``, memory-lean with hand-written backward), ``"cpu"`` (the same formulas, forward and backward, in fused
 C++ kernels, ``cpu.cpp``, built on first use), ``"triton"`` (``triton.py``, fused kernels; needs the ``triton``
 package). ``"auto"`` follows :mod:`attnzoo.ops._dispatch`: ``"triton"`` for CUDA tensors when Triton is installed
 (if a kernel fails to compile or launch it warns once and uses ``"torch"`` for the rest of the process), ``"cpu"`` for
@@ -28,7 +28,7 @@ from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend, runs_reference
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops._varlen import Segments, check_attention_mask, segments
-from attnzoo.ops.tssa.chunked import (
+from attnzoo.ops.tssa.chunk import (
     tssa_cpu_varlen,
     tssa_pi_torch,
     tssa_pi_torch_varlen,

@@ -1,6 +1,6 @@
 // Fused CPU kernels for TSSA (ToST Alg. 1 and Alg. 2), forward and backward, float32 and float64.
 //
-// Why: the PyTorch formulation (chunked.py) makes about nine passes over the (B, H, N, P) tensor forward
+// Why: the PyTorch formulation (chunk.py) makes about nine passes over the (B, H, N, P) tensor forward
 // (w^2, three token reductions of it, two scalings of the output) and more backward, so at N = 16k it is
 // bound by memory traffic. Here each pass reads w (and, backward, the output's gradient) once:
 //   non-causal forward: (1) per-feature sums of w^2 over tokens; (2) per token, s over features, Pi =
@@ -10,7 +10,7 @@
 //   backward: four passes each (see the two backward sections).
 // Tasks are (batch, chunk of tokens); inside a chunk tokens go in blocks of kBlock. Token sums run in the
 // input precision within a block, then in double, so an N = 64k prefix sum is as accurate as a float64
-// scan. The Python side (chunked.py) does the O(HP) and O(HN) steps between passes.
+// scan. The Python side (chunk.py) does the O(HP) and O(HN) steps between passes.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -152,7 +152,7 @@ void sum_chunks(const double* part, int64_t B, int64_t nc, int64_t width, T* out
 }
 
 // The units of work of the passes over w: by default (b, chunk of L tokens), all of row b's statistics in slot b;
-// for padded batches and packed rows (chunked.py's _varlen_tasks) a table of (b, n0, n1, slot, pos0) rows: runs of
+// for padded batches and packed rows (chunk.py's _varlen_tasks) a table of (b, n0, n1, slot, pos0) rows: runs of
 // real tokens of one sequence (at most L long), whose statistics go to the sequence's slot. Padding is in no task:
 // the kernels never read it, and per-token outputs there stay zero. A slot's tasks are consecutive in the table.
 struct Tasks {
@@ -370,7 +370,7 @@ Tensor tssa_scale(const Tensor& w, const Tensor& pi, const Tensor& g, const std:
 }
 
 // ---------------------------------------------------------------------------------------------------
-// non-causal backward (the derivation is in chunked.py's _TSSANonCausal.backward; four passes over w)
+// non-causal backward (the derivation is in chunk.py's _TSSANonCausal.backward; four passes over w)
 // ---------------------------------------------------------------------------------------------------
 
 // e[b,h,n] = -sum_p G w g[b,h,p];  U[b,h,p] = sum_n pi[b,h,n] G w   (G: the output's gradient)
@@ -670,7 +670,7 @@ std::vector<Tensor> tssa_causal(const Tensor& w, const Tensor& temp, const Tenso
 
 
 // ---------------------------------------------------------------------------------------------------
-// causal backward (chunked.py's _TSSACausal.backward, whose formulas these passes follow)
+// causal backward (chunk.py's _TSSACausal.backward, whose formulas these passes follow)
 // ---------------------------------------------------------------------------------------------------
 // Per token n (head h, feature p): x = w^2, S = cumsum(x), M = cumsum(pi x), D = cumsum(pi) (saved as den),
 // dots = M / D, g = 1 / (1 + dots). With G the output's gradient:

@@ -1,7 +1,7 @@
 """Triton kernels for TSSA (ToST): non-causal Alg. 1 / eq. 11 and causal Alg. 2 / eq. 28, forward and backward.
 
 Public entry point :func:`tssa_triton` (used by ``tssa(..., backend="triton")``; ``"auto"`` keeps the
-PyTorch path). The math and the saved tensors follow ``chunked.py`` (the ``"torch"`` backend): forward saves
+PyTorch path). The math and the saved tensors follow ``chunk.py`` (the ``"torch"`` backend): forward saves
 ``w`` plus ``(B, H, N)`` / ``(B, H, P)`` statistics, backward recomputes the ``(B, H, N, P)`` intermediates.
 Every sum over tokens accumulates in float32 (float64 for float64 ``w``) also for fp16 ``w``.
 
@@ -31,12 +31,12 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from attnzoo.ops._triton_utils import check_launchable, interpreting, pow2, tl_acc_dtype
-from attnzoo.ops.tssa.chunked import reverse_chunked_cumsum
+from attnzoo.ops.tssa.chunk import reverse_chunked_cumsum
 from attnzoo.ops.tssa.naive import compute_dtype
 
 __all__ = ["tssa_triton"]
 
-# Same constants as chunked.py / naive.py: F.normalize's eps squared, and Alg. 1's 1e-8 on <pi_k, 1>.
+# Same constants as chunk.py / naive.py: F.normalize's eps squared, and Alg. 1's 1e-8 on <pi_k, 1>.
 _NORM_EPS_SQ = 1e-24
 _PI_SUM_EPS = 1e-8
 

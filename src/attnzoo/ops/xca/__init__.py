@@ -17,8 +17,8 @@ from attnzoo._checks import check_bool, check_dropout, check_finite, check_overf
 from attnzoo.ops._common import check_tensors
 from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
-from attnzoo.ops.xca.fused import xca_fused  # noqa: F401  (the spec's backends look it up here)
 from attnzoo.ops.xca.naive import xca_naive, xca_weights  # noqa: F401  (the spec's backends look it up here)
+from attnzoo.ops.xca.parallel import xca_fused  # noqa: F401  (the spec's backends look it up here)
 
 __all__ = ["xca", "xca_weights", "as_temperature", "XCAOptions", "XCA"]
 
