@@ -583,7 +583,7 @@ def test_auto_falls_back_when_the_backward_kernel_fails(monkeypatch, fake_gpu, o
         torch.testing.assert_close(out, run("torch"), rtol=0, atol=0)
     with pytest.warns(TritonFallbackWarning, match=rf"Triton kernel of {op} failed .*simulated backward kernel"):
         grads = torch.autograd.grad((out * cot).sum(), (x, temp), allow_unused=True)
-    for got, ref in zip(grads, ref_grads):  # the PyTorch path's gradients, through the whole graph
+    for got, ref in zip(grads, ref_grads, strict=True):  # the PyTorch path's gradients, through the whole graph
         if ref is None:
             assert got is None
         else:

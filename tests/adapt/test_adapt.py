@@ -101,7 +101,7 @@ def test_transfer_lowers_every_layers_loss(one_thread, tmp_path, mechanism, fami
     res = adapt(teacher, batches, cfg, tmp_path / "run", progress=False)
     end = transfer_losses(teacher, res.student, held_out)
     assert len(start) == len(end) == 2
-    for i, (a, b) in enumerate(zip(start, end)):
+    for i, (a, b) in enumerate(zip(start, end, strict=True)):
         assert b < 0.7 * a, f"layer {i}: held-out transfer loss {a:.4g} -> {b:.4g}"
     # the teacher is untouched and the log has one row per step with each layer's loss; the figure exists
     assert all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())
@@ -176,7 +176,7 @@ def test_attnzoo_model_adapts(one_thread):
         progress=False,
     )
     end = transfer_losses(teacher, res.student, batch)
-    assert all(b < 0.5 * a for a, b in zip(start, end)), (start, end)
+    assert all(b < 0.5 * a for a, b in zip(start, end, strict=True)), (start, end)
     # fastmax inherits softmax's fused q/k/v and output projections: nothing of it is new
     assert all(not layer.new and layer.inherited for layer in student.layers)
 

@@ -101,7 +101,7 @@ def test_layerwise_crate_measure_on_tokens_entering_and_leaving_each_block():
     r = layerwise(model, x, crate_eps=0.1)
     assert r["params"] == {"eps": 0.5, "crate_eps": 0.1}
     _, layers = capture_layers(model, x)
-    for lay, row in zip(layers, r["layers"]):
+    for lay, row in zip(layers, r["layers"], strict=True):
         u = subspace_bases(lay.module)
         assert row["crate_compression"] == pytest.approx(
             measures.crate_compression_term(lay.input.double(), u, 0.1).mean().item(), rel=1e-12

@@ -164,7 +164,9 @@ def test_fastmax_baseline_computes_the_op(p, causal, shape):
     torch.testing.assert_close(base, op, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(base, naive, rtol=1e-10, atol=1e-10)
     w = torch.randn_like(op)
-    for a, r in zip(torch.autograd.grad((base * w).sum(), (q, k, v)), torch.autograd.grad((op * w).sum(), (q, k, v))):
+    for a, r in zip(
+        torch.autograd.grad((base * w).sum(), (q, k, v)), torch.autograd.grad((op * w).sum(), (q, k, v)), strict=True
+    ):
         torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-9)
 
 

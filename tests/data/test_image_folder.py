@@ -160,7 +160,7 @@ def test_batches_do_not_depend_on_num_workers(folder):
         assert torch.equal(pickle.loads(pickle.dumps(t.val)).get_batch(np.arange(3))[0][0], val[w][:3])
     assert torch.equal(val[0], val[2])
     assert len(batches[0]) == len(batches[2]) == 4
-    for ((xa,), ya), ((xb,), yb) in zip(batches[0], batches[2]):
+    for ((xa,), ya), ((xb,), yb) in zip(batches[0], batches[2], strict=True):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 

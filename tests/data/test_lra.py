@@ -189,7 +189,7 @@ def test_pathfinder_dot_distances_match_between_classes(pathfinder_task):
 def test_pathfinder_labels_match_flood_fill(pathfinder_task):
     _, ((images,), y), _ = pathfinder_task
     side = int(round(images.shape[1] ** 0.5))
-    for img, label in zip(images.numpy().reshape(-1, side, side)[:120], y.numpy()[:120]):
+    for img, label in zip(images.numpy().reshape(-1, side, side)[:120], y.numpy()[:120], strict=True):
         assert _flood_connected(img, gap=1) == bool(label)
 
 

@@ -147,7 +147,7 @@ def test_swapped_decoder_generates_with_transformers_cache(arch, mechanism):
     plain = model.generate(prompt, use_cache=False, **kw)
     # the mechanism's own recurrent state / KV cache continues the prompt exactly as re-running the prefix does
     assert torch.equal(cached.sequences, plain.sequences)
-    for a, b in zip(cached.logits, plain.logits):
+    for a, b in zip(cached.logits, plain.logits, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 

@@ -146,7 +146,7 @@ def test_forward_and_gradients_equal_the_reference(name, opts):
             results.append((y, grads))
         (y, grads), (y_ref, grads_ref) = results
         torch.testing.assert_close(y, y_ref, rtol=1e-9, atol=1e-10)
-        for label, g, r in zip(["x", *params], grads, grads_ref):
+        for label, g, r in zip(["x", *params], grads, grads_ref, strict=True):
             torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-10, msg=lambda s, label=label: f"{label}: {s}")
             # every parameter and the input take part (a term that is dropped shows as a zero gradient)
             assert torch.isfinite(g).all() and g.abs().sum() > 0, (name, causal, label)

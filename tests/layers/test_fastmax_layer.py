@@ -35,7 +35,7 @@ def test_fast_equals_naive_backend(causal, p, n):
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
     g = torch.autograd.grad(y.square().sum(), (x, *fast.parameters()))
     g_ref = torch.autograd.grad(y_ref.square().sum(), (x, *naive.parameters()))
-    for a, r in zip(g, g_ref):
+    for a, r in zip(g, g_ref, strict=True):
         torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-9)
 
 

@@ -89,7 +89,7 @@ def test_fast_matches_naive_grads(variant, contraction, shape):
         g = torch.randn(out.shape, dtype=out.dtype)  # not randn_like: the naive output is a transposed view
         (out * g).sum().backward()
         grads[backend] = (w.grad, reps.grad, eta.grad)
-    for name, gn, gf in zip(("w", "reps", "eta"), grads["naive"], grads["torch"]):
+    for name, gn, gf in zip(("w", "reps", "eta"), grads["naive"], grads["torch"], strict=True):
         if _needs_reps(variant) or name == "w":
             torch.testing.assert_close(gf, gn, rtol=1e-9, atol=1e-10, msg=f"grad {name}")
         else:  # variants that take no reps never touch reps or eta

@@ -38,7 +38,7 @@ def test_fft_matches_recurrence_forward_backward(shape, dtype, causal):
     coeffs = _coeffs(D, h, causal, dtype)
     ref = _fwd_bwd(x, coeffs, causal=causal, backend="naive")
     got = _fwd_bwd(x, coeffs, causal=causal, backend="torch")
-    for r, g in zip(ref, got):
+    for r, g in zip(ref, got, strict=True):
         torch.testing.assert_close(g, r, **TOL[dtype])
     assert ref[0].abs().sum() > 0
 

@@ -65,7 +65,7 @@ def test_matches_naive_float64(backend, causal, p, shape, unmasked_chunks, monke
     w = torch.randn_like(ref)
     g_ref = torch.autograd.grad((ref * w).sum(), (q, k, v))
     g_out = torch.autograd.grad((out * w).sum(), (q, k, v))
-    for a, r in zip(g_out, g_ref):
+    for a, r in zip(g_out, g_ref, strict=True):
         torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-9)
 
 
@@ -78,7 +78,7 @@ def test_p1_default_and_literal_scale_float64(causal, scale):
     torch.testing.assert_close(out, ref, rtol=1e-8, atol=1e-8)
     g_ref = torch.autograd.grad(ref.sum(), (q, k, v))
     g_out = torch.autograd.grad(out.sum(), (q, k, v))
-    for a, r in zip(g_out, g_ref):
+    for a, r in zip(g_out, g_ref, strict=True):
         torch.testing.assert_close(a, r, rtol=1e-6, atol=1e-6)
 
 
@@ -103,7 +103,7 @@ def test_float32_close_to_float64(causal, p):
     w = torch.randn_like(ref)
     g = torch.autograd.grad((out * w.float()).sum(), (q, k, v))
     g_ref = torch.autograd.grad((ref * w).sum(), (q64, k64, v64))
-    for a, r in zip(g, g_ref):
+    for a, r in zip(g, g_ref, strict=True):
         torch.testing.assert_close(a.double(), r, rtol=1e-3, atol=1e-4)
 
 
@@ -326,7 +326,7 @@ def test_feature_dropout_matches_explicit(placement, causal):
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     g = torch.autograd.grad(out.sum(), (q, k, v))
     g_ref = torch.autograd.grad(ref.sum(), (q, k, v))
-    for a, r in zip(g, g_ref):
+    for a, r in zip(g, g_ref, strict=True):
         torch.testing.assert_close(a, r, rtol=1e-8, atol=1e-8)
 
 
@@ -347,7 +347,7 @@ def test_token_dropout_1d_matches_explicit(causal):
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     g = torch.autograd.grad(out.sum(), (q, k, v))
     g_ref = torch.autograd.grad(ref.sum(), (q, k, v))
-    for a, r in zip(g, g_ref):
+    for a, r in zip(g, g_ref, strict=True):
         torch.testing.assert_close(a, r, rtol=1e-8, atol=1e-8)
 
 
@@ -423,7 +423,9 @@ def test_unmasked_torch_path_contracts_moments_without_features(p, shape, monkey
     out = fastmax(q, k, v, p=p, scale=_safe_scale(p, d), backend="torch")
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     w = torch.randn_like(ref)
-    for a, r in zip(torch.autograd.grad((out * w).sum(), (q, k, v)), torch.autograd.grad((ref * w).sum(), (q, k, v))):
+    for a, r in zip(
+        torch.autograd.grad((out * w).sum(), (q, k, v)), torch.autograd.grad((ref * w).sum(), (q, k, v)), strict=True
+    ):
         torch.testing.assert_close(a, r, rtol=1e-9, atol=1e-9)
 
 

@@ -40,7 +40,7 @@ def test_forward_and_gradients_match_naive_float64(shape, scale):
     got = fastmax(q, k, v, p=1, scale=s, backend="cpu")
     ref = fastmax_naive(q, k, v, p=1, causal=False, scale=s)
     torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-10)
-    for a, b in zip(torch.autograd.grad(got, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+    for a, b in zip(torch.autograd.grad(got, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 
 
@@ -56,7 +56,7 @@ def test_float32_forward_and_gradients_close_to_float64(shape):
     got = fastmax(q32, k32, v32, p=1, scale=s, backend="cpu")
     assert got.dtype == torch.float32
     torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-5)
-    for a, b in zip(torch.autograd.grad(got, (q32, k32, v32), g.float()), ref_grads):
+    for a, b in zip(torch.autograd.grad(got, (q32, k32, v32), g.float()), ref_grads, strict=True):
         torch.testing.assert_close(a.double(), b, rtol=1e-3, atol=1e-4)
 
 

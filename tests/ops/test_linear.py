@@ -32,7 +32,7 @@ def test_torch_matches_naive_forward_backward(shape, dtype, causal, feature_map)
     ref = _fwd_bwd(q, k, v, backend="naive", **kw)
     for chunk_size in (None, 1, 4, 64):
         got = _fwd_bwd(q, k, v, backend="torch", chunk_size=chunk_size, **kw)
-        for r, g in zip(ref, got):
+        for r, g in zip(ref, got, strict=True):
             torch.testing.assert_close(g, r, **TOL[dtype])
     torch.testing.assert_close(linear_attention(q, k, v, **kw), ref[0], **TOL[dtype])
 

@@ -38,7 +38,7 @@ def test_chunked_matches_reference_forward_backward(shape, dtype, fn, chunk_size
     ts = _inputs(B, N, Z, E, R + 1, dtype)  # a bias longer than the span: only its middle is read
     ref = _fwd_bwd(ts, fn=fn, chunk_size=chunk_size, backend="naive")
     got = _fwd_bwd(ts, fn=fn, chunk_size=chunk_size, backend="torch")
-    for r, g in zip(ref, got):
+    for r, g in zip(ref, got, strict=True):
         torch.testing.assert_close(g, r, **TOL[dtype])
 
 

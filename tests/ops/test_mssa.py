@@ -27,7 +27,7 @@ def test_torch_matches_naive_forward_backward(shape, dtype, causal, normalize_qu
     kw = dict(causal=causal, normalize_query=normalize_query)
     ref = _fwd_bwd(w, backend="naive", **kw)
     got = _fwd_bwd(w, backend="torch", **kw)
-    for r, g in zip(ref, got):
+    for r, g in zip(ref, got, strict=True):
         torch.testing.assert_close(g, r, **TOL[dtype])
     torch.testing.assert_close(mssa(w, **kw), ref[0], **TOL[dtype])
 

@@ -28,7 +28,7 @@ def test_torch_matches_naive_forward_backward(shape, dtype, causal):
     q, k, v = _qkv(shape, dtype)
     ref = _fwd_bwd("naive", q, k, v, causal=causal)
     got = _fwd_bwd("torch", q, k, v, causal=causal)
-    for r, g in zip(ref, got):
+    for r, g in zip(ref, got, strict=True):
         torch.testing.assert_close(g, r, **TOL[dtype])
     # auto on CPU is the torch path
     torch.testing.assert_close(softmax_attention(q, k, v, causal=causal), got[0], **TOL[dtype])

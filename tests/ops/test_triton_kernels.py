@@ -32,7 +32,7 @@ def _grads(out, inputs, seed_grad):
 
 
 def _assert_all_close(got, ref, tol):
-    for a, r in zip(got, ref):
+    for a, r in zip(got, ref, strict=True):
         torch.testing.assert_close(a, r, **tol)
 
 

@@ -45,7 +45,7 @@ def test_fast_matches_naive(shape, causal, dtype, tol, backend):
     out_f, grads_f = _out_and_grads(w, temp, bias, causal, backend)
     assert out_f.dtype == dtype and out_f.shape == shape
     torch.testing.assert_close(out_f, out_n, rtol=tol, atol=tol)
-    for gf, gn in zip(grads_f, grads_n):
+    for gf, gn in zip(grads_f, grads_n, strict=True):
         scale = gn.abs().max().clamp_min(1.0)
         torch.testing.assert_close(gf, gn, rtol=tol, atol=tol * scale)
 
@@ -199,7 +199,7 @@ def test_zero_features_are_finite_and_agree(causal, backend):
     out_f, grads_f = _out_and_grads(w, temp, bias, causal, backend)
     assert out_f.isfinite().all() and all(g.isfinite().all() for g in grads_f)
     torch.testing.assert_close(out_f, out_n, rtol=1e-12, atol=1e-12)
-    for gf, gn in zip(grads_f, grads_n):
+    for gf, gn in zip(grads_f, grads_n, strict=True):
         torch.testing.assert_close(gf, gn, rtol=1e-10, atol=1e-10)
     assert out_f[:, :, :, 0].abs().max() == 0
 

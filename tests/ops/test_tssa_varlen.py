@@ -125,7 +125,7 @@ def test_cpu_kernels_long_sequences_span_several_tasks(causal):
     cot = torch.randn(outs[0].shape, generator=g, dtype=torch.float64)
     leaves = (w, temp, bias) if causal else (w, temp)
     grads = [torch.autograd.grad((o * cot).sum(), leaves) for o in outs]
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 

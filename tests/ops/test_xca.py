@@ -29,7 +29,7 @@ def test_torch_matches_naive_forward_backward(shape, dtype):
     temp = torch.rand(shape[1], 1, 1, dtype=dtype) + 0.5
     ref = _fwd_bwd(q, k, v, temp, "naive")
     got = _fwd_bwd(q, k, v, temp, "torch")
-    for r, g in zip(ref, got):
+    for r, g in zip(ref, got, strict=True):
         torch.testing.assert_close(g, r, **TOL[dtype])
     torch.testing.assert_close(xca(q, k, v, temp), ref[0], **TOL[dtype])
 

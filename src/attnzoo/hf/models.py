@@ -88,7 +88,7 @@ class RecurrentCache:
     def _rows(self) -> list[str]:
         return [n for n in ("row_pos", "mask", "last_logits") if getattr(self, n) is not None]
 
-    def get_seq_length(self, layer_idx: int = 0) -> int:
+    def get_seq_length(self, layer_idx: int = 0) -> int:  # noqa: ARG002 (transformers' Cache API; one length)
         """Tokens fed so far."""
         return self.pos
 
@@ -144,7 +144,7 @@ class AttnZooPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = False
     _no_split_modules = ["Block"]
 
-    def _init_weights(self, module: nn.Module) -> None:
+    def _init_weights(self, module: nn.Module) -> None:  # noqa: ARG002 (transformers' hook; nothing to do)
         # attnzoo's constructors already initialise every parameter as the papers do (GPT-2 / ViT normal
         # init, each mechanism its own); transformers' generic init would overwrite that.
         return

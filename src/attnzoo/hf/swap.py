@@ -108,7 +108,7 @@ def _kind(module: nn.Module) -> str | None:
     return None
 
 
-def _read(module: nn.Module, kind: str, config) -> _Projections:
+def _read(module: nn.Module, kind: str) -> _Projections:
     if kind == "gpt2":
         # Conv1D stores (in, out); the fused c_attn output is (q | k | v), each heads x head_dim
         w = module.c_attn.weight.detach().t()
@@ -251,7 +251,7 @@ class SwappedAttention(nn.Module):
         finally:
             del mixer._qkv
 
-    def forward(self, hidden_states: torch.Tensor, *args: Any, past_key_values=None, cache=None, **kwargs: Any):
+    def forward(self, hidden_states: torch.Tensor, *_args: Any, past_key_values=None, cache=None, **kwargs: Any):
         rope = kwargs.get("position_embeddings")
         keep = _key_mask(kwargs.get("attention_mask"), hidden_states.shape[0])
         # transformers >= 5.24 hands the decoder layers' cache over as `cache`, earlier versions as `past_key_values`
@@ -533,7 +533,7 @@ def swap_attention(model: nn.Module, mechanism: str, **options: Any) -> SwapRepo
             continue
         causal = bool(getattr(module, "is_causal", False))
         layer_idx = getattr(module, "layer_idx", None)
-        proj = _read(module, kind, config)
+        proj = _read(module, kind)
         context: dict[str, Any] = {
             "layer_index": layer_idx if layer_idx is not None else i,
             "num_layers": max(num_layers, i + 1),

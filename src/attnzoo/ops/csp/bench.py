@@ -18,7 +18,7 @@ def _values(s: Shape, device: torch.device, dtype: torch.dtype):
     return v, ops.csp_shifts(s.length, s.dim, "linear").to(device)
 
 
-def csp(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype) -> Case:
+def csp(s: Shape, _causal: bool, device: torch.device, dtype: torch.dtype) -> Case:
     v, shifts = _values(s, device, dtype)
     return [v], lambda: ops.csp(v, shifts, 1), 2 * nbytes(v)
 
@@ -29,16 +29,16 @@ def _pairs(name: str, s: Shape, device: torch.device, dtype: torch.dtype):
     return _values(s, device, dtype)
 
 
-def csp_pairs(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype) -> Case:
+def csp_pairs(s: Shape, _causal: bool, device: torch.device, dtype: torch.dtype) -> Case:
     v, shifts = _pairs("csp_pairs", s, device, dtype)
     return [v], lambda: ops.csp(v, shifts, s.length // 2, backend="auto"), 2 * nbytes(v)
 
 
-def csp_pairs_torch(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype) -> Case:
+def csp_pairs_torch(s: Shape, _causal: bool, device: torch.device, dtype: torch.dtype) -> Case:
     v, shifts = _pairs("csp_pairs_torch", s, device, dtype)
     return [v], lambda: ops.csp(v, shifts, s.length // 2, backend="torch"), 2 * nbytes(v)
 
 
-def csp_pairs_general(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype) -> Case:
+def csp_pairs_general(s: Shape, _causal: bool, device: torch.device, dtype: torch.dtype) -> Case:
     v, shifts = _pairs("csp_pairs_general", s, device, dtype)
     return [v], lambda: csp_general(v, shifts, s.length // 2), 2 * nbytes(v)

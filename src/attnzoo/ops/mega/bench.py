@@ -50,7 +50,7 @@ def mega_csp(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype) -
     return _attention("mega_csp", s, causal, device, dtype)
 
 
-def sized(options: dict, length: int, dim: int, causal: bool) -> dict:
+def sized(options: dict, length: int, dim: int, _causal: bool) -> dict:
     """The whole MEGA layer (EMA, gates, projections) with MEGA's LRA widths relative to d (E = 2d)."""
     options = dict(options, zdim=min(64, dim))
     if "chunk_size" not in options and options["attention"] != "csp":

@@ -24,6 +24,6 @@ def tssa_torch(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype)
     return _case(s, causal, device, dtype, "torch")
 
 
-def sized(options: dict, length: int, dim: int, causal: bool) -> dict:
+def sized(options: dict, length: int, _dim: int, causal: bool) -> dict:
     # the causal layer's learned position bias must cover the sequence
     return {**options, "max_len": max(1024, length)} if causal else options
