@@ -79,17 +79,18 @@ def _train_rows(path):
 
 
 @pytest.mark.parametrize(
-    "mechanism, family, lr, train_projections",
+    "mechanism, family, lr, train_projections, steps",
     [
-        ("tssa", "llama", 3e-2, True),
-        ("linear", "llama", 1e-2, None),
-        ("fastmax", "llama", 1e-2, None),
-        ("cbsa", "vit", 1e-2, None),
-        ("linear", "gpt2", 1e-2, None),
+        ("tssa", "llama", 3e-2, True, 40),
+        ("linear", "llama", 1e-2, None, 40),
+        ("fastmax", "llama", 1e-2, None, 40),
+        # CBSA inherits the teacher's output projection into to_out (not into its subspace U, as before the swap
+        # read the spec's projections): less is fresh, and 40 steps took the loss down by 14-26%, not 30%
+        ("cbsa", "vit", 3e-2, True, 120),
+        ("linear", "gpt2", 1e-2, None, 40),
     ],
 )
-def test_transfer_lowers_every_layers_loss(one_thread, tmp_path, mechanism, family, lr, train_projections):
-    steps = 40
+def test_transfer_lowers_every_layers_loss(one_thread, tmp_path, mechanism, family, lr, train_projections, steps):
     teacher = {"llama": tiny_llama, "gpt2": tiny_gpt2, "vit": tiny_vit}[family]()
     batches = image_batch if family == "vit" else lm_batch
     assert model_family(teacher) == family

@@ -251,9 +251,14 @@ def test_attention_mask_right_padding_ok_left_padding_needs_a_masked_layer():
     out, full = model(ids, attention_mask=right).logits, model(ids).logits
     torch.testing.assert_close(out[0], full[0], rtol=0, atol=0)
     torch.testing.assert_close(out[1, :3], full[1, :3], rtol=0, atol=0)
-    # the parallel forward of a left-padded batch needs the layer to honour the mask: never silently ignored
+    # a left-padded row equals that row alone (linear attention honours masks) ...
+    left = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    torch.testing.assert_close(model(ids, attention_mask=left).logits[1, 2:], model(ids[1:, 2:]).logits[0])
+    # ... and a layer that does not is an error naming it, never silently ignored
+    for blk in model.model.blocks:
+        blk.attn.supports_masks = False
     with pytest.raises(ValueError, match="attention 'linear' does not honour attention_mask"):
-        model(ids, attention_mask=torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]]))
+        model(ids, attention_mask=left)
 
 
 def test_bad_inputs_raise_clear_errors():

@@ -73,12 +73,17 @@ def test_causal_restart_does_not_leak(backend):
     assert not torch.allclose(y2[:, :3], y[:, :3])
 
 
-def test_holed_mask_is_the_reference_s_only():
-    c = _coeffs(3, 4, False, torch.float64)
-    x = torch.randn(2, 5, 3, dtype=torch.float64)
+@pytest.mark.parametrize("causal", [False, True])
+def test_holed_mask_equals_the_real_tokens_alone(causal):
+    # padding between real tokens (a CLS token before left padding, say): the FFT path moves the real tokens
+    # together and back, forward and backward
+    c = _coeffs(3, 4, causal, torch.float64)
+    x = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
     mask = torch.tensor([[1, 0, 1, 1, 0], [1, 1, 1, 0, 0]])
-    with pytest.raises(ValueError, match="backend='naive' for holed masks"):
-        ema(x, *c.values(), backend="torch", attention_mask=mask)
-    ref = ema(x, *c.values(), backend="naive", attention_mask=mask)
-    alone = ema(x[:1, [0, 2, 3]], *c.values(), backend="naive")
+    ref = ema(x, *c.values(), causal=causal, backend="naive", attention_mask=mask)
+    alone = ema(x[:1, [0, 2, 3]], *c.values(), causal=causal, backend="naive")
     torch.testing.assert_close(ref[:1, [0, 2, 3]], alone, rtol=1e-12, atol=1e-12)
+    got = ema(x, *c.values(), causal=causal, backend="torch", attention_mask=mask)
+    torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-11)
+    g = torch.randn_like(ref)
+    torch.testing.assert_close(*(torch.autograd.grad(y, x, g)[0] for y in (got, ref)), rtol=1e-10, atol=1e-11)

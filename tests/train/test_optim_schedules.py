@@ -1,5 +1,6 @@
 """Learning-rate schedules and the Lion optimiser."""
 
+import itertools
 import math
 
 import pytest
@@ -15,7 +16,7 @@ def test_warmup_then_cosine():
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
     assert lrs[10] == pytest.approx(1.0)
     assert lrs[60] == pytest.approx(0.1 + 0.9 * 0.5)  # half-way through the decay
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=True)) and lrs[-1] > 0.1
+    assert all(a >= b for a, b in itertools.pairwise(lrs[10:])) and lrs[-1] > 0.1
 
 
 def test_linear_inverse_sqrt_constant():

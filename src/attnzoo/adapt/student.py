@@ -106,7 +106,7 @@ def _check_mechanism(mechanism: str, causal: bool, family: str) -> None:
 
 def _swap_attnzoo(model: nn.Module, mechanism: str, options: dict[str, Any]) -> tuple[list[AdaptLayer], str]:
     """Swap every attnzoo mixer of ``model`` for ``mechanism``, in place, reusing q/k/v/o where both have them."""
-    from attnzoo.hf.swap import _FUSED_QKV, _build, _Projections
+    from attnzoo.hf.swap import _build, _Projections
 
     mixers = _attnzoo_mixers(model)
     config = getattr(model, "config", None)
@@ -118,8 +118,10 @@ def _swap_attnzoo(model: nn.Module, mechanism: str, options: dict[str, Any]) -> 
         ref = next(old.parameters(), None)
         if ref is None:
             ref = torch.zeros((), device=next(model.parameters()).device, dtype=next(model.parameters()).dtype)
-        qkv, proj = getattr(old, "qkv", None), _output_projection(old)
-        fused = type(old).registry_name in _FUSED_QKV if hasattr(type(old), "registry_name") else False
+        # the old mixer's spec says whether its q/k/v come from one fused (q | k | v) projection
+        layout = getattr(getattr(old, "mechanism", None), "projections", None)
+        fused = layout is not None and layout.qkv is not None
+        qkv, proj = (getattr(old, layout.qkv, None) if fused else None), _output_projection(old)
         if fused and isinstance(qkv, nn.Linear) and qkv.weight.shape == (3 * dim, dim):
             w = qkv.weight.detach()
             b = qkv.bias.detach() if qkv.bias is not None else None
@@ -164,12 +166,10 @@ def _swap_attnzoo(model: nn.Module, mechanism: str, options: dict[str, Any]) -> 
 
 
 def _output_projection(mixer: nn.Module) -> nn.Linear | None:
-    """The mixer's ``dim x dim`` output projection (``proj`` or, in TSSA/CBSA/MSSA, ``to_out``), if any."""
-    for n in ("proj", "to_out"):
-        m = getattr(mixer, n, None)
-        if isinstance(m, nn.Linear):
-            return m
-    return None
+    """The mixer's output projection, as its spec declares it (CBSA's ``proj`` is its input subspace, not this)."""
+    layout = getattr(getattr(mixer, "mechanism", None), "projections", None)
+    m = getattr(mixer, layout.out, None) if layout is not None and layout.out else None
+    return m if isinstance(m, nn.Linear) else None
 
 
 def _fresh(mechanism, p, dim, causal, options, context, ref):

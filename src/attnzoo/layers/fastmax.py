@@ -132,12 +132,15 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
     ) -> tuple[torch.Tensor, FastmaxState]:
         """Decode one token ``x (B, 1, dim)``; equals the causal forward at that position (no dropout).
 
-        ``attention_mask (B, 1)``: a padding token leaves its row's state unchanged and gets zero output."""
+        ``attention_mask``: ``(B, t + 1)``, the mask of every token fed so far with this one last (the models'
+        convention), or ``(B, 1)``; a padding token leaves its row's state unchanged and gets zero output."""
         self._require_causal()
         self.check_input(x)
         check_finite("x", x)
         if x.shape[1] != 1:
             raise ValueError(f"step takes one token x of shape (B, 1, dim), got shape {tuple(x.shape)}")
+        if attention_mask is not None:
+            attention_mask = attention_mask[:, -1:]  # this token's column: the state already holds the earlier ones
         with self.naming_input(x):
             q, k, v = self._qkv(x)
             out, state = fastmax_step(q, k, v, state, p=self.p, scale=self.scale, attention_mask=attention_mask)

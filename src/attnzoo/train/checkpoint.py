@@ -378,7 +378,7 @@ def load_checkpoint(
         raise CheckpointError(f"{model_file}: missing")
     _check_model_shapes(model_file, base)
     try:
-        missing, unexpected = load_model(base, str(model_file), strict=True)
+        missing, unexpected = load_model(base, str(model_file), strict=False)
     except Exception as e:  # noqa: BLE001 - dtype mismatch, damaged data, ...
         raise CheckpointError(f"{model_file} does not fit the model: {e}") from e
     if missing or unexpected:

@@ -15,7 +15,7 @@ import torch
 
 from attnzoo.ops._dtypes import acc_dtype
 from attnzoo.ops._varlen import Segments
-from attnzoo.ops.ema.varlen import check_contiguous, ema_leak
+from attnzoo.ops.ema.varlen import ema_leak, holed
 
 __all__ = ["ema_fft", "ema_kernel"]
 
@@ -87,7 +87,14 @@ def ema_fft(
 
 def _ema_fft_segments(x, alpha, delta, beta, eta, *, causal: bool, toks: Segments) -> torch.Tensor:
     """The row's FFT EMA with padding zeroed, less what earlier (later, backwards) sequences leak in."""
-    check_contiguous(toks)
+    if holed(toks):
+        # padding between real tokens (a mask, so one sequence per row): the real tokens moved together, in order,
+        # make a left-aligned row; the result goes back to their places
+        order = torch.sort((~toks.real).to(torch.int8), dim=1, stable=True).indices  # (B, N)
+        gather = order.unsqueeze(-1).expand_as(x)
+        packed = Segments(toks.ids.gather(1, order), toks.pos.gather(1, order), toks.num, toks.lengths)
+        y = _ema_fft_segments(x.gather(1, gather), alpha, delta, beta, eta, causal=causal, toks=packed)
+        return torch.zeros_like(y).scatter(1, gather, y)
     real = toks.real.unsqueeze(-1).to(x.dtype)
     x = x * real
     y = ema_fft(x, alpha, delta, beta, eta, causal=causal).to(acc_dtype(x.dtype))

@@ -17,22 +17,18 @@ import torch
 from attnzoo.ops._dtypes import acc_dtype
 from attnzoo.ops._varlen import Segments
 
-__all__ = ["ema_leak", "check_contiguous"]
+__all__ = ["ema_leak", "holed"]
 
 
-def check_contiguous(toks: Segments) -> None:
-    """The FFT path needs each sequence's tokens side by side (left/right padding, packed rows), not holed masks."""
+def holed(toks: Segments) -> bool:
+    """Whether a row has padding between its real tokens (the FFT path wants each sequence's tokens side by side)."""
     real = toks.real
     n = real.shape[1]
     tok = torch.arange(n, device=real.device)
     first = torch.where(real, tok, n).amin(-1)
     last = torch.where(real, tok, -1).amax(-1)
     count = real.sum(-1)
-    if bool(((count > 0) & (last - first + 1 != count)).any()):
-        raise ValueError(
-            "attention_mask has padding between real tokens of a row; the 'torch' (FFT) EMA takes left or right "
-            "padding and packed rows only: use backend='naive' for holed masks"
-        )
+    return bool(((count > 0) & (last - first + 1 != count)).any())
 
 
 def ema_leak(x: torch.Tensor, alpha, delta, beta, eta, ids, pos, lengths) -> torch.Tensor:

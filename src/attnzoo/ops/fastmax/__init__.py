@@ -153,7 +153,8 @@ def _fastmax_torch_autograd(q, k, v, *, p: int, causal: bool, scale: float, chun
     return _prepared(q, k, v, p=p, scale=scale, sweeps=sweeps)
 
 
-def _fastmax_triton(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int) -> torch.Tensor:
+def _fastmax_triton(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
+    del segs  # always None: the spec declares masks=False, so the dispatcher refuses masked calls
     from attnzoo.ops.fastmax.triton import fastmax_triton  # optional: imported only when it runs
 
     def sweeps(qs, kh, vv):

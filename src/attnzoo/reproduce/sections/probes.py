@@ -526,7 +526,7 @@ def _delta(vals: list[float], start: int) -> float:
 
 def _downs(vals: list[float], start: int) -> int:
     """How many consecutive layer-to-layer steps from ``start`` on decrease the value."""
-    return sum(1 for a, b in zip(vals[start:], vals[start + 1 :], strict=True) if b < a)
+    return sum(1 for a, b in zip(vals[start:], vals[start + 1 :], strict=False) if b < a)
 
 
 def _peak(series) -> tuple[float, int, float]:
@@ -774,7 +774,7 @@ def _softmax_snr(r: dict) -> list[float]:
 
 
 def _rises(vals: list[float]) -> bool:
-    return all(b > a for a, b in zip(vals, vals[1:], strict=True))
+    return all(b > a for a, b in zip(vals, vals[1:], strict=False))
 
 
 def _describe_softmax_run(r: dict) -> str:
