@@ -6,6 +6,7 @@ import torch
 
 from attnzoo._checks import check_finite, check_positive_int
 from attnzoo.layers.base import Attention, QKVProjection, RecurrentMixin, register_attention
+from attnzoo.ops._segment_ops import zero_padding_tokens
 from attnzoo.ops.fastmax import (
     FASTMAX,
     FastmaxOptions,
@@ -113,10 +114,7 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
                     # the explicit map is of one unmasked sequence: not recorded for padded or packed inputs
                     if x.shape[1] <= MAX_CAPTURE_TOKENS and attention_mask is None and cu_seqlens is None:
                         self.record(attn=explicit_attention(q, k, p=self.p, causal=self.causal, scale=self.scale))
-            y = self._out(out)
-            if attention_mask is not None:  # padding: zero, not proj's bias (the op checked the mask)
-                y = torch.where(attention_mask.to(device=y.device, dtype=torch.bool).unsqueeze(-1), y, 0.0)
-            return y
+            return zero_padding_tokens(self._out(out), attention_mask)
 
     # ---- recurrent decoding (causal only) -----------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> FastmaxState:
@@ -144,10 +142,7 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
         with self.naming_input(x):
             q, k, v = self._qkv(x)
             out, state = fastmax_step(q, k, v, state, p=self.p, scale=self.scale, attention_mask=attention_mask)
-            y = self._out(out)
-            if attention_mask is not None:
-                y = torch.where(attention_mask.to(device=y.device, dtype=torch.bool).unsqueeze(-1), y, 0.0)
-            return y, state
+            return zero_padding_tokens(self._out(out), attention_mask), state
 
     def _require_causal(self) -> None:
         if not self.causal:

@@ -13,6 +13,7 @@ from torch import nn
 
 from attnzoo._checks import check_positive_int
 from attnzoo.layers.base import Attention, RecurrentMixin, register_attention
+from attnzoo.ops._segment_ops import zero_padding_tokens
 from attnzoo.ops.tssa import TSSA, TSSAOptions, TSSAState, tssa, tssa_init_state, tssa_pi, tssa_step
 
 __all__ = ["TSSAAttention"]
@@ -81,10 +82,7 @@ class TSSAAttention(Attention, RecurrentMixin):
             if self.capturing:
                 with torch.no_grad():
                     self.record(pi=tssa_pi(w, temp, causal=self.causal, bias=self.bias, **masks), w=w)
-            y = self.to_out(rearrange(out, "b h n p -> b n (h p)"))
-            if attention_mask is not None:  # validated by the op; to_out's bias must not reach padding
-                y = torch.where((attention_mask != 0).unsqueeze(-1), y, 0.0)
-            return y
+            return zero_padding_tokens(self.to_out(rearrange(out, "b h n p -> b n (h p)")), attention_mask)
 
     # ---- recurrent decoding (causal only) -----------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> TSSAState:
