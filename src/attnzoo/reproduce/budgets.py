@@ -353,7 +353,7 @@ def _long() -> dict:
     # with the schedule stretched to 4,000 steps it left it by step 1,000 and ended at 0.426 (one thread, 280 s)
     plan["icl"]["train"].update(steps=4000, warmup_steps=400)
     plan["icl"]["tasks"] = {"linear": dict(ICL_LINEAR), "sparse": dict(ICL_SPARSE)}
-    plan["icl"]["ablations"] = ["aot+softmax", "aot@2x-steps", "gpt@2x-steps"]
+    plan["icl"]["ablations"] = ["aot+softmax", "aot-qnorm", "aot@2x-steps", "gpt@2x-steps"]
     plan["icl"]["plateau_seeds"] = 1  # GPT at 8,000 steps: ~7 min a run on one thread
     plan["icl"]["ablation_tasks"] = ["linear", "sparse"]
     lra = plan["long-range"]
