@@ -61,8 +61,9 @@ def ema_fft(
     causal: bool,
     toks: Segments | None = None,
 ) -> torch.Tensor:
-    """MEGA's EMA by FFT convolution: ``x (B, N, D)`` -> ``(B, N, D)``; coefficients ``(D, h)`` when ``causal``,
-    else ``(2, D, h)`` (forward then backward direction). Accumulates in float32 (float64 for float64).
+    """MEGA's EMA by FFT convolution: ``x (B, N, D)`` -> ``(B, N, D)``; coefficients ``(D, h)`` when ``causal``
+    (then by blocks, :mod:`attnzoo.ops.ema.scan`: exactly causal), else ``(2, D, h)`` (forward then backward
+    direction). Accumulates in float32 (float64 for float64).
 
     ``toks``: sequences of a padded batch or packed row; each restarts (:mod:`attnzoo.ops.ema.varlen`)."""
     if toks is not None:
@@ -74,6 +75,11 @@ def ema_fft(
     # and the spectra stay in the accumulation dtype under mixed precision too
     dev = x.device.type
     with torch.autocast(dev, enabled=False) if torch.amp.is_autocast_available(dev) else contextlib.nullcontext():
+        if causal:
+            # the FFT would let later tokens move earlier outputs by rounding: the exactly causal block scan
+            from attnzoo.ops.ema.scan import ema_scan  # scan imports ema_kernel from here
+
+            return ema_scan(x, alpha, delta, beta, eta)
         k = ema_kernel(alpha, delta, beta, eta, N)  # (D, N) or (2, D, N)
         xf = torch.fft.rfft(x.to(acc).transpose(1, 2), n=n)  # (B, D, n // 2 + 1)
         if causal:
