@@ -103,18 +103,6 @@ class MegaLayer(RecurrentMixin, Attention):
         self.chunk_size, self.max_len, self.prenorm = o.chunk_size, o.max_len, o.prenorm
         self.csp_groups, self.shift_schedule = o.csp_groups, o.shift_schedule
         self.layer_index, self.num_layers = o.layer_index, o.num_layers
-        if causal and o.attention == "csp":
-            raise ValueError(
-                "MegaLayer(attention='csp') has no causal form (CSP's shifts and groups mix every token of a "
-                "group); for a causal MEGA use attention='softmax' or 'laplace' (with chunk_size for MEGA-chunk), "
-                "or build it with causal=False"
-            )
-        if causal and o.norm_layer == "batchnorm":
-            raise ValueError(
-                "MegaLayer(norm_layer='batchnorm', causal=True): BatchNorm pools statistics over every token of "
-                "the batch in training, later tokens included, so it leaks the future; use 'layernorm' or "
-                "'scalenorm' for a causal MEGA"
-            )
         self._build_parameters(o)
         self._shift_cache: dict[tuple[int, str], torch.Tensor] = {}
         self.reset_parameters()

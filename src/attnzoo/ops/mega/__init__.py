@@ -72,6 +72,21 @@ class MegaOptions(Options):
     layer_index: int = option(0, _check_layer_index, "this layer's place in CSP's power-law schedule")
     num_layers: int = option(1, check_positive_int, "layers of CSP's schedule")
 
+    def causal_error(self) -> str | None:
+        if self.attention == "csp":
+            return (
+                "MEGA with attention='csp' has no causal form (CSP's shifts and groups mix every token of a group, "
+                "later ones included); for a causal MEGA use attention='softmax' or 'laplace' (with chunk_size for "
+                "MEGA-chunk), or build it with causal=False"
+            )
+        if self.norm_layer == "batchnorm":
+            return (
+                "MEGA with norm_layer='batchnorm' has no causal form: BatchNorm pools statistics over every token of "
+                "the batch in training, later tokens included; use norm_layer='layernorm' or 'scalenorm' for a "
+                "causal MEGA"
+            )
+        return None
+
     def validate(self) -> None:
         if self.layer_index >= self.num_layers:
             raise ValueError(
