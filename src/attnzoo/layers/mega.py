@@ -43,8 +43,9 @@ class MegaLayer(RecurrentMixin, Attention):
     feed-forward half is MEGA's normalised FFN. ``heads`` is checked and otherwise ignored: MEGA is single-head.
 
     Parameters (``E = hdim``, ``R`` = ``chunk_size`` or ``max_len``): norm ``2D`` (``1`` for ScaleNorm);
-    EMA ``8Dh + D`` (``4Dh + D`` causal); ``W_v`` ``DE + E``; ``W`` ``D(Z + E + 2D) + Z + E + 2D``; ``W_h`` ``ED + D``; offsets ``4Z``;
-    relative bias ``2R - 1``. With ``attention="csp"`` the shared ``Z``, its offsets and the bias are not built.
+    EMA ``8Dh + D`` (``4Dh + D`` causal); ``W_v`` ``DE + E``; ``W`` ``D(Z + E + 2D) + Z + E + 2D``; ``W_h``
+    ``ED + D``; offsets ``4Z``; relative bias ``2R - 1``. With ``attention="csp"`` the shared ``Z``, its offsets and
+    the bias are not built.
 
     Recorded internals: ``ema`` (``X'``, ``(B, N, D)``), ``u`` (update gate ``(B, N, D)``), ``r`` (reset gate).
 
@@ -233,9 +234,7 @@ class MegaLayer(RecurrentMixin, Attention):
                 q = z * self.qk_scale[0] + self.qk_offset[0]  # the two offsets of Z
                 k = z * self.qk_scale[1] + self.qk_offset[1]
                 fn = "softmax" if self.attention == "softmax" else "laplace"
-                o = mega_attention(
-                    q, k, v, self.rel_bias, fn=fn, chunk_size=self.chunk_size, causal=self.causal, **kw
-                )
+                o = mega_attention(q, k, v, self.rel_bias, fn=fn, chunk_size=self.chunk_size, causal=self.causal, **kw)
             else:
                 u, r, hx = torch.split(base, [D, E, D], dim=-1)
                 r = F.silu(r)

@@ -553,15 +553,15 @@ def _register_lra() -> None:
 _register_lra()
 
 
-# MEGA on LRA (Ma et al. 2022), as its released code configures it (facebookresearch/mega:
-# fairseq/models/lra/model.py, mega_lra_* architectures, and examples/mega/README.lra.md's command lines):
-# (layers, width D, Z, E = hidden = FFN width, attention function, norm, pre-norm, dropout). Checked against MEGA
-# Table 8 (App. D.2: Depth, d_model, z, v = d_FFN, h = 16, Attn-FN, Norm, Pre-norm, Dropout): every entry agrees. EMA expansion h = 16,
-# SiLU, mean pooling, no positional embedding (the EMA and the relative bias carry positions), final norm only
-# with pre-norm, head Linear(D, E) -> act -> Linear(E, classes). The code's ListOps default norm is ScaleNorm but its
-# README trains with LayerNorm; we follow the README. Differences of form: our token embedding also serves the
-# image tasks (MEGA embeds a pixel with a Linear(1, D)); the dual head reads [u, v, u*v, u-v] (4D, MEGA's 2D); the
-# relative bias spans our max_len (MEGA: 2002 / 4002 positions for ListOps / Text and Retrieval).
+# MEGA on LRA (Ma et al. 2022), as its released code configures it (facebookresearch/mega: fairseq/models/lra/model.py,
+# mega_lra_* architectures, and examples/mega/README.lra.md's command lines): (layers, width D, Z, E = hidden = FFN
+# width, attention function, norm, pre-norm, dropout). Checked against MEGA Table 8 (App. D.2: Depth, d_model, z, v =
+# d_FFN, h, Attn-FN, Norm, Pre-norm, Dropout): every entry agrees. EMA expansion h = 16, SiLU, mean pooling, no
+# positional embedding (the EMA and the relative bias carry positions), final norm only with pre-norm, head Linear(D, E)
+# -> act -> Linear(E, classes). The code's ListOps default norm is ScaleNorm but its README trains with LayerNorm; we
+# follow the README. Differences of form: our token embedding also serves the image tasks (MEGA embeds a pixel with a
+# Linear(1, D)); the dual head reads [u, v, u*v, u-v] (4D, MEGA's 2D); the relative bias spans our max_len (MEGA: 2002 /
+# 4002 positions for ListOps / Text and Retrieval).
 _MEGA_LRA = {
     "listops": (6, 80, 64, 160, "softmax", "layernorm", False, 0.1),
     "text": (4, 128, 64, 256, "softmax", "scalenorm", False, 0.1),

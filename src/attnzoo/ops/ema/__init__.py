@@ -105,8 +105,8 @@ def ema(
     Coefficients ``alpha, delta, beta, eta``: ``(D, h)`` when ``causal`` (``y_t`` reads ``x_{<=t}``), else
     ``(2, D, h)``: the forward EMA plus a backward EMA with its own coefficients (``y_t`` reads every token).
     ``alpha`` and ``delta`` must lie in [0, 1]. ``backend``: ``"auto"``/``"torch"`` (FFT, O(N log N); causal: by
-blocks of 64 tokens, exactly causal) or
-    ``"naive"`` (the recurrence). Sums run in float32 (float64 for float64 inputs).
+    blocks of 64 tokens, exactly causal) or ``"naive"`` (the recurrence). Sums run in float32 (float64 for float64
+    inputs).
     """
     causal = EMAOptions.check("causal", causal)
     coeffs = {"alpha": alpha, "delta": delta, "beta": beta, "eta": eta}

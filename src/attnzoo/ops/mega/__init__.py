@@ -170,7 +170,7 @@ def mega_attention(
     the attention's span (N, or ``chunk_size``). ``fn``: ``"softmax"`` (scores scaled by ``Z^-1/2``) or
     ``"laplace"`` (scores divided by the keys of the chunk). ``chunk_size``: attention within consecutive chunks of
     that many tokens (the last may be shorter); ``None`` or ``>= N`` is full attention. ``causal``: query i reads
-keys ``j <= i`` of its chunk only (MEGA's decoders; the Laplace scale is then ``i + 1`` within the chunk).
+    keys ``j <= i`` of its chunk only (MEGA's decoders; the Laplace scale is then ``i + 1`` within the chunk).
 
     ``attention_mask`` ``(B, N)`` (True at real tokens) or ``cu_seqlens`` ``(S + 1,)`` (sequences packed in one
     row): each sequence attends within itself, its chunks counted from its first token and the bias read at

@@ -1,10 +1,10 @@
 """Reference MEGA attention (MEGA §3.2-3.3): the full score matrix, a chunk mask, the function.
 
 Scores ``s_ij = q_i . k_j / c + b[j - i]`` for query i and key j in the same chunk of ``chunk`` tokens (§3.5,
-"Mega-chunk"; one chunk when there is no chunking) and, when ``causal``, ``j <= i`` (MEGA's decoders), with ``c = sqrt(Z)`` for softmax (q scaled, as MEGA's
-code does) and ``c = n`` (the number of keys query i sees: its chunk, or the keys up to i when causal, as MEGA's code divides by
-its attention mask's row sums) for the Laplace function. Weights are
-``softmax_j(s)`` or ``laplace(s) = (1 + erf((s - mu) / (sigma sqrt 2))) / 2`` with ``mu = sqrt(1/2)``,
+"Mega-chunk"; one chunk when there is no chunking) and, when ``causal``, ``j <= i`` (MEGA's decoders), with
+``c = sqrt(Z)`` for softmax (q scaled, as MEGA's code does) and ``c = n`` for the Laplace function: the number of
+keys query i sees (its chunk; the keys up to i when causal, as MEGA's code divides by its mask's row sums).
+Weights are ``softmax_j(s)`` or ``laplace(s) = (1 + erf((s - mu) / (sigma sqrt 2))) / 2`` with ``mu = sqrt(1/2)``,
 ``sigma = sqrt(1 / (4 pi))`` (MEGA §3.3, Laplace attention); the output is ``sum_j w_ij v_j``.
 """
 

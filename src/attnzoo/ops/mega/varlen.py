@@ -1,11 +1,11 @@
 """MEGA attention on padded batches and packed rows (issue 27): each sequence attends within itself.
 
-Query ``i`` and key ``j`` of one sequence (positions ``p_i, p_j`` counted from its first real token) interact iff
-they share a chunk of that sequence, ``p_i // r == p_j // r`` (chunks counted from the sequence's start; ``r`` the
-sequence's length without chunking), with the relative bias read at ``b[p_j - p_i]``; the Laplace scale counts the
-keys of that chunk (``causal``: only ``p_j <= p_i``, and the scale counts those). Any key of query ``i``'s chunk lies within ``r - 1`` tokens of it in the row, so the row is cut
-in blocks of ``r`` tokens and block ``c`` scores against blocks ``c - 1, c, c + 1`` under a segment mask:
-``(B, C, r, 3r)`` scores, O(N r), no loop over sequences. Padding queries give zeros.
+Query ``i`` and key ``j`` of one sequence (positions ``p_i, p_j`` counted from its first real token) interact iff they
+share a chunk of that sequence, ``p_i // r == p_j // r`` (chunks counted from the sequence's start; ``r`` the sequence's
+length without chunking), with the relative bias read at ``b[p_j - p_i]``; the Laplace scale counts the keys of that
+chunk (``causal``: only ``p_j <= p_i``, and the scale counts those). Any key of query ``i``'s chunk lies within
+``r - 1`` tokens of it in the row, so the row is cut in blocks of ``r`` tokens and block ``c`` scores against blocks
+``c - 1, c, c + 1`` under a segment mask: ``(B, C, r, 3r)`` scores, O(N r), no loop over sequences. Padding queries give zeros.
 """
 
 from __future__ import annotations
