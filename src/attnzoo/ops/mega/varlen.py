@@ -5,7 +5,8 @@ share a chunk of that sequence, ``p_i // r == p_j // r`` (chunks counted from th
 length without chunking), with the relative bias read at ``b[p_j - p_i]``; the Laplace scale counts the keys of that
 chunk (``causal``: only ``p_j <= p_i``, and the scale counts those). Any key of query ``i``'s chunk lies within
 ``r - 1`` tokens of it in the row, so the row is cut in blocks of ``r`` tokens and block ``c`` scores against blocks
-``c - 1, c, c + 1`` under a segment mask: ``(B, C, r, 3r)`` scores, O(N r), no loop over sequences. Padding queries give zeros.
+``c - 1, c, c + 1`` under a segment mask: ``(B, C, r, 3r)`` scores, O(N r), no loop over sequences. Padding queries give
+zeros.
 """
 
 from __future__ import annotations
