@@ -40,8 +40,9 @@ def mega_attention_step(
     bias = rel_bias.to(acc)[rel]  # (B, T): b[p_j - p]; keys not seen are masked below
     s = (qa @ ka.transpose(1, 2))[:, 0]  # (B, T)
     if fn == "softmax":
-        s = (s * q.shape[2] ** -0.5 + bias).masked_fill(~seen, float("-inf"))
-        w = torch.softmax(s, dim=-1)
+        # a finite fill: a padding token's query sees no key at all, and its weights must be zeros, not NaN
+        s = (s * q.shape[2] ** -0.5 + bias).masked_fill(~seen, torch.finfo(acc).min)
+        w = torch.softmax(s, dim=-1) * seen
     else:
         count = seen.sum(-1, keepdim=True).clamp_min(1).to(acc)
         w = laplace(s / count + bias) * seen
