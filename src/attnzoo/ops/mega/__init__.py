@@ -142,7 +142,7 @@ MEGA = Mechanism(
     card=Card(
         "MEGA layer (Ma et al. 2022): damped EMA + single-head gated attention (softmax / Laplace), chunks of r, "
         "or CSP in its place",
-        "O(N²), O(N·r) chunked, O(N log N) with CSP; EMA O(N log N) (FFT)",
+        "O(N²), O(N·r) chunked, O(N log N) with CSP; EMA O(N log N) (FFT), causal O(N·L) (blocks of L = 64)",
         "O(N²), O(N·r), O(N)",
         causal="causal EMA + causal attention (within chunks), recurrent step; not with CSP",
         ops=("ema", "mega_attention"),
