@@ -74,6 +74,33 @@ def test_decoding_equals_the_causal_forward(opts):
     assert state["pos"].tolist() == [N, N]
 
 
+@pytest.mark.parametrize("opts", [VARIANTS[1], VARIANTS[2], VARIANTS[4]])
+@pytest.mark.parametrize("t", [1, 4, 7])
+def test_prefill_holds_the_state_of_stepping_the_prompt(opts, t):
+    # t = 4 ends a chunk of 4 (an empty cache), 7 leaves 3 keys; decoding on from either state gives the forward
+    m = _layer(**opts)
+    x = _x()
+    out, state = m.prefill(x[:, :t])
+    stepped, ref = _decode(m, x[:, :t])
+    torch.testing.assert_close(out, m(x[:, :t]), rtol=0, atol=0)
+    torch.testing.assert_close(out, stepped, rtol=1e-12, atol=1e-12)
+    assert state.keys() == ref.keys()
+    for name in state:
+        assert state[name].shape == ref[name].shape and state[name].dtype == ref[name].dtype, name
+        torch.testing.assert_close(state[name], ref[name], rtol=1e-12, atol=1e-12)
+    rest, _ = _decode(m, x[:, t:], state)
+    torch.testing.assert_close(rest, m(x)[:, t:], rtol=1e-12, atol=1e-12)
+
+
+def test_prefill_of_a_padded_prompt_replays_it():
+    m = _layer()
+    x = _x(5)
+    assert m.prefill(x, attention_mask=torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])) is None
+    assert m.prefill(x, attention_mask=torch.ones(2, 5)) is not None  # nothing padded
+    with pytest.raises(ValueError, match="prefill decodes causally; build the module with causal=True"):
+        build_attention("mega", D, 1).prefill(x)
+
+
 def test_decoding_in_float32():
     m = _layer(torch.float32, attention="laplace", chunk_size=4)
     x = _x(dtype=torch.float32)

@@ -13,6 +13,7 @@ from attnzoo.layers.base import Attention, RecurrentMixin, check_kv_cache, check
 from attnzoo.ops._varlen import check_attention_mask, segments
 from attnzoo.ops.csp import csp, csp_shifts
 from attnzoo.ops.ema import ema, ema_step, init_ema_state
+from attnzoo.ops.ema.scan import decay_powers
 from attnzoo.ops.mega import MEGA, MegaOptions, mega_attention
 from attnzoo.ops.mega.step import mega_attention_step
 
@@ -52,6 +53,7 @@ class MegaLayer(RecurrentMixin, Attention):
     Decoding (causal): ``state = init_state(B)``, then ``y, state = step(x_t (B, 1, dim), state)``; the state is the
     EMA's ``(B, D, h)`` and the keys/values of the current chunk (MEGA's incremental state, emptied at each chunk
     boundary), so it is O(chunk_size) per sequence with chunks and grows with the context without them.
+    :meth:`prefill` computes that state from a prompt in one parallel pass.
     """
 
     mechanism = MEGA
@@ -321,6 +323,37 @@ class MegaLayer(RecurrentMixin, Attention):
             if not bool(live.all()):
                 keys, values, key_pos = keys[:, live], values[:, live], key_pos[:, live]
             return y, {"ema": ema_state, "k": keys, "v": values, "key_pos": key_pos, "pos": pos}
+
+    def prefill(
+        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | None:
+        """The prompt ``x (B, T, dim)`` through the causal forward once: ``(out (B, T, dim), state)`` with the state
+        :meth:`step` would hold after it (EMA state in closed form, MEGA §A eq 23; the keys/values of the last,
+        unfinished chunk). ``None`` for a padded prompt (``attention_mask`` with padding): replay it through step."""
+        if not self.causal:
+            raise ValueError("MegaLayer.prefill decodes causally; build the module with causal=True")
+        if attention_mask is not None and not bool(torch.as_tensor(attention_mask).bool().all()):
+            return None
+        self.check_input(x)
+        B, T, D = x.shape
+        out = self(x)
+        with self.naming_input(x):
+            xn = self.norm(x) if self.prenorm else x
+            a, d, b, e = self.ema_coefficients()
+            # h_T = sum_t q^{T-1-t} alpha beta x_t (q = 1 - alpha delta): the recurrence's state after T tokens
+            acc = init_ema_state(1, 1, 1, dtype=x.dtype).dtype
+            powers = decay_powers((1 - a * d).to(acc), T).flip(-1)  # (D, h, T): q^{T-1-t}
+            ema_state = torch.einsum("dnt,btd->bdn", (a * b).to(acc).unsqueeze(-1) * powers, xn.to(acc))
+            start = 0 if self.chunk_size is None else T - T % self.chunk_size  # the unfinished chunk's first token
+            tail = xn[:, start:]
+            v = self.hidden_drop(F.silu(self.v_proj(tail)))
+            mx = self.drop(F.silu(ema(xn, a, d, b, e, causal=True)[:, start:] + tail * self.ema_omega))
+            zr = torch.split(self.mx_proj(mx), [D, self.zdim + self.hdim, D], dim=-1)[1]
+            z = F.silu(zr)[..., : self.zdim]
+            k = z * self.qk_scale[1] + self.qk_offset[1]
+            key_pos = torch.arange(start, T, device=x.device).expand(B, -1)
+            pos = torch.full((B,), T, dtype=torch.long, device=x.device)
+            return out, {"ema": ema_state, "k": k, "v": v, "key_pos": key_pos, "pos": pos}
 
     def extra_repr(self) -> str:
         extra = f"chunk_size={self.chunk_size}" if self.attention != "csp" else f"csp_groups={self.csp_groups}"

@@ -19,13 +19,13 @@ import torch.nn.functional as F
 from attnzoo.ops._dtypes import acc_dtype
 from attnzoo.ops.ema.parallel import ema_kernel
 
-__all__ = ["ema_scan", "BLOCK"]
+__all__ = ["ema_scan", "decay_powers", "BLOCK"]
 
 #: tokens per block: the triangle's work grows with it, the sequential steps shrink
 BLOCK = 64
 
 
-def _powers(q: torch.Tensor, n: int) -> torch.Tensor:
+def decay_powers(q: torch.Tensor, n: int) -> torch.Tensor:
     """``q^l`` for ``l = 0 .. n - 1``, ``(..., n)``; ``q^0 = 1`` exactly, also where ``q = 0``."""
     lags = torch.arange(1, n, device=q.device, dtype=q.dtype)
     rest = torch.exp(lags * torch.log(q.clamp_min(torch.finfo(q.dtype).tiny)).unsqueeze(-1))
@@ -56,7 +56,7 @@ def ema_scan(
     xb = F.pad(x.to(acc), (0, 0, 0, C * L - N)).reshape(B, C, L, D)
     y = torch.einsum("dij,bcjd->bcid", tri, xb)
     if C > 1:
-        pw = _powers(q, L + 1)  # (D, h, L + 1)
+        pw = decay_powers(q, L + 1)  # (D, h, L + 1)
         into = (a * b).unsqueeze(-1) * pw[..., :L].flip(-1)  # (D, h, L): q^{L-1-j} alpha beta, token j -> block end
         ends = torch.einsum("dnj,bcjd->bcdn", into, xb)  # each block's own contribution to the state at its end
         decay = pw[..., L]  # q^L
