@@ -155,12 +155,15 @@ def test_mega_lm_is_causal_and_decodes_as_its_forward(chunk_size):
         later = ids.clone()
         later[:, 6:] = (later[:, 6:] + 5) % 23
         torch.testing.assert_close(model(later)[:, :6], logits[:, :6], rtol=0, atol=0)  # no future token read
-        assert model.prefill(ids) is None  # no parallel prefill: generate feeds the prompt through step
+        pre_logits, pre_state = model.prefill(ids[:, :5])  # generate's cache starts from the prompt's parallel pass
+        torch.testing.assert_close(pre_logits, logits[:, :5], rtol=1e-12, atol=1e-12)
         state, steps = model.init_state(2), []
         for t in range(11):
             out, state = model.step(ids[:, t], state)
             steps.append(out)
         torch.testing.assert_close(torch.stack(steps, 1), logits, rtol=1e-10, atol=1e-10)
+        after, _ = model.step(ids[:, 5], pre_state)
+        torch.testing.assert_close(after, logits[:, 5], rtol=1e-10, atol=1e-10)
         cached = model.generate(ids[:, :5], 6, temperature=0, use_cache=True)
         replayed = model.generate(ids[:, :5], 6, temperature=0, use_cache=False)
     assert torch.equal(cached, replayed)
