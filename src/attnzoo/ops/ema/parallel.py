@@ -15,6 +15,7 @@ import torch
 
 from attnzoo.ops._dtypes import acc_dtype
 from attnzoo.ops._varlen import Segments
+from attnzoo.ops.ema.scan import ema_scan
 from attnzoo.ops.ema.varlen import ema_leak, holed
 
 __all__ = ["ema_fft", "ema_kernel"]
@@ -77,8 +78,6 @@ def ema_fft(
     with torch.autocast(dev, enabled=False) if torch.amp.is_autocast_available(dev) else contextlib.nullcontext():
         if causal:
             # the FFT would let later tokens move earlier outputs by rounding: the exactly causal block scan
-            from attnzoo.ops.ema.scan import ema_scan  # scan imports ema_kernel from here
-
             return ema_scan(x, alpha, delta, beta, eta)
         k = ema_kernel(alpha, delta, beta, eta, N)  # (D, N) or (2, D, N)
         xf = torch.fft.rfft(x.to(acc).transpose(1, 2), n=n)  # (B, D, n // 2 + 1)

@@ -1,7 +1,8 @@
 """The causal EMA by blocks (MEGA §3.1): an exact lower-triangular product within each block, the recurrence across.
 
 Blocks of ``L`` tokens: within block ``c`` the output is ``sum_{j <= i} k[i - j] x_j`` (``k`` the EMA kernel of
-:func:`attnzoo.ops.ema.parallel.ema_kernel`, an ``(L, L)`` lower-triangular Toeplitz product per channel), plus what
+:func:`attnzoo.ops.ema.parallel.ema_kernel` for ``L`` lags, an ``(L, L)`` lower-triangular Toeplitz product per
+channel), plus what
 the state ``H_{c-1}`` before the block gives, ``eta^T (q^{i+1} H_{c-1})``; ``H_c = q^L H_{c-1} + sum_j
 q^{L-1-j} alpha beta x_j`` (the recurrence ``h_t = alpha beta x_t + q h_{t-1}``, ``q = 1 - alpha delta``, taken a block
 at a time). O(N L D + N D h) work, ``N / L`` sequential steps of size ``(B, D, h)``.
@@ -17,7 +18,6 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.ops._dtypes import acc_dtype
-from attnzoo.ops.ema.parallel import ema_kernel
 
 __all__ = ["ema_scan", "decay_powers", "BLOCK"]
 
@@ -48,7 +48,8 @@ def ema_scan(
     C = -(-N // L)
     a, d, b, e = (t.to(acc) for t in (alpha, delta, beta, eta))
     q = 1 - a * d  # (D, h)
-    k = ema_kernel(a, d, b, e, L)  # (D, L)
+    pw = decay_powers(q, L + 1)  # (D, h, L + 1)
+    k = torch.einsum("dn,dnl->dl", e * a * b, pw[..., :L])  # the EMA kernel k[l] = sum_n eta alpha beta q^l
     i = torch.arange(L, device=x.device)
     lag = i[:, None] - i[None, :]
     tri = torch.where(lag >= 0, k[:, lag.clamp_min(0)], torch.zeros((), dtype=acc, device=x.device))  # (D, L, L)
@@ -56,7 +57,6 @@ def ema_scan(
     xb = F.pad(x.to(acc), (0, 0, 0, C * L - N)).reshape(B, C, L, D)
     y = torch.einsum("dij,bcjd->bcid", tri, xb)
     if C > 1:
-        pw = decay_powers(q, L + 1)  # (D, h, L + 1)
         into = (a * b).unsqueeze(-1) * pw[..., :L].flip(-1)  # (D, h, L): q^{L-1-j} alpha beta, token j -> block end
         ends = torch.einsum("dnj,bcjd->bcdn", into, xb)  # each block's own contribution to the state at its end
         decay = pw[..., L]  # q^L
