@@ -18,7 +18,7 @@ from attnzoo.data.tasks import Task, build_task, pack_task
 from attnzoo.models import CausalLMConfig, SequenceClassifierConfig
 from attnzoo.models.language import CausalLM
 from attnzoo.models.sequence import SequenceClassifier
-from attnzoo.train.config import ConfigError, load_config
+from attnzoo.train.config import ConfigError, load_config, parse_overrides
 from attnzoo.train.objectives import MetricAccumulator, compute_loss
 from attnzoo.train.trainer import evaluate, train
 
@@ -180,6 +180,7 @@ def test_packed_batch_loss_equals_the_documents_alone(attention):
 
 
 def test_pack_refuses_what_cannot_be_packed():
+    assert parse_overrides(["--pack"]) == {"pack": True}  # `attnzoo train ... --pack`
     with pytest.raises(ConfigError, match="causal_lm"):
         load_config(None, {"task": "digits", "model": "tost_gpt_base", "pack": True}).validate()
     with pytest.raises(ValueError, match="causal_lm"):
