@@ -217,3 +217,31 @@ def test_packed_training_resumes_exactly(tmp_path):
     rest = train(None, tmp_path / "b", resume=True, model_factory=tiny_factory, progress=False)
     assert rest.step == 8 and _train_losses(tmp_path / "a") == _train_losses(tmp_path / "b")
     assert full.final_metrics == rest.final_metrics and full.final_metrics["loss"] > 0
+
+
+def test_training_steps_pass_the_mask_to_every_layer(tmp_path):
+    seen = []  # (training?, the model's tokens, each mixer's mask)
+
+    def factory(cfg, task):
+        model = _classifier("tssa", "mean", max_len=task.info["seq_len"]).float()
+        model.register_forward_pre_hook(
+            lambda m, args, kw: seen.append((m.training, args[0], [])) or None, with_kwargs=True
+        )
+        for blk in model.blocks:
+            blk.attn.register_forward_pre_hook(
+                lambda _m, _a, kw: seen[-1][2].append(kw.get("attention_mask")), with_kwargs=True
+            )
+        return model
+
+    cfg = load_config(
+        None,
+        dict(
+            task="lra_listops", task_options={"n_train": 8, "n_val": 4, "min_len": 5, "max_len": 30}, steps=2,
+            batch_size=4, eval_every=2, log_every=1, ckpt_every=2, model="tost_lra_listops",
+        ),
+    )  # fmt: skip
+    train(cfg, tmp_path / "run", model_factory=factory, progress=False)
+    assert [t for t, _, _ in seen] == [True, True, False]  # two training steps, one evaluation batch
+    for _, ids, masks in seen:
+        assert (ids == 0).any() and len(masks) == 2  # padded batches, one mask per layer
+        assert all(m is not None and torch.equal(m.bool(), ids != 0) for m in masks)
