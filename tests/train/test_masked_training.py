@@ -41,6 +41,11 @@ def test_pad_id_is_never_a_real_token():
     assert min(tokens) >= 1 and lra.LISTOPS_TOKENS[lra.PAD] == "<pad>"
     t = build_task("lra_listops", n_train=4, n_val=2, min_len=5, max_len=30)
     assert t.info["pad_id"] == lra.PAD == 0 and t.info["mask_padding"] is True
+    t = build_task("lra_text", seq_len=512, n_train=16, n_val=2)
+    inputs, _ = t.train.get_batch(np.arange(16))
+    (ids,), (mask,) = inputs, t.model_args(inputs)[1].values()
+    # reviews are written from the first byte on and padded after their end: the mask is a prefix of each row
+    assert (ids[:, 0] != 0).all() and (~mask).any() and torch.equal(mask, mask.cummin(1).values)
 
 
 # ---- LRA classifiers: a padded batch equals each example alone ----------------------------------------------------
