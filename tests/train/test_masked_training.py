@@ -58,7 +58,7 @@ def _classifier(attention: str, pool: str, dual: bool = False, vocab: int = lra.
     return SequenceClassifier(cfg).double().eval()
 
 
-@pytest.mark.parametrize("attention", ["softmax", "tssa", "fastmax", "mssa"])
+@pytest.mark.parametrize("attention", ["softmax", "tssa", "fastmax", "mssa", "mega", "csp", "cbsa", "xca", "linear"])
 @pytest.mark.parametrize("pool", ["mean", "cls"])
 def test_padded_listops_batch_gives_each_example_alone(attention, pool):
     task = build_task("lra_listops", n_train=6, n_val=2, min_len=5, max_len=30, seed=2)
