@@ -121,8 +121,14 @@ class CausalLM(PretrainedModel):
         """``idx (B, T)`` -> logits ``(B, T, V)``. ``attention_mask (B, T)`` (1 = real token, padding anywhere) or
         ``cu_seqlens (S + 1,)`` (sequences packed in one row, ``B = 1``): each sequence is computed as if alone
         (positions restart at its first real token; logits at padding positions are meaningless)."""
-        check_token_ids("idx", idx, self.config.vocab_size, self.config.block_size)
+        # a packed row may exceed block_size: each of its sequences may not (positions restart at each one)
+        check_token_ids("idx", idx, self.config.vocab_size, None if cu_seqlens is not None else self.config.block_size)
         seg = segments(*idx.shape, attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=idx.device)
+        if cu_seqlens is not None and seg.lengths.numel() and int(seg.lengths.max()) > self.config.block_size:
+            raise ValueError(
+                f"cu_seqlens holds a sequence of {int(seg.lengths.max())} tokens but the model handles at most "
+                f"block_size={self.config.block_size} per sequence"
+            )
         x = self._embed(idx, 0 if seg is None else seg.pos)
         for blk in self.blocks:
             x = blk(x, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
