@@ -154,11 +154,10 @@ def _fastmax_torch_autograd(q, k, v, *, p: int, causal: bool, scale: float, chun
 
 
 def _fastmax_triton(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
-    del segs  # always None: the spec declares masks=False, so the dispatcher refuses masked calls
     from attnzoo.ops.fastmax.triton import fastmax_triton  # optional: imported only when it runs
 
     def sweeps(qs, kh, vv):
-        return fastmax_triton(qs, kh, vv, p=p, causal=causal, chunk_size=chunk_size)
+        return fastmax_triton(qs, kh, vv, p=p, causal=causal, chunk_size=chunk_size, seg=segs)
 
     return _prepared(q, k, v, p=p, scale=scale, sweeps=sweeps)
 
@@ -222,7 +221,6 @@ FASTMAX = Mechanism(
             needs="attnzoo.ops.fastmax.triton",
             available=lambda: _triton_available(),
             auto_if=_auto_takes_triton,
-            masks=False,  # the kernels take no sequence ids yet
         ),
     },
     causal=True,
@@ -285,7 +283,7 @@ def fastmax(
     keys of the query's own sequence only (causal prefixes restart at each sequence's first token), so every
     sequence gets what it gets alone; padding outputs zero. Backends :data:`MASK_BACKENDS` take them
     (:mod:`attnzoo.ops.fastmax.varlen`; ``"cpu"``: its kernel for p=1 non-causal inference, the PyTorch sweeps
-    otherwise), ``"triton"`` raises.
+    otherwise; ``"triton"``: its sweep kernels, reading each token's sequence id).
 
     NaN/Inf in q, k, v, and magnitudes that would overflow the compute dtype, raise
     :class:`~attnzoo._checks.NonFiniteError` before any work (one host sync); the fused CPU kernel finds them
