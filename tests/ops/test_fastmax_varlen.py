@@ -92,22 +92,6 @@ def test_bad_input_errors():
         fastmax_dropout(q, q, q, rate=0.1, placement="1d", attention_mask=torch.ones(2, 5))
 
 
-def test_triton_backend_names_the_mask_backends(monkeypatch):
-    from attnzoo.ops import _triton_utils
-    from attnzoo.ops._dispatch import resolve_backend
-
-    fm = importlib.import_module("attnzoo.ops.fastmax")  # the sub-package (attnzoo.ops.fastmax is also the function)
-    q = torch.randn(1, 1, 4, 2)
-    with pytest.raises(ValueError, match=r"does not take attention_mask.*'torch_autograd', 'cpu'\]"):
-        fastmax(q, q, q, backend="triton", attention_mask=torch.ones(1, 4))
-    # "auto" on a GPU would take the kernels for this call, but not once it carries a mask
-    monkeypatch.setattr(_triton_utils, "_triton_device", lambda x: True)
-    monkeypatch.setattr(_triton_utils, "_FAILED", {})
-    opts = dict(p=2, causal=False, scale=None, chunk_size=None)
-    assert resolve_backend(fm.FASTMAX, "auto", q, inputs=(q, q, q), options=opts) == "triton"
-    assert resolve_backend(fm.FASTMAX, "auto", q, inputs=(q, q, q), options={**opts, "segs": object()}) != "triton"
-
-
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_layer_equal_to_alone(causal, mode):

@@ -170,7 +170,9 @@ def _auto_takes_triton(inputs: tuple, options: Mapping[str, Any]) -> bool:
     q, v = inputs[0], inputs[2]
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # what the kernels compute in
     p, causal, chunk = options.get("p", 2), bool(options.get("causal")), options.get("chunk_size")
-    return pipeline_stages(q.shape[-1], v.shape[-1], p, chunk, dtype, causal) >= 2
+    # padded batches and packed rows run the sweep kernels, as causal calls do
+    sweeps = causal or options.get("segs") is not None
+    return pipeline_stages(q.shape[-1], v.shape[-1], p, chunk, dtype, sweeps) >= 2
 
 
 def _kernel_covers(inputs: tuple, p, causal, segs=None) -> bool:
