@@ -29,6 +29,14 @@ Kernels and their memory traffic (per head; ``|X|`` = N x D elements):
   backward runs a forward sweep for ``dqs`` and a reverse (suffix-state) sweep for ``dk, dv``. Peak extra
   memory is O(N D + D^p E) per head, never the O(N D^p E) per-token prefix of eqs 34-35. A causal sweep
   is token-sequential per head, so few heads with very long sequences use few SMs (correctness first).
+* padded batches and packed rows (``seg``): the same sweeps read each token's sequence id (``(B, N)`` int32,
+  ``-1`` at padding; ids never decrease over a row's real tokens). The carried state belongs to one sequence
+  (the last one it saw) and is dropped when the next block's tokens start another; a query reads it only if it is
+  of that sequence, and inside a block the weights are masked to equal ids. Causal calls sweep once (the key
+  gradients backwards); non-causal packed rows sweep both ways, the first pass storing the carried-state sums in
+  the outputs and the second adding the suffix state and the in-block terms. A non-causal padded batch (one
+  sequence per row) runs the unmasked kernels, which then skip padding tokens and write zeros there. No copy of
+  the inputs, no loop over sequences.
 """
 
 from __future__ import annotations
@@ -167,17 +175,21 @@ def _state_kernel(
     s0_ptr,
     s1_ptr,
     s2_ptr,
+    ids_ptr,
+    H,
     N,
     D,
     C,
     TOK_PER_SPLIT,
     APPEND_ONE: tl.constexpr,
+    SEG: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BD: tl.constexpr,
     BE: tl.constexpr,
 ):
-    """Partial state over one token range: program r = 0 writes ``s0, s1``, r = 1 + d writes ``s2[d]``."""
+    """Partial state over one token range: program r = 0 writes ``s0, s1``, r = 1 + d writes ``s2[d]``; with SEG
+    (one sequence per row: a padded batch) over the real tokens only."""
     bh = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     r = tl.program_id(2)
@@ -191,8 +203,11 @@ def _state_kernel(
     acc0 = tl.zeros((BE,), ACC)
     for start in range(start_tok, end_tok, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        x = _load_rows(x_ptr, bh, offs_n, N, end_tok, D, BD, ACC)
-        y = _load_vals(y_ptr, bh, offs_n, N, end_tok, C, APPEND_ONE, BE, ACC)
+        rmask = offs_n < end_tok
+        if SEG:
+            rmask = rmask & (_block_ids(ids_ptr, bh, H, N, offs_n, SEG) >= 0)
+        x = _load_rows_m(x_ptr, bh, offs_n, N, rmask, D, BD, ACC)
+        y = _load_vals_m(y_ptr, bh, offs_n, N, rmask, C, APPEND_ONE, BE, ACC)
         if r == 0:
             acc0 += tl.sum(y, axis=0)
         else:
@@ -214,17 +229,21 @@ def _apply_kernel(
     s2_ptr,
     out_ptr,
     den_ptr,
+    ids_ptr,
+    H,
     N,
     D,
     OUT_COLS,
     P2: tl.constexpr,
     NORMALIZE: tl.constexpr,
+    SEG: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BD: tl.constexpr,
     BE: tl.constexpr,
 ):
-    """``phi(x_n) . S`` for one token block (forward output with its denominator, or ``dv`` from ``T``)."""
+    """``phi(x_n) . S`` for one token block (forward output with its denominator, or ``dv`` from ``T``); with SEG
+    padding gets 0 (and a denominator of 1)."""
     bh = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_r = tl.arange(0, BD)
@@ -233,6 +252,9 @@ def _apply_kernel(
     s0 = tl.load(s0_ptr + bh * BE + offs_e)
     s1 = tl.load(s1_ptr + bh * BD * BE + offs_r[:, None] * BE + offs_e[None, :])
     acc = _apply_state(x, s0, s1, s2_ptr + bh * D * BD * BE, D, P2, BD, BE)
+    if SEG:
+        real = _block_ids(ids_ptr, bh, H, N, offs_n, SEG) >= 0
+        acc = tl.where(real[:, None], acc, tl.where(offs_e[None, :] == OUT_COLS, 1.0, 0.0))
     _store_out(acc, out_ptr, den_ptr, bh, offs_n, N, OUT_COLS, NORMALIZE, BE)
 
 
@@ -243,25 +265,32 @@ def _vjp_kernel(
     s1_ptr,
     s2_ptr,
     dx_ptr,
+    ids_ptr,
+    H,
     N,
     D,
     C,
     APPEND_ONE: tl.constexpr,
     P2: tl.constexpr,
+    SEG: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BD: tl.constexpr,
     BE: tl.constexpr,
 ):
-    """``d/dx_n [phi(x_n) . (S y_n)]`` for one token block (``dqs`` from ``S, ga`` or ``dk`` from ``T, va``)."""
+    """``d/dx_n [phi(x_n) . (S y_n)]`` for one token block (``dqs`` from ``S, ga`` or ``dk`` from ``T, va``); with
+    SEG padding gets 0."""
     bh = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_r = tl.arange(0, BD)
     offs_e = tl.arange(0, BE)
-    x = _load_rows(x_ptr, bh, offs_n, N, N, D, BD, ACC)
-    y = _load_vals(y_ptr, bh, offs_n, N, N, C, APPEND_ONE, BE, ACC)
+    real = _block_ids(ids_ptr, bh, H, N, offs_n, SEG) >= 0
+    x = _load_rows_m(x_ptr, bh, offs_n, N, real, D, BD, ACC)
+    y = _load_vals_m(y_ptr, bh, offs_n, N, real, C, APPEND_ONE, BE, ACC)
     s1 = tl.load(s1_ptr + bh * BD * BE + offs_r[:, None] * BE + offs_e[None, :])
     dx = _vjp_state(x, y, s1, s2_ptr + bh * D * BD * BE, D, P2, BD, BE)
+    if SEG:
+        dx = tl.where(real[:, None], dx, 0.0)
     m = (offs_n[:, None] < N) & (offs_r[None, :] < D)
     tl.store(dx_ptr + bh * N * D + offs_n[:, None] * D + offs_r[None, :], dx, mask=m)
 
@@ -562,6 +591,7 @@ def _stages(tile_elems: int, elem_size: int) -> int:
 class _Cfg:
     def __init__(self, n: int, d: int, dv: int, p: int, block_n: int, num_splits: int | None, dtype, device):
         self.n, self.d, self.dv, self.p2 = n, d, dv, p == 2
+        self.heads, self.bh = 1, 0  # set per call (the kernels read a row's sequence ids at bh // heads)
         self.bn, self.bd, self.be = block_n, pow2(d), pow2(dv + 1)
         esize = torch.empty((), dtype=dtype).element_size()
         # per loop iteration: the state sweep loads a token tile of k and va; the p = 2 reads of s2 a (D, E) tile
@@ -601,7 +631,7 @@ def pipeline_stages(d: int, dv: int, p: int, chunk_size: int | None, dtype: torc
     return cfg.causal_stages if causal else cfg.stages
 
 
-def _state(x3: torch.Tensor, y3: torch.Tensor, append_one: bool, cfg: _Cfg):
+def _state(x3: torch.Tensor, y3: torch.Tensor, append_one: bool, cfg: _Cfg, ids: torch.Tensor | None = None):
     """Unmasked ``S = sum_n phi(x_n) y_n^T`` as padded ``(s0 (BH, BE), s1 (BH, BD, BE), s2 (BH, D2, BD, BE))``."""
     bh, n, _ = x3.shape
     n_blocks = triton.cdiv(n, cfg.bn)
@@ -622,11 +652,14 @@ def _state(x3: torch.Tensor, y3: torch.Tensor, append_one: bool, cfg: _Cfg):
         s0,
         s1,
         s2,
+        x3 if ids is None else ids,
+        cfg.heads,
         n,
         cfg.d,
         y3.shape[-1],
         tok,
         APPEND_ONE=append_one,
+        SEG=ids is not None,
         ACC=cfg.acc,
         BLOCK_N=cfg.bn,
         BD=cfg.bd,
@@ -641,7 +674,7 @@ def _state(x3: torch.Tensor, y3: torch.Tensor, append_one: bool, cfg: _Cfg):
     return s0.sum(1), s1.sum(1), s2.sum(1)
 
 
-def _apply(x3, s0, s1, s2, out_cols: int, normalize: bool, cfg: _Cfg):
+def _apply(x3, s0, s1, s2, out_cols: int, normalize: bool, cfg: _Cfg, ids: torch.Tensor | None = None):
     bh, n, _ = x3.shape
     out = torch.empty(bh, n, out_cols, device=x3.device, dtype=cfg.dtype)
     den = torch.empty(bh, n, device=x3.device, dtype=cfg.dtype) if normalize else out
@@ -652,11 +685,14 @@ def _apply(x3, s0, s1, s2, out_cols: int, normalize: bool, cfg: _Cfg):
         s2.contiguous(),
         out,
         den,
+        x3 if ids is None else ids,
+        cfg.heads,
         n,
         cfg.d,
         out_cols,
         P2=cfg.p2,
         NORMALIZE=normalize,
+        SEG=ids is not None,
         ACC=cfg.acc,
         BLOCK_N=cfg.bn,
         BD=cfg.bd,
@@ -667,7 +703,7 @@ def _apply(x3, s0, s1, s2, out_cols: int, normalize: bool, cfg: _Cfg):
     return out, den
 
 
-def _vjp(x3, y3, append_one: bool, s1, s2, cfg: _Cfg):
+def _vjp(x3, y3, append_one: bool, s1, s2, cfg: _Cfg, ids: torch.Tensor | None = None):
     bh, n, d = x3.shape
     dx = torch.empty(bh, n, d, device=x3.device, dtype=cfg.dtype)
     _vjp_kernel[(bh, triton.cdiv(n, cfg.bn_small))](
@@ -676,11 +712,14 @@ def _vjp(x3, y3, append_one: bool, s1, s2, cfg: _Cfg):
         s1.contiguous(),
         s2.contiguous(),
         dx,
+        x3 if ids is None else ids,
+        cfg.heads,
         n,
         d,
         y3.shape[-1],
         APPEND_ONE=append_one,
         P2=cfg.p2,
+        SEG=ids is not None,
         ACC=cfg.acc,
         BLOCK_N=cfg.bn_small,
         BD=cfg.bd,
@@ -703,11 +742,12 @@ def _sweeps(kernel, args: tuple, causal: bool, seg: bool, reverse: bool, scratch
     kernel[grid](*args, REVERSE=reverse, INTRA=True, ADD_PREV=not causal, **meta)
 
 
-def _forward(q3, k3, v3, causal: bool, cfg: _Cfg, ids: torch.Tensor | None):
+def _forward(q3, k3, v3, causal: bool, cfg: _Cfg, ids: torch.Tensor | None, single: bool):
     bh, n, _ = q3.shape
-    if not causal and ids is None:
-        s0, s1, s2 = _state(k3, v3, True, cfg)
-        return _apply(q3, s0, s1, s2, cfg.dv, True, cfg)
+    if not causal and (ids is None or single):
+        # unmasked, or one sequence per row: every query reads its row's total moments (over its real keys)
+        s0, s1, s2 = _state(k3, v3, True, cfg, ids)
+        return _apply(q3, s0, s1, s2, cfg.dv, True, cfg, ids)
     out = torch.empty(bh, n, cfg.dv, device=q3.device, dtype=cfg.dtype)
     den = torch.empty(bh, n, device=q3.device, dtype=cfg.dtype)
     scratch = cfg.zeros(bh, cfg.d2, cfg.bd, cfg.be)
@@ -721,15 +761,15 @@ class FastmaxTritonFunction(torch.autograd.Function):
     """Triton Fastmax on standardised inputs; saves ``qs, k_hat, v, out, G`` only (FAST §2.5)."""
 
     @staticmethod
-    def forward(ctx, qs, k, v, p: int, causal: bool, block_n: int, num_splits, ids):
+    def forward(ctx, qs, k, v, p: int, causal: bool, block_n: int, num_splits, ids, single: bool):
         b, h, n, d = qs.shape
         dv = v.shape[-1]
         cfg = _Cfg(n, d, dv, p, block_n, num_splits, qs.dtype, qs.device)
         cfg.heads, cfg.bh = h, b * h
         q3, k3, v3 = (t.contiguous().view(b * h, n, -1) for t in (qs, k, v))
-        out, den = _forward(q3, k3, v3, causal, cfg, ids)
+        out, den = _forward(q3, k3, v3, causal, cfg, ids, single)
         ctx.save_for_backward(q3, k3, v3, out, den, *(() if ids is None else (ids,)))
-        ctx.cfg, ctx.causal, ctx.shape = cfg, causal, (b, h)
+        ctx.cfg, ctx.causal, ctx.shape, ctx.single = cfg, causal, (b, h), single
         return out.view(b, h, n, dv)
 
     @staticmethod
@@ -743,13 +783,13 @@ class FastmaxTritonFunction(torch.autograd.Function):
             g = torch.where((ids >= 0).unsqueeze(1).expand(b, h, n).reshape(bh, n, 1), g, 0.0)
         # ga = [g, -g.o]: the weight gradient g_i . v_n - g_i . o_i as one inner product with va = [v, 1]
         ga = torch.cat([g, -(g * out).sum(dim=-1, keepdim=True)], dim=-1).contiguous()
-        if not ctx.causal and ids is None:
-            s0, s1, s2 = _state(k3, v3, True, cfg)
-            dq = _vjp(q3, ga, False, s1, s2, cfg)
+        if not ctx.causal and (ids is None or ctx.single):
+            s0, s1, s2 = _state(k3, v3, True, cfg, ids)
+            dq = _vjp(q3, ga, False, s1, s2, cfg, ids)
             del s0, s1, s2
-            t0, t1, t2 = _state(q3, ga, False, cfg)
-            dk = _vjp(k3, v3, True, t1, t2, cfg)
-            dv, _ = _apply(k3, t0, t1, t2, cfg.dv, False, cfg)
+            t0, t1, t2 = _state(q3, ga, False, cfg, ids)
+            dk = _vjp(k3, v3, True, t1, t2, cfg, ids)
+            dv, _ = _apply(k3, t0, t1, t2, cfg.dv, False, cfg, ids)
         else:
             dq = torch.empty_like(q3)
             dk = torch.empty_like(k3)
@@ -762,7 +802,7 @@ class FastmaxTritonFunction(torch.autograd.Function):
             args = (q3, k3, v3, ga, seg_ids, scratch, dk, dv, h, n, d, cfg.dv)
             _sweeps(_sweep_dkv_kernel, args, ctx.causal, ids is not None, True, scratch, cfg)
         shape = (b, h, n)
-        return dq.view(*shape, d), dk.view(*shape, d), dv.view(*shape, cfg.dv), None, None, None, None, None
+        return dq.view(*shape, d), dk.view(*shape, d), dv.view(*shape, cfg.dv), None, None, None, None, None, None
 
 
 def fastmax_triton(
@@ -800,4 +840,5 @@ def fastmax_triton(
         raise ValueError(f"num_splits must be a positive integer or None, got {num_splits!r}")
     block_n = min(pow2(chunk_size), 128)
     ids = None if seg is None else seg.ids.to(device=qs.device, dtype=torch.int32).contiguous()
-    return FastmaxTritonFunction.apply(qs, k_hat, v, p, causal, block_n, num_splits, ids)
+    single = seg is not None and seg.num == 1  # a padded batch: one sequence per row
+    return FastmaxTritonFunction.apply(qs, k_hat, v, p, causal, block_n, num_splits, ids, single)

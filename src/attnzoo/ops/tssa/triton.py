@@ -13,6 +13,14 @@ scans: ``tl.cumsum`` inside a block of ``BLOCK_N`` tokens plus a float32 carry a
 per ``(b, h, P-block)``; the backward's reverse (suffix) scans re-create the forward prefix inside a block
 from the block-start carries that its forward sweep stored (``(B, H, N/BLOCK_N, P)``, small).
 
+Padded batches and packed rows (``seg``): the kernels read per-token sequence ids and first/last-token flags
+(``(B, N)`` int32, :func:`_seg_meta`) and nothing else changes in the data flow (no copy or re-padding of ``w``,
+no loop over sequences). Token sums become segmented scans (``tl.associative_scan`` with a combine that restarts
+at a flagged token, plus the carry from earlier blocks up to the block's first flag); a non-causal sequence's total
+is its scan value at its last token, stored in a ``(BH, S, P)`` per-sequence statistic that the per-token kernels
+read at the token's sequence. Causal prefix sums restart at each sequence's first token, reverse sums at its last;
+padding is loaded as 0 and gets ``pi = 0``, so it gives zero output and zero gradient.
+
 Memory traffic, in units of one ``(B, H, N, P)`` tensor ``|w|`` (the ``(B, H, N)`` traffic is ~``1/P`` of it):
 
 * non-causal forward: reads ``w`` 4x (column norms, Pi's logits, Pi-weighted moments, output), writes 1x.
