@@ -10,6 +10,8 @@ from attnzoo.layers.fastmax import FastmaxAttention
 from attnzoo.ops.fastmax import MASK_BACKENDS, fastmax, fastmax_dropout
 
 AXES = {"q": 2, "k": 2, "v": 2}
+# the Triton kernels' masked paths run under the (slow) interpreter in test_triton_varlen.py, on smaller grids
+SWEPT = [b for b in MASK_BACKENDS if b != "triton"]
 # lengths 1, and not multiples of the chunk (4 here, the default 64 in the float32 case)
 LENGTHS = [5, 1, 9, 4]
 
@@ -34,7 +36,7 @@ def _call(backend, p, causal, chunk=4):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("p", [1, 2])
-@pytest.mark.parametrize("backend", MASK_BACKENDS)
+@pytest.mark.parametrize("backend", SWEPT)
 def test_equal_to_alone_float64(backend, p, causal, mode):
     assert_equal_to_alone(_call(backend, p, causal), _seqs(LENGTHS), AXES, mode=mode)
 
