@@ -25,7 +25,7 @@ step() {  # step NAME SECONDS CMD...: run CMD with a time limit, log to OUT/NAME
     echo "== $name: exit $rc"
     [ "$rc" -eq 0 ] || status=1
 }
-step triton-tests 120 $py -m pytest -q -p no:cacheprovider -n 4 tests/ops/test_triton_kernels.py
+step triton-tests 180 $py -m pytest -q -p no:cacheprovider -n 4 tests/ops/test_triton_kernels.py tests/ops/test_triton_varlen.py
 step selftest 150 $py -m attnzoo selftest --device cuda
 step bench-n 200 $py -m attnzoo bench --device cuda --sweeps n --causal both --lengths 1024 4096 16384 65536 \
     --mechanisms softmax,softmax_explicit,linear,xca,mssa,tssa,tssa_torch,fastmax_p1,fastmax_p1_autograd,fastmax_p2,fastmax_p2_autograd,csp,cbsa \

@@ -224,9 +224,9 @@ def test_fastmax_causal_no_leak_across_packed_sequences():
     torch.testing.assert_close(out2[:, :, :10], out[:, :, :10], rtol=0, atol=0)
 
 
-def test_auto_takes_the_kernels_for_masked_calls(monkeypatch):
-    # on a GPU "auto" may pick the kernels for a masked call; Fastmax keeps its pipeline-stage rule (the masked
-    # calls run the sweep kernels, whose stages are the causal ones)
+def test_auto_leaves_the_masked_kernels_until_a_gpu_has_run_them(monkeypatch):
+    # the masked kernels are tested here under the interpreter only: "auto" keeps masked calls on the PyTorch path
+    # on a GPU (named, backend="triton" runs them), and still takes the kernels for unmasked calls
     import importlib
 
     from attnzoo.ops import _cpu_kernels, _triton_utils
@@ -238,12 +238,15 @@ def test_auto_takes_the_kernels_for_masked_calls(monkeypatch):
     monkeypatch.setattr(_triton_utils, "_FAILED", {})
     monkeypatch.setattr(_cpu_kernels, "cpu_kernels", lambda: None)
     seg = segments(1, 4, attention_mask=torch.ones(1, 4))
-    for d, want in ((64, "triton"), (128, "torch")):
-        q = torch.randn(1, 1, 4, d)
-        for causal in (False, True):
-            opts = dict(p=2, causal=causal, scale=None, chunk_size=None, segs=seg)
-            assert resolve_backend(fm.FASTMAX, "auto", q, inputs=(q, q, q), options=opts) == want, (d, causal)
+    q = torch.randn(1, 1, 4, 64)
+    for causal in (False, True):
+        opts = dict(p=2, causal=causal, scale=None, chunk_size=None, segs=None)
+        assert resolve_backend(fm.FASTMAX, "auto", q, inputs=(q, q, q), options=opts) == "triton", causal
+        opts["segs"] = seg
+        assert resolve_backend(fm.FASTMAX, "auto", q, inputs=(q, q, q), options=opts) == "torch", causal
     w = torch.randn(1, 2, 4, 3)
     for causal in (False, True):
-        opts = dict(causal=causal, seg=seg)
+        opts = dict(causal=causal, seg=None)
         assert resolve_backend(ts.TSSA, "auto", w, inputs=(w, torch.ones(2), None), options=opts) == "triton"
+        opts["seg"] = seg
+        assert resolve_backend(ts.TSSA, "auto", w, inputs=(w, torch.ones(2), None), options=opts) == "torch"

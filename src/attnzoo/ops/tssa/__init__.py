@@ -18,8 +18,9 @@ declares the mechanism.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -319,6 +320,12 @@ class TSSAOptions(Options):
     proj_bias: bool = option(True, check_bool, "bias of the output projection")
 
 
+def _auto_takes_triton(_inputs: tuple, options: Mapping[str, Any]) -> bool:
+    # the masked kernels have run only under TRITON_INTERPRET=1 so far: "auto" takes them once a GPU run of
+    # tests/ops/test_triton_varlen.py (scripts/gpu_check.sh) has passed; backend="triton" runs them now
+    return options.get("seg") is None
+
+
 TSSA = Mechanism(
     op="tssa",
     options=TSSAOptions,
@@ -326,7 +333,14 @@ TSSA = Mechanism(
         "naive": Backend(__name__, "_tssa_naive", kind="reference"),
         "torch": Backend(__name__, "_tssa_torch"),
         "cpu": Backend(__name__, "_tssa_cpu", kind="cpu", devices=("cpu",)),
-        "triton": Backend(__name__, "_tssa_triton", kind="triton", devices=("cuda",), needs="attnzoo.ops.tssa.triton"),
+        "triton": Backend(
+            __name__,
+            "_tssa_triton",
+            kind="triton",
+            devices=("cuda",),
+            needs="attnzoo.ops.tssa.triton",
+            auto_if=_auto_takes_triton,
+        ),
     },
     causal=True,
     state=TSSAState,
