@@ -4,9 +4,11 @@
 ``(B, 2L, C)`` with every row's second half padding (right-padded) or the B sequences packed in one ``(1, B L, C)``
 row, the unmasked one ``(B, L, C)``: the same ``B L`` real tokens. The two calls alternate within each round (their
 order flips every round) so that a shared machine's load falls on both alike; the ratio is the median over rounds
-of masked time / unmasked time, with the medians of the times themselves. Without masks the "cpu" backend runs
-the fused kernel for groups of two only (the rest is the PyTorch path), so the other group sizes compare the
-masked kernel with that path, and every case also with the masked PyTorch path (``backend="torch"``).
+of masked time / unmasked time, with the medians of the times themselves. Times are the process's CPU time
+(``time.process_time``; run with one thread), which waits for a busy machine's cores do not inflate. Without masks
+the "cpu" backend runs the fused kernel for groups of two only (the rest is the PyTorch path), so the other group
+sizes compare the masked kernel with that path, and every case also with the masked PyTorch path
+(``backend="torch"``).
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from attnzoo.ops.csp import csp, csp_shifts
 
 
 def _timed(fn: Callable[[], None]) -> float:
-    t0 = time.perf_counter()
+    # CPU time of the process, not wall time: on a machine shared by more processes than cores, wall time counts the
+    # waits for a core (several times the work); with one thread the work is all this process's CPU time
+    t0 = time.process_time()
     fn()
-    return time.perf_counter() - t0
+    return time.process_time() - t0
 
 
 def _step(v: torch.Tensor, call: Callable[[torch.Tensor], torch.Tensor], backward: bool) -> Callable[[], None]:
@@ -80,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     shifts = csp_shifts(half, c, "linear")
     print(
         f"CSP masked / unmasked at equal real tokens: {b} sequences of L={half} (padded rows N={n}), C={c}, "
-        f"float32, {args.threads} thread(s), {args.rounds} alternating rounds; times are medians (ms)"
+        f"float32, {args.threads} thread(s), {args.rounds} alternating rounds; CPU times, medians (ms)"
     )
     print(f"{'G':>5} {'pass':>7} {'masked':>8} {'vs':>14} {'ratio':>6} {'masked ms':>9} {'vs ms':>8} {'spread':>6}")
     for size in args.sizes:

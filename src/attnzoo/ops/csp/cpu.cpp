@@ -1,4 +1,5 @@
-// Fused CPU kernel for CSP eq 4 with groups of two tokens (G = 2), forward and backward.
+// Fused CPU kernels for CSP eq 4, forward and backward: without masks groups of two tokens (G = 2, csp_pairs); with
+// padding masks or packed rows any group size (csp_varlen, at the end of this file).
 //
 // Why: the PyTorch small-group path (small.py) makes about ten passes over the (B, N, C) values: a transpose
 // to (B, C, N), the per-channel shift (eq 3) as slice copies, two comparisons, the bitwise swap (four
