@@ -451,8 +451,9 @@ Tensor csp_pairs_bwd(const Tensor& grad, const Tensor& shifts, const Tensor& swa
 //
 // Two passes, both parallel and without a loop over sequences in Python: (1) per sequence, the reference channel's
 // sorted slots of every group (rank, int32 (B, N), indexed by slot) and which rows are real; (2) per (sequence,
-// tile of kTile channels), group by group: gather the tile's shifted values into a (kTile, G) buffer, order each
-// channel (compare-and-swap for G = 2, a stable sort of slot indices beyond) and write the values and sources.
+// tile of kTile channels), block by block of whole groups: gather each channel's shifted values of the block into a
+// (kTile, slots) buffer, order each group of each channel (compare-and-swap for G = 2, insertion sort up to 16, a
+// stable sort beyond) and write the values and their sources.
 
 struct SeqView {
   int64_t start, len, G;
@@ -469,10 +470,14 @@ inline SeqView seq_view(const int64_t* seg, const int64_t* order, int64_t t, int
 template <typename T>
 inline void stable_order(const T* u, int64_t G, int32_t* idx) {
   using acc = at::opmath_type<T>;
+  if (G == 2) {  // branch-free: on random values a branch here is mispredicted half the time
+    const int32_t s = static_cast<acc>(u[0]) > static_cast<acc>(u[1]);
+    idx[0] = s;
+    idx[1] = 1 - s;
+    return;
+  }
   for (int64_t i = 0; i < G; ++i) idx[i] = static_cast<int32_t>(i);
-  if (G == 2) {
-    if (static_cast<acc>(u[0]) > static_cast<acc>(u[1])) std::swap(idx[0], idx[1]);
-  } else if (G <= 16) {  // insertion sort: stable, and no buffer to allocate per group
+  if (G <= 16) {  // insertion sort: stable, and no buffer to allocate per group
     for (int64_t i = 1; i < G; ++i) {
       const int32_t x = idx[i];
       int64_t k = i;
@@ -509,6 +514,10 @@ void varlen_reference(const T* v, const int64_t* seg, const int64_t* order, cons
   });
 }
 
+// Slots per block of varlen_forward: whole groups of at least this many slots, so that each channel's shifted
+// values are read as one run of rows (a strided stream the prefetchers follow) rather than a row or two per group.
+constexpr int64_t kSlots = 256;
+
 template <typename T>
 void varlen_forward(const T* v, const int64_t* seg, const int64_t* order, const int64_t* J, const int32_t* rank,
                     T* out, int32_t* src, int64_t B, int64_t S, int64_t N, int64_t C, int64_t groups) {
@@ -516,35 +525,49 @@ void varlen_forward(const T* v, const int64_t* seg, const int64_t* order, const 
   at::parallel_for(0, B * S * tiles, 1, [&](int64_t t0, int64_t t1) {
     std::vector<T> u;
     std::vector<int32_t> from, idx;
+    std::vector<int64_t> dst;
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t t = task / tiles, b = t / S, c0 = (task % tiles) * kTile, tc = std::min(kTile, C - c0);
       const SeqView sq = seq_view(seg, order, t, b, N, groups);
       if (sq.len == 0) continue;
-      const int64_t G = sq.G, L = sq.len;
+      const int64_t G = sq.G, L = sq.len, per = std::max<int64_t>(1, kSlots / G) * G;
       const T* vb = v + b * N * C;
       T* ob = out + b * N * C;
       int32_t* sb = src + b * N * C;
       const int32_t* rk = rank + b * N + sq.start;
       const int64_t* Js = J + t * C + c0;
-      u.resize(kTile * G);
-      from.resize(kTile * G);
+      u.resize(kTile * per);
+      from.resize(kTile * per);
       idx.resize(G);
-      for (int64_t g0 = 0; g0 < L; g0 += G) {
-        // the tile's shifted values of the group, channel-major: slot i of channel j from row tok((g0 + i - J) mod L)
-        for (int64_t i = 0; i < G; ++i) {
-          for (int64_t j = 0; j < tc; ++j) {
-            const int64_t q = g0 + i - Js[j];
-            const int64_t row = sq.row(q < 0 ? q + L : q);
-            u[j * G + i] = vb[row * C + c0 + j];
-            from[j * G + i] = static_cast<int32_t>(row);
+      dst.resize(per);
+      for (int64_t s0 = 0; s0 < L; s0 += per) {
+        const int64_t len = std::min(per, L - s0);  // whole groups: L and per are multiples of G
+        // channel j's shifted values of the block: slot s0 + i from row tok((s0 + i - J) mod L)
+        for (int64_t j = 0; j < tc; ++j) {
+          const T* col = vb + c0 + j;
+          T* uj = u.data() + j * per;
+          int32_t* fj = from.data() + j * per;
+          int64_t q = s0 - Js[j];
+          q = q < 0 ? q + L : q;
+          for (int64_t i = 0; i < len; ++i) {
+            const int64_t row = sq.row(q);
+            uj[i] = col[row * C];
+            fj[i] = static_cast<int32_t>(row);
+            q = q + 1 == L ? 0 : q + 1;
           }
         }
+        for (int64_t i = 0; i < len; ++i) dst[i] = sq.row(s0 + i) * C + c0;
         for (int64_t j = 0; j < tc; ++j) {
-          stable_order(u.data() + j * G, G, idx.data());
-          for (int64_t r = 0; r < G; ++r) {
-            const int64_t dst = sq.row(g0 + rk[g0 + r]) * C + c0 + j;  // the reference's r-th smallest slot
-            ob[dst] = u[j * G + idx[r]];
-            sb[dst] = from[j * G + idx[r]];
+          const T* uj = u.data() + j * per;
+          const int32_t* fj = from.data() + j * per;
+          for (int64_t g0 = 0; g0 < len; g0 += G) {
+            stable_order(uj + g0, G, idx.data());
+            const int32_t* rg = rk + s0 + g0;  // the reference's r-th smallest slot of the group
+            for (int64_t r = 0; r < G; ++r) {
+              const int64_t d = dst[g0 + rg[r]] + j;
+              ob[d] = uj[g0 + idx[r]];
+              sb[d] = fj[g0 + idx[r]];
+            }
           }
         }
       }
