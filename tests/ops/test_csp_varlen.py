@@ -92,6 +92,15 @@ def test_cpu_kernel_equal_to_naive_alone(groups, lengths, ties, dtype, mode):
     assert_equal_to_alone(_kernel_vs_naive(groups), seqs, {"v": 1}, mode=mode, out_axis=1, **tol)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("groups,lengths", [(260, [520, 260]), (257, [771, 257]), (None, [300, 5])])
+def test_cpu_kernel_long_sequences_equal_to_naive_alone(groups, lengths, mode):
+    # longer than a block of the kernel (256 slots): several blocks, the last one partial, shifts crossing them
+    seqs = _seqs(lengths, seed=4)
+    shifts = torch.tensor([0, 300, 11, 129, 7])
+    assert_equal_to_alone(_kernel_vs_naive(groups, shifts), seqs, {"v": 1}, mode=mode, out_axis=1, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("groups", [None, 1, 2, 3])
 def test_cpu_kernel_per_sequence_shifts_and_wide_channels(groups):
     # C = 37 spans three channel tiles of 16 (one partial); shifts of every size, one schedule per sequence
