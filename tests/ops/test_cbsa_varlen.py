@@ -7,7 +7,7 @@ import torch
 from varlen_cases import MODES, assert_equal_to_alone
 
 from attnzoo.layers.cbsa import CBSAAttention
-from attnzoo.ops.cbsa import cbsa, pool_reps_1d, pool_reps_varlen
+from attnzoo.ops.cbsa import cbsa, pool_reps, pool_reps_1d, pool_reps_2d, pool_reps_varlen
 
 CASES = [
     ("cbsa", "softmax"),
@@ -107,3 +107,31 @@ def test_layer_equal_to_alone(variant, mode):
     seqs = [{"x": torch.randn(1, n, 8, generator=g, dtype=torch.float64)} for n in (5, 1, 4)]
     assert_equal_to_alone(layer, seqs, {"x": 1}, mode=mode, out_axis=1)
     assert CBSAAttention.supports_masks
+
+
+_MASKS = [
+    ("attention_mask", torch.tensor([[1, 1, 1, 1, 1, 1, 1, 1, 1, 0], [1] * 10], dtype=torch.bool)),
+    ("cu_seqlens", torch.tensor([0, 4, 10], dtype=torch.int32)),
+]
+
+
+@pytest.mark.parametrize("name,mask", _MASKS)
+def test_2d_pooling_refuses_masks_naming_what_works(name, mask):
+    # a padded or packed row is no (Hg, Wg) image: 2-D pooling must not silently pool padding or mix sequences
+    b = mask.shape[0] if name == "attention_mask" else 1
+    layer = CBSAAttention(8, 2, grid=(3, 3), num_prefix_tokens=1)
+    x = torch.randn(b, 10, 8)
+    want = r"2-D pooling \(grid=\(3, 3\)\) does not take attention_mask / cu_seqlens \(got " + name + r"\).*1-D pooling"
+    with pytest.raises(ValueError, match=want):
+        layer(x, **{name: mask})
+    w = torch.randn(b, 2, 10, 4)
+    with pytest.raises(ValueError, match=want):
+        pool_reps(w, grid=(3, 3), num_prefix_tokens=1, **{name: mask})
+    with pytest.raises(ValueError, match=want):
+        pool_reps_2d(w, (3, 3), num_prefix_tokens=1, **{name: mask})
+    with pytest.raises(ValueError, match="pool_reps_varlen"):
+        pool_reps(w, num_reps=2, **{name: mask})  # 1-D: the reps would not say which sequence they belong to
+    assert layer(x).shape == x.shape  # without masks 2-D pooling runs
+    torch.testing.assert_close(
+        pool_reps(w, grid=(3, 3), num_prefix_tokens=1), pool_reps_2d(w, (3, 3), num_prefix_tokens=1)
+    )

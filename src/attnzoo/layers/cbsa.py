@@ -8,6 +8,7 @@ from torch import nn
 
 from attnzoo.layers.base import Attention, register_attention
 from attnzoo.ops.cbsa import CBSA, DEFAULT_NUM_REPS, CBSAOptions, cbsa, pool_reps, pool_reps_varlen
+from attnzoo.ops.cbsa.pooling import refuse_masks_2d
 
 __all__ = ["CBSAAttention"]
 
@@ -145,10 +146,7 @@ class CBSAAttention(Attention):
                 {},
             )
         elif self.grid is not None:
-            raise ValueError(
-                "CBSA with 2-D pooling (grid=...) does not take attention_mask / cu_seqlens; "
-                "use 1-D pooling (num_reps) for padded or packed sequences"
-            )
+            refuse_masks_2d(self.grid, attention_mask, cu_seqlens)
         else:
             reps, kw = pool_reps_varlen(
                 w,

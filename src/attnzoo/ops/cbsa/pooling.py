@@ -82,19 +82,35 @@ def window_means(x: torch.Tensor, m: int) -> torch.Tensor:
     return torch.einsum("ml,...lp->...mp", weights, x)
 
 
+def refuse_masks_2d(grid, attention_mask: torch.Tensor | None, cu_seqlens: torch.Tensor | None) -> None:
+    """Raise if masks come with 2-D pooling: padded or packed tokens are no ``(Hg, Wg)`` image to pool."""
+    if attention_mask is None and cu_seqlens is None:
+        return
+    given = "attention_mask" if attention_mask is not None else "cu_seqlens"
+    raise ValueError(
+        f"CBSA's 2-D pooling (grid={grid!r}) does not take attention_mask / cu_seqlens (got {given}): padded or "
+        "packed tokens are no image grid. What works: 2-D pooling without masks (whole images), or 1-D pooling "
+        "(grid=None, num_reps=M; pool_reps_varlen) for padded or packed sequences"
+    )
+
+
 def pool_reps_2d(
     w: torch.Tensor,
     grid: tuple[int, int],
     rep_grid: tuple[int, int] | None = None,
     *,
     num_prefix_tokens: int = 0,
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Q_ini of eq 5 for a 2-D token grid: adaptive 2-D average pooling of the non-prefix tokens.
 
     ``w``: ``(B, H, N, P)`` whose tokens after the prefix are a row-major ``grid = (Hg, Wg)`` image
     (``N = num_prefix_tokens + Hg * Wg``); returns ``(B, H, Mh * Mw, P)`` in row-major order of
     ``rep_grid = (Mh, Mw)`` (default ``(min(8, Hg), min(8, Wg))``, Algorithm 1's 8x8 clipped to the grid).
+    ``attention_mask`` / ``cu_seqlens`` are refused (a padded image is no grid): see :func:`refuse_masks_2d`.
     """
+    refuse_masks_2d(grid, attention_mask, cu_seqlens)
     gh, gw = _check_grid("grid", grid)
     if rep_grid is None:
         rep_grid = (min(DEFAULT_REP_GRID[0], gh), min(DEFAULT_REP_GRID[1], gw))
@@ -119,12 +135,23 @@ def pool_reps(
     grid: tuple[int, int] | None = None,
     rep_grid: tuple[int, int] | None = None,
     num_prefix_tokens: int = 0,
+    attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Average-pooling initialisation Q_ini of eq 5: 2-D when ``grid`` is given, else 1-D.
 
     ``w``: ``(B, H, N, P)`` -> ``(B, H, M, P)``. 1-D: ``M = min(num_reps or 64, N - num_prefix_tokens)``.
-    2-D: ``M = prod(rep_grid)``; ``num_reps`` must then be left ``None`` (use ``rep_grid``).
+    2-D: ``M = prod(rep_grid)``; ``num_reps`` must then be left ``None`` (use ``rep_grid``). ``attention_mask`` /
+    ``cu_seqlens`` are refused, naming what takes them (:func:`pool_reps_varlen`, 1-D).
     """
+    if attention_mask is not None or cu_seqlens is not None:
+        if grid is not None:
+            refuse_masks_2d(grid, attention_mask, cu_seqlens)
+        raise ValueError(
+            "pool_reps does not take attention_mask / cu_seqlens (its reps would not say which sequence they belong "
+            "to); use pool_reps_varlen(w, num_reps, attention_mask=..., cu_seqlens=...), which returns the reps and "
+            "the keywords for cbsa"
+        )
     if grid is None:
         if rep_grid is not None:
             raise ValueError(f"rep_grid={rep_grid!r} needs a token grid; pass grid=(Hg, Wg) too, or use num_reps")

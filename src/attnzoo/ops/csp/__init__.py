@@ -25,7 +25,7 @@ from attnzoo.ops.csp.naive import csp_naive, csp_permutations_naive
 from attnzoo.ops.csp.parallel import csp_gather
 from attnzoo.ops.csp.parallel import csp_source_index as _source_index
 from attnzoo.ops.csp.shifts import SHIFT_SCHEDULES, csp_shifts
-from attnzoo.ops.csp.varlen import csp_pairs_varlen, csp_varlen, sequence_runs
+from attnzoo.ops.csp.varlen import csp_varlen, csp_varlen_kernel
 
 __all__ = [
     "csp",
@@ -100,17 +100,13 @@ def _csp_cpu(v: torch.Tensor, shifts: torch.Tensor, *, groups: int | None, toks:
 
 
 def _csp_cpu_segments(v: torch.Tensor, shifts: torch.Tensor, groups: int | None, toks: Segments) -> torch.Tensor:
-    # sequences all in groups of two (length 2 * groups), side by side in their rows: the fused kernel, reading the
-    # sequences' runs natively; other group sizes (and masks with holes) are the PyTorch path's, as without masks
-    if torch.compiler.is_compiling() or groups is None:
+    # every group size (and groups=None) and masks with holes in the fused kernel (cpu.cpp csp_varlen), which reads
+    # each sequence's tokens in place; unlike the unmasked path (groups of two only), no group size is left out
+    if torch.compiler.is_compiling():  # the kernel is opaque to torch.compile: the PyTorch path stands in
         return _csp_torch(v, shifts, groups=groups, toks=toks)
     kernels = _cpu_kernels.required_cpu_kernels()
-    live = toks.lengths[toks.lengths > 0]
-    runs = sequence_runs(toks) if bool((live == 2 * groups).all()) else None
-    if runs is None:
-        return _csp_torch(v, shifts, groups=groups, toks=toks)
     _check_values(v)
-    return csp_pairs_varlen(v, shifts, toks, runs, kernels)
+    return csp_varlen_kernel(v, shifts, toks, groups, kernels)
 
 
 def _check_values(v: torch.Tensor) -> None:
@@ -211,15 +207,15 @@ def csp(
     ``groups=1`` is complete sorting, ``groups=N`` pure shifting. Gradients flow to ``v`` through the
     (piecewise constant) permutations. ``backend``: ``"auto"`` (``"cpu"`` for CPU tensors when the fused
     kernels build, else ``"torch"``), ``"torch"`` (gather/sort; compare-and-swap or sorting networks for groups
-    of 1-8 tokens), ``"cpu"`` (groups of two in one fused C++ pass, the rest as ``"torch"``), ``"naive"``
-    (explicit N x N permutation matrices).
+    of 1-8 tokens), ``"cpu"`` (groups of two in one fused C++ pass, the rest as ``"torch"``; with masks every
+    group size in the fused kernel), ``"naive"`` (explicit N x N permutation matrices).
 
     ``attention_mask`` ``(B, N)`` (True at real tokens) or ``cu_seqlens`` ``(S + 1,)`` (sequences packed in one
     row): every sequence is CSP alone on its real tokens, shifts taken modulo its own length ``L_s`` and
     ``groups`` groups of ``L_s / groups`` tokens (``L_s`` must be divisible by ``groups``; ``groups=None``: groups
     of one token, i.e. ``groups = L_s``, shifting only); ``shifts`` may then
     also be ``(B, S, C)``, one schedule per sequence. Padding gives zeros. Every backend takes masks
-    (see :mod:`attnzoo.ops.csp.varlen`; "cpu": the fused kernel when every sequence is in groups of two).
+    (see :mod:`attnzoo.ops.csp.varlen`; "cpu": the fused kernel for every group size, holed masks too).
     """
     toks = segments(v.shape[0], v.shape[1], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=v.device)
     if groups is None and toks is None and v.ndim == 3:

@@ -1,4 +1,5 @@
-// Fused CPU kernel for CSP eq 4 with groups of two tokens (G = 2), forward and backward.
+// Fused CPU kernels for CSP eq 4, forward and backward: without masks groups of two tokens (G = 2, csp_pairs); with
+// padding masks or packed rows any group size (csp_varlen, at the end of this file).
 //
 // Why: the PyTorch small-group path (small.py) makes about ten passes over the (B, N, C) values: a transpose
 // to (B, C, N), the per-channel shift (eq 3) as slice copies, two comparisons, the bitwise swap (four
@@ -14,6 +15,7 @@
 // Values are only moved, never computed: the output is bit-exact.
 
 #include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -438,54 +440,147 @@ Tensor csp_pairs_bwd(const Tensor& grad, const Tensor& shifts, const Tensor& swa
 }
 
 
-// Sequences of a padded batch or packed row (issue 27), each in groups of two of its own tokens: seg (B, S, 2) holds
-// each sequence's first token in its row and its (even) length, 0 for none; J (B, S, C) its shifts, in [0, length).
-// Channel c reads u_c[m] = v[start + (m - J_c) mod L, c] (eq 3 within the sequence); each pair is placed by the
-// reference channel's order as in pairs_forward. A task is one sequence: tasks write disjoint rows. Rows of no
-// sequence (padding) stay zero, in the output and in the gradient. swap (B, N, C) is 1 at the first token of a
-// swapped pair.
+// Sequences of a padded batch or packed row (issue 27), any group size: every sequence is CSP eq 4 alone on its real
+// tokens. Slot i of sequence t (its i-th real token) is row tok(t, i) of its batch row: start_t + i for a run of
+// side-by-side tokens (order empty), else order[b, start_t + i] (masks with holes: the row's tokens listed by
+// sequence, then position). Channel c reads u_c[p] = v[tok((p - J_c) mod L), c] (eq 3 within the sequence), then
+// each group of G = L / groups slots (G = 1 with groups = 0: shifting only) places channel c's r-th smallest at the
+// slot of the reference channel's r-th smallest (stable: ties keep slot order, as the reference's stable sorts).
+// Values are only moved: the output is bit-exact. src[b, i, c] is the row the value at (b, i, c) came from, -1 at
+// padding (the backward sends each gradient there); padding rows of the output are zero.
+//
+// Two passes, both parallel and without a loop over sequences in Python: (1) per sequence, the reference channel's
+// sorted slots of every group (rank, int32 (B, N), indexed by slot) and which rows are real; (2) per (sequence,
+// tile of kTile channels), block by block of whole groups: gather each channel's shifted values of the block into a
+// (kTile, slots) buffer, order each group of each channel (compare-and-swap for G = 2, insertion sort up to 16, a
+// stable sort beyond) and write the values and their sources.
+
+struct SeqView {
+  int64_t start, len, G;
+  const int64_t* order;  // nullptr: the sequence is the run of rows start .. start + len - 1
+  int64_t row(int64_t i) const { return order ? order[start + i] : start + i; }
+};
+
+inline SeqView seq_view(const int64_t* seg, const int64_t* order, int64_t t, int64_t b, int64_t N, int64_t groups) {
+  const int64_t start = seg[2 * t], len = seg[2 * t + 1];
+  return {start, len, len == 0 ? 0 : (groups > 0 ? len / groups : 1), order ? order + b * N : nullptr};
+}
+
+// idx[0 .. G) = 0 .. G-1 stably sorted by u[idx]
 template <typename T>
-void pairs_varlen(const T* v, const int64_t* seg, const int64_t* J, T* out, uint8_t* swap, int64_t B, int64_t S,
-                  int64_t N, int64_t C, bool backward) {
+inline void stable_order(const T* u, int64_t G, int32_t* idx) {
+  using acc = at::opmath_type<T>;
+  if (G == 2) {  // branch-free: on random values a branch here is mispredicted half the time
+    const int32_t s = static_cast<acc>(u[0]) > static_cast<acc>(u[1]);
+    idx[0] = s;
+    idx[1] = 1 - s;
+    return;
+  }
+  for (int64_t i = 0; i < G; ++i) idx[i] = static_cast<int32_t>(i);
+  if (G <= 16) {  // insertion sort: stable, and no buffer to allocate per group
+    for (int64_t i = 1; i < G; ++i) {
+      const int32_t x = idx[i];
+      int64_t k = i;
+      for (; k > 0 && static_cast<acc>(u[idx[k - 1]]) > static_cast<acc>(u[x]); --k) idx[k] = idx[k - 1];
+      idx[k] = x;
+    }
+  } else {
+    std::stable_sort(idx, idx + G, [u](int32_t a, int32_t b) { return static_cast<acc>(u[a]) < static_cast<acc>(u[b]); });
+  }
+}
+
+template <typename T>
+void varlen_reference(const T* v, const int64_t* seg, const int64_t* order, const int64_t* J, int32_t* rank,
+                      uint8_t* real, int64_t B, int64_t S, int64_t N, int64_t C, int64_t groups) {
   at::parallel_for(0, B * S, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> u;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / S, start = seg[2 * t], len = seg[2 * t + 1];
+      const int64_t b = t / S;
+      const SeqView sq = seq_view(seg, order, t, b, N, groups);
+      if (sq.len == 0) continue;
+      const T* vb = v + b * N * C;
+      int32_t* rk = rank + b * N + sq.start;
+      u.resize(sq.G);
+      const int64_t J0 = J[t * C];
+      for (int64_t g0 = 0; g0 < sq.len; g0 += sq.G) {
+        for (int64_t i = 0; i < sq.G; ++i) {
+          const int64_t q = g0 + i - J0;
+          u[i] = vb[sq.row(q < 0 ? q + sq.len : q) * C];
+        }
+        stable_order(u.data(), sq.G, rk + g0);
+      }
+      for (int64_t i = 0; i < sq.len; ++i) real[b * N + sq.row(i)] = 1;
+    }
+  });
+}
+
+// Slots per block of varlen_forward: whole groups of at least this many slots, so that each channel's shifted
+// values are read as one run of rows (a strided stream the prefetchers follow) rather than a row or two per group.
+constexpr int64_t kSlots = 256;
+
+template <typename T>
+void varlen_forward(const T* v, const int64_t* seg, const int64_t* order, const int64_t* J, const int32_t* rank,
+                    T* out, int32_t* src, int64_t B, int64_t S, int64_t N, int64_t C, int64_t groups) {
+  const int64_t tiles = (C + kTile - 1) / kTile;
+  at::parallel_for(0, B * S * tiles, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> u;
+    std::vector<int32_t> from, idx;
+    std::vector<int64_t> dst;
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t t = task / tiles, b = t / S, c0 = (task % tiles) * kTile, tc = std::min(kTile, C - c0);
+      const SeqView sq = seq_view(seg, order, t, b, N, groups);
+      if (sq.len == 0) continue;
+      const int64_t G = sq.G, L = sq.len, per = std::max<int64_t>(1, kSlots / G) * G;
       const T* vb = v + b * N * C;
       T* ob = out + b * N * C;
-      uint8_t* sb = swap + b * N * C;
-      const int64_t* Js = J + t * C;
-      auto src = [&](int64_t m, int64_t c) {
-        const int64_t i = m - Js[c];
-        return start + (i < 0 ? i + len : i);
-      };
-      for (int64_t k = 0; k + 1 < len; k += 2) {
-        const int64_t row0 = (start + k) * C, row1 = (start + k + 1) * C;
-        if (backward) {  // a transposition is its own inverse: each gradient goes back to its source
-          for (int64_t c = 0; c < C; ++c) {
-            const bool s = sb[row0 + c] != 0;
-            const T gx = vb[row0 + c], gy = vb[row1 + c];
-            ob[src(k, c) * C + c] = s ? gy : gx;
-            ob[src(k + 1, c) * C + c] = s ? gx : gy;
+      int32_t* sb = src + b * N * C;
+      const int32_t* rk = rank + b * N + sq.start;
+      const int64_t* Js = J + t * C + c0;
+      u.resize(kTile * per);
+      from.resize(kTile * per);
+      idx.resize(G);
+      dst.resize(per);
+      for (int64_t s0 = 0; s0 < L; s0 += per) {
+        const int64_t len = std::min(per, L - s0);  // whole groups: L and per are multiples of G
+        // channel j's shifted values of the block: slot s0 + i from row tok((s0 + i - J) mod L)
+        for (int64_t j = 0; j < tc; ++j) {
+          const T* col = vb + c0 + j;
+          T* uj = u.data() + j * per;
+          int32_t* fj = from.data() + j * per;
+          int64_t q = s0 - Js[j];
+          q = q < 0 ? q + L : q;
+          for (int64_t i = 0; i < len; ++i) {
+            const int64_t row = sq.row(q);
+            uj[i] = col[row * C];
+            fj[i] = static_cast<int32_t>(row);
+            q = q + 1 == L ? 0 : q + 1;
           }
-          continue;
         }
-        // strict '>' on both sides: equal values keep their order, as the reference's stable sort
-        const bool ref_desc = static_cast<float>(vb[src(k, 0) * C]) > static_cast<float>(vb[src(k + 1, 0) * C]);
-        for (int64_t c = 0; c < C; ++c) {
-          const T x = vb[src(k, c) * C + c], y = vb[src(k + 1, c) * C + c];
-          const bool s = (static_cast<float>(x) > static_cast<float>(y)) != ref_desc;
-          ob[row0 + c] = s ? y : x;
-          ob[row1 + c] = s ? x : y;
-          sb[row0 + c] = static_cast<uint8_t>(s);
+        for (int64_t i = 0; i < len; ++i) dst[i] = sq.row(s0 + i) * C + c0;
+        for (int64_t j = 0; j < tc; ++j) {
+          const T* uj = u.data() + j * per;
+          const int32_t* fj = from.data() + j * per;
+          for (int64_t g0 = 0; g0 < len; g0 += G) {
+            stable_order(uj + g0, G, idx.data());
+            const int32_t* rg = rk + s0 + g0;  // the reference's r-th smallest slot of the group
+            for (int64_t r = 0; r < G; ++r) {
+              const int64_t d = dst[g0 + rg[r]] + j;
+              ob[d] = uj[g0 + idx[r]];
+              sb[d] = fj[g0 + idx[r]];
+            }
+          }
         }
       }
     }
   });
 }
 
-void check_varlen(const Tensor& x, const Tensor& seg, const Tensor& J, const char* name) {
+void check_varlen(const Tensor& x, const Tensor& seg, const Tensor& order, const Tensor& J, int64_t groups,
+                  const char* name) {
   TORCH_CHECK(x.dim() == 3 && x.is_contiguous(), name, " must be a contiguous (B, N, C) tensor");
   const int64_t B = x.size(0), N = x.size(1), C = x.size(2);
+  TORCH_CHECK(N < (int64_t{1} << 31), "N must be below 2^31 (int32 sources), got ", N);
+  TORCH_CHECK(groups >= 0, "groups must be positive, or 0 for groups of one token, got ", groups);
   TORCH_CHECK(seg.scalar_type() == at::kLong && seg.dim() == 3 && seg.size(0) == B && seg.size(2) == 2 &&
                   seg.is_contiguous(),
               "seg must be a contiguous int64 (B, S, 2) tensor of (start, length)");
@@ -493,38 +588,78 @@ void check_varlen(const Tensor& x, const Tensor& seg, const Tensor& J, const cha
   TORCH_CHECK(J.scalar_type() == at::kLong && J.dim() == 3 && J.size(0) == B && J.size(1) == S && J.size(2) == C &&
                   J.is_contiguous(),
               "shifts must be a contiguous int64 (B, S, C) tensor");
+  const bool listed = order.numel() > 0;
+  TORCH_CHECK(!listed || (order.scalar_type() == at::kLong && order.dim() == 2 && order.size(0) == B &&
+                          order.size(1) == N && order.is_contiguous()),
+              "order must be empty (runs) or a contiguous int64 (B, N) tensor of token rows");
   const int64_t* sg = seg.data_ptr<int64_t>();
   const int64_t* j = J.data_ptr<int64_t>();
+  const int64_t* o = listed ? order.data_ptr<int64_t>() : nullptr;
   for (int64_t t = 0; t < B * S; ++t) {
     const int64_t start = sg[2 * t], len = sg[2 * t + 1];
-    TORCH_CHECK(len >= 0 && len % 2 == 0 && start >= 0 && start + len <= N, "sequence ", t,
-                " must be an even run of tokens inside its row, got start ", start, ", length ", len);
+    TORCH_CHECK(len >= 0 && start >= 0 && start + len <= N, "sequence ", t, " must lie inside its row of N = ", N,
+                " slots, got start ", start, ", length ", len);
+    TORCH_CHECK(groups == 0 || len % groups == 0, "sequence ", t, " of length ", len, " cannot be split into groups = ",
+                groups, " equal groups");
     for (int64_t c = 0; c < C && len > 0; ++c)
-      TORCH_CHECK(j[t * C + c] >= 0 && j[t * C + c] < len, "shifts must lie in [0, length)");
+      TORCH_CHECK(j[t * C + c] >= 0 && j[t * C + c] < len, "shifts must lie in [0, length) = [0, ", len, "), got ",
+                  j[t * C + c], " for sequence ", t, ", channel ", c);
   }
+  for (int64_t i = 0; o && i < B * N; ++i)
+    TORCH_CHECK(o[i] >= 0 && o[i] < N, "order must hold token rows in [0, N) = [0, ", N, "), got ", o[i]);
 }
 
-std::vector<Tensor> csp_pairs_varlen(const Tensor& v, const Tensor& seg, const Tensor& shifts) {
-  check_varlen(v, seg, shifts, "v");
-  Tensor out = at::zeros(v.sizes(), v.options());
-  Tensor swap = at::zeros(v.sizes(), v.options().dtype(at::kByte));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, v.scalar_type(), "csp_pairs_varlen", [&] {
-    pairs_varlen<scalar_t>(v.data_ptr<scalar_t>(), seg.data_ptr<int64_t>(), shifts.data_ptr<int64_t>(),
-                           out.data_ptr<scalar_t>(), swap.data_ptr<uint8_t>(), v.size(0), seg.size(1), v.size(1),
-                           v.size(2), false);
+std::vector<Tensor> csp_varlen(const Tensor& v, const Tensor& seg, const Tensor& order, const Tensor& shifts,
+                               int64_t groups) {
+  check_varlen(v, seg, order, shifts, groups, "v");
+  const int64_t B = v.size(0), N = v.size(1), C = v.size(2), S = seg.size(1);
+  Tensor out = at::empty(v.sizes(), v.options());
+  Tensor src = at::empty(v.sizes(), v.options().dtype(at::kInt));
+  Tensor rank = at::empty({B, N}, v.options().dtype(at::kInt));
+  Tensor real = at::zeros({B, N}, v.options().dtype(at::kByte));
+  const int64_t* o = order.numel() ? order.data_ptr<int64_t>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, v.scalar_type(), "csp_varlen", [&] {
+    varlen_reference<scalar_t>(v.data_ptr<scalar_t>(), seg.data_ptr<int64_t>(), o, shifts.data_ptr<int64_t>(),
+                               rank.data_ptr<int32_t>(), real.data_ptr<uint8_t>(), B, S, N, C, groups);
+    varlen_forward<scalar_t>(v.data_ptr<scalar_t>(), seg.data_ptr<int64_t>(), o, shifts.data_ptr<int64_t>(),
+                             rank.data_ptr<int32_t>(), out.data_ptr<scalar_t>(), src.data_ptr<int32_t>(), B, S, N, C,
+                             groups);
+    // padding rows, which no sequence wrote: zero output, no source
+    scalar_t* ob = out.data_ptr<scalar_t>();
+    int32_t* sb = src.data_ptr<int32_t>();
+    const uint8_t* rl = real.data_ptr<uint8_t>();
+    at::parallel_for(0, B * N, 256, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        if (rl[r]) continue;
+        std::fill(ob + r * C, ob + (r + 1) * C, scalar_t(0));
+        std::fill(sb + r * C, sb + (r + 1) * C, int32_t{-1});
+      }
+    });
   });
-  return {out, swap};
+  return {out, src};
 }
 
-Tensor csp_pairs_varlen_bwd(const Tensor& grad, const Tensor& seg, const Tensor& shifts, const Tensor& swap) {
-  check_varlen(grad, seg, shifts, "grad");
-  TORCH_CHECK(swap.scalar_type() == at::kByte && swap.sizes() == grad.sizes() && swap.is_contiguous(),
-              "swap must be the forward's contiguous uint8 (B, N, C) flags");
+// grad_v[b, src[b, i, c], c] = grad[b, i, c]: a permutation of each sequence's rows per channel, so the writes are
+// disjoint; padding (src -1) sends nothing and its gradient is zero
+Tensor csp_varlen_bwd(const Tensor& grad, const Tensor& src) {
+  TORCH_CHECK(grad.dim() == 3 && grad.is_contiguous(), "grad must be a contiguous (B, N, C) tensor");
+  TORCH_CHECK(src.scalar_type() == at::kInt && src.sizes() == grad.sizes() && src.is_contiguous(),
+              "src must be the forward's contiguous int32 (B, N, C) source rows");
+  const int64_t B = grad.size(0), N = grad.size(1), C = grad.size(2);
   Tensor gv = at::zeros(grad.sizes(), grad.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "csp_pairs_varlen_bwd", [&] {
-    pairs_varlen<scalar_t>(grad.data_ptr<scalar_t>(), seg.data_ptr<int64_t>(), shifts.data_ptr<int64_t>(),
-                           gv.data_ptr<scalar_t>(), const_cast<uint8_t*>(swap.data_ptr<uint8_t>()), grad.size(0),
-                           seg.size(1), grad.size(1), grad.size(2), true);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "csp_varlen_bwd", [&] {
+    const scalar_t* g = grad.data_ptr<scalar_t>();
+    const int32_t* sb = src.data_ptr<int32_t>();
+    scalar_t* out = gv.data_ptr<scalar_t>();
+    at::parallel_for(0, B * N, 64, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t base = (r / N) * N * C;
+        for (int64_t c = 0; c < C; ++c) {
+          const int32_t s = sb[r * C + c];
+          if (s >= 0) out[base + s * C + c] = g[r * C + c];
+        }
+      }
+    });
   });
   return gv;
 }
@@ -534,13 +669,13 @@ Tensor csp_pairs_varlen_bwd(const Tensor& grad, const Tensor& seg, const Tensor&
 TORCH_LIBRARY_FRAGMENT(attnzoo_cpu, m) {
   m.def("csp_pairs(Tensor v, Tensor shifts) -> Tensor[]");
   m.def("csp_pairs_bwd(Tensor grad, Tensor shifts, Tensor swap) -> Tensor");
-  m.def("csp_pairs_varlen(Tensor v, Tensor seg, Tensor shifts) -> Tensor[]");
-  m.def("csp_pairs_varlen_bwd(Tensor grad, Tensor seg, Tensor shifts, Tensor swap) -> Tensor");
+  m.def("csp_varlen(Tensor v, Tensor seg, Tensor order, Tensor shifts, int groups) -> Tensor[]");
+  m.def("csp_varlen_bwd(Tensor grad, Tensor src) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attnzoo_cpu, CPU, m) {
   m.impl("csp_pairs", &csp_pairs);
   m.impl("csp_pairs_bwd", &csp_pairs_bwd);
-  m.impl("csp_pairs_varlen", &csp_pairs_varlen);
-  m.impl("csp_pairs_varlen_bwd", &csp_pairs_varlen_bwd);
+  m.impl("csp_varlen", &csp_varlen);
+  m.impl("csp_varlen_bwd", &csp_varlen_bwd);
 }

@@ -19,7 +19,7 @@ import torch
 from attnzoo.ops._varlen import Segments
 from attnzoo.ops.csp.parallel import _TokenPermute
 
-__all__ = ["csp_varlen", "csp_varlen_source_index", "token_shifts"]
+__all__ = ["csp_varlen", "csp_varlen_kernel", "csp_varlen_source_index", "sequence_slots", "token_shifts"]
 
 
 def token_shifts(shifts: torch.Tensor, toks: Segments) -> torch.Tensor:
@@ -67,7 +67,7 @@ def csp_varlen(v: torch.Tensor, shifts: torch.Tensor, toks: Segments, groups: in
 
 def sequence_runs(toks: Segments) -> torch.Tensor | None:
     """``(B, S, 2)`` int64: each sequence's first token in its row and its length; ``None`` if a sequence's tokens
-    are not side by side (a mask with holes), which the fused kernel does not take."""
+    are not side by side (a mask with holes)."""
     b, n = toks.ids.shape
     num = toks.num
     tok = torch.arange(n, device=toks.ids.device).expand(b, n)
@@ -80,28 +80,44 @@ def sequence_runs(toks: Segments) -> torch.Tensor | None:
     return torch.stack([torch.where(length > 0, first, 0), length], dim=-1).contiguous()
 
 
-class _PairsVarlen(torch.autograd.Function):
-    """Groups of two in every sequence by the fused kernel (``csp_pairs_varlen`` of cpu.cpp); backward sends each
-    gradient back through the same swaps."""
+def sequence_slots(toks: Segments) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the fused kernel finds each sequence's tokens: ``seg`` ``(B, S, 2)`` int64 (first slot, length) and
+    ``order`` ``(B, N)`` int64, the row's tokens listed by (sequence, position), slot ``i`` of sequence ``s`` being
+    ``order[b, seg[b, s, 0] + i]``; for side-by-side runs ``order`` is empty and the slots are the rows themselves
+    (no list to build or read)."""
+    runs = sequence_runs(toks)
+    if runs is not None:
+        return runs, torch.empty(0, dtype=torch.long, device=toks.ids.device)
+    key = torch.where(toks.real, toks.ids, toks.num)  # padding after every sequence
+    order = torch.sort(key, dim=1, stable=True).indices.contiguous()  # stable: each sequence in position order
+    start = toks.lengths.cumsum(-1) - toks.lengths
+    return torch.stack([start, toks.lengths], dim=-1).contiguous(), order
+
+
+class _CSPVarlenKernel(torch.autograd.Function):
+    """CSP eq 4 per sequence by the fused kernel (``csp_varlen`` of cpu.cpp); backward sends each gradient to the
+    row its value came from (``csp_varlen_bwd``)."""
 
     @staticmethod
-    def forward(ctx, v: torch.Tensor, runs: torch.Tensor, steps: torch.Tensor, kernels) -> torch.Tensor:
-        out, swap = kernels.csp_pairs_varlen(v.contiguous(), runs, steps)
-        ctx.save_for_backward(runs, steps, swap)
+    def forward(ctx, v, seg, order, steps, groups: int, kernels) -> torch.Tensor:
+        out, src = kernels.csp_varlen(v.contiguous(), seg, order, steps, groups)
+        ctx.save_for_backward(src)
         ctx.kernels = kernels
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        runs, steps, swap = ctx.saved_tensors
-        return ctx.kernels.csp_pairs_varlen_bwd(grad.contiguous(), runs, steps, swap), None, None, None
+        (src,) = ctx.saved_tensors
+        return ctx.kernels.csp_varlen_bwd(grad.contiguous(), src), None, None, None, None, None
 
 
-def csp_pairs_varlen(v: torch.Tensor, shifts: torch.Tensor, toks: Segments, runs: torch.Tensor, kernels):
-    """CSP eq 4 per sequence with groups of two tokens (every length ``2 * groups``) in one fused pass over ``v``
-    ``(B, N, C)``; ``runs`` from :func:`sequence_runs`. Zero at padding."""
+def csp_varlen_kernel(v: torch.Tensor, shifts: torch.Tensor, toks: Segments, groups: int | None, kernels):
+    """CSP eq 4 per sequence (module doc) in the fused kernel: ``v`` ``(B, N, C)`` -> ``(B, N, C)``, zero at padding,
+    any ``groups`` dividing every length (``None``: groups of one token, shifting only), side-by-side runs and masks
+    with holes alike; no loop over sequences, no copy of ``v`` (when contiguous)."""
     b, c = v.shape[0], v.shape[2]
+    seg, order = sequence_slots(toks)
     per_seq = shifts.view(1, 1, c).expand(b, toks.num, c) if shifts.ndim == 1 else shifts
     steps = torch.remainder(per_seq, toks.lengths.clamp_min(1).unsqueeze(-1)).contiguous()
-    return _PairsVarlen.apply(v, runs, steps, kernels)
+    return _CSPVarlenKernel.apply(v, seg, order, steps, 0 if groups is None else groups, kernels)
