@@ -343,6 +343,7 @@ TSSA = Mechanism(
             module={},
             sized="attnzoo.ops.tssa.bench:sized",
             decode=True,
+            varlen=True,
         ),
         BenchCase("tssa_torch", "attnzoo.ops.tssa.bench:tssa_torch", default=False, causal=True),
     ),
