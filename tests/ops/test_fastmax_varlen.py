@@ -175,3 +175,19 @@ def test_padded_non_causal_total_moments_over_several_spans(monkeypatch, backend
     # elements: shrunk here so that the sums run over several spans, the last one partial
     monkeypatch.setattr(importlib.import_module("attnzoo.ops.fastmax.varlen"), "_TOTAL_FEATURES", 60)
     assert_equal_to_alone(_call(backend, 2, False), _seqs(LENGTHS), AXES, mode=mode)
+
+
+@pytest.mark.parametrize("sliced_max", [1, 64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("backend", ["torch", "torch_autograd", "cpu"])
+def test_packed_row_slices_and_masked_sweeps_agree_with_alone(monkeypatch, backend, p, causal, sliced_max):
+    # a packed row of at most _SLICED_MAX sequences runs the unmasked sweeps per sequence slice, more run the
+    # masked sweeps: both forms equal each sequence alone, forward and backward, float64, lengths 1 and odd
+    varlen = importlib.import_module("attnzoo.ops.fastmax.varlen")
+    monkeypatch.setattr(varlen, "_SLICED_MAX", sliced_max)
+    calls = []
+    sliced = varlen._sliced
+    monkeypatch.setattr(varlen, "_sliced", lambda *a, **k: calls.append(1) or sliced(*a, **k))
+    assert_equal_to_alone(_call(backend, p, causal), _seqs(LENGTHS), AXES, mode="packed")
+    assert bool(calls) == (sliced_max >= len(LENGTHS))

@@ -96,12 +96,33 @@ def _segment_noncausal(
         kv = torch.matmul(fk.transpose(-1, -2), va)  # (B, H, P, Pv)
         z = fk.sum(dim=-2)
         return torch.matmul(fq, kv), torch.einsum("bhnp,bhp->bhn", fq, z)
+    if seg.ids.shape[0] == 1 and seg.num <= _SLICED_MAX:
+        return _sliced_noncausal(fq, fk, va, seg)
     onehot = segment_onehot(seg, fk.dtype)  # (B, N, S)
     kv = torch.einsum("bns,bhnp,bhnv->bhspv", onehot, fk, va)  # (B, H, S, P, Pv)
     z = torch.einsum("bns,bhnp->bhsp", onehot, fk)
     b, h, n, p = fq.shape
     z_tok = z.gather(2, seg.ids.clamp_min(0)[:, None, :, None].expand(b, h, n, p))  # each token's own sequence
     return apply_per_segment(fq, kv, seg), (fq * z_tok).sum(dim=-1)
+
+
+#: a packed row of at most this many sequences runs one slice per sequence (:func:`_sliced_noncausal`)
+_SLICED_MAX = 64
+
+
+def _sliced_noncausal(
+    fq: torch.Tensor, fk: torch.Tensor, va: torch.Tensor, seg: Segments
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_segment_noncausal` of a packed row ``(1, H, T, *)``, sequence by sequence on contiguous slices: the
+    dense arithmetic plus S Python steps, where the one-hot form does S times the arithmetic (3.5x the unmasked
+    call at S = 4, docs/performance.md, issue 27)."""
+    bounds = [0, *seg.lengths[0].cumsum(0).tolist()]
+    nums, dens = [], []
+    for a, e in zip(bounds[:-1], bounds[1:], strict=True):
+        q_s, k_s, v_s = fq[:, :, a:e], fk[:, :, a:e], va[:, :, a:e]
+        nums.append(torch.matmul(q_s, torch.matmul(k_s.transpose(-1, -2), v_s)))
+        dens.append(torch.matmul(q_s, k_s.sum(dim=-2).unsqueeze(-1)).squeeze(-1))
+    return torch.cat(nums, dim=2), torch.cat(dens, dim=2)
 
 
 def _segmented_cumsum(x: torch.Tensor, reset: torch.Tensor) -> torch.Tensor:
