@@ -100,9 +100,10 @@ def test_recurrent_decoding_from_each_prompt_alone_equals_the_padded_batch_forwa
 
 @pytest.mark.parametrize("sliced_max", [1, 64])
 @pytest.mark.parametrize("lengths", [(1, 4, 7), (3, 1, 6, 2, 5), (1, 17, 40, 3)])
-def test_packed_non_causal_slices_and_one_hot_sums_agree_with_alone(monkeypatch, sliced_max, lengths):
-    # a packed row of at most _SLICED_MAX sequences runs a slice per sequence, more run the one-hot segment sums:
-    # both forms, forward and backward, in float64
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_slices_and_segment_sums_agree_with_alone(monkeypatch, causal, sliced_max, lengths):
+    # a packed row of at most _SLICED_MAX sequences runs a slice per sequence, more run the one-hot segment sums
+    # (the segmented scan when causal): both forms, forward and backward, in float64, chunks cutting sequences
     import attnzoo.ops.linear.chunk as chunk
 
     monkeypatch.setattr(chunk, "_SLICED_MAX", sliced_max)
@@ -111,7 +112,8 @@ def test_packed_non_causal_slices_and_one_hot_sums_agree_with_alone(monkeypatch,
     monkeypatch.setattr(chunk, "_sliced_noncausal", lambda *a: calls.append(1) or sliced(*a))
 
     def call(**kw):
-        return linear_attention(**kw, causal=False, backend="torch")
+        return linear_attention(**kw, causal=causal, chunk_size=3, backend="torch")
 
     assert_equal_to_alone(call, _seqs(lengths, torch.float64), AXES, mode="packed")
-    assert bool(calls) == (sliced_max >= len(lengths))
+    if not causal:
+        assert bool(calls) == (sliced_max >= len(lengths))
