@@ -117,3 +117,19 @@ def test_packed_slices_and_segment_sums_agree_with_alone(monkeypatch, causal, sl
     assert_equal_to_alone(call, _seqs(lengths, torch.float64), AXES, mode="packed")
     if not causal:
         assert bool(calls) == (sliced_max >= len(lengths))
+
+
+@pytest.mark.parametrize("rows_max", [0, 64])
+@pytest.mark.parametrize("mode", ["left", "right"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_rows_alone_and_masked_sums_agree_with_alone(monkeypatch, causal, mode, rows_max):
+    # left/right padding of at most SLICED_ROWS_MAX rows runs the unmasked op on each row's real tokens, more rows
+    # (or a hole) the where-zeroed sums: both equal each sequence alone, forward and backward, float64
+    import attnzoo.ops._segment_ops as segment_ops
+
+    monkeypatch.setattr(segment_ops, "SLICED_ROWS_MAX", rows_max)
+
+    def call(**kw):
+        return linear_attention(**kw, causal=causal, chunk_size=3, backend="torch")
+
+    assert_equal_to_alone(call, _seqs((1, 17, 40, 3), torch.float64), AXES, mode=mode)

@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from attnzoo.ops._segment_ops import row_spans, run_rows
 from attnzoo.ops._varlen import Segments
 from attnzoo.ops.fastmax.chunk import fastmax_factorized, unmasked_backward, unmasked_forward
 from attnzoo.ops.fastmax.common import feature_dim, features, features_vjp, kernel, kernel_grad
@@ -245,6 +246,13 @@ def masked_sweeps(
     ids = segs.ids.to(qs.device)
     if ids.shape[0] == 1 and 1 < segs.num <= _SLICED_MAX:
         return _sliced(qs, k, v, segs, p=p, causal=causal, chunk=chunk, custom_grad=custom_grad)
+    spans = row_spans(segs)
+    if spans is not None:
+        # left/right padding: the unmasked sweeps on each row's real tokens (no where passes, no padding work)
+        def alone(q_, k_, v_):
+            return fastmax_factorized(q_, k_, v_, p=p, causal=causal, chunk=chunk, custom_grad=custom_grad)
+
+        return run_rows(alone, spans, (qs, k, v), v.shape[-1])
     single = not causal and segs.num == 1
     if single and custom_grad and not torch.compiler.is_compiling():
         return _padded_totals(qs, k, v, ids, p)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from attnzoo.ops._dtypes import acc_dtype
-from attnzoo.ops._segment_ops import apply_per_segment, real_4d, segment_onehot, zero_padding
+from attnzoo.ops._segment_ops import apply_per_segment, real_4d, row_spans, run_rows, segment_onehot, zero_padding
 from attnzoo.ops._varlen import Segments, segments
 from attnzoo.ops.linear.naive import feature_map_fn
 
@@ -52,6 +52,12 @@ def linear_attention_chunk(
         if attention_mask is None:  # a packed row: no padding to zero (three passes fewer)
             num, den = _segment_causal(fq, fk, va, seg, c) if causal else _segment_noncausal(fq, fk, va, seg)
             return (num / (den + eps).unsqueeze(-1)).to(v.dtype)
+        spans = row_spans(seg)
+        if spans is not None:
+            # left/right padding: the unmasked op on each row's real tokens (no where passes, no padding work)
+            return run_rows(lambda a, b, d: _unmasked(a, b, d, causal, c, eps), spans, (fq, fk, va), v.shape[-1]).to(
+                v.dtype
+            )
         real = real_4d(seg)
         zero = torch.zeros((), dtype=acc, device=q.device)
         # padding zeroed before any sum: its (loud) values never meet the arithmetic, and it gets zero gradient
@@ -59,15 +65,19 @@ def linear_attention_chunk(
         num, den = _segment_causal(fq, fk, va, seg, c) if causal else _segment_noncausal(fq, fk, va, seg)
         den = torch.where(seg.real[:, None, :], den + eps, 1.0)  # padding rows: never 0 / 0, even with eps = 0
         return zero_padding(num / den.unsqueeze(-1), seg).to(v.dtype)
+    return _unmasked(fq, fk, va, causal, min(q.shape[-2], chunk_size or DEFAULT_CHUNK_SIZE), eps).to(v.dtype)
+
+
+def _unmasked(fq: torch.Tensor, fk: torch.Tensor, va: torch.Tensor, causal: bool, c: int, eps: float) -> torch.Tensor:
+    """Eqs. 5-6 (causal 8-10) on features ``phi(q), phi(k)`` and values: ``(B, H, N, Pv)``."""
     if not causal:
         kv = torch.einsum("bhnp,bhnv->bhpv", fk, va)
         z = fk.sum(dim=-2)
         num = torch.matmul(fq, kv)
         den = torch.einsum("bhnp,bhp->bhn", fq, z).unsqueeze(-1)
-        return (num / (den + eps)).to(v.dtype)
-
-    num, den = _causal_moments(fq, fk, va, min(q.shape[-2], chunk_size or DEFAULT_CHUNK_SIZE))
-    return (num / (den + eps).unsqueeze(-1)).to(v.dtype)
+        return num / (den + eps)
+    num, den = _causal_moments(fq, fk, va, min(fq.shape[-2], c))
+    return num / (den + eps).unsqueeze(-1)
 
 
 def _causal_moments(fq: torch.Tensor, fk: torch.Tensor, va: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor]:
