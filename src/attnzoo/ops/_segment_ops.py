@@ -3,7 +3,8 @@
 The naive references run each sequence alone (:func:`run_each_alone`); the fast paths use the helpers below: the
 boolean key mask of the quadratic mechanisms (:func:`attention_allowed`), one-hot segment sums
 (:func:`segment_onehot`), reading a per-segment matrix at each token (:func:`apply_per_segment`) and zeroing the
-padding outputs (:func:`zero_padding`). None loops over sequences.
+padding outputs (:func:`zero_padding`). None loops over sequences, except :func:`run_rows`: a padded batch of few
+rows with left/right padding runs the unmasked op on each row's real tokens (B Python steps, no padding work).
 """
 
 from __future__ import annotations
