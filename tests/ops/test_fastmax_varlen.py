@@ -160,4 +160,34 @@ def test_padded_non_causal_total_moments_over_several_spans(monkeypatch, backend
     # a padded non-causal batch reads each row's total moments, summed in spans of _TOTAL_FEATURES feature
     # elements: shrunk here so that the sums run over several spans, the last one partial
     monkeypatch.setattr(importlib.import_module("attnzoo.ops.fastmax.varlen"), "_TOTAL_FEATURES", 60)
+    # and the masked form (not the row-by-row one that left/right padding takes by default)
+    monkeypatch.setattr(importlib.import_module("attnzoo.ops._segment_ops"), "SLICED_ROWS_MAX", 0)
     assert_equal_to_alone(_call(backend, 2, False), _seqs(LENGTHS), AXES, mode=mode)
+
+
+@pytest.mark.parametrize("sliced_max", [1, 64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("backend", ["torch", "torch_autograd", "cpu"])
+def test_packed_row_slices_and_masked_sweeps_agree_with_alone(monkeypatch, backend, p, causal, sliced_max):
+    # a packed row of at most _SLICED_MAX sequences runs the unmasked sweeps per sequence slice, more run the
+    # masked sweeps: both forms equal each sequence alone, forward and backward, float64, lengths 1 and odd
+    varlen = importlib.import_module("attnzoo.ops.fastmax.varlen")
+    monkeypatch.setattr(varlen, "_SLICED_MAX", sliced_max)
+    calls = []
+    sliced = varlen._sliced
+    monkeypatch.setattr(varlen, "_sliced", lambda *a, **k: calls.append(1) or sliced(*a, **k))
+    assert_equal_to_alone(_call(backend, p, causal), _seqs(LENGTHS), AXES, mode="packed")
+    assert bool(calls) == (sliced_max >= len(LENGTHS))
+
+
+@pytest.mark.parametrize("rows_max", [0, 64])
+@pytest.mark.parametrize("mode", ["left", "right"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("backend", ["torch", "torch_autograd", "cpu"])
+def test_padded_rows_alone_and_masked_sweeps_agree_with_alone(monkeypatch, backend, p, causal, mode, rows_max):
+    # left/right padding of at most SLICED_ROWS_MAX rows runs the unmasked sweeps on each row's real tokens, more
+    # rows (or a hole) the masked sweeps: both equal each sequence alone, forward and backward, float64
+    monkeypatch.setattr(importlib.import_module("attnzoo.ops._segment_ops"), "SLICED_ROWS_MAX", rows_max)
+    assert_equal_to_alone(_call(backend, p, causal), _seqs(LENGTHS), AXES, mode=mode)

@@ -96,3 +96,40 @@ def test_recurrent_decoding_from_each_prompt_alone_equals_the_padded_batch_forwa
         idx = mask[b].nonzero().flatten()
         alone, _ = linear_attention_recurrent(*(t[b : b + 1, :, idx] for t in (q, k, v)))
         torch.testing.assert_close(full[b : b + 1, :, idx], alone, rtol=1e-10, atol=1e-11)
+
+
+@pytest.mark.parametrize("sliced_max", [1, 64])
+@pytest.mark.parametrize("lengths", [(1, 4, 7), (3, 1, 6, 2, 5), (1, 17, 40, 3)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_slices_and_segment_sums_agree_with_alone(monkeypatch, causal, sliced_max, lengths):
+    # a packed row of at most _SLICED_MAX sequences runs a slice per sequence, more run the one-hot segment sums
+    # (the segmented scan when causal): both forms, forward and backward, in float64, chunks cutting sequences
+    import attnzoo.ops.linear.chunk as chunk
+
+    monkeypatch.setattr(chunk, "_SLICED_MAX", sliced_max)
+    calls = []
+    sliced = chunk._sliced_noncausal
+    monkeypatch.setattr(chunk, "_sliced_noncausal", lambda *a: calls.append(1) or sliced(*a))
+
+    def call(**kw):
+        return linear_attention(**kw, causal=causal, chunk_size=3, backend="torch")
+
+    assert_equal_to_alone(call, _seqs(lengths, torch.float64), AXES, mode="packed")
+    if not causal:
+        assert bool(calls) == (sliced_max >= len(lengths))
+
+
+@pytest.mark.parametrize("rows_max", [0, 64])
+@pytest.mark.parametrize("mode", ["left", "right"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_rows_alone_and_masked_sums_agree_with_alone(monkeypatch, causal, mode, rows_max):
+    # left/right padding of at most SLICED_ROWS_MAX rows runs the unmasked op on each row's real tokens, more rows
+    # (or a hole) the where-zeroed sums: both equal each sequence alone, forward and backward, float64
+    import attnzoo.ops._segment_ops as segment_ops
+
+    monkeypatch.setattr(segment_ops, "SLICED_ROWS_MAX", rows_max)
+
+    def call(**kw):
+        return linear_attention(**kw, causal=causal, chunk_size=3, backend="torch")
+
+    assert_equal_to_alone(call, _seqs((1, 17, 40, 3), torch.float64), AXES, mode=mode)

@@ -162,3 +162,39 @@ def test_decoding_a_left_padded_prompt_equals_each_prompt_alone():
     assert bool((got[~mask.unsqueeze(1).expand(-1, h, -1)] == 0).all())
     with pytest.raises(ValueError, match=r"shape \(B,\)"):
         tssa_step(w[:, :, 0], temp, state, bias=bias, attention_mask=mask)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("backend", MASKED)
+def test_all_padding_row_and_holes_give_zeros_in_every_backend(backend, causal):
+    # the CPU kernels write only the tasks' tokens and zero the rest (a whole row without real tokens, a hole,
+    # both ends): no uninitialised memory may show there, in the output or in the gradient
+    g = torch.Generator().manual_seed(4)
+    w = (1e3 * torch.randn(3, 2, 9, 3, generator=g, dtype=torch.float64)).requires_grad_(True)
+    mask = torch.tensor([[0, 1, 1, 0, 0, 1, 1, 1, 0], [0] * 9, [1] * 9], dtype=torch.bool)
+    temp = torch.ones(2, dtype=torch.float64)
+    out = tssa(w, temp, causal=causal, attention_mask=mask, backend=backend)
+    ref = tssa(w, temp, causal=causal, attention_mask=mask, backend="naive")
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    assert bool((out.transpose(1, 2)[~mask] == 0).all())
+    (grad,) = torch.autograd.grad((out * torch.randn(out.shape, generator=g, dtype=torch.float64)).sum(), w)
+    assert bool((grad.transpose(1, 2)[~mask] == 0).all()) and bool(torch.isfinite(grad).all())
+
+
+@pytest.mark.parametrize("mode", ["right", "packed"])
+def test_cpu_non_causal_finds_nan_in_real_tokens_only(mode):
+    # the masked non-causal kernels find NaN/Inf in w from their per-sequence sums of w^2 (no separate pass)
+    from attnzoo._checks import NonFiniteError
+
+    w = torch.randn(2 if mode == "right" else 1, 2, 6, 3, dtype=torch.float64)
+    kw = (
+        {"attention_mask": torch.tensor([[1, 1, 1, 1, 0, 0], [1] * 6], dtype=torch.bool)}
+        if mode == "right"
+        else {"cu_seqlens": torch.tensor([0, 4, 6], dtype=torch.int32)}
+    )
+    if mode == "right":
+        w[0, :, 5] = float("nan")  # padding: ignored
+        assert bool(torch.isfinite(tssa(w, torch.ones(2, dtype=torch.float64), backend="cpu", **kw)).all())
+    w[0, 1, 2, 0] = float("inf")
+    with pytest.raises(NonFiniteError, match="w"):
+        tssa(w, torch.ones(2, dtype=torch.float64), backend="cpu", **kw)

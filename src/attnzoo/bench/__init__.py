@@ -55,7 +55,11 @@ PRESETS = {
 def _parse(argv):
     ap = argparse.ArgumentParser(prog="attnzoo bench", description=__doc__.splitlines()[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="default")
-    ap.add_argument("--sweeps", default="n,d,decode", help="comma list of: n, d, decode")
+    ap.add_argument(
+        "--sweeps",
+        default="n,d,decode",
+        help="comma list of: n, d, decode, varlen (padded/packed vs unmasked at equal real tokens, CPU)",
+    )
     ap.add_argument(
         "--mechanisms", default=None, help=f"comma list (default {cases.OP_CASES}; also {cases.EXTRA_OP_CASES})"
     )
@@ -65,6 +69,9 @@ def _parse(argv):
     ap.add_argument("--heads", type=int, help="heads K")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--d-sweep-length", type=int, default=4096)
+    ap.add_argument("--varlen-batch", type=int, default=4, help="varlen sweep: rows B (half of them padded)")
+    ap.add_argument("--varlen-length", type=int, default=4096, help="varlen sweep: grid length N")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument(
         "--causal", choices=["both", "yes", "no"], default="both", help="n sweep: causal, non-causal or both"
     )
@@ -87,9 +94,9 @@ def _parse(argv):
             setattr(args, key, preset[key])
     args.contexts, args.decode_dim, args.decode_heads = preset["contexts"], preset["decode_dim"], preset["decode_heads"]
     args.sweeps = [s.strip() for s in args.sweeps.split(",") if s.strip()]
-    bad = [s for s in args.sweeps if s not in ("n", "d", "decode")]
+    bad = [s for s in args.sweeps if s not in SWEEPS]
     if bad:
-        ap.error(f"unknown sweep(s) {bad}; valid: ['n', 'd', 'decode']")
+        ap.error(f"unknown sweep(s) {bad}; valid: {list(SWEEPS)}")
     mechs = cases.OP_CASES if args.mechanisms is None else [m.strip() for m in args.mechanisms.split(",")]
     valid = cases.ALL_OP_CASES
     bad = [m for m in mechs if m not in valid]
@@ -101,7 +108,8 @@ def _parse(argv):
 
 
 #: every file a bench run writes into --out (--overwrite removes these, and only these)
-OUTPUT_FILES = ("results.csv", "results.json", "sweep_n.png", "sweep_d.png", "decode.png")
+OUTPUT_FILES = ("results.csv", "results.json", "sweep_n.png", "sweep_d.png", "decode.png", "varlen.csv")
+SWEEPS = ("n", "d", "decode", "varlen")
 
 
 def _check_args(ap: argparse.ArgumentParser, args) -> None:
@@ -110,9 +118,17 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
         bad = [v for v in getattr(args, key) if v < 1]
         if bad:
             ap.error(f"--{key} must be positive integers, got {bad}")
-    for key in ("dim", "heads", "batch", "d_sweep_length", "repeats"):
+    for key in ("dim", "heads", "batch", "d_sweep_length", "repeats", "varlen_batch"):
         if getattr(args, key) < 1:
             ap.error(f"--{key.replace('_', '-')} must be a positive integer, got {getattr(args, key)}")
+    if args.varlen_length < 4:
+        ap.error(f"--varlen-length must be at least 4, got {args.varlen_length}")
+    if args.threads is not None and args.threads < 1:
+        ap.error(f"--threads must be a positive integer, got {args.threads}")
+    if "varlen" in args.sweeps and args.device != "cpu":
+        ap.error(f"the varlen sweep times CPU calls; got --device {args.device} (pass --device cpu)")
+    if "varlen" in args.sweeps and args.dim % args.heads:
+        ap.error(f"--dim {args.dim} is not divisible by --heads {args.heads}")
     if not args.budget_s > 0:
         ap.error(f"--budget-s must be a positive number of seconds, got {args.budget_s}")
     # head size = dim // heads: a remainder would measure a narrower model than the results say
@@ -165,6 +181,8 @@ class _Series(NamedTuple):
 def run(args) -> tuple[list[Row], dict]:
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     timing_allocator()
     bandwidth = measure_bandwidth(device)
     meta = machine_info(device) | {
@@ -220,7 +238,61 @@ def run(args) -> tuple[list[Row], dict]:
         dbar = tqdm(decode, desc="decode", leave=False, file=sys.stderr) if tqdm else decode
         for mech in dbar:
             rows += measure_decode(mech, args.decode_dim, args.decode_heads, args.contexts, device, dtype, args.repeats)
+    if "varlen" in args.sweeps:
+        meta["varlen"] = _run_varlen(args, device, dtype)
     return rows, meta
+
+
+def _run_varlen(args, device: torch.device, dtype: torch.dtype) -> dict:
+    """The varlen sweep (:mod:`attnzoo.bench.varlen`) of the chosen mechanisms that declare one."""
+    from dataclasses import asdict
+
+    from attnzoo.bench import varlen
+
+    names = [m for m in args.mechanisms if m in varlen.varlen_cases()]
+    skipped = [m for m in args.mechanisms if m not in names]
+    if skipped:
+        print(f"varlen sweep: no varlen form for {skipped}; measuring {names}", file=sys.stderr)
+    modes = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
+    load_before = varlen.load_average()
+    rows = []
+    for mech in names:
+        for causal in modes:
+            rows += varlen.measure_varlen(
+                mech,
+                batch=args.varlen_batch,
+                heads=args.heads,
+                length=args.varlen_length,
+                dim=args.dim,
+                causal=causal,
+                backward=not args.no_backward,
+                device=device,
+                dtype=dtype,
+                repeats=args.repeats,
+            )
+    return {
+        "lengths": varlen.varlen_lengths(args.varlen_batch, args.varlen_length),
+        "load_before": load_before,
+        "load_after": varlen.load_average(),
+        "rows": [asdict(r) for r in rows],
+    }
+
+
+def _report_varlen(out: str, res: dict) -> None:
+    import csv
+    import io
+
+    from attnzoo._io import atomic_write_text
+    from attnzoo.bench.varlen import VarlenRow, print_varlen
+
+    rows = [VarlenRow(**r) for r in res["rows"]]
+    print(f"varlen: lengths {res['lengths']}, load average before {res['load_before']}, after {res['load_after']}")
+    print_varlen(rows)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(VarlenRow.__dataclass_fields__))
+    w.writeheader()
+    w.writerows(res["rows"])
+    atomic_write_text(os.path.join(out, "varlen.csv"), buf.getvalue())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,7 +319,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: --out {out} is not writable", file=sys.stderr)
         return 2
     rows, meta = run(args)
-    print_table(rows)
+    if rows:
+        print_table(rows)
+    if "varlen" in meta:
+        _report_varlen(out, meta["varlen"])
     for f in earlier:  # --overwrite: an earlier run's plots this run does not redraw must not stay beside it
         os.remove(os.path.join(out, f))
     csv_path, json_path = write_results(out, rows, meta)

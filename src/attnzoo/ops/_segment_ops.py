@@ -3,7 +3,8 @@
 The naive references run each sequence alone (:func:`run_each_alone`); the fast paths use the helpers below: the
 boolean key mask of the quadratic mechanisms (:func:`attention_allowed`), one-hot segment sums
 (:func:`segment_onehot`), reading a per-segment matrix at each token (:func:`apply_per_segment`) and zeroing the
-padding outputs (:func:`zero_padding`). None loops over sequences.
+padding outputs (:func:`zero_padding`). None loops over sequences, except :func:`run_rows`: a padded batch of few
+rows with left/right padding runs the unmasked op on each row's real tokens (B Python steps, no padding work).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ __all__ = [
     "zero_padding",
     "zero_padding_tokens",
     "real_4d",
+    "row_spans",
+    "run_rows",
+    "SLICED_ROWS_MAX",
 ]
 
 
@@ -104,3 +108,43 @@ def apply_per_segment(x: torch.Tensor, mats: torch.Tensor, seg: Segments) -> tor
     idx = seg.ids.clamp_min(0)[:, None, :, None, None].expand(b, h, n, p, r)
     per_tok = mats.gather(2, idx)
     return torch.matmul(x.unsqueeze(-2), per_tok).squeeze(-2)
+
+
+#: a padded batch of at most this many rows may run row by row (:func:`row_spans`)
+SLICED_ROWS_MAX = 64
+
+
+def row_spans(seg: Segments) -> list[tuple[int, int]] | None:
+    """``(start, end)`` of each row's real tokens when ``seg`` is a padded batch (one sequence per row) of at most
+    :data:`SLICED_ROWS_MAX` rows whose real tokens are contiguous (left or right padding), else ``None``; an empty
+    row is ``(0, 0)``. One host read."""
+    if seg.num != 1 or seg.ids.shape[0] > SLICED_ROWS_MAX:
+        return None
+    real = seg.real
+    n = real.shape[1]
+    tok = torch.arange(n, device=real.device)
+    first = torch.where(real, tok, n).amin(dim=1)
+    last = torch.where(real, tok, -1).amax(dim=1)
+    count = real.sum(dim=1)
+    rows = torch.stack([first, last, count], dim=1).tolist()
+    if any(c and e - f + 1 != c for f, e, c in rows):
+        return None  # a hole inside a row
+    return [(f, e + 1) if c else (0, 0) for f, e, c in rows]
+
+
+def run_rows(
+    fn: Callable[..., torch.Tensor], spans: list[tuple[int, int]], tensors: Sequence[torch.Tensor], out_dim: int
+) -> torch.Tensor:
+    """``fn`` (an unmasked op ``(1, H, n, *) -> (1, H, n, out_dim)``) on each row's real tokens, zero padding
+    around them: ``(B, H, N, out_dim)``. The padding is never read (no ``where`` passes, exactly zero gradient)
+    nor computed on; B Python steps."""
+    x = tensors[0]
+    n = x.shape[2]
+    rows = []
+    for b, (a, e) in enumerate(spans):
+        if e == a:
+            rows.append(x.new_zeros(1, x.shape[1], n, out_dim))
+            continue
+        y = fn(*(t[b : b + 1, :, a:e] for t in tensors))
+        rows.append(F.pad(y, (0, 0, a, n - e)))
+    return torch.cat(rows, dim=0)

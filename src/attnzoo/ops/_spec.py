@@ -212,10 +212,14 @@ class BenchCase:
     sized: str | None = None
     #: the decode sweep times its causal layer's ``step``
     decode: bool = False
+    #: the varlen sweep (:mod:`attnzoo.bench.varlen`) calls ``op`` with ``attention_mask=`` / ``cu_seqlens=``
+    varlen: bool = False
 
-    def prepare(self, shape: Shape, causal: bool, device: Any, dtype: Any) -> tuple[list, Callable[[], Any], int]:
-        """``(inputs, run, bytes_moved)`` of the op-level case at ``shape``."""
-        return _load(self.op)(shape, causal, device, dtype)
+    def prepare(
+        self, shape: Shape, causal: bool, device: Any, dtype: Any, **mask: Any
+    ) -> tuple[list, Callable[[], Any], int]:
+        """``(inputs, run, bytes_moved)`` of the op-level case at ``shape`` (``mask``: the varlen keywords)."""
+        return _load(self.op)(shape, causal, device, dtype, **mask)
 
     def module_options(self, length: int, dim: int, causal: bool) -> dict[str, Any]:
         """The layer's options for a sequence of ``length`` tokens of width ``dim``."""

@@ -235,8 +235,12 @@ FASTMAX = Mechanism(
     checks="attnzoo.ops.fastmax.checks",
     projections=Projections(qkv="qkv", out="proj", follows=("qkv_bias", "proj_bias", "proj_dropout")),
     bench=(
-        BenchCase("fastmax_p1", "attnzoo.ops.fastmax.bench:fastmax_p1", causal=True, module={"p": 1}, decode=True),
-        BenchCase("fastmax_p2", "attnzoo.ops.fastmax.bench:fastmax_p2", causal=True, module={"p": 2}, decode=True),
+        BenchCase(
+            "fastmax_p1", "attnzoo.ops.fastmax.bench:fastmax_p1", causal=True, module={"p": 1}, decode=True, varlen=True
+        ),
+        BenchCase(
+            "fastmax_p2", "attnzoo.ops.fastmax.bench:fastmax_p2", causal=True, module={"p": 2}, decode=True, varlen=True
+        ),
         BenchCase("fastmax_p1_autograd", "attnzoo.ops.fastmax.bench:fastmax_p1_autograd", default=False, causal=True),
         BenchCase("fastmax_p2_autograd", "attnzoo.ops.fastmax.bench:fastmax_p2_autograd", default=False, causal=True),
     ),

@@ -76,7 +76,7 @@ LINEAR = Mechanism(
     examples=({"chunk_size": 3}, {"feature_map": "relu"}),  # {"s": (B, H, P, P), "z": (B, H, P)}
     checks="attnzoo.ops.linear.checks",
     projections=Projections(qkv="qkv", out="proj", follows=("qkv_bias", "proj_bias", "attn_dropout", "proj_dropout")),
-    bench=(BenchCase("linear", "attnzoo.ops.linear.bench:linear", causal=True, module={}, decode=True),),
+    bench=(BenchCase("linear", "attnzoo.ops.linear.bench:linear", causal=True, module={}, decode=True, varlen=True),),
     card=Card("Katharopoulos et al. 2020", "O(N)", "O(N)", causal="recurrent"),
     order=1,
 )

@@ -8,15 +8,16 @@ from attnzoo import ops
 from attnzoo.ops._bench import Case, Shape, nbytes, randn
 
 
-def _case(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype, backend: str) -> Case:
+def _case(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype, backend: str, **mask) -> Case:
     (w,) = randn((s.batch, s.heads, s.length, s.head_dim), device, dtype)
     temp = torch.ones(s.heads, device=device, dtype=dtype)
     bias = torch.zeros(s.heads, s.length, 1, device=device, dtype=dtype) if causal else None
-    return [w], lambda: ops.tssa(w, temp, causal=causal, bias=bias, backend=backend), 2 * nbytes(w)
+    return [w], lambda: ops.tssa(w, temp, causal=causal, bias=bias, backend=backend, **mask), 2 * nbytes(w)
 
 
-def tssa(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype) -> Case:
-    return _case(s, causal, device, dtype, "auto")
+def tssa(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype, **mask) -> Case:
+    # mask: attention_mask / cu_seqlens of the varlen sweep
+    return _case(s, causal, device, dtype, "auto", **mask)
 
 
 def tssa_torch(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype) -> Case:

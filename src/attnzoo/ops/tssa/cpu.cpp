@@ -193,9 +193,25 @@ struct Tasks {
   }
   // per-token outputs: zeros where no task writes (padding)
   Tensor per_token(at::IntArrayRef sizes, const at::TensorOptions& o) const {
-    return tab ? at::zeros(sizes, o) : at::empty(sizes, o);
+    return tab ? zero_gaps(at::empty(sizes, o)) : at::empty(sizes, o);
   }
-  Tensor like(const Tensor& w) const { return tab ? at::zeros_like(w) : at::empty_like(w); }
+  Tensor like(const Tensor& w) const { return tab ? zero_gaps(at::empty_like(w)) : at::empty_like(w); }
+  // t (B, H, N, ...) with the tokens no task covers set to 0: only the padding is written here (a packed row has
+  // none), the kernels write the rest; zero-filling the whole output first was a full extra pass (issue 27)
+  Tensor zero_gaps(Tensor t) const {
+    int64_t b = 0, end = 0;
+    auto gap = [&](int64_t row, int64_t s, int64_t e) {
+      if (e > s) t.select(0, row).narrow(1, s, e - s).zero_();
+    };
+    for (int64_t k = 0; k < count; ++k) {  // the table is in (b, c0) order
+      const int64_t tb = tab[5 * k], c0 = tab[5 * k + 1], c1 = tab[5 * k + 2];
+      for (; b < tb; ++b, end = 0) gap(b, end, N);
+      gap(b, end, c0);
+      end = c1;
+    }
+    for (; b < B; ++b, end = 0) gap(b, end, N);
+    return t;
+  }
 };
 
 // part[task, h, :] = sum of d[b, h, n] w[b, h, n, :]^2 over the task's tokens n;

@@ -1,0 +1,200 @@
+"""The ``varlen`` sweep of ``attnzoo bench`` (issue 27): padded and packed calls against the unmasked call over the
+same real tokens.
+
+A batch of ``B`` sequences on a grid of ``N`` tokens: the first ``ceil(B/2)`` rows are full, the other rows hold
+shorter sequences of distinct odd lengths (:func:`varlen_lengths`), padded alternately on the right and on the left.
+Three calls of the op see exactly these ``T = sum of lengths`` real tokens:
+
+- ``dense``: the unmasked op on one row of ``T`` tokens, ``(1, H, T, P)``, no mask;
+- ``masked``: the op on the padded batch ``(B, H, N, P)`` with ``attention_mask``;
+- ``packed``: the op on the sequences packed in one row ``(1, H, T, P)`` with ``cu_seqlens``.
+
+Why ``dense`` is the reference: the mechanisms measured here cost O(tokens) per call, so one unmasked row of ``T``
+tokens does the same arithmetic an ideal varlen implementation does (every real token once, no padding, no
+boundaries), in a single call without per-call overheads; it is what a user gets by ignoring the sequence
+boundaries, i.e. the speed the masks should cost nothing against. Running each sequence alone and summing would
+add one Python call per sequence to the reference, which flatters the masked paths. The padded call still holds
+``B * N - T`` padding tokens, so a path that computes on padding and zeroes it afterwards pays ``B N / T`` on top.
+
+Timing: the three calls alternate within one process (``dense, masked, packed`` per round, after a warm-up of
+each), so that load from other processes falls on all three alike; the figure of merit is the median over rounds
+of each round's ratio ``masked / dense`` and ``packed / dense``. The machine's load average is recorded beside
+the results (the shared CI/VM machines run other jobs).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from attnzoo.bench.cases import Shape, registered_cases
+from attnzoo.bench.runner import _settle_heap
+
+__all__ = ["VarlenRow", "varlen_lengths", "varlen_forms", "measure_varlen", "VARLEN_TARGET", "varlen_cases"]
+
+#: the issue's bound on masked/dense and packed/dense
+VARLEN_TARGET = 1.2
+
+
+def varlen_cases() -> list[str]:
+    """The op cases that declare a varlen form (``BenchCase(varlen=True)``)."""
+    return [n for n, (_, c) in registered_cases().items() if c.varlen]
+
+
+def varlen_lengths(batch: int, length: int) -> list[int]:
+    """The lengths of the batch: ``ceil(B/2)`` full rows of ``N``, then ``floor(B/2)`` distinct odd lengths spread
+    evenly over ``(N/2, N)``."""
+    if batch < 1 or length < 4:
+        raise ValueError(f"the varlen sweep needs batch >= 1 and length >= 4, got batch={batch}, length={length}")
+    m = batch // 2
+    short = [(length - (j + 1) * length // (2 * m + 2)) | 1 for j in range(m)]
+    return [length] * (batch - m) + [min(x, length - 1) for x in short]
+
+
+@dataclass
+class _Form:
+    inputs: list[torch.Tensor]
+    run: object
+
+
+def varlen_forms(
+    name: str, heads: int, dim: int, lengths: list[int], length: int, *, causal: bool, device, dtype
+) -> dict[str, _Form]:
+    """The ``dense``, ``masked`` and ``packed`` calls of case ``name`` (module doc) over sequences of ``lengths``
+    on a grid of ``length`` tokens."""
+    _, case = registered_cases()[name]
+    if not case.varlen:
+        raise ValueError(f"bench case {name!r} has no varlen form; cases with one: {varlen_cases()}")
+    batch, total = len(lengths), sum(lengths)
+    mask = torch.zeros(batch, length, dtype=torch.bool, device=device)
+    for b, n in enumerate(lengths):
+        if b % 2 == 0:
+            mask[b, :n] = True
+        else:  # left padding
+            mask[b, length - n :] = True
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    one = Shape(1, heads, total, dim)
+    forms = {
+        "dense": case.prepare(one, causal, device, dtype),
+        "masked": case.prepare(Shape(batch, heads, length, dim), causal, device, dtype, attention_mask=mask),
+        "packed": case.prepare(one, causal, device, dtype, cu_seqlens=cu),
+    }
+    return {k: _Form(v[0], v[1]) for k, v in forms.items()}
+
+
+@dataclass
+class VarlenRow:
+    mechanism: str
+    causal: bool
+    mode: str  # "fwd" or "fwd+bwd"
+    batch: int
+    heads: int
+    length: int
+    dim: int
+    real_tokens: int
+    dense_ms: float
+    masked_ms: float
+    packed_ms: float
+    masked_ratio: float  # median over rounds of masked / dense
+    packed_ratio: float
+    rounds: int
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def measure_varlen(
+    name: str,
+    *,
+    batch: int,
+    heads: int,
+    length: int,
+    dim: int,
+    causal: bool,
+    backward: bool,
+    device,
+    dtype,
+    repeats: int,
+) -> list[VarlenRow]:
+    """The ``fwd`` (and ``fwd+bwd``) row of case ``name``: the three forms timed alternately, ``repeats`` rounds."""
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"the varlen sweep times CPU calls (perf_counter, no device sync); got device={device}")
+    lengths = varlen_lengths(batch, length)
+    forms = varlen_forms(name, heads, dim, lengths, length, causal=causal, device=device, dtype=dtype)
+    rows = []
+    for mode in ("fwd", "fwd+bwd") if backward else ("fwd",):
+        calls = {}
+        for key, f in forms.items():
+            if mode == "fwd":
+
+                def call(f=f):
+                    with torch.no_grad():
+                        return f.run()
+            else:
+                for t in f.inputs:
+                    t.requires_grad_(True)
+                with torch.no_grad():
+                    g = torch.ones_like(f.run())
+
+                def call(f=f, g=g):
+                    return torch.autograd.grad(f.run(), f.inputs, g)
+
+            call()
+            _settle_heap(call)
+            calls[key] = call
+        times: dict[str, list[float]] = {k: [] for k in calls}
+        for _ in range(repeats):
+            for key, call in calls.items():
+                times[key].append(_timed(call))
+        ratio = {k: statistics.median(a / d for a, d in zip(times[k], times["dense"], strict=True)) for k in calls}
+        med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        rows.append(
+            VarlenRow(
+                name,
+                causal,
+                mode,
+                batch,
+                heads,
+                length,
+                dim,
+                sum(lengths),
+                med["dense"],
+                med["masked"],
+                med["packed"],
+                ratio["masked"],
+                ratio["packed"],
+                repeats,
+            )
+        )
+    return rows
+
+
+def load_average() -> tuple[float, float, float] | None:
+    """The machine's 1/5/15-minute load average (None where the OS has none)."""
+    try:
+        return os.getloadavg()
+    except OSError:
+        return None
+
+
+def print_varlen(rows: list[VarlenRow]) -> None:
+    hdr = (
+        f"{'mechanism':<14}{'causal':<7}{'mode':<9}{'B':>3}{'N':>6}{'T':>7}{'dense ms':>10}{'masked ms':>11}"
+        f"{'packed ms':>11}{'masked/x':>10}{'packed/x':>10}"
+    )
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        flag = lambda x: "" if x <= VARLEN_TARGET else " !"  # noqa: E731
+        print(
+            f"{r.mechanism:<14}{str(r.causal):<7}{r.mode:<9}{r.batch:>3}{r.length:>6}{r.real_tokens:>7}"
+            f"{r.dense_ms:>10.1f}{r.masked_ms:>11.1f}{r.packed_ms:>11.1f}{r.masked_ratio:>8.2f}{flag(r.masked_ratio):<2}"
+            f"{r.packed_ratio:>8.2f}{flag(r.packed_ratio):<2}"
+        )
