@@ -204,9 +204,12 @@ class IdentityMixer(Attention):
     registry_name = IDENTITY_MIXER
 
     def forward(
-        self, x: torch.Tensor, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,  # noqa: ARG002 (a per-token map honours every mask)
+        cu_seqlens: torch.Tensor | None = None,  # noqa: ARG002
     ) -> torch.Tensor:
-        """``x`` (B, N, dim) unchanged (the masks are accepted: a per-token map honours them)."""
+        """``x`` (B, N, dim) unchanged."""
         self.check_input(x)
         return x
 

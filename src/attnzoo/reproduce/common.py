@@ -185,6 +185,7 @@ def peak_train_mb(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, k
 #: a trained run validates at this many evenly spaced points (the learning curves of every trained table)
 CURVE_POINTS = 4
 
+
 # ---- training -----------------------------------------------------------------------------------------
 def train_defaults(**kw) -> dict:
     """The optimisation settings every model of a section shares (not tuned per model)."""
@@ -311,7 +312,8 @@ def _val_curve(run_dir: Path) -> list[dict]:
             rows = [r for r in csv.DictReader(fh) if r.get("split") == "val"]
         out = {}
         for r in rows:
-            vals = {k: float(v) for k, v in r.items() if k not in ("step", "split", "lr", "elapsed_s") and v not in (None, "")}
+            skip = ("step", "split", "lr", "elapsed_s")
+            vals = {k: float(v) for k, v in r.items() if k not in skip and v not in (None, "")}
             out[int(r["step"])] = {"step": int(r["step"]), **vals}
     except (UnicodeDecodeError, ValueError, KeyError, TypeError, csv.Error) as e:
         raise ReadError(
@@ -420,7 +422,7 @@ def plot_val_curves(panels: Sequence[tuple[str, dict[str, list]]], ylabel: str, 
 
     panels = [(t, c) for t, c in panels if any(c.values())]
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.2 * max(1, len(panels)), 3.8), squeeze=False)
-    for ax, (name, curves) in zip(axes[0], panels):
+    for ax, (name, curves) in zip(axes[0], panels, strict=True):
         for i, (row, pts) in enumerate(curves.items()):
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, color=f"C{i % 10}", label=row)
