@@ -249,3 +249,18 @@ def test_fast_d32_finding_follows_the_times():
     assert f["verdict"] == "disagrees"
     _, f = fast_d32(d32({256: 10.0}, {256: 30.0}))
     assert f["verdict"] == "not tested" and "no N ≥ 1024 measured at D = 32" in f["measured"]
+
+
+def test_unmatched_tost_row_points_to_the_matched_one():
+    from attnzoo.reproduce.sections import vision
+
+    res = {
+        "vit": {"accuracy": stat([70.0, 71.0, 70.5]), "params": 100_000},
+        "tost": {"accuracy": stat([69.0, 70.0, 69.5]), "params": 200_000},
+        "tost@matched-params": {"accuracy": stat([70.2, 70.6, 70.4]), "params": 98_000},
+    }
+    f = next(f for f in vision._findings(res) if f["claim"] == "ToST is competitive with ViT at similar size")
+    assert "the parameter counts differ (2.00x): the tost@matched-params row" in f["explanation"]
+    del res["tost@matched-params"]
+    f = next(f for f in vision._findings(res) if f["claim"] == "ToST is competitive with ViT at similar size")
+    assert "tost@matched-params" not in f.get("explanation", "")

@@ -611,6 +611,12 @@ def _findings(res: dict) -> list[dict]:
         if a not in res or b not in res:
             continue
         f = _with_params(cmp(a, b, claim_type, margin, paper, claim, pv), res, a, b)
+        size_note = (
+            f"at the plan's width the parameter counts differ ({f['params_a'] / f['params_b']:.2f}x): the "
+            f"{MATCHED} row is the 'similar size' comparison (its own finding)"
+            if (a, b) == ("tost", "vit") and MATCHED in res and f.get("params_a") and f.get("params_b")
+            else ""
+        )
         if a == "aot":
             f["explanation"] = _aot_ablations(res, b)
         elif a_ctl in res and b_ctl in res and (a_ctl, b_ctl) != (a, b):
@@ -638,8 +644,10 @@ def _findings(res: dict) -> list[dict]:
                     )
                 )
             out += [f, ctl]
-            continue
-        out.append(f)
+        else:
+            out.append(f)
+        if size_note:
+            f["explanation"] = f"{f['explanation']}; {size_note}" if f.get("explanation") else size_note
     return out
 
 
