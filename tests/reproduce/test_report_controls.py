@@ -69,6 +69,40 @@ def test_train_run_validates_at_four_points(tmp_path):
     assert rec["val_curve"][-1]["accuracy"] == pytest.approx(rec["val"]["accuracy"])
 
 
+def test_curve_points_before_the_last_use_curve_eval_batches(tmp_path):
+    """A curve's earlier points are evaluated on ``curve_eval_batches`` batches; the last (the run's result) on
+    every batch, and training is unchanged by it."""
+    from attnzoo.train.config import from_dict
+    from attnzoo.train.trainer import train
+
+    base = {
+        "task": "digits",
+        "model": "vit_s",
+        "model_options": {"dim": 16, "depth": 1, "heads": 2, "patch_size": 4},
+        "steps": 6,
+        "batch_size": 16,
+        "lr": 1e-2,
+        "eval_every": 2,
+        "log_every": 2,
+        "device": "cpu",
+    }
+    full = train(from_dict(base), tmp_path / "full", progress=False)
+    part = train(from_dict({**base, "curve_eval_batches": 2}), tmp_path / "part", progress=False)
+    assert part.final_metrics == full.final_metrics
+    rows = {}
+    for name in ("full", "part"):
+        text = (tmp_path / name / "metrics.csv").read_text().splitlines()
+        head = text[0].split(",")
+        rows[name] = [dict(zip(head, r.split(","), strict=True)) for r in text[1:]]
+    val = {n: {int(r["step"]): float(r["accuracy"]) for r in rs if r["split"] == "val"} for n, rs in rows.items()}
+    assert sorted(val["part"]) == [2, 4, 6]
+    for step in (2, 4):  # 2 batches of 16 images: a multiple of 1/32
+        assert val["part"][step] * 32 == pytest.approx(round(val["part"][step] * 32), abs=1e-9)
+    assert val["part"][6] == val["full"][6]
+    with pytest.raises(Exception, match="curve_eval_batches must be >= 0, got -1"):
+        from_dict({**base, "curve_eval_batches": -1}).validate()
+
+
 def test_curves_fold_over_seeds_and_reach_the_plateau_text():
     runs = [
         {"val_curve": [{"step": 5, "accuracy": 0.2}, {"step": 10, "accuracy": 0.4}]},

@@ -184,6 +184,8 @@ def peak_train_mb(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, k
 
 #: a trained run validates at this many evenly spaced points (the learning curves of every trained table)
 CURVE_POINTS = 4
+#: validation batches of a curve's points before the last (the last point, the run's result, uses every batch)
+CURVE_EVAL_BATCHES = 8
 
 
 # ---- training -----------------------------------------------------------------------------------------
@@ -242,6 +244,8 @@ def train_run(ctx: Context, step_id: str, cfg: dict) -> dict:
     full.setdefault("device", ctx.device)
     # validation at a quarter, half, three quarters and the end of the run: the report's learning curves
     full.setdefault("eval_every", max(1, full["steps"] // CURVE_POINTS))
+    # the curve's earlier points on part of the validation set, so the curve costs little; the result uses it all
+    full.setdefault("curve_eval_batches", CURVE_EVAL_BATCHES)
     full.setdefault("ckpt_every", max(1, full["steps"] // 4))
     tcfg = from_dict(full)
     run_dir = ctx.store.run_dir(step_id)
