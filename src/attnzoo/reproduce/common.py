@@ -35,6 +35,7 @@ __all__ = [
     "seeded_id",
     "per_seed",
     "CURVE_POINTS",
+    "CURVE_NOTE",
     "mean_val_curve",
     "curve_text",
     "plot_val_curves",
@@ -186,6 +187,11 @@ def peak_train_mb(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, k
 CURVE_POINTS = 4
 #: validation batches of a curve's points before the last (the last point, the run's result, uses every batch)
 CURVE_EVAL_BATCHES = 8
+#: how a caption states what the curves' points are
+CURVE_NOTE = (
+    f"the last point is the run's result on the whole validation set, the earlier ones use its first "
+    f"{CURVE_EVAL_BATCHES} batches"
+)
 
 
 # ---- training -----------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import numpy as np
 
 from attnzoo.reproduce import claims
 from attnzoo.reproduce.common import (
+    CURVE_NOTE,
     Context,
     ModelRow,
     Section,
@@ -234,7 +235,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             (
                 rel(path),
                 "Validation error (mean over k) at 4 points of each run (seed means), one panel per task table; "
-                "gpt@2x-steps is the baseline's plateau run.",
+                f"gpt@2x-steps is the baseline's plateau run; {CURVE_NOTE}.",
             )
         )
     sec.data["plateau"] = {

@@ -11,6 +11,7 @@ import numpy as np
 
 from attnzoo.reproduce import claims
 from attnzoo.reproduce.common import (
+    CURVE_NOTE,
     SWEEP_SEED_OFFSET,
     Context,
     Section,
@@ -518,7 +519,9 @@ def _curves(sec: Section, res: dict, mechs: list[str], tasks: list[str], ablatio
             (
                 rel(path),
                 "Validation accuracy at 4 points of each run (seed means), one panel per task of the accuracy "
-                "table; the @2x-steps ablations run twice the steps (the baseline's plateau check among them).",
+                "table; the @2x-steps ablations run twice the steps (the baseline's plateau check among them); "
+                + CURVE_NOTE
+                + ".",
             )
         )
 

@@ -319,12 +319,13 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         _init_table(sec, lw, init)
     curves = {n: t["val_curve"] for n, t in trained.items() if t.get("val_curve")}
     if curves:
-        from attnzoo.reproduce.common import plot_val_curves, save_figure
+        from attnzoo.reproduce.common import CURVE_NOTE, plot_val_curves, save_figure
 
         path = plots_dir / "probes_curves.png"
         rows = {n: [[p["step"], 100.0 * p["accuracy"]] for p in c if "accuracy" in p] for n, c in curves.items()}
         save_figure(plot_val_curves([("probe models", rows)], "validation accuracy (%)", "Probe models"), path)
-        sec.plots.append((rel(path), f"Validation accuracy of the depth-{depth} probe models at 4 points of training."))
+        caption = f"Validation accuracy of the depth-{depth} probe models at 4 points of training; {CURVE_NOTE}."
+        sec.plots.append((rel(path), caption))
     if shallow:
         _shallow_table(sec, shallow)
     if "attention-maps" in res:

@@ -13,6 +13,7 @@ import numpy as np
 
 from attnzoo.reproduce import claims
 from attnzoo.reproduce.common import (
+    CURVE_NOTE,
     SWEEP_SEED_OFFSET,
     Context,
     ModelRow,
@@ -358,7 +359,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             (
                 rel(path),
                 "Validation accuracy at 4 points of each run (seed means), one panel per table; "
-                f"{PLATEAU} is the baseline's plateau run.",
+                f"{PLATEAU} is the baseline's plateau run; {CURVE_NOTE}.",
             )
         )
     names = [n for n in plan["models"] if n in res]
