@@ -104,7 +104,8 @@ def test_results_json_holds_every_number(smoke):
     assert set(res["steps"]) == {s.id for s in steps}
     vis = res["sections"]["vision"]["data"]["models"]
     plan_v = BUDGETS["smoke"]["vision"]
-    assert set(vis) == set(plan_v["models"]) | set(plan_v["swaps"]) | {"vit@2x-steps"}
+    controls = {"vit+identity", "tost@matched-params"}  # the no-attention control, ToST at ViT's parameter count
+    assert set(vis) == set(plan_v["models"]) | set(plan_v["swaps"]) | {"vit@2x-steps"} | controls
     for m in vis.values():
         assert len(m["accuracy_per_seed"]) == plan_v["seeds"] == m["seeds"]
         assert m["accuracy_mean"] == pytest.approx(sum(m["accuracy_per_seed"]) / plan_v["seeds"])

@@ -33,6 +33,8 @@ __all__ = [
     "Block",
     "build_blocks",
     "build_mixer",
+    "IDENTITY_MIXER",
+    "IdentityMixer",
     "supports_step",
     "init_weights",
     "set_norm_eps",
@@ -185,6 +187,33 @@ class Block(nn.Module):
         return y, box["state"]
 
 
+#: the no-attention control's name (an ``attention=`` value of every model, not a registered mechanism)
+IDENTITY_MIXER = "identity"
+
+
+class IdentityMixer(Attention):
+    """The no-attention control: ``A(x) = x``, no token mixing, so "attention helps" can be measured against it.
+
+    Not a registered mechanism (it has no op to check or benchmark): models build it for ``attention="identity"``.
+    Blocks keep their norms, residuals and feed-forward parts, so the control differs from its model in the
+    mixer alone. Every token is its own output, so padding masks and causality hold trivially.
+    """
+
+    supports_causal = True
+    supports_masks = True
+    registry_name = IDENTITY_MIXER
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,  # noqa: ARG002 (a per-token map honours every mask)
+        cu_seqlens: torch.Tensor | None = None,  # noqa: ARG002
+    ) -> torch.Tensor:
+        """``x`` (B, N, dim) unchanged."""
+        self.check_input(x)
+        return x
+
+
 def build_mixer(
     name: str,
     dim: int,
@@ -199,6 +228,10 @@ def build_mixer(
     Context entries are only passed when they are options of the mechanism (its spec's options dataclass) and
     the user did not set them, so CSP gets its ``layer_index``, CBSA its token ``grid``, causal TSSA its ``max_len``.
     """
+    if name == IDENTITY_MIXER:
+        if options:
+            raise ValueError(f"attention {IDENTITY_MIXER!r} (the no-attention control) takes no options, got {options}")
+        return IdentityMixer(dim, heads, causal=causal)
     cls = attention_info(name)
     if causal and not cls.supports_causal:
         raise ValueError(

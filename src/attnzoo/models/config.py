@@ -112,7 +112,8 @@ class BackboneConfig(ModelConfig):
     """The transformer skeleton shared by every architecture: ``depth`` blocks of token mixer + FFN.
 
     ``attention`` is any registered mechanism (``attnzoo.list_attentions()``), built with
-    ``attention_options``. A hybrid uses ``second_attention`` for blocks ``>= second_attention_from``
+    ``attention_options``, or ``"identity"`` (the no-attention control, :class:`~attnzoo.models.blocks.IdentityMixer`).
+    A hybrid uses ``second_attention`` for blocks ``>= second_attention_from``
     (CBSA §4.1 CRATE+CBT). ``ffn`` is ``"mlp"`` (two-layer GELU MLP), ``"ista"`` (CRATE's sparse coding
     step, no residual around it) or ``"none"`` (AoT); ``ffn_layers`` limits it to the first blocks
     (AoT §4.1 "Hybrid"). ``norm``: ``"pre"`` / ``"post"`` LayerNorm or ``"none"`` (AoT vision).

@@ -270,13 +270,20 @@ def gate(f: dict, why: str) -> dict:
 
 
 def plateau_gate(
-    findings: list[dict], baseline: str, base: Stat | None, longer: Stat | None, unit: str, spec: str = ".3g"
+    findings: list[dict],
+    baseline: str,
+    base: Stat | None,
+    longer: Stat | None,
+    unit: str,
+    spec: str = ".3g",
+    curves: str = "",
 ) -> dict:
     """The plateau evidence of a section's baseline, applied to the section's trained comparisons.
 
     The baseline has plateaued when its run at twice the steps moves its validation metric (seed means) by less
     than the smallest ``|effect|`` among the section's comparisons. If it has not, or there is no such run, every
     comparison in ``findings`` is made ``inconclusive`` with :func:`gate` (the numbers-alone verdict is kept).
+    ``curves`` (the baseline's validation curves in words) is appended to the text, so a reader sees the evidence.
     Returns ``{"baseline", "plateaued", "change", "smallest_effect", "text"}`` for the report.
     """
     effects = [abs(f["effect"]) for f in findings if f.get("claim_type") and f.get("effect") is not None]
@@ -300,6 +307,8 @@ def plateau_gate(
         for f in findings:
             if f.get("claim_type"):
                 gate(f, f"the baseline is not shown to plateau ({text})")
+    if curves:
+        text += f"; validation curves (seed means): {curves}"
     return {"baseline": baseline, "plateaued": ok, "change": change, "smallest_effect": smallest, "text": text}
 
 

@@ -34,6 +34,11 @@ __all__ = [
     "seed_mean",
     "seeded_id",
     "per_seed",
+    "CURVE_POINTS",
+    "CURVE_NOTE",
+    "mean_val_curve",
+    "curve_text",
+    "plot_val_curves",
 ]
 
 
@@ -178,6 +183,17 @@ def peak_train_mb(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, k
     return peak / 2**20
 
 
+#: a trained run validates at this many evenly spaced points (the learning curves of every trained table)
+CURVE_POINTS = 4
+#: validation batches of a curve's points before the last (the last point, the run's result, uses every batch)
+CURVE_EVAL_BATCHES = 8
+#: how a caption states what the curves' points are
+CURVE_NOTE = (
+    f"the last point is the run's result on the whole validation set, the earlier ones use its first "
+    f"{CURVE_EVAL_BATCHES} batches"
+)
+
+
 # ---- training -----------------------------------------------------------------------------------------
 def train_defaults(**kw) -> dict:
     """The optimisation settings every model of a section shares (not tuned per model)."""
@@ -232,7 +248,10 @@ def train_run(ctx: Context, step_id: str, cfg: dict) -> dict:
 
     full = dict(cfg)
     full.setdefault("device", ctx.device)
-    full.setdefault("eval_every", full["steps"])
+    # validation at a quarter, half, three quarters and the end of the run: the report's learning curves
+    full.setdefault("eval_every", max(1, full["steps"] // CURVE_POINTS))
+    # the curve's earlier points on part of the validation set, so the curve costs little; the result uses it all
+    full.setdefault("curve_eval_batches", CURVE_EVAL_BATCHES)
     full.setdefault("ckpt_every", max(1, full["steps"] // 4))
     tcfg = from_dict(full)
     run_dir = ctx.store.run_dir(step_id)
@@ -281,6 +300,7 @@ def _train_record(run_dir: Path, final: dict) -> dict:
         "tokens_per_s": _median_rate(run_dir, "tokens_per_s"),
         "run_dir": str(run_dir),
         "curve": _curve(run_dir),
+        "val_curve": _val_curve(run_dir),
     }
 
 
@@ -290,6 +310,27 @@ def _curve(run_dir: Path) -> list[list[float]]:
     if not f.is_file():
         return []
     return [[int(r["step"]), float(r["loss"])] for r in _train_rows(f) if r.get("loss")]
+
+
+def _val_curve(run_dir: Path) -> list[dict]:
+    """``[{"step", metric: value, ...}, ...]``: the validation rows of the trainer's metrics.csv, in step order."""
+    f = run_dir / "metrics.csv"
+    if not f.is_file():
+        return []
+    try:
+        with open(f, newline="", encoding="utf-8") as fh:
+            rows = [r for r in csv.DictReader(fh) if r.get("split") == "val"]
+        out = {}
+        for r in rows:
+            skip = ("step", "split", "lr", "elapsed_s")
+            vals = {k: float(v) for k, v in r.items() if k not in skip and v not in (None, "")}
+            out[int(r["step"])] = {"step": int(r["step"]), **vals}
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, csv.Error) as e:
+        raise ReadError(
+            f"{f} is damaged ({type(e).__name__}: {e}); delete the step's record in steps/ and its run directory "
+            "to compute it again"
+        ) from None
+    return [out[k] for k in sorted(out)]
 
 
 def load_trained(run_dir: str | os.PathLike) -> torch.nn.Module:
@@ -363,3 +404,43 @@ def gate_untuned(findings: list[dict], untuned: dict[str, str]) -> None:
         why = [untuned[n] for n in (f.get("a_name"), f.get("b_name")) if n in untuned]
         if why:
             gate(f, "not tuned: " + "; ".join(why))
+
+
+# ---- learning curves ------------------------------------------------------------------------------------------
+def mean_val_curve(results: Sequence[dict], metric: str, scale: float = 1.0) -> list[list[float]]:
+    """``[[step, seed mean of scale * metric], ...]`` over the validation steps every seed's run logged."""
+    curves = [{p["step"]: p[metric] for p in r.get("val_curve") or [] if p.get(metric) is not None} for r in results]
+    if not curves or not all(curves):
+        return []
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    return [[s, scale * float(np.mean([c[s] for c in curves]))] for s in steps]
+
+
+def curve_text(curve: Sequence[Sequence[float]], spec: str = ".3g") -> str:
+    """A learning curve in words: ``step 50: 41.2, step 100: 55.0, ...`` (``no validation curve`` when empty)."""
+    if not curve:
+        return "no validation curve"
+    return ", ".join(f"step {int(s)}: {format(v, spec)}" for s, v in curve)
+
+
+def plot_val_curves(panels: Sequence[tuple[str, dict[str, list]]], ylabel: str, title: str):
+    """One panel per table: every row's mean validation curve (``{row: [[step, value], ...]}``) against steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(t, c) for t, c in panels if any(c.values())]
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.2 * max(1, len(panels)), 3.8), squeeze=False)
+    for ax, (name, curves) in zip(axes[0], panels, strict=True):
+        for i, (row, pts) in enumerate(curves.items()):
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, color=f"C{i % 10}", label=row)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -81,6 +81,9 @@ class TrainConfig:
     eval_every: int = 200
     #: 0 evaluates on the whole validation set
     eval_batches: int = 0
+    #: validation batches of the evaluations before the last step (a learning curve's cheaper points); 0: as
+    #: ``eval_batches``. The last step's evaluation, the run's result, always uses ``eval_batches``.
+    curve_eval_batches: int = 0
     eval_batch_size: int | None = None
     log_every: int = 10
     ckpt_every: int = 500
@@ -109,7 +112,7 @@ class TrainConfig:
         for k in ("steps", "batch_size", "eval_every", "log_every", "ckpt_every", "keep_checkpoints"):
             if getattr(self, k) < 1:
                 raise ConfigError(f"{k} must be >= 1, got {getattr(self, k)}")
-        for k in ("warmup_steps", "eval_batches"):
+        for k in ("warmup_steps", "eval_batches", "curve_eval_batches"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"{k} must be >= 0, got {getattr(self, k)}")
         if self.lr <= 0:
@@ -140,7 +143,15 @@ class TrainConfig:
 
 
 #: keys that may change when a run is resumed (they don't change the computation of past steps)
-RESUME_MUTABLE_KEYS = ("steps", "eval_every", "log_every", "ckpt_every", "keep_checkpoints", "description")
+RESUME_MUTABLE_KEYS = (
+    "steps",
+    "eval_every",
+    "curve_eval_batches",
+    "log_every",
+    "ckpt_every",
+    "keep_checkpoints",
+    "description",
+)
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 _HINTS = typing.get_type_hints(TrainConfig)

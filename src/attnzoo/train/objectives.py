@@ -74,7 +74,9 @@ def check_model_choice(cfg: TrainConfig) -> None:
         )
     opts = cfg.resolved_model_options()
     if "attention" in opts:
-        valid = attnzoo.list_attentions()
+        from attnzoo.models.blocks import IDENTITY_MIXER
+
+        valid = attnzoo.list_attentions() + [IDENTITY_MIXER]  # and the no-attention control
         if opts["attention"] not in valid:
             raise ConfigError(f"unknown attention {opts['attention']!r}; valid attentions: {valid}")
     try:  # option names and values, validated on the config alone (no allocation)

@@ -214,7 +214,7 @@ def _loop(
             if run.bar is not None:
                 run.bar.update(1)
             if step % cfg.eval_every == 0 or last:
-                _log_eval(run, step, lr, result)
+                _log_eval(run, step, lr, result, last=last)
             # any process's signal stops every process, after a checkpoint of this step
             signum = all_reduce_max(stop.signum or 0, run.info)
             if step % cfg.ckpt_every == 0 or last or signum:
@@ -464,21 +464,24 @@ def _log_train(run: _Run, step: int, lr: float, window: _LossWindow, result: Tra
     window.loss_sum, window.count, window.samples, window.t_start = 0.0, 0, 0, time.perf_counter()
 
 
-def _evaluate_run(run: _Run) -> dict[str, Any]:
+def _evaluate_run(run: _Run, last: bool = True) -> dict[str, Any]:
     cfg = run.cfg
+    batches = cfg.eval_batches
+    if not last and cfg.curve_eval_batches and (not batches or cfg.curve_eval_batches < batches):
+        batches = cfg.curve_eval_batches  # an intermediate point of the learning curve: fewer batches
     return evaluate(
         run.model,
         run.task,
         cfg.eval_batch_size or cfg.batch_size,
         run.device,
         run.info,
-        cfg.eval_batches,
+        batches,
         run.amp_dtype,
     )
 
 
-def _log_eval(run: _Run, step: int, lr: float, result: TrainResult) -> None:
-    metrics = _evaluate_run(run)
+def _log_eval(run: _Run, step: int, lr: float, result: TrainResult, last: bool = True) -> None:
+    metrics = _evaluate_run(run, last)
     run.log.log(step, "val", {**metrics, "lr": lr, "elapsed_s": run.elapsed()})
     result.final_metrics = metrics
     if run.bar is not None:

@@ -57,6 +57,18 @@ def plan_steps(plan: dict, _seed: int) -> list[Step]:  # no seeds: measurements
             "heads": plan["heads"],
         }
         steps.append(Step(f"{KEY}/explicit/softmax", KEY, cfg, _run_explicit, deps=(machine.id,), label="explicit"))
+    for mech in FAST_D32_MECHANISMS:
+        cfg = {
+            "kind": "d32",
+            "mechanism": mech,
+            "lengths": fast_d32_lengths(plan),
+            "heads": FAST_D32_HEADS,
+            "head_dim": FAST_HEAD_DIM,
+            "repeats": plan["repeats"],
+            "budget_s": plan["budget_s"],
+        }
+        sid = f"{KEY}/d32/{mech}"
+        steps.append(Step(sid, KEY, cfg, _run_d32, deps=(machine.id,), label=sid.split("/", 1)[1]))
     for mech in plan["decode"]:
         cfg = {
             "kind": "decode",
@@ -68,6 +80,20 @@ def plan_steps(plan: dict, _seed: int) -> list[Step]:  # no seeds: measurements
         }
         steps.append(Step(f"{KEY}/decode/{mech}", KEY, cfg, _run_decode, deps=(machine.id,), label=f"decode/{mech}"))
     return steps
+
+
+#: FAST Table 2's speed claim is at head dimension D = 32 (Fastmax costs O(N·D^(p+1)), softmax O(N²·D))
+FAST_HEAD_DIM = 32
+#: heads of the D = 32 measurement (both ops scale linearly in the heads; two keep it cheap on a CPU)
+FAST_D32_HEADS = 2
+FAST_D32_MECHANISMS = ("softmax", "fastmax_p2")
+
+
+def fast_d32_lengths(plan: dict) -> list[int]:
+    """The lengths of the D = 32 measurement: those of FAST Table 2's range (1,024 to 4,096) up to the plan's longest
+    N, or the plan's longest N alone when it is shorter (then the claim, made from N = 1,024 on, is not tested)."""
+    longest = max(plan["lengths"])
+    return [n for n in (1024, 2048, 4096) if n <= longest] or [longest]
 
 
 def _device(ctx: Context) -> torch.device:
@@ -150,6 +176,40 @@ def _run_explicit(ctx: Context, step: Step) -> dict:
         bandwidth=_bandwidth(ctx),
     )
     return {"rows": [dataclasses.asdict(row)]}
+
+
+def _run_d32(ctx: Context, step: Step) -> dict:
+    """Forward+backward time of one op at head dimension 32 over N (timing only: no memory profile, so it is
+    cheap); a length whose call takes longer than ``budget_s`` stops the series."""
+    from attnzoo.bench import cases
+    from attnzoo.bench.runner import time_call
+
+    c = step.config
+    dev = _device(ctx)
+    timing_allocator()
+    rows = []
+    for n in c["lengths"]:
+        prep = cases.prepare(
+            c["mechanism"],
+            cases.Shape(1, c["heads"], n, c["heads"] * c["head_dim"]),
+            causal=False,
+            level="op",
+            device=dev,
+            dtype=torch.float32,
+        )
+        for t in prep.inputs:
+            t.requires_grad_(True)
+        with torch.no_grad():
+            grad_out = torch.ones_like(prep.run())
+
+        def fwdbwd(prep=prep, grad_out=grad_out):
+            return torch.autograd.grad(prep.run(), prep.inputs, grad_out)
+
+        ms = time_call(fwdbwd, dev, c["repeats"]) * 1e3
+        rows.append({"length": n, "fwdbwd_ms": ms})
+        if ms > 1e3 * c["budget_s"]:
+            break
+    return {"rows": rows, "heads": c["heads"], "head_dim": c["head_dim"]}
 
 
 def _run_decode(ctx: Context, step: Step) -> dict:
@@ -239,7 +299,55 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         )
     sec.data = {"machine": machine, "rows": [dataclasses.asdict(r) for r in rows]}
     sec.findings = _findings(n_rows, dec_rows, plan, explicit)
+    d32 = {m: records[f"{KEY}/d32/{m}"]["result"] for m in FAST_D32_MECHANISMS if f"{KEY}/d32/{m}" in records}
+    if d32:
+        table, finding = fast_d32(d32)
+        sec.tables.append(table)
+        sec.findings.append(finding)
+        sec.data["fast_d32"] = d32
     return sec
+
+
+def fast_d32(d32: dict[str, dict]) -> tuple[Table, dict]:
+    """FAST Table 2 at its head dimension: softmax and Fastmax p=2 forward+backward time over N at D = 32, and the
+    claim "Fastmax2 trains faster than softmax once N >= 1024" judged at the longest N >= 1024 both measured."""
+    by = {m: {r["length"]: r["fwdbwd_ms"] for r in res["rows"]} for m, res in d32.items()}
+    lengths = sorted({n for v in by.values() for n in v})
+    heads = next(iter(d32.values()))["heads"]
+    rows = [[m] + [fmt(by[m].get(n), ".1f") for n in lengths] for m in by]
+    soft, fast = by.get("softmax", {}), by.get("fastmax_p2", {})
+    rows.append(
+        ["softmax / fastmax_p2"] + [fmt(soft[n] / fast[n], ".2f") if n in soft and n in fast else "-" for n in lengths]
+    )
+    table = Table(
+        f"FAST at its head dimension: forward+backward time (ms), D = {FAST_HEAD_DIM}, {heads} heads, B = 1",
+        ["op"] + [f"N={n}" for n in lengths],
+        rows,
+        caption="Ops as in the tables above, timed only (median of the repeats after a warm-up); the last row is "
+        "Fastmax's speed-up over SDPA softmax (> 1: Fastmax faster).",
+    )
+    paper, claim = "FAST Table 2", "Fastmax2 trains faster than softmax once N ≥ 1024 (D = 32)"
+    pv = "6.1 vs 1.8 steps/s at N=4000 (Text); equal at N=1000"
+    both = [n for n in lengths if n in soft and n in fast and n >= 1024]
+    if not both:
+        measured = ", ".join(f"N={n}: {soft[n] / fast[n]:.2f}x" for n in lengths if n in soft and n in fast)
+        return table, claims.not_tested(
+            paper, claim, pv, f"no N ≥ 1024 measured at D = {FAST_HEAD_DIM} (speed-up {measured or 'n/a'})"
+        )
+    n = max(both)
+    ratio = soft[n] / fast[n]
+    return table, claims.finding(
+        paper,
+        claim,
+        pv,
+        f"at D = {FAST_HEAD_DIM}, N={n}: fastmax_p2 {fast[n]:.1f} ms vs softmax {soft[n]:.1f} ms forward+backward "
+        f"({ratio:.2f}x); " + ", ".join(f"N={k}: {soft[k] / fast[k]:.2f}x" for k in lengths if k in soft and k in fast),
+        "agrees" if ratio > 1 else "disagrees",
+        "agrees if the Fastmax p=2 op's forward+backward is faster than SDPA softmax's at the longest N ≥ 1024 "
+        "measured (a measurement of the op, one thread on this CPU)",
+        kind="paper",
+        measurement=True,
+    )
 
 
 def _findings(n_rows, dec_rows, plan: dict | None = None, explicit=None) -> list[dict]:

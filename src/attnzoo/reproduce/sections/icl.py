@@ -11,13 +11,17 @@ import numpy as np
 
 from attnzoo.reproduce import claims
 from attnzoo.reproduce.common import (
+    CURVE_NOTE,
     Context,
     ModelRow,
     Section,
     Table,
+    curve_text,
     fmt,
     gate_untuned,
+    mean_val_curve,
     per_seed,
+    plot_val_curves,
     save_figure,
     seed_list,
     seeded_id,
@@ -122,6 +126,7 @@ def _run_model(ctx: Context, step: Step) -> dict:
         "mean_error": val["normalized_error"],
         "samples_per_s": rec["samples_per_s"],
         "curve": rec["curve"],
+        "val_curve": rec["val_curve"],
         "run_dir": rec["run_dir"],
     }
 
@@ -219,6 +224,25 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         save_figure(_plot(curves, d), path)
         sec.plots.append((rel(path), "Normalised squared error vs number of in-context examples (AoT Fig. 6)."))
     sec.findings = _findings(curves, finals, records, plan)
+    val = {
+        t: {
+            n: mean_val_curve(rs, "normalized_error")
+            for n in list(plan["models"]) + list(plan.get("ablations", []))
+            if (rs := per_seed(records, f"{KEY}/{t}/{n}"))
+        }
+        for t in plan["tasks"]
+    }
+    sec.data["val_curves"] = val
+    if any(c for v in val.values() for c in v.values()):
+        path = plots_dir / "icl_curves.png"
+        save_figure(plot_val_curves(list(val.items()), "validation error / d", "In-context: validation curves"), path)
+        sec.plots.append(
+            (
+                rel(path),
+                "Validation error (mean over k) at 4 points of each run (seed means), one panel per task table; "
+                f"gpt@2x-steps is the baseline's plateau run; {CURVE_NOTE}.",
+            )
+        )
     sec.data["plateau"] = {
         t: claims.plateau_gate(
             [f for f in sec.findings if f"learns {t} functions" in f["claim"] or f" {t} functions close" in f["claim"]],
@@ -226,6 +250,9 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             claims.stat(finals[t].get("gpt")),
             claims.stat(finals[t].get("gpt@2x-steps")),
             "error/d",
+            curves="; ".join(
+                f"{n} {curve_text(val[t][n], '.3f')}" for n in ("gpt", "gpt@2x-steps") if val.get(t, {}).get(n)
+            ),
         )
         for t in curves
         if "gpt" in finals.get(t, {})

@@ -20,12 +20,15 @@ from attnzoo.reproduce.common import (
     ModelRow,
     Section,
     Table,
+    curve_text,
     fmt,
     gate_untuned,
     load_trained,
+    mean_val_curve,
     num_params,
     peak_train_mb,
     per_seed,
+    plot_val_curves,
     save_figure,
     seed_list,
     seeded_id,
@@ -46,13 +49,27 @@ MODELS: dict[str, ModelRow] = {
     "aot": ModelRow("aot_gpt_base", "mssa", "AoT (attention only, no MLP)"),
     "aot_hybrid": ModelRow("aot_gpt_hybrid", "mssa", "AoT Hybrid (MLP in the first half)"),
     "fastmax": ModelRow("fastmax_gpt_p2", "fastmax", "Fastmax p=2 in GPT"),
+    "gpt+identity": ModelRow("gpt2_base", "identity", "GPT-2 layout, identity token mixer (no-attention control)"),
 }
+
+#: the no-attention control: the baseline's layout with an identity token mixer (run whenever the baseline is)
+CONTROL = "gpt+identity"
+
+
+def rows_of(plan: dict) -> list[str]:
+    """The compared rows: the plan's models and, with the baseline, its no-attention control."""
+    rows = list(plan["models"])
+    if plan.get("controls", True) and "gpt" in rows and CONTROL not in rows:
+        rows.append(CONTROL)
+    return rows
 
 
 def model_options(name: str, arch: dict) -> dict:
     if name not in MODELS:
         raise ValueError(f"unknown language model {name!r}; valid: {sorted(MODELS)}")
     opts = dict(arch)
+    if name == CONTROL:
+        opts["attention"] = "identity"
     if name == "aot_hybrid":
         opts["ffn_layers"] = max(1, arch["depth"] // 2)
     return opts
@@ -80,13 +97,13 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             label="ngram-baselines",
         )
     ]
-    rows = list(plan["models"]) + ([PLATEAU] if plan.get("plateau", True) and "gpt" in plan["models"] else [])
+    rows = rows_of(plan) + ([PLATEAU] if plan.get("plateau", True) and "gpt" in plan["models"] else [])
     runs = [
         (name, s, seeded_id(f"{KEY}/{name}", s), plan["train"]["lr"]) for name in rows for s in seed_list(plan, seed)
     ]
     runs += [
         (name, seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{name}", lr), lr)
-        for name in plan["models"]
+        for name in rows_of(plan)
         for lr in plan.get("lr_sweep", [])
     ]
     for name, s, sid, lr in runs:
@@ -211,23 +228,26 @@ def _run(ctx: Context, step: Step) -> dict:
         "decode": decode,
         "vocab_size": task.info["vocab_size"],
         "curve": rec["curve"],
+        "val_curve": rec["val_curve"],
         "run_dir": rec["run_dir"],
     }
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec = Section(KEY, TITLE)
-    seeds_res = {n: per_seed(records, f"{KEY}/{n}") for n in plan["models"]}
-    names = [n for n in plan["models"] if seeds_res[n]]
+    seeds_res = {n: per_seed(records, f"{KEY}/{n}") for n in rows_of(plan) + [PLATEAU]}
+    names = [n for n in rows_of(plan) if seeds_res[n]]
     res = {
         n: dict(
             seeds_res[n][0],
             val_loss=claims.stat(r["val_loss"] for r in seeds_res[n]),
             tokens_per_s=float(np.mean([r["tokens_per_s"] or 0.0 for r in seeds_res[n]])),
             seeds=len(seeds_res[n]),
+            val_curve=mean_val_curve(seeds_res[n], "bits_per_token"),
         )
         for n in names
     }
+    curves = {n: mean_val_curve(seeds_res[n], "bits_per_token") for n in names + [PLATEAU] if seeds_res[n]}
     arch, tr = plan["arch"], plan["train"]
     sec.intro = (
         f"Shakespeare's works, train/validation split by play, character vocabulary; block "
@@ -247,7 +267,9 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.data = {
         "models": {
             n: {
-                **{k: v for k, v in res[n].items() if k not in ("curve", "run_dir", "val_loss", "val_bpc")},
+                **{
+                    k: v for k, v in res[n].items() if k not in ("curve", "val_curve", "run_dir", "val_loss", "val_bpc")
+                },
                 "val_loss_mean": res[n]["val_loss"].mean,
                 "val_bpc_mean": res[n]["val_loss"].mean / math.log(2),
                 "val_loss_std": res[n]["val_loss"].std,
@@ -260,6 +282,20 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         path = plots_dir / "language.png"
         save_figure(_plot(res, names), path)
         sec.plots.append((rel(path), "Training loss, per-token decode time and decoding-state size vs context."))
+    sec.data["val_curves"] = curves
+    if any(curves.values()):
+        path = plots_dir / "language_curves.png"
+        fig = plot_val_curves(
+            [("Validation loss and training cost", curves)], "validation bits/char", "Language: validation curves"
+        )
+        save_figure(fig, path)
+        sec.plots.append(
+            (
+                rel(path),
+                "Validation bits/char at 4 points of each run (seed means; the trainer's one validation batch, so "
+                f"noisier than the table's {plan['eval_windows']} windows); {PLATEAU} is the baseline's plateau run.",
+            )
+        )
     # every seed of the baseline must beat the bigram model by the margin, else the comparisons are of bigram-level
     # models and say nothing about the mechanisms
     bar = ngram["bigram_bpc"] if ngram else None
@@ -278,11 +314,11 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             + " on every seed: the models are at bigram level, so no comparison is reported (the sweep and the "
             "plateau run above say how far the budget is from that)"
         )
-    _gate(sec, records, plan, res)
+    _gate(sec, records, plan, res, curves)
     return sec
 
 
-def _gate(sec: Section, records: dict, plan: dict, res: dict) -> None:
+def _gate(sec: Section, records: dict, plan: dict, res: dict, curves: dict | None = None) -> None:
     """The plateau run of the baseline and the learning-rate sweep: their evidence, and the gates they set."""
     longer = per_seed(records, f"{KEY}/{PLATEAU}")
     sec.data["plateau"] = claims.plateau_gate(
@@ -291,15 +327,18 @@ def _gate(sec: Section, records: dict, plan: dict, res: dict) -> None:
         res["gpt"]["val_loss"] if "gpt" in res else None,
         claims.stat(r["val_loss"] for r in longer) if longer else None,
         "nats",
+        curves="; ".join(
+            f"{n} {curve_text(c, '.3f')} bits/char" for n, c in (curves or {}).items() if n in ("gpt", PLATEAU)
+        ),
     )
     lrs = plan.get("lr_sweep", [])
     table, untuned = sweep_table(
-        records, plan["models"], KEY, lrs, plan["train"]["lr"], "val_loss", False, label="validation loss, nats"
+        records, rows_of(plan), KEY, lrs, plan["train"]["lr"], "val_loss", False, label="validation loss, nats"
     )
     if table is not None:
         sec.tables.append(table)
     if not lrs:
-        untuned = {n: f"no learning-rate sweep at this budget ({n})" for n in plan["models"]}
+        untuned = {n: f"no learning-rate sweep at this budget ({n})" for n in rows_of(plan)}
     sec.data["untuned"] = untuned
     gate_untuned(sec.findings, untuned)
 
@@ -447,6 +486,8 @@ def _findings(res) -> list[dict]:
     ]
     if "aot_hybrid" in res and "aot" in res:
         out.append(_hybrid(res))
+    if CONTROL in res and "gpt" in res:
+        out.append(_control(res))
     for m in ("tost", "fastmax"):
         d = {x["context"]: x for x in res.get(m, {}).get("decode", [])}
         g = {x["context"]: x for x in res.get("gpt", {}).get("decode", [])}
@@ -484,6 +525,24 @@ def _findings(res) -> list[dict]:
                 )
             )
     return out
+
+
+def _control(res) -> dict:
+    """A check: GPT beats its no-attention control (each character predicted from itself alone: bigram level)."""
+    return claims.compare(
+        res["gpt"]["val_loss"],
+        res[CONTROL]["val_loss"],
+        claim_type="superiority",
+        unit="nats",
+        paper="all five papers",
+        claim="attention helps: GPT beats its no-attention control (identity token mixer, same layout)",
+        paper_value="implicit in every paper: a token mixer is needed",
+        a_name="gpt",
+        b_name=CONTROL,
+        kind="check",
+        lower_is_better=True,
+        spec=".3f",
+    )
 
 
 def _hybrid(res) -> dict:

@@ -11,13 +11,17 @@ import numpy as np
 
 from attnzoo.reproduce import claims
 from attnzoo.reproduce.common import (
+    CURVE_NOTE,
     SWEEP_SEED_OFFSET,
     Context,
     Section,
     Table,
+    curve_text,
     fmt,
     gate_untuned,
+    mean_val_curve,
     per_seed,
+    plot_val_curves,
     save_figure,
     seed_list,
     seed_mean,
@@ -264,6 +268,9 @@ def _fold(rs: list[dict]) -> dict:
         "params": rs[0]["params"],
         "seq_len": rs[0]["seq_len"],
         "seeds": len(rs),
+        "val_curve": mean_val_curve(rs, "accuracy", 100.0),
+        # each seed's validation accuracy (%) by step: the equal-wall-clock reading takes per-seed values from them
+        "val_by_step": [{p["step"]: 100.0 * p["accuracy"] for p in r.get("val_curve") or []} for r in rs],
     }
 
 
@@ -305,6 +312,17 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.findings = _findings(
         res, mechs, tasks, lengths, learned, ablations, plan["arch"]["dim"] // plan["arch"]["heads"]
     )
+    _curves(sec, res, mechs, tasks, ablations, plots_dir, rel)
+    eq_table, eq = equal_time(res, mechs, learned, ablations, plan)
+    if eq_table is not None:
+        sec.tables.append(eq_table)
+    sec.data["equal_time"] = eq
+    for f in sec.findings:
+        for t, rows in eq.items():
+            m = f.get("a_name")
+            if f["claim"].endswith(f" on {t}") and m in rows:
+                text = "at softmax's training time: " + rows[m]["text"]
+                f["explanation"] = f"{f['explanation']}; {text}" if f.get("explanation") else text
     sec.data["plateau"] = _plateau(sec.findings, res, learned, ablations)
     _tune(sec, records, plan, mechs, learned)
     return sec
@@ -529,9 +547,140 @@ def _plateau(findings: list[dict], res: dict, learned: list[str], ablations: dic
             ),
             None,
         )
+        longer_curve = next(
+            (
+                a["result"]["val_curve"]
+                for a in ablations.values()
+                if a["mechanism"] == "softmax" and a["task"] == t and set(a.get("train", {})) == {"steps"}
+            ),
+            None,
+        )
         own = [f for f in findings if f["claim"].endswith(f" on {t}") or f["claim"].endswith(" on the LRA average")]
-        out[t] = claims.plateau_gate(own, f"softmax on {t}", res["softmax"][t]["accuracy"], longer, "%", ".1f")
+        curves = f"softmax {curve_text(res['softmax'][t]['val_curve'], '.1f')}" + (
+            f"; softmax at twice the steps {curve_text(longer_curve, '.1f')}" if longer_curve is not None else ""
+        )
+        out[t] = claims.plateau_gate(
+            own, f"softmax on {t}", res["softmax"][t]["accuracy"], longer, "%", ".1f", curves=curves
+        )
     return out
+
+
+def _curves(sec: Section, res: dict, mechs: list[str], tasks: list[str], ablations: dict, plots_dir, rel) -> None:
+    """Validation curves: one panel per task, every mechanism and every step-count ablation of that task."""
+    panels = []
+    for t in tasks:
+        c = {m: res[m][t]["val_curve"] for m in mechs if t in res[m]}
+        c.update({n: a["result"]["val_curve"] for n, a in ablations.items() if a["task"] == t})
+        panels.append((t, c))
+    sec.data["val_curves"] = {t: c for t, c in panels}
+    if any(v for _, c in panels for v in c.values()):
+        path = plots_dir / "long_range_curves.png"
+        save_figure(plot_val_curves(panels, "validation accuracy (%)", "Long-range: validation curves"), path)
+        sec.plots.append(
+            (
+                rel(path),
+                "Validation accuracy at 4 points of each run (seed means), one panel per task of the accuracy "
+                "table; the @2x-steps ablations run twice the steps (the baseline's plateau check among them); "
+                + CURVE_NOTE
+                + ".",
+            )
+        )
+
+
+def equal_time(
+    res: dict, mechs: list[str], learned: list[str], ablations: dict, plan: dict
+) -> tuple[Table | None, dict[str, dict[str, dict]]]:
+    """Accuracy at equal training wall time, read from the validation curves (no extra run).
+
+    Softmax's time on a task is its steps / its steps per second (the trainer's median throughput, evaluation
+    excluded). A mechanism with ``r`` steps/s gets ``time x r`` steps in that time; its accuracy there is its
+    validation point with the most steps not beyond that, over its base run and its step-count ablations (a
+    point of a longer cosine schedule is read before its rate has annealed: a low estimate for the mechanism).
+    When it could have run more steps than any of its runs took, the reading is a lower bound and says so.
+    Returns the table and ``{task: {mechanism: {...numbers, "text"}}}``.
+    """
+    rows, out = [], {}
+    for t in learned:
+        soft = res.get("softmax", {}).get(t)
+        if not soft or not soft.get("steps_per_s") or not soft["accuracy"]:
+            continue
+        base_steps = task_train(plan, t)["steps"]
+        wall = base_steps / soft["steps_per_s"]
+        for m in mechs:
+            if m == "softmax" or t not in res[m] or not res[m][t].get("steps_per_s"):
+                continue
+            affordable = wall * res[m][t]["steps_per_s"]
+            runs = [(base_steps, res[m][t])] + [
+                (a["train"]["steps"], a["result"])
+                for a in ablations.values()
+                if a["mechanism"] == m and a["task"] == t and set(a.get("train", {})) == {"steps"}
+            ]
+            best = None
+            for run_steps, fold in runs:
+                by = fold.get("val_by_step") or []
+                common = set.intersection(*(set(d) for d in by)) if by and all(by) else set()
+                for step in sorted(common):
+                    # the most steps; at a tie, the run that ends there (its rate annealed)
+                    if step <= affordable + 1e-9 and (best is None or (step, -run_steps) > (best[0], -best[1])):
+                        best = (step, run_steps, [d[step] for d in by])
+            if best is None:
+                continue
+            step, run_steps, vals = best
+            acc = claims.stat(vals)
+            eff, ci, _ = claims.welch_ci(acc, soft["accuracy"])
+            longest = max(r for r, _ in runs)
+            lower = affordable > longest
+            ci_txt = f"95% CI [{ci[0]:+.1f}, {ci[1]:+.1f}]" if ci else "one seed: no interval"
+            text = (
+                f"softmax trains {base_steps} steps in {wall:.0f} s; in that time {m} ({res[m][t]['steps_per_s']:.2f} "
+                f"steps/s) takes {affordable:.0f} steps; its validation accuracy at step {step} of a {run_steps}-step "
+                f"run is {acc.fmt('.1f')}% vs softmax {soft['accuracy'].fmt('.1f')}%: {eff:+.1f} pts, {ci_txt}"
+                + (f" (a lower bound: its longest run, {longest} steps, ends before that time)" if lower else "")
+            )
+            out.setdefault(t, {})[m] = {
+                "softmax_seconds": wall,
+                "affordable_steps": affordable,
+                "step": step,
+                "run_steps": run_steps,
+                "accuracy_per_seed": vals,
+                "effect": eff,
+                "ci95": list(ci) if ci else None,
+                "lower_bound": lower,
+                "text": text,
+            }
+            rows.append(
+                [
+                    t,
+                    m,
+                    f"{wall:.0f}",
+                    f"{affordable:.0f}",
+                    f"{step} of {run_steps}" + (" (lower bound)" if lower else ""),
+                    acc.fmt(".1f"),
+                    soft["accuracy"].fmt(".1f"),
+                    f"{eff:+.1f}" + (f" [{ci[0]:+.1f}, {ci[1]:+.1f}]" if ci else ""),
+                ]
+            )
+    if not rows:
+        return None, out
+    table = Table(
+        "Equal wall clock: accuracy at softmax's training time (read from the validation curves)",
+        [
+            "task",
+            "mechanism",
+            "softmax s",
+            "steps in that time",
+            "point read (step of run)",
+            "acc %",
+            "softmax %",
+            "effect pts [95% CI]",
+        ],
+        rows,
+        caption="Time = steps / the trainer's median steps/s in this run (evaluation excluded, one thread). Each "
+        "mechanism's accuracy is its validation point with the most steps it could take in softmax's time, over its "
+        "base run and its @2x-steps ablation; a point inside a longer cosine schedule is read before its rate has "
+        "annealed, so it under-states the mechanism. No extra training: the cheaper honest form of the comparison.",
+    )
+    return table, out
 
 
 def _avg_stat(res, m, tasks) -> claims.Stat | None:
@@ -751,7 +900,8 @@ def _speed_findings(res, mechs, tasks, lengths, head_dim=None) -> list[dict]:
                     claim,
                     pv,
                     f"the claim is at head dimension {paper_d} (cost O(N·D^(p+1))); this encoder has D = {head_dim} "
-                    f"(measured {ratio} steps/s on {longest}, N={n}); no run of this report is at D = {paper_d}",
+                    f"(measured {ratio} steps/s on {longest}, N={n}); no LRA run here is at D = {paper_d}: the "
+                    f"efficiency section measures the ops at D = {paper_d} (its FAST Table 2 finding)",
                 )
             )
             continue

@@ -148,6 +148,18 @@ def _layerwise_steps(
             label=f"layerwise/{name}{suffix}",
         ),
     ]
+    if not suffix:
+        # control: the same probe on the same architecture at its random initialisation (the trained model's seed),
+        # so a fall that is there before training is not read as learned
+        steps.append(
+            Step(
+                f"{KEY}/layerwise-init/{name}",
+                KEY,
+                {"experiment": "layerwise-init", "model": name, "train": train, "batch": lw_batch, **measure},
+                _run_layerwise_init,
+                label=f"layerwise-init/{name}",
+            )
+        )
     if name in vision_plan["models"] and not suffix:
         # ablation: the same probe on the vision section's shallow model (what the report probed before)
         vid = seeded_id(f"vision/{name}", seed)
@@ -201,6 +213,7 @@ def _run_train(ctx: Context, step: Step) -> dict:
         "steps": cfg["steps"],
         "batch_size": cfg["batch_size"],
         "curve": rec["curve"],
+        "val_curve": rec["val_curve"],
     }
 
 
@@ -234,6 +247,24 @@ def _run_layerwise(ctx: Context, step: Step) -> dict:
 
     cfg = step.config
     model = _trained(ctx, cfg["model"], cfg.get("source"))
+    return to_jsonable(layerwise(model, _val_batch(cfg["batch"]), eps=cfg["eps"], crate_eps=cfg.get("crate_eps", 0.1)))
+
+
+def _run_layerwise_init(_ctx: Context, step: Step) -> dict:
+    """The layer-wise probe on the probe model's architecture as initialised by its training seed (no step taken)."""
+    import torch
+
+    from attnzoo.analysis import layerwise
+    from attnzoo.analysis.io import to_jsonable
+    from attnzoo.data import build_task
+    from attnzoo.train.config import from_dict
+    from attnzoo.train.objectives import build_task_model
+
+    cfg = step.config
+    tcfg = from_dict({**cfg["train"], "eval_every": 1})
+    task = build_task(tcfg.task, **tcfg.task_options)
+    torch.manual_seed(tcfg.seed)
+    model = build_task_model(tcfg, task).eval()
     return to_jsonable(layerwise(model, _val_batch(cfg["batch"]), eps=cfg["eps"], crate_eps=cfg.get("crate_eps", 0.1)))
 
 
@@ -281,8 +312,20 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         _rank_collapse_table(sec, res["rank-collapse"], plot)
     lw = {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith("layerwise/")}
     shallow = {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith("layerwise-shallow/")}
+    init = {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith("layerwise-init/")}
     if lw:
         _layerwise_table(sec, lw, trained, depth, plot)
+    if init:
+        _init_table(sec, lw, init)
+    curves = {n: t["val_curve"] for n, t in trained.items() if t.get("val_curve")}
+    if curves:
+        from attnzoo.reproduce.common import CURVE_NOTE, plot_val_curves, save_figure
+
+        path = plots_dir / "probes_curves.png"
+        rows = {n: [[p["step"], 100.0 * p["accuracy"]] for p in c if "accuracy" in p] for n, c in curves.items()}
+        save_figure(plot_val_curves([("probe models", rows)], "validation accuracy (%)", "Probe models"), path)
+        caption = f"Validation accuracy of the depth-{depth} probe models at 4 points of training; {CURVE_NOTE}."
+        sec.plots.append((rel(path), caption))
     if shallow:
         _shallow_table(sec, shallow)
     if "attention-maps" in res:
@@ -307,7 +350,83 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     if plan.get("require_learned", True):  # extra seeds that did not learn are left out of their model's verdict
         more = {n: [(t, r) for t, r in runs if _learned(t, majority)] for n, runs in more.items()}
     sec.findings = _findings(res, lw, shallow, trained, {n: [r for _, r in runs] for n, runs in more.items()})
+    for f in sec.findings:
+        name = f.get("probe_model")
+        if name in init and name in lw:
+            control = init_control(lw[name], init[name], [r for _, r in more.get(name, [])])
+            f["random_init_control"] = control["data"]
+            f["explanation"] = (f.get("explanation", "") + "; " if f.get("explanation") else "") + control["text"]
     return sec
+
+
+def init_control(trained: dict, init: dict, more: list[dict] | None = None) -> dict:
+    """The random-initialisation control of a layer-wise claim, in words chosen from the numbers.
+
+    ``trained`` and ``more`` are the probe results of the trained model's seeds, ``init`` the same probe on the
+    untrained model of the base seed. Returns ``{"text", "data"}``: the control's series and verdict by the same
+    rule, and whether the trained fall is learned (the control does not fall), there before training (both fall,
+    the trained one by no more than twice the control's), deepened by training (both fall, the trained one by
+    more than twice), undone by training (only the control falls) or absent from both.
+    """
+    key = _measure_key(trained)
+    tr = _layer_series(trained, key)
+    runs = [tr] + [v for m in more or [] if len(v := _layer_series(m, key)) == len(tr)]
+    mean = [sum(x[i] for x in runs) / len(runs) for i in range(len(tr))]
+    iv = _layer_series(init, key)
+    if len(iv) != len(mean) or len(mean) < 2:
+        return {"text": "random-initialisation control: no comparable series", "data": None}
+    start, *_ = _layerwise_claim("", key, len(mean))
+    v_tr, v_init = _fall_verdict(mean, start), _fall_verdict(iv, start)
+    d_tr, d_init = _delta(mean, start), _delta(iv, start)
+    if v_tr != "agrees" and v_init == "agrees":
+        reading = "the untrained architecture falls and the trained model does not: training undoes the trend"
+    elif v_tr != "agrees":
+        reading = "neither the trained nor the untrained model shows the fall"
+    elif v_init != "agrees":
+        reading = "the untrained model does not fall: training produces the trend"
+    elif d_tr < 2 * d_init:  # both negative: the trained fall is more than twice the untrained one
+        reading = "training deepens a fall the untrained architecture already has"
+    else:
+        reading = "the untrained model falls as much: the trend is the architecture's, not learned"
+    text = (
+        f"random-initialisation control (same architecture and seed, untrained, same probe): "
+        f"{_describe(iv, start)}, verdict by the same rule {v_init}; trained ({len(runs)} seed(s)): "
+        f"{d_tr:+.4g} vs untrained {d_init:+.4g}. Reading: {reading}"
+    )
+    data = {"series": iv, "verdict": v_init, "change": d_tr, "change_init": d_init, "reading": reading}
+    return {"text": text, "data": data}
+
+
+def _init_table(sec: Section, lw: dict[str, dict], init: dict[str, dict]) -> None:
+    """The claim measure of every probe model, trained (base seed) beside its random initialisation."""
+    rows = []
+    for name, r in init.items():
+        key = _measure_key(lw[name]) if name in lw else _measure_key(r)
+        h = None
+        for label, res in (("trained", lw.get(name)), ("random init", r)):
+            if res is None or key not in {k for row in res["layers"] for k in row}:
+                continue
+            vals = _layer_series(res, key)
+            h = _half_start(len(vals)) if h is None else h
+            rows.append(
+                [
+                    name,
+                    label,
+                    MEASURE_LABEL.get(key, key),
+                    " → ".join(fmt(v, ".4g") for v in vals),
+                    f"{_delta(vals, h):+.4g} ({_downs(vals, h)}/{max(len(vals) - 1 - h, 0)} fall)",
+                ]
+            )
+    if rows:
+        sec.tables.append(
+            Table(
+                "layerwise control: trained (base seed) vs the same architecture at random initialisation",
+                ["model", "weights", "measure", "layer 1 → last", "latter half: change"],
+                rows,
+                caption="The untrained model is the probe model's architecture initialised by its training seed, "
+                "probed on the same validation images: a trend it shows too is not evidence of learning.",
+            )
+        )
 
 
 def _learned(t: dict, majority: float) -> bool:
@@ -576,6 +695,7 @@ def _findings(res, lw, shallow=None, trained=None, more=None) -> list[dict]:
     for name, r in lw.items():
         f = _layerwise_finding(name, r, trained.get(name, {}), shallow.get(name), more.get(name, []))
         if f is not None:
+            f["probe_model"] = name  # its random-initialisation control is attached by name
             out.append(f)
     return out
 

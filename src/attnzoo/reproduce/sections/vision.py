@@ -13,17 +13,21 @@ import numpy as np
 
 from attnzoo.reproduce import claims
 from attnzoo.reproduce.common import (
+    CURVE_NOTE,
     SWEEP_SEED_OFFSET,
     Context,
     ModelRow,
     Section,
     Table,
+    curve_text,
     fmt,
     gate_untuned,
     load_trained,
+    mean_val_curve,
     num_params,
     peak_train_mb,
     per_seed,
+    plot_val_curves,
     save_figure,
     seed_list,
     seed_mean,
@@ -89,7 +93,16 @@ SWAPS: dict[str, Swap] = {
     "vit+mssa": Swap("mssa", {}),
     "vit+cbsa": Swap("cbsa", {}),
     "vit+csp": Swap("csp", None),
+    # the no-attention control: the same skeleton with an identity token mixer, so "attention helps" is measured
+    "vit+identity": Swap("identity", {}),
 }
+
+#: the no-attention control row (run whenever the ViT baseline is)
+CONTROL = "vit+identity"
+#: ToST at ViT's parameter count ("similar size", ToST Table 2): ToST's architecture with only its width changed
+MATCHED = "tost@matched-params"
+#: a parameter-matched row is within this relative distance of the reference's parameter count
+MATCH_TOLERANCE = 0.10
 
 #: ablations that test an explanation of a gap
 ABLATIONS: dict[str, Ablation] = {
@@ -159,6 +172,8 @@ def _registered(name: str) -> ModelRow:
     if name in ABLATIONS:
         a = ABLATIONS[name]
         return ModelRow(a.registered, a.mechanism, a.description)
+    if name == MATCHED:
+        return ModelRow(MODELS["tost"].registered, "tssa", "ToST, width chosen to match ViT's parameter count")
     m = MODELS[name]
     return ModelRow(m.registered, m.mechanism, m.paper)
 
@@ -170,14 +185,46 @@ PLATEAU = "vit@2x-steps"
 def rows_of(plan: dict) -> list[str]:
     """Every trained row of the section: the papers' architectures, the controlled swaps, the ablations and the
     baseline's plateau check."""
-    rows = list(plan["models"]) + list(plan.get("swaps", [])) + list(plan.get("ablations", []))
+    rows = list(plan["models"]) + list(plan.get("swaps", [])) + _controls(plan) + list(plan.get("ablations", []))
     return rows + ([PLATEAU] if plan.get("plateau", True) and "vit" in plan["models"] else [])
+
+
+def _controls(plan: dict) -> list[str]:
+    """The no-attention control and the parameter-matched ToST row, run whenever their reference rows are."""
+    out = []
+    if plan.get("controls", True) and "vit" in plan["models"] and CONTROL not in plan.get("swaps", []):
+        out.append(CONTROL)
+    if plan.get("controls", True) and "vit" in plan["models"] and "tost" in plan["models"]:
+        out.append(MATCHED)
+    return out
+
+
+def _model_params(plan: dict, registered: str, options: dict) -> int:
+    """Parameters of ``registered`` built with ``options`` for the plan's images (10 classes, one channel)."""
+    from attnzoo.models import create_model
+    from attnzoo.reproduce.common import num_params
+
+    img = plan["task_options"].get("img_size") or _IMAGE_SIZE.get(plan["task"], 28)
+    return num_params(create_model(registered, num_classes=10, image_size=img, in_chans=1, **options))
+
+
+def matched_dim(plan: dict, name: str = "tost", ref: str = "vit") -> int:
+    """The width of ``name``'s architecture (a multiple of the heads, up to twice the plan's width) whose parameter
+    count is closest to ``ref``'s at the plan's width; depth, heads and everything else as the plan's."""
+    target = _model_params(plan, MODELS[ref].registered, model_options(ref, plan))
+    heads = plan["arch"]["heads"]
+    opts = model_options(name, plan)
+    best = min(
+        range(heads, 2 * plan["arch"]["dim"] + 1, heads),
+        key=lambda d: abs(_model_params(plan, MODELS[name].registered, {**opts, "dim": d}) - target),
+    )
+    return best
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     steps = []
     for name in rows_of(plan):
-        if name not in MODELS and name not in SWAPS and name not in ABLATIONS and name != PLATEAU:
+        if name not in MODELS and name not in SWAPS and name not in ABLATIONS and name not in (PLATEAU, MATCHED):
             raise ValueError(
                 f"unknown vision model {name!r}; valid: {sorted(MODELS) + sorted(SWAPS) + sorted(ABLATIONS)}"
             )
@@ -199,7 +246,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
 
 def sweep_rows(plan: dict) -> list[str]:
     """The rows whose learning rate is swept: every row a finding compares (papers' architectures, swaps)."""
-    return list(plan["models"]) + list(plan.get("swaps", []))
+    return list(plan["models"]) + list(plan.get("swaps", [])) + _controls(plan)
 
 
 def row_config(plan: dict, name: str, seed: int) -> dict:
@@ -211,11 +258,15 @@ def row_config(plan: dict, name: str, seed: int) -> dict:
     if name == PLATEAU:
         opt["steps"] *= 2
         opt["warmup_steps"] = 2 * opt.get("warmup_steps", 0)
+    opts = model_options(base, plan)
+    if name == MATCHED:
+        opts["dim"] = matched_dim(plan)
+        paper = f"ToST at width {opts['dim']}: ViT's parameter count (similar size)"
     train = dict(
         task=plan["task"],
         task_options=dict(plan["task_options"]),
         model=reg,
-        model_options=model_options(base, plan),
+        model_options=opts,
         seed=seed,
         **train_defaults(**opt),
     )
@@ -248,6 +299,7 @@ def classification_record(ctx: Context, step: Step) -> dict:
         "seq_len": task.info.get("seq_len"),
         "tokens": _tokens(model),
         "curve": rec["curve"],
+        "val_curve": rec["val_curve"],
         "run_dir": rec["run_dir"],
     }
 
@@ -284,6 +336,7 @@ def _stats(records: dict, name: str) -> dict | None:
         "tokens": rs[0]["tokens"],
         "seeds": len(rs),
         "curve": rs[0].get("curve"),
+        "val_curve": mean_val_curve(rs, "accuracy", 100.0),
     }
 
 
@@ -291,9 +344,24 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec = Section(KEY, TITLE)
     res = {n: st for n in rows_of(plan) if (st := _stats(records, n)) is not None}
     sec.intro = _intro(plan)
-    swaps = [n for n in ["vit", "fastmax_vit"] + list(plan.get("swaps", [])) if n in res]
+    swaps = [n for n in ["vit", "fastmax_vit"] + list(plan.get("swaps", [])) + [CONTROL] if n in res]
+    swaps = list(dict.fromkeys(swaps))
     sec.tables += _tables(res, plan, swaps)
     sec.data = {"models": {n: _model_data(r) for n, r in res.items()}}
+    sec.data["val_curves"] = {n: r["val_curve"] for n, r in res.items()}
+    panels = [(t.title, {row[0]: res[row[0]]["val_curve"] for row in t.rows}) for t in sec.tables]
+    if PLATEAU in res and panels:
+        panels[0][1][PLATEAU] = res[PLATEAU]["val_curve"]
+    if any(c for _, p in panels for c in p.values()):
+        path = plots_dir / "vision_curves.png"
+        save_figure(plot_val_curves(panels, "validation accuracy (%)", "Vision: validation curves (seed means)"), path)
+        sec.plots.append(
+            (
+                rel(path),
+                "Validation accuracy at 4 points of each run (seed means), one panel per table; "
+                f"{PLATEAU} is the baseline's plateau run; {CURVE_NOTE}.",
+            )
+        )
     names = [n for n in plan["models"] if n in res]
     if names:
         path = plots_dir / "vision.png"
@@ -319,7 +387,13 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         return sec
     sec.findings = _findings(res)
     sec.data["plateau"] = claims.plateau_gate(
-        sec.findings, "vit", res["vit"]["accuracy"] if "vit" in res else None, _acc(res, PLATEAU), "%", ".1f"
+        sec.findings,
+        "vit",
+        res["vit"]["accuracy"] if "vit" in res else None,
+        _acc(res, PLATEAU),
+        "%",
+        ".1f",
+        curves="; ".join(f"{n} {curve_text(res[n]['val_curve'], '.1f')}" for n in ("vit", PLATEAU) if n in res),
     )
     lrs = plan.get("lr_sweep", [])
     table, untuned = sweep_table(
@@ -375,7 +449,8 @@ def _tables(res: dict, plan: dict, swaps: list[str]) -> list[Table]:
             fmt(r["tokens"], "d"),
         ]
 
-    tables = [Table("Papers' architectures", _HEADS, [row(n) for n in plan["models"] if n in res])]
+    papers = list(plan["models"]) + [MATCHED]
+    tables = [Table("Papers' architectures", _HEADS, [row(n) for n in papers if n in res])]
     if len(swaps) > 1:
         tables.append(
             Table("Controlled swap: ViT skeleton, only the attention differs", _HEADS, [row(n) for n in swaps])
@@ -532,10 +607,17 @@ def _findings(res: dict) -> list[dict]:
             res[a]["accuracy"], res[b]["accuracy"], **_cmp_kw(claim_type, margin, paper, claim, paper_value, a, b)
         )
 
+    out += _control_findings(res, cmp)
     for a, a_ctl, b, b_ctl, claim_type, margin, paper, claim, pv in CLAIMS:
         if a not in res or b not in res:
             continue
         f = _with_params(cmp(a, b, claim_type, margin, paper, claim, pv), res, a, b)
+        size_note = (
+            f"at the plan's width the parameter counts differ ({f['params_a'] / f['params_b']:.2f}x): the "
+            f"{MATCHED} row is the 'similar size' comparison (its own finding)"
+            if (a, b) == ("tost", "vit") and MATCHED in res and f.get("params_a") and f.get("params_b")
+            else ""
+        )
         if a == "aot":
             f["explanation"] = _aot_ablations(res, b)
         elif a_ctl in res and b_ctl in res and (a_ctl, b_ctl) != (a, b):
@@ -563,7 +645,32 @@ def _findings(res: dict) -> list[dict]:
                     )
                 )
             out += [f, ctl]
-            continue
+        else:
+            out.append(f)
+        if size_note:
+            f["explanation"] = f"{f['explanation']}; {size_note}" if f.get("explanation") else size_note
+    return out
+
+
+def _control_findings(res: dict, cmp) -> list[dict]:
+    """ToST against ViT at a matched parameter count (a paper claim), and ViT against its no-attention control
+    (a check: does attention help at this scale at all?)."""
+    out = []
+    if MATCHED in res and "vit" in res:
+        f = _with_params(cmp(MATCHED, "vit", *CLAIMS[0][4:9]), res, MATCHED, "vit")
+        f["claim"] = "ToST is competitive with ViT at similar size (parameter-matched: ToST's width changed only)"
+        pa, pb = f.get("params_a"), f.get("params_b")
+        if pa and pb and abs(pa / pb - 1) > MATCH_TOLERANCE:
+            claims.gate(f, f"the parameter counts {pa:,} and {pb:,} differ by more than {MATCH_TOLERANCE:.0%}")
+        out.append(f)
+    if CONTROL in res and "vit" in res:
+        f = cmp("vit", CONTROL, "superiority", (0.0, ""), "all five papers", "", "")
+        f.update(
+            kind="check",
+            claim="attention helps: the ViT baseline beats its no-attention control (identity token mixer, same "
+            "skeleton)",
+            paper_value="implicit in every paper: a token mixer is needed",
+        )
         out.append(f)
     return out
 

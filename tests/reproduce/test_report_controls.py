@@ -1,0 +1,300 @@
+"""The referee's controls of ``attnzoo reproduce`` (issue 24): validation curves at >= 4 points of every trained run,
+the no-attention (identity mixer) control, the random-initialisation control of the layer-wise probes, the
+equal-wall-clock LRA reading, the parameter-matched ToST row and FAST's speed at D = 32. Known numbers in, words
+and verdicts out; the plans at smoke size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnzoo.reproduce import plan
+from attnzoo.reproduce.claims import plateau_gate, stat
+from attnzoo.reproduce.common import CURVE_POINTS, Context, curve_text, mean_val_curve, train_run
+from attnzoo.reproduce.store import StepStore
+
+
+# ---- the identity mixer ------------------------------------------------------------------------------------------
+def test_identity_mixer_passes_tokens_through_and_mixes_none():
+    from attnzoo.models import create_model
+    from attnzoo.models.blocks import IdentityMixer, build_mixer
+
+    mixer = build_mixer("identity", 8, 2, causal=True, options={}, context={"layer_index": 0})
+    assert isinstance(mixer, IdentityMixer)
+    x = torch.randn(2, 5, 8)
+    assert torch.equal(mixer(x), x)
+    with pytest.raises(ValueError, match=r"'identity' \(the no-attention control\) takes no options, got \{'p': 2\}"):
+        build_mixer("identity", 8, 2, causal=False, options={"p": 2}, context={})
+    # in a causal LM no token reads any other: changing token 3 leaves the logits of every other position alone
+    torch.manual_seed(0)
+    lm = create_model("gpt2_base", dim=16, depth=2, heads=2, attention="identity", vocab_size=11).eval()
+    ids = torch.randint(0, 11, (1, 7))
+    other = ids.clone()
+    other[0, 3] = (ids[0, 3] + 1) % 11
+    with torch.no_grad():
+        a, b = lm(ids), lm(other)
+    keep = [i for i in range(7) if i != 3]
+    torch.testing.assert_close(a[0, keep], b[0, keep])
+    assert not torch.allclose(a[0, 3], b[0, 3])
+
+
+def test_training_accepts_the_identity_control():
+    from attnzoo.train.config import from_dict
+    from attnzoo.train.objectives import check_model_choice
+
+    check_model_choice(
+        from_dict(
+            {"task": "digits", "model": "vit_s", "model_options": {"attention": "identity"}, "steps": 1, "lr": 1e-3}
+        )
+    )
+
+
+# ---- validation curves -------------------------------------------------------------------------------------------
+def test_train_run_validates_at_four_points(tmp_path):
+    ctx = Context(tmp_path, StepStore(tmp_path), seed=0, progress=False)
+    cfg = {
+        "task": "digits",
+        "task_options": {},
+        "model": "vit_s",
+        "model_options": {"dim": 16, "depth": 1, "heads": 2, "patch_size": 4},
+        "seed": 0,
+        "steps": 8,
+        "batch_size": 16,
+        "lr": 1e-3,
+        "log_every": 4,
+    }
+    rec = train_run(ctx, "t/vit/seed0", cfg)
+    assert [p["step"] for p in rec["val_curve"]] == [2, 4, 6, 8] and CURVE_POINTS == 4
+    assert all(0.0 <= p["accuracy"] <= 1.0 for p in rec["val_curve"])
+    assert rec["val_curve"][-1]["accuracy"] == pytest.approx(rec["val"]["accuracy"])
+
+
+def test_curve_points_before_the_last_use_curve_eval_batches(tmp_path):
+    """A curve's earlier points are evaluated on ``curve_eval_batches`` batches; the last (the run's result) on
+    every batch, and training is unchanged by it."""
+    from attnzoo.train.config import from_dict
+    from attnzoo.train.trainer import train
+
+    base = {
+        "task": "digits",
+        "model": "vit_s",
+        "model_options": {"dim": 16, "depth": 1, "heads": 2, "patch_size": 4},
+        "steps": 6,
+        "batch_size": 16,
+        "lr": 1e-2,
+        "eval_every": 2,
+        "log_every": 2,
+        "device": "cpu",
+    }
+    full = train(from_dict(base), tmp_path / "full", progress=False)
+    part = train(from_dict({**base, "curve_eval_batches": 2}), tmp_path / "part", progress=False)
+    assert part.final_metrics == full.final_metrics
+    rows = {}
+    for name in ("full", "part"):
+        text = (tmp_path / name / "metrics.csv").read_text().splitlines()
+        head = text[0].split(",")
+        rows[name] = [dict(zip(head, r.split(","), strict=True)) for r in text[1:]]
+    val = {n: {int(r["step"]): float(r["accuracy"]) for r in rs if r["split"] == "val"} for n, rs in rows.items()}
+    assert sorted(val["part"]) == [2, 4, 6]
+    for step in (2, 4):  # 2 batches of 16 images: a multiple of 1/32
+        assert val["part"][step] * 32 == pytest.approx(round(val["part"][step] * 32), abs=1e-9)
+    assert val["part"][6] == val["full"][6]
+    with pytest.raises(Exception, match="curve_eval_batches must be >= 0, got -1"):
+        from_dict({**base, "curve_eval_batches": -1}).validate()
+
+
+def test_curves_fold_over_seeds_and_reach_the_plateau_text():
+    runs = [
+        {"val_curve": [{"step": 5, "accuracy": 0.2}, {"step": 10, "accuracy": 0.4}]},
+        {"val_curve": [{"step": 5, "accuracy": 0.4}, {"step": 10, "accuracy": 0.6}, {"step": 15, "accuracy": 0.9}]},
+    ]
+    # only the steps every seed logged; scaled
+    assert mean_val_curve(runs, "accuracy", 100.0) == [[5, pytest.approx(30.0)], [10, pytest.approx(50.0)]]
+    assert mean_val_curve(runs + [{"val_curve": []}], "accuracy") == []
+    assert curve_text([[5, 30.0], [10, 50.0]], ".1f") == "step 5: 30.0, step 10: 50.0"
+    gate = plateau_gate([], "vit", stat([50.0, 52.0]), stat([51.0, 52.0]), "%", ".1f", curves="vit step 5: 30.0")
+    assert gate["text"].endswith("; validation curves (seed means): vit step 5: 30.0")
+
+
+# ---- plans -------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("budget", ["smoke", "default", "long"])
+def test_plans_hold_the_controls(budget):
+    from attnzoo.reproduce.sections import vision
+
+    b, steps = plan(budget, 0)
+    ids = {s.id for s in steps}
+    n = b["vision"].get("seeds", 1)
+    for row in ("vit+identity", "tost@matched-params"):
+        assert {f"vision/{row}/seed{k}" for k in range(n)} <= ids
+        assert {f"vision/{row}/lr-sweep/lr{lr:g}" for lr in b["vision"]["lr_sweep"]} <= ids
+    assert "language/gpt+identity/seed0" in ids
+    for name in b["probes"]["layerwise"]:
+        assert f"probes/layerwise-init/{name}" in ids
+    assert {"efficiency/d32/softmax", "efficiency/d32/fastmax_p2"} <= ids
+    # the matched width gives ToST a parameter count within 10% of ViT's (the plan's own width does not)
+    cfg = next(s for s in steps if s.id == "vision/tost@matched-params/seed0").config["train"]
+    v = b["vision"]
+    params_vit = vision._model_params(v, "vit_s", vision.model_options("vit", v))
+    params_tost = vision._model_params(v, "tost_t", cfg["model_options"])
+    assert abs(params_tost / params_vit - 1) <= vision.MATCH_TOLERANCE
+    assert cfg["model_options"]["dim"] % v["arch"]["heads"] == 0
+    # every trained step validates at 4 points (train_run's default) unless it sets its own
+    assert not any("eval_every" in s.config.get("train", {}) for s in steps)
+
+
+def test_fast_d32_lengths_follow_the_plan():
+    from attnzoo.reproduce.sections.efficiency import fast_d32_lengths
+
+    assert fast_d32_lengths({"lengths": [64, 256]}) == [256]
+    assert fast_d32_lengths({"lengths": [512, 2048, 8192]}) == [1024, 2048, 4096]
+    assert fast_d32_lengths({"lengths": [1024, 1536]}) == [1024]
+
+
+# ---- known numbers in, verdicts and words out -----------------------------------------------------------------------
+def test_vision_control_and_matched_findings():
+    from attnzoo.reproduce.sections import vision
+
+    res = {
+        "vit": {"accuracy": stat([70.0, 71.0, 70.5]), "params": 100_000},
+        "vit+identity": {"accuracy": stat([40.0, 41.0, 40.5]), "params": 90_000},
+        "tost@matched-params": {"accuracy": stat([70.2, 70.6, 70.4]), "params": 104_000},
+    }
+    out = vision._findings(res)
+    ctl = next(f for f in out if f["claim"].startswith("attention helps"))
+    assert ctl["kind"] == "check" and ctl["verdict"] == "agrees" and ctl["effect"] == pytest.approx(30.0)
+    m = next(f for f in out if "parameter-matched" in f["claim"])
+    assert m["kind"] == "paper" and m["verdict"] == "agrees" and m["margin"] == pytest.approx(1.9)
+    assert "parameters 104,000 vs 100,000 (1.04x)" in m["measured"]
+    # the control wins: attention does not help, and counts differ beyond 10%: the "similar size" claim is gated
+    res["vit+identity"]["accuracy"] = stat([80.0, 81.0, 80.5])
+    res["tost@matched-params"]["params"] = 150_000
+    out = vision._findings(res)
+    assert next(f for f in out if f["claim"].startswith("attention helps"))["verdict"] == "disagrees"
+    m = next(f for f in out if "parameter-matched" in f["claim"])
+    assert m["verdict"] == "inconclusive" and "150,000 and 100,000 differ by more than 10%" in m["gate"]
+
+
+def test_language_control_finding():
+    from attnzoo.reproduce.sections import language
+
+    res = {
+        "gpt": {"val_loss": stat([1.60, 1.62, 1.61]), "decode": []},
+        "gpt+identity": {"val_loss": stat([2.40, 2.41, 2.39]), "decode": []},
+    }
+    f = next(f for f in language._findings(res) if f["claim"].startswith("attention helps"))
+    assert f["kind"] == "check" and f["verdict"] == "agrees" and f["effect"] == pytest.approx(0.79)
+    res["gpt+identity"]["val_loss"] = stat([1.20, 1.21, 1.19])
+    f = next(f for f in language._findings(res) if f["claim"].startswith("attention helps"))
+    assert f["verdict"] == "disagrees"
+    assert language.rows_of({"models": ["gpt", "tost"]}) == ["gpt", "tost", "gpt+identity"]
+    assert language.rows_of({"models": ["tost"]}) == ["tost"]
+
+
+def _probe(vals, key="crate_compression", mech="mssa"):
+    return {
+        "layers": [{"name": f"blocks.{i}.attn", "mechanism": mech, key: v} for i, v in enumerate(vals)],
+        "series": {key: vals},
+    }
+
+
+@pytest.mark.parametrize(
+    "trained, init, reading",
+    [
+        ([5.0, 5.0, 4.0, 3.0], [5.0, 5.0, 5.1, 5.2], "the untrained model does not fall: training produces the trend"),
+        ([5.0, 5.0, 4.0, 1.0], [5.0, 5.0, 4.8, 4.5], "training deepens a fall the untrained architecture already has"),
+        ([5.0, 5.0, 4.0, 3.0], [5.0, 5.0, 4.2, 3.5], "the untrained model falls as much"),
+        ([5.0, 5.0, 5.1, 5.2], [5.0, 5.0, 4.2, 3.5], "the untrained architecture falls and the trained model does not"),
+        ([5.0, 5.0, 5.1, 5.2], [5.0, 5.0, 5.2, 5.3], "neither the trained nor the untrained model shows the fall"),
+    ],
+)
+def test_random_init_control_words_follow_the_numbers(trained, init, reading):
+    from attnzoo.reproduce.sections import probes
+
+    c = probes.init_control(_probe(trained), _probe(init))
+    assert reading in c["text"], c["text"]
+    assert c["data"]["series"] == init
+    assert c["data"]["change"] == pytest.approx(trained[-1] - trained[2])
+    assert c["data"]["change_init"] == pytest.approx(init[-1] - init[2])
+
+
+def test_random_init_control_uses_the_seed_mean_of_the_trained_series():
+    from attnzoo.reproduce.sections import probes
+
+    c = probes.init_control(_probe([5.0, 5.0, 4.0, 3.0]), _probe([5.0, 5.0, 5.0, 5.0]), [_probe([5.0, 5.0, 4.0, 5.0])])
+    assert c["data"]["change"] == pytest.approx(0.0) and "trained (2 seed(s)): +0" in c["text"]
+
+
+def _fold(acc_by_step: list[dict], steps_per_s: float) -> dict:
+    final = [d[max(d)] for d in acc_by_step]
+    return {"accuracy": stat(final), "steps_per_s": steps_per_s, "val_by_step": acc_by_step, "seeds": len(final)}
+
+
+def test_equal_wall_clock_reads_the_curves():
+    from attnzoo.reproduce.sections import lra
+
+    plan_ = {"train": {"steps": 100, "batch_size": 8, "lr": 1e-3}}
+    soft = _fold([{25: 20.0, 50: 30.0, 75: 40.0, 100: 50.0}, {25: 22.0, 50: 32.0, 75: 42.0, 100: 52.0}], 2.0)
+    base = [{25: 10.0, 50: 20.0, 75: 30.0, 100: 35.0}, {25: 12.0, 50: 22.0, 75: 32.0, 100: 37.0}]
+    longer = [{50: 15.0, 100: 25.0, 150: 40.0, 200: 45.0}, {50: 17.0, 100: 27.0, 150: 42.0, 200: 47.0}]
+
+    def read(rate):
+        res = {"softmax": {"listops": soft}, "tssa": {"listops": _fold(base, rate)}}
+        abl = {
+            "tssa@2x-steps": {
+                "task": "listops",
+                "mechanism": "tssa",
+                "train": {"steps": 200},
+                "result": _fold(longer, rate),
+            }
+        }
+        table, out = lra.equal_time(res, ["softmax", "tssa"], ["listops"], abl, plan_)
+        return table, out["listops"]["tssa"]
+
+    # softmax: 100 steps at 2 steps/s = 50 s; at 4 steps/s TSSA takes 200 steps: the end of its 2x run
+    table, r = read(4.0)
+    assert (r["step"], r["run_steps"], r["lower_bound"]) == (200, 200, False)
+    assert r["accuracy_per_seed"] == [45.0, 47.0] and r["effect"] == pytest.approx(46.0 - 51.0)
+    assert "softmax trains 100 steps in 50 s" in r["text"] and "at step 200 of a 200-step run" in r["text"]
+    assert table.rows[0][:5] == ["listops", "tssa", "50", "200", "200 of 200"]
+    # at 1 step/s: 50 steps; both runs logged step 50, the run that ends nearer (its own schedule) is the 100-step one
+    _, r = read(1.0)
+    assert (r["step"], r["run_steps"]) == (50, 100) and r["accuracy_per_seed"] == [20.0, 22.0]
+    # at 1.7 steps/s: 85 steps; the latest point not beyond them is step 75 of the 100-step run
+    _, r = read(1.7)
+    assert (r["step"], r["run_steps"]) == (75, 100)
+    # at 10 steps/s: 500 steps, more than any run took: a lower bound, said so
+    _, r = read(10.0)
+    assert r["lower_bound"] and "a lower bound: its longest run, 200 steps, ends before that time" in r["text"]
+
+
+def test_fast_d32_finding_follows_the_times():
+    from attnzoo.reproduce.sections.efficiency import fast_d32
+
+    def d32(soft, fast):
+        return {
+            "softmax": {"rows": [{"length": n, "fwdbwd_ms": v} for n, v in soft.items()], "heads": 2},
+            "fastmax_p2": {"rows": [{"length": n, "fwdbwd_ms": v} for n, v in fast.items()], "heads": 2},
+        }
+
+    table, f = fast_d32(d32({1024: 100.0, 4096: 1600.0}, {1024: 150.0, 4096: 400.0}))
+    assert f["verdict"] == "agrees" and f["kind"] == "paper" and "N=4096" in f["measured"]
+    assert "(4.00x)" in f["measured"] and table.rows[-1] == ["softmax / fastmax_p2", "0.67", "4.00"]
+    _, f = fast_d32(d32({1024: 100.0, 4096: 300.0}, {1024: 150.0, 4096: 400.0}))
+    assert f["verdict"] == "disagrees"
+    _, f = fast_d32(d32({256: 10.0}, {256: 30.0}))
+    assert f["verdict"] == "not tested" and "no N ≥ 1024 measured at D = 32" in f["measured"]
+
+
+def test_unmatched_tost_row_points_to_the_matched_one():
+    from attnzoo.reproduce.sections import vision
+
+    res = {
+        "vit": {"accuracy": stat([70.0, 71.0, 70.5]), "params": 100_000},
+        "tost": {"accuracy": stat([69.0, 70.0, 69.5]), "params": 200_000},
+        "tost@matched-params": {"accuracy": stat([70.2, 70.6, 70.4]), "params": 98_000},
+    }
+    f = next(f for f in vision._findings(res) if f["claim"] == "ToST is competitive with ViT at similar size")
+    assert "the parameter counts differ (2.00x): the tost@matched-params row" in f["explanation"]
+    del res["tost@matched-params"]
+    f = next(f for f in vision._findings(res) if f["claim"] == "ToST is competitive with ViT at similar size")
+    assert "tost@matched-params" not in f.get("explanation", "")
