@@ -160,3 +160,19 @@ def test_unlearned_teacher_reports_no_comparison(tmp_path):
     recs[av.TEACHER]["result"]["accuracy"] = 0.12
     sec = av.summarize(recs, dict(BUDGETS["default"][av.KEY]), tmp_path, str)
     assert not sec.findings and "not 10 points above it" in sec.notes[0]
+
+
+def test_flops_count_the_softmax_attention():
+    """The CPU's fused SDPA kernel has no FLOP formula: the count must still hold softmax's two N x N products."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from attnzoo.models import create_model
+
+    torch.manual_seed(0)
+    dim, depth, n = 16, 2, 1 + 4 * 4
+    vit = create_model("vit_s", dim=dim, depth=depth, heads=2, patch_size=2, image_size=8, in_chans=1).eval()
+    image = torch.randn(1, 1, 8, 8)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        vit(image)
+    without_attention = counter.get_total_flops()
+    assert av.forward_flops(vit, image) - without_attention == depth * 2 * (2 * n * n * dim)
