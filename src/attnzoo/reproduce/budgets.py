@@ -418,7 +418,7 @@ def _adapt_vision() -> None:
         "arch": {"dim": 64, "depth": 2, "heads": 4, "patch_size": 4},
         "rep_grid": [3, 3],
         "pretrain": {"steps": 400, "batch_size": 64, "lr": 2e-3, "warmup_steps": 40},
-        "finetune": {"steps": 60, "batch_size": 64, "lr": 5e-4, "warmup_steps": 6},
+        "finetune": {"steps": 40, "batch_size": 64, "lr": 5e-4, "warmup_steps": 4},
     }
     BUDGETS["long"]["adapt-vision"] = copy.deepcopy(BUDGETS["default"]["adapt-vision"])
     BUDGETS["long"]["adapt-vision"].update(
