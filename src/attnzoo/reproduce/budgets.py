@@ -412,19 +412,20 @@ def _adapt_vision() -> None:
     }
     BUDGETS["default"]["adapt-vision"] = {
         "task": "fashion_mnist",
-        "task_options": {"n_train": 10000, "n_val": 2000},
+        "task_options": {"n_train": 10000, "n_val": 1000},
         "rows": rows,
         "seeds": 2,
         "arch": {"dim": 64, "depth": 2, "heads": 4, "patch_size": 4},
         "rep_grid": [3, 3],
-        "pretrain": {"steps": 400, "batch_size": 64, "lr": 2e-3, "warmup_steps": 40},
+        "curve_points": 3,
+        "pretrain": {"steps": 300, "batch_size": 64, "lr": 2e-3, "warmup_steps": 30},
         "finetune": {"steps": 40, "batch_size": 64, "lr": 5e-4, "warmup_steps": 4},
     }
     BUDGETS["long"]["adapt-vision"] = copy.deepcopy(BUDGETS["default"]["adapt-vision"])
     BUDGETS["long"]["adapt-vision"].update(
         seeds=3,
         pretrain={"steps": 600, "batch_size": 64, "lr": 2e-3, "warmup_steps": 60},
-        finetune={"steps": 100, "batch_size": 64, "lr": 5e-4, "warmup_steps": 10},
+        finetune={"steps": 80, "batch_size": 64, "lr": 5e-4, "warmup_steps": 8},
     )
     BUDGETS["full"]["adapt-vision"] = {
         "task": "fashion_mnist",
