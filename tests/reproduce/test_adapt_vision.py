@@ -82,7 +82,9 @@ def test_smoke_section_runs_and_reports(smoke_run):
     assert rows["cbsa"]["params"] == rows["original"]["params"] + arch["depth"] * arch["heads"]  # kappa is new
     assert len(sec["data"]["teacher"]["val_curve"]) >= 2
     findings = sec["findings"]
-    assert [f["kind"] for f in findings] == ["paper", "paper", "check"]
+    assert [f["kind"] for f in findings] == ["paper", "paper", "check", "check"]
+    flops = findings.pop()
+    assert flops["measurement"] and flops["verdict"] in ("agrees", "disagrees") and "x)" in flops["measured"]
     for f in findings:
         for k in FINDING_FIELDS + COMPARISON_FIELDS:
             assert k in f, k
@@ -126,7 +128,7 @@ def test_verdicts_follow_the_welch_rule(tmp_path):
         av.SCRATCH: [0.3, 0.31, 0.29],
     }
     sec = _summary(tmp_path, accs)
-    v = {f["a_name"] + " vs " + f["b_name"]: f["verdict"] for f in sec.findings}
+    v = {f["a_name"] + " vs " + f["b_name"]: f["verdict"] for f in sec.findings if f.get("claim_type")}
     assert v == {
         "cbsa vs linear": "agrees",
         "cbsa-no-contraction vs linear": "agrees",
@@ -136,7 +138,7 @@ def test_verdicts_follow_the_welch_rule(tmp_path):
     # CBSA 3 pts under linear (beyond the margin) and Agent Attention under linear: both disagree
     accs["cbsa"] = [0.68, 0.682, 0.678]
     accs["cbsa-no-contraction"] = [0.69, 0.692, 0.688]
-    v = {(f["a_name"], f["b_name"]): f["verdict"] for f in _summary(tmp_path, accs).findings}
+    v = {(f["a_name"], f["b_name"]): f["verdict"] for f in _summary(tmp_path, accs).findings if f.get("claim_type")}
     assert v[("cbsa", "linear")] == "disagrees" and v[("cbsa-no-contraction", "linear")] == "disagrees"
 
 
@@ -153,6 +155,18 @@ def test_unplateaued_teacher_gates_the_paper_findings(tmp_path):
     paper = [f for f in sec.findings if f["kind"] == "paper"]
     assert all(f["verdict"] == "inconclusive" and f["ungated_verdict"] == "agrees" for f in paper)
     assert next(f for f in sec.findings if f["kind"] == "check")["verdict"] == "agrees"
+
+
+def test_flops_check_reads_the_ratio(tmp_path):
+    accs = {"cbsa": [0.7, 0.71], "linear": [0.7, 0.71]}
+    recs = _records(accs)
+    f = av._findings({r: av._stats(recs, r) for r in accs})[-1]
+    assert f["verdict"] == "agrees" and "(1.000x)" in f["measured"]
+    for sid in recs:
+        if "/cbsa/" in sid:
+            recs[sid]["result"]["flops"] = 1200  # 1.2x linear's 1000
+    f = av._findings({r: av._stats(recs, r) for r in accs})[-1]
+    assert f["verdict"] == "disagrees" and "(1.200x)" in f["measured"]
 
 
 def test_unlearned_teacher_reports_no_comparison(tmp_path):

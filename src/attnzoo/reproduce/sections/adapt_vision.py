@@ -458,4 +458,23 @@ def _findings(res: dict) -> list[dict]:
             f["flops_a"], f["flops_b"] = fa, fb
             f["measured"] += f"; forward FLOPs per image {fa / 1e6:.2f}M vs {fb / 1e6:.2f}M ({fa / fb:.2f}x)"
         out.append(f)
+    if "cbsa" in res and "linear" in res:
+        ratio = res["cbsa"]["flops"] / res["linear"]["flops"]
+        out.append(
+            claims.finding(
+                FIG9,
+                "adapted CBSA costs nearly the same FLOPs as linear attention",
+                "§4: 'with nearly the same FLOPs' (Fig. 9)",
+                f"forward FLOPs per image: cbsa {res['cbsa']['flops'] / 1e6:.2f}M vs linear "
+                f"{res['linear']['flops'] / 1e6:.2f}M ({ratio:.3f}x)",
+                "agrees" if abs(ratio - 1.0) <= FLOPS_TOLERANCE else "disagrees",
+                f"agrees if the ratio is within 1 ± {FLOPS_TOLERANCE:g} (counted matrix products, one forward pass)",
+                kind="check",
+                measurement=True,
+            )
+        )
     return out
+
+
+#: "nearly the same FLOPs": within this fraction of linear attention's count
+FLOPS_TOLERANCE = 0.1
