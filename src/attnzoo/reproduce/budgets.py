@@ -397,8 +397,8 @@ BUDGETS["long"] = _long()
 def _adapt_vision() -> None:
     """CBSA Fig. 9 (section ``adapt-vision``): one pretrained ViT, each attention swapped in and fine-tuned the same
     steps. CPU time of ``--only adapt-vision --threads 1`` on the shared 2-core CPU, start-up and report included:
-    smoke 20 s, default 175 s (pretraining ~50 s, each of the 14 fine-tunes 7-18 s, Fastmax the slowest); long not
-    measured (estimated ~6.5 min from default's per-step times: 2x the pretraining, 2x the steps, 3 seeds)."""
+    smoke 20 s, default 175 s (pretraining ~50 s, each of the 14 fine-tunes 7-18 s, Fastmax the slowest), long 353 s
+    (5.9 min: 600 pretraining steps, 21 fine-tunes of 80 steps)."""
     rows = ["original", "cbsa", "cbsa-no-contraction", "linear", "tssa", "fastmax"]
     BUDGETS["smoke"]["adapt-vision"] = {
         "task": "digits",
