@@ -17,10 +17,14 @@ from torch import nn
 
 from attnzoo.layers.base import Attention, attention_info, list_attentions
 
-__all__ = ["AdaptLayer", "Student", "model_family", "make_student", "FAMILIES"]
+__all__ = ["AdaptLayer", "Student", "model_family", "make_student", "FAMILIES", "QKV_CBSA", "QKVCBSA"]
 
 #: model families :func:`make_student` adapts
 FAMILIES = ("gpt2", "llama", "vit", "attnzoo")
+
+#: CBSA §4 / Fig. 9's adapted forms, which keep the teacher's three q/k/v projections (attnzoo's registered "cbsa"
+#: has one shared projection U, eq 8): mechanism name -> :class:`QKVCBSA` variant
+QKV_CBSA = {"cbsa-qkv": "cbsa", "agent-qkv": "agent"}
 
 
 @dataclass
@@ -43,6 +47,132 @@ class Student:
     causal: bool
     layers: list[AdaptLayer]
     report: str
+
+
+class QKVCBSA(nn.Module):
+    """CBSA with three inherited projections (CBSA §4, Fig. 9): eqs 5 and 8 with ``W_q, W_k, W_v`` for ``U_k``.
+
+    Per head, with ``q, k, v`` ``(B, H, N, P)`` the pretrained projections of the tokens:
+
+    1. initial representatives (agents) ``a = avgpool(q)`` ``(B, H, M, P)`` (eq 5's ``Q_ini``, as in Algorithm 1);
+    2. extraction (eq 5): ``E = softmax_N(a k^T * scale)`` ``(B, H, M, N)``; the representatives are ``Q = Z A_k``,
+       so their query/key/value projections are ``E q``, ``E k``, ``E v`` (``W Q = (W Z) A_k``);
+    3. contraction (eq 8, variant "cbsa"): ``C = softmax_M((E q)(E k)^T * scale) (E v)``; variant "agent" skips it
+       (``C = E v``: "CBSA without contraction", Agent Attention);
+    4. broadcast: ``out = kappa * softmax_M(q a^T * scale) C``, then the inherited output projection.
+
+    Deviations from the shared-projection layer, for adapting a softmax ViT: the broadcast is normalised over the
+    representatives (Agent Attention's form, so the adapted layer's output has the teacher's scale) rather than
+    reusing ``A_k`` column-normalised over tokens; eq 5's initial guess is not added back to the representatives
+    (Agent Attention has none); ``kappa`` (eq 6, per head) starts at 1, the contraction's sign absorbed in it.
+    ``kappa`` is the one new parameter; ``qkv`` ``(3 dim, dim)`` and ``proj`` are the teacher's.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        *,
+        variant: str = "cbsa",
+        grid: tuple[int, int] | None = None,
+        rep_grid: tuple[int, int] | None = None,
+        num_reps: int | None = None,
+        num_prefix_tokens: int = 0,
+        scale: float | None = None,
+        qkv_bias: bool = True,
+        proj_bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if variant not in QKV_CBSA.values():
+            raise ValueError(f"variant must be one of {sorted(QKV_CBSA.values())}, got {variant!r}")
+        if not isinstance(heads, int) or heads < 1 or dim % heads:
+            raise ValueError(f"dim={dim} must split into heads={heads} equal heads")
+        self.dim, self.heads, self.head_dim, self.variant = dim, heads, dim // heads, variant
+        self.grid, self.rep_grid, self.num_reps = grid, rep_grid, num_reps
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.scale = float(scale) if scale is not None else self.head_dim**-0.5
+        self.causal = False
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+        self.kappa = nn.Parameter(torch.ones(heads, 1, 1))
+
+    def forward(
+        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x`` ``(B, N, dim)`` -> ``(B, N, dim)``; unpadded batches only (the adapted ViTs have none)."""
+        from attnzoo.ops.cbsa import pool_reps
+
+        if attention_mask is not None or cu_seqlens is not None:
+            raise ValueError(f"{type(self).__name__} takes no attention_mask / cu_seqlens (whole images only)")
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape (B, N, dim={self.dim}), got {tuple(x.shape)}")
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        a = pool_reps(
+            q, num_reps=self.num_reps, grid=self.grid, rep_grid=self.rep_grid, num_prefix_tokens=self.num_prefix_tokens
+        )
+        extract = torch.softmax(a @ k.transpose(-1, -2) * self.scale, dim=-1)  # (B, H, M, N)
+        reps_v = extract @ v
+        if self.variant == "cbsa":
+            reps_q, reps_k = extract @ q, extract @ k
+            contracted = torch.softmax(reps_q @ reps_k.transpose(-1, -2) * self.scale, dim=-1) @ reps_v
+        else:
+            contracted = reps_v
+        broadcast = torch.softmax(q @ a.transpose(-1, -2) * self.scale, dim=-1)  # (B, H, N, M)
+        out = self.kappa * (broadcast @ contracted)
+        return self.proj(out.transpose(1, 2).reshape(b, n, self.dim))
+
+    def extra_repr(self) -> str:
+        reps = f"grid={self.grid}, rep_grid={self.rep_grid}" if self.grid else f"num_reps={self.num_reps}"
+        return f"dim={self.dim}, heads={self.heads}, variant={self.variant!r}, {reps}"
+
+
+def _swap_qkv_cbsa(model: nn.Module, mechanism: str, options: dict[str, Any]) -> tuple[list[AdaptLayer], str]:
+    """Swap every attnzoo softmax mixer of ``model`` for :class:`QKVCBSA`, in place, copying its q/k/v and output
+    projections; anything else (a mixer without a fused q/k/v) is an error naming it."""
+    allowed = {"rep_grid", "num_reps"}
+    bad = sorted(set(options) - allowed)
+    if bad:
+        raise ValueError(f"{mechanism} takes only the options {sorted(allowed)}, got {bad}")
+    layers, lines = [], []
+    for name, old in _attnzoo_mixers(model):
+        layout = getattr(getattr(old, "mechanism", None), "projections", None)
+        qkv = getattr(old, layout.qkv, None) if layout is not None and layout.qkv else None
+        proj = _output_projection(old)
+        if not isinstance(qkv, nn.Linear) or not isinstance(proj, nn.Linear) or old.causal:
+            raise ValueError(
+                f"{mechanism} inherits a fused q/k/v and an output projection from a bidirectional mixer; "
+                f"{name} ({type(old).__name__}) has not both"
+            )
+        grid = tuple(model.grid) if hasattr(model, "grid") else None
+        new = QKVCBSA(
+            old.dim,
+            old.heads,
+            variant=QKV_CBSA[mechanism],
+            grid=grid,
+            rep_grid=tuple(options["rep_grid"]) if options.get("rep_grid") is not None else None,
+            num_reps=options.get("num_reps"),
+            num_prefix_tokens=int(getattr(model, "num_prefix_tokens", 0)) if grid else 0,
+            scale=getattr(old, "scale", None),
+            qkv_bias=qkv.bias is not None,
+            proj_bias=proj.bias is not None,
+        ).to(device=qkv.weight.device, dtype=qkv.weight.dtype)
+        with torch.no_grad():
+            new.qkv.load_state_dict(qkv.state_dict())
+            new.proj.load_state_dict(proj.state_dict())
+        new.train(old.training)
+        parent_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
+        layers.append(
+            AdaptLayer(
+                name,
+                new=[f"{name}.kappa"],
+                inherited=[f"{name}.qkv.{p}" for p, _ in new.qkv.named_parameters()]
+                + [f"{name}.proj.{p}" for p, _ in new.proj.named_parameters()],
+            )
+        )
+        lines.append(f"  {name} ({type(old).__name__} -> {mechanism}): reused q, k, v, o; new kappa")
+    return layers, f"swapped {len(layers)} attnzoo mixer(s) for {mechanism!r}\n" + "\n".join(lines)
 
 
 def _hf_family(model: nn.Module) -> str | None:
@@ -193,9 +323,16 @@ def _fresh(mechanism, p, dim, causal, options, context, ref):
 
 def make_student(model: nn.Module, mechanism: str, options: dict[str, Any] | None = None) -> Student:
     """A deep copy of ``model`` with every self-attention replaced by ``mechanism`` (``options`` passed to it),
-    the pretrained projections reused where the mechanism has them; ``model`` itself is left unchanged."""
+    the pretrained projections reused where the mechanism has them; ``model`` itself is left unchanged.
+    ``mechanism`` may also be ``"cbsa-qkv"`` / ``"agent-qkv"`` (:data:`QKV_CBSA`, attnzoo models only)."""
     family = model_family(model)
     options = dict(options or {})
+    if mechanism in QKV_CBSA:
+        if family != "attnzoo":
+            raise ValueError(f"{mechanism} adapts attnzoo models (e.g. vit_s) only, got a {family} model")
+        student = copy.deepcopy(model)
+        layers, report = _swap_qkv_cbsa(student, mechanism, options)
+        return Student(student, family, False, layers, report)
     if family == "attnzoo":
         mixers = _attnzoo_mixers(model)
         causal = any(m.causal for _, m in mixers)

@@ -19,7 +19,7 @@ import copy
 __all__ = ["BUDGETS", "SECTIONS", "budget"]
 
 #: section keys in report order
-SECTIONS = ("vision", "long-range", "language", "icl", "efficiency", "probes")
+SECTIONS = ("vision", "adapt-vision", "long-range", "language", "icl", "efficiency", "probes")
 
 VISION_ALL = ["vit", "tost", "xcit", "crate", "cbt", "aot", "csp_vit", "fastmax_vit"]
 VISION_SWAPS = ["vit+tssa", "vit+xca", "vit+mssa", "vit+cbsa", "vit+csp"]
@@ -394,6 +394,56 @@ def _long() -> dict:
 
 
 BUDGETS["long"] = _long()
+
+
+def _adapt_vision() -> None:
+    """CBSA Fig. 9 (section ``adapt-vision``): one pretrained ViT, each attention swapped in and fine-tuned the same
+    steps. CPU time of ``--only adapt-vision --threads 1`` on the shared 2-core CPU, start-up and report included:
+    smoke 20 s, default 175 s (pretraining ~50 s, each of the 14 fine-tunes 7-18 s, Fastmax the slowest), long 353 s
+    (5.9 min: 600 pretraining steps, 21 fine-tunes of 80 steps)."""
+    rows = ["original", "cbsa", "cbsa-no-contraction", "linear", "tssa", "fastmax"]
+    BUDGETS["smoke"]["adapt-vision"] = {
+        "task": "digits",
+        "task_options": {},
+        "rows": rows,
+        "seeds": 2,
+        "arch": {"dim": 32, "depth": 1, "heads": 2, "patch_size": 2},
+        "rep_grid": [2, 2],
+        "pretrain": {"steps": 24, "batch_size": 32, "lr": 2e-3, "log_every": 4},
+        "curve_points": 2,
+        "finetune": {"steps": 6, "batch_size": 32, "lr": 5e-4},
+        "require_learned": False,
+    }
+    BUDGETS["default"]["adapt-vision"] = {
+        "task": "fashion_mnist",
+        "task_options": {"n_train": 10000, "n_val": 1000},
+        "rows": rows,
+        "seeds": 2,
+        "arch": {"dim": 64, "depth": 2, "heads": 4, "patch_size": 4},
+        "rep_grid": [3, 3],
+        "curve_points": 3,
+        "pretrain": {"steps": 300, "batch_size": 64, "lr": 2e-3, "warmup_steps": 30},
+        "finetune": {"steps": 40, "batch_size": 64, "lr": 5e-4, "warmup_steps": 4},
+    }
+    BUDGETS["long"]["adapt-vision"] = copy.deepcopy(BUDGETS["default"]["adapt-vision"])
+    BUDGETS["long"]["adapt-vision"].update(
+        seeds=3,
+        pretrain={"steps": 600, "batch_size": 64, "lr": 2e-3, "warmup_steps": 60},
+        finetune={"steps": 80, "batch_size": 64, "lr": 5e-4, "warmup_steps": 8},
+    )
+    BUDGETS["full"]["adapt-vision"] = {
+        "task": "fashion_mnist",
+        "task_options": {},
+        "rows": rows,
+        "seeds": 3,
+        "arch": {"dim": 192, "depth": 6, "heads": 4, "patch_size": 4},
+        "rep_grid": [3, 3],
+        "pretrain": {"steps": 5000, "batch_size": 128, "lr": 1e-3, "warmup_steps": 500},
+        "finetune": {"steps": 1000, "batch_size": 128, "lr": 1e-4, "warmup_steps": 100},
+    }
+
+
+_adapt_vision()
 
 
 def budget(name: str) -> dict:

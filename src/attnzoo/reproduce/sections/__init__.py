@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from attnzoo.reproduce.sections import efficiency, icl, language, lra, probes, vision
+from attnzoo.reproduce.sections import adapt_vision, efficiency, icl, language, lra, probes, vision
 
 #: section key -> module, in report order
 SECTION_MODULES = {
     vision.KEY: vision,
+    adapt_vision.KEY: adapt_vision,
     lra.KEY: lra,
     language.KEY: language,
     icl.KEY: icl,
@@ -22,6 +23,8 @@ ALIASES = {
     "bench": efficiency.KEY,
     "lm": language.KEY,
     "probe": probes.KEY,
+    "adapt": adapt_vision.KEY,
+    "fig9": adapt_vision.KEY,
 }
 
 __all__ = ["SECTION_MODULES", "ALIASES"]

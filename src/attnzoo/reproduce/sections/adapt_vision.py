@@ -1,0 +1,480 @@
+"""Adapting a pretrained ViT into CBSA, Agent Attention, linear attention, TSSA and Fastmax (CBSA §4 / Fig. 9).
+
+A softmax ViT is pretrained here (one run, its validation curve kept as the plateau evidence). Each student is a
+copy of it with every attention swapped (:func:`attnzoo.adapt.make_student`): CBSA with the teacher's three
+q/k/v projections (``cbsa-qkv``, :class:`attnzoo.adapt.student.QKVCBSA`), the same without its contraction step
+(``agent-qkv``, Agent Attention), linear attention and Fastmax (q/k/v/o inherited) and TSSA (its projection ``U``
+new, the output projection inherited). Every student, and the original ViT beside them, is fine-tuned for the
+same steps with the same optimiser (:func:`attnzoo.adapt.adapt`, fine-tuning stage only, as in Fig. 9); a check
+row trains the CBSA student from an untrained ViT for the same steps.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from pathlib import Path
+
+import numpy as np
+
+from attnzoo._io import read_json
+from attnzoo.reproduce import claims
+from attnzoo.reproduce.common import (
+    Context,
+    Section,
+    Table,
+    fmt,
+    load_trained,
+    num_params,
+    per_seed,
+    save_figure,
+    seed_list,
+    seed_mean,
+    seeded_id,
+    train_run,
+)
+from attnzoo.reproduce.store import Step
+
+KEY = "adapt-vision"
+TITLE = "Adapting a pretrained ViT (CBSA Fig. 9)"
+
+TEACHER = f"{KEY}/teacher"
+
+#: row -> (mechanism given to make_student, description)
+ROWS: dict[str, tuple[str, str]] = {
+    "original": ("softmax", "the pretrained ViT itself, fine-tuned (softmax attention)"),
+    "cbsa": ("cbsa-qkv", "CBSA, q/k/v/o inherited (Fig. 9's three projections), kappa new"),
+    "cbsa-no-contraction": ("agent-qkv", "CBSA without the contraction step (Agent Attention), q/k/v/o inherited"),
+    "linear": ("linear", "linear attention (elu + 1), q/k/v/o inherited"),
+    "tssa": ("tssa", "TSSA (ToST): U and temperatures new, o inherited"),
+    "fastmax": ("fastmax", "Fastmax (FAST), q/k/v/o inherited"),
+}
+
+#: the check row: the CBSA student built from an untrained ViT and trained for the same steps
+SCRATCH = "cbsa@scratch"
+
+#: a pretrained model has learned the task when its accuracy clears the majority class by this many points
+LEARNED_MARGIN = 10.0
+
+
+def rows_of(plan: dict) -> list[str]:
+    """The fine-tuned rows of the plan (the scratch check last when the plan asks for it)."""
+    rows = list(plan["rows"])
+    for r in rows:
+        if r not in ROWS:
+            raise ValueError(f"unknown adapt-vision row {r!r}; valid: {sorted(ROWS)}")
+    return rows + ([SCRATCH] if plan.get("scratch", True) else [])
+
+
+def _options(plan: dict, row: str) -> dict:
+    mech = ROWS["cbsa" if row == SCRATCH else row][0]
+    if mech in ("cbsa-qkv", "agent-qkv"):
+        return {"rep_grid": list(plan["rep_grid"])}
+    if mech == "fastmax":
+        return {"p": plan.get("fastmax_p", 2)}
+    return {}
+
+
+def teacher_config(plan: dict, seed: int) -> dict:
+    """The pretraining run of the ViT (the vision section's recipe, with validation along the way)."""
+    from attnzoo.reproduce.sections.vision import row_config
+
+    train = row_config({**plan, "train": plan["pretrain"]}, "vit", seed)["train"]
+    train["eval_every"] = max(1, train["steps"] // plan.get("curve_points", 4))
+    train["ckpt_every"] = train["steps"]  # the pretrained model is read from the run's final save only
+    return train
+
+
+def plan_steps(plan: dict, seed: int) -> list[Step]:
+    steps = [Step(TEACHER, KEY, {"train": teacher_config(plan, seed)}, _pretrain, label="teacher")]
+    for row in rows_of(plan):
+        for s in seed_list(plan, seed):
+            mech = ROWS["cbsa" if row == SCRATCH else row][0]
+            config = {
+                "teacher": steps[0].config,
+                "mechanism": mech,
+                "options": _options(plan, row),
+                "scratch": row == SCRATCH,
+                "swapped_eval_batches": plan.get("swapped_eval_batches", 4),
+                "finetune": dict(plan["finetune"]),
+                "seed": s,
+            }
+            sid = seeded_id(f"{KEY}/{row}", s)
+            steps.append(Step(sid, KEY, config, _finetune, deps=(TEACHER,), label=sid.split("/", 1)[1]))
+    return steps
+
+
+def _pretrain(ctx: Context, step: Step) -> dict:
+    rec = train_run(ctx, step.id, step.config["train"])
+    model = load_trained(rec["run_dir"])
+    return {
+        "accuracy": rec["val"].get("accuracy"),
+        "params": num_params(model),
+        "curve": rec["curve"],
+        "val_curve": _val_curve(Path(rec["run_dir"])),
+        "run_dir": rec["run_dir"],
+    }
+
+
+def _val_curve(run_dir: Path) -> list[list[float]]:
+    """``[[step, validation accuracy], ...]`` from the trainer's metrics.csv (its evaluation rows)."""
+    f = run_dir / "metrics.csv"
+    if not f.is_file():
+        return []
+    with open(f, newline="", encoding="utf-8") as fh:
+        rows = [r for r in csv.DictReader(fh) if r.get("split") == "val" and r.get("accuracy")]
+    return [[int(r["step"]), float(r["accuracy"])] for r in rows]
+
+
+def forward_flops(model, image) -> int:
+    """Forward FLOPs of ``model`` on one image ``(1, C, H, W)``: the matrix products and convolutions that
+    ``torch.utils.flop_counter`` counts, the attentions' included (elementwise work is not counted)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    was = model.training
+    model.eval()
+    # the counter has no formula for the CPU's fused SDPA kernel; the math backend runs the same products as bmm
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(image)
+    model.train(was)
+    return int(counter.get_total_flops())
+
+
+def _finetune(ctx: Context, step: Step) -> dict:
+    """Swap the pretrained ViT's attention and fine-tune (every weight) for the plan's steps."""
+    import torch
+
+    from attnzoo.adapt.loop import AdaptConfig, adapt
+    from attnzoo.data import build_task
+    from attnzoo.train.config import from_dict
+    from attnzoo.train.objectives import build_task_model, compute_loss
+    from attnzoo.train.trainer import evaluate
+
+    cfg = step.config
+    tcfg = cfg["teacher"]["train"]
+    task = build_task(tcfg["task"], **tcfg["task_options"])
+    teacher = load_trained(ctx.store.run_dir(TEACHER))
+    if cfg["scratch"]:
+        torch.manual_seed(cfg["seed"])  # an untrained ViT of the same shape, drawn from the row's seed
+        teacher = build_task_model(from_dict({**tcfg, "device": ctx.device}), task)
+    teacher.to(ctx.device)
+    ft = cfg["finetune"]
+    n, bs = len(task.train), ft["batch_size"]
+
+    # a step's time is the interval between the loop asking for its batch and for the next one: CPU time of this
+    # process on a CPU (the machine is shared; the figure is not inflated by other jobs), wall time on a GPU (the
+    # loop reads each step's loss, which waits for the device)
+    cpu = torch.device(ctx.device).type == "cpu"
+    clock = time.process_time if cpu else time.perf_counter
+    stamps: list[float] = []
+
+    def batches(i: int):
+        stamps.append(clock())
+        g = torch.Generator().manual_seed(cfg["seed"] * 1_000_003 + i)
+        return task.train.get_batch(torch.randint(0, n, (bs,), generator=g).numpy())
+
+    def loss_fn(m, batch):
+        return compute_loss(task.kind, m(*batch[0]), batch[1])[0]
+
+    pretrained = read_json(ctx.store.run_dir(TEACHER) / "final.json", "the pretrained ViT's final metrics")["val"]
+
+    def eval_fn(m):
+        if m is teacher and not cfg["scratch"]:
+            return {"accuracy": float(pretrained["accuracy"])}  # measured once, by the pretraining run
+        # before the first step: the swapped model, on the first validation batches only (it is a reference point)
+        limit = cfg["swapped_eval_batches"] if not stamps else None
+        return {"accuracy": float(evaluate(m, task, bs, torch.device(ctx.device), max_batches=limit)["accuracy"])}
+
+    acfg = AdaptConfig(
+        mechanism=cfg["mechanism"],
+        options=dict(cfg["options"]),
+        transfer_steps=0,
+        finetune_steps=ft["steps"],
+        finetune_lr=ft["lr"],
+        warmup_steps=ft.get("warmup_steps", 0),
+        weight_decay=ft.get("weight_decay", 0.05),
+        seed=cfg["seed"],
+    )
+    res = adapt(teacher, batches, acfg, None, loss_fn=loss_fn, eval_fn=eval_fn, progress=False)
+    # the median leaves out the first step's one-time costs (allocations, lazy imports)
+    step_ms = 1000.0 * float(np.median(np.diff(stamps))) if len(stamps) > 1 else None
+    model = res.student.model
+    image = task.val.get_batch(np.arange(1))[0][0].to(ctx.device)
+    ev = res.evaluations
+    return {
+        "accuracy": ev["finetune"]["accuracy"],
+        "swapped_accuracy": ev["swapped"]["accuracy"],
+        "teacher_accuracy": ev["teacher"]["accuracy"],
+        "params": num_params(model),
+        "flops": forward_flops(model, image),
+        "ms_per_step": step_ms,
+        "step_clock": "cpu" if cpu else "wall",
+        "report": res.student.report,
+    }
+
+
+# ---- summary ------------------------------------------------------------------------------------------------
+
+
+def _pct(x):
+    return None if x is None else 100.0 * x
+
+
+def _stats(records: dict, row: str) -> dict | None:
+    rs = per_seed(records, f"{KEY}/{row}")
+    if not rs:
+        return None
+    return {
+        "accuracy": claims.stat(_pct(r["accuracy"]) for r in rs),
+        "swapped": claims.stat(_pct(r["swapped_accuracy"]) for r in rs),
+        "params": rs[0]["params"],
+        "flops": rs[0]["flops"],
+        "ms_per_step": seed_mean(rs, "ms_per_step"),
+        "clock": rs[0].get("step_clock", "wall"),
+        "seeds": len(rs),
+    }
+
+
+def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
+    sec = Section(KEY, TITLE)
+    sec.intro = _intro(plan)
+    teacher = records.get(TEACHER, {}).get("result")
+    res = {r: st for r in rows_of(plan) if (st := _stats(records, r)) is not None}
+    sec.data = {"teacher": teacher and {k: teacher[k] for k in ("accuracy", "params", "val_curve")}}
+    sec.data["rows"] = {r: _row_data(st) for r, st in res.items()}
+    if res:
+        sec.tables.append(_table(res))
+    if teacher:
+        path = plots_dir / "adapt_vision.png"
+        save_figure(_plot(teacher, res), path)
+        sec.plots.append(
+            (
+                rel(path),
+                "Left: the ViT's pretraining (training loss, validation accuracy at its evaluations). Right: "
+                "validation accuracy of each row after fine-tuning (mean ± std over seeds), and of the swapped "
+                "model before fine-tuning (hatched).",
+            )
+        )
+    if teacher is None:
+        sec.notes.append("the pretrained ViT has no record: nothing to compare")
+        return sec
+    majority = 100.0 * plan.get("majority", 0.1)
+    t_acc = _pct(teacher["accuracy"])
+    if plan.get("require_learned", True) and t_acc < majority + LEARNED_MARGIN:
+        sec.notes.append(
+            f"the pretrained ViT reached {t_acc:.1f}% against a majority class of {majority:.0f}%: not "
+            f"{LEARNED_MARGIN:g} points above it, so no comparison is reported"
+        )
+        return sec
+    sec.findings = _findings(res)
+    # the pretrained ViT has plateaued when fine-tuning it for the same steps moves it less than the smallest effect
+    paper = [f for f in sec.findings if f["kind"] == "paper"]
+    base = claims.stat([t_acc])
+    sec.data["plateau"] = claims.plateau_gate(paper, "pretrained ViT", base, _acc(res, "original"), "%", ".1f")
+    sec.data["plateau"]["text"] = sec.data["plateau"]["text"].replace(
+        "at twice the steps", f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
+    )
+    return sec
+
+
+def _acc(res: dict, row: str):
+    return res[row]["accuracy"] if row in res else None
+
+
+def _row_data(st: dict) -> dict:
+    return {
+        "accuracy_mean": st["accuracy"].mean,
+        "accuracy_std": st["accuracy"].std,
+        "accuracy_per_seed": list(st["accuracy"].values),
+        "swapped_accuracy_mean": st["swapped"].mean,
+        "params": st["params"],
+        "forward_flops_per_image": st["flops"],
+        "ms_per_step": st["ms_per_step"],
+        "seeds": st["seeds"],
+    }
+
+
+def _describe(row: str) -> tuple[str, str]:
+    if row == SCRATCH:
+        return "cbsa-qkv", "check: the CBSA student of an untrained ViT, trained for the same steps"
+    return ROWS[row]
+
+
+def _table(res: dict) -> Table:
+    heads = [
+        "row",
+        "mechanism",
+        "description",
+        "params",
+        "forward MFLOPs / image",
+        "val acc % swapped, no training (first batches)",
+        "val acc % fine-tuned",
+        "ms / step",
+    ]
+    clocks = {st.get("clock") for st in res.values()}
+    rows = []
+    for r, st in res.items():
+        mech, desc = _describe(r)
+        rows.append(
+            [
+                r,
+                mech,
+                desc,
+                fmt(st["params"], ","),
+                fmt(st["flops"] / 1e6, ".2f"),
+                st["swapped"].fmt(".1f"),
+                st["accuracy"].fmt(".1f"),
+                fmt(st["ms_per_step"], ".1f"),
+            ]
+        )
+    caption = (
+        "Fine-tuned validation accuracy: mean ± sample std over seeds (each seed draws the fine-tuning batches and the "
+        "new parameters). FLOPs: one forward pass of one image (matrix products and the patch convolution, counted by "
+        "torch.utils.flop_counter; elementwise work such as exp and normalisation is not counted). ms / step: "
+        "median time of a fine-tuning step (forward, backward, AdamW), evaluation excluded: "
+        + (
+            "CPU time of the process (not inflated by other jobs on a shared machine)"
+            if clocks == {"cpu"}
+            else "wall time"
+        )
+        + "."
+    )
+    return Table("Pretrained ViT adapted into each attention, fine-tuned for the same steps", heads, rows, caption)
+
+
+def _intro(plan: dict) -> str:
+    arch, pre, ft = plan["arch"], plan["pretrain"], plan["finetune"]
+    n = plan.get("seeds", 1)
+    return (
+        f"A softmax ViT (width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, patch "
+        f"{arch['patch_size']}) is pretrained on `{plan['task']}` for {pre['steps']} steps of batch "
+        f"{pre['batch_size']} (lr {pre['lr']}). Each row swaps its attention (reusing the pretrained projections "
+        f"the mechanism has; see the table) and fine-tunes every weight for {ft['steps']} steps of batch "
+        f"{ft['batch_size']} with AdamW (lr {ft['lr']}), no attention-transfer stage, as CBSA Fig. 9 fine-tunes the "
+        f"adapted ViTs and the original alike; {n} seed{'s' if n > 1 else ''} per row. CBSA here keeps the "
+        f"three pretrained q/k/v projections as Fig. 9 does (attnzoo's CBSA layer has one shared projection U, "
+        f"eq 8); its representatives are {tuple(plan['rep_grid'])}-pooled queries. Paper: ImageNet-21k ViTs "
+        "fine-tuned 50 epochs on ImageNet-1k; here the pretraining and fine-tuning data are the same small task."
+    )
+
+
+def _plot(teacher: dict, res: dict):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 3.8))
+    curve = teacher.get("curve") or []
+    if curve:
+        ax0.plot([c[0] for c in curve], [c[1] for c in curve], color="C0", label="train loss")
+    ax0.set_xlabel("pretraining step")
+    ax0.set_ylabel("training loss")
+    twin = ax0.twinx()
+    vc = teacher.get("val_curve") or []
+    if vc:
+        twin.plot([c[0] for c in vc], [100 * c[1] for c in vc], "o-", color="C1", label="val accuracy")
+    twin.set_ylabel("validation accuracy (%)")
+    ax0.set_title("pretraining of the ViT")
+    names = list(res)
+    x = np.arange(len(names))
+    acc = [res[n]["accuracy"] for n in names]
+    ax1.bar(x, [a.mean for a in acc], yerr=[a.std or 0.0 for a in acc], color="C2", capsize=3, label="fine-tuned")
+    ax1.bar(x, [res[n]["swapped"].mean for n in names], fill=False, hatch="//", label="swapped, no training")
+    ax1.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
+    ax1.set_ylabel("validation accuracy (%)")
+    ax1.legend(fontsize=7)
+    ax1.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("CBSA Fig. 9 at small scale: a pretrained ViT adapted and fine-tuned")
+    fig.tight_layout()
+    return fig
+
+
+#: CBSA Fig. 9's comparisons: (row a, row b, claim type, margin and its source, kind, paper, claim, paper's figure)
+FIG9 = "CBSA §4 / Fig. 9"
+#: Fig. 9's bar values are in the figure image only (the paper's text gives no number), so the non-inferiority
+#: margin is the gap the same paper calls competitive in its fair comparison of CBSA with MSSA
+CLAIMS = [
+    (
+        "cbsa",
+        "linear",
+        "non-inferiority",
+        (
+            1.5,
+            "Fig. 9's values are not in the paper's text; CBSA Table 4 calls CBSA-T 1.5 pts below MSSA-T "
+            "(63.2 vs 64.7) competitive",
+        ),
+        "paper",
+        FIG9,
+        "CBSA adapted from a pretrained ViT is comparable to linear attention at nearly the same FLOPs",
+        "§4: 'CBSA achieves comparable performance to that of linear attention with nearly the same FLOPs' "
+        "(Fig. 9, ViTs pretrained on ImageNet-21k, 50 epochs on ImageNet-1k)",
+    ),
+    (
+        "cbsa-no-contraction",
+        "linear",
+        "superiority",
+        (0.0, ""),
+        "paper",
+        FIG9,
+        "without the contraction step (Agent Attention) adapted CBSA surpasses linear attention",
+        "§4: 'when the contraction step is removed, CBSA surpasses linear attention' (Fig. 9)",
+    ),
+    (
+        "cbsa",
+        SCRATCH,
+        "superiority",
+        (0.0, ""),
+        "check",
+        FIG9,
+        "adapting the pretrained ViT beats training the same CBSA student from scratch for the same steps",
+        "(implied: the point of adapting pretrained weights)",
+    ),
+]
+
+
+def _findings(res: dict) -> list[dict]:
+    out = []
+    for a, b, ctype, margin, kind, paper, claim, pv in CLAIMS:
+        f = claims.compare(
+            _acc(res, a),
+            _acc(res, b),
+            claim_type=ctype,
+            margin=margin[0],
+            margin_source=margin[1],
+            unit="pts",
+            paper=paper,
+            claim=claim,
+            paper_value=pv,
+            a_name=a,
+            b_name=b,
+            kind=kind,
+            spec=".1f",
+        )
+        if a in res and b in res:
+            fa, fb = res[a]["flops"], res[b]["flops"]
+            f["flops_a"], f["flops_b"] = fa, fb
+            f["measured"] += f"; forward FLOPs per image {fa / 1e6:.2f}M vs {fb / 1e6:.2f}M ({fa / fb:.2f}x)"
+        out.append(f)
+    if "cbsa" in res and "linear" in res:
+        ratio = res["cbsa"]["flops"] / res["linear"]["flops"]
+        out.append(
+            claims.finding(
+                FIG9,
+                "adapted CBSA costs nearly the same FLOPs as linear attention",
+                "§4: 'with nearly the same FLOPs' (Fig. 9)",
+                f"forward FLOPs per image: cbsa {res['cbsa']['flops'] / 1e6:.2f}M vs linear "
+                f"{res['linear']['flops'] / 1e6:.2f}M ({ratio:.3f}x)",
+                "agrees" if abs(ratio - 1.0) <= FLOPS_TOLERANCE else "disagrees",
+                f"agrees if the ratio is within 1 ± {FLOPS_TOLERANCE:g} (counted matrix products, one forward pass)",
+                kind="check",
+                measurement=True,
+            )
+        )
+    return out
+
+
+#: "nearly the same FLOPs": within this fraction of linear attention's count
+FLOPS_TOLERANCE = 0.1

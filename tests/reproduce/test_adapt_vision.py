@@ -1,0 +1,192 @@
+"""``attnzoo reproduce`` section adapt-vision (CBSA Fig. 9): plans for every budget, the smoke section end to end
+(trains, fine-tunes, summarises, findings with their statistics), and the verdicts on made-up accuracies."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from attnzoo.reproduce import BUDGETS, SECTIONS, main, plan
+from attnzoo.reproduce.sections import SECTION_MODULES
+from attnzoo.reproduce.sections import adapt_vision as av
+
+FINDING_FIELDS = ("kind", "paper", "claim", "paper_value", "measured", "verdict", "rule", "seeds")
+COMPARISON_FIELDS = ("claim_type", "effect", "ci95", "margin", "values_a", "values_b", "a_name", "b_name")
+
+
+def test_registered_after_vision():
+    assert SECTIONS.index(av.KEY) == SECTIONS.index("vision") + 1
+    assert list(SECTION_MODULES).index(av.KEY) == list(SECTION_MODULES).index("vision") + 1
+
+
+@pytest.mark.parametrize("name,seeds", [("smoke", 2), ("default", 2), ("long", 3), ("full", 3)])
+def test_plan_of_every_budget(name, seeds):
+    b, steps = plan(name, 5)
+    mine = [s for s in steps if s.section == av.KEY]
+    assert b[av.KEY]["seeds"] == seeds
+    teacher = [s for s in mine if s.id == av.TEACHER]
+    assert len(teacher) == 1 and teacher[0].config["train"]["model"] == "vit_s"
+    rows = av.rows_of(b[av.KEY])
+    assert set(rows) >= {"original", "cbsa", "cbsa-no-contraction", "linear", "tssa", "fastmax"}
+    tuned = [s for s in mine if s.id != av.TEACHER]
+    assert len(tuned) == len(rows) * seeds
+    for s in tuned:
+        assert s.deps == (av.TEACHER,)
+        assert s.config["finetune"] == b[av.KEY]["finetune"]  # every row fine-tunes for the same steps
+        assert s.config["seed"] in range(5, 5 + seeds)
+    by_row = {s.id.split("/")[1]: s.config for s in tuned}
+    assert by_row["cbsa"]["mechanism"] == "cbsa-qkv" and by_row["cbsa-no-contraction"]["mechanism"] == "agent-qkv"
+    assert by_row[av.SCRATCH]["scratch"] and by_row[av.SCRATCH]["mechanism"] == "cbsa-qkv"
+    assert not by_row["cbsa"]["scratch"]
+
+
+def test_unknown_row_is_named():
+    p = dict(BUDGETS["smoke"][av.KEY], rows=["cbsa", "mega"])
+    with pytest.raises(ValueError, match=r"unknown adapt-vision row 'mega'; valid: \["):
+        av.plan_steps(p, 0)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("adapt_vision") / "run"
+    threads = torch.get_num_threads()
+    try:
+        argv = ["--budget", "smoke", "--only", "adapt-vision", "--out", str(out), "--no-progress", "--threads", "1"]
+        rc = main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    assert rc == 0
+    return out
+
+
+@pytest.mark.slow
+def test_smoke_section_runs_and_reports(smoke_run):
+    text = (smoke_run / "report.md").read_text()
+    assert f"## {av.TITLE}" in text
+    assert "| row | mechanism | description | params | forward MFLOPs / image |" in text
+    assert (smoke_run / "plots" / "adapt_vision.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    res = json.loads((smoke_run / "results.json").read_text())
+    sec = res["sections"][av.KEY]
+    rows = sec["data"]["rows"]
+    assert set(rows) == set(av.rows_of(BUDGETS["smoke"][av.KEY]))
+    for r in rows.values():
+        assert r["seeds"] == 2 and len(r["accuracy_per_seed"]) == 2
+        assert all(0.0 <= a <= 100.0 for a in r["accuracy_per_seed"])
+        assert r["forward_flops_per_image"] > 0 and r["ms_per_step"] > 0 and r["params"] > 0
+    # TSSA's single projection U replaces q/k/v: fewer parameters than the inherited-projection rows
+    assert rows["tssa"]["params"] < rows["linear"]["params"] == rows["original"]["params"]
+    arch = BUDGETS["smoke"][av.KEY]["arch"]
+    assert rows["cbsa"]["params"] == rows["original"]["params"] + arch["depth"] * arch["heads"]  # kappa is new
+    assert len(sec["data"]["teacher"]["val_curve"]) >= 2
+    findings = sec["findings"]
+    assert [f["kind"] for f in findings] == ["paper", "paper", "check", "check"]
+    flops = findings.pop()
+    assert flops["measurement"] and flops["verdict"] in ("agrees", "disagrees") and "x)" in flops["measured"]
+    for f in findings:
+        for k in FINDING_FIELDS + COMPARISON_FIELDS:
+            assert k in f, k
+        assert len(f["values_a"]) == len(f["values_b"]) == 2
+        assert math.isclose(f["effect"], sum(f["values_a"]) / 2 - sum(f["values_b"]) / 2, abs_tol=1e-9)
+    assert findings[0]["claim_type"] == "non-inferiority" and findings[0]["margin"] == 1.5
+    assert "Table 4" in findings[0]["margin_source"]
+    assert [f["claim_type"] for f in findings[1:]] == ["superiority", "superiority"]
+    assert "plateau" in sec["data"]
+
+
+def _records(accs: dict[str, list[float]]) -> dict:
+    recs = {av.TEACHER: {"result": {"accuracy": 0.8, "params": 1, "curve": [[1, 2.0]], "val_curve": [[1, 0.8]]}}}
+    for row, values in accs.items():
+        for s, a in enumerate(values):
+            recs[f"{av.KEY}/{row}/seed{s}"] = {
+                "result": {
+                    "accuracy": a,
+                    "swapped_accuracy": 0.1,
+                    "params": 100,
+                    "flops": 1000,
+                    "ms_per_step": 1.0,
+                }
+            }
+    return recs
+
+
+def _summary(tmp_path, accs):
+    p = dict(BUDGETS["default"][av.KEY])
+    return av.summarize(_records(accs), p, tmp_path, lambda x: str(x))
+
+
+def test_verdicts_follow_the_welch_rule(tmp_path):
+    accs = {
+        "original": [0.801, 0.799, 0.800],
+        "cbsa": [0.700, 0.702, 0.698],  # 1 pt under linear: within the 1.5 pt margin
+        "cbsa-no-contraction": [0.75, 0.752, 0.748],  # above linear
+        "linear": [0.71, 0.712, 0.708],
+        "tssa": [0.6, 0.61, 0.62],
+        "fastmax": [0.7, 0.71, 0.72],
+        av.SCRATCH: [0.3, 0.31, 0.29],
+    }
+    sec = _summary(tmp_path, accs)
+    v = {f["a_name"] + " vs " + f["b_name"]: f["verdict"] for f in sec.findings if f.get("claim_type")}
+    assert v == {
+        "cbsa vs linear": "agrees",
+        "cbsa-no-contraction vs linear": "agrees",
+        f"cbsa vs {av.SCRATCH}": "agrees",
+    }
+    assert sec.data["plateau"]["plateaued"]
+    # CBSA 3 pts under linear (beyond the margin) and Agent Attention under linear: both disagree
+    accs["cbsa"] = [0.68, 0.682, 0.678]
+    accs["cbsa-no-contraction"] = [0.69, 0.692, 0.688]
+    v = {(f["a_name"], f["b_name"]): f["verdict"] for f in _summary(tmp_path, accs).findings if f.get("claim_type")}
+    assert v[("cbsa", "linear")] == "disagrees" and v[("cbsa-no-contraction", "linear")] == "disagrees"
+
+
+def test_unplateaued_teacher_gates_the_paper_findings(tmp_path):
+    accs = {
+        "original": [0.90, 0.91, 0.92],  # fine-tuning moved the 80% teacher by 11 pts: it had not plateaued
+        "cbsa": [0.700, 0.702, 0.698],
+        "cbsa-no-contraction": [0.75, 0.752, 0.748],
+        "linear": [0.71, 0.712, 0.708],
+        av.SCRATCH: [0.3, 0.31, 0.29],
+    }
+    sec = _summary(tmp_path, accs)
+    assert not sec.data["plateau"]["plateaued"]
+    paper = [f for f in sec.findings if f["kind"] == "paper"]
+    assert all(f["verdict"] == "inconclusive" and f["ungated_verdict"] == "agrees" for f in paper)
+    assert next(f for f in sec.findings if f["kind"] == "check")["verdict"] == "agrees"
+
+
+def test_flops_check_reads_the_ratio(tmp_path):
+    accs = {"cbsa": [0.7, 0.71], "linear": [0.7, 0.71]}
+    recs = _records(accs)
+    f = av._findings({r: av._stats(recs, r) for r in accs})[-1]
+    assert f["verdict"] == "agrees" and "(1.000x)" in f["measured"]
+    for sid in recs:
+        if "/cbsa/" in sid:
+            recs[sid]["result"]["flops"] = 1200  # 1.2x linear's 1000
+    f = av._findings({r: av._stats(recs, r) for r in accs})[-1]
+    assert f["verdict"] == "disagrees" and "(1.200x)" in f["measured"]
+
+
+def test_unlearned_teacher_reports_no_comparison(tmp_path):
+    recs = _records({"cbsa": [0.1, 0.1], "linear": [0.1, 0.1]})
+    recs[av.TEACHER]["result"]["accuracy"] = 0.12
+    sec = av.summarize(recs, dict(BUDGETS["default"][av.KEY]), tmp_path, str)
+    assert not sec.findings and "not 10 points above it" in sec.notes[0]
+
+
+def test_flops_count_the_softmax_attention():
+    """The CPU's fused SDPA kernel has no FLOP formula: the count must still hold softmax's two N x N products."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from attnzoo.models import create_model
+
+    torch.manual_seed(0)
+    dim, depth, n = 16, 2, 1 + 4 * 4
+    vit = create_model("vit_s", dim=dim, depth=depth, heads=2, patch_size=2, image_size=8, in_chans=1).eval()
+    image = torch.randn(1, 1, 8, 8)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        vit(image)
+    without_attention = counter.get_total_flops()
+    assert av.forward_flops(vit, image) - without_attention == depth * 2 * (2 * n * n * dim)
