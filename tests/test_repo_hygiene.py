@@ -88,3 +88,22 @@ def test_structure_check_finds_a_cycle_and_a_long_function(tmp_path):
     assert "import cycles (strongly connected components): 1" in r.stdout
     assert "attnzoo.a" in r.stdout and "attnzoo.b" in r.stdout and "attnzoo.c" not in r.stdout
     assert "functions over 80 lines: 1" in r.stdout and "b.py" in r.stdout
+
+
+@pytest.mark.parametrize("module", ["attnzoo.registry", "attnzoo.models._registry"])
+def test_a_registry_imports_only_the_standard_library(module):
+    # registries are imported by every mechanism and model file: an import of the package here would be a cycle
+    import ast
+    import importlib
+    import sys
+
+    tree = ast.parse(Path(importlib.import_module(module).__file__).read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"relative import in {module}"
+            imported.add(node.module)
+    top = {name.split(".")[0] for name in imported}
+    assert top <= set(sys.stdlib_module_names) | {"__future__"}, sorted(top - set(sys.stdlib_module_names))

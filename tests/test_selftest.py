@@ -237,6 +237,11 @@ def test_cuda_plan_triton_rows_run_under_the_interpreter():
         _check_inputs.SHAPES_QUICK[:] = [(1, 2, 5, 3)]
         st._decode_shapes = lambda quick: [(1, 2, 4, 3)]
         rows = st.run_selftest(torch.device("cpu"), quick=True, only=["tssa", "fastmax p=1"])
+        # the Triton kernels take no masks yet: their mask / varlen rows are skipped, saying so
+        masked = [(r.mechanism, r.backend, r.check, r.skip_reason) for r in rows if r.check in ("mask", "varlen")]
+        why = "this backend does not take masks (Backend(masks=False))"
+        assert masked == [(m, "triton", c, why) for m in ("fastmax", "tssa") for c in ("mask", "varlen")], masked
+        rows = [r for r in rows if r.check not in ("mask", "varlen")]
         got = [(r.mechanism, r.backend, r.check) for r in rows]
         checks = ("forward", "backward", "causal leak", "decode")
         want = [(m, "triton", c) for m in ("fastmax p=1", "tssa") for c in checks]
@@ -646,3 +651,37 @@ def test_selftest_reports_an_auto_fallback(monkeypatch, capsys, one_thread):
     out = capsys.readouterr().out
     note = "note: backend='auto' fell back to PyTorch for tssa: its Triton kernel failed (CompilationError: simulated)"
     assert note in out
+
+
+# ------------------------------------------------------------------------------------------ masks and packed rows
+
+
+def test_mask_and_varlen_rows_cover_every_masked_layer_and_backend(capsys, one_thread):
+    from attnzoo.layers import attention_info, list_attentions
+
+    rows = selftest._mask_rows(torch.device("cpu"), True, lambda r: None)
+    got = {(r.mechanism, r.backend, r.check): r for r in rows}
+    for name in list_attentions():
+        mech = attention_info(name).mechanism
+        for backend, _ in selftest.plan(mech, torch.device("cpu")):
+            for check in ("mask", "varlen"):
+                r = got[(name, backend, check)]
+                assert r.ok and not r.skipped and all(c.cases >= 1 for c in r.cells.values()), selftest.format_row(r)
+    assert ("tssa", "cpu", "varlen") in got and ("fastmax", "cpu", "mask") in got  # the fused kernels too
+
+
+def test_a_layer_that_ignores_the_mask_fails_its_rows(monkeypatch, capsys, one_thread):
+    from attnzoo.layers.softmax import SoftmaxAttention
+
+    forward = SoftmaxAttention.forward
+
+    def unmasked(self, x, *, attention_mask=None, cu_seqlens=None):
+        return forward(self, x)  # padding and other sequences mixed in: what the rows must catch
+
+    monkeypatch.setattr(SoftmaxAttention, "forward", unmasked)
+    assert cli_main(["selftest", "--device", "cpu", "--quick", "--only", "softmax", "tssa"]) == 1
+    rows = _rows(capsys.readouterr().out)
+    assert _status(rows[("softmax", "torch", "mask")]) == "FAIL"
+    assert _status(rows[("softmax", "torch", "varlen")]) == "FAIL"
+    assert _status(rows[("tssa", "cpu", "varlen")]) == "ok" and _status(rows[("tssa", "torch", "mask")]) == "ok"
+    assert _status(rows[("softmax", "torch", "forward")]) == "ok"  # the op itself is fine

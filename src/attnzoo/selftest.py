@@ -15,7 +15,11 @@ float32 and float64 inputs:
   ``t`` must not move, and the gradient of outputs up to ``t`` must not reach tokens after ``t``;
 - ``decode`` (mechanisms with a recurrence): the token-by-token step (``tssa_step``, ``fastmax_step``,
   ``linear_attention_recurrent``) against the backend's parallel causal output; and, backend
-  ``layer (auto)``, each causal module's ``init_state``/``step`` against its own causal forward.
+  ``layer (auto)``, each causal module's ``init_state``/``step`` against its own causal forward;
+- ``mask`` and ``varlen`` (every layer honouring ``attention_mask``/``cu_seqlens``, per backend that takes them,
+  bidirectional and causal forms): a padded batch (left- and right-padded rows) and a packed row of a few
+  sequences of odd lengths against each sequence run alone through the same layer and backend, outputs and input
+  gradients; padding must get zero output and zero gradient. A backend declared ``masks=False`` is a skipped row.
 
 The error of a row is the worst over its cases of ``max|got - ref| / max(1, max|ref|)`` (the relative error
 for outputs above 1 in magnitude, the absolute one below); an exception counts as a failure and is shown.
@@ -59,6 +63,11 @@ TOLERANCES: dict[tuple[str, torch.dtype], float] = {
     ("causal leak", torch.float32): 1e-6,
     ("decode", torch.float64): 1e-9,
     ("decode", torch.float32): 1e-4,
+    # outputs and input gradients of a layer (projections included) against the same layer on each sequence alone
+    ("mask", torch.float64): 1e-8,
+    ("mask", torch.float32): 5e-4,
+    ("varlen", torch.float64): 1e-8,
+    ("varlen", torch.float32): 5e-4,
 }
 DTYPES = (torch.float32, torch.float64)
 
@@ -394,6 +403,93 @@ def _layer_decode_rows(device: torch.device, quick: bool, emit) -> list[Row]:
     return rows
 
 
+# -- padding masks and packed rows: each sequence as if alone (issue 27)
+
+
+def _mask_lengths(quick: bool) -> list[int]:
+    # odd lengths, one of a single token; long enough to cross a chunk of the chunked causal forms when not quick
+    return [7, 4, 1] if quick else [13, 5, 9, 1, 20]
+
+
+def _mask_error(layer, xs: list[torch.Tensor], mode: str, gen: torch.Generator) -> float:
+    """Worst normalised error of ``layer`` on ``xs`` (each ``(1, n_i, dim)``) padded (``"mask"``: even rows
+    right-padded, odd rows left-padded) or packed (``"varlen"``) against each alone, outputs and input gradients;
+    padding's output and gradient count against zero."""
+    lengths = [x.shape[1] for x in xs]
+    alone = [x.detach().clone().requires_grad_(True) for x in xs]
+    outs = [layer(x) for x in alone]
+    cots = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device, o.dtype) for o in outs]
+    grads = torch.autograd.grad(sum((o * c).sum() for o, c in zip(outs, cots, strict=True)), alone)
+    dim = xs[0].shape[-1]
+    if mode == "varlen":
+        slots = [(0, slice(sum(lengths[:i]), sum(lengths[: i + 1]))) for i in range(len(xs))]
+        shape = (1, sum(lengths), dim)
+    else:
+        width = max(lengths)
+        slots = [(i, slice(0, n) if i % 2 == 0 else slice(width - n, width)) for i, n in enumerate(lengths)]
+        shape = (len(xs), width, dim)
+    ref = xs[0]
+    x = (1e3 * torch.randn(shape, generator=gen, dtype=torch.float64)).to(ref.device, ref.dtype)  # loud padding
+    real = torch.zeros(shape[:2], dtype=torch.bool, device=ref.device)
+    cot = torch.zeros(shape, dtype=ref.dtype, device=ref.device)
+    for (row, sl), xi, ci in zip(slots, xs, cots, strict=True):
+        x[row, sl] = xi[0].detach()
+        real[row, sl] = True
+        cot[row, sl] = ci[0]
+    x.requires_grad_(True)
+    if mode == "varlen":
+        cu = torch.tensor([0] + [sum(lengths[: i + 1]) for i in range(len(xs))], dtype=torch.int32, device=ref.device)
+        out = layer(x, cu_seqlens=cu)
+    else:
+        out = layer(x, attention_mask=real)
+    (g,) = torch.autograd.grad((out * cot).sum(), [x])
+    err = 0.0
+    for (row, sl), o, gi in zip(slots, outs, grads, strict=True):
+        err = max(err, _err(out[row, sl], o[0]), _err(g[row, sl], gi[0]))
+    pad = ~real
+    if bool(pad.any()):
+        err = max(err, _err(out[pad], torch.zeros_like(out[pad])), _err(g[pad], torch.zeros_like(g[pad])))
+    return err
+
+
+def _mask_rows(device: torch.device, quick: bool, emit, only: list[str] | None = None) -> list[Row]:
+    """``mask`` and ``varlen`` rows: each masked layer, per backend of its op this device runs (``force_backend``)."""
+    from attnzoo.layers import attention_info, build_attention, list_attentions
+    from attnzoo.ops._dispatch import force_backend
+
+    rows = []
+    for name in list_attentions():
+        info = attention_info(name)
+        mech = info.mechanism
+        if mech is None or not getattr(info, "supports_masks", False) or (only and name not in only):
+            continue
+        forms = [c for c in (False, True) if (mech.causal if c else mech.noncausal)]
+        for backend, unavailable in plan(mech, device):
+            group = {c: Row.for_check(name, backend, c) for c in ("mask", "varlen")}
+            if unavailable or not mech.backends[backend].masks:
+                for r in group.values():
+                    r.skip_reason = unavailable or "this backend does not take masks (Backend(masks=False))"
+            else:
+                for dtype in DTYPES:
+                    for check, r in group.items():
+                        gen = torch.Generator().manual_seed(_seed("mask", name, backend, check))
+                        try:
+                            with force_backend(backend):
+                                for causal in forms:
+                                    layer = build_attention(name, 12, 3, causal=causal).to(device, dtype).eval()
+                                    with torch.no_grad():  # away from the init (zero biases, unit temperatures)
+                                        for prm in layer.parameters():
+                                            prm.add_(randn(prm.shape, gen, 0.2).to(device, dtype))
+                                    xs = [randn((1, n, 12), gen).to(device, dtype) for n in _mask_lengths(quick)]
+                                    r.cell(dtype).add(_mask_error(layer, xs, check, gen))
+                        except Exception as exc:  # noqa: BLE001 - a selftest reports every failure as a row
+                            r.cell(dtype).fail(exc)
+            for r in group.values():
+                emit(r)
+                rows.append(r)
+    return rows
+
+
 def _coverage_rows(cases: list[CheckCase], emit) -> list[Row]:
     """A failing row for any registered mechanism whose cases did not all run (none declared: a new one must)."""
     from attnzoo.layers import attention_info, list_attentions
@@ -489,6 +585,7 @@ def run_selftest(
     rows: list[Row] = []
     for spec in cases:
         rows += _run_spec(spec, device, quick, refs, emit, kernel_threads)
+    rows += _mask_rows(device, quick, emit, [o.split()[0] for o in only] if only else None)
     if not only:
         rows += _layer_decode_rows(device, quick, emit)
         rows += _coverage_rows(cases, emit)
@@ -500,7 +597,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="attnzoo selftest",
         description="Check every mechanism x every backend of this device against the "
-        "float64 naive reference: forward, gradients, causal leak, decoding.",
+        "float64 naive reference: forward, gradients, causal leak, decoding; and padded batches and packed rows "
+        "against each sequence alone.",
     )
     ap.add_argument(
         "--device",

@@ -18,8 +18,8 @@ import attnzoo  # noqa: E402
 from attnzoo.hf import SwapReport, swap_attention  # noqa: E402
 from attnzoo.hf.swap import SwappedAttention  # noqa: E402
 
-CAUSAL = attnzoo.list_attentions(causal=True)
-# a mechanism that owns its residual update (MEGA) is a block, not an attention module: swap refuses it
+# a mechanism that owns its residual update (MEGA) is a block, not an attention module: swap refuses it (below)
+CAUSAL = [n for n in attnzoo.list_attentions(causal=True) if not attnzoo.attention_info(n).owns_residual]
 BIDIRECTIONAL = [n for n in attnzoo.list_attentions(causal=False) if not attnzoo.attention_info(n).owns_residual]
 VOCAB = 53
 
@@ -256,6 +256,8 @@ def test_bad_requests_raise_clear_errors():
         swap_attention(gpt2(), "flash")
     with pytest.raises(ValueError, match="mechanism 'mega' computes its own normalisation and residual update"):
         swap_attention(vit(), "mega")
+    with pytest.raises(ValueError, match="mechanism 'mega' computes its own normalisation and residual update"):
+        swap_attention(gpt2(), "mega")  # the causal MEGA too
     with pytest.raises(ValueError, match="config.hidden_size"):
         swap_attention(torch.nn.Linear(2, 2), "softmax")
     with pytest.raises(TypeError, match="unknown option"):

@@ -10,6 +10,7 @@ raise naming the culprit. A new mechanism is covered as soon as its layer regist
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -29,13 +30,17 @@ def _cases(causal: bool | None = None) -> list:
     for name in list_attentions(causal=causal):
         spec = attention_info(name).mechanism
         for i, opts in enumerate(({},) + tuple(spec.examples)):
+            if causal and spec.options.build(name, **opts).causal_error() is not None:
+                continue  # no causal form with these options: test_options_without_a_causal_form_refuse_it
             out.append(pytest.param(name, opts, id=f"{name}-{i}"))
     return out
 
 
-def _modes(name: str) -> list[bool]:
+def _modes(name: str, opts: dict | None = None) -> list[bool]:
+    # an option set may lack the mechanism's causal form (Options.causal_error): bidirectional only, and refused
     spec = attention_info(name).mechanism
-    return [c for c, ok in ((False, spec.noncausal), (True, spec.causal)) if ok]
+    causal = spec.causal and spec.options.build(name, **(opts or {})).causal_error() is None
+    return [c for c, ok in ((False, spec.noncausal), (True, causal)) if ok]
 
 
 def _build(name: str, opts: dict, *, causal: bool, dtype=torch.float64, seed: int = 0) -> Attention:
@@ -125,7 +130,7 @@ def _shape_cases() -> list:
 @pytest.mark.parametrize("name,opts,n", _shape_cases())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_shape_and_dtype(name, opts, n, dtype):
-    for causal in _modes(name):
+    for causal in _modes(name, opts):
         m = _build(name, opts, causal=causal, dtype=dtype)
         y = m(_x(n, dtype))
         assert y.shape == (2, n, DIM) and y.dtype == dtype
@@ -134,7 +139,7 @@ def test_shape_and_dtype(name, opts, n, dtype):
 
 @pytest.mark.parametrize("name,opts", _cases())
 def test_forward_and_gradients_equal_the_reference(name, opts):
-    for causal in _modes(name):
+    for causal in _modes(name, opts):
         m = _build(name, opts, causal=causal)
         params = dict(m.named_parameters())
         results = []
@@ -173,6 +178,17 @@ def test_causal_module_reads_no_future_token(name, opts, t):
     y, y2 = m(x), m(x2)
     torch.testing.assert_close(y2[:, : t + 1], y[:, : t + 1], rtol=0, atol=0)  # not one bit moves
     assert not torch.allclose(y2[:, t + 1 :], y[:, t + 1 :])
+
+
+@pytest.mark.parametrize("name,opts", [c for c in _cases() if c.values[0] in list_attentions(causal=True)])
+def test_options_without_a_causal_form_refuse_it(name, opts):
+    why = attention_info(name).mechanism.options.build(name, **opts).causal_error()
+    if why is None:
+        assert _build(name, opts, causal=True).causal
+        return
+    assert _modes(name, opts) == [False] and isinstance(why, str) and why
+    with pytest.raises(ValueError, match=rf"^attention '{name}': " + re.escape(why)):
+        build_attention(name, DIM, HEADS, causal=True, **opts)
 
 
 @pytest.mark.parametrize("name", [n for n in list_attentions() if not attention_info(n).mechanism.causal])

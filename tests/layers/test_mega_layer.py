@@ -125,8 +125,10 @@ def test_bad_options_and_lengths_fail_clearly():
         build_attention("mega", D, 1, zdim=0)
     with pytest.raises(ValueError, match=r"layer_index must be an integer in \[0, num_layers=2\), got 2"):
         build_attention("mega", D, 1, layer_index=2, num_layers=2)
-    with pytest.raises(ValueError, match="has no causal mode"):
-        build_attention("mega", D, 1, causal=True)
+    with pytest.raises(ValueError, match=r"attention='csp' has no causal form.*use attention='softmax' or 'laplace'"):
+        build_attention("mega", D, 1, causal=True, attention="csp")
+    with pytest.raises(ValueError, match=r"norm_layer='batchnorm' has no causal form.*'layernorm' or 'scalenorm'"):
+        build_attention("mega", D, 1, causal=True, norm_layer="batchnorm")
     with pytest.raises(ValueError, match=r"MegaLayer\(max_len=6\) got N=7 tokens"):
         _layer(max_len=6)(_x(7))
     with pytest.raises(

@@ -78,18 +78,22 @@ def test_parameter_counts_follow_the_configurations(name):
 
 
 def test_configurations_follow_mega_and_csp_table_7():
-    # MEGA's LRA architectures (layers, D, Z, E, function, norm) and CSP Table 7 (K, shifts, hidden, dropout)
+    # MEGA Table 8 (App. D.2: layers, D, z, v = d_FFN, function, norm, pre-norm, dropout; h = 16), MEGA §4.1
+    # (Mega-chunk's c = 128 on every task but Path-X) and CSP Table 7 (K, shifts, hidden, dropout)
+    assert MEGA_CHUNK == 128
     want = {
-        "listops": (6, 80, 64, 160, "softmax", "layernorm", "post", 1, "none", 160, 0.1),
-        "text": (4, 128, 64, 256, "softmax", "scalenorm", "post", 1, "none", 256, 0.1),
-        "retrieval": (6, 128, 64, 256, "softmax", "scalenorm", "post", 1, "none", 256, 0.1),
-        "image": (8, 160, 96, 320, "laplace", "batchnorm", "pre", None, "linear", 1024, 0.0),
-        "pathfinder": (6, 128, 64, 256, "laplace", "batchnorm", "pre", 512, "linear", 256, 0.1),
+        "listops": (6, 80, 64, 160, "softmax", "layernorm", "post", 0.1, 1, "none", 160, 0.1),
+        "text": (4, 128, 64, 256, "softmax", "scalenorm", "post", 0.1, 1, "none", 256, 0.1),
+        "retrieval": (6, 128, 64, 256, "softmax", "scalenorm", "post", 0.1, 1, "none", 256, 0.1),
+        "image": (8, 160, 96, 320, "laplace", "batchnorm", "pre", 0.0, None, "linear", 1024, 0.0),
+        "pathfinder": (6, 128, 64, 256, "laplace", "batchnorm", "pre", 0.0, 512, "linear", 256, 0.1),
     }
-    for task, (depth, D, Z, E, fn, norm, pre, K, shifts, csp_hidden, csp_drop) in want.items():
+    for task, (depth, D, Z, E, fn, norm, pre, drop, K, shifts, csp_hidden, csp_drop) in want.items():
         mega, chunk, csp = (get_config(f"{k}_lra_{task}") for k in ("mega", "mega_chunk", "mega_csp"))
         for cfg in (mega, chunk, csp):
             assert (cfg.depth, cfg.dim, cfg.norm_layer, cfg.norm, cfg.pool) == (depth, D, norm, pre, "mean")
+        for cfg in (mega, chunk):
+            assert (cfg.mlp_dim, cfg.dropout) == (E, drop)
         assert mega.attention_options == dict(attention=fn, zdim=Z, ndim=16, chunk_size=None, hdim=E)
         assert chunk.attention_options == dict(attention=fn, zdim=Z, ndim=16, chunk_size=MEGA_CHUNK, hdim=E)
         o = csp.attention_options
@@ -125,3 +129,41 @@ def test_the_block_hands_mega_the_residual_stream():
 def test_norm_layer_is_checked():
     with pytest.raises(ValueError, match=r"norm_layer='rmsnorm' is not supported; valid choices: \['layernorm'"):
         get_config("mega_lra_text", norm_layer="rmsnorm")
+
+
+def _mega_lm(chunk_size):
+    opts = dict(attention="laplace", zdim=6, hdim=10, ndim=3, chunk_size=chunk_size)
+    over = dict(vocab_size=23, block_size=12, dim=8, heads=1, depth=2, mlp_dim=16, attention_options=opts)
+    torch.manual_seed(0)
+    return create_model("mega_lm", **over, dtype=torch.float64).eval()
+
+
+def test_mega_lm_follows_mega_table_9():
+    # MEGA's enwik8 decoder: 12 layers, width 512, z = 128, v = FFN = 1024, h = 16, chunk 2048; the paper counts 39M
+    cfg = get_config("mega_lm")
+    assert (cfg.depth, cfg.dim, cfg.mlp_dim, cfg.dropout, cfg.vocab_size) == (12, 512, 1024, 0.1, 256)
+    assert cfg.attention_options == dict(attention="softmax", zdim=128, hdim=1024, ndim=16, chunk_size=2048)
+    assert 38.5e6 < count_parameters("mega_lm") < 39.5e6
+
+
+@pytest.mark.parametrize("chunk_size", [None, 4])
+def test_mega_lm_is_causal_and_decodes_as_its_forward(chunk_size):
+    model = _mega_lm(chunk_size)
+    ids = torch.randint(0, 23, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = model(ids)
+        later = ids.clone()
+        later[:, 6:] = (later[:, 6:] + 5) % 23
+        torch.testing.assert_close(model(later)[:, :6], logits[:, :6], rtol=0, atol=0)  # no future token read
+        pre_logits, pre_state = model.prefill(ids[:, :5])  # generate's cache starts from the prompt's parallel pass
+        torch.testing.assert_close(pre_logits, logits[:, :5], rtol=1e-12, atol=1e-12)
+        state, steps = model.init_state(2), []
+        for t in range(11):
+            out, state = model.step(ids[:, t], state)
+            steps.append(out)
+        torch.testing.assert_close(torch.stack(steps, 1), logits, rtol=1e-10, atol=1e-10)
+        after, _ = model.step(ids[:, 5], pre_state)
+        torch.testing.assert_close(after, logits[:, 5], rtol=1e-10, atol=1e-10)
+        cached = model.generate(ids[:, :5], 6, temperature=0, use_cache=True)
+        replayed = model.generate(ids[:, :5], 6, temperature=0, use_cache=False)
+    assert torch.equal(cached, replayed)

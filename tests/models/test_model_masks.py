@@ -132,7 +132,8 @@ def test_generate_prefills_padded_prompts_instead_of_stepping_them(mechanism, mo
     step = cls.step
     monkeypatch.setattr(cls, "step", lambda self, *a, **k: calls.append(1) or step(self, *a, **k))
     out = model.generate(ids, 4, temperature=0, use_cache=True, **kw)
-    assert len(calls) == 3 * len(model.blocks)  # the new tokens only (the last one is not fed)
+    prompt = ids.shape[1] if mechanism in REPLAYS_PADDED else 0
+    assert len(calls) == (prompt + 3) * len(model.blocks)  # the new tokens only (the last one is not fed)
     monkeypatch.undo()
     assert torch.equal(out, model.generate(ids, 4, temperature=0, use_cache=False, **kw))
 
@@ -193,6 +194,8 @@ def test_a_mask_on_an_unmasked_layer_is_an_error_never_ignored():
     model(ids)  # without a mask it runs as before
 
 
+# the layers whose prefill declines a padded prompt (MEGA: its chunked attention restarts at fixed offsets)
+REPLAYS_PADDED = {"mega"}
 # every causal mechanism, Fastmax at both orders (p=1 with the scale that keeps its weights non-negative)
 DECODING = [(m, {}) for m in attnzoo.list_attentions(causal=True)] + [("fastmax", {"p": 1, "scale": 0.25})]
 
@@ -220,7 +223,11 @@ def test_prefill_state_equals_stepping_the_prompt(mechanism, options, mode):
         mask = kw["attention_mask"].bool()
     b, n = ids.shape
     with torch.no_grad():
-        logits, state = model.prefill(ids, attention_mask=mask)
+        pre = model.prefill(ids, attention_mask=mask)
+        if mechanism in REPLAYS_PADDED and mask is not None:
+            assert pre is None  # its layer declines a padded prompt: generate() steps through it instead
+            return
+        logits, state = pre
         full = model(ids) if mask is None else model(ids, attention_mask=mask)
         real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask
         torch.testing.assert_close(logits[real], full[real], rtol=1e-10, atol=1e-10)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from attnzoo.ops.ema import ema, ema_kernel, ema_step, init_ema_state
+from attnzoo.ops.ema.scan import ema_scan
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors on a shared 2-core machine
 
@@ -82,9 +83,8 @@ def test_causal_ema_reads_no_future_token(backend, t):
     x2 = x.clone()
     x2[:, t + 1 :] += torch.randn_like(x2[:, t + 1 :])
     y, y2 = ema(x, *coeffs, causal=True, backend=backend), ema(x2, *coeffs, causal=True, backend=backend)
-    # the FFT mixes every frequency, so future tokens move the past by rounding only: bound it, do not ask 0 bits
-    tol = 0 if backend == "naive" else 1e-12
-    torch.testing.assert_close(y2[:, : t + 1], y[:, : t + 1], rtol=0, atol=tol)
+    # the causal "torch" path is the block scan, not the FFT: future tokens reach the past through exact zeros only
+    torch.testing.assert_close(y2[:, : t + 1], y[:, : t + 1], rtol=0, atol=0)
     if t + 1 < 14:
         assert not torch.allclose(y2[:, t + 1 :], y[:, t + 1 :])
     # the bidirectional EMA does read the future
@@ -156,3 +156,38 @@ def test_mixed_precision_keeps_the_kernel_in_float32():
         y = ema(x, *coeffs)
     assert y.dtype == torch.float32
     torch.testing.assert_close(y, ema(x, *coeffs), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("n,block", [(1, 4), (7, 3), (12, 4), (13, 4), (13, 1), (13, 64)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_block_scan_matches_recurrence_forward_backward(n, block, dtype):
+    # several blocks, a ragged last block, one-token blocks, one block holding everything
+    x = torch.randn(2, n, 3, dtype=dtype, generator=torch.Generator().manual_seed(n))
+    coeffs = _coeffs(3, 2, True, dtype, seed=block)
+    ref = _fwd_bwd(x, coeffs, causal=True, backend="naive")
+    leaves = [t.detach().clone().requires_grad_(True) for t in (x, *coeffs)]
+    y = ema_scan(*leaves, block=block)
+    y.backward(torch.linspace(-1, 1, y.numel(), dtype=y.dtype).reshape(y.shape))
+    for r, g in zip(ref, [y.detach()] + [t.grad for t in leaves], strict=True):
+        torch.testing.assert_close(g, r, **TOL[dtype])
+
+
+@pytest.mark.parametrize("t", [0, 3, 4, 9])
+def test_block_scan_reads_no_future_token_across_blocks(t):
+    # t at a block's end (3), its start (4) and inside one (9): not one bit of the past moves
+    x = torch.randn(2, 13, 3, dtype=torch.float64)
+    coeffs = _coeffs(3, 2, True, torch.float64)
+    x2 = x.clone()
+    x2[:, t + 1 :] += torch.randn_like(x2[:, t + 1 :])
+    y, y2 = ema_scan(x, *coeffs, block=4), ema_scan(x2, *coeffs, block=4)
+    torch.testing.assert_close(y2[:, : t + 1], y[:, : t + 1], rtol=0, atol=0)
+    assert not torch.allclose(y2[:, t + 1 :], y[:, t + 1 :])
+
+
+def test_block_scan_with_saturated_rates():
+    # q = 0 (alpha = delta = 1) and q = 1 (alpha = 0): q^0 stays 1, nothing overflows
+    x = torch.randn(1, 11, 2, dtype=torch.float64)
+    a = torch.tensor([[1.0, 0.0], [0.3, 1.0]], dtype=torch.float64)
+    d = torch.tensor([[1.0, 0.5], [0.999, 1.0]], dtype=torch.float64)
+    b, e = torch.ones(2, 2, dtype=torch.float64), torch.ones(2, 2, dtype=torch.float64)
+    torch.testing.assert_close(ema_scan(x, a, d, b, e, block=3), ema(x, a, d, b, e, causal=True, backend="naive"))

@@ -7,6 +7,7 @@ import torch
 
 from attnzoo.ops.mega import mega_attention
 from attnzoo.ops.mega.naive import laplace
+from attnzoo.ops.mega.step import mega_attention_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors on a shared 2-core machine
 
@@ -42,14 +43,14 @@ def test_chunked_matches_reference_forward_backward(shape, dtype, fn, chunk_size
         torch.testing.assert_close(g, r, **TOL[dtype])
 
 
-def _by_hand(q, k, v, b, fn, chunk):
-    # MEGA §3.2-3.3 one query at a time, over the keys of its chunk
+def _by_hand(q, k, v, b, fn, chunk, causal=False):
+    # MEGA §3.2-3.3 one query at a time, over the keys of its chunk (up to the query itself when causal)
     B, N, Z = q.shape
     R = (b.shape[0] + 1) // 2
     out = torch.zeros(B, N, v.shape[2], dtype=q.dtype)
     for bi in range(B):
         for i in range(N):
-            keys = [j for j in range(N) if j // chunk == i // chunk]
+            keys = [j for j in range(N) if j // chunk == i // chunk and (j <= i or not causal)]
             s = torch.stack([q[bi, i] @ k[bi, j] for j in keys])
             bias = torch.stack([b[R - 1 + j - i] for j in keys])
             if fn == "softmax":
@@ -110,3 +111,65 @@ def test_bad_inputs_are_named():
         mega_attention(q, k, v[:, :5], b)
     with pytest.raises(ValueError, match="backend='fast' is not supported by mega_attention"):
         mega_attention(q, k, v, b, backend="fast")
+
+
+@pytest.mark.parametrize("shape,dtype", CASES)
+@pytest.mark.parametrize("fn", ["softmax", "laplace"])
+@pytest.mark.parametrize("chunk_size", [None, 1, 5, 64])
+def test_causal_chunked_matches_reference_forward_backward(shape, dtype, fn, chunk_size):
+    B, N, Z, E = shape
+    R = N if chunk_size is None else min(chunk_size, N)
+    ts = _inputs(B, N, Z, E, R + 1, dtype, seed=1)
+    ref = _fwd_bwd(ts, fn=fn, chunk_size=chunk_size, causal=True, backend="naive")
+    got = _fwd_bwd(ts, fn=fn, chunk_size=chunk_size, causal=True, backend="torch")
+    for r, g in zip(ref, got, strict=True):
+        torch.testing.assert_close(g, r, **TOL[dtype])
+
+
+@pytest.mark.parametrize("fn", ["softmax", "laplace"])
+@pytest.mark.parametrize("chunk_size", [None, 3])
+def test_causal_matches_mega_equations_by_hand(fn, chunk_size):
+    # the Laplace scale is the number of keys the query reads (MEGA's code: its attention mask's row sums)
+    q, k, v, b = _inputs(2, 7, 3, 2, 7, torch.float64, seed=4)
+    want = _by_hand(q, k, v, b, fn, chunk_size or 7, causal=True)
+    for backend in ("naive", "torch"):
+        got = mega_attention(q, k, v, b, fn=fn, chunk_size=chunk_size, causal=True, backend=backend)
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+    assert not torch.allclose(mega_attention(q, k, v, b, fn=fn, chunk_size=chunk_size), want)
+
+
+@pytest.mark.parametrize("fn", ["softmax", "laplace"])
+@pytest.mark.parametrize("chunk_size", [None, 4])
+@pytest.mark.parametrize("t", [0, 3, 4, 8])
+def test_causal_attention_reads_no_future_token(fn, chunk_size, t):
+    q, k, v, b = _inputs(2, 11, 3, 2, 11, torch.float64, seed=5)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, t + 1 :] += 1.0
+    v2[:, t + 1 :] -= 1.0
+    for backend in ("naive", "torch"):
+        y = mega_attention(q, k, v, b, fn=fn, chunk_size=chunk_size, causal=True, backend=backend)
+        y2 = mega_attention(q, k2, v2, b, fn=fn, chunk_size=chunk_size, causal=True, backend=backend)
+        torch.testing.assert_close(y2[:, : t + 1], y[:, : t + 1], rtol=0, atol=0)
+        assert not torch.allclose(y2[:, t + 1 :], y[:, t + 1 :])
+
+
+@pytest.mark.parametrize("fn", ["softmax", "laplace"])
+@pytest.mark.parametrize("chunk_size", [None, 1, 4])
+def test_step_is_the_causal_forwards_row(fn, chunk_size):
+    # the cache holds every key so far (-1 marks one empty slot); the step reads those of the query's chunk
+    B, N, Z, E = 2, 10, 3, 4
+    q, k, v, b = _inputs(B, N, Z, E, N, torch.float64, seed=6)
+    full = mega_attention(q, k, v, b, fn=fn, chunk_size=chunk_size, causal=True, backend="naive")
+    for t in range(N):
+        kc = torch.cat([k[:, : t + 1], torch.randn(B, 1, Z, dtype=k.dtype)], 1)
+        vc = torch.cat([v[:, : t + 1], torch.randn(B, 1, E, dtype=v.dtype)], 1)
+        kpos = torch.cat([torch.arange(t + 1).expand(B, -1), torch.full((B, 1), -1)], 1)
+        pos = torch.full((B,), t)
+        got = mega_attention_step(q[:, t : t + 1], kc, vc, b, kpos, pos, fn=fn, chunk=chunk_size)
+        torch.testing.assert_close(got, full[:, t : t + 1], atol=1e-12, rtol=1e-12)
+
+
+def test_causal_is_checked():
+    q, k, v, b = _inputs(1, 4, 3, 2, 4, torch.float32)
+    with pytest.raises(TypeError, match="causal must be a bool, got 1"):
+        mega_attention(q, k, v, b, causal=1)

@@ -24,9 +24,9 @@ def _seqs(lengths, z=3, e=4, dtype=torch.float64, seed=0):
     ]
 
 
-def _call(fn, chunk_size, backend):
+def _call(fn, chunk_size, backend, causal=False):
     def call(q, k, v, rel_bias, attention_mask=None, cu_seqlens=None):
-        kw = dict(attention_mask=attention_mask, cu_seqlens=cu_seqlens)
+        kw = dict(attention_mask=attention_mask, cu_seqlens=cu_seqlens, causal=causal)
         return mega_attention(q, k, v, rel_bias, fn=fn, chunk_size=chunk_size, backend=backend, **kw)
 
     return call
@@ -41,6 +41,17 @@ def test_equal_to_alone_float64(fn, chunk_size, backend, mode):
     axes = {"q": 1, "k": 1, "v": 1}
     call = _call(fn, chunk_size, backend)
     assert_equal_to_alone(call, _seqs(LENGTHS), axes, mode=mode, shared={"rel_bias": bias}, out_axis=1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("backend", ["naive", "torch"])
+@pytest.mark.parametrize("chunk_size", [None, 1, 3])
+@pytest.mark.parametrize("fn", ["softmax", "laplace"])
+def test_causal_equal_to_alone_float64(fn, chunk_size, backend, mode):
+    bias = torch.randn(2 * 8 - 1, dtype=torch.float64)
+    call = _call(fn, chunk_size, backend, causal=True)
+    axes = {"q": 1, "k": 1, "v": 1}
+    assert_equal_to_alone(call, _seqs(LENGTHS, seed=3), axes, mode=mode, shared={"rel_bias": bias}, out_axis=1)
 
 
 @pytest.mark.parametrize("mode", MODES)

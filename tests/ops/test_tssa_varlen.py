@@ -101,14 +101,6 @@ def test_all_padding_row_gives_zeros():
         assert bool((pi[1] == 0).all()) and bool((pi[0, :, 2] == 0).all())
 
 
-@pytest.mark.parametrize("backend,causal", [("triton", False), ("triton", True)])
-def test_backends_without_masks_refuse_them_naming_the_alternative(backend, causal):
-    w = torch.randn(1, 2, 5, 3)
-    mask = torch.ones(1, 5, dtype=torch.bool)
-    with pytest.raises(ValueError, match=r"does not take attention_mask.*that do: \['naive', 'torch', 'cpu'\]"):
-        tssa(w, torch.ones(2), causal=causal, attention_mask=mask, backend=backend)
-
-
 @pytest.mark.parametrize("causal", [False, True])
 def test_cpu_kernels_long_sequences_span_several_tasks(causal):
     # 1100 and 600 tokens: several 512-token tasks per sequence, a gap of padding in the middle of a row

@@ -27,11 +27,18 @@ class TinySeqClassifier(nn.Module):
         self.emb = nn.Embedding(vocab_size, dim)
         self.head = nn.Linear(dim * (2 if pair else 1), num_classes)
 
-    def forward(self, ids, ids_b=None):  # (B, N)[, (B, N)] -> (B, num_classes)
-        h = self.emb(ids).mean(1)
+    def forward(self, ids, ids_b=None, *, attention_mask=None, attention_mask2=None):
+        # (B, N)[, (B, N)] -> (B, num_classes); the masks (B, N) (True = real token) restrict the mean pool
+        h = self._pool(ids, attention_mask)
         if ids_b is not None:
-            h = torch.cat([h, self.emb(ids_b).mean(1)], -1)
+            h = torch.cat([h, self._pool(ids_b, attention_mask2)], -1)
         return self.head(h)
+
+    def _pool(self, ids, mask):
+        if mask is None:
+            return self.emb(ids).mean(1)
+        m = mask[..., None].to(self.emb.weight.dtype)
+        return (self.emb(ids) * m).sum(1) / m.sum(1).clamp_min(1)
 
 
 class TinyLM(nn.Module):
@@ -41,7 +48,8 @@ class TinyLM(nn.Module):
         self.head = nn.Linear(dim, vocab_size, bias=False)
         self.head.weight = self.emb.weight  # tied, like the real decoders
 
-    def forward(self, ids):  # (B, N) -> (B, N, V): a bigram model
+    def forward(self, ids, *, cu_seqlens=None):  # (B, N) -> (B, N, V): a bigram model
+        # no token sees another, so a packed row (cu_seqlens) needs nothing more
         return self.head(self.emb(ids))
 
 

@@ -12,7 +12,19 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["BatchDataset", "ArrayDataset", "ImageDataset", "GeneratedDataset", "WindowDataset", "Batch"]
+__all__ = [
+    "BatchDataset",
+    "ArrayDataset",
+    "ImageDataset",
+    "GeneratedDataset",
+    "WindowDataset",
+    "PackedWindowDataset",
+    "Batch",
+    "IGNORE_INDEX",
+]
+
+#: a target no loss reads (``torch.nn.functional.cross_entropy``'s default ``ignore_index``)
+IGNORE_INDEX = -100
 
 Batch = tuple[tuple[torch.Tensor, ...], torch.Tensor]
 
@@ -140,9 +152,12 @@ class WindowDataset(BatchDataset):
     """Next-token windows of a stream: sample ``i`` is ``(tokens[j:j+L],), tokens[j+1:j+L+1]`` with ``j = i * stride``.
 
     Training uses ``stride=1`` (every offset); validation uses ``stride=L`` (disjoint windows covering the text).
+    ``doc_starts``: the offsets in ``tokens`` where documents (plays, files) begin, for :meth:`packed`.
     """
 
-    def __init__(self, tokens: np.ndarray, block_size: int, stride: int = 1) -> None:
+    def __init__(
+        self, tokens: np.ndarray, block_size: int, stride: int = 1, doc_starts: Sequence[int] | None = None
+    ) -> None:
         if len(tokens) <= block_size:
             raise ValueError(f"the token stream ({len(tokens)} tokens) must be longer than block_size={block_size}")
         if stride < 1:
@@ -150,12 +165,54 @@ class WindowDataset(BatchDataset):
         self.tokens = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
         self.block_size = int(block_size)
         self.stride = int(stride)
+        self.doc_starts = None if doc_starts is None else np.asarray(doc_starts, dtype=np.int64)
+        if self.doc_starts is not None and self.doc_starts.size:
+            lo, hi = int(self.doc_starts.min()), int(self.doc_starts.max())
+            if lo < 0 or hi >= len(tokens):
+                raise ValueError(f"doc_starts must lie in [0, {len(tokens)}), got values in [{lo}, {hi}]")
 
     def __len__(self) -> int:
         return (len(self.tokens) - self.block_size - 1) // self.stride + 1
+
+    def packed(self) -> "PackedWindowDataset":
+        """The same windows, each cut at the document starts inside it and packed into one row (see there)."""
+        if self.doc_starts is None:
+            raise ValueError("this token stream has no document starts (doc_starts): it cannot be packed by document")
+        return PackedWindowDataset(self.tokens.numpy(), self.block_size, self.stride, self.doc_starts)
 
     def get_batch(self, idx) -> Batch:
         idx = torch.from_numpy(self._check_idx(idx)) * self.stride
         offsets = idx[:, None] + torch.arange(self.block_size + 1)
         w = self.tokens[offsets]
         return (w[:, :-1].contiguous(),), w[:, 1:].contiguous()
+
+
+class PackedWindowDataset(WindowDataset):
+    """:class:`WindowDataset`'s windows packed by document: a batch of ``B`` windows is one row ``(1, B * L)``.
+
+    ``get_batch(idx) -> ((ids (1, T), cu_seqlens (S + 1,) int32), target (1, T))`` with ``T = B * L``: each
+    window starts a sequence and so does every document start inside it, so no token attends across a document
+    (or window) boundary and the model restarts its positions and causal states there. A target that is the
+    first token of a document (predicted from the end of the previous one) is ``IGNORE_INDEX``; every other next
+    token is a target. The windows, hence the batches of a step, are those of the unpacked dataset: the same
+    indices give the same tokens, so a run's data order (and resume) does not change with packing.
+    """
+
+    def __init__(self, tokens: np.ndarray, block_size: int, stride: int, doc_starts: Sequence[int]) -> None:
+        super().__init__(tokens, block_size, stride, doc_starts)
+        starts = torch.zeros(len(self.tokens) + 1, dtype=torch.bool)
+        starts[torch.from_numpy(self.doc_starts)] = True
+        self._starts = starts  # (len + 1,): True where a document begins
+
+    def get_batch(self, idx) -> Batch:
+        idx = torch.from_numpy(self._check_idx(idx)) * self.stride
+        offsets = idx[:, None] + torch.arange(self.block_size + 1)  # (B, L + 1)
+        w = self.tokens[offsets]
+        first = self._starts[offsets]  # (B, L + 1): token begins a document
+        begins = first[:, :-1].clone()
+        begins[:, 0] = True  # every window begins a sequence of its own
+        target = w[:, 1:].masked_fill(first[:, 1:], IGNORE_INDEX)
+        t = begins.numel()
+        bounds = torch.nonzero(begins.reshape(-1)).reshape(-1)
+        cu = torch.cat([bounds, torch.tensor([t])]).to(torch.int32)
+        return (w[:, :-1].reshape(1, t), cu), target.reshape(1, t)

@@ -6,6 +6,9 @@
   the dots lie on the same path (negatives: the outer ends of a broken path, so that the dots'
   distance, position and the ink do not give the label away). Pixel intensities are the tokens (vocab 256).
 - Byte-level encodings for Text (IMDB) and Retrieval (two passages: same Shakespeare work or not).
+
+Token 0 is padding in every padded task here (ListOps, Text, Retrieval) and never a real token: bytes are stored as
+``byte + 1`` (a NUL byte is token 1) and ListOps tokens start at 1, so ``tokens != 0`` is the attention mask.
 """
 
 from __future__ import annotations

@@ -9,8 +9,15 @@ kind                        inputs                                   target
 ``sequence_classification`` ``ids (B, N)`` int64 (0 = padding)       ``(B,)`` int64
 ``pair_classification``     ``ids_a (B, N)``, ``ids_b (B, N)``       ``(B,)`` int64
 ``causal_lm``               ``ids (B, N)``                           ``(B, N)`` next ids
+``causal_lm`` packed        ``ids (1, T)``, ``cu_seqlens (S + 1,)``  ``(1, T)`` (-100: none)
 ``icl_regression``          ``xs (B, n, d)``, ``ys (B, n)`` float    ``ys (B, n)``
 ==========================  =======================================  ====================
+
+The model is called as ``model(*args, **keywords)`` with ``args, keywords = task.model_args(inputs)``: the padded
+LRA tasks (Text, Retrieval, ListOps; ``mask_padding=True``, their default, as in LRA's own protocol) add
+``attention_mask = ids != pad_id`` (``attention_mask2`` for the second passage), so the mixers and the pooling see
+real tokens only; a packed language-model batch (:func:`pack_task`) hands ``cu_seqlens`` on as a keyword. The pad id
+0 is never a real token: bytes are stored as ``byte + 1`` (byte 0 is token 1) and ListOps tokens start at 1.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from functools import partial
 from typing import Any, Callable
 
 import numpy as np
+import torch
 
 from attnzoo.data import images as _img
 from attnzoo.data import lra as _lra
@@ -38,6 +46,7 @@ __all__ = [
     "task_options",
     "check_options",
     "register_task",
+    "pack_task",
 ]
 
 TASK_KINDS = (
@@ -60,6 +69,17 @@ class Task:
     info: dict[str, Any]
     options: dict[str, Any] = field(default_factory=dict)
     vocab: CharVocab | None = None
+
+    def model_args(self, inputs: tuple[torch.Tensor, ...]) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+        """``(args, keywords)`` for ``model(*args, **keywords)`` from a batch's ``inputs`` (see the module doc)."""
+        if self.info.get("packed"):
+            ids, cu_seqlens = inputs
+            return (ids,), {"cu_seqlens": cu_seqlens}
+        pad = self.info.get("pad_id")
+        if not self.info.get("mask_padding") or pad is None:
+            return tuple(inputs), {}
+        names = ("attention_mask", "attention_mask2")
+        return tuple(inputs), {names[i]: ids != pad for i, ids in enumerate(inputs)}
 
 
 _TASKS: dict[str, Callable[..., Task]] = {}
@@ -285,6 +305,7 @@ def _listops(
     max_depth: int = 10,
     max_args: int = 10,
     seed: int = 0,
+    mask_padding: bool = True,
 ) -> Task:
     make = partial(_listops_make, min_len=min_len, max_len=max_len, max_depth=max_depth, max_args=max_args)
     return Task(
@@ -292,7 +313,13 @@ def _listops(
         "sequence_classification",
         GeneratedDataset(n_train, (seed, 0), make),
         GeneratedDataset(n_val, (seed, 1), make),
-        dict(num_classes=10, vocab_size=_lra.LISTOPS_VOCAB, seq_len=max_len, pad_id=0),
+        dict(
+            num_classes=10,
+            vocab_size=_lra.LISTOPS_VOCAB,
+            seq_len=max_len,
+            pad_id=_lra.PAD,
+            mask_padding=mask_padding,
+        ),
     )
 
 
@@ -317,6 +344,7 @@ def _lra_text(
     seed: int = 0,
     n_train: int | None = None,
     n_val: int | None = None,
+    mask_padding: bool = True,
 ) -> Task:
     texts, labels = load_imdb(csv)
     tr, va = _split_perm(len(texts), test_fraction, seed)
@@ -330,7 +358,13 @@ def _lra_text(
         "sequence_classification",
         ArrayDataset([enc(tr)], labels[tr]),
         ArrayDataset([enc(va)], labels[va]),
-        dict(num_classes=int(labels.max() + 1), vocab_size=257, seq_len=seq_len, pad_id=0),
+        dict(
+            num_classes=int(labels.max() + 1),
+            vocab_size=257,
+            seq_len=seq_len,
+            pad_id=_lra.PAD,
+            mask_padding=mask_padding,
+        ),
     )
 
 
@@ -345,7 +379,13 @@ def _retrieval_make(rng, *, docs, length):
     "LRA-style Retrieval: are two byte-level passages from the same Shakespeare work? (2 classes)",
 )
 def _lra_retrieval(
-    *, seq_len: int = 4000, n_train: int = 20000, n_val: int = 2000, root: str | None = None, seed: int = 0
+    *,
+    seq_len: int = 4000,
+    n_train: int = 20000,
+    n_val: int = 2000,
+    root: str | None = None,
+    seed: int = 0,
+    mask_padding: bool = True,
 ) -> Task:
     train_w, val_w = load_shakespeare(root)
 
@@ -361,7 +401,7 @@ def _lra_retrieval(
         "pair_classification",
         GeneratedDataset(n_train, (seed, 0), partial(_retrieval_make, docs=dtr, length=seq_len)),
         GeneratedDataset(n_val, (seed, 1), partial(_retrieval_make, docs=dva, length=seq_len)),
-        dict(num_classes=2, vocab_size=257, seq_len=seq_len, pad_id=0),
+        dict(num_classes=2, vocab_size=257, seq_len=seq_len, pad_id=_lra.PAD, mask_padding=mask_padding),
     )
 
 
@@ -458,16 +498,45 @@ def _pathx(
 def _shakespeare(*, block_size: int = 256, root: str | None = None) -> Task:
     train_w, val_w = load_shakespeare(root)
     sep = "\n\n"
-    train_text = sep.join(t for _, t in sorted(train_w.items()))
-    val_text = sep.join(t for _, t in sorted(val_w.items()))
+    train_docs = [t for _, t in sorted(train_w.items())]
+    val_docs = [t for _, t in sorted(val_w.items())]
+    train_text, val_text = sep.join(train_docs), sep.join(val_docs)
     vocab = CharVocab(train_text + val_text)
     return Task(
         "shakespeare_char",
         "causal_lm",
-        WindowDataset(vocab.encode(train_text), block_size),
-        WindowDataset(vocab.encode(val_text), block_size, stride=block_size),
+        WindowDataset(vocab.encode(train_text), block_size, doc_starts=_doc_starts(train_docs, len(sep))),
+        WindowDataset(
+            vocab.encode(val_text), block_size, stride=block_size, doc_starts=_doc_starts(val_docs, len(sep))
+        ),
         dict(vocab_size=len(vocab), seq_len=block_size, train_works=sorted(train_w), val_works=sorted(val_w)),
         vocab=vocab,
+    )
+
+
+def _doc_starts(docs: list[str], sep_len: int) -> np.ndarray:
+    """Where each document begins in ``sep.join(docs)`` (one token per character); the separator ends a document."""
+    lengths = np.array([len(d) + sep_len for d in docs[:-1]], dtype=np.int64)
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def pack_task(task: Task) -> Task:
+    """A language-model task whose batches are packed by document (``attnzoo train --pack``): the windows of a
+    batch in one row ``(1, B * L)`` with ``cu_seqlens``, attention and positions reset at each document start and
+    no target across a document boundary (:class:`~attnzoo.data.datasets.PackedWindowDataset`)."""
+    if task.kind != "causal_lm":
+        raise ValueError(f"packing is for language-model (causal_lm) tasks; task {task.name!r} is a {task.kind} task")
+    for split in (task.train, task.val):
+        if getattr(split, "doc_starts", None) is None:
+            raise ValueError(f"task {task.name!r} does not record where its documents start: it cannot be packed")
+    return Task(
+        task.name,
+        task.kind,
+        task.train.packed(),
+        task.val.packed(),
+        {**task.info, "packed": True},
+        dict(task.options),
+        task.vocab,
     )
 
 

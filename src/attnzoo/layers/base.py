@@ -104,6 +104,9 @@ class Attention(nn.Module):
             raise TypeError(f"attention {name!r} got unknown option(s) {list(options)}; it takes none")
         #: the validated options (``None`` for mixers without a mechanism)
         self.options: Options | None = mech.options.build(name, **options) if mech is not None else None
+        why = self.options.causal_error() if causal and self.options is not None else None
+        if why:  # a mechanism with a causal form may lack it for some options (MEGA with CSP)
+            raise ValueError(f"attention {name!r}: {why}")
         self.dim = dim
         self.heads = heads
         self.head_dim = dim // heads

@@ -121,8 +121,14 @@ class CausalLM(PretrainedModel):
         """``idx (B, T)`` -> logits ``(B, T, V)``. ``attention_mask (B, T)`` (1 = real token, padding anywhere) or
         ``cu_seqlens (S + 1,)`` (sequences packed in one row, ``B = 1``): each sequence is computed as if alone
         (positions restart at its first real token; logits at padding positions are meaningless)."""
-        check_token_ids("idx", idx, self.config.vocab_size, self.config.block_size)
+        # a packed row may exceed block_size: each of its sequences may not (positions restart at each one)
+        check_token_ids("idx", idx, self.config.vocab_size, None if cu_seqlens is not None else self.config.block_size)
         seg = segments(*idx.shape, attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=idx.device)
+        if cu_seqlens is not None and seg.lengths.numel() and int(seg.lengths.max()) > self.config.block_size:
+            raise ValueError(
+                f"cu_seqlens holds a sequence of {int(seg.lengths.max())} tokens but the model handles at most "
+                f"block_size={self.config.block_size} per sequence"
+            )
         x = self._embed(idx, 0 if seg is None else seg.pos)
         for blk in self.blocks:
             x = blk(x, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
@@ -305,11 +311,13 @@ class CausalLM(PretrainedModel):
             box = {}
 
             def mix(h: torch.Tensor, attn=blk.attn, box=box) -> torch.Tensor:
-                out, box["state"] = prefill(attn, h, mask)
-                return out
+                box["pre"] = prefill(attn, h, mask)
+                return h if box["pre"] is None else box["pre"][0]
 
             x = blk._run(x, mix)
-            layers.append(box["state"])
+            if box["pre"] is None:
+                return None  # a layer declines this prompt (MEGA's, when padded): step through it instead
+            layers.append(box["pre"][1])
         logits = self.lm_head(self.ln_f(x))
         if mask is None:
             return logits, {"pos": idx.shape[1], "layers": layers}

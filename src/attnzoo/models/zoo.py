@@ -409,6 +409,29 @@ def fastmax_gpt_p2() -> CausalLMConfig:
     return _gpt(768, 12, 12, attention="fastmax", attention_options={"p": 2})
 
 
+# MEGA's enwik8 decoder (MEGA Table 9, App. D.4): 12 causal MEGA-chunk layers of width 512, z = 128, v = FFN = 1024,
+# h = 16, chunk 2048, dropout 0.1, byte vocabulary. Differences of form: MEGA adds rotary embeddings inside its
+# attention (for length extrapolation); ours keeps MEGA's learned relative bias per chunk (MEGA's choice on its
+# other tasks, App. D.1). Context 8192 = the longest training segment (m <= 4 chunks of 2048, App. D.4). MEGA's LM
+# norm is not stated in the paper: pre-norm LayerNorm here.
+@register_model("mega_lm", paper="MEGA Table 9 (enwik8): causal MEGA-chunk decoder", tags=("language",))
+def mega_lm() -> CausalLMConfig:
+    return CausalLMConfig(
+        dim=512,
+        depth=12,
+        heads=1,  # MEGA's attention is single-head
+        vocab_size=256,
+        block_size=8192,
+        attention="mega",
+        attention_options=dict(attention="softmax", zdim=128, hdim=1024, ndim=16, chunk_size=2048),
+        mlp_dim=1024,
+        act="silu",
+        norm="pre",
+        dropout=0.1,
+        pos_embed="none",  # the EMA and the relative bias carry positions
+    )
+
+
 # ---------------------------------------------------------------------------------------------------
 # In-context regression (AoT §4.1.2, Garg et al. 2022): d = 20 inputs, width 128, 8 heads; the
 # transformer and Full-MLP have 16 layers, Hybrid 24 (MLP in the first half), AoT 16. Up to 41 points.
@@ -530,14 +553,15 @@ def _register_lra() -> None:
 _register_lra()
 
 
-# MEGA on LRA (Ma et al. 2022), as its released code configures it (facebookresearch/mega:
-# fairseq/models/lra/model.py, mega_lra_* architectures, and examples/mega/README.lra.md's command lines):
-# (layers, width D, Z, E = hidden = FFN width, attention function, norm, pre-norm, dropout). EMA expansion h = 16,
-# SiLU, mean pooling, no positional embedding (the EMA and the relative bias carry positions), final norm only
-# with pre-norm, head Linear(D, E) -> act -> Linear(E, classes). The code's ListOps default norm is ScaleNorm but its
-# README trains with LayerNorm; we follow the README. Differences of form: our token embedding also serves the
-# image tasks (MEGA embeds a pixel with a Linear(1, D)); the dual head reads [u, v, u*v, u-v] (4D, MEGA's 2D); the
-# relative bias spans our max_len (MEGA: 2002 / 4002 positions for ListOps / Text and Retrieval).
+# MEGA on LRA (Ma et al. 2022), as its released code configures it (facebookresearch/mega: fairseq/models/lra/model.py,
+# mega_lra_* architectures, and examples/mega/README.lra.md's command lines): (layers, width D, Z, E = hidden = FFN
+# width, attention function, norm, pre-norm, dropout). Checked against MEGA Table 8 (App. D.2: Depth, d_model, z, v =
+# d_FFN, h, Attn-FN, Norm, Pre-norm, Dropout): every entry agrees. EMA expansion h = 16, SiLU, mean pooling, no
+# positional embedding (the EMA and the relative bias carry positions), final norm only with pre-norm, head Linear(D, E)
+# -> act -> Linear(E, classes). The code's ListOps default norm is ScaleNorm but its README trains with LayerNorm; we
+# follow the README. Differences of form: our token embedding also serves the image tasks (MEGA embeds a pixel with a
+# Linear(1, D)); the dual head reads [u, v, u*v, u-v] (4D, MEGA's 2D); the relative bias spans our max_len (MEGA: 2002 /
+# 4002 positions for ListOps / Text and Retrieval).
 _MEGA_LRA = {
     "listops": (6, 80, 64, 160, "softmax", "layernorm", False, 0.1),
     "text": (4, 128, 64, 256, "softmax", "scalenorm", False, 0.1),
@@ -546,9 +570,8 @@ _MEGA_LRA = {
     "pathfinder": (6, 128, 64, 256, "laplace", "batchnorm", True, 0.0),
 }
 
-#: Mega-chunk's chunk size r on these tasks. MEGA's code leaves it to --chunk-size; 128 is the size we recall from
-#: MEGA §4.1's LRA setup (Path-X, not here, used a larger one), not checked against the paper's text (it is not in
-#: shared/papers): override it with attention_options.chunk_size where the paper says otherwise.
+#: Mega-chunk's chunk size r on these tasks: MEGA §4.1 sets "c = 128 for all the tasks, except Path-X where
+#: c = 4096" (Path-X is not registered here); MEGA's code leaves it to --chunk-size (README.lra.md: CHUNK).
 MEGA_CHUNK = 128
 
 # CSP Table 7 (MEGA using CSP): (groups K, shift schedule, hidden dims, dropout). K = "—" (Image: shifting only)

@@ -110,6 +110,11 @@ class Options:
     def validate(self) -> None:
         """Checks across fields (subclasses)."""
 
+    def causal_error(self) -> str | None:
+        """Why these options have no causal form, or ``None`` (subclasses): the layer refuses ``causal=True`` with
+        this message, and the contract tests run such option sets in the bidirectional form only."""
+        return None
+
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]

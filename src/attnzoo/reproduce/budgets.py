@@ -25,6 +25,8 @@ VISION_ALL = ["vit", "tost", "xcit", "crate", "cbt", "aot", "csp_vit", "fastmax_
 VISION_SWAPS = ["vit+tssa", "vit+xca", "vit+mssa", "vit+cbsa", "vit+csp"]
 VISION_ABLATIONS = ["aot+ista", "aot+prenorm", "csp_vit_skeleton+softmax", "vit+tssa-meanpool"]
 LRA_ALL = ["softmax", "tssa", "fastmax", "csp", "cbsa"]
+#: CSP Table 4's second group (MEGA's block with dense, chunked or CSP attention), compared among themselves
+LRA_MEGA = ["mega", "mega_chunk", "mega_csp"]
 LM_ALL = ["gpt", "tost", "aot", "aot_hybrid", "fastmax"]
 ICL_ALL = ["gpt", "aot"]
 ICL_LINEAR = {"dim": 8, "n_points": 17, "n_val": 256}
@@ -49,7 +51,7 @@ BUDGETS: dict[str, dict] = {
                 "listops": {"n_train": 256, "n_val": 64, "min_len": 16, "max_len": 64, "max_depth": 3},
                 "image": {"dataset": "digits"},
             },
-            "mechanisms": ["softmax", "tssa"],
+            "mechanisms": ["softmax", "tssa", "mega_chunk", "mega_csp"],
             "lr_sweep": [5e-4, 1e-3, 2e-3],
             "left_out": {"text": "smoke: the pipeline, not the papers"},
             "ablations": {
@@ -91,7 +93,7 @@ BUDGETS: dict[str, dict] = {
             "lasso_alpha": 0.01,
         },
         "efficiency": {
-            "mechanisms": ["softmax", "tssa", "fastmax_p1", "csp"],
+            "mechanisms": ["softmax", "tssa", "fastmax_p1", "csp", "mega_csp"],
             "lengths": [64, 256],
             "dim": 64,
             "heads": 4,
@@ -144,7 +146,7 @@ BUDGETS: dict[str, dict] = {
                 "listops": {"n_train": 8000, "n_val": 400, "min_len": 64, "max_len": 256, "max_depth": 5},
                 "image": {"dataset": "fashion_mnist", "n_train": 2000, "n_val": 400},
             },
-            "mechanisms": LRA_ALL,
+            "mechanisms": LRA_ALL + LRA_MEGA,
             "seeds": 2,
             "arch": {"dim": 32, "depth": 2, "heads": 4, "mlp_dim": 64},
             "train": {"steps": 100, "batch_size": 16, "lr": 2e-3, "warmup_steps": 10},
@@ -228,7 +230,7 @@ BUDGETS: dict[str, dict] = {
             "lasso_alpha": 0.01,
         },
         "efficiency": {
-            "mechanisms": ["softmax", "linear", "xca", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "csp"],
+            "mechanisms": ["softmax", "linear", "xca", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "csp"] + LRA_MEGA,
             "lengths": [512, 2048, 8192],
             "dim": 384,
             "heads": 8,
@@ -270,7 +272,7 @@ BUDGETS: dict[str, dict] = {
                 "image": {"dataset": "fashion_mnist"},
                 "pathfinder": {"n_train": 20000, "n_val": 2000},
             },
-            "mechanisms": LRA_ALL,
+            "mechanisms": LRA_ALL + LRA_MEGA,
             "arch": {"dim": 128, "depth": 4, "heads": 4, "mlp_dim": 256},
             "train": {"steps": 5000, "batch_size": 32, "lr": 1e-3, "warmup_steps": 500},
         },
@@ -293,7 +295,7 @@ BUDGETS: dict[str, dict] = {
             "lasso_alpha": 0.01,
         },
         "efficiency": {
-            "mechanisms": ["softmax", "linear", "xca", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "csp"],
+            "mechanisms": ["softmax", "linear", "xca", "mssa", "tssa", "fastmax_p1", "fastmax_p2", "csp"] + LRA_MEGA,
             "lengths": [1024, 4096, 16384, 65536],
             "dim": 384,
             "heads": 8,
@@ -351,7 +353,7 @@ def _long() -> dict:
     # with the schedule stretched to 4,000 steps it left it by step 1,000 and ended at 0.426 (one thread, 280 s)
     plan["icl"]["train"].update(steps=4000, warmup_steps=400)
     plan["icl"]["tasks"] = {"linear": dict(ICL_LINEAR), "sparse": dict(ICL_SPARSE)}
-    plan["icl"]["ablations"] = ["aot+softmax", "aot@2x-steps", "gpt@2x-steps"]
+    plan["icl"]["ablations"] = ["aot+softmax", "aot-qnorm", "aot@2x-steps", "gpt@2x-steps"]
     plan["icl"]["plateau_seeds"] = 1  # GPT at 8,000 steps: ~7 min a run on one thread
     plan["icl"]["ablation_tasks"] = ["linear", "sparse"]
     lra = plan["long-range"]

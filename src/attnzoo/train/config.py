@@ -68,6 +68,9 @@ class TrainConfig:
     #: max global gradient norm; 0 disables clipping
     grad_clip: float = 1.0
     label_smoothing: float = 0.0
+    #: language models: pack each batch's windows into one row, cut at document starts (``--pack``; see
+    #: :func:`attnzoo.data.tasks.pack_task`)
+    pack: bool = False
 
     #: ``auto`` = bf16 autocast on CUDA (fp16 + loss scaling where bf16 is unsupported), off on CPU
     amp: Literal["auto", "off", "bf16", "fp16"] = "auto"
@@ -119,6 +122,14 @@ class TrainConfig:
             raise ConfigError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
         if not 0 <= self.label_smoothing < 1:
             raise ConfigError(f"label_smoothing must lie in [0, 1), got {self.label_smoothing}")
+        if self.pack:
+            from attnzoo.data.tasks import task_kind
+
+            if task_kind(self.task) != "causal_lm":
+                raise ConfigError(
+                    f"pack=True packs language-model documents; task {self.task!r} is a {task_kind(self.task)} task "
+                    "(valid: a causal_lm task such as shakespeare_char or char_lm, or pack=False)"
+                )
         if self.eval_batch_size is not None and self.eval_batch_size < 1:
             raise ConfigError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
         if not self.model:

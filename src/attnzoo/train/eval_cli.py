@@ -33,12 +33,11 @@ def _evaluate_checkpoint(a: argparse.Namespace) -> tuple[Any, Path, Any, dict[st
     """``(config, checkpoint, task, state.json, metrics)`` of the run and checkpoint named on the command line."""
     import torch
 
-    from attnzoo.data.tasks import build_task
     from attnzoo.train.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint
     from attnzoo.train.device import amp_dtype, resolve_device
     from attnzoo.train.objectives import build_task_model
     from attnzoo.train.run_dir import load_run
-    from attnzoo.train.trainer import evaluate
+    from attnzoo.train.trainer import build_run_task, evaluate
 
     run = Path(a.run)
     cfg = load_run(run)
@@ -46,7 +45,7 @@ def _evaluate_checkpoint(a: argparse.Namespace) -> tuple[Any, Path, Any, dict[st
     if ckpt is None:
         raise CheckpointError(f"{run} has no checkpoint yet")
     device = resolve_device(a.device)
-    task = build_task(cfg.task, **cfg.task_options)
+    task = build_run_task(cfg)
     torch.manual_seed(cfg.seed)
     model = build_task_model(cfg, task).to(device)
     try:  # the files are verified against the checkpoint's manifest.json first

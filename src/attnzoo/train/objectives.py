@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnzoo.data.datasets import IGNORE_INDEX
 from attnzoo.data.tasks import Task, task_kind
 from attnzoo.train.config import ConfigError, TrainConfig
 
@@ -119,7 +120,7 @@ def compute_loss(
     if kind == "causal_lm":
         if pred.ndim != 3 or pred.shape[:2] != target.shape:
             raise ValueError(f"a language model must return logits (B, N, V); got {tuple(pred.shape)}")
-        return F.cross_entropy(pred.float().flatten(0, 1), target.flatten()), pred
+        return F.cross_entropy(pred.float().flatten(0, 1), target.flatten(), ignore_index=IGNORE_INDEX), pred
     if kind == "icl_regression":
         if pred.ndim == 3 and pred.shape[-1] == 1:
             pred = pred[..., 0]
@@ -158,7 +159,7 @@ class MetricAccumulator:
     def update(self, loss: torch.Tensor, pred: torch.Tensor, target: torch.Tensor) -> None:
         n = target.shape[0]
         if self.kind == "causal_lm":
-            tokens = target.numel()
+            tokens = int((target != IGNORE_INDEX).sum())  # a packed batch has no targets across documents
             self.loss_sum += float(loss) * tokens
             self.count += tokens
             return

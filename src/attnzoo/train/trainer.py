@@ -25,7 +25,7 @@ from torch import nn
 from attnzoo._io import write_error, write_json
 from attnzoo._lock import DirectoryLocked, DirLock, refuse_if_locked
 from attnzoo.data.datasets import Batch
-from attnzoo.data.tasks import Task, build_task
+from attnzoo.data.tasks import Task, build_task, pack_task
 from attnzoo.train.batches import train_batches
 from attnzoo.train.checkpoint import (
     CheckpointError,
@@ -75,6 +75,7 @@ __all__ = [
     "load_run",
     "foreign_run_files",
     "ModelFactory",
+    "build_run_task",
 ]
 
 ModelFactory = Callable[[TrainConfig, Task], nn.Module]
@@ -289,7 +290,7 @@ def _start(
     (model init from the shared seed, then a per-process stream) is part of bit-exact resume: keep it.
     """
     amp = amp_dtype(cfg.amp, device)
-    task = build_task(cfg.task, **cfg.task_options)
+    task = build_run_task(cfg)
     torch.manual_seed(cfg.seed)
     model = (model_factory or build_task_model)(cfg, task).to(device)
     schedule = BatchSchedule(
@@ -340,6 +341,12 @@ def _start(
     )
     window.t_start = run.t0
     return run, start_step, window
+
+
+def build_run_task(cfg: TrainConfig) -> Task:
+    """The task a run of ``cfg`` trains on: ``cfg.task`` with its options, packed by document with ``cfg.pack``."""
+    task = build_task(cfg.task, **cfg.task_options)
+    return pack_task(task) if cfg.pack else task
 
 
 def _resume(
@@ -410,8 +417,9 @@ def _train_step(run: _Run, batch: Batch, step: int) -> float:
     inputs, target = batch
     inputs = tuple(x.to(run.device, non_blocking=True) for x in inputs)
     target = target.to(run.device, non_blocking=True)
+    args, keywords = run.task.model_args(inputs)
     with autocast(run.device, run.amp_dtype):
-        out = run.train_model(*inputs)
+        out = run.train_model(*args, **keywords)
     loss, _ = compute_loss(run.task.kind, out, target, run.cfg.label_smoothing)
     if not torch.isfinite(loss):
         raise FloatingPointError(f"loss is {float(loss)} at step {step}; lower lr or enable grad_clip")
@@ -587,8 +595,9 @@ def evaluate(
     for inputs, target in _val_batches(task, batch_size, info, max_batches):
         inputs = tuple(x.to(device) for x in inputs)
         target = target.to(device)
+        args, keywords = task.model_args(inputs)
         with autocast(device, amp_dtype):
-            out = model(*inputs)
+            out = model(*args, **keywords)
         loss, pred = compute_loss(task.kind, out, target)
         acc.update(loss, pred, target)
     acc.load_state(all_reduce_sum(acc.state().to(device), info).cpu())

@@ -7,7 +7,8 @@ Per channel ``j`` of ``x (B, N, D)`` and each of its ``h`` expanded dimensions:
 run backwards (MEGA's bidirectional encoders), so coefficients are ``(D, h)`` causal and ``(2, D, h)`` bidirectional.
 
 Backends: ``"naive"`` (the recurrence token by token, :mod:`.naive`) and ``"torch"`` (FFT convolution with the
-EMA kernel, O(N log N), :mod:`.fft`). :func:`ema_step` is the recurrent form for decoding, state ``(B, D, h)``.
+EMA kernel, O(N log N), :mod:`.parallel`; the causal form by blocks, :mod:`.scan`, which no later token moves by
+even one bit). :func:`ema_step` is the recurrent form for decoding, state ``(B, D, h)``.
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def ema(
 
     Coefficients ``alpha, delta, beta, eta``: ``(D, h)`` when ``causal`` (``y_t`` reads ``x_{<=t}``), else
     ``(2, D, h)``: the forward EMA plus a backward EMA with its own coefficients (``y_t`` reads every token).
-    ``alpha`` and ``delta`` must lie in [0, 1]. ``backend``: ``"auto"``/``"torch"`` (FFT, O(N log N)) or
-    ``"naive"`` (the recurrence). Sums run in float32 (float64 for float64 inputs).
+    ``alpha`` and ``delta`` must lie in [0, 1]. ``backend``: ``"auto"``/``"torch"`` (FFT, O(N log N); causal: by
+    blocks of 64 tokens, exactly causal) or ``"naive"`` (the recurrence). Sums run in float32 (float64 for float64
+    inputs).
     """
     causal = EMAOptions.check("causal", causal)
     coeffs = {"alpha": alpha, "delta": delta, "beta": beta, "eta": eta}

@@ -15,6 +15,7 @@ import torch
 
 from attnzoo.ops._dtypes import acc_dtype
 from attnzoo.ops._varlen import Segments
+from attnzoo.ops.ema.scan import ema_scan
 from attnzoo.ops.ema.varlen import ema_leak, holed
 
 __all__ = ["ema_fft", "ema_kernel"]
@@ -61,8 +62,9 @@ def ema_fft(
     causal: bool,
     toks: Segments | None = None,
 ) -> torch.Tensor:
-    """MEGA's EMA by FFT convolution: ``x (B, N, D)`` -> ``(B, N, D)``; coefficients ``(D, h)`` when ``causal``,
-    else ``(2, D, h)`` (forward then backward direction). Accumulates in float32 (float64 for float64).
+    """MEGA's EMA by FFT convolution: ``x (B, N, D)`` -> ``(B, N, D)``; coefficients ``(D, h)`` when ``causal``
+    (then by blocks, :mod:`attnzoo.ops.ema.scan`: exactly causal), else ``(2, D, h)`` (forward then backward
+    direction). Accumulates in float32 (float64 for float64).
 
     ``toks``: sequences of a padded batch or packed row; each restarts (:mod:`attnzoo.ops.ema.varlen`)."""
     if toks is not None:
@@ -74,6 +76,9 @@ def ema_fft(
     # and the spectra stay in the accumulation dtype under mixed precision too
     dev = x.device.type
     with torch.autocast(dev, enabled=False) if torch.amp.is_autocast_available(dev) else contextlib.nullcontext():
+        if causal:
+            # the FFT would let later tokens move earlier outputs by rounding: the exactly causal block scan
+            return ema_scan(x, alpha, delta, beta, eta)
         k = ema_kernel(alpha, delta, beta, eta, N)  # (D, N) or (2, D, N)
         xf = torch.fft.rfft(x.to(acc).transpose(1, 2), n=n)  # (B, D, n // 2 + 1)
         if causal:

@@ -154,11 +154,10 @@ def _fastmax_torch_autograd(q, k, v, *, p: int, causal: bool, scale: float, chun
 
 
 def _fastmax_triton(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
-    del segs  # always None: the spec declares masks=False, so the dispatcher refuses masked calls
     from attnzoo.ops.fastmax.triton import fastmax_triton  # optional: imported only when it runs
 
     def sweeps(qs, kh, vv):
-        return fastmax_triton(qs, kh, vv, p=p, causal=causal, chunk_size=chunk_size)
+        return fastmax_triton(qs, kh, vv, p=p, causal=causal, chunk_size=chunk_size, seg=segs)
 
     return _prepared(q, k, v, p=p, scale=scale, sweeps=sweeps)
 
@@ -171,7 +170,9 @@ def _auto_takes_triton(inputs: tuple, options: Mapping[str, Any]) -> bool:
     q, v = inputs[0], inputs[2]
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # what the kernels compute in
     p, causal, chunk = options.get("p", 2), bool(options.get("causal")), options.get("chunk_size")
-    return pipeline_stages(q.shape[-1], v.shape[-1], p, chunk, dtype, causal) >= 2
+    # padded batches and packed rows run the sweep kernels, as causal calls do
+    sweeps = causal or options.get("segs") is not None
+    return pipeline_stages(q.shape[-1], v.shape[-1], p, chunk, dtype, sweeps) >= 2
 
 
 def _kernel_covers(inputs: tuple, p, causal, segs=None) -> bool:
@@ -222,7 +223,6 @@ FASTMAX = Mechanism(
             needs="attnzoo.ops.fastmax.triton",
             available=lambda: _triton_available(),
             auto_if=_auto_takes_triton,
-            masks=False,  # the kernels take no sequence ids yet
         ),
     },
     causal=True,
@@ -285,7 +285,7 @@ def fastmax(
     keys of the query's own sequence only (causal prefixes restart at each sequence's first token), so every
     sequence gets what it gets alone; padding outputs zero. Backends :data:`MASK_BACKENDS` take them
     (:mod:`attnzoo.ops.fastmax.varlen`; ``"cpu"``: its kernel for p=1 non-causal inference, the PyTorch sweeps
-    otherwise), ``"triton"`` raises.
+    otherwise; ``"triton"``: its sweep kernels, reading each token's sequence id).
 
     NaN/Inf in q, k, v, and magnitudes that would overflow the compute dtype, raise
     :class:`~attnzoo._checks.NonFiniteError` before any work (one host sync); the fused CPU kernel finds them

@@ -29,6 +29,14 @@ Kernels and their memory traffic (per head; ``|X|`` = N x D elements):
   backward runs a forward sweep for ``dqs`` and a reverse (suffix-state) sweep for ``dk, dv``. Peak extra
   memory is O(N D + D^p E) per head, never the O(N D^p E) per-token prefix of eqs 34-35. A causal sweep
   is token-sequential per head, so few heads with very long sequences use few SMs (correctness first).
+* padded batches and packed rows (``seg``): the same sweeps read each token's sequence id (``(B, N)`` int32,
+  ``-1`` at padding; ids never decrease over a row's real tokens). The carried state belongs to one sequence
+  (the last one it saw) and is dropped when the next block's tokens start another; a query reads it only if it is
+  of that sequence, and inside a block the weights are masked to equal ids. Causal calls sweep once (the key
+  gradients backwards); non-causal packed rows sweep both ways, the first pass storing the carried-state sums in
+  the outputs and the second adding the suffix state and the in-block terms. A non-causal padded batch (one
+  sequence per row) runs the unmasked kernels, which then skip padding tokens and write zeros there. No copy of
+  the inputs, no loop over sequences.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import triton
 import triton.language as tl
 
 from attnzoo.ops._triton_utils import check_launchable, interpreting, pow2, tl_acc_dtype
+from attnzoo.ops._varlen import Segments
 
 __all__ = ["fastmax_triton", "pipeline_stages"]
 
@@ -46,21 +55,33 @@ __all__ = ["fastmax_triton", "pipeline_stages"]
 # jit helpers
 # ---------------------------------------------------------------------------------------------------
 @triton.jit
+def _load_rows_m(ptr, bh, offs_n, N, rmask, C, BC: tl.constexpr, ACC: tl.constexpr):
+    """Rows ``rmask`` of a contiguous ``(BH, N, C)`` tensor as a zero-padded ``(BLOCK_N, BC)`` tile."""
+    offs_c = tl.arange(0, BC)
+    m = rmask[:, None] & (offs_n[:, None] < N) & (offs_c[None, :] < C)
+    return tl.load(ptr + bh * N * C + offs_n[:, None] * C + offs_c[None, :], mask=m, other=0.0).to(ACC)
+
+
+@triton.jit
 def _load_rows(ptr, bh, offs_n, N, LIM, C, BC: tl.constexpr, ACC: tl.constexpr):
     """Rows ``offs_n < LIM`` of a contiguous ``(BH, N, C)`` tensor as a zero-padded ``(BLOCK_N, BC)`` tile."""
-    offs_c = tl.arange(0, BC)
-    m = (offs_n[:, None] < LIM) & (offs_c[None, :] < C)
-    return tl.load(ptr + bh * N * C + offs_n[:, None] * C + offs_c[None, :], mask=m, other=0.0).to(ACC)
+    return _load_rows_m(ptr, bh, offs_n, N, offs_n < LIM, C, BC, ACC)
+
+
+@triton.jit
+def _load_vals_m(ptr, bh, offs_n, N, rmask, C, APPEND_ONE: tl.constexpr, BE: tl.constexpr, ACC: tl.constexpr):
+    """Value rows ``rmask`` (zero elsewhere); with APPEND_ONE the column ``C`` is 1 there (``va = [v, 1]``)."""
+    y = _load_rows_m(ptr, bh, offs_n, N, rmask, C, BE, ACC)
+    if APPEND_ONE:
+        offs_e = tl.arange(0, BE)
+        y = tl.where((offs_e[None, :] == C) & rmask[:, None] & (offs_n[:, None] < N), 1.0, y)
+    return y
 
 
 @triton.jit
 def _load_vals(ptr, bh, offs_n, N, LIM, C, APPEND_ONE: tl.constexpr, BE: tl.constexpr, ACC: tl.constexpr):
     """Value rows (``offs_n < LIM``); with APPEND_ONE the column ``C`` is 1 for real tokens (``va = [v, 1]``)."""
-    y = _load_rows(ptr, bh, offs_n, N, LIM, C, BE, ACC)
-    if APPEND_ONE:
-        offs_e = tl.arange(0, BE)
-        y = tl.where((offs_e[None, :] == C) & (offs_n[:, None] < LIM), 1.0, y)
-    return y
+    return _load_vals_m(ptr, bh, offs_n, N, offs_n < LIM, C, APPEND_ONE, BE, ACC)
 
 
 @triton.jit
@@ -102,13 +123,17 @@ def _vjp_state(x, y, s1, s2_base, D, P2: tl.constexpr, BD: tl.constexpr, BE: tl.
 
 
 @triton.jit
-def _update_s2(x, y, s2_base, D, BD: tl.constexpr, BE: tl.constexpr):
-    """``s2[d] += (x_d * x)^T y`` in global scratch, for every d (p = 2 prefix/suffix state)."""
+def _update_s2(x, y, s2_base, D, keep, SEG: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr):
+    """``s2[d] += (x_d * x)^T y`` in global scratch, for every d (p = 2 prefix/suffix state); with SEG the old
+    state is dropped first unless ``keep`` (the carried state then starts a new sequence)."""
     tl.debug_barrier()  # earlier reads of s2 in this block by other threads must finish first
     for d in range(0, D):
         ptrs = _s2_tile_ptrs(s2_base, d, BD, BE)
         xd = _col(x, d, BD)[:, None] * x
-        tl.store(ptrs, tl.load(ptrs) + tl.dot(tl.trans(xd), y, input_precision="ieee"))
+        old = tl.load(ptrs)
+        if SEG:
+            old = tl.where(keep, old, 0.0)
+        tl.store(ptrs, old + tl.dot(tl.trans(xd), y, input_precision="ieee"))
     tl.debug_barrier()  # and the new state must be visible to all threads of the next block
 
 
@@ -150,17 +175,21 @@ def _state_kernel(
     s0_ptr,
     s1_ptr,
     s2_ptr,
+    ids_ptr,
+    H,
     N,
     D,
     C,
     TOK_PER_SPLIT,
     APPEND_ONE: tl.constexpr,
+    SEG: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BD: tl.constexpr,
     BE: tl.constexpr,
 ):
-    """Partial state over one token range: program r = 0 writes ``s0, s1``, r = 1 + d writes ``s2[d]``."""
+    """Partial state over one token range: program r = 0 writes ``s0, s1``, r = 1 + d writes ``s2[d]``; with SEG
+    (one sequence per row: a padded batch) over the real tokens only."""
     bh = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     r = tl.program_id(2)
@@ -174,8 +203,11 @@ def _state_kernel(
     acc0 = tl.zeros((BE,), ACC)
     for start in range(start_tok, end_tok, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        x = _load_rows(x_ptr, bh, offs_n, N, end_tok, D, BD, ACC)
-        y = _load_vals(y_ptr, bh, offs_n, N, end_tok, C, APPEND_ONE, BE, ACC)
+        rmask = offs_n < end_tok
+        if SEG:
+            rmask = rmask & (_block_ids(ids_ptr, bh, H, N, offs_n, SEG) >= 0)
+        x = _load_rows_m(x_ptr, bh, offs_n, N, rmask, D, BD, ACC)
+        y = _load_vals_m(y_ptr, bh, offs_n, N, rmask, C, APPEND_ONE, BE, ACC)
         if r == 0:
             acc0 += tl.sum(y, axis=0)
         else:
@@ -197,17 +229,21 @@ def _apply_kernel(
     s2_ptr,
     out_ptr,
     den_ptr,
+    ids_ptr,
+    H,
     N,
     D,
     OUT_COLS,
     P2: tl.constexpr,
     NORMALIZE: tl.constexpr,
+    SEG: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BD: tl.constexpr,
     BE: tl.constexpr,
 ):
-    """``phi(x_n) . S`` for one token block (forward output with its denominator, or ``dv`` from ``T``)."""
+    """``phi(x_n) . S`` for one token block (forward output with its denominator, or ``dv`` from ``T``); with SEG
+    padding gets 0 (and a denominator of 1)."""
     bh = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_r = tl.arange(0, BD)
@@ -216,6 +252,9 @@ def _apply_kernel(
     s0 = tl.load(s0_ptr + bh * BE + offs_e)
     s1 = tl.load(s1_ptr + bh * BD * BE + offs_r[:, None] * BE + offs_e[None, :])
     acc = _apply_state(x, s0, s1, s2_ptr + bh * D * BD * BE, D, P2, BD, BE)
+    if SEG:
+        real = _block_ids(ids_ptr, bh, H, N, offs_n, SEG) >= 0
+        acc = tl.where(real[:, None], acc, tl.where(offs_e[None, :] == OUT_COLS, 1.0, 0.0))
     _store_out(acc, out_ptr, den_ptr, bh, offs_n, N, OUT_COLS, NORMALIZE, BE)
 
 
@@ -226,157 +265,311 @@ def _vjp_kernel(
     s1_ptr,
     s2_ptr,
     dx_ptr,
+    ids_ptr,
+    H,
     N,
     D,
     C,
     APPEND_ONE: tl.constexpr,
     P2: tl.constexpr,
+    SEG: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BD: tl.constexpr,
     BE: tl.constexpr,
 ):
-    """``d/dx_n [phi(x_n) . (S y_n)]`` for one token block (``dqs`` from ``S, ga`` or ``dk`` from ``T, va``)."""
+    """``d/dx_n [phi(x_n) . (S y_n)]`` for one token block (``dqs`` from ``S, ga`` or ``dk`` from ``T, va``); with
+    SEG padding gets 0."""
     bh = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_r = tl.arange(0, BD)
     offs_e = tl.arange(0, BE)
-    x = _load_rows(x_ptr, bh, offs_n, N, N, D, BD, ACC)
-    y = _load_vals(y_ptr, bh, offs_n, N, N, C, APPEND_ONE, BE, ACC)
+    real = _block_ids(ids_ptr, bh, H, N, offs_n, SEG) >= 0
+    x = _load_rows_m(x_ptr, bh, offs_n, N, real, D, BD, ACC)
+    y = _load_vals_m(y_ptr, bh, offs_n, N, real, C, APPEND_ONE, BE, ACC)
     s1 = tl.load(s1_ptr + bh * BD * BE + offs_r[:, None] * BE + offs_e[None, :])
     dx = _vjp_state(x, y, s1, s2_ptr + bh * D * BD * BE, D, P2, BD, BE)
+    if SEG:
+        dx = tl.where(real[:, None], dx, 0.0)
     m = (offs_n[:, None] < N) & (offs_r[None, :] < D)
     tl.store(dx_ptr + bh * N * D + offs_n[:, None] * D + offs_r[None, :], dx, mask=m)
 
 
 # ---------------------------------------------------------------------------------------------------
-# masked (causal) sweeps
+# sweeps: causal (eqs 30-35), and padded batches / packed rows (per-token sequence ids, states restarted)
 # ---------------------------------------------------------------------------------------------------
 @triton.jit
-def _causal_fwd_kernel(
+def _block_ids(ids_ptr, bh, H, N, offs_n, SEG: tl.constexpr):
+    """Sequence id of each token of a block (``-1`` at padding and past N; 0 for every token without SEG)."""
+    if SEG:
+        ids = tl.load(ids_ptr + (bh // H) * N + offs_n, mask=offs_n < N, other=-1)
+    else:
+        ids = tl.where(offs_n < N, 0, -1)
+    return ids
+
+
+@triton.jit
+def _pair_mask(offs_n, ids, CAUSAL: tl.constexpr, SEG: tl.constexpr):
+    """``keep[i, n]``: key ``n`` of the block counts for query ``i`` (same sequence, real, ``n <= i`` if CAUSAL)."""
+    if SEG:
+        keep = (ids[:, None] == ids[None, :]) & (ids[None, :] >= 0)
+        if CAUSAL:
+            keep = keep & (offs_n[:, None] >= offs_n[None, :])
+    else:
+        keep = offs_n[:, None] >= offs_n[None, :]
+    return keep
+
+
+@triton.jit
+def _next_carry(ids, carry, REVERSE: tl.constexpr):
+    """The sequence the carried state holds after a block: its last real token's (first when REVERSE); a block of
+    padding only leaves it unchanged. Ids never decrease over the real tokens of a row."""
+    if REVERSE:
+        e = tl.min(tl.where(ids >= 0, ids, 2147483647), axis=0)
+        e = tl.where(e == 2147483647, carry, e)
+    else:
+        e = tl.max(ids, axis=0)
+        e = tl.where(e < 0, carry, e)
+    return e
+
+
+@triton.jit
+def _block_index(i, n_blocks, REVERSE: tl.constexpr):
+    if REVERSE:
+        return n_blocks - 1 - i
+    return i
+
+
+@triton.jit
+def _sweep_fwd_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
+    ids_ptr,
     s2_ptr,
     out_ptr,
     den_ptr,
+    H,
     N,
     D,
     DV,
     P2: tl.constexpr,
+    SEG: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    REVERSE: tl.constexpr,
+    INTRA: tl.constexpr,
+    ADD_PREV: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BD: tl.constexpr,
     BE: tl.constexpr,
 ):
-    """Eqs 30-35 by blocks: prefix state of earlier blocks + explicit masked weights inside the block."""
+    """Eqs 30-35 by blocks: the state carried from earlier blocks (later ones when REVERSE) of the query's own
+    sequence, plus (INTRA) the explicit masked weights inside the block, then normalised. Without INTRA the raw
+    numerators and denominators are stored for a second, INTRA + ADD_PREV pass the other way (non-causal SEG)."""
     bh = tl.program_id(0).to(tl.int64)
     s2_base = s2_ptr + bh * D * BD * BE
     s0 = tl.zeros((BE,), ACC)
     s1 = tl.zeros((BD, BE), ACC)
-    for start in range(0, N, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        q = _load_rows(q_ptr, bh, offs_n, N, N, D, BD, ACC)
-        k = _load_rows(k_ptr, bh, offs_n, N, N, D, BD, ACC)
-        va = _load_vals(v_ptr, bh, offs_n, N, N, DV, True, BE, ACC)
+    carry = tl.max(tl.full((BLOCK_N,), -1, tl.int32), axis=0)
+    offs_e = tl.arange(0, BE)
+    n_blocks = tl.cdiv(N, BLOCK_N)
+    for i in range(0, n_blocks):
+        offs_n = _block_index(i, n_blocks, REVERSE) * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = offs_n < N
+        ids = _block_ids(ids_ptr, bh, H, N, offs_n, SEG)
+        real = ids >= 0
+        q = _load_rows_m(q_ptr, bh, offs_n, N, real, D, BD, ACC)
+        k = _load_rows_m(k_ptr, bh, offs_n, N, real, D, BD, ACC)
+        va = _load_vals_m(v_ptr, bh, offs_n, N, real, DV, True, BE, ACC)
         acc = _apply_state(q, s0, s1, s2_base, D, P2, BD, BE)
-        keep = offs_n[:, None] >= offs_n[None, :]
-        w = tl.where(keep, _kernel(tl.dot(q, tl.trans(k), input_precision="ieee"), P2), 0.0)
-        acc += tl.dot(w, va, input_precision="ieee")
-        _store_out(acc, out_ptr, den_ptr, bh, offs_n, N, DV, True, BE)
-        s0 += tl.sum(va, axis=0)
-        s1 += tl.dot(tl.trans(k), va, input_precision="ieee")
-        if P2:
-            _update_s2(k, va, s2_base, D, BD, BE)
+        if SEG:
+            acc = tl.where(((ids == carry) & real)[:, None], acc, 0.0)
+        if INTRA:
+            w = tl.where(
+                _pair_mask(offs_n, ids, CAUSAL, SEG), _kernel(tl.dot(q, tl.trans(k), input_precision="ieee"), P2), 0.0
+            )
+            acc += tl.dot(w, va, input_precision="ieee")
+        if ADD_PREV:
+            pm = nmask[:, None] & (offs_e[None, :] < DV)
+            acc += tl.load(out_ptr + bh * N * DV + offs_n[:, None] * DV + offs_e[None, :], mask=pm, other=0.0)
+            prev_den = tl.load(den_ptr + bh * N + offs_n, mask=nmask, other=0.0)
+            acc += tl.where(offs_e[None, :] == DV, prev_den[:, None], 0.0)
+        if INTRA:
+            # padding queries: no keys, zero output and a denominator of 1 (not 0/0)
+            den = tl.sum(tl.where(offs_e[None, :] == DV, acc, 0.0), axis=1)
+            den = tl.where(real, den, 1.0)
+            tl.store(den_ptr + bh * N + offs_n, den, mask=nmask)
+            res = tl.where(real[:, None], acc / den[:, None], 0.0)
+        else:
+            tl.store(den_ptr + bh * N + offs_n, tl.sum(tl.where(offs_e[None, :] == DV, acc, 0.0), axis=1), mask=nmask)
+            res = acc
+        m = nmask[:, None] & (offs_e[None, :] < DV)
+        tl.store(out_ptr + bh * N * DV + offs_n[:, None] * DV + offs_e[None, :], res, mask=m)
+        if SEG:
+            edge = _next_carry(ids, carry, REVERSE)
+            keep = edge == carry
+            y = tl.where((ids == edge)[:, None], va, 0.0)
+            s0 = tl.where(keep, s0, 0.0) + tl.sum(y, axis=0)
+            s1 = tl.where(keep, s1, 0.0) + tl.dot(tl.trans(k), y, input_precision="ieee")
+            if P2:
+                _update_s2(k, y, s2_base, D, keep, SEG, BD, BE)
+            carry = edge
+        else:
+            s0 += tl.sum(va, axis=0)
+            s1 += tl.dot(tl.trans(k), va, input_precision="ieee")
+            if P2:
+                _update_s2(k, va, s2_base, D, True, SEG, BD, BE)
 
 
 @triton.jit
-def _causal_dq_kernel(
+def _sweep_dq_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
     ga_ptr,
+    ids_ptr,
     s2_ptr,
     dq_ptr,
+    H,
     N,
     D,
     DV,
     P2: tl.constexpr,
+    SEG: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    REVERSE: tl.constexpr,
+    INTRA: tl.constexpr,
+    ADD_PREV: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BD: tl.constexpr,
     BE: tl.constexpr,
 ):
-    """Forward sweep of the backward: ``dqs`` from the prefix state ``S`` plus the in-block masked terms."""
+    """``dqs`` from the carried key state ``S`` of the query's sequence plus (INTRA) the in-block masked terms;
+    ADD_PREV adds what an earlier pass the other way stored in ``dq``."""
     bh = tl.program_id(0).to(tl.int64)
     s2_base = s2_ptr + bh * D * BD * BE
     s1 = tl.zeros((BD, BE), ACC)
+    carry = tl.max(tl.full((BLOCK_N,), -1, tl.int32), axis=0)
     offs_r = tl.arange(0, BD)
-    for start in range(0, N, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        q = _load_rows(q_ptr, bh, offs_n, N, N, D, BD, ACC)
-        k = _load_rows(k_ptr, bh, offs_n, N, N, D, BD, ACC)
-        va = _load_vals(v_ptr, bh, offs_n, N, N, DV, True, BE, ACC)
-        ga = _load_vals(ga_ptr, bh, offs_n, N, N, DV + 1, False, BE, ACC)
+    n_blocks = tl.cdiv(N, BLOCK_N)
+    for i in range(0, n_blocks):
+        offs_n = _block_index(i, n_blocks, REVERSE) * BLOCK_N + tl.arange(0, BLOCK_N)
+        ids = _block_ids(ids_ptr, bh, H, N, offs_n, SEG)
+        real = ids >= 0
+        q = _load_rows_m(q_ptr, bh, offs_n, N, real, D, BD, ACC)
+        k = _load_rows_m(k_ptr, bh, offs_n, N, real, D, BD, ACC)
+        va = _load_vals_m(v_ptr, bh, offs_n, N, real, DV, True, BE, ACC)
+        ga = _load_vals_m(ga_ptr, bh, offs_n, N, real, DV + 1, False, BE, ACC)
         dq = _vjp_state(q, ga, s1, s2_base, D, P2, BD, BE)
-        keep = offs_n[:, None] >= offs_n[None, :]
-        fprime = _kernel_grad(tl.dot(q, tl.trans(k), input_precision="ieee"), P2)
-        ds = tl.where(keep, fprime * tl.dot(ga, tl.trans(va), input_precision="ieee"), 0.0)
-        dq += tl.dot(ds, k, input_precision="ieee")
+        if SEG:
+            dq = tl.where(((ids == carry) & real)[:, None], dq, 0.0)
+        if INTRA:
+            fprime = _kernel_grad(tl.dot(q, tl.trans(k), input_precision="ieee"), P2)
+            ds = tl.where(
+                _pair_mask(offs_n, ids, CAUSAL, SEG), fprime * tl.dot(ga, tl.trans(va), input_precision="ieee"), 0.0
+            )
+            dq += tl.dot(ds, k, input_precision="ieee")
         m = (offs_n[:, None] < N) & (offs_r[None, :] < D)
-        tl.store(dq_ptr + bh * N * D + offs_n[:, None] * D + offs_r[None, :], dq, mask=m)
-        s1 += tl.dot(tl.trans(k), va, input_precision="ieee")
-        if P2:
-            _update_s2(k, va, s2_base, D, BD, BE)
+        ptrs = dq_ptr + bh * N * D + offs_n[:, None] * D + offs_r[None, :]
+        if ADD_PREV:
+            dq += tl.load(ptrs, mask=m, other=0.0)
+        tl.store(ptrs, dq, mask=m)
+        if SEG:
+            edge = _next_carry(ids, carry, REVERSE)
+            keep = edge == carry
+            y = tl.where((ids == edge)[:, None], va, 0.0)
+            s1 = tl.where(keep, s1, 0.0) + tl.dot(tl.trans(k), y, input_precision="ieee")
+            if P2:
+                _update_s2(k, y, s2_base, D, keep, SEG, BD, BE)
+            carry = edge
+        else:
+            s1 += tl.dot(tl.trans(k), va, input_precision="ieee")
+            if P2:
+                _update_s2(k, va, s2_base, D, True, SEG, BD, BE)
 
 
 @triton.jit
-def _causal_dkv_kernel(
+def _sweep_dkv_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
     ga_ptr,
+    ids_ptr,
     t2_ptr,
     dk_ptr,
     dv_ptr,
+    H,
     N,
     D,
     DV,
     P2: tl.constexpr,
+    SEG: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    REVERSE: tl.constexpr,
+    INTRA: tl.constexpr,
+    ADD_PREV: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BD: tl.constexpr,
     BE: tl.constexpr,
 ):
-    """Reverse sweep of the backward: ``dk, dv`` from the suffix state ``T = sum_{i later} phi(q_i) ga_i^T``
-    plus the in-block masked terms."""
+    """``dk, dv`` from the carried query state ``T = sum_i phi(q_i) ga_i^T`` of the key's sequence (the suffix
+    state when REVERSE) plus (INTRA) the in-block masked terms; ADD_PREV as in :func:`_sweep_dq_kernel`."""
     bh = tl.program_id(0).to(tl.int64)
     t2_base = t2_ptr + bh * D * BD * BE
     t0 = tl.zeros((BE,), ACC)
     t1 = tl.zeros((BD, BE), ACC)
+    carry = tl.max(tl.full((BLOCK_N,), -1, tl.int32), axis=0)
     offs_r = tl.arange(0, BD)
+    offs_e = tl.arange(0, BE)
     n_blocks = tl.cdiv(N, BLOCK_N)
     for i in range(0, n_blocks):
-        offs_n = (n_blocks - 1 - i) * BLOCK_N + tl.arange(0, BLOCK_N)
-        q = _load_rows(q_ptr, bh, offs_n, N, N, D, BD, ACC)
-        k = _load_rows(k_ptr, bh, offs_n, N, N, D, BD, ACC)
-        va = _load_vals(v_ptr, bh, offs_n, N, N, DV, True, BE, ACC)
-        ga = _load_vals(ga_ptr, bh, offs_n, N, N, DV + 1, False, BE, ACC)
+        offs_n = _block_index(i, n_blocks, REVERSE) * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = offs_n < N
+        ids = _block_ids(ids_ptr, bh, H, N, offs_n, SEG)
+        real = ids >= 0
+        q = _load_rows_m(q_ptr, bh, offs_n, N, real, D, BD, ACC)
+        k = _load_rows_m(k_ptr, bh, offs_n, N, real, D, BD, ACC)
+        va = _load_vals_m(v_ptr, bh, offs_n, N, real, DV, True, BE, ACC)
+        ga = _load_vals_m(ga_ptr, bh, offs_n, N, real, DV + 1, False, BE, ACC)
         dk = _vjp_state(k, va, t1, t2_base, D, P2, BD, BE)
         dva = _apply_state(k, t0, t1, t2_base, D, P2, BD, BE)
-        keep = offs_n[:, None] >= offs_n[None, :]
-        sc = tl.dot(q, tl.trans(k), input_precision="ieee")
-        ds = tl.where(keep, _kernel_grad(sc, P2) * tl.dot(ga, tl.trans(va), input_precision="ieee"), 0.0)
-        w = tl.where(keep, _kernel(sc, P2), 0.0)
-        dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
-        dva += tl.dot(tl.trans(w), ga, input_precision="ieee")
-        m = (offs_n[:, None] < N) & (offs_r[None, :] < D)
-        tl.store(dk_ptr + bh * N * D + offs_n[:, None] * D + offs_r[None, :], dk, mask=m)
-        _store_out(dva, dv_ptr, dv_ptr, bh, offs_n, N, DV, False, BE)
-        t0 += tl.sum(ga, axis=0)
-        t1 += tl.dot(tl.trans(q), ga, input_precision="ieee")
-        if P2:
-            _update_s2(q, ga, t2_base, D, BD, BE)
+        if SEG:
+            reads = ((ids == carry) & real)[:, None]
+            dk = tl.where(reads, dk, 0.0)
+            dva = tl.where(reads, dva, 0.0)
+        if INTRA:
+            keep = _pair_mask(offs_n, ids, CAUSAL, SEG)
+            sc = tl.dot(q, tl.trans(k), input_precision="ieee")
+            ds = tl.where(keep, _kernel_grad(sc, P2) * tl.dot(ga, tl.trans(va), input_precision="ieee"), 0.0)
+            w = tl.where(keep, _kernel(sc, P2), 0.0)
+            dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
+            dva += tl.dot(tl.trans(w), ga, input_precision="ieee")
+        m = nmask[:, None] & (offs_r[None, :] < D)
+        ptrs = dk_ptr + bh * N * D + offs_n[:, None] * D + offs_r[None, :]
+        mv = nmask[:, None] & (offs_e[None, :] < DV)
+        vptrs = dv_ptr + bh * N * DV + offs_n[:, None] * DV + offs_e[None, :]
+        if ADD_PREV:
+            dk += tl.load(ptrs, mask=m, other=0.0)
+            dva += tl.load(vptrs, mask=mv, other=0.0)
+        tl.store(ptrs, dk, mask=m)
+        tl.store(vptrs, dva, mask=mv)
+        if SEG:
+            edge = _next_carry(ids, carry, REVERSE)
+            keep_t = edge == carry
+            y = tl.where((ids == edge)[:, None], ga, 0.0)
+            t0 = tl.where(keep_t, t0, 0.0) + tl.sum(y, axis=0)
+            t1 = tl.where(keep_t, t1, 0.0) + tl.dot(tl.trans(q), y, input_precision="ieee")
+            if P2:
+                _update_s2(q, y, t2_base, D, keep_t, SEG, BD, BE)
+            carry = edge
+        else:
+            t0 += tl.sum(ga, axis=0)
+            t1 += tl.dot(tl.trans(q), ga, input_precision="ieee")
+            if P2:
+                _update_s2(q, ga, t2_base, D, True, SEG, BD, BE)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -398,6 +591,7 @@ def _stages(tile_elems: int, elem_size: int) -> int:
 class _Cfg:
     def __init__(self, n: int, d: int, dv: int, p: int, block_n: int, num_splits: int | None, dtype, device):
         self.n, self.d, self.dv, self.p2 = n, d, dv, p == 2
+        self.heads, self.bh = 1, 0  # set per call (the kernels read a row's sequence ids at bh // heads)
         self.bn, self.bd, self.be = block_n, pow2(d), pow2(dv + 1)
         esize = torch.empty((), dtype=dtype).element_size()
         # per loop iteration: the state sweep loads a token tile of k and va; the p = 2 reads of s2 a (D, E) tile
@@ -437,7 +631,7 @@ def pipeline_stages(d: int, dv: int, p: int, chunk_size: int | None, dtype: torc
     return cfg.causal_stages if causal else cfg.stages
 
 
-def _state(x3: torch.Tensor, y3: torch.Tensor, append_one: bool, cfg: _Cfg):
+def _state(x3: torch.Tensor, y3: torch.Tensor, append_one: bool, cfg: _Cfg, ids: torch.Tensor | None = None):
     """Unmasked ``S = sum_n phi(x_n) y_n^T`` as padded ``(s0 (BH, BE), s1 (BH, BD, BE), s2 (BH, D2, BD, BE))``."""
     bh, n, _ = x3.shape
     n_blocks = triton.cdiv(n, cfg.bn)
@@ -458,11 +652,14 @@ def _state(x3: torch.Tensor, y3: torch.Tensor, append_one: bool, cfg: _Cfg):
         s0,
         s1,
         s2,
+        x3 if ids is None else ids,
+        cfg.heads,
         n,
         cfg.d,
         y3.shape[-1],
         tok,
         APPEND_ONE=append_one,
+        SEG=ids is not None,
         ACC=cfg.acc,
         BLOCK_N=cfg.bn,
         BD=cfg.bd,
@@ -477,7 +674,7 @@ def _state(x3: torch.Tensor, y3: torch.Tensor, append_one: bool, cfg: _Cfg):
     return s0.sum(1), s1.sum(1), s2.sum(1)
 
 
-def _apply(x3, s0, s1, s2, out_cols: int, normalize: bool, cfg: _Cfg):
+def _apply(x3, s0, s1, s2, out_cols: int, normalize: bool, cfg: _Cfg, ids: torch.Tensor | None = None):
     bh, n, _ = x3.shape
     out = torch.empty(bh, n, out_cols, device=x3.device, dtype=cfg.dtype)
     den = torch.empty(bh, n, device=x3.device, dtype=cfg.dtype) if normalize else out
@@ -488,11 +685,14 @@ def _apply(x3, s0, s1, s2, out_cols: int, normalize: bool, cfg: _Cfg):
         s2.contiguous(),
         out,
         den,
+        x3 if ids is None else ids,
+        cfg.heads,
         n,
         cfg.d,
         out_cols,
         P2=cfg.p2,
         NORMALIZE=normalize,
+        SEG=ids is not None,
         ACC=cfg.acc,
         BLOCK_N=cfg.bn,
         BD=cfg.bd,
@@ -503,7 +703,7 @@ def _apply(x3, s0, s1, s2, out_cols: int, normalize: bool, cfg: _Cfg):
     return out, den
 
 
-def _vjp(x3, y3, append_one: bool, s1, s2, cfg: _Cfg):
+def _vjp(x3, y3, append_one: bool, s1, s2, cfg: _Cfg, ids: torch.Tensor | None = None):
     bh, n, d = x3.shape
     dx = torch.empty(bh, n, d, device=x3.device, dtype=cfg.dtype)
     _vjp_kernel[(bh, triton.cdiv(n, cfg.bn_small))](
@@ -512,11 +712,14 @@ def _vjp(x3, y3, append_one: bool, s1, s2, cfg: _Cfg):
         s1.contiguous(),
         s2.contiguous(),
         dx,
+        x3 if ids is None else ids,
+        cfg.heads,
         n,
         d,
         y3.shape[-1],
         APPEND_ONE=append_one,
         P2=cfg.p2,
+        SEG=ids is not None,
         ACC=cfg.acc,
         BLOCK_N=cfg.bn_small,
         BD=cfg.bd,
@@ -527,15 +730,30 @@ def _vjp(x3, y3, append_one: bool, s1, s2, cfg: _Cfg):
     return dx
 
 
-def _forward(q3, k3, v3, causal: bool, cfg: _Cfg):
-    bh, n, _ = q3.shape
+def _sweeps(kernel, args: tuple, causal: bool, seg: bool, reverse: bool, scratch: torch.Tensor, cfg: _Cfg) -> None:
+    """One sweep kernel over every ``(b, h)``: causal in its direction (``reverse`` for the key gradients); a
+    non-causal SEG call runs the other direction first (carried states only) and then this one (plus the in-block
+    terms and the first pass's partial sums)."""
+    meta = dict(cfg.causal_meta(), SEG=seg, CAUSAL=causal)
+    grid = (cfg.bh,)
     if not causal:
-        s0, s1, s2 = _state(k3, v3, True, cfg)
-        return _apply(q3, s0, s1, s2, cfg.dv, True, cfg)
+        kernel[grid](*args, REVERSE=not reverse, INTRA=False, ADD_PREV=False, **meta)
+        scratch.zero_()
+    kernel[grid](*args, REVERSE=reverse, INTRA=True, ADD_PREV=not causal, **meta)
+
+
+def _forward(q3, k3, v3, causal: bool, cfg: _Cfg, ids: torch.Tensor | None, single: bool):
+    bh, n, _ = q3.shape
+    if not causal and (ids is None or single):
+        # unmasked, or one sequence per row: every query reads its row's total moments (over its real keys)
+        s0, s1, s2 = _state(k3, v3, True, cfg, ids)
+        return _apply(q3, s0, s1, s2, cfg.dv, True, cfg, ids)
     out = torch.empty(bh, n, cfg.dv, device=q3.device, dtype=cfg.dtype)
     den = torch.empty(bh, n, device=q3.device, dtype=cfg.dtype)
     scratch = cfg.zeros(bh, cfg.d2, cfg.bd, cfg.be)
-    _causal_fwd_kernel[(bh,)](q3, k3, v3, scratch, out, den, n, cfg.d, cfg.dv, **cfg.causal_meta())
+    seg_ids = q3 if ids is None else ids
+    args = (q3, k3, v3, seg_ids, scratch, out, den, cfg.heads, n, cfg.d, cfg.dv)
+    _sweeps(_sweep_fwd_kernel, args, causal, ids is not None, False, scratch, cfg)
     return out, den
 
 
@@ -543,42 +761,48 @@ class FastmaxTritonFunction(torch.autograd.Function):
     """Triton Fastmax on standardised inputs; saves ``qs, k_hat, v, out, G`` only (FAST §2.5)."""
 
     @staticmethod
-    def forward(ctx, qs, k, v, p: int, causal: bool, block_n: int, num_splits):
+    def forward(ctx, qs, k, v, p: int, causal: bool, block_n: int, num_splits, ids, single: bool):
         b, h, n, d = qs.shape
         dv = v.shape[-1]
         cfg = _Cfg(n, d, dv, p, block_n, num_splits, qs.dtype, qs.device)
+        cfg.heads, cfg.bh = h, b * h
         q3, k3, v3 = (t.contiguous().view(b * h, n, -1) for t in (qs, k, v))
-        out, den = _forward(q3, k3, v3, causal, cfg)
-        ctx.save_for_backward(q3, k3, v3, out, den)
-        ctx.cfg, ctx.causal, ctx.shape = cfg, causal, (b, h)
+        out, den = _forward(q3, k3, v3, causal, cfg, ids, single)
+        ctx.save_for_backward(q3, k3, v3, out, den, *(() if ids is None else (ids,)))
+        ctx.cfg, ctx.causal, ctx.shape, ctx.single = cfg, causal, (b, h), single
         return out.view(b, h, n, dv)
 
     @staticmethod
     def backward(ctx, dout):
-        q3, k3, v3, out, den = ctx.saved_tensors
+        q3, k3, v3, out, den, *maybe_ids = ctx.saved_tensors
+        ids = maybe_ids[0] if maybe_ids else None
         cfg, (b, h) = ctx.cfg, ctx.shape
         bh, n, d = q3.shape
         g = dout.reshape(bh, n, cfg.dv).to(cfg.dtype) / den.unsqueeze(-1)
+        if ids is not None:  # padding queries enter no sum (and their output gradient may be anything)
+            g = torch.where((ids >= 0).unsqueeze(1).expand(b, h, n).reshape(bh, n, 1), g, 0.0)
         # ga = [g, -g.o]: the weight gradient g_i . v_n - g_i . o_i as one inner product with va = [v, 1]
         ga = torch.cat([g, -(g * out).sum(dim=-1, keepdim=True)], dim=-1).contiguous()
-        if not ctx.causal:
-            s0, s1, s2 = _state(k3, v3, True, cfg)
-            dq = _vjp(q3, ga, False, s1, s2, cfg)
+        if not ctx.causal and (ids is None or ctx.single):
+            s0, s1, s2 = _state(k3, v3, True, cfg, ids)
+            dq = _vjp(q3, ga, False, s1, s2, cfg, ids)
             del s0, s1, s2
-            t0, t1, t2 = _state(q3, ga, False, cfg)
-            dk = _vjp(k3, v3, True, t1, t2, cfg)
-            dv, _ = _apply(k3, t0, t1, t2, cfg.dv, False, cfg)
+            t0, t1, t2 = _state(q3, ga, False, cfg, ids)
+            dk = _vjp(k3, v3, True, t1, t2, cfg, ids)
+            dv, _ = _apply(k3, t0, t1, t2, cfg.dv, False, cfg, ids)
         else:
             dq = torch.empty_like(q3)
             dk = torch.empty_like(k3)
             dv = torch.empty_like(v3)
-            meta = cfg.causal_meta()
+            seg_ids = q3 if ids is None else ids
             scratch = cfg.zeros(bh, cfg.d2, cfg.bd, cfg.be)
-            _causal_dq_kernel[(bh,)](q3, k3, v3, ga, scratch, dq, n, d, cfg.dv, **meta)
+            args = (q3, k3, v3, ga, seg_ids, scratch, dq, h, n, d, cfg.dv)
+            _sweeps(_sweep_dq_kernel, args, ctx.causal, ids is not None, False, scratch, cfg)
             scratch.zero_()
-            _causal_dkv_kernel[(bh,)](q3, k3, v3, ga, scratch, dk, dv, n, d, cfg.dv, **meta)
+            args = (q3, k3, v3, ga, seg_ids, scratch, dk, dv, h, n, d, cfg.dv)
+            _sweeps(_sweep_dkv_kernel, args, ctx.causal, ids is not None, True, scratch, cfg)
         shape = (b, h, n)
-        return dq.view(*shape, d), dk.view(*shape, d), dv.view(*shape, cfg.dv), None, None, None, None
+        return dq.view(*shape, d), dk.view(*shape, d), dv.view(*shape, cfg.dv), None, None, None, None, None, None
 
 
 def fastmax_triton(
@@ -590,6 +814,7 @@ def fastmax_triton(
     causal: bool = False,
     chunk_size: int = 64,
     num_splits: int | None = None,
+    seg: Segments | None = None,
 ) -> torch.Tensor:
     """Factorised Fastmax by Triton kernels: ``qs, k_hat (B, H, N, D)``, ``v (B, H, N, Dv)`` -> ``(B, H, N, Dv)``.
 
@@ -597,7 +822,9 @@ def fastmax_triton(
     the result has that dtype. Differentiable in ``qs, k_hat, v`` (FAST §2.5 backward). ``chunk_size``: token
     block of the kernels, rounded up to a power of two in [16, 128] (``tl.dot`` needs >= 16; the causal sweeps
     cap it at 32 to stay in registers). ``num_splits``:
-    token splits of the unmasked state reduction (``None``: chosen to fill the GPU).
+    token splits of the unmasked state reduction (``None``: chosen to fill the GPU). ``seg``: a padded batch or
+    packed row (:class:`~attnzoo.ops._varlen.Segments`): the sweeps read each token's sequence id, so each query's
+    sums run over its own sequence's real keys (causal states restart at each sequence start), padding outputs 0.
     """
     check_launchable("fastmax", qs, k_hat, v)
     if p not in (1, 2):
@@ -612,4 +839,6 @@ def fastmax_triton(
     if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits must be a positive integer or None, got {num_splits!r}")
     block_n = min(pow2(chunk_size), 128)
-    return FastmaxTritonFunction.apply(qs, k_hat, v, p, causal, block_n, num_splits)
+    ids = None if seg is None else seg.ids.to(device=qs.device, dtype=torch.int32).contiguous()
+    single = seg is not None and seg.num == 1  # a padded batch: one sequence per row
+    return FastmaxTritonFunction.apply(qs, k_hat, v, p, causal, block_n, num_splits, ids, single)

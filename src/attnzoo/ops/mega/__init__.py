@@ -72,6 +72,21 @@ class MegaOptions(Options):
     layer_index: int = option(0, _check_layer_index, "this layer's place in CSP's power-law schedule")
     num_layers: int = option(1, check_positive_int, "layers of CSP's schedule")
 
+    def causal_error(self) -> str | None:
+        if self.attention == "csp":
+            return (
+                "MEGA with attention='csp' has no causal form (CSP's shifts and groups mix every token of a group, "
+                "later ones included); for a causal MEGA use attention='softmax' or 'laplace' (with chunk_size for "
+                "MEGA-chunk), or build it with causal=False"
+            )
+        if self.norm_layer == "batchnorm":
+            return (
+                "MEGA with norm_layer='batchnorm' has no causal form: BatchNorm pools statistics over every token of "
+                "the batch in training, later tokens included; use norm_layer='layernorm' or 'scalenorm' for a "
+                "causal MEGA"
+            )
+        return None
+
     def validate(self) -> None:
         if self.layer_index >= self.num_layers:
             raise ValueError(
@@ -91,7 +106,8 @@ MEGA = Mechanism(
         "naive": Backend("attnzoo.ops.mega.naive", "mega_attention_naive", kind="reference"),
         "torch": Backend("attnzoo.ops.mega.chunk", "mega_attention_chunked"),
     },
-    causal=False,  # the bidirectional encoder layer (the decoder's causal attention and step are not built yet)
+    causal=True,  # MEGA's decoders: causal EMA and causal attention (within chunks); CSP has no causal form
+    state=dict,  # MegaLayer.init_state: EMA state, key/value cache of the current chunk, positions
     examples=(
         {"attention": "laplace", "chunk_size": 4, "ndim": 3, "zdim": 5, "hdim": 7, "max_len": 9},
         {"attention": "softmax", "chunk_size": 4, "norm_layer": "scalenorm", "prenorm": False, "max_len": 9},
@@ -126,9 +142,9 @@ MEGA = Mechanism(
     card=Card(
         "MEGA layer (Ma et al. 2022): damped EMA + single-head gated attention (softmax / Laplace), chunks of r, "
         "or CSP in its place",
-        "O(N²), O(N·r) chunked, O(N log N) with CSP; EMA O(N log N) (FFT)",
+        "O(N²), O(N·r) chunked, O(N log N) with CSP; EMA O(N log N) (FFT), causal O(N·L) (blocks of L = 64)",
         "O(N²), O(N·r), O(N)",
-        causal="the EMA op has a causal form and a step",
+        causal="causal EMA + causal attention (within chunks), recurrent step; not with CSP",
         ops=("ema", "mega_attention"),
     ),
     order=8,
@@ -143,6 +159,7 @@ def mega_attention(
     *,
     fn: str = "softmax",
     chunk_size: int | None = None,
+    causal: bool = False,
     backend: str = "auto",
     attention_mask: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
@@ -152,7 +169,8 @@ def mega_attention(
     ``rel_bias (2R - 1,)``: ``rel_bias[R - 1 + j - i]`` is added to the score of query i and key j; R must cover
     the attention's span (N, or ``chunk_size``). ``fn``: ``"softmax"`` (scores scaled by ``Z^-1/2``) or
     ``"laplace"`` (scores divided by the keys of the chunk). ``chunk_size``: attention within consecutive chunks of
-    that many tokens (the last may be shorter); ``None`` or ``>= N`` is full attention.
+    that many tokens (the last may be shorter); ``None`` or ``>= N`` is full attention. ``causal``: query i reads
+    keys ``j <= i`` of its chunk only (MEGA's decoders; the Laplace scale is then ``i + 1`` within the chunk).
 
     ``attention_mask`` ``(B, N)`` (True at real tokens) or ``cu_seqlens`` ``(S + 1,)`` (sequences packed in one
     row): each sequence attends within itself, its chunks counted from its first token and the bias read at
@@ -160,6 +178,7 @@ def mega_attention(
     gives zeros. Both backends take them.
     """
     check_choice("fn", fn, ("softmax", "laplace"))
+    causal = check_bool("causal", causal)
     chunk_size = check_optional_positive_int("chunk_size", chunk_size)
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_ndim(name, t, 3, "(B, N, Z)" if name != "v" else "(B, N, E)")
@@ -183,6 +202,6 @@ def mega_attention(
         )
     finite_absmax({"q": q, "k": k, "v": v, "rel_bias": rel_bias}, op="mega_attention")
     if toks is not None:
-        opts = dict(fn=fn, chunk=span, toks=toks, chunk_size=chunk_size)
+        opts = dict(fn=fn, chunk=span, toks=toks, chunk_size=chunk_size, causal=causal)
         return call_backend(MEGA, backend, (q, k, v, rel_bias), name="q", **opts)
-    return call_backend(MEGA, backend, (q, k, v, rel_bias), name="q", fn=fn, chunk=span)
+    return call_backend(MEGA, backend, (q, k, v, rel_bias), name="q", fn=fn, chunk=span, causal=causal)

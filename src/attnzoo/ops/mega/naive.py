@@ -1,9 +1,10 @@
 """Reference MEGA attention (MEGA §3.2-3.3): the full score matrix, a chunk mask, the function.
 
 Scores ``s_ij = q_i . k_j / c + b[j - i]`` for query i and key j in the same chunk of ``chunk`` tokens (§3.5,
-"Mega-chunk"; one chunk when there is no chunking), with ``c = sqrt(Z)`` for softmax (q scaled, as MEGA's
-code does) and ``c = n`` (the number of keys in the chunk) for the Laplace function. Weights are
-``softmax_j(s)`` or ``laplace(s) = (1 + erf((s - mu) / (sigma sqrt 2))) / 2`` with ``mu = sqrt(1/2)``,
+"Mega-chunk"; one chunk when there is no chunking) and, when ``causal``, ``j <= i`` (MEGA's decoders), with
+``c = sqrt(Z)`` for softmax (q scaled, as MEGA's code does) and ``c = n`` for the Laplace function: the number of
+keys query i sees (its chunk; the keys up to i when causal, as MEGA's code divides by its mask's row sums).
+Weights are ``softmax_j(s)`` or ``laplace(s) = (1 + erf((s - mu) / (sigma sqrt 2))) / 2`` with ``mu = sqrt(1/2)``,
 ``sigma = sqrt(1 / (4 pi))`` (MEGA §3.3, Laplace attention); the output is ``sum_j w_ij v_j``.
 """
 
@@ -36,6 +37,7 @@ def mega_attention_naive(
     chunk: int,
     toks=None,
     chunk_size: int | None = None,
+    causal: bool = False,
 ) -> torch.Tensor:
     """``q, k (B, N, Z)``, ``v (B, N, E)``, ``rel_bias (2R - 1,)`` -> ``(B, N, E)`` with an explicit ``(N, N)`` map.
 
@@ -47,7 +49,7 @@ def mega_attention_naive(
             L = idx.numel()
             span = L if chunk_size is None else min(chunk_size, L)
             sub = (t[row : row + 1, idx] for t in (q, k, v))
-            out[row, idx] = mega_attention_naive(*sub, rel_bias, fn=fn, chunk=span)[0]
+            out[row, idx] = mega_attention_naive(*sub, rel_bias, fn=fn, chunk=span, causal=causal)[0]
         return out
     acc = acc_dtype(q.dtype)
     qa, ka, va, ba = (t.to(acc) for t in (q, k, v, rel_bias))
@@ -56,13 +58,15 @@ def mega_attention_naive(
     i = torch.arange(N, device=q.device)
     block = i // chunk
     same = block[:, None] == block[None, :]  # (N, N): query i and key j share a chunk
+    if causal:
+        same = same & (i[None, :] <= i[:, None])
     # b[j - i]; pairs in different chunks may lie beyond the bias (R covers a chunk) and are masked below
     bias = ba[(R - 1 + i[None, :] - i[:, None]).clamp(0, 2 * R - 2)]
     if fn == "softmax":
         s = (qa * Z**-0.5) @ ka.transpose(1, 2) + bias
         w = torch.softmax(s.masked_fill(~same, float("-inf")), dim=-1)
     else:
-        n = same.sum(-1, keepdim=True).to(acc)  # keys in query i's chunk
+        n = same.sum(-1, keepdim=True).to(acc)  # keys query i sees
         s = qa @ ka.transpose(1, 2) / n + bias
         w = laplace(s) * same
     return (w @ va).to(v.dtype)

@@ -1,11 +1,12 @@
 """MEGA attention on padded batches and packed rows (issue 27): each sequence attends within itself.
 
-Query ``i`` and key ``j`` of one sequence (positions ``p_i, p_j`` counted from its first real token) interact iff
-they share a chunk of that sequence, ``p_i // r == p_j // r`` (chunks counted from the sequence's start; ``r`` the
-sequence's length without chunking), with the relative bias read at ``b[p_j - p_i]``; the Laplace scale counts the
-keys of that chunk. Any key of query ``i``'s chunk lies within ``r - 1`` tokens of it in the row, so the row is cut
-in blocks of ``r`` tokens and block ``c`` scores against blocks ``c - 1, c, c + 1`` under a segment mask:
-``(B, C, r, 3r)`` scores, O(N r), no loop over sequences. Padding queries give zeros.
+Query ``i`` and key ``j`` of one sequence (positions ``p_i, p_j`` counted from its first real token) interact iff they
+share a chunk of that sequence, ``p_i // r == p_j // r`` (chunks counted from the sequence's start; ``r`` the sequence's
+length without chunking), with the relative bias read at ``b[p_j - p_i]``; the Laplace scale counts the keys of that
+chunk (``causal``: only ``p_j <= p_i``, and the scale counts those). Any key of query ``i``'s chunk lies within
+``r - 1`` tokens of it in the row, so the row is cut in blocks of ``r`` tokens and block ``c`` scores against blocks
+``c - 1, c, c + 1`` under a segment mask: ``(B, C, r, 3r)`` scores, O(N r), no loop over sequences. Padding queries give
+zeros.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def mega_attention_varlen(
     *,
     fn: str,
     chunk_size: int | None,
+    causal: bool = False,
 ) -> torch.Tensor:
     """``q, k (B, N, Z)``, ``v (B, N, E)``, ``rel_bias (2R - 1,)`` -> ``(B, N, E)`` per sequence (module doc)."""
     acc = acc_dtype(q.dtype)
@@ -57,6 +59,8 @@ def mega_attention_varlen(
     kch, kpos = (_windows(t, r, blocks, wide) for t in (chunk, toks.pos))
     qid, qch, qpos = (F.pad(t, (0, blocks * r - n), value=-1).unflatten(1, (blocks, r)) for t in (ids, chunk, toks.pos))
     allowed = (qid[..., None] == kid[..., None, :]) & (qch[..., None] == kch[..., None, :]) & (qid[..., None] >= 0)
+    if causal:
+        allowed = allowed & (kpos[..., None, :] <= qpos[..., None])
     R = (rel_bias.shape[0] + 1) // 2
     rel = (R - 1 + kpos[..., None, :] - qpos[..., None]).clamp(0, 2 * R - 2)
     bias = rel_bias.to(acc)[rel]  # b[p_j - p_i]; pairs not allowed are masked below

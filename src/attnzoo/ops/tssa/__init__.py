@@ -113,7 +113,7 @@ def tssa(
     ``<pi_k, 1>`` and second moments ``sum_n pi_kn w_n^2`` run over the real tokens of the token's own sequence;
     the causal prefix sums of eq. 28 / 39 restart at each sequence's first token and ``bias`` is read at the
     position within the sequence (``N_max`` >= the longest sequence). Padding gives zero output and gradient.
-    Backends ``"naive"``, ``"torch"`` and ``"cpu"`` take them (``"auto"`` picks one of those).
+    Every backend takes them (the Triton kernels from per-token sequence ids, no copy of ``w``).
     """
     seg = segments(w.shape[0], w.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=w.device)
     _check_shapes(w, temp, causal, bias, seg)
@@ -161,13 +161,14 @@ def _tssa_cpu(w, temp, bias, *, causal: bool, seg: Segments | None = None) -> to
     return _tssa_torch(w, temp, bias, causal=causal, kernels=kernels)
 
 
-def _tssa_triton(w, temp, bias, *, causal: bool) -> torch.Tensor:
+def _tssa_triton(w, temp, bias, *, causal: bool, seg: Segments | None = None) -> torch.Tensor:
     from attnzoo.ops.tssa.triton import tssa_triton  # optional: imported only when it runs
 
     if w.device.type == "meta":
-        return _tssa_naive(w, temp, bias, causal=causal)  # shape inference: the reference reads no values
+        # shape inference: the reference reads no values
+        return torch.empty_like(w) if seg is not None else _tssa_naive(w, temp, bias, causal=causal)
     _check_values(w, temp, bias)
-    return tssa_triton(w, temp, causal=causal, bias=bias)
+    return tssa_triton(w, temp, causal=causal, bias=bias, seg=seg)
 
 
 def tssa_pi(
@@ -325,10 +326,7 @@ TSSA = Mechanism(
         "naive": Backend(__name__, "_tssa_naive", kind="reference"),
         "torch": Backend(__name__, "_tssa_torch"),
         "cpu": Backend(__name__, "_tssa_cpu", kind="cpu", devices=("cpu",)),
-        # masks=False: the Triton kernels take no sequence ids yet (the CPU kernels' run table would carry over)
-        "triton": Backend(
-            __name__, "_tssa_triton", kind="triton", devices=("cuda",), needs="attnzoo.ops.tssa.triton", masks=False
-        ),
+        "triton": Backend(__name__, "_tssa_triton", kind="triton", devices=("cuda",), needs="attnzoo.ops.tssa.triton"),
     },
     causal=True,
     state=TSSAState,

@@ -6,6 +6,7 @@ per-token decode step time vs context (ToST Fig. 8). One step per mechanism, so 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -21,11 +22,11 @@ TITLE = "Efficiency: time and memory vs sequence length"
 def plan_steps(plan: dict, _seed: int) -> list[Step]:  # no seeds: measurements
     from attnzoo.bench import cases
 
-    bad = [m for m in plan["mechanisms"] if m not in cases.OP_CASES]
+    bad = [m for m in plan["mechanisms"] if m not in cases.ALL_OP_CASES]
     bad += [m for m in plan["decode"] if m not in cases.DECODE_CASES]
     if bad:
         raise ValueError(
-            f"unknown efficiency mechanism(s) {bad}; op cases: {cases.OP_CASES}, decode cases: {cases.DECODE_CASES}"
+            f"unknown efficiency mechanism(s) {bad}; op cases: {cases.ALL_OP_CASES}, decode cases: {cases.DECODE_CASES}"
         )
     machine = Step(f"{KEY}/machine", KEY, {"kind": "machine"}, _run_machine, label="machine")
     steps = [machine]
@@ -256,6 +257,7 @@ def _findings(n_rows, dec_rows, plan: dict | None = None, explicit=None) -> list
     out = [_fastest_finding(ok)]
     out += _tssa_findings(ok, plan, explicit)
     out += _memory_growth_findings(ok)
+    out += _mega_csp_linear_findings(ok)
     out += _decode_findings(dec_rows)
     return out
 
@@ -427,3 +429,55 @@ def _decode_findings(dec_rows) -> list[dict]:
             )
         )
     return out
+
+
+def _time_exponent(rs: dict) -> tuple[float, int, int]:
+    """The exponent a of forward time ~ N^a between the shortest and longest N of ``rs`` (length -> row)."""
+    lo, hi = min(rs), max(rs)
+    return math.log(rs[hi].fwd_ms / rs[lo].fwd_ms) / math.log(hi / lo), lo, hi
+
+
+#: forward-time exponents: at most this is linear (timing noise and fixed costs allowed), at least the upper bound
+#: is closer to quadratic than to linear
+LINEAR_EXPONENT, QUADRATIC_EXPONENT = 1.25, 1.75
+#: below this longest N, per-call overheads rather than the O(N) / O(N²) terms set the exponent
+SCALING_MIN_N = 2048
+
+
+def _mega_csp_linear_findings(ok) -> list[dict]:
+    """CSP Table 4: MEGA using CSP costs O(CN), dense MEGA O(CN²): the measured exponent of forward time in N."""
+    by: dict[str, dict] = {}
+    for r in ok:
+        by.setdefault(r.mechanism, {})[r.length] = r
+    rs = by.get("mega_csp", {})
+    if len(rs) < 2:
+        return []
+    a, lo, hi = _time_exponent(rs)
+    if hi < SCALING_MIN_N:
+        return [
+            claims.not_tested(
+                "CSP Table 4",
+                "MEGA using CSP is linear in N",
+                "O(CN) for MEGA using CSP vs O(CN²) for MEGA",
+                f"longest N measured is {hi} < {SCALING_MIN_N}: fixed per-call costs decide the exponent "
+                f"(measured N^{a:.2f} from N={lo})",
+            )
+        ]
+    ref = []
+    for m in ("mega", "mega_chunk"):
+        if len(by.get(m, {})) >= 2:
+            ref.append(f"{m} N^{_time_exponent(by[m])[0]:.2f}")
+    verdict = "agrees" if a <= LINEAR_EXPONENT else ("disagrees" if a >= QUADRATIC_EXPONENT else "inconclusive")
+    return [
+        claims.finding(
+            "CSP Table 4",
+            "MEGA using CSP is linear in N",
+            "O(CN) for MEGA using CSP vs O(CN²) for MEGA",
+            f"forward time of the MEGA-CSP attention grows as N^{a:.2f} from N={lo} to {hi}"
+            + (f" ({', '.join(ref)})" if ref else ""),
+            verdict,
+            f"agrees if the exponent is ≤ {LINEAR_EXPONENT}, disagrees if ≥ {QUADRATIC_EXPONENT} (a measurement)",
+            kind="paper",
+            measurement=True,
+        )
+    ]

@@ -1,0 +1,84 @@
+"""CSP Table 4's second group in the report: the MEGA rows of the LRA section and MEGA-CSP's scaling finding."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from attnzoo.models import create_model
+from attnzoo.reproduce import claims
+from attnzoo.reproduce.sections import efficiency, lra
+
+ARCH = {"dim": 32, "depth": 2, "heads": 4, "mlp_dim": 64}
+
+
+@pytest.mark.parametrize("task", ["listops", "image"])
+def test_mega_rows_share_everything_but_the_attention(task):
+    built = {row: lra.mega_model(task, row, ARCH) for row in lra.MEGA_ROWS}
+    for row, (name, opts) in built.items():
+        assert name == lra.MEGA_ROWS[row].format(task=task)
+        assert (opts["dim"], opts["depth"], opts["mlp_dim"]) == (32, 2, 64)
+        assert opts["attention_options"]["hdim"] == 64
+        model = create_model(name, **opts)
+        assert model.config.dim == 32 and len(model.blocks) == 2
+    dense, chunk, csp = (built[r][1]["attention_options"] for r in ("mega", "mega_chunk", "mega_csp"))
+    assert dense["chunk_size"] is None and chunk["chunk_size"] is not None
+    assert {k: v for k, v in dense.items() if k != "chunk_size"} == {
+        k: v for k, v in chunk.items() if k != "chunk_size"
+    }
+    assert csp["attention"] == "csp" and dense["attention"] in ("softmax", "laplace")
+
+
+def test_mega_rows_are_planned_with_their_own_models():
+    plan = {
+        "tasks": {"listops": {"n_train": 32, "n_val": 16, "min_len": 8, "max_len": 16, "max_depth": 2}},
+        "mechanisms": ["softmax", "mega_chunk", "mega_csp"],
+        "arch": ARCH,
+        "train": {"steps": 2, "batch_size": 4, "lr": 1e-3},
+    }
+    models = {s.config["mechanism"]: s.config["train"]["model"] for s in lra.plan_steps(plan, 0) if "train" in s.config}
+    assert models == {
+        "softmax": "tost_lra_listops",
+        "mega_chunk": "mega_chunk_lra_listops",
+        "mega_csp": "mega_csp_lra_listops",
+    }
+
+
+def _res(values: dict[str, list[float]]) -> dict:
+    return {
+        m: {"listops": {"accuracy": claims.stat(v), "per_seed": list(v), "seeds": len(v), "steps_per_s": 1.0}}
+        for m, v in values.items()
+    }
+
+
+def test_mega_csp_vs_chunk_finding_is_oriented_and_decided_by_the_ci():
+    res = _res({"softmax": [40, 41, 42], "mega_chunk": [30.0, 31.0, 32.0], "mega_csp": [35.0, 36.0, 37.0]})
+    out = lra._findings(res, ["softmax", "mega_chunk", "mega_csp"], ["listops"], {"listops": 256}, ["listops"])
+    mega = [f for f in out if f["claim"].startswith("MEGA using CSP")]
+    assert len(mega) == 2  # the average, then listops
+    avg = mega[0]
+    assert avg["a_name"] == "mega_csp" and avg["b_name"] == "mega_chunk"
+    assert avg["effect"] == pytest.approx(5.0) and avg["verdict"] == "agrees"
+    res = _res({"softmax": [40, 41, 42], "mega_chunk": [35.0, 36.0, 37.0], "mega_csp": [30.0, 31.0, 32.0]})
+    out = lra._findings(res, ["softmax", "mega_chunk", "mega_csp"], ["listops"], {"listops": 256}, ["listops"])
+    assert [f["verdict"] for f in out if f["claim"].startswith("MEGA using CSP")] == ["disagrees", "disagrees"]
+
+
+def _rows(mech: str, exponent: float, lengths=(512, 2048, 8192)) -> list:
+    return [
+        SimpleNamespace(mechanism=mech, length=n, fwd_ms=0.01 * n**exponent, status="ok", causal=False) for n in lengths
+    ]
+
+
+@pytest.mark.parametrize(("exponent", "verdict"), [(1.02, "agrees"), (1.5, "inconclusive"), (1.98, "disagrees")])
+def test_mega_csp_scaling_verdict_follows_the_measured_exponent(exponent, verdict):
+    (f,) = efficiency._mega_csp_linear_findings(_rows("mega_csp", exponent) + _rows("mega", 2.0))
+    assert f["verdict"] == verdict and f["kind"] == "paper" and f.get("measurement")
+    assert f"N^{exponent:.2f}" in f["measured"] and "mega N^2.00" in f["measured"]
+
+
+def test_mega_csp_scaling_is_not_judged_at_short_lengths():
+    (f,) = efficiency._mega_csp_linear_findings(_rows("mega_csp", 2.0, lengths=(64, 256)))
+    assert f["verdict"] == "not tested" and "256" in f["measured"]
+    assert efficiency._mega_csp_linear_findings(_rows("mega", 2.0)) == []
