@@ -1,6 +1,5 @@
 """``transformers`` decoding with padded prompts: batched ``generate()`` equals generating from each prompt alone."""
 
-import inspect
 import sys
 from pathlib import Path
 
@@ -18,8 +17,8 @@ from masked_softmax import use_masked_softmax  # noqa: E402
 
 TINY_LM = dict(dim=32, depth=2, heads=4, vocab_size=61, block_size=40)
 LOCAL = "masked-softmax"
-# (label, mechanism, options): the fixed-state mechanisms decode padded prompts by per-row state selection; the
-# key/value caches (softmax, MSSA) need a step that takes the mask (the test-local masked softmax has one)
+# (label, mechanism, options): the fixed-state mechanisms keep a row's state at its padding; the key/value caches
+# (softmax, MSSA) keep a slot per token and their step skips the padding ones by the mask of the tokens fed so far
 MECHANISMS = [
     ("tssa", "tssa", {}),
     ("fastmax-p1", "fastmax", {"p": 1}),
@@ -50,10 +49,6 @@ def padded(side: str, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def _step_takes_mask(model) -> bool:
-    return all("attention_mask" in inspect.signature(b.attn.step).parameters for b in model.model.blocks)
-
-
 def _generate(model, ids, mask, **kw):
     return model.generate(
         ids,
@@ -72,10 +67,6 @@ def _generate(model, ids, mask, **kw):
 def test_generate_from_padded_prompts_equals_each_prompt_alone(label, mechanism, options, side):
     model = tiny_lm(mechanism, options, masked=label == LOCAL)
     ids, mask = padded(side)
-    if mechanism in ("softmax", "mssa") and not _step_takes_mask(model):
-        with pytest.raises(ValueError, match=f"attention '{mechanism}' keeps a decoding state that grows"):
-            _generate(model, ids, mask)
-        return
     out = _generate(model, ids, mask)
     assert isinstance(out.past_key_values, H.RecurrentCache)
     for i, p in enumerate(PROMPTS):
@@ -83,6 +74,24 @@ def test_generate_from_padded_prompts_equals_each_prompt_alone(label, mechanism,
         assert torch.equal(out.sequences[i, -6:], alone.sequences[0, -6:]), (i, out.sequences[i], alone.sequences)
         for a, b in zip(out.logits, alone.logits, strict=True):
             torch.testing.assert_close(a[i], b[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize(("label", "mechanism", "options"), MECHANISMS[:-1], ids=[m[0] for m in MECHANISMS[:-1]])
+def test_padded_prompts_are_prefilled_not_stepped(label, mechanism, options, side, monkeypatch):
+    model = tiny_lm(mechanism, options)
+    ids, mask = padded(side)
+    cls = type(model.model.blocks[0].attn)
+    calls = []
+    step = cls.step
+    monkeypatch.setattr(cls, "step", lambda self, *a, **k: calls.append(1) or step(self, *a, **k))
+    out = _generate(model, ids, mask)
+    assert len(calls) == 5 * len(model.model.blocks)  # the prompt in one parallel pass, then the 5 fed new tokens
+    monkeypatch.undo()
+    plain = _generate(model, ids, mask, use_cache=False)
+    assert torch.equal(out.sequences, plain.sequences)
+    for a, b in zip(out.logits, plain.logits, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_generate_without_cache_from_left_padded_prompts():

@@ -1,6 +1,5 @@
 """Swapped GPT-2 / Llama with padded batches: ``transformers``' attention_mask reaches the mechanism, never ignored."""
 
-import inspect
 import sys
 from pathlib import Path
 
@@ -19,6 +18,8 @@ from masked_softmax import use_masked_softmax  # noqa: E402
 
 DECODERS = {"gpt2": gpt2, "llama": llama}
 PROMPTS = [[5, 9, 2, 7, 1], [3], [8, 8, 4, 6, 2, 9, 11, 30]]
+# the causal mechanisms a transformers attention module can be swapped for (Fastmax at its default p=2)
+SWAPPABLE = ["softmax", "mssa", "tssa", "linear", "fastmax"]
 
 
 def padded(side: str = "left") -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,11 +71,12 @@ def test_masked_softmax_swap_left_padded_scores_equal_each_prompt_alone(arch, im
             torch.testing.assert_close(a[i], b[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("mechanism", ["tssa", "linear", "fastmax"])
+@pytest.mark.parametrize("mechanism", SWAPPABLE)
 @pytest.mark.parametrize("arch", sorted(DECODERS))
-def test_swapped_fixed_state_mechanisms_generate_from_left_padded_prompts(arch, mechanism):
-    # their layers take no mask in the parallel form yet: the padded prompt goes through their step, which keeps a
-    # row's state at its padding; the parallel forward of a padded batch raises instead of ignoring the mask
+def test_swapped_mechanisms_generate_from_left_padded_prompts_as_each_alone(arch, mechanism):
+    # the padded prompt is prefilled through the masked parallel form; the key/value caches (softmax, MSSA) keep a
+    # slot per token and skip the padding ones, the fixed-size states keep a row's state at its padding. (Left
+    # padding only: transformers' generate() reads the last position's logits, a padding one when right-padded.)
     model = swapped(arch, mechanism)
     ids, mask = padded("left")
     batched = _generate(model, ids, mask)
@@ -83,31 +85,21 @@ def test_swapped_fixed_state_mechanisms_generate_from_left_padded_prompts(arch, 
         assert torch.equal(batched.sequences[i, -5:], one.sequences[0, -5:])
         for a, b in zip(batched.scores, one.scores, strict=True):
             torch.testing.assert_close(a[i], b[0], rtol=1e-4, atol=1e-5)
-    # a forward with transformers' cache (use_cache defaults to True) takes the same path
+    # a forward with transformers' cache (use_cache defaults to True) takes the same path, and so does the
+    # parallel forward without it
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
     with torch.no_grad():
-        out = model(ids, attention_mask=mask, position_ids=positions).logits
-        for i, p in enumerate(PROMPTS):
-            torch.testing.assert_close(out[i, -len(p) :], model(torch.tensor([p])).logits[0], rtol=1e-4, atol=1e-5)
-    mixer = next(m for m in model.modules() if isinstance(m, SwappedAttention)).mixer
-    if not mixer.supports_masks:
-        with pytest.raises(ValueError, match=f"attention '{mechanism}' does not honour attention_mask"):
-            model(ids, attention_mask=mask, use_cache=False)
+        for kw in ({}, {"use_cache": False}):
+            out = model(ids, attention_mask=mask, position_ids=positions, **kw).logits
+            for i, p in enumerate(PROMPTS):
+                alone = model(torch.tensor([p])).logits[0]
+                torch.testing.assert_close(out[i, -len(p) :], alone, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", sorted(DECODERS))
-def test_unmasked_layers_raise_instead_of_ignoring_the_mask(arch):
-    model = swapped(arch, "softmax")
-    mixer = next(m for m in model.modules() if isinstance(m, SwappedAttention)).mixer
-    ids, mask = padded("left")
-    if not mixer.supports_masks:
-        with pytest.raises(ValueError, match="attention 'softmax' does not honour attention_mask"):
-            model(ids, attention_mask=mask, use_cache=False)
-    if "attention_mask" not in inspect.signature(mixer.step).parameters:
-        # its key/value cache cannot skip the padding: a clear error rather than a wrong continuation
-        with pytest.raises(ValueError, match="attention 'softmax' keeps a decoding state that grows"):
-            _generate(model, ids, mask)
+def test_right_padded_batch_equals_each_prompt_alone(arch):
     # right padding: a causal mechanism needs no mask for the real tokens
+    model = swapped(arch, "softmax")
     ids, mask = padded("right")
     with torch.no_grad():
         out = model(ids, attention_mask=mask).logits
@@ -115,22 +107,22 @@ def test_unmasked_layers_raise_instead_of_ignoring_the_mask(arch):
             torch.testing.assert_close(out[i, : len(p)], model(torch.tensor([p])).logits[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("mechanism", ["softmax", "linear", "tssa"])
+@pytest.mark.parametrize("padding", [False, True])
+@pytest.mark.parametrize("mechanism", SWAPPABLE)
 @pytest.mark.parametrize("arch", sorted(DECODERS))
-def test_prompt_is_prefilled_not_replayed(arch, mechanism, monkeypatch):
-    # softmax and linear hand the state of the parallel prompt pass to step: only the new tokens are stepped;
-    # the others (no prefill yet) replay the prompt once on the first decoding step
+def test_prompt_is_prefilled_not_replayed(arch, mechanism, padding, monkeypatch):
+    # the state of the parallel prompt pass goes to step: only the new tokens are stepped, padded prompts included
     model = swapped(arch, mechanism)
     mixer = next(m for m in model.modules() if isinstance(m, SwappedAttention)).mixer
     calls = []
     step = type(mixer).step
     monkeypatch.setattr(type(mixer), "step", lambda self, *a, **k: calls.append(1) or step(self, *a, **k))
-    prompt = torch.tensor([PROMPTS[2]])
-    out = _generate(model, prompt, torch.ones_like(prompt))
+    prompt, mask = padded("left") if padding else (torch.tensor([PROMPTS[2]]), torch.ones(1, len(PROMPTS[2])))
+    out = _generate(model, prompt, mask)
     per_layer = len(calls) // len(list(m for m in model.modules() if isinstance(m, SwappedAttention)))
-    assert per_layer == (4 if mechanism in ("softmax", "linear", "tssa") else 4 + prompt.shape[1])
+    assert per_layer == 4
     monkeypatch.undo()
-    plain = _generate(model, prompt, torch.ones_like(prompt), use_cache=False)
+    plain = _generate(model, prompt, mask, use_cache=False)
     assert torch.equal(out.sequences, plain.sequences)
     for a, b in zip(out.scores, plain.scores, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

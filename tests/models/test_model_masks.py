@@ -14,6 +14,7 @@ from masked_softmax import use_masked_softmax
 import attnzoo
 from attnzoo.models.config import CausalLMConfig, SequenceClassifierConfig
 from attnzoo.models.language import CausalLM
+from attnzoo.models.masking import RowInts
 from attnzoo.models.sequence import SequenceClassifier
 
 LOCAL = "masked-softmax"
@@ -99,15 +100,9 @@ def test_causal_lm_positions_restart_per_sequence(pos_embed):
                 torch.testing.assert_close(out[row, idx], model(s[None])[0], rtol=1e-10, atol=1e-10)
 
 
-# the mechanisms whose decoding state grows with the context (a key/value cache): a padded batch needs their step
-# to take the mask of the tokens fed so far; the others keep fixed-size states that the model selects per row
+# the mechanisms whose decoding state grows with the context (a key/value cache with a slot per token, padding
+# included: their step takes the mask of the tokens fed so far); the others keep fixed-size states
 GROWING = {"softmax", "mssa"}
-
-
-def _step_takes_mask(model) -> bool:
-    import inspect
-
-    return all("attention_mask" in inspect.signature(b.attn.step).parameters for b in model.blocks)
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
@@ -117,10 +112,6 @@ def test_generate_from_padded_prompts_equals_each_alone(mechanism, mode, use_cac
     model = _lm(mechanism)
     seqs = _seqs(5)
     ids, kw, _ = _batch(seqs, mode)
-    if use_cache and mechanism in GROWING and not _step_takes_mask(model):
-        with pytest.raises(ValueError, match=f"attention '{mechanism}' keeps a decoding state that grows"):
-            model.generate(ids, 5, temperature=0, use_cache=True, **kw)
-        return
     if not use_cache and not _masks(model):
         with pytest.raises(ValueError, match=f"attention '{mechanism}' does not honour"):
             model.generate(ids, 5, temperature=0, use_cache=False, **kw)
@@ -129,6 +120,22 @@ def test_generate_from_padded_prompts_equals_each_alone(mechanism, mode, use_cac
     for i, s in enumerate(seqs):
         alone = model.generate(s[None], 5, temperature=0, use_cache=use_cache)
         assert torch.equal(out[i, -5:], alone[0, -5:]), (i, out[i], alone[0])
+
+
+@pytest.mark.parametrize("mode", ["left", "right"])
+@pytest.mark.parametrize("mechanism", attnzoo.list_attentions(causal=True))
+def test_generate_prefills_padded_prompts_instead_of_stepping_them(mechanism, mode, monkeypatch):
+    model = _lm(mechanism)
+    ids, kw, _ = _batch(_seqs(5), mode)
+    cls = type(model.blocks[0].attn)
+    calls = []
+    step = cls.step
+    monkeypatch.setattr(cls, "step", lambda self, *a, **k: calls.append(1) or step(self, *a, **k))
+    out = model.generate(ids, 4, temperature=0, use_cache=True, **kw)
+    prompt = ids.shape[1] if mechanism in REPLAYS_PADDED else 0
+    assert len(calls) == (prompt + 3) * len(model.blocks)  # the new tokens only (the last one is not fed)
+    monkeypatch.undo()
+    assert torch.equal(out, model.generate(ids, 4, temperature=0, use_cache=False, **kw))
 
 
 def test_step_with_padding_keeps_the_rows_state_and_position():
@@ -187,27 +194,64 @@ def test_a_mask_on_an_unmasked_layer_is_an_error_never_ignored():
     model(ids)  # without a mask it runs as before
 
 
-@pytest.mark.parametrize("mechanism", attnzoo.list_attentions(causal=True))
-def test_prefill_state_equals_stepping_the_prompt(mechanism):
-    model = _lm(mechanism)
-    ids = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(4))
-    pre = model.prefill(ids)
-    if mechanism not in ("softmax", "linear", "tssa", "mega"):
-        assert pre is None  # no prefill yet: generate() feeds the prompt through step
-        return
-    logits, state = pre
-    torch.testing.assert_close(logits, model(ids), rtol=1e-12, atol=1e-12)
-    stepped = model.init_state(2)
-    for t in range(ids.shape[1]):
-        last, stepped = model.step(ids[:, t], stepped)
-    assert state["pos"] == stepped["pos"] == 7
-    for a, b in zip(state["layers"], stepped["layers"], strict=True):
-        for k, v in a.items() if isinstance(a, dict) else enumerate(a):  # dicts, or named tuples (TSSAState)
-            torch.testing.assert_close(v, b[k], rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(logits[:, -1], last, rtol=1e-10, atol=1e-12)
-    nxt, _ = model.step(ids[:, 0], state)
-    ref, _ = model.step(ids[:, 0], stepped)
-    torch.testing.assert_close(nxt, ref, rtol=1e-10, atol=1e-12)
+# the layers whose prefill declines a padded prompt (MEGA: its chunked attention restarts at fixed offsets)
+REPLAYS_PADDED = {"mega"}
+# every causal mechanism, Fastmax at both orders (p=1 with the scale that keeps its weights non-negative)
+DECODING = [(m, {}) for m in attnzoo.list_attentions(causal=True)] + [("fastmax", {"p": 1, "scale": 0.25})]
+
+
+def _state_leaves(state) -> dict[str, object]:
+    """The leaves of a layer state by name (dict keys or named-tuple fields)."""
+    return dict(state.items()) if isinstance(state, dict) else state._asdict()
+
+
+def _rows(value, batch: int) -> torch.Tensor:
+    """An int, per-row ints (``RowInts``) or a tensor as a tensor with a leading batch axis."""
+    if isinstance(value, RowInts):
+        value = value.values
+    return torch.as_tensor(value).expand(batch) if not isinstance(value, torch.Tensor) or value.ndim == 0 else value
+
+
+@pytest.mark.parametrize("mode", ["none", "left", "right"])
+@pytest.mark.parametrize(("mechanism", "options"), DECODING, ids=[f"{m}{o}" for m, o in DECODING])
+def test_prefill_state_equals_stepping_the_prompt(mechanism, options, mode):
+    model = _lm(mechanism, attention_options=options)
+    if mode == "none":
+        ids, mask = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(4)), None
+    else:
+        ids, kw, _ = _batch(_seqs(6), mode)
+        mask = kw["attention_mask"].bool()
+    b, n = ids.shape
+    with torch.no_grad():
+        pre = model.prefill(ids, attention_mask=mask)
+        if mechanism in REPLAYS_PADDED and mask is not None:
+            assert pre is None  # its layer declines a padded prompt: generate() steps through it instead
+            return
+        logits, state = pre
+        full = model(ids) if mask is None else model(ids, attention_mask=mask)
+        real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask
+        torch.testing.assert_close(logits[real], full[real], rtol=1e-10, atol=1e-10)
+        stepped, last = model.init_state(b), None
+        for t in range(n):
+            out, stepped = model.step(ids[:, t], stepped, attention_mask=None if mask is None else mask[:, t])
+            last = out if last is None else torch.where(real[:, t, None], out, last)  # each row's last real token
+        torch.testing.assert_close(_rows(state["pos"], b), _rows(stepped["pos"], b), rtol=0, atol=0)
+        for a, c in zip(state["layers"], stepped["layers"], strict=True):
+            pairs = zip(_state_leaves(a).items(), _state_leaves(c).values(), strict=True)
+            for (name, u), v in pairs:
+                if mechanism in GROWING:  # a cache slot per token: the padding slots are never read
+                    u, v = u.transpose(1, 2)[real], v.transpose(1, 2)[real]
+                torch.testing.assert_close(_rows(u, b), _rows(v, b), rtol=1e-10, atol=1e-10, msg=name)
+        has = real.any(dim=1)
+        idx_last = (torch.arange(n) * real).argmax(dim=1)
+        torch.testing.assert_close(logits[torch.arange(b), idx_last][has], last[has], rtol=1e-10, atol=1e-10)
+        # and both decode the same continuation
+        g = torch.Generator().manual_seed(7)
+        for _ in range(3):
+            nxt = torch.randint(0, VOCAB, (b,), generator=g)
+            out, state = model.step(nxt, state)
+            ref, stepped = model.step(nxt, stepped)
+            torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
 
 
 def test_an_all_ones_mask_runs_on_any_layer():

@@ -23,7 +23,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast, ImageClassifierOutput
 
 from attnzoo.hf.configs import AttnZooCausalLMConfig, AttnZooVisionConfig
-from attnzoo.models.language import CausalLM
+from attnzoo.models.language import CausalLM, last_real_logits
 from attnzoo.models.masking import RowInts
 from attnzoo.models.vision import VisionTransformer
 from attnzoo.ops._varlen import segments
@@ -225,10 +225,15 @@ class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
                 f"decoding {top + t_new} tokens exceeds block_size={m.config.block_size} (learned positions "
                 f"end there); generate fewer tokens or decode with use_cache=False for a sliding window"
             )
-        pre = m.prefill(input_ids) if cache.pos == 0 and mask is None and t_new > 1 else None
+        pre = m.prefill(input_ids, attention_mask=mask) if cache.pos == 0 and t_new > 1 else None
         if pre is not None:  # the prompt through the parallel form once, its state handed to step
-            cache.layers, cache.pos = pre[1]["layers"], t_new
-            return pre[0][:, t_new - keep :]
+            logits, state = pre
+            cache.layers, cache.pos = state["layers"], t_new
+            if "mask" not in state:
+                return logits[:, t_new - keep :]
+            cache.row_pos, cache.mask = state["pos"], state["mask"]
+            cache.last_logits = last_real_logits(logits, state["mask"])
+            return _repeat_last_real(logits, state["mask"], t_new - keep)
         state = {"pos": cache.row_pos if cache.row_pos is not None else cache.pos, "layers": cache.layers}
         if cache.mask is not None:
             state["mask"] = cache.mask
@@ -364,8 +369,7 @@ class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
             hidden_states = tuple(states)
         if mask is None:
             return m.lm_head(x[:, t - keep :]), hidden_states
-        # each position's row-last real token so far (-1 before the first): its logits stand for the padding
-        idx = torch.where(mask, torch.arange(t, device=mask.device), -1).cummax(dim=1).values[:, t - keep :]
+        idx = _last_real_index(mask, t - keep)
         logits = m.lm_head(x.gather(1, idx.clamp_min(0)[..., None].expand(-1, -1, x.shape[-1])))
         return torch.where(idx[..., None] >= 0, logits, torch.zeros_like(logits)), hidden_states
 
@@ -374,6 +378,21 @@ class AttnZooForCausalLM(AttnZooPreTrainedModel, GenerationMixin):
         kwargs.pop("position_ids", None)
         kwargs[_GENERATE_CACHE_ARG] = cache if cache is not None else past_key_values
         return super().prepare_inputs_for_generation(input_ids, **kwargs)
+
+
+def _last_real_index(mask: torch.Tensor, start: int) -> torch.Tensor:
+    """``(B, T - start)``: for each position from ``start`` on, the index of its row's last real token so far in
+    ``mask (B, T)`` (-1 before the first); its logits stand for the padding positions."""
+    t = mask.shape[1]
+    return torch.where(mask, torch.arange(t, device=mask.device), -1).cummax(dim=1).values[:, start:]
+
+
+def _repeat_last_real(logits: torch.Tensor, mask: torch.Tensor, start: int) -> torch.Tensor:
+    """The logits ``(B, T, V)`` of positions ``start..T-1``, each padding position's replaced by its row's last real
+    logits so far (zeros before any), as :meth:`AttnZooForCausalLM._parallel` gives them."""
+    idx = _last_real_index(mask, start)
+    got = logits.gather(1, idx.clamp_min(0)[..., None].expand(-1, -1, logits.shape[-1]))
+    return torch.where(idx[..., None] >= 0, got, torch.zeros_like(got))
 
 
 def _next_token_loss(

@@ -209,8 +209,9 @@ class SwappedAttention(nn.Module):
     Decoding with ``transformers``' cache (``generate`` with ``use_cache=True``): the ``transformers`` cache
     holds zero-width key/value entries so its length (hence the positions) advances, and the mechanism's own
     recurrent state (``init_state``/``step``) is kept here per cache object. The prompt pass runs in parallel;
-    where the mechanism has a prefill (:func:`attnzoo.models.prefill.prefill`: softmax, linear) that pass also
-    gives the state, otherwise the prompt is replayed through ``step`` on the first decoding step.
+    where the mechanism has a prefill (:func:`attnzoo.models.prefill.prefill`: softmax, MSSA, Fastmax, TSSA,
+    linear) that pass also gives the state, padded prompts included; otherwise the prompt is replayed through
+    ``step`` on the first decoding step.
     """
 
     def __init__(self, mixer: Attention, layer_idx: int | None, original: str) -> None:

@@ -17,7 +17,7 @@ from attnzoo.ops.fastmax import (
     fastmax_init_state,
     fastmax_step,
 )
-from attnzoo.ops.fastmax.common import resolve_scale, standardize
+from attnzoo.ops.fastmax.common import DEFAULT_CHUNK, feature_dim, features, resolve_scale, standardize
 
 __all__ = ["FastmaxAttention", "MAX_CAPTURE_TOKENS"]
 
@@ -143,6 +143,34 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
             q, k, v = self._qkv(x)
             out, state = fastmax_step(q, k, v, state, p=self.p, scale=self.scale, attention_mask=attention_mask)
             return zero_padding_tokens(self._out(out), attention_mask), state
+
+    def prefill(
+        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, FastmaxState]:
+        """``(out (B, N, dim), state)``: the causal forward of the prompt ``x`` and the running moment sums after it
+        (eqs 34-35: ``sum_n phi(k_hat_n) v_n^T`` and ``sum_n phi(k_hat_n)`` over each row's real tokens), in one
+        pass instead of ``N`` steps. ``attention_mask`` ``(B, N)`` marks the real tokens."""
+        self._require_causal()
+        self.check_input(x)
+        with self.naming_input(x):
+            q, k, v = self._qkv(x)
+            out = fastmax(
+                q, k, v, p=self.p, causal=True, scale=self.scale, backend=self.backend, attention_mask=attention_mask
+            )
+            y = zero_padding_tokens(self._out(out), attention_mask)
+        sd = torch.promote_types(x.dtype, torch.float32)  # the sums' dtype of init_state / fastmax_step
+        b, h, n, d = k.shape
+        num = k.new_zeros(b, h, feature_dim(d, self.p), v.shape[-1], dtype=sd)
+        den = k.new_zeros(b, h, feature_dim(d, self.p), dtype=sd)
+        real = None if attention_mask is None else (attention_mask != 0).to(x.device)
+        # chunks bound the (B, H, chunk, P) features: P = 1 + D + D^2 for p = 2
+        for i in range(0, n, DEFAULT_CHUNK):
+            fk = features(standardize(k[:, :, i : i + DEFAULT_CHUNK].to(sd)), self.p)
+            if real is not None:
+                fk = torch.where(real[:, None, i : i + DEFAULT_CHUNK, None], fk, 0.0)
+            num = num + fk.transpose(-1, -2) @ v[:, :, i : i + DEFAULT_CHUNK].to(sd)
+            den = den + fk.sum(dim=2)
+        return y, FastmaxState(num, den)
 
     def _require_causal(self) -> None:
         if not self.causal:

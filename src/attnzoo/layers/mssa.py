@@ -9,6 +9,7 @@ from torch import nn
 
 from attnzoo._checks import check_scale
 from attnzoo.layers.base import Attention, RecurrentMixin, check_kv_cache, check_step_input, register_attention
+from attnzoo.layers.softmax import attend_cache, cache_mask, check_prefill
 from attnzoo.ops._segment_ops import attention_allowed, zero_padding_tokens
 from attnzoo.ops._varlen import segments
 from attnzoo.ops.mssa import MSSA, MSSAOptions, mssa, mssa_query, mssa_weights
@@ -33,7 +34,8 @@ class MSSAAttention(Attention, RecurrentMixin):
     CRATE's ``dim_head`` may differ, e.g. 64 at width 1280 for AoT-Huge), ``scale`` (default ``head_dim ** -0.5`` as
     in CRATE; the eqs.
     have none -- it is absorbed in ``U``). The step size ``eta`` of eq. (3) belongs to the residual block.
-    Decoding: ``init_state``/``step`` keep a cache ``{"w"}`` of projections ``(B, H, t, head_dim)``.
+    Decoding: ``init_state``/``step`` keep a cache ``{"w"}`` of projections ``(B, H, t, head_dim)``; ``prefill``
+    gives it from one causal pass over a prompt; ``step(attention_mask=...)`` skips the padding in it.
 
     ``forward(x, attention_mask=..., cu_seqlens=...)``: each sequence attends within its own real tokens (see
     :func:`~attnzoo.ops.mssa.mssa`); padding tokens give 0.
@@ -129,8 +131,14 @@ class MSSAAttention(Attention, RecurrentMixin):
         )
         return {"w": empty}
 
-    def step(self, x: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One token ``(B, 1, dim)``: append its projection to the cache, attend from it over the cache."""
+    def step(
+        self, x: torch.Tensor, state: dict[str, torch.Tensor], *, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One token ``(B, 1, dim)``: append its projection to the cache, attend from it over the cache.
+
+        ``attention_mask`` ``(B, t + 1)``: the mask of every token fed so far, this one last (the models'
+        convention). The cache keeps a slot for every token, padding included; the padding slots are skipped, and
+        a padding token gets a zero output (decoding a padded batch equals decoding each row alone)."""
         check_step_input(self, x)
         check_kv_cache(state, x.shape[0], ("w",))
         with self.naming_input(x):
@@ -138,8 +146,34 @@ class MSSAAttention(Attention, RecurrentMixin):
             w = torch.cat([state["w"], w_t], dim=2)
             p = self.attn_dropout if self.training else 0.0
             q = mssa_query(w_t, self.normalize_query)
-            o = softmax_attention(q, w, w, causal=False, scale=self.scale, dropout_p=p)
-            return self._out(o), {"w": w}
+            if attention_mask is None:
+                o = softmax_attention(q, w, w, causal=False, scale=self.scale, dropout_p=p)
+                return self._out(o), {"w": w}
+            keep = cache_mask(attention_mask, w)
+            o = attend_cache(q, w, w, keep, scale=self.scale, dropout_p=p)
+            return zero_padding_tokens(self._out(o), keep[:, -1:]), {"w": w}
+
+    def prefill(
+        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``(out (B, N, dim), {"w"})``: the causal forward of the prompt ``x`` (AoT §4.1's masked MSSA) and its cache
+        of projections ``U_k^T z`` (padding slots included: :meth:`step` skips them by its mask), from one pass.
+
+        ``attention_mask`` ``(B, N)`` marks the real tokens; the steps that follow take it extended by one column
+        per token."""
+        check_prefill(self, x)
+        with self.naming_input(x):
+            w = self._w(x)
+            p = self.attn_dropout if self.training else 0.0
+            o = mssa(
+                w,
+                causal=True,
+                scale=self.scale,
+                normalize_query=self.normalize_query,
+                dropout_p=p,
+                attention_mask=attention_mask,
+            )
+            return zero_padding_tokens(self._out(o), attention_mask), {"w": w}
 
     def extra_repr(self) -> str:
         return (

@@ -15,10 +15,10 @@ from attnzoo.layers.base import (  # noqa: F401  (check_step_input, check_kv_cac
     register_attention,
 )
 from attnzoo.ops._segment_ops import attention_allowed, zero_padding_tokens
-from attnzoo.ops._varlen import segments
+from attnzoo.ops._varlen import check_attention_mask, segments
 from attnzoo.ops.softmax import SOFTMAX, SoftmaxOptions, softmax_attention, softmax_attention_weights
 
-__all__ = ["SoftmaxAttention"]
+__all__ = ["SoftmaxAttention", "attend_cache", "cache_mask", "check_prefill"]
 
 
 @register_attention("softmax")
@@ -27,7 +27,8 @@ class SoftmaxAttention(QKVProjection, Attention, RecurrentMixin):
 
     Layout: ``qkv = Linear(dim, 3 dim)`` split as ``(q | k | v)``, each ``(heads x head_dim)``; ``proj = Linear(dim,
     dim)`` -- the same parameters (names aside) as ViT/DeiT ``Attention`` and nanoGPT ``CausalSelfAttention``.
-    Decoding: ``init_state``/``step`` keep a KV cache ``{"k", "v"}`` of shape ``(B, H, t, head_dim)``.
+    Decoding: ``init_state``/``step`` keep a KV cache ``{"k", "v"}`` of shape ``(B, H, t, head_dim)``; ``prefill``
+    gives it from one causal pass over a prompt; ``step(attention_mask=...)`` skips the padding in it.
 
     ``forward(x, attention_mask=..., cu_seqlens=...)``: each sequence attends within its own real tokens (see
     :func:`~attnzoo.ops.softmax.softmax_attention`); padding tokens give 0.
@@ -103,8 +104,14 @@ class SoftmaxAttention(QKVProjection, Attention, RecurrentMixin):
         empty = torch.zeros(batch_size, self.heads, 0, self.head_dim, device=device or w.device, dtype=dtype or w.dtype)
         return {"k": empty, "v": empty.clone()}
 
-    def step(self, x: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One token ``(B, 1, dim)``: append its key/value to the cache and attend over the whole cache."""
+    def step(
+        self, x: torch.Tensor, state: dict[str, torch.Tensor], *, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One token ``(B, 1, dim)``: append its key/value to the cache and attend over the whole cache.
+
+        ``attention_mask`` ``(B, t + 1)``: the mask of every token fed so far, this one last (the models'
+        convention). The cache keeps a slot for every token, padding included; the padding keys are skipped, and
+        a padding token gets a zero output (decoding a padded batch equals decoding each row alone)."""
         check_step_input(self, x)
         check_kv_cache(state, x.shape[0], ("k", "v"))
         with self.naming_input(x):
@@ -112,9 +119,55 @@ class SoftmaxAttention(QKVProjection, Attention, RecurrentMixin):
             k = torch.cat([state["k"], k], dim=2)
             v = torch.cat([state["v"], v], dim=2)
             p = self.attn_dropout if self.training else 0.0
-            # The newest token is the last query: every cached key is in its past, so no mask is needed.
-            o = softmax_attention(q, k, v, causal=False, scale=self.scale, dropout_p=p)
-            return self._out(o), {"k": k, "v": v}
+            if attention_mask is None:
+                # The newest token is the last query: every cached key is in its past, so no mask is needed.
+                o = softmax_attention(q, k, v, causal=False, scale=self.scale, dropout_p=p)
+                return self._out(o), {"k": k, "v": v}
+            keep = cache_mask(attention_mask, k)
+            o = attend_cache(q, k, v, keep, scale=self.scale, dropout_p=p)
+            return zero_padding_tokens(self._out(o), keep[:, -1:]), {"k": k, "v": v}
+
+    def prefill(
+        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``(out (B, N, dim), {"k", "v"})``: the causal forward of the prompt ``x`` and its key/value cache (eq. 1's
+        ``K, V`` of every token, padding slots included: :meth:`step` skips them by its mask), from one pass.
+
+        ``attention_mask`` ``(B, N)`` marks the real tokens; the steps that follow take it extended by one column
+        per token."""
+        check_prefill(self, x)
+        with self.naming_input(x):
+            q, k, v = self._qkv(x)
+            p = self.attn_dropout if self.training else 0.0
+            o = softmax_attention(q, k, v, causal=True, scale=self.scale, dropout_p=p, attention_mask=attention_mask)
+            return zero_padding_tokens(self._out(o), attention_mask), {"k": k, "v": v}
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, scale={self.scale:.4g}"
+
+
+def check_prefill(module: Attention, x: torch.Tensor) -> None:
+    """``prefill`` takes a prompt ``(B, N, dim)`` of a causal module."""
+    if not module.causal:
+        raise ValueError(f"{type(module).__name__}.prefill fills a decoding state; build the module with causal=True")
+    module.check_input(x)
+
+
+def cache_mask(attention_mask: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The ``(B, t + 1)`` bool mask of a cache ``k (B, H, t + 1, P)`` (this token last); a clear error otherwise."""
+    b, _, n, _ = k.shape
+    name = "attention_mask (the mask of every token fed so far, this one last)"
+    return check_attention_mask(attention_mask, b, n, name=name).to(k.device)
+
+
+def attend_cache(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, *, scale: float, dropout_p: float
+) -> torch.Tensor:
+    """``softmax(q K^T * scale) V`` of one query per row ``q (B, H, 1, P)`` over the real keys of a cache
+    ``k (B, H, t + 1, P)``, ``v (B, H, t + 1, Pv)``; ``keep (B, t + 1)`` bool marks them (eq. 1 over each row's real
+    tokens)."""
+    # a row with no real token yet reads every key (an all-masked softmax row is NaN); the caller zeroes its output
+    allow = keep | ~keep.any(dim=1, keepdim=True)
+    return F.scaled_dot_product_attention(
+        q, k.to(q.dtype), v.to(q.dtype), attn_mask=allow[:, None, None, :], dropout_p=dropout_p, scale=scale
+    )

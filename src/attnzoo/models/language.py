@@ -17,7 +17,7 @@ from attnzoo.models.embeddings import sinusoidal_positions
 from attnzoo.models.prefill import has_prefill, prefill
 from attnzoo.ops._varlen import check_attention_mask, segments
 
-__all__ = ["CausalLM", "check_token_ids", "sample_next"]
+__all__ = ["CausalLM", "check_token_ids", "last_real_logits", "sample_next"]
 
 
 def check_token_ids(name: str, idx: torch.Tensor, vocab_size: int, max_len: int | None) -> None:
@@ -286,34 +286,50 @@ class CausalLM(PretrainedModel):
             idx = torch.cat([idx, sample(logits)[:, None]], dim=1)
         return idx
 
-    def prefill(self, idx: torch.Tensor) -> tuple[torch.Tensor, dict] | None:
+    def prefill(
+        self, idx: torch.Tensor, *, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict] | None:
         """The prompt ``idx (B, T)`` through the parallel causal form once: logits ``(B, T, V)`` and the decoding
         state after it (equal to feeding it through :meth:`step`); ``None`` when a mixer has no prefill
-        (:func:`attnzoo.models.prefill.prefill`: softmax, linear), whose prompt :meth:`generate` feeds token by token.
+        (:func:`attnzoo.models.prefill.prefill`), whose prompt :meth:`generate` feeds token by token.
+
+        ``attention_mask (B, T)`` (1 = real; padding left, right or anywhere): positions restart at each row's first
+        real token, the state holds each row's real tokens alone, and its ``pos`` ``(B,)`` and ``mask (B, T)`` are
+        those :meth:`step` keeps after a padded prompt (logits at padding positions are meaningless).
         """
         if not all(has_prefill(b.attn) for b in self.blocks):
             return None
         check_token_ids("idx", idx, self.config.vocab_size, self.config.block_size)
-        x = self._embed(idx, 0)
+        mask = None
+        if attention_mask is not None:
+            mask = check_attention_mask(attention_mask, *idx.shape).to(idx.device)
+            mask = None if bool(mask.all()) else mask
+        seg = segments(*idx.shape, attention_mask=mask, device=idx.device)
+        x = self._embed(idx, 0 if seg is None else seg.pos)
         layers = []
         for blk in self.blocks:
             box = {}
 
             def mix(h: torch.Tensor, attn=blk.attn, box=box) -> torch.Tensor:
-                out, box["state"] = prefill(attn, h)
-                return out
+                box["pre"] = prefill(attn, h, mask)
+                return h if box["pre"] is None else box["pre"][0]
 
             x = blk._run(x, mix)
-            layers.append(box["state"])
-        return self.lm_head(self.ln_f(x)), {"pos": idx.shape[1], "layers": layers}
+            if box["pre"] is None:
+                return None  # a layer declines this prompt (MEGA's, when padded): step through it instead
+            layers.append(box["pre"][1])
+        logits = self.lm_head(self.ln_f(x))
+        if mask is None:
+            return logits, {"pos": idx.shape[1], "layers": layers}
+        return logits, {"pos": mask.sum(dim=1), "layers": layers, "mask": mask}
 
     def _generate_cached(
         self, idx: torch.Tensor, max_new_tokens: int, mask: torch.Tensor | None, sample
     ) -> torch.Tensor:
         """Incremental decoding of :meth:`generate`; ``mask (B, T)`` bool or ``None`` (no padding)."""
-        pre = self.prefill(idx) if mask is None else None
+        pre = self.prefill(idx, attention_mask=mask)
         state = pre[1] if pre is not None else self.init_state(idx.shape[0], device=idx.device)
-        logits = pre[0][:, -1] if pre is not None else None
+        logits = None if pre is None else last_real_logits(pre[0], mask)
         for t in range(0 if pre is None else idx.shape[1], idx.shape[1]):
             real = None if mask is None else mask[:, t : t + 1]
             x, state = self._step_hidden(idx[:, t : t + 1], state, real)
@@ -329,3 +345,13 @@ class CausalLM(PretrainedModel):
             if i + 1 < max_new_tokens:
                 logits, state = self.step(nxt, state)
         return torch.cat(out, dim=1)
+
+
+def last_real_logits(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``(B, V)``: the logits ``(B, T, V)`` at each row's last real token of ``mask (B, T)`` (zeros for a row without
+    one, as stepping gives); the last position when ``mask`` is ``None``."""
+    if mask is None:
+        return logits[:, -1]
+    last = (torch.arange(mask.shape[1], device=mask.device) * mask).argmax(dim=1)
+    out = logits[torch.arange(logits.shape[0], device=logits.device), last]
+    return torch.where(mask.any(dim=1, keepdim=True), out, torch.zeros_like(out))
