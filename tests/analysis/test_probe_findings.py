@@ -82,7 +82,9 @@ def test_layerwise_findings_judge_the_latter_half_and_explain_with_ablations():
     out = {f["claim"].split("'s")[0].replace("the trained ", ""): f for f in P._findings({}, deep, shallow, trained)}
     assert set(out) == {"crate", "cbt", "tost", "aot"}  # no claim for the black-box ViT
     for f in out.values():
-        assert set(f) == set(claims.finding("p", "c", "v", "m", "agrees", "r", kind="paper", measurement=True))
+        # a finding's fields, plus the probe model it was measured on (its random-initialisation control's key)
+        base = set(claims.finding("p", "c", "v", "m", "agrees", "r", kind="paper", measurement=True))
+        assert set(f) == base | {"probe_model"}
         assert f["kind"] == "paper" and f["measurement"] is True
         assert f["seeds"] == 1 and "60.0% validation accuracy at depth 8" in f["measured"]
     # CRATE rises over its first half and falls over its latter half: agrees (layers 5 -> 8: 50 -> 47, 3 of 3 fall)
