@@ -237,12 +237,10 @@ def test_cuda_plan_triton_rows_run_under_the_interpreter():
         _check_inputs.SHAPES_QUICK[:] = [(1, 2, 5, 3)]
         st._decode_shapes = lambda quick: [(1, 2, 4, 3)]
         rows = st.run_selftest(torch.device("cpu"), quick=True, only=["tssa", "fastmax p=1"])
-        # the Triton kernels take no masks yet: their mask / varlen rows are skipped, saying so
-        masked = [(r.mechanism, r.backend, r.check, r.skip_reason) for r in rows if r.check in ("mask", "varlen")]
-        why = "this backend does not take masks (Backend(masks=False))"
-        assert masked == [(m, "triton", c, why) for m in ("fastmax", "tssa") for c in ("mask", "varlen")], masked
-        rows = [r for r in rows if r.check not in ("mask", "varlen")]
-        got = [(r.mechanism, r.backend, r.check) for r in rows]
+        # the Triton kernels take masks: their mask / varlen rows run (named backend) and pass
+        masked = [(r.mechanism, r.backend, r.check) for r in rows if r.check in ("mask", "varlen")]
+        assert masked == [(m, "triton", c) for m in ("fastmax", "tssa") for c in ("mask", "varlen")], masked
+        got = [(r.mechanism, r.backend, r.check) for r in rows if r.check not in ("mask", "varlen")]
         checks = ("forward", "backward", "causal leak", "decode")
         want = [(m, "triton", c) for m in ("fastmax p=1", "tssa") for c in checks]
         assert got == want, got
@@ -273,7 +271,7 @@ def test_cuda_plan_triton_rows_run_under_the_interpreter():
         [sys.executable, "-c", script], check=False, env=env, capture_output=True, text=True, timeout=300
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "FAIL" not in res.stdout and res.stdout.count(" ok") == 8
+    assert "FAIL" not in res.stdout and res.stdout.count(" ok") == 12  # 8 kernel rows + 4 mask / varlen rows
 
 
 def test_every_registered_mechanism_has_a_selftest(capsys):
@@ -556,10 +554,11 @@ class _BackwardFails(torch.autograd.Function):
 def test_auto_falls_back_when_the_backward_kernel_fails(monkeypatch, fake_gpu, op):
     mod = importlib.import_module(f"attnzoo.ops.{op}.triton")
     torch_path = {
-        "tssa": lambda w, temp, causal, bias: tssa(w, temp, causal=causal, bias=bias, backend="torch"),
-        "fastmax": lambda qs, kh, v, p, causal, chunk_size: sys.modules["attnzoo.ops.fastmax"].fastmax_factorized(
-            qs, kh, v, p=p, causal=causal, chunk=chunk_size
-        ),
+        # the kernels' signatures; seg (the padding / packing segments) is None in these unmasked calls
+        "tssa": lambda w, temp, causal, bias, seg=None: tssa(w, temp, causal=causal, bias=bias, backend="torch"),
+        "fastmax": lambda qs, kh, v, p, causal, chunk_size, seg=None: sys.modules[
+            "attnzoo.ops.fastmax"
+        ].fastmax_factorized(qs, kh, v, p=p, causal=causal, chunk=chunk_size),
     }[op]
     calls: list = []
 
@@ -600,7 +599,9 @@ def test_auto_falls_back_when_the_backward_kernel_fails(monkeypatch, fake_gpu, o
 def test_a_backward_kernel_that_ran_once_is_not_guarded_again(monkeypatch, fake_gpu):
     mod = importlib.import_module("attnzoo.ops.tssa.triton")
     monkeypatch.setattr(
-        mod, "tssa_triton", lambda w, temp, causal, bias: tssa(w, temp, causal=causal, bias=bias, backend="torch")
+        mod,
+        "tssa_triton",
+        lambda w, temp, causal, bias, seg=None: tssa(w, temp, causal=causal, bias=bias, backend="torch"),
     )
     w = torch.randn(1, 2, 6, 3, requires_grad=True)
     temp = torch.ones(2)

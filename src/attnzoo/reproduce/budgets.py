@@ -410,7 +410,6 @@ def _adapt_vision() -> None:
         "arch": {"dim": 32, "depth": 1, "heads": 2, "patch_size": 2},
         "rep_grid": [2, 2],
         "pretrain": {"steps": 24, "batch_size": 32, "lr": 2e-3, "log_every": 4},
-        "curve_points": 2,
         "finetune": {"steps": 6, "batch_size": 32, "lr": 5e-4},
         "require_learned": False,
     }
@@ -421,7 +420,6 @@ def _adapt_vision() -> None:
         "seeds": 2,
         "arch": {"dim": 64, "depth": 2, "heads": 4, "patch_size": 4},
         "rep_grid": [3, 3],
-        "curve_points": 3,
         "pretrain": {"steps": 300, "batch_size": 64, "lr": 2e-3, "warmup_steps": 30},
         "finetune": {"steps": 40, "batch_size": 64, "lr": 5e-4, "warmup_steps": 4},
     }

@@ -492,6 +492,17 @@ def _c_bwd_fwd_sweep_kernel(
 
 
 @triton.jit
+def _prefix_sum(x, first, carry, SEG: tl.constexpr):
+    """Inclusive prefix sum of ``x (BLOCK_N, BLOCK_P)`` over tokens plus the carried ``carry (BLOCK_P,)``; with SEG
+    restarting at each sequence's first token."""
+    if SEG:
+        out = _seg_scan(x, first, carry, False)
+    else:
+        out = tl.cumsum(x, axis=0) + carry[None, :]
+    return out
+
+
+@triton.jit
 def _c_bwd_rev_sweep_kernel(
     w_ptr,
     go_ptr,
@@ -528,7 +539,7 @@ def _c_bwd_rev_sweep_kernel(
         c = NC - 1 - i
         offs_n = c * BLOCK_N + tl.arange(0, BLOCK_N)
         nmask = offs_n < N
-        lmask = nmask
+        lmask, first, last = nmask, nmask, nmask  # first / last: read only with SEG
         if SEG:
             real, slot, first, last = _seg_tokens(ids_ptr, flags_ptr, bh, H, N, offs_n, nmask)
             lmask = nmask & real
@@ -543,10 +554,7 @@ def _c_bwd_rev_sweep_kernel(
         den_safe = tl.where(den > 0, den, 1.0)
         x = w * w
         xp = x * pi[:, None]
-        if SEG:
-            num = _seg_scan(xp, first, cN, False)
-        else:
-            num = tl.cumsum(xp, axis=0) + cN[None, :]
+        num = _prefix_sum(xp, first, cN, SEG)
         dots = num / den_safe[:, None]
         g = 1.0 / (1.0 + dots)
         y = go * w * pi[:, None] * g * g / den_safe[:, None]
@@ -558,10 +566,7 @@ def _c_bwd_rev_sweep_kernel(
             suf_num += tl.sum(y, axis=0)
         if FINAL:
             ds = tl.load(ds_ptr + bh * N + offs_n, mask=nmask, other=0.0)
-            if SEG:
-                S = _seg_scan(x, first, cS, False)
-            else:
-                S = tl.cumsum(x, axis=0) + cS[None, :]
+            S = _prefix_sum(x, first, cS, SEG)
             inv_S = 1.0 / tl.where(S > 0, S, 1.0)
             d_S = -x * inv_S * inv_S * ds[:, None]
             if SEG:

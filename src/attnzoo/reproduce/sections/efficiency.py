@@ -270,16 +270,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             )
         )
     if dec_rows:
-        ctxs = sorted({r.length for r in dec_rows})
-        dm = list(dict.fromkeys(r.mechanism for r in dec_rows))
-        by = {(r.mechanism, r.length): r for r in dec_rows}
-        sec.tables.append(
-            Table(
-                f"Causal decoding: per-token step time (ms), d={plan['decode_dim']}, K={plan['decode_heads']}",
-                ["mechanism"] + [f"context {c}" for c in ctxs],
-                [[m] + [fmt(getattr(by.get((m, c)), "fwd_ms", None), ".3f") for c in ctxs] for m in dm],
-            )
-        )
+        sec.tables.append(_decode_table(dec_rows, plan))
     plots_dir.mkdir(parents=True, exist_ok=True)
     p1 = plot_sweep(
         rows,
@@ -306,6 +297,17 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.findings.append(finding)
         sec.data["fast_d32"] = d32
     return sec
+
+
+def _decode_table(dec_rows: list, plan: dict) -> Table:
+    ctxs = sorted({r.length for r in dec_rows})
+    dm = list(dict.fromkeys(r.mechanism for r in dec_rows))
+    by = {(r.mechanism, r.length): r for r in dec_rows}
+    return Table(
+        f"Causal decoding: per-token step time (ms), d={plan['decode_dim']}, K={plan['decode_heads']}",
+        ["mechanism"] + [f"context {c}" for c in ctxs],
+        [[m] + [fmt(getattr(by.get((m, c)), "fwd_ms", None), ".3f") for c in ctxs] for m in dm],
+    )
 
 
 def fast_d32(d32: dict[str, dict]) -> tuple[Table, dict]:

@@ -224,25 +224,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         save_figure(_plot(curves, d), path)
         sec.plots.append((rel(path), "Normalised squared error vs number of in-context examples (AoT Fig. 6)."))
     sec.findings = _findings(curves, finals, records, plan)
-    val = {
-        t: {
-            n: mean_val_curve(rs, "normalized_error")
-            for n in list(plan["models"]) + list(plan.get("ablations", []))
-            if (rs := per_seed(records, f"{KEY}/{t}/{n}"))
-        }
-        for t in plan["tasks"]
-    }
-    sec.data["val_curves"] = val
-    if any(c for v in val.values() for c in v.values()):
-        path = plots_dir / "icl_curves.png"
-        save_figure(plot_val_curves(list(val.items()), "validation error / d", "In-context: validation curves"), path)
-        sec.plots.append(
-            (
-                rel(path),
-                "Validation error (mean over k) at 4 points of each run (seed means), one panel per task table; "
-                f"gpt@2x-steps is the baseline's plateau run; {CURVE_NOTE}.",
-            )
-        )
+    val = _val_curves(sec, records, plan, plots_dir, rel)
     sec.data["plateau"] = {
         t: claims.plateau_gate(
             [f for f in sec.findings if f"learns {t} functions" in f["claim"] or f" {t} functions close" in f["claim"]],
@@ -264,6 +246,30 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             claims.gate(f, "not tuned: no learning-rate sweep in this section (aot)")
     sec.notes += _gate_notes(curves, finals, plan)
     return sec
+
+
+def _val_curves(sec: Section, records: dict, plan: dict, plots_dir, rel) -> dict:
+    """Each run's validation curve (seed means) per task, into ``sec.data`` and a plot; returns them."""
+    val = {
+        t: {
+            n: mean_val_curve(rs, "normalized_error")
+            for n in list(plan["models"]) + list(plan.get("ablations", []))
+            if (rs := per_seed(records, f"{KEY}/{t}/{n}"))
+        }
+        for t in plan["tasks"]
+    }
+    sec.data["val_curves"] = val
+    if any(c for v in val.values() for c in v.values()):
+        path = plots_dir / "icl_curves.png"
+        save_figure(plot_val_curves(list(val.items()), "validation error / d", "In-context: validation curves"), path)
+        sec.plots.append(
+            (
+                rel(path),
+                "Validation error (mean over k) at 4 points of each run (seed means), one panel per task table; "
+                f"gpt@2x-steps is the baseline's plateau run; {CURVE_NOTE}.",
+            )
+        )
+    return val
 
 
 def _plot(curves, d):

@@ -282,20 +282,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         path = plots_dir / "language.png"
         save_figure(_plot(res, names), path)
         sec.plots.append((rel(path), "Training loss, per-token decode time and decoding-state size vs context."))
-    sec.data["val_curves"] = curves
-    if any(curves.values()):
-        path = plots_dir / "language_curves.png"
-        fig = plot_val_curves(
-            [("Validation loss and training cost", curves)], "validation bits/char", "Language: validation curves"
-        )
-        save_figure(fig, path)
-        sec.plots.append(
-            (
-                rel(path),
-                "Validation bits/char at 4 points of each run (seed means; the trainer's one validation batch, so "
-                f"noisier than the table's {plan['eval_windows']} windows); {PLATEAU} is the baseline's plateau run.",
-            )
-        )
+    _plot_val_curves(sec, curves, plan, plots_dir, rel)
     # every seed of the baseline must beat the bigram model by the margin, else the comparisons are of bigram-level
     # models and say nothing about the mechanisms
     bar = ngram["bigram_bpc"] if ngram else None
@@ -316,6 +303,23 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         )
     _gate(sec, records, plan, res, curves)
     return sec
+
+
+def _plot_val_curves(sec: Section, curves: dict, plan: dict, plots_dir, rel) -> None:
+    sec.data["val_curves"] = curves
+    if any(curves.values()):
+        path = plots_dir / "language_curves.png"
+        fig = plot_val_curves(
+            [("Validation loss and training cost", curves)], "validation bits/char", "Language: validation curves"
+        )
+        save_figure(fig, path)
+        sec.plots.append(
+            (
+                rel(path),
+                "Validation bits/char at 4 points of each run (seed means; the trainer's one validation batch, so "
+                f"noisier than the table's {plan['eval_windows']} windows); {PLATEAU} is the baseline's plateau run.",
+            )
+        )
 
 
 def _gate(sec: Section, records: dict, plan: dict, res: dict, curves: dict | None = None) -> None:

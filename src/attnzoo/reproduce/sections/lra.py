@@ -607,7 +607,8 @@ def equal_time(
         base_steps = task_train(plan, t)["steps"]
         wall = base_steps / soft["steps_per_s"]
         for m in mechs:
-            if m == "softmax" or t not in res[m] or not res[m][t].get("steps_per_s"):
+            # the MEGA rows are compared among themselves (CSP Table 4's second group), not with softmax
+            if m == "softmax" or m in MEGA_ROWS or t not in res[m] or not res[m][t].get("steps_per_s"):
                 continue
             affordable = wall * res[m][t]["steps_per_s"]
             runs = [(base_steps, res[m][t])] + [
@@ -615,14 +616,7 @@ def equal_time(
                 for a in ablations.values()
                 if a["mechanism"] == m and a["task"] == t and set(a.get("train", {})) == {"steps"}
             ]
-            best = None
-            for run_steps, fold in runs:
-                by = fold.get("val_by_step") or []
-                common = set.intersection(*(set(d) for d in by)) if by and all(by) else set()
-                for step in sorted(common):
-                    # the most steps; at a tie, the run that ends there (its rate annealed)
-                    if step <= affordable + 1e-9 and (best is None or (step, -run_steps) > (best[0], -best[1])):
-                        best = (step, run_steps, [d[step] for d in by])
+            best = _point_within(runs, affordable)
             if best is None:
                 continue
             step, run_steps, vals = best
@@ -660,9 +654,11 @@ def equal_time(
                     f"{eff:+.1f}" + (f" [{ci[0]:+.1f}, {ci[1]:+.1f}]" if ci else ""),
                 ]
             )
-    if not rows:
-        return None, out
-    table = Table(
+    return (_equal_time_table(rows) if rows else None), out
+
+
+def _equal_time_table(rows: list[list]) -> Table:
+    return Table(
         "Equal wall clock: accuracy at softmax's training time (read from the validation curves)",
         [
             "task",
@@ -680,7 +676,20 @@ def equal_time(
         "base run and its @2x-steps ablation; a point inside a longer cosine schedule is read before its rate has "
         "annealed, so it under-states the mechanism. No extra training: the cheaper honest form of the comparison.",
     )
-    return table, out
+
+
+def _point_within(runs: list[tuple[int, dict]], affordable: float) -> tuple[int, int, list[float]] | None:
+    """``(step, run steps, per-seed accuracy)`` of the validation point with the most steps not beyond
+    ``affordable`` over ``runs`` (``(steps of the run, its fold)``); at a tie, the run that ends there (its rate
+    annealed). None if no run has such a point on every seed."""
+    best = None
+    for run_steps, fold in runs:
+        by = fold.get("val_by_step") or []
+        common = set.intersection(*(set(d) for d in by)) if by and all(by) else set()
+        for step in sorted(common):
+            if step <= affordable + 1e-9 and (best is None or (step, -run_steps) > (best[0], -best[1])):
+                best = (step, run_steps, [d[step] for d in by])
+    return best
 
 
 def _avg_stat(res, m, tasks) -> claims.Stat | None:
