@@ -63,7 +63,7 @@ def _auto(mech: Mechanism, inputs: Sequence, options: Mapping[str, Any] | None) 
         if not masked or mech.backends[forced].masks:
             return forced
     for name, b in mech.backends.items():
-        if masked and not b.masks:
+        if masked and not (b.masks and b.auto_masks):
             continue
         if (
             b.kind == "triton"
@@ -74,7 +74,12 @@ def _auto(mech: Mechanism, inputs: Sequence, options: Mapping[str, Any] | None) 
             return name
     if x.device.type == "cpu" and not torch.compiler.is_compiling():
         for name, b in mech.backends.items():
-            if b.kind == "cpu" and (b.masks or not masked) and _cpu_kernels_ready() and _auto_takes(b, inputs, options):
+            if (
+                b.kind == "cpu"
+                and (not masked or (b.masks and b.auto_masks))
+                and _cpu_kernels_ready()
+                and _auto_takes(b, inputs, options)
+            ):
                 return name
     return mech.default
 

@@ -69,6 +69,9 @@ class Backend:
     #: whether it takes ``attention_mask`` / ``cu_seqlens`` (padded batches, packed rows); the dispatcher refuses a
     #: masked call to one that does not, and ``"auto"`` never picks it for one
     masks: bool = True
+    #: whether ``"auto"`` may pick it for a masked call (False: only when named, e.g. kernels whose masked paths are
+    #: not yet verified on their device)
+    auto_masks: bool = True
 
     def is_available(self) -> bool:
         if self.available is not None:

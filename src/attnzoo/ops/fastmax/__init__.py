@@ -167,10 +167,6 @@ def _auto_takes_triton(inputs: tuple, options: Mapping[str, Any]) -> bool:
     # PyTorch path (docs/performance.md, 2026-11-26): "auto" takes the kernels where two or more stages fit.
     from attnzoo.ops.fastmax.triton import pipeline_stages
 
-    if options.get("segs") is not None:
-        # the masked kernels have run only under TRITON_INTERPRET=1 so far: "auto" takes them once a GPU run of
-        # tests/ops/test_triton_varlen.py (scripts/gpu_check.sh) has passed; backend="triton" runs them now
-        return False
     q, v = inputs[0], inputs[2]
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # what the kernels compute in
     p, causal, chunk = options.get("p", 2), bool(options.get("causal")), options.get("chunk_size")
@@ -226,6 +222,9 @@ FASTMAX = Mechanism(
             needs="attnzoo.ops.fastmax.triton",
             available=lambda: _triton_available(),
             auto_if=_auto_takes_triton,
+            # the masked kernels have run only under TRITON_INTERPRET=1 so far: "auto" takes them once a GPU run of
+            # tests/ops/test_triton_varlen.py (scripts/gpu_check.sh) has passed; backend="triton" runs them now
+            auto_masks=False,
         ),
     },
     causal=True,

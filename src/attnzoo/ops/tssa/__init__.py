@@ -18,9 +18,8 @@ declares the mechanism.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -323,12 +322,6 @@ class TSSAOptions(Options):
     proj_bias: bool = option(True, check_bool, "bias of the output projection")
 
 
-def _auto_takes_triton(_inputs: tuple, options: Mapping[str, Any]) -> bool:
-    # the masked kernels have run only under TRITON_INTERPRET=1 so far: "auto" takes them once a GPU run of
-    # tests/ops/test_triton_varlen.py (scripts/gpu_check.sh) has passed; backend="triton" runs them now
-    return options.get("seg") is None
-
-
 TSSA = Mechanism(
     op="tssa",
     options=TSSAOptions,
@@ -342,7 +335,9 @@ TSSA = Mechanism(
             kind="triton",
             devices=("cuda",),
             needs="attnzoo.ops.tssa.triton",
-            auto_if=_auto_takes_triton,
+            # the masked kernels have run only under TRITON_INTERPRET=1 so far: "auto" takes them once a GPU run of
+            # tests/ops/test_triton_varlen.py (scripts/gpu_check.sh) has passed; backend="triton" runs them now
+            auto_masks=False,
         ),
     },
     causal=True,
