@@ -5,6 +5,7 @@ import importlib
 import pytest
 import torch
 
+from attnzoo._checks import NonFiniteError
 from attnzoo.ops.fastmax import (
     EPS,
     FastmaxState,
@@ -432,3 +433,45 @@ def test_unmasked_torch_path_contracts_moments_without_features(p, shape, monkey
 def test_standardize_scale_rides_in_the_affine_weight():
     x = torch.randn(2, 3, 5, 7, dtype=torch.float64)
     torch.testing.assert_close(standardize(x, scale=0.3), standardize_naive(x) * 0.3, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("n", "d", "p", "want"),
+    [
+        (17, 16, 2, "explicit"),
+        (128, 16, 2, "explicit"),
+        (129, 16, 2, "torch"),
+        (256, 64, 2, "explicit"),
+        (257, 64, 2, "torch"),
+        (8, 16, 1, "explicit"),
+        (9, 16, 1, "torch"),
+    ],
+)
+def test_auto_takes_the_explicit_form_for_short_sequences(monkeypatch, n, d, p, want):
+    from attnzoo.ops import _cpu_kernels
+    from attnzoo.ops._dispatch import resolve_backend
+    from attnzoo.ops.fastmax import FASTMAX
+
+    monkeypatch.setattr(_cpu_kernels, "cpu_kernels", lambda: None)  # no fused kernel in the way
+    q, k, v = (torch.randn(1, 1, n, d) for _ in "qkv")
+    opts = dict(p=p, causal=True, scale=None, chunk_size=None)
+    assert resolve_backend(FASTMAX, "auto", q, inputs=(q, k, v), options=opts) == want
+    # a masked call stays on the factorised sweeps (the explicit form does not take masks)
+    assert resolve_backend(FASTMAX, "auto", q, inputs=(q, k, v), options=dict(opts, segs=object())) == "torch"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("p", [1, 2])
+def test_explicit_backend_equals_the_factorised_one(causal, p):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 13, 8, dtype=torch.float64, requires_grad=True) for _ in "qkv")
+    outs = {}
+    for b in ("explicit", "torch"):
+        out = fastmax(q, k, v, p=p, causal=causal, backend=b)
+        outs[b] = (out, *torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
+    for a, b in zip(outs["explicit"], outs["torch"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    bad = q.detach().clone()
+    bad[0, 0, 3, 1] = float("nan")
+    with pytest.raises(NonFiniteError):
+        fastmax(bad, k, v, p=p, causal=causal, backend="explicit")

@@ -313,7 +313,8 @@ def test_auto_takes_the_fastmax_kernels_only_where_two_pipeline_stages_fit(monke
     monkeypatch.setattr(_triton_utils, "_FAILED", {})
     monkeypatch.setattr(_cpu_kernels, "cpu_kernels", lambda: None)
     for d, want in ((48, "triton"), (64, "triton"), (128, "torch")):
-        q, k, v = (torch.randn(1, 1, 4, d) for _ in "qkv")
+        # 300 tokens: longer than the explicit form takes (N <= min(256, D^p / 2))
+        q, k, v = (torch.randn(1, 1, 300, d) for _ in "qkv")
         for causal in (False, True):
             opts = dict(p=1, causal=causal, scale=None, chunk_size=None)
             assert resolve_backend(FASTMAX, "auto", q, inputs=(q, k, v), options=opts) == want, (d, causal)

@@ -126,7 +126,10 @@ def test_plans_hold_the_controls(budget):
     n = b["vision"].get("seeds", 1)
     for row in ("vit+identity", "tost@matched-params"):
         assert {f"vision/{row}/seed{k}" for k in range(n)} <= ids
-        assert {f"vision/{row}/lr-sweep/lr{lr:g}" for lr in b["vision"]["lr_sweep"]} <= ids
+    assert {f"vision/vit+identity/lr-sweep/lr{lr:g}" for lr in b["vision"]["lr_sweep"]} <= ids
+    # the matched ToST changes only the width: it trains at ToST's tuned rate
+    matched = next(s for s in steps if s.id == "vision/tost@matched-params/seed0")
+    assert matched.deps and all(d.startswith("vision/tost/lr-sweep/") for d in matched.deps)
     assert "language/gpt+identity/seed0" in ids
     for name in b["probes"]["layerwise"]:
         assert f"probes/layerwise-init/{name}" in ids

@@ -63,8 +63,9 @@ class Backend:
     available: Callable[[], bool] | None = None
     #: the kernel module it imports when it runs, if not ``module`` (a Triton backend also needs ``triton``)
     needs: str | None = None
-    #: for ``"auto"`` (CPU and Triton kernels): whether it takes a call, given ``(inputs, options)``; ``None``: every
-    #: call
+    #: for ``"auto"``: whether it takes a call, given ``(inputs, options)``; ``None``: every call (CPU and Triton
+    #: kernels), or never for a ``"torch"`` backend other than the default (with a rule, ``"auto"`` takes it over
+    #: the default where the rule holds and no kernel took the call)
     auto_if: Callable[[tuple, Mapping[str, Any]], bool] | None = None
     #: whether it takes ``attention_mask`` / ``cu_seqlens`` (padded batches, packed rows); the dispatcher refuses a
     #: masked call to one that does not, and ``"auto"`` never picks it for one

@@ -3,9 +3,8 @@
 ``smoke`` (~2 min on a 2-core CPU, CI): every section with tiny models, few steps, few mechanisms.
 ``default`` (<= 30 min on a 2-core CPU): every mechanism of every section at laptop scale, two seeds per trained
 comparison, only the tasks the baselines learn (on every seed) in that time.
-``long`` (target <= 2 h on a 2-core CPU with ``--jobs 2``, resumable; 119 min of one-thread step compute were
-measured before the learning-rate sweeps and plateau checks were added, not since): 3 seeds for every
-trained comparison, LRA-style tasks at N=1024.
+``long`` (<= 2 h on a 2-core CPU with ``--jobs 2``, resumable): 3 seeds for every trained comparison, each row
+at the best rate of its own sweep, baselines trained towards a plateau, LRA-style ListOps.
 ``full`` (a GPU): the papers' sequence lengths and longer training; same code paths.
 
 Within a section every model shares width, depth, heads, data, optimiser and steps; only the mechanism
@@ -330,66 +329,74 @@ _smoke_without_gates()
 
 
 def _long() -> dict:
-    """``long``: the `default` plan with 3 seeds for every trained comparison and LRA-style tasks at N = 1,024 where
-    linear attention's speed shows (Image at LRA's 32x32, Pathfinder 32x32). Measured: under 2 h of step compute at
-    one torch thread on a 2-core CPU; interrupted, it resumes step by step. The extra time goes where the claims are
-    decided: seeds (spread) for every accuracy claim, ListOps steps until every softmax seed leaves the majority
-    class, in-context regression steps until every GPT seed leaves the zero predictor's plateau, Image at
-    N = 1,024, and ablations at twice each task's steps. Pathfinder at N = 1,024 is not learned at any CPU budget
-    we measured, so it runs one short seed for its training speed only."""
+    """``long``: the `default` plan with 3 seeds for every trained comparison, each row at the best rate of its own
+    sweep, and the baselines trained towards a plateau. The budgets come from pilot runs (docs/results_history.md,
+    "Pilot runs", one CPU thread): vision at 16 tokens is near its plateau by 1,200 steps (ViT 83.1% at 800, 85.3%
+    at 1,600, 84.9% at 3,200 as it starts to over-fit; 1,600 steps for every row do not fit 2 h); language at 800
+    steps of 64-character windows puts GPT ~0.6 bits/char below the character bigram model (600 steps: 3.13,
+    1,200: 2.71, bigram 3.61); in-context regression at d=4 leaves the zero predictor's plateau within 2,000 steps;
+    ListOps at 32-128 tokens is learned by softmax in 500 steps (32.8% against a ~17% majority). Estimated step
+    compute (``python scripts/estimate_budget.py long``): 158 thread-minutes, before evaluation and measurement."""
     plan = copy.deepcopy(BUDGETS["default"])
     plan["description"] = (
-        "2-core CPU, target <= 2 h with --jobs 2 (not re-measured since the learning-rate sweeps and plateau checks "
-        "were added): 3 seeds for every trained comparison; "
-        "LRA-style ListOps and Image, the latter at N=1024, and Pathfinder at N=1024 for training speed (one seed: "
-        "not learned at CPU budgets); resumable step by step"
+        "2-core CPU, <= 2 h with --jobs 2: 3 seeds for every trained comparison, each row at the best rate of its own "
+        "3-rate sweep, baselines trained towards a plateau (vision 1,200 steps at 16 tokens, language 800 steps, their "
+        "plateau runs at twice that); LRA-style ListOps; in-context regression at d=4; resumable step by step"
     )
     for key in ("vision", "long-range", "language", "icl"):
         plan[key]["seeds"] = 3
-    # CBSA vs MSSA in the ViT skeleton was within the spread of 3 seeds (61.4 +- 1.5 vs 62.6 +- 3.7): 3 more seeds
-    # of the two rows test whether the spread is all there is (about 1 min)
-    plan["vision"]["extra_seeds"] = {"rows": ["vit+cbsa", "vit+mssa"], "seeds": 3}
-    # in-context regression: at 2,000 steps GPT's seed 2 stayed on the zero-predictor plateau (0.977 on linear);
-    # with the schedule stretched to 4,000 steps it left it by step 1,000 and ended at 0.426 (one thread, 280 s)
-    plan["icl"]["train"].update(steps=4000, warmup_steps=400)
-    plan["icl"]["tasks"] = {"linear": dict(ICL_LINEAR), "sparse": dict(ICL_SPARSE)}
-    plan["icl"]["ablations"] = ["aot+softmax", "aot-qnorm", "aot@2x-steps", "gpt@2x-steps"]
-    plan["icl"]["plateau_seeds"] = 1  # GPT at 8,000 steps: ~7 min a run on one thread
-    plan["icl"]["ablation_tasks"] = ["linear", "sparse"]
+    vis = plan["vision"]
+    # 16 tokens of 8x8 patches on the images resized to 32x32 (each patch covers a 7x7 region of the original, as
+    # patches of 7 do at 28x28; ToST and XCiT's convolutional patch stems need a power-of-two patch size)
+    vis["task_options"] = {"n_train": 10000, "n_val": 2000, "img_size": 32}
+    vis["arch"] = {"dim": 64, "depth": 2, "heads": 4, "patch_size": 8}
+    vis["train"] = {"steps": 1200, "batch_size": 64, "lr": 6e-3, "warmup_steps": 120}
+    vis["lr_sweep"] = [2e-3, 6e-3, 1.2e-2]
+    # CBSA vs MSSA in the ViT skeleton has been within the spread of 3 seeds: 3 more seeds of the two rows test
+    # whether the spread is all there is (read in that finding's explanation)
+    vis["extra_seeds"] = {"rows": ["vit+cbsa", "vit+mssa"], "seeds": 3}
+    lang = plan["language"]
+    lang["task_options"] = {"block_size": 64}
+    lang["train"] = {"steps": 800, "batch_size": 32, "lr": 1e-2, "warmup_steps": 80}
+    lang["lr_sweep"] = [3e-3, 1e-2, 3e-2]
+    lang["contexts"] = [16, 32, 64]
+    icl = plan["icl"]
+    # d=4 and 9 points per prompt: GPT leaves the zero predictor's plateau within 2,000 steps of 64 prompts on the
+    # seed that stayed on it at d=8 (pilot: error/d 0.13 at k=8); at d=8 that took 4,000 steps a run
+    icl["tasks"] = {"linear": {"dim": 4, "n_points": 9, "n_val": 256}}
+    icl["lr_sweep"] = [3e-4, 1e-3, 3e-3]
+    icl["ablations"] = ["aot+softmax", "aot-qnorm", "gpt@2x-steps"]
+    icl["plateau_seeds"] = 1
     lra = plan["long-range"]
-    lra["lr_sweep"] = [6e-4, 2e-3, 6e-3]  # `default` leaves LRA untuned (its comparisons are then inconclusive)
-    # Image at N = 1,024 is the costly task (softmax ~150 s a run on one thread): no sweep and no plateau run of its
-    # baseline fit beside the rest, so its comparisons are reported as untuned (inconclusive)
-    lra["lr_sweep_tasks"] = ["listops"]
-    lra["tasks"] = {
-        "listops": {"n_train": 8000, "n_val": 400, "min_len": 64, "max_len": 256, "max_depth": 5},
-        "image": {"dataset": "fashion_mnist", "n_train": 4000, "n_val": 400, "size": 32},
-        "pathfinder": {"size": 32, "n_train": 4000, "n_val": 400},
-    }
-    # learning curves (softmax, one CPU thread, this encoder): ListOps jumps from the majority (15%) to ~35% between
-    # steps 100 and 200 of batch 32 and stays there to step 800 (one of two seeds had not jumped by step 250);
-    # Image at 32x32: 24% -> 45.5% over 200 steps of batch 16 (187 s)
-    lra["task_train"] = {
-        "listops": {"steps": 600, "batch_size": 32, "warmup_steps": 60},
-        "image": {"steps": 200, "batch_size": 16, "warmup_steps": 20},
-        "pathfinder": {"steps": 64, "batch_size": 16, "warmup_steps": 6},
-    }
-    # Pathfinder 32x32 stayed at 48-52% through step 200 (learning curve) and softmax's 3 seeds at 300 steps reached
-    # 50.7 +- 2.3% against a 52% majority: at this budget it gives training speed at N = 1,024, not accuracy
-    lra["task_seeds"] = {"pathfinder": 1}
+    lra["lr_sweep"] = [6e-4, 2e-3, 6e-3]
+    lra["tasks"] = {"listops": {"n_train": 8000, "n_val": 400, "min_len": 32, "max_len": 128, "max_depth": 5}}
+    lra["task_train"] = {"listops": {"steps": 500, "batch_size": 32, "warmup_steps": 50}}
     lra["left_out"] = {
+        "image": "LRA's Image is N=1,024 (here Fashion-MNIST 28x28, N=784): softmax and MEGA take 1.6-2.6 s a step "
+        "on one CPU thread, so a sweep and 3 seeds of 8 rows do not fit 2 h; `default` runs it at 100 steps",
         "text": "softmax at N=512 reached 54% against a 50% majority after 800 steps of batch 32 (15 min of one "
-        "CPU thread for one seed); at N=1024 it needs more than this budget gives all five mechanisms x 3 "
-        "seeds",
+        "CPU thread for one seed)",
         "retrieval": "softmax at N=256 stayed at 52-54% (majority 51%) for 600 steps of batch 32, no better than the "
-        "byte-histogram shortcut (52.8%); each step encodes two documents, so longer runs do not fit",
+        "byte-histogram shortcut (52.8%)",
+        "pathfinder": "not learned at any CPU budget measured (softmax 50.7 +- 2.3% against a 52% majority at "
+        "N=1,024); the efficiency section measures the cost at that length",
     }
-    del lra["ablations"]["softmax-image@2x-steps"]
-    for abl in lra["ablations"].values():  # "twice the steps" of the task's (larger) step budget here
-        abl["train"] = {"steps": 2 * lra["task_train"][abl["task"]]["steps"]}
-    plan["probes"]["layerwise"] = ["vit", "tost", "crate", "cbt", "aot"]
-    # 3 seeds of each probe model with a layer-wise claim (about 3 min): a trend on one trained model is an anecdote
-    plan["probes"]["layerwise_seeds"] = 3
+    # one factor per ablation: twice the steps, for softmax (the plateau check) and the two cheapest mechanisms
+    # behind it; Fastmax's ran in earlier reports and no finding used it
+    lra["ablations"] = {
+        name: {"task": "listops", "mechanism": mech, "train": {"steps": 1000, "warmup_steps": 100}, "why": why}
+        for name, mech, why in (
+            ("softmax@2x-steps", "softmax", "twice the steps (the baseline's plateau check)"),
+            ("tssa@2x-steps", "tssa", "twice the steps"),
+            ("csp@2x-steps", "csp", "twice the steps"),
+        )
+    }
+    probes = plan["probes"]
+    probes["layerwise"] = ["vit", "tost", "crate", "cbt", "aot"]
+    # 3 seeds of each probe model with a layer-wise claim: a trend on one trained model is an anecdote. Depth 8 at
+    # the vision section's 16 tokens, 300 steps at the untuned 2e-3 (the probes read the layers, not accuracy)
+    probes["layerwise_seeds"] = 3
+    probes["layerwise_train"] = {"steps": 300, "warmup_steps": 30, "lr": 2e-3}
     return plan
 
 

@@ -280,36 +280,57 @@ def plateau_gate(
 ) -> dict:
     """The plateau evidence of a section's baseline, applied to the section's trained comparisons.
 
-    The baseline has plateaued when its run at twice the steps moves its validation metric (seed means) by less
-    than the smallest ``|effect|`` among the section's comparisons. If it has not, or there is no such run, every
-    comparison in ``findings`` is made ``inconclusive`` with :func:`gate` (the numbers-alone verdict is kept).
-    ``curves`` (the baseline's validation curves in words) is appended to the text, so a reader sees the evidence.
-    Returns ``{"baseline", "plateaued", "change", "smallest_effect", "text"}`` for the report.
+    ``change`` is how far the baseline's validation metric (seed means) moves when it trains twice the steps: how
+    much it may still gain. A decided verdict stands only if it survives that drift: its 95% CI clears the decision
+    boundary (``-margin``) by more than ``|change|``, on whichever side it lies, so that the baseline improving by
+    ``|change|`` could not move it (the same test for "agrees" as for "disagrees"). The baseline has plateaued for
+    the section when every decided verdict stands, that is when ``|change|`` is below the smallest effect the
+    section decides on. Verdicts that do not stand, and all of them when there is no run at twice the steps, are
+    made ``inconclusive`` with :func:`gate` (the numbers-alone verdict is kept). ``curves`` (the baseline's
+    validation curves in words) is appended to the text, so a reader sees the evidence.
+    Returns ``{"baseline", "plateaued", "change", "smallest_effect", "standing", "gated", "text"}``.
     """
-    effects = [abs(f["effect"]) for f in findings if f.get("claim_type") and f.get("effect") is not None]
-    smallest = min(effects) if effects else None
+    compared = [f for f in findings if f.get("claim_type")]
+    decided = [f for f in compared if f["verdict"] in ("agrees", "disagrees") and f.get("ci95")]
+    clearance = {id(f): _clearance(f) for f in decided}
+    smallest = min(clearance.values()) if clearance else None
     if base is None or longer is None:
-        ok, change = False, None
+        change = None
+        fails = compared
         text = f"{baseline}: no run at twice the steps, so its plateau is not shown"
     else:
         change = longer.mean - base.mean
-        ok = smallest is not None and abs(change) < smallest
+        fails = [f for f in decided if clearance[id(f)] <= abs(change)]
         text = (
             f"{baseline} at twice the steps: {longer.fmt(spec)} vs {base.fmt(spec)} {unit} (change {change:+.3g}); "
             + (
-                "no comparison in this section to set the bar"
+                "no decided comparison in this section to set the bar"
                 if smallest is None
-                else f"the smallest effect this section reports is {smallest:.3g}: "
-                + ("plateaued" if ok else "not plateaued")
+                else f"{len(decided) - len(fails)} of {len(decided)} decided verdicts clear their boundary by more "
+                f"than {abs(change):.3g} {unit} and stand"
             )
         )
-    if not ok:
-        for f in findings:
-            if f.get("claim_type"):
-                gate(f, f"the baseline is not shown to plateau ({text})")
+    for f in fails:
+        gate(f, f"the baseline is not shown to plateau for it ({text})")
+    ok = change is not None and not fails
     if curves:
         text += f"; validation curves (seed means): {curves}"
-    return {"baseline": baseline, "plateaued": ok, "change": change, "smallest_effect": smallest, "text": text}
+    return {
+        "baseline": baseline,
+        "plateaued": ok,
+        "change": change,
+        "smallest_effect": smallest,
+        "standing": len(decided) - (len(fails) if change is not None else len(decided)),
+        "gated": len(fails),
+        "text": text,
+    }
+
+
+def _clearance(f: dict) -> float:
+    """How far a decided finding's 95% CI lies beyond its decision boundary (``-margin``), in the effect's unit."""
+    lo, hi = f["ci95"]
+    m = f.get("margin") or 0.0
+    return lo + m if f["verdict"] == "agrees" else -m - hi
 
 
 def change_word(before: float, after: float, *, noise: float) -> str:

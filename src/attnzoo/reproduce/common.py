@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import os
 import shutil
 import statistics
@@ -237,16 +238,20 @@ def _train_rows(f: Path) -> list[dict]:
     return rows
 
 
-def train_run(ctx: Context, step_id: str, cfg: dict) -> dict:
+def train_run(ctx: Context, step_id: str, cfg: dict, sweep: dict | None = None) -> dict:
     """Train with ``attnzoo.train`` into ``runs/<step_id>`` (resuming a checkpoint left by an interrupted run).
 
+    ``sweep`` (from :func:`tuned`): the learning rate is the best of that sweep's stored runs, read now.
     Returns the final validation metrics, the median training throughput over the logged windows
-    (``samples_per_s``, ``tokens_per_s``; the trainer's own figures, evaluation excluded) and the run dir.
+    (``samples_per_s``, ``tokens_per_s``; the trainer's own figures, evaluation excluded), the run dir and the
+    learning rate it trained with (``lr``).
     """
     from attnzoo.train.config import from_dict
     from attnzoo.train.trainer import load_run, train
 
     full = dict(cfg)
+    if sweep is not None:
+        full["lr"] = best_swept_lr(ctx, sweep)
     full.setdefault("device", ctx.device)
     # validation at a quarter, half, three quarters and the end of the run: the report's learning curves
     full.setdefault("eval_every", max(1, full["steps"] // CURVE_POINTS))
@@ -277,6 +282,47 @@ def train_run(ctx: Context, step_id: str, cfg: dict) -> dict:
     return _train_record(run_dir, result.final_metrics)
 
 
+def tuned(step_config: dict, prefix: str, row: str, lrs: Sequence[float], metric: str, higher_is_better: bool) -> dict:
+    """``step_config`` (``{"train": ...}``) made to train at the best rate of row ``row``'s sweep (ids
+    :func:`sweep_id` under ``prefix``), chosen when the step runs: its ``lr`` becomes ``"tuned"`` and ``sweep`` says
+    where to read the rate. Returns the config and leaves the argument unchanged; pass :func:`sweep_deps` as deps."""
+    if not lrs:
+        return step_config
+    out = dict(step_config, train=dict(step_config["train"], lr="tuned"))
+    out["sweep"] = {
+        "ids": {f"{lr:g}": sweep_id(f"{prefix}/{row}", lr) for lr in lrs},
+        "metric": metric,
+        "higher_is_better": higher_is_better,
+    }
+    return out
+
+
+def sweep_deps(step_config: dict) -> tuple[str, ...]:
+    """The sweep steps a :func:`tuned` config reads (none for an untuned one)."""
+    return tuple(step_config.get("sweep", {}).get("ids", {}).values())
+
+
+def best_swept_lr(ctx: Context, sweep: dict) -> float:
+    """The learning rate of ``sweep``'s best stored run by its metric (the lowest rate among equals)."""
+    vals = {}
+    for lr, sid in sweep["ids"].items():
+        rec = ctx.store.load_by_id(sid)
+        v = rec["result"].get(sweep["metric"]) if rec else None
+        if v is None or not math.isfinite(v):
+            raise ValueError(f"the learning-rate sweep run {sid} has no finite {sweep['metric']!r}; it must run first")
+        vals[float(lr)] = v if sweep["higher_is_better"] else -v
+    return max(sorted(vals), key=vals.get)
+
+
+def train_config(step_config: dict, record: dict) -> dict:
+    """The training settings a stored run used: ``step_config["train"]`` with a tuned rate replaced by the rate
+    it trained with."""
+    train = dict(step_config["train"])
+    if train.get("lr") == "tuned":
+        train["lr"] = record.get("lr")
+    return train
+
+
 def _final_metrics(done: Path) -> dict | None:
     """The validation metrics in a finished run's ``final.json``; ``None`` when it is missing or damaged (then
     deleted, with a notice: resuming the run from its last checkpoint writes it again)."""
@@ -294,8 +340,11 @@ def _final_metrics(done: Path) -> dict | None:
 
 
 def _train_record(run_dir: Path, final: dict) -> dict:
+    from attnzoo.train.trainer import load_run
+
     return {
         "val": final,
+        "lr": load_run(run_dir).lr,
         "samples_per_s": _median_rate(run_dir, "samples_per_s"),
         "tokens_per_s": _median_rate(run_dir, "tokens_per_s"),
         "run_dir": str(run_dir),
@@ -355,15 +404,19 @@ def sweep_table(
     rows: Sequence[str],
     prefix: str,
     lrs: Sequence[float],
-    used: float,
+    used: float | None,
     metric: str,
     higher_is_better: bool,
     scale: float = 1.0,
     label: str = "",
 ) -> tuple[Table | None, dict[str, str]]:
-    """The sweep as a table (one row per model, the best rate marked) and ``{row: why}`` for every row whose best
-    swept rate is not the ``used`` one its seeds trained with (its comparisons are then not tuned)."""
-    table_rows, untuned = [], {}
+    """The sweep as a table (one row per model, the best rate marked) and ``{row: why}`` for every row whose
+    comparisons are not tuned: its sweep is incomplete, or (``used`` a rate) its best swept rate is not the ``used``
+    one its seeds trained with. ``used=None``: each row's seeds trained at its best swept rate (:func:`tuned`).
+    A best rate at either end of the grid is marked: the optimum may lie beyond it."""
+    table_rows, untuned, edge = [], {}, []
+    if not lrs:
+        return None, untuned
     for row in rows:
         vals = {}
         for lr in lrs:
@@ -375,21 +428,37 @@ def sweep_table(
             if vals:
                 untuned[row] = f"{row}'s learning-rate sweep is incomplete"
             continue
-        best = (max if higher_is_better else min)(vals, key=vals.get)
-        if used in vals and vals[used] == vals[best]:
+        best = (max if higher_is_better else min)(sorted(vals), key=vals.get)
+        if used is not None and used in vals and vals[used] == vals[best]:
             best = used  # a tie with the rate the seeds used: that rate is (one of) the best
-        if best != used:
+        if used is not None and best != used:
             untuned[row] = (
                 f"{row}'s best swept learning rate is {best:g} ({vals[best]:.3g}), not the {used:g} ({vals[used]:.3g}) "
                 "its seeds trained with"
             )
-        table_rows.append([row] + [f"**{vals[lr]:.3g}**" if lr == best else f"{vals[lr]:.3g}" for lr in lrs])
+        at_edge = len(lrs) > 1 and best in (min(lrs), max(lrs))
+        edge += [row] if at_edge else []
+        table_rows.append(
+            [row + (" †" if at_edge else "")]
+            + [f"**{vals[lr]:.3g}**" if lr == best else f"{vals[lr]:.3g}" for lr in lrs]
+        )
     if not table_rows:
         return None, untuned
     title = "Learning-rate sweep" + (f" ({label})" if label else "")
+    seeds = (
+        "Each row's reported seeds train at its best rate."
+        if used is None
+        else f"The reported seeds train at {used:g}: a comparison involving a row whose best rate differs is "
+        "inconclusive."
+    )
     caption = (
         f"{metric} on the sweep's own seed (base seed + {SWEEP_SEED_OFFSET}, not a reported seed); best rate in bold. "
-        f"The reported seeds train at {used:g}: a comparison involving a row whose best rate differs is inconclusive."
+        + seeds
+        + (
+            f" †: best at an end of the grid ({len(edge)} of {len(table_rows)} rows), so the optimum may lie beyond it."
+            if edge
+            else " Every best rate lies inside the grid."
+        )
     )
     return Table(title, ["row"] + [f"lr {lr:g}" for lr in lrs], table_rows, caption), untuned
 

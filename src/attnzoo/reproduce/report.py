@@ -99,8 +99,10 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
         + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
         + f". {len(checks)} implementation checks are counted apart (table below). A comparison agrees when its "
         "whole 95% Welch-t interval lies on the paper's side of -margin, disagrees when it lies wholly on the other "
-        "side, and is inconclusive otherwise; it is also inconclusive when its section's baseline is not shown to "
-        "plateau or did not learn the task (the numbers-alone verdict is then given in brackets).",
+        "side, and is inconclusive otherwise. Every row trains at the best rate of its own learning-rate sweep (on a "
+        "seed that is not reported). A decided verdict is also made inconclusive when it would not survive the "
+        "baseline training longer (its interval clears the boundary by less than the baseline moves at twice the "
+        "steps), or when the baseline did not learn the task (the numbers-alone verdict is then given in brackets).",
         "",
     ]
     gated = [f for _, f in paper if f.get("ungated_verdict")]
@@ -109,8 +111,8 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
         n_tuned = sum("not tuned" in f["gate"] for f in gated)
         lines += [
             f"{len(gated)} of the {counts.get('inconclusive', 0)} inconclusive verdicts would be decided by their "
-            f"intervals alone but are gated: {n_plateau} because the section's baseline is not shown to plateau, "
-            f"{n_tuned} because a row was not run at its best swept learning rate (some for both). They say the "
+            f"intervals alone but are gated: {n_plateau} because the section's baseline is not shown to plateau for "
+            f"them, {n_tuned} because a row's sweep is missing or incomplete (some for both). They say the "
             "training budget is short, not that the claim holds or fails.",
             "",
         ]

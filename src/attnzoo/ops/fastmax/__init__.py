@@ -43,7 +43,7 @@ from attnzoo.ops.fastmax.dropout import (
     masked_fastmax,
     sample_dropout_masks,
 )
-from attnzoo.ops.fastmax.naive import explicit_attention, fastmax_naive
+from attnzoo.ops.fastmax.naive import explicit_attention, fastmax_naive, naive_from_hat
 from attnzoo.ops.fastmax.recurrent import FastmaxState, fastmax_init_state, fastmax_step
 from attnzoo.ops.fastmax.varlen import masked_sweeps
 
@@ -205,6 +205,28 @@ def _fastmax_cpu(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int
     return _fastmax_torch(q, k, v, p=p, causal=causal, scale=scale, chunk_size=chunk_size, segs=segs)
 
 
+#: the longest sequence the explicit N x N form takes under "auto" (its weights are B*H*N^2 numbers)
+EXPLICIT_MAX_N = 256
+
+
+def _auto_takes_explicit(inputs: tuple, options: Mapping[str, Any]) -> bool:
+    # the explicit form costs ~N^2 D a head and the factorised one ~N D^p Dv: for N <= D^p / 2 (and short enough
+    # for the N x N weights) the explicit one is the faster (measured fwd+bwd, D=16, p=2, one thread: N=17 4.7x,
+    # causal N=64 7.2x, N=128 1.1x, causal N=256 0.9x)
+    q = inputs[0]
+    n, d = q.shape[-2], q.shape[-1]
+    return options.get("segs") is None and n <= min(EXPLICIT_MAX_N, d ** options["p"] // 2)
+
+
+def _fastmax_explicit(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
+    del chunk_size, segs  # no chunks; masked calls never reach it (masks=False)
+
+    def weights(qs, kh, vv):  # the reference's explicit N x N weights, autograd through them
+        return naive_from_hat(qs, kh, vv, p=p, causal=causal)
+
+    return _prepared(q, k, v, p=p, scale=scale, sweeps=weights)
+
+
 # Every backend takes the op's raw q, k, v and its checked options, and prepares them itself.
 FASTMAX = Mechanism(
     op="fastmax",
@@ -213,6 +235,8 @@ FASTMAX = Mechanism(
         "naive": Backend(__name__, "_fastmax_naive", kind="reference"),
         "torch": Backend(__name__, "_fastmax_torch"),
         "torch_autograd": Backend(__name__, "_fastmax_torch_autograd"),
+        # "auto" takes it for short sequences (N <= min(256, D^p / 2)) on every device where no kernel took the call
+        "explicit": Backend(__name__, "_fastmax_explicit", masks=False, auto_if=_auto_takes_explicit),
         "cpu": Backend(__name__, "_fastmax_cpu", kind="cpu", devices=("cpu",), auto_if=_auto_takes_kernel),
         "triton": Backend(
             __name__,
@@ -279,8 +303,10 @@ def fastmax(
     (``scale`` defaults to ``D**-0.5``; ``1.0`` is the paper's literal form), weighted by
     ``f(s) = sum_{l<=p} s^l / l!`` and normalised per row. ``backend``: ``"naive"`` (explicit N x N),
     ``"torch"`` (factorised, FAST §2.5 custom backward, O(N D) saved per head), ``"torch_autograd"``
-    (factorised, autograd through it; for memory benchmarks), ``"cpu"`` (the unmasked p=1 op, forward and the
-    forward of training, in one fused C++ kernel, ``cpu.cpp``; every other case as ``"torch"``), ``"triton"`` (only
+    (factorised, autograd through it; for memory benchmarks), ``"explicit"`` (the N x N weights with autograd:
+    faster for short sequences, N <= min(256, D^p / 2), where ``"auto"`` takes it), ``"cpu"`` (the unmasked p=1
+    op, forward and the forward of training, in one fused C++ kernel, ``cpu.cpp``; every other case as
+    ``"torch"``), ``"triton"`` (only
     if ``attnzoo.ops.fastmax.triton`` exists), ``"auto"`` (triton for CUDA tensors when importable; on CPU the fused
     kernel where it is the AVX-512 build; else torch; a Triton kernel that fails to compile or launch warns once and
     leaves ``"auto"`` on torch for the process).

@@ -12,6 +12,7 @@ import numpy as np
 from attnzoo.reproduce import claims
 from attnzoo.reproduce.common import (
     CURVE_NOTE,
+    SWEEP_SEED_OFFSET,
     Context,
     ModelRow,
     Section,
@@ -25,8 +26,12 @@ from attnzoo.reproduce.common import (
     save_figure,
     seed_list,
     seeded_id,
+    sweep_deps,
+    sweep_id,
+    sweep_table,
     train_defaults,
     train_run,
+    tuned,
 )
 from attnzoo.reproduce.store import Step
 
@@ -60,57 +65,52 @@ _OVERRIDES = {
 _STEP_FACTOR = {"aot@2x-steps": 2, "aot@4x-steps": 4, "gpt@2x-steps": 2}
 
 
+#: the row whose tuned learning rate an ablation or plateau run trains with (one factor changed, the rate kept)
+TUNED_AS = {
+    "aot+softmax": "aot",
+    "aot-qnorm": "aot",
+    "aot@2x-steps": "aot",
+    "aot@4x-steps": "aot",
+    "gpt@2x-steps": "gpt",
+}
+
+
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     steps = []
+    lrs = plan.get("lr_sweep", [])
     for task, opts in plan["tasks"].items():
         if task not in TASKS:
             raise ValueError(f"unknown ICL task {task!r}; valid: {sorted(TASKS)}")
-        task_opts = dict(opts, seed=seed)
         ablate = task in plan.get("ablation_tasks", plan["tasks"])
-        for name in list(plan["models"]) + (list(plan.get("ablations", [])) if ablate else []):
+        names = list(plan["models"]) + (list(plan.get("ablations", [])) if ablate else [])
+        for name in names:
             if name not in MODELS:
                 raise ValueError(f"unknown ICL model {name!r}; valid: {sorted(MODELS)}")
-            model_opts = dict(plan["arch"], **_OVERRIDES.get(name, {}))
-            if name == "aot_hybrid":
-                model_opts["ffn_layers"] = max(1, plan["arch"]["depth"] // 2)
+        # the sweep first, on its own seed and its own prompts (the task seed too): the seeds train at its best rate
+        off = seed + SWEEP_SEED_OFFSET
+        steps += [
+            _model_step(plan, task, dict(opts, seed=off), name, off, sweep_id(f"{KEY}/{task}/{name}", lr), lr)
+            for name in plan["models"]
+            for lr in lrs
+        ]
+        for name in names:
             # the prompts (task seed) are the same for every model and seed; the seed varies initialisation and order
             # the baseline's plateau check runs one seed (`plateau_seeds`): GPT's 2x runs are the section's costliest
             seeds = (
                 seed_list(plan, seed)[: plan.get("plateau_seeds")] if name == "gpt@2x-steps" else seed_list(plan, seed)
             )
             for s in seeds:
-                factor = _STEP_FACTOR.get(name, 1)
-                settings = dict(
-                    plan["train"],
-                    steps=factor * plan["train"]["steps"],
-                    **(
-                        {"warmup_steps": factor * plan["train"]["warmup_steps"]}
-                        if "warmup_steps" in plan["train"]
-                        else {}
-                    ),
-                )
-                train = dict(
-                    task=TASKS[task],
-                    task_options=task_opts,
-                    model=MODELS[name].registered,
-                    model_options=model_opts,
-                    seed=s,
-                    **train_defaults(**settings),
-                )
-                steps.append(
-                    Step(
-                        seeded_id(f"{KEY}/{task}/{name}", s),
-                        KEY,
-                        {"train": train},
-                        _run_model,
-                        label=f"{task}/{name}/seed{s}",
-                    )
-                )
+                step = _model_step(plan, task, dict(opts, seed=seed), name, s, seeded_id(f"{KEY}/{task}/{name}", s))
+                source = TUNED_AS.get(name, name)
+                if lrs and source in plan["models"]:
+                    cfg = tuned(step.config, f"{KEY}/{task}", source, lrs, "mean_error", False)
+                    step = Step(step.id, KEY, cfg, _run_model, deps=sweep_deps(cfg), label=step.label)
+                steps.append(step)
         steps.append(
             Step(
                 f"{KEY}/{task}/baselines",
                 KEY,
-                {"task": TASKS[task], "task_options": task_opts, "lasso_alpha": plan["lasso_alpha"]},
+                {"task": TASKS[task], "task_options": dict(opts, seed=seed), "lasso_alpha": plan["lasso_alpha"]},
                 _run_baselines,
                 label=f"{task}/baselines",
             )
@@ -118,8 +118,30 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     return steps
 
 
+def _model_step(plan: dict, task: str, task_opts: dict, name: str, seed: int, sid: str, lr: float | None = None):
+    """One training run of ICL row ``name`` (at ``lr``, else the plan's rate)."""
+    model_opts = dict(plan["arch"], **_OVERRIDES.get(name, {}))
+    if name == "aot_hybrid":
+        model_opts["ffn_layers"] = max(1, plan["arch"]["depth"] // 2)
+    factor = _STEP_FACTOR.get(name, 1)
+    settings = dict(plan["train"], steps=factor * plan["train"]["steps"])
+    if "warmup_steps" in plan["train"]:
+        settings["warmup_steps"] = factor * plan["train"]["warmup_steps"]
+    if lr is not None:
+        settings["lr"] = lr
+    train = dict(
+        task=TASKS[task],
+        task_options=task_opts,
+        model=MODELS[name].registered,
+        model_options=model_opts,
+        seed=seed,
+        **train_defaults(**settings),
+    )
+    return Step(sid, KEY, {"train": train}, _run_model, label=sid.split("/", 1)[1])
+
+
 def _run_model(ctx: Context, step: Step) -> dict:
-    rec = train_run(ctx, step.id, step.config["train"])
+    rec = train_run(ctx, step.id, step.config["train"], sweep=step.config.get("sweep"))
     val = rec["val"]
     return {
         "error_per_position": val["normalized_error_per_position"],
@@ -128,6 +150,7 @@ def _run_model(ctx: Context, step: Step) -> dict:
         "curve": rec["curve"],
         "val_curve": rec["val_curve"],
         "run_dir": rec["run_dir"],
+        "lr": rec["lr"],
     }
 
 
@@ -239,13 +262,31 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         for t in curves
         if "gpt" in finals.get(t, {})
     }
-    # no learning-rate sweep here (GPT's runs are the report's costliest): its comparisons are untuned
-    gate_untuned(sec.findings, {m: f"no learning-rate sweep in this section ({m})" for m in ("aot", "gpt")})
-    for f in sec.findings:  # AoT's own "learns in context" claims rest on the same untuned rate
-        if f["kind"] == "paper" and not f.get("claim_type"):
-            claims.gate(f, "not tuned: no learning-rate sweep in this section (aot)")
+    _tune(sec, records, plan)
     sec.notes += _gate_notes(curves, finals, plan)
     return sec
+
+
+def _tune(sec: Section, records: dict, plan: dict) -> None:
+    """The sweep table per task, and the gate of every comparison (and of AoT's own claims) resting on a rate that
+    was not swept."""
+    lrs = plan.get("lr_sweep", [])
+    untuned: dict[str, str] = {}
+    for t in plan["tasks"]:
+        table, why = sweep_table(
+            records, list(plan["models"]), f"{KEY}/{t}", lrs, None, "mean_error", False, label=f"{t}, error / d"
+        )
+        if table is not None:
+            sec.tables.append(table)
+        untuned.update(why)
+    if not lrs:
+        untuned = {m: f"no learning-rate sweep in this section ({m})" for m in plan["models"]}
+    sec.data["untuned"] = untuned
+    gate_untuned(sec.findings, untuned)
+    if "aot" in untuned:
+        for f in sec.findings:  # AoT's own "learns in context" claims rest on the same rate
+            if f["kind"] == "paper" and not f.get("claim_type"):
+                claims.gate(f, f"not tuned: {untuned['aot']}")
 
 
 def _val_curves(sec: Section, records: dict, plan: dict, plots_dir, rel) -> dict:

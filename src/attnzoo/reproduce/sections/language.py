@@ -32,10 +32,12 @@ from attnzoo.reproduce.common import (
     save_figure,
     seed_list,
     seeded_id,
+    sweep_deps,
     sweep_id,
     sweep_table,
     train_defaults,
     train_run,
+    tuned,
 )
 from attnzoo.reproduce.store import Step
 
@@ -98,14 +100,10 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         )
     ]
     rows = rows_of(plan) + ([PLATEAU] if plan.get("plateau", True) and "gpt" in plan["models"] else [])
-    runs = [
-        (name, s, seeded_id(f"{KEY}/{name}", s), plan["train"]["lr"]) for name in rows for s in seed_list(plan, seed)
-    ]
-    runs += [
-        (name, seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{name}", lr), lr)
-        for name in rows_of(plan)
-        for lr in plan.get("lr_sweep", [])
-    ]
+    lrs = plan.get("lr_sweep", [])
+    # the sweep first: every seed run then trains at its row's best swept rate (the plateau run at GPT's)
+    runs = [(name, seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{name}", lr), lr) for name in rows_of(plan) for lr in lrs]
+    runs += [(name, s, seeded_id(f"{KEY}/{name}", s), None) for name in rows for s in seed_list(plan, seed)]
     for name, s, sid, lr in runs:
         reg, mech, _ = MODELS[name.split("@")[0]]
         train = dict(
@@ -115,7 +113,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             model_options=model_options(name.split("@")[0], plan["arch"]),
             seed=s,
             eval_batches=1,
-            **train_defaults(**{**_train_plan(plan, name), "lr": lr}),
+            **train_defaults(**{**_train_plan(plan, name), "lr": plan["train"]["lr"] if lr is None else lr}),
         )
         # decoding cost is a property of the architecture, not of the seed: profiled on the first seed only
         cfg = {
@@ -124,7 +122,9 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             "eval_windows": plan["eval_windows"],
             "contexts": plan["contexts"] if s == seed and name != PLATEAU else [],
         }
-        steps.append(Step(sid, KEY, cfg, _run, label=sid.split("/", 1)[1]))
+        if lr is None:
+            cfg = tuned(cfg, KEY, name.split("@")[0], lrs, "val_loss", False)
+        steps.append(Step(sid, KEY, cfg, _run, deps=sweep_deps(cfg), label=sid.split("/", 1)[1]))
     return steps
 
 
@@ -211,7 +211,7 @@ def _run(ctx: Context, step: Step) -> dict:
     from attnzoo.data import build_task
 
     cfg = step.config["train"]
-    rec = train_run(ctx, step.id, cfg)
+    rec = train_run(ctx, step.id, cfg, sweep=step.config.get("sweep"))
     model = load_trained(rec["run_dir"])
     task = build_task(cfg["task"], **cfg["task_options"])
     loss = lm_eval(model, task.val, step.config["eval_windows"])
@@ -230,6 +230,7 @@ def _run(ctx: Context, step: Step) -> dict:
         "curve": rec["curve"],
         "val_curve": rec["val_curve"],
         "run_dir": rec["run_dir"],
+        "lr": rec["lr"],
     }
 
 
@@ -337,7 +338,7 @@ def _gate(sec: Section, records: dict, plan: dict, res: dict, curves: dict | Non
     )
     lrs = plan.get("lr_sweep", [])
     table, untuned = sweep_table(
-        records, rows_of(plan), KEY, lrs, plan["train"]["lr"], "val_loss", False, label="validation loss, nats"
+        records, rows_of(plan), KEY, lrs, None, "val_loss", False, label="validation loss, nats"
     )
     if table is not None:
         sec.tables.append(table)

@@ -26,9 +26,11 @@ from attnzoo.reproduce.common import (
     seed_list,
     seed_mean,
     seeded_id,
+    sweep_deps,
     sweep_id,
     sweep_table,
     train_defaults,
+    tuned,
 )
 from attnzoo.reproduce.sections.vision import classification_record
 from attnzoo.reproduce.store import Step
@@ -122,28 +124,26 @@ def _seeded_runs(
         if sweep_lr is not None
         else [(s, seeded_id(f"{KEY}/{task}/{row}", s)) for s in task_seeds(plan, seed, task)]
     )
-    return [
-        Step(
-            sid,
-            KEY,
-            {
-                "train": dict(
-                    task=TASKS[task],
-                    task_options=_masked(TASKS[task], task_opts),
-                    model=model,
-                    model_options=opts,
-                    seed=s,
-                    **settings,
-                ),
-                "mechanism": mech,
-                "task": task,
-                **(extra or {}),
-            },
-            _run,
-            label=sid.split("/", 1)[1],
-        )
-        for s, sid in ids
-    ]
+    steps = []
+    for s, sid in ids:
+        cfg = {
+            "train": dict(
+                task=TASKS[task],
+                task_options=_masked(TASKS[task], task_opts),
+                model=model,
+                model_options=opts,
+                seed=s,
+                **settings,
+            ),
+            "mechanism": mech,
+            "task": task,
+            **(extra or {}),
+        }
+        if sweep_lr is None and task in sweep_tasks(plan) and mech in plan["mechanisms"]:
+            # at the mechanism's best swept rate on this task (an ablation keeps its mechanism's rate)
+            cfg = tuned(cfg, f"{KEY}/{task}", mech, plan.get("lr_sweep", []), "accuracy", True)
+        steps.append(Step(sid, KEY, cfg, _run, deps=sweep_deps(cfg), label=sid.split("/", 1)[1]))
+    return steps
 
 
 def mega_model(task: str, row: str, arch: dict) -> tuple[str, dict]:
@@ -188,10 +188,10 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         for mech in plan["mechanisms"]:
             if mech not in MECHANISMS:
                 raise ValueError(f"unknown LRA mechanism {mech!r}; valid: {sorted(MECHANISMS)}")
-            steps += _seeded_runs(plan, seed, task, task_opts, mech, mech)
-            if task in sweep_tasks(plan):
+            if task in sweep_tasks(plan):  # the sweep first: the seeds train at its best rate
                 for lr in plan.get("lr_sweep", []):
                     steps += _seeded_runs(plan, seed, task, task_opts, mech, mech, sweep_lr=lr)
+            steps += _seeded_runs(plan, seed, task, task_opts, mech, mech)
         for name, abl in plan.get("ablations", {}).items():
             if abl["task"] == task:
                 steps += _seeded_runs(
@@ -335,7 +335,7 @@ def _tune(sec: Section, records: dict, plan: dict, mechs: list[str], learned: li
     every = {}
     for t in learned:
         table, untuned = sweep_table(
-            records, mechs, f"{KEY}/{t}", lrs, task_train(plan, t)["lr"], "accuracy", True, 100.0, f"{t}, accuracy %"
+            records, mechs, f"{KEY}/{t}", lrs, None, "accuracy", True, 100.0, f"{t}, accuracy %"
         )
         if table is not None:
             sec.tables.append(table)

@@ -32,10 +32,12 @@ from attnzoo.reproduce.common import (
     seed_list,
     seed_mean,
     seeded_id,
+    sweep_deps,
     sweep_id,
     sweep_table,
     train_defaults,
     train_run,
+    tuned,
 )
 from attnzoo.reproduce.store import Step
 
@@ -222,7 +224,12 @@ def matched_dim(plan: dict, name: str = "tost", ref: str = "vit") -> int:
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
+    # the sweeps first: every seed run trains at its row's best swept rate, read when it runs
     steps = []
+    for name in sweep_rows(plan):
+        for lr in plan.get("lr_sweep", []):
+            swept = {**plan, "train": {**plan["train"], "lr": lr}}
+            steps.append(_row_step(swept, name, seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{name}", lr), tune=False))
     for name in rows_of(plan):
         if name not in MODELS and name not in SWAPS and name not in ABLATIONS and name not in (PLATEAU, MATCHED):
             raise ValueError(
@@ -237,16 +244,24 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             raise ValueError(f"extra_seeds row {name!r} is not a row of this plan; rows: {rows_of(plan)}")
         first = seed + plan.get("seeds", 1)
         steps += [_row_step(plan, name, s, f"{KEY}/{name}/extra-seed{s}") for s in range(first, first + extra["seeds"])]
-    for name in sweep_rows(plan):
-        for lr in plan.get("lr_sweep", []):
-            swept = {**plan, "train": {**plan["train"], "lr": lr}}
-            steps.append(_row_step(swept, name, seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{name}", lr)))
     return steps
 
 
+#: the row whose tuned learning rate an ablation or plateau run trains with (one factor changed, the rate kept)
+TUNED_AS = {
+    "aot+ista": "aot",
+    "aot+prenorm": "aot",
+    "vit+tssa-meanpool": "vit+tssa",
+    "csp_vit_skeleton+softmax": "csp_vit",
+    PLATEAU: "vit",
+    MATCHED: "tost",
+}
+
+
 def sweep_rows(plan: dict) -> list[str]:
-    """The rows whose learning rate is swept: every row a finding compares (papers' architectures, swaps)."""
-    return list(plan["models"]) + list(plan.get("swaps", [])) + _controls(plan)
+    """The rows whose learning rate is swept: every row a finding compares (papers' architectures, swaps, the
+    no-attention control); the parameter-matched ToST keeps ToST's rate (only its width differs)."""
+    return list(plan["models"]) + list(plan.get("swaps", [])) + [c for c in _controls(plan) if c != MATCHED]
 
 
 def row_config(plan: dict, name: str, seed: int) -> dict:
@@ -273,8 +288,14 @@ def row_config(plan: dict, name: str, seed: int) -> dict:
     return {"train": train, "mechanism": mech, "paper": paper}
 
 
-def _row_step(plan: dict, name: str, seed: int, sid: str) -> Step:
-    return Step(sid, KEY, row_config(plan, name, seed), _run, label=sid.split("/", 1)[1])
+def _row_step(plan: dict, name: str, seed: int, sid: str, tune: bool = True) -> Step:
+    """One training run of row ``name``; ``tune``: at the best rate of its row's sweep (``TUNED_AS`` for the
+    ablations) when the plan sweeps that row, else at the plan's rate."""
+    cfg = row_config(plan, name, seed)
+    source = TUNED_AS.get(name, name)
+    if tune and source in sweep_rows(plan):
+        cfg = tuned(cfg, KEY, source, plan.get("lr_sweep", []), "accuracy", True)
+    return Step(sid, KEY, cfg, _run, deps=sweep_deps(cfg), label=sid.split("/", 1)[1])
 
 
 def classification_record(ctx: Context, step: Step) -> dict:
@@ -282,7 +303,7 @@ def classification_record(ctx: Context, step: Step) -> dict:
     from attnzoo.data import build_task
 
     cfg = step.config["train"]
-    rec = train_run(ctx, step.id, cfg)
+    rec = train_run(ctx, step.id, cfg, sweep=step.config.get("sweep"))
     model = load_trained(rec["run_dir"])
     task = build_task(cfg["task"], **cfg["task_options"])
     bs = min(cfg["batch_size"], len(task.train))
@@ -301,6 +322,7 @@ def classification_record(ctx: Context, step: Step) -> dict:
         "curve": rec["curve"],
         "val_curve": rec["val_curve"],
         "run_dir": rec["run_dir"],
+        "lr": rec["lr"],
     }
 
 
@@ -397,7 +419,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     )
     lrs = plan.get("lr_sweep", [])
     table, untuned = sweep_table(
-        records, sweep_rows(plan), KEY, lrs, plan["train"]["lr"], "accuracy", True, 100.0, "validation accuracy %"
+        records, sweep_rows(plan), KEY, lrs, None, "accuracy", True, 100.0, "validation accuracy %"
     )
     if table is not None:
         sec.tables.append(table)

@@ -1,0 +1,79 @@
+"""Every seed run of a swept row trains at its row's best swept rate, chosen when it runs (issue 24, "Tuned")."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnzoo.reproduce.common import Context, best_swept_lr, sweep_deps, sweep_id, sweep_table, train_config, tuned
+from attnzoo.reproduce.runner import plan
+from attnzoo.reproduce.store import Step, StepStore
+
+LRS = [1e-3, 3e-3, 1e-2]
+
+
+def _store(tmp_path, values: dict[float, float | None], metric: str = "accuracy") -> Context:
+    store = StepStore(tmp_path)
+    for lr, v in values.items():
+        sid = sweep_id("sec/row", lr)
+        store.save(Step(sid, "sec", {"lr": lr}, lambda *_: {}), {metric: v}, wall_s=0.0, started=0.0)
+    return Context(out=tmp_path, store=store, seed=0)
+
+
+def test_tuned_config_reads_its_rows_sweep():
+    cfg = {"train": {"lr": 5e-4, "steps": 3}, "mechanism": "m"}
+    out = tuned(cfg, "sec", "row", LRS, "accuracy", True)
+    assert cfg["train"]["lr"] == 5e-4  # the argument is left alone
+    assert out["train"]["lr"] == "tuned" and out["mechanism"] == "m"
+    assert set(sweep_deps(out)) == {sweep_id("sec/row", lr) for lr in LRS}
+    assert tuned(cfg, "sec", "row", [], "accuracy", True) is cfg and sweep_deps(cfg) == ()
+    assert train_config(out, {"lr": 3e-3})["lr"] == 3e-3 and train_config(cfg, {})["lr"] == 5e-4
+
+
+@pytest.mark.parametrize(
+    ("values", "higher", "best"),
+    [
+        ({1e-3: 0.5, 3e-3: 0.7, 1e-2: 0.6}, True, 3e-3),
+        ({1e-3: 0.5, 3e-3: 0.7, 1e-2: 0.6}, False, 1e-3),  # a loss: lowest wins
+        ({1e-3: 0.7, 3e-3: 0.7, 1e-2: 0.6}, True, 1e-3),  # a tie: the lowest rate
+    ],
+)
+def test_best_swept_lr(tmp_path, values, higher, best):
+    ctx = _store(tmp_path, values)
+    sweep = tuned({"train": {"lr": 0.0}}, "sec", "row", LRS, "accuracy", higher)["sweep"]
+    assert best_swept_lr(ctx, sweep) == best
+
+
+def test_best_swept_lr_refuses_a_missing_or_broken_run(tmp_path):
+    sweep = tuned({"train": {"lr": 0.0}}, "sec", "row", LRS, "accuracy", True)["sweep"]
+    with pytest.raises(ValueError, match="has no finite 'accuracy'"):
+        best_swept_lr(_store(tmp_path / "a", {1e-3: 0.5, 3e-3: 0.6}), sweep)
+    with pytest.raises(ValueError, match="lr0.01 has no finite"):
+        best_swept_lr(_store(tmp_path / "b", {1e-3: 0.5, 3e-3: 0.6, 1e-2: float("nan")}), sweep)
+
+
+def test_sweep_table_of_tuned_rows_marks_the_best_and_the_grid_edges():
+    rec = {sweep_id("sec/a", lr): {"result": {"accuracy": v}} for lr, v in zip(LRS, [0.5, 0.7, 0.6], strict=True)} | {
+        sweep_id("sec/b", lr): {"result": {"accuracy": v}} for lr, v in zip(LRS, [0.5, 0.6, 0.7], strict=True)
+    }
+    table, untuned = sweep_table(rec, ["a", "b"], "sec", LRS, None, "accuracy", True, 100.0)
+    assert untuned == {}
+    assert table.rows[0] == ["a", "50", "**70**", "60"] and table.rows[1] == ["b †", "50", "60", "**70**"]
+    assert "best rate" in table.caption and "1 of 2 rows" in table.caption
+    # the old mode (seeds at one rate): a row whose best differs is untuned
+    _, untuned = sweep_table(rec, ["a", "b"], "sec", LRS, 3e-3, "accuracy", True, 100.0)
+    assert set(untuned) == {"b"}
+    assert sweep_table(rec, ["a"], "sec", [], None, "accuracy", True) == (None, {})
+
+
+@pytest.mark.parametrize("budget", ["default", "long"])
+def test_every_seed_of_a_swept_row_and_its_ablations_is_tuned(budget):
+    b, steps = plan(budget, 0)
+    for s in steps:
+        if s.section not in ("vision", "language", "long-range", "icl") or "train" not in s.config:
+            continue
+        if "/lr-sweep/" in s.id:
+            assert isinstance(s.config["train"]["lr"], float)
+        elif b[s.section].get("lr_sweep") and s.section != "long-range":
+            assert s.config["train"]["lr"] == "tuned", s.id
+    ablations = [s for s in steps if s.id.startswith("vision/aot+ista/seed")]
+    assert all("vision/aot/lr-sweep" in d for s in ablations for d in s.deps)
