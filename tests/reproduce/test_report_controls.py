@@ -127,6 +127,9 @@ def test_plans_hold_the_controls(budget):
     for row in ("vit+identity", "tost@matched-params"):
         assert {f"vision/{row}/seed{k}" for k in range(n)} <= ids
     assert {f"vision/vit+identity/lr-sweep/lr{lr:g}" for lr in b["vision"]["lr_sweep"]} <= ids
+    # without token mixing a CLS token never sees the image: the control pools the patches by their mean
+    control = next(s for s in steps if s.id == "vision/vit+identity/seed0").config["train"]["model_options"]
+    assert control["attention"] == "identity" and control["pool"] == "mean"
     # the matched ToST changes only the width: it trains at ToST's tuned rate
     matched = next(s for s in steps if s.id == "vision/tost@matched-params/seed0")
     assert matched.deps and all(d.startswith("vision/tost/lr-sweep/") for d in matched.deps)
