@@ -211,8 +211,8 @@ EXPLICIT_MAX_N = 256
 
 def _auto_takes_explicit(inputs: tuple, options: Mapping[str, Any]) -> bool:
     # the explicit form costs ~N^2 D a head and the factorised one ~N D^p Dv: for N <= D^p / 2 (and short enough
-    # for the N x N weights) the explicit one is the faster (measured fwd+bwd, D=16, p=2, one thread: N=17 4.7x,
-    # causal N=64 7.2x, N=128 1.1x, causal N=256 0.9x)
+    # for the N x N weights) the explicit one is the faster (docs/performance.md, session 14: 8.4x fwd+bwd at N=17,
+    # 7.1x at causal N=64, D=16, p=2)
     q = inputs[0]
     n, d = q.shape[-2], q.shape[-1]
     return options.get("segs") is None and n <= min(EXPLICIT_MAX_N, d ** options["p"] // 2)
