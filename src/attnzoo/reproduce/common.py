@@ -267,7 +267,7 @@ def train_run(ctx: Context, step_id: str, cfg: dict, sweep: dict | None = None) 
         else:
             final = _final_metrics(run_dir / "final.json")
             if final and (run_dir / "model").is_dir():
-                return _train_record(run_dir, final)
+                return _train_record(run_dir, final, tcfg.lr)
     elif run_dir.exists() and any(run_dir.iterdir()):
         shutil.rmtree(run_dir)  # a half-created run directory (killed before the trainer wrote its marker)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -279,7 +279,7 @@ def train_run(ctx: Context, step_id: str, cfg: dict, sweep: dict | None = None) 
         result = train(tcfg, run_dir, overwrite=True, progress=ctx.progress)
         if result.interrupted:
             raise Interrupted(f"training of {step_id} stopped by signal at step {result.step}")
-    return _train_record(run_dir, result.final_metrics)
+    return _train_record(run_dir, result.final_metrics, tcfg.lr)
 
 
 def tuned(step_config: dict, prefix: str, row: str, lrs: Sequence[float], metric: str, higher_is_better: bool) -> dict:
@@ -314,15 +314,6 @@ def best_swept_lr(ctx: Context, sweep: dict) -> float:
     return max(sorted(vals), key=vals.get)
 
 
-def train_config(step_config: dict, record: dict) -> dict:
-    """The training settings a stored run used: ``step_config["train"]`` with a tuned rate replaced by the rate
-    it trained with."""
-    train = dict(step_config["train"])
-    if train.get("lr") == "tuned":
-        train["lr"] = record.get("lr")
-    return train
-
-
 def _final_metrics(done: Path) -> dict | None:
     """The validation metrics in a finished run's ``final.json``; ``None`` when it is missing or damaged (then
     deleted, with a notice: resuming the run from its last checkpoint writes it again)."""
@@ -339,12 +330,10 @@ def _final_metrics(done: Path) -> dict | None:
     return final["val"]
 
 
-def _train_record(run_dir: Path, final: dict) -> dict:
-    from attnzoo.train.trainer import load_run
-
+def _train_record(run_dir: Path, final: dict, lr: float) -> dict:
     return {
         "val": final,
-        "lr": load_run(run_dir).lr,
+        "lr": lr,
         "samples_per_s": _median_rate(run_dir, "samples_per_s"),
         "tokens_per_s": _median_rate(run_dir, "tokens_per_s"),
         "run_dir": str(run_dir),
