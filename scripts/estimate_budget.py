@@ -48,7 +48,8 @@ def _seconds_per_step(g: dict, tasks: dict, min_s: float) -> float:
 
     def one():
         inputs, target = task.train.get_batch(rng.integers(0, len(task.train), bs))
-        loss, _ = compute_loss(task.kind, model(*inputs), target)
+        args, kwargs = task.model_args(inputs)  # masks and offsets, as the trainer passes them
+        loss, _ = compute_loss(task.kind, model(*args, **kwargs), target)
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -5,8 +5,9 @@ share a chunk of that sequence, ``p_i // r == p_j // r`` (chunks counted from th
 length without chunking), with the relative bias read at ``b[p_j - p_i]``; the Laplace scale counts the keys of that
 chunk (``causal``: only ``p_j <= p_i``, and the scale counts those). Any key of query ``i``'s chunk lies within
 ``r - 1`` tokens of it in the row, so the row is cut in blocks of ``r`` tokens and block ``c`` scores against blocks
-``c - 1, c, c + 1`` under a segment mask: ``(B, C, r, 3r)`` scores, O(N r), no loop over sequences. Padding queries give
-zeros.
+``c - 1, c, c + 1`` under a segment mask: ``(B, C, r, 3r)`` scores, O(N r), no loop over sequences; when every sequence
+starts on the block grid (right padding, or one unchunked sequence per row) block ``c`` scores against itself only.
+Padding queries give zeros.
 """
 
 from __future__ import annotations
@@ -47,8 +48,13 @@ def mega_attention_varlen(
     b, n, z = q.shape
     longest = int(toks.lengths.max())
     r = max(1, longest if chunk_size is None else min(chunk_size, longest))
-    wide = r < n  # one block holding the whole row needs no neighbours
+    if chunk_size is None and toks.num == 1:
+        r = n  # one sequence per row and no chunks: one block, the key padding masked
     r = min(r, n)
+    # neighbouring blocks are needed only when some sequence's chunk straddles a block edge, i.e. a sequence starts
+    # off the block grid (packed rows, left padding): right-padded batches score (B, C, r, r), not (B, C, r, 3r)
+    starts = torch.arange(n, device=q.device)[None, :].expand(b, n)[(toks.pos == 0) & toks.real]
+    wide = r < n and bool((starts % r).any())
     blocks = -(-n // r)
     ids = torch.where(toks.real, toks.ids, -1)
     chunk = torch.where(toks.real, toks.pos // r, -1)
@@ -56,13 +62,18 @@ def mega_attention_varlen(
     qa = F.pad(q.to(acc), (0, 0, 0, blocks * r - n)).unflatten(1, (blocks, r))  # (B, C, r, Z)
     ka, va = (_windows(t.to(acc), r, blocks, wide) for t in (k, v))  # (B, C, w, .)
     kid = _windows(ids, r, blocks, wide, value=-1)  # window padding is no token
-    kch, kpos = (_windows(t, r, blocks, wide) for t in (chunk, toks.pos))
-    qid, qch, qpos = (F.pad(t, (0, blocks * r - n), value=-1).unflatten(1, (blocks, r)) for t in (ids, chunk, toks.pos))
+    kch = _windows(chunk, r, blocks, wide)
+    qid, qch = (F.pad(t, (0, blocks * r - n), value=-1).unflatten(1, (blocks, r)) for t in (ids, chunk))
     allowed = (qid[..., None] == kid[..., None, :]) & (qch[..., None] == kch[..., None, :]) & (qid[..., None] >= 0)
+    # an allowed pair lies in one sequence, so p_j - p_i is the distance of its row indices: the causal test and the
+    # bias need only (r, w) indices shared by every block and row (a (B, C, r, w) gather's backward scatter cost 4x
+    # the whole training step)
+    qidx = torch.arange(r, device=q.device)
+    kidx = torch.arange(3 * r if wide else r, device=q.device) - (r if wide else 0)
     if causal:
-        allowed = allowed & (kpos[..., None, :] <= qpos[..., None])
+        allowed = allowed & (kidx[None, :] <= qidx[:, None])
     R = (rel_bias.shape[0] + 1) // 2
-    rel = (R - 1 + kpos[..., None, :] - qpos[..., None]).clamp(0, 2 * R - 2)
+    rel = (R - 1 + kidx[None, :] - qidx[:, None]).clamp(0, 2 * R - 2)
     bias = rel_bias.to(acc)[rel]  # b[p_j - p_i]; pairs not allowed are masked below
     s = qa @ ka.transpose(-1, -2)
     if fn == "softmax":
