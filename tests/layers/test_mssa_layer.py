@@ -110,7 +110,7 @@ def test_build_errors():
     with pytest.raises(
         TypeError,
         match=r"unknown option\(s\) \['qkv_bias'\]; valid options: "
-        r"\['scale', 'normalize_query', 'out_proj', 'head_dim', 'attn_dropout', 'proj_dropout'\]",
+        r"\['scale', 'normalize_query', 'out_proj', 'head_dim', 'attn_dropout', 'proj_dropout', 'tied'\]",
     ):
         attnzoo.build_attention("mssa", DIM, HEADS, qkv_bias=True)
     with pytest.raises(ValueError, match="head_dim must be a positive int .* got 0"):
@@ -129,3 +129,37 @@ def test_torch_compile_matches_eager():
     x = torch.randn(2, 7, DIM)
     compiled = torch.compile(m, backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(x), m(x))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("normalize_query", [False, True])
+def test_untied_is_softmax_on_three_projections(causal, normalize_query):
+    """tied=False (the in-context ablation): softmax(P(q) k^T * scale) v with q, k, v from three projections."""
+    torch.manual_seed(0)
+    layer = attnzoo.build_attention("mssa", DIM, HEADS, causal=causal, normalize_query=normalize_query, tied=False)
+    layer = layer.double()
+    x = torch.randn(2, 7, DIM, dtype=torch.float64)
+    q, k, v = layer.qkv(x).chunk(3, dim=-1)
+    q, k, v = (t.unflatten(-1, (HEADS, -1)).transpose(1, 2) for t in (q, k, v))
+    if normalize_query:
+        q = torch.nn.functional.normalize(q, dim=-1)
+    s = q @ k.transpose(-1, -2) * layer.scale
+    if causal:
+        s = s.masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))
+    ref = layer.to_out((s.softmax(-1) @ v).transpose(1, 2).flatten(2))
+    torch.testing.assert_close(layer(x), ref)
+    assert "tied=False" in repr(layer)
+
+
+def test_untied_keeps_masks_and_refuses_decoding():
+    torch.manual_seed(0)
+    layer = attnzoo.build_attention("mssa", DIM, HEADS, causal=True, tied=False).double()
+    x = torch.randn(2, 6, DIM, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]], dtype=torch.bool)
+    out = layer(x, attention_mask=mask)
+    torch.testing.assert_close(out[1, 2:], layer(x[1:, 2:])[0])
+    assert out[1, :2].abs().max() == 0
+    with pytest.raises(ValueError, match="tied=False .* no recurrent state"):
+        layer.init_state(2)
+    with pytest.raises(ValueError, match="tied=False needs out_proj=True"):
+        attnzoo.build_attention("mssa", DIM, HEADS, tied=False, out_proj=False)

@@ -1,14 +1,18 @@
-"""The in-context section's one-factor ablation (AoT without query normalisation): its plan and its words."""
+"""The in-context section's one-factor ablations of AoT's attention (query normalisation; tied projection): their
+plans, the layers they build, and their words."""
 
 from __future__ import annotations
 
+import pytest
+
+from attnzoo.models.registry import create_model
 from attnzoo.reproduce import claims
 from attnzoo.reproduce.sections import icl
 
 PLAN = {
     "tasks": {"linear": {"dim": 4, "n_points": 5, "n_val": 8}},
     "models": ["aot"],
-    "ablations": ["aot-qnorm"],
+    "ablations": ["aot-qnorm", "aot-untied", "aot+softmax"],
     "seeds": 1,
     "arch": {"dim": 16, "depth": 1, "heads": 2},
     "train": {"steps": 2, "batch_size": 4, "lr": 1e-3},
@@ -16,24 +20,55 @@ PLAN = {
 }
 
 
-def test_the_ablation_changes_only_the_query_normalisation():
-    runs = {s.id.split("/")[2]: s.config["train"] for s in icl.plan_steps(PLAN, 0) if "train" in s.config}
-    base, abl = runs["aot"], runs["aot-qnorm"]
+def _runs():
+    return {s.id.split("/")[2]: s.config["train"] for s in icl.plan_steps(PLAN, 0) if "train" in s.config}
+
+
+def _attention(run: dict):
+    model = create_model(run["model"], **run["model_options"])
+    return next(m for m in model.modules() if type(m).__name__.endswith("Attention"))
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [("aot-qnorm", {"normalize_query": False}), ("aot-untied", {"normalize_query": True, "tied": False})],
+)
+def test_each_ablation_changes_one_option_of_the_run(name, options):
+    runs = _runs()
+    base, abl = dict(runs["aot"]), dict(runs[name])
+    base["model_options"], abl["model_options"] = dict(base["model_options"]), dict(abl["model_options"])
     assert base["model"] == abl["model"] == "icl_aot"
-    assert abl["model_options"].pop("attention_options") == {"normalize_query": False}
+    assert abl["model_options"].pop("attention_options") == options
     assert "attention_options" not in base["model_options"]
-    assert abl["model_options"] == base["model_options"]
-    assert {k: v for k, v in abl.items() if k != "model_options"} == {
-        k: v for k, v in base.items() if k != "model_options"
-    }
+    assert abl == base
+
+
+def test_the_layers_built_differ_in_one_factor():
+    runs = _runs()
+    aot, qnorm, untied, soft = (_attention(runs[n]) for n in ("aot", "aot-qnorm", "aot-untied", "aot+softmax"))
+    assert (aot.normalize_query, aot.tied) == (True, True)
+    assert (qnorm.normalize_query, qnorm.tied) == (False, True)
+    assert (untied.normalize_query, untied.tied) == (True, False)
+    assert type(soft).__name__ == "SoftmaxAttention"  # both factors changed: the 2x2's fourth corner
+    assert untied.qkv.weight.shape[0] == 3 * aot.qkv.weight.shape[0]
 
 
 def test_the_words_follow_the_numbers():
     zero = 1.0
     plateau, learned = claims.stat([0.95, 0.97]), claims.stat([0.2, 0.3])
-    assert "keeps AoT on the plateau" in icl._qnorm_text(plateau, learned, zero)
-    assert "does not explain it" in icl._qnorm_text(plateau, plateau, zero)
-    assert "with and without it" in icl._qnorm_text(learned, learned, zero)
-    assert "learns with it but not without it" in icl._qnorm_text(learned, plateau, zero)
-    text = icl._ablation_text({"aot": [0.95, 0.97], "aot-qnorm": [0.2, 0.3], "aot+softmax": [0.2, 0.25]}, zero)
-    assert "aot-qnorm (one factor" in text and "aot-qnorm separates the normalisation" in text
+    for name, factor in icl._ONE_FACTOR.items():
+
+        def say(a, q, name=name, factor=factor):
+            return icl._one_factor_text(name, factor, a, q, zero)
+
+        assert f"so {factor} keeps AoT on the plateau" in say(plateau, learned)
+        assert f"so {factor} alone does not explain it" in say(plateau, plateau)
+        assert "with and without it" in say(learned, learned)
+        assert "learns with it but not without it" in say(learned, plateau)
+    fin = {"aot": [0.95, 0.97], "aot-qnorm": [0.2, 0.3], "aot+softmax": [0.2, 0.25]}
+    text = icl._ablation_text(fin, zero)
+    assert "aot-qnorm (one factor" in text and "this row alone does not say which" in text
+    assert "take each one alone" not in text
+    text = icl._ablation_text({**fin, "aot-untied": [0.96, 0.95]}, zero)
+    assert "aot-untied (one factor: AoT without the tied query/key/value projection)" in text
+    assert "aot-qnorm and aot-untied take each one alone" in text

@@ -30,7 +30,10 @@ class MSSAAttention(Attention, RecurrentMixin):
     ``y = o @ qkv.weight``, with no extra parameters or bias.
 
     Options: ``causal`` (AoT §4.1's masked MSSA), ``normalize_query`` (AoT §4.1: the query side ``P(U_k^T Z)``
-    has unit-norm tokens; keys/values do not), ``head_dim`` (subspace dimension ``p``; default ``dim // heads``,
+    has unit-norm tokens; keys/values do not), ``tied`` (default True; False is an ablation that gives query, key and
+    value their own projections ``qkv = Linear(dim, 3 * inner)``, the query still normalised by ``normalize_query``:
+    with ``normalize_query=False`` it is softmax attention; it needs ``out_proj`` and has no decoding),
+    ``head_dim`` (subspace dimension ``p``; default ``dim // heads``,
     CRATE's ``dim_head`` may differ, e.g. 64 at width 1280 for AoT-Huge), ``scale`` (default ``head_dim ** -0.5`` as
     in CRATE; the eqs.
     have none -- it is absorbed in ``U``). The step size ``eta`` of eq. (3) belongs to the residual block.
@@ -60,6 +63,7 @@ class MSSAAttention(Attention, RecurrentMixin):
         head_dim: int | None = MSSAOptions.head_dim,
         attn_dropout: float = MSSAOptions.attn_dropout,
         proj_dropout: float = MSSAOptions.proj_dropout,
+        tied: bool = MSSAOptions.tied,
     ) -> None:
         super().__init__(
             dim,
@@ -71,20 +75,40 @@ class MSSAAttention(Attention, RecurrentMixin):
             head_dim=head_dim,
             attn_dropout=attn_dropout,
             proj_dropout=proj_dropout,
+            tied=tied,
         )
         o = self.options
+        if not o.tied and not o.out_proj:
+            raise ValueError(
+                "MSSA with tied=False needs out_proj=True: the eq. (3) lift is the transposed shared projection, "
+                "which an untied layer does not have; got out_proj=False"
+            )
+        self.tied = o.tied
         if o.head_dim is not None:
             self.head_dim = o.head_dim
         self.attn_dropout = o.attn_dropout
         self.scale = check_scale(o.scale, self.head_dim)
         self.normalize_query = o.normalize_query
         inner = heads * self.head_dim  # K subspaces of dimension p; CRATE's default p = dim // heads
-        self.qkv = nn.Linear(dim, inner, bias=False)
+        self.qkv = nn.Linear(dim, inner if o.tied else 3 * inner, bias=False)
         self.to_out = nn.Linear(inner, dim, bias=True) if o.out_proj else None
         self.proj_drop = nn.Dropout(o.proj_dropout)
 
     def _w(self, x: torch.Tensor) -> torch.Tensor:
         return rearrange(self.qkv(x), "b n (h p) -> b h n p", h=self.heads)
+
+    def _untied(self, x: torch.Tensor, attention_mask, cu_seqlens) -> torch.Tensor:
+        """The ablation ``tied=False``: ``softmax(P(q) k^T * scale) v`` with three projections, per head."""
+        q, k, v = rearrange(self.qkv(x), "b n (t h p) -> t b h n p", t=3, h=self.heads)
+        p = self.attn_dropout if self.training else 0.0
+        q = mssa_query(q, self.normalize_query)
+        kw = dict(causal=self.causal, scale=self.scale, dropout_p=p)
+        o = softmax_attention(q, k, v, attention_mask=attention_mask, cu_seqlens=cu_seqlens, **kw)
+        return zero_padding_tokens(self._out(o), attention_mask)
+
+    def _tied_only(self, what: str) -> None:
+        if not self.tied:
+            raise ValueError(f"MSSA with tied=False (an ablation) has no {what}; use tied=True to decode")
 
     def _out(self, o: torch.Tensor) -> torch.Tensor:
         o = rearrange(o, "b h n p -> b n (h p)")
@@ -97,6 +121,10 @@ class MSSAAttention(Attention, RecurrentMixin):
     ) -> torch.Tensor:
         """``x (B, N, dim) -> (B, N, dim)``; ``attention_mask (B, N)`` or ``cu_seqlens`` as in the op."""
         self.check_input(x)
+        if not self.tied:
+            if self.capturing:
+                raise ValueError("MSSA with tied=False (an ablation) records no internals; use tied=True")
+            return self._untied(x, attention_mask, cu_seqlens)
         with self.naming_input(x):
             w = self._w(x)
             p = self.attn_dropout if self.training else 0.0
@@ -125,6 +153,7 @@ class MSSAAttention(Attention, RecurrentMixin):
     # ---- decoding ---------------------------------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> dict[str, torch.Tensor]:
         """Empty cache ``{"w"}`` of shape ``(batch_size, H, 0, head_dim)`` (keys and values are the same ``w``)."""
+        self._tied_only("recurrent state")
         wt = self.qkv.weight
         empty = torch.zeros(
             batch_size, self.heads, 0, self.head_dim, device=device or wt.device, dtype=dtype or wt.dtype
@@ -140,6 +169,7 @@ class MSSAAttention(Attention, RecurrentMixin):
         convention). The cache keeps a slot for every token, padding included; the padding slots are skipped, and
         a padding token gets a zero output (decoding a padded batch equals decoding each row alone)."""
         check_step_input(self, x)
+        self._tied_only("recurrent step")
         check_kv_cache(state, x.shape[0], ("w",))
         with self.naming_input(x):
             w_t = self._w(x)
@@ -162,6 +192,7 @@ class MSSAAttention(Attention, RecurrentMixin):
         ``attention_mask`` ``(B, N)`` marks the real tokens; the steps that follow take it extended by one column
         per token."""
         check_prefill(self, x)
+        self._tied_only("prefill")
         with self.naming_input(x):
             w = self._w(x)
             p = self.attn_dropout if self.training else 0.0
@@ -179,5 +210,5 @@ class MSSAAttention(Attention, RecurrentMixin):
         return (
             f"{super().extra_repr()}, head_dim={self.head_dim}, scale={self.scale:.4g}, "
             f"normalize_query={self.normalize_query}, "
-            f"out_proj={self.to_out is not None}"
+            f"out_proj={self.to_out is not None}" + ("" if self.tied else ", tied=False")
         )

@@ -365,7 +365,7 @@ def _long() -> dict:
     # seed that stayed on it at d=8 (pilot: error/d 0.13 at k=8); at d=8 that took 4,000 steps a run
     icl["tasks"] = {"linear": {"dim": 4, "n_points": 9, "n_val": 256}}
     icl["lr_sweep"] = [3e-4, 1e-3, 3e-3]
-    icl["ablations"] = ["aot+softmax", "aot-qnorm", "gpt@2x-steps"]
+    icl["ablations"] = ["aot+softmax", "aot-qnorm", "aot-untied", "gpt@2x-steps"]
     icl["plateau_seeds"] = 1
     lra = plan["long-range"]
     lra["lr_sweep"] = [6e-4, 2e-3, 6e-3]

@@ -48,6 +48,7 @@ class MSSAOptions(Options):
     head_dim: int | None = option(None, _check_head_dim, "subspace dimension p; None -> dim // heads")
     attn_dropout: float = option(0.0, check_probability, "dropout on the attention weights (training only)")
     proj_dropout: float = option(0.0, check_probability, "dropout after the output lift")
+    tied: bool = option(True, check_bool, "one projection as query, key and value; False: three (an ablation)")
 
 
 MSSA = Mechanism(

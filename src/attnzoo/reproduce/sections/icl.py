@@ -49,6 +49,9 @@ MODELS: dict[str, ModelRow] = {
     "aot+softmax": ModelRow("icl_aot", "softmax", "AoT without MLP, softmax attention (ablation)"),
     # ablation, one factor: AoT's MSSA without its query normalisation (AoT §4.1), everything else kept
     "aot-qnorm": ModelRow("icl_aot", "mssa", "AoT without query normalisation (ablation)"),
+    # ablation, one factor: AoT's MSSA with three projections (query, key, value) instead of one, the query still
+    # normalised; with aot-qnorm and aot+softmax it completes the 2x2 of tied/untied x normalised/not
+    "aot-untied": ModelRow("icl_aot", "mssa", "AoT with untied query/key/value projections (ablation)"),
     # ablations: the same AoT trained 2x or 4x longer; they test whether the plateau is the budget
     "aot@2x-steps": ModelRow("icl_aot", "mssa", "AoT (attention only), 2x the steps (ablation)"),
     "aot@4x-steps": ModelRow("icl_aot", "mssa", "AoT (attention only), 4x the steps (ablation)"),
@@ -60,6 +63,7 @@ MODELS: dict[str, ModelRow] = {
 _OVERRIDES = {
     "aot+softmax": {"attention": "softmax", "attention_options": {}},
     "aot-qnorm": {"attention_options": {"normalize_query": False}},
+    "aot-untied": {"attention_options": {"normalize_query": True, "tied": False}},
 }
 #: multiplier of the section's steps (and warm-up) for the ablation rows that train longer
 _STEP_FACTOR = {"aot@2x-steps": 2, "aot@4x-steps": 4, "gpt@2x-steps": 2}
@@ -69,6 +73,7 @@ _STEP_FACTOR = {"aot@2x-steps": 2, "aot@4x-steps": 4, "gpt@2x-steps": 2}
 TUNED_AS = {
     "aot+softmax": "aot",
     "aot-qnorm": "aot",
+    "aot-untied": "aot",
     "aot@2x-steps": "aot",
     "aot@4x-steps": "aot",
     "gpt@2x-steps": "gpt",
@@ -480,23 +485,28 @@ def _ablation_text(fin: dict, zero: float) -> str:
                 else f"{factor}x the steps does not take AoT off the plateau"
             )
         )
-    if "aot-qnorm" in fin:
-        parts.append(_qnorm_text(a, claims.stat(fin["aot-qnorm"]), zero))
+    for name, factor in _ONE_FACTOR.items():
+        if name in fin:
+            parts.append(_one_factor_text(name, factor, a, claims.stat(fin[name]), zero))
     if "aot+softmax" in fin:
-        parts.append(_untied_text(a, claims.stat(fin["aot+softmax"]), zero, "aot-qnorm" in fin))
+        parts.append(_untied_text(a, claims.stat(fin["aot+softmax"]), zero, all(n in fin for n in _ONE_FACTOR)))
     return "; ".join(parts)
 
 
-def _qnorm_text(a: claims.Stat, q: claims.Stat, zero: float) -> str:
-    """The one-factor ablation: MSSA without query normalisation, against AoT, in words chosen from the numbers."""
+#: the one-factor ablations of AoT's attention: the factor each one removes
+_ONE_FACTOR = {"aot-qnorm": "the query normalisation", "aot-untied": "the tied query/key/value projection"}
+
+
+def _one_factor_text(name: str, factor: str, a: claims.Stat, q: claims.Stat, zero: float) -> str:
+    """A one-factor ablation of AoT's attention, against AoT, in words chosen from the numbers."""
     learns, aot_learns = q.mean < 0.5 * zero, a.mean < 0.5 * zero
     return (
-        f"ablation aot-qnorm (one factor: AoT without the query normalisation): error {q.fmt('.3f')} vs AoT's "
+        f"ablation {name} (one factor: AoT without {factor}): error {q.fmt('.3f')} vs AoT's "
         f"{a.fmt('.3f')} (zero predictor {zero:.3f}) — "
         + (
-            "without it the model learns in context, so the query normalisation keeps AoT on the plateau"
+            f"without it the model learns in context, so {factor} keeps AoT on the plateau"
             if learns and not aot_learns
-            else "removing it does not take AoT off the plateau, so the normalisation alone does not explain it"
+            else f"removing it does not take AoT off the plateau, so {factor} alone does not explain it"
             if not learns and not aot_learns
             else "AoT learns in context with and without it"
             if learns
@@ -505,16 +515,16 @@ def _qnorm_text(a: claims.Stat, q: claims.Stat, zero: float) -> str:
     )
 
 
-def _untied_text(a: claims.Stat, s: claims.Stat, zero: float, qnorm_run: bool = False) -> str:
+def _untied_text(a: claims.Stat, s: claims.Stat, zero: float, both_run: bool = False) -> str:
     learns = s.mean < 0.5 * zero
-    separated = " (aot-qnorm separates the normalisation)" if qnorm_run else ""
+    separated = " (aot-qnorm and aot-untied take each one alone)" if both_run else ""
     return (
         f"ablation aot+softmax (the same attention-only model with softmax attention: this changes two factors, "
         f"separate q/k/v projections instead of MSSA's one shared projection and no query normalisation): error "
         f"{s.fmt('.3f')} vs AoT's {a.fmt('.3f')} at all examples (zero predictor {zero:.3f}) — "
         + (
             "with both changed the attention-only model learns, so one of the two (not the missing MLP) keeps AoT "
-            f"on the zero-predictor plateau at this budget; which one is not separated by this ablation{separated}"
+            f"on the zero-predictor plateau at this budget; this row alone does not say which{separated}"
             if learns
             else "changing both does not help at this budget, so neither explains the plateau alone"
         )
