@@ -613,3 +613,25 @@ def test_report_only_writes_a_report_from_stored_steps_and_lists_the_missing(smo
     res = _results(out)
     assert res["meta"]["missing_steps"] == ["vision/vit/seed1"] and list(res["sections"]) == list(SECTIONS)
     assert "`vision/vit/seed1`" in (out / "report.md").read_text()
+
+
+def test_a_timed_step_runs_with_no_other_step_in_flight(tmp_path):
+    """--jobs 2: a measurement step (``timed``) neither starts beside a running step nor lets one start beside it."""
+    import dataclasses
+
+    from attnzoo.reproduce.common import Context
+    from attnzoo.reproduce.runner import RunOutcome, _run_steps_parallel
+
+    _, steps = plan("smoke", 0)
+    by_id = {s.id: s for s in steps}
+    cheap = [by_id["language/ngram-baselines"], by_id["icl/linear/baselines"], by_id["icl/sparse/baselines"]]
+    cheap[1] = dataclasses.replace(cheap[1], timed=True)
+    ctx = Context(out=tmp_path, store=StepStore(tmp_path), seed=0, progress=False)
+    outcome, records = RunOutcome(tmp_path, tmp_path / "r.md", tmp_path / "r.json"), {}
+    _run_steps_parallel(cheap, ctx, outcome, records, progress=False, jobs=2, threads=1)
+    assert outcome.failed == {} and len(records) == 3
+    t = records["icl/linear/baselines"]
+    for sid, r in records.items():
+        if sid != "icl/linear/baselines":
+            assert r["finished"] <= t["started"] or r["started"] >= t["finished"], sid
+    assert all(s.timed for s in plan("smoke", 0)[1] if s.section == "efficiency")

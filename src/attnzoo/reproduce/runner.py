@@ -391,8 +391,10 @@ def _run_steps_parallel(
     try:
         while pending or running:
             for step in list(pending):
-                if len(running) >= jobs:
+                if len(running) >= jobs or any(s.timed for s in running.values()):
                     break
+                if step.timed and running:  # a measurement waits for a quiet machine
+                    continue
                 bad = [d for d in step.deps if d in outcome.failed]
                 if bad:
                     pending.remove(step)

@@ -59,7 +59,8 @@ class Step:
 
     ``fn(ctx, config) -> dict`` computes the result; ``config`` (JSON-able) fully defines it, so its
     hash decides whether a stored result can be reused. ``deps`` are ids of steps whose outputs
-    (e.g. trained checkpoints) this step reads; they run first.
+    (e.g. trained checkpoints) this step reads; they run first. ``timed``: its result is a wall-clock measurement,
+    so under ``--jobs N`` it runs with no other step in flight (its figures are not those of a shared CPU).
     """
 
     id: str
@@ -68,6 +69,7 @@ class Step:
     fn: Callable[[Any, dict], dict]
     deps: tuple[str, ...] = field(default_factory=tuple)
     label: str = ""
+    timed: bool = False
 
     @property
     def hash(self) -> str:

@@ -79,7 +79,7 @@ def plan_steps(plan: dict, _seed: int) -> list[Step]:  # no seeds: measurements
             "repeats": plan["repeats"],
         }
         steps.append(Step(f"{KEY}/decode/{mech}", KEY, cfg, _run_decode, deps=(machine.id,), label=f"decode/{mech}"))
-    return steps
+    return [dataclasses.replace(s, timed=True) for s in steps]  # every figure is a timing: run alone under --jobs
 
 
 #: FAST Table 2's speed claim is at head dimension D = 32 (Fastmax costs O(N·D^(p+1)), softmax O(N²·D))
