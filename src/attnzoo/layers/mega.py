@@ -80,6 +80,7 @@ class MegaLayer(RecurrentMixin, Attention):
         shift_schedule: str = MegaOptions.shift_schedule,
         layer_index: int = MegaOptions.layer_index,
         num_layers: int = MegaOptions.num_layers,
+        init: str = MegaOptions.init,
     ) -> None:
         super().__init__(
             dim,
@@ -99,6 +100,7 @@ class MegaLayer(RecurrentMixin, Attention):
             shift_schedule=shift_schedule,
             layer_index=layer_index,
             num_layers=num_layers,
+            init=init,
         )
         o = self.options
         self.attention, self.ndim, self.zdim = o.attention, o.ndim, o.zdim
@@ -106,6 +108,7 @@ class MegaLayer(RecurrentMixin, Attention):
         self.chunk_size, self.max_len, self.prenorm = o.chunk_size, o.max_len, o.prenorm
         self.csp_groups, self.shift_schedule = o.csp_groups, o.shift_schedule
         self.layer_index, self.num_layers = o.layer_index, o.num_layers
+        self.init = o.init
         self._build_parameters(o)
         self._shift_cache: dict[tuple[int, str], torch.Tensor] = {}
         self.reset_parameters()
@@ -134,8 +137,15 @@ class MegaLayer(RecurrentMixin, Attention):
         self.hidden_drop = nn.Dropout(o.hidden_dropout)
 
     def reset_parameters(self) -> None:
-        """MEGA's initialisation: EMA rates N(0, 0.2) before the sigmoid, ``beta`` near ``(1, -1, 1, ...)``,
-        ``eta`` and ``omega`` N(0, 1), projections N(0, 0.02) with zero biases, offsets zero."""
+        """EMA as MEGA's code: rates N(0, 0.2) before the sigmoid, ``beta`` near ``(1, -1, 1, ...)``, ``eta`` and
+        ``omega`` N(0, 1); zero biases and offsets.
+
+        ``init="mega"``: projections and ``kappa_q, kappa_k`` N(0, 0.02), as MEGA's code. The attention path is then
+        a product of four small factors (``r``, ``v``, ``W_h`` ~ 0.02-0.06; scores ~ 1e-7): its gradients
+        (``kappa`` ~ 1e-12, ``W_v``, ``W_h`` ~ 1e-7) sit below Adam's epsilon, so in a short run the attention never
+        moves and the layer is no better than no token mixing at all (ListOps, 300 steps: 18.5%, the majority
+        class). ``init="scaled"`` (default): projections N(0, 1/fan_in) and ``kappa`` N(0, 1), so ``r``, ``v`` and
+        the scores are O(0.1-1) and the attention learns from the first steps."""
         with torch.no_grad():
             nn.init.normal_(self.ema_alpha, std=0.2)
             nn.init.normal_(self.ema_delta, std=0.2)
@@ -144,11 +154,12 @@ class MegaLayer(RecurrentMixin, Attention):
             self.ema_beta.normal_(std=0.02).add_(signs)
             nn.init.normal_(self.ema_eta, std=1.0)
             nn.init.normal_(self.ema_omega, std=1.0)
+            scaled = self.init == "scaled"
             for lin in (self.v_proj, self.mx_proj, self.h_proj):
-                nn.init.normal_(lin.weight, std=0.02)
+                nn.init.normal_(lin.weight, std=lin.in_features**-0.5 if scaled else 0.02)
                 nn.init.zeros_(lin.bias)
             if self.attention != "csp":
-                nn.init.normal_(self.qk_scale, std=0.02)
+                nn.init.normal_(self.qk_scale, std=1.0 if scaled else 0.02)
                 nn.init.zeros_(self.qk_offset)
                 nn.init.normal_(self.rel_bias, std=0.02)
 

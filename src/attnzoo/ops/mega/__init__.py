@@ -31,12 +31,14 @@ from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, opti
 from attnzoo.ops._varlen import segments
 from attnzoo.ops.csp.shifts import SHIFT_SCHEDULES
 
-__all__ = ["mega_attention", "MegaOptions", "MEGA", "ATTENTIONS", "NORM_LAYERS"]
+__all__ = ["mega_attention", "MegaOptions", "MEGA", "ATTENTIONS", "NORM_LAYERS", "INITS"]
 
 #: the attention of the MEGA layer: MEGA's two functions, or CSP in its place
 ATTENTIONS = ("softmax", "laplace", "csp")
 #: MEGA's normalisations (``--norm-type`` of its code): LayerNorm, ScaleNorm, BatchNorm over tokens
 NORM_LAYERS = ("layernorm", "scalenorm", "batchnorm")  # the names attnzoo.layers._norms.build_norm takes
+#: the layer's initialisations (:meth:`attnzoo.layers.mega.MegaLayer.reset_parameters`)
+INITS = ("scaled", "mega")
 
 
 def _choice(choices):
@@ -71,6 +73,12 @@ class MegaOptions(Options):
     shift_schedule: str = option("linear", _choice(SHIFT_SCHEDULES), "CSP's shifts: 'linear', 'power' or 'none'")
     layer_index: int = option(0, _check_layer_index, "this layer's place in CSP's power-law schedule")
     num_layers: int = option(1, check_positive_int, "layers of CSP's schedule")
+    init: str = option(
+        "scaled",
+        _choice(INITS),
+        "'scaled': projections N(0, 1/fan_in), kappa_q/k N(0, 1), so the attention path gets gradients from step 1; "
+        "'mega': MEGA's code, projections and kappa N(0, 0.02) (its attention starts dead: needs long training)",
+    )
 
     def causal_error(self) -> str | None:
         if self.attention == "csp":

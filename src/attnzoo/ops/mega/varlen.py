@@ -32,6 +32,15 @@ def _windows(x: torch.Tensor, r: int, blocks: int, wide: bool, value: int = 0) -
     return padded.unfold(1, 3 * r, r).movedim(-1, 2)
 
 
+def _contiguous(toks: Segments) -> bool:
+    """Whether every sequence's real tokens are adjacent in its row (each token's row neighbour on the left is its
+    predecessor in the sequence)."""
+    pos, ids, real = toks.pos, toks.ids, toks.real
+    follows = (ids[:, 1:] == ids[:, :-1]) & (pos[:, 1:] == pos[:, :-1] + 1) & real[:, :-1]
+    later = real[:, 1:] & (pos[:, 1:] > 0)
+    return bool((follows | ~later).all()) and bool((pos[:, 0][real[:, 0]] == 0).all())
+
+
 def mega_attention_varlen(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -51,10 +60,12 @@ def mega_attention_varlen(
     if chunk_size is None and toks.num == 1:
         r = n  # one sequence per row and no chunks: one block, the key padding masked
     r = min(r, n)
-    # neighbouring blocks are needed only when some sequence's chunk straddles a block edge, i.e. a sequence starts
-    # off the block grid (packed rows, left padding): right-padded batches score (B, C, r, r), not (B, C, r, 3r)
-    starts = torch.arange(n, device=q.device)[None, :].expand(b, n)[(toks.pos == 0) & toks.real]
-    wide = r < n and bool((starts % r).any())
+    row = torch.arange(n, device=q.device)
+    contiguous = _contiguous(toks)
+    # neighbouring blocks are needed only when some sequence's chunk straddles a block edge, i.e. a contiguous
+    # sequence starts off the block grid (packed rows, left padding): right-padded batches score (B, C, r, r)
+    starts = row[None, :].expand(b, n)[(toks.pos == 0) & toks.real]
+    wide = r < n and (not contiguous or bool((starts % r).any()))
     blocks = -(-n // r)
     ids = torch.where(toks.real, toks.ids, -1)
     chunk = torch.where(toks.real, toks.pos // r, -1)
@@ -65,15 +76,19 @@ def mega_attention_varlen(
     kch = _windows(chunk, r, blocks, wide)
     qid, qch = (F.pad(t, (0, blocks * r - n), value=-1).unflatten(1, (blocks, r)) for t in (ids, chunk))
     allowed = (qid[..., None] == kid[..., None, :]) & (qch[..., None] == kch[..., None, :]) & (qid[..., None] >= 0)
-    # an allowed pair lies in one sequence, so p_j - p_i is the distance of its row indices: the causal test and the
-    # bias need only (r, w) indices shared by every block and row (a (B, C, r, w) gather's backward scatter cost 4x
-    # the whole training step)
-    qidx = torch.arange(r, device=q.device)
-    kidx = torch.arange(3 * r if wide else r, device=q.device) - (r if wide else 0)
+    if contiguous:
+        # an allowed pair lies in one contiguous sequence, so p_j - p_i is the distance of its row indices: the
+        # causal test and the bias need only (r, w) indices shared by every block and row (the (B, C, r, w) gather
+        # below costs, in its backward's scatter, 4x the whole training step)
+        qpos = torch.arange(r, device=q.device)[:, None]
+        kpos = (torch.arange(3 * r if wide else r, device=q.device) - (r if wide else 0))[None, :]
+    else:  # a sequence with holes (a CLS token before left padding): positions within the sequence
+        kpos = _windows(toks.pos, r, blocks, wide)[..., None, :]
+        qpos = F.pad(toks.pos, (0, blocks * r - n)).unflatten(1, (blocks, r))[..., None]
     if causal:
-        allowed = allowed & (kidx[None, :] <= qidx[:, None])
+        allowed = allowed & (kpos <= qpos)
     R = (rel_bias.shape[0] + 1) // 2
-    rel = (R - 1 + kidx[None, :] - qidx[:, None]).clamp(0, 2 * R - 2)
+    rel = (R - 1 + kpos - qpos).clamp(0, 2 * R - 2)
     bias = rel_bias.to(acc)[rel]  # b[p_j - p_i]; pairs not allowed are masked below
     s = qa @ ka.transpose(-1, -2)
     if fn == "softmax":
