@@ -82,3 +82,17 @@ def test_mega_csp_scaling_is_not_judged_at_short_lengths():
     (f,) = efficiency._mega_csp_linear_findings(_rows("mega_csp", 2.0, lengths=(64, 256)))
     assert f["verdict"] == "not tested" and "256" in f["measured"]
     assert efficiency._mega_csp_linear_findings(_rows("mega", 2.0)) == []
+
+
+def test_mega_csp_vs_chunk_is_gated_when_chunked_mega_did_not_learn():
+    """A comparison against MEGA-chunk needs MEGA-chunk to have learned: one of its seeds at the majority class gates
+    the verdict (kept as ungated_verdict), on the task and on the average; a learned MEGA-chunk leaves it decided."""
+    mechs, lengths = ["softmax", "mega_chunk", "mega_csp"], {"listops": 256}
+    res = _res({"softmax": [40, 41, 42], "mega_chunk": [18.0, 19.0, 20.0], "mega_csp": [8.0, 9.0, 10.0]})
+    out = lra._findings(res, mechs, ["listops"], lengths, ["listops"], majority={"listops": 17.0})
+    mega = [f for f in out if f["claim"].startswith("MEGA using CSP")]
+    assert [f["verdict"] for f in mega] == ["inconclusive", "inconclusive"]
+    assert all(f["ungated_verdict"] == "disagrees" for f in mega)
+    assert all("mega_chunk did not learn (listops: lowest seed 18.0%" in f["gate"] for f in mega)
+    out = lra._findings(res, mechs, ["listops"], lengths, ["listops"], majority={"listops": 10.0})
+    assert [f["verdict"] for f in out if f["claim"].startswith("MEGA using CSP")] == ["disagrees", "disagrees"]

@@ -310,7 +310,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         for n, a in ablations.items()
     }
     sec.findings = _findings(
-        res, mechs, tasks, lengths, learned, ablations, plan["arch"]["dim"] // plan["arch"]["heads"]
+        res, mechs, tasks, lengths, learned, ablations, plan["arch"]["dim"] // plan["arch"]["heads"], majority
     )
     _curves(sec, res, mechs, tasks, ablations, plots_dir, rel)
     eq_table, eq = equal_time(res, mechs, learned, ablations, plan)
@@ -746,12 +746,30 @@ def _geo_mean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
-def _learned(res, tasks, majority) -> list[str]:
-    """Tasks on which every seed of the softmax baseline beats the majority-class rate (chance if unknown) by
-    LEARNED_MARGIN: a mean carried by some seeds while another sits at the majority is not a learned baseline."""
+def _gate_unlearned_base(found: list[dict], res, base: str, learned: list[str], majority: dict) -> list[dict]:
+    """A comparison against a row other than softmax (MEGA-chunk) needs that row to have learned the task as well:
+    where one of its seeds is within LEARNED_MARGIN of the majority class, its verdict is gated."""
+    missed = [t for t in learned if t not in _learned(res, [t], majority, row=base)]
+    for f in found:
+        average = "LRA average" in f["claim"]
+        tasks = missed if average else [t for t in missed if f["claim"].endswith(f" on {t}")]
+        if tasks:
+            lows = ", ".join(
+                f"{t}: lowest seed {min(res[base][t]['accuracy'].values):.1f}% against a majority class of "
+                f"{majority.get(t, CHANCE[t]):.1f}%"
+                for t in tasks
+            )
+            clear = f"every seed must clear it by {LEARNED_MARGIN:g} pts"
+            claims.gate(f, f"the baseline {base} did not learn ({lows}; {clear})")
+    return found
+
+
+def _learned(res, tasks, majority, row: str = "softmax") -> list[str]:
+    """Tasks on which every seed of ``row`` (the softmax baseline) beats the majority-class rate (chance if unknown)
+    by LEARNED_MARGIN: a mean carried by some seeds while another sits at the majority is not a learned baseline."""
     out = []
     for t in tasks:
-        base = res.get("softmax", {}).get(t, {}).get("accuracy")
+        base = res.get(row, {}).get(t, {}).get("accuracy")
         if base is not None and min(base.values) > majority.get(t, CHANCE[t]) + LEARNED_MARGIN:
             out.append(t)
     return out
@@ -799,7 +817,7 @@ MEGA_CLAIMS = [
 ]
 
 
-def _findings(res, mechs, tasks, lengths, learned, ablations=None, head_dim=None) -> list[dict]:
+def _findings(res, mechs, tasks, lengths, learned, ablations=None, head_dim=None, majority=None) -> list[dict]:
     ablations = ablations or {}
     out = []
     for m, kind, paper, claim, paper_value in CLAIMS:
@@ -808,7 +826,8 @@ def _findings(res, mechs, tasks, lengths, learned, ablations=None, head_dim=None
         out += _accuracy_findings(res, m, kind, paper, claim, paper_value, learned, ablations)
     for m, base, kind, paper, claim, paper_value in MEGA_CLAIMS:
         if m in mechs and base in mechs and learned:
-            out += _accuracy_findings(res, m, kind, paper, claim, paper_value, learned, ablations, base=base)
+            found = _accuracy_findings(res, m, kind, paper, claim, paper_value, learned, ablations, base=base)
+            out += _gate_unlearned_base(found, res, base, learned, majority or {})
     if "softmax" in mechs and tasks:
         out += _speed_findings(res, mechs, tasks, lengths, head_dim)
         if "csp" in mechs and len(mechs) > 2:
