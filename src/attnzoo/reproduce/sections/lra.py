@@ -376,7 +376,12 @@ def _mega_intro(plan: dict) -> str:
         f" Rows {', '.join(rows)} are CSP Table 4's second group: MEGA's own block (multi-dimensional damped EMA, "
         "single-head gated attention, MEGA's norms and feed-forward as its LRA configurations set them) at the same "
         f"width, depth and MLP width, Z = D/2; they differ only in the attention (dense, chunks of r = {MEGA_CHUNK}, "
-        "or CSP as CSP Table 7 configures it) and are compared with each other, not with the encoder rows."
+        "or CSP as CSP Table 7 configures it) and are compared with each other, not with the encoder rows. One "
+        "departure from MEGA's code, its initialisation: MEGA draws its projections and query/key scales from "
+        "N(0, 0.02), which leaves the attention's gradients below Adam's epsilon for the first thousands of steps "
+        "(MEGA trains 90k): at this budget that block stayed at the majority class at every swept rate, no better "
+        "than the block without attention (docs/results_history.md, session 15); here they are N(0, 1/fan-in) and N(0, 1) (`init='scaled'`, the layer's "
+        "default; `init='mega'` restores MEGA's)."
     )
 
 
