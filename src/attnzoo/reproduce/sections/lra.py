@@ -380,7 +380,8 @@ def _mega_intro(plan: dict) -> str:
         "departure from MEGA's code, its initialisation: MEGA draws its projections and query/key scales from "
         "N(0, 0.02), which leaves the attention's gradients below Adam's epsilon for the first thousands of steps "
         "(MEGA trains 90k): at this budget that block stayed at the majority class at every swept rate, no better "
-        "than the block without attention (docs/results_history.md, session 15); here they are N(0, 1/fan-in) and N(0, 1) (`init='scaled'`, the layer's "
+        "than the block without attention (docs/results_history.md, session 15); here they are N(0, 1/fan-in) and "
+        "N(0, 1) (`init='scaled'`, the layer's "
         "default; `init='mega'` restores MEGA's)."
     )
 
