@@ -183,8 +183,8 @@ BUDGETS: dict[str, dict] = {
             "contexts": [16, 64, 128],
         },
         "icl": {
-            # sparse regression is `long`'s: at 2,000 steps one of two GPT seeds stayed on its plateau (0.24 vs the
-            # zero predictor's 0.26), and 4,000 steps for every model do not fit this budget
+            # no sparse regression: at d=8 and 2,000 steps one of two GPT seeds stayed on its plateau (0.24 vs the
+            # zero predictor's 0.26), and 4,000 steps for every model do not fit the 2-core budgets
             # d=4 and 9 points per prompt: GPT leaves the zero predictor's plateau within 2,000 steps of 64 prompts
             # (pilot: error/d 0.13 at k=8); at d=8 that took 4,000 steps a run
             "tasks": {"linear": ICL_LINEAR},
