@@ -138,11 +138,15 @@ def test_plan_trains_deep_probe_models_and_keeps_the_shallow_ablation():
     for name in b["probes"]["layerwise"]:
         train = steps[f"probes/train/{name}"].config["train"]
         assert train["model_options"]["depth"] == depth and train["seed"] == 3
-        # the vision section's task, width, heads, patches and optimiser; only depth and steps may differ
+        # the vision section's task, width, heads, patches, batch and optimiser; depth and the `layerwise_train`
+        # settings (steps, warm-up, rate) may differ
         assert train["task"] == b["vision"]["task"] and train["task_options"] == b["vision"]["task_options"]
         for k in ("dim", "heads", "patch_size"):
             assert train["model_options"][k] == b["vision"]["arch"][k]
-        assert train["lr"] == b["vision"]["train"]["lr"] and train["batch_size"] == b["vision"]["train"]["batch_size"]
+        own = b["probes"].get("layerwise_train", {})
+        assert train["lr"] == own.get("lr", b["vision"]["train"]["lr"]) and own.get("lr") == 2e-3
+        assert train["steps"] == own.get("steps", b["vision"]["train"]["steps"])
+        assert train["batch_size"] == b["vision"]["train"]["batch_size"]
         assert steps[f"probes/layerwise/{name}"].deps == (f"probes/train/{name}",)
         assert steps[f"probes/layerwise-shallow/{name}"].deps == (f"vision/{name}/seed3",)
     den = {k: s.config["params"] for k, s in steps.items() if k.startswith("probes/denoise")}
