@@ -96,3 +96,18 @@ def test_mega_csp_vs_chunk_is_gated_when_chunked_mega_did_not_learn():
     assert all("mega_chunk did not learn (listops: lowest seed 18.0%" in f["gate"] for f in mega)
     out = lra._findings(res, mechs, ["listops"], lengths, ["listops"], majority={"listops": 10.0})
     assert [f["verdict"] for f in out if f["claim"].startswith("MEGA using CSP")] == ["disagrees", "disagrees"]
+
+
+def test_memory_checks_skip_the_quadratic_mechanisms():
+    """Dense MEGA and MSSA are quadratic by design: no O(N)-memory check for them; MEGA-CSP and MEGA-chunk are checked
+    and a linear growth agrees, a quadratic one would disagree."""
+
+    def rows(mech, power):
+        return [
+            SimpleNamespace(mechanism=mech, length=n, fwd_peak_mb=2.0 * (n / 512) ** power, status="ok")
+            for n in (512, 2048)
+        ]
+
+    ok = rows("mega", 2) + rows("mssa", 2) + rows("mega_csp", 1) + rows("mega_chunk", 2) + rows("softmax", 2)
+    out = {f["claim"].split("'")[0]: f["verdict"] for f in efficiency._memory_growth_findings(ok)}
+    assert out == {"mega_chunk": "disagrees", "mega_csp": "agrees"}
