@@ -70,5 +70,5 @@ def test_the_words_follow_the_numbers():
     assert "aot-qnorm (one factor" in text and "this row alone does not say which" in text
     assert "take each one alone" not in text
     text = icl._ablation_text({**fin, "aot-untied": [0.96, 0.95]}, zero)
-    assert "aot-untied (one factor: AoT without the tied query/key/value projection)" in text
+    assert "aot-untied (one factor: AoT without the tied query/key/value projection (untied: 3x" in text
     assert "aot-qnorm and aot-untied take each one alone" in text

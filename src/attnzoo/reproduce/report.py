@@ -99,8 +99,10 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
         + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
         + f". {len(checks)} implementation checks are counted apart (table below). A comparison agrees when its "
         "whole 95% Welch-t interval lies on the paper's side of -margin, disagrees when it lies wholly on the other "
-        "side, and is inconclusive otherwise. Every row trains at the best rate of its own learning-rate sweep (on a "
-        "seed that is not reported). A decided verdict is also made inconclusive when it would not survive the "
+        "side, and is inconclusive otherwise. Every trained row of the vision, long-range, language and in-context "
+        "sections trains at the best rate of its own learning-rate sweep (on a seed that is not reported); the "
+        "adaptation section fine-tunes at one rate, so its comparisons are gated as not tuned. "
+        "A decided verdict is also made inconclusive when it would not survive the "
         "baseline training longer (its interval clears the boundary by less than the baseline moves at twice the "
         "steps), or when the baseline did not learn the task (the numbers-alone verdict is then given in brackets).",
         "",
@@ -109,10 +111,12 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
     if gated:
         n_plateau = sum("plateau" in f["gate"] for f in gated)
         n_tuned = sum("not tuned" in f["gate"] for f in gated)
+        n_learned = sum("did not learn" in f["gate"] or "baseline learns" in f["gate"] for f in gated)
         lines += [
             f"{len(gated)} of the {counts.get('inconclusive', 0)} inconclusive verdicts would be decided by their "
             f"intervals alone but are gated: {n_plateau} because the section's baseline is not shown to plateau for "
-            f"them, {n_tuned} because a row's sweep is missing or incomplete (some for both). They say the "
+            f"them, {n_tuned} because a row is not tuned (no sweep, or an incomplete one), {n_learned} because the "
+            "baseline did not learn the task on every seed (a verdict can have several reasons). They say the "
             "training budget is short, not that the claim holds or fails.",
             "",
         ]

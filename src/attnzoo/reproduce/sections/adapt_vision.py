@@ -276,6 +276,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.data["plateau"]["text"] = sec.data["plateau"]["text"].replace(
         "at twice the steps", f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
     )
+    for f in paper:  # every fine-tune runs at the plan's one rate: rows not each at its own tuned rate
+        claims.gate(f, "not tuned: every row fine-tunes at the plan's one learning rate (no sweep in this section)")
     return sec
 
 

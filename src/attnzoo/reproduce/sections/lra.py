@@ -510,10 +510,7 @@ def _ablation_reading(m: str, t: str, ablations: dict, res: dict) -> str:
     soft_longer = {
         a["train"]["steps"]: a["result"]["accuracy"]
         for a in ablations.values()
-        if a["mechanism"] == "softmax"
-        and a["task"] == t
-        and a["result"]["accuracy"]
-        and set(a.get("train", {})) == {"steps"}
+        if a["mechanism"] == "softmax" and a["task"] == t and a["result"]["accuracy"] and _only_longer(a)
     }
     out = []
     for name, a in ablations.items():
@@ -521,7 +518,7 @@ def _ablation_reading(m: str, t: str, ablations: dict, res: dict) -> str:
             continue
         acc, soft, base_acc = a["result"]["accuracy"], res["softmax"][t]["accuracy"], res[m][t]["accuracy"]
         steps = a.get("train", {}).get("steps")
-        if steps in soft_longer and set(a.get("train", {})) == {"steps"} and not a.get("arch"):
+        if steps in soft_longer and _only_longer(a) and not a.get("arch"):
             ref, ref_name = soft_longer[steps], f"softmax at the same {steps} steps"
         else:
             ref, ref_name = soft, "softmax in the base budget (not rerun with this change)"
@@ -540,6 +537,12 @@ def _ablation_reading(m: str, t: str, ablations: dict, res: dict) -> str:
     return "; ".join(out)
 
 
+def _only_longer(ablation: dict) -> bool:
+    """An ablation that changes only the length of training (its steps, and the warm-up scaled with them)."""
+    train = ablation.get("train", {})
+    return "steps" in train and set(train) <= {"steps", "warmup_steps"}
+
+
 def _plateau(findings: list[dict], res: dict, learned: list[str], ablations: dict) -> dict:
     """Softmax's plateau per learned task (its ``@2x-steps`` ablation); a task that fails gates its own findings and
     the LRA averages."""
@@ -549,7 +552,7 @@ def _plateau(findings: list[dict], res: dict, learned: list[str], ablations: dic
             (
                 a["result"]["accuracy"]
                 for a in ablations.values()
-                if a["mechanism"] == "softmax" and a["task"] == t and set(a.get("train", {})) == {"steps"}
+                if a["mechanism"] == "softmax" and a["task"] == t and _only_longer(a)
             ),
             None,
         )
@@ -557,7 +560,7 @@ def _plateau(findings: list[dict], res: dict, learned: list[str], ablations: dic
             (
                 a["result"]["val_curve"]
                 for a in ablations.values()
-                if a["mechanism"] == "softmax" and a["task"] == t and set(a.get("train", {})) == {"steps"}
+                if a["mechanism"] == "softmax" and a["task"] == t and _only_longer(a)
             ),
             None,
         )
@@ -620,7 +623,7 @@ def equal_time(
             runs = [(base_steps, res[m][t])] + [
                 (a["train"]["steps"], a["result"])
                 for a in ablations.values()
-                if a["mechanism"] == m and a["task"] == t and set(a.get("train", {})) == {"steps"}
+                if a["mechanism"] == m and a["task"] == t and _only_longer(a)
             ]
             best = _point_within(runs, affordable)
             if best is None:
