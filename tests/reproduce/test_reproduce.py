@@ -638,3 +638,15 @@ def test_a_timed_step_runs_with_no_other_step_in_flight(tmp_path):
         if sid != "icl/linear/baselines":
             assert r["finished"] <= t["started"] or r["started"] >= t["finished"], sid
     assert all(s.timed for s in plan("smoke", 0)[1] if s.section == "efficiency")
+
+
+def test_vision_reports_every_claim_whose_rows_ran():
+    """Each architecture claim of the vision section whose two rows have results is a finding (AoT vs CRATE, whose
+    explanation comes from its own ablations, included)."""
+    from attnzoo.reproduce.claims import stat
+    from attnzoo.reproduce.sections import vision
+
+    rows = {row for c in vision.CLAIMS for row in (c[0], c[2])}
+    res = {r: {"accuracy": stat([70.0 + i, 71.0 + i, 70.5 + i]), "accuracy_more": None} for i, r in enumerate(rows)}
+    claimed = {f["claim"] for f in vision._findings(res) if f["kind"] == "paper"}
+    assert {c[7] for c in vision.CLAIMS} <= claimed

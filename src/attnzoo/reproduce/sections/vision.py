@@ -648,6 +648,7 @@ def _findings(res: dict) -> list[dict]:
         )
         if a == "aot":
             f["explanation"] = _aot_ablations(res, b)
+            out.append(f)
         elif a_ctl in res and b_ctl in res and (a_ctl, b_ctl) != (a, b):
             if a_ctl in CONTROLLED_CLAIMS:
                 ctype, cmargin, cpaper, cclaim, cpv = CONTROLLED_CLAIMS[a_ctl]
