@@ -14,14 +14,29 @@ abs=$(cd "$src" && pwd)
 # paths of this machine become DIR (the run's --out) so the committed files name no local directory
 sed -E -e "s#$abs#DIR#g" -e 's#"/[^"]*/(runs/[^"]*)"#"DIR/\1"#g' "$src/results.json" > docs/results/results.json
 sed -e "s#$abs#DIR#g" "$src/configs.md" > docs/results/configs.md
-# compact JSON without the per-step training-loss curves (the repository keeps files under 600 KiB; the run's own
-# results.json keeps them): every other number as the run wrote it
+# compact JSON without the per-step training-loss curves, and the results' and sections' floats to 5 significant
+# digits (the repository keeps files under 600 KiB; the run's own results.json keeps every digit and curve); the
+# steps' configurations as written, so their hashes still match for --reuse
 python3 - docs/results/results.json <<'PYEOF'
 import json, sys
+
+
+def rounded(x):
+    if isinstance(x, float):
+        return float(f"{x:.5g}")
+    if isinstance(x, list):
+        return [rounded(v) for v in x]
+    if isinstance(x, dict):
+        return {k: rounded(v) for k, v in x.items()}
+    return x
+
+
 p = sys.argv[1]
 d = json.load(open(p))
 for rec in d["steps"].values():
     rec["result"].pop("curve", None)
+    rec["result"] = rounded(rec["result"])
+d["sections"] = rounded(d["sections"])
 open(p, "w").write(json.dumps(d, separators=(",", ":")) + "\n")
 PYEOF
 sed -e 's#](plots/#](results/#g' -e 's#](configs.md)#](results/configs.md)#g' -e "s#$abs#DIR#g" "$src/report.md" \
