@@ -454,10 +454,10 @@ def test_vision_extra_seeds_explain_a_controlled_comparison_within_the_spread():
 
     six_cbsa, six_mssa = stat([60.0, 63.0, 61.0, 55.0, 56.0, 55.5]), stat([65.0, 64.0, 65.0, 64.0, 65.0, 64.5])
     res = {
-        "cbt": {"accuracy": stat([73.0, 74.0, 73.5]), "accuracy_more": None},
-        "crate": {"accuracy": stat([59.0, 60.0, 58.5]), "accuracy_more": None},
-        "vit+cbsa": {"accuracy": six_cbsa, "accuracy_more": six_cbsa},
-        "vit+mssa": {"accuracy": six_mssa, "accuracy_more": six_mssa},
+        "cbt": {"accuracy": stat([73.0, 74.0, 73.5]), "extra_seeds": 0},
+        "crate": {"accuracy": stat([59.0, 60.0, 58.5]), "extra_seeds": 0},
+        "vit+cbsa": {"accuracy": six_cbsa, "extra_seeds": 3},
+        "vit+mssa": {"accuracy": six_mssa, "extra_seeds": 3},
     }
     ctl = [
         f
@@ -466,13 +466,13 @@ def test_vision_extra_seeds_explain_a_controlled_comparison_within_the_spread():
     ]
     assert len(ctl) == 1 and ctl[0]["verdict"] == "disagrees" and ctl[0]["values_a"] == list(six_cbsa.values)
     assert "6 vs 6 seeds (the section's and the plan's extra seeds, all of them used)" in ctl[0]["explanation"]
-    res["vit+cbsa"]["accuracy_more"] = None
+    res["vit+cbsa"]["extra_seeds"] = 0
     ctl = [
         f
         for f in vision._findings(res)
         if f["claim"].startswith("in the ViT skeleton (controlled swap): CBSA is competitive with MSSA")
     ]
-    assert "seeds each" not in ctl[0]["explanation"]
+    assert "extra seeds" not in ctl[0]["explanation"]
     b, steps = plan("long", 0)
     ids = [s.id for s in steps if s.id.startswith("vision/vit+cbsa/") and "/lr-sweep/" not in s.id]
     assert ids == [f"vision/vit+cbsa/seed{k}" for k in range(3)] + [f"vision/vit+cbsa/extra-seed{k}" for k in (3, 4, 5)]
@@ -647,6 +647,6 @@ def test_vision_reports_every_claim_whose_rows_ran():
     from attnzoo.reproduce.sections import vision
 
     rows = {row for c in vision.CLAIMS for row in (c[0], c[2])}
-    res = {r: {"accuracy": stat([70.0 + i, 71.0 + i, 70.5 + i]), "accuracy_more": None} for i, r in enumerate(rows)}
+    res = {r: {"accuracy": stat([70.0 + i, 71.0 + i, 70.5 + i]), "extra_seeds": 0} for i, r in enumerate(rows)}
     claimed = {f["claim"] for f in vision._findings(res) if f["kind"] == "paper"}
     assert {c[7] for c in vision.CLAIMS} <= claimed

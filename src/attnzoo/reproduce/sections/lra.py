@@ -381,8 +381,7 @@ def _mega_intro(plan: dict) -> str:
         "N(0, 0.02), which leaves the attention's gradients below Adam's epsilon for the first thousands of steps "
         "(MEGA trains 90k): at this budget that block stayed at the majority class at every swept rate, no better "
         "than the block without attention (docs/results_history.md, session 15); here they are N(0, 1/fan-in) and "
-        "N(0, 1) (`init='scaled'`, the layer's "
-        "default; `init='mega'` restores MEGA's)."
+        "N(0, 1) (`init='scaled'`, the layer's default; `init='mega'` restores MEGA's)."
     )
 
 
@@ -548,22 +547,11 @@ def _plateau(findings: list[dict], res: dict, learned: list[str], ablations: dic
     the LRA averages."""
     out = {}
     for t in learned:
-        longer = next(
-            (
-                a["result"]["accuracy"]
-                for a in ablations.values()
-                if a["mechanism"] == "softmax" and a["task"] == t and _only_longer(a)
-            ),
+        run = next(
+            (a for a in ablations.values() if a["mechanism"] == "softmax" and a["task"] == t and _only_longer(a)),
             None,
         )
-        longer_curve = next(
-            (
-                a["result"]["val_curve"]
-                for a in ablations.values()
-                if a["mechanism"] == "softmax" and a["task"] == t and _only_longer(a)
-            ),
-            None,
-        )
+        longer, longer_curve = (run["result"]["accuracy"], run["result"]["val_curve"]) if run else (None, None)
         own = [f for f in findings if f["claim"].endswith(f" on {t}") or f["claim"].endswith(" on the LRA average")]
         curves = f"softmax {curve_text(res['softmax'][t]['val_curve'], '.1f')}" + (
             f"; softmax at twice the steps {curve_text(longer_curve, '.1f')}" if longer_curve is not None else ""

@@ -357,7 +357,7 @@ def _stats(records: dict, name: str) -> dict | None:
         # every seed the row has: the section's and, for the rows of plan "extra_seeds", the extra ones (whatever the
         # verdict: using extra seeds only when a verdict is undecided would pick the data by its outcome)
         "accuracy": claims.stat(_pct(r.get("accuracy")) for r in rs + extra),
-        "accuracy_more": claims.stat(_pct(r.get("accuracy")) for r in rs + extra) if extra else None,
+        "extra_seeds": len(extra),
         "params": rs[0]["params"],
         "samples_per_s": seed_mean(rs, "samples_per_s"),
         "peak_train_mb": seed_mean(rs, "peak_train_mb"),
@@ -499,7 +499,7 @@ def _model_data(r: dict) -> dict:
         "peak_train_mb": r["peak_train_mb"],
         "tokens": r["tokens"],
         "seeds": r["seeds"],
-        **({"accuracy_per_seed_with_extra": list(r["accuracy_more"].values)} if r.get("accuracy_more") else {}),
+        **({"accuracy_per_seed_with_extra": list(r["accuracy"].values)} if r.get("extra_seeds") else {}),
     }
 
 
@@ -659,10 +659,10 @@ def _findings(res: dict) -> list[dict]:
                 ctl["claim"] = f"{claim.split(' ')[0]}'s attention in the ViT skeleton (controlled swap): " + claim
             f["explanation"] = _explain(a, a_ctl, b_ctl, f, ctl, res, claim_type, margin)
             ctl["explanation"] = "controlled swap: same embedding, pooling, blocks, width, depth, data and optimiser"
-            more_a, more_b = res[a_ctl].get("accuracy_more"), res[b_ctl].get("accuracy_more")
-            if more_a and more_b:
+            if res[a_ctl].get("extra_seeds") and res[b_ctl].get("extra_seeds"):
+                n_a, n_b = res[a_ctl]["accuracy"].n, res[b_ctl]["accuracy"].n
                 ctl["explanation"] += (
-                    f"; {more_a.n} vs {more_b.n} seeds (the section's and the plan's extra seeds, all of them used)"
+                    f"; {n_a} vs {n_b} seeds (the section's and the plan's extra seeds, all of them used)"
                     + (
                         ": within the spread, at this scale the two attentions are not told apart"
                         if ctl["verdict"] == "inconclusive"
