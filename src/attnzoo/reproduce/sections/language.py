@@ -89,6 +89,12 @@ def _train_plan(plan: dict, name: str) -> dict:
     return train
 
 
+def _seeds(plan: dict, name: str, seed: int) -> list[int]:
+    """A row's seeds; the plateau run takes the first ``plateau_seeds`` of them (it costs twice a seed run)."""
+    seeds = seed_list(plan, seed)
+    return seeds[: plan.get("plateau_seeds")] if name == PLATEAU else seeds
+
+
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     steps = [
         Step(
@@ -103,7 +109,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     lrs = plan.get("lr_sweep", [])
     # the sweep first: every seed run then trains at its row's best swept rate (the plateau run at GPT's)
     runs = [(name, seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{name}", lr), lr) for name in rows_of(plan) for lr in lrs]
-    runs += [(name, s, seeded_id(f"{KEY}/{name}", s), None) for name in rows for s in seed_list(plan, seed)]
+    runs += [(name, s, seeded_id(f"{KEY}/{name}", s), None) for name in rows for s in _seeds(plan, name, seed)]
     for name, s, sid, lr in runs:
         reg, mech, _ = MODELS[name.split("@")[0]]
         train = dict(
