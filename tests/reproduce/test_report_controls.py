@@ -181,6 +181,42 @@ def test_vision_control_and_matched_findings():
     assert next(f for f in out if f["claim"].startswith("attention helps"))["verdict"] == "disagrees"
     m = next(f for f in out if "parameter-matched" in f["claim"])
     assert m["verdict"] == "inconclusive" and "150,000 and 100,000 differ by more than 10%" in m["gate"]
+    assert m["gate_reasons"] == ["conditions"]
+
+
+def test_gate_reasons_are_counted_from_the_field_not_the_text():
+    from attnzoo.reproduce.claims import compare, gate
+    from attnzoo.reproduce.common import Section
+    from attnzoo.reproduce.report import _summary
+
+    def decided():
+        return compare(
+            [2.0, 2.1, 2.2],
+            [1.0, 1.1, 1.2],
+            claim_type="superiority",
+            unit="pts",
+            paper="X",
+            claim="a beats b",
+            paper_value="a > b",
+            a_name="a",
+            b_name="b",
+        )
+
+    fs = [decided() for _ in range(3)]
+    assert all(f["verdict"] == "agrees" for f in fs)
+    # the gate's words mention a plateau, but its reason is "not tuned": the count follows the reason
+    gate(fs[0], "the plateau of the sweep is flat", "not tuned")
+    gate(fs[1], "lowest seed at the majority", "did not learn")
+    gate(fs[1], "no run at twice the steps", "plateau")
+    with pytest.raises(ValueError, match="unknown gate reason 'tired'"):
+        gate(fs[2], "why", "tired")
+    assert fs[0]["verdict"] == "inconclusive" and fs[0]["ungated_verdict"] == "agrees"
+    assert fs[1]["gate_reasons"] == ["did not learn", "plateau"]
+    text = "\n".join(_summary([Section("k", "K: t", findings=fs)], "smoke"))
+    assert "2 of the 2 inconclusive verdicts" in text
+    assert "1 because the section's baseline is not shown to plateau" in text
+    assert "1 because a row is not tuned" in text and "1 because the baseline did not learn" in text
+    assert "0 because the paper's conditions are not met" in text
 
 
 def test_language_control_finding():

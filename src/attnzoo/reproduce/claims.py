@@ -257,15 +257,24 @@ def compare(
     return f
 
 
-def gate(f: dict, why: str) -> dict:
+#: why a verdict can be gated (``gate``'s ``reason``; the summary counts them): the baseline is not shown to plateau;
+#: a row is not tuned; the baseline did not learn the task; the claim's conditions are not met (e.g. sizes differ)
+GATE_REASONS = ("plateau", "not tuned", "did not learn", "conditions")
+
+
+def gate(f: dict, why: str, reason: str) -> dict:
     """Make a decided verdict ``inconclusive`` because a precondition (a plateau, a baseline that learned) fails.
 
-    The verdict the numbers alone give stays in ``ungated_verdict``; ``why`` is appended to the explanation.
+    The verdict the numbers alone give stays in ``ungated_verdict``; ``why`` is appended to the finding's ``gate``
+    text and ``reason`` (one of :data:`GATE_REASONS`) to its ``gate_reasons``.
     """
+    if reason not in GATE_REASONS:
+        raise ValueError(f"unknown gate reason {reason!r}; valid: {GATE_REASONS}")
     if f["verdict"] in ("agrees", "disagrees"):
         f["ungated_verdict"] = f["verdict"]
         f["verdict"] = "inconclusive"
     f["gate"] = f"{f['gate']}; {why}" if f.get("gate") else why
+    f["gate_reasons"] = sorted(set(f.get("gate_reasons", [])) | {reason})
     return f
 
 
@@ -311,7 +320,7 @@ def plateau_gate(
             )
         )
     for f in fails:
-        gate(f, f"the baseline is not shown to plateau for it ({text})")
+        gate(f, f"the baseline is not shown to plateau for it ({text})", "plateau")
     ok = change is not None and not fails
     if curves:
         text += f"; validation curves (seed means): {curves}"

@@ -461,7 +461,7 @@ def gate_untuned(findings: list[dict], untuned: dict[str, str]) -> None:
             continue
         why = [untuned[n] for n in (f.get("a_name"), f.get("b_name")) if n in untuned]
         if why:
-            gate(f, "not tuned: " + "; ".join(why))
+            gate(f, "not tuned: " + "; ".join(why), "not tuned")
 
 
 # ---- learning curves ------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 from attnzoo._io import atomic_write_text, write_json
-from attnzoo.reproduce.claims import VERDICTS
+from attnzoo.reproduce.claims import GATE_REASONS, VERDICTS
 from attnzoo.reproduce.common import Section, md_table
 from attnzoo.reproduce.sections import SECTION_MODULES
 
@@ -109,15 +109,14 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
     ]
     gated = [f for _, f in paper if f.get("ungated_verdict")]
     if gated:
-        n_plateau = sum("plateau" in f["gate"] for f in gated)
-        n_tuned = sum("not tuned" in f["gate"] for f in gated)
-        n_learned = sum("did not learn" in f["gate"] or "baseline learns" in f["gate"] for f in gated)
+        n = {r: sum(r in f.get("gate_reasons", ()) for f in gated) for r in GATE_REASONS}
         lines += [
             f"{len(gated)} of the {counts.get('inconclusive', 0)} inconclusive verdicts would be decided by their "
-            f"intervals alone but are gated: {n_plateau} because the section's baseline is not shown to plateau for "
-            f"them, {n_tuned} because a row is not tuned (no sweep, or an incomplete one), {n_learned} because the "
-            "baseline did not learn the task on every seed (a verdict can have several reasons). They say the "
-            "training budget is short, not that the claim holds or fails.",
+            f"intervals alone but are gated: {n['plateau']} because the section's baseline is not shown to plateau "
+            f"for them, {n['not tuned']} because a row is not tuned (no sweep, or an incomplete one), "
+            f"{n['did not learn']} because the baseline did not learn the task on every seed, {n['conditions']} "
+            "because the paper's conditions are not met (a verdict can have several reasons). They say the "
+            "training budget or set-up is short of the claim, not that the claim holds or fails.",
             "",
         ]
     silent = [s for s in secs if not any(f.get("kind") == "paper" for f in s.findings)]

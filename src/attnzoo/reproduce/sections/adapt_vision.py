@@ -277,7 +277,9 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         "at twice the steps", f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
     )
     for f in paper:  # every fine-tune runs at the plan's one rate: rows not each at its own tuned rate
-        claims.gate(f, "not tuned: every row fine-tunes at the plan's one learning rate (no sweep in this section)")
+        claims.gate(
+            f, "not tuned: every row fine-tunes at the plan's one learning rate (no sweep in this section)", "not tuned"
+        )
     return sec
 
 

@@ -291,7 +291,7 @@ def _tune(sec: Section, records: dict, plan: dict) -> None:
     if "aot" in untuned:
         for f in sec.findings:  # AoT's own "learns in context" claims rest on the same rate
             if f["kind"] == "paper" and not f.get("claim_type"):
-                claims.gate(f, f"not tuned: {untuned['aot']}")
+                claims.gate(f, f"not tuned: {untuned['aot']}", "not tuned")
 
 
 def _val_curves(sec: Section, records: dict, plan: dict, plots_dir, rel) -> dict:
@@ -441,6 +441,7 @@ def _findings(curves, finals, records, plan) -> list[dict]:
                         f,
                         f"the GPT baseline learns by the same rule on only {sum(gpt_ok)} of {len(gpt_ok)} seeds, so "
                         "the budget may be the limit",
+                        "did not learn",
                     )
             elif verdict != "agrees":
                 f["explanation"] = _still_descending(per_seed(records, f"{KEY}/{t}/{m}"))

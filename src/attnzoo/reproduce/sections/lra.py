@@ -757,7 +757,7 @@ def _gate_unlearned_base(found: list[dict], res, base: str, learned: list[str], 
                 for t in tasks
             )
             clear = f"every seed must clear it by {LEARNED_MARGIN:g} pts"
-            claims.gate(f, f"the baseline {base} did not learn ({lows}; {clear})")
+            claims.gate(f, f"the baseline {base} did not learn ({lows}; {clear})", "did not learn")
     return found
 
 

@@ -686,7 +686,9 @@ def _control_findings(res: dict, cmp) -> list[dict]:
         f["claim"] = "ToST is competitive with ViT at similar size (parameter-matched: ToST's width changed only)"
         pa, pb = f.get("params_a"), f.get("params_b")
         if pa and pb and abs(pa / pb - 1) > MATCH_TOLERANCE:
-            claims.gate(f, f"the parameter counts {pa:,} and {pb:,} differ by more than {MATCH_TOLERANCE:.0%}")
+            claims.gate(
+                f, f"the parameter counts {pa:,} and {pb:,} differ by more than {MATCH_TOLERANCE:.0%}", "conditions"
+            )
         out.append(f)
     if CONTROL in res and "vit" in res:
         f = cmp("vit", CONTROL, "superiority", (0.0, ""), "all five papers", "", "")
