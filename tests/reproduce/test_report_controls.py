@@ -343,3 +343,26 @@ def test_unmatched_tost_row_points_to_the_matched_one():
     del res["tost@matched-params"]
     f = next(f for f in vision._findings(res) if f["claim"] == "ToST is competitive with ViT at similar size")
     assert "tost@matched-params" not in f.get("explanation", "")
+
+
+@pytest.mark.parametrize(
+    "ablated, words",
+    [
+        # the means move 2.4 -> 1.0 but the change's interval holds 0: no change is shown (not "it stays")
+        ([83.0, 85.5, 83.5], "gap to vit +2.4 -> +1.0 pts, but the change of abl vs row +1.4 pts, 95% CI"),
+        # a clear change that leaves no gap
+        ([85.0, 85.1, 84.9], "gap to vit +2.4 -> +0.0 pts: it is no longer distinguishable from zero"),
+    ],
+)
+def test_gap_change_words_follow_the_numbers(ablated, words):
+    from attnzoo.reproduce.sections.vision import gap_change
+
+    res = {
+        "vit": {"accuracy": stat([84.9, 85.0, 85.1])},
+        "row": {"accuracy": stat([82.5, 82.6, 82.7])},
+        "abl": {"accuracy": stat(ablated)},
+    }
+    text = gap_change(res, "row", "abl", "vit")
+    assert text.startswith(words)
+    assert ("contains 0: no change is shown" in text) == ("but the change" in words)
+    assert "stays" not in text
