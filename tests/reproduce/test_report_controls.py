@@ -366,3 +366,52 @@ def test_gap_change_words_follow_the_numbers(ablated, words):
     assert text.startswith(words)
     assert ("contains 0: no change is shown" in text) == ("but the change" in words)
     assert "stays" not in text
+
+
+@pytest.mark.parametrize(
+    "values, words",
+    [
+        ([15.8, 16.4, 16.1], "no seed got 5 points above it, so tssa did not train on this task"),
+        (
+            [15.8, 30.0, 32.0],
+            "1 of 3 seeds stayed within 5 points of it (did not train); the 2 that trained average "
+            "31.0% against softmax's 33.0%, a gap of +2.0 pts",
+        ),
+        ([28.0, 30.0, 32.0], None),
+    ],
+)
+def test_lra_failure_reading_counts_the_seeds_that_did_not_train(values, words):
+    from attnzoo.reproduce.sections.lra import failure_reading
+
+    text = failure_reading("tssa", stat(values), stat([32.0, 33.0, 34.0]), 18.5, "softmax")
+    if words is None:
+        assert text == ""
+    else:
+        assert text.startswith(
+            f"tssa's seeds {', '.join(f'{v:.1f}' for v in values)}% against a majority class of 18.5%"
+        )
+        assert words in text
+
+
+def test_lra_disagreement_carries_the_failure_reading():
+    from attnzoo.reproduce.sections import lra
+
+    base, row = [32.0, 33.0, 34.0], [15.8, 16.4, 29.1]
+    res = {
+        "softmax": {"listops": {"accuracy": stat(base), "per_seed": base}},
+        "tssa": {"listops": {"accuracy": stat(row), "per_seed": row}},
+    }
+    found = lra._accuracy_findings(
+        res,
+        "tssa",
+        ("superiority", 0.0, ""),
+        "ToST Table 3",
+        "TSSA beats",
+        "x",
+        ["listops"],
+        {},
+        majority={"listops": 18.5},
+    )
+    per_task = next(f for f in found if f["claim"].endswith("on listops"))
+    assert per_task["verdict"] != "agrees"
+    assert "2 of 3 seeds stayed within 5 points of it" in per_task["explanation"]

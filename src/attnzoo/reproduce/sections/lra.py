@@ -761,6 +761,29 @@ def _gate_unlearned_base(found: list[dict], res, base: str, learned: list[str], 
     return found
 
 
+def failure_reading(m: str, acc: claims.Stat, base_acc: claims.Stat, majority: float, base: str) -> str:
+    """Whether ``m``'s gap on a task is a failure to train: its seeds within LEARNED_MARGIN of the majority class
+    (the rule the baseline's tasks pass), counted and named, and the gap on the seeds that did learn. Empty when
+    every seed learned."""
+    bar = majority + LEARNED_MARGIN
+    failed = [v for v in acc.values if v <= bar]
+    if not failed:
+        return ""
+    n, vals = len(acc.values), ", ".join(f"{v:.1f}" for v in acc.values)
+    head = f"{m}'s seeds {vals}% against a majority class of {majority:.1f}%: "
+    if len(failed) == n:
+        return head + (
+            f"no seed got {LEARNED_MARGIN:g} points above it, so {m} did not train on this task at this budget; the "
+            "gap measures that failure, not the accuracy of a trained model"
+        )
+    ok = [v for v in acc.values if v > bar]
+    return head + (
+        f"{len(failed)} of {n} seeds stayed within {LEARNED_MARGIN:g} points of it (did not train); the "
+        f"{len(ok)} that trained average {np.mean(ok):.1f}% against {base}'s {base_acc.mean:.1f}%, a gap of "
+        f"{base_acc.mean - np.mean(ok):+.1f} pts (descriptive, {len(ok)} seed{'s' if len(ok) > 1 else ''})"
+    )
+
+
 def _learned(res, tasks, majority, row: str = "softmax") -> list[str]:
     """Tasks on which every seed of ``row`` (the softmax baseline) beats the majority-class rate (chance if unknown)
     by LEARNED_MARGIN: a mean carried by some seeds while another sits at the majority is not a learned baseline."""
@@ -820,10 +843,12 @@ def _findings(res, mechs, tasks, lengths, learned, ablations=None, head_dim=None
     for m, kind, paper, claim, paper_value in CLAIMS:
         if m not in mechs or "softmax" not in mechs or not learned:
             continue
-        out += _accuracy_findings(res, m, kind, paper, claim, paper_value, learned, ablations)
+        out += _accuracy_findings(res, m, kind, paper, claim, paper_value, learned, ablations, majority=majority)
     for m, base, kind, paper, claim, paper_value in MEGA_CLAIMS:
         if m in mechs and base in mechs and learned:
-            found = _accuracy_findings(res, m, kind, paper, claim, paper_value, learned, ablations, base=base)
+            found = _accuracy_findings(
+                res, m, kind, paper, claim, paper_value, learned, ablations, base=base, majority=majority
+            )
             out += _gate_unlearned_base(found, res, base, learned, majority or {})
     if "softmax" in mechs and tasks:
         out += _speed_findings(res, mechs, tasks, lengths, head_dim)
@@ -835,10 +860,11 @@ def _findings(res, mechs, tasks, lengths, learned, ablations=None, head_dim=None
 
 
 def _accuracy_findings(
-    res, m, kind, paper, claim, paper_value, learned, ablations, base: str = "softmax"
+    res, m, kind, paper, claim, paper_value, learned, ablations, base: str = "softmax", majority: dict | None = None
 ) -> list[dict]:
     """The LRA-average finding of one accuracy claim (``m`` against ``base``), followed by its per-task findings on
-    the learned tasks."""
+    the learned tasks. A per-task finding that does not agree says which of ``m``'s seeds did not train
+    (:func:`failure_reading`)."""
     claim_type, margin, source = kind
     kw = dict(claim_type=claim_type, margin=margin, margin_source=source, unit="pts", a_name=m, b_name=base)
     f = claims.compare(
@@ -864,7 +890,10 @@ def _accuracy_findings(
             spec=".1f",
             **kw,
         )
-        reading = _ablation_reading(m, t, ablations, res)
+        parts = [_ablation_reading(m, t, ablations, res)]
+        if ft["verdict"] != "agrees" and majority and t in majority:
+            parts.insert(0, failure_reading(m, res[m][t]["accuracy"], res[base][t]["accuracy"], majority[t], base))
+        reading = "; ".join(p for p in parts if p)
         if reading:
             ft["explanation"] = reading
         per_task.append((t, ft))
