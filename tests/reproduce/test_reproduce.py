@@ -66,6 +66,16 @@ def test_report_has_every_section_table_and_plot(smoke):
         assert re.search(rf"^{re.escape(h)}$", text, re.M), f"missing heading {h!r}"
     # the summary comes first; the configuration appendix is a file of its own, linked
     assert text.index("## Summary") < min(text.index(h) for h in HEADINGS.values())
+    # the first screen states the scale of the runs against the papers', one line per trained section
+    summary = text[text.index("## Summary") : min(text.index(h) for h in HEADINGS.values())]
+    assert "**Scale.**" in summary
+    for line in (
+        "- Vision: here digits",
+        "- Language: here character-level Shakespeare",
+        "- In-context learning: here d=",
+    ):
+        assert line in summary, line
+    assert "the papers: ImageNet-1k at 224x224" in summary
     assert f"]({CONFIGS_FILE})" in text and "<details>" not in text
     for header in TABLE_HEADERS:
         assert header in text, f"missing table with columns {header!r}"
@@ -473,7 +483,10 @@ def test_vision_extra_seeds_explain_a_controlled_comparison_within_the_spread():
         if f["claim"].startswith("in the ViT skeleton (controlled swap): CBSA is competitive with MSSA")
     ]
     assert "extra seeds" not in ctl[0]["explanation"]
-    b, steps = plan("long", 0)
+    # `long` no longer plans extra seeds (they do not fit its 2 h); a plan that asks for them gets them as extra steps
+    b, _ = plan("long", 0)
+    with_extra = {**b["vision"], "extra_seeds": {"rows": ["vit+cbsa", "vit+mssa"], "seeds": 3}}
+    steps = vision.plan_steps(with_extra, 0)
     ids = [s.id for s in steps if s.id.startswith("vision/vit+cbsa/") and "/lr-sweep/" not in s.id]
     assert ids == [f"vision/vit+cbsa/seed{k}" for k in range(3)] + [f"vision/vit+cbsa/extra-seed{k}" for k in (3, 4, 5)]
     with pytest.raises(ValueError, match=r"extra_seeds row 'vit\+nope' is not a row of this plan"):

@@ -79,6 +79,8 @@ class Section:
     findings: list[dict] = field(default_factory=list)  # {"claim", "measured", "verdict"}
     data: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: one line for the summary: the scale of this section's runs against the papers' (empty: not a trained section)
+    scale: str = ""
 
 
 class ModelRow(NamedTuple):
@@ -383,6 +385,21 @@ def load_trained(run_dir: str | os.PathLike) -> torch.nn.Module:
 SWEEP_SEED_OFFSET = 100
 
 
+def sweep_train(train: dict, plan: dict) -> dict:
+    """A sweep run's training settings: ``train`` shortened to the plan's ``sweep_fraction`` of its steps (warm-up
+    likewise; default 1, the full run). The rate is chosen on the shorter runs, then every reported seed trains the
+    full steps at it: the budgets pay for the sweeps at half the steps, and the report says so."""
+    frac = plan.get("sweep_fraction", 1.0)
+    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
+        raise ValueError(f"a section's 'sweep_fraction' must be in (0, 1], got {frac!r}")
+    if frac == 1:
+        return dict(train)
+    out = dict(train, steps=max(1, round(train["steps"] * frac)))
+    if "warmup_steps" in train:
+        out["warmup_steps"] = round(train["warmup_steps"] * frac)
+    return out
+
+
 def sweep_id(base: str, lr: float) -> str:
     """Step id of one learning rate of row ``base``'s sweep (e.g. ``vision/vit/lr-sweep/lr0.002``)."""
     return f"{base}/lr-sweep/lr{lr:g}"
@@ -398,11 +415,13 @@ def sweep_table(
     higher_is_better: bool,
     scale: float = 1.0,
     label: str = "",
+    fraction: float = 1.0,
 ) -> tuple[Table | None, dict[str, str]]:
     """The sweep as a table (one row per model, the best rate marked) and ``{row: why}`` for every row whose
     comparisons are not tuned: its sweep is incomplete, or (``used`` a rate) its best swept rate is not the ``used``
     one its seeds trained with. ``used=None``: each row's seeds trained at its best swept rate (:func:`tuned`).
-    A best rate at either end of the grid is marked: the optimum may lie beyond it."""
+    A best rate at either end of the grid is marked: the optimum may lie beyond it. ``fraction``: the sweep runs'
+    share of the reported runs' steps (:func:`sweep_train`), stated in the caption."""
     table_rows, untuned, edge = [], {}, []
     if not lrs:
         return None, untuned
@@ -441,7 +460,9 @@ def sweep_table(
         "inconclusive."
     )
     caption = (
-        f"{metric} on the sweep's own seed (base seed + {SWEEP_SEED_OFFSET}, not a reported seed); best rate in bold. "
+        f"{metric} on the sweep's own seed (base seed + {SWEEP_SEED_OFFSET}, not a reported seed)"
+        + (f", each sweep run {fraction:.0%} of the reported runs' steps" if fraction < 1 else "")
+        + "; best rate in bold. "
         + seeds
         + (
             f" †: best at an end of the grid ({len(edge)} of {len(table_rows)} rows), so the optimum may lie beyond it."

@@ -119,6 +119,15 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
             "training budget or set-up is short of the claim, not that the claim holds or fails.",
             "",
         ]
+    scaled = [s for s in secs if s.scale]
+    if scaled:
+        lines += [
+            "**Scale.** These runs are laptop-sized, far below the papers' experiments; a verdict says what holds at "
+            "this scale:",
+            "",
+            *[f"- {s.title.split(':')[0]}: {s.scale}" for s in scaled],
+            "",
+        ]
     silent = [s for s in secs if not any(f.get("kind") == "paper" for f in s.findings)]
     lines += [f"- {s.title}: no paper claim decided here. {s.notes[0] if s.notes else ''}".rstrip() for s in silent]
     lines += ([""] if silent else []) + [

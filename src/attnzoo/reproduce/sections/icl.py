@@ -205,8 +205,12 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     arch, tr = plan["arch"], plan["train"]
     first = next(iter(plan["tasks"].values()))
     d, n = first["dim"], first["n_points"]
+    sec.scale = (
+        f"here d={d} with {n} points per prompt, width {arch['dim']}, depth {arch['depth']}, {tr['steps']} steps of "
+        f"{tr['batch_size']} prompts; AoT: d=20 with up to 40 in-context examples (§4.1.2, Fig. 6, after Garg et al.)"
+    )
     sec.intro = (
-        f"Prompts of {n} Gaussian inputs in d={d} (the papers use d=20, 41 points, 50k steps); sparse "
+        f"Prompts of {n} Gaussian inputs in d={d} (AoT uses d=20 and up to 40 in-context examples); sparse "
         f"functions keep {plan['tasks'].get('sparse', {}).get('sparsity', '-')} non-zero weights. Models: "
         f"width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, {tr['steps']} steps of "
         f"{tr['batch_size']} fresh prompts, {plan.get('seeds', 1)} seed(s) per model (curves: seed mean; "

@@ -35,6 +35,7 @@ from attnzoo.reproduce.common import (
     sweep_deps,
     sweep_id,
     sweep_table,
+    sweep_train,
     train_defaults,
     train_run,
     tuned,
@@ -119,7 +120,12 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             model_options=model_options(name.split("@")[0], plan["arch"]),
             seed=s,
             eval_batches=1,
-            **train_defaults(**{**_train_plan(plan, name), "lr": plan["train"]["lr"] if lr is None else lr}),
+            **train_defaults(
+                **{
+                    **(_train_plan(plan, name) if lr is None else sweep_train(plan["train"], plan)),
+                    "lr": plan["train"]["lr"] if lr is None else lr,
+                }
+            ),
         )
         # decoding cost is a property of the architecture, not of the seed: profiled on the first seed only
         cfg = {
@@ -263,6 +269,14 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         f"on {plan['eval_windows']} windows spread through the validation plays, "
         f"{plan.get('seeds', 1)} seed(s) per model (mean ± std); lower is better."
     )
+    block, params = plan["task_options"]["block_size"], [res[n]["params"] for n in names]
+    sec.scale = (
+        f"here character-level Shakespeare, {min(params):,}-{max(params):,} parameters, {block}-character windows, "
+        f"{tr['steps']} steps of batch {tr['batch_size']} ({tr['steps'] * tr['batch_size'] * block / 1e6:.1f}M "
+        "characters seen); the papers: GPT-2-size decoders on OpenWebText (ToST, AoT)"
+        if params
+        else ""
+    )
     ngram = records.get(f"{KEY}/ngram-baselines", {}).get("result")
     if ngram:
         sec.intro += (
@@ -344,7 +358,15 @@ def _gate(sec: Section, records: dict, plan: dict, res: dict, curves: dict | Non
     )
     lrs = plan.get("lr_sweep", [])
     table, untuned = sweep_table(
-        records, rows_of(plan), KEY, lrs, None, "val_loss", False, label="validation loss, nats"
+        records,
+        rows_of(plan),
+        KEY,
+        lrs,
+        None,
+        "val_loss",
+        False,
+        label="validation loss, nats",
+        fraction=plan.get("sweep_fraction", 1.0),
     )
     if table is not None:
         sec.tables.append(table)

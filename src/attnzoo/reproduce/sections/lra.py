@@ -29,6 +29,7 @@ from attnzoo.reproduce.common import (
     sweep_deps,
     sweep_id,
     sweep_table,
+    sweep_train,
     train_defaults,
     tuned,
 )
@@ -118,7 +119,7 @@ def _seeded_runs(
         )
     settings = train_defaults(**{**task_train(plan, task), **(train or {})})
     if sweep_lr is not None:
-        settings["lr"] = sweep_lr
+        settings = dict(sweep_train(settings, plan), lr=sweep_lr)
     ids = (
         [(seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{task}/{row}", sweep_lr))]
         if sweep_lr is not None
@@ -291,6 +292,15 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         if rs:
             ablations[name] = dict(abl, result=_fold(rs))
     sec.intro = _intro(plan, tasks, lengths)
+    sec.scale = (
+        "here "
+        + ", ".join(f"{t} at N={lengths[t]}" for t in tasks)
+        + f", width {plan['arch']['dim']}, depth {plan['arch']['depth']}, "
+        + "; ".join(
+            f"{t}: {task_train(plan, t)['steps']} steps of batch {task_train(plan, t)['batch_size']}" for t in tasks
+        )
+        + "; the papers: the Long Range Arena's five tasks at 1K-4K tokens per sequence (ListOps up to 2K)"
+    )
     majority = {
         t: 100 * records[f"{KEY}/{t}/labels"]["result"]["majority"] for t in tasks if f"{KEY}/{t}/labels" in records
     }
@@ -335,7 +345,16 @@ def _tune(sec: Section, records: dict, plan: dict, mechs: list[str], learned: li
     every = {}
     for t in learned:
         table, untuned = sweep_table(
-            records, mechs, f"{KEY}/{t}", lrs, None, "accuracy", True, 100.0, f"{t}, accuracy %"
+            records,
+            mechs,
+            f"{KEY}/{t}",
+            lrs,
+            None,
+            "accuracy",
+            True,
+            100.0,
+            f"{t}, accuracy %",
+            fraction=plan.get("sweep_fraction", 1.0),
         )
         if table is not None:
             sec.tables.append(table)

@@ -35,6 +35,7 @@ from attnzoo.reproduce.common import (
     sweep_deps,
     sweep_id,
     sweep_table,
+    sweep_train,
     train_defaults,
     train_run,
     tuned,
@@ -233,7 +234,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     steps = []
     for name in sweep_rows(plan):
         for lr in plan.get("lr_sweep", []):
-            swept = {**plan, "train": {**plan["train"], "lr": lr}}
+            swept = {**plan, "train": {**sweep_train(plan["train"], plan), "lr": lr}}
             steps.append(_row_step(swept, name, seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{name}", lr), tune=False))
     for name in rows_of(plan):
         if name not in MODELS and name not in SWAPS and name not in ABLATIONS and name not in (PLATEAU, MATCHED):
@@ -372,6 +373,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec = Section(KEY, TITLE)
     res = {n: st for n in rows_of(plan) if (st := _stats(records, n)) is not None}
     sec.intro = _intro(plan)
+    sec.scale = scale_line(plan, [r["params"] for r in res.values() if r.get("params")])
     swaps = [n for n in ["vit", "fastmax_vit"] + list(plan.get("swaps", [])) + [CONTROL] if n in res]
     swaps = list(dict.fromkeys(swaps))
     sec.tables += _tables(res, plan, swaps)
@@ -425,7 +427,16 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     )
     lrs = plan.get("lr_sweep", [])
     table, untuned = sweep_table(
-        records, sweep_rows(plan), KEY, lrs, None, "accuracy", True, 100.0, "validation accuracy %"
+        records,
+        sweep_rows(plan),
+        KEY,
+        lrs,
+        None,
+        "accuracy",
+        True,
+        100.0,
+        "validation accuracy %",
+        fraction=plan.get("sweep_fraction", 1.0),
     )
     if table is not None:
         sec.tables.append(table)
@@ -509,7 +520,26 @@ def _describe_task(plan: dict) -> str:
         return "scikit-learn 8x8 digits, 1,438 train / 359 validation images"
     n_tr = opts.get("n_train", 60000)
     n_va = opts.get("n_val", 10000)
-    return f"{plan['task']}, {n_tr:,} train / {n_va:,} validation images, 28x28"
+    size = "28x28" + (f" resized to {opts['img_size']}x{opts['img_size']}" if opts.get("img_size") else "")
+    return f"{plan['task']}, {n_tr:,} train / {n_va:,} validation images, {size}"
+
+
+#: the papers' vision scale, from their texts (ToST §4: "resolutions of 224×224 ... patch of size 16×16", "400 epochs")
+PAPER_SCALE = "ImageNet-1k at 224x224 (196 tokens of 16x16 patches), pre-trained for hundreds of epochs (ToST: 400)"
+
+
+def scale_line(plan: dict, params: list[int]) -> str:
+    """This section's scale against the papers', for the summary."""
+    arch, tr, opts = plan["arch"], plan["train"], plan["task_options"]
+    img = opts.get("img_size") or 28
+    tokens = (img // arch["patch_size"]) ** 2
+    n_tr = opts.get("n_train", 60000)
+    size = f"{min(params):,}-{max(params):,} parameters" if params else "no trained row"
+    return (
+        f"here {plan['task']}, {n_tr:,} training images, {tokens} tokens, width {arch['dim']}, depth "
+        f"{arch['depth']}, {size}, {tr['steps']} steps of batch {tr['batch_size']} "
+        f"({tr['steps'] * tr['batch_size'] / n_tr:.1f} epochs); the papers: {PAPER_SCALE}"
+    )
 
 
 def _pct(x):
