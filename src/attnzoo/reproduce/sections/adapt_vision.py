@@ -273,8 +273,12 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     paper = [f for f in sec.findings if f["kind"] == "paper"]
     base = claims.stat([t_acc])
     sec.data["plateau"] = claims.plateau_gate(paper, "pretrained ViT", base, _acc(res, "original"), "%", ".1f")
-    sec.data["plateau"]["text"] = sec.data["plateau"]["text"].replace(
-        "at twice the steps", f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
+    sec.data["plateau"]["text"] = (
+        sec.data["plateau"]["text"].replace(
+            "at twice the steps", f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
+        )
+        + "; this is the teacher's plateau: the adapted rows are not run at twice their fine-tuning steps, so "
+        "whether they would still gain is not measured"
     )
     for f in paper:  # every fine-tune runs at the plan's one rate: rows not each at its own tuned rate
         claims.gate(
