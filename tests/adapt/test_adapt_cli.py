@@ -40,6 +40,39 @@ def test_adapt_cli_runs_and_resumes(one_thread, tmp_path, tiny_gguf, capsys):
     assert parts["evaluations"] == whole["evaluations"]
 
 
+def test_adapt_cli_curve_second_corpus_and_generation(one_thread, tmp_path, tiny_gguf, capsys):
+    """--eval-every adds "<stage>@<step>" evaluations (the curve against tokens and time), --also-eval a second
+    held-out corpus's perplexity, --gen-contexts the generation speed of teacher and student; a resumed run holds the
+    same evaluations and metrics.csv the same evaluation rows as an uninterrupted one."""
+    import csv
+
+    extra = ["--transfer-steps", "4", "--finetune-steps", "4", "--eval-every", "2", "--also-eval", "imdb"]
+    extra += ["--gen-contexts", "8,24"]
+    assert main(_args(tiny_gguf, tmp_path / "whole", *extra)) == 0
+    whole = json.loads((tmp_path / "whole" / "results.json").read_text())
+    ev = whole["evaluations"]
+    assert set(ev) == {"teacher", "swapped", "transfer@2", "transfer", "finetune@6", "finetune"}
+    assert all(set(v) == {"loss", "perplexity", "imdb_loss", "imdb_perplexity"} for v in ev.values())
+    assert ev["teacher"]["imdb_perplexity"] != ev["teacher"]["perplexity"]
+    gen = whole["generation"]
+    assert [r["context"] for r in gen["teacher"]] == [8, 24] == [r["context"] for r in gen["student"]]
+    assert all(r["decode_tokens_per_s"] > 0 and r["prefill_s"] > 0 for rows in gen.values() for r in rows)
+    assert "generation student context    24" in capsys.readouterr().out
+
+    def eval_rows(run):
+        with open(tmp_path / run / "metrics.csv", newline="") as f:
+            return [(r["step"], r["stage"], r["tokens"]) for r in csv.DictReader(f) if r["split"] == "eval"]
+
+    rows = eval_rows("whole")
+    assert [r[1] for r in rows] == ["teacher", "swapped", "transfer@2", "transfer", "finetune@6", "finetune"]
+    # stopped right after an intermediate evaluation's checkpoint (step 2), then resumed
+    assert main(_args(tiny_gguf, tmp_path / "parts", *extra, "--stop-after", "2")) == 0
+    assert main(_args(tiny_gguf, tmp_path / "parts", *extra, "--resume")) == 0
+    parts = json.loads((tmp_path / "parts" / "results.json").read_text())
+    assert parts["evaluations"] == ev
+    assert eval_rows("parts") == rows
+
+
 def test_adapt_cli_errors(tmp_path, tiny_gguf, capsys):
     assert main(_args(tmp_path / "missing.gguf", tmp_path / "a")) == 1
     assert "missing.gguf not found" in capsys.readouterr().err
@@ -49,6 +82,13 @@ def test_adapt_cli_errors(tmp_path, tiny_gguf, capsys):
     assert "not a model directory (no config.json)" in capsys.readouterr().err
     assert main(["adapt", "--model", "x", "--mechanism", "tssa", "--out", "y", "--option", "p"]) == 2
     assert "--option takes key=value" in capsys.readouterr().err
+    base = ["adapt", "--model", "x", "--mechanism", "tssa", "--out", "y"]
+    assert main(base + ["--also-eval", "shakespeare"]) == 2
+    assert "--also-eval shakespeare is the --data corpus itself" in capsys.readouterr().err
+    assert main(base + ["--gen-contexts", "8,x"]) == 2
+    assert "--gen-contexts takes a comma list of positive integers, got '8,x'" in capsys.readouterr().err
+    assert main(_args(tiny_gguf, tmp_path / "d", "--gen-contexts", "64")) == 1
+    assert "--gen-contexts up to 64 needs at least that many --eval-tokens" in capsys.readouterr().err
 
 
 def test_adapt_cli_transformers_directory(one_thread, tmp_path, tiny_gguf, capsys):

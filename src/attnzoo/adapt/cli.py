@@ -64,6 +64,21 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--eval-tokens", type=int, default=4096, help="held-out tokens for perplexity (0: no evaluation)")
     p.add_argument("--eval-batches", type=int, default=8, help="run:DIR models: validation batches per evaluation")
+    p.add_argument(
+        "--eval-every", type=int, default=0, help="also evaluate every this many steps (0: only around the stages)"
+    )
+    p.add_argument(
+        "--also-eval",
+        default=None,
+        choices=TEXT_SOURCES,
+        help="a second held-out corpus, reported as <name>_perplexity beside --data's (e.g. imdb)",
+    )
+    p.add_argument(
+        "--gen-contexts",
+        default="",
+        help="after the run, time greedy generation of teacher and student after prompts of these lengths "
+        "(comma list, e.g. 128,512,1024; held-out tokens), into results.json's 'generation'",
+    )
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--stop-after", type=int, default=None, help="stop (with a checkpoint) after this step")
     p.add_argument("--seed", type=int, default=0)
@@ -74,9 +89,19 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("block_size", "batch_size"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(a, name)}")
-    for name in ("eval_tokens", "eval_batches", "threads"):
+    for name in ("eval_tokens", "eval_batches", "threads", "eval_every"):
         if getattr(a, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
+    try:
+        a.gen_contexts = [int(c) for c in a.gen_contexts.split(",") if c.strip()]
+    except ValueError:
+        p.error(f"--gen-contexts takes a comma list of positive integers, got {a.gen_contexts!r}")
+    if any(c < 1 for c in a.gen_contexts):
+        p.error(f"--gen-contexts takes positive integers, got {a.gen_contexts}")
+    if a.model.startswith("run:") and (a.also_eval or a.gen_contexts):
+        p.error("--also-eval and --gen-contexts apply to language models (not run:DIR)")
+    if a.also_eval is not None and a.also_eval == (a.data or "shakespeare"):
+        p.error(f"--also-eval {a.also_eval} is the --data corpus itself; name the other one")
     return a
 
 
@@ -106,10 +131,18 @@ def _text_model(a: argparse.Namespace, total_steps: int, device):
     train_text, held_out = load_text_split(a.data or "shakespeare")
     need = total_steps * a.batch_size * a.block_size
     train_tokens = token_stream(tokenizer, train_text, max(need, 64 * a.block_size), vocab)
-    eval_tokens = token_stream(tokenizer, held_out, a.eval_tokens, vocab) if a.eval_tokens else None
+    held = {}
+    if a.eval_tokens:
+        held[""] = token_stream(tokenizer, held_out, a.eval_tokens, vocab)
+        if a.also_eval and a.also_eval != (a.data or "shakespeare"):
+            held[f"{a.also_eval}_"] = token_stream(tokenizer, load_text_split(a.also_eval)[1], a.eval_tokens, vocab)
     batches = window_batches(train_tokens, a.block_size, a.batch_size, a.seed)
-    eval_fn = (lambda m: perplexity(m, eval_tokens, a.block_size)) if eval_tokens is not None else None
-    return teacher, batches, eval_fn
+
+    def eval_fn(m):
+        return {f"{pre}{k}": v for pre, toks in held.items() for k, v in perplexity(m, toks, a.block_size).items()}
+
+    eval_fn.held_out = held.get("")  # the tokens --gen-contexts prompts with
+    return teacher, batches, (eval_fn if held else None)
 
 
 def _attnzoo_run(run: str, a: argparse.Namespace, device):
@@ -147,6 +180,31 @@ def _attnzoo_run(run: str, a: argparse.Namespace, device):
     return model, batches, loss_fn, (eval_fn if a.eval_batches else None)
 
 
+def _generation(teacher, student, a: argparse.Namespace, eval_fn) -> None:
+    """Greedy generation speed of teacher and student after prompts of ``--gen-contexts`` held-out tokens, printed and
+    added to the run's results.json (``"generation"``)."""
+    from attnzoo._io import write_json
+    from attnzoo.adapt.text import generation_speed
+
+    tokens = getattr(eval_fn, "held_out", None)
+    if tokens is None or tokens.numel() < max(a.gen_contexts):
+        raise ValueError(
+            f"--gen-contexts up to {max(a.gen_contexts)} needs at least that many --eval-tokens of held-out text"
+        )
+    models = (("teacher", teacher), ("student", student))
+    gen = {name: generation_speed(m, tokens, a.gen_contexts) for name, m in models}
+    for name, rows in gen.items():
+        for r in rows:
+            print(
+                f"generation {name:7s} context {r['context']:5d}: prefill {r['prefill_s']:.3f} s, "
+                f"{r['decode_tokens_per_s']:.1f} tokens/s after it"
+            )
+    path = Path(a.out) / "results.json"
+    results = json.loads(path.read_text())
+    results["generation"] = gen
+    write_json(path, results)
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _parse_args(argv)
     import torch
@@ -167,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         lora_rank=a.lora_rank,
         checkpoint_every=a.checkpoint_every,
         seed=a.seed,
+        eval_every=a.eval_every,
     )
     cfg.validate()
     from attnzoo.train.device import resolve_device
@@ -194,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     for stage, values in res.evaluations.items():
         shown = ", ".join(f"{k} {v:.4g}" for k, v in values.items())
         print(f"{stage:9s} {shown}")
+    if a.gen_contexts and res.step == cfg.total_steps:
+        _generation(teacher, res.student.model, a, eval_fn)
     print(f"attnzoo adapt: step {res.step} of {cfg.total_steps}; run directory {a.out}", file=sys.stderr)
     return 0
 

@@ -36,6 +36,7 @@ from torch import nn
 
 from attnzoo._io import atomic_save_figure, atomic_write_text, to_jsonable, write_json
 from attnzoo.adapt.student import Student, make_student
+from attnzoo.adapt.text import TEXT_SOURCES
 from attnzoo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from attnzoo.train.schedules import lr_at
 
@@ -72,9 +73,12 @@ class AdaptConfig:
     checkpoint_every: int = 50
     keep_checkpoints: int = 2
     seed: int = 0
+    #: also evaluate every this many steps (0: only before, between and after the stages), as ``"<stage>@<step>"``:
+    #: the curve of held-out metrics against adaptation tokens and CPU time
+    eval_every: int = 0
 
     def validate(self) -> None:
-        for name in ("transfer_steps", "finetune_steps", "warmup_steps", "lora_rank", "seed"):
+        for name in ("transfer_steps", "finetune_steps", "warmup_steps", "lora_rank", "seed", "eval_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise AdaptError(f"{name} must be an integer >= 0, got {v!r}")
@@ -167,13 +171,20 @@ class _Csv:
     def __init__(self, path: Path, n_layers: int, resume_step: int | None) -> None:
         self.path = path
         self.fields = ["step", "stage", "split", "lr", "loss", "perplexity", "accuracy", "tokens", "elapsed_s"]
+        # a second held-out corpus's metrics (``attnzoo adapt --also-eval``) are prefixed with its name
+        self.fields += [f"{s}_{m}" for s in TEXT_SOURCES for m in ("loss", "perplexity")]
         self.fields += [f"transfer_{i}" for i in range(n_layers)]
         rows: list[dict] = []
         if resume_step is not None and path.is_file():
             with open(path, newline="") as f:
                 rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
-            # evaluations logged at the checkpoint's own step belong after it (they follow the save)
-            rows = [r for r in rows if not (int(r["step"]) == resume_step and r["split"] == "eval")]
+            # a stage's evaluation logged at the checkpoint's own step belongs after it (it follows the save; an
+            # ``eval_every`` evaluation, named "<stage>@<step>", precedes it and is in the checkpoint)
+            rows = [
+                r
+                for r in rows
+                if not (int(r["step"]) == resume_step and r["split"] == "eval" and "@" not in r["stage"])
+            ]
         buf = io.StringIO(newline="")
         w = csv.DictWriter(buf, fieldnames=self.fields)
         w.writeheader()
@@ -403,7 +414,14 @@ class _Run:
         m.train(was)
         if self.log:
             self.log.log(
-                {"step": step, "stage": name, "split": "eval", "tokens": self.tokens, **self.evaluations[name]}
+                {
+                    "step": step,
+                    "stage": name,
+                    "split": "eval",
+                    "tokens": self.tokens,
+                    "elapsed_s": self.elapsed,
+                    **self.evaluations[name],
+                }
             )
         if self.out:
             write_json(self.out / "results.json", {"evaluations": self.evaluations, "report": self.student.report})
@@ -512,6 +530,10 @@ def adapt(
                 bar.update(1)
                 bar.set_postfix(stage=row["stage"], loss=f"{row['loss']:.4g}")
             end_of_stage = step in (cfg.transfer_steps, cfg.total_steps)
+            if cfg.eval_every and step % cfg.eval_every == 0 and not end_of_stage:
+                # before the checkpoint, so a run resumed from it holds this evaluation (one resumed from an earlier
+                # checkpoint replays the steps and evaluates here again, on the same weights)
+                run.evaluate(f"{row['stage']}@{step}", run.model, step)
             if out and (step % cfg.checkpoint_every == 0 or step == stop or end_of_stage):
                 run.save(step)
             if step == cfg.transfer_steps:

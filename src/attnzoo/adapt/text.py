@@ -7,12 +7,13 @@ the Sonnets held out, as in :mod:`attnzoo.data.text`), IMDB by review (the last 
 from __future__ import annotations
 
 import math
+import time
 from typing import Callable
 
 import torch
 from torch import nn
 
-__all__ = ["TEXT_SOURCES", "load_text_split", "token_stream", "window_batches", "perplexity"]
+__all__ = ["TEXT_SOURCES", "load_text_split", "token_stream", "window_batches", "perplexity", "generation_speed"]
 
 #: the offline corpora ``attnzoo adapt --data`` takes
 TEXT_SOURCES = ("shakespeare", "imdb")
@@ -79,3 +80,40 @@ def perplexity(model: nn.Module, tokens: torch.Tensor, block: int) -> dict[str, 
         count += x.shape[1] - 1
     loss = total / max(count, 1)
     return {"loss": loss, "perplexity": math.exp(loss)}
+
+
+@torch.no_grad()
+def generation_speed(
+    model: nn.Module, tokens: torch.Tensor, contexts: list[int], new_tokens: int = 16
+) -> list[dict[str, float]]:
+    """Greedy generation speed of a ``transformers`` causal LM after prompts of each length in ``contexts`` (taken
+    from ``tokens (T,)``): ``{"context", "prefill_s"`` (the prompt and first token), ``"decode_tokens_per_s"`` (the
+    ``new_tokens - 1`` tokens after it)``}``, one run each after a one-token warm-up."""
+    if new_tokens < 2:
+        raise ValueError(f"new_tokens must be >= 2 (a prefill and at least one decoded token), got {new_tokens}")
+    bad = [c for c in contexts if not 1 <= c <= tokens.numel()]
+    if bad:
+        raise ValueError(f"contexts {bad} are not in [1, {tokens.numel()}] (the tokens given)")
+    was = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    kw = dict(do_sample=False, pad_token_id=0)
+    model.generate(tokens[None, :1].to(device), max_new_tokens=1, min_new_tokens=1, **kw)
+    out = []
+    for c in contexts:
+        x = tokens[None, :c].to(device)
+        t0 = time.perf_counter()
+        model.generate(x, max_new_tokens=1, min_new_tokens=1, **kw)
+        prefill = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        model.generate(x, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+        total = time.perf_counter() - t0
+        out.append(
+            {
+                "context": c,
+                "prefill_s": prefill,
+                "decode_tokens_per_s": (new_tokens - 1) / max(total - prefill, 1e-9),
+            }
+        )
+    model.train(was)
+    return out
