@@ -100,34 +100,15 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
         + f". {len(checks)} implementation checks are counted apart (table below). A comparison agrees when its "
         "whole 95% Welch-t interval lies on the paper's side of -margin, disagrees when it lies wholly on the other "
         "side, and is inconclusive otherwise. Every trained row of the vision, long-range, language and in-context "
-        "sections trains at the best rate of its own learning-rate sweep (on a seed that is not reported); the "
+        "sections trains at the best rate of its own learning-rate sweep (on a seed that is not reported; each sweep "
+        "table says when its runs are shorter than the reported ones); the "
         "adaptation section fine-tunes at one rate, so its comparisons are gated as not tuned. "
         "A decided verdict is also made inconclusive when it would not survive the "
         "baseline training longer (its interval clears the boundary by less than the baseline moves at twice the "
         "steps), or when the baseline did not learn the task (the numbers-alone verdict is then given in brackets).",
         "",
     ]
-    gated = [f for _, f in paper if f.get("ungated_verdict")]
-    if gated:
-        n = {r: sum(r in f.get("gate_reasons", ()) for f in gated) for r in GATE_REASONS}
-        lines += [
-            f"{len(gated)} of the {counts.get('inconclusive', 0)} inconclusive verdicts would be decided by their "
-            f"intervals alone but are gated: {n['plateau']} because the section's baseline is not shown to plateau "
-            f"for them, {n['not tuned']} because a row is not tuned (no sweep, or an incomplete one), "
-            f"{n['did not learn']} because the baseline did not learn the task on every seed, {n['conditions']} "
-            "because the paper's conditions are not met (a verdict can have several reasons). They say the "
-            "training budget or set-up is short of the claim, not that the claim holds or fails.",
-            "",
-        ]
-    scaled = [s for s in secs if s.scale]
-    if scaled:
-        lines += [
-            "**Scale.** These runs are laptop-sized, far below the papers' experiments; a verdict says what holds at "
-            "this scale:",
-            "",
-            *[f"- {s.title.split(':')[0]}: {s.scale}" for s in scaled],
-            "",
-        ]
+    lines += _gate_lines([f for _, f in paper], counts) + _scale_lines(secs)
     silent = [s for s in secs if not any(f.get("kind") == "paper" for f in s.findings)]
     lines += [f"- {s.title}: no paper claim decided here. {s.notes[0] if s.notes else ''}".rstrip() for s in silent]
     lines += ([""] if silent else []) + [
@@ -173,6 +154,37 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
             "",
         ]
     return lines
+
+
+def _gate_lines(paper: list[dict], counts: Counter) -> list[str]:
+    """How many decided verdicts the gates made inconclusive, by reason (a finding's ``gate_reasons``)."""
+    gated = [f for f in paper if f.get("ungated_verdict")]
+    if not gated:
+        return []
+    n = {r: sum(r in f.get("gate_reasons", ()) for f in gated) for r in GATE_REASONS}
+    return [
+        f"{len(gated)} of the {counts.get('inconclusive', 0)} inconclusive verdicts would be decided by their "
+        f"intervals alone but are gated: {n['plateau']} because the section's baseline is not shown to plateau "
+        f"for them, {n['not tuned']} because a row is not tuned (no sweep, or an incomplete one), "
+        f"{n['did not learn']} because the baseline did not learn the task on every seed, {n['conditions']} "
+        "because the paper's conditions are not met (a verdict can have several reasons). They say the "
+        "training budget or set-up is short of the claim, not that the claim holds or fails.",
+        "",
+    ]
+
+
+def _scale_lines(secs: list[Section]) -> list[str]:
+    """One line per trained section: its runs' scale against the papers' (``Section.scale``)."""
+    scaled = [s for s in secs if s.scale]
+    if not scaled:
+        return []
+    return [
+        "**Scale.** These runs are laptop-sized, far below the papers' experiments; a verdict says what holds at "
+        "this scale:",
+        "",
+        *[f"- {s.title.split(':')[0]}: {s.scale}" for s in scaled],
+        "",
+    ]
 
 
 def _compute_md(secs: list[Section], records: dict) -> list[str]:
