@@ -72,6 +72,24 @@ def test_adapt_cli_curve_second_corpus_and_generation(one_thread, tmp_path, tiny
     assert parts["evaluations"] == ev
     assert eval_rows("parts") == rows
 
+    # the docs' tables and plot, read back from the run directories
+    from attnzoo.adapt import summary
+
+    run = summary.load_run(tmp_path / "whole")
+    table = summary.perplexity_table([run])
+    assert f"{ev['teacher']['perplexity']:,.1f}" in table and f"{ev['swapped']['perplexity']:,.1f}" in table
+    assert f"{ev['finetune']['perplexity'] / ev['teacher']['perplexity']:.2f}x" in table
+    assert f"| {ev['transfer']['perplexity']:,.1f} (" in table  # with its tokens and CPU seconds
+    assert f"{ev['teacher']['imdb_perplexity']:,.1f}" in summary.perplexity_table([run], "imdb_perplexity")
+    assert "| transfer@2 | 2 |" in summary.curve_table(run) and "| finetune@6 | 6 |" in summary.curve_table(run)
+    assert "| whole | student | 24 |" in summary.generation_table([run])
+    png = summary.plot_curves([run], tmp_path / "curves.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert summary.main([str(tmp_path / "whole"), str(tmp_path / "parts")]) == 0
+    assert "imdb_perplexity:" in capsys.readouterr().out
+    with pytest.raises(FileNotFoundError, match="no adapt.json; is it an `attnzoo adapt` run directory"):
+        summary.load_run(tmp_path)
+
 
 def test_adapt_cli_errors(tmp_path, tiny_gguf, capsys):
     assert main(_args(tmp_path / "missing.gguf", tmp_path / "a")) == 1

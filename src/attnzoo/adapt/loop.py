@@ -140,7 +140,8 @@ def _prepare_dir(out: Path, cfg: AdaptConfig, resume: bool, overwrite: bool) -> 
             for name in _OWN_FILES:
                 (out / name).unlink(missing_ok=True)
         elif resume:
-            saved = json.loads((out / "adapt.json").read_text())
+            # a setting added after the run was started reads as its default (the run ran with that behaviour)
+            saved = {**asdict(AdaptConfig(cfg.mechanism)), **json.loads((out / "adapt.json").read_text())}
             given = asdict(cfg)
             differ = sorted(k for k in set(saved) | set(given) if saved.get(k) != _jsonish(given.get(k)))
             if differ:
