@@ -515,12 +515,11 @@ def test_layerwise_probe_over_seeds_uses_the_mean_series_and_the_seeds_agreement
     assert "per seed: agrees, agrees, disagrees" in f["measured"]
     b, steps = plan("long", 0)
     ids = {s.id for s in steps}
+    n = b["probes"]["layerwise_seeds"]
+    assert n >= 2  # a trend on one trained model is an anecdote
     for name in ("tost", "crate", "cbt", "aot"):
-        assert {
-            f"probes/layerwise/{name}",
-            f"probes/layerwise/{name}/extra-seed1",
-            f"probes/layerwise/{name}/extra-seed2",
-        } <= ids
+        assert {f"probes/layerwise/{name}"} | {f"probes/layerwise/{name}/extra-seed{k}" for k in range(1, n)} <= ids
+        assert f"probes/layerwise/{name}/extra-seed{n}" not in ids
     assert not any(i.startswith("probes/train/vit/extra-seed") for i in ids)  # no layer-wise claim for softmax
 
 
