@@ -184,6 +184,29 @@ def test_vision_control_and_matched_findings():
     assert m["gate_reasons"] == ["conditions"]
 
 
+def test_vision_verdicts_are_gated_when_the_task_does_not_need_attention():
+    from attnzoo.reproduce.sections import vision
+
+    res = {
+        "vit": {"accuracy": stat([70.0, 71.0, 70.5]), "params": 100_000},
+        "vit+identity": {"accuracy": stat([69.0, 71.5, 70.0]), "params": 90_000},
+        "tost@matched-params": {"accuracy": stat([70.2, 70.6, 70.4]), "params": 104_000},
+    }
+    out = vision._findings(res)
+    m = next(f for f in out if "parameter-matched" in f["claim"])
+    assert m["verdict"] == "agrees"
+    vision._gate_attention_needed(out)
+    ctl = next(f for f in out if f["claim"].startswith("attention helps"))
+    assert ctl["verdict"] == "inconclusive" and "gate" not in ctl  # the check itself is not gated
+    assert m["verdict"] == "inconclusive" and m["ungated_verdict"] == "agrees" and m["gate_reasons"] == ["conditions"]
+    assert "not shown to need attention: vit vs its no-attention control vit+identity, effect +0.333 pts" in m["gate"]
+    # attention helps: nothing is gated
+    res["vit+identity"]["accuracy"] = stat([40.0, 41.0, 40.5])
+    out = vision._findings(res)
+    vision._gate_attention_needed(out)
+    assert next(f for f in out if "parameter-matched" in f["claim"])["verdict"] == "agrees"
+
+
 def test_gate_reasons_are_counted_from_the_field_not_the_text():
     from attnzoo.reproduce.claims import compare, gate
     from attnzoo.reproduce.common import Section
@@ -215,8 +238,8 @@ def test_gate_reasons_are_counted_from_the_field_not_the_text():
     text = "\n".join(_summary([Section("k", "K: t", findings=fs)], "smoke"))
     assert "2 of the 2 inconclusive verdicts" in text
     assert "1 because the section's baseline is not shown to plateau" in text
-    assert "1 because a row is not tuned" in text and "1 because the baseline did not learn" in text
-    assert "0 because the paper's conditions are not met" in text
+    assert "1 because a row is not tuned" in text and "1 because a compared row did not learn" in text
+    assert "0 because the paper's conditions are not met" in text and "0 because a control shows" in text
 
 
 def test_language_control_finding():
@@ -260,6 +283,11 @@ def test_random_init_control_words_follow_the_numbers(trained, init, reading):
     assert c["data"]["series"] == init
     assert c["data"]["change"] == pytest.approx(trained[-1] - trained[2])
     assert c["data"]["change_init"] == pytest.approx(init[-1] - init[2])
+    # a trend the untrained model shows as strongly is not credited to training: an "agrees" is gated
+    f = probes.apply_init_control({"verdict": "agrees", "explanation": "e"}, c)
+    gated = reading == "the untrained model falls as much"
+    assert (f["verdict"] == "inconclusive") == gated and f["explanation"].startswith("e; random-initialisation")
+    assert f.get("gate_reasons") == (["control"] if gated else None)
 
 
 def test_random_init_control_uses_the_seed_mean_of_the_trained_series():
@@ -340,6 +368,11 @@ def test_unmatched_tost_row_points_to_the_matched_one():
     }
     f = next(f for f in vision._findings(res) if f["claim"] == "ToST is competitive with ViT at similar size")
     assert "the parameter counts differ (2.00x): the tost@matched-params row" in f["explanation"]
+    # 2.00x against the paper's 1.02x (ToST-S vs ViT-S): not the paper's sizes, so the verdict is gated
+    assert f["gate_reasons"] == ["conditions"] and "parameters 2.00x here against 1.02x in the paper" in f["gate"]
+    res["tost"]["params"] = 104_000  # within 10% of the paper's ratio: no gate
+    f = next(f for f in vision._findings(res) if f["claim"] == "ToST is competitive with ViT at similar size")
+    assert "gate" not in f
     del res["tost@matched-params"]
     f = next(f for f in vision._findings(res) if f["claim"] == "ToST is competitive with ViT at similar size")
     assert "tost@matched-params" not in f.get("explanation", "")
@@ -412,6 +445,13 @@ def test_lra_disagreement_carries_the_failure_reading():
         {},
         majority={"listops": 18.5},
     )
-    per_task = next(f for f in found if f["claim"].endswith("on listops"))
-    assert per_task["verdict"] != "agrees"
+    # one task: no separate average finding (it would count the same evidence twice)
+    (per_task,) = found
+    assert per_task["claim"].endswith("on listops")
     assert "2 of 3 seeds stayed within 5 points of it" in per_task["explanation"]
+    # the baseline's rule applied to the compared row: seeds that did not learn gate the verdict
+    assert per_task["verdict"] == "inconclusive" and per_task["gate_reasons"] == ["did not learn"]
+    assert (
+        "2 of 3 seeds of tssa did not learn (within 5 pts of the majority class 18.5%: 15.8, 16.4%)"
+        in (per_task["gate"])
+    )

@@ -55,12 +55,16 @@ def test_sweep_table_of_tuned_rows_marks_the_best_and_the_grid_edges():
         sweep_id("sec/b", lr): {"result": {"accuracy": v}} for lr, v in zip(LRS, [0.5, 0.6, 0.7], strict=True)
     }
     table, untuned = sweep_table(rec, ["a", "b"], "sec", LRS, None, "accuracy", True, 100.0)
-    assert untuned == {}
+    # b's best rate is the grid's highest: its optimum may lie beyond, so it is not shown tuned
+    assert set(untuned) == {"b"} and "0.01 is the highest of the grid" in untuned["b"]
     assert table.rows[0] == ["a", "50", "**70**", "60"] and table.rows[1] == ["b †", "50", "60", "**70**"]
     assert "best rate" in table.caption and "1 of 2 rows" in table.caption
-    # the old mode (seeds at one rate): a row whose best differs is untuned
+    # a loss: the lowest value wins, and a best at the lowest rate is an edge as well
+    _, untuned = sweep_table(rec, ["a", "b"], "sec", LRS, None, "accuracy", False, 100.0)
+    assert set(untuned) == {"a", "b"} and "0.001 is the lowest" in untuned["a"]
+    # the old mode (seeds at one rate): a row whose best differs is untuned, and that reason is kept
     _, untuned = sweep_table(rec, ["a", "b"], "sec", LRS, 3e-3, "accuracy", True, 100.0)
-    assert set(untuned) == {"b"}
+    assert set(untuned) == {"b"} and "not the 0.003" in untuned["b"]
     assert sweep_table(rec, ["a"], "sec", [], None, "accuracy", True) == (None, {})
 
 

@@ -258,8 +258,9 @@ def compare(
 
 
 #: why a verdict can be gated (``gate``'s ``reason``; the summary counts them): the baseline is not shown to plateau;
-#: a row is not tuned; the baseline did not learn the task; the claim's conditions are not met (e.g. sizes differ)
-GATE_REASONS = ("plateau", "not tuned", "did not learn", "conditions")
+#: a row is not tuned; a compared row did not learn the task; the claim's conditions are not met (e.g. sizes differ);
+#: a control shows the same effect without what the claim credits (e.g. an untrained model)
+GATE_REASONS = ("plateau", "not tuned", "did not learn", "conditions", "control")
 
 
 def gate(f: dict, why: str, reason: str) -> dict:
@@ -294,9 +295,10 @@ def plateau_gate(
     boundary (``-margin``) by more than ``|change|``, on whichever side it lies, so that the baseline improving by
     ``|change|`` could not move it (the same test for "agrees" as for "disagrees"). The baseline has plateaued for
     the section when every decided verdict stands, that is when ``|change|`` is below the smallest effect the
-    section decides on. Verdicts that do not stand, and all of them when there is no run at twice the steps, are
-    made ``inconclusive`` with :func:`gate` (the numbers-alone verdict is kept). ``curves`` (the baseline's
-    validation curves in words) is appended to the text, so a reader sees the evidence.
+    section decides on; with no decided verdict, when ``|change|`` is below the smallest ``|effect|`` the section
+    reports (never when it reports none). Verdicts that do not stand, and all of them when there is no run at
+    twice the steps, are made ``inconclusive`` with :func:`gate` (the numbers-alone verdict is kept). ``curves``
+    (the baseline's validation curves in words) is appended to the text, so a reader sees the evidence.
     Returns ``{"baseline", "plateaued", "change", "smallest_effect", "standing", "gated", "text"}``.
     """
     compared = [f for f in findings if f.get("claim_type")]
@@ -321,7 +323,22 @@ def plateau_gate(
         )
     for f in fails:
         gate(f, f"the baseline is not shown to plateau for it ({text})", "plateau")
-    ok = change is not None and not fails
+    if change is None:
+        ok = False
+    elif decided:
+        ok = not fails
+    else:
+        # nothing decided: the bar is the smallest effect the section reports (no effect, no evidence of a plateau)
+        effects = [abs(f["effect"]) for f in compared if f.get("effect") is not None]
+        smallest = min(effects) if effects else None
+        ok = smallest is not None and abs(change) < smallest
+        text += (
+            f"; the smallest effect reported is {smallest:.3g} {unit}, so the baseline has "
+            + ("" if ok else "not ")
+            + "plateaued by that bar"
+            if smallest is not None
+            else ""
+        )
     if curves:
         text += f"; validation curves (seed means): {curves}"
     return {

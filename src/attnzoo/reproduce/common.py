@@ -418,9 +418,9 @@ def sweep_table(
     fraction: float = 1.0,
 ) -> tuple[Table | None, dict[str, str]]:
     """The sweep as a table (one row per model, the best rate marked) and ``{row: why}`` for every row whose
-    comparisons are not tuned: its sweep is incomplete, or (``used`` a rate) its best swept rate is not the ``used``
-    one its seeds trained with. ``used=None``: each row's seeds trained at its best swept rate (:func:`tuned`).
-    A best rate at either end of the grid is marked: the optimum may lie beyond it. ``fraction``: the sweep runs'
+    comparisons are not tuned: its sweep is incomplete, (``used`` a rate) its best swept rate is not the ``used``
+    one its seeds trained with, or its best rate is at either end of the grid (the optimum may lie beyond it).
+    ``used=None``: each row's seeds trained at its best swept rate (:func:`tuned`). ``fraction``: the sweep runs'
     share of the reported runs' steps (:func:`sweep_train`), stated in the caption."""
     table_rows, untuned, edge = [], {}, []
     if not lrs:
@@ -446,6 +446,13 @@ def sweep_table(
             )
         at_edge = len(lrs) > 1 and best in (min(lrs), max(lrs))
         edge += [row] if at_edge else []
+        if at_edge and row not in untuned:
+            end = "lowest" if best == min(lrs) else "highest"
+            grid = ", ".join(f"{x:g}" for x in lrs)
+            untuned[row] = (
+                f"{row}'s best swept learning rate {best:g} is the {end} of the grid ({grid}), so its optimum may "
+                "lie beyond it"
+            )
         table_rows.append(
             [row + (" †" if at_edge else "")]
             + [f"**{vals[lr]:.3g}**" if lr == best else f"{vals[lr]:.3g}" for lr in lrs]
@@ -465,7 +472,8 @@ def sweep_table(
         + "; best rate in bold. "
         + seeds
         + (
-            f" †: best at an end of the grid ({len(edge)} of {len(table_rows)} rows), so the optimum may lie beyond it."
+            f" †: best at an end of the grid ({len(edge)} of {len(table_rows)} rows), so the optimum may lie beyond it "
+            "and the row's comparisons are inconclusive (not tuned)."
             if edge
             else " Every best rate lies inside the grid."
         )

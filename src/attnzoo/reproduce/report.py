@@ -165,9 +165,11 @@ def _gate_lines(paper: list[dict], counts: Counter) -> list[str]:
     return [
         f"{len(gated)} of the {counts.get('inconclusive', 0)} inconclusive verdicts would be decided by their "
         f"intervals alone but are gated: {n['plateau']} because the section's baseline is not shown to plateau "
-        f"for them, {n['not tuned']} because a row is not tuned (no sweep, or an incomplete one), "
-        f"{n['did not learn']} because the baseline did not learn the task on every seed, {n['conditions']} "
-        "because the paper's conditions are not met (a verdict can have several reasons). They say the "
+        f"for them, {n['not tuned']} because a row is not tuned (no sweep, an incomplete one, or a best rate at "
+        f"an end of the grid), {n['did not learn']} because a compared row did not learn the task on every seed, "
+        f"{n['conditions']} because the paper's conditions are not met (sizes, the task, the configuration), "
+        f"{n['control']} because a control shows the effect without what the claim credits (a verdict can have "
+        "several reasons). They say the "
         "training budget or set-up is short of the claim, not that the claim holds or fails.",
         "",
     ]

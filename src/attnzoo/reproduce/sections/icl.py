@@ -210,8 +210,14 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         f"{tr['batch_size']} prompts; AoT: d=20 with up to 40 in-context examples (§4.1.2, Fig. 6, after Garg et al.)"
     )
     sec.intro = (
-        f"Prompts of {n} Gaussian inputs in d={d} (AoT uses d=20 and up to 40 in-context examples); sparse "
-        f"functions keep {plan['tasks'].get('sparse', {}).get('sparsity', '-')} non-zero weights. Models: "
+        f"Prompts of {n} Gaussian inputs in d={d} (AoT uses d=20 and up to 40 in-context examples); "
+        f"function classes: {', '.join(plan['tasks'])}"
+        + (
+            f" (sparse functions keep {sp} non-zero weights)"
+            if (sp := plan["tasks"].get("sparse", {}).get("sparsity")) is not None
+            else ""
+        )
+        + ". Models: "
         f"width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, {tr['steps']} steps of "
         f"{tr['batch_size']} fresh prompts, {plan.get('seeds', 1)} seed(s) per model (curves: seed mean; "
         "the k=all column: mean ± std). Error = squared error / d on "

@@ -353,10 +353,22 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     for f in sec.findings:
         name = f.get("probe_model")
         if name in init and name in lw:
-            control = init_control(lw[name], init[name], [r for _, r in more.get(name, [])])
-            f["random_init_control"] = control["data"]
-            f["explanation"] = (f.get("explanation", "") + "; " if f.get("explanation") else "") + control["text"]
+            apply_init_control(f, init_control(lw[name], init[name], [r for _, r in more.get(name, [])]))
     return sec
+
+
+def apply_init_control(f: dict, control: dict) -> dict:
+    """Attach the random-initialisation control to a layer-wise finding; a trend the untrained model shows as
+    strongly is not credited to training, so its verdict is gated (reason ``control``)."""
+    f["random_init_control"] = control["data"]
+    f["explanation"] = (f.get("explanation", "") + "; " if f.get("explanation") else "") + control["text"]
+    if control["data"] and control["data"]["reading"] == INIT_FALLS_AS_MUCH:
+        claims.gate(f, "the untrained model's layers fall as much (random-initialisation control)", "control")
+    return f
+
+
+#: the control's reading when the untrained architecture shows the trend as strongly (the verdict is then gated)
+INIT_FALLS_AS_MUCH = "the untrained model falls as much: the trend is the architecture's, not learned"
 
 
 def init_control(trained: dict, init: dict, more: list[dict] | None = None) -> dict:
@@ -387,7 +399,7 @@ def init_control(trained: dict, init: dict, more: list[dict] | None = None) -> d
     elif d_tr < 2 * d_init:  # both negative: the trained fall is more than twice the untrained one
         reading = "training deepens a fall the untrained architecture already has"
     else:
-        reading = "the untrained model falls as much: the trend is the architecture's, not learned"
+        reading = INIT_FALLS_AS_MUCH
     text = (
         f"random-initialisation control (same architecture and seed, untrained, same probe): "
         f"{_describe(iv, start)}, verdict by the same rule {v_init}; trained ({len(runs)} seed(s)): "

@@ -107,6 +107,14 @@ MATCHED = "tost@matched-params"
 #: a parameter-matched row is within this relative distance of the reference's parameter count
 MATCH_TOLERANCE = 0.10
 
+#: (a, b) -> the parameter ratio a/b of the paper's own comparison and where it is from: a comparison whose ratio is
+#: more than MATCH_TOLERANCE away from it (either way) is not under the paper's conditions (gated)
+PAPER_SIZE_RATIO: dict[tuple[str, str], tuple[float, str]] = {
+    ("tost", "vit"): (22.6 / 22.1, "ToST Table 5: ToST-S 22.6M vs ViT-S 22.1M"),
+    ("tost", "xcit"): (22.6 / 24.9, "ToST Table 5: ToST-S 22.6M vs XCiT-S 24.9M"),
+    ("cbt", "crate"): (25.7 / 22.8, "CBSA Table 3: CBT-B 25.7M vs CRATE-B 22.8M"),
+}
+
 #: ablations that test an explanation of a gap
 ABLATIONS: dict[str, Ablation] = {
     # AoT is CRATE without the ISTA block and without LayerNorm: one factor given back at a time
@@ -416,6 +424,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         )
         return sec
     sec.findings = _findings(res)
+    _gate_attention_needed(sec.findings)
     sec.data["plateau"] = claims.plateau_gate(
         sec.findings,
         "vit",
@@ -447,6 +456,22 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     return sec
 
 
+def _gate_attention_needed(findings: list[dict]) -> None:
+    """Every paper claim here compares token mixers; if the ViT baseline is not shown to beat its no-attention
+    control, the task does not test token mixing at this scale and those verdicts are gated on conditions."""
+    check = next((f for f in findings if f.get("b_name") == CONTROL and f.get("a_name") == "vit"), None)
+    if check is None or check["verdict"] == "agrees":
+        return
+    why = (
+        f"the task is not shown to need attention: vit vs its no-attention control {CONTROL}, effect "
+        f"{check['effect']:+.3g} pts, 95% CI "
+        + (f"[{check['ci95'][0]:+.3g}, {check['ci95'][1]:+.3g}]" if check.get("ci95") else "none (one seed)")
+    )
+    for f in findings:
+        if f["kind"] == "paper" and f.get("claim_type"):
+            claims.gate(f, why, "conditions")
+
+
 def _acc(res: dict, name: str) -> claims.Stat | None:
     return res[name]["accuracy"] if name in res else None
 
@@ -458,7 +483,13 @@ def _intro(plan: dict) -> str:
         f"Task `{plan['task']}` ({_describe_task(plan)}); every model has width {arch['dim']}, depth "
         f"{arch['depth']}, {arch['heads']} heads, patch {arch['patch_size']}, and trains for "
         f"{plan['train']['steps']} steps of batch {plan['train']['batch_size']} with the same AdamW/cosine "
-        f"schedule (lr {plan['train']['lr']}), no augmentation; {n_seeds} seed{'s' if n_seeds > 1 else ''} "
+        + (
+            f"schedule, each row at the best rate of its learning-rate sweep ({', '.join(f'{x:g}' for x in lrs)}; "
+            "the sweep table below)"
+            if (lrs := plan.get("lr_sweep"))
+            else f"schedule (lr {plan['train']['lr']}, not tuned)"
+        )
+        + f", no augmentation; {n_seeds} seed{'s' if n_seeds > 1 else ''} "
         "per row (accuracy: mean ± sample std over seeds). The first table keeps each paper's own "
         "architecture (ISTA vs MLP blocks, no MLP in AoT, class attention in XCiT/ToST, CSP-ViT's patch "
         "embedding and mean "
@@ -669,7 +700,7 @@ def _findings(res: dict) -> list[dict]:
     for a, a_ctl, b, b_ctl, claim_type, margin, paper, claim, pv in CLAIMS:
         if a not in res or b not in res:
             continue
-        f = _with_params(cmp(a, b, claim_type, margin, paper, claim, pv), res, a, b)
+        f = _gate_size(_with_params(cmp(a, b, claim_type, margin, paper, claim, pv), res, a, b))
         size_note = (
             f"at the plan's width the parameter counts differ ({f['params_a'] / f['params_b']:.2f}x): the "
             f"{MATCHED} row is the 'similar size' comparison (its own finding)"
@@ -730,6 +761,24 @@ def _control_findings(res: dict, cmp) -> list[dict]:
         )
         out.append(f)
     return out
+
+
+def _gate_size(f: dict) -> dict:
+    """Gate a comparison whose parameter ratio is not the paper's (:data:`PAPER_SIZE_RATIO`) on conditions."""
+    paper = PAPER_SIZE_RATIO.get((f.get("a_name"), f.get("b_name")))
+    pa, pb = f.get("params_a"), f.get("params_b")
+    if paper is None or not (pa and pb):
+        return f
+    ratio, source = paper
+    here = pa / pb
+    if not (1 / (1 + MATCH_TOLERANCE) <= here / ratio <= 1 + MATCH_TOLERANCE):
+        claims.gate(
+            f,
+            f"parameters {here:.2f}x here against {ratio:.2f}x in the paper ({source}): more than "
+            f"{MATCH_TOLERANCE:.0%} apart, so the sizes are not the paper's",
+            "conditions",
+        )
+    return f
 
 
 def _with_params(f: dict, res: dict, a: str, b: str) -> dict:
