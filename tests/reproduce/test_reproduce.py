@@ -395,21 +395,26 @@ def test_plateau_gate_keeps_the_verdicts_that_clear_the_drift_on_either_side():
     assert "2 of 3 decided verdicts" in info["text"]
 
 
-def test_plateau_gate_with_nothing_decided_uses_the_smallest_reported_effect():
-    from attnzoo.reproduce.claims import plateau_gate, stat
+def test_plateau_gate_with_nothing_decided_shows_no_plateau_and_judges_numbers_verdicts():
+    from attnzoo.reproduce.claims import gate, plateau_gate, stat
 
     kw = dict(claim_type="superiority", unit="pts", paper="P", claim="c", paper_value="v", a_name="a", b_name="b")
     b = [79.0, 80.0, 81.0]
     undecided = compare([79.5, 81.0, 82.5], b, **kw)  # effect +1.0, interval holds 0
     assert undecided["verdict"] == "inconclusive"
-    # a drift of 3 is larger than the only effect reported (1.0): not plateaued, however little is decided
-    info = plateau_gate([undecided], "b", stat(b), stat([82.0, 83.0, 84.0]), "pts")
-    assert info["plateaued"] is False and "smallest effect reported is 1 pts" in info["text"]
-    assert "not plateaued" in info["text"]
-    # a drift of 0.5 is below it
-    assert plateau_gate([undecided], "b", stat(b), stat([79.5, 80.5, 81.5]), "pts")["plateaued"] is True
-    # no comparison at all: no bar, so no plateau is shown
+    # nothing decided: no bar, so no plateau is shown, however small the change
+    info = plateau_gate([undecided], "b", stat(b), stat([80.0, 80.0, 80.1]), "pts")
+    assert info["plateaued"] is False and info["text"].endswith("so its plateau is not shown")
     assert plateau_gate([], "b", stat(b), stat(b), "pts")["plateaued"] is False
+    # a verdict another gate made inconclusive is still judged by its interval: it sets the bar, and a drift
+    # larger than its clearance adds the plateau reason
+    near = compare([82.3, 83.3, 84.3], b, **kw)  # agrees, clears 0 by 1.03
+    gate(near, "sizes differ", "conditions")
+    info = plateau_gate([near], "b", stat(b), stat([79.5, 80.5, 81.5]), "pts")
+    assert info["plateaued"] is True and near["gate_reasons"] == ["conditions"]
+    info = plateau_gate([near], "b", stat(b), stat([82.0, 83.0, 84.0]), "pts")
+    assert info["plateaued"] is False and near["gate_reasons"] == ["conditions", "plateau"]
+    assert near["ungated_verdict"] == "agrees"
 
 
 def test_plateau_gate_margin_counts_in_the_clearance():

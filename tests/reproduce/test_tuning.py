@@ -80,3 +80,43 @@ def test_every_seed_of_a_swept_row_and_its_ablations_is_tuned(budget):
             assert s.config["train"]["lr"] == "tuned", s.id
     ablations = [s for s in steps if s.id.startswith("vision/aot+ista/seed")]
     assert all("vision/aot/lr-sweep" in d for s in ablations for d in s.deps)
+
+
+def test_a_row_can_sweep_rates_beyond_the_common_grid():
+    from attnzoo.reproduce.common import check_sweep_extra, row_lrs
+
+    plan = {"lr_sweep": LRS, "lr_sweep_extra": {"b": [3e-2]}}
+    assert row_lrs(plan, "a") == LRS and row_lrs(plan, "b") == LRS + [3e-2]
+    assert row_lrs({}, "a") == []
+    with pytest.raises(ValueError, match="no lr_sweep"):
+        row_lrs({"lr_sweep_extra": {"a": [1e-3]}}, "a")
+    check_sweep_extra(plan, ["a", "b"])
+    with pytest.raises(ValueError, match=r"lr_sweep_extra names rows \['b'\] that are not swept here; valid: \['a'\]"):
+        check_sweep_extra(plan, ["a"])
+    # b peaked at the common grid's top; with its extra rate the best is inside its own grid, and a's table cell
+    # for the rate it did not run is a dash
+    vals = {"a": [0.5, 0.7, 0.6], "b": [0.5, 0.6, 0.7, 0.65]}
+    grid_values = {r: zip(row_lrs(plan, r), vals[r], strict=True) for r in vals}
+    rec = {sweep_id(f"sec/{r}", lr): {"result": {"accuracy": v}} for r, pairs in grid_values.items() for lr, v in pairs}
+    grids = {r: row_lrs(plan, r) for r in vals}
+    table, untuned = sweep_table(rec, ["a", "b"], "sec", grids, None, "accuracy", True, 100.0)
+    assert untuned == {}
+    assert table.headers == ["row", "lr 0.001", "lr 0.003", "lr 0.01", "lr 0.03"]
+    assert table.rows == [["a", "50", "**70**", "60", "–"], ["b", "50", "60", "**70**", "65"]]
+    assert "–: a rate outside that row's grid" in table.caption
+
+
+def test_extra_rates_are_planned_and_read_by_the_tuned_seeds():
+    from attnzoo.reproduce.budgets import budget
+    from attnzoo.reproduce.sections import language
+
+    p = budget("smoke")["language"]
+    p["lr_sweep_extra"] = {"tost": [3e-2]}
+    steps = language.plan_steps(p, 0)
+    ids = {s.id for s in steps}
+    assert sweep_id("language/tost", 3e-2) in ids and sweep_id("language/gpt", 3e-2) not in ids
+    tost = next(s for s in steps if s.id == "language/tost/seed0")
+    assert sweep_id("language/tost", 3e-2) in tost.deps
+    p["lr_sweep_extra"] = {"bert": [3e-2]}
+    with pytest.raises(ValueError, match="lr_sweep_extra names rows \\['bert'\\]"):
+        language.plan_steps(p, 0)

@@ -295,14 +295,15 @@ def plateau_gate(
     boundary (``-margin``) by more than ``|change|``, on whichever side it lies, so that the baseline improving by
     ``|change|`` could not move it (the same test for "agrees" as for "disagrees"). The baseline has plateaued for
     the section when every decided verdict stands, that is when ``|change|`` is below the smallest effect the
-    section decides on; with no decided verdict, when ``|change|`` is below the smallest ``|effect|`` the section
-    reports (never when it reports none). Verdicts that do not stand, and all of them when there is no run at
+    section decides on (never when it decides none: there is no bar). Decided means by the interval alone, before
+    any other gate. Verdicts that do not stand, and all of them when there is no run at
     twice the steps, are made ``inconclusive`` with :func:`gate` (the numbers-alone verdict is kept). ``curves``
     (the baseline's validation curves in words) is appended to the text, so a reader sees the evidence.
     Returns ``{"baseline", "plateaued", "change", "smallest_effect", "standing", "gated", "text"}``.
     """
     compared = [f for f in findings if f.get("claim_type")]
-    decided = [f for f in compared if f["verdict"] in ("agrees", "disagrees") and f.get("ci95")]
+    # the numbers' verdict (before any other gate): each precondition is judged on its own
+    decided = [f for f in compared if _numbers_verdict(f) in ("agrees", "disagrees") and f.get("ci95")]
     clearance = {id(f): _clearance(f) for f in decided}
     smallest = min(clearance.values()) if clearance else None
     if base is None or longer is None:
@@ -323,22 +324,10 @@ def plateau_gate(
         )
     for f in fails:
         gate(f, f"the baseline is not shown to plateau for it ({text})", "plateau")
-    if change is None:
-        ok = False
-    elif decided:
-        ok = not fails
-    else:
-        # nothing decided: the bar is the smallest effect the section reports (no effect, no evidence of a plateau)
-        effects = [abs(f["effect"]) for f in compared if f.get("effect") is not None]
-        smallest = min(effects) if effects else None
-        ok = smallest is not None and abs(change) < smallest
-        text += (
-            f"; the smallest effect reported is {smallest:.3g} {unit}, so the baseline has "
-            + ("" if ok else "not ")
-            + "plateaued by that bar"
-            if smallest is not None
-            else ""
-        )
+    # with nothing decided there is no bar to clear, so no plateau is shown (however small the change)
+    ok = change is not None and bool(decided) and not fails
+    if change is not None and not decided:
+        text += ", so its plateau is not shown"
     if curves:
         text += f"; validation curves (seed means): {curves}"
     return {
@@ -352,11 +341,16 @@ def plateau_gate(
     }
 
 
+def _numbers_verdict(f: dict) -> str:
+    """The verdict the interval alone gives (a gated finding keeps it in ``ungated_verdict``)."""
+    return f.get("ungated_verdict", f["verdict"])
+
+
 def _clearance(f: dict) -> float:
     """How far a decided finding's 95% CI lies beyond its decision boundary (``-margin``), in the effect's unit."""
     lo, hi = f["ci95"]
     m = f.get("margin") or 0.0
-    return lo + m if f["verdict"] == "agrees" else -m - hi
+    return lo + m if _numbers_verdict(f) == "agrees" else -m - hi
 
 
 def change_word(before: float, after: float, *, noise: float) -> str:

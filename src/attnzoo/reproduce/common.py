@@ -400,6 +400,23 @@ def sweep_train(train: dict, plan: dict) -> dict:
     return out
 
 
+def row_lrs(plan: dict, row: str) -> list[float]:
+    """Row ``row``'s learning-rate grid: the section's ``lr_sweep`` and the row's ``lr_sweep_extra`` rates (a row
+    whose best rate fell on an end of the common grid gets one beyond it), ascending; empty when nothing is swept."""
+    common = list(plan.get("lr_sweep", []))
+    extra = list(plan.get("lr_sweep_extra", {}).get(row, []))
+    if extra and not common:
+        raise ValueError(f"lr_sweep_extra gives row {row!r} rates {extra} but the section has no lr_sweep")
+    return sorted(set(common) | set(extra))
+
+
+def check_sweep_extra(plan: dict, rows: Sequence[str]) -> None:
+    """An ``lr_sweep_extra`` entry must name a swept row of the section."""
+    unknown = sorted(set(plan.get("lr_sweep_extra", {})) - set(rows))
+    if unknown:
+        raise ValueError(f"lr_sweep_extra names rows {unknown} that are not swept here; valid: {sorted(rows)}")
+
+
 def sweep_id(base: str, lr: float) -> str:
     """Step id of one learning rate of row ``base``'s sweep (e.g. ``vision/vit/lr-sweep/lr0.002``)."""
     return f"{base}/lr-sweep/lr{lr:g}"
@@ -409,7 +426,7 @@ def sweep_table(
     records: dict,
     rows: Sequence[str],
     prefix: str,
-    lrs: Sequence[float],
+    lrs: Sequence[float] | dict[str, Sequence[float]],
     used: float | None,
     metric: str,
     higher_is_better: bool,
@@ -422,11 +439,13 @@ def sweep_table(
     one its seeds trained with, or its best rate is at either end of the grid (the optimum may lie beyond it).
     ``used=None``: each row's seeds trained at its best swept rate (:func:`tuned`). ``fraction``: the sweep runs'
     share of the reported runs' steps (:func:`sweep_train`), stated in the caption."""
+    grids = {row: sorted(lrs.get(row, [])) if isinstance(lrs, dict) else list(lrs) for row in rows}
+    columns = sorted(set().union(*grids.values())) if grids else []
     table_rows, untuned, edge = [], {}, []
-    if not lrs:
+    if not columns:
         return None, untuned
     for row in rows:
-        vals = {}
+        vals, lrs = {}, grids[row]
         for lr in lrs:
             rec = records.get(sweep_id(f"{prefix}/{row}", lr))
             v = rec["result"].get(metric) if rec else None
@@ -455,7 +474,7 @@ def sweep_table(
             )
         table_rows.append(
             [row + (" †" if at_edge else "")]
-            + [f"**{vals[lr]:.3g}**" if lr == best else f"{vals[lr]:.3g}" for lr in lrs]
+            + [f"**{vals[lr]:.3g}**" if lr == best else f"{vals[lr]:.3g}" if lr in vals else "–" for lr in columns]
         )
     if not table_rows:
         return None, untuned
@@ -478,7 +497,9 @@ def sweep_table(
             else " Every best rate lies inside the grid."
         )
     )
-    return Table(title, ["row"] + [f"lr {lr:g}" for lr in lrs], table_rows, caption), untuned
+    if any(grids[r] != columns for r in rows):
+        caption += " –: a rate outside that row's grid (rows whose best fell on an end of the common grid get more)."
+    return Table(title, ["row"] + [f"lr {lr:g}" for lr in columns], table_rows, caption), untuned
 
 
 def gate_untuned(findings: list[dict], untuned: dict[str, str]) -> None:

@@ -17,12 +17,14 @@ from attnzoo.reproduce.common import (
     ModelRow,
     Section,
     Table,
+    check_sweep_extra,
     curve_text,
     fmt,
     gate_untuned,
     mean_val_curve,
     per_seed,
     plot_val_curves,
+    row_lrs,
     save_figure,
     seed_list,
     seeded_id,
@@ -83,6 +85,7 @@ TUNED_AS = {
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     steps = []
     lrs = plan.get("lr_sweep", [])
+    check_sweep_extra(plan, list(plan["models"]))
     for task, opts in plan["tasks"].items():
         if task not in TASKS:
             raise ValueError(f"unknown ICL task {task!r}; valid: {sorted(TASKS)}")
@@ -96,7 +99,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         steps += [
             _model_step(plan, task, dict(opts, seed=off), name, off, sweep_id(f"{KEY}/{task}/{name}", lr), lr)
             for name in plan["models"]
-            for lr in lrs
+            for lr in row_lrs(plan, name)
         ]
         for name in names:
             # the prompts (task seed) are the same for every model and seed; the seed varies initialisation and order
@@ -108,7 +111,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
                 step = _model_step(plan, task, dict(opts, seed=seed), name, s, seeded_id(f"{KEY}/{task}/{name}", s))
                 source = TUNED_AS.get(name, name)
                 if lrs and source in plan["models"]:
-                    cfg = tuned(step.config, f"{KEY}/{task}", source, lrs, "mean_error", False)
+                    cfg = tuned(step.config, f"{KEY}/{task}", source, row_lrs(plan, source), "mean_error", False)
                     step = Step(step.id, KEY, cfg, _run_model, deps=sweep_deps(cfg), label=step.label)
                 steps.append(step)
         steps.append(
@@ -289,7 +292,14 @@ def _tune(sec: Section, records: dict, plan: dict) -> None:
     untuned: dict[str, str] = {}
     for t in plan["tasks"]:
         table, why = sweep_table(
-            records, list(plan["models"]), f"{KEY}/{t}", lrs, None, "mean_error", False, label=f"{t}, error / d"
+            records,
+            list(plan["models"]),
+            f"{KEY}/{t}",
+            {m: row_lrs(plan, m) for m in plan["models"]},
+            None,
+            "mean_error",
+            False,
+            label=f"{t}, error / d",
         )
         if table is not None:
             sec.tables.append(table)

@@ -20,6 +20,7 @@ from attnzoo.reproduce.common import (
     ModelRow,
     Section,
     Table,
+    check_sweep_extra,
     curve_text,
     fmt,
     gate_untuned,
@@ -29,6 +30,7 @@ from attnzoo.reproduce.common import (
     peak_train_mb,
     per_seed,
     plot_val_curves,
+    row_lrs,
     save_figure,
     seed_list,
     seeded_id,
@@ -107,9 +109,13 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         )
     ]
     rows = rows_of(plan) + ([PLATEAU] if plan.get("plateau", True) and "gpt" in plan["models"] else [])
-    lrs = plan.get("lr_sweep", [])
+    check_sweep_extra(plan, rows_of(plan))
     # the sweep first: every seed run then trains at its row's best swept rate (the plateau run at GPT's)
-    runs = [(name, seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{name}", lr), lr) for name in rows_of(plan) for lr in lrs]
+    runs = [
+        (name, seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{name}", lr), lr)
+        for name in rows_of(plan)
+        for lr in row_lrs(plan, name)
+    ]
     runs += [(name, s, seeded_id(f"{KEY}/{name}", s), None) for name in rows for s in _seeds(plan, name, seed)]
     for name, s, sid, lr in runs:
         reg, mech, _ = MODELS[name.split("@")[0]]
@@ -135,7 +141,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             "contexts": plan["contexts"] if s == seed and name != PLATEAU else [],
         }
         if lr is None:
-            cfg = tuned(cfg, KEY, name.split("@")[0], lrs, "val_loss", False)
+            cfg = tuned(cfg, KEY, name.split("@")[0], row_lrs(plan, name.split("@")[0]), "val_loss", False)
         steps.append(Step(sid, KEY, cfg, _run, deps=sweep_deps(cfg), label=sid.split("/", 1)[1]))
     return steps
 
@@ -361,7 +367,7 @@ def _gate(sec: Section, records: dict, plan: dict, res: dict, curves: dict | Non
         records,
         rows_of(plan),
         KEY,
-        lrs,
+        {r: row_lrs(plan, r) for r in rows_of(plan)},
         None,
         "val_loss",
         False,

@@ -16,12 +16,14 @@ from attnzoo.reproduce.common import (
     Context,
     Section,
     Table,
+    check_sweep_extra,
     curve_text,
     fmt,
     gate_untuned,
     mean_val_curve,
     per_seed,
     plot_val_curves,
+    row_lrs,
     save_figure,
     seed_list,
     seed_mean,
@@ -142,7 +144,7 @@ def _seeded_runs(
         }
         if sweep_lr is None and task in sweep_tasks(plan) and mech in plan["mechanisms"]:
             # at the mechanism's best swept rate on this task (an ablation keeps its mechanism's rate)
-            cfg = tuned(cfg, f"{KEY}/{task}", mech, plan.get("lr_sweep", []), "accuracy", True)
+            cfg = tuned(cfg, f"{KEY}/{task}", mech, row_lrs(plan, mech), "accuracy", True)
         steps.append(Step(sid, KEY, cfg, _run, deps=sweep_deps(cfg), label=sid.split("/", 1)[1]))
     return steps
 
@@ -183,6 +185,7 @@ def sweep_tasks(plan: dict) -> list[str]:
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     steps = []
+    check_sweep_extra(plan, list(plan["mechanisms"]))
     for task, task_opts in plan["tasks"].items():
         if task not in TASKS:
             raise ValueError(f"unknown LRA task {task!r}; valid: {sorted(TASKS)}")
@@ -190,7 +193,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             if mech not in MECHANISMS:
                 raise ValueError(f"unknown LRA mechanism {mech!r}; valid: {sorted(MECHANISMS)}")
             if task in sweep_tasks(plan):  # the sweep first: the seeds train at its best rate
-                for lr in plan.get("lr_sweep", []):
+                for lr in row_lrs(plan, mech):
                     steps += _seeded_runs(plan, seed, task, task_opts, mech, mech, sweep_lr=lr)
             steps += _seeded_runs(plan, seed, task, task_opts, mech, mech)
         for name, abl in plan.get("ablations", {}).items():
@@ -349,7 +352,7 @@ def _tune(sec: Section, records: dict, plan: dict, mechs: list[str], learned: li
             records,
             mechs,
             f"{KEY}/{t}",
-            lrs,
+            {m: row_lrs(plan, m) for m in mechs},
             None,
             "accuracy",
             True,

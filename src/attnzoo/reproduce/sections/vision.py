@@ -19,6 +19,7 @@ from attnzoo.reproduce.common import (
     ModelRow,
     Section,
     Table,
+    check_sweep_extra,
     curve_text,
     fmt,
     gate_untuned,
@@ -28,6 +29,7 @@ from attnzoo.reproduce.common import (
     peak_train_mb,
     per_seed,
     plot_val_curves,
+    row_lrs,
     save_figure,
     seed_list,
     seed_mean,
@@ -240,8 +242,9 @@ def matched_dim(plan: dict, name: str = "tost", ref: str = "vit") -> int:
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     # the sweeps first: every seed run trains at its row's best swept rate, read when it runs
     steps = []
+    check_sweep_extra(plan, sweep_rows(plan))
     for name in sweep_rows(plan):
-        for lr in plan.get("lr_sweep", []):
+        for lr in row_lrs(plan, name):
             swept = {**plan, "train": {**sweep_train(plan["train"], plan), "lr": lr}}
             steps.append(_row_step(swept, name, seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{name}", lr), tune=False))
     for name in rows_of(plan):
@@ -308,7 +311,7 @@ def _row_step(plan: dict, name: str, seed: int, sid: str, tune: bool = True) -> 
     cfg = row_config(plan, name, seed)
     source = TUNED_AS.get(name, name)
     if tune and source in sweep_rows(plan):
-        cfg = tuned(cfg, KEY, source, plan.get("lr_sweep", []), "accuracy", True)
+        cfg = tuned(cfg, KEY, source, row_lrs(plan, source), "accuracy", True)
     return Step(sid, KEY, cfg, _run, deps=sweep_deps(cfg), label=sid.split("/", 1)[1])
 
 
@@ -439,7 +442,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         records,
         sweep_rows(plan),
         KEY,
-        lrs,
+        {r: row_lrs(plan, r) for r in sweep_rows(plan)},
         None,
         "accuracy",
         True,
