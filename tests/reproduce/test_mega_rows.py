@@ -135,3 +135,21 @@ def test_memory_checks_skip_the_quadratic_mechanisms():
     ok = rows("mega", 2) + rows("mssa", 2) + rows("mega_csp", 1) + rows("mega_chunk", 2) + rows("softmax", 2)
     out = {f["claim"].split("'")[0]: f["verdict"] for f in efficiency._memory_growth_findings(ok)}
     assert out == {"mega_chunk": "disagrees", "mega_csp": "agrees"}
+
+
+def test_mega_chunk_size_of_the_plan_replaces_the_registered_chunk():
+    _, opts = lra.mega_model("listops", "mega_chunk", ARCH, chunk=8)
+    assert opts["attention_options"]["chunk_size"] == 8
+    # the dense row stays dense, whatever the plan's chunk
+    assert lra.mega_model("listops", "mega", ARCH, chunk=8)[1]["attention_options"]["chunk_size"] is None
+    with pytest.raises(ValueError, match="mega_chunk_size must be a positive int, got 0"):
+        lra.mega_model("listops", "mega_chunk", ARCH, chunk=0)
+    plan = {
+        "tasks": {"listops": {"n_train": 32, "n_val": 16, "min_len": 8, "max_len": 16, "max_depth": 2}},
+        "mechanisms": ["softmax", "mega_chunk"],
+        "arch": ARCH,
+        "train": {"steps": 2, "batch_size": 4, "lr": 1e-3},
+        "mega_chunk_size": 4,
+    }
+    (step,) = [s for s in lra.plan_steps(plan, 0) if s.config.get("mechanism") == "mega_chunk"]
+    assert step.config["train"]["model_options"]["attention_options"]["chunk_size"] == 4

@@ -106,7 +106,7 @@ def _seeded_runs(
     """One training step per seed of encoder row ``row`` (a mechanism, or an ablation of one) on ``task``; with
     ``sweep_lr``, the one step of the learning-rate sweep at that rate (on the sweep's own seed)."""
     if mech in MEGA_ROWS:
-        model, opts = mega_model(task, mech, dict(plan["arch"], **(arch or {})))
+        model, opts = mega_model(task, mech, dict(plan["arch"], **(arch or {})), chunk=plan.get("mega_chunk_size"))
     else:
         # one encoder shape for every mechanism (ToST Table 7's registered config, resized), pre-norm, mean pool
         model = f"tost_lra_{task}"
@@ -149,8 +149,10 @@ def _seeded_runs(
     return steps
 
 
-def mega_model(task: str, row: str, arch: dict) -> tuple[str, dict]:
+def mega_model(task: str, row: str, arch: dict, chunk: int | None = None) -> tuple[str, dict]:
     """The MEGA row ``row`` on ``task`` at the section's width, depth and MLP width: ``(model name, options)``.
+    ``chunk``: MEGA-chunk's chunk size instead of the registered r = 128 (which covers a whole sequence of <= 128
+    tokens, making the row dense MEGA; the plan's ``mega_chunk_size`` keeps MEGA's number of chunks per sequence).
 
     MEGA's LRA configurations keep Z (the shared q/k dimension) at 0.4-0.8 D and the hidden width E at 2 D; here
     Z = D / 2 and E = the section's MLP width, for all three rows, so that they differ only in the attention.
@@ -160,6 +162,10 @@ def mega_model(task: str, row: str, arch: dict) -> tuple[str, dict]:
     name = MEGA_ROWS[row].format(task=task)
     att = dict(get_config(name).attention_options)
     att["hdim"] = arch["mlp_dim"]
+    if chunk is not None and att.get("chunk_size") is not None:
+        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+            raise ValueError(f"mega_chunk_size must be a positive int, got {chunk!r}")
+        att["chunk_size"] = chunk
     if "zdim" in att:
         att["zdim"] = max(1, arch["dim"] // 2)
     if att.get("csp_groups"):
@@ -395,10 +401,11 @@ def _mega_intro(plan: dict) -> str:
         return ""
     from attnzoo.models.zoo import MEGA_CHUNK
 
+    chunk = plan.get("mega_chunk_size", MEGA_CHUNK)
     return (
         f" Rows {', '.join(rows)} are CSP Table 4's second group: MEGA's own block (multi-dimensional damped EMA, "
         "single-head gated attention, MEGA's norms and feed-forward as its LRA configurations set them) at the same "
-        f"width, depth and MLP width, Z = D/2; they differ only in the attention (dense, chunks of r = {MEGA_CHUNK}, "
+        f"width, depth and MLP width, Z = D/2; they differ only in the attention (dense, chunks of r = {chunk}, "
         "or CSP as CSP Table 7 configures it) and are compared with each other, not with the encoder rows. One "
         "departure from MEGA's code, its initialisation: MEGA draws its projections and query/key scales from "
         "N(0, 0.02), which leaves the attention's gradients below Adam's epsilon for the first thousands of steps "
