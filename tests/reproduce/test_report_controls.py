@@ -455,3 +455,33 @@ def test_lra_disagreement_carries_the_failure_reading():
         "2 of 3 seeds of tssa did not learn (within 5 pts of the majority class 18.5%: 15.8, 16.4%)"
         in (per_task["gate"])
     )
+
+
+def test_paper_baselines_get_their_own_plateau_checks():
+    from attnzoo.reproduce.claims import compare
+    from attnzoo.reproduce.sections import vision
+
+    b, steps = plan("smoke", 0)
+    p = {**b["vision"], "models": ["vit", "tost", "crate"], "plateau_baselines": ["crate", "xcit"]}
+    ids = {s.id for s in vision.plan_steps(p, 0)}
+    # xcit is not a row of this plan: no plateau run for it; crate's runs one seed at twice the steps
+    assert "vision/crate@2x-steps/seed0" in ids and "vision/crate@2x-steps/seed1" not in ids
+    assert not any(i.startswith("vision/xcit@2x") for i in ids) and "vision/vit@2x-steps/seed1" in ids
+    cfg = vision.row_config(p, "crate@2x-steps", 0)["train"]
+    assert cfg["steps"] == 2 * p["train"]["steps"] and cfg["model"] == "crate_t"
+    with pytest.raises(ValueError, match=r"plateau_baselines \['bert'\] have no plateau row"):
+        vision.plan_steps({**p, "plateau_baselines": ["bert"]}, 0)
+
+    kw = dict(claim_type="superiority", unit="pts", paper="P", claim="c", paper_value="v")
+    vs_crate = compare([82.3, 83.3, 84.3], [79.0, 80.0, 81.0], a_name="cbt", b_name="crate", **kw)  # clears 0 by 1.03
+    vs_vit = compare([82.3, 83.3, 84.3], [79.0, 80.0, 81.0], a_name="tost", b_name="vit", **kw)
+    res = {
+        "vit": {"accuracy": stat([79.0, 80.0, 81.0]), "val_curve": []},
+        "vit@2x-steps": {"accuracy": stat([79.5, 80.5, 81.5]), "val_curve": []},  # +0.5: vit's findings stand
+        "crate": {"accuracy": stat([79.0, 80.0, 81.0]), "val_curve": []},
+        "crate@2x-steps": {"accuracy": stat([82.0]), "val_curve": []},  # +2.0 > 1.03: crate's finding is gated
+    }
+    out = vision._plateaus([vs_crate, vs_vit], res, {"vit": "vit@2x-steps", "crate": "crate@2x-steps"})
+    assert out["vit"]["plateaued"] and not out["crate"]["plateaued"]
+    assert vs_vit["verdict"] == "agrees" and vs_crate["verdict"] == "inconclusive"
+    assert vs_crate["gate_reasons"] == ["plateau"] and "crate at twice the steps" in vs_crate["gate"]

@@ -336,6 +336,8 @@ def _long() -> dict:
     # (session 17): ViT 85.3 vs its no-attention control 83.6 with 60,000, 84.5 vs 82.3 with 10,000
     vis["task_options"] = {**vis["task_options"], "n_train": 60000}
     # rows whose best rate was on an end of the common grid in the session-16 long run get one rate beyond it
+    # the papers' own baselines (CRATE for CBT and AoT, XCiT for ToST) get plateau runs too, one seed each
+    vis["plateau_baselines"] = ["crate", "xcit"]
     vis["lr_sweep_extra"] = {r: [7e-4] for r in ("tost", "xcit", "aot", "fastmax_vit", "vit+cbsa")} | {
         r: [2.4e-2] for r in ("vit+tssa", "vit+csp")
     }

@@ -198,13 +198,27 @@ def _registered(name: str) -> ModelRow:
 
 #: the baseline's plateau check: the ViT baseline trained with twice the steps (and warm-up), nothing else changed
 PLATEAU = "vit@2x-steps"
+#: the papers' own baselines with a plateau check of their own when the plan lists them (``plateau_baselines``):
+#: a comparison against one of them is judged by its run at twice the steps, every other by the ViT's
+BASELINE_PLATEAUS = {"vit": PLATEAU, "crate": "crate@2x-steps", "xcit": "xcit@2x-steps"}
 
 
 def rows_of(plan: dict) -> list[str]:
     """Every trained row of the section: the papers' architectures, the controlled swaps, the ablations and the
     baseline's plateau check."""
     rows = list(plan["models"]) + list(plan.get("swaps", [])) + _controls(plan) + list(plan.get("ablations", []))
-    return rows + ([PLATEAU] if plan.get("plateau", True) and "vit" in plan["models"] else [])
+    return rows + list(_plateau_rows(plan).values())
+
+
+def _plateau_rows(plan: dict) -> dict[str, str]:
+    """baseline -> its plateau row: the ViT's, and those of ``plateau_baselines`` (each run one seed)."""
+    if not plan.get("plateau", True) or "vit" not in plan["models"]:
+        return {}
+    extra = plan.get("plateau_baselines", [])
+    unknown = sorted(set(extra) - set(BASELINE_PLATEAUS) - {"vit"})
+    if unknown:
+        raise ValueError(f"plateau_baselines {unknown} have no plateau row; valid: {sorted(BASELINE_PLATEAUS)}")
+    return {b: BASELINE_PLATEAUS[b] for b in ["vit"] + [b for b in extra if b in plan["models"] and b != "vit"]}
 
 
 def _controls(plan: dict) -> list[str]:
@@ -248,11 +262,14 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             swept = {**plan, "train": {**sweep_train(plan["train"], plan), "lr": lr}}
             steps.append(_row_step(swept, name, seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{name}", lr), tune=False))
     for name in rows_of(plan):
-        if name not in MODELS and name not in SWAPS and name not in ABLATIONS and name not in (PLATEAU, MATCHED):
+        plateaus = set(_plateau_rows(plan).values())
+        if name not in MODELS and name not in SWAPS and name not in ABLATIONS and name not in plateaus | {MATCHED}:
             raise ValueError(
                 f"unknown vision model {name!r}; valid: {sorted(MODELS) + sorted(SWAPS) + sorted(ABLATIONS)}"
             )
-        steps += [_row_step(plan, name, s, seeded_id(f"{KEY}/{name}", s)) for s in seed_list(plan, seed)]
+        # a paper baseline's own plateau check runs one seed; the ViT's every seed (its change gates most findings)
+        seeds = seed_list(plan, seed)[:1] if name in plateaus - {PLATEAU} else seed_list(plan, seed)
+        steps += [_row_step(plan, name, s, seeded_id(f"{KEY}/{name}", s)) for s in seeds]
     # ablation for a controlled comparison left inconclusive by the spread: more seeds of its two rows, kept out of
     # the tables (every row there has the section's seeds) and read in the finding's explanation
     extra = plan.get("extra_seeds", {})
@@ -270,9 +287,8 @@ TUNED_AS = {
     "aot+prenorm": "aot",
     "vit+tssa-meanpool": "vit+tssa",
     "csp_vit_skeleton+softmax": "csp_vit",
-    PLATEAU: "vit",
     MATCHED: "tost",
-}
+} | {row: base for base, row in BASELINE_PLATEAUS.items()}
 
 
 def sweep_rows(plan: dict) -> list[str]:
@@ -287,7 +303,7 @@ def row_config(plan: dict, name: str, seed: int) -> dict:
     base = name.split("@")[0]
     reg, mech, paper = _registered(base)
     opt = dict(plan["train"])
-    if name == PLATEAU:
+    if name in BASELINE_PLATEAUS.values():
         opt["steps"] *= 2
         opt["warmup_steps"] = 2 * opt.get("warmup_steps", 0)
     opts = model_options(base, plan)
@@ -391,8 +407,9 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.data = {"models": {n: _model_data(r) for n, r in res.items()}}
     sec.data["val_curves"] = {n: r["val_curve"] for n, r in res.items()}
     panels = [(t.title, {row[0]: res[row[0]]["val_curve"] for row in t.rows}) for t in sec.tables]
-    if PLATEAU in res and panels:
-        panels[0][1][PLATEAU] = res[PLATEAU]["val_curve"]
+    for row in _plateau_rows(plan).values():
+        if row in res and panels:
+            panels[0][1][row] = res[row]["val_curve"]
     if any(c for _, p in panels for c in p.values()):
         path = plots_dir / "vision_curves.png"
         save_figure(plot_val_curves(panels, "validation accuracy (%)", "Vision: validation curves (seed means)"), path)
@@ -400,7 +417,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             (
                 rel(path),
                 "Validation accuracy at 4 points of each run (seed means), one panel per table; "
-                f"{PLATEAU} is the baseline's plateau run; {CURVE_NOTE}.",
+                f"{', '.join(_plateau_rows(plan).values())}: the baselines' plateau runs; {CURVE_NOTE}.",
             )
         )
     names = [n for n in plan["models"] if n in res]
@@ -428,15 +445,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         return sec
     sec.findings = _findings(res)
     _gate_attention_needed(sec.findings)
-    sec.data["plateau"] = claims.plateau_gate(
-        sec.findings,
-        "vit",
-        res["vit"]["accuracy"] if "vit" in res else None,
-        _acc(res, PLATEAU),
-        "%",
-        ".1f",
-        curves="; ".join(f"{n} {curve_text(res[n]['val_curve'], '.1f')}" for n in ("vit", PLATEAU) if n in res),
-    )
+    sec.data["plateau"] = _plateaus(sec.findings, res, _plateau_rows(plan))
     lrs = plan.get("lr_sweep", [])
     table, untuned = sweep_table(
         records,
@@ -457,6 +466,27 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.data["untuned"] = untuned
     gate_untuned(sec.findings, untuned)
     return sec
+
+
+def _plateaus(findings: list[dict], res: dict, rows: dict[str, str]) -> dict:
+    """Each baseline's plateau check on the comparisons against it (``b_name``); the ViT's on every other one (its
+    skeleton is the controlled swaps'). One plateau dict, or one per baseline when several are checked."""
+    own = {b: [f for f in findings if f.get("b_name") == b] for b in rows if b != "vit"}
+    claimed = {id(f) for fs in own.values() for f in fs}
+    groups = {"vit": [f for f in findings if id(f) not in claimed], **own}
+    out = {
+        b: claims.plateau_gate(
+            fs,
+            b,
+            res[b]["accuracy"] if b in res else None,
+            _acc(res, rows.get(b, f"{b}@2x-steps")),
+            "%",
+            ".1f",
+            curves="; ".join(f"{n} {curve_text(res[n]['val_curve'], '.1f')}" for n in (b, rows.get(b)) if n in res),
+        )
+        for b, fs in groups.items()
+    }
+    return out["vit"] if len(out) == 1 else out
 
 
 def _gate_attention_needed(findings: list[dict]) -> None:
