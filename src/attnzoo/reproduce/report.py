@@ -99,13 +99,13 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
         + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
         + f". {len(checks)} implementation checks are counted apart (table below). A comparison agrees when its "
         "whole 95% Welch-t interval lies on the paper's side of -margin, disagrees when it lies wholly on the other "
-        "side, and is inconclusive otherwise. Every trained row of the vision, long-range, language and in-context "
-        "sections trains at the best rate of its own learning-rate sweep (on a seed that is not reported; each sweep "
-        "table says when its runs are shorter than the reported ones); the "
-        "adaptation section fine-tunes at one rate, so its comparisons are gated as not tuned. "
-        "A decided verdict is also made inconclusive when it would not survive the "
-        "baseline training longer (its interval clears the boundary by less than the baseline moves at twice the "
-        "steps), or when the baseline did not learn the task (the numbers-alone verdict is then given in brackets).",
+        "side, and is inconclusive otherwise. A swept row trains its reported seeds at the best rate of its own "
+        "learning-rate sweep (run on a seed that is not reported; each sweep table says when its runs are shorter "
+        "than the reported ones). A decided verdict is made inconclusive, with the numbers-alone verdict given in "
+        "brackets, when a precondition fails: a row is not tuned (no sweep, an incomplete one, or a best rate on an "
+        "end of its grid), the verdict would not survive the baseline training longer (its interval clears the "
+        "boundary by less than the baseline moves at twice the steps), a compared row did not learn the task, the "
+        "paper's conditions are not met (sizes, the task, the configuration), or a control shows the same effect.",
         "",
     ]
     lines += _gate_lines([f for _, f in paper], counts) + _scale_lines(secs)
