@@ -120,3 +120,13 @@ def test_extra_rates_are_planned_and_read_by_the_tuned_seeds():
     p["lr_sweep_extra"] = {"bert": [3e-2]}
     with pytest.raises(ValueError, match="lr_sweep_extra names rows \\['bert'\\]"):
         language.plan_steps(p, 0)
+
+
+def test_a_flat_top_on_a_grid_end_is_not_gated():
+    # b's best (0.01) beats its neighbour by 0.5 points; with a seed spread of 1 point that is a flat top
+    rec = {sweep_id("sec/b", lr): {"result": {"accuracy": v}} for lr, v in zip(LRS, [0.5, 0.695, 0.70], strict=True)}
+    table, untuned = sweep_table(rec, ["b"], "sec", LRS, None, "accuracy", True, 100.0, noise={"b": 1.0})
+    assert untuned == {} and table.rows == [["b ‡", "50", "69.5", "**70**"]] and "‡: best on an end" in table.caption
+    # a spread of 0.4 points: the rise to the end is real, the optimum may lie beyond
+    _, untuned = sweep_table(rec, ["b"], "sec", LRS, None, "accuracy", True, 100.0, noise={"b": 0.4})
+    assert set(untuned) == {"b"}

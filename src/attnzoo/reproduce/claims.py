@@ -40,6 +40,7 @@ __all__ = [
     "finding",
     "not_tested",
     "gate",
+    "size_gate",
     "plateau_gate",
     "VERDICTS",
     "change_word",
@@ -276,6 +277,20 @@ def gate(f: dict, why: str, reason: str) -> dict:
         f["verdict"] = "inconclusive"
     f["gate"] = f"{f['gate']}; {why}" if f.get("gate") else why
     f["gate_reasons"] = sorted(set(f.get("gate_reasons", [])) | {reason})
+    return f
+
+
+def size_gate(f: dict, params_a: int, params_b: int, paper_ratio: float, source: str, tolerance: float) -> dict:
+    """Gate ``f`` on conditions when its parameter ratio ``params_a / params_b`` is more than ``tolerance`` (relative,
+    either way) from the ratio of the paper's own comparison (``paper_ratio``, quoted from ``source``)."""
+    here = params_a / params_b
+    if not (1 / (1 + tolerance) <= here / paper_ratio <= 1 + tolerance):
+        gate(
+            f,
+            f"parameters {here:.2f}x here against {paper_ratio:.2f}x in the paper ({source}): more than "
+            f"{tolerance:.0%} apart, so the sizes are not the paper's",
+            "conditions",
+        )
     return f
 
 

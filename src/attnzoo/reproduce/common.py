@@ -433,15 +433,18 @@ def sweep_table(
     scale: float = 1.0,
     label: str = "",
     fraction: float = 1.0,
+    noise: dict[str, float] | None = None,
 ) -> tuple[Table | None, dict[str, str]]:
     """The sweep as a table (one row per model, the best rate marked) and ``{row: why}`` for every row whose
     comparisons are not tuned: its sweep is incomplete, (``used`` a rate) its best swept rate is not the ``used``
     one its seeds trained with, or its best rate is at either end of the grid (the optimum may lie beyond it).
     ``used=None``: each row's seeds trained at its best swept rate (:func:`tuned`). ``fraction``: the sweep runs'
-    share of the reported runs' steps (:func:`sweep_train`), stated in the caption."""
+    share of the reported runs' steps (:func:`sweep_train`), stated in the caption. ``noise``: per row, the spread
+    of its reported seeds (sample std, in the table's scale); a best on an end that beats its neighbour by no more
+    than that is a flat top, not evidence that the optimum lies beyond, and is not gated (marked ‡)."""
     grids = {row: sorted(lrs.get(row, [])) if isinstance(lrs, dict) else list(lrs) for row in rows}
     columns = sorted(set().union(*grids.values())) if grids else []
-    table_rows, untuned, edge = [], {}, []
+    table_rows, untuned, edge, flat = [], {}, [], []
     if not columns:
         return None, untuned
     for row in rows:
@@ -464,6 +467,11 @@ def sweep_table(
                 "its seeds trained with"
             )
         at_edge = len(lrs) > 1 and best in (min(lrs), max(lrs))
+        if at_edge and noise and noise.get(row) is not None:
+            neighbour = lrs[1] if best == min(lrs) else lrs[-2]
+            if abs(vals[best] - vals[neighbour]) <= noise[row]:
+                at_edge = False
+                flat.append(row)
         edge += [row] if at_edge else []
         if at_edge and row not in untuned:
             end = "lowest" if best == min(lrs) else "highest"
@@ -473,7 +481,7 @@ def sweep_table(
                 "lie beyond it"
             )
         table_rows.append(
-            [row + (" †" if at_edge else "")]
+            [row + (" †" if at_edge else " ‡" if row in flat else "")]
             + [f"**{vals[lr]:.3g}**" if lr == best else f"{vals[lr]:.3g}" if lr in vals else "–" for lr in columns]
         )
     if not table_rows:
@@ -497,6 +505,11 @@ def sweep_table(
             else " Every best rate lies inside the grid."
         )
     )
+    if flat:
+        caption += (
+            f" ‡: best on an end of the grid but within one seed standard deviation of its neighbour ({len(flat)} "
+            "rows): a flat top, counted as tuned."
+        )
     if any(grids[r] != columns for r in rows):
         caption += " –: a rate outside that row's grid (rows whose best fell on an end of the common grid get more)."
     return Table(title, ["row"] + [f"lr {lr:g}" for lr in columns], table_rows, caption), untuned

@@ -94,10 +94,20 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
     paper = [(t, f) for t, f in allf if f.get("kind") == "paper"]
     checks = [(t, f) for t, f in allf if f.get("kind") == "check"]
     counts = Counter(f["verdict"] for _, f in paper)
+    trained = Counter(f["verdict"] for _, f in paper if f.get("claim_type"))
+    decided = trained.get("agrees", 0) + trained.get("disagrees", 0)
     lines = [
         f"**{len(paper)} claims of the five papers** tested: "
         + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
-        + f". {len(checks)} implementation checks are counted apart (table below). A comparison agrees when its "
+        + f". Of them, {sum(trained.values())} compare trained models over seeds: "
+        + (
+            f"{trained.get('agrees', 0)} agree and {trained.get('disagrees', 0)} disagree"
+            if decided
+            else "**none of them is decided at this budget**"
+        )
+        + "; the other decided verdicts are measurements (timings, memory, parameter-free iterations, probes of "
+        f"trained layers). {len(checks)} implementation checks are counted apart (table below). A comparison agrees "
+        "when its "
         "whole 95% Welch-t interval lies on the paper's side of -margin, disagrees when it lies wholly on the other "
         "side, and is inconclusive otherwise. A swept row trains its reported seeds at the best rate of its own "
         "learning-rate sweep (run on a seed that is not reported; each sweep table says when its runs are shorter "

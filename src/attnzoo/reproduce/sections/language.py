@@ -321,6 +321,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     )
     # the decoding checks measure the architecture, not what it learned: they are reported either way
     sec.findings = [f for f in _findings(res) if learned or f["kind"] == "check"]
+    _gate_sizes(sec.findings, res)
     if not learned:
         sec.notes.append(
             f"the GPT baseline's {gpt_bpc.fmt('.2f')} bits/char is not {LEARNED_MARGIN_BPC:g} below the character "
@@ -373,6 +374,7 @@ def _gate(sec: Section, records: dict, plan: dict, res: dict, curves: dict | Non
         False,
         label="validation loss, nats",
         fraction=plan.get("sweep_fraction", 1.0),
+        noise={r: res[r]["val_loss"].std for r in rows_of(plan) if r in res and res[r].get("val_loss")},
     )
     if table is not None:
         sec.tables.append(table)
@@ -491,6 +493,26 @@ def _rel_claim(res, a, paper, claim, pv, rel_margin: float, margin_source: str) 
         lower_is_better=True,
         spec=".3f",
     )
+
+
+#: (a, b) -> the parameter ratio a/b of the paper's own comparison: a comparison more than SIZE_TOLERANCE from it
+#: (either way) is not under the paper's conditions and is gated
+PAPER_SIZE_RATIO: dict[tuple[str, str], tuple[float, str]] = {
+    ("tost", "gpt"): (110 / 124, "ToST Table 4: ToST-Base 110M vs GPT2-Base 124M"),
+    ("aot", "gpt"): (102 / 124, "AoT Table 1: AoT-Base 102M vs GPT-2 Base 124M"),
+    ("aot", "aot_hybrid"): (102 / 81, "AoT Table 1: AoT-Base 102M vs Hybrid 81M"),
+    ("fastmax", "gpt"): (1.0, "FAST: the same Transformer with its attention swapped"),
+}
+SIZE_TOLERANCE = 0.10
+
+
+def _gate_sizes(findings: list[dict], res: dict) -> None:
+    for f in findings:
+        paper = PAPER_SIZE_RATIO.get((f.get("a_name"), f.get("b_name")))
+        pa, pb = res.get(f.get("a_name"), {}).get("params"), res.get(f.get("b_name"), {}).get("params")
+        if paper and pa and pb:
+            f["params_a"], f["params_b"] = pa, pb
+            claims.size_gate(f, pa, pb, *paper, SIZE_TOLERANCE)
 
 
 def _findings(res) -> list[dict]:

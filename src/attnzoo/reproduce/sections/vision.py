@@ -458,7 +458,10 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         100.0,
         "validation accuracy %",
         fraction=plan.get("sweep_fraction", 1.0),
+        noise={r: res[r]["accuracy"].std for r in sweep_rows(plan) if r in res},
     )
+    if "tost" in untuned and MATCHED in res:
+        untuned[MATCHED] = f"{MATCHED} trains at tost's rate: " + untuned["tost"]
     if table is not None:
         sec.tables.append(table)
     if not lrs:
@@ -802,16 +805,7 @@ def _gate_size(f: dict) -> dict:
     pa, pb = f.get("params_a"), f.get("params_b")
     if paper is None or not (pa and pb):
         return f
-    ratio, source = paper
-    here = pa / pb
-    if not (1 / (1 + MATCH_TOLERANCE) <= here / ratio <= 1 + MATCH_TOLERANCE):
-        claims.gate(
-            f,
-            f"parameters {here:.2f}x here against {ratio:.2f}x in the paper ({source}): more than "
-            f"{MATCH_TOLERANCE:.0%} apart, so the sizes are not the paper's",
-            "conditions",
-        )
-    return f
+    return claims.size_gate(f, pa, pb, *paper, MATCH_TOLERANCE)
 
 
 def _with_params(f: dict, res: dict, a: str, b: str) -> dict:
@@ -875,7 +869,13 @@ def _explain(a, a_ctl, b_ctl, f, ctl, res, claim_type, margin) -> str:
     lo_hi = lambda g: "no interval" if g["ci95"] is None else f"95% CI [{g['ci95'][0]:+.1f}, {g['ci95'][1]:+.1f}]"  # noqa: E731
     text = (
         f"controlled swap {a_ctl} vs {b_ctl} (ViT skeleton, only the attention differs): {acc(a_ctl)} vs "
-        f"{acc(b_ctl)}, effect {ctl['effect']:+.1f} pts, {lo_hi(ctl)}, {ctl['verdict']}"
+        f"{acc(b_ctl)}, effect {ctl['effect']:+.1f} pts, {lo_hi(ctl)}, {ctl['verdict']} by the interval as a "
+        + (
+            f"non-inferiority claim (margin {ctl['margin']:.3g} pts)"
+            if ctl.get("claim_type") == "non-inferiority"
+            else "superiority claim"
+        )
+        + " (its own finding, which may be gated)"
     )
     if ctl["verdict"] != f["verdict"] and "inconclusive" not in (ctl["verdict"], f["verdict"]):
         text += "; the two skeletons give opposite verdicts"
