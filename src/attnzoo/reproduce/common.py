@@ -487,6 +487,15 @@ def sweep_table(
     if not table_rows:
         return None, untuned
     title = "Learning-rate sweep" + (f" ({label})" if label else "")
+    uneven = any(grids[r] != columns for r in rows)
+    caption = _sweep_caption(metric, used, fraction, len(table_rows), edge, flat, uneven)
+    return Table(title, ["row"] + [f"lr {lr:g}" for lr in columns], table_rows, caption), untuned
+
+
+def _sweep_caption(
+    metric: str, used: float | None, fraction: float, n_rows: int, edge: list, flat: list, uneven: bool
+) -> str:
+    """The sweep table's caption: what was swept, on which seed and length, and what the marks mean."""
     seeds = (
         "Each row's reported seeds train at its best rate."
         if used is None
@@ -499,7 +508,7 @@ def sweep_table(
         + "; best rate in bold. "
         + seeds
         + (
-            f" †: best at an end of the grid ({len(edge)} of {len(table_rows)} rows), so the optimum may lie beyond it "
+            f" †: best at an end of the grid ({len(edge)} of {n_rows} rows), so the optimum may lie beyond it "
             "and the row's comparisons are inconclusive (not tuned)."
             if edge
             else " Every best rate lies inside the grid."
@@ -510,9 +519,9 @@ def sweep_table(
             f" ‡: best on an end of the grid but within one seed standard deviation of its neighbour ({len(flat)} "
             "rows): a flat top, counted as tuned."
         )
-    if any(grids[r] != columns for r in rows):
+    if uneven:
         caption += " –: a rate outside that row's grid (rows whose best fell on an end of the common grid get more)."
-    return Table(title, ["row"] + [f"lr {lr:g}" for lr in columns], table_rows, caption), untuned
+    return caption
 
 
 def gate_untuned(findings: list[dict], untuned: dict[str, str]) -> None:
