@@ -363,7 +363,20 @@ def _long() -> dict:
     # at once: it ran in the session-15 report, docs/results_history.md)
     icl["ablations"] = ["aot-qnorm", "aot-untied", "gpt@2x-steps"]
     icl["plateau_seeds"] = 1
-    lra = plan["long-range"]
+    _long_listops(plan["long-range"])
+    # the ops' timings need fewer seconds each than the default gives them (their spread is in the report)
+    plan["efficiency"]["budget_s"] = 3.0
+    probes = plan["probes"]
+    probes["layerwise"] = ["vit", "tost", "crate", "cbt", "aot"]
+    # 2 seeds of each probe model with a layer-wise claim: a trend on one trained model is an anecdote (3 seeds ran
+    # in the session-15 report; the third's 5 thread-minutes do not fit 2 h). Depth 8 at the vision section's 16
+    # tokens, 300 steps at the untuned 2e-3 (the probes read the layers, not accuracy)
+    probes["layerwise_seeds"] = 2
+    return plan
+
+
+def _long_listops(lra: dict) -> None:
+    """`long`'s ListOps rows, grid and ablations (the `default` section it derives from, changed in place)."""
     # the encoder rows with an accuracy claim (TSSA, Fastmax, CSP) and CSP Table 4's MEGA pair: CBSA (no LRA claim)
     # and dense MEGA (no finding) are left out to pay for language's longer runs
     lra["mechanisms"] = ["softmax", "tssa", "fastmax", "csp", "mega_chunk", "mega_csp"]
@@ -381,15 +394,6 @@ def _long() -> dict:
             ("csp@2x-steps", "csp", "twice the steps"),
         )
     }
-    # the ops' timings need fewer seconds each than the default gives them (their spread is in the report)
-    plan["efficiency"]["budget_s"] = 3.0
-    probes = plan["probes"]
-    probes["layerwise"] = ["vit", "tost", "crate", "cbt", "aot"]
-    # 2 seeds of each probe model with a layer-wise claim: a trend on one trained model is an anecdote (3 seeds ran
-    # in the session-15 report; the third's 5 thread-minutes do not fit 2 h). Depth 8 at the vision section's 16
-    # tokens, 300 steps at the untuned 2e-3 (the probes read the layers, not accuracy)
-    probes["layerwise_seeds"] = 2
-    return plan
 
 
 BUDGETS["long"] = _long()
