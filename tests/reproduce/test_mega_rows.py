@@ -80,7 +80,7 @@ def test_mega_chunk_covering_the_sequence_is_dense_mega_and_gated(chunk, gated):
     out = lra._findings(res, ["softmax", "mega_chunk", "mega_csp"], ["listops"], {"listops": 128}, ["listops"])
     sid = "long-range/listops/mega_chunk/seed0"
     records = {sid: {"config": {"train": {"model_options": {"attention_options": {"chunk_size": chunk}}}}}}
-    lra._gate_dense_chunks(out, records, ["listops"], {"listops": 128}, [sid])
+    lra._gate_dense_chunks(out, records, ["listops"], {"listops": 128})
     (f,) = [f for f in out if f["b_name"] == "mega_chunk"]
     assert (f["verdict"] == "inconclusive") == gated and f.get("ungated_verdict", "agrees") == "agrees"
     if gated:

@@ -280,10 +280,16 @@ def gate(f: dict, why: str, reason: str) -> dict:
     return f
 
 
-def size_gate(f: dict, params_a: int, params_b: int, paper_ratio: float, source: str, tolerance: float) -> dict:
+def size_gate(f: dict, paper_ratios: dict[tuple[str, str], tuple[float, str]], tolerance: float) -> dict:
     """Gate ``f`` on conditions when its parameter ratio ``params_a / params_b`` is more than ``tolerance`` (relative,
-    either way) from the ratio of the paper's own comparison (``paper_ratio``, quoted from ``source``)."""
-    here = params_a / params_b
+    either way) from the ratio of the paper's own comparison: ``paper_ratios[(a_name, b_name)]`` is that ratio and
+    where it is quoted from. A comparison without an entry or without parameter counts is left alone."""
+    paper = paper_ratios.get((f.get("a_name"), f.get("b_name")))
+    pa, pb = f.get("params_a"), f.get("params_b")
+    if paper is None or not (pa and pb):
+        return f
+    paper_ratio, source = paper
+    here = pa / pb
     if not (1 / (1 + tolerance) <= here / paper_ratio <= 1 + tolerance):
         gate(
             f,

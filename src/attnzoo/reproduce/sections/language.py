@@ -507,12 +507,13 @@ SIZE_TOLERANCE = 0.10
 
 
 def _gate_sizes(findings: list[dict], res: dict) -> None:
+    """State both sides' parameter counts on each comparison the papers make at a stated size, and gate those whose
+    ratio is not the paper's."""
     for f in findings:
-        paper = PAPER_SIZE_RATIO.get((f.get("a_name"), f.get("b_name")))
         pa, pb = res.get(f.get("a_name"), {}).get("params"), res.get(f.get("b_name"), {}).get("params")
-        if paper and pa and pb:
+        if (f.get("a_name"), f.get("b_name")) in PAPER_SIZE_RATIO and pa and pb:
             f["params_a"], f["params_b"] = pa, pb
-            claims.size_gate(f, pa, pb, *paper, SIZE_TOLERANCE)
+            claims.size_gate(f, PAPER_SIZE_RATIO, SIZE_TOLERANCE)
 
 
 def _findings(res) -> list[dict]:

@@ -331,7 +331,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.findings = _findings(
         res, mechs, tasks, lengths, learned, ablations, plan["arch"]["dim"] // plan["arch"]["heads"], majority
     )
-    _gate_dense_chunks(sec.findings, records, tasks, lengths, seed_ids=[k for k in records if "/mega_chunk/seed" in k])
+    _gate_dense_chunks(sec.findings, records, tasks, lengths)
     _curves(sec, res, mechs, tasks, ablations, plots_dir, rel)
     eq_table, eq = equal_time(res, mechs, learned, ablations, plan)
     if eq_table is not None:
@@ -795,11 +795,12 @@ def _gate_unlearned_base(found: list[dict], res, base: str, learned: list[str], 
     return found
 
 
-def _gate_dense_chunks(findings: list[dict], records: dict, tasks: list[str], lengths: dict, seed_ids: list[str]):
+def _gate_dense_chunks(findings: list[dict], records: dict, tasks: list[str], lengths: dict) -> None:
     """MEGA-chunk whose chunk covers the whole sequence is dense MEGA: a comparison with it is not the paper's
-    (MEGA's r = 128 at LRA's 1K-4K tokens makes 8-32 chunks), so its verdict is gated on conditions."""
+    (MEGA's r = 128 at LRA's 1K-4K tokens makes 8-32 chunks), so its verdict is gated on conditions. The chunk is
+    read from the config of the task's stored MEGA-chunk runs."""
     for t in tasks:
-        ids = [k for k in seed_ids if k.startswith(f"{KEY}/{t}/")]
+        ids = [k for k in records if k.startswith(f"{KEY}/{t}/mega_chunk/seed")]
         if not ids or not lengths.get(t):
             continue
         opts = records[ids[0]].get("config", {}).get("train", {}).get("model_options", {})
@@ -821,7 +822,7 @@ def _gate_unlearned_row(f: dict, acc: claims.Stat, m: str, majority: float | Non
     class did not train, so the comparison measures that failure, not a trained model's accuracy (gated)."""
     if majority is None:
         return
-    failed = [v for v in acc.values if v <= majority + LEARNED_MARGIN]
+    failed = _unlearned_seeds(acc, majority)
     if failed:
         claims.gate(
             f,
@@ -831,12 +832,16 @@ def _gate_unlearned_row(f: dict, acc: claims.Stat, m: str, majority: float | Non
         )
 
 
+def _unlearned_seeds(acc: claims.Stat, majority: float) -> list[float]:
+    """The seeds' accuracies within LEARNED_MARGIN of the majority class: those seeds did not train."""
+    return [v for v in acc.values if v <= majority + LEARNED_MARGIN]
+
+
 def failure_reading(m: str, acc: claims.Stat, base_acc: claims.Stat, majority: float, base: str) -> str:
     """Whether ``m``'s gap on a task is a failure to train: its seeds within LEARNED_MARGIN of the majority class
     (the rule the baseline's tasks pass), counted and named, and the gap on the seeds that did learn. Empty when
     every seed learned."""
-    bar = majority + LEARNED_MARGIN
-    failed = [v for v in acc.values if v <= bar]
+    failed = _unlearned_seeds(acc, majority)
     if not failed:
         return ""
     n, vals = len(acc.values), ", ".join(f"{v:.1f}" for v in acc.values)
@@ -846,7 +851,7 @@ def failure_reading(m: str, acc: claims.Stat, base_acc: claims.Stat, majority: f
             f"no seed got {LEARNED_MARGIN:g} points above it, so {m} did not train on this task at this budget; the "
             "gap measures that failure, not the accuracy of a trained model"
         )
-    ok = [v for v in acc.values if v > bar]
+    ok = [v for v in acc.values if v > majority + LEARNED_MARGIN]
     return head + (
         f"{len(failed)} of {n} seeds stayed within {LEARNED_MARGIN:g} points of it (did not train); the "
         f"{len(ok)} that trained average {np.mean(ok):.1f}% against {base}'s {base_acc.mean:.1f}%, a gap of "

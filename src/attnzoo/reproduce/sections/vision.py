@@ -736,7 +736,8 @@ def _findings(res: dict) -> list[dict]:
     for a, a_ctl, b, b_ctl, claim_type, margin, paper, claim, pv in CLAIMS:
         if a not in res or b not in res:
             continue
-        f = _gate_size(_with_params(cmp(a, b, claim_type, margin, paper, claim, pv), res, a, b))
+        f = _with_params(cmp(a, b, claim_type, margin, paper, claim, pv), res, a, b)
+        claims.size_gate(f, PAPER_SIZE_RATIO, MATCH_TOLERANCE)
         size_note = (
             f"at the plan's width the parameter counts differ ({f['params_a'] / f['params_b']:.2f}x): the "
             f"{MATCHED} row is the 'similar size' comparison (its own finding)"
@@ -797,15 +798,6 @@ def _control_findings(res: dict, cmp) -> list[dict]:
         )
         out.append(f)
     return out
-
-
-def _gate_size(f: dict) -> dict:
-    """Gate a comparison whose parameter ratio is not the paper's (:data:`PAPER_SIZE_RATIO`) on conditions."""
-    paper = PAPER_SIZE_RATIO.get((f.get("a_name"), f.get("b_name")))
-    pa, pb = f.get("params_a"), f.get("params_b")
-    if paper is None or not (pa and pb):
-        return f
-    return claims.size_gate(f, pa, pb, *paper, MATCH_TOLERANCE)
 
 
 def _with_params(f: dict, res: dict, a: str, b: str) -> dict:
