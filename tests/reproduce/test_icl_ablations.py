@@ -56,19 +56,21 @@ def test_the_layers_built_differ_in_one_factor():
 def test_the_words_follow_the_numbers():
     zero = 1.0
     plateau, learned = claims.stat([0.95, 0.97]), claims.stat([0.2, 0.3])
-    for name, factor in icl._ONE_FACTOR.items():
+    for name, (factor, confound) in icl._ONE_FACTOR.items():
 
-        def say(a, q, name=name, factor=factor):
-            return icl._one_factor_text(name, factor, a, q, zero)
+        def say(a, q, name=name, factor=factor, confound=confound):
+            return icl._one_factor_text(name, factor, a, q, zero, confound)
 
-        assert f"so {factor} keeps AoT on the plateau" in say(plateau, learned)
+        blamed = f"{factor} or the smaller attention" if confound else factor
+        assert f"so {blamed} keeps AoT on the plateau" in say(plateau, learned)
+        assert ("this row does not say which" in say(plateau, learned)) == bool(confound)
         assert f"so {factor} alone does not explain it" in say(plateau, plateau)
         assert "with and without it" in say(learned, learned)
         assert "learns with it but not without it" in say(learned, plateau)
     fin = {"aot": [0.95, 0.97], "aot-qnorm": [0.2, 0.3], "aot+softmax": [0.2, 0.25]}
     text = icl._ablation_text(fin, zero)
     assert "aot-qnorm (one factor" in text and "this row alone does not say which" in text
-    assert "take each one alone" not in text
+    assert "aot-untied the tying" not in text
     text = icl._ablation_text({**fin, "aot-untied": [0.96, 0.95]}, zero)
-    assert "aot-untied (one factor: AoT without the tied query/key/value projection (untied: 3x" in text
-    assert "aot-qnorm and aot-untied take each one alone" in text
+    assert "aot-untied (AoT without the tied query/key/value projection; untying also gives the attention 3x" in text
+    assert "aot-untied the tying, with 3x the projection parameters" in text

@@ -513,18 +513,152 @@ def test_language_sizes_unlike_the_papers_are_gated():
     from attnzoo.reproduce.sections import language
 
     loss = {"gpt": [1.80, 1.81, 1.82], "aot": [1.85, 1.86, 1.87], "aot_hybrid": [1.84, 1.85, 1.86]}
-    params = {"gpt": 110_000, "aot": 90_000, "aot_hybrid": 72_000}
+    params = {"gpt": 110_000, "aot": 161_000, "aot_hybrid": 128_000}
     res = {n: {"val_loss": stat(v), "params": params[n]} for n, v in loss.items()}
     out = [f for f in language._findings(res) if f.get("claim_type")]
     language._gate_sizes(out, res)
     aot = next(f for f in out if f["a_name"] == "aot" and f["b_name"] == "gpt")
-    # 0.82x here, 0.82x in AoT Table 1 (102M vs 124M): under the paper's conditions, not gated
-    assert "gate" not in aot and aot["params_a"] == 90_000
+    # 1.46x here, 1.47x for the pair AoT Table 1 calls comparable (Medium 182M vs GPT-2 Base 124M): not gated
+    assert "gate" not in aot and aot["params_a"] == 161_000
+    assert "AoT-Medium" in aot["paper_value"] and aot["margin"] == pytest.approx(0.035 * 1.81)
     hybrid = next(f for f in out if f["b_name"] == "aot_hybrid")
-    # AoT 1.25x Hybrid here vs 1.26x (102M vs 81M): kept; now make Hybrid 2.26x AoT (what the same depth gives)
+    # AoT 1.26x Hybrid here as in the paper (Base 102M vs Hybrid 81M): kept; now make Hybrid 2.27x AoT
     assert "gate" not in hybrid
-    res["aot_hybrid"]["params"] = 203_400
+    res["aot_hybrid"]["params"] = 365_000
     out = [f for f in language._findings(res) if f.get("claim_type")]
     language._gate_sizes(out, res)
     hybrid = next(f for f in out if f["b_name"] == "aot_hybrid")
+    # Base's size (0.82x GPT) is not the comparable pair's: gated
+    res["aot"]["params"] = 90_000
+    out = [f for f in language._findings(res) if f.get("claim_type")]
+    language._gate_sizes(out, res)
+    aot = next(f for f in out if f["a_name"] == "aot" and f["b_name"] == "gpt")
+    assert aot["gate_reasons"] == ["conditions"] and "0.82x here against 1.47x in the paper" in aot["gate"]
     assert hybrid["gate_reasons"] == ["conditions"] and "0.44x here against 1.26x in the paper" in hybrid["gate"]
+
+
+def test_a_margin_that_admits_no_attention_gates_the_claim():
+    """AoT's 11-point margin (AoT Table 2) on a task where a model without attention is 3 points behind CRATE: the
+    "agrees" cannot tell AoT from no attention, so it is gated on the control; a narrow margin is not."""
+    from attnzoo.reproduce.claims import compare, margin_control_gate
+
+    def f(margin):
+        return compare(
+            [84.0, 84.5, 84.2],
+            [86.0, 86.2, 85.9],
+            claim_type="non-inferiority",
+            margin=margin,
+            margin_source="paper",
+            unit="pts",
+            paper="p",
+            claim="c",
+            paper_value="v",
+            a_name="aot",
+            b_name="crate",
+        )
+
+    wide = margin_control_gate(f(11.0), [83.0, 82.8, 83.1], "vit+identity")
+    assert wide["verdict"] == "inconclusive" and wide["ungated_verdict"] == "agrees"
+    assert wide["gate_reasons"] == ["control"] and wide["control_effect"] == pytest.approx(-3.067, abs=1e-3)
+    assert "vit+identity is -3.07 pts from crate, within the margin 11" in wide["gate"]
+    narrow = margin_control_gate(f(2.6), [83.0, 82.8, 83.1], "vit+identity")
+    assert "gate" not in narrow and narrow["control_effect"] == pytest.approx(-3.067, abs=1e-3)
+
+    # lower is better (losses): the control's loss 30% above GPT's is outside a 12.7% margin, inside a 40% one
+    def loss(margin):
+        return compare(
+            [1.9, 1.92, 1.91],
+            [1.80, 1.81, 1.82],
+            claim_type="non-inferiority",
+            margin=margin,
+            margin_source="paper",
+            relative=True,
+            lower_is_better=True,
+            unit="nats",
+            paper="p",
+            claim="c",
+            paper_value="v",
+            a_name="tost",
+            b_name="gpt",
+        )
+
+    assert "gate" not in margin_control_gate(loss(0.127), [2.35, 2.36, 2.34], "gpt+identity")
+    assert margin_control_gate(loss(0.40), [2.35, 2.36, 2.34], "gpt+identity")["gate_reasons"] == ["control"]
+    # a disagreement stays: the mechanism is worse than a margin no attention meets
+    bad = compare(
+        [70.0, 70.5, 70.2],
+        [86.0, 86.2, 85.9],
+        claim_type="non-inferiority",
+        margin=11.0,
+        margin_source="paper",
+        unit="pts",
+        paper="p",
+        claim="c",
+        paper_value="v",
+        a_name="aot",
+        b_name="crate",
+    )
+    assert margin_control_gate(bad, [83.0, 82.8, 83.1], "vit+identity")["verdict"] == "disagrees"
+    # superiority claims have no margin to admit anything
+    sup = compare(
+        [87.0, 87.5, 87.2],
+        [86.0, 86.2, 85.9],
+        claim_type="superiority",
+        unit="pts",
+        paper="p",
+        claim="c",
+        paper_value="v",
+        a_name="cbt",
+        b_name="crate",
+    )
+    assert "control_effect" not in margin_control_gate(sup, [83.0, 82.8, 83.1], "vit+identity")
+
+
+def test_tost_listops_claim_is_non_inferiority_with_table_3s_margin():
+    from attnzoo.reproduce.sections import lra
+
+    kind, margin, source = next(c[1] for c in lra.CLAIMS if c[0] == "tssa")
+    assert (kind, margin) == ("non-inferiority", 2.42) and "Pathfinder" in source and "37.25 vs 37.11" in source
+
+
+def test_last_doubling_change_reads_the_curve_at_half_the_run():
+    from attnzoo.reproduce.common import last_doubling_change
+
+    assert last_doubling_change([[100, 50.0], [200, 60.0], [300, 64.0], [400, 65.0]]) == pytest.approx(5.0)
+    assert last_doubling_change([[350, 64.0], [400, 65.0]]) is None  # no point at or below 3/4 of the run
+    assert last_doubling_change([[400, 65.0]]) is None
+
+
+def test_a_compared_row_still_moving_does_not_let_its_verdict_stand():
+    """The baseline plateaued (+0.1 at 2x); the compared row gained 2 points over its last doubling, more than the
+    0.8 by which its "disagrees" clears the boundary: the verdict is gated on plateau, the other one stands."""
+    from attnzoo.reproduce.claims import compare
+
+    def f(a, name):
+        return compare(
+            a,
+            [86.0, 86.2, 85.9],
+            claim_type="superiority",
+            unit="pts",
+            paper="p",
+            claim="c",
+            paper_value="v",
+            a_name=name,
+            b_name="vit",
+        )
+
+    close, far = f([84.6, 84.9, 84.8], "csp_vit"), f([80.0, 80.2, 79.9], "tost")
+    assert close["verdict"] == far["verdict"] == "disagrees"
+    lo_gap = -close["ci95"][1]
+    assert 0.2 < lo_gap < 2.0
+    out = plateau_gate(
+        [close, far], "vit", stat([86.0, 86.2, 85.9]), stat([86.1, 86.3, 86.0]), "%", drift={"csp_vit": 2.0}
+    )
+    assert close["verdict"] == "inconclusive" and close["gate_reasons"] == ["plateau"]
+    assert "csp_vit itself was still moving: +2 % over its last doubling of steps" in close["gate"]
+    assert far["verdict"] == "disagrees" and out["standing"] == 1 and out["gated"] == 1 and out["plateaued"]
+    assert "1 more do not stand because the compared row was still moving" in out["text"]
+    # no drift given (or a row without a curve): only the baseline's change counts
+    again = f([84.6, 84.9, 84.8], "csp_vit")
+    plateau_gate([again], "vit", stat([86.0, 86.2, 85.9]), stat([86.1, 86.3, 86.0]), "%", drift={"csp_vit": None})
+    assert again["verdict"] == "disagrees"

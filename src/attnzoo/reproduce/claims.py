@@ -41,6 +41,7 @@ __all__ = [
     "not_tested",
     "gate",
     "size_gate",
+    "margin_control_gate",
     "plateau_gate",
     "VERDICTS",
     "change_word",
@@ -300,6 +301,31 @@ def size_gate(f: dict, paper_ratios: dict[tuple[str, str], tuple[float, str]], t
     return f
 
 
+def margin_control_gate(f: dict, control: float | Sequence[float] | Stat | None, control_name: str) -> dict:
+    """Gate a non-inferiority finding on ``control`` when its margin admits a model without attention.
+
+    ``control`` is the no-attention control's metric (per seed), judged against the finding's own baseline
+    (``values_b``) with the finding's orientation. When the control's mean is within the margin of the baseline, an
+    "agrees" could not tell the mechanism from no token mixing at all: the margin, read from the paper's task, is too
+    wide for this one. A "disagrees" stays (the mechanism is then worse than the margin that no attention meets).
+    """
+    sc, values_b = stat(control), f.get("values_b")
+    if f.get("claim_type") != "non-inferiority" or sc is None or not values_b:
+        return f
+    sb = stat(values_b)
+    # the control's effect against the same baseline, oriented like the finding's (positive favours "comparable")
+    effect = sb.mean - sc.mean if f.get("lower_is_better") else sc.mean - sb.mean
+    f["control_effect"] = effect
+    if effect > -f["margin"] and _numbers_verdict(f) != "disagrees":
+        gate(
+            f,
+            f"the margin admits no attention: {control_name} is {effect:+.3g} {f.get('unit', '')} from "
+            f"{f.get('b_name')}, within the margin {f['margin']:.3g}, so this test cannot tell the mechanism from none",
+            "control",
+        )
+    return f
+
+
 def plateau_gate(
     findings: list[dict],
     baseline: str,
@@ -308,6 +334,7 @@ def plateau_gate(
     unit: str,
     spec: str = ".3g",
     curves: str = "",
+    drift: dict[str, float | None] | None = None,
 ) -> dict:
     """The plateau evidence of a section's baseline, applied to the section's trained comparisons.
 
@@ -320,6 +347,10 @@ def plateau_gate(
     any other gate. Verdicts that do not stand, and all of them when there is no run at
     twice the steps, are made ``inconclusive`` with :func:`gate` (the numbers-alone verdict is kept). ``curves``
     (the baseline's validation curves in words) is appended to the text, so a reader sees the evidence.
+
+    ``drift`` holds the compared rows' own movement (``a_name`` -> how far its validation curve moved over its
+    last doubling of steps, in the effect's unit): a row still improving could change a verdict as much as the
+    baseline could, so a decided verdict must also clear ``|drift[a_name]|`` (a row without a curve is not checked).
     Returns ``{"baseline", "plateaued", "change", "smallest_effect", "standing", "gated", "text"}``.
     """
     compared = [f for f in findings if f.get("claim_type")]
@@ -334,6 +365,9 @@ def plateau_gate(
     else:
         change = longer.mean - base.mean
         fails = [f for f in decided if clearance[id(f)] <= abs(change)]
+        moving = [
+            f for f in decided if f not in fails and abs((drift or {}).get(f.get("a_name")) or 0.0) >= clearance[id(f)]
+        ]
         text = (
             f"{baseline} at twice the steps: {longer.fmt(spec)} vs {base.fmt(spec)} {unit} (change {change:+.3g}); "
             + (
@@ -345,6 +379,16 @@ def plateau_gate(
         )
     for f in fails:
         gate(f, f"the baseline is not shown to plateau for it ({text})", "plateau")
+    for f in [] if change is None else moving:
+        d = drift[f["a_name"]]
+        gate(
+            f,
+            f"{f['a_name']} itself was still moving: {d:+.3g} {unit} over its last doubling of steps (validation "
+            f"curve), not less than the {clearance[id(f)]:.3g} {unit} by which its interval clears the boundary",
+            "plateau",
+        )
+    if change is not None and moving:
+        text += f"; {len(moving)} more do not stand because the compared row was still moving"
     # with nothing decided there is no bar to clear, so no plateau is shown (however small the change)
     ok = change is not None and bool(decided) and not fails
     if change is not None and not decided:
@@ -356,8 +400,8 @@ def plateau_gate(
         "plateaued": ok,
         "change": change,
         "smallest_effect": smallest,
-        "standing": len(decided) - (len(fails) if change is not None else len(decided)),
-        "gated": len(fails),
+        "standing": len(decided) - (len(fails) + len(moving) if change is not None else len(decided)),
+        "gated": len(fails) + (len(moving) if change is not None else 0),
         "text": text,
     }
 

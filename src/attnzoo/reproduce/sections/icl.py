@@ -515,9 +515,9 @@ def _ablation_text(fin: dict, zero: float) -> str:
                 else f"{factor}x the steps does not take AoT off the plateau"
             )
         )
-    for name, factor in _ONE_FACTOR.items():
+    for name, (factor, confound) in _ONE_FACTOR.items():
         if name in fin:
-            parts.append(_one_factor_text(name, factor, a, claims.stat(fin[name]), zero))
+            parts.append(_one_factor_text(name, factor, a, claims.stat(fin[name]), zero, confound))
     if "aot+softmax" in fin:
         parts.append(_untied_text(a, claims.stat(fin["aot+softmax"]), zero, all(n in fin for n in _ONE_FACTOR)))
     return "; ".join(parts)
@@ -525,33 +525,41 @@ def _ablation_text(fin: dict, zero: float) -> str:
 
 #: the one-factor ablations of AoT's attention: the factor each one removes
 _ONE_FACTOR = {
-    "aot-qnorm": "the query normalisation",
-    # untying is one factor of the attention's form, but it also triples the attention's projection parameters
-    "aot-untied": "the tied query/key/value projection (untied: 3x the attention's projection parameters)",
+    "aot-qnorm": ("the query normalisation", ""),
+    # untying also triples the attention's projection parameters: a second factor the row cannot separate
+    "aot-untied": (
+        "the tied query/key/value projection",
+        "untying also gives the attention 3x its projection parameters, so this row cannot tell the tying from "
+        "the parameter count",
+    ),
 }
 
 
-def _one_factor_text(name: str, factor: str, a: claims.Stat, q: claims.Stat, zero: float) -> str:
-    """A one-factor ablation of AoT's attention, against AoT, in words chosen from the numbers."""
+def _one_factor_text(name: str, factor: str, a: claims.Stat, q: claims.Stat, zero: float, confound: str = "") -> str:
+    """An ablation of AoT's attention, against AoT, in words chosen from the numbers; ``confound`` names a second
+    factor the row changes with it (then the row blames neither alone)."""
     learns, aot_learns = q.mean < 0.5 * zero, a.mean < 0.5 * zero
-    return (
-        f"ablation {name} (one factor: AoT without {factor}): error {q.fmt('.3f')} vs AoT's "
-        f"{a.fmt('.3f')} (zero predictor {zero:.3f}) — "
-        + (
-            f"without it the model learns in context, so {factor} keeps AoT on the plateau"
-            if learns and not aot_learns
-            else f"removing it does not take AoT off the plateau, so {factor} alone does not explain it"
-            if not learns and not aot_learns
-            else "AoT learns in context with and without it"
-            if learns
-            else "AoT learns with it but not without it"
-        )
+    what = f"AoT without {factor}; {confound}" if confound else f"one factor: AoT without {factor}"
+    blamed = f"{factor} or the smaller attention" if confound else factor
+    return f"ablation {name} ({what}): error {q.fmt('.3f')} vs AoT's {a.fmt('.3f')} (zero predictor {zero:.3f}) — " + (
+        f"without it the model learns in context, so {blamed} keeps AoT on the plateau"
+        + ("; this row does not say which" if confound else "")
+        if learns and not aot_learns
+        else f"removing it does not take AoT off the plateau, so {factor} alone does not explain it"
+        if not learns and not aot_learns
+        else "AoT learns in context with and without it"
+        if learns
+        else "AoT learns with it but not without it"
     )
 
 
 def _untied_text(a: claims.Stat, s: claims.Stat, zero: float, both_run: bool = False) -> str:
     learns = s.mean < 0.5 * zero
-    separated = " (aot-qnorm and aot-untied take each one alone)" if both_run else ""
+    separated = (
+        " (aot-qnorm takes the normalisation alone; aot-untied the tying, with 3x the projection parameters)"
+        if both_run
+        else ""
+    )
     return (
         f"ablation aot+softmax (the same attention-only model with softmax attention: this changes two factors, "
         f"separate q/k/v projections instead of MSSA's one shared projection and no query normalisation): error "

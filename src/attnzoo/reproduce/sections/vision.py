@@ -23,6 +23,7 @@ from attnzoo.reproduce.common import (
     curve_text,
     fmt,
     gate_untuned,
+    last_doubling_change,
     load_trained,
     mean_val_curve,
     num_params,
@@ -445,6 +446,9 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         return sec
     sec.findings = _findings(res)
     _gate_attention_needed(sec.findings)
+    for f in sec.findings:
+        if f["kind"] == "paper":
+            claims.margin_control_gate(f, _acc(res, CONTROL), CONTROL)
     sec.data["plateau"] = _plateaus(sec.findings, res, _plateau_rows(plan))
     lrs = plan.get("lr_sweep", [])
     table, untuned = sweep_table(
@@ -486,6 +490,7 @@ def _plateaus(findings: list[dict], res: dict, rows: dict[str, str]) -> dict:
             "%",
             ".1f",
             curves="; ".join(f"{n} {curve_text(res[n]['val_curve'], '.1f')}" for n in (b, rows.get(b)) if n in res),
+            drift={n: last_doubling_change(r["val_curve"]) for n, r in res.items()},
         )
         for b, fs in groups.items()
     }
