@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from attnzoo.reproduce import BUDGETS, SECTIONS, main, plan
+from attnzoo.reproduce.common import SWEEP_SEED_OFFSET
 from attnzoo.reproduce.sections import SECTION_MODULES
 from attnzoo.reproduce.sections import adapt_vision as av
 
@@ -31,11 +32,21 @@ def test_plan_of_every_budget(name, seeds):
     assert len(teacher) == 1 and teacher[0].config["train"]["model"] == "vit_s"
     rows = av.rows_of(b[av.KEY])
     assert set(rows) >= {"original", "cbsa", "cbsa-no-contraction", "linear", "tssa", "fastmax"}
-    tuned = [s for s in mine if s.id != av.TEACHER]
+    lrs = b[av.KEY].get("finetune_lr_sweep", [])
+    assert (len(lrs) >= 3) == (name in ("long",))  # long sweeps each row's fine-tuning rate
+    sweep = [s for s in mine if "/lr-sweep/" in s.id]
+    assert len(sweep) == len(rows) * len(lrs)
+    for s in sweep:
+        assert s.deps == (av.TEACHER,) and s.config["seed"] == 5 + SWEEP_SEED_OFFSET
+        assert s.config["finetune"]["lr"] in lrs
+    tuned = [s for s in mine if s.id != av.TEACHER and s not in sweep]
     assert len(tuned) == len(rows) * seeds
     for s in tuned:
-        assert s.deps == (av.TEACHER,)
-        assert s.config["finetune"] == b[av.KEY]["finetune"]  # every row fine-tunes for the same steps
+        row = s.id.split("/")[1]
+        assert s.deps == (av.TEACHER, *(f"{av.KEY}/{row}/lr-sweep/lr{lr:g}" for lr in lrs))
+        ft = dict(s.config["finetune"], lr=b[av.KEY]["finetune"]["lr"])
+        assert ft == b[av.KEY]["finetune"]  # every row fine-tunes for the same steps
+        assert s.config["finetune"]["lr"] == ("tuned" if lrs else b[av.KEY]["finetune"]["lr"])
         assert s.config["seed"] in range(5, 5 + seeds)
     by_row = {s.id.split("/")[1]: s.config for s in tuned}
     assert by_row["cbsa"]["mechanism"] == "cbsa-qkv" and by_row["cbsa-no-contraction"]["mechanism"] == "agent-qkv"
@@ -152,6 +163,40 @@ def test_verdicts_follow_the_welch_rule(tmp_path):
         if f.get("claim_type")
     }
     assert v[("cbsa", "linear")] == "disagrees" and v[("cbsa-no-contraction", "linear")] == "disagrees"
+
+
+def test_the_sweep_table_and_its_gate(tmp_path):
+    """With a fine-tuning rate sweep each row's comparisons are gated only if its best rate is not shown tuned:
+    linear's best on the top end of the grid (well beyond one seed std) gates the two claims against it."""
+    accs = {
+        "original": [0.801, 0.799, 0.800],
+        "cbsa": [0.700, 0.702, 0.698],
+        "cbsa-no-contraction": [0.75, 0.752, 0.748],
+        "linear": [0.71, 0.712, 0.708],
+        "tssa": [0.6, 0.61, 0.62],
+        "fastmax": [0.7, 0.71, 0.72],
+        av.SCRATCH: [0.3, 0.31, 0.29],
+    }
+    lrs = [1e-4, 3e-4, 1e-3]
+    recs = _records(accs)
+    for row in accs:
+        for lr, a in zip(lrs, [0.5, 0.7, 0.6] if row != "linear" else [0.5, 0.6, 0.7], strict=True):
+            recs[f"{av.KEY}/{row}/lr-sweep/lr{lr:g}"] = {"result": {"accuracy": a}}
+    p = dict(BUDGETS["default"][av.KEY], finetune_lr_sweep=lrs)
+    sec = av.summarize(recs, p, tmp_path, lambda x: str(x))
+    table = next(t for t in sec.tables if t.title.startswith("Learning-rate sweep"))
+    assert len(table.rows) == len(accs) and "**70**" in table.rows[0]
+    paper = [f for f in sec.findings if f["kind"] == "paper"]
+    assert len(paper) == 2 and all(f["b_name"] == "linear" and f["verdict"] == "inconclusive" for f in paper)
+    assert all("linear's best swept learning rate 0.001 is the highest" in f["gate"] for f in paper)
+    scratch = next(f for f in sec.findings if f.get("b_name") == av.SCRATCH)
+    assert scratch["verdict"] == "agrees" and "gate" not in scratch
+    # with linear's best inside the grid nothing is gated on tuning
+    for lr, a in zip(lrs, [0.5, 0.7, 0.6], strict=True):
+        recs[f"{av.KEY}/linear/lr-sweep/lr{lr:g}"] = {"result": {"accuracy": a}}
+    sec = av.summarize(recs, p, tmp_path, lambda x: str(x))
+    assert not any("not tuned" in f.get("gate_reasons", []) for f in sec.findings)
+    assert "each row at the best rate of its sweep over 0.0001, 0.0003, 0.001" in sec.intro
 
 
 def test_unplateaued_teacher_gates_the_paper_findings(tmp_path):

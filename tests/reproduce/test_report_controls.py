@@ -662,3 +662,43 @@ def test_a_compared_row_still_moving_does_not_let_its_verdict_stand():
     again = f([84.6, 84.9, 84.8], "csp_vit")
     plateau_gate([again], "vit", stat([86.0, 86.2, 85.9]), stat([86.1, 86.3, 86.0]), "%", drift={"csp_vit": None})
     assert again["verdict"] == "disagrees"
+
+
+def test_listops_control_check_and_margin_gate():
+    """long's ListOps runs the identity encoder: softmax's check against it, and Fastmax's 2.6-point margin gated
+    when the control is within it (an agreement that no attention would also reach)."""
+    from attnzoo.reproduce import budgets
+    from attnzoo.reproduce.claims import compare
+    from attnzoo.reproduce.sections import lra
+
+    assert lra.CONTROL in budgets.BUDGETS["long"]["long-range"]["mechanisms"]
+
+    def fastmax():
+        return compare(
+            [33.5, 33.9, 33.7],
+            [32.6, 33.0, 32.8],
+            claim_type="non-inferiority",
+            margin=2.6,
+            margin_source="FAST",
+            unit="pts",
+            paper="FAST Table 1",
+            claim="Fastmax keeps softmax's accuracy on listops",
+            paper_value="v",
+            a_name="fastmax",
+            b_name="softmax",
+        )
+
+    soft = stat([32.6, 33.0, 32.8])
+    for ctl, gated in (([31.0, 31.4, 31.2], True), ([20.0, 21.0, 20.5], False)):
+        f = fastmax()
+        found = [f]
+        res = {"softmax": {"listops": {"accuracy": soft}}, "identity": {"listops": {"accuracy": stat(ctl)}}}
+        lra._control_findings(found, res, ["listops"])
+        check = found[-1]
+        assert check["kind"] == "check" and check["b_name"] == "identity" and check["verdict"] == "agrees"
+        assert (f["verdict"] == "inconclusive" and f["gate_reasons"] == ["control"]) == gated
+        assert f["verdict"] == ("inconclusive" if gated else "agrees")
+    # without the control's runs nothing is added
+    found = [fastmax()]
+    lra._control_findings(found, {"softmax": {"listops": {"accuracy": soft}}}, ["listops"])
+    assert len(found) == 1

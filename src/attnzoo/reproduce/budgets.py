@@ -378,8 +378,9 @@ def _long() -> dict:
 def _long_listops(lra: dict) -> None:
     """`long`'s ListOps rows, grid and ablations (the `default` section it derives from, changed in place)."""
     # the encoder rows with an accuracy claim (TSSA, Fastmax, CSP) and CSP Table 4's MEGA pair: CBSA (no LRA claim)
-    # and dense MEGA (no finding) are left out to pay for language's longer runs
-    lra["mechanisms"] = ["softmax", "tssa", "fastmax", "csp", "mega_chunk", "mega_csp"]
+    # and dense MEGA (no finding) are left out to pay for language's longer runs; identity is the no-attention
+    # control (does ListOps need token mixing at this size, and does a claim's margin tell a mechanism from none?)
+    lra["mechanisms"] = ["softmax", "tssa", "fastmax", "csp", "mega_chunk", "mega_csp", "identity"]
     # MEGA's r = 128 at LRA's 1K-4K tokens is 8-32 chunks; at N <= 128 it would be one chunk, i.e. dense MEGA: r = 8
     # keeps ListOps' 2K / 128 = 16 chunks per sequence
     lra["mega_chunk_size"] = 8
@@ -431,6 +432,8 @@ def _adapt_vision() -> None:
         seeds=3,
         pretrain={"steps": 600, "batch_size": 64, "lr": 2e-3, "warmup_steps": 60},
         finetune={"steps": 80, "batch_size": 64, "lr": 5e-4, "warmup_steps": 8},
+        # each row's fine-tuning rate (the original included) from a sweep on its own seed, 3x apart around 5e-4
+        finetune_lr_sweep=[1.6e-4, 5e-4, 1.6e-3],
     )
     BUDGETS["full"]["adapt-vision"] = {
         "task": "fashion_mnist",

@@ -20,10 +20,13 @@ import numpy as np
 from attnzoo._io import read_json
 from attnzoo.reproduce import claims
 from attnzoo.reproduce.common import (
+    SWEEP_SEED_OFFSET,
     Context,
     Section,
     Table,
+    best_swept_lr,
     fmt,
+    gate_untuned,
     load_trained,
     num_params,
     per_seed,
@@ -31,6 +34,8 @@ from attnzoo.reproduce.common import (
     seed_list,
     seed_mean,
     seeded_id,
+    sweep_id,
+    sweep_table,
     train_run,
 )
 from attnzoo.reproduce.store import Step
@@ -86,21 +91,32 @@ def teacher_config(plan: dict, seed: int) -> dict:
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
+    """The pretraining, then per row its fine-tuning-rate sweep (``finetune_lr_sweep``, on the sweep's own seed) and
+    its seeds at the best swept rate (at the plan's one rate when nothing is swept)."""
     steps = [Step(TEACHER, KEY, {"train": teacher_config(plan, seed)}, _pretrain, label="teacher")]
+    lrs = list(plan.get("finetune_lr_sweep", []))
     for row in rows_of(plan):
-        for s in seed_list(plan, seed):
-            mech = ROWS["cbsa" if row == SCRATCH else row][0]
-            config = {
-                "teacher": steps[0].config,
-                "mechanism": mech,
-                "options": _options(plan, row),
-                "scratch": row == SCRATCH,
-                "swapped_eval_batches": plan.get("swapped_eval_batches", 4),
-                "finetune": dict(plan["finetune"]),
-                "seed": s,
-            }
-            sid = seeded_id(f"{KEY}/{row}", s)
+        mech = ROWS["cbsa" if row == SCRATCH else row][0]
+        base = {
+            "teacher": steps[0].config,
+            "mechanism": mech,
+            "options": _options(plan, row),
+            "scratch": row == SCRATCH,
+            "swapped_eval_batches": plan.get("swapped_eval_batches", 4),
+        }
+        sweep = {lr: sweep_id(f"{KEY}/{row}", lr) for lr in lrs}
+        for lr, sid in sweep.items():
+            config = dict(base, finetune=dict(plan["finetune"], lr=lr), seed=seed + SWEEP_SEED_OFFSET)
             steps.append(Step(sid, KEY, config, _finetune, deps=(TEACHER,), label=sid.split("/", 1)[1]))
+        for s in seed_list(plan, seed):
+            config = dict(base, finetune=dict(plan["finetune"]), seed=s)
+            if sweep:
+                config["finetune"]["lr"] = "tuned"
+                config["sweep"] = {"ids": {f"{lr:g}": i for lr, i in sweep.items()}, "metric": "accuracy"}
+                config["sweep"]["higher_is_better"] = True
+            sid = seeded_id(f"{KEY}/{row}", s)
+            deps = (TEACHER, *sweep.values())
+            steps.append(Step(sid, KEY, config, _finetune, deps=deps, label=sid.split("/", 1)[1]))
     return steps
 
 
@@ -160,7 +176,9 @@ def _finetune(ctx: Context, step: Step) -> dict:
         torch.manual_seed(cfg["seed"])  # an untrained ViT of the same shape, drawn from the row's seed
         teacher = build_task_model(from_dict({**tcfg, "device": ctx.device}), task)
     teacher.to(ctx.device)
-    ft = cfg["finetune"]
+    ft = dict(cfg["finetune"])
+    if ft["lr"] == "tuned":  # the row's best fine-tuning rate, read from its finished sweep
+        ft["lr"] = best_swept_lr(ctx, cfg["sweep"])
     n, bs = len(task.train), ft["batch_size"]
 
     # a step's time is the interval between the loop asking for its batch and for the next one: CPU time of this
@@ -212,6 +230,7 @@ def _finetune(ctx: Context, step: Step) -> dict:
         "ms_per_step": step_ms,
         "step_clock": "cpu" if cpu else "wall",
         "report": res.student.report,
+        "lr": ft["lr"],
     }
 
 
@@ -280,11 +299,25 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         + "; this is the teacher's plateau: the adapted rows are not run at twice their fine-tuning steps, so "
         "whether they would still gain is not measured"
     )
-    for f in paper:  # every fine-tune runs at the plan's one rate: rows not each at its own tuned rate
-        claims.gate(
-            f, "not tuned: every row fine-tunes at the plan's one learning rate (no sweep in this section)", "not tuned"
-        )
+    _tune(sec, records, plan, res)
     return sec
+
+
+def _tune(sec: Section, records: dict, plan: dict, res: dict) -> None:
+    """The fine-tuning-rate sweep as a table, and the comparisons of rows it does not show tuned gated."""
+    rows = [r for r in rows_of(plan) if r in res]
+    lrs = plan.get("finetune_lr_sweep", [])
+    paper = [f for f in sec.findings if f["kind"] == "paper"]
+    if not lrs:  # every fine-tune runs at the plan's one rate: rows not each at its own tuned rate
+        gate_untuned(paper, {r: f"no fine-tuning rate sweep at this budget ({r})" for r in rows})
+        return
+    noise = {r: res[r]["accuracy"].std for r in rows}
+    table, untuned = sweep_table(
+        records, rows, KEY, lrs, None, "accuracy", True, 100.0, "fine-tuning, validation accuracy %", noise=noise
+    )
+    if table is not None:
+        sec.tables.append(table)
+    gate_untuned(paper, untuned)
 
 
 def _acc(res: dict, row: str):
@@ -360,7 +393,13 @@ def _intro(plan: dict) -> str:
         f"{arch['patch_size']}) is pretrained on `{plan['task']}` for {pre['steps']} steps of batch "
         f"{pre['batch_size']} (lr {pre['lr']}). Each row swaps its attention (reusing the pretrained projections "
         f"the mechanism has; see the table) and fine-tunes every weight for {ft['steps']} steps of batch "
-        f"{ft['batch_size']} with AdamW (lr {ft['lr']}), no attention-transfer stage, as CBSA Fig. 9 fine-tunes the "
+        f"{ft['batch_size']} with AdamW ("
+        + (
+            f"each row at the best rate of its sweep over {', '.join(f'{x:g}' for x in plan['finetune_lr_sweep'])}"
+            if plan.get("finetune_lr_sweep")
+            else f"lr {ft['lr']}"
+        )
+        + f"), no attention-transfer stage, as CBSA Fig. 9 fine-tunes the "
         f"adapted ViTs and the original alike; {n} seed{'s' if n > 1 else ''} per row. CBSA here keeps the "
         f"three pretrained q/k/v projections as Fig. 9 does (attnzoo's CBSA layer has one shared projection U, "
         f"eq 8); its representatives are {tuple(plan['rep_grid'])}-pooled queries. Paper: ImageNet-21k ViTs "

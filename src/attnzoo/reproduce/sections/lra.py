@@ -63,7 +63,10 @@ MECHANISMS: dict[str, dict] = {
     "mega": {},
     "mega_chunk": {},
     "mega_csp": {},
+    # the no-attention control: the same encoder with the identity token mixer (each token sees only itself)
+    "identity": {},
 }
+CONTROL = "identity"
 
 #: MEGA rows -> the registered MEGA LRA model they resize (EMA + single-head gated attention; the three differ only in
 #: the attention: dense, chunks of r = zoo.MEGA_CHUNK, or CSP as CSP Table 7 configures it)
@@ -333,6 +336,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         res, mechs, tasks, lengths, learned, ablations, plan["arch"]["dim"] // plan["arch"]["heads"], majority
     )
     _gate_dense_chunks(sec.findings, records, tasks, lengths)
+    _control_findings(sec.findings, res, learned)
     _curves(sec, res, mechs, tasks, ablations, plots_dir, rel)
     eq_table, eq = equal_time(res, mechs, learned, ablations, plan)
     if eq_table is not None:
@@ -641,7 +645,7 @@ def equal_time(
         wall = base_steps / soft["steps_per_s"]
         for m in mechs:
             # the MEGA rows are compared among themselves (CSP Table 4's second group), not with softmax
-            if m == "softmax" or m in MEGA_ROWS or t not in res[m] or not res[m][t].get("steps_per_s"):
+            if m in ("softmax", CONTROL) or m in MEGA_ROWS or t not in res[m] or not res[m][t].get("steps_per_s"):
                 continue
             affordable = wall * res[m][t]["steps_per_s"]
             runs = [(base_steps, res[m][t])] + [
@@ -859,6 +863,34 @@ def failure_reading(m: str, acc: claims.Stat, base_acc: claims.Stat, majority: f
         f"{len(ok)} that trained average {np.mean(ok):.1f}% against {base}'s {base_acc.mean:.1f}%, a gap of "
         f"{base_acc.mean - np.mean(ok):+.1f} pts (descriptive, {len(ok)} seed{'s' if len(ok) > 1 else ''})"
     )
+
+
+def _control_findings(findings: list[dict], res: dict, learned: list[str]) -> None:
+    """With the no-attention control run: per learned task, the check that softmax beats it, and each accuracy claim
+    whose margin the control meets is gated (:func:`claims.margin_control_gate`)."""
+    for t in learned:
+        ctl = res.get(CONTROL, {}).get(t)
+        soft = res.get("softmax", {}).get(t)
+        if not ctl or not soft:
+            continue
+        findings.append(
+            claims.compare(
+                soft["accuracy"],
+                ctl["accuracy"],
+                claim_type="superiority",
+                unit="pts",
+                paper="all five papers",
+                claim=f"attention helps: softmax beats its no-attention control (identity token mixer) on {t}",
+                paper_value="implicit in every paper: a token mixer is needed",
+                a_name="softmax",
+                b_name=CONTROL,
+                kind="check",
+                spec=".1f",
+            )
+        )
+        for f in findings:
+            if f["kind"] == "paper" and f["claim"].endswith(f" on {t}") and f.get("b_name") == "softmax":
+                claims.margin_control_gate(f, ctl["accuracy"], f"{CONTROL} on {t}")
 
 
 def _learned(res, tasks, majority, row: str = "softmax") -> list[str]:
