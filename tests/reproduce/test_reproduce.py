@@ -639,6 +639,22 @@ def test_reuse_imports_only_steps_whose_config_is_unchanged(tmp_path):
         import_results(tmp_path / "missing.json", [same], StepStore(tmp_path / "x"))
 
 
+def test_reuse_of_a_directory_brings_the_run_files_a_later_step_loads(tmp_path):
+    """A pretrained model imported by --reuse is loaded by the steps that depend on it: its run directory comes with
+    its record (and is covered by the record's hashes)."""
+    from attnzoo.reproduce.runner import import_results
+
+    old = StepStore(tmp_path / "old")
+    teacher = Step("sec/teacher", "sec", {"x": 1}, lambda ctx, step: {})
+    (old.run_dir(teacher.id) / "model").mkdir(parents=True)
+    (old.run_dir(teacher.id) / "model" / "weights.bin").write_bytes(b"\x01\x02")
+    old.save(teacher, {"accuracy": 0.8}, 1.0, 0.0)
+    new = StepStore(tmp_path / "new")
+    assert import_results(tmp_path / "old", [teacher], new) == 1
+    assert (new.run_dir(teacher.id) / "model" / "weights.bin").read_bytes() == b"\x01\x02"
+    assert new.load(teacher)["result"] == {"accuracy": 0.8}
+
+
 @pytest.mark.slow
 def test_report_only_writes_a_report_from_stored_steps_and_lists_the_missing(smoke, tmp_path):
     out = tmp_path / "partial"

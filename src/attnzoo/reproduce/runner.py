@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import platform
+import shutil
 import sys
 import time
 import traceback
@@ -276,6 +277,10 @@ def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore)
             continue
         if config_hash(rec.get("config", {})) != step.hash or "result" not in rec:
             continue
+        # a step's run directory (checkpoints a later step loads, e.g. a pretrained model) comes with its record
+        runs = path / "runs" / step.id if path.is_dir() else None
+        if runs is not None and runs.is_dir() and not store.run_dir(step.id).exists():
+            shutil.copytree(runs, store.run_dir(step.id))
         store.save(step, rec["result"], float(rec.get("wall_s", 0.0)), time.time())
         n += 1
     return n
