@@ -14,28 +14,32 @@ abs=$(cd "$src" && pwd)
 # paths of this machine become DIR (the run's --out) so the committed files name no local directory
 sed -E -e "s#$abs#DIR#g" -e 's#"/[^"]*/(runs/[^"]*)"#"DIR/\1"#g' "$src/results.json" > docs/results/results.json
 sed -e "s#$abs#DIR#g" "$src/configs.md" > docs/results/configs.md
-# compact JSON without the per-step training-loss curves, and the results' and sections' floats to 5 significant
-# digits (the repository keeps files under 600 KiB; the run's own results.json keeps every digit and curve); the
+# compact JSON without the per-step training-loss curves (nor run_dir when it is DIR/runs/<step id>), the steps' results to 4 significant digits and the
+# sections' floats (the findings' statistics) to 5 (the repository keeps files under 600 KiB; the run's own results.json keeps every digit and curve); the
 # steps' configurations as written, so their hashes still match for --reuse
 python3 - docs/results/results.json <<'PYEOF'
 import json, sys
 
 
-def rounded(x):
+def rounded(x, digits=5):
     if isinstance(x, float):
-        return float(f"{x:.5g}")
+        return float(f"{x:.{digits}g}")
     if isinstance(x, list):
-        return [rounded(v) for v in x]
+        return [rounded(v, digits) for v in x]
     if isinstance(x, dict):
-        return {k: rounded(v) for k, v in x.items()}
+        return {k: rounded(v, digits) for k, v in x.items()}
     return x
 
 
 p = sys.argv[1]
 d = json.load(open(p))
-for rec in d["steps"].values():
+for sid, rec in d["steps"].items():
     rec["result"].pop("curve", None)
-    rec["result"] = rounded(rec["result"])
+    if rec["result"].get("run_dir") == f"DIR/runs/{sid}":  # always the run's --out, runs/, the step's id
+        del rec["result"]["run_dir"]
+    rec["result"] = rounded(rec["result"], 4)
+    if "points" in rec["result"]:  # a probe's scatter coordinates, drawn in its plot: 3 digits are plenty
+        rec["result"]["points"] = rounded(rec["result"]["points"], 3)
 d["sections"] = rounded(d["sections"])
 open(p, "w").write(json.dumps(d, separators=(",", ":")) + "\n")
 PYEOF

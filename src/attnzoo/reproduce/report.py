@@ -113,9 +113,11 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
         "learning-rate sweep (run on a seed that is not reported; each sweep table says when its runs are shorter "
         "than the reported ones). A decided verdict is made inconclusive, with the numbers-alone verdict given in "
         "brackets, when a precondition fails: a row is not tuned (no sweep, an incomplete one, or a best rate on an "
-        "end of its grid), the verdict would not survive the baseline training longer (its interval clears the "
-        "boundary by less than the baseline moves at twice the steps), a compared row did not learn the task, the "
-        "paper's conditions are not met (sizes, the task, the configuration), or a control shows the same effect.",
+        "end of its grid), the verdict would not survive more training (its interval clears the boundary by less "
+        "than the baseline moves at twice the steps, or than the compared row moved over its last doubling of "
+        "steps), a compared row did not learn the task, the paper's conditions are not met (sizes, the task, the "
+        "configuration), or a control shows the same effect (an untrained model's layers; a model without attention "
+        "inside the claim's margin).",
         "",
     ]
     lines += _gate_lines([f for _, f in paper], counts) + _scale_lines(secs)
