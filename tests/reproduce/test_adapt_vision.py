@@ -153,7 +153,10 @@ def test_verdicts_follow_the_welch_rule(tmp_path):
         "cbsa-no-contraction vs linear": "agrees",
         f"cbsa vs {av.SCRATCH}": "agrees",
     }
-    assert sec.data["plateau"]["plateaued"]
+    assert sec.data["plateau"]["teacher"]["plateaued"]
+    # linear (the claims' baseline) has no run at twice its fine-tuning steps: its plateau is not shown
+    assert not sec.data["plateau"]["linear"]["plateaued"]
+    assert all("plateau" in f["gate_reasons"] for f in sec.findings if f["kind"] == "paper")
     # CBSA 3 pts under linear (beyond the margin) and Agent Attention under linear: both disagree
     accs["cbsa"] = [0.68, 0.682, 0.678]
     accs["cbsa-no-contraction"] = [0.69, 0.692, 0.688]
@@ -208,7 +211,7 @@ def test_unplateaued_teacher_gates_the_paper_findings(tmp_path):
         av.SCRATCH: [0.3, 0.31, 0.29],
     }
     sec = _summary(tmp_path, accs)
-    assert not sec.data["plateau"]["plateaued"]
+    assert not sec.data["plateau"]["teacher"]["plateaued"]
     paper = [f for f in sec.findings if f["kind"] == "paper"]
     assert all(f["verdict"] == "inconclusive" and f["ungated_verdict"] == "agrees" for f in paper)
     assert next(f for f in sec.findings if f["kind"] == "check")["verdict"] == "agrees"

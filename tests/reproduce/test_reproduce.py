@@ -235,7 +235,8 @@ def test_every_budget_plans_valid_runs(budget):
             assert cfg.seed >= 3 + b[s.section].get("seeds", 1) and s.id.endswith(f"/extra-seed{cfg.seed}")
         elif "/lr-sweep/" in s.id:  # a learning-rate sweep: a seed of its own, apart from the reported ones
             assert cfg.seed == 3 + SWEEP_SEED_OFFSET and s.id.endswith(f"/lr{cfg.lr:g}")
-            assert cfg.lr in b[s.section]["lr_sweep"]
+            extra = [x for rates in b[s.section].get("lr_sweep_extra", {}).values() for x in rates]
+            assert cfg.lr in b[s.section]["lr_sweep"] + extra
         else:
             assert cfg.seed == 3
         get_config(cfg.model, **cfg.resolved_model_options())  # raises on an invalid architecture
@@ -634,6 +635,7 @@ def test_reuse_imports_only_steps_whose_config_is_unchanged(tmp_path):
         assert import_results(src, [same, changed_now, new_step], new) == 1
         rec = new.load(same)
         assert rec["result"] == {"y": 1} and rec["wall_s"] == 2.5
+        assert rec["imported_from"] == ("old" if src.is_dir() else tmp_path.name)  # a name, not a local path
         assert new.load(changed_now) is None and new.load(new_step) is None
     with pytest.raises(ReproduceError, match="not a readable results.json"):
         import_results(tmp_path / "missing.json", [same], StepStore(tmp_path / "x"))
@@ -700,3 +702,17 @@ def test_vision_reports_every_claim_whose_rows_ran():
     res = {r: {"accuracy": stat([70.0 + i, 71.0 + i, 70.5 + i]), "extra_seeds": 0} for i, r in enumerate(rows)}
     claimed = {f["claim"] for f in vision._findings(res) if f["kind"] == "paper"}
     assert {c[7] for c in vision.CLAIMS} <= claimed
+
+
+def test_the_provenance_names_the_imported_steps():
+    from attnzoo.reproduce.report import _imported_text
+
+    recs = {
+        "icl/a": {"section": "icl", "imported_from": "long16"},
+        "icl/b": {"section": "icl", "imported_from": "long16"},
+        "vision/a": {"section": "vision"},
+    }
+    text = _imported_text(recs)
+    assert "1 of 3 steps were measured in this run; 2 were imported unchanged" in text
+    assert "`long16` (icl 2)" in text
+    assert _imported_text({"vision/a": {"section": "vision"}}) == "every step was measured in this run. "

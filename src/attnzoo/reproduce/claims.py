@@ -334,7 +334,6 @@ def plateau_gate(
     unit: str,
     spec: str = ".3g",
     curves: str = "",
-    drift: dict[str, float | None] | None = None,
 ) -> dict:
     """The plateau evidence of a section's baseline, applied to the section's trained comparisons.
 
@@ -347,10 +346,6 @@ def plateau_gate(
     any other gate. Verdicts that do not stand, and all of them when there is no run at
     twice the steps, are made ``inconclusive`` with :func:`gate` (the numbers-alone verdict is kept). ``curves``
     (the baseline's validation curves in words) is appended to the text, so a reader sees the evidence.
-
-    ``drift`` holds the compared rows' own movement (``a_name`` -> how far its validation curve moved over its
-    last doubling of steps, in the effect's unit): a row still improving could change a verdict as much as the
-    baseline could, so a decided verdict must also clear ``|drift[a_name]|`` (a row without a curve is not checked).
     Returns ``{"baseline", "plateaued", "change", "smallest_effect", "standing", "gated", "text"}``.
     """
     compared = [f for f in findings if f.get("claim_type")]
@@ -365,9 +360,6 @@ def plateau_gate(
     else:
         change = longer.mean - base.mean
         fails = [f for f in decided if clearance[id(f)] <= abs(change)]
-        moving = [
-            f for f in decided if f not in fails and abs((drift or {}).get(f.get("a_name")) or 0.0) >= clearance[id(f)]
-        ]
         text = (
             f"{baseline} at twice the steps: {longer.fmt(spec)} vs {base.fmt(spec)} {unit} (change {change:+.3g}); "
             + (
@@ -379,16 +371,6 @@ def plateau_gate(
         )
     for f in fails:
         gate(f, f"the baseline is not shown to plateau for it ({text})", "plateau")
-    for f in [] if change is None else moving:
-        d = drift[f["a_name"]]
-        gate(
-            f,
-            f"{f['a_name']} itself was still moving: {d:+.3g} {unit} over its last doubling of steps (validation "
-            f"curve), not less than the {clearance[id(f)]:.3g} {unit} by which its interval clears the boundary",
-            "plateau",
-        )
-    if change is not None and moving:
-        text += f"; {len(moving)} more do not stand because the compared row was still moving"
     # with nothing decided there is no bar to clear, so no plateau is shown (however small the change)
     ok = change is not None and bool(decided) and not fails
     if change is not None and not decided:
@@ -400,8 +382,8 @@ def plateau_gate(
         "plateaued": ok,
         "change": change,
         "smallest_effect": smallest,
-        "standing": len(decided) - (len(fails) + len(moving) if change is not None else len(decided)),
-        "gated": len(fails) + (len(moving) if change is not None else 0),
+        "standing": len(decided) - (len(fails) if change is not None else len(decided)),
+        "gated": len(fails),
         "text": text,
     }
 

@@ -546,20 +546,6 @@ def mean_val_curve(results: Sequence[dict], metric: str, scale: float = 1.0) -> 
     return [[s, scale * float(np.mean([c[s] for c in curves]))] for s in steps]
 
 
-def last_doubling_change(curve: Sequence[Sequence[float]]) -> float | None:
-    """How far a validation curve (``[[step, value], ...]``) moved over the run's last doubling of steps: its last
-    value minus its value at the logged step nearest half the last one. ``None`` when no logged step lies at or
-    below three quarters of the last (the curve does not cover a doubling)."""
-    if len(curve) < 2:
-        return None
-    end_step, end = curve[-1]
-    earlier = [(s, v) for s, v in curve[:-1] if s <= 0.75 * end_step]
-    if not earlier:
-        return None
-    _, half = min(earlier, key=lambda p: abs(p[0] - end_step / 2))
-    return float(end - half)
-
-
 def curve_text(curve: Sequence[Sequence[float]], spec: str = ".3g") -> str:
     """A learning curve in words: ``step 50: 41.2, step 100: 55.0, ...`` (``no validation curve`` when empty)."""
     if not curve:

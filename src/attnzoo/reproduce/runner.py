@@ -281,7 +281,9 @@ def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore)
         runs = path / "runs" / step.id if path.is_dir() else None
         if runs is not None and runs.is_dir() and not store.run_dir(step.id).exists():
             shutil.copytree(runs, store.run_dir(step.id))
-        store.save(step, rec["result"], float(rec.get("wall_s", 0.0)), time.time())
+        # the source's name only (a local path would leak into a published report); kept through re-imports
+        origin = rec.get("imported_from") or (path.resolve() if path.is_dir() else path.resolve().parent).name
+        store.save(step, rec["result"], float(rec.get("wall_s", 0.0)), time.time(), imported_from=origin)
         n += 1
     return n
 

@@ -152,9 +152,10 @@ class StepStore:
             )
         return rec
 
-    def save(self, step: Step, result: dict, wall_s: float, started: float) -> dict:
+    def save(self, step: Step, result: dict, wall_s: float, started: float, imported_from: str | None = None) -> dict:
         """Store ``result`` of ``step`` (with the SHA-256 of the record and of its run's files); a failed write is a
-        :class:`~attnzoo._io.WriteError` naming the step and the file."""
+        :class:`~attnzoo._io.WriteError` naming the step and the file. ``imported_from`` names the earlier run a
+        record was taken from (``--reuse``): its figures were measured there, and the report says so."""
         rec = {
             "id": step.id,
             "section": step.section,
@@ -166,6 +167,8 @@ class StepStore:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
+        if imported_from:
+            rec["imported_from"] = imported_from
         files = {}
         for name in RUN_FILES_CHECKED:
             f = self.run_dir(step.id) / name

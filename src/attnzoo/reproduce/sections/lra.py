@@ -20,7 +20,6 @@ from attnzoo.reproduce.common import (
     curve_text,
     fmt,
     gate_untuned,
-    last_doubling_change,
     mean_val_curve,
     per_seed,
     plot_val_curves,
@@ -595,9 +594,8 @@ def _plateau(findings: list[dict], res: dict, learned: list[str], ablations: dic
         curves = f"softmax {curve_text(res['softmax'][t]['val_curve'], '.1f')}" + (
             f"; softmax at twice the steps {curve_text(longer_curve, '.1f')}" if longer_curve is not None else ""
         )
-        drift = {m: last_doubling_change(r[t]["val_curve"]) for m, r in res.items() if t in r}
         out[t] = claims.plateau_gate(
-            own, f"softmax on {t}", res["softmax"][t]["accuracy"], longer, "%", ".1f", curves=curves, drift=drift
+            own, f"softmax on {t}", res["softmax"][t]["accuracy"], longer, "%", ".1f", curves=curves
         )
     return out
 

@@ -23,7 +23,6 @@ from attnzoo.reproduce.common import (
     curve_text,
     fmt,
     gate_untuned,
-    last_doubling_change,
     load_trained,
     mean_val_curve,
     num_params,
@@ -490,7 +489,6 @@ def _plateaus(findings: list[dict], res: dict, rows: dict[str, str]) -> dict:
             "%",
             ".1f",
             curves="; ".join(f"{n} {curve_text(res[n]['val_curve'], '.1f')}" for n in (b, rows.get(b)) if n in res),
-            drift={n: last_doubling_change(r["val_curve"]) for n, r in res.items()},
         )
         for b, fs in groups.items()
     }
