@@ -544,25 +544,22 @@ def test_language_sizes_unlike_the_papers_are_gated():
     assert hybrid["gate_reasons"] == ["conditions"] and "0.44x here against 1.26x in the paper" in hybrid["gate"]
 
 
+def _cmp(a, b, a_name, b_name, margin=0.0, **kw):
+    """A finding of made-up values: non-inferiority with ``margin`` > 0, else superiority; points unless told."""
+    from attnzoo.reproduce.claims import compare
+
+    kind = {"claim_type": "non-inferiority", "margin_source": "paper"} if margin else {"claim_type": "superiority"}
+    kw = {"unit": "pts", "paper": "p", "claim": "c", "paper_value": "v", **kind, **kw}
+    return compare(a, b, margin=margin, a_name=a_name, b_name=b_name, **kw)
+
+
 def test_a_margin_that_admits_no_attention_gates_the_claim():
     """AoT's 11-point margin (AoT Table 2) on a task where a model without attention is 3 points behind CRATE: the
     "agrees" cannot tell AoT from no attention, so it is gated on the control; a narrow margin is not."""
-    from attnzoo.reproduce.claims import compare, margin_control_gate
+    from attnzoo.reproduce.claims import margin_control_gate
 
     def f(margin):
-        return compare(
-            [84.0, 84.5, 84.2],
-            [86.0, 86.2, 85.9],
-            claim_type="non-inferiority",
-            margin=margin,
-            margin_source="paper",
-            unit="pts",
-            paper="p",
-            claim="c",
-            paper_value="v",
-            a_name="aot",
-            b_name="crate",
-        )
+        return _cmp([84.0, 84.5, 84.2], [86.0, 86.2, 85.9], "aot", "crate", margin)
 
     wide = margin_control_gate(f(11.0), [83.0, 82.8, 83.1], "vit+identity")
     assert wide["verdict"] == "inconclusive" and wide["ungated_verdict"] == "agrees"
@@ -573,51 +570,16 @@ def test_a_margin_that_admits_no_attention_gates_the_claim():
 
     # lower is better (losses): the control's loss 30% above GPT's is outside a 12.7% margin, inside a 40% one
     def loss(margin):
-        return compare(
-            [1.9, 1.92, 1.91],
-            [1.80, 1.81, 1.82],
-            claim_type="non-inferiority",
-            margin=margin,
-            margin_source="paper",
-            relative=True,
-            lower_is_better=True,
-            unit="nats",
-            paper="p",
-            claim="c",
-            paper_value="v",
-            a_name="tost",
-            b_name="gpt",
-        )
+        kw = {"relative": True, "lower_is_better": True, "unit": "nats"}
+        return _cmp([1.9, 1.92, 1.91], [1.80, 1.81, 1.82], "tost", "gpt", margin, **kw)
 
     assert "gate" not in margin_control_gate(loss(0.127), [2.35, 2.36, 2.34], "gpt+identity")
     assert margin_control_gate(loss(0.40), [2.35, 2.36, 2.34], "gpt+identity")["gate_reasons"] == ["control"]
     # a disagreement stays: the mechanism is worse than a margin no attention meets
-    bad = compare(
-        [70.0, 70.5, 70.2],
-        [86.0, 86.2, 85.9],
-        claim_type="non-inferiority",
-        margin=11.0,
-        margin_source="paper",
-        unit="pts",
-        paper="p",
-        claim="c",
-        paper_value="v",
-        a_name="aot",
-        b_name="crate",
-    )
+    bad = _cmp([70.0, 70.5, 70.2], [86.0, 86.2, 85.9], "aot", "crate", 11.0)
     assert margin_control_gate(bad, [83.0, 82.8, 83.1], "vit+identity")["verdict"] == "disagrees"
     # superiority claims have no margin to admit anything
-    sup = compare(
-        [87.0, 87.5, 87.2],
-        [86.0, 86.2, 85.9],
-        claim_type="superiority",
-        unit="pts",
-        paper="p",
-        claim="c",
-        paper_value="v",
-        a_name="cbt",
-        b_name="crate",
-    )
+    sup = _cmp([87.0, 87.5, 87.2], [86.0, 86.2, 85.9], "cbt", "crate")
     assert "control_effect" not in margin_control_gate(sup, [83.0, 82.8, 83.1], "vit+identity")
 
 
@@ -632,25 +594,13 @@ def test_listops_control_check_and_margin_gate():
     """long's ListOps runs the identity encoder: softmax's check against it, and Fastmax's 2.6-point margin gated
     when the control is within it (an agreement that no attention would also reach)."""
     from attnzoo.reproduce import budgets
-    from attnzoo.reproduce.claims import compare
     from attnzoo.reproduce.sections import lra
 
     assert lra.CONTROL in budgets.BUDGETS["long"]["long-range"]["mechanisms"]
 
     def fastmax():
-        return compare(
-            [33.5, 33.9, 33.7],
-            [32.6, 33.0, 32.8],
-            claim_type="non-inferiority",
-            margin=2.6,
-            margin_source="FAST",
-            unit="pts",
-            paper="FAST Table 1",
-            claim="Fastmax keeps softmax's accuracy on listops",
-            paper_value="v",
-            a_name="fastmax",
-            b_name="softmax",
-        )
+        claim = "Fastmax keeps softmax's accuracy on listops"
+        return _cmp([33.5, 33.9, 33.7], [32.6, 33.0, 32.8], "fastmax", "softmax", 2.6, claim=claim)
 
     soft = stat([32.6, 33.0, 32.8])
     for ctl, gated in (([31.0, 31.4, 31.2], True), ([20.0, 21.0, 20.5], False)):

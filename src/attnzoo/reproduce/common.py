@@ -284,13 +284,22 @@ def train_run(ctx: Context, step_id: str, cfg: dict, sweep: dict | None = None) 
     return _train_record(run_dir, result.final_metrics, tcfg.lr)
 
 
-def tuned(step_config: dict, prefix: str, row: str, lrs: Sequence[float], metric: str, higher_is_better: bool) -> dict:
-    """``step_config`` (``{"train": ...}``) made to train at the best rate of row ``row``'s sweep (ids
-    :func:`sweep_id` under ``prefix``), chosen when the step runs: its ``lr`` becomes ``"tuned"`` and ``sweep`` says
-    where to read the rate. Returns the config and leaves the argument unchanged; pass :func:`sweep_deps` as deps."""
+def tuned(
+    step_config: dict,
+    prefix: str,
+    row: str,
+    lrs: Sequence[float],
+    metric: str,
+    higher_is_better: bool,
+    settings: str = "train",
+) -> dict:
+    """``step_config`` (``{settings: ...}``, ``"train"`` by default) made to train at the best rate of row ``row``'s
+    sweep (ids :func:`sweep_id` under ``prefix``), chosen when the step runs: its ``lr`` becomes ``"tuned"`` and
+    ``sweep`` says where to read the rate. Returns the config and leaves the argument unchanged; pass
+    :func:`sweep_deps` as deps."""
     if not lrs:
         return step_config
-    out = dict(step_config, train=dict(step_config["train"], lr="tuned"))
+    out = dict(step_config, **{settings: dict(step_config[settings], lr="tuned")})
     out["sweep"] = {
         "ids": {f"{lr:g}": sweep_id(f"{prefix}/{row}", lr) for lr in lrs},
         "metric": metric,

@@ -34,9 +34,11 @@ from attnzoo.reproduce.common import (
     seed_list,
     seed_mean,
     seeded_id,
+    sweep_deps,
     sweep_id,
     sweep_table,
     train_run,
+    tuned,
 )
 from attnzoo.reproduce.store import Step
 
@@ -104,18 +106,15 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             "scratch": row == SCRATCH,
             "swapped_eval_batches": plan.get("swapped_eval_batches", 4),
         }
-        sweep = {lr: sweep_id(f"{KEY}/{row}", lr) for lr in lrs}
-        for lr, sid in sweep.items():
+        for lr in lrs:
+            sid = sweep_id(f"{KEY}/{row}", lr)
             config = dict(base, finetune=dict(plan["finetune"], lr=lr), seed=seed + SWEEP_SEED_OFFSET)
             steps.append(Step(sid, KEY, config, _finetune, deps=(TEACHER,), label=sid.split("/", 1)[1]))
         for s in seed_list(plan, seed):
             config = dict(base, finetune=dict(plan["finetune"]), seed=s)
-            if sweep:
-                config["finetune"]["lr"] = "tuned"
-                config["sweep"] = {"ids": {f"{lr:g}": i for lr, i in sweep.items()}, "metric": "accuracy"}
-                config["sweep"]["higher_is_better"] = True
+            config = tuned(config, KEY, row, lrs, "accuracy", True, settings="finetune")
             sid = seeded_id(f"{KEY}/{row}", s)
-            deps = (TEACHER, *sweep.values())
+            deps = (TEACHER, *sweep_deps(config))
             steps.append(Step(sid, KEY, config, _finetune, deps=deps, label=sid.split("/", 1)[1]))
     return steps
 
