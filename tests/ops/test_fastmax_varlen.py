@@ -175,8 +175,12 @@ def test_packed_row_slices_and_masked_sweeps_agree_with_alone(monkeypatch, backe
     varlen = importlib.import_module("attnzoo.ops.fastmax.varlen")
     monkeypatch.setattr(varlen, "_SLICED_MAX", sliced_max)
     calls = []
-    sliced = varlen._sliced
-    monkeypatch.setattr(varlen, "_sliced", lambda *a, **k: calls.append(1) or sliced(*a, **k))
+    # the slices run through run_runs (standardisation included), from the op or from masked_sweeps' _sliced
+    fastmax_mod = importlib.import_module("attnzoo.ops.fastmax")
+    sliced = fastmax_mod.run_runs
+    monkeypatch.setattr(fastmax_mod, "run_runs", lambda *a, **k: calls.append(1) or sliced(*a, **k))
+    sliced_sweeps = varlen._sliced
+    monkeypatch.setattr(varlen, "_sliced", lambda *a, **k: calls.append(1) or sliced_sweeps(*a, **k))
     assert_equal_to_alone(_call(backend, p, causal), _seqs(LENGTHS), AXES, mode="packed")
     assert bool(calls) == (sliced_max >= len(LENGTHS))
 

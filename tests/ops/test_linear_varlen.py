@@ -108,8 +108,10 @@ def test_packed_slices_and_segment_sums_agree_with_alone(monkeypatch, causal, sl
 
     monkeypatch.setattr(chunk, "_SLICED_MAX", sliced_max)
     calls = []
-    sliced = chunk._sliced_noncausal
-    monkeypatch.setattr(chunk, "_sliced_noncausal", lambda *a: calls.append(1) or sliced(*a))
+    # the slice per sequence: run_runs in inference (feature map included), _sliced_noncausal under autograd
+    sliced, sliced_grad = chunk.run_runs, chunk._sliced_noncausal
+    monkeypatch.setattr(chunk, "run_runs", lambda *a: calls.append(1) or sliced(*a))
+    monkeypatch.setattr(chunk, "_sliced_noncausal", lambda *a: calls.append(1) or sliced_grad(*a))
 
     def call(**kw):
         return linear_attention(**kw, causal=causal, chunk_size=3, backend="torch")

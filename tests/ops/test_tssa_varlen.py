@@ -198,3 +198,79 @@ def test_cpu_non_causal_finds_nan_in_real_tokens_only(mode):
     w[0, 1, 2, 0] = float("inf")
     with pytest.raises(NonFiniteError, match="w"):
         tssa(w, torch.ones(2, dtype=torch.float64), backend="cpu", **kw)
+
+
+def _random_masks(g: torch.Generator) -> list[torch.Tensor]:
+    """Left/right padding, holes, single real tokens, empty and full rows, lengths across several 512-token tasks."""
+    masks = [
+        torch.tensor([[0, 1, 1, 0, 0, 1, 1, 1, 0], [0] * 9, [1] * 9, [0, 0, 0, 0, 1, 0, 0, 0, 0]], dtype=torch.bool),
+        torch.ones(1, 1, dtype=torch.bool),
+    ]
+    for n in (1, 511, 512, 513, 1300, 2100):
+        for p_real in (0.5, 0.97):
+            holed = torch.rand(3, n, generator=g) < p_real
+            lengths = torch.randint(0, n + 1, (3,), generator=g)
+            left = torch.arange(n)[None, :] >= n - lengths[:, None]
+            right = torch.arange(n)[None, :] < lengths[:, None]
+            masks.append(torch.cat([holed, left, right]))
+    return masks
+
+
+def _random_offsets(g: torch.Generator) -> list[list[int]]:
+    out = [[1], [512], [513, 1, 511], [1, 1, 1], [1024, 1535, 7]]
+    for _ in range(6):
+        lengths = torch.randint(1, 1400, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist()
+        out.append(lengths)
+    return out
+
+
+def test_fast_task_tables_equal_the_vectorised_builder():
+    # the kernels' table from a mask (one C++ scan) or from offsets (host integers) against the one from ids/pos
+    from attnzoo.ops import _cpu_kernels
+    from attnzoo.ops._varlen import segments
+    from attnzoo.ops.tssa.chunk import varlen_tasks, varlen_tasks_vectorised
+
+    kernels = _cpu_kernels.required_cpu_kernels()
+    g = torch.Generator().manual_seed(11)
+    for mask in _random_masks(g):
+        seg = segments(*mask.shape, attention_mask=mask)
+        fast, ref = varlen_tasks(seg, kernels), varlen_tasks_vectorised(seg)
+        assert torch.equal(fast.table, ref.table) and fast.slots == ref.slots
+        assert torch.equal(fast.slot, ref.slot)
+    for lengths in _random_offsets(g):
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        seg = segments(1, sum(lengths), cu_seqlens=cu)
+        fast, ref = varlen_tasks(seg, kernels), varlen_tasks_vectorised(seg)
+        assert torch.equal(fast.table, ref.table) and fast.slots == ref.slots
+        assert torch.equal(fast.slot, ref.slot)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cpu_kernels_long_packed_sequences_span_several_tasks(causal):
+    # a packed row whose sequences cross 512-token task boundaries (and one of a single token)
+    g = torch.Generator().manual_seed(10)
+    lengths = [700, 1, 1100, 513]
+    _check_cpu_packed_against_torch(lengths, causal, g)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cpu_kernels_packed_row_of_many_sequences(causal):
+    # more sequences than the backward reads slice by slice: per-token slots
+    g = torch.Generator().manual_seed(12)
+    lengths = torch.randint(1, 40, (70,), generator=g).tolist()
+    _check_cpu_packed_against_torch(lengths, causal, g)
+
+
+def _check_cpu_packed_against_torch(lengths: list[int], causal: bool, g: torch.Generator) -> None:
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    w = torch.randn(1, 3, sum(lengths), 16, generator=g, dtype=torch.float64, requires_grad=True)
+    temp = torch.tensor([0.6, 1.3, 2.2], dtype=torch.float64, requires_grad=True)
+    bias = (0.3 * torch.randn(3, max(lengths), 1, generator=g, dtype=torch.float64)).requires_grad_(causal)
+    kw = {"causal": causal, "bias": bias if causal else None, "cu_seqlens": cu}
+    outs = [tssa(w, temp, backend=b, **kw) for b in ("cpu", "torch")]
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-10, atol=1e-12)
+    cot = torch.randn(outs[0].shape, generator=g, dtype=torch.float64)
+    leaves = (w, temp, bias) if causal else (w, temp)
+    grads = [torch.autograd.grad((o * cot).sum(), leaves) for o in outs]
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

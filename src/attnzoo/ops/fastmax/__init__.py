@@ -24,9 +24,11 @@ import torch
 from attnzoo._checks import NonFiniteError, check_bool, check_overflow, check_probability, finite_absmax
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend, check_backend, resolve_backend
+from attnzoo.ops._segment_ops import contiguous_runs, run_runs
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option, triton_available
 from attnzoo.ops._varlen import Segments, segments
 from attnzoo.ops.fastmax import cpu as fastmax_cpu
+from attnzoo.ops.fastmax import varlen as fastmax_varlen
 from attnzoo.ops.fastmax.chunk import FastmaxFunction, fastmax_factorized
 from attnzoo.ops.fastmax.common import (
     EPS,
@@ -101,12 +103,18 @@ class FastmaxOptions(Options):
         check_dropout_placement(self.attn_dropout, self.dropout_placement, self.p)
 
 
-def _prepared(q, k, v, *, p: int, scale: float, sweeps: Callable) -> torch.Tensor:
+def _prepared(q, k, v, *, p: int, scale: float, sweeps: Callable, runs: list | None = None) -> torch.Tensor:
     """The PyTorch and Triton backends' common frame: the value checks, the standardisation (eqs 5-6) in the
-    compute dtype, ``sweeps(qs, k_hat, v)``, and p=1's check that no normaliser crossed zero."""
+    compute dtype, ``sweeps(qs, k_hat, v)``, and p=1's check that no normaliser crossed zero. With ``runs``
+    (:func:`~attnzoo.ops._segment_ops.contiguous_runs`) the standardisation and ``sweeps`` run on each sequence's
+    slice alone (:func:`~attnzoo.ops._segment_ops.run_runs`): padding is neither standardised nor differentiated."""
     _check_values(q, k, v, p)
     cd = compute_dtype(q.dtype)
-    out = sweeps(standardize(q.to(cd), scale=scale), standardize(k.to(cd)), v.to(cd)).to(v.dtype)
+
+    def op(q_, k_, v_):
+        return sweeps(standardize(q_.to(cd), scale=scale), standardize(k_.to(cd)), v_.to(cd)).to(v.dtype)
+
+    out = op(q, k, v) if runs is None else run_runs(op, runs, (q, k, v), v.shape[-1])
     if p == 1 and scale * q.shape[-1] > 1.0:
         _check_p1_output(out, scale, q.shape[-1])
     return out
@@ -121,7 +129,15 @@ def _fastmax_naive(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: i
 def _masked(
     q, k, v, segs: Segments, *, p: int, causal: bool, scale: float, chunk_size: int, custom: bool
 ) -> torch.Tensor:
-    """Padded batches and packed rows (:mod:`attnzoo.ops.fastmax.varlen`); ``custom``: FAST §2.5's backward."""
+    """Padded batches and packed rows (:mod:`attnzoo.ops.fastmax.varlen`); ``custom``: FAST §2.5's backward. Few
+    contiguous sequences run the unmasked op on each one's slice, standardisation included."""
+    runs = None if torch.compiler.is_compiling() else contiguous_runs(segs, fastmax_varlen._SLICED_MAX)
+    if runs is not None:
+
+        def alone(qs, kh, vv):
+            return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk_size, custom_grad=custom)
+
+        return _prepared(q, k, v, p=p, scale=scale, sweeps=alone, runs=runs)
 
     def sweeps(qs, kh, vv):
         return masked_sweeps(qs, kh, vv, segs, p=p, causal=causal, chunk=chunk_size, custom_grad=custom)
