@@ -106,15 +106,24 @@ class FastmaxOptions(Options):
 def _prepared(q, k, v, *, p: int, scale: float, sweeps: Callable, runs: list | None = None) -> torch.Tensor:
     """The PyTorch and Triton backends' common frame: the value checks, the standardisation (eqs 5-6) in the
     compute dtype, ``sweeps(qs, k_hat, v)``, and p=1's check that no normaliser crossed zero. With ``runs``
-    (:func:`~attnzoo.ops._segment_ops.contiguous_runs`) the standardisation and ``sweeps`` run on each sequence's
-    slice alone (:func:`~attnzoo.ops._segment_ops.run_runs`): padding is neither standardised nor differentiated."""
+    (:func:`~attnzoo.ops._segment_ops.contiguous_runs`) ``sweeps`` runs on each sequence's slice alone
+    (:func:`~attnzoo.ops._segment_ops.run_runs`), and so does the standardisation where there is padding: padding is
+    neither standardised nor differentiated."""
     _check_values(q, k, v, p)
     cd = compute_dtype(q.dtype)
 
     def op(q_, k_, v_):
         return sweeps(standardize(q_.to(cd), scale=scale), standardize(k_.to(cd)), v_.to(cd)).to(v.dtype)
 
-    out = op(q, k, v) if runs is None else run_runs(op, runs, (q, k, v), v.shape[-1])
+    if runs is None:
+        out = op(q, k, v)
+    elif sum(e - a for _, a, e in runs) == q.shape[0] * q.shape[2]:
+        # no padding (a packed row): the per-token standardisation of the whole tensor is each slice's, in one
+        # call on contiguous memory; per slice, layer norm and its backward copied each strided slice twice
+        qs, kh = standardize(q.to(cd), scale=scale), standardize(k.to(cd))
+        out = run_runs(sweeps, runs, (qs, kh, v.to(cd)), v.shape[-1]).to(v.dtype)
+    else:
+        out = run_runs(op, runs, (q, k, v), v.shape[-1])
     if p == 1 and scale * q.shape[-1] > 1.0:
         _check_p1_output(out, scale, q.shape[-1])
     return out
