@@ -1,6 +1,7 @@
 """attnzoo.adapt: attention transfer lowers each layer's loss, fine-tuning (full and LoRA), exact resume, bad inputs."""
 
 import csv
+import warnings
 
 import pytest
 import torch
@@ -234,3 +235,13 @@ def test_resume_runs_an_interrupted_final_evaluation(one_thread, tmp_path):
     res = adapt(teacher, lm_batch, cfg, tmp_path / "run", eval_fn=ev, resume=True, progress=False)
     assert res.step == 3 and set(res.evaluations) == {"teacher", "swapped", "transfer", "finetune"}
     assert len(calls) == 5  # only the missing evaluation ran again
+
+
+def test_fastmax_p1_at_a_scale_with_negative_weights_warns_and_names_the_bound():
+    teacher = tiny_llama()  # head_dim 8: the default scale 8**-0.5 exceeds 1/8
+    with pytest.warns(UserWarning, match=r"scale=0\.3536 > 1/head_dim = 0\.125.*scale=0\.125"):
+        make_student(teacher, "fastmax", {"p": 1})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_student(teacher, "fastmax", {"p": 1, "scale": 0.125})
+        make_student(teacher, "fastmax", {"p": 2})

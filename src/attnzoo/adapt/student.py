@@ -9,6 +9,7 @@ mechanism's parameters are new (the rest are the inherited projections).
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -321,6 +322,24 @@ def _fresh(mechanism, p, dim, causal, options, context, ref):
     return mixer, info
 
 
+def _warn_negative_fastmax_weights(student: nn.Module) -> None:
+    """Warn when a Fastmax p = 1 layer's scale lets its weights ``1 + s`` go negative (``scale > 1/head_dim``).
+
+    A model trained from scratch learns around it; a pretrained model's queries and keys do not: SmolLM2 swapped
+    at the default ``head_dim**-0.5`` scored perplexity 2.18 M and did not train, at ``1/head_dim`` it adapted
+    like the other mechanisms (docs/adapt.md)."""
+    for name, m in student.named_modules():
+        if getattr(m, "p", None) == 1 and hasattr(m, "scale") and hasattr(m, "head_dim"):
+            if m.scale * m.head_dim > 1.0:
+                warnings.warn(
+                    f"fastmax p=1 in {name}: scale={m.scale:.4g} > 1/head_dim = {1 / m.head_dim:.4g}, so the weights "
+                    "1 + s can be negative and row normalisers can cross zero; pretrained projections adapt poorly "
+                    f"at this scale (pass option scale={1 / m.head_dim:.6g}, e.g. --option scale={1 / m.head_dim:.6g})",
+                    stacklevel=3,
+                )
+                return
+
+
 def make_student(model: nn.Module, mechanism: str, options: dict[str, Any] | None = None) -> Student:
     """A deep copy of ``model`` with every self-attention replaced by ``mechanism`` (``options`` passed to it),
     the pretrained projections reused where the mechanism has them; ``model`` itself is left unchanged.
@@ -342,10 +361,12 @@ def make_student(model: nn.Module, mechanism: str, options: dict[str, Any] | Non
     student = copy.deepcopy(model)
     if family == "attnzoo":
         layers, report = _swap_attnzoo(student, mechanism, options)
+        _warn_negative_fastmax_weights(student)
         return Student(student, family, causal, layers, report)
     from attnzoo.hf.swap import swap_attention
 
     rep = swap_attention(student, mechanism, **options)
+    _warn_negative_fastmax_weights(student)
     layers = []
     for info in rep.layers:
         module = student.get_submodule(info.name)
