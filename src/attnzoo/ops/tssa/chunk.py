@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from attnzoo._checks import explain_nonfinite
+from attnzoo.ops._segment_ops import contiguous_runs
 from attnzoo.ops._varlen import Segments
 from attnzoo.ops.tssa.naive import compute_dtype, safe_denominator
 
@@ -497,9 +498,10 @@ _SLICED_SLOTS = 64
 
 
 def _packed_bounds(vt: VarlenTasks) -> list[tuple[int, int]] | None:
-    """``(start, end)`` of each sequence of a packed row of at most ``_SLICED_SLOTS`` sequences, else ``None``."""
-    o = vt.seg.offsets
-    return None if o is None or len(o) - 1 > _SLICED_SLOTS else list(zip(o[:-1], o[1:], strict=True))
+    """``(start, end)`` of each sequence of a packed row of 2 to ``_SLICED_SLOTS`` sequences, else ``None`` (called
+    after the one-sequence-per-row case, which broadcasts instead)."""
+    runs = contiguous_runs(vt.seg, _SLICED_SLOTS) if vt.seg.offsets is not None else None
+    return None if runs is None else [(a, e) for _, a, e in runs]
 
 
 def _slot_sum(x: torch.Tensor, vt: VarlenTasks) -> torch.Tensor:
