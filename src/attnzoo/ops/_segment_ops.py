@@ -249,8 +249,8 @@ class _RunRuns(torch.autograd.Function):
             _zero_outside(torch.empty(shape, dtype=dtype, device=device), ctx.runs) if need else None
             for need, (shape, dtype, device) in zip(needs, ctx.metas, strict=True)
         ]
+        want = [i for i, need in enumerate(needs) if need]
         for (b, a, e), (args, y) in zip(ctx.runs, ctx.pieces, strict=True):
-            want = [i for i, need in enumerate(needs) if need]
             got = torch.autograd.grad(y, [args[i] for i in want], grad_out[b : b + 1, :, a:e], allow_unused=True)
             for i, gi in zip(want, got, strict=True):
                 if gi is None:
