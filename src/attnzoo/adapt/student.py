@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from attnzoo.layers.base import Attention, attention_info, list_attentions
+from attnzoo.layers.fastmax import FastmaxAttention
 
 __all__ = ["AdaptLayer", "Student", "model_family", "make_student", "FAMILIES", "QKV_CBSA", "QKVCBSA"]
 
@@ -329,15 +330,14 @@ def _warn_negative_fastmax_weights(student: nn.Module) -> None:
     at the default ``head_dim**-0.5`` scored perplexity 2.18 M and did not train, at ``1/head_dim`` it adapted
     like the other mechanisms (docs/adapt.md)."""
     for name, m in student.named_modules():
-        if getattr(m, "p", None) == 1 and hasattr(m, "scale") and hasattr(m, "head_dim"):
-            if m.scale * m.head_dim > 1.0:
-                warnings.warn(
-                    f"fastmax p=1 in {name}: scale={m.scale:.4g} > 1/head_dim = {1 / m.head_dim:.4g}, so the weights "
-                    "1 + s can be negative and row normalisers can cross zero; pretrained projections adapt poorly "
-                    f"at this scale (pass option scale={1 / m.head_dim:.6g}, e.g. --option scale={1 / m.head_dim:.6g})",
-                    stacklevel=3,
-                )
-                return
+        if isinstance(m, FastmaxAttention) and m.p == 1 and m.scale * m.head_dim > 1.0:
+            warnings.warn(
+                f"fastmax p=1 in {name}: scale={m.scale:.4g} > 1/head_dim = {1 / m.head_dim:.4g}, so the weights "
+                "1 + s can be negative and row normalisers can cross zero; pretrained projections adapt poorly "
+                f"at this scale (pass option scale={1 / m.head_dim:.6g}, e.g. --option scale={1 / m.head_dim:.6g})",
+                stacklevel=3,
+            )
+            return
 
 
 def make_student(model: nn.Module, mechanism: str, options: dict[str, Any] | None = None) -> Student:
