@@ -130,3 +130,21 @@ def test_a_flat_top_on_a_grid_end_is_not_gated():
     # a spread of 0.4 points: the rise to the end is real, the optimum may lie beyond
     _, untuned = sweep_table(rec, ["b"], "sec", LRS, None, "accuracy", True, 100.0, noise={"b": 0.4})
     assert set(untuned) == {"b"}
+
+
+@pytest.mark.parametrize("section", ["vision", "long-range", "language", "icl"])
+def test_sweep_runs_train_the_plans_fraction_of_the_reported_steps(section):
+    b, steps = plan("long", 0)
+    frac = b[section]["sweep_fraction"]
+    by_id = {s.id: s for s in steps if s.section == section}
+    sweeps = [s for s in by_id.values() if "/lr-sweep/" in s.id]
+    assert sweeps
+    for s in sweeps:
+        # the reported seed 0 of the same row trains the full steps; the sweep run trains `frac` of them
+        row = s.id.split("/lr-sweep/")[0]
+        seed_run = by_id.get(f"{row}/seed0")
+        if seed_run is None:
+            continue
+        full = seed_run.config["train"]["steps"]
+        assert s.config["train"]["steps"] == max(1, round(full * frac)), s.id
+        assert s.config["train"]["steps"] < full

@@ -31,6 +31,7 @@ from attnzoo.reproduce.common import (
     sweep_deps,
     sweep_id,
     sweep_table,
+    sweep_train,
     train_defaults,
     train_run,
     tuned,
@@ -136,7 +137,8 @@ def _model_step(plan: dict, task: str, task_opts: dict, name: str, seed: int, si
     if "warmup_steps" in plan["train"]:
         settings["warmup_steps"] = factor * plan["train"]["warmup_steps"]
     if lr is not None:
-        settings["lr"] = lr
+        # a sweep run: at the plan's `sweep_fraction` of the steps, like every section's sweeps
+        settings = dict(sweep_train(settings, plan), lr=lr)
     train = dict(
         task=TASKS[task],
         task_options=task_opts,
@@ -300,6 +302,7 @@ def _tune(sec: Section, records: dict, plan: dict) -> None:
             "mean_error",
             False,
             label=f"{t}, error / d",
+            fraction=plan.get("sweep_fraction", 1.0),
         )
         if table is not None:
             sec.tables.append(table)
