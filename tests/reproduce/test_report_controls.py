@@ -616,3 +616,18 @@ def test_listops_control_check_and_margin_gate():
     found = [fastmax()]
     lra._control_findings(found, {"softmax": {"listops": {"accuracy": soft}}}, ["listops"])
     assert len(found) == 1
+
+
+def test_clock_span_covers_the_steps_computed_here_and_leaves_imported_ones_out():
+    from attnzoo.reproduce.report import _clock_span
+
+    recs = {
+        "a": {"started": "2026-11-27T01:00:00", "finished": "2026-11-27T01:10:00"},
+        "b": {"started": "2026-11-27T01:05:00", "finished": "2026-11-27T01:52:30"},
+        # imported with --reuse: measured elsewhere, earlier; it must not stretch the span
+        "c": {"started": "2026-11-20T09:00:00", "finished": "2026-11-20T09:30:00", "imported_from": "old"},
+    }
+    text = _clock_span(recs)
+    assert "its 2 steps computed here" in text
+    assert "2026-11-27 01:00:00 to 2026-11-27 01:52:30" in text and "52.5 min" in text
+    assert _clock_span({"c": recs["c"]}) == "no step computed in this directory"

@@ -120,6 +120,9 @@ def machine_info(device: torch.device) -> dict:
         "cpu": cpu,
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
+        # the widest vector ISA PyTorch dispatches to ("AVX512", "AVX2", ...): machines that print the same CPU
+        # name differ in it, and with it in speed and in which fused kernels `auto` picks
+        "cpu_isa": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "device": str(device),

@@ -298,7 +298,11 @@ def _setup_rows(
         ["budget", f"`{budget_name}`: {plan['description']}"],
         ["seed", str(seed)],
         ["command", f"`{cmd}`"],
-        ["machine", f"{machine.get('cpu')} ({machine.get('cpu_count')} CPUs), {machine.get('gpu', 'no GPU')}"],
+        [
+            "machine",
+            f"{machine.get('cpu')} ({machine.get('cpu_count')} CPUs, {machine.get('cpu_isa', 'vector ISA not recorded')}), "
+            f"{machine.get('gpu', 'no GPU')}",
+        ],
         ["torch threads", str(threads)],
         [
             "software",
@@ -308,11 +312,28 @@ def _setup_rows(
         ["device", machine.get("device", "-")],
         [
             "wall time",
-            f"{_fmt_s(compute_s)} of step compute in total ({len(records)} steps); this invocation "
-            f"{_fmt_s(outcome.wall_s)} ({len(outcome.computed)} computed, {len(outcome.skipped)} reused)",
+            f"{_fmt_s(compute_s)} of step compute in total ({len(records)} steps); {_clock_span(records)}; this "
+            f"invocation {_fmt_s(outcome.wall_s)} ({len(outcome.computed)} computed, {len(outcome.skipped)} reused)",
         ],
         ["generated", created],
     ]
+
+
+def _clock_span(records: dict) -> str:
+    """The wall clock over which this directory's own steps ran (first start to last finish, imported steps left
+    out): a re-rendered report (--report-only) still states how long computing it took. Pauses between invocations
+    count, so it bounds the computing time from above."""
+    own = [r for r in records.values() if not r.get("imported_from") and r.get("started") and r.get("finished")]
+    if not own:
+        return "no step computed in this directory"
+    start = min(r["started"] for r in own)
+    end = max(r["finished"] for r in own)
+    fmt = "%Y-%m-%dT%H:%M:%S"
+    span = time.mktime(time.strptime(end, fmt)) - time.mktime(time.strptime(start, fmt))
+    return (
+        f"its {len(own)} steps computed here ran from {start.replace('T', ' ')} to {end.replace('T', ' ')} "
+        f"({_fmt_s(span)} of wall clock, first start to last finish)"
+    )
 
 
 def _report_md(secs: list[Section], setup: list, budget_name: str, cmd: str, records: dict) -> list[str]:
