@@ -300,8 +300,8 @@ def _setup_rows(
         ["command", f"`{cmd}`"],
         [
             "machine",
-            f"{machine.get('cpu')} ({machine.get('cpu_count')} CPUs, {machine.get('cpu_isa', 'vector ISA not recorded')}), "
-            f"{machine.get('gpu', 'no GPU')}",
+            f"{machine.get('cpu')} ({machine.get('cpu_count')} CPUs, "
+            f"{machine.get('cpu_isa', 'vector ISA not recorded')}), {machine.get('gpu', 'no GPU')}",
         ],
         ["torch threads", str(threads)],
         [
