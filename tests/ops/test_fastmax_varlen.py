@@ -6,6 +6,7 @@ import pytest
 import torch
 from varlen_cases import MODES, assert_equal_to_alone
 
+from attnzoo._checks import NonFiniteError
 from attnzoo.layers.fastmax import FastmaxAttention
 from attnzoo.ops.fastmax import MASK_BACKENDS, fastmax, fastmax_dropout
 
@@ -127,6 +128,38 @@ def test_cpu_kernel_takes_segments_natively(monkeypatch, dtype, mode):
         with torch.no_grad():
             assert_equal_to_alone(call, seqs, AXES, mode=mode, backward=False, rtol=tol, atol=tol)
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cpu_kernel_trains_on_each_sequences_slice(monkeypatch, dtype, mode):
+    # p=1 non-causal training over few contiguous sequences runs the unmasked fused kernel and its backward on each
+    # sequence's slice (counted calls, one per non-empty sequence), forward and backward equal to each one alone
+    fm = importlib.import_module("attnzoo.ops.fastmax")
+    shapes = []
+    kernel = fm.fastmax_cpu.fastmax_p1_cpu
+    monkeypatch.setattr(fm.fastmax_cpu, "fastmax_p1_cpu", lambda q, *a: shapes.append(q.shape[2]) or kernel(q, *a))
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    lengths = [70, 1, 130, 64]
+    seqs = _seqs(lengths, dtype=dtype, d=17, dv=9)
+
+    def call(q, k, v, **kw):
+        return fastmax(q, k, v, p=1, scale=1 / 17, backend="cpu", **kw)
+
+    assert_equal_to_alone(call, seqs, AXES, mode=mode, rtol=tol, atol=tol)
+    # the calls made together: one per sequence, at its own length (the alone calls add the same lengths again)
+    assert sorted(shapes) == sorted(lengths * 2)
+
+
+def test_cpu_kernel_training_on_slices_reports_non_finite_real_tokens():
+    # the checks read what each slice's kernel call reports: NaN in a real token raises, naming the input
+    q, k, v = (torch.randn(2, 2, 9, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[0, :3] = False
+    with torch.no_grad():
+        k[1, 0, 4, 2] = float("nan")
+    with pytest.raises(NonFiniteError, match="k"):
+        fastmax(q, k, v, p=1, scale=0.25, backend="cpu", attention_mask=mask)
 
 
 @pytest.mark.parametrize("p", [1, 2])

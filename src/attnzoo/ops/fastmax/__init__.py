@@ -199,32 +199,40 @@ def _auto_takes_triton(inputs: tuple, options: Mapping[str, Any]) -> bool:
     return pipeline_stages(q.shape[-1], v.shape[-1], p, chunk, dtype, sweeps) >= 2
 
 
-def _kernel_covers(inputs: tuple, p, causal, segs=None) -> bool:
+def _kernel_covers(inputs: tuple, p, causal) -> bool:
     """What the fused kernel (``cpu.cpp``) computes: the non-causal p=1 op on float32/float64 tensors, unmasked
-    (forward, and the forward of training) or over padded batches / packed rows (inference: training with masks
-    runs the PyTorch sweeps and their backward); it is opaque to torch.compile."""
+    (forward, and the forward of training) or over padded batches / packed rows (inference natively; training on
+    each sequence's slice, where :func:`_masked_runs` finds few contiguous ones, else the PyTorch sweeps); it is
+    opaque to torch.compile."""
     q = inputs[0]
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
-    return (
-        p == 1
-        and not causal
-        and (segs is None or not grad)
-        and q.dtype in (torch.float32, torch.float64)
-        and not torch.compiler.is_compiling()
-    )
+    return p == 1 and not causal and q.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling()
+
+
+def _masked_runs(inputs: tuple, segs) -> list | None:
+    """The runs (:func:`~attnzoo.ops._segment_ops.contiguous_runs`) on which a masked call that needs gradients
+    runs the unmasked kernel and its backward, one sequence's slice at a time; ``None`` when the call needs no
+    gradient (the kernel takes the segments natively) or its sequences are not few and contiguous."""
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
+        return None
+    return contiguous_runs(segs, fastmax_varlen._SLICED_MAX)
 
 
 def _auto_takes_kernel(inputs: tuple, options: Mapping[str, Any]) -> bool:
     # the portable build of the kernel is slower than PyTorch: "auto" takes only the vector (AVX-512) one
-    covers = _kernel_covers(inputs, options.get("p"), options.get("causal"), options.get("segs"))
+    covers = _kernel_covers(inputs, options.get("p"), options.get("causal"))
     return covers and fastmax_cpu.simd_kernel()
 
 
 def _fastmax_cpu(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
     # what the kernel does not cover (p=2, causal, half inputs, masks and packed rows) runs on the PyTorch path;
     # named explicitly, "cpu" still needs the kernels built
-    if _kernel_covers((q, k, v), p, causal, segs):
-        return _fastmax_p1_fused(q, k, v, scale, segs)
+    if _kernel_covers((q, k, v), p, causal):
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if segs is None or not grad:
+            return _fastmax_p1_fused(q, k, v, scale, segs)
+        runs = _masked_runs((q, k, v), segs)
+        if runs is not None:
+            return _fastmax_p1_fused_runs(q, k, v, scale, runs)
     if not torch.compiler.is_compiling():
         _cpu_kernels.required_cpu_kernels()
     return _fastmax_torch(q, k, v, p=p, causal=causal, scale=scale, chunk_size=chunk_size, segs=segs)
@@ -416,6 +424,29 @@ def _fastmax_p1_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
         out, seen = fastmax_cpu.fastmax_p1_cpu(q, k, v, scale)
     else:
         out, seen = fastmax_cpu.fastmax_p1_segments_cpu(q, k, v, scale, segs.ids, segs.num)
+    _check_seen(seen, q, k, v, out, scale)
+    return out
+
+
+def _fastmax_p1_fused_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, runs: list) -> torch.Tensor:
+    """Training over padded batches / packed rows: the unmasked kernel and its backward on each sequence's slice
+    (:func:`~attnzoo.ops._segment_ops.run_runs` writes outputs and gradients into the full tensors), so the
+    padding is never read; the checks read what each call reports, as :func:`_fastmax_p1_fused`'s do."""
+    seen_runs = []
+
+    def alone(q_, k_, v_):
+        out_, seen_ = fastmax_cpu.fastmax_p1_cpu(q_, k_, v_, scale)
+        seen_runs.append(seen_)
+        return out_
+
+    out = run_runs(alone, runs, (q, k, v), v.shape[-1])
+    if seen_runs:
+        _check_seen(torch.cat(seen_runs), q, k, v, out, scale)
+    return out
+
+
+def _check_seen(seen: torch.Tensor, q, k, v, out: torch.Tensor, scale: float) -> None:
+    """Raise what the kernel's report ``seen`` (per task: max |x| and a NaN flag of q, k, v, out) shows."""
     # per tensor (q, k, v, out): max |x| over the (b, h) tasks, and NaN exactly when some x was NaN or +-Inf
     vals = seen.amax(dim=0).tolist()
     if any(math.isnan(x) for x in vals[1:6:2]):
@@ -423,7 +454,6 @@ def _fastmax_p1_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     _check_bounds(dict(zip("qkv", vals[0:6:2], strict=True)), q, p=1)
     if math.isnan(vals[7]) and scale * q.shape[-1] > 1.0:
         _check_p1_output(out, scale, q.shape[-1])  # finite inputs: a normaliser crossed zero
-    return out
 
 
 def _check_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: int) -> None:
