@@ -148,3 +148,17 @@ def test_sweep_runs_train_the_plans_fraction_of_the_reported_steps(section):
         full = seed_run.config["train"]["steps"]
         assert s.config["train"]["steps"] == max(1, round(full * frac)), s.id
         assert s.config["train"]["steps"] < full
+
+
+def test_swept_ablations_train_at_their_own_rate_and_must_be_ablations():
+    from attnzoo.reproduce.sections.vision import sweep_rows
+
+    _, steps = plan("long", 0)
+    by_id = {s.id: s for s in steps}
+    for row in ("vit-meanpool", "vit+tssa-meanpool", "csp_vit_skeleton+softmax"):
+        deps = by_id[f"vision/{row}/seed0"].deps
+        assert deps and all(d.startswith(f"vision/{row}/lr-sweep/") for d in deps), (row, deps)
+    # an ablation not in the list keeps the rate of the row it ablates
+    assert all(d.startswith("vision/aot/lr-sweep/") for d in by_id["vision/aot+ista/seed0"].deps)
+    with pytest.raises(ValueError, match=r"swept_ablations \['nope'\] are not ablations of this plan"):
+        sweep_rows({"models": ["vit"], "ablations": ["aot+ista"], "swept_ablations": ["nope"]})

@@ -135,6 +135,17 @@ ABLATIONS: dict[str, Ablation] = {
         {"attention": "tssa", "attention_options": {}, "pool": "mean"},
         "ViT skeleton, TSSA attention, mean pooling instead of the CLS token",
     ),
+    # the ViT with mean pooling and softmax attention: the baseline of the mean-pooled rows (the no-attention
+    # control, TSSA's and CSP's mean-pooled swaps), so each of them differs from it in the token mixer alone
+    "vit-meanpool": Ablation("vit_s", "softmax", {"pool": "mean"}, "ViT skeleton, softmax attention, mean pooling"),
+    # CSP's swap without the CLS token: 16 tokens in 8 groups of two, the paper's vision setting (CSP Table 5:
+    # K = N/2); with the CLS token N = 17 is prime and K = 1 (complete sorting, CSP's LRA setting)
+    "vit+csp-meanpool": Ablation(
+        "vit_s",
+        "csp",
+        {"attention": "csp", "attention_options": None, "pool": "mean"},
+        "ViT skeleton, CSP attention (groups of two), mean pooling instead of the CLS token",
+    ),
     # CSP-ViT's own skeleton (LayerNorm-linear patches, mean pooling) with softmax attention: the skeleton's share
     "csp_vit_skeleton+softmax": Ablation(
         "csp_vit_cifar",
@@ -172,7 +183,10 @@ def model_options(name: str, plan: dict) -> dict:
             opts["pool"] = "mean"
         return opts
     if name in ABLATIONS:
-        return {**plan["arch"], **ABLATIONS[name].overrides}
+        opts = {**plan["arch"], **ABLATIONS[name].overrides}
+        if opts.get("attention") == "csp" and opts.get("attention_options") is None:  # mean pooled: N = patches
+            opts["attention_options"] = {"groups": _csp_groups(_n_patches(plan)), "shift_schedule": "linear"}
+        return opts
     if name not in MODELS:
         raise ValueError(f"unknown vision model {name!r}; valid: {sorted(MODELS) + sorted(SWAPS) + sorted(ABLATIONS)}")
     mech = MODELS[name].mechanism
@@ -293,8 +307,14 @@ TUNED_AS = {
 
 def sweep_rows(plan: dict) -> list[str]:
     """The rows whose learning rate is swept: every row a finding compares (papers' architectures, swaps, the
-    no-attention control); the parameter-matched ToST keeps ToST's rate (only its width differs)."""
-    return list(plan["models"]) + list(plan.get("swaps", [])) + [c for c in _controls(plan) if c != MATCHED]
+    no-attention control, and the ablations of ``swept_ablations``: baselines of a comparison of their own); the
+    parameter-matched ToST keeps ToST's rate (only its width differs)."""
+    swept = plan.get("swept_ablations", [])
+    unknown = sorted(set(swept) - set(plan.get("ablations", [])))
+    if unknown:
+        raise ValueError(f"swept_ablations {unknown} are not ablations of this plan; ablations: {plan.get('ablations')}")
+    rows = list(plan["models"]) + list(plan.get("swaps", [])) + [c for c in _controls(plan) if c != MATCHED]
+    return rows + list(swept)
 
 
 def row_config(plan: dict, name: str, seed: int) -> dict:
@@ -325,7 +345,8 @@ def _row_step(plan: dict, name: str, seed: int, sid: str, tune: bool = True) -> 
     """One training run of row ``name``; ``tune``: at the best rate of its row's sweep (``TUNED_AS`` for the
     ablations) when the plan sweeps that row, else at the plan's rate."""
     cfg = row_config(plan, name, seed)
-    source = TUNED_AS.get(name, name)
+    # a row swept on its own (``swept_ablations``) trains at its own best rate, not at the row it ablates
+    source = name if name in plan.get("swept_ablations", []) else TUNED_AS.get(name, name)
     if tune and source in sweep_rows(plan):
         cfg = tuned(cfg, KEY, source, row_lrs(plan, source), "accuracy", True)
     return Step(sid, KEY, cfg, _run, deps=sweep_deps(cfg), label=sid.split("/", 1)[1])
