@@ -207,6 +207,54 @@ def test_vision_verdicts_are_gated_when_the_task_does_not_need_attention():
     assert next(f for f in out if "parameter-matched" in f["claim"])["verdict"] == "agrees"
 
 
+def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
+    """The session-20 referee: ToST never passes a CLS token through TSSA, and CSP at 17 tokens runs with K = 1; the
+    mean-pooled pair is the controlled swap where it ran (else the CLS-token swap is gated on conditions), the
+    control is judged against the mean-pooled ViT, and CSP-ViT against softmax in its own skeleton."""
+    from attnzoo.reproduce.sections import vision
+
+    def r(*v):
+        return {"accuracy": stat(list(v)), "params": 100_000}
+
+    res = {
+        "vit": r(84.0, 84.5, 84.2),
+        "tost": r(84.1, 84.3, 84.2),
+        "vit+tssa": r(79.0, 79.5, 79.2),
+        "vit+csp": r(75.0, 76.0, 75.5),
+        "csp_vit": r(82.0, 82.4, 82.2),
+        "vit+identity": r(82.0, 82.4, 82.2),
+    }
+    out = vision._findings(res)
+    ctl = next(
+        f for f in out if f["claim"].startswith("ToST's attention in the ViT skeleton") and "XCiT" not in f["claim"]
+    )
+    assert (ctl["a_name"], ctl["b_name"]) == ("vit+tssa", "vit") and ctl["gate_reasons"] == ["conditions"]
+    assert "never passes a CLS token through TSSA" in ctl["gate"] and ctl["ungated_verdict"] == "disagrees"
+    csp = next(f for f in out if f["claim"].startswith("CSP-ViT's attention in the ViT skeleton"))
+    assert csp["gate_reasons"] == ["conditions"] and "K = 1" in csp["gate"]
+    assert next(f for f in out if f["claim"] == "CSP-ViT beats the MHA ViT")["b_name"] == "vit"
+
+    res |= {
+        "vit-meanpool": r(84.5, 84.9, 84.7),
+        "vit+tssa-meanpool": r(83.9, 84.4, 84.1),
+        "vit+csp-meanpool": r(83.0, 83.6, 83.3),
+        "csp_vit_skeleton+softmax": r(82.1, 82.5, 82.3),
+    }
+    out = vision._findings(res)
+    ctl = next(
+        f for f in out if f["claim"].startswith("ToST's attention in the ViT skeleton") and "XCiT" not in f["claim"]
+    )
+    assert (ctl["a_name"], ctl["b_name"]) == ("vit+tssa-meanpool", "vit-meanpool") and "gate" not in ctl
+    assert "with the CLS token, vit+tssa vs vit: 79.2" in ctl["explanation"]
+    csp = next(f for f in out if f["claim"].startswith("CSP-ViT's attention in the ViT skeleton"))
+    assert (csp["a_name"], csp["b_name"]) == ("vit+csp-meanpool", "vit-meanpool") and "gate" not in csp
+    own = next(f for f in out if f["claim"] == "CSP-ViT beats the MHA ViT")
+    assert own["b_name"] == "csp_vit_skeleton+softmax" and own["verdict"] == "inconclusive"
+    check = next(f for f in out if f["claim"].startswith("attention helps"))
+    assert (check["a_name"], check["b_name"]) == ("vit-meanpool", "vit+identity")
+    assert "same skeleton and pooling" in check["claim"]
+
+
 def test_gate_reasons_are_counted_from_the_field_not_the_text():
     from attnzoo.reproduce.claims import compare, gate
     from attnzoo.reproduce.common import Section
@@ -564,9 +612,13 @@ def test_a_margin_that_admits_no_attention_gates_the_claim():
     wide = margin_control_gate(f(11.0), [83.0, 82.8, 83.1], "vit+identity")
     assert wide["verdict"] == "inconclusive" and wide["ungated_verdict"] == "agrees"
     assert wide["gate_reasons"] == ["control"] and wide["control_effect"] == pytest.approx(-3.067, abs=1e-3)
-    assert "vit+identity is -3.07 pts from crate, within the margin 11" in wide["gate"]
+    assert "vit+identity is -3.07 [-3.41, -2.72] pts from crate, not shown outside the margin 11" in wide["gate"]
     narrow = margin_control_gate(f(2.6), [83.0, 82.8, 83.1], "vit+identity")
     assert "gate" not in narrow and narrow["control_effect"] == pytest.approx(-3.067, abs=1e-3)
+    # the control's mean is outside a 2.9-point margin but its interval reaches inside: gated, as the claim would be
+    # by the same evidence (the session-20 referee: the mean alone let a control 0.1 beyond the margin pass)
+    close = margin_control_gate(f(2.9), [83.0, 82.8, 83.1], "vit+identity")
+    assert close["gate_reasons"] == ["control"] and close["control_ci95"][1] > -2.9 > close["control_effect"]
 
     # lower is better (losses): the control's loss 30% above GPT's is outside a 12.7% margin, inside a 40% one
     def loss(margin):

@@ -305,22 +305,27 @@ def margin_control_gate(f: dict, control: float | Sequence[float] | Stat | None,
     """Gate a non-inferiority finding on ``control`` when its margin admits a model without attention.
 
     ``control`` is the no-attention control's metric (per seed), judged against the finding's own baseline
-    (``values_b``) with the finding's orientation. When the control's mean is within the margin of the baseline, an
-    "agrees" could not tell the mechanism from no token mixing at all: the margin, read from the paper's task, is too
-    wide for this one. A "disagrees" stays (the mechanism is then worse than the margin that no attention meets).
+    (``values_b``) with the finding's orientation. Unless the control's 95% Welch-t interval lies wholly below
+    ``-margin`` (shown worse than the margin, the same evidence a claim needs; its mean when either side has one
+    seed), an "agrees" could not tell the mechanism from no token mixing at all: the margin, read from the paper's
+    task, is too wide for this one. A "disagrees" stays (the mechanism is then worse than a margin the control may
+    meet).
     """
     sc, values_b = stat(control), f.get("values_b")
     if f.get("claim_type") != "non-inferiority" or sc is None or not values_b:
         return f
     sb = stat(values_b)
     # the control's effect against the same baseline, oriented like the finding's (positive favours "comparable")
-    effect = sb.mean - sc.mean if f.get("lower_is_better") else sc.mean - sb.mean
+    effect, ci, _ = welch_ci(sc, sb, lower_is_better=bool(f.get("lower_is_better")))
     f["control_effect"] = effect
-    if effect > -f["margin"] and _numbers_verdict(f) != "disagrees":
+    f["control_ci95"] = list(ci) if ci else None
+    top = ci[1] if ci else effect
+    if top > -f["margin"] and _numbers_verdict(f) != "disagrees":
+        where = f"{effect:+.3g} [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci else f"{effect:+.3g}"
         gate(
             f,
-            f"the margin admits no attention: {control_name} is {effect:+.3g} {f.get('unit', '')} from "
-            f"{f.get('b_name')}, within the margin {f['margin']:.3g}, so this test cannot tell the mechanism from none",
+            f"the margin admits no attention: {control_name} is {where} {f.get('unit', '')} from {f.get('b_name')}, "
+            f"not shown outside the margin {f['margin']:.3g}, so this test cannot tell the mechanism from none",
             "control",
         )
     return f

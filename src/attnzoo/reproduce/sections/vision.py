@@ -312,7 +312,9 @@ def sweep_rows(plan: dict) -> list[str]:
     swept = plan.get("swept_ablations", [])
     unknown = sorted(set(swept) - set(plan.get("ablations", [])))
     if unknown:
-        raise ValueError(f"swept_ablations {unknown} are not ablations of this plan; ablations: {plan.get('ablations')}")
+        raise ValueError(
+            f"swept_ablations {unknown} are not ablations of this plan; ablations: {plan.get('ablations')}"
+        )
     rows = list(plan["models"]) + list(plan.get("swaps", [])) + [c for c in _controls(plan) if c != MATCHED]
     return rows + list(swept)
 
@@ -519,11 +521,13 @@ def _plateaus(findings: list[dict], res: dict, rows: dict[str, str]) -> dict:
 def _gate_attention_needed(findings: list[dict]) -> None:
     """Every paper claim here compares token mixers; if the ViT baseline is not shown to beat its no-attention
     control, the task does not test token mixing at this scale and those verdicts are gated on conditions."""
-    check = next((f for f in findings if f.get("b_name") == CONTROL and f.get("a_name") == "vit"), None)
+    check = next(
+        (f for f in findings if f.get("b_name") == CONTROL and f.get("a_name") in ("vit", MEANPOOL_BASE)), None
+    )
     if check is None or check["verdict"] == "agrees":
         return
     why = (
-        f"the task is not shown to need attention: vit vs its no-attention control {CONTROL}, effect "
+        f"the task is not shown to need attention: {check['a_name']} vs its no-attention control {CONTROL}, effect "
         f"{check['effect']:+.3g} pts, 95% CI "
         + (f"[{check['ci95'][0]:+.3g}, {check['ci95'][1]:+.3g}]" if check.get("ci95") else "none (one seed)")
     )
@@ -748,6 +752,29 @@ CONTROLLED_CLAIMS = {
 }
 
 
+#: the mean-pooled baseline and the mean-pooled form of a controlled swap: ToST never passes a CLS token through
+#: TSSA (class-attention layers pool, ToST App. C), and CSP's vision setting is groups of two (CSP Table 5), which
+#: the 17 tokens of a CLS-token skeleton (a prime) do not allow (K = 1, complete sorting: CSP's LRA setting)
+MEANPOOL_BASE = "vit-meanpool"
+MEANPOOLED = {"vit+tssa": "vit+tssa-meanpool", "vit+csp": "vit+csp-meanpool"}
+#: why a CLS-token swap is not the paper's condition (used when its mean-pooled form was not run)
+CLS_CONDITIONS = {
+    "vit+tssa": "TSSA reads the CLS token here; ToST pools with class-attention layers and never passes a CLS token "
+    "through TSSA (ToST App. C)",
+    "vit+csp": "with the CLS token the skeleton has 17 tokens, a prime, so CSP runs with K = 1 (complete sorting, its "
+    "LRA setting) instead of its vision setting of groups of two (CSP Table 5)",
+}
+#: CSP Table 3's MHA baseline is the paper's own ViT (LayerNorm-linear patches, mean pooling) with softmax attention
+CSP_BASE = "csp_vit_skeleton+softmax"
+
+
+def _controlled_pair(a_ctl: str, b_ctl: str, res: dict) -> tuple[str, str]:
+    """The controlled swap a finding reads: the mean-pooled pair where it ran (one factor, the paper's condition)."""
+    if b_ctl == "vit" and MEANPOOLED.get(a_ctl) in res and MEANPOOL_BASE in res:
+        return MEANPOOLED[a_ctl], MEANPOOL_BASE
+    return a_ctl, b_ctl
+
+
 def _findings(res: dict) -> list[dict]:
     out = []
 
@@ -758,8 +785,12 @@ def _findings(res: dict) -> list[dict]:
 
     out += _control_findings(res, cmp)
     for a, a_ctl, b, b_ctl, claim_type, margin, paper, claim, pv in CLAIMS:
+        if a == "csp_vit" and CSP_BASE in res:
+            b = CSP_BASE  # the paper swaps the attention inside its own ViT (CSP §4.1, Table 3's "ViT + MHA")
         if a not in res or b not in res:
             continue
+        cls_row = a_ctl
+        a_ctl, b_ctl = _controlled_pair(a_ctl, b_ctl, res) if a_ctl and b_ctl else (a_ctl, b_ctl)
         f = _with_params(cmp(a, b, claim_type, margin, paper, claim, pv), res, a, b)
         claims.size_gate(f, PAPER_SIZE_RATIO, MATCH_TOLERANCE)
         size_note = (
@@ -781,6 +812,15 @@ def _findings(res: dict) -> list[dict]:
                 ctl["claim"] = f"{claim.split(' ')[0]}'s attention in the ViT skeleton (controlled swap): " + claim
             f["explanation"] = _explain(a, a_ctl, b_ctl, f, ctl, res, claim_type, margin)
             ctl["explanation"] = "controlled swap: same embedding, pooling, blocks, width, depth, data and optimiser"
+            if a_ctl != cls_row:
+                ctl["explanation"] += (
+                    f" (both mean-pool the patch tokens; with the CLS token, {cls_row} vs vit: "
+                    f"{res[cls_row]['accuracy'].fmt('.1f')} vs {res['vit']['accuracy'].fmt('.1f')})"
+                    if cls_row in res and "vit" in res
+                    else " (both mean-pool the patch tokens)"
+                )
+            elif a_ctl in CLS_CONDITIONS:
+                claims.gate(ctl, CLS_CONDITIONS[a_ctl], "conditions")
             if res[a_ctl].get("extra_seeds") and res[b_ctl].get("extra_seeds"):
                 n_a, n_b = res[a_ctl]["accuracy"].n, res[b_ctl]["accuracy"].n
                 ctl["explanation"] += (
@@ -812,7 +852,18 @@ def _control_findings(res: dict, cmp) -> list[dict]:
                 f, f"the parameter counts {pa:,} and {pb:,} differ by more than {MATCH_TOLERANCE:.0%}", "conditions"
             )
         out.append(f)
-    if CONTROL in res and "vit" in res:
+    if CONTROL in res and MEANPOOL_BASE in res:
+        # one factor: the control mean-pools the patches (a CLS token without token mixing never sees the image),
+        # and so does this ViT
+        f = cmp(MEANPOOL_BASE, CONTROL, "superiority", (0.0, ""), "all five papers", "", "")
+        f.update(
+            kind="check",
+            claim="attention helps: the mean-pooled ViT beats its no-attention control (identity token mixer; same "
+            "skeleton and pooling)",
+            paper_value="implicit in every paper: a token mixer is needed",
+        )
+        out.append(f)
+    elif CONTROL in res and "vit" in res:
         f = cmp("vit", CONTROL, "superiority", (0.0, ""), "all five papers", "", "")
         f.update(
             kind="check",
@@ -895,8 +946,8 @@ def _explain(a, a_ctl, b_ctl, f, ctl, res, claim_type, margin) -> str:
     )
     if ctl["verdict"] != f["verdict"] and "inconclusive" not in (ctl["verdict"], f["verdict"]):
         text += "; the two skeletons give opposite verdicts"
-    skel = {"csp_vit": "csp_vit_skeleton+softmax"}.get(a)
-    if skel in res:
+    skel = {"csp_vit": CSP_BASE}.get(a)
+    if skel in res and f.get("b_name") != skel:
         within = claims.compare(
             res[a]["accuracy"], res[skel]["accuracy"], **_cmp_kw(claim_type, margin, "", "", "", a, skel)
         )
