@@ -546,6 +546,33 @@ def test_layerwise_probe_over_seeds_uses_the_mean_series_and_the_seeds_agreement
     assert not any(i.startswith("probes/train/vit/extra-seed") for i in ids)  # no layer-wise claim for softmax
 
 
+def test_layerwise_verdict_stands_only_where_the_papers_own_measure_agrees():
+    from attnzoo.reproduce.sections import probes
+
+    falling, rising = [5.0, 4.0, 3.0, 2.0], [2.0, 3.0, 4.0, 5.0]
+
+    def probe(claim, literal):
+        rows = [
+            {
+                "name": f"blocks.{i}.attn",
+                "mechanism": "tssa",
+                "variational_compression": c,
+                "variational_compression_out": o,
+            }
+            for i, (c, o) in enumerate(zip(claim, literal, strict=True))
+        ]
+        return {"layers": rows, "series": {"variational_compression": claim}}
+
+    # ToST Fig. 4a plots the TSSA outputs: they rise where the claim measure falls, on both seeds
+    f = probes._layerwise_finding("tost", probe(falling, rising), {}, None, [probe(falling, rising)])
+    assert f["ungated_verdict"] == "agrees" and f["verdict"] == "inconclusive" and f["gate_reasons"] == ["conditions"]
+    assert "ToST Fig. 4a plots (R^var_c, block output) gives disagrees" in f["gate"]
+    assert f["literal_measure"]["verdict"] == "disagrees"
+    # both measures fall: the verdict stands
+    f = probes._layerwise_finding("tost", probe(falling, falling), {}, None, [probe(falling, falling)])
+    assert f["verdict"] == "agrees" and "gate" not in f
+
+
 def test_baselines_count_as_learned_only_when_every_seed_learned():
     from attnzoo.reproduce.claims import stat
     from attnzoo.reproduce.sections import icl, lra
