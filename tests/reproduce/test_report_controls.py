@@ -683,3 +683,27 @@ def test_clock_span_covers_the_steps_computed_here_and_leaves_imported_ones_out(
     assert "its 2 steps computed here" in text
     assert "2026-11-27 01:00:00 to 2026-11-27 01:52:30" in text and "52.5 min" in text
     assert _clock_span({"c": recs["c"]}) == "no step computed in this directory"
+
+
+def test_the_first_screen_names_the_decided_trained_comparisons():
+    from attnzoo.reproduce.report import _brief
+
+    paper = [
+        {"paper": "P1", "claim": "A beats B", "claim_type": "superiority", "verdict": "agrees"},
+        {"paper": "P2", "claim": "C keeps D", "claim_type": "non-inferiority", "verdict": "disagrees"},
+        {
+            "paper": "P3",
+            "claim": "E",
+            "claim_type": "superiority",
+            "verdict": "inconclusive",
+            "ungated_verdict": "agrees",
+        },
+        {"paper": "P4", "claim": "F", "claim_type": "superiority", "verdict": "inconclusive"},
+        {"paper": "P5", "claim": "fast", "verdict": "agrees"},
+        {"paper": "P6", "claim": "slow", "verdict": "not tested"},
+    ]
+    text = "\n".join(_brief(paper))
+    assert "Trained comparisons (4): 1 agree: P1 (A beats B)." in text
+    assert "- 1 disagree: P2 (C keeps D)." in text
+    assert "2 inconclusive at this scale (1 of them decided by their intervals alone" in text
+    assert "of 1 measured claims (timings, memory, iterations, probes), 1 agrees." in text

@@ -96,7 +96,7 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
     counts = Counter(f["verdict"] for _, f in paper)
     trained = Counter(f["verdict"] for _, f in paper if f.get("claim_type"))
     decided = trained.get("agrees", 0) + trained.get("disagrees", 0)
-    lines = [
+    lines = _brief([f for _, f in paper]) + [
         f"**{len(paper)} claims of the five papers** tested: "
         + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
         + f". Of them, {sum(trained.values())} compare trained models over seeds: "
@@ -165,6 +165,31 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
             "",
         ]
     return lines
+
+
+def _brief(paper: list[dict]) -> list[str]:
+    """Three plain lines first: which trained comparisons were decided and how, and how the measurements went."""
+    trained = [f for f in paper if f.get("claim_type")]
+    measured = [f for f in paper if not f.get("claim_type") and f["verdict"] != "not tested"]
+
+    def named(verdict: str) -> str:
+        hits = [f"{f['paper']} ({f['claim']})" for f in trained if f["verdict"] == verdict]
+        return f"{len(hits)} {verdict.removesuffix('s')}" + (": " + "; ".join(hits) if hits else "")
+
+    incon = [f for f in trained if f["verdict"] == "inconclusive"]
+    gated = sum(1 for f in incon if f.get("ungated_verdict"))
+    mc = Counter(f["verdict"] for f in measured)
+    return [
+        "**In brief.**",
+        "",
+        f"- Trained comparisons ({len(trained)}): {named('agrees')}.",
+        f"- {named('disagrees')}.",
+        f"- {len(incon)} inconclusive at this scale ({gated} of them decided by their intervals alone but gated by a "
+        f"precondition below); of {len(measured)} measured claims (timings, memory, iterations, probes), "
+        + ", ".join(f"{mc.get(v, 0)} {v}" for v in VERDICTS if v != "not tested" and mc.get(v))
+        + ".",
+        "",
+    ]
 
 
 def _gate_lines(paper: list[dict], counts: Counter) -> list[str]:
