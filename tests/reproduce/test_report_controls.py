@@ -707,3 +707,15 @@ def test_the_first_screen_names_the_decided_trained_comparisons():
     assert "- 1 disagree: P2 (C keeps D)." in text
     assert "2 inconclusive at this scale (1 of them decided by their intervals alone" in text
     assert "of 1 measured claims (timings, memory, iterations, probes), 1 agrees." in text
+
+
+def test_a_one_seed_plateau_run_is_compared_with_the_same_seed_of_the_baseline():
+    from attnzoo.reproduce.claims import plateau_gate
+
+    # the in-context case the session-20 referee found: seed 0 moves 0.182 -> 0.0825, the three-seed mean 0.442
+    p = plateau_gate([], "gpt", stat([0.182, 0.660, 0.483]), stat([0.0825]), "error/d")
+    assert p["change"] == pytest.approx(0.0825 - 0.182)
+    assert "on the same seed (1 of 3): 0.182 -> 0.0825 (change -0.0995)" in p["text"]
+    # every seed at twice the steps: the means, as before
+    p = plateau_gate([], "vit", stat([84.0, 85.0, 84.5]), stat([84.2, 84.8, 84.4]), "%")
+    assert p["change"] == pytest.approx(84.4667 - 84.5, abs=1e-3) and "same seed" not in p["text"]

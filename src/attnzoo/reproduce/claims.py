@@ -363,10 +363,21 @@ def plateau_gate(
         fails = compared
         text = f"{baseline}: no run at twice the steps, so its plateau is not shown"
     else:
-        change = longer.mean - base.mean
+        # a plateau run of fewer seeds (the first ones) is compared with the same seeds of the baseline: the seeds'
+        # spread is not a change with the steps (the session-20 referee: in-context GPT moved -0.36 against the
+        # three-seed mean, -0.10 on its own seed)
+        paired = Stat(tuple(base.values[: longer.n])) if longer.n < base.n else base
+        change = longer.mean - paired.mean
         fails = [f for f in decided if clearance[id(f)] <= abs(change)]
+        same = (
+            f"; on the same seed{'s' if longer.n > 1 else ''} ({longer.n} of {base.n}): {paired.mean:{spec}} -> "
+            f"{longer.mean:{spec}}"
+            if paired is not base
+            else ""
+        )
         text = (
-            f"{baseline} at twice the steps: {longer.fmt(spec)} vs {base.fmt(spec)} {unit} (change {change:+.3g}); "
+            f"{baseline} at twice the steps: {longer.fmt(spec)} vs {base.fmt(spec)} {unit}{same} (change "
+            f"{change:+.3g}); "
             + (
                 "no decided comparison in this section to set the bar"
                 if smallest is None
