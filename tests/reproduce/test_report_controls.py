@@ -719,3 +719,17 @@ def test_a_one_seed_plateau_run_is_compared_with_the_same_seed_of_the_baseline()
     # every seed at twice the steps: the means, as before
     p = plateau_gate([], "vit", stat([84.0, 85.0, 84.5]), stat([84.2, 84.8, 84.4]), "%")
     assert p["change"] == pytest.approx(84.4667 - 84.5, abs=1e-3) and "same seed" not in p["text"]
+
+
+def test_a_compared_row_that_moves_more_at_twice_the_steps_than_its_verdict_clears_is_gated():
+    from attnzoo.reproduce.claims import compared_row_gate
+
+    # CSP on ListOps 7 points behind softmax, its interval clearing 0 by ~6; CSP itself gains 7.7 at twice the steps
+    f = _cmp([25.0, 26.0, 25.5], [32.5, 33.0, 32.8], "csp", "softmax", 0.0)
+    assert f["verdict"] == "disagrees"
+    g = compared_row_gate(dict(f), "csp on listops", stat([25.0, 26.0, 25.5]), stat([33.0, 33.2, 33.4]), "%")
+    assert g["verdict"] == "inconclusive" and g["gate_reasons"] == ["plateau"]
+    assert "csp on listops itself moves +7.7 % at twice the steps" in g["gate"]
+    # a small move leaves it standing
+    h = compared_row_gate(dict(f), "csp on listops", stat([25.0, 26.0, 25.5]), stat([25.6, 25.9, 25.4]), "%")
+    assert h["verdict"] == "disagrees" and h["compared_row_change"] == pytest.approx(0.133, abs=1e-3)

@@ -42,6 +42,7 @@ __all__ = [
     "gate",
     "size_gate",
     "margin_control_gate",
+    "compared_row_gate",
     "plateau_gate",
     "VERDICTS",
     "change_word",
@@ -402,6 +403,26 @@ def plateau_gate(
         "gated": len(fails),
         "text": text,
     }
+
+
+def compared_row_gate(f: dict, row: str, base: Stat | None, longer: Stat | None, unit: str) -> dict:
+    """The plateau test of a compared row (``f``'s side a) where it has a run at twice the steps: a decided verdict
+    stands only if its interval clears the boundary by more than the row's own move, as :func:`plateau_gate` asks
+    of the baseline (the session-20 referee: CSP on ListOps gained +5.9 at twice the steps, softmax +0.58). The
+    move is read on the seeds the longer run has."""
+    if base is None or longer is None or _numbers_verdict(f) not in ("agrees", "disagrees") or not f.get("ci95"):
+        return f
+    paired = Stat(tuple(base.values[: longer.n])) if longer.n < base.n else base
+    change = longer.mean - paired.mean
+    f["compared_row_change"] = change
+    if _clearance(f) <= abs(change):
+        gate(
+            f,
+            f"{row} itself moves {change:+.3g} {unit} at twice the steps ({paired.mean:.4g} -> {longer.mean:.4g}), "
+            f"more than the interval clears the boundary by ({_clearance(f):.3g})",
+            "plateau",
+        )
+    return f
 
 
 def _numbers_verdict(f: dict) -> str:

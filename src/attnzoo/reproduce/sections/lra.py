@@ -597,6 +597,14 @@ def _plateau(findings: list[dict], res: dict, learned: list[str], ablations: dic
         out[t] = claims.plateau_gate(
             own, f"softmax on {t}", res["softmax"][t]["accuracy"], longer, "%", ".1f", curves=curves
         )
+        # a compared mechanism with its own run at twice the steps must not move more than the verdict clears by
+        for f in own:
+            m = f.get("a_name")
+            row = next(
+                (a for a in ablations.values() if a["mechanism"] == m and a["task"] == t and _only_longer(a)), None
+            )
+            if row and m in res and t in res[m]:
+                claims.compared_row_gate(f, f"{m} on {t}", res[m][t]["accuracy"], row["result"]["accuracy"], "%")
     return out
 
 
