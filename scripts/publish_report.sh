@@ -14,9 +14,9 @@ abs=$(cd "$src" && pwd)
 # paths of this machine become DIR (the run's --out) so the committed files name no local directory
 sed -E -e "s#$abs#DIR#g" -e 's#"/[^"]*/(runs/[^"]*)"#"DIR/\1"#g' "$src/results.json" > docs/results/results.json
 sed -e "s#$abs#DIR#g" "$src/configs.md" > docs/results/configs.md
-# compact JSON without the per-step training-loss curves (nor run_dir where it is DIR/runs/<step id>), the steps'
-# results to 4 significant digits (a probe's scatter points to 3) and the sections' floats (the findings'
-# statistics) to 5: the repository keeps files under 600 KiB, the run's own results.json keeps every digit and
+# compact JSON without the per-step training-loss curves (nor run_dir where it is DIR/runs/<step id>, nor a probe's
+# plot-only arrays), the steps' results to 4 significant digits and the sections' floats (the findings' statistics)
+# to 5: the repository keeps files under 600 KiB, the run's own results.json keeps every digit and
 # curve; the steps' configurations as written, so their hashes still match for --reuse
 python3 - docs/results/results.json <<'PYEOF'
 import json, sys
@@ -32,6 +32,7 @@ def rounded(x, digits=5):
     return x
 
 
+PLOT_ONLY = ("points", "labels", "directions", "cls_maps", "matrices", "snr_per_cluster")
 p = sys.argv[1]
 d = json.load(open(p))
 for sid, rec in d["steps"].items():
@@ -39,8 +40,13 @@ for sid, rec in d["steps"].items():
     if rec["result"].get("run_dir") == f"DIR/runs/{sid}":  # always the run's --out, runs/, the step's id
         del rec["result"]["run_dir"]
     rec["result"] = rounded(rec["result"], 4)
-    if "points" in rec["result"]:  # a probe's scatter coordinates, drawn in its plot: 3 digits are plenty
-        rec["result"]["points"] = rounded(rec["result"]["points"], 3)
+    # a probe's plot-only arrays (point clouds, attention maps, per-cluster curves) are drawn in the committed plots
+    # and kept in the run's own results.json; without them --reuse computes such a step again
+    slim = [k for k in PLOT_ONLY if k in rec["result"]]
+    for k in slim:
+        del rec["result"][k]
+    if slim:
+        rec["result_slimmed"] = slim
 d["sections"] = rounded(d["sections"])
 open(p, "w").write(json.dumps(d, separators=(",", ":")) + "\n")
 PYEOF

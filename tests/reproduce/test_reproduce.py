@@ -666,6 +666,10 @@ def test_reuse_imports_only_steps_whose_config_is_unchanged(tmp_path):
         assert new.load(changed_now) is None and new.load(new_step) is None
     with pytest.raises(ReproduceError, match="not a readable results.json"):
         import_results(tmp_path / "missing.json", [same], StepStore(tmp_path / "x"))
+    # a published record whose plot arrays were dropped (publish_report.sh) is computed again, not imported
+    slim = dict(old.load_by_id("sec/same"), result_slimmed=["points"])
+    results.write_text(json.dumps({"steps": {"sec/same": slim}}))
+    assert import_results(results, [same], StepStore(tmp_path / "slim")) == 0
 
 
 def test_reuse_of_a_directory_brings_the_run_files_a_later_step_loads(tmp_path):

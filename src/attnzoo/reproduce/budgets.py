@@ -326,35 +326,7 @@ def _long() -> dict:
     # ~225 (in-context regression's, below)
     for key in ("vision", "long-range", "language"):
         plan[key]["sweep_fraction"] = 0.5
-    vis = plan["vision"]
-    # the default's 16 tokens (8x8 patches of the images at 32x32: each covers a 7x7 region of the original, as
-    # patches of 7 do at 28x28; ToST and XCiT's convolutional patch stems need a power-of-two patch size), 2.5x the
-    # steps. 1,000 steps: at 1,200 the ViT moved +0.1 points at twice the steps (session 15), and the 1,200-step
-    # plan measured ~2 h 25 min in all
-    vis["train"] = {"steps": 1000, "batch_size": 64, "lr": 6e-3, "warmup_steps": 100}
-    # the default's 10,000 training images: 1,000 steps are 6.4 epochs, near the plateau (session 16: ViT +0.53 at
-    # twice the steps). With all 60,000 (session 18) the same steps are 1.1 epochs and every baseline still rose at
-    # twice them (ViT +1.67, CRATE +1.7, XCiT +2.83), while the no-attention control's gap did not widen (ViT 85.3 vs
-    # 83.6 with 60,000, 84.5 vs 82.3 with 10,000, seed 0)
-    # the papers' own baselines (CRATE for CBT and AoT, XCiT for ToST) get plateau runs too, one seed each
-    vis["plateau_baselines"] = ["crate", "xcit"]
-    # the mean-pooled ViT (the one-factor baseline of the no-attention control and of TSSA's and CSP's mean-pooled
-    # swaps) and CSP's swap at 16 tokens (K = 8 groups of two, its vision setting; with the CLS token K = 1); these
-    # and the two rows the session-20 referee found compared at another row's rate are swept on their own
-    vis["ablations"] = list(vis["ablations"]) + ["vit-meanpool", "vit+csp-meanpool"]
-    vis["swept_ablations"] = ["vit-meanpool", "vit+csp-meanpool", "vit+tssa-meanpool", "csp_vit_skeleton+softmax"]
-    # rows whose best rate was on an end of the common grid in the session-16 or session-18 long runs get one rate
-    # beyond it (vit+tssa and vit+csp were best at 1.2e-2 in session 16 and at 2e-3 in session 18, hence both)
-    vis["lr_sweep_extra"] = {r: [7e-4] for r in ("tost", "xcit", "aot", "fastmax_vit", "vit+cbsa")} | {
-        "vit+tssa": [7e-4, 2.4e-2],
-        "vit+csp": [7e-4, 2.4e-2],
-        "vit+identity": [2.4e-2],
-    }
-    vis["lr_sweep_extra"] |= {r: [7e-4] for r in ("vit-meanpool", "csp_vit_skeleton+softmax")} | {
-        r: [7e-4, 2.4e-2] for r in ("vit+csp-meanpool", "vit+tssa-meanpool")
-    }
-    # no extra seeds for CBSA vs MSSA (`extra_seeds`): 6 vs 6 seeds left it inconclusive (-0.71 [-1.66, +0.24]) and
-    # their 4.4 thread-minutes do not fit 2 h
+    _long_vision(plan["vision"])
     lang = plan["language"]
     lang["task_options"] = {"block_size": 64}
     # 1,200 steps: at 800, one GPT seed of three stayed 0.43 bits/char below the bigram model (2.81/2.89/3.16 against
@@ -390,6 +362,38 @@ def _long() -> dict:
     # tokens, 300 steps at the untuned 2e-3 (the probes read the layers, not accuracy)
     probes["layerwise_seeds"] = 2
     return plan
+
+
+def _long_vision(vis: dict) -> None:
+    """`long`'s vision rows, steps, data and grid (the `default` section it derives from, changed in place)."""
+    # the default's 16 tokens (8x8 patches of the images at 32x32: each covers a 7x7 region of the original, as
+    # patches of 7 do at 28x28; ToST and XCiT's convolutional patch stems need a power-of-two patch size), 2.5x the
+    # steps. 1,000 steps: at 1,200 the ViT moved +0.1 points at twice the steps (session 15), and the 1,200-step
+    # plan measured ~2 h 25 min in all
+    vis["train"] = {"steps": 1000, "batch_size": 64, "lr": 6e-3, "warmup_steps": 100}
+    # the default's 10,000 training images: 1,000 steps are 6.4 epochs, near the plateau (session 16: ViT +0.53 at
+    # twice the steps). With all 60,000 (session 18) the same steps are 1.1 epochs and every baseline still rose at
+    # twice them (ViT +1.67, CRATE +1.7, XCiT +2.83), while the no-attention control's gap did not widen (ViT 85.3 vs
+    # 83.6 with 60,000, 84.5 vs 82.3 with 10,000, seed 0)
+    # the papers' own baselines (CRATE for CBT and AoT, XCiT for ToST) get plateau runs too, one seed each
+    vis["plateau_baselines"] = ["crate", "xcit"]
+    # the mean-pooled ViT (the one-factor baseline of the no-attention control and of TSSA's and CSP's mean-pooled
+    # swaps) and CSP's swap at 16 tokens (K = 8 groups of two, its vision setting; with the CLS token K = 1); these
+    # and the two rows the session-20 referee found compared at another row's rate are swept on their own
+    vis["ablations"] = list(vis["ablations"]) + ["vit-meanpool", "vit+csp-meanpool"]
+    vis["swept_ablations"] = ["vit-meanpool", "vit+csp-meanpool", "vit+tssa-meanpool", "csp_vit_skeleton+softmax"]
+    # rows whose best rate was on an end of the common grid in the session-16 or session-18 long runs get one rate
+    # beyond it (vit+tssa and vit+csp were best at 1.2e-2 in session 16 and at 2e-3 in session 18, hence both)
+    vis["lr_sweep_extra"] = {r: [7e-4] for r in ("tost", "xcit", "aot", "fastmax_vit", "vit+cbsa")} | {
+        "vit+tssa": [7e-4, 2.4e-2],
+        "vit+csp": [7e-4, 2.4e-2],
+        "vit+identity": [2.4e-2],
+    }
+    vis["lr_sweep_extra"] |= {r: [7e-4] for r in ("vit-meanpool", "csp_vit_skeleton+softmax")} | {
+        r: [7e-4, 2.4e-2] for r in ("vit+csp-meanpool", "vit+tssa-meanpool")
+    }
+    # no extra seeds for CBSA vs MSSA (`extra_seeds`): 6 vs 6 seeds left it inconclusive (-0.71 [-1.66, +0.24]) and
+    # their 4.4 thread-minutes do not fit 2 h
 
 
 def _long_listops(lra: dict) -> None:

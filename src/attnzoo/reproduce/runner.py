@@ -277,6 +277,8 @@ def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore)
             continue
         if config_hash(rec.get("config", {})) != step.hash or "result" not in rec:
             continue
+        if rec.get("result_slimmed"):
+            continue  # a published record without its plot arrays (publish_report.sh): computed again instead
         # a step's run directory (checkpoints a later step loads, e.g. a pretrained model) comes with its record
         runs = path / "runs" / step.id if path.is_dir() else None
         if runs is not None and runs.is_dir() and not store.run_dir(step.id).exists():
