@@ -84,11 +84,18 @@ def test_layerwise_findings_judge_the_latter_half_and_explain_with_ablations():
     for f in out.values():
         # a finding's fields, plus the probe model it was measured on (its random-initialisation control's key)
         base = set(claims.finding("p", "c", "v", "m", "agrees", "r", kind="paper", measurement=True))
-        assert set(f) == base | {"probe_model"}
+        # where the paper's own measure was probed too: its verdict, and the gate when it differs
+        assert (
+            base | {"probe_model"}
+            <= set(f)
+            <= base | {"probe_model", "literal_measure", "gate", "gate_reasons", "ungated_verdict"}
+        )
         assert f["kind"] == "paper" and f["measurement"] is True
         assert f["seeds"] == 1 and "60.0% validation accuracy at depth 8" in f["measured"]
-    # CRATE rises over its first half and falls over its latter half: agrees (layers 5 -> 8: 50 -> 47, 3 of 3 fall)
-    assert out["crate"]["verdict"] == "agrees"
+    # CRATE rises over its first half and falls over its latter half: agrees (layers 5 -> 8: 50 -> 47, 3 of 3 fall),
+    # but CBSA Fig. 5's own measure (raw eq 2) rises over those layers: the verdict is gated on the definition
+    assert out["crate"]["ungated_verdict"] == "agrees" and out["crate"]["verdict"] == "inconclusive"
+    assert out["crate"]["gate_reasons"] == ["conditions"] and out["crate"]["literal_measure"]["verdict"] == "disagrees"
     # ... while the raw eq 2 rises over the same layers: the agreement says the definition decides it
     assert out["crate"]["explanation"].startswith("the definition matters: with the raw eq 2")
     assert "layer 5 → 8: 14 → 17" in out["crate"]["explanation"] and out["crate"]["explanation"].endswith("disagrees")
@@ -96,7 +103,7 @@ def test_layerwise_findings_judge_the_latter_half_and_explain_with_ablations():
     assert "30 → 40 → 45" in out["crate"]["measured"]  # per-layer numbers stated
     # CBT rises: disagrees, and the explanation gives the raw measure on the same model and the shallow model
     f = out["cbt"]
-    assert f["verdict"] == "disagrees"
+    assert f["ungated_verdict"] == "disagrees" and f["verdict"] == "inconclusive"  # raw eq 2 falls: gated
     assert "R^c raw (eq 2) on the same model" in f["explanation"]
     assert "verdict by the same rule agrees" in f["explanation"]
     assert "depth-2 model, same measure: 33 → 31" in f["explanation"]

@@ -702,7 +702,17 @@ def test_the_first_screen_names_the_decided_trained_comparisons():
         {"paper": "P5", "claim": "fast", "verdict": "agrees"},
         {"paper": "P6", "claim": "slow", "verdict": "not tested"},
     ]
-    text = "\n".join(_brief(paper))
+    checks = [
+        (
+            "Vision",
+            {"claim": "attention helps: x", "verdict": "inconclusive", "measured": "m +0.6", "gates_section": True},
+        ),
+        ("Language", {"claim": "attention helps: y", "verdict": "inconclusive", "measured": "n"}),
+    ]
+    assert "attention is not shown" not in "\n".join(_brief(paper))
+    text = "\n".join(_brief(paper, checks))
+    assert "- Vision: attention is not shown to matter (m +0.6), so its paper claims are gated on conditions." in text
+    assert "Language: attention" not in text
     assert "Trained comparisons (4): 1 agree: P1 (A beats B)." in text
     assert "- 1 disagree: P2 (C keeps D)." in text
     assert "2 inconclusive at this scale (1 of them decided by their intervals alone" in text

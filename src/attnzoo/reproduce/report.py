@@ -96,7 +96,7 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
     counts = Counter(f["verdict"] for _, f in paper)
     trained = Counter(f["verdict"] for _, f in paper if f.get("claim_type"))
     decided = trained.get("agrees", 0) + trained.get("disagrees", 0)
-    lines = _brief([f for _, f in paper]) + [
+    lines = _brief([f for _, f in paper], checks) + [
         f"**{len(paper)} claims of the five papers** tested: "
         + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
         + f". Of them, {sum(trained.values())} compare trained models over seeds: "
@@ -167,8 +167,9 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
     return lines
 
 
-def _brief(paper: list[dict]) -> list[str]:
-    """Three plain lines first: which trained comparisons were decided and how, and how the measurements went."""
+def _brief(paper: list[dict], checks: list[tuple[str, dict]] = ()) -> list[str]:
+    """Plain lines first: which trained comparisons were decided and how, how the measurements went, and each
+    section whose no-attention control is not shown to lose (its paper claims then test no token mixing)."""
     trained = [f for f in paper if f.get("claim_type")]
     measured = [f for f in paper if not f.get("claim_type") and f["verdict"] != "not tested"]
 
@@ -188,6 +189,11 @@ def _brief(paper: list[dict]) -> list[str]:
         f"precondition below); of {len(measured)} measured claims (timings, memory, iterations, probes), "
         + ", ".join(f"{mc.get(v, 0)} {v}" for v in VERDICTS if v != "not tested" and mc.get(v))
         + ".",
+        *[
+            f"- {t}: attention is not shown to matter ({f['measured']}), so its paper claims are gated on conditions."
+            for t, f in checks
+            if f.get("gates_section")
+        ],
         "",
     ]
 

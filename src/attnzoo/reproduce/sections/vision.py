@@ -526,6 +526,7 @@ def _gate_attention_needed(findings: list[dict]) -> None:
     )
     if check is None or check["verdict"] == "agrees":
         return
+    check["gates_section"] = True  # the first screen says so
     why = (
         f"the task is not shown to need attention: {check['a_name']} vs its no-attention control {CONTROL}, effect "
         f"{check['effect']:+.3g} pts, 95% CI "
