@@ -252,6 +252,12 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
     assert own["b_name"] == "csp_vit_skeleton+softmax" and own["verdict"] == "inconclusive"
     check = next(f for f in out if f["claim"].startswith("attention helps"))
     assert (check["a_name"], check["b_name"]) == ("vit-meanpool", "vit+identity")
+    # against XCiT the swap keeps the CLS token (no mean-pooled XCA row): the mean-pooled TSSA's gap names two factors
+    res |= {"xcit": r(85.0, 85.4, 85.2), "vit+xca": r(83.0, 83.4, 83.2)}
+    vs_xcit = next(
+        f for f in vision._findings(res) if f["claim"] == "ToST is competitive with XCiT (same skeleton, XCA attention)"
+    )
+    assert "which keeps its CLS token: two factors; only the change is one factor's" in vs_xcit["explanation"]
     assert "same skeleton and pooling" in check["claim"]
 
 

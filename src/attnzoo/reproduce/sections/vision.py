@@ -964,4 +964,9 @@ def _explain(a, a_ctl, b_ctl, f, ctl, res, claim_type, margin) -> str:
         text += f"; ablation {mp} (mean pooling instead of the CLS token, one factor): " + gap_change(
             res, a_ctl, mp, b_ctl
         )
+        if b_ctl != "vit":  # the other side keeps its CLS token: the new gap is between two pooling schemes
+            text += (
+                f" (the new gap compares the mean-pooled TSSA row with {b_ctl}, which keeps its CLS token: two "
+                "factors; only the change is one factor's)"
+            )
     return text
