@@ -109,6 +109,11 @@ def test_layer_equal_to_alone(causal, mode):
     assert_equal_to_alone(call, seqs, {"x": 1}, mode=mode, out_axis=1)
 
 
+def _p1_cpu(q, k, v, **kw):
+    """p=1 on the "cpu" backend at D = 17 with scale 1/D (non-negative weights): the fused kernel's cases."""
+    return fastmax(q, k, v, p=1, scale=1 / 17, backend="cpu", **kw)
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_cpu_kernel_takes_segments_natively(monkeypatch, dtype, mode):
@@ -121,12 +126,8 @@ def test_cpu_kernel_takes_segments_natively(monkeypatch, dtype, mode):
     tol = 1e-10 if dtype == torch.float64 else 1e-4
     for lengths in ([5, 1, 9, 4], [70, 1, 130, 64]):
         seqs = _seqs(lengths, dtype=dtype, d=17, dv=9)
-
-        def call(q, k, v, **kw):
-            return fastmax(q, k, v, p=1, scale=1 / 17, backend="cpu", **kw)
-
         with torch.no_grad():
-            assert_equal_to_alone(call, seqs, AXES, mode=mode, backward=False, rtol=tol, atol=tol)
+            assert_equal_to_alone(_p1_cpu, seqs, AXES, mode=mode, backward=False, rtol=tol, atol=tol)
     assert len(calls) == 2
 
 
@@ -142,11 +143,7 @@ def test_cpu_kernel_trains_on_each_sequences_slice(monkeypatch, dtype, mode):
     tol = 1e-10 if dtype == torch.float64 else 1e-4
     lengths = [70, 1, 130, 64]
     seqs = _seqs(lengths, dtype=dtype, d=17, dv=9)
-
-    def call(q, k, v, **kw):
-        return fastmax(q, k, v, p=1, scale=1 / 17, backend="cpu", **kw)
-
-    assert_equal_to_alone(call, seqs, AXES, mode=mode, rtol=tol, atol=tol)
+    assert_equal_to_alone(_p1_cpu, seqs, AXES, mode=mode, rtol=tol, atol=tol)
     # the calls made together: one per sequence, at its own length (the alone calls add the same lengths again)
     assert sorted(shapes) == sorted(lengths * 2)
 

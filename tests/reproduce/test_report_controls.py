@@ -216,6 +216,11 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
     def r(*v):
         return {"accuracy": stat(list(v)), "params": 100_000}
 
+    def tost_vs_vit_swap(out):
+        return next(
+            f for f in out if f["claim"].startswith("ToST's attention in the ViT skeleton") and "XCiT" not in f["claim"]
+        )
+
     res = {
         "vit": r(84.0, 84.5, 84.2),
         "tost": r(84.1, 84.3, 84.2),
@@ -225,9 +230,7 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
         "vit+identity": r(82.0, 82.4, 82.2),
     }
     out = vision._findings(res)
-    ctl = next(
-        f for f in out if f["claim"].startswith("ToST's attention in the ViT skeleton") and "XCiT" not in f["claim"]
-    )
+    ctl = tost_vs_vit_swap(out)
     assert (ctl["a_name"], ctl["b_name"]) == ("vit+tssa", "vit") and ctl["gate_reasons"] == ["conditions"]
     assert "never passes a CLS token through TSSA" in ctl["gate"] and ctl["ungated_verdict"] == "disagrees"
     csp = next(f for f in out if f["claim"].startswith("CSP-ViT's attention in the ViT skeleton"))
@@ -241,9 +244,7 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
         "csp_vit_skeleton+softmax": r(82.1, 82.5, 82.3),
     }
     out = vision._findings(res)
-    ctl = next(
-        f for f in out if f["claim"].startswith("ToST's attention in the ViT skeleton") and "XCiT" not in f["claim"]
-    )
+    ctl = tost_vs_vit_swap(out)
     assert (ctl["a_name"], ctl["b_name"]) == ("vit+tssa-meanpool", "vit-meanpool") and "gate" not in ctl
     assert "with the CLS token, vit+tssa vs vit: 79.2" in ctl["explanation"]
     csp = next(f for f in out if f["claim"].startswith("CSP-ViT's attention in the ViT skeleton"))

@@ -384,14 +384,9 @@ def _long_vision(vis: dict) -> None:
     vis["swept_ablations"] = ["vit-meanpool", "vit+csp-meanpool", "vit+tssa-meanpool", "csp_vit_skeleton+softmax"]
     # rows whose best rate was on an end of the common grid in the session-16 or session-18 long runs get one rate
     # beyond it (vit+tssa and vit+csp were best at 1.2e-2 in session 16 and at 2e-3 in session 18, hence both)
-    vis["lr_sweep_extra"] = {r: [7e-4] for r in ("tost", "xcit", "aot", "fastmax_vit", "vit+cbsa")} | {
-        "vit+tssa": [7e-4, 2.4e-2],
-        "vit+csp": [7e-4, 2.4e-2],
-        "vit+identity": [2.4e-2],
-    }
-    vis["lr_sweep_extra"] |= {r: [7e-4] for r in ("vit-meanpool", "csp_vit_skeleton+softmax")} | {
-        r: [7e-4, 2.4e-2] for r in ("vit+csp-meanpool", "vit+tssa-meanpool")
-    }
+    low = ("tost", "xcit", "aot", "fastmax_vit", "vit+cbsa", "vit-meanpool", "csp_vit_skeleton+softmax")
+    both = ("vit+tssa", "vit+csp", "vit+tssa-meanpool", "vit+csp-meanpool")
+    vis["lr_sweep_extra"] = {r: [7e-4] for r in low} | {r: [7e-4, 2.4e-2] for r in both} | {"vit+identity": [2.4e-2]}
     # no extra seeds for CBSA vs MSSA (`extra_seeds`): 6 vs 6 seeds left it inconclusive (-0.71 [-1.66, +0.24]) and
     # their 4.4 thread-minutes do not fit 2 h
 

@@ -367,8 +367,7 @@ def plateau_gate(
         # a plateau run of fewer seeds (the first ones) is compared with the same seeds of the baseline: the seeds'
         # spread is not a change with the steps (the session-20 referee: in-context GPT moved -0.36 against the
         # three-seed mean, -0.10 on its own seed)
-        paired = Stat(tuple(base.values[: longer.n])) if longer.n < base.n else base
-        change = longer.mean - paired.mean
+        paired, change = _paired_change(base, longer)
         fails = [f for f in decided if clearance[id(f)] <= abs(change)]
         same = (
             f"; on the same seed{'s' if longer.n > 1 else ''} ({longer.n} of {base.n}): {paired.mean:{spec}} -> "
@@ -412,8 +411,7 @@ def compared_row_gate(f: dict, row: str, base: Stat | None, longer: Stat | None,
     move is read on the seeds the longer run has."""
     if base is None or longer is None or _numbers_verdict(f) not in ("agrees", "disagrees") or not f.get("ci95"):
         return f
-    paired = Stat(tuple(base.values[: longer.n])) if longer.n < base.n else base
-    change = longer.mean - paired.mean
+    paired, change = _paired_change(base, longer)
     f["compared_row_change"] = change
     if _clearance(f) <= abs(change):
         gate(
@@ -423,6 +421,12 @@ def compared_row_gate(f: dict, row: str, base: Stat | None, longer: Stat | None,
             "plateau",
         )
     return f
+
+
+def _paired_change(base: Stat, longer: Stat) -> tuple[Stat, float]:
+    """How far a run at twice the steps moved: against the same (first) seeds of ``base`` when it has fewer."""
+    paired = Stat(tuple(base.values[: longer.n])) if longer.n < base.n else base
+    return paired, longer.mean - paired.mean
 
 
 def _numbers_verdict(f: dict) -> str:

@@ -202,19 +202,10 @@ def _auto_takes_triton(inputs: tuple, options: Mapping[str, Any]) -> bool:
 def _kernel_covers(inputs: tuple, p, causal) -> bool:
     """What the fused kernel (``cpu.cpp``) computes: the non-causal p=1 op on float32/float64 tensors, unmasked
     (forward, and the forward of training) or over padded batches / packed rows (inference natively; training on
-    each sequence's slice, where :func:`_masked_runs` finds few contiguous ones, else the PyTorch sweeps); it is
+    each sequence's slice where ``contiguous_runs`` finds few contiguous ones, else the PyTorch sweeps); it is
     opaque to torch.compile."""
     q = inputs[0]
     return p == 1 and not causal and q.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling()
-
-
-def _masked_runs(inputs: tuple, segs) -> list | None:
-    """The runs (:func:`~attnzoo.ops._segment_ops.contiguous_runs`) on which a masked call that needs gradients
-    runs the unmasked kernel and its backward, one sequence's slice at a time; ``None`` when the call needs no
-    gradient (the kernel takes the segments natively) or its sequences are not few and contiguous."""
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
-        return None
-    return contiguous_runs(segs, fastmax_varlen._SLICED_MAX)
 
 
 def _auto_takes_kernel(inputs: tuple, options: Mapping[str, Any]) -> bool:
@@ -230,7 +221,8 @@ def _fastmax_cpu(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         if segs is None or not grad:
             return _fastmax_p1_fused(q, k, v, scale, segs)
-        runs = _masked_runs((q, k, v), segs)
+        # training over few contiguous sequences: the unmasked kernel and its backward on each one's slice
+        runs = contiguous_runs(segs, fastmax_varlen._SLICED_MAX)
         if runs is not None:
             return _fastmax_p1_fused_runs(q, k, v, scale, runs)
     if not torch.compiler.is_compiling():

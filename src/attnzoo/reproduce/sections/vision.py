@@ -769,7 +769,7 @@ CLS_CONDITIONS = {
 CSP_BASE = "csp_vit_skeleton+softmax"
 
 
-def _controlled_pair(a_ctl: str, b_ctl: str, res: dict) -> tuple[str, str]:
+def _controlled_pair(a_ctl: str | None, b_ctl: str | None, res: dict) -> tuple[str | None, str | None]:
     """The controlled swap a finding reads: the mean-pooled pair where it ran (one factor, the paper's condition)."""
     if b_ctl == "vit" and MEANPOOLED.get(a_ctl) in res and MEANPOOL_BASE in res:
         return MEANPOOLED[a_ctl], MEANPOOL_BASE
@@ -791,7 +791,7 @@ def _findings(res: dict) -> list[dict]:
         if a not in res or b not in res:
             continue
         cls_row = a_ctl
-        a_ctl, b_ctl = _controlled_pair(a_ctl, b_ctl, res) if a_ctl and b_ctl else (a_ctl, b_ctl)
+        a_ctl, b_ctl = _controlled_pair(a_ctl, b_ctl, res)
         f = _with_params(cmp(a, b, claim_type, margin, paper, claim, pv), res, a, b)
         claims.size_gate(f, PAPER_SIZE_RATIO, MATCH_TOLERANCE)
         size_note = (
