@@ -133,23 +133,41 @@ def test_cpu_kernel_takes_segments_natively(monkeypatch, dtype, mode):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_cpu_kernel_trains_on_each_sequences_slice(monkeypatch, dtype, mode):
-    # p=1 non-causal training over few contiguous sequences runs the unmasked fused kernel and its backward on each
-    # sequence's slice (counted calls, one per non-empty sequence), forward and backward equal to each one alone
+def test_cpu_kernel_trains_on_segments_natively(monkeypatch, dtype, mode):
+    # p=1 non-causal training over padded batches / packed rows runs the fused kernel and its C++ backward on the
+    # whole batch with the sequence ids (one counted call, no slices), forward and backward equal to each alone
     fm = importlib.import_module("attnzoo.ops.fastmax")
-    shapes = []
-    kernel = fm.fastmax_cpu.fastmax_p1_cpu
-    monkeypatch.setattr(fm.fastmax_cpu, "fastmax_p1_cpu", lambda q, *a: shapes.append(q.shape[2]) or kernel(q, *a))
+    calls = []
+    kernel = fm.fastmax_cpu.fastmax_p1_segments_cpu
+    monkeypatch.setattr(fm.fastmax_cpu, "fastmax_p1_segments_cpu", lambda *a: calls.append(1) or kernel(*a))
     tol = 1e-10 if dtype == torch.float64 else 1e-4
-    lengths = [70, 1, 130, 64]
-    seqs = _seqs(lengths, dtype=dtype, d=17, dv=9)
+    seqs = _seqs([70, 1, 130, 64], dtype=dtype, d=17, dv=9)
     assert_equal_to_alone(_p1_cpu, seqs, AXES, mode=mode, rtol=tol, atol=tol)
-    # the calls made together: one per sequence, at its own length (the alone calls add the same lengths again)
-    assert sorted(shapes) == sorted(lengths * 2)
+    assert len(calls) == 1
 
 
-def test_cpu_kernel_training_on_slices_reports_non_finite_real_tokens():
-    # the checks read what each slice's kernel call reports: NaN in a real token raises, naming the input
+def test_cpu_kernel_backward_over_a_mask_with_holes_matches_the_reference_and_gradcheck():
+    # a row whose real tokens are not contiguous is one sequence with gaps: the kernel's forward and backward equal
+    # the reference's, the gaps get zero gradient, and gradcheck passes through the C++ backward
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 11, 5, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.ones(2, 11, dtype=torch.bool)
+    mask[0, [0, 4, 5, 10]] = False
+    mask[1, 6:] = False
+
+    def call(backend):
+        return lambda q, k, v: fastmax(q, k, v, p=1, scale=0.2, backend=backend, attention_mask=mask)
+
+    g = torch.randn(2, 2, 11, 5, generator=gen, dtype=torch.float64)
+    got, want = (torch.autograd.grad(call(b)(q, k, v), (q, k, v), g) for b in ("cpu", "naive"))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+        assert a[~mask[:, None, :, None].expand_as(a)].abs().max() == 0
+    assert torch.autograd.gradcheck(call("cpu"), (q, k, v))
+
+
+def test_cpu_kernel_training_over_segments_reports_non_finite_real_tokens():
+    # the checks read what the kernel reports: NaN in a real token raises, naming the input
     q, k, v = (torch.randn(2, 2, 9, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
     mask = torch.ones(2, 9, dtype=torch.bool)
     mask[0, :3] = False
@@ -212,7 +230,8 @@ def test_packed_row_slices_and_masked_sweeps_agree_with_alone(monkeypatch, backe
     sliced_sweeps = varlen._sliced
     monkeypatch.setattr(varlen, "_sliced", lambda *a, **k: calls.append(1) or sliced_sweeps(*a, **k))
     assert_equal_to_alone(_call(backend, p, causal), _seqs(LENGTHS), AXES, mode="packed")
-    assert bool(calls) == (sliced_max >= len(LENGTHS))
+    fused = backend == "cpu" and p == 1 and not causal  # the fused kernel takes the sequence ids: no slices
+    assert bool(calls) == (sliced_max >= len(LENGTHS) and not fused)
 
 
 @pytest.mark.parametrize("rows_max", [0, 64])

@@ -200,10 +200,8 @@ def _auto_takes_triton(inputs: tuple, options: Mapping[str, Any]) -> bool:
 
 
 def _kernel_covers(inputs: tuple, p, causal) -> bool:
-    """What the fused kernel (``cpu.cpp``) computes: the non-causal p=1 op on float32/float64 tensors, unmasked
-    (forward, and the forward of training) or over padded batches / packed rows (inference natively; training on
-    each sequence's slice where ``contiguous_runs`` finds few contiguous ones, else the PyTorch sweeps); it is
-    opaque to torch.compile."""
+    """What the fused kernel (``cpu.cpp``) computes: the non-causal p=1 op on float32/float64 tensors, unmasked or
+    over padded batches / packed rows, forward and backward; it is opaque to torch.compile."""
     q = inputs[0]
     return p == 1 and not causal and q.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling()
 
@@ -218,13 +216,7 @@ def _fastmax_cpu(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int
     # what the kernel does not cover (p=2, causal, half inputs, masks and packed rows) runs on the PyTorch path;
     # named explicitly, "cpu" still needs the kernels built
     if _kernel_covers((q, k, v), p, causal):
-        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        if segs is None or not grad:
-            return _fastmax_p1_fused(q, k, v, scale, segs)
-        # training over few contiguous sequences: the unmasked kernel and its backward on each one's slice
-        runs = contiguous_runs(segs, fastmax_varlen._SLICED_MAX)
-        if runs is not None:
-            return _fastmax_p1_fused_runs(q, k, v, scale, runs)
+        return _fastmax_p1_fused(q, k, v, scale, segs)
     if not torch.compiler.is_compiling():
         _cpu_kernels.required_cpu_kernels()
     return _fastmax_torch(q, k, v, p=p, causal=causal, scale=scale, chunk_size=chunk_size, segs=segs)
@@ -417,23 +409,6 @@ def _fastmax_p1_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     else:
         out, seen = fastmax_cpu.fastmax_p1_segments_cpu(q, k, v, scale, segs.ids, segs.num)
     _check_seen(seen, q, k, v, out, scale)
-    return out
-
-
-def _fastmax_p1_fused_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, runs: list) -> torch.Tensor:
-    """Training over padded batches / packed rows: the unmasked kernel and its backward on each sequence's slice
-    (:func:`~attnzoo.ops._segment_ops.run_runs` writes outputs and gradients into the full tensors), so the
-    padding is never read; the checks read what each call reports, as :func:`_fastmax_p1_fused`'s do."""
-    seen_runs = []
-
-    def alone(q_, k_, v_):
-        out_, seen_ = fastmax_cpu.fastmax_p1_cpu(q_, k_, v_, scale)
-        seen_runs.append(seen_)
-        return out_
-
-    out = run_runs(alone, runs, (q, k, v), v.shape[-1])
-    if seen_runs:
-        _check_seen(torch.cat(seen_runs), q, k, v, out, scale)
     return out
 
 

@@ -12,10 +12,12 @@
 // The value checks ride along: per task, max |x| of q, k and v and a flag for NaN/Inf, so the caller raises
 // the same errors (non-finite input, overflow bounds) as before without another pass over the inputs.
 // Both products are register-blocked (kRows x kLanes accumulators): the only flops of the op.
-// Padded batches and packed rows (fastmax_p1_segments, inference): with per-token sequence ids (B, N) (-1 at
+// Padded batches and packed rows (fastmax_p1_segments, forward and backward): with per-token sequence ids (B, N) (-1 at
 // padding), each sequence of a row gets its own M, summed over its real keys only, and each query reads its own
 // sequence's M; a block is cut into runs of one id (contiguous: the ids never decrease over real tokens), so
 // there is no padding to a common length and no copy; padding outputs zero.
+// The backward (fastmax_p1_backward) is FAST §2.5's in moment form fused with the standardisations' backward,
+// over the same runs.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -23,6 +25,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <optional>
 #include <cmath>
 #include <vector>
 
@@ -335,8 +338,11 @@ void p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale
                             Ms + d0 * Vp + j0, Vp);
         });
       }
-      if (saved)
-        for (int64_t d = 0; d <= D; ++d) std::copy(&M[d * Vp], &M[d * Vp] + Dv + 1, M_d + (task * (D + 1) + d) * (Dv + 1));
+      if (saved)  // (B, H, num, D + 1, Dv + 1): each sequence's moments
+        for (int64_t s = 0; s < num; ++s)
+          for (int64_t d = 0; d <= D; ++d)
+            std::copy(&M[(s * Dp + d) * Vp], &M[(s * Dp + d) * Vp] + Dv + 1,
+                      M_d + ((task * num + s) * (D + 1) + d) * (Dv + 1));
       // queries: [num | G] = [qs, 1] M, out = num / G
       T* oh = od + task * N * Dv;
       T* gh = gd + task * N;
@@ -380,10 +386,148 @@ void p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale
   });
 }
 
-// (out (B, H, N, Dv), G (B, H, N), seen (B * H, 8)): per task max |x| and NaN-or-0 of q, k, v and out in turn;
-// with save, also qs, k_hat (B, H, N, D), moments (4, B, H, N, 1) and M (B, H, D + 1, Dv + 1) (see Saved).
-std::vector<Tensor> fastmax_p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double eps,
-                                        bool save) {
+// The backward of p1_unmasked (FAST §2.5 in moment form: chunk.unmasked_backward with p = 1) fused with the
+// backward of both standardisations, in two passes over each task's tokens:
+//   1. ga_i = [g_i, -c_i] (g = dout / G, c_i = g_i . out_i) and, per sequence, Q1 = sum_i [qs_i, 1]^T ga_i
+//      (its last row is [sum_i g_i, -sum_i c_i]);
+//   2. dqs_i = M1 ga_i (M1: the forward's moments, rows of k_hat), dk_hat_n = Q1 [v_n, 1] and
+//      dv_n = [k_hat_n, 1]^T Q1[:, :Dv]; then the layer norms' backward row by row, written into dq, dk.
+// With ids, every sum runs over one sequence's real tokens and the padding's gradients are zero: no slices, no
+// copies of the batch (issue 27). The three products are the forward's register-blocked block_product.
+template <typename T>
+void p1_backward(const Tensor& qs, const Tensor& kh, const Tensor& mo, const Tensor& Msaved, const Tensor& v,
+                 const Tensor& out, const Tensor& den, const Tensor& dout, double scale, Tensor& dq, Tensor& dk,
+                 Tensor& dv, const int64_t* ids, int64_t num) {
+  constexpr int W = lanes<T>();
+  const int64_t H = qs.size(1), N = qs.size(2), D = qs.size(3), Dv = v.size(3), BHN = qs.size(0) * H * N;
+  const int64_t Dp = round_up(D + 1, kRows);  // [qs, 1] and [k_hat, 1] rows, whole register blocks of rows
+  const int64_t Dw = round_up(D, W);          // columns of dqs and dk_hat, whole vectors
+  const int64_t Vp = round_up(Dv + 1, W);     // [g, -c] and [v, 1], whole vectors
+  const Strides sv(v), sg(dout);
+  const T* qsd = qs.data_ptr<T>();
+  const T* khd = kh.data_ptr<T>();
+  const T* mod = mo.data_ptr<T>();
+  const T* Md = Msaved.data_ptr<T>();
+  const T* vd = v.data_ptr<T>();
+  const T* od = out.data_ptr<T>();
+  const T* Gd = den.data_ptr<T>();
+  const T* gd = dout.data_ptr<T>();
+  T* dqd = dq.data_ptr<T>();
+  T* dkd = dk.data_ptr<T>();
+  T* dvd = dv.data_ptr<T>();
+  const T sc = static_cast<T>(scale);
+  const T inv_d = T(1) / static_cast<T>(D);
+  at::parallel_for(0, qs.size(0) * H, 1, [&](int64_t t0, int64_t t1) {
+    const int64_t R = kBlock + kRows;  // kRows spare rows: a run's register blocks may reach past the block's end
+    std::vector<T> xb(R * Dp), ab(R * Vp), vb(R * Vp), dqb(R * Dw), dkb(R * Dw), dvb(R * Vp);
+    std::vector<T> Q1(num * Dp * Vp), Q1T(num * Vp * Dw), M1T(num * Vp * Dw);
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / H, h = task % H;
+      const int64_t* idr = ids ? ids + b * N : nullptr;
+      const T* vh = vd + b * sv.b + h * sv.h;
+      const T* gh = gd + b * sg.b + h * sg.h;
+      auto real = [&](int64_t n) { return !idr || idr[n] >= 0; };
+      auto fill_ga = [&](int64_t n, T* row) {  // [g_n, -c_n]; the row's padding stays 0
+        const T* o = od + (task * N + n) * Dv;
+        const T* g = gh + n * sg.n;
+        const T G = Gd[task * N + n];
+        T c = 0;
+        for (int64_t j = 0; j < Dv; ++j) row[j] = g[j] / G, c += row[j] * o[j];
+        row[Dv] = -c;
+      };
+      std::fill(xb.begin(), xb.end(), T(0));
+      std::fill(ab.begin(), ab.end(), T(0));
+      std::fill(vb.begin(), vb.end(), T(0));
+      std::fill(Q1.begin(), Q1.end(), T(0));
+      // pass 1: Q1 per sequence
+      for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
+        const int64_t nb = std::min(kBlock, N - n0);
+        for (int64_t i = 0; i < nb; ++i) {
+          if (!real(n0 + i)) continue;
+          const T* x = qsd + (task * N + n0 + i) * D;
+          std::copy(x, x + D, xb.data() + i * Dp);
+          xb[i * Dp + D] = T(1);
+          fill_ga(n0 + i, ab.data() + i * Vp);
+        }
+        for_runs(idr, n0, nb, [&](int64_t r0, int64_t r1, int64_t seq) {
+          T* Qs = Q1.data() + seq * Dp * Vp;
+          for (int64_t d0 = 0; d0 < Dp; d0 += kRows)
+            for (int64_t j0 = 0; j0 < Vp; j0 += W)
+              block_product(xb.data() + r0 * Dp + d0, 1, Dp, ab.data() + r0 * Vp + j0, Vp, r1 - r0,
+                            Qs + d0 * Vp + j0, Vp);
+        });
+      }
+      // the products of pass 2 read Q1 and M1 transposed: (Dv + 1) x D, columns padded to whole vectors
+      std::fill(Q1T.begin(), Q1T.end(), T(0));
+      std::fill(M1T.begin(), M1T.end(), T(0));
+      for (int64_t s = 0; s < num; ++s) {
+        const T* Ms = Md + (task * num + s) * (D + 1) * (Dv + 1);
+        for (int64_t d = 0; d < D; ++d)
+          for (int64_t x = 0; x <= Dv; ++x) {
+            Q1T[(s * Vp + x) * Dw + d] = Q1[(s * Dp + d) * Vp + x];
+            M1T[(s * Vp + x) * Dw + d] = Ms[d * (Dv + 1) + x];
+          }
+      }
+      // pass 2: the gradients
+      for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
+        const int64_t nb = std::min(kBlock, N - n0);
+        for (int64_t i = 0; i < nb; ++i) {
+          const int64_t at = task * N + n0 + i;
+          if (!real(n0 + i)) {  // padding: zero gradients
+            std::fill(dqd + at * D, dqd + (at + 1) * D, T(0));
+            std::fill(dkd + at * D, dkd + (at + 1) * D, T(0));
+            std::fill(dvd + at * Dv, dvd + (at + 1) * Dv, T(0));
+            continue;
+          }
+          std::copy(khd + at * D, khd + (at + 1) * D, xb.data() + i * Dp);
+          xb[i * Dp + D] = T(1);
+          fill_ga(n0 + i, ab.data() + i * Vp);
+          const T* vr = vh + (n0 + i) * sv.n;
+          std::copy(vr, vr + Dv, vb.data() + i * Vp);
+          vb[i * Vp + Dv] = T(1);
+        }
+        // rows past a run hold other rows' values: never written out
+        for_runs(idr, n0, nb, [&](int64_t r0, int64_t r1, int64_t seq) {
+          const int64_t rows = round_up(r1 - r0, kRows);
+          const T* Qs = Q1.data() + seq * Dp * Vp;
+          const T* QT = Q1T.data() + seq * Vp * Dw;
+          const T* MT = M1T.data() + seq * Vp * Dw;
+          std::fill(dqb.begin() + r0 * Dw, dqb.begin() + (r0 + rows) * Dw, T(0));
+          std::fill(dkb.begin() + r0 * Dw, dkb.begin() + (r0 + rows) * Dw, T(0));
+          std::fill(dvb.begin() + r0 * Vp, dvb.begin() + (r0 + rows) * Vp, T(0));
+          for (int64_t i0 = r0; i0 < r0 + rows; i0 += kRows) {
+            for (int64_t j0 = 0; j0 < Dw; j0 += W) {
+              block_product(ab.data() + i0 * Vp, Vp, 1, MT + j0, Dw, Dv + 1, dqb.data() + i0 * Dw + j0, Dw);
+              block_product(vb.data() + i0 * Vp, Vp, 1, QT + j0, Dw, Dv + 1, dkb.data() + i0 * Dw + j0, Dw);
+            }
+            for (int64_t j0 = 0; j0 < Vp; j0 += W)
+              block_product(xb.data() + i0 * Dp, Dp, 1, Qs + j0, Vp, D + 1, dvb.data() + i0 * Vp + j0, Vp);
+          }
+          // the layer norms' backward (eqs 5-6): dx = rstd * w * (dy - mean(dy) - y_hat mean(dy y_hat)), with
+          // y_hat = qs / scale (w = scale) for q and y_hat = k_hat (w = 1) for k
+          for (int64_t i = r0; i < r1; ++i) {
+            const int64_t at = task * N + n0 + i;
+            const T* y = qsd + at * D;
+            const T* gq = dqb.data() + i * Dw;
+            T s1 = 0, s2 = 0;
+            for (int64_t d = 0; d < D; ++d) s1 += gq[d], s2 += gq[d] * y[d];
+            const T aq = mod[BHN + at] * sc, m1 = s1 * inv_d, m2 = sc != T(0) ? s2 * inv_d / (sc * sc) : T(0);
+            for (int64_t d = 0; d < D; ++d) dqd[at * D + d] = aq * (gq[d] - m1 - y[d] * m2);
+            const T* kr = khd + at * D;
+            const T* gk = dkb.data() + i * Dw;
+            s1 = 0, s2 = 0;
+            for (int64_t d = 0; d < D; ++d) s1 += gk[d], s2 += gk[d] * kr[d];
+            const T ak = mod[3 * BHN + at], k1 = s1 * inv_d, k2 = s2 * inv_d;
+            for (int64_t d = 0; d < D; ++d) dkd[at * D + d] = ak * (gk[d] - k1 - kr[d] * k2);
+            std::copy(dvb.data() + i * Vp, dvb.data() + i * Vp + Dv, dvd + at * Dv);
+          }
+        });
+      }
+    }
+  });
+}
+
+void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
   TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && v.sizes().slice(0, 3) == q.sizes().slice(0, 3),
               "q, k must be (B, H, N, D) and v (B, H, N, Dv)");
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
@@ -391,7 +535,25 @@ std::vector<Tensor> fastmax_p1_unmasked(const Tensor& q, const Tensor& k, const 
   for (const Tensor* t : {&q, &k, &v})
     TORCH_CHECK(t->size(3) == 1 || t->stride(3) == 1, "q, k, v must have unit stride over their last dim");
   TORCH_CHECK(q.size(2) >= 1 && q.size(3) >= 1 && v.size(3) >= 1, "empty sequence or head dim");
-  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), Dv = v.size(3);
+}
+
+void check_ids(const Tensor& ids, const Tensor& q, int64_t num) {
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 2 && ids.size(0) == q.size(0) &&
+                  ids.size(1) == q.size(2) && ids.is_contiguous(),
+              "ids must be a contiguous (B, N) int64 tensor");
+  TORCH_CHECK(num >= 1, "num must be >= 1");
+}
+
+// (out (B, H, N, Dv), G (B, H, N), seen (B * H, 8)): per task max |x| and NaN-or-0 of q, k, v and out in turn;
+// with save, also qs, k_hat (B, H, N, D), moments (4, B, H, N, 1) and M (B, H, num, D + 1, Dv + 1) (see Saved).
+// ids: none (unmasked, num = 1), or (B, N) int64 sequence ids (-1 at padding) of num sequences per row at most:
+// padded batches and packed rows, padding outputs zero.
+std::vector<Tensor> p1_forward(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& ids,
+                               int64_t num, double scale, double eps, bool save) {
+  check_inputs(q, k, v);
+  if (ids) check_ids(*ids, q, num);
+  else TORCH_CHECK(num == 1, "num must be 1 without ids");
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3);
   Tensor out = at::empty(v.sizes(), v.options());
   Tensor den = at::empty({B, H, N}, q.options());
   Tensor seen = at::empty({B * H, 8}, q.options());
@@ -400,37 +562,49 @@ std::vector<Tensor> fastmax_p1_unmasked(const Tensor& q, const Tensor& k, const 
     saved.qs = at::empty({B, H, N, D}, q.options());
     saved.kh = at::empty({B, H, N, D}, q.options());
     saved.moments = at::empty({4, B, H, N, 1}, q.options());
-    saved.M = at::empty({B, H, D + 1, Dv + 1}, q.options());
+    saved.M = at::empty({B, H, num, D + 1, v.size(3) + 1}, q.options());
   }
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fastmax_p1_unmasked", [&] {
-    p1_unmasked<scalar_t>(q, k, v, scale, eps, out, den, seen, save ? &saved : nullptr);
+  const int64_t* idp = ids ? ids->data_ptr<int64_t>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fastmax_p1_forward", [&] {
+    p1_unmasked<scalar_t>(q, k, v, scale, eps, out, den, seen, save ? &saved : nullptr, idp, num);
   });
   if (!save) return {out, den, seen};
   return {out, den, seen, saved.qs, saved.kh, saved.moments, saved.M};
 }
 
-// Inference over padded batches / packed rows: ids (B, N) int64 (-1 at padding), num sequences per row at most;
-// returns (out, seen) as above, padding outputs zero.
+std::vector<Tensor> fastmax_p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double eps,
+                                        bool save) {
+  return p1_forward(q, k, v, std::nullopt, 1, scale, eps, save);
+}
+
 std::vector<Tensor> fastmax_p1_segments(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ids,
-                                        int64_t num, double scale, double eps) {
-  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && v.sizes().slice(0, 3) == q.sizes().slice(0, 3),
-              "q, k must be (B, H, N, D) and v (B, H, N, Dv)");
-  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
-              "q, k, v must share one dtype");
-  for (const Tensor* t : {&q, &k, &v})
-    TORCH_CHECK(t->size(3) == 1 || t->stride(3) == 1, "q, k, v must have unit stride over their last dim");
-  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 2 && ids.size(0) == q.size(0) &&
-                  ids.size(1) == q.size(2) && ids.is_contiguous(),
-              "ids must be a contiguous (B, N) int64 tensor");
-  TORCH_CHECK(num >= 1, "num must be >= 1");
-  const int64_t B = q.size(0), H = q.size(1), N = q.size(2);
-  Tensor out = at::empty(v.sizes(), v.options());
-  Tensor den = at::empty({B, H, N}, q.options());
-  Tensor seen = at::empty({B * H, 8}, q.options());
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "fastmax_p1_segments", [&] {
-    p1_unmasked<scalar_t>(q, k, v, scale, eps, out, den, seen, nullptr, ids.data_ptr<int64_t>(), num);
+                                        int64_t num, double scale, double eps, bool save) {
+  return p1_forward(q, k, v, ids, num, scale, eps, save);
+}
+
+// (dq, dk (B, H, N, D), dv (B, H, N, Dv)) from what the training forward saved, the output gradient and the ids
+// (or none) of the forward; zero at padding
+std::vector<Tensor> fastmax_p1_backward(const Tensor& qs, const Tensor& kh, const Tensor& moments, const Tensor& M,
+                                        const Tensor& v, const Tensor& out, const Tensor& den, const Tensor& dout,
+                                        const std::optional<Tensor>& ids, int64_t num, double scale) {
+  check_inputs(qs, kh, v);
+  for (const Tensor* t : {&qs, &kh, &moments, &M, &out, &den})
+    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == qs.scalar_type(), "saved tensors must be the forward's");
+  TORCH_CHECK(dout.sizes() == v.sizes() && dout.scalar_type() == v.scalar_type() &&
+                  (dout.size(3) == 1 || dout.stride(3) == 1),
+              "dout must be like v, with unit stride over its last dim");
+  const int64_t B = qs.size(0), H = qs.size(1), N = qs.size(2), D = qs.size(3), Dv = v.size(3);
+  TORCH_CHECK(M.numel() == B * H * num * (D + 1) * (Dv + 1) && moments.numel() == 4 * B * H * N,
+              "saved moments do not match the inputs");
+  if (ids) check_ids(*ids, qs, num);
+  else TORCH_CHECK(num == 1, "num must be 1 without ids");
+  Tensor dq = at::empty(qs.sizes(), qs.options()), dk = at::empty(qs.sizes(), qs.options());
+  Tensor dv = at::empty(v.sizes(), v.options());
+  const int64_t* idp = ids ? ids->data_ptr<int64_t>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES(qs.scalar_type(), "fastmax_p1_backward", [&] {
+    p1_backward<scalar_t>(qs, kh, moments, M, v, out, den, dout, scale, dq, dk, dv, idp, num);
   });
-  return {out, seen};
+  return {dq, dk, dv};
 }
 
 // whether this build has the vector kernel (AVX-512); without it the kernel is correct but slower than PyTorch
@@ -441,10 +615,16 @@ bool fastmax_p1_simd() { return kSimd; }
 TORCH_LIBRARY_FRAGMENT(attnzoo_cpu, m) {
   m.def("fastmax_p1_unmasked(Tensor q, Tensor k, Tensor v, float scale, float eps, bool save) -> Tensor[]");
   m.def("fastmax_p1_simd() -> bool", &fastmax_p1_simd);
-  m.def("fastmax_p1_segments(Tensor q, Tensor k, Tensor v, Tensor ids, int num, float scale, float eps) -> Tensor[]");
+  m.def(
+      "fastmax_p1_segments(Tensor q, Tensor k, Tensor v, Tensor ids, int num, float scale, float eps, bool save) -> "
+      "Tensor[]");
+  m.def(
+      "fastmax_p1_backward(Tensor qs, Tensor kh, Tensor moments, Tensor M, Tensor v, Tensor out, Tensor den, "
+      "Tensor dout, Tensor? ids, int num, float scale) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(attnzoo_cpu, CPU, m) {
   m.impl("fastmax_p1_unmasked", &fastmax_p1_unmasked);
   m.impl("fastmax_p1_segments", &fastmax_p1_segments);
+  m.impl("fastmax_p1_backward", &fastmax_p1_backward);
 }
