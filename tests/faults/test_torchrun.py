@@ -26,8 +26,26 @@ ENV_SRC = {**ENV, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2] /
 ATTNZOO_FRAME = re.compile(r'File "[^"]*[/\\]attnzoo[/\\]')  # a traceback frame in attnzoo's code
 
 
+# a log record of torch's launcher ("W1127 04:31:07.123000 4242 ...": level, date, time), which it writes to the
+# same stderr while a rank exits (e.g. "Sending process ... closing signal SIGTERM") and which may share a line
+TORCH_LOG = re.compile(r"\[?[DIWEF]\d{4} \d\d:\d\d:\d\d")
+
+
 def _error_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("attnzoo train: error")]
+    """attnzoo's error lines in ``stderr``, each cut where a log record of torch's launcher joins it."""
+    ours, lines = "attnzoo train: error", []
+    for line in stderr.splitlines():
+        if TORCH_LOG.match(line) and line.find(ours) > 0:  # a record, then our line
+            line = line[line.find(ours) :]
+        if line.startswith(ours):
+            lines.append(TORCH_LOG.split(line)[0].rstrip())
+    return lines
+
+
+def test_error_lines_ignore_torch_launcher_records_on_the_same_line():
+    ours = "attnzoo train: error: lr='abc' has type str; expected float"
+    record = "W1127 04:31:07.123000 4242 torch/distributed/elastic/multiprocessing/api.py:900] Sending process 7"
+    assert _error_lines(f"{record}\n{ours}{record}\n{record}{ours}\n  traceback : {ours}\nother") == [ours, ours]
 
 
 @pytest.mark.slow  # two training processes and torch's launcher
