@@ -195,7 +195,10 @@ def test_vision_verdicts_are_gated_when_the_task_does_not_need_attention():
     out = vision._findings(res)
     m = next(f for f in out if "parameter-matched" in f["claim"])
     assert m["verdict"] == "agrees"
-    vision._gate_attention_needed(out)
+    # a superiority verdict is not gated: an interval that separates two mixers shows the task tells them apart
+    sup = {"kind": "paper", "claim_type": "superiority", "verdict": "agrees", "a_name": "cbt", "b_name": "crate"}
+    vision._gate_attention_needed(out + [sup])
+    assert sup["verdict"] == "agrees" and "gate" not in sup
     ctl = next(f for f in out if f["claim"].startswith("attention helps"))
     assert ctl["verdict"] == "inconclusive" and "gate" not in ctl  # the check itself is not gated
     assert m["verdict"] == "inconclusive" and m["ungated_verdict"] == "agrees" and m["gate_reasons"] == ["conditions"]

@@ -82,20 +82,32 @@ def model_options(name: str, arch: dict) -> dict:
 
 #: the baseline's plateau check: the baseline trained with twice the steps (and warm-up), nothing else changed
 PLATEAU = "gpt@2x-steps"
+LONGER = "@2x-steps"
+
+
+def longer_rows(plan: dict) -> list[str]:
+    """The runs at twice the steps: the baseline's plateau run, then the compared rows' own (plan
+    ``compared_2x``), whose moves gate their verdicts (:func:`~attnzoo.reproduce.claims.compared_row_gate`)."""
+    rows = [PLATEAU] if plan.get("plateau", True) and "gpt" in plan["models"] else []
+    extra = plan.get("compared_2x", [])
+    if unknown := [r for r in extra if r not in rows_of(plan) or r == "gpt"]:
+        raise ValueError(f"compared_2x rows {unknown} are not compared rows of this plan; rows: {rows_of(plan)}")
+    return rows + [f"{r}{LONGER}" for r in extra]
 
 
 def _train_plan(plan: dict, name: str) -> dict:
     train = dict(plan["train"])
-    if name == PLATEAU:
+    if name.endswith(LONGER):
         train["steps"] *= 2
         train["warmup_steps"] = 2 * train.get("warmup_steps", 0)
     return train
 
 
 def _seeds(plan: dict, name: str, seed: int) -> list[int]:
-    """A row's seeds; the plateau run takes the first ``plateau_seeds`` of them (it costs twice a seed run)."""
+    """A row's seeds; a run at twice the steps takes the first ``plateau_seeds`` of them (it costs twice a seed
+    run)."""
     seeds = seed_list(plan, seed)
-    return seeds[: plan.get("plateau_seeds")] if name == PLATEAU else seeds
+    return seeds[: plan.get("plateau_seeds")] if name.endswith(LONGER) else seeds
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
@@ -108,9 +120,10 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             label="ngram-baselines",
         )
     ]
-    rows = rows_of(plan) + ([PLATEAU] if plan.get("plateau", True) and "gpt" in plan["models"] else [])
+    rows = rows_of(plan) + longer_rows(plan)
     check_sweep_extra(plan, rows_of(plan))
-    # the sweep first: every seed run then trains at its row's best swept rate (the plateau run at GPT's)
+    # the sweep first: every seed run then trains at its row's best swept rate (a run at twice the steps at its
+    # row's)
     runs = [
         (name, seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{name}", lr), lr)
         for name in rows_of(plan)
@@ -138,7 +151,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             "train": train,
             "mechanism": mech,
             "eval_windows": plan["eval_windows"],
-            "contexts": plan["contexts"] if s == seed and name != PLATEAU else [],
+            "contexts": plan["contexts"] if s == seed and not name.endswith(LONGER) else [],
         }
         if lr is None:
             cfg = tuned(cfg, KEY, name.split("@")[0], row_lrs(plan, name.split("@")[0]), "val_loss", False)
@@ -254,7 +267,8 @@ def _run(ctx: Context, step: Step) -> dict:
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec = Section(KEY, TITLE)
-    seeds_res = {n: per_seed(records, f"{KEY}/{n}") for n in rows_of(plan) + [PLATEAU]}
+    longer = [PLATEAU, *(r for r in longer_rows(plan) if r != PLATEAU)]
+    seeds_res = {n: per_seed(records, f"{KEY}/{n}") for n in rows_of(plan) + longer}
     names = [n for n in rows_of(plan) if seeds_res[n]]
     res = {
         n: dict(
@@ -266,7 +280,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         )
         for n in names
     }
-    curves = {n: mean_val_curve(seeds_res[n], "bits_per_token") for n in names + [PLATEAU] if seeds_res[n]}
+    curves = {n: mean_val_curve(seeds_res[n], "bits_per_token") for n in names + longer if seeds_res[n]}
     arch, tr = plan["arch"], plan["train"]
     sec.intro = (
         f"Shakespeare's works, train/validation split by play, character vocabulary; block "
@@ -346,7 +360,9 @@ def _plot_val_curves(sec: Section, curves: dict, plan: dict, plots_dir, rel) -> 
             (
                 rel(path),
                 "Validation bits/char at 4 points of each run (seed means; the trainer's one validation batch, so "
-                f"noisier than the table's {plan['eval_windows']} windows); {PLATEAU} is the baseline's plateau run.",
+                f"noisier than the table's {plan['eval_windows']} windows); {PLATEAU} is the baseline's plateau run"
+                + "".join(f", {r} {r.split('@')[0]}'s own" for r in longer_rows(plan) if r != PLATEAU)
+                + ".",
             )
         )
 
@@ -364,6 +380,11 @@ def _gate(sec: Section, records: dict, plan: dict, res: dict, curves: dict | Non
             f"{n} {curve_text(c, '.3f')} bits/char" for n, c in (curves or {}).items() if n in ("gpt", PLATEAU)
         ),
     )
+    for row in plan.get("compared_2x", []):
+        own = per_seed(records, f"{KEY}/{row}{LONGER}")
+        for f in sec.findings:
+            if f.get("a_name") == row and row in res and own:
+                claims.compared_row_gate(f, row, res[row]["val_loss"], claims.stat(r["val_loss"] for r in own), "nats")
     lrs = plan.get("lr_sweep", [])
     table, untuned = sweep_table(
         records,
