@@ -267,7 +267,7 @@ def _run(ctx: Context, step: Step) -> dict:
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec = Section(KEY, TITLE)
-    longer = [PLATEAU, *(r for r in longer_rows(plan) if r != PLATEAU)]
+    longer = list(dict.fromkeys([PLATEAU, *longer_rows(plan)]))
     seeds_res = {n: per_seed(records, f"{KEY}/{n}") for n in rows_of(plan) + longer}
     names = [n for n in rows_of(plan) if seeds_res[n]]
     res = {
@@ -305,20 +305,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             "`language/ngram-baselines`)."
         )
     sec.tables += _tables(res, names)
-    sec.data = {
-        "models": {
-            n: {
-                **{
-                    k: v for k, v in res[n].items() if k not in ("curve", "val_curve", "run_dir", "val_loss", "val_bpc")
-                },
-                "val_loss_mean": res[n]["val_loss"].mean,
-                "val_bpc_mean": res[n]["val_loss"].mean / math.log(2),
-                "val_loss_std": res[n]["val_loss"].std,
-                "val_loss_per_seed": list(res[n]["val_loss"].values),
-            }
-            for n in names
-        }
-    }
+    sec.data = {"models": {n: _model_data(res[n]) for n in names}}
     if names:
         path = plots_dir / "language.png"
         save_figure(_plot(res, names), path)
@@ -346,6 +333,17 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         )
     _gate(sec, records, plan, res, curves)
     return sec
+
+
+def _model_data(r: dict) -> dict:
+    """A row's entry in results.json: its seed means and per-seed losses (no curves or run paths)."""
+    return {
+        **{k: v for k, v in r.items() if k not in ("curve", "val_curve", "run_dir", "val_loss", "val_bpc")},
+        "val_loss_mean": r["val_loss"].mean,
+        "val_bpc_mean": r["val_loss"].mean / math.log(2),
+        "val_loss_std": r["val_loss"].std,
+        "val_loss_per_seed": list(r["val_loss"].values),
+    }
 
 
 def _plot_val_curves(sec: Section, curves: dict, plan: dict, plots_dir, rel) -> None:
