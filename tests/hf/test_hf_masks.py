@@ -1,5 +1,6 @@
 """``transformers`` decoding with padded prompts: batched ``generate()`` equals generating from each prompt alone."""
 
+import functools
 import sys
 from pathlib import Path
 
@@ -84,7 +85,10 @@ def test_padded_prompts_are_prefilled_not_stepped(label, mechanism, options, sid
     cls = type(model.model.blocks[0].attn)
     calls = []
     step = cls.step
-    monkeypatch.setattr(cls, "step", lambda self, *a, **k: calls.append(1) or step(self, *a, **k))
+    # a counting wrapper with step's own signature: whether step takes attention_mask is read from it (and cached)
+    monkeypatch.setattr(
+        cls, "step", functools.wraps(step)(lambda self, *a, **k: calls.append(1) or step(self, *a, **k))
+    )
     out = _generate(model, ids, mask)
     assert len(calls) == 5 * len(model.model.blocks)  # the prompt in one parallel pass, then the 5 fed new tokens
     monkeypatch.undo()

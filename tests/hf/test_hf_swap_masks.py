@@ -1,5 +1,6 @@
 """Swapped GPT-2 / Llama with padded batches: ``transformers``' attention_mask reaches the mechanism, never ignored."""
 
+import functools
 import sys
 from pathlib import Path
 
@@ -116,7 +117,10 @@ def test_prompt_is_prefilled_not_replayed(arch, mechanism, padding, monkeypatch)
     mixer = next(m for m in model.modules() if isinstance(m, SwappedAttention)).mixer
     calls = []
     step = type(mixer).step
-    monkeypatch.setattr(type(mixer), "step", lambda self, *a, **k: calls.append(1) or step(self, *a, **k))
+    # a counting wrapper with step's own signature: whether step takes attention_mask is read from it (and cached)
+    monkeypatch.setattr(
+        type(mixer), "step", functools.wraps(step)(lambda self, *a, **k: calls.append(1) or step(self, *a, **k))
+    )
     prompt, mask = padded("left") if padding else (torch.tensor([PROMPTS[2]]), torch.ones(1, len(PROMPTS[2])))
     out = _generate(model, prompt, mask)
     per_layer = len(calls) // len(list(m for m in model.modules() if isinstance(m, SwappedAttention)))

@@ -7,6 +7,8 @@ sequence alone; where it does not yet, a mask must raise an error naming it (nev
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from masked_softmax import use_masked_softmax
@@ -130,7 +132,10 @@ def test_generate_prefills_padded_prompts_instead_of_stepping_them(mechanism, mo
     cls = type(model.blocks[0].attn)
     calls = []
     step = cls.step
-    monkeypatch.setattr(cls, "step", lambda self, *a, **k: calls.append(1) or step(self, *a, **k))
+    # a counting wrapper with step's own signature: whether step takes attention_mask is read from it (and cached)
+    monkeypatch.setattr(
+        cls, "step", functools.wraps(step)(lambda self, *a, **k: calls.append(1) or step(self, *a, **k))
+    )
     out = model.generate(ids, 4, temperature=0, use_cache=True, **kw)
     prompt = ids.shape[1] if mechanism in REPLAYS_PADDED else 0
     assert len(calls) == (prompt + 3) * len(model.blocks)  # the new tokens only (the last one is not fed)

@@ -453,11 +453,35 @@ def test_auto_takes_the_explicit_form_for_short_sequences(monkeypatch, n, d, p, 
     from attnzoo.ops.fastmax import FASTMAX
 
     monkeypatch.setattr(_cpu_kernels, "cpu_kernels", lambda: None)  # no fused kernel in the way
-    q, k, v = (torch.randn(1, 1, n, d) for _ in "qkv")
+    # under autograd: the N x N weights are kept for the backward, so N <= 256 as well
+    q, k, v = (torch.randn(1, 1, n, d, requires_grad=True) for _ in "qkv")
     opts = dict(p=p, causal=True, scale=None, chunk_size=None)
     assert resolve_backend(FASTMAX, "auto", q, inputs=(q, k, v), options=opts) == want
     # a masked call stays on the factorised sweeps (the explicit form does not take masks)
     assert resolve_backend(FASTMAX, "auto", q, inputs=(q, k, v), options=dict(opts, segs=object())) == "torch"
+
+
+@pytest.mark.parametrize(
+    ("b", "h", "n", "want"),
+    [
+        (1, 12, 768, "explicit"),  # a swapped GPT-2's prefill of 768 tokens at D = 64
+        (1, 1, 2048, "explicit"),  # N = D^p / 2: the cost rule's end
+        (1, 1, 2049, "torch"),
+        (16, 16, 512, "torch"),  # 67M weights: over EXPLICIT_MAX_WEIGHTS
+    ],
+)
+def test_auto_takes_the_explicit_form_without_autograd_by_cost_and_weights(monkeypatch, b, h, n, want):
+    from attnzoo.ops import _cpu_kernels
+    from attnzoo.ops._dispatch import resolve_backend
+    from attnzoo.ops.fastmax import FASTMAX
+
+    monkeypatch.setattr(_cpu_kernels, "cpu_kernels", lambda: None)
+    q = torch.empty(b, h, n, 64)
+    opts = dict(p=2, causal=True, scale=None, chunk_size=None)
+    assert resolve_backend(FASTMAX, "auto", q, inputs=(q, q, q), options=opts) == want
+    with torch.enable_grad():  # the same call under autograd keeps to N <= 256
+        qg = q.requires_grad_()
+        assert resolve_backend(FASTMAX, "auto", qg, inputs=(qg, qg, qg), options=opts) == "torch"
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -222,17 +222,23 @@ def _fastmax_cpu(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int
     return _fastmax_torch(q, k, v, p=p, causal=causal, scale=scale, chunk_size=chunk_size, segs=segs)
 
 
-#: the longest sequence the explicit N x N form takes under "auto" (its weights are B*H*N^2 numbers)
+#: the longest sequence the explicit N x N form takes under "auto" under autograd (its B*H*N^2 weights are kept
+#: for the backward)
 EXPLICIT_MAX_N = 256
+#: without autograd the weights live for one call: "auto" takes the explicit form while B*H*N^2 stays within this
+EXPLICIT_MAX_WEIGHTS = 1 << 24
 
 
 def _auto_takes_explicit(inputs: tuple, options: Mapping[str, Any]) -> bool:
     # the explicit form costs ~N^2 D a head and the factorised one ~N D^p Dv: for N <= D^p / 2 (and short enough
     # for the N x N weights) the explicit one is the faster (docs/performance.md, session 14: 8.4x fwd+bwd at N=17,
-    # 7.1x at causal N=64, D=16, p=2)
+    # 7.1x at causal N=64, D=16, p=2; session 21: a swapped GPT-2's prefill of 768 tokens at D=64, p=2)
     q = inputs[0]
-    n, d = q.shape[-2], q.shape[-1]
-    return options.get("segs") is None and n <= min(EXPLICIT_MAX_N, d ** options["p"] // 2)
+    b, h, n, d = q.shape
+    if options.get("segs") is not None or n > d ** options["p"] // 2:
+        return False
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs[:3])
+    return n <= EXPLICIT_MAX_N or (not grad and b * h * n * n <= EXPLICIT_MAX_WEIGHTS)
 
 
 def _fastmax_explicit(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
