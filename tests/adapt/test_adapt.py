@@ -245,3 +245,40 @@ def test_fastmax_p1_at_a_scale_with_negative_weights_warns_and_names_the_bound()
         warnings.simplefilter("error")
         make_student(teacher, "fastmax", {"p": 1, "scale": 0.125})
         make_student(teacher, "fastmax", {"p": 2})
+
+
+def test_generation_speed_times_one_call_per_context_from_its_token_times(monkeypatch):
+    # prefill and decoding rate come from one generate call's token times: positive and finite however noisy the
+    # machine (the difference of two calls went negative once, giving 1.5e10 tokens/s), one call per context
+    from attnzoo.adapt.text import generation_speed
+
+    model = tiny_llama()
+    calls = []
+    real = type(model).generate
+    monkeypatch.setattr(type(model), "generate", lambda self, *a, **k: calls.append(k) or real(self, *a, **k))
+    out = generation_speed(model, torch.arange(1, 40), [8, 24], new_tokens=5)
+    assert [r["context"] for r in out] == [8, 24]
+    assert all(r["prefill_s"] > 0 and 0 < r["decode_tokens_per_s"] < 1e7 for r in out)
+    assert len(calls) == 3 and all(k["max_new_tokens"] == 5 and "streamer" in k for k in calls[1:])  # warm-up + 2
+
+
+def test_merge_lora_folds_the_adapters_into_the_weights_and_keeps_the_outputs():
+    # generation is timed on the merged student: same logits, and the adapters are no longer computed
+    from peft import LoraConfig, inject_adapter_in_model
+
+    from attnzoo.adapt.cli import merge_lora
+
+    model = tiny_llama()
+    inject_adapter_in_model(LoraConfig(r=2, target_modules=["q_proj", "v_proj"], lora_dropout=0.0), model)
+    torch.manual_seed(1)
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p)  # peft starts B at zero: a merge would then change nothing
+    x = torch.randint(0, model.config.vocab_size, (1, 12))
+    with torch.no_grad():
+        before = model(x).logits
+        merged = merge_lora(model)
+        after = merged(x).logits
+    assert merged is model
+    assert all(m.merged for m in model.modules() if hasattr(m, "lora_A"))
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)

@@ -180,9 +180,18 @@ def _attnzoo_run(run: str, a: argparse.Namespace, device):
     return model, batches, loss_fn, (eval_fn if a.eval_batches else None)
 
 
+def merge_lora(model):
+    """``model`` with its LoRA adapters (peft) folded into their base weights, in place, as a deployed model runs
+    them: generation is then timed without the adapters' extra products (the last use of the student here)."""
+    for m in model.modules():
+        if hasattr(m, "lora_A") and callable(getattr(m, "merge", None)):
+            m.merge()
+    return model
+
+
 def _generation(teacher, student, a: argparse.Namespace, eval_fn) -> None:
-    """Greedy generation speed of teacher and student after prompts of ``--gen-contexts`` held-out tokens, printed and
-    added to the run's results.json (``"generation"``)."""
+    """Greedy generation speed of teacher and student (its LoRA adapters merged) after prompts of ``--gen-contexts``
+    held-out tokens, printed and added to the run's results.json (``"generation"``)."""
     from attnzoo._io import write_json
     from attnzoo.adapt.text import generation_speed
 
@@ -191,7 +200,7 @@ def _generation(teacher, student, a: argparse.Namespace, eval_fn) -> None:
         raise ValueError(
             f"--gen-contexts up to {max(a.gen_contexts)} needs at least that many --eval-tokens of held-out text"
         )
-    models = (("teacher", teacher), ("student", student))
+    models = (("teacher", teacher), ("student", merge_lora(student)))
     gen = {name: generation_speed(m, tokens, a.gen_contexts) for name, m in models}
     for name, rows in gen.items():
         for r in rows:

@@ -82,13 +82,29 @@ def perplexity(model: nn.Module, tokens: torch.Tensor, block: int) -> dict[str, 
     return {"loss": loss, "perplexity": math.exp(loss)}
 
 
+class _TokenClock:
+    """A ``transformers`` streamer that only notes when each batch of tokens arrives: the prompt first, then every
+    new token, so one ``generate`` call gives both the time to the first token and the decoding rate after it."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, _value) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
 @torch.no_grad()
 def generation_speed(
     model: nn.Module, tokens: torch.Tensor, contexts: list[int], new_tokens: int = 16
 ) -> list[dict[str, float]]:
     """Greedy generation speed of a ``transformers`` causal LM after prompts of each length in ``contexts`` (taken
     from ``tokens (T,)``): ``{"context", "prefill_s"`` (the prompt and first token), ``"decode_tokens_per_s"`` (the
-    ``new_tokens - 1`` tokens after it)``}``, one run each after a one-token warm-up."""
+    ``new_tokens - 1`` tokens after it)``}``, one run each after a one-token warm-up. Both come from the one
+    ``generate`` call's token times (a streamer), not from the difference of two calls, which the machine's noise
+    can make negative."""
     if new_tokens < 2:
         raise ValueError(f"new_tokens must be >= 2 (a prefill and at least one decoded token), got {new_tokens}")
     bad = [c for c in contexts if not 1 <= c <= tokens.numel()]
@@ -101,19 +117,13 @@ def generation_speed(
     model.generate(tokens[None, :1].to(device), max_new_tokens=1, min_new_tokens=1, **kw)
     out = []
     for c in contexts:
-        x = tokens[None, :c].to(device)
+        clock = _TokenClock()
         t0 = time.perf_counter()
-        model.generate(x, max_new_tokens=1, min_new_tokens=1, **kw)
-        prefill = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        model.generate(x, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
-        total = time.perf_counter() - t0
-        out.append(
-            {
-                "context": c,
-                "prefill_s": prefill,
-                "decode_tokens_per_s": (new_tokens - 1) / max(total - prefill, 1e-9),
-            }
+        model.generate(
+            tokens[None, :c].to(device), max_new_tokens=new_tokens, min_new_tokens=new_tokens, streamer=clock, **kw
         )
+        first, last = clock.times[1], clock.times[-1]  # times[0]: the prompt, handed over before any work
+        decoded = len(clock.times) - 2
+        out.append({"context": c, "prefill_s": first - t0, "decode_tokens_per_s": decoded / (last - first)})
     model.train(was)
     return out
