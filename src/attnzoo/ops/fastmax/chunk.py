@@ -183,11 +183,9 @@ def unmasked_backward(
     den: torch.Tensor,
     dout: torch.Tensor,
     p: int,
-    m1: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """FAST §2.5 backward of :func:`unmasked_forward` in moment form: returns ``(dqs, dk, dv)``.
-
-    ``m1 (B*H, D, Dv + 1)``, when given, is ``M1`` below as the forward computed it (the fused CPU kernel keeps it).
+    """FAST §2.5 backward of :func:`unmasked_forward` in moment form: returns ``(dqs, dk, dv)`` (the fused CPU
+    kernel's backward, ``cpu.cpp``, is the same for p=1).
 
     With ``ga_i = [g_i, -c_i]`` (``g = dO / G``, ``c_i = g_i . o_i``), ``va_n = [v_n, 1]`` and
     ``ds_in = (ga_i . va_n) f'(s_in)`` (eq 36):
@@ -210,8 +208,7 @@ def unmasked_backward(
         ga = qs.new_empty(b * h, n, dv_dim + 1)
         g = torch.div(_bh(dout), den.reshape(b * h, n, 1), out=ga[..., :dv_dim])
         torch.sum(g * _bh(out), dim=-1, out=ga[..., dv_dim]).neg_()
-    if m1 is None:
-        m1 = torch.cat([torch.bmm(k3.transpose(-1, -2), v3), k3.sum(dim=-2).unsqueeze(-1)], dim=-1)  # (BH, D, Dv+1)
+    m1 = torch.cat([torch.bmm(k3.transpose(-1, -2), v3), k3.sum(dim=-2).unsqueeze(-1)], dim=-1)  # (BH, D, Dv+1)
     q1 = torch.bmm(q3.transpose(-1, -2), ga)  # (BH, D, Dv+1)
     dq = torch.bmm(ga, m1.transpose(-1, -2))
     dk = torch.baddbmm(q1[..., dv_dim].unsqueeze(-2), v3, q1[..., :dv_dim].transpose(-1, -2))
