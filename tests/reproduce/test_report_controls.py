@@ -753,3 +753,28 @@ def test_a_compared_row_that_moves_more_at_twice_the_steps_than_its_verdict_clea
     # a small move leaves it standing
     h = compared_row_gate(dict(f), "csp on listops", stat([25.0, 26.0, 25.5]), stat([25.6, 25.9, 25.4]), "%")
     assert h["verdict"] == "disagrees" and h["compared_row_change"] == pytest.approx(0.133, abs=1e-3)
+
+
+def test_language_compared_row_runs_at_twice_the_steps_and_gates_its_own_verdict():
+    """The second referee of session 20: ToST, the section's one disagreement, had no run at twice the steps."""
+    from attnzoo.reproduce.common import Section
+    from attnzoo.reproduce.runner import plan
+    from attnzoo.reproduce.sections import language
+
+    b, steps = plan("long", 0)
+    by_id = {s.id: s for s in steps}
+    longer, seed_run = by_id["language/tost@2x-steps/seed0"], by_id["language/tost/seed0"]
+    assert longer.config["train"]["steps"] == 2 * seed_run.config["train"]["steps"]
+    assert longer.deps == seed_run.deps and longer.deps  # at ToST's own tuned rate
+    assert longer.config["contexts"] == [] and "language/tost@2x-steps/seed1" not in by_id  # plateau_seeds = 1
+    with pytest.raises(ValueError, match=r"compared_2x rows \['xcit'\] are not compared rows"):
+        language.longer_rows({**b["language"], "compared_2x": ["xcit"]})
+    # the gate: ToST 0.4 nats behind GPT; at twice the steps ToST itself gains 0.3, more than the interval clears
+    res = {"gpt": {"val_loss": stat([1.60, 1.61, 1.62])}, "tost": {"val_loss": stat([2.00, 2.01, 2.02])}}
+    f = _cmp([2.00, 2.01, 2.02], [1.60, 1.61, 1.62], "tost", "gpt", 0.2, lower_is_better=True)
+    assert f["verdict"] == "disagrees"
+    sec = Section("language", "Language", findings=[f])
+    records = {"language/tost@2x-steps/seed0": {"result": {"val_loss": 1.70}}}
+    language._gate(sec, records, {"models": ["gpt", "tost"], "compared_2x": ["tost"]}, res)
+    assert f["verdict"] == "inconclusive" and "plateau" in f["gate_reasons"]
+    assert "tost itself moves -0.3 nats at twice the steps" in f["gate"]
