@@ -263,6 +263,34 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
     )
     assert "which keeps its CLS token: two factors; only the change is one factor's" in vs_xcit["explanation"]
     assert "same skeleton and pooling" in check["claim"]
+    # with the mean-pooled XCA row (the second referee) TSSA is read against XCA under one factor, not gated
+    res["vit+xca-meanpool"] = r(84.0, 84.4, 84.2)
+    out = vision._findings(res)
+    swap = next(
+        f for f in out if f["claim"].startswith("ToST's attention in the ViT skeleton") and "XCiT" in f["claim"]
+    )
+    assert (swap["a_name"], swap["b_name"]) == ("vit+tssa-meanpool", "vit+xca-meanpool") and "gate" not in swap
+    assert "with the CLS token, vit+tssa vs vit+xca: 79.2 ± 0.3 vs 83.2 ± 0.2" in swap["explanation"]
+
+
+def test_control_margins_of_cls_token_rows_read_the_mean_pooled_twin():
+    """The second referee of session 20: ToST vs the CLS-token ViT had its margin checked with the mean-pooled
+    control against the CLS-token ViT (two factors); the control is read against the mean-pooled ViT instead."""
+    from attnzoo.reproduce.sections import vision
+
+    def r(*v):
+        return {"accuracy": stat(list(v)), "params": 100_000}
+
+    # the CLS-token ViT is far ahead of the control (margin not admitted), its mean-pooled twin is not (admitted)
+    res = {"vit": r(86.0, 86.2, 86.1), "tost": r(85.5, 85.7, 85.6), "vit+identity": r(82.0, 82.4, 82.2)}
+    f = next(f for f in vision._findings(res) if f["claim"].startswith("ToST is competitive with ViT"))
+    vision._gate_control_margins([f], res)
+    assert f["verdict"] == "agrees" and "gate" not in f  # against the CLS-token ViT: 3.9 points, outside 1.9
+    res["vit-meanpool"] = r(82.9, 83.3, 83.1)
+    f = next(f for f in vision._findings(res) if f["claim"].startswith("ToST is competitive with ViT"))
+    vision._gate_control_margins([f], res)
+    assert f["verdict"] == "inconclusive" and f["gate_reasons"] == ["control"]
+    assert "vit+identity is -0.9" in f["gate"] and "from vit-meanpool" in f["gate"]
 
 
 def test_gate_reasons_are_counted_from_the_field_not_the_text():

@@ -302,20 +302,27 @@ def size_gate(f: dict, paper_ratios: dict[tuple[str, str], tuple[float, str]], t
     return f
 
 
-def margin_control_gate(f: dict, control: float | Sequence[float] | Stat | None, control_name: str) -> dict:
+def margin_control_gate(
+    f: dict,
+    control: float | Sequence[float] | Stat | None,
+    control_name: str,
+    twin: tuple[str, Stat] | None = None,
+) -> dict:
     """Gate a non-inferiority finding on ``control`` when its margin admits a model without attention.
 
     ``control`` is the no-attention control's metric (per seed), judged against the finding's own baseline
-    (``values_b``) with the finding's orientation. Unless the control's 95% Welch-t interval lies wholly below
-    ``-margin`` (shown worse than the margin, the same evidence a claim needs; its mean when either side has one
-    seed), an "agrees" could not tell the mechanism from no token mixing at all: the margin, read from the paper's
-    task, is too wide for this one. A "disagrees" stays (the mechanism is then worse than a margin the control may
-    meet).
+    (``values_b``) with the finding's orientation, or against ``twin`` ``(name, metric)``: the control's own
+    skeleton with attention, where the baseline differs from the control in more than the token mixer (a CLS-token
+    ViT against a mean-pooled control: the second referee of session 20). Unless the control's 95% Welch-t
+    interval lies wholly below ``-margin`` (shown worse than the margin, the same evidence a claim needs; its mean
+    when either side has one seed), an "agrees" could not tell the mechanism from no token mixing at all: the
+    margin, read from the paper's task, is too wide for this one. A "disagrees" stays (the mechanism is then worse
+    than a margin the control may meet).
     """
     sc, values_b = stat(control), f.get("values_b")
     if f.get("claim_type") != "non-inferiority" or sc is None or not values_b:
         return f
-    sb = stat(values_b)
+    base_name, sb = twin if twin is not None else (f.get("b_name"), stat(values_b))
     # the control's effect against the same baseline, oriented like the finding's (positive favours "comparable")
     effect, ci, _ = welch_ci(sc, sb, lower_is_better=bool(f.get("lower_is_better")))
     f["control_effect"] = effect
@@ -325,7 +332,7 @@ def margin_control_gate(f: dict, control: float | Sequence[float] | Stat | None,
         where = f"{effect:+.3g} [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci else f"{effect:+.3g}"
         gate(
             f,
-            f"the margin admits no attention: {control_name} is {where} {f.get('unit', '')} from {f.get('b_name')}, "
+            f"the margin admits no attention: {control_name} is {where} {f.get('unit', '')} from {base_name}, "
             f"not shown outside the margin {f['margin']:.3g}, so this test cannot tell the mechanism from none",
             "control",
         )
