@@ -39,8 +39,17 @@ def test_plan_of_every_budget(name, seeds):
     for s in sweep:
         assert s.deps == (av.TEACHER,) and s.config["seed"] == 5 + SWEEP_SEED_OFFSET
         assert s.config["finetune"]["lr"] in lrs
-    tuned = [s for s in mine if s.id != av.TEACHER and s not in sweep]
+    plateau = [s for s in mine if s.id.startswith(f"{av.KEY}/{av.PLATEAU}/")]
+    tuned = [s for s in mine if s.id != av.TEACHER and s not in sweep and s not in plateau]
     assert len(tuned) == len(rows) * seeds
+    # long fine-tunes the claims' baseline (linear) twice the steps too, at its own tuned rate: its plateau run
+    assert len(plateau) == (seeds if name == "long" else 0)
+    for s in plateau:
+        assert s.config["finetune"]["steps"] == 2 * b[av.KEY]["finetune"]["steps"]
+        assert s.deps == (av.TEACHER, *(f"{av.KEY}/linear/lr-sweep/lr{lr:g}" for lr in lrs))
+        assert (
+            s.config["mechanism"] == next(t for t in tuned if t.id.startswith(f"{av.KEY}/linear/")).config["mechanism"]
+        )
     for s in tuned:
         row = s.id.split("/")[1]
         assert s.deps == (av.TEACHER, *(f"{av.KEY}/{row}/lr-sweep/lr{lr:g}" for lr in lrs))
@@ -250,3 +259,20 @@ def test_flops_count_the_softmax_attention():
         vit(image)
     without_attention = counter.get_total_flops()
     assert av.forward_flops(vit, image) - without_attention == depth * 2 * (2 * n * n * dim)
+
+
+def test_the_baseline_plateau_run_is_read(tmp_path):
+    # linear fine-tuned twice the steps: moving 0.02 pts it has plateaued for these claims; moving 5 pts it has not
+    accs = {
+        "original": [0.801, 0.800, 0.802],
+        "cbsa": [0.700, 0.702, 0.698],
+        "cbsa-no-contraction": [0.75, 0.752, 0.748],
+        "linear": [0.71, 0.712, 0.708],
+        av.PLATEAU: [0.7102, 0.7122, 0.7082],
+    }
+    sec = _summary(tmp_path, accs)
+    own = sec.data["plateau"]["linear"]
+    assert own["plateaued"] and own["change"] == pytest.approx(0.02, abs=1e-6)
+    accs[av.PLATEAU] = [0.76, 0.762, 0.758]
+    own = _summary(tmp_path, accs).data["plateau"]["linear"]
+    assert not own["plateaued"] and own["change"] == pytest.approx(5.0, abs=1e-6)
