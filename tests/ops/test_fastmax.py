@@ -462,22 +462,24 @@ def test_auto_takes_the_explicit_form_for_short_sequences(monkeypatch, n, d, p, 
 
 
 @pytest.mark.parametrize(
-    ("b", "h", "n", "want"),
+    ("b", "h", "n", "causal", "want"),
     [
-        (1, 12, 768, "explicit"),  # a swapped GPT-2's prefill of 768 tokens at D = 64
-        (1, 1, 2048, "explicit"),  # N = D^p / 2: the cost rule's end
-        (1, 1, 2049, "torch"),
-        (16, 16, 512, "torch"),  # 67M weights: over EXPLICIT_MAX_WEIGHTS
+        (1, 12, 768, True, "explicit"),  # a swapped GPT-2's prefill of 768 tokens at D = 64
+        (1, 1, 1024, True, "explicit"),  # causal: N = D^p / 4
+        (1, 1, 1025, True, "torch"),
+        (1, 1, 512, False, "explicit"),  # non-causal: N = D^p / 8
+        (1, 1, 513, False, "torch"),
+        (16, 16, 512, True, "torch"),  # 67M weights: over EXPLICIT_MAX_WEIGHTS
     ],
 )
-def test_auto_takes_the_explicit_form_without_autograd_by_cost_and_weights(monkeypatch, b, h, n, want):
+def test_auto_takes_the_explicit_form_without_autograd_by_cost_and_weights(monkeypatch, b, h, n, causal, want):
     from attnzoo.ops import _cpu_kernels
     from attnzoo.ops._dispatch import resolve_backend
     from attnzoo.ops.fastmax import FASTMAX
 
     monkeypatch.setattr(_cpu_kernels, "cpu_kernels", lambda: None)
     q = torch.empty(b, h, n, 64)
-    opts = dict(p=2, causal=True, scale=None, chunk_size=None)
+    opts = dict(p=2, causal=causal, scale=None, chunk_size=None)
     assert resolve_backend(FASTMAX, "auto", q, inputs=(q, q, q), options=opts) == want
     with torch.enable_grad():  # the same call under autograd keeps to N <= 256
         qg = q.requires_grad_()

@@ -225,20 +225,25 @@ def _fastmax_cpu(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int
 #: the longest sequence the explicit N x N form takes under "auto" under autograd (its B*H*N^2 weights are kept
 #: for the backward)
 EXPLICIT_MAX_N = 256
-#: without autograd the weights live for one call: "auto" takes the explicit form while B*H*N^2 stays within this
-EXPLICIT_MAX_WEIGHTS = 1 << 24
+#: without autograd the weights live for one call: "auto" takes the explicit form beyond EXPLICIT_MAX_N while
+#: B*H*N^2 stays within this and N within D^p / 4 (causal) or D^p / 8 (the factorised non-causal form is cheaper)
+EXPLICIT_MAX_WEIGHTS = 1 << 23
 
 
 def _auto_takes_explicit(inputs: tuple, options: Mapping[str, Any]) -> bool:
     # the explicit form costs ~N^2 D a head and the factorised one ~N D^p Dv: for N <= D^p / 2 (and short enough
     # for the N x N weights) the explicit one is the faster (docs/performance.md, session 14: 8.4x fwd+bwd at N=17,
-    # 7.1x at causal N=64, D=16, p=2; session 21: a swapped GPT-2's prefill of 768 tokens at D=64, p=2)
+    # 7.1x at causal N=64, D=16, p=2). Forward only, at D=64 (session 21): explicit / factorised 0.21 at causal
+    # N=768 (12 heads), 0.54 at 1024, 1.05 at 1536, 1.34 at 2048; non-causal 0.25 at 512, 1.28 at 1024
     q = inputs[0]
     b, h, n, d = q.shape
-    if options.get("segs") is not None or n > d ** options["p"] // 2:
+    p, causal = options["p"], bool(options.get("causal"))
+    if options.get("segs") is not None or n > d**p // 2:
         return False
+    if n <= EXPLICIT_MAX_N:
+        return True
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs[:3])
-    return n <= EXPLICIT_MAX_N or (not grad and b * h * n * n <= EXPLICIT_MAX_WEIGHTS)
+    return not grad and n <= d**p // (4 if causal else 8) and b * h * n * n <= EXPLICIT_MAX_WEIGHTS
 
 
 def _fastmax_explicit(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
