@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from attnzoo._checks import check_finite, check_positive_int
@@ -17,11 +15,10 @@ from attnzoo.ops.fastmax import (
     fastmax,
     fastmax_dropout,
     fastmax_init_state,
+    fastmax_prompt_state,
     fastmax_step,
 )
-from attnzoo.ops.fastmax.common import DEFAULT_CHUNK, resolve_scale, standardize
-
-SQRT_HALF = math.sqrt(0.5)  # phi's weight on its quadratic block (eq 27)
+from attnzoo.ops.fastmax.common import resolve_scale, standardize
 
 __all__ = ["FastmaxAttention", "MAX_CAPTURE_TOKENS"]
 
@@ -163,7 +160,7 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
             )
             y = zero_padding_tokens(self._out(out), attention_mask)
         real = None if attention_mask is None else (attention_mask != 0).to(x.device)
-        return y, FastmaxState(*_prompt_sums(k, v, self.p, real))
+        return y, fastmax_prompt_state(k, v, p=self.p, real=real)
 
     def _require_causal(self) -> None:
         if not self.causal:
@@ -174,31 +171,3 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
         if self.attn_dropout > 0:
             extra += f", attn_dropout={self.attn_dropout}, dropout_placement={self.dropout_placement!r}"
         return super().extra_repr() + extra
-
-
-def _prompt_sums(
-    k: torch.Tensor, v: torch.Tensor, p: int, real: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The decoding state after a prompt (eqs 34-35): ``num (B, H, P, Dv) = sum_n phi(k_hat_n) v_n^T`` and ``den
-    (B, H, P) = sum_n phi(k_hat_n)`` over each row's real tokens (``real (B, N)`` bool, or all). The quadratic
-    block of ``phi`` is never built: ``sum_n (k_n k_n^T) v_n`` is one product of ``K^T`` with the rows ``k_n (x) v_n``
-    (a GEMM, not ``N x P`` elementwise features)."""
-    sd = torch.promote_types(k.dtype, torch.float32)  # the sums' dtype of init_state / fastmax_step
-    b, h, n, d = k.shape
-    dv = v.shape[-1]
-    ks, vs = standardize(k.to(sd)), v.to(sd)
-    if real is not None:  # padding adds nothing: its rows (and its 1 in phi) are zero
-        r = real[:, None, :, None].to(sd)
-        ks, vs, count = ks * r, vs * r, r.sum(dim=2).expand(b, h, 1)
-    else:
-        count = ks.new_full((b, h, 1), float(n))
-    num = [vs.sum(dim=2, keepdim=True), ks.transpose(-1, -2) @ vs]
-    den = [count, ks.sum(dim=2)]
-    if p == 2:
-        quad = ks.new_zeros(b, h, d, d * dv)
-        for i in range(0, n, DEFAULT_CHUNK):  # token chunks bound the (B, H, chunk, D * Dv) rows k_n (x) v_n
-            kc, vc = ks[:, :, i : i + DEFAULT_CHUNK], vs[:, :, i : i + DEFAULT_CHUNK]
-            quad += kc.transpose(-1, -2) @ (kc.unsqueeze(-1) * vc.unsqueeze(-2)).flatten(-2)
-        num.append(quad.reshape(b, h, d * d, dv) * SQRT_HALF)
-        den.append((ks.transpose(-1, -2) @ ks).flatten(-2) * SQRT_HALF)
-    return torch.cat(num, dim=2), torch.cat(den, dim=2)

@@ -1,8 +1,8 @@
 """Fastmax (FAST, Gerami et al.): polynomial-kernel attention on standardised q, k in O(N D^(p+1)).
 
 Public op :func:`fastmax`; helpers :func:`explicit_attention` (the N x N weights, for analysis),
-:func:`fastmax_init_state` / :func:`fastmax_step` (recurrent causal decoding) and :func:`fastmax_dropout`
-(FAST §2.4 dropout placements).
+:func:`fastmax_init_state` / :func:`fastmax_step` / :func:`fastmax_prompt_state` (recurrent causal decoding) and
+:func:`fastmax_dropout` (FAST §2.4 dropout placements).
 
 Non-negativity of the weights (eq 10). Rows always sum to 1 by construction. For p=2,
 ``f(s) = 1 + s + s^2/2 = ((1 + s)^2 + 1) / 2 >= 1/2``, so weights are positive for every input and scale.
@@ -46,7 +46,7 @@ from attnzoo.ops.fastmax.dropout import (
     sample_dropout_masks,
 )
 from attnzoo.ops.fastmax.naive import explicit_attention, fastmax_naive, naive_from_hat
-from attnzoo.ops.fastmax.recurrent import FastmaxState, fastmax_init_state, fastmax_step
+from attnzoo.ops.fastmax.recurrent import FastmaxState, fastmax_init_state, fastmax_prompt_state, fastmax_step
 from attnzoo.ops.fastmax.varlen import masked_sweeps
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "fastmax_naive",
     "explicit_attention",
     "fastmax_init_state",
+    "fastmax_prompt_state",
     "fastmax_step",
     "FastmaxState",
     "fastmax_dropout",

@@ -45,7 +45,7 @@ VALID_P = (1, 2)
 #: tokens per chunk of the chunked sweeps (bounds temporaries to chunk * D^p per head)
 DEFAULT_CHUNK = 64
 
-_SQRT_HALF = math.sqrt(0.5)
+SQRT_HALF = math.sqrt(0.5)  # phi's weight on its quadratic block (eq 27)
 
 
 def check_p(p) -> None:
@@ -100,7 +100,7 @@ def features(x: torch.Tensor, p: int) -> torch.Tensor:
     """``phi(x)``: ``(..., N, D) -> (..., N, P)`` with ``phi(q) . phi(k) = f(q . k)`` (eqs 24-27)."""
     parts = [x.new_ones(x.shape[:-1] + (1,)), x]
     if p == 2:
-        parts.append((x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2) * _SQRT_HALF)
+        parts.append((x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2) * SQRT_HALF)
     return torch.cat(parts, dim=-1)
 
 
@@ -111,7 +111,7 @@ def features_vjp(x: torch.Tensor, u: torch.Tensor, p: int) -> torch.Tensor:
     if p == 2:
         u2 = u[..., 1 + d :].unflatten(-1, (d, d))
         # d/dx (x^T U x / sqrt2) = (U + U^T) x / sqrt2; symmetrising keeps this exact for any u
-        g = g + torch.einsum("...de,...e->...d", u2 + u2.transpose(-1, -2), x) * _SQRT_HALF
+        g = g + torch.einsum("...de,...e->...d", u2 + u2.transpose(-1, -2), x) * SQRT_HALF
     return g
 
 

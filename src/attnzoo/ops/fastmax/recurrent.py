@@ -8,9 +8,17 @@ import torch
 
 from attnzoo._checks import check_ndim, check_positive_int
 from attnzoo.ops._varlen import check_attention_mask
-from attnzoo.ops.fastmax.common import check_p, feature_dim, features, resolve_scale, standardize
+from attnzoo.ops.fastmax.common import (
+    DEFAULT_CHUNK,
+    SQRT_HALF,
+    check_p,
+    feature_dim,
+    features,
+    resolve_scale,
+    standardize,
+)
 
-__all__ = ["FastmaxState", "fastmax_init_state", "fastmax_step"]
+__all__ = ["FastmaxState", "fastmax_init_state", "fastmax_prompt_state", "fastmax_step"]
 
 
 class FastmaxState(NamedTuple):
@@ -100,3 +108,32 @@ def fastmax_step(
         return torch.where(keep, (fq @ num) / torch.where(keep, g, 1.0), 0.0).to(v.dtype), FastmaxState(num, den)
     out = (fq @ num) / g
     return out.to(v.dtype), FastmaxState(num, den)
+
+
+def fastmax_prompt_state(
+    k: torch.Tensor, v: torch.Tensor, *, p: int = 2, real: torch.Tensor | None = None
+) -> FastmaxState:
+    """The state :func:`fastmax_step` holds after feeding the prompt's raw keys ``k (B, H, N, D)`` and values ``v
+    (B, H, N, Dv)`` (eqs 34-35): ``num (B, H, P, Dv) = sum_n phi(k_hat_n) v_n^T`` and ``den
+    (B, H, P) = sum_n phi(k_hat_n)`` over each row's real tokens (``real (B, N)`` bool, or all). The quadratic
+    block of ``phi`` is never built: ``sum_n (k_n k_n^T) v_n`` is one product of ``K^T`` with the rows ``k_n (x) v_n``
+    (a GEMM, not ``N x P`` elementwise features)."""
+    sd = torch.promote_types(k.dtype, torch.float32)  # the sums' dtype of init_state / fastmax_step
+    b, h, n, d = k.shape
+    dv = v.shape[-1]
+    ks, vs = standardize(k.to(sd)), v.to(sd)
+    if real is not None:  # padding adds nothing: its rows (and its 1 in phi) are zero
+        r = real[:, None, :, None].to(sd)
+        ks, vs, count = ks * r, vs * r, r.sum(dim=2).expand(b, h, 1)
+    else:
+        count = ks.new_full((b, h, 1), float(n))
+    num = [vs.sum(dim=2, keepdim=True), ks.transpose(-1, -2) @ vs]
+    den = [count, ks.sum(dim=2)]
+    if p == 2:
+        quad = ks.new_zeros(b, h, d, d * dv)
+        for i in range(0, n, DEFAULT_CHUNK):  # token chunks bound the (B, H, chunk, D * Dv) rows k_n (x) v_n
+            kc, vc = ks[:, :, i : i + DEFAULT_CHUNK], vs[:, :, i : i + DEFAULT_CHUNK]
+            quad += kc.transpose(-1, -2) @ (kc.unsqueeze(-1) * vc.unsqueeze(-2)).flatten(-2)
+        num.append(quad.reshape(b, h, d * d, dv) * SQRT_HALF)
+        den.append((ks.transpose(-1, -2) @ ks).flatten(-2) * SQRT_HALF)
+    return FastmaxState(torch.cat(num, dim=2), torch.cat(den, dim=2))
