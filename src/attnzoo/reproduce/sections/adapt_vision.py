@@ -110,14 +110,13 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             sid = sweep_id(f"{KEY}/{row}", lr)
             config = dict(base, finetune=dict(plan["finetune"], lr=lr), seed=seed + SWEEP_SEED_OFFSET)
             steps.append(Step(sid, KEY, config, _finetune, deps=(TEACHER,), label=sid.split("/", 1)[1]))
-        for s in seed_list(plan, seed):
-            config = dict(base, finetune=dict(plan["finetune"]), seed=s)
-            config = tuned(config, KEY, row, lrs, "accuracy", True, settings="finetune")
-            sid = seeded_id(f"{KEY}/{row}", s)
-            deps = (TEACHER, *sweep_deps(config))
-            steps.append(Step(sid, KEY, config, _finetune, deps=deps, label=sid.split("/", 1)[1]))
+        steps += _seed_steps(plan, seed, base, row, row, dict(plan["finetune"]), lrs)
         if row == BASELINE and plan.get("baseline_plateau"):
-            steps += _baseline_plateau_steps(plan, seed, base, lrs)
+            # the claims' baseline fine-tuned twice the steps (and warm-up), at its own tuned rate
+            ft = dict(plan["finetune"])
+            ft["steps"] *= 2
+            ft["warmup_steps"] = 2 * ft.get("warmup_steps", 0)
+            steps += _seed_steps(plan, seed, base, PLATEAU, BASELINE, ft, lrs)
     return steps
 
 
@@ -126,15 +125,13 @@ BASELINE = "linear"
 PLATEAU = f"{BASELINE}@2x-steps"
 
 
-def _baseline_plateau_steps(plan: dict, seed: int, base: dict, lrs: list) -> list[Step]:
-    """Linear attention fine-tuned twice the steps (and warm-up) at its own tuned rate, on the section's seeds."""
-    ft = dict(plan["finetune"])
-    ft["steps"] *= 2
-    ft["warmup_steps"] = 2 * ft.get("warmup_steps", 0)
+def _seed_steps(plan: dict, seed: int, base: dict, name: str, row: str, finetune: dict, lrs: list) -> list[Step]:
+    """Run ``name``'s fine-tuning on each of the section's seeds, at the best rate of ``row``'s sweep."""
     steps = []
     for s in seed_list(plan, seed):
-        config = tuned(dict(base, finetune=ft, seed=s), KEY, BASELINE, lrs, "accuracy", True, settings="finetune")
-        sid = seeded_id(f"{KEY}/{PLATEAU}", s)
+        config = dict(base, finetune=dict(finetune), seed=s)  # each seed its own settings dict
+        config = tuned(config, KEY, row, lrs, "accuracy", True, settings="finetune")
+        sid = seeded_id(f"{KEY}/{name}", s)
         steps.append(Step(sid, KEY, config, _finetune, deps=(TEACHER, *sweep_deps(config)), label=sid.split("/", 1)[1]))
     return steps
 
