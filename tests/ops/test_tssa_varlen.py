@@ -241,13 +241,48 @@ def test_fast_task_tables_equal_the_vectorised_builder():
         seg = segments(*mask.shape, attention_mask=mask)
         fast, ref = varlen_tasks(seg, kernels), varlen_tasks_vectorised(seg)
         assert torch.equal(fast.table, ref.table) and fast.slots == ref.slots
-        assert torch.equal(fast.slot, ref.slot)
     for lengths in _random_offsets(g):
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
         seg = segments(1, sum(lengths), cu_seqlens=cu)
         fast, ref = varlen_tasks(seg, kernels), varlen_tasks_vectorised(seg)
         assert torch.equal(fast.table, ref.table) and fast.slots == ref.slots
-        assert torch.equal(fast.slot, ref.slot)
+
+
+def _slot_of_tokens(seg) -> torch.Tensor:
+    """``(B, N)``: each real token's slot (row * S + sequence id), -1 at padding: the definition the tables follow."""
+    rows = torch.arange(seg.ids.shape[0])[:, None] * seg.num
+    return torch.where(seg.real, rows + seg.ids, -1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cpu_slot_sum_and_read_follow_each_tokens_sequence(dtype):
+    # the varlen backward's per-sequence sums and reads against sums over each token's slot, for tables from a
+    # mask, from offsets and from ids; padding is never read and reads 1
+    from attnzoo.ops import _cpu_kernels
+    from attnzoo.ops._varlen import segments
+    from attnzoo.ops.tssa.chunk import varlen_tasks, varlen_tasks_vectorised
+
+    kernels = _cpu_kernels.required_cpu_kernels()
+    g = torch.Generator().manual_seed(12)
+    segs = [segments(*m.shape, attention_mask=m) for m in _random_masks(g)]
+    for lengths in _random_offsets(g):
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        segs.append(segments(1, sum(lengths), cu_seqlens=cu))
+    for seg in segs:
+        b_n, n = seg.ids.shape
+        slot = _slot_of_tokens(seg)
+        for vt in (varlen_tasks(seg, kernels), varlen_tasks_vectorised(seg)):
+            x = torch.randn(b_n, 3, n, dtype=dtype, generator=g)
+            want = torch.zeros(vt.slots + 1, 3, dtype=torch.float64)
+            want.index_add_(0, slot.where(slot >= 0, vt.slots).reshape(-1), x.double().transpose(1, 2).reshape(-1, 3))
+            x = torch.where(seg.real[:, None], x, torch.full((), float("nan"), dtype=dtype))  # padding is never read
+            got = kernels.tssa_slot_sum(x, vt.table, vt.slots)
+            assert got.dtype == dtype and got.shape == (vt.slots, 3)
+            torch.testing.assert_close(got.double(), want[:-1], rtol=1e-6, atol=1e-4)
+            stat = torch.randn(vt.slots, 3, dtype=dtype, generator=g)
+            ext = torch.cat([stat, torch.ones(1, 3, dtype=dtype)])  # padding reads 1
+            expect = ext[slot.where(slot >= 0, vt.slots)].permute(0, 2, 1)
+            assert torch.equal(kernels.tssa_slot_read(stat, vt.table, b_n, n, 1.0), expect)
 
 
 @pytest.mark.parametrize("causal", [False, True])

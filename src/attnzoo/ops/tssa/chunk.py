@@ -17,7 +17,6 @@ like ``2 sqrt(N)`` ulps instead of ``N`` ulps for a sequential float32 scan.
 from __future__ import annotations
 
 import math
-from functools import cached_property
 from typing import NamedTuple
 
 import torch
@@ -25,7 +24,6 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from attnzoo._checks import explain_nonfinite
-from attnzoo.ops._segment_ops import contiguous_runs
 from attnzoo.ops._varlen import Segments
 from attnzoo.ops.tssa.naive import compute_dtype, safe_denominator
 
@@ -444,14 +442,6 @@ class VarlenTasks:
     def __init__(self, table: torch.Tensor, slots: int, seg: Segments) -> None:
         self.table, self.slots, self.seg = table, slots, seg
 
-    @cached_property
-    def slot(self) -> torch.Tensor:
-        """``(B, N)`` int64: each token's slot, ``slots`` at padding (built only where a backward needs it)."""
-        seg = self.seg
-        ids = seg.ids
-        rows = torch.arange(ids.shape[0], device=ids.device)[:, None] * seg.num
-        return torch.where(seg.real, rows + ids, self.slots)
-
 
 def _offset_tasks(offsets: list[int]) -> list[list[int]]:
     """The table's rows for a packed row: each sequence ``offsets[s] .. offsets[s + 1]`` cut every ``_TASK_LEN``."""
@@ -492,41 +482,20 @@ def varlen_tasks_vectorised(seg: Segments) -> VarlenTasks:
     return VarlenTasks(table, b_n * seg.num, seg)
 
 
-# a packed row of at most this many sequences reads and sums its per-sequence statistics slice by slice: ~50 us
-# for S = 4 at T = 14k, where index_add / advanced indexing by each token's slot took 0.2-0.4 ms each
-_SLICED_SLOTS = 64
-
-
-def _packed_bounds(vt: VarlenTasks) -> list[tuple[int, int]] | None:
-    """``(start, end)`` of each sequence of a packed row of 2 to ``_SLICED_SLOTS`` sequences, else ``None`` (called
-    after the one-sequence-per-row case, which broadcasts instead)."""
-    runs = contiguous_runs(vt.seg, _SLICED_SLOTS) if vt.seg.offsets is not None else None
-    return None if runs is None else [(a, e) for _, a, e in runs]
-
-
-def _slot_sum(x: torch.Tensor, vt: VarlenTasks) -> torch.Tensor:
-    """``(B, H, N) -> (slots, H)``: per-sequence sums (``x`` must be zero at padding)."""
-    if vt.seg.num == 1:  # one sequence per row: the slot is the row
+def _slot_sum(kernels, x: torch.Tensor, vt: VarlenTasks) -> torch.Tensor:
+    """``(B, H, N) -> (slots, H)``: per-sequence sums over real tokens (one pass over the task table)."""
+    if vt.seg.num == 1:  # one sequence per row: the slot is the row (``x`` is zero at padding)
         return x.sum(dim=-1)
-    bounds = _packed_bounds(vt)
-    if bounds is not None:
-        return torch.stack([x[0, :, a:e].sum(dim=-1) for a, e in bounds])
-    h = x.shape[1]
-    flat = x.transpose(1, 2).reshape(-1, h)
-    return x.new_zeros(vt.slots + 1, h).index_add_(0, vt.slot.reshape(-1), flat)[:-1]
+    return kernels.tssa_slot_sum(x, vt.table, vt.slots)
 
 
-def _slot_read(stat: torch.Tensor, vt: VarlenTasks) -> torch.Tensor:
-    """``(slots, H) -> (B, H, N or 1)``: each token's sequence statistic, some finite value at padding (every use
-    below is multiplied by ``pi`` or divides what is zero there; one sequence per row broadcasts its row's)."""
+def _slot_read(kernels, stat: torch.Tensor, vt: VarlenTasks) -> torch.Tensor:
+    """``(slots, H) -> (B, H, N or 1)``: each token's sequence statistic, 1 at padding (every use below is
+    multiplied by ``pi`` or divides what is zero there; one sequence per row broadcasts its row's)."""
     if vt.seg.num == 1:
         return stat.unsqueeze(-1)
-    bounds = _packed_bounds(vt)
-    if bounds is not None:
-        return torch.cat([stat[i, :, None].expand(-1, e - a) for i, (a, e) in enumerate(bounds)], dim=1)[None]
-    ext = torch.cat([stat, stat.new_ones((1, stat.shape[1]))])
-    b_n, n = vt.slot.shape
-    return ext[vt.slot.reshape(-1)].view(b_n, n, -1).transpose(1, 2)
+    b_n, n = vt.seg.ids.shape
+    return kernels.tssa_slot_read(stat, vt.table, b_n, n, 1.0)
 
 
 def _noncausal_fused_varlen(kernels, w, wc, tc, vt: VarlenTasks):
@@ -549,8 +518,8 @@ def _noncausal_backward_fused_varlen(kernels, wc, tc, gc, saved, vt: VarlenTasks
     d_pi, u = kernels.tssa_bwd_gw(wc, gc, pi, g, tab, ns)
     d_dots = u * g * g
     d_q = kernels.tssa_rowdot_sq(wc, d_dots, tab, ns)
-    den_tok = _slot_read(den[..., 0], vt)  # (B, H, N or 1)
-    d_pi += d_q / den_tok - _slot_read(_slot_sum(d_q * pi, vt) / (den[..., 0] * den[..., 0]), vt)
+    den_tok = _slot_read(kernels, den[..., 0], vt)  # (B, H, N or 1)
+    d_pi += d_q / den_tok - _slot_read(kernels, _slot_sum(kernels, d_q * pi, vt) / (den[..., 0] * den[..., 0]), vt)
     d_a = pi * (d_pi - (pi * d_pi).sum(dim=1, keepdim=True))  # zero at padding, where pi is
     d_temp = (d_a * s).sum(dim=(0, 2))
     d_s = (d_a * tc[:, None]).contiguous()

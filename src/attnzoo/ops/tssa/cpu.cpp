@@ -16,6 +16,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
@@ -936,6 +937,66 @@ Tensor tssa_mask_tasks(const Tensor& mask, int64_t task_len) {
   return table;
 }
 
+// The varlen backward's per-sequence statistics of a (B, H, N) tensor, over the same task table as the
+// kernels: chunk.py's sums and reads per slot without a Python loop over sequences (issue 27) or an index_add
+// by each token's slot (0.2-0.4 ms at 14k tokens). One pass each over the real tokens; sums in double.
+void check_slot_args(const Tensor& x, const Tensor& tasks, int64_t nslots) {
+  TORCH_CHECK(x.dim() == 3 && x.device().is_cpu(), "x must be a (B, H, N) CPU tensor");
+  TORCH_CHECK(tasks.dim() == 2 && tasks.size(1) == 5 && tasks.scalar_type() == at::kLong && tasks.is_contiguous(),
+              "tasks must be a contiguous (T, 5) int64 table");
+  TORCH_CHECK(nslots >= 0, "nslots must be non-negative");
+}
+
+// (nslots, H): the sum of x over each slot's tokens (padding is in no task, so it is never read)
+Tensor tssa_slot_sum(const Tensor& x, const Tensor& tasks, int64_t nslots) {
+  check_slot_args(x, tasks, nslots);
+  const Tensor xc = x.contiguous();
+  const int64_t H = x.size(1), N = x.size(2), T = tasks.size(0);
+  const int64_t* tab = tasks.data_ptr<int64_t>();
+  std::vector<double> acc(static_cast<size_t>(nslots * H), 0.0);
+  Tensor out = at::empty({nslots, H}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "tssa_slot_sum", [&] {
+    const scalar_t* xp = xc.data_ptr<scalar_t>();
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t* t = tab + 5 * i;
+      TORCH_CHECK(t[3] >= 0 && t[3] < nslots, "task slot out of range");
+      for (int64_t h = 0; h < H; ++h) {
+        const scalar_t* row = xp + (t[0] * H + h) * N;
+        double a = 0.0;
+        for (int64_t n = t[1]; n < t[2]; ++n) a += static_cast<double>(row[n]);
+        acc[t[3] * H + h] += a;
+      }
+    }
+    scalar_t* op = out.data_ptr<scalar_t>();
+    for (int64_t j = 0; j < nslots * H; ++j) op[j] = static_cast<scalar_t>(acc[j]);
+  });
+  return out;
+}
+
+// (B, H, N): each token's slot statistic stat (nslots, H); fill at the tokens of no task (padding)
+Tensor tssa_slot_read(const Tensor& stat, const Tensor& tasks, int64_t batch, int64_t n_tokens, double fill) {
+  TORCH_CHECK(stat.dim() == 2 && stat.device().is_cpu(), "stat must be a (nslots, H) CPU tensor");
+  check_slot_args(stat.unsqueeze(0), tasks, stat.size(0));
+  const Tensor sc = stat.contiguous();
+  const int64_t nslots = stat.size(0), H = stat.size(1), T = tasks.size(0);
+  const int64_t* tab = tasks.data_ptr<int64_t>();
+  Tensor out = at::full({batch, H, n_tokens}, fill, stat.options());
+  AT_DISPATCH_FLOATING_TYPES(stat.scalar_type(), "tssa_slot_read", [&] {
+    const scalar_t* sp = sc.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t* t = tab + 5 * i;
+      TORCH_CHECK(t[3] >= 0 && t[3] < nslots && t[0] >= 0 && t[0] < batch && t[1] >= 0 && t[2] <= n_tokens,
+                  "task out of range");
+      for (int64_t h = 0; h < H; ++h) {
+        scalar_t* row = op + (t[0] * H + h) * n_tokens;
+        std::fill(row + t[1], row + t[2], sp[t[3] * H + h]);
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(attnzoo_cpu, m) {
@@ -953,6 +1014,8 @@ TORCH_LIBRARY(attnzoo_cpu, m) {
       "tssa_bwd_dw(Tensor w, Tensor G, Tensor a, Tensor b, Tensor c, Tensor d, Tensor e, Tensor f, Tensor h, "
       "Tensor? tasks=None, int nslots=0) -> Tensor");
   m.def("tssa_mask_tasks(Tensor mask, int task_len) -> Tensor");
+  m.def("tssa_slot_sum(Tensor x, Tensor tasks, int nslots) -> Tensor");
+  m.def("tssa_slot_read(Tensor stat, Tensor tasks, int batch, int n_tokens, float fill) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attnzoo_cpu, CPU, m) {
@@ -965,4 +1028,6 @@ TORCH_LIBRARY_IMPL(attnzoo_cpu, CPU, m) {
   m.impl("tssa_bwd_dw", &tssa_bwd_dw);
   m.impl("tssa_causal_bwd", &tssa_causal_bwd);
   m.impl("tssa_mask_tasks", &tssa_mask_tasks);
+  m.impl("tssa_slot_sum", &tssa_slot_sum);
+  m.impl("tssa_slot_read", &tssa_slot_read);
 }
