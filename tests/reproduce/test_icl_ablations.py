@@ -62,9 +62,14 @@ def test_the_words_follow_the_numbers():
             return icl._one_factor_text(name, factor, a, q, zero, confound)
 
         blamed = f"{factor} or the smaller attention" if confound else factor
-        assert f"so {blamed} keeps AoT on the plateau" in say(plateau, learned)
+        assert f"so {blamed} is what keeps AoT above half the zero predictor's error" in say(plateau, learned)
         assert ("this row does not say which" in say(plateau, learned)) == bool(confound)
-        assert f"so {factor} alone does not explain it" in say(plateau, plateau)
+        assert f"so {factor} does not explain it" in say(plateau, plateau)
+        lower = claims.stat([0.9, 0.92])  # lower than AoT's, still above half the zero predictor's
+        assert f"so {factor} explains part of the gap, not all of it" in say(plateau, lower)
+        gpt = claims.stat([0.06, 0.06])
+        # (0.96 - 0.91) / (0.96 - 0.06) of the gap: 6%
+        assert "(6% of AoT's gap to GPT's 0.060)" in icl._one_factor_text(name, factor, plateau, lower, zero, "", gpt)
         assert "with and without it" in say(learned, learned)
         assert "learns with it but not without it" in say(learned, plateau)
     fin = {"aot": [0.95, 0.97], "aot-qnorm": [0.2, 0.3], "aot+softmax": [0.2, 0.25]}
@@ -74,3 +79,29 @@ def test_the_words_follow_the_numbers():
     text = icl._ablation_text({**fin, "aot-untied": [0.96, 0.95]}, zero)
     assert "aot-untied (AoT without the tied query/key/value projection; untying also gives the attention 3x" in text
     assert "aot-untied the tying, with 3x the projection parameters" in text
+
+
+def test_learns_verdicts_stand_only_where_twice_the_steps_agrees():
+    # the same rule for "agrees" and "disagrees": a run at twice the steps must give the same verdict
+    def finding(verdict):
+        return claims.finding(
+            "AoT Fig. 6", "aot learns linear functions in context", "", "", verdict, "rule", kind="paper"
+        )
+
+    zero = 1.0
+    f = finding("disagrees")
+    icl._learns_plateau_gate(f, "aot", {"aot": [0.9, 0.8], "aot@2x-steps": [0.9, 0.3]}, zero)
+    assert f["verdict"] == "inconclusive" and f["ungated_verdict"] == "disagrees"
+    assert "'inconclusive'" in f["gate"] and f["gate_reasons"] == ["plateau"]
+    f = finding("disagrees")
+    icl._learns_plateau_gate(f, "aot", {"aot": [0.9, 0.8], "aot@2x-steps": [0.7, 0.6]}, zero)
+    assert f["verdict"] == "disagrees" and "disagrees by the same rule" in f["longer_run"]
+    f = finding("agrees")
+    icl._learns_plateau_gate(f, "gpt", {"gpt": [0.1, 0.2], "gpt@2x-steps": [0.05]}, zero)
+    assert f["verdict"] == "agrees"
+    f = finding("agrees")
+    icl._learns_plateau_gate(f, "gpt", {"gpt": [0.1, 0.2]}, zero)
+    assert f["verdict"] == "inconclusive" and "no run at twice the steps" in f["gate"]
+    f = finding("inconclusive")
+    icl._learns_plateau_gate(f, "aot", {"aot": [0.1, 0.9]}, zero)
+    assert f["verdict"] == "inconclusive" and "gate" not in f

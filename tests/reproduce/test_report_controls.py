@@ -323,13 +323,14 @@ def test_gate_reasons_are_counted_from_the_field_not_the_text():
     assert fs[1]["gate_reasons"] == ["did not learn", "plateau"]
     text = "\n".join(_summary([Section("k", "K: t", findings=fs)], "smoke"))
     assert "2 of the 2 inconclusive verdicts" in text
-    assert "Of them, 3 compare trained models over seeds: 1 agree and 0 disagree" in text
+    rest = "rest on trained models over seeds (comparisons, and per-seed rules such as learning in context)"
+    assert f"Of them, 3 {rest}: 1 agree and 0 disagree" in text
     assert "1 because the section's baseline is not shown to plateau" in text
     assert "1 because a row is not tuned" in text and "1 because a compared row did not learn" in text
     assert "0 because the paper's conditions are not met" in text and "0 because a control shows" in text
     gate(fs[2], "why", "conditions")
     text = "\n".join(_summary([Section("k", "K: t", findings=fs)], "smoke"))
-    assert "3 compare trained models over seeds: **none of them is decided at this budget**" in text
+    assert f"3 {rest}: **none of them is decided at this budget**" in text
 
 
 def test_language_control_finding():
@@ -751,7 +752,7 @@ def test_the_first_screen_names_the_decided_trained_comparisons():
     text = "\n".join(_brief(paper, checks))
     assert "- Vision: attention is not shown to matter (m +0.6), so its paper claims are gated on conditions." in text
     assert "Language: attention" not in text
-    assert "Trained comparisons (4): 1 agree: P1 (A beats B)." in text
+    assert "Trained-model claims (4): 1 agree: P1 (A beats B)." in text
     assert "- 1 disagree: P2 (C keeps D)." in text
     assert "2 inconclusive at this scale (1 of them decided by their intervals alone" in text
     assert "of 1 measured claims (timings, memory, iterations, probes), 1 agrees." in text
@@ -806,3 +807,36 @@ def test_language_compared_row_runs_at_twice_the_steps_and_gates_its_own_verdict
     language._gate(sec, records, {"models": ["gpt", "tost"], "compared_2x": ["tost"]}, res)
     assert f["verdict"] == "inconclusive" and "plateau" in f["gate_reasons"]
     assert "tost itself moves -0.3 nats at twice the steps" in f["gate"]
+
+
+def test_an_untuned_control_does_not_pass_the_margin_test():
+    from attnzoo.reproduce.claims import compare, margin_control_gate, untuned_control_gate
+
+    def comparable():
+        f = compare(
+            [50.0, 50.2, 49.9],
+            [50.1, 50.0, 50.2],
+            claim_type="non-inferiority",
+            margin=2.0,
+            margin_source="the paper's own gap",
+            unit="pts",
+            paper="P",
+            claim="A is comparable to B on t",
+            paper_value="",
+            a_name="a",
+            b_name="b",
+        )
+        assert f["verdict"] == "agrees"
+        return margin_control_gate(f, [30.0, 31.0, 29.5], "identity on t")  # far outside the margin: passes
+
+    f = comparable()
+    assert f["verdict"] == "agrees"
+    untuned_control_gate(f, None, "identity on t")
+    assert f["verdict"] == "agrees"
+    untuned_control_gate(f, "best rate 0.012 at the top of the grid", "identity on t")
+    assert f["verdict"] == "inconclusive" and f["gate_reasons"] == ["control"]
+    assert "control is not tuned: best rate 0.012" in f["gate"]
+    f = comparable()
+    f.pop("control_effect")  # no margin test ran: nothing to gate
+    untuned_control_gate(f, "untuned", "identity on t")
+    assert f["verdict"] == "agrees"

@@ -40,8 +40,10 @@ __all__ = [
     "finding",
     "not_tested",
     "gate",
+    "numbers_verdict",
     "size_gate",
     "margin_control_gate",
+    "untuned_control_gate",
     "compared_row_gate",
     "plateau_gate",
     "VERDICTS",
@@ -339,6 +341,25 @@ def margin_control_gate(
     return f
 
 
+def untuned_control_gate(f: dict, why: str | None, control_name: str) -> dict:
+    """Gate a finding whose margin test (:func:`margin_control_gate`) passed on a control that is not tuned (``why``):
+    at a better rate the control could come inside the margin, so that it loses by more is not shown (the third
+    referee: ListOps' identity control sat at the top of its grid, its sweep still rising)."""
+    if (
+        why
+        and "control_effect" in f
+        and "control" not in f.get("gate_reasons", [])
+        and numbers_verdict(f) != "disagrees"
+    ):
+        gate(
+            f,
+            f"the margin test's control is not tuned: {why}, so it is not shown to lose by more than the "
+            f"margin ({control_name})",
+            "control",
+        )
+    return f
+
+
 def plateau_gate(
     findings: list[dict],
     baseline: str,
@@ -436,9 +457,12 @@ def _paired_change(base: Stat, longer: Stat) -> tuple[Stat, float]:
     return paired, longer.mean - paired.mean
 
 
-def _numbers_verdict(f: dict) -> str:
-    """The verdict the interval alone gives (a gated finding keeps it in ``ungated_verdict``)."""
+def numbers_verdict(f: dict) -> str:
+    """The verdict the numbers alone give, before any gate (a gated finding keeps it in ``ungated_verdict``)."""
     return f.get("ungated_verdict", f["verdict"])
+
+
+_numbers_verdict = numbers_verdict
 
 
 def _clearance(f: dict) -> float:

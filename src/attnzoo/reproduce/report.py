@@ -87,6 +87,12 @@ def _fmt_s(s: float) -> str:
     return f"{s / 60:.1f} min" if s >= 120 else f"{s:.0f} s"
 
 
+def _is_trained(f: dict) -> bool:
+    """A verdict on trained models over seeds: a comparison with an interval, or a per-seed rule such as "learns in
+    context" (the third referee: counted with the measurements, it escaped the trained tally)."""
+    return bool(f.get("claim_type") or f.get("trained"))
+
+
 def _summary(secs: list[Section], plan_name: str) -> list[str]:
     """The first screen: the paper claims as one table, one line per disagreement, then the checks' tally.
     Only ``kind: "paper"`` findings count in the headline."""
@@ -94,12 +100,13 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
     paper = [(t, f) for t, f in allf if f.get("kind") == "paper"]
     checks = [(t, f) for t, f in allf if f.get("kind") == "check"]
     counts = Counter(f["verdict"] for _, f in paper)
-    trained = Counter(f["verdict"] for _, f in paper if f.get("claim_type"))
+    trained = Counter(f["verdict"] for _, f in paper if _is_trained(f))
     decided = trained.get("agrees", 0) + trained.get("disagrees", 0)
     lines = _brief([f for _, f in paper], checks) + [
         f"**{len(paper)} claims of the five papers** tested: "
         + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
-        + f". Of them, {sum(trained.values())} compare trained models over seeds: "
+        + f". Of them, {sum(trained.values())} rest on trained models over seeds (comparisons, and per-seed rules "
+        "such as learning in context): "
         + (
             f"{trained.get('agrees', 0)} agree and {trained.get('disagrees', 0)} disagree"
             if decided
@@ -170,8 +177,8 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
 def _brief(paper: list[dict], checks: list[tuple[str, dict]] = ()) -> list[str]:
     """Plain lines first: which trained comparisons were decided and how, how the measurements went, and each
     section whose no-attention control is not shown to lose (its paper claims then test no token mixing)."""
-    trained = [f for f in paper if f.get("claim_type")]
-    measured = [f for f in paper if not f.get("claim_type") and f["verdict"] != "not tested"]
+    trained = [f for f in paper if _is_trained(f)]
+    measured = [f for f in paper if not _is_trained(f) and f["verdict"] != "not tested"]
 
     def named(verdict: str) -> str:
         hits = [f"{f['paper']} ({f['claim']})" for f in trained if f["verdict"] == verdict]
@@ -183,7 +190,7 @@ def _brief(paper: list[dict], checks: list[tuple[str, dict]] = ()) -> list[str]:
     return [
         "**In brief.**",
         "",
-        f"- Trained comparisons ({len(trained)}): {named('agrees')}.",
+        f"- Trained-model claims ({len(trained)}): {named('agrees')}.",
         f"- {named('disagrees')}.",
         f"- {len(incon)} inconclusive at this scale ({gated} of them decided by their intervals alone but gated by a "
         f"precondition below); of {len(measured)} measured claims (timings, memory, iterations, probes), "

@@ -349,6 +349,10 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
                 f["explanation"] = f"{f['explanation']}; {text}" if f.get("explanation") else text
     sec.data["plateau"] = _plateau(sec.findings, res, learned, ablations)
     _tune(sec, records, plan, mechs, learned, res)
+    for t in learned:
+        for f in sec.findings:
+            if f["kind"] == "paper" and f["claim"].endswith(f" on {t}"):
+                claims.untuned_control_gate(f, sec.data["untuned"].get(t, {}).get(CONTROL), f"{CONTROL} on {t}")
     return sec
 
 
