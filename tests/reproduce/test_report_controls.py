@@ -840,3 +840,14 @@ def test_an_untuned_control_does_not_pass_the_margin_test():
     f.pop("control_effect")  # no margin test ran: nothing to gate
     untuned_control_gate(f, "untuned", "identity on t")
     assert f["verdict"] == "agrees"
+
+
+def test_the_eval_set_note_gives_the_binomial_error_from_its_numbers():
+    from attnzoo.reproduce.sections import lra
+
+    records = {"long-range/listops/labels": {"result": {"n_val": 400, "majority": 0.2}}}
+    res = {"softmax": {"listops": {"accuracy": [32.0, 33.0, 33.5]}}}
+    (note,) = lra._eval_set_notes(records, res, ["listops"])
+    # sqrt(0.3283 * 0.6717 / 400) = 0.0235
+    assert "the same 400 validation examples" in note and "about 2.3 pts" in note and "spread is 0.76" in note
+    assert lra._eval_set_notes({}, res, ["listops"]) == []

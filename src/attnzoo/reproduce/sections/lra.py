@@ -320,6 +320,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.tables += _tables(res, mechs, tasks, lengths, learned, majority, ablations, plan)
     shortcut = records.get(f"{KEY}/retrieval/shortcut", {}).get("result")
     sec.notes += _notes(res, tasks, learned, majority, shortcut, plan)
+    sec.notes += _eval_set_notes(records, res, tasks)
     sec.data = _data(res, mechs, learned, lengths, majority, shortcut)
     if any(res[m] for m in mechs):
         path = plots_dir / "long_range.png"
@@ -873,6 +874,26 @@ def failure_reading(m: str, acc: claims.Stat, base_acc: claims.Stat, majority: f
         f"{len(ok)} that trained average {np.mean(ok):.1f}% against {base}'s {base_acc.mean:.1f}%, a gap of "
         f"{base_acc.mean - np.mean(ok):+.1f} pts (descriptive, {len(ok)} seed{'s' if len(ok) > 1 else ''})"
     )
+
+
+def _eval_set_notes(records: dict, res: dict, tasks: list[str]) -> list[str]:
+    """How large each task's validation set is against the seeds' spread: every seed is scored on the same examples,
+    so an interval over seeds describes this set, not the task (the third referee: ListOps' 400 examples)."""
+    notes = []
+    for t in tasks:
+        lab = records.get(f"{KEY}/{t}/labels", {}).get("result", {})
+        soft = res.get("softmax", {}).get(t)
+        if not lab.get("n_val") or not soft:
+            continue
+        n, acc = lab["n_val"], claims.stat(soft["accuracy"])
+        se = 100 * float(np.sqrt(max(acc.mean / 100 * (1 - acc.mean / 100), 0.0) / n))
+        spread = f"softmax's seed spread is {acc.std:.2f}" if acc.std is not None else "softmax has one seed"
+        notes.append(
+            f"{t}: every seed is scored on the same {n:,} validation examples; at softmax's {acc.mean:.1f}% one "
+            f"model's accuracy on a fresh set of that size would vary by about {se:.1f} pts (binomial standard "
+            f"error) where {spread} pts, so the intervals compare models on this set, not on the task at large"
+        )
+    return notes
 
 
 def _control_findings(findings: list[dict], res: dict, learned: list[str]) -> None:
