@@ -782,6 +782,8 @@ def test_a_compared_row_that_moves_more_at_twice_the_steps_than_its_verdict_clea
     # a small move leaves it standing
     h = compared_row_gate(dict(f), "csp on listops", stat([25.0, 26.0, 25.5]), stat([25.6, 25.9, 25.4]), "%")
     assert h["verdict"] == "disagrees" and h["compared_row_change"] == pytest.approx(0.133, abs=1e-3)
+    assert "csp on listops itself moves +0.133 % at twice the steps" in h["explanation"]
+    assert h["explanation"].endswith("the verdict stands")
 
 
 def test_language_compared_row_runs_at_twice_the_steps_and_gates_its_own_verdict():

@@ -441,13 +441,12 @@ def compared_row_gate(f: dict, row: str, base: Stat | None, longer: Stat | None,
         return f
     paired, change = _paired_change(base, longer)
     f["compared_row_change"] = change
+    moved = f"{row} itself moves {change:+.3g} {unit} at twice the steps ({paired.mean:.4g} -> {longer.mean:.4g})"
     if _clearance(f) <= abs(change):
-        gate(
-            f,
-            f"{row} itself moves {change:+.3g} {unit} at twice the steps ({paired.mean:.4g} -> {longer.mean:.4g}), "
-            f"more than the interval clears the boundary by ({_clearance(f):.3g})",
-            "plateau",
-        )
+        gate(f, f"{moved}, more than the interval clears the boundary by ({_clearance(f):.3g})", "plateau")
+    else:  # say so where it stands too: the reader sees how close the move came
+        stands = f"{moved}, less than the interval clears the boundary by ({_clearance(f):.3g}): the verdict stands"
+        f["explanation"] = f"{f['explanation']}; {stands}" if f.get("explanation") else stands
     return f
 
 
