@@ -62,14 +62,18 @@ def test_the_words_follow_the_numbers():
             return icl._one_factor_text(name, factor, a, q, zero, confound)
 
         blamed = f"{factor} or the smaller attention" if confound else factor
-        assert f"so {blamed} is what keeps AoT above half the zero predictor's error" in say(plateau, learned)
+        assert f"so {blamed} is what keeps AoT above half the zero predictor's error at this budget" in say(
+            plateau, learned
+        )
         assert ("this row does not say which" in say(plateau, learned)) == bool(confound)
         assert f"so {factor} does not explain it" in say(plateau, plateau)
         lower = claims.stat([0.9, 0.92])  # lower than AoT's, still above half the zero predictor's
         assert f"so {factor} explains part of the gap, not all of it" in say(plateau, lower)
         gpt = claims.stat([0.06, 0.06])
         # (0.96 - 0.91) / (0.96 - 0.06) of the gap: 6%
-        assert "(6% of AoT's gap to GPT's 0.060)" in icl._one_factor_text(name, factor, plateau, lower, zero, "", gpt)
+        assert "(6% of AoT's gap to GPT's 0.060, all with every example)" in icl._one_factor_text(
+            name, factor, plateau, lower, zero, "", gpt
+        )
         assert "with and without it" in say(learned, learned)
         assert "learns with it but not without it" in say(learned, plateau)
     fin = {"aot": [0.95, 0.97], "aot-qnorm": [0.2, 0.3], "aot+softmax": [0.2, 0.25]}
@@ -105,3 +109,23 @@ def test_learns_verdicts_stand_only_where_twice_the_steps_agrees():
     f = finding("inconclusive")
     icl._learns_plateau_gate(f, "aot", {"aot": [0.1, 0.9]}, zero)
     assert f["verdict"] == "inconclusive" and "gate" not in f
+
+
+def test_aot_that_did_not_learn_gates_its_comparison_as_listops_gates_its_rows():
+    # the baseline's rule (every seed below 0.8x the zero predictor) applied to AoT: a decided gap from a row that
+    # did not leave the zero predictor is gated, whichever side it lies on
+    def records(aot_errors):
+        recs = {}
+        for i, (a, g) in enumerate(zip(aot_errors, [0.05, 0.06, 0.04], strict=True)):
+            recs[f"icl/linear/aot/seed{i}"] = {"result": {"error_per_position": [1.0, 0.95, a]}}
+            recs[f"icl/linear/gpt/seed{i}"] = {"result": {"error_per_position": [0.2, 0.1, g]}}
+        return recs
+
+    zero = 1.0
+    stuck = [0.85, 0.3, 0.35]
+    f = icl._closeness("linear", {"aot": stuck, "gpt": [0.05, 0.06, 0.04]}, zero, records(stuck))
+    assert f["ungated_verdict"] == "disagrees" and f["verdict"] == "inconclusive"
+    assert f["gate_reasons"] == ["did not learn"] and "1 of 3 seeds of aot did not learn" in f["gate"]
+    learned = [0.3, 0.3, 0.35]
+    f = icl._closeness("linear", {"aot": learned, "gpt": [0.05, 0.06, 0.04]}, zero, records(learned))
+    assert f["verdict"] == "disagrees" and "gate" not in f

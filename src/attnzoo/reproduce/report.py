@@ -201,6 +201,8 @@ def _brief(paper: list[dict], checks: list[tuple[str, dict]] = ()) -> list[str]:
             for t, f in checks
             if f.get("gates_section")
         ],
+        "- Every verdict holds at this report's scale (**Scale** below: models, data and steps far below the papers'), "
+        "not at the papers' own.",
         "",
     ]
 
