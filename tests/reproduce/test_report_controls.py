@@ -812,22 +812,10 @@ def test_language_compared_row_runs_at_twice_the_steps_and_gates_its_own_verdict
 
 
 def test_an_untuned_control_does_not_pass_the_margin_test():
-    from attnzoo.reproduce.claims import compare, margin_control_gate, untuned_control_gate
+    from attnzoo.reproduce.claims import margin_control_gate, untuned_control_gate
 
     def comparable():
-        f = compare(
-            [50.0, 50.2, 49.9],
-            [50.1, 50.0, 50.2],
-            claim_type="non-inferiority",
-            margin=2.0,
-            margin_source="the paper's own gap",
-            unit="pts",
-            paper="P",
-            claim="A is comparable to B on t",
-            paper_value="",
-            a_name="a",
-            b_name="b",
-        )
+        f = _cmp([50.0, 50.2, 49.9], [50.1, 50.0, 50.2], "a", "b", 2.0)
         assert f["verdict"] == "agrees"
         return margin_control_gate(f, [30.0, 31.0, 29.5], "identity on t")  # far outside the margin: passes
 

@@ -330,7 +330,7 @@ def margin_control_gate(
     f["control_effect"] = effect
     f["control_ci95"] = list(ci) if ci else None
     top = ci[1] if ci else effect
-    if top > -f["margin"] and _numbers_verdict(f) != "disagrees":
+    if top > -f["margin"] and numbers_verdict(f) != "disagrees":
         where = f"{effect:+.3g} [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci else f"{effect:+.3g}"
         gate(
             f,
@@ -384,7 +384,7 @@ def plateau_gate(
     """
     compared = [f for f in findings if f.get("claim_type")]
     # the numbers' verdict (before any other gate): each precondition is judged on its own
-    decided = [f for f in compared if _numbers_verdict(f) in ("agrees", "disagrees") and f.get("ci95")]
+    decided = [f for f in compared if numbers_verdict(f) in ("agrees", "disagrees") and f.get("ci95")]
     clearance = {id(f): _clearance(f) for f in decided}
     smallest = min(clearance.values()) if clearance else None
     if base is None or longer is None:
@@ -437,7 +437,7 @@ def compared_row_gate(f: dict, row: str, base: Stat | None, longer: Stat | None,
     stands only if its interval clears the boundary by more than the row's own move, as :func:`plateau_gate` asks
     of the baseline (the session-20 referee: CSP on ListOps gained +5.9 at twice the steps, softmax +0.58). The
     move is read on the seeds the longer run has."""
-    if base is None or longer is None or _numbers_verdict(f) not in ("agrees", "disagrees") or not f.get("ci95"):
+    if base is None or longer is None or numbers_verdict(f) not in ("agrees", "disagrees") or not f.get("ci95"):
         return f
     paired, change = _paired_change(base, longer)
     f["compared_row_change"] = change
@@ -461,14 +461,11 @@ def numbers_verdict(f: dict) -> str:
     return f.get("ungated_verdict", f["verdict"])
 
 
-_numbers_verdict = numbers_verdict
-
-
 def _clearance(f: dict) -> float:
     """How far a decided finding's 95% CI lies beyond its decision boundary (``-margin``), in the effect's unit."""
     lo, hi = f["ci95"]
     m = f.get("margin") or 0.0
-    return lo + m if _numbers_verdict(f) == "agrees" else -m - hi
+    return lo + m if numbers_verdict(f) == "agrees" else -m - hi
 
 
 def change_word(before: float, after: float, *, noise: float) -> str:
