@@ -841,3 +841,60 @@ def test_the_eval_set_note_gives_the_binomial_error_from_its_numbers():
     # sqrt(0.3283 * 0.6717 / 400) = 0.0235
     assert "the same 400 validation examples" in note and "about 2.3 pts" in note and "spread is 0.76" in note
     assert lra._eval_set_notes({}, res, ["listops"]) == []
+
+
+def test_a_comparison_replicated_at_twice_the_steps_is_judged_on_its_gap_not_on_each_side_moving():
+    """The session-23 referee: ToST and GPT both moved -0.054 nats at twice the steps while their gap did not, yet
+    each side's own move gated the verdict. With both sides at twice the steps on >= 2 seeds, the same rule on those
+    runs decides; the drift gates then leave the finding alone."""
+    from attnzoo.reproduce.claims import compared_row_gate, replicated_gate
+
+    a1, b1 = [2.00, 2.01, 2.02], [1.60, 1.61, 1.62]
+    f = _cmp(a1, b1, "tost", "gpt", 0.2, lower_is_better=True, unit="nats")
+    assert f["verdict"] == "disagrees"
+    # both sides 0.3 lower at twice the steps: the gap (0.4 against a 0.2 margin) is the same
+    replicated_gate(f, stat([1.70, 1.71, 1.72]), stat([1.30, 1.31, 1.32]), row="tost", baseline="gpt")
+    rep = f["replicated_2x"]
+    assert rep["verdict"] == "disagrees" and rep["effect"] == pytest.approx(-0.4)
+    assert "the same rule gives disagrees: effect -0.4 nats" in f["explanation"]
+    assert f["explanation"].endswith("the verdict survives more training")
+    # the baseline's drift (0.3) and the row's own move (0.3) exceed the clearance (~0.17) but no longer gate it
+    out = plateau_gate([f], "gpt", stat(b1), stat([1.30, 1.31, 1.32]), "nats")
+    compared_row_gate(f, "tost", stat(a1), stat([1.70, 1.71, 1.72]), "nats")
+    assert f["verdict"] == "disagrees" and "gate" not in f
+    assert out["gated"] == 0 and "0 of 1 decided verdicts clear" in out["text"]
+    assert "1 more is judged on its comparison at twice the steps instead" in out["text"]
+    # the gap closing at twice the steps: the same rule is inconclusive there, so the verdict is gated
+    g = _cmp(a1, b1, "tost", "gpt", 0.2, lower_is_better=True, unit="nats")
+    replicated_gate(g, stat([1.50, 1.52, 1.55]), stat([1.30, 1.31, 1.32]), row="tost", baseline="gpt")
+    assert g["verdict"] == "inconclusive" and g["ungated_verdict"] == "disagrees" and g["gate_reasons"] == ["plateau"]
+    assert "the same rule gives inconclusive" in g["gate"] and "not the verdict of the reported steps" in g["gate"]
+
+
+def test_a_relative_margin_is_re_read_on_the_longer_baseline_and_one_seed_only_describes_the_gap():
+    from attnzoo.reproduce.claims import replicated_gate
+
+    # non-inferiority at 10% of the baseline's loss: 0.16 at 1x (b = 1.6), 0.10 at 2x (b = 1.0)
+    a1, b1 = [1.70, 1.71, 1.72], [1.60, 1.61, 1.62]
+    f = _cmp(a1, b1, "fastmax", "gpt", 0.1, lower_is_better=True, relative=True, unit="nats")
+    assert f["verdict"] == "agrees" and f["margin_rel"] == 0.1
+    # the same absolute gap (0.1) at 2x no longer clears the smaller margin (0.1 of 1.0)
+    replicated_gate(f, stat([1.10, 1.11, 1.12]), stat([1.00, 1.01, 1.02]), row="fastmax", baseline="gpt")
+    assert f["replicated_2x"]["margin"] == pytest.approx(0.101)
+    assert f["replicated_2x"]["verdict"] == "inconclusive" and f["verdict"] == "inconclusive"
+    # one seed a side at twice the steps: no interval, so nothing is decided here; the paired gap is described
+    g = _cmp(a1, b1, "tost", "gpt", 0.05, lower_is_better=True, unit="nats")
+    assert g["verdict"] == "disagrees"
+    replicated_gate(g, stat([1.60]), stat([1.45]), row="tost", baseline="gpt")
+    assert "replicated_2x" not in g and g["verdict"] == "disagrees"
+    assert g["paired_2x"] == {"seeds": 1, "effect_1x": pytest.approx(-0.1), "effect_2x": pytest.approx(-0.15)}
+    assert (
+        "on the seed both tost and gpt ran at twice the steps, the effect goes from -0.1 to -0.15 nats"
+        in (g["explanation"])
+    )
+    assert "one seed a side gives no interval" in g["explanation"]
+    # an undecided finding is left alone
+    h = _cmp([1.70, 1.60, 1.80], [1.65, 1.70, 1.60], "tost", "gpt", 0.01, lower_is_better=True, unit="nats")
+    assert h["verdict"] == "inconclusive"
+    replicated_gate(h, stat([1.1, 1.2]), stat([1.0, 1.1]), row="tost", baseline="gpt")
+    assert "replicated_2x" not in h and "paired_2x" not in h

@@ -45,6 +45,7 @@ __all__ = [
     "margin_control_gate",
     "untuned_control_gate",
     "compared_row_gate",
+    "replicated_gate",
     "plateau_gate",
     "VERDICTS",
     "change_word",
@@ -258,6 +259,7 @@ def compare(
         values_a=list(sa.values),
         values_b=list(sb.values),
         lower_is_better=lower_is_better,
+        margin_rel=float(margin) if relative else None,
     )
     return f
 
@@ -396,7 +398,9 @@ def plateau_gate(
         # spread is not a change with the steps (the session-20 referee: in-context GPT moved -0.36 against the
         # three-seed mean, -0.10 on its own seed)
         paired, change = _paired_change(base, longer)
-        fails = [f for f in decided if clearance[id(f)] <= abs(change)]
+        drift = [f for f in decided if clearance[id(f)] <= abs(change)]
+        # a comparison replicated at twice the steps is judged on that (:func:`replicated_gate`), not on this drift
+        fails = [f for f in drift if "replicated_2x" not in f]
         same = (
             f"; on the same seed{'s' if longer.n > 1 else ''} ({longer.n} of {base.n}): {paired.mean:{spec}} -> "
             f"{longer.mean:{spec}}"
@@ -409,10 +413,15 @@ def plateau_gate(
             + (
                 "no decided comparison in this section to set the bar"
                 if smallest is None
-                else f"{len(decided) - len(fails)} of {len(decided)} decided verdicts clear their boundary by more "
+                else f"{len(decided) - len(drift)} of {len(decided)} decided verdicts clear their boundary by more "
                 f"than {abs(change):.3g} {unit} and stand"
             )
         )
+        if len(drift) > len(fails):
+            text += (
+                f"; {len(drift) - len(fails)} more {'is' if len(drift) - len(fails) == 1 else 'are'} judged on "
+                f"{'its' if len(drift) - len(fails) == 1 else 'their'} comparison at twice the steps instead"
+            )
     for f in fails:
         gate(f, f"the baseline is not shown to plateau for it ({text})", "plateau")
     # with nothing decided there is no bar to clear, so no plateau is shown (however small the change)
@@ -432,12 +441,62 @@ def plateau_gate(
     }
 
 
+def replicated_gate(f: dict, a_longer: Stat | None, b_longer: Stat | None, *, row: str, baseline: str) -> dict:
+    """Whether a decided comparison survives twice the steps, judged on the comparison itself.
+
+    Where both sides ran at twice the steps on at least two seeds each, the finding's own rule (claim type, margin:
+    a relative one re-read on the longer baseline's mean) is applied to those runs: the verdict stands if they give
+    the same verdict, and is gated (``plateau``) if not, however far each side moved on its own (the claim is about
+    the gap: the session-23 referee found ToST and GPT both moving -0.054 nats while their gap did not).
+    :func:`plateau_gate` and :func:`compared_row_gate` then leave the finding alone (``f["replicated_2x"]``).
+    With fewer seeds there is no interval at twice the steps: those gates apply, and the effect on the seeds both
+    longer runs share is described (``f["paired_2x"]``) so a reader sees whether the gap moved."""
+    if numbers_verdict(f) not in ("agrees", "disagrees") or not f.get("ci95") or a_longer is None or b_longer is None:
+        return f
+    lower = bool(f.get("lower_is_better"))
+    unit = f.get("unit", "")
+    if a_longer.n >= 2 and b_longer.n >= 2:
+        m2 = f["margin_rel"] * abs(b_longer.mean) if f.get("margin_rel") is not None else f.get("margin") or 0.0
+        e2, ci2, _ = welch_ci(a_longer, b_longer, lower_is_better=lower)
+        v2 = verdict_from_ci(ci2, m2)
+        f["replicated_2x"] = {"effect": e2, "ci95": list(ci2) if ci2 else None, "margin": m2, "verdict": v2}
+        at2 = (
+            f"at twice the steps ({row} {a_longer.n} vs {baseline} {b_longer.n} seeds) the same rule gives {v2}: "
+            f"effect {e2:+.3g} {unit}, 95% CI [{ci2[0]:+.3g}, {ci2[1]:+.3g}], margin {m2:.3g}"
+        )
+        if v2 == numbers_verdict(f):
+            stands = f"{at2}: the verdict survives more training"
+            f["explanation"] = f"{f['explanation']}; {stands}" if f.get("explanation") else stands
+        else:
+            gate(f, f"{at2}, not the verdict of the reported steps", "plateau")
+        return f
+    k = min(a_longer.n, b_longer.n, len(f["values_a"]), len(f["values_b"]))
+    sign = -1.0 if lower else 1.0
+    e1 = sign * (_mean(f["values_a"][:k]) - _mean(f["values_b"][:k]))
+    e2 = sign * (_mean(a_longer.values[:k]) - _mean(b_longer.values[:k]))
+    f["paired_2x"] = {"seeds": k, "effect_1x": e1, "effect_2x": e2}
+    few = "one seed a side gives" if k == 1 else "so few seeds a side give"
+    text = (
+        f"on the {'seed' if k == 1 else f'{k} seeds'} both {row} and {baseline} ran at twice the steps, the effect "
+        f"goes from {e1:+.4g} to {e2:+.4g} {unit}; {few} no interval at twice the steps, so the comparison is not "
+        "replicated there"
+    )
+    f["explanation"] = f"{f['explanation']}; {text}" if f.get("explanation") else text
+    return f
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values)
+
+
 def compared_row_gate(f: dict, row: str, base: Stat | None, longer: Stat | None, unit: str) -> dict:
     """The plateau test of a compared row (``f``'s side a) where it has a run at twice the steps: a decided verdict
     stands only if its interval clears the boundary by more than the row's own move, as :func:`plateau_gate` asks
     of the baseline (the session-20 referee: CSP on ListOps gained +5.9 at twice the steps, softmax +0.58). The
     move is read on the seeds the longer run has."""
     if base is None or longer is None or numbers_verdict(f) not in ("agrees", "disagrees") or not f.get("ci95"):
+        return f
+    if "replicated_2x" in f:  # judged on the comparison at twice the steps (:func:`replicated_gate`)
         return f
     paired, change = _paired_change(base, longer)
     f["compared_row_change"] = change

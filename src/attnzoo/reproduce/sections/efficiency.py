@@ -312,7 +312,7 @@ def _decode_table(dec_rows: list, plan: dict) -> Table:
 
 def fast_d32(d32: dict[str, dict]) -> tuple[Table, dict]:
     """FAST Table 2 at its head dimension: softmax and Fastmax p=2 forward+backward time over N at D = 32, and the
-    claim "Fastmax2 trains faster than softmax once N >= 1024" judged at the longest N >= 1024 both measured."""
+    claim "Fastmax2 trains faster than softmax beyond N = 1024" judged at every N > 1024 both measured."""
     by = {m: {r["length"]: r["fwdbwd_ms"] for r in res["rows"]} for m, res in d32.items()}
     lengths = sorted({n for v in by.values() for n in v})
     heads = next(iter(d32.values()))["heads"]
@@ -328,7 +328,8 @@ def fast_d32(d32: dict[str, dict]) -> tuple[Table, dict]:
         caption="Ops as in the tables above, timed only (median of the repeats after a warm-up); the last row is "
         "Fastmax's speed-up over SDPA softmax (> 1: Fastmax faster).",
     )
-    paper, claim = "FAST Table 2", "Fastmax2 trains faster than softmax once N ≥ 1024 (D = 32)"
+    paper = "FAST Table 2"
+    claim = "Fastmax2 trains faster than softmax beyond N = 1024, where the two are equal (D = 32)"
     pv = "6.1 vs 1.8 steps/s at N=4000 (Text); equal at N=1000"
     both = [n for n in lengths if n in soft and n in fast and n >= 1024]
     if not both:
@@ -428,6 +429,11 @@ def _tssa_findings(ok, plan: dict | None, explicit=None) -> list[dict]:
             measurement=True,
         )
     ]
+    if speed >= 30:  # the session-23 referee: a ratio many times the paper's is another regime, not a better TSSA
+        out[0]["explanation"] = (
+            f"{speed:.0f}x is {speed / 10:.0f} times the paper's ~10x: softmax here is PyTorch's SDPA on this CPU, "
+            f"the paper times a GPU, so the ratio's size is this machine's; the rule reads only 'at least 10x'"
+        )
     if mem is None or common < 8192:
         out.append(
             claims.not_tested(

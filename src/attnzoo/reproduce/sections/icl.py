@@ -493,7 +493,9 @@ def _closeness(t: str, fin: dict, zero: float, records: dict) -> dict:
     if f["verdict"] != "agrees":
         f["explanation"] = _ablation_text(fin, zero)
     if "aot@2x-steps" in fin:
-        claims.compared_row_gate(f, "aot", mean_err["aot"], _mean_over_k(records, t, "aot@2x-steps"), "error/d")
+        aot_2x = _mean_over_k(records, t, "aot@2x-steps")
+        claims.replicated_gate(f, aot_2x, _mean_over_k(records, t, "gpt@2x-steps"), row="aot", baseline="gpt")
+        claims.compared_row_gate(f, "aot", mean_err["aot"], aot_2x, "error/d")
     # the rule the baseline must pass, applied to the compared row (as ListOps gates its rows): a seed that did not
     # leave the zero predictor measures a failure to train, not a trained model's distance from GPT
     stuck = _stuck(fin["aot"], zero)
