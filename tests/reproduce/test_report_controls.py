@@ -325,7 +325,7 @@ def test_gate_reasons_are_counted_from_the_field_not_the_text():
     assert "2 of the 2 inconclusive verdicts" in text
     rest = "rest on trained models over seeds (comparisons, and per-seed rules such as learning in context)"
     assert f"Of them, 3 {rest}: 1 agree and 0 disagree" in text
-    assert "1 because the section's baseline is not shown to plateau" in text
+    assert "1 because they are not shown to survive more training" in text
     assert "1 because a row is not tuned" in text and "1 because a compared row did not learn" in text
     assert "0 because the paper's conditions are not met" in text and "0 because a control shows" in text
     gate(fs[2], "why", "conditions")

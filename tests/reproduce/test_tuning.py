@@ -127,9 +127,24 @@ def test_a_flat_top_on_a_grid_end_is_not_gated():
     rec = {sweep_id("sec/b", lr): {"result": {"accuracy": v}} for lr, v in zip(LRS, [0.5, 0.695, 0.70], strict=True)}
     table, untuned = sweep_table(rec, ["b"], "sec", LRS, None, "accuracy", True, 100.0, noise={"b": 1.0})
     assert untuned == {} and table.rows == [["b ‡", "50", "69.5", "**70**"]] and "‡: best on an end" in table.caption
+    assert "Every best rate lies inside the grid" not in table.caption  # b's is on its end
     # a spread of 0.4 points: the rise to the end is real, the optimum may lie beyond
     _, untuned = sweep_table(rec, ["b"], "sec", LRS, None, "accuracy", True, 100.0, noise={"b": 0.4})
     assert set(untuned) == {"b"}
+
+
+def test_a_sweep_that_learned_at_no_rate_is_not_tuned_even_on_a_flat_top():
+    """The session-23 referee: TSSA's ListOps sweep (13.9-17.2% against an 18.8% majority) was marked "a flat top,
+    counted as tuned"; a sweep whose every rate stays under the task's floor found no optimum."""
+    rec = {sweep_id("sec/b", lr): {"result": {"accuracy": v}} for lr, v in zip(LRS, [0.14, 0.145, 0.15], strict=True)}
+    table, untuned = sweep_table(rec, ["b"], "sec", LRS, None, "accuracy", True, 100.0, noise={"b": 1.0}, floor=18.8)
+    assert untuned == {"b": "no swept learning rate of b beats 18.8 (best 15): it learned at none"}
+    assert table.rows == [["b §", "14", "14.5", "**15**"]]
+    assert "§: no swept rate beats 18.8 (1 row)" in table.caption and "‡" not in table.caption
+    assert "†" not in table.caption and "inside the grid" not in table.caption  # once, under its own mark
+    # a best above the floor: the flat-top rule as before
+    table, untuned = sweep_table(rec, ["b"], "sec", LRS, None, "accuracy", True, 100.0, noise={"b": 1.0}, floor=10.0)
+    assert untuned == {} and table.rows[0][0] == "b ‡"
 
 
 @pytest.mark.parametrize("section", ["vision", "long-range", "language", "icl"])
@@ -147,7 +162,7 @@ def test_sweep_runs_train_the_plans_fraction_of_the_reported_steps(section):
             continue
         full = seed_run.config["train"]["steps"]
         assert s.config["train"]["steps"] == max(1, round(full * frac)), s.id
-        assert (s.config["train"]["steps"] < full) == (frac < 1)  # language's sweeps run the full length
+        assert (s.config["train"]["steps"] < full) == (frac < 1)
 
 
 def test_swept_ablations_train_at_their_own_rate_and_must_be_ablations():

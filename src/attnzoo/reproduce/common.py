@@ -443,6 +443,7 @@ def sweep_table(
     label: str = "",
     fraction: float = 1.0,
     noise: dict[str, float] | None = None,
+    floor: float | None = None,
 ) -> tuple[Table | None, dict[str, str]]:
     """The sweep as a table (one row per model, the best rate marked) and ``{row: why}`` for every row whose
     comparisons are not tuned: its sweep is incomplete, (``used`` a rate) its best swept rate is not the ``used``
@@ -450,10 +451,13 @@ def sweep_table(
     ``used=None``: each row's seeds trained at its best swept rate (:func:`tuned`). ``fraction``: the sweep runs'
     share of the reported runs' steps (:func:`sweep_train`), stated in the caption. ``noise``: per row, the spread
     of its reported seeds (sample std, in the table's scale); a best on an end that beats its neighbour by no more
-    than that is a flat top, not evidence that the optimum lies beyond, and is not gated (marked ‡)."""
+    than that is a flat top, not evidence that the optimum lies beyond, and is not gated (marked ‡). ``floor``
+    (higher-is-better metrics): a row whose best swept value does not beat it learned at no rate, so its sweep
+    found no optimum and its comparisons are not tuned (marked §; the session-23 referee: TSSA's ListOps sweep,
+    all below the majority class, was "a flat top, counted as tuned")."""
     grids = {row: sorted(lrs.get(row, [])) if isinstance(lrs, dict) else list(lrs) for row in rows}
     columns = sorted(set().union(*grids.values())) if grids else []
-    table_rows, untuned, edge, flat = [], {}, [], []
+    table_rows, untuned, edge, flat, unlearned = [], {}, [], [], []
     if not columns:
         return None, untuned
     for row in rows:
@@ -476,12 +480,17 @@ def sweep_table(
                 "its seeds trained with"
             )
         at_edge = len(lrs) > 1 and best in (min(lrs), max(lrs))
-        if at_edge and noise and noise.get(row) is not None:
+        if floor is not None and higher_is_better and vals[best] <= floor:
+            unlearned.append(row)
+            untuned.setdefault(
+                row, f"no swept learning rate of {row} beats {floor:.3g} (best {vals[best]:.3g}): it learned at none"
+            )
+        elif at_edge and noise and noise.get(row) is not None:
             neighbour = lrs[1] if best == min(lrs) else lrs[-2]
             if abs(vals[best] - vals[neighbour]) <= noise[row]:
                 at_edge = False
                 flat.append(row)
-        edge += [row] if at_edge else []
+        edge += [row] if at_edge and row not in unlearned else []
         if at_edge and row not in untuned:
             end = "lowest" if best == min(lrs) else "highest"
             grid = ", ".join(f"{x:g}" for x in lrs)
@@ -490,19 +499,27 @@ def sweep_table(
                 "lie beyond it"
             )
         table_rows.append(
-            [row + (" †" if at_edge else " ‡" if row in flat else "")]
+            [row + (" §" if row in unlearned else " †" if at_edge else " ‡" if row in flat else "")]
             + [f"**{vals[lr]:.3g}**" if lr == best else f"{vals[lr]:.3g}" if lr in vals else "–" for lr in columns]
         )
     if not table_rows:
         return None, untuned
     title = "Learning-rate sweep" + (f" ({label})" if label else "")
     uneven = any(grids[r] != columns for r in rows)
-    caption = _sweep_caption(metric, used, fraction, len(table_rows), edge, flat, uneven)
+    caption = _sweep_caption(metric, used, fraction, len(table_rows), edge, flat, uneven, unlearned, floor)
     return Table(title, ["row"] + [f"lr {lr:g}" for lr in columns], table_rows, caption), untuned
 
 
 def _sweep_caption(
-    metric: str, used: float | None, fraction: float, n_rows: int, edge: list, flat: list, uneven: bool
+    metric: str,
+    used: float | None,
+    fraction: float,
+    n_rows: int,
+    edge: list,
+    flat: list,
+    uneven: bool,
+    unlearned: list = (),
+    floor: float | None = None,
 ) -> str:
     """The sweep table's caption: what was swept, on which seed and length, and what the marks mean."""
     seeds = (
@@ -521,12 +538,19 @@ def _sweep_caption(
             "and the row's comparisons are inconclusive (not tuned)."
             if edge
             else " Every best rate lies inside the grid."
+            if not (flat or unlearned)
+            else ""
         )
     )
     if flat:
         caption += (
             f" ‡: best on an end of the grid but within one seed standard deviation of its neighbour ({len(flat)} "
             "rows): a flat top, counted as tuned."
+        )
+    if unlearned:
+        caption += (
+            f" §: no swept rate beats {floor:.3g} ({len(unlearned)} row{'s' if len(unlearned) > 1 else ''}): the row "
+            "learned at none, so the sweep found no optimum and its comparisons are inconclusive (not tuned)."
         )
     if uneven:
         caption += " –: a rate outside that row's grid (rows whose best fell on an end of the common grid get more)."

@@ -119,9 +119,10 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
         "side, and is inconclusive otherwise. A swept row trains its reported seeds at the best rate of its own "
         "learning-rate sweep (run on a seed that is not reported; each sweep table says when its runs are shorter "
         "than the reported ones). A decided verdict is made inconclusive, with the numbers-alone verdict given in "
-        "brackets, when a precondition fails: a row is not tuned (no sweep, an incomplete one, or a best rate on an "
-        "end of its grid), the verdict would not survive more training (its interval clears the boundary by less "
-        "than the baseline moves at twice the steps), a compared row did not learn the task, the paper's "
+        "brackets, when a precondition fails: a row is not tuned (no sweep, an incomplete one, a best rate on an "
+        "end of its grid, or no rate above chance), the verdict is not shown to survive more training (its interval "
+        "clears the boundary by less than a side moves at twice the steps, or the comparison at twice the steps "
+        "gives another verdict), a compared row did not learn the task, the paper's "
         "conditions are not met (sizes, the task, the configuration), or a control shows the same effect (an "
         "untrained model's layers; a model without attention inside the claim's margin).",
         "",
@@ -215,9 +216,11 @@ def _gate_lines(paper: list[dict], counts: Counter) -> list[str]:
     n = {r: sum(r in f.get("gate_reasons", ()) for f in gated) for r in GATE_REASONS}
     return [
         f"{len(gated)} of the {counts.get('inconclusive', 0)} inconclusive verdicts would be decided by their "
-        f"intervals alone but are gated: {n['plateau']} because the section's baseline is not shown to plateau "
-        f"for them, {n['not tuned']} because a row is not tuned (no sweep, an incomplete one, or a best rate at "
-        f"an end of the grid), {n['did not learn']} because a compared row did not learn the task on every seed, "
+        f"intervals alone but are gated: {n['plateau']} because they are not shown to survive more training (a "
+        f"baseline or a compared row still moving, or the comparison changing at twice the steps), "
+        f"{n['not tuned']} because a row is not tuned (no sweep, an incomplete one, a best rate at an end of the "
+        f"grid, or no rate above chance), {n['did not learn']} because a compared row did not learn the task on "
+        f"every seed, "
         f"{n['conditions']} because the paper's conditions are not met (sizes, the task, the configuration), "
         f"{n['control']} because a control shows the effect without what the claim credits (a verdict can have "
         "several reasons). They say the "

@@ -349,7 +349,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
                 text = "at softmax's training time: " + rows[m]["text"]
                 f["explanation"] = f"{f['explanation']}; {text}" if f.get("explanation") else text
     sec.data["plateau"] = _plateau(sec.findings, res, learned, ablations)
-    _tune(sec, records, plan, mechs, learned, res)
+    _tune(sec, records, plan, mechs, learned, res, majority)
     for t in learned:
         for f in sec.findings:
             if f["kind"] == "paper" and f["claim"].endswith(f" on {t}"):
@@ -357,9 +357,12 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     return sec
 
 
-def _tune(sec: Section, records: dict, plan: dict, mechs: list[str], learned: list[str], res: dict) -> None:
+def _tune(
+    sec: Section, records: dict, plan: dict, mechs: list[str], learned: list[str], res: dict, majority: dict
+) -> None:
     """The sweep table per task, and the gate of each comparison whose rows were not run at their best rate (per
-    task; an average finding is gated by any of its tasks)."""
+    task; an average finding is gated by any of its tasks), or whose every swept rate stayed at or below the
+    majority class (a sweep that ranks chance-level runs found no optimum)."""
     lrs = plan.get("lr_sweep", [])
     every = {}
     for t in learned:
@@ -375,6 +378,7 @@ def _tune(sec: Section, records: dict, plan: dict, mechs: list[str], learned: li
             f"{t}, accuracy %",
             fraction=plan.get("sweep_fraction", 1.0),
             noise={m: res[m][t]["accuracy"].std for m in mechs if t in res.get(m, {})},
+            floor=majority.get(t),
         )
         if table is not None:
             sec.tables.append(table)
