@@ -40,6 +40,7 @@ __all__ = [
     "finding",
     "not_tested",
     "gate",
+    "explain",
     "numbers_verdict",
     "size_gate",
     "margin_control_gate",
@@ -286,6 +287,12 @@ def gate(f: dict, why: str, reason: str) -> dict:
     return f
 
 
+def explain(f: dict, text: str) -> dict:
+    """Append ``text`` to ``f``'s explanation (the footnote a reader sees under the table)."""
+    f["explanation"] = f"{f['explanation']}; {text}" if f.get("explanation") else text
+    return f
+
+
 def size_gate(f: dict, paper_ratios: dict[tuple[str, str], tuple[float, str]], tolerance: float) -> dict:
     """Gate ``f`` on conditions when its parameter ratio ``params_a / params_b`` is more than ``tolerance`` (relative,
     either way) from the ratio of the paper's own comparison: ``paper_ratios[(a_name, b_name)]`` is that ratio and
@@ -465,15 +472,14 @@ def replicated_gate(f: dict, a_longer: Stat | None, b_longer: Stat | None, *, ro
             f"effect {e2:+.3g} {unit}, 95% CI [{ci2[0]:+.3g}, {ci2[1]:+.3g}], margin {m2:.3g}"
         )
         if v2 == numbers_verdict(f):
-            stands = f"{at2}: the verdict survives more training"
-            f["explanation"] = f"{f['explanation']}; {stands}" if f.get("explanation") else stands
+            explain(f, f"{at2}: the verdict survives more training")
         else:
             gate(f, f"{at2}, not the verdict of the reported steps", "plateau")
         return f
     k = min(a_longer.n, b_longer.n, len(f["values_a"]), len(f["values_b"]))
     sign = -1.0 if lower else 1.0
-    e1 = sign * (_mean(f["values_a"][:k]) - _mean(f["values_b"][:k]))
-    e2 = sign * (_mean(a_longer.values[:k]) - _mean(b_longer.values[:k]))
+    e1 = sign * (Stat(tuple(f["values_a"][:k])).mean - Stat(tuple(f["values_b"][:k])).mean)
+    e2 = sign * (Stat(a_longer.values[:k]).mean - Stat(b_longer.values[:k]).mean)
     f["paired_2x"] = {"seeds": k, "effect_1x": e1, "effect_2x": e2}
     few = "one seed a side gives" if k == 1 else "so few seeds a side give"
     text = (
@@ -481,12 +487,7 @@ def replicated_gate(f: dict, a_longer: Stat | None, b_longer: Stat | None, *, ro
         f"goes from {e1:+.4g} to {e2:+.4g} {unit}; {few} no interval at twice the steps, so the comparison is not "
         "replicated there"
     )
-    f["explanation"] = f"{f['explanation']}; {text}" if f.get("explanation") else text
-    return f
-
-
-def _mean(values: Sequence[float]) -> float:
-    return math.fsum(values) / len(values)
+    return explain(f, text)
 
 
 def compared_row_gate(f: dict, row: str, base: Stat | None, longer: Stat | None, unit: str) -> dict:
@@ -504,8 +505,7 @@ def compared_row_gate(f: dict, row: str, base: Stat | None, longer: Stat | None,
     if _clearance(f) <= abs(change):
         gate(f, f"{moved}, more than the interval clears the boundary by ({_clearance(f):.3g})", "plateau")
     else:  # say so where it stands too: the reader sees how close the move came
-        stands = f"{moved}, less than the interval clears the boundary by ({_clearance(f):.3g}): the verdict stands"
-        f["explanation"] = f"{f['explanation']}; {stands}" if f.get("explanation") else stands
+        explain(f, f"{moved}, less than the interval clears the boundary by ({_clearance(f):.3g}): the verdict stands")
     return f
 
 

@@ -371,11 +371,14 @@ def _gate(sec: Section, records: dict, plan: dict, res: dict, curves: dict | Non
     """The plateau run of the baseline and the learning-rate sweep: their evidence, and the gates they set."""
     longer = per_seed(records, f"{KEY}/{PLATEAU}")
     gpt_2x = claims.stat(r["val_loss"] for r in longer) if longer else None
-    own_2x = {row: per_seed(records, f"{KEY}/{row}{LONGER}") for row in plan.get("compared_2x", [])}
+    own_2x = {
+        row: claims.stat(r["val_loss"] for r in per_seed(records, f"{KEY}/{row}{LONGER}"))
+        for row in plan.get("compared_2x", [])
+    }
     for f in sec.findings:  # before the drift gates: a comparison replicated at twice the steps is judged on that
         own = own_2x.get(f.get("a_name"))
         if own and f.get("b_name") == "gpt":
-            claims.replicated_gate(f, claims.stat(r["val_loss"] for r in own), gpt_2x, row=f["a_name"], baseline="gpt")
+            claims.replicated_gate(f, own, gpt_2x, row=f["a_name"], baseline="gpt")
     sec.data["plateau"] = claims.plateau_gate(
         sec.findings,
         "gpt",
@@ -389,7 +392,7 @@ def _gate(sec: Section, records: dict, plan: dict, res: dict, curves: dict | Non
     for row, own in own_2x.items():
         for f in sec.findings:
             if f.get("a_name") == row and row in res and own:
-                claims.compared_row_gate(f, row, res[row]["val_loss"], claims.stat(r["val_loss"] for r in own), "nats")
+                claims.compared_row_gate(f, row, res[row]["val_loss"], own, "nats")
     lrs = plan.get("lr_sweep", [])
     table, untuned = sweep_table(
         records,

@@ -347,7 +347,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             m = f.get("a_name")
             if f["claim"].endswith(f" on {t}") and m in rows:
                 text = "at softmax's training time: " + rows[m]["text"]
-                f["explanation"] = f"{f['explanation']}; {text}" if f.get("explanation") else text
+                claims.explain(f, text)
     sec.data["plateau"] = _plateau(sec.findings, res, learned, ablations)
     _tune(sec, records, plan, mechs, learned, res, majority)
     for t in learned:
@@ -589,25 +589,26 @@ def _only_longer(ablation: dict) -> bool:
     return "steps" in train and set(train) <= {"steps", "warmup_steps"}
 
 
+def _longer_run(ablations: dict, mech: str | None, task: str) -> dict | None:
+    """``mech``'s run on ``task`` at twice the steps (its ``@2x-steps`` ablation), if the plan has one."""
+    runs = (a for a in ablations.values() if a["mechanism"] == mech and a["task"] == task and _only_longer(a))
+    return next(runs, None)
+
+
 def _plateau(findings: list[dict], res: dict, learned: list[str], ablations: dict) -> dict:
     """Softmax's plateau per learned task (its ``@2x-steps`` ablation); a task that fails gates its own findings and
     the LRA averages."""
     out = {}
     for t in learned:
-        run = next(
-            (a for a in ablations.values() if a["mechanism"] == "softmax" and a["task"] == t and _only_longer(a)),
-            None,
-        )
+        run = _longer_run(ablations, "softmax", t)
         longer, longer_curve = (run["result"]["accuracy"], run["result"]["val_curve"]) if run else (None, None)
         own = [f for f in findings if f["claim"].endswith(f" on {t}") or f["claim"].endswith(" on the LRA average")]
+        rows = {id(f): _longer_run(ablations, f.get("a_name"), t) for f in own}
         for f in own:  # before the drift gates: a comparison replicated at twice the steps is judged on that
-            m = f.get("a_name")
-            row = next(
-                (a for a in ablations.values() if a["mechanism"] == m and a["task"] == t and _only_longer(a)), None
-            )
+            row = rows[id(f)]
             if row and run and f.get("b_name") == "softmax":
                 claims.replicated_gate(
-                    f, claims.stat(row["result"]["accuracy"]), claims.stat(longer), row=m, baseline="softmax"
+                    f, claims.stat(row["result"]["accuracy"]), claims.stat(longer), row=f["a_name"], baseline="softmax"
                 )
         curves = f"softmax {curve_text(res['softmax'][t]['val_curve'], '.1f')}" + (
             f"; softmax at twice the steps {curve_text(longer_curve, '.1f')}" if longer_curve is not None else ""
@@ -617,10 +618,7 @@ def _plateau(findings: list[dict], res: dict, learned: list[str], ablations: dic
         )
         # a compared mechanism with its own run at twice the steps must not move more than the verdict clears by
         for f in own:
-            m = f.get("a_name")
-            row = next(
-                (a for a in ablations.values() if a["mechanism"] == m and a["task"] == t and _only_longer(a)), None
-            )
+            m, row = f.get("a_name"), rows[id(f)]
             if row and m in res and t in res[m]:
                 claims.compared_row_gate(f, f"{m} on {t}", res[m][t]["accuracy"], row["result"]["accuracy"], "%")
     return out

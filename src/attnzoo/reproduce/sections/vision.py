@@ -862,7 +862,7 @@ def _findings(res: dict) -> list[dict]:
         else:
             out.append(f)
         if size_note:
-            f["explanation"] = f"{f['explanation']}; {size_note}" if f.get("explanation") else size_note
+            claims.explain(f, size_note)
     return out
 
 
