@@ -797,7 +797,9 @@ def test_language_compared_row_runs_at_twice_the_steps_and_gates_its_own_verdict
     longer, seed_run = by_id["language/tost@2x-steps/seed0"], by_id["language/tost/seed0"]
     assert longer.config["train"]["steps"] == 2 * seed_run.config["train"]["steps"]
     assert longer.deps == seed_run.deps and longer.deps  # at ToST's own tuned rate
-    assert longer.config["contexts"] == [] and "language/tost@2x-steps/seed1" not in by_id  # plateau_seeds = 1
+    # plateau_seeds = 3: the run at twice the steps has every seed, so its comparison replicates (replicated_gate)
+    assert longer.config["contexts"] == [] and "language/tost@2x-steps/seed2" in by_id
+    assert "language/tost@2x-steps/seed3" not in by_id
     with pytest.raises(ValueError, match=r"compared_2x rows \['xcit'\] are not compared rows"):
         language.longer_rows({**b["language"], "compared_2x": ["xcit"]})
     # the gate: ToST 0.4 nats behind GPT; at twice the steps ToST itself gains 0.3, more than the interval clears
@@ -898,3 +900,23 @@ def test_a_relative_margin_is_re_read_on_the_longer_baseline_and_one_seed_only_d
     assert h["verdict"] == "inconclusive"
     replicated_gate(h, stat([1.1, 1.2]), stat([1.0, 1.1]), row="tost", baseline="gpt")
     assert "replicated_2x" not in h and "paired_2x" not in h
+
+
+def test_lra_extra_seeds_train_the_row_more_seeds_and_reject_an_unknown_row():
+    import copy
+
+    from attnzoo.reproduce.budgets import BUDGETS
+    from attnzoo.reproduce.sections import lra
+
+    plan = copy.deepcopy(BUDGETS["long"]["long-range"])
+    plan["extra_seeds"] = {"rows": ["identity"], "seeds": 2}
+    ids = {s.id for s in lra.plan_steps(plan, 0)}
+    n = plan["seeds"]
+    assert {f"long-range/listops/identity/seed{s}" for s in range(n + 2)} <= ids
+    assert f"long-range/listops/identity/seed{n + 2}" not in ids
+    # the other rows keep the section's seeds
+    assert f"long-range/listops/softmax/seed{n}" not in ids
+    assert "identity: 2 seeds more" in lra._intro(plan, ["listops"], {"listops": 128})
+    plan["extra_seeds"] = {"rows": ["cbsa"], "seeds": 2}
+    with pytest.raises(ValueError, match="extra_seeds row 'cbsa'"):
+        lra.plan_steps(plan, 0)

@@ -230,7 +230,11 @@ def test_every_budget_plans_valid_runs(budget):
             train["lr"] = float(next(iter(ids)))
         cfg = from_dict(train).validate()
         if "/seed" in s.id:  # a seeded comparison: seeds 3, 4, ... of its section
-            assert 3 <= cfg.seed < 3 + b[s.section].get("seeds", 1) and s.id.endswith(f"/seed{cfg.seed}")
+            n = b[s.section].get("seeds", 1)
+            extra = b[s.section].get("extra_seeds", {})
+            if s.section == "long-range" and s.id.split("/")[2] in extra.get("rows", []):
+                n += extra["seeds"]  # ListOps' extra seeds are seeds of the row (every reading uses them)
+            assert 3 <= cfg.seed < 3 + n and s.id.endswith(f"/seed{cfg.seed}")
         elif "/extra-seed" in s.id:  # an extra-seeds ablation: the seeds after the section's
             assert cfg.seed >= 3 + b[s.section].get("seeds", 1) and s.id.endswith(f"/extra-seed{cfg.seed}")
         elif "/lr-sweep/" in s.id:  # a learning-rate sweep: a seed of its own, apart from the reported ones
@@ -261,7 +265,9 @@ def test_long_plan_seeds_per_task_and_longer_ablations():
     for task in lra["tasks"]:
         n = lra.get("task_seeds", {}).get(task, lra["seeds"])
         rows = [k for k in counts if k.split("/")[1] == task]
-        assert rows and all(counts[k] == n for k in rows), (task, n, counts)
+        more = lra.get("extra_seeds", {})
+        want = {k: n + (more["seeds"] if k.split("/")[2] in more.get("rows", []) else 0) for k in rows}
+        assert rows and all(counts[k] == want[k] for k in rows), (task, want, counts)
     icl = {s.id: s.config["train"] for s in steps if s.id.startswith("icl/") and "train" in s.config}
     for task in b["icl"]["ablation_tasks"]:
         # the baseline's plateau run: twice the steps and warm-up, everything else (the tuned rate too) equal, on

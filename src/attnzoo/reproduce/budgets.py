@@ -338,12 +338,16 @@ def _long() -> dict:
     # smallest effect (Fastmax's -0.052, clearing its boundary by 0.008; session 22), so the baseline did not meet
     # the plateau test for every verdict
     lang["train"] = {"steps": 4800, "batch_size": 32, "lr": 1e-2, "warmup_steps": 480}
-    lang["plateau_seeds"] = 1
+    # 3 seeds of the runs at twice the steps (session 24): on seed 0 alone, ToST's verdict at twice the steps was only
+    # described; with seeds 1 and 2 (a session-23 pilot) it replicates (`claims.replicated_gate`), ~19 thread-minutes
+    lang["plateau_seeds"] = 3
     lang["lr_sweep"] = [3e-3, 1e-2, 3e-2]
     # rows whose best rate was the grid's highest in the session-16 long run get one rate beyond it
     lang["lr_sweep_extra"] = {r: [6e-2] for r in ("tost", "aot", "aot_hybrid", "gpt+identity")}
     # ToST's loss still fell to the grid's end in session 20 (3e-2 and 6e-2 within a seed's spread): one rate more
     lang["lr_sweep_extra"]["tost"] = [6e-2, 1.2e-1]
+    # AoT's best rate was 6e-2, the top of its grid, in session 23: one rate more
+    lang["lr_sweep_extra"]["aot"] = [6e-2, 1.2e-1]
     # half-length sweeps (2,400 steps, ~22 thread-minutes on an AVX-512 VM), the length the session-22 report was
     # swept and reported at: the third-length sweeps (800 steps) picked ToST's 0.12 while its seeds reached a lower
     # loss at 0.06 (2.079 against 2.138 nats, session 20's two runs; the second referee). Full-length sweeps at
@@ -436,6 +440,10 @@ def _long_listops(lra: dict) -> None:
         "tssa": [1.2e-2],
         "identity": [2e-4, 1.2e-2, 2.4e-2, 4.8e-2],
     }
+    # 5 more seeds of the no-attention control (session 23: 23.3 / 20.1 / 27.8%, std 3.9 against softmax's 0.6): its
+    # margin test gated FAST's ListOps agreement with softmax beating it by +10.2 [+0.8, +19.6] on 3 vs 3 seeds; each
+    # identity run costs ~0.5 thread-minutes
+    lra["extra_seeds"] = {"rows": ["identity"], "seeds": 5}
     # one factor per ablation: twice the steps, for softmax (the plateau check) and every compared row with an
     # accuracy claim (each gates its own verdicts: `claims.compared_row_gate`)
     lra["ablations"] = {

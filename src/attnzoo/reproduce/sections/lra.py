@@ -85,6 +85,17 @@ def task_seeds(plan: dict, seed: int, task: str) -> list[int]:
     return seed_list({"seeds": n}, seed)
 
 
+def row_seeds(plan: dict, seed: int, task: str, row: str) -> list[int]:
+    """The seeds of ``row``'s runs on ``task``: the task's, and for a row of plan ``extra_seeds`` (``{"rows": [...],
+    "seeds": k}``) ``k`` more after them, which every reading of the row uses (using them only where a verdict is
+    undecided would pick the data by its outcome)."""
+    seeds = task_seeds(plan, seed, task)
+    extra = plan.get("extra_seeds", {})
+    if row in extra.get("rows", []):
+        seeds += list(range(seeds[-1] + 1, seeds[-1] + 1 + extra["seeds"]))
+    return seeds
+
+
 def _masked(task_name: str, task_opts: dict) -> dict:
     """``task_opts`` with LRA's padding mask on, written out where the task pads (Text, Retrieval, ListOps): the
     runs trained before the mask existed have another config, so they are recomputed rather than reused."""
@@ -128,7 +139,7 @@ def _seeded_runs(
     ids = (
         [(seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{task}/{row}", sweep_lr))]
         if sweep_lr is not None
-        else [(s, seeded_id(f"{KEY}/{task}/{row}", s)) for s in task_seeds(plan, seed, task)]
+        else [(s, seeded_id(f"{KEY}/{task}/{row}", s)) for s in row_seeds(plan, seed, task, row)]
     )
     steps = []
     for s, sid in ids:
@@ -195,6 +206,9 @@ def sweep_tasks(plan: dict) -> list[str]:
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     steps = []
     check_sweep_extra(plan, list(plan["mechanisms"]))
+    for row in plan.get("extra_seeds", {}).get("rows", []):
+        if row not in plan["mechanisms"]:
+            raise ValueError(f"extra_seeds row {row!r} is not a mechanism of this plan; valid: {plan['mechanisms']}")
     for task, task_opts in plan["tasks"].items():
         if task not in TASKS:
             raise ValueError(f"unknown LRA task {task!r}; valid: {sorted(TASKS)}")
@@ -402,10 +416,22 @@ def _intro(plan: dict, tasks: list[str], lengths: dict[str, int | None]) -> str:
         f"attention differs. Steps per task (shared by every mechanism, sized from learning curves so that "
         f"the softmax baseline learns): {budgets}. {n_seeds} seed{'s' if n_seeds > 1 else ''} per cell"
         + "".join(f"; {t}: {k} seed{'s' if k > 1 else ''}" for t, k in plan.get("task_seeds", {}).items() if t in tasks)
+        + _extra_seeds_intro(plan)
         + " (mean ± sample std). Sequence lengths: "
         + ", ".join(f"{t} N={lengths[t]}" for t in tasks)
         + " (Retrieval: two documents of N bytes each). The data are generated or derived offline "
         "(see `attnzoo.data`), not the LRA release files." + _mega_intro(plan)
+    )
+
+
+def _extra_seeds_intro(plan: dict) -> str:
+    extra = plan.get("extra_seeds", {})
+    if not extra.get("rows"):
+        return ""
+    rows = ", ".join(extra["rows"])
+    return (
+        f"; {rows}: {extra['seeds']} seeds more, in every reading of the row (the no-attention control's spread "
+        "across seeds is the widest of the section, and its margin test reads that spread)"
     )
 
 
