@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The checks and figures only a CUDA machine gives: the compiled Triton kernels against their references
 # (tests/ops/test_triton_kernels.py without the interpreter), `attnzoo selftest --device cuda`, and the op
-# benchmarks (ToST Fig. 6/7 shapes) on the GPU. Usage: bash scripts/gpu_check.sh [OUT_DIR]
+# benchmarks (ToST Fig. 6/7 shapes) and the varlen sweep (padded/packed against unmasked at equal real tokens, issue
+# 27) on the GPU. Usage: bash scripts/gpu_check.sh [OUT_DIR]
 # Runs from a checkout without installing (PYTHONPATH=src); each step has its own time limit.
-# GPU_CHECK_STEPS picks steps (default: all of triton-tests selftest bench-n bench-d).
+# GPU_CHECK_STEPS picks steps (default: all of triton-tests selftest bench-n bench-d bench-varlen).
 set -uo pipefail
 out=${1:-results/gpu-check}
 mkdir -p "$out"
@@ -14,7 +15,7 @@ py=${PYTHON:-python3}
     $py -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$out/gpu.txt"
 status=0
-steps=" ${GPU_CHECK_STEPS:-triton-tests selftest bench-n bench-d} "
+steps=" ${GPU_CHECK_STEPS:-triton-tests selftest bench-n bench-d bench-varlen} "
 step() {  # step NAME SECONDS CMD...: run CMD with a time limit, log to OUT/NAME.log, remember a failure
     local name=$1 limit=$2
     shift 2
@@ -32,4 +33,6 @@ step bench-n 200 $py -m attnzoo bench --device cuda --sweeps n --causal both --l
     --repeats 3 --budget-s 1 --out "$out/bench-n" --overwrite
 step bench-d 90 $py -m attnzoo bench --device cuda --preset paper --sweeps d --heads 32 \
     --mechanisms softmax,linear,tssa,tssa_torch,fastmax_p1,csp,cbsa --repeats 5 --budget-s 2 --out "$out/bench-d" --overwrite
+step bench-varlen 90 $py -m attnzoo bench --device cuda --sweeps varlen --mechanisms tssa,fastmax_p1,fastmax_p2,linear \
+    --varlen-batch 4 --varlen-length 4096 --dim 384 --heads 8 --repeats 20 --out "$out/bench-varlen" --overwrite
 exit $status

@@ -58,3 +58,11 @@ def test_cli_varlen_sweep_writes_its_table_and_csv(tmp_path):
     assert all(int(r["real_tokens"]) == 16 + 16 + 13 and float(r["masked_ratio"]) > 0 for r in rows)
     meta = json.load(open(out / "results.json"))["machine"]
     assert meta["varlen"]["lengths"] == [16, 16, 13] and meta["threads"] == 1
+
+
+def test_varlen_sweep_times_cpu_or_cuda_and_names_the_device_it_refuses():
+    with pytest.raises(ValueError, match="times CPU or CUDA calls; got device=meta"):
+        varlen.measure_varlen(
+            "tssa", batch=2, heads=2, length=8, dim=8, causal=False, backward=False, device="meta",
+            dtype=torch.float32, repeats=1,
+        )  # fmt: skip

@@ -58,7 +58,7 @@ def _parse(argv):
     ap.add_argument(
         "--sweeps",
         default="n,d,decode",
-        help="comma list of: n, d, decode, varlen (padded/packed vs unmasked at equal real tokens, CPU)",
+        help="comma list of: n, d, decode, varlen (padded/packed vs unmasked at equal real tokens)",
     )
     ap.add_argument(
         "--mechanisms", default=None, help=f"comma list (default {cases.OP_CASES}; also {cases.EXTRA_OP_CASES})"
@@ -125,8 +125,8 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
         ap.error(f"--varlen-length must be at least 4, got {args.varlen_length}")
     if args.threads is not None and args.threads < 1:
         ap.error(f"--threads must be a positive integer, got {args.threads}")
-    if "varlen" in args.sweeps and args.device != "cpu":
-        ap.error(f"the varlen sweep times CPU calls; got --device {args.device} (pass --device cpu)")
+    if "varlen" in args.sweeps and args.device.split(":")[0] not in ("cpu", "cuda"):
+        ap.error(f"the varlen sweep times CPU or CUDA calls; got --device {args.device} (pass --device cpu or cuda)")
     if "varlen" in args.sweeps and args.dim % args.heads:
         ap.error(f"--dim {args.dim} is not divisible by --heads {args.heads}")
     if not args.budget_s > 0:

@@ -104,9 +104,15 @@ class VarlenRow:
     rounds: int
 
 
-def _timed(fn) -> float:
+def _timed(fn, cuda: bool = False) -> float:
+    # on CUDA the call only queues kernels: synchronise on both sides so that the interval holds its GPU work (the
+    # launch overhead is in every form's time alike)
+    if cuda:
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     fn()
+    if cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - t0
 
 
@@ -124,8 +130,9 @@ def measure_varlen(
     repeats: int,
 ) -> list[VarlenRow]:
     """The ``fwd`` (and ``fwd+bwd``) row of case ``name``: the three forms timed alternately, ``repeats`` rounds."""
-    if torch.device(device).type != "cpu":
-        raise ValueError(f"the varlen sweep times CPU calls (perf_counter, no device sync); got device={device}")
+    kind = torch.device(device).type
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"the varlen sweep times CPU or CUDA calls; got device={device}")
     lengths = varlen_lengths(batch, length)
     forms = varlen_forms(name, heads, dim, lengths, length, causal=causal, device=device, dtype=dtype)
     rows = []
@@ -147,12 +154,13 @@ def measure_varlen(
                     return torch.autograd.grad(f.run(), f.inputs, g)
 
             call()
-            _settle_heap(call)
+            if kind == "cpu":
+                _settle_heap(call)
             calls[key] = call
         times: dict[str, list[float]] = {k: [] for k in calls}
         for _ in range(repeats):
             for key, call in calls.items():
-                times[key].append(_timed(call))
+                times[key].append(_timed(call, cuda=kind == "cuda"))
         ratio = {k: statistics.median(a / d for a, d in zip(times[k], times["dense"], strict=True)) for k in calls}
         med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         rows.append(
