@@ -33,7 +33,17 @@ FM_LENGTHS = [17, 1, 3]
 
 
 def _on_dev(d):
-    return {k: v.to(DEV) for k, v in d.items()}
+    return {k: v.to(DEV) if torch.is_tensor(v) else v for k, v in d.items()}
+
+
+def _through_dev(fn):
+    """``fn`` on CPU tensors run on DEV (the shared equal-to-alone check builds its inputs on CPU): the inputs move
+    there, the output back, and gradients flow through both copies to the CPU leaves."""
+
+    def call(**kw):
+        return fn(**_on_dev(kw)).cpu()
+
+    return call
 
 
 def _grads_of(out, leaves, cot):
@@ -114,7 +124,7 @@ def test_tssa_equal_to_alone(causal):
         return tssa(causal=causal, backend="triton", **kw)
 
     assert_equal_to_alone(
-        call,
+        _through_dev(call),
         _tssa_seqs(lengths, torch.float64),
         {"w": 2},
         mode=mode,
@@ -197,7 +207,7 @@ def test_fastmax_equal_to_alone(p, causal):
     def call(**kw):
         return fastmax(p=p, causal=causal, backend="triton", chunk_size=16, scale=0.3, **kw)
 
-    assert_equal_to_alone(call, _fm_seqs(FM_LENGTHS, torch.float64), AXES, mode="packed")
+    assert_equal_to_alone(_through_dev(call), _fm_seqs(FM_LENGTHS, torch.float64), AXES, mode="packed")
 
 
 @pytest.mark.parametrize("causal", [False, True])
