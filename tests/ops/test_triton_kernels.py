@@ -298,6 +298,22 @@ def test_auto_runs_the_kernels_behind_the_guard_and_input_errors_are_not_kernel_
     assert _triton_utils.triton_failures() == {}  # the kernels stay in use
 
 
+def test_auto_takes_the_tssa_kernels_below_the_length_where_the_pytorch_path_is_faster(monkeypatch):
+    # H200, twice: from N = 16384 on the token-sequential kernels ran slower than TSSA's PyTorch path
+    from attnzoo.ops import _cpu_kernels, _triton_utils
+    from attnzoo.ops._dispatch import resolve_backend
+    from attnzoo.ops.tssa import TRITON_AUTO_MAX_TOKENS, TSSA
+
+    monkeypatch.setattr(_triton_utils, "_triton_device", lambda x: True)
+    monkeypatch.setattr(_triton_utils, "_FAILED", {})
+    monkeypatch.setattr(_cpu_kernels, "cpu_kernels", lambda: None)
+    for n, want in ((1, "triton"), (TRITON_AUTO_MAX_TOKENS - 1, "triton"), (TRITON_AUTO_MAX_TOKENS, "torch")):
+        w = torch.empty(1, 2, n, 3, device="meta")
+        for causal in (False, True):
+            opts = dict(causal=causal, seg=None)
+            assert resolve_backend(TSSA, "auto", w, inputs=(w, torch.ones(2), None), options=opts) == want, (n, causal)
+
+
 def test_auto_takes_the_fastmax_kernels_only_where_two_pipeline_stages_fit(monkeypatch):
     # H200: at D = Dv = 128 one stage fits in shared memory and ran 12x slower than the PyTorch path
     from attnzoo.ops import _cpu_kernels, _triton_utils

@@ -275,8 +275,9 @@ FASTMAX = Mechanism(
             needs="attnzoo.ops.fastmax.triton",
             available=lambda: _triton_available(),
             auto_if=_auto_takes_triton,
-            # the masked kernels have run only under TRITON_INTERPRET=1 so far: "auto" takes them once a GPU run of
-            # tests/ops/test_triton_varlen.py (scripts/gpu_check.sh) has passed; backend="triton" runs them now
+            # the masked kernels pass tests/ops/test_triton_varlen.py compiled on an H200 (2026-11-27), but measured
+            # 2.5-10x (p = 1) and 28x (p = 2, bidirectional) the unmasked call at equal real tokens there
+            # (docs/performance.md): "auto" keeps the PyTorch path for masked calls; backend="triton" runs them
             auto_masks=False,
         ),
     },

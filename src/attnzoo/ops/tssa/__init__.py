@@ -10,8 +10,9 @@ Public API:
 Backends: ``"naive"`` (``naive.py``, the literal pseudocode, differentiated by autograd), ``"torch"``
 (``chunk.py``, memory-lean with hand-written backward), ``"cpu"`` (the same formulas, forward and backward, in fused
 C++ kernels, ``cpu.cpp``, built on first use), ``"triton"`` (``triton.py``, fused kernels; needs the ``triton``
-package). ``"auto"`` follows :mod:`attnzoo.ops._dispatch`: ``"triton"`` for CUDA tensors when Triton is installed
-(if a kernel fails to compile or launch it warns once and uses ``"torch"`` for the rest of the process), ``"cpu"`` for
+package). ``"auto"`` follows :mod:`attnzoo.ops._dispatch`: ``"triton"`` for unmasked CUDA tensors of fewer than
+:data:`TRITON_AUTO_MAX_TOKENS` tokens when Triton is installed (if a kernel fails to compile or launch it warns once
+and uses ``"torch"`` for the rest of the process; from that length on ``"torch"`` measured faster), ``"cpu"`` for
 CPU tensors when the kernels build (and not while ``torch.compile`` traces), else ``"torch"``. :data:`TSSA`
 declares the mechanism.
 """
@@ -19,7 +20,7 @@ declares the mechanism.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import torch
 
@@ -37,7 +38,16 @@ from attnzoo.ops.tssa.chunk import (
 )
 from attnzoo.ops.tssa.naive import tssa_naive, tssa_naive_varlen, tssa_pi_naive, tssa_pi_naive_varlen
 
-__all__ = ["tssa", "tssa_pi", "tssa_step", "tssa_init_state", "TSSAState", "TSSAOptions", "TSSA"]
+__all__ = [
+    "tssa",
+    "tssa_pi",
+    "tssa_step",
+    "tssa_init_state",
+    "TSSAState",
+    "TSSAOptions",
+    "TSSA",
+    "TRITON_AUTO_MAX_TOKENS",
+]
 
 
 def _check_temp(temp: torch.Tensor, heads: int) -> None:
@@ -162,6 +172,18 @@ def _tssa_cpu(w, temp, bias, *, causal: bool, seg: Segments | None = None) -> to
     # The kernels are opaque to torch.compile: while it traces, the PyTorch forward stands in for them.
     kernels = None if torch.compiler.is_compiling() else _cpu_kernels.required_cpu_kernels()
     return _tssa_torch(w, temp, bias, causal=causal, kernels=kernels)
+
+
+#: from this many tokens on, "auto" takes TSSA's PyTorch path over the Triton kernels on CUDA
+TRITON_AUTO_MAX_TOKENS = 16384
+
+
+def _auto_takes_triton(inputs: tuple, _options: Mapping[str, Any]) -> bool:
+    # The kernels sweep the tokens in one program per (batch, head), 8 programs on an H200's 132 SMs at K = 8: from
+    # N = 16384 on, two H200 runs measured them slower than the PyTorch path (fwd+bwd at N = 65536: 9.7 / 10.1 ms
+    # against 2.0 / 2.7 bidirectional, 20.2 / 22.0 against 5.5 / 5.9 causal); below, both are launch-bound and the
+    # kernels hold half the memory (docs/performance.md, 2026-11-26 and 2026-11-27)
+    return inputs[0].shape[-2] < TRITON_AUTO_MAX_TOKENS
 
 
 def _tssa_triton(w, temp, bias, *, causal: bool, seg: Segments | None = None) -> torch.Tensor:
@@ -335,8 +357,10 @@ TSSA = Mechanism(
             kind="triton",
             devices=("cuda",),
             needs="attnzoo.ops.tssa.triton",
-            # the masked kernels have run only under TRITON_INTERPRET=1 so far: "auto" takes them once a GPU run of
-            # tests/ops/test_triton_varlen.py (scripts/gpu_check.sh) has passed; backend="triton" runs them now
+            auto_if=_auto_takes_triton,
+            # the masked kernels pass tests/ops/test_triton_varlen.py compiled on an H200 (2026-11-27), but their causal
+            # packed call measured 4.9x the unmasked one there (docs/performance.md): "auto" keeps the PyTorch path
+            # for masked calls; backend="triton" runs them
             auto_masks=False,
         ),
     },
