@@ -275,9 +275,9 @@ FASTMAX = Mechanism(
             needs="attnzoo.ops.fastmax.triton",
             available=lambda: _triton_available(),
             auto_if=_auto_takes_triton,
-            # the masked kernels pass tests/ops/test_triton_varlen.py compiled on an H200 (2026-11-27), but measured
-            # 2.5-10x (p = 1) and 28x (p = 2, bidirectional) the unmasked call at equal real tokens there
-            # (docs/performance.md): "auto" keeps the PyTorch path for masked calls; backend="triton" runs them
+            # the masked kernels pass tests/ops/test_triton_varlen.py compiled on an H200 (2026-11-27); their speed
+            # against the PyTorch masked path there is not yet measured (docs/performance.md): until it is, "auto"
+            # keeps the PyTorch path for masked calls; backend="triton" runs them
             auto_masks=False,
         ),
     },

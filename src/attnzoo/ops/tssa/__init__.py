@@ -358,9 +358,9 @@ TSSA = Mechanism(
             devices=("cuda",),
             needs="attnzoo.ops.tssa.triton",
             auto_if=_auto_takes_triton,
-            # the masked kernels pass tests/ops/test_triton_varlen.py compiled on an H200 (2026-11-27), but their causal
-            # packed call measured 4.9x the unmasked one there (docs/performance.md): "auto" keeps the PyTorch path
-            # for masked calls; backend="triton" runs them
+            # the masked kernels pass tests/ops/test_triton_varlen.py compiled on an H200 (2026-11-27); their speed
+            # against the PyTorch masked path there is not yet measured (docs/performance.md): until it is, "auto"
+            # keeps the PyTorch path for masked calls; backend="triton" runs them
             auto_masks=False,
         ),
     },
