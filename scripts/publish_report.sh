@@ -15,7 +15,7 @@ abs=$(cd "$src" && pwd)
 sed -E -e "s#$abs#DIR#g" -e 's#"/[^"]*/(runs/[^"]*)"#"DIR/\1"#g' "$src/results.json" > docs/results/results.json
 sed -e "s#$abs#DIR#g" "$src/configs.md" > docs/results/configs.md
 # compact JSON without the per-step training-loss curves (nor run_dir where it is DIR/runs/<step id>, nor a probe's
-# plot-only arrays), the steps' results to 4 significant digits and the sections' floats (the findings' statistics)
+# plot-only arrays, nor a learning-rate sweep's validation curve), the steps' results to 4 significant digits and the sections' floats (the findings' statistics)
 # to 5: the repository keeps files under 600 KiB, the run's own results.json keeps every digit and
 # curve; the steps' configurations as written, so their hashes still match for --reuse
 python3 - docs/results/results.json <<'PYEOF'
@@ -43,6 +43,10 @@ for sid, rec in d["steps"].items():
     # a probe's plot-only arrays (point clouds, attention maps, per-cluster curves) are drawn in the committed plots
     # and kept in the run's own results.json; without them --reuse computes such a step again
     slim = [k for k in PLOT_ONLY if k in rec["result"]]
+    # a learning-rate sweep's run is read for its final metric only (its curve is in no table or plot): ~27 KB of
+    # curves in session 23's 390 steps
+    if "/lr-sweep/" in sid and "val_curve" in rec["result"]:
+        slim.append("val_curve")
     for k in slim:
         del rec["result"][k]
     if slim:
