@@ -920,3 +920,31 @@ def test_lra_extra_seeds_train_the_row_more_seeds_and_reject_an_unknown_row():
     plan["extra_seeds"] = {"rows": ["cbsa"], "seeds": 2}
     with pytest.raises(ValueError, match="extra_seeds row 'cbsa'"):
         lra.plan_steps(plan, 0)
+
+
+@pytest.mark.parametrize(
+    "effect,ci,words",
+    [
+        (-0.274, [-0.331, -0.218], "tost is behind gpt by 0.274 nats (95% CI 0.218 to 0.331)"),
+        (3.78, [2.86, 4.71], "tost is ahead of gpt by 3.78 nats (95% CI 2.86 to 4.71)"),
+        (-0.45, [-1.11, 0.212], "tost is behind gpt by 0.45 nats (95% CI from 1.11 behind to 0.212 ahead)"),
+    ],
+)
+def test_effect_in_words_reads_the_sign_and_the_interval(effect, ci, words):
+    from attnzoo.reproduce.report import effect_in_words
+
+    f = {"a_name": "tost", "b_name": "gpt", "effect": effect, "ci95": ci, "unit": "nats"}
+    assert effect_in_words(f) == words
+
+
+def test_summary_names_each_sections_clearest_effect_with_its_verdict():
+    from attnzoo.reproduce.report import _effects_in_words
+
+    wide = _cmp([70.0, 74.0, 78.0], [71.0, 75.0, 79.0], "a", "b")
+    clear = _cmp([80.0, 80.5, 81.0], [70.0, 70.5, 71.0], "c", "b")
+    lm = _cmp([2.0, 2.01, 2.02], [1.6, 1.61, 1.62], "tost", "gpt", 0.2, lower_is_better=True)
+    for f in (wide, clear, lm):
+        f["kind"] = "paper"
+    lines = _effects_in_words([("Vision", wide), ("Vision", clear), ("Language", lm)])
+    assert len(lines) == 5 and lines[2].startswith("- Vision: c is ahead of b by 10 pts")
+    assert lines[3].startswith("- Language: tost is behind gpt by 0.4") and lines[3].endswith(": disagrees.")

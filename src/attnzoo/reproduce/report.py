@@ -102,31 +102,35 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
     counts = Counter(f["verdict"] for _, f in paper)
     trained = Counter(f["verdict"] for _, f in paper if _is_trained(f))
     decided = trained.get("agrees", 0) + trained.get("disagrees", 0)
-    lines = _brief([f for _, f in paper], checks) + [
-        f"**{len(paper)} claims of the five papers** tested: "
-        + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
-        + f". Of them, {sum(trained.values())} rest on trained models over seeds (comparisons, and per-seed rules "
-        "such as learning in context): "
-        + (
-            f"{trained.get('agrees', 0)} agree and {trained.get('disagrees', 0)} disagree"
-            if decided
-            else "**none of them is decided at this budget**"
-        )
-        + "; the other decided verdicts are measurements (timings, memory, parameter-free iterations, probes of "
-        f"trained layers). {len(checks)} implementation checks are counted apart (table below). A comparison agrees "
-        "when its "
-        "whole 95% Welch-t interval lies on the paper's side of -margin, disagrees when it lies wholly on the other "
-        "side, and is inconclusive otherwise. A swept row trains its reported seeds at the best rate of its own "
-        "learning-rate sweep (run on a seed that is not reported; each sweep table says when its runs are shorter "
-        "than the reported ones). A decided verdict is made inconclusive, with the numbers-alone verdict given in "
-        "brackets, when a precondition fails: a row is not tuned (no sweep, an incomplete one, a best rate on an "
-        "end of its grid, or no rate above chance), the verdict is not shown to survive more training (its interval "
-        "clears the boundary by less than a side moves at twice the steps, or the comparison at twice the steps "
-        "gives another verdict), a compared row did not learn the task, the paper's "
-        "conditions are not met (sizes, the task, the configuration), or a control shows the same effect (an "
-        "untrained model's layers; a model without attention inside the claim's margin).",
-        "",
-    ]
+    lines = (
+        _brief([f for _, f in paper], checks)
+        + _effects_in_words(paper)
+        + [
+            f"**{len(paper)} claims of the five papers** tested: "
+            + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
+            + f". Of them, {sum(trained.values())} rest on trained models over seeds (comparisons, and per-seed rules "
+            "such as learning in context): "
+            + (
+                f"{trained.get('agrees', 0)} agree and {trained.get('disagrees', 0)} disagree"
+                if decided
+                else "**none of them is decided at this budget**"
+            )
+            + "; the other decided verdicts are measurements (timings, memory, parameter-free iterations, probes of "
+            f"trained layers). {len(checks)} implementation checks are counted apart (table below). A comparison agrees "
+            "when its "
+            "whole 95% Welch-t interval lies on the paper's side of -margin, disagrees when it lies wholly on the other "
+            "side, and is inconclusive otherwise. A swept row trains its reported seeds at the best rate of its own "
+            "learning-rate sweep (run on a seed that is not reported; each sweep table says when its runs are shorter "
+            "than the reported ones). A decided verdict is made inconclusive, with the numbers-alone verdict given in "
+            "brackets, when a precondition fails: a row is not tuned (no sweep, an incomplete one, a best rate on an "
+            "end of its grid, or no rate above chance), the verdict is not shown to survive more training (its interval "
+            "clears the boundary by less than a side moves at twice the steps, or the comparison at twice the steps "
+            "gives another verdict), a compared row did not learn the task, the paper's "
+            "conditions are not met (sizes, the task, the configuration), or a control shows the same effect (an "
+            "untrained model's layers; a model without attention inside the claim's margin).",
+            "",
+        ]
+    )
     lines += _gate_lines([f for _, f in paper], counts) + _scale_lines(secs)
     silent = [s for s in secs if not any(f.get("kind") == "paper" for f in s.findings)]
     lines += [f"- {s.title}: no paper claim decided here. {s.notes[0] if s.notes else ''}".rstrip() for s in silent]
@@ -206,6 +210,43 @@ def _brief(paper: list[dict], checks: list[tuple[str, dict]] = ()) -> list[str]:
         "not at the papers' own.",
         "",
     ]
+
+
+def _num(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def effect_in_words(f: dict) -> str:
+    """A comparison's effect as a sentence: ``a`` ahead of / behind ``b`` by ``|effect|`` with its interval, in the
+    finding's orientation (a positive effect favours ``a``)."""
+    e, (lo, hi), unit = f["effect"], f["ci95"], f.get("unit", "")
+    side = "ahead of" if e >= 0 else "behind"
+    if lo >= 0 or hi <= 0:  # the interval on one side: its ends as distances on that side
+        near, far = sorted((abs(lo), abs(hi)))
+        ci = f"95% CI {_num(near)} to {_num(far)}"
+    else:
+        ci = f"95% CI from {_num(-lo)} behind to {_num(hi)} ahead"
+    return f"{f['a_name']} is {side} {f['b_name']} by {_num(abs(e))} {unit} ({ci})"
+
+
+def _effects_in_words(paper: list[tuple[str, dict]]) -> list[str]:
+    """Per section, the trained comparison whose effect is the most clearly away from zero (largest effect over the
+    interval's half-width), in words, with its verdict: what the numbers say before any rule reads them."""
+    best: dict[str, dict] = {}
+    for t, f in paper:
+        if not (_is_trained(f) and f.get("ci95") and f.get("a_name") and f.get("b_name")):
+            continue
+        half = (f["ci95"][1] - f["ci95"][0]) / 2
+        score = abs(f["effect"]) / half if half > 0 else float("inf")
+        if t not in best or score > best[t][0]:
+            best[t] = (score, f)
+    if not best:
+        return []
+    lines = ["**The clearest effect per section** (the trained comparison farthest from zero for its interval):", ""]
+    for t, (_, f) in best.items():
+        verdict = f["verdict"] + (f" (numbers alone: {f['ungated_verdict']})" if f.get("ungated_verdict") else "")
+        lines.append(f"- {t}: {effect_in_words(f)}; {f['paper']}, {f['claim']}: {verdict}.")
+    return lines + [""]
 
 
 def _gate_lines(paper: list[dict], counts: Counter) -> list[str]:
