@@ -5,7 +5,7 @@
 # 27) on the GPU. Usage: bash scripts/gpu_check.sh [OUT_DIR]
 # Runs from a checkout without installing (PYTHONPATH=src); each step has its own time limit (all five: ~15 min on
 # an H200, the full selftest ~3 min of it).
-# GPU_CHECK_STEPS picks steps (default: all of triton-tests selftest bench-n bench-d bench-varlen).
+# GPU_CHECK_STEPS picks steps (default: all of triton-tests selftest bench-n bench-d bench-varlen bench-varlen-triton).
 set -uo pipefail
 out=${1:-results/gpu-check}
 mkdir -p "$out"
@@ -16,7 +16,7 @@ py=${PYTHON:-python3}
     $py -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$out/gpu.txt"
 status=0
-steps=" ${GPU_CHECK_STEPS:-triton-tests selftest bench-n bench-d bench-varlen} "
+steps=" ${GPU_CHECK_STEPS:-triton-tests selftest bench-n bench-d bench-varlen bench-varlen-triton} "
 step() {  # step NAME SECONDS CMD...: run CMD with a time limit, log to OUT/NAME.log, remember a failure
     local name=$1 limit=$2
     shift 2
@@ -36,4 +36,8 @@ step bench-d 90 $py -m attnzoo bench --device cuda --preset paper --sweeps d --h
     --mechanisms softmax,linear,tssa,tssa_torch,fastmax_p1,csp,cbsa --repeats 5 --budget-s 2 --out "$out/bench-d" --overwrite
 step bench-varlen 150 $py -m attnzoo bench --device cuda --sweeps varlen --mechanisms tssa,fastmax_p1,fastmax_p2,linear \
     --varlen-batch 4 --varlen-length 4096 --dim 384 --heads 8 --repeats 5 --out "$out/bench-varlen" --overwrite
+# the same with the masked Triton kernels ("auto" keeps the PyTorch masked paths until these figures say otherwise)
+step bench-varlen-triton 150 $py -m attnzoo bench --device cuda --sweeps varlen --mechanisms tssa,fastmax_p1,fastmax_p2 \
+    --varlen-backend triton --varlen-batch 4 --varlen-length 4096 --dim 384 --heads 8 --repeats 5 \
+    --out "$out/bench-varlen-triton" --overwrite
 exit $status

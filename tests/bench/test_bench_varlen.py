@@ -66,3 +66,24 @@ def test_varlen_sweep_times_cpu_or_cuda_and_names_the_device_it_refuses():
             "tssa", batch=2, heads=2, length=8, dim=8, causal=False, backward=False, device="meta",
             dtype=torch.float32, repeats=1,
         )  # fmt: skip
+
+
+def test_varlen_backend_runs_every_form_on_it_and_an_unknown_one_is_refused(tmp_path):
+    # "auto" does not take the masked Triton kernels: --varlen-backend is how a GPU session times them
+    rows = varlen.measure_varlen(
+        "tssa", batch=2, heads=2, length=8, dim=8, causal=False, backward=False, device="cpu",
+        dtype=torch.float32, repeats=1, backend="naive",
+    )  # fmt: skip
+    assert [r.backend for r in rows] == ["naive"]
+    # linear has no such backend: its rows stay on "auto"
+    rows = varlen.measure_varlen(
+        "linear", batch=2, heads=2, length=8, dim=8, causal=False, backward=False, device="cpu",
+        dtype=torch.float32, repeats=1, backend="naive_missing",
+    )  # fmt: skip
+    assert [r.backend for r in rows] == ["auto"]
+    args = ["--sweeps", "varlen", "--mechanisms", "tssa", "--varlen-backend", "tritonn", "--device", "cpu"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnzoo.bench", *args, "--out", str(tmp_path / "b")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "--varlen-backend 'tritonn' is a backend of none of ['tssa']" in proc.stderr

@@ -71,6 +71,12 @@ def _parse(argv):
     ap.add_argument("--d-sweep-length", type=int, default=4096)
     ap.add_argument("--varlen-batch", type=int, default=4, help="varlen sweep: rows B (half of them padded)")
     ap.add_argument("--varlen-length", type=int, default=4096, help="varlen sweep: grid length N")
+    ap.add_argument(
+        "--varlen-backend",
+        default=None,
+        help="varlen sweep: run every form on this backend where the op has it (e.g. triton: 'auto' does not take "
+        "the masked Triton kernels); default: what 'auto' picks",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument(
         "--causal", choices=["both", "yes", "no"], default="both", help="n sweep: causal, non-causal or both"
@@ -254,6 +260,13 @@ def _run_varlen(args, device: torch.device, dtype: torch.dtype) -> dict:
     if skipped:
         print(f"varlen sweep: no varlen form for {skipped}; measuring {names}", file=sys.stderr)
     modes = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
+    if args.varlen_backend is not None:
+        known = sorted({b for m in names for b in varlen.case_backends(m)})
+        if args.varlen_backend not in known:
+            raise SystemExit(
+                f"attnzoo bench: --varlen-backend {args.varlen_backend!r} is a backend of none of {names}; "
+                f"valid: {known}"
+            )
     load_before = varlen.load_average()
     rows = []
     for mech in names:
@@ -269,6 +282,7 @@ def _run_varlen(args, device: torch.device, dtype: torch.dtype) -> dict:
                 device=device,
                 dtype=dtype,
                 repeats=args.repeats,
+                backend=args.varlen_backend,
             )
     return {
         "lengths": varlen.varlen_lengths(args.varlen_batch, args.varlen_length),

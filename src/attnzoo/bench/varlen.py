@@ -45,6 +45,13 @@ def varlen_cases() -> list[str]:
     return [n for n, (_, c) in registered_cases().items() if c.varlen]
 
 
+def case_backends(name: str) -> list[str]:
+    """The backend names of bench case ``name``'s mechanism."""
+    from attnzoo.layers import attention_info
+
+    return list(attention_info(registered_cases()[name][0]).mechanism.backends)
+
+
 def varlen_lengths(batch: int, length: int) -> list[int]:
     """The lengths of the batch: ``ceil(B/2)`` full rows of ``N``, then ``floor(B/2)`` distinct odd lengths spread
     evenly over ``(N/2, N)``."""
@@ -102,6 +109,7 @@ class VarlenRow:
     masked_ratio: float  # median over rounds of masked / dense
     packed_ratio: float
     rounds: int
+    backend: str = "auto"  # what "auto" was made to mean for every form (force_backend), or "auto"
 
 
 def _timed(fn, cuda: bool = False) -> float:
@@ -128,11 +136,26 @@ def measure_varlen(
     device,
     dtype,
     repeats: int,
+    backend: str | None = None,
 ) -> list[VarlenRow]:
-    """The ``fwd`` (and ``fwd+bwd``) row of case ``name``: the three forms timed alternately, ``repeats`` rounds."""
+    """The ``fwd`` (and ``fwd+bwd``) row of case ``name``: the three forms timed alternately, ``repeats`` rounds.
+    ``backend``: every form's ``"auto"`` resolves to it where the op has it (:func:`force_backend`), e.g.
+    ``"triton"`` to time the masked Triton kernels, which ``"auto"`` does not take for masked calls."""
     kind = torch.device(device).type
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"the varlen sweep times CPU or CUDA calls; got device={device}")
+    if backend is None or backend not in case_backends(name):  # the op has no such backend: "auto" it is
+        return _measure(name, batch, heads, length, dim, causal, backward, device, dtype, repeats, kind)
+    from attnzoo.ops._dispatch import force_backend
+
+    with force_backend(backend):
+        rows = _measure(name, batch, heads, length, dim, causal, backward, device, dtype, repeats, kind)
+    for r in rows:
+        r.backend = backend
+    return rows
+
+
+def _measure(name, batch, heads, length, dim, causal, backward, device, dtype, repeats, kind) -> list[VarlenRow]:
     lengths = varlen_lengths(batch, length)
     forms = varlen_forms(name, heads, dim, lengths, length, causal=causal, device=device, dtype=dtype)
     rows = []
@@ -194,15 +217,19 @@ def load_average() -> tuple[float, float, float] | None:
 
 def print_varlen(rows: list[VarlenRow]) -> None:
     hdr = (
-        f"{'mechanism':<14}{'causal':<7}{'mode':<9}{'B':>3}{'N':>6}{'T':>7}{'dense ms':>10}{'masked ms':>11}"
+        f"{'mechanism':<20}{'causal':<7}{'mode':<9}{'B':>3}{'N':>6}{'T':>7}{'dense ms':>10}{'masked ms':>11}"
         f"{'packed ms':>11}{'masked/x':>10}{'packed/x':>10}"
     )
     print(hdr)
     print("-" * len(hdr))
+
+    def label(r: VarlenRow) -> str:
+        return r.mechanism + ("" if r.backend == "auto" else "/" + r.backend)
+
     for r in rows:
         flag = lambda x: "" if x <= VARLEN_TARGET else " !"  # noqa: E731
         print(
-            f"{r.mechanism:<14}{str(r.causal):<7}{r.mode:<9}{r.batch:>3}{r.length:>6}{r.real_tokens:>7}"
+            f"{label(r):<20}{str(r.causal):<7}{r.mode:<9}{r.batch:>3}{r.length:>6}{r.real_tokens:>7}"
             f"{r.dense_ms:>10.1f}{r.masked_ms:>11.1f}{r.packed_ms:>11.1f}{r.masked_ratio:>8.2f}{flag(r.masked_ratio):<2}"
             f"{r.packed_ratio:>8.2f}{flag(r.packed_ratio):<2}"
         )

@@ -102,35 +102,32 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
     counts = Counter(f["verdict"] for _, f in paper)
     trained = Counter(f["verdict"] for _, f in paper if _is_trained(f))
     decided = trained.get("agrees", 0) + trained.get("disagrees", 0)
-    lines = (
-        _brief([f for _, f in paper], checks)
-        + _effects_in_words(paper)
-        + [
-            f"**{len(paper)} claims of the five papers** tested: "
-            + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
-            + f". Of them, {sum(trained.values())} rest on trained models over seeds (comparisons, and per-seed rules "
-            "such as learning in context): "
-            + (
-                f"{trained.get('agrees', 0)} agree and {trained.get('disagrees', 0)} disagree"
-                if decided
-                else "**none of them is decided at this budget**"
-            )
-            + "; the other decided verdicts are measurements (timings, memory, parameter-free iterations, probes of "
-            f"trained layers). {len(checks)} implementation checks are counted apart (table below). A comparison agrees "
-            "when its "
-            "whole 95% Welch-t interval lies on the paper's side of -margin, disagrees when it lies wholly on the other "
-            "side, and is inconclusive otherwise. A swept row trains its reported seeds at the best rate of its own "
-            "learning-rate sweep (run on a seed that is not reported; each sweep table says when its runs are shorter "
-            "than the reported ones). A decided verdict is made inconclusive, with the numbers-alone verdict given in "
-            "brackets, when a precondition fails: a row is not tuned (no sweep, an incomplete one, a best rate on an "
-            "end of its grid, or no rate above chance), the verdict is not shown to survive more training (its interval "
-            "clears the boundary by less than a side moves at twice the steps, or the comparison at twice the steps "
-            "gives another verdict), a compared row did not learn the task, the paper's "
-            "conditions are not met (sizes, the task, the configuration), or a control shows the same effect (an "
-            "untrained model's layers; a model without attention inside the claim's margin).",
-            "",
-        ]
-    )
+    lines = _brief([f for _, f in paper], checks) + _effects_in_words(paper)
+    lines += [
+        f"**{len(paper)} claims of the five papers** tested: "
+        + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
+        + f". Of them, {sum(trained.values())} rest on trained models over seeds (comparisons, and per-seed rules "
+        "such as learning in context): "
+        + (
+            f"{trained.get('agrees', 0)} agree and {trained.get('disagrees', 0)} disagree"
+            if decided
+            else "**none of them is decided at this budget**"
+        )
+        + "; the other decided verdicts are measurements (timings, memory, parameter-free iterations, probes of "
+        f"trained layers). {len(checks)} implementation checks are counted apart (table below). A comparison agrees "
+        "when its "
+        "whole 95% Welch-t interval lies on the paper's side of -margin, disagrees when it lies wholly on the other "
+        "side, and is inconclusive otherwise. A swept row trains its reported seeds at the best rate of its own "
+        "learning-rate sweep (run on a seed that is not reported; each sweep table says when its runs are shorter "
+        "than the reported ones). A decided verdict is made inconclusive, with the numbers-alone verdict given in "
+        "brackets, when a precondition fails: a row is not tuned (no sweep, an incomplete one, a best rate on an "
+        "end of its grid, or no rate above chance), the verdict is not shown to survive more training (its interval "
+        "clears the boundary by less than a side moves at twice the steps, or the comparison at twice the steps "
+        "gives another verdict), a compared row did not learn the task, the paper's "
+        "conditions are not met (sizes, the task, the configuration), or a control shows the same effect (an "
+        "untrained model's layers; a model without attention inside the claim's margin).",
+        "",
+    ]
     lines += _gate_lines([f for _, f in paper], counts) + _scale_lines(secs)
     silent = [s for s in secs if not any(f.get("kind") == "paper" for f in s.findings)]
     lines += [f"- {s.title}: no paper claim decided here. {s.notes[0] if s.notes else ''}".rstrip() for s in silent]
