@@ -430,8 +430,8 @@ def _extra_seeds_intro(plan: dict) -> str:
         return ""
     rows = ", ".join(extra["rows"])
     return (
-        f"; {rows}: {extra['seeds']} seeds more, in every reading of the row (the no-attention control's spread "
-        "across seeds is the widest of the section, and its margin test reads that spread)"
+        f"; {rows}: {extra['seeds']} seeds more, in every reading of the row (a control's margin test reads its "
+        "spread across seeds)"
     )
 
 
