@@ -748,6 +748,7 @@ def test_the_first_screen_names_the_decided_trained_comparisons():
         ),
         ("Language", {"claim": "attention helps: y", "verdict": "inconclusive", "measured": "n"}),
     ]
+    paper = [("Vision", f) for f in paper]
     assert "attention is not shown" not in "\n".join(_brief(paper))
     text = "\n".join(_brief(paper, checks))
     assert "- Vision: attention is not shown to matter (m +0.6), so its paper claims are gated on conditions." in text

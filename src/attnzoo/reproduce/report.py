@@ -102,8 +102,7 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
     counts = Counter(f["verdict"] for _, f in paper)
     trained = Counter(f["verdict"] for _, f in paper if _is_trained(f))
     decided = trained.get("agrees", 0) + trained.get("disagrees", 0)
-    lines = _brief([f for _, f in paper], checks) + _effects_in_words(paper)
-    lines += [
+    lines = _brief(paper, checks) + [
         f"**{len(paper)} claims of the five papers** tested: "
         + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
         + f". Of them, {sum(trained.values())} rest on trained models over seeds (comparisons, and per-seed rules "
@@ -176,9 +175,11 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
     return lines
 
 
-def _brief(paper: list[dict], checks: list[tuple[str, dict]] = ()) -> list[str]:
-    """Plain lines first: which trained comparisons were decided and how, how the measurements went, and each
-    section whose no-attention control is not shown to lose (its paper claims then test no token mixing)."""
+def _brief(pairs: list[tuple[str, dict]], checks: list[tuple[str, dict]] = ()) -> list[str]:
+    """Plain lines first: which trained comparisons were decided and how, how the measurements went, each section
+    whose no-attention control is not shown to lose (its paper claims then test no token mixing), then each section's
+    clearest effect in words. ``pairs``: (section, finding) of the paper claims."""
+    paper = [f for _, f in pairs]
     trained = [f for f in paper if _is_trained(f)]
     measured = [f for f in paper if not _is_trained(f) and f["verdict"] != "not tested"]
 
@@ -206,6 +207,7 @@ def _brief(paper: list[dict], checks: list[tuple[str, dict]] = ()) -> list[str]:
         "- Every verdict holds at this report's scale (**Scale** below: models, data and steps far below the papers'), "
         "not at the papers' own.",
         "",
+        *_effects_in_words(pairs),
     ]
 
 
