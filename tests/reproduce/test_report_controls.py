@@ -860,7 +860,7 @@ def test_a_comparison_replicated_at_twice_the_steps_is_judged_on_its_gap_not_on_
     rep = f["replicated_2x"]
     assert rep["verdict"] == "disagrees" and rep["effect"] == pytest.approx(-0.4)
     assert "the same rule gives disagrees: effect -0.4 nats" in f["explanation"]
-    assert f["explanation"].endswith("the verdict survives more training")
+    assert "the verdict is replicated at one doubling of the steps, clearing its boundary by" in f["explanation"]
     # the baseline's drift (0.3) and the row's own move (0.3) exceed the clearance (~0.17) but no longer gate it
     out = plateau_gate([f], "gpt", stat(b1), stat([1.30, 1.31, 1.32]), "nats")
     compared_row_gate(f, "tost", stat(a1), stat([1.70, 1.71, 1.72]), "nats")
@@ -928,7 +928,11 @@ def test_lra_extra_seeds_train_the_row_more_seeds_and_reject_an_unknown_row():
     [
         (-0.274, [-0.331, -0.218], "tost is behind gpt by 0.274 nats (95% CI 0.218 to 0.331)"),
         (3.78, [2.86, 4.71], "tost is ahead of gpt by 3.78 nats (95% CI 2.86 to 4.71)"),
-        (-0.45, [-1.11, 0.212], "tost is behind gpt by 0.45 nats (95% CI from 1.11 behind to 0.212 ahead)"),
+        (
+            -0.45,
+            [-1.11, 0.212],
+            "tost and gpt differ by -0.45 nats, no direction shown (95% CI from 1.11 behind to 0.212 ahead)",
+        ),
     ],
 )
 def test_effect_in_words_reads_the_sign_and_the_interval(effect, ci, words):
@@ -949,3 +953,29 @@ def test_summary_names_each_sections_clearest_effect_with_its_verdict():
     lines = _effects_in_words([("Vision", wide), ("Vision", clear), ("Language", lm)])
     assert len(lines) == 5 and lines[2].startswith("- Vision: c is ahead of b by 10 pts")
     assert lines[3].startswith("- Language: tost is behind gpt by 0.4") and lines[3].endswith(": disagrees.")
+
+
+def test_margin_sensitivity_states_the_verdict_under_another_of_the_papers_gaps():
+    from attnzoo.reproduce.claims import interval_verdict, margin_sensitivity
+
+    assert [interval_verdict(ci, 1.0) for ci in ([-0.5, 0.2], [-1.5, -1.2], [-1.2, -0.8])] == [
+        "agrees",
+        "disagrees",
+        "inconclusive",
+    ]
+    f = _cmp([2.0, 2.01, 2.02], [1.72, 1.73, 1.74], "tost", "gpt", 0.155, lower_is_better=True, relative=True)
+    assert f["verdict"] == "inconclusive"  # -0.28 [-0.31, -0.25] against 0.155 x 1.73 = 0.268
+    margin_sensitivity(f, 0.127, "the in-distribution gap")
+    assert (
+        "with the in-distribution gap (12.7%) as the margin, the same interval gives disagrees (margin 0.22)"
+        in (f["explanation"])
+    )
+
+
+def test_margin_sensitivity_in_the_effects_unit():
+    from attnzoo.reproduce.claims import margin_sensitivity
+
+    f = _cmp([34.0, 33.6, 34.3], [33.4, 33.8, 34.6], "fastmax", "softmax", 2.6)
+    assert f["verdict"] == "agrees"
+    margin_sensitivity(f, 0.97, "the task's own gap", relative=False)
+    assert "with the task's own gap (0.97 pts) as the margin, the same interval gives inconclusive" in f["explanation"]

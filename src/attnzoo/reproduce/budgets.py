@@ -315,9 +315,10 @@ def _long() -> dict:
     measurement (measured runs take 1.15-1.35x the estimate)."""
     plan = copy.deepcopy(BUDGETS["default"])
     plan["description"] = (
-        "2-core CPU, <= 2 h with --jobs 2: 3 seeds for every trained comparison, each row at the best rate of its own "
-        "3-rate sweep, baselines trained towards a plateau (vision 1,000 steps at 16 tokens, language 4,800 steps, "
-        "their plateau runs at twice that); LRA-style ListOps; in-context regression at d=4; resumable step by step"
+        "2-core CPU, <= 2 h with --jobs 2: 3 seeds for every trained comparison, each row at the best rate of its "
+        "own sweep (3-7 rates), baselines trained towards a plateau (vision 1,000 steps at 16 tokens, language 4,800 "
+        "steps, their plateau runs at twice that); LRA-style ListOps; in-context regression at d=4; resumable step "
+        "by step"
     )
     for key in ("vision", "long-range", "language", "icl"):
         plan[key]["seeds"] = 3

@@ -472,7 +472,12 @@ def replicated_gate(f: dict, a_longer: Stat | None, b_longer: Stat | None, *, ro
             f"effect {e2:+.3g} {unit}, 95% CI [{ci2[0]:+.3g}, {ci2[1]:+.3g}], margin {m2:.3g}"
         )
         if v2 == numbers_verdict(f):
-            explain(f, f"{at2}: the verdict survives more training")
+            c2 = ci2[0] + m2 if v2 == "agrees" else -m2 - ci2[1]
+            explain(
+                f,
+                f"{at2}: the verdict is replicated at one doubling of the steps, clearing its boundary by "
+                f"{_clearance(f):.3g} {unit} at the reported steps and {c2:.3g} at twice them",
+            )
         else:
             gate(f, f"{at2}, not the verdict of the reported steps", "plateau")
         return f
@@ -518,6 +523,32 @@ def _paired_change(base: Stat, longer: Stat) -> tuple[Stat, float]:
 def numbers_verdict(f: dict) -> str:
     """The verdict the numbers alone give, before any gate (a gated finding keeps it in ``ungated_verdict``)."""
     return f.get("ungated_verdict", f["verdict"])
+
+
+def interval_verdict(ci: Sequence[float], margin: float) -> str:
+    """The rule on an oriented 95% interval: "agrees" wholly above ``-margin``, "disagrees" wholly below it."""
+    lo, hi = ci
+    return "agrees" if lo > -margin else "disagrees" if hi < -margin else "inconclusive"
+
+
+def margin_sensitivity(f: dict, other: float, label: str, *, relative: bool = True) -> dict:
+    """Say what a non-inferiority finding's interval gives with another of the paper's gaps as the margin: ``other``
+    a fraction of the baseline (as the finding's own ``margin_rel``) or, with ``relative=False``, in the effect's
+    unit; at its own budget and, where the comparison ran at twice the steps on both sides (``replicated_2x``), there.
+    Words only: the verdict keeps the finding's margin (the report's one rule: the largest gap the paper calls
+    comparable)."""
+    own = f.get("margin_rel") if relative else f.get("margin")
+    if not f.get("ci95") or not own:
+        return f
+    m = f["margin"] * other / own
+    parts = [f"{interval_verdict(f['ci95'], m)} (margin {m:.3g})"]
+    rep = f.get("replicated_2x")
+    if rep and rep.get("ci95"):
+        m2 = rep["margin"] * other / own
+        parts.append(f"at twice the steps {interval_verdict(rep['ci95'], m2)} (margin {m2:.3g})")
+    verb = "the same intervals give " if rep and rep.get("ci95") else "the same interval gives "
+    what = f"{label} ({other:.1%})" if relative else f"{label} ({other:g} {f.get('unit', '')})"
+    return explain(f, f"with {what} as the margin, {verb}" + ", ".join(parts))
 
 
 def _clearance(f: dict) -> float:

@@ -114,15 +114,14 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
         )
         + "; the other decided verdicts are measurements (timings, memory, parameter-free iterations, probes of "
         f"trained layers). {len(checks)} implementation checks are counted apart (table below). A comparison agrees "
-        "when its "
-        "whole 95% Welch-t interval lies on the paper's side of -margin, disagrees when it lies wholly on the other "
-        "side, and is inconclusive otherwise. A swept row trains its reported seeds at the best rate of its own "
-        "learning-rate sweep (run on a seed that is not reported; each sweep table says when its runs are shorter "
+        "when its whole 95% Welch-t interval lies on the paper's side of -margin, disagrees when it lies wholly on "
+        "the other side, and is inconclusive otherwise. A swept row trains its reported seeds at the best rate of its "
+        "own learning-rate sweep (run on a seed that is not reported; each sweep table says when its runs are shorter "
         "than the reported ones). A decided verdict is made inconclusive, with the numbers-alone verdict given in "
-        "brackets, when a precondition fails: a row is not tuned (no sweep, an incomplete one, a best rate on an "
-        "end of its grid, or no rate above chance), the verdict is not shown to survive more training (its interval "
-        "clears the boundary by less than a side moves at twice the steps, or the comparison at twice the steps "
-        "gives another verdict), a compared row did not learn the task, the paper's "
+        "brackets, when a precondition fails: a row is not tuned (no sweep, an incomplete one, a best rate on an end "
+        "of its grid not within a seed's spread of its neighbour, or no rate above chance), the verdict is not shown "
+        "to survive more training (its interval clears the boundary by less than a side moves at twice the steps, or "
+        "the comparison at twice the steps gives another verdict), a compared row did not learn the task, the paper's "
         "conditions are not met (sizes, the task, the configuration), or a control shows the same effect (an "
         "untrained model's layers; a model without attention inside the claim's margin).",
         "",
@@ -219,13 +218,14 @@ def effect_in_words(f: dict) -> str:
     """A comparison's effect as a sentence: ``a`` ahead of / behind ``b`` by ``|effect|`` with its interval, in the
     finding's orientation (a positive effect favours ``a``)."""
     e, (lo, hi), unit = f["effect"], f["ci95"], f.get("unit", "")
+    if lo < 0 < hi:  # no direction shown: the point estimate alone, and the interval's reach on both sides
+        return (
+            f"{f['a_name']} and {f['b_name']} differ by {e:+.3g} {unit}, no direction shown (95% CI from "
+            f"{_num(-lo)} behind to {_num(hi)} ahead)"
+        )
+    near, far = sorted((abs(lo), abs(hi)))  # the interval on one side: its ends as distances on that side
     side = "ahead of" if e >= 0 else "behind"
-    if lo >= 0 or hi <= 0:  # the interval on one side: its ends as distances on that side
-        near, far = sorted((abs(lo), abs(hi)))
-        ci = f"95% CI {_num(near)} to {_num(far)}"
-    else:
-        ci = f"95% CI from {_num(-lo)} behind to {_num(hi)} ahead"
-    return f"{f['a_name']} is {side} {f['b_name']} by {_num(abs(e))} {unit} ({ci})"
+    return f"{f['a_name']} is {side} {f['b_name']} by {_num(abs(e))} {unit} (95% CI {_num(near)} to {_num(far)})"
 
 
 def _effects_in_words(paper: list[tuple[str, dict]]) -> list[str]:
@@ -259,7 +259,8 @@ def _gate_lines(paper: list[dict], counts: Counter) -> list[str]:
         f"intervals alone but are gated: {n['plateau']} because they are not shown to survive more training (a "
         f"baseline or a compared row still moving, or the comparison changing at twice the steps), "
         f"{n['not tuned']} because a row is not tuned (no sweep, an incomplete one, a best rate at an end of the "
-        f"grid, or no rate above chance), {n['did not learn']} because a compared row did not learn the task on "
+        f"grid not within a seed's spread of its neighbour, or no rate above chance), {n['did not learn']} because "
+        "a compared row did not learn the task on "
         f"every seed, "
         f"{n['conditions']} because the paper's conditions are not met (sizes, the task, the configuration), "
         f"{n['control']} because a control shows the effect without what the claim credits (a verdict can have "

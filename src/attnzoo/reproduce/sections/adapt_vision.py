@@ -312,7 +312,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         teacher_plateau["text"].replace(
             "at twice the steps", f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
         )
-        + " (the teacher's check)"
+        + " (the pretrained teacher's plateau, read against the paper claims' boundaries)"
     )
     # the paper claims compare adapted rows with linear attention, fine-tuned the same steps: that baseline's
     # plateau run fine-tunes it twice the steps (plan "baseline_plateau")

@@ -367,6 +367,10 @@ def _plot_val_curves(sec: Section, curves: dict, plan: dict, plots_dir, rel) -> 
         )
 
 
+#: a row -> another of its paper's gaps (a fraction of GPT's loss) whose verdict the report states beside its own
+OTHER_MARGINS = {"tost": (0.127, "ToST Table 4's in-distribution OWT gap")}
+
+
 def _gate(sec: Section, records: dict, plan: dict, res: dict, curves: dict | None = None) -> None:
     """The plateau run of the baseline and the learning-rate sweep: their evidence, and the gates they set."""
     longer = per_seed(records, f"{KEY}/{PLATEAU}")
@@ -379,6 +383,8 @@ def _gate(sec: Section, records: dict, plan: dict, res: dict, curves: dict | Non
         own = own_2x.get(f.get("a_name"))
         if own and f.get("b_name") == "gpt":
             claims.replicated_gate(f, own, gpt_2x, row=f["a_name"], baseline="gpt")
+        if f.get("a_name") in OTHER_MARGINS and f.get("b_name") == "gpt":
+            claims.margin_sensitivity(f, *OTHER_MARGINS[f["a_name"]])
     sec.data["plateau"] = claims.plateau_gate(
         sec.findings,
         "gpt",
@@ -560,10 +566,10 @@ def _findings(res) -> list[dict]:
             "tost",
             "ToST Table 4",
             "swapping TSSA for softmax largely preserves LM quality",
-            "ToST-Base 3.20 vs GPT2-Base 2.84 OWT loss (+12.7%)",
-            0.127,
-            "ToST Table 4: +12.7% loss on OWT's test split, the paper's in-distribution test as this validation "
-            "split is, is what the paper calls preserved; its zero-shot sets reach +15.5% (WikiText)",
+            "ToST-Base vs GPT2-Base loss: OWT +12.7%, LAMBADA +15.3%, WikiText +15.5%, PTB +11.1%",
+            0.155,
+            "ToST Table 4: the largest loss gap the paper calls preserved (WikiText, +15.5%), the rule of every margin "
+            "here (the largest gap a paper calls comparable); OWT's in-distribution +12.7% alone is narrower",
         ),
         _rel_claim(
             res,
