@@ -15,8 +15,8 @@ abs=$(cd "$src" && pwd)
 sed -E -e "s#$abs#DIR#g" -e 's#"/[^"]*/(runs/[^"]*)"#"DIR/\1"#g' "$src/results.json" > docs/results/results.json
 sed -e "s#$abs#DIR#g" "$src/configs.md" > docs/results/configs.md
 # compact JSON without the per-step training-loss curves (nor run_dir where it is DIR/runs/<step id>, nor a probe's
-# plot-only arrays, nor a learning-rate sweep's validation curve), the steps' results to 4 significant digits and the sections' floats (the findings' statistics)
-# to 5: the repository keeps files under 600 KiB, the run's own results.json keeps every digit and
+# plot-only arrays, nor a learning-rate sweep's validation curve), the steps' results to 4 significant digits and
+# the sections' floats (the findings' statistics) to 5: the repository keeps files under 600 KiB, the run's own results.json keeps every digit and
 # curve; the steps' configurations as written, so their hashes still match for --reuse
 python3 - docs/results/results.json <<'PYEOF'
 import json, sys

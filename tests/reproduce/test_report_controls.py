@@ -956,9 +956,9 @@ def test_summary_names_each_sections_clearest_effect_with_its_verdict():
 
 
 def test_margin_sensitivity_states_the_verdict_under_another_of_the_papers_gaps():
-    from attnzoo.reproduce.claims import interval_verdict, margin_sensitivity
+    from attnzoo.reproduce.claims import margin_sensitivity, verdict_from_ci
 
-    assert [interval_verdict(ci, 1.0) for ci in ([-0.5, 0.2], [-1.5, -1.2], [-1.2, -0.8])] == [
+    assert [verdict_from_ci(ci, 1.0) for ci in ([-0.5, 0.2], [-1.5, -1.2], [-1.2, -0.8])] == [
         "agrees",
         "disagrees",
         "inconclusive",

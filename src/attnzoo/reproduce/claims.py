@@ -525,12 +525,6 @@ def numbers_verdict(f: dict) -> str:
     return f.get("ungated_verdict", f["verdict"])
 
 
-def interval_verdict(ci: Sequence[float], margin: float) -> str:
-    """The rule on an oriented 95% interval: "agrees" wholly above ``-margin``, "disagrees" wholly below it."""
-    lo, hi = ci
-    return "agrees" if lo > -margin else "disagrees" if hi < -margin else "inconclusive"
-
-
 def margin_sensitivity(f: dict, other: float, label: str, *, relative: bool = True) -> dict:
     """Say what a non-inferiority finding's interval gives with another of the paper's gaps as the margin: ``other``
     a fraction of the baseline (as the finding's own ``margin_rel``) or, with ``relative=False``, in the effect's
@@ -541,11 +535,11 @@ def margin_sensitivity(f: dict, other: float, label: str, *, relative: bool = Tr
     if not f.get("ci95") or not own:
         return f
     m = f["margin"] * other / own
-    parts = [f"{interval_verdict(f['ci95'], m)} (margin {m:.3g})"]
+    parts = [f"{verdict_from_ci(f['ci95'], m)} (margin {m:.3g})"]
     rep = f.get("replicated_2x")
     if rep and rep.get("ci95"):
         m2 = rep["margin"] * other / own
-        parts.append(f"at twice the steps {interval_verdict(rep['ci95'], m2)} (margin {m2:.3g})")
+        parts.append(f"at twice the steps {verdict_from_ci(rep['ci95'], m2)} (margin {m2:.3g})")
     verb = "the same intervals give " if rep and rep.get("ci95") else "the same interval gives "
     what = f"{label} ({other:.1%})" if relative else f"{label} ({other:g} {f.get('unit', '')})"
     return explain(f, f"with {what} as the margin, {verb}" + ", ".join(parts))

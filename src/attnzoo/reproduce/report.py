@@ -231,7 +231,7 @@ def effect_in_words(f: dict) -> str:
 def _effects_in_words(paper: list[tuple[str, dict]]) -> list[str]:
     """Per section, the trained comparison whose effect is the most clearly away from zero (largest effect over the
     interval's half-width), in words, with its verdict: what the numbers say before any rule reads them."""
-    best: dict[str, dict] = {}
+    best: dict[str, tuple[float, dict]] = {}  # section -> (effect over half-width, finding)
     for t, f in paper:
         if not (_is_trained(f) and f.get("ci95") and f.get("a_name") and f.get("b_name")):
             continue
