@@ -37,7 +37,7 @@ def test_torch_matches_naive_forward_backward(shape, dtype, causal, feature_map)
     torch.testing.assert_close(linear_attention(q, k, v, **kw), ref[0], **TOL[dtype])
 
 
-@pytest.mark.parametrize("backend", ["naive", "torch"])
+@pytest.mark.parametrize("backend", ["naive", "torch", "cpu"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradcheck(backend, causal):
     q, k, v = _qkv((1, 2, 4, 2), torch.float64, requires_grad=True)
@@ -51,7 +51,7 @@ def test_gradcheck_recurrent():
     assert torch.autograd.gradcheck(lambda a, b, c: linear_attention_recurrent(a, b, c)[0], (q, k, v))
 
 
-@pytest.mark.parametrize("backend", ["naive", "torch"])
+@pytest.mark.parametrize("backend", ["naive", "torch", "cpu"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_matches_katharopoulos_formula(backend, causal):
     q, k = torch.randn(2, 2, 3, 6, 4, dtype=torch.float64)
@@ -103,7 +103,7 @@ def test_half_precision_long_causal_sum_close_to_float64(dtype):
     torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=3e-2)
 
 
-@pytest.mark.parametrize("backend", ["naive", "torch"])
+@pytest.mark.parametrize("backend", ["naive", "torch", "cpu"])
 @pytest.mark.parametrize("t", [0, 4, 9])
 def test_causal_no_leak(backend, t):
     q, k, v = _qkv((2, 2, 10, 4), torch.float64)
@@ -117,7 +117,7 @@ def test_causal_no_leak(backend, t):
         assert not torch.allclose(out2[:, :, t + 1 :], out[:, :, t + 1 :])
 
 
-@pytest.mark.parametrize("backend", ["naive", "torch"])
+@pytest.mark.parametrize("backend", ["naive", "torch", "cpu"])
 def test_noncausal_permutation_equivariance(backend):
     q, k, v = _qkv((2, 3, 11, 4), torch.float64)
     perm = torch.randperm(11)

@@ -20,8 +20,9 @@ def _seqs(lengths, dtype, seed=0, p=3, pv=4):
     return [{"q": one(n, p), "k": one(n, p), "v": one(n, pv)} for n in lengths]
 
 
-# the reference has no chunks; the torch path's chunks of 1, 3 and 4 cut the sequences anywhere
-BACKENDS = [("naive", False, None), ("naive", True, None)] + [
+# the reference and the kernel have no chunks (the kernel's groups of 4 tokens cut the lengths above anywhere); the
+# torch path's chunks of 1, 3 and 4 cut the sequences anywhere
+BACKENDS = [(b, c, None) for b in ("naive", "cpu") for c in (False, True)] + [
     ("torch", c, cs) for c, cs in ((False, None), (True, None), (True, 1), (True, 3), (True, 4))
 ]
 
@@ -40,7 +41,7 @@ def test_equal_to_alone_float64(backend, causal, chunk_size, mode, lengths):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("feature_map", ["elu", "relu"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("backend", ["naive", "torch"])
+@pytest.mark.parametrize("backend", ["naive", "torch", "cpu"])
 def test_equal_to_alone_float32(backend, causal, feature_map, mode):
     def call(**kw):
         return linear_attention(**kw, causal=causal, feature_map=feature_map, chunk_size=4, backend=backend)
@@ -48,22 +49,25 @@ def test_equal_to_alone_float32(backend, causal, feature_map, mode):
     assert_equal_to_alone(call, _seqs((2, 9, 13), torch.float32), AXES, mode=mode, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_holed_mask_and_empty_row_match_reference(causal):
+def test_holed_mask_and_empty_row_match_reference(causal, backend):
     gen = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(3, 2, 23, 4, generator=gen, dtype=torch.float64) for _ in range(3))
     mask = torch.rand(3, 23, generator=gen) > 0.4
     mask[1] = False
     ref = linear_attention(q, k, v, causal=causal, backend="naive", attention_mask=mask)
-    got = linear_attention(q, k, v, causal=causal, backend="torch", attention_mask=mask, chunk_size=4)
+    got = linear_attention(q, k, v, causal=causal, backend=backend, attention_mask=mask, chunk_size=4)
     torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-11)
     assert bool((got[1] == 0).all())
     # eps = 0: the padding rows are still 0, not 0 / 0
-    out = linear_attention(q, k, v, causal=causal, feature_map="relu", eps=0.0, attention_mask=mask, chunk_size=4)
+    out = linear_attention(
+        q, k, v, causal=causal, feature_map="relu", eps=0.0, attention_mask=mask, chunk_size=4, backend=backend
+    )
     assert bool((out.transpose(1, 2)[~mask] == 0).all())
 
 
-@pytest.mark.parametrize("backend", ["naive", "torch"])
+@pytest.mark.parametrize("backend", ["naive", "torch", "cpu"])
 def test_packed_causal_does_not_leak_across_or_forward(backend):
     gen = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 2, 12, 3, generator=gen, dtype=torch.float64) for _ in range(3))
@@ -96,42 +100,3 @@ def test_recurrent_decoding_from_each_prompt_alone_equals_the_padded_batch_forwa
         idx = mask[b].nonzero().flatten()
         alone, _ = linear_attention_recurrent(*(t[b : b + 1, :, idx] for t in (q, k, v)))
         torch.testing.assert_close(full[b : b + 1, :, idx], alone, rtol=1e-10, atol=1e-11)
-
-
-@pytest.mark.parametrize("sliced_max", [1, 64])
-@pytest.mark.parametrize("lengths", [(1, 4, 7), (3, 1, 6, 2, 5), (1, 17, 40, 3)])
-@pytest.mark.parametrize("causal", [False, True])
-def test_packed_slices_and_segment_sums_agree_with_alone(monkeypatch, causal, sliced_max, lengths):
-    # a packed row of at most _SLICED_MAX sequences runs a slice per sequence, more run the one-hot segment sums
-    # (the segmented scan when causal): both forms, forward and backward, in float64, chunks cutting sequences
-    import attnzoo.ops.linear.chunk as chunk
-
-    monkeypatch.setattr(chunk, "_SLICED_MAX", sliced_max)
-    calls = []
-    # the slice per sequence: run_runs in inference (feature map included), _sliced_noncausal under autograd
-    sliced, sliced_grad = chunk.run_runs, chunk._sliced_noncausal
-    monkeypatch.setattr(chunk, "run_runs", lambda *a: calls.append(1) or sliced(*a))
-    monkeypatch.setattr(chunk, "_sliced_noncausal", lambda *a: calls.append(1) or sliced_grad(*a))
-
-    def call(**kw):
-        return linear_attention(**kw, causal=causal, chunk_size=3, backend="torch")
-
-    assert_equal_to_alone(call, _seqs(lengths, torch.float64), AXES, mode="packed")
-    if not causal:
-        assert bool(calls) == (sliced_max >= len(lengths))
-
-
-@pytest.mark.parametrize("rows_max", [0, 64])
-@pytest.mark.parametrize("mode", ["left", "right"])
-@pytest.mark.parametrize("causal", [False, True])
-def test_padded_rows_alone_and_masked_sums_agree_with_alone(monkeypatch, causal, mode, rows_max):
-    # left/right padding of at most SLICED_ROWS_MAX rows runs the unmasked op on each row's real tokens, more rows
-    # (or a hole) the where-zeroed sums: both equal each sequence alone, forward and backward, float64
-    import attnzoo.ops._segment_ops as segment_ops
-
-    monkeypatch.setattr(segment_ops, "SLICED_ROWS_MAX", rows_max)
-
-    def call(**kw):
-        return linear_attention(**kw, causal=causal, chunk_size=3, backend="torch")
-
-    assert_equal_to_alone(call, _seqs((1, 17, 40, 3), torch.float64), AXES, mode=mode)

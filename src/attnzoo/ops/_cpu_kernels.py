@@ -58,7 +58,12 @@ log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).resolve().parent
 #: the C++ sources compiled into the one library (namespace ``torch.ops.attnzoo_cpu``)
-CPU_KERNEL_SOURCES = [_HERE / "tssa" / "cpu.cpp", _HERE / "csp" / "cpu.cpp", _HERE / "fastmax" / "cpu.cpp"]
+CPU_KERNEL_SOURCES = [
+    _HERE / "tssa" / "cpu.cpp",
+    _HERE / "csp" / "cpu.cpp",
+    _HERE / "fastmax" / "cpu.cpp",
+    _HERE / "linear" / "cpu.cpp",
+]
 
 _lock = threading.Lock()
 _loaded = False

@@ -20,10 +20,13 @@ from attnzoo._checks import (
     check_overflow,
     check_probability,
 )
+from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._common import check_tensors
 from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
+from attnzoo.ops._varlen import segments
 from attnzoo.ops.linear.chunk import linear_attention_chunk  # noqa: F401  (the spec's backends look it up here)
+from attnzoo.ops.linear.cpu import kernel_covers, linear_attention_cpu
 from attnzoo.ops.linear.naive import FEATURE_MAPS, feature_map_fn, linear_attention_naive, linear_attention_weights  # noqa: F401
 from attnzoo.ops.linear.recurrent import LinearState, init_linear_state, linear_attention_recurrent_loop
 
@@ -64,12 +67,35 @@ def _linear_naive(
     )
 
 
+def _linear_cpu(
+    q, k, v, *, causal: bool, feature_map: str, eps: float, chunk_size: int | None, attention_mask=None, cu_seqlens=None
+) -> torch.Tensor:
+    # what the kernel does not cover (half inputs, torch.compile) runs on the PyTorch path; named explicitly, "cpu"
+    # still needs the kernels built
+    if not kernel_covers(q):
+        if not torch.compiler.is_compiling():
+            _cpu_kernels.required_cpu_kernels()
+        return linear_attention_chunk(
+            q, k, v, causal=causal, feature_map=feature_map, eps=eps, chunk_size=chunk_size,
+            attention_mask=attention_mask, cu_seqlens=cu_seqlens,
+        )  # fmt: skip
+    seg = segments(q.shape[0], q.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
+    ids = None if seg is None else seg.ids
+    return linear_attention_cpu(q, k, v, causal=causal, feature_map=feature_map, eps=eps, ids=ids)
+
+
+def _auto_takes_kernel(inputs: tuple, _options) -> bool:
+    # faster than the PyTorch path at every size measured (docs/performance.md, session 25), masked or not
+    return kernel_covers(inputs[0])
+
+
 LINEAR = Mechanism(
     op="linear_attention",
     options=LinearOptions,
     backends={
         "naive": Backend(__name__, "_linear_naive", kind="reference"),
         "torch": Backend(__name__, "linear_attention_chunk"),
+        "cpu": Backend(__name__, "_linear_cpu", kind="cpu", devices=("cpu",), auto_if=_auto_takes_kernel),
     },
     causal=True,
     state=dict,
@@ -120,7 +146,8 @@ def linear_attention(
     """Linear attention (Katharopoulos et al. 2020, eqs. 5-6; causal eqs. 8-10).
 
     Shapes: ``q, k (B, H, N, P)``, ``v (B, H, N, Pv)`` -> ``(B, H, N, Pv)``. ``feature_map``: ``"elu"``
-    (``elu + 1``, the paper's) or ``"relu"``. ``chunk_size`` (causal ``"torch"`` path only) defaults to 64.
+    (``elu + 1``, the paper's) or ``"relu"``. ``backend``: ``"auto"``, ``"naive"``, ``"torch"`` or ``"cpu"`` (module
+    doc). ``chunk_size`` (causal ``"torch"`` path only) defaults to 64.
     ``eps = 0`` is allowed, but with ``"relu"`` a query whose features are all zero then divides 0 by 0 and its
     output row is NaN (not checked, to keep the call free of a device sync): keep ``eps > 0`` with ``"relu"``.
     ``attention_mask`` ``(B, N)`` (True/1 = real token) or ``cu_seqlens`` (sequences packed in one row, ``B = 1``):

@@ -13,16 +13,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from attnzoo.ops._dtypes import acc_dtype
-from attnzoo.ops._segment_ops import (
-    apply_per_segment,
-    contiguous_runs,
-    real_4d,
-    row_spans,
-    run_rows,
-    run_runs,
-    segment_onehot,
-    zero_padding,
-)
+from attnzoo.ops._segment_ops import apply_per_segment, real_4d, segment_onehot, zero_padding
 from attnzoo.ops._varlen import Segments, segments
 from attnzoo.ops.linear.naive import feature_map_fn
 
@@ -56,27 +47,11 @@ def linear_attention_chunk(
     acc = acc_dtype(q.dtype)
     seg = segments(q.shape[0], q.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
     c = min(q.shape[-2], chunk_size or DEFAULT_CHUNK_SIZE)
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    runs = None if seg is None or causal or grad or torch.compiler.is_compiling() else contiguous_runs(seg, _SLICED_MAX)
-    if runs is not None:
-        # inference on few contiguous sequences (left/right padding, a packed row): the unmasked op on each one's
-        # slice, feature map included (no where passes, no work on padding, no concatenation). Under autograd the
-        # slices below measured faster (fwd+bwd 1.10 against 1.2 of the unmasked call, issue 27's bench)
-        def alone(q_, k_, v_):
-            return _unmasked(phi(q_.to(acc)), phi(k_.to(acc)), v_.to(acc), False, c, eps).to(v.dtype)
-
-        return run_runs(alone, runs, (q, k, v), v.shape[-1])
     fq, fk, va = phi(q.to(acc)), phi(k.to(acc)), v.to(acc)
     if seg is not None:
         if attention_mask is None:  # a packed row: no padding to zero (three passes fewer)
             num, den = _segment_causal(fq, fk, va, seg, c) if causal else _segment_noncausal(fq, fk, va, seg)
             return (num / (den + eps).unsqueeze(-1)).to(v.dtype)
-        spans = row_spans(seg)
-        if spans is not None:
-            # left/right padding: the unmasked op on each row's real tokens (no where passes, no padding work)
-            return run_rows(lambda a, b, d: _unmasked(a, b, d, causal, c, eps), spans, (fq, fk, va), v.shape[-1]).to(
-                v.dtype
-            )
         real = real_4d(seg)
         zero = torch.zeros((), dtype=acc, device=q.device)
         # padding zeroed before any sum: its (loud) values never meet the arithmetic, and it gets zero gradient
@@ -126,38 +101,12 @@ def _segment_noncausal(
         kv = torch.matmul(fk.transpose(-1, -2), va)  # (B, H, P, Pv)
         z = fk.sum(dim=-2)
         return torch.matmul(fq, kv), torch.einsum("bhnp,bhp->bhn", fq, z)
-    if seg.ids.shape[0] == 1 and seg.num <= _SLICED_MAX:
-        return _sliced_noncausal(fq, fk, va, seg)
     onehot = segment_onehot(seg, fk.dtype)  # (B, N, S)
     kv = torch.einsum("bns,bhnp,bhnv->bhspv", onehot, fk, va)  # (B, H, S, P, Pv)
     z = torch.einsum("bns,bhnp->bhsp", onehot, fk)
     b, h, n, p = fq.shape
     z_tok = z.gather(2, seg.ids.clamp_min(0)[:, None, :, None].expand(b, h, n, p))  # each token's own sequence
     return apply_per_segment(fq, kv, seg), (fq * z_tok).sum(dim=-1)
-
-
-#: a packed row of at most this many sequences runs one slice per sequence (:func:`_sliced_noncausal`)
-_SLICED_MAX = 64
-
-
-def _bounds(seg: Segments) -> list[tuple[int, int]]:
-    """``(start, end)`` of each sequence of a packed row."""
-    ends = seg.lengths[0].cumsum(0).tolist()
-    return list(zip([0, *ends[:-1]], ends, strict=True))
-
-
-def _sliced_noncausal(
-    fq: torch.Tensor, fk: torch.Tensor, va: torch.Tensor, seg: Segments
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_segment_noncausal` of a packed row ``(1, H, T, *)``, sequence by sequence on contiguous slices: the
-    dense arithmetic plus S Python steps, where the one-hot form does S times the arithmetic (3.5x the unmasked
-    call at S = 4, docs/performance.md, issue 27)."""
-    nums, dens = [], []
-    for a, e in _bounds(seg):
-        q_s, k_s, v_s = fq[:, :, a:e], fk[:, :, a:e], va[:, :, a:e]
-        nums.append(torch.matmul(q_s, torch.matmul(k_s.transpose(-1, -2), v_s)))
-        dens.append(torch.matmul(q_s, k_s.sum(dim=-2).unsqueeze(-1)).squeeze(-1))
-    return torch.cat(nums, dim=2), torch.cat(dens, dim=2)
 
 
 def _segmented_cumsum(x: torch.Tensor, reset: torch.Tensor) -> torch.Tensor:
@@ -191,10 +140,6 @@ def _segment_causal(
     if seg.num == 1:
         # one sequence per row (a padded batch): with zero padding features the plain prefix states are its own
         return _causal_moments(fq, fk, va, c)
-    if seg.ids.shape[0] == 1 and seg.num <= _SLICED_MAX:
-        # a packed row of few sequences: the unmasked chunked scan of each sequence's slice
-        parts = [_causal_moments(fq[:, :, a:e], fk[:, :, a:e], va[:, :, a:e], c) for a, e in _bounds(seg)]
-        return torch.cat([x[0] for x in parts], dim=2), torch.cat([x[1] for x in parts], dim=2)
     b, n = seg.ids.shape
     tok = torch.arange(n, device=seg.ids.device)
     # the index of the first token of each token's sequence (-1 before a row's first real token)

@@ -1,0 +1,460 @@
+// Fused CPU kernel of linear attention (Katharopoulos et al. 2020, eqs 5-6; causal eqs 8-10) with
+// phi = elu + 1 or relu, unmasked or over padded batches / packed rows, forward and backward, float32 and float64.
+//
+// Why: the PyTorch path makes a pass per step (phi of q and k, the moment sums, the products with the queries,
+// the denominator, the division), and over padded batches or packed rows it ran each sequence's slice from a
+// Python loop. Here a task is one (row, sequence, head): it reads its tokens of q, k, v once per pass and keeps
+// the moments S = sum_j phi(k_j) v_j^T (P x R) and z = sum_j phi(k_j) in a small buffer, so padding is never read
+// and sequences are never copied, padded or sliced; all tasks run in one at::parallel_for.
+//
+// Sequences: ids (B, N) int64, each token's sequence within its row (-1 at padding); the ids never decrease over
+// a row's real tokens, so sequence s of row b lies in [first, last] with only padding between its tokens. Without
+// ids each row is one sequence of N tokens.
+//
+// Forward (den_i = phi(q_i) . z_i + eps, the divisor; 1 at padding):
+//   out_i = phi(q_i)^T S_i / den_i, with S_i, z_i over the query's sequence (causal: its tokens j <= i).
+// Backward, with g_i = dout_i / den_i and gd_i = -g_i . out_i:
+//   dphi(q_i) = S_i g_i + z_i gd_i                               (S_i, z_i as in the forward)
+//   dphi(k_j) = T_j v_j + t_j,  dv_j = T_j^T phi(k_j)             (T_j = sum_i phi(q_i) g_i^T, t_j = sum_i phi(q_i) gd_i
+//                                                                 over the sequence; causal: its tokens i >= j)
+// then dq = dphi(q) * phi'(q) and dk likewise. Sums are kept in the input's dtype (float32 or float64); padding
+// gets zero output and zero gradients.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+using at::Tensor;
+
+namespace {
+
+constexpr int kG = 4;  // tokens per group: each pass over a moment matrix serves four tokens
+
+struct Strides {
+  int64_t b, h, n;
+  explicit Strides(const Tensor& t) : b(t.stride(0)), h(t.stride(1)), n(t.stride(2)) {}
+};
+
+// one sequence of one row: its real tokens lie in [first, last]
+struct Task {
+  int64_t b, seq, first, last;
+};
+
+std::vector<Task> tasks_of(const int64_t* ids, int64_t B, int64_t N) {
+  std::vector<Task> tasks;
+  for (int64_t b = 0; b < B; ++b) {
+    if (!ids) {
+      tasks.push_back({b, 0, 0, N - 1});
+      continue;
+    }
+    const int64_t* row = ids + b * N;
+    for (int64_t n = 0; n < N; ++n) {
+      if (row[n] < 0) continue;
+      if (tasks.empty() || tasks.back().b != b || tasks.back().seq != row[n]) tasks.push_back({b, row[n], n, n});
+      tasks.back().last = n;
+    }
+  }
+  return tasks;
+}
+
+// exp(x) for x <= 0 without calls or branches, so that the loops around it vectorise (std::exp does not): 2^n
+// times a polynomial on |r| <= ln2 / 2 (Taylor to r^7 / r^13: within 2 ulp of std::exp), x clamped where 2^n would
+// leave the normal range (there exp(x) < 1.2e-38 / 3.3e-308 is returned as that bound).
+inline float exp_nonpos(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;  // ln 2 in two parts: r is exact to float
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &p, sizeof bits);
+  bits += static_cast<int32_t>(n) * (int32_t(1) << 23);
+  std::memcpy(&p, &bits, sizeof p);
+  return p;
+}
+
+inline double exp_nonpos(double x) {
+  x = x < -708.0 ? -708.0 : x;
+  const double n = std::nearbyint(x * 1.44269504088896340736);
+  const double r = (x - n * 6.93147180369123816490e-01) - n * 1.90821492927058770002e-10;
+  double p = 1.0 / 6227020800.0;
+  for (double c : {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0,
+                   1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5})
+    p = p * r + c;
+  p = p * r * r + r + 1.0;
+  int64_t bits;
+  std::memcpy(&bits, &p, sizeof bits);
+  bits += static_cast<int64_t>(n) * (int64_t(1) << 52);
+  std::memcpy(&p, &bits, sizeof p);
+  return p;
+}
+
+// f = phi(x): elu(x) + 1 = max(x, 0) + exp(min(x, 0)), or relu
+template <typename T>
+inline void features(T* __restrict f, const T* __restrict x, int64_t P, bool relu) {
+  if (relu) {
+    for (int64_t p = 0; p < P; ++p) f[p] = x[p] > T(0) ? x[p] : T(0);
+    return;
+  }
+  for (int64_t p = 0; p < P; ++p) {
+    const T v = x[p];
+    f[p] = (v > T(0) ? v : T(0)) + exp_nonpos(v < T(0) ? v : T(0));
+  }
+}
+
+// d[p] = a[p] * phi'(x[p])
+template <typename T>
+inline void chain(T* __restrict d, const T* __restrict a, const T* __restrict x, int64_t P, bool relu) {
+  for (int64_t p = 0; p < P; ++p) {
+    const T v = x[p];
+    const T slope = relu ? T(0) : exp_nonpos(v < T(0) ? v : T(0));
+    d[p] = a[p] * (v > T(0) ? T(1) : slope);
+  }
+}
+
+// y[0:R] += sum_j a[j] x[j][0:R] over kG rows (a zero coefficient for a row that is not there)
+template <typename T>
+inline void acc4(T* __restrict y, const T* a, const T* const* x, int64_t R) {
+  const T a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+  const T *__restrict x0 = x[0], *__restrict x1 = x[1], *__restrict x2 = x[2], *__restrict x3 = x[3];
+#pragma omp simd
+  for (int64_t r = 0; r < R; ++r) y[r] += a0 * x0[r] + a1 * x1[r] + a2 * x2[r] + a3 * x3[r];
+}
+
+// s[j] = y[0:R] . x[j][0:R] for the kG rows
+template <typename T>
+inline void dot4(T* s, const T* __restrict y, const T* const* x, int64_t R) {
+  T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  const T *__restrict x0 = x[0], *__restrict x1 = x[1], *__restrict x2 = x[2], *__restrict x3 = x[3];
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+  for (int64_t r = 0; r < R; ++r) {
+    const T w = y[r];
+    s0 += w * x0[r];
+    s1 += w * x1[r];
+    s2 += w * x2[r];
+    s3 += w * x3[r];
+  }
+  s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
+}
+
+template <typename T>
+inline T dot(const T* __restrict a, const T* __restrict x, int64_t n) {
+  T s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * x[i];
+  return s;
+}
+
+// S (P x R) += sum_j f[j] x[j]^T and z (P) += sum_j f[j] w[j] over a group's rows (f rows past the group are zero)
+template <typename T>
+inline void update(T* S, T* z, const T* f, const T* const* x, const T* w, int64_t P, int64_t R) {
+  for (int64_t p = 0; p < P; ++p) {
+    const T a[kG] = {f[p], f[P + p], f[2 * P + p], f[3 * P + p]};
+    acc4(S + p * R, a, x, R);
+    z[p] += a[0] * w[0] + a[1] * w[1] + a[2] * w[2] + a[3] * w[3];
+  }
+}
+
+// y (R) += f^T S, four rows of S at a time
+template <typename T>
+inline void read(T* y, const T* S, const T* f, int64_t P, int64_t R) {
+  for (int64_t p = 0; p < P; p += kG) {
+    T a[kG];
+    const T* rows[kG];
+    for (int j = 0; j < kG; ++j) {
+      a[j] = p + j < P ? f[p + j] : T(0);
+      rows[j] = S + (p + j < P ? p + j : p) * R;
+    }
+    acc4(y, a, rows, R);
+  }
+}
+
+template <typename T>
+struct Args {
+  const T *q, *k, *v;
+  Strides sq, sk, sv;
+  int64_t H, N, P, R;
+  const int64_t* ids;
+  bool relu;
+};
+
+// up to kG real tokens of one task in increasing order, with their rows
+template <typename T>
+struct Group {
+  int n = 0;
+  int64_t tok[kG];
+  const T *q[kG], *k[kG], *v[kG];
+};
+
+// walks the real tokens of a task in groups of kG, forwards or backwards (each group still in increasing order)
+template <typename T>
+struct Walk {
+  const Args<T>& a;
+  const Task& t;
+  int64_t h, cur;
+  bool back;
+  Walk(const Args<T>& a_, const Task& t_, int64_t h_, bool back_)
+      : a(a_), t(t_), h(h_), cur(back_ ? t_.last : t_.first), back(back_) {}
+
+  bool next(Group<T>& g) {
+    int64_t toks[kG];
+    g.n = 0;
+    while (g.n < kG && (back ? cur >= t.first : cur <= t.last)) {
+      const int64_t n = cur;
+      cur += back ? -1 : 1;
+      if (!a.ids || a.ids[t.b * a.N + n] == t.seq) toks[g.n++] = n;
+    }
+    for (int j = 0; j < g.n; ++j) {
+      const int64_t n = back ? toks[g.n - 1 - j] : toks[j];
+      g.tok[j] = n;
+      g.q[j] = a.q + t.b * a.sq.b + h * a.sq.h + n * a.sq.n;
+      g.k[j] = a.k + t.b * a.sk.b + h * a.sk.h + n * a.sk.n;
+      g.v[j] = a.v + t.b * a.sv.b + h * a.sv.h + n * a.sv.n;
+    }
+    for (int j = g.n; j < kG; ++j) g.tok[j] = g.tok[0], g.q[j] = g.q[0], g.k[j] = g.k[0], g.v[j] = g.v[0];
+    return g.n > 0;
+  }
+};
+
+// phi of kG rows into f (kG x P); rows past the group are zero
+template <typename T>
+inline void group_features(T* f, const T* const* x, int n, int64_t P, bool relu) {
+  for (int j = 0; j < kG; ++j) {
+    if (j < n) features(f + j * P, x[j], P, relu);
+    else std::fill(f + j * P, f + (j + 1) * P, T(0));
+  }
+}
+
+template <typename T>
+void forward_task(const Args<T>& a, const Task& t, int64_t h, bool causal, T eps, T* out, T* den) {
+  const int64_t P = a.P, R = a.R, base = (t.b * a.H + h) * a.N;
+  std::vector<T> buf(P * R + P + 2 * kG * P + kG * R, T(0));
+  T *S = buf.data(), *z = S + P * R, *fk = z + P, *fq = fk + kG * P, *y = fq + kG * P;
+  const T ones[kG] = {1, 1, 1, 1};
+  Group<T> g;
+  if (!causal) {
+    for (Walk<T> w(a, t, h, false); w.next(g);) {
+      group_features(fk, g.k, g.n, P, a.relu);
+      update(S, z, fk, g.v, ones, P, R);
+    }
+  }
+  for (Walk<T> w(a, t, h, false); w.next(g);) {
+    group_features(fq, g.q, g.n, P, a.relu);
+    if (causal) group_features(fk, g.k, g.n, P, a.relu);
+    for (int j = 0; j < g.n; ++j) {
+      T* yj = y + j * R;
+      std::fill(yj, yj + R, T(0));
+      read(yj, S, fq + j * P, P, R);  // the state of earlier groups (causal) or of the whole sequence
+      T d = dot(fq + j * P, z, P) + eps;
+      if (causal) {  // this group's keys m <= j
+        T c[kG] = {0, 0, 0, 0};
+        for (int m = 0; m <= j; ++m) c[m] = dot(fq + j * P, fk + m * P, P), d += c[m];
+        acc4(yj, c, g.v, R);
+      }
+      T* o = out + (base + g.tok[j]) * R;
+      const T inv = T(1) / d;
+      for (int64_t r = 0; r < R; ++r) o[r] = yj[r] * inv;
+      den[base + g.tok[j]] = d;
+    }
+    if (causal) update(S, z, fk, g.v, ones, P, R);
+  }
+}
+
+template <typename T>
+struct Grads {
+  const T *out, *den, *dout;
+  T *dq, *dk, *dv;
+};
+
+// g_j = dout_j / den_j (rows of gr, kG x R; rows past the group zero) and gd_j = -g_j . out_j
+template <typename T>
+inline void group_grads(T* gr, T* gd, const T** grow, const Group<T>& g, const Grads<T>& o, int64_t base, int64_t R) {
+  for (int j = 0; j < kG; ++j) {
+    T* gj = gr + j * R;
+    grow[j] = gj;
+    if (j >= g.n) {
+      std::fill(gj, gj + R, T(0));
+      gd[j] = 0;
+      continue;
+    }
+    const int64_t n = base + g.tok[j];
+    const T inv = T(1) / o.den[n];
+    const T* d = o.dout + n * R;
+    for (int64_t r = 0; r < R; ++r) gj[r] = d[r] * inv;
+    gd[j] = -dot(gj, o.out + n * R, R);
+  }
+}
+
+template <typename T>
+void backward_task(const Args<T>& a, const Task& t, int64_t h, bool causal, const Grads<T>& o) {
+  const int64_t P = a.P, R = a.R, base = (t.b * a.H + h) * a.N;
+  std::vector<T> buf(2 * P * R + 2 * P + 3 * kG * P + kG * R, T(0));
+  T *S = buf.data(), *Tm = S + P * R, *z = Tm + P * R, *tz = z + P, *fk = tz + P, *fq = fk + kG * P,
+    *acc = fq + kG * P, *gr = acc + kG * P;
+  const T ones[kG] = {1, 1, 1, 1};
+  T gd[kG], s[kG];
+  const T* grow[kG];
+  Group<T> g;
+  // dq_j = phi'(q_j) (S g_j + z gd_j) with the key moments S, z of the sequence (causal: keys m <= j)
+  auto write_dq = [&](bool intra) {
+    for (int64_t p = 0; p < P; ++p) {
+      dot4(s, S + p * R, grow, R);
+      for (int j = 0; j < kG; ++j) acc[j * P + p] = s[j] + z[p] * gd[j];
+    }
+    for (int j = 0; j < g.n; ++j) {
+      if (intra) {  // keys m <= j of this group: (v_m . g_j + gd_j) phi(k_m)
+        T c[kG] = {0, 0, 0, 0};
+        const T* rows[kG] = {fk, fk + P, fk + 2 * P, fk + 3 * P};
+        for (int m = 0; m <= j; ++m) c[m] = dot(g.v[m], grow[j], R) + gd[j];
+        acc4(acc + j * P, c, rows, P);
+      }
+      chain(o.dq + (base + g.tok[j]) * P, acc + j * P, g.q[j], P, a.relu);
+    }
+  };
+  // dk_j = phi'(k_j) (T v_j + t), dv_j = T^T phi(k_j) with the query moments T, t (causal: queries i >= j)
+  auto write_dkv = [&](bool intra) {
+    for (int64_t p = 0; p < P; ++p) {
+      dot4(s, Tm + p * R, g.v, R);
+      for (int j = 0; j < kG; ++j) acc[j * P + p] = s[j] + tz[p];
+    }
+    for (int j = 0; j < g.n; ++j) {
+      T* dvj = o.dv + (base + g.tok[j]) * R;
+      std::fill(dvj, dvj + R, T(0));
+      read(dvj, Tm, fk + j * P, P, R);
+      if (intra) {  // queries i >= j of this group
+        T c[kG] = {0, 0, 0, 0}, e[kG] = {0, 0, 0, 0};
+        const T* rows[kG] = {fq, fq + P, fq + 2 * P, fq + 3 * P};
+        for (int i = j; i < g.n; ++i) c[i] = dot(grow[i], g.v[j], R) + gd[i], e[i] = dot(fq + i * P, fk + j * P, P);
+        acc4(acc + j * P, c, rows, P);
+        acc4(dvj, e, grow, R);
+      }
+      chain(o.dk + (base + g.tok[j]) * P, acc + j * P, g.k[j], P, a.relu);
+    }
+  };
+  auto load = [&]() {
+    group_features(fk, g.k, g.n, P, a.relu);
+    group_features(fq, g.q, g.n, P, a.relu);
+    group_grads(gr, gd, grow, g, o, base, R);
+  };
+  if (!causal) {
+    for (Walk<T> w(a, t, h, false); w.next(g);) {
+      load();
+      update(S, z, fk, g.v, ones, P, R);
+      update(Tm, tz, fq, grow, gd, P, R);
+    }
+    for (Walk<T> w(a, t, h, false); w.next(g);) {
+      load();
+      write_dq(false);
+      write_dkv(false);
+    }
+    return;
+  }
+  for (Walk<T> w(a, t, h, false); w.next(g);) {  // prefix sums: dq
+    load();
+    write_dq(true);
+    update(S, z, fk, g.v, ones, P, R);
+  }
+  for (Walk<T> w(a, t, h, true); w.next(g);) {  // suffix sums: dk, dv
+    load();
+    write_dkv(true);
+    update(Tm, tz, fq, grow, gd, P, R);
+  }
+}
+
+void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v) {
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && v.sizes().slice(0, 3) == q.sizes().slice(0, 3),
+              "q, k must be (B, H, N, P) and v (B, H, N, R)");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
+              "q, k, v must share one dtype");
+  for (const Tensor* t : {&q, &k, &v})
+    TORCH_CHECK(t->size(3) == 1 || t->stride(3) == 1, "q, k, v must have unit stride over their last dim");
+}
+
+const int64_t* ids_ptr(const std::optional<Tensor>& ids, const Tensor& q) {
+  if (!ids) return nullptr;
+  TORCH_CHECK(ids->scalar_type() == at::kLong && ids->dim() == 2 && ids->size(0) == q.size(0) &&
+                  ids->size(1) == q.size(2) && ids->is_contiguous(),
+              "ids must be a contiguous (B, N) int64 tensor");
+  return ids->data_ptr<int64_t>();
+}
+
+template <typename T>
+Args<T> args_of(const Tensor& q, const Tensor& k, const Tensor& v, const int64_t* ids, bool relu) {
+  return Args<T>{q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), Strides(q), Strides(k), Strides(v),
+                 q.size(1),       q.size(2),       q.size(3),       v.size(3),  ids,        relu};
+}
+
+// (out (B, H, N, R), den (B, H, N)): den is the divisor phi(q_i) . z_i + eps (1 at padding), kept for the backward
+std::vector<Tensor> linear_forward(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& ids,
+                                   bool causal, bool relu, double eps) {
+  check_inputs(q, k, v);
+  const int64_t* idp = ids_ptr(ids, q);
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2);
+  Tensor out = idp ? at::zeros(v.sizes(), v.options()) : at::empty(v.sizes(), v.options());
+  Tensor den = idp ? at::ones({B, H, N}, q.options()) : at::empty({B, H, N}, q.options());
+  const std::vector<Task> tasks = tasks_of(idp, B, N);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "linear_forward", [&] {
+    const Args<scalar_t> a = args_of<scalar_t>(q, k, v, idp, relu);
+    scalar_t* o = out.data_ptr<scalar_t>();
+    scalar_t* d = den.data_ptr<scalar_t>();
+    at::parallel_for(0, static_cast<int64_t>(tasks.size()) * H, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t w = lo; w < hi; ++w) forward_task(a, tasks[w / H], w % H, causal, scalar_t(eps), o, d);
+    });
+  });
+  return {out, den};
+}
+
+// (dq, dk (B, H, N, P), dv (B, H, N, R)), zero at padding
+std::vector<Tensor> linear_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                    const Tensor& den, const Tensor& dout, const std::optional<Tensor>& ids, bool causal,
+                                    bool relu) {
+  check_inputs(q, k, v);
+  const int64_t* idp = ids_ptr(ids, q);
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), P = q.size(3), R = v.size(3);
+  for (const Tensor* t : {&out, &den, &dout})
+    TORCH_CHECK(t->is_contiguous() && t->scalar_type() == q.scalar_type(), "out, den, dout: contiguous, q's dtype");
+  TORCH_CHECK(out.sizes() == v.sizes() && dout.sizes() == v.sizes() && den.numel() == B * H * N,
+              "out, dout must be (B, H, N, R) and den (B, H, N)");
+  auto make = [&](at::IntArrayRef shape) {
+    return idp ? at::zeros(shape, q.options()) : at::empty(shape, q.options());
+  };
+  Tensor dq = make({B, H, N, P}), dk = make({B, H, N, P}), dv = make({B, H, N, R});
+  const std::vector<Task> tasks = tasks_of(idp, B, N);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "linear_backward", [&] {
+    const Args<scalar_t> a = args_of<scalar_t>(q, k, v, idp, relu);
+    const Grads<scalar_t> o{out.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(), dout.data_ptr<scalar_t>(),
+                            dq.data_ptr<scalar_t>(),  dk.data_ptr<scalar_t>(),  dv.data_ptr<scalar_t>()};
+    at::parallel_for(0, static_cast<int64_t>(tasks.size()) * H, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t w = lo; w < hi; ++w) backward_task(a, tasks[w / H], w % H, causal, o);
+    });
+  });
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(attnzoo_cpu, m) {
+  m.def("linear_forward(Tensor q, Tensor k, Tensor v, Tensor? ids, bool causal, bool relu, float eps) -> Tensor[]");
+  m.def(
+      "linear_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor den, Tensor dout, Tensor? ids, bool causal, "
+      "bool relu) -> Tensor[]");
+}
+
+TORCH_LIBRARY_IMPL(attnzoo_cpu, CPU, m) {
+  m.impl("linear_forward", &linear_forward);
+  m.impl("linear_backward", &linear_backward);
+}

@@ -1,0 +1,64 @@
+"""The fused CPU kernel of linear attention (``cpu.cpp``), unmasked or over padded batches / packed rows, as an
+autograd op.
+
+One call computes ``phi`` of q and k, the moment sums and the output per (row, sequence, head) task, in one
+parallel loop over all of them: no Python loop over sequences, no padding, no slices. The backward (also C++)
+recomputes the moments from q, k, v (causal: a prefix sweep for dq and a suffix sweep for dk, dv) and reads the
+forward's output and divisors; padding gets zero output and zero gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnzoo.ops import _cpu_kernels
+
+__all__ = ["linear_attention_cpu", "kernel_covers"]
+
+
+def kernel_covers(q: torch.Tensor) -> bool:
+    """Whether the kernel takes the call: float32/float64 CPU tensors, outside torch.compile (it is opaque)."""
+    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling()
+
+
+class _LinearCPU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, ids, causal: bool, relu: bool, eps: float):
+        out, den = _cpu_kernels.required_cpu_kernels().linear_forward(q, k, v, ids, causal, relu, eps)
+        ctx.save_for_backward(q, k, v, out, den, ids)
+        ctx.causal, ctx.relu = causal, relu
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        q, k, v, out, den, ids = ctx.saved_tensors
+        grads = _cpu_kernels.required_cpu_kernels().linear_backward(
+            q, k, v, out, den, dout.contiguous(), ids, ctx.causal, ctx.relu
+        )
+        return *(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:3], strict=True)), *[None] * 4
+
+
+def _unit_stride(t: torch.Tensor) -> torch.Tensor:
+    return t if t.shape[-1] == 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+def linear_attention_cpu(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    feature_map: str,
+    eps: float,
+    ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``q, k (B, H, N, P)``, ``v (B, H, N, R)`` (float32/float64, one dtype; views with unit stride over the last
+    dim are read in place) -> ``(B, H, N, R)``. ``ids (B, N)`` int64: each token's sequence within its row, ``-1``
+    at padding (:class:`~attnzoo.ops._varlen.Segments`), or ``None`` (each row one sequence)."""
+    q, k, v = (_unit_stride(t) for t in (q, k, v))
+    ids = None if ids is None else ids.to(device=q.device, dtype=torch.long).contiguous()
+    relu = feature_map == "relu"
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _LinearCPU.apply(q, k, v, ids, causal, relu, float(eps))
+    return _cpu_kernels.required_cpu_kernels().linear_forward(q, k, v, ids, causal, relu, float(eps))[0]
