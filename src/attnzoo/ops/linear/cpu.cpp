@@ -103,26 +103,71 @@ inline double exp_nonpos(double x) {
   return p;
 }
 
-// f = phi(x): elu(x) + 1 = max(x, 0) + exp(min(x, 0)), or relu
+// The feature maps: phi(x) of a token's D inputs has F values, phi(q) . phi(k) is the attention weight
+enum Map : int64_t {
+  kElu = 0,       // elu(x) + 1 = max(x, 0) + exp(min(x, 0)), F = D (Katharopoulos et al.)
+  kRelu = 1,      // max(x, 0), F = D
+  kFastmax1 = 2,  // [1, x], F = 1 + D: phi(q) . phi(k) = 1 + q . k (FAST eq 24, p = 1)
+  kFastmax2 = 3,  // [1, x, x x^T / sqrt 2], F = 1 + D + D^2: 1 + s + s^2 / 2 (FAST eqs 25-27, p = 2)
+};
+
+constexpr double kSqrtHalf = 0.70710678118654752440;
+
+// long feature rows are padded with zeros to whole 64-byte vectors: no scalar tail in the loops along them
+int64_t padded(int64_t F, int64_t lanes) { return F >= 4 * lanes ? (F + lanes - 1) / lanes * lanes : F; }
+
+int64_t feature_dim(int64_t mode, int64_t D) {
+  return mode == kFastmax1 ? 1 + D : mode == kFastmax2 ? 1 + D + D * D : D;
+}
+
+// f (F) = phi(x (D))
 template <typename T>
-inline void features(T* __restrict f, const T* __restrict x, int64_t P, bool relu) {
-  if (relu) {
-    for (int64_t p = 0; p < P; ++p) f[p] = x[p] > T(0) ? x[p] : T(0);
-    return;
-  }
-  for (int64_t p = 0; p < P; ++p) {
-    const T v = x[p];
-    f[p] = (v > T(0) ? v : T(0)) + exp_nonpos(v < T(0) ? v : T(0));
+inline void features(T* __restrict f, const T* __restrict x, int64_t D, int64_t mode) {
+  switch (mode) {
+    case kElu:
+      for (int64_t p = 0; p < D; ++p) {
+        const T v = x[p];
+        f[p] = (v > T(0) ? v : T(0)) + exp_nonpos(v < T(0) ? v : T(0));
+      }
+      return;
+    case kRelu:
+      for (int64_t p = 0; p < D; ++p) f[p] = x[p] > T(0) ? x[p] : T(0);
+      return;
+    default:
+      f[0] = T(1);
+      for (int64_t p = 0; p < D; ++p) f[1 + p] = x[p];
+      if (mode == kFastmax2) {
+        for (int64_t a = 0; a < D; ++a) {
+          const T xa = x[a] * T(kSqrtHalf);
+          T* row = f + 1 + D + a * D;
+          for (int64_t b = 0; b < D; ++b) row[b] = xa * x[b];
+        }
+      }
   }
 }
 
-// d[p] = a[p] * phi'(x[p])
+// d (D) = the vector-Jacobian product of phi at x with a (F)
 template <typename T>
-inline void chain(T* __restrict d, const T* __restrict a, const T* __restrict x, int64_t P, bool relu) {
-  for (int64_t p = 0; p < P; ++p) {
-    const T v = x[p];
-    const T slope = relu ? T(0) : exp_nonpos(v < T(0) ? v : T(0));
-    d[p] = a[p] * (v > T(0) ? T(1) : slope);
+inline void chain(T* __restrict d, const T* __restrict a, const T* __restrict x, int64_t D, int64_t mode) {
+  switch (mode) {
+    case kElu:
+    case kRelu:
+      for (int64_t p = 0; p < D; ++p) {
+        const T v = x[p];
+        const T slope = mode == kRelu ? T(0) : exp_nonpos(v < T(0) ? v : T(0));
+        d[p] = a[p] * (v > T(0) ? T(1) : slope);
+      }
+      return;
+    default:
+      for (int64_t p = 0; p < D; ++p) d[p] = a[1 + p];
+      if (mode == kFastmax2) {  // d/dx (x^T U x / sqrt 2) = (U + U^T) x / sqrt 2
+        const T* U = a + 1 + D;
+        for (int64_t p = 0; p < D; ++p) {
+          T s = 0;
+          for (int64_t b = 0; b < D; ++b) s += (U[p * D + b] + U[b * D + p]) * x[b];
+          d[p] += s * T(kSqrtHalf);
+        }
+      }
   }
 }
 
@@ -159,27 +204,83 @@ inline T dot(const T* __restrict a, const T* __restrict x, int64_t n) {
   return s;
 }
 
-// S (P x R) += sum_j f[j] x[j]^T and z (P) += sum_j f[j] w[j] over a group's rows (f rows past the group are zero)
+// The moments are kept transposed, St (R x F) = sum_j v_j phi(k_j)^T, so that every loop runs along the feature
+// axis, the long one for Fastmax's p = 2 features (F = 1 + D + D^2 against R = D): each pass over a row of St serves
+// the four tokens of a group.
+
+// y[a][0:F] += sum_b c[a][b] x[b][0:F] for a, b < 4: a 4 x 4 register block, 16 multiply-adds per 8 loads and
+// 4 stores (the y rows are distinct)
 template <typename T>
-inline void update(T* S, T* z, const T* f, const T* const* x, const T* w, int64_t P, int64_t R) {
-  for (int64_t p = 0; p < P; ++p) {
-    const T a[kG] = {f[p], f[P + p], f[2 * P + p], f[3 * P + p]};
-    acc4(S + p * R, a, x, R);
-    z[p] += a[0] * w[0] + a[1] * w[1] + a[2] * w[2] + a[3] * w[3];
+inline void block44(T* const* y, const T (&c)[kG][kG], const T* const* x, int64_t F) {
+  T *__restrict y0 = y[0], *__restrict y1 = y[1], *__restrict y2 = y[2], *__restrict y3 = y[3];
+  const T *__restrict x0 = x[0], *__restrict x1 = x[1], *__restrict x2 = x[2], *__restrict x3 = x[3];
+  const T c00 = c[0][0], c01 = c[0][1], c02 = c[0][2], c03 = c[0][3], c10 = c[1][0], c11 = c[1][1], c12 = c[1][2],
+          c13 = c[1][3], c20 = c[2][0], c21 = c[2][1], c22 = c[2][2], c23 = c[2][3], c30 = c[3][0], c31 = c[3][1],
+          c32 = c[3][2], c33 = c[3][3];
+#pragma omp simd
+  for (int64_t f = 0; f < F; ++f) {
+    const T a0 = x0[f], a1 = x1[f], a2 = x2[f], a3 = x3[f];
+    y0[f] += c00 * a0 + c01 * a1 + c02 * a2 + c03 * a3;
+    y1[f] += c10 * a0 + c11 * a1 + c12 * a2 + c13 * a3;
+    y2[f] += c20 * a0 + c21 * a1 + c22 * a2 + c23 * a3;
+    y3[f] += c30 * a0 + c31 * a1 + c32 * a2 + c33 * a3;
   }
 }
 
-// y (R) += f^T S, four rows of S at a time
+// St (R x F) += sum_j x[j] f[j]^T and z (F) += sum_j w[j] f[j] over a group's rows (f rows past the group are
+// zero), four rows of St at a time; junk (F) stands in for the rows past R
 template <typename T>
-inline void read(T* y, const T* S, const T* f, int64_t P, int64_t R) {
-  for (int64_t p = 0; p < P; p += kG) {
-    T a[kG];
-    const T* rows[kG];
-    for (int j = 0; j < kG; ++j) {
-      a[j] = p + j < P ? f[p + j] : T(0);
-      rows[j] = S + (p + j < P ? p + j : p) * R;
+inline void update(T* St, T* z, const T* const* f, const T* const* x, const T* w, int64_t F, int64_t R, T* junk) {
+  for (int64_t r = 0; r < R; r += kG) {
+    T c[kG][kG];
+    T* rows[kG];
+    for (int a = 0; a < kG; ++a) {
+      rows[a] = r + a < R ? St + (r + a) * F : junk;
+      for (int b = 0; b < kG; ++b) c[a][b] = r + a < R ? x[b][r + a] : T(0);
     }
-    acc4(y, a, rows, R);
+    block44(rows, c, f, F);
+  }
+  acc4(z, w, f, F);
+}
+
+// y[j] (F) += sum_r c[j][r] St[r] for the kG rows y[j], coefficient rows c[j] (R), four rows of St at a time
+template <typename T>
+inline void combine(T* const* y, const T* const* c, const T* St, int64_t F, int64_t R) {
+  for (int64_t r = 0; r < R; r += kG) {
+    T a[kG][kG];
+    const T* rows[kG];
+    for (int b = 0; b < kG; ++b) {
+      rows[b] = St + (r + b < R ? r + b : r) * F;
+      for (int j = 0; j < kG; ++j) a[j][b] = r + b < R ? c[j][r + b] : T(0);
+    }
+    block44(y, a, rows, F);
+  }
+}
+
+// s[i][j] = u[i][0:F] . x[j][0:F] for two rows u and the kG rows x: 8 multiply-adds per 6 loads
+template <typename T>
+inline void dot24(T (&s)[2][kG], const T* __restrict u0, const T* __restrict u1, const T* const* x, int64_t F) {
+  T s00 = 0, s01 = 0, s02 = 0, s03 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0;
+  const T *__restrict x0 = x[0], *__restrict x1 = x[1], *__restrict x2 = x[2], *__restrict x3 = x[3];
+#pragma omp simd reduction(+ : s00, s01, s02, s03, s10, s11, s12, s13)
+  for (int64_t f = 0; f < F; ++f) {
+    const T a = u0[f], b = u1[f], w0 = x0[f], w1 = x1[f], w2 = x2[f], w3 = x3[f];
+    s00 += a * w0, s01 += a * w1, s02 += a * w2, s03 += a * w3;
+    s10 += b * w0, s11 += b * w1, s12 += b * w2, s13 += b * w3;
+  }
+  s[0][0] = s00, s[0][1] = s01, s[0][2] = s02, s[0][3] = s03;
+  s[1][0] = s10, s[1][1] = s11, s[1][2] = s12, s[1][3] = s13;
+}
+
+// y[j][r] = St[r] . f[j] for the kG rows of a group (y rows of R, their own stride), two rows of St at a time
+template <typename T>
+inline void read4(T* y, int64_t ystride, const T* St, const T* const* f, int64_t F, int64_t R) {
+  T s[2][kG];
+  for (int64_t r = 0; r < R; r += 2) {
+    const T* u1 = St + (r + 1 < R ? r + 1 : r) * F;
+    dot24(s, St + r * F, u1, f, F);
+    for (int i = 0; i < 2 && r + i < R; ++i)
+      for (int j = 0; j < kG; ++j) y[j * ystride + r + i] = s[i][j];
   }
 }
 
@@ -187,9 +288,10 @@ template <typename T>
 struct Args {
   const T *q, *k, *v;
   Strides sq, sk, sv;
-  int64_t H, N, P, R;
+  int64_t H, N, D, R;  // D: the width of q and k
   const int64_t* ids;
-  bool relu;
+  int64_t mode;  // Map
+  int64_t P;     // the feature width F = feature_dim(mode, D): the rows of the moments
 };
 
 // up to kG real tokens of one task in increasing order, with their rows
@@ -232,37 +334,47 @@ struct Walk {
 
 // phi of kG rows into f (kG x P); rows past the group are zero
 template <typename T>
-inline void group_features(T* f, const T* const* x, int n, int64_t P, bool relu) {
+inline void group_features(T* f, const T* const* x, int n, const Args<T>& a) {
+  const int64_t P = a.P;
   for (int j = 0; j < kG; ++j) {
-    if (j < n) features(f + j * P, x[j], P, relu);
+    if (j < n) features(f + j * P, x[j], a.D, a.mode);
     else std::fill(f + j * P, f + (j + 1) * P, T(0));
   }
 }
 
+// rows of a kG x F buffer
+template <typename T>
+struct Rows {
+  const T* r[kG];
+  Rows(const T* base, int64_t F) {
+    for (int j = 0; j < kG; ++j) r[j] = base + j * F;
+  }
+};
+
 template <typename T>
 void forward_task(const Args<T>& a, const Task& t, int64_t h, bool causal, T eps, T* out, T* den) {
-  const int64_t P = a.P, R = a.R, base = (t.b * a.H + h) * a.N;
-  std::vector<T> buf(P * R + P + 2 * kG * P + kG * R, T(0));
-  T *S = buf.data(), *z = S + P * R, *fk = z + P, *fq = fk + kG * P, *y = fq + kG * P;
+  const int64_t F = a.P, R = a.R, base = (t.b * a.H + h) * a.N;
+  std::vector<T> buf(R * F + 2 * F + 2 * kG * F + kG * R, T(0));
+  T *St = buf.data(), *z = St + R * F, *fk = z + F, *fq = fk + kG * F, *y = fq + kG * F, *junk = y + kG * R;
+  const Rows<T> krows(fk, F), qrows(fq, F);
   const T ones[kG] = {1, 1, 1, 1};
   Group<T> g;
   if (!causal) {
     for (Walk<T> w(a, t, h, false); w.next(g);) {
-      group_features(fk, g.k, g.n, P, a.relu);
-      update(S, z, fk, g.v, ones, P, R);
+      group_features(fk, g.k, g.n, a);
+      update(St, z, krows.r, g.v, ones, F, R, junk);
     }
   }
   for (Walk<T> w(a, t, h, false); w.next(g);) {
-    group_features(fq, g.q, g.n, P, a.relu);
-    if (causal) group_features(fk, g.k, g.n, P, a.relu);
+    group_features(fq, g.q, g.n, a);
+    read4(y, R, St, qrows.r, F, R);  // the moments of earlier groups (causal) or of the whole sequence
+    if (causal) group_features(fk, g.k, g.n, a);
     for (int j = 0; j < g.n; ++j) {
       T* yj = y + j * R;
-      std::fill(yj, yj + R, T(0));
-      read(yj, S, fq + j * P, P, R);  // the state of earlier groups (causal) or of the whole sequence
-      T d = dot(fq + j * P, z, P) + eps;
+      T d = dot(fq + j * F, z, F) + eps;
       if (causal) {  // this group's keys m <= j
         T c[kG] = {0, 0, 0, 0};
-        for (int m = 0; m <= j; ++m) c[m] = dot(fq + j * P, fk + m * P, P), d += c[m];
+        for (int m = 0; m <= j; ++m) c[m] = dot(fq + j * F, fk + m * F, F), d += c[m];
         acc4(yj, c, g.v, R);
       }
       T* o = out + (base + g.tok[j]) * R;
@@ -270,7 +382,7 @@ void forward_task(const Args<T>& a, const Task& t, int64_t h, bool causal, T eps
       for (int64_t r = 0; r < R; ++r) o[r] = yj[r] * inv;
       den[base + g.tok[j]] = d;
     }
-    if (causal) update(S, z, fk, g.v, ones, P, R);
+    if (causal) update(St, z, krows.r, g.v, ones, F, R, junk);
   }
 }
 
@@ -301,60 +413,61 @@ inline void group_grads(T* gr, T* gd, const T** grow, const Group<T>& g, const G
 
 template <typename T>
 void backward_task(const Args<T>& a, const Task& t, int64_t h, bool causal, const Grads<T>& o) {
-  const int64_t P = a.P, R = a.R, base = (t.b * a.H + h) * a.N;
-  std::vector<T> buf(2 * P * R + 2 * P + 3 * kG * P + kG * R, T(0));
-  T *S = buf.data(), *Tm = S + P * R, *z = Tm + P * R, *tz = z + P, *fk = tz + P, *fq = fk + kG * P,
-    *acc = fq + kG * P, *gr = acc + kG * P;
+  const int64_t F = a.P, R = a.R, base = (t.b * a.H + h) * a.N;
+  std::vector<T> buf(2 * R * F + 3 * F + 3 * kG * F + 2 * kG * R, T(0));
+  T *St = buf.data(), *Tt = St + R * F, *z = Tt + R * F, *tz = z + F, *fk = tz + F, *fq = fk + kG * F,
+    *acc = fq + kG * F, *gr = acc + kG * F, *dvs = gr + kG * R, *junk = dvs + kG * R;
+  T* arows[kG];
+  for (int j = 0; j < kG; ++j) arows[j] = acc + j * F;
+  const Rows<T> krows(fk, F), qrows(fq, F);
   const T ones[kG] = {1, 1, 1, 1};
-  T gd[kG], s[kG];
+  T gd[kG];
   const T* grow[kG];
   Group<T> g;
   // dq_j = phi'(q_j) (S g_j + z gd_j) with the key moments S, z of the sequence (causal: keys m <= j)
   auto write_dq = [&](bool intra) {
-    for (int64_t p = 0; p < P; ++p) {
-      dot4(s, S + p * R, grow, R);
-      for (int j = 0; j < kG; ++j) acc[j * P + p] = s[j] + z[p] * gd[j];
-    }
+    for (int j = 0; j < kG; ++j)
+      for (int64_t f = 0; f < F; ++f) acc[j * F + f] = z[f] * gd[j];
+    combine(arows, grow, St, F, R);
     for (int j = 0; j < g.n; ++j) {
+      T* aj = acc + j * F;
       if (intra) {  // keys m <= j of this group: (v_m . g_j + gd_j) phi(k_m)
         T c[kG] = {0, 0, 0, 0};
-        const T* rows[kG] = {fk, fk + P, fk + 2 * P, fk + 3 * P};
         for (int m = 0; m <= j; ++m) c[m] = dot(g.v[m], grow[j], R) + gd[j];
-        acc4(acc + j * P, c, rows, P);
+        acc4(aj, c, krows.r, F);
       }
-      chain(o.dq + (base + g.tok[j]) * P, acc + j * P, g.q[j], P, a.relu);
+      chain(o.dq + (base + g.tok[j]) * a.D, aj, g.q[j], a.D, a.mode);
     }
   };
-  // dk_j = phi'(k_j) (T v_j + t), dv_j = T^T phi(k_j) with the query moments T, t (causal: queries i >= j)
+  // dk_j = phi'(k_j) (T v_j + t), dv_j = T^T phi(k_j) with the query moments T = sum_i phi(q_i) g_i^T,
+  // t = sum_i phi(q_i) gd_i (causal: queries i >= j)
   auto write_dkv = [&](bool intra) {
-    for (int64_t p = 0; p < P; ++p) {
-      dot4(s, Tm + p * R, g.v, R);
-      for (int j = 0; j < kG; ++j) acc[j * P + p] = s[j] + tz[p];
-    }
+    read4(dvs, R, Tt, krows.r, F, R);
+    for (int j = 0; j < kG; ++j) std::copy(tz, tz + F, acc + j * F);
+    combine(arows, g.v, Tt, F, R);
     for (int j = 0; j < g.n; ++j) {
+      T* aj = acc + j * F;
       T* dvj = o.dv + (base + g.tok[j]) * R;
-      std::fill(dvj, dvj + R, T(0));
-      read(dvj, Tm, fk + j * P, P, R);
+      std::copy(dvs + j * R, dvs + (j + 1) * R, dvj);
       if (intra) {  // queries i >= j of this group
         T c[kG] = {0, 0, 0, 0}, e[kG] = {0, 0, 0, 0};
-        const T* rows[kG] = {fq, fq + P, fq + 2 * P, fq + 3 * P};
-        for (int i = j; i < g.n; ++i) c[i] = dot(grow[i], g.v[j], R) + gd[i], e[i] = dot(fq + i * P, fk + j * P, P);
-        acc4(acc + j * P, c, rows, P);
+        for (int i = j; i < g.n; ++i) c[i] = dot(grow[i], g.v[j], R) + gd[i], e[i] = dot(fq + i * F, fk + j * F, F);
+        acc4(aj, c, qrows.r, F);
         acc4(dvj, e, grow, R);
       }
-      chain(o.dk + (base + g.tok[j]) * P, acc + j * P, g.k[j], P, a.relu);
+      chain(o.dk + (base + g.tok[j]) * a.D, aj, g.k[j], a.D, a.mode);
     }
   };
   auto load = [&]() {
-    group_features(fk, g.k, g.n, P, a.relu);
-    group_features(fq, g.q, g.n, P, a.relu);
+    group_features(fk, g.k, g.n, a);
+    group_features(fq, g.q, g.n, a);
     group_grads(gr, gd, grow, g, o, base, R);
   };
   if (!causal) {
     for (Walk<T> w(a, t, h, false); w.next(g);) {
       load();
-      update(S, z, fk, g.v, ones, P, R);
-      update(Tm, tz, fq, grow, gd, P, R);
+      update(St, z, krows.r, g.v, ones, F, R, junk);
+      update(Tt, tz, qrows.r, grow, gd, F, R, junk);
     }
     for (Walk<T> w(a, t, h, false); w.next(g);) {
       load();
@@ -366,12 +479,12 @@ void backward_task(const Args<T>& a, const Task& t, int64_t h, bool causal, cons
   for (Walk<T> w(a, t, h, false); w.next(g);) {  // prefix sums: dq
     load();
     write_dq(true);
-    update(S, z, fk, g.v, ones, P, R);
+    update(St, z, krows.r, g.v, ones, F, R, junk);
   }
   for (Walk<T> w(a, t, h, true); w.next(g);) {  // suffix sums: dk, dv
     load();
     write_dkv(true);
-    update(Tm, tz, fq, grow, gd, P, R);
+    update(Tt, tz, qrows.r, grow, gd, F, R, junk);
   }
 }
 
@@ -393,14 +506,16 @@ const int64_t* ids_ptr(const std::optional<Tensor>& ids, const Tensor& q) {
 }
 
 template <typename T>
-Args<T> args_of(const Tensor& q, const Tensor& k, const Tensor& v, const int64_t* ids, bool relu) {
+Args<T> args_of(const Tensor& q, const Tensor& k, const Tensor& v, const int64_t* ids, int64_t mode) {
+  TORCH_CHECK(mode >= kElu && mode <= kFastmax2, "unknown feature map ", mode);
   return Args<T>{q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), Strides(q), Strides(k), Strides(v),
-                 q.size(1),       q.size(2),       q.size(3),       v.size(3),  ids,        relu};
+                 q.size(1),       q.size(2),       q.size(3),       v.size(3),  ids,        mode,
+                 padded(feature_dim(mode, q.size(3)), 64 / static_cast<int64_t>(sizeof(T)))};
 }
 
 // (out (B, H, N, R), den (B, H, N)): den is the divisor phi(q_i) . z_i + eps (1 at padding), kept for the backward
 std::vector<Tensor> linear_forward(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& ids,
-                                   bool causal, bool relu, double eps) {
+                                   bool causal, int64_t mode, double eps) {
   check_inputs(q, k, v);
   const int64_t* idp = ids_ptr(ids, q);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2);
@@ -408,7 +523,7 @@ std::vector<Tensor> linear_forward(const Tensor& q, const Tensor& k, const Tenso
   Tensor den = idp ? at::ones({B, H, N}, q.options()) : at::empty({B, H, N}, q.options());
   const std::vector<Task> tasks = tasks_of(idp, B, N);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "linear_forward", [&] {
-    const Args<scalar_t> a = args_of<scalar_t>(q, k, v, idp, relu);
+    const Args<scalar_t> a = args_of<scalar_t>(q, k, v, idp, mode);
     scalar_t* o = out.data_ptr<scalar_t>();
     scalar_t* d = den.data_ptr<scalar_t>();
     at::parallel_for(0, static_cast<int64_t>(tasks.size()) * H, 1, [&](int64_t lo, int64_t hi) {
@@ -421,7 +536,7 @@ std::vector<Tensor> linear_forward(const Tensor& q, const Tensor& k, const Tenso
 // (dq, dk (B, H, N, P), dv (B, H, N, R)), zero at padding
 std::vector<Tensor> linear_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                     const Tensor& den, const Tensor& dout, const std::optional<Tensor>& ids, bool causal,
-                                    bool relu) {
+                                    int64_t mode) {
   check_inputs(q, k, v);
   const int64_t* idp = ids_ptr(ids, q);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), P = q.size(3), R = v.size(3);
@@ -435,7 +550,7 @@ std::vector<Tensor> linear_backward(const Tensor& q, const Tensor& k, const Tens
   Tensor dq = make({B, H, N, P}), dk = make({B, H, N, P}), dv = make({B, H, N, R});
   const std::vector<Task> tasks = tasks_of(idp, B, N);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "linear_backward", [&] {
-    const Args<scalar_t> a = args_of<scalar_t>(q, k, v, idp, relu);
+    const Args<scalar_t> a = args_of<scalar_t>(q, k, v, idp, mode);
     const Grads<scalar_t> o{out.data_ptr<scalar_t>(), den.data_ptr<scalar_t>(), dout.data_ptr<scalar_t>(),
                             dq.data_ptr<scalar_t>(),  dk.data_ptr<scalar_t>(),  dv.data_ptr<scalar_t>()};
     at::parallel_for(0, static_cast<int64_t>(tasks.size()) * H, 1, [&](int64_t lo, int64_t hi) {
@@ -448,10 +563,10 @@ std::vector<Tensor> linear_backward(const Tensor& q, const Tensor& k, const Tens
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(attnzoo_cpu, m) {
-  m.def("linear_forward(Tensor q, Tensor k, Tensor v, Tensor? ids, bool causal, bool relu, float eps) -> Tensor[]");
+  m.def("linear_forward(Tensor q, Tensor k, Tensor v, Tensor? ids, bool causal, int mode, float eps) -> Tensor[]");
   m.def(
       "linear_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor den, Tensor dout, Tensor? ids, bool causal, "
-      "bool relu) -> Tensor[]");
+      "int mode) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(attnzoo_cpu, CPU, m) {

@@ -1,5 +1,5 @@
 """The fused CPU kernel of linear attention (``cpu.cpp``), unmasked or over padded batches / packed rows, as an
-autograd op.
+autograd op; with Fastmax's polynomial features (FAST eqs 24-27) it also serves Fastmax's masked calls.
 
 One call computes ``phi`` of q and k, the moment sums and the output per (row, sequence, head) task, in one
 parallel loop over all of them: no Python loop over sequences, no padding, no slices. The backward (also C++)
@@ -13,7 +13,10 @@ import torch
 
 from attnzoo.ops import _cpu_kernels
 
-__all__ = ["linear_attention_cpu", "kernel_covers"]
+__all__ = ["linear_attention_cpu", "feature_attention_cpu", "kernel_covers", "MAPS"]
+
+#: the kernel's feature maps (``Map`` in cpu.cpp): ``phi(q) . phi(k)`` is the attention weight
+MAPS = {"elu": 0, "relu": 1, "fastmax1": 2, "fastmax2": 3}
 
 
 def kernel_covers(q: torch.Tensor) -> bool:
@@ -23,10 +26,10 @@ def kernel_covers(q: torch.Tensor) -> bool:
 
 class _LinearCPU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, ids, causal: bool, relu: bool, eps: float):
-        out, den = _cpu_kernels.required_cpu_kernels().linear_forward(q, k, v, ids, causal, relu, eps)
+    def forward(ctx, q, k, v, ids, causal: bool, mode: int, eps: float):
+        out, den = _cpu_kernels.required_cpu_kernels().linear_forward(q, k, v, ids, causal, mode, eps)
         ctx.save_for_backward(q, k, v, out, den, ids)
-        ctx.causal, ctx.relu = causal, relu
+        ctx.causal, ctx.mode = causal, mode
         return out
 
     @staticmethod
@@ -34,13 +37,36 @@ class _LinearCPU(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, den, ids = ctx.saved_tensors
         grads = _cpu_kernels.required_cpu_kernels().linear_backward(
-            q, k, v, out, den, dout.contiguous(), ids, ctx.causal, ctx.relu
+            q, k, v, out, den, dout.contiguous(), ids, ctx.causal, ctx.mode
         )
         return *(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:3], strict=True)), *[None] * 4
 
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.shape[-1] == 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+def feature_attention_cpu(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    feature_map: str,
+    eps: float,
+    ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``out_i = sum_j (phi(q_i) . phi(k_j)) v_j / (sum_j phi(q_i) . phi(k_j) + eps)`` over the query's own sequence
+    (``j <= i`` when causal), ``phi`` one of :data:`MAPS`: ``q, k (B, H, N, D)``, ``v (B, H, N, R)`` (float32/float64,
+    one dtype; views with unit stride over the last dim are read in place) -> ``(B, H, N, R)``. ``ids (B, N)``
+    int64: each token's sequence within its row, ``-1`` at padding (:class:`~attnzoo.ops._varlen.Segments`), or
+    ``None`` (each row one sequence)."""
+    q, k, v = (_unit_stride(t) for t in (q, k, v))
+    ids = None if ids is None else ids.to(device=q.device, dtype=torch.long).contiguous()
+    mode = MAPS[feature_map]
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _LinearCPU.apply(q, k, v, ids, causal, mode, float(eps))
+    return _cpu_kernels.required_cpu_kernels().linear_forward(q, k, v, ids, causal, mode, float(eps))[0]
 
 
 def linear_attention_cpu(
@@ -53,12 +79,8 @@ def linear_attention_cpu(
     eps: float,
     ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``q, k (B, H, N, P)``, ``v (B, H, N, R)`` (float32/float64, one dtype; views with unit stride over the last
-    dim are read in place) -> ``(B, H, N, R)``. ``ids (B, N)`` int64: each token's sequence within its row, ``-1``
-    at padding (:class:`~attnzoo.ops._varlen.Segments`), or ``None`` (each row one sequence)."""
-    q, k, v = (_unit_stride(t) for t in (q, k, v))
-    ids = None if ids is None else ids.to(device=q.device, dtype=torch.long).contiguous()
-    relu = feature_map == "relu"
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _LinearCPU.apply(q, k, v, ids, causal, relu, float(eps))
-    return _cpu_kernels.required_cpu_kernels().linear_forward(q, k, v, ids, causal, relu, float(eps))[0]
+    """Linear attention (Katharopoulos et al. 2020, eqs 5-6 / 8-10) with ``feature_map`` ``"elu"`` or ``"relu"``:
+    :func:`feature_attention_cpu`."""
+    if feature_map not in ("elu", "relu"):
+        raise ValueError(f"feature_map={feature_map!r}: the linear attention kernel takes 'elu' or 'relu'")
+    return feature_attention_cpu(q, k, v, causal=causal, feature_map=feature_map, eps=eps, ids=ids)
