@@ -44,7 +44,7 @@ SHAPES = [(1, 1, 1, 3, 3), (2, 3, 2, 4, 4), (1, 2, 7, 5, 3), (2, 1, 33, 4, 6)]
 # ---------------------------------------------------------------- forward / backward vs naive
 
 
-@pytest.mark.parametrize("backend", ["torch", "torch_autograd"])
+@pytest.mark.parametrize("backend", ["torch", "torch_autograd", "cpu"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("p", [1, 2])
 @pytest.mark.parametrize("shape", SHAPES)
@@ -151,7 +151,7 @@ def test_custom_backward_saves_only_linear_memory(causal):
 # ---------------------------------------------------------------- causality
 
 
-@pytest.mark.parametrize("backend", ["torch", "torch_autograd", "naive"])
+@pytest.mark.parametrize("backend", ["torch", "torch_autograd", "naive", "cpu"])
 @pytest.mark.parametrize("p", [1, 2])
 def test_causal_no_leak_forward_and_backward(backend, p):
     n, t = 13, 6

@@ -151,3 +151,33 @@ def test_kernel_rejects_bad_layouts():
         kernels.fastmax_p1_unmasked(q, q[..., :2], q, 1.0, 1e-5, False)
     with pytest.raises(RuntimeError, match="one dtype"):
         kernels.fastmax_p1_unmasked(q, q.double(), q, 1.0, 1e-5, False)
+
+
+# (B, H, N, D, Dv) for the feature-map kernel (ops/linear/cpu.cpp with Fastmax's features): feature rows of
+# 1 + D (p=1) and 1 + D + D^2 (p=2), the longer ones padded to whole vectors (D = 8: 73 -> 80, D = 17: 307 -> 320)
+FEATURE_SHAPES = [(1, 1, 1, 1, 1), (2, 3, 7, 5, 3), (1, 2, 21, 8, 6), (1, 1, 9, 17, 5)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("shape", FEATURE_SHAPES)
+def test_feature_kernel_matches_naive(shape, p, causal, dtype, monkeypatch):
+    # what the fused p=1 kernel does not take (causal, p=2) runs the feature-map kernel: no PyTorch sweeps
+    monkeypatch.setattr(fm, "fastmax_factorized", None)
+    monkeypatch.setattr(fm, "masked_sweeps", None)
+    torch.manual_seed(7)
+    q, k, v = _qkv(shape, grad=True)
+    s = 1.0 / shape[3] if p == 1 else None
+    ref = fastmax_naive(q, k, v, p=p, causal=causal, scale=s)
+    g = torch.randn_like(ref)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), g)
+    ins = [t.detach().to(dtype).requires_grad_(True) for t in (q, k, v)]
+    if p == 1 and not causal:
+        monkeypatch.setattr(fm, "_kernel_covers", lambda *a: False)  # the feature kernel for this case too
+    got = fastmax(*ins, p=p, causal=causal, scale=s, backend="cpu")
+    tol = dict(rtol=1e-10, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got.double(), ref, **tol)
+    gtol = dict(rtol=1e-9, atol=1e-9) if dtype == torch.float64 else dict(rtol=1e-3, atol=1e-4)
+    for a, b in zip(torch.autograd.grad(got, ins, g.to(dtype)), ref_grads, strict=True):
+        torch.testing.assert_close(a.double(), b, **gtol)

@@ -60,7 +60,7 @@ def test_unmasked_paths_unchanged_by_an_all_real_mask():
         torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("backend", ["torch", "naive"])
+@pytest.mark.parametrize("backend", ["torch", "naive", "cpu"])
 def test_causal_no_leak_within_a_packed_row(backend):
     # a later token (of the same sequence or the next) never changes an earlier output
     q, k, v = (torch.cat([s[n] for s in _seqs([6, 5])], dim=2) for n in "qkv")
@@ -208,39 +208,33 @@ def test_padded_non_causal_total_moments_over_several_spans(monkeypatch, backend
     # a padded non-causal batch reads each row's total moments, summed in spans of _TOTAL_FEATURES feature
     # elements: shrunk here so that the sums run over several spans, the last one partial
     monkeypatch.setattr(importlib.import_module("attnzoo.ops.fastmax.varlen"), "_TOTAL_FEATURES", 60)
-    # and the masked form (not the row-by-row one that left/right padding takes by default)
-    monkeypatch.setattr(importlib.import_module("attnzoo.ops._segment_ops"), "SLICED_ROWS_MAX", 0)
     assert_equal_to_alone(_call(backend, 2, False), _seqs(LENGTHS), AXES, mode=mode)
 
 
-@pytest.mark.parametrize("sliced_max", [1, 64])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("p", [1, 2])
-@pytest.mark.parametrize("backend", ["torch", "torch_autograd", "cpu"])
-def test_packed_row_slices_and_masked_sweeps_agree_with_alone(monkeypatch, backend, p, causal, sliced_max):
-    # a packed row of at most _SLICED_MAX sequences runs the unmasked sweeps per sequence slice, more run the
-    # masked sweeps: both forms equal each sequence alone, forward and backward, float64, lengths 1 and odd
-    varlen = importlib.import_module("attnzoo.ops.fastmax.varlen")
-    monkeypatch.setattr(varlen, "_SLICED_MAX", sliced_max)
+def test_cpu_feature_kernel_takes_segments_natively(monkeypatch, p, causal, mode):
+    # every case but the fused kernel's (p=1 non-causal) runs the feature-map kernel over the whole batch with the
+    # per-token sequence ids: one counted call per forward, never the PyTorch sweeps; lengths around its 4-token
+    # groups, float64, forward and backward
+    fm = importlib.import_module("attnzoo.ops.fastmax")
     calls = []
-    # the slices run through run_runs (standardisation included), from the op or from masked_sweeps' _sliced
-    fastmax_mod = importlib.import_module("attnzoo.ops.fastmax")
-    sliced = fastmax_mod.run_runs
-    monkeypatch.setattr(fastmax_mod, "run_runs", lambda *a, **k: calls.append(1) or sliced(*a, **k))
-    sliced_sweeps = varlen._sliced
-    monkeypatch.setattr(varlen, "_sliced", lambda *a, **k: calls.append(1) or sliced_sweeps(*a, **k))
-    assert_equal_to_alone(_call(backend, p, causal), _seqs(LENGTHS), AXES, mode="packed")
-    fused = backend == "cpu" and p == 1 and not causal  # the fused kernel takes the sequence ids: no slices
-    assert bool(calls) == (sliced_max >= len(LENGTHS) and not fused)
+    kernel = fm.feature_attention_cpu
+    monkeypatch.setattr(fm, "feature_attention_cpu", lambda *a, **k: calls.append(k["ids"]) or kernel(*a, **k))
+    monkeypatch.setattr(fm, "masked_sweeps", None)  # a call would fail
+    assert_equal_to_alone(_call("cpu", p, causal), _seqs(LENGTHS), AXES, mode=mode)
+    masked = [ids for ids in calls if ids is not None]  # the other calls are each sequence alone, unmasked
+    fused = p == 1 and not causal
+    assert len(masked) == (0 if fused else 1) and len(calls) == (0 if fused else 1 + len(LENGTHS))
+    assert all(ids.shape[-1] == (sum(LENGTHS) if mode == "packed" else 9) for ids in masked)
 
 
-@pytest.mark.parametrize("rows_max", [0, 64])
-@pytest.mark.parametrize("mode", ["left", "right"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("p", [1, 2])
-@pytest.mark.parametrize("backend", ["torch", "torch_autograd", "cpu"])
-def test_padded_rows_alone_and_masked_sweeps_agree_with_alone(monkeypatch, backend, p, causal, mode, rows_max):
-    # left/right padding of at most SLICED_ROWS_MAX rows runs the unmasked sweeps on each row's real tokens, more
-    # rows (or a hole) the masked sweeps: both equal each sequence alone, forward and backward, float64
-    monkeypatch.setattr(importlib.import_module("attnzoo.ops._segment_ops"), "SLICED_ROWS_MAX", rows_max)
-    assert_equal_to_alone(_call(backend, p, causal), _seqs(LENGTHS), AXES, mode=mode)
+def test_auto_on_cpu_runs_a_kernel_for_every_masked_call(monkeypatch, causal, mode):
+    # "auto" never takes the PyTorch sweeps for a masked float CPU call
+    fm = importlib.import_module("attnzoo.ops.fastmax")
+    monkeypatch.setattr(fm, "masked_sweeps", None)
+    for p in (1, 2):
+        assert_equal_to_alone(_call("auto", p, causal), _seqs(LENGTHS), AXES, mode=mode)

@@ -24,11 +24,9 @@ import torch
 from attnzoo._checks import NonFiniteError, check_bool, check_overflow, check_probability, finite_absmax
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend, check_backend, resolve_backend
-from attnzoo.ops._segment_ops import contiguous_runs, run_runs
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option, triton_available
 from attnzoo.ops._varlen import Segments, segments
 from attnzoo.ops.fastmax import cpu as fastmax_cpu
-from attnzoo.ops.fastmax import varlen as fastmax_varlen
 from attnzoo.ops.fastmax.chunk import FastmaxFunction, fastmax_factorized
 from attnzoo.ops.fastmax.common import (
     EPS,
@@ -48,6 +46,8 @@ from attnzoo.ops.fastmax.dropout import (
 from attnzoo.ops.fastmax.naive import explicit_attention, fastmax_naive, naive_from_hat
 from attnzoo.ops.fastmax.recurrent import FastmaxState, fastmax_init_state, fastmax_prompt_state, fastmax_step
 from attnzoo.ops.fastmax.varlen import masked_sweeps
+from attnzoo.ops.linear.cpu import feature_attention_cpu
+from attnzoo.ops.linear.cpu import kernel_covers as feature_kernel_covers
 
 __all__ = [
     "fastmax",
@@ -104,27 +104,14 @@ class FastmaxOptions(Options):
         check_dropout_placement(self.attn_dropout, self.dropout_placement, self.p)
 
 
-def _prepared(q, k, v, *, p: int, scale: float, sweeps: Callable, runs: list | None = None) -> torch.Tensor:
-    """The PyTorch and Triton backends' common frame: the value checks, the standardisation (eqs 5-6) in the
-    compute dtype, ``sweeps(qs, k_hat, v)``, and p=1's check that no normaliser crossed zero. With ``runs``
-    (:func:`~attnzoo.ops._segment_ops.contiguous_runs`) ``sweeps`` runs on each sequence's slice alone
-    (:func:`~attnzoo.ops._segment_ops.run_runs`), and so does the standardisation where there is padding: padding is
-    neither standardised nor differentiated."""
+def _prepared(q, k, v, *, p: int, scale: float, sweeps: Callable) -> torch.Tensor:
+    """The PyTorch, Triton and CPU backends' common frame: the value checks, the standardisation (eqs 5-6) in the
+    compute dtype, ``sweeps(qs, k_hat, v)``, and p=1's check that no normaliser crossed zero. Padding is standardised
+    with the rest (per token: it changes no real token) and never read by the masked sweeps, so its inputs get zero
+    gradient."""
     _check_values(q, k, v, p)
     cd = compute_dtype(q.dtype)
-
-    def op(q_, k_, v_):
-        return sweeps(standardize(q_.to(cd), scale=scale), standardize(k_.to(cd)), v_.to(cd)).to(v.dtype)
-
-    if runs is None:
-        out = op(q, k, v)
-    elif sum(e - a for _, a, e in runs) == q.shape[0] * q.shape[2]:
-        # no padding (a packed row): the per-token standardisation of the whole tensor is each slice's, in one
-        # call on contiguous memory; per slice, layer norm and its backward copied each strided slice twice
-        qs, kh = standardize(q.to(cd), scale=scale), standardize(k.to(cd))
-        out = run_runs(sweeps, runs, (qs, kh, v.to(cd)), v.shape[-1]).to(v.dtype)
-    else:
-        out = run_runs(op, runs, (q, k, v), v.shape[-1])
+    out = sweeps(standardize(q.to(cd), scale=scale), standardize(k.to(cd)), v.to(cd)).to(v.dtype)
     if p == 1 and scale * q.shape[-1] > 1.0:
         _check_p1_output(out, scale, q.shape[-1])
     return out
@@ -139,15 +126,7 @@ def _fastmax_naive(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: i
 def _masked(
     q, k, v, segs: Segments, *, p: int, causal: bool, scale: float, chunk_size: int, custom: bool
 ) -> torch.Tensor:
-    """Padded batches and packed rows (:mod:`attnzoo.ops.fastmax.varlen`); ``custom``: FAST §2.5's backward. Few
-    contiguous sequences run the unmasked op on each one's slice, standardisation included."""
-    runs = None if torch.compiler.is_compiling() else contiguous_runs(segs, fastmax_varlen._SLICED_MAX)
-    if runs is not None:
-
-        def alone(qs, kh, vv):
-            return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk_size, custom_grad=custom)
-
-        return _prepared(q, k, v, p=p, scale=scale, sweeps=alone, runs=runs)
+    """Padded batches and packed rows (:mod:`attnzoo.ops.fastmax.varlen`); ``custom``: FAST §2.5's backward."""
 
     def sweeps(qs, kh, vv):
         return masked_sweeps(qs, kh, vv, segs, p=p, causal=causal, chunk=chunk_size, custom_grad=custom)
@@ -207,17 +186,44 @@ def _kernel_covers(inputs: tuple, p, causal) -> bool:
     return p == 1 and not causal and q.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling()
 
 
+def _feature_kernel_covers(q: torch.Tensor) -> bool:
+    """What the feature-map kernel (:mod:`attnzoo.ops.linear.cpu`, with Fastmax's features phi(x) = [1, x] or
+    [1, x, x x^T / sqrt 2], FAST eqs 24-27) computes: every p and causal mode on float32/float64 CPU tensors, unmasked
+    or over padded batches / packed rows natively, forward and backward; it is opaque to torch.compile."""
+    return feature_kernel_covers(q)
+
+
 def _auto_takes_kernel(inputs: tuple, options: Mapping[str, Any]) -> bool:
-    # the portable build of the kernel is slower than PyTorch: "auto" takes only the vector (AVX-512) one
-    covers = _kernel_covers(inputs, options.get("p"), options.get("causal"))
-    return covers and fastmax_cpu.simd_kernel()
+    # p=1 non-causal: the fused kernel, but only its vector (AVX-512) build, which beats PyTorch. Otherwise the
+    # feature-map kernel: for every masked call (no Python loop over sequences) and for causal calls (0.35-0.6x the
+    # PyTorch path's time, docs/performance.md, session 25) unless the explicit N x N form takes them; unmasked
+    # non-causal p=2 stays on PyTorch's GEMMs (the kernel measured 1.04-1.24x their time)
+    p, causal, masked = options.get("p"), bool(options.get("causal")), options.get("segs") is not None
+    if _kernel_covers(inputs, p, causal) and fastmax_cpu.simd_kernel():
+        return True
+    if not _feature_kernel_covers(inputs[0]):
+        return False
+    if masked:
+        return True
+    return causal and not _auto_takes_explicit(inputs, options)
+
+
+def _fastmax_features_cpu(q, k, v, *, p: int, causal: bool, scale: float, segs=None) -> torch.Tensor:
+    ids = None if segs is None else segs.ids
+
+    def sweeps(qs, kh, vv):
+        return feature_attention_cpu(qs, kh, vv, causal=causal, feature_map=f"fastmax{p}", eps=0.0, ids=ids)
+
+    return _prepared(q, k, v, p=p, scale=scale, sweeps=sweeps)
 
 
 def _fastmax_cpu(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
-    # what the kernel does not cover (p=2, causal, half inputs, masks and packed rows) runs on the PyTorch path;
-    # named explicitly, "cpu" still needs the kernels built
-    if _kernel_covers((q, k, v), p, causal):
+    # p=1 non-causal: the fused kernel; every other float32/float64 call: the feature-map kernel; half inputs and
+    # torch.compile run the PyTorch path. Named explicitly, "cpu" still needs the kernels built
+    if _kernel_covers((q, k, v), p, causal) and (segs is None or fastmax_cpu.simd_kernel()):
         return _fastmax_p1_fused(q, k, v, scale, segs)
+    if _feature_kernel_covers(q):
+        return _fastmax_features_cpu(q, k, v, p=p, causal=causal, scale=scale, segs=segs)
     if not torch.compiler.is_compiling():
         _cpu_kernels.required_cpu_kernels()
     return _fastmax_torch(q, k, v, p=p, causal=causal, scale=scale, chunk_size=chunk_size, segs=segs)

@@ -21,9 +21,8 @@ from typing import Callable
 
 import torch
 
-from attnzoo.ops._segment_ops import row_spans, run_rows, run_runs
 from attnzoo.ops._varlen import Segments
-from attnzoo.ops.fastmax.chunk import fastmax_factorized, unmasked_backward, unmasked_forward
+from attnzoo.ops.fastmax.chunk import unmasked_backward, unmasked_forward
 from attnzoo.ops.fastmax.common import feature_dim, features, features_vjp, kernel, kernel_grad
 
 __all__ = ["masked_sweeps", "MaskedFastmaxFunction"]
@@ -208,23 +207,6 @@ class MaskedFastmaxFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
-#: a packed row of at most this many sequences runs the unmasked op on each sequence's slice (:func:`_sliced`)
-_SLICED_MAX = 64
-
-
-def _sliced(qs, k, v, segs: Segments, *, p: int, causal: bool, chunk: int, custom_grad: bool) -> torch.Tensor:
-    """A packed row ``(1, H, T, *)`` (no padding) as the unmasked sweeps of each sequence's contiguous slice: each
-    sequence alone by construction, S Python steps; the masked sweeps ran 10-25x the unmasked call on CPU at
-    S = 4, T = 14k (their chunked Python loop and C x C id masks; docs/performance.md, issue 27)."""
-    bounds = segs.offsets if segs.offsets is not None else [0, *segs.lengths[0].cumsum(0).tolist()]
-
-    def alone(q_, k_, v_):
-        return fastmax_factorized(q_, k_, v_, p=p, causal=causal, chunk=chunk, custom_grad=custom_grad)
-
-    runs = [(0, a, e) for a, e in zip(bounds[:-1], bounds[1:], strict=True)]
-    return run_runs(alone, runs, (qs, k, v), v.shape[-1])
-
-
 def masked_sweeps(
     qs: torch.Tensor,
     k: torch.Tensor,
@@ -240,15 +222,6 @@ def masked_sweeps(
     -> ``(B, H, N, Dv)`` (zero at padding). ``custom_grad``: FAST §2.5's backward (:class:`MaskedFastmaxFunction`),
     else autograd through the sweeps; either way padding inputs get exactly zero gradient (every sum masks by
     ``where``)."""
-    if qs.shape[0] == 1 and 1 < segs.num <= _SLICED_MAX:
-        return _sliced(qs, k, v, segs, p=p, causal=causal, chunk=chunk, custom_grad=custom_grad)
-    spans = row_spans(segs)
-    if spans is not None:
-        # left/right padding: the unmasked sweeps on each row's real tokens (no where passes, no padding work)
-        def alone(q_, k_, v_):
-            return fastmax_factorized(q_, k_, v_, p=p, causal=causal, chunk=chunk, custom_grad=custom_grad)
-
-        return run_rows(alone, spans, (qs, k, v), v.shape[-1])
     ids = segs.ids.to(qs.device)
     single = not causal and segs.num == 1
     if single and custom_grad and not torch.compiler.is_compiling():
