@@ -314,8 +314,8 @@ FASTMAX = Mechanism(
 BACKENDS = tuple(FASTMAX.backend_names())
 #: the masked kernel's form where it is not the factorised sweeps with FAST's backward (the kernels have no masked
 #: form: every other backend runs those sweeps)
-#: the backends that take attention_mask / cu_seqlens ("cpu": its kernel for p=1 non-causal inference, the PyTorch
-#: sweeps for the rest)
+#: the backends that take attention_mask / cu_seqlens ("cpu": the fused p=1 kernel for non-causal calls, the
+#: feature-map kernel for the rest)
 MASK_BACKENDS = tuple(FASTMAX.mask_backends())
 _MASKED_FORMS = {FASTMAX.reference: "explicit", "torch_autograd": "autograd"}
 
@@ -340,20 +340,21 @@ def fastmax(
     ``f(s) = sum_{l<=p} s^l / l!`` and normalised per row. ``backend``: ``"naive"`` (explicit N x N),
     ``"torch"`` (factorised, FAST §2.5 custom backward, O(N D) saved per head), ``"torch_autograd"``
     (factorised, autograd through it; for memory benchmarks), ``"explicit"`` (the N x N weights with autograd:
-    faster for short sequences, N <= min(256, D^p / 2), where ``"auto"`` takes it), ``"cpu"`` (the unmasked p=1
-    op, forward and the forward of training, in one fused C++ kernel, ``cpu.cpp``; every other case as
-    ``"torch"``), ``"triton"`` (only
-    if ``attnzoo.ops.fastmax.triton`` exists), ``"auto"`` (triton for CUDA tensors when importable; on CPU the fused
-    kernel where it is the AVX-512 build; else torch; a Triton kernel that fails to compile or launch warns once and
-    leaves ``"auto"`` on torch for the process).
+    faster for short sequences, N <= min(256, D^p / 2), where ``"auto"`` takes it), ``"cpu"`` (C++ kernels for
+    float32/float64: the non-causal p=1 op in one fused kernel, ``cpu.cpp``; causal and p=2 in the feature-map
+    kernel of :mod:`attnzoo.ops.linear.cpu` with Fastmax's features (FAST eqs 24-27); forward and backward, masks
+    included), ``"triton"`` (only if ``attnzoo.ops.fastmax.triton`` exists), ``"auto"`` (triton for unmasked CUDA
+    tensors when importable; on CPU the fused kernel where it is the AVX-512 build, the feature-map kernel for
+    masked and causal calls; else torch or, for short sequences, explicit; a Triton kernel that fails to compile or
+    launch warns once and leaves ``"auto"`` on torch for the process).
     ``chunk_size`` (default 64) is the token chunk of the sweeps. fp16/bf16 inputs are computed in float32.
 
     ``attention_mask (B, N)`` (True/1 = a real token) or ``cu_seqlens (S + 1,)`` (sequences packed in one row,
     B = 1): q, k are standardised per token as always, and the moment sums of eqs 28-29 / 34-35 run over the real
     keys of the query's own sequence only (causal prefixes restart at each sequence's first token), so every
     sequence gets what it gets alone; padding outputs zero. Backends :data:`MASK_BACKENDS` take them
-    (:mod:`attnzoo.ops.fastmax.varlen`; ``"cpu"``: its kernel for p=1 non-causal inference, the PyTorch sweeps
-    otherwise; ``"triton"``: its sweep kernels, reading each token's sequence id).
+    (:mod:`attnzoo.ops.fastmax.varlen`; ``"cpu"``: its kernels, reading each token's sequence id; ``"triton"``: its
+    sweep kernels, likewise).
 
     NaN/Inf in q, k, v, and magnitudes that would overflow the compute dtype, raise
     :class:`~attnzoo._checks.NonFiniteError` before any work (one host sync); the fused CPU kernel finds them

@@ -4,6 +4,9 @@ case, and a chunked prefix-state form of the causal case (eqs. 8-10) that never 
 Causal: tokens are cut into chunks of ``C``; inside a chunk the masked ``(C, C)`` kernel is explicit, across chunks
 each query reads the exclusive prefix state ``S = sum phi(k) v^T`` / ``z = sum phi(k)`` of the previous chunks.
 Memory is ``O(N C + (N / C) P Pv)``; states and sums are kept in float32 (or float64) whatever the input dtype.
+Padded batches and packed rows run vectorised, without a loop over sequences: one-hot segment sums (non-causal) and a
+segmented scan over chunks (causal). The CPU's ``"auto"`` takes the fused kernel (:mod:`.cpu`) instead; this path
+serves GPUs, half precision and torch.compile.
 """
 
 from __future__ import annotations
