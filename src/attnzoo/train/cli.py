@@ -10,6 +10,7 @@ import os
 import shlex
 import signal
 import sys
+import time
 from pathlib import Path
 
 USAGE = """usage: attnzoo train [CONFIG] [--out DIR] [--resume | --overwrite] [--no-progress] [--nproc-per-node N]
@@ -82,6 +83,11 @@ def _split_args(argv: list[str]):
     return config, out, resume, overwrite, progress, rest
 
 
+#: how long a rank other than 0 waits before exiting on an error every rank meets alike, so that torchrun (which
+#: terminates the other ranks when one exits) does not stop rank 0 before it prints the error line
+PEER_GRACE_S = 3.0
+
+
 def _fail(e: BaseException, code: int, out: str | None = None) -> int:
     """Print ``e`` as one line (``--debug`` / ``ATTNZOO_DEBUG=1``: re-raise for the traceback).
 
@@ -104,8 +110,10 @@ def _fail(e: BaseException, code: int, out: str | None = None) -> int:
             f"with: attnzoo train --resume --out {shlex.quote(out)}"
         )
     if rank != "0" and isinstance(e, (ValueError, TypeError, DirectoryLocked)):
-        # every rank meets it alike: rank 0 prints it; torchrun's summary names it whichever rank it calls first
+        # every rank meets it alike: rank 0 prints it; torchrun's summary names it whichever rank it calls first.
+        # The launcher terminates the other ranks as soon as one exits: wait for rank 0 to print its line first
         record_error_line(f"attnzoo train: error: {msg}")
+        time.sleep(PEER_GRACE_S)
         return code
     line = f"attnzoo train: error{'' if rank == '0' else f' (rank {rank})'}: {msg}"
     print(line, file=sys.stderr)
