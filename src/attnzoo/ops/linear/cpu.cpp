@@ -66,12 +66,14 @@ std::vector<Task> tasks_of(const int64_t* ids, int64_t B, int64_t N) {
   return tasks;
 }
 
-// exp(x) for x <= 0 without calls or branches, so that the loops around it vectorise (std::exp does not): 2^n
-// times a polynomial on |r| <= ln2 / 2 (Taylor to r^7 / r^13: within 2 ulp of std::exp), x clamped where 2^n would
-// leave the normal range (there exp(x) < 1.2e-38 / 3.3e-308 is returned as that bound).
-inline float exp_nonpos(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  const float n = std::nearbyint(x * 1.44269504088896341f);
+// exp(x) for x in [lo, 0] (the callers clamp) without calls, branches or selects, so that the loops around it
+// vectorise on AVX2 as on AVX-512 (std::exp does not): 2^n times a polynomial on |r| <= ln2 / 2 (Taylor to r^7 /
+// r^13: within 2 ulp of std::exp). n is rounded by adding 1.5 * 2^23 (2^52), which also leaves it in the low bits
+// of the sum, from which the exponent is built by integer arithmetic (no float -> int conversion, which AVX2 lacks
+// for doubles). lo keeps 2^n normal: there exp(x) < 1.2e-38 / 3.3e-308 is returned as exp(lo).
+inline float exp_clamped(float x) {
+  const float big = x * 1.44269504088896341f + 12582912.0f;
+  const float n = big - 12582912.0f;
   const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;  // ln 2 in two parts: r is exact to float
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -80,27 +82,41 @@ inline float exp_nonpos(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  int32_t bits;
+  int32_t bits, nb;
   std::memcpy(&bits, &p, sizeof bits);
-  bits += static_cast<int32_t>(n) * (int32_t(1) << 23);
+  std::memcpy(&nb, &big, sizeof nb);
+  bits += (nb - int32_t(0x4B400000)) * (int32_t(1) << 23);
   std::memcpy(&p, &bits, sizeof p);
   return p;
 }
 
-inline double exp_nonpos(double x) {
-  x = x < -708.0 ? -708.0 : x;
-  const double n = std::nearbyint(x * 1.44269504088896340736);
+inline double exp_clamped(double x) {
+  const double big = x * 1.44269504088896340736 + 6755399441055744.0;
+  const double n = big - 6755399441055744.0;
   const double r = (x - n * 6.93147180369123816490e-01) - n * 1.90821492927058770002e-10;
   double p = 1.0 / 6227020800.0;
   for (double c : {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0,
                    1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5})
     p = p * r + c;
   p = p * r * r + r + 1.0;
-  int64_t bits;
+  int64_t bits, nb;
   std::memcpy(&bits, &p, sizeof bits);
-  bits += static_cast<int64_t>(n) * (int64_t(1) << 52);
+  std::memcpy(&nb, &big, sizeof nb);
+  bits += (nb - int64_t(0x4338000000000000)) * (int64_t(1) << 52);
   std::memcpy(&p, &bits, sizeof p);
   return p;
+}
+
+template <typename T>
+constexpr T kExpLo = sizeof(T) == 4 ? T(-87) : T(-708);
+
+// e[p] = exp(min(x[p], 0)) (x clamped below at kExpLo): exp(x) for x <= 0 and exactly 1 for x >= 0, so that it is
+// both elu + 1's exponential part and its derivative. Two loops: GCC if-converts neither loop when the select and
+// the exponential share one (measured on AVX2)
+template <typename T>
+inline void exp_nonpos(T* __restrict e, const T* __restrict x, int64_t D) {
+  for (int64_t p = 0; p < D; ++p) e[p] = std::min(std::max(x[p], kExpLo<T>), T(0));
+  for (int64_t p = 0; p < D; ++p) e[p] = exp_clamped(e[p]);
 }
 
 // The feature maps: phi(x) of a token's D inputs has F values, phi(q) . phi(k) is the attention weight
@@ -124,11 +140,9 @@ int64_t feature_dim(int64_t mode, int64_t D) {
 template <typename T>
 inline void features(T* __restrict f, const T* __restrict x, int64_t D, int64_t mode) {
   switch (mode) {
-    case kElu:
-      for (int64_t p = 0; p < D; ++p) {
-        const T v = x[p];
-        f[p] = (v > T(0) ? v : T(0)) + exp_nonpos(v < T(0) ? v : T(0));
-      }
+    case kElu:  // max(x, 0) = (x + |x|) / 2, exactly, and without a select
+      exp_nonpos(f, x, D);
+      for (int64_t p = 0; p < D; ++p) f[p] += (x[p] + std::abs(x[p])) * T(0.5);
       return;
     case kRelu:
       for (int64_t p = 0; p < D; ++p) f[p] = x[p] > T(0) ? x[p] : T(0);
@@ -150,13 +164,12 @@ inline void features(T* __restrict f, const T* __restrict x, int64_t D, int64_t 
 template <typename T>
 inline void chain(T* __restrict d, const T* __restrict a, const T* __restrict x, int64_t D, int64_t mode) {
   switch (mode) {
-    case kElu:
+    case kElu:  // phi'(x) = exp(min(x, 0))
+      exp_nonpos(d, x, D);
+      for (int64_t p = 0; p < D; ++p) d[p] *= a[p];
+      return;
     case kRelu:
-      for (int64_t p = 0; p < D; ++p) {
-        const T v = x[p];
-        const T slope = mode == kRelu ? T(0) : exp_nonpos(v < T(0) ? v : T(0));
-        d[p] = a[p] * (v > T(0) ? T(1) : slope);
-      }
+      for (int64_t p = 0; p < D; ++p) d[p] = x[p] > T(0) ? a[p] : T(0);
       return;
     default:
       for (int64_t p = 0; p < D; ++p) d[p] = a[1 + p];
