@@ -144,3 +144,41 @@ def test_half_inputs_named_cpu_run_the_pytorch_path():
     ref = linear_attention(q, k, v, backend="torch", causal=True)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+def _forward_ad_cases():
+    from attnzoo.ops.fastmax import fastmax
+
+    k, v = (torch.randn(1, 2, 40, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(s)) for s in (8, 9))
+    return [
+        ("linear", lambda q, **kw: linear_attention(q, k, v, causal=True, **kw)),
+        ("fastmax p=1", lambda q, **kw: fastmax(q, k, v, p=1, scale=0.25, **kw)),
+        ("fastmax p=2 causal", lambda q, **kw: fastmax(q, k, v, p=2, causal=True, **kw)),
+    ]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("case", range(3))
+def test_forward_ad_and_torch_func_get_the_reference_derivatives(case, masked):
+    # the kernels' autograd Functions define no jvp: "auto" must not drop a forward-mode tangent (it did, silently,
+    # when the kernel ran without requires_grad) nor fail under torch.func; it takes the PyTorch path then
+    import torch.autograd.forward_ad as fwAD
+
+    name, fn = _forward_ad_cases()[case]
+    gen = torch.Generator().manual_seed(10)
+    q, t = (torch.randn(1, 2, 40, 4, dtype=torch.float64, generator=gen) for _ in range(2))
+    mask = torch.ones(1, 40, dtype=torch.bool)
+    mask[0, :7] = False
+    kw = {"attention_mask": mask} if masked else {}
+    tangents = []
+    for backend in ("auto", "naive"):
+        with fwAD.dual_level():
+            tangents.append(fwAD.unpack_dual(fn(fwAD.make_dual(q, t), backend=backend, **kw)).tangent)
+    assert tangents[0] is not None, name
+    torch.testing.assert_close(tangents[0], tangents[1], rtol=1e-9, atol=1e-10)
+    grad = torch.func.grad(lambda a: fn(a, **kw).square().sum())(q)
+    x = q.clone().requires_grad_(True)
+    (ref,) = torch.autograd.grad(fn(x, backend="naive", **kw).square().sum(), x)
+    torch.testing.assert_close(grad, ref, rtol=1e-9, atol=1e-10)
+    with fwAD.dual_level(), pytest.raises(ValueError, match="forward-mode AD"):
+        fn(fwAD.make_dual(q, t), backend="cpu", **kw)

@@ -3,7 +3,9 @@
 ``backend="auto"`` picks, in order: the op's Triton kernel for CUDA tensors (unless it failed before in this process,
 see :mod:`attnzoo.ops._triton_utils`); its fused CPU kernels for CPU tensors when they build and the backend's
 :attr:`~attnzoo.ops._spec.Backend.auto_if` takes the call, except while ``torch.compile`` traces (the kernels are
-opaque to it); else the op's PyTorch path (:attr:`Mechanism.default`).
+opaque to it); else the op's PyTorch path (:attr:`Mechanism.default`). Inputs carrying forward-mode AD tangents or
+wrapped by ``torch.func`` transforms never reach a kernel (their autograd Functions define no ``jvp``): ``"auto"``
+takes the PyTorch path, and a kernel named explicitly raises ``ValueError``.
 A Triton kernel that fails to compile or launch under ``"auto"`` warns once and the PyTorch path serves from then on;
 a backend named explicitly never falls back. Unknown names, backends that cannot run in this process and backends
 asked for on a device they do not run on raise ``ValueError`` naming the op, the value and the valid names.
@@ -22,11 +24,19 @@ import threading
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from attnzoo.ops import _cpu_kernels, _triton_utils
 from attnzoo.ops._spec import Backend, Mechanism
 
-__all__ = ["call_backend", "check_backend", "resolve_backend", "runs_reference", "force_backend"]
+__all__ = [
+    "call_backend",
+    "check_backend",
+    "resolve_backend",
+    "runs_reference",
+    "force_backend",
+    "traced_by_forward_ad",
+]
 
 _FORCED = threading.local()
 
@@ -40,6 +50,18 @@ def force_backend(name: str) -> Iterator[None]:
         yield
     finally:
         _FORCED.name = prev
+
+
+def traced_by_forward_ad(inputs: Sequence) -> bool:
+    """Whether a tensor of ``inputs`` carries a forward-mode AD tangent or is wrapped by a ``torch.func`` transform:
+    the kernels' autograd Functions define neither a ``jvp`` nor a ``setup_context``, so they would drop the tangent
+    (forward AD) or fail (``torch.func``); the PyTorch paths differentiate either way."""
+    for t in inputs:
+        if isinstance(t, torch.Tensor) and (
+            torch._C._functorch.is_functorch_wrapped_tensor(t) or fwAD.unpack_dual(t).tangent is not None
+        ):
+            return True
+    return False
 
 
 def _cpu_kernels_ready() -> bool:
@@ -62,17 +84,19 @@ def _auto(mech: Mechanism, inputs: Sequence, options: Mapping[str, Any] | None) 
     if forced is not None and forced in mech.backends and mech.backends[forced].is_available():
         if not masked or mech.backends[forced].masks:
             return forced
+    kernels = not traced_by_forward_ad(inputs)
     for name, b in mech.backends.items():
         if masked and not (b.masks and b.auto_masks):
             continue
         if (
-            b.kind == "triton"
+            kernels
+            and b.kind == "triton"
             and _triton_utils.auto_uses_triton(mech.op, x)
             and b.is_available()
             and _auto_takes(b, inputs, options)
         ):
             return name
-    if x.device.type == "cpu" and not torch.compiler.is_compiling():
+    if kernels and x.device.type == "cpu" and not torch.compiler.is_compiling():
         for name, b in mech.backends.items():
             if (
                 b.kind == "cpu"
@@ -133,6 +157,11 @@ def resolve_backend(
         need = "the triton package and " + need if b.kind == "triton" else need
         raise ValueError(
             f"backend={backend!r} is not available for {mech.op} (needs {need}); valid backends: {mech.backend_names()}"
+        )
+    if b.kind in ("cpu", "triton") and traced_by_forward_ad((x,) if inputs is None else inputs):
+        raise ValueError(
+            f"backend={backend!r} of {mech.op} does not propagate forward-mode AD tangents or run under torch.func "
+            f"transforms (its kernels define no jvp); use backend='torch' (or 'auto', which takes it then)"
         )
     # Triton kernels check their own device (CUDA, or CPU under TRITON_INTERPRET=1) with a message saying how
     if b.kind == "cpu" and x.device.type != "cpu":

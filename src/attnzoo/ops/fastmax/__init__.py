@@ -23,7 +23,7 @@ import torch
 
 from attnzoo._checks import NonFiniteError, check_bool, check_overflow, check_probability, finite_absmax
 from attnzoo.ops import _cpu_kernels
-from attnzoo.ops._dispatch import call_backend, check_backend, resolve_backend
+from attnzoo.ops._dispatch import call_backend, check_backend, resolve_backend, traced_by_forward_ad
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option, triton_available
 from attnzoo.ops._varlen import Segments, segments
 from attnzoo.ops.fastmax import cpu as fastmax_cpu
@@ -135,12 +135,12 @@ def _masked(
 
 
 def _fastmax_torch(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
+    # the §2.5 backward writes into strided slices (out=), which torch.compile cannot trace, and defines no jvp:
+    # compiled graphs, forward-mode AD and torch.func differentiate the chunked forward instead (same values, more
+    # memory)
+    custom = not torch.compiler.is_compiling() and not traced_by_forward_ad((q, k, v))
     if segs is not None:
-        custom = not torch.compiler.is_compiling()
         return _masked(q, k, v, segs, p=p, causal=causal, scale=scale, chunk_size=chunk_size, custom=custom)
-    # the §2.5 backward writes into strided slices (out=), which torch.compile cannot trace: compiled graphs
-    # differentiate the chunked forward instead (same values, more memory)
-    custom = not torch.compiler.is_compiling()
 
     def sweeps(qs, kh, vv):
         return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk_size, custom_grad=custom)
