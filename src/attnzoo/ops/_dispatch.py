@@ -56,6 +56,8 @@ def traced_by_forward_ad(inputs: Sequence) -> bool:
     """Whether a tensor of ``inputs`` carries a forward-mode AD tangent or is wrapped by a ``torch.func`` transform:
     the kernels' autograd Functions define neither a ``jvp`` nor a ``setup_context``, so they would drop the tangent
     (forward AD) or fail (``torch.func``); the PyTorch paths differentiate either way."""
+    if torch.compiler.is_compiling():
+        return False  # compiled graphs take no kernel anyway, and dynamo cannot trace the functorch query
     for t in inputs:
         if isinstance(t, torch.Tensor) and (
             torch._C._functorch.is_functorch_wrapped_tensor(t) or fwAD.unpack_dual(t).tangent is not None
