@@ -1,11 +1,13 @@
-// Fused CPU kernel of linear attention (Katharopoulos et al. 2020, eqs 5-6; causal eqs 8-10) with
-// phi = elu + 1 or relu, unmasked or over padded batches / packed rows, forward and backward, float32 and float64.
+// Fused CPU kernel of feature-map attention, out_i = sum_j (phi(q_i) . phi(k_j)) v_j / (sum_j phi(q_i) . phi(k_j)
+// + eps): linear attention (Katharopoulos et al. 2020, eqs 5-6; causal eqs 8-10) with phi = elu + 1 or relu, and
+// Fastmax (FAST eqs 24-27) with phi = [1, x] (p = 1) or [1, x, x x^T / sqrt 2] (p = 2); unmasked or over padded
+// batches / packed rows, forward and backward, float32 and float64.
 //
-// Why: the PyTorch path makes a pass per step (phi of q and k, the moment sums, the products with the queries,
-// the denominator, the division), and over padded batches or packed rows it ran each sequence's slice from a
+// Why: the PyTorch paths make a pass per step (phi of q and k, the moment sums, the products with the queries,
+// the denominator, the division), and over padded batches or packed rows they ran each sequence's slice from a
 // Python loop. Here a task is one (row, sequence, head): it reads its tokens of q, k, v once per pass and keeps
-// the moments S = sum_j phi(k_j) v_j^T (P x R) and z = sum_j phi(k_j) in a small buffer, so padding is never read
-// and sequences are never copied, padded or sliced; all tasks run in one at::parallel_for.
+// the moments S = sum_j phi(k_j) v_j^T (F x R, stored transposed) and z = sum_j phi(k_j) in a small buffer, so
+// padding is never read and sequences are never copied, padded or sliced; all tasks run in one at::parallel_for.
 //
 // Sequences: ids (B, N) int64, each token's sequence within its row (-1 at padding); the ids never decrease over
 // a row's real tokens, so sequence s of row b lies in [first, last] with only padding between its tokens. Without
@@ -17,8 +19,8 @@
 //   dphi(q_i) = S_i g_i + z_i gd_i                               (S_i, z_i as in the forward)
 //   dphi(k_j) = T_j v_j + t_j,  dv_j = T_j^T phi(k_j)             (T_j = sum_i phi(q_i) g_i^T, t_j = sum_i phi(q_i) gd_i
 //                                                                 over the sequence; causal: its tokens i >= j)
-// then dq = dphi(q) * phi'(q) and dk likewise. Sums are kept in the input's dtype (float32 or float64); padding
-// gets zero output and zero gradients.
+// then dq, dk by the vector-Jacobian product of phi. Sums are kept in the input's dtype (float32 or float64);
+// padding gets zero output and zero gradients.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
