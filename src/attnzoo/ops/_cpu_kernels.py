@@ -52,6 +52,7 @@ __all__ = [
     "clean_builds",
     "current_build_dir",
     "last_used",
+    "unit_stride",
 ]
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,12 @@ _LOCK_NAME = "attnzoo.lock"
 _USED_NAME = "last_used"
 #: build directories kept in the cache (the current one included); older ones are removed after a load
 KEEP_BUILDS = 3
+
+
+def unit_stride(t: torch.Tensor) -> torch.Tensor:
+    """``t`` if its last dim has unit stride (or size 1), else a contiguous copy: the kernels take any strides over
+    the leading dims (e.g. the layers' ``"b n (h p) -> b h n p"`` views, read uncopied) but walk the last one."""
+    return t if t.shape[-1] == 1 or t.stride(-1) == 1 else t.contiguous()
 
 
 class BuildWaitTimeout(RuntimeError):

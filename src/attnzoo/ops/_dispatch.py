@@ -86,25 +86,25 @@ def _auto(mech: Mechanism, inputs: Sequence, options: Mapping[str, Any] | None) 
     if forced is not None and forced in mech.backends and mech.backends[forced].is_available():
         if not masked or mech.backends[forced].masks:
             return forced
-    kernels = not traced_by_forward_ad(inputs)
     for name, b in mech.backends.items():
         if masked and not (b.masks and b.auto_masks):
             continue
         if (
-            kernels
-            and b.kind == "triton"
+            b.kind == "triton"
             and _triton_utils.auto_uses_triton(mech.op, x)
             and b.is_available()
             and _auto_takes(b, inputs, options)
+            and not traced_by_forward_ad(inputs)
         ):
             return name
-    if kernels and x.device.type == "cpu" and not torch.compiler.is_compiling():
+    if x.device.type == "cpu" and not torch.compiler.is_compiling():
         for name, b in mech.backends.items():
             if (
                 b.kind == "cpu"
                 and (not masked or (b.masks and b.auto_masks))
                 and _cpu_kernels_ready()
                 and _auto_takes(b, inputs, options)
+                and not traced_by_forward_ad(inputs)
             ):
                 return name
     # a PyTorch form that is faster than the default on some calls (an explicit N x N form for short sequences)

@@ -47,7 +47,7 @@ from attnzoo.ops.fastmax.naive import explicit_attention, fastmax_naive, naive_f
 from attnzoo.ops.fastmax.recurrent import FastmaxState, fastmax_init_state, fastmax_prompt_state, fastmax_step
 from attnzoo.ops.fastmax.varlen import masked_sweeps
 from attnzoo.ops.linear.cpu import feature_attention_cpu
-from attnzoo.ops.linear.cpu import kernel_covers as feature_kernel_covers
+from attnzoo.ops.linear.cpu import kernel_covers as feature_kernel_covers  # every p and causal mode, masks native
 
 __all__ = [
     "fastmax",
@@ -186,13 +186,6 @@ def _kernel_covers(inputs: tuple, p, causal) -> bool:
     return p == 1 and not causal and q.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling()
 
 
-def _feature_kernel_covers(q: torch.Tensor) -> bool:
-    """What the feature-map kernel (:mod:`attnzoo.ops.linear.cpu`, with Fastmax's features phi(x) = [1, x] or
-    [1, x, x x^T / sqrt 2], FAST eqs 24-27) computes: every p and causal mode on float32/float64 CPU tensors, unmasked
-    or over padded batches / packed rows natively, forward and backward; it is opaque to torch.compile."""
-    return feature_kernel_covers(q)
-
-
 def _auto_takes_kernel(inputs: tuple, options: Mapping[str, Any]) -> bool:
     # p=1 non-causal: the fused kernel, but only its vector (AVX-512) build, which beats PyTorch. Otherwise the
     # feature-map kernel: for every masked call (no Python loop over sequences) and for causal calls (0.35-0.6x the
@@ -201,7 +194,7 @@ def _auto_takes_kernel(inputs: tuple, options: Mapping[str, Any]) -> bool:
     p, causal, masked = options.get("p"), bool(options.get("causal")), options.get("segs") is not None
     if _kernel_covers(inputs, p, causal) and fastmax_cpu.simd_kernel():
         return True
-    if not _feature_kernel_covers(inputs[0]):
+    if not feature_kernel_covers(inputs[0]):
         return False
     if masked:
         return True
@@ -222,7 +215,7 @@ def _fastmax_cpu(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int
     # torch.compile run the PyTorch path. Named explicitly, "cpu" still needs the kernels built
     if _kernel_covers((q, k, v), p, causal) and (segs is None or fastmax_cpu.simd_kernel()):
         return _fastmax_p1_fused(q, k, v, scale, segs)
-    if _feature_kernel_covers(q):
+    if feature_kernel_covers(q):
         return _fastmax_features_cpu(q, k, v, p=p, causal=causal, scale=scale, segs=segs)
     if not torch.compiler.is_compiling():
         _cpu_kernels.required_cpu_kernels()

@@ -52,12 +52,8 @@ class _FastmaxP1CPU(torch.autograd.Function):
         return *(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:3], strict=True)), None, None, None
 
 
-def _unit_stride(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    return tuple(t if t.shape[-1] == 1 or t.stride(-1) == 1 else t.contiguous() for t in ts)
-
-
 def _run(q, k, v, scale: float, ids, num: int) -> tuple[torch.Tensor, torch.Tensor]:
-    q, k, v = _unit_stride(q, k, v)
+    q, k, v = (_cpu_kernels.unit_stride(t) for t in (q, k, v))
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _FastmaxP1CPU.apply(q, k, v, scale, ids, num)
     kernels = _cpu_kernels.required_cpu_kernels()

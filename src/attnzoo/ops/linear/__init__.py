@@ -26,7 +26,7 @@ from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops._varlen import segments
 from attnzoo.ops.linear.chunk import linear_attention_chunk  # noqa: F401  (the spec's backends look it up here)
-from attnzoo.ops.linear.cpu import kernel_covers, linear_attention_cpu
+from attnzoo.ops.linear.cpu import feature_attention_cpu, kernel_covers
 from attnzoo.ops.linear.naive import FEATURE_MAPS, feature_map_fn, linear_attention_naive, linear_attention_weights  # noqa: F401
 from attnzoo.ops.linear.recurrent import LinearState, init_linear_state, linear_attention_recurrent_loop
 
@@ -81,7 +81,7 @@ def _linear_cpu(
         )  # fmt: skip
     seg = segments(q.shape[0], q.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
     ids = None if seg is None else seg.ids
-    return linear_attention_cpu(q, k, v, causal=causal, feature_map=feature_map, eps=eps, ids=ids)
+    return feature_attention_cpu(q, k, v, causal=causal, feature_map=feature_map, eps=eps, ids=ids)
 
 
 def _auto_takes_kernel(inputs: tuple, _options) -> bool:

@@ -195,22 +195,6 @@ inline void acc4(T* __restrict y, const T* a, const T* const* x, int64_t R) {
   for (int64_t r = 0; r < R; ++r) y[r] += a0 * x0[r] + a1 * x1[r] + a2 * x2[r] + a3 * x3[r];
 }
 
-// s[j] = y[0:R] . x[j][0:R] for the kG rows
-template <typename T>
-inline void dot4(T* s, const T* __restrict y, const T* const* x, int64_t R) {
-  T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  const T *__restrict x0 = x[0], *__restrict x1 = x[1], *__restrict x2 = x[2], *__restrict x3 = x[3];
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-  for (int64_t r = 0; r < R; ++r) {
-    const T w = y[r];
-    s0 += w * x0[r];
-    s1 += w * x1[r];
-    s2 += w * x2[r];
-    s3 += w * x3[r];
-  }
-  s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
-}
-
 template <typename T>
 inline T dot(const T* __restrict a, const T* __restrict x, int64_t n) {
   T s = 0;

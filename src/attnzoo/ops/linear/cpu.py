@@ -13,7 +13,7 @@ import torch
 
 from attnzoo.ops import _cpu_kernels
 
-__all__ = ["linear_attention_cpu", "feature_attention_cpu", "kernel_covers", "MAPS"]
+__all__ = ["feature_attention_cpu", "kernel_covers", "MAPS"]
 
 #: the kernel's feature maps (``Map`` in cpu.cpp): ``phi(q) . phi(k)`` is the attention weight
 MAPS = {"elu": 0, "relu": 1, "fastmax1": 2, "fastmax2": 3}
@@ -42,10 +42,6 @@ class _LinearCPU(torch.autograd.Function):
         return *(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:3], strict=True)), *[None] * 4
 
 
-def _unit_stride(t: torch.Tensor) -> torch.Tensor:
-    return t if t.shape[-1] == 1 or t.stride(-1) == 1 else t.contiguous()
-
-
 def feature_attention_cpu(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -61,26 +57,9 @@ def feature_attention_cpu(
     one dtype; views with unit stride over the last dim are read in place) -> ``(B, H, N, R)``. ``ids (B, N)``
     int64: each token's sequence within its row, ``-1`` at padding (:class:`~attnzoo.ops._varlen.Segments`), or
     ``None`` (each row one sequence)."""
-    q, k, v = (_unit_stride(t) for t in (q, k, v))
+    q, k, v = (_cpu_kernels.unit_stride(t) for t in (q, k, v))
     ids = None if ids is None else ids.to(device=q.device, dtype=torch.long).contiguous()
     mode = MAPS[feature_map]
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _LinearCPU.apply(q, k, v, ids, causal, mode, float(eps))
     return _cpu_kernels.required_cpu_kernels().linear_forward(q, k, v, ids, causal, mode, float(eps))[0]
-
-
-def linear_attention_cpu(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool,
-    feature_map: str,
-    eps: float,
-    ids: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Linear attention (Katharopoulos et al. 2020, eqs 5-6 / 8-10) with ``feature_map`` ``"elu"`` or ``"relu"``:
-    :func:`feature_attention_cpu`."""
-    if feature_map not in ("elu", "relu"):
-        raise ValueError(f"feature_map={feature_map!r}: the linear attention kernel takes 'elu' or 'relu'")
-    return feature_attention_cpu(q, k, v, causal=causal, feature_map=feature_map, eps=eps, ids=ids)

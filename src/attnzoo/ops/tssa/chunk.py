@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from attnzoo._checks import explain_nonfinite
+from attnzoo.ops._cpu_kernels import unit_stride
 from attnzoo.ops._varlen import Segments
 from attnzoo.ops.tssa.naive import compute_dtype, safe_denominator
 
@@ -101,14 +102,9 @@ def _noncausal_stats(wc: torch.Tensor, temp: torch.Tensor) -> NonCausalStats:
     return NonCausalStats(w2, c, r, s, pi, den, dots)
 
 
-def _unit_stride_rows(w: torch.Tensor) -> torch.Tensor:
-    # the kernels take any strides over (B, H, N) (e.g. the layers' "b n (h p) -> b h n p" view, uncopied)
-    return w if w.stride(-1) == 1 or w.shape[-1] == 1 else w.contiguous()
-
-
 def _noncausal_fused(kernels, w: torch.Tensor, wc: torch.Tensor, tc: torch.Tensor):
     """Alg. 1's forward in three passes over ``w`` with the fused CPU kernels (``cpu.cpp``)."""
-    wc = _unit_stride_rows(wc)
+    wc = unit_stride(wc)
     c = kernels.tssa_colsum_sq(wc, None)
     if not bool(torch.isfinite(c).all()):  # as in the PyTorch path: NaN/Inf in w shows in c
         explain_nonfinite("tssa", "w", w, "the per-feature sum of w^2 over N tokens")
@@ -122,7 +118,7 @@ def _noncausal_fused(kernels, w: torch.Tensor, wc: torch.Tensor, tc: torch.Tenso
 def _noncausal_backward_fused(kernels, wc, tc, gc, c, r, s, pi, den, g):
     """The backward below in four passes over ``w`` (two also read the output's gradient) with the CPU kernels;
     the ``(B, H, N)`` and ``(B, H, P)`` steps in between stay in PyTorch."""
-    wc, gc = _unit_stride_rows(wc), _unit_stride_rows(gc)
+    wc, gc = unit_stride(wc), unit_stride(gc)
     d_pi, u = kernels.tssa_bwd_gw(wc, gc, pi, g)  # -sum_p G w g,  sum_n pi G w
     d_dots = u * g * g
     d_q = kernels.tssa_rowdot_sq(wc, d_dots)
@@ -209,7 +205,7 @@ class _TSSACausal(torch.autograd.Function):
         wc, tc, bc = w.to(cdt), temp.to(cdt), bias.to(cdt)
         ctx.bias_dtype = bias.dtype
         if kernels is not None:
-            out, s, pi, den = kernels.tssa_causal(_unit_stride_rows(wc), tc.contiguous(), bc.contiguous())
+            out, s, pi, den = kernels.tssa_causal(unit_stride(wc), tc.contiguous(), bc.contiguous())
             ctx.save_for_backward(w, temp, s, pi, den)
             ctx.kernels = kernels
             return out.to(w.dtype)
@@ -239,9 +235,7 @@ class _TSSACausal(torch.autograd.Function):
         wc, tc, gc = w.to(cdt), temp.to(cdt), grad_out.to(cdt)
         p = w.shape[-1]
         if ctx.kernels is not None:  # the same formulas in four fused passes (cpu.cpp, causal backward)
-            d_a, dw = ctx.kernels.tssa_causal_bwd(
-                _unit_stride_rows(wc), _unit_stride_rows(gc), tc.contiguous(), pi, den
-            )
+            d_a, dw = ctx.kernels.tssa_causal_bwd(unit_stride(wc), unit_stride(gc), tc.contiguous(), pi, den)
             d_s = d_a * tc[:, None]
             return (
                 dw.to(w.dtype),
@@ -500,7 +494,7 @@ def _slot_read(kernels, stat: torch.Tensor, vt: VarlenTasks) -> torch.Tensor:
 
 def _noncausal_fused_varlen(kernels, w, wc, tc, vt: VarlenTasks):
     """Eq. 10 / 11 per sequence in the fused kernels' three passes, statistics per slot ``(slots, H, P)``."""
-    wc, tab, ns = _unit_stride_rows(wc), vt.table, vt.slots
+    wc, tab, ns = unit_stride(wc), vt.table, vt.slots
     c = kernels.tssa_colsum_sq(wc, None, tab, ns)
     if not bool(torch.isfinite(c).all()):
         explain_nonfinite("tssa", "w", w, "the per-feature sum of w^2 over each sequence's tokens")
@@ -514,7 +508,7 @@ def _noncausal_fused_varlen(kernels, w, wc, tc, vt: VarlenTasks):
 def _noncausal_backward_fused_varlen(kernels, wc, tc, gc, saved, vt: VarlenTasks):
     """:func:`_noncausal_backward_fused` per sequence: its sums over tokens per slot."""
     c, r, s, pi, den, g = saved
-    wc, gc, tab, ns = _unit_stride_rows(wc), _unit_stride_rows(gc), vt.table, vt.slots
+    wc, gc, tab, ns = unit_stride(wc), unit_stride(gc), vt.table, vt.slots
     d_pi, u = kernels.tssa_bwd_gw(wc, gc, pi, g, tab, ns)
     d_dots = u * g * g
     d_q = kernels.tssa_rowdot_sq(wc, d_dots, tab, ns)
@@ -555,7 +549,7 @@ class _TSSACausalVarlen(torch.autograd.Function):
     def forward(ctx, w, temp, bias, kernels, vt: VarlenTasks) -> torch.Tensor:
         # bias: (H, N_max), read by the kernels at each token's position within its sequence
         cdt = compute_dtype(w.dtype)
-        wc, tc, bc = _unit_stride_rows(w.to(cdt)), temp.to(cdt).contiguous(), bias.to(cdt).contiguous()
+        wc, tc, bc = unit_stride(w.to(cdt)), temp.to(cdt).contiguous(), bias.to(cdt).contiguous()
         out, s, pi, den = kernels.tssa_causal(wc, tc, bc, vt.table, vt.slots)
         ctx.save_for_backward(w, temp, s, pi, den)
         ctx.kernels, ctx.vt, ctx.bias_shape, ctx.bias_dtype = kernels, vt, bias.shape, bias.dtype
@@ -566,7 +560,7 @@ class _TSSACausalVarlen(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):
         w, temp, s, pi, den = ctx.saved_tensors
         cdt, (h, n_max), vt = s.dtype, ctx.bias_shape, ctx.vt
-        wc, gc = _unit_stride_rows(w.to(cdt)), _unit_stride_rows(grad_out.to(cdt))
+        wc, gc = unit_stride(w.to(cdt)), unit_stride(grad_out.to(cdt))
         d_a, dw = ctx.kernels.tssa_causal_bwd(wc, gc, temp.to(cdt).contiguous(), pi, den, vt.table, vt.slots)
         d_bias = None
         if ctx.needs_input_grad[2]:
