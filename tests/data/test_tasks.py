@@ -70,6 +70,19 @@ def test_language_model_task():
     assert set(t.info["val_works"]).isdisjoint(t.info["train_works"])
 
 
+def test_language_model_task_train_chars():
+    full = build_task("shakespeare_char", block_size=16)
+    t = build_task("shakespeare_char", block_size=16, train_chars=50_000)
+    # the first characters of the same text, the same vocabulary and validation plays
+    assert len(t.train.tokens) == t.info["train_chars"] == 50_000
+    assert torch.equal(t.train.tokens, full.train.tokens[:50_000])
+    assert t.vocab.chars == full.vocab.chars and torch.equal(t.val.tokens, full.val.tokens)
+    assert t.train.doc_starts.max() < 50_000 and t.train.doc_starts[0] == 0
+    for bad in (0, 17, 10**9):
+        with pytest.raises(ValueError, match="train_chars must be an integer"):
+            build_task("shakespeare_char", block_size=16, train_chars=bad)
+
+
 def test_icl_tasks():
     t = build_task("icl_sparse_linear", dim=6, n_points=9)
     (xs, ys), target = _batch(t)
