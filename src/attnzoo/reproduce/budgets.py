@@ -308,8 +308,8 @@ def _long() -> dict:
     sweep, and the baselines trained towards a plateau. The budgets come from pilot runs (docs/results_history.md,
     "Pilot runs", one CPU thread): vision at 16 tokens is near its plateau by 1,000-1,200 steps (ViT 83.1% at 800,
     85.3% at 1,600, 84.9% at 3,200 as it starts to over-fit; 1,600 steps for every row do not fit 2 h); language
-    at 1,200 steps of 64-character windows puts GPT ~0.9 bits/char below the character bigram model (600 steps: 3.13,
-    1,200: 2.71, bigram 3.61); in-context regression at d=4 leaves the zero predictor's plateau within 2,000 steps;
+    on 300,000 training characters is flat from ~6,000 of 9,600 steps (GPT 1.838 nats at 4,800, 1.846 at 9,600);
+    in-context regression at d=4 leaves the zero predictor's plateau within 2,000 steps;
     ListOps at 32-128 tokens is learned by softmax in 500 steps (32.8% against a ~17% majority). Estimated step
     compute (``python scripts/estimate_budget.py long``): ~165 thread-minutes of training, before evaluation and
     measurement (measured runs take 1.15-1.35x the estimate)."""
@@ -331,9 +331,10 @@ def _long() -> dict:
     lang = plan["language"]
     # 300,000 training characters (session 26): on all 4.57M, GPT's validation loss still fell -0.058 nats at twice
     # the 4,800 steps (session 24) and its curve fell as fast at 9,600 as at 4,800, so no CPU run reached a plateau.
-    # On the first 300,000 (33 epochs in 4,800 steps) the pilot (one seed, lr 1e-2) reached 1.838 nats at 4,800
-    # steps and 1.846 at 9,600, its curve flat from step 6,000 (1.845, 1.850, 1.845, 1.846): a data-limited plateau.
-    # On 1,000,000 it still moved -0.036 (1.737 -> 1.701)
+    # On the first 300,000 (33 epochs in 4,800 steps) the pilots (lr 1e-2) reached 1.838 / 1.825 nats at 4,800 steps
+    # and 1.846 / 1.847 at 9,600 (seeds 0 / 1; change +0.008 / +0.022, over-fitting a little), seed 0's curve flat
+    # from step 6,000 (1.845, 1.850, 1.845, 1.846): a data-limited plateau. On 500,000 it still moved -0.033
+    # (1.777 -> 1.744), on 1,000,000 -0.036 (1.737 -> 1.701)
     lang["task_options"] = {"block_size": 64, "train_chars": 300_000}
     # 1,200 steps: at 800, one GPT seed of three stayed 0.43 bits/char below the bigram model (2.81/2.89/3.16 against
     # 3.59); at 1,600 all three were 0.9-1.0 below (long report of session 15). The plateau run (2,400 steps) is
