@@ -874,6 +874,36 @@ def test_a_comparison_replicated_at_twice_the_steps_is_judged_on_its_gap_not_on_
     assert "the same rule gives inconclusive" in g["gate"] and "not the verdict of the reported steps" in g["gate"]
 
 
+def test_a_replicated_verdict_whose_interval_approaches_its_boundary_as_fast_as_it_clears_it_is_gated():
+    """The session-24 referee: a verdict replicated at twice the steps while its gap shrank 70% is not shown to hold
+    at the next doubling. Clearances (margin 0.2): 0.4 - 0.2 - half-width at 1x; at 2x the gap shrinks."""
+    from attnzoo.reproduce.claims import replicated_gate
+
+    a1, b1 = [2.00, 2.01, 2.02], [1.60, 1.61, 1.62]
+    # the gap shrinks from 0.40 to 0.30: clearance ~0.17 -> ~0.07, approached by ~0.10 >= 0.07 left: gated
+    f = _cmp(a1, b1, "tost", "gpt", 0.2, lower_is_better=True, unit="nats")
+    replicated_gate(f, stat([1.60, 1.61, 1.62]), stat([1.30, 1.31, 1.32]), row="tost", baseline="gpt")
+    c1, c2 = f["replicated_2x"]["clearance"]
+    assert f["replicated_2x"]["verdict"] == "disagrees" and c1 - c2 == pytest.approx(0.1) and c1 - c2 >= c2 > 0
+    assert f["verdict"] == "inconclusive" and f["ungated_verdict"] == "disagrees" and f["gate_reasons"] == ["plateau"]
+    assert "it approached its boundary by 0.1 in one doubling, at least what it still clears" in f["gate"]
+    # a smaller shrink (0.40 -> 0.36): approached by 0.04 < 0.13 left, so it stands, with both clearances stated
+    g = _cmp(a1, b1, "tost", "gpt", 0.2, lower_is_better=True, unit="nats")
+    replicated_gate(g, stat([1.66, 1.67, 1.68]), stat([1.30, 1.31, 1.32]), row="tost", baseline="gpt")
+    c1, c2 = g["replicated_2x"]["clearance"]
+    assert g["verdict"] == "disagrees" and "gate" not in g and 0 < c1 - c2 < c2
+    assert "replicated at one doubling of the steps, clearing its boundary by" in g["explanation"]
+    # moving away from the boundary never gates (the same test for "agrees")
+    h = _cmp([1.60, 1.61, 1.62], [1.60, 1.61, 1.62], "fastmax", "gpt", 0.2, lower_is_better=True, unit="nats")
+    assert h["verdict"] == "agrees"
+    replicated_gate(h, stat([1.30, 1.31, 1.32]), stat([1.31, 1.32, 1.33]), row="fastmax", baseline="gpt")
+    assert h["verdict"] == "agrees" and h["replicated_2x"]["clearance"][1] > h["replicated_2x"]["clearance"][0]
+    # an agreement approaching its boundary (the row falls behind at twice the steps) is gated by the same rule
+    k = _cmp([1.60, 1.61, 1.62], [1.60, 1.61, 1.62], "fastmax", "gpt", 0.2, lower_is_better=True, unit="nats")
+    replicated_gate(k, stat([1.41, 1.42, 1.43]), stat([1.30, 1.31, 1.32]), row="fastmax", baseline="gpt")
+    assert k["replicated_2x"]["verdict"] == "agrees" and k["verdict"] == "inconclusive"
+
+
 def test_a_relative_margin_is_re_read_on_the_longer_baseline_and_one_seed_only_describes_the_gap():
     from attnzoo.reproduce.claims import replicated_gate
 
