@@ -930,7 +930,13 @@ def test_a_relative_margin_is_re_read_on_the_longer_baseline_and_one_seed_only_d
     h = _cmp([1.70, 1.60, 1.80], [1.65, 1.70, 1.60], "tost", "gpt", 0.01, lower_is_better=True, unit="nats")
     assert h["verdict"] == "inconclusive"
     replicated_gate(h, stat([1.1, 1.2]), stat([1.0, 1.1]), row="tost", baseline="gpt")
-    assert "replicated_2x" not in h and "paired_2x" not in h
+    assert "replicated_2x" not in h and "paired_2x" not in h and h["verdict"] == "inconclusive"
+    # ... though what the rule gives at twice the steps is said (the session-26 referee)
+    assert h["at_2x"]["verdict"] == "inconclusive" and "at twice the steps (tost 2 vs gpt 2 seeds)" in h["explanation"]
+    u = _cmp([1.70, 1.60, 1.80], [1.65, 1.70, 1.60], "tost", "gpt", 0.2, lower_is_better=True, unit="nats")
+    replicated_gate(u, stat([1.30, 1.31, 1.32]), stat([1.30, 1.31, 1.32]), row="tost", baseline="gpt")
+    assert u["verdict"] == "inconclusive" and "gate" not in u and u["at_2x"]["verdict"] == "agrees"
+    assert "the verdict depends on the number of steps, so it stays inconclusive" in u["explanation"]
 
 
 def test_lra_extra_seeds_train_the_row_more_seeds_and_reject_an_unknown_row():

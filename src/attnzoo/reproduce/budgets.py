@@ -328,7 +328,35 @@ def _long() -> dict:
     for key in ("vision", "long-range", "language"):
         plan[key]["sweep_fraction"] = 0.5
     _long_vision(plan["vision"])
-    lang = plan["language"]
+    _long_language(plan["language"])
+    icl = plan["icl"]
+    # the one-factor ablations of AoT's attention and the baseline's plateau run (aot+softmax changes both factors
+    # at once: it ran in the session-15 report, docs/results_history.md)
+    icl["ablations"] = ["aot-qnorm", "aot-untied", "gpt@2x-steps", "aot@2x-steps"]
+    icl["plateau_seeds"] = 1
+    # half-length sweeps (1,000 steps), as the other sections': at full length they cost 12.5 of the section's 38.4
+    # thread-minutes (session 18), and both rows' best rate (1e-3) was the same at every sweep since session 15
+    icl["sweep_fraction"] = 0.5
+    # 4,000 steps (sweeps 2,000): at 2,000 one GPT seed of three stayed near the zero predictor (0.753 against
+    # 0.42 and 0.58), so AoT was not compared with GPT, and GPT's seed 0 still fell at twice the steps (0.419 ->
+    # 0.363; session 20). The section's 14 thread-minutes decided nothing; the second referee: longer or drop it
+    icl["train"] = {**icl["train"], "steps": 4000, "warmup_steps": 400}
+    # AoT's error still fell at 4,000 steps on every seed (session 22: 0.92 -> 0.81-0.86 over the run), so its
+    # "does not learn" rests on its own run at twice the steps (3 seeds, ~7 thread-minutes; the third referee)
+    _long_listops(plan["long-range"])
+    # the ops' timings need fewer seconds each than the default gives them (their spread is in the report)
+    plan["efficiency"]["budget_s"] = 3.0
+    probes = plan["probes"]
+    probes["layerwise"] = ["vit", "tost", "crate", "cbt", "aot"]
+    # 2 seeds of each probe model with a layer-wise claim: a trend on one trained model is an anecdote (3 seeds ran
+    # in the session-15 report; the third's 5 thread-minutes do not fit 2 h). Depth 8 at the vision section's 16
+    # tokens, 300 steps at the untuned 2e-3 (the probes read the layers, not accuracy)
+    probes["layerwise_seeds"] = 2
+    return plan
+
+
+def _long_language(lang: dict) -> None:
+    """`long`'s language data, steps, grid and runs at twice the steps (the `default` section, changed in place)."""
     # 300,000 training characters (session 26): on all 4.57M, GPT's validation loss still fell -0.058 nats at twice
     # the 4,800 steps (session 24) and its curve fell as fast at 9,600 as at 4,800, so no CPU run reached a plateau.
     # On the first 300,000 (33 epochs in 4,800 steps) the pilots (lr 1e-2) reached 1.838 / 1.825 nats at 4,800 steps
@@ -364,30 +392,6 @@ def _long() -> dict:
     # quarter against GPT's 0.04): its own run at twice the steps gates that verdict as GPT's gates every one
     lang["compared_2x"] = ["tost"]
     lang["contexts"] = [16, 32, 64]
-    icl = plan["icl"]
-    # the one-factor ablations of AoT's attention and the baseline's plateau run (aot+softmax changes both factors
-    # at once: it ran in the session-15 report, docs/results_history.md)
-    icl["ablations"] = ["aot-qnorm", "aot-untied", "gpt@2x-steps", "aot@2x-steps"]
-    icl["plateau_seeds"] = 1
-    # half-length sweeps (1,000 steps), as the other sections': at full length they cost 12.5 of the section's 38.4
-    # thread-minutes (session 18), and both rows' best rate (1e-3) was the same at every sweep since session 15
-    icl["sweep_fraction"] = 0.5
-    # 4,000 steps (sweeps 2,000): at 2,000 one GPT seed of three stayed near the zero predictor (0.753 against
-    # 0.42 and 0.58), so AoT was not compared with GPT, and GPT's seed 0 still fell at twice the steps (0.419 ->
-    # 0.363; session 20). The section's 14 thread-minutes decided nothing; the second referee: longer or drop it
-    icl["train"] = {**icl["train"], "steps": 4000, "warmup_steps": 400}
-    # AoT's error still fell at 4,000 steps on every seed (session 22: 0.92 -> 0.81-0.86 over the run), so its
-    # "does not learn" rests on its own run at twice the steps (3 seeds, ~7 thread-minutes; the third referee)
-    _long_listops(plan["long-range"])
-    # the ops' timings need fewer seconds each than the default gives them (their spread is in the report)
-    plan["efficiency"]["budget_s"] = 3.0
-    probes = plan["probes"]
-    probes["layerwise"] = ["vit", "tost", "crate", "cbt", "aot"]
-    # 2 seeds of each probe model with a layer-wise claim: a trend on one trained model is an anecdote (3 seeds ran
-    # in the session-15 report; the third's 5 thread-minutes do not fit 2 h). Depth 8 at the vision section's 16
-    # tokens, 300 steps at the untuned 2e-3 (the probes read the layers, not accuracy)
-    probes["layerwise_seeds"] = 2
-    return plan
 
 
 def _long_vision(vis: dict) -> None:

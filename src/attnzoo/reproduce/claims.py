@@ -458,10 +458,29 @@ def replicated_gate(f: dict, a_longer: Stat | None, b_longer: Stat | None, *, ro
     :func:`plateau_gate` and :func:`compared_row_gate` then leave the finding alone (``f["replicated_2x"]``).
     With fewer seeds there is no interval at twice the steps: those gates apply, and the effect on the seeds both
     longer runs share is described (``f["paired_2x"]``) so a reader sees whether the gap moved."""
-    if numbers_verdict(f) not in ("agrees", "disagrees") or not f.get("ci95") or a_longer is None or b_longer is None:
+    if not f.get("ci95") or a_longer is None or b_longer is None:
         return f
     lower = bool(f.get("lower_is_better"))
     unit = f.get("unit", "")
+    if numbers_verdict(f) not in ("agrees", "disagrees"):
+        # undecided at the reported steps: what the same rule gives at twice them is said, never used as the verdict
+        # (the session-26 referee: ToST's comparison at twice the steps was computed and shown only in a figure)
+        if a_longer.n >= 2 and b_longer.n >= 2:
+            m2 = f["margin_rel"] * abs(b_longer.mean) if f.get("margin_rel") is not None else f.get("margin") or 0.0
+            e2, ci2, _ = welch_ci(a_longer, b_longer, lower_is_better=lower)
+            v2 = verdict_from_ci(ci2, m2)
+            f["at_2x"] = {"effect": e2, "ci95": list(ci2) if ci2 else None, "margin": m2, "verdict": v2}
+            explain(
+                f,
+                f"at twice the steps ({row} {a_longer.n} vs {baseline} {b_longer.n} seeds) the same rule gives {v2}: "
+                f"effect {e2:+.3g} {unit}, 95% CI [{ci2[0]:+.3g}, {ci2[1]:+.3g}], margin {m2:.3g}"
+                + (
+                    "; the verdict depends on the number of steps, so it stays inconclusive"
+                    if v2 != "inconclusive"
+                    else ""
+                ),
+            )
+        return f
     if a_longer.n >= 2 and b_longer.n >= 2:
         m2 = f["margin_rel"] * abs(b_longer.mean) if f.get("margin_rel") is not None else f.get("margin") or 0.0
         e2, ci2, _ = welch_ci(a_longer, b_longer, lower_is_better=lower)

@@ -281,42 +281,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         for n in names
     }
     curves = {n: mean_val_curve(seeds_res[n], "bits_per_token") for n in names + longer if seeds_res[n]}
-    arch, tr = plan["arch"], plan["train"]
-    seen = tr["steps"] * tr["batch_size"] * plan["task_options"]["block_size"]
-    subset = plan["task_options"].get("train_chars")
-    sec.intro = (
-        "Shakespeare's works, train/validation split by play, character vocabulary"
-        + (
-            f"; training on the first {subset:,} characters of the training plays (in name order), "
-            f"{seen / subset:.3g} epochs: a data-limited regime, chosen so that the baseline reaches a plateau within "
-            "the run (the papers train data-rich, on OpenWebText)"
-            if subset
-            else ""
-        )
-        + "; block "
-        f"{plan['task_options']['block_size']}, width {arch['dim']}, depth {arch['depth']}, {arch['heads']} "
-        f"heads; {tr['steps']} steps of batch {tr['batch_size']} (same optimiser for all). Validation loss "
-        f"on {plan['eval_windows']} windows spread through the validation plays, "
-        f"{plan.get('seeds', 1)} seed(s) per model (mean ± std); lower is better."
-    )
-    block, params = plan["task_options"]["block_size"], [res[n]["params"] for n in names]
-    sec.scale = (
-        f"here character-level Shakespeare, {min(params):,}-{max(params):,} parameters, {block}-character windows, "
-        f"{tr['steps']} steps of batch {tr['batch_size']} ({seen / 1e6:.1f}M characters seen"
-        + (f", {seen / subset:.3g} epochs of {subset:,}" if subset else "")
-        + "); the papers: GPT-2-size decoders on OpenWebText (ToST, AoT), data-rich"
-        if params
-        else ""
-    )
     ngram = records.get(f"{KEY}/ngram-baselines", {}).get("result")
-    if ngram:
-        sec.intro += (
-            " Count-based character models fitted on the same training "
-            + ("characters" if subset else "plays")
-            + f" score {ngram['unigram_bpc']:.3f} "
-            f"(unigram) and {ngram['bigram_bpc']:.3f} (bigram) bits/char on the same windows (step "
-            "`language/ngram-baselines`)."
-        )
+    sec.intro, sec.scale = _describe(plan, [res[n]["params"] for n in names], ngram)
     sec.tables += _tables(res, names)
     sec.data = {"models": {n: _model_data(res[n]) for n in names}}
     if names:
@@ -346,6 +312,46 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         )
     _gate(sec, records, plan, res, curves)
     return sec
+
+
+def _describe(plan: dict, params: list[int], ngram: dict | None) -> tuple[str, str]:
+    """The section's intro (data, model, training, the n-gram baselines) and its line of the report's scale list."""
+    arch, tr = plan["arch"], plan["train"]
+    seen = tr["steps"] * tr["batch_size"] * plan["task_options"]["block_size"]
+    subset = plan["task_options"].get("train_chars")
+    intro = (
+        "Shakespeare's works, train/validation split by play, character vocabulary"
+        + (
+            f"; training on the first {subset:,} characters of the training plays (in name order), "
+            f"{seen / subset:.3g} epochs: a data-limited regime, chosen so that the baseline reaches a plateau within "
+            "the run (the papers train data-rich, on OpenWebText)"
+            if subset
+            else ""
+        )
+        + "; block "
+        f"{plan['task_options']['block_size']}, width {arch['dim']}, depth {arch['depth']}, {arch['heads']} "
+        f"heads; {tr['steps']} steps of batch {tr['batch_size']} (same optimiser for all). Validation loss "
+        f"on {plan['eval_windows']} windows spread through the validation plays, "
+        f"{plan.get('seeds', 1)} seed(s) per model (mean ± std); lower is better."
+    )
+    if ngram:
+        intro += (
+            " Count-based character models fitted on the same training "
+            + ("characters" if subset else "plays")
+            + f" score {ngram['unigram_bpc']:.3f} "
+            f"(unigram) and {ngram['bigram_bpc']:.3f} (bigram) bits/char on the same windows (step "
+            "`language/ngram-baselines`)."
+        )
+    block = plan["task_options"]["block_size"]
+    scale = (
+        f"here character-level Shakespeare, {min(params):,}-{max(params):,} parameters, {block}-character windows, "
+        f"{tr['steps']} steps of batch {tr['batch_size']} ({seen / 1e6:.1f}M characters seen"
+        + (f", {seen / subset:.3g} epochs of {subset:,}" if subset else "")
+        + "); the papers: GPT-2-size decoders on OpenWebText (ToST, AoT), data-rich"
+        if params
+        else ""
+    )
+    return intro, scale
 
 
 def _model_data(r: dict) -> dict:
