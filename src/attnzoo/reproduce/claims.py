@@ -462,34 +462,24 @@ def replicated_gate(f: dict, a_longer: Stat | None, b_longer: Stat | None, *, ro
         return f
     lower = bool(f.get("lower_is_better"))
     unit = f.get("unit", "")
-    if numbers_verdict(f) not in ("agrees", "disagrees"):
-        # undecided at the reported steps: what the same rule gives at twice them is said, never used as the verdict
-        # (the session-26 referee: ToST's comparison at twice the steps was computed and shown only in a figure)
-        if a_longer.n >= 2 and b_longer.n >= 2:
-            m2 = f["margin_rel"] * abs(b_longer.mean) if f.get("margin_rel") is not None else f.get("margin") or 0.0
-            e2, ci2, _ = welch_ci(a_longer, b_longer, lower_is_better=lower)
-            v2 = verdict_from_ci(ci2, m2)
-            f["at_2x"] = {"effect": e2, "ci95": list(ci2) if ci2 else None, "margin": m2, "verdict": v2}
-            explain(
-                f,
-                f"at twice the steps ({row} {a_longer.n} vs {baseline} {b_longer.n} seeds) the same rule gives {v2}: "
-                f"effect {e2:+.3g} {unit}, 95% CI [{ci2[0]:+.3g}, {ci2[1]:+.3g}], margin {m2:.3g}"
-                + (
-                    "; the verdict depends on the number of steps, so it stays inconclusive"
-                    if v2 != "inconclusive"
-                    else ""
-                ),
-            )
-        return f
+    decided = numbers_verdict(f) in ("agrees", "disagrees")
     if a_longer.n >= 2 and b_longer.n >= 2:
         m2 = f["margin_rel"] * abs(b_longer.mean) if f.get("margin_rel") is not None else f.get("margin") or 0.0
         e2, ci2, _ = welch_ci(a_longer, b_longer, lower_is_better=lower)
         v2 = verdict_from_ci(ci2, m2)
-        f["replicated_2x"] = {"effect": e2, "ci95": list(ci2) if ci2 else None, "margin": m2, "verdict": v2}
+        at_2x = {"effect": e2, "ci95": list(ci2) if ci2 else None, "margin": m2, "verdict": v2}
         at2 = (
             f"at twice the steps ({row} {a_longer.n} vs {baseline} {b_longer.n} seeds) the same rule gives {v2}: "
             f"effect {e2:+.3g} {unit}, 95% CI [{ci2[0]:+.3g}, {ci2[1]:+.3g}], margin {m2:.3g}"
         )
+        if not decided:
+            # undecided at the reported steps: what the rule gives at twice them is said, never used as the verdict
+            # (the session-26 referee: ToST's comparison at twice the steps was computed and shown only in a figure)
+            f["at_2x"] = at_2x
+            if v2 != "inconclusive":
+                at2 += "; the verdict depends on the number of steps, so it stays inconclusive"
+            return explain(f, at2)
+        f["replicated_2x"] = at_2x
         if v2 == numbers_verdict(f):
             c1, c2 = _clearance(f), ci2[0] + m2 if v2 == "agrees" else -m2 - ci2[1]
             f["replicated_2x"]["clearance"] = [c1, c2]
@@ -507,6 +497,8 @@ def replicated_gate(f: dict, a_longer: Stat | None, b_longer: Stat | None, *, ro
                 explain(f, f"{at2}: the verdict is replicated at one doubling of the steps, {cleared}")
         else:
             gate(f, f"{at2}, not the verdict of the reported steps", "plateau")
+        return f
+    if not decided:
         return f
     k = min(a_longer.n, b_longer.n, len(f["values_a"]), len(f["values_b"]))
     sign = -1.0 if lower else 1.0

@@ -316,8 +316,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
 
 def _describe(plan: dict, params: list[int], ngram: dict | None) -> tuple[str, str]:
     """The section's intro (data, model, training, the n-gram baselines) and its line of the report's scale list."""
-    arch, tr = plan["arch"], plan["train"]
-    seen = tr["steps"] * tr["batch_size"] * plan["task_options"]["block_size"]
+    arch, tr, block = plan["arch"], plan["train"], plan["task_options"]["block_size"]
+    seen = tr["steps"] * tr["batch_size"] * block
     subset = plan["task_options"].get("train_chars")
     intro = (
         "Shakespeare's works, train/validation split by play, character vocabulary"
@@ -328,8 +328,7 @@ def _describe(plan: dict, params: list[int], ngram: dict | None) -> tuple[str, s
             if subset
             else ""
         )
-        + "; block "
-        f"{plan['task_options']['block_size']}, width {arch['dim']}, depth {arch['depth']}, {arch['heads']} "
+        + f"; block {block}, width {arch['dim']}, depth {arch['depth']}, {arch['heads']} "
         f"heads; {tr['steps']} steps of batch {tr['batch_size']} (same optimiser for all). Validation loss "
         f"on {plan['eval_windows']} windows spread through the validation plays, "
         f"{plan.get('seeds', 1)} seed(s) per model (mean ± std); lower is better."
@@ -342,7 +341,6 @@ def _describe(plan: dict, params: list[int], ngram: dict | None) -> tuple[str, s
             f"(unigram) and {ngram['bigram_bpc']:.3f} (bigram) bits/char on the same windows (step "
             "`language/ngram-baselines`)."
         )
-    block = plan["task_options"]["block_size"]
     scale = (
         f"here character-level Shakespeare, {min(params):,}-{max(params):,} parameters, {block}-character windows, "
         f"{tr['steps']} steps of batch {tr['batch_size']} ({seen / 1e6:.1f}M characters seen"
