@@ -158,6 +158,7 @@ def finding(
     seeds: int = 1,
     explanation: str = "",
     measurement: bool = False,
+    claim_id: str = "",
 ) -> dict:
     """A finding dict (see the module docstring); ``measurement=True`` marks a cost or speed figure measured once."""
     if verdict not in VERDICTS:
@@ -167,6 +168,7 @@ def finding(
     if not isinstance(seeds, int) or seeds < 0:
         raise ValueError(f"seeds must be a non-negative int, got {seeds!r}")
     f = {
+        "claim_id": claim_id,
         "kind": kind,
         "paper": paper,
         "claim": claim,
@@ -182,8 +184,8 @@ def finding(
     return f
 
 
-def not_tested(paper: str, claim: str, paper_value: str, why: str, *, kind: str = "paper") -> dict:
-    return finding(paper, claim, paper_value, why, "not tested", "-", kind=kind, seeds=0)
+def not_tested(paper: str, claim: str, paper_value: str, why: str, *, kind: str = "paper", claim_id: str = "") -> dict:
+    return finding(paper, claim, paper_value, why, "not tested", "-", kind=kind, seeds=0, claim_id=claim_id)
 
 
 def compare(
@@ -203,6 +205,7 @@ def compare(
     lower_is_better: bool = False,
     relative: bool = False,
     spec: str = ".3g",
+    claim_id: str = "",
 ) -> dict:
     """Verdict on ``a`` (the paper's mechanism, one value per seed) against ``b`` (its baseline).
 
@@ -223,7 +226,7 @@ def compare(
     sa, sb = stat(a), stat(b)
     if sa is None or sb is None:
         missing = a_name if sa is None else b_name
-        return not_tested(paper, claim, paper_value, f"no measurement for {missing}", kind=kind)
+        return not_tested(paper, claim, paper_value, f"no measurement for {missing}", kind=kind, claim_id=claim_id)
     margin_abs = margin * abs(sb.mean) if relative else float(margin)
     effect, ci, df = welch_ci(sa, sb, lower_is_better=lower_is_better)
     verdict = verdict_from_ci(ci, margin_abs)
@@ -246,7 +249,7 @@ def compare(
             f"non-inferiority, margin {m_txt} ({margin_source}): agrees if the 95% Welch-t CI of the effect lies "
             f"above -{margin_abs:.3g}, disagrees if below, else inconclusive"
         )
-    f = finding(paper, claim, paper_value, measured, verdict, rule, kind=kind, seeds=n)
+    f = finding(paper, claim, paper_value, measured, verdict, rule, kind=kind, seeds=n, claim_id=claim_id)
     f.update(
         claim_type=claim_type,
         a_name=a_name,
