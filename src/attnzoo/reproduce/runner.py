@@ -195,7 +195,7 @@ def run(
     store = StepStore(out)
     store.clean_leftovers()
     for src in [reuse] if isinstance(reuse, (str, os.PathLike)) else reuse or []:
-        n = import_results(src, steps, store)
+        n = import_results(src, steps, store, slimmed=report_only)
         if progress:
             print(f"reproduce: reused {n} stored step(s) from {src}", file=sys.stderr)
     ctx = Context(out=out, store=store, seed=seed, device=device, progress=progress)
@@ -250,12 +250,14 @@ def _execute(todo, ctx, outcome, records, progress, jobs, threads, report_only) 
         _run_steps(todo, ctx, outcome, records, progress)
 
 
-def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore) -> int:
+def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore, *, slimmed: bool = False) -> int:
     """Store the step records of another run's ``results.json`` whose config equals this plan's (same hash).
 
     A step whose config changed is not imported, so it is computed again; a step already stored here is kept.
     Returns how many records were imported. Lets a report be rebuilt under new rules, or a plan extended by a few
-    steps, without retraining what did not change.
+    steps, without retraining what did not change. A published record without its plot arrays
+    (``result_slimmed``) is imported only with ``slimmed=True`` (``--report-only``: its numbers render, its plots
+    are drawn without those arrays); a run that computes takes the step again instead.
     """
     path = Path(path)
     try:
@@ -277,7 +279,7 @@ def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore)
             continue
         if config_hash(rec.get("config", {})) != step.hash or "result" not in rec:
             continue
-        if rec.get("result_slimmed"):
+        if rec.get("result_slimmed") and not slimmed:
             continue  # a published record without its plot arrays (publish_report.sh): computed again instead
         # a step's run directory (checkpoints a later step loads, e.g. a pretrained model) comes with its record
         runs = path / "runs" / step.id if path.is_dir() else None

@@ -503,7 +503,7 @@ def _plot(res, names):
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     for i, n in enumerate(names):
-        c = res[n]["curve"]
+        c = res[n].get("curve")
         if c:
             axes[0].plot([s for s, _ in c], [v / math.log(2) for _, v in c], label=n, color=f"C{i}")
         d = res[n]["decode"]
