@@ -98,12 +98,11 @@ class DirLock:
         """Take the lock or raise :class:`DirectoryLocked` at once (never waits)."""
         if self._fd is not None or fcntl is None:
             return self
-        if not self.directory.exists():
-            if self.mode == "shared":
-                return self  # a reader of a missing directory: its own error says so
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._created_dir = True
         for _ in range(10):  # retried only when the file was replaced between open and flock (see below)
+            # inside the loop: a holder that created the directory removes it on release, maybe between our open
+            # and our flock; the retry then recreates it rather than failing to open a file in a missing directory
+            if not self._make_directory():
+                return self  # a reader of a missing directory: its own error says so
             fd = self._open()
             if fd is None:  # a read-only directory without a lock file: nothing can write it, nothing to lock
                 return self
@@ -132,6 +131,16 @@ class DirLock:
         if self.mode == "exclusive":
             self._record()
         return self
+
+    def _make_directory(self) -> bool:
+        """Create the missing directory of a writer; ``False`` for a reader of a missing directory (nothing to lock)."""
+        if self.directory.exists():
+            return True
+        if self.mode == "shared":
+            return False
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._created_dir = True
+        return True
 
     def _open(self) -> int | None:
         if not self.create and not self.path.is_file():
