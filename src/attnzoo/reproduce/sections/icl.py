@@ -7,6 +7,8 @@ Errors are squared errors divided by the input dimension d (Garg et al. 2022's n
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from attnzoo.reproduce import claims
@@ -39,9 +41,22 @@ from attnzoo.reproduce.common import (
 from attnzoo.reproduce.store import Step
 
 KEY = "icl"
-TITLE = "In-context learning: linear and sparse-linear regression"
+TITLE = "In-context learning: regression"
 
 TASKS = {"linear": "icl_linear", "sparse": "icl_sparse_linear"}
+#: the function class each task key names, as the section title says it
+TASK_NAMES = {"linear": "linear", "sparse": "sparse-linear"}
+
+
+def title(tasks: Iterable[str]) -> str:
+    """The section title naming only the function classes the plan runs (``TITLE`` when none is known)."""
+    names = [TASK_NAMES.get(t, t) for t in tasks]
+    if not names:
+        return TITLE
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"In-context learning: {listed} regression"
+
+
 MODELS: dict[str, ModelRow] = {
     "gpt": ModelRow("icl_gpt", "softmax", "Transformer (GPT-2 blocks)"),
     "aot": ModelRow("icl_aot", "mssa", "AoT (attention only)"),
@@ -206,7 +221,7 @@ def _run_baselines(_ctx: Context, step: Step) -> dict:
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
-    sec = Section(KEY, TITLE)
+    sec = Section(KEY, title(plan["tasks"]))
     arch, tr = plan["arch"], plan["train"]
     first = next(iter(plan["tasks"].values()))
     d, n = first["dim"], first["n_points"]
