@@ -4,10 +4,14 @@ With deterministic algorithms on, PyTorch fills tensors from ``torch.empty`` (an
 so a fast path that forgets to write part of its output fails the comparison instead of passing by luck.
 """
 
+import importlib
+import importlib.metadata
 import os
+from types import ModuleType
 
 import pytest
 import torch
+from packaging.requirements import Requirement
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 # Triton reads the interpreter flag when a kernel is decorated, i.e. when attnzoo.ops.*.triton is first imported,
@@ -36,3 +40,37 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def _extra_members(extra: str, project: str = "attnzoo") -> list[str]:
+    """The distributions that ``pip install -e '.[extra]'`` installs for ``project`` (from its metadata)."""
+    names = []
+    for line in importlib.metadata.requires(project) or []:
+        req = Requirement(line)
+        if req.marker is not None and req.marker.evaluate({"extra": extra}):
+            names.append(req.name)
+    return names
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def require(module: str, extra: str = "hf") -> ModuleType:
+    """Import the optional dependency ``module`` of attnzoo's ``extra`` for a test (at module level or inside one).
+
+    Skips only where no distribution of ``extra`` is installed (the extra was never asked for). Where any is, the
+    extra was installed (scripts/setup.sh always installs it), so a missing or broken ``module`` fails the test
+    with its ImportError instead of silently skipping everything that needs it.
+    """
+    members = _extra_members(extra)
+    if module not in members:
+        raise ValueError(f"{module!r} is not part of attnzoo's {extra!r} extra (its members: {members})")
+    if not any(_installed(name) for name in members):
+        reason = f"attnzoo's {extra!r} extra is not installed (pip install -e '.[{extra}]')"
+        pytest.skip(reason, allow_module_level=True)
+    return importlib.import_module(module)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from conftest import require
 from einops import rearrange
 from torch import nn
 
@@ -133,7 +134,7 @@ def test_toy_is_a_bench_case(toy):
 
 
 def test_toy_swaps_into_gpt2_with_its_projections_copied(toy):
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     cfg = transformers.GPT2Config(n_embd=16, n_layer=2, n_head=2, vocab_size=11, n_positions=16, attn_pdrop=0.0)
     model = transformers.GPT2LMHeadModel(cfg).eval()
     attn = model.transformer.h[1].attn
@@ -171,7 +172,7 @@ def test_a_shared_projection_is_the_subspace_bases_and_is_not_rotated(toy, monke
     monkeypatch.setattr(toy, "mechanism", shared)
     m = attnzoo.build_attention("toy", 8, 2)
     torch.testing.assert_close(subspace_bases(m), rearrange(m.to_q.weight.detach(), "(k p) d -> k d p", k=2))
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     cfg = transformers.LlamaConfig(
         hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=11
     )

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import require
 
 from attnzoo.train import batches
 from attnzoo.train.config import load_config
@@ -53,7 +54,7 @@ def test_presets_tasks_says_what_val_fraction_none_means(capsys):
 
 
 def test_generate_prints_no_deprecation_of_attnzoos_own_output(capfd):
-    pytest.importorskip("transformers")
+    require("transformers")
     from transformers.utils import logging as hf_logging
 
     from attnzoo.hf import AttnZooCausalLMConfig, AttnZooForCausalLM
@@ -71,7 +72,7 @@ def test_generate_prints_no_deprecation_of_attnzoos_own_output(capfd):
 def test_a_saved_model_loads_without_importing_attnzoo_hf(tmp_path):
     """config.json carries auto_map: transformers asks for trust_remote_code (not for a newer transformers), and
     with it loads attnzoo's own class through the small module saved beside the config."""
-    pytest.importorskip("transformers")
+    require("transformers")
     import json
     import os
     import subprocess
