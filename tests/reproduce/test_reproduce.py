@@ -105,6 +105,9 @@ def test_results_json_holds_every_number(smoke):
     assert res["failed"] == {}
     assert res["meta"]["budget"] == "smoke" and res["meta"]["seed"] == 0
     assert {"cpu", "threads", "torch"} <= set(res["meta"]["machine"])
+    # the smoke fixture computed every step in one process of --threads 1
+    assert res["meta"]["workers"] == [{"jobs": 1, "threads": 1, "steps": len(plan("smoke", 0)[1])}]
+    assert "| workers | 1 job x 1 thread |" in (smoke / "report.md").read_text()
     assert list(res["sections"]) == list(SECTIONS)
     for key, sec in res["sections"].items():
         assert sec["tables"], key
@@ -735,10 +738,10 @@ def test_vision_reports_every_claim_whose_rows_ran():
     from attnzoo.reproduce.claims import stat
     from attnzoo.reproduce.sections import vision
 
-    rows = {row for c in vision.CLAIMS for row in (c[0], c[2])}
+    rows = {row for c in vision.CLAIMS for row in (c.row, c.base)}
     res = {r: {"accuracy": stat([70.0 + i, 71.0 + i, 70.5 + i]), "extra_seeds": 0} for i, r in enumerate(rows)}
-    claimed = {f["claim"] for f in vision._findings(res) if f["kind"] == "paper"}
-    assert {c[7] for c in vision.CLAIMS} <= claimed
+    claimed = {f["claim_id"] for f in vision._findings(res) if f["kind"] == "paper"}
+    assert {c.claim_id for c in vision.CLAIMS} <= claimed
 
 
 def test_the_provenance_names_the_imported_steps():

@@ -329,7 +329,7 @@ def write_report(
     outcome,
     machine: dict,
     argv: list[str],
-    threads: int,
+    workers: list[dict],
 ) -> None:
     secs = _summaries(out, plan, sections, records, outcome.failed)
     missing = getattr(outcome, "missing", [])
@@ -345,7 +345,7 @@ def write_report(
     compute_s = sum(r.get("wall_s", 0.0) for r in records.values())
     cmd = "attnzoo reproduce " + " ".join(argv) if argv else f"attnzoo reproduce --budget {budget_name} --out {out}"
     created = time.strftime("%Y-%m-%d %H:%M:%S")
-    setup = _setup_rows(budget_name, plan, seed, cmd, machine, threads, compute_s, records, outcome, created)
+    setup = _setup_rows(budget_name, plan, seed, cmd, machine, workers, compute_s, records, outcome, created)
     md = _report_md(secs, setup, budget_name, cmd, records)
     atomic_write_text(out / CONFIGS_FILE, "\n".join(_configs_md(seed, records)) + "\n")
     atomic_write_text(out / "report.md", "\n".join(md) + "\n")
@@ -355,7 +355,7 @@ def write_report(
         "seed": seed,
         "command": cmd,
         "machine": machine,
-        "threads": threads,
+        "workers": workers,
         "generated": created,
         "compute_s": compute_s,
         "invocation_wall_s": outcome.wall_s,
@@ -372,7 +372,7 @@ def _setup_rows(
     seed: int,
     cmd: str,
     machine: dict,
-    threads: int,
+    workers: list[dict],
     compute_s: float,
     records: dict,
     outcome,
@@ -387,7 +387,7 @@ def _setup_rows(
             f"{machine.get('cpu')} ({machine.get('cpu_count')} CPUs, "
             f"{machine.get('cpu_isa', 'vector ISA not recorded')}), {machine.get('gpu', 'no GPU')}",
         ],
-        ["torch threads", str(threads)],
+        ["workers", _workers_cell(workers)],
         [
             "software",
             f"torch {machine.get('torch')}, Python {machine.get('python')}, numpy {machine.get('numpy')}, "
@@ -401,6 +401,21 @@ def _setup_rows(
         ],
         ["generated", created],
     ]
+
+
+def _workers_cell(workers: list[dict]) -> str:
+    """How this directory's steps were computed, as run.json recorded it: "J jobs x T threads" per setting (each
+    worker process runs T torch threads), with its step count when invocations differed."""
+    if not workers:
+        return "not recorded (no step was computed in this directory by a run that records its workers)"
+
+    def one(w: dict) -> str:
+        jobs, threads = w.get("jobs"), w.get("threads")
+        return f"{jobs} job{'s' * (jobs != 1)} x {threads} thread{'s' * (threads != 1)}"
+
+    if len(workers) == 1:
+        return one(workers[0])
+    return "; ".join(f"{one(w)} ({w.get('steps', 0)} step{'s' * (w.get('steps', 0) != 1)})" for w in workers)
 
 
 def _clock_span(records: dict) -> str:

@@ -229,7 +229,7 @@ def run(
             outcome,
             machine_description(device),
             argv if argv is not None else sys.argv[1:],
-            threads=torch.get_num_threads(),
+            workers=recorded_workers(out),
         )
     return outcome
 
@@ -244,10 +244,41 @@ def _execute(todo, ctx, outcome, records, progress, jobs, threads, report_only) 
             else:
                 records[step.id] = rec
                 outcome.skipped.append(step.id)
-    elif jobs > 1:
-        _run_steps_parallel(todo, ctx, outcome, records, progress, jobs, threads)
+        return
+    try:
+        if jobs > 1:
+            _run_steps_parallel(todo, ctx, outcome, records, progress, jobs, threads)
+        else:
+            _run_steps(todo, ctx, outcome, records, progress)
+    finally:  # an interrupted invocation's computed steps are stored, so their workers are recorded too
+        # workers are spawned with --threads (1 unless given); a --jobs 1 run computes in this process
+        per_worker = (threads or 1) if jobs > 1 else torch.get_num_threads()
+        _record_workers(ctx.out, jobs, per_worker, len(outcome.computed))
+
+
+def _record_workers(out: Path, jobs: int, threads: int, computed: int) -> None:
+    """Add ``computed`` steps to run.json's ``workers`` entry for ``jobs`` processes of ``threads`` torch threads:
+    the report states how the steps were computed, not the threads of the process that renders it."""
+    if computed == 0:
+        return
+    meta = json.loads((out / RUN_FILE).read_bytes().decode("utf-8"))
+    workers = meta.setdefault("workers", [])
+    entry = next((w for w in workers if w.get("jobs") == jobs and w.get("threads") == threads), None)
+    if entry is None:
+        workers.append({"jobs": jobs, "threads": threads, "steps": computed})
     else:
-        _run_steps(todo, ctx, outcome, records, progress)
+        entry["steps"] = entry.get("steps", 0) + computed
+    write_json(out / RUN_FILE, meta)
+
+
+def recorded_workers(out: Path) -> list[dict]:
+    """run.json's ``workers``: ``[{"jobs", "threads", "steps"}]``, one per setting that computed steps here."""
+    try:
+        meta = json.loads((out / RUN_FILE).read_bytes().decode("utf-8"))
+    except (OSError, ValueError):
+        return []
+    workers = meta.get("workers", []) if isinstance(meta, dict) else []
+    return [w for w in workers if isinstance(w, dict)]
 
 
 def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore, *, slimmed: bool = False) -> int:
