@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from attnzoo.reproduce import claims
+from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.common import (
     CURVE_NOTE,
     SWEEP_SEED_OFFSET,
@@ -111,11 +111,9 @@ MATCH_TOLERANCE = 0.10
 
 #: (a, b) -> the parameter ratio a/b of the paper's own comparison and where it is from: a comparison whose ratio is
 #: more than MATCH_TOLERANCE away from it (either way) is not under the paper's conditions (gated)
-PAPER_SIZE_RATIO: dict[tuple[str, str], tuple[float, str]] = {
-    ("tost", "vit"): (22.6 / 22.1, "ToST Table 5: ToST-S 22.6M vs ViT-S 22.1M"),
-    ("tost", "xcit"): (22.6 / 24.9, "ToST Table 5: ToST-S 22.6M vs XCiT-S 24.9M"),
-    ("cbt", "crate"): (25.7 / 22.8, "CBSA Table 3: CBT-B 25.7M vs CRATE-B 22.8M"),
-}
+PAPER_SIZE_RATIO: dict[tuple[str, str], tuple[float, str]] = paper_claims.size_ratios(
+    "tost-t2-vit", "tost-t2-xcit", "cbsa-t3-crate"
+)
 
 #: ablations that test an explanation of a gap
 ABLATIONS: dict[str, Ablation] = {
@@ -691,89 +689,31 @@ def _plot(res: dict, names: list[str]):
     return fig
 
 
-#: (paper's row, its controlled-swap row, baseline row, baseline's controlled row, claim type, margin in points and
-#: the paper's comparison it is read from, paper, claim, paper's figure)
+class VisionClaim(NamedTuple):
+    """An architecture claim: the paper's row and its baseline, their controlled-swap rows (``None``: none), and the
+    id of the architecture test in :mod:`attnzoo.reproduce.paper_claims` (its controlled swap is ``#controlled-swap``
+    of the same claim)."""
+
+    row: str
+    swap: str | None
+    base: str
+    base_swap: str | None
+    claim_id: str
+
+
 CLAIMS = [
-    (
-        "tost",
-        "vit+tssa",
-        "vit",
-        "vit",
-        "non-inferiority",
-        (1.9, "ToST Table 2: ToST-S is 1.9 pts below ViT-S and called competitive"),
-        "ToST Table 2",
-        "ToST is competitive with ViT at similar size",
-        "ToST-S 77.9 vs ViT-S 79.8 ImageNet top-1 (-1.9 pts)",
-    ),
-    (
-        "tost",
-        "vit+tssa",
-        "xcit",
-        "vit+xca",
-        "non-inferiority",
-        (2.6, "ToST Table 2: ToST-S is 2.6 pts below XCiT-S and called comparable"),
-        "ToST Table 2",
-        "ToST is competitive with XCiT (same skeleton, XCA attention)",
-        "ToST-S 77.9 vs XCiT-S 80.5 (-2.6 pts)",
-    ),
-    (
-        "cbt",
-        "vit+cbsa",
-        "crate",
-        "vit+mssa",
-        "superiority",
-        (0.0, ""),
-        "CBSA Table 3",
-        "CBT beats CRATE",
-        "CBT-B 73.4 vs CRATE-B 70.8 ImageNet top-1 (+2.6 pts)",
-    ),
-    (
-        "aot",
-        "aot+ista",
-        "crate",
-        "crate",
-        "non-inferiority",
-        (11.0, "AoT Table 2 / §4.2: AoT-B is 11 pts below CRATE-α-B and called comparable"),
-        "AoT Table 2 / §4.2",
-        "attention-only AoT is competitive with CRATE despite no MLP",
-        "AoT-B 70.2 vs CRATE-α-B 81.2 (-11 pts; the paper calls it comparable)",
-    ),
-    (
-        "csp_vit",
-        "vit+csp",
-        "vit",
-        "vit",
-        "superiority",
-        (0.0, ""),
-        "CSP Table 3",
-        "CSP-ViT beats the MHA ViT",
-        "CSP 84.81 vs MHA 81.90 CIFAR-10 top-1 (+2.9 pts)",
-    ),
-    (
-        "fastmax_vit",
-        None,
-        "vit",
-        None,
-        "non-inferiority",
-        (2.6, "FAST Table 1: Fastmax2 is up to 2.6 pts below softmax on a task (Retrieval), said to keep its accuracy"),
-        "FAST §3 / Table 1",
-        "Fastmax keeps softmax attention's accuracy",
-        "Fastmax2 57.90 vs softmax 57.37 LRA average (+0.5 pts)",
-    ),
+    VisionClaim("tost", "vit+tssa", "vit", "vit", "tost-t2-vit#architecture"),
+    VisionClaim("tost", "vit+tssa", "xcit", "vit+xca", "tost-t2-xcit#architecture"),
+    VisionClaim("cbt", "vit+cbsa", "crate", "vit+mssa", "cbsa-t3-crate"),
+    VisionClaim("aot", "aot+ista", "crate", "crate", "aot-t2-crate"),
+    VisionClaim("csp_vit", "vit+csp", "vit", "vit", "csp-t3-vit#architecture"),
+    VisionClaim("fastmax_vit", None, "vit", None, "fast-t1-accuracy#vision"),
 ]
 
 
 #: a controlled swap whose paper makes its own same-skeleton claim (instead of the architectures' claim above):
-#: controlled row -> (claim type, (margin, source), paper, claim, paper's figure)
-CONTROLLED_CLAIMS = {
-    "vit+cbsa": (
-        "non-inferiority",
-        (1.5, "CBSA Table 4: CBSA-T is 1.5 pts below MSSA-T and called competitive"),
-        "CBSA Table 4",
-        "CBSA is competitive with MSSA when only the attention differs",
-        "CBSA-T 63.2 vs MSSA-T 64.7, CBSA-S 71.4 vs MSSA-S 72.1 ImageNet top-1 (fair comparison)",
-    ),
-}
+#: controlled row -> that claim's id
+CONTROLLED_CLAIMS = {"vit+cbsa": "cbsa-t4-mssa"}
 
 
 #: the mean-pooled baseline and the mean-pooled form of a controlled swap: ToST never passes a CLS token through
@@ -805,20 +745,19 @@ def _controlled_pair(a_ctl: str | None, b_ctl: str | None, res: dict) -> tuple[s
 def _findings(res: dict) -> list[dict]:
     out = []
 
-    def cmp(a, b, claim_type, margin, paper, claim, paper_value):
-        return claims.compare(
-            res[a]["accuracy"], res[b]["accuracy"], **_cmp_kw(claim_type, margin, paper, claim, paper_value, a, b)
-        )
+    def cmp(a, b, claim_id, **kw):
+        return claims.compare(res[a]["accuracy"], res[b]["accuracy"], **_cmp_kw(claim_id, a, b), **kw)
 
     out += _control_findings(res, cmp)
-    for a, a_ctl, b, b_ctl, claim_type, margin, paper, claim, pv in CLAIMS:
+    for a, a_ctl, b, b_ctl, cid in CLAIMS:
+        claim = paper_claims.get(cid).statement
         if a == "csp_vit" and CSP_BASE in res:
             b = CSP_BASE  # the paper swaps the attention inside its own ViT (CSP §4.1, Table 3's "ViT + MHA")
         if a not in res or b not in res:
             continue
         cls_row, cls_base = a_ctl, b_ctl
         a_ctl, b_ctl = _controlled_pair(a_ctl, b_ctl, res)
-        f = _with_params(cmp(a, b, claim_type, margin, paper, claim, pv), res, a, b)
+        f = _with_params(cmp(a, b, cid), res, a, b)
         claims.size_gate(f, PAPER_SIZE_RATIO, MATCH_TOLERANCE)
         size_note = (
             f"at the plan's width the parameter counts differ ({f['params_a'] / f['params_b']:.2f}x): the "
@@ -831,13 +770,13 @@ def _findings(res: dict) -> list[dict]:
             out.append(f)
         elif a_ctl in res and b_ctl in res and (a_ctl, b_ctl) != (a, b):
             if a_ctl in CONTROLLED_CLAIMS:
-                ctype, cmargin, cpaper, cclaim, cpv = CONTROLLED_CLAIMS[a_ctl]
-                ctl = _with_params(cmp(a_ctl, b_ctl, ctype, cmargin, cpaper, cclaim, cpv), res, a_ctl, b_ctl)
-                ctl["claim"] = "in the ViT skeleton (controlled swap): " + cclaim
+                ctl = _with_params(cmp(a_ctl, b_ctl, CONTROLLED_CLAIMS[a_ctl]), res, a_ctl, b_ctl)
+                ctl["claim"] = "in the ViT skeleton (controlled swap): " + ctl["claim"]
             else:
-                ctl = _with_params(cmp(a_ctl, b_ctl, claim_type, margin, paper, claim, pv), res, a_ctl, b_ctl)
+                swap_id = f"{paper_claims.base_id(cid)}#controlled-swap"
+                ctl = _with_params(cmp(a_ctl, b_ctl, swap_id), res, a_ctl, b_ctl)
                 ctl["claim"] = f"{claim.split(' ')[0]}'s attention in the ViT skeleton (controlled swap): " + claim
-            f["explanation"] = _explain(a, a_ctl, b_ctl, f, ctl, res, claim_type, margin)
+            f["explanation"] = _explain(a, a_ctl, b_ctl, f, ctl, res, cid)
             ctl["explanation"] = "controlled swap: same embedding, pooling, blocks, width, depth, data and optimiser"
             if a_ctl != cls_row:
                 ctl["explanation"] += (
@@ -871,8 +810,8 @@ def _control_findings(res: dict, cmp) -> list[dict]:
     (a check: does attention help at this scale at all?)."""
     out = []
     if MATCHED in res and "vit" in res:
-        f = _with_params(cmp(MATCHED, "vit", *CLAIMS[0][4:9]), res, MATCHED, "vit")
-        f["claim"] = "ToST is competitive with ViT at similar size (parameter-matched: ToST's width changed only)"
+        f = _with_params(cmp(MATCHED, "vit", "tost-t2-vit#matched-params"), res, MATCHED, "vit")
+        f["claim"] += " (parameter-matched: ToST's width changed only)"
         pa, pb = f.get("params_a"), f.get("params_b")
         if pa and pb and abs(pa / pb - 1) > MATCH_TOLERANCE:
             claims.gate(
@@ -882,21 +821,13 @@ def _control_findings(res: dict, cmp) -> list[dict]:
     if CONTROL in res and MEANPOOL_BASE in res:
         # one factor: the control mean-pools the patches (a CLS token without token mixing never sees the image),
         # and so does this ViT
-        f = cmp(MEANPOOL_BASE, CONTROL, "superiority", (0.0, ""), "all five papers", "", "")
-        f.update(
-            kind="check",
-            claim="attention helps: the mean-pooled ViT beats its no-attention control (identity token mixer; same "
-            "skeleton and pooling)",
-            paper_value="implicit in every paper: a token mixer is needed",
-        )
-        out.append(f)
+        out.append(cmp(MEANPOOL_BASE, CONTROL, "vision-attention-helps", claim_type="superiority", kind="check"))
     elif CONTROL in res and "vit" in res:
-        f = cmp("vit", CONTROL, "superiority", (0.0, ""), "all five papers", "", "")
-        f.update(
-            kind="check",
-            claim="attention helps: the ViT baseline beats its no-attention control (identity token mixer, same "
-            "skeleton, mean-pooled patches: a CLS token without token mixing would never see the image)",
-            paper_value="implicit in every paper: a token mixer is needed",
+        f = cmp("vit", CONTROL, "vision-attention-helps", claim_type="superiority", kind="check")
+        # the CLS-token baseline against the mean-pooled control: the same check, its words say the pooling differs
+        f["claim"] = (
+            "attention helps: the ViT baseline beats its no-attention control (identity token mixer, same "
+            "skeleton, mean-pooled patches: a CLS token without token mixing would never see the image)"
         )
         out.append(f)
     return out
@@ -911,19 +842,9 @@ def _with_params(f: dict, res: dict, a: str, b: str) -> dict:
     return f
 
 
-def _cmp_kw(claim_type: str, margin: tuple[float, str], paper: str, claim: str, paper_value: str, a: str, b: str):
-    return dict(
-        claim_type=claim_type,
-        margin=margin[0],
-        margin_source=margin[1],
-        unit="pts",
-        paper=paper,
-        claim=claim,
-        paper_value=paper_value,
-        a_name=a,
-        b_name=b,
-        spec=".1f",
-    )
+def _cmp_kw(claim_id: str, a: str, b: str) -> dict:
+    """:func:`claims.compare`'s arguments for claim ``claim_id`` (its record in :mod:`paper_claims`), ``a`` vs ``b``."""
+    return dict(**paper_claims.compare_kw(claim_id), unit="pts", a_name=a, b_name=b, spec=".1f")
 
 
 def gap_change(res: dict, base: str, ablated: str, ref: str, key: str = "accuracy") -> str:
@@ -957,7 +878,7 @@ def _aot_ablations(res: dict, ref: str) -> str:
     return "; ".join(parts)
 
 
-def _explain(a, a_ctl, b_ctl, f, ctl, res, claim_type, margin) -> str:
+def _explain(a, a_ctl, b_ctl, f, ctl, res, claim_id) -> str:
     """The controlled swap's reading, stated with its numbers; every word follows from the two verdicts and CIs."""
     acc = lambda n: res[n]["accuracy"].fmt(".1f")  # noqa: E731
     lo_hi = lambda g: "no interval" if g["ci95"] is None else f"95% CI [{g['ci95'][0]:+.1f}, {g['ci95'][1]:+.1f}]"  # noqa: E731
@@ -975,9 +896,8 @@ def _explain(a, a_ctl, b_ctl, f, ctl, res, claim_type, margin) -> str:
         text += "; the two skeletons give opposite verdicts"
     skel = {"csp_vit": CSP_BASE}.get(a)
     if skel in res and f.get("b_name") != skel:
-        within = claims.compare(
-            res[a]["accuracy"], res[skel]["accuracy"], **_cmp_kw(claim_type, margin, "", "", "", a, skel)
-        )
+        # a reading in the explanation, not a finding: the claim's rule on another pair of rows
+        within = claims.compare(res[a]["accuracy"], res[skel]["accuracy"], **_cmp_kw(claim_id, a, skel))
         text += (
             f"; in {a}'s own skeleton with softmax attention ({skel}): {acc(a)} vs {acc(skel)}, effect "
             f"{within['effect']:+.1f} pts, {lo_hi(within)}, {within['verdict']}"
