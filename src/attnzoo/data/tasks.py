@@ -632,3 +632,29 @@ def _image_folder(
 
     train, val, info = build_image_folder(**{k: v for k, v in locals().items() if k != "build_image_folder"})
     return Task("image_folder", "image_classification", train, val, info)
+
+
+# ---- scenes with exact masks (zero-shot segmentation probes) -------------------------------------------
+@register_task(
+    "scenes",
+    "image_classification",
+    "1-3 digits/Fashion-MNIST items on a textured 64x64 background, exact masks; label: the most visible object's class",
+)
+def _scenes(
+    *,
+    source: typing.Literal["digits", "fashion_mnist"] = "digits",
+    img_size: int = 64,
+    n_train: int = 10000,
+    n_val: int = 1000,
+    min_objects: int = 1,
+    max_objects: int = 3,
+    boundary_width: int = 4,
+    noise_std: float = 0.04,
+    seed: int = 0,
+    root: str | None = None,
+) -> Task:
+    """Scenes of :mod:`attnzoo.data.scenes`; ``task.val.masks(idx)`` gives their per-pixel maps."""
+    from attnzoo.data import scenes
+
+    train, val, info = scenes.build_scene_splits(**{k: v for k, v in locals().items() if k != "scenes"})
+    return Task("scenes", "image_classification", train, val, info)
