@@ -638,7 +638,7 @@ def _image_folder(
 @register_task(
     "scenes",
     "image_classification",
-    "1-3 digits/Fashion-MNIST items on a textured 64x64 background, exact masks; label: the most visible object's class",
+    "1-3 digits/Fashion-MNIST items on a textured 64x64 background, exact masks; label: the most visible object",
 )
 def _scenes(
     *,
