@@ -1,5 +1,5 @@
 """Build the feature-map kernel (src/attnzoo/ops/linear/cpu.cpp) for AVX2 (-march=haswell) beside the package's own
-build, check it against the references and time it against the PyTorch path (docs/performance.md, session 25).
+build, check it against the references and time it against the PyTorch path (docs/performance.md, 2026-11-27).
 
 The package compiles its kernels with -march=native, so on an AVX-512 machine the AVX2 code paths (kReadRows = 2,
 the loops GCC vectorises without masked instructions) are neither tested nor timed; this script does both. Run it on

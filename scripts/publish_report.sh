@@ -44,7 +44,7 @@ for sid, rec in d["steps"].items():
     # and kept in the run's own results.json; without them --reuse computes such a step again
     slim = [k for k in PLOT_ONLY if k in rec["result"]]
     # a learning-rate sweep's run is read for its final metric only (its curve is in no table or plot): ~27 KB of
-    # curves in session 23's 390 steps
+    # curves in the long report of 2026-11-27 (390 steps)
     if "/lr-sweep/" in sid and "val_curve" in rec["result"]:
         slim.append("val_curve")
     for k in slim:

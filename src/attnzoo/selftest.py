@@ -403,7 +403,7 @@ def _layer_decode_rows(device: torch.device, quick: bool, emit) -> list[Row]:
     return rows
 
 
-# -- padding masks and packed rows: each sequence as if alone (issue 27)
+# -- padding masks and packed rows: each sequence as if alone
 
 
 def _mask_lengths(quick: bool) -> list[int]:

@@ -1,4 +1,4 @@
-"""The ``varlen`` sweep of ``attnzoo bench`` (issue 27): padded and packed calls against the unmasked call over the
+"""The ``varlen`` sweep of ``attnzoo bench``: padded and packed calls against the unmasked call over the
 same real tokens.
 
 A batch of ``B`` sequences on a grid of ``N`` tokens: the first ``ceil(B/2)`` rows are full, the other rows hold

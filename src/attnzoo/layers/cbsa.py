@@ -49,7 +49,7 @@ class CBSAAttention(Attention):
     """
 
     mechanism = CBSA
-    supports_masks = True  # forward honours attention_mask / cu_seqlens (issue 27)
+    supports_masks = True  # forward honours attention_mask / cu_seqlens
 
     def __init__(
         self,

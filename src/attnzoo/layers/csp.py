@@ -38,7 +38,7 @@ class CSPAttention(Attention):
     """
 
     mechanism = CSP
-    supports_masks = True  # forward honours attention_mask / cu_seqlens (issue 27)
+    supports_masks = True  # forward honours attention_mask / cu_seqlens
 
     def __init__(
         self,

@@ -57,7 +57,7 @@ class MegaLayer(RecurrentMixin, Attention):
     """
 
     mechanism = MEGA
-    supports_masks = True  # forward honours attention_mask / cu_seqlens (issue 27)
+    supports_masks = True  # forward honours attention_mask / cu_seqlens
     owns_residual = True
 
     def __init__(

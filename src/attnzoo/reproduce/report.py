@@ -89,7 +89,7 @@ def _fmt_s(s: float) -> str:
 
 def _is_trained(f: dict) -> bool:
     """A verdict on trained models over seeds: a comparison with an interval, or a per-seed rule such as "learns in
-    context" (the third referee: counted with the measurements, it escaped the trained tally)."""
+    context" (a trained result too: counted with the measurements, it would be missing from the trained tally)."""
     return bool(f.get("claim_type") or f.get("trained"))
 
 
