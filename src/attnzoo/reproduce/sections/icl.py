@@ -291,8 +291,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
 
 
 def _plateau(findings: list[dict], records: dict, curves: dict, finals: dict, val: dict) -> dict:
-    """GPT's plateau gate per task, on the comparison's own metric, the error averaged over k (the third referee:
-    the error at k = all moved -0.075 where the compared mean over k moved -0.045)."""
+    """GPT's plateau gate per task, on the comparison's own metric, the error averaged over k (the error at k = all
+    can move while the compared mean over k moves less: -0.075 against -0.045 in the long run of 2026-11-27)."""
     return {
         t: claims.plateau_gate(
             [f for f in findings if f"learns {t} functions" in f["claim"] or f" {t} functions close" in f["claim"]],
@@ -537,8 +537,8 @@ def _learns_verdict(errors: list[float], zero: float) -> str:
 
 def _learns_plateau_gate(f: dict, m: str, fin: dict, zero: float) -> None:
     """A decided "learns" verdict stands only if the row's own run at twice the steps gives the same verdict by the
-    same rule, for "agrees" as for "disagrees" (the third referee: AoT's error still fell when it was called a
-    failure to learn); without such a run its plateau is not shown."""
+    same rule, for "agrees" as for "disagrees" (an error still falling may be called a failure to learn too
+    early); without such a run its plateau is not shown."""
     if claims.numbers_verdict(f) not in ("agrees", "disagrees"):
         return
     longer = fin.get(f"{m}@2x-steps")

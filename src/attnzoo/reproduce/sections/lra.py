@@ -454,7 +454,7 @@ def _mega_intro(plan: dict) -> str:
         "departure from MEGA's code, its initialisation: MEGA draws its projections and query/key scales from "
         "N(0, 0.02), which leaves the attention's gradients below Adam's epsilon for the first thousands of steps "
         "(MEGA trains 90k): at this budget that block stayed at the majority class at every swept rate, no better "
-        "than the block without attention (docs/results_history.md, session 15); here they are N(0, 1/fan-in) and "
+        "than the block without attention (docs/results_history.md, 2026-11-26); here they are N(0, 1/fan-in) and "
         "N(0, 1) (`init='scaled'`, the layer's default; `init='mega'` restores MEGA's)."
     )
 
@@ -919,7 +919,7 @@ def failure_reading(m: str, acc: claims.Stat, base_acc: claims.Stat, majority: f
 
 def _eval_set_notes(records: dict, res: dict, tasks: list[str]) -> list[str]:
     """How large each task's validation set is against the seeds' spread: every seed is scored on the same examples,
-    so an interval over seeds describes this set, not the task (the third referee: ListOps' 400 examples)."""
+    so an interval over seeds describes this set, not the task (ListOps' 400 examples are a small set)."""
     notes = []
     for t in tasks:
         lab = records.get(f"{KEY}/{t}/labels", {}).get("result", {})

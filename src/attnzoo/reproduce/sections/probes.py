@@ -815,8 +815,7 @@ def _layerwise_finding(name: str, r: dict, t: dict, shallow: dict | None, more: 
 def _literal_gate(f: dict, name: str, key: str, probes_: list[dict]) -> dict:
     """A decided verdict on the claim measure stands only where the measure the paper's figure plots
     (``_LITERAL_MEASURE``) gives the same verdict on the same layers and seeds; otherwise it is gated on conditions:
-    the verdict depends on the definition (the session-20 referee: ToST's block outputs rise where the claim
-    measure falls)."""
+    the verdict depends on the definition (ToST's block outputs can rise where the claim measure falls)."""
     layers = probes_[0].get("layers") or []
     lit = _LITERAL_MEASURE.get(layers[0]["mechanism"] if layers else None, _DEFAULT_LITERAL)
     if lit == key or f["verdict"] == "inconclusive":

@@ -185,7 +185,7 @@ def model_options(name: str, plan: dict) -> dict:
         opts = {**plan["arch"], "attention": mech, "attention_options": dict(aopts)}
         if name == CONTROL:
             # with no token mixing a CLS token never sees the patches (the control scored chance, 10.2%, in the
-            # session-14 run): the control pools the patches by their mean instead
+            # long run of 2026-11-26): the control pools the patches by their mean instead
             opts["pool"] = "mean"
         return opts
     if name in ABLATIONS:
@@ -541,7 +541,7 @@ def _gate_attention_needed(findings: list[dict]) -> None:
     """If the ViT baseline is not shown to beat its no-attention control, the task does not test token mixing at
     this scale: a "comparable" (non-inferiority) verdict could then hold for any mixer, so those are gated on
     conditions. A superiority verdict is not: an interval that separates two mixers shows a difference the task
-    does tell apart, whatever the control (the second referee of session 20)."""
+    does tell apart, whatever the control."""
     check = next(
         (f for f in findings if f.get("b_name") == CONTROL and f.get("a_name") in ("vit", MEANPOOL_BASE)), None
     )
