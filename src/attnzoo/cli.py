@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("attnzoo.bench", "time/memory benchmark of every mechanism, with plots"),
     "analyze": ("attnzoo.analysis.cli", "white-box probes and experiments (denoise, compress, ...)"),
     "reproduce": ("attnzoo.reproduce", "the papers' comparisons at laptop scale, one report"),
+    "compare": ("attnzoo.compare", "which mechanism is better on your own task: tuned rates, seeds, 95% intervals"),
     "adapt": ("attnzoo.adapt.cli", "adapt a pretrained model (SmolLM2, GPT-2, Llama, an attnzoo run) into a mechanism"),
     "models": ("attnzoo.models.cli", "list registered models with parameter counts"),
     "selftest": ("attnzoo.selftest", "check every mechanism x backend on this device against the float64 reference"),

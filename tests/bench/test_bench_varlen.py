@@ -1,4 +1,4 @@
-"""The varlen sweep of ``attnzoo bench`` (issue 27): its three calls see the same real tokens, and it runs end to
+"""The varlen sweep of ``attnzoo bench``: its three calls see the same real tokens, and it runs end to
 end at tiny size."""
 
 import csv

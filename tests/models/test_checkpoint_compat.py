@@ -1,4 +1,4 @@
-"""Checkpoints written before issue 14's registry refactor load unchanged (fixtures/make_checkpoint_fixture.py)."""
+"""Checkpoints written before the model registry's refactor load unchanged (fixtures/make_checkpoint_fixture.py)."""
 
 import base64
 import hashlib

@@ -354,7 +354,7 @@ CHANGE_WORDS = [
     (0.4, -1.0, 1.5, "stays"),  # no gap before: nothing closes
     (10.0, -5.0, 1.0, "reverses"),
     (5.0, 10.0, 1.0, "widens"),
-    (25.4, 11.4, 3.0, "shrinks"),  # the LRA Image gap of issue 24: "stays" was wrong there
+    (25.4, 11.4, 3.0, "shrinks"),  # a gap more than halved, well beyond the noise, shrinks (not "stays")
     (25.4, 11.4, 15.9, "is no longer distinguishable from zero"),  # ... and with its real interval (±15.9)
 ]
 

@@ -1,4 +1,4 @@
-"""Every seed run of a swept row trains at its row's best swept rate, chosen when it runs (issue 24, "Tuned")."""
+"""Every seed run of a swept row trains at its row's best swept rate, chosen when it runs (the report's "Tuned")."""
 
 from __future__ import annotations
 
@@ -134,8 +134,8 @@ def test_a_flat_top_on_a_grid_end_is_not_gated():
 
 
 def test_a_sweep_that_learned_at_no_rate_is_not_tuned_even_on_a_flat_top():
-    """The session-23 referee: TSSA's ListOps sweep (13.9-17.2% against an 18.8% majority) was marked "a flat top,
-    counted as tuned"; a sweep whose every rate stays under the task's floor found no optimum."""
+    """A sweep whose every rate stays under the task's floor found no optimum, even on a flat top (TSSA's ListOps
+    sweep on 2026-11-27: 13.9-17.2% against an 18.8% majority)."""
     rec = {sweep_id("sec/b", lr): {"result": {"accuracy": v}} for lr, v in zip(LRS, [0.14, 0.145, 0.15], strict=True)}
     table, untuned = sweep_table(rec, ["b"], "sec", LRS, None, "accuracy", True, 100.0, noise={"b": 1.0}, floor=18.8)
     assert untuned == {"b": "no swept learning rate of b beats 18.8 (best 15): it learned at none"}

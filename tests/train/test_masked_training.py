@@ -1,4 +1,4 @@
-"""Training with masks (issue 27): the padded LRA tasks give each example what it gets alone, the mask reaches every
+"""Training with masks: the padded LRA tasks give each example what it gets alone, the mask reaches every
 layer, and a packed language-model batch's loss equals its documents' losses computed alone; resume stays exact."""
 
 import csv

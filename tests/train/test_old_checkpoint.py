@@ -1,6 +1,6 @@
-"""A run directory written before issue 14's refactor of the training loop still resumes, bit for bit.
+"""A run directory written before the training loop's refactor (commit 4eaf652) still resumes, bit for bit.
 
-``fixtures/run_before_issue14.json`` holds (base64) every file of a run the previous code stopped by SIGTERM at
+``fixtures/interrupted_run_v1.json`` holds (base64) every file of a run the previous code stopped by SIGTERM at
 step 6 of 12: config, task description, metrics.csv and the step-6 checkpoint (weights, AdamW state, RNG state,
 loss window, manifest). Resuming it must give exactly what an uninterrupted run gives today.
 """
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _unpack(dest: Path) -> Path:
-    doc = json.loads((HERE / "fixtures" / "run_before_issue14.json").read_text())
+    doc = json.loads((HERE / "fixtures" / "interrupted_run_v1.json").read_text())
     for rel, data in doc["files"].items():
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         (dest / rel).write_bytes(base64.b64decode(data))
