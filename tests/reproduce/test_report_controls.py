@@ -1,4 +1,4 @@
-"""The referee's controls of ``attnzoo reproduce`` (issue 24): validation curves at >= 4 points of every trained run,
+"""The controls of ``attnzoo reproduce``: validation curves at >= 4 points of every trained run,
 the no-attention (identity mixer) control, the random-initialisation control of the layer-wise probes, the
 equal-wall-clock LRA reading, the parameter-matched ToST row and FAST's speed at D = 32. Known numbers in, words
 and verdicts out; the plans at smoke size."""
@@ -211,7 +211,7 @@ def test_vision_verdicts_are_gated_when_the_task_does_not_need_attention():
 
 
 def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
-    """The session-20 referee: ToST never passes a CLS token through TSSA, and CSP at 17 tokens runs with K = 1; the
+    """ToST never passes a CLS token through TSSA, and CSP at 17 tokens runs with K = 1: the
     mean-pooled pair is the controlled swap where it ran (else the CLS-token swap is gated on conditions), the
     control is judged against the mean-pooled ViT, and CSP-ViT against softmax in its own skeleton."""
     from attnzoo.reproduce.sections import vision
@@ -263,7 +263,7 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
     )
     assert "which keeps its CLS token: two factors; only the change is one factor's" in vs_xcit["explanation"]
     assert "same skeleton and pooling" in check["claim"]
-    # with the mean-pooled XCA row (the second referee) TSSA is read against XCA under one factor, not gated
+    # with the mean-pooled XCA row, TSSA is read against XCA under one factor, not gated
     res["vit+xca-meanpool"] = r(84.0, 84.4, 84.2)
     out = vision._findings(res)
     swap = next(
@@ -274,8 +274,8 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
 
 
 def test_control_margins_of_cls_token_rows_read_the_mean_pooled_twin():
-    """The second referee of session 20: ToST vs the CLS-token ViT had its margin checked with the mean-pooled
-    control against the CLS-token ViT (two factors); the control is read against the mean-pooled ViT instead."""
+    """ToST vs the CLS-token ViT: checking its margin with the mean-pooled control against the CLS-token ViT would
+    mix two factors; the control is read against the mean-pooled ViT instead."""
     from attnzoo.reproduce.sections import vision
 
     def r(*v):
@@ -655,7 +655,7 @@ def test_a_margin_that_admits_no_attention_gates_the_claim():
     narrow = margin_control_gate(f(2.6), [83.0, 82.8, 83.1], "vit+identity")
     assert "gate" not in narrow and narrow["control_effect"] == pytest.approx(-3.067, abs=1e-3)
     # the control's mean is outside a 2.9-point margin but its interval reaches inside: gated, as the claim would be
-    # by the same evidence (the session-20 referee: the mean alone let a control 0.1 beyond the margin pass)
+    # by the same evidence (the mean alone would let a control 0.1 beyond the margin pass)
     close = margin_control_gate(f(2.9), [83.0, 82.8, 83.1], "vit+identity")
     assert close["gate_reasons"] == ["control"] and close["control_ci95"][1] > -2.9 > close["control_effect"]
 
@@ -762,7 +762,7 @@ def test_the_first_screen_names_the_decided_trained_comparisons():
 def test_a_one_seed_plateau_run_is_compared_with_the_same_seed_of_the_baseline():
     from attnzoo.reproduce.claims import plateau_gate
 
-    # the in-context case the session-20 referee found: seed 0 moves 0.182 -> 0.0825, the three-seed mean 0.442
+    # the in-context case of the long run of 2026-11-27: seed 0 moves 0.182 -> 0.0825, the three-seed mean 0.442
     p = plateau_gate([], "gpt", stat([0.182, 0.660, 0.483]), stat([0.0825]), "error/d")
     assert p["change"] == pytest.approx(0.0825 - 0.182)
     assert "on the same seed (1 of 3): 0.182 -> 0.0825 (change -0.0995)" in p["text"]
@@ -788,7 +788,7 @@ def test_a_compared_row_that_moves_more_at_twice_the_steps_than_its_verdict_clea
 
 
 def test_language_compared_row_runs_at_twice_the_steps_and_gates_its_own_verdict():
-    """The second referee of session 20: ToST, the section's one disagreement, had no run at twice the steps."""
+    """ToST, the language section's compared row, has its own run at twice the steps to gate its verdict."""
     from attnzoo.reproduce.common import Section
     from attnzoo.reproduce.runner import plan
     from attnzoo.reproduce.sections import language
@@ -847,9 +847,9 @@ def test_the_eval_set_note_gives_the_binomial_error_from_its_numbers():
 
 
 def test_a_comparison_replicated_at_twice_the_steps_is_judged_on_its_gap_not_on_each_side_moving():
-    """The session-23 referee: ToST and GPT both moved -0.054 nats at twice the steps while their gap did not, yet
-    each side's own move gated the verdict. With both sides at twice the steps on >= 2 seeds, the same rule on those
-    runs decides; the drift gates then leave the finding alone."""
+    """Both sides can move at twice the steps while their gap does not (ToST and GPT, -0.054 nats each, on
+    2026-11-27): each side's own move must not gate the verdict then. With both sides at twice the steps on >= 2
+    seeds, the same rule on those runs decides; the drift gates then leave the finding alone."""
     from attnzoo.reproduce.claims import compared_row_gate, replicated_gate
 
     a1, b1 = [2.00, 2.01, 2.02], [1.60, 1.61, 1.62]
@@ -875,7 +875,7 @@ def test_a_comparison_replicated_at_twice_the_steps_is_judged_on_its_gap_not_on_
 
 
 def test_a_replicated_verdict_whose_interval_approaches_its_boundary_as_fast_as_it_clears_it_is_gated():
-    """The session-24 referee: a verdict replicated at twice the steps while its gap shrank 70% is not shown to hold
+    """A verdict replicated at twice the steps while its gap shrank 70% is not shown to hold
     at the next doubling. Clearances (margin 0.2): 0.4 - 0.2 - half-width at 1x; at 2x the gap shrinks."""
     from attnzoo.reproduce.claims import replicated_gate
 
@@ -931,7 +931,7 @@ def test_a_relative_margin_is_re_read_on_the_longer_baseline_and_one_seed_only_d
     assert h["verdict"] == "inconclusive"
     replicated_gate(h, stat([1.1, 1.2]), stat([1.0, 1.1]), row="tost", baseline="gpt")
     assert "replicated_2x" not in h and "paired_2x" not in h and h["verdict"] == "inconclusive"
-    # ... though what the rule gives at twice the steps is said (the session-26 referee)
+    # ... though what the rule gives at twice the steps is said (a reader should not find it only in a figure)
     assert h["at_2x"]["verdict"] == "inconclusive" and "at twice the steps (tost 2 vs gpt 2 seeds)" in h["explanation"]
     u = _cmp([1.70, 1.60, 1.80], [1.65, 1.70, 1.60], "tost", "gpt", 0.2, lower_is_better=True, unit="nats")
     replicated_gate(u, stat([1.30, 1.31, 1.32]), stat([1.30, 1.31, 1.32]), row="tost", baseline="gpt")
