@@ -201,7 +201,7 @@ def test_vision_verdicts_are_gated_when_the_task_does_not_need_attention():
     assert sup["verdict"] == "agrees" and "gate" not in sup
     ctl = next(f for f in out if f["claim"].startswith("attention helps"))
     assert ctl["verdict"] == "inconclusive" and "gate" not in ctl  # the check itself is not gated
-    assert m["verdict"] == "inconclusive" and m["ungated_verdict"] == "agrees" and m["gate_reasons"] == ["conditions"]
+    assert m["verdict"] == "inconclusive" and m["ungated_verdict"] == "agrees" and m["gate_reasons"] == ["control"]
     assert "not shown to need attention: vit vs its no-attention control vit+identity, effect +0.333 pts" in m["gate"]
     # attention helps: nothing is gated
     res["vit+identity"]["accuracy"] = stat([40.0, 41.0, 40.5])
@@ -532,17 +532,7 @@ def test_lra_disagreement_carries_the_failure_reading():
         "softmax": {"listops": {"accuracy": stat(base), "per_seed": base}},
         "tssa": {"listops": {"accuracy": stat(row), "per_seed": row}},
     }
-    found = lra._accuracy_findings(
-        res,
-        "tssa",
-        ("superiority", 0.0, ""),
-        "ToST Table 3",
-        "TSSA beats",
-        "x",
-        ["listops"],
-        {},
-        majority={"listops": 18.5},
-    )
+    found = lra._accuracy_findings(res, "tssa", "csp-t4-lra", ["listops"], {}, majority={"listops": 18.5})
     # one task: no separate average finding (it would count the same evidence twice)
     (per_task,) = found
     assert per_task["claim"].endswith("on listops")
@@ -675,9 +665,11 @@ def test_a_margin_that_admits_no_attention_gates_the_claim():
 
 
 def test_tost_listops_claim_is_non_inferiority_with_table_3s_margin():
+    from attnzoo.reproduce import paper_claims
     from attnzoo.reproduce.sections import lra
 
-    kind, margin, source = next(c[1] for c in lra.CLAIMS if c[0] == "tssa")
+    rec = paper_claims.get(next(cid for m, cid in lra.CLAIMS if m == "tssa"))
+    kind, margin, source = rec.kind, rec.margin, rec.margin_source
     assert (kind, margin) == ("non-inferiority", 2.42) and "Pathfinder" in source and "37.25 vs 37.11" in source
 
 
@@ -691,7 +683,8 @@ def test_listops_control_check_and_margin_gate():
 
     def fastmax():
         claim = "Fastmax keeps softmax's accuracy on listops"
-        return _cmp([33.5, 33.9, 33.7], [32.6, 33.0, 32.8], "fastmax", "softmax", 2.6, claim=claim)
+        f = _cmp([33.5, 33.9, 33.7], [32.6, 33.0, 32.8], "fastmax", "softmax", 2.6, claim=claim)
+        return f | {"claim_id": "fast-t1-accuracy#listops"}
 
     soft = stat([32.6, 33.0, 32.8])
     for ctl, gated in (([31.0, 31.4, 31.2], True), ([20.0, 21.0, 20.5], False)):
@@ -780,11 +773,12 @@ def test_a_compared_row_that_moves_more_at_twice_the_steps_than_its_verdict_clea
     g = compared_row_gate(dict(f), "csp on listops", stat([25.0, 26.0, 25.5]), stat([33.0, 33.2, 33.4]), "%")
     assert g["verdict"] == "inconclusive" and g["gate_reasons"] == ["plateau"]
     assert "csp on listops itself moves +7.7 % at twice the steps" in g["gate"]
+    assert g["trend_2x"]["verdict"] == "inconclusive" and "not the verdict of the reported steps" in g["gate"]
     # a small move leaves it standing
     h = compared_row_gate(dict(f), "csp on listops", stat([25.0, 26.0, 25.5]), stat([25.6, 25.9, 25.4]), "%")
     assert h["verdict"] == "disagrees" and h["compared_row_change"] == pytest.approx(0.133, abs=1e-3)
     assert "csp on listops itself moves +0.133 % at twice the steps" in h["explanation"]
-    assert h["explanation"].endswith("the verdict stands")
+    assert h["trend_2x"]["move"] == pytest.approx(0.133, abs=1e-3) and "less than the" in h["explanation"]
 
 
 def test_language_compared_row_runs_at_twice_the_steps_and_gates_its_own_verdict():
@@ -859,8 +853,8 @@ def test_a_comparison_replicated_at_twice_the_steps_is_judged_on_its_gap_not_on_
     replicated_gate(f, stat([1.70, 1.71, 1.72]), stat([1.30, 1.31, 1.32]), row="tost", baseline="gpt")
     rep = f["replicated_2x"]
     assert rep["verdict"] == "disagrees" and rep["effect"] == pytest.approx(-0.4)
-    assert "the same rule gives disagrees: effect -0.4 nats" in f["explanation"]
-    assert "the verdict is replicated at one doubling of the steps, clearing its boundary by" in f["explanation"]
+    assert "the same rule gives disagrees (effect -0.4 -> -0.4 nats" in f["explanation"]
+    assert f["replicated_2x"]["move"] == pytest.approx(0.0, abs=1e-12) and "the effect moved +0" in f["explanation"]
     # the baseline's drift (0.3) and the row's own move (0.3) exceed the clearance (~0.17) but no longer gate it
     out = plateau_gate([f], "gpt", stat(b1), stat([1.30, 1.31, 1.32]), "nats")
     compared_row_gate(f, "tost", stat(a1), stat([1.70, 1.71, 1.72]), "nats")
@@ -883,21 +877,23 @@ def test_a_replicated_verdict_whose_interval_approaches_its_boundary_as_fast_as_
     # the gap shrinks from 0.40 to 0.30: clearance ~0.17 -> ~0.07, approached by ~0.10 >= 0.07 left: gated
     f = _cmp(a1, b1, "tost", "gpt", 0.2, lower_is_better=True, unit="nats")
     replicated_gate(f, stat([1.60, 1.61, 1.62]), stat([1.30, 1.31, 1.32]), row="tost", baseline="gpt")
-    c1, c2 = f["replicated_2x"]["clearance"]
-    assert f["replicated_2x"]["verdict"] == "disagrees" and c1 - c2 == pytest.approx(0.1) and c1 - c2 >= c2 > 0
+    rep = f["replicated_2x"]
+    assert (
+        rep["verdict"] == "disagrees" and rep["move"] == pytest.approx(0.1) and abs(rep["move"]) >= rep["clearance"] > 0
+    )
     assert f["verdict"] == "inconclusive" and f["ungated_verdict"] == "disagrees" and f["gate_reasons"] == ["plateau"]
-    assert "it approached its boundary by 0.1 in one doubling, at least what it still clears" in f["gate"]
+    assert "the effect moved +0.1 in one doubling, at least the" in f["gate"]
     # a smaller shrink (0.40 -> 0.36): approached by 0.04 < 0.13 left, so it stands, with both clearances stated
     g = _cmp(a1, b1, "tost", "gpt", 0.2, lower_is_better=True, unit="nats")
     replicated_gate(g, stat([1.66, 1.67, 1.68]), stat([1.30, 1.31, 1.32]), row="tost", baseline="gpt")
-    c1, c2 = g["replicated_2x"]["clearance"]
-    assert g["verdict"] == "disagrees" and "gate" not in g and 0 < c1 - c2 < c2
-    assert "replicated at one doubling of the steps, clearing its boundary by" in g["explanation"]
+    rep = g["replicated_2x"]
+    assert g["verdict"] == "disagrees" and "gate" not in g and 0 < rep["move"] < rep["clearance"]
+    assert "less than the" in g["explanation"]
     # moving away from the boundary never gates (the same test for "agrees")
     h = _cmp([1.60, 1.61, 1.62], [1.60, 1.61, 1.62], "fastmax", "gpt", 0.2, lower_is_better=True, unit="nats")
     assert h["verdict"] == "agrees"
     replicated_gate(h, stat([1.30, 1.31, 1.32]), stat([1.31, 1.32, 1.33]), row="fastmax", baseline="gpt")
-    assert h["verdict"] == "agrees" and h["replicated_2x"]["clearance"][1] > h["replicated_2x"]["clearance"][0]
+    assert h["verdict"] == "agrees" and h["replicated_2x"]["clearance"] > h["replicated_2x"]["move"] > 0
     # an agreement approaching its boundary (the row falls behind at twice the steps) is gated by the same rule
     k = _cmp([1.60, 1.61, 1.62], [1.60, 1.61, 1.62], "fastmax", "gpt", 0.2, lower_is_better=True, unit="nats")
     replicated_gate(k, stat([1.41, 1.42, 1.43]), stat([1.30, 1.31, 1.32]), row="fastmax", baseline="gpt")
@@ -932,7 +928,7 @@ def test_a_relative_margin_is_re_read_on_the_longer_baseline_and_one_seed_only_d
     replicated_gate(h, stat([1.1, 1.2]), stat([1.0, 1.1]), row="tost", baseline="gpt")
     assert "replicated_2x" not in h and "paired_2x" not in h and h["verdict"] == "inconclusive"
     # ... though what the rule gives at twice the steps is said (a reader should not find it only in a figure)
-    assert h["at_2x"]["verdict"] == "inconclusive" and "at twice the steps (tost 2 vs gpt 2 seeds)" in h["explanation"]
+    assert h["at_2x"]["verdict"] == "inconclusive" and "at twice the steps (tost 2 vs gpt 2 seeds" in h["explanation"]
     u = _cmp([1.70, 1.60, 1.80], [1.65, 1.70, 1.60], "tost", "gpt", 0.2, lower_is_better=True, unit="nats")
     replicated_gate(u, stat([1.30, 1.31, 1.32]), stat([1.30, 1.31, 1.32]), row="tost", baseline="gpt")
     assert u["verdict"] == "inconclusive" and "gate" not in u and u["at_2x"]["verdict"] == "agrees"

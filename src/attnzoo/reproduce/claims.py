@@ -19,8 +19,14 @@ of two types:
 
 The rule needs the same evidence either way: **agrees** when the whole interval lies above ``-margin``,
 **disagrees** when the whole interval lies below ``-margin``, **inconclusive** otherwise (and always when a side
-has a single seed, whose spread is unknown). Cost and speed figures measured once (decode flatness, memory
-growth, milliseconds) keep rules of their own and are marked ``measurement: true``.
+has a single seed, whose spread is unknown). A superiority claim whose paper states its own effect ``E`` can be
+refuted by a tie: it disagrees when the whole interval lies below :data:`REFUTE_FRACTION` x ``E``. Cost and speed
+figures measured once (decode flatness, memory growth, milliseconds) keep rules of their own and are marked
+``measurement: true``.
+
+Around the rule sit the gates (:data:`GATES`): preconditions that make a decided verdict ``inconclusive``. Each
+declares which verdicts it can hold back and why; :func:`trend_gate` is the one rule for evidence at twice the
+steps.
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ from typing import Iterable, Sequence
 
 __all__ = [
     "KINDS",
+    "GATES",
+    "GateRule",
+    "REFUTE_FRACTION",
+    "trend_gate",
     "CLAIM_TYPES",
     "Stat",
     "stat",
@@ -132,8 +142,17 @@ def welch_ci(
     return effect, (effect - half, effect + half), df
 
 
-def verdict_from_ci(ci: tuple[float, float] | None, margin: float) -> str:
-    """The symmetric rule: the whole interval above ``-margin`` agrees, the whole interval below disagrees."""
+#: a superiority claim ("A beats B") disagrees when its whole interval lies below this fraction of the paper's own
+#: effect: the data then exclude every gain half as large as the paper's, so the paper's effect is not seen here even
+#: if it was overstated twofold. Without a stated effect only an interval wholly below zero refutes it.
+REFUTE_FRACTION = 0.5
+
+
+def verdict_from_ci(ci: tuple[float, float] | None, margin: float, refute_below: float | None = None) -> str:
+    """The rule: the whole interval above ``-margin`` agrees, the whole interval below ``-margin`` disagrees.
+
+    ``refute_below`` (a superiority claim with the paper's own effect: :data:`REFUTE_FRACTION` of it) moves the
+    disagreeing boundary up to that value: the whole interval below it disagrees."""
     if margin < 0:
         raise ValueError(f"margin must be >= 0, got {margin}")
     if ci is None:
@@ -141,7 +160,7 @@ def verdict_from_ci(ci: tuple[float, float] | None, margin: float) -> str:
     lo, hi = ci
     if lo > -margin:
         return "agrees"
-    if hi < -margin:
+    if hi < (-margin if refute_below is None else refute_below):
         return "disagrees"
     return "inconclusive"
 
@@ -206,13 +225,16 @@ def compare(
     relative: bool = False,
     spec: str = ".3g",
     claim_id: str = "",
+    paper_effect: float | None = None,
 ) -> dict:
     """Verdict on ``a`` (the paper's mechanism, one value per seed) against ``b`` (its baseline).
 
     ``claim_type="superiority"``: "``a`` is better than ``b``" (``margin`` must be 0);
     ``claim_type="non-inferiority"``: "``a`` is comparable to ``b``": worse by less than ``margin`` (> 0, in
     ``unit``; a fraction of ``b``'s mean with ``relative=True``), quoted from the paper in ``margin_source``.
-    ``lower_is_better`` flips the direction (losses, errors). See the module docstring for the rule.
+    ``lower_is_better`` flips the direction (losses, errors). ``paper_effect`` (superiority only: the paper's own
+    effect, oriented like ours, in ``unit``) lets the claim be refuted below :data:`REFUTE_FRACTION` of it. See the
+    module docstring for the rule.
     """
     if claim_type not in CLAIM_TYPES:
         raise ValueError(f"claim_type must be one of {CLAIM_TYPES}, got {claim_type!r}")
@@ -228,8 +250,9 @@ def compare(
         missing = a_name if sa is None else b_name
         return not_tested(paper, claim, paper_value, f"no measurement for {missing}", kind=kind, claim_id=claim_id)
     margin_abs = margin * abs(sb.mean) if relative else float(margin)
+    refute = _refute_below(claim_type, paper_effect)
     effect, ci, df = welch_ci(sa, sb, lower_is_better=lower_is_better)
-    verdict = verdict_from_ci(ci, margin_abs)
+    verdict = verdict_from_ci(ci, margin_abs, refute)
     n = min(sa.n, sb.n)
     rel = f", {100 * (sa.mean - sb.mean) / sb.mean:+.1f}%" if relative and sb.mean else ""
     ci_txt = f"95% CI [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci is not None else "one seed: no interval"
@@ -239,9 +262,14 @@ def compare(
     )
     better = "lower" if lower_is_better else "higher"
     if claim_type == "superiority":
+        below = (
+            f"below {REFUTE_FRACTION:g}x the paper's effect {paper_effect:+.3g} = {refute:+.3g}"
+            if refute is not None
+            else "below 0"
+        )
         rule = (
             f"superiority ({better} is better): agrees if the 95% Welch-t CI of the effect lies above 0, "
-            "disagrees if below 0, else inconclusive"
+            f"disagrees if it lies {below}, else inconclusive"
         )
     else:
         m_txt = f"{margin:g}×{b_name}'s mean = {margin_abs:.3g} {unit}" if relative else f"{margin:g} {unit}"
@@ -265,23 +293,71 @@ def compare(
         lower_is_better=lower_is_better,
         margin_rel=float(margin) if relative else None,
     )
+    if refute is not None:
+        f.update(paper_effect=float(paper_effect), refute_below=refute)
     return f
 
 
-#: why a verdict can be gated (``gate``'s ``reason``; the summary counts them): the baseline is not shown to plateau;
-#: a row is not tuned; a compared row did not learn the task; the claim's conditions are not met (e.g. sizes differ);
-#: a control shows the same effect without what the claim credits (e.g. an untrained model)
-GATE_REASONS = ("plateau", "not tuned", "did not learn", "conditions", "control")
+def _refute_below(claim_type: str, paper_effect: float | None) -> float | None:
+    if claim_type != "superiority" or paper_effect is None:
+        return None
+    if not (math.isfinite(paper_effect) and paper_effect > 0):
+        raise ValueError(f"a superiority claim's paper_effect must be finite and > 0 (oriented), got {paper_effect}")
+    return REFUTE_FRACTION * paper_effect
+
+
+@dataclass(frozen=True)
+class GateRule:
+    """A precondition of a verdict: which decided verdicts it can hold back, and the argument for that direction."""
+
+    holds_back: tuple[str, ...]
+    why: str
+
+
+#: why a verdict can be gated (``gate``'s ``reason``; the summary counts them), with the verdicts each holds back. The
+#: report's legend prints these arguments; a gate that holds back one direction says why the other needs none.
+GATES: dict[str, GateRule] = {
+    "plateau": GateRule(
+        ("agrees", "disagrees"),
+        "a comparison still moving with the steps can cross its boundary either way, so neither verdict is shown to "
+        "hold with more training",
+    ),
+    "not tuned": GateRule(
+        ("agrees", "disagrees"),
+        "a row away from its best learning rate can score higher or lower than at it, so either verdict could be "
+        "the rate's and not the mechanism's",
+    ),
+    "did not learn": GateRule(
+        ("agrees", "disagrees"),
+        "a row that did not learn the task measures the set-up, not the mechanism, whichever side its interval "
+        "falls on",
+    ),
+    "conditions": GateRule(
+        ("agrees", "disagrees"),
+        "under other sizes or settings than the paper's, the test is of another claim, whichever way it comes out",
+    ),
+    "control": GateRule(
+        ("agrees",),
+        "a control that shows the claimed effect without what the claim credits (a model without attention inside "
+        "the margin, an untrained model's layers) would agree as well, so an agreement says nothing of the "
+        "mechanism; a disagreement needs no such gate: the mechanism is then shown worse than the margin (or its "
+        "trained layers short of what even the control shows), which the control does not explain",
+    ),
+}
+GATE_REASONS = tuple(GATES)
 
 
 def gate(f: dict, why: str, reason: str) -> dict:
     """Make a decided verdict ``inconclusive`` because a precondition (a plateau, a baseline that learned) fails.
 
-    The verdict the numbers alone give stays in ``ungated_verdict``; ``why`` is appended to the finding's ``gate``
-    text and ``reason`` (one of :data:`GATE_REASONS`) to its ``gate_reasons``.
+    Only the verdicts :data:`GATES` names for ``reason`` are held back; for the others ``why`` is said in the
+    explanation (the precondition failed, but it cannot have produced that verdict). A held-back verdict stays in
+    ``ungated_verdict``; ``why`` is appended to the finding's ``gate`` text and ``reason`` to its ``gate_reasons``.
     """
-    if reason not in GATE_REASONS:
+    if reason not in GATES:
         raise ValueError(f"unknown gate reason {reason!r}; valid: {GATE_REASONS}")
+    if numbers_verdict(f) in ("agrees", "disagrees") and numbers_verdict(f) not in GATES[reason].holds_back:
+        return explain(f, f"{why} (a {reason} gate, which does not hold back a verdict that {numbers_verdict(f)})")
     if f["verdict"] in ("agrees", "disagrees"):
         f["ungated_verdict"] = f["verdict"]
         f["verdict"] = "inconclusive"
@@ -327,7 +403,7 @@ def margin_control_gate(
     ``control`` is the no-attention control's metric (per seed), judged against the finding's own baseline
     (``values_b``) with the finding's orientation, or against ``twin`` ``(name, metric)``: the control's own
     skeleton with attention, where the baseline differs from the control in more than the token mixer (a CLS-token
-    ViT against a mean-pooled control: the second referee of session 20). Unless the control's 95% Welch-t
+    ViT against a mean-pooled control). Unless the control's 95% Welch-t
     interval lies wholly below ``-margin`` (shown worse than the margin, the same evidence a claim needs; its mean
     when either side has one seed), an "agrees" could not tell the mechanism from no token mixing at all: the
     margin, read from the paper's task, is too wide for this one. A "disagrees" stays (the mechanism is then worse
@@ -342,7 +418,7 @@ def margin_control_gate(
     f["control_effect"] = effect
     f["control_ci95"] = list(ci) if ci else None
     top = ci[1] if ci else effect
-    if top > -f["margin"] and numbers_verdict(f) != "disagrees":
+    if top > -f["margin"]:
         where = f"{effect:+.3g} [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci else f"{effect:+.3g}"
         gate(
             f,
@@ -355,14 +431,9 @@ def margin_control_gate(
 
 def untuned_control_gate(f: dict, why: str | None, control_name: str) -> dict:
     """Gate a finding whose margin test (:func:`margin_control_gate`) passed on a control that is not tuned (``why``):
-    at a better rate the control could come inside the margin, so that it loses by more is not shown (the third
-    referee: ListOps' identity control sat at the top of its grid, its sweep still rising)."""
-    if (
-        why
-        and "control_effect" in f
-        and "control" not in f.get("gate_reasons", [])
-        and numbers_verdict(f) != "disagrees"
-    ):
+    at a better rate the control could come inside the margin, so that it loses by more is not shown (e.g. an
+    identity control whose best rate sits at the top of its grid, its sweep still rising)."""
+    if why and "control_effect" in f and "control" not in f.get("gate_reasons", []):
         gate(
             f,
             f"the margin test's control is not tuned: {why}, so it is not shown to lose by more than the "
@@ -405,8 +476,7 @@ def plateau_gate(
         text = f"{baseline}: no run at twice the steps, so its plateau is not shown"
     else:
         # a plateau run of fewer seeds (the first ones) is compared with the same seeds of the baseline: the seeds'
-        # spread is not a change with the steps (the session-20 referee: in-context GPT moved -0.36 against the
-        # three-seed mean, -0.10 on its own seed)
+        # spread is not a change with the steps (one seed against a three-seed mean mixes the two)
         paired, change = _paired_change(base, longer)
         drift = [f for f in decided if clearance[id(f)] <= abs(change)]
         # a comparison replicated at twice the steps is judged on that (:func:`replicated_gate`), not on this drift
@@ -451,16 +521,45 @@ def plateau_gate(
     }
 
 
+def trend_gate(f: dict, e2: float, ci2: tuple[float, float], margin2: float, at2: str) -> dict:
+    """The one trend rule for a decided comparison with evidence at twice the steps (``e2``, ``ci2``, ``margin2``).
+
+    The verdict stands only if the same rule gives the same verdict there, and the interval there clears its
+    boundary by more than the effect moved in that doubling: at the same pace, one more doubling could not cross it.
+    It reads the effect, not the clearance alone (an interval that narrows while its effect shrinks 70% still fails).
+    Otherwise it is gated (``plateau``). ``at2`` says where the evidence comes from. Stores ``f["trend_2x"]``."""
+    v1 = numbers_verdict(f)
+    v2 = verdict_from_ci(ci2, margin2, f.get("refute_below"))
+    move = e2 - f["effect"]
+    c2 = _clearance_of(v2, ci2, margin2, f.get("refute_below")) if v2 != "inconclusive" else None
+    f["trend_2x"] = {"effect": e2, "ci95": list(ci2), "margin": margin2, "verdict": v2, "move": move, "clearance": c2}
+    unit = f.get("unit", "")
+    said = (
+        f"{at2}: the same rule gives {v2} (effect {f['effect']:+.3g} -> {e2:+.3g} {unit}, 95% CI "
+        f"[{ci2[0]:+.3g}, {ci2[1]:+.3g}])"
+    )
+    if v2 != v1:
+        return gate(f, f"{said}, not the verdict of the reported steps", "plateau")
+    if c2 <= abs(move):
+        return gate(
+            f,
+            f"{said}, but the effect moved {move:+.3g} in one doubling, at least the {c2:.3g} its interval there "
+            "clears the boundary by: at that pace the next doubling could cross it",
+            "plateau",
+        )
+    return explain(f, f"{said}; the effect moved {move:+.3g}, less than the {c2:.3g} it clears the boundary by there")
+
+
 def replicated_gate(f: dict, a_longer: Stat | None, b_longer: Stat | None, *, row: str, baseline: str) -> dict:
     """Whether a decided comparison survives twice the steps, judged on the comparison itself.
 
     Where both sides ran at twice the steps on at least two seeds each, the finding's own rule (claim type, margin:
-    a relative one re-read on the longer baseline's mean) is applied to those runs: the verdict stands if they give
-    the same verdict, and is gated (``plateau``) if not, however far each side moved on its own (the claim is about
-    the gap: the session-23 referee found ToST and GPT both moving -0.054 nats while their gap did not).
-    :func:`plateau_gate` and :func:`compared_row_gate` then leave the finding alone (``f["replicated_2x"]``).
-    With fewer seeds there is no interval at twice the steps: those gates apply, and the effect on the seeds both
-    longer runs share is described (``f["paired_2x"]``) so a reader sees whether the gap moved."""
+    a relative one re-read on the longer baseline's mean) is applied to those runs and :func:`trend_gate` decides
+    (the claim is about the gap: both sides may move alike while their gap does not). :func:`plateau_gate` and
+    :func:`compared_row_gate` then leave the finding alone (``f["replicated_2x"]``). Undecided at the reported
+    steps, what the rule gives at twice them is said, never used as the verdict. With fewer seeds there is no
+    interval at twice the steps: those gates apply, and the effect on the seeds both longer runs share is described
+    (``f["paired_2x"]``) so a reader sees whether the gap moved."""
     if not f.get("ci95") or a_longer is None or b_longer is None:
         return f
     lower = bool(f.get("lower_is_better"))
@@ -469,37 +568,21 @@ def replicated_gate(f: dict, a_longer: Stat | None, b_longer: Stat | None, *, ro
     if a_longer.n >= 2 and b_longer.n >= 2:
         m2 = f["margin_rel"] * abs(b_longer.mean) if f.get("margin_rel") is not None else f.get("margin") or 0.0
         e2, ci2, _ = welch_ci(a_longer, b_longer, lower_is_better=lower)
-        v2 = verdict_from_ci(ci2, m2)
-        at_2x = {"effect": e2, "ci95": list(ci2) if ci2 else None, "margin": m2, "verdict": v2}
-        at2 = (
-            f"at twice the steps ({row} {a_longer.n} vs {baseline} {b_longer.n} seeds) the same rule gives {v2}: "
-            f"effect {e2:+.3g} {unit}, 95% CI [{ci2[0]:+.3g}, {ci2[1]:+.3g}], margin {m2:.3g}"
-        )
+        at2 = f"at twice the steps ({row} {a_longer.n} vs {baseline} {b_longer.n} seeds, margin {m2:.3g})"
         if not decided:
-            # undecided at the reported steps: what the rule gives at twice them is said, never used as the verdict
-            # (the session-26 referee: ToST's comparison at twice the steps was computed and shown only in a figure)
-            f["at_2x"] = at_2x
-            if v2 != "inconclusive":
-                at2 += "; the verdict depends on the number of steps, so it stays inconclusive"
-            return explain(f, at2)
-        f["replicated_2x"] = at_2x
-        if v2 == numbers_verdict(f):
-            c1, c2 = _clearance(f), ci2[0] + m2 if v2 == "agrees" else -m2 - ci2[1]
-            f["replicated_2x"]["clearance"] = [c1, c2]
-            cleared = f"clearing its boundary by {c1:.3g} {unit} at the reported steps and {c2:.3g} at twice them"
-            # the trend (the session-24 referee: CSP's gap shrank 70% in one doubling): an interval that approached
-            # its boundary by at least what it still clears would reach it at the next doubling at that pace
-            if c1 - c2 >= c2:
-                gate(
-                    f,
-                    f"{at2}, {cleared}: it approached its boundary by {c1 - c2:.3g} in one doubling, at least what "
-                    "it still clears, so the verdict is not shown to hold at the next",
-                    "plateau",
-                )
-            else:
-                explain(f, f"{at2}: the verdict is replicated at one doubling of the steps, {cleared}")
-        else:
-            gate(f, f"{at2}, not the verdict of the reported steps", "plateau")
+            v2 = verdict_from_ci(ci2, m2, f.get("refute_below"))
+            f["at_2x"] = {"effect": e2, "ci95": list(ci2), "margin": m2, "verdict": v2}
+            tail = (
+                "; the verdict depends on the number of steps, so it stays inconclusive" if v2 != "inconclusive" else ""
+            )
+            return explain(
+                f,
+                f"{at2} the same rule gives {v2}: effect {e2:+.3g} {unit}, 95% CI [{ci2[0]:+.3g}, {ci2[1]:+.3g}]"
+                + tail,
+            )
+        f["replicated_2x"] = {}  # marks the finding as judged at twice the steps (the gates below skip it)
+        trend_gate(f, e2, ci2, m2, at2)
+        f["replicated_2x"] = f["trend_2x"]
         return f
     if not decided:
         return f
@@ -518,22 +601,20 @@ def replicated_gate(f: dict, a_longer: Stat | None, b_longer: Stat | None, *, ro
 
 
 def compared_row_gate(f: dict, row: str, base: Stat | None, longer: Stat | None, unit: str) -> dict:
-    """The plateau test of a compared row (``f``'s side a) where it has a run at twice the steps: a decided verdict
-    stands only if its interval clears the boundary by more than the row's own move, as :func:`plateau_gate` asks
-    of the baseline (the session-20 referee: CSP on ListOps gained +5.9 at twice the steps, softmax +0.58). The
-    move is read on the seeds the longer run has."""
+    """The trend test of a compared row (``f``'s side a) where only it has a run at twice the steps: its move (read
+    on the seeds the longer run has) shifts the effect and its interval, and :func:`trend_gate` decides, as for a
+    replicated comparison (a row still gaining +5.9 at twice the steps against its baseline's +0.58 is not at its
+    plateau)."""
     if base is None or longer is None or numbers_verdict(f) not in ("agrees", "disagrees") or not f.get("ci95"):
         return f
     if "replicated_2x" in f:  # judged on the comparison at twice the steps (:func:`replicated_gate`)
         return f
     paired, change = _paired_change(base, longer)
     f["compared_row_change"] = change
-    moved = f"{row} itself moves {change:+.3g} {unit} at twice the steps ({paired.mean:.4g} -> {longer.mean:.4g})"
-    if _clearance(f) <= abs(change):
-        gate(f, f"{moved}, more than the interval clears the boundary by ({_clearance(f):.3g})", "plateau")
-    else:  # say so where it stands too: the reader sees how close the move came
-        explain(f, f"{moved}, less than the interval clears the boundary by ({_clearance(f):.3g}): the verdict stands")
-    return f
+    shift = -change if f.get("lower_is_better") else change
+    lo, hi = f["ci95"]
+    at2 = f"{row} itself moves {change:+.3g} {unit} at twice the steps ({paired.mean:.4g} -> {longer.mean:.4g})"
+    return trend_gate(f, f["effect"] + shift, (lo + shift, hi + shift), f.get("margin") or 0.0, at2)
 
 
 def _paired_change(base: Stat, longer: Stat) -> tuple[Stat, float]:
@@ -568,10 +649,13 @@ def margin_sensitivity(f: dict, other: float, label: str, *, relative: bool = Tr
 
 
 def _clearance(f: dict) -> float:
-    """How far a decided finding's 95% CI lies beyond its decision boundary (``-margin``), in the effect's unit."""
-    lo, hi = f["ci95"]
-    m = f.get("margin") or 0.0
-    return lo + m if numbers_verdict(f) == "agrees" else -m - hi
+    """How far a decided finding's 95% CI lies beyond its decision boundary, in the effect's unit."""
+    return _clearance_of(numbers_verdict(f), f["ci95"], f.get("margin") or 0.0, f.get("refute_below"))
+
+
+def _clearance_of(verdict: str, ci, margin: float, refute_below: float | None = None) -> float:
+    lo, hi = ci
+    return lo + margin if verdict == "agrees" else (-margin if refute_below is None else refute_below) - hi
 
 
 def change_word(before: float, after: float, *, noise: float) -> str:
