@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The checks and figures only a CUDA machine gives: the compiled Triton kernels against their references
 # (tests/ops/test_triton_kernels.py without the interpreter), `attnzoo selftest --device cuda`, and the op
-# benchmarks (ToST Fig. 6/7 shapes) and the varlen sweep (padded/packed against unmasked at equal real tokens, issue
-# 27) on the GPU. Usage: bash scripts/gpu_check.sh [OUT_DIR]
+# benchmarks (ToST Fig. 6/7 shapes) and the varlen sweep (padded/packed against unmasked at equal real tokens) on
+# the GPU. Usage: bash scripts/gpu_check.sh [OUT_DIR]
 # Runs from a checkout without installing (PYTHONPATH=src); each step has its own time limit (all five: ~15 min on
 # an H200, the full selftest ~3 min of it).
 # GPU_CHECK_STEPS picks steps (default: all of triton-tests selftest bench-n bench-d bench-varlen bench-varlen-triton).

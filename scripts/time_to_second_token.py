@@ -4,7 +4,7 @@ Builds a random GPT-2 (GPT-2 small's sizes by default: 12 layers, width 768, 12 
 each mechanism a copy with every attention swapped (:func:`attnzoo.hf.swap_attention`), and times greedy
 ``generate(max_new_tokens=2)`` from one prompt of ``--prompt`` tokens: the prompt's parallel pass (the prefill,
 which hands each mechanism its decoding state) plus one decoding step. Prints the median over ``--repeats`` runs
-after one warm-up, and its ratio to the original model's (the issue's target: within 2x).
+after one warm-up, and its ratio to the original model's (the target: within 2x).
 
     PYTHONPATH=src python scripts/time_to_second_token.py                  # GPT-2 small sizes, 768 tokens
     PYTHONPATH=src python scripts/time_to_second_token.py --layers 4 --dim 256 --heads 4 --prompt 256

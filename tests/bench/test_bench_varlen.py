@@ -69,7 +69,7 @@ def test_varlen_sweep_times_cpu_or_cuda_and_names_the_device_it_refuses():
 
 
 def test_varlen_backend_runs_every_form_on_it_and_an_unknown_one_is_refused(tmp_path):
-    # "auto" does not take the masked Triton kernels: --varlen-backend is how a GPU session times them
+    # "auto" does not take the masked Triton kernels: --varlen-backend is how a GPU run times them
     rows = varlen.measure_varlen(
         "tssa", batch=2, heads=2, length=8, dim=8, causal=False, backward=False, device="cpu",
         dtype=torch.float32, repeats=1, backend="naive",

@@ -36,7 +36,7 @@ from attnzoo.bench.runner import _settle_heap
 
 __all__ = ["VarlenRow", "varlen_lengths", "varlen_forms", "measure_varlen", "VARLEN_TARGET", "varlen_cases"]
 
-#: the issue's bound on masked/dense and packed/dense
+#: the most a masked or packed call may cost over the dense call on the same real tokens (masked/dense, packed/dense)
 VARLEN_TARGET = 1.2
 
 
