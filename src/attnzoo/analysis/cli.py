@@ -7,6 +7,7 @@ Examples::
     attnzoo analyze rank-collapse --out runs/rank --depth 8
     attnzoo analyze layerwise --out runs/tost --checkpoint runs/tost-cifar/best
     attnzoo analyze attention-maps --out runs/maps --checkpoint runs/softmax --checkpoint runs/fastmax
+    attnzoo analyze segment runs/scenes-crate-cbt
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 
 from .experiments import EXPERIMENTS, save_experiment
 from .io import prepare_out_dir
+from .segment import add_segment_parser
 
 __all__ = ["main", "build_parser"]
 
@@ -151,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     _model_args(p, needs_input=False)
     p.add_argument("--directions", type=int, default=4, help="random directions per subspace (0: all)")
+    add_segment_parser(sub)
     return parser
 
 
@@ -236,9 +239,25 @@ def _run(args) -> dict:
     return attention_maps(models, inputs, layer=args.layer, image=args.image, grid=args.grid)
 
 
+def _segment(args) -> int:
+    from attnzoo.data.paths import DatasetNotFoundError
+
+    from .segment import run_segment_cli
+
+    try:  # a bad run, config or checkpoint raises a ValueError subclass
+        paths = run_segment_cli(args)
+    except (ValueError, TypeError, FileExistsError, DatasetNotFoundError) as e:
+        print(f"attnzoo analyze segment: error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(f"wrote {p}" for p in paths))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.experiment == "segment":
+        return _segment(args)
     needs_model = args.experiment in ("layerwise", "membership", "subspaces")
     if needs_model and (args.checkpoint is None) == (args.model is None):
         parser.error(f"{args.experiment} needs exactly one of --checkpoint DIR or --model NAME")
