@@ -683,8 +683,8 @@ def test_listops_control_check_and_margin_gate():
 
     def fastmax():
         claim = "Fastmax keeps softmax's accuracy on listops"
-        f = _cmp([33.5, 33.9, 33.7], [32.6, 33.0, 32.8], "fastmax", "softmax", 2.6, claim=claim)
-        return f | {"claim_id": "fast-t1-accuracy#listops"}
+        cid = "fast-t1-accuracy#listops"
+        return _cmp([33.5, 33.9, 33.7], [32.6, 33.0, 32.8], "fastmax", "softmax", 2.6, claim=claim, claim_id=cid)
 
     soft = stat([32.6, 33.0, 32.8])
     for ctl, gated in (([31.0, 31.4, 31.2], True), ([20.0, 21.0, 20.5], False)):

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from attnzoo.reproduce import claims
+from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.common import (
     CURVE_NOTE,
     SWEEP_SEED_OFFSET,
@@ -353,7 +353,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     _control_findings(sec.findings, res, learned)
     for f in sec.findings:
         for (m, t), (gap, label) in OTHER_MARGINS.items():
-            if f.get("a_name") == m and f["claim"].endswith(f" on {t}"):
+            if f.get("a_name") == m and _test(f) == t:
                 claims.margin_sensitivity(f, gap, label, relative=False)
     _curves(sec, res, mechs, tasks, ablations, plots_dir, rel)
     eq_table, eq = equal_time(res, mechs, learned, ablations, plan)
@@ -363,14 +363,14 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     for f in sec.findings:
         for t, rows in eq.items():
             m = f.get("a_name")
-            if f["claim"].endswith(f" on {t}") and m in rows:
+            if _test(f) == t and m in rows:
                 text = "at softmax's training time: " + rows[m]["text"]
                 claims.explain(f, text)
     sec.data["plateau"] = _plateau(sec.findings, res, learned, ablations)
     _tune(sec, records, plan, mechs, learned, res, majority)
     for t in learned:
         for f in sec.findings:
-            if f["kind"] == "paper" and f["claim"].endswith(f" on {t}"):
+            if f["kind"] == "paper" and _test(f) == t:
                 claims.untuned_control_gate(f, sec.data["untuned"].get(t, {}).get(CONTROL), f"{CONTROL} on {t}")
     return sec
 
@@ -403,8 +403,8 @@ def _tune(
         if not lrs or t not in sweep_tasks(plan):
             untuned = {m: f"no learning-rate sweep on {t} at this budget" for m in mechs}
         every[t] = untuned
-        gate_untuned([f for f in sec.findings if f["claim"].endswith(f" on {t}")], untuned)
-        gate_untuned([f for f in sec.findings if f["claim"].endswith(" on the LRA average")], untuned)
+        gate_untuned([f for f in sec.findings if _test(f) == t], untuned)
+        gate_untuned([f for f in sec.findings if _test(f) == AVERAGE], untuned)
     sec.data["untuned"] = every
 
 
@@ -632,7 +632,7 @@ def _plateau(findings: list[dict], res: dict, learned: list[str], ablations: dic
     for t in learned:
         run = _longer_run(ablations, "softmax", t)
         longer, longer_curve = (run["result"]["accuracy"], run["result"]["val_curve"]) if run else (None, None)
-        own = [f for f in findings if f["claim"].endswith(f" on {t}") or f["claim"].endswith(" on the LRA average")]
+        own = [f for f in findings if _test(f) in (t, AVERAGE)]
         rows = {id(f): _longer_run(ablations, f.get("a_name"), t) for f in own}
         for f in own:  # before the drift gates: a comparison replicated at twice the steps is judged on that
             row = rows[id(f)]
@@ -840,8 +840,7 @@ def _gate_unlearned_base(found: list[dict], res, base: str, learned: list[str], 
     where one of its seeds is within LEARNED_MARGIN of the majority class, its verdict is gated."""
     missed = [t for t in learned if t not in _learned(res, [t], majority, row=base)]
     for f in found:
-        average = "LRA average" in f["claim"]
-        tasks = missed if average else [t for t in missed if f["claim"].endswith(f" on {t}")]
+        tasks = missed if _test(f) == AVERAGE else [t for t in missed if _test(f) == t]
         if tasks:
             lows = ", ".join(
                 f"{t}: lowest seed {min(res[base][t]['accuracy'].values):.1f}% against a majority class of "
@@ -866,7 +865,7 @@ def _gate_dense_chunks(findings: list[dict], records: dict, tasks: list[str], le
         if chunk is None or chunk < lengths[t]:
             continue
         for f in findings:
-            if f.get("b_name") == "mega_chunk" and (f["claim"].endswith(f" on {t}") or "LRA average" in f["claim"]):
+            if f.get("b_name") == "mega_chunk" and _test(f) in (t, AVERAGE):
                 claims.gate(
                     f,
                     f"mega_chunk's chunk r = {chunk} covers the whole sequence (N = {lengths[t]} on {t}), so it is "
@@ -951,9 +950,7 @@ def _control_findings(findings: list[dict], res: dict, learned: list[str]) -> No
                 ctl["accuracy"],
                 claim_type="superiority",
                 unit="pts",
-                paper="all five papers",
-                claim=f"attention helps: softmax beats its no-attention control (identity token mixer) on {t}",
-                paper_value="implicit in every paper: a token mixer is needed",
+                **paper_claims.finding_kw(f"lra-attention-helps#{t}", task=t),
                 a_name="softmax",
                 b_name=CONTROL,
                 kind="check",
@@ -961,7 +958,7 @@ def _control_findings(findings: list[dict], res: dict, learned: list[str]) -> No
             )
         )
         for f in findings:
-            if f["kind"] == "paper" and f["claim"].endswith(f" on {t}") and f.get("b_name") == "softmax":
+            if f["kind"] == "paper" and _test(f) == t and f.get("b_name") == "softmax":
                 claims.margin_control_gate(f, ctl["accuracy"], f"{CONTROL} on {t}")
 
 
@@ -979,65 +976,32 @@ def _learned(res, tasks, majority, row: str = "softmax") -> list[str]:
 #: (mechanism, task) -> another of the paper's gaps on that task, stated beside the finding's own margin
 OTHER_MARGINS = {("fastmax", "listops"): (0.97, "FAST Table 1's own ListOps gap (38.37 vs 37.40)")}
 
-CLAIMS = [
-    (
-        "tssa",
-        (
-            "non-inferiority",
-            2.42,
-            "ToST Table 3: ToST is up to 2.42 pts below the Transformer on a task (Pathfinder) and said to "
-            "outperform it on average; on ListOps the two tie (37.25 vs 37.11)",
-        ),
-        "ToST Table 3",
-        "TSSA keeps the softmax Transformer's accuracy",
-        "ToST 37.25 vs Transformer 37.11 ListOps; 59.90 vs 59.24 LRA average",
-    ),
-    (
-        "fastmax",
-        (
-            "non-inferiority",
-            2.6,
-            "FAST Table 1: Fastmax2 is up to 2.6 pts below vanilla on a task (Retrieval) and said to keep its accuracy",
-        ),
-        "FAST Table 1",
-        "Fastmax keeps softmax's accuracy",
-        "Fastmax2 57.90 vs vanilla 57.37 (LRA average)",
-    ),
-    (
-        "csp",
-        ("superiority", 0.0, ""),
-        "CSP Table 4",
-        "CSP beats the softmax Transformer",
-        "CSP 58.91 vs Transformer 54.39 (LRA average)",
-    ),
-]
+#: the accuracy claims against softmax: (mechanism, claim id in :mod:`paper_claims`), each tested on the LRA average
+#: and per task (``"<id>#average"``, ``"<id>#<task>"``)
+CLAIMS = [("tssa", "tost-t3-lra"), ("fastmax", "fast-t1-accuracy"), ("csp", "csp-t4-lra")]
 
 
-#: CSP Table 4's second group: (row, its baseline row, claim kind, paper, claim, paper value)
-MEGA_CLAIMS = [
-    (
-        "mega_csp",
-        "mega_chunk",
-        ("superiority", 0.0, ""),
-        "CSP Table 4",
-        "MEGA using CSP (linear) beats chunked MEGA",
-        "MEGA using CSP 85.89 vs MEGA-chunk 85.66 (LRA average)",
-    ),
-]
+#: CSP Table 4's second group: (row, its baseline row, claim id)
+MEGA_CLAIMS = [("mega_csp", "mega_chunk", "csp-t4-mega")]
+#: the test of an accuracy claim on the average over the learned tasks
+AVERAGE = "average"
+
+
+def _test(f: dict) -> str:
+    """Which test of its claim a finding is: a task, ``AVERAGE``, or ``""`` for a claim tested once."""
+    return paper_claims.test_of(f.get("claim_id", ""))
 
 
 def _findings(res, mechs, tasks, lengths, learned, ablations=None, head_dim=None, majority=None) -> list[dict]:
     ablations = ablations or {}
     out = []
-    for m, kind, paper, claim, paper_value in CLAIMS:
+    for m, claim_id in CLAIMS:
         if m not in mechs or "softmax" not in mechs or not learned:
             continue
-        out += _accuracy_findings(res, m, kind, paper, claim, paper_value, learned, ablations, majority=majority)
-    for m, base, kind, paper, claim, paper_value in MEGA_CLAIMS:
+        out += _accuracy_findings(res, m, claim_id, learned, ablations, majority=majority)
+    for m, base, claim_id in MEGA_CLAIMS:
         if m in mechs and base in mechs and learned:
-            found = _accuracy_findings(
-                res, m, kind, paper, claim, paper_value, learned, ablations, base=base, majority=majority
-            )
+            found = _accuracy_findings(res, m, claim_id, learned, ablations, base=base, majority=majority)
             out += _gate_unlearned_base(found, res, base, learned, majority or {})
     if "softmax" in mechs and tasks:
         out += _speed_findings(res, mechs, tasks, lengths, head_dim)
@@ -1046,45 +1010,36 @@ def _findings(res, mechs, tasks, lengths, learned, ablations=None, head_dim=None
             n = max((lengths[t] or 0) for t in tasks)
             if f is not None and n < FASTEST_MIN_N:
                 # the paper's speed comparisons are at LRA's lengths: the same N bar as "CSP trains faster"
-                f = claims.not_tested(
-                    f["paper"], f["claim"], f["paper_value"], f"longest task N={n} < {FASTEST_MIN_N} ({f['measured']})"
-                )
+                why = f"longest task N={n} < {FASTEST_MIN_N} ({f['measured']})"
+                f = claims.not_tested(**paper_claims.finding_kw(FASTEST), why=why)
             if f is not None:
                 out.append(f)
     return out
 
 
 def _accuracy_findings(
-    res, m, kind, paper, claim, paper_value, learned, ablations, base: str = "softmax", majority: dict | None = None
+    res, m, claim_id, learned, ablations, base: str = "softmax", majority: dict | None = None
 ) -> list[dict]:
     """The LRA-average finding of one accuracy claim (``m`` against ``base``), followed by its per-task findings on
     the learned tasks. A per-task finding that does not agree says which of ``m``'s seeds did not train
     (:func:`failure_reading`)."""
-    claim_type, margin, source = kind
-    kw = dict(claim_type=claim_type, margin=margin, margin_source=source, unit="pts", a_name=m, b_name=base)
+    kw = dict(unit="pts", a_name=m, b_name=base, spec=".1f")
     f = claims.compare(
         _avg_stat(res, m, learned),
         _avg_stat(res, base, learned),
-        paper=paper,
-        claim=claim + " on the LRA average",
-        paper_value=paper_value,
-        spec=".1f",
+        **paper_claims.compare_kw(f"{claim_id}#{AVERAGE}"),
         **kw,
     )
+    f["claim"] += " on the LRA average"
     f["measured"] += f" (average over the learned tasks: {', '.join(learned)})"
     per_task = []
     for t in learned:
         if t not in res[m] or t not in res[base]:
             continue
-        ft = claims.compare(
-            res[m][t]["accuracy"],
-            res[base][t]["accuracy"],
-            paper=paper,
-            claim=f"{claim} on {t}",
-            paper_value=f"per-task column of {paper}",
-            spec=".1f",
-            **kw,
-        )
+        task_kw = paper_claims.compare_kw(f"{claim_id}#{t}")
+        task_kw["paper_value"] = f"per-task column of {task_kw['paper']}"
+        ft = claims.compare(res[m][t]["accuracy"], res[base][t]["accuracy"], **task_kw, **kw)
+        ft["claim"] += f" on {t}"
         parts = [_ablation_reading(m, t, ablations, res)]
         if ft["verdict"] != "agrees" and majority and t in majority:
             parts.insert(0, failure_reading(m, res[m][t]["accuracy"], res[base][t]["accuracy"], majority[t], base))
@@ -1105,34 +1060,9 @@ def _accuracy_findings(
     return [f] + [ft for _, ft in per_task]
 
 
-#: (mechanism, paper, claim, paper value, smallest N at which the paper's speed claim applies, head dimension it is
-#: made at or None)
-_SPEED_CLAIMS = (
-    (
-        "fastmax",
-        "FAST Table 2",
-        "Fastmax2 trains faster than softmax beyond N = 1024, where the two are equal (D = 32)",
-        "6.1 vs 1.8 steps/s at N=4000 (Text); equal at N=1000",
-        1024,
-        32,
-    ),
-    (
-        "tssa",
-        "ToST Table 4 (right)",
-        "TSSA is faster than softmax attention at long N",
-        "0.60x the time of GPT-2 at 4k tokens",
-        1024,
-        None,
-    ),
-    (
-        "csp",
-        "CSP §4.2 / Fig. 4",
-        "CSP trains faster than the softmax Transformer on LRA",
-        "the fastest training speed of all compared models",
-        1024,
-        None,
-    ),
-)
+#: the speed claims against softmax: (mechanism, claim id); the smallest N and the head dimension each is made at are
+#: the claim's conditions
+_SPEED_CLAIMS = (("fastmax", "fast-t2-speed#lra-training"), ("tssa", "tost-t4-speed"), ("csp", "csp-f4-faster"))
 
 
 def _speed_findings(res, mechs, tasks, lengths, head_dim=None) -> list[dict]:
@@ -1141,18 +1071,20 @@ def _speed_findings(res, mechs, tasks, lengths, head_dim=None) -> list[dict]:
     longest = max(tasks, key=lambda t: lengths[t] or 0)
     n = lengths[longest]
     base = res["softmax"].get(longest, {}).get("steps_per_s")
-    for m, paper, claim, pv, min_n, paper_d in _SPEED_CLAIMS:
+    for m, claim_id in _SPEED_CLAIMS:
         if m not in mechs:
             continue
+        kw = paper_claims.finding_kw(claim_id)
+        cond = paper_claims.get(claim_id).conditions
+        min_n, paper_d = cond.min_n, cond.head_dim
         val = res[m].get(longest, {}).get("steps_per_s")
         if paper_d is not None and head_dim != paper_d:
             ratio = f"{val / base:.2f}x softmax" if val and base else "n/a"
             out.append(
                 claims.not_tested(
-                    paper,
-                    claim,
-                    pv,
-                    f"the claim is at head dimension {paper_d} (cost O(N·D^(p+1))); this encoder has D = {head_dim} "
+                    **kw,
+                    why=f"the claim is at head dimension {paper_d} (cost O(N·D^(p+1))); this encoder has "
+                    f"D = {head_dim} "
                     f"(measured {ratio} steps/s on {longest}, N={n}); no LRA run here is at D = {paper_d}: the "
                     f"efficiency section measures the ops at D = {paper_d} (its FAST Table 2 finding)",
                 )
@@ -1161,23 +1093,19 @@ def _speed_findings(res, mechs, tasks, lengths, head_dim=None) -> list[dict]:
         if n is None or n < min_n:
             ratio = f"{val / base:.2f}x softmax" if val and base else "n/a"
             out.append(
-                claims.not_tested(
-                    paper, claim, pv, f"longest task N={n} < {min_n} (measured {ratio} steps/s on {longest})"
-                )
+                claims.not_tested(**kw, why=f"longest task N={n} < {min_n} (measured {ratio} steps/s on {longest})")
             )
             continue
         if val is None or base is None:
-            out.append(claims.not_tested(paper, claim, pv, "missing steps/s"))
+            out.append(claims.not_tested(**kw, why="missing steps/s"))
             continue
         verdict = "agrees" if val > base else "disagrees"
         out.append(
             claims.finding(
-                paper,
-                claim,
-                pv,
-                f"{m} {val:.2f} vs softmax {base:.2f} steps/s on {longest} (N={n}): {val / base:.2f}x",
-                verdict,
-                f"agrees if {m} steps/s > softmax's (a measurement of training throughput)",
+                measured=f"{m} {val:.2f} vs softmax {base:.2f} steps/s on {longest} (N={n}): {val / base:.2f}x",
+                verdict=verdict,
+                rule=f"agrees if {m} steps/s > softmax's (a measurement of training throughput)",
+                **kw,
                 kind="paper",
                 seeds=res[m][longest]["seeds"],
                 measurement=True,
@@ -1186,8 +1114,9 @@ def _speed_findings(res, mechs, tasks, lengths, head_dim=None) -> list[dict]:
     return out
 
 
-#: CSP's "fastest training" is read from LRA at 1K-4K tokens, like its "trains faster than softmax" (N >= 1024)
-FASTEST_MIN_N = 1024
+#: CSP's "fastest training" claim: read from LRA at 1K-4K tokens, like its "trains faster than softmax" (N >= 1024)
+FASTEST = "csp-f4-fastest"
+FASTEST_MIN_N = paper_claims.get(FASTEST).conditions.min_n
 
 
 def _fastest_finding(res, mechs, tasks) -> dict | None:
@@ -1205,12 +1134,11 @@ def _fastest_finding(res, mechs, tasks) -> dict | None:
         return None
     best = max(known, key=known.get)
     f = claims.finding(
-        "CSP §4.2 / Fig. 4",
-        "CSP has the fastest training of all models compared",
-        "fastest of 14 Transformer variants on LRA",
-        f"geometric-mean steps/s over {', '.join(tasks)}: " + ", ".join(f"{m} {v:.2f}" for m, v in known.items()),
-        "agrees" if best == "csp" else "disagrees",
-        "agrees if CSP has the highest geometric-mean steps/s over the tasks among the mechanisms of the paper's "
+        **paper_claims.finding_kw(FASTEST),
+        measured=f"geometric-mean steps/s over {', '.join(tasks)}: "
+        + ", ".join(f"{m} {v:.2f}" for m, v in known.items()),
+        verdict="agrees" if best == "csp" else "disagrees",
+        rule="agrees if CSP has the highest geometric-mean steps/s over the tasks among the mechanisms of the paper's "
         "comparison set run here (a measurement)",
         kind="paper",
         measurement=True,
