@@ -666,7 +666,7 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check(
         "memory-linear-in-n",
-        "papers' O(N) memory",
+        "attnzoo's target (4N/N peak ≤ 4.5, docs/performance.md) / papers' O(N) memory",
         "{mechanism}'s memory grows linearly in N",
         "ratio of peak memory at 4N vs N ≤ 4.5",
         per="mechanism",

@@ -11,7 +11,7 @@ import math
 import torch
 
 from attnzoo.bench.memory import timing_allocator
-from attnzoo.reproduce import claims
+from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.common import Context, Section, Table, fmt
 from attnzoo.reproduce.store import Step
 
@@ -328,14 +328,12 @@ def fast_d32(d32: dict[str, dict]) -> tuple[Table, dict]:
         caption="Ops as in the tables above, timed only (median of the repeats after a warm-up); the last row is "
         "Fastmax's speed-up over SDPA softmax (> 1: Fastmax faster).",
     )
-    paper = "FAST Table 2"
-    claim = "Fastmax2 trains faster than softmax beyond N = 1024, where the two are equal (D = 32)"
-    pv = "6.1 vs 1.8 steps/s at N=4000 (Text); equal at N=1000"
+    kw = paper_claims.finding_kw("fast-t2-speed#op-d32")
     both = [n for n in lengths if n in soft and n in fast and n >= 1024]
     if not both:
         measured = ", ".join(f"N={n}: {soft[n] / fast[n]:.2f}x" for n in lengths if n in soft and n in fast)
         return table, claims.not_tested(
-            paper, claim, pv, f"no N ≥ 1024 measured at D = {FAST_HEAD_DIM} (speed-up {measured or 'n/a'})"
+            **kw, why=f"no N ≥ 1024 measured at D = {FAST_HEAD_DIM} (speed-up {measured or 'n/a'})"
         )
     n = max(both)
     ratio = soft[n] / fast[n]
@@ -353,17 +351,15 @@ def fast_d32(d32: dict[str, dict]) -> tuple[Table, dict]:
     slower = [k for k in lengths if k in soft and k in fast and soft[k] / fast[k] < 1]
     even = f"; slower up to N={max(slower)} here" if slower else ""
     return table, claims.finding(
-        paper,
-        claim,
-        pv,
-        f"at D = {FAST_HEAD_DIM}, N={n}: fastmax_p2 {fast[n]:.1f} ms vs softmax {soft[n]:.1f} ms forward+backward "
-        f"({ratio:.2f}x); "
+        **kw,
+        measured=f"at D = {FAST_HEAD_DIM}, N={n}: fastmax_p2 {fast[n]:.1f} ms vs softmax {soft[n]:.1f} ms "
+        f"forward+backward ({ratio:.2f}x); "
         + ", ".join(f"N={k}: {soft[k] / fast[k]:.2f}x" for k in lengths if k in soft and k in fast)
         + even,
-        verdict,
-        "agrees if the Fastmax p=2 op's forward+backward is faster than SDPA softmax's at every N above the paper's "
-        "break-even (1024) measured, disagrees if slower at every one, else inconclusive (a measurement of the op, "
-        "one thread on this CPU)",
+        verdict=verdict,
+        rule="agrees if the Fastmax p=2 op's forward+backward is faster than SDPA softmax's at every N above the "
+        "paper's break-even (1024) measured, disagrees if slower at every one, else inconclusive (a measurement of "
+        "the op, one thread on this CPU)",
         kind="paper",
         measurement=True,
     )
@@ -373,14 +369,7 @@ def _findings(n_rows, dec_rows, plan: dict | None = None, explicit=None) -> list
     # only completed non-causal forward timings are comparable across mechanisms
     ok = [r for r in n_rows if r.status == "ok" and not r.causal and r.fwd_ms]
     if not ok:
-        return [
-            claims.not_tested(
-                "ToST Fig. 6",
-                "TSSA is faster than softmax at long N",
-                "~10x at 10k tokens",
-                "no efficiency measurements",
-            )
-        ]
+        return [claims.not_tested(**paper_claims.finding_kw("tost-f6-speed"), why="no efficiency measurements")]
     out = [_fastest_finding(ok)]
     out += _tssa_findings(ok, plan, explicit)
     out += _memory_growth_findings(ok)
@@ -395,12 +384,10 @@ def _fastest_finding(ok) -> dict:
     at = {r.mechanism: r for r in ok if r.length == longest}
     fastest = min(at, key=lambda m: at[m].fwd_ms)
     return claims.finding(
-        "all five papers",
-        "the linear mechanisms beat softmax attention at long N",
-        "linear vs quadratic cost in N",
-        f"fastest forward at N={longest}: {fastest} ({at[fastest].fwd_ms:.2f} ms)",
-        "agrees" if fastest != "softmax" else "disagrees",
-        "agrees if softmax is not the fastest op at the longest N measured",
+        **paper_claims.finding_kw("linear-fastest-long-n"),
+        measured=f"fastest forward at N={longest}: {fastest} ({at[fastest].fwd_ms:.2f} ms)",
+        verdict="agrees" if fastest != "softmax" else "disagrees",
+        rule="agrees if softmax is not the fastest op at the longest N measured",
         kind="check",
         measurement=True,
     )
@@ -419,12 +406,10 @@ def _tssa_findings(ok, plan: dict | None, explicit=None) -> list[dict]:
     verdict = "not tested" if common < 8192 else ("agrees" if speed >= 10 else "disagrees")
     out = [
         claims.finding(
-            "ToST Fig. 6 (left)",
-            "TSSA is ~10x faster than ViT's attention at 10k tokens",
-            "nearly 10x faster at n=10k (d=384, K=8, GPU)",
-            f"at N={common}: {speed:.1f}x faster than SDPA",
-            verdict,
-            "agrees if ≥10x faster at N ≥ 8192; not tested at shorter N",
+            **paper_claims.finding_kw("tost-f6-speed"),
+            measured=f"at N={common}: {speed:.1f}x faster than SDPA",
+            verdict=verdict,
+            rule="agrees if ≥10x faster at N ≥ 8192; not tested at shorter N",
             kind="paper",
             measurement=True,
         )
@@ -436,12 +421,7 @@ def _tssa_findings(ok, plan: dict | None, explicit=None) -> list[dict]:
         )
     if mem is None or common < 8192:
         out.append(
-            claims.not_tested(
-                "ToST Fig. 6 (left)",
-                "TSSA uses ~100x less memory than ViT's attention",
-                "roughly 100x less GPU memory at n=10k",
-                "no peak-memory pair at N ≥ 8192",
-            )
+            claims.not_tested(**paper_claims.finding_kw("tost-f6-memory"), why="no peak-memory pair at N ≥ 8192")
         )
     else:
         out.append(_tssa_memory_finding(common, s, t, mem, plan, explicit))
@@ -455,25 +435,21 @@ def _tssa_memory_finding(common, s, t, mem: float, plan: dict | None, explicit=N
     if explicit is not None and explicit.length == common and explicit.status == "ok" and explicit.fwd_peak_mb:
         ratio = explicit.fwd_peak_mb / t.fwd_peak_mb
         return claims.finding(
-            "ToST Fig. 6 (left)",
-            "TSSA uses ~100x less memory than ViT's attention",
-            "roughly 100x less GPU memory at n=10k (vs an explicit N x N attention)",
-            f"at N={common}: softmax storing the N x N matrix {explicit.fwd_peak_mb:.0f} MiB vs tssa "
+            **paper_claims.finding_kw("tost-f6-memory"),
+            measured=f"at N={common}: softmax storing the N x N matrix {explicit.fwd_peak_mb:.0f} MiB vs tssa "
             f"{t.fwd_peak_mb:.1f} MiB = {ratio:.0f}x (SDPA, which streams the scores: {s.fwd_peak_mb:.1f} MiB, "
             f"{mem:.1f}x)",
-            "agrees" if ratio >= 10 else "disagrees",
-            "agrees if ≥10x less forward peak memory than the explicit-matrix softmax (the attention the paper "
+            verdict="agrees" if ratio >= 10 else "disagrees",
+            rule="agrees if ≥10x less forward peak memory than the explicit-matrix softmax (the attention the paper "
             "measured) at N ≥ 8192",
             kind="paper",
             measurement=True,
         )
     f = claims.finding(
-        "ToST Fig. 6 (left)",
-        "TSSA uses ~100x less memory than ViT's attention",
-        "roughly 100x less GPU memory at n=10k (vs an explicit N x N attention)",
-        f"at N={common}: softmax (SDPA) {s.fwd_peak_mb:.1f} MiB vs tssa {t.fwd_peak_mb:.1f} MiB = {mem:.1f}x",
-        "agrees" if mem >= 10 else "disagrees",
-        "agrees if ≥10x less forward peak memory at N ≥ 8192 (SDPA's CPU kernel does "
+        **paper_claims.finding_kw("tost-f6-memory"),
+        measured=f"at N={common}: softmax (SDPA) {s.fwd_peak_mb:.1f} MiB vs tssa {t.fwd_peak_mb:.1f} MiB = {mem:.1f}x",
+        verdict="agrees" if mem >= 10 else "disagrees",
+        rule="agrees if ≥10x less forward peak memory at N ≥ 8192 (SDPA's CPU kernel does "
         "not store the N x N matrix, unlike the ViT attention the paper measured)",
         kind="paper",
         measurement=True,
@@ -525,12 +501,10 @@ def _memory_growth_findings(ok) -> list[dict]:
         ratio = rs[n4].fwd_peak_mb / rs[n].fwd_peak_mb
         out.append(
             claims.finding(
-                "attnzoo's target (4N/N peak ≤ 4.5, docs/performance.md) / papers' O(N) memory",
-                f"{mech}'s memory grows linearly in N",
-                "ratio of peak memory at 4N vs N ≤ 4.5",
-                f"{rs[n4].fwd_peak_mb:.1f} / {rs[n].fwd_peak_mb:.1f} MiB = {ratio:.2f} (N={n}->{n4})",
-                "agrees" if ratio <= 4.5 else "disagrees",
-                "agrees if the ratio is ≤ 4.5",
+                **paper_claims.finding_kw(f"memory-linear-in-n#{mech}", mechanism=mech),
+                measured=f"{rs[n4].fwd_peak_mb:.1f} / {rs[n].fwd_peak_mb:.1f} MiB = {ratio:.2f} (N={n}->{n4})",
+                verdict="agrees" if ratio <= 4.5 else "disagrees",
+                rule="agrees if the ratio is ≤ 4.5",
                 kind="check",
                 measurement=True,
             )
@@ -555,12 +529,10 @@ def _decode_findings(dec_rows) -> list[dict]:
         sg = f", softmax x{sm[hi] / sm[lo]:.2f}" if lo in sm and hi in sm else ""
         out.append(
             claims.finding(
-                "ToST Fig. 8 / FAST §2.5",
-                f"{mech}'s decode step time is flat in the context",
-                "constant per-token cost for linear attention",
-                f"{mech} x{growth:.2f} from context {lo} to {hi}{sg}",
-                "agrees" if growth <= 1.5 else "disagrees",
-                "agrees if the per-token time grows by at most 1.5x (timing noise allowed)",
+                **paper_claims.finding_kw(f"decode-time-flat#{mech}", mechanism=mech),
+                measured=f"{mech} x{growth:.2f} from context {lo} to {hi}{sg}",
+                verdict="agrees" if growth <= 1.5 else "disagrees",
+                rule="agrees if the per-token time grows by at most 1.5x (timing noise allowed)",
                 kind="check",
                 measurement=True,
             )
@@ -593,10 +565,8 @@ def _mega_csp_linear_findings(ok) -> list[dict]:
     if hi < SCALING_MIN_N:
         return [
             claims.not_tested(
-                "CSP Table 4",
-                "MEGA using CSP is linear in N",
-                "O(CN) for MEGA using CSP vs O(CN²) for MEGA",
-                f"longest N measured is {hi} < {SCALING_MIN_N}: fixed per-call costs decide the exponent "
+                **paper_claims.finding_kw("csp-t4-mega-linear"),
+                why=f"longest N measured is {hi} < {SCALING_MIN_N}: fixed per-call costs decide the exponent "
                 f"(measured N^{a:.2f} from N={lo})",
             )
         ]
@@ -607,13 +577,11 @@ def _mega_csp_linear_findings(ok) -> list[dict]:
     verdict = "agrees" if a <= LINEAR_EXPONENT else ("disagrees" if a >= QUADRATIC_EXPONENT else "inconclusive")
     return [
         claims.finding(
-            "CSP Table 4",
-            "MEGA using CSP is linear in N",
-            "O(CN) for MEGA using CSP vs O(CN²) for MEGA",
-            f"forward time of the MEGA-CSP attention grows as N^{a:.2f} from N={lo} to {hi}"
+            **paper_claims.finding_kw("csp-t4-mega-linear"),
+            measured=f"forward time of the MEGA-CSP attention grows as N^{a:.2f} from N={lo} to {hi}"
             + (f" ({', '.join(ref)})" if ref else ""),
-            verdict,
-            f"agrees if the exponent is ≤ {LINEAR_EXPONENT}, disagrees if ≥ {QUADRATIC_EXPONENT} (a measurement)",
+            verdict=verdict,
+            rule=f"agrees if the exponent is ≤ {LINEAR_EXPONENT}, disagrees if ≥ {QUADRATIC_EXPONENT} (a measurement)",
             kind="paper",
             measurement=True,
         )
