@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from attnzoo import ops
 from attnzoo.ops._bench import Case, Shape, nbytes, randn
+from attnzoo.ops.fastmax import fastmax
 
 
 def _case(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype, p: int, backend: str, **mask) -> Case:
     q, k, v = randn((s.batch, s.heads, s.length, s.head_dim), device, dtype, 3)
-    return [q, k, v], lambda: ops.fastmax(q, k, v, p=p, causal=causal, backend=backend, **mask), 4 * nbytes(q)
+    return [q, k, v], lambda: fastmax(q, k, v, p=p, causal=causal, backend=backend, **mask), 4 * nbytes(q)
 
 
 def fastmax_p1(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype, **mask) -> Case:

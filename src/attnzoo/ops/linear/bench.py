@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from attnzoo import ops
 from attnzoo.ops._bench import Case, Shape, nbytes, randn
+from attnzoo.ops.linear import linear_attention
 
 
 def linear(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype, **mask) -> Case:
     q, k, v = randn((s.batch, s.heads, s.length, s.head_dim), device, dtype, 3)
-    return [q, k, v], lambda: ops.linear_attention(q, k, v, causal=causal, **mask), 4 * nbytes(q)
+    return [q, k, v], lambda: linear_attention(q, k, v, causal=causal, **mask), 4 * nbytes(q)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from attnzoo import ops
 from attnzoo.ops._bench import Case, Shape, nbytes, randn
+from attnzoo.ops.csp import csp as csp_op
+from attnzoo.ops.ema import ema as ema_op
+from attnzoo.ops.mega import mega_attention
 
 #: Mega-chunk's r on LRA (attnzoo.models.zoo.MEGA_CHUNK)
 MEGA_CHUNK = 128
@@ -21,7 +23,7 @@ def ema(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype) -> Cas
     lead = (s.dim, 16) if causal else (2, s.dim, 16)
     a, d = (torch.rand(lead, device=device, dtype=dtype) * 0.9 + 0.05 for _ in range(2))
     b, e = randn(lead, device, dtype, 2)
-    return [x], lambda: ops.ema(x, a, d, b, e, causal=causal), 2 * nbytes(x)
+    return [x], lambda: ema_op(x, a, d, b, e, causal=causal), 2 * nbytes(x)
 
 
 def _attention(name: str, s: Shape, causal: bool, device: torch.device, dtype: torch.dtype) -> Case:
@@ -31,11 +33,11 @@ def _attention(name: str, s: Shape, causal: bool, device: torch.device, dtype: t
     (v,) = randn((s.batch, s.length, e), device, dtype)
     if name == "mega_csp":
         shifts = torch.zeros(e, dtype=torch.long, device=device)  # K = 1: complete sorting makes shifts redundant
-        return [v], lambda: ops.csp(v, shifts, 1), 2 * nbytes(v)
+        return [v], lambda: csp_op(v, shifts, 1), 2 * nbytes(v)
     q, k = randn((s.batch, s.length, z), device, dtype, 2)
     chunk = MEGA_CHUNK if name == "mega_chunk" else None
     bias = torch.zeros(2 * (chunk or s.length) - 1, device=device, dtype=dtype)
-    return [q, k, v], lambda: ops.mega_attention(q, k, v, bias, chunk_size=chunk), nbytes(q, k) + 2 * nbytes(v)
+    return [q, k, v], lambda: mega_attention(q, k, v, bias, chunk_size=chunk), nbytes(q, k) + 2 * nbytes(v)
 
 
 def mega(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype) -> Case:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from attnzoo import ops
 from attnzoo.ops._bench import Case, Shape, nbytes, randn
+from attnzoo.ops.mssa import mssa as mssa_op
 
 
 def mssa(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype) -> Case:
     (w,) = randn((s.batch, s.heads, s.length, s.head_dim), device, dtype)
-    return [w], lambda: ops.mssa(w, causal=causal, normalize_query=causal), 2 * nbytes(w)
+    return [w], lambda: mssa_op(w, causal=causal, normalize_query=causal), 2 * nbytes(w)

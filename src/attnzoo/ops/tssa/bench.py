@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from attnzoo import ops
 from attnzoo.ops._bench import Case, Shape, nbytes, randn
+from attnzoo.ops.tssa import tssa as tssa_op
 
 
 def _case(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype, backend: str, **mask) -> Case:
     (w,) = randn((s.batch, s.heads, s.length, s.head_dim), device, dtype)
     temp = torch.ones(s.heads, device=device, dtype=dtype)
     bias = torch.zeros(s.heads, s.length, 1, device=device, dtype=dtype) if causal else None
-    return [w], lambda: ops.tssa(w, temp, causal=causal, bias=bias, backend=backend, **mask), 2 * nbytes(w)
+    return [w], lambda: tssa_op(w, temp, causal=causal, bias=bias, backend=backend, **mask), 2 * nbytes(w)
 
 
 def tssa(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype, **mask) -> Case:
