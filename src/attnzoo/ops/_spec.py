@@ -43,20 +43,23 @@ def triton_available(module: str) -> bool:
 
 @dataclass(frozen=True)
 class Backend:
-    """One implementation of an op: ``module.attr`` called with the op's tensors and options.
+    """One implementation of an op: ``fn`` called with the op's tensors and options.
 
-    The callable is looked up at call time: optional kernels (Triton) are imported only when used, and a test can
-    replace the function in its module. ``kind`` is what ``"auto"`` selects by: ``"reference"`` (the ``naive.py``
-    of the op), ``"torch"`` (the PyTorch path), ``"cpu"`` (fused C++ kernels for CPU tensors), ``"triton"``.
-    ``available`` (when given) says whether the backend can run in this process at all.
+    ``fn`` is the function itself (go-to-definition leads from the mechanism to it). Only a kernel whose import is
+    optional is named instead, ``Backend("module", "attr")``, and imported when it first runs. ``kind`` is what
+    ``"auto"`` selects by: ``"reference"`` (the ``naive.py`` of the op), ``"torch"`` (the PyTorch path), ``"cpu"``
+    (fused C++ kernels for CPU tensors), ``"triton"``. ``available`` (when given) says whether the backend can run
+    in this process at all.
 
     Calling convention (:func:`attnzoo.ops._dispatch.call_backend`): ``fn(*inputs, **options)``, the op's tensor
     arguments in its order (``None`` for an absent optional one) and its checked keyword options, the same for
     every backend of the op; each backend prepares them itself (standardisation, dtype, layout, value checks).
     """
 
-    module: str
-    attr: str
+    #: the function, or the name of the module of an optional kernel (then ``attr`` names the function in it)
+    fn: Callable | str
+    #: the function's name (set from ``fn`` when ``fn`` is the function)
+    attr: str | None = None
     kind: str = "torch"
     #: device types it runs on ("any": every one): ``attnzoo selftest`` runs it there; "cpu" kernels refuse others
     devices: tuple[str, ...] = ("any",)
@@ -74,6 +77,25 @@ class Backend:
     #: not yet verified on their device)
     auto_masks: bool = True
 
+    def __post_init__(self) -> None:
+        if isinstance(self.fn, str):
+            if not self.attr:
+                raise ValueError(
+                    f"Backend({self.fn!r}) names a module: give the function's name too, Backend({self.fn!r}, "
+                    "'function'), or pass the function itself"
+                )
+        elif callable(self.fn):
+            if self.attr is not None and self.attr != self.fn.__name__:
+                raise ValueError(f"Backend({self.fn.__name__}, {self.attr!r}): attr must be omitted for a function")
+            object.__setattr__(self, "attr", self.fn.__name__)
+        else:
+            raise TypeError(f"Backend takes a function or a module name, got {type(self.fn).__name__} {self.fn!r}")
+
+    @property
+    def module(self) -> str:
+        """The module of the function (for messages, and what a Triton backend without ``needs`` imports)."""
+        return self.fn if isinstance(self.fn, str) else self.fn.__module__
+
     def is_available(self) -> bool:
         if self.available is not None:
             return self.available()
@@ -82,10 +104,12 @@ class Backend:
         return True
 
     def load(self) -> Callable:
+        if not isinstance(self.fn, str):
+            return self.fn
         # sys.modules first: torch.compile traces a dict lookup, not the import machinery
-        mod = sys.modules.get(self.module)
+        mod = sys.modules.get(self.fn)
         if mod is None:
-            mod = importlib.import_module(self.module)
+            mod = importlib.import_module(self.fn)
         return getattr(mod, self.attr)
 
 

@@ -346,7 +346,7 @@ class CBSAOptions(Options):
 CBSA = Mechanism(
     op="cbsa",
     options=CBSAOptions,
-    backends={"naive": Backend(__name__, "_cbsa_naive", kind="reference"), "torch": Backend(__name__, "cbsa_fast")},
+    backends={"naive": Backend(_cbsa_naive, kind="reference"), "torch": Backend(cbsa_fast)},
     causal=False,  # the representatives summarise every token
     examples=(
         {"num_reps": 4, "contraction": "exact"},

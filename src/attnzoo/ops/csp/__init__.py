@@ -118,9 +118,9 @@ CSP = Mechanism(
     op="csp",
     options=CSPOptions,
     backends={
-        "naive": Backend(__name__, "_csp_naive", kind="reference"),
-        "torch": Backend(__name__, "_csp_torch"),
-        "cpu": Backend(__name__, "_csp_cpu", kind="cpu", devices=("cpu",)),
+        "naive": Backend(_csp_naive, kind="reference"),
+        "torch": Backend(_csp_torch),
+        "cpu": Backend(_csp_cpu, kind="cpu", devices=("cpu",)),
     },
     causal=False,  # group sorting reads every token of a group
     examples=({"groups": 3, "shift_schedule": "power", "layer_index": 1, "num_layers": 2},),

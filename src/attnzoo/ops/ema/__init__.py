@@ -22,8 +22,8 @@ from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._dtypes import acc_dtype
 from attnzoo.ops._spec import Backend, Mechanism, Options, option
 from attnzoo.ops._varlen import segments
-from attnzoo.ops.ema.naive import ema_recurrence
-from attnzoo.ops.ema.parallel import ema_kernel
+from attnzoo.ops.ema.naive import ema_naive, ema_recurrence
+from attnzoo.ops.ema.parallel import ema_fft, ema_kernel
 
 __all__ = ["ema", "ema_step", "ema_kernel", "init_ema_state", "EMAOptions", "EMA"]
 
@@ -39,8 +39,8 @@ EMA = Mechanism(
     op="ema",
     options=EMAOptions,
     backends={
-        "naive": Backend("attnzoo.ops.ema.naive", "ema_naive", kind="reference"),
-        "torch": Backend("attnzoo.ops.ema.parallel", "ema_fft"),
+        "naive": Backend(ema_naive, kind="reference"),
+        "torch": Backend(ema_fft),
     },
     causal=True,
     state=torch.Tensor,  # h (B, D, ndim)

@@ -260,15 +260,14 @@ FASTMAX = Mechanism(
     op="fastmax",
     options=FastmaxOptions,
     backends={
-        "naive": Backend(__name__, "_fastmax_naive", kind="reference"),
-        "torch": Backend(__name__, "_fastmax_torch"),
-        "torch_autograd": Backend(__name__, "_fastmax_torch_autograd"),
+        "naive": Backend(_fastmax_naive, kind="reference"),
+        "torch": Backend(_fastmax_torch),
+        "torch_autograd": Backend(_fastmax_torch_autograd),
         # "auto" takes it for short sequences (N <= min(256, D^p / 2)) on every device where no kernel took the call
-        "explicit": Backend(__name__, "_fastmax_explicit", masks=False, auto_if=_auto_takes_explicit),
-        "cpu": Backend(__name__, "_fastmax_cpu", kind="cpu", devices=("cpu",), auto_if=_auto_takes_kernel),
+        "explicit": Backend(_fastmax_explicit, masks=False, auto_if=_auto_takes_explicit),
+        "cpu": Backend(_fastmax_cpu, kind="cpu", devices=("cpu",), auto_if=_auto_takes_kernel),
         "triton": Backend(
-            __name__,
-            "_fastmax_triton",
+            _fastmax_triton,
             kind="triton",
             devices=("cuda",),
             needs="attnzoo.ops.fastmax.triton",

@@ -93,9 +93,9 @@ LINEAR = Mechanism(
     op="linear_attention",
     options=LinearOptions,
     backends={
-        "naive": Backend(__name__, "_linear_naive", kind="reference"),
-        "torch": Backend(__name__, "linear_attention_chunk"),
-        "cpu": Backend(__name__, "_linear_cpu", kind="cpu", devices=("cpu",), auto_if=_auto_takes_kernel),
+        "naive": Backend(_linear_naive, kind="reference"),
+        "torch": Backend(linear_attention_chunk),
+        "cpu": Backend(_linear_cpu, kind="cpu", devices=("cpu",), auto_if=_auto_takes_kernel),
     },
     causal=True,
     state=dict,

@@ -30,6 +30,8 @@ from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, option
 from attnzoo.ops._varlen import segments
 from attnzoo.ops.csp.shifts import SHIFT_SCHEDULES
+from attnzoo.ops.mega.chunk import mega_attention_chunked
+from attnzoo.ops.mega.naive import mega_attention_naive
 
 __all__ = ["mega_attention", "MegaOptions", "MEGA", "ATTENTIONS", "NORM_LAYERS", "INITS"]
 
@@ -111,8 +113,8 @@ MEGA = Mechanism(
     op="mega_attention",
     options=MegaOptions,
     backends={
-        "naive": Backend("attnzoo.ops.mega.naive", "mega_attention_naive", kind="reference"),
-        "torch": Backend("attnzoo.ops.mega.chunk", "mega_attention_chunked"),
+        "naive": Backend(mega_attention_naive, kind="reference"),
+        "torch": Backend(mega_attention_chunked),
     },
     causal=True,  # MEGA's decoders: causal EMA and causal attention (within chunks); CSP has no causal form
     state=dict,  # MegaLayer.init_state: EMA state, key/value cache of the current chunk, positions

@@ -54,7 +54,7 @@ class MSSAOptions(Options):
 MSSA = Mechanism(
     op="mssa",
     options=MSSAOptions,
-    backends={"naive": Backend(__name__, "mssa_naive", kind="reference"), "torch": Backend(__name__, "mssa_sdpa")},
+    backends={"naive": Backend(mssa_naive, kind="reference"), "torch": Backend(mssa_sdpa)},
     causal=True,
     state=dict,
     examples=({"normalize_query": True, "out_proj": False}, {"head_dim": 5}),  # the cache {"w"}

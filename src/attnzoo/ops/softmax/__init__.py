@@ -43,8 +43,8 @@ SOFTMAX = Mechanism(
     op="softmax_attention",
     options=SoftmaxOptions,
     backends={
-        "naive": Backend(__name__, "softmax_attention_naive", kind="reference"),
-        "torch": Backend(__name__, "softmax_attention_sdpa"),
+        "naive": Backend(softmax_attention_naive, kind="reference"),
+        "torch": Backend(softmax_attention_sdpa),
     },
     causal=True,
     state=dict,  # the KV cache {"k", "v"}

@@ -348,12 +348,11 @@ TSSA = Mechanism(
     op="tssa",
     options=TSSAOptions,
     backends={
-        "naive": Backend(__name__, "_tssa_naive", kind="reference"),
-        "torch": Backend(__name__, "_tssa_torch"),
-        "cpu": Backend(__name__, "_tssa_cpu", kind="cpu", devices=("cpu",)),
+        "naive": Backend(_tssa_naive, kind="reference"),
+        "torch": Backend(_tssa_torch),
+        "cpu": Backend(_tssa_cpu, kind="cpu", devices=("cpu",)),
         "triton": Backend(
-            __name__,
-            "_tssa_triton",
+            _tssa_triton,
             kind="triton",
             devices=("cuda",),
             needs="attnzoo.ops.tssa.triton",

@@ -36,7 +36,7 @@ class XCAOptions(Options):
 XCA = Mechanism(
     op="xca",
     options=XCAOptions,
-    backends={"naive": Backend(__name__, "xca_naive", kind="reference"), "torch": Backend(__name__, "xca_fused")},
+    backends={"naive": Backend(xca_naive, kind="reference"), "torch": Backend(xca_fused)},
     causal=False,  # the (P, P) map sums over every token
     checks="attnzoo.ops.xca.checks",
     projections=Projections(qkv="qkv", out="proj", follows=("qkv_bias", "proj_bias", "attn_dropout", "proj_dropout")),
