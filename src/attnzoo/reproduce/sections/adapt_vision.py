@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from attnzoo._io import read_json
-from attnzoo.reproduce import claims
+from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.common import (
     SWEEP_SEED_OFFSET,
     Context,
@@ -460,62 +460,26 @@ def _plot(teacher: dict, res: dict):
     return fig
 
 
-#: CBSA Fig. 9's comparisons: (row a, row b, claim type, margin and its source, kind, paper, claim, paper's figure)
-FIG9 = "CBSA §4 / Fig. 9"
-#: Fig. 9's bar values are in the figure image only (the paper's text gives no number), so the non-inferiority
-#: margin is the gap the same paper calls competitive in its fair comparison of CBSA with MSSA
+#: CBSA Fig. 9's comparisons: (row a, row b, kind, claim id in :mod:`paper_claims`); Fig. 9's bar values are in the
+#: figure image only, so the non-inferiority margin is the gap the same paper calls competitive in its fair comparison
+#: of CBSA with MSSA (the claim's record quotes it)
 CLAIMS = [
-    (
-        "cbsa",
-        "linear",
-        "non-inferiority",
-        (
-            1.5,
-            "Fig. 9's values are not in the paper's text; CBSA Table 4 calls CBSA-T 1.5 pts below MSSA-T "
-            "(63.2 vs 64.7) competitive",
-        ),
-        "paper",
-        FIG9,
-        "CBSA adapted from a pretrained ViT is comparable to linear attention at nearly the same FLOPs",
-        "§4: 'CBSA achieves comparable performance to that of linear attention with nearly the same FLOPs' "
-        "(Fig. 9, ViTs pretrained on ImageNet-21k, 50 epochs on ImageNet-1k)",
-    ),
-    (
-        "cbsa-no-contraction",
-        "linear",
-        "superiority",
-        (0.0, ""),
-        "paper",
-        FIG9,
-        "without the contraction step (Agent Attention) adapted CBSA surpasses linear attention",
-        "§4: 'when the contraction step is removed, CBSA surpasses linear attention' (Fig. 9)",
-    ),
-    (
-        "cbsa",
-        SCRATCH,
-        "superiority",
-        (0.0, ""),
-        "check",
-        FIG9,
-        "adapting the pretrained ViT beats training the same CBSA student from scratch for the same steps",
-        "(implied: the point of adapting pretrained weights)",
-    ),
+    ("cbsa", "linear", "paper", "cbsa-f9-linear"),
+    ("cbsa-no-contraction", "linear", "paper", "cbsa-f9-no-contraction"),
+    ("cbsa", SCRATCH, "check", "adapt-beats-scratch"),
 ]
 
 
 def _findings(res: dict) -> list[dict]:
     out = []
-    for a, b, ctype, margin, kind, paper, claim, pv in CLAIMS:
+    for a, b, kind, claim_id in CLAIMS:
+        # a check compares as a superiority claim (its record states no margin)
+        claim_kw = {"claim_type": "superiority", **paper_claims.compare_kw(claim_id)}
         f = claims.compare(
             _acc(res, a),
             _acc(res, b),
-            claim_type=ctype,
-            margin=margin[0],
-            margin_source=margin[1],
             unit="pts",
-            paper=paper,
-            claim=claim,
-            paper_value=pv,
+            **claim_kw,
             a_name=a,
             b_name=b,
             kind=kind,
@@ -530,13 +494,12 @@ def _findings(res: dict) -> list[dict]:
         ratio = res["cbsa"]["flops"] / res["linear"]["flops"]
         out.append(
             claims.finding(
-                FIG9,
-                "adapted CBSA costs nearly the same FLOPs as linear attention",
-                "§4: 'with nearly the same FLOPs' (Fig. 9)",
-                f"forward FLOPs per image: cbsa {res['cbsa']['flops'] / 1e6:.2f}M vs linear "
+                **paper_claims.finding_kw("adapt-flops"),
+                measured=f"forward FLOPs per image: cbsa {res['cbsa']['flops'] / 1e6:.2f}M vs linear "
                 f"{res['linear']['flops'] / 1e6:.2f}M ({ratio:.3f}x)",
-                "agrees" if abs(ratio - 1.0) <= FLOPS_TOLERANCE else "disagrees",
-                f"agrees if the ratio is within 1 ± {FLOPS_TOLERANCE:g} (counted matrix products, one forward pass)",
+                verdict="agrees" if abs(ratio - 1.0) <= FLOPS_TOLERANCE else "disagrees",
+                rule=f"agrees if the ratio is within 1 ± {FLOPS_TOLERANCE:g} (counted matrix products, one forward "
+                "pass)",
                 kind="check",
                 measurement=True,
             )
