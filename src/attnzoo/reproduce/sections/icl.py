@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from attnzoo.reproduce import claims
+from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.common import (
     CURVE_NOTE,
     SWEEP_SEED_OFFSET,
@@ -295,7 +295,7 @@ def _plateau(findings: list[dict], records: dict, curves: dict, finals: dict, va
     can move while the compared mean over k moves less: -0.075 against -0.045 in the long run of 2026-11-27)."""
     return {
         t: claims.plateau_gate(
-            [f for f in findings if f"learns {t} functions" in f["claim"] or f" {t} functions close" in f["claim"]],
+            [f for f in findings if paper_claims.test_of(f.get("claim_id", "")) == t],
             f"gpt on {t} (error averaged over k)",
             _mean_over_k(records, t, "gpt"),
             _mean_over_k(records, t, "gpt@2x-steps"),
@@ -455,14 +455,12 @@ def _findings(curves, finals, records, plan) -> list[dict]:
                 "no seed's is; inconclusive when the seeds split"
             )
             verdict = _learns_verdict(fin[m], zero)
-            paper = "Garg et al. 2022 (AoT's baseline)" if m == "gpt" else "AoT Fig. 6"
+            claim_id = f"icl-gpt-learns#{t}" if m == "gpt" else f"aot-f6-icl-learns#{t}"
             f = claims.finding(
-                paper,
-                f"{m} learns {t} functions in context (error falls with examples)",
-                "error near least squares' once k ≥ d (after 50k+ steps)",
-                measured,
-                verdict,
-                rule,
+                **paper_claims.finding_kw(claim_id, task=t),
+                measured=measured,
+                verdict=verdict,
+                rule=rule,
                 kind="check" if m == "gpt" else "paper",
                 seeds=len(fin[m]),
             )
@@ -490,17 +488,12 @@ def _closeness(t: str, fin: dict, zero: float, records: dict) -> dict:
     """AoT against GPT on the error averaged over k (AoT Fig. 6's "close to"), gated by AoT's own run at twice the
     steps where it ran, as GPT's plateau run gates it."""
     mean_err = {m: _mean_over_k(records, t, m) for m in ("aot", "gpt")}
+    kw = paper_claims.compare_kw(f"aot-f6-icl-close#{t}", task=t)
     f = claims.compare(
         mean_err["aot"],
         mean_err["gpt"],
-        claim_type="non-inferiority",
-        margin=0.1 * zero,  # 10% of the zero predictor's error: linear ~1, sparse ~0.26
-        margin_source="AoT Fig. 6 gives curves, no number: 10% of the zero predictor's error is this "
-        "report's reading of 'close'",
+        **{**kw, "margin": kw["margin"] * zero},  # a fraction of the zero predictor's error: linear ~1, sparse ~0.26
         unit="(error/d)",
-        paper="AoT Fig. 6",
-        claim=f"AoT in-context learns {t} functions close to the GPT-2 transformer",
-        paper_value="AoT's curve lies close to the Transformer's",
         a_name="aot",
         b_name="gpt",
         lower_is_better=True,
