@@ -250,6 +250,8 @@ def compare(
         missing = a_name if sa is None else b_name
         return not_tested(paper, claim, paper_value, f"no measurement for {missing}", kind=kind, claim_id=claim_id)
     margin_abs = margin * abs(sb.mean) if relative else float(margin)
+    if paper_effect is None and claim_type == "superiority" and claim_id:
+        paper_effect = _table_effect(claim_id)
     refute = _refute_below(claim_type, paper_effect)
     effect, ci, df = welch_ci(sa, sb, lower_is_better=lower_is_better)
     verdict = verdict_from_ci(ci, margin_abs, refute)
@@ -296,6 +298,17 @@ def compare(
     if refute is not None:
         f.update(paper_effect=float(paper_effect), refute_below=refute)
     return f
+
+
+def _table_effect(claim_id: str) -> float | None:
+    """The paper's own effect for a superiority claim, from the claim table (``None`` where it states none). An LRA
+    claim's effect is its average's: a single task's test has none (the paper's per-task gaps differ)."""
+    from attnzoo.reproduce import paper_claims
+
+    rec = paper_claims.get(claim_id)
+    if paper_claims.test_of(claim_id) in set(paper_claims.LRA_TESTS) - {"average"}:
+        return None
+    return getattr(rec, "paper_effect", None)
 
 
 def _refute_below(claim_type: str, paper_effect: float | None) -> float | None:

@@ -10,9 +10,11 @@ from collections import Counter
 from pathlib import Path
 
 from attnzoo._io import atomic_write_text, write_json
-from attnzoo.reproduce.claims import GATE_REASONS, VERDICTS
+from attnzoo.reproduce import paper_claims
+from attnzoo.reproduce.claims import GATES, REFUTE_FRACTION, VERDICTS
 from attnzoo.reproduce.common import Section, md_table
 from attnzoo.reproduce.sections import SECTION_MODULES
+from attnzoo.reproduce.tally import CAUSES, ClaimResult, tally
 
 __all__ = ["write_report", "FINDING_COLUMNS", "PLOTS_DIR", "CONFIGS_FILE", "effect_cell"]
 
@@ -60,7 +62,7 @@ def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], 
     rows, notes = [], []
     for f in findings:
         refs = []
-        for label, text in (("rule", f.get("rule")), ("gated", f.get("gate")), ("why", f.get("explanation"))):
+        for label, text in (("rule", _own_rule(f)), ("gated", f.get("gate")), ("why", f.get("explanation"))):
             if text and text != "-":
                 notes.append(f"[{start}] {label}: {text}")
                 refs.append(f"[{start}]")
@@ -83,6 +85,19 @@ def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], 
     return md_table(FINDING_COLUMNS, rows), notes, start
 
 
+def _own_rule(f: dict) -> str | None:
+    """What a finding's rule says beyond the legend: a comparison's margin and its source, or the refuting bar of
+    a superiority claim; a measurement's own rule whole."""
+    if not f.get("claim_type"):
+        return f.get("rule")
+    if f.get("margin"):
+        rel = f" ({f['margin_rel']:g} of {f['b_name']}'s mean)" if f.get("margin_rel") is not None else ""
+        return f"margin {f['margin']:.3g} {f.get('unit', '')}{rel}: {f.get('margin_source', '')}"
+    if f.get("refute_below") is not None:
+        return f"refuted below {f['refute_below']:+.3g} (half the paper's own effect {f['paper_effect']:+.3g})"
+    return None
+
+
 def _fmt_s(s: float) -> str:
     return f"{s / 60:.1f} min" if s >= 120 else f"{s:.0f} s"
 
@@ -94,65 +109,27 @@ def _is_trained(f: dict) -> bool:
 
 
 def _summary(secs: list[Section], plan_name: str) -> list[str]:
-    """The first screen: the paper claims as one table, one line per disagreement, then the checks' tally.
-    Only ``kind: "paper"`` findings count in the headline."""
+    """The first screen: the claims counted once, each decided trained claim in words, what blocks the rest by
+    cause (counts that add up), the one legend of the rule and its gates; then the claims table and the checks."""
     allf = [(s.title.split(":")[0], f) for s in secs for f in s.findings]
-    paper = [(t, f) for t, f in allf if f.get("kind") == "paper"]
+    claims_ = tally([(t, f) for t, f in allf if f.get("kind") == "paper"])
     checks = [(t, f) for t, f in allf if f.get("kind") == "check"]
-    counts = Counter(f["verdict"] for _, f in paper)
-    trained = Counter(f["verdict"] for _, f in paper if _is_trained(f))
-    decided = trained.get("agrees", 0) + trained.get("disagrees", 0)
-    lines = _brief(paper, checks) + [
-        f"**{len(paper)} claims of the five papers** tested: "
-        + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
-        + f". Of them, {sum(trained.values())} rest on trained models over seeds (comparisons, and per-seed rules "
-        "such as learning in context): "
-        + (
-            f"{trained.get('agrees', 0)} agree and {trained.get('disagrees', 0)} disagree"
-            if decided
-            else "**none of them is decided at this budget**"
-        )
-        + "; the other decided verdicts are measurements (timings, memory, parameter-free iterations, probes of "
-        f"trained layers). {len(checks)} implementation checks are counted apart (table below). A comparison agrees "
-        "when its whole 95% Welch-t interval lies on the paper's side of -margin, disagrees when it lies wholly on "
-        "the other side, and is inconclusive otherwise. A swept row trains its reported seeds at the best rate of its "
-        "own learning-rate sweep (run on a seed that is not reported; each sweep table says when its runs are shorter "
-        "than the reported ones). A decided verdict is made inconclusive, with the numbers-alone verdict given in "
-        "brackets, when a precondition fails: a row is not tuned (no sweep, an incomplete one, a best rate on an end "
-        "of its grid not within a seed's spread of its neighbour, or no rate above chance), the verdict is not shown "
-        "to survive more training (its interval clears the boundary by less than a side moves at twice the steps, or "
-        "the comparison at twice the steps gives another verdict), a compared row did not learn the task, the paper's "
-        "conditions are not met (sizes, the task, the configuration), or a control shows the same effect (an "
-        "untrained model's layers; a model without attention inside the claim's margin).",
-        "",
-    ]
-    lines += _gate_lines([f for _, f in paper], counts) + _scale_lines(secs)
-    silent = [s for s in secs if not any(f.get("kind") == "paper" for f in s.findings)]
-    lines += [f"- {s.title}: no paper claim decided here. {s.notes[0] if s.notes else ''}".rstrip() for s in silent]
-    lines += ([""] if silent else []) + [
-        md_table(
-            SUMMARY_COLUMNS,
-            [
-                [
-                    f["paper"],
-                    f["claim"],
-                    effect_cell(f),
-                    _MARK[f["verdict"]] + (f" ({f['ungated_verdict']} ungated)" if f.get("ungated_verdict") else ""),
-                    t,
-                ]
-                for t, f in paper
-            ],
-        ),
-        "",
-    ]
-    dis = [(t, f) for t, f in paper if f["verdict"] == "disagrees"]
+    lines = _headline(claims_) + _decided_lines(claims_) + _blocked_lines(claims_) + _legend_lines()
+    lines += _scale_lines(secs)
+    if plan_name == "smoke":
+        lines += [
+            "**This is a smoke run**: the models train for a handful of steps, so the verdicts above only show that "
+            "the pipeline computes them; they say nothing about the papers.",
+            "",
+        ]
+    lines += ["### The claims", "", _claims_table(claims_), ""]
+    dis = [c for c in claims_ if c.verdict == "disagrees"]
     if dis:
         lines += ["Disagreements:", ""]
-        lines += [
-            f"- *{f['paper']}* — {f['claim']}: {effect_cell(f)}. "
-            + (f"Diagnosis: {f['explanation']}." if f.get("explanation") else "No ablation explains it yet.")
-            for _, f in dis
-        ]
+        for c in dis:
+            f = next(f for f in c.findings if f["verdict"] == "disagrees")
+            diagnosis = f"Diagnosis: {f['explanation']}." if f.get("explanation") else "No ablation explains it yet."
+            lines.append(f"- *{f['paper']}* — {f['claim']}: {effect_cell(f)}. {diagnosis}")
         lines.append("")
     if checks:
         cc = Counter(f["verdict"] for _, f in checks)
@@ -165,49 +142,98 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
             ),
             "",
         ]
-    if plan_name == "smoke":
-        lines += [
-            "**This is a smoke run**: the models train for a handful of steps, so the verdicts above only show that "
-            "the pipeline computes them; they say nothing about the papers.",
-            "",
-        ]
     return lines
 
 
-def _brief(pairs: list[tuple[str, dict]], checks: list[tuple[str, dict]] = ()) -> list[str]:
-    """Plain lines first: which trained comparisons were decided and how, how the measurements went, each section
-    whose no-attention control is not shown to lose (its paper claims then test no token mixing), then each section's
-    clearest effect in words. ``pairs``: (section, finding) of the paper claims."""
-    paper = [f for _, f in pairs]
-    trained = [f for f in paper if _is_trained(f)]
-    measured = [f for f in paper if not _is_trained(f) and f["verdict"] != "not tested"]
-
-    def named(verdict: str) -> str:
-        hits = [f"{f['paper']} ({f['claim']})" for f in trained if f["verdict"] == verdict]
-        return f"{len(hits)} {verdict.removesuffix('s')}" + (": " + "; ".join(hits) if hits else "")
-
-    incon = [f for f in trained if f["verdict"] == "inconclusive"]
-    gated = sum(1 for f in incon if f.get("ungated_verdict"))
-    mc = Counter(f["verdict"] for f in measured)
+def _headline(claims_: list[ClaimResult]) -> list[str]:
+    counts = Counter(c.verdict for c in claims_)
+    trained = [c for c in claims_ if c.trained]
+    tc = Counter(c.verdict for c in trained)
+    measured = [c for c in claims_ if not c.trained and c.verdict != "not tested"]
+    mc = Counter(c.verdict for c in measured)
     return [
-        "**In brief.**",
-        "",
-        f"- Trained-model claims ({len(trained)}): {named('agrees')}.",
-        f"- {named('disagrees')}.",
-        f"- {len(incon)} inconclusive at this scale ({gated} of them decided by their intervals alone but gated by a "
-        f"precondition below); of {len(measured)} measured claims (timings, memory, iterations, probes), "
-        + ", ".join(f"{mc.get(v, 0)} {v}" for v in VERDICTS if v != "not tested" and mc.get(v))
+        f"**{len(claims_)} claims of the five papers, each counted once**: "
+        + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
+        + f". {len(trained)} rest on trained models over seeds: {tc.get('agrees', 0)} agree, "
+        f"{tc.get('disagrees', 0)} disagree, {len(trained) - tc.get('agrees', 0) - tc.get('disagrees', 0)} undecided. "
+        f"{len(measured)} are measurements (timings, memory, parameter-free iterations, probes of trained layers): "
+        + ", ".join(f"{mc.get(v, 0)} {v}" for v in VERDICTS if v != "not tested")
+        + ". A claim tested several ways (per task, in two skeletons) takes one verdict by one rule: "
+        + paper_claims.COMBINE_EVERY
         + ".",
-        *[
-            f"- {t}: attention is not shown to matter ({f['measured']}), so its paper claims are gated on conditions."
-            for t, f in checks
-            if f.get("gates_section")
-        ],
-        "- Every verdict holds at this report's scale (**Scale** below: models, data and steps far below the papers'), "
-        "not at the papers' own.",
         "",
-        *_effects_in_words(pairs),
     ]
+
+
+def _decided_lines(claims_: list[ClaimResult]) -> list[str]:
+    decided = [c for c in claims_ if c.trained and c.verdict in ("agrees", "disagrees")]
+    if not decided:
+        return ["**Decided trained claims**: none at this budget.", ""]
+    lines = ["**Decided trained claims:**", ""]
+    for c in decided:
+        for f in c.findings:
+            if f["verdict"] == c.verdict and f.get("ci95"):
+                margin = f", margin {f['margin']:.3g}" if f.get("margin") else ""
+                lines.append(f"- {f['paper']}, {f['claim']}: {effect_in_words(f)}{margin}: **{c.verdict}**.")
+            elif f["verdict"] == c.verdict:
+                lines.append(f"- {f['paper']}, {f['claim']}: {f['measured']}: **{c.verdict}**.")
+    return lines + [""]
+
+
+def _blocked_lines(claims_: list[ClaimResult]) -> list[str]:
+    """The undecided claims by their first cause; the counts add up to the undecided total."""
+    blocked = [c for c in claims_ if c.cause]
+    if not blocked:
+        return []
+    by: dict[str, list[ClaimResult]] = {}
+    for c in blocked:
+        by.setdefault(c.cause, []).append(c)
+    lines = [
+        f"**What keeps the other {len(blocked)} claims undecided** (each under its first cause, in this order; the "
+        "numbers-alone verdict of a held-back test is in the claims table):",
+        "",
+    ]
+    for cause, text in CAUSES.items():
+        if cause in by:
+            ids = ", ".join(f"`{c.id}`" if ":" not in c.id else c.id for c in by[cause])
+            lines.append(f"- {text}: {len(by[cause])} ({ids})")
+    return lines + [""]
+
+
+def _legend_lines() -> list[str]:
+    """The rule and every gate with the verdicts it holds back and why, stated once for the whole report."""
+    lines = [
+        "**How a verdict is reached** (stated once; a claim's own notes give only its margin, source and gates):",
+        "",
+        "- A comparison's effect is the difference of the seed means, oriented so that positive favours the claim, "
+        "with its 95% Welch-t interval. It **agrees** when the whole interval lies above -margin and **disagrees** "
+        "when it lies wholly below (one seed a side: no interval, inconclusive). A non-inferiority claim's margin is "
+        "the largest gap its paper calls comparable; a superiority claim has margin 0 and, where the paper states "
+        f"its own effect E, disagrees when the whole interval lies below {REFUTE_FRACTION:g}·E: the data then exclude "
+        "every gain half the paper's, so a tie refutes it.",
+        "- A tuned row trains its seeds at the best rate of its own sweep, run on a seed that is not reported.",
+        "- Gates: a decided verdict is made inconclusive (its numbers-alone verdict kept) when a precondition "
+        "fails. Each gate holds back only the verdicts named:",
+    ]
+    for reason, rule in GATES.items():
+        lines.append(f"  - *{reason}* (holds back {' and '.join(rule.holds_back)}): {rule.why}.")
+    lines.append(
+        "- Evidence at twice the steps (a side or both): the verdict stands only if the same rule gives the same "
+        "verdict there and the interval there clears its boundary by more than the effect moved in that doubling."
+    )
+    return lines + [""]
+
+
+def _claims_table(claims_: list[ClaimResult]) -> str:
+    rows = []
+    for c in claims_:
+        for i, f in enumerate(c.findings):
+            verdict = _MARK[f["verdict"]] + (f" ({f['ungated_verdict']} ungated)" if f.get("ungated_verdict") else "")
+            head = [f"`{c.id}`" if ":" not in c.id else "-", f["paper"], f["claim"]] if i == 0 else ["", "", f["claim"]]
+            rows.append(head + [effect_cell(f), verdict, _MARK[c.verdict] if i == 0 else "", c.tests[i][0]])
+    return md_table(
+        ["claim", "paper", "test", "effect [95% CI] (margin)", "test's verdict", "claim's verdict", "section"], rows
+    )
 
 
 def _num(x: float) -> str:
@@ -226,48 +252,6 @@ def effect_in_words(f: dict) -> str:
     near, far = sorted((abs(lo), abs(hi)))  # the interval on one side: its ends as distances on that side
     side = "ahead of" if e >= 0 else "behind"
     return f"{f['a_name']} is {side} {f['b_name']} by {_num(abs(e))} {unit} (95% CI {_num(near)} to {_num(far)})"
-
-
-def _effects_in_words(paper: list[tuple[str, dict]]) -> list[str]:
-    """Per section, the trained comparison whose effect is the most clearly away from zero (largest effect over the
-    interval's half-width), in words, with its verdict: what the numbers say before any rule reads them."""
-    best: dict[str, tuple[float, dict]] = {}  # section -> (effect over half-width, finding)
-    for t, f in paper:
-        if not (_is_trained(f) and f.get("ci95") and f.get("a_name") and f.get("b_name")):
-            continue
-        half = (f["ci95"][1] - f["ci95"][0]) / 2
-        score = abs(f["effect"]) / half if half > 0 else float("inf")
-        if t not in best or score > best[t][0]:
-            best[t] = (score, f)
-    if not best:
-        return []
-    lines = ["**The clearest effect per section** (the trained comparison farthest from zero for its interval):", ""]
-    for t, (_, f) in best.items():
-        verdict = f["verdict"] + (f" (numbers alone: {f['ungated_verdict']})" if f.get("ungated_verdict") else "")
-        lines.append(f"- {t}: {effect_in_words(f)}; {f['paper']}, {f['claim']}: {verdict}.")
-    return lines + [""]
-
-
-def _gate_lines(paper: list[dict], counts: Counter) -> list[str]:
-    """How many decided verdicts the gates made inconclusive, by reason (a finding's ``gate_reasons``)."""
-    gated = [f for f in paper if f.get("ungated_verdict")]
-    if not gated:
-        return []
-    n = {r: sum(r in f.get("gate_reasons", ()) for f in gated) for r in GATE_REASONS}
-    return [
-        f"{len(gated)} of the {counts.get('inconclusive', 0)} inconclusive verdicts would be decided by their "
-        f"intervals alone but are gated: {n['plateau']} because they are not shown to survive more training (a "
-        f"baseline or a compared row still moving, or the comparison changing at twice the steps), "
-        f"{n['not tuned']} because a row is not tuned (no sweep, an incomplete one, a best rate at an end of the "
-        f"grid not within a seed's spread of its neighbour, or no rate above chance), {n['did not learn']} because "
-        "a compared row did not learn the task on "
-        f"every seed, "
-        f"{n['conditions']} because the paper's conditions are not met (sizes, the task, the configuration), "
-        f"{n['control']} because a control shows the effect without what the claim credits (a verdict can have "
-        "several reasons). They say the "
-        "training budget or set-up is short of the claim, not that the claim holds or fails.",
-        "",
-    ]
 
 
 def _scale_lines(secs: list[Section]) -> list[str]:

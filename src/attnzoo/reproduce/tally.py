@@ -1,0 +1,88 @@
+"""The claims counted once: a paper claim tested several ways (per task, in two skeletons) is one row with one
+verdict, made from its tests' verdicts by the claim table's one combining rule, and one cause when it is undecided.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from attnzoo.reproduce import paper_claims
+
+__all__ = ["CAUSES", "ClaimResult", "combine", "tally", "cause_of"]
+
+#: why a claim is undecided, in the order a claim is filed under (its first cause): what was knowable before
+#: training first, then what training showed, then too little evidence
+CAUSES = {
+    "conditions": "the paper's conditions are not met (sizes, task, configuration)",
+    "control": "a control shows the effect without what the claim credits",
+    "did not learn": "a compared row did not learn the task",
+    "not tuned": "a row is not tuned",
+    "plateau": "not shown to survive more training",
+    "wide": "its interval is too wide to decide at this many seeds",
+    "not tested": "not tested at this budget",
+}
+
+
+@dataclass
+class ClaimResult:
+    """One paper claim of the report: its tests (findings with their section's title) and the combined verdict."""
+
+    id: str
+    tests: list[tuple[str, dict]] = field(default_factory=list)
+
+    @property
+    def findings(self) -> list[dict]:
+        return [f for _, f in self.tests]
+
+    @property
+    def verdict(self) -> str:
+        return combine([f["verdict"] for f in self.findings])
+
+    @property
+    def trained(self) -> bool:
+        return any(f.get("claim_type") or f.get("trained") for f in self.findings)
+
+    @property
+    def cause(self) -> str | None:
+        return cause_of(self.findings) if self.verdict in ("inconclusive", "not tested") else None
+
+    @property
+    def sections(self) -> str:
+        return ", ".join(dict.fromkeys(t for t, _ in self.tests))
+
+
+def combine(verdicts: list[str]) -> str:
+    """The claim table's rule (:data:`paper_claims.COMBINE_EVERY`): disagrees if any test that decides disagrees,
+    agrees if every test that decides agrees (and one does), not tested if no test ran, else inconclusive."""
+    if "disagrees" in verdicts:
+        return "disagrees"
+    if "agrees" in verdicts:
+        return "agrees"
+    if verdicts and all(v == "not tested" for v in verdicts):
+        return "not tested"
+    return "inconclusive"
+
+
+def cause_of(findings: list[dict]) -> str:
+    """The first cause (in :data:`CAUSES` order) that keeps a claim's tests from a verdict."""
+    if all(f["verdict"] == "not tested" for f in findings):
+        return "not tested"
+    reasons = {r for f in findings if f["verdict"] == "inconclusive" for r in f.get("gate_reasons", ())}
+    gated = {r for f in findings if f.get("ungated_verdict") for r in f.get("gate_reasons", ())}
+    for cause in CAUSES:
+        if cause in gated:
+            return cause
+    for cause in CAUSES:
+        if cause in reasons:
+            return cause
+    return "wide"
+
+
+def tally(pairs: list[tuple[str, dict]]) -> list[ClaimResult]:
+    """The paper findings ``(section title, finding)`` grouped into claims by ``claim_id`` (a finding without one is
+    a claim of its own), in the order they first appear."""
+    out: dict[str, ClaimResult] = {}
+    for title, f in pairs:
+        key = paper_claims.base_id(f["claim_id"]) if f.get("claim_id") else f"{f['paper']}: {f['claim']}"
+        out.setdefault(key, ClaimResult(key)).tests.append((title, f))
+    return list(out.values())

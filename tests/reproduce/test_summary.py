@@ -1,0 +1,117 @@
+"""The report's first screen: each claim counted once, decided trained claims in words, the undecided ones by one
+cause each (counts that add up), and the legend of the rule and its gates stated once."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnzoo.reproduce.claims import GATES, compare, gate
+from attnzoo.reproduce.common import Section
+from attnzoo.reproduce.report import _summary
+from attnzoo.reproduce.tally import CAUSES, cause_of, combine, tally
+
+
+def _f(a, b, claim_id="", claim="a beats b", **kw):
+    f = compare(
+        a,
+        b,
+        claim_type="superiority",
+        unit="pts",
+        paper="X Table 1",
+        claim=claim,
+        paper_value="a > b",
+        a_name="a",
+        b_name="b",
+        claim_id=claim_id,
+        **kw,
+    )
+    f["kind"] = "paper"
+    return f
+
+
+WIN, LOSS, TIE = (
+    ([2.0, 2.1, 2.2], [1.0, 1.1, 1.2]),
+    ([1.0, 1.1, 1.2], [2.0, 2.1, 2.2]),
+    ([1.0, 1.5, 1.2], [1.1, 1.4, 1.2]),
+)
+
+
+@pytest.mark.parametrize(
+    "verdicts, want",
+    [
+        (["agrees", "inconclusive"], "agrees"),
+        (["agrees", "disagrees"], "disagrees"),
+        (["inconclusive", "not tested"], "inconclusive"),
+        (["not tested", "not tested"], "not tested"),
+        (["agrees", "agrees"], "agrees"),
+    ],
+)
+def test_the_tests_of_a_claim_combine_by_the_one_rule(verdicts, want):
+    assert combine(verdicts) == want
+
+
+def test_a_claim_tested_several_ways_is_counted_once():
+    fs = [_f(*WIN, claim_id="tost-t3-lra#listops"), _f(*TIE, claim_id="tost-t3-lra#average"), _f(*LOSS)]
+    claims_ = tally([("S", f) for f in fs])
+    assert [c.id for c in claims_] == ["tost-t3-lra", "X Table 1: a beats b"]
+    assert [c.verdict for c in claims_] == ["agrees", "disagrees"]
+    text = "\n".join(_summary([Section("k", "K: t", findings=fs)], "long"))
+    assert "**2 claims of the five papers, each counted once**: 1 agrees, 1 disagrees, 0 inconclusive" in text
+    assert "2 rest on trained models over seeds: 1 agree, 1 disagree, 0 undecided" in text
+
+
+def test_an_undecided_claim_is_filed_under_its_first_cause_and_the_counts_add_up():
+    fs = [_f(*WIN, claim=f"c{i}") for i in range(5)] + [_f(*TIE, claim="wide")]
+    # the gate's words mention a plateau, but its reason is "not tuned": the cause follows the reason
+    gate(fs[0], "the plateau of the sweep is flat", "not tuned")
+    gate(fs[1], "lowest seed at the majority", "did not learn")
+    gate(fs[1], "no run at twice the steps", "plateau")
+    gate(fs[2], "sizes unlike the paper's", "conditions")
+    gate(fs[2], "not tuned either", "not tuned")
+    assert cause_of([fs[1]]) == "did not learn" and cause_of([fs[2]]) == "conditions"
+    assert cause_of([fs[5]]) == "wide"
+    text = "\n".join(_summary([Section("k", "K: t", findings=fs)], "long"))
+    assert "**What keeps the other 4 claims undecided**" in text
+    lines = [ln for ln in text.splitlines() if ln.startswith("- ") and ln.rstrip(")").split("(")[0]]
+    counted = {c: next((ln for ln in lines if ln.startswith(f"- {t}: ")), None) for c, t in CAUSES.items()}
+    assert counted["conditions"].startswith(f"- {CAUSES['conditions']}: 1 (")
+    assert counted["not tuned"].startswith(f"- {CAUSES['not tuned']}: 1 (")
+    assert counted["did not learn"].startswith(f"- {CAUSES['did not learn']}: 1 (")
+    assert counted["wide"].startswith(f"- {CAUSES['wide']}: 1 (")
+    assert counted["plateau"] is None  # filed under its first cause only
+    total = sum(int(ln.split(": ")[1].split(" ")[0]) for ln in counted.values() if ln)
+    assert total == 4
+    # the two claims left decided are named with their effect in words
+    assert "**Decided trained claims:**" in text and "X Table 1, c3: a is ahead of b by 1 pts" in text
+
+
+def test_the_legend_states_every_gate_once_with_its_direction():
+    fs = [_f(*WIN)]
+    text = "\n".join(_summary([Section("k", "K: t", findings=fs)], "long"))
+    for reason, rule in GATES.items():
+        line = f"  - *{reason}* (holds back {' and '.join(rule.holds_back)}): {rule.why}."
+        assert text.count(line) == 1, reason
+    assert text.count("**How a verdict is reached**") == 1
+    # the first screen (up to the claims table) fits in 60 lines
+    first = text.split("### The claims")[0]
+    assert len(first.splitlines()) <= 60
+
+
+def test_a_findings_note_gives_only_its_own_margin_not_the_whole_rule():
+    from attnzoo.reproduce.report import _findings_md
+
+    f = compare(
+        [1.0, 1.1, 1.2],
+        [1.05, 1.1, 1.15],
+        claim_type="non-inferiority",
+        margin=0.5,
+        margin_source="Table 9: 0.5 pts called comparable",
+        unit="pts",
+        paper="X",
+        claim="a keeps b",
+        paper_value="v",
+        a_name="a",
+        b_name="b",
+    )
+    _, notes, _ = _findings_md([f, _f(*WIN)])
+    assert notes == ["[1] rule: margin 0.5 pts: Table 9: 0.5 pts called comparable"]
