@@ -47,6 +47,7 @@ __all__ = [
     "zero_shot_segmentation",
     "plot_segment_layers",
     "plot_segment_overlays",
+    "plot_scene_examples",
     "add_segment_parser",
     "load_scenes_run",
     "run_segment_cli",
@@ -305,3 +306,24 @@ def run_segment_cli(args: argparse.Namespace) -> list[Path]:
         )
     print("best over layers and heads: " + "  ".join(f"{t} {v:.3f}" for t, v in result["best"].items()))
     return paths
+
+
+def plot_scene_examples(scenes: SceneDataset, *, images: int = 6):
+    """Scenes (top row) over their semantic maps (middle; 0 = background) and boundary bands (bottom)."""
+    idx = np.arange(min(images, len(scenes)))
+    pixels, masks = scenes.pixels(idx), scenes.masks(idx)
+    fig = new_figure(1.25 * len(idx), 3.9)
+    axes = np.atleast_2d(fig.subplots(3, len(idx), squeeze=False))
+    ncls = max(1, int(masks["semantic"].max()))
+    for c, i in enumerate(idx):
+        s = scenes.scene(i)
+        axes[0, c].imshow(pixels[c], cmap="gray", vmin=0, vmax=1)
+        axes[0, c].set_title(f"label {s.label}; {','.join(map(str, s.classes))}", fontsize=6)
+        axes[1, c].imshow(masks["semantic"][c].numpy(), cmap="tab20", vmin=0, vmax=max(ncls, 10))
+        axes[2, c].imshow(masks["boundary"][c].numpy(), cmap="gray")
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    for r, what in enumerate(("scene", "semantic", f"boundary (w={scenes.spec.boundary_width})")):
+        axes[r, 0].set_ylabel(what, fontsize=7)
+    return fig
