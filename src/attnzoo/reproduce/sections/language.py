@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attnzoo.reproduce import claims
+from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.common import (
     SWEEP_SEED_OFFSET,
     Context,
@@ -526,21 +526,16 @@ def _plot(res, names):
     return fig
 
 
-def _rel_claim(res, a, paper, claim, pv, rel_margin: float, margin_source: str) -> dict:
-    """A non-inferiority claim on validation loss against GPT, ``rel_margin`` a fraction of GPT's loss."""
+def _rel_claim(res, a, claim_id: str) -> dict:
+    """A non-inferiority claim on validation loss against GPT, its margin (from its record) a fraction of GPT's."""
     if a not in res or "gpt" not in res:
-        return claims.not_tested(paper, claim, pv, f"{a} or gpt not in this run")
+        return claims.not_tested(**paper_claims.finding_kw(claim_id), why=f"{a} or gpt not in this run")
     return claims.compare(
         res[a]["val_loss"],
         res["gpt"]["val_loss"],
-        claim_type="non-inferiority",
-        margin=rel_margin,
-        margin_source=margin_source,
+        **paper_claims.compare_kw(claim_id),
         relative=True,
         unit="nats",
-        paper=paper,
-        claim=claim,
-        paper_value=pv,
         a_name=a,
         b_name="gpt",
         lower_is_better=True,
@@ -550,12 +545,9 @@ def _rel_claim(res, a, paper, claim, pv, rel_margin: float, margin_source: str) 
 
 #: (a, b) -> the parameter ratio a/b of the paper's own comparison: a comparison more than SIZE_TOLERANCE from it
 #: (either way) is not under the paper's conditions and is gated
-PAPER_SIZE_RATIO: dict[tuple[str, str], tuple[float, str]] = {
-    ("tost", "gpt"): (110 / 124, "ToST Table 4: ToST-Base 110M vs GPT2-Base 124M"),
-    ("aot", "gpt"): (182 / 124, "AoT Table 1: AoT-Medium 182M vs GPT-2 Base 124M (the comparable pair)"),
-    ("aot", "aot_hybrid"): (102 / 81, "AoT Table 1: AoT-Base 102M vs Hybrid 81M"),
-    ("fastmax", "gpt"): (1.0, "FAST: the same Transformer with its attention swapped"),
-}
+PAPER_SIZE_RATIO: dict[tuple[str, str], tuple[float, str]] = paper_claims.size_ratios(
+    "tost-t4-lm", "aot-t1-lm", "aot-t1-hybrid", "fast-f6-lm"
+)
 SIZE_TOLERANCE = 0.10
 
 
@@ -576,38 +568,12 @@ def _gate_sizes(findings: list[dict], res: dict) -> None:
             claims.size_gate(f, PAPER_SIZE_RATIO, SIZE_TOLERANCE)
 
 
+#: the non-inferiority claims against GPT on validation loss: (row, claim id)
+REL_CLAIMS = (("tost", "tost-t4-lm"), ("aot", "aot-t1-lm"), ("fastmax", "fast-f6-lm"))
+
+
 def _findings(res) -> list[dict]:
-    out = [
-        _rel_claim(
-            res,
-            "tost",
-            "ToST Table 4",
-            "swapping TSSA for softmax largely preserves LM quality",
-            "ToST-Base vs GPT2-Base loss: OWT +12.7%, LAMBADA +15.3%, WikiText +15.5%, PTB +11.1%",
-            0.155,
-            "ToST Table 4: the largest loss gap the paper calls preserved (WikiText, +15.5%), the rule of every margin "
-            "here (the largest gap a paper calls comparable); OWT's in-distribution +12.7% alone is narrower",
-        ),
-        _rel_claim(
-            res,
-            "aot",
-            "AoT Table 1",
-            "attention-only AoT comes close to GPT-2",
-            "AoT-Medium 4.47 vs GPT-2 Base 4.32 LAMBADA loss (+3.5%); §4.1 calls only Medium and Large comparable",
-            0.035,
-            "AoT Table 1 / §4.1: AoT-Medium's largest loss gap to GPT-2 Base (LAMBADA, +3.5%) is what the paper calls "
-            "comparable (Base's +8.8% it does not)",
-        ),
-        _rel_claim(
-            res,
-            "fastmax",
-            "FAST §3, Fig. 6",
-            "Fastmax's training follows softmax's",
-            "loss curves of Fastmax follow softmax's",
-            0.05,
-            "FAST Fig. 6 gives curves, no number: 5% is this report's reading of 'follows'",
-        ),
-    ]
+    out = [_rel_claim(res, a, cid) for a, cid in REL_CLAIMS]
     if "aot_hybrid" in res and "aot" in res:
         out.append(_hybrid(res))
     if CONTROL in res and "gpt" in res:
@@ -621,15 +587,11 @@ def _findings(res) -> list[dict]:
             grows = g[hi]["state_kib"] / max(g[lo]["state_kib"], 1e-9)
             out.append(
                 claims.finding(
-                    "ToST Fig. 8 / Table 4" if m == "tost" else "FAST §2.5 (recurrent form)",
-                    f"{m} decodes with constant memory in the context (softmax's KV cache grows)",
-                    "ToST: 0.24x GPT-2's memory at 8k tokens"
-                    if m == "tost"
-                    else "recurrent form: O(1) state per token",
-                    f"{m} state {d[lo]['state_kib']:.1f} -> {d[hi]['state_kib']:.1f} KiB from context {lo} to {hi}; "
-                    f"gpt KV cache x{grows:.1f}",
-                    "agrees" if flat else "disagrees",
-                    f"agrees if {m}'s decoding state does not grow from context {lo} to {hi}",
+                    **paper_claims.finding_kw(f"lm-decode-memory-{m}"),
+                    measured=f"{m} state {d[lo]['state_kib']:.1f} -> {d[hi]['state_kib']:.1f} KiB from context "
+                    f"{lo} to {hi}; gpt KV cache x{grows:.1f}",
+                    verdict="agrees" if flat else "disagrees",
+                    rule=f"agrees if {m}'s decoding state does not grow from context {lo} to {hi}",
                     kind="check",
                     measurement=True,
                 )
@@ -638,12 +600,11 @@ def _findings(res) -> list[dict]:
             gr = g[hi]["ms_per_token"] / g[lo]["ms_per_token"]
             out.append(
                 claims.finding(
-                    "ToST Fig. 8" if m == "tost" else "FAST §2.5",
-                    f"{m}'s per-token decode time does not grow with context",
-                    "ToST: flat per-token time vs growing for GPT-2" if m == "tost" else "O(1) work per decoded token",
-                    f"{m} x{tr:.2f}, gpt x{gr:.2f} from context {lo} to {hi}",
-                    "agrees" if tr <= 1.5 else "disagrees",
-                    f"agrees if {m}'s ms/token grows by at most 1.5x from context {lo} to {hi} (timing noise allowed)",
+                    **paper_claims.finding_kw(f"lm-decode-time-{m}"),
+                    measured=f"{m} x{tr:.2f}, gpt x{gr:.2f} from context {lo} to {hi}",
+                    verdict="agrees" if tr <= 1.5 else "disagrees",
+                    rule=f"agrees if {m}'s ms/token grows by at most 1.5x from context {lo} to {hi} (timing noise "
+                    "allowed)",
                     kind="check",
                     measurement=True,
                 )
@@ -658,9 +619,7 @@ def _control(res) -> dict:
         res[CONTROL]["val_loss"],
         claim_type="superiority",
         unit="nats",
-        paper="all five papers",
-        claim="attention helps: GPT beats its no-attention control (identity token mixer, same layout)",
-        paper_value="implicit in every paper: a token mixer is needed",
+        **paper_claims.finding_kw("lm-attention-helps"),
         a_name="gpt",
         b_name=CONTROL,
         kind="check",
@@ -673,14 +632,9 @@ def _hybrid(res) -> dict:
     f = claims.compare(
         res["aot"]["val_loss"],
         res["aot_hybrid"]["val_loss"],
-        claim_type="non-inferiority",
-        margin=0.03,
-        margin_source="AoT Table 1: Hybrid's LAMBADA loss is 3.0% above Base's",
+        **paper_claims.compare_kw("aot-t1-hybrid"),
         relative=True,
         unit="nats",
-        paper="AoT Table 1 / §4.1.2",
-        claim="MLPs add little to AoT (Hybrid ≈ attention-only)",
-        paper_value="Hybrid 4.84 vs Base 4.70 LAMBADA loss (Hybrid has fewer parameters)",
         a_name="aot",
         b_name="aot_hybrid",
         lower_is_better=True,
