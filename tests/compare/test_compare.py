@@ -211,6 +211,9 @@ BAD = [
     (["--mechanisms", "softmax,tssa", "--lr-grid", "1e-3,-1"], "finite and > 0", "-1.0"),
     (["--mechanisms", "softmax,tssa", "--margin", "0"], "--margin must be > 0", "0.0"),
     (["--mechanisms", "softmax,tssa", "--metric", "perplexity"], "--metric 'perplexity'", "accuracy"),
+    (["--mechanisms", "softmax,tssa", "--lr=0.1"], "--lr is set per run by --lr-grid", "--lr-grid"),
+    (["--mechanisms", "softmax,tssa", "--model_options.dpeth=2"], "unknown", "depth"),
+    (["--mechanisms", "softmax", "--seeds", "0"], "--seeds must be >= 1", "0"),
 ]
 
 

@@ -125,6 +125,13 @@ def _base_config(args: argparse.Namespace, overrides: list[str], device: str):
 
     try:
         over = parse_overrides(overrides)
+    except ValueError as e:
+        raise CompareError(f"{' '.join(str(e).split())} (the training config's overrides)") from None
+    owned = {"lr": "--lr-grid", "attention": "--mechanisms", "model_options.attention": "--mechanisms"}
+    for key in over:
+        if key in owned:
+            raise CompareError(f"--{key} is set per run by {owned[key]}; give it there instead")
+    try:
         cfg = load_config(args.config, {**over, "device": device})
         if args.steps is not None and args.steps != cfg.steps:
             # the warm-up keeps its share of the run unless given explicitly

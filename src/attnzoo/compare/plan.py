@@ -69,7 +69,7 @@ def metric_direction(metric: str) -> bool:
 def run_config(spec: CompareSpec, mechanism: str, *, lr: float | str, seed: int, steps: int) -> dict:
     """The training config of one run of ``mechanism``: the base config with its attention, rate, seed and steps;
     validation at :data:`CURVE_POINTS` evenly spaced steps (the learning curves)."""
-    every = max(1, steps // CURVE_POINTS)
+    every = max(1, math.ceil(steps / CURVE_POINTS))  # the last point falls on the final step
     return dict(
         spec.base,
         attention=mechanism,

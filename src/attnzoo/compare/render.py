@@ -154,6 +154,7 @@ def plot_effects(spec: CompareSpec, summary: dict):
     for i, (_, f) in enumerate(items):
         lo, hi = f["ci95"] if f.get("ci95") else (f["effect"], f["effect"])
         ax.errorbar([f["effect"]], [i], xerr=[[f["effect"] - lo], [hi - f["effect"]]], fmt="o", capsize=4)
+    ax.set_ylim(-0.6, len(items) - 0.4)
     ax.axvline(0.0, color="k", lw=0.8)
     if spec.margin is not None:
         ax.axvline(-spec.margin, color="C3", ls="--", lw=1, label=f"-margin ({spec.margin:g})")

@@ -76,7 +76,6 @@ def _finding(spec: CompareSpec, rows: dict, mech: str) -> dict:
         margin_source=MARGIN_SOURCE if margin else "",
         lower_is_better=not spec.higher_is_better,
         spec=".4g",
-        claim_id=f"compare/{mech}",
     )
 
 
