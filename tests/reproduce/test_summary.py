@@ -115,3 +115,24 @@ def test_a_findings_note_gives_only_its_own_margin_not_the_whole_rule():
     )
     _, notes, _ = _findings_md([f, _f(*WIN)])
     assert notes == ["[1] rule: margin 0.5 pts: Table 9: 0.5 pts called comparable"]
+
+
+def test_a_finding_serialises_through_its_fixed_schema_and_refuses_an_unknown_field():
+    from attnzoo.reproduce.claims import Finding
+
+    f = _f(*WIN, claim_id="tost-t3-lra#listops")
+    gate(f, "sizes", "conditions")
+    assert Finding.from_dict(f).to_dict() == f
+    with pytest.raises(ValueError, match=r"fields \['gate_reason'\] that Finding does not declare"):
+        Finding.from_dict({**f, "gate_reason": "typo"})
+
+
+def test_results_json_lists_every_claim_once_with_its_tests(tmp_path):
+    from attnzoo.reproduce.report import _results_payload
+
+    fs = [_f(*WIN, claim_id="tost-t3-lra#listops"), _f(*TIE, claim_id="tost-t3-lra#average"), _f(*LOSS)]
+    payload = _results_payload({}, [Section("k", "K: t", findings=fs)], {}, {})
+    ids = [c["id"] for c in payload["claims"]]
+    assert ids == ["tost-t3-lra", "X Table 1: a beats b"]
+    assert payload["claims"][0]["tests"] == ["tost-t3-lra#listops", "tost-t3-lra#average"]
+    assert payload["claims"][0]["verdict"] == "agrees" and payload["meta"]["finding_schema"] == 1

@@ -32,11 +32,13 @@ steps.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Iterable, Sequence
 
 __all__ = [
     "KINDS",
+    "Finding",
+    "FINDING_SCHEMA",
     "GATES",
     "GateRule",
     "REFUTE_FRACTION",
@@ -104,6 +106,83 @@ class Stat:
 
     def __str__(self) -> str:
         return self.fmt()
+
+
+#: version of :class:`Finding`'s serialised form in results.json (raised when a field changes meaning)
+FINDING_SCHEMA = 1
+
+
+@dataclass
+class Finding:
+    """The fixed fields a finding may carry (serialised in results.json with :data:`FINDING_SCHEMA`).
+
+    Sections build findings with :func:`finding` and :func:`compare` and gate them in place; :meth:`from_dict`
+    refuses a field not declared here, so a new key is a schema change, not a typo that a reader never sees."""
+
+    # every finding
+    claim_id: str
+    kind: str
+    paper: str
+    claim: str
+    paper_value: str
+    measured: str
+    verdict: str
+    rule: str
+    seeds: int
+    explanation: str
+    measurement: bool | None = None
+    trained: bool | None = None
+    # a trained comparison (:func:`compare`)
+    claim_type: str | None = None
+    a_name: str | None = None
+    b_name: str | None = None
+    unit: str | None = None
+    effect: float | None = None
+    ci95: list[float] | None = None
+    df: float | None = None
+    margin: float | None = None
+    margin_source: str | None = None
+    margin_rel: float | None = None
+    values_a: list[float] | None = None
+    values_b: list[float] | None = None
+    lower_is_better: bool | None = None
+    paper_effect: float | None = None
+    refute_below: float | None = None
+    params_a: int | None = None
+    params_b: int | None = None
+    flops_a: int | None = None
+    flops_b: int | None = None
+    # gates (:func:`gate`) and their evidence
+    gate: str | None = None
+    gate_reasons: list[str] | None = None
+    ungated_verdict: str | None = None
+    gates_section: bool | None = None
+    control_effect: float | None = None
+    control_ci95: list[float] | None = None
+    random_init_control: dict | None = None
+    literal_measure: dict | None = None
+    probe_model: str | None = None
+    # evidence at twice the steps (:func:`trend_gate`, :func:`replicated_gate`)
+    trend_2x: dict | None = None
+    replicated_2x: dict | None = None
+    at_2x: dict | None = None
+    paired_2x: dict | None = None
+    compared_row_change: float | None = None
+    longer_run: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Finding":
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(
+                f"finding {d.get('claim_id') or d.get('claim')!r} has fields {unknown} that Finding does not declare "
+                f"(schema {FINDING_SCHEMA}); declare them in attnzoo.reproduce.claims.Finding"
+            )
+        return cls(**{"claim_id": "", **d})
+
+    def to_dict(self) -> dict:
+        """The fields that are set (``None`` left out), in declaration order."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 def stat(values: float | Iterable[float | None] | Stat | None) -> Stat | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from attnzoo._io import atomic_write_text, write_json
 from attnzoo.reproduce import paper_claims
-from attnzoo.reproduce.claims import GATES, REFUTE_FRACTION, VERDICTS
+from attnzoo.reproduce.claims import FINDING_SCHEMA, GATES, REFUTE_FRACTION, VERDICTS, Finding
 from attnzoo.reproduce.common import Section, md_table
 from attnzoo.reproduce.sections import SECTION_MODULES
 from attnzoo.reproduce.tally import CAUSES, ClaimResult, tally
@@ -522,13 +522,25 @@ def _configs_md(seed: int, records: dict) -> list[str]:
 
 
 def _results_payload(meta: dict, secs: list[Section], records: dict, failed: dict) -> dict:
+    pairs = [(s.title.split(":")[0], f) for s in secs for f in s.findings if f.get("kind") == "paper"]
     return {
-        "meta": meta,
+        "meta": {**meta, "finding_schema": FINDING_SCHEMA},
+        "claims": [
+            {
+                "id": c.id,
+                "verdict": c.verdict,
+                "trained": c.trained,
+                "cause": c.cause,
+                "tests": [f.get("claim_id") or f["claim"] for f in c.findings],
+                "sections": c.sections,
+            }
+            for c in tally(pairs)
+        ],
         "sections": {
             s.key: {
                 "title": s.title,
                 "data": s.data,
-                "findings": s.findings,
+                "findings": [Finding.from_dict(f).to_dict() for f in s.findings],
                 "notes": s.notes,
                 "tables": [{"title": t.title, "headers": t.headers, "rows": t.rows} for t in s.tables],
                 "plots": [p for p, _ in s.plots],
