@@ -101,7 +101,7 @@ def _rule(spec: CompareSpec, summary: dict) -> list[str]:
     kind = (
         f"non-inferiority with margin {spec.margin:g} {spec.metric}"
         if spec.margin is not None
-        else "superiority (no --margin): better / worse / not distinguishable"
+        else "superiority (no --margin)"
     )
     lines = [f"**Rule**, {kind}: {f['rule']}. The effect is oriented so that positive favours the mechanism."]
     lines.append(
