@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from attnzoo.reproduce import claims
+from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.common import (
     Context,
     Section,
@@ -32,13 +32,9 @@ TITLE = "White-box probes"
 #: eta of AoT Fig. 4's second run: a small step, where the soft-max iteration is compared (the paper gives no eta)
 SMALL_ETA = 0.02
 
-#: paper and figure behind each layer-wise claim (model -> paper label)
-LAYERWISE_PAPERS = {
-    "tost": "ToST Fig. 4a",
-    "crate": "CRATE / CBSA Fig. 5",
-    "cbt": "CBSA Fig. 5",
-    "aot": "CBSA Fig. 5 / AoT (MSSA)",
-}
+#: the probe models with a layer-wise claim: ToST Fig. 4a's for tost, a test of CBSA Fig. 5's for the others
+#: (``_layerwise_claim`` names the claim)
+LAYERWISE_MODELS = ("tost", "crate", "cbt", "aot")
 
 #: the measure each mechanism's claim is judged on: ToST's own R^var_c for TSSA, CRATE's measured R^c otherwise
 _CLAIM_MEASURE = {"tssa": "variational_compression"}
@@ -75,7 +71,7 @@ def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
         steps.extend(_layerwise_steps(name, seed, deep, vision_plan, lw_batch, measure))
         # more seeds of the models with a layer-wise claim: the verdict then rests on the seed-mean series and on
         # how many seeds agree with it (ids apart from the base seed's, so its steps are reused)
-        if name in LAYERWISE_PAPERS:
+        if name in LAYERWISE_MODELS:
             for s in range(seed + 1, seed + plan.get("layerwise_seeds", 1)):
                 steps.extend(_layerwise_steps(name, s, deep, vision_plan, lw_batch, measure, suffix=f"/extra-seed{s}"))
     steps.extend(_maps_steps(plan, seed, vision_plan, batch))
@@ -728,25 +724,22 @@ def _threshold_denoise_finding(res) -> dict:
             f"; η={_num(small['params']['eta']):g}: x{_num(small['growth_factor_fit']['threshold']):.4f} "
             f"(1+ητ = {_num(small['growth_factor_theory']):.4f})"
         )
+    kw = paper_claims.finding_kw("aot-thm1-denoise")
     return _finding(
-        "AoT Theorem 1 / Fig. 4",
-        "each layer of eq 3 (thresholded φ) multiplies the SNR by about 1+ητ",
-        f"1+ητ = {theory:.4f} at η={eta:g}",
-        measured,
-        "agrees" if fit >= theory * 0.995 else "disagrees",
-        "agrees if the fitted growth is at least 99.5% of 1+ητ (at the first η)",
+        **{**kw, "paper_value": kw["paper_value"].format(theory=theory, eta=eta)},
+        measured=measured,
+        verdict="agrees" if fit >= theory * 0.995 else "disagrees",
+        rule="agrees if the fitted growth is at least 99.5% of 1+ητ (at the first η)",
     )
 
 
 def _compress_finding(r: dict) -> dict:
     rate = [_num(x) for x in r["coding_rate"]]
     return _finding(
-        "CBSA Fig. 4",
-        "the parameter-free CBSA iteration compresses tokens (coding rate falls)",
-        "coding rate decreases, points collapse onto their lines",
-        f"coding rate {rate[0]:.4g} → {rate[-1]:.4g} over {len(rate) - 1} iterations",
-        "agrees" if rate[-1] < rate[0] else "disagrees",
-        "agrees if the final rate < initial",
+        **paper_claims.finding_kw("cbsa-f4-compress"),
+        measured=f"coding rate {rate[0]:.4g} → {rate[-1]:.4g} over {len(rate) - 1} iterations",
+        verdict="agrees" if rate[-1] < rate[0] else "disagrees",
+        rule="agrees if the final rate < initial",
     )
 
 
@@ -758,12 +751,10 @@ def _rank_collapse_findings(r: dict) -> list[dict]:
     s, c = resid["softmax_reference"], resid["csp_reference"]
     return [
         _finding(
-            "CSP Theorem 1 / Dong et al.",
-            "softmax attention without skips collapses to rank 1; CSP does not",
-            "softmax residual → 0 doubly exponentially; CSP keeps full rank",
-            f"softmax {s[0]:.2e} → {s[-1]:.2e}, CSP {c[0]:.2e} → {c[-1]:.2e} over {len(s) - 1} layers",
-            "agrees" if s[-1] < 1e-3 * s[0] and c[-1] > 0.1 * c[0] else "disagrees",
-            "agrees if softmax's residual falls 1000x while CSP's stays above 10%",
+            **paper_claims.finding_kw("csp-thm1-rank"),
+            measured=f"softmax {s[0]:.2e} → {s[-1]:.2e}, CSP {c[0]:.2e} → {c[-1]:.2e} over {len(s) - 1} layers",
+            verdict="agrees" if s[-1] < 1e-3 * s[0] and c[-1] > 0.1 * c[0] else "disagrees",
+            rule="agrees if softmax's residual falls 1000x while CSP's stays above 10%",
         )
     ]
 
@@ -789,15 +780,13 @@ def _layerwise_finding(name: str, r: dict, t: dict, shallow: dict | None, more: 
         else ""
     )
     per_layer = f"{MEASURE_LABEL[key]} per layer: " + " → ".join(f"{v:.4g}" for v in vals)
-    start, claim_text, paper_value, rule = _layerwise_claim(name, key, len(vals))
+    start, claim_id, rule = _layerwise_claim(name, key, len(vals))
     verdict = _fall_verdict(vals, start)
     f = _finding(
-        LAYERWISE_PAPERS.get(name, "CBSA Fig. 5 / CRATE"),
-        claim_text,
-        paper_value,
-        f"{per_layer}; {_describe(vals, start)}{acc}",
-        verdict,
-        rule,
+        **paper_claims.finding_kw(claim_id, name=name),
+        measured=f"{per_layer}; {_describe(vals, start)}{acc}",
+        verdict=verdict,
+        rule=rule,
         seeds=1,
     )
     if verdict != "agrees":
@@ -825,13 +814,13 @@ def _literal_gate(f: dict, name: str, key: str, probes_: list[dict]) -> dict:
     if not series:
         return f
     mean = [sum(x[i] for x in series) / len(series) for i in range(n)]
-    start = _layerwise_claim(name, key, n)[0]
+    start, claim_id, _ = _layerwise_claim(name, key, n)
     lv = _seeds_verdict(mean, series, start) if len(series) > 1 else _fall_verdict(mean, start)
     f["literal_measure"] = {"measure": MEASURE_LABEL[lit], "verdict": lv, "series": mean}
     if lv != f["verdict"]:
         claims.gate(
             f,
-            f"the measure {LAYERWISE_PAPERS.get(name, 'the paper')} plots ({MEASURE_LABEL[lit]}) gives {lv} on the "
+            f"the measure {paper_claims.get(claim_id).reference} plots ({MEASURE_LABEL[lit]}) gives {lv} on the "
             f"same layers ({_describe(mean, start)}): the verdict depends on the definition",
             "conditions",
         )
@@ -849,19 +838,17 @@ def _seeds_verdict(mean: list[float], runs: list[list[float]], start: int) -> st
 def _layerwise_seeds_finding(name: str, key: str, runs: list[list[float]], r: dict, shallow: dict | None) -> dict:
     """The layer-wise claim over several seeds of the probe model: seed-mean series, per-seed verdicts."""
     mean = [sum(x[i] for x in runs) / len(runs) for i in range(len(runs[0]))]
-    start, claim_text, paper_value, rule = _layerwise_claim(name, key, len(mean))
+    start, claim_id, rule = _layerwise_claim(name, key, len(mean))
     verdict = _seeds_verdict(mean, runs, start)
     per_seed = [_fall_verdict(x, start) for x in runs]
     f = _finding(
-        LAYERWISE_PAPERS.get(name, "CBSA Fig. 5 / CRATE"),
-        claim_text,
-        paper_value,
-        f"{MEASURE_LABEL[key]} per layer (mean of {len(runs)} seeds): "
+        **paper_claims.finding_kw(claim_id, name=name),
+        measured=f"{MEASURE_LABEL[key]} per layer (mean of {len(runs)} seeds): "
         + " → ".join(f"{v:.4g}" for v in mean)
         + f"; {_describe(mean, start)}; per seed: {', '.join(per_seed)}",
-        verdict,
-        rule + f"; over {len(runs)} seeds: the seed-mean series' verdict when more than half of the seeds give it, "
-        "else inconclusive",
+        verdict=verdict,
+        rule=rule + f"; over {len(runs)} seeds: the seed-mean series' verdict when more than half of the seeds give "
+        "it, else inconclusive",
         seeds=len(runs),
     )
     if verdict != "agrees":
@@ -869,13 +856,12 @@ def _layerwise_seeds_finding(name: str, key: str, runs: list[list[float]], r: di
     return f
 
 
-def _layerwise_claim(name: str, key: str, n_layers: int) -> tuple[int, str, str, str]:
-    """``(start, claim, paper value, rule)``: ToST's claim spans all layers, CBSA's / CRATE's the latter half."""
+def _layerwise_claim(name: str, key: str, n_layers: int) -> tuple[int, str, str]:
+    """``(start, claim id, rule)``: ToST's claim spans all layers, CBSA's / CRATE's the latter half."""
     if key == "variational_compression":  # ToST Fig. 4a: "mostly decreases by layer" over all layers
         return (
             0,
-            f"the trained {name}'s layers decrease the compression term (mostly, layer by layer)",
-            "the compression term mostly decreases by layer (ToST-S, ImageNet)",
+            "tost-f4a-compression",
             "over all layers: agrees if the last layer's value is below the first's with at least half of the "
             "layer-to-layer steps falling; disagrees if it rises with fewer than half falling; else "
             "inconclusive",
@@ -883,8 +869,7 @@ def _layerwise_claim(name: str, key: str, n_layers: int) -> tuple[int, str, str,
     # CBSA Fig. 5 / CRATE: consecutive compression over the latter half of the layers
     return (
         _half_start(n_layers),
-        f"the trained {name}'s layers decrease the compression term over the latter half of the layers",
-        "the latter half of the layers exhibit consecutive compression (CBSA Fig. 5, CRATE's plots)",
+        f"cbsa-f5-compression#{name}",
         "over the latter half of the layers: agrees if the value falls from the half's first layer to the "
         "last with at least half of the steps falling; disagrees if it rises with fewer than half falling; "
         "else inconclusive",
@@ -973,12 +958,10 @@ def _softmax_denoise_finding(res) -> dict:
             "the likely source of the fall)"
         )
     return _finding(
-        "AoT Fig. 4",
-        "eq 3 with the plain soft-max φ (practical MSSA) also denoises",
-        "Fig. 4 shows the SNR rising per layer (the φ and η used are not stated)",
-        measured,
-        verdict,
-        f"at η={_num(judged['params']['eta']):g} (the small step): agrees if the SNR rises at every "
+        **paper_claims.finding_kw("aot-f4-softmax-denoise"),
+        measured=measured,
+        verdict=verdict,
+        rule=f"at η={_num(judged['params']['eta']):g} (the small step): agrees if the SNR rises at every "
         "layer, else disagrees",
         explanation="; ".join(expl),
     )
