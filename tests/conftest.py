@@ -4,6 +4,7 @@ With deterministic algorithms on, PyTorch fills tensors from ``torch.empty`` (an
 so a fast path that forgets to write part of its output fails the comparison instead of passing by luck.
 """
 
+import dataclasses
 import importlib
 import importlib.metadata
 import os
@@ -74,3 +75,16 @@ def require(module: str, extra: str = "hf") -> ModuleType:
         reason = f"attnzoo's {extra!r} extra is not installed (pip install -e '.[{extra}]')"
         pytest.skip(reason, allow_module_level=True)
     return importlib.import_module(module)
+
+
+def patch_backend_function(monkeypatch, module: ModuleType, attr: str, replacement) -> None:
+    """Replace the function ``module.attr`` for a test, also where a mechanism of ``module`` holds it as a backend
+    (backends hold the function itself, so replacing the module's name alone would not reach them)."""
+    from attnzoo.ops._spec import Mechanism
+
+    original = getattr(module, attr)
+    monkeypatch.setattr(module, attr, replacement)
+    for mech in [v for v in vars(module).values() if isinstance(v, Mechanism)]:
+        for name, backend in mech.backends.items():
+            if backend.fn is original:
+                monkeypatch.setitem(mech.backends, name, dataclasses.replace(backend, fn=replacement))

@@ -18,6 +18,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import patch_backend_function
 
 import attnzoo.ops  # noqa: F401  (binds the op subpackages in sys.modules)
 from attnzoo import selftest
@@ -145,7 +146,7 @@ def _broken_tssa_step(fn):
     ],
 )
 def test_a_broken_backend_fails_its_row(monkeypatch, capsys, one_thread, module, attr, breaker, failing, passing):
-    monkeypatch.setattr(module, attr, breaker(getattr(module, attr)))
+    patch_backend_function(monkeypatch, module, attr, breaker(getattr(module, attr)))
     only = sorted({m.split()[0] for m, _, _ in failing + passing})
     assert selftest.main(["--device", "cpu", "--quick", "--only", *only]) == 1
     out = capsys.readouterr().out
@@ -161,7 +162,7 @@ def test_an_exception_in_a_backend_is_a_failing_row_with_its_message(monkeypatch
     def boom(*args, **kwargs):
         raise RuntimeError("simulated kernel crash")
 
-    monkeypatch.setattr(SOFTMAX_MOD, "softmax_attention_sdpa", boom)
+    patch_backend_function(monkeypatch, SOFTMAX_MOD, "softmax_attention_sdpa", boom)
     assert selftest.main(["--device", "cpu", "--quick", "--only", "softmax"]) == 1
     rows = _rows(capsys.readouterr().out)
     cols = rows[("softmax", "torch", "forward")]

@@ -58,7 +58,7 @@ class Backend:
 
     #: the function, or the name of the module of an optional kernel (then ``attr`` names the function in it)
     fn: Callable | str
-    #: the function's name (set from ``fn`` when ``fn`` is the function)
+    #: the function's name (from ``fn`` when ``fn`` is the function)
     attr: str | None = None
     kind: str = "torch"
     #: device types it runs on ("any": every one): ``attnzoo selftest`` runs it there; "cpu" kernels refuse others
@@ -85,9 +85,8 @@ class Backend:
                     "'function'), or pass the function itself"
                 )
         elif callable(self.fn):
-            if self.attr is not None and self.attr != self.fn.__name__:
-                raise ValueError(f"Backend({self.fn.__name__}, {self.attr!r}): attr must be omitted for a function")
-            object.__setattr__(self, "attr", self.fn.__name__)
+            if self.attr is None:  # a given one stays: the name in messages of a function replaced by a test
+                object.__setattr__(self, "attr", getattr(self.fn, "__name__", type(self.fn).__name__))
         else:
             raise TypeError(f"Backend takes a function or a module name, got {type(self.fn).__name__} {self.fn!r}")
 
