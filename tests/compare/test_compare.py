@@ -310,3 +310,12 @@ def test_a_run_stopped_by_sigterm_mid_training_resumes_from_its_checkpoint(
     a, b = _doc(image_run), _doc(out)
     for mech in ("softmax", "tssa"):
         assert b["rows"][mech]["values"] == a["rows"][mech]["values"]
+
+
+def test_a_damaged_marker_is_named(image_config, tmp_path, capsys):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "compare_run.json").write_text("{not json")
+    assert _compare(image_config, *IMAGE_ARGS, "--out", out) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("attnzoo compare: error:") and "compare_run.json" in err and len(err.splitlines()) == 1

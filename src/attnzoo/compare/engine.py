@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnzoo._io import all_or_nothing, read_json, write_json
+from attnzoo._io import ReadError, all_or_nothing, read_json, write_json
 from attnzoo._lock import LOCK_NAME, DirLock
 from attnzoo.compare.execute import execute
 from attnzoo.compare.plan import CompareError, CompareSpec, plan_steps
@@ -58,7 +58,10 @@ def refuse_foreign_out(out: Path) -> None:
 def _mark(out: Path) -> None:
     marker = out / MARKER
     if marker.is_file():
-        meta = read_json(marker, "what kind of run owns the directory")
+        try:
+            meta = read_json(marker, "what kind of run owns the directory")
+        except ReadError as e:
+            raise CompareError(f"{e}; restore it, or choose another --out") from None
         if not isinstance(meta, dict) or meta.get("kind") != "attnzoo compare":
             raise CompareError(f"{marker} is not an attnzoo compare marker; choose another --out")
         return
