@@ -42,19 +42,6 @@ TABLE_HEADERS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    """One smoke run (single torch thread, restored afterwards) shared by the tests of this module."""
-    out = tmp_path_factory.mktemp("reproduce") / "smoke"
-    threads = torch.get_num_threads()
-    try:
-        rc = main(["--budget", "smoke", "--out", str(out), "--seed", "0", "--no-progress", "--threads", "1"])
-    finally:
-        torch.set_num_threads(threads)
-    assert rc == 0
-    return out
-
-
 def _results(out: Path) -> dict:
     return json.loads((out / "results.json").read_text())
 
