@@ -1,5 +1,7 @@
 """Segmentation decoders (CBSA Fig. 8): shapes and layouts, mIoU by hand, fitting, FLOPs, the noise sweep."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -85,3 +87,22 @@ def test_decoder_flops_count_the_decoder_only():
     deeper_encoder = decoder_flops(build_segmenter("vit_s", "cbsa", **{**TINY, "depth": 3}), 32)
     deeper_decoder = decoder_flops(build_segmenter("vit_s", "cbsa", **{**TINY, "decoder_depth": 2}), 32)
     assert deeper_encoder == cbsa and deeper_decoder > cbsa
+
+
+def test_analyze_segment_decoders_writes_both_decoders(tmp_path, capsys):
+    from attnzoo.analysis import cli as analyze_cli
+
+    out = tmp_path / "dec"
+    args = ["segment-decoders", "--out", str(out), "--n-train", "16", "--images", "4", "--steps", "2"]
+    args += ["--batch-size", "4", "--dim", "32", "--depth", "1", "--decoder-depth", "1", "--sigmas", "0,0.1"]
+    args += ["--draws", "1"]
+    assert analyze_cli.main(args) == 0
+    result = json.loads((out / "segment-decoders.json").read_text())
+    rows = result["decoders"]
+    assert set(rows) == {"cbsa", "mask_transformer"}
+    assert rows["cbsa"]["decoder_flops"] < rows["mask_transformer"]["decoder_flops"]
+    assert rows["cbsa"]["sweep"]["miou"][0] == [rows["cbsa"]["miou"]]  # sigma 0: the fitted model itself
+    assert (out / "segment-decoders.png").stat().st_size > 0
+    assert "MFLOPs" in capsys.readouterr().out
+    assert analyze_cli.main([*args[:3], "--sigmas", "0,x"]) == 2
+    assert "--sigmas" in capsys.readouterr().err

@@ -8,6 +8,7 @@ Examples::
     attnzoo analyze layerwise --out runs/tost --checkpoint runs/tost-cifar/best
     attnzoo analyze attention-maps --out runs/maps --checkpoint runs/softmax --checkpoint runs/fastmax
     attnzoo analyze segment runs/scenes-crate-cbt
+    attnzoo analyze segment-decoders --out runs/decoders --steps 300
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 from .experiments import EXPERIMENTS, save_experiment
 from .io import prepare_out_dir
 from .segment import add_segment_parser
+from .segment_decoders import add_decoders_parser
 
 __all__ = ["main", "build_parser"]
 
@@ -154,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p, needs_input=False)
     p.add_argument("--directions", type=int, default=4, help="random directions per subspace (0: all)")
     add_segment_parser(sub)
+    add_decoders_parser(sub)
     return parser
 
 
@@ -243,11 +246,13 @@ def _segment(args) -> int:
     from attnzoo.data.paths import DatasetNotFoundError
 
     from .segment import run_segment_cli
+    from .segment_decoders import run_decoders_cli
 
+    run = run_segment_cli if args.experiment == "segment" else run_decoders_cli
     try:  # a bad run, config or checkpoint raises a ValueError subclass
-        paths = run_segment_cli(args)
+        paths = run(args)
     except (ValueError, TypeError, FileExistsError, DatasetNotFoundError) as e:
-        print(f"attnzoo analyze segment: error: {e}", file=sys.stderr)
+        print(f"attnzoo analyze {args.experiment}: error: {e}", file=sys.stderr)
         return 2
     print("\n".join(f"wrote {p}" for p in paths))
     return 0
@@ -256,7 +261,7 @@ def _segment(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.experiment == "segment":
+    if args.experiment in ("segment", "segment-decoders"):
         return _segment(args)
     needs_model = args.experiment in ("layerwise", "membership", "subspaces")
     if needs_model and (args.checkpoint is None) == (args.model is None):

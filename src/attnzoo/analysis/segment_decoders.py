@@ -26,6 +26,10 @@ __all__ = [
     "decoder_flops",
     "perturb_attention",
     "perturbation_sweep",
+    "compare_decoders",
+    "plot_decoder_sweep",
+    "add_decoders_parser",
+    "run_decoders_cli",
 ]
 
 
@@ -164,3 +168,119 @@ def perturbation_sweep(
     for sigma in sigmas:
         out.append([evaluate_miou(perturb_attention(model, sigma, gen), scenes, images=images) for _ in range(draws)])
     return {"sigmas": list(sigmas), "draws": draws, "miou": out}
+
+
+def compare_decoders(
+    scenes_train: SceneDataset,
+    scenes_val: SceneDataset,
+    *,
+    encoder: str = "vit_s",
+    encoder_options: dict | None = None,
+    decoder_depth: int = 2,
+    steps: int = 300,
+    batch_size: int = 32,
+    lr: float = 1e-3,
+    sigmas: tuple[float, ...] = (0.0, 0.01, 0.02, 0.05, 0.1),
+    draws: int = 3,
+    images: int = 128,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """CBSA Fig. 8 on scenes: both decoders on one encoder configuration, each fitted from the same initial encoder
+    for ``steps``; per decoder the mIoU, the decoder's FLOPs and parameters, and the noise sweep."""
+    opts = {"patch_size": 8, "dim": 96, "depth": 4, "heads": 4, **dict(encoder_options or {})}
+    num_classes = int(scenes_train.sources[1].max()) + 2  # the object classes and the background
+    size = scenes_train.spec.canvas
+    rows = {}
+    for kind in ("mask_transformer", "cbsa"):
+        torch.manual_seed(seed)
+        model = build_segmenter(
+            encoder, kind, num_classes=num_classes, image_size=size, decoder_depth=decoder_depth, **opts
+        )
+        losses = fit_segmenter(model, scenes_train, steps=steps, batch_size=batch_size, lr=lr, seed=seed)
+        rows[kind] = {
+            "miou": evaluate_miou(model, scenes_val, images=images),
+            "decoder_flops": decoder_flops(model, size),
+            "decoder_params": sum(p.numel() for p in model.decoder.parameters()),
+            "final_loss": float(np.mean(losses[-20:])),
+            "sweep": perturbation_sweep(model, scenes_val, list(sigmas), draws=draws, images=images, seed=seed),
+        }
+    params = dict(encoder=encoder, encoder_options=opts, decoder_depth=decoder_depth, steps=steps, lr=lr, seed=seed)
+    return {"experiment": "segment-decoders", "params": {**params, "images": images}, "decoders": rows}
+
+
+def plot_decoder_sweep(result: dict):
+    """mIoU against the noise std sigma on the decoder's attention parameters (mean and range over draws)."""
+    from .plotting import PALETTE, new_figure
+
+    fig = new_figure(4.6, 3.0)
+    ax = fig.add_subplot(1, 1, 1)
+    for c, (kind, row) in enumerate(result["decoders"].items()):
+        s = row["sweep"]
+        vals = np.asarray(s["miou"])
+        ax.plot(s["sigmas"], vals.mean(1), "o-", color=PALETTE[c], label=f"{kind} (mIoU {row['miou']:.2f})")
+        ax.fill_between(s["sigmas"], vals.min(1), vals.max(1), color=PALETTE[c], alpha=0.2)
+    ax.set_xlabel("noise std sigma on the decoder's attention parameters")
+    ax.set_ylabel("mIoU")
+    ax.legend(fontsize=7)
+    ax.set_title("CBSA Fig. 8 on scenes: robustness of the decoders", fontsize=9)
+    return fig
+
+
+def add_decoders_parser(sub):
+    """The ``segment-decoders`` sub-command of ``attnzoo analyze``."""
+    desc = "CBSA Fig. 8 on scenes: CBSA vs softmax mask-transformer decoders (mIoU, FLOPs, noise on attention)"
+    p = sub.add_parser("segment-decoders", help=desc, description=desc)
+    p.add_argument("--out", required=True, help="output directory (must be empty or new unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--source", choices=["digits", "fashion_mnist"], default="digits", help="the scenes' objects")
+    p.add_argument("--n-train", type=int, default=4000, help="training scenes")
+    p.add_argument("--images", type=int, default=128, help="validation scenes scored")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--dim", type=int, default=96)
+    p.add_argument("--depth", type=int, default=4, help="encoder blocks")
+    p.add_argument("--decoder-depth", type=int, default=2)
+    p.add_argument("--sigmas", default="0,0.01,0.02,0.05,0.1", help="comma-separated noise stds")
+    p.add_argument("--draws", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dpi", type=int, default=110)
+    return p
+
+
+def run_decoders_cli(args) -> list:
+    """Fit both decoders, write ``segment-decoders.json`` and the sweep's plot; returns the paths."""
+    from attnzoo._io import atomic_save_figure
+    from attnzoo.data.tasks import build_task
+
+    from .io import prepare_out_dir, write_json
+
+    try:
+        sigmas = tuple(float(t) for t in args.sigmas.split(",") if t.strip())
+    except ValueError:
+        raise ValueError(f"--sigmas must be comma-separated numbers, got {args.sigmas!r}") from None
+    out = prepare_out_dir(args.out, overwrite=args.overwrite)
+    task = build_task("scenes", source=args.source, n_train=args.n_train, n_val=args.images, seed=args.seed)
+    result = compare_decoders(
+        task.train,
+        task.val,
+        encoder_options={"dim": args.dim, "depth": args.depth},
+        decoder_depth=args.decoder_depth,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        sigmas=sigmas,
+        draws=args.draws,
+        images=args.images,
+        seed=args.seed,
+    )
+    paths = [write_json(out / "segment-decoders.json", result)]
+    paths.append(atomic_save_figure(plot_decoder_sweep(result), out / "segment-decoders.png", dpi=args.dpi))
+    for kind, row in result["decoders"].items():
+        pairs = zip(row["sweep"]["sigmas"], row["sweep"]["miou"], strict=True)
+        sweep = ", ".join(f"{s:g}: {np.mean(v):.3f}" for s, v in pairs)
+        print(
+            f"{kind:>16}: mIoU {row['miou']:.3f}, decoder {row['decoder_flops'] / 1e6:.2f} MFLOPs, "
+            f"{row['decoder_params']:,} parameters; mIoU by sigma {sweep}"
+        )
+    return paths
