@@ -1,5 +1,6 @@
-"""Build the feature-map kernel (src/attnzoo/ops/linear/cpu.cpp) for AVX2 (-march=haswell) beside the package's own
-build, check it against the references and time it against the PyTorch path (docs/performance.md, 2026-11-27).
+"""Build the feature-map kernel (src/attnzoo/ops/_kernels/feature_attention.cpp) for AVX2 (-march=haswell) beside
+the package's own build, check it against the references and time it against the PyTorch path (docs/performance.md,
+2026-11-27).
 
 The package compiles its kernels with -march=native, so on an AVX-512 machine the AVX2 code paths (kReadRows = 2,
 the loops GCC vectorises without masked instructions) are neither tested nor timed; this script does both. Run it on
@@ -24,7 +25,7 @@ from attnzoo.ops._varlen import segments
 from attnzoo.ops.fastmax.naive import naive_from_hat
 from attnzoo.ops.linear import linear_attention
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "attnzoo" / "ops" / "linear" / "cpu.cpp"
+SRC = Path(__file__).resolve().parents[1] / "src" / "attnzoo" / "ops" / "_kernels" / "feature_attention.cpp"
 
 
 def build(where: Path) -> object:
@@ -44,7 +45,7 @@ def build(where: Path) -> object:
 
 def check() -> float:
     """The worst float64 error (relative for gradients) over feature maps, causal modes and padded shapes."""
-    from attnzoo.ops.linear.cpu import feature_attention_cpu
+    from attnzoo.ops._kernels.feature_attention import feature_attention_cpu
 
     torch.manual_seed(0)
     worst = 0.0
@@ -81,7 +82,7 @@ def check() -> float:
 
 def timing() -> None:
     """Forward+backward ms of the kernel and of the PyTorch path at the varlen sweep's shape (one thread)."""
-    from attnzoo.ops.linear.cpu import feature_attention_cpu
+    from attnzoo.ops._kernels.feature_attention import feature_attention_cpu
 
     torch.set_num_threads(1)
     lengths = [4096, 4096, 3415, 2731]

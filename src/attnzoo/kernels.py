@@ -1,4 +1,4 @@
-"""``attnzoo kernels [--clean] [--keep N]``: the build cache of the fused CPU kernels (``ops/*/cpu.cpp``).
+"""``attnzoo kernels [--clean] [--keep N]``: the build cache of the fused CPU kernels (``ops/*/*.cpp``).
 
 Without options it lists the build directories, most recently used first, marking the one this Python environment
 loads. ``--clean`` removes all but that one; ``--keep N`` keeps the N most recently used (the current one among

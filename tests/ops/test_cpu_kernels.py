@@ -30,20 +30,55 @@ def test_build_dir_is_keyed_by_torch_cpu_environment_flags_and_sources(tmp_path,
         f"torch{torch.__version__.replace('+', '_')}-{_cpu_kernels._cpu_signature()}-{_cpu_kernels._build_key()}"
     )
     assert _cpu_kernels._build_dir() == d  # stable
-    src = tmp_path / "cpu.cpp"
-    src.write_text(_cpu_kernels.CPU_KERNEL_SOURCES[0].read_text() + "\n// edited\n")
+    edited = tmp_path / "edited"
+    (edited / "tssa").mkdir(parents=True)
+    (edited / "tssa" / "cpu.cpp").write_text(_cpu_kernels.kernel_sources()[0].read_text() + "\n// edited\n")
     changes = [
         (sys, "executable", "/envs/b/bin/python"),
         (sys, "prefix", "/envs/b"),
         (torch, "__version__", "9.9.9"),
         (_cpu_kernels, "_cflags", lambda: ["-O2"]),
         (_cpu_kernels, "_ldflags", lambda: ["-lm"]),
-        (_cpu_kernels, "CPU_KERNEL_SOURCES", [src]),
+        (_cpu_kernels, "KERNEL_ROOTS", [edited]),
     ]
     for obj, attr, value in changes:
         with monkeypatch.context() as m:
             m.setattr(obj, attr, value)
             assert _cpu_kernels._build_dir().name.rsplit("-", 1)[1] != d.name.rsplit("-", 1)[1], attr
+
+
+def test_kernel_sources_are_every_cpp_file_in_a_folder_of_ops():
+    ops_dir = Path(_cpu_kernels.__file__).resolve().parent
+    found = [p.relative_to(ops_dir).as_posix() for p in _cpu_kernels.kernel_sources()]
+    assert found == sorted(p.relative_to(ops_dir).as_posix() for p in ops_dir.glob("*/*.cpp"))
+    assert {"tssa/cpu.cpp", "csp/cpu.cpp", "fastmax/cpu.cpp", "_kernels/feature_attention.cpp"} <= set(found)
+
+
+def test_a_new_folder_with_a_kernel_is_compiled_without_an_edit_elsewhere(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNZOO_CPU_KERNELS_DIR", str(tmp_path / "cache"))
+    before, key = _cpu_kernels.kernel_sources(), _cpu_kernels._build_key()
+    extra = tmp_path / "mine"
+    (extra / "toy").mkdir(parents=True)
+    (extra / "toy" / "cpu.cpp").write_text("// a new mechanism's kernel\n")
+    (extra / "toy" / "notes.txt").write_text("not a source")
+    (extra / "stray.cpp").write_text("// not inside a folder: not a mechanism's kernel")
+    monkeypatch.setattr(_cpu_kernels, "KERNEL_ROOTS", [*_cpu_kernels.KERNEL_ROOTS, extra])
+    assert _cpu_kernels.kernel_sources() == [*before, extra / "toy" / "cpu.cpp"]
+    assert _cpu_kernels._build_key() != key  # the new source makes a new build
+    staged = _cpu_kernels._staged_sources(_cpu_kernels._build_dir())
+    assert len({p.name for p in staged}) == len(staged) and staged[-1].name == "toy_cpu.cpp"
+
+
+def test_a_moved_source_makes_a_new_build(tmp_path, monkeypatch):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for root, folder in ((a, "one"), (b, "two")):
+        (root / folder).mkdir(parents=True)
+        (root / folder / "k.cpp").write_text("// the same text\n")
+    keys = []
+    for root in (a, b):
+        monkeypatch.setattr(_cpu_kernels, "KERNEL_ROOTS", [root])
+        keys.append(_cpu_kernels._build_key())
+    assert keys[0] != keys[1]  # staged as one_k.cpp, then two_k.cpp: the object files differ
 
 
 def _fake_load(builds):

@@ -153,8 +153,9 @@ def test_kernel_rejects_bad_layouts():
         kernels.fastmax_p1_unmasked(q, q.double(), q, 1.0, 1e-5, False)
 
 
-# (B, H, N, D, Dv) for the feature-map kernel (ops/linear/cpu.cpp with Fastmax's features): feature rows of
-# 1 + D (p=1) and 1 + D + D^2 (p=2), the longer ones padded to whole vectors (D = 8: 73 -> 80, D = 17: 307 -> 320)
+# (B, H, N, D, Dv) for the feature-map kernel (ops/_kernels/feature_attention.cpp with Fastmax's features): feature
+# rows of 1 + D (p=1) and 1 + D + D^2 (p=2), the longer ones padded to whole vectors (D = 8: 73 -> 80,
+# D = 17: 307 -> 320)
 FEATURE_SHAPES = [(1, 1, 1, 1, 1), (2, 3, 7, 5, 3), (1, 2, 21, 8, 6), (1, 1, 9, 17, 5)]
 
 

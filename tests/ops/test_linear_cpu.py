@@ -1,4 +1,5 @@
-"""The fused CPU kernel of linear attention (ops/linear/cpu.cpp) against the explicit reference."""
+"""The fused CPU kernel of feature-map attention (ops/_kernels/feature_attention.cpp) as linear attention's backend
+against the explicit reference."""
 
 import pytest
 import torch

@@ -1,4 +1,9 @@
-"""Fused C++ CPU kernels (``ops/*/cpu.cpp``), compiled on first use with ``torch.utils.cpp_extension``.
+"""Fused C++ CPU kernels (``ops/*/*.cpp``), compiled on first use with ``torch.utils.cpp_extension``.
+
+The sources are found by convention, not listed: every ``*.cpp`` directly inside a folder of ``ops`` (each op's own
+kernels in ``ops/<op>/``, the kernels several ops share in ``ops/_kernels/``) is compiled into the one library,
+namespace ``torch.ops.attnzoo_cpu`` (one file declares it with ``TORCH_LIBRARY``, the others add to it with
+``TORCH_LIBRARY_FRAGMENT``). A new mechanism with a C++ kernel needs no edit outside its folder.
 
 The build takes ~30 s (2 cores) once; later processes load the cached library. Each build has its own cache
 directory, keyed by everything the compiled library depends on: the CPU's instruction-set flags (it is
@@ -43,7 +48,8 @@ __all__ = [
     "cpu_kernels",
     "cpu_kernels_error",
     "required_cpu_kernels",
-    "CPU_KERNEL_SOURCES",
+    "KERNEL_ROOTS",
+    "kernel_sources",
     "BuildWaitTimeout",
     "DEFAULT_WAIT_S",
     "KEEP_BUILDS",
@@ -57,14 +63,15 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_HERE = Path(__file__).resolve().parent
-#: the C++ sources compiled into the one library (namespace ``torch.ops.attnzoo_cpu``)
-CPU_KERNEL_SOURCES = [
-    _HERE / "tssa" / "cpu.cpp",
-    _HERE / "csp" / "cpu.cpp",
-    _HERE / "fastmax" / "cpu.cpp",
-    _HERE / "linear" / "cpu.cpp",
-]
+#: where :func:`kernel_sources` looks: ``ops`` itself (a test adds a folder of its own)
+KERNEL_ROOTS: list[Path] = [Path(__file__).resolve().parent]
+
+
+def kernel_sources() -> list[Path]:
+    """The C++ sources compiled into the one library: ``ROOT/<folder>/*.cpp`` for each of :data:`KERNEL_ROOTS`, in
+    a fixed order (the build key and the link order must not depend on the file system's listing order)."""
+    return [src for root in KERNEL_ROOTS for src in sorted(root.glob("*/*.cpp"), key=lambda p: p.relative_to(root))]
+
 
 _lock = threading.Lock()
 _loaded = False
@@ -128,8 +135,8 @@ def _wait_seconds() -> float:
 
 def _sources_digest() -> str:
     h = hashlib.sha256()
-    for src in CPU_KERNEL_SOURCES:
-        h.update(src.name.encode())
+    for src in kernel_sources():
+        h.update(f"{src.parent.name}/{src.name}".encode())  # a moved source is staged under another name
         h.update(src.read_bytes())
     return h.hexdigest()
 
@@ -245,11 +252,11 @@ def _cflags() -> list[str]:
 
 
 def _staged_sources(build_dir: Path) -> list[Path]:
-    """The sources copied into ``build_dir`` as ``<op>_cpu.cpp``: every op's file is ``cpu.cpp``, and ninja names
-    each object after its source's file name. A copy is written only when missing (the build key covers the
+    """The sources copied into ``build_dir`` as ``<folder>_<file>.cpp``: several folders have a ``cpu.cpp``, and
+    ninja names each object after its source's file name. A copy is written only when missing (the build key covers the
     sources' contents), so its time stamp does not make ninja rebuild on every load."""
     staged = []
-    for src in CPU_KERNEL_SOURCES:
+    for src in kernel_sources():
         dst = build_dir / f"{src.parent.name}_{src.name}"
         if not dst.exists() or dst.read_bytes() != src.read_bytes():
             tmp = dst.with_suffix(".tmp")

@@ -1,5 +1,6 @@
-"""The fused CPU kernel of linear attention (``cpu.cpp``), unmasked or over padded batches / packed rows, as an
-autograd op; with Fastmax's polynomial features (FAST eqs 24-27) it also serves Fastmax's masked calls.
+"""The fused CPU kernel of feature-map attention (``feature_attention.cpp``), unmasked or over padded batches /
+packed rows, as an autograd op: linear attention's backend ``"cpu"``, and with Fastmax's polynomial features
+(FAST eqs 24-27) Fastmax's masked calls.
 
 One call computes ``phi`` of q and k, the moment sums and the output per (row, sequence, head) task, in one
 parallel loop over all of them: no Python loop over sequences, no padding, no slices. The backward (also C++)
@@ -15,7 +16,7 @@ from attnzoo.ops import _cpu_kernels
 
 __all__ = ["feature_attention_cpu", "kernel_covers", "MAPS"]
 
-#: the kernel's feature maps (``Map`` in cpu.cpp): ``phi(q) . phi(k)`` is the attention weight
+#: the kernel's feature maps (``Map`` in feature_attention.cpp): ``phi(q) . phi(k)`` is the attention weight
 MAPS = {"elu": 0, "relu": 1, "fastmax1": 2, "fastmax2": 3}
 
 
@@ -24,7 +25,7 @@ def kernel_covers(q: torch.Tensor) -> bool:
     return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling()
 
 
-class _LinearCPU(torch.autograd.Function):
+class _FeatureAttentionCPU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, ids, causal: bool, mode: int, eps: float):
         out, den = _cpu_kernels.required_cpu_kernels().linear_forward(q, k, v, ids, causal, mode, eps)
@@ -61,5 +62,5 @@ def feature_attention_cpu(
     ids = None if ids is None else ids.to(device=q.device, dtype=torch.long).contiguous()
     mode = MAPS[feature_map]
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _LinearCPU.apply(q, k, v, ids, causal, mode, float(eps))
+        return _FeatureAttentionCPU.apply(q, k, v, ids, causal, mode, float(eps))
     return _cpu_kernels.required_cpu_kernels().linear_forward(q, k, v, ids, causal, mode, float(eps))[0]

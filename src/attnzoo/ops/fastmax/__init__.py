@@ -24,6 +24,10 @@ import torch
 from attnzoo._checks import NonFiniteError, check_bool, check_overflow, check_probability, finite_absmax
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend, check_backend, resolve_backend, traced_by_forward_ad
+from attnzoo.ops._kernels.feature_attention import feature_attention_cpu
+from attnzoo.ops._kernels.feature_attention import (
+    kernel_covers as feature_kernel_covers,  # every p and causal mode, masks native
+)
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option, triton_available
 from attnzoo.ops._varlen import Segments, segments
 from attnzoo.ops.fastmax import cpu as fastmax_cpu
@@ -46,8 +50,6 @@ from attnzoo.ops.fastmax.dropout import (
 from attnzoo.ops.fastmax.naive import explicit_attention, fastmax_naive, naive_from_hat
 from attnzoo.ops.fastmax.recurrent import FastmaxState, fastmax_init_state, fastmax_prompt_state, fastmax_step
 from attnzoo.ops.fastmax.varlen import masked_sweeps
-from attnzoo.ops.linear.cpu import feature_attention_cpu
-from attnzoo.ops.linear.cpu import kernel_covers as feature_kernel_covers  # every p and causal mode, masks native
 
 __all__ = [
     "fastmax",
@@ -334,11 +336,11 @@ def fastmax(
     (factorised, autograd through it; for memory benchmarks), ``"explicit"`` (the N x N weights with autograd:
     faster for short sequences, N <= min(256, D^p / 2), where ``"auto"`` takes it), ``"cpu"`` (C++ kernels for
     float32/float64: the non-causal p=1 op in one fused kernel, ``cpu.cpp``; causal and p=2 in the feature-map
-    kernel of :mod:`attnzoo.ops.linear.cpu` with Fastmax's features (FAST eqs 24-27); forward and backward, masks
-    included), ``"triton"`` (only if ``attnzoo.ops.fastmax.triton`` exists), ``"auto"`` (triton for unmasked CUDA
-    tensors when importable; on CPU the fused kernel where it is the AVX-512 build, the feature-map kernel for
-    masked and causal calls; else torch or, for short sequences, explicit; a Triton kernel that fails to compile or
-    launch warns once and leaves ``"auto"`` on torch for the process).
+    kernel of :mod:`attnzoo.ops._kernels.feature_attention` with Fastmax's features (FAST eqs 24-27); forward and
+    backward, masks included), ``"triton"`` (only if ``attnzoo.ops.fastmax.triton`` exists), ``"auto"`` (triton for
+    unmasked CUDA tensors when importable; on CPU the fused kernel where it is the AVX-512 build, the feature-map
+    kernel for masked and causal calls; else torch or, for short sequences, explicit; a Triton kernel that fails to
+    compile or launch warns once and leaves ``"auto"`` on torch for the process).
     ``chunk_size`` (default 64) is the token chunk of the sweeps. fp16/bf16 inputs are computed in float32.
 
     ``attention_mask (B, N)`` (True/1 = a real token) or ``cu_seqlens (S + 1,)`` (sequences packed in one row,

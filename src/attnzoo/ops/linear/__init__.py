@@ -23,10 +23,10 @@ from attnzoo._checks import (
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._common import check_tensors
 from attnzoo.ops._dispatch import call_backend
+from attnzoo.ops._kernels.feature_attention import feature_attention_cpu, kernel_covers
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
 from attnzoo.ops._varlen import segments
 from attnzoo.ops.linear.chunk import linear_attention_chunk  # noqa: F401  (the spec's backends look it up here)
-from attnzoo.ops.linear.cpu import feature_attention_cpu, kernel_covers
 from attnzoo.ops.linear.naive import FEATURE_MAPS, feature_map_fn, linear_attention_naive, linear_attention_weights  # noqa: F401
 from attnzoo.ops.linear.recurrent import LinearState, init_linear_state, linear_attention_recurrent_loop
 
