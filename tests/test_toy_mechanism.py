@@ -5,6 +5,8 @@ swapped into a pretrained-style model with its projections copied, captured, and
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass
@@ -31,6 +33,8 @@ FOLDER = {
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     """,
     "bench.py": """
+        from pathlib import Path
+
         import torch
 
         from toyattn import toy_attention
@@ -54,6 +58,19 @@ FOLDER = {
         CASES = (CheckCase("toy", qkv, call, ("q", "k", "v"), causal_configs, lambda quick: [(2, 3, 7, 5)], {"q": 2}),)
     """,
 }
+
+
+#: the toy's C++ kernel, ``cpu.cpp`` in its folder: found by the convention of attnzoo.ops._cpu_kernels (every
+#: ``<folder>/*.cpp`` under a kernel root), with no list to edit
+TOY_KERNEL = """
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+at::Tensor toy_twice(const at::Tensor& x) { return x.mul(2); }
+
+TORCH_LIBRARY_FRAGMENT(attnzoo_cpu, m) { m.def("toy_twice(Tensor x) -> Tensor"); }
+TORCH_LIBRARY_IMPL(attnzoo_cpu, CPU, m) { m.impl("toy_twice", &toy_twice); }
+"""
 
 
 @dataclass(frozen=True)
@@ -194,3 +211,31 @@ def test_toy_is_in_the_selftest(toy, capsys, one_thread):
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("toy ")]
     assert sorted((r[1], r[2]) for r in rows) == [("torch", "backward"), ("torch", "causal"), ("torch", "forward")]
     assert all(r[-1] == "ok" for r in rows)
+
+
+def test_toy_kernel_in_its_folder_is_found_and_compiled(toy, tmp_path, monkeypatch):
+    from attnzoo.ops import _cpu_kernels
+
+    (tmp_path / "toyattn" / "cpu.cpp").write_text(TOY_KERNEL)
+    builtin = _cpu_kernels.kernel_sources()
+    monkeypatch.setattr(_cpu_kernels, "KERNEL_ROOTS", [*_cpu_kernels.KERNEL_ROOTS, tmp_path])
+    assert _cpu_kernels.kernel_sources() == [*builtin, tmp_path / "toyattn" / "cpu.cpp"]
+    # compiled on its own in a fresh process (this one may hold the built-in library under the same namespace):
+    # the toy's root alone, so the build costs one small source, not every kernel again
+    code = textwrap.dedent(
+        f"""
+        from pathlib import Path
+
+        import torch
+        from attnzoo.ops import _cpu_kernels
+
+        _cpu_kernels.KERNEL_ROOTS[:] = [Path({str(tmp_path)!r})]
+        kernels = _cpu_kernels.required_cpu_kernels()
+        x = torch.arange(5.0)
+        assert torch.equal(kernels.toy_twice(x), 2 * x), kernels.toy_twice(x)
+        print("toy kernel ok")
+        """
+    )
+    env = {**os.environ, "ATTNZOO_CPU_KERNELS_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0 and done.stdout.strip() == "toy kernel ok", done.stderr[-3000:]
