@@ -1,4 +1,4 @@
-"""Layers with padding masks and packed rows (issue 27): softmax, MSSA, XCA and linear attention modules give, at
+"""Layers with padding masks and packed rows: softmax, MSSA, XCA and linear attention modules give, at
 each real token, what each sequence gives alone (forward and input gradients), and zeros at padding."""
 
 import sys

@@ -1,4 +1,4 @@
-"""CBSA with padding masks and packed rows (issue 27): every sequence as if alone, for every backend."""
+"""CBSA with padding masks and packed rows: every sequence as if alone, for every backend."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""CSP with padding masks and packed rows (issue 27): shifts and group sorts within each sequence, as if alone."""
+"""CSP with padding masks and packed rows: shifts and group sorts within each sequence, as if alone."""
 
 from __future__ import annotations
 

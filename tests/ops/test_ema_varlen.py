@@ -1,4 +1,4 @@
-"""MEGA's EMA with padding masks and packed rows (issue 27): the recurrence restarts at every sequence start."""
+"""MEGA's EMA with padding masks and packed rows: the recurrence restarts at every sequence start."""
 
 from __future__ import annotations
 

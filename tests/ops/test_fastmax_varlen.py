@@ -1,4 +1,4 @@
-"""Fastmax with padding masks and packed rows (issue 27): every backend equals each sequence run alone."""
+"""Fastmax with padding masks and packed rows: every backend equals each sequence run alone."""
 
 import importlib
 

@@ -1,4 +1,4 @@
-"""linear_attention with padding masks and packed rows (issue 27): per-sequence moment sums, causal scans restarted
+"""linear_attention with padding masks and packed rows: per-sequence moment sums, causal scans restarted
 at each sequence start (chunk sizes that cut sequences anywhere), every backend."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""MEGA attention with padding masks and packed rows (issue 27): within each sequence, chunks from its start."""
+"""MEGA attention with padding masks and packed rows: within each sequence, chunks from its start."""
 
 from __future__ import annotations
 

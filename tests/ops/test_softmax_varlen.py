@@ -1,4 +1,4 @@
-"""softmax_attention with padding masks and packed rows (issue 27): each sequence as if alone, every backend."""
+"""softmax_attention with padding masks and packed rows: each sequence as if alone, every backend."""
 
 import pytest
 import torch

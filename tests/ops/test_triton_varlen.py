@@ -1,4 +1,4 @@
-"""Triton kernels of TSSA and Fastmax over padded batches and packed rows (issue 27), run on CPU under
+"""Triton kernels of TSSA and Fastmax over padded batches and packed rows, run on CPU under
 TRITON_INTERPRET=1 (see test_triton_kernels.py): each equals the naive reference on the same masked input and each
 sequence alone, forward and backward, left-padded, right-padded, packed and with holes in a row.
 

@@ -1,4 +1,4 @@
-"""TSSA with padding masks and packed rows (issue 27): every backend that takes them equals each sequence alone,
+"""TSSA with padding masks and packed rows: every backend that takes them equals each sequence alone,
 forward and backward; the causal bias is read at the position within each sequence; bad input is refused."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""xca with padding masks and packed rows (issue 27): channel covariances over each sequence's real tokens."""
+"""xca with padding masks and packed rows: channel covariances over each sequence's real tokens."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Equal-to-alone checks of padding masks and packed rows, shared by the op tests (issue 27).
+"""Equal-to-alone checks of padding masks and packed rows, shared by the op tests.
 
 A padded batch (left or right padding) or a packed row (``cu_seqlens``) of several sequences must give, at every
 real position, what each sequence gives run alone, forward and backward; padding positions get zero output and

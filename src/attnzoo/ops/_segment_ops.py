@@ -1,4 +1,4 @@
-"""Vectorised building blocks for ops that honour :class:`~attnzoo.ops._varlen.Segments` (issue 27).
+"""Vectorised building blocks for ops that honour :class:`~attnzoo.ops._varlen.Segments`.
 
 The naive references run each sequence alone (:func:`run_each_alone`); the fast paths use the helpers below: the
 boolean key mask of the quadratic mechanisms (:func:`attention_allowed`), one-hot segment sums

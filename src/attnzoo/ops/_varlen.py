@@ -32,7 +32,7 @@ class Segments:
 
     Built by :func:`segments` from a mask or from offsets, the ``(B, N)`` tensors are computed on first use (and
     kept by this object, which lives for one op call): the fused CPU kernels read only ``mask`` or ``offsets``, and
-    building ``ids`` / ``pos`` was a fixed ~0.2-0.5 ms per call, a tenth of a TSSA call at 14k tokens (issue 27).
+    building ``ids`` / ``pos`` was a fixed ~0.2-0.5 ms per call, a tenth of a TSSA call at 14k tokens.
     """
 
     #: the ``(B, N)`` bool mask of a padded batch (True = real), else ``None``

@@ -1,4 +1,4 @@
-"""CBSA on padded batches and packed rows (issue 27): every sequence mixes only with its own tokens and reps.
+"""CBSA on padded batches and packed rows: every sequence mixes only with its own tokens and reps.
 
 Tokens carry sequence ids ``tok`` ``(B, N)`` and representatives ``rep`` ``(B, M)`` (``-1``: padding / an unused
 slot), from :func:`attnzoo.ops._varlen.segments` on the token grid and on the representatives' grid. Per sequence

@@ -1,4 +1,4 @@
-"""CSP's fused CPU kernel with masks against the same kernel (or path) without, at equal real tokens (issue 27).
+"""CSP's fused CPU kernel with masks against the same kernel (or path) without, at equal real tokens.
 
 ``python -m attnzoo.ops.csp.bench_varlen [--rounds R] [--channels C] [--threads T]``: the masked call is
 ``(B, 2L, C)`` with every row's second half padding (right-padded) or the B sequences packed in one ``(1, B L, C)``

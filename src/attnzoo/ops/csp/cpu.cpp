@@ -440,7 +440,7 @@ Tensor csp_pairs_bwd(const Tensor& grad, const Tensor& shifts, const Tensor& swa
 }
 
 
-// Sequences of a padded batch or packed row (issue 27), any group size: every sequence is CSP eq 4 alone on its real
+// Sequences of a padded batch or packed row, any group size: every sequence is CSP eq 4 alone on its real
 // tokens. Slot i of sequence t (its i-th real token) is row tok(t, i) of its batch row: start_t + i for a run of
 // side-by-side tokens (order empty), else order[b, start_t + i] (masks with holes: the row's tokens listed by
 // sequence, then position). Channel c reads u_c[p] = v[tok((p - J_c) mod L), c] (eq 3 within the sequence), then

@@ -1,4 +1,4 @@
-"""CSP on padded batches and packed rows (issue 27): shifts and group sorts within each sequence's real tokens.
+"""CSP on padded batches and packed rows: shifts and group sorts within each sequence's real tokens.
 
 Sequence ``s`` of ``L_s`` real tokens (positions ``p = 0 .. L_s - 1``) is CSP eq 4 run alone: channel c is
 shifted by ``J_{s,c}`` modulo ``L_s`` (eq 3, ``u[p] = v[(p - J) mod L_s]``), then sorted inside each of the

@@ -1,4 +1,4 @@
-"""MEGA's EMA on padded batches and packed rows (issue 27): the recurrence restarts at every sequence start.
+"""MEGA's EMA on padded batches and packed rows: the recurrence restarts at every sequence start.
 
 Per sequence the state before its first token is zero: ``h_t = alpha beta x_t + q h_{t-1}`` (``q = 1 - alpha
 delta``) over its own tokens, and the backward EMA of the bidirectional form runs from its last token to its first.

@@ -191,8 +191,8 @@ def _kernel_covers(inputs: tuple, p, causal) -> bool:
 def _auto_takes_kernel(inputs: tuple, options: Mapping[str, Any]) -> bool:
     # p=1 non-causal: the fused kernel, but only its vector (AVX-512) build, which beats PyTorch. Otherwise the
     # feature-map kernel: for every masked call (no Python loop over sequences) and for causal calls (0.35-0.6x the
-    # PyTorch path's time, docs/performance.md, session 25) unless the explicit N x N form takes them; unmasked
-    # non-causal p=2 stays on PyTorch's GEMMs (the kernel measured 1.04-1.24x their time)
+    # PyTorch path's time, docs/performance.md, 2026-11-27 16:11 UTC) unless the explicit N x N form takes them;
+    # unmasked non-causal p=2 stays on PyTorch's GEMMs (the kernel measured 1.04-1.24x their time)
     p, causal, masked = options.get("p"), bool(options.get("causal")), options.get("segs") is not None
     if _kernel_covers(inputs, p, causal) and fastmax_cpu.simd_kernel():
         return True
@@ -234,9 +234,10 @@ EXPLICIT_MAX_WEIGHTS = 1 << 23
 
 def _auto_takes_explicit(inputs: tuple, options: Mapping[str, Any]) -> bool:
     # the explicit form costs ~N^2 D a head and the factorised one ~N D^p Dv: for N <= D^p / 2 (and short enough
-    # for the N x N weights) the explicit one is the faster (docs/performance.md, session 14: 8.4x fwd+bwd at N=17,
-    # 7.1x at causal N=64, D=16, p=2). Forward only, at D=64 (session 21): explicit / factorised 0.21 at causal
-    # N=768 (12 heads), 0.54 at 1024, 1.05 at 1536, 1.34 at 2048; non-causal 0.25 at 512, 1.28 at 1024
+    # for the N x N weights) the explicit one is the faster (docs/performance.md, 2026-11-26 08:16 UTC: 8.4x
+    # fwd+bwd at N=17, 7.1x at causal N=64, D=16, p=2). Forward only, at D=64 (2026-11-27 05:39 UTC): explicit /
+    # factorised 0.21 at causal N=768 (12 heads), 0.54 at 1024, 1.05 at 1536, 1.34 at 2048; non-causal 0.25 at 512,
+    # 1.28 at 1024
     q = inputs[0]
     b, h, n, d = q.shape
     p, causal = options["p"], bool(options.get("causal"))

@@ -393,7 +393,7 @@ void p1_unmasked(const Tensor& q, const Tensor& k, const Tensor& v, double scale
 //   2. dqs_i = M1 ga_i (M1: the forward's moments, rows of k_hat), dk_hat_n = Q1 [v_n, 1] and
 //      dv_n = [k_hat_n, 1]^T Q1[:, :Dv]; then the layer norms' backward row by row, written into dq, dk.
 // With ids, every sum runs over one sequence's real tokens and the padding's gradients are zero: no slices, no
-// copies of the batch (issue 27). The three products are the forward's register-blocked block_product.
+// copies of the batch. The three products are the forward's register-blocked block_product.
 template <typename T>
 void p1_backward(const Tensor& qs, const Tensor& kh, const Tensor& mo, const Tensor& Msaved, const Tensor& v,
                  const Tensor& out, const Tensor& den, const Tensor& dout, double scale, Tensor& dq, Tensor& dk,

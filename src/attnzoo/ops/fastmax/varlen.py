@@ -1,4 +1,4 @@
-"""Fastmax over padded batches and packed rows (issue 27): FAST eqs 24-29 / 32-35 per sequence, in one pass.
+"""Fastmax over padded batches and packed rows: FAST eqs 24-29 / 32-35 per sequence, in one pass.
 
 With :class:`~attnzoo.ops._varlen.Segments` ``ids`` (the sequence of each token, ``-1`` at padding), the moment
 sums of query i run over the real keys of its own sequence only::

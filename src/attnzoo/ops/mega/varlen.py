@@ -1,4 +1,4 @@
-"""MEGA attention on padded batches and packed rows (issue 27): each sequence attends within itself.
+"""MEGA attention on padded batches and packed rows: each sequence attends within itself.
 
 Query ``i`` and key ``j`` of one sequence (positions ``p_i, p_j`` counted from its first real token) interact iff they
 share a chunk of that sequence, ``p_i // r == p_j // r`` (chunks counted from the sequence's start; ``r`` the sequence's

@@ -449,7 +449,7 @@ def _offset_tasks(offsets: list[int]) -> list[list[int]]:
 def varlen_tasks(seg: Segments, kernels=None) -> VarlenTasks:
     """The task table of ``seg``: a packed row's from its offsets (host integers, no tensor op), a padded batch's
     from its mask by one scan in the kernels (``tssa_mask_tasks``); otherwise :func:`varlen_tasks_vectorised`.
-    These replace ~15 small aten ops per call (a sixth of a 14k-token forward, issue 27)."""
+    These replace ~15 small aten ops per call (a sixth of a 14k-token forward)."""
     if seg.offsets is not None:
         table = torch.tensor(_offset_tasks(seg.offsets), dtype=torch.long).view(-1, 5)
         return VarlenTasks(table, seg.num, seg)

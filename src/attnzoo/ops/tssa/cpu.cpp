@@ -198,7 +198,7 @@ struct Tasks {
   }
   Tensor like(const Tensor& w) const { return tab ? zero_gaps(at::empty_like(w)) : at::empty_like(w); }
   // t (B, H, N, ...) with the tokens no task covers set to 0: only the padding is written here (a packed row has
-  // none), the kernels write the rest; zero-filling the whole output first was a full extra pass (issue 27)
+  // none), the kernels write the rest; zero-filling the whole output first was a full extra pass
   Tensor zero_gaps(Tensor t) const {
     int64_t b = 0, end = 0;
     auto gap = [&](int64_t row, int64_t s, int64_t e) {
@@ -938,7 +938,7 @@ Tensor tssa_mask_tasks(const Tensor& mask, int64_t task_len) {
 }
 
 // The varlen backward's per-sequence statistics of a (B, H, N) tensor, over the same task table as the
-// kernels: chunk.py's sums and reads per slot without a Python loop over sequences (issue 27) or an index_add
+// kernels: chunk.py's sums and reads per slot without a Python loop over sequences or an index_add
 // by each token's slot (0.2-0.4 ms at 14k tokens). One pass each over the real tokens; sums in double.
 void check_slot_args(const Tensor& x, const Tensor& tasks, int64_t nslots) {
   TORCH_CHECK(x.dim() == 3 && x.device().is_cpu(), "x must be a (B, H, N) CPU tensor");
