@@ -230,12 +230,12 @@ def test_cuda_plan_triton_rows_run_under_the_interpreter():
         import sys, torch
         torch.set_num_threads(1)
         import attnzoo.selftest as st
-        from attnzoo.ops import _check_inputs
+        from attnzoo.ops import _selftest_inputs
         cuda = torch.device("cuda")
         cuda_plan = st.plan
         st.plan = lambda mech, device: [x for x in cuda_plan(mech, cuda) if x[0] == "triton"]
         st.DTYPES = (torch.float32,)
-        _check_inputs.SHAPES_QUICK[:] = [(1, 2, 5, 3)]
+        _selftest_inputs.SHAPES_QUICK[:] = [(1, 2, 5, 3)]
         st._decode_shapes = lambda quick: [(1, 2, 4, 3)]
         rows = st.run_selftest(torch.device("cpu"), quick=True, only=["tssa", "fastmax p=1"])
         # the Triton kernels take masks: their mask / varlen rows run (named backend) and pass
@@ -339,7 +339,7 @@ _TOY_FILES = {
     "checks.py": """
         import torch
 
-        from attnzoo.ops._check_inputs import causal_configs, randn
+        from attnzoo.ops._selftest_inputs import causal_configs, randn
         from attnzoo.ops._spec import CheckCase
         from attnzoo_toy import toy
 

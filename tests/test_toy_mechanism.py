@@ -44,8 +44,8 @@ FOLDER = {
             q, k, v = (torch.randn(s.batch, s.heads, s.length, s.head_dim, device=device, dtype=dtype) for _ in "qkv")
             return [q, k, v], lambda: toy_attention(q, k, v, causal=causal), 4 * q.numel() * q.element_size()
     """,
-    "checks.py": """
-        from attnzoo.ops._check_inputs import causal_configs, qkv
+    "selftest_cases.py": """
+        from attnzoo.ops._selftest_inputs import causal_configs, qkv
         from attnzoo.ops._spec import CheckCase
 
 
@@ -89,7 +89,7 @@ TOY = Mechanism(
     projections=Projections(q="to_q", k="to_k", v="to_v", out="to_out", follows=("proj_bias",)),
     bench=(BenchCase("toy", "toyattn.bench:toy", causal=True, module={}),),
     card=Card("a toy for the tests", "O(N²)", "O(N)", causal="masked"),
-    checks="toyattn.checks",
+    checks="toyattn.selftest_cases",
     order=50,
 )
 
@@ -126,7 +126,7 @@ def toy(tmp_path, monkeypatch):
 
     yield ToyAttention
     unregister_attention("toy")
-    for mod in ("toyattn.bench", "toyattn.checks", "toyattn"):
+    for mod in ("toyattn.bench", "toyattn.selftest_cases", "toyattn"):
         sys.modules.pop(mod, None)
 
 

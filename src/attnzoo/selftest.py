@@ -2,7 +2,7 @@
 
 Run it first on a new machine (``--device cuda`` on a GPU: the Triton kernels have not been run on yours).
 Everything comes from the registry: for each registered mechanism, the cases its folder declares
-(``Mechanism.checks``, ``ops/<op>/checks.py``: softmax, linear, xca, mssa, tssa, fastmax p=1 and p=2, csp, cbsa,
+(``Mechanism.checks``, ``ops/<op>/selftest_cases.py``: softmax, linear, xca, mssa, tssa, fastmax p=1 and p=2, csp, cbsa,
 MEGA's ema and attention), and for each case every backend of its op but the reference that declares the device
 (``Backend.devices``; e.g. TSSA: ``torch``, the fused ``cpu`` kernels on CPU, ``triton`` on CUDA), it checks, in
 float32 and float64 inputs:
@@ -43,7 +43,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from attnzoo.ops._check_inputs import randn
+from attnzoo.ops._selftest_inputs import randn
 from attnzoo.ops._spec import Backend, CheckCase, Mechanism
 
 __all__ = ["main", "plan", "run_selftest", "Row", "specs", "TOLERANCES"]

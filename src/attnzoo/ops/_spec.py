@@ -332,7 +332,7 @@ class Mechanism:
 
 @dataclass(frozen=True)
 class CheckCase:
-    """One named case of ``attnzoo selftest`` for an op, declared in ``ops/<op>/checks.py``.
+    """One named case of ``attnzoo selftest`` for an op, declared in ``ops/<op>/selftest_cases.py``.
 
     ``make(shape, cfg, gen)`` draws float64 CPU inputs (a dict of tensors); ``call(x, cfg, backend)`` runs the public
     op with ``backend`` (output token axis 2); ``grads`` names the differentiable inputs; ``tokens`` maps an input to

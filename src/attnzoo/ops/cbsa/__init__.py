@@ -355,7 +355,7 @@ CBSA = Mechanism(
         {"variant": "channel"},
         {"variant": "mssa", "contraction": "exact"},
     ),
-    checks="attnzoo.ops.cbsa.checks",
+    checks="attnzoo.ops.cbsa.selftest_cases",
     projections=Projections(shared="proj", out="to_out"),
     bench=(BenchCase("cbsa", "attnzoo.ops.cbsa.bench:cbsa", module={}),),
     card=Card("CBSA, Contract-and-Broadcast Self-Attention (eqs 5, 7, 8)", "O(N·m)", "O(N·m)"),

@@ -124,7 +124,7 @@ CSP = Mechanism(
     },
     causal=False,  # group sorting reads every token of a group
     examples=({"groups": 3, "shift_schedule": "power", "layer_index": 1, "num_layers": 2},),
-    checks="attnzoo.ops.csp.checks",
+    checks="attnzoo.ops.csp.selftest_cases",
     projections=Projections(v="v_proj", out="proj", follows=("v_bias", "proj_bias", "attn_dropout", "proj_dropout")),
     bench=(
         BenchCase("csp", "attnzoo.ops.csp.bench:csp", module={}),

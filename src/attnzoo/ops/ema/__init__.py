@@ -44,7 +44,7 @@ EMA = Mechanism(
     },
     causal=True,
     state=torch.Tensor,  # h (B, D, ndim)
-    checks="attnzoo.ops.ema.checks",
+    checks="attnzoo.ops.ema.selftest_cases",
 )
 
 

@@ -286,7 +286,7 @@ FASTMAX = Mechanism(
     state=FastmaxState,
     # p=1 weights are an average only for scale <= 1/D (module doc): 0.25 for the tests' D=4
     examples=({"p": 1, "scale": 0.25},),
-    checks="attnzoo.ops.fastmax.checks",
+    checks="attnzoo.ops.fastmax.selftest_cases",
     projections=Projections(qkv="qkv", out="proj", follows=("qkv_bias", "proj_bias", "proj_dropout")),
     bench=(
         BenchCase(

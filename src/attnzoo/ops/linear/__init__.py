@@ -21,10 +21,10 @@ from attnzoo._checks import (
     check_probability,
 )
 from attnzoo.ops import _cpu_kernels
-from attnzoo.ops._common import check_tensors
 from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._kernels.feature_attention import feature_attention_cpu, kernel_covers
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
+from attnzoo.ops._tensor_validation import check_tensors
 from attnzoo.ops._varlen import segments
 from attnzoo.ops.linear.chunk import linear_attention_chunk  # noqa: F401  (the spec's backends look it up here)
 from attnzoo.ops.linear.naive import FEATURE_MAPS, feature_map_fn, linear_attention_naive, linear_attention_weights  # noqa: F401
@@ -100,7 +100,7 @@ LINEAR = Mechanism(
     causal=True,
     state=dict,
     examples=({"chunk_size": 3}, {"feature_map": "relu"}),  # {"s": (B, H, P, P), "z": (B, H, P)}
-    checks="attnzoo.ops.linear.checks",
+    checks="attnzoo.ops.linear.selftest_cases",
     projections=Projections(qkv="qkv", out="proj", follows=("qkv_bias", "proj_bias", "attn_dropout", "proj_dropout")),
     bench=(BenchCase("linear", "attnzoo.ops.linear.bench:linear", causal=True, module={}, decode=True, varlen=True),),
     card=Card("Katharopoulos et al. 2020", "O(N)", "O(N)", causal="recurrent"),

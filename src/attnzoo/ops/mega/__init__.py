@@ -124,7 +124,7 @@ MEGA = Mechanism(
         {"attention": "csp", "csp_groups": 3, "shift_schedule": "power", "layer_index": 1, "num_layers": 2},
         {"attention": "csp", "csp_groups": None, "norm_layer": "batchnorm"},
     ),
-    checks="attnzoo.ops.mega.checks",
+    checks="attnzoo.ops.mega.selftest_cases",
     bench=(
         BenchCase("ema", "attnzoo.ops.mega.bench:ema", default=False, causal=True),
         BenchCase(

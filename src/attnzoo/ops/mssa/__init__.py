@@ -21,9 +21,9 @@ from attnzoo._checks import (
     check_probability,
     check_scale,
 )
-from attnzoo.ops._common import check_tensors
 from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
+from attnzoo.ops._tensor_validation import check_tensors
 from attnzoo.ops.mssa.naive import mssa_naive, mssa_query, mssa_weights  # noqa: F401
 from attnzoo.ops.mssa.parallel import mssa_sdpa  # noqa: F401  (the spec's backends look it up here)
 
@@ -58,7 +58,7 @@ MSSA = Mechanism(
     causal=True,
     state=dict,
     examples=({"normalize_query": True, "out_proj": False}, {"head_dim": 5}),  # the cache {"w"}
-    checks="attnzoo.ops.mssa.checks",
+    checks="attnzoo.ops.mssa.selftest_cases",
     projections=Projections(shared="qkv", out="to_out"),
     bench=(BenchCase("mssa", "attnzoo.ops.mssa.bench:mssa", causal=True, module={}),),
     card=Card("CRATE / AoT (multi-head subspace self-attention)", "O(N²)", "O(N)", causal="normalised queries, AoT LM"),

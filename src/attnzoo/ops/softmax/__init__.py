@@ -18,9 +18,9 @@ from attnzoo._checks import (
     check_probability,
     check_scale,
 )
-from attnzoo.ops._common import check_tensors
 from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
+from attnzoo.ops._tensor_validation import check_tensors
 from attnzoo.ops.softmax.naive import softmax_attention_naive, softmax_attention_weights  # noqa: F401
 from attnzoo.ops.softmax.parallel import softmax_attention_sdpa  # noqa: F401  (the spec's backends look it up here)
 
@@ -48,7 +48,7 @@ SOFTMAX = Mechanism(
     },
     causal=True,
     state=dict,  # the KV cache {"k", "v"}
-    checks="attnzoo.ops.softmax.checks",
+    checks="attnzoo.ops.softmax.selftest_cases",
     projections=Projections(
         qkv="qkv", out="proj", follows=("qkv_bias", "proj_bias", "scale", "attn_dropout", "proj_dropout")
     ),

@@ -366,7 +366,7 @@ TSSA = Mechanism(
     causal=True,
     state=TSSAState,
     examples=({"qkv_bias": True, "max_len": 10},),
-    checks="attnzoo.ops.tssa.checks",
+    checks="attnzoo.ops.tssa.selftest_cases",
     projections=Projections(shared="qkv", out="to_out"),
     bench=(
         BenchCase(

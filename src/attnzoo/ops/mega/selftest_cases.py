@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from attnzoo.ops._check_inputs import randn, shapes
+from attnzoo.ops._selftest_inputs import randn, shapes
 from attnzoo.ops._spec import CheckCase
 from attnzoo.ops.ema import EMA
 

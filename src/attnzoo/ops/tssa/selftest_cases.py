@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from attnzoo.ops._check_inputs import causal_configs, randn, shapes
+from attnzoo.ops._selftest_inputs import causal_configs, randn, shapes
 from attnzoo.ops._spec import CheckCase
 
 

@@ -1,4 +1,4 @@
-"""Inputs, shapes and configs the ops' selftest cases (``ops/<op>/checks.py``) share."""
+"""Inputs, shapes and configs the ops' selftest cases (``ops/<op>/selftest_cases.py``) share."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from attnzoo.ops._check_inputs import causal_configs, qkv, shapes
+from attnzoo.ops._selftest_inputs import causal_configs, qkv, shapes
 from attnzoo.ops._spec import CheckCase
 
 
