@@ -37,7 +37,7 @@ TABLE_HEADERS = [
     "| mechanism | N=64 | N=256 |",
     "| layer | SNR, φ=threshold, η=0.1 | SNR, φ=softmax, η=0.1 | SNR, φ=threshold, η=0.02 | SNR, φ=softmax, η=0.02 |",
     "| " + " | ".join(FINDING_COLUMNS) + " |",
-    "| paper | claim | effect [95% CI] (margin) | verdict | section |",
+    "| claim | paper | test | effect [95% CI] (margin) | test's verdict | claim's verdict | section |",
     "| section | compared rows and measurements | learning-rate sweeps | ablations and plateau checks | total |",
 ]
 
@@ -88,7 +88,9 @@ def test_report_has_every_section_table_and_plot(smoke):
 @pytest.mark.slow
 def test_results_json_holds_every_number(smoke):
     res = _results(smoke)
-    assert set(res) == {"meta", "sections", "steps", "failed"}
+    assert set(res) == {"meta", "claims", "sections", "steps", "failed"}
+    ids = [c["id"] for c in res["claims"]]
+    assert len(ids) == len(set(ids)) and res["meta"]["finding_schema"] == 1
     assert res["failed"] == {}
     assert res["meta"]["budget"] == "smoke" and res["meta"]["seed"] == 0
     assert {"cpu", "threads", "torch"} <= set(res["meta"]["machine"])

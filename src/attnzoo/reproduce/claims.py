@@ -184,6 +184,12 @@ class Finding:
         """The fields that are set (``None`` left out), in declaration order."""
         return {k: v for k, v in asdict(self).items() if v is not None}
 
+    @classmethod
+    def checked(cls, d: dict) -> dict:
+        """``d`` itself (an explicit ``None``, e.g. a one-seed ``ci95``, kept) once :meth:`from_dict` accepts it."""
+        cls.from_dict(d)
+        return dict(d)
+
 
 def stat(values: float | Iterable[float | None] | Stat | None) -> Stat | None:
     """A :class:`Stat` from a number, a sequence (``None`` entries dropped) or a Stat; ``None`` if empty."""
@@ -341,23 +347,7 @@ def compare(
         f"{a_name} {sa.fmt(spec)} vs {b_name} {sb.fmt(spec)}: effect {effect:+.3g} {unit}{rel}, {ci_txt} "
         f"({sa.n} vs {sb.n} seeds)"
     )
-    better = "lower" if lower_is_better else "higher"
-    if claim_type == "superiority":
-        below = (
-            f"below {REFUTE_FRACTION:g}x the paper's effect {paper_effect:+.3g} = {refute:+.3g}"
-            if refute is not None
-            else "below 0"
-        )
-        rule = (
-            f"superiority ({better} is better): agrees if the 95% Welch-t CI of the effect lies above 0, "
-            f"disagrees if it lies {below}, else inconclusive"
-        )
-    else:
-        m_txt = f"{margin:g}×{b_name}'s mean = {margin_abs:.3g} {unit}" if relative else f"{margin:g} {unit}"
-        rule = (
-            f"non-inferiority, margin {m_txt} ({margin_source}): agrees if the 95% Welch-t CI of the effect lies "
-            f"above -{margin_abs:.3g}, disagrees if below, else inconclusive"
-        )
+    rule = _rule_text(claim_type, lower_is_better, margin, margin_abs, relative, margin_source, b_name, unit, refute)
     f = finding(paper, claim, paper_value, measured, verdict, rule, kind=kind, seeds=n, claim_id=claim_id)
     f.update(
         claim_type=claim_type,
@@ -377,6 +367,26 @@ def compare(
     if refute is not None:
         f.update(paper_effect=float(paper_effect), refute_below=refute)
     return f
+
+
+def _rule_text(claim_type, lower_is_better, margin, margin_abs, relative, margin_source, b_name, unit, refute) -> str:
+    """The finding's rule in words, with its own margin and source or its refuting bar."""
+    better = "lower" if lower_is_better else "higher"
+    if claim_type == "superiority":
+        below = (
+            f"below {REFUTE_FRACTION:g}x the paper's effect {refute / REFUTE_FRACTION:+.3g} = {refute:+.3g}"
+            if refute is not None
+            else "below 0"
+        )
+        return (
+            f"superiority ({better} is better): agrees if the 95% Welch-t CI of the effect lies above 0, "
+            f"disagrees if it lies {below}, else inconclusive"
+        )
+    m_txt = f"{margin:g}×{b_name}'s mean = {margin_abs:.3g} {unit}" if relative else f"{margin:g} {unit}"
+    return (
+        f"non-inferiority, margin {m_txt} ({margin_source}): agrees if the 95% Welch-t CI of the effect lies "
+        f"above -{margin_abs:.3g}, disagrees if below, else inconclusive"
+    )
 
 
 def _table_effect(claim_id: str) -> float | None:

@@ -540,7 +540,7 @@ def _results_payload(meta: dict, secs: list[Section], records: dict, failed: dic
             s.key: {
                 "title": s.title,
                 "data": s.data,
-                "findings": [Finding.from_dict(f).to_dict() for f in s.findings],
+                "findings": [Finding.checked(f) for f in s.findings],
                 "notes": s.notes,
                 "tables": [{"title": t.title, "headers": t.headers, "rows": t.rows} for t in s.tables],
                 "plots": [p for p, _ in s.plots],
