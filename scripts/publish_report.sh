@@ -49,8 +49,8 @@ for sid, rec in d["steps"].items():
         slim.append("val_curve")
     for k in slim:
         del rec["result"][k]
-    if slim:
-        rec["result_slimmed"] = slim
+    if slim or rec.get("result_slimmed"):  # a record imported already slimmed keeps what it lacks
+        rec["result_slimmed"] = sorted(set(slim) | set(rec.get("result_slimmed", [])))
 d["sections"] = rounded(d["sections"])
 open(p, "w").write(json.dumps(d, separators=(",", ":")) + "\n")
 PYEOF

@@ -668,6 +668,14 @@ def test_reuse_imports_only_steps_whose_config_is_unchanged(tmp_path):
     slim = dict(old.load_by_id("sec/same"), result_slimmed=["points"])
     results.write_text(json.dumps({"steps": {"sec/same": slim}}))
     assert import_results(results, [same], StepStore(tmp_path / "slim")) == 0
+    # ... except for a report alone (--report-only): its numbers render, and it stays marked so that a later
+    # computing run takes the step again
+    kept = StepStore(tmp_path / "slim-report")
+    assert import_results(results, [same], kept, slimmed=True) == 1
+    assert kept.load(same)["result_slimmed"] == ["points"]
+    from attnzoo.reproduce.runner import _complete
+
+    assert _complete(kept.load(same)) is None and _complete(new.load(same)) is not None
 
 
 def test_reuse_of_a_directory_brings_the_run_files_a_later_step_loads(tmp_path):

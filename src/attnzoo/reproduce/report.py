@@ -549,6 +549,7 @@ def _results_payload(meta: dict, secs: list[Section], records: dict, failed: dic
         },
         "steps": {
             sid: {"section": r["section"], "config": r["config"], "result": r["result"], "wall_s": r["wall_s"]}
+            | ({"result_slimmed": r["result_slimmed"]} if r.get("result_slimmed") else {})
             for sid, r in records.items()
         },
         "failed": failed,

@@ -256,6 +256,12 @@ def _execute(todo, ctx, outcome, records, progress, jobs, threads, report_only) 
         _record_workers(ctx.out, jobs, per_worker, len(outcome.computed))
 
 
+def _complete(rec: dict | None) -> dict | None:
+    """A stored record a computing run keeps: one imported without its plot arrays (``--report-only --reuse`` of a
+    published report) is computed again, as :func:`import_results` would have had it."""
+    return None if rec is None or rec.get("result_slimmed") else rec
+
+
 def _record_workers(out: Path, jobs: int, threads: int, computed: int) -> None:
     """Add ``computed`` steps to run.json's ``workers`` entry for ``jobs`` processes of ``threads`` torch threads:
     the report states how the steps were computed, not the threads of the process that renders it."""
@@ -318,7 +324,14 @@ def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore,
             shutil.copytree(runs, store.run_dir(step.id))
         # the source's name only (a local path would leak into a published report); kept through re-imports
         origin = rec.get("imported_from") or (path.resolve() if path.is_dir() else path.resolve().parent).name
-        store.save(step, rec["result"], float(rec.get("wall_s", 0.0)), time.time(), imported_from=origin)
+        store.save(
+            step,
+            rec["result"],
+            float(rec.get("wall_s", 0.0)),
+            time.time(),
+            imported_from=origin,
+            slimmed=rec.get("result_slimmed"),
+        )
         n += 1
     return n
 
@@ -362,7 +375,7 @@ def _run_steps(todo: list[Step], ctx: Context, outcome: RunOutcome, records: dic
     with bar:
         for step in bar:
             bar.set_postfix_str(step.id)
-            rec = store.load(step)
+            rec = _complete(store.load(step))
             if rec is not None:
                 records[step.id] = rec
                 outcome.skipped.append(step.id)
@@ -418,7 +431,7 @@ def _run_steps_parallel(
     store = ctx.store
     pending: list[Step] = []
     for step in todo:
-        rec = store.load(step)
+        rec = _complete(store.load(step))
         if rec is not None:
             records[step.id] = rec
             outcome.skipped.append(step.id)

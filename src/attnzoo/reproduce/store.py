@@ -152,10 +152,19 @@ class StepStore:
             )
         return rec
 
-    def save(self, step: Step, result: dict, wall_s: float, started: float, imported_from: str | None = None) -> dict:
+    def save(
+        self,
+        step: Step,
+        result: dict,
+        wall_s: float,
+        started: float,
+        imported_from: str | None = None,
+        slimmed: list[str] | None = None,
+    ) -> dict:
         """Store ``result`` of ``step`` (with the SHA-256 of the record and of its run's files); a failed write is a
         :class:`~attnzoo._io.WriteError` naming the step and the file. ``imported_from`` names the earlier run a
-        record was taken from (``--reuse``): its figures were measured there, and the report says so."""
+        record was taken from (``--reuse``): its figures were measured there, and the report says so. ``slimmed``
+        names the plot arrays a published record was stored without (kept, so a later run computes it again)."""
         rec = {
             "id": step.id,
             "section": step.section,
@@ -169,6 +178,8 @@ class StepStore:
         }
         if imported_from:
             rec["imported_from"] = imported_from
+        if slimmed:
+            rec["result_slimmed"] = list(slimmed)
         files = {}
         for name in RUN_FILES_CHECKED:
             f = self.run_dir(step.id) / name
