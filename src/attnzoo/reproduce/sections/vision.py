@@ -555,7 +555,7 @@ def _gate_attention_needed(findings: list[dict]) -> None:
     )
     for f in findings:
         if f["kind"] == "paper" and f.get("claim_type") == "non-inferiority":
-            claims.gate(f, why, "conditions")
+            claims.gate(f, why, "control")
 
 
 def _acc(res: dict, name: str) -> claims.Stat | None:
