@@ -540,8 +540,8 @@ def _gate_control_margins(findings: list[dict], res: dict) -> None:
 def _gate_attention_needed(findings: list[dict]) -> None:
     """If the ViT baseline is not shown to beat its no-attention control, the task does not test token mixing at
     this scale: a "comparable" (non-inferiority) agreement could then hold for any mixer, so it is held back by a
-    control gate (a disagreement stands: see :data:`claims.GATES`). A superiority verdict is not: an interval that separates two mixers shows a difference the task
-    does tell apart, whatever the control."""
+    control gate (a disagreement stands: see :data:`claims.GATES`). A superiority verdict is not: an interval that
+    separates two mixers shows a difference the task does tell apart, whatever the control."""
     check = next(
         (f for f in findings if f.get("b_name") == CONTROL and f.get("a_name") in ("vit", MEANPOOL_BASE)), None
     )
