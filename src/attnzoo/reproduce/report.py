@@ -133,15 +133,16 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
         lines.append("")
     if checks:
         cc = Counter(f["verdict"] for _, f in checks)
+        odd = [(t, f) for t, f in checks if f["verdict"] != "agrees"]
         lines += [
-            "Implementation checks: " + ", ".join(f"{cc.get(v, 0)} {v}" for v in VERDICTS if cc.get(v)) + ".",
-            "",
-            md_table(
-                ["check", "measured", "verdict", "section"],
-                [[f["claim"], f["measured"], _MARK[f["verdict"]], t] for t, f in checks],
-            ),
+            "Implementation checks (each in its section's table): "
+            + ", ".join(f"{cc.get(v, 0)} {v}" for v in VERDICTS if cc.get(v))
+            + ("; those that do not agree:" if odd else "."),
             "",
         ]
+        if odd:
+            rows = [[f["claim"], f["measured"], _MARK[f["verdict"]], t] for t, f in odd]
+            lines += [md_table(["check", "measured", "verdict", "section"], rows), ""]
     return lines
 
 
@@ -225,14 +226,16 @@ def _legend_lines() -> list[str]:
 
 
 def _claims_table(claims_: list[ClaimResult]) -> str:
+    """One block of rows per claim: its statement once, then each test's effect and verdict."""
     rows = []
     for c in claims_:
         for i, f in enumerate(c.findings):
             verdict = _MARK[f["verdict"]] + (f" ({f['ungated_verdict']} ungated)" if f.get("ungated_verdict") else "")
-            head = [f"`{c.id}`" if ":" not in c.id else "-", f["paper"], f["claim"]] if i == 0 else ["", "", f["claim"]]
-            rows.append(head + [effect_cell(f), verdict, _MARK[c.verdict] if i == 0 else "", c.tests[i][0]])
+            test = paper_claims.test_of(f.get("claim_id") or "") or "-"
+            head = [f"`{c.id}`" if ":" not in c.id else "-", f["paper"], f["claim"]] if i == 0 else ["", "", ""]
+            rows.append(head + [test, effect_cell(f), verdict, _MARK[c.verdict] if i == 0 else "", c.tests[i][0]])
     return md_table(
-        ["claim", "paper", "test", "effect [95% CI] (margin)", "test's verdict", "claim's verdict", "section"], rows
+        ["claim", "paper", "statement", "test", "effect [95% CI] (margin)", "verdict", "claim", "section"], rows
     )
 
 
