@@ -16,11 +16,11 @@ from pathlib import Path
 
 from attnzoo._io import ReadError, all_or_nothing, read_json, write_json
 from attnzoo._lock import LOCK_NAME, DirLock
-from attnzoo.compare.execute import execute
 from attnzoo.compare.plan import CompareError, CompareSpec, plan_steps
 from attnzoo.compare.render import OUTPUT_FILES, write_outputs
 from attnzoo.compare.summary import summarise
 from attnzoo.reproduce.common import Context
+from attnzoo.reproduce.runner import execute_steps
 from attnzoo.reproduce.store import StepStore
 
 __all__ = ["MARKER", "CompareOutcome", "run"]
@@ -101,7 +101,7 @@ def run(
         store.clean_leftovers()
         _clean_outputs_leftovers(out)
         ctx = Context(out=out, store=store, seed=spec.seed, device=device, progress=False)
-        done = execute(plan_steps(spec), ctx, jobs=jobs, threads=threads, progress=progress)
+        done = execute_steps(plan_steps(spec), ctx, jobs=jobs, threads=threads, progress=progress, name="compare")
         summary = summarise(spec, done.records)
         meta = {
             "kind": "attnzoo compare",

@@ -24,7 +24,17 @@ from attnzoo.reproduce.report import CONFIGS_FILE
 from attnzoo.reproduce.sections import ALIASES, SECTION_MODULES
 from attnzoo.reproduce.store import Interrupted, Step, StepStore, config_hash
 
-__all__ = ["plan", "resolve_sections", "run", "RunOutcome", "RUN_FILE", "ReproduceError", "import_results"]
+__all__ = [
+    "plan",
+    "resolve_sections",
+    "run",
+    "RunOutcome",
+    "StepsDone",
+    "execute_steps",
+    "RUN_FILE",
+    "ReproduceError",
+    "import_results",
+]
 
 #: identifies a reproduce output directory and pins its budget and seed
 RUN_FILE = "run.json"
@@ -256,6 +266,30 @@ def _execute(todo, ctx, outcome, records, progress, jobs, threads, report_only) 
         _record_workers(ctx.out, jobs, per_worker, len(outcome.computed))
 
 
+@dataclass
+class StepsDone:
+    """What :func:`execute_steps` did: the records of the steps and which were computed, reused or failed."""
+
+    records: dict[str, dict]
+    computed: list[str]
+    skipped: list[str]
+    failed: dict[str, str]
+
+
+def execute_steps(
+    steps: list[Step], ctx: Context, *, jobs: int = 1, threads: int | None = None, progress: bool = True, name: str
+) -> StepsDone:
+    """Load each finished step of ``steps`` and compute each missing one (in ``jobs`` processes): the executor of
+    ``attnzoo reproduce``, shared by every command that runs a plan of steps (``attnzoo compare``). ``name`` labels
+    the progress bar and the failure lines."""
+    outcome, records = RunOutcome(ctx.out, ctx.out, ctx.out), {}
+    if jobs > 1:
+        _run_steps_parallel(steps, ctx, outcome, records, progress, jobs, threads, name)
+    else:
+        _run_steps(steps, ctx, outcome, records, progress, name)
+    return StepsDone(records, outcome.computed, outcome.skipped, outcome.failed)
+
+
 def _complete(rec: dict | None) -> dict | None:
     """A stored record a computing run keeps: one imported without its plot arrays (``--report-only --reuse`` of a
     published report) is computed again, as :func:`import_results` would have had it."""
@@ -364,14 +398,16 @@ def _resolve_device(device: str) -> str:
     return device
 
 
-def _run_steps(todo: list[Step], ctx: Context, outcome: RunOutcome, records: dict, progress: bool) -> None:
+def _run_steps(
+    todo: list[Step], ctx: Context, outcome: RunOutcome, records: dict, progress: bool, name: str = "reproduce"
+) -> None:
     """Load each finished step, compute each missing one; a failed step (and what depends on it) is recorded in
     ``outcome.failed`` and the others go on. An interruption propagates after the bar is closed."""
     from tqdm.auto import tqdm
 
     store = ctx.store
     failed_deps: set[str] = set()
-    bar = tqdm(todo, desc="reproduce", unit="step", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(todo, desc=name, unit="step", disable=not progress, file=sys.stderr, dynamic_ncols=True)
     with bar:
         for step in bar:
             bar.set_postfix_str(step.id)
@@ -395,7 +431,7 @@ def _run_steps(todo: list[Step], ctx: Context, outcome: RunOutcome, records: dic
                 outcome.failed[step.id] = f"{type(e).__name__}: {e}"
                 failed_deps.add(step.id)
                 if progress:
-                    bar.write(f"reproduce: step {step.id} failed: {type(e).__name__}: {e}")
+                    bar.write(f"{name}: step {step.id} failed: {type(e).__name__}: {e}")
                     traceback.print_exc(file=sys.stderr)
                 continue
             records[step.id] = store.save(step, result, time.perf_counter() - t0, started)
@@ -415,7 +451,14 @@ def _init_worker(threads: int) -> None:
 
 
 def _run_steps_parallel(
-    todo: list[Step], ctx: Context, outcome: RunOutcome, records: dict, progress: bool, jobs: int, threads: int | None
+    todo: list[Step],
+    ctx: Context,
+    outcome: RunOutcome,
+    records: dict,
+    progress: bool,
+    jobs: int,
+    threads: int | None,
+    name: str = "reproduce",
 ) -> None:
     """:func:`_run_steps` over ``jobs`` worker processes: a step starts once the steps it depends on are stored.
 
@@ -438,7 +481,7 @@ def _run_steps_parallel(
         else:
             pending.append(step)
     wctx = Context(out=ctx.out, store=ctx.store, seed=ctx.seed, device=ctx.device, progress=False)
-    bar = tqdm(total=len(pending), desc=f"reproduce ({jobs} jobs)", unit="step", disable=not progress, file=sys.stderr)
+    bar = tqdm(total=len(pending), desc=f"{name} ({jobs} jobs)", unit="step", disable=not progress, file=sys.stderr)
     pool = cf.ProcessPoolExecutor(
         jobs, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(threads or 1,)
     )
@@ -473,7 +516,7 @@ def _run_steps_parallel(
                 except Exception as e:  # noqa: BLE001 - one failed run must not lose the others; it is reported
                     outcome.failed[step.id] = f"{type(e).__name__}: {e}"
                     if progress:
-                        bar.write(f"reproduce: step {step.id} failed: {type(e).__name__}: {e}")
+                        bar.write(f"{name}: step {step.id} failed: {type(e).__name__}: {e}")
                     continue
                 records[step.id] = store.save(step, result, wall_s, started)
                 outcome.computed.append(step.id)
