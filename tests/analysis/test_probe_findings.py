@@ -91,32 +91,29 @@ def test_layerwise_findings_judge_the_latter_half_and_explain_with_ablations():
             <= base | {"probe_model", "literal_measure", "gate", "gate_reasons", "ungated_verdict"}
         )
         assert f["kind"] == "paper" and f["measurement"] is True
-        assert f["seeds"] == 1 and "60.0% validation accuracy at depth 8" in f["measured"]
+        assert f["seeds"] == 1 and "val acc 60.0% at depth 8" in f["measured"]
     # CRATE rises over its first half and falls over its latter half: agrees (layers 5 -> 8: 50 -> 47, 3 of 3 fall),
     # but CBSA Fig. 5's own measure (raw eq 2) rises over those layers: the verdict is gated on the definition
     assert out["crate"]["ungated_verdict"] == "agrees" and out["crate"]["verdict"] == "inconclusive"
     assert out["crate"]["gate_reasons"] == ["conditions"] and out["crate"]["literal_measure"]["verdict"] == "disagrees"
     # ... while the raw eq 2 rises over the same layers: the agreement says the definition decides it
-    assert out["crate"]["explanation"].startswith("the definition matters: with the raw eq 2")
+    assert out["crate"]["explanation"].startswith("raw eq 2 (ε = 0.5): ")
     assert "layer 5 → 8: 14 → 17" in out["crate"]["explanation"] and out["crate"]["explanation"].endswith("disagrees")
     assert "layer 5 → 8: 50 → 47" in out["crate"]["measured"] and "3 of 3 steps fall" in out["crate"]["measured"]
-    assert "30 → 40 → 45" in out["crate"]["measured"]  # per-layer numbers stated
+    assert "30, 40, 45" in out["crate"]["measured"]  # per-layer numbers stated
     # CBT rises: disagrees, and the explanation gives the raw measure on the same model and the shallow model
     f = out["cbt"]
     assert f["ungated_verdict"] == "disagrees" and f["verdict"] == "inconclusive"  # raw eq 2 falls: gated
-    assert "R^c raw (eq 2) on the same model" in f["explanation"]
-    assert "verdict by the same rule agrees" in f["explanation"]
-    assert "depth-2 model, same measure: 33 → 31" in f["explanation"]
-    assert f["explanation"].endswith(
-        "Reading: the verdict depends on the definition of the term: it agrees under R^c raw (eq 2)"
-    )
+    assert "R^c raw (eq 2): layer 5 → 8: 16 → 13 (-3; 3 of 3 steps fall), agrees" in f["explanation"]
+    assert "depth-2 vision model: 33, 31" in f["explanation"]
+    assert f["explanation"].endswith("the verdict depends on the definition: it agrees under R^c raw (eq 2)")
     # AoT rises over its latter half under every definition: the explanation says the measure is not the reason
     assert out["aot"]["verdict"] == "disagrees"
-    assert "no other definition of the term reverses" in out["aot"]["explanation"]
+    assert "no other definition reverses" in out["aot"]["explanation"]
     # ToST is judged on its own R^var_c over all layers (mostly decreases): agrees; CRATE's measure is not the claim
     assert out["tost"]["verdict"] == "agrees" and out["tost"]["paper"] == "ToST Fig. 4a"
     assert out["tost"]["explanation"] == ""  # no raw R^c series given: nothing to contrast
-    assert out["tost"]["measured"].startswith("R^var_c (ToST eq 4) per layer: 9 → 8 → 8.5")
+    assert out["tost"]["measured"].startswith("R^var_c (ToST eq 4) per layer: 9, 8, 8.5")
 
 
 def test_softmax_denoise_verdict_uses_the_small_step_and_explains_the_large_one():

@@ -296,11 +296,11 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             more.setdefault(name, []).append((all_res.get(f"train/{name}/{tail}", {}), v))
     trained = {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith("train/")}
     depth = next((t["depth"] for t in trained.values()), plan.get("layerwise_depth"))
+    steps = next((t["steps"] for t in trained.values()), None)
     sec.intro = (
-        "Synthetic probes run the papers' parameter-free iterations exactly (`attnzoo analyze`); the "
-        f"layer-wise probe measures vision models trained for it at depth {depth} (the vision section's task, "
-        "width, heads, patches and optimiser; only the depth and the step count differ) on validation images, "
-        "and, as an ablation, the vision section's own shallow models."
+        "Synthetic probes run the papers' parameter-free iterations (`attnzoo analyze`); the layer-wise probe "
+        f"measures vision models trained for it ({depth} layers, {steps} steps, the vision recipe otherwise) on "
+        f"validation images. {FALL_RULE}"
     )
     plot = _plotter(sec, plots_dir, rel)
     dn = {k: v for k, v in res.items() if k == "denoise" or k.startswith("denoise/")}
@@ -319,20 +319,19 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         _init_table(sec, lw, init)
     curves = {n: t["val_curve"] for n, t in trained.items() if t.get("val_curve")}
     if curves:
-        from attnzoo.reproduce.common import CURVE_NOTE, plot_val_curves, save_figure
+        from attnzoo.reproduce.common import plot_val_curves, save_figure
 
         path = plots_dir / "probes_curves.png"
         rows = {n: [[p["step"], 100.0 * p["accuracy"]] for p in c if "accuracy" in p] for n, c in curves.items()}
         save_figure(plot_val_curves([("probe models", rows)], "validation accuracy (%)", "Probe models"), path)
-        caption = f"Validation accuracy of the depth-{depth} probe models at 4 points of training; {CURVE_NOTE}."
-        sec.plots.append((rel(path), caption))
+        sec.plots.append((rel(path), "Validation accuracy of the probe models during training."))
     if shallow:
         _shallow_table(sec, shallow)
     if "attention-maps" in res:
         plot(
             "attention-maps",
             res["attention-maps"],
-            "Attention matrices / [CLS] maps of trained models side by side (ToST Fig. 5 / FAST Fig. 4).",
+            "Attention maps of the trained models (ToST Fig. 5 / FAST Fig. 4).",
         )
     sec.data = {k: _slim(v) for k, v in res.items()}
     majority = 100.0 * plan.get("majority", 0.1)
@@ -363,7 +362,7 @@ def apply_init_control(f: dict, control: dict) -> dict:
     f["random_init_control"] = control["data"]
     f["explanation"] = (f.get("explanation", "") + "; " if f.get("explanation") else "") + control["text"]
     if control["data"] and control["data"]["reading"] == INIT_FALLS_AS_MUCH:
-        claims.gate(f, "the untrained model's layers fall as much (random-initialisation control)", "control")
+        claims.gate(f, "the untrained model's layers fall as much", "control")
     return f
 
 
@@ -401,44 +400,41 @@ def init_control(trained: dict, init: dict, more: list[dict] | None = None) -> d
     else:
         reading = INIT_FALLS_AS_MUCH
     text = (
-        f"random-initialisation control (same architecture and seed, untrained, same probe): "
-        f"{_describe(iv, start)}, verdict by the same rule {v_init}; trained ({len(runs)} seed(s)): "
-        f"{d_tr:+.4g} vs untrained {d_init:+.4g}. Reading: {reading}"
+        f"random-initialisation control: {_describe(iv, start)}, {v_init}; trained ({len(runs)} seed(s)): "
+        f"{d_tr:+.4g} vs untrained {d_init:+.4g}: {reading}"
     )
     data = {"series": iv, "verdict": v_init, "change": d_tr, "change_init": d_init, "reading": reading}
     return {"text": text, "data": data}
 
 
 def _init_table(sec: Section, lw: dict[str, dict], init: dict[str, dict]) -> None:
-    """The claim measure of every probe model, trained (base seed) beside its random initialisation."""
+    """The claim measure of every probe model at its random initialisation (the trained rows are the layer-wise
+    table's claim rows)."""
     rows = []
     for name, r in init.items():
         key = _measure_key(lw[name]) if name in lw else _measure_key(r)
-        h = None
-        for label, res in (("trained", lw.get(name)), ("random init", r)):
-            if res is None or key not in {k for row in res["layers"] for k in row}:
-                continue
-            vals = _layer_series(res, key)
-            h = _half_start(len(vals)) if h is None else h
-            rows.append(
-                [
-                    name,
-                    label,
-                    MEASURE_LABEL.get(key, key),
-                    " → ".join(fmt(v, ".4g") for v in vals),
-                    f"{_delta(vals, h):+.4g} ({_downs(vals, h)}/{max(len(vals) - 1 - h, 0)} fall)",
-                ]
-            )
+        if key not in {k for row in r["layers"] for k in row}:
+            continue
+        vals = _layer_series(r, key)
+        rows.append([name, MEASURE_LABEL.get(key, key), _series_cell(vals), _half_change(vals)])
     if rows:
         sec.tables.append(
             Table(
-                "layerwise control: trained (base seed) vs the same architecture at random initialisation",
-                ["model", "weights", "measure", "layer 1 → last", "latter half: change"],
+                "layerwise control: the probe models' architectures at random initialisation (training seed)",
+                ["model", "measure", "layers 1 to last", "latter half: change"],
                 rows,
-                caption="The untrained model is the probe model's architecture initialised by its training seed, "
-                "probed on the same validation images: a trend it shows too is not evidence of learning.",
             )
         )
+
+
+def _series_cell(vals: list[float]) -> str:
+    return ", ".join(fmt(v, ".4g") for v in vals)
+
+
+def _half_change(vals: list[float]) -> str:
+    """The latter half's change and how many of its steps fall, e.g. ``-4.32 (3/3 fall)``."""
+    h = _half_start(len(vals))
+    return f"{_delta(vals, h):+.4g} ({_downs(vals, h)}/{max(len(vals) - 1 - h, 0)} fall)"
 
 
 def _learned(t: dict, majority: float) -> bool:
@@ -463,7 +459,7 @@ def _plotter(sec: Section, plots_dir, rel):
 
 
 def _denoise_table(sec: Section, dn: dict[str, dict], plot) -> None:
-    """AoT eq 3: SNR per layer of every η run (the ``-matched`` run in the caption only), and their plots."""
+    """AoT eq 3: SNR per layer of every η run (the ``-matched`` run is in the soft-max finding), and their plots."""
     runs = [k for k in dn if not k.endswith("-matched")]
     cols, series = [], []
     for k in runs:
@@ -473,25 +469,17 @@ def _denoise_table(sec: Section, dn: dict[str, dict], plot) -> None:
             series.append([_num(x) for x in vals])
     n_rows = max(len(v) for v in series)
     rows = [[i] + [fmt(v[i], ".3g") if i < len(v) else "-" for v in series] for i in range(n_rows)]
-    cap = "; ".join(
-        f"η={_num(dn[k]['params']['eta']):g}: fitted growth per layer "
+    cap = "Fitted growth per layer: " + "; ".join(
+        f"η={_num(dn[k]['params']['eta']):g} "
         + ", ".join(f"{phi} x{_num(v):.4f}" for phi, v in dn[k]["growth_factor_fit"].items())
         + f" (Theorem 1: x{_num(dn[k]['growth_factor_theory']):.4f})"
         for k in runs
     )
-    matched = next((dn[k] for k in dn if k.endswith("-matched")), None)
-    if matched is not None:
-        peak, peak_at, last = _peak(matched["snr"]["softmax"])
-        cap += (
-            f". Same total step ηL at η={_num(matched['params']['eta']):g} over {matched['params']['layers']} "
-            f"layers: soft-max φ SNR peaks at {peak:.3g} (layer {peak_at}) and ends at {last:.3g}"
-        )
-    cap += ". The paper gives no η for Fig. 4 and Theorem 1 states no condition on η; both runs are shown."
     sec.tables.append(
         Table("denoise (AoT eq 3 on Definition 1 data): mean SNR per layer", ["layer"] + cols, rows, caption=cap)
     )
     for k in runs:
-        plot(k, dn[k], f"AoT Fig. 4: SNR per layer of the denoising iteration, η={_num(dn[k]['params']['eta']):g}.")
+        plot(k, dn[k], f"AoT Fig. 4: SNR per layer, η={_num(dn[k]['params']['eta']):g}.")
 
 
 def _compress_table(sec: Section, r: dict, plot) -> None:
@@ -505,7 +493,7 @@ def _compress_table(sec: Section, r: dict, plot) -> None:
             rows,
         )
     )
-    plot("compress", r, "CBSA Fig. 4: points and coding rate over iterations.")
+    plot("compress", r, "CBSA Fig. 4: points and coding rate.")
 
 
 def _rank_collapse_table(sec: Section, r: dict, plot) -> None:
@@ -519,7 +507,7 @@ def _rank_collapse_table(sec: Section, r: dict, plot) -> None:
             rows,
         )
     )
-    plot("rank-collapse", r, "CSP Thm 1 / Dong et al.: residual vs depth and output spectra.")
+    plot("rank-collapse", r, "CSP Thm 1: residual vs depth, output spectra.")
 
 
 def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict], depth, plot) -> None:
@@ -528,7 +516,6 @@ def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict]
     for name, r in lw.items():
         t = trained.get(name, {})
         acc = _num(t.get("accuracy")) * 100 if t.get("accuracy") is not None else math.nan
-        mech = r["layers"][0]["mechanism"] if r["layers"] else "-"
         keys = [_measure_key(r)] + [
             k
             for k in (
@@ -542,69 +529,66 @@ def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict]
         ]
         for i, key in enumerate(keys):
             vals = _layer_series(r, key)
-            h = _half_start(len(vals))
             rows.append(
                 [
                     name if i == 0 else "",
-                    mech if i == 0 else "",
-                    fmt(t.get("depth")) if i == 0 else "",
-                    fmt(t.get("steps")) if i == 0 else "",
                     fmt(acc, ".1f") if i == 0 else "",
                     MEASURE_LABEL.get(key, key) + (" (claim)" if i == 0 and key != "coding_rate" else ""),
-                    " → ".join(fmt(v, ".4g") for v in vals),
-                    f"{_delta(vals, h):+.4g} ({_downs(vals, h)}/{max(len(vals) - 1 - h, 0)} fall)",
+                    _series_cell(vals),
+                    _half_change(vals),
                 ]
             )
-        plot(
-            f"layerwise/{name}",
-            r,
-            f"Per-layer measures of {name} trained at depth {t.get('depth', '?')} (ToST Fig. 4a / CBSA Fig. 5).",
-        )
+        plot(f"layerwise/{name}", r, f"Per-layer measures: {name}.")
     h0 = _half_start(depth) if isinstance(depth, int) else None
     sec.tables.append(
         Table(
             f"layerwise: compression term per layer of the probe models (depth {depth})",
             [
                 "model",
-                "mechanism",
-                "depth",
-                "steps",
                 "val acc %",
                 "measure",
-                "layer 1 → last",
-                f"latter half (layer {h0 + 1 if h0 is not None else '?'} → last): change",
+                "layers 1 to last",
+                f"latter half (layer {h0 + 1 if h0 is not None else '?'} on): change",
             ],
             rows,
-            caption="Measures: "
-            + "; ".join(f"{v} = {MEASURE_DEF[k]}" for k, v in MEASURE_LABEL.items())
-            + ". Unless a row says 'block output', the tokens are those entering each attention layer "
-            "(after its pre-norm; comparable in scale from layer to layer), batch mean over validation "
-            "images; each layer uses its own bases U^ℓ (and memberships Π^ℓ). The row marked (claim) "
-            "decides the finding: ToST's own R^var_c for ToST, CRATE's measure for MSSA/CBSA.",
+            caption="; ".join(f"{v}: {MEASURE_DEF[k]}" for k, v in MEASURE_LABEL.items() if k in MEASURE_DEF)
+            + "; batch means over validation images, each layer with its own bases.",
         )
     )
 
 
 def _shallow_table(sec: Section, shallow: dict[str, dict]) -> None:
-    rows = []
-    for name, r in shallow.items():
-        for key in [k for k in ("crate_compression", "compression", "variational_compression") if k in r["series"]]:
-            vals = _layer_series(r, key)
-            rows.append([name, len(vals), MEASURE_LABEL.get(key, key), " → ".join(fmt(v, ".4g") for v in vals)])
-    if rows:
+    """The vision section's shallow models: one row per model, one column per measure (values layer by layer)."""
+    keys = [
+        k
+        for k in ("crate_compression", "compression", "variational_compression")
+        if any(k in r["series"] for r in shallow.values())
+    ]
+    rows = [
+        [name] + [_series_cell(_layer_series(r, k)) if k in r["series"] else "-" for k in keys]
+        for name, r in shallow.items()
+        if any(k in r["series"] for k in keys)
+    ]
+    depths = sorted({len(_layer_series(r, keys[0])) for r in shallow.values() if keys and keys[0] in r["series"]})
+    if rows and keys:
         sec.tables.append(
             Table(
-                "layerwise ablation: the vision section's shallow models",
-                ["model", "depth", "measure", "layer 1 → last"],
+                f"layerwise ablation: the vision section's models (depth {'/'.join(map(str, depths))}), layer by layer",
+                ["model"] + [MEASURE_LABEL[k] for k in keys],
                 rows,
-                caption="What the report probed before the deeper probe models: the same measures "
-                "on the vision section's trained models.",
             )
         )
 
 
 #: a probe model has learned its task when its accuracy clears the majority class by this many points
 LEARNED_MARGIN = 10.0
+
+#: the layer-wise findings' rule (:func:`_fall_verdict`, :func:`_seeds_verdict`), stated once in the section's intro
+FALL_RULE = (
+    "Layer-wise fall rule: agrees if the value falls over the claim's layers with at least half of the "
+    "layer-to-layer steps falling, disagrees if it rises with fewer than half falling, else inconclusive; over "
+    "seeds, the seed-mean series' verdict when more than half of the seeds give it."
+)
 
 
 #: short names of the per-layer measures in the tables, and their definitions
@@ -617,16 +601,13 @@ MEASURE_LABEL = {
     "variational_compression_out": "R^var_c, block output",
     "coding_rate": "R(Z) (eq 1)",
 }
+#: (the tokens are those entering each attention layer after its pre-norm, unless the label says block output)
 MEASURE_DEF = {
-    "crate_compression": "Σ_k ½ logdet(I + p/(N ε²) W_kᵀW_k), W_k = U_kᵀZ with every token's code scaled to unit norm, "
-    "ε² = 0.01 (as CRATE's code measures it)",
-    "crate_compression_out": "the same on the tokens leaving the layer's block, with that layer's U^ℓ",
-    "compression": "CBSA eq 2 on the raw tokens, ε = 0.5",
-    "variational_compression": "ToST eq 4 with the layer's memberships Π^ℓ, raw tokens, ε = 0.5",
-    "variational_compression_normalized": "ToST eq 4 on tokens scaled to unit norm, ε = 0.5",
-    "variational_compression_out": "ToST eq 4 on the raw tokens leaving the layer's block with the memberships the "
-    "layer assigns to them (ToST Fig. 4a plots the layers' outputs), ε = 0.5",
-    "coding_rate": "CBSA eq 1, ε = 0.5 (black-box layers have no subspaces)",
+    "crate_compression": "CBSA eq 2 on unit-norm codes U_kᵀz, ε² = 0.01",
+    "compression": "CBSA eq 2, ε = 0.5",
+    "variational_compression": "ToST eq 4 with the layer's memberships, ε = 0.5",
+    "variational_compression_out": "the same on the block's outputs (what ToST Fig. 4a plots)",
+    "coding_rate": "CBSA eq 1, ε = 0.5",
 }
 
 
@@ -684,6 +665,16 @@ def _fall_verdict(vals: list[float], start: int) -> str:
     if d > 0 and 2 * downs < n:
         return "disagrees"
     return "inconclusive"
+
+
+def _span(vals: list[float], start: int) -> str:
+    """The judged layers' values, e.g. ``layers 5-8: 86.62, 83.38, 80.13, 72.31 (-14.31; 3 of 3 steps fall)``."""
+    n = len(vals) - 1 - start
+    return (
+        f"layers {start + 1}-{len(vals)}: "
+        + ", ".join(f"{v:.4g}" for v in vals[start:])
+        + f" ({_delta(vals, start):+.4g}; {_downs(vals, start)} of {n} steps fall)"
+    )
 
 
 def _describe(vals: list[float], start: int) -> str:
@@ -774,17 +765,13 @@ def _layerwise_finding(name: str, r: dict, t: dict, shallow: dict | None, more: 
     if len(runs) > 1:
         return _literal_gate(_layerwise_seeds_finding(name, key, runs, r, shallow), name, key, [r, *(more or [])])
     acc = (
-        f"; the model reached {100 * _num(t['accuracy']):.1f}% validation accuracy at depth {t.get('depth')} "
-        f"after {t.get('steps')} steps"
-        if t.get("accuracy") is not None
-        else ""
+        f"; val acc {100 * _num(t['accuracy']):.1f}% at depth {t.get('depth')}" if t.get("accuracy") is not None else ""
     )
-    per_layer = f"{MEASURE_LABEL[key]} per layer: " + " → ".join(f"{v:.4g}" for v in vals)
     start, claim_id, rule = _layerwise_claim(name, key, len(vals))
     verdict = _fall_verdict(vals, start)
     f = _finding(
         **paper_claims.finding_kw(claim_id, name=name),
-        measured=f"{per_layer}; {_describe(vals, start)}{acc}",
+        measured=f"{MEASURE_LABEL[key]} per layer: {_series_cell(vals)}; {_describe(vals, start)}{acc}",
         verdict=verdict,
         rule=rule,
         seeds=1,
@@ -794,10 +781,7 @@ def _layerwise_finding(name: str, r: dict, t: dict, shallow: dict | None, more: 
     elif key != "compression" and "compression" in r["series"]:
         raw = _layer_series(r, "compression")
         if _fall_verdict(raw, start) != "agrees":  # the definition decides: say so beside the agreement
-            f["explanation"] = (
-                f"the definition matters: with the raw eq 2 (no normalisation, ε = 0.5) the same "
-                f"layers give {_describe(raw, start)}, verdict {_fall_verdict(raw, start)}"
-            )
+            f["explanation"] = f"raw eq 2 (ε = 0.5): {_describe(raw, start)}, {_fall_verdict(raw, start)}"
     return _literal_gate(f, name, key, [r])
 
 
@@ -820,8 +804,8 @@ def _literal_gate(f: dict, name: str, key: str, probes_: list[dict]) -> dict:
     if lv != f["verdict"]:
         claims.gate(
             f,
-            f"the measure {paper_claims.get(claim_id).reference} plots ({MEASURE_LABEL[lit]}) gives {lv} on the "
-            f"same layers ({_describe(mean, start)}): the verdict depends on the definition",
+            f"{paper_claims.get(claim_id).reference} plots ({MEASURE_LABEL[lit]}) gives {lv} "
+            f"({_describe(mean, start)})",
             "conditions",
         )
     return f
@@ -843,12 +827,10 @@ def _layerwise_seeds_finding(name: str, key: str, runs: list[list[float]], r: di
     per_seed = [_fall_verdict(x, start) for x in runs]
     f = _finding(
         **paper_claims.finding_kw(claim_id, name=name),
-        measured=f"{MEASURE_LABEL[key]} per layer (mean of {len(runs)} seeds): "
-        + " → ".join(f"{v:.4g}" for v in mean)
-        + f"; {_describe(mean, start)}; per seed: {', '.join(per_seed)}",
+        measured=f"{MEASURE_LABEL[key]}, mean of {len(runs)} seeds, {_span(mean, start)}; per seed: "
+        + ", ".join(per_seed),
         verdict=verdict,
-        rule=rule + f"; over {len(runs)} seeds: the seed-mean series' verdict when more than half of the seeds give "
-        "it, else inconclusive",
+        rule=f"{rule}, {len(runs)} seeds",
         seeds=len(runs),
     )
     if verdict != "agrees":
@@ -859,21 +841,10 @@ def _layerwise_seeds_finding(name: str, key: str, runs: list[list[float]], r: di
 def _layerwise_claim(name: str, key: str, n_layers: int) -> tuple[int, str, str]:
     """``(start, claim id, rule)``: ToST's claim spans all layers, CBSA's / CRATE's the latter half."""
     if key == "variational_compression":  # ToST Fig. 4a: "mostly decreases by layer" over all layers
-        return (
-            0,
-            "tost-f4a-compression",
-            "over all layers: agrees if the last layer's value is below the first's with at least half of the "
-            "layer-to-layer steps falling; disagrees if it rises with fewer than half falling; else "
-            "inconclusive",
-        )
+        return 0, "tost-f4a-compression", f"fall rule over all layers (1-{n_layers})"
     # CBSA Fig. 5 / CRATE: consecutive compression over the latter half of the layers
-    return (
-        _half_start(n_layers),
-        f"cbsa-f5-compression#{name}",
-        "over the latter half of the layers: agrees if the value falls from the half's first layer to the "
-        "last with at least half of the steps falling; disagrees if it rises with fewer than half falling; "
-        "else inconclusive",
-    )
+    start = _half_start(n_layers)
+    return start, f"cbsa-f5-compression#{name}", f"fall rule over the latter half (layers {start + 1}-{n_layers})"
 
 
 def _layerwise_explanation(key: str, start: int, r: dict, shallow: dict | None) -> str:
@@ -894,25 +865,18 @@ def _layerwise_explanation(key: str, start: int, r: dict, shallow: dict | None) 
         v = _fall_verdict(vals, start)
         if v == "agrees":
             agreeing.append(MEASURE_LABEL[k])
-        parts.append(f"{MEASURE_LABEL[k]} on the same model: {_describe(vals, start)}, verdict by the same rule {v}")
+        parts.append(f"{MEASURE_LABEL[k]}: {_describe(vals, start)}, {v}")
     if shallow is not None and key in shallow["series"]:
         vals = _layer_series(shallow, key)
-        parts.append(
-            f"the vision section's depth-{len(vals)} model, same measure: " + " → ".join(f"{v:.4g}" for v in vals)
-        )
+        parts.append(f"depth-{len(vals)} vision model: {_series_cell(vals)}")
     if not parts:
         return "no ablation available for this model"
     reading = (
-        f"the verdict depends on the definition of the term: it agrees under {', '.join(agreeing)}"
+        f"the verdict depends on the definition: it agrees under {', '.join(agreeing)}"
         if agreeing
-        else "no other definition of the term reverses the verdict, so at this depth and "
-        "training budget the pattern is the model's, not the measure's"
+        else "no other definition reverses the verdict"
     )
-    return (
-        "ablations (other definitions of the compression term, a shallower model): "
-        + "; ".join(parts)
-        + f". Reading: {reading}"
-    )
+    return "other measures: " + "; ".join(parts) + f". {reading}"
 
 
 def _softmax_snr(r: dict) -> list[float]:
@@ -945,23 +909,16 @@ def _softmax_denoise_finding(res) -> dict:
     verdict = "agrees" if _rises(_softmax_snr(judged)) else "disagrees"
     expl = []
     if small is not None:
-        expl.append(
-            "the paper gives no η for Fig. 4 (and Theorem 1 states no condition on η), so both are run; "
-            f"at the larger step {_describe_softmax_run(big)}"
-        )
+        expl.append(f"the paper gives no η for Fig. 4; at the larger step {_describe_softmax_run(big)}")
     if matched is not None:
         expl.append(
-            f"with the same total step ηL as there, {_describe_softmax_run(matched)}: the soft-max "
-            "iteration's rise lasts for a bounded total step ηL; it does not grow without end as Theorem 1's "
-            "thresholded φ does (in the theorem's proof the threshold τ > 1/2 keeps only each token's own "
-            "soft-max weight, so no token takes in others; the plain soft-max keeps the cross-token weights, "
-            "the likely source of the fall)"
+            f"same total step ηL, {_describe_softmax_run(matched)}: the soft-max rise lasts a bounded ηL, "
+            "unlike Theorem 1's thresholded φ"
         )
     return _finding(
         **paper_claims.finding_kw("aot-f4-softmax-denoise"),
         measured=measured,
         verdict=verdict,
-        rule=f"at η={_num(judged['params']['eta']):g} (the small step): agrees if the SNR rises at every "
-        "layer, else disagrees",
+        rule=f"at η={_num(judged['params']['eta']):g}: agrees if the SNR rises at every layer",
         explanation="; ".join(expl),
     )
