@@ -133,6 +133,7 @@ def test_zero_shot_segmentation_scores_layers_and_heads(scenes):
         assert set(lay["iou"]) == {"foreground", "background", "boundary"}
         assert all(len(v) == 4 and all(0.0 <= x <= 1.0 for x in v) for v in lay["iou"].values())
         assert lay["best"]["foreground"] == max(lay["iou"]["foreground"])
+        assert all(len(v) == 4 and min(v) >= 0.0 for v in lay["iou_sem"].values())
     # batching does not change the scores
     again = zero_shot_segmentation(model, scenes.val, images=5, batch_size=5)
     for target, v in result["layers"][1]["iou"].items():

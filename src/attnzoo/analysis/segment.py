@@ -145,6 +145,31 @@ def segmentation_ious(
     return {"foreground": iou(pred, fg), "background": iou(~pred, bg), "boundary": iou(band, edge)}
 
 
+def _per_image_ious(
+    model: nn.Module, scenes: SceneDataset, images: int, batch_size: int, mass: float
+) -> tuple[list[dict[str, Any]], list[dict[str, torch.Tensor]]]:
+    """Per layer: its description and ``{target: (images, heads)}`` IoUs of the first ``images`` scenes."""
+    param = next(model.parameters(), None)
+    chunks: list[dict[str, list[torch.Tensor]]] = []
+    layers: list[dict[str, Any]] = []
+    for start in range(0, images, batch_size):
+        idx = np.arange(start, min(images, start + batch_size))
+        (x,), _ = scenes.get_batch(idx)
+        if param is not None:
+            x = x.to(device=param.device, dtype=param.dtype)
+        masks = scenes.masks(idx)
+        size = tuple(masks["foreground"].shape[-2:])
+        for i, entry in enumerate(cls_attention_maps(model, x)):
+            pred = upsample_masks(threshold_mass(entry["maps"].cpu(), mass), size)
+            ious = segmentation_ious(pred, masks, scenes.spec.boundary_width)
+            if start == 0:
+                layers.append({k: entry[k] for k in ("name", "mechanism", "source")})
+                chunks.append({t: [] for t in ious})
+            for t, v in ious.items():
+                chunks[i][t].append(v)
+    return layers, [{t: torch.cat(v) for t, v in c.items()} for c in chunks]
+
+
 def zero_shot_segmentation(
     model: nn.Module,
     scenes: SceneDataset,
@@ -154,36 +179,21 @@ def zero_shot_segmentation(
     mass: float = 0.6,
 ) -> dict[str, Any]:
     """IoU per layer, head and target of the thresholded [CLS] maps of ``model`` on the first ``images`` scenes
-    (CBSA Tables 5/6); ``layers[i]["iou"][target]`` is the per-head mean over the scenes."""
+    (CBSA Tables 5/6): ``layers[i]["iou"][target]`` is the per-head mean over the scenes, ``"iou_sem"`` its
+    standard error (std / sqrt(images)); ``"best"`` is the head of the best mean foreground IoU."""
     if not isinstance(images, int) or isinstance(images, bool) or not 1 <= images <= len(scenes):
         raise ValueError(f"images={images!r} must be an int in [1, {len(scenes)}] (the scenes available)")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} must be a positive int")
-    model = model.eval()
-    param = next(model.parameters(), None)
-    sums: list[dict[str, torch.Tensor]] = []
-    layers: list[dict[str, Any]] = []
-    for start in range(0, images, batch_size):
-        idx = np.arange(start, min(images, start + batch_size))
-        (x,), _ = scenes.get_batch(idx)
-        if param is not None:
-            x = x.to(device=param.device, dtype=param.dtype)
-        found = cls_attention_maps(model, x)
-        masks = scenes.masks(idx)
-        size = tuple(masks["foreground"].shape[-2:])
-        for i, entry in enumerate(found):
-            pred = upsample_masks(threshold_mass(entry["maps"].cpu(), mass), size)
-            ious = segmentation_ious(pred, masks, scenes.spec.boundary_width)
-            if start == 0:
-                layers.append({k: entry[k] for k in ("name", "mechanism", "source")})
-                sums.append({t: torch.zeros(v.shape[1], dtype=torch.float64) for t, v in ious.items()})
-            for t, v in ious.items():
-                sums[i][t] += v.sum(0)
-    for lay, s in zip(layers, sums, strict=True):
-        lay["iou"] = {t: (v / images).tolist() for t, v in s.items()}
+    layers, per_image = _per_image_ious(model.eval(), scenes, images, batch_size, mass)
+    for lay, ious in zip(layers, per_image, strict=True):
+        lay["iou"] = {t: v.mean(0).tolist() for t, v in ious.items()}
+        sem = {t: (v.std(0) / images**0.5) if images > 1 else torch.zeros(v.shape[1]) for t, v in ious.items()}
+        lay["iou_sem"] = {t: v.tolist() for t, v in sem.items()}
         best = int(np.argmax(lay["iou"]["foreground"]))
         lay["best_head"] = best
         lay["best"] = {t: lay["iou"][t][best] for t in TARGETS}
+        lay["best_sem"] = {t: lay["iou_sem"][t][best] for t in TARGETS}
     best = {t: max(max(lay["iou"][t]) for lay in layers) for t in TARGETS}
     return {
         "experiment": "segment",
@@ -300,9 +310,10 @@ def run_segment_cli(args: argparse.Namespace) -> list[Path]:
     paths.append(atomic_save_figure(overlay, out / "segment_overlays.png", dpi=args.dpi))
     for lay in result["layers"]:
         b = lay["best"]
+        e = lay["best_sem"]
         print(
-            f"{lay['name']:>16} {lay['mechanism']:>15}  head {lay['best_head']}: foreground {b['foreground']:.3f}  "
-            f"background {b['background']:.3f}  boundary {b['boundary']:.3f}"
+            f"{lay['name']:>16} {lay['mechanism']:>15}  head {lay['best_head']}: "
+            + "  ".join(f"{t} {b[t]:.3f} ± {e[t]:.3f}" for t in TARGETS)
         )
     print("best over layers and heads: " + "  ".join(f"{t} {v:.3f}" for t, v in result["best"].items()))
     return paths
