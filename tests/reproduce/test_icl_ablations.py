@@ -62,26 +62,22 @@ def test_the_words_follow_the_numbers():
             return icl._one_factor_text(name, factor, a, q, zero, confound)
 
         blamed = f"{factor} or the smaller attention" if confound else factor
-        assert f"so {blamed} is what keeps AoT above half the zero predictor's error at this budget" in say(
-            plateau, learned
-        )
+        assert f"so {blamed} keeps AoT above half the zero predictor's error" in say(plateau, learned)
         assert ("this row does not say which" in say(plateau, learned)) == bool(confound)
-        assert f"so {factor} does not explain it" in say(plateau, plateau)
+        assert f"no lower error: {factor} does not explain the gap" in say(plateau, plateau)
         lower = claims.stat([0.9, 0.92])  # lower than AoT's, still above half the zero predictor's
-        assert f"so {factor} explains part of the gap, not all of it" in say(plateau, lower)
+        assert f"not below half the zero predictor's: {factor} explains part of the gap" in say(plateau, lower)
         gpt = claims.stat([0.06, 0.06])
         # (0.96 - 0.91) / (0.96 - 0.06) of the gap: 6%
-        assert "(6% of AoT's gap to GPT's 0.060, all with every example)" in icl._one_factor_text(
-            name, factor, plateau, lower, zero, "", gpt
-        )
+        assert "(6% of AoT's gap to GPT's 0.060)" in icl._one_factor_text(name, factor, plateau, lower, zero, "", gpt)
         assert "with and without it" in say(learned, learned)
-        assert "learns with it but not without it" in say(learned, plateau)
+        assert "learns with it, not without it" in say(learned, plateau)
     fin = {"aot": [0.95, 0.97], "aot-qnorm": [0.2, 0.3], "aot+softmax": [0.2, 0.25]}
     text = icl._ablation_text(fin, zero)
     assert "aot-qnorm (one factor" in text and "this row alone does not say which" in text
     assert "aot-untied the tying" not in text
     text = icl._ablation_text({**fin, "aot-untied": [0.96, 0.95]}, zero)
-    assert "aot-untied (AoT without the tied query/key/value projection; untying also gives the attention 3x" in text
+    assert "aot-untied (without the tied query/key/value projection; untying also triples the attention's" in text
     assert "aot-untied the tying, with 3x the projection parameters" in text
 
 

@@ -380,8 +380,10 @@ def test_equal_wall_clock_reads_the_curves():
     table, r = read(4.0)
     assert (r["step"], r["run_steps"], r["lower_bound"]) == (200, 200, False)
     assert r["accuracy_per_seed"] == [45.0, 47.0] and r["effect"] == pytest.approx(46.0 - 51.0)
-    assert "softmax trains 100 steps in 50 s" in r["text"] and "at step 200 of a 200-step run" in r["text"]
-    assert table.rows[0][:5] == ["listops", "tssa", "50", "200", "200 of 200"]
+    assert (
+        r["softmax_seconds"] == pytest.approx(50.0) and "Softmax trains 100 steps in 50 s on listops" in table.caption
+    )
+    assert table.rows[0][:4] == ["listops", "tssa", "200", "200 of 200"]
     # at 1 step/s: 50 steps; both runs logged step 50, the run that ends nearer (its own schedule) is the 100-step one
     _, r = read(1.0)
     assert (r["step"], r["run_steps"]) == (50, 100) and r["accuracy_per_seed"] == [20.0, 22.0]
@@ -389,8 +391,9 @@ def test_equal_wall_clock_reads_the_curves():
     _, r = read(1.7)
     assert (r["step"], r["run_steps"]) == (75, 100)
     # at 10 steps/s: 500 steps, more than any run took: a lower bound, said so
-    _, r = read(10.0)
-    assert r["lower_bound"] and "a lower bound: its longest run, 200 steps, ends before that time" in r["text"]
+    table, r = read(10.0)
+    assert r["lower_bound"] and r["affordable_steps"] == pytest.approx(500.0)
+    assert table.rows[0][2:4] == ["500", "200 of 200 (lower bound)"]
 
 
 def test_fast_d32_finding_follows_the_times():
@@ -462,28 +465,35 @@ def test_gap_change_words_follow_the_numbers(ablated, words):
 
 
 @pytest.mark.parametrize(
-    "values, words",
+    "values, words, gated",
     [
-        ([15.8, 16.4, 16.1], "no seed got 5 points above it, so tssa did not train on this task"),
+        # no seed trained: nothing to read beyond the did-not-learn gate, which names the seeds
+        (
+            [15.8, 16.4, 16.1],
+            None,
+            "3 of 3 seeds of tssa did not learn (within 5 pts of the majority class 18.5%: 15.8, 16.4, 16.1%)",
+        ),
         (
             [15.8, 30.0, 32.0],
-            "1 of 3 seeds stayed within 5 points of it (did not train); the 2 that trained average "
-            "31.0% against softmax's 33.0%, a gap of +2.0 pts",
+            "the 2 of 3 seeds of tssa that trained (30.0, 32.0%) average 31.0% against softmax's 33.0%, a gap of "
+            "+2.0 pts",
+            "1 of 3 seeds of tssa did not learn (within 5 pts of the majority class 18.5%: 15.8%)",
         ),
-        ([28.0, 30.0, 32.0], None),
+        ([28.0, 30.0, 32.0], None, None),
     ],
 )
-def test_lra_failure_reading_counts_the_seeds_that_did_not_train(values, words):
-    from attnzoo.reproduce.sections.lra import failure_reading
+def test_lra_failure_reading_counts_the_seeds_that_did_not_train(values, words, gated):
+    from attnzoo.reproduce.claims import finding
+    from attnzoo.reproduce.sections.lra import _gate_unlearned_row, failure_reading
 
     text = failure_reading("tssa", stat(values), stat([32.0, 33.0, 34.0]), 18.5, "softmax")
     if words is None:
         assert text == ""
     else:
-        assert text.startswith(
-            f"tssa's seeds {', '.join(f'{v:.1f}' for v in values)}% against a majority class of 18.5%"
-        )
-        assert words in text
+        assert text.startswith(words)
+    f = finding("P", "c", "v", "m", "disagrees", "rule", kind="paper")
+    _gate_unlearned_row(f, stat(values), "tssa", 18.5)
+    assert f.get("gate") == gated and (f["verdict"] == "inconclusive") == (gated is not None)
 
 
 def test_lra_disagreement_carries_the_failure_reading():
@@ -498,7 +508,7 @@ def test_lra_disagreement_carries_the_failure_reading():
     # one task: no separate average finding (it would count the same evidence twice)
     (per_task,) = found
     assert per_task["claim"].endswith("on listops")
-    assert "2 of 3 seeds stayed within 5 points of it" in per_task["explanation"]
+    assert per_task["explanation"].startswith("the 1 of 3 seeds of tssa that trained (29.1%) average 29.1%")
     # the baseline's rule applied to the compared row: seeds that did not learn gate the verdict
     assert per_task["verdict"] == "inconclusive" and per_task["gate_reasons"] == ["did not learn"]
     assert (

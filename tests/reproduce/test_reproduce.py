@@ -30,7 +30,7 @@ HEADINGS = {
 TABLE_HEADERS = [
     "| model | mechanism | architecture | params | val acc % | train img/s | peak train-step MiB |",
     "| mechanism | listops | image | avg (learned) |",
-    "| mechanism | listops (N=64) | image (N=64) |",
+    "| mechanism | listops steps/s | listops MiB | image steps/s | image MiB |",
     "| model | mechanism | description | params | val loss (nats) | val bits/char | train tokens/s |",
     "| model | ms/token @ 8 | ms/token @ 32 | state KiB @ 8 | state KiB @ 32 |",
     "| predictor | k=1 |",

@@ -20,7 +20,6 @@ from attnzoo.reproduce.common import (
     Section,
     Table,
     check_sweep_extra,
-    curve_text,
     fmt,
     gate_untuned,
     mean_val_curve,
@@ -231,19 +230,16 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         "128 with 8 heads, 50,000 steps of 64 prompts (§4.1.2, Fig. 6, after Garg et al.)"
     )
     sec.intro = (
-        f"Prompts of {n} Gaussian inputs in d={d} (AoT uses d=20 and up to 40 in-context examples); "
-        f"function classes: {', '.join(plan['tasks'])}"
+        f"Prompts of {n} Gaussian inputs in d={d}; function classes: {', '.join(plan['tasks'])}"
         + (
             f" (sparse functions keep {sp} non-zero weights)"
             if (sp := plan["tasks"].get("sparse", {}).get("sparsity")) is not None
             else ""
         )
-        + ". Models: "
-        f"width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, {tr['steps']} steps of "
-        f"{tr['batch_size']} fresh prompts, {plan.get('seeds', 1)} seed(s) per model (curves: seed mean; "
-        "the k=all column: mean ± std). Error = squared error / d on "
-        f"{first.get('n_val', 1000)} held-out prompts; position k uses k in-context examples. Lasso "
-        f"alpha = {plan['lasso_alpha']} (AoT Fig. 6)."
+        + f". Width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, {tr['steps']} steps of "
+        f"{tr['batch_size']} fresh prompts, {plan.get('seeds', 1)} seed(s) per model. Error: squared error / d on "
+        f"{first.get('n_val', 1000)} held-out prompts at k in-context examples (seed means; the last column: mean ± "
+        f"std). Lasso alpha = {plan['lasso_alpha']} (AoT Fig. 6)."
     )
     curves: dict[str, dict[str, list[float]]] = {}
     finals: dict[str, dict[str, list[float]]] = {}
@@ -262,7 +258,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         if not c:
             continue
         npos = len(next(iter(c.values())))
-        ks = sorted({1, max(1, d // 2), min(d, npos - 1), npos - 1})
+        # the last position is the over-seeds column (mean ± std), not repeated as a mean
+        ks = sorted({1, max(1, d // 2), min(d, npos - 1)} - {npos - 1})
         rows = [
             [k_name]
             + [fmt(v[k], ".3f") for k in ks]
@@ -273,7 +270,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.tables.append(
             Table(
                 f"{task}: normalised squared error by number of in-context examples",
-                ["predictor"] + [f"k={k}" for k in ks] + ["mean over k", f"k={npos - 1} over seeds"],
+                ["predictor"] + [f"k={k}" for k in ks] + ["mean over k", f"k={npos - 1}"],
                 rows,
             )
         )
@@ -281,18 +278,19 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     if any(curves.values()):
         path = plots_dir / "icl.png"
         save_figure(_plot(curves, d), path)
-        sec.plots.append((rel(path), "Normalised squared error vs number of in-context examples (AoT Fig. 6)."))
+        sec.plots.append((rel(path), "Error / d vs in-context examples (AoT Fig. 6)."))
     sec.findings = _findings(curves, finals, records, plan)
-    val = _val_curves(sec, records, plan, plots_dir, rel)
-    sec.data["plateau"] = _plateau(sec.findings, records, curves, finals, val)
+    _val_curves(sec, records, plan, plots_dir, rel)
+    sec.data["plateau"] = _plateau(sec.findings, records, curves, finals)
     _tune(sec, records, plan)
     sec.notes += _gate_notes(curves, finals, plan)
     return sec
 
 
-def _plateau(findings: list[dict], records: dict, curves: dict, finals: dict, val: dict) -> dict:
+def _plateau(findings: list[dict], records: dict, curves: dict, finals: dict) -> dict:
     """GPT's plateau gate per task, on the comparison's own metric, the error averaged over k (the error at k = all
-    can move while the compared mean over k moves less: -0.075 against -0.045 in the long run of 2026-11-27)."""
+    can move while the compared mean over k moves less: -0.075 against -0.045 in the long run of 2026-11-27); the
+    curves themselves are in the validation-curves plot."""
     return {
         t: claims.plateau_gate(
             [f for f in findings if paper_claims.test_of(f.get("claim_id", "")) == t],
@@ -300,9 +298,6 @@ def _plateau(findings: list[dict], records: dict, curves: dict, finals: dict, va
             _mean_over_k(records, t, "gpt"),
             _mean_over_k(records, t, "gpt@2x-steps"),
             "error/d",
-            curves="; ".join(
-                f"{n} {curve_text(val[t][n], '.3f')}" for n in ("gpt", "gpt@2x-steps") if val.get(t, {}).get(n)
-            ),
         )
         for t in curves
         if "gpt" in finals.get(t, {})
@@ -344,8 +339,8 @@ def _tune(sec: Section, records: dict, plan: dict) -> None:
                 claims.gate(f, f"not tuned: {untuned['aot']}", "not tuned")
 
 
-def _val_curves(sec: Section, records: dict, plan: dict, plots_dir, rel) -> dict:
-    """Each run's validation curve (seed means) per task, into ``sec.data`` and a plot; returns them."""
+def _val_curves(sec: Section, records: dict, plan: dict, plots_dir, rel) -> None:
+    """Each run's validation curve (seed means) per task, into ``sec.data`` and a plot."""
     val = {
         t: {
             n: mean_val_curve(rs, "normalized_error")
@@ -358,14 +353,7 @@ def _val_curves(sec: Section, records: dict, plan: dict, plots_dir, rel) -> dict
     if any(c for v in val.values() for c in v.values()):
         path = plots_dir / "icl_curves.png"
         save_figure(plot_val_curves(list(val.items()), "validation error / d", "In-context: validation curves"), path)
-        sec.plots.append(
-            (
-                rel(path),
-                "Validation error (mean over k) at 4 points of each run (seed means), one panel per task table; "
-                f"gpt@2x-steps is the baseline's plateau run; {CURVE_NOTE}.",
-            )
-        )
-    return val
+        sec.plots.append((rel(path), f"Validation error (mean over k, seed means) during training; {CURVE_NOTE}."))
 
 
 def _plot(curves, d):
@@ -451,8 +439,8 @@ def _findings(curves, finals, records, plan) -> list[dict]:
                 + f"; {n_ok} of {len(fin[m])} seeds below half the zero predictor"
             )
             rule = (
-                "agrees if every seed's error with all examples is below half the zero predictor's; disagrees if "
-                "no seed's is; inconclusive when the seeds split"
+                "every seed's error at k = all below half the zero predictor's: agrees; no seed's: disagrees; else "
+                "inconclusive"
             )
             verdict = _learns_verdict(fin[m], zero)
             claim_id = f"icl-gpt-learns#{t}" if m == "gpt" else f"aot-f6-icl-learns#{t}"
@@ -498,8 +486,7 @@ def _closeness(t: str, fin: dict, zero: float, records: dict) -> dict:
         b_name="gpt",
         lower_is_better=True,
     )
-    if f["verdict"] != "agrees":
-        f["explanation"] = _ablation_text(fin, zero)
+    # the ablations explain AoT's own "learns" finding, where they are stated once
     if "aot@2x-steps" in fin:
         aot_2x = _mean_over_k(records, t, "aot@2x-steps")
         claims.replicated_gate(f, aot_2x, _mean_over_k(records, t, "gpt@2x-steps"), row="aot", baseline="gpt")
@@ -510,8 +497,8 @@ def _closeness(t: str, fin: dict, zero: float, records: dict) -> dict:
     if stuck:
         claims.gate(
             f,
-            f"{len(stuck)} of {len(fin['aot'])} seeds of aot did not learn by the rule GPT passes (error with all "
-            f"examples below 0.8x the zero predictor's {zero:.3f}: {', '.join(f'{e:.3f}' for e in stuck)})",
+            f"{len(stuck)} of {len(fin['aot'])} seeds of aot did not learn (error at k = all not below 0.8x the zero "
+            f"predictor's {zero:.3f}: {', '.join(f'{e:.3f}' for e in stuck)})",
             "did not learn",
         )
     return f
@@ -542,8 +529,8 @@ def _learns_plateau_gate(f: dict, m: str, fin: dict, zero: float) -> None:
     if v2 != claims.numbers_verdict(f):
         claims.gate(
             f,
-            f"{m} at twice the steps: error {claims.stat(longer).fmt('.3f')} ({len(longer)} seed(s)), which the same "
-            f"rule calls {v2!r}, so the verdict does not survive more training",
+            f"{m} at twice the steps: error {claims.stat(longer).fmt('.3f')} ({len(longer)} seed(s)), {v2!r} by the "
+            "same rule",
             "plateau",
         )
     else:
@@ -575,7 +562,8 @@ def _still_descending(results: list[dict]) -> str:
 
 
 def _ablation_text(fin: dict, zero: float) -> str:
-    """What the ablations (untied projection; 2x or 4x the steps) say about AoT's failure to learn in context."""
+    """What the ablations (untied projection; 2x or 4x the steps) say about AoT's failure to learn in context; their
+    errors are in the section's table, so the words give the verdicts they rest on."""
     if "aot" not in fin:
         return ""
     a = claims.stat(fin["aot"])
@@ -586,22 +574,22 @@ def _ablation_text(fin: dict, zero: float) -> str:
         long = fin[name]
         n_ok = sum(_learned_seeds(long, zero))
         parts.append(
-            f"ablation {name} (the same AoT, {factor}x the steps): error {claims.stat(long).fmt('.3f')}, "
-            f"{n_ok} of {len(long)} seeds below half the zero predictor — "
+            f"{name}: {n_ok} of {len(long)} seeds below half the zero predictor ("
             + (
-                "a longer budget takes AoT off the plateau, so the budget is the limit"
+                "the budget is the limit"
                 if n_ok == len(long)
-                else "leaving the plateau with a longer budget is seed-dependent"
+                else "seed-dependent"
                 if n_ok
-                else f"{factor}x the steps does not take AoT off the plateau"
+                else f"{factor}x the steps leaves AoT on the plateau"
             )
+            + ")"
         )
     g = claims.stat(fin.get("gpt"))
     for name, (factor, confound) in _ONE_FACTOR.items():
         if name in fin:
             parts.append(_one_factor_text(name, factor, a, claims.stat(fin[name]), zero, confound, g))
     if "aot+softmax" in fin:
-        parts.append(_untied_text(a, claims.stat(fin["aot+softmax"]), zero, all(n in fin for n in _ONE_FACTOR)))
+        parts.append(_untied_text(claims.stat(fin["aot+softmax"]), zero, all(n in fin for n in _ONE_FACTOR)))
     return "; ".join(parts)
 
 
@@ -609,11 +597,7 @@ def _ablation_text(fin: dict, zero: float) -> str:
 _ONE_FACTOR = {
     "aot-qnorm": ("the query normalisation", ""),
     # untying also triples the attention's projection parameters: a second factor the row cannot separate
-    "aot-untied": (
-        "the tied query/key/value projection",
-        "untying also gives the attention 3x its projection parameters, so this row cannot tell the tying from "
-        "the parameter count",
-    ),
+    "aot-untied": ("the tied query/key/value projection", "untying also triples the attention's projection parameters"),
 }
 
 
@@ -630,43 +614,31 @@ def _one_factor_text(
     factor the row changes with it (then the row blames neither alone); ``g``: GPT's error, to say how much of AoT's
     gap to it the ablation closes."""
     learns, aot_learns = q.mean < 0.5 * zero, a.mean < 0.5 * zero
-    what = f"AoT without {factor}; {confound}" if confound else f"one factor: AoT without {factor}"
+    what = f"without {factor}; {confound}" if confound else f"one factor: without {factor}"
     blamed = f"{factor} or the smaller attention" if confound else factor
     share = ""
     if g is not None and a.mean > g.mean and q.mean < a.mean:
-        share = (
-            f" ({(a.mean - q.mean) / (a.mean - g.mean):.0%} of AoT's gap to GPT's {g.mean:.3f}, all with every example)"
-        )
-    return f"ablation {name} ({what}): error {q.fmt('.3f')} vs AoT's {a.fmt('.3f')} (zero predictor {zero:.3f}) — " + (
-        f"without it the model learns in context, so {blamed} is what keeps AoT above half the zero predictor's "
-        "error at this budget" + ("; this row does not say which" if confound else "")
+        share = f" ({(a.mean - q.mean) / (a.mean - g.mean):.0%} of AoT's gap to GPT's {g.mean:.3f})"
+    return f"{name} ({what}): " + (
+        f"learns in context, so {blamed} keeps AoT above half the zero predictor's error"
+        + ("; this row does not say which" if confound else "")
         if learns and not aot_learns
-        else f"removing it lowers the error{share} but not below half the zero predictor's, so {factor} explains "
-        "part of the gap, not all of it"
+        else f"lower error{share}, not below half the zero predictor's: {factor} explains part of the gap"
         if not learns and not aot_learns and q.mean < a.mean
-        else f"removing it does not lower the error, so {factor} does not explain it"
+        else f"no lower error: {factor} does not explain the gap"
         if not learns and not aot_learns
         else "AoT learns in context with and without it"
         if learns
-        else "AoT learns with it but not without it"
+        else "AoT learns with it, not without it"
     )
 
 
-def _untied_text(a: claims.Stat, s: claims.Stat, zero: float, both_run: bool = False) -> str:
-    learns = s.mean < 0.5 * zero
-    separated = (
-        " (aot-qnorm takes the normalisation alone; aot-untied the tying, with 3x the projection parameters)"
-        if both_run
-        else ""
-    )
-    return (
-        f"ablation aot+softmax (the same attention-only model with softmax attention: this changes two factors, "
-        f"separate q/k/v projections instead of MSSA's one shared projection and no query normalisation): error "
-        f"{s.fmt('.3f')} vs AoT's {a.fmt('.3f')} at all examples (zero predictor {zero:.3f}) — "
-        + (
-            "with both changed the attention-only model learns, so one of the two (not the missing MLP) keeps AoT "
-            f"on the zero-predictor plateau at this budget; this row alone does not say which{separated}"
-            if learns
-            else "changing both does not help at this budget, so neither explains the plateau alone"
-        )
+def _untied_text(s: claims.Stat, zero: float, both_run: bool = False) -> str:
+    """The ablation that changes two factors at once (softmax attention: untied q/k/v, no query normalisation)."""
+    separated = " (aot-qnorm takes the normalisation alone; aot-untied the tying, with 3x the projection parameters)"
+    return "aot+softmax (softmax attention: untied q/k/v and no query normalisation, two factors): " + (
+        "learns in context, so one of the two (not the missing MLP) keeps AoT on the plateau; this row alone does "
+        "not say which" + (separated if both_run else "")
+        if s.mean < 0.5 * zero
+        else "changing both does not help, so neither explains the plateau alone"
     )
