@@ -62,11 +62,11 @@ def test_the_words_follow_the_numbers():
             return icl._one_factor_text(name, factor, a, q, zero, confound)
 
         blamed = f"{factor} or the smaller attention" if confound else factor
-        assert f"so {blamed} keeps AoT above half the zero predictor's error" in say(plateau, learned)
+        assert f"learns in context, so {blamed} keeps AoT from it" in say(plateau, learned)
         assert ("this row does not say which" in say(plateau, learned)) == bool(confound)
         assert f"no lower error: {factor} does not explain the gap" in say(plateau, plateau)
         lower = claims.stat([0.9, 0.92])  # lower than AoT's, still above half the zero predictor's
-        assert f"not below half the zero predictor's: {factor} explains part of the gap" in say(plateau, lower)
+        assert f"but does not learn: {factor} explains part of the gap" in say(plateau, lower)
         gpt = claims.stat([0.06, 0.06])
         # (0.96 - 0.91) / (0.96 - 0.06) of the gap: 6%
         assert "(6% of AoT's gap to GPT's 0.060)" in icl._one_factor_text(name, factor, plateau, lower, zero, "", gpt)
@@ -77,7 +77,7 @@ def test_the_words_follow_the_numbers():
     assert "aot-qnorm (one factor" in text and "this row alone does not say which" in text
     assert "aot-untied the tying" not in text
     text = icl._ablation_text({**fin, "aot-untied": [0.96, 0.95]}, zero)
-    assert "aot-untied (without the tied query/key/value projection; untying also triples the attention's" in text
+    assert "aot-untied (without the tied q/k/v projection, which also triples the attention's projection" in text
     assert "aot-untied the tying, with 3x the projection parameters" in text
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.common import (
-    CURVE_NOTE,
+    CURVE_EVAL_BATCHES,
     SWEEP_SEED_OFFSET,
     Context,
     ModelRow,
@@ -230,16 +230,15 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         "128 with 8 heads, 50,000 steps of 64 prompts (§4.1.2, Fig. 6, after Garg et al.)"
     )
     sec.intro = (
-        f"Prompts of {n} Gaussian inputs in d={d}; function classes: {', '.join(plan['tasks'])}"
+        f"{n} Gaussian inputs per prompt, d={d}, {', '.join(plan['tasks'])} functions"
         + (
             f" (sparse functions keep {sp} non-zero weights)"
             if (sp := plan["tasks"].get("sparse", {}).get("sparsity")) is not None
             else ""
         )
-        + f". Width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, {tr['steps']} steps of "
-        f"{tr['batch_size']} fresh prompts, {plan.get('seeds', 1)} seed(s) per model. Error: squared error / d on "
-        f"{first.get('n_val', 1000)} held-out prompts at k in-context examples (seed means; the last column: mean ± "
-        f"std). Lasso alpha = {plan['lasso_alpha']} (AoT Fig. 6)."
+        + f"; width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, {tr['steps']} steps of "
+        f"{tr['batch_size']} fresh prompts, {plan.get('seeds', 1)} seed(s). Error / d on {first.get('n_val', 1000)} "
+        f"held-out prompts at k examples (last column: mean ± std over seeds); Lasso alpha {plan['lasso_alpha']}."
     )
     curves: dict[str, dict[str, list[float]]] = {}
     finals: dict[str, dict[str, list[float]]] = {}
@@ -269,7 +268,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         ]
         sec.tables.append(
             Table(
-                f"{task}: normalised squared error by number of in-context examples",
+                f"{task}: error / d by number of in-context examples k",
                 ["predictor"] + [f"k={k}" for k in ks] + ["mean over k", f"k={npos - 1}"],
                 rows,
             )
@@ -353,7 +352,11 @@ def _val_curves(sec: Section, records: dict, plan: dict, plots_dir, rel) -> None
     if any(c for v in val.values() for c in v.values()):
         path = plots_dir / "icl_curves.png"
         save_figure(plot_val_curves(list(val.items()), "validation error / d", "In-context: validation curves"), path)
-        sec.plots.append((rel(path), f"Validation error (mean over k, seed means) during training; {CURVE_NOTE}."))
+        caption = (
+            "Validation error (mean over k, seed means) during training; points before the last use "
+            f"{CURVE_EVAL_BATCHES} validation batches."
+        )
+        sec.plots.append((rel(path), caption))
 
 
 def _plot(curves, d):
@@ -430,18 +433,13 @@ def _findings(curves, finals, records, plan) -> list[dict]:
         for m in ("gpt", "aot"):
             if m not in fin:
                 continue
-            ls = c.get("least_squares", [None])[-1]
             st = claims.stat(fin[m])
             n_ok = sum(learned[m])
             measured = (
-                f"{m} error {st.fmt('.3f')} at k={len(c[m]) - 1} vs zero predictor {zero:.3f}"
-                + (f", least squares {ls:.3f}" if ls is not None else "")
-                + f"; {n_ok} of {len(fin[m])} seeds below half the zero predictor"
+                f"{m} error {st.fmt('.3f')} at k={len(c[m]) - 1}; {n_ok} of {len(fin[m])} seeds below half the zero "
+                f"predictor's {zero:.3f}"
             )
-            rule = (
-                "every seed's error at k = all below half the zero predictor's: agrees; no seed's: disagrees; else "
-                "inconclusive"
-            )
+            rule = "per seed, error at k = all below half the zero predictor's (every seed: agrees; none: disagrees)"
             verdict = _learns_verdict(fin[m], zero)
             claim_id = f"icl-gpt-learns#{t}" if m == "gpt" else f"aot-f6-icl-learns#{t}"
             f = claims.finding(
@@ -562,8 +560,8 @@ def _still_descending(results: list[dict]) -> str:
 
 
 def _ablation_text(fin: dict, zero: float) -> str:
-    """What the ablations (untied projection; 2x or 4x the steps) say about AoT's failure to learn in context; their
-    errors are in the section's table, so the words give the verdicts they rest on."""
+    """What the ablations (untied projection; 2x or 4x the steps) say about AoT's failure to learn in context (a seed
+    learns: its error at k = all is below half the zero predictor's); their errors are in the section's table."""
     if "aot" not in fin:
         return ""
     a = claims.stat(fin["aot"])
@@ -574,7 +572,7 @@ def _ablation_text(fin: dict, zero: float) -> str:
         long = fin[name]
         n_ok = sum(_learned_seeds(long, zero))
         parts.append(
-            f"{name}: {n_ok} of {len(long)} seeds below half the zero predictor ("
+            f"{name}: {n_ok} of {len(long)} seeds learn ("
             + (
                 "the budget is the limit"
                 if n_ok == len(long)
@@ -597,7 +595,7 @@ def _ablation_text(fin: dict, zero: float) -> str:
 _ONE_FACTOR = {
     "aot-qnorm": ("the query normalisation", ""),
     # untying also triples the attention's projection parameters: a second factor the row cannot separate
-    "aot-untied": ("the tied query/key/value projection", "untying also triples the attention's projection parameters"),
+    "aot-untied": ("the tied q/k/v projection", "which also triples the attention's projection parameters"),
 }
 
 
@@ -614,16 +612,15 @@ def _one_factor_text(
     factor the row changes with it (then the row blames neither alone); ``g``: GPT's error, to say how much of AoT's
     gap to it the ablation closes."""
     learns, aot_learns = q.mean < 0.5 * zero, a.mean < 0.5 * zero
-    what = f"without {factor}; {confound}" if confound else f"one factor: without {factor}"
+    what = f"without {factor}, {confound}" if confound else f"one factor: without {factor}"
     blamed = f"{factor} or the smaller attention" if confound else factor
     share = ""
     if g is not None and a.mean > g.mean and q.mean < a.mean:
         share = f" ({(a.mean - q.mean) / (a.mean - g.mean):.0%} of AoT's gap to GPT's {g.mean:.3f})"
     return f"{name} ({what}): " + (
-        f"learns in context, so {blamed} keeps AoT above half the zero predictor's error"
-        + ("; this row does not say which" if confound else "")
+        f"learns in context, so {blamed} keeps AoT from it" + ("; this row does not say which" if confound else "")
         if learns and not aot_learns
-        else f"lower error{share}, not below half the zero predictor's: {factor} explains part of the gap"
+        else f"lower error{share} but does not learn: {factor} explains part of the gap"
         if not learns and not aot_learns and q.mean < a.mean
         else f"no lower error: {factor} does not explain the gap"
         if not learns and not aot_learns

@@ -12,7 +12,7 @@ import numpy as np
 
 from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.common import (
-    CURVE_NOTE,
+    CURVE_EVAL_BATCHES,
     SWEEP_SEED_OFFSET,
     Context,
     Section,
@@ -423,7 +423,7 @@ def _extra_seeds_intro(plan: dict) -> str:
     extra = plan.get("extra_seeds", {})
     if not extra.get("rows"):
         return ""
-    return f"; {', '.join(extra['rows'])}: {extra['seeds']} seeds more, in every reading of the row"
+    return f"; {', '.join(extra['rows'])}: {extra['seeds']} seeds more"
 
 
 def _mega_intro(plan: dict) -> str:
@@ -435,10 +435,9 @@ def _mega_intro(plan: dict) -> str:
     chunk = plan.get("mega_chunk_size", MEGA_CHUNK)
     # MEGA's N(0, 0.02) leaves the attention's gradients below Adam's epsilon for thousands of steps (MEGA trains 90k)
     return (
-        f" {', '.join(rows)}: MEGA's own block (CSP Table 4's second group; damped EMA, single-head gated attention, "
-        f"Z = D/2) with dense, chunked (r = {chunk}) or CSP attention, compared only with each other; initialised "
-        "N(0, 1/fan-in) and N(0, 1) (`init='scaled'`): with MEGA's N(0, 0.02) the block stayed at the majority class "
-        "at every swept rate (docs/results_history.md, 2026-11-26)."
+        f" {', '.join(rows)}: MEGA's own block (CSP Table 4's second group, Z = D/2) with dense, chunked (r = {chunk}) "
+        "or CSP attention, compared only with each other; initialised N(0, 1/fan-in) and N(0, 1) (`init='scaled'`): "
+        "with MEGA's N(0, 0.02) it stayed at the majority class (docs/results_history.md, 2026-11-26)."
     )
 
 
@@ -650,7 +649,13 @@ def _curves(sec: Section, res: dict, mechs: list[str], tasks: list[str], ablatio
     if any(v for _, c in panels for v in c.values()):
         path = plots_dir / "long_range_curves.png"
         save_figure(plot_val_curves(panels, "validation accuracy (%)", "Long-range: validation curves"), path)
-        sec.plots.append((rel(path), f"Validation accuracy during training (seed means); {CURVE_NOTE}."))
+        sec.plots.append(
+            (
+                rel(path),
+                "Validation accuracy during training (seed means); points before the last use "
+                f"{CURVE_EVAL_BATCHES} validation batches.",
+            )
+        )
 
 
 def equal_time(
@@ -720,7 +725,7 @@ def _equal_time_table(rows: list[list], times: list[str]) -> Table:
         ["task", "mechanism", "steps in that time", "step read", "acc %", "vs softmax pts [95% CI]"],
         rows,
         caption=f"Softmax trains {'; '.join(times)} (median steps/s, one thread); lower bound: the longest run ends "
-        "sooner; a point inside a longer cosine schedule, read before its rate anneals, under-states the mechanism.",
+        "sooner; a point inside a longer schedule (rate not annealed) under-states the mechanism.",
     )
 
 
