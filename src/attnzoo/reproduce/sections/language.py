@@ -21,7 +21,6 @@ from attnzoo.reproduce.common import (
     Section,
     Table,
     check_sweep_extra,
-    curve_text,
     fmt,
     gate_untuned,
     load_trained,
@@ -288,7 +287,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     if names:
         path = plots_dir / "language.png"
         save_figure(_plot(res, names), path)
-        sec.plots.append((rel(path), "Training loss, per-token decode time and decoding-state size vs context."))
+        sec.plots.append((rel(path), "Training loss; decode time and state vs context."))
     _plot_val_curves(sec, curves, plan, plots_dir, rel)
     # every seed of the baseline must beat the bigram model by the margin, else the comparisons are of bigram-level
     # models and say nothing about the mechanisms
@@ -310,7 +309,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             + " on every seed: the models are at bigram level, so no comparison is reported (the sweep and the "
             "plateau run above say how far the budget is from that)"
         )
-    _gate(sec, records, plan, res, curves)
+    _gate(sec, records, plan, res)
     return sec
 
 
@@ -320,26 +319,19 @@ def _describe(plan: dict, params: list[int], ngram: dict | None) -> tuple[str, s
     seen = tr["steps"] * tr["batch_size"] * block
     subset = plan["task_options"].get("train_chars")
     intro = (
-        "Shakespeare's works, train/validation split by play, character vocabulary"
+        "Shakespeare, split by play, character vocabulary"
         + (
-            f"; training on the first {subset:,} characters of the training plays (in name order), "
-            f"{seen / subset:.3g} epochs: a data-limited regime, chosen so that the baseline reaches a plateau within "
-            "the run (the papers train data-rich, on OpenWebText)"
-            if subset
-            else ""
+            # data-limited on purpose: the baseline reaches a plateau within the run
+            f"; the first {subset:,} characters of the training plays ({seen / subset:.3g} epochs)" if subset else ""
         )
-        + f"; block {block}, width {arch['dim']}, depth {arch['depth']}, {arch['heads']} "
-        f"heads; {tr['steps']} steps of batch {tr['batch_size']} (same optimiser for all). Validation loss "
-        f"on {plan['eval_windows']} windows spread through the validation plays, "
-        f"{plan.get('seeds', 1)} seed(s) per model (mean ± std); lower is better."
+        + f"; block {block}, width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads; {tr['steps']} "
+        f"steps of batch {tr['batch_size']}. Validation loss on {plan['eval_windows']} windows of the validation "
+        f"plays, {plan.get('seeds', 1)} seed(s) per model (mean ± std)."
     )
     if ngram:
         intro += (
-            " Count-based character models fitted on the same training "
-            + ("characters" if subset else "plays")
-            + f" score {ngram['unigram_bpc']:.3f} "
-            f"(unigram) and {ngram['bigram_bpc']:.3f} (bigram) bits/char on the same windows (step "
-            "`language/ngram-baselines`)."
+            f" Unigram / bigram character models on the same training text: {ngram['unigram_bpc']:.3f} / "
+            f"{ngram['bigram_bpc']:.3f} bits/char."
         )
     scale = (
         f"here character-level Shakespeare, {min(params):,}-{max(params):,} parameters, {block}-character windows, "
@@ -374,12 +366,8 @@ def _plot_val_curves(sec: Section, curves: dict, plan: dict, plots_dir, rel) -> 
         sec.plots.append(
             (
                 rel(path),
-                "Validation bits/char at 4 points of each run (seed means; the trainer's one validation batch of "
-                f"consecutive windows, another sample than the table's {plan['eval_windows']} windows spread through "
-                f"the validation plays and at another level: read the curves' shape, not their level); {PLATEAU} is "
-                "the baseline's plateau run"
-                + "".join(f", {r} {r.split('@')[0]}'s own" for r in longer_rows(plan) if r != PLATEAU)
-                + ".",
+                "Validation bits/char during training (seed means, the trainer's batch: shape, not level); "
+                f"{', '.join(dict.fromkeys([PLATEAU, *longer_rows(plan)]))}: twice the steps.",
             )
         )
 
@@ -388,7 +376,7 @@ def _plot_val_curves(sec: Section, curves: dict, plan: dict, plots_dir, rel) -> 
 OTHER_MARGINS = {"tost": (0.127, "ToST Table 4's in-distribution OWT gap")}
 
 
-def _gate(sec: Section, records: dict, plan: dict, res: dict, curves: dict | None = None) -> None:
+def _gate(sec: Section, records: dict, plan: dict, res: dict) -> None:
     """The plateau run of the baseline and the learning-rate sweep: their evidence, and the gates they set."""
     longer = per_seed(records, f"{KEY}/{PLATEAU}")
     gpt_2x = claims.stat(r["val_loss"] for r in longer) if longer else None
@@ -408,9 +396,6 @@ def _gate(sec: Section, records: dict, plan: dict, res: dict, curves: dict | Non
         res["gpt"]["val_loss"] if "gpt" in res else None,
         gpt_2x,
         "nats",
-        curves="; ".join(
-            f"{n} {curve_text(c, '.3f')} bits/char" for n, c in (curves or {}).items() if n in ("gpt", PLATEAU)
-        ),
     )
     for row, own in own_2x.items():
         for f in sec.findings:
@@ -474,7 +459,7 @@ def _tables(res: dict, names: list[str]) -> list[Table]:
     contexts = sorted({d["context"] for n in names for d in res[n]["decode"]})
     if contexts:
         drows = []
-        for n in names:
+        for n in [n for n in names if res[n]["decode"]]:  # the no-attention control decodes nothing
             by = {d["context"]: d for d in res[n]["decode"]}
             drows.append(
                 [n]
@@ -591,7 +576,7 @@ def _findings(res) -> list[dict]:
                     measured=f"{m} state {d[lo]['state_kib']:.1f} -> {d[hi]['state_kib']:.1f} KiB from context "
                     f"{lo} to {hi}; gpt KV cache x{grows:.1f}",
                     verdict="agrees" if flat else "disagrees",
-                    rule=f"agrees if {m}'s decoding state does not grow from context {lo} to {hi}",
+                    rule="agrees if the state does not grow",
                     kind="check",
                     measurement=True,
                 )
@@ -603,8 +588,7 @@ def _findings(res) -> list[dict]:
                     **paper_claims.finding_kw(f"lm-decode-time-{m}"),
                     measured=f"{m} x{tr:.2f}, gpt x{gr:.2f} from context {lo} to {hi}",
                     verdict="agrees" if tr <= 1.5 else "disagrees",
-                    rule=f"agrees if {m}'s ms/token grows by at most 1.5x from context {lo} to {hi} (timing noise "
-                    "allowed)",
+                    rule="agrees if ms/token grows at most 1.5x (timing noise)",
                     kind="check",
                     measurement=True,
                 )
