@@ -86,7 +86,7 @@ def smoke_run(tmp_path_factory):
 def test_smoke_section_runs_and_reports(smoke_run):
     text = (smoke_run / "report.md").read_text()
     assert f"## {av.TITLE}" in text
-    assert "| row | mechanism | description | params | forward MFLOPs / image |" in text
+    assert "| row | description | params | forward MFLOPs / image |" in text
     assert (smoke_run / "plots" / "adapt_vision.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     res = json.loads((smoke_run / "results.json").read_text())
     sec = res["sections"][av.KEY]

@@ -202,7 +202,7 @@ def test_vision_verdicts_are_gated_when_the_task_does_not_need_attention():
     ctl = next(f for f in out if f["claim"].startswith("attention helps"))
     assert ctl["verdict"] == "inconclusive" and "gate" not in ctl  # the check itself is not gated
     assert m["verdict"] == "inconclusive" and m["ungated_verdict"] == "agrees" and m["gate_reasons"] == ["control"]
-    assert "not shown to need attention: vit vs its no-attention control vit+identity, effect +0.333 pts" in m["gate"]
+    assert "not shown to need attention: vit vs vit+identity +0.333 pts" in m["gate"]
     # attention helps: nothing is gated
     res["vit+identity"]["accuracy"] = stat([40.0, 41.0, 40.5])
     out = vision._findings(res)
@@ -221,7 +221,7 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
 
     def tost_vs_vit_swap(out):
         return next(
-            f for f in out if f["claim"].startswith("ToST's attention in the ViT skeleton") and "XCiT" not in f["claim"]
+            f for f in out if f["claim"].startswith("controlled swap: ToST") and "XCiT" not in f["claim"]
         )
 
     res = {
@@ -236,7 +236,7 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
     ctl = tost_vs_vit_swap(out)
     assert (ctl["a_name"], ctl["b_name"]) == ("vit+tssa", "vit") and ctl["gate_reasons"] == ["conditions"]
     assert "never passes a CLS token through TSSA" in ctl["gate"] and ctl["ungated_verdict"] == "disagrees"
-    csp = next(f for f in out if f["claim"].startswith("CSP-ViT's attention in the ViT skeleton"))
+    csp = next(f for f in out if f["claim"].startswith("controlled swap: CSP-ViT"))
     assert csp["gate_reasons"] == ["conditions"] and "K = 1" in csp["gate"]
     assert next(f for f in out if f["claim"] == "CSP-ViT beats the MHA ViT")["b_name"] == "vit"
 
@@ -250,7 +250,7 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
     ctl = tost_vs_vit_swap(out)
     assert (ctl["a_name"], ctl["b_name"]) == ("vit+tssa-meanpool", "vit-meanpool") and "gate" not in ctl
     assert "with the CLS token, vit+tssa vs vit: 79.2" in ctl["explanation"]
-    csp = next(f for f in out if f["claim"].startswith("CSP-ViT's attention in the ViT skeleton"))
+    csp = next(f for f in out if f["claim"].startswith("controlled swap: CSP-ViT"))
     assert (csp["a_name"], csp["b_name"]) == ("vit+csp-meanpool", "vit-meanpool") and "gate" not in csp
     own = next(f for f in out if f["claim"] == "CSP-ViT beats the MHA ViT")
     # a tie against the paper's own +2.91 refutes "beats" (the interval lies below half of it)
@@ -269,7 +269,7 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
     res["vit+xca-meanpool"] = r(84.0, 84.4, 84.2)
     out = vision._findings(res)
     swap = next(
-        f for f in out if f["claim"].startswith("ToST's attention in the ViT skeleton") and "XCiT" in f["claim"]
+        f for f in out if f["claim"].startswith("controlled swap: ToST") and "XCiT" in f["claim"]
     )
     assert (swap["a_name"], swap["b_name"]) == ("vit+tssa-meanpool", "vit+xca-meanpool") and "gate" not in swap
     assert "with the CLS token, vit+tssa vs vit+xca: 79.2 ± 0.3 vs 83.2 ± 0.2" in swap["explanation"]
@@ -430,7 +430,7 @@ def test_unmatched_tost_row_points_to_the_matched_one():
         "tost@matched-params": {"accuracy": stat([70.2, 70.6, 70.4]), "params": 98_000},
     }
     f = next(f for f in vision._findings(res) if f["claim"] == "ToST is competitive with ViT at similar size")
-    assert "the parameter counts differ (2.00x): the tost@matched-params row" in f["explanation"]
+    assert "parameters 2.00x: tost@matched-params is the similar-size test" in f["explanation"]
     # 2.00x against the paper's 1.02x (ToST-S vs ViT-S): not the paper's sizes, so the verdict is gated
     assert f["gate_reasons"] == ["conditions"] and "parameters 2.00x here against 1.02x in the paper" in f["gate"]
     res["tost"]["params"] = 104_000  # within 10% of the paper's ratio: no gate

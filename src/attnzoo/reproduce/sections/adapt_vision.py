@@ -47,14 +47,14 @@ TITLE = "Adapting a pretrained ViT (CBSA Fig. 9)"
 
 TEACHER = f"{KEY}/teacher"
 
-#: row -> (mechanism given to make_student, description)
+#: row -> (mechanism given to make_student, the table's description: what is inherited from the pretrained ViT)
 ROWS: dict[str, tuple[str, str]] = {
-    "original": ("softmax", "the pretrained ViT itself, fine-tuned (softmax attention)"),
-    "cbsa": ("cbsa-qkv", "CBSA, q/k/v/o inherited (Fig. 9's three projections), kappa new"),
-    "cbsa-no-contraction": ("agent-qkv", "CBSA without the contraction step (Agent Attention), q/k/v/o inherited"),
-    "linear": ("linear", "linear attention (elu + 1), q/k/v/o inherited"),
-    "tssa": ("tssa", "TSSA (ToST): U and temperatures new, o inherited"),
-    "fastmax": ("fastmax", "Fastmax (FAST), q/k/v/o inherited"),
+    "original": ("softmax", "the pretrained softmax ViT"),
+    "cbsa": ("cbsa-qkv", "q/k/v/o inherited, kappa new"),
+    "cbsa-no-contraction": ("agent-qkv", "Agent Attention (no contraction), q/k/v/o inherited"),
+    "linear": ("linear", "elu + 1, q/k/v/o inherited"),
+    "tssa": ("tssa", "U and temperatures new, o inherited"),
+    "fastmax": ("fastmax", "q/k/v/o inherited"),
 }
 
 #: the check row: the CBSA student built from an untrained ViT and trained for the same steps
@@ -284,14 +284,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     if teacher:
         path = plots_dir / "adapt_vision.png"
         save_figure(_plot(teacher, res), path)
-        sec.plots.append(
-            (
-                rel(path),
-                "Left: the ViT's pretraining (training loss, validation accuracy at its evaluations). Right: "
-                "validation accuracy of each row after fine-tuning (mean ± std over seeds), and of the swapped "
-                "model before fine-tuning (hatched).",
-            )
-        )
+        caption = "Left: the ViT's pretraining; right: accuracy fine-tuned (mean ± std) and just swapped (hatched)."
+        sec.plots.append((rel(path), caption))
     if teacher is None:
         sec.notes.append("the pretrained ViT has no record: nothing to compare")
         return sec
@@ -308,17 +302,12 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     paper = [f for f in sec.findings if f["kind"] == "paper"]
     base = claims.stat([t_acc])
     teacher_plateau = claims.plateau_gate(paper, "pretrained ViT", base, _acc(res, "original"), "%", ".1f")
-    teacher_plateau["text"] = (
-        teacher_plateau["text"].replace(
-            "at twice the steps", f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
-        )
-        + " (the pretrained teacher's plateau, read against the paper claims' boundaries)"
-    )
+    more = f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
+    teacher_plateau["text"] = teacher_plateau["text"].replace("at twice the steps", more)
     # the paper claims compare adapted rows with linear attention, fine-tuned the same steps: that baseline's
     # plateau run fine-tunes it twice the steps (plan "baseline_plateau")
     longer = _stats(records, PLATEAU)
     own = claims.plateau_gate(paper, BASELINE, _acc(res, BASELINE), longer and longer["accuracy"], "%", ".1f")
-    own["text"] += " (the fine-tuned baseline of the paper claims)"
     sec.data["plateau"] = {"teacher": teacher_plateau, "linear": own}
     _tune(sec, records, plan, res)
     return sec
@@ -358,32 +347,27 @@ def _row_data(st: dict) -> dict:
     }
 
 
-def _describe(row: str) -> tuple[str, str]:
-    if row == SCRATCH:
-        return "cbsa-qkv", "check: the CBSA student of an untrained ViT, trained for the same steps"
-    return ROWS[row]
+def _describe(row: str) -> str:
+    return "check: cbsa from an untrained ViT" if row == SCRATCH else ROWS[row][1]
 
 
 def _table(res: dict) -> Table:
     heads = [
         "row",
-        "mechanism",
         "description",
         "params",
         "forward MFLOPs / image",
-        "val acc % swapped, no training (first batches)",
+        "val acc % swapped (first batches)",
         "val acc % fine-tuned",
         "ms / step",
     ]
     clocks = {st.get("clock") for st in res.values()}
     rows = []
     for r, st in res.items():
-        mech, desc = _describe(r)
         rows.append(
             [
                 r,
-                mech,
-                desc,
+                _describe(r),
                 fmt(st["params"], ","),
                 fmt(st["flops"] / 1e6, ".2f"),
                 st["swapped"].fmt(".1f"),
@@ -391,17 +375,10 @@ def _table(res: dict) -> Table:
                 fmt(st["ms_per_step"], ".1f"),
             ]
         )
+    clock = "CPU time" if clocks == {"cpu"} else "wall time"
     caption = (
-        "Fine-tuned validation accuracy: mean ± sample std over seeds (each seed draws the fine-tuning batches and the "
-        "new parameters). FLOPs: one forward pass of one image (matrix products and the patch convolution, counted by "
-        "torch.utils.flop_counter; elementwise work such as exp and normalisation is not counted). ms / step: "
-        "median time of a fine-tuning step (forward, backward, AdamW), evaluation excluded: "
-        + (
-            "CPU time of the process (not inflated by other jobs on a shared machine)"
-            if clocks == {"cpu"}
-            else "wall time"
-        )
-        + "."
+        "Mean ± sample std over seeds; FLOPs: matrix products and the patch convolution of one image's forward pass "
+        f"(torch.utils.flop_counter); ms / step: median {clock} of a fine-tuning step, evaluation excluded."
     )
     return Table("Pretrained ViT adapted into each attention, fine-tuned for the same steps", heads, rows, caption)
 
@@ -409,22 +386,18 @@ def _table(res: dict) -> Table:
 def _intro(plan: dict) -> str:
     arch, pre, ft = plan["arch"], plan["pretrain"], plan["finetune"]
     n = plan.get("seeds", 1)
+    rate = (
+        f"each row at the best rate of its sweep over {', '.join(f'{x:g}' for x in plan['finetune_lr_sweep'])}"
+        if plan.get("finetune_lr_sweep")
+        else f"lr {ft['lr']}"
+    )
     return (
         f"A softmax ViT (width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, patch "
-        f"{arch['patch_size']}) is pretrained on `{plan['task']}` for {pre['steps']} steps of batch "
-        f"{pre['batch_size']} (lr {pre['lr']}). Each row swaps its attention (reusing the pretrained projections "
-        f"the mechanism has; see the table) and fine-tunes every weight for {ft['steps']} steps of batch "
-        f"{ft['batch_size']} with AdamW ("
-        + (
-            f"each row at the best rate of its sweep over {', '.join(f'{x:g}' for x in plan['finetune_lr_sweep'])}"
-            if plan.get("finetune_lr_sweep")
-            else f"lr {ft['lr']}"
-        )
-        + f"), no attention-transfer stage, as CBSA Fig. 9 fine-tunes the "
-        f"adapted ViTs and the original alike; {n} seed{'s' if n > 1 else ''} per row. CBSA here keeps the "
-        f"three pretrained q/k/v projections as Fig. 9 does (attnzoo's CBSA layer has one shared projection U, "
-        f"eq 8); its representatives are {tuple(plan['rep_grid'])}-pooled queries. Paper: ImageNet-21k ViTs "
-        "fine-tuned 50 epochs on ImageNet-1k; here the pretraining and fine-tuning data are the same small task."
+        f"{arch['patch_size']}) is pretrained on `{plan['task']}` ({pre['steps']} steps of batch {pre['batch_size']}, "
+        f"lr {pre['lr']}). Each row swaps its attention, keeping the pretrained projections it has, and fine-tunes "
+        f"every weight for {ft['steps']} steps of batch {ft['batch_size']} with AdamW ({rate}), without attention "
+        f"transfer as in Fig. 9; {n} seed{'s' if n > 1 else ''} per row. CBSA keeps Fig. 9's q/k/v projections "
+        f"(attnzoo's CBSA layer has one, eq 8), with {tuple(plan['rep_grid'])}-pooled queries as representatives."
     )
 
 
@@ -485,10 +458,8 @@ def _findings(res: dict) -> list[dict]:
             kind=kind,
             spec=".1f",
         )
-        if a in res and b in res:
-            fa, fb = res[a]["flops"], res[b]["flops"]
-            f["flops_a"], f["flops_b"] = fa, fb
-            f["measured"] += f"; forward FLOPs per image {fa / 1e6:.2f}M vs {fb / 1e6:.2f}M ({fa / fb:.2f}x)"
+        if a in res and b in res:  # the FLOPs are the table's and the FLOPs check's words
+            f["flops_a"], f["flops_b"] = res[a]["flops"], res[b]["flops"]
         out.append(f)
     if "cbsa" in res and "linear" in res:
         ratio = res["cbsa"]["flops"] / res["linear"]["flops"]
@@ -498,8 +469,7 @@ def _findings(res: dict) -> list[dict]:
                 measured=f"forward FLOPs per image: cbsa {res['cbsa']['flops'] / 1e6:.2f}M vs linear "
                 f"{res['linear']['flops'] / 1e6:.2f}M ({ratio:.3f}x)",
                 verdict="agrees" if abs(ratio - 1.0) <= FLOPS_TOLERANCE else "disagrees",
-                rule=f"agrees if the ratio is within 1 ± {FLOPS_TOLERANCE:g} (counted matrix products, one forward "
-                "pass)",
+                rule=f"agrees if the ratio is within 1 ± {FLOPS_TOLERANCE:g}",
                 kind="check",
                 measurement=True,
             )

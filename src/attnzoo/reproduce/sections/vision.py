@@ -13,14 +13,13 @@ import numpy as np
 
 from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.common import (
-    CURVE_NOTE,
+    CURVE_EVAL_BATCHES,
     SWEEP_SEED_OFFSET,
     Context,
     ModelRow,
     Section,
     Table,
     check_sweep_extra,
-    curve_text,
     fmt,
     gate_untuned,
     load_trained,
@@ -446,8 +445,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.plots.append(
             (
                 rel(path),
-                "Validation accuracy at 4 points of each run (seed means), one panel per table; "
-                f"{', '.join(_plateau_rows(plan).values())}: the baselines' plateau runs; {CURVE_NOTE}.",
+                f"Validation accuracy during training (seed means), one panel per table, plateau runs included; "
+                f"points before the last use {CURVE_EVAL_BATCHES} validation batches.",
             )
         )
     names = [n for n in plan["models"] if n in res]
@@ -457,8 +456,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.plots.append(
             (
                 rel(path),
-                "Validation accuracy (mean ± std over seeds), training throughput and peak "
-                "memory of one training step.",
+                "Accuracy (mean ± std over seeds), training images/s and peak training-step memory.",
             )
         )
     majority = 100.0 * plan.get("majority", 0.1)
@@ -516,7 +514,6 @@ def _plateaus(findings: list[dict], res: dict, rows: dict[str, str]) -> dict:
             _acc(res, rows.get(b, f"{b}@2x-steps")),
             "%",
             ".1f",
-            curves="; ".join(f"{n} {curve_text(res[n]['val_curve'], '.1f')}" for n in (b, rows.get(b)) if n in res),
         )
         for b, fs in groups.items()
     }
@@ -548,10 +545,8 @@ def _gate_attention_needed(findings: list[dict]) -> None:
     if check is None or check["verdict"] == "agrees":
         return
     check["gates_section"] = True  # the first screen says so
-    why = (
-        f"the task is not shown to need attention: {check['a_name']} vs its no-attention control {CONTROL}, effect "
-        f"{check['effect']:+.3g} pts, 95% CI "
-        + (f"[{check['ci95'][0]:+.3g}, {check['ci95'][1]:+.3g}]" if check.get("ci95") else "none (one seed)")
+    why = f"not shown to need attention: {check['a_name']} vs {CONTROL} {check['effect']:+.3g} pts " + (
+        f"[{check['ci95'][0]:+.3g}, {check['ci95'][1]:+.3g}]" if check.get("ci95") else "(one seed, no interval)"
     )
     for f in findings:
         if f["kind"] == "paper" and f.get("claim_type") == "non-inferiority":
@@ -563,57 +558,58 @@ def _acc(res: dict, name: str) -> claims.Stat | None:
 
 
 def _intro(plan: dict) -> str:
-    arch = plan["arch"]
+    arch, tr = plan["arch"], plan["train"]
     n_seeds = plan.get("seeds", 1)
+    rate = (
+        f"each row at the best rate of its sweep ({', '.join(f'{x:g}' for x in lrs)})"
+        if (lrs := plan.get("lr_sweep"))
+        else f"lr {tr['lr']}, not tuned"
+    )
     return (
-        f"Task `{plan['task']}` ({_describe_task(plan)}); every model has width {arch['dim']}, depth "
-        f"{arch['depth']}, {arch['heads']} heads, patch {arch['patch_size']}, and trains for "
-        f"{plan['train']['steps']} steps of batch {plan['train']['batch_size']} with the same AdamW/cosine "
-        + (
-            f"schedule, each row at the best rate of its learning-rate sweep ({', '.join(f'{x:g}' for x in lrs)}; "
-            "the sweep table below)"
-            if (lrs := plan.get("lr_sweep"))
-            else f"schedule (lr {plan['train']['lr']}, not tuned)"
-        )
-        + f", no augmentation; {n_seeds} seed{'s' if n_seeds > 1 else ''} "
-        "per row (accuracy: mean ± sample std over seeds). The first table keeps each paper's own "
-        "architecture (ISTA vs MLP blocks, no MLP in AoT, class attention in XCiT/ToST, CSP-ViT's patch "
-        "embedding and mean "
-        "pooling), so its rows differ in more than the attention. The second table is the controlled "
-        "comparison: the ViT baseline's skeleton (conv patches, CLS token, MLP blocks, pre-norm) with only "
-        "the attention swapped."
+        f"Task `{plan['task']}` ({_describe_task(plan)}); width {arch['dim']}, depth {arch['depth']}, "
+        f"{arch['heads']} heads, patch {arch['patch_size']}; {tr['steps']} steps of batch {tr['batch_size']}, "
+        f"AdamW/cosine, {rate}, no augmentation; {n_seeds} seed{'s' if n_seeds > 1 else ''} per row (mean ± "
+        "sample std). The papers' architectures differ in more than the attention; the controlled swaps put each "
+        "attention into the ViT skeleton (conv patches, CLS token, MLP blocks, pre-norm)."
     )
 
 
-_HEADS = ["model", "mechanism", "architecture", "params", "val acc %", "train img/s", "peak train-step MiB", "tokens"]
+_MEASURES = ["params", "val acc %", "train img/s", "peak train-step MiB"]
+
+#: the ablation table's words for each row (its step configs keep the long descriptions of :data:`ABLATIONS`)
+ABLATION_LABELS = {
+    "aot+ista": "AoT + CRATE's ISTA block",
+    "aot+prenorm": "AoT + CRATE's pre-norm",
+    "vit+tssa-meanpool": "ViT + TSSA, mean pooling",
+    "vit-meanpool": "ViT, mean pooling",
+    "vit+csp-meanpool": "ViT + CSP (groups of two), mean pooling",
+    "vit+xca-meanpool": "ViT + XCA, mean pooling",
+    "csp_vit_skeleton+softmax": "CSP-ViT's skeleton, softmax",
+}
 
 
 def _tables(res: dict, plan: dict, swaps: list[str]) -> list[Table]:
-    """The papers' architectures, the controlled swap and the ablations (one row per model, seed means)."""
+    """The papers' architectures, the controlled swaps and the ablations (one row per model, seed means)."""
 
-    def row(n):
+    def measures(n):
         r = res[n]
-        reg, mech, desc = _registered(n)
-        return [
-            n,
-            mech,
-            desc,
-            fmt(r["params"], ","),
-            r["accuracy"].fmt(".1f"),
-            fmt(r["samples_per_s"], ".0f"),
-            fmt(r["peak_train_mb"], ".1f"),
-            fmt(r["tokens"], "d"),
-        ]
+        acc = r["accuracy"].fmt(".1f")
+        return [fmt(r["params"], ","), acc, fmt(r["samples_per_s"], ".0f"), fmt(r["peak_train_mb"], ".1f")]
 
-    papers = list(plan["models"]) + [MATCHED]
-    tables = [Table("Papers' architectures", _HEADS, [row(n) for n in papers if n in res])]
+    def paper_row(n):
+        _, mech, desc = _registered(n)
+        return [n, mech, "ToST, width matched to ViT's parameters" if n == MATCHED else desc, *measures(n)]
+
+    papers = [n for n in list(plan["models"]) + [MATCHED] if n in res]
+    heads = ["model", "mechanism", "architecture", *_MEASURES]
+    tables = [Table("Papers' architectures", heads, [paper_row(n) for n in papers])]
     if len(swaps) > 1:
-        tables.append(
-            Table("Controlled swap: ViT skeleton, only the attention differs", _HEADS, [row(n) for n in swaps])
-        )
+        rows = [[n, *measures(n)] for n in swaps]
+        tables.append(Table("Controlled swaps: ViT skeleton, only the attention differs", ["model", *_MEASURES], rows))
     abl = [n for n in plan.get("ablations", []) if n in res]
     if abl:
-        tables.append(Table("Ablations (testing the explanations of the gaps below)", _HEADS, [row(n) for n in abl]))
+        rows = [[n, ABLATION_LABELS.get(n, _registered(n).description), *measures(n)] for n in abl]
+        tables.append(Table("Ablations", ["model", "change", *_MEASURES], rows))
     return tables
 
 
@@ -638,7 +634,7 @@ def _describe_task(plan: dict) -> str:
     n_tr = opts.get("n_train", 60000)
     n_va = opts.get("n_val", 10000)
     size = "28x28" + (f" resized to {opts['img_size']}x{opts['img_size']}" if opts.get("img_size") else "")
-    return f"{plan['task']}, {n_tr:,} train / {n_va:,} validation images, {size}"
+    return f"{n_tr:,} train / {n_va:,} validation images, {size}"
 
 
 #: the papers' vision scale, from their texts (ToST §4: "resolutions of 224×224 ... patch of size 16×16", "400 epochs")
@@ -728,6 +724,8 @@ CLS_CONDITIONS = {
     "vit+csp": "with the CLS token the skeleton has 17 tokens, a prime, so CSP runs with K = 1 (complete sorting, its "
     "LRA setting) instead of its vision setting of groups of two (CSP Table 5)",
 }
+#: the claim words of a controlled swap's finding (the same claim, tested with only the attention swapped)
+SWAP_PREFIX = "controlled swap: "
 #: CSP Table 3's MHA baseline is the paper's own ViT (LayerNorm-linear patches, mean pooling) with softmax attention
 CSP_BASE = "csp_vit_skeleton+softmax"
 
@@ -760,8 +758,7 @@ def _findings(res: dict) -> list[dict]:
         f = _with_params(cmp(a, b, cid), res, a, b)
         claims.size_gate(f, PAPER_SIZE_RATIO, MATCH_TOLERANCE)
         size_note = (
-            f"at the plan's width the parameter counts differ ({f['params_a'] / f['params_b']:.2f}x): the "
-            f"{MATCHED} row is the 'similar size' comparison (its own finding)"
+            f"parameters {f['params_a'] / f['params_b']:.2f}x: {MATCHED} is the similar-size test"
             if (a, b) == ("tost", "vit") and MATCHED in res and f.get("params_a") and f.get("params_b")
             else ""
         )
@@ -769,34 +766,22 @@ def _findings(res: dict) -> list[dict]:
             f["explanation"] = _aot_ablations(res, b)
             out.append(f)
         elif a_ctl in res and b_ctl in res and (a_ctl, b_ctl) != (a, b):
-            if a_ctl in CONTROLLED_CLAIMS:
-                ctl = _with_params(cmp(a_ctl, b_ctl, CONTROLLED_CLAIMS[a_ctl]), res, a_ctl, b_ctl)
-                ctl["claim"] = "in the ViT skeleton (controlled swap): " + ctl["claim"]
-            else:
-                swap_id = f"{paper_claims.base_id(cid)}#controlled-swap"
-                ctl = _with_params(cmp(a_ctl, b_ctl, swap_id), res, a_ctl, b_ctl)
-                ctl["claim"] = f"{claim.split(' ')[0]}'s attention in the ViT skeleton (controlled swap): " + claim
+            swap_id = CONTROLLED_CLAIMS.get(a_ctl, f"{paper_claims.base_id(cid)}#controlled-swap")
+            ctl = _with_params(cmp(a_ctl, b_ctl, swap_id), res, a_ctl, b_ctl)
+            ctl["claim"] = f"{SWAP_PREFIX}{ctl['claim'] if a_ctl in CONTROLLED_CLAIMS else claim}"
             f["explanation"] = _explain(a, a_ctl, b_ctl, f, ctl, res, cid)
-            ctl["explanation"] = "controlled swap: same embedding, pooling, blocks, width, depth, data and optimiser"
-            if a_ctl != cls_row:
-                ctl["explanation"] += (
-                    f" (both mean-pool the patch tokens; with the CLS token, {cls_row} vs {cls_base}: "
-                    f"{res[cls_row]['accuracy'].fmt('.1f')} vs {res[cls_base]['accuracy'].fmt('.1f')})"
-                    if cls_row in res and cls_base in res
-                    else " (both mean-pool the patch tokens)"
+            if a_ctl != cls_row and cls_row in res and cls_base in res:
+                # the mean-pooled pair is the finding; the CLS-token pair is the table's swap row
+                claims.explain(
+                    ctl,
+                    f"with the CLS token, {cls_row} vs {cls_base}: {res[cls_row]['accuracy'].fmt('.1f')} vs "
+                    f"{res[cls_base]['accuracy'].fmt('.1f')}",
                 )
-            elif a_ctl in CLS_CONDITIONS:
+            elif a_ctl == cls_row and a_ctl in CLS_CONDITIONS:
                 claims.gate(ctl, CLS_CONDITIONS[a_ctl], "conditions")
             if res[a_ctl].get("extra_seeds") and res[b_ctl].get("extra_seeds"):
                 n_a, n_b = res[a_ctl]["accuracy"].n, res[b_ctl]["accuracy"].n
-                ctl["explanation"] += (
-                    f"; {n_a} vs {n_b} seeds (the section's and the plan's extra seeds, all of them used)"
-                    + (
-                        ": within the spread, at this scale the two attentions are not told apart"
-                        if ctl["verdict"] == "inconclusive"
-                        else ""
-                    )
-                )
+                claims.explain(ctl, f"{n_a} vs {n_b} seeds (the section's and the plan's extra seeds, all used)")
             out += [f, ctl]
         else:
             out.append(f)
@@ -811,7 +796,7 @@ def _control_findings(res: dict, cmp) -> list[dict]:
     out = []
     if MATCHED in res and "vit" in res:
         f = _with_params(cmp(MATCHED, "vit", "tost-t2-vit#matched-params"), res, MATCHED, "vit")
-        f["claim"] += " (parameter-matched: ToST's width changed only)"
+        f["claim"] += " (parameter-matched)"
         pa, pb = f.get("params_a"), f.get("params_b")
         if pa and pb and abs(pa / pb - 1) > MATCH_TOLERANCE:
             claims.gate(
@@ -834,11 +819,12 @@ def _control_findings(res: dict, cmp) -> list[dict]:
 
 
 def _with_params(f: dict, res: dict, a: str, b: str) -> dict:
-    """The parameter counts of both sides, stated beside the comparison ("similar size" claims read them)."""
+    """The parameter ratio of both sides beside the comparison, with the counts for the parameter-matched row."""
     pa, pb = res[a].get("params"), res[b].get("params")
     if pa and pb:
         f["params_a"], f["params_b"] = pa, pb
-        f["measured"] += f"; parameters {pa:,} vs {pb:,} ({pa / pb:.2f}x)"
+        ratio = f"{pa / pb:.2f}x"  # the counts of the other rows are in the tables
+        f["measured"] += f"; parameters {pa:,} vs {pb:,} ({ratio})" if a == MATCHED else f"; parameters {ratio}"
     return f
 
 
@@ -871,48 +857,37 @@ def gap_change(res: dict, base: str, ablated: str, ref: str, key: str = "accurac
 def _aot_ablations(res: dict, ref: str) -> str:
     """AoT vs CRATE differ in two factors (the ISTA block, pre-norm): one ablation each, each read on its own."""
     parts = []
-    for abl, what in (("aot+ista", "CRATE's ISTA block alone"), ("aot+prenorm", "pre-norm alone")):
+    for abl in ("aot+ista", "aot+prenorm"):
         if abl in res and "aot" in res:
-            head = f"ablation {abl} ({what}): {res[abl]['accuracy'].fmt('.1f')}; "
-            parts.append(head + gap_change(res, "aot", abl, ref))
+            parts.append(f"{abl}: " + gap_change(res, "aot", abl, ref))
     return "; ".join(parts)
 
 
 def _explain(a, a_ctl, b_ctl, f, ctl, res, claim_id) -> str:
-    """The controlled swap's reading, stated with its numbers; every word follows from the two verdicts and CIs."""
+    """The architecture finding's reading: its controlled swap (the next row) in brief, the row in its own skeleton
+    with softmax, the mean-pooling ablation; every word follows from the verdicts and CIs."""
     acc = lambda n: res[n]["accuracy"].fmt(".1f")  # noqa: E731
     lo_hi = lambda g: "no interval" if g["ci95"] is None else f"95% CI [{g['ci95'][0]:+.1f}, {g['ci95'][1]:+.1f}]"  # noqa: E731
-    text = (
-        f"controlled swap {a_ctl} vs {b_ctl} (ViT skeleton, only the attention differs): {acc(a_ctl)} vs "
-        f"{acc(b_ctl)}, effect {ctl['effect']:+.1f} pts, {lo_hi(ctl)}, {ctl['verdict']} by the interval as a "
-        + (
-            f"non-inferiority claim (margin {ctl['margin']:.3g} pts)"
-            if ctl.get("claim_type") == "non-inferiority"
-            else "superiority claim"
-        )
-        + " (its own finding, which may be gated)"
-    )
+    swap = f"controlled swap {a_ctl} vs {b_ctl}: {ctl['effect']:+.1f} pts, {lo_hi(ctl)}"
+    swap += f", numbers alone: {ctl['verdict']}"  # its gates come later, in its own row
     if ctl["verdict"] != f["verdict"] and "inconclusive" not in (ctl["verdict"], f["verdict"]):
-        text += "; the two skeletons give opposite verdicts"
+        swap += ": the two skeletons give opposite verdicts"
+    parts = [swap]
     skel = {"csp_vit": CSP_BASE}.get(a)
     if skel in res and f.get("b_name") != skel:
         # a reading in the explanation, not a finding: the claim's rule on another pair of rows
         within = claims.compare(res[a]["accuracy"], res[skel]["accuracy"], **_cmp_kw(claim_id, a, skel))
-        text += (
-            f"; in {a}'s own skeleton with softmax attention ({skel}): {acc(a)} vs {acc(skel)}, effect "
-            f"{within['effect']:+.1f} pts, {lo_hi(within)}, {within['verdict']}"
+        text = (
+            f"in {a}'s own skeleton with softmax ({skel}): {acc(a)} vs {acc(skel)}, effect {within['effect']:+.1f} "
+            f"pts, {lo_hi(within)}, {within['verdict']}"
         )
-        signs = {g["verdict"] for g in (within, ctl)}
-        if signs == {"agrees", "disagrees"}:
+        if {g["verdict"] for g in (within, ctl)} == {"agrees", "disagrees"}:
             text += ": the mechanism's effect changes sign with the skeleton (an interaction, not a skeleton effect)"
+        parts.append(text)
     mp = "vit+tssa-meanpool"
     if a_ctl == "vit+tssa" and mp in res:
-        text += f"; ablation {mp} (mean pooling instead of the CLS token, one factor): " + gap_change(
-            res, a_ctl, mp, b_ctl
-        )
+        text = f"{mp} (mean pooling instead of the CLS token): " + gap_change(res, a_ctl, mp, b_ctl)
         if b_ctl != "vit":  # the other side keeps its CLS token: the new gap is between two pooling schemes
-            text += (
-                f" (the new gap compares the mean-pooled TSSA row with {b_ctl}, which keeps its CLS token: two "
-                "factors; only the change is one factor's)"
-            )
-    return text
+            text += f" (vs {b_ctl}, which keeps its CLS token: two factors; only the change is one factor's)"
+        parts.append(text)
+    return "; ".join(parts)
