@@ -518,13 +518,20 @@ def _notes(
                 f"{k} {v:.3g}" for k, v in shortcut.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
             )
         )
-    left_out = plan.get("left_out", {})
-    # the budget's text ends with the command that re-measures the pilot: named once below, not printed per task
-    notes += [f"{t}: not run at this budget — {_REMEASURE.sub('', why)}" for t, why in left_out.items()]
+    # a budget's reason ends with the command that re-measures its pilot: pointed to once, not printed per task
+    left_out = {t: _REMEASURE.sub("", why) for t, why in plan.get("left_out", {}).items()}
     if left_out:
+        pilots = left_out != plan["left_out"]
         notes.append(
-            "Tasks not run: figures of pilots made while planning the budgets, not re-measured here; each budget's "
-            "`left_out` (attnzoo.reproduce.budgets) has the command that re-measures them."
+            "Not run at this budget"
+            + (
+                " (figures of pilots made while planning the budgets, not re-measured here; each budget's `left_out` "
+                "in attnzoo.reproduce.budgets has the command that re-measures them)"
+                if pilots
+                else ""
+            )
+            + ": "
+            + "; ".join(f"{t} — {why}" for t, why in left_out.items())
         )
     for t in tasks:
         if t not in learned and t in res.get("softmax", {}):
