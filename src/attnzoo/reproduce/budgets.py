@@ -25,7 +25,7 @@ from attnzoo.train.config import read_yaml
 __all__ = ["BUDGETS", "SECTIONS", "budget", "load_budget"]
 
 #: section keys in report order
-SECTIONS = ("vision", "adapt-vision", "long-range", "language", "icl", "efficiency", "probes")
+SECTIONS = ("vision", "adapt-vision", "long-range", "language", "icl", "efficiency", "probes", "segmentation")
 #: budget names, smallest first; each is ``budgets/<name>.yaml``
 BUDGET_NAMES = ("smoke", "default", "long", "full")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnzoo.reproduce.sections import adapt_vision, efficiency, icl, language, lra, probes, vision
+from attnzoo.reproduce.sections import adapt_vision, efficiency, icl, language, lra, probes, segmentation, vision
 
 #: section key -> module, in report order
 SECTION_MODULES = {
@@ -13,6 +13,7 @@ SECTION_MODULES = {
     icl.KEY: icl,
     efficiency.KEY: efficiency,
     probes.KEY: probes,
+    segmentation.KEY: segmentation,
 }
 
 #: accepted spellings of section keys on the command line
@@ -25,6 +26,8 @@ ALIASES = {
     "probe": probes.KEY,
     "adapt": adapt_vision.KEY,
     "fig9": adapt_vision.KEY,
+    "segment": segmentation.KEY,
+    "seg": segmentation.KEY,
 }
 
 __all__ = ["SECTION_MODULES", "ALIASES"]

@@ -1,0 +1,715 @@
+"""Segmentation on scenes with exact masks: zero-shot [CLS] maps (CBSA Tables 5-6, Fig. 7; ToST Fig. 5) and the
+segmentation decoders of CBSA Fig. 8.
+
+Per seed, the five classifiers (CRATE+CBT, CRATE, CBT, ToST, ViT: the ``scenes_*_small`` presets at the plan's size)
+train on the ``scenes`` task; one analysis step per trained run scores the thresholded [CLS] maps of every attention
+layer against the scenes' exact masks (:func:`attnzoo.analysis.segment.zero_shot_segmentation`: per layer the best
+head, Table 6; per target the best over layers and heads, Table 5). The same analysis of an untrained ToST and hybrid
+(the trained runs' architectures and seeds, no step taken) is the control: what a map shows before any training. Per
+seed, both Fig. 8 decoders are fitted on one encoder configuration
+(:func:`attnzoo.analysis.segment_decoders.compare_decoders`): mIoU, decoder FLOPs and the mIoU under Gaussian noise on
+the decoder's attention parameters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnzoo.reproduce import claims, paper_claims
+from attnzoo.reproduce.common import (
+    Context,
+    Section,
+    Table,
+    fmt,
+    load_trained,
+    num_params,
+    per_seed,
+    save_figure,
+    seed_list,
+    seeded_id,
+    train_run,
+)
+from attnzoo.reproduce.store import Step
+
+KEY = "segmentation"
+TITLE = "Segmentation: zero-shot [CLS] maps and decoders on scenes (CBSA Tables 5-6, Fig. 8; ToST Fig. 5)"
+
+#: model -> (its ``attnzoo train`` preset, how the tables describe it)
+MODELS: dict[str, tuple[str, str]] = {
+    "crate_cbt": ("scenes_crate_cbt_small", "CRATE+CBT: MSSA in the first half of the blocks, CBSA in the second"),
+    "crate": ("scenes_crate_small", "CRATE: MSSA + ISTA (convolutional stem, as CBT's)"),
+    "cbt": ("scenes_cbt_small", "CBT: CBSA + ISTA"),
+    "tost": ("scenes_tost_small", "ToST: TSSA blocks, then class-attention blocks"),
+    "vit": ("scenes_vit_small", "ViT: softmax attention (the black-box baseline)"),
+}
+#: the untrained controls' rows (the trained architecture and seed, no training step)
+INIT = "@init"
+
+#: CBSA Table 5 (PASCAL VOC12, ImageNet-1k-trained -S models): IoU per target
+PAPER_T5 = {
+    "crate_cbt": {"foreground": 0.68, "background": 0.78, "boundary": 0.18},
+    "crate": {"foreground": 0.65, "background": 0.76, "boundary": 0.17},
+    "cbt": {"foreground": 0.51, "background": 0.72, "boundary": 0.15},
+    "tost": {"foreground": 0.42, "background": 0.75, "boundary": 0.12},
+}
+#: CBSA Table 6: foreground IoU per layer (L1-L12) of the -S models
+PAPER_T6 = {
+    "crate_cbt": (0.37, 0.44, 0.55, 0.46, 0.56, 0.58, 0.60, 0.53, 0.59, 0.56, 0.55, 0.55),
+    "crate": (0.34, 0.45, 0.51, 0.48, 0.53, 0.56, 0.53, 0.57, 0.55, 0.52, 0.50, 0.39),
+    "cbt": (0.39, 0.41, 0.43, 0.42, 0.37, 0.40, 0.38, 0.33, 0.35, 0.34, 0.36, 0.33),
+}
+#: Table 5's ranking as adjacent pairs (a beats b), each a test of ``cbsa-t5-ranking`` with the paper's own effect
+RANKING = (("crate_cbt", "crate"), ("crate", "cbt"), ("cbt", "tost"))
+TARGETS = ("foreground", "background", "boundary")
+#: the Fig. 8 decoders: the kind :func:`build_segmenter` takes -> how the report names it
+DECODERS = {"mask_transformer": "Segmenter (softmax mask transformer)", "cbsa": "CBSA layers, no feed-forward"}
+
+#: a classifier learned the scenes when its accuracy clears chance (10 classes) by this many points
+CHANCE = 10.0
+LEARNED_MARGIN = 10.0
+#: a decoder learned when its mIoU clears the all-background prediction's by this many points
+DECODER_MARGIN = 5.0
+#: "20% of the FLOPs": the claim agrees while the CBSA decoder costs at most twice that fraction of Segmenter's
+FLOPS_PAPER = 0.2
+FLOPS_BOUND = 2 * FLOPS_PAPER
+
+
+def models_of(plan: dict) -> list[str]:
+    """The plan's trained models, checked."""
+    names = list(plan["models"])
+    for n in names:
+        if n not in MODELS:
+            raise ValueError(f"unknown segmentation model {n!r}; valid: {sorted(MODELS)}")
+    return names
+
+
+def controls_of(plan: dict) -> list[str]:
+    """The models whose untrained copies are analysed as controls (those of the plan's models it names)."""
+    names = list(plan.get("controls", ["tost", "crate_cbt"]))
+    for n in names:
+        if n not in MODELS:
+            raise ValueError(f"unknown segmentation control {n!r}; valid: {sorted(MODELS)}")
+    return names
+
+
+def row_config(plan: dict, name: str, seed: int) -> dict:
+    """The training config of ``name``: its preset, at the plan's data, size and optimisation, seeded ``seed``."""
+    from attnzoo.train.config import preset_path, read_yaml
+
+    cfg = dict(read_yaml(preset_path(MODELS[name][0])))
+    for k in ("description", "eval_every", "ckpt_every", "log_every"):
+        cfg.pop(k, None)  # the report's curve points and checkpoints come from train_run; the plan sets logging
+    cfg["task_options"] = {**cfg["task_options"], **plan.get("task_options", {})}
+    cfg["model_options"] = {**cfg["model_options"], **plan["arch"]}
+    cfg.update(plan["train"])
+    cfg.update(seed=seed, amp="off", compile=False, keep_checkpoints=1)
+    return cfg
+
+
+def _probe(plan: dict, overlays: bool) -> dict:
+    return {
+        "images": plan.get("images", 128),
+        "mass": plan.get("mass", 0.6),
+        "overlays": plan.get("overlays", 2) if overlays else 0,
+    }
+
+
+def plan_steps(plan: dict, seed: int) -> list[Step]:
+    """Per seed: each model's training and its zero-shot analysis, the untrained controls' analysis, the decoders."""
+    steps: list[Step] = []
+    for s in seed_list(plan, seed):
+        probe = _probe(plan, s == seed)  # the overlays are drawn from the first seed's maps
+        for name in models_of(plan):
+            train = row_config(plan, name, s)
+            tid = seeded_id(f"{KEY}/{name}", s)
+            steps.append(Step(tid, KEY, {"train": train}, _train, label=tid.split("/", 1)[1]))
+            zid = seeded_id(f"{KEY}/zero-shot/{name}", s)
+            config = {"experiment": "zero-shot", "source": tid, "train": train, **probe}
+            steps.append(Step(zid, KEY, config, _zero_shot, deps=(tid,), label=zid.split("/", 1)[1]))
+        for name in controls_of(plan):
+            cid = seeded_id(f"{KEY}/zero-shot-init/{name}", s)
+            config = {"experiment": "zero-shot-init", "train": row_config(plan, name, s), **probe}
+            steps.append(Step(cid, KEY, config, _zero_shot_init, label=cid.split("/", 1)[1]))
+        if plan.get("decoders"):
+            did = seeded_id(f"{KEY}/decoders", s)
+            config = {"experiment": "decoders", "task_options": plan.get("task_options", {}), **plan["decoders"]}
+            steps.append(Step(did, KEY, dict(config, seed=s), _decoders, label=did.split("/", 1)[1]))
+    return steps
+
+
+# ---- steps --------------------------------------------------------------------------------------------------
+
+
+def _train(ctx: Context, step: Step) -> dict:
+    rec = train_run(ctx, step.id, step.config["train"])
+    return {
+        "accuracy": rec["val"].get("accuracy"),
+        "val_loss": rec["val"].get("loss"),
+        "params": num_params(load_trained(rec["run_dir"])),
+        "run_dir": rec["run_dir"],
+        "curve": rec["curve"],
+        "val_curve": rec["val_curve"],
+    }
+
+
+def _zero_shot(ctx: Context, step: Step) -> dict:
+    """Zero-shot segmentation of a trained run's [CLS] maps on the validation scenes (its final checkpoint)."""
+    from attnzoo.analysis.segment import load_scenes_run
+
+    model, scenes, _ = load_scenes_run(ctx.store.run_dir(step.config["source"]))
+    return _score(model, scenes, step.config)
+
+
+def _zero_shot_init(_ctx: Context, step: Step) -> dict:
+    """The same analysis of the architecture as its training seed initialises it (no step taken)."""
+    import torch
+
+    from attnzoo.data import build_task
+    from attnzoo.train.config import from_dict
+    from attnzoo.train.objectives import build_task_model
+
+    tcfg = from_dict(step.config["train"])
+    task = build_task(tcfg.task, **tcfg.task_options)
+    torch.manual_seed(tcfg.seed)
+    return _score(build_task_model(tcfg, task).eval(), task.val, step.config)
+
+
+def _score(model, scenes, cfg: dict) -> dict:
+    from attnzoo.analysis.io import to_jsonable
+    from attnzoo.analysis.segment import zero_shot_segmentation
+
+    images = min(cfg["images"], len(scenes))
+    res = zero_shot_segmentation(model, scenes, images=images, mass=cfg["mass"])
+    if cfg["overlays"]:
+        res["overlays"] = _overlay_data(model, scenes, cfg["overlays"], cfg["mass"])
+    return to_jsonable(res)
+
+
+def _overlay_data(model, scenes, n: int, mass: float) -> dict:
+    """The first ``n`` scenes (uint8 pixels, foreground) and, per layer, each scene's map of the head whose kept
+    region best matches its foreground (as :func:`attnzoo.analysis.segment.plot_segment_overlays` picks it)."""
+    import torch
+
+    from attnzoo.analysis.segment import cls_attention_maps, iou, threshold_mass, upsample_masks
+
+    idx = np.arange(min(n, len(scenes)))
+    (x,), _ = scenes.get_batch(idx)
+    found = cls_attention_maps(model.eval(), x)
+    fg = scenes.masks(idx)["foreground"]
+    layers = []
+    for entry in found:
+        maps = entry["maps"].detach().cpu()  # (B, H, Hg, Wg)
+        pred = upsample_masks(threshold_mass(maps, mass), tuple(fg.shape[-2:]))
+        best = iou(pred, fg.unsqueeze(1)).argmax(1)  # (B,)
+        chosen = maps[torch.arange(len(idx)), best]
+        layers.append({"mechanism": entry["mechanism"], "maps": np.round(chosen.numpy(), 5).tolist()})
+    pixels = np.round(scenes.pixels(idx) * 255).astype(np.uint8)
+    return {"pixels": pixels.tolist(), "foreground": fg.numpy().astype(np.uint8).tolist(), "layers": layers}
+
+
+def _decoders(_ctx: Context, step: Step) -> dict:
+    """CBSA Fig. 8 on scenes: both decoders fitted on one encoder configuration, and the all-background reference."""
+    import torch
+
+    from attnzoo.analysis.io import to_jsonable
+    from attnzoo.analysis.segment_decoders import compare_decoders, confusion_matrix, mean_iou
+    from attnzoo.data import build_task
+
+    cfg = step.config
+    task = build_task("scenes", **cfg["task_options"])
+    images = min(cfg["images"], len(task.val))
+    res = compare_decoders(
+        task.train,
+        task.val,
+        encoder=cfg["encoder"],
+        encoder_options=dict(cfg["encoder_options"]),
+        decoder_depth=cfg["decoder_depth"],
+        steps=cfg["steps"],
+        batch_size=cfg["batch_size"],
+        lr=cfg["lr"],
+        sigmas=tuple(cfg["sigmas"]),
+        draws=cfg["draws"],
+        images=images,
+        seed=cfg["seed"],
+    )
+    # what predicting background everywhere scores: a decoder that does not beat it learned nothing
+    target = task.val.masks(np.arange(images))["semantic"]
+    ncls = int(task.train.sources[1].max()) + 2
+    res["background_miou"] = mean_iou(confusion_matrix(torch.zeros_like(target), target, ncls))
+    return to_jsonable(res)
+
+
+# ---- summary ------------------------------------------------------------------------------------------------
+
+
+def _later_half(res: dict) -> float:
+    """Mean best-head foreground IoU over the later half of the layers of the model's own blocks (class-attention
+    layers, ToST's head, left out: Table 6 reads the blocks)."""
+    fg = [lay["best"]["foreground"] for lay in res["layers"] if lay["mechanism"] != "class_attention"]
+    return float(np.mean(fg[len(fg) // 2 :]))
+
+
+def _penultimate_class(res: dict) -> float | None:
+    """Best-head foreground IoU of the penultimate class-attention layer (the last one when there is one only)."""
+    fg = [lay["best"]["foreground"] for lay in res["layers"] if lay["mechanism"] == "class_attention"]
+    return fg[-2] if len(fg) > 1 else (fg[-1] if fg else None)
+
+
+def _zs_stats(records: dict, base: str) -> dict | None:
+    """Per-seed figures of one row's zero-shot analyses (``None`` without any)."""
+    rs = per_seed(records, base)
+    if not rs:
+        return None
+    return {
+        "best": {t: claims.stat(r["best"][t] for r in rs) for t in TARGETS},
+        "layers": np.array([[lay["best"]["foreground"] for lay in r["layers"]] for r in rs]),
+        "mechanisms": [lay["mechanism"] for lay in rs[0]["layers"]],
+        "later_half": claims.stat(_later_half(r) for r in rs),
+        "penultimate_class": claims.stat(_penultimate_class(r) for r in rs),
+        "best_layer": int(np.argmax([lay["best"]["foreground"] for lay in rs[0]["layers"]])) + 1,
+        "overlays": rs[0].get("overlays"),
+        "seeds": len(rs),
+    }
+
+
+def _rows(records: dict, plan: dict) -> dict:
+    """Row name -> its training and zero-shot statistics (trained models, then the untrained controls)."""
+    out = {}
+    for name in models_of(plan):
+        zs = _zs_stats(records, f"{KEY}/zero-shot/{name}")
+        trained = per_seed(records, f"{KEY}/{name}")
+        if zs is None or not trained:
+            continue
+        zs["accuracy"] = claims.stat(100.0 * r["accuracy"] for r in trained)
+        zs["params"] = trained[0]["params"]
+        out[name] = zs
+    for name in controls_of(plan):
+        zs = _zs_stats(records, f"{KEY}/zero-shot-init/{name}")
+        if zs is not None:
+            out[name + INIT] = dict(zs, accuracy=None, params=None)
+    return out
+
+
+def _decoder_stats(records: dict) -> dict | None:
+    rs = per_seed(records, f"{KEY}/decoders")
+    if not rs:
+        return None
+    out = {"background_miou": 100.0 * float(np.mean([r["background_miou"] for r in rs])), "seeds": len(rs)}
+    for kind in DECODERS:
+        rows = [r["decoders"][kind] for r in rs]
+        sweeps = np.array([[np.mean(v) for v in row["sweep"]["miou"]] for row in rows])  # (seeds, sigmas)
+        out[kind] = {
+            "miou": claims.stat(100.0 * row["miou"] for row in rows),
+            "flops": rows[0]["decoder_flops"],
+            "params": rows[0]["decoder_params"],
+            "sigmas": list(rows[0]["sweep"]["sigmas"]),
+            "sweep": 100.0 * sweeps,
+            # the drop at the largest sigma, from the unperturbed model's mIoU on the same scenes
+            "drop": claims.stat(100.0 * (row["miou"] - s[-1]) for row, s in zip(rows, sweeps, strict=True)),
+        }
+    return out
+
+
+def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
+    sec = Section(KEY, TITLE)
+    sec.intro = _intro(plan)
+    res = _rows(records, plan)
+    dec = _decoder_stats(records)
+    sec.scale = _scale(plan, [r["params"] for r in res.values() if r.get("params")])
+    sec.data = {"rows": {n: _row_data(st) for n, st in res.items()}, "decoders": dec and _decoder_data(dec)}
+    if res:
+        sec.tables += [_table5(res), _table6(res)]
+        save_figure(_plot_layers(res), plots_dir / "segmentation_layers.png")
+        sec.plots.append((rel(plots_dir / "segmentation_layers.png"), _LAYERS_CAPTION))
+        over = {n: st["overlays"] for n, st in res.items() if st.get("overlays")}
+        if over:
+            save_figure(_plot_overlays(over, plan.get("mass", 0.6)), plots_dir / "segmentation_overlays.png")
+            sec.plots.append((rel(plots_dir / "segmentation_overlays.png"), _OVERLAYS_CAPTION))
+    if dec:
+        sec.tables.append(_decoder_table(dec))
+        save_figure(_plot_sweep(dec), plots_dir / "segmentation_decoders.png")
+        sec.plots.append((rel(plots_dir / "segmentation_decoders.png"), _SWEEP_CAPTION))
+    sec.findings = _zero_shot_findings(res) + _decoder_findings(dec)
+    if plan.get("require_learned", True):
+        _gate_unlearned(sec, res, dec)
+    return sec
+
+
+def _get(res: dict, name: str, key: str):
+    return res[name][key] if name in res else None
+
+
+def _zero_shot_findings(res: dict) -> list[dict]:
+    """Table 5's ranking (one test per adjacent pair), Table 6's persistence and ToST Fig. 5 against its control."""
+    out = []
+    for a, b in RANKING:
+        fa, fb = (_get(res, n, "best") for n in (a, b))
+        f = claims.compare(
+            fa and fa["foreground"],
+            fb and fb["foreground"],
+            unit="IoU",
+            **paper_claims.compare_kw(f"cbsa-t5-ranking#{a}-vs-{b}"),
+            a_name=a,
+            b_name=b,
+            spec=".3f",
+            paper_effect=round(PAPER_T5[a]["foreground"] - PAPER_T5[b]["foreground"], 6),
+        )
+        out.append(f)
+    f = claims.compare(
+        _get(res, "crate_cbt", "later_half"),
+        _get(res, "cbt", "later_half"),
+        unit="IoU",
+        **paper_claims.compare_kw("cbsa-t6-persistence"),
+        a_name="crate_cbt",
+        b_name="cbt",
+        spec=".3f",
+    )
+    _control_gate(f, res, "crate_cbt", "later_half", "the later-half layers' mean foreground IoU")
+    out.append(f)
+    f = claims.compare(
+        _get(res, "tost", "penultimate_class"),
+        _get(res, "tost" + INIT, "penultimate_class"),
+        unit="IoU",
+        **paper_claims.compare_kw("tost-f5-segments"),
+        a_name="tost",
+        b_name="tost" + INIT,
+        spec=".3f",
+    )
+    out.append(f)
+    return out
+
+
+def _control_gate(f: dict, res: dict, name: str, key: str, what: str) -> None:
+    """Hold back an agreement when the trained ``name`` is not shown above its untrained copy on ``key``: the
+    figure the claim credits to training would then be there before it."""
+    trained, init = _get(res, name, key), _get(res, name + INIT, key)
+    if claims.numbers_verdict(f) != "agrees" or trained is None or init is None:
+        return
+    effect, ci, _ = claims.welch_ci(trained, init)
+    f["random_init_control"] = {"row": name + INIT, "effect": effect, "ci95": list(ci) if ci else None}
+    if ci is None or ci[0] <= 0:
+        where = f"{effect:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (one seed: no interval)")
+        claims.gate(
+            f, f"the trained {name} is {where} IoU from its untrained copy on {what}: not shown above it", "control"
+        )
+
+
+def _decoder_findings(dec: dict | None) -> list[dict]:
+    """CBSA Fig. 8: mIoU, FLOPs and robustness of the CBSA decoder against Segmenter's."""
+    cb, mt = (dec.get(k) if dec else None for k in ("cbsa", "mask_transformer"))
+    miou = claims.compare(
+        cb and cb["miou"],
+        mt and mt["miou"],
+        unit="pts",
+        **paper_claims.compare_kw("cbsa-f8-miou"),
+        a_name="cbsa",
+        b_name="mask_transformer",
+        spec=".1f",
+    )
+    robust = claims.compare(
+        cb and cb["drop"],
+        mt and mt["drop"],
+        unit="pts",
+        **paper_claims.compare_kw("cbsa-f8-robust"),
+        a_name="cbsa",
+        b_name="mask_transformer",
+        lower_is_better=True,
+        spec=".1f",
+    )
+    if cb and mt:
+        s = cb["sigmas"][-1]
+        robust["measured"] = f"mIoU drop at sigma={s:g}: " + robust["measured"]
+        for f in (miou, robust):
+            f["flops_a"], f["flops_b"] = cb["flops"], mt["flops"]
+            f["params_a"], f["params_b"] = cb["params"], mt["params"]
+        ratio = cb["flops"] / mt["flops"]
+        flops = claims.finding(
+            **paper_claims.finding_kw("cbsa-f8-flops"),
+            measured=f"decoder FLOPs per image: cbsa {cb['flops'] / 1e6:.2f}M vs mask_transformer "
+            f"{mt['flops'] / 1e6:.2f}M ({ratio:.1%})",
+            verdict="agrees" if ratio <= FLOPS_BOUND else "disagrees",
+            rule=f"agrees if the CBSA decoder's FLOPs are at most {FLOPS_BOUND:.0%} of Segmenter's (twice the paper's "
+            f"{FLOPS_PAPER:.0%}), else disagrees (torch.utils.flop_counter, one image through the decoder)",
+            kind="paper",
+            measurement=True,
+        )
+    else:
+        flops = claims.not_tested(
+            **paper_claims.finding_kw("cbsa-f8-flops"), why="no decoder measurement at this budget"
+        )
+    return [miou, flops, robust]
+
+
+def _gate_unlearned(sec: Section, res: dict, dec: dict | None) -> None:
+    """Comparisons of a classifier that did not learn the scenes, or of decoders that did not beat the
+    all-background prediction, are inconclusive (a map of a model that learned nothing measures the set-up)."""
+    floor = CHANCE + LEARNED_MARGIN
+    unlearned = {
+        n: f"{n} reached {st['accuracy'].mean:.1f}% against chance {CHANCE:g}%: not {LEARNED_MARGIN:g} points above it"
+        for n, st in res.items()
+        if st.get("accuracy") is not None and st["accuracy"].mean < floor
+    }
+    if dec:
+        bar = dec["background_miou"] + DECODER_MARGIN
+        for kind in DECODERS:
+            m = dec[kind]["miou"].mean
+            if m < bar:
+                unlearned[kind] = (
+                    f"the {kind} decoder's mIoU {m:.1f} is not {DECODER_MARGIN:g} points above predicting background "
+                    f"everywhere ({dec['background_miou']:.1f})"
+                )
+    for f in sec.findings:
+        why = [unlearned[n] for n in (f.get("a_name"), f.get("b_name")) if n in unlearned]
+        if f["claim_id"] == "cbsa-f8-flops":
+            continue  # a cost does not depend on what the decoder learned
+        if why:
+            claims.gate(f, "; ".join(why), "did not learn")
+    if unlearned:
+        sec.notes.append("did not learn: " + "; ".join(unlearned.values()))
+
+
+def _row_data(st: dict) -> dict:
+    return {
+        "accuracy_per_seed": list(st["accuracy"].values) if st.get("accuracy") else None,
+        "params": st.get("params"),
+        **{f"{t}_per_seed": list(st["best"][t].values) for t in TARGETS},
+        "foreground_per_layer": st["layers"].tolist(),
+        "mechanisms": st["mechanisms"],
+        "later_half_per_seed": list(st["later_half"].values),
+        "seeds": st["seeds"],
+    }
+
+
+def _decoder_data(dec: dict) -> dict:
+    out = {"background_miou": dec["background_miou"], "seeds": dec["seeds"]}
+    for kind in DECODERS:
+        d = dec[kind]
+        out[kind] = {
+            "miou_per_seed": list(d["miou"].values),
+            "decoder_flops": d["flops"],
+            "decoder_params": d["params"],
+            "sigmas": d["sigmas"],
+            "miou_by_sigma_per_seed": d["sweep"].tolist(),
+            "drop_per_seed": list(d["drop"].values),
+        }
+    return out
+
+
+def _name(row: str) -> str:
+    if row.endswith(INIT):
+        return f"{row} (untrained control)"
+    return row
+
+
+def _table5(res: dict) -> Table:
+    heads = ["model", "description", "params", "val acc %", *TARGETS, "best fg layer", "paper (fg / bg / boundary)"]
+    rows = []
+    for n, st in res.items():
+        base = n.removesuffix(INIT)
+        paper = PAPER_T5.get(base) if n == base else None
+        rows.append(
+            [
+                _name(n),
+                MODELS[base][1],
+                fmt(st["params"], ","),
+                st["accuracy"].fmt(".1f") if st.get("accuracy") else "-",
+                *(st["best"][t].fmt(".3f") for t in TARGETS),
+                f"L{st['best_layer']}",
+                " / ".join(f"{paper[t]:.2f}" for t in TARGETS) if paper else "-",
+            ]
+        )
+    caption = (
+        "IoU of the thresholded [CLS] map with each target: the best mean over layers and heads (CBSA Table 5's "
+        "'best-performing attention maps'), mean ± sample std over seeds; best fg layer: the layer whose best head "
+        "has the highest foreground IoU (first seed). Paper: CBSA Table 5, ImageNet-1k-trained -S models on PASCAL "
+        "VOC12 (ViT not reported). Untrained controls: the same architecture and seed, no training step."
+    )
+    return Table("Zero-shot segmentation of the [CLS] maps (CBSA Table 5)", heads, rows, caption)
+
+
+def _table6(res: dict) -> Table:
+    depth = max(st["layers"].shape[1] for st in res.values())
+    heads = ["model"] + [f"L{i + 1}" for i in range(depth)] + ["later half", "paper L1-L12 (Table 6)"]
+    rows = []
+    for n, st in res.items():
+        mean, std = st["layers"].mean(0), st["layers"].std(0, ddof=1) if st["seeds"] > 1 else None
+        cells = [
+            f"{m:.3f}" + (f" ± {s:.3f}" if std is not None else "") + (" (cls)" if mech == "class_attention" else "")
+            for m, s, mech in zip(mean, std if std is not None else mean, st["mechanisms"], strict=True)
+        ]
+        paper = PAPER_T6.get(n)
+        rows.append(
+            [_name(n), *cells, *(["-"] * (depth - len(cells))), st["later_half"].fmt(".3f")]
+            + [" ".join(f"{v:.2f}" for v in paper) if paper else "-"]
+        )
+    caption = (
+        "Foreground IoU per attention layer, the best head of each layer, mean ± std over seeds (CBSA Table 6). "
+        "(cls): ToST's class-attention layers. Later half: the mean over the later half of the model's blocks "
+        "(class attention left out), the figure the persistence claim compares. Paper: CBSA Table 6, 12-layer -S "
+        "models (ToST and ViT not reported)."
+    )
+    return Table("Zero-shot segmentation across layers (CBSA Table 6)", heads, rows, caption)
+
+
+def _decoder_table(dec: dict) -> Table:
+    sigmas = dec["cbsa"]["sigmas"]
+    heads = ["decoder", "design", "decoder params", "decoder MFLOPs / image", "mIoU %"]
+    heads += [f"mIoU % at σ={s:g}" for s in sigmas] + [f"drop at σ={sigmas[-1]:g}"]
+    rows = []
+    for kind, what in DECODERS.items():
+        d = dec[kind]
+        rows.append(
+            [kind, what, fmt(d["params"], ","), fmt(d["flops"] / 1e6, ".2f"), d["miou"].fmt(".1f")]
+            + [claims.stat(d["sweep"][:, i]).fmt(".1f") for i in range(len(sigmas))]
+            + [d["drop"].fmt(".1f")]
+        )
+    ratio = dec["cbsa"]["flops"] / dec["mask_transformer"]["flops"]
+    caption = (
+        f"Both decoders on one ViT encoder configuration, fitted from the same initial encoder (per-pixel "
+        f"cross-entropy on the scenes' semantic maps); mIoU over the object classes and background, mean ± std over "
+        f"{dec['seeds']} seeds; at each σ, the mean over the seeds of the mean over the noise draws (N(0, σ²) added "
+        f"to every parameter of the decoder's attention layers). Predicting background everywhere scores "
+        f"{dec['background_miou']:.1f}. CBSA / Segmenter decoder FLOPs: {ratio:.1%} (paper: 20%, and 0.06% of the "
+        "pairwise similarities; the decoders here do not count similarities). Paper (CBSA Fig. 8, ADE20K): the best "
+        "CBT decoder +1.5 mIoU over Segmenter; under noise CBSA stays nearly flat while Segmenter collapses."
+    )
+    return Table("Segmentation decoders (CBSA Fig. 8)", heads, rows, caption)
+
+
+def _intro(plan: dict) -> str:
+    arch, tr, opts = plan["arch"], plan["train"], plan.get("task_options", {})
+    n = plan.get("seeds", 1)
+    dec = plan.get("decoders")
+    text = (
+        f"Scenes of 1-3 objects with exact masks (`scenes`, {opts.get('n_train', 10000):,} training scenes); each "
+        f"classifier ({', '.join(models_of(plan))}) is its `scenes_*_small` preset at width {arch['dim']}, depth "
+        f"{arch['depth']}, {arch['heads']} heads, patch {arch['patch_size']}, trained {tr['steps']} steps of batch "
+        f"{tr['batch_size']} (lr {tr['lr']}), {n} seed{'s' if n > 1 else ''}. Every attention layer's [CLS] map "
+        f"(CBSA: the [CLS] row of A_k A_kᵀ, Fig. 7; TSSA: its memberships Π; class attention: the [CLS] query's map) "
+        f"keeps the patches holding the top {plan.get('mass', 0.6):.0%} of its mass (DINO's rule) and is scored on "
+        f"the first {plan.get('images', 128)} validation scenes. Controls: the untrained "
+        f"{', '.join(controls_of(plan))} (same architecture and seed)."
+    )
+    if dec:
+        text += (
+            f" Decoders (Fig. 8): a {dec['encoder']} encoder (width {dec['encoder_options'].get('dim')}, depth "
+            f"{dec['encoder_options'].get('depth')}) with a {dec['decoder_depth']}-layer decoder of either kind, "
+            f"fitted {dec['steps']} steps of batch {dec['batch_size']}; noise σ in {list(dec['sigmas'])}, "
+            f"{dec['draws']} draws each."
+        )
+    return text
+
+
+def _scale(plan: dict, params: list[int]) -> str:
+    arch, tr, opts = plan["arch"], plan["train"], plan.get("task_options", {})
+    size = f"{min(params):,}-{max(params):,} parameters" if params else "no trained row"
+    img = opts.get("img_size", 64)
+    return (
+        f"here {img}x{img} scenes ({opts.get('n_train', 10000):,} training scenes, {(img // arch['patch_size']) ** 2} "
+        f"tokens), width {arch['dim']}, depth "
+        f"{arch['depth']}, {size}, {tr['steps']} steps of batch {tr['batch_size']}; the papers: ImageNet-1k-trained "
+        "-S models (12 layers, width 384) scored zero-shot on PASCAL VOC12 (CBSA Tables 5-6, ToST Fig. 5), "
+        "decoders trained on ADE20K (CBSA Fig. 8)"
+    )
+
+
+_LAYERS_CAPTION = (
+    "Left: foreground IoU per attention layer (best head of each layer; mean over seeds, bars: std), one curve per "
+    "model, dashed: the untrained controls; the x axis is the layer's depth as a fraction of the model's layers. "
+    "Right: CBSA Table 6's 12-layer -S models on PASCAL VOC12, on the same axis."
+)
+_OVERLAYS_CAPTION = (
+    "First seed's maps on the first validation scenes: per layer, the head whose kept region best matches the "
+    "objects; cyan outline: the kept region (top of the map's mass), green: the objects."
+)
+_SWEEP_CAPTION = (
+    "mIoU of each decoder against the std σ of Gaussian noise added to its attention layers' parameters (CBSA Fig. 8, "
+    "middle and right): mean over seeds of the mean over draws; band: the seeds' range."
+)
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _plot_layers(res: dict):
+    plt = _plt()
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    colors = {n: f"C{i}" for i, n in enumerate(MODELS)}
+    for n, st in res.items():
+        base = n.removesuffix(INIT)
+        lay = st["layers"]
+        x = (np.arange(lay.shape[1]) + 1) / lay.shape[1]
+        err = lay.std(0, ddof=1) if st["seeds"] > 1 else None
+        style = "--" if n != base else "-"
+        ax0.errorbar(x, lay.mean(0), yerr=err, fmt="o" + style, ms=3, color=colors[base], label=_name(n), capsize=2)
+    for n, vals in PAPER_T6.items():
+        x = (np.arange(len(vals)) + 1) / len(vals)
+        ax1.plot(x, vals, "o-", ms=3, color=colors[n], label=n)
+    for ax, title in ((ax0, "here: scenes"), (ax1, "CBSA Table 6: PASCAL VOC12")):
+        ax.set_xlabel("layer / number of layers")
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    ax0.set_ylabel("foreground IoU (best head)")
+    ax0.set_ylim(0, 1)
+    fig.suptitle("Zero-shot segmentation across layers")
+    fig.tight_layout()
+    return fig
+
+
+def _plot_overlays(over: dict, mass: float):
+    import torch
+    import torch.nn.functional as F
+
+    from attnzoo.analysis.segment import threshold_mass, upsample_masks
+
+    plt = _plt()
+    rows = [(n, i) for n, o in over.items() for i in range(len(o["pixels"]))]
+    cols = 1 + max(len(o["layers"]) for o in over.values())
+    fig, axes = plt.subplots(len(rows), cols, figsize=(1.25 * cols + 0.4, 1.3 * len(rows) + 0.5), squeeze=False)
+    for r, (n, i) in enumerate(rows):
+        o = over[n]
+        pixels, fg = np.asarray(o["pixels"][i]) / 255.0, np.asarray(o["foreground"][i])
+        axes[r, 0].imshow(pixels, cmap="gray", vmin=0, vmax=1)
+        axes[r, 0].contour(fg, levels=[0.5], colors=["lime"], linewidths=0.6)
+        axes[r, 0].set_ylabel(f"{_name(n)}\nscene {i}", fontsize=6)
+        for c, lay in enumerate(o["layers"], start=1):
+            m = torch.tensor(lay["maps"][i], dtype=torch.float64)
+            kept = upsample_masks(threshold_mass(m, mass), pixels.shape)
+            heat = F.interpolate(m[None, None].float(), size=pixels.shape, mode="nearest")[0, 0]
+            axes[r, c].imshow(pixels, cmap="gray", vmin=0, vmax=1)
+            axes[r, c].imshow(heat.numpy(), cmap="inferno", alpha=0.6)
+            axes[r, c].contour(kept.numpy().astype(float), levels=[0.5], colors=["cyan"], linewidths=0.6)
+            if r == 0 or rows[r - 1][0] != n:
+                axes[r, c].set_title(f"L{c} {lay['mechanism']}", fontsize=6)
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+        if not ax.images:
+            ax.axis("off")
+    fig.suptitle(f"[CLS] maps, best head per layer; cyan: top {mass:.0%} of the mass", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _plot_sweep(dec: dict):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    for c, kind in enumerate(DECODERS):
+        d = dec[kind]
+        ax.plot(d["sigmas"], d["sweep"].mean(0), "o-", color=f"C{c}", label=f"{kind} ({d['miou'].fmt('.1f')})")
+        ax.fill_between(d["sigmas"], d["sweep"].min(0), d["sweep"].max(0), color=f"C{c}", alpha=0.2)
+    ax.axhline(dec["background_miou"], color="gray", ls=":", label="background everywhere")
+    ax.set_xlabel("noise std σ on the decoder's attention parameters")
+    ax.set_ylabel("mIoU (%)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title("CBSA Fig. 8 on scenes: robustness of the decoders", fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,247 @@
+"""The segmentation section (CBSA Tables 5-6 and Fig. 8, ToST Fig. 5): its plan in every budget, and its summary of
+synthetic records: the claims with the verdicts the rule gives, the gates, the tables and the plot files."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from attnzoo.reproduce.budgets import BUDGET_NAMES, BUDGETS
+from attnzoo.reproduce.runner import plan
+from attnzoo.reproduce.sections import segmentation as seg
+from attnzoo.reproduce.sections.segmentation import INIT, KEY
+
+PLAN = {
+    "task_options": {"n_train": 64, "n_val": 32},
+    "models": ["crate_cbt", "crate", "cbt", "tost", "vit"],
+    "controls": ["tost", "crate_cbt"],
+    "seeds": 3,
+    "arch": {"dim": 16, "depth": 6, "heads": 2, "patch_size": 8},
+    "train": {"steps": 4, "batch_size": 8, "lr": 1.0e-3},
+    "decoders": {
+        "encoder": "vit_s",
+        "encoder_options": {"dim": 16, "depth": 1},
+        "decoder_depth": 1,
+        "steps": 2,
+        "batch_size": 8,
+        "sigmas": [0.0, 0.1],
+        "draws": 1,
+    },
+}
+SEEDS = (0, 1, 2)
+#: per-seed jitter, so every comparison has a spread (and an interval)
+JITTER = (0.0, 0.002, -0.002)
+
+
+def _zero_shot(fg_layers: list[float], *, cls: list[float] = (), jitter: float = 0.0) -> dict:
+    """A zero-shot result: the model's blocks' foreground IoUs per layer, then class-attention layers (``cls``)."""
+    layers = [{"mechanism": "mssa", "v": v} for v in fg_layers] + [
+        {"mechanism": "class_attention", "v": v} for v in cls
+    ]
+    out = []
+    for lay in layers:
+        best = {"foreground": lay["v"] + jitter, "background": 0.8 + jitter, "boundary": 0.2 + jitter}
+        out.append({"mechanism": lay["mechanism"], "best": best, "iou": {t: [v] for t, v in best.items()}})
+    return {"layers": out, "best": {t: max(lay["best"][t] for lay in out) for t in seg.TARGETS}}
+
+
+def _decoder(miou: float, drop: float, flops: int) -> dict:
+    return {
+        "miou": miou,
+        "decoder_flops": flops,
+        "decoder_params": flops // 10,
+        "sweep": {"sigmas": [0.0, 0.1], "miou": [[miou, miou], [miou - drop, miou - drop]]},
+    }
+
+
+def _records(layers: dict[str, list[float]], *, accuracy: float = 0.6, decoders: dict | None = None) -> dict:
+    """Synthetic records of every step of :data:`PLAN`: ``layers`` maps a row (models and ``name@init`` controls) to
+    its blocks' foreground IoU per layer; ToST gets two class-attention layers (penultimate 0.5, last 0.1) and its
+    control the reverse, so only the penultimate layer shows the trained map above the untrained one."""
+    recs = {}
+
+    def put(sid, result):
+        recs[sid] = {"section": KEY, "result": result}
+
+    for s, j in zip(SEEDS, JITTER, strict=True):
+        for name, fg in layers.items():
+            base = name.removesuffix(INIT)
+            cls = ([0.2, 0.6] if name != base else [0.5, 0.1]) if base == "tost" else []
+            kind = "zero-shot-init" if name != base else "zero-shot"
+            put(f"{KEY}/{kind}/{base}/seed{s}", _zero_shot(fg, cls=cls, jitter=j))
+            if name == base:
+                put(f"{KEY}/{name}/seed{s}", {"accuracy": accuracy + j, "params": 1000})
+        dec = decoders or {"cbsa": (0.50, 0.01, 200), "mask_transformer": (0.40, 0.20, 1000)}
+        put(
+            f"{KEY}/decoders/seed{s}",
+            {"background_miou": 0.07, "decoders": {k: _decoder(m + j, d + j / 2, f) for k, (m, d, f) in dec.items()}},
+        )
+    return recs
+
+
+#: the paper's order; the hybrid's later half lies above CBT's and its first half below (a wrong half flips it)
+AGREEING = {
+    "crate_cbt": [0.3, 0.3, 0.3, 0.8, 0.8, 0.8],
+    "crate": [0.7, 0.7, 0.7, 0.7, 0.7, 0.7],
+    "cbt": [0.6, 0.6, 0.6, 0.2, 0.2, 0.2],
+    "tost": [0.4, 0.4, 0.4, 0.4, 0.4, 0.4],
+    "vit": [0.5] * 6,
+    "tost@init": [0.1] * 6,
+    "crate_cbt@init": [0.1] * 6,
+}
+
+
+def _summary(tmp_path, records, plan_=PLAN):
+    def rel(p):
+        return p.relative_to(tmp_path).as_posix()
+
+    plots = tmp_path / "plots"
+    plots.mkdir(exist_ok=True)
+    return seg.summarize(records, plan_, plots, rel)
+
+
+def _by_id(sec) -> dict:
+    return {f["claim_id"]: f for f in sec.findings}
+
+
+def test_summary_agrees_where_the_numbers_follow_the_papers(tmp_path):
+    sec = _summary(tmp_path, _records(AGREEING))
+    f = _by_id(sec)
+    assert list(f) == [
+        "cbsa-t5-ranking#crate_cbt-vs-crate",
+        "cbsa-t5-ranking#crate-vs-cbt",
+        "cbsa-t5-ranking#cbt-vs-tost",
+        "cbsa-t6-persistence",
+        "tost-f5-segments",
+        "cbsa-f8-miou",
+        "cbsa-f8-flops",
+        "cbsa-f8-robust",
+    ]
+    assert all(x["verdict"] == "agrees" for x in f.values()), {k: x["verdict"] for k, x in f.items()}
+    # each ranking test carries the paper's own effect for its pair (Table 5)
+    effects = [f[f"cbsa-t5-ranking#{a}-vs-{b}"]["paper_effect"] for a, b in seg.RANKING]
+    assert effects == pytest.approx([0.03, 0.14, 0.09])
+    assert f["cbsa-t6-persistence"]["effect"] == pytest.approx(0.6)  # later halves: 0.8 vs 0.2
+    assert f["tost-f5-segments"]["effect"] == pytest.approx(0.3)  # penultimate class attention: 0.5 vs 0.2
+    assert f["cbsa-f8-miou"]["effect"] == pytest.approx(10.0)  # mIoU points
+    assert f["cbsa-f8-robust"]["effect"] == pytest.approx(19.0) and f["cbsa-f8-robust"]["lower_is_better"]
+    assert "(20.0%)" in f["cbsa-f8-flops"]["measured"]
+    titles = [t.title for t in sec.tables]
+    assert titles == [
+        "Zero-shot segmentation of the [CLS] maps (CBSA Table 5)",
+        "Zero-shot segmentation across layers (CBSA Table 6)",
+        "Segmentation decoders (CBSA Fig. 8)",
+    ]
+    t5 = sec.tables[0]
+    assert [r[0] for r in t5.rows] == [
+        *PLAN["models"],
+        "tost@init (untrained control)",
+        "crate_cbt@init (untrained control)",
+    ]
+    assert t5.rows[0][4] == "0.800 ± 0.002" and t5.rows[0][-1] == "0.68 / 0.78 / 0.18"
+    for path, _ in sec.plots:
+        assert (tmp_path / path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {p for p, _ in sec.plots} == {"plots/segmentation_layers.png", "plots/segmentation_decoders.png"}
+    assert sec.scale.startswith("here 64x64 scenes (64 training scenes, 64 tokens)")
+
+
+def test_summary_disagrees_where_the_numbers_reverse_the_papers(tmp_path):
+    layers = {**AGREEING, "crate_cbt": [0.5] * 6, "crate": [0.6] * 6, "cbt": [0.9] * 6}
+    dec = {"cbsa": (0.30, 0.25, 900), "mask_transformer": (0.40, 0.01, 1000)}
+    f = _by_id(_summary(tmp_path, _records(layers, decoders=dec)))
+    verdicts = {k: x["verdict"] for k, x in f.items()}
+    assert verdicts == {
+        "cbsa-t5-ranking#crate_cbt-vs-crate": "disagrees",
+        "cbsa-t5-ranking#crate-vs-cbt": "disagrees",
+        "cbsa-t5-ranking#cbt-vs-tost": "agrees",
+        "cbsa-t6-persistence": "disagrees",
+        "tost-f5-segments": "agrees",
+        "cbsa-f8-miou": "disagrees",
+        "cbsa-f8-flops": "disagrees",
+        "cbsa-f8-robust": "disagrees",
+    }
+
+
+def test_a_tie_inside_half_the_papers_effect_disagrees_and_a_wide_interval_is_inconclusive(tmp_path):
+    # crate_cbt ties crate: the paper's +0.03 halved is +0.015, and the interval lies below it
+    layers = {**AGREEING, "crate_cbt": [0.7] * 6}
+    f = _by_id(_summary(tmp_path, _records(layers)))["cbsa-t5-ranking#crate_cbt-vs-crate"]
+    assert f["verdict"] == "disagrees" and f["refute_below"] == pytest.approx(0.015)
+    recs = _records(AGREEING)
+    recs[f"{KEY}/zero-shot/crate/seed2"]["result"] = _zero_shot([0.95] * 6)  # one seed far off: a wide interval
+    f = _by_id(_summary(tmp_path, recs))["cbsa-t5-ranking#crate_cbt-vs-crate"]
+    assert f["verdict"] == "inconclusive" and f["ci95"][0] < 0 < f["ci95"][1]
+
+
+def test_the_untrained_control_holds_back_the_persistence_agreement(tmp_path):
+    layers = {**AGREEING, "crate_cbt@init": [0.8] * 6}  # the hybrid's later half shows it before training
+    f = _by_id(_summary(tmp_path, _records(layers)))["cbsa-t6-persistence"]
+    assert f["verdict"] == "inconclusive" and f["ungated_verdict"] == "agrees"
+    assert f["gate_reasons"] == ["control"] and "untrained copy" in f["gate"]
+    assert f["random_init_control"]["row"] == "crate_cbt@init"
+
+
+def test_rows_that_did_not_learn_gate_their_comparisons_unless_the_plan_turns_the_gate_off(tmp_path):
+    recs = _records(AGREEING, accuracy=0.12)  # 12% against chance 10%: not learned
+    sec = _summary(tmp_path, recs)
+    f = _by_id(sec)
+    for cid in ("cbsa-t5-ranking#crate_cbt-vs-crate", "cbsa-t6-persistence", "tost-f5-segments"):
+        assert f[cid]["verdict"] == "inconclusive" and f[cid]["ungated_verdict"] == "agrees", cid
+        assert f[cid]["gate_reasons"] == ["did not learn"]
+    assert f["cbsa-f8-miou"]["verdict"] == "agrees"  # the decoders learned (mIoU far above all-background's)
+    assert any("did not learn" in n for n in sec.notes)
+    sec = _summary(tmp_path, recs, {**PLAN, "require_learned": False})
+    assert all(x["verdict"] == "agrees" for x in sec.findings)
+    # decoders that do not beat the all-background prediction
+    dec = {"cbsa": (0.09, 0.01, 200), "mask_transformer": (0.08, 0.02, 1000)}
+    f = _by_id(_summary(tmp_path, _records(AGREEING, decoders=dec)))
+    assert f["cbsa-f8-miou"]["gate_reasons"] == ["did not learn"] and f["cbsa-f8-flops"]["verdict"] == "agrees"
+
+
+def test_missing_rows_are_not_tested(tmp_path):
+    recs = {k: v for k, v in _records(AGREEING).items() if "/tost/" not in k and "/decoders/" not in k}
+    f = _by_id(_summary(tmp_path, recs))
+    assert f["cbsa-t5-ranking#cbt-vs-tost"]["verdict"] == "not tested"
+    assert f["tost-f5-segments"]["verdict"] == "not tested"
+    assert all(f[c]["verdict"] == "not tested" for c in ("cbsa-f8-miou", "cbsa-f8-flops", "cbsa-f8-robust"))
+
+
+@pytest.mark.parametrize("name", BUDGET_NAMES)
+def test_every_budget_plans_the_sections_steps(name):
+    b, steps = plan(name, 0)
+    p = b[KEY]
+    ids = {s.id: s for s in steps if s.section == KEY}
+    want = set()
+    for s in range(p["seeds"]):
+        for m in p["models"]:
+            want |= {f"{KEY}/{m}/seed{s}", f"{KEY}/zero-shot/{m}/seed{s}"}
+            assert ids[f"{KEY}/zero-shot/{m}/seed{s}"].deps == (f"{KEY}/{m}/seed{s}",)
+            assert ids[f"{KEY}/{m}/seed{s}"].config["train"]["seed"] == s
+        want |= {f"{KEY}/zero-shot-init/{m}/seed{s}" for m in p["controls"]}
+        want.add(f"{KEY}/decoders/seed{s}")
+    assert set(ids) == want
+    # the overlays are drawn from the first seed only
+    assert [ids[f"{KEY}/zero-shot/tost/seed{s}"].config["overlays"] > 0 for s in range(p["seeds"])] == [True] + [
+        False
+    ] * (p["seeds"] - 1)
+
+
+def test_row_config_keeps_each_presets_own_options_at_the_plans_size():
+    cfg = seg.row_config(PLAN, "cbt", 4)
+    assert cfg["model"] == "cbt_t" and cfg["model_options"]["attention_options"] == {"rep_grid": [4, 4]}
+    assert cfg["model_options"]["dim"] == 16 and cfg["seed"] == 4 and cfg["steps"] == 4
+    assert seg.row_config(PLAN, "crate", 0)["model_options"]["patch_embed"] == "conv"
+    assert seg.row_config(PLAN, "crate_cbt", 0)["model_options"]["second_attention_options"] == {"rep_grid": [4, 4]}
+    assert "description" not in cfg and "eval_every" not in cfg
+    with pytest.raises(ValueError, match=r"unknown segmentation model 'swin'; valid: \["):
+        seg.models_of({**PLAN, "models": ["swin"]})
+    with pytest.raises(ValueError, match=r"unknown segmentation control 'swin'"):
+        seg.controls_of({**PLAN, "controls": ["swin"]})
+
+
+def test_long_budget_runs_three_seeds_and_smoke_two():
+    assert BUDGETS["long"][KEY]["seeds"] == 3 and BUDGETS["smoke"][KEY]["seeds"] == 2
+    assert BUDGETS["default"][KEY]["seeds"] == 2
+    smoke = copy.deepcopy(BUDGETS["smoke"][KEY])
+    assert smoke["require_learned"] is False
