@@ -433,11 +433,13 @@ def _mega_intro(plan: dict) -> str:
     from attnzoo.models.zoo import MEGA_CHUNK
 
     chunk = plan.get("mega_chunk_size", MEGA_CHUNK)
+    kinds = {"mega": "dense", "mega_chunk": f"chunked (r = {chunk})", "mega_csp": "CSP"}
+    attention = " / ".join(kinds[m] for m in rows)
     # MEGA's N(0, 0.02) leaves the attention's gradients below Adam's epsilon for thousands of steps (MEGA trains 90k)
     return (
-        f" {', '.join(rows)}: MEGA's own block (CSP Table 4's second group, Z = D/2) with dense, chunked (r = {chunk}) "
-        "or CSP attention, compared only with each other; initialised N(0, 1/fan-in) and N(0, 1) (`init='scaled'`): "
-        "with MEGA's N(0, 0.02) it stayed at the majority class (docs/results_history.md, 2026-11-26)."
+        f" {', '.join(rows)}: MEGA's own block (CSP Table 4's second group, Z = D/2) with {attention} attention, "
+        "compared only with each other; initialised N(0, 1/fan-in) and N(0, 1) (`init='scaled'`): with MEGA's "
+        "N(0, 0.02) it stayed at the majority class (docs/results_history.md, 2026-11-26)."
     )
 
 
