@@ -347,7 +347,7 @@ def test_random_init_control_uses_the_seed_mean_of_the_trained_series():
     from attnzoo.reproduce.sections import probes
 
     c = probes.init_control(_probe([5.0, 5.0, 4.0, 3.0]), _probe([5.0, 5.0, 5.0, 5.0]), [_probe([5.0, 5.0, 4.0, 5.0])])
-    assert c["data"]["change"] == pytest.approx(0.0) and "trained (2 seed(s)): +0" in c["text"]
+    assert c["data"]["change"] == pytest.approx(0.0) and "vs trained (2 seed(s)): +0" in c["text"]
 
 
 def _fold(acc_by_step: list[dict], steps_per_s: float) -> dict:

@@ -400,8 +400,8 @@ def init_control(trained: dict, init: dict, more: list[dict] | None = None) -> d
     else:
         reading = INIT_FALLS_AS_MUCH
     text = (
-        f"random-initialisation control: {_describe(iv, start)}, {v_init}; trained ({len(runs)} seed(s)): "
-        f"{d_tr:+.4g} vs untrained {d_init:+.4g}: {reading}"
+        f"random-initialisation control: untrained {d_init:+.4g} ({_downs(iv, start)} of {len(iv) - 1 - start} steps "
+        f"fall, {v_init}) vs trained ({len(runs)} seed(s)): {d_tr:+.4g}: {reading}"
     )
     data = {"series": iv, "verdict": v_init, "change": d_tr, "change_init": d_init, "reading": reading}
     return {"text": text, "data": data}
@@ -416,12 +416,12 @@ def _init_table(sec: Section, lw: dict[str, dict], init: dict[str, dict]) -> Non
         if key not in {k for row in r["layers"] for k in row}:
             continue
         vals = _layer_series(r, key)
-        rows.append([name, MEASURE_LABEL.get(key, key), _series_cell(vals), _half_change(vals)])
+        rows.append([name, MEASURE_LABEL.get(key, key), _series_cell(vals)])
     if rows:
         sec.tables.append(
             Table(
                 "layerwise control: the probe models' architectures at random initialisation (training seed)",
-                ["model", "measure", "layers 1 to last", "latter half: change"],
+                ["model", "measure", "layers 1 to last"],
                 rows,
             )
         )
@@ -429,12 +429,6 @@ def _init_table(sec: Section, lw: dict[str, dict], init: dict[str, dict]) -> Non
 
 def _series_cell(vals: list[float]) -> str:
     return ", ".join(fmt(v, ".4g") for v in vals)
-
-
-def _half_change(vals: list[float]) -> str:
-    """The latter half's change and how many of its steps fall, e.g. ``-4.32 (3/3 fall)``."""
-    h = _half_start(len(vals))
-    return f"{_delta(vals, h):+.4g} ({_downs(vals, h)}/{max(len(vals) - 1 - h, 0)} fall)"
 
 
 def _learned(t: dict, majority: float) -> bool:
@@ -499,14 +493,13 @@ def _compress_table(sec: Section, r: dict, plot) -> None:
 def _rank_collapse_table(sec: Section, r: dict, plot) -> None:
     depth_axis = r["depth"]
     picks = sorted({0, len(depth_axis) // 2, len(depth_axis) - 1})
+    starts = {fmt(_num(series[0]), ".2e") for series in r["residual"].values()}
+    title = "rank collapse without skip connections: relative residual ‖ε(X)‖/‖X‖ (CSP eq 6)"
+    if len(starts) == 1 and len(picks) > 1:  # every stack sees the same input: its residual once, in the title
+        title += f", {starts.pop()} at depth {depth_axis[0]} for every stack"
+        picks = picks[1:]
     rows = [[name] + [fmt(_num(series[i]), ".2e") for i in picks] for name, series in r["residual"].items()]
-    sec.tables.append(
-        Table(
-            "rank collapse without skip connections: relative residual ‖ε(X)‖/‖X‖ (CSP eq 6)",
-            ["stack"] + [f"depth {depth_axis[i]}" for i in picks],
-            rows,
-        )
-    )
+    sec.tables.append(Table(title, ["stack"] + [f"depth {depth_axis[i]}" for i in picks], rows))
     plot("rank-collapse", r, "CSP Thm 1: residual vs depth, output spectra.")
 
 
@@ -535,24 +528,16 @@ def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict]
                     fmt(acc, ".1f") if i == 0 else "",
                     MEASURE_LABEL.get(key, key) + (" (claim)" if i == 0 and key != "coding_rate" else ""),
                     _series_cell(vals),
-                    _half_change(vals),
                 ]
             )
         plot(f"layerwise/{name}", r, f"Per-layer measures: {name}.")
-    h0 = _half_start(depth) if isinstance(depth, int) else None
     sec.tables.append(
         Table(
             f"layerwise: compression term per layer of the probe models (depth {depth})",
-            [
-                "model",
-                "val acc %",
-                "measure",
-                "layers 1 to last",
-                f"latter half (layer {h0 + 1 if h0 is not None else '?'} on): change",
-            ],
+            ["model", "val acc %", "measure", "layers 1 to last"],
             rows,
             caption="; ".join(f"{v}: {MEASURE_DEF[k]}" for k, v in MEASURE_LABEL.items() if k in MEASURE_DEF)
-            + "; batch means over validation images, each layer with its own bases.",
+            + "; batch means over validation images.",
         )
     )
 
@@ -585,9 +570,9 @@ LEARNED_MARGIN = 10.0
 
 #: the layer-wise findings' rule (:func:`_fall_verdict`, :func:`_seeds_verdict`), stated once in the section's intro
 FALL_RULE = (
-    "Layer-wise fall rule: agrees if the value falls over the claim's layers with at least half of the "
-    "layer-to-layer steps falling, disagrees if it rises with fewer than half falling, else inconclusive; over "
-    "seeds, the seed-mean series' verdict when more than half of the seeds give it."
+    "Layer-wise fall rule: agrees if the value falls over the claim's layers with at least half the steps "
+    "falling, disagrees if it rises with under half falling, else inconclusive; over seeds, the seed mean's "
+    "verdict if more than half of the seeds give it."
 )
 
 
