@@ -444,7 +444,7 @@ def _plotter(sec: Section, plots_dir, rel):
         try:
             fig = PLOTTERS[result["experiment"]](result)
         except KeyError as e:  # a record imported (--reuse) from a results.json whose large arrays were left out
-            sec.notes.append(f"plot of `{name}` not drawn: its stored result has no {e} (rerun the step to draw it)")
+            sec.notes.append(f"plot `{name}` not drawn: its stored result lacks {e} (rerun the step)")
             return
         save_figure(fig, path)
         sec.plots.append((rel(path), caption))
@@ -453,7 +453,8 @@ def _plotter(sec: Section, plots_dir, rel):
 
 
 def _denoise_table(sec: Section, dn: dict[str, dict], plot) -> None:
-    """AoT eq 3: SNR per layer of every η run (the ``-matched`` run is in the soft-max finding), and their plots."""
+    """AoT eq 3: SNR per layer of every η run, and their plots (the fitted growths and the ``-matched`` run are in the
+    findings)."""
     runs = [k for k in dn if not k.endswith("-matched")]
     cols, series = [], []
     for k in runs:
@@ -463,15 +464,7 @@ def _denoise_table(sec: Section, dn: dict[str, dict], plot) -> None:
             series.append([_num(x) for x in vals])
     n_rows = max(len(v) for v in series)
     rows = [[i] + [fmt(v[i], ".3g") if i < len(v) else "-" for v in series] for i in range(n_rows)]
-    cap = "Fitted growth per layer: " + "; ".join(
-        f"η={_num(dn[k]['params']['eta']):g} "
-        + ", ".join(f"{phi} x{_num(v):.4f}" for phi, v in dn[k]["growth_factor_fit"].items())
-        + f" (Theorem 1: x{_num(dn[k]['growth_factor_theory']):.4f})"
-        for k in runs
-    )
-    sec.tables.append(
-        Table("denoise (AoT eq 3 on Definition 1 data): mean SNR per layer", ["layer"] + cols, rows, caption=cap)
-    )
+    sec.tables.append(Table("denoise (AoT eq 3 on Definition 1 data): mean SNR per layer", ["layer"] + cols, rows))
     for k in runs:
         plot(k, dn[k], f"AoT Fig. 4: SNR per layer, η={_num(dn[k]['params']['eta']):g}.")
 
@@ -537,7 +530,8 @@ def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict]
             ["model", "val acc %", "measure", "layers 1 to last"],
             rows,
             caption="; ".join(f"{v}: {MEASURE_DEF[k]}" for k, v in MEASURE_LABEL.items() if k in MEASURE_DEF)
-            + "; batch means over validation images.",
+            + "; other rows: tokens entering the attention layer after its pre-norm; batch means over validation "
+            "images.",
         )
     )
 
