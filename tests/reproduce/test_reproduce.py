@@ -150,7 +150,7 @@ def _check_comparison_fields(f: dict) -> None:
         assert f["ci95"] == pytest.approx([lo, hi], rel=1e-9, abs=1e-9)
     elif len(a) < 2 or len(b) < 2:
         assert f["ci95"] is None
-    expected = verdict_from_ci(f["ci95"], f["margin"])
+    expected = verdict_from_ci(f["ci95"], f["margin"], f.get("refute_below"))  # half the paper's own effect refutes
     if f.get("gate"):
         assert f["verdict"] == "inconclusive" and f.get("ungated_verdict", "inconclusive") == expected
     else:
