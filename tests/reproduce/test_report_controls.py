@@ -220,9 +220,7 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
         return {"accuracy": stat(list(v)), "params": 100_000}
 
     def tost_vs_vit_swap(out):
-        return next(
-            f for f in out if f["claim"].startswith("controlled swap: ToST") and "XCiT" not in f["claim"]
-        )
+        return next(f for f in out if f["claim"].startswith("controlled swap: ToST") and "XCiT" not in f["claim"])
 
     res = {
         "vit": r(84.0, 84.5, 84.2),
@@ -268,9 +266,7 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
     # with the mean-pooled XCA row, TSSA is read against XCA under one factor, not gated
     res["vit+xca-meanpool"] = r(84.0, 84.4, 84.2)
     out = vision._findings(res)
-    swap = next(
-        f for f in out if f["claim"].startswith("controlled swap: ToST") and "XCiT" in f["claim"]
-    )
+    swap = next(f for f in out if f["claim"].startswith("controlled swap: ToST") and "XCiT" in f["claim"])
     assert (swap["a_name"], swap["b_name"]) == ("vit+tssa-meanpool", "vit+xca-meanpool") and "gate" not in swap
     assert "with the CLS token, vit+tssa vs vit+xca: 79.2 ± 0.3 vs 83.2 ± 0.2" in swap["explanation"]
 
