@@ -136,3 +136,15 @@ def test_results_json_lists_every_claim_once_with_its_tests(tmp_path):
     assert ids == ["tost-t3-lra", "X Table 1: a beats b"]
     assert payload["claims"][0]["tests"] == ["tost-t3-lra#listops", "tost-t3-lra#average"]
     assert payload["claims"][0]["verdict"] == "agrees" and payload["meta"]["finding_schema"] == 1
+
+
+def test_a_note_shared_by_several_findings_is_printed_once_and_referenced_by_each():
+    from attnzoo.reproduce.report import _findings_md
+
+    fs = [_f(*WIN, claim=f"c{i}") for i in range(3)]
+    for f in fs[:2]:
+        gate(f, "sizes unlike the paper's (2.00x against 1.02x)", "conditions")
+    gate(fs[2], "another reason", "conditions")
+    table, notes, nxt = _findings_md(fs)
+    assert notes == ["[1] gated: sizes unlike the paper's (2.00x against 1.02x)", "[2] gated: another reason"]
+    assert nxt == 3 and table.count("| [1] |") == 2 and table.count("| [2] |") == 1

@@ -525,7 +525,7 @@ def margin_control_gate(
         gate(
             f,
             f"the margin admits no attention: {control_name} is {where} {f.get('unit', '')} from {base_name}, "
-            f"not shown outside the margin {f['margin']:.3g}, so this test cannot tell the mechanism from none",
+            f"not shown outside the margin {f['margin']:.3g}",
             "control",
         )
     return f

@@ -60,13 +60,16 @@ def effect_cell(f: dict) -> str:
 def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], int]:
     """The findings table with its notes (rule, gate, explanation) as numbered footnotes under it."""
     rows, notes = [], []
+    seen: dict[tuple[str, str], int] = {}  # a note said once: later rows point back to its number
     for f in findings:
         refs = []
         for label, text in (("rule", _own_rule(f)), ("gated", f.get("gate")), ("why", f.get("explanation"))):
             if text and text != "-":
-                notes.append(f"[{start}] {label}: {text}")
-                refs.append(f"[{start}]")
-                start += 1
+                if (label, text) not in seen:
+                    seen[(label, text)] = start
+                    notes.append(f"[{start}] {label}: {text}")
+                    start += 1
+                refs.append(f"[{seen[(label, text)]}]")
         verdict = _MARK[f["verdict"]]
         if f.get("ungated_verdict"):
             verdict += f" (numbers alone: {f['ungated_verdict']})"
@@ -480,8 +483,8 @@ def _section_md(s: Section) -> list[str]:
         if t.caption:
             md += [t.caption, ""]
     for path, caption in s.plots:
-        alt = caption.replace("[", "").replace("]", "")  # brackets would end the image's alt text
-        md += [f"![{alt}]({path})", "", f"*{caption}*", ""]
+        # the caption is printed under the figure; the alt text names the figure only
+        md += [f"![{Path(path).stem.replace('_', ' ')}]({path})", "", f"*{caption}*", ""]
     plateau = s.data.get("plateau") if isinstance(s.data, dict) else None
     if plateau:
         items = plateau.values() if "text" not in plateau else [plateau]
