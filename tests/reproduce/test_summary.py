@@ -148,3 +148,13 @@ def test_a_note_shared_by_several_findings_is_printed_once_and_referenced_by_eac
     table, notes, nxt = _findings_md(fs)
     assert notes == ["[1] gated: sizes unlike the paper's (2.00x against 1.02x)", "[2] gated: another reason"]
     assert nxt == 3 and table.count("| [1] |") == 2 and table.count("| [2] |") == 1
+
+
+def test_a_findings_row_leaves_the_reference_blank_where_it_repeats_the_row_above():
+    from attnzoo.reproduce.report import _findings_md
+
+    fs = [_f(*WIN, claim="c1"), _f(*WIN, claim="c2"), {**_f(*WIN, claim="c3"), "paper": "Y Table 2"}]
+    table, _, _ = _findings_md(fs)
+    rows = table.splitlines()[2:]
+    assert "| X Table 1 | c1 | a > b |" in rows[0]
+    assert "|  | c2 |  |" in rows[1] and "| Y Table 2 | c3 | a > b |" in rows[2]

@@ -61,6 +61,7 @@ def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], 
     """The findings table with its notes (rule, gate, explanation) as numbered footnotes under it."""
     rows, notes = [], []
     seen: dict[tuple[str, str], int] = {}  # a note said once: later rows point back to its number
+    last: tuple[str, str] | None = None
     for f in findings:
         refs = []
         for label, text in (("rule", _own_rule(f)), ("gated", f.get("gate")), ("why", f.get("explanation"))):
@@ -73,12 +74,15 @@ def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], 
         verdict = _MARK[f["verdict"]]
         if f.get("ungated_verdict"):
             verdict += f" (numbers alone: {f['ungated_verdict']})"
+        # a reference and paper figure equal to the row above's are left blank (read as "the same")
+        same = bool(rows) and (f["paper"], f["paper_value"]) == last
+        last = (f["paper"], f["paper_value"])
         rows.append(
             [
                 f.get("kind", "-") + (" (measurement)" if f.get("measurement") else ""),
-                f["paper"],
+                "" if same else f["paper"],
                 f["claim"],
-                f["paper_value"],
+                "" if same else f["paper_value"],
                 f["measured"],
                 verdict,
                 f.get("seeds", "-"),
