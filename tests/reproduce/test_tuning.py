@@ -58,7 +58,7 @@ def test_sweep_table_of_tuned_rows_marks_the_best_and_the_grid_edges():
     # b's best rate is the grid's highest: its optimum may lie beyond, so it is not shown tuned
     assert set(untuned) == {"b"} and "0.01 is the highest of the grid" in untuned["b"]
     assert table.rows[0] == ["a", "50", "**70**", "60"] and table.rows[1] == ["b †", "50", "60", "**70**"]
-    assert "best rate" in table.caption and "1 of 2 rows" in table.caption
+    assert "†: best at an end of the grid" in table.caption and "1 of 2 rows" in table.caption
     # a loss: the lowest value wins, and a best at the lowest rate is an edge as well
     _, untuned = sweep_table(rec, ["a", "b"], "sec", LRS, None, "accuracy", False, 100.0)
     assert set(untuned) == {"a", "b"} and "0.001 is the lowest" in untuned["a"]
@@ -126,7 +126,7 @@ def test_a_flat_top_on_a_grid_end_is_not_gated():
     # b's best (0.01) beats its neighbour by 0.5 points; with a seed spread of 1 point that is a flat top
     rec = {sweep_id("sec/b", lr): {"result": {"accuracy": v}} for lr, v in zip(LRS, [0.5, 0.695, 0.70], strict=True)}
     table, untuned = sweep_table(rec, ["b"], "sec", LRS, None, "accuracy", True, 100.0, noise={"b": 1.0})
-    assert untuned == {} and table.rows == [["b ‡", "50", "69.5", "**70**"]] and "‡: best on an end" in table.caption
+    assert untuned == {} and table.rows == [["b ‡", "50", "69.5", "**70**"]] and "‡: best at an end, within one seed std" in table.caption
     assert "Every best rate lies inside the grid" not in table.caption  # b's is on its end
     # a spread of 0.4 points: the rise to the end is real, the optimum may lie beyond
     _, untuned = sweep_table(rec, ["b"], "sec", LRS, None, "accuracy", True, 100.0, noise={"b": 0.4})

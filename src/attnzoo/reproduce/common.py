@@ -522,20 +522,14 @@ def _sweep_caption(
     floor: float | None = None,
 ) -> str:
     """The sweep table's caption: what was swept, on which seed and length, and what the marks mean."""
-    seeds = (
-        "Each row's reported seeds train at its best rate."
-        if used is None
-        else f"The reported seeds train at {used:g}: a comparison involving a row whose best rate differs is "
-        "inconclusive."
-    )
+    seeds = "" if used is None else f" Reported seeds train at {used:g}."
     caption = (
-        f"{metric} on the sweep's own seed (base seed + {SWEEP_SEED_OFFSET}, not a reported seed)"
-        + (f", each sweep run {fraction:.0%} of the reported runs' steps" if fraction < 1 else "")
-        + "; best rate in bold. "
+        f"{metric} on the sweep seed (base + {SWEEP_SEED_OFFSET})"
+        + (f", {fraction:.0%} of the reported steps" if fraction < 1 else "")
+        + "; best in bold."
         + seeds
         + (
-            f" †: best at an end of the grid ({len(edge)} of {n_rows} rows), so the optimum may lie beyond it "
-            "and the row's comparisons are inconclusive (not tuned)."
+            f" †: best at an end of the grid ({len(edge)} of {n_rows} rows): not tuned."
             if edge
             else " Every best rate lies inside the grid."
             if not (flat or unlearned)
@@ -543,17 +537,13 @@ def _sweep_caption(
         )
     )
     if flat:
-        caption += (
-            f" ‡: best on an end of the grid but within one seed standard deviation of its neighbour ({len(flat)} "
-            "rows): a flat top, counted as tuned."
-        )
+        caption += f" ‡: best at an end, within one seed std of its neighbour ({len(flat)} rows): a flat top, tuned."
     if unlearned:
         caption += (
-            f" §: no swept rate beats {floor:.3g} ({len(unlearned)} row{'s' if len(unlearned) > 1 else ''}): the row "
-            "learned at none, so the sweep found no optimum and its comparisons are inconclusive (not tuned)."
+            f" §: no swept rate beats {floor:.3g} ({len(unlearned)} row{'s' if len(unlearned) > 1 else ''}): not tuned."
         )
     if uneven:
-        caption += " –: a rate outside that row's grid (rows whose best fell on an end of the common grid get more)."
+        caption += " –: a rate outside that row's grid."
     return caption
 
 
