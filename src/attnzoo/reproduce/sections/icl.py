@@ -232,7 +232,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.intro = (
         f"{n} Gaussian inputs per prompt, d={d}, {', '.join(plan['tasks'])} functions"
         + (
-            f" (sparse functions keep {sp} non-zero weights)"
+            f" (sparse: {sp} non-zero weights)"
             if (sp := plan["tasks"].get("sparse", {}).get("sparsity")) is not None
             else ""
         )
@@ -409,9 +409,9 @@ def _gate_notes(curves, finals, plan) -> list[str]:
         fin = finals[t]
         if "zero" in c and "gpt" in fin and "aot" in fin and not _baseline_learned(fin, c["zero"][-1], plan):
             notes.append(
-                f"{t}: GPT's error with all examples ({', '.join(f'{e:.3f}' for e in fin['gpt'])} over its seeds) is "
-                f"not below 0.8x the zero predictor's ({c['zero'][-1]:.3f}) on every seed, so AoT is not compared "
-                "with it on this task (AoT's own finding against the zero predictor stays)"
+                f"{t}: GPT's error at k = all ({', '.join(f'{e:.3f}' for e in fin['gpt'])} over its seeds) is not "
+                f"below 0.8x the zero predictor's ({c['zero'][-1]:.3f}) on every seed, so AoT is not compared with it "
+                "here (AoT's own finding stays)"
             )
     return notes
 
