@@ -88,3 +88,20 @@ def patch_backend_function(monkeypatch, module: ModuleType, attr: str, replaceme
         for name, backend in mech.backends.items():
             if backend.fn is original:
                 monkeypatch.setitem(mech.backends, name, dataclasses.replace(backend, fn=replacement))
+
+
+@pytest.fixture(scope="session")
+def smoke(tmp_path_factory):
+    """One ``attnzoo reproduce`` smoke run (single torch thread, restored afterwards) shared by every test that reads
+    a whole run. It lives here, not in a ``tests/reproduce/conftest.py``: a second module named ``conftest`` would
+    shadow this one for the tests that import ``require`` from it."""
+    from attnzoo.reproduce import main
+
+    out = tmp_path_factory.mktemp("reproduce") / "smoke"
+    threads = torch.get_num_threads()
+    try:
+        rc = main(["--budget", "smoke", "--out", str(out), "--seed", "0", "--no-progress", "--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    assert rc == 0
+    return out

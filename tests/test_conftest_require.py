@@ -40,3 +40,10 @@ def test_an_extra_never_installed_skips(monkeypatch):
 def test_a_module_outside_the_extra_is_refused():
     with pytest.raises(ValueError, match=r"'numpy' is not part of attnzoo's 'hf' extra \(its members: \["):
         require("numpy")
+
+
+def test_the_suite_has_one_conftest_so_that_from_conftest_imports_this_one():
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    assert sorted(p.relative_to(tests).as_posix() for p in tests.rglob("conftest.py")) == ["conftest.py"]
