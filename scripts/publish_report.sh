@@ -32,7 +32,7 @@ def rounded(x, digits=5):
     return x
 
 
-PLOT_ONLY = ("points", "labels", "directions", "cls_maps", "matrices", "snr_per_cluster")
+PLOT_ONLY = ("points", "labels", "directions", "cls_maps", "matrices", "snr_per_cluster", "overlays")
 p = sys.argv[1]
 d = json.load(open(p))
 for sid, rec in d["steps"].items():

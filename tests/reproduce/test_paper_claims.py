@@ -92,6 +92,8 @@ def test_size_gates_read_the_papers_ratios_from_the_table():
         ("tost", "vit"): (22.6 / 22.1, "ToST Table 5: ToST-S 22.6M vs ViT-S 22.1M"),
         ("tost", "xcit"): (22.6 / 24.9, "ToST Table 5: ToST-S 22.6M vs XCiT-S 24.9M"),
         ("cbt", "crate"): (25.7 / 22.8, "CBSA Table 3: CBT-B 25.7M vs CRATE-B 22.8M"),
+        ("csp_vit", "vit"): (6.38 / 9.52, "CSP Table 3: ViT with CSP 6.38M vs MHA 9.52M"),
+        ("csp_vit", "csp_vit_skeleton+softmax"): (6.38 / 9.52, "CSP Table 3: ViT with CSP 6.38M vs MHA 9.52M"),
     }
     assert {k: v[0] for k, v in language.PAPER_SIZE_RATIO.items()} == {
         ("tost", "gpt"): 110 / 124,

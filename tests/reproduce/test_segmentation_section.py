@@ -13,6 +13,8 @@ from attnzoo.reproduce.sections import segmentation as seg
 from attnzoo.reproduce.sections.segmentation import INIT, KEY
 
 PLAN = {
+    # the rule's verdicts are tested with the tuning gate off; the budgets keep it on (a test below)
+    "require_tuned": False,
     "task_options": {"n_train": 64, "n_val": 32},
     "models": ["crate_cbt", "crate", "cbt", "tost", "vit"],
     "controls": ["tost", "crate_cbt"],
@@ -245,3 +247,11 @@ def test_long_budget_runs_three_seeds_and_smoke_two():
     assert BUDGETS["default"][KEY]["seeds"] == 2
     smoke = copy.deepcopy(BUDGETS["smoke"][KEY])
     assert smoke["require_learned"] is False
+
+
+def test_without_a_learning_rate_sweep_every_comparison_is_held_back_as_not_tuned(tmp_path):
+    sec = _summary(tmp_path, _records(AGREEING), {k: v for k, v in PLAN.items() if k != "require_tuned"})
+    compared = [f for f in sec.findings if f.get("claim_type")]
+    assert compared and all(f["verdict"] == "inconclusive" and "not tuned" in f["gate_reasons"] for f in compared)
+    assert all(f["ungated_verdict"] == "agrees" for f in compared)
+    assert all("require_tuned" not in b.get("segmentation", {}) for b in BUDGETS.values())

@@ -111,8 +111,10 @@ MATCH_TOLERANCE = 0.10
 #: (a, b) -> the parameter ratio a/b of the paper's own comparison and where it is from: a comparison whose ratio is
 #: more than MATCH_TOLERANCE away from it (either way) is not under the paper's conditions (gated)
 PAPER_SIZE_RATIO: dict[tuple[str, str], tuple[float, str]] = paper_claims.size_ratios(
-    "tost-t2-vit", "tost-t2-xcit", "cbsa-t3-crate"
+    "tost-t2-vit", "tost-t2-xcit", "cbsa-t3-crate", "csp-t3-vit"
 )
+# CSP-ViT is compared with softmax in its own skeleton (below, CSP_BASE): the paper's ratio is that pair's
+PAPER_SIZE_RATIO[("csp_vit", "csp_vit_skeleton+softmax")] = PAPER_SIZE_RATIO[("csp_vit", "vit")]
 
 #: ablations that test an explanation of a gap
 ABLATIONS: dict[str, Ablation] = {
