@@ -221,12 +221,12 @@ def test_every_budget_plans_the_sections_steps(name):
             assert ids[f"{KEY}/zero-shot/{m}/seed{s}"].deps == (f"{KEY}/{m}/seed{s}",)
             assert ids[f"{KEY}/{m}/seed{s}"].config["train"]["seed"] == s
         want |= {f"{KEY}/zero-shot-init/{m}/seed{s}" for m in p["controls"]}
-        want.add(f"{KEY}/decoders/seed{s}")
+        if p.get("decoders"):
+            want.add(f"{KEY}/decoders/seed{s}")
     assert set(ids) == want
-    # the overlays are drawn from the first seed only
-    assert [ids[f"{KEY}/zero-shot/tost/seed{s}"].config["overlays"] > 0 for s in range(p["seeds"])] == [True] + [
-        False
-    ] * (p["seeds"] - 1)
+    if "tost" in p["models"]:  # the overlays are drawn from the first seed only
+        firsts = [ids[f"{KEY}/zero-shot/tost/seed{s}"].config["overlays"] > 0 for s in range(p["seeds"])]
+        assert firsts == [True] + [False] * (p["seeds"] - 1)
 
 
 def test_row_config_keeps_each_presets_own_options_at_the_plans_size():
@@ -244,7 +244,7 @@ def test_row_config_keeps_each_presets_own_options_at_the_plans_size():
 
 def test_long_budget_runs_three_seeds_and_smoke_two():
     assert BUDGETS["long"][KEY]["seeds"] == 3 and BUDGETS["smoke"][KEY]["seeds"] == 2
-    assert BUDGETS["default"][KEY]["seeds"] == 2
+    assert BUDGETS["default"][KEY]["models"] == [] and not BUDGETS["default"][KEY].get("decoders")  # 30 minutes
     smoke = copy.deepcopy(BUDGETS["smoke"][KEY])
     assert smoke["require_learned"] is False
 
