@@ -51,6 +51,15 @@ for sid, rec in d["steps"].items():
         del rec["result"][k]
     if slim or rec.get("result_slimmed"):  # a record imported already slimmed keeps what it lacks
         rec["result_slimmed"] = sorted(set(slim) | set(rec.get("result_slimmed", [])))
+    # a zero-shot segmentation step's per-head IoUs: the section reads each layer's best head only
+    for lay in rec["result"].get("layers", []) if sid.startswith("segmentation/zero-shot") else []:
+        for k in ("iou", "iou_sem", "best_sem"):
+            lay.pop(k, None)
+# the sections' findings (every verdict with its per-seed values) and notes stay; their plot data ("data") and
+# tables are in report.md and are recomputed from the steps by --report-only: the file stays under 600 KiB
+for sec in d["sections"].values():
+    sec.pop("data", None)
+    sec.pop("tables", None)
 d["sections"] = rounded(d["sections"])
 open(p, "w").write(json.dumps(d, separators=(",", ":")) + "\n")
 PYEOF

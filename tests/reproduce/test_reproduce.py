@@ -207,7 +207,8 @@ def test_every_budget_plans_valid_runs(budget):
     from attnzoo.train.config import from_dict
 
     b, steps = plan(budget, 3)
-    assert {s.section for s in steps} == set(SECTIONS)
+    # a section whose plan names no models runs nothing (default leaves segmentation to long)
+    assert {s.section for s in steps} == {k for k in SECTIONS if b[k].get("models") != []}
     trains = [s for s in steps if "train" in s.config]
     assert trains
     by_id = {s.id: s for s in steps}

@@ -330,7 +330,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.plots.append((rel(plots_dir / "segmentation_layers.png"), _LAYERS_CAPTION))
         over = {n: st["overlays"] for n, st in res.items() if st.get("overlays")}
         if over:
-            save_figure(_plot_overlays(over, plan.get("mass", 0.6)), plots_dir / "segmentation_overlays.png")
+            save_figure(_plot_overlays(over, plan.get("mass", 0.6)), plots_dir / "segmentation_overlays.png", dpi=45)
             sec.plots.append((rel(plots_dir / "segmentation_overlays.png"), _OVERLAYS_CAPTION))
     if dec:
         sec.tables.append(_decoder_table(dec))
