@@ -114,7 +114,9 @@ def render_size_checks(checks: list[RatioCheck]) -> str:
     rows = []
     for c in checks:
         if not c.planned:
-            rows.append([f"`{c.claim_id}`", f"{c.row_a} vs {c.row_b}", "-", "-", f"{c.paper_ratio:.2f}x", "not planned"])
+            rows.append(
+                [f"`{c.claim_id}`", f"{c.row_a} vs {c.row_b}", "-", "-", f"{c.paper_ratio:.2f}x", "not planned"]
+            )
             continue
         rows.append(
             [
