@@ -51,33 +51,8 @@ class MSSAAttention(Attention, RecurrentMixin):
     mechanism = MSSA
     supports_masks = True
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        scale: float | None = MSSAOptions.scale,
-        normalize_query: bool = MSSAOptions.normalize_query,
-        out_proj: bool = MSSAOptions.out_proj,
-        head_dim: int | None = MSSAOptions.head_dim,
-        attn_dropout: float = MSSAOptions.attn_dropout,
-        proj_dropout: float = MSSAOptions.proj_dropout,
-        tied: bool = MSSAOptions.tied,
-    ) -> None:
-        super().__init__(
-            dim,
-            heads,
-            causal=causal,
-            scale=scale,
-            normalize_query=normalize_query,
-            out_proj=out_proj,
-            head_dim=head_dim,
-            attn_dropout=attn_dropout,
-            proj_dropout=proj_dropout,
-            tied=tied,
-        )
-        o = self.options
+    def build(self, o: MSSAOptions) -> None:
+        """The projections and parameters of the options ``o``."""
         if not o.tied and not o.out_proj:
             raise ValueError(
                 "MSSA with tied=False needs out_proj=True: the eq. (3) lift is the transposed shared projection, "
@@ -89,9 +64,9 @@ class MSSAAttention(Attention, RecurrentMixin):
         self.attn_dropout = o.attn_dropout
         self.scale = check_scale(o.scale, self.head_dim)
         self.normalize_query = o.normalize_query
-        inner = heads * self.head_dim  # K subspaces of dimension p; CRATE's default p = dim // heads
-        self.qkv = nn.Linear(dim, inner if o.tied else 3 * inner, bias=False)
-        self.to_out = nn.Linear(inner, dim, bias=True) if o.out_proj else None
+        inner = self.heads * self.head_dim  # K subspaces of dimension p; CRATE's default p = dim // heads
+        self.qkv = nn.Linear(self.dim, inner if o.tied else 3 * inner, bias=False)
+        self.to_out = nn.Linear(inner, self.dim, bias=True) if o.out_proj else None
         self.proj_drop = nn.Dropout(o.proj_dropout)
 
     def _w(self, x: torch.Tensor) -> torch.Tensor:

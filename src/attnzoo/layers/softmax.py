@@ -41,32 +41,11 @@ class SoftmaxAttention(QKVProjection, Attention, RecurrentMixin):
     mechanism = SOFTMAX
     supports_masks = True
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        qkv_bias: bool = SoftmaxOptions.qkv_bias,
-        proj_bias: bool = SoftmaxOptions.proj_bias,
-        attn_dropout: float = SoftmaxOptions.attn_dropout,
-        proj_dropout: float = SoftmaxOptions.proj_dropout,
-        scale: float | None = SoftmaxOptions.scale,
-    ) -> None:
-        super().__init__(
-            dim,
-            heads,
-            causal=causal,
-            qkv_bias=qkv_bias,
-            proj_bias=proj_bias,
-            attn_dropout=attn_dropout,
-            proj_dropout=proj_dropout,
-            scale=scale,
-        )
-        o = self.options
+    def build(self, o: SoftmaxOptions) -> None:
+        """The projections and parameters of the options ``o``."""
         self.attn_dropout = o.attn_dropout
         self.scale = check_scale(o.scale, self.head_dim)
-        self._init_projections(dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
+        self._init_projections(self.dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
 
     def forward(
         self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
