@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
 from attnzoo._checks import check_scale
 from attnzoo.layers.base import Attention, RecurrentMixin, check_kv_cache, check_step_input, register_attention
-from attnzoo.layers.softmax import attend_cache, cache_mask, check_prefill
-from attnzoo.ops._segment_ops import attention_allowed, zero_padding_tokens
-from attnzoo.ops._varlen import segments
+from attnzoo.layers.softmax import attend_cache, attend_recorded, cache_mask, check_prefill
+from attnzoo.ops._segment_ops import zero_padding_tokens
 from attnzoo.ops.mssa import MSSA, MSSAOptions, mssa, mssa_query, mssa_weights
 from attnzoo.ops.softmax import softmax_attention
 
@@ -104,15 +104,10 @@ class MSSAAttention(Attention, RecurrentMixin):
             w = self._w(x)
             p = self.attn_dropout if self.training else 0.0
             if self.capturing:
-                seg = segments(*x.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device)
-                allowed = None if seg is None else attention_allowed(seg, self.causal)
-                attn = mssa_weights(
-                    w, causal=self.causal, scale=self.scale, normalize_query=self.normalize_query, allowed=allowed
+                weights = functools.partial(
+                    mssa_weights, w, causal=self.causal, scale=self.scale, normalize_query=self.normalize_query
                 )
-                if seg is not None:
-                    attn = attn * seg.real[:, None, :, None]  # padding queries attend to nothing
-                self.record(attn=attn)
-                o = torch.matmul(F.dropout(attn, p=p, training=p > 0), w.to(attn.dtype)).to(w.dtype)
+                o = attend_recorded(self, weights, w, p, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
             else:
                 o = mssa(
                     w,
