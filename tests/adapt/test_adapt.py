@@ -188,7 +188,7 @@ def test_bad_inputs(tmp_path):
     teacher = tiny_llama()
     with pytest.raises(ValueError, match="cannot adapt Sequential.*Llama-family"):
         model_family(nn.Sequential(nn.Linear(2, 2)))
-    with pytest.raises(ValueError, match="'cbsa' has no causal form.*causal decoder.*fastmax"):
+    with pytest.raises(ValueError, match="'cbsa' has no causal mode.*causal decoder.*fastmax"):
         make_student(teacher, "cbsa")
     with pytest.raises(ValueError, match="unknown mechanism 'nope'"):
         make_student(teacher, "nope")

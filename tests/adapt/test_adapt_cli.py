@@ -96,7 +96,7 @@ def test_adapt_cli_errors(tmp_path, tiny_gguf, capsys):
     assert main(_args(tmp_path / "missing.gguf", tmp_path / "a")) == 1
     assert "missing.gguf not found" in capsys.readouterr().err
     assert main(_args(tiny_gguf, tmp_path / "b")[:3] + ["--mechanism", "cbsa", "--out", str(tmp_path / "b")]) == 1
-    assert "'cbsa' has no causal form" in capsys.readouterr().err
+    assert "'cbsa' has no causal mode" in capsys.readouterr().err
     assert main(["adapt", "--model", str(tmp_path), "--mechanism", "tssa", "--out", str(tmp_path / "c")]) == 1
     assert "not a model directory (no config.json)" in capsys.readouterr().err
     assert main(["adapt", "--model", "x", "--mechanism", "tssa", "--out", "y", "--option", "p"]) == 2

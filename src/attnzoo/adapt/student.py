@@ -16,8 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnzoo.layers.base import Attention, attention_info, list_attentions
+from attnzoo.layers.base import Attention, list_attentions
 from attnzoo.layers.fastmax import FastmaxAttention
+from attnzoo.models.blocks import check_mixer_form
 
 __all__ = ["AdaptLayer", "Student", "model_family", "make_student", "FAMILIES", "QKV_CBSA", "QKVCBSA"]
 
@@ -223,17 +224,7 @@ def model_family(model: nn.Module) -> str:
 def _check_mechanism(mechanism: str, causal: bool, family: str) -> None:
     if not isinstance(mechanism, str) or mechanism not in list_attentions():
         raise ValueError(f"unknown mechanism {mechanism!r}; valid mechanisms: {list_attentions()}")
-    cls = attention_info(mechanism)
-    if causal and not cls.supports_causal:
-        raise ValueError(
-            f"mechanism {mechanism!r} has no causal form and this {family} model is a causal decoder; "
-            f"mechanisms with a causal form: {list_attentions(causal=True)}"
-        )
-    if not causal and not cls.supports_noncausal:
-        raise ValueError(
-            f"mechanism {mechanism!r} is causal-only and this {family} model is bidirectional; "
-            f"bidirectional mechanisms: {list_attentions(causal=False)}"
-        )
+    check_mixer_form(mechanism, causal, f"{family} model")
 
 
 def _swap_attnzoo(model: nn.Module, mechanism: str, options: dict[str, Any]) -> tuple[list[AdaptLayer], str]:

@@ -14,8 +14,10 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
+from typing import Any, Callable
 
 from .experiments import EXPERIMENTS, save_experiment
 from .io import prepare_out_dir
@@ -166,6 +168,13 @@ def _one_model(args):
     return load_model(checkpoint=args.checkpoint, model=args.model, options=dict(args.model_opt))
 
 
+def _by_name(fn: Callable[..., dict], args: argparse.Namespace, **given: Any) -> dict:
+    """``fn(**options)``: each keyword parameter of ``fn`` from the parsed option of its name (the subparser names
+    its options after the experiment's parameters), ``given`` first; an option left ``None`` keeps ``fn``'s default."""
+    parsed = {n: getattr(args, n) for n in inspect.signature(fn).parameters if getattr(args, n, None) is not None}
+    return fn(**{**parsed, **given})
+
+
 def _run(args) -> dict:
     from .experiments import (
         attention_maps,
@@ -181,28 +190,9 @@ def _run(args) -> dict:
 
     name = args.experiment
     if name == "denoise":
-        return denoise(
-            k=args.k,
-            p=args.p,
-            n_per=args.n_per,
-            delta=args.delta,
-            eta=args.eta,
-            tau=args.tau,
-            layers=args.layers,
-            seed=args.seed,
-        )
+        return _by_name(denoise, args)
     if name == "compress":
-        kw = {} if args.snapshots is None else {"snapshots": args.snapshots}
-        return compress(
-            classes=args.classes,
-            n_per=args.n_per,
-            noise=args.noise,
-            eps=args.eps,
-            kappa=args.kappa,
-            iterations=args.iterations,
-            seed=args.seed,
-            **kw,
-        )
+        return _by_name(compress, args)
     if name == "rank-collapse":
         mechs = None
         if args.mechanisms is not None:
@@ -211,16 +201,7 @@ def _run(args) -> dict:
                 if args.mechanisms.strip().lower() == "none"
                 else [m.strip() for m in args.mechanisms.split(",") if m.strip()]
             )
-        return rank_collapse(
-            depth=args.depth,
-            tokens=args.tokens,
-            dim=args.dim,
-            heads=args.heads,
-            batch=args.batch,
-            mechanisms=mechs,
-            init=args.init,
-            seed=args.seed,
-        )
+        return _by_name(rank_collapse, args, mechanisms=mechs)
     if name == "subspaces":
         return subspaces(_one_model(args), directions=args.directions or None, seed=args.seed)
     if name in ("layerwise", "membership"):

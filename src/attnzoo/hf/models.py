@@ -24,7 +24,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast, ImageClassifie
 
 from attnzoo.hf.configs import AttnZooCausalLMConfig, AttnZooVisionConfig
 from attnzoo.models.language import CausalLM, last_real_logits
-from attnzoo.models.masking import RowInts
+from attnzoo.models.masking import RowInts, map_state
 from attnzoo.models.vision import VisionTransformer
 from attnzoo.ops._varlen import segments
 
@@ -44,18 +44,16 @@ _OUTPUT_CACHE = (
 
 
 def _map_tensors(state: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """Apply ``fn`` to every tensor of a mechanism state (dicts, named tuples, lists; other leaves kept)."""
-    if isinstance(state, torch.Tensor):
-        return fn(state)
-    if isinstance(state, RowInts):  # per-row positions of a padded batch (attnzoo.models.masking)
-        return RowInts(fn(state.values))
-    if isinstance(state, dict):
-        return {k: _map_tensors(v, fn) for k, v in state.items()}
-    if isinstance(state, tuple) and hasattr(state, "_fields"):
-        return type(state)._make(_map_tensors(v, fn) for v in state)
-    if isinstance(state, (list, tuple)):
-        return type(state)(_map_tensors(v, fn) for v in state)
-    return state
+    """Apply ``fn`` to every tensor of a mechanism state (the values of its per-row ints included; ints kept)."""
+
+    def leaf(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return fn(v)
+        if isinstance(v, RowInts):  # per-row positions of a padded batch (attnzoo.models.masking)
+            return RowInts(fn(v.values))
+        return v
+
+    return map_state(state, leaf)
 
 
 def _tensors(state: Any) -> list[torch.Tensor]:

@@ -18,10 +18,11 @@ N x N attention map of a linear-time mechanism).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from einops import rearrange
@@ -53,10 +54,11 @@ __all__ = [
 class Attention(nn.Module):
     """Base class of attnzoo token mixers: ``forward(x: (B, N, dim)) -> (B, N, dim)``.
 
-    Subclasses set ``mechanism`` (their op's spec), take the spec's options as keyword parameters of their
-    constructor (defaults read from the options dataclass), pass them on to this constructor, which validates them
-    into ``self.options``, build their projections from it and call :meth:`record` for their internals. Their
-    ``forward`` (and ``step``) runs inside :meth:`naming_input`.
+    Subclasses set ``mechanism`` (their op's spec) and build their parameters in :meth:`build` from the validated
+    ``self.options``; their constructor is made from the spec's options dataclass (one keyword-only parameter per
+    field, its default), so each option is stated once, in the dataclass. They call :meth:`record` for their
+    internals; their ``forward`` (and ``step``) runs inside :meth:`naming_input`. A subclass may still write its own
+    ``__init__(dim, heads, *, causal=False, **options)`` calling this one.
     """
 
     #: the mechanism's description (options, backends, causal forms, state); ``None`` for ad-hoc mixers
@@ -75,6 +77,8 @@ class Attention(nn.Module):
         mech = cls.__dict__.get("mechanism")
         if mech is not None:  # the spec states the causal forms once; the registry and the models read them here
             cls.supports_causal, cls.supports_noncausal = mech.causal, mech.noncausal
+            if "__init__" not in cls.__dict__:
+                cls.__init__ = _options_constructor(cls, mech.options)
 
     def __new__(cls, *_args: Any, **kwargs: Any) -> Attention:
         # Python's own message for a misspelt option names neither the mechanism nor the valid options
@@ -113,6 +117,12 @@ class Attention(nn.Module):
         self.causal = causal
         self._capture_store: dict | None = None
         self._capture_thread: int | None = None  # the thread whose capture_internals fills _capture_store
+        if self.options is not None:
+            self.build(self.options)
+
+    def build(self, o: Options) -> None:
+        """Build the layer's parameters from its validated options ``o`` (subclasses; ``dim``, ``heads``,
+        ``head_dim`` and ``causal`` are set)."""
 
     # ---- internals -------------------------------------------------------------------------
     def __getstate__(self) -> dict:
@@ -154,6 +164,27 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.heads}, causal={self.causal}"
+
+
+def _options_constructor(cls: type, options: type[Options]) -> Callable[..., None]:
+    """``cls.__init__(dim, heads, *, causal=False, **options)`` whose signature names each field of ``options``
+    (keyword-only, with the dataclass's default): what ``help``, the models and the HF swap introspect."""
+
+    def __init__(self: Attention, dim: int, heads: int, *, causal: bool = False, **opts: Any) -> None:
+        super(cls, self).__init__(dim, heads, causal=causal, **opts)
+
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params = [
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        *(inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=int) for n in ("dim", "heads")),
+        inspect.Parameter("causal", kw, default=False, annotation=bool),
+        *(inspect.Parameter(f.name, kw, default=f.default, annotation=f.type) for f in dataclasses.fields(options)),
+    ]
+    __init__.__signature__ = inspect.Signature(params, return_annotation=None)
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    __init__.__module__ = cls.__module__
+    __init__.__doc__ = f"Build the layer; each option is a field of :class:`{options.__module__}.{options.__name__}`."
+    return __init__
 
 
 @functools.lru_cache(maxsize=None)

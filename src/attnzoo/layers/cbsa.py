@@ -51,48 +51,19 @@ class CBSAAttention(Attention):
     mechanism = CBSA
     supports_masks = True  # forward honours attention_mask / cu_seqlens
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        num_reps: int | None = CBSAOptions.num_reps,
-        grid: tuple[int, int] | None = CBSAOptions.grid,
-        rep_grid: tuple[int, int] | None = CBSAOptions.rep_grid,
-        num_prefix_tokens: int = CBSAOptions.num_prefix_tokens,
-        contraction: str | None = CBSAOptions.contraction,
-        variant: str = CBSAOptions.variant,
-        eps: float = CBSAOptions.eps,
-        qkv_bias: bool = CBSAOptions.qkv_bias,
-        detach_init: bool = CBSAOptions.detach_init,
-    ) -> None:
-        super().__init__(
-            dim,
-            heads,
-            causal=causal,
-            num_reps=num_reps,
-            grid=grid,
-            rep_grid=rep_grid,
-            num_prefix_tokens=num_prefix_tokens,
-            contraction=contraction,
-            variant=variant,
-            eps=eps,
-            qkv_bias=qkv_bias,
-            detach_init=detach_init,
-        )
-        o = self.options
+    def build(self, o: CBSAOptions) -> None:
+        """The projections and parameters of the options ``o``."""
         self.contraction, self.variant = o.contraction, o.variant
         self.num_reps, self.grid, self.rep_grid = o.num_reps, o.grid, o.rep_grid
         self.num_prefix_tokens = o.num_prefix_tokens
         self.eps = o.eps
         self.detach_init = bool(o.detach_init)
 
-        self.proj = nn.Linear(dim, dim, bias=o.qkv_bias)  # subspace bases U_[K], shared for q, k, v
-        self.to_out = nn.Linear(dim, dim)  # over-parameterised U_[K] (§4 implementation detail)
-        self.ss_x = nn.Parameter(torch.randn(heads, 1, 1))  # kappa, eq 6
+        self.proj = nn.Linear(self.dim, self.dim, bias=o.qkv_bias)  # subspace bases U_[K], shared for q, k, v
+        self.to_out = nn.Linear(self.dim, self.dim)  # over-parameterised U_[K] (§4 implementation detail)
+        self.ss_x = nn.Parameter(torch.randn(self.heads, 1, 1))  # kappa, eq 6
         extracts = o.variant in ("cbsa", "agent")
-        self.ss_rep = nn.Parameter(torch.randn(heads, 1, 1)) if extracts else None  # eta, eq 5
+        self.ss_rep = nn.Parameter(torch.randn(self.heads, 1, 1)) if extracts else None  # eta, eq 5
 
     def forward(
         self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None

@@ -40,37 +40,12 @@ class CSPAttention(Attention):
     mechanism = CSP
     supports_masks = True  # forward honours attention_mask / cu_seqlens
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        groups: int = CSPOptions.groups,
-        shift_schedule: str = CSPOptions.shift_schedule,
-        layer_index: int = CSPOptions.layer_index,
-        num_layers: int = CSPOptions.num_layers,
-        v_bias: bool = CSPOptions.v_bias,
-        proj_bias: bool = CSPOptions.proj_bias,
-        proj_dropout: float = CSPOptions.proj_dropout,
-    ) -> None:
-        super().__init__(
-            dim,
-            heads,
-            causal=causal,
-            groups=groups,
-            shift_schedule=shift_schedule,
-            layer_index=layer_index,
-            num_layers=num_layers,
-            v_bias=v_bias,
-            proj_bias=proj_bias,
-            proj_dropout=proj_dropout,
-        )
-        o = self.options
+    def build(self, o: CSPOptions) -> None:
+        """The projections and parameters of the options ``o``."""
         self.groups, self.shift_schedule = o.groups, o.shift_schedule
         self.layer_index, self.num_layers = o.layer_index, o.num_layers
-        self.v_proj = nn.Linear(dim, dim, bias=o.v_bias)
-        self.proj = nn.Linear(dim, dim, bias=o.proj_bias)
+        self.v_proj = nn.Linear(self.dim, self.dim, bias=o.v_bias)
+        self.proj = nn.Linear(self.dim, self.dim, bias=o.proj_bias)
         self.proj_drop = nn.Dropout(o.proj_dropout)
         self._shift_cache: dict[tuple[int, str], torch.Tensor] = {}
 

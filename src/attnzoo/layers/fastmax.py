@@ -51,39 +51,12 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
     mechanism = FASTMAX
     supports_masks = True
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        p: int = FastmaxOptions.p,
-        scale: float | None = FastmaxOptions.scale,
-        qkv_bias: bool = FastmaxOptions.qkv_bias,
-        proj_bias: bool = FastmaxOptions.proj_bias,
-        attn_dropout: float = FastmaxOptions.attn_dropout,
-        dropout_placement: str = FastmaxOptions.dropout_placement,
-        proj_dropout: float = FastmaxOptions.proj_dropout,
-        backend: str = FastmaxOptions.backend,
-    ) -> None:
-        super().__init__(
-            dim,
-            heads,
-            causal=causal,
-            p=p,
-            scale=scale,
-            qkv_bias=qkv_bias,
-            proj_bias=proj_bias,
-            attn_dropout=attn_dropout,
-            dropout_placement=dropout_placement,
-            proj_dropout=proj_dropout,
-            backend=backend,
-        )
-        o = self.options
+    def build(self, o: FastmaxOptions) -> None:
+        """The projections and parameters of the options ``o``."""
         self.scale = resolve_scale(o.scale, self.head_dim)
         self.p, self.attn_dropout, self.dropout_placement = o.p, o.attn_dropout, o.dropout_placement
         self.backend = o.backend
-        self._init_projections(dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
+        self._init_projections(self.dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
 
     def forward(
         self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None

@@ -41,33 +41,10 @@ class LinearAttention(QKVProjection, Attention, RecurrentMixin):
     mechanism = LINEAR
     supports_masks = True
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        feature_map: str = LinearOptions.feature_map,
-        eps: float = LinearOptions.eps,
-        qkv_bias: bool = LinearOptions.qkv_bias,
-        proj_bias: bool = LinearOptions.proj_bias,
-        proj_dropout: float = LinearOptions.proj_dropout,
-        chunk_size: int | None = LinearOptions.chunk_size,
-    ) -> None:
-        super().__init__(
-            dim,
-            heads,
-            causal=causal,
-            feature_map=feature_map,
-            eps=eps,
-            qkv_bias=qkv_bias,
-            proj_bias=proj_bias,
-            proj_dropout=proj_dropout,
-            chunk_size=chunk_size,
-        )
-        o = self.options
+    def build(self, o: LinearOptions) -> None:
+        """The projections and parameters of the options ``o``."""
         self.feature_map, self.eps, self.chunk_size = o.feature_map, o.eps, o.chunk_size
-        self._init_projections(dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
+        self._init_projections(self.dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
 
     def forward(
         self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None

@@ -60,51 +60,10 @@ class MegaLayer(RecurrentMixin, Attention):
     supports_masks = True  # forward honours attention_mask / cu_seqlens
     owns_residual = True
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        attention: str = MegaOptions.attention,
-        ndim: int = MegaOptions.ndim,
-        zdim: int = MegaOptions.zdim,
-        hdim: int | None = MegaOptions.hdim,
-        chunk_size: int | None = MegaOptions.chunk_size,
-        max_len: int = MegaOptions.max_len,
-        norm_layer: str = MegaOptions.norm_layer,
-        prenorm: bool = MegaOptions.prenorm,
-        dropout: float = MegaOptions.dropout,
-        hidden_dropout: float = MegaOptions.hidden_dropout,
-        csp_groups: int | None = MegaOptions.csp_groups,
-        shift_schedule: str = MegaOptions.shift_schedule,
-        layer_index: int = MegaOptions.layer_index,
-        num_layers: int = MegaOptions.num_layers,
-        init: str = MegaOptions.init,
-    ) -> None:
-        super().__init__(
-            dim,
-            heads,
-            causal=causal,
-            attention=attention,
-            ndim=ndim,
-            zdim=zdim,
-            hdim=hdim,
-            chunk_size=chunk_size,
-            max_len=max_len,
-            norm_layer=norm_layer,
-            prenorm=prenorm,
-            dropout=dropout,
-            hidden_dropout=hidden_dropout,
-            csp_groups=csp_groups,
-            shift_schedule=shift_schedule,
-            layer_index=layer_index,
-            num_layers=num_layers,
-            init=init,
-        )
-        o = self.options
+    def build(self, o: MegaOptions) -> None:
+        """The projections and parameters of the options ``o``."""
         self.attention, self.ndim, self.zdim = o.attention, o.ndim, o.zdim
-        self.hdim = o.hdim if o.hdim is not None else 2 * dim
+        self.hdim = o.hdim if o.hdim is not None else 2 * self.dim
         self.chunk_size, self.max_len, self.prenorm = o.chunk_size, o.max_len, o.prenorm
         self.csp_groups, self.shift_schedule = o.csp_groups, o.shift_schedule
         self.layer_index, self.num_layers = o.layer_index, o.num_layers

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
 from attnzoo._checks import check_scale
 from attnzoo.layers.base import Attention, RecurrentMixin, check_kv_cache, check_step_input, register_attention
-from attnzoo.layers.softmax import attend_cache, cache_mask, check_prefill
-from attnzoo.ops._segment_ops import attention_allowed, zero_padding_tokens
-from attnzoo.ops._varlen import segments
+from attnzoo.layers.softmax import attend_cache, attend_recorded, cache_mask, check_prefill
+from attnzoo.ops._segment_ops import zero_padding_tokens
 from attnzoo.ops.mssa import MSSA, MSSAOptions, mssa, mssa_query, mssa_weights
 from attnzoo.ops.softmax import softmax_attention
 
@@ -51,33 +51,8 @@ class MSSAAttention(Attention, RecurrentMixin):
     mechanism = MSSA
     supports_masks = True
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        scale: float | None = MSSAOptions.scale,
-        normalize_query: bool = MSSAOptions.normalize_query,
-        out_proj: bool = MSSAOptions.out_proj,
-        head_dim: int | None = MSSAOptions.head_dim,
-        attn_dropout: float = MSSAOptions.attn_dropout,
-        proj_dropout: float = MSSAOptions.proj_dropout,
-        tied: bool = MSSAOptions.tied,
-    ) -> None:
-        super().__init__(
-            dim,
-            heads,
-            causal=causal,
-            scale=scale,
-            normalize_query=normalize_query,
-            out_proj=out_proj,
-            head_dim=head_dim,
-            attn_dropout=attn_dropout,
-            proj_dropout=proj_dropout,
-            tied=tied,
-        )
-        o = self.options
+    def build(self, o: MSSAOptions) -> None:
+        """The projections and parameters of the options ``o``."""
         if not o.tied and not o.out_proj:
             raise ValueError(
                 "MSSA with tied=False needs out_proj=True: the eq. (3) lift is the transposed shared projection, "
@@ -89,9 +64,9 @@ class MSSAAttention(Attention, RecurrentMixin):
         self.attn_dropout = o.attn_dropout
         self.scale = check_scale(o.scale, self.head_dim)
         self.normalize_query = o.normalize_query
-        inner = heads * self.head_dim  # K subspaces of dimension p; CRATE's default p = dim // heads
-        self.qkv = nn.Linear(dim, inner if o.tied else 3 * inner, bias=False)
-        self.to_out = nn.Linear(inner, dim, bias=True) if o.out_proj else None
+        inner = self.heads * self.head_dim  # K subspaces of dimension p; CRATE's default p = dim // heads
+        self.qkv = nn.Linear(self.dim, inner if o.tied else 3 * inner, bias=False)
+        self.to_out = nn.Linear(inner, self.dim, bias=True) if o.out_proj else None
         self.proj_drop = nn.Dropout(o.proj_dropout)
 
     def _w(self, x: torch.Tensor) -> torch.Tensor:
@@ -129,15 +104,10 @@ class MSSAAttention(Attention, RecurrentMixin):
             w = self._w(x)
             p = self.attn_dropout if self.training else 0.0
             if self.capturing:
-                seg = segments(*x.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device)
-                allowed = None if seg is None else attention_allowed(seg, self.causal)
-                attn = mssa_weights(
-                    w, causal=self.causal, scale=self.scale, normalize_query=self.normalize_query, allowed=allowed
+                weights = functools.partial(
+                    mssa_weights, w, causal=self.causal, scale=self.scale, normalize_query=self.normalize_query
                 )
-                if seg is not None:
-                    attn = attn * seg.real[:, None, :, None]  # padding queries attend to nothing
-                self.record(attn=attn)
-                o = torch.matmul(F.dropout(attn, p=p, training=p > 0), w.to(attn.dtype)).to(w.dtype)
+                o = attend_recorded(self, weights, w, p, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
             else:
                 o = mssa(
                     w,

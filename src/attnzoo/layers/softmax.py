@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -18,7 +21,7 @@ from attnzoo.ops._segment_ops import attention_allowed, zero_padding_tokens
 from attnzoo.ops._varlen import check_attention_mask, segments
 from attnzoo.ops.softmax import SOFTMAX, SoftmaxOptions, softmax_attention, softmax_attention_weights
 
-__all__ = ["SoftmaxAttention", "attend_cache", "cache_mask", "check_prefill"]
+__all__ = ["SoftmaxAttention", "attend_cache", "attend_recorded", "cache_mask", "check_prefill"]
 
 
 @register_attention("softmax")
@@ -41,32 +44,11 @@ class SoftmaxAttention(QKVProjection, Attention, RecurrentMixin):
     mechanism = SOFTMAX
     supports_masks = True
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        qkv_bias: bool = SoftmaxOptions.qkv_bias,
-        proj_bias: bool = SoftmaxOptions.proj_bias,
-        attn_dropout: float = SoftmaxOptions.attn_dropout,
-        proj_dropout: float = SoftmaxOptions.proj_dropout,
-        scale: float | None = SoftmaxOptions.scale,
-    ) -> None:
-        super().__init__(
-            dim,
-            heads,
-            causal=causal,
-            qkv_bias=qkv_bias,
-            proj_bias=proj_bias,
-            attn_dropout=attn_dropout,
-            proj_dropout=proj_dropout,
-            scale=scale,
-        )
-        o = self.options
+    def build(self, o: SoftmaxOptions) -> None:
+        """The projections and parameters of the options ``o``."""
         self.attn_dropout = o.attn_dropout
         self.scale = check_scale(o.scale, self.head_dim)
-        self._init_projections(dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
+        self._init_projections(self.dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
 
     def forward(
         self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
@@ -77,13 +59,8 @@ class SoftmaxAttention(QKVProjection, Attention, RecurrentMixin):
             q, k, v = self._qkv(x)
             p = self.attn_dropout if self.training else 0.0
             if self.capturing:
-                seg = segments(*x.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device)
-                allowed = None if seg is None else attention_allowed(seg, self.causal)
-                attn = softmax_attention_weights(q, k, causal=self.causal, scale=self.scale, allowed=allowed)
-                if seg is not None:
-                    attn = attn * seg.real[:, None, :, None]  # padding queries attend to nothing
-                self.record(attn=attn)
-                o = torch.matmul(F.dropout(attn, p=p, training=p > 0), v.to(attn.dtype)).to(v.dtype)
+                weights = functools.partial(softmax_attention_weights, q, k, causal=self.causal, scale=self.scale)
+                o = attend_recorded(self, weights, v, p, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
             else:
                 o = softmax_attention(
                     q,
@@ -144,6 +121,27 @@ class SoftmaxAttention(QKVProjection, Attention, RecurrentMixin):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, scale={self.scale:.4g}"
+
+
+def attend_recorded(
+    module: Attention,
+    weights: Callable[..., torch.Tensor],
+    v: torch.Tensor,
+    dropout_p: float,
+    *,
+    attention_mask: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+) -> torch.Tensor:
+    """``dropout(A) V`` (eq. 1) from the explicit probabilities ``A = weights(allowed=...)`` ``(B, H, N, N)``, which
+    are recorded as ``attn`` (0 outside each query's sequence, padding rows 0): the forward of a capture.
+    ``v`` ``(B, H, N, Pv)``."""
+    b, _, n, _ = v.shape
+    seg = segments(b, n, attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=v.device)
+    attn = weights(allowed=None if seg is None else attention_allowed(seg, module.causal))
+    if seg is not None:
+        attn = attn * seg.real[:, None, :, None]  # padding queries attend to nothing
+    module.record(attn=attn)
+    return torch.matmul(F.dropout(attn, p=dropout_p, training=dropout_p > 0), v.to(attn.dtype)).to(v.dtype)
 
 
 def check_prefill(module: Attention, x: torch.Tensor) -> None:

@@ -34,24 +34,14 @@ class TSSAAttention(Attention, RecurrentMixin):
     mechanism = TSSA
     supports_masks = True
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        qkv_bias: bool = TSSAOptions.qkv_bias,
-        max_len: int = TSSAOptions.max_len,
-        proj_bias: bool = TSSAOptions.proj_bias,
-    ) -> None:
-        super().__init__(dim, heads, causal=causal, qkv_bias=qkv_bias, max_len=max_len, proj_bias=proj_bias)
-        o = self.options
+    def build(self, o: TSSAOptions) -> None:
+        """The projections and parameters of the options ``o``."""
         self.max_len = o.max_len
-        self.qkv = nn.Linear(dim, dim, bias=o.qkv_bias)
-        self.temp = nn.Parameter(torch.ones(heads, 1))
-        self.to_out = nn.Linear(dim, dim, bias=o.proj_bias)
-        if causal:
-            self.bias = nn.Parameter(torch.zeros(heads, o.max_len, 1))
+        self.qkv = nn.Linear(self.dim, self.dim, bias=o.qkv_bias)
+        self.temp = nn.Parameter(torch.ones(self.heads, 1))
+        self.to_out = nn.Linear(self.dim, self.dim, bias=o.proj_bias)
+        if self.causal:
+            self.bias = nn.Parameter(torch.zeros(self.heads, o.max_len, 1))
         else:
             self.register_parameter("bias", None)
 

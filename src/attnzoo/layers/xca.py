@@ -34,30 +34,11 @@ class XCAttention(QKVProjection, Attention):
     mechanism = XCA
     supports_masks = True
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        *,
-        causal: bool = False,
-        qkv_bias: bool = XCAOptions.qkv_bias,
-        proj_bias: bool = XCAOptions.proj_bias,
-        attn_dropout: float = XCAOptions.attn_dropout,
-        proj_dropout: float = XCAOptions.proj_dropout,
-    ) -> None:
-        super().__init__(
-            dim,
-            heads,
-            causal=causal,
-            qkv_bias=qkv_bias,
-            proj_bias=proj_bias,
-            attn_dropout=attn_dropout,
-            proj_dropout=proj_dropout,
-        )
-        o = self.options
+    def build(self, o: XCAOptions) -> None:
+        """The projections and parameters of the options ``o``."""
         self.attn_dropout = o.attn_dropout
-        self._init_projections(dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
-        self.temperature = nn.Parameter(torch.ones(heads, 1, 1))
+        self._init_projections(self.dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
+        self.temperature = nn.Parameter(torch.ones(self.heads, 1, 1))
 
     def forward(
         self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None

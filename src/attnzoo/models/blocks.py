@@ -33,6 +33,7 @@ __all__ = [
     "Block",
     "build_blocks",
     "build_mixer",
+    "check_mixer_form",
     "IDENTITY_MIXER",
     "IdentityMixer",
     "supports_step",
@@ -214,6 +215,22 @@ class IdentityMixer(Attention):
         return x
 
 
+def check_mixer_form(name: str, causal: bool, model: str = "model") -> None:
+    """Refuse the registered mechanism ``name`` where it lacks the form a ``model`` needs: a causal mode for a causal
+    decoder (``causal``), a bidirectional one otherwise."""
+    cls = attention_info(name)
+    if causal and not cls.supports_causal:
+        raise ValueError(
+            f"attention {name!r} has no causal mode and this {model} is a causal decoder; "
+            f"causal mechanisms are: {list_attentions(causal=True)}"
+        )
+    if not causal and not cls.supports_noncausal:
+        raise ValueError(
+            f"attention {name!r} is causal-only but this {model} is bidirectional; "
+            f"bidirectional mechanisms are: {list_attentions(causal=False)}"
+        )
+
+
 def build_mixer(
     name: str,
     dim: int,
@@ -233,16 +250,7 @@ def build_mixer(
             raise ValueError(f"attention {IDENTITY_MIXER!r} (the no-attention control) takes no options, got {options}")
         return IdentityMixer(dim, heads, causal=causal)
     cls = attention_info(name)
-    if causal and not cls.supports_causal:
-        raise ValueError(
-            f"attention {name!r} has no causal mode and this model is a causal decoder; "
-            f"causal mechanisms are: {list_attentions(causal=True)}"
-        )
-    if not causal and not cls.supports_noncausal:
-        raise ValueError(
-            f"attention {name!r} is causal-only but this model is bidirectional; "
-            f"bidirectional mechanisms are: {list_attentions(causal=False)}"
-        )
+    check_mixer_form(name, causal)
     accepted = set(cls.mechanism.options.names()) if cls.mechanism is not None else set()
     # JSON turns tuples (grids, ...) into lists; mechanisms expect the tuple form
     opts = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}

@@ -261,6 +261,18 @@ class PretrainedModel(nn.Module):
 
     config_class: type = None  # set by subclasses
 
+    def __init__(self, config: Any = None) -> None:
+        """``config``: an instance of the subclass's ``config_class``, kept as ``self.config`` (a subclass may pass
+        none and set it itself)."""
+        super().__init__()
+        if config is not None:
+            if not isinstance(config, self.config_class):
+                raise TypeError(
+                    f"{type(self).__name__} needs a config of type {self.config_class.__name__}, got "
+                    f"{type(config).__name__}"
+                )
+            self.config = config
+
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write ``config.json`` + ``model.safetensors`` to ``directory`` atomically."""
         return save_pretrained(self, directory)

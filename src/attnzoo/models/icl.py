@@ -32,10 +32,8 @@ class ICLRegressor(PretrainedModel):
     config_class = ICLConfig
 
     def __init__(self, config: ICLConfig) -> None:
-        super().__init__()
-        if not isinstance(config, ICLConfig):
-            raise TypeError(f"ICLRegressor needs an ICLConfig, got {type(config).__name__}")
-        self.config = cfg = config
+        super().__init__(config)
+        cfg = config
         self.read_in = nn.Linear(cfg.n_dims, cfg.dim)
         n_pos = 2 * cfg.max_points
         self.wpe = nn.Embedding(n_pos, cfg.dim) if cfg.pos_embed == "learned" else None

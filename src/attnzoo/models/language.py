@@ -72,10 +72,8 @@ class CausalLM(PretrainedModel):
     config_class = CausalLMConfig
 
     def __init__(self, config: CausalLMConfig) -> None:
-        super().__init__()
-        if not isinstance(config, CausalLMConfig):
-            raise TypeError(f"CausalLM needs a CausalLMConfig, got {type(config).__name__}")
-        self.config = cfg = config
+        super().__init__(config)
+        cfg = config
         self.wte = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.wpe = nn.Embedding(cfg.block_size, cfg.dim) if cfg.pos_embed == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)

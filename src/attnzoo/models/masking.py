@@ -23,7 +23,15 @@ from torch import nn
 
 from attnzoo.registry import attention_info, list_attentions
 
-__all__ = ["mask_keywords", "masked_step", "masked_mechanisms", "mechanism_name", "step_takes_mask", "RowInts"]
+__all__ = [
+    "mask_keywords",
+    "masked_step",
+    "masked_mechanisms",
+    "mechanism_name",
+    "step_takes_mask",
+    "RowInts",
+    "map_state",
+]
 
 
 def mechanism_name(mixer: nn.Module) -> str:
@@ -74,18 +82,18 @@ class RowInts:
 
 def _leaves(state: Any) -> list[Any]:
     out: list[Any] = []
-    _map(state, lambda v: out.append(v) or v)
+    map_state(state, lambda v: out.append(v) or v)
     return out
 
 
-def _map(state: Any, fn: Callable[[Any], Any]) -> Any:
+def map_state(state: Any, fn: Callable[[Any], Any]) -> Any:
     """``fn`` on every leaf (tensor, int, RowInts) of a state made of dicts, (named) tuples and lists."""
     if isinstance(state, dict):
-        return {k: _map(v, fn) for k, v in state.items()}
+        return {k: map_state(v, fn) for k, v in state.items()}
     if isinstance(state, tuple) and hasattr(state, "_fields"):
-        return type(state)._make(_map(v, fn) for v in state)
+        return type(state)._make(map_state(v, fn) for v in state)
     if isinstance(state, (list, tuple)):
-        return type(state)(_map(v, fn) for v in state)
+        return type(state)(map_state(v, fn) for v in state)
     if isinstance(state, (torch.Tensor, RowInts)) or (isinstance(state, int) and not isinstance(state, bool)):
         return fn(state)
     return state
@@ -94,7 +102,7 @@ def _map(state: Any, fn: Callable[[Any], Any]) -> Any:
 def _with_ints(state: Any, values: list[int]) -> Any:
     """``state`` with its per-row ints (in leaf order) set to one value each, ``values``."""
     it = iter(values)
-    return _map(state, lambda v: next(it) if isinstance(v, RowInts) else v)
+    return map_state(state, lambda v: next(it) if isinstance(v, RowInts) else v)
 
 
 def _select(rows: torch.Tensor, new: Any, old: Any, name: str) -> Any:
@@ -118,7 +126,7 @@ def _select(rows: torch.Tensor, new: Any, old: Any, name: str) -> Any:
         )
         return int(vals[0]) if bool((vals == vals[0]).all()) else RowInts(vals)
 
-    return _map(new, leaf)
+    return map_state(new, leaf)
 
 
 def masked_step(mixer: nn.Module, x: torch.Tensor, state: Any, attention_mask: torch.Tensor | None) -> tuple:

@@ -32,10 +32,8 @@ class SequenceClassifier(PretrainedModel):
     config_class = SequenceClassifierConfig
 
     def __init__(self, config: SequenceClassifierConfig) -> None:
-        super().__init__()
-        if not isinstance(config, SequenceClassifierConfig):
-            raise TypeError(f"SequenceClassifier needs a SequenceClassifierConfig, got {type(config).__name__}")
-        self.config = cfg = config
+        super().__init__(config)
+        cfg = config
         self.num_prefix_tokens = 1 if cfg.pool == "cls" else 0
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.dim)) if cfg.pool == "cls" else None

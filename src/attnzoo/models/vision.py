@@ -28,10 +28,8 @@ class VisionTransformer(PretrainedModel):
     config_class = VisionConfig
 
     def __init__(self, config: VisionConfig) -> None:
-        super().__init__()
-        if not isinstance(config, VisionConfig):
-            raise TypeError(f"VisionTransformer needs a VisionConfig, got {type(config).__name__}")
-        self.config = cfg = config
+        super().__init__(config)
+        cfg = config
         embed = {"linear": PatchEmbed, "linear_ln": LinearLNPatchEmbed, "conv": ConvStem}[cfg.patch_embed]
         self.patch_embed = embed(cfg.patch_size, cfg.in_chans, cfg.dim)
         self.grid = cfg.grid

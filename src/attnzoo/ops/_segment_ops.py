@@ -1,22 +1,25 @@
 """Vectorised building blocks for ops that honour :class:`~attnzoo.ops._varlen.Segments`.
 
-The naive references run each sequence alone (:func:`run_each_alone`); the fast paths use the helpers below: the
-boolean key mask of the quadratic mechanisms (:func:`attention_allowed`), one-hot segment sums
-(:func:`segment_onehot`), reading a per-segment matrix at each token (:func:`apply_per_segment`) and zeroing the
-padding outputs (:func:`zero_padding`). None loops over sequences.
+The naive references run each sequence alone (:func:`run_each_alone`, :func:`each_sequence_alone`); the fast paths
+use the helpers below: the boolean key mask of the quadratic mechanisms (:func:`attention_allowed`), one-hot
+segment sums (:func:`segment_onehot`), reading a per-segment matrix at each token (:func:`apply_per_segment`) and
+zeroing the padding outputs (:func:`zero_padding`). None loops over sequences.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from attnzoo.ops._varlen import Segments
+from attnzoo.ops._varlen import Segments, segments
 
 __all__ = [
     "run_each_alone",
+    "each_sequence_alone",
     "attention_allowed",
     "segment_onehot",
     "apply_per_segment",
@@ -59,6 +62,38 @@ def run_each_alone(
         res = fn(*(t[b : b + 1].index_select(2, idx) for t in tensors))
         out[b, :, idx] = res[0].to(out.dtype)
     return out
+
+
+def each_sequence_alone(tokens: int) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]:
+    """Decorator of a naive reference ``fn(*tensors, *rest, **options)`` whose first ``tokens`` tensors ``(B, H, N, *)``
+    share the token axis 2: it takes ``attention_mask`` / ``cu_seqlens`` too, and with them runs ``fn`` on each
+    sequence's real tokens alone (:func:`run_each_alone`: the definition of the masked op), the output as wide as
+    the last of those tensors; padding rows are 0."""
+
+    def decorate(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        @functools.wraps(fn)
+        def alone(
+            *args: object,
+            attention_mask: torch.Tensor | None = None,
+            cu_seqlens: torch.Tensor | None = None,
+            **options: object,
+        ) -> torch.Tensor:
+            b, _, n, _ = args[0].shape
+            seg = segments(b, n, attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=args[0].device)
+            if seg is None:
+                return fn(*args, **options)
+            rest = args[tokens:]
+            return run_each_alone(lambda *t: fn(*t, *rest, **options), seg, args[:tokens], args[tokens - 1].shape[-1])
+
+        sig = inspect.signature(fn)
+        masks = [
+            inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation="torch.Tensor | None")
+            for n in ("attention_mask", "cu_seqlens")
+        ]
+        alone.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *masks])
+        return alone
+
+    return decorate
 
 
 def attention_allowed(seg: Segments, causal: bool, *, pad_self: bool = True) -> torch.Tensor:

@@ -125,13 +125,16 @@ def _fastmax_naive(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: i
     return fastmax_naive(q, k, v, p=p, causal=causal, scale=scale, segs=segs)
 
 
-def _masked(
-    q, k, v, segs: Segments, *, p: int, causal: bool, scale: float, chunk_size: int, custom: bool
+def _chunked(
+    q, k, v, segs: Segments | None, *, p: int, causal: bool, scale: float, chunk_size: int, custom: bool
 ) -> torch.Tensor:
-    """Padded batches and packed rows (:mod:`attnzoo.ops.fastmax.varlen`); ``custom``: FAST §2.5's backward."""
+    """The chunked factorised form (eqs 24-29, causal 32-35), of padded batches and packed rows too
+    (:mod:`attnzoo.ops.fastmax.varlen`); ``custom``: with FAST §2.5's backward, else autograd through the chunks."""
 
     def sweeps(qs, kh, vv):
-        return masked_sweeps(qs, kh, vv, segs, p=p, causal=causal, chunk=chunk_size, custom_grad=custom)
+        if segs is not None:
+            return masked_sweeps(qs, kh, vv, segs, p=p, causal=causal, chunk=chunk_size, custom_grad=custom)
+        return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk_size, custom_grad=custom)
 
     return _prepared(q, k, v, p=p, scale=scale, sweeps=sweeps)
 
@@ -141,23 +144,11 @@ def _fastmax_torch(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: i
     # compiled graphs, forward-mode AD and torch.func differentiate the chunked forward instead (same values, more
     # memory)
     custom = not torch.compiler.is_compiling() and not traced_by_forward_ad((q, k, v))
-    if segs is not None:
-        return _masked(q, k, v, segs, p=p, causal=causal, scale=scale, chunk_size=chunk_size, custom=custom)
-
-    def sweeps(qs, kh, vv):
-        return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk_size, custom_grad=custom)
-
-    return _prepared(q, k, v, p=p, scale=scale, sweeps=sweeps)
+    return _chunked(q, k, v, segs, p=p, causal=causal, scale=scale, chunk_size=chunk_size, custom=custom)
 
 
 def _fastmax_torch_autograd(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:
-    if segs is not None:
-        return _masked(q, k, v, segs, p=p, causal=causal, scale=scale, chunk_size=chunk_size, custom=False)
-
-    def sweeps(qs, kh, vv):
-        return fastmax_factorized(qs, kh, vv, p=p, causal=causal, chunk=chunk_size, custom_grad=False)
-
-    return _prepared(q, k, v, p=p, scale=scale, sweeps=sweeps)
+    return _chunked(q, k, v, segs, p=p, causal=causal, scale=scale, chunk_size=chunk_size, custom=False)
 
 
 def _fastmax_triton(q, k, v, *, p: int, causal: bool, scale: float, chunk_size: int, segs=None) -> torch.Tensor:

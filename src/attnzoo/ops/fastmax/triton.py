@@ -55,11 +55,27 @@ __all__ = ["fastmax_triton", "pipeline_stages"]
 # jit helpers
 # ---------------------------------------------------------------------------------------------------
 @triton.jit
+def _tile(ptr, bh, offs_n, N, C, BC: tl.constexpr):
+    """Pointers to the rows ``offs_n`` of a contiguous ``(BH, N, C)`` tensor as a ``(BLOCK_N, BC)`` tile, and the
+    mask of the entries inside it."""
+    offs_c = tl.arange(0, BC)
+    return ptr + bh * N * C + offs_n[:, None] * C + offs_c[None, :], (offs_n[:, None] < N) & (offs_c[None, :] < C)
+
+
+@triton.jit
+def _store_tile(x, ptr, bh, offs_n, N, C, BC: tl.constexpr, ADD_PREV: tl.constexpr):
+    """Store the tile ``x`` ``(BLOCK_N, BC)`` into rows ``offs_n`` of ``(BH, N, C)``; ADD_PREV adds what is there."""
+    ptrs, m = _tile(ptr, bh, offs_n, N, C, BC)
+    if ADD_PREV:
+        x += tl.load(ptrs, mask=m, other=0.0)
+    tl.store(ptrs, x, mask=m)
+
+
+@triton.jit
 def _load_rows_m(ptr, bh, offs_n, N, rmask, C, BC: tl.constexpr, ACC: tl.constexpr):
     """Rows ``rmask`` of a contiguous ``(BH, N, C)`` tensor as a zero-padded ``(BLOCK_N, BC)`` tile."""
-    offs_c = tl.arange(0, BC)
-    m = rmask[:, None] & (offs_n[:, None] < N) & (offs_c[None, :] < C)
-    return tl.load(ptr + bh * N * C + offs_n[:, None] * C + offs_c[None, :], mask=m, other=0.0).to(ACC)
+    ptrs, m = _tile(ptr, bh, offs_n, N, C, BC)
+    return tl.load(ptrs, mask=rmask[:, None] & m, other=0.0).to(ACC)
 
 
 @triton.jit
@@ -155,14 +171,11 @@ def _kernel_grad(sc, P2: tl.constexpr):
 @triton.jit
 def _store_out(acc, out_ptr, den_ptr, bh, offs_n, N, OUT_COLS, NORMALIZE: tl.constexpr, BE: tl.constexpr):
     """Store ``acc[:, :OUT_COLS]`` (divided by its column ``OUT_COLS``, the denominator, if NORMALIZE)."""
-    offs_e = tl.arange(0, BE)
-    nmask = offs_n < N
     if NORMALIZE:
-        den = tl.sum(tl.where(offs_e[None, :] == OUT_COLS, acc, 0.0), axis=1)
+        den = _col(acc, OUT_COLS, BE)
         acc = acc / den[:, None]
-        tl.store(den_ptr + bh * N + offs_n, den, mask=nmask)
-    m = nmask[:, None] & (offs_e[None, :] < OUT_COLS)
-    tl.store(out_ptr + bh * N * OUT_COLS + offs_n[:, None] * OUT_COLS + offs_e[None, :], acc, mask=m)
+        tl.store(den_ptr + bh * N + offs_n, den, mask=offs_n < N)
+    _store_tile(acc, out_ptr, bh, offs_n, N, OUT_COLS, BE, False)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -291,8 +304,7 @@ def _vjp_kernel(
     dx = _vjp_state(x, y, s1, s2_ptr + bh * D * BD * BE, D, P2, BD, BE)
     if SEG:
         dx = tl.where(real[:, None], dx, 0.0)
-    m = (offs_n[:, None] < N) & (offs_r[None, :] < D)
-    tl.store(dx_ptr + bh * N * D + offs_n[:, None] * D + offs_r[None, :], dx, mask=m)
+    _store_tile(dx, dx_ptr, bh, offs_n, N, D, BD, False)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -341,6 +353,45 @@ def _block_index(i, n_blocks, REVERSE: tl.constexpr):
 
 
 @triton.jit
+def _sweep_tiles(
+    q_ptr, k_ptr, v_ptr, ids_ptr, bh, i, H, N, D, DV, REVERSE: tl.constexpr, SEG: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr, BD: tl.constexpr, BE: tl.constexpr,
+):  # fmt: skip
+    """Block ``i`` of a sweep (counted from the end when REVERSE): its token offsets, sequence ids, real-token mask
+    and the tiles ``q``, ``k``, ``va = [v, 1]`` (zero at padding)."""
+    offs_n = _block_index(i, tl.cdiv(N, BLOCK_N), REVERSE) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ids = _block_ids(ids_ptr, bh, H, N, offs_n, SEG)
+    real = ids >= 0
+    q = _load_rows_m(q_ptr, bh, offs_n, N, real, D, BD, ACC)
+    k = _load_rows_m(k_ptr, bh, offs_n, N, real, D, BD, ACC)
+    va = _load_vals_m(v_ptr, bh, offs_n, N, real, DV, True, BE, ACC)
+    return offs_n, ids, real, q, k, va
+
+
+@triton.jit
+def _carry_state(
+    x, y, ids, carry, s0, s1, s2_base, D, P2: tl.constexpr, SEG: tl.constexpr, REVERSE: tl.constexpr,
+    BD: tl.constexpr, BE: tl.constexpr,
+):  # fmt: skip
+    """Fold a block into the carried state ``S = sum_n phi(x_n) y_n^T`` (``s0, s1`` returned, ``s2`` in its scratch;
+    eqs 34-35). With SEG the state holds one sequence, the last the block reaches (``_next_carry``): it is dropped
+    first when that sequence is new, and only that sequence's tokens enter. Returns ``(s0, s1, carry)``."""
+    keep = True
+    if SEG:
+        edge = _next_carry(ids, carry, REVERSE)
+        keep = edge == carry
+        y = tl.where((ids == edge)[:, None], y, 0.0)
+        s0 = tl.where(keep, s0, 0.0)
+        s1 = tl.where(keep, s1, 0.0)
+        carry = edge
+    s0 += tl.sum(y, axis=0)
+    s1 += tl.dot(tl.trans(x), y, input_precision="ieee")
+    if P2:
+        _update_s2(x, y, s2_base, D, keep, SEG, BD, BE)
+    return s0, s1, carry
+
+
+@triton.jit
 def _sweep_fwd_kernel(
     q_ptr,
     k_ptr,
@@ -373,15 +424,11 @@ def _sweep_fwd_kernel(
     s1 = tl.zeros((BD, BE), ACC)
     carry = tl.max(tl.full((BLOCK_N,), -1, tl.int32), axis=0)
     offs_e = tl.arange(0, BE)
-    n_blocks = tl.cdiv(N, BLOCK_N)
-    for i in range(0, n_blocks):
-        offs_n = _block_index(i, n_blocks, REVERSE) * BLOCK_N + tl.arange(0, BLOCK_N)
+    for i in range(0, tl.cdiv(N, BLOCK_N)):
+        offs_n, ids, real, q, k, va = _sweep_tiles(
+            q_ptr, k_ptr, v_ptr, ids_ptr, bh, i, H, N, D, DV, REVERSE, SEG, ACC, BLOCK_N, BD, BE
+        )
         nmask = offs_n < N
-        ids = _block_ids(ids_ptr, bh, H, N, offs_n, SEG)
-        real = ids >= 0
-        q = _load_rows_m(q_ptr, bh, offs_n, N, real, D, BD, ACC)
-        k = _load_rows_m(k_ptr, bh, offs_n, N, real, D, BD, ACC)
-        va = _load_vals_m(v_ptr, bh, offs_n, N, real, DV, True, BE, ACC)
         acc = _apply_state(q, s0, s1, s2_base, D, P2, BD, BE)
         if SEG:
             acc = tl.where(((ids == carry) & real)[:, None], acc, 0.0)
@@ -391,35 +438,19 @@ def _sweep_fwd_kernel(
             )
             acc += tl.dot(w, va, input_precision="ieee")
         if ADD_PREV:
-            pm = nmask[:, None] & (offs_e[None, :] < DV)
-            acc += tl.load(out_ptr + bh * N * DV + offs_n[:, None] * DV + offs_e[None, :], mask=pm, other=0.0)
+            ptrs, pm = _tile(out_ptr, bh, offs_n, N, DV, BE)
+            acc += tl.load(ptrs, mask=pm, other=0.0)
             prev_den = tl.load(den_ptr + bh * N + offs_n, mask=nmask, other=0.0)
             acc += tl.where(offs_e[None, :] == DV, prev_den[:, None], 0.0)
+        den = _col(acc, DV, BE)
+        res = acc
         if INTRA:
             # padding queries: no keys, zero output and a denominator of 1 (not 0/0)
-            den = tl.sum(tl.where(offs_e[None, :] == DV, acc, 0.0), axis=1)
             den = tl.where(real, den, 1.0)
-            tl.store(den_ptr + bh * N + offs_n, den, mask=nmask)
             res = tl.where(real[:, None], acc / den[:, None], 0.0)
-        else:
-            tl.store(den_ptr + bh * N + offs_n, tl.sum(tl.where(offs_e[None, :] == DV, acc, 0.0), axis=1), mask=nmask)
-            res = acc
-        m = nmask[:, None] & (offs_e[None, :] < DV)
-        tl.store(out_ptr + bh * N * DV + offs_n[:, None] * DV + offs_e[None, :], res, mask=m)
-        if SEG:
-            edge = _next_carry(ids, carry, REVERSE)
-            keep = edge == carry
-            y = tl.where((ids == edge)[:, None], va, 0.0)
-            s0 = tl.where(keep, s0, 0.0) + tl.sum(y, axis=0)
-            s1 = tl.where(keep, s1, 0.0) + tl.dot(tl.trans(k), y, input_precision="ieee")
-            if P2:
-                _update_s2(k, y, s2_base, D, keep, SEG, BD, BE)
-            carry = edge
-        else:
-            s0 += tl.sum(va, axis=0)
-            s1 += tl.dot(tl.trans(k), va, input_precision="ieee")
-            if P2:
-                _update_s2(k, va, s2_base, D, True, SEG, BD, BE)
+        tl.store(den_ptr + bh * N + offs_n, den, mask=nmask)
+        _store_tile(res, out_ptr, bh, offs_n, N, DV, BE, False)
+        s0, s1, carry = _carry_state(k, va, ids, carry, s0, s1, s2_base, D, P2, SEG, REVERSE, BD, BE)
 
 
 @triton.jit
@@ -450,17 +481,13 @@ def _sweep_dq_kernel(
     ADD_PREV adds what an earlier pass the other way stored in ``dq``."""
     bh = tl.program_id(0).to(tl.int64)
     s2_base = s2_ptr + bh * D * BD * BE
+    s0 = tl.zeros((BE,), ACC)  # carried along with s1; the gradient reads s1 and s2 only
     s1 = tl.zeros((BD, BE), ACC)
     carry = tl.max(tl.full((BLOCK_N,), -1, tl.int32), axis=0)
-    offs_r = tl.arange(0, BD)
-    n_blocks = tl.cdiv(N, BLOCK_N)
-    for i in range(0, n_blocks):
-        offs_n = _block_index(i, n_blocks, REVERSE) * BLOCK_N + tl.arange(0, BLOCK_N)
-        ids = _block_ids(ids_ptr, bh, H, N, offs_n, SEG)
-        real = ids >= 0
-        q = _load_rows_m(q_ptr, bh, offs_n, N, real, D, BD, ACC)
-        k = _load_rows_m(k_ptr, bh, offs_n, N, real, D, BD, ACC)
-        va = _load_vals_m(v_ptr, bh, offs_n, N, real, DV, True, BE, ACC)
+    for i in range(0, tl.cdiv(N, BLOCK_N)):
+        offs_n, ids, real, q, k, va = _sweep_tiles(
+            q_ptr, k_ptr, v_ptr, ids_ptr, bh, i, H, N, D, DV, REVERSE, SEG, ACC, BLOCK_N, BD, BE
+        )
         ga = _load_vals_m(ga_ptr, bh, offs_n, N, real, DV + 1, False, BE, ACC)
         dq = _vjp_state(q, ga, s1, s2_base, D, P2, BD, BE)
         if SEG:
@@ -471,23 +498,8 @@ def _sweep_dq_kernel(
                 _pair_mask(offs_n, ids, CAUSAL, SEG), fprime * tl.dot(ga, tl.trans(va), input_precision="ieee"), 0.0
             )
             dq += tl.dot(ds, k, input_precision="ieee")
-        m = (offs_n[:, None] < N) & (offs_r[None, :] < D)
-        ptrs = dq_ptr + bh * N * D + offs_n[:, None] * D + offs_r[None, :]
-        if ADD_PREV:
-            dq += tl.load(ptrs, mask=m, other=0.0)
-        tl.store(ptrs, dq, mask=m)
-        if SEG:
-            edge = _next_carry(ids, carry, REVERSE)
-            keep = edge == carry
-            y = tl.where((ids == edge)[:, None], va, 0.0)
-            s1 = tl.where(keep, s1, 0.0) + tl.dot(tl.trans(k), y, input_precision="ieee")
-            if P2:
-                _update_s2(k, y, s2_base, D, keep, SEG, BD, BE)
-            carry = edge
-        else:
-            s1 += tl.dot(tl.trans(k), va, input_precision="ieee")
-            if P2:
-                _update_s2(k, va, s2_base, D, True, SEG, BD, BE)
+        _store_tile(dq, dq_ptr, bh, offs_n, N, D, BD, ADD_PREV)
+        s0, s1, carry = _carry_state(k, va, ids, carry, s0, s1, s2_base, D, P2, SEG, REVERSE, BD, BE)
 
 
 @triton.jit
@@ -522,17 +534,10 @@ def _sweep_dkv_kernel(
     t0 = tl.zeros((BE,), ACC)
     t1 = tl.zeros((BD, BE), ACC)
     carry = tl.max(tl.full((BLOCK_N,), -1, tl.int32), axis=0)
-    offs_r = tl.arange(0, BD)
-    offs_e = tl.arange(0, BE)
-    n_blocks = tl.cdiv(N, BLOCK_N)
-    for i in range(0, n_blocks):
-        offs_n = _block_index(i, n_blocks, REVERSE) * BLOCK_N + tl.arange(0, BLOCK_N)
-        nmask = offs_n < N
-        ids = _block_ids(ids_ptr, bh, H, N, offs_n, SEG)
-        real = ids >= 0
-        q = _load_rows_m(q_ptr, bh, offs_n, N, real, D, BD, ACC)
-        k = _load_rows_m(k_ptr, bh, offs_n, N, real, D, BD, ACC)
-        va = _load_vals_m(v_ptr, bh, offs_n, N, real, DV, True, BE, ACC)
+    for i in range(0, tl.cdiv(N, BLOCK_N)):
+        offs_n, ids, real, q, k, va = _sweep_tiles(
+            q_ptr, k_ptr, v_ptr, ids_ptr, bh, i, H, N, D, DV, REVERSE, SEG, ACC, BLOCK_N, BD, BE
+        )
         ga = _load_vals_m(ga_ptr, bh, offs_n, N, real, DV + 1, False, BE, ACC)
         dk = _vjp_state(k, va, t1, t2_base, D, P2, BD, BE)
         dva = _apply_state(k, t0, t1, t2_base, D, P2, BD, BE)
@@ -547,29 +552,9 @@ def _sweep_dkv_kernel(
             w = tl.where(keep, _kernel(sc, P2), 0.0)
             dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
             dva += tl.dot(tl.trans(w), ga, input_precision="ieee")
-        m = nmask[:, None] & (offs_r[None, :] < D)
-        ptrs = dk_ptr + bh * N * D + offs_n[:, None] * D + offs_r[None, :]
-        mv = nmask[:, None] & (offs_e[None, :] < DV)
-        vptrs = dv_ptr + bh * N * DV + offs_n[:, None] * DV + offs_e[None, :]
-        if ADD_PREV:
-            dk += tl.load(ptrs, mask=m, other=0.0)
-            dva += tl.load(vptrs, mask=mv, other=0.0)
-        tl.store(ptrs, dk, mask=m)
-        tl.store(vptrs, dva, mask=mv)
-        if SEG:
-            edge = _next_carry(ids, carry, REVERSE)
-            keep_t = edge == carry
-            y = tl.where((ids == edge)[:, None], ga, 0.0)
-            t0 = tl.where(keep_t, t0, 0.0) + tl.sum(y, axis=0)
-            t1 = tl.where(keep_t, t1, 0.0) + tl.dot(tl.trans(q), y, input_precision="ieee")
-            if P2:
-                _update_s2(q, y, t2_base, D, keep_t, SEG, BD, BE)
-            carry = edge
-        else:
-            t0 += tl.sum(ga, axis=0)
-            t1 += tl.dot(tl.trans(q), ga, input_precision="ieee")
-            if P2:
-                _update_s2(q, ga, t2_base, D, True, SEG, BD, BE)
+        _store_tile(dk, dk_ptr, bh, offs_n, N, D, BD, ADD_PREV)
+        _store_tile(dva, dv_ptr, bh, offs_n, N, DV, BE, ADD_PREV)
+        t0, t1, carry = _carry_state(q, ga, ids, carry, t0, t1, t2_base, D, P2, SEG, REVERSE, BD, BE)
 
 
 # ---------------------------------------------------------------------------------------------------

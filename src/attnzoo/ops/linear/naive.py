@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.ops._dtypes import acc_dtype
-from attnzoo.ops._segment_ops import attention_allowed, run_each_alone
+from attnzoo.ops._segment_ops import attention_allowed, each_sequence_alone
 from attnzoo.ops._varlen import segments
 
 __all__ = ["FEATURE_MAPS", "feature_map_fn", "linear_attention_naive", "linear_attention_weights"]
@@ -50,6 +50,7 @@ def linear_attention_weights(
     return a / (a.sum(dim=-1, keepdim=True) + eps)
 
 
+@each_sequence_alone(3)
 def linear_attention_naive(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -58,21 +59,11 @@ def linear_attention_naive(
     causal: bool = False,
     feature_map: str = "elu",
     eps: float = 1e-6,
-    attention_mask: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``(B, H, N, P) x3 -> (B, H, N, Pv)`` through the explicit normalised kernel matrix (O(N^2)).
 
     With ``attention_mask``/``cu_seqlens``: each sequence's real tokens run alone (the definition),
     ``out_i = sum_{j: s(j) = s(i) [, j <= i]} phi(q_i)^T phi(k_j) v_j / (sum_j phi(q_i)^T phi(k_j) + eps)``;
     padding rows are 0."""
-    seg = segments(q.shape[0], q.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
-    if seg is not None:
-        return run_each_alone(
-            lambda a, b, c: linear_attention_naive(a, b, c, causal=causal, feature_map=feature_map, eps=eps),
-            seg,
-            (q, k, v),
-            v.shape[-1],
-        )
     attn = linear_attention_weights(q, k, causal=causal, feature_map=feature_map, eps=eps)
     return torch.matmul(attn, v.to(attn.dtype)).to(v.dtype)

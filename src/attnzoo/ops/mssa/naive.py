@@ -7,8 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnzoo.ops._segment_ops import run_each_alone
-from attnzoo.ops._varlen import segments
+from attnzoo.ops._segment_ops import each_sequence_alone
 from attnzoo.ops.softmax.naive import softmax_attention_naive, softmax_attention_weights
 
 __all__ = ["mssa_naive", "mssa_weights", "mssa_query"]
@@ -27,6 +26,7 @@ def mssa_weights(
     return softmax_attention_weights(mssa_query(w, normalize_query), w, causal=causal, scale=scale, allowed=allowed)
 
 
+@each_sequence_alone(1)
 def mssa_naive(
     w: torch.Tensor,
     *,
@@ -34,21 +34,11 @@ def mssa_naive(
     scale: float,
     normalize_query: bool = False,
     dropout_p: float = 0.0,
-    attention_mask: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``(B, H, N, P) -> (B, H, N, P)``: explicit ``softmax(q w^T * scale [masked]) w``.
 
     With ``attention_mask``/``cu_seqlens``: each sequence's real tokens run alone (the definition),
     ``out_i = sum_{j: s(j) = s(i)} softmax_j(q_i w_j^T * scale [j <= i]) w_j``; padding rows are 0."""
-    seg = segments(w.shape[0], w.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=w.device)
-    if seg is not None:
-        return run_each_alone(
-            lambda x: mssa_naive(x, causal=causal, scale=scale, normalize_query=normalize_query, dropout_p=dropout_p),
-            seg,
-            (w,),
-            w.shape[-1],
-        )
     return softmax_attention_naive(
         mssa_query(w, normalize_query), w, w, causal=causal, scale=scale, dropout_p=dropout_p
     )

@@ -6,8 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.ops._dtypes import acc_dtype  # re-exported: the name's earlier home
-from attnzoo.ops._segment_ops import run_each_alone
-from attnzoo.ops._varlen import segments
+from attnzoo.ops._segment_ops import each_sequence_alone
 
 __all__ = ["softmax_attention_naive", "softmax_attention_weights", "acc_dtype", "causal_mask"]
 
@@ -33,6 +32,7 @@ def softmax_attention_weights(
     return logits.softmax(dim=-1)
 
 
+@each_sequence_alone(3)
 def softmax_attention_naive(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -41,21 +41,11 @@ def softmax_attention_naive(
     causal: bool = False,
     scale: float,
     dropout_p: float = 0.0,
-    attention_mask: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Explicit softmax attention ``(B, H, Nq, P), (B, H, Nk, P), (B, H, Nk, Pv) -> (B, H, Nq, Pv)``.
 
     With ``attention_mask``/``cu_seqlens`` (``Nq == Nk``): each sequence's real tokens run alone (the definition),
     ``out_i = sum_{j: s(j) = s(i)} softmax_j(q_i k_j^T * scale [j <= i]) v_j``; padding rows are 0."""
-    seg = segments(q.shape[0], q.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
-    if seg is not None:
-        return run_each_alone(
-            lambda a, b, c: softmax_attention_naive(a, b, c, causal=causal, scale=scale, dropout_p=dropout_p),
-            seg,
-            (q, k, v),
-            v.shape[-1],
-        )
     attn = softmax_attention_weights(q, k, causal=causal, scale=scale)
     if dropout_p > 0.0:
         attn = F.dropout(attn, p=dropout_p, training=True)

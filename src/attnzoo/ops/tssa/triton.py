@@ -105,6 +105,52 @@ def _slot_tile(ptr, bh, S, slot, offs_p, m, P):
     return tl.load(ptr + (bh * S + slot)[:, None] * P + offs_p[None, :], mask=m, other=0.0)
 
 
+@triton.jit
+def _feature_stat(ptr, bh, S, slot, offs_p, m, P, SEG: tl.constexpr):
+    """A per-feature statistic as read by the tokens of a ``(BLOCK_N, BLOCK_P)`` tile: with SEG the token's sequence's
+    (``(BH, S, P)``, :func:`_slot_tile`), else the row's ``(BH, P)`` broadcast over the tokens."""
+    if SEG:
+        t = _slot_tile(ptr, bh, S, slot, offs_p, m, P)
+    else:
+        t = tl.load(ptr + bh * P + offs_p, mask=offs_p < P, other=0.0)[None, :]
+    return t
+
+
+@triton.jit
+def _block_tokens(ids_ptr, flags_ptr, bh, H, N, offs_n, SEG: tl.constexpr):
+    """Per token of a block: in range, real (in range and, with SEG, not padding), and with SEG its slot (sequence
+    id), first-token and last-token flags (:func:`_seg_tokens`; without SEG placeholders that are never read)."""
+    nmask = offs_n < N
+    lmask, slot, first, last = nmask, offs_n, nmask, nmask
+    if SEG:
+        real, slot, first, last = _seg_tokens(ids_ptr, flags_ptr, bh, H, N, offs_n, nmask)
+        lmask = nmask & real
+    return nmask, lmask, slot, first, last
+
+
+@triton.jit
+def _tile_idx(bh, offs_n, offs_p, N, P):
+    """Offsets of the ``(BLOCK_N, BLOCK_P)`` tile at tokens ``offs_n``, features ``offs_p`` of a ``(BH, N, P)`` view."""
+    return bh * N * P + offs_n[:, None] * P + offs_p[None, :]
+
+
+@triton.jit
+def _scan(x, flag, carry, SEG: tl.constexpr, REVERSE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Inclusive prefix (suffix if REVERSE) sums over the tokens of ``x (BLOCK_N, BLOCK_P)`` plus ``carry (BLOCK_P,)``
+    from the blocks before (after), restarted with SEG at each sequence's first (last) token ``flag``; returns the
+    sums and the carry into the next block."""
+    if SEG:
+        run = _seg_scan(x, flag, carry, REVERSE)
+        if REVERSE:
+            nxt = _edge_row(run, 0, BLOCK_N)
+        else:
+            nxt = _edge_row(run, BLOCK_N - 1, BLOCK_N)
+    else:
+        run = tl.cumsum(x, axis=0, reverse=REVERSE) + carry[None, :]
+        nxt = carry + tl.sum(x, axis=0)
+    return run, nxt
+
+
 # ---------------------------------------------------------------------------------------------------
 # generic kernels (views: x, y (BH, N, P); per-token vectors (BH, N); per-feature vectors (BH, P))
 # ---------------------------------------------------------------------------------------------------
@@ -135,24 +181,20 @@ def _col_reduce_kernel(
     acc = tl.zeros((BLOCK_P,), ACC)
     for start in range(0, N, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        nmask = offs_n < N
-        if SEG:
-            real, slot, first, last = _seg_tokens(ids_ptr, flags_ptr, bh, H, N, offs_n, nmask)
-            nmask = nmask & real
-        m = nmask[:, None] & pmask[None, :]
-        idx = bh * N * P + offs_n[:, None] * P + offs_p[None, :]
+        _, lmask, slot, first, last = _block_tokens(ids_ptr, flags_ptr, bh, H, N, offs_n, SEG)
+        m = lmask[:, None] & pmask[None, :]
+        idx = _tile_idx(bh, offs_n, offs_p, N, P)
         x = tl.load(x_ptr + idx, mask=m, other=0.0).to(ACC)
         if HAS_Y:
             t = x * tl.load(y_ptr + idx, mask=m, other=0.0).to(ACC)
         else:
             t = x * x
         if HAS_A:
-            t = t * tl.load(a_ptr + bh * N + offs_n, mask=nmask, other=0.0).to(ACC)[:, None]
+            t = t * tl.load(a_ptr + bh * N + offs_n, mask=lmask, other=0.0).to(ACC)[:, None]
         if SEG:
-            run = _seg_scan(t, first, acc, False)
+            run, acc = _scan(t, first, acc, SEG, False, BLOCK_N)
             dst = out_ptr + (bh * S + slot)[:, None] * P + offs_p[None, :]
             tl.store(dst, run, mask=(last != 0)[:, None] & m)
-            acc = _edge_row(run, BLOCK_N - 1, BLOCK_N)
         else:
             acc += tl.sum(t, axis=0)
     if not SEG:
@@ -182,29 +224,17 @@ def _row_reduce_kernel(
     read at the token's sequence, and padding gives 0."""
     bh = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = offs_n < N
-    if SEG:
-        real, slot, first, last = _seg_tokens(ids_ptr, flags_ptr, bh, H, N, offs_n, nmask)
-        rmask = nmask & real
-    else:
-        rmask = nmask
+    nmask, rmask, slot, first, last = _block_tokens(ids_ptr, flags_ptr, bh, H, N, offs_n, SEG)
     acc = tl.zeros((BLOCK_N,), ACC)
     for start in range(0, P, BLOCK_P):
         offs_p = start + tl.arange(0, BLOCK_P)
-        pmask = offs_p < P
-        m = rmask[:, None] & pmask[None, :]
-        idx = bh * N * P + offs_n[:, None] * P + offs_p[None, :]
+        m = rmask[:, None] & (offs_p < P)[None, :]
+        idx = _tile_idx(bh, offs_n, offs_p, N, P)
         x = tl.load(x_ptr + idx, mask=m, other=0.0).to(ACC)
-        if SEG:
-            t = x * x * _slot_tile(u_ptr, bh, S, slot, offs_p, m, P)
-        else:
-            t = x * x * tl.load(u_ptr + bh * P + offs_p, mask=pmask, other=0.0)[None, :]
+        t = x * x * _feature_stat(u_ptr, bh, S, slot, offs_p, m, P, SEG)
         if HAS_Y:
             y = tl.load(y_ptr + idx, mask=m, other=0.0).to(ACC)
-            if SEG:
-                t += x * y * _slot_tile(v_ptr, bh, S, slot, offs_p, m, P)
-            else:
-                t += x * y * tl.load(v_ptr + bh * P + offs_p, mask=pmask, other=0.0)[None, :]
+            t += x * y * _feature_stat(v_ptr, bh, S, slot, offs_p, m, P, SEG)
         acc += tl.sum(t, axis=1)
     tl.store(out_ptr + bh * N + offs_n, acc, mask=nmask)
 
@@ -234,6 +264,19 @@ def _head_softmax_kernel(
 
 
 @triton.jit
+def _token_feature_tile(ids_ptr, flags_ptr, H, N, P, SEG: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr):
+    """The ``(BLOCK_N, BLOCK_P)`` tile of a program of the grid ``(BH, N / BLOCK_N, P / BLOCK_P)``: its row ``bh``,
+    token and feature offsets, the in-range token mask, the in-range tile mask ``m``, ``m`` at real tokens only and
+    the tokens' slots (:func:`_block_tokens`)."""
+    bh = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
+    nmask, lmask, slot, first, last = _block_tokens(ids_ptr, flags_ptr, bh, H, N, offs_n, SEG)
+    pmask = offs_p < P
+    return bh, offs_n, offs_p, nmask, nmask[:, None] & pmask[None, :], lmask[:, None] & pmask[None, :], slot
+
+
+@triton.jit
 def _nc_out_kernel(
     w_ptr,
     pi_ptr,
@@ -251,20 +294,9 @@ def _nc_out_kernel(
     BLOCK_P: tl.constexpr,
 ):
     """eq. 11: out = -w * pi[n] * g[p] with g = 1 / (1 + dots) (with SEG g of the token's sequence, 0 at padding)."""
-    bh = tl.program_id(0).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
-    nmask = offs_n < N
-    pmask = offs_p < P
-    m = nmask[:, None] & pmask[None, :]
-    idx = bh * N * P + offs_n[:, None] * P + offs_p[None, :]
-    if SEG:
-        real, slot, first, last = _seg_tokens(ids_ptr, flags_ptr, bh, H, N, offs_n, nmask)
-        mr = m & real[:, None]
-        g = _slot_tile(g_ptr, bh, S, slot, offs_p, mr, P)
-    else:
-        mr = m
-        g = tl.load(g_ptr + bh * P + offs_p, mask=pmask, other=0.0)[None, :]
+    bh, offs_n, offs_p, nmask, m, mr, slot = _token_feature_tile(ids_ptr, flags_ptr, H, N, P, SEG, BLOCK_N, BLOCK_P)
+    idx = _tile_idx(bh, offs_n, offs_p, N, P)
+    g = _feature_stat(g_ptr, bh, S, slot, offs_p, mr, P, SEG)
     w = tl.load(w_ptr + idx, mask=mr, other=0.0).to(ACC)
     pi = tl.load(pi_ptr + bh * N + offs_n, mask=nmask, other=0.0)
     tl.store(out_ptr + idx, (-w * pi[:, None] * g).to(out_ptr.dtype.element_ty), mask=m)
@@ -295,26 +327,12 @@ def _nc_dw_kernel(
 ):
     """dw = 2 w (q[n] d_dots[p] + d_s[n] r[p] + d_c[p]) - grad_out pi[n] g[p] (chain rule of Alg. 1); with SEG
     the per-feature statistics are the token's sequence's and padding gets 0."""
-    bh = tl.program_id(0).to(tl.int64)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
-    nmask = offs_n < N
-    pmask = offs_p < P
-    m = nmask[:, None] & pmask[None, :]
-    idx = bh * N * P + offs_n[:, None] * P + offs_p[None, :]
-    if SEG:
-        real, slot, first, last = _seg_tokens(ids_ptr, flags_ptr, bh, H, N, offs_n, nmask)
-        mr = m & real[:, None]
-        dd = _slot_tile(ddots_ptr, bh, S, slot, offs_p, mr, P)
-        r = _slot_tile(r_ptr, bh, S, slot, offs_p, mr, P)
-        dc = _slot_tile(dc_ptr, bh, S, slot, offs_p, mr, P)
-        g = _slot_tile(g_ptr, bh, S, slot, offs_p, mr, P)
-    else:
-        mr = m
-        dd = tl.load(ddots_ptr + bh * P + offs_p, mask=pmask, other=0.0)[None, :]
-        r = tl.load(r_ptr + bh * P + offs_p, mask=pmask, other=0.0)[None, :]
-        dc = tl.load(dc_ptr + bh * P + offs_p, mask=pmask, other=0.0)[None, :]
-        g = tl.load(g_ptr + bh * P + offs_p, mask=pmask, other=0.0)[None, :]
+    bh, offs_n, offs_p, nmask, m, mr, slot = _token_feature_tile(ids_ptr, flags_ptr, H, N, P, SEG, BLOCK_N, BLOCK_P)
+    idx = _tile_idx(bh, offs_n, offs_p, N, P)
+    dd = _feature_stat(ddots_ptr, bh, S, slot, offs_p, mr, P, SEG)
+    r = _feature_stat(r_ptr, bh, S, slot, offs_p, mr, P, SEG)
+    dc = _feature_stat(dc_ptr, bh, S, slot, offs_p, mr, P, SEG)
+    g = _feature_stat(g_ptr, bh, S, slot, offs_p, mr, P, SEG)
     w = tl.load(w_ptr + idx, mask=mr, other=0.0).to(ACC)
     go = tl.load(go_ptr + idx, mask=mr, other=0.0).to(ACC)
     q = tl.load(q_ptr + bh * N + offs_n, mask=nmask, other=0.0)
@@ -351,24 +369,13 @@ def _c_logits_kernel(
     carry = tl.zeros((BLOCK_P,), ACC)
     for start in range(0, N, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        nmask = offs_n < N
-        lmask = nmask
-        if SEG:
-            real, slot, first, last = _seg_tokens(ids_ptr, flags_ptr, bh, H, N, offs_n, nmask)
-            lmask = nmask & real
+        nmask, lmask, slot, first, last = _block_tokens(ids_ptr, flags_ptr, bh, H, N, offs_n, SEG)
         m = lmask[:, None] & pmask[None, :]
-        w = tl.load(w_ptr + bh * N * P + offs_n[:, None] * P + offs_p[None, :], mask=m, other=0.0).to(ACC)
+        w = tl.load(w_ptr + _tile_idx(bh, offs_n, offs_p, N, P), mask=m, other=0.0).to(ACC)
         x = w * w
-        if SEG:
-            S = _seg_scan(x, first, carry, False)
-        else:
-            S = tl.cumsum(x, axis=0) + carry[None, :]
+        S, carry = _scan(x, first, carry, SEG, False, BLOCK_N)
         ratio = x / tl.where(S > 0, S, 1.0)
         tl.store(spart_ptr + (bh * tl.num_programs(1) + pb) * N + offs_n, tl.sum(ratio, axis=1), mask=nmask)
-        if SEG:
-            carry = _edge_row(S, BLOCK_N - 1, BLOCK_N)
-        else:
-            carry += tl.sum(x, axis=0)
 
 
 @triton.jit
@@ -397,33 +404,23 @@ def _c_out_kernel(
     carry_den = tl.sum(tl.zeros((BLOCK_P,), ACC), axis=0)
     for start in range(0, N, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        nmask = offs_n < N
-        lmask = nmask
-        if SEG:
-            real, slot, first, last = _seg_tokens(ids_ptr, flags_ptr, bh, H, N, offs_n, nmask)
-            lmask = nmask & real
-        m = nmask[:, None] & pmask[None, :]
-        idx = bh * N * P + offs_n[:, None] * P + offs_p[None, :]
+        nmask, lmask, slot, first, last = _block_tokens(ids_ptr, flags_ptr, bh, H, N, offs_n, SEG)
+        idx = _tile_idx(bh, offs_n, offs_p, N, P)
         w = tl.load(w_ptr + idx, mask=lmask[:, None] & pmask[None, :], other=0.0).to(ACC)
         pi = tl.load(pi_ptr + bh * N + offs_n, mask=nmask, other=0.0)
         xp = w * w * pi[:, None]
         if SEG:
             den = _seg_scan1(pi, first, carry_den, False)
-            num = _seg_scan(xp, first, carry_num, False)
-        else:
-            den = tl.cumsum(pi, axis=0) + carry_den
-            num = tl.cumsum(xp, axis=0) + carry_num[None, :]
-        dots = num / tl.where(den > 0, den, 1.0)[:, None]
-        out = -w * pi[:, None] / (1.0 + dots)
-        tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=m)
-        if pb == 0:
-            tl.store(den_ptr + bh * N + offs_n, den, mask=nmask)
-        if SEG:
-            carry_num = _edge_row(num, BLOCK_N - 1, BLOCK_N)
             carry_den = _edge(den, BLOCK_N - 1, BLOCK_N)
         else:
-            carry_num += tl.sum(xp, axis=0)
+            den = tl.cumsum(pi, axis=0) + carry_den
             carry_den += tl.sum(pi, axis=0)
+        num, carry_num = _scan(xp, first, carry_num, SEG, False, BLOCK_N)
+        dots = num / tl.where(den > 0, den, 1.0)[:, None]
+        out = -w * pi[:, None] / (1.0 + dots)
+        tl.store(out_ptr + idx, out.to(out_ptr.dtype.element_ty), mask=nmask[:, None] & pmask[None, :])
+        if pb == 0:
+            tl.store(den_ptr + bh * N + offs_n, den, mask=nmask)
 
 
 @triton.jit
@@ -458,13 +455,9 @@ def _c_bwd_fwd_sweep_kernel(
     part = (bh * tl.num_programs(1) + pb) * N
     for c in range(0, NC):
         offs_n = c * BLOCK_N + tl.arange(0, BLOCK_N)
-        nmask = offs_n < N
-        lmask = nmask
-        if SEG:
-            real, slot, first, last = _seg_tokens(ids_ptr, flags_ptr, bh, H, N, offs_n, nmask)
-            lmask = nmask & real
+        nmask, lmask, slot, first, last = _block_tokens(ids_ptr, flags_ptr, bh, H, N, offs_n, SEG)
         m = lmask[:, None] & pmask[None, :]
-        idx = bh * N * P + offs_n[:, None] * P + offs_p[None, :]
+        idx = _tile_idx(bh, offs_n, offs_p, N, P)
         tl.store(cS_ptr + (bh * NC + c) * P + offs_p, carry_S, mask=pmask)
         tl.store(cN_ptr + (bh * NC + c) * P + offs_p, carry_N, mask=pmask)
         w = tl.load(w_ptr + idx, mask=m, other=0.0).to(ACC)
@@ -473,33 +466,14 @@ def _c_bwd_fwd_sweep_kernel(
         den = tl.load(den_ptr + bh * N + offs_n, mask=nmask, other=1.0)
         x = w * w
         xp = x * pi[:, None]
-        if SEG:
-            num = _seg_scan(xp, first, carry_N, False)
-        else:
-            num = tl.cumsum(xp, axis=0) + carry_N[None, :]
+        num, carry_N = _scan(xp, first, carry_N, SEG, False, BLOCK_N)
         dots = num / tl.where(den > 0, den, 1.0)[:, None]
         g = 1.0 / (1.0 + dots)
         gw = go * w
         tl.store(a1_ptr + part + offs_n, -tl.sum(gw * g, axis=1), mask=nmask)
         d_dots = gw * pi[:, None] * g * g
         tl.store(a2_ptr + part + offs_n, tl.sum(d_dots * dots, axis=1), mask=nmask)
-        if SEG:
-            carry_S = _edge_row(_seg_scan(x, first, carry_S, False), BLOCK_N - 1, BLOCK_N)
-            carry_N = _edge_row(num, BLOCK_N - 1, BLOCK_N)
-        else:
-            carry_S += tl.sum(x, axis=0)
-            carry_N += tl.sum(xp, axis=0)
-
-
-@triton.jit
-def _prefix_sum(x, first, carry, SEG: tl.constexpr):
-    """Inclusive prefix sum of ``x (BLOCK_N, BLOCK_P)`` over tokens plus the carried ``carry (BLOCK_P,)``; with SEG
-    restarting at each sequence's first token."""
-    if SEG:
-        out = _seg_scan(x, first, carry, False)
-    else:
-        out = tl.cumsum(x, axis=0) + carry[None, :]
-    return out
+        _, carry_S = _scan(x, first, carry_S, SEG, False, BLOCK_N)
 
 
 @triton.jit
@@ -538,13 +512,9 @@ def _c_bwd_rev_sweep_kernel(
     for i in range(0, NC):
         c = NC - 1 - i
         offs_n = c * BLOCK_N + tl.arange(0, BLOCK_N)
-        nmask = offs_n < N
-        lmask, first, last = nmask, nmask, nmask  # first / last: read only with SEG
-        if SEG:
-            real, slot, first, last = _seg_tokens(ids_ptr, flags_ptr, bh, H, N, offs_n, nmask)
-            lmask = nmask & real
+        nmask, lmask, slot, first, last = _block_tokens(ids_ptr, flags_ptr, bh, H, N, offs_n, SEG)
         m = lmask[:, None] & pmask[None, :]
-        idx = bh * N * P + offs_n[:, None] * P + offs_p[None, :]
+        idx = _tile_idx(bh, offs_n, offs_p, N, P)
         cS = tl.load(cS_ptr + (bh * NC + c) * P + offs_p, mask=pmask, other=0.0)
         cN = tl.load(cN_ptr + (bh * NC + c) * P + offs_p, mask=pmask, other=0.0)
         w = tl.load(w_ptr + idx, mask=m, other=0.0).to(ACC)
@@ -554,27 +524,17 @@ def _c_bwd_rev_sweep_kernel(
         den_safe = tl.where(den > 0, den, 1.0)
         x = w * w
         xp = x * pi[:, None]
-        num = _prefix_sum(xp, first, cN, SEG)
+        num, _ = _scan(xp, first, cN, SEG, False, BLOCK_N)
         dots = num / den_safe[:, None]
         g = 1.0 / (1.0 + dots)
         y = go * w * pi[:, None] * g * g / den_safe[:, None]
-        if SEG:
-            d_num = _seg_scan(y, last, suf_num, True)
-            suf_num = _edge_row(d_num, 0, BLOCK_N)
-        else:
-            d_num = tl.cumsum(y, axis=0, reverse=True) + suf_num[None, :]
-            suf_num += tl.sum(y, axis=0)
+        d_num, suf_num = _scan(y, last, suf_num, SEG, True, BLOCK_N)
         if FINAL:
             ds = tl.load(ds_ptr + bh * N + offs_n, mask=nmask, other=0.0)
-            S = _prefix_sum(x, first, cS, SEG)
+            S, _ = _scan(x, first, cS, SEG, False, BLOCK_N)
             inv_S = 1.0 / tl.where(S > 0, S, 1.0)
             d_S = -x * inv_S * inv_S * ds[:, None]
-            if SEG:
-                suf = _seg_scan(d_S, last, suf_S, True)
-                suf_S = _edge_row(suf, 0, BLOCK_N)
-            else:
-                suf = tl.cumsum(d_S, axis=0, reverse=True) + suf_S[None, :]
-                suf_S += tl.sum(d_S, axis=0)
+            suf, suf_S = _scan(d_S, last, suf_S, SEG, True, BLOCK_N)
             dx = d_num * pi[:, None] + ds[:, None] * inv_S + suf
             dw = 2.0 * w * dx - go * pi[:, None] * g
             tl.store(dw_ptr + idx, dw.to(dw_ptr.dtype.element_ty), mask=nmask[:, None] & pmask[None, :])
@@ -627,6 +587,11 @@ def _blocks(p: int, block_n: int | None, block_p: int | None) -> tuple[int, int]
     return block_n, block_p
 
 
+def _tiles(meta: _SegMeta | None, cdt: torch.dtype, block_n: int, block_p: int) -> dict:
+    """The kernels' compile-time keywords: with segments or not, the accumulation dtype, the token and feature tiles."""
+    return dict(SEG=meta is not None, ACC=tl_acc_dtype(cdt), BLOCK_N=block_n, BLOCK_P=block_p)
+
+
 def _seg_args(x: torch.Tensor, h: int, meta: _SegMeta | None) -> tuple:
     # the kernels' (ids, flags, H, S) arguments; without segments unused (any tensor stands for the pointers)
     if meta is None:
@@ -668,10 +633,7 @@ def _col_reduce(x, y=None, a=None, *, cdt, bn, bp, h, meta=None):
         p,
         HAS_Y=y is not None,
         HAS_A=a is not None,
-        SEG=meta is not None,
-        ACC=tl_acc_dtype(cdt),
-        BLOCK_N=bn,
-        BLOCK_P=bp,
+        **_tiles(meta, cdt, bn, bp),
     )
     return out
 
@@ -689,10 +651,7 @@ def _row_reduce(x, u, y=None, v=None, *, cdt, bn, bp, h, meta=None):
         n,
         p,
         HAS_Y=y is not None,
-        SEG=meta is not None,
-        ACC=tl_acc_dtype(cdt),
-        BLOCK_N=bn,
-        BLOCK_P=bp,
+        **_tiles(meta, cdt, bn, bp),
     )
     return out
 
@@ -718,7 +677,6 @@ class _TSSANonCausalTriton(torch.autograd.Function):
     def forward(ctx, w: torch.Tensor, temp: torch.Tensor, block_n: int, block_p: int, meta: _SegMeta | None):
         b, h, n, p = w.shape
         cdt = compute_dtype(w.dtype)
-        acc = tl_acc_dtype(cdt)
         w3 = w.contiguous().view(b * h, n, p)
         kw = dict(cdt=cdt, bn=block_n, bp=block_p, h=h, meta=meta)
         c = _col_reduce(w3, **kw)  # (BH[, S], P) squared feature norms over (each sequence's) tokens
@@ -729,19 +687,8 @@ class _TSSANonCausalTriton(torch.autograd.Function):
         dots = _col_reduce(w3, a=pi.view(b * h, n), **kw) / den.view(*den.shape, *([1] * (c.ndim - 2)))
         g = 1.0 / (1.0 + dots)
         out = torch.empty_like(w3)
-        _nc_out_kernel[(b * h, triton.cdiv(n, block_n), triton.cdiv(p, block_p))](
-            w3,
-            pi,
-            g,
-            out,
-            *_seg_args(w3, h, meta),
-            n,
-            p,
-            SEG=meta is not None,
-            ACC=acc,
-            BLOCK_N=block_n,
-            BLOCK_P=block_p,
-        )
+        grid = (b * h, triton.cdiv(n, block_n), triton.cdiv(p, block_p))
+        _nc_out_kernel[grid](w3, pi, g, out, *_seg_args(w3, h, meta), n, p, **_tiles(meta, cdt, block_n, block_p))
         ctx.save_for_backward(w, temp, c, r, s, pi, den, dots, g)
         ctx.blocks, ctx.meta = (block_n, block_p), meta
         return out.view(b, h, n, p)
@@ -777,25 +724,9 @@ class _TSSANonCausalTriton(torch.autograd.Function):
         d_c = torch.where(c > _NORM_EPS_SQ, -d_r * r * r, torch.zeros_like(d_r))
         q = (pi2 / _read_tokens(den, meta)).contiguous()
         dw = torch.empty_like(w3)
-        _nc_dw_kernel[(b * h, triton.cdiv(n, block_n), triton.cdiv(p, block_p))](
-            w3,
-            go3,
-            q,
-            d_s,
-            pi2,
-            d_dots.contiguous(),
-            r,
-            d_c.contiguous(),
-            g,
-            dw,
-            *_seg_args(w3, h, meta),
-            n,
-            p,
-            SEG=meta is not None,
-            ACC=tl_acc_dtype(cdt),
-            BLOCK_N=block_n,
-            BLOCK_P=block_p,
-        )
+        stats = (q, d_s, pi2, d_dots.contiguous(), r, d_c.contiguous(), g)
+        grid = (b * h, triton.cdiv(n, block_n), triton.cdiv(p, block_p))
+        _nc_dw_kernel[grid](w3, go3, *stats, dw, *_seg_args(w3, h, meta), n, p, **_tiles(meta, cdt, block_n, block_p))
         return dw.view(b, h, n, p), d_temp.to(temp.dtype), None, None, None
 
 
@@ -807,20 +738,19 @@ class _TSSACausalTriton(torch.autograd.Function):
         # bias: (H, N) already sliced to the sequence length; with segments (H, N_max), read at each token's position
         b, h, n, p = w.shape
         cdt = compute_dtype(w.dtype)
-        acc = tl_acc_dtype(cdt)
         w3 = w.contiguous().view(b * h, n, p)
         npb = triton.cdiv(p, block_p)
         sa = _seg_args(w3, h, meta)
-        seg = meta is not None
+        tiles = _tiles(meta, cdt, block_n, block_p)
         spart = torch.empty(b * h, npb, n, device=w.device, dtype=cdt)
-        _c_logits_kernel[(b * h, npb)](w3, spart, *sa[:3], n, p, SEG=seg, ACC=acc, BLOCK_N=block_n, BLOCK_P=block_p)
+        _c_logits_kernel[(b * h, npb)](w3, spart, *sa[:3], n, p, **tiles)
         # sum_p (w^2 / cumsum(w^2) + b) = sum_p w^2 / cumsum(w^2) + P * b, as in Alg. 2
         bias_tok = bias.to(cdt) if meta is None else bias.to(cdt)[:, meta.pos].transpose(0, 1)  # (H, N) / (B, H, N)
         s = (spart.sum(dim=1).view(b, h, n) + p * bias_tok).contiguous()
         pi = _head_softmax(s, temp, block_n, meta)
         out = torch.empty_like(w3)
         den = torch.empty(b * h, n, device=w.device, dtype=cdt)
-        _c_out_kernel[(b * h, npb)](w3, pi, den, out, *sa[:3], n, p, SEG=seg, ACC=acc, BLOCK_N=block_n, BLOCK_P=block_p)
+        _c_out_kernel[(b * h, npb)](w3, pi, den, out, *sa[:3], n, p, **tiles)
         ctx.save_for_backward(w, temp, s, pi, den)
         ctx.blocks, ctx.meta = (block_n, block_p), meta
         ctx.bias_dtype, ctx.bias_shape = bias.dtype, bias.shape
@@ -841,7 +771,7 @@ class _TSSACausalTriton(torch.autograd.Function):
         npb, nc = triton.cdiv(p, block_p), triton.cdiv(n, block_n)
         grid = (b * h, npb)
         sa = _seg_args(w3, h, meta)[:3]
-        blocks = dict(SEG=seg, ACC=acc, BLOCK_N=block_n, BLOCK_P=block_p)
+        blocks = _tiles(meta, cdt, block_n, block_p)
         a1 = torch.empty(b * h, npb, n, device=w.device, dtype=cdt)
         a2 = torch.empty_like(a1)
         a3 = torch.empty_like(a1)

@@ -7,8 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.ops._dtypes import acc_dtype
-from attnzoo.ops._segment_ops import run_each_alone
-from attnzoo.ops._varlen import segments
+from attnzoo.ops._segment_ops import each_sequence_alone
 
 __all__ = ["xca_naive", "xca_weights"]
 
@@ -22,6 +21,7 @@ def xca_weights(q: torch.Tensor, k: torch.Tensor, temp: torch.Tensor) -> torch.T
     return logits.softmax(dim=-1)
 
 
+@each_sequence_alone(3)
 def xca_naive(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -29,18 +29,11 @@ def xca_naive(
     temp: torch.Tensor,
     *,
     dropout_p: float = 0.0,
-    attention_mask: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``(B, H, N, P) x3, temp (H, 1, 1) -> (B, H, N, P)``: ``out[n, i] = sum_j A[i, j] v[n, j]``.
 
     With ``attention_mask``/``cu_seqlens``: each sequence's real tokens run alone (the definition): ``A_s`` from the
     norms and covariance of sequence ``s``'s tokens, ``out[n] = A_{s(n)} v[n]``; padding rows are 0."""
-    seg = segments(q.shape[0], q.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
-    if seg is not None:
-        return run_each_alone(
-            lambda a, b, c: xca_naive(a, b, c, temp, dropout_p=dropout_p), seg, (q, k, v), v.shape[-1]
-        )
     attn = xca_weights(q, k, temp)
     if dropout_p > 0.0:
         attn = F.dropout(attn, p=dropout_p, training=True)
