@@ -199,8 +199,8 @@ def _blocked_lines(claims_: list[ClaimResult]) -> list[str]:
     for c in blocked:
         by.setdefault(c.cause, []).append(c)
     lines = [
-        f"**What keeps the other {len(blocked)} claims undecided** (each under its first cause, in this order; the "
-        "numbers-alone verdict of a held-back test is in the claims table):",
+        f"**What keeps the other {len(blocked)} claims undecided** (each under its first cause, in this order; "
+        "ungated verdicts in the claims table):",
         "",
     ]
     for cause, text in CAUSES.items():
@@ -225,11 +225,8 @@ def _legend_lines() -> list[str]:
         "- Gates: a failed precondition makes a decided verdict inconclusive (the numbers-alone verdict is shown as "
         "'ungated'); each holds back only the verdicts named:",
     ]
-    by: dict[tuple[str, ...], list[str]] = {}
     for reason, rule in GATES.items():
-        by.setdefault(rule.holds_back, []).append(f"*{reason}*: {rule.why}")
-    for held, whys in by.items():
-        lines.append(f"  - holding back {' and '.join(held)}: " + "; ".join(whys) + ".")
+        lines.append(f"  - *{reason}* (holds back {' and '.join(rule.holds_back)}): {rule.why}.")
     lines += [
         "- Twice the steps (a side or both): the verdict stands only if the same rule gives it there and the "
         "interval there clears its boundary by more than the effect moved in that doubling.",
