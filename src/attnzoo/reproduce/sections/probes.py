@@ -360,7 +360,7 @@ def apply_init_control(f: dict, control: dict) -> dict:
     f["random_init_control"] = control["data"]
     f["explanation"] = (f.get("explanation", "") + "; " if f.get("explanation") else "") + control["text"]
     if control["data"] and control["data"]["reading"] == INIT_FALLS_AS_MUCH:
-        claims.gate(f, "the untrained model's layers fall as much", "control")
+        claims.gate(f, "the random-initialisation control falls as much", "control")
     return f
 
 
@@ -615,16 +615,6 @@ def _fall_verdict(vals: list[float], start: int) -> str:
     return "inconclusive"
 
 
-def _span(vals: list[float], start: int) -> str:
-    """The judged layers' values, e.g. ``layers 5-8: 86.62, 83.38, 80.13, 72.31 (-14.31; 3 of 3 steps fall)``."""
-    n = len(vals) - 1 - start
-    return (
-        f"layers {start + 1}-{len(vals)}: "
-        + ", ".join(f"{v:.4g}" for v in vals[start:])
-        + f" ({_delta(vals, start):+.4g}; {_downs(vals, start)} of {n} steps fall)"
-    )
-
-
 def _describe(vals: list[float], start: int) -> str:
     n = len(vals) - 1 - start
     return (
@@ -775,7 +765,7 @@ def _layerwise_seeds_finding(name: str, key: str, runs: list[list[float]], r: di
     per_seed = [_fall_verdict(x, start) for x in runs]
     f = _finding(
         **paper_claims.finding_kw(claim_id, name=name),
-        measured=f"{MEASURE_LABEL[key]}, mean of {len(runs)} seeds, {_span(mean, start)}; per seed: "
+        measured=f"{MEASURE_LABEL[key]}, mean of {len(runs)} seeds, {_describe(mean, start)}; per seed: "
         + ", ".join(per_seed),
         verdict=verdict,
         rule=f"{rule}, {len(runs)} seeds",
