@@ -168,3 +168,11 @@ def test_a_findings_row_names_its_claim_by_id_and_leaves_a_repeated_paper_figure
     assert rows[2].startswith("| X Table 1: c3 | a >> b |")
     # a check by its statement
     assert rows[3].startswith("| c4 | a > b |")
+
+
+def test_the_claims_table_names_a_section_once_per_run_of_rows():
+    from attnzoo.reproduce.report import _claims_table
+
+    pairs = [("S1", _f(*WIN, claim="c1")), ("S1", _f(*WIN, claim="c2")), ("S2", _f(*WIN, claim="c3"))]
+    rows = _claims_table(tally(pairs)).splitlines()[2:]
+    assert [r.split("|")[-2].strip() for r in rows] == ["S1", "", "S2"]

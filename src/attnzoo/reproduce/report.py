@@ -237,14 +237,17 @@ def _legend_lines() -> list[str]:
 
 
 def _claims_table(claims_: list[ClaimResult]) -> str:
-    """One block of rows per claim: its statement once, then each test's effect and verdict."""
-    rows = []
+    """One block of rows per claim: its statement once, then each test's effect and verdict; a section equal to the
+    row above's is left blank (the rows go section by section)."""
+    rows, last = [], None
     for c in claims_:
         for i, f in enumerate(c.findings):
             verdict = _MARK[f["verdict"]] + (f" ({f['ungated_verdict']} ungated)" if f.get("ungated_verdict") else "")
             test = paper_claims.test_of(f.get("claim_id") or "") or "-"
             head = [f"`{c.id}`" if ":" not in c.id else "-", f["paper"], f["claim"]] if i == 0 else ["", "", ""]
-            rows.append(head + [test, effect_cell(f), verdict, _MARK[c.verdict] if i == 0 else "", c.tests[i][0]])
+            section = "" if c.tests[i][0] == last else c.tests[i][0]
+            last = c.tests[i][0]
+            rows.append(head + [test, effect_cell(f), verdict, _MARK[c.verdict] if i == 0 else "", section])
     return md_table(
         ["claim", "paper", "statement", "test", "effect [95% CI] (margin)", "verdict", "claim", "section"], rows
     )
