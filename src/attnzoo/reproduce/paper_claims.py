@@ -755,14 +755,14 @@ CHECKS: tuple[Check, ...] = (
     Check(
         "memory-linear-in-n",
         "attnzoo's target (4N/N peak ≤ 4.5, docs/performance.md) / papers' O(N) memory",
-        "{mechanism}'s memory grows linearly in N",
+        "{mechanism}: memory linear in N",
         "ratio of peak memory at 4N vs N ≤ 4.5",
         per="mechanism",
     ),
     Check(
         "decode-time-flat",
         "ToST Fig. 8 / FAST §2.5",
-        "{mechanism}'s decode step time is flat in the context",
+        "{mechanism}: decode step time flat in the context",
         "constant per-token cost for linear attention",
         per="mechanism",
     ),

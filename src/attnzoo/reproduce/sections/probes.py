@@ -406,10 +406,12 @@ def init_control(trained: dict, init: dict, more: list[dict] | None = None) -> d
 
 
 def _init_table(sec: Section, lw: dict[str, dict], init: dict[str, dict]) -> None:
-    """The claim measure of every probe model at its random initialisation (the trained rows are the layer-wise
-    table's claim rows)."""
+    """The claim measure of every probe model with a layer-wise claim at its random initialisation (the trained rows
+    are the layer-wise table's claim rows)."""
     rows = []
     for name, r in init.items():
+        if name not in LAYERWISE_MODELS:  # no layer-wise claim: no control to read
+            continue
         key = _measure_key(lw[name]) if name in lw else _measure_key(r)
         if key not in {k for row in r["layers"] for k in row}:
             continue
@@ -499,6 +501,9 @@ def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict]
     layer 1 → last; and its plot with every measure. The other measures are in results.json."""
     rows, shown = [], set()
     for name, r in lw.items():
+        plot(f"layerwise/{name}", r, f"Per-layer measures: {name}.")
+        if name not in LAYERWISE_MODELS:  # no layer-wise claim (its measures are in the plot)
+            continue
         t = trained.get(name, {})
         acc = _num(t.get("accuracy")) * 100 if t.get("accuracy") is not None else math.nan
         claim = _measure_key(r)
@@ -515,7 +520,8 @@ def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict]
                     _series_cell(_layer_series(r, key)),
                 ]
             )
-        plot(f"layerwise/{name}", r, f"Per-layer measures: {name}.")
+    if not rows:
+        return
     defs = "; ".join(f"{v}: {MEASURE_DEF[k]}" for k, v in MEASURE_LABEL.items() if k in MEASURE_DEF and k in shown)
     sec.tables.append(
         Table(
