@@ -596,7 +596,7 @@ def _html(secs: list[Section], setup, budget_name: str, discussion: list[str]) -
             parts.append(
                 "<h3>Agreement with the papers</h3>"
                 + _html_table(
-                    FINDING_COLUMNS,
+                    ["kind", "paper", "claim", "paper's figure", "measured here", "verdict", "seeds", "notes"],
                     [
                         [
                             f.get("kind", "-"),
