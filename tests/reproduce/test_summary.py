@@ -170,9 +170,10 @@ def test_a_findings_row_names_its_claim_by_id_and_leaves_a_repeated_paper_figure
     assert rows[3].startswith("| c4 | a > b |")
 
 
-def test_the_claims_table_names_a_section_once_per_run_of_rows():
+def test_the_claims_table_names_a_reference_and_a_section_once_per_run_of_rows():
     from attnzoo.reproduce.report import _claims_table
 
-    pairs = [("S1", _f(*WIN, claim="c1")), ("S1", _f(*WIN, claim="c2")), ("S2", _f(*WIN, claim="c3"))]
-    rows = _claims_table(tally(pairs)).splitlines()[2:]
-    assert [r.split("|")[-2].strip() for r in rows] == ["S1", "", "S2"]
+    pairs = [("S1", _f(*WIN, claim="c1")), ("S1", _f(*WIN, claim="c2")), ("S2", {**_f(*WIN, claim="c3"), "paper": "Y"})]
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in _claims_table(tally(pairs)).splitlines()[2:]]
+    assert [r[-1] for r in rows] == ["S1", "", "S2"]
+    assert [r[1] for r in rows] == ["X Table 1", "", "Y"] and [r[2] for r in rows] == ["c1", "c2", "c3"]

@@ -237,14 +237,16 @@ def _legend_lines() -> list[str]:
 
 
 def _claims_table(claims_: list[ClaimResult]) -> str:
-    """One block of rows per claim: its statement once, then each test's effect and verdict; a section equal to the
-    row above's is left blank (the rows go section by section)."""
-    rows, last = [], None
+    """One block of rows per claim: its statement once, then each test's effect and verdict; a reference or section
+    equal to the row above's is left blank (read as "the same")."""
+    rows, last, last_paper = [], None, None
     for c in claims_:
         for i, f in enumerate(c.findings):
             verdict = _MARK[f["verdict"]] + (f" ({f['ungated_verdict']} ungated)" if f.get("ungated_verdict") else "")
             test = paper_claims.test_of(f.get("claim_id") or "") or "-"
-            head = [f"`{c.id}`" if ":" not in c.id else "-", f["paper"], f["claim"]] if i == 0 else ["", "", ""]
+            paper = "" if f["paper"] == last_paper else f["paper"]
+            last_paper = f["paper"]
+            head = [f"`{c.id}`" if ":" not in c.id else "-", paper, f["claim"]] if i == 0 else ["", "", ""]
             section = "" if c.tests[i][0] == last else c.tests[i][0]
             last = c.tests[i][0]
             rows.append(head + [test, effect_cell(f), verdict, _MARK[c.verdict] if i == 0 else "", section])
