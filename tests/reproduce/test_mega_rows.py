@@ -133,7 +133,7 @@ def test_memory_checks_skip_the_quadratic_mechanisms():
         ]
 
     ok = rows("mega", 2) + rows("mssa", 2) + rows("mega_csp", 1) + rows("mega_chunk", 2) + rows("softmax", 2)
-    out = {f["claim"].split("'")[0]: f["verdict"] for f in efficiency._memory_growth_findings(ok)}
+    out = {f["claim_id"].split("#")[1]: f["verdict"] for f in efficiency._memory_growth_findings(ok)}
     assert out == {"mega_chunk": "disagrees", "mega_csp": "agrees"}
 
 

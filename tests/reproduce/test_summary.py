@@ -150,11 +150,30 @@ def test_a_note_shared_by_several_findings_is_printed_once_and_referenced_by_eac
     assert nxt == 3 and table.count("| [1] |") == 2 and table.count("| [2] |") == 1
 
 
-def test_a_findings_row_leaves_the_reference_blank_where_it_repeats_the_row_above():
+def test_a_findings_row_names_its_claim_by_id_and_leaves_a_repeated_paper_figure_blank():
     from attnzoo.reproduce.report import _findings_md
 
-    fs = [_f(*WIN, claim="c1"), _f(*WIN, claim="c2"), {**_f(*WIN, claim="c3"), "paper": "Y Table 2"}]
+    fs = [
+        _f(*WIN, claim_id="tost-t3-lra#listops", claim="c1"),
+        _f(*WIN, claim_id="tost-t3-lra#average", claim="c2"),
+        {**_f(*WIN, claim="c3"), "paper_value": "a >> b"},
+        {**_f(*WIN, claim="c4"), "kind": "check"},
+    ]
     table, _, _ = _findings_md(fs)
     rows = table.splitlines()[2:]
-    assert "| X Table 1 | c1 | a > b |" in rows[0]
-    assert "|  | c2 |  |" in rows[1] and "| Y Table 2 | c3 | a > b |" in rows[2]
+    # a paper claim by its id (its statement is in the claims table), not by its statement
+    assert rows[0].startswith("| `tost-t3-lra#listops` | a > b | a 2.1") and "c1" not in rows[0]
+    assert rows[1].startswith("| `tost-t3-lra#average` |  | a 2.1")
+    # without an id: its reference and statement; a new paper figure is printed
+    assert rows[2].startswith("| X Table 1: c3 | a >> b |")
+    # a check by its statement
+    assert rows[3].startswith("| c4 | a > b |")
+
+
+def test_the_claims_table_names_a_reference_and_a_section_once_per_run_of_rows():
+    from attnzoo.reproduce.report import _claims_table
+
+    pairs = [("S1", _f(*WIN, claim="c1")), ("S1", _f(*WIN, claim="c2")), ("S2", {**_f(*WIN, claim="c3"), "paper": "Y"})]
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in _claims_table(tally(pairs)).splitlines()[2:]]
+    assert [r[-1] for r in rows] == ["S1", "", "S2"]
+    assert [r[1] for r in rows] == ["X Table 1", "", "Y"] and [r[2] for r in rows] == ["c1", "c2", "c3"]

@@ -19,7 +19,7 @@ from attnzoo.reproduce.tally import CAUSES, ClaimResult, tally
 __all__ = ["write_report", "FINDING_COLUMNS", "PLOTS_DIR", "CONFIGS_FILE", "effect_cell"]
 
 PLOTS_DIR = "plots"
-FINDING_COLUMNS = ["kind", "paper", "claim", "paper's figure", "measured here", "verdict", "seeds", "notes"]
+FINDING_COLUMNS = ["claim", "paper's figure", "measured here", "verdict", "notes"]
 SUMMARY_COLUMNS = ["paper", "claim", "effect [95% CI] (margin)", "verdict", "section"]
 CONFIGS_FILE = "configs.md"
 _MARK = {"agrees": "agrees", "disagrees": "**disagrees**", "inconclusive": "inconclusive", "not tested": "not tested"}
@@ -58,10 +58,12 @@ def effect_cell(f: dict) -> str:
 
 
 def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], int]:
-    """The findings table with its notes (rule, gate, explanation) as numbered footnotes under it."""
+    """The findings table with its notes (rule, gate, explanation) as numbered footnotes under it. A paper claim is
+    named by its id (its reference, statement and effect are in the summary's claims table); a check by its
+    statement."""
     rows, notes = [], []
     seen: dict[tuple[str, str], int] = {}  # a note said once: later rows point back to its number
-    last: tuple[str, str] | None = None
+    last: str | None = None
     for f in findings:
         refs = []
         for label, text in (("rule", _own_rule(f)), ("gated", f.get("gate")), ("why", f.get("explanation"))):
@@ -73,23 +75,20 @@ def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], 
                 refs.append(f"[{seen[(label, text)]}]")
         verdict = _MARK[f["verdict"]]
         if f.get("ungated_verdict"):
-            verdict += f" (numbers alone: {f['ungated_verdict']})"
-        # a reference and paper figure equal to the row above's are left blank (read as "the same")
-        same = bool(rows) and (f["paper"], f["paper_value"]) == last
-        last = (f["paper"], f["paper_value"])
-        rows.append(
-            [
-                f.get("kind", "-") + (" (measurement)" if f.get("measurement") else ""),
-                "" if same else f["paper"],
-                f["claim"],
-                "" if same else f["paper_value"],
-                f["measured"],
-                verdict,
-                f.get("seeds", "-"),
-                " ".join(refs) or "-",
-            ]
-        )
+            verdict += f" ({f['ungated_verdict']} ungated)"
+        # a paper figure equal to the row above's is left blank (read as "the same")
+        same = bool(rows) and f["paper_value"] == last
+        last = f["paper_value"]
+        rows.append([_claim_cell(f), "" if same else f["paper_value"], f["measured"], verdict, " ".join(refs) or "-"])
     return md_table(FINDING_COLUMNS, rows), notes, start
+
+
+def _claim_cell(f: dict) -> str:
+    """A paper claim's id (``claim#test``) as the claims table lists it; a check's statement; a paper finding
+    without an id by its reference and statement."""
+    if f.get("kind") == "paper":
+        return f"`{f['claim_id']}`" if f.get("claim_id") else f"{f['paper']}: {f['claim']}"
+    return f["claim"]
 
 
 def _own_rule(f: dict) -> str | None:
@@ -101,7 +100,7 @@ def _own_rule(f: dict) -> str | None:
         rel = f" ({f['margin_rel']:g} of {f['b_name']}'s mean)" if f.get("margin_rel") is not None else ""
         return f"margin {f['margin']:.3g} {f.get('unit', '')}{rel}: {f.get('margin_source', '')}"
     if f.get("refute_below") is not None:
-        return f"refuted below {f['refute_below']:+.3g} (half the paper's own effect {f['paper_effect']:+.3g})"
+        return f"refuted below {f['refute_below']:+.3g} (E = {f['paper_effect']:+.3g})"
     return None
 
 
@@ -118,7 +117,7 @@ def _is_trained(f: dict) -> bool:
 def _summary(secs: list[Section], plan_name: str) -> list[str]:
     """The first screen: the claims counted once, each decided trained claim in words, what blocks the rest by
     cause (counts that add up), the one legend of the rule and its gates; then the claims table and the checks."""
-    allf = [(s.title.split(":")[0], f) for s in secs for f in s.findings]
+    allf = [(_short_title(s.title), f) for s in secs for f in s.findings]
     claims_ = tally([(t, f) for t, f in allf if f.get("kind") == "paper"])
     checks = [(t, f) for t, f in allf if f.get("kind") == "check"]
     lines = _headline(claims_) + _decided_lines(claims_) + _blocked_lines(claims_) + _legend_lines()
@@ -153,6 +152,11 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
     return lines
 
 
+def _short_title(title: str) -> str:
+    """A section's title without its subtitle or parenthesis (``Adapting a pretrained ViT``), as tables cite it."""
+    return title.split(":")[0].split(" (")[0]
+
+
 def _headline(claims_: list[ClaimResult]) -> list[str]:
     counts = Counter(c.verdict for c in claims_)
     trained = [c for c in claims_ if c.trained]
@@ -166,8 +170,6 @@ def _headline(claims_: list[ClaimResult]) -> list[str]:
         f"{tc.get('disagrees', 0)} disagree, {len(trained) - tc.get('agrees', 0) - tc.get('disagrees', 0)} undecided. "
         f"{len(measured)} are measurements (timings, memory, parameter-free iterations, probes of trained layers): "
         + ", ".join(f"{mc.get(v, 0)} {v}" for v in VERDICTS if v != "not tested")
-        + ". A claim tested several ways (per task, in two skeletons) takes one verdict by one rule: "
-        + paper_claims.COMBINE_EVERY
         + ".",
         "",
     ]
@@ -197,8 +199,8 @@ def _blocked_lines(claims_: list[ClaimResult]) -> list[str]:
     for c in blocked:
         by.setdefault(c.cause, []).append(c)
     lines = [
-        f"**What keeps the other {len(blocked)} claims undecided** (each under its first cause, in this order; the "
-        "numbers-alone verdict of a held-back test is in the claims table):",
+        f"**What keeps the other {len(blocked)} claims undecided** (each under its first cause, in this order; "
+        "ungated verdicts in the claims table):",
         "",
     ]
     for cause, text in CAUSES.items():
@@ -211,36 +213,43 @@ def _blocked_lines(claims_: list[ClaimResult]) -> list[str]:
 def _legend_lines() -> list[str]:
     """The rule and every gate with the verdicts it holds back and why, stated once for the whole report."""
     lines = [
-        "**How a verdict is reached** (stated once; a claim's own notes give only its margin, source and gates):",
+        "**How a verdict is reached** (stated once; a claim's notes give only its margin, source and gates):",
         "",
-        "- A comparison's effect is the difference of the seed means, oriented so that positive favours the claim, "
-        "with its 95% Welch-t interval. It **agrees** when the whole interval lies above -margin and **disagrees** "
-        "when it lies wholly below (one seed a side: no interval, inconclusive). A non-inferiority claim's margin is "
-        "the largest gap its paper calls comparable; a superiority claim has margin 0 and, where the paper states "
-        f"its own effect E, disagrees when the whole interval lies below {REFUTE_FRACTION:g}·E: the data then exclude "
-        "every gain half the paper's, so a tie refutes it.",
-        "- A tuned row trains its seeds at the best rate of its own sweep, run on a seed that is not reported.",
-        "- Gates: a decided verdict is made inconclusive (its numbers-alone verdict kept) when a precondition "
-        "fails. Each gate holds back only the verdicts named:",
+        "- Effect: the difference of the seed means, positive favouring the claim, with its 95% Welch-t interval. "
+        "It **agrees** when the whole interval lies above -margin, **disagrees** when wholly below (one seed a "
+        "side: no interval, inconclusive). The margin is the largest gap the paper calls comparable; a superiority "
+        f"claim's is 0, and with the paper's own effect E it also disagrees when the whole interval lies below "
+        f"{REFUTE_FRACTION:g}·E (the data exclude every gain half the paper's).",
+        f"- A claim tested several ways takes one verdict: {paper_claims.COMBINE_EVERY}.",
+        "- A tuned row trains its seeds at the best rate of its own sweep, run on an unreported seed.",
+        "- Gates: a failed precondition makes a decided verdict inconclusive (the numbers-alone verdict is shown as "
+        "'ungated'); each holds back only the verdicts named:",
     ]
     for reason, rule in GATES.items():
         lines.append(f"  - *{reason}* (holds back {' and '.join(rule.holds_back)}): {rule.why}.")
-    lines.append(
-        "- Evidence at twice the steps (a side or both): the verdict stands only if the same rule gives the same "
-        "verdict there and the interval there clears its boundary by more than the effect moved in that doubling."
-    )
+    lines += [
+        "- Twice the steps (a side or both): the verdict stands only if the same rule gives it there and the "
+        "interval there clears its boundary by more than the effect moved in that doubling.",
+        "- A section's findings table names a paper claim by its id (statement and effect in the claims table "
+        "below); a sentence there is an implementation check.",
+    ]
     return lines + [""]
 
 
 def _claims_table(claims_: list[ClaimResult]) -> str:
-    """One block of rows per claim: its statement once, then each test's effect and verdict."""
-    rows = []
+    """One block of rows per claim: its statement once, then each test's effect and verdict; a reference or section
+    equal to the row above's is left blank (read as "the same")."""
+    rows, last, last_paper = [], None, None
     for c in claims_:
         for i, f in enumerate(c.findings):
             verdict = _MARK[f["verdict"]] + (f" ({f['ungated_verdict']} ungated)" if f.get("ungated_verdict") else "")
             test = paper_claims.test_of(f.get("claim_id") or "") or "-"
-            head = [f"`{c.id}`" if ":" not in c.id else "-", f["paper"], f["claim"]] if i == 0 else ["", "", ""]
-            rows.append(head + [test, effect_cell(f), verdict, _MARK[c.verdict] if i == 0 else "", c.tests[i][0]])
+            paper = "" if f["paper"] == last_paper else f["paper"]
+            last_paper = f["paper"]
+            head = [f"`{c.id}`" if ":" not in c.id else "-", paper, f["claim"]] if i == 0 else ["", "", ""]
+            section = "" if c.tests[i][0] == last else c.tests[i][0]
+            last = c.tests[i][0]
+            rows.append(head + [test, effect_cell(f), verdict, _MARK[c.verdict] if i == 0 else "", section])
     return md_table(
         ["claim", "paper", "statement", "test", "effect [95% CI] (margin)", "verdict", "claim", "section"], rows
     )
@@ -280,20 +289,18 @@ def _scale_lines(secs: list[Section]) -> list[str]:
 
 def _compute_md(secs: list[Section], records: dict) -> list[str]:
     """Step compute per section, split into the compared rows, the learning-rate sweeps and the ablations and
-    plateau checks (rows named ``x@...``, ``x+...`` beyond the swaps, ``x-...``), with the time of each of those."""
+    plateau checks (rows named ``x@...``, ``x+...`` beyond the swaps, ``x-...``); each step's own time is in
+    configs.md."""
     kinds = ("compared rows and measurements", "learning-rate sweeps", "ablations and plateau checks")
     per: dict = {}
-    abl: Counter = Counter()
     for sid, r in records.items():
         row = "/".join(p for p in sid.split("/")[1:] if not p.startswith(("seed", "extra-seed")))
         if "/lr-sweep/" in sid:
             kind = kinds[1]
         elif "@" in row or any(t in row for t in ("-meanpool", "+ista", "+prenorm", "+softmax")):
             kind = kinds[2]
-            abl[(r["section"], row)] += r.get("wall_s", 0.0)
         elif "/extra-seed" in sid and r["section"] == "vision":  # more seeds of two rows: an ablation of the spread
             kind = kinds[2]
-            abl[(r["section"], f"{row} (extra seeds)")] += r.get("wall_s", 0.0)
         else:
             kind = kinds[0]
         per.setdefault(r["section"], Counter())[kind] += r.get("wall_s", 0.0)
@@ -302,15 +309,11 @@ def _compute_md(secs: list[Section], records: dict) -> list[str]:
     for s in secs:
         c = per.get(s.key, Counter())
         rows.append(
-            [s.title.split(":")[0]]
+            [_short_title(s.title)]
             + [_fmt_s(c[k]) for k in kinds]
             + [_fmt_s(sum(c.values())), f"{100 * sum(c.values()) / total:.0f}%"]
         )
-    lines = ["## Compute", "", md_table(["section", *kinds, "total", "share"], rows), ""]
-    if abl:
-        detail = [[sec, f"`{row}`", _fmt_s(v)] for (sec, row), v in sorted(abl.items(), key=lambda kv: -kv[1])]
-        lines += ["Each ablation and plateau check:", "", md_table(["section", "row", "compute"], detail), ""]
-    return lines
+    return ["## Compute", "", md_table(["section", *kinds, "total", "share"], rows), ""]
 
 
 def write_report(
@@ -340,7 +343,7 @@ def write_report(
     cmd = "attnzoo reproduce " + " ".join(argv) if argv else f"attnzoo reproduce --budget {budget_name} --out {out}"
     created = time.strftime("%Y-%m-%d %H:%M:%S")
     setup = _setup_rows(budget_name, plan, seed, cmd, machine, workers, compute_s, records, outcome, created)
-    md = _report_md(secs, setup, budget_name, cmd, records)
+    md = _report_md(secs, setup, budget_name, records)
     atomic_write_text(out / CONFIGS_FILE, "\n".join(_configs_md(seed, records)) + "\n")
     atomic_write_text(out / "report.md", "\n".join(md) + "\n")
     atomic_write_text(out / "report.html", _html(secs, setup, budget_name, _summary(secs, budget_name)))
@@ -429,7 +432,7 @@ def _clock_span(records: dict) -> str:
     )
 
 
-def _report_md(secs: list[Section], setup: list, budget_name: str, cmd: str, records: dict) -> list[str]:
+def _report_md(secs: list[Section], setup: list, budget_name: str, records: dict) -> list[str]:
     """The lines of ``report.md``: summary first, then one part per section, compute, provenance."""
     md = [f"# attnzoo reproduce: the papers' comparisons at laptop scale (`{budget_name}` budget)", ""]
     if budget_name == "smoke":
@@ -447,10 +450,9 @@ def _report_md(secs: list[Section], setup: list, budget_name: str, cmd: str, rec
     md += [
         "## Provenance",
         "",
-        f"Every table, plot and verdict above was generated by `{cmd}` from the stored steps: "
+        "Everything above was generated by the command below from the stored steps: "
         + _imported_text(records)
-        + "Re-running it with the same `--out` reuses finished steps. Each step's exact configuration is in "
-        f"[{CONFIGS_FILE}]({CONFIGS_FILE}) and in `results.json`.",
+        + f"Re-running it reuses finished steps. Each step's configuration and time: [{CONFIGS_FILE}]({CONFIGS_FILE}).",
         "",
         md_table(["item", "value"], setup),
         "",
@@ -473,8 +475,8 @@ def _imported_text(records: dict[str, dict]) -> str:
     ]
     return (
         f"{len(records) - n} of {len(records)} steps were measured in this run; {n} were imported unchanged "
-        f"(same configuration) from earlier runs with `--reuse`: {'; '.join(parts)}. Their figures, timings "
-        "included, were measured there (each record's `imported_from` in `results.json`). "
+        f"(same configuration) with `--reuse`: {'; '.join(parts)}; their figures, timings included, were measured "
+        "there (`imported_from` in `results.json`). "
     )
 
 
@@ -495,7 +497,7 @@ def _section_md(s: Section) -> list[str]:
         md += ["Plateau evidence: " + "; ".join(p["text"] for p in items) + ".", ""]
     if s.findings:
         table, notes, _ = _findings_md(s.findings)
-        md += [f"### {s.title.split(':')[0]}: findings", "", table, ""]
+        md += [f"### {_short_title(s.title)}: findings", "", table, ""]
         md += [n + "  " for n in notes] + [""]
     for n in s.notes:
         md += [f"> {n}", ""]
@@ -596,7 +598,7 @@ def _html(secs: list[Section], setup, budget_name: str, discussion: list[str]) -
             parts.append(
                 "<h3>Agreement with the papers</h3>"
                 + _html_table(
-                    FINDING_COLUMNS,
+                    ["kind", "paper", "claim", "paper's figure", "measured here", "verdict", "seeds", "notes"],
                     [
                         [
                             f.get("kind", "-"),

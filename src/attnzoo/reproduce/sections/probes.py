@@ -325,8 +325,6 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         rows = {n: [[p["step"], 100.0 * p["accuracy"]] for p in c if "accuracy" in p] for n, c in curves.items()}
         save_figure(plot_val_curves([("probe models", rows)], "validation accuracy (%)", "Probe models"), path)
         sec.plots.append((rel(path), "Validation accuracy of the probe models during training."))
-    if shallow:
-        _shallow_table(sec, shallow)
     if "attention-maps" in res:
         plot(
             "attention-maps",
@@ -362,7 +360,7 @@ def apply_init_control(f: dict, control: dict) -> dict:
     f["random_init_control"] = control["data"]
     f["explanation"] = (f.get("explanation", "") + "; " if f.get("explanation") else "") + control["text"]
     if control["data"] and control["data"]["reading"] == INIT_FALLS_AS_MUCH:
-        claims.gate(f, "the untrained model's layers fall as much", "control")
+        claims.gate(f, "the random-initialisation control falls as much", "control")
     return f
 
 
@@ -401,17 +399,19 @@ def init_control(trained: dict, init: dict, more: list[dict] | None = None) -> d
         reading = INIT_FALLS_AS_MUCH
     text = (
         f"random-initialisation control: untrained {d_init:+.4g} ({_downs(iv, start)} of {len(iv) - 1 - start} steps "
-        f"fall, {v_init}) vs trained ({len(runs)} seed(s)): {d_tr:+.4g}: {reading}"
+        f"fall, {v_init}) vs trained {d_tr:+.4g} ({len(runs)} seeds): {reading}"
     )
     data = {"series": iv, "verdict": v_init, "change": d_tr, "change_init": d_init, "reading": reading}
     return {"text": text, "data": data}
 
 
 def _init_table(sec: Section, lw: dict[str, dict], init: dict[str, dict]) -> None:
-    """The claim measure of every probe model at its random initialisation (the trained rows are the layer-wise
-    table's claim rows)."""
+    """The claim measure of every probe model with a layer-wise claim at its random initialisation (the trained rows
+    are the layer-wise table's claim rows)."""
     rows = []
     for name, r in init.items():
+        if name not in LAYERWISE_MODELS:  # no layer-wise claim: no control to read
+            continue
         key = _measure_key(lw[name]) if name in lw else _measure_key(r)
         if key not in {k for row in r["layers"] for k in row}:
             continue
@@ -497,66 +497,41 @@ def _rank_collapse_table(sec: Section, r: dict, plot) -> None:
 
 
 def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict], depth, plot) -> None:
-    """Per probe model: the claim's measure first, then the other measures it has, layer 1 → last; and its plot."""
-    rows = []
+    """Per probe model (base seed): the claim's measure and the one the paper's figure plots (the literal gate's),
+    layer 1 → last; and its plot with every measure. The other measures are in results.json."""
+    rows, shown = [], set()
     for name, r in lw.items():
+        plot(f"layerwise/{name}", r, f"Per-layer measures: {name}.")
+        if name not in LAYERWISE_MODELS:  # no layer-wise claim (its measures are in the plot)
+            continue
         t = trained.get(name, {})
         acc = _num(t.get("accuracy")) * 100 if t.get("accuracy") is not None else math.nan
-        keys = [_measure_key(r)] + [
-            k
-            for k in (
-                "compression",
-                "crate_compression",
-                "crate_compression_out",
-                "variational_compression_normalized",
-                "variational_compression_out",
-            )
-            if k != _measure_key(r) and k in r["series"]
-        ]
+        claim = _measure_key(r)
+        lit = _LITERAL_MEASURE.get(r["layers"][0]["mechanism"] if r["layers"] else None, _DEFAULT_LITERAL)
+        keys = [claim] + ([lit] if lit != claim and claim != "coding_rate" and lit in r["series"] else [])
         for i, key in enumerate(keys):
-            vals = _layer_series(r, key)
+            shown.add(key)
+            tag = (" (claim)" if key != "coding_rate" else "") if i == 0 else " (figure)"
             rows.append(
                 [
                     name if i == 0 else "",
                     fmt(acc, ".1f") if i == 0 else "",
-                    MEASURE_LABEL.get(key, key) + (" (claim)" if i == 0 and key != "coding_rate" else ""),
-                    _series_cell(vals),
+                    MEASURE_LABEL.get(key, key) + tag,
+                    _series_cell(_layer_series(r, key)),
                 ]
             )
-        plot(f"layerwise/{name}", r, f"Per-layer measures: {name}.")
+    if not rows:
+        return
+    defs = "; ".join(f"{v}: {MEASURE_DEF[k]}" for k, v in MEASURE_LABEL.items() if k in MEASURE_DEF and k in shown)
     sec.tables.append(
         Table(
             f"layerwise: compression term per layer of the probe models (depth {depth})",
             ["model", "val acc %", "measure", "layers 1 to last"],
             rows,
-            caption="; ".join(f"{v}: {MEASURE_DEF[k]}" for k, v in MEASURE_LABEL.items() if k in MEASURE_DEF)
-            + "; other rows: tokens entering the attention layer after its pre-norm; batch means over validation "
-            "images.",
+            caption=defs + "; (figure): what the paper's figure plots. Tokens enter the attention layer after its "
+            "pre-norm unless the label says block output; batch means over validation images.",
         )
     )
-
-
-def _shallow_table(sec: Section, shallow: dict[str, dict]) -> None:
-    """The vision section's shallow models: one row per model, one column per measure (values layer by layer)."""
-    keys = [
-        k
-        for k in ("crate_compression", "compression", "variational_compression")
-        if any(k in r["series"] for r in shallow.values())
-    ]
-    rows = [
-        [name] + [_series_cell(_layer_series(r, k)) if k in r["series"] else "-" for k in keys]
-        for name, r in shallow.items()
-        if any(k in r["series"] for k in keys)
-    ]
-    depths = sorted({len(_layer_series(r, keys[0])) for r in shallow.values() if keys and keys[0] in r["series"]})
-    if rows and keys:
-        sec.tables.append(
-            Table(
-                f"layerwise ablation: the vision section's models (depth {'/'.join(map(str, depths))}), layer by layer",
-                ["model"] + [MEASURE_LABEL[k] for k in keys],
-                rows,
-            )
-        )
 
 
 #: a probe model has learned its task when its accuracy clears the majority class by this many points
@@ -644,16 +619,6 @@ def _fall_verdict(vals: list[float], start: int) -> str:
     if d > 0 and 2 * downs < n:
         return "disagrees"
     return "inconclusive"
-
-
-def _span(vals: list[float], start: int) -> str:
-    """The judged layers' values, e.g. ``layers 5-8: 86.62, 83.38, 80.13, 72.31 (-14.31; 3 of 3 steps fall)``."""
-    n = len(vals) - 1 - start
-    return (
-        f"layers {start + 1}-{len(vals)}: "
-        + ", ".join(f"{v:.4g}" for v in vals[start:])
-        + f" ({_delta(vals, start):+.4g}; {_downs(vals, start)} of {n} steps fall)"
-    )
 
 
 def _describe(vals: list[float], start: int) -> str:
@@ -806,7 +771,7 @@ def _layerwise_seeds_finding(name: str, key: str, runs: list[list[float]], r: di
     per_seed = [_fall_verdict(x, start) for x in runs]
     f = _finding(
         **paper_claims.finding_kw(claim_id, name=name),
-        measured=f"{MEASURE_LABEL[key]}, mean of {len(runs)} seeds, {_span(mean, start)}; per seed: "
+        measured=f"{MEASURE_LABEL[key]}, mean of {len(runs)} seeds, {_describe(mean, start)}; per seed: "
         + ", ".join(per_seed),
         verdict=verdict,
         rule=f"{rule}, {len(runs)} seeds",
