@@ -128,3 +128,10 @@ def test_the_decoder_sweep_runs_on_a_trained_run(tmp_path, capsys):
     train(load_config("digits_vit_tiny", {"steps": 1, "eval_every": 1, "ckpt_every": 1}), other, progress=False)
     assert analyze_cli.main(["segment-decoders", str(other), "--out", str(tmp_path / "x")]) == 2
     assert "needs a 'scenes_segmentation' run" in capsys.readouterr().err
+
+
+def test_attnzoo_compare_reads_a_segmenter_by_its_miou():
+    from attnzoo.compare.plan import default_metric, metric_direction
+
+    assert default_metric("semantic_segmentation") == ("miou", True)
+    assert metric_direction("miou") and metric_direction("accuracy") and not metric_direction("loss")
