@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     ap.add_argument("--list", action="store_true", help="print the steps of the plan and exit")
     ap.add_argument(
+        "--check-plan",
+        action="store_true",
+        help="train nothing: print each compared pair's parameter ratio in the plan against the paper's, and exit "
+        "1 if a planned pair is more than 10%% off",
+    )
+    ap.add_argument(
         "--reuse",
         action="append",
         default=None,
@@ -68,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                 if s.section in sections:
                     print(f"{s.id}  [{s.hash}]" + (f"  (needs {', '.join(s.deps)})" if s.deps else ""))
             return 0
+        if args.check_plan:
+            return _check_plan(args.budget, args.seed)
         outcome = run(
             args.out,
             args.budget,
@@ -96,3 +104,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  failed: {sid}: {why}", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_plan(budget: str, seed: int) -> int:
+    from attnzoo.reproduce.plan_check import render_size_checks, size_checks
+    from attnzoo.reproduce.runner import plan
+
+    _, steps = plan(budget, seed)
+    checks = size_checks(steps)
+    print(render_size_checks(checks), end="")
+    return 1 if any(c.planned and not c.holds for c in checks) else 0
