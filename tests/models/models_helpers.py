@@ -12,7 +12,14 @@ TINY_VISION = dict(image_size=16, patch_size=2, dim=32, heads=4, depth=2, num_cl
 TINY_LM = dict(vocab_size=50, block_size=16, dim=32, heads=4, depth=2)
 TINY_SEQ = dict(vocab_size=20, max_len=24, dim=32, heads=4, depth=2, mlp_dim=48)
 TINY_ICL = dict(n_dims=5, max_points=6, dim=32, heads=4, depth=2)
-TINY = {"vision": TINY_VISION, "causal_lm": TINY_LM, "sequence_classifier": TINY_SEQ, "icl_regressor": TINY_ICL}
+TINY_SEGMENTER = dict(TINY_VISION, num_classes=3, decoder_depth=1)
+TINY = {
+    "vision": TINY_VISION,
+    "causal_lm": TINY_LM,
+    "sequence_classifier": TINY_SEQ,
+    "icl_regressor": TINY_ICL,
+    "segmenter": TINY_SEGMENTER,
+}
 
 
 def tiny_overrides(name: str, **extra) -> dict:
@@ -39,7 +46,7 @@ def tiny_overrides(name: str, **extra) -> dict:
 def example_input(cfg, batch: int = 2, n: int | None = None, generator=None):
     """A valid input tuple for a model of config ``cfg`` (token counts default to the maximum)."""
     g = generator
-    if cfg.arch == "vision":
+    if cfg.arch in ("vision", "segmenter"):
         return (torch.randn(batch, cfg.in_chans, cfg.image_size, cfg.image_size, generator=g),)
     if cfg.arch == "causal_lm":
         n = cfg.block_size if n is None else n
@@ -66,4 +73,6 @@ def expected_shape(cfg, batch: int, n: int | None = None) -> tuple:
         return (batch, cfg.num_classes)
     if cfg.arch == "icl_regressor":
         return (batch, cfg.max_points if n is None else n)
+    if cfg.arch == "segmenter":
+        return (batch, cfg.num_classes, cfg.image_size, cfg.image_size)
     raise AssertionError(cfg.arch)

@@ -1,21 +1,27 @@
 """Segmentation decoders on scenes (CBSA Fig. 8): build, fit, mIoU, decoder FLOPs, and the robustness sweep that adds
-Gaussian noise of std ``sigma`` to every parameter of the decoder's attention layers (Fig. 8, middle and right)."""
+Gaussian noise of std ``sigma`` to every parameter of the decoder's attention layers (Fig. 8, middle and right).
+
+The model is the registered ``segmenter`` architecture (:class:`~attnzoo.models.segmenter.SegmentationModel`), the
+loss and the mIoU are the ``semantic_segmentation`` objective of ``attnzoo train``
+(:mod:`attnzoo.train.objectives`): a decoder fitted here and one trained by ``attnzoo train scenes_*_decoder_small``
+are the same model under the same loss, and the sweep runs on either (:func:`load_segmenter_run`).
+"""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-import attnzoo
 from attnzoo.data.scenes import SceneDataset
 from attnzoo.layers.base import Attention
-from attnzoo.models.segmenter import MaskDecoder, SegmentationModel
+from attnzoo.models.segmenter import SegmentationModel, SegmenterConfig
+from attnzoo.train.objectives import compute_loss, confusion_matrix, mean_iou
 
 __all__ = [
     "build_segmenter",
@@ -23,10 +29,12 @@ __all__ = [
     "mean_iou",
     "fit_segmenter",
     "evaluate_miou",
+    "load_segmenter_run",
     "decoder_flops",
     "perturb_attention",
     "perturbation_sweep",
     "compare_decoders",
+    "sweep_runs",
     "plot_decoder_sweep",
     "add_decoders_parser",
     "run_decoders_cli",
@@ -45,36 +53,22 @@ def build_segmenter(
     **encoder_options: Any,
 ) -> SegmentationModel:
     """A registered vision model ``encoder`` (sized by ``encoder_options``) under a ``decoder`` ("cbsa" or
-    "mask_transformer") predicting ``num_classes`` classes (background included) per pixel."""
-    enc = attnzoo.create_model(encoder, image_size=image_size, in_chans=in_chans, num_classes=0, **encoder_options)
-    cfg = enc.config
-    dec = MaskDecoder(
-        cfg.dim,
-        num_classes,
-        tuple(cfg.grid),
-        kind=decoder,
-        depth=decoder_depth,
-        heads=cfg.heads,
-        attention_options=decoder_options,
+    "mask_transformer") predicting ``num_classes`` classes (background included) per pixel: the ``segmenter``
+    architecture with the encoder's config fields."""
+    from attnzoo.models import build_model, get_config
+
+    enc = get_config(encoder, image_size=image_size, in_chans=in_chans, num_classes=0, **encoder_options)
+    if enc.arch != "vision":
+        raise ValueError(f"encoder {encoder!r} is a {enc.arch!r} model; a segmentation encoder is a 'vision' model")
+    fields = {k: v for k, v in enc.to_dict().items() if k not in ("arch", "num_classes")}
+    cfg = SegmenterConfig(
+        **fields,
+        num_classes=num_classes,
+        decoder=decoder,
+        decoder_depth=decoder_depth,
+        decoder_attention_options=dict(decoder_options or {}),
     )
-    return SegmentationModel(enc, dec)
-
-
-def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """``(K, K)`` counts, rows = target class, columns = predicted class, of integer maps of one shape."""
-    if pred.shape != target.shape:
-        raise ValueError(f"pred {tuple(pred.shape)} and target {tuple(target.shape)} must have one shape")
-    idx = target.reshape(-1).long() * num_classes + pred.reshape(-1).long()
-    return torch.bincount(idx, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
-
-
-def mean_iou(confusion: torch.Tensor) -> float:
-    """Mean over the classes that occur (in the target or the prediction) of ``TP / (TP + FP + FN)``."""
-    conf = confusion.double()
-    tp = conf.diagonal()
-    union = conf.sum(0) + conf.sum(1) - tp
-    present = union > 0
-    return float((tp[present] / union[present]).mean()) if present.any() else 1.0
+    return build_model(cfg)
 
 
 def _batches(scenes: SceneDataset, images: int, batch_size: int):
@@ -104,7 +98,7 @@ def fit_segmenter(
         idx = gen.integers(0, len(scenes), batch_size)
         (x,), _ = scenes.get_batch(idx)
         target = scenes.masks(idx)["semantic"]
-        loss = F.cross_entropy(model(x), target)
+        loss, _ = compute_loss("semantic_segmentation", model(x), target)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -126,11 +120,31 @@ def evaluate_miou(model: nn.Module, scenes: SceneDataset, *, images: int = 256, 
     return mean_iou(conf)
 
 
+def load_segmenter_run(run: str | Path) -> tuple[SegmentationModel, SceneDataset]:
+    """``(model in eval mode, validation scenes)`` of a finished ``attnzoo train`` run of a decoder on the
+    ``scenes_segmentation`` task (its saved model, ``RUN/model``)."""
+    from attnzoo.models import from_pretrained
+    from attnzoo.train.run_dir import load_run
+    from attnzoo.train.trainer import build_run_task
+
+    run = Path(run)
+    cfg = load_run(run)
+    if cfg.task != "scenes_segmentation":
+        raise ValueError(
+            f"run {str(run)!r} trained on task {cfg.task!r}; the decoder sweep needs a 'scenes_segmentation' run"
+        )
+    if not (run / "model").is_dir():
+        raise ValueError(f"run {str(run)!r} has no saved model (RUN/model): it has not finished; resume it first")
+    model = from_pretrained(run / "model")
+    if not isinstance(model, SegmentationModel):
+        raise ValueError(f"run {str(run)!r} holds a {type(model).__name__}, not a segmentation model")
+    return model, build_run_task(cfg).val
+
+
 def decoder_flops(model: SegmentationModel, image_size: int, in_chans: int = 1) -> int:
     """Floating-point operations of one image's pass through the decoder (``torch.utils.flop_counter``)."""
     with torch.no_grad():
-        tokens = model.encoder.forward_tokens(torch.zeros(1, in_chans, image_size, image_size))
-        patches = tokens[:, model.encoder.num_prefix_tokens :]
+        patches = model.patch_tokens(torch.zeros(1, in_chans, image_size, image_size))
         counter = FlopCounterMode(display=False)
         with counter:
             model.decoder(patches)
@@ -226,11 +240,41 @@ def plot_decoder_sweep(result: dict):
     return fig
 
 
+def sweep_runs(
+    runs: list[str | Path], sigmas: list[float], *, draws: int = 3, images: int = 128, seed: int = 0
+) -> dict[str, Any]:
+    """The measurements of :func:`compare_decoders` on decoders trained by ``attnzoo train`` (one run per decoder
+    kind): per run its mIoU on the first ``images`` validation scenes, decoder FLOPs and parameters, and the sweep."""
+    rows, where = {}, {}
+    for run in runs:
+        model, scenes = load_segmenter_run(run)
+        kind, size = model.config.decoder, model.config.image_size
+        if kind in rows:
+            raise ValueError(f"runs {where[kind]!r} and {str(run)!r} both train a {kind!r} decoder; give one per kind")
+        n = min(images, len(scenes))
+        rows[kind] = {
+            "miou": evaluate_miou(model, scenes, images=n),
+            "decoder_flops": decoder_flops(model, size, model.config.in_chans),
+            "decoder_params": sum(p.numel() for p in model.decoder.parameters()),
+            "sweep": perturbation_sweep(model, scenes, list(sigmas), draws=draws, images=n, seed=seed),
+        }
+        where[kind] = str(run)
+    params = {"runs": where, "images": images, "seed": seed}
+    return {"experiment": "segment-decoders", "params": params, "decoders": rows}
+
+
 def add_decoders_parser(sub):
     """The ``segment-decoders`` sub-command of ``attnzoo analyze``."""
     desc = "CBSA Fig. 8 on scenes: CBSA vs softmax mask-transformer decoders (mIoU, FLOPs, noise on attention)"
-    p = sub.add_parser("segment-decoders", help=desc, description=desc)
-    p.add_argument("--out", required=True, help="output directory (must be empty or new unless --overwrite)")
+    epilog = (
+        "With RUN directories (decoders trained by `attnzoo train scenes_segmenter_small` / "
+        "`scenes_cbsa_decoder_small`), nothing is fitted: the sweep runs on each run's saved model."
+    )
+    p = sub.add_parser("segment-decoders", help=desc, description=desc, epilog=epilog)
+    p.add_argument("runs", nargs="*", metavar="RUN", help="attnzoo train runs of decoders on scenes_segmentation")
+    p.add_argument(
+        "--out", default=None, help="output directory (new or empty unless --overwrite; default RUN/segment-decoders)"
+    )
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--source", choices=["digits", "fashion_mnist"], default="digits", help="the scenes' objects")
     p.add_argument("--n-train", type=int, default=4000, help="training scenes")
@@ -249,9 +293,9 @@ def add_decoders_parser(sub):
 
 
 def run_decoders_cli(args) -> list:
-    """Fit both decoders, write ``segment-decoders.json`` and the sweep's plot; returns the paths."""
+    """Fit both decoders (or load the RUN directories' trained ones), write ``segment-decoders.json`` and the sweep's
+    plot; returns the paths."""
     from attnzoo._io import atomic_save_figure
-    from attnzoo.data.tasks import build_task
 
     from .io import prepare_out_dir, write_json
 
@@ -259,9 +303,31 @@ def run_decoders_cli(args) -> list:
         sigmas = tuple(float(t) for t in args.sigmas.split(",") if t.strip())
     except ValueError:
         raise ValueError(f"--sigmas must be comma-separated numbers, got {args.sigmas!r}") from None
-    out = prepare_out_dir(args.out, overwrite=args.overwrite)
+    if args.out is None and not args.runs:
+        raise ValueError("--out is required when no RUN directory is given (the decoders are fitted here)")
+    out = prepare_out_dir(args.out or Path(args.runs[0]) / "segment-decoders", overwrite=args.overwrite)
+    if args.runs:
+        result = sweep_runs(args.runs, list(sigmas), draws=args.draws, images=args.images, seed=args.seed)
+    else:
+        result = _fit_both(args, sigmas)
+    paths = [write_json(out / "segment-decoders.json", result)]
+    paths.append(atomic_save_figure(plot_decoder_sweep(result), out / "segment-decoders.png", dpi=args.dpi))
+    for kind, row in result["decoders"].items():
+        pairs = zip(row["sweep"]["sigmas"], row["sweep"]["miou"], strict=True)
+        sweep = ", ".join(f"{s:g}: {np.mean(v):.3f}" for s, v in pairs)
+        print(
+            f"{kind:>16}: mIoU {row['miou']:.3f}, decoder {row['decoder_flops'] / 1e6:.2f} MFLOPs, "
+            f"{row['decoder_params']:,} parameters; mIoU by sigma {sweep}"
+        )
+    return paths
+
+
+def _fit_both(args, sigmas: tuple[float, ...]) -> dict[str, Any]:
+    """Both decoders fitted from one initial encoder on freshly built scenes (the CLI without RUN directories)."""
+    from attnzoo.data.tasks import build_task
+
     task = build_task("scenes", source=args.source, n_train=args.n_train, n_val=args.images, seed=args.seed)
-    result = compare_decoders(
+    return compare_decoders(
         task.train,
         task.val,
         encoder_options={"dim": args.dim, "depth": args.depth},
@@ -274,13 +340,3 @@ def run_decoders_cli(args) -> list:
         images=args.images,
         seed=args.seed,
     )
-    paths = [write_json(out / "segment-decoders.json", result)]
-    paths.append(atomic_save_figure(plot_decoder_sweep(result), out / "segment-decoders.png", dpi=args.dpi))
-    for kind, row in result["decoders"].items():
-        pairs = zip(row["sweep"]["sigmas"], row["sweep"]["miou"], strict=True)
-        sweep = ", ".join(f"{s:g}: {np.mean(v):.3f}" for s, v in pairs)
-        print(
-            f"{kind:>16}: mIoU {row['miou']:.3f}, decoder {row['decoder_flops'] / 1e6:.2f} MFLOPs, "
-            f"{row['decoder_params']:,} parameters; mIoU by sigma {sweep}"
-        )
-    return paths

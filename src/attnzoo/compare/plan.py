@@ -55,15 +55,18 @@ class CompareSpec:
 
 
 def default_metric(kind: str) -> tuple[str, bool]:
-    """``(metric, higher_is_better)`` read by default for a task kind: accuracy for classifiers, else the loss."""
+    """``(metric, higher_is_better)`` read by default for a task kind: accuracy for classifiers, mIoU for
+    segmentation, else the loss."""
     if kind in ("image_classification", "sequence_classification", "pair_classification"):
         return "accuracy", True
+    if kind == "semantic_segmentation":
+        return "miou", True
     return "loss", False
 
 
 def metric_direction(metric: str) -> bool:
-    """Whether a larger value of ``metric`` is better (accuracy) or worse (loss, perplexity, error)."""
-    return metric == "accuracy"
+    """Whether a larger value of ``metric`` is better (accuracy, mIoU) or worse (loss, perplexity, error)."""
+    return metric in ("accuracy", "pixel_accuracy", "miou")
 
 
 def run_config(spec: CompareSpec, mechanism: str, *, lr: float | str, seed: int, steps: int) -> dict:

@@ -42,6 +42,8 @@ INK_THRESHOLD = 0.35
 #: the per-pixel maps :meth:`SceneDataset.masks` returns
 MASK_NAMES = ("instance", "semantic", "foreground", "background", "boundary")
 Source = typing.Literal["digits", "fashion_mnist"]
+#: what a scene dataset's batches target: the most visible object's class, or the per-pixel semantic map
+Target = typing.Literal["label", "semantic"]
 _PLACEMENT_TRIES = 8
 
 
@@ -202,8 +204,10 @@ def scene_masks(instance: np.ndarray, classes: list[tuple[int, ...]], boundary_w
 class SceneDataset(BatchDataset):
     """``n`` scenes; scene ``i`` is :func:`render_scene` with ``np.random.default_rng([seed, split_id, i])``.
 
-    ``get_batch(idx) -> ((images (B, 1, H, W) float, normalised by mean/std),), labels (B,) int64``;
-    ``masks(idx) -> {name: (B, H, W)}`` for the names of :data:`MASK_NAMES`. Scenes are memoised (uint8).
+    ``get_batch(idx) -> ((images (B, 1, H, W) float, normalised by mean/std),), target)``: the target is
+    ``labels (B,)`` int64 (``target="label"``) or the semantic maps ``(B, H, W)`` int64 (``target="semantic"``,
+    0 = background, class + 1 on objects: a segmentation task's). ``masks(idx) -> {name: (B, H, W)}`` for the
+    names of :data:`MASK_NAMES`. Scenes are memoised (uint8).
     """
 
     def __init__(
@@ -215,9 +219,13 @@ class SceneDataset(BatchDataset):
         spec: SceneSpec,
         mean: float = 0.0,
         std: float = 1.0,
+        target: Target = "label",
     ) -> None:
         if n < 1:
             raise ValueError(f"a scene dataset needs n >= 1 scenes, got {n}")
+        if target not in typing.get_args(Target):
+            raise ValueError(f"target={target!r} is not supported; valid targets: {list(typing.get_args(Target))}")
+        self.target = target
         if not std > 0:
             raise ValueError(f"std={std!r} must be > 0")
         self.n, self.seed, self.split_id = int(n), int(seed), int(split_id)
@@ -249,6 +257,8 @@ class SceneDataset(BatchDataset):
     def get_batch(self, idx) -> Batch:
         idx = self._check_idx(idx)
         x = torch.from_numpy(self.pixels(idx)).sub_(self.mean).div_(self.std).unsqueeze(1)
+        if self.target == "semantic":
+            return (x,), self.masks(idx)["semantic"]
         y = torch.tensor([self.scene(i).label for i in idx], dtype=torch.int64)
         return (x,), y
 
@@ -273,8 +283,11 @@ def build_scene_splits(
     noise_std: float,
     seed: int,
     root: str | None,
+    target: Target = "label",
 ) -> tuple[SceneDataset, SceneDataset, dict]:
-    """Train and validation scenes (objects from the sources' train and test splits) and the task's ``info``."""
+    """Train and validation scenes (objects from the sources' train and test splits) and the task's ``info``:
+    ``num_classes`` counts the object classes (``target="label"``) or the per-pixel classes, background included
+    (``target="semantic"``)."""
     if not isinstance(img_size, int) or img_size < 16:
         raise ValueError(f"img_size={img_size!r} must be an int >= 16 (the scenes' side in pixels)")
     spec = SceneSpec(
@@ -287,17 +300,21 @@ def build_scene_splits(
     train_src, val_src = load_scene_sources(source, "train", root), load_scene_sources(source, "test", root)
     probe = SceneDataset(min(n_train, 64), seed, 0, train_src, spec).pixels(np.arange(min(n_train, 64)))
     mean, std = float(probe.mean()), float(probe.std()) or 1.0
-    train = SceneDataset(n_train, seed, 0, train_src, spec, mean, std)
-    val = SceneDataset(n_val, seed, 1, val_src, spec, mean, std)
+    train = SceneDataset(n_train, seed, 0, train_src, spec, mean, std, target)
+    val = SceneDataset(n_val, seed, 1, val_src, spec, mean, std, target)
     ncls = int(max(train_src[1].max(), val_src[1].max()) + 1)
+    semantic = target == "semantic"
     info = dict(
-        num_classes=ncls,
+        num_classes=ncls + 1 if semantic else ncls,
+        object_classes=ncls,
         in_chans=1,
         img_size=img_size,
         mean=mean,
         std=std,
         masks=list(MASK_NAMES),
         boundary_width=boundary_width,
-        label="class of the object with the most visible pixels",
+        label="per pixel: 0 background, class + 1 on objects"
+        if semantic
+        else "class of the object with the most visible pixels",
     )
     return train, val, info

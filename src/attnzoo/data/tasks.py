@@ -11,6 +11,7 @@ kind                        inputs                                   target
 ``causal_lm``               ``ids (B, N)``                           ``(B, N)`` next ids
 ``causal_lm`` packed        ``ids (1, T)``, ``cu_seqlens (S + 1,)``  ``(1, T)`` (-100: none)
 ``icl_regression``          ``xs (B, n, d)``, ``ys (B, n)`` float    ``ys (B, n)``
+``semantic_segmentation``   ``images (B, C, H, W)`` float            ``(B, H, W)`` int64
 ==========================  =======================================  ====================
 
 The model is called as ``model(*args, **keywords)`` with ``args, keywords = task.model_args(inputs)``: the padded
@@ -55,6 +56,7 @@ TASK_KINDS = (
     "pair_classification",
     "causal_lm",
     "icl_regression",
+    "semantic_segmentation",
 )
 
 
@@ -658,3 +660,29 @@ def _scenes(
 
     train, val, info = scenes.build_scene_splits(**{k: v for k, v in locals().items() if k != "scenes"})
     return Task("scenes", "image_classification", train, val, info)
+
+
+@register_task(
+    "scenes_segmentation",
+    "semantic_segmentation",
+    "the scenes' per-pixel semantic maps (0 background, class + 1 on objects): segmentation decoders (CBSA Fig. 8)",
+)
+def _scenes_segmentation(
+    *,
+    source: typing.Literal["digits", "fashion_mnist"] = "digits",
+    img_size: int = 64,
+    n_train: int = 10000,
+    n_val: int = 1000,
+    min_objects: int = 1,
+    max_objects: int = 3,
+    boundary_width: int = 4,
+    noise_std: float = 0.04,
+    seed: int = 0,
+    root: str | None = None,
+) -> Task:
+    """The scenes of task ``scenes`` (same options, same scenes), each batch targeting its semantic maps."""
+    from attnzoo.data import scenes
+
+    options = {k: v for k, v in locals().items() if k != "scenes"}
+    train, val, info = scenes.build_scene_splits(**options, target="semantic")
+    return Task("scenes_segmentation", "semantic_segmentation", train, val, info)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from attnzoo.models._registry import register_model
 from attnzoo.models.config import CausalLMConfig, ICLConfig, SequenceClassifierConfig, VisionConfig
+from attnzoo.models.segmenter import SegmenterConfig
 
 MIB = 2.0**20  # some ToST Table 2/5 figures are in units of 2^20 parameters, see below
 
@@ -220,6 +221,32 @@ def crate_cbt_t() -> VisionConfig:
 @register_model("crate_cbt_s", paper="CBSA §4.1, Tables 5/6 ((CRATE+CBT)-S)", tags=("vision",))
 def crate_cbt_s() -> VisionConfig:
     return _cbt(384, 12, 6, attention="mssa", second_attention="cbsa")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Segmentation decoders (CBSA Fig. 8): a ViT-S encoder (DeiT-S, as ``vit_s``) under a 2-layer decoder, either
+# Segmenter's softmax mask transformer (Strudel et al. 2021, the paper's baseline) or CBSA layers without
+# feed-forward. ADE20K's 150 classes; ``num_classes`` is overridden by the task. No parameter figure in the paper.
+# ---------------------------------------------------------------------------------------------------
+
+
+def _vit_segmenter(decoder: str) -> SegmenterConfig:
+    fields = {
+        f: getattr(vit_s(), f) for f in ("dim", "depth", "heads", "attention", "patch_embed", "pos_embed", "pool")
+    }
+    return SegmenterConfig(**fields, mlp_ratio=4.0, norm="pre", ffn="mlp", num_classes=150, decoder=decoder)
+
+
+@register_model("segmenter_vit_s", paper="CBSA Fig. 8 (Segmenter's mask transformer on ViT-S)", tags=("segmentation",))
+def segmenter_vit_s() -> SegmenterConfig:
+    return _vit_segmenter("mask_transformer")
+
+
+@register_model(
+    "cbsa_decoder_vit_s", paper="CBSA Fig. 8 (CBSA decoder, no feed-forward, on ViT-S)", tags=("segmentation",)
+)
+def cbsa_decoder_vit_s() -> SegmenterConfig:
+    return _vit_segmenter("cbsa")
 
 
 # ---------------------------------------------------------------------------------------------------

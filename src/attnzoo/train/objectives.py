@@ -24,6 +24,8 @@ __all__ = [
     "compute_loss",
     "MetricAccumulator",
     "metric_names",
+    "confusion_matrix",
+    "mean_iou",
 ]
 
 
@@ -34,13 +36,14 @@ ARCH_FOR_KIND = {
     "pair_classification": "sequence_classifier",
     "causal_lm": "causal_lm",
     "icl_regression": "icl_regressor",
+    "semantic_segmentation": "segmenter",
 }
 
 
 def task_model_overrides(task: Task) -> dict[str, Any]:
     """The model-config fields a task fixes (sizes, classes, vocabulary), by task kind."""
     i = task.info
-    if task.kind == "image_classification":
+    if task.kind in ("image_classification", "semantic_segmentation"):
         return {"num_classes": i["num_classes"], "image_size": i["img_size"], "in_chans": i["in_chans"]}
     if task.kind in ("sequence_classification", "pair_classification"):
         return {
@@ -129,7 +132,31 @@ def compute_loss(
         if pred.shape != target.shape:
             raise ValueError(f"an ICL regressor must return predictions (B, n); got {tuple(pred.shape)}")
         return F.mse_loss(pred.float(), target.float()), pred
+    if kind == "semantic_segmentation":
+        if pred.ndim != 4 or pred.shape[0] != target.shape[0] or pred.shape[2:] != target.shape[1:]:
+            raise ValueError(
+                f"a segmenter must return per-pixel logits (B, K, H, W) for targets {tuple(target.shape)} (B, H, W); "
+                f"got {tuple(pred.shape)}"
+            )
+        return F.cross_entropy(pred.float(), target, label_smoothing=label_smoothing), pred
     raise ValueError(f"unknown task kind {kind!r}")
+
+
+def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """``(K, K)`` counts, rows = target class, columns = predicted class, of integer maps of one shape."""
+    if pred.shape != target.shape:
+        raise ValueError(f"pred {tuple(pred.shape)} and target {tuple(target.shape)} must have one shape")
+    idx = target.reshape(-1).long() * num_classes + pred.reshape(-1).long()
+    return torch.bincount(idx, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
+
+
+def mean_iou(confusion: torch.Tensor) -> float:
+    """Mean over the classes that occur (in the target or the prediction) of ``TP / (TP + FP + FN)``."""
+    conf = confusion.double()
+    tp = conf.diagonal()
+    union = conf.sum(0) + conf.sum(1) - tp
+    present = union > 0
+    return float((tp[present] / union[present]).mean()) if present.any() else 1.0
 
 
 def metric_names(kind: str) -> list[str]:
@@ -137,6 +164,8 @@ def metric_names(kind: str) -> list[str]:
         return ["loss", "bits_per_token", "perplexity"]
     if kind == "icl_regression":
         return ["loss", "normalized_error"]
+    if kind == "semantic_segmentation":
+        return ["loss", "pixel_accuracy", "miou"]
     return ["loss", "accuracy"]
 
 
@@ -144,7 +173,8 @@ class MetricAccumulator:
     """Sums over evaluation batches, then the task's metrics.
 
     ``state()`` is one float64 vector of every sum, the same length on every process (even one that saw no
-    batch), so processes combine their sums with one all-reduce and ``load_state``.
+    batch), so processes combine their sums with one all-reduce and ``load_state``. A segmentation task sums a
+    ``(K, K)`` confusion matrix over every pixel, so its mIoU is that of the whole set, not a mean over batches.
     """
 
     def __init__(self, kind: str, info: dict[str, Any]) -> None:
@@ -156,6 +186,10 @@ class MetricAccumulator:
         self.pos_err: torch.Tensor | None = None
         if kind == "icl_regression":
             self.pos_err = torch.zeros(info["n_points"], dtype=torch.float64)
+        # segmentation: the confusion matrix of every pixel, flattened (K * K,)
+        self.confusion: torch.Tensor | None = None
+        if kind == "semantic_segmentation":
+            self.confusion = torch.zeros(info["num_classes"] ** 2, dtype=torch.float64)
 
     @torch.no_grad()
     def update(self, loss: torch.Tensor, pred: torch.Tensor, target: torch.Tensor) -> None:
@@ -170,16 +204,22 @@ class MetricAccumulator:
         if self.kind == "icl_regression":
             err = ((pred.float() - target.float()) ** 2).sum(0).double().cpu()
             self.pos_err = err if self.pos_err is None else self.pos_err + err
+        elif self.kind == "semantic_segmentation":
+            k = self.info["num_classes"]
+            self.confusion += confusion_matrix(pred.argmax(1), target, k).reshape(-1).double().cpu()
         else:
             self.correct += float((pred.argmax(-1) == target).sum())
 
     def state(self) -> torch.Tensor:
         base = torch.tensor([self.loss_sum, self.count, self.correct], dtype=torch.float64)
-        return base if self.pos_err is None else torch.cat([base, self.pos_err])
+        extra = self.pos_err if self.pos_err is not None else self.confusion
+        return base if extra is None else torch.cat([base, extra])
 
     def load_state(self, t: torch.Tensor) -> None:
         self.loss_sum, self.count, self.correct = (float(x) for x in t[:3])
-        if t.numel() > 3:
+        if t.numel() > 3 and self.kind == "semantic_segmentation":
+            self.confusion = t[3:].clone()
+        elif t.numel() > 3:
             self.pos_err = t[3:].clone()
 
     def compute(self) -> dict[str, Any]:
@@ -195,4 +235,8 @@ class MetricAccumulator:
                 "normalized_error": float(sum(per_pos) / len(per_pos)),
                 "normalized_error_per_position": per_pos,
             }
+        if self.kind == "semantic_segmentation":
+            k = self.info["num_classes"]
+            conf = self.confusion.reshape(k, k)
+            return {"loss": loss, "pixel_accuracy": float(conf.trace() / conf.sum()), "miou": mean_iou(conf)}
         return {"loss": loss, "accuracy": self.correct / self.count}
