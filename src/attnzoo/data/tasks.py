@@ -71,6 +71,9 @@ class Task:
     info: dict[str, Any]
     options: dict[str, Any] = field(default_factory=dict)
     vocab: CharVocab | None = None
+    #: a held-out split apart from ``val`` on which a run picks its best checkpoint (``select_every``), so that the
+    #: reported ``val`` numbers are not the ones the choice was made on; None when the task has none
+    select: BatchDataset | None = None
 
     def model_args(self, inputs: tuple[torch.Tensor, ...]) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
         """``(args, keywords)`` for ``model(*args, **keywords)`` from a batch's ``inputs`` (see the module doc)."""
@@ -497,10 +500,14 @@ def _pathx(
 
 # ---- language modelling -------------------------------------------------------------------------
 @register_task("shakespeare_char", "causal_lm", "character-level LM on Shakespeare's works, train/val split by play")
-def _shakespeare(*, block_size: int = 256, root: str | None = None, train_chars: int | None = None) -> Task:
+def _shakespeare(
+    *, block_size: int = 256, root: str | None = None, train_chars: int | None = None, select_chars: int | None = None
+) -> Task:
     """``train_chars``: train on the first ``train_chars`` characters of the training plays (in name order) only, a
     data-limited regime in which a small model reaches its plateau in CPU minutes; the vocabulary and the validation
-    plays stay those of the whole corpus."""
+    plays stay those of the whole corpus. ``select_chars``: the training-play characters right after those
+    ``train_chars``, never trained on, as the selection split (``Task.select``, disjoint windows) on which a run
+    picks its best checkpoint while the validation plays stay the reported split."""
     train_w, val_w = load_shakespeare(root)
     sep = "\n\n"
     train_docs = [t for _, t in sorted(train_w.items())]
@@ -514,6 +521,8 @@ def _shakespeare(*, block_size: int = 256, root: str | None = None, train_chars:
                 f"train_chars must be an integer in [block_size + 2, {len(train_text):,}] (the training plays' "
                 f"length), got {train_chars!r}"
             )
+    select = _held_out_windows(train_text, starts, train_chars, select_chars, block_size, vocab)
+    if train_chars is not None:
         train_text, starts = train_text[:train_chars], starts[starts < train_chars]
     return Task(
         "shakespeare_char",
@@ -528,9 +537,35 @@ def _shakespeare(*, block_size: int = 256, root: str | None = None, train_chars:
             train_works=sorted(train_w),
             val_works=sorted(val_w),
             train_chars=len(train_text),
+            **({"select_chars": select_chars} if select is not None else {}),
         ),
         vocab=vocab,
+        select=select,
     )
+
+
+def _held_out_windows(
+    text: str, starts: np.ndarray, train_chars: int | None, select_chars: int | None, block_size: int, vocab
+) -> WindowDataset | None:
+    """Disjoint windows of ``text[train_chars : train_chars + select_chars]`` (the selection split), or None."""
+    if select_chars is None:
+        return None
+    if train_chars is None:
+        raise ValueError(
+            "select_chars needs train_chars: the selection split is the training text after the first train_chars "
+            f"characters (got select_chars={select_chars!r}, train_chars=None)"
+        )
+    room = len(text) - train_chars
+    is_int = isinstance(select_chars, int) and not isinstance(select_chars, bool)
+    if not is_int or not block_size + 2 <= select_chars <= room:
+        raise ValueError(
+            f"select_chars must be an integer in [block_size + 2, {room:,}] (the training plays' characters after "
+            f"train_chars={train_chars:,}), got {select_chars!r}"
+        )
+    end = train_chars + select_chars
+    # the held-out text begins mid-play: its first character starts a document for packing
+    inside = np.union1d([0], starts[(starts >= train_chars) & (starts < end)] - train_chars)
+    return WindowDataset(vocab.encode(text[train_chars:end]), block_size, stride=block_size, doc_starts=inside)
 
 
 def _doc_starts(docs: list[str], sep_len: int) -> np.ndarray:
@@ -556,6 +591,7 @@ def pack_task(task: Task) -> Task:
         {**task.info, "packed": True},
         dict(task.options),
         task.vocab,
+        task.select.packed() if task.select is not None else None,
     )
 
 

@@ -243,14 +243,18 @@ def save_checkpoint(
     info: DistInfo = SINGLE_PROCESS,
     keep: int = 2,
     scaler: torch.amp.GradScaler | None = None,
+    tensors: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Write the checkpoint of ``step`` atomically (collective: every process must call it).
+
+    ``tensors``: further tensor files of the main process, ``{name: state}`` -> ``<name>.safetensors`` (e.g. the
+    best-selected weights, ``best_model``), covered by the manifest like the rest.
 
     A failed write (e.g. a full disk) raises a :class:`~attnzoo._io.WriteError` naming the step and the file; the
     previous checkpoints and ``latest`` stay as they were, and the half-written ``.tmp_step_N`` is removed.
     """
     try:
-        return _save_checkpoint(root, step, model, optimizer, extra, info, keep, scaler)
+        return _save_checkpoint(root, step, model, optimizer, extra, info, keep, scaler, tensors or {})
     except (OSError, SafetensorError) as e:  # safetensors reports a full disk as its own "I/O error"
         tmp = Path(root) / f".tmp_step_{step:08d}"
         if info.is_main and tmp.exists():
@@ -268,6 +272,7 @@ def _save_checkpoint(
     info: DistInfo,
     keep: int,
     scaler: torch.amp.GradScaler | None,
+    tensors: dict[str, dict[str, torch.Tensor]],
 ) -> Path:
     root = Path(root)
     final = _step_dir(root, step)
@@ -284,6 +289,8 @@ def _save_checkpoint(
         save_model(unwrap_model(model), str(tmp / "model.safetensors"))
         opt_tensors, opt_meta = _split_optimizer_state(optimizer)
         save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+        for name, state_tensors in tensors.items():
+            save_file(state_tensors, str(tmp / f"{name}.safetensors"))
         state = {
             "format": FORMAT_VERSION,
             "step": step,

@@ -86,6 +86,14 @@ class TrainConfig:
     curve_eval_batches: int = 0
     eval_batch_size: int | None = None
     log_every: int = 10
+    #: best-checkpoint selection: every ``select_every`` steps and at the last, score the task's selection split
+    #: (``Task.select``, held out apart from ``val``) and keep the weights where ``select_metric`` was best
+    #: (``best_model/``, ``final.json``'s ``best``, checkpointed so resume is exact); 0: off
+    select_every: int = 0
+    select_metric: str = "loss"
+    select_mode: Literal["min", "max"] = "min"
+    #: batches of the selection split per score; 0: all of it
+    select_batches: int = 0
     ckpt_every: int = 500
     keep_checkpoints: int = 2
 
@@ -112,7 +120,7 @@ class TrainConfig:
         for k in ("steps", "batch_size", "eval_every", "log_every", "ckpt_every", "keep_checkpoints"):
             if getattr(self, k) < 1:
                 raise ConfigError(f"{k} must be >= 1, got {getattr(self, k)}")
-        for k in ("warmup_steps", "eval_batches", "curve_eval_batches"):
+        for k in ("warmup_steps", "eval_batches", "curve_eval_batches", "select_every", "select_batches"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"{k} must be >= 0, got {getattr(self, k)}")
         if self.lr <= 0:

@@ -1,8 +1,8 @@
 """A training run's directory: which runs may be resumed or overwritten, what a run writes there, its saved config.
 
 A run directory holds the marker file :data:`RUN_MARKER`, ``config.yaml``, ``task.json`` (``vocab.json`` for
-character-level tasks), ``metrics.csv``, ``final.json``, ``checkpoints/``, ``model/`` and ``tb/``. Anything else in
-it is the user's: attnzoo never deletes it.
+character-level tasks), ``metrics.csv``, ``final.json``, ``checkpoints/``, ``model/``, ``best_model/`` and ``tb/``.
+Anything else in it is the user's: attnzoo never deletes it.
 """
 
 from __future__ import annotations
@@ -89,9 +89,11 @@ _RUN_FILES = {
     "metrics.csv.tmp",
     "final.json",
 }
-_CKPT_FILES = re.compile(r"(model|optimizer|rng_rank[0-9]+)\.safetensors|state\.json|manifest\.json")
+_CKPT_FILES = re.compile(r"(model|best_model|optimizer|rng_rank[0-9]+)\.safetensors|state\.json|manifest\.json")
 _STEP_DIR = re.compile(r"(\.tmp_|\.del_)?step_[0-9]{8,}")
 _MODEL_FILES = {"config.json", "model.safetensors"}
+#: the final weights, and the best-selected ones (``select_every``)
+_MODEL_DIRS = ("model", "best_model")
 
 
 def _is_temp_of(name: str, names: set[str] | re.Pattern) -> bool:
@@ -134,7 +136,7 @@ def foreign_run_files(out: Path) -> list[str]:
                     or (_STEP_DIR.fullmatch(c.name) is not None and step_dir(c))
                 ),
             )
-        elif p.name == "model":
+        elif p.name in _MODEL_DIRS:
             scan(p, lambda f: f.is_file() and (f.name in _MODEL_FILES or _is_temp_of(f.name, _MODEL_FILES)))
         elif p.name == "tb":  # TensorBoard's event files
             scan(p, lambda f: f.is_file() and f.name.startswith("events.out.tfevents."))
@@ -188,9 +190,9 @@ def clean_leftovers(out: Path) -> list[str]:
     if not out.is_dir():
         return []
     removed += [p for p in out.iterdir() if p.is_file() and _is_tmp(p.name, _RUN_FILES)]
-    model = out / "model"
-    if model.is_dir() and not model.is_symlink():
-        removed += [p for p in model.iterdir() if p.is_file() and _is_tmp(p.name, _MODEL_FILES)]
+    for model in (out / name for name in _MODEL_DIRS):
+        if model.is_dir() and not model.is_symlink():
+            removed += [p for p in model.iterdir() if p.is_file() and _is_tmp(p.name, _MODEL_FILES)]
     ckpts = out / "checkpoints"
     if ckpts.is_dir() and not ckpts.is_symlink():
         try:

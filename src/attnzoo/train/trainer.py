@@ -62,6 +62,7 @@ from attnzoo.train.run_dir import (
     write_run_files,
 )
 from attnzoo.train.schedules import lr_at
+from attnzoo.train.selection import BestCheckpoint
 
 __all__ = [
     "train",
@@ -215,6 +216,8 @@ def _loop(
                 run.bar.update(1)
             if step % cfg.eval_every == 0 or last:
                 _log_eval(run, step, lr, result, last=last)
+            if run.best is not None and (step % cfg.select_every == 0 or last):
+                _select(run, step, lr)
             # any process's signal stops every process, after a checkpoint of this step
             signum = all_reduce_max(stop.signum or 0, run.info)
             if step % cfg.ckpt_every == 0 or last or signum:
@@ -244,6 +247,7 @@ class _Run:
     schedule: BatchSchedule
     log: MetricsLog
     bar: Any  # tqdm progress bar (main process, progress=True) or None
+    best: BestCheckpoint | None = None  # the best-checkpoint selection (``select_every``), else None
     t0: float = field(default_factory=time.perf_counter)
 
     @property
@@ -291,6 +295,12 @@ def _start(
     """
     amp = amp_dtype(cfg.amp, device)
     task = build_run_task(cfg)
+    if cfg.select_every and task.select is None:
+        raise ConfigError(
+            f"select_every={cfg.select_every} scores a held-out selection split, which task {cfg.task!r} with these "
+            "options does not have (shakespeare_char: set task_options.select_chars); or set select_every=0"
+        )
+    best = BestCheckpoint(cfg.select_metric, cfg.select_mode) if cfg.select_every else None
     torch.manual_seed(cfg.seed)
     model = (model_factory or build_task_model)(cfg, task).to(device)
     schedule = BatchSchedule(
@@ -319,7 +329,7 @@ def _start(
     barrier(info)
     start_step, window = 0, _LossWindow()
     if ckpt is not None:
-        start_step, window = _resume(ckpt, model, optimizer, scaler, info)
+        start_step, window = _resume(ckpt, model, optimizer, scaler, info, best)
     elif mode == "resume" and info.is_main:
         print(f"attnzoo train: no checkpoint in {out}; starting from step 0", file=sys.stderr)
 
@@ -338,6 +348,7 @@ def _start(
         schedule=schedule,
         log=log,
         bar=_progress_bar(cfg, start_step) if progress and info.is_main else None,
+        best=best,
     )
     window.t_start = run.t0
     return run, start_step, window
@@ -350,9 +361,15 @@ def build_run_task(cfg: TrainConfig) -> Task:
 
 
 def _resume(
-    ckpt: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None, info: DistInfo
+    ckpt: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    info: DistInfo,
+    best: BestCheckpoint | None = None,
 ) -> tuple[int, _LossWindow]:
-    """Load ``ckpt`` (weights, optimizer, scaler, this process's RNG); the step and loss window to continue from."""
+    """Load ``ckpt`` (weights, optimizer, scaler, this process's RNG, the best-checkpoint record and weights); the
+    step and loss window to continue from."""
     try:
         state = load_checkpoint(ckpt, model, optimizer, info, scaler)
     except CheckpointError as e:
@@ -369,6 +386,8 @@ def _resume(
             "the data order is the same, dropout streams differ",
             file=sys.stderr,
         )
+    if best is not None:
+        best.restore(state, ckpt)
     loss_sum, count = _restored_window(state, info)
     if info.is_main:
         print(f"attnzoo train: resumed from {ckpt} (step {state['step']})", file=sys.stderr)
@@ -464,6 +483,23 @@ def _log_train(run: _Run, step: int, lr: float, window: _LossWindow, result: Tra
     window.loss_sum, window.count, window.samples, window.t_start = 0.0, 0, 0, time.perf_counter()
 
 
+def _select(run: _Run, step: int, lr: float) -> None:
+    """Score the selection split (logged as ``select`` rows) and keep the weights if the score is the best yet."""
+    cfg = run.cfg
+    scores = evaluate(
+        run.model,
+        run.task,
+        cfg.eval_batch_size or cfg.batch_size,
+        run.device,
+        run.info,
+        cfg.select_batches,
+        run.amp_dtype,
+        split="select",
+    )
+    run.log.log(step, "select", {**scores, "lr": lr, "elapsed_s": run.elapsed()})
+    run.best.consider(step, scores, unwrap_model(run.model))
+
+
 def _evaluate_run(run: _Run, last: bool = True) -> dict[str, Any]:
     cfg = run.cfg
     batches = cfg.eval_batches
@@ -499,10 +535,16 @@ def _save(run: _Run, step: int, window: _LossWindow) -> None:
         step,
         run.model,
         run.optimizer,
-        {"loss_window": window.sums(), "loss_windows": windows, "config": run.cfg.to_dict()},
+        {
+            "loss_window": window.sums(),
+            "loss_windows": windows,
+            "config": run.cfg.to_dict(),
+            **({"best": run.best.record()} if run.best is not None else {}),
+        },
         run.info,
         run.cfg.keep_checkpoints,
         run.scaler,
+        tensors=run.best.tensors() if run.best is not None else None,
     )
 
 
@@ -518,7 +560,8 @@ def _stopped(run: _Run, step: int, signum: int, result: TrainResult) -> None:
 
 
 def _finish(run: _Run, result: TrainResult) -> None:
-    """Close the logs; unless interrupted, write ``final.json`` and the model in ``save_pretrained`` form."""
+    """Close the logs; unless interrupted, write ``final.json`` and the model in ``save_pretrained`` form (and, with
+    ``select_every``, the best-selected model and its scores)."""
     if run.bar is not None:
         run.bar.close()
     run.log.close()
@@ -526,24 +569,42 @@ def _finish(run: _Run, result: TrainResult) -> None:
         # Resumed from the last checkpoint of a finished run: nothing ran, so evaluate the restored weights
         # rather than overwrite final.json with empty metrics.
         result.final_metrics = _evaluate_run(run)
-    if not result.interrupted and run.info.is_main:
-        base = unwrap_model(run.model)
-        if hasattr(base, "save_pretrained"):
-            try:
-                base.save_pretrained(str(run.out / "model"))
-            except (OSError, SafetensorError) as e:  # safetensors reports a full disk as its own "I/O error"
-                raise write_error("the final model", getattr(e, "filename", None) or run.out / "model", e) from None
-        # last: a run with final.json is finished (the reproduce runner relies on it), so it follows the model
+    if result.interrupted:
+        barrier(run.info)
+        return
+    if run.info.is_main:
+        _save_model(run, "model")
+    best = _best_summary(run)  # collective: every process evaluates the best weights
+    if run.info.is_main:
+        if best is not None:
+            _save_model(run, "best_model")
+        # last: a run with final.json is finished (the reproduce runner relies on it), so it follows the models
+        final = {"step": result.step, "val": result.final_metrics, **({"best": best} if best is not None else {})}
         try:
-            write_json(
-                run.out / "final.json",
-                {"step": result.step, "val": result.final_metrics},
-                nonfinite="keep",
-                newline=False,
-            )
+            write_json(run.out / "final.json", final, nonfinite="keep", newline=False)
         except OSError as e:
             raise write_error("final.json", run.out / "final.json", e) from None
     barrier(run.info)
+
+
+def _save_model(run: _Run, name: str) -> None:
+    """The model's current weights in ``save_pretrained`` form under ``run.out / name`` (when it has that form)."""
+    base = unwrap_model(run.model)
+    if hasattr(base, "save_pretrained"):
+        try:
+            base.save_pretrained(str(run.out / name))
+        except (OSError, SafetensorError) as e:  # safetensors reports a full disk as its own "I/O error"
+            where = getattr(e, "filename", None) or run.out / name
+            raise write_error(f"the {name.replace('_', ' ')}", where, e) from None
+
+
+def _best_summary(run: _Run) -> dict[str, Any] | None:
+    """Load the best-selected weights into the model and score them on ``val``: ``{step, select, val}``, or None
+    without selection. The model keeps the best weights afterwards (the final ones are saved before)."""
+    if run.best is None or run.best.weights is None:
+        return None
+    unwrap_model(run.model).load_state_dict(run.best.weights)
+    return {**run.best.record(), "val": _evaluate_run(run)}
 
 
 class _StopFlag:
@@ -570,15 +631,16 @@ class _StopFlag:
 
 
 # ---- evaluation --------------------------------------------------------------------------------------
-def _val_batches(task: Task, batch_size: int, info: DistInfo, max_batches: int) -> Iterator[Batch]:
-    """This process's share of the validation batches (its first ``max_batches`` if > 0), round-robin."""
-    n = len(task.val)
+def _val_batches(data, batch_size: int, info: DistInfo, max_batches: int) -> Iterator[Batch]:
+    """This process's share of the batches of evaluation split ``data`` (its first ``max_batches`` if > 0),
+    round-robin."""
+    n = len(data)
     starts = list(range(0, n, batch_size))
     if max_batches:
         starts = starts[:max_batches]
     for b, s in enumerate(starts):
         if b % info.world_size == info.rank:
-            yield task.val.get_batch(np.arange(s, min(s + batch_size, n)))
+            yield data.get_batch(np.arange(s, min(s + batch_size, n)))
 
 
 @torch.no_grad()
@@ -590,12 +652,17 @@ def evaluate(
     info: DistInfo = SINGLE_PROCESS,
     max_batches: int = 0,
     amp_dtype: torch.dtype | None = None,
+    split: str = "val",
 ) -> dict[str, Any]:
-    """Metrics on the validation set (its first ``max_batches`` batches if > 0), batches split over processes."""
+    """Metrics on the task's ``split`` (``val``, or ``select``: the selection split; its first ``max_batches``
+    batches if > 0), batches split over processes."""
+    data = getattr(task, split, None) if split in ("val", "select") else None
+    if data is None:
+        raise ValueError(f"split={split!r}: task {task.name!r} has no such evaluation split; valid: val, select")
     was_training = model.training
     model.eval()
     acc = MetricAccumulator(task.kind, task.info)
-    for inputs, target in _val_batches(task, batch_size, info, max_batches):
+    for inputs, target in _val_batches(data, batch_size, info, max_batches):
         inputs = tuple(x.to(device) for x in inputs)
         target = target.to(device)
         args, keywords = task.model_args(inputs)
