@@ -68,11 +68,25 @@ class ArrayDataset(BatchDataset):
         )
 
 
+#: where :class:`ImageDataset` puts an image smaller than its canvas: centred, or at a random offset fixed per image
+#: (an object placed anywhere: a task a bag of patch features with learned positions cannot read off fixed pixels)
+PLACEMENTS = ("center", "random")
+
+
 class ImageDataset(BatchDataset):
     """uint8 images ``(N, H, W[, C])`` -> float ``(B, C, H', W')`` normalised by ``mean``/``std``, zero-padded to
     ``size``."""
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray, mean: float, std: float, size: int | None = None):
+    def __init__(
+        self,
+        images: np.ndarray,
+        labels: np.ndarray,
+        mean: float,
+        std: float,
+        size: int | None = None,
+        placement: str = "center",
+        seed: int = 0,
+    ):
         if images.ndim == 3:
             images = images[..., None]
         if images.ndim != 4:
@@ -84,6 +98,10 @@ class ImageDataset(BatchDataset):
         self.size = size or max(h, w)
         if self.size < max(h, w):
             raise ValueError(f"img_size={self.size} is smaller than the images ({h}x{w}); valid: >= {max(h, w)}")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement={placement!r} is not known; valid: {', '.join(PLACEMENTS)}")
+        self.placement = placement
+        self.offsets = self._offsets(placement, seed, h, w)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -97,12 +115,21 @@ class ImageDataset(BatchDataset):
         x = torch.from_numpy(self.images[idx]).float().div_(255.0).sub_(self.mean).div_(self.std)
         h, w = x.shape[-2:]
         if (h, w) != (self.size, self.size):
-            # pad with the normalised value of a black pixel, centred
-            top, left = (self.size - h) // 2, (self.size - w) // 2
+            # pad with the normalised value of a black pixel, each image at its own offset
             out = torch.full((x.shape[0], x.shape[1], self.size, self.size), -self.mean / self.std)
-            out[:, :, top : top + h, left : left + w] = x
+            for k, (top, left) in enumerate(self.offsets[idx]):
+                out[k, :, top : top + h, left : left + w] = x[k]
             x = out
         return (x,), torch.from_numpy(self.labels[idx])
+
+    def _offsets(self, placement: str, seed: int, h: int, w: int) -> np.ndarray:
+        """``(N, 2)`` top-left corner of each image on the canvas: centred, or drawn uniformly once per image
+        (``seed``), so an image sits at the same place in every epoch and on every resume."""
+        n = len(self.labels)
+        if placement == "center":
+            return np.tile(np.array([(self.size - h) // 2, (self.size - w) // 2], dtype=np.int64), (n, 1))
+        rng = np.random.default_rng(seed)
+        return np.stack([rng.integers(0, self.size - h + 1, n), rng.integers(0, self.size - w + 1, n)], axis=1)
 
 
 class GeneratedDataset(BatchDataset):

@@ -233,13 +233,15 @@ def _subset(x: np.ndarray, y: np.ndarray, n: int | None) -> tuple[np.ndarray, np
     return x[:n], y[:n]
 
 
-def _image_task(name, loader, img_size, n_train, n_val, num_classes=None) -> Task:
+def _image_task(name, loader, img_size, n_train, n_val, num_classes=None, placement="center") -> Task:
     xtr, ytr = _subset(*loader("train"), n_train)
     xva, yva = _subset(*loader("test"), n_val)
     mean = float(xtr.mean() / 255.0)
     std = float(xtr.std() / 255.0) or 1.0
-    train = ImageDataset(xtr, ytr, mean, std, img_size)
-    val = ImageDataset(xva, yva, mean, std, img_size)
+    # the two splits draw their offsets from different seeds (the validation images are not placed like the first
+    # training images)
+    train = ImageDataset(xtr, ytr, mean, std, img_size, placement, seed=0)
+    val = ImageDataset(xva, yva, mean, std, img_size, placement, seed=1)
     c, h, _ = train.shape
     ncls = num_classes or int(max(ytr.max(), yva.max()) + 1)
     return Task(
@@ -266,11 +268,22 @@ def _mnist(
     return _image_task("mnist", partial(_img.load_mnist, root=root), img_size, n_train, n_val, 10)
 
 
-@register_task("fashion_mnist", "image_classification", "Fashion-MNIST 28x28 (60k/10k), Debian's dataset-fashion-mnist")
+@register_task(
+    "fashion_mnist",
+    "image_classification",
+    "Fashion-MNIST 28x28 (60k/10k), Debian's dataset-fashion-mnist; on a larger canvas (img_size) centred or placed "
+    "anywhere (placement='random', one fixed offset per image)",
+)
 def _fashion(
-    *, root: str | None = None, img_size: int | None = None, n_train: int | None = None, n_val: int | None = None
+    *,
+    root: str | None = None,
+    img_size: int | None = None,
+    n_train: int | None = None,
+    n_val: int | None = None,
+    placement: str = "center",
 ) -> Task:
-    return _image_task("fashion_mnist", partial(_img.load_fashion_mnist, root=root), img_size, n_train, n_val, 10)
+    loader = partial(_img.load_fashion_mnist, root=root)
+    return _image_task("fashion_mnist", loader, img_size, n_train, n_val, 10, placement)
 
 
 @register_task(
