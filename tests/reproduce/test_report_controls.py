@@ -5,11 +5,12 @@ and verdicts out; the plans at smoke size."""
 
 from __future__ import annotations
 
+import copy
 import pytest
 import torch
 
 from attnzoo.reproduce import plan
-from attnzoo.reproduce.claims import plateau_gate, stat
+from attnzoo.reproduce.claims import finding, plateau_gate, stat
 from attnzoo.reproduce.common import CURVE_POINTS, Context, curve_text, mean_val_curve, train_run
 from attnzoo.reproduce.store import StepStore
 
@@ -335,7 +336,7 @@ def test_random_init_control_words_follow_the_numbers(trained, init, reading):
     assert c["data"]["change"] == pytest.approx(trained[-1] - trained[2])
     assert c["data"]["change_init"] == pytest.approx(init[-1] - init[2])
     # a trend the untrained model shows as strongly is not credited to training: an "agrees" is gated
-    f = probes.apply_init_control({"verdict": "agrees", "explanation": "e"}, c)
+    f = probes.apply_init_control(finding("P", "c", "v", "m", "agrees", "r", kind="paper", explanation="e"), c)
     gated = reading == "the untrained model falls as much"
     assert (f["verdict"] == "inconclusive") == gated and f["explanation"].startswith("e; random-initialisation")
     assert f.get("gate_reasons") == (["control"] if gated else None)
@@ -705,12 +706,12 @@ def test_a_compared_row_that_moves_more_at_twice_the_steps_than_its_verdict_clea
     # CSP on ListOps 7 points behind softmax, its interval clearing 0 by ~6; CSP itself gains 7.7 at twice the steps
     f = _cmp([25.0, 26.0, 25.5], [32.5, 33.0, 32.8], "csp", "softmax", 0.0)
     assert f["verdict"] == "disagrees"
-    g = compared_row_gate(dict(f), "csp on listops", stat([25.0, 26.0, 25.5]), stat([33.0, 33.2, 33.4]), "%")
+    g = compared_row_gate(copy.copy(f), "csp on listops", stat([25.0, 26.0, 25.5]), stat([33.0, 33.2, 33.4]), "%")
     assert g["verdict"] == "inconclusive" and g["gate_reasons"] == ["plateau"]
     assert "csp on listops itself moves +7.7 % at twice the steps" in g["gate"]
     assert g["trend_2x"]["verdict"] == "inconclusive" and "not the verdict of the reported steps" in g["gate"]
     # a small move leaves it standing
-    h = compared_row_gate(dict(f), "csp on listops", stat([25.0, 26.0, 25.5]), stat([25.6, 25.9, 25.4]), "%")
+    h = compared_row_gate(copy.copy(f), "csp on listops", stat([25.0, 26.0, 25.5]), stat([25.6, 25.9, 25.4]), "%")
     assert h["verdict"] == "disagrees" and h["compared_row_change"] == pytest.approx(0.133, abs=1e-3)
     assert "csp on listops itself moves +0.133 % at twice the steps" in h["explanation"]
     assert h["trend_2x"]["move"] == pytest.approx(0.133, abs=1e-3) and "less than the" in h["explanation"]

@@ -3,6 +3,8 @@ cause each (counts that add up), and the legend of the rule and its gates stated
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from attnzoo.reproduce.claims import GATES, compare, gate
@@ -25,7 +27,7 @@ def _f(a, b, claim_id="", claim="a beats b", **kw):
         claim_id=claim_id,
         **kw,
     )
-    f["kind"] = "paper"
+    f.kind = "paper"
     return f
 
 
@@ -122,9 +124,15 @@ def test_a_finding_serialises_through_its_fixed_schema_and_refuses_an_unknown_fi
 
     f = _f(*WIN, claim_id="tost-t3-lra#listops")
     gate(f, "sizes", "conditions")
-    assert Finding.from_dict(f).to_dict() == {k: v for k, v in f.items() if v is not None}
+    assert isinstance(f, Finding) and Finding.from_dict(f.to_dict()) == f
+    assert Finding.checked(f) == f.to_dict() and "ci95" in f.to_dict() and "ungated_verdict" in f
     with pytest.raises(ValueError, match=r"fields \['gate_reason'\] that Finding does not declare"):
-        Finding.from_dict({**f, "gate_reason": "typo"})
+        Finding.from_dict({**f.to_dict(), "gate_reason": "typo"})
+    # the mapping view reads and writes declared fields only
+    with pytest.raises(KeyError, match="gate_reason"):
+        f["gate_reason"] = "typo"
+    with pytest.raises(KeyError, match="gate_reason"):
+        f["gate_reason"]
 
 
 def test_results_json_lists_every_claim_once_with_its_tests(tmp_path):
@@ -153,7 +161,7 @@ def test_a_note_shared_by_several_findings_is_printed_once_and_referenced_by_eac
 def test_a_findings_row_leaves_the_reference_blank_where_it_repeats_the_row_above():
     from attnzoo.reproduce.report import _findings_md
 
-    fs = [_f(*WIN, claim="c1"), _f(*WIN, claim="c2"), {**_f(*WIN, claim="c3"), "paper": "Y Table 2"}]
+    fs = [_f(*WIN, claim="c1"), _f(*WIN, claim="c2"), dataclasses.replace(_f(*WIN, claim="c3"), paper="Y Table 2")]
     table, _, _ = _findings_md(fs)
     rows = table.splitlines()[2:]
     assert "| X Table 1 | c1 | a > b |" in rows[0]
