@@ -6,12 +6,14 @@ and verdicts out; the plans at smoke size."""
 from __future__ import annotations
 
 import copy
+
 import pytest
 import torch
 
 from attnzoo.reproduce import plan
-from attnzoo.reproduce.claims import finding, plateau_gate, stat
+from attnzoo.reproduce.claims import compare, finding, plateau_gate, stat
 from attnzoo.reproduce.common import CURVE_POINTS, Context, curve_text, mean_val_curve, train_run
+from attnzoo.reproduce.pipeline import Evidence, judge, judged
 from attnzoo.reproduce.store import StepStore
 
 
@@ -169,7 +171,7 @@ def test_vision_control_and_matched_findings():
         "vit+identity": {"accuracy": stat([40.0, 41.0, 40.5]), "params": 90_000},
         "tost@matched-params": {"accuracy": stat([70.2, 70.6, 70.4]), "params": 104_000},
     }
-    out = vision._findings(res)
+    out = judged(*vision._findings(res))
     ctl = next(f for f in out if f["claim"].startswith("attention helps"))
     assert ctl["kind"] == "check" and ctl["verdict"] == "agrees" and ctl["effect"] == pytest.approx(30.0)
     m = next(f for f in out if "parameter-matched" in f["claim"])
@@ -178,11 +180,12 @@ def test_vision_control_and_matched_findings():
     # the control wins: attention does not help, and counts differ beyond 10%: the "similar size" claim is gated
     res["vit+identity"]["accuracy"] = stat([80.0, 81.0, 80.5])
     res["tost@matched-params"]["params"] = 150_000
-    out = vision._findings(res)
+    out = judged(*vision._findings(res))
     assert next(f for f in out if f["claim"].startswith("attention helps"))["verdict"] == "disagrees"
     m = next(f for f in out if "parameter-matched" in f["claim"])
     assert m["verdict"] == "inconclusive" and "150,000 and 100,000 differ by more than 10%" in m["gate"]
-    assert m["gate_reasons"] == ["conditions"]
+    # the control beating the ViT holds back the "comparable" verdict too (the whole chain of gates runs)
+    assert m["gate_reasons"] == ["conditions", "control"]
 
 
 def test_vision_verdicts_are_gated_when_the_task_does_not_need_attention():
@@ -193,21 +196,31 @@ def test_vision_verdicts_are_gated_when_the_task_does_not_need_attention():
         "vit+identity": {"accuracy": stat([69.0, 71.5, 70.0]), "params": 90_000},
         "tost@matched-params": {"accuracy": stat([70.2, 70.6, 70.4]), "params": 104_000},
     }
-    out = vision._findings(res)
+    out, ev = vision._findings(res)
     m = next(f for f in out if "parameter-matched" in f["claim"])
-    assert m["verdict"] == "agrees"
+    assert m["verdict"] == "agrees"  # the numbers alone, before the gates
     # a superiority verdict is not gated: an interval that separates two mixers shows the task tells them apart
-    sup = {"kind": "paper", "claim_type": "superiority", "verdict": "agrees", "a_name": "cbt", "b_name": "crate"}
-    vision._gate_attention_needed(out + [sup])
+    sup = compare(
+        [2.0, 2.1, 2.2],
+        [1.0, 1.1, 1.2],
+        claim_type="superiority",
+        unit="pts",
+        paper="P",
+        claim="c",
+        paper_value="v",
+        a_name="cbt",
+        b_name="crate",
+    )
+    assert all(g is not sup for g, _, _ in vision._attention_needed(out + [sup]))
+    judged(out + [sup], ev)
     assert sup["verdict"] == "agrees" and "gate" not in sup
     ctl = next(f for f in out if f["claim"].startswith("attention helps"))
     assert ctl["verdict"] == "inconclusive" and "gate" not in ctl  # the check itself is not gated
     assert m["verdict"] == "inconclusive" and m["ungated_verdict"] == "agrees" and m["gate_reasons"] == ["control"]
-    assert "not shown to need attention: vit vs vit+identity +0.333 pts" in m["gate"]
+    assert m["gate"].startswith("not shown to need attention: vit vs vit+identity +0.333 pts")
     # attention helps: nothing is gated
     res["vit+identity"]["accuracy"] = stat([40.0, 41.0, 40.5])
-    out = vision._findings(res)
-    vision._gate_attention_needed(out)
+    out = judged(*vision._findings(res))
     assert next(f for f in out if "parameter-matched" in f["claim"])["verdict"] == "agrees"
 
 
@@ -231,7 +244,7 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
         "csp_vit": r(82.0, 82.4, 82.2),
         "vit+identity": r(82.0, 82.4, 82.2),
     }
-    out = vision._findings(res)
+    out = judged(*vision._findings(res))
     ctl = tost_vs_vit_swap(out)
     assert (ctl["a_name"], ctl["b_name"]) == ("vit+tssa", "vit") and ctl["gate_reasons"] == ["conditions"]
     assert "never passes a CLS token through TSSA" in ctl["gate"] and ctl["ungated_verdict"] == "disagrees"
@@ -245,12 +258,12 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
         "vit+csp-meanpool": r(83.0, 83.6, 83.3),
         "csp_vit_skeleton+softmax": r(82.1, 82.5, 82.3),
     }
-    out = vision._findings(res)
+    out = judged(*vision._findings(res))
     ctl = tost_vs_vit_swap(out)
-    assert (ctl["a_name"], ctl["b_name"]) == ("vit+tssa-meanpool", "vit-meanpool") and "gate" not in ctl
+    assert (ctl["a_name"], ctl["b_name"]) == ("vit+tssa-meanpool", "vit-meanpool") and "conditions" not in ctl.get("gate_reasons", [])
     assert "with the CLS token, vit+tssa vs vit: 79.2" in ctl["explanation"]
     csp = next(f for f in out if f["claim"].startswith("controlled swap: CSP-ViT"))
-    assert (csp["a_name"], csp["b_name"]) == ("vit+csp-meanpool", "vit-meanpool") and "gate" not in csp
+    assert (csp["a_name"], csp["b_name"]) == ("vit+csp-meanpool", "vit-meanpool") and "conditions" not in csp.get("gate_reasons", [])
     own = next(f for f in out if f["claim"] == "CSP-ViT beats the MHA ViT")
     # a tie against the paper's own +2.91 refutes "beats" (the interval lies below half of it)
     assert own["b_name"] == "csp_vit_skeleton+softmax" and own["ungated_verdict"] == "disagrees"
@@ -262,15 +275,17 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
     # against XCiT the swap keeps the CLS token (no mean-pooled XCA row): the mean-pooled TSSA's gap names two factors
     res |= {"xcit": r(85.0, 85.4, 85.2), "vit+xca": r(83.0, 83.4, 83.2)}
     vs_xcit = next(
-        f for f in vision._findings(res) if f["claim"] == "ToST is competitive with XCiT (same skeleton, XCA attention)"
+        f
+        for f in judged(*vision._findings(res))
+        if f["claim"] == "ToST is competitive with XCiT (same skeleton, XCA attention)"
     )
     assert "which keeps its CLS token: two factors; only the change is one factor's" in vs_xcit["explanation"]
     assert "same skeleton and pooling" in check["claim"]
     # with the mean-pooled XCA row, TSSA is read against XCA under one factor, not gated
     res["vit+xca-meanpool"] = r(84.0, 84.4, 84.2)
-    out = vision._findings(res)
+    out = judged(*vision._findings(res))
     swap = next(f for f in out if f["claim"].startswith("controlled swap: ToST") and "XCiT" in f["claim"])
-    assert (swap["a_name"], swap["b_name"]) == ("vit+tssa-meanpool", "vit+xca-meanpool") and "gate" not in swap
+    assert (swap["a_name"], swap["b_name"]) == ("vit+tssa-meanpool", "vit+xca-meanpool") and "conditions" not in swap.get("gate_reasons", [])
     assert "with the CLS token, vit+tssa vs vit+xca: 79.2 ± 0.3 vs 83.2 ± 0.2" in swap["explanation"]
 
 
@@ -284,12 +299,10 @@ def test_control_margins_of_cls_token_rows_read_the_mean_pooled_twin():
 
     # the CLS-token ViT is far ahead of the control (margin not admitted), its mean-pooled twin is not (admitted)
     res = {"vit": r(86.0, 86.2, 86.1), "tost": r(85.5, 85.7, 85.6), "vit+identity": r(82.0, 82.4, 82.2)}
-    f = next(f for f in vision._findings(res) if f["claim"].startswith("ToST is competitive with ViT"))
-    vision._gate_control_margins([f], res)
+    f = next(f for f in judged(*vision._findings(res)) if f["claim"].startswith("ToST is competitive with ViT"))
     assert f["verdict"] == "agrees" and "gate" not in f  # against the CLS-token ViT: 3.9 points, outside 1.9
     res["vit-meanpool"] = r(82.9, 83.3, 83.1)
-    f = next(f for f in vision._findings(res) if f["claim"].startswith("ToST is competitive with ViT"))
-    vision._gate_control_margins([f], res)
+    f = next(f for f in judged(*vision._findings(res)) if f["claim"].startswith("ToST is competitive with ViT"))
     assert f["verdict"] == "inconclusive" and f["gate_reasons"] == ["control"]
     assert "vit+identity is -0.9" in f["gate"] and "from vit-meanpool" in f["gate"]
 
@@ -428,15 +441,15 @@ def test_unmatched_tost_row_points_to_the_matched_one():
         "tost": {"accuracy": stat([69.0, 70.0, 69.5]), "params": 200_000},
         "tost@matched-params": {"accuracy": stat([70.2, 70.6, 70.4]), "params": 98_000},
     }
-    f = next(f for f in vision._findings(res) if f["claim"] == "ToST is competitive with ViT at similar size")
+    f = next(f for f in judged(*vision._findings(res)) if f["claim"] == "ToST is competitive with ViT at similar size")
     assert "parameters 2.00x: tost@matched-params is the similar-size test" in f["explanation"]
     # 2.00x against the paper's 1.02x (ToST-S vs ViT-S): not the paper's sizes, so the verdict is gated
     assert f["gate_reasons"] == ["conditions"] and "parameters 2.00x here against 1.02x in the paper" in f["gate"]
     res["tost"]["params"] = 104_000  # within 10% of the paper's ratio: no gate
-    f = next(f for f in vision._findings(res) if f["claim"] == "ToST is competitive with ViT at similar size")
+    f = next(f for f in judged(*vision._findings(res)) if f["claim"] == "ToST is competitive with ViT at similar size")
     assert "gate" not in f
     del res["tost@matched-params"]
-    f = next(f for f in vision._findings(res) if f["claim"] == "ToST is competitive with ViT at similar size")
+    f = next(f for f in judged(*vision._findings(res)) if f["claim"] == "ToST is competitive with ViT at similar size")
     assert "tost@matched-params" not in f.get("explanation", "")
 
 
@@ -540,7 +553,9 @@ def test_paper_baselines_get_their_own_plateau_checks():
         "crate": {"accuracy": stat([79.0, 80.0, 81.0]), "val_curve": []},
         "crate@2x-steps": {"accuracy": stat([82.0]), "val_curve": []},  # +2.0 > 1.03: crate's finding is gated
     }
-    out = vision._plateaus([vs_crate, vs_vit], res, {"vit": "vit@2x-steps", "crate": "crate@2x-steps"})
+    out = judge(
+        [vs_crate, vs_vit], Evidence(plateaus=vision._plateaus(res, {"vit": "vit@2x-steps", "crate": "crate@2x-steps"}))
+    )
     assert out["vit"]["plateaued"] and not out["crate"]["plateaued"]
     assert vs_vit["verdict"] == "agrees" and vs_crate["verdict"] == "inconclusive"
     assert vs_crate["gate_reasons"] == ["plateau"] and "crate at twice the steps" in vs_crate["gate"]

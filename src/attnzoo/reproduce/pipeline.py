@@ -26,7 +26,7 @@ from attnzoo.reproduce.claims import (
     untuned_control_gate,
 )
 
-__all__ = ["CHAIN", "Control", "Evidence", "Longer", "Plateau", "Tuning", "judge", "compared", "every"]
+__all__ = ["CHAIN", "Control", "Evidence", "Longer", "Plateau", "Tuning", "judge", "judged", "compared", "every"]
 
 #: the order the gates run in: whether the rows learned, under which conditions, against which control, whether the
 #: verdict survives twice the steps, and whether the rows ran at their best learning rate
@@ -187,3 +187,9 @@ _STAGES = {
     "plateau": _plateaus,
     "not tuned": _tuning,
 }
+
+
+def judged(findings: list[Finding], ev: Evidence) -> list[Finding]:
+    """``findings`` after :func:`judge`."""
+    judge(findings, ev)
+    return findings

@@ -474,13 +474,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             f"{majority:.0f}%: not {LEARNED_MARGIN:g} points above it on every seed, so no comparison is reported"
         )
         return sec
-    ev = Evidence(sizes=PAPER_SIZE_RATIO, size_tolerance=MATCH_TOLERANCE)
-    sec.findings = _findings(res, ev.gates)
-    ev.gates += _attention_needed(sec.findings)
-    # a CLS-token ViT baseline differs from the mean-pooled control in pooling too: the control is read against its
-    # mean-pooled twin where it ran (one factor)
-    twin = (MEANPOOL_BASE, res[MEANPOOL_BASE]["accuracy"]) if MEANPOOL_BASE in res else None
-    ev.controls.append(Control(CONTROL, _acc(res, CONTROL), _paper, twin, lambda f: f.b_name == "vit"))
+    sec.findings, ev = _findings(res)
     ev.plateaus = _plateaus(res, _plateau_rows(plan))
     ev.tuning.append(Tuning(_tune(sec, records, plan, res)))
     plateau = judge(sec.findings, ev)
@@ -731,8 +725,20 @@ def _controlled_pair(a_ctl: str | None, b_ctl: str | None, res: dict) -> tuple[s
     return a_ctl, b_ctl
 
 
-def _findings(res: dict, gates: list) -> list[Finding]:
-    """The section's comparisons; the gates only its set-up can judge go to ``gates``."""
+def _findings(res: dict) -> tuple[list[Finding], Evidence]:
+    """The section's comparisons and the evidence of their gates that the rows' results give."""
+    ev = Evidence(sizes=PAPER_SIZE_RATIO, size_tolerance=MATCH_TOLERANCE)
+    out = _comparisons(res, ev.gates)
+    ev.gates += _attention_needed(out)
+    # a CLS-token ViT baseline differs from the mean-pooled control in pooling too: the control is read against its
+    # mean-pooled twin where it ran (one factor)
+    twin = (MEANPOOL_BASE, res[MEANPOOL_BASE]["accuracy"]) if MEANPOOL_BASE in res else None
+    ev.controls.append(Control(CONTROL, _acc(res, CONTROL), _paper, twin, lambda f: f.b_name == "vit"))
+    return out, ev
+
+
+def _comparisons(res: dict, gates: list) -> list[Finding]:
+    """The comparisons; the gates only this section's set-up can judge go to ``gates``."""
     out = []
 
     def cmp(a, b, claim_id, **kw):
