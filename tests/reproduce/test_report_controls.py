@@ -260,10 +260,14 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
     }
     out = judged(*vision._findings(res))
     ctl = tost_vs_vit_swap(out)
-    assert (ctl["a_name"], ctl["b_name"]) == ("vit+tssa-meanpool", "vit-meanpool") and "conditions" not in ctl.get("gate_reasons", [])
+    assert (ctl["a_name"], ctl["b_name"]) == ("vit+tssa-meanpool", "vit-meanpool") and "conditions" not in ctl.get(
+        "gate_reasons", []
+    )
     assert "with the CLS token, vit+tssa vs vit: 79.2" in ctl["explanation"]
     csp = next(f for f in out if f["claim"].startswith("controlled swap: CSP-ViT"))
-    assert (csp["a_name"], csp["b_name"]) == ("vit+csp-meanpool", "vit-meanpool") and "conditions" not in csp.get("gate_reasons", [])
+    assert (csp["a_name"], csp["b_name"]) == ("vit+csp-meanpool", "vit-meanpool") and "conditions" not in csp.get(
+        "gate_reasons", []
+    )
     own = next(f for f in out if f["claim"] == "CSP-ViT beats the MHA ViT")
     # a tie against the paper's own +2.91 refutes "beats" (the interval lies below half of it)
     assert own["b_name"] == "csp_vit_skeleton+softmax" and own["ungated_verdict"] == "disagrees"
@@ -285,7 +289,10 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
     res["vit+xca-meanpool"] = r(84.0, 84.4, 84.2)
     out = judged(*vision._findings(res))
     swap = next(f for f in out if f["claim"].startswith("controlled swap: ToST") and "XCiT" in f["claim"])
-    assert (swap["a_name"], swap["b_name"]) == ("vit+tssa-meanpool", "vit+xca-meanpool") and "conditions" not in swap.get("gate_reasons", [])
+    assert (swap["a_name"], swap["b_name"]) == (
+        "vit+tssa-meanpool",
+        "vit+xca-meanpool",
+    ) and "conditions" not in swap.get("gate_reasons", [])
     assert "with the CLS token, vit+tssa vs vit+xca: 79.2 ± 0.3 vs 83.2 ± 0.2" in swap["explanation"]
 
 
@@ -496,7 +503,7 @@ def test_gap_change_words_follow_the_numbers(ablated, words):
 )
 def test_lra_failure_reading_counts_the_seeds_that_did_not_train(values, words, gated):
     from attnzoo.reproduce.claims import finding
-    from attnzoo.reproduce.sections.lra import _gate_unlearned_row, failure_reading
+    from attnzoo.reproduce.sections.lra import failure_reading, unlearned_row
 
     text = failure_reading("tssa", stat(values), stat([32.0, 33.0, 34.0]), 18.5, "softmax")
     if words is None:
@@ -504,7 +511,9 @@ def test_lra_failure_reading_counts_the_seeds_that_did_not_train(values, words, 
     else:
         assert text.startswith(words)
     f = finding("P", "c", "v", "m", "disagrees", "rule", kind="paper")
-    _gate_unlearned_row(f, stat(values), "tssa", 18.5)
+    judged(
+        [f], Evidence(gates=[(f, "did not learn", why)] if (why := unlearned_row(stat(values), "tssa", 18.5)) else [])
+    )
     assert f.get("gate") == gated and (f["verdict"] == "inconclusive") == (gated is not None)
 
 
@@ -516,7 +525,9 @@ def test_lra_disagreement_carries_the_failure_reading():
         "softmax": {"listops": {"accuracy": stat(base), "per_seed": base}},
         "tssa": {"listops": {"accuracy": stat(row), "per_seed": row}},
     }
-    found = lra._accuracy_findings(res, "tssa", "csp-t4-lra", ["listops"], {}, majority={"listops": 18.5})
+    gates = []
+    found = lra._accuracy_findings(res, "tssa", "csp-t4-lra", ["listops"], {}, majority={"listops": 18.5}, gates=gates)
+    judged(found, Evidence(gates=gates))
     # one task: no separate average finding (it would count the same evidence twice)
     (per_task,) = found
     assert per_task["claim"].endswith("on listops")
@@ -569,7 +580,7 @@ def test_csp_fastest_needs_the_lengths_of_its_other_speed_claim(n, verdict):
         return {"listops": {"accuracy": stat([30.0, 31.0]), "per_seed": [30.0, 31.0], "seeds": 2, "steps_per_s": sps}}
 
     res = {"softmax": row(8.0), "csp": row(14.0), "tssa": row(12.0)}
-    out = lra._findings(res, ["softmax", "csp", "tssa"], ["listops"], {"listops": n}, [])
+    out = judged(*lra._findings(res, ["softmax", "csp", "tssa"], ["listops"], {"listops": n}, []))
     f = next(f for f in out if f["claim"] == "CSP has the fastest training of all models compared")
     assert f["verdict"] == verdict
     if verdict == "not tested":
@@ -677,7 +688,7 @@ def test_listops_control_check_and_margin_gate():
         f = fastmax()
         found = [f]
         res = {"softmax": {"listops": {"accuracy": soft}}, "identity": {"listops": {"accuracy": stat(ctl)}}}
-        lra._control_findings(found, res, ["listops"])
+        judged(found, Evidence(controls=lra._control_findings(found, res, ["listops"])))
         check = found[-1]
         assert check["kind"] == "check" and check["b_name"] == "identity" and check["verdict"] == "agrees"
         assert (f["verdict"] == "inconclusive" and f["gate_reasons"] == ["control"]) == gated

@@ -80,7 +80,7 @@ class Control:
 
     ``twin`` is the control's own skeleton with attention where a finding's baseline differs from it in more than
     the token mixer (read for the findings ``twin_for`` picks); ``untuned`` says why the control is not at its best
-    rate (:func:`claims.untuned_control_gate`), if so."""
+    rate (:func:`claims.untuned_control_gate`), if so; ``task`` the task it controls where a section has several."""
 
     name: str
     values: Stat | None
@@ -88,6 +88,7 @@ class Control:
     twin: tuple[str, Stat] | None = None
     twin_for: Selector = every
     untuned: str | None = None
+    task: str = ""
 
 
 @dataclass
