@@ -321,10 +321,10 @@ def test_language_control_finding():
         "gpt": {"val_loss": stat([1.60, 1.62, 1.61]), "decode": []},
         "gpt+identity": {"val_loss": stat([2.40, 2.41, 2.39]), "decode": []},
     }
-    f = next(f for f in language._findings(res) if f["claim"].startswith("attention helps"))
+    f = next(f for f in judged(*language._findings(res)) if f["claim"].startswith("attention helps"))
     assert f["kind"] == "check" and f["verdict"] == "agrees" and f["effect"] == pytest.approx(0.79)
     res["gpt+identity"]["val_loss"] = stat([1.20, 1.21, 1.19])
-    f = next(f for f in language._findings(res) if f["claim"].startswith("attention helps"))
+    f = next(f for f in judged(*language._findings(res)) if f["claim"].startswith("attention helps"))
     assert f["verdict"] == "disagrees"
     assert language.rows_of({"models": ["gpt", "tost"]}) == ["gpt", "tost", "gpt+identity"]
     assert language.rows_of({"models": ["tost"]}) == ["tost"]
@@ -596,8 +596,7 @@ def test_language_sizes_unlike_the_papers_are_gated():
     loss = {"gpt": [1.80, 1.81, 1.82], "aot": [1.85, 1.86, 1.87], "aot_hybrid": [1.84, 1.85, 1.86]}
     params = {"gpt": 110_000, "aot": 161_000, "aot_hybrid": 128_000}
     res = {n: {"val_loss": stat(v), "params": params[n]} for n, v in loss.items()}
-    out = [f for f in language._findings(res) if f.get("claim_type")]
-    language._gate_sizes(out, res)
+    out = [f for f in judged(*language._findings(res)) if f.get("claim_type")]
     aot = next(f for f in out if f["a_name"] == "aot" and f["b_name"] == "gpt")
     # 1.46x here, 1.47x for the pair AoT Table 1 calls comparable (Medium 182M vs GPT-2 Base 124M): not gated
     assert "gate" not in aot and aot["params_a"] == 161_000
@@ -606,13 +605,11 @@ def test_language_sizes_unlike_the_papers_are_gated():
     # AoT 1.26x Hybrid here as in the paper (Base 102M vs Hybrid 81M): kept; now make Hybrid 2.27x AoT
     assert "gate" not in hybrid
     res["aot_hybrid"]["params"] = 365_000
-    out = [f for f in language._findings(res) if f.get("claim_type")]
-    language._gate_sizes(out, res)
+    out = [f for f in judged(*language._findings(res)) if f.get("claim_type")]
     hybrid = next(f for f in out if f["b_name"] == "aot_hybrid")
     # Base's size (0.82x GPT) is not the comparable pair's: gated
     res["aot"]["params"] = 90_000
-    out = [f for f in language._findings(res) if f.get("claim_type")]
-    language._gate_sizes(out, res)
+    out = [f for f in judged(*language._findings(res)) if f.get("claim_type")]
     aot = next(f for f in out if f["a_name"] == "aot" and f["b_name"] == "gpt")
     assert aot["gate_reasons"] == ["conditions"] and "0.82x here against 1.47x in the paper" in aot["gate"]
     assert hybrid["gate_reasons"] == ["conditions"] and "0.44x here against 1.26x in the paper" in hybrid["gate"]
@@ -765,7 +762,8 @@ def test_language_compared_row_runs_at_twice_the_steps_and_gates_its_own_verdict
     assert f["verdict"] == "disagrees"
     sec = Section("language", "Language", findings=[f])
     records = {"language/tost@2x-steps/seed0": {"result": {"val_loss": 1.70}}}
-    language._gate(sec, records, {"models": ["gpt", "tost"], "compared_2x": ["tost"]}, res)
+    plateaus = language._plateaus(records, {"models": ["gpt", "tost"], "compared_2x": ["tost"]}, res)
+    judged(sec.findings, Evidence(plateaus=plateaus))
     assert f["verdict"] == "inconclusive" and "plateau" in f["gate_reasons"]
     assert "tost itself moves -0.3 nats at twice the steps" in f["gate"]
 
@@ -786,7 +784,7 @@ def test_an_untuned_control_does_not_pass_the_margin_test():
     assert f["verdict"] == "inconclusive" and f["gate_reasons"] == ["control"]
     assert "control is not tuned: best rate 0.012" in f["gate"]
     f = comparable()
-    f.pop("control_effect")  # no margin test ran: nothing to gate
+    f.control_effect = None  # no margin test ran: nothing to gate
     untuned_control_gate(f, "untuned", "identity on t")
     assert f["verdict"] == "agrees"
 
