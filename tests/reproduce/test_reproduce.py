@@ -621,7 +621,8 @@ def test_jobs_runs_steps_in_processes_with_the_numbers_of_one_job(tmp_path):
 
 
 def test_sweep_table_marks_the_best_rate_and_gates_untuned_rows():
-    from attnzoo.reproduce.common import gate_untuned, sweep_id, sweep_table
+    from attnzoo.reproduce.common import sweep_id, sweep_table
+    from attnzoo.reproduce.pipeline import Evidence, Tuning
 
     lrs, used = [1e-3, 2e-3, 4e-3], 2e-3
     # crate: one rate missing; csp: a tie between the rate used and another is tuned
@@ -639,7 +640,7 @@ def test_sweep_table_marks_the_best_rate_and_gates_untuned_rows():
     kw = dict(claim_type="superiority", unit="pts", paper="P", claim="c", paper_value="v")
     tuned = compare([82.3, 83.3, 84.3], [79.0, 80.0, 81.0], a_name="vit", b_name="vit+x", **kw)
     not_tuned = compare([82.3, 83.3, 84.3], [79.0, 80.0, 81.0], a_name="tost", b_name="vit", **kw)
-    gate_untuned([tuned, not_tuned], untuned)
+    judged([tuned, not_tuned], Evidence(tuning=[Tuning(untuned)]))
     assert tuned["verdict"] == "agrees" and "gate" not in tuned
     assert not_tuned["verdict"] == "inconclusive" and not_tuned["ungated_verdict"] == "agrees"
     assert not_tuned["gate"].startswith("not tuned: tost's best swept learning rate")

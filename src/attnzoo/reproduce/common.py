@@ -547,18 +547,6 @@ def _sweep_caption(
     return caption
 
 
-def gate_untuned(findings: list[dict], untuned: dict[str, str]) -> None:
-    """Make every comparison involving an untuned row inconclusive (the numbers' verdict is kept)."""
-    from attnzoo.reproduce.claims import gate
-
-    for f in findings:
-        if not f.get("claim_type"):
-            continue
-        why = [untuned[n] for n in (f.get("a_name"), f.get("b_name")) if n in untuned]
-        if why:
-            gate(f, "not tuned: " + "; ".join(why), "not tuned")
-
-
 # ---- learning curves ------------------------------------------------------------------------------------------
 def mean_val_curve(results: Sequence[dict], metric: str, scale: float = 1.0) -> list[list[float]]:
     """``[[step, seed mean of scale * metric], ...]`` over the validation steps every seed's run logged."""
