@@ -82,6 +82,16 @@ class Section:
     #: one line for the summary: the scale of this section's runs against the papers' (empty: not a trained section)
     scale: str = ""
 
+    def add_plot(self, fig, path: Path, rel, caption: str, dpi: int = 100) -> None:
+        """Save ``fig`` as the PNG ``path`` and list it (``rel(path)``, as the report links it) with ``caption``."""
+        save_figure(fig, path, dpi=dpi)
+        self.plots.append((rel(path), caption))
+
+    def add_curves(self, panels: list, path: Path, rel, ylabel: str, title: str, caption: str) -> None:
+        """The validation-curves plot (:func:`plot_val_curves`) of ``panels``, where any row has a curve."""
+        if any(c for _, p in panels for c in p.values()):
+            self.add_plot(plot_val_curves(panels, ylabel, title), path, rel, caption)
+
 
 class ModelRow(NamedTuple):
     """One trained row of a section's table: the registered model, the attention it compares, how the table names it."""

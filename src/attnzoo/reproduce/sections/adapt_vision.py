@@ -30,7 +30,6 @@ from attnzoo.reproduce.common import (
     load_trained,
     num_params,
     per_seed,
-    save_figure,
     seed_list,
     seed_mean,
     seeded_id,
@@ -283,10 +282,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     if res:
         sec.tables.append(_table(res))
     if teacher:
-        path = plots_dir / "adapt_vision.png"
-        save_figure(_plot(teacher, res), path)
         caption = "Left: the ViT's pretraining; right: accuracy fine-tuned (mean ± std) and just swapped (hatched)."
-        sec.plots.append((rel(path), caption))
+        sec.add_plot(_plot(teacher, res), plots_dir / "adapt_vision.png", rel, caption)
     if teacher is None:
         sec.notes.append("the pretrained ViT has no record: nothing to compare")
         return sec

@@ -24,9 +24,7 @@ from attnzoo.reproduce.common import (
     fmt,
     mean_val_curve,
     per_seed,
-    plot_val_curves,
     row_lrs,
-    save_figure,
     seed_list,
     seeded_id,
     sweep_deps,
@@ -276,9 +274,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         )
     sec.data = {"curves": curves, "final_error_per_seed": finals}
     if any(curves.values()):
-        path = plots_dir / "icl.png"
-        save_figure(_plot(curves, d), path)
-        sec.plots.append((rel(path), "Error / d vs in-context examples (AoT Fig. 6)."))
+        sec.add_plot(_plot(curves, d), plots_dir / "icl.png", rel, "Error / d vs in-context examples (AoT Fig. 6).")
     sec.findings, ev = _findings(curves, finals, records, plan)
     _val_curves(sec, records, plan, plots_dir, rel)
     ev.plateaus = _plateaus(records, curves, finals)
@@ -346,6 +342,9 @@ def _tune(sec: Section, records: dict, plan: dict, ev: Evidence) -> None:
         ev.gates += [(f, "not tuned", why) for f in sec.findings if f.kind == "paper" and not f.claim_type]
 
 
+_CURVES = "In-context: validation curves"
+
+
 def _val_curves(sec: Section, records: dict, plan: dict, plots_dir, rel) -> None:
     """Each run's validation curve (seed means) per task, into ``sec.data`` and a plot."""
     val = {
@@ -357,14 +356,11 @@ def _val_curves(sec: Section, records: dict, plan: dict, plots_dir, rel) -> None
         for t in plan["tasks"]
     }
     sec.data["val_curves"] = val
-    if any(c for v in val.values() for c in v.values()):
-        path = plots_dir / "icl_curves.png"
-        save_figure(plot_val_curves(list(val.items()), "validation error / d", "In-context: validation curves"), path)
-        caption = (
-            "Validation error (mean over k, seed means) during training; points before the last use "
-            f"{CURVE_EVAL_BATCHES} validation batches."
-        )
-        sec.plots.append((rel(path), caption))
+    caption = (
+        "Validation error (mean over k, seed means) during training; points before the last use "
+        f"{CURVE_EVAL_BATCHES} validation batches."
+    )
+    sec.add_curves(list(val.items()), plots_dir / "icl_curves.png", rel, "validation error / d", _CURVES, caption)
 
 
 def _plot(curves, d):

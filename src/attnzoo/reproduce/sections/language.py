@@ -28,9 +28,7 @@ from attnzoo.reproduce.common import (
     num_params,
     peak_train_mb,
     per_seed,
-    plot_val_curves,
     row_lrs,
-    save_figure,
     seed_list,
     seeded_id,
     sweep_deps,
@@ -286,9 +284,9 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.tables += _tables(res, names)
     sec.data = {"models": {n: _model_data(res[n]) for n in names}}
     if names:
-        path = plots_dir / "language.png"
-        save_figure(_plot(res, names), path)
-        sec.plots.append((rel(path), "Training loss; decode time and state vs context."))
+        sec.add_plot(
+            _plot(res, names), plots_dir / "language.png", rel, "Training loss; decode time and state vs context."
+        )
     _plot_val_curves(sec, curves, plan, plots_dir, rel)
     # every seed of the baseline must beat the bigram model by the margin, else the comparisons are of bigram-level
     # models and say nothing about the mechanisms
@@ -360,19 +358,13 @@ def _model_data(r: dict) -> dict:
 
 def _plot_val_curves(sec: Section, curves: dict, plan: dict, plots_dir, rel) -> None:
     sec.data["val_curves"] = curves
-    if any(curves.values()):
-        path = plots_dir / "language_curves.png"
-        fig = plot_val_curves(
-            [("Validation loss and training cost", curves)], "validation bits/char", "Language: validation curves"
-        )
-        save_figure(fig, path)
-        sec.plots.append(
-            (
-                rel(path),
-                "Validation bits/char during training (seed means, the trainer's batch: shape, not level); "
-                f"{', '.join(dict.fromkeys([PLATEAU, *longer_rows(plan)]))}: twice the steps.",
-            )
-        )
+    caption = (
+        "Validation bits/char during training (seed means, the trainer's batch: shape, not level); "
+        f"{', '.join(dict.fromkeys([PLATEAU, *longer_rows(plan)]))}: twice the steps."
+    )
+    panels = [("Validation loss and training cost", curves)]
+    title = "Language: validation curves"
+    sec.add_curves(panels, plots_dir / "language_curves.png", rel, "validation bits/char", title, caption)
 
 
 #: a row -> another of its paper's gaps (a fraction of GPT's loss) whose verdict the report states beside its own

@@ -22,9 +22,7 @@ from attnzoo.reproduce.common import (
     fmt,
     mean_val_curve,
     per_seed,
-    plot_val_curves,
     row_lrs,
-    save_figure,
     seed_list,
     seed_mean,
     seeded_id,
@@ -338,9 +336,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.notes += _eval_set_notes(records, res, tasks)
     sec.data = _data(res, mechs, learned, lengths, majority, shortcut)
     if any(res[m] for m in mechs):
-        path = plots_dir / "long_range.png"
-        save_figure(_plot(res, mechs, tasks, lengths), path)
-        sec.plots.append((rel(path), "Accuracy (dashed: chance) and training steps/s per task."))
+        caption = "Accuracy (dashed: chance) and training steps/s per task."
+        sec.add_plot(_plot(res, mechs, tasks, lengths), plots_dir / "long_range.png", rel, caption)
     sec.data["ablations"] = {
         n: {"task": a["task"], "mechanism": a["mechanism"], "accuracy": a["result"]["per_seed"]}
         for n, a in ablations.items()
@@ -651,16 +648,12 @@ def _curves(sec: Section, res: dict, mechs: list[str], tasks: list[str], ablatio
         c.update({n: a["result"]["val_curve"] for n, a in ablations.items() if a["task"] == t})
         panels.append((t, c))
     sec.data["val_curves"] = {t: c for t, c in panels}
-    if any(v for _, c in panels for v in c.values()):
-        path = plots_dir / "long_range_curves.png"
-        save_figure(plot_val_curves(panels, "validation accuracy (%)", "Long-range: validation curves"), path)
-        sec.plots.append(
-            (
-                rel(path),
-                "Validation accuracy during training (seed means); points before the last use "
-                f"{CURVE_EVAL_BATCHES} validation batches.",
-            )
-        )
+    caption = (
+        f"Validation accuracy during training (seed means); points before the last use {CURVE_EVAL_BATCHES} "
+        "validation batches."
+    )
+    path = plots_dir / "long_range_curves.png"
+    sec.add_curves(panels, path, rel, "validation accuracy (%)", "Long-range: validation curves", caption)
 
 
 def equal_time(

@@ -26,7 +26,6 @@ from attnzoo.reproduce.common import (
     load_trained,
     num_params,
     per_seed,
-    save_figure,
     seed_list,
     seeded_id,
     train_run,
@@ -328,16 +327,14 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.data = {"rows": {n: _row_data(st) for n, st in res.items()}, "decoders": dec and _decoder_data(dec)}
     if res:
         sec.tables += [_table5(res), _table6(res)]
-        save_figure(_plot_layers(res), plots_dir / "segmentation_layers.png")
-        sec.plots.append((rel(plots_dir / "segmentation_layers.png"), _LAYERS_CAPTION))
+        sec.add_plot(_plot_layers(res), plots_dir / "segmentation_layers.png", rel, _LAYERS_CAPTION)
         over = {n: st["overlays"] for n, st in res.items() if st.get("overlays")}
         if over:
-            save_figure(_plot_overlays(over, plan.get("mass", 0.6)), plots_dir / "segmentation_overlays.png", dpi=45)
-            sec.plots.append((rel(plots_dir / "segmentation_overlays.png"), _OVERLAYS_CAPTION))
+            fig = _plot_overlays(over, plan.get("mass", 0.6))
+            sec.add_plot(fig, plots_dir / "segmentation_overlays.png", rel, _OVERLAYS_CAPTION, dpi=45)
     if dec:
         sec.tables.append(_decoder_table(dec))
-        save_figure(_plot_sweep(dec), plots_dir / "segmentation_decoders.png")
-        sec.plots.append((rel(plots_dir / "segmentation_decoders.png"), _SWEEP_CAPTION))
+        sec.add_plot(_plot_sweep(dec), plots_dir / "segmentation_decoders.png", rel, _SWEEP_CAPTION)
     ev = Evidence()
     sec.findings = _zero_shot_findings(res, ev.gates) + _decoder_findings(dec, ev.gates)
     if plan.get("require_learned", True):

@@ -27,9 +27,7 @@ from attnzoo.reproduce.common import (
     num_params,
     peak_train_mb,
     per_seed,
-    plot_val_curves,
     row_lrs,
-    save_figure,
     seed_list,
     seed_mean,
     seeded_id,
@@ -442,26 +440,17 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     for row in _plateau_rows(plan).values():
         if row in res and panels:
             panels[0][1][row] = res[row]["val_curve"]
-    if any(c for _, p in panels for c in p.values()):
-        path = plots_dir / "vision_curves.png"
-        save_figure(plot_val_curves(panels, "validation accuracy (%)", "Vision: validation curves (seed means)"), path)
-        sec.plots.append(
-            (
-                rel(path),
-                f"Validation accuracy during training (seed means), one panel per table, plateau runs included; "
-                f"points before the last use {CURVE_EVAL_BATCHES} validation batches.",
-            )
-        )
+    caption = (
+        "Validation accuracy during training (seed means), one panel per table, plateau runs included; points before "
+        f"the last use {CURVE_EVAL_BATCHES} validation batches."
+    )
+    title = "Vision: validation curves (seed means)"
+    sec.add_curves(panels, plots_dir / "vision_curves.png", rel, "validation accuracy (%)", title, caption)
     names = [n for n in plan["models"] if n in res]
     if names:
-        path = plots_dir / "vision.png"
-        save_figure(_plot(res, names + [n for n in swaps if n not in names]), path)
-        sec.plots.append(
-            (
-                rel(path),
-                "Accuracy (mean ± std over seeds), training images/s and peak training-step memory.",
-            )
-        )
+        fig = _plot(res, names + [n for n in swaps if n not in names])
+        caption = "Accuracy (mean ± std over seeds), training images/s and peak training-step memory."
+        sec.add_plot(fig, plots_dir / "vision.png", rel, caption)
     majority = 100.0 * plan.get("majority", 0.1)
     # every seed of the baseline must clear the majority class by the margin
     if (
