@@ -186,8 +186,10 @@ class Finding:
         return cls(**{"claim_id": "", **d})
 
     def to_dict(self) -> dict:
-        """The fields that are set (``None`` left out), in declaration order."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        """The fields that are set (``None`` left out), in declaration order; a comparison states its interval even
+        where it has none (one seed a side: ``ci95`` and ``df`` null)."""
+        keep = _INTERVAL if self.claim_type else ()
+        return {k: v for k, v in asdict(self).items() if v is not None or k in keep}
 
     @classmethod
     def checked(cls, f: "Finding | dict") -> dict:
@@ -220,6 +222,7 @@ class Finding:
 
 
 _FIELDS = frozenset(f.name for f in fields(Finding))
+_INTERVAL = ("ci95", "df")
 
 
 def stat(values: float | Iterable[float | None] | Stat | None) -> Stat | None:
