@@ -86,7 +86,7 @@ def test_image_folder_comparison_is_the_reports_rule_on_the_stored_seeds(image_r
     )  # fmt: skip
     assert f["effect"] == pytest.approx(np.mean(tssa) - np.mean(soft))
     assert f["effect"] == pytest.approx(ref["effect"]) and f["ci95"] == pytest.approx(ref["ci95"])
-    assert claims.numbers_verdict(f) == ref["verdict"]
+    assert claims.numbers_verdict(claims.Finding.from_dict(f)) == ref["verdict"]
     lo, hi = f["ci95"]
     assert lo < f["effect"] < hi or lo == hi
     for mech in ("softmax", "tssa"):
@@ -114,7 +114,9 @@ def test_a_margin_rereads_the_stored_runs_as_non_inferiority(image_run, image_co
         a_name="tssa", b_name="softmax", margin=0.2, margin_source="--margin",
     )  # fmt: skip
     assert f["claim_type"] == "non-inferiority" and f["margin"] == 0.2
-    assert claims.numbers_verdict(f) == ref["verdict"] == claims.verdict_from_ci(f["ci95"], 0.2)
+    assert (
+        claims.numbers_verdict(claims.Finding.from_dict(f)) == ref["verdict"] == claims.verdict_from_ci(f["ci95"], 0.2)
+    )
     assert _doc(image_run)["steps"].keys() == {p.relative_to(image_run / "steps").with_suffix("").as_posix()
                                                for p in (image_run / "steps").rglob("*.json")}  # fmt: skip
 
@@ -268,7 +270,7 @@ def test_replicate_baseline_adds_the_plateau_runs_and_its_gate(image_run, image_
     p = doc["plateau"]
     assert p["change"] == pytest.approx(np.mean(base["values_2x"]) - np.mean(base["values"]))
     f = doc["effects"]["tssa"]
-    verdict = claims.numbers_verdict(f)
+    verdict = claims.numbers_verdict(claims.Finding.from_dict(f))
     clearance = f["ci95"][0] if verdict == "agrees" else -f["ci95"][1]  # beyond the boundary 0 (no margin)
     gated = verdict in ("agrees", "disagrees") and clearance <= abs(p["change"])
     assert ("plateau" in f.get("gate_reasons", [])) == gated

@@ -7,6 +7,7 @@ import pytest
 
 from attnzoo.models.registry import create_model
 from attnzoo.reproduce import claims
+from attnzoo.reproduce.pipeline import Evidence, judged
 from attnzoo.reproduce.sections import icl
 
 PLAN = {
@@ -81,6 +82,10 @@ def test_the_words_follow_the_numbers():
     assert "aot-untied the tying, with 3x the projection parameters" in text
 
 
+def _judge_learns(f, m, fin, zero):
+    judged([f], Evidence(gates=icl._learns_plateau(f, m, fin, zero)))
+
+
 def test_learns_verdicts_stand_only_where_twice_the_steps_agrees():
     # the same rule for "agrees" and "disagrees": a run at twice the steps must give the same verdict
     def finding(verdict):
@@ -90,20 +95,20 @@ def test_learns_verdicts_stand_only_where_twice_the_steps_agrees():
 
     zero = 1.0
     f = finding("disagrees")
-    icl._learns_plateau_gate(f, "aot", {"aot": [0.9, 0.8], "aot@2x-steps": [0.9, 0.3]}, zero)
+    _judge_learns(f, "aot", {"aot": [0.9, 0.8], "aot@2x-steps": [0.9, 0.3]}, zero)
     assert f["verdict"] == "inconclusive" and f["ungated_verdict"] == "disagrees"
     assert "'inconclusive'" in f["gate"] and f["gate_reasons"] == ["plateau"]
     f = finding("disagrees")
-    icl._learns_plateau_gate(f, "aot", {"aot": [0.9, 0.8], "aot@2x-steps": [0.7, 0.6]}, zero)
+    _judge_learns(f, "aot", {"aot": [0.9, 0.8], "aot@2x-steps": [0.7, 0.6]}, zero)
     assert f["verdict"] == "disagrees" and "disagrees by the same rule" in f["longer_run"]
     f = finding("agrees")
-    icl._learns_plateau_gate(f, "gpt", {"gpt": [0.1, 0.2], "gpt@2x-steps": [0.05]}, zero)
+    _judge_learns(f, "gpt", {"gpt": [0.1, 0.2], "gpt@2x-steps": [0.05]}, zero)
     assert f["verdict"] == "agrees"
     f = finding("agrees")
-    icl._learns_plateau_gate(f, "gpt", {"gpt": [0.1, 0.2]}, zero)
+    _judge_learns(f, "gpt", {"gpt": [0.1, 0.2]}, zero)
     assert f["verdict"] == "inconclusive" and "no run at twice the steps" in f["gate"]
     f = finding("inconclusive")
-    icl._learns_plateau_gate(f, "aot", {"aot": [0.1, 0.9]}, zero)
+    _judge_learns(f, "aot", {"aot": [0.1, 0.9]}, zero)
     assert f["verdict"] == "inconclusive" and "gate" not in f
 
 
@@ -119,9 +124,13 @@ def test_aot_that_did_not_learn_gates_its_comparison_as_listops_gates_its_rows()
 
     zero = 1.0
     stuck = [0.85, 0.3, 0.35]
-    f = icl._closeness("linear", {"aot": stuck, "gpt": [0.05, 0.06, 0.04]}, zero, records(stuck))
+    fin = {"aot": stuck, "gpt": [0.05, 0.06, 0.04]}
+    f = icl._closeness("linear", zero, records(stuck))
+    judged([f], Evidence(gates=icl._aot_unlearned(f, fin, zero)))
     assert f["ungated_verdict"] == "disagrees" and f["verdict"] == "inconclusive"
     assert f["gate_reasons"] == ["did not learn"] and "1 of 3 seeds of aot did not learn" in f["gate"]
     learned = [0.3, 0.3, 0.35]
-    f = icl._closeness("linear", {"aot": learned, "gpt": [0.05, 0.06, 0.04]}, zero, records(learned))
+    fin = {"aot": learned, "gpt": [0.05, 0.06, 0.04]}
+    f = icl._closeness("linear", zero, records(learned))
+    judged([f], Evidence(gates=icl._aot_unlearned(f, fin, zero)))
     assert f["verdict"] == "disagrees" and "gate" not in f

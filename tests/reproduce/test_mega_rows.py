@@ -8,6 +8,7 @@ import pytest
 
 from attnzoo.models import create_model
 from attnzoo.reproduce import claims
+from attnzoo.reproduce.pipeline import judge, judged
 from attnzoo.reproduce.sections import efficiency, lra
 
 ARCH = {"dim": 32, "depth": 2, "heads": 4, "mlp_dim": 64}
@@ -54,13 +55,13 @@ def _res(values: dict[str, list[float]]) -> dict:
 
 def test_mega_csp_vs_chunk_finding_is_oriented_and_decided_by_the_ci():
     res = _res({"softmax": [40, 41, 42], "mega_chunk": [30.0, 31.0, 32.0], "mega_csp": [35.0, 36.0, 37.0]})
-    out = lra._findings(res, ["softmax", "mega_chunk", "mega_csp"], ["listops"], {"listops": 256}, ["listops"])
+    out = judged(*lra._findings(res, ["softmax", "mega_chunk", "mega_csp"], ["listops"], {"listops": 256}, ["listops"]))
     (f,) = [f for f in out if f["claim"].startswith("MEGA using CSP")]  # one task: no separate average
     assert f["claim"].endswith(" on listops")
     assert f["a_name"] == "mega_csp" and f["b_name"] == "mega_chunk"
     assert f["effect"] == pytest.approx(5.0) and f["verdict"] == "agrees"
     res = _res({"softmax": [40, 41, 42], "mega_chunk": [35.0, 36.0, 37.0], "mega_csp": [30.0, 31.0, 32.0]})
-    out = lra._findings(res, ["softmax", "mega_chunk", "mega_csp"], ["listops"], {"listops": 256}, ["listops"])
+    out = judged(*lra._findings(res, ["softmax", "mega_chunk", "mega_csp"], ["listops"], {"listops": 256}, ["listops"]))
     assert [f["verdict"] for f in out if f["claim"].startswith("MEGA using CSP")] == ["disagrees"]
 
 
@@ -69,7 +70,7 @@ def test_two_tasks_give_the_average_then_each_task():
     for m in res:
         res[m]["text"] = dict(res[m]["listops"])
     mechs, tasks = ["softmax", "mega_chunk", "mega_csp"], ["listops", "text"]
-    out = lra._findings(res, mechs, tasks, {"listops": 256, "text": 256}, tasks)
+    out = judged(*lra._findings(res, mechs, tasks, {"listops": 256, "text": 256}, tasks))
     mega = [f["claim"].split(" beats chunked MEGA ")[1] for f in out if f["claim"].startswith("MEGA using CSP")]
     assert mega == ["on the LRA average", "on listops", "on text"]
 
@@ -77,10 +78,11 @@ def test_two_tasks_give_the_average_then_each_task():
 @pytest.mark.parametrize(("chunk", "gated"), [(128, True), (256, True), (16, False), (None, False)])
 def test_mega_chunk_covering_the_sequence_is_dense_mega_and_gated(chunk, gated):
     res = _res({"softmax": [40, 41, 42], "mega_chunk": [30.0, 31.0, 32.0], "mega_csp": [35.0, 36.0, 37.0]})
-    out = lra._findings(res, ["softmax", "mega_chunk", "mega_csp"], ["listops"], {"listops": 128}, ["listops"])
+    out, ev = lra._findings(res, ["softmax", "mega_chunk", "mega_csp"], ["listops"], {"listops": 128}, ["listops"])
     sid = "long-range/listops/mega_chunk/seed0"
     records = {sid: {"config": {"train": {"model_options": {"attention_options": {"chunk_size": chunk}}}}}}
-    lra._gate_dense_chunks(out, records, ["listops"], {"listops": 128})
+    ev.gates += lra._dense_chunks(out, records, ["listops"], {"listops": 128})
+    judge(out, ev)
     (f,) = [f for f in out if f["b_name"] == "mega_chunk"]
     assert (f["verdict"] == "inconclusive") == gated and f.get("ungated_verdict", "agrees") == "agrees"
     if gated:
@@ -114,11 +116,11 @@ def test_mega_csp_vs_chunk_is_gated_when_chunked_mega_did_not_learn():
     the verdict (kept as ungated_verdict), on the task and on the average; a learned MEGA-chunk leaves it decided."""
     mechs, lengths = ["softmax", "mega_chunk", "mega_csp"], {"listops": 256}
     res = _res({"softmax": [40, 41, 42], "mega_chunk": [18.0, 19.0, 20.0], "mega_csp": [28.0, 29.0, 30.0]})
-    out = lra._findings(res, mechs, ["listops"], lengths, ["listops"], majority={"listops": 17.0})
+    out = judged(*lra._findings(res, mechs, ["listops"], lengths, ["listops"], majority={"listops": 17.0}))
     (f,) = [f for f in out if f["claim"].startswith("MEGA using CSP")]
     assert f["verdict"] == "inconclusive" and f["ungated_verdict"] == "agrees"
     assert "mega_chunk did not learn (listops: lowest seed 18.0%" in f["gate"]
-    out = lra._findings(res, mechs, ["listops"], lengths, ["listops"], majority={"listops": 10.0})
+    out = judged(*lra._findings(res, mechs, ["listops"], lengths, ["listops"], majority={"listops": 10.0}))
     assert [f["verdict"] for f in out if f["claim"].startswith("MEGA using CSP")] == ["agrees"]
 
 

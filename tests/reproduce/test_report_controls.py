@@ -5,12 +5,15 @@ and verdicts out; the plans at smoke size."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from attnzoo.reproduce import plan
-from attnzoo.reproduce.claims import plateau_gate, stat
+from attnzoo.reproduce.claims import compare, finding, plateau_gate, stat
 from attnzoo.reproduce.common import CURVE_POINTS, Context, curve_text, mean_val_curve, train_run
+from attnzoo.reproduce.pipeline import Evidence, judge, judged
 from attnzoo.reproduce.store import StepStore
 
 
@@ -168,7 +171,7 @@ def test_vision_control_and_matched_findings():
         "vit+identity": {"accuracy": stat([40.0, 41.0, 40.5]), "params": 90_000},
         "tost@matched-params": {"accuracy": stat([70.2, 70.6, 70.4]), "params": 104_000},
     }
-    out = vision._findings(res)
+    out = judged(*vision._findings(res))
     ctl = next(f for f in out if f["claim"].startswith("attention helps"))
     assert ctl["kind"] == "check" and ctl["verdict"] == "agrees" and ctl["effect"] == pytest.approx(30.0)
     m = next(f for f in out if "parameter-matched" in f["claim"])
@@ -177,11 +180,12 @@ def test_vision_control_and_matched_findings():
     # the control wins: attention does not help, and counts differ beyond 10%: the "similar size" claim is gated
     res["vit+identity"]["accuracy"] = stat([80.0, 81.0, 80.5])
     res["tost@matched-params"]["params"] = 150_000
-    out = vision._findings(res)
+    out = judged(*vision._findings(res))
     assert next(f for f in out if f["claim"].startswith("attention helps"))["verdict"] == "disagrees"
     m = next(f for f in out if "parameter-matched" in f["claim"])
     assert m["verdict"] == "inconclusive" and "150,000 and 100,000 differ by more than 10%" in m["gate"]
-    assert m["gate_reasons"] == ["conditions"]
+    # the control beating the ViT holds back the "comparable" verdict too (the whole chain of gates runs)
+    assert m["gate_reasons"] == ["conditions", "control"]
 
 
 def test_vision_verdicts_are_gated_when_the_task_does_not_need_attention():
@@ -192,21 +196,31 @@ def test_vision_verdicts_are_gated_when_the_task_does_not_need_attention():
         "vit+identity": {"accuracy": stat([69.0, 71.5, 70.0]), "params": 90_000},
         "tost@matched-params": {"accuracy": stat([70.2, 70.6, 70.4]), "params": 104_000},
     }
-    out = vision._findings(res)
+    out, ev = vision._findings(res)
     m = next(f for f in out if "parameter-matched" in f["claim"])
-    assert m["verdict"] == "agrees"
+    assert m["verdict"] == "agrees"  # the numbers alone, before the gates
     # a superiority verdict is not gated: an interval that separates two mixers shows the task tells them apart
-    sup = {"kind": "paper", "claim_type": "superiority", "verdict": "agrees", "a_name": "cbt", "b_name": "crate"}
-    vision._gate_attention_needed(out + [sup])
+    sup = compare(
+        [2.0, 2.1, 2.2],
+        [1.0, 1.1, 1.2],
+        claim_type="superiority",
+        unit="pts",
+        paper="P",
+        claim="c",
+        paper_value="v",
+        a_name="cbt",
+        b_name="crate",
+    )
+    assert all(g is not sup for g, _, _ in vision._attention_needed(out + [sup]))
+    judged(out + [sup], ev)
     assert sup["verdict"] == "agrees" and "gate" not in sup
     ctl = next(f for f in out if f["claim"].startswith("attention helps"))
     assert ctl["verdict"] == "inconclusive" and "gate" not in ctl  # the check itself is not gated
     assert m["verdict"] == "inconclusive" and m["ungated_verdict"] == "agrees" and m["gate_reasons"] == ["control"]
-    assert "not shown to need attention: vit vs vit+identity +0.333 pts" in m["gate"]
+    assert m["gate"].startswith("not shown to need attention: vit vs vit+identity +0.333 pts")
     # attention helps: nothing is gated
     res["vit+identity"]["accuracy"] = stat([40.0, 41.0, 40.5])
-    out = vision._findings(res)
-    vision._gate_attention_needed(out)
+    out = judged(*vision._findings(res))
     assert next(f for f in out if "parameter-matched" in f["claim"])["verdict"] == "agrees"
 
 
@@ -230,7 +244,7 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
         "csp_vit": r(82.0, 82.4, 82.2),
         "vit+identity": r(82.0, 82.4, 82.2),
     }
-    out = vision._findings(res)
+    out = judged(*vision._findings(res))
     ctl = tost_vs_vit_swap(out)
     assert (ctl["a_name"], ctl["b_name"]) == ("vit+tssa", "vit") and ctl["gate_reasons"] == ["conditions"]
     assert "never passes a CLS token through TSSA" in ctl["gate"] and ctl["ungated_verdict"] == "disagrees"
@@ -244,12 +258,16 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
         "vit+csp-meanpool": r(83.0, 83.6, 83.3),
         "csp_vit_skeleton+softmax": r(82.1, 82.5, 82.3),
     }
-    out = vision._findings(res)
+    out = judged(*vision._findings(res))
     ctl = tost_vs_vit_swap(out)
-    assert (ctl["a_name"], ctl["b_name"]) == ("vit+tssa-meanpool", "vit-meanpool") and "gate" not in ctl
+    assert (ctl["a_name"], ctl["b_name"]) == ("vit+tssa-meanpool", "vit-meanpool") and "conditions" not in ctl.get(
+        "gate_reasons", []
+    )
     assert "with the CLS token, vit+tssa vs vit: 79.2" in ctl["explanation"]
     csp = next(f for f in out if f["claim"].startswith("controlled swap: CSP-ViT"))
-    assert (csp["a_name"], csp["b_name"]) == ("vit+csp-meanpool", "vit-meanpool") and "gate" not in csp
+    assert (csp["a_name"], csp["b_name"]) == ("vit+csp-meanpool", "vit-meanpool") and "conditions" not in csp.get(
+        "gate_reasons", []
+    )
     own = next(f for f in out if f["claim"] == "CSP-ViT beats the MHA ViT")
     # a tie against the paper's own +2.91 refutes "beats" (the interval lies below half of it)
     assert own["b_name"] == "csp_vit_skeleton+softmax" and own["ungated_verdict"] == "disagrees"
@@ -261,15 +279,20 @@ def test_vision_swaps_read_their_mean_pooled_pair_and_csp_its_own_skeleton():
     # against XCiT the swap keeps the CLS token (no mean-pooled XCA row): the mean-pooled TSSA's gap names two factors
     res |= {"xcit": r(85.0, 85.4, 85.2), "vit+xca": r(83.0, 83.4, 83.2)}
     vs_xcit = next(
-        f for f in vision._findings(res) if f["claim"] == "ToST is competitive with XCiT (same skeleton, XCA attention)"
+        f
+        for f in judged(*vision._findings(res))
+        if f["claim"] == "ToST is competitive with XCiT (same skeleton, XCA attention)"
     )
     assert "which keeps its CLS token: two factors; only the change is one factor's" in vs_xcit["explanation"]
     assert "same skeleton and pooling" in check["claim"]
     # with the mean-pooled XCA row, TSSA is read against XCA under one factor, not gated
     res["vit+xca-meanpool"] = r(84.0, 84.4, 84.2)
-    out = vision._findings(res)
+    out = judged(*vision._findings(res))
     swap = next(f for f in out if f["claim"].startswith("controlled swap: ToST") and "XCiT" in f["claim"])
-    assert (swap["a_name"], swap["b_name"]) == ("vit+tssa-meanpool", "vit+xca-meanpool") and "gate" not in swap
+    assert (swap["a_name"], swap["b_name"]) == (
+        "vit+tssa-meanpool",
+        "vit+xca-meanpool",
+    ) and "conditions" not in swap.get("gate_reasons", [])
     assert "with the CLS token, vit+tssa vs vit+xca: 79.2 ± 0.3 vs 83.2 ± 0.2" in swap["explanation"]
 
 
@@ -283,12 +306,10 @@ def test_control_margins_of_cls_token_rows_read_the_mean_pooled_twin():
 
     # the CLS-token ViT is far ahead of the control (margin not admitted), its mean-pooled twin is not (admitted)
     res = {"vit": r(86.0, 86.2, 86.1), "tost": r(85.5, 85.7, 85.6), "vit+identity": r(82.0, 82.4, 82.2)}
-    f = next(f for f in vision._findings(res) if f["claim"].startswith("ToST is competitive with ViT"))
-    vision._gate_control_margins([f], res)
+    f = next(f for f in judged(*vision._findings(res)) if f["claim"].startswith("ToST is competitive with ViT"))
     assert f["verdict"] == "agrees" and "gate" not in f  # against the CLS-token ViT: 3.9 points, outside 1.9
     res["vit-meanpool"] = r(82.9, 83.3, 83.1)
-    f = next(f for f in vision._findings(res) if f["claim"].startswith("ToST is competitive with ViT"))
-    vision._gate_control_margins([f], res)
+    f = next(f for f in judged(*vision._findings(res)) if f["claim"].startswith("ToST is competitive with ViT"))
     assert f["verdict"] == "inconclusive" and f["gate_reasons"] == ["control"]
     assert "vit+identity is -0.9" in f["gate"] and "from vit-meanpool" in f["gate"]
 
@@ -300,10 +321,10 @@ def test_language_control_finding():
         "gpt": {"val_loss": stat([1.60, 1.62, 1.61]), "decode": []},
         "gpt+identity": {"val_loss": stat([2.40, 2.41, 2.39]), "decode": []},
     }
-    f = next(f for f in language._findings(res) if f["claim"].startswith("attention helps"))
+    f = next(f for f in judged(*language._findings(res)) if f["claim"].startswith("attention helps"))
     assert f["kind"] == "check" and f["verdict"] == "agrees" and f["effect"] == pytest.approx(0.79)
     res["gpt+identity"]["val_loss"] = stat([1.20, 1.21, 1.19])
-    f = next(f for f in language._findings(res) if f["claim"].startswith("attention helps"))
+    f = next(f for f in judged(*language._findings(res)) if f["claim"].startswith("attention helps"))
     assert f["verdict"] == "disagrees"
     assert language.rows_of({"models": ["gpt", "tost"]}) == ["gpt", "tost", "gpt+identity"]
     assert language.rows_of({"models": ["tost"]}) == ["tost"]
@@ -335,7 +356,7 @@ def test_random_init_control_words_follow_the_numbers(trained, init, reading):
     assert c["data"]["change"] == pytest.approx(trained[-1] - trained[2])
     assert c["data"]["change_init"] == pytest.approx(init[-1] - init[2])
     # a trend the untrained model shows as strongly is not credited to training: an "agrees" is gated
-    f = probes.apply_init_control({"verdict": "agrees", "explanation": "e"}, c)
+    f = probes.apply_init_control(finding("P", "c", "v", "m", "agrees", "r", kind="paper", explanation="e"), c)
     gated = reading == "the untrained model falls as much"
     assert (f["verdict"] == "inconclusive") == gated and f["explanation"].startswith("e; random-initialisation")
     assert f.get("gate_reasons") == (["control"] if gated else None)
@@ -427,15 +448,15 @@ def test_unmatched_tost_row_points_to_the_matched_one():
         "tost": {"accuracy": stat([69.0, 70.0, 69.5]), "params": 200_000},
         "tost@matched-params": {"accuracy": stat([70.2, 70.6, 70.4]), "params": 98_000},
     }
-    f = next(f for f in vision._findings(res) if f["claim"] == "ToST is competitive with ViT at similar size")
+    f = next(f for f in judged(*vision._findings(res)) if f["claim"] == "ToST is competitive with ViT at similar size")
     assert "parameters 2.00x: tost@matched-params is the similar-size test" in f["explanation"]
     # 2.00x against the paper's 1.02x (ToST-S vs ViT-S): not the paper's sizes, so the verdict is gated
     assert f["gate_reasons"] == ["conditions"] and "parameters 2.00x here against 1.02x in the paper" in f["gate"]
     res["tost"]["params"] = 104_000  # within 10% of the paper's ratio: no gate
-    f = next(f for f in vision._findings(res) if f["claim"] == "ToST is competitive with ViT at similar size")
+    f = next(f for f in judged(*vision._findings(res)) if f["claim"] == "ToST is competitive with ViT at similar size")
     assert "gate" not in f
     del res["tost@matched-params"]
-    f = next(f for f in vision._findings(res) if f["claim"] == "ToST is competitive with ViT at similar size")
+    f = next(f for f in judged(*vision._findings(res)) if f["claim"] == "ToST is competitive with ViT at similar size")
     assert "tost@matched-params" not in f.get("explanation", "")
 
 
@@ -482,7 +503,7 @@ def test_gap_change_words_follow_the_numbers(ablated, words):
 )
 def test_lra_failure_reading_counts_the_seeds_that_did_not_train(values, words, gated):
     from attnzoo.reproduce.claims import finding
-    from attnzoo.reproduce.sections.lra import _gate_unlearned_row, failure_reading
+    from attnzoo.reproduce.sections.lra import failure_reading, unlearned_row
 
     text = failure_reading("tssa", stat(values), stat([32.0, 33.0, 34.0]), 18.5, "softmax")
     if words is None:
@@ -490,7 +511,9 @@ def test_lra_failure_reading_counts_the_seeds_that_did_not_train(values, words, 
     else:
         assert text.startswith(words)
     f = finding("P", "c", "v", "m", "disagrees", "rule", kind="paper")
-    _gate_unlearned_row(f, stat(values), "tssa", 18.5)
+    judged(
+        [f], Evidence(gates=[(f, "did not learn", why)] if (why := unlearned_row(stat(values), "tssa", 18.5)) else [])
+    )
     assert f.get("gate") == gated and (f["verdict"] == "inconclusive") == (gated is not None)
 
 
@@ -502,7 +525,9 @@ def test_lra_disagreement_carries_the_failure_reading():
         "softmax": {"listops": {"accuracy": stat(base), "per_seed": base}},
         "tssa": {"listops": {"accuracy": stat(row), "per_seed": row}},
     }
-    found = lra._accuracy_findings(res, "tssa", "csp-t4-lra", ["listops"], {}, majority={"listops": 18.5})
+    gates = []
+    found = lra._accuracy_findings(res, "tssa", "csp-t4-lra", ["listops"], {}, majority={"listops": 18.5}, gates=gates)
+    judged(found, Evidence(gates=gates))
     # one task: no separate average finding (it would count the same evidence twice)
     (per_task,) = found
     assert per_task["claim"].endswith("on listops")
@@ -539,7 +564,9 @@ def test_paper_baselines_get_their_own_plateau_checks():
         "crate": {"accuracy": stat([79.0, 80.0, 81.0]), "val_curve": []},
         "crate@2x-steps": {"accuracy": stat([82.0]), "val_curve": []},  # +2.0 > 1.03: crate's finding is gated
     }
-    out = vision._plateaus([vs_crate, vs_vit], res, {"vit": "vit@2x-steps", "crate": "crate@2x-steps"})
+    out = judge(
+        [vs_crate, vs_vit], Evidence(plateaus=vision._plateaus(res, {"vit": "vit@2x-steps", "crate": "crate@2x-steps"}))
+    )
     assert out["vit"]["plateaued"] and not out["crate"]["plateaued"]
     assert vs_vit["verdict"] == "agrees" and vs_crate["verdict"] == "inconclusive"
     assert vs_crate["gate_reasons"] == ["plateau"] and "crate at twice the steps" in vs_crate["gate"]
@@ -553,7 +580,7 @@ def test_csp_fastest_needs_the_lengths_of_its_other_speed_claim(n, verdict):
         return {"listops": {"accuracy": stat([30.0, 31.0]), "per_seed": [30.0, 31.0], "seeds": 2, "steps_per_s": sps}}
 
     res = {"softmax": row(8.0), "csp": row(14.0), "tssa": row(12.0)}
-    out = lra._findings(res, ["softmax", "csp", "tssa"], ["listops"], {"listops": n}, [])
+    out = judged(*lra._findings(res, ["softmax", "csp", "tssa"], ["listops"], {"listops": n}, []))
     f = next(f for f in out if f["claim"] == "CSP has the fastest training of all models compared")
     assert f["verdict"] == verdict
     if verdict == "not tested":
@@ -569,8 +596,7 @@ def test_language_sizes_unlike_the_papers_are_gated():
     loss = {"gpt": [1.80, 1.81, 1.82], "aot": [1.85, 1.86, 1.87], "aot_hybrid": [1.84, 1.85, 1.86]}
     params = {"gpt": 110_000, "aot": 161_000, "aot_hybrid": 128_000}
     res = {n: {"val_loss": stat(v), "params": params[n]} for n, v in loss.items()}
-    out = [f for f in language._findings(res) if f.get("claim_type")]
-    language._gate_sizes(out, res)
+    out = [f for f in judged(*language._findings(res)) if f.get("claim_type")]
     aot = next(f for f in out if f["a_name"] == "aot" and f["b_name"] == "gpt")
     # 1.46x here, 1.47x for the pair AoT Table 1 calls comparable (Medium 182M vs GPT-2 Base 124M): not gated
     assert "gate" not in aot and aot["params_a"] == 161_000
@@ -579,13 +605,11 @@ def test_language_sizes_unlike_the_papers_are_gated():
     # AoT 1.26x Hybrid here as in the paper (Base 102M vs Hybrid 81M): kept; now make Hybrid 2.27x AoT
     assert "gate" not in hybrid
     res["aot_hybrid"]["params"] = 365_000
-    out = [f for f in language._findings(res) if f.get("claim_type")]
-    language._gate_sizes(out, res)
+    out = [f for f in judged(*language._findings(res)) if f.get("claim_type")]
     hybrid = next(f for f in out if f["b_name"] == "aot_hybrid")
     # Base's size (0.82x GPT) is not the comparable pair's: gated
     res["aot"]["params"] = 90_000
-    out = [f for f in language._findings(res) if f.get("claim_type")]
-    language._gate_sizes(out, res)
+    out = [f for f in judged(*language._findings(res)) if f.get("claim_type")]
     aot = next(f for f in out if f["a_name"] == "aot" and f["b_name"] == "gpt")
     assert aot["gate_reasons"] == ["conditions"] and "0.82x here against 1.47x in the paper" in aot["gate"]
     assert hybrid["gate_reasons"] == ["conditions"] and "0.44x here against 1.26x in the paper" in hybrid["gate"]
@@ -661,7 +685,7 @@ def test_listops_control_check_and_margin_gate():
         f = fastmax()
         found = [f]
         res = {"softmax": {"listops": {"accuracy": soft}}, "identity": {"listops": {"accuracy": stat(ctl)}}}
-        lra._control_findings(found, res, ["listops"])
+        judged(found, Evidence(controls=lra._control_findings(found, res, ["listops"])))
         check = found[-1]
         assert check["kind"] == "check" and check["b_name"] == "identity" and check["verdict"] == "agrees"
         assert (f["verdict"] == "inconclusive" and f["gate_reasons"] == ["control"]) == gated
@@ -705,12 +729,12 @@ def test_a_compared_row_that_moves_more_at_twice_the_steps_than_its_verdict_clea
     # CSP on ListOps 7 points behind softmax, its interval clearing 0 by ~6; CSP itself gains 7.7 at twice the steps
     f = _cmp([25.0, 26.0, 25.5], [32.5, 33.0, 32.8], "csp", "softmax", 0.0)
     assert f["verdict"] == "disagrees"
-    g = compared_row_gate(dict(f), "csp on listops", stat([25.0, 26.0, 25.5]), stat([33.0, 33.2, 33.4]), "%")
+    g = compared_row_gate(copy.copy(f), "csp on listops", stat([25.0, 26.0, 25.5]), stat([33.0, 33.2, 33.4]), "%")
     assert g["verdict"] == "inconclusive" and g["gate_reasons"] == ["plateau"]
     assert "csp on listops itself moves +7.7 % at twice the steps" in g["gate"]
     assert g["trend_2x"]["verdict"] == "inconclusive" and "not the verdict of the reported steps" in g["gate"]
     # a small move leaves it standing
-    h = compared_row_gate(dict(f), "csp on listops", stat([25.0, 26.0, 25.5]), stat([25.6, 25.9, 25.4]), "%")
+    h = compared_row_gate(copy.copy(f), "csp on listops", stat([25.0, 26.0, 25.5]), stat([25.6, 25.9, 25.4]), "%")
     assert h["verdict"] == "disagrees" and h["compared_row_change"] == pytest.approx(0.133, abs=1e-3)
     assert "csp on listops itself moves +0.133 % at twice the steps" in h["explanation"]
     assert h["trend_2x"]["move"] == pytest.approx(0.133, abs=1e-3) and "less than the" in h["explanation"]
@@ -738,7 +762,8 @@ def test_language_compared_row_runs_at_twice_the_steps_and_gates_its_own_verdict
     assert f["verdict"] == "disagrees"
     sec = Section("language", "Language", findings=[f])
     records = {"language/tost@2x-steps/seed0": {"result": {"val_loss": 1.70}}}
-    language._gate(sec, records, {"models": ["gpt", "tost"], "compared_2x": ["tost"]}, res)
+    plateaus = language._plateaus(records, {"models": ["gpt", "tost"], "compared_2x": ["tost"]}, res)
+    judged(sec.findings, Evidence(plateaus=plateaus))
     assert f["verdict"] == "inconclusive" and "plateau" in f["gate_reasons"]
     assert "tost itself moves -0.3 nats at twice the steps" in f["gate"]
 
@@ -759,7 +784,7 @@ def test_an_untuned_control_does_not_pass_the_margin_test():
     assert f["verdict"] == "inconclusive" and f["gate_reasons"] == ["control"]
     assert "control is not tuned: best rate 0.012" in f["gate"]
     f = comparable()
-    f.pop("control_effect")  # no margin test ran: nothing to gate
+    f.control_effect = None  # no margin test ran: nothing to gate
     untuned_control_gate(f, "untuned", "identity on t")
     assert f["verdict"] == "agrees"
 

@@ -14,6 +14,7 @@ import torch
 from attnzoo.reproduce import BUDGETS, SECTIONS, ReproduceError, main, plan, run
 from attnzoo.reproduce.claims import VERDICTS, compare, verdict_from_ci
 from attnzoo.reproduce.common import SWEEP_SEED_OFFSET
+from attnzoo.reproduce.pipeline import judged
 from attnzoo.reproduce.report import CONFIGS_FILE, FINDING_COLUMNS
 from attnzoo.reproduce.store import Step, StepStore
 
@@ -491,11 +492,19 @@ def test_vision_extra_seeds_explain_a_controlled_comparison_within_the_spread():
         "vit+cbsa": {"accuracy": six_cbsa, "extra_seeds": 3},
         "vit+mssa": {"accuracy": six_mssa, "extra_seeds": 3},
     }
-    ctl = [f for f in vision._findings(res) if f["claim"].startswith("controlled swap: CBSA is competitive with MSSA")]
+    ctl = [
+        f
+        for f in judged(*vision._findings(res))
+        if f["claim"].startswith("controlled swap: CBSA is competitive with MSSA")
+    ]
     assert len(ctl) == 1 and ctl[0]["verdict"] == "disagrees" and ctl[0]["values_a"] == list(six_cbsa.values)
     assert "6 vs 6 seeds (the section's and the plan's extra seeds, all used)" in ctl[0]["explanation"]
     res["vit+cbsa"]["extra_seeds"] = 0
-    ctl = [f for f in vision._findings(res) if f["claim"].startswith("controlled swap: CBSA is competitive with MSSA")]
+    ctl = [
+        f
+        for f in judged(*vision._findings(res))
+        if f["claim"].startswith("controlled swap: CBSA is competitive with MSSA")
+    ]
     assert "extra seeds" not in ctl[0]["explanation"]
     # `long` no longer plans extra seeds (they do not fit its 2 h); a plan that asks for them gets them as extra steps
     b, _ = plan("long", 0)
@@ -612,7 +621,8 @@ def test_jobs_runs_steps_in_processes_with_the_numbers_of_one_job(tmp_path):
 
 
 def test_sweep_table_marks_the_best_rate_and_gates_untuned_rows():
-    from attnzoo.reproduce.common import gate_untuned, sweep_id, sweep_table
+    from attnzoo.reproduce.common import sweep_id, sweep_table
+    from attnzoo.reproduce.pipeline import Evidence, Tuning
 
     lrs, used = [1e-3, 2e-3, 4e-3], 2e-3
     # crate: one rate missing; csp: a tie between the rate used and another is tuned
@@ -630,7 +640,7 @@ def test_sweep_table_marks_the_best_rate_and_gates_untuned_rows():
     kw = dict(claim_type="superiority", unit="pts", paper="P", claim="c", paper_value="v")
     tuned = compare([82.3, 83.3, 84.3], [79.0, 80.0, 81.0], a_name="vit", b_name="vit+x", **kw)
     not_tuned = compare([82.3, 83.3, 84.3], [79.0, 80.0, 81.0], a_name="tost", b_name="vit", **kw)
-    gate_untuned([tuned, not_tuned], untuned)
+    judged([tuned, not_tuned], Evidence(tuning=[Tuning(untuned)]))
     assert tuned["verdict"] == "agrees" and "gate" not in tuned
     assert not_tuned["verdict"] == "inconclusive" and not_tuned["ungated_verdict"] == "agrees"
     assert not_tuned["gate"].startswith("not tuned: tost's best swept learning rate")
@@ -730,7 +740,7 @@ def test_vision_reports_every_claim_whose_rows_ran():
 
     rows = {row for c in vision.CLAIMS for row in (c.row, c.base)}
     res = {r: {"accuracy": stat([70.0 + i, 71.0 + i, 70.5 + i]), "extra_seeds": 0} for i, r in enumerate(rows)}
-    claimed = {f["claim_id"] for f in vision._findings(res) if f["kind"] == "paper"}
+    claimed = {f["claim_id"] for f in judged(*vision._findings(res)) if f["kind"] == "paper"}
     assert {c.claim_id for c in vision.CLAIMS} <= claimed
 
 

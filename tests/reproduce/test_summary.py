@@ -3,6 +3,8 @@ cause each (counts that add up), and the legend of the rule and its gates stated
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from attnzoo.reproduce.claims import GATES, compare, gate
@@ -25,7 +27,7 @@ def _f(a, b, claim_id="", claim="a beats b", **kw):
         claim_id=claim_id,
         **kw,
     )
-    f["kind"] = "paper"
+    f.kind = "paper"
     return f
 
 
@@ -122,9 +124,15 @@ def test_a_finding_serialises_through_its_fixed_schema_and_refuses_an_unknown_fi
 
     f = _f(*WIN, claim_id="tost-t3-lra#listops")
     gate(f, "sizes", "conditions")
-    assert Finding.from_dict(f).to_dict() == {k: v for k, v in f.items() if v is not None}
+    assert isinstance(f, Finding) and Finding.from_dict(f.to_dict()) == f
+    assert Finding.checked(f) == f.to_dict() and "ci95" in f.to_dict() and "ungated_verdict" in f
     with pytest.raises(ValueError, match=r"fields \['gate_reason'\] that Finding does not declare"):
-        Finding.from_dict({**f, "gate_reason": "typo"})
+        Finding.from_dict({**f.to_dict(), "gate_reason": "typo"})
+    # the mapping view reads and writes declared fields only
+    with pytest.raises(KeyError, match="gate_reason"):
+        f["gate_reason"] = "typo"
+    with pytest.raises(KeyError, match="gate_reason"):
+        f["gate_reason"]
 
 
 def test_results_json_lists_every_claim_once_with_its_tests(tmp_path):
@@ -156,8 +164,8 @@ def test_a_findings_row_names_its_claim_by_id_and_leaves_a_repeated_paper_figure
     fs = [
         _f(*WIN, claim_id="tost-t3-lra#listops", claim="c1"),
         _f(*WIN, claim_id="tost-t3-lra#average", claim="c2"),
-        {**_f(*WIN, claim="c3"), "paper_value": "a >> b"},
-        {**_f(*WIN, claim="c4"), "kind": "check"},
+        dataclasses.replace(_f(*WIN, claim="c3"), paper_value="a >> b"),
+        dataclasses.replace(_f(*WIN, claim="c4"), kind="check"),
     ]
     table, _, _ = _findings_md(fs)
     rows = table.splitlines()[2:]
@@ -173,7 +181,11 @@ def test_a_findings_row_names_its_claim_by_id_and_leaves_a_repeated_paper_figure
 def test_the_claims_table_names_a_reference_and_a_section_once_per_run_of_rows():
     from attnzoo.reproduce.report import _claims_table
 
-    pairs = [("S1", _f(*WIN, claim="c1")), ("S1", _f(*WIN, claim="c2")), ("S2", {**_f(*WIN, claim="c3"), "paper": "Y"})]
+    pairs = [
+        ("S1", _f(*WIN, claim="c1")),
+        ("S1", _f(*WIN, claim="c2")),
+        ("S2", dataclasses.replace(_f(*WIN, claim="c3"), paper="Y")),
+    ]
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in _claims_table(tally(pairs)).splitlines()[2:]]
     assert [r[-1] for r in rows] == ["S1", "", "S2"]
     assert [r[1] for r in rows] == ["X Table 1", "", "Y"] and [r[2] for r in rows] == ["c1", "c2", "c3"]

@@ -192,7 +192,7 @@ def write_outputs(out: Path, spec: CompareSpec, summary: dict, meta: dict, recor
         **meta,
         "spec": to_jsonable(spec.__dict__),
         "rows": summary["rows"],
-        "effects": summary["findings"],
+        "effects": {m: f.to_dict() for m, f in summary["findings"].items()},
         "untuned": summary["untuned"],
         "sweep_caption": table.caption if table is not None else None,
         "plateau": summary["plateau"],

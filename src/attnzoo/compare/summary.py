@@ -1,6 +1,7 @@
 """From stored step records to the comparison's numbers: per row the seeds' metric, size, speed and tuned rate; per
 mechanism its effect against the baseline with the report's own rule (:func:`attnzoo.reproduce.claims.compare`),
-the report's gates (a row tuned at an end of its grid, the baseline's plateau) and a reading in words."""
+the report's gates through its own pipeline (:func:`attnzoo.reproduce.pipeline.judge`: a row tuned at an end of its
+grid, the baseline's plateau) and a reading in words."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import statistics
 
 from attnzoo.compare.plan import PREFIX, CompareSpec, longer_id, row_ids
 from attnzoo.reproduce import claims
-from attnzoo.reproduce.common import curve_text, gate_untuned, mean_val_curve, seeded_id, sweep_id, sweep_table
+from attnzoo.reproduce.claims import Finding
+from attnzoo.reproduce.common import curve_text, mean_val_curve, seeded_id, sweep_id, sweep_table
+from attnzoo.reproduce.pipeline import Evidence, Plateau, Tuning, judge
 
 __all__ = ["summarise", "reading", "MARGIN_SOURCE"]
 
@@ -58,7 +61,7 @@ def _row(spec: CompareSpec, records: dict, mech: str) -> dict:
     return row
 
 
-def _finding(spec: CompareSpec, rows: dict, mech: str) -> dict:
+def _finding(spec: CompareSpec, rows: dict, mech: str) -> Finding:
     """``claims.compare`` of ``mech``'s seeds against the baseline's: the report's interval and rule."""
     margin = spec.margin is not None
     return claims.compare(
@@ -79,18 +82,18 @@ def _finding(spec: CompareSpec, rows: dict, mech: str) -> dict:
     )
 
 
-def reading(f: dict, superiority: bool) -> str:
+def reading(f: Finding, superiority: bool) -> str:
     """A finding's verdict in words: better / worse / not distinguishable (superiority) or non-inferior / inferior /
     inconclusive (margin); a gated verdict says why and what the numbers alone give."""
     words = _SUPERIORITY_WORDS if superiority else _NONINFERIORITY_WORDS
-    if f["verdict"] == "not tested":
-        return f"not tested ({f['measured']})"
-    if f.get("ci95") is None:
+    if f.verdict == "not tested":
+        return f"not tested ({f.measured})"
+    if f.ci95 is None:
         return "no interval (one seed a side)"
-    why = ", ".join(f.get("gate_reasons", []))
-    if "ungated_verdict" in f:
-        return f"inconclusive ({why}); the numbers alone: {words[f['ungated_verdict']]}"
-    return words[f["verdict"]] + (f" (and {why})" if why else "")
+    why = ", ".join(f.gate_reasons or [])
+    if f.ungated_verdict:
+        return f"inconclusive ({why}); the numbers alone: {words[f.ungated_verdict]}"
+    return words[f.verdict] + (f" (and {why})" if why else "")
 
 
 def summarise(spec: CompareSpec, records: dict) -> dict:
@@ -106,20 +109,15 @@ def summarise(spec: CompareSpec, records: dict) -> dict:
         records, mechs, PREFIX, list(spec.lrs), None, spec.metric, spec.higher_is_better, noise=noise
     )
     findings = {m: _finding(spec, rows, m) for m in mechs if m != spec.baseline}
-    gate_untuned(list(findings.values()), untuned)
-    plateau = None
+    ev = Evidence(tuning=[Tuning(untuned)])
     if spec.replicate_baseline:
         base = rows[spec.baseline]
         curves = f"{spec.steps} steps: {curve_text(base['curve'])}; {2 * spec.steps} steps: "
-        plateau = claims.plateau_gate(
-            list(findings.values()),
-            spec.baseline,
-            claims.stat(base["values"]),
-            claims.stat(base.get("values_2x")),
-            spec.metric,
-            spec=".4g",
-            curves=curves + curve_text(base.get("curve_2x", [])),
-        )
+        b1, b2 = claims.stat(base["values"]), claims.stat(base.get("values_2x"))
+        curves += curve_text(base.get("curve_2x", []))
+        ev.plateaus.append(Plateau(spec.baseline, spec.baseline, b1, b2, spec.metric, ".4g", curves, key="baseline"))
+    # the report's own chain of gates, in the report's order
+    plateau = judge(list(findings.values()), ev).get("baseline")
     for f in findings.values():
-        f["reading"] = reading(f, spec.margin is None)
+        f.reading = reading(f, spec.margin is None)
     return {"rows": rows, "findings": findings, "untuned": untuned, "sweep_table": table, "plateau": plateau}

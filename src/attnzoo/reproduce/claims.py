@@ -1,6 +1,7 @@
 """Checking the papers' claims against measured numbers: every verdict is computed, with its rule stated.
 
-A finding is a dict ``{kind, paper, claim, paper_value, measured, verdict, rule, seeds, explanation}``:
+A finding is a :class:`Finding` (``kind, paper, claim, paper_value, measured, verdict, rule, seeds, explanation``
+and the optional fields below):
 
 * ``kind`` is ``"paper"`` (a claim one of the five papers makes, with its table or section in ``paper``) or
   ``"check"`` (an implementation or sanity check: complexity, decode flatness, baselines learning at all). The
@@ -114,9 +115,11 @@ FINDING_SCHEMA = 1
 
 @dataclass
 class Finding:
-    """The fixed fields a finding may carry (serialised in results.json with :data:`FINDING_SCHEMA`).
+    """One tested claim: the fixed fields it may carry (serialised in results.json with :data:`FINDING_SCHEMA`).
 
-    Sections build findings with :func:`finding` and :func:`compare` and gate them in place; :meth:`from_dict`
+    Built by :func:`finding` and :func:`compare` and gated in place (:func:`gate`). The mapping interface
+    (``f["verdict"]``, ``f.get(...)``, ``"gate" in f``, ``dict(f)``) is the serialised form's view: it reads and
+    writes declared fields only, and a field counts as present when it is set (not ``None``); :meth:`from_dict`
     refuses a field not declared here, so a new key is a schema change, not a typo that a reader never sees."""
 
     # every finding
@@ -169,10 +172,12 @@ class Finding:
     paired_2x: dict | None = None
     compared_row_change: float | None = None
     longer_run: str | None = None
+    # a comparison's verdict in words (``attnzoo compare``)
+    reading: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> "Finding":
-        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        unknown = sorted(set(d) - _FIELDS)
         if unknown:
             raise ValueError(
                 f"finding {d.get('claim_id') or d.get('claim')!r} has fields {unknown} that Finding does not declare "
@@ -181,14 +186,43 @@ class Finding:
         return cls(**{"claim_id": "", **d})
 
     def to_dict(self) -> dict:
-        """The fields that are set (``None`` left out), in declaration order."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        """The fields that are set (``None`` left out), in declaration order; a comparison states its interval even
+        where it has none (one seed a side: ``ci95`` and ``df`` null)."""
+        keep = _INTERVAL if self.claim_type else ()
+        return {k: v for k, v in asdict(self).items() if v is not None or k in keep}
 
     @classmethod
-    def checked(cls, d: dict) -> dict:
-        """``d`` itself (an explicit ``None``, e.g. a one-seed ``ci95``, kept) once :meth:`from_dict` accepts it."""
-        cls.from_dict(d)
-        return dict(d)
+    def checked(cls, f: "Finding | dict") -> dict:
+        """The serialised form of ``f`` (a dict is first read through :meth:`from_dict`, which refuses unknown keys)."""
+        return (f if isinstance(f, Finding) else cls.from_dict(f)).to_dict()
+
+    def _field(self, key: str) -> str:
+        if key not in _FIELDS:
+            raise KeyError(f"{key!r} is not a field of Finding (schema {FINDING_SCHEMA})")
+        return key
+
+    def __getitem__(self, key: str):
+        return getattr(self, self._field(key))
+
+    def __setitem__(self, key: str, value) -> None:
+        setattr(self, self._field(key), value)
+
+    def __contains__(self, key: object) -> bool:
+        return key in _FIELDS and getattr(self, key) is not None
+
+    def get(self, key: str, default=None):
+        v = getattr(self, key, None) if key in _FIELDS else None
+        return default if v is None else v
+
+    def keys(self) -> list[str]:
+        return list(self.to_dict())
+
+    def __iter__(self):
+        return iter(self.keys())
+
+
+_FIELDS = frozenset(f.name for f in fields(Finding))
+_INTERVAL = ("ci95", "df")
 
 
 def stat(values: float | Iterable[float | None] | Stat | None) -> Stat | None:
@@ -263,32 +297,22 @@ def finding(
     explanation: str = "",
     measurement: bool = False,
     claim_id: str = "",
-) -> dict:
-    """A finding dict (see the module docstring); ``measurement=True`` marks a cost or speed figure measured once."""
+) -> Finding:
+    """A :class:`Finding`; ``measurement=True`` marks a cost or speed figure measured once."""
     if verdict not in VERDICTS:
         raise ValueError(f"verdict {verdict!r} is not one of {VERDICTS}")
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r} is not one of {KINDS}")
     if not isinstance(seeds, int) or seeds < 0:
         raise ValueError(f"seeds must be a non-negative int, got {seeds!r}")
-    f = {
-        "claim_id": claim_id,
-        "kind": kind,
-        "paper": paper,
-        "claim": claim,
-        "paper_value": paper_value,
-        "measured": measured,
-        "verdict": verdict,
-        "rule": rule,
-        "seeds": seeds,
-        "explanation": explanation,
-    }
-    if measurement:
-        f["measurement"] = True
-    return f
+    return Finding(
+        claim_id, kind, paper, claim, paper_value, measured, verdict, rule, seeds, explanation, measurement or None
+    )
 
 
-def not_tested(paper: str, claim: str, paper_value: str, why: str, *, kind: str = "paper", claim_id: str = "") -> dict:
+def not_tested(
+    paper: str, claim: str, paper_value: str, why: str, *, kind: str = "paper", claim_id: str = ""
+) -> Finding:
     return finding(paper, claim, paper_value, why, "not tested", "-", kind=kind, seeds=0, claim_id=claim_id)
 
 
@@ -311,7 +335,7 @@ def compare(
     spec: str = ".3g",
     claim_id: str = "",
     paper_effect: float | None = None,
-) -> dict:
+) -> Finding:
     """Verdict on ``a`` (the paper's mechanism, one value per seed) against ``b`` (its baseline).
 
     ``claim_type="superiority"``: "``a`` is better than ``b``" (``margin`` must be 0);
@@ -349,23 +373,12 @@ def compare(
     )
     rule = _rule_text(claim_type, lower_is_better, margin, margin_abs, relative, margin_source, b_name, unit, refute)
     f = finding(paper, claim, paper_value, measured, verdict, rule, kind=kind, seeds=n, claim_id=claim_id)
-    f.update(
-        claim_type=claim_type,
-        a_name=a_name,
-        b_name=b_name,
-        unit=unit,
-        effect=effect,
-        ci95=list(ci) if ci is not None else None,
-        df=df,
-        margin=margin_abs,
-        margin_source=margin_source,
-        values_a=list(sa.values),
-        values_b=list(sb.values),
-        lower_is_better=lower_is_better,
-        margin_rel=float(margin) if relative else None,
-    )
+    f.claim_type, f.a_name, f.b_name, f.unit = claim_type, a_name, b_name, unit
+    f.effect, f.ci95, f.df = effect, list(ci) if ci is not None else None, df
+    f.margin, f.margin_source, f.margin_rel = margin_abs, margin_source, float(margin) if relative else None
+    f.values_a, f.values_b, f.lower_is_better = list(sa.values), list(sb.values), lower_is_better
     if refute is not None:
-        f.update(paper_effect=float(paper_effect), refute_below=refute)
+        f.paper_effect, f.refute_below = float(paper_effect), refute
     return f
 
 
@@ -449,7 +462,7 @@ GATES: dict[str, GateRule] = {
 GATE_REASONS = tuple(GATES)
 
 
-def gate(f: dict, why: str, reason: str) -> dict:
+def gate(f: Finding, why: str, reason: str) -> Finding:
     """Make a decided verdict ``inconclusive`` because a precondition (a plateau, a baseline that learned) fails.
 
     Only the verdicts :data:`GATES` names for ``reason`` are held back; for the others ``why`` is said in the
@@ -460,26 +473,25 @@ def gate(f: dict, why: str, reason: str) -> dict:
         raise ValueError(f"unknown gate reason {reason!r}; valid: {GATE_REASONS}")
     if numbers_verdict(f) in ("agrees", "disagrees") and numbers_verdict(f) not in GATES[reason].holds_back:
         return explain(f, f"{why} (a {reason} gate, which does not hold back a verdict that {numbers_verdict(f)})")
-    if f["verdict"] in ("agrees", "disagrees"):
-        f["ungated_verdict"] = f["verdict"]
-        f["verdict"] = "inconclusive"
-    f["gate"] = f"{f['gate']}; {why}" if f.get("gate") else why
-    f["gate_reasons"] = sorted(set(f.get("gate_reasons", [])) | {reason})
+    if f.verdict in ("agrees", "disagrees"):
+        f.ungated_verdict, f.verdict = f.verdict, "inconclusive"
+    f.gate = f"{f.gate}; {why}" if f.gate else why
+    f.gate_reasons = sorted(set(f.gate_reasons or []) | {reason})
     return f
 
 
-def explain(f: dict, text: str) -> dict:
+def explain(f: Finding, text: str) -> Finding:
     """Append ``text`` to ``f``'s explanation (the footnote a reader sees under the table)."""
-    f["explanation"] = f"{f['explanation']}; {text}" if f.get("explanation") else text
+    f.explanation = f"{f.explanation}; {text}" if f.explanation else text
     return f
 
 
-def size_gate(f: dict, paper_ratios: dict[tuple[str, str], tuple[float, str]], tolerance: float) -> dict:
+def size_gate(f: Finding, paper_ratios: dict[tuple[str, str], tuple[float, str]], tolerance: float) -> Finding:
     """Gate ``f`` on conditions when its parameter ratio ``params_a / params_b`` is more than ``tolerance`` (relative,
     either way) from the ratio of the paper's own comparison: ``paper_ratios[(a_name, b_name)]`` is that ratio and
     where it is quoted from. A comparison without an entry or without parameter counts is left alone."""
-    paper = paper_ratios.get((f.get("a_name"), f.get("b_name")))
-    pa, pb = f.get("params_a"), f.get("params_b")
+    paper = paper_ratios.get((f.a_name, f.b_name))
+    pa, pb = f.params_a, f.params_b
     if paper is None or not (pa and pb):
         return f
     paper_ratio, source = paper
@@ -495,11 +507,11 @@ def size_gate(f: dict, paper_ratios: dict[tuple[str, str], tuple[float, str]], t
 
 
 def margin_control_gate(
-    f: dict,
+    f: Finding,
     control: float | Sequence[float] | Stat | None,
     control_name: str,
     twin: tuple[str, Stat] | None = None,
-) -> dict:
+) -> Finding:
     """Gate a non-inferiority finding on ``control`` when its margin admits a model without attention.
 
     ``control`` is the no-attention control's metric (per seed), judged against the finding's own baseline
@@ -511,31 +523,30 @@ def margin_control_gate(
     margin, read from the paper's task, is too wide for this one. A "disagrees" stays (the mechanism is then worse
     than a margin the control may meet).
     """
-    sc, values_b = stat(control), f.get("values_b")
-    if f.get("claim_type") != "non-inferiority" or sc is None or not values_b:
+    sc = stat(control)
+    if f.claim_type != "non-inferiority" or sc is None or not f.values_b:
         return f
-    base_name, sb = twin if twin is not None else (f.get("b_name"), stat(values_b))
+    base_name, sb = twin if twin is not None else (f.b_name, stat(f.values_b))
     # the control's effect against the same baseline, oriented like the finding's (positive favours "comparable")
-    effect, ci, _ = welch_ci(sc, sb, lower_is_better=bool(f.get("lower_is_better")))
-    f["control_effect"] = effect
-    f["control_ci95"] = list(ci) if ci else None
+    effect, ci, _ = welch_ci(sc, sb, lower_is_better=bool(f.lower_is_better))
+    f.control_effect, f.control_ci95 = effect, list(ci) if ci else None
     top = ci[1] if ci else effect
-    if top > -f["margin"]:
+    if top > -f.margin:
         where = f"{effect:+.3g} [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci else f"{effect:+.3g}"
         gate(
             f,
-            f"the margin admits no attention: {control_name} is {where} {f.get('unit', '')} from {base_name}, "
-            f"not shown outside the margin {f['margin']:.3g}",
+            f"the margin admits no attention: {control_name} is {where} {f.unit or ''} from {base_name}, "
+            f"not shown outside the margin {f.margin:.3g}",
             "control",
         )
     return f
 
 
-def untuned_control_gate(f: dict, why: str | None, control_name: str) -> dict:
+def untuned_control_gate(f: Finding, why: str | None, control_name: str) -> Finding:
     """Gate a finding whose margin test (:func:`margin_control_gate`) passed on a control that is not tuned (``why``):
     at a better rate the control could come inside the margin, so that it loses by more is not shown (e.g. an
     identity control whose best rate sits at the top of its grid, its sweep still rising)."""
-    if why and "control_effect" in f and "control" not in f.get("gate_reasons", []):
+    if why and f.control_effect is not None and "control" not in (f.gate_reasons or []):
         gate(
             f,
             f"the margin test's control is not tuned: {why}, so it is not shown to lose by more than the "
@@ -546,7 +557,7 @@ def untuned_control_gate(f: dict, why: str | None, control_name: str) -> dict:
 
 
 def plateau_gate(
-    findings: list[dict],
+    findings: list[Finding],
     baseline: str,
     base: Stat | None,
     longer: Stat | None,
@@ -567,9 +578,9 @@ def plateau_gate(
     (the baseline's validation curves in words) is appended to the text, so a reader sees the evidence.
     Returns ``{"baseline", "plateaued", "change", "smallest_effect", "standing", "gated", "text"}``.
     """
-    compared = [f for f in findings if f.get("claim_type")]
+    compared = [f for f in findings if f.claim_type]
     # the numbers' verdict (before any other gate): each precondition is judged on its own
-    decided = [f for f in compared if numbers_verdict(f) in ("agrees", "disagrees") and f.get("ci95")]
+    decided = [f for f in compared if numbers_verdict(f) in ("agrees", "disagrees") and f.ci95]
     clearance = {id(f): _clearance(f) for f in decided}
     smallest = min(clearance.values()) if clearance else None
     if base is None or longer is None:
@@ -582,7 +593,7 @@ def plateau_gate(
         paired, change = _paired_change(base, longer)
         drift = [f for f in decided if clearance[id(f)] <= abs(change)]
         # a comparison replicated at twice the steps is judged on that (:func:`replicated_gate`), not on this drift
-        fails = [f for f in drift if "replicated_2x" not in f]
+        fails = [f for f in drift if f.replicated_2x is None]
         same = (
             f"; on the same seed{'s' if longer.n > 1 else ''} ({longer.n} of {base.n}): {paired.mean:{spec}} -> "
             f"{longer.mean:{spec}}"
@@ -623,21 +634,20 @@ def plateau_gate(
     }
 
 
-def trend_gate(f: dict, e2: float, ci2: tuple[float, float], margin2: float, at2: str) -> dict:
+def trend_gate(f: Finding, e2: float, ci2: tuple[float, float], margin2: float, at2: str) -> Finding:
     """The one trend rule for a decided comparison with evidence at twice the steps (``e2``, ``ci2``, ``margin2``).
 
     The verdict stands only if the same rule gives the same verdict there, and the interval there clears its
     boundary by more than the effect moved in that doubling: at the same pace, one more doubling could not cross it.
     It reads the effect, not the clearance alone (an interval that narrows while its effect shrinks 70% still fails).
-    Otherwise it is gated (``plateau``). ``at2`` says where the evidence comes from. Stores ``f["trend_2x"]``."""
+    Otherwise it is gated (``plateau``). ``at2`` says where the evidence comes from. Stores ``f.trend_2x``."""
     v1 = numbers_verdict(f)
-    v2 = verdict_from_ci(ci2, margin2, f.get("refute_below"))
-    move = e2 - f["effect"]
-    c2 = _clearance_of(v2, ci2, margin2, f.get("refute_below")) if v2 != "inconclusive" else None
-    f["trend_2x"] = {"effect": e2, "ci95": list(ci2), "margin": margin2, "verdict": v2, "move": move, "clearance": c2}
-    unit = f.get("unit", "")
+    v2 = verdict_from_ci(ci2, margin2, f.refute_below)
+    move = e2 - f.effect
+    c2 = _clearance_of(v2, ci2, margin2, f.refute_below) if v2 != "inconclusive" else None
+    f.trend_2x = {"effect": e2, "ci95": list(ci2), "margin": margin2, "verdict": v2, "move": move, "clearance": c2}
     said = (
-        f"{at2}: the same rule gives {v2} (effect {f['effect']:+.3g} -> {e2:+.3g} {unit}, 95% CI "
+        f"{at2}: the same rule gives {v2} (effect {f.effect:+.3g} -> {e2:+.3g} {f.unit or ''}, 95% CI "
         f"[{ci2[0]:+.3g}, {ci2[1]:+.3g}])"
     )
     if v2 != v1:
@@ -652,28 +662,28 @@ def trend_gate(f: dict, e2: float, ci2: tuple[float, float], margin2: float, at2
     return explain(f, f"{said}; the effect moved {move:+.3g}, less than the {c2:.3g} it clears the boundary by there")
 
 
-def replicated_gate(f: dict, a_longer: Stat | None, b_longer: Stat | None, *, row: str, baseline: str) -> dict:
+def replicated_gate(f: Finding, a_longer: Stat | None, b_longer: Stat | None, *, row: str, baseline: str) -> Finding:
     """Whether a decided comparison survives twice the steps, judged on the comparison itself.
 
     Where both sides ran at twice the steps on at least two seeds each, the finding's own rule (claim type, margin:
     a relative one re-read on the longer baseline's mean) is applied to those runs and :func:`trend_gate` decides
     (the claim is about the gap: both sides may move alike while their gap does not). :func:`plateau_gate` and
-    :func:`compared_row_gate` then leave the finding alone (``f["replicated_2x"]``). Undecided at the reported
+    :func:`compared_row_gate` then leave the finding alone (``f.replicated_2x``). Undecided at the reported
     steps, what the rule gives at twice them is said, never used as the verdict. With fewer seeds there is no
     interval at twice the steps: those gates apply, and the effect on the seeds both longer runs share is described
-    (``f["paired_2x"]``) so a reader sees whether the gap moved."""
-    if not f.get("ci95") or a_longer is None or b_longer is None:
+    (``f.paired_2x``) so a reader sees whether the gap moved."""
+    if not f.ci95 or a_longer is None or b_longer is None:
         return f
-    lower = bool(f.get("lower_is_better"))
-    unit = f.get("unit", "")
+    lower = bool(f.lower_is_better)
+    unit = f.unit or ""
     decided = numbers_verdict(f) in ("agrees", "disagrees")
     if a_longer.n >= 2 and b_longer.n >= 2:
-        m2 = f["margin_rel"] * abs(b_longer.mean) if f.get("margin_rel") is not None else f.get("margin") or 0.0
+        m2 = f.margin_rel * abs(b_longer.mean) if f.margin_rel is not None else f.margin or 0.0
         e2, ci2, _ = welch_ci(a_longer, b_longer, lower_is_better=lower)
         at2 = f"at twice the steps ({row} {a_longer.n} vs {baseline} {b_longer.n} seeds, margin {m2:.3g})"
         if not decided:
-            v2 = verdict_from_ci(ci2, m2, f.get("refute_below"))
-            f["at_2x"] = {"effect": e2, "ci95": list(ci2), "margin": m2, "verdict": v2}
+            v2 = verdict_from_ci(ci2, m2, f.refute_below)
+            f.at_2x = {"effect": e2, "ci95": list(ci2), "margin": m2, "verdict": v2}
             tail = (
                 "; the verdict depends on the number of steps, so it stays inconclusive" if v2 != "inconclusive" else ""
             )
@@ -682,17 +692,17 @@ def replicated_gate(f: dict, a_longer: Stat | None, b_longer: Stat | None, *, ro
                 f"{at2} the same rule gives {v2}: effect {e2:+.3g} {unit}, 95% CI [{ci2[0]:+.3g}, {ci2[1]:+.3g}]"
                 + tail,
             )
-        f["replicated_2x"] = {}  # marks the finding as judged at twice the steps (the gates below skip it)
+        f.replicated_2x = {}  # marks the finding as judged at twice the steps (the gates below skip it)
         trend_gate(f, e2, ci2, m2, at2)
-        f["replicated_2x"] = f["trend_2x"]
+        f.replicated_2x = f.trend_2x
         return f
     if not decided:
         return f
-    k = min(a_longer.n, b_longer.n, len(f["values_a"]), len(f["values_b"]))
+    k = min(a_longer.n, b_longer.n, len(f.values_a), len(f.values_b))
     sign = -1.0 if lower else 1.0
-    e1 = sign * (Stat(tuple(f["values_a"][:k])).mean - Stat(tuple(f["values_b"][:k])).mean)
+    e1 = sign * (Stat(tuple(f.values_a[:k])).mean - Stat(tuple(f.values_b[:k])).mean)
     e2 = sign * (Stat(a_longer.values[:k]).mean - Stat(b_longer.values[:k]).mean)
-    f["paired_2x"] = {"seeds": k, "effect_1x": e1, "effect_2x": e2}
+    f.paired_2x = {"seeds": k, "effect_1x": e1, "effect_2x": e2}
     few = "one seed a side gives" if k == 1 else "so few seeds a side give"
     text = (
         f"on the {'seed' if k == 1 else f'{k} seeds'} both {row} and {baseline} ran at twice the steps, the effect "
@@ -702,21 +712,21 @@ def replicated_gate(f: dict, a_longer: Stat | None, b_longer: Stat | None, *, ro
     return explain(f, text)
 
 
-def compared_row_gate(f: dict, row: str, base: Stat | None, longer: Stat | None, unit: str) -> dict:
+def compared_row_gate(f: Finding, row: str, base: Stat | None, longer: Stat | None, unit: str) -> Finding:
     """The trend test of a compared row (``f``'s side a) where only it has a run at twice the steps: its move (read
     on the seeds the longer run has) shifts the effect and its interval, and :func:`trend_gate` decides, as for a
     replicated comparison (a row still gaining +5.9 at twice the steps against its baseline's +0.58 is not at its
     plateau)."""
-    if base is None or longer is None or numbers_verdict(f) not in ("agrees", "disagrees") or not f.get("ci95"):
+    if base is None or longer is None or numbers_verdict(f) not in ("agrees", "disagrees") or not f.ci95:
         return f
-    if "replicated_2x" in f:  # judged on the comparison at twice the steps (:func:`replicated_gate`)
+    if f.replicated_2x is not None:  # judged on the comparison at twice the steps (:func:`replicated_gate`)
         return f
     paired, change = _paired_change(base, longer)
-    f["compared_row_change"] = change
-    shift = -change if f.get("lower_is_better") else change
-    lo, hi = f["ci95"]
+    f.compared_row_change = change
+    shift = -change if f.lower_is_better else change
+    lo, hi = f.ci95
     at2 = f"{row} itself moves {change:+.3g} {unit} at twice the steps ({paired.mean:.4g} -> {longer.mean:.4g})"
-    return trend_gate(f, f["effect"] + shift, (lo + shift, hi + shift), f.get("margin") or 0.0, at2)
+    return trend_gate(f, f.effect + shift, (lo + shift, hi + shift), f.margin or 0.0, at2)
 
 
 def _paired_change(base: Stat, longer: Stat) -> tuple[Stat, float]:
@@ -725,34 +735,34 @@ def _paired_change(base: Stat, longer: Stat) -> tuple[Stat, float]:
     return paired, longer.mean - paired.mean
 
 
-def numbers_verdict(f: dict) -> str:
+def numbers_verdict(f: Finding) -> str:
     """The verdict the numbers alone give, before any gate (a gated finding keeps it in ``ungated_verdict``)."""
-    return f.get("ungated_verdict", f["verdict"])
+    return f.ungated_verdict or f.verdict
 
 
-def margin_sensitivity(f: dict, other: float, label: str, *, relative: bool = True) -> dict:
+def margin_sensitivity(f: Finding, other: float, label: str, *, relative: bool = True) -> Finding:
     """Say what a non-inferiority finding's interval gives with another of the paper's gaps as the margin: ``other``
     a fraction of the baseline (as the finding's own ``margin_rel``) or, with ``relative=False``, in the effect's
     unit; at its own budget and, where the comparison ran at twice the steps on both sides (``replicated_2x``), there.
     Words only: the verdict keeps the finding's margin (the report's one rule: the largest gap the paper calls
     comparable)."""
-    own = f.get("margin_rel") if relative else f.get("margin")
-    if not f.get("ci95") or not own:
+    own = f.margin_rel if relative else f.margin
+    if not f.ci95 or not own:
         return f
-    m = f["margin"] * other / own
-    parts = [f"{verdict_from_ci(f['ci95'], m)} (margin {m:.3g})"]
-    rep = f.get("replicated_2x")
+    m = f.margin * other / own
+    parts = [f"{verdict_from_ci(f.ci95, m)} (margin {m:.3g})"]
+    rep = f.replicated_2x
     if rep and rep.get("ci95"):
         m2 = rep["margin"] * other / own
         parts.append(f"at twice the steps {verdict_from_ci(rep['ci95'], m2)} (margin {m2:.3g})")
     verb = "the same intervals give " if rep and rep.get("ci95") else "the same interval gives "
-    what = f"{label} ({other:.1%})" if relative else f"{label} ({other:g} {f.get('unit', '')})"
+    what = f"{label} ({other:.1%})" if relative else f"{label} ({other:g} {f.unit or ''})"
     return explain(f, f"with {what} as the margin, {verb}" + ", ".join(parts))
 
 
-def _clearance(f: dict) -> float:
+def _clearance(f: Finding) -> float:
     """How far a decided finding's 95% CI lies beyond its decision boundary, in the effect's unit."""
-    return _clearance_of(numbers_verdict(f), f["ci95"], f.get("margin") or 0.0, f.get("refute_below"))
+    return _clearance_of(numbers_verdict(f), f.ci95, f.margin or 0.0, f.refute_below)
 
 
 def _clearance_of(verdict: str, ci, margin: float, refute_below: float | None = None) -> float:

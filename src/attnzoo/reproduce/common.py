@@ -82,6 +82,16 @@ class Section:
     #: one line for the summary: the scale of this section's runs against the papers' (empty: not a trained section)
     scale: str = ""
 
+    def add_plot(self, fig, path: Path, rel, caption: str, dpi: int = 100) -> None:
+        """Save ``fig`` as the PNG ``path`` and list it (``rel(path)``, as the report links it) with ``caption``."""
+        save_figure(fig, path, dpi=dpi)
+        self.plots.append((rel(path), caption))
+
+    def add_curves(self, panels: list, path: Path, rel, ylabel: str, title: str, caption: str) -> None:
+        """The validation-curves plot (:func:`plot_val_curves`) of ``panels``, where any row has a curve."""
+        if any(c for _, p in panels for c in p.values()):
+            self.add_plot(plot_val_curves(panels, ylabel, title), path, rel, caption)
+
 
 class ModelRow(NamedTuple):
     """One trained row of a section's table: the registered model, the attention it compares, how the table names it."""
@@ -545,18 +555,6 @@ def _sweep_caption(
     if uneven:
         caption += " –: a rate outside that row's grid."
     return caption
-
-
-def gate_untuned(findings: list[dict], untuned: dict[str, str]) -> None:
-    """Make every comparison involving an untuned row inconclusive (the numbers' verdict is kept)."""
-    from attnzoo.reproduce.claims import gate
-
-    for f in findings:
-        if not f.get("claim_type"):
-            continue
-        why = [untuned[n] for n in (f.get("a_name"), f.get("b_name")) if n in untuned]
-        if why:
-            gate(f, "not tuned: " + "; ".join(why), "not tuned")
 
 
 # ---- learning curves ------------------------------------------------------------------------------------------

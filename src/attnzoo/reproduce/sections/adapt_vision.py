@@ -19,6 +19,7 @@ import numpy as np
 
 from attnzoo._io import read_json
 from attnzoo.reproduce import claims, paper_claims
+from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
     SWEEP_SEED_OFFSET,
     Context,
@@ -26,11 +27,9 @@ from attnzoo.reproduce.common import (
     Table,
     best_swept_lr,
     fmt,
-    gate_untuned,
     load_trained,
     num_params,
     per_seed,
-    save_figure,
     seed_list,
     seed_mean,
     seeded_id,
@@ -40,6 +39,7 @@ from attnzoo.reproduce.common import (
     train_run,
     tuned,
 )
+from attnzoo.reproduce.pipeline import Evidence, Plateau, Tuning, compared, judge
 from attnzoo.reproduce.store import Step
 
 KEY = "adapt-vision"
@@ -282,10 +282,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     if res:
         sec.tables.append(_table(res))
     if teacher:
-        path = plots_dir / "adapt_vision.png"
-        save_figure(_plot(teacher, res), path)
         caption = "Left: the ViT's pretraining; right: accuracy fine-tuned (mean ± std) and just swapped (hatched)."
-        sec.plots.append((rel(path), caption))
+        sec.add_plot(_plot(teacher, res), plots_dir / "adapt_vision.png", rel, caption)
     if teacher is None:
         sec.notes.append("the pretrained ViT has no record: nothing to compare")
         return sec
@@ -298,36 +296,37 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         )
         return sec
     sec.findings = _findings(res)
-    # the pretrained ViT has plateaued when fine-tuning it for the same steps moves it less than the smallest effect
-    paper = [f for f in sec.findings if f["kind"] == "paper"]
-    base = claims.stat([t_acc])
-    teacher_plateau = claims.plateau_gate(paper, "pretrained ViT", base, _acc(res, "original"), "%", ".1f")
-    more = f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
-    teacher_plateau["text"] = teacher_plateau["text"].replace("at twice the steps", more)
+    # the pretrained ViT has plateaued when fine-tuning it for the same steps moves it less than the smallest effect;
     # the paper claims compare adapted rows with linear attention, fine-tuned the same steps: that baseline's
     # plateau run fine-tunes it twice the steps (plan "baseline_plateau")
     longer = _stats(records, PLATEAU)
-    own = claims.plateau_gate(paper, BASELINE, _acc(res, BASELINE), longer and longer["accuracy"], "%", ".1f")
-    sec.data["plateau"] = {"teacher": teacher_plateau, "linear": own}
-    _tune(sec, records, plan, res)
+    teacher = Plateau("", "pretrained ViT", claims.stat([t_acc]), _acc(res, "original"), "%", ".1f", judges=_paper)
+    own = Plateau(BASELINE, BASELINE, _acc(res, BASELINE), longer and longer["accuracy"], "%", ".1f", judges=_paper)
+    teacher.key, own.key = "teacher", "linear"
+    ev = Evidence(plateaus=[teacher, own], tuning=[Tuning(_tune(sec, records, plan, res), _paper)])
+    sec.data["plateau"] = judge(sec.findings, ev)
+    more = f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
+    sec.data["plateau"]["teacher"]["text"] = sec.data["plateau"]["teacher"]["text"].replace("at twice the steps", more)
     return sec
 
 
-def _tune(sec: Section, records: dict, plan: dict, res: dict) -> None:
-    """The fine-tuning-rate sweep as a table, and the comparisons of rows it does not show tuned gated."""
+def _paper(f: Finding) -> bool:
+    return f.kind == "paper" and compared(f)
+
+
+def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
+    """The fine-tuning-rate sweep as a table, and ``{row: why}`` for the rows it does not show tuned."""
     rows = [r for r in rows_of(plan) if r in res]
     lrs = plan.get("finetune_lr_sweep", [])
-    paper = [f for f in sec.findings if f["kind"] == "paper"]
     if not lrs:  # every fine-tune runs at the plan's one rate: rows not each at its own tuned rate
-        gate_untuned(paper, {r: f"no fine-tuning rate sweep at this budget ({r})" for r in rows})
-        return
+        return {r: f"no fine-tuning rate sweep at this budget ({r})" for r in rows}
     noise = {r: res[r]["accuracy"].std for r in rows}
     table, untuned = sweep_table(
         records, rows, KEY, lrs, None, "accuracy", True, 100.0, "fine-tuning, validation accuracy %", noise=noise
     )
     if table is not None:
         sec.tables.append(table)
-    gate_untuned(paper, untuned)
+    return untuned
 
 
 def _acc(res: dict, row: str):
@@ -443,7 +442,7 @@ CLAIMS = [
 ]
 
 
-def _findings(res: dict) -> list[dict]:
+def _findings(res: dict) -> list[Finding]:
     out = []
     for a, b, kind, claim_id in CLAIMS:
         # a check compares as a superiority claim (its record states no margin)
@@ -459,7 +458,7 @@ def _findings(res: dict) -> list[dict]:
             spec=".1f",
         )
         if a in res and b in res:  # the FLOPs are the table's and the FLOPs check's words
-            f["flops_a"], f["flops_b"] = res[a]["flops"], res[b]["flops"]
+            f.flops_a, f.flops_b = res[a]["flops"], res[b]["flops"]
         out.append(f)
     if "cbsa" in res and "linear" in res:
         ratio = res["cbsa"]["flops"] / res["linear"]["flops"]

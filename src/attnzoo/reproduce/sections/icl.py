@@ -12,6 +12,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from attnzoo.reproduce import claims, paper_claims
+from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
     CURVE_EVAL_BATCHES,
     SWEEP_SEED_OFFSET,
@@ -21,12 +22,9 @@ from attnzoo.reproduce.common import (
     Table,
     check_sweep_extra,
     fmt,
-    gate_untuned,
     mean_val_curve,
     per_seed,
-    plot_val_curves,
     row_lrs,
-    save_figure,
     seed_list,
     seeded_id,
     sweep_deps,
@@ -37,6 +35,7 @@ from attnzoo.reproduce.common import (
     train_run,
     tuned,
 )
+from attnzoo.reproduce.pipeline import Evidence, Longer, Plateau, Tuning, judge
 from attnzoo.reproduce.store import Step
 
 KEY = "icl"
@@ -275,32 +274,39 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         )
     sec.data = {"curves": curves, "final_error_per_seed": finals}
     if any(curves.values()):
-        path = plots_dir / "icl.png"
-        save_figure(_plot(curves, d), path)
-        sec.plots.append((rel(path), "Error / d vs in-context examples (AoT Fig. 6)."))
-    sec.findings = _findings(curves, finals, records, plan)
+        sec.add_plot(_plot(curves, d), plots_dir / "icl.png", rel, "Error / d vs in-context examples (AoT Fig. 6).")
+    sec.findings, ev = _findings(curves, finals, records, plan)
     _val_curves(sec, records, plan, plots_dir, rel)
-    sec.data["plateau"] = _plateau(sec.findings, records, curves, finals)
-    _tune(sec, records, plan)
+    ev.plateaus = _plateaus(records, curves, finals)
+    _tune(sec, records, plan, ev)
+    sec.data["plateau"] = judge(sec.findings, ev)
+    sec.data["untuned"] = ev.tuning[0].untuned
     sec.notes += _gate_notes(curves, finals, plan)
     return sec
 
 
-def _plateau(findings: list[dict], records: dict, curves: dict, finals: dict) -> dict:
-    """GPT's plateau gate per task, on the comparison's own metric, the error averaged over k (the error at k = all
-    can move while the compared mean over k moves less: -0.075 against -0.045 in the long run of 2026-11-27); the
-    curves themselves are in the validation-curves plot."""
-    return {
-        t: claims.plateau_gate(
-            [f for f in findings if paper_claims.test_of(f.get("claim_id", "")) == t],
-            f"gpt on {t} (error averaged over k)",
-            _mean_over_k(records, t, "gpt"),
-            _mean_over_k(records, t, "gpt@2x-steps"),
-            "error/d",
+def _plateaus(records: dict, curves: dict, finals: dict) -> list[Plateau]:
+    """GPT's plateau per task, on the comparison's own metric, the error averaged over k (the error at k = all can
+    move while the compared mean over k moves less: -0.075 against -0.045 in the long run of 2026-11-27), with
+    AoT's own run at twice the steps where it ran; the curves themselves are in the validation-curves plot."""
+    out = []
+    for t in curves:
+        if "gpt" not in finals.get(t, {}):
+            continue
+        aot = {"aot": Longer("aot", _mean_over_k(records, t, "aot"), _mean_over_k(records, t, "aot@2x-steps"))}
+        out.append(
+            Plateau(
+                "gpt",
+                f"gpt on {t} (error averaged over k)",
+                _mean_over_k(records, t, "gpt"),
+                _mean_over_k(records, t, "gpt@2x-steps"),
+                "error/d",
+                judges=lambda f, t=t: paper_claims.test_of(f.claim_id) == t,
+                rows=aot if "aot@2x-steps" in finals[t] else {},
+                key=t,
+            )
         )
-        for t in curves
-        if "gpt" in finals.get(t, {})
-    }
+    return out
 
 
 def _mean_over_k(records: dict, task: str, name: str) -> claims.Stat | None:
@@ -308,9 +314,9 @@ def _mean_over_k(records: dict, task: str, name: str) -> claims.Stat | None:
     return claims.stat(float(np.mean(r["error_per_position"])) for r in per_seed(records, f"{KEY}/{task}/{name}"))
 
 
-def _tune(sec: Section, records: dict, plan: dict) -> None:
-    """The sweep table per task, and the gate of every comparison (and of AoT's own claims) resting on a rate that
-    was not swept."""
+def _tune(sec: Section, records: dict, plan: dict, ev: Evidence) -> None:
+    """The sweep table per task, and the evidence that gates every comparison (and AoT's own claims) resting on a
+    rate that was not swept."""
     lrs = plan.get("lr_sweep", [])
     untuned: dict[str, str] = {}
     for t in plan["tasks"]:
@@ -330,12 +336,13 @@ def _tune(sec: Section, records: dict, plan: dict) -> None:
         untuned.update(why)
     if not lrs:
         untuned = {m: f"no learning-rate sweep in this section ({m})" for m in plan["models"]}
-    sec.data["untuned"] = untuned
-    gate_untuned(sec.findings, untuned)
-    if "aot" in untuned:
-        for f in sec.findings:  # AoT's own "learns in context" claims rest on the same rate
-            if f["kind"] == "paper" and not f.get("claim_type"):
-                claims.gate(f, f"not tuned: {untuned['aot']}", "not tuned")
+    ev.tuning.append(Tuning(untuned))
+    if "aot" in untuned:  # AoT's own "learns in context" claims rest on the same rate
+        why = f"not tuned: {untuned['aot']}"
+        ev.gates += [(f, "not tuned", why) for f in sec.findings if f.kind == "paper" and not f.claim_type]
+
+
+_CURVES = "In-context: validation curves"
 
 
 def _val_curves(sec: Section, records: dict, plan: dict, plots_dir, rel) -> None:
@@ -349,14 +356,11 @@ def _val_curves(sec: Section, records: dict, plan: dict, plots_dir, rel) -> None
         for t in plan["tasks"]
     }
     sec.data["val_curves"] = val
-    if any(c for v in val.values() for c in v.values()):
-        path = plots_dir / "icl_curves.png"
-        save_figure(plot_val_curves(list(val.items()), "validation error / d", "In-context: validation curves"), path)
-        caption = (
-            "Validation error (mean over k, seed means) during training; points before the last use "
-            f"{CURVE_EVAL_BATCHES} validation batches."
-        )
-        sec.plots.append((rel(path), caption))
+    caption = (
+        "Validation error (mean over k, seed means) during training; points before the last use "
+        f"{CURVE_EVAL_BATCHES} validation batches."
+    )
+    sec.add_curves(list(val.items()), plots_dir / "icl_curves.png", rel, "validation error / d", _CURVES, caption)
 
 
 def _plot(curves, d):
@@ -416,8 +420,9 @@ def _gate_notes(curves, finals, plan) -> list[str]:
     return notes
 
 
-def _findings(curves, finals, records, plan) -> list[dict]:
-    out = []
+def _findings(curves, finals, records, plan) -> tuple[list[Finding], Evidence]:
+    """The section's findings and the gates that its runs' errors give."""
+    out, ev = [], Evidence()
     for t, c in curves.items():
         if "zero" not in c:
             continue
@@ -429,7 +434,8 @@ def _findings(curves, finals, records, plan) -> list[dict]:
         # use the stricter half-the-zero-predictor rule per seed
         gate = _baseline_learned(fin, zero, plan)
         if gate and "aot" in c and "gpt" in c:
-            out.append(_closeness(t, fin, zero, records))
+            out.append(_closeness(t, zero, records))
+            ev.gates += _aot_unlearned(out[-1], fin, zero)
         for m in ("gpt", "aot"):
             if m not in fin:
                 continue
@@ -451,28 +457,27 @@ def _findings(curves, finals, records, plan) -> list[dict]:
                 seeds=len(fin[m]),
             )
             if m == "aot" and verdict != "agrees":
-                f["explanation"] = _ablation_text(fin, zero)
+                f.explanation = _ablation_text(fin, zero)
                 gpt_ok = learned.get("gpt", [])
                 if verdict == "disagrees" and not (gpt_ok and all(gpt_ok)):
                     # the same rule must first hold for the baseline: a budget that does not teach GPT on every seed
                     # cannot show that AoT fails to learn
-                    claims.gate(
-                        f,
+                    why = (
                         f"the GPT baseline learns by the same rule on only {sum(gpt_ok)} of {len(gpt_ok)} seeds, so "
-                        "the budget may be the limit",
-                        "did not learn",
+                        "the budget may be the limit"
                     )
+                    ev.gates.append((f, "did not learn", why))
             elif verdict != "agrees":
-                f["explanation"] = _still_descending(per_seed(records, f"{KEY}/{t}/{m}"))
-            f["trained"] = True  # over seeds of trained models, though not an interval: counted with the comparisons
-            _learns_plateau_gate(f, m, fin, zero)
+                f.explanation = _still_descending(per_seed(records, f"{KEY}/{t}/{m}"))
+            f.trained = True  # over seeds of trained models, though not an interval: counted with the comparisons
+            ev.gates += _learns_plateau(f, m, fin, zero)
             out.append(f)
-    return out
+    return out, ev
 
 
-def _closeness(t: str, fin: dict, zero: float, records: dict) -> dict:
-    """AoT against GPT on the error averaged over k (AoT Fig. 6's "close to"), gated by AoT's own run at twice the
-    steps where it ran, as GPT's plateau run gates it."""
+def _closeness(t: str, zero: float, records: dict) -> Finding:
+    """AoT against GPT on the error averaged over k (AoT Fig. 6's "close to"); AoT's own run at twice the steps,
+    where it ran, is evidence of its plateau (:func:`_plateaus`)."""
     mean_err = {m: _mean_over_k(records, t, m) for m in ("aot", "gpt")}
     kw = paper_claims.compare_kw(f"aot-f6-icl-close#{t}", task=t)
     f = claims.compare(
@@ -485,21 +490,20 @@ def _closeness(t: str, fin: dict, zero: float, records: dict) -> dict:
         lower_is_better=True,
     )
     # the ablations explain AoT's own "learns" finding, where they are stated once
-    if "aot@2x-steps" in fin:
-        aot_2x = _mean_over_k(records, t, "aot@2x-steps")
-        claims.replicated_gate(f, aot_2x, _mean_over_k(records, t, "gpt@2x-steps"), row="aot", baseline="gpt")
-        claims.compared_row_gate(f, "aot", mean_err["aot"], aot_2x, "error/d")
-    # the rule the baseline must pass, applied to the compared row (as ListOps gates its rows): a seed that did not
-    # leave the zero predictor measures a failure to train, not a trained model's distance from GPT
-    stuck = _stuck(fin["aot"], zero)
-    if stuck:
-        claims.gate(
-            f,
-            f"{len(stuck)} of {len(fin['aot'])} seeds of aot did not learn (error at k = all not below 0.8x the zero "
-            f"predictor's {zero:.3f}: {', '.join(f'{e:.3f}' for e in stuck)})",
-            "did not learn",
-        )
     return f
+
+
+def _aot_unlearned(f: Finding, fin: dict, zero: float) -> list:
+    """The rule the baseline must pass, applied to the compared row (as ListOps gates its rows): a seed that did not
+    leave the zero predictor measures a failure to train, not a trained model's distance from GPT."""
+    stuck = _stuck(fin["aot"], zero)
+    if not stuck:
+        return []
+    why = (
+        f"{len(stuck)} of {len(fin['aot'])} seeds of aot did not learn (error at k = all not below 0.8x the zero "
+        f"predictor's {zero:.3f}: {', '.join(f'{e:.3f}' for e in stuck)})"
+    )
+    return [(f, "did not learn", why)]
 
 
 def _learned_seeds(errors: list[float], zero: float) -> list[bool]:
@@ -513,26 +517,21 @@ def _learns_verdict(errors: list[float], zero: float) -> str:
     return "agrees" if n_ok == len(errors) else "disagrees" if n_ok == 0 else "inconclusive"
 
 
-def _learns_plateau_gate(f: dict, m: str, fin: dict, zero: float) -> None:
+def _learns_plateau(f: Finding, m: str, fin: dict, zero: float) -> list:
     """A decided "learns" verdict stands only if the row's own run at twice the steps gives the same verdict by the
     same rule, for "agrees" as for "disagrees" (an error still falling may be called a failure to learn too
-    early); without such a run its plateau is not shown."""
+    early); without such a run its plateau is not shown. Returns the plateau gate, if any."""
     if claims.numbers_verdict(f) not in ("agrees", "disagrees"):
-        return
+        return []
     longer = fin.get(f"{m}@2x-steps")
     if not longer:
-        claims.gate(f, f"{m} has no run at twice the steps, so its plateau is not shown", "plateau")
-        return
+        return [(f, "plateau", f"{m} has no run at twice the steps, so its plateau is not shown")]
     v2 = _learns_verdict(longer, zero)
+    err = claims.stat(longer).fmt(".3f")
     if v2 != claims.numbers_verdict(f):
-        claims.gate(
-            f,
-            f"{m} at twice the steps: error {claims.stat(longer).fmt('.3f')} ({len(longer)} seed(s)), {v2!r} by the "
-            "same rule",
-            "plateau",
-        )
-    else:
-        f["longer_run"] = f"{m} at twice the steps: error {claims.stat(longer).fmt('.3f')}, {v2} by the same rule"
+        return [(f, "plateau", f"{m} at twice the steps: error {err} ({len(longer)} seed(s)), {v2!r} by the same rule")]
+    f.longer_run = f"{m} at twice the steps: error {err}, {v2} by the same rule"
+    return []
 
 
 def _still_descending(results: list[dict]) -> str:

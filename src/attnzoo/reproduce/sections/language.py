@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.reproduce import claims, paper_claims
+from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
     SWEEP_SEED_OFFSET,
     Context,
@@ -22,15 +23,12 @@ from attnzoo.reproduce.common import (
     Table,
     check_sweep_extra,
     fmt,
-    gate_untuned,
     load_trained,
     mean_val_curve,
     num_params,
     peak_train_mb,
     per_seed,
-    plot_val_curves,
     row_lrs,
-    save_figure,
     seed_list,
     seeded_id,
     sweep_deps,
@@ -41,6 +39,7 @@ from attnzoo.reproduce.common import (
     train_run,
     tuned,
 )
+from attnzoo.reproduce.pipeline import Control, Evidence, Longer, Plateau, Tuning, judge
 from attnzoo.reproduce.store import Step
 
 KEY = "language"
@@ -285,9 +284,9 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.tables += _tables(res, names)
     sec.data = {"models": {n: _model_data(res[n]) for n in names}}
     if names:
-        path = plots_dir / "language.png"
-        save_figure(_plot(res, names), path)
-        sec.plots.append((rel(path), "Training loss; decode time and state vs context."))
+        sec.add_plot(
+            _plot(res, names), plots_dir / "language.png", rel, "Training loss; decode time and state vs context."
+        )
     _plot_val_curves(sec, curves, plan, plots_dir, rel)
     # every seed of the baseline must beat the bigram model by the margin, else the comparisons are of bigram-level
     # models and say nothing about the mechanisms
@@ -299,9 +298,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         and (bar is None or max(gpt_bpc.values) > bar - LEARNED_MARGIN_BPC)
     )
     # the decoding checks measure the architecture, not what it learned: they are reported either way
-    sec.findings = [f for f in _findings(res) if learned or f["kind"] == "check"]
-    _gate_sizes(sec.findings, res)
-    _gate_margins(sec.findings, res)
+    found, ev = _findings(res)
+    sec.findings = [f for f in found if learned or f.kind == "check"]
     if not learned:
         sec.notes.append(
             f"the GPT baseline's {gpt_bpc.fmt('.2f')} bits/char is not {LEARNED_MARGIN_BPC:g} below the character "
@@ -309,7 +307,10 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             + " on every seed: the models are at bigram level, so no comparison is reported (the sweep and the "
             "plateau run above say how far the budget is from that)"
         )
-    _gate(sec, records, plan, res)
+    ev.plateaus = _plateaus(records, plan, res)
+    ev.tuning.append(Tuning(_tune(sec, records, plan, res)))
+    sec.data["plateau"] = judge(sec.findings, ev)[""]
+    sec.data["untuned"] = ev.tuning[0].untuned
     return sec
 
 
@@ -357,50 +358,38 @@ def _model_data(r: dict) -> dict:
 
 def _plot_val_curves(sec: Section, curves: dict, plan: dict, plots_dir, rel) -> None:
     sec.data["val_curves"] = curves
-    if any(curves.values()):
-        path = plots_dir / "language_curves.png"
-        fig = plot_val_curves(
-            [("Validation loss and training cost", curves)], "validation bits/char", "Language: validation curves"
-        )
-        save_figure(fig, path)
-        sec.plots.append(
-            (
-                rel(path),
-                "Validation bits/char during training (seed means, the trainer's batch: shape, not level); "
-                f"{', '.join(dict.fromkeys([PLATEAU, *longer_rows(plan)]))}: twice the steps.",
-            )
-        )
+    caption = (
+        "Validation bits/char during training (seed means, the trainer's batch: shape, not level); "
+        f"{', '.join(dict.fromkeys([PLATEAU, *longer_rows(plan)]))}: twice the steps."
+    )
+    panels = [("Validation loss and training cost", curves)]
+    title = "Language: validation curves"
+    sec.add_curves(panels, plots_dir / "language_curves.png", rel, "validation bits/char", title, caption)
 
 
 #: a row -> another of its paper's gaps (a fraction of GPT's loss) whose verdict the report states beside its own
 OTHER_MARGINS = {"tost": (0.127, "ToST Table 4's in-distribution OWT gap")}
 
 
-def _gate(sec: Section, records: dict, plan: dict, res: dict) -> None:
-    """The plateau run of the baseline and the learning-rate sweep: their evidence, and the gates they set."""
+def _plateaus(records: dict, plan: dict, res: dict) -> list[Plateau]:
+    """The baseline's run at twice the steps, and those of the compared rows that have one (``compared_2x``)."""
     longer = per_seed(records, f"{KEY}/{PLATEAU}")
     gpt_2x = claims.stat(r["val_loss"] for r in longer) if longer else None
     own_2x = {
         row: claims.stat(r["val_loss"] for r in per_seed(records, f"{KEY}/{row}{LONGER}"))
         for row in plan.get("compared_2x", [])
     }
-    for f in sec.findings:  # before the drift gates: a comparison replicated at twice the steps is judged on that
-        own = own_2x.get(f.get("a_name"))
-        if own and f.get("b_name") == "gpt":
-            claims.replicated_gate(f, own, gpt_2x, row=f["a_name"], baseline="gpt")
-        if f.get("a_name") in OTHER_MARGINS and f.get("b_name") == "gpt":
-            claims.margin_sensitivity(f, *OTHER_MARGINS[f["a_name"]])
-    sec.data["plateau"] = claims.plateau_gate(
-        sec.findings,
-        "gpt",
-        res["gpt"]["val_loss"] if "gpt" in res else None,
-        gpt_2x,
-        "nats",
-    )
-    for row, own in own_2x.items():
-        for f in sec.findings:
-            if f.get("a_name") == row and row in res and own:
-                claims.compared_row_gate(f, row, res[row]["val_loss"], own, "nats")
+    rows = {row: Longer(row, res[row]["val_loss"], own) for row, own in own_2x.items() if row in res and own}
+    return [Plateau("gpt", "gpt", res["gpt"]["val_loss"] if "gpt" in res else None, gpt_2x, "nats", rows=rows)]
+
+
+def _other_margins(f: Finding) -> None:
+    if f.a_name in OTHER_MARGINS and f.b_name == "gpt":
+        claims.margin_sensitivity(f, *OTHER_MARGINS[f.a_name])
+
+
+def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
+    """The learning-rate sweep's table, and ``{row: why}`` for each row not shown at its best rate."""
     lrs = plan.get("lr_sweep", [])
     table, untuned = sweep_table(
         records,
@@ -418,8 +407,7 @@ def _gate(sec: Section, records: dict, plan: dict, res: dict) -> None:
         sec.tables.append(table)
     if not lrs:
         untuned = {n: f"no learning-rate sweep at this budget ({n})" for n in rows_of(plan)}
-    sec.data["untuned"] = untuned
-    gate_untuned(sec.findings, untuned)
+    return untuned
 
 
 def _tables(res: dict, names: list[str]) -> list[Table]:
@@ -511,7 +499,7 @@ def _plot(res, names):
     return fig
 
 
-def _rel_claim(res, a, claim_id: str) -> dict:
+def _rel_claim(res, a, claim_id: str) -> Finding:
     """A non-inferiority claim on validation loss against GPT, its margin (from its record) a fraction of GPT's."""
     if a not in res or "gpt" not in res:
         return claims.not_tested(**paper_claims.finding_kw(claim_id), why=f"{a} or gpt not in this run")
@@ -536,28 +524,30 @@ PAPER_SIZE_RATIO: dict[tuple[str, str], tuple[float, str]] = paper_claims.size_r
 SIZE_TOLERANCE = 0.10
 
 
-def _gate_margins(findings: list[dict], res: dict) -> None:
-    """Gate the paper claims whose non-inferiority margin the no-attention control meets."""
+def _with_params(findings: list[Finding], res: dict) -> None:
+    """Both sides' parameter counts on each comparison the papers make at a stated size (the size gate reads them)."""
     for f in findings:
-        if f["kind"] == "paper" and CONTROL in res:
-            claims.margin_control_gate(f, res[CONTROL]["val_loss"], CONTROL)
-
-
-def _gate_sizes(findings: list[dict], res: dict) -> None:
-    """State both sides' parameter counts on each comparison the papers make at a stated size, and gate those whose
-    ratio is not the paper's."""
-    for f in findings:
-        pa, pb = res.get(f.get("a_name"), {}).get("params"), res.get(f.get("b_name"), {}).get("params")
-        if (f.get("a_name"), f.get("b_name")) in PAPER_SIZE_RATIO and pa and pb:
-            f["params_a"], f["params_b"] = pa, pb
-            claims.size_gate(f, PAPER_SIZE_RATIO, SIZE_TOLERANCE)
+        pa, pb = res.get(f.a_name, {}).get("params"), res.get(f.b_name, {}).get("params")
+        if (f.a_name, f.b_name) in PAPER_SIZE_RATIO and pa and pb:
+            f.params_a, f.params_b = pa, pb
 
 
 #: the non-inferiority claims against GPT on validation loss: (row, claim id)
 REL_CLAIMS = (("tost", "tost-t4-lm"), ("aot", "aot-t1-lm"), ("fastmax", "fast-f6-lm"))
 
 
-def _findings(res) -> list[dict]:
+def _findings(res) -> tuple[list[Finding], Evidence]:
+    """The section's findings and the evidence of their gates that the rows' results give: the papers' sizes and
+    the no-attention control against each margin."""
+    out = _comparisons(res)
+    _with_params(out, res)
+    ev = Evidence(sizes=PAPER_SIZE_RATIO, size_tolerance=SIZE_TOLERANCE, readings=[_other_margins])
+    if CONTROL in res:
+        ev.controls.append(Control(CONTROL, res[CONTROL]["val_loss"], lambda f: f.kind == "paper"))
+    return out, ev
+
+
+def _comparisons(res) -> list[Finding]:
     out = [_rel_claim(res, a, cid) for a, cid in REL_CLAIMS]
     if "aot_hybrid" in res and "aot" in res:
         out.append(_hybrid(res))
@@ -596,7 +586,7 @@ def _findings(res) -> list[dict]:
     return out
 
 
-def _control(res) -> dict:
+def _control(res) -> Finding:
     """A check: GPT beats its no-attention control (each character predicted from itself alone: bigram level)."""
     return claims.compare(
         res["gpt"]["val_loss"],
@@ -612,7 +602,7 @@ def _control(res) -> dict:
     )
 
 
-def _hybrid(res) -> dict:
+def _hybrid(res) -> Finding:
     f = claims.compare(
         res["aot"]["val_loss"],
         res["aot_hybrid"]["val_loss"],

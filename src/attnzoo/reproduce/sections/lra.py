@@ -11,6 +11,7 @@ import re
 import numpy as np
 
 from attnzoo.reproduce import claims, paper_claims
+from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
     CURVE_EVAL_BATCHES,
     SWEEP_SEED_OFFSET,
@@ -19,12 +20,9 @@ from attnzoo.reproduce.common import (
     Table,
     check_sweep_extra,
     fmt,
-    gate_untuned,
     mean_val_curve,
     per_seed,
-    plot_val_curves,
     row_lrs,
-    save_figure,
     seed_list,
     seed_mean,
     seeded_id,
@@ -35,6 +33,7 @@ from attnzoo.reproduce.common import (
     train_defaults,
     tuned,
 )
+from attnzoo.reproduce.pipeline import Control, Evidence, Longer, Plateau, Tuning, compared, judge
 from attnzoo.reproduce.sections.vision import classification_record
 from attnzoo.reproduce.store import Step
 
@@ -337,42 +336,44 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.notes += _eval_set_notes(records, res, tasks)
     sec.data = _data(res, mechs, learned, lengths, majority, shortcut)
     if any(res[m] for m in mechs):
-        path = plots_dir / "long_range.png"
-        save_figure(_plot(res, mechs, tasks, lengths), path)
-        sec.plots.append((rel(path), "Accuracy (dashed: chance) and training steps/s per task."))
+        caption = "Accuracy (dashed: chance) and training steps/s per task."
+        sec.add_plot(_plot(res, mechs, tasks, lengths), plots_dir / "long_range.png", rel, caption)
     sec.data["ablations"] = {
         n: {"task": a["task"], "mechanism": a["mechanism"], "accuracy": a["result"]["per_seed"]}
         for n, a in ablations.items()
     }
-    sec.findings = _findings(
-        res, mechs, tasks, lengths, learned, ablations, plan["arch"]["dim"] // plan["arch"]["heads"], majority
-    )
-    _gate_dense_chunks(sec.findings, records, tasks, lengths)
-    _control_findings(sec.findings, res, learned)
-    for f in sec.findings:
-        for (m, t), (gap, label) in OTHER_MARGINS.items():
-            if f.get("a_name") == m and _test(f) == t:
-                claims.margin_sensitivity(f, gap, label, relative=False)
+    head_dim = plan["arch"]["dim"] // plan["arch"]["heads"]
+    sec.findings, ev = _findings(res, mechs, tasks, lengths, learned, ablations, head_dim, majority)
+    ev.gates += _dense_chunks(sec.findings, records, tasks, lengths)
     _curves(sec, res, mechs, tasks, ablations, plots_dir, rel)
     eq_table, eq = equal_time(res, mechs, learned, ablations, plan)
     if eq_table is not None:
         sec.tables.append(eq_table)
     sec.data["equal_time"] = eq
-    sec.data["plateau"] = _plateau(sec.findings, res, learned, ablations)
-    _tune(sec, records, plan, mechs, learned, res, majority)
-    for t in learned:
-        for f in sec.findings:
-            if f["kind"] == "paper" and _test(f) == t:
-                claims.untuned_control_gate(f, sec.data["untuned"].get(t, {}).get(CONTROL), f"{CONTROL} on {t}")
+    ev.plateaus = _plateaus(res, learned, ablations)
+    untuned = _tune(sec, records, plan, mechs, learned, res, majority)
+    for t, why in untuned.items():
+        ev.tuning.append(Tuning(why, lambda f, t=t: compared(f) and _test(f) in (t, AVERAGE)))
+    for c in ev.controls:
+        c.untuned = untuned.get(c.task, {}).get(CONTROL)
+    sec.data["plateau"] = judge(sec.findings, ev)
+    sec.data["untuned"] = untuned
     return sec
+
+
+def _other_margins(f: Finding) -> None:
+    """Another of the paper's gaps on a task, stated beside the finding's own margin."""
+    for (m, t), (gap, label) in OTHER_MARGINS.items():
+        if f.a_name == m and _test(f) == t:
+            claims.margin_sensitivity(f, gap, label, relative=False)
 
 
 def _tune(
     sec: Section, records: dict, plan: dict, mechs: list[str], learned: list[str], res: dict, majority: dict
-) -> None:
-    """The sweep table per task, and the gate of each comparison whose rows were not run at their best rate (per
-    task; an average finding is gated by any of its tasks), or whose every swept rate stayed at or below the
-    majority class (a sweep that ranks chance-level runs found no optimum)."""
+) -> dict[str, dict[str, str]]:
+    """The sweep table per task, and per task the rows not run at their best rate (an average finding is gated by
+    any of its tasks), or whose every swept rate stayed at or below the majority class (a sweep that ranks
+    chance-level runs found no optimum)."""
     lrs = plan.get("lr_sweep", [])
     every = {}
     for t in learned:
@@ -395,9 +396,7 @@ def _tune(
         if not lrs or t not in sweep_tasks(plan):
             untuned = {m: f"no learning-rate sweep on {t} at this budget" for m in mechs}
         every[t] = untuned
-        gate_untuned([f for f in sec.findings if _test(f) == t], untuned)
-        gate_untuned([f for f in sec.findings if _test(f) == AVERAGE], untuned)
-    sec.data["untuned"] = every
+    return every
 
 
 def _intro(plan: dict, tasks: list[str], lengths: dict[str, int | None]) -> str:
@@ -622,28 +621,22 @@ def _longer_run(ablations: dict, mech: str | None, task: str) -> dict | None:
     return next(runs, None)
 
 
-def _plateau(findings: list[dict], res: dict, learned: list[str], ablations: dict) -> dict:
-    """Softmax's plateau per learned task (its ``@2x-steps`` ablation); a task that fails gates its own findings and
-    the LRA averages."""
-    out = {}
+def _plateaus(res: dict, learned: list[str], ablations: dict) -> list[Plateau]:
+    """Softmax's plateau per learned task (its ``@2x-steps`` ablation), judging that task's findings and the LRA
+    averages; a compared mechanism with its own run at twice the steps is judged on that too (the curves themselves
+    are in the validation-curves plot, not repeated in words)."""
+    out = []
     for t in learned:
         run = _longer_run(ablations, "softmax", t)
+        rows = {
+            m: Longer(f"{m} on {t}", res[m][t]["accuracy"], row["result"]["accuracy"])
+            for m in res
+            if t in res[m] and (row := _longer_run(ablations, m, t))
+        }
         longer = run["result"]["accuracy"] if run else None
-        own = [f for f in findings if _test(f) in (t, AVERAGE)]
-        rows = {id(f): _longer_run(ablations, f.get("a_name"), t) for f in own}
-        for f in own:  # before the drift gates: a comparison replicated at twice the steps is judged on that
-            row = rows[id(f)]
-            if row and run and f.get("b_name") == "softmax":
-                claims.replicated_gate(
-                    f, claims.stat(row["result"]["accuracy"]), claims.stat(longer), row=f["a_name"], baseline="softmax"
-                )
-        # the curves themselves are in the validation-curves plot, not repeated in words
-        out[t] = claims.plateau_gate(own, f"softmax on {t}", res["softmax"][t]["accuracy"], longer, "%", ".1f")
-        # a compared mechanism with its own run at twice the steps must not move more than the verdict clears by
-        for f in own:
-            m, row = f.get("a_name"), rows[id(f)]
-            if row and m in res and t in res[m]:
-                claims.compared_row_gate(f, f"{m} on {t}", res[m][t]["accuracy"], row["result"]["accuracy"], "%")
+        own = lambda f, t=t: _test(f) in (t, AVERAGE)  # noqa: E731
+        base = res["softmax"][t]["accuracy"]
+        out.append(Plateau("softmax", f"softmax on {t}", base, longer, "%", ".1f", judges=own, rows=rows, key=t))
     return out
 
 
@@ -655,16 +648,12 @@ def _curves(sec: Section, res: dict, mechs: list[str], tasks: list[str], ablatio
         c.update({n: a["result"]["val_curve"] for n, a in ablations.items() if a["task"] == t})
         panels.append((t, c))
     sec.data["val_curves"] = {t: c for t, c in panels}
-    if any(v for _, c in panels for v in c.values()):
-        path = plots_dir / "long_range_curves.png"
-        save_figure(plot_val_curves(panels, "validation accuracy (%)", "Long-range: validation curves"), path)
-        sec.plots.append(
-            (
-                rel(path),
-                "Validation accuracy during training (seed means); points before the last use "
-                f"{CURVE_EVAL_BATCHES} validation batches.",
-            )
-        )
+    caption = (
+        f"Validation accuracy during training (seed means); points before the last use {CURVE_EVAL_BATCHES} "
+        "validation batches."
+    )
+    path = plots_dir / "long_range_curves.png"
+    sec.add_curves(panels, path, rel, "validation accuracy (%)", "Long-range: validation curves", caption)
 
 
 def equal_time(
@@ -806,10 +795,11 @@ def _geo_mean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
-def _gate_unlearned_base(found: list[dict], res, base: str, learned: list[str], majority: dict) -> list[dict]:
+def _unlearned_base(found: list[Finding], res, base: str, learned: list[str], majority: dict) -> list:
     """A comparison against a row other than softmax (MEGA-chunk) needs that row to have learned the task as well:
     where one of its seeds is within LEARNED_MARGIN of the majority class, its verdict is gated."""
     missed = [t for t in learned if t not in _learned(res, [t], majority, row=base)]
+    gates = []
     for f in found:
         tasks = missed if _test(f) == AVERAGE else [t for t in missed if _test(f) == t]
         if tasks:
@@ -818,14 +808,15 @@ def _gate_unlearned_base(found: list[dict], res, base: str, learned: list[str], 
                 f"the majority class {majority.get(t, CHANCE[t]):.1f}%"
                 for t in tasks
             )
-            claims.gate(f, f"the baseline {base} did not learn ({lows})", "did not learn")
-    return found
+            gates.append((f, "did not learn", f"the baseline {base} did not learn ({lows})"))
+    return gates
 
 
-def _gate_dense_chunks(findings: list[dict], records: dict, tasks: list[str], lengths: dict) -> None:
+def _dense_chunks(findings: list[Finding], records: dict, tasks: list[str], lengths: dict) -> list:
     """MEGA-chunk whose chunk covers the whole sequence is dense MEGA: a comparison with it is not the paper's
     (MEGA's r = 128 at LRA's 1K-4K tokens makes 8-32 chunks), so its verdict is gated on conditions. The chunk is
     read from the config of the task's stored MEGA-chunk runs."""
+    gates = []
     for t in tasks:
         ids = [k for k in records if k.startswith(f"{KEY}/{t}/mega_chunk/seed")]
         if not ids or not lengths.get(t):
@@ -834,29 +825,24 @@ def _gate_dense_chunks(findings: list[dict], records: dict, tasks: list[str], le
         chunk = opts.get("attention_options", {}).get("chunk_size")
         if chunk is None or chunk < lengths[t]:
             continue
-        for f in findings:
-            if f.get("b_name") == "mega_chunk" and _test(f) in (t, AVERAGE):
-                claims.gate(
-                    f,
-                    f"mega_chunk's chunk r = {chunk} covers the whole sequence (N = {lengths[t]} on {t}): dense MEGA, "
-                    "not the paper's 8-32 chunks (r = 128 at 1K-4K tokens)",
-                    "conditions",
-                )
-
-
-def _gate_unlearned_row(f: dict, acc: claims.Stat, m: str, majority: float | None) -> None:
-    """The rule every baseline passes, applied to the compared row: a seed within LEARNED_MARGIN of the majority
-    class did not train, so the comparison measures that failure, not a trained model's accuracy (gated)."""
-    if majority is None:
-        return
-    failed = _unlearned_seeds(acc, majority)
-    if failed:
-        claims.gate(
-            f,
-            f"{len(failed)} of {acc.n} seeds of {m} did not learn (within {LEARNED_MARGIN:g} pts of the majority "
-            f"class {majority:.1f}%: {', '.join(f'{v:.1f}' for v in failed)}%)",
-            "did not learn",
+        why = (
+            f"mega_chunk's chunk r = {chunk} covers the whole sequence (N = {lengths[t]} on {t}): dense MEGA, not "
+            "the paper's 8-32 chunks (r = 128 at 1K-4K tokens)"
         )
+        gates += [(f, "conditions", why) for f in findings if f.b_name == "mega_chunk" and _test(f) in (t, AVERAGE)]
+    return gates
+
+
+def unlearned_row(acc: claims.Stat, m: str, majority: float | None) -> str | None:
+    """The rule every baseline passes, applied to the compared row: a seed within LEARNED_MARGIN of the majority
+    class did not train, so the comparison measures that failure, not a trained model's accuracy (why, or None)."""
+    failed = [] if majority is None else _unlearned_seeds(acc, majority)
+    if not failed:
+        return None
+    return (
+        f"{len(failed)} of {acc.n} seeds of {m} did not learn (within {LEARNED_MARGIN:g} pts of the majority "
+        f"class {majority:.1f}%: {', '.join(f'{v:.1f}' for v in failed)}%)"
+    )
 
 
 def _unlearned_seeds(acc: claims.Stat, majority: float) -> list[float]:
@@ -866,7 +852,7 @@ def _unlearned_seeds(acc: claims.Stat, majority: float) -> list[float]:
 
 def failure_reading(m: str, acc: claims.Stat, base_acc: claims.Stat, majority: float, base: str) -> str:
     """The gap on the seeds of ``m`` that did learn, where some did not (those are named by the did-not-learn gate,
-    :func:`_gate_unlearned_row`). Empty when every seed learned or none did."""
+    :func:`unlearned_row`). Empty when every seed learned or none did."""
     failed = _unlearned_seeds(acc, majority)
     ok = [v for v in acc.values if v > majority + LEARNED_MARGIN]
     if not failed or not ok:
@@ -898,9 +884,10 @@ def _eval_set_notes(records: dict, res: dict, tasks: list[str]) -> list[str]:
     return notes
 
 
-def _control_findings(findings: list[dict], res: dict, learned: list[str]) -> None:
-    """With the no-attention control run: per learned task, the check that softmax beats it, and each accuracy claim
-    whose margin the control meets is gated (:func:`claims.margin_control_gate`)."""
+def _control_findings(findings: list[Finding], res: dict, learned: list[str]) -> list[Control]:
+    """With the no-attention control run: per learned task, the check that softmax beats it (added to
+    ``findings``), and the control that gates each accuracy claim against softmax whose margin it meets."""
+    controls = []
     for t in learned:
         ctl = res.get(CONTROL, {}).get(t)
         soft = res.get("softmax", {}).get(t)
@@ -919,9 +906,9 @@ def _control_findings(findings: list[dict], res: dict, learned: list[str]) -> No
                 spec=".1f",
             )
         )
-        for f in findings:
-            if f["kind"] == "paper" and _test(f) == t and f.get("b_name") == "softmax":
-                claims.margin_control_gate(f, ctl["accuracy"], f"{CONTROL} on {t}")
+        judges = lambda f, t=t: f.kind == "paper" and _test(f) == t and f.b_name == "softmax"  # noqa: E731
+        controls.append(Control(f"{CONTROL} on {t}", ctl["accuracy"], judges, task=t))
+    return controls
 
 
 def _learned(res, tasks, majority, row: str = "softmax") -> list[str]:
@@ -949,22 +936,27 @@ MEGA_CLAIMS = [("mega_csp", "mega_chunk", "csp-t4-mega")]
 AVERAGE = "average"
 
 
-def _test(f: dict) -> str:
+def _test(f: Finding) -> str:
     """Which test of its claim a finding is: a task, ``AVERAGE``, or ``""`` for a claim tested once."""
-    return paper_claims.test_of(f.get("claim_id", ""))
+    return paper_claims.test_of(f.claim_id)
 
 
-def _findings(res, mechs, tasks, lengths, learned, ablations=None, head_dim=None, majority=None) -> list[dict]:
+def _findings(
+    res, mechs, tasks, lengths, learned, ablations=None, head_dim=None, majority=None
+) -> tuple[list[Finding], Evidence]:
+    """The section's findings and the evidence of their gates that the rows' results give."""
     ablations = ablations or {}
+    ev = Evidence(readings=[_other_margins])
     out = []
     for m, claim_id in CLAIMS:
         if m not in mechs or "softmax" not in mechs or not learned:
             continue
-        out += _accuracy_findings(res, m, claim_id, learned, ablations, majority=majority)
+        out += _accuracy_findings(res, m, claim_id, learned, ablations, majority=majority, gates=ev.gates)
     for m, base, claim_id in MEGA_CLAIMS:
         if m in mechs and base in mechs and learned:
-            found = _accuracy_findings(res, m, claim_id, learned, ablations, base=base, majority=majority)
-            out += _gate_unlearned_base(found, res, base, learned, majority or {})
+            found = _accuracy_findings(res, m, claim_id, learned, ablations, base, majority, ev.gates)
+            ev.gates += _unlearned_base(found, res, base, learned, majority or {})
+            out += found
     if "softmax" in mechs and tasks:
         out += _speed_findings(res, mechs, tasks, lengths, head_dim)
         if "csp" in mechs and len(mechs) > 2:
@@ -972,19 +964,20 @@ def _findings(res, mechs, tasks, lengths, learned, ablations=None, head_dim=None
             n = max((lengths[t] or 0) for t in tasks)
             if f is not None and n < FASTEST_MIN_N:
                 # the paper's speed comparisons are at LRA's lengths: the same N bar as "CSP trains faster"
-                why = f"longest task N={n} < {FASTEST_MIN_N} ({f['measured']})"
+                why = f"longest task N={n} < {FASTEST_MIN_N} ({f.measured})"
                 f = claims.not_tested(**paper_claims.finding_kw(FASTEST), why=why)
             if f is not None:
                 out.append(f)
-    return out
+    ev.controls = _control_findings(out, res, learned)
+    return out, ev
 
 
 def _accuracy_findings(
-    res, m, claim_id, learned, ablations, base: str = "softmax", majority: dict | None = None
-) -> list[dict]:
+    res, m, claim_id, learned, ablations, base: str = "softmax", majority: dict | None = None, gates: list | None = None
+) -> list[Finding]:
     """The LRA-average finding of one accuracy claim (``m`` against ``base``), followed by its per-task findings on
     the learned tasks. A per-task finding that does not agree says which of ``m``'s seeds did not train
-    (:func:`failure_reading`)."""
+    (:func:`failure_reading`); where some did not train, its gate goes to ``gates``."""
     kw = dict(unit="pts", a_name=m, b_name=base, spec=".1f")
     f = claims.compare(
         _avg_stat(res, m, learned),
@@ -992,8 +985,8 @@ def _accuracy_findings(
         **paper_claims.compare_kw(f"{claim_id}#{AVERAGE}"),
         **kw,
     )
-    f["claim"] += " on the LRA average"
-    f["measured"] += f" (average over the learned tasks: {', '.join(learned)})"
+    f.claim += " on the LRA average"
+    f.measured += f" (average over the learned tasks: {', '.join(learned)})"
     per_task = []
     for t in learned:
         if t not in res[m] or t not in res[base]:
@@ -1001,21 +994,23 @@ def _accuracy_findings(
         task_kw = paper_claims.compare_kw(f"{claim_id}#{t}")
         task_kw["paper_value"] = "per-task column"
         ft = claims.compare(res[m][t]["accuracy"], res[base][t]["accuracy"], **task_kw, **kw)
-        ft["claim"] += f" on {t}"
+        ft.claim += f" on {t}"
         parts = [_ablation_reading(m, t, ablations, res)]
-        if ft["verdict"] != "agrees" and majority and t in majority:
+        if ft.verdict != "agrees" and majority and t in majority:
             parts.insert(0, failure_reading(m, res[m][t]["accuracy"], res[base][t]["accuracy"], majority[t], base))
         reading = "; ".join(p for p in parts if p)
         if reading:
-            ft["explanation"] = reading
-        _gate_unlearned_row(ft, res[m][t]["accuracy"], m, (majority or {}).get(t))
+            ft.explanation = reading
+        why = unlearned_row(res[m][t]["accuracy"], m, (majority or {}).get(t))
+        if why and gates is not None:
+            gates.append((ft, "did not learn", why))
         per_task.append((t, ft))
     if len(per_task) == 1:
         # one task: its average is that task, and a second finding would count the same evidence twice
         return [per_task[0][1]]
-    if f["verdict"] != "agrees":
-        f["explanation"] = "per-task: " + "; ".join(
-            f"{t} {ft['verdict']} ({res[m][t]['accuracy'].fmt('.1f')} vs {res[base][t]['accuracy'].fmt('.1f')})"
+    if f.verdict != "agrees":
+        f.explanation = "per-task: " + "; ".join(
+            f"{t} {ft.verdict} ({res[m][t]['accuracy'].fmt('.1f')} vs {res[base][t]['accuracy'].fmt('.1f')})"
             for t, ft in per_task
         )
     # the average comes first, then its per-task breakdown
@@ -1110,7 +1105,7 @@ def _fastest_finding(res, mechs, tasks) -> dict | None:
         if m not in known and (g := _geo_mean([res[m].get(t, {}).get("steps_per_s") for t in tasks]))
     }
     if others:
-        f["explanation"] = "not in the paper's comparison set, shown for reference: " + ", ".join(
+        f.explanation = "not in the paper's comparison set, shown for reference: " + ", ".join(
             f"{m} {v:.2f}" for m, v in others.items()
         )
     return f

@@ -17,6 +17,7 @@ import numpy as np
 
 from attnzoo.data.scenes import SceneSpec
 from attnzoo.reproduce import claims, paper_claims
+from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
     Context,
     Section,
@@ -25,11 +26,11 @@ from attnzoo.reproduce.common import (
     load_trained,
     num_params,
     per_seed,
-    save_figure,
     seed_list,
     seeded_id,
     train_run,
 )
+from attnzoo.reproduce.pipeline import Evidence, compared, judge
 from attnzoo.reproduce.store import Step
 
 KEY = "segmentation"
@@ -326,23 +327,24 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.data = {"rows": {n: _row_data(st) for n, st in res.items()}, "decoders": dec and _decoder_data(dec)}
     if res:
         sec.tables += [_table5(res), _table6(res)]
-        save_figure(_plot_layers(res), plots_dir / "segmentation_layers.png")
-        sec.plots.append((rel(plots_dir / "segmentation_layers.png"), _LAYERS_CAPTION))
+        sec.add_plot(_plot_layers(res), plots_dir / "segmentation_layers.png", rel, _LAYERS_CAPTION)
         over = {n: st["overlays"] for n, st in res.items() if st.get("overlays")}
         if over:
-            save_figure(_plot_overlays(over, plan.get("mass", 0.6)), plots_dir / "segmentation_overlays.png", dpi=45)
-            sec.plots.append((rel(plots_dir / "segmentation_overlays.png"), _OVERLAYS_CAPTION))
+            fig = _plot_overlays(over, plan.get("mass", 0.6))
+            sec.add_plot(fig, plots_dir / "segmentation_overlays.png", rel, _OVERLAYS_CAPTION, dpi=45)
     if dec:
         sec.tables.append(_decoder_table(dec))
-        save_figure(_plot_sweep(dec), plots_dir / "segmentation_decoders.png")
-        sec.plots.append((rel(plots_dir / "segmentation_decoders.png"), _SWEEP_CAPTION))
-    sec.findings = _zero_shot_findings(res) + _decoder_findings(dec)
+        sec.add_plot(_plot_sweep(dec), plots_dir / "segmentation_decoders.png", rel, _SWEEP_CAPTION)
+    ev = Evidence()
+    sec.findings = _zero_shot_findings(res, ev.gates) + _decoder_findings(dec, ev.gates)
     if plan.get("require_learned", True):
-        _gate_unlearned(sec, res, dec)
+        ev.unlearned = _unlearned(res, dec)
+        if ev.unlearned:
+            sec.notes.append("did not learn: " + "; ".join(ev.unlearned.values()))
     if plan.get("require_tuned", True):  # every row trains at the budget's one rate: none is shown tuned
-        for f in sec.findings:
-            if f.get("claim_type"):
-                claims.gate(f, "not tuned: the rows train at the budget's one rate, without a sweep", "not tuned")
+        why = "not tuned: the rows train at the budget's one rate, without a sweep"
+        ev.gates += [(f, "not tuned", why) for f in sec.findings if compared(f)]
+    judge(sec.findings, ev)
     return sec
 
 
@@ -350,8 +352,9 @@ def _get(res: dict, name: str, key: str):
     return res[name][key] if name in res else None
 
 
-def _zero_shot_findings(res: dict) -> list[dict]:
-    """Table 5's ranking (one test per adjacent pair), Table 6's persistence and ToST Fig. 5 against its control."""
+def _zero_shot_findings(res: dict, gates: list) -> list[Finding]:
+    """Table 5's ranking (one test per adjacent pair), Table 6's persistence and ToST Fig. 5 against its control
+    (its gate goes to ``gates``)."""
     out = []
     for a, b in RANKING:
         fa, fb = (_get(res, n, "best") for n in (a, b))
@@ -375,7 +378,7 @@ def _zero_shot_findings(res: dict) -> list[dict]:
         b_name="cbt",
         spec=".3f",
     )
-    _control_gate(f, res, "crate_cbt", "later_half", "the later-half layers' mean foreground IoU")
+    gates += _control_gate(f, res, "crate_cbt", "later_half", "the later-half layers' mean foreground IoU")
     out.append(f)
     f = claims.compare(
         _get(res, "tost", "penultimate_class"),
@@ -390,23 +393,23 @@ def _zero_shot_findings(res: dict) -> list[dict]:
     return out
 
 
-def _control_gate(f: dict, res: dict, name: str, key: str, what: str) -> None:
+def _control_gate(f: Finding, res: dict, name: str, key: str, what: str) -> list:
     """Hold back an agreement when the trained ``name`` is not shown above its untrained copy on ``key``: the
-    figure the claim credits to training would then be there before it."""
+    figure the claim credits to training would then be there before it. Returns the gate, if any."""
     trained, init = _get(res, name, key), _get(res, name + INIT, key)
     if claims.numbers_verdict(f) != "agrees" or trained is None or init is None:
-        return
+        return []
     effect, ci, _ = claims.welch_ci(trained, init)
-    f["random_init_control"] = {"row": name + INIT, "effect": effect, "ci95": list(ci) if ci else None}
-    if ci is None or ci[0] <= 0:
-        where = f"{effect:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (one seed: no interval)")
-        claims.gate(
-            f, f"the trained {name} is {where} IoU from its untrained copy on {what}: not shown above it", "control"
-        )
+    f.random_init_control = {"row": name + INIT, "effect": effect, "ci95": list(ci) if ci else None}
+    if ci is not None and ci[0] > 0:
+        return []
+    where = f"{effect:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (one seed: no interval)")
+    return [(f, "control", f"the trained {name} is {where} IoU from its untrained copy on {what}: not shown above it")]
 
 
-def _decoder_findings(dec: dict | None) -> list[dict]:
-    """CBSA Fig. 8: mIoU, FLOPs and robustness of the CBSA decoder against Segmenter's."""
+def _decoder_findings(dec: dict | None, gates: list) -> list[Finding]:
+    """CBSA Fig. 8: mIoU, FLOPs and robustness of the CBSA decoder against Segmenter's (the FLOPs' conditions gate
+    goes to ``gates``)."""
     cb, mt = (dec.get(k) if dec else None for k in ("cbsa", "mask_transformer"))
     miou = claims.compare(
         cb and cb["miou"],
@@ -429,10 +432,9 @@ def _decoder_findings(dec: dict | None) -> list[dict]:
     )
     if cb and mt:
         s = cb["sigmas"][-1]
-        robust["measured"] = f"mIoU drop at sigma={s:g}: " + robust["measured"]
+        robust.measured = f"mIoU drop at sigma={s:g}: " + robust.measured
         for f in (miou, robust):
-            f["flops_a"], f["flops_b"] = cb["flops"], mt["flops"]
-            f["params_a"], f["params_b"] = cb["params"], mt["params"]
+            f.flops_a, f.flops_b, f.params_a, f.params_b = cb["flops"], mt["flops"], cb["params"], mt["params"]
         ratio = cb["flops"] / mt["flops"]
         flops = claims.finding(
             **paper_claims.finding_kw("cbsa-f8-flops"),
@@ -447,7 +449,7 @@ def _decoder_findings(dec: dict | None) -> list[dict]:
         need = paper_claims.get("cbsa-f8-flops").conditions
         if dec["tokens"] is not None and dec["tokens"] < need.min_n:
             why = f"{dec['tokens']} tokens here against about {need.min_n:,} in the paper ({need.note})"
-            claims.gate(flops, why, "conditions")
+            gates.append((flops, "conditions", why))
     else:
         flops = claims.not_tested(
             **paper_claims.finding_kw("cbsa-f8-flops"), why="no decoder measurement at this budget"
@@ -455,9 +457,9 @@ def _decoder_findings(dec: dict | None) -> list[dict]:
     return [miou, flops, robust]
 
 
-def _gate_unlearned(sec: Section, res: dict, dec: dict | None) -> None:
-    """Comparisons of a classifier that did not learn the scenes, or of decoders that did not beat the
-    all-background prediction, are inconclusive (a map of a model that learned nothing measures the set-up)."""
+def _unlearned(res: dict, dec: dict | None) -> dict[str, str]:
+    """The classifiers that did not learn the scenes and the decoders that did not beat the all-background
+    prediction, each with why (a map of a model that learned nothing measures the set-up)."""
     floor = CHANCE + LEARNED_MARGIN
     # every seed must clear chance by the margin, as in the other sections (a seed mean hides one that did not)
     unlearned = {
@@ -475,14 +477,7 @@ def _gate_unlearned(sec: Section, res: dict, dec: dict | None) -> None:
                     f"the {kind} decoder's mIoU {m:.1f} is not {DECODER_MARGIN:g} points above predicting background "
                     f"everywhere ({dec['background_miou']:.1f})"
                 )
-    for f in sec.findings:
-        why = [unlearned[n] for n in (f.get("a_name"), f.get("b_name")) if n in unlearned]
-        if f["claim_id"] == "cbsa-f8-flops":
-            continue  # a cost does not depend on what the decoder learned
-        if why:
-            claims.gate(f, "; ".join(why), "did not learn")
-    if unlearned:
-        sec.notes.append("did not learn: " + "; ".join(unlearned.values()))
+    return unlearned
 
 
 def _row_data(st: dict) -> dict:

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from attnzoo.reproduce import claims, paper_claims
+from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
     CURVE_EVAL_BATCHES,
     SWEEP_SEED_OFFSET,
@@ -21,15 +22,12 @@ from attnzoo.reproduce.common import (
     Table,
     check_sweep_extra,
     fmt,
-    gate_untuned,
     load_trained,
     mean_val_curve,
     num_params,
     peak_train_mb,
     per_seed,
-    plot_val_curves,
     row_lrs,
-    save_figure,
     seed_list,
     seed_mean,
     seeded_id,
@@ -41,6 +39,7 @@ from attnzoo.reproduce.common import (
     train_run,
     tuned,
 )
+from attnzoo.reproduce.pipeline import Control, Evidence, Plateau, Tuning, judge
 from attnzoo.reproduce.store import Step
 
 KEY = "vision"
@@ -441,26 +440,17 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     for row in _plateau_rows(plan).values():
         if row in res and panels:
             panels[0][1][row] = res[row]["val_curve"]
-    if any(c for _, p in panels for c in p.values()):
-        path = plots_dir / "vision_curves.png"
-        save_figure(plot_val_curves(panels, "validation accuracy (%)", "Vision: validation curves (seed means)"), path)
-        sec.plots.append(
-            (
-                rel(path),
-                f"Validation accuracy during training (seed means), one panel per table, plateau runs included; "
-                f"points before the last use {CURVE_EVAL_BATCHES} validation batches.",
-            )
-        )
+    caption = (
+        "Validation accuracy during training (seed means), one panel per table, plateau runs included; points before "
+        f"the last use {CURVE_EVAL_BATCHES} validation batches."
+    )
+    title = "Vision: validation curves (seed means)"
+    sec.add_curves(panels, plots_dir / "vision_curves.png", rel, "validation accuracy (%)", title, caption)
     names = [n for n in plan["models"] if n in res]
     if names:
-        path = plots_dir / "vision.png"
-        save_figure(_plot(res, names + [n for n in swaps if n not in names]), path)
-        sec.plots.append(
-            (
-                rel(path),
-                "Accuracy (mean ± std over seeds), training images/s and peak training-step memory.",
-            )
-        )
+        fig = _plot(res, names + [n for n in swaps if n not in names])
+        caption = "Accuracy (mean ± std over seeds), training images/s and peak training-step memory."
+        sec.add_plot(fig, plots_dir / "vision.png", rel, caption)
     majority = 100.0 * plan.get("majority", 0.1)
     # every seed of the baseline must clear the majority class by the margin
     if (
@@ -473,10 +463,17 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             f"{majority:.0f}%: not {LEARNED_MARGIN:g} points above it on every seed, so no comparison is reported"
         )
         return sec
-    sec.findings = _findings(res)
-    _gate_attention_needed(sec.findings)
-    _gate_control_margins(sec.findings, res)
-    sec.data["plateau"] = _plateaus(sec.findings, res, _plateau_rows(plan))
+    sec.findings, ev = _findings(res)
+    ev.plateaus = _plateaus(res, _plateau_rows(plan))
+    ev.tuning.append(Tuning(_tune(sec, records, plan, res)))
+    plateau = judge(sec.findings, ev)
+    sec.data["plateau"] = plateau["vit"] if len(plateau) == 1 else plateau
+    sec.data["untuned"] = ev.tuning[0].untuned
+    return sec
+
+
+def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
+    """The sweep table, and ``{row: why}`` for every row not shown at its best rate."""
     lrs = plan.get("lr_sweep", [])
     table, untuned = sweep_table(
         records,
@@ -497,62 +494,37 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.tables.append(table)
     if not lrs:
         untuned = {n: f"no learning-rate sweep at this budget ({n})" for n in sweep_rows(plan)}
-    sec.data["untuned"] = untuned
-    gate_untuned(sec.findings, untuned)
-    return sec
+    return untuned
 
 
-def _plateaus(findings: list[dict], res: dict, rows: dict[str, str]) -> dict:
+def _paper(f: Finding) -> bool:
+    return f.kind == "paper"
+
+
+def _plateaus(res: dict, rows: dict[str, str]) -> list[Plateau]:
     """Each baseline's plateau check on the comparisons against it (``b_name``); the ViT's on every other one (its
-    skeleton is the controlled swaps'). One plateau dict, or one per baseline when several are checked."""
-    own = {b: [f for f in findings if f.get("b_name") == b] for b in rows if b != "vit"}
-    claimed = {id(f) for fs in own.values() for f in fs}
-    groups = {"vit": [f for f in findings if id(f) not in claimed], **own}
-    out = {
-        b: claims.plateau_gate(
-            fs,
-            b,
-            res[b]["accuracy"] if b in res else None,
-            _acc(res, rows.get(b, f"{b}@2x-steps")),
-            "%",
-            ".1f",
-        )
-        for b, fs in groups.items()
-    }
-    return out["vit"] if len(out) == 1 else out
+    skeleton is the controlled swaps')."""
+    others = [b for b in rows if b != "vit"]
+    judges = {"vit": lambda f: f.b_name not in others} | {b: (lambda f, b=b: f.b_name == b) for b in others}
+    return [
+        Plateau(b, b, _acc(res, b), _acc(res, rows.get(b, f"{b}@2x-steps")), "%", ".1f", judges=j, key=b)
+        for b, j in judges.items()
+    ]
 
 
-def _gate_control_margins(findings: list[dict], res: dict) -> None:
-    """The no-attention control against each non-inferiority margin (:func:`claims.margin_control_gate`); a CLS-token
-    ViT baseline differs from the mean-pooled control in pooling too, so the control is read against its mean-pooled
-    twin where it ran (one factor)."""
-    for f in findings:
-        if f["kind"] == "paper":
-            twin = (
-                (MEANPOOL_BASE, res[MEANPOOL_BASE]["accuracy"])
-                if f.get("b_name") == "vit" and MEANPOOL_BASE in res
-                else None
-            )
-            claims.margin_control_gate(f, _acc(res, CONTROL), CONTROL, twin)
-
-
-def _gate_attention_needed(findings: list[dict]) -> None:
+def _attention_needed(findings: list[Finding]) -> list[tuple[Finding, str, str]]:
     """If the ViT baseline is not shown to beat its no-attention control, the task does not test token mixing at
     this scale: a "comparable" (non-inferiority) agreement could then hold for any mixer, so it is held back by a
     control gate (a disagreement stands: see :data:`claims.GATES`). A superiority verdict is not: an interval that
     separates two mixers shows a difference the task does tell apart, whatever the control."""
-    check = next(
-        (f for f in findings if f.get("b_name") == CONTROL and f.get("a_name") in ("vit", MEANPOOL_BASE)), None
+    check = next((f for f in findings if f.b_name == CONTROL and f.a_name in ("vit", MEANPOOL_BASE)), None)
+    if check is None or claims.numbers_verdict(check) == "agrees":
+        return []
+    check.gates_section = True  # the first screen says so
+    why = f"not shown to need attention: {check.a_name} vs {CONTROL} {check.effect:+.3g} pts " + (
+        f"[{check.ci95[0]:+.3g}, {check.ci95[1]:+.3g}]" if check.ci95 else "(one seed, no interval)"
     )
-    if check is None or check["verdict"] == "agrees":
-        return
-    check["gates_section"] = True  # the first screen says so
-    why = f"not shown to need attention: {check['a_name']} vs {CONTROL} {check['effect']:+.3g} pts " + (
-        f"[{check['ci95'][0]:+.3g}, {check['ci95'][1]:+.3g}]" if check.get("ci95") else "(one seed, no interval)"
-    )
-    for f in findings:
-        if f["kind"] == "paper" and f.get("claim_type") == "non-inferiority":
-            claims.gate(f, why, "control")
+    return [(f, "control", why) for f in findings if _paper(f) and f.claim_type == "non-inferiority"]
 
 
 def _acc(res: dict, name: str) -> claims.Stat | None:
@@ -742,13 +714,26 @@ def _controlled_pair(a_ctl: str | None, b_ctl: str | None, res: dict) -> tuple[s
     return a_ctl, b_ctl
 
 
-def _findings(res: dict) -> list[dict]:
+def _findings(res: dict) -> tuple[list[Finding], Evidence]:
+    """The section's comparisons and the evidence of their gates that the rows' results give."""
+    ev = Evidence(sizes=PAPER_SIZE_RATIO, size_tolerance=MATCH_TOLERANCE)
+    out = _comparisons(res, ev.gates)
+    ev.gates += _attention_needed(out)
+    # a CLS-token ViT baseline differs from the mean-pooled control in pooling too: the control is read against its
+    # mean-pooled twin where it ran (one factor)
+    twin = (MEANPOOL_BASE, res[MEANPOOL_BASE]["accuracy"]) if MEANPOOL_BASE in res else None
+    ev.controls.append(Control(CONTROL, _acc(res, CONTROL), _paper, twin, lambda f: f.b_name == "vit"))
+    return out, ev
+
+
+def _comparisons(res: dict, gates: list) -> list[Finding]:
+    """The comparisons; the gates only this section's set-up can judge go to ``gates``."""
     out = []
 
     def cmp(a, b, claim_id, **kw):
         return claims.compare(res[a]["accuracy"], res[b]["accuracy"], **_cmp_kw(claim_id, a, b), **kw)
 
-    out += _control_findings(res, cmp)
+    out += _control_findings(res, cmp, gates)
     for a, a_ctl, b, b_ctl, cid in CLAIMS:
         claim = paper_claims.get(cid).statement
         if a == "csp_vit" and CSP_BASE in res:
@@ -758,20 +743,19 @@ def _findings(res: dict) -> list[dict]:
         cls_row, cls_base = a_ctl, b_ctl
         a_ctl, b_ctl = _controlled_pair(a_ctl, b_ctl, res)
         f = _with_params(cmp(a, b, cid), res, a, b)
-        claims.size_gate(f, PAPER_SIZE_RATIO, MATCH_TOLERANCE)
         size_note = (
-            f"parameters {f['params_a'] / f['params_b']:.2f}x: {MATCHED} is the similar-size test"
-            if (a, b) == ("tost", "vit") and MATCHED in res and f.get("params_a") and f.get("params_b")
+            f"parameters {f.params_a / f.params_b:.2f}x: {MATCHED} is the similar-size test"
+            if (a, b) == ("tost", "vit") and MATCHED in res and f.params_a and f.params_b
             else ""
         )
         if a == "aot":
-            f["explanation"] = _aot_ablations(res, b)
+            f.explanation = _aot_ablations(res, b)
             out.append(f)
         elif a_ctl in res and b_ctl in res and (a_ctl, b_ctl) != (a, b):
             swap_id = CONTROLLED_CLAIMS.get(a_ctl, f"{paper_claims.base_id(cid)}#controlled-swap")
             ctl = _with_params(cmp(a_ctl, b_ctl, swap_id), res, a_ctl, b_ctl)
-            ctl["claim"] = f"{SWAP_PREFIX}{ctl['claim'] if a_ctl in CONTROLLED_CLAIMS else claim}"
-            f["explanation"] = _explain(a, a_ctl, b_ctl, f, ctl, res, cid)
+            ctl.claim = f"{SWAP_PREFIX}{ctl.claim if a_ctl in CONTROLLED_CLAIMS else claim}"
+            f.explanation = _explain(a, a_ctl, b_ctl, f, ctl, res, cid)
             if a_ctl != cls_row and cls_row in res and cls_base in res:
                 # the mean-pooled pair is the finding; the CLS-token pair is the table's swap row
                 claims.explain(
@@ -780,7 +764,7 @@ def _findings(res: dict) -> list[dict]:
                     f"{res[cls_base]['accuracy'].fmt('.1f')}",
                 )
             elif a_ctl == cls_row and a_ctl in CLS_CONDITIONS:
-                claims.gate(ctl, CLS_CONDITIONS[a_ctl], "conditions")
+                gates.append((ctl, "conditions", CLS_CONDITIONS[a_ctl]))
             if res[a_ctl].get("extra_seeds") and res[b_ctl].get("extra_seeds"):
                 n_a, n_b = res[a_ctl]["accuracy"].n, res[b_ctl]["accuracy"].n
                 claims.explain(ctl, f"{n_a} vs {n_b} seeds (the section's and the plan's extra seeds, all used)")
@@ -792,18 +776,17 @@ def _findings(res: dict) -> list[dict]:
     return out
 
 
-def _control_findings(res: dict, cmp) -> list[dict]:
+def _control_findings(res: dict, cmp, gates: list) -> list[Finding]:
     """ToST against ViT at a matched parameter count (a paper claim), and ViT against its no-attention control
     (a check: does attention help at this scale at all?)."""
     out = []
     if MATCHED in res and "vit" in res:
         f = _with_params(cmp(MATCHED, "vit", "tost-t2-vit#matched-params"), res, MATCHED, "vit")
-        f["claim"] += " (parameter-matched)"
-        pa, pb = f.get("params_a"), f.get("params_b")
+        f.claim += " (parameter-matched)"
+        pa, pb = f.params_a, f.params_b
         if pa and pb and abs(pa / pb - 1) > MATCH_TOLERANCE:
-            claims.gate(
-                f, f"the parameter counts {pa:,} and {pb:,} differ by more than {MATCH_TOLERANCE:.0%}", "conditions"
-            )
+            why = f"the parameter counts {pa:,} and {pb:,} differ by more than {MATCH_TOLERANCE:.0%}"
+            gates.append((f, "conditions", why))
         out.append(f)
     if CONTROL in res and MEANPOOL_BASE in res:
         # one factor: the control mean-pools the patches (a CLS token without token mixing never sees the image),
@@ -812,7 +795,7 @@ def _control_findings(res: dict, cmp) -> list[dict]:
     elif CONTROL in res and "vit" in res:
         f = cmp("vit", CONTROL, "vision-attention-helps", claim_type="superiority", kind="check")
         # the CLS-token baseline against the mean-pooled control: the same check, its words say the pooling differs
-        f["claim"] = (
+        f.claim = (
             "attention helps: the ViT baseline beats its no-attention control (identity token mixer, same "
             "skeleton, mean-pooled patches: a CLS token without token mixing would never see the image)"
         )
@@ -820,13 +803,13 @@ def _control_findings(res: dict, cmp) -> list[dict]:
     return out
 
 
-def _with_params(f: dict, res: dict, a: str, b: str) -> dict:
+def _with_params(f: Finding, res: dict, a: str, b: str) -> Finding:
     """The parameter ratio of both sides beside the comparison, with the counts for the parameter-matched row."""
     pa, pb = res[a].get("params"), res[b].get("params")
     if pa and pb:
-        f["params_a"], f["params_b"] = pa, pb
+        f.params_a, f.params_b = pa, pb
         ratio = f"{pa / pb:.2f}x"  # the counts of the other rows are in the tables
-        f["measured"] += f"; parameters {pa:,} vs {pb:,} ({ratio})" if a == MATCHED else f"; parameters {ratio}"
+        f.measured += f"; parameters {pa:,} vs {pb:,} ({ratio})" if a == MATCHED else f"; parameters {ratio}"
     return f
 
 
@@ -869,21 +852,21 @@ def _explain(a, a_ctl, b_ctl, f, ctl, res, claim_id) -> str:
     """The architecture finding's reading: its controlled swap (the next row) in brief, the row in its own skeleton
     with softmax, the mean-pooling ablation; every word follows from the verdicts and CIs."""
     acc = lambda n: res[n]["accuracy"].fmt(".1f")  # noqa: E731
-    lo_hi = lambda g: "no interval" if g["ci95"] is None else f"95% CI [{g['ci95'][0]:+.1f}, {g['ci95'][1]:+.1f}]"  # noqa: E731
-    swap = f"controlled swap {a_ctl} vs {b_ctl}: {ctl['effect']:+.1f} pts, {lo_hi(ctl)}"
-    swap += f", numbers alone: {ctl['verdict']}"  # its gates come later, in its own row
-    if ctl["verdict"] != f["verdict"] and "inconclusive" not in (ctl["verdict"], f["verdict"]):
+    lo_hi = lambda g: "no interval" if g.ci95 is None else f"95% CI [{g.ci95[0]:+.1f}, {g.ci95[1]:+.1f}]"  # noqa: E731
+    swap = f"controlled swap {a_ctl} vs {b_ctl}: {ctl.effect:+.1f} pts, {lo_hi(ctl)}"
+    swap += f", numbers alone: {ctl.verdict}"  # its gates come later, in its own row
+    if ctl.verdict != f.verdict and "inconclusive" not in (ctl.verdict, f.verdict):
         swap += ": the two skeletons give opposite verdicts"
     parts = [swap]
     skel = {"csp_vit": CSP_BASE}.get(a)
-    if skel in res and f.get("b_name") != skel:
+    if skel in res and f.b_name != skel:
         # a reading in the explanation, not a finding: the claim's rule on another pair of rows
         within = claims.compare(res[a]["accuracy"], res[skel]["accuracy"], **_cmp_kw(claim_id, a, skel))
         text = (
-            f"in {a}'s own skeleton with softmax ({skel}): {acc(a)} vs {acc(skel)}, effect {within['effect']:+.1f} "
-            f"pts, {lo_hi(within)}, {within['verdict']}"
+            f"in {a}'s own skeleton with softmax ({skel}): {acc(a)} vs {acc(skel)}, effect {within.effect:+.1f} "
+            f"pts, {lo_hi(within)}, {within.verdict}"
         )
-        if {g["verdict"] for g in (within, ctl)} == {"agrees", "disagrees"}:
+        if {g.verdict for g in (within, ctl)} == {"agrees", "disagrees"}:
             text += ": the mechanism's effect changes sign with the skeleton (an interaction, not a skeleton effect)"
         parts.append(text)
     mp = "vit+tssa-meanpool"
