@@ -751,9 +751,10 @@ def test_language_compared_row_runs_at_twice_the_steps_and_gates_its_own_verdict
     longer, seed_run = by_id["language/tost@2x-steps/seed0"], by_id["language/tost/seed0"]
     assert longer.config["train"]["steps"] == 2 * seed_run.config["train"]["steps"]
     assert longer.deps == seed_run.deps and longer.deps  # at ToST's own tuned rate
-    # plateau_seeds = 3: the run at twice the steps has every seed, so its comparison replicates (replicated_gate)
-    assert longer.config["contexts"] == [] and "language/tost@2x-steps/seed2" in by_id
-    assert "language/tost@2x-steps/seed3" not in by_id
+    # the run at twice the steps has the plan's plateau_seeds seeds
+    k = b["language"].get("plateau_seeds", b["language"]["seeds"])
+    assert longer.config["contexts"] == [] and f"language/tost@2x-steps/seed{k - 1}" in by_id
+    assert f"language/tost@2x-steps/seed{k}" not in by_id
     with pytest.raises(ValueError, match=r"compared_2x rows \['xcit'\] are not compared rows"):
         language.longer_rows({**b["language"], "compared_2x": ["xcit"]})
     # the gate: ToST 0.4 nats behind GPT; at twice the steps ToST itself gains 0.3, more than the interval clears

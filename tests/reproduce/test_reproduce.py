@@ -508,12 +508,13 @@ def test_vision_extra_seeds_explain_a_controlled_comparison_within_the_spread():
     assert "extra seeds" not in ctl[0]["explanation"]
     # `long` no longer plans extra seeds (they do not fit its 2 h); a plan that asks for them gets them as extra steps
     b, _ = plan("long", 0)
-    with_extra = {**b["vision"], "extra_seeds": {"rows": ["vit+cbsa", "vit+mssa"], "seeds": 3}}
+    swaps = {**b["vision"], "swaps": ["vit+cbsa", "vit+mssa"]}
+    with_extra = {**swaps, "extra_seeds": {"rows": ["vit+cbsa", "vit+mssa"], "seeds": 3}}
     steps = vision.plan_steps(with_extra, 0)
     ids = [s.id for s in steps if s.id.startswith("vision/vit+cbsa/") and "/lr-sweep/" not in s.id]
     assert ids == [f"vision/vit+cbsa/seed{k}" for k in range(3)] + [f"vision/vit+cbsa/extra-seed{k}" for k in (3, 4, 5)]
     with pytest.raises(ValueError, match=r"extra_seeds row 'vit\+nope' is not a row of this plan"):
-        vision.plan_steps({**b["vision"], "extra_seeds": {"rows": ["vit+nope"], "seeds": 1}}, 0)
+        vision.plan_steps({**swaps, "extra_seeds": {"rows": ["vit+nope"], "seeds": 1}}, 0)
 
 
 def test_layerwise_probe_over_seeds_uses_the_mean_series_and_the_seeds_agreement():

@@ -167,11 +167,14 @@ def test_sweep_runs_train_the_plans_fraction_of_the_reported_steps(section):
 
 
 def test_swept_ablations_train_at_their_own_rate_and_must_be_ablations():
+    from attnzoo.reproduce.sections import vision
     from attnzoo.reproduce.sections.vision import sweep_rows
 
-    _, steps = plan("long", 0)
-    by_id = {s.id: s for s in steps}
-    for row in ("vit-meanpool", "vit+tssa-meanpool", "csp_vit_skeleton+softmax"):
+    b, _ = plan("long", 0)
+    swept = ["vit-meanpool", "vit+tssa-meanpool", "csp_vit_skeleton+softmax"]
+    v = {**b["vision"], "models": [*b["vision"]["models"], "csp_vit"], "ablations": [*swept, "aot+ista"]}
+    by_id = {s.id: s for s in vision.plan_steps({**v, "swept_ablations": swept}, 0)}
+    for row in swept:
         deps = by_id[f"vision/{row}/seed0"].deps
         assert deps and all(d.startswith(f"vision/{row}/lr-sweep/") for d in deps), (row, deps)
     # an ablation not in the list keeps the rate of the row it ablates
