@@ -176,8 +176,20 @@ def _n_patches(plan: dict) -> int:
     return (img // plan["arch"]["patch_size"]) ** 2
 
 
+def row_arch(plan: dict, name: str) -> dict:
+    """Row ``name``'s own model options from the plan's ``row_arch`` (e.g. a width at a paper's parameter ratio),
+    applied after everything else; rows run at a multiple of the steps (``crate@2x-steps``) take their base row's."""
+    return dict(plan.get("row_arch", {}).get(name.split("@")[0], {}))
+
+
 def model_options(name: str, plan: dict) -> dict:
-    """``create_model`` overrides of vision model ``name`` under a section plan (task sizes come from the task)."""
+    """``create_model`` overrides of vision model ``name`` under a section plan (task sizes come from the task), with
+    the plan's ``row_arch`` entry for the row last."""
+    return {**_paper_options(name, plan), **row_arch(plan, name)}
+
+
+def _paper_options(name: str, plan: dict) -> dict:
+    """The row's architecture under the plan's shared ``arch``: the paper's overrides, swaps and ablations."""
     if name in SWAPS:
         mech, aopts = SWAPS[name]
         if aopts is None:  # CSP: two tokens a group, the CLS token counted (the ViT skeleton has N = patches + 1)
@@ -246,8 +258,10 @@ def _controls(plan: dict) -> list[str]:
     out = []
     if plan.get("controls", True) and "vit" in plan["models"] and CONTROL not in plan.get("swaps", []):
         out.append(CONTROL)
-    if plan.get("controls", True) and "vit" in plan["models"] and "tost" in plan["models"]:
-        out.append(MATCHED)
+    # ``matched_params: false``: the tost row is already at ViT's parameter count (its ``row_arch`` width)
+    if plan.get("controls", True) and plan.get("matched_params", True) and "vit" in plan["models"]:
+        if "tost" in plan["models"]:
+            out.append(MATCHED)
     return out
 
 
@@ -277,6 +291,9 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     # the sweeps first: every seed run trains at its row's best swept rate, read when it runs
     steps = []
     check_sweep_extra(plan, sweep_rows(plan))
+    unknown = sorted(set(plan.get("row_arch", {})) - set(rows_of(plan)))
+    if unknown:
+        raise ValueError(f"row_arch names rows {unknown} that are not rows of this plan; rows: {rows_of(plan)}")
     for name in sweep_rows(plan):
         for lr in row_lrs(plan, name):
             swept = {**plan, "train": {**sweep_train(plan["train"], plan), "lr": lr}}
