@@ -161,3 +161,29 @@ def build(name: str, opts: dict, *, causal: bool, dtype=torch.float64, seed: int
 def tokens(n: int, dtype=torch.float64, seed: int = 1, batch: int = 2) -> torch.Tensor:
     """``(batch, n, DIM)`` standard normal inputs."""
     return torch.randn(batch, n, DIM, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+
+
+def layer_outputs_and_grads(m, backend: str, n: int = 9) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The layer's output on :func:`tokens` and the gradients of its squared sum for the input and every parameter
+    (in ``named_parameters`` order), with ``"auto"`` forced to ``backend``."""
+    from attnzoo.ops._dispatch import force_backend
+
+    device = device_of(m.mechanism.backends[backend])
+    m = m.to(device)
+    x = tokens(n).to(device).requires_grad_()
+    with force_backend(backend):
+        y = m(x)
+        grads = torch.autograd.grad(y.square().sum(), [x, *m.parameters()])
+    return y.cpu(), tuple(g.cpu() for g in grads)
+
+
+def assert_layer_matches_reference(m, backend: str) -> None:
+    """Output and gradients under ``backend`` equal those under the reference; each gradient is finite and non-zero
+    (a term that is dropped shows as a zero gradient)."""
+    labels = ["x", *dict(m.named_parameters())]
+    y, grads = layer_outputs_and_grads(m, backend)
+    y_ref, grads_ref = layer_outputs_and_grads(m, m.mechanism.reference)
+    torch.testing.assert_close(y, y_ref, rtol=1e-9, atol=1e-10)
+    for label, g, r in zip(labels, grads, grads_ref, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-10, msg=lambda s, label=label: f"{label}: {s}")
+        assert torch.isfinite(g).all() and g.abs().sum() > 0, f"{label}: zero or non-finite gradient"

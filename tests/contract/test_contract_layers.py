@@ -1,10 +1,11 @@
-"""The contract every registered mechanism keeps, read from its spec (``layer.mechanism``): no test file per mechanism.
+"""The contract every registered layer keeps, read from its spec (``layer.mechanism``): no test file per mechanism.
 
 For each name of ``list_attentions()`` and each option set (the defaults and the spec's ``examples``): output shape
-and dtype; forward and gradients equal to the op's reference backend (``naive.py``, forced through
-``force_backend``); every parameter and the input receive gradients; a causal module reads no future token; token by
-token decoding equals the causal forward (mechanisms with a recurrent state); bad options and bad decoding inputs
-raise naming the culprit. A new mechanism is covered as soon as its layer registers.
+and dtype; forward and gradients under each backend of its op equal those under the op's reference (``naive.py``,
+both forced through ``force_backend``), and every parameter and the input receive gradients; a causal module reads no
+future token; token by token decoding equals the causal forward (layers with a recurrent state); a padded batch and a
+packed row equal each sequence alone, per backend that takes masks; bad options and bad decoding inputs raise naming
+the culprit. A new mechanism is covered as soon as its layer registers.
 """
 
 from __future__ import annotations
@@ -14,46 +15,27 @@ import re
 
 import pytest
 import torch
+from contract_checks import (
+    DIM,
+    HEADS,
+    assert_layer_matches_reference,
+    backends,
+    build,
+    device_of,
+    modes,
+    option_sets,
+    tokens,
+)
 
 import attnzoo
+from attnzoo import selftest
 from attnzoo._checks import NonFiniteError
 from attnzoo.layers import attention_info, build_attention, list_attentions
-from attnzoo.layers.base import Attention
+from attnzoo.layers.base import capture_internals
 from attnzoo.ops._dispatch import force_backend
 from attnzoo.ops._spec import CheckCase, Mechanism, Options
 
-DIM, HEADS, N = 12, 3, 9
-
-
-def _cases(causal: bool | None = None) -> list:
-    out = []
-    for name in list_attentions(causal=causal):
-        spec = attention_info(name).mechanism
-        for i, opts in enumerate(({},) + tuple(spec.examples)):
-            if causal and spec.options.build(name, **opts).causal_error() is not None:
-                continue  # no causal form with these options: test_options_without_a_causal_form_refuse_it
-            out.append(pytest.param(name, opts, id=f"{name}-{i}"))
-    return out
-
-
-def _modes(name: str, opts: dict | None = None) -> list[bool]:
-    # an option set may lack the mechanism's causal form (Options.causal_error): bidirectional only, and refused
-    spec = attention_info(name).mechanism
-    causal = spec.causal and spec.options.build(name, **(opts or {})).causal_error() is None
-    return [c for c, ok in ((False, spec.noncausal), (True, causal)) if ok]
-
-
-def _build(name: str, opts: dict, *, causal: bool, dtype=torch.float64, seed: int = 0) -> Attention:
-    torch.manual_seed(seed)
-    m = build_attention(name, DIM, HEADS, causal=causal, **opts).to(dtype).eval()
-    with torch.no_grad():  # away from the init (zero biases, unit temperatures), which can hide a wrong term
-        for p in m.parameters():
-            p.add_(0.2 * torch.randn_like(p))
-    return m
-
-
-def _x(n: int = N, dtype=torch.float64, seed: int = 1) -> torch.Tensor:
-    return torch.randn(2, n, DIM, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+N = 9
 
 
 # ------------------------------------------------------------------------------------------------ the spec
@@ -110,9 +92,9 @@ def test_the_constructor_defaults_are_the_options_defaults(name):
 @pytest.mark.parametrize("name", list_attentions())
 def test_nan_in_the_input_is_reported_for_the_modules_input(name):
     # the op finds it in its projected tensors; the module restates it for x, the tensor the caller passed
-    for causal in _modes(name):
-        m = _build(name, {}, causal=causal)
-        x = _x()
+    for causal in modes(name):
+        m = build(name, {}, causal=causal)
+        x = tokens(N)
         x[0, 2, 1] = float("nan")
         with pytest.raises(NonFiniteError, match=rf"^{type(m).__name__}: x contains non-finite values") as info:
             m(x)
@@ -124,55 +106,44 @@ def test_nan_in_the_input_is_reported_for_the_modules_input(name):
 
 def _shape_cases() -> list:
     # one token with the defaults; the examples are option sets for N tokens (CSP's groups divide N, say)
-    return [pytest.param(*c.values, n, id=f"{c.id}-n{n}") for c in _cases() for n in ((N,) if c.values[1] else (1, N))]
+    return [
+        pytest.param(*c.values, n, id=f"{c.id}-n{n}") for c in option_sets() for n in ((N,) if c.values[1] else (1, N))
+    ]
 
 
 @pytest.mark.parametrize("name,opts,n", _shape_cases())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_shape_and_dtype(name, opts, n, dtype):
-    for causal in _modes(name, opts):
-        m = _build(name, opts, causal=causal, dtype=dtype)
-        y = m(_x(n, dtype))
+    for causal in modes(name, opts):
+        m = build(name, opts, causal=causal, dtype=dtype)
+        y = m(tokens(n, dtype))
         assert y.shape == (2, n, DIM) and y.dtype == dtype
         assert torch.isfinite(y).all()
 
 
-@pytest.mark.parametrize("name,opts", _cases())
-def test_forward_and_gradients_equal_the_reference(name, opts):
-    for causal in _modes(name, opts):
-        m = _build(name, opts, causal=causal)
-        params = dict(m.named_parameters())
-        results = []
-        for backend in (None, m.mechanism.reference):
-            x = _x().requires_grad_()
-            with force_backend(backend) if backend else _nothing():
-                y = m(x)
-                grads = torch.autograd.grad(y.square().sum(), [x, *params.values()])
-            results.append((y, grads))
-        (y, grads), (y_ref, grads_ref) = results
-        torch.testing.assert_close(y, y_ref, rtol=1e-9, atol=1e-10)
-        for label, g, r in zip(["x", *params], grads, grads_ref, strict=True):
-            torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-10, msg=lambda s, label=label: f"{label}: {s}")
-            # every parameter and the input take part (a term that is dropped shows as a zero gradient)
-            assert torch.isfinite(g).all() and g.abs().sum() > 0, (name, causal, label)
+def _layer_backends() -> list:
+    # every option set under every backend of its op that runs here (the reference is what they are compared with)
+    return [
+        pytest.param(*c.values, b, id=f"{c.id}-{b}")
+        for c in option_sets()
+        for b in backends(attention_info(c.values[0]).mechanism)
+    ]
 
 
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+@pytest.mark.parametrize("name,opts,backend", _layer_backends())
+def test_forward_and_gradients_equal_the_reference(name, opts, backend):
+    for causal in modes(name, opts):
+        assert_layer_matches_reference(build(name, opts, causal=causal), backend)
 
 
 # ------------------------------------------------------------------------------------------------ causality
 
 
-@pytest.mark.parametrize("name,opts", _cases(causal=True))
+@pytest.mark.parametrize("name,opts", option_sets(causal=True))
 @pytest.mark.parametrize("t", [0, 4, 7])
 def test_causal_module_reads_no_future_token(name, opts, t):
-    m = _build(name, opts, causal=True)
-    x = _x()
+    m = build(name, opts, causal=True)
+    x = tokens(N)
     x2 = x.clone()
     x2[:, t + 1 :] += torch.randn_like(x2[:, t + 1 :])
     y, y2 = m(x), m(x2)
@@ -180,13 +151,13 @@ def test_causal_module_reads_no_future_token(name, opts, t):
     assert not torch.allclose(y2[:, t + 1 :], y[:, t + 1 :])
 
 
-@pytest.mark.parametrize("name,opts", [c for c in _cases() if c.values[0] in list_attentions(causal=True)])
+@pytest.mark.parametrize("name,opts", [c for c in option_sets() if c.values[0] in list_attentions(causal=True)])
 def test_options_without_a_causal_form_refuse_it(name, opts):
     why = attention_info(name).mechanism.options.build(name, **opts).causal_error()
     if why is None:
-        assert _build(name, opts, causal=True).causal
+        assert build(name, opts, causal=True).causal
         return
-    assert _modes(name, opts) == [False] and isinstance(why, str) and why
+    assert modes(name, opts) == [False] and isinstance(why, str) and why
     with pytest.raises(ValueError, match=rf"^attention '{name}': " + re.escape(why)):
         build_attention(name, DIM, HEADS, causal=True, **opts)
 
@@ -201,34 +172,30 @@ def test_bidirectional_only_mechanisms_refuse_causal(name):
 
 
 def _decoders() -> list:
-    return [c for c in _cases(causal=True) if getattr(attention_info(c.values[0]), "supports_step", False)]
+    return [c for c in option_sets(causal=True) if getattr(attention_info(c.values[0]), "supports_step", False)]
 
 
 @pytest.mark.parametrize("name,opts", _decoders())
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_decoding_equals_the_causal_forward(name, opts, dtype):
-    m = _build(name, opts, causal=True, dtype=dtype)
-    x = _x(dtype=dtype)
-    full = m(x)
+    m = build(name, opts, causal=True, dtype=dtype)
+    x = tokens(N, dtype=dtype)
     state = m.init_state(2)
     assert isinstance(state, m.mechanism.state)
-    outs = []
-    for t in range(N):
-        y, state = m.step(x[:, t : t + 1], state)
-        assert y.shape == (2, 1, DIM) and y.dtype == dtype
-        outs.append(y)
-    tol = 1e-10 if dtype == torch.float64 else 1e-5
-    torch.testing.assert_close(torch.cat(outs, dim=1), full, rtol=tol, atol=tol)
+    y, _ = m.step(x[:, :1], state)
+    assert y.shape == (2, 1, DIM) and y.dtype == dtype
+    err = selftest.layer_decode_error(m, x)
+    assert err <= selftest.TOLERANCES[("decode", dtype)], err
 
 
 @pytest.mark.parametrize("name", [c.values[0] for c in _decoders() if not c.values[1]])
 def test_decoding_refuses_bad_input(name):
-    m = _build(name, {}, causal=True)
+    m = build(name, {}, causal=True)
     with pytest.raises(ValueError, match=r"\(B, 1, dim\)"):
-        m.step(_x(2), m.init_state(2))
-    bidirectional = _build(name, {}, causal=False)
+        m.step(tokens(2), m.init_state(2))
+    bidirectional = build(name, {}, causal=False)
     with pytest.raises(ValueError, match="causal=True"):
-        bidirectional.step(_x(1), m.init_state(2))
+        bidirectional.step(tokens(1), m.init_state(2))
 
 
 # ------------------------------------------------------------------------------------------------ options
@@ -261,3 +228,67 @@ def test_build_attention_refuses_unknown_names_and_bad_sizes():
     with pytest.raises(ValueError, match="divisible by heads=5"):
         build_attention(list_attentions()[0], DIM, 5)
     assert attnzoo.list_attentions() == list_attentions()
+
+
+# ------------------------------------------------------------------------------------------------ masks
+
+
+def _masked_layers() -> list:
+    # every option set of a layer that honours attention_mask / cu_seqlens, under each backend taking masks
+    return [
+        pytest.param(*c.values, b, id=f"{c.id}-{b}")
+        for c in option_sets()
+        if getattr(attention_info(c.values[0]), "supports_masks", False)
+        for b in [attention_info(c.values[0]).mechanism.reference]
+        + backends(attention_info(c.values[0]).mechanism, masks=True)
+    ]
+
+
+#: the defaults: odd lengths, one of a single token, long enough to cross a chunk of the chunked causal forms; the
+#: spec's examples are option sets for up to N = 9 tokens (a position table of 9, groups dividing 9, chunks of 3-5)
+MASK_LENGTHS = {"defaults": [13, 5, 1, 20], "examples": [9, 3, 6]}
+
+
+@pytest.mark.parametrize("mode", ["mask", "varlen"])
+@pytest.mark.parametrize("name,opts,backend", _masked_layers())
+def test_padded_and_packed_rows_equal_each_sequence_alone(name, opts, backend, mode):
+    # left- and right-padded rows (mask) or one packed row (varlen) against each sequence alone, outputs and input
+    # gradients; padding gets zero output and zero gradient
+    gen = torch.Generator().manual_seed(2)
+    for causal in modes(name, opts):
+        m = build(name, opts, causal=causal)
+        device = device_of(m.mechanism.backends[backend])
+        lengths = MASK_LENGTHS["examples" if opts else "defaults"]
+        xs = [tokens(n, seed=3 + n, batch=1).to(device) for n in lengths]
+        with force_backend(backend):
+            err = selftest.mask_error(m.to(device), xs, mode, gen)
+        assert err <= selftest.TOLERANCES[(mode, torch.float64)], (causal, err)
+
+
+@pytest.mark.parametrize(
+    "name,opts", [c for c in option_sets() if getattr(attention_info(c.values[0]), "supports_masks", False)]
+)
+def test_capture_with_a_mask_records_what_the_forward_computes(name, opts):
+    # capture changes nothing of the output; a recorded token map (B, H, N, N) gives padding no weight, a channel
+    # map (B, H, P, P) is the map of the row's real tokens alone
+    for causal in modes(name, opts):
+        m = build(name, opts, causal=causal)
+        x = tokens(N)
+        # six real tokens a row (the examples' groups divide it), left- and right-padded
+        mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 0, 0, 0]])
+        plain = m(x, attention_mask=mask)
+        with capture_internals(m) as rec:
+            captured = m(x, attention_mask=mask)
+        torch.testing.assert_close(captured, plain, rtol=1e-10, atol=1e-11)
+        for r in rec.values():
+            attn = r.get("attn")
+            if attn is None or attn.ndim != 4:
+                continue
+            if attn.shape[-2:] == (N, N):
+                assert bool((attn[0, :, :3] == 0).all()) and bool((attn[0, :, :, :3] == 0).all())
+                assert bool((attn[1, :, 6:] == 0).all()) and bool((attn[1, :, :, 6:] == 0).all())
+            else:
+                with capture_internals(m) as alone:
+                    m(x[:1, 3:])
+                (want,) = (a["attn"] for a in alone.values() if "attn" in a)
+                torch.testing.assert_close(attn[:1], want, rtol=1e-10, atol=1e-11)
