@@ -292,7 +292,7 @@ class Mechanism:
     default: str = "torch"
     #: the literal reference implementation (``naive.py``) the tests compare with
     reference: str = "naive"
-    #: option sets the contract tests (tests/layers/test_contract.py) run besides the defaults, for a sequence of
+    #: option sets the contract tests (tests/contract/test_contract_layers.py) run besides the defaults, for a sequence of
     #: 9 tokens: the options that change the computation (orders, variants, chunking)
     examples: tuple[dict[str, Any], ...] = ()
     #: module whose ``CASES`` (:class:`CheckCase`) say how ``attnzoo selftest`` exercises the op (``None``: no case)
