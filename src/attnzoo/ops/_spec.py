@@ -142,6 +142,11 @@ class Options:
         this message, and the contract tests run such option sets in the bidirectional form only."""
         return None
 
+    def label(self) -> str | None:
+        """What these options make of the mechanism, for listings such as ``attnzoo models`` (e.g. the attention a
+        layer runs inside it), or ``None`` (subclasses)."""
+        return None
+
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
