@@ -11,6 +11,7 @@ the culprit. A new mechanism is covered as soon as its layer registers.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import re
 
 import pytest
@@ -24,6 +25,7 @@ from contract_checks import (
     device_of,
     modes,
     option_sets,
+    runs_here,
     tokens,
 )
 
@@ -292,3 +294,36 @@ def test_capture_with_a_mask_records_what_the_forward_computes(name, opts):
                     m(x[:1, 3:])
                 (want,) = (a["attn"] for a in alone.values() if "attn" in a)
                 torch.testing.assert_close(attn[:1], want, rtol=1e-10, atol=1e-11)
+
+
+# ------------------------------------------------------------------------------------------------ the call path
+
+
+def _cpu_backends() -> list:
+    return [
+        pytest.param(name, b, id=f"{name}-{b}")
+        for name in list_attentions()
+        for b, spec in attention_info(name).mechanism.backends.items()
+        if spec.kind != "triton" and runs_here(spec)
+    ]
+
+
+@pytest.mark.parametrize("name,backend", _cpu_backends())
+def test_no_module_is_imported_by_name_from_build_attention_to_the_kernel(name, backend, monkeypatch):
+    # build_attention -> layer -> op -> backend -> kernel are direct references: only an optional kernel (Triton)
+    # may be imported by its module's name, when it first runs
+    import_module = importlib.import_module
+
+    def by_name(module, *args, **kwargs):
+        # third-party libraries import by name as they like (the kernels' first build does)
+        if module.startswith("attnzoo"):
+            raise AssertionError(f"importlib.import_module({module!r}) on the way from build_attention to {backend!r}")
+        return import_module(module, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", by_name)
+    for causal in modes(name):
+        m = build(name, {}, causal=causal)
+        x = tokens(N).requires_grad_()
+        with force_backend(backend):
+            m(x).sum().backward()
+        assert x.grad is not None
