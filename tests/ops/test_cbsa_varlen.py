@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import mask_backends
 from varlen_cases import MODES, assert_equal_to_alone
 
 from attnzoo.layers.cbsa import CBSAAttention
-from attnzoo.ops.cbsa import cbsa, pool_reps, pool_reps_1d, pool_reps_2d, pool_reps_varlen
+from attnzoo.ops.cbsa import CBSA, cbsa, pool_reps, pool_reps_1d, pool_reps_2d, pool_reps_varlen
 
 
 def _seqs(lengths, h=2, p=3, dtype=torch.float64, seed=0):
@@ -43,7 +44,7 @@ def test_equal_to_alone_with_prefix_tokens(variant, contraction, mode):
     assert_equal_to_alone(call, _seqs([4, 2, 7]), {"w": 2}, mode=mode, shared=_shared(variant, eta))
 
 
-@pytest.mark.parametrize("backend", ["naive", "torch"])
+@pytest.mark.parametrize("backend", mask_backends(CBSA))
 def test_explicit_reps_split_evenly_in_a_packed_row(backend):
     g = torch.Generator().manual_seed(1)
     w1, w2 = torch.randn(1, 2, 3, 4, generator=g, dtype=torch.float64), torch.randn(1, 2, 5, 4, generator=g).double()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import mask_backends
 from varlen_cases import MODES, assert_equal_to_alone
 
-from attnzoo.ops.csp import csp
+from attnzoo.ops.csp import CSP, csp
 
 SHIFTS = torch.tensor([0, 3, 11, 1, 7])  # larger than some lengths: each taken modulo the sequence's own length
 
@@ -126,7 +127,7 @@ def test_cpu_kernel_refuses_non_finite_values_and_bad_arguments():
         k.csp_varlen(torch.randn(2, 6, 3), seg, torch.empty(0, dtype=torch.long), steps + 4, 1)
 
 
-@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("backend", mask_backends(CSP, reference=False))
 @pytest.mark.parametrize("groups", [1, 2, 4, None])
 def test_masks_with_holes(backend, groups):
     v = torch.randn(2, 7, 5, dtype=torch.float64)

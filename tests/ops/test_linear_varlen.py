@@ -3,11 +3,12 @@ at each sequence start (chunk sizes that cut sequences anywhere), every backend.
 
 import pytest
 import torch
+from conftest import mask_backends
 
-from attnzoo.ops.linear import linear_attention, linear_attention_recurrent, linear_attention_weights
+from attnzoo.ops.linear import LINEAR, linear_attention, linear_attention_recurrent, linear_attention_weights
 
 
-@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("backend", mask_backends(LINEAR, reference=False))
 @pytest.mark.parametrize("causal", [False, True])
 def test_holed_mask_and_empty_row_match_reference(causal, backend):
     gen = torch.Generator().manual_seed(4)

@@ -2,12 +2,13 @@
 
 import pytest
 import torch
+from conftest import mask_backends
 
-from attnzoo.ops.softmax import softmax_attention
+from attnzoo.ops.softmax import SOFTMAX, softmax_attention
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("backend", ["naive", "torch"])
+@pytest.mark.parametrize("backend", mask_backends(SOFTMAX))
 def test_all_padding_row_gives_zeros_not_nan(backend, causal):
     q, k, v = (torch.randn(2, 1, 4, 3, requires_grad=True) for _ in range(3))
     mask = torch.tensor([[0, 0, 0, 0], [0, 1, 0, 1]])

@@ -3,11 +3,12 @@ forward and backward; the causal bias is read at the position within each sequen
 
 import pytest
 import torch
+from conftest import mask_backends
 
-from attnzoo.ops.tssa import tssa, tssa_init_state, tssa_pi, tssa_step
+from attnzoo.ops.tssa import TSSA, tssa, tssa_init_state, tssa_pi, tssa_step
 
 # the fused CPU kernels take them through a task table of runs of real tokens
-MASKED = ["naive", "torch", "cpu"]
+MASKED = mask_backends(TSSA)
 
 
 @pytest.mark.parametrize("backend", MASKED)
