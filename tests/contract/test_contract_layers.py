@@ -261,6 +261,8 @@ def test_padded_and_packed_rows_equal_each_sequence_alone(name, opts, backend, m
         m = build(name, opts, causal=causal)
         device = device_of(m.mechanism.backends[backend])
         lengths = MASK_LENGTHS["examples" if opts else "defaults"]
+        if m.mechanism.backends[backend].kind == "triton":
+            lengths = sorted(lengths)[:2]  # the interpreter runs every program in Python: the two shortest
         xs = [tokens(n, seed=3 + n, batch=1).to(device) for n in lengths]
         with force_backend(backend):
             err = selftest.mask_error(m.to(device), xs, mode, gen)
