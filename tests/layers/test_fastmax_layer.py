@@ -33,7 +33,7 @@ def test_causal_is_not_permutation_equivariant():
 @pytest.mark.parametrize("p", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_step_state_dtype(p, dtype):
-    # step == causal forward for p=1 and 2, float32 and float64: tests/contract/test_contract_layers.py (FASTMAX.examples)
+    # step == causal forward for p=1 and 2, float32 and float64: tests/contract (FASTMAX.examples)
     m = FastmaxAttention(12, 3, causal=True, p=p, scale=0.25 if p == 1 else None).to(dtype)
     x = torch.randn(2, 7, 12, dtype=dtype)
     state = m.init_state(2)
