@@ -84,7 +84,6 @@ class FastmaxBaseline(nn.Module):
         return self.proj(rearrange(out, "b h n p -> b n (h p)"))
 
 
-
 def _case(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype, p: int) -> Case:
     q, k, v = randn((s.batch, s.heads, s.length, s.head_dim), device, dtype, 3)
     return [q, k, v], lambda: fastmax_baseline(q, k, v, p=p, causal=causal), 4 * nbytes(q)

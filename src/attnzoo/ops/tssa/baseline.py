@@ -56,7 +56,6 @@ class TSSABaseline(nn.Module):
         return self.to_out(rearrange(out, "b h n d -> b n (h d)"))
 
 
-
 def op(s: Shape, causal: bool, device: torch.device, dtype: torch.dtype) -> Case:
     """Bench case ``tssa_baseline`` (op level)."""
     (w,) = randn((s.batch, s.heads, s.length, s.head_dim), device, dtype)
