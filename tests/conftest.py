@@ -105,3 +105,14 @@ def smoke(tmp_path_factory):
         torch.set_num_threads(threads)
     assert rc == 0
     return out
+
+
+def mask_backends(mechanism, *, reference: bool = True) -> list[str]:
+    """The backends of ``mechanism`` that take ``attention_mask`` / ``cu_seqlens`` and run on CPU tensors, read from
+    its spec (Triton kernels have their own tests under the interpreter); ``reference=False`` leaves the reference
+    out (for tests comparing with it)."""
+    return [
+        n
+        for n in mechanism.mask_backends()
+        if mechanism.backends[n].kind != "triton" and (reference or n != mechanism.reference)
+    ]

@@ -46,7 +46,19 @@ import torch
 from attnzoo.ops._selftest_inputs import randn
 from attnzoo.ops._spec import Backend, CheckCase, Mechanism
 
-__all__ = ["main", "plan", "run_selftest", "Row", "specs", "TOLERANCES"]
+__all__ = [
+    "main",
+    "plan",
+    "run_selftest",
+    "Row",
+    "specs",
+    "TOLERANCES",
+    "forward_backward_errors",
+    "leak_error",
+    "decode_error",
+    "layer_decode_error",
+    "mask_error",
+]
 
 Inputs = dict[str, torch.Tensor]
 
@@ -240,49 +252,62 @@ class _RefCache:
         return self._store[key]
 
 
+def forward_backward_errors(
+    spec: CheckCase,
+    cfg: dict,
+    shape,
+    dtype: torch.dtype,
+    device: torch.device,
+    backend: str,
+    refs: "_RefCache | None" = None,
+) -> tuple[float, float]:
+    """Normalised errors of ``backend``'s output and input gradients against the float64 reference (raises what the
+    backend raises; an output of another dtype than its inputs is a ``TypeError``). ``refs`` keeps the reference's
+    results for the next backend."""
+    xr, cot, ref_out, ref_grads = (refs or _RefCache()).get(spec, cfg, shape, dtype)
+    out, grads, _ = _out_and_grads(spec, _to(xr, dtype, device, spec.grads), cfg, backend, cot)
+    if out.dtype != dtype:
+        raise TypeError(f"output dtype {out.dtype} for {dtype} inputs")
+    return _err(out, ref_out), max((_err(grads[k], ref_grads[k]) for k in ref_grads), default=0.0)
+
+
 def _check_forward_backward(spec, cfg, shape, dtype, device, backend, refs, fwd: Row, bwd: Row) -> None:
     try:
-        xr, cot, ref_out, ref_grads = refs.get(spec, cfg, shape, dtype)
-        out, grads, _ = _out_and_grads(spec, _to(xr, dtype, device, spec.grads), cfg, backend, cot)
+        errors = forward_backward_errors(spec, cfg, shape, dtype, device, backend, refs)
     except Exception as exc:  # noqa: BLE001 - a selftest reports every failure as a row
         fwd.fail(exc)
         bwd.fail(exc)
         return
-    if out.dtype != dtype:
-        fwd.fail(TypeError(f"output dtype {out.dtype} for {dtype} inputs"))
-    else:
-        fwd.add(_err(out, ref_out))
-    bwd.add(max((_err(grads[k], ref_grads[k]) for k in ref_grads), default=0.0))
+    fwd.add(errors[0])
+    bwd.add(errors[1])
 
 
-def _check_leak(spec, cfg, shape, dtype, device, backend, row: Row) -> None:
+def leak_error(spec: CheckCase, cfg: dict, shape, dtype: torch.dtype, device: torch.device, backend: str) -> float:
+    """How far outputs up to the middle token move when later tokens are redrawn, and how much gradient of those
+    outputs reaches later tokens (normalised; 0 for a causal path that reads no later token)."""
     n = shape[2]
     if n < 2:
-        return
+        return 0.0
     t = n // 2
     gen = torch.Generator().manual_seed(_seed("leak", spec.name, _cfg_key(cfg), shape))
-    try:
-        x64 = spec.make(shape, cfg, gen)
-        x = _to(x64, dtype, device, spec.grads)
-        out = spec.call(x, cfg, backend)
-        cot = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(device, out.dtype)
-        cot[:, :, t + 1 :] = 0  # the loss reads outputs up to t only
-        leaves = [k for k in spec.tokens if k in x and k in spec.grads]
-        gs = torch.autograd.grad((out * cot).sum(), [x[k] for k in leaves], allow_unused=True)
-        # later tokens (and causal bias entries) redrawn: outputs up to t must not move
-        xp = dict(x64)
-        for k, ax in spec.tokens.items():
-            if k in xp:
-                fresh = randn(xp[k].shape, gen, 3.0)
-                idx = torch.arange(xp[k].shape[ax]) > t
-                shape_b = [1] * xp[k].ndim
-                shape_b[ax] = -1
-                xp[k] = torch.where(idx.view(shape_b), fresh, xp[k])
-        with torch.no_grad():
-            out2 = spec.call(_to(xp, dtype, device, ()), cfg, backend)
-    except Exception as exc:  # noqa: BLE001
-        row.fail(exc)
-        return
+    x64 = spec.make(shape, cfg, gen)
+    x = _to(x64, dtype, device, spec.grads)
+    out = spec.call(x, cfg, backend)
+    cot = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(device, out.dtype)
+    cot[:, :, t + 1 :] = 0  # the loss reads outputs up to t only
+    leaves = [k for k in spec.tokens if k in x and k in spec.grads]
+    gs = torch.autograd.grad((out * cot).sum(), [x[k] for k in leaves], allow_unused=True)
+    # later tokens (and causal bias entries) redrawn: outputs up to t must not move
+    xp = dict(x64)
+    for k, ax in spec.tokens.items():
+        if k in xp:
+            fresh = randn(xp[k].shape, gen, 3.0)
+            idx = torch.arange(xp[k].shape[ax]) > t
+            shape_b = [1] * xp[k].ndim
+            shape_b[ax] = -1
+            xp[k] = torch.where(idx.view(shape_b), fresh, xp[k])
+    with torch.no_grad():
+        out2 = spec.call(_to(xp, dtype, device, ()), cfg, backend)
     err = _err(out2[:, :, : t + 1], out.detach()[:, :, : t + 1])
     for k, g in zip(leaves, gs, strict=True):
         if g is None:
@@ -290,20 +315,33 @@ def _check_leak(spec, cfg, shape, dtype, device, backend, row: Row) -> None:
         later = g.narrow(spec.tokens[k], t + 1, g.shape[spec.tokens[k]] - t - 1)
         scale = max(1.0, g.detach().abs().max().item())
         err = max(err, later.detach().abs().max().item() / scale if later.numel() else 0.0)
-    row.add(err if math.isfinite(err) else math.inf)
+    return err if math.isfinite(err) else math.inf
+
+
+def _check_leak(spec, cfg, shape, dtype, device, backend, row: Row) -> None:
+    if shape[2] < 2:
+        return
+    try:
+        row.add(leak_error(spec, cfg, shape, dtype, device, backend))
+    except Exception as exc:  # noqa: BLE001
+        row.fail(exc)
+
+
+def decode_error(spec: CheckCase, cfg: dict, shape, dtype: torch.dtype, device: torch.device, backend: str) -> float:
+    """Normalised error of the token-by-token step (``spec.step``) against ``backend``'s parallel causal output."""
+    gen = torch.Generator().manual_seed(_seed("decode", spec.name, _cfg_key(cfg), shape))
+    x = _to(spec.make(shape, cfg, gen), dtype, device, ())
+    with torch.no_grad():
+        par = spec.call(x, cfg, backend)
+        seq = spec.step(x, cfg)
+    return _err(seq, par)
 
 
 def _check_decode(spec, cfg, shape, dtype, device, backend, row: Row) -> None:
-    gen = torch.Generator().manual_seed(_seed("decode", spec.name, _cfg_key(cfg), shape))
     try:
-        x = _to(spec.make(shape, cfg, gen), dtype, device, ())
-        with torch.no_grad():
-            par = spec.call(x, cfg, backend)
-            seq = spec.step(x, cfg)
+        row.add(decode_error(spec, cfg, shape, dtype, device, backend))
     except Exception as exc:  # noqa: BLE001
         row.fail(exc)
-        return
-    row.add(_err(seq, par))
 
 
 def _decode_shapes(quick: bool) -> list[tuple[int, ...]]:
@@ -372,6 +410,19 @@ def _run_spec(
 # -- module-level decoding: init_state/step against the causal forward (the layers' own recurrences)
 
 
+def layer_decode_error(layer, x: torch.Tensor) -> float:
+    """Normalised error of a causal layer's ``init_state``/``step`` token by token against its forward on ``x``
+    ``(B, N, dim)``."""
+    with torch.no_grad():
+        par = layer(x)
+        state = layer.init_state(x.shape[0], device=x.device, dtype=x.dtype)
+        outs = []
+        for t in range(x.shape[1]):
+            y, state = layer.step(x[:, t : t + 1], state)
+            outs.append(y)
+    return _err(torch.cat(outs, dim=1), par)
+
+
 def _layer_decode_rows(device: torch.device, quick: bool, emit) -> list[Row]:
     from attnzoo.layers import attention_info, build_attention, list_attentions
 
@@ -388,14 +439,7 @@ def _layer_decode_rows(device: torch.device, quick: bool, emit) -> list[Row]:
                 with torch.no_grad():
                     for prm in m.parameters():  # away from the init (zero biases, unit temperatures)
                         prm.add_(randn(prm.shape, gen, 0.2).to(device, dtype))
-                    x = randn((2, n, 12), gen).to(device, dtype)
-                    par = m(x)
-                    state = m.init_state(2, device=device, dtype=dtype)
-                    outs = []
-                    for t in range(n):
-                        y, state = m.step(x[:, t : t + 1], state)
-                        outs.append(y)
-                row.cell(dtype).add(_err(torch.cat(outs, dim=1), par))
+                row.cell(dtype).add(layer_decode_error(m, randn((2, n, 12), gen).to(device, dtype)))
             except Exception as exc:  # noqa: BLE001
                 row.cell(dtype).fail(exc)
         emit(row)
@@ -411,7 +455,7 @@ def _mask_lengths(quick: bool) -> list[int]:
     return [7, 4, 1] if quick else [13, 5, 9, 1, 20]
 
 
-def _mask_error(layer, xs: list[torch.Tensor], mode: str, gen: torch.Generator) -> float:
+def mask_error(layer, xs: list[torch.Tensor], mode: str, gen: torch.Generator) -> float:
     """Worst normalised error of ``layer`` on ``xs`` (each ``(1, n_i, dim)``) padded (``"mask"``: even rows
     right-padded, odd rows left-padded) or packed (``"varlen"``) against each alone, outputs and input gradients;
     padding's output and gradient count against zero."""
@@ -481,7 +525,7 @@ def _mask_rows(device: torch.device, quick: bool, emit, only: list[str] | None =
                                         for prm in layer.parameters():
                                             prm.add_(randn(prm.shape, gen, 0.2).to(device, dtype))
                                     xs = [randn((1, n, 12), gen).to(device, dtype) for n in _mask_lengths(quick)]
-                                    r.cell(dtype).add(_mask_error(layer, xs, check, gen))
+                                    r.cell(dtype).add(mask_error(layer, xs, check, gen))
                         except Exception as exc:  # noqa: BLE001 - a selftest reports every failure as a row
                             r.cell(dtype).fail(exc)
             for r in group.values():

@@ -54,6 +54,7 @@ def test_the_registry_declares_the_cases_the_published_figures_were_measured_wit
     extra += ["csp_pairs", "csp_pairs_torch", "csp_pairs_general", "ema", "mega", "mega_chunk", "mega_csp"]
     assert sorted(cases.EXTRA_OP_CASES) == sorted(extra)
     assert cases.ALL_OP_CASES == cases.OP_CASES + cases.EXTRA_OP_CASES
+    assert sorted(cases.BASELINE_CASES) == ["fastmax_p1_baseline", "fastmax_p2_baseline", "tssa_baseline"]
 
 
 def test_earlier_results_are_not_overwritten(tmp_path):
@@ -152,7 +153,7 @@ def test_cpu_peak_memory_keeps_errors_and_stderr(capfd):
 def test_fastmax_baseline_computes_the_op(p, causal, shape):
     """The einsum factorisation (eqs 11-12 / 32-35) and attnzoo's op are references for each other."""
     from attnzoo import ops
-    from attnzoo.bench.baselines import fastmax_baseline
+    from attnzoo.ops.fastmax.baseline import fastmax_baseline
 
     b, h, n, d, dv = shape
     q, k = (torch.randn(b, h, n, d, dtype=torch.float64, requires_grad=True) for _ in range(2))
@@ -175,7 +176,7 @@ def test_fastmax_baseline_computes_the_op(p, causal, shape):
 def test_tssa_baseline_computes_the_op(causal, shape):
     """ToST Alg. 1 / Alg. 2 as printed and attnzoo's TSSA (fused CPU kernels where built) agree."""
     from attnzoo import ops
-    from attnzoo.bench.baselines import tssa_baseline
+    from attnzoo.ops.tssa.baseline import tssa_baseline
 
     b, h, n, p = shape
     w = torch.randn(b, h, n, p, dtype=torch.float64, requires_grad=True)
@@ -193,7 +194,7 @@ def test_tssa_baseline_computes_the_op(causal, shape):
 
 
 def test_causal_fastmax_baseline_refuses_what_would_exhaust_memory(monkeypatch):
-    from attnzoo.bench import baselines
+    from attnzoo.ops.fastmax import baseline as baselines
 
     monkeypatch.setattr(baselines, "MAX_BASELINE_BYTES", 1000)
     q = torch.randn(1, 1, 8, 4)

@@ -112,8 +112,6 @@ def test_option_errors():
         build_attention("csp", 8, 2, layer_index=2, num_layers=2)
     with pytest.raises(ValueError, match=r"proj_dropout must be a probability in \[0, 1\), got 1.5"):
         build_attention("csp", 8, 2, proj_dropout=1.5)
-    with pytest.raises(TypeError, match="unknown option.*'group'"):
-        build_attention("csp", 8, 2, group=2)
     m = build_attention("csp", 8, 2, groups=4)
     with pytest.raises(ValueError, match=r"groups=4.*N=6.*\[1, 2, 3, 6\]"):
         m(torch.randn(1, 6, 8))

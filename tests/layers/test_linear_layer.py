@@ -50,7 +50,7 @@ def test_parameter_layout():
 
 @pytest.mark.parametrize("feature_map", ["elu", "relu"])
 def test_step_keeps_a_constant_state(feature_map):
-    # step == causal forward (both feature maps): tests/layers/test_contract.py
+    # step == causal forward (both feature maps): tests/contract/test_contract_layers.py
     m = _build(causal=True, feature_map=feature_map)
     x = torch.randn(2, 9, DIM, dtype=torch.float64)
     state = m.init_state(2)
@@ -113,9 +113,6 @@ def test_capture_skips_map_above_threshold(monkeypatch):
 
 
 def test_build_errors():
-    valid = r"\['feature_map', 'eps', 'qkv_bias', 'proj_bias', 'proj_dropout', 'chunk_size'\]"
-    with pytest.raises(TypeError, match=r"unknown option\(s\) \['attn_dropout'\]; valid options: " + valid):
-        attnzoo.build_attention("linear", DIM, HEADS, attn_dropout=0.1)
     with pytest.raises(ValueError, match=r"feature_map='exp' is not supported; valid feature maps: \['elu', 'relu'\]"):
         attnzoo.build_attention("linear", DIM, HEADS, feature_map="exp")
     with pytest.raises(ValueError, match="chunk_size must be None or a positive integer"):

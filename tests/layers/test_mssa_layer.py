@@ -107,12 +107,6 @@ def test_capture_records_attention(causal):
 
 
 def test_build_errors():
-    with pytest.raises(
-        TypeError,
-        match=r"unknown option\(s\) \['qkv_bias'\]; valid options: "
-        r"\['scale', 'normalize_query', 'out_proj', 'head_dim', 'attn_dropout', 'proj_dropout', 'tied'\]",
-    ):
-        attnzoo.build_attention("mssa", DIM, HEADS, qkv_bias=True)
     with pytest.raises(ValueError, match="head_dim must be a positive int .* got 0"):
         attnzoo.build_attention("mssa", DIM, HEADS, head_dim=0)
     with pytest.raises(TypeError, match="normalize_query must be a bool"):

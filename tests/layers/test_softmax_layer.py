@@ -52,7 +52,7 @@ def test_parameter_layout_matches_vit_nanogpt():
 
 
 def test_kv_cache_grows_by_one_token_per_step():
-    # step == causal forward: tests/layers/test_contract.py
+    # step == causal forward: tests/contract/test_contract_layers.py
     m = _build(causal=True)
     x = torch.randn(2, 7, DIM, dtype=torch.float64)
     state = m.init_state(2)
@@ -105,9 +105,6 @@ def test_attention_dropout_only_in_training():
 
 
 def test_build_errors():
-    valid = r"\['qkv_bias', 'proj_bias', 'attn_dropout', 'proj_dropout', 'scale'\]"
-    with pytest.raises(TypeError, match=r"unknown option\(s\) \['dropout'\]; valid options: " + valid):
-        attnzoo.build_attention("softmax", DIM, HEADS, dropout=0.1)
     with pytest.raises(ValueError, match=r"attn_dropout must be a probability in \[0, 1\), got 1.5"):
         attnzoo.build_attention("softmax", DIM, HEADS, attn_dropout=1.5)
     with pytest.raises(ValueError, match="scale must be None or a positive finite number"):

@@ -78,9 +78,6 @@ def test_attention_dropout_only_in_training():
 
 
 def test_build_errors():
-    valid = r"\['qkv_bias', 'proj_bias', 'attn_dropout', 'proj_dropout'\]"
-    with pytest.raises(TypeError, match=r"unknown option\(s\) \['temperature'\]; valid options: " + valid):
-        attnzoo.build_attention("xca", DIM, HEADS, temperature=2.0)
     with pytest.raises(ValueError, match=r"proj_dropout must be a probability in \[0, 1\)"):
         attnzoo.build_attention("xca", DIM, HEADS, proj_dropout=-0.1)
     with pytest.raises(ValueError, match=r"x must have shape \(B, N, dim\)"):

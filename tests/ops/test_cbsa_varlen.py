@@ -4,22 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import mask_backends
 from varlen_cases import MODES, assert_equal_to_alone
 
 from attnzoo.layers.cbsa import CBSAAttention
-from attnzoo.ops.cbsa import cbsa, pool_reps, pool_reps_1d, pool_reps_2d, pool_reps_varlen
-
-CASES = [
-    ("cbsa", "softmax"),
-    ("cbsa", "exact"),
-    ("agent", None),
-    ("mssa", "softmax"),
-    ("mssa", "exact"),
-    ("linear", None),
-    ("channel", None),
-]
-# lengths 1 and not divisible by the number of reps (uneven windows), more reps than tokens, P < reps
-LENGTHS = [5, 1, 7, 3]
+from attnzoo.ops.cbsa import CBSA, cbsa, pool_reps, pool_reps_1d, pool_reps_2d, pool_reps_varlen
 
 
 def _seqs(lengths, h=2, p=3, dtype=torch.float64, seed=0):
@@ -48,15 +37,6 @@ def _call(variant, contraction, backend, num_reps, prefix=0):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("backend", ["naive", "torch", "auto"])
-@pytest.mark.parametrize("variant,contraction", CASES)
-def test_equal_to_alone_float64(variant, contraction, backend, mode):
-    eta = torch.randn(2, 1, 1, dtype=torch.float64)
-    call = _call(variant, contraction, backend, num_reps=4)
-    assert_equal_to_alone(call, _seqs(LENGTHS), {"w": 2}, mode=mode, shared=_shared(variant, eta))
-
-
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("variant,contraction", [("cbsa", "softmax"), ("cbsa", "exact"), ("agent", None)])
 def test_equal_to_alone_with_prefix_tokens(variant, contraction, mode):
     eta = torch.randn(2, 1, 1, dtype=torch.float64)
@@ -64,16 +44,7 @@ def test_equal_to_alone_with_prefix_tokens(variant, contraction, mode):
     assert_equal_to_alone(call, _seqs([4, 2, 7]), {"w": 2}, mode=mode, shared=_shared(variant, eta))
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("variant,contraction", CASES)
-def test_equal_to_alone_float32(variant, contraction, mode):
-    eta = torch.randn(2, 1, 1)
-    call = _call(variant, contraction, "torch", num_reps=3)
-    seqs = _seqs([9, 1, 6], p=4, dtype=torch.float32)
-    assert_equal_to_alone(call, seqs, {"w": 2}, mode=mode, shared=_shared(variant, eta), rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize("backend", ["naive", "torch"])
+@pytest.mark.parametrize("backend", mask_backends(CBSA))
 def test_explicit_reps_split_evenly_in_a_packed_row(backend):
     g = torch.Generator().manual_seed(1)
     w1, w2 = torch.randn(1, 2, 3, 4, generator=g, dtype=torch.float64), torch.randn(1, 2, 5, 4, generator=g).double()
@@ -96,17 +67,6 @@ def test_mask_errors():
         cbsa(w, reps, attention_mask=torch.ones(1, 6), return_internals=True)
     with pytest.raises(ValueError, match="no non-prefix tokens"):
         pool_reps_varlen(w, 2, num_prefix_tokens=2, cu_seqlens=torch.tensor([0, 2, 6]))
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("variant", ["cbsa", "mssa"])
-def test_layer_equal_to_alone(variant, mode):
-    torch.manual_seed(0)
-    layer = CBSAAttention(8, 2, variant=variant, num_reps=3 if variant == "cbsa" else None).double()
-    g = torch.Generator().manual_seed(2)
-    seqs = [{"x": torch.randn(1, n, 8, generator=g, dtype=torch.float64)} for n in (5, 1, 4)]
-    assert_equal_to_alone(layer, seqs, {"x": 1}, mode=mode, out_axis=1)
-    assert CBSAAttention.supports_masks
 
 
 _MASKS = [

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import mask_backends
 from varlen_cases import MODES, assert_equal_to_alone
 
-from attnzoo.layers.csp import CSPAttention
-from attnzoo.ops.csp import csp
+from attnzoo.ops.csp import CSP, csp
 
 SHIFTS = torch.tensor([0, 3, 11, 1, 7])  # larger than some lengths: each taken modulo the sequence's own length
 
@@ -19,31 +19,6 @@ def _seqs(lengths, c=5, dtype=torch.float64, seed=0, ties=False):
         v = torch.randn(1, n, c, generator=g, dtype=dtype)
         out.append({"v": v.round() if ties else v})  # rounded values tie often: the tie rule must match
     return out
-
-
-def _call(groups, backend, shifts=SHIFTS):
-    def call(v, attention_mask=None, cu_seqlens=None):
-        return csp(v, shifts, groups, backend=backend, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
-
-    return call
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("backend", ["naive", "torch", "auto"])
-@pytest.mark.parametrize(
-    "groups,lengths",
-    [(1, [5, 1, 7, 3]), (None, [5, 1, 7, 3]), (2, [6, 2, 8, 4]), (3, [9, 3, 6]), (4, [16, 4, 12]), (2, [2, 10])],
-)
-@pytest.mark.parametrize("ties", [False, True])
-def test_equal_to_alone_float64(groups, lengths, backend, mode, ties):
-    assert_equal_to_alone(_call(groups, backend), _seqs(lengths, ties=ties), {"v": 1}, mode=mode, out_axis=1)
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("groups,lengths", [(1, [5, 1, 7]), (2, [6, 2, 8])])
-def test_equal_to_alone_float32(groups, lengths, mode):
-    seqs = _seqs(lengths, dtype=torch.float32)
-    assert_equal_to_alone(_call(groups, "torch"), seqs, {"v": 1}, mode=mode, out_axis=1, rtol=1e-5, atol=1e-6)
 
 
 def test_lengths_not_divisible_by_groups_are_an_error_as_alone():
@@ -152,7 +127,7 @@ def test_cpu_kernel_refuses_non_finite_values_and_bad_arguments():
         k.csp_varlen(torch.randn(2, 6, 3), seg, torch.empty(0, dtype=torch.long), steps + 4, 1)
 
 
-@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("backend", mask_backends(CSP, reference=False))
 @pytest.mark.parametrize("groups", [1, 2, 4, None])
 def test_masks_with_holes(backend, groups):
     v = torch.randn(2, 7, 5, dtype=torch.float64)
@@ -172,14 +147,3 @@ def test_per_sequence_shifts():
     torch.testing.assert_close(out[:, 4:], csp(b, sb, 2), rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"per-sequence shifts.*\(1, 2, 5\)"):
         csp(torch.cat([a, b], 1), torch.zeros(1, 3, 5, dtype=torch.long), 2, cu_seqlens=torch.tensor([0, 4, 10]))
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("schedule", ["linear", "power"])
-def test_layer_equal_to_alone(schedule, mode):
-    torch.manual_seed(0)
-    layer = CSPAttention(6, 2, groups=2, shift_schedule=schedule, num_layers=2, layer_index=1).double()
-    g = torch.Generator().manual_seed(2)
-    seqs = [{"x": torch.randn(1, n, 6, generator=g, dtype=torch.float64)} for n in (6, 2, 10)]
-    assert_equal_to_alone(layer, seqs, {"x": 1}, mode=mode, out_axis=1)
-    assert CSPAttention.supports_masks

@@ -5,33 +5,9 @@ import torch
 
 from attnzoo.ops.softmax import softmax_attention, softmax_attention_weights
 
-SHAPES = [(1, 1, 1, 4), (2, 3, 7, 5), (1, 2, 16, 8), (2, 1, 33, 3)]
-TOL = {torch.float64: dict(atol=1e-10, rtol=1e-10), torch.float32: dict(atol=2e-5, rtol=2e-5)}
-
 
 def _qkv(shape, dtype, requires_grad=False):
     return [torch.randn(shape, dtype=dtype, requires_grad=requires_grad) for _ in range(3)]
-
-
-def _fwd_bwd(backend, q, k, v, **kw):
-    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-    out = softmax_attention(q, k, v, backend=backend, **kw)
-    g = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
-    out.backward(g)
-    return out.detach(), q.grad, k.grad, v.grad
-
-
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("causal", [False, True])
-def test_torch_matches_naive_forward_backward(shape, dtype, causal):
-    q, k, v = _qkv(shape, dtype)
-    ref = _fwd_bwd("naive", q, k, v, causal=causal)
-    got = _fwd_bwd("torch", q, k, v, causal=causal)
-    for r, g in zip(ref, got, strict=True):
-        torch.testing.assert_close(g, r, **TOL[dtype])
-    # auto on CPU is the torch path
-    torch.testing.assert_close(softmax_attention(q, k, v, causal=causal), got[0], **TOL[dtype])
 
 
 @pytest.mark.parametrize("backend", ["naive", "torch"])
@@ -74,20 +50,6 @@ def test_zero_query_causal_gives_running_mean(backend):
     out = softmax_attention(q, k, v, causal=True, backend=backend)
     running_mean = v.cumsum(2) / torch.arange(1, 6, dtype=torch.float64)[:, None]
     torch.testing.assert_close(out, running_mean)
-
-
-@pytest.mark.parametrize("backend", ["naive", "torch"])
-@pytest.mark.parametrize("t", [0, 3, 7])
-def test_causal_no_leak(backend, t):
-    q, k, v = _qkv((2, 2, 9, 4), torch.float64)
-    out = softmax_attention(q, k, v, causal=True, backend=backend)
-    q2, k2, v2 = (x.clone() for x in (q, k, v))
-    for x in (q2, k2, v2):
-        x[:, :, t + 1 :] += 10 * torch.randn_like(x[:, :, t + 1 :])
-    out2 = softmax_attention(q2, k2, v2, causal=True, backend=backend)
-    torch.testing.assert_close(out2[:, :, : t + 1], out[:, :, : t + 1], atol=0, rtol=0)
-    if t + 1 < 9:  # the perturbation is visible to later tokens, so the check above can fail
-        assert not torch.allclose(out2[:, :, t + 1 :], out[:, :, t + 1 :])
 
 
 @pytest.mark.parametrize("backend", ["naive", "torch"])

@@ -68,19 +68,6 @@ def test_tssa_matches_naive_float64(causal, case):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_tssa_dispatch_float32(causal):
-    # default tile sizes, through the public op's backend switch
-    w, temp, bias = _tssa_inputs(2, 3, 20, 24, torch.float32, causal)
-    ins = (w, temp) + ((bias,) if causal else ())
-    ref = tssa(w, temp, causal=causal, bias=bias, backend="naive")
-    out = tssa(w, temp, causal=causal, bias=bias, backend="triton")
-    assert out.dtype == torch.float32
-    torch.testing.assert_close(out, ref, **F32)
-    go = torch.randn_like(ref)
-    _assert_all_close(_grads(out, ins, go), _grads(ref, ins, go), dict(rtol=1e-3, atol=1e-4))
-
-
-@pytest.mark.parametrize("causal", [False, True])
 def test_tssa_gradcheck(causal):
     from attnzoo.ops.tssa.triton import tssa_triton
 
@@ -91,22 +78,6 @@ def test_tssa_gradcheck(causal):
         )
     else:
         assert torch.autograd.gradcheck(lambda a, t: tssa_triton(a, t, block_n=4), (w, temp), fast_mode=True)
-
-
-def test_tssa_causal_no_leak():
-    from attnzoo.ops.tssa.triton import tssa_triton
-
-    w, temp, bias = _tssa_inputs(1, 3, 21, 6, torch.float64, True)
-    t = 9  # inside the 2nd token block of 8: checks both the carried prefix and the in-block scan
-    out = tssa_triton(w, temp, causal=True, bias=bias, block_n=8)
-    w2 = w.detach().clone()
-    w2[:, :, t + 1 :] = 10.0 * torch.randn_like(w2[:, :, t + 1 :])
-    out2 = tssa_triton(w2, temp, causal=True, bias=bias, block_n=8)
-    torch.testing.assert_close(out2[:, :, : t + 1], out[:, :, : t + 1], rtol=0, atol=0)
-    assert not torch.allclose(out2[:, :, t + 1 :], out[:, :, t + 1 :])
-    # and no gradient flows from outputs <= t back to tokens > t
-    (gw,) = torch.autograd.grad(out[:, :, : t + 1].sum(), w)
-    assert gw[:, :, t + 1 :].abs().max() == 0 and gw[:, :, : t + 1].abs().max() > 0
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -166,18 +137,6 @@ def test_fastmax_matches_naive_float64(causal, p, case):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("p", [1, 2])
-def test_fastmax_float32(causal, p):
-    # the default chunk size (64 -> a single block of 64 holding all 20 tokens)
-    q, k, v = _qkv(1, 2, 20, 4, 6, torch.float32)
-    ref = fastmax(q, k, v, p=p, causal=causal, scale=_scale(p, 4), backend="naive")
-    out = fastmax(q, k, v, p=p, causal=causal, scale=_scale(p, 4), backend="triton")
-    torch.testing.assert_close(out, ref, **F32)
-    go = torch.randn_like(ref)
-    _assert_all_close(_grads(out, (q, k, v), go), _grads(ref, (q, k, v), go), dict(rtol=1e-3, atol=1e-4))
-
-
-@pytest.mark.parametrize("causal", [False, True])
 def test_fastmax_head_dim_128(causal):
     # ToST Fig. 7's d = 4096 over 32 heads: with Triton's default 3 pipeline stages the state kernel asked an
     # H200 for 288 KiB of shared memory and failed to launch; the pipeline depth now follows the tile size
@@ -214,23 +173,6 @@ def test_fastmax_gradcheck(causal):
     assert torch.autograd.gradcheck(
         lambda a, b, c: fastmax_triton(a, b, c, p=2, causal=causal, chunk_size=16), (qs, kh, v), fast_mode=True
     )
-
-
-@pytest.mark.parametrize("p", [1, 2])
-def test_fastmax_causal_no_leak(p):
-    q, k, v = _qkv(1, 2, 26, 3, 2, torch.float64)
-    t = 18  # in the second block of 16
-    out = fastmax(q, k, v, p=p, causal=True, scale=_scale(p, 3), backend="triton", chunk_size=16)
-    q2, k2, v2 = (x.detach().clone() for x in (q, k, v))
-    for x in (q2, k2, v2):
-        x[:, :, t + 1 :] = 5.0 * torch.randn_like(x[:, :, t + 1 :])
-    out2 = fastmax(q2, k2, v2, p=p, causal=True, scale=_scale(p, 3), backend="triton", chunk_size=16)
-    torch.testing.assert_close(out2[:, :, : t + 1], out[:, :, : t + 1], rtol=0, atol=0)
-    assert not torch.allclose(out2[:, :, t + 1 :], out[:, :, t + 1 :])
-    grads = torch.autograd.grad(out[:, :, : t + 1].sum(), (q, k, v))
-    for g in grads:
-        assert g[:, :, t + 1 :].abs().max() == 0
-    assert grads[0][:, :, : t + 1].abs().max() > 0
 
 
 def test_fastmax_triton_rejects_bad_input(monkeypatch):

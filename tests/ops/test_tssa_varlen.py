@@ -3,79 +3,12 @@ forward and backward; the causal bias is read at the position within each sequen
 
 import pytest
 import torch
-from varlen_cases import MODES, assert_equal_to_alone
+from conftest import mask_backends
 
-from attnzoo.ops.tssa import tssa, tssa_init_state, tssa_pi, tssa_step
+from attnzoo.ops.tssa import TSSA, tssa, tssa_init_state, tssa_pi, tssa_step
 
 # the fused CPU kernels take them through a task table of runs of real tokens
-MASKED = ["naive", "torch", "cpu"]
-# 1 token, odd lengths, and 300/77 across the scan chunk (32 at N=300, 16 below) with ragged last chunks
-LENGTHS = [[1, 5, 3], [7, 1], [300, 77, 33]]
-
-
-def _seqs(lengths, dtype, h=3, p=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    scale = torch.exp(torch.randn(1, h, 1, p, generator=g, dtype=torch.float64))
-    return [{"w": (torch.randn(1, h, n, p, generator=g, dtype=torch.float64) * scale).to(dtype)} for n in lengths]
-
-
-def _shared(lengths, dtype, causal, h=3, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    shared = {"temp": (0.5 + 2 * torch.rand(h, generator=g, dtype=torch.float64)).to(dtype)}
-    if causal:
-        shared["bias"] = (0.3 * torch.randn(h, max(lengths) + 2, 1, generator=g, dtype=torch.float64)).to(dtype)
-    return shared
-
-
-CASES = [(b, c) for b in MASKED for c in (False, True)]
-
-
-@pytest.mark.parametrize("backend,causal", CASES)
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("lengths", LENGTHS)
-def test_equal_to_alone_float64(backend, causal, mode, lengths):
-    def call(**kw):
-        return tssa(causal=causal, backend=backend, **kw)
-
-    assert_equal_to_alone(
-        call, _seqs(lengths, torch.float64), {"w": 2}, mode=mode, shared=_shared(lengths, torch.float64, causal)
-    )
-
-
-@pytest.mark.parametrize("backend,causal", CASES + [("auto", False), ("auto", True)])
-@pytest.mark.parametrize("mode", MODES)
-def test_equal_to_alone_float32(backend, causal, mode):
-    lengths = [40, 1, 17]
-
-    def call(**kw):
-        return tssa(causal=causal, backend=backend, **kw)
-
-    assert_equal_to_alone(
-        call,
-        _seqs(lengths, torch.float32),
-        {"w": 2},
-        mode=mode,
-        shared=_shared(lengths, torch.float32, causal),
-        rtol=2e-4,
-        atol=2e-5,
-    )
-
-
-@pytest.mark.parametrize("backend", MASKED)
-def test_causal_packed_row_does_not_leak(backend):
-    # changing a later token (same or next sequence) leaves every earlier output unchanged
-    g = torch.Generator().manual_seed(5)
-    w = torch.randn(1, 2, 12, 3, generator=g, dtype=torch.float64)
-    temp = torch.tensor([0.7, 1.9], dtype=torch.float64)
-    bias = 0.3 * torch.randn(2, 8, 1, generator=g, dtype=torch.float64)
-    cu = torch.tensor([0, 5, 12])
-    out = tssa(w, temp, causal=True, bias=bias, cu_seqlens=cu, backend=backend)
-    for t in (3, 5, 9):
-        w2 = w.clone()
-        w2[:, :, t] += 10.0
-        out2 = tssa(w2, temp, causal=True, bias=bias, cu_seqlens=cu, backend=backend)
-        torch.testing.assert_close(out2[:, :, :t], out[:, :, :t], rtol=0, atol=0)
-        assert not torch.equal(out2[:, :, t], out[:, :, t])
+MASKED = mask_backends(TSSA)
 
 
 @pytest.mark.parametrize("backend", MASKED)

@@ -2,39 +2,8 @@
 
 import pytest
 import torch
-from varlen_cases import MODES, assert_equal_to_alone
 
 from attnzoo.ops.xca import xca
-
-AXES = {"q": 2, "k": 2, "v": 2}
-# (3, 1, 6, 2, 5) packs more sequences than channels: the other way of reading each token's sequence map
-LENGTHS = [(1, 4, 7), (5,), (3, 1, 6, 2, 5)]
-
-
-def _seqs(lengths, dtype, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [{n: torch.randn(1, 2, m, 3, generator=gen, dtype=dtype) for n in "qkv"} for m in lengths]
-
-
-def _temp(dtype):
-    return torch.tensor([0.7, 1.9], dtype=dtype)
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("backend", ["naive", "torch"])
-@pytest.mark.parametrize("lengths", LENGTHS)
-def test_equal_to_alone_float64(backend, mode, lengths):
-    call = lambda temp, **kw: xca(**kw, temp=temp, backend=backend)  # noqa: E731
-    seqs = _seqs(lengths, torch.float64)
-    assert_equal_to_alone(call, seqs, AXES, mode=mode, shared={"temp": _temp(torch.float64)})
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("backend", ["naive", "torch"])
-def test_equal_to_alone_float32(backend, mode):
-    call = lambda temp, **kw: xca(**kw, temp=temp, backend=backend)  # noqa: E731
-    seqs = _seqs((2, 9, 5), torch.float32)
-    assert_equal_to_alone(call, seqs, AXES, mode=mode, shared={"temp": _temp(torch.float32)}, rtol=1e-4, atol=1e-5)
 
 
 def test_holed_mask_matches_reference_and_empty_row_is_zero():

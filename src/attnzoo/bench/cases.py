@@ -2,9 +2,10 @@
 
 The cases are declared by the mechanisms themselves (``Mechanism.bench`` in ``ops/<op>/__init__.py``, their code in
 ``ops/<op>/bench.py``) and read from the attention registry here, so a mechanism registered at runtime is measured
-like the built-in ones; only the straightforward PyTorch baselines (:mod:`attnzoo.bench.baselines`) are the bench's
-own. An op case returns the inputs it needs and the bytes an ideal implementation must move (read every input once,
-write the output once); that byte count is the roofline reference.
+like the built-in ones. Their straightforward PyTorch baselines (``BenchCase(baseline=True)``, e.g.
+``ops/<op>/baseline.py``) are declared the same way, with their own module (``BenchCase.builder``). An op case
+returns the inputs it needs and the bytes an ideal implementation must move (read every input once, write the output
+once); that byte count is the roofline reference.
 
 The case lists (``OP_CASES`` the default sweep, ``EXTRA_OP_CASES`` only on request, ``CAUSAL_OP_CASES``,
 ``DECODE_CASES`` ...) are computed from the registry each time they are read.
@@ -17,7 +18,6 @@ from typing import Callable
 
 import torch
 
-from attnzoo.bench import baselines
 from attnzoo.layers import attention_info, build_attention, list_attentions
 from attnzoo.ops._spec import BenchCase, Shape
 
@@ -44,24 +44,24 @@ def registered_cases() -> dict[str, tuple[str, BenchCase]]:
     out: dict[str, tuple[str, BenchCase]] = {}
     for name, mech in mechs:
         for case in mech.bench:
-            if case.name in out or case.name in baselines.BASELINE_CASES:
-                owner = out[case.name][0] if case.name in out else "attnzoo.bench.baselines"
-                raise ValueError(f"bench case {case.name!r} of {name!r} is already declared by {owner!r}")
+            if case.name in out:
+                raise ValueError(f"bench case {case.name!r} of {name!r} is already declared by {out[case.name][0]!r}")
             out[case.name] = (name, case)
     return out
 
 
 def _lists() -> dict[str, list[str]]:
     cases = registered_cases()
-    baseline = list(baselines.BASELINE_CASES)
+    baseline = [n for n, (_, c) in cases.items() if c.baseline]
     op = [n for n, (_, c) in cases.items() if c.default]
-    extra = [n for n, (_, c) in cases.items() if not c.default] + baseline
+    # the baselines last: each beside the attnzoo case it transcribes when named together
+    extra = [n for n, (_, c) in cases.items() if not c.default and not c.baseline] + baseline
     return {
         "OP_CASES": op,
         "EXTRA_OP_CASES": extra,
         "ALL_OP_CASES": op + extra,
         # the baselines have the causal forms of the ops they transcribe
-        "CAUSAL_OP_CASES": [n for n, (_, c) in cases.items() if c.causal] + baseline,
+        "CAUSAL_OP_CASES": [n for n, (_, c) in cases.items() if c.causal and not c.baseline] + baseline,
         "BASELINE_CASES": baseline,
         "DECODE_CASES": [n for n, (_, c) in cases.items() if c.decode],
     }
@@ -83,20 +83,6 @@ def _nbytes(*ts: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in ts)
 
 
-def _baseline_op_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
-    B, H, N, P = s.batch, s.heads, s.length, s.head_dim
-    mech, opts = baselines.BASELINE_CASES[name]
-    if mech == "fastmax":
-        q, k, v = _randn((B, H, N, P), device, dtype, 3)
-        run = lambda: baselines.fastmax_baseline(q, k, v, p=opts["p"], causal=causal)  # noqa: E731
-        return Prepared([q, k, v], run, 4 * _nbytes(q))
-    (w,) = _randn((B, H, N, P), device, dtype)
-    temp = torch.ones(H, device=device, dtype=dtype)
-    bias = torch.zeros(H, N, 1, device=device, dtype=dtype) if causal else None
-    run = lambda: baselines.tssa_baseline(w, temp, causal=causal, bias=bias)  # noqa: E731
-    return Prepared([w], run, 2 * _nbytes(w))
-
-
 def _case(name: str) -> tuple[str, BenchCase]:
     cases = registered_cases()
     if name not in cases:
@@ -105,8 +91,6 @@ def _case(name: str) -> tuple[str, BenchCase]:
 
 
 def _op_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
-    if name in baselines.BASELINE_CASES:
-        return _baseline_op_case(name, s, causal, device, dtype)
     _, case = _case(name)
     return Prepared(*case.prepare(s, causal, device, dtype))
 
@@ -120,8 +104,9 @@ def _module(name: str, length: int, dim: int, causal: bool) -> tuple[str, dict]:
 
 
 def _module_case(name: str, s: Shape, causal: bool, device, dtype) -> Prepared:
-    if name in baselines.BASELINE_CASES:
-        m = baselines.build_baseline_module(name, s.dim, s.heads, causal=causal, max_len=max(1024, s.length))
+    _, case = _case(name)
+    if case.builder is not None:
+        m = case.build_module(s.dim, s.heads, causal=causal, max_len=max(1024, s.length))
     else:
         mech, opts = _module(name, s.length, s.dim, causal)
         m = build_attention(mech, s.dim, s.heads, causal=causal, **opts)

@@ -25,6 +25,16 @@ def _fmt_millions(n: float) -> str:
     return f"{n / 1e6:.2f}M"
 
 
+def _label(name: str, options: dict) -> str | None:
+    """The mechanism's own description of these options (:meth:`attnzoo.ops._spec.Options.label`)."""
+    from attnzoo.layers import attention_info
+
+    try:
+        return attention_info(name).mechanism.options.build(name, **options).label()
+    except (ValueError, TypeError):  # a model's options are checked when it is built; its row reports that error
+        return None
+
+
 def model_rows(pattern: str | None = None) -> list[ModelRow]:
     """One row per registered model (parameter counts on the meta device, no allocation)."""
     from attnzoo.models.registry import count_parameters, list_models, model_entry
@@ -35,9 +45,9 @@ def model_rows(pattern: str | None = None) -> list[ModelRow]:
         cfg = entry.config()
         mechs = list(dict.fromkeys(cfg.mechanisms()))
         attention = " + ".join(mechs)
-        inner = cfg.attention_options.get("attention") if cfg.attention == "mega" else None
-        if inner is not None:  # MEGA's layer: which attention it runs (softmax, laplace or CSP in its place)
-            attention += f" ({inner})"
+        label = _label(cfg.attention, cfg.attention_options)
+        if label is not None:  # what the options make of the mechanism (the attention MEGA's layer runs)
+            attention += f" ({label})"
         if getattr(cfg, "pool", None) == "class_attention":
             attention += " (+ class attention)"
         figure = ""

@@ -142,6 +142,11 @@ class Options:
         this message, and the contract tests run such option sets in the bidirectional form only."""
         return None
 
+    def label(self) -> str | None:
+        """What these options make of the mechanism, for listings such as ``attnzoo models`` (e.g. the attention a
+        layer runs inside it), or ``None`` (subclasses)."""
+        return None
+
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
@@ -241,12 +246,21 @@ class BenchCase:
     decode: bool = False
     #: the varlen sweep (:mod:`attnzoo.bench.varlen`) calls ``op`` with ``attention_mask=`` / ``cu_seqlens=``
     varlen: bool = False
+    #: a straightforward PyTorch transcription of the mechanism's paper (no attnzoo machinery), timed beside the op
+    baseline: bool = False
+    #: ``"module:function"`` of ``fn(dim, heads, *, causal, max_len) -> nn.Module``: the module ``--level module``
+    #: times instead of the mechanism's layer (a baseline's own module)
+    builder: str | None = None
 
     def prepare(
         self, shape: Shape, causal: bool, device: Any, dtype: Any, **mask: Any
     ) -> tuple[list, Callable[[], Any], int]:
         """``(inputs, run, bytes_moved)`` of the op-level case at ``shape`` (``mask``: the varlen keywords)."""
         return _load(self.op)(shape, causal, device, dtype, **mask)
+
+    def build_module(self, dim: int, heads: int, *, causal: bool, max_len: int) -> Any:
+        """The module of :attr:`builder` (a baseline's own module)."""
+        return _load(self.builder)(dim, heads, causal=causal, max_len=max_len)
 
     def module_options(self, length: int, dim: int, causal: bool) -> dict[str, Any]:
         """The layer's options for a sequence of ``length`` tokens of width ``dim``."""
@@ -292,8 +306,8 @@ class Mechanism:
     default: str = "torch"
     #: the literal reference implementation (``naive.py``) the tests compare with
     reference: str = "naive"
-    #: option sets the contract tests (tests/layers/test_contract.py) run besides the defaults, for a sequence of
-    #: 9 tokens: the options that change the computation (orders, variants, chunking)
+    #: option sets the contract tests (tests/contract/test_contract_layers.py) run besides the defaults, for a
+    #: sequence of 9 tokens: the options that change the computation (orders, variants, chunking)
     examples: tuple[dict[str, Any], ...] = ()
     #: module whose ``CASES`` (:class:`CheckCase`) say how ``attnzoo selftest`` exercises the op (``None``: no case)
     checks: str | None = None

@@ -288,6 +288,17 @@ FASTMAX = Mechanism(
         ),
         BenchCase("fastmax_p1_autograd", "attnzoo.ops.fastmax.bench:fastmax_p1_autograd", default=False, causal=True),
         BenchCase("fastmax_p2_autograd", "attnzoo.ops.fastmax.bench:fastmax_p2_autograd", default=False, causal=True),
+        *(
+            BenchCase(
+                f"fastmax_p{p}_baseline",
+                f"attnzoo.ops.fastmax.baseline:p{p}",
+                default=False,
+                causal=True,
+                baseline=True,
+                builder=f"attnzoo.ops.fastmax.baseline:p{p}_module",
+            )
+            for p in (1, 2)
+        ),
     ),
     card=Card(
         "FAST, Factorizable Attention (p = 1, 2)",

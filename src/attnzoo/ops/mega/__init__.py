@@ -97,6 +97,10 @@ class MegaOptions(Options):
             )
         return None
 
+    def label(self) -> str:
+        """The attention MEGA's layer runs (softmax, laplace, or CSP in its place)."""
+        return self.attention
+
     def validate(self) -> None:
         if self.layer_index >= self.num_layers:
             raise ValueError(

@@ -379,6 +379,14 @@ TSSA = Mechanism(
             varlen=True,
         ),
         BenchCase("tssa_torch", "attnzoo.ops.tssa.bench:tssa_torch", default=False, causal=True),
+        BenchCase(
+            "tssa_baseline",
+            "attnzoo.ops.tssa.baseline:op",
+            default=False,
+            causal=True,
+            baseline=True,
+            builder="attnzoo.ops.tssa.baseline:module",
+        ),
     ),
     card=Card(
         "ToST, Token Statistics Self-Attention (Alg. 1, 2)",
