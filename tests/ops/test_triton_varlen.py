@@ -26,10 +26,11 @@ INTERPRET = os.environ["TRITON_INTERPRET"].lower() in ("1", "true", "on", "yes")
 DEV = "cpu" if INTERPRET else "cuda"
 F64 = dict(rtol=1e-10, atol=1e-11)
 F32 = dict(rtol=2e-4, atol=2e-5)
-# 1 token, a length across a block boundary, several sequences in one block when packed
-TSSA_LENGTHS = [9, 1, 3]
+# 1 token, a length across a block boundary that starts inside a block (after another sequence), several
+# sequences in one block when packed
+TSSA_LENGTHS = [3, 9, 1]
 TSSA_BLOCK_N = 8
-FM_LENGTHS = [17, 1, 3]
+FM_LENGTHS = [3, 17, 1]
 
 
 def _on_dev(d):
