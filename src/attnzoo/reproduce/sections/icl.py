@@ -472,7 +472,17 @@ def _findings(curves, finals, records, plan) -> tuple[list[Finding], Evidence]:
             f.trained = True  # over seeds of trained models, though not an interval: counted with the comparisons
             ev.gates += _learns_plateau(f, m, fin, zero)
             out.append(f)
+        out += _aot_not_tested(t, plan, fin)
     return out, ev
+
+
+def _aot_not_tested(t: str, plan: dict, fin: dict) -> list[Finding]:
+    """AoT's claims, where the plan leaves AoT out for a reason its pilots measured (``aot_not_tested``)."""
+    why = plan.get("aot_not_tested")
+    if "aot" in fin or not why:
+        return []
+    ids = (f"aot-f6-icl-learns#{t}", f"aot-f6-icl-close#{t}")
+    return [claims.not_tested(**paper_claims.finding_kw(cid, task=t), why=why) for cid in ids]
 
 
 def _closeness(t: str, zero: float, records: dict) -> Finding:

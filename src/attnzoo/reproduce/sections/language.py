@@ -8,11 +8,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attnzoo.models import from_pretrained
 from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
@@ -67,9 +69,12 @@ def rows_of(plan: dict) -> list[str]:
     return rows
 
 
-def model_options(name: str, arch: dict) -> dict:
+def model_options(name: str, arch: dict, row_arch: dict | None = None) -> dict:
+    """The row's model options: the section's ``arch``, then the row's own entry of the plan's ``row_arch`` (a
+    width or depth at the paper's parameter ratio)."""
     if name not in MODELS:
         raise ValueError(f"unknown language model {name!r}; valid: {sorted(MODELS)}")
+    arch = {**arch, **(row_arch or {}).get(name, {})}
     opts = dict(arch)
     if name == CONTROL:
         opts["attention"] = "identity"
@@ -120,6 +125,8 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     ]
     rows = rows_of(plan) + longer_rows(plan)
     check_sweep_extra(plan, rows_of(plan))
+    if unknown := sorted(set(plan.get("row_arch", {})) - set(rows_of(plan))):
+        raise ValueError(f"row_arch names rows {unknown} that are not rows of this plan; rows: {rows_of(plan)}")
     # the sweep first: every seed run then trains at its row's best swept rate (a run at twice the steps at its
     # row's)
     runs = [
@@ -134,9 +141,11 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             task="shakespeare_char",
             task_options=dict(plan["task_options"]),
             model=reg,
-            model_options=model_options(name.split("@")[0], plan["arch"]),
+            model_options=model_options(name.split("@")[0], plan["arch"], plan.get("row_arch")),
             seed=s,
             eval_batches=1,
+            # scored at the best checkpoint on the selection split (held out apart from the reported one)
+            select_every=plan.get("select_every", 0),
             **train_defaults(
                 **{
                     **(_train_plan(plan, name) if lr is None else sweep_train(plan["train"], plan)),
@@ -241,7 +250,9 @@ def _run(ctx: Context, step: Step) -> dict:
 
     cfg = step.config["train"]
     rec = train_run(ctx, step.id, cfg, sweep=step.config.get("sweep"))
-    model = load_trained(rec["run_dir"])
+    # with best-checkpoint selection the run keeps the weights of its best selection score beside the last ones
+    best = Path(rec["run_dir"]) / "best_model"
+    model = from_pretrained(best) if best.is_dir() else load_trained(rec["run_dir"])
     task = build_task(cfg["task"], **cfg["task_options"])
     loss = lm_eval(model, task.val, step.config["eval_windows"])
     inputs, target = task.train.get_batch(np.arange(cfg["batch_size"]))
