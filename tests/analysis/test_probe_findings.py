@@ -142,11 +142,12 @@ def test_plan_trains_deep_probe_models_and_keeps_the_shallow_ablation():
     for name in b["probes"]["layerwise"]:
         train = steps[f"probes/train/{name}"].config["train"]
         assert train["model_options"]["depth"] == depth and train["seed"] == 3
-        # the vision section's task, width, heads, patches, batch and optimiser; depth and the `layerwise_train`
-        # settings (steps, warm-up, rate) may differ
+        # the vision section's task, width (the row's own, as the vision row trains), heads, patches, batch and
+        # optimiser; depth and the `layerwise_train` settings (steps, warm-up, rate) may differ
         assert train["task"] == b["vision"]["task"] and train["task_options"] == b["vision"]["task_options"]
+        arch = {**b["vision"]["arch"], **b["vision"].get("row_arch", {}).get(name, {})}
         for k in ("dim", "heads", "patch_size"):
-            assert train["model_options"][k] == b["vision"]["arch"][k]
+            assert train["model_options"][k] == arch[k]
         own = b["probes"].get("layerwise_train", {})
         assert train["lr"] == own.get("lr", b["vision"]["train"]["lr"]) and own.get("lr") == 2e-3
         assert train["steps"] == own.get("steps", b["vision"]["train"]["steps"])
