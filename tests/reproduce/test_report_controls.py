@@ -127,26 +127,35 @@ def test_plans_hold_the_controls(budget):
     b, steps = plan(budget, 0)
     ids = {s.id for s in steps}
     n = b["vision"].get("seeds", 1)
-    for row in ("vit+identity", "tost@matched-params"):
+    matched_row = b["vision"].get("matched_params", True)
+    for row in ("vit+identity", *(["tost@matched-params"] if matched_row else [])):
         assert {f"vision/{row}/seed{k}" for k in range(n)} <= ids
     assert {f"vision/vit+identity/lr-sweep/lr{lr:g}" for lr in b["vision"]["lr_sweep"]} <= ids
     # without token mixing a CLS token never sees the image: the control pools the patches by their mean
     control = next(s for s in steps if s.id == "vision/vit+identity/seed0").config["train"]["model_options"]
     assert control["attention"] == "identity" and control["pool"] == "mean"
-    # the matched ToST changes only the width: it trains at ToST's tuned rate
-    matched = next(s for s in steps if s.id == "vision/tost@matched-params/seed0")
-    assert matched.deps and all(d.startswith("vision/tost/lr-sweep/") for d in matched.deps)
+    if matched_row:
+        # the matched ToST changes only the width: it trains at ToST's tuned rate
+        matched = next(s for s in steps if s.id == "vision/tost@matched-params/seed0")
+        assert matched.deps and all(d.startswith("vision/tost/lr-sweep/") for d in matched.deps)
+    else:
+        # no separate matched row: the tost row itself is at the paper's ratio to ViT (its own width and sweep)
+        from attnzoo.reproduce.plan_check import size_checks
+
+        assert not any("matched-params" in i for i in ids)
+        assert next(c for c in size_checks(steps) if c.claim_id == "tost-t2-vit").holds
     assert "language/gpt+identity/seed0" in ids
     for name in b["probes"]["layerwise"]:
         assert f"probes/layerwise-init/{name}" in ids
     assert {"efficiency/d32/softmax", "efficiency/d32/fastmax_p2"} <= ids
-    # the matched width gives ToST a parameter count within 10% of ViT's (the plan's own width does not)
-    cfg = next(s for s in steps if s.id == "vision/tost@matched-params/seed0").config["train"]
-    v = b["vision"]
-    params_vit = vision._model_params(v, "vit_s", vision.model_options("vit", v))
-    params_tost = vision._model_params(v, "tost_t", cfg["model_options"])
-    assert abs(params_tost / params_vit - 1) <= vision.MATCH_TOLERANCE
-    assert cfg["model_options"]["dim"] % v["arch"]["heads"] == 0
+    if matched_row:
+        # the matched width gives ToST a parameter count within 10% of ViT's (the plan's own width does not)
+        cfg = next(s for s in steps if s.id == "vision/tost@matched-params/seed0").config["train"]
+        v = b["vision"]
+        params_vit = vision._model_params(v, "vit_s", vision.model_options("vit", v))
+        params_tost = vision._model_params(v, "tost_t", cfg["model_options"])
+        assert abs(params_tost / params_vit - 1) <= vision.MATCH_TOLERANCE
+        assert cfg["model_options"]["dim"] % v["arch"]["heads"] == 0
     # every trained step validates at >= 4 points: train_run's default, or its own setting at least as dense
     for s in steps:
         t = s.config.get("train", {})
