@@ -289,7 +289,7 @@ def test_row_arch_overrides_one_rows_size_and_names_an_unknown_row():
     assert seg.row_config(plan_, "cbt", 0)["model_options"]["dim"] == 16  # the other rows keep the plan's arch
     steps = seg.plan_steps(plan_, 0)
     probe = next(s for s in steps if s.id == f"{KEY}/zero-shot/crate/seed0")
-    assert probe.config["train"]["model_options"]["dim"] == 24
+    assert probe.config["trained"]["train"]["model_options"]["dim"] == 24
     with pytest.raises(ValueError, match=r"row_arch names \['swin'\].*valid rows: \['cbt', 'crate', 'crate_cbt'"):
         seg.row_config({**PLAN, "row_arch": {"swin": {"dim": 8}}}, "crate", 0)
 
@@ -353,3 +353,20 @@ def test_the_decoders_token_count_is_read_from_the_measurement_steps_config_not_
     sec = _summary(tmp_path, recs)
     flops = _by_id(sec)["cbsa-f8-flops"]
     assert "16 tokens here" in flops["gate"]  # (32 / 8)^2 patch tokens, against the paper's thousands
+
+
+def test_a_changed_run_changes_the_hash_of_every_step_that_reads_it():
+    """The store reuses a step by its config's hash alone: a step that reads a run must carry that run's config."""
+
+    def hashes(plan_):
+        return {s.id: s.hash for s in seg.plan_steps(plan_, 0)}
+
+    base = hashes(PLAN)
+    swept = hashes({**PLAN, "lr_sweep": [1e-3, 2e-3]})  # the rows now train at their sweeps' best rates
+    assert swept[f"{KEY}/zero-shot/crate/seed1"] != base[f"{KEY}/zero-shot/crate/seed1"]
+    assert swept[f"{KEY}/decoders/seed1"] == base[f"{KEY}/decoders/seed1"]
+    regrid = hashes({**PLAN, "lr_sweep": [1e-3, 4e-3]})  # another grid: the same "tuned" rate, another run
+    assert regrid[f"{KEY}/zero-shot/crate/seed1"] != swept[f"{KEY}/zero-shot/crate/seed1"]
+    longer = hashes({**PLAN, "decoders": {**PLAN["decoders"], "steps": 3}})
+    assert longer[f"{KEY}/decoders/seed1"] != base[f"{KEY}/decoders/seed1"]
+    assert longer[f"{KEY}/zero-shot/crate/seed1"] == base[f"{KEY}/zero-shot/crate/seed1"]

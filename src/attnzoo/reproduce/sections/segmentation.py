@@ -188,7 +188,8 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             cfg = tuned({"train": row_config(plan, name, s)}, KEY, name, row_lrs(plan, name), "accuracy", True)
             steps.append(Step(tid, KEY, cfg, _train, deps=sweep_deps(cfg), label=_label(tid)))
             zid = seeded_id(f"{KEY}/zero-shot/{name}", s)
-            config = {"experiment": "zero-shot", "source": tid, "train": cfg["train"], **probe}
+            # the run's whole config (its sweep's too): a change to the run changes this step's hash, so it reruns
+            config = {"experiment": "zero-shot", "source": tid, "trained": cfg, **probe}
             steps.append(Step(zid, KEY, config, _zero_shot, deps=(tid,), label=_label(zid)))
         for name in controls_of(plan):
             cid = seeded_id(f"{KEY}/zero-shot-init/{name}", s)
@@ -219,19 +220,20 @@ def _sweep_steps(plan: dict, seed: int) -> list[Step]:
 
 def _decoder_steps(plan: dict, seed: int) -> list[Step]:
     """One seed's decoders: each kind trained (at its sweep's best rate), then both measured together."""
-    dec, steps, runs = plan["decoders"], [], {}
+    dec, steps, runs, trained = plan["decoders"], [], {}, {}
     for kind in DECODERS:
         tid = seeded_id(f"{KEY}/decoders/{kind}", seed)
         cfg = {"train": decoder_config(plan, kind, seed)}
         cfg = tuned(cfg, f"{KEY}/decoders", kind, decoder_lrs(plan), "miou", True)
         steps.append(Step(tid, KEY, cfg, _train_decoder, deps=sweep_deps(cfg), label=_label(tid)))
-        runs[kind] = tid
+        runs[kind], trained[kind] = tid, cfg
     did = seeded_id(f"{KEY}/decoders", seed)
     config = {
         "experiment": "decoders",
         "task_options": plan.get("task_options", {}),
         "encoder_options": dec["encoder_options"],
         "runs": runs,
+        "trained": trained,  # the runs' configs: a changed run changes this step's hash, so it is measured again
         "sigmas": list(dec["sigmas"]),
         "draws": dec["draws"],
         "images": dec["images"],
