@@ -8,6 +8,7 @@ import copy
 import pytest
 
 from attnzoo.reproduce.budgets import BUDGET_NAMES, BUDGETS
+from attnzoo.reproduce.common import SWEEP_SEED_OFFSET, row_lrs, sweep_id
 from attnzoo.reproduce.runner import plan
 from attnzoo.reproduce.sections import segmentation as seg
 from attnzoo.reproduce.sections.segmentation import INIT, KEY
@@ -27,8 +28,10 @@ PLAN = {
         "decoder_depth": 1,
         "steps": 2,
         "batch_size": 8,
+        "lr": 1.0e-3,
         "sigmas": [0.0, 0.1],
         "draws": 1,
+        "images": 16,
     },
 }
 SEEDS = (0, 1, 2)
@@ -215,18 +218,55 @@ def test_every_budget_plans_the_sections_steps(name):
     p = b[KEY]
     ids = {s.id: s for s in steps if s.section == KEY}
     want = set()
+    for m in p["models"]:  # each row's sweep on the sweep seed, at the plan's share of the steps
+        for lr in row_lrs(p, m):
+            sid = sweep_id(f"{KEY}/{m}", lr)
+            want.add(sid)
+            train = ids[sid].config["train"]
+            assert train["lr"] == lr and train["seed"] == SWEEP_SEED_OFFSET and ids[sid].deps == ()
+            assert train["steps"] == max(1, round(p["train"]["steps"] * p.get("sweep_fraction", 1.0)))
+    for kind in seg.DECODERS if p.get("decoders") else ():
+        for lr in seg.decoder_lrs(p):
+            sid = sweep_id(f"{KEY}/decoders/{kind}", lr)
+            want.add(sid)
+            assert ids[sid].config["train"]["lr"] == lr and ids[sid].config["train"]["seed"] == SWEEP_SEED_OFFSET
     for s in range(p["seeds"]):
         for m in p["models"]:
             want |= {f"{KEY}/{m}/seed{s}", f"{KEY}/zero-shot/{m}/seed{s}"}
             assert ids[f"{KEY}/zero-shot/{m}/seed{s}"].deps == (f"{KEY}/{m}/seed{s}",)
-            assert ids[f"{KEY}/{m}/seed{s}"].config["train"]["seed"] == s
+            run = ids[f"{KEY}/{m}/seed{s}"]
+            assert run.config["train"]["seed"] == s
+            # a swept row trains at its sweep's best rate, read when it runs; an unswept one at the plan's rate
+            swept = tuple(sweep_id(f"{KEY}/{m}", lr) for lr in row_lrs(p, m))
+            assert run.deps == swept
+            assert run.config["train"]["lr"] == ("tuned" if swept else p["train"]["lr"])
         want |= {f"{KEY}/zero-shot-init/{m}/seed{s}" for m in p["controls"]}
         if p.get("decoders"):
-            want.add(f"{KEY}/decoders/seed{s}")
+            runs = {kind: f"{KEY}/decoders/{kind}/seed{s}" for kind in seg.DECODERS}
+            want |= {f"{KEY}/decoders/seed{s}", *runs.values()}
+            assert ids[f"{KEY}/decoders/seed{s}"].deps == tuple(runs.values())
+            assert ids[f"{KEY}/decoders/seed{s}"].config["runs"] == runs
+            for kind, rid in runs.items():
+                train = ids[rid].config["train"]
+                assert train["task"] == "scenes_segmentation" and train["seed"] == s
+                assert train["model_options"]["decoder_depth"] == p["decoders"]["decoder_depth"]
+                swept = tuple(sweep_id(f"{KEY}/decoders/{kind}", lr) for lr in seg.decoder_lrs(p))
+                assert ids[rid].deps == swept and (train["lr"] == "tuned") == bool(swept)
     assert set(ids) == want
     if "tost" in p["models"]:  # the overlays are drawn from the first seed only
         firsts = [ids[f"{KEY}/zero-shot/tost/seed{s}"].config["overlays"] > 0 for s in range(p["seeds"])]
         assert firsts == [True] + [False] * (p["seeds"] - 1)
+
+
+def test_the_long_plan_sweeps_every_row_and_both_decoders_and_widens_crate():
+    b, steps = plan("long", 0)
+    p = b[KEY]
+    ids = {s.id for s in steps if s.section == KEY}
+    sweeps = {i for i in ids if "/lr-sweep/" in i}
+    assert len(sweeps) == len(p["models"]) * len(p["lr_sweep"]) + 2 * len(p["decoders"]["lr_sweep"]) == 15
+    crate = next(s for s in steps if s.id == f"{KEY}/crate/seed0").config["train"]["model_options"]
+    hybrid = next(s for s in steps if s.id == f"{KEY}/crate_cbt/seed0").config["train"]["model_options"]
+    assert (crate["dim"], crate["heads"]) == (88, 8) and (hybrid["dim"], hybrid["heads"]) == (64, 4)
 
 
 def test_row_config_keeps_each_presets_own_options_at_the_plans_size():
@@ -242,6 +282,30 @@ def test_row_config_keeps_each_presets_own_options_at_the_plans_size():
         seg.controls_of({**PLAN, "controls": ["swin"]})
 
 
+def test_row_arch_overrides_one_rows_size_and_names_an_unknown_row():
+    plan_ = {**PLAN, "row_arch": {"crate": {"dim": 24, "heads": 4}}}
+    crate = seg.row_config(plan_, "crate", 0)["model_options"]
+    assert (crate["dim"], crate["heads"], crate["depth"], crate["patch_embed"]) == (24, 4, 6, "conv")
+    assert seg.row_config(plan_, "cbt", 0)["model_options"]["dim"] == 16  # the other rows keep the plan's arch
+    steps = seg.plan_steps(plan_, 0)
+    probe = next(s for s in steps if s.id == f"{KEY}/zero-shot/crate/seed0")
+    assert probe.config["trained"]["train"]["model_options"]["dim"] == 24
+    with pytest.raises(ValueError, match=r"row_arch names \['swin'\].*valid rows: \['cbt', 'crate', 'crate_cbt'"):
+        seg.row_config({**PLAN, "row_arch": {"swin": {"dim": 8}}}, "crate", 0)
+
+
+def test_decoder_config_is_the_kinds_preset_at_the_plans_encoder_and_decoder_sizes():
+    plan_ = {**PLAN, "decoders": {**PLAN["decoders"], "lr": 3e-3, "warmup_steps": 1}}
+    cbsa, mt = (seg.decoder_config(plan_, k, 5) for k in ("cbsa", "mask_transformer"))
+    assert (cbsa["model"], mt["model"]) == ("cbsa_decoder_vit_s", "segmenter_vit_s")
+    for cfg in (cbsa, mt):
+        assert cfg["model_options"] == {"dim": 16, "depth": 1, "heads": 4, "patch_size": 8, "decoder_depth": 1}
+        assert cfg["task_options"] == {"n_train": 64, "n_val": 32} and cfg["task"] == "scenes_segmentation"
+        assert (cfg["steps"], cfg["batch_size"], cfg["lr"], cfg["warmup_steps"], cfg["seed"]) == (2, 8, 3e-3, 1, 5)
+    with pytest.raises(ValueError, match=r"encoder 'swin_t' is not one the decoder presets build; valid: \['vit_s'\]"):
+        seg.decoder_config({**PLAN, "decoders": {**PLAN["decoders"], "encoder": "swin_t"}}, "cbsa", 0)
+
+
 def test_long_budget_runs_three_seeds_and_smoke_two():
     assert BUDGETS["long"][KEY]["seeds"] == 3 and BUDGETS["smoke"][KEY]["seeds"] == 2
     assert BUDGETS["default"][KEY]["models"] == [] and not BUDGETS["default"][KEY].get("decoders")  # 30 minutes
@@ -255,3 +319,54 @@ def test_without_a_learning_rate_sweep_every_comparison_is_held_back_as_not_tune
     assert compared and all(f["verdict"] == "inconclusive" and "not tuned" in f["gate_reasons"] for f in compared)
     assert all(f["ungated_verdict"] == "agrees" for f in compared)
     assert all("require_tuned" not in b.get("segmentation", {}) for b in BUDGETS.values())
+
+
+def test_a_sweep_lifts_the_not_tuned_gate_of_the_comparisons_it_tunes_only(tmp_path):
+    untuned = {k: v for k, v in PLAN.items() if k != "require_tuned"}
+    rows_swept = {**untuned, "lr_sweep": [1e-3, 2e-3]}
+    f = _by_id(_summary(tmp_path, _records(AGREEING), rows_swept))
+    decoders = {"cbsa-f8-miou", "cbsa-f8-robust"}
+    for cid, x in f.items():
+        if not x.get("claim_type"):
+            continue
+        if cid in decoders:  # the decoders train at one rate still
+            assert x["verdict"] == "inconclusive" and "not tuned" in x["gate_reasons"], cid
+            assert "decoders" in x["gate"]
+        else:
+            assert x["verdict"] == "agrees", cid
+    both = {**rows_swept, "decoders": {**PLAN["decoders"], "lr_sweep": [1e-3, 2e-3]}}
+    f = _by_id(_summary(tmp_path, _records(AGREEING), both))
+    assert all(x["verdict"] == "agrees" for x in f.values()), {k: x["verdict"] for k, x in f.items()}
+
+
+def test_the_decoders_token_count_is_read_from_the_measurement_steps_config_not_a_training_runs(tmp_path):
+    recs = {
+        # a decoder's training run, stored first: its config has no encoder options
+        f"{KEY}/decoders/cbsa/seed0": {"section": KEY, "result": {"miou": 0.5}, "config": {"train": {}}},
+        **_records(AGREEING),
+    }
+    for s in SEEDS:
+        recs[f"{KEY}/decoders/seed{s}"]["config"] = {
+            "task_options": {"img_size": 32},
+            "encoder_options": {"patch_size": 8},
+        }
+    sec = _summary(tmp_path, recs)
+    flops = _by_id(sec)["cbsa-f8-flops"]
+    assert "16 tokens here" in flops["gate"]  # (32 / 8)^2 patch tokens, against the paper's thousands
+
+
+def test_a_changed_run_changes_the_hash_of_every_step_that_reads_it():
+    """The store reuses a step by its config's hash alone: a step that reads a run must carry that run's config."""
+
+    def hashes(plan_):
+        return {s.id: s.hash for s in seg.plan_steps(plan_, 0)}
+
+    base = hashes(PLAN)
+    swept = hashes({**PLAN, "lr_sweep": [1e-3, 2e-3]})  # the rows now train at their sweeps' best rates
+    assert swept[f"{KEY}/zero-shot/crate/seed1"] != base[f"{KEY}/zero-shot/crate/seed1"]
+    assert swept[f"{KEY}/decoders/seed1"] == base[f"{KEY}/decoders/seed1"]
+    regrid = hashes({**PLAN, "lr_sweep": [1e-3, 4e-3]})  # another grid: the same "tuned" rate, another run
+    assert regrid[f"{KEY}/zero-shot/crate/seed1"] != swept[f"{KEY}/zero-shot/crate/seed1"]
+    longer = hashes({**PLAN, "decoders": {**PLAN["decoders"], "steps": 3}})
+    assert longer[f"{KEY}/decoders/seed1"] != base[f"{KEY}/decoders/seed1"]
+    assert longer[f"{KEY}/zero-shot/crate/seed1"] == base[f"{KEY}/zero-shot/crate/seed1"]

@@ -6,9 +6,11 @@ train on the ``scenes`` task; one analysis step per trained run scores the thres
 layer against the scenes' exact masks (:func:`attnzoo.analysis.segment.zero_shot_segmentation`: per layer the best
 head, Table 6; per target the best over layers and heads, Table 5). The same analysis of an untrained ToST and hybrid
 (the trained runs' architectures and seeds, no step taken) is the control: what a map shows before any training. Per
-seed, both Fig. 8 decoders are fitted on one encoder configuration
-(:func:`attnzoo.analysis.segment_decoders.compare_decoders`): mIoU, decoder FLOPs and the mIoU under Gaussian noise on
-the decoder's attention parameters.
+seed, both Fig. 8 decoders train with ``attnzoo train`` (presets ``scenes_cbsa_decoder_small``,
+``scenes_segmenter_small``) on one encoder configuration, then one step measures both
+(:func:`attnzoo.analysis.segment_decoders.sweep_runs`): mIoU, decoder FLOPs and the mIoU under Gaussian noise on the
+decoder's attention parameters. With an ``lr_sweep`` (``decoders.lr_sweep``) every classifier (decoder) trains at the
+best rate of its own sweep, run on the sweep seed before the reported seeds.
 """
 
 from __future__ import annotations
@@ -19,16 +21,23 @@ from attnzoo.data.scenes import SceneSpec
 from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
+    SWEEP_SEED_OFFSET,
     Context,
     Section,
     Table,
+    check_sweep_extra,
     fmt,
     load_trained,
     num_params,
     per_seed,
+    row_lrs,
     seed_list,
     seeded_id,
+    sweep_deps,
+    sweep_id,
+    sweep_train,
     train_run,
+    tuned,
 )
 from attnzoo.reproduce.pipeline import Evidence, compared, judge
 from attnzoo.reproduce.store import Step
@@ -65,6 +74,10 @@ RANKING = (("crate_cbt", "crate"), ("crate", "cbt"), ("cbt", "tost"))
 TARGETS = ("foreground", "background", "boundary")
 #: the Fig. 8 decoders: the kind :func:`build_segmenter` takes -> how the report names it
 DECODERS = {"mask_transformer": "Segmenter (softmax mask transformer)", "cbsa": "CBSA layers, no feed-forward"}
+#: decoder kind -> the ``attnzoo train`` preset that trains it (both on a ``vit_s`` encoder)
+DECODER_PRESETS = {"mask_transformer": "scenes_segmenter_small", "cbsa": "scenes_cbsa_decoder_small"}
+#: the encoder both decoder presets build
+DECODER_ENCODER = "vit_s"
 
 #: a classifier learned the scenes when its accuracy clears chance (10 classes) by this many points
 CHANCE = 10.0
@@ -94,18 +107,60 @@ def controls_of(plan: dict) -> list[str]:
     return names
 
 
-def row_config(plan: dict, name: str, seed: int) -> dict:
-    """The training config of ``name``: its preset, at the plan's data, size and optimisation, seeded ``seed``."""
+def _preset(name: str) -> dict:
+    """An ``attnzoo train`` preset without the keys the section sets itself (the curve points and checkpoints come
+    from :func:`train_run`)."""
     from attnzoo.train.config import preset_path, read_yaml
 
-    cfg = dict(read_yaml(preset_path(MODELS[name][0])))
+    cfg = dict(read_yaml(preset_path(name)))
     for k in ("description", "eval_every", "ckpt_every", "log_every"):
-        cfg.pop(k, None)  # the report's curve points and checkpoints come from train_run; the plan sets logging
+        cfg.pop(k, None)
+    return cfg
+
+
+def row_arch(plan: dict, name: str) -> dict:
+    """Row ``name``'s architecture overrides (``plan["row_arch"]``), every entry checked to name a row of the plan."""
+    overrides = plan.get("row_arch", {})
+    rows = sorted(set(models_of(plan)) | set(controls_of(plan)))
+    unknown = sorted(set(overrides) - set(rows))
+    if unknown:
+        raise ValueError(f"row_arch names {unknown}, not rows of this segmentation plan; valid rows: {rows}")
+    return dict(overrides.get(name, {}))
+
+
+def row_config(plan: dict, name: str, seed: int) -> dict:
+    """The training config of ``name``: its preset, at the plan's data, size (``arch``, then the row's ``row_arch``)
+    and optimisation, seeded ``seed``."""
+    cfg = _preset(MODELS[name][0])
     cfg["task_options"] = {**cfg["task_options"], **plan.get("task_options", {})}
-    cfg["model_options"] = {**cfg["model_options"], **plan["arch"]}
+    cfg["model_options"] = {**cfg["model_options"], **plan["arch"], **row_arch(plan, name)}
     cfg.update(plan["train"])
     cfg.update(seed=seed, amp="off", compile=False, keep_checkpoints=1)
     return cfg
+
+
+def decoder_config(plan: dict, kind: str, seed: int) -> dict:
+    """The training config of the ``kind`` decoder: its preset at the plan's task options, the decoders' encoder
+    options and depth, steps, batch, rate and warm-up, seeded ``seed``."""
+    dec = plan["decoders"]
+    encoder = dec.get("encoder", DECODER_ENCODER)
+    if encoder != DECODER_ENCODER:
+        raise ValueError(
+            f"segmentation decoders' encoder {encoder!r} is not one the decoder presets build; valid: "
+            f"[{DECODER_ENCODER!r}]"
+        )
+    cfg = _preset(DECODER_PRESETS[kind])
+    cfg["task_options"] = {**cfg["task_options"], **plan.get("task_options", {})}
+    options = {**dec["encoder_options"], "decoder_depth": dec["decoder_depth"]}
+    cfg["model_options"] = {**cfg["model_options"], **options}
+    cfg.update(steps=dec["steps"], batch_size=dec["batch_size"], lr=dec["lr"])
+    cfg.update(warmup_steps=dec.get("warmup_steps", 0), seed=seed, amp="off", compile=False, keep_checkpoints=1)
+    return cfg
+
+
+def decoder_lrs(plan: dict) -> list[float]:
+    """The decoders' learning-rate grid (``decoders.lr_sweep``), ascending; empty when nothing is swept."""
+    return sorted(set((plan.get("decoders") or {}).get("lr_sweep", [])))
 
 
 def _probe(plan: dict, overlays: bool) -> dict:
@@ -116,26 +171,75 @@ def _probe(plan: dict, overlays: bool) -> dict:
     }
 
 
+def _label(sid: str) -> str:
+    return sid.split("/", 1)[1]
+
+
 def plan_steps(plan: dict, seed: int) -> list[Step]:
-    """Per seed: each model's training and its zero-shot analysis, the untrained controls' analysis, the decoders."""
-    steps: list[Step] = []
+    """The learning-rate sweeps, then per seed: each model's training and its zero-shot analysis, the untrained
+    controls' analysis, both decoders' training and their measurement."""
+    names = models_of(plan)
+    check_sweep_extra(plan, names)
+    steps = _sweep_steps(plan, seed)
     for s in seed_list(plan, seed):
         probe = _probe(plan, s == seed)  # the overlays are drawn from the first seed's maps
-        for name in models_of(plan):
-            train = row_config(plan, name, s)
+        for name in names:
             tid = seeded_id(f"{KEY}/{name}", s)
-            steps.append(Step(tid, KEY, {"train": train}, _train, label=tid.split("/", 1)[1]))
+            cfg = tuned({"train": row_config(plan, name, s)}, KEY, name, row_lrs(plan, name), "accuracy", True)
+            steps.append(Step(tid, KEY, cfg, _train, deps=sweep_deps(cfg), label=_label(tid)))
             zid = seeded_id(f"{KEY}/zero-shot/{name}", s)
-            config = {"experiment": "zero-shot", "source": tid, "train": train, **probe}
-            steps.append(Step(zid, KEY, config, _zero_shot, deps=(tid,), label=zid.split("/", 1)[1]))
+            # the run's whole config (its sweep's too): a change to the run changes this step's hash, so it reruns
+            config = {"experiment": "zero-shot", "source": tid, "trained": cfg, **probe}
+            steps.append(Step(zid, KEY, config, _zero_shot, deps=(tid,), label=_label(zid)))
         for name in controls_of(plan):
             cid = seeded_id(f"{KEY}/zero-shot-init/{name}", s)
             config = {"experiment": "zero-shot-init", "train": row_config(plan, name, s), **probe}
-            steps.append(Step(cid, KEY, config, _zero_shot_init, label=cid.split("/", 1)[1]))
+            steps.append(Step(cid, KEY, config, _zero_shot_init, label=_label(cid)))
         if plan.get("decoders"):
-            did = seeded_id(f"{KEY}/decoders", s)
-            config = {"experiment": "decoders", "task_options": plan.get("task_options", {}), **plan["decoders"]}
-            steps.append(Step(did, KEY, dict(config, seed=s), _decoders, label=did.split("/", 1)[1]))
+            steps += _decoder_steps(plan, s)
+    return steps
+
+
+def _sweep_steps(plan: dict, seed: int) -> list[Step]:
+    """Each model's and each decoder's runs at every rate of its grid, on the sweep seed and the plan's
+    ``sweep_fraction`` of the steps; the seeds' runs train at the best of them."""
+    steps = []
+    for name in models_of(plan):
+        for lr in row_lrs(plan, name):
+            sid = sweep_id(f"{KEY}/{name}", lr)
+            train = sweep_train(dict(row_config(plan, name, seed + SWEEP_SEED_OFFSET), lr=lr), plan)
+            steps.append(Step(sid, KEY, {"train": train}, _train, label=_label(sid)))
+    if plan.get("decoders"):
+        for kind in DECODERS:
+            for lr in decoder_lrs(plan):
+                sid = sweep_id(f"{KEY}/decoders/{kind}", lr)
+                train = sweep_train(dict(decoder_config(plan, kind, seed + SWEEP_SEED_OFFSET), lr=lr), plan)
+                steps.append(Step(sid, KEY, {"train": train}, _train_decoder, label=_label(sid)))
+    return steps
+
+
+def _decoder_steps(plan: dict, seed: int) -> list[Step]:
+    """One seed's decoders: each kind trained (at its sweep's best rate), then both measured together."""
+    dec, steps, runs, trained = plan["decoders"], [], {}, {}
+    for kind in DECODERS:
+        tid = seeded_id(f"{KEY}/decoders/{kind}", seed)
+        cfg = {"train": decoder_config(plan, kind, seed)}
+        cfg = tuned(cfg, f"{KEY}/decoders", kind, decoder_lrs(plan), "miou", True)
+        steps.append(Step(tid, KEY, cfg, _train_decoder, deps=sweep_deps(cfg), label=_label(tid)))
+        runs[kind], trained[kind] = tid, cfg
+    did = seeded_id(f"{KEY}/decoders", seed)
+    config = {
+        "experiment": "decoders",
+        "task_options": plan.get("task_options", {}),
+        "encoder_options": dec["encoder_options"],
+        "runs": runs,
+        "trained": trained,  # the runs' configs: a changed run changes this step's hash, so it is measured again
+        "sigmas": list(dec["sigmas"]),
+        "draws": dec["draws"],
+        "images": dec["images"],
+        "seed": seed,
+    }
+    steps.append(Step(did, KEY, config, _decoders, deps=tuple(runs.values()), label=_label(did)))
     return steps
 
 
@@ -143,12 +247,27 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
 
 
 def _train(ctx: Context, step: Step) -> dict:
-    rec = train_run(ctx, step.id, step.config["train"])
+    rec = train_run(ctx, step.id, step.config["train"], sweep=step.config.get("sweep"))
     return {
         "accuracy": rec["val"].get("accuracy"),
         "val_loss": rec["val"].get("loss"),
         "params": num_params(load_trained(rec["run_dir"])),
         "run_dir": rec["run_dir"],
+        "lr": rec["lr"],
+        "curve": rec["curve"],
+        "val_curve": rec["val_curve"],
+    }
+
+
+def _train_decoder(ctx: Context, step: Step) -> dict:
+    """One decoder trained by ``attnzoo train`` on ``scenes_segmentation``: its whole-validation-set mIoU."""
+    rec = train_run(ctx, step.id, step.config["train"], sweep=step.config.get("sweep"))
+    return {
+        "miou": rec["val"].get("miou"),
+        "pixel_accuracy": rec["val"].get("pixel_accuracy"),
+        "val_loss": rec["val"].get("loss"),
+        "run_dir": rec["run_dir"],
+        "lr": rec["lr"],
         "curve": rec["curve"],
         "val_curve": rec["val_curve"],
     }
@@ -209,36 +328,29 @@ def _overlay_data(model, scenes, n: int, mass: float) -> dict:
     return {"pixels": pixels.tolist(), "foreground": fg.numpy().astype(np.uint8).tolist(), "layers": layers}
 
 
-def _decoders(_ctx: Context, step: Step) -> dict:
-    """CBSA Fig. 8 on scenes: both decoders fitted on one encoder configuration, and the all-background reference."""
-    import torch
-
+def _decoders(ctx: Context, step: Step) -> dict:
+    """CBSA Fig. 8 on scenes: both trained decoders measured on the same validation scenes (mIoU, decoder FLOPs and
+    parameters, the noise sweep), and the all-background reference."""
     from attnzoo.analysis.io import to_jsonable
-    from attnzoo.analysis.segment_decoders import compare_decoders, confusion_matrix, mean_iou
-    from attnzoo.data import build_task
+    from attnzoo.analysis.segment_decoders import sweep_runs
 
     cfg = step.config
-    task = build_task("scenes", **cfg["task_options"])
-    images = min(cfg["images"], len(task.val))
-    res = compare_decoders(
-        task.train,
-        task.val,
-        encoder=cfg["encoder"],
-        encoder_options=dict(cfg["encoder_options"]),
-        decoder_depth=cfg["decoder_depth"],
-        steps=cfg["steps"],
-        batch_size=cfg["batch_size"],
-        lr=cfg["lr"],
-        sigmas=tuple(cfg["sigmas"]),
-        draws=cfg["draws"],
-        images=images,
-        seed=cfg["seed"],
-    )
-    # what predicting background everywhere scores: a decoder that does not beat it learned nothing
-    target = task.val.masks(np.arange(images))["semantic"]
-    ncls = int(task.train.sources[1].max()) + 2
-    res["background_miou"] = mean_iou(confusion_matrix(torch.zeros_like(target), target, ncls))
+    runs = [ctx.store.run_dir(cfg["runs"][kind]) for kind in ("cbsa", "mask_transformer")]
+    res = sweep_runs(runs, list(cfg["sigmas"]), draws=cfg["draws"], images=cfg["images"], seed=cfg["seed"])
+    res["background_miou"] = _background_miou(runs[0], cfg["images"])
     return to_jsonable(res)
+
+
+def _background_miou(run, images: int) -> float:
+    """What predicting background everywhere scores on the run's first ``images`` validation scenes (classes and
+    background): a decoder that does not beat it learned nothing."""
+    import torch
+
+    from attnzoo.analysis.segment_decoders import confusion_matrix, load_segmenter_run, mean_iou
+
+    model, scenes = load_segmenter_run(run)
+    target = scenes.masks(np.arange(min(images, len(scenes))))["semantic"]
+    return mean_iou(confusion_matrix(torch.zeros_like(target), target, model.config.num_classes))
 
 
 # ---- summary ------------------------------------------------------------------------------------------------
@@ -296,7 +408,8 @@ def _decoder_stats(records: dict) -> dict | None:
     rs = per_seed(records, f"{KEY}/decoders")
     if not rs:
         return None
-    cfg = next((r.get("config") for sid, r in records.items() if sid.startswith(f"{KEY}/decoders/")), None)
+    prefix = f"{KEY}/decoders/seed"  # the measurement steps, not the decoders' training runs
+    cfg = next((r.get("config") for sid, r in records.items() if sid.removeprefix(prefix).isdigit()), None)
     out = {"background_miou": 100.0 * float(np.mean([r["background_miou"] for r in rs])), "seeds": len(rs)}
     out["tokens"] = None  # the decoder's patch tokens, where the step's config says them
     if cfg:
@@ -341,11 +454,23 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         ev.unlearned = _unlearned(res, dec)
         if ev.unlearned:
             sec.notes.append("did not learn: " + "; ".join(ev.unlearned.values()))
-    if plan.get("require_tuned", True):  # every row trains at the budget's one rate: none is shown tuned
-        why = "not tuned: the rows train at the budget's one rate, without a sweep"
-        ev.gates += [(f, "not tuned", why) for f in sec.findings if compared(f)]
+    if plan.get("require_tuned", True):
+        ev.gates += _untuned_gates(sec.findings, plan)
     judge(sec.findings, ev)
     return sec
+
+
+def _untuned_gates(findings: list[Finding], plan: dict) -> list:
+    """Without a learning-rate sweep the compared rows train at the budget's one rate: none is shown tuned. The
+    classifiers' comparisons read the plan's ``lr_sweep``, the decoders' its ``decoders.lr_sweep``."""
+    gates = []
+    if not plan.get("lr_sweep"):
+        why = "not tuned: the classifiers train at the budget's one rate, without a sweep"
+        gates += [(f, "not tuned", why) for f in findings if compared(f) and f.a_name not in DECODERS]
+    if not decoder_lrs(plan):
+        why = "not tuned: the decoders train at the budget's one rate, without a sweep"
+        gates += [(f, "not tuned", why) for f in findings if compared(f) and f.a_name in DECODERS]
+    return gates
 
 
 def _get(res: dict, name: str, key: str):
@@ -577,37 +702,56 @@ def _decoder_table(dec: dict) -> Table:
         )
     ratio = dec["cbsa"]["flops"] / dec["mask_transformer"]["flops"]
     caption = (
-        f"Both decoders on one ViT encoder configuration, fitted from the same initial encoder (per-pixel "
-        f"cross-entropy on the scenes' semantic maps); mIoU over the object classes and background, mean ± std over "
-        f"{dec['seeds']} seeds; at each σ, the mean over the seeds of the mean over the noise draws (N(0, σ²) added "
-        f"to every parameter of the decoder's attention layers). Predicting background everywhere scores "
-        f"{dec['background_miou']:.1f}. CBSA / Segmenter decoder FLOPs: {ratio:.1%} (paper: 20%, and 0.06% of the "
-        "pairwise similarities; the decoders here do not count similarities). Paper (CBSA Fig. 8, ADE20K): the best "
-        "CBT decoder +1.5 mIoU over Segmenter; under noise CBSA stays nearly flat while Segmenter collapses."
+        f"Both decoders on one ViT encoder configuration, trained by `attnzoo train` from the same initial encoder "
+        f"(one seed builds both; per-pixel cross-entropy on the scenes' semantic maps); mIoU over the object classes "
+        f"and background, mean ± std over {dec['seeds']} seeds; at each σ, the mean over the seeds of the mean over "
+        f"the noise draws (N(0, σ²) added to every parameter of the decoder's attention layers). Predicting "
+        f"background everywhere scores {dec['background_miou']:.1f}. CBSA / Segmenter decoder FLOPs: {ratio:.1%} "
+        "(paper: 20%, and 0.06% of the pairwise similarities; the decoders here do not count similarities). Paper "
+        "(CBSA Fig. 8, ADE20K): the best CBT decoder +1.5 mIoU over Segmenter; under noise CBSA stays nearly flat "
+        "while Segmenter collapses."
     )
     return Table("Segmentation decoders (CBSA Fig. 8)", heads, rows, caption)
+
+
+def _rate(lrs: list[float], lr: float, fraction: float) -> str:
+    """How a run's learning rate was chosen, in words."""
+    if not lrs:
+        return f"lr {lr:g}, not tuned"
+    share = f", {fraction:.0%} of the steps" if fraction < 1 else ""
+    grid = ", ".join(f"{x:g}" for x in lrs)
+    return f"each at the best rate of its own sweep over {grid} on the sweep seed (base + {SWEEP_SEED_OFFSET}{share})"
 
 
 def _intro(plan: dict) -> str:
     arch, tr, opts = plan["arch"], plan["train"], plan.get("task_options", {})
     n = plan.get("seeds", 1)
-    dec = plan.get("decoders")
+    frac = plan.get("sweep_fraction", 1.0)
+    lrs = sorted(set(plan.get("lr_sweep", [])))
+    wider = "; ".join(
+        f"{name} at " + ", ".join(f"{k} {v}" for k, v in over.items())
+        for name, over in plan.get("row_arch", {}).items()
+    )
     text = (
-        f"Scenes of 1-3 objects with exact masks (`scenes`, {opts.get('n_train', 10000):,} training scenes); each "
-        f"classifier ({', '.join(models_of(plan))}) is its `scenes_*_small` preset at width {arch['dim']}, depth "
-        f"{arch['depth']}, {arch['heads']} heads, patch {arch['patch_size']}, trained {tr['steps']} steps of batch "
-        f"{tr['batch_size']} (lr {tr['lr']}), {n} seed{'s' if n > 1 else ''}. Every attention layer's [CLS] map "
-        f"(CBSA: the [CLS] row of A_k A_kᵀ, Fig. 7; TSSA: its memberships Π; class attention: the [CLS] query's map) "
-        f"keeps the patches holding the top {plan.get('mass', 0.6):.0%} of its mass (DINO's rule) and is scored on "
-        f"the first {plan.get('images', 128)} validation scenes. Controls: the untrained "
+        f"Scenes of {opts.get('min_objects', 1)}-{opts.get('max_objects', 3)} objects with exact masks (`scenes`, "
+        f"{opts.get('n_train', 10000):,} training scenes); each classifier ({', '.join(models_of(plan))}) is its "
+        f"`scenes_*_small` preset at width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, patch "
+        f"{arch['patch_size']}" + (f" ({wider})" if wider else "") + f", trained {tr['steps']} steps of batch "
+        f"{tr['batch_size']} ({_rate(lrs, tr['lr'], frac)}), {n} seed{'s' if n > 1 else ''}. Every attention "
+        f"layer's [CLS] map (CBSA: the [CLS] row of A_k A_kᵀ, Fig. 7; TSSA: its memberships Π; class attention: the "
+        f"[CLS] query's map) keeps the patches holding the top {plan.get('mass', 0.6):.0%} of its mass (DINO's rule) "
+        f"and is scored on the first {plan.get('images', 128)} validation scenes. Controls: the untrained "
         f"{', '.join(controls_of(plan))} (same architecture and seed)."
     )
+    dec = plan.get("decoders")
     if dec:
         text += (
-            f" Decoders (Fig. 8): a {dec['encoder']} encoder (width {dec['encoder_options'].get('dim')}, depth "
-            f"{dec['encoder_options'].get('depth')}) with a {dec['decoder_depth']}-layer decoder of either kind, "
-            f"fitted {dec['steps']} steps of batch {dec['batch_size']}; noise σ in {list(dec['sigmas'])}, "
-            f"{dec['draws']} draws each."
+            f" Decoders (Fig. 8): a {dec.get('encoder', DECODER_ENCODER)} encoder (width "
+            f"{dec['encoder_options'].get('dim')}, depth {dec['encoder_options'].get('depth')}) with a "
+            f"{dec['decoder_depth']}-layer decoder of either kind (`attnzoo train` "
+            f"{' / '.join(DECODER_PRESETS.values())}), trained {dec['steps']} steps of batch {dec['batch_size']} "
+            f"({_rate(decoder_lrs(plan), dec['lr'], frac)}); noise σ in {list(dec['sigmas'])}, {dec['draws']} draws "
+            "each."
         )
     return text
 
