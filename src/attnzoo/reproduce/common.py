@@ -436,6 +436,12 @@ def check_sweep_extra(plan: dict, rows: Sequence[str]) -> None:
         raise ValueError(f"lr_sweep_extra names rows {unknown} that are not swept here; valid: {sorted(rows)}")
 
 
+def check_row_arch(plan: dict, rows: Sequence[str]) -> None:
+    """A ``row_arch`` entry (a row's own model options) must name a row of the section's plan."""
+    if unknown := sorted(set(plan.get("row_arch", {})) - set(rows)):
+        raise ValueError(f"row_arch names rows {unknown} that are not rows of this plan; rows: {list(rows)}")
+
+
 def sweep_id(base: str, lr: float) -> str:
     """Step id of one learning rate of row ``base``'s sweep (e.g. ``vision/vit/lr-sweep/lr0.002``)."""
     return f"{base}/lr-sweep/lr{lr:g}"

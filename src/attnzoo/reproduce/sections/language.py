@@ -23,6 +23,7 @@ from attnzoo.reproduce.common import (
     ModelRow,
     Section,
     Table,
+    check_row_arch,
     check_sweep_extra,
     fmt,
     load_trained,
@@ -125,8 +126,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     ]
     rows = rows_of(plan) + longer_rows(plan)
     check_sweep_extra(plan, rows_of(plan))
-    if unknown := sorted(set(plan.get("row_arch", {})) - set(rows_of(plan))):
-        raise ValueError(f"row_arch names rows {unknown} that are not rows of this plan; rows: {rows_of(plan)}")
+    check_row_arch(plan, rows_of(plan))
     # the sweep first: every seed run then trains at its row's best swept rate (a run at twice the steps at its
     # row's)
     runs = [

@@ -20,6 +20,7 @@ from attnzoo.reproduce.common import (
     ModelRow,
     Section,
     Table,
+    check_row_arch,
     check_sweep_extra,
     fmt,
     load_trained,
@@ -291,9 +292,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     # the sweeps first: every seed run trains at its row's best swept rate, read when it runs
     steps = []
     check_sweep_extra(plan, sweep_rows(plan))
-    unknown = sorted(set(plan.get("row_arch", {})) - set(rows_of(plan)))
-    if unknown:
-        raise ValueError(f"row_arch names rows {unknown} that are not rows of this plan; rows: {rows_of(plan)}")
+    check_row_arch(plan, rows_of(plan))
     for name in sweep_rows(plan):
         for lr in row_lrs(plan, name):
             swept = {**plan, "train": {**sweep_train(plan["train"], plan), "lr": lr}}
