@@ -58,7 +58,8 @@ def test_adapt_cli_curve_second_corpus_and_generation(one_thread, tmp_path, tiny
     gen = whole["generation"]
     assert [r["context"] for r in gen["teacher"]] == [8, 24] == [r["context"] for r in gen["student"]]
     assert all(r["decode_tokens_per_s"] > 0 and r["prefill_s"] > 0 for rows in gen.values() for r in rows)
-    assert "generation student context    24" in capsys.readouterr().out
+    assert all(r["decode_s_per_token"] == pytest.approx(1 / r["decode_tokens_per_s"]) for r in gen["student"])
+    assert "generation student  prompt     24: prefill" in capsys.readouterr().out
 
     def eval_rows(run):
         with open(tmp_path / run / "metrics.csv", newline="") as f:
@@ -103,11 +104,13 @@ def test_adapt_cli_errors(tmp_path, tiny_gguf, capsys):
     assert "--option takes key=value" in capsys.readouterr().err
     base = ["adapt", "--model", "x", "--mechanism", "tssa", "--out", "y"]
     assert main(base + ["--also-eval", "shakespeare"]) == 2
-    assert "--also-eval shakespeare is the --data corpus itself" in capsys.readouterr().err
-    assert main(base + ["--gen-contexts", "8,x"]) == 2
-    assert "--gen-contexts takes a comma list of positive integers, got '8,x'" in capsys.readouterr().err
-    assert main(_args(tiny_gguf, tmp_path / "d", "--gen-contexts", "64")) == 1
-    assert "--gen-contexts up to 64 needs at least that many --eval-tokens" in capsys.readouterr().err
+    assert "--also-eval plays is already in --data (evaluated there)" in capsys.readouterr().err
+    assert main(base + ["--prompt-lengths", "8,x"]) == 2
+    assert (
+        "--prompt-lengths takes a comma list of positive integers or max, got 'x' in '8,x'" in capsys.readouterr().err
+    )
+    assert main(_args(tiny_gguf, tmp_path / "d", "--prompt-lengths", "8,65")) == 1
+    assert "--prompt-lengths [65] exceed the model's longest context 64 (max)" in capsys.readouterr().err
 
 
 def test_adapt_cli_transformers_directory(one_thread, tmp_path, tiny_gguf, capsys):

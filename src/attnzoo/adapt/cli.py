@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 MODEL_HELP = (
     "smollm2 (the GGUF installed by scripts/install_models.sh), gguf:PATH (a Llama-family GGUF file), a local "
@@ -36,14 +37,16 @@ def _option(text: str) -> tuple[str, Any]:
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from attnzoo.adapt.text import TEXT_SOURCES
-
     p = argparse.ArgumentParser(prog="attnzoo adapt", description=__doc__.split("\n")[0].partition(": ")[2])
     p.add_argument("--model", required=True, help=MODEL_HELP)
     p.add_argument("--mechanism", required=True, help="the attnzoo mechanism to adapt into (causal form)")
     p.add_argument("--option", action="append", type=_option, default=[], help="mechanism option key=value")
     p.add_argument(
-        "--data", default=None, choices=TEXT_SOURCES, help="offline training/held-out text (default shakespeare)"
+        "--data",
+        default=None,
+        help="the training mixture: a comma list of CORPUS[:WEIGHT], CORPUS one of plays (alias shakespeare), imdb, "
+        "pydocs or a path to a UTF-8 text file, WEIGHT > 0 (default 1); e.g. plays:1,imdb:1,./my.txt:0.5 "
+        "(default plays). Each corpus's held-out part is never trained on (docs/adapt.md)",
     )
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
@@ -70,15 +73,25 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--also-eval",
         default=None,
-        choices=TEXT_SOURCES,
-        help="a second held-out corpus, reported as <name>_perplexity beside --data's (e.g. imdb)",
+        help="held-out corpora evaluated but not trained on (a comma list of corpora or files, as in --data, "
+        "without weights), reported as <name>_perplexity beside --data's (e.g. imdb)",
     )
     p.add_argument(
-        "--gen-contexts",
-        default="",
-        help="after the run, time greedy generation of teacher and student after prompts of these lengths "
-        "(comma list, e.g. 128,512,1024; held-out tokens), into results.json's 'generation'",
+        "--control",
+        action="store_true",
+        help="also fine-tune the teacher itself (softmax kept) with the same fine-tuning steps, rate and batches, "
+        "in OUT/control: the control every per-corpus perplexity is compared with",
     )
+    p.add_argument(
+        "--prompt-lengths",
+        "--gen-contexts",
+        dest="prompt_lengths",
+        default="",
+        help="after the run, time prefill and per-token greedy decoding of the teacher, the control and the student "
+        "after prompts of these lengths (comma list of integers or max, the model's longest context, e.g. "
+        "1024,2048,4096,max; held-out tokens), into results.json's 'generation'",
+    )
+    p.add_argument("--decode-tokens", type=int, default=16, help="tokens generated per timed prompt (>= 2)")
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--stop-after", type=int, default=None, help="stop (with a checkpoint) after this step")
     p.add_argument("--seed", type=int, default=0)
@@ -92,17 +105,38 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("eval_tokens", "eval_batches", "threads", "eval_every"):
         if getattr(a, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
-    try:
-        a.gen_contexts = [int(c) for c in a.gen_contexts.split(",") if c.strip()]
-    except ValueError:
-        p.error(f"--gen-contexts takes a comma list of positive integers, got {a.gen_contexts!r}")
-    if any(c < 1 for c in a.gen_contexts):
-        p.error(f"--gen-contexts takes positive integers, got {a.gen_contexts}")
-    if a.model.startswith("run:") and (a.also_eval or a.gen_contexts):
-        p.error("--also-eval and --gen-contexts apply to language models (not run:DIR)")
-    if a.also_eval is not None and a.also_eval == (a.data or "shakespeare"):
-        p.error(f"--also-eval {a.also_eval} is the --data corpus itself; name the other one")
+    a.prompt_lengths = _prompt_lengths(p, a.prompt_lengths)
+    if a.decode_tokens < 2:
+        p.error(f"--decode-tokens must be >= 2 (the first token, then at least one decoded), got {a.decode_tokens}")
+    if a.model.startswith("run:") and (a.also_eval or a.prompt_lengths or a.control):
+        p.error("--also-eval, --control and --prompt-lengths apply to language models (not run:DIR)")
+    if a.control and a.finetune_steps == 0:
+        p.error("--control fine-tunes the teacher for --finetune-steps steps; give --finetune-steps > 0")
+    if not a.model.startswith("run:"):
+        try:
+            a.corpora, a.extra_corpora = _corpora(a)
+        except ValueError as e:
+            p.error(str(e))
     return a
+
+
+def _prompt_lengths(p: argparse.ArgumentParser, text: str) -> list[int | str]:
+    """``--prompt-lengths`` as a list of positive integers and ``"max"``."""
+    out: list[int | str] = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        if item == "max":
+            out.append(item)
+            continue
+        try:
+            value = int(item)
+        except ValueError:
+            value = 0
+        if value < 1:
+            p.error(f"--prompt-lengths takes a comma list of positive integers or max, got {item!r} in {text!r}")
+        out.append(value)
+    return out
 
 
 def load_pretrained(spec: str):
@@ -121,28 +155,62 @@ def load_pretrained(spec: str):
     return load_local_causal_lm(path)
 
 
-def _text_model(a: argparse.Namespace, total_steps: int, device):
-    """A pretrained language model (on ``device``), its training batches and held-out perplexity on ``--data``."""
-    from attnzoo.adapt.text import load_text_split, perplexity, token_stream, window_batches
+def _corpora(a: argparse.Namespace):
+    """``(training corpora, evaluated-only corpora)`` of ``--data`` and ``--also-eval`` (the first named once)."""
+    from attnzoo.adapt.mixture import parse_mixture
+
+    train = parse_mixture(a.data or "plays")
+    extra = parse_mixture(a.also_eval) if a.also_eval else []
+    for c in extra:
+        if any(t.name == c.name for t in train):
+            raise ValueError(f"--also-eval {c.name} is already in --data (evaluated there); name another corpus")
+    return train, extra
+
+
+@dataclass
+class TextRun:
+    """What ``attnzoo adapt`` needs of a language model: the ``teacher``, ``batches(step)`` of the mixture,
+    ``eval_fn`` (held-out perplexity per corpus, or ``None``), ``corpora`` ``{name: metric prefix}`` (the first
+    training corpus unprefixed, ``perplexity``; the others ``<name>_perplexity``), the names of the prefixed metrics
+    and ``prompt(n)``, ``n`` held-out tokens ``(n,)`` to time generation after."""
+
+    teacher: Any
+    batches: Callable[[int], dict]
+    eval_fn: Callable[[Any], dict[str, float]] | None
+    corpora: dict[str, str]
+    metrics: list[str]
+    prompt: Callable[[int], Any]
+
+
+def _text_model(a: argparse.Namespace, total_steps: int, device) -> TextRun:
+    """The pretrained language model (on ``device``), the mixture's training batches and held-out evaluation."""
+    from attnzoo.adapt.mixture import load_corpus_split, mixture_batches
+    from attnzoo.adapt.text import perplexity, token_stream
 
     teacher, tokenizer = load_pretrained(a.model)
     teacher.to(device)
+    a.prompt_lengths = _resolve_lengths(a.prompt_lengths, teacher)  # before training: a bad length fails at once
     vocab = teacher.get_input_embeddings().weight.shape[0]
-    train_text, held_out = load_text_split(a.data or "shakespeare")
-    need = total_steps * a.batch_size * a.block_size
-    train_tokens = token_stream(tokenizer, train_text, max(need, 64 * a.block_size), vocab)
-    held = {}
-    if a.eval_tokens:
-        held[""] = token_stream(tokenizer, held_out, a.eval_tokens, vocab)
-        if a.also_eval and a.also_eval != (a.data or "shakespeare"):
-            held[f"{a.also_eval}_"] = token_stream(tokenizer, load_text_split(a.also_eval)[1], a.eval_tokens, vocab)
-    batches = window_batches(train_tokens, a.block_size, a.batch_size, a.seed)
+    train, extra = a.corpora, a.extra_corpora
+
+    def tokenize(text: str, n: int):
+        return token_stream(tokenizer, text, n, vocab)
+
+    need = max(total_steps * a.batch_size * a.block_size, 64 * a.block_size)
+    batches, held_text = mixture_batches(tokenize, train, need, a.block_size, a.batch_size, a.seed)
+    held_text.update({c.name: load_corpus_split(c)[1] for c in extra})
+    corpora = {name: ("" if i == 0 else f"{name}_") for i, name in enumerate(held_text)}
+    held = {corpora[n]: tokenize(t, a.eval_tokens) for n, t in held_text.items()} if a.eval_tokens else {}
 
     def eval_fn(m):
         return {f"{pre}{k}": v for pre, toks in held.items() for k, v in perplexity(m, toks, a.block_size).items()}
 
-    eval_fn.held_out = held.get("")  # the tokens --gen-contexts prompts with
-    return teacher, batches, (eval_fn if held else None)
+    def prompt(n: int):
+        # held-out text only: every corpus's, the first corpus's first
+        return tokenize("\n\n".join(held_text.values()), n)
+
+    metrics = [f"{pre}{k}" for pre in corpora.values() if pre for k in ("loss", "perplexity")]
+    return TextRun(teacher, batches, eval_fn if held else None, corpora, metrics, prompt)
 
 
 def _attnzoo_run(run: str, a: argparse.Namespace, device):
@@ -189,39 +257,110 @@ def merge_lora(model):
     return model
 
 
-def _generation(teacher, student, a: argparse.Namespace, eval_fn) -> None:
-    """Greedy generation speed of teacher and student (its LoRA adapters merged) after prompts of ``--gen-contexts``
-    held-out tokens, printed and added to the run's results.json (``"generation"``)."""
-    from attnzoo._io import write_json
+def _resolve_lengths(lengths: list[int | str], model) -> list[int]:
+    """``--prompt-lengths`` with ``max`` as the model's longest context (``config.max_position_embeddings``)."""
+    longest = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if "max" in lengths and not isinstance(longest, int):
+        raise ValueError("--prompt-lengths max needs a model whose config names max_position_embeddings; give numbers")
+    out = [longest if n == "max" else int(n) for n in lengths]
+    too_long = [n for n in out if isinstance(longest, int) and n > longest]
+    if too_long:
+        raise ValueError(f"--prompt-lengths {too_long} exceed the model's longest context {longest} (max)")
+    return list(dict.fromkeys(out))
+
+
+def _generation(models: dict[str, Any], a: argparse.Namespace, text: TextRun) -> dict[str, list[dict]]:
+    """Prefill seconds and per-token greedy decoding time of each of ``models`` (LoRA adapters merged) after prompts
+    of ``--prompt-lengths`` held-out tokens, printed and added to the run's results.json (``"generation"``)."""
     from attnzoo.adapt.text import generation_speed
 
-    tokens = getattr(eval_fn, "held_out", None)
-    if tokens is None or tokens.numel() < max(a.gen_contexts):
+    lengths = a.prompt_lengths
+    tokens = text.prompt(max(lengths))
+    if tokens.numel() < max(lengths):
         raise ValueError(
-            f"--gen-contexts up to {max(a.gen_contexts)} needs at least that many --eval-tokens of held-out text"
+            f"--prompt-lengths up to {max(lengths)} needs that many held-out tokens; the held-out text of the "
+            f"corpora gives {tokens.numel()}: add a corpus to --also-eval or give shorter lengths"
         )
-    models = (("teacher", teacher), ("student", merge_lora(student)))
-    gen = {name: generation_speed(m, tokens, a.gen_contexts) for name, m in models}
+    gen = {name: generation_speed(merge_lora(m), tokens, lengths, a.decode_tokens) for name, m in models.items()}
     for name, rows in gen.items():
         for r in rows:
             print(
-                f"generation {name:7s} context {r['context']:5d}: prefill {r['prefill_s']:.3f} s, "
-                f"{r['decode_tokens_per_s']:.1f} tokens/s after it"
+                f"generation {name:8s} prompt {r['context']:6d}: prefill {r['prefill_s']:.3f} s, "
+                f"decode {1e3 * r['decode_s_per_token']:.1f} ms/token ({r['decode_tokens_per_s']:.1f} tokens/s)"
             )
-    path = Path(a.out) / "results.json"
+    _add_results(Path(a.out), generation=gen)
+    return gen
+
+
+def _add_results(out: Path, **entries: Any) -> None:
+    """Add ``entries`` to ``out/results.json`` (written atomically)."""
+    from attnzoo._io import write_json
+
+    path = out / "results.json"
     results = json.loads(path.read_text())
-    results["generation"] = gen
+    results.update(entries)
     write_json(path, results)
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = _parse_args(argv)
-    import torch
+def _control(text: TextRun, cfg, a: argparse.Namespace):
+    """The teacher fine-tuned (softmax kept) with the student's fine-tuning steps, rate, LoRA rank and batches (step
+    ``s`` of the control is step ``transfer_steps + s`` of the student), as its own resumable run in ``OUT/control``;
+    ``None`` until the student's run is complete."""
+    from dataclasses import replace
 
-    from attnzoo.adapt.loop import AdaptConfig, adapt
+    from attnzoo.adapt.loop import adapt
 
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    control_cfg = replace(cfg, mechanism="softmax", options={}, transfer_steps=0, train_projections=None)
+    shift = cfg.transfer_steps
+
+    def batches(step: int):
+        return text.batches(shift + step)
+
+    return adapt(
+        text.teacher,
+        batches,
+        control_cfg,
+        Path(a.out) / "control",
+        eval_fn=text.eval_fn,
+        resume=a.resume,
+        progress=not a.no_progress,
+        eval_metrics=text.metrics,
+    )
+
+
+#: the columns of the per-corpus table: evaluation name -> column heading
+COLUMNS = {
+    "teacher": "teacher",
+    "control": "control (teacher fine-tuned)",
+    "swapped": "swapped",
+    "transfer": "after transfer",
+    "finetune": "after fine-tune",
+}
+
+
+def per_corpus(evaluations: dict[str, dict[str, float]], corpora: dict[str, str]) -> dict[str, dict[str, float]]:
+    """``{corpus: {evaluation: held-out perplexity}}`` from the run's evaluations (columns of :data:`COLUMNS` that
+    ran)."""
+    table: dict[str, dict[str, float]] = {}
+    for name, pre in corpora.items():
+        key = f"{pre}perplexity"
+        table[name] = {col: evaluations[col][key] for col in COLUMNS if key in evaluations.get(col, {})}
+    return table
+
+
+def per_corpus_table(table: dict[str, dict[str, float]]) -> str:
+    """Markdown: one row per corpus, its held-out perplexity per evaluation."""
+    cols = [c for c in COLUMNS if any(c in row for row in table.values())]
+    lines = ["| corpus | " + " | ".join(COLUMNS[c] for c in cols) + " |", "|---|" + "---:|" * len(cols)]
+    for name, row in table.items():
+        cells = [f"{row[c]:,.1f}" if c in row else "-" for c in cols]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _config(a: argparse.Namespace):
+    from attnzoo.adapt.loop import AdaptConfig
+
     cfg = AdaptConfig(
         mechanism=a.mechanism,
         options=dict(a.option),
@@ -237,16 +376,49 @@ def main(argv: list[str] | None = None) -> int:
         eval_every=a.eval_every,
     )
     cfg.validate()
+    return cfg
+
+
+def _finish_text(res, cfg, a: argparse.Namespace, text: TextRun) -> None:
+    """After a language model's run: the control, the per-corpus table and the generation timing (each once the
+    student's run is complete)."""
+    if res.step != cfg.total_steps:
+        return
+    evaluations = dict(res.evaluations)
+    control = _control(text, cfg, a) if a.control else None
+    if control is not None and "finetune" in control.evaluations:
+        evaluations["control"] = control.evaluations["finetune"]
+        _add_results(Path(a.out), evaluations=evaluations)
+    if text.eval_fn is not None:
+        table = per_corpus(evaluations, text.corpora)
+        _add_results(Path(a.out), per_corpus=table, corpora=list(text.corpora))
+        print("held-out perplexity per corpus:\n" + per_corpus_table(table))
+    if a.prompt_lengths:
+        models = {"teacher": text.teacher, "student": res.student.model}
+        if control is not None:
+            models = {"teacher": text.teacher, "control": control.student.model, "student": res.student.model}
+        _generation(models, a, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parse_args(argv)
+    import torch
+
+    from attnzoo.adapt.loop import adapt
     from attnzoo.train.device import resolve_device
 
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    cfg = _config(a)
     device = resolve_device(a.device)
+    text = None
     if a.model.startswith("run:"):
         if a.data is not None:
             raise ValueError("--data does not apply to run:DIR models: they adapt on their own task's data")
         teacher, batches, loss_fn, eval_fn = _attnzoo_run(a.model[len("run:") :], a, device)
     else:
-        teacher, batches, eval_fn = _text_model(a, cfg.total_steps, device)
-        loss_fn = None
+        text = _text_model(a, cfg.total_steps, device)
+        teacher, batches, eval_fn, loss_fn = text.teacher, text.batches, text.eval_fn, None
     res = adapt(
         teacher,
         batches,
@@ -258,12 +430,13 @@ def main(argv: list[str] | None = None) -> int:
         overwrite=a.overwrite,
         stop_after=a.stop_after,
         progress=not a.no_progress,
+        eval_metrics=text.metrics if text is not None else (),
     )
     for stage, values in res.evaluations.items():
         shown = ", ".join(f"{k} {v:.4g}" for k, v in values.items())
         print(f"{stage:9s} {shown}")
-    if a.gen_contexts and res.step == cfg.total_steps:
-        _generation(teacher, res.student.model, a, eval_fn)
+    if text is not None:
+        _finish_text(res, cfg, a, text)
     print(f"attnzoo adapt: step {res.step} of {cfg.total_steps}; run directory {a.out}", file=sys.stderr)
     return 0
 

@@ -45,6 +45,8 @@ __all__ = ["AdaptConfig", "AdaptResult", "adapt", "AdaptError", "transfer_losses
 Batch = Mapping[str, Any] | Sequence[Any]
 _MARKER = ".attnzoo-adapt"
 _OWN_FILES = {_MARKER, "adapt.json", "metrics.csv", "results.json", "transfer_loss.png", "report.txt"}
+#: directories adapt writes: checkpoints, and the control run of ``attnzoo adapt --control`` (itself an adapt run)
+_OWN_DIRS = ("checkpoints", "control")
 
 
 class AdaptError(ValueError):
@@ -133,10 +135,11 @@ def _prepare_dir(out: Path, cfg: AdaptConfig, resume: bool, overwrite: bool) -> 
         if not (out / _MARKER).is_file():
             raise AdaptError(f"out {out} is a non-empty directory that is not an attnzoo adapt run; choose another")
         if overwrite:
-            foreign = sorted(p.name for p in out.iterdir() if p.name not in _OWN_FILES and p.name != "checkpoints")
+            foreign = sorted(p.name for p in out.iterdir() if p.name not in _OWN_FILES and p.name not in _OWN_DIRS)
             if foreign:
                 raise AdaptError(f"out {out} also holds files adapt did not write: {foreign}; move them first")
-            shutil.rmtree(out / "checkpoints", ignore_errors=True)
+            for name in _OWN_DIRS:
+                shutil.rmtree(out / name, ignore_errors=True)
             for name in _OWN_FILES:
                 (out / name).unlink(missing_ok=True)
         elif resume:
@@ -169,11 +172,12 @@ def _jsonish(v: Any) -> Any:
 class _Csv:
     """``metrics.csv``: appended row by row; on resume, rows after the checkpoint's step are dropped first."""
 
-    def __init__(self, path: Path, n_layers: int, resume_step: int | None) -> None:
+    def __init__(self, path: Path, n_layers: int, resume_step: int | None, metrics: Sequence[str] = ()) -> None:
         self.path = path
         self.fields = ["step", "stage", "split", "lr", "loss", "perplexity", "accuracy", "tokens", "elapsed_s"]
-        # a second held-out corpus's metrics (``attnzoo adapt --also-eval``) are prefixed with its name
-        self.fields += [f"{s}_{m}" for s in TEXT_SOURCES for m in ("loss", "perplexity")]
+        # other held-out corpora's metrics (``attnzoo adapt --data`` mixtures, ``--also-eval``) carry their name
+        names = [f"{s}_{m}" for s in TEXT_SOURCES for m in ("loss", "perplexity")] + list(metrics)
+        self.fields += [n for n in dict.fromkeys(names) if n not in self.fields]
         self.fields += [f"transfer_{i}" for i in range(n_layers)]
         rows: list[dict] = []
         if resume_step is not None and path.is_file():
@@ -488,6 +492,7 @@ def adapt(
     overwrite: bool = False,
     stop_after: int | None = None,
     progress: bool = True,
+    eval_metrics: Sequence[str] = (),
 ) -> AdaptResult:
     """Adapt ``teacher`` into ``cfg.mechanism``: attention transfer then fine-tuning (module docstring).
 
@@ -497,6 +502,8 @@ def adapt(
     ``eval_fn(model)`` (e.g. perplexity on held-out text) runs on the teacher and on the student before, between
     and after the stages. ``out``: the run directory (``None``: no checkpoints or logs); ``resume`` continues the
     run in ``out`` from its last checkpoint; ``stop_after``: stop (with a checkpoint) after that step.
+    ``eval_metrics``: names of ``eval_fn``'s metrics that ``metrics.csv`` also needs a column for (e.g. one per
+    held-out corpus).
     """
     cfg.validate()
     if not callable(batches):
@@ -510,7 +517,8 @@ def adapt(
     if ckpt is not None:
         run.restore(ckpt)
     if out is not None:
-        run.log = _Csv(out / "metrics.csv", len(run.student.layers), run.start if ckpt is not None else None)
+        resume_step = run.start if ckpt is not None else None
+        run.log = _Csv(out / "metrics.csv", len(run.student.layers), resume_step, eval_metrics)
     if run.start == 0:
         run.evaluate("teacher", teacher, 0)
         run.evaluate("swapped", run.model, 0)

@@ -101,8 +101,9 @@ def generation_speed(
     model: nn.Module, tokens: torch.Tensor, contexts: list[int], new_tokens: int = 16
 ) -> list[dict[str, float]]:
     """Greedy generation speed of a ``transformers`` causal LM after prompts of each length in ``contexts`` (taken
-    from ``tokens (T,)``): ``{"context", "prefill_s"`` (the prompt and first token), ``"decode_tokens_per_s"`` (the
-    ``new_tokens - 1`` tokens after it)``}``, one run each after a one-token warm-up. Both come from the one
+    from ``tokens (T,)``): ``{"context", "prefill_s"`` (the prompt and first token), ``"decode_s_per_token"`` and
+    ``"decode_tokens_per_s"`` (the mean over the ``new_tokens - 1`` tokens after it)``}``, one run each after a
+    one-token warm-up. Both come from the one
     ``generate`` call's token times (a streamer), not from the difference of two calls, which the machine's noise
     can make negative."""
     if new_tokens < 2:
@@ -124,6 +125,14 @@ def generation_speed(
         )
         first, last = clock.times[1], clock.times[-1]  # times[0]: the prompt, handed over before any work
         decoded = len(clock.times) - 2
-        out.append({"context": c, "prefill_s": first - t0, "decode_tokens_per_s": decoded / (last - first)})
+        per_token = (last - first) / decoded
+        out.append(
+            {
+                "context": c,
+                "prefill_s": first - t0,
+                "decode_s_per_token": per_token,
+                "decode_tokens_per_s": 1 / per_token,
+            }
+        )
     model.train(was)
     return out

