@@ -5,8 +5,9 @@ Each corpus has a fixed held-out part that is never trained on:
 - ``plays`` (alias ``shakespeare``): split by play, Hamlet, The Tempest, Twelfth Night and the Sonnets held out
   (:data:`attnzoo.data.text.SHAKESPEARE_VAL_WORKS`);
 - ``imdb``: split by review, the last 5% of the 25,000 reviews in file order held out;
-- ``pydocs``: the Python reference topics that ship with the interpreter (``pydoc_data.topics``), split by topic,
-  topics in sorted order with every tenth (index 9, 19, ...) held out;
+- ``pydocs``: the Python reference topics that ship with the interpreter (``pydoc_data.topics``): their paragraphs
+  in sorted topic order, each kept once (topics repeat one another's sections), the last 10% held out as for a
+  user file;
 - a user text file (a path): split by characters, the last 10% held out (cut at the first whitespace after the
   90% mark, so no word is split).
 
@@ -65,11 +66,17 @@ class Corpus:
 
 def _split_item(item: str) -> tuple[str, str | None]:
     """``"name:w"`` -> ``("name", "w")``: the text after the last colon is the weight when the text before it names a
-    corpus or an existing file (a colon inside a path stays in the name)."""
+    corpus or an existing file, or when it reads as a number (a colon inside a path stays in the name)."""
     head, sep, tail = item.strip().rpartition(":")
-    if sep and (ALIASES.get(head, head) in CORPORA or Path(head).expanduser().is_file()):
+    if not sep:
+        return item.strip(), None
+    if ALIASES.get(head, head) in CORPORA or Path(head).expanduser().is_file():
         return head, tail.strip()
-    return item.strip(), None
+    try:
+        float(tail)
+    except ValueError:
+        return item.strip(), None
+    return head, tail.strip()
 
 
 def _weight(item: str, text: str | None) -> float:
@@ -126,20 +133,22 @@ def _read_text(path: Path) -> str:
     return text.replace("\r\n", "\n")
 
 
+#: the fewest characters a split text has (its held-out tenth then holds ten)
+MIN_CHARACTERS = 100
+
+
 def split_text(text: str, fraction: float = HELD_OUT_FRACTION) -> tuple[str, str]:
     """``(train, held_out)``: ``text``'s last ``fraction`` of characters held out, cut at the first whitespace at or
-    after the mark (at the mark itself when none follows); a text too short for both parts to hold text is an
-    error."""
+    after the mark (at the mark itself when none follows); a text under :data:`MIN_CHARACTERS` is an error."""
+    if len(text.strip()) < MIN_CHARACTERS:
+        raise ValueError(
+            f"a text of {len(text.strip())} characters is too short to hold out its last {fraction:.0%}: give at "
+            f"least {MIN_CHARACTERS}"
+        )
     mark = int(len(text) * (1 - fraction))
     found = re.search(r"\s", text[mark:])
     cut = mark + found.start() if found else mark
-    train, held = text[:cut], text[cut:]
-    if not train.strip() or not held.strip():
-        raise ValueError(
-            f"a text of {len(text)} characters is too short to hold out its last {fraction:.0%}: "
-            f"both parts need text (give a longer file)"
-        )
-    return train, held
+    return text[:cut], text[cut:]
 
 
 def _pydocs_split() -> tuple[str, str]:
@@ -150,10 +159,10 @@ def _pydocs_split() -> tuple[str, str]:
             "corpus 'pydocs' needs the module pydoc_data (the Python documentation topics), which this interpreter "
             "lacks; install your distribution's Python standard library documentation or drop pydocs from --data"
         ) from e
-    names = sorted(topics)
-    train = [topics[n] for i, n in enumerate(names) if i % 10 != 9]
-    held = [topics[n] for i, n in enumerate(names) if i % 10 == 9]
-    return "\n\n".join(train), "\n\n".join(held)
+    # topics repeat one another's sections (e.g. "class" inside "compound"): paragraphs are kept once, in sorted
+    # topic order, so no held-out paragraph is also a training one
+    paragraphs = dict.fromkeys(p.strip() for name in sorted(topics) for p in topics[name].split("\n\n") if p.strip())
+    return split_text("\n\n".join(paragraphs))
 
 
 def load_corpus_split(corpus: Corpus) -> tuple[str, str]:
