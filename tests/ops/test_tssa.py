@@ -350,3 +350,21 @@ def test_whitebox_identity_gradient_of_variational_rate(backend):
     assert gap.max() > 1e-3 * bound.max()  # the 1e-8 is visible: the literal identity is not exact
     # the identity really pins the constant: -n/2 or -(n-1) would fail
     assert not torch.allclose(lhs, -(n - 1) * grad_lit, rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_recurrent_step_checks_the_bias_entry_it_reads(masked):
+    """A step reads (and checks) the causal bias at its own position only: a non-finite entry there is an error
+    naming the bias; one at a later position leaves the step unchanged (its cost does not grow with N_max)."""
+    temp, w = torch.ones(3, dtype=torch.float64), torch.randn(2, 3, 4, dtype=torch.float64)
+    mask = torch.ones(2, dtype=torch.bool) if masked else None
+    bias = torch.randn(3, 8, 1, dtype=torch.float64)
+    want, _ = tssa_step(w, temp, tssa_init_state(2, 3, 4, dtype=torch.float64), bias=bias, attention_mask=mask)
+    later = bias.clone()
+    later[1, 5, 0] = float("nan")
+    got, _ = tssa_step(w, temp, tssa_init_state(2, 3, 4, dtype=torch.float64), bias=later, attention_mask=mask)
+    assert torch.equal(got, want)
+    here = bias.clone()
+    here[1, 0, 0] = float("inf")
+    with pytest.raises(ValueError, match="bias contains non-finite"):
+        tssa_step(w, temp, tssa_init_state(2, 3, 4, dtype=torch.float64), bias=here, attention_mask=mask)

@@ -316,7 +316,7 @@ class SwappedAttention(nn.Module):
             outs.append(y)
         entry["pos"] += t
         entry["mask"] = hist
-        return torch.cat(outs, dim=1)
+        return outs[0] if t == 1 else torch.cat(outs, dim=1)  # a decoded token: no copy
 
     def _needs_mask(self, keep: torch.Tensor | None) -> bool:
         """Whether padding ``keep (B, N)`` must reach the parallel form: trailing padding in a causal mechanism

@@ -43,10 +43,12 @@ def linear_attention_recurrent_loop(
     fq, fk, va = phi(q.to(acc)), phi(k.to(acc)), v.to(acc)
     outs = []
     for t in range(q.shape[-2]):
-        # eq. 18-19: fold token t into the state before reading it (the causal mask includes j = t).
-        s = s + fk[:, :, t, :, None] * va[:, :, t, None, :]
+        fq_t = fq[:, :, t : t + 1]  # (B, H, 1, P)
+        # eq. 18-19: fold token t into the state before reading it (the causal mask includes j = t); addcmul forms
+        # the outer product phi(k_t) v_t^T inside the sum, without a (B, H, P, Pv) temporary per token
+        s = torch.addcmul(s, fk[:, :, t, :, None], va[:, :, t, None, :])
         z = z + fk[:, :, t]
-        num = torch.einsum("bhp,bhpv->bhv", fq[:, :, t], s)
-        den = torch.einsum("bhp,bhp->bh", fq[:, :, t], z).unsqueeze(-1)
-        outs.append(num / (den + eps))
-    return torch.stack(outs, dim=2).to(v.dtype), (s, z)
+        den = fq_t @ z.unsqueeze(-1)  # (B, H, 1, 1)
+        outs.append((fq_t @ s) / (den + eps))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # one decoded token: no copy
+    return out.to(v.dtype), (s, z)

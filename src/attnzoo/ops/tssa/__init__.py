@@ -277,14 +277,16 @@ def tssa_step(
                 f"position {pos} is beyond the causal bias length N_max={bias.shape[1]} "
                 f"(decoding supports positions 0..{bias.shape[1] - 1})"
             )
-    finite_absmax({"w_t": w_t, "temp": temp, "bias": bias}, op="tssa_step")
+    # the bias entry this position reads, not the whole (H, N_max, 1) table: a per-token cost independent of N_max
+    bias_t = None if bias is None else bias[:, pos, 0]
+    finite_absmax({"w_t": w_t, "temp": temp, "bias": bias_t}, op="tssa_step")
     cdt = state.sq_sum.dtype
     wc, tc = w_t.to(cdt), temp.to(cdt)
     x = wc * wc
     sq_sum = state.sq_sum + x
     s = (x / torch.where(sq_sum > 0, sq_sum, torch.ones_like(sq_sum))).sum(dim=-1)  # (B, H)
-    if bias is not None:
-        s = s + p * bias[:, pos, 0].to(cdt)
+    if bias_t is not None:
+        s = s + p * bias_t.to(cdt)
     pi = torch.softmax(s * tc, dim=1)
     num = state.num + x * pi.unsqueeze(-1)
     den = state.den + pi
@@ -309,15 +311,17 @@ def _step_masked(w_t, temp, state: TSSAState, bias, attention_mask) -> tuple[tor
                 f"position {int(pos[real].max())} is beyond the causal bias length N_max={bias.shape[1]} "
                 f"(decoding supports positions 0..{bias.shape[1] - 1})"
             )
-    finite_absmax({"w_t": w_t, "temp": temp, "bias": bias}, op="tssa_step")
+    # each row's bias entry at its position (H, B), not the whole table
+    bias_t = None if bias is None else bias[:, :, 0][:, pos.clamp_max(bias.shape[1] - 1)]
+    finite_absmax({"w_t": w_t, "temp": temp, "bias": bias_t}, op="tssa_step")
     cdt = state.sq_sum.dtype
     r3 = real.view(b, 1, 1)
     wc, tc = torch.where(r3, w_t.to(cdt), 0.0), temp.to(cdt)
     x = wc * wc
     sq_sum = state.sq_sum + x
     s = (x / torch.where(sq_sum > 0, sq_sum, torch.ones_like(sq_sum))).sum(dim=-1)  # (B, H)
-    if bias is not None:
-        s = s + p * bias[:, :, 0].to(cdt)[:, pos.clamp_max(bias.shape[1] - 1)].transpose(0, 1)
+    if bias_t is not None:
+        s = s + p * bias_t.to(cdt).transpose(0, 1)
     pi = torch.softmax(s * tc, dim=1) * real.view(b, 1)
     num = state.num + x * pi.unsqueeze(-1)
     den = state.den + pi
