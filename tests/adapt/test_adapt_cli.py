@@ -109,8 +109,12 @@ def test_adapt_cli_errors(tmp_path, tiny_gguf, capsys):
     assert (
         "--prompt-lengths takes a comma list of positive integers or max, got 'x' in '8,x'" in capsys.readouterr().err
     )
-    assert main(_args(tiny_gguf, tmp_path / "d", "--prompt-lengths", "8,65")) == 1
-    assert "--prompt-lengths [65] exceed the model's longest context 64 (max)" in capsys.readouterr().err
+    assert main(_args(tiny_gguf, tmp_path / "d", "--prompt-lengths", "8,49")) == 1
+    err = capsys.readouterr().err
+    assert (
+        "--prompt-lengths [49]: a prompt and the --decode-tokens 16 after it must fit the model's context of 64" in err
+    )
+    assert "(max: 48)" in err
 
 
 def test_adapt_cli_transformers_directory(one_thread, tmp_path, tiny_gguf, capsys):

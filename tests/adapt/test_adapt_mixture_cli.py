@@ -52,7 +52,8 @@ def test_per_corpus_perplexity_equals_a_direct_computation(one_thread, tmp_path,
     from attnzoo.adapt import load_gguf_llama, make_student
     from attnzoo.train.checkpoint import latest_checkpoint, load_checkpoint
 
-    assert main(_args(tiny_gguf, tmp_path / "run", notes, "--control")) == 0
+    extra = ["--control", "--prompt-lengths", "8,max", "--decode-tokens", "4"]
+    assert main(_args(tiny_gguf, tmp_path / "run", notes, *extra)) == 0
     printed = capsys.readouterr().out
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     table = results["per_corpus"]
@@ -80,6 +81,23 @@ def test_per_corpus_perplexity_equals_a_direct_computation(one_thread, tmp_path,
     header = (tmp_path / "run" / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"notes_perplexity", "pydocs_perplexity", "notes_loss"} <= set(header)
 
+    # timing: teacher, control and student after prompts of 8 tokens and of max (the context of 64 less the 4
+    # decoded tokens), then the summary's tables read back from the run directory
+    gen = results["generation"]
+    assert list(gen) == ["teacher", "control", "student"]
+    assert all([r["context"] for r in rows] == [8, 60] for rows in gen.values())
+    assert all(r["prefill_s"] > 0 and r["decode_s_per_token"] > 0 for rows in gen.values() for r in rows)
+    from attnzoo.adapt import summary
+
+    assert summary.main([str(tmp_path / "run")]) == 0
+    printed = capsys.readouterr().out
+    assert (
+        "run, held-out perplexity per corpus:" in printed
+        and f"| pydocs | {table['pydocs']['teacher']:,.1f} |" in printed
+    )
+    ms = 1e3 * gen["control"][1]["decode_s_per_token"]
+    assert f"| run | control | 60 | {gen['control'][1]['prefill_s']:.3f} | {ms:.1f} |" in printed
+
 
 def test_resume_after_a_kill_in_the_student_or_the_control_repeats_the_run(
     one_thread, tmp_path, tiny_gguf, notes, monkeypatch
@@ -91,16 +109,17 @@ def test_resume_after_a_kill_in_the_student_or_the_control_repeats_the_run(
 
     def step(self, *args, **kwargs):
         calls.append(1)
-        if len(calls) == kill_at:
+        if len(calls) in (4, 10):
             raise RuntimeError("killed")
         return real_step(self, *args, **kwargs)
 
     monkeypatch.setattr(loop._Run, "step", step)
-    # 5 student steps, then the control's: a kill at its 3rd step, after its checkpoint at step 2
-    for kill_at in (4, 8):
-        calls.clear()
-        assert main(_args(tiny_gguf, tmp_path / f"killed{kill_at}", notes, "--control")) == 1
-        assert main(_args(tiny_gguf, tmp_path / f"killed{kill_at}", notes, "--control", "--resume")) == 0
+    # killed at the student's step 4 (after its checkpoint at step 2), resumed (student steps 3-5, then the control),
+    # killed again at the control's step 3 (after its checkpoint at step 2), resumed
+    args = _args(tiny_gguf, tmp_path / "killed", notes, "--control")
+    assert main(args) == 1
+    assert main(args + ["--resume"]) == 1 and len(calls) == 10
+    assert main(args + ["--resume"]) == 0
 
     def read(run, *path):
         return json.loads((tmp_path / run / "/".join(path)).read_text())
@@ -109,15 +128,11 @@ def test_resume_after_a_kill_in_the_student_or_the_control_repeats_the_run(
         rows = (tmp_path / run / "/".join(sub) / "metrics.csv").read_text().splitlines()
         return [r.split(",")[4] for r in rows[1:] if ",train," in r]
 
-    whole = read("whole", "results.json")
-    for run in ("killed4", "killed8"):
-        got = read(run, "results.json")
-        assert got["evaluations"] == whole["evaluations"] and got["per_corpus"] == whole["per_corpus"]
-        assert (
-            read(run, "control", "results.json")["evaluations"]
-            == read("whole", "control", "results.json")["evaluations"]
-        )
-        assert losses(run) == losses("whole") and losses(run, "control") == losses("whole", "control")
+    whole, got = read("whole", "results.json"), read("killed", "results.json")
+    assert got["evaluations"] == whole["evaluations"] and got["per_corpus"] == whole["per_corpus"]
+    control = read("killed", "control", "results.json")["evaluations"]
+    assert control == read("whole", "control", "results.json")["evaluations"]
+    assert losses("killed") == losses("whole") and losses("killed", "control") == losses("whole", "control")
     assert len(losses("whole", "control")) == 3
 
 

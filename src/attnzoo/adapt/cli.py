@@ -189,7 +189,9 @@ def _text_model(a: argparse.Namespace, total_steps: int, device) -> TextRun:
 
     teacher, tokenizer = load_pretrained(a.model)
     teacher.to(device)
-    a.prompt_lengths = _resolve_lengths(a.prompt_lengths, teacher)  # before training: a bad length fails at once
+    a.prompt_lengths = _resolve_lengths(
+        a.prompt_lengths, teacher, a.decode_tokens
+    )  # before training: a bad length fails at once
     vocab = teacher.get_input_embeddings().weight.shape[0]
     train, extra = a.corpora, a.extra_corpora
 
@@ -257,15 +259,21 @@ def merge_lora(model):
     return model
 
 
-def _resolve_lengths(lengths: list[int | str], model) -> list[int]:
-    """``--prompt-lengths`` with ``max`` as the model's longest context (``config.max_position_embeddings``)."""
+def _resolve_lengths(lengths: list[int | str], model, decode_tokens: int) -> list[int]:
+    """``--prompt-lengths`` as token counts: ``max`` is the longest prompt the model's context
+    (``config.max_position_embeddings``) holds with the ``decode_tokens`` generated after it; a longer one is an
+    error."""
     longest = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if "max" in lengths and not isinstance(longest, int):
         raise ValueError("--prompt-lengths max needs a model whose config names max_position_embeddings; give numbers")
-    out = [longest if n == "max" else int(n) for n in lengths]
-    too_long = [n for n in out if isinstance(longest, int) and n > longest]
-    if too_long:
-        raise ValueError(f"--prompt-lengths {too_long} exceed the model's longest context {longest} (max)")
+    room = longest - decode_tokens if isinstance(longest, int) else None
+    out = [room if n == "max" else int(n) for n in lengths]
+    too_long = [n for n in out if room is not None and n > room]
+    if too_long or (room is not None and room < 1):
+        raise ValueError(
+            f"--prompt-lengths {too_long or lengths}: a prompt and the --decode-tokens {decode_tokens} after it "
+            f"must fit the model's context of {longest} tokens (max: {room})"
+        )
     return list(dict.fromkeys(out))
 
 
@@ -328,36 +336,6 @@ def _control(text: TextRun, cfg, a: argparse.Namespace):
     )
 
 
-#: the columns of the per-corpus table: evaluation name -> column heading
-COLUMNS = {
-    "teacher": "teacher",
-    "control": "control (teacher fine-tuned)",
-    "swapped": "swapped",
-    "transfer": "after transfer",
-    "finetune": "after fine-tune",
-}
-
-
-def per_corpus(evaluations: dict[str, dict[str, float]], corpora: dict[str, str]) -> dict[str, dict[str, float]]:
-    """``{corpus: {evaluation: held-out perplexity}}`` from the run's evaluations (columns of :data:`COLUMNS` that
-    ran)."""
-    table: dict[str, dict[str, float]] = {}
-    for name, pre in corpora.items():
-        key = f"{pre}perplexity"
-        table[name] = {col: evaluations[col][key] for col in COLUMNS if key in evaluations.get(col, {})}
-    return table
-
-
-def per_corpus_table(table: dict[str, dict[str, float]]) -> str:
-    """Markdown: one row per corpus, its held-out perplexity per evaluation."""
-    cols = [c for c in COLUMNS if any(c in row for row in table.values())]
-    lines = ["| corpus | " + " | ".join(COLUMNS[c] for c in cols) + " |", "|---|" + "---:|" * len(cols)]
-    for name, row in table.items():
-        cells = [f"{row[c]:,.1f}" if c in row else "-" for c in cols]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def _config(a: argparse.Namespace):
     from attnzoo.adapt.loop import AdaptConfig
 
@@ -390,6 +368,8 @@ def _finish_text(res, cfg, a: argparse.Namespace, text: TextRun) -> None:
         evaluations["control"] = control.evaluations["finetune"]
         _add_results(Path(a.out), evaluations=evaluations)
     if text.eval_fn is not None:
+        from attnzoo.adapt.summary import per_corpus, per_corpus_table
+
         table = per_corpus(evaluations, text.corpora)
         _add_results(Path(a.out), per_corpus=table, corpora=list(text.corpora))
         print("held-out perplexity per corpus:\n" + per_corpus_table(table))

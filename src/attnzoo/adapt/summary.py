@@ -4,8 +4,9 @@
 
 Per run: held-out perplexity of the teacher, the swapped model before training, after attention transfer and after
 fine-tuning (with the adaptation tokens and training CPU seconds spent to get there), the ratio to the teacher, a
-second held-out corpus where the run evaluated one (``--also-eval``), the perplexity curve where it evaluated every
-few steps (``--eval-every``), and generation speed (``--gen-contexts``).
+second held-out corpus where the run evaluated one (``--also-eval``), the held-out perplexity per corpus of a
+mixture (``--data``, with the control of ``--control``), the perplexity curve where it evaluated every few steps
+(``--eval-every``), and prefill and decoding time (``--prompt-lengths``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ import csv
 import json
 from pathlib import Path
 
-__all__ = ["load_run", "perplexity_table", "curve_table", "generation_table", "plot_curves", "main"]
+__all__ = [
+    "load_run",
+    "perplexity_table",
+    "curve_table",
+    "generation_table",
+    "per_corpus",
+    "per_corpus_table",
+    "plot_curves",
+    "main",
+]
 
 #: the stage evaluations of a run, in order
 STAGES = ("teacher", "swapped", "transfer", "finetune")
@@ -42,6 +52,7 @@ def load_run(run: str | Path) -> dict:
         "config": config,
         "evaluations": results.get("evaluations", {}),
         "generation": results.get("generation"),
+        "per_corpus": results.get("per_corpus"),
         "evals": evals,
     }
 
@@ -93,14 +104,48 @@ def curve_table(r: dict, metric: str = "perplexity") -> str:
 
 
 def generation_table(runs: list[dict]) -> str:
-    """Markdown: greedy decoding tokens/s (and prefill seconds) after each prompt length, teacher and student."""
-    lines = ["| run | model | context | prefill s | decode tokens/s |", "|---|---|---:|---:|---:|"]
+    """Markdown: prefill seconds and greedy decoding time per token (and tokens/s) after each prompt length, for
+    each model a run timed (teacher, control, student)."""
+    head = "| run | model | prompt tokens | prefill s | decode ms/token | decode tokens/s |"
+    lines = [head, "|---|---|---:|---:|---:|---:|"]
     for r in runs:
         for who, rows in (r["generation"] or {}).items():
             for g in rows:
+                per_token = g.get("decode_s_per_token", 1 / g["decode_tokens_per_s"])
                 lines.append(
-                    f"| {r['name']} | {who} | {g['context']} | {g['prefill_s']:.3f} | {g['decode_tokens_per_s']:.1f} |"
+                    f"| {r['name']} | {who} | {g['context']} | {g['prefill_s']:.3f} | {1e3 * per_token:.1f} | "
+                    f"{g['decode_tokens_per_s']:.1f} |"
                 )
+    return "\n".join(lines)
+
+
+#: the columns of the per-corpus table: evaluation name -> column heading
+COLUMNS = {
+    "teacher": "teacher",
+    "control": "control (teacher fine-tuned)",
+    "swapped": "swapped",
+    "transfer": "after transfer",
+    "finetune": "after fine-tune",
+}
+
+
+def per_corpus(evaluations: dict[str, dict[str, float]], corpora: dict[str, str]) -> dict[str, dict[str, float]]:
+    """``{corpus: {evaluation: held-out perplexity}}`` from the run's evaluations (columns of :data:`COLUMNS` that
+    ran)."""
+    table: dict[str, dict[str, float]] = {}
+    for name, pre in corpora.items():
+        key = f"{pre}perplexity"
+        table[name] = {col: evaluations[col][key] for col in COLUMNS if key in evaluations.get(col, {})}
+    return table
+
+
+def per_corpus_table(table: dict[str, dict[str, float]]) -> str:
+    """Markdown: one row per corpus, its held-out perplexity per evaluation."""
+    cols = [c for c in COLUMNS if any(c in row for row in table.values())]
+    lines = ["| corpus | " + " | ".join(COLUMNS[c] for c in cols) + " |", "|---|" + "---:|" * len(cols)]
+    for name, row in table.items():
+        cells = [f"{row[c]:,.1f}" if c in row else "-" for c in cols]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -149,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in runs:
         if any("@" in e["stage"] for e in r["evals"]):
             print(f"\n{r['name']}:\n\n" + curve_table(r))
+    for r in runs:
+        if r["per_corpus"]:
+            print(f"\n{r['name']}, held-out perplexity per corpus:\n\n" + per_corpus_table(r["per_corpus"]))
     if any(r["generation"] for r in runs):
         print("\n" + generation_table(runs))
     if a.plot:
