@@ -65,6 +65,20 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lora-rank", type=int, default=0, help="fine-tune LoRA adapters of this rank (0: all weights)")
     p.add_argument("--block-size", type=int, default=128, help="tokens per training window")
     p.add_argument("--batch-size", type=int, default=2)
+    _add_evaluation_args(p)
+    p.add_argument("--checkpoint-every", type=int, default=50)
+    p.add_argument("--stop-after", type=int, default=None, help="stop (with a checkpoint) after this step")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (CUDA when available)")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    _check_args(p, a)
+    return a
+
+
+def _add_evaluation_args(p: argparse.ArgumentParser) -> None:
+    """The options of held-out evaluation, the control and the generation timing."""
     p.add_argument("--eval-tokens", type=int, default=4096, help="held-out tokens for perplexity (0: no evaluation)")
     p.add_argument("--eval-batches", type=int, default=8, help="run:DIR models: validation batches per evaluation")
     p.add_argument(
@@ -92,13 +106,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "1024,2048,4096,max; held-out tokens), into results.json's 'generation'",
     )
     p.add_argument("--decode-tokens", type=int, default=16, help="tokens generated per timed prompt (>= 2)")
-    p.add_argument("--checkpoint-every", type=int, default=50)
-    p.add_argument("--stop-after", type=int, default=None, help="stop (with a checkpoint) after this step")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (CUDA when available)")
-    p.add_argument("--no-progress", action="store_true")
-    a = p.parse_args(argv)
+
+
+def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Values argparse cannot check alone: ranges, combinations, the ``--data`` / ``--also-eval`` specs."""
     for name in ("block_size", "batch_size"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(a, name)}")
@@ -117,7 +128,6 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
             a.corpora, a.extra_corpora = _corpora(a)
         except ValueError as e:
             p.error(str(e))
-    return a
 
 
 def _prompt_lengths(p: argparse.ArgumentParser, text: str) -> list[int | str]:

