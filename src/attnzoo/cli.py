@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reproduce": ("attnzoo.reproduce", "the papers' comparisons at laptop scale, one report"),
     "compare": ("attnzoo.compare", "which mechanism is better on your own task: tuned rates, seeds, 95% intervals"),
     "adapt": ("attnzoo.adapt.cli", "adapt a pretrained model (SmolLM2, GPT-2, Llama, an attnzoo run) into a mechanism"),
+    "adapt-speed": ("attnzoo.adapt.speed", "prefill and per-token decoding time of a teacher and its adapted models"),
     "models": ("attnzoo.models.cli", "list registered models with parameter counts"),
     "selftest": ("attnzoo.selftest", "check every mechanism x backend on this device against the float64 reference"),
     "kernels": ("attnzoo.kernels", "list the fused CPU kernels' builds; --clean removes all but this environment's"),

@@ -151,3 +151,34 @@ def test_mixture_errors_on_the_command_line(tmp_path, tiny_gguf, capsys):
         assert "CORPUS[:WEIGHT]" in err or "give a file with text" in err  # what would be valid
     assert main(base + ["--control"]) == 2
     assert "--control fine-tunes the teacher for --finetune-steps steps" in capsys.readouterr().err
+
+
+def test_adapt_speed_times_the_teacher_and_each_run_from_its_checkpoint(one_thread, tmp_path, tiny_gguf, notes, capsys):
+    from attnzoo.adapt import load_gguf_llama, load_student
+    from attnzoo.adapt.mixture import load_corpus_split, parse_mixture
+    from attnzoo.adapt.text import perplexity, token_stream
+
+    run = tmp_path / "run"
+    assert main(_args(tiny_gguf, run, notes, "--control", "--lora-rank", "2")) == 0
+    results = json.loads((run / "results.json").read_text())
+    assert results["per_corpus"]["pydocs"]["finetune"] == results["evaluations"]["finetune"]["pydocs_perplexity"]
+    # a run's latest checkpoint rebuilt (mechanism, LoRA adapters) is the model the run evaluated last
+    teacher, tok = load_gguf_llama(tiny_gguf)
+    held = token_stream(tok, load_corpus_split(parse_mixture("pydocs")[0])[1], EVAL_TOKENS, 64)
+    for path, stage in ((run, "finetune"), (run / "control", "finetune")):
+        ppl = perplexity(load_student(teacher, path), held, BLOCK)["perplexity"]
+        want = json.loads((path / "results.json").read_text())["evaluations"][stage]["pydocs_perplexity"]
+        assert ppl == pytest.approx(want, rel=1e-6)
+        assert ppl != results["per_corpus"]["pydocs"]["teacher"]  # the adapted weights, not the teacher's
+
+    out = tmp_path / "speed.json"
+    argv = ["adapt-speed", "--model", f"gguf:{tiny_gguf}", str(run), str(run / "control"), "--prompt-lengths", "8,max"]
+    assert main(argv + ["--decode-tokens", "4", "--threads", "1", "--out", str(out)]) == 0
+    gen = json.loads(out.read_text())["generation"]
+    assert list(gen) == ["teacher", str(run), str(run / "control")]
+    assert all(
+        [r["context"] for r in rows] == [8, 60] and r["decode_s_per_token"] > 0 for rows in gen.values() for r in rows
+    )
+    assert f"| speed | {run} | 60 |" in capsys.readouterr().out
+    assert main(["adapt-speed", "--model", f"gguf:{tiny_gguf}", str(tmp_path), "--prompt-lengths", "8"]) == 1
+    assert "is not an attnzoo adapt run directory" in capsys.readouterr().err

@@ -9,7 +9,15 @@ Llama-family model (SmolLM2) into ``transformers``. Needs the ``hf`` extra (``tr
 from __future__ import annotations
 
 from attnzoo.adapt.gguf import load_gguf_llama, load_smollm2
-from attnzoo.adapt.loop import AdaptConfig, AdaptError, AdaptResult, adapt, plot_transfer, transfer_losses
+from attnzoo.adapt.loop import (
+    AdaptConfig,
+    AdaptError,
+    AdaptResult,
+    adapt,
+    load_student,
+    plot_transfer,
+    transfer_losses,
+)
 from attnzoo.adapt.student import FAMILIES, AdaptLayer, Student, make_student, model_family
 
 __all__ = [
@@ -20,6 +28,7 @@ __all__ = [
     "FAMILIES",
     "load_gguf_llama",
     "load_smollm2",
+    "load_student",
     "Student",
     "adapt",
     "make_student",

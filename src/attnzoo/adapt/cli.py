@@ -116,7 +116,7 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     for name in ("eval_tokens", "eval_batches", "threads", "eval_every"):
         if getattr(a, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
-    a.prompt_lengths = _prompt_lengths(p, a.prompt_lengths)
+    a.prompt_lengths = parse_prompt_lengths(p, a.prompt_lengths)
     if a.decode_tokens < 2:
         p.error(f"--decode-tokens must be >= 2 (the first token, then at least one decoded), got {a.decode_tokens}")
     if a.model.startswith("run:") and (a.also_eval or a.prompt_lengths or a.control):
@@ -130,7 +130,7 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
             p.error(str(e))
 
 
-def _prompt_lengths(p: argparse.ArgumentParser, text: str) -> list[int | str]:
+def parse_prompt_lengths(p: argparse.ArgumentParser, text: str) -> list[int | str]:
     """``--prompt-lengths`` as a list of positive integers and ``"max"``."""
     out: list[int | str] = []
     for item in (t.strip() for t in text.split(",")):
@@ -199,7 +199,7 @@ def _text_model(a: argparse.Namespace, total_steps: int, device) -> TextRun:
 
     teacher, tokenizer = load_pretrained(a.model)
     teacher.to(device)
-    a.prompt_lengths = _resolve_lengths(
+    a.prompt_lengths = resolve_prompt_lengths(
         a.prompt_lengths, teacher, a.decode_tokens
     )  # before training: a bad length fails at once
     vocab = teacher.get_input_embeddings().weight.shape[0]
@@ -269,7 +269,7 @@ def merge_lora(model):
     return model
 
 
-def _resolve_lengths(lengths: list[int | str], model, decode_tokens: int) -> list[int]:
+def resolve_prompt_lengths(lengths: list[int | str], model, decode_tokens: int) -> list[int]:
     """``--prompt-lengths`` as token counts: ``max`` is the longest prompt the model's context
     (``config.max_position_embeddings``) holds with the ``decode_tokens`` generated after it; a longer one is an
     error."""

@@ -40,7 +40,16 @@ from attnzoo.adapt.text import TEXT_SOURCES
 from attnzoo.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from attnzoo.train.schedules import lr_at
 
-__all__ = ["AdaptConfig", "AdaptResult", "adapt", "AdaptError", "transfer_losses", "plot_transfer", "default_loss"]
+__all__ = [
+    "AdaptConfig",
+    "AdaptResult",
+    "adapt",
+    "AdaptError",
+    "transfer_losses",
+    "plot_transfer",
+    "default_loss",
+    "load_student",
+]
 
 Batch = Mapping[str, Any] | Sequence[Any]
 _MARKER = ".attnzoo-adapt"
@@ -555,6 +564,23 @@ def adapt(
     if out:
         run.finish(step)
     return AdaptResult(student=run.student, step=step, evaluations=run.evaluations, layer_losses=run.layer_losses)
+
+
+def load_student(teacher: nn.Module, run: str | Path) -> nn.Module:
+    """The student of the adapt run in ``run`` at its latest checkpoint, rebuilt from ``teacher`` (the model the run
+    adapted) and its ``adapt.json`` (mechanism, options, LoRA adapters), in eval mode."""
+    run = Path(run)
+    if not (run / _MARKER).is_file() or not (run / "adapt.json").is_file():
+        raise AdaptError(f"{run} is not an attnzoo adapt run directory (no {_MARKER} / adapt.json)")
+    saved = json.loads((run / "adapt.json").read_text())
+    known = set(asdict(AdaptConfig(saved.get("mechanism", ""))))
+    cfg = AdaptConfig(**{k: v for k, v in saved.items() if k in known})
+    ckpt = latest_checkpoint(run / "checkpoints")
+    if ckpt is None:
+        raise AdaptError(f"{run} has no checkpoint yet: nothing to load")
+    model = _Run(teacher, cfg, None, None).model
+    load_checkpoint(ckpt, model, restore_rng=False)
+    return model.eval()
 
 
 def _lr(cfg: AdaptConfig, stage: str) -> float:
