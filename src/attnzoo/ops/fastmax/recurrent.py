@@ -100,7 +100,7 @@ def fastmax_step(
     fk = features(standardize(k.to(sd)), p)
     if real is not None:
         fk = torch.where(real[:, :, None, None], fk, 0.0)  # padding: nothing enters the sums
-    num = state.num + fk.transpose(-1, -2) @ v.to(sd)
+    num = _add_outer(state.num, fk, v.to(sd))
     den = state.den + fk[..., 0, :]
     g = fq @ den.unsqueeze(-1)
     if real is not None:  # a row with no real token yet has G = 0: zero output, not 0/0
@@ -108,6 +108,15 @@ def fastmax_step(
         return torch.where(keep, (fq @ num) / torch.where(keep, g, 1.0), 0.0).to(v.dtype), FastmaxState(num, den)
     out = (fq @ num) / g
     return out.to(v.dtype), FastmaxState(num, den)
+
+
+def _add_outer(num: torch.Tensor, fk: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``num + phi(k)^T v`` for one token: ``num (B, H, P, Dv)``, ``fk (B, H, 1, P)``, ``v (B, H, 1, Dv)``. One
+    ``baddbmm`` writes the new sums without a ``(B, H, P, Dv)`` temporary for the outer product (at p = 2 and head
+    dimension 64 that is 4,161 x 64 values per head, per token)."""
+    b, h, p, dv = num.shape
+    out = torch.baddbmm(num.reshape(b * h, p, dv), fk.reshape(b * h, 1, p).transpose(1, 2), v.reshape(b * h, 1, dv))
+    return out.view(b, h, p, dv)
 
 
 def fastmax_prompt_state(
