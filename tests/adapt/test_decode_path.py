@@ -11,17 +11,29 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E4
 from attnzoo.adapt import make_student  # noqa: E402
 from attnzoo.hf.swap import SwappedAttention  # noqa: E402
 
-MECHANISMS = {"linear": {}, "tssa": {}, "fastmax": {"p": 1, "scale": 1 / 8}}
+#: name -> (mechanism, options); "grouped": the teacher's 2 key/value heads kept, each shared by 2 query heads
+MECHANISMS = {
+    "linear": ("linear", {}),
+    "tssa": ("tssa", {}),
+    "fastmax": ("fastmax", {"p": 1, "scale": 1 / 8}),
+    "linear-grouped": ("linear", {"kv_heads": 2}),
+    "fastmax-grouped": ("fastmax", {"p": 1, "scale": 1 / 8, "kv_heads": 2}),
+    "fastmax2-grouped": ("fastmax", {"p": 2, "kv_heads": 2}),
+}
 
 
-def _student(mechanism: str):
+def _teacher():
     torch.manual_seed(0)
     cfg = LlamaConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2,
     )  # fmt: skip
-    teacher = LlamaForCausalLM(cfg).eval()
-    return make_student(teacher, mechanism, MECHANISMS[mechanism]).model.eval()
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _student(name: str):
+    mechanism, options = MECHANISMS[name]
+    return make_student(_teacher(), mechanism, options).model.eval()
 
 
 def _state_numel(state) -> int:
@@ -65,7 +77,40 @@ def test_the_decoding_state_does_not_grow_with_the_context(one_thread, mechanism
         _, cache = _decode(model, ids[:, :n], prompt=4)
         sizes.append([_state_numel(layer._decoding[cache]["state"]) for layer in layers])
     assert sizes[0] == sizes[1] == sizes[2] and all(s > 0 for s in sizes[0])
-    # per layer: the mechanism's state at its query heads (GQA's shared key/value heads repeated per query head)
-    h, p = 4, 8
-    want = {"linear": h * p * p + h * p, "tssa": 2 * h * p + h, "fastmax": h * (1 + p) * p + h * (1 + p)}
+    # per layer: the mechanism's state per query head (h = 4), or per key/value head (g = 2) where they are kept
+    h, g, p, f2 = 4, 2, 8, 1 + 8 + 8 * 8  # f2: Fastmax p = 2's features of a head of 8 (1, k, k (x) k)
+    want = {
+        "linear": h * p * p + h * p,
+        "tssa": 2 * h * p + h,
+        "fastmax": h * (1 + p) * p + h * (1 + p),
+        "linear-grouped": g * p * p + g * p,
+        "fastmax-grouped": g * (1 + p) * p + g * (1 + p),
+        "fastmax2-grouped": g * f2 * p + g * f2,
+    }
     assert sizes[0] == [want[mechanism]] * len(layers)
+
+
+@pytest.mark.parametrize("name", ["linear-grouped", "fastmax-grouped", "fastmax2-grouped"])
+@torch.no_grad()
+def test_grouped_key_value_heads_compute_what_the_repeated_ones_do(one_thread, name):
+    """Kept grouped, the teacher's key/value projections give the swapped model of the default swap (which
+    repeats them per query head) at a third less projection width and half the state here."""
+    mechanism, options = MECHANISMS[name]
+    grouped = make_student(_teacher(), mechanism, options)
+    repeated = make_student(_teacher(), mechanism, {k: v for k, v in options.items() if k != "kv_heads"})
+    layer = grouped.model.get_submodule(grouped.layers[0].name).mixer
+    assert layer.kv_heads == 2 and tuple(layer.qkv.weight.shape) == (32 + 2 * 2 * 8, 32)
+    ids = torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(
+        grouped.model(input_ids=ids).logits, repeated.model(input_ids=ids).logits, rtol=1e-5, atol=1e-5
+    )
+    assert "2 key/value heads kept, each shared by its query heads" in grouped.report
+
+
+def test_grouped_key_value_heads_must_be_the_teachers():
+    with pytest.raises(ValueError, match=r"kv_heads=1: the original has 2 key/value heads for 4 query heads; valid"):
+        make_student(_teacher(), "linear", {"kv_heads": 1})
+    from attnzoo.layers import build_attention
+
+    with pytest.raises(ValueError, match=r"kv_heads=3 must divide heads=4; valid: \[1, 2, 4\] or None"):
+        build_attention("linear", dim=32, heads=4, causal=True, kv_heads=3)

@@ -240,17 +240,20 @@ class SwappedAttention(nn.Module):
             yield
             return
         cos, sin = rope
-        mixer, method = self.mixer, type(self.mixer)._qkv
+        # the grouped projection where the mixer has one (its _qkv repeats what it returns): rotating before the
+        # repeat rotates each key/value head once
+        name = "_qkv_grouped" if callable(getattr(type(self.mixer), "_qkv_grouped", None)) else "_qkv"
+        mixer, method = self.mixer, getattr(type(self.mixer), name)
 
         def rotated_qkv(x: torch.Tensor):
             q, k, v = method(mixer, x)
             return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
-        mixer._qkv = rotated_qkv  # an instance attribute shadows the method for this call only
+        setattr(mixer, name, rotated_qkv)  # an instance attribute shadows the method for this call only
         try:
             yield
         finally:
-            del mixer._qkv
+            delattr(mixer, name)
 
     def forward(self, hidden_states: torch.Tensor, *_args: Any, past_key_values=None, cache=None, **kwargs: Any):
         rope = kwargs.get("position_embeddings")
@@ -415,8 +418,10 @@ def _copy_weights(
     mechanism: str, mixer: Attention, layout: Projections, proj: _Projections, info: SwappedLayer
 ) -> set[str]:
     """Copy the original's projections into ``mixer`` as ``layout`` says; the names of the projections copied."""
-    k = _expand_kv(proj.k, proj.kv_heads, proj.heads, proj.head_dim)
-    v = _expand_kv(proj.v, proj.kv_heads, proj.heads, proj.head_dim)
+    # a mixer with grouped key/value heads (its kv_heads option) takes them as they are; others get them repeated
+    grouped = getattr(mixer, "kv_heads", proj.heads) == proj.kv_heads
+    k = proj.k if grouped else _expand_kv(proj.k, proj.kv_heads, proj.heads, proj.head_dim)
+    v = proj.v if grouped else _expand_kv(proj.v, proj.kv_heads, proj.heads, proj.head_dim)
     roles = {"q": proj.q, "k": k, "v": v, "o": proj.o}
     if layout.qkv is not None:  # qkv = (q | k | v), the fused projection of standard attention
         w = torch.cat([proj.q[0], k[0], v[0]], dim=0)
@@ -462,8 +467,18 @@ def _build(
         mixer = build_mixer(mechanism, dim, proj.heads, causal=causal, options=opts, context=context)
     mixer.to(ref.dtype)
     info = SwappedLayer(name="", original="", causal=causal)
+    kv_heads = getattr(mixer, "kv_heads", proj.heads)
+    if kv_heads not in (proj.heads, proj.kv_heads):
+        raise ValueError(
+            f"kv_heads={kv_heads}: the original has {proj.kv_heads} key/value heads for {proj.heads} query heads; "
+            f"valid: kv_heads={proj.kv_heads} (grouped as in the original) or None (one per query head)"
+        )
     if proj.kv_heads != proj.heads:
-        info.notes.append(f"{proj.kv_heads} key/value heads repeated to {proj.heads}")
+        kept = kv_heads == proj.kv_heads
+        info.notes.append(
+            f"{proj.kv_heads} key/value heads "
+            + ("kept, each shared by its query heads" if kept else f"repeated to {proj.heads}")
+        )
     copied = _copy_weights(mechanism, mixer, layout, proj, info)
     info.new = sorted(n for n, _ in mixer.named_parameters() if n.split(".")[0] not in copied)
     return mixer, info

@@ -267,18 +267,42 @@ def capture_internals(model: nn.Module) -> Iterator[dict[str, dict[str, torch.Te
 
 
 class QKVProjection:
-    """The fused q/k/v projection ``qkv: Linear(dim, 3 dim)`` and output projection ``proj`` (+ dropout)
-    shared by the query-key-value mechanisms (softmax, linear, Fastmax)."""
+    """The fused q/k/v projection ``qkv: Linear(dim, dim + 2 G P)`` and output projection ``proj`` (+ dropout)
+    shared by the query-key-value mechanisms (softmax, linear, Fastmax); ``G = kv_heads`` key/value heads, each
+    shared by ``H / G`` query heads (grouped-query attention; ``G = H``, the default, is ``Linear(dim, 3 dim)``)."""
 
-    def _init_projections(self, dim: int, qkv_bias: bool, proj_bias: bool, proj_dropout: float) -> None:
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+    def _init_projections(
+        self, dim: int, qkv_bias: bool, proj_bias: bool, proj_dropout: float, kv_heads: int | None = None
+    ) -> None:
+        heads = self.heads
+        if kv_heads is not None and heads % kv_heads:
+            valid = [g for g in range(1, heads + 1) if heads % g == 0]
+            raise ValueError(f"kv_heads={kv_heads} must divide heads={heads}; valid: {valid} or None")
+        self.kv_heads = kv_heads or heads
+        self.qkv = nn.Linear(dim, dim + 2 * self.kv_heads * self.head_dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_dropout)
 
+    def _qkv_grouped(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(B, N, dim) -> q (B, H, N, P)``, ``k, v (B, G, N, P)`` (views of one projection)."""
+        g = getattr(self, "kv_heads", self.heads)
+        if g == self.heads:
+            qkv = rearrange(self.qkv(x), "b n (three h p) -> three b h n p", three=3, h=self.heads)
+            return qkv[0], qkv[1], qkv[2]
+        q, k, v = self.qkv(x).split([self.dim, g * self.head_dim, g * self.head_dim], dim=-1)
+        return (
+            rearrange(q, "b n (h p) -> b h n p", h=self.heads),
+            rearrange(k, "b n (g p) -> b g n p", g=g),
+            rearrange(v, "b n (g p) -> b g n p", g=g),
+        )
+
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(B, N, dim) -> q, k, v`` each ``(B, H, N, P)`` (views of one projection)."""
-        qkv = rearrange(self.qkv(x), "b n (three h p) -> three b h n p", three=3, h=self.heads)
-        return qkv[0], qkv[1], qkv[2]
+        """``(B, N, dim) -> q, k, v`` each ``(B, H, N, P)``: grouped key/value heads repeated per query head."""
+        q, k, v = self._qkv_grouped(x)
+        rep = self.heads // k.shape[1]
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        return q, k, v
 
     def _out(self, o: torch.Tensor) -> torch.Tensor:
         """``(B, H, N, P) -> (B, N, dim)``: merge the heads, project, dropout."""

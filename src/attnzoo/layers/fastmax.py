@@ -56,7 +56,7 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
         self.scale = resolve_scale(o.scale, self.head_dim)
         self.p, self.attn_dropout, self.dropout_placement = o.p, o.attn_dropout, o.dropout_placement
         self.backend = o.backend
-        self._init_projections(self.dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
+        self._init_projections(self.dim, o.qkv_bias, o.proj_bias, o.proj_dropout, o.kv_heads)
 
     def forward(
         self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
@@ -97,7 +97,7 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
         check_positive_int("batch_size", batch_size)
         device = self.qkv.weight.device if device is None else device
         dtype = self.qkv.weight.dtype if dtype is None else dtype
-        return fastmax_init_state(batch_size, self.heads, self.head_dim, p=self.p, device=device, dtype=dtype)
+        return fastmax_init_state(batch_size, self.kv_heads, self.head_dim, p=self.p, device=device, dtype=dtype)
 
     def step(
         self, x: torch.Tensor, state: FastmaxState, *, attention_mask: torch.Tensor | None = None
@@ -114,7 +114,7 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
         if attention_mask is not None:
             attention_mask = attention_mask[:, -1:]  # this token's column: the state already holds the earlier ones
         with self.naming_input(x):
-            q, k, v = self._qkv(x)
+            q, k, v = self._qkv_grouped(x)  # the sums are kept per key/value head
             out, state = fastmax_step(q, k, v, state, p=self.p, scale=self.scale, attention_mask=attention_mask)
             return zero_padding_tokens(self._out(out), attention_mask), state
 
@@ -127,10 +127,12 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
         self._require_causal()
         self.check_input(x)
         with self.naming_input(x):
-            q, k, v = self._qkv(x)
+            q, k, v = self._qkv_grouped(x)
+            rep = self.heads // self.kv_heads
             out = fastmax(
-                q, k, v, p=self.p, causal=True, scale=self.scale, backend=self.backend, attention_mask=attention_mask
-            )
+                q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), p=self.p, causal=True,
+                scale=self.scale, backend=self.backend, attention_mask=attention_mask,
+            )  # fmt: skip
             y = zero_padding_tokens(self._out(out), attention_mask)
         real = None if attention_mask is None else (attention_mask != 0).to(x.device)
         return y, fastmax_prompt_state(k, v, p=self.p, real=real)

@@ -44,7 +44,7 @@ class LinearAttention(QKVProjection, Attention, RecurrentMixin):
     def build(self, o: LinearOptions) -> None:
         """The projections and parameters of the options ``o``."""
         self.feature_map, self.eps, self.chunk_size = o.feature_map, o.eps, o.chunk_size
-        self._init_projections(self.dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
+        self._init_projections(self.dim, o.qkv_bias, o.proj_bias, o.proj_dropout, o.kv_heads)
 
     def forward(
         self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
@@ -73,10 +73,11 @@ class LinearAttention(QKVProjection, Attention, RecurrentMixin):
 
     # ---- decoding ---------------------------------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> dict[str, torch.Tensor]:
-        """Empty recurrent state ``{"s": (B, H, P, P), "z": (B, H, P)}`` (float32, or float64 for float64)."""
+        """Empty recurrent state ``{"s": (B, G, P, P), "z": (B, G, P)}`` per key/value head (``G = kv_heads``; float32,
+        or float64 for float64)."""
         w = self.qkv.weight
         s, z = init_linear_state(
-            batch_size, self.heads, self.head_dim, self.head_dim, device=device or w.device, dtype=dtype or w.dtype
+            batch_size, self.kv_heads, self.head_dim, self.head_dim, device=device or w.device, dtype=dtype or w.dtype
         )
         return {"s": s, "z": z}
 
@@ -86,7 +87,7 @@ class LinearAttention(QKVProjection, Attention, RecurrentMixin):
         if not isinstance(state, dict) or "s" not in state or "z" not in state:
             raise TypeError("state must be the dict returned by init_state/step with keys ['s', 'z']")
         with self.naming_input(x):
-            q, k, v = self._qkv(x)
+            q, k, v = self._qkv_grouped(x)  # the state is kept per key/value head
             o, (s, z) = linear_attention_recurrent(
                 q, k, v, (state["s"], state["z"]), feature_map=self.feature_map, eps=self.eps
             )

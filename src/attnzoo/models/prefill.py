@@ -39,7 +39,7 @@ def _forward(mixer: nn.Module, x: torch.Tensor, keep: torch.Tensor | None) -> to
 
 def _linear(mixer: LinearAttention, x: torch.Tensor, keep: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
     out = _forward(mixer, x, keep)
-    _, k, v = mixer._qkv(x)
+    _, k, v = mixer._qkv_grouped(x)  # the state is kept per key/value head
     s, _ = init_linear_state(1, 1, 1, 1, device=x.device, dtype=x.dtype)
     acc = s.dtype  # float32 sums at least, as the recurrent step keeps them
     fk = feature_map_fn(mixer.feature_map)(k.to(acc))

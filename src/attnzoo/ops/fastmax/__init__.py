@@ -21,7 +21,14 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from attnzoo._checks import NonFiniteError, check_bool, check_overflow, check_probability, finite_absmax
+from attnzoo._checks import (
+    NonFiniteError,
+    check_bool,
+    check_optional_positive_int,
+    check_overflow,
+    check_probability,
+    finite_absmax,
+)
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend, check_backend, resolve_backend, traced_by_forward_ad
 from attnzoo.ops._kernels.feature_attention import feature_attention_cpu
@@ -101,6 +108,12 @@ class FastmaxOptions(Options):
     dropout_placement: str = option("none", doc="'none', 'standard', '1d' or 'quadratic' (FAST §2.4)")
     proj_dropout: float = option(0.0, check_probability, "dropout after the output projection")
     backend: str = option("auto", _check_backend, "backend of the op")
+    kv_heads: int | None = option(
+        None,
+        check_optional_positive_int,
+        "key/value heads G, each shared by heads / G query heads (grouped-query attention; the decoding state is "
+        "kept per group); None: one per query head",
+    )
 
     def validate(self) -> None:
         check_dropout_placement(self.attn_dropout, self.dropout_placement, self.p)

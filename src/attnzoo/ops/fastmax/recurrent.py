@@ -67,7 +67,9 @@ def fastmax_step(
     scale: float | None = None,
     attention_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, FastmaxState]:
-    """One causal step (eqs 32-35): ``q, k (B, H, 1, D)``, ``v (B, H, 1, Dv)`` -> ``(out (B, H, 1, Dv), new state)``.
+    """One causal step (eqs 32-35): ``q (B, H, 1, D)``, ``k (B, G, 1, D)``, ``v (B, G, 1, Dv)`` -> ``(out (B, H, 1,
+    Dv), new state)``; the sums are kept per key/value head (``G`` dividing ``H``, each shared by ``H / G``
+    consecutive query heads; ``G = H`` is plain multi-head).
 
     Pure: the input state is not modified. The new token is added to the sums before they are read, so the
     output attends to tokens ``<= t`` exactly like the parallel causal op. ``attention_mask (B, 1)`` (True/1 = a
@@ -76,18 +78,19 @@ def fastmax_step(
     """
     check_p(p)
     check_ndim("q", q, 4, "(B, H, 1, D)")
-    check_ndim("k", k, 4, "(B, H, 1, D)")
-    check_ndim("v", v, 4, "(B, H, 1, Dv)")
-    if q.shape != k.shape or q.shape[2] != 1 or v.shape[:3] != q.shape[:3]:
+    check_ndim("k", k, 4, "(B, G, 1, D)")
+    check_ndim("v", v, 4, "(B, G, 1, Dv)")
+    b, h, _, d = q.shape
+    g = k.shape[1]
+    if k.shape != (b, g, 1, d) or q.shape[2] != 1 or v.shape[:3] != k.shape[:3] or h % g:
         raise ValueError(
-            f"fastmax_step takes one token: q, k (B, H, 1, D) and v (B, H, 1, Dv); got q {tuple(q.shape)}, "
-            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+            f"fastmax_step takes one token: q (B, H, 1, D), k (B, G, 1, D) and v (B, G, 1, Dv) with G dividing H; "
+            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     if not isinstance(state, FastmaxState):
         raise TypeError(f"state must be a FastmaxState (see fastmax_init_state), got {type(state).__name__}")
-    b, h, _, d = q.shape
     pd = feature_dim(d, p)
-    want = (b, h, pd, v.shape[-1])
+    want = (b, g, pd, v.shape[-1])
     if tuple(state.num.shape) != want or tuple(state.den.shape) != want[:3]:
         raise ValueError(
             f"state shapes num {tuple(state.num.shape)}, den {tuple(state.den.shape)} do not match "
@@ -96,18 +99,19 @@ def fastmax_step(
     scale = resolve_scale(scale, d)
     real = None if attention_mask is None else check_attention_mask(attention_mask, b, 1).to(q.device)
     sd = state.num.dtype
-    fq = features(standardize(q.to(sd)) * scale, p)  # (B, H, 1, P)
+    fq = features(standardize(q.to(sd)) * scale, p).reshape(b, g, h // g, pd)  # each key/value head's query heads
     fk = features(standardize(k.to(sd)), p)
     if real is not None:
         fk = torch.where(real[:, :, None, None], fk, 0.0)  # padding: nothing enters the sums
     num = _add_outer(state.num, fk, v.to(sd))
     den = state.den + fk[..., 0, :]
-    g = fq @ den.unsqueeze(-1)
+    norm = fq @ den.unsqueeze(-1)  # eq 35's G per query head
     if real is not None:  # a row with no real token yet has G = 0: zero output, not 0/0
         keep = real[:, :, None, None]
-        return torch.where(keep, (fq @ num) / torch.where(keep, g, 1.0), 0.0).to(v.dtype), FastmaxState(num, den)
-    out = (fq @ num) / g
-    return out.to(v.dtype), FastmaxState(num, den)
+        out = torch.where(keep, (fq @ num) / torch.where(keep, norm, 1.0), 0.0)
+    else:
+        out = (fq @ num) / norm
+    return out.reshape(b, h, 1, -1).to(v.dtype), FastmaxState(num, den)
 
 
 def _add_outer(num: torch.Tensor, fk: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

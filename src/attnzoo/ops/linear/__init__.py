@@ -15,6 +15,7 @@ import torch
 
 from attnzoo._checks import (
     check_bool,
+    check_ndim,
     check_nonneg_finite,
     check_optional_positive_int,
     check_overflow,
@@ -56,6 +57,12 @@ class LinearOptions(Options):
     proj_bias: bool = option(True, check_bool, "bias of the output projection")
     proj_dropout: float = option(0.0, check_probability, "dropout after the output projection")
     chunk_size: int | None = option(None, check_optional_positive_int, "token chunk of the causal 'torch' path")
+    kv_heads: int | None = option(
+        None,
+        check_optional_positive_int,
+        "key/value heads G, each shared by heads / G query heads (grouped-query attention; the decoding state is "
+        "kept per group); None: one per query head",
+    )
 
 
 def _linear_naive(
@@ -187,23 +194,38 @@ def linear_attention_recurrent(
 ) -> tuple[torch.Tensor, LinearState]:
     """Causal linear attention as an RNN (Katharopoulos et al. 2020, eqs. 18-20), continuing from ``state``.
 
-    ``q, k (B, H, T, P)``, ``v (B, H, T, Pv)``, ``state = (S (B, H, P, Pv), z (B, H, P))`` or ``None`` (empty)
-    -> ``(out (B, H, T, Pv), new_state)``. Pure: ``state`` is not modified. States are float32 (float64 for
-    float64 inputs). Running it over a whole sequence equals ``linear_attention(..., causal=True)``.
+    ``q (B, H, T, P)``, ``k (B, G, T, P)``, ``v (B, G, T, Pv)``, ``state = (S (B, G, P, Pv), z (B, G, P))`` or
+    ``None`` (empty) -> ``(out (B, H, T, Pv), new_state)``. ``G`` key/value heads divide the ``H`` query heads, each
+    shared by ``H / G`` consecutive query heads (grouped-query attention; ``G = H`` is plain multi-head). Pure:
+    ``state`` is not modified. States are float32 (float64 for float64 inputs). Running it over a whole sequence
+    equals ``linear_attention(..., causal=True)`` with ``k, v`` repeated per query head.
     """
-    _check_qkv(q, k, v, "linear_attention_recurrent")
+    for name, t in (("k", k), ("v", v)):
+        check_ndim(name, t, 4, "(B, G, T, P)")
+    b, h, _, p = q.shape
+    g, pv = k.shape[1], v.shape[-1]
+    if k.shape[:2] != v.shape[:2] or k.shape[0] != b or h % g:
+        raise ValueError(
+            f"k and v need the batch of q and one number of key/value heads dividing q's {h} heads: got q "
+            f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    rep = h // g  # the checks see each key/value head once per query head it serves, as the parallel op does
+    _check_qkv(
+        q,
+        k.repeat_interleave(rep, 1) if rep > 1 else k,
+        v.repeat_interleave(rep, 1) if rep > 1 else v,
+        "linear_attention_recurrent",
+    )
     feature_map_fn(feature_map)
     eps = _check_eps(eps)
-    b, h, _, p = q.shape
-    pv = v.shape[-1]
     if state is None:
-        state = init_linear_state(b, h, p, pv, device=q.device, dtype=q.dtype)
+        state = init_linear_state(b, g, p, pv, device=q.device, dtype=q.dtype)
     if not (isinstance(state, (tuple, list)) and len(state) == 2 and all(isinstance(t, torch.Tensor) for t in state)):
-        raise TypeError("state must be None or a pair of tensors (S (B, H, P, Pv), z (B, H, P))")
+        raise TypeError("state must be None or a pair of tensors (S (B, G, P, Pv), z (B, G, P))")
     s, z = state
-    if tuple(s.shape) != (b, h, p, pv) or tuple(z.shape) != (b, h, p):
+    if tuple(s.shape) != (b, g, p, pv) or tuple(z.shape) != (b, g, p):
         raise ValueError(
-            f"state shapes {tuple(s.shape)}, {tuple(z.shape)} do not match q/v: expected {(b, h, p, pv)}, {(b, h, p)}"
+            f"state shapes {tuple(s.shape)}, {tuple(z.shape)} do not match k/v: expected {(b, g, p, pv)}, {(b, g, p)}"
         )
     if s.dtype != z.dtype or not s.is_floating_point():
         raise TypeError(f"state tensors must share one floating dtype, got {s.dtype} and {z.dtype}")

@@ -36,19 +36,23 @@ def linear_attention_recurrent_loop(
     feature_map: str,
     eps: float,
 ) -> tuple[torch.Tensor, LinearState]:
-    """Token-by-token state updates over ``N`` tokens; returns outputs ``(B, H, N, Pv)`` and the new state."""
+    """Token-by-token state updates over ``N`` tokens; returns outputs ``(B, H, N, Pv)`` and the new state. ``k, v``
+    have ``G`` heads dividing ``q``'s ``H``; the state is kept per key/value head ``(B, G, P, Pv)``, ``(B, G, P)``
+    and read by its ``H / G`` query heads."""
     phi = feature_map_fn(feature_map)
     s, z = state
     acc = s.dtype
     fq, fk, va = phi(q.to(acc)), phi(k.to(acc)), v.to(acc)
+    b, h, _, p = q.shape
+    g = k.shape[1]
     outs = []
     for t in range(q.shape[-2]):
-        fq_t = fq[:, :, t : t + 1]  # (B, H, 1, P)
+        fq_t = fq[:, :, t].reshape(b, g, h // g, p)  # each key/value head's query heads
         # eq. 18-19: fold token t into the state before reading it (the causal mask includes j = t); addcmul forms
-        # the outer product phi(k_t) v_t^T inside the sum, without a (B, H, P, Pv) temporary per token
+        # the outer product phi(k_t) v_t^T inside the sum, without a (B, G, P, Pv) temporary per token
         s = torch.addcmul(s, fk[:, :, t, :, None], va[:, :, t, None, :])
         z = z + fk[:, :, t]
-        den = fq_t @ z.unsqueeze(-1)  # (B, H, 1, 1)
-        outs.append((fq_t @ s) / (den + eps))
+        den = fq_t @ z.unsqueeze(-1)  # (B, G, H / G, 1)
+        outs.append(((fq_t @ s) / (den + eps)).reshape(b, h, 1, -1))
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # one decoded token: no copy
     return out.to(v.dtype), (s, z)
