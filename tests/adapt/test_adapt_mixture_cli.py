@@ -100,7 +100,7 @@ def test_per_corpus_perplexity_equals_a_direct_computation(one_thread, tmp_path,
 
 
 def test_resume_after_a_kill_in_the_student_or_the_control_repeats_the_run(
-    one_thread, tmp_path, tiny_gguf, notes, monkeypatch
+    one_thread, tmp_path, tiny_gguf, notes, monkeypatch, capsys
 ):
     from attnzoo.adapt import loop
 
@@ -134,6 +134,14 @@ def test_resume_after_a_kill_in_the_student_or_the_control_repeats_the_run(
     assert control == read("whole", "control", "results.json")["evaluations"]
     assert losses("killed") == losses("whole") and losses("killed", "control") == losses("whole", "control")
     assert len(losses("whole", "control")) == 3
+    # resuming with another mixture (or block size) would draw other batches: refused, naming the setting
+    other = _args(tiny_gguf, tmp_path / "whole", notes, "--control", "--resume")
+    other[other.index("--data") + 1] = f"plays:1,{notes}:2"
+    assert main(other) == 1
+    assert (
+        "was started with other settings (data: {'mixture': [['plays', 1.0, None], ['notes', 0.5,"
+        in capsys.readouterr().err
+    )
 
 
 def test_mixture_errors_on_the_command_line(tmp_path, tiny_gguf, capsys):

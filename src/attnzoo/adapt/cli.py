@@ -199,9 +199,8 @@ def _text_model(a: argparse.Namespace, total_steps: int, device) -> TextRun:
 
     teacher, tokenizer = load_pretrained(a.model)
     teacher.to(device)
-    a.prompt_lengths = resolve_prompt_lengths(
-        a.prompt_lengths, teacher, a.decode_tokens
-    )  # before training: a bad length fails at once
+    # before training: a bad length fails at once
+    a.prompt_lengths = resolve_prompt_lengths(a.prompt_lengths, teacher, a.decode_tokens)
     vocab = teacher.get_input_embeddings().weight.shape[0]
     train, extra = a.corpora, a.extra_corpora
 
@@ -362,9 +361,26 @@ def _config(a: argparse.Namespace):
         checkpoint_every=a.checkpoint_every,
         seed=a.seed,
         eval_every=a.eval_every,
+        data=None if a.model.startswith("run:") else _data_record(a),
     )
     cfg.validate()
     return cfg
+
+
+def _data_record(a: argparse.Namespace) -> dict:
+    """What a language model's batches and evaluations are drawn from, as the run records it (a resume with other
+    data is refused): the mixture (files by absolute path), block and batch size, held-out corpora and tokens."""
+
+    def items(corpora):
+        return [[c.name, c.weight, str(c.path.resolve()) if c.path else None] for c in corpora]
+
+    return {
+        "mixture": items(a.corpora),
+        "also_eval": items(a.extra_corpora),
+        "block_size": a.block_size,
+        "batch_size": a.batch_size,
+        "eval_tokens": a.eval_tokens,
+    }
 
 
 def _finish_text(res, cfg, a: argparse.Namespace, text: TextRun) -> None:

@@ -87,6 +87,9 @@ class AdaptConfig:
     #: also evaluate every this many steps (0: only before, between and after the stages), as ``"<stage>@<step>"``:
     #: the curve of held-out metrics against adaptation tokens and CPU time
     eval_every: int = 0
+    #: what the caller's batches and evaluations are drawn from (``attnzoo adapt``: the mixture, block and batch
+    #: size, held-out corpora), recorded so a resume with other data is refused; ``None``: not recorded
+    data: dict | None = None
 
     def validate(self) -> None:
         for name in ("transfer_steps", "finetune_steps", "warmup_steps", "lora_rank", "seed", "eval_every"):
@@ -109,6 +112,8 @@ class AdaptConfig:
                 raise AdaptError(f"{name} must be a finite number >= 0, got {v!r}")
         if not isinstance(self.options, dict):
             raise AdaptError(f"options must be a dict of the mechanism's options, got {type(self.options).__name__}")
+        if self.data is not None and not isinstance(self.data, dict):
+            raise AdaptError(f"data must be a dict describing the batches or None, got {type(self.data).__name__}")
 
     @property
     def total_steps(self) -> int:
@@ -156,6 +161,8 @@ def _prepare_dir(out: Path, cfg: AdaptConfig, resume: bool, overwrite: bool) -> 
             saved = {**asdict(AdaptConfig(cfg.mechanism)), **json.loads((out / "adapt.json").read_text())}
             given = asdict(cfg)
             differ = sorted(k for k in set(saved) | set(given) if saved.get(k) != _jsonish(given.get(k)))
+            if saved.get("data") is None:  # a run that did not record its data cannot be checked against it
+                differ = [k for k in differ if k != "data"]
             if differ:
                 raise AdaptError(
                     f"{out} was started with other settings ({', '.join(f'{k}: {saved.get(k)!r}' for k in differ)}); "
