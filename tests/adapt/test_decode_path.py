@@ -114,3 +114,15 @@ def test_grouped_key_value_heads_must_be_the_teachers():
 
     with pytest.raises(ValueError, match=r"kv_heads=3 must divide heads=4; valid: \[1, 2, 4\] or None"):
         build_attention("linear", dim=32, heads=4, causal=True, kv_heads=3)
+
+
+@pytest.mark.parametrize("mechanism", ["linear", "tssa", "fastmax", "linear-grouped"])
+@torch.no_grad()
+def test_a_prompt_is_projected_once_for_its_output_and_its_state(one_thread, mechanism):
+    model = _student(mechanism)
+    calls = []
+    for layer in (m for m in model.modules() if isinstance(m, SwappedAttention)):
+        layer.mixer.qkv.register_forward_hook(lambda *_: calls.append(1))
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(4))
+    model(input_ids=ids, cache=DynamicCache(), use_cache=True)
+    assert len(calls) == 2  # two layers, one projection of the prompt each

@@ -14,6 +14,7 @@ from attnzoo.ops.linear import (
     linear_attention_recurrent,
     linear_attention_weights,
 )
+from attnzoo.ops.linear.naive import feature_map_fn
 
 __all__ = ["LinearAttention"]
 
@@ -92,6 +93,31 @@ class LinearAttention(QKVProjection, Attention, RecurrentMixin):
                 q, k, v, (state["s"], state["z"]), feature_map=self.feature_map, eps=self.eps
             )
             return self._out(o), {"s": s, "z": z}
+
+    def prefill(
+        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``(out (B, N, dim), state)``: the causal forward of the prompt ``x`` and the state after it, ``S = sum_t
+        phi(k_t) v_t^T`` and ``z = sum_t phi(k_t)`` over each row's real tokens (eqs. 18-20), from one projection
+        of the prompt. ``attention_mask`` ``(B, N)`` marks the real tokens."""
+        if not self.causal:
+            raise ValueError("prefill fills a decoding state: build the LinearAttention with causal=True")
+        self.check_input(x)
+        with self.naming_input(x):
+            q, k, v = self._qkv_grouped(x)
+            rep = self.heads // self.kv_heads
+            o = linear_attention(
+                q, k.repeat_interleave(rep, 1) if rep > 1 else k, v.repeat_interleave(rep, 1) if rep > 1 else v,
+                causal=True, feature_map=self.feature_map, eps=self.eps, chunk_size=self.chunk_size,
+                attention_mask=attention_mask,
+            )  # fmt: skip
+            y = zero_padding_tokens(self._out(o), attention_mask)
+        s, _ = init_linear_state(1, 1, 1, 1, device=x.device, dtype=x.dtype)
+        acc = s.dtype  # float32 sums at least, as the recurrent step keeps them
+        fk = feature_map_fn(self.feature_map)(k.to(acc))  # (B, G, N, P): the state is kept per key/value head
+        if attention_mask is not None:
+            fk = fk * (attention_mask != 0)[:, None, :, None].to(device=x.device, dtype=acc)
+        return y, {"s": fk.transpose(-1, -2) @ v.to(acc), "z": fk.sum(dim=2)}
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, feature_map={self.feature_map!r}"

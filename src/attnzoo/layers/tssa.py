@@ -62,6 +62,12 @@ class TSSAAttention(Attention, RecurrentMixin):
     ) -> torch.Tensor:
         """``x`` ``(B, N, dim) -> (B, N, dim)``; ``attention_mask`` ``(B, N)`` or ``cu_seqlens`` as in
         :func:`~attnzoo.ops.tssa.tssa` (each sequence alone; padding positions give zeros)."""
+        return self._attend(x, attention_mask, cu_seqlens)[0]
+
+    def _attend(
+        self, x: torch.Tensor, attention_mask: torch.Tensor | None, cu_seqlens: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward's output ``(B, N, dim)`` and the projected tokens ``w (B, H, N, P)`` it read (eq. 28)."""
         self.check_input(x)
         self._check_len(x.shape[1], packed=attention_mask is not None or cu_seqlens is not None)
         masks = {"attention_mask": attention_mask, "cu_seqlens": cu_seqlens}
@@ -72,7 +78,7 @@ class TSSAAttention(Attention, RecurrentMixin):
             if self.capturing:
                 with torch.no_grad():
                     self.record(pi=tssa_pi(w, temp, causal=self.causal, bias=self.bias, **masks), w=w)
-            return zero_padding_tokens(self.to_out(rearrange(out, "b h n p -> b n (h p)")), attention_mask)
+            return zero_padding_tokens(self.to_out(rearrange(out, "b h n p -> b n (h p)")), attention_mask), w
 
     # ---- recurrent decoding (causal only) -----------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> TSSAState:
@@ -115,8 +121,7 @@ class TSSAAttention(Attention, RecurrentMixin):
         (Alg. 2's running sums of ``w^2``, ``Pi w^2`` and ``Pi`` over each row's real tokens), in one parallel pass
         instead of ``N`` steps. ``attention_mask`` ``(B, N)``: positions become per row (``state.pos`` ``(B,)``)."""
         self._require_causal()
-        out = self(x, attention_mask=attention_mask)
-        w = rearrange(self.qkv(x), "b n (h p) -> b h n p", h=self.heads)
+        out, w = self._attend(x, attention_mask, None)  # the prompt projected once for the output and the sums
         pi = tssa_pi(w, self.temp.view(-1), causal=True, bias=self.bias, attention_mask=attention_mask)
         cdt = torch.promote_types(self.temp.dtype, torch.float32)
         x2 = w.to(cdt) ** 2
