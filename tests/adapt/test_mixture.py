@@ -59,6 +59,16 @@ def test_bad_specs_name_the_value_and_what_is_valid(spec, message):
     assert "plays" in str(e.value) or "twice" in str(e.value)  # what is valid, or which name repeats
 
 
+def test_a_user_file_named_like_a_corpus_gets_its_own_name_and_errors_name_the_flag(tmp_path):
+    (tmp_path / "imdb.txt").write_text("x " * 100)
+    assert parse_mixture(f"imdb,{tmp_path / 'imdb.txt'}:2") == [
+        Corpus("imdb", 1.0),
+        Corpus("imdb_file", 2.0, tmp_path / "imdb.txt"),
+    ]
+    with pytest.raises(ValueError, match="--also-eval item 'wiki': 'wiki' is neither a corpus"):
+        parse_mixture("plays,wiki", "--also-eval")
+
+
 def test_an_empty_user_file_is_an_error(tmp_path):
     (tmp_path / "empty.txt").write_text("  \n")
     with pytest.raises(ValueError, match=r"empty.txt:2'?: the file .*empty.txt is empty"):

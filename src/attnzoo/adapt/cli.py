@@ -170,7 +170,7 @@ def _corpora(a: argparse.Namespace):
     from attnzoo.adapt.mixture import parse_mixture
 
     train = parse_mixture(a.data or "plays")
-    extra = parse_mixture(a.also_eval) if a.also_eval else []
+    extra = parse_mixture(a.also_eval, "--also-eval") if a.also_eval else []
     for c in extra:
         if any(t.name == c.name for t in train):
             raise ValueError(f"--also-eval {c.name} is already in --data (evaluated there); name another corpus")

@@ -79,45 +79,48 @@ def _split_item(item: str) -> tuple[str, str | None]:
     return head, tail.strip()
 
 
-def _weight(item: str, text: str | None) -> float:
+def _weight(where: str, text: str | None) -> float:
     if text is None:
         return 1.0
     try:
         w = float(text)
     except ValueError:
-        raise ValueError(f"--data item {item!r}: weight {text!r} is not a number; {_SPEC_HELP}") from None
+        raise ValueError(f"{where}: weight {text!r} is not a number; {_SPEC_HELP}") from None
     if not (math.isfinite(w) and w > 0):
-        raise ValueError(f"--data item {item!r}: weight {w} must be a finite number > 0; {_SPEC_HELP}")
+        raise ValueError(f"{where}: weight {w} must be a finite number > 0; {_SPEC_HELP}")
     return w
 
 
-def _user_file(item: str, name: str) -> Corpus:
+def _user_file(where: str, name: str) -> Corpus:
+    """A user text file as a corpus named by its stem (``_file`` appended where the stem is a named corpus's)."""
     path = Path(name).expanduser()
     if not path.is_file():
-        raise ValueError(f"--data item {item!r}: {name!r} is neither a corpus nor an existing file; {_SPEC_HELP}")
+        raise ValueError(f"{where}: {name!r} is neither a corpus nor an existing file; {_SPEC_HELP}")
     if not path.read_bytes().strip():
-        raise ValueError(f"--data item {item!r}: the file {path} is empty; give a file with text in it")
+        raise ValueError(f"{where}: the file {path} is empty; give a file with text in it")
     stem = re.sub(r"[^A-Za-z0-9_]", "_", path.stem) or "file"
-    return Corpus(stem, 1.0, path)
+    return Corpus(f"{stem}_file" if stem in CORPORA or stem in ALIASES else stem, 1.0, path)
 
 
-def parse_mixture(spec: str) -> list[Corpus]:
-    """The corpora of a ``--data`` spec (``plays:1,imdb:1,./my.txt:0.5``); an error names the bad item and what is
-    valid (an unknown corpus, a missing or empty file, a weight that is not a number > 0, a name given twice)."""
+def parse_mixture(spec: str, flag: str = "--data") -> list[Corpus]:
+    """The corpora of a ``--data`` spec (``plays:1,imdb:1,./my.txt:0.5``; ``flag`` names the option in errors); an
+    error names the bad item and what is valid (an unknown corpus, a missing or empty file, a weight that is not a
+    number > 0, a name given twice)."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"--data is empty; {_SPEC_HELP}")
+        raise ValueError(f"{flag} is empty; {_SPEC_HELP}")
     out: list[Corpus] = []
     for item in spec.split(","):
         if not item.strip():
-            raise ValueError(f"--data {spec!r} has an empty item; {_SPEC_HELP}")
+            raise ValueError(f"{flag} {spec!r} has an empty item; {_SPEC_HELP}")
+        where = f"{flag} item {item!r}"
         name, w_text = _split_item(item)
-        weight = _weight(item, w_text)
+        weight = _weight(where, w_text)
         key = ALIASES.get(name, name)
-        corpus = Corpus(key, weight) if key in CORPORA else _user_file(item, name)
+        corpus = Corpus(key, weight) if key in CORPORA else _user_file(where, name)
         corpus = Corpus(corpus.name, weight, corpus.path)
         if any(c.name == corpus.name for c in out):
             raise ValueError(
-                f"--data {spec!r} names the corpus {corpus.name!r} twice (a user file is named by its stem); "
+                f"{flag} {spec!r} names the corpus {corpus.name!r} twice (a user file is named by its stem); "
                 f"give each once"
             )
         out.append(corpus)
