@@ -186,6 +186,22 @@ def test_the_claims_table_names_a_reference_and_a_section_once_per_run_of_rows()
         ("S1", _f(*WIN, claim="c2")),
         ("S2", dataclasses.replace(_f(*WIN, claim="c3"), paper="Y")),
     ]
-    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in _claims_table(tally(pairs)).splitlines()[2:]]
-    assert [r[-1] for r in rows] == ["S1", "", "S2"]
+    gate(pairs[0][1], "sizes unlike the paper's", "conditions")
+    table, notes = _claims_table(tally(pairs))
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]]
+    assert [r[-2] for r in rows] == ["S1", "", "S2"]
     assert [r[1] for r in rows] == ["X Table 1", "", "Y"] and [r[2] for r in rows] == ["c1", "c2", "c3"]
+    # the paper's figure is printed once per run of equal rows; a claim's own notes are footnotes under the table
+    assert [r[3] for r in rows] == ["a > b", "", ""]
+    assert [r[-1] for r in rows] == ["[1]", "-", "-"] and notes == ["[1] gated: sizes unlike the paper's"]
+
+
+def test_a_paper_claim_is_reported_in_the_claims_table_and_not_again_in_its_section():
+    from attnzoo.reproduce.report import _section_md
+
+    fs = [_f(*WIN, claim_id="tost-t3-lra#listops", claim="c1"), dataclasses.replace(_f(*TIE, claim="c4"), kind="check")]
+    sec = Section("k", "K: t", findings=fs)
+    summary = "\n".join(_summary([sec], "long"))
+    assert "| `tost-t3-lra` | X Table 1 | c1 | a > b | listops |" in summary
+    body = "\n".join(_section_md(sec))
+    assert "tost-t3-lra" not in body and "| c4 | a > b |" in body

@@ -56,12 +56,14 @@ class Context:
 
 @dataclass
 class Table:
-    """A report table: ``headers`` and ``rows`` of already-formatted cells, plus a caption."""
+    """A report table: ``headers`` and ``rows`` of already-formatted cells, plus a caption; an ``appendix`` table
+    (a learning-rate sweep) is printed in configs.md, not in report.md."""
 
     title: str
     headers: list[str]
     rows: list[list[Any]]
     caption: str = ""
+    appendix: bool = False
 
     def markdown(self) -> str:
         return md_table(self.headers, self.rows)
@@ -523,7 +525,7 @@ def sweep_table(
     title = "Learning-rate sweep" + (f" ({label})" if label else "")
     uneven = any(grids[r] != columns for r in rows)
     caption = _sweep_caption(metric, used, fraction, len(table_rows), edge, flat, uneven, unlearned, floor)
-    return Table(title, ["row"] + [f"lr {lr:g}" for lr in columns], table_rows, caption), untuned
+    return Table(title, ["row"] + [f"lr {lr:g}" for lr in columns], table_rows, caption, appendix=True), untuned
 
 
 def _sweep_caption(
