@@ -522,18 +522,13 @@ def _notes(
     # a budget's reason ends with the command that re-measures its pilot: pointed to once, not printed per task
     left_out = {t: _REMEASURE.sub("", why) for t, why in plan.get("left_out", {}).items()}
     if left_out:
-        pilots = left_out != plan["left_out"]
-        notes.append(
-            "Not run at this budget"
-            + (
-                " (figures of pilots made while planning the budgets, not re-measured here; each budget's `left_out` "
-                "in attnzoo.reproduce.budgets has the command that re-measures them)"
-                if pilots
-                else ""
+        if left_out != plan["left_out"]:  # reasons from pilots: their figures and commands stay with the budget
+            notes.append(
+                f"Not run at this budget: {', '.join(left_out)} (each budget's `left_out` in "
+                "attnzoo.reproduce.budgets gives the reason, the pilot's figures and the command that re-measures them)"
             )
-            + ": "
-            + "; ".join(f"{t} — {why}" for t, why in left_out.items())
-        )
+        else:
+            notes.append("Not run at this budget: " + "; ".join(f"{t} — {why}" for t, why in left_out.items()))
     for t in tasks:
         if t not in learned and t in res.get("softmax", {}):
             notes.append(
@@ -722,8 +717,7 @@ def _equal_time_table(rows: list[list], times: list[str]) -> Table:
         "Equal wall clock: accuracy at softmax's training time (read from the validation curves)",
         ["task", "mechanism", "steps in that time", "step read", "acc %", "vs softmax pts [95% CI]"],
         rows,
-        caption=f"Softmax trains {'; '.join(times)} (median steps/s, one thread); lower bound: the longest run ends "
-        "sooner; a point inside a longer schedule (rate not annealed) under-states the mechanism.",
+        caption=f"Softmax: {'; '.join(times)}; lower bound: the longest run ends sooner.",
     )
 
 
