@@ -528,6 +528,36 @@ def sweep_table(
     return Table(title, ["row"] + [f"lr {lr:g}" for lr in columns], table_rows, caption, appendix=True), untuned
 
 
+def tune_rows(
+    sec: Section,
+    records: dict,
+    plan: dict,
+    rows: Sequence[str],
+    prefix: str,
+    metric: str,
+    higher_is_better: bool,
+    scale: float = 1.0,
+    label: str = "",
+    *,
+    grid: Sequence[float] | None = None,
+    noise: dict[str, float] | None = None,
+    floor: float | None = None,
+    unswept: str = "no learning-rate sweep at this budget ({row})",
+) -> dict[str, str]:
+    """Each row's sweep (on its :func:`row_lrs` grid, or ``grid``) as a table in ``sec`` and ``{row: why}`` for the
+    rows it does not show tuned (:func:`sweep_table`); without a grid every row is untuned for ``unswept``."""
+    grids = {r: row_lrs(plan, r) for r in rows} if grid is None else list(grid)
+    fraction = plan.get("sweep_fraction", 1.0)
+    table, untuned = sweep_table(
+        records, rows, prefix, grids, None, metric, higher_is_better, scale, label, fraction, noise, floor
+    )
+    if table is not None:
+        sec.tables.append(table)
+    if not (plan.get("lr_sweep") if grid is None else grid):
+        return {r: unswept.format(row=r) for r in rows}
+    return untuned
+
+
 def _sweep_caption(
     metric: str,
     used: float | None,

@@ -35,8 +35,8 @@ from attnzoo.reproduce.common import (
     seeded_id,
     sweep_deps,
     sweep_id,
-    sweep_table,
     train_run,
+    tune_rows,
     tuned,
 )
 from attnzoo.reproduce.pipeline import Evidence, Plateau, Tuning, compared, judge
@@ -317,16 +317,11 @@ def _paper(f: Finding) -> bool:
 def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
     """The fine-tuning-rate sweep as a table, and ``{row: why}`` for the rows it does not show tuned."""
     rows = [r for r in rows_of(plan) if r in res]
-    lrs = plan.get("finetune_lr_sweep", [])
-    if not lrs:  # every fine-tune runs at the plan's one rate: rows not each at its own tuned rate
-        return {r: f"no fine-tuning rate sweep at this budget ({r})" for r in rows}
-    noise = {r: res[r]["accuracy"].std for r in rows}
-    table, untuned = sweep_table(
-        records, rows, KEY, lrs, None, "accuracy", True, 100.0, "fine-tuning, validation accuracy %", noise=noise
+    label, noise = "fine-tuning, validation accuracy %", {r: res[r]["accuracy"].std for r in rows}
+    grid, unswept = plan.get("finetune_lr_sweep", []), "no fine-tuning rate sweep at this budget ({row})"
+    return tune_rows(
+        sec, records, plan, rows, KEY, "accuracy", True, 100.0, label, grid=grid, noise=noise, unswept=unswept
     )
-    if table is not None:
-        sec.tables.append(table)
-    return untuned
 
 
 def _acc(res: dict, row: str):

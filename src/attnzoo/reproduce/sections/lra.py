@@ -28,9 +28,9 @@ from attnzoo.reproduce.common import (
     seeded_id,
     sweep_deps,
     sweep_id,
-    sweep_table,
     sweep_train,
     train_defaults,
+    tune_rows,
     tuned,
 )
 from attnzoo.reproduce.pipeline import Control, Evidence, Longer, Plateau, Tuning, compared, judge
@@ -374,28 +374,26 @@ def _tune(
     """The sweep table per task, and per task the rows not run at their best rate (an average finding is gated by
     any of its tasks), or whose every swept rate stayed at or below the majority class (a sweep that ranks
     chance-level runs found no optimum)."""
-    lrs = plan.get("lr_sweep", [])
     every = {}
     for t in learned:
-        table, untuned = sweep_table(
+        noise = {m: res[m][t]["accuracy"].std for m in mechs if t in res.get(m, {})}
+        unswept = f"no learning-rate sweep on {t} at this budget"
+        every[t] = tune_rows(
+            sec,
             records,
+            plan,
             mechs,
             f"{KEY}/{t}",
-            {m: row_lrs(plan, m) for m in mechs},
-            None,
             "accuracy",
             True,
             100.0,
             f"{t}, accuracy %",
-            fraction=plan.get("sweep_fraction", 1.0),
-            noise={m: res[m][t]["accuracy"].std for m in mechs if t in res.get(m, {})},
+            noise=noise,
             floor=majority.get(t),
+            unswept=unswept,
         )
-        if table is not None:
-            sec.tables.append(table)
-        if not lrs or t not in sweep_tasks(plan):
-            untuned = {m: f"no learning-rate sweep on {t} at this budget" for m in mechs}
-        every[t] = untuned
+        if t not in sweep_tasks(plan):
+            every[t] = {m: unswept for m in mechs}
     return every
 
 
@@ -717,7 +715,7 @@ def _equal_time_table(rows: list[list], times: list[str]) -> Table:
         "Equal wall clock: accuracy at softmax's training time (read from the validation curves)",
         ["task", "mechanism", "steps in that time", "step read", "acc %", "vs softmax pts [95% CI]"],
         rows,
-        caption=f"Softmax: {'; '.join(times)}; lower bound: the longest run ends sooner.",
+        caption=f"Softmax trains {'; '.join(times)}; lower bound: the longest run ends sooner.",
     )
 
 

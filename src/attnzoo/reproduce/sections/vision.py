@@ -34,10 +34,10 @@ from attnzoo.reproduce.common import (
     seeded_id,
     sweep_deps,
     sweep_id,
-    sweep_table,
     sweep_train,
     train_defaults,
     train_run,
+    tune_rows,
     tuned,
 )
 from attnzoo.reproduce.pipeline import Control, Evidence, Plateau, Tuning, judge
@@ -490,26 +490,11 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
 
 def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
     """The sweep table, and ``{row: why}`` for every row not shown at its best rate."""
-    lrs = plan.get("lr_sweep", [])
-    table, untuned = sweep_table(
-        records,
-        sweep_rows(plan),
-        KEY,
-        {r: row_lrs(plan, r) for r in sweep_rows(plan)},
-        None,
-        "accuracy",
-        True,
-        100.0,
-        "validation accuracy %",
-        fraction=plan.get("sweep_fraction", 1.0),
-        noise={r: res[r]["accuracy"].std for r in sweep_rows(plan) if r in res},
-    )
-    if "tost" in untuned and MATCHED in res:
+    rows = sweep_rows(plan)
+    noise = {r: res[r]["accuracy"].std for r in rows if r in res}
+    untuned = tune_rows(sec, records, plan, rows, KEY, "accuracy", True, 100.0, "validation accuracy %", noise=noise)
+    if "tost" in untuned and MATCHED in res and plan.get("lr_sweep"):
         untuned[MATCHED] = f"{MATCHED} trains at tost's rate: " + untuned["tost"]
-    if table is not None:
-        sec.tables.append(table)
-    if not lrs:
-        untuned = {n: f"no learning-rate sweep at this budget ({n})" for n in sweep_rows(plan)}
     return untuned
 
 
