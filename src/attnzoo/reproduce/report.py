@@ -117,12 +117,6 @@ def _fmt_s(s: float) -> str:
     return f"{s / 60:.1f} min" if s >= 120 else f"{s:.0f} s"
 
 
-def _is_trained(f: dict) -> bool:
-    """A verdict on trained models over seeds: a comparison with an interval, or a per-seed rule such as "learns in
-    context" (a trained result too: counted with the measurements, it would be missing from the trained tally)."""
-    return bool(f.get("claim_type") or f.get("trained"))
-
-
 def _summary(secs: list[Section], plan_name: str) -> list[str]:
     """The first screen: the claims counted once, each decided trained claim in words, what blocks the rest by
     cause (counts that add up), the one legend of the rule and its gates; then the claims table and the checks."""

@@ -39,7 +39,7 @@ from attnzoo.reproduce.common import (
     tune_rows,
     tuned,
 )
-from attnzoo.reproduce.pipeline import Evidence, Plateau, Tuning, compared, judge
+from attnzoo.reproduce.pipeline import Evidence, Plateau, Tuning, compared, judge, paper_finding
 from attnzoo.reproduce.store import Step
 
 KEY = "adapt-vision"
@@ -300,17 +300,21 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     # the paper claims compare adapted rows with linear attention, fine-tuned the same steps: that baseline's
     # plateau run fine-tunes it twice the steps (plan "baseline_plateau")
     longer = _stats(records, PLATEAU)
-    teacher = Plateau("", "pretrained ViT", claims.stat([t_acc]), _acc(res, "original"), "%", ".1f", judges=_paper)
-    own = Plateau(BASELINE, BASELINE, _acc(res, BASELINE), longer and longer["accuracy"], "%", ".1f", judges=_paper)
+    teacher = Plateau(
+        "", "pretrained ViT", claims.stat([t_acc]), _acc(res, "original"), "%", ".1f", judges=paper_finding
+    )
+    own = Plateau(
+        BASELINE, BASELINE, _acc(res, BASELINE), longer and longer["accuracy"], "%", ".1f", judges=paper_finding
+    )
     teacher.key, own.key = "teacher", "linear"
-    ev = Evidence(plateaus=[teacher, own], tuning=[Tuning(_tune(sec, records, plan, res), _paper)])
+    ev = Evidence(plateaus=[teacher, own], tuning=[Tuning(_tune(sec, records, plan, res), paper_finding)])
     sec.data["plateau"] = judge(sec.findings, ev)
     more = f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
     sec.data["plateau"]["teacher"]["text"] = sec.data["plateau"]["teacher"]["text"].replace("at twice the steps", more)
     return sec
 
 
-def _paper(f: Finding) -> bool:
+def paper(f: Finding) -> bool:
     return f.kind == "paper" and compared(f)
 
 

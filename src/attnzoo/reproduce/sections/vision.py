@@ -40,7 +40,7 @@ from attnzoo.reproduce.common import (
     tune_rows,
     tuned,
 )
-from attnzoo.reproduce.pipeline import Control, Evidence, Plateau, Tuning, judge
+from attnzoo.reproduce.pipeline import Control, Evidence, Plateau, Tuning, judge, paper_finding
 from attnzoo.reproduce.store import Step
 
 KEY = "vision"
@@ -498,10 +498,6 @@ def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
     return untuned
 
 
-def _paper(f: Finding) -> bool:
-    return f.kind == "paper"
-
-
 def _plateaus(res: dict, rows: dict[str, str]) -> list[Plateau]:
     """Each baseline's plateau check on the comparisons against it (``b_name``); the ViT's on every other one (its
     skeleton is the controlled swaps')."""
@@ -525,7 +521,7 @@ def _attention_needed(findings: list[Finding]) -> list[tuple[Finding, str, str]]
     why = f"not shown to need attention: {check.a_name} vs {CONTROL} {check.effect:+.3g} pts " + (
         f"[{check.ci95[0]:+.3g}, {check.ci95[1]:+.3g}]" if check.ci95 else "(one seed, no interval)"
     )
-    return [(f, "control", why) for f in findings if _paper(f) and f.claim_type == "non-inferiority"]
+    return [(f, "control", why) for f in findings if paper_finding(f) and f.claim_type == "non-inferiority"]
 
 
 def _acc(res: dict, name: str) -> claims.Stat | None:
@@ -723,7 +719,7 @@ def _findings(res: dict) -> tuple[list[Finding], Evidence]:
     # a CLS-token ViT baseline differs from the mean-pooled control in pooling too: the control is read against its
     # mean-pooled twin where it ran (one factor)
     twin = (MEANPOOL_BASE, res[MEANPOOL_BASE]["accuracy"]) if MEANPOOL_BASE in res else None
-    ev.controls.append(Control(CONTROL, _acc(res, CONTROL), _paper, twin, lambda f: f.b_name == "vit"))
+    ev.controls.append(Control(CONTROL, _acc(res, CONTROL), paper_finding, twin, lambda f: f.b_name == "vit"))
     return out, ev
 
 
