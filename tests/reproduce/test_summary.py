@@ -158,24 +158,19 @@ def test_a_note_shared_by_several_findings_is_printed_once_and_referenced_by_eac
     assert nxt == 3 and table.count("| [1] |") == 2 and table.count("| [2] |") == 1
 
 
-def test_a_findings_row_names_its_claim_by_id_and_leaves_a_repeated_paper_figure_blank():
+def test_a_checks_row_names_its_check_and_leaves_a_repeated_expected_figure_blank():
     from attnzoo.reproduce.report import _findings_md
 
     fs = [
-        _f(*WIN, claim_id="tost-t3-lra#listops", claim="c1"),
-        _f(*WIN, claim_id="tost-t3-lra#average", claim="c2"),
-        dataclasses.replace(_f(*WIN, claim="c3"), paper_value="a >> b"),
-        dataclasses.replace(_f(*WIN, claim="c4"), kind="check"),
+        dataclasses.replace(_f(*WIN, claim="c1"), kind="check"),
+        dataclasses.replace(_f(*WIN, claim="c2"), kind="check"),
+        dataclasses.replace(_f(*WIN, claim="c3"), kind="check", paper_value="a >> b"),
     ]
     table, _, _ = _findings_md(fs)
     rows = table.splitlines()[2:]
-    # a paper claim by its id (its statement is in the claims table), not by its statement
-    assert rows[0].startswith("| `tost-t3-lra#listops` | a > b | a 2.1") and "c1" not in rows[0]
-    assert rows[1].startswith("| `tost-t3-lra#average` |  | a 2.1")
-    # without an id: its reference and statement; a new paper figure is printed
-    assert rows[2].startswith("| X Table 1: c3 | a >> b |")
-    # a check by its statement
-    assert rows[3].startswith("| c4 | a > b |")
+    assert rows[0].startswith("| c1 | a > b | a 2.1")
+    assert rows[1].startswith("| c2 |  | a 2.1")  # the same expected figure: left blank
+    assert rows[2].startswith("| c3 | a >> b |")
 
 
 def test_the_claims_table_names_a_reference_and_a_section_once_per_run_of_rows():

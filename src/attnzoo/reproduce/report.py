@@ -19,8 +19,7 @@ from attnzoo.reproduce.tally import CAUSES, ClaimResult, tally
 __all__ = ["write_report", "FINDING_COLUMNS", "PLOTS_DIR", "CONFIGS_FILE", "effect_cell"]
 
 PLOTS_DIR = "plots"
-FINDING_COLUMNS = ["claim", "paper's figure", "measured here", "verdict", "notes"]
-SUMMARY_COLUMNS = ["paper", "claim", "effect [95% CI] (margin)", "verdict", "section"]
+FINDING_COLUMNS = ["check", "expected", "measured here", "verdict", "notes"]
 CONFIGS_FILE = "configs.md"
 _MARK = {"agrees": "agrees", "disagrees": "**disagrees**", "inconclusive": "inconclusive", "not tested": "not tested"}
 
@@ -58,9 +57,8 @@ def effect_cell(f: dict) -> str:
 
 
 def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], int]:
-    """A section's findings table (its implementation checks) with its notes (rule, gate, explanation) as numbered
-    footnotes under it. A paper claim is named by its id (its reference, statement and effect are in the summary's
-    claims table); a check by its statement."""
+    """A section's implementation checks, each by its statement, with their notes (rule, gate, explanation) as
+    numbered footnotes under the table (the paper claims' tests are in the summary's claims table)."""
     rows, notes = [], []
     seen: dict[tuple[str, str], int] = {}
     last: str | None = None
@@ -69,7 +67,7 @@ def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], 
         # a paper figure equal to the row above's is left blank (read as "the same")
         same = bool(rows) and f["paper_value"] == last
         last = f["paper_value"]
-        rows.append([_claim_cell(f), "" if same else f["paper_value"], f["measured"], _verdict_cell(f), refs])
+        rows.append([f["claim"], "" if same else f["paper_value"], f["measured"], _verdict_cell(f), refs])
     return md_table(FINDING_COLUMNS, rows), notes, start
 
 
@@ -90,14 +88,6 @@ def _note_refs(f: dict, seen: dict[tuple[str, str], int], notes: list[str], star
 def _verdict_cell(f: dict) -> str:
     """The verdict, with the numbers-alone verdict where a gate held it back."""
     return _MARK[f["verdict"]] + (f" ({f['ungated_verdict']} ungated)" if f.get("ungated_verdict") else "")
-
-
-def _claim_cell(f: dict) -> str:
-    """A paper claim's id (``claim#test``) as the claims table lists it; a check's statement; a paper finding
-    without an id by its reference and statement."""
-    if f.get("kind") == "paper":
-        return f"`{f['claim_id']}`" if f.get("claim_id") else f"{f['paper']}: {f['claim']}"
-    return f["claim"]
 
 
 def _own_rule(f: dict) -> str | None:
@@ -133,14 +123,6 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
         ]
     table, notes = _claims_table(claims_)
     lines += ["### The claims", "", table, ""] + [n + "  " for n in notes] + [""]
-    dis = [c for c in claims_ if c.verdict == "disagrees"]
-    if dis:
-        lines += ["Disagreements:", ""]
-        for c in dis:
-            f = next(f for f in c.findings if f["verdict"] == "disagrees")
-            diagnosis = f"Diagnosis: {f['explanation']}." if f.get("explanation") else "No ablation explains it yet."
-            lines.append(f"- *{f['paper']}* — {f['claim']}: {effect_cell(f)}. {diagnosis}")
-        lines.append("")
     return lines + _checks_lines(checks)
 
 
@@ -511,7 +493,7 @@ def _section_md(s: Section) -> list[str]:
     checks = [f for f in s.findings if f.get("kind") != "paper"]  # paper claims: in the summary's claims table
     if checks:
         table, notes, _ = _findings_md(checks)
-        md += [f"### {_short_title(s.title)}: findings", "", table, ""]
+        md += [f"### {_short_title(s.title)}: implementation checks", "", table, ""]
         md += [n + "  " for n in notes] + [""]
     for n in s.notes:
         md += [f"> {n}", ""]

@@ -346,7 +346,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         lw = {n: r for n, r in lw.items() if n not in unlearned}
     if plan.get("require_learned", True):  # extra seeds that did not learn are left out of their model's verdict
         more = {n: [(t, r) for t, r in runs if _learned(t, majority)] for n, runs in more.items()}
-    sec.findings = _findings(res, lw, shallow, trained, {n: [r for _, r in runs] for n, runs in more.items()})
+    sec.findings = _findings(res, lw, shallow, {n: [r for _, r in runs] for n, runs in more.items()})
     for f in sec.findings:
         name = f.get("probe_model")
         if name in init and name in lw:
@@ -629,8 +629,8 @@ def _describe(vals: list[float], start: int) -> str:
     )
 
 
-def _findings(res, lw, shallow=None, trained=None, more=None) -> list[dict]:
-    shallow, trained, more = shallow or {}, trained or {}, more or {}
+def _findings(res, lw, shallow=None, more=None) -> list[dict]:
+    shallow, more = shallow or {}, more or {}
     out = []
     if "denoise" in res:
         out.append(_threshold_denoise_finding(res))
