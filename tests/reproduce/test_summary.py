@@ -87,6 +87,13 @@ def test_an_undecided_claim_is_filed_under_its_first_cause_and_the_counts_add_up
     assert "**Decided trained claims:**" in text and "X Table 1, c3: a is ahead of b by 1 pts" in text
 
 
+def test_a_refuted_superiority_names_the_bar_its_interval_lies_below():
+    f = _f([1.0, 1.1, 1.2], [1.0, 1.05, 1.1], paper_effect=2.0)
+    assert f["verdict"] == "disagrees" and f["ci95"][0] < 0 < f["ci95"][1]
+    text = "\n".join(_summary([Section("k", "K: t", findings=[f])], "long"))
+    assert "no direction shown" in text and ", wholly below +1 (0.5 of the paper's +2): **disagrees**." in text
+
+
 def test_the_legend_states_every_gate_once_with_its_direction():
     fs = [_f(*WIN)]
     text = "\n".join(_summary([Section("k", "K: t", findings=fs)], "long"))

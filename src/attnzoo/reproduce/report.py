@@ -170,6 +170,9 @@ def _decided_lines(claims_: list[ClaimResult]) -> list[str]:
         for f in c.findings:
             if f["verdict"] == c.verdict and f.get("ci95"):
                 margin = f", margin {f['margin']:.3g}" if f.get("margin") else ""
+                if f.get("refute_below") is not None and c.verdict == "disagrees":  # the bar a superiority misses
+                    rb, e = f["refute_below"], f["paper_effect"]
+                    margin = f", wholly below {rb:+.3g} ({REFUTE_FRACTION:g} of the paper's {e:+.3g})"
                 lines.append(f"- {f['paper']}, {f['claim']}: {effect_in_words(f)}{margin}: **{c.verdict}**.")
             elif f["verdict"] == c.verdict:
                 lines.append(f"- {f['paper']}, {f['claim']}: {f['measured']}: **{c.verdict}**.")
@@ -217,7 +220,7 @@ def _legend_lines() -> list[str]:
         "- Twice the steps (a side or both): the verdict stands only if the same rule gives it there and the "
         "interval there clears its boundary by more than the effect moved in that doubling.",
         "- Every paper claim's tests are in the claims table below, with their notes (own margin, gates, "
-        "explanations); a section's findings table holds its implementation checks.",
+        "explanations); a section's own table lists its implementation checks.",
     ]
     return lines + [""]
 
