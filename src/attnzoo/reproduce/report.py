@@ -135,7 +135,7 @@ def _checks_lines(checks: list[tuple[str, dict]]) -> list[str]:
     odd = Counter(t for t, f in checks if f["verdict"] != "agrees")
     where = "; those that do not agree: " + ", ".join(f"{t} {n}" for t, n in odd.items()) if odd else ""
     counts = ", ".join(f"{cc.get(v, 0)} {v}" for v in VERDICTS if cc.get(v))
-    return [f"Implementation checks (each in its section's findings table): {counts}{where}.", ""]
+    return [f"Implementation checks (each in its section's table): {counts}{where}.", ""]
 
 
 def _short_title(title: str) -> str:
