@@ -207,3 +207,20 @@ def test_a_paper_claim_is_reported_in_the_claims_table_and_not_again_in_its_sect
     assert "| `tost-t3-lra` | X Table 1 | c1 | a > b | listops |" in summary
     body = "\n".join(_section_md(sec))
     assert "tost-t3-lra" not in body and "| c4 | a > b |" in body
+
+
+def test_the_compute_table_lists_each_sections_decided_trained_claims():
+    from attnzoo.reproduce.report import _compute_md
+
+    vis = Section(
+        "vision", "Vision: v", findings=[_f(*WIN, claim_id="cbsa-t3-crate"), _f(*TIE, claim_id="tost-t3-lra#listops")]
+    )
+    lra = Section("long-range", "Long-range: l", findings=[_f(*LOSS, claim_id="csp-t3-vit#architecture")])
+    records = {
+        "vision/cbt/seed0": {"section": "vision", "wall_s": 120.0},
+        "long-range/softmax/lr-sweep/lr0.001": {"section": "long-range", "wall_s": 60.0},
+    }
+    rows = {line.split("|")[1].strip(): line for line in _compute_md([vis, lra], records) if line.startswith("| ")}
+    assert rows["Vision"].rstrip(" |").endswith("1: `cbsa-t3-crate`")  # the tie is undecided: not listed
+    assert rows["Long-range"].rstrip(" |").endswith("1: `csp-t3-vit`")  # a disagreement is decided too
+    assert "| 2.0 min |" in rows["Vision"] and "| 60 s |" in rows["Long-range"]

@@ -302,15 +302,39 @@ def _compute_md(secs: list[Section], records: dict) -> list[str]:
             kind = kinds[0]
         per.setdefault(r["section"], Counter())[kind] += r.get("wall_s", 0.0)
     total = sum(sum(c.values()) for c in per.values()) or 1.0
+    decided = _decided_by_section(secs)
     rows = []
     for s in secs:
         c = per.get(s.key, Counter())
+        ids = decided.get(_short_title(s.title), [])
         rows.append(
             [_short_title(s.title)]
             + [_fmt_s(c[k]) for k in kinds]
             + [_fmt_s(sum(c.values())), f"{100 * sum(c.values()) / total:.0f}%"]
+            + [f"{len(ids)}: " + ", ".join(f"`{i}`" for i in ids) if ids else "0"]
         )
-    return ["## Compute", "", md_table(["section", *kinds, "total", "share"], rows), ""]
+    head = ["section", *kinds, "total", "share", "trained claims decided"]
+    return [
+        "## Compute",
+        "",
+        "Thread time of the stored steps (each step runs on one thread) next to the trained paper claims each section "
+        "decided (a claim tested in two sections is listed under both).",
+        "",
+        md_table(head, rows),
+        "",
+    ]
+
+
+def _decided_by_section(secs: list[Section]) -> dict[str, list[str]]:
+    """Section short title -> ids of the trained paper claims whose combined verdict is decided and that section
+    tested."""
+    pairs = [(_short_title(s.title), f) for s in secs for f in s.findings if f.get("kind") == "paper"]
+    out: dict[str, list[str]] = {}
+    for c in tally(pairs):
+        if c.trained and c.verdict in ("agrees", "disagrees"):
+            for title in dict.fromkeys(t for t, _ in c.tests):
+                out.setdefault(title, []).append(c.id)
+    return out
 
 
 def write_report(
