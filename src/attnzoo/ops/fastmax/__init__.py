@@ -28,7 +28,17 @@ from attnzoo.ops._kernels.feature_attention import feature_attention_cpu
 from attnzoo.ops._kernels.feature_attention import (
     kernel_covers as feature_kernel_covers,  # every p and causal mode, masks native
 )
-from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option, triton_available
+from attnzoo.ops._spec import (
+    Backend,
+    BenchCase,
+    Card,
+    Mechanism,
+    Options,
+    Projections,
+    op_backends,
+    option,
+    triton_available,
+)
 from attnzoo.ops._varlen import Segments, segments
 from attnzoo.ops.fastmax import cpu as fastmax_cpu
 from attnzoo.ops.fastmax.chunk import FastmaxFunction, fastmax_factorized
@@ -253,17 +263,16 @@ def _fastmax_explicit(q, k, v, *, p: int, causal: bool, scale: float, chunk_size
 FASTMAX = Mechanism(
     op="fastmax",
     options=FastmaxOptions,
-    backends={
-        "naive": Backend(_fastmax_naive, kind="reference"),
-        "torch": Backend(_fastmax_torch),
-        "torch_autograd": Backend(_fastmax_torch_autograd),
+    backends=op_backends(
+        _fastmax_naive,
+        _fastmax_torch,
+        torch_autograd=Backend(_fastmax_torch_autograd),
         # "auto" takes it for short sequences (N <= min(256, D^p / 2)) on every device where no kernel took the call
-        "explicit": Backend(_fastmax_explicit, masks=False, auto_if=_auto_takes_explicit),
-        "cpu": Backend(_fastmax_cpu, kind="cpu", devices=("cpu",), auto_if=_auto_takes_kernel),
-        "triton": Backend(
+        explicit=Backend(_fastmax_explicit, masks=False, auto_if=_auto_takes_explicit),
+        cpu=Backend(_fastmax_cpu, kind="cpu", auto_if=_auto_takes_kernel),
+        triton=Backend(
             _fastmax_triton,
             kind="triton",
-            devices=("cuda",),
             needs="attnzoo.ops.fastmax.triton",
             available=lambda: _triton_available(),
             auto_if=_auto_takes_triton,
@@ -272,7 +281,8 @@ FASTMAX = Mechanism(
             # keeps the PyTorch path for masked calls; backend="triton" runs them
             auto_masks=False,
         ),
-    },
+    ),
+    mask_options=("segs",),
     causal=True,
     state=FastmaxState,
     # p=1 weights are an average only for scale <= 1/D (module doc): 0.25 for the tests' D=4

@@ -23,7 +23,7 @@ from attnzoo._checks import (
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._kernels.feature_attention import feature_attention_cpu, kernel_covers
-from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
+from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, op_backends, option
 from attnzoo.ops._tensor_validation import check_tensors
 from attnzoo.ops._varlen import segments
 from attnzoo.ops.linear.chunk import linear_attention_chunk  # noqa: F401  (the spec's backends look it up here)
@@ -92,11 +92,9 @@ def _auto_takes_kernel(inputs: tuple, _options) -> bool:
 LINEAR = Mechanism(
     op="linear_attention",
     options=LinearOptions,
-    backends={
-        "naive": Backend(_linear_naive, kind="reference"),
-        "torch": Backend(linear_attention_chunk),
-        "cpu": Backend(_linear_cpu, kind="cpu", devices=("cpu",), auto_if=_auto_takes_kernel),
-    },
+    backends=op_backends(
+        _linear_naive, linear_attention_chunk, cpu=Backend(_linear_cpu, kind="cpu", auto_if=_auto_takes_kernel)
+    ),
     causal=True,
     state=dict,
     examples=({"chunk_size": 3}, {"feature_map": "relu"}),  # {"s": (B, H, P, P), "z": (B, H, P)}

@@ -19,7 +19,7 @@ from attnzoo._checks import (
     check_scale,
 )
 from attnzoo.ops._dispatch import call_backend
-from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
+from attnzoo.ops._spec import BenchCase, Card, Mechanism, Options, Projections, op_backends, option
 from attnzoo.ops._tensor_validation import check_tensors
 from attnzoo.ops.softmax.naive import softmax_attention_naive, softmax_attention_weights  # noqa: F401
 from attnzoo.ops.softmax.parallel import softmax_attention_sdpa  # noqa: F401  (the spec's backends look it up here)
@@ -42,10 +42,7 @@ class SoftmaxOptions(Options):
 SOFTMAX = Mechanism(
     op="softmax_attention",
     options=SoftmaxOptions,
-    backends={
-        "naive": Backend(softmax_attention_naive, kind="reference"),
-        "torch": Backend(softmax_attention_sdpa),
-    },
+    backends=op_backends(softmax_attention_naive, softmax_attention_sdpa),
     causal=True,
     state=dict,  # the KV cache {"k", "v"}
     checks="attnzoo.ops.softmax.selftest_cases",
@@ -53,7 +50,9 @@ SOFTMAX = Mechanism(
         qkv="qkv", out="proj", follows=("qkv_bias", "proj_bias", "scale", "attn_dropout", "proj_dropout")
     ),
     bench=(
-        BenchCase("softmax", "attnzoo.ops.softmax.bench:softmax", causal=True, module={}, decode=True),
+        BenchCase(
+            "softmax", "attnzoo.ops.softmax.bench:softmax", causal=True, module={}, decode=True, speed_unit=True
+        ),
         BenchCase("softmax_explicit", "attnzoo.ops.softmax.bench:softmax_explicit", default=False, causal=True),
     ),
     card=Card("Vaswani et al. 2017 (baseline; SDPA fast path)", "O(N²)", "O(N) with SDPA", causal="KV-cache decoding"),
