@@ -6,8 +6,7 @@ element (scaled and shifted, so the value and its gradient both move): the forwa
 reference fails, and so does decoding against it where the op has a step; a backend whose output at every token
 takes in the mean over all tokens fails the causal leak check; a layer's backend that is wrong only when it gets a
 mask fails the padded and packed checks, and one wrong only at a position past 256 tokens fails the long ones; a
-layer's ``step`` off by a little fails decoding. Small shapes: this is a
-test of the tests.
+layer's ``step`` off by a little fails decoding. Small shapes: this is a test of the tests.
 """
 
 from __future__ import annotations
