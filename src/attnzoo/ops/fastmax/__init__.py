@@ -371,8 +371,7 @@ def fastmax(
     """
     validate_qkv(q, k, v)
     scale, chunk = validate_options(p, scale, chunk_size, q.shape[-1])
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    check_bool("causal", causal)
     segs = segments(q.shape[0], q.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
     return call_backend(
         FASTMAX, backend, (q, k, v), name="q", p=p, causal=causal, scale=scale, chunk_size=chunk, segs=segs

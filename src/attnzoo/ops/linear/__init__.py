@@ -24,7 +24,7 @@ from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._kernels.feature_attention import feature_attention_cpu, kernel_covers
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, op_backends, option
-from attnzoo.ops._tensor_validation import check_tensors
+from attnzoo.ops._tensor_validation import check_qkv
 from attnzoo.ops._varlen import segments
 from attnzoo.ops.linear.chunk import linear_attention_chunk  # noqa: F401  (the spec's backends look it up here)
 from attnzoo.ops.linear.naive import FEATURE_MAPS, feature_map_fn, linear_attention_naive, linear_attention_weights  # noqa: F401
@@ -111,14 +111,7 @@ def _check_eps(eps) -> float:
 
 
 def _check_qkv(q, k, v, op: str) -> None:
-    absmax = check_tensors(("q", "k", "v"), (q, k, v), op=op)
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must share the head size P: got {tuple(q.shape)} and {tuple(k.shape)}")
-    if not (q.shape[-2] == k.shape[-2] == v.shape[-2]):
-        raise ValueError(
-            f"q, k and v must hold the same number of tokens N: got {tuple(q.shape)}, {tuple(k.shape)}, "
-            f"{tuple(v.shape)}"
-        )
+    absmax = check_qkv(q, k, v, op=op, same_n=True)
     if absmax:
         # phi(x) <= 1 + |x| for elu + 1 and relu; the numerator phi(q) . sum_j phi(k_j) v_j sums N * P such
         # products and the denominator N * P of them without v: beyond the dtype's range they give inf / inf = NaN
@@ -155,8 +148,7 @@ def linear_attention(
     positions give 0. Decoding (:func:`linear_attention_recurrent`) starts each row from an empty state.
     """
     _check_qkv(q, k, v, "linear_attention")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    check_bool("causal", causal)
     feature_map_fn(feature_map)
     eps = _check_eps(eps)
     chunk_size = LinearOptions.check("chunk_size", chunk_size)

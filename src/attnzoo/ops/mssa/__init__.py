@@ -88,8 +88,7 @@ def mssa(
     positions give 0.
     """
     absmax = check_tensors(("w",), (w,), op="mssa")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    check_bool("causal", causal)
     check_bool("normalize_query", normalize_query)
     scale = check_scale(scale, w.shape[-1])
     if absmax:

@@ -20,7 +20,7 @@ from attnzoo._checks import (
 )
 from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._spec import BenchCase, Card, Mechanism, Options, Projections, op_backends, option
-from attnzoo.ops._tensor_validation import check_tensors
+from attnzoo.ops._tensor_validation import check_qkv
 from attnzoo.ops.softmax.naive import softmax_attention_naive, softmax_attention_weights  # noqa: F401
 from attnzoo.ops.softmax.parallel import softmax_attention_sdpa  # noqa: F401  (the spec's backends look it up here)
 
@@ -50,9 +50,7 @@ SOFTMAX = Mechanism(
         qkv="qkv", out="proj", follows=("qkv_bias", "proj_bias", "scale", "attn_dropout", "proj_dropout")
     ),
     bench=(
-        BenchCase(
-            "softmax", "attnzoo.ops.softmax.bench:softmax", causal=True, module={}, decode=True, speed_unit=True
-        ),
+        BenchCase("softmax", "attnzoo.ops.softmax.bench:softmax", causal=True, module={}, decode=True, speed_unit=True),
         BenchCase("softmax_explicit", "attnzoo.ops.softmax.bench:softmax_explicit", default=False, causal=True),
     ),
     card=Card("Vaswani et al. 2017 (baseline; SDPA fast path)", "O(N²)", "O(N) with SDPA", causal="KV-cache decoding"),
@@ -82,18 +80,13 @@ def softmax_attention(
     its own sequence, ``out_i = sum_{j: s(j) = s(i)} softmax_j(q_i k_j^T * scale [j <= i]) v_j``, i.e. each
     sequence as if alone; padding positions give 0.
     """
-    absmax = check_tensors(("q", "k", "v"), (q, k, v), op="softmax_attention")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must share the head size P: got {tuple(q.shape)} and {tuple(k.shape)}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must hold the same number of tokens: got {tuple(k.shape)} and {tuple(v.shape)}")
+    absmax = check_qkv(q, k, v, op="softmax_attention", same_n=False)
     if causal and q.shape[-2] != k.shape[-2]:
         raise ValueError(
             f"causal softmax attention needs as many queries as keys, got Nq={q.shape[-2]} and Nk={k.shape[-2]}"
         )
     scale = check_scale(scale, q.shape[-1])
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    check_bool("causal", causal)
     if absmax:
         # a score q.k * scale beyond float32's range is inf, and softmax turns inf - inf into NaN
         check_overflow(

@@ -77,8 +77,7 @@ def _check_bias(bias: torch.Tensor | None, heads: int, n: int, causal: bool) -> 
 
 def _check_shapes(w, temp, causal, bias, seg: Segments | None = None) -> None:
     check_ndim("w", w, 4, "(B, H, N, P)")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    check_bool("causal", causal)
     _, h, n, p = w.shape
     if h < 1 or n < 1 or p < 1:
         raise ValueError(f"w must have H, N, P >= 1, got shape (B, H, N, P)={tuple(w.shape)}")
