@@ -30,7 +30,7 @@ from torch import nn
 
 from attnzoo._checks import NonFiniteError, check_module_input, check_ndim, check_positive_int, finite_absmax
 from attnzoo.ops._segment_ops import zero_padding_tokens
-from attnzoo.ops._spec import Mechanism, Options
+from attnzoo.ops._spec import Mechanism, Options, ProjectionOptions
 from attnzoo.registry import (  # noqa: F401  (re-exported: their home before attnzoo.registry)
     attention_info,
     build_attention,
@@ -276,8 +276,8 @@ class QKVProjection:
     shared by the query-key-value mechanisms (softmax, linear, XCA, Fastmax), and their forward around
     :meth:`attend`, the mechanism on the heads."""
 
-    def _init_projections(self, o: Options) -> None:
-        """The projections of the options ``o`` (``qkv_bias``, ``proj_bias``, ``proj_dropout``)."""
+    def _init_projections(self, o: ProjectionOptions) -> None:
+        """The projections of the options ``o``."""
         self.qkv = nn.Linear(self.dim, 3 * self.dim, bias=o.qkv_bias)
         self.proj = nn.Linear(self.dim, self.dim, bias=o.proj_bias)
         self.proj_drop = nn.Dropout(o.proj_dropout)

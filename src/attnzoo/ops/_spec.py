@@ -20,6 +20,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping
 
+from attnzoo._checks import check_bool, check_probability
+
 __all__ = [
     "Backend",
     "BenchCase",
@@ -28,6 +30,7 @@ __all__ = [
     "Mechanism",
     "Options",
     "Projections",
+    "ProjectionOptions",
     "Shape",
     "op_backends",
     "option",
@@ -185,6 +188,16 @@ class Options:
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True)
+class ProjectionOptions(Options):
+    """The options of the fused q/k/v and output projections (:class:`attnzoo.layers.base.QKVProjection`), the
+    base of the options of the layers that have them."""
+
+    qkv_bias: bool = option(True, check_bool, "bias of the fused q/k/v projection")
+    proj_bias: bool = option(True, check_bool, "bias of the output projection")
+    proj_dropout: float = option(0.0, check_probability, "dropout after the output projection")
 
 
 @dataclass(frozen=True)

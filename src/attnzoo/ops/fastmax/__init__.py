@@ -33,7 +33,7 @@ from attnzoo.ops._spec import (
     BenchCase,
     Card,
     Mechanism,
-    Options,
+    ProjectionOptions,
     Projections,
     op_backends,
     option,
@@ -100,16 +100,13 @@ def _check_backend(name: str, backend) -> str:
 
 
 @dataclass(frozen=True)
-class FastmaxOptions(Options):
+class FastmaxOptions(ProjectionOptions):
     """Options of the Fastmax layer (FAST; ``qkv``/``proj`` projections)."""
 
     p: int = option(2, _check_p, "Taylor order of f (1 or 2)")
     scale: float | None = option(None, _check_scale, "score scale; None -> head_dim ** -0.5")
-    qkv_bias: bool = option(True, check_bool, "bias of the fused q/k/v projection")
-    proj_bias: bool = option(True, check_bool, "bias of the output projection")
     attn_dropout: float = option(0.0, check_probability, "dropout rate of the factorised terms (training only)")
     dropout_placement: str = option("none", doc="'none', 'standard', '1d' or 'quadratic' (FAST §2.4)")
-    proj_dropout: float = option(0.0, check_probability, "dropout after the output projection")
     backend: str = option("auto", _check_backend, "backend of the op")
 
     def validate(self) -> None:

@@ -18,12 +18,20 @@ from attnzoo._checks import (
     check_nonneg_finite,
     check_optional_positive_int,
     check_overflow,
-    check_probability,
 )
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._kernels.feature_attention import feature_attention_cpu, kernel_covers
-from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, op_backends, option
+from attnzoo.ops._spec import (
+    Backend,
+    BenchCase,
+    Card,
+    Mechanism,
+    ProjectionOptions,
+    Projections,
+    op_backends,
+    option,
+)
 from attnzoo.ops._tensor_validation import check_qkv
 from attnzoo.ops._varlen import segments
 from attnzoo.ops.linear.chunk import linear_attention_chunk  # noqa: F401  (the spec's backends look it up here)
@@ -47,14 +55,11 @@ def check_feature_map(_name: str, value) -> str:
 
 
 @dataclass(frozen=True)
-class LinearOptions(Options):
+class LinearOptions(ProjectionOptions):
     """Options of linear attention (ViT / nanoGPT projection layout)."""
 
     feature_map: str = option("elu", check_feature_map, "phi: 'elu' (elu + 1, the paper's) or 'relu'")
     eps: float = option(1e-6, check_nonneg_finite, "added to the normaliser")
-    qkv_bias: bool = option(True, check_bool, "bias of the fused q/k/v projection")
-    proj_bias: bool = option(True, check_bool, "bias of the output projection")
-    proj_dropout: float = option(0.0, check_probability, "dropout after the output projection")
     chunk_size: int | None = option(None, check_optional_positive_int, "token chunk of the causal 'torch' path")
 
 

@@ -19,7 +19,7 @@ from attnzoo._checks import (
     check_scale,
 )
 from attnzoo.ops._dispatch import call_backend
-from attnzoo.ops._spec import BenchCase, Card, Mechanism, Options, Projections, op_backends, option
+from attnzoo.ops._spec import BenchCase, Card, Mechanism, ProjectionOptions, Projections, op_backends, option
 from attnzoo.ops._tensor_validation import check_qkv
 from attnzoo.ops.softmax.naive import softmax_attention_naive, softmax_attention_weights  # noqa: F401
 from attnzoo.ops.softmax.parallel import softmax_attention_sdpa  # noqa: F401  (the spec's backends look it up here)
@@ -28,13 +28,10 @@ __all__ = ["softmax_attention", "softmax_attention_weights", "SoftmaxOptions", "
 
 
 @dataclass(frozen=True)
-class SoftmaxOptions(Options):
+class SoftmaxOptions(ProjectionOptions):
     """Options of softmax attention (ViT / DeiT / nanoGPT layout)."""
 
-    qkv_bias: bool = option(True, check_bool, "bias of the fused q/k/v projection")
-    proj_bias: bool = option(True, check_bool, "bias of the output projection")
     attn_dropout: float = option(0.0, check_probability, "dropout on the attention weights (training only)")
-    proj_dropout: float = option(0.0, check_probability, "dropout after the output projection")
     scale: float | None = option(None, check_optional_scale, "score scale; None -> head_dim ** -0.5")
 
 
