@@ -13,25 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from attnzoo._checks import (
-    check_bool,
-    check_nonneg_finite,
-    check_optional_positive_int,
-    check_overflow,
-)
+from attnzoo._checks import check_bool, check_nonneg_finite, check_optional_positive_int, check_overflow
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._kernels.feature_attention import feature_attention_cpu, kernel_covers
-from attnzoo.ops._spec import (
-    Backend,
-    BenchCase,
-    Card,
-    Mechanism,
-    ProjectionOptions,
-    Projections,
-    op_backends,
-    option,
-)
+from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, ProjectionOptions, Projections, op_backends, option
 from attnzoo.ops._tensor_validation import check_qkv
 from attnzoo.ops._varlen import segments
 from attnzoo.ops.linear.chunk import linear_attention_chunk  # noqa: F401  (the spec's backends look it up here)

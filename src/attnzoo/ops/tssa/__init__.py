@@ -29,13 +29,7 @@ from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend, runs_reference
 from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, op_backends, option
 from attnzoo.ops._varlen import Segments, check_attention_mask, segments
-from attnzoo.ops.tssa.chunk import (
-    tssa_cpu_varlen,
-    tssa_pi_torch,
-    tssa_pi_torch_varlen,
-    tssa_torch,
-    tssa_torch_varlen,
-)
+from attnzoo.ops.tssa.chunk import tssa_cpu_varlen, tssa_pi_torch, tssa_pi_torch_varlen, tssa_torch, tssa_torch_varlen
 from attnzoo.ops.tssa.naive import tssa_naive, tssa_naive_varlen, tssa_pi_naive, tssa_pi_naive_varlen
 
 __all__ = [
