@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import inspect
 import threading
+import types
 from typing import Any, Callable, Iterator
 
 import torch
@@ -267,6 +268,15 @@ def capture_internals(model: nn.Module) -> Iterator[dict[str, dict[str, torch.Te
                 m._capture_store, m._capture_thread = prev_store, prev_thread
 
 
+def _own_copy(fn: Callable, cls: type) -> Callable:
+    """``fn`` with a code object of its own, as ``cls``'s method: ``torch.compile`` counts recompiles per code object,
+    so one forward shared by the layers of several mechanisms would reach its recompile limit after a few of them."""
+    copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__, copy.__doc__, copy.__annotations__ = fn.__kwdefaults__, fn.__doc__, fn.__annotations__
+    copy.__qualname__ = f"{cls.__qualname__}.{fn.__name__}"
+    return copy
+
+
 #: a forward's ``attention_mask`` ``(B, N)`` and ``cu_seqlens`` ``(S + 1,)`` (``None`` where not given), by name
 Masks = dict[str, torch.Tensor | None]
 
@@ -275,6 +285,11 @@ class QKVProjection:
     """The fused q/k/v projection ``qkv: Linear(dim, 3 dim)`` and output projection ``proj`` (+ dropout)
     shared by the query-key-value mechanisms (softmax, linear, XCA, Fastmax), and their forward around
     :meth:`attend`, the mechanism on the heads."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "forward" not in cls.__dict__:
+            cls.forward = _own_copy(QKVProjection.forward, cls)
 
     def _init_projections(self, o: ProjectionOptions) -> None:
         """The projections of the options ``o``."""
