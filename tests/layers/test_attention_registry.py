@@ -127,7 +127,7 @@ def test_a_mechanism_registered_at_runtime_goes_into_the_models(toy):
 
 def test_each_layer_has_a_forward_code_object_of_its_own():
     # torch.compile counts recompiles per code object: the q/k/v layers share QKVProjection's forward, each as a copy
-    # (one shared code object reached the recompile limit of 8 after the float32 and float64 forms of four layers)
+    # (one code object shared by four layers reaches the limit of 8 with their float32 and float64 forms)
     from attnzoo.layers.base import QKVProjection
 
     classes = [attention_info(n) for n in list_attentions()]
