@@ -287,3 +287,17 @@ def test_a_failing_case_is_an_error_row_and_the_series_stops(monkeypatch):
         budget_s=60.0,
     )
     assert [r.status for r in rows] == ["ok", "error: RuntimeError: launch bounds", "skipped (N=32 gave error)"]
+
+
+def test_speed_column_divides_by_the_declared_sdpa_case(capsys):
+    from attnzoo.bench import print_table
+    from attnzoo.bench.runner import Row
+
+    assert cases.SPEED_UNIT_CASES == ["softmax"]  # declared by softmax's BenchCase(speed_unit=True)
+
+    def row(mechanism: str, fwd_ms: float) -> Row:
+        return Row("n", mechanism, False, "op", 1, 2, 64, 32, fwd_ms, 2 * fwd_ms, 1.0, 1.0, 100, None, "ok")
+
+    print_table([row("softmax", 6.0), row("tssa", 1.5)])
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [(line[1], line[8]) for line in lines] == [("softmax", "1.0-"), ("tssa", "4.0-")]  # "-": no roofline

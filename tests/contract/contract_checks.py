@@ -187,3 +187,36 @@ def assert_layer_matches_reference(m, backend: str) -> None:
     for label, g, r in zip(labels, grads, grads_ref, strict=True):
         torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-10, msg=lambda s, label=label: f"{label}: {s}")
         assert torch.isfinite(g).all() and g.abs().sum() > 0, f"{label}: zero or non-finite gradient"
+
+
+# ------------------------------------------------------------------------------------------------ long masks
+
+#: a padded batch and a packed row of sequences past 256 tokens: the PyTorch paths' scan chunks and the CPU kernels'
+#: blocks change size past 256 tokens, so masking there runs code of its own (one head group of DIM = 12: small)
+LONG_MASK_LENGTHS = [300, 77]
+
+
+def long_mask_backends() -> list:
+    """``(name, backend)``: each layer that takes masks, with its defaults, under its op's reference and each backend
+    that takes masks, except Triton under the interpreter (it runs every program in Python; on a GPU it is here)."""
+    out = []
+    for name in list_attentions():
+        info = attention_info(name)
+        if not getattr(info, "supports_masks", False):
+            continue
+        mech = info.mechanism
+        for b in [mech.reference] + backends(mech, masks=True):
+            if mech.backends[b].kind != "triton" or not INTERPRET:
+                out.append(pytest.param(name, b, id=f"{name}-{b}"))
+    return out
+
+
+def long_mask_error(m, backend: str, mode: str, gen: torch.Generator) -> float:
+    """:func:`attnzoo.selftest.mask_error` of layer ``m`` under ``backend`` on sequences of
+    :data:`LONG_MASK_LENGTHS` tokens."""
+    from attnzoo.ops._dispatch import force_backend
+
+    device = device_of(m.mechanism.backends[backend])
+    xs = [tokens(n, seed=3 + n, batch=1).to(device) for n in LONG_MASK_LENGTHS]
+    with force_backend(backend):
+        return selftest.mask_error(m.to(device), xs, mode, gen)

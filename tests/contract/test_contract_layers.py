@@ -4,7 +4,8 @@ For each name of ``list_attentions()`` and each option set (the defaults and the
 and dtype; forward and gradients under each backend of its op equal those under the op's reference (``naive.py``,
 both forced through ``force_backend``), and every parameter and the input receive gradients; a causal module reads no
 future token; token by token decoding equals the causal forward (layers with a recurrent state); a padded batch and a
-packed row equal each sequence alone, per backend that takes masks; bad options and bad decoding inputs raise naming
+packed row equal each sequence alone, per backend that takes masks, with short sequences and with one past 256
+tokens; bad options and bad decoding inputs raise naming
 the culprit. A new mechanism is covered as soon as its layer registers.
 """
 
@@ -23,6 +24,8 @@ from contract_checks import (
     backends,
     build,
     device_of,
+    long_mask_backends,
+    long_mask_error,
     modes,
     option_sets,
     runs_here,
@@ -266,6 +269,16 @@ def test_padded_and_packed_rows_equal_each_sequence_alone(name, opts, backend, m
         xs = [tokens(n, seed=3 + n, batch=1).to(device) for n in lengths]
         with force_backend(backend):
             err = selftest.mask_error(m.to(device), xs, mode, gen)
+        assert err <= selftest.TOLERANCES[(mode, torch.float64)], (causal, err)
+
+
+@pytest.mark.parametrize("mode", ["mask", "varlen"])
+@pytest.mark.parametrize("name,backend", long_mask_backends())
+def test_long_padded_and_packed_rows_equal_each_sequence_alone(name, backend, mode):
+    # sequences of 300 and 77 tokens: masking past the first 256 positions, where chunks and blocks change size
+    gen = torch.Generator().manual_seed(4)
+    for causal in modes(name):
+        err = long_mask_error(build(name, {}, causal=causal), backend, mode, gen)
         assert err <= selftest.TOLERANCES[(mode, torch.float64)], (causal, err)
 
 

@@ -5,8 +5,8 @@ For every backend the contract runs (read from the registry as there), a copy of
 element (scaled and shifted, so the value and its gradient both move): the forward and backward comparison with the
 reference fails, and so does decoding against it where the op has a step; a backend whose output at every token
 takes in the mean over all tokens fails the causal leak check; a layer's backend that is wrong only when it gets a
-mask fails the padded and packed checks; a layer's ``step`` off by a little fails decoding. Small shapes: this is a
-test of the tests.
+mask fails the padded and packed checks, and one wrong only at a position past 256 tokens fails the long ones; a
+layer's ``step`` off by a little fails decoding. Small shapes: this is a test of the tests.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from contract_checks import (
     build,
     configs,
     device_of,
+    long_mask_backends,
+    long_mask_error,
     op_cases,
     option_sets,
     shapes,
@@ -33,10 +35,8 @@ from attnzoo import selftest
 from attnzoo.layers import attention_info, list_attentions
 from attnzoo.ops._dispatch import force_backend
 from attnzoo.ops._spec import Mechanism
-from attnzoo.ops._varlen import Segments
 
 F64 = torch.float64
-MASK_KEYWORDS = ("attention_mask", "cu_seqlens")
 
 
 def _wrong(out: torch.Tensor) -> torch.Tensor:
@@ -52,12 +52,6 @@ def _leaky(out: torch.Tensor) -> torch.Tensor:
     return out + 1e-3 * out.mean()
 
 
-def _masked(kwargs: dict) -> bool:
-    return any(isinstance(v, Segments) for v in kwargs.values()) or any(
-        kwargs.get(k) is not None for k in MASK_KEYWORDS
-    )
-
-
 def _planted(mech: Mechanism, name: str, bug, monkeypatch, *, only_masked: bool = False) -> None:
     """Replace backend ``name`` of ``mech`` by one whose output (the first tensor it returns) goes through ``bug``."""
     b = mech.backends[name]
@@ -66,7 +60,8 @@ def _planted(mech: Mechanism, name: str, bug, monkeypatch, *, only_masked: bool 
     @functools.wraps(fn)
     def planted(*args, **kwargs):
         out = fn(*args, **kwargs)
-        if only_masked and not _masked(kwargs):
+        # a mechanism whose Mechanism.mask_options miss the keyword it passes masks under is never planted here
+        if only_masked and not mech.masked(kwargs):
             return out
         if isinstance(out, tuple):
             return (bug(out[0]), *out[1:])
@@ -132,6 +127,28 @@ def test_a_backend_wrong_under_a_mask_fails_the_equal_to_alone_check(name, backe
     for mode in ("mask", "varlen"):
         with force_backend(backend):
             assert selftest.mask_error(m, xs, mode, torch.Generator().manual_seed(0)) > tol, mode
+
+
+def _wrong_past_256(out: torch.Tensor) -> torch.Tensor:
+    # _wrong at token position 260 only (the first axis after the batch longer than 256): a short call is untouched
+    axis = next((d for d in range(1, out.dim()) if out.shape[d] > 256), None)
+    if axis is None:
+        return out
+    bump = torch.zeros_like(out)
+    bump[(0,) * axis + (260,)] = 0.01
+    return out * (1 + bump) + bump
+
+
+@pytest.mark.parametrize("name,backend", long_mask_backends())
+def test_a_backend_wrong_under_a_mask_past_256_tokens_fails_the_long_check(name, backend, monkeypatch):
+    m = build(name, {}, causal=False if attention_info(name).mechanism.noncausal else True)
+    _planted(m.mechanism, backend, _wrong_past_256, monkeypatch, only_masked=True)
+    device = device_of(m.mechanism.backends[backend])
+    short = [tokens(n, seed=n, batch=1).to(device) for n in (13, 5)]
+    with force_backend(backend):  # the short checks cannot see it
+        assert selftest.mask_error(m.to(device), short, "varlen", torch.Generator().manual_seed(0)) <= 1e-9
+    for mode in ("mask", "varlen"):
+        assert long_mask_error(m, backend, mode, torch.Generator().manual_seed(0)) > selftest.TOLERANCES[(mode, F64)]
 
 
 def _layer_defaults() -> list:

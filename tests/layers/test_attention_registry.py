@@ -123,3 +123,16 @@ def test_a_mechanism_registered_at_runtime_goes_into_the_models(toy):
     assert all(isinstance(m, ToyAttention) and m.causal for m in mixers)
     assert [m.options.layer_index for m in mixers] == [0, 1]  # the models fill in the options the spec declares
     assert model(torch.randint(0, 11, (2, 8))).shape == (2, 8, 11)
+
+
+def test_each_layer_has_a_forward_code_object_of_its_own():
+    # torch.compile counts recompiles per code object: the q/k/v layers share QKVProjection's forward, each as a copy
+    # (one code object shared by four layers reaches the limit of 8 with their float32 and float64 forms)
+    from attnzoo.layers.base import QKVProjection
+
+    classes = [attention_info(n) for n in list_attentions()]
+    shared = [c for c in classes if issubclass(c, QKVProjection)]
+    assert len(shared) >= 4
+    codes = [c.forward.__code__ for c in classes]
+    assert len({id(code) for code in codes}) == len(codes), [c.__name__ for c in classes]
+    assert all(c.forward.__qualname__ == f"{c.__qualname__}.forward" for c in shared)

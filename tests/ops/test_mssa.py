@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_half_close
 
 from attnzoo.ops.mssa import mssa, mssa_weights
 from attnzoo.ops.softmax import softmax_attention
@@ -65,7 +66,7 @@ def test_half_precision_close_to_float32(dtype):
     for backend in ("naive", "torch"):
         out = mssa(w.to(dtype), causal=True, normalize_query=True, backend=backend)
         assert out.dtype == dtype
-        torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+        assert_half_close(out, ref)
 
 
 def test_errors():

@@ -15,6 +15,7 @@ import pkgutil
 from pathlib import Path
 
 import pytest
+import torch
 
 import attnzoo.ops
 from attnzoo.ops._spec import Backend, Mechanism
@@ -122,3 +123,40 @@ def test_a_backend_named_by_module_is_imported_when_it_runs():
         Backend("attnzoo.ops.tssa.naive")
     with pytest.raises(TypeError, match="Backend takes a function or a module name, got int 3"):
         Backend(3)
+
+
+def _twice(x, toks=None):
+    return 2 * x
+
+
+def test_a_masked_call_is_told_by_the_mechanisms_mask_options():
+    # the op hands its masks on under "toks": a backend that takes none is refused for such a call, never run
+    from attnzoo.ops._dispatch import call_backend
+    from attnzoo.ops._spec import Options, op_backends
+
+    mech = Mechanism(
+        op="toy",
+        options=Options,
+        backends=op_backends(_twice, _twice, plain=Backend(_twice, masks=False)),
+        mask_options=("toks",),
+        causal=False,
+    )
+    x = torch.ones(2)
+    assert mech.masked({"toks": object()}) and not mech.masked({"toks": None, "attention_mask": object()})
+    with pytest.raises(ValueError, match=r"backend='plain' of toy does not take attention_mask / cu_seqlens"):
+        call_backend(mech, "plain", (x,), toks=object())
+    assert torch.equal(call_backend(mech, "plain", (x,), toks=None), 2 * x)
+    assert call_backend(mech, "auto", (x,), toks=object()).tolist() == [2.0, 2.0]
+
+
+def test_op_backends_and_kernel_devices_follow_the_convention():
+    from attnzoo.ops._spec import op_backends
+
+    b = op_backends(_twice, _twice, cpu=Backend(_twice, kind="cpu"), gpu=Backend(_twice, kind="triton"))
+    assert [(n, x.kind, x.devices) for n, x in b.items()] == [
+        ("naive", "reference", ("any",)),
+        ("torch", "torch", ("any",)),
+        ("cpu", "cpu", ("cpu",)),
+        ("gpu", "triton", ("cuda",)),
+    ]
+    assert Backend(_twice, kind="cpu", devices=("cpu", "meta")).devices == ("cpu", "meta")

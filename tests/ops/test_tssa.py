@@ -3,6 +3,7 @@ equivariance, recurrent decoding, input errors, and the white-box identity with 
 
 import pytest
 import torch
+from conftest import assert_half_close
 
 from attnzoo.ops.tssa import tssa, tssa_init_state, tssa_pi, tssa_step
 from attnzoo.ops.tssa.chunk import chunked_cumsum, reverse_chunked_cumsum
@@ -134,9 +135,7 @@ def test_half_inputs_computed_in_float32(causal, dtype):
     assert out.dtype == dtype
     with torch.autocast("cpu", dtype=dtype):  # autocast must not push the reductions to half precision
         assert torch.equal(tssa(w, temp, causal=causal, bias=bias), out)
-    # only the final rounding to the half type remains
-    eps = torch.finfo(dtype).eps
-    torch.testing.assert_close(out.double(), ref, rtol=2 * eps, atol=2 * eps * ref.abs().max().item())
+    assert_half_close(out, ref)  # only the final rounding to the half type remains
 
 
 @pytest.mark.parametrize("backend", ["torch", "cpu", "naive"])

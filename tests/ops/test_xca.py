@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_half_close
 
 from attnzoo.ops.xca import xca, xca_weights
 
@@ -74,7 +75,7 @@ def test_half_precision_close_to_float32(dtype):
     for backend in ("naive", "torch"):
         out = xca(q.to(dtype), k.to(dtype), v.to(dtype), torch.ones(2, dtype=dtype), backend=backend)
         assert out.dtype == dtype
-        torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+        assert_half_close(out, ref)
 
 
 def test_no_causal_form():

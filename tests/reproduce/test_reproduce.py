@@ -38,7 +38,8 @@ TABLE_HEADERS = [
     "| mechanism | N=64 | N=256 |",
     "| layer | SNR, φ=threshold, η=0.1 | SNR, φ=softmax, η=0.1 | SNR, φ=threshold, η=0.02 | SNR, φ=softmax, η=0.02 |",
     "| " + " | ".join(FINDING_COLUMNS) + " |",
-    "| claim | paper | statement | test | effect [95% CI] (margin) | verdict | claim | section |",
+    "| claim | paper | statement | paper's figure | test | effect [95% CI] (margin) | verdict | claim | section |"
+    " notes |",
     "| section | compared rows and measurements | learning-rate sweeps | ablations and plateau checks | total |",
 ]
 
@@ -537,7 +538,7 @@ def test_layerwise_probe_over_seeds_uses_the_mean_series_and_the_seeds_agreement
             "series": {"variational_compression": vals},
         }
 
-    f = probes._layerwise_finding("tost", probe(falling), {}, None, [probe(falling), probe(rising)])
+    f = probes._layerwise_finding("tost", probe(falling), None, [probe(falling), probe(rising)])
     assert f["seeds"] == 3 and f["verdict"] == "agrees" and "mean of 3 seeds" in f["measured"]
     assert "per seed: agrees, agrees, disagrees" in f["measured"]
     b, steps = plan("long", 0)
@@ -568,12 +569,12 @@ def test_layerwise_verdict_stands_only_where_the_papers_own_measure_agrees():
         return {"layers": rows, "series": {"variational_compression": claim}}
 
     # ToST Fig. 4a plots the TSSA outputs: they rise where the claim measure falls, on both seeds
-    f = probes._layerwise_finding("tost", probe(falling, rising), {}, None, [probe(falling, rising)])
+    f = probes._layerwise_finding("tost", probe(falling, rising), None, [probe(falling, rising)])
     assert f["ungated_verdict"] == "agrees" and f["verdict"] == "inconclusive" and f["gate_reasons"] == ["conditions"]
     assert "ToST Fig. 4a plots (R^var_c, block output) gives disagrees" in f["gate"]
     assert f["literal_measure"]["verdict"] == "disagrees"
     # both measures fall: the verdict stands
-    f = probes._layerwise_finding("tost", probe(falling, falling), {}, None, [probe(falling, falling)])
+    f = probes._layerwise_finding("tost", probe(falling, falling), None, [probe(falling, falling)])
     assert f["verdict"] == "agrees" and "gate" not in f
 
 

@@ -87,6 +87,13 @@ def test_an_undecided_claim_is_filed_under_its_first_cause_and_the_counts_add_up
     assert "**Decided trained claims:**" in text and "X Table 1, c3: a is ahead of b by 1 pts" in text
 
 
+def test_a_refuted_superiority_names_the_bar_its_interval_lies_below():
+    f = _f([1.0, 1.1, 1.2], [1.0, 1.05, 1.1], paper_effect=2.0)
+    assert f["verdict"] == "disagrees" and f["ci95"][0] < 0 < f["ci95"][1]
+    text = "\n".join(_summary([Section("k", "K: t", findings=[f])], "long"))
+    assert "no direction shown" in text and ", wholly below +1 (0.5 of the paper's +2): **disagrees**." in text
+
+
 def test_the_legend_states_every_gate_once_with_its_direction():
     fs = [_f(*WIN)]
     text = "\n".join(_summary([Section("k", "K: t", findings=fs)], "long"))
@@ -158,24 +165,19 @@ def test_a_note_shared_by_several_findings_is_printed_once_and_referenced_by_eac
     assert nxt == 3 and table.count("| [1] |") == 2 and table.count("| [2] |") == 1
 
 
-def test_a_findings_row_names_its_claim_by_id_and_leaves_a_repeated_paper_figure_blank():
+def test_a_checks_row_names_its_check_and_leaves_a_repeated_expected_figure_blank():
     from attnzoo.reproduce.report import _findings_md
 
     fs = [
-        _f(*WIN, claim_id="tost-t3-lra#listops", claim="c1"),
-        _f(*WIN, claim_id="tost-t3-lra#average", claim="c2"),
-        dataclasses.replace(_f(*WIN, claim="c3"), paper_value="a >> b"),
-        dataclasses.replace(_f(*WIN, claim="c4"), kind="check"),
+        dataclasses.replace(_f(*WIN, claim="c1"), kind="check"),
+        dataclasses.replace(_f(*WIN, claim="c2"), kind="check"),
+        dataclasses.replace(_f(*WIN, claim="c3"), kind="check", paper_value="a >> b"),
     ]
     table, _, _ = _findings_md(fs)
     rows = table.splitlines()[2:]
-    # a paper claim by its id (its statement is in the claims table), not by its statement
-    assert rows[0].startswith("| `tost-t3-lra#listops` | a > b | a 2.1") and "c1" not in rows[0]
-    assert rows[1].startswith("| `tost-t3-lra#average` |  | a 2.1")
-    # without an id: its reference and statement; a new paper figure is printed
-    assert rows[2].startswith("| X Table 1: c3 | a >> b |")
-    # a check by its statement
-    assert rows[3].startswith("| c4 | a > b |")
+    assert rows[0].startswith("| c1 | a > b | a 2.1")
+    assert rows[1].startswith("| c2 |  | a 2.1")  # the same expected figure: left blank
+    assert rows[2].startswith("| c3 | a >> b |")
 
 
 def test_the_claims_table_names_a_reference_and_a_section_once_per_run_of_rows():
@@ -186,6 +188,39 @@ def test_the_claims_table_names_a_reference_and_a_section_once_per_run_of_rows()
         ("S1", _f(*WIN, claim="c2")),
         ("S2", dataclasses.replace(_f(*WIN, claim="c3"), paper="Y")),
     ]
-    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in _claims_table(tally(pairs)).splitlines()[2:]]
-    assert [r[-1] for r in rows] == ["S1", "", "S2"]
+    gate(pairs[0][1], "sizes unlike the paper's", "conditions")
+    table, notes = _claims_table(tally(pairs))
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]]
+    assert [r[-2] for r in rows] == ["S1", "", "S2"]
     assert [r[1] for r in rows] == ["X Table 1", "", "Y"] and [r[2] for r in rows] == ["c1", "c2", "c3"]
+    # the paper's figure is printed once per run of equal rows; a claim's own notes are footnotes under the table
+    assert [r[3] for r in rows] == ["a > b", "", ""]
+    assert [r[-1] for r in rows] == ["[1]", "-", "-"] and notes == ["[1] gated: sizes unlike the paper's"]
+
+
+def test_a_paper_claim_is_reported_in_the_claims_table_and_not_again_in_its_section():
+    from attnzoo.reproduce.report import _section_md
+
+    fs = [_f(*WIN, claim_id="tost-t3-lra#listops", claim="c1"), dataclasses.replace(_f(*TIE, claim="c4"), kind="check")]
+    sec = Section("k", "K: t", findings=fs)
+    summary = "\n".join(_summary([sec], "long"))
+    assert "| `tost-t3-lra` | X Table 1 | c1 | a > b | listops |" in summary
+    body = "\n".join(_section_md(sec))
+    assert "tost-t3-lra" not in body and "| c4 | a > b |" in body
+
+
+def test_the_compute_table_lists_each_sections_decided_trained_claims():
+    from attnzoo.reproduce.report import _compute_md
+
+    vis = Section(
+        "vision", "Vision: v", findings=[_f(*WIN, claim_id="cbsa-t3-crate"), _f(*TIE, claim_id="tost-t3-lra#listops")]
+    )
+    lra = Section("long-range", "Long-range: l", findings=[_f(*LOSS, claim_id="csp-t3-vit#architecture")])
+    records = {
+        "vision/cbt/seed0": {"section": "vision", "wall_s": 120.0},
+        "long-range/softmax/lr-sweep/lr0.001": {"section": "long-range", "wall_s": 60.0},
+    }
+    rows = {line.split("|")[1].strip(): line for line in _compute_md([vis, lra], records) if line.startswith("| ")}
+    assert rows["Vision"].rstrip(" |").endswith("1: `cbsa-t3-crate`")  # the tie is undecided: not listed
+    assert rows["Long-range"].rstrip(" |").endswith("1: `csp-t3-vit`")  # a disagreement is decided too
+    assert "| 2.0 min |" in rows["Vision"] and "| 60 s |" in rows["Long-range"]

@@ -32,6 +32,14 @@ def test_parse_overrides_forms():
         parse_overrides(["steps=3"])
 
 
+def test_words_yaml_reads_as_booleans_stay_words_for_text_fields():
+    # amp is Literal["auto", "off", ...]: YAML 1.1 would read "off" as False
+    got = parse_overrides(["--amp=off", "--compile=off"])
+    assert got == {"amp": "off", "compile": False}
+    cfg = apply_overrides(load_config("fmnist_vit_small"), parse_overrides(["--amp", "off"]))
+    assert cfg.amp == "off"
+
+
 def test_yaml_file_and_overrides(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("task: digits\nmodel: vit_cifar\nlr: 1e-3\nmodel_options: {depth: 2}\n")

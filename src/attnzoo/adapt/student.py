@@ -19,6 +19,7 @@ from torch import nn
 from attnzoo.layers.base import Attention, list_attentions
 from attnzoo.layers.fastmax import FastmaxAttention
 from attnzoo.models.blocks import check_mixer_form
+from attnzoo.ops.cbsa import resolve_contraction
 
 __all__ = ["AdaptLayer", "Student", "model_family", "make_student", "FAMILIES", "QKV_CBSA", "QKVCBSA"]
 
@@ -91,6 +92,8 @@ class QKVCBSA(nn.Module):
         if not isinstance(heads, int) or heads < 1 or dim % heads:
             raise ValueError(f"dim={dim} must split into heads={heads} equal heads")
         self.dim, self.heads, self.head_dim, self.variant = dim, heads, dim // heads, variant
+        # the variant's contraction as the CBSA op defines it: softmax (eq 8), or None for the agent form
+        self.contraction = resolve_contraction(variant, None)
         self.grid, self.rep_grid, self.num_reps = grid, rep_grid, num_reps
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.scale = float(scale) if scale is not None else self.head_dim**-0.5
@@ -116,7 +119,7 @@ class QKVCBSA(nn.Module):
         )
         extract = torch.softmax(a @ k.transpose(-1, -2) * self.scale, dim=-1)  # (B, H, M, N)
         reps_v = extract @ v
-        if self.variant == "cbsa":
+        if self.contraction is not None:
             reps_q, reps_k = extract @ q, extract @ k
             contracted = torch.softmax(reps_q @ reps_k.transpose(-1, -2) * self.scale, dim=-1) @ reps_v
         else:

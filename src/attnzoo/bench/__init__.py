@@ -154,7 +154,8 @@ def _fmt(v, spec):
 
 
 def print_table(rows: list[Row]) -> None:
-    base = {(r.sweep, r.causal, r.length, r.dim): r.fwd_ms for r in rows if r.mechanism == "softmax" and r.fwd_ms}
+    unit = set(cases.SPEED_UNIT_CASES)  # the SDPA softmax baseline, declared by its mechanism
+    base = {(r.sweep, r.causal, r.length, r.dim): r.fwd_ms for r in rows if r.mechanism in unit and r.fwd_ms}
     hdr = (
         f"{'sweep':<7}{'mechanism':<20}{'causal':<7}{'N':>7}{'d':>6}{'fwd ms':>11}{'fwd+bwd ms':>12}"
         f"{'peak MiB':>10}{'x SDPA':>8}{'roofline':>9}"

@@ -64,6 +64,8 @@ def _lists() -> dict[str, list[str]]:
         "CAUSAL_OP_CASES": [n for n, (_, c) in cases.items() if c.causal and not c.baseline] + baseline,
         "BASELINE_CASES": baseline,
         "DECODE_CASES": [n for n, (_, c) in cases.items() if c.decode],
+        # the cases the table's speed column divides by
+        "SPEED_UNIT_CASES": [n for n, (_, c) in cases.items() if c.speed_unit],
     }
 
 

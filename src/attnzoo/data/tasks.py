@@ -26,7 +26,7 @@ from __future__ import annotations
 import inspect
 import typing
 from dataclasses import dataclass, field
-from functools import partial
+from functools import partial, wraps
 from typing import Any, Callable
 
 import numpy as np
@@ -716,22 +716,11 @@ def _scenes(
     "semantic_segmentation",
     "the scenes' per-pixel semantic maps (0 background, class + 1 on objects): segmentation decoders (CBSA Fig. 8)",
 )
-def _scenes_segmentation(
-    *,
-    source: typing.Literal["digits", "fashion_mnist"] = "digits",
-    img_size: int = 64,
-    n_train: int = 10000,
-    n_val: int = 1000,
-    min_objects: int = 1,
-    max_objects: int = 3,
-    boundary_width: int = 4,
-    noise_std: float = 0.04,
-    seed: int = 0,
-    root: str | None = None,
-) -> Task:
+@wraps(_scenes, assigned=("__annotations__",))  # the options of task "scenes", checked the same way
+def _scenes_segmentation(**options: Any) -> Task:
     """The scenes of task ``scenes`` (same options, same scenes), each batch targeting its semantic maps."""
     from attnzoo.data import scenes
 
-    options = {k: v for k, v in locals().items() if k != "scenes"}
-    train, val, info = scenes.build_scene_splits(**options, target="semantic")
+    full = check_options(_scenes, options, "task 'scenes_segmentation'")
+    train, val, info = scenes.build_scene_splits(**full, target="semantic")
     return Task("scenes_segmentation", "semantic_segmentation", train, val, info)

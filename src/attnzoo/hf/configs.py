@@ -42,11 +42,12 @@ _LOADER_SOURCE = (
 
 
 class _AttnZooConfigMixin:
-    """Conversion to / from the attnzoo dataclass; ``_attnzoo_class`` names it."""
+    """Conversion to / from the attnzoo dataclass; ``_attnzoo_class`` names it (set with ``_renamed`` by the
+    fields base, :func:`_fields_of`)."""
 
     _attnzoo_class: ClassVar[type[ModelConfig]]
     #: attnzoo field -> transformers field, where the names differ
-    _renamed: ClassVar[dict[str, str]] = {}
+    _renamed: ClassVar[dict[str, str]]
     #: transformers Auto class -> the attnzoo.hf class it loads (``auto_map``)
     _auto_classes: ClassVar[dict[str, str]] = {}
 
@@ -114,6 +115,9 @@ class _AttnZooConfigMixin:
 
 _LM_RENAMED = {"tie_weights": "tie_word_embeddings"}
 _VISION_RENAMED = {"num_classes": "num_labels"}
+#: ``transformers``' names of the fields every family has -> attnzoo's (each family adds its own and its renamed ones,
+#: attnzoo's name -> ``transformers``')
+_COMMON_ATTRIBUTES = {"hidden_size": "dim", "num_hidden_layers": "depth", "num_attention_heads": "heads"}
 
 
 def _fields_of(attnzoo_class: type[ModelConfig], renamed: dict[str, str], **defaults: Any) -> type[PretrainedConfig]:
@@ -125,6 +129,7 @@ def _fields_of(attnzoo_class: type[ModelConfig], renamed: dict[str, str], **defa
     """
     annotations: dict[str, Any] = {}
     namespace: dict[str, Any] = {"__module__": __name__, "__annotations__": annotations}
+    namespace.update(_attnzoo_class=attnzoo_class, _renamed=renamed)  # class attributes: not fields
     for f in dataclasses.fields(attnzoo_class):
         name = renamed.get(f.name, f.name)
         if name == "num_labels":
@@ -151,14 +156,10 @@ class AttnZooCausalLMConfig(_AttnZooConfigMixin, _fields_of(CausalLMConfig, _LM_
         "AutoConfig": "AttnZooCausalLMConfig",
         "AutoModelForCausalLM": "AttnZooForCausalLM",
     }
-    _attnzoo_class: ClassVar[type[ModelConfig]] = CausalLMConfig
-    _renamed: ClassVar[dict[str, str]] = _LM_RENAMED
     attribute_map: ClassVar[dict[str, str]] = {
-        "hidden_size": "dim",
-        "num_hidden_layers": "depth",
-        "num_attention_heads": "heads",
+        **_COMMON_ATTRIBUTES,
         "max_position_embeddings": "block_size",
-        "tie_weights": "tie_word_embeddings",
+        **_LM_RENAMED,
     }
     keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
 
@@ -184,15 +185,7 @@ class AttnZooVisionConfig(_AttnZooConfigMixin, _fields_of(VisionConfig, _VISION_
         "AutoConfig": "AttnZooVisionConfig",
         "AutoModelForImageClassification": "AttnZooForImageClassification",
     }
-    _attnzoo_class: ClassVar[type[ModelConfig]] = VisionConfig
-    _renamed: ClassVar[dict[str, str]] = _VISION_RENAMED
-    attribute_map: ClassVar[dict[str, str]] = {
-        "hidden_size": "dim",
-        "num_hidden_layers": "depth",
-        "num_attention_heads": "heads",
-        "num_channels": "in_chans",
-        "num_classes": "num_labels",
-    }
+    attribute_map: ClassVar[dict[str, str]] = {**_COMMON_ATTRIBUTES, "num_channels": "in_chans", **_VISION_RENAMED}
 
     def __post_init__(self, **kwargs: Any) -> None:
         # attnzoo's default head has 1000 classes (ImageNet); transformers' default is 2 labels

@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import inspect
 import threading
+import types
 from typing import Any, Callable, Iterator
 
 import torch
@@ -29,7 +30,8 @@ from einops import rearrange
 from torch import nn
 
 from attnzoo._checks import NonFiniteError, check_module_input, check_ndim, check_positive_int, finite_absmax
-from attnzoo.ops._spec import Mechanism, Options
+from attnzoo.ops._segment_ops import zero_padding_tokens
+from attnzoo.ops._spec import Mechanism, Options, ProjectionOptions
 from attnzoo.registry import (  # noqa: F401  (re-exported: their home before attnzoo.registry)
     attention_info,
     build_attention,
@@ -266,22 +268,57 @@ def capture_internals(model: nn.Module) -> Iterator[dict[str, dict[str, torch.Te
                 m._capture_store, m._capture_thread = prev_store, prev_thread
 
 
+def _own_copy(fn: Callable, cls: type) -> Callable:
+    """``fn`` with a code object of its own, as ``cls``'s method: ``torch.compile`` counts recompiles per code object,
+    so one forward shared by the layers of several mechanisms would reach its recompile limit after a few of them."""
+    copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__, copy.__doc__, copy.__annotations__ = fn.__kwdefaults__, fn.__doc__, fn.__annotations__
+    copy.__qualname__ = f"{cls.__qualname__}.{fn.__name__}"
+    return copy
+
+
+#: a forward's ``attention_mask`` ``(B, N)`` and ``cu_seqlens`` ``(S + 1,)`` (``None`` where not given), by name
+Masks = dict[str, torch.Tensor | None]
+
+
 class QKVProjection:
     """The fused q/k/v projection ``qkv: Linear(dim, dim + 2 G P)`` and output projection ``proj`` (+ dropout)
-    shared by the query-key-value mechanisms (softmax, linear, Fastmax); ``G = kv_heads`` key/value heads, each
-    shared by ``H / G`` query heads (grouped-query attention; ``G = H``, the default, is ``Linear(dim, 3 dim)``)."""
+    shared by the query-key-value mechanisms (softmax, linear, XCA, Fastmax), and their forward around
+    :meth:`attend`, the mechanism on the heads. ``G = kv_heads`` key/value heads, each shared by ``H / G`` query
+    heads (grouped-query attention, where the options have ``kv_heads``: linear, Fastmax); ``G = H``, the default,
+    is ``Linear(dim, 3 dim)``."""
 
-    def _init_projections(
-        self, dim: int, qkv_bias: bool, proj_bias: bool, proj_dropout: float, kv_heads: int | None = None
-    ) -> None:
-        heads = self.heads
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "forward" not in cls.__dict__:
+            cls.forward = _own_copy(QKVProjection.forward, cls)
+
+    def _init_projections(self, o: ProjectionOptions) -> None:
+        """The projections of the options ``o`` (with ``o.kv_heads`` key/value heads where the options have it)."""
+        heads, kv_heads = self.heads, getattr(o, "kv_heads", None)
         if kv_heads is not None and heads % kv_heads:
             valid = [g for g in range(1, heads + 1) if heads % g == 0]
             raise ValueError(f"kv_heads={kv_heads} must divide heads={heads}; valid: {valid} or None")
         self.kv_heads = kv_heads or heads
-        self.qkv = nn.Linear(dim, dim + 2 * self.kv_heads * self.head_dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim, bias=proj_bias)
-        self.proj_drop = nn.Dropout(proj_dropout)
+        self.qkv = nn.Linear(self.dim, self.dim + 2 * self.kv_heads * self.head_dim, bias=o.qkv_bias)
+        self.proj = nn.Linear(self.dim, self.dim, bias=o.proj_bias)
+        self.proj_drop = nn.Dropout(o.proj_dropout)
+
+    def forward(
+        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x (B, N, dim) -> (B, N, dim)``; ``attention_mask (B, N)`` or ``cu_seqlens`` as in the op (padding
+        tokens give 0)."""
+        self.check_input(x)  # NaN/Inf: found by the op on q, k, v (one sync), reported for x by naming_input
+        with self.naming_input(x):
+            o = self.attend(*self._qkv(x), {"attention_mask": attention_mask, "cu_seqlens": cu_seqlens})
+            return zero_padding_tokens(self._out(o), attention_mask)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: Masks) -> torch.Tensor:
+        """The mechanism on the heads: ``q, k, v (B, H, N, P) -> (B, H, N, P)`` under ``masks`` (the forward's
+        ``attention_mask`` and ``cu_seqlens``, as the op takes them), recording its internals while capturing;
+        grouped key/value heads come repeated per query head."""
+        raise NotImplementedError  # pragma: no cover - interface
 
     def _qkv_grouped(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(B, N, dim) -> q (B, H, N, P)``, ``k, v (B, G, N, P)`` (views of one projection)."""

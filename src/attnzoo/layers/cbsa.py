@@ -7,7 +7,7 @@ from einops import rearrange
 from torch import nn
 
 from attnzoo.layers.base import Attention, register_attention
-from attnzoo.ops.cbsa import CBSA, DEFAULT_NUM_REPS, CBSAOptions, cbsa, pool_reps, pool_reps_varlen
+from attnzoo.ops.cbsa import CBSA, DEFAULT_NUM_REPS, CBSAOptions, cbsa, extracts_reps, pool_reps, pool_reps_varlen
 from attnzoo.ops.cbsa.pooling import refuse_masks_2d
 
 __all__ = ["CBSAAttention"]
@@ -62,7 +62,7 @@ class CBSAAttention(Attention):
         self.proj = nn.Linear(self.dim, self.dim, bias=o.qkv_bias)  # subspace bases U_[K], shared for q, k, v
         self.to_out = nn.Linear(self.dim, self.dim)  # over-parameterised U_[K] (§4 implementation detail)
         self.ss_x = nn.Parameter(torch.randn(self.heads, 1, 1))  # kappa, eq 6
-        extracts = o.variant in ("cbsa", "agent")
+        extracts = extracts_reps(o.variant)
         self.ss_rep = nn.Parameter(torch.randn(self.heads, 1, 1)) if extracts else None  # eta, eq 5
 
     def forward(

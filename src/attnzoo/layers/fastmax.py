@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from attnzoo._checks import check_finite, check_positive_int
-from attnzoo.layers.base import Attention, QKVProjection, RecurrentMixin, register_attention
+from attnzoo.layers.base import Attention, Masks, QKVProjection, RecurrentMixin, register_attention
 from attnzoo.ops._segment_ops import zero_padding_tokens
 from attnzoo.ops.fastmax import (
     FASTMAX,
@@ -56,39 +56,24 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
         self.scale = resolve_scale(o.scale, self.head_dim)
         self.p, self.attn_dropout, self.dropout_placement = o.p, o.attn_dropout, o.dropout_placement
         self.backend = o.backend
-        self._init_projections(self.dim, o.qkv_bias, o.proj_bias, o.proj_dropout, o.kv_heads)
+        self._init_projections(o)
 
-    def forward(
-        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """``x (B, N, dim)`` -> ``(B, N, dim)``; ``attention_mask (B, N)`` / ``cu_seqlens`` as the op takes them
-        (moments over each sequence's real tokens; zero output at padding)."""
-        masks = {"attention_mask": attention_mask, "cu_seqlens": cu_seqlens}
-        self.check_input(x)  # NaN/Inf: found by the op on q, k, v (one sync), reported for x by naming_input
-        with self.naming_input(x):
-            q, k, v = self._qkv(x)
-            if self.training and self.attn_dropout > 0:
-                out = fastmax_dropout(
-                    q,
-                    k,
-                    v,
-                    rate=self.attn_dropout,
-                    placement=self.dropout_placement,
-                    p=self.p,
-                    causal=self.causal,
-                    scale=self.scale,
-                    backend=self.backend,
-                    **masks,
-                )
-            else:
-                out = fastmax(q, k, v, p=self.p, causal=self.causal, scale=self.scale, backend=self.backend, **masks)
-            if self.capturing:
-                with torch.no_grad():
-                    self.record(q_hat=standardize(q), k_hat=standardize(k))
-                    # the explicit map is of one unmasked sequence: not recorded for padded or packed inputs
-                    if x.shape[1] <= MAX_CAPTURE_TOKENS and attention_mask is None and cu_seqlens is None:
-                        self.record(attn=explicit_attention(q, k, p=self.p, causal=self.causal, scale=self.scale))
-            return zero_padding_tokens(self._out(out), attention_mask)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: Masks) -> torch.Tensor:
+        """Eqs 5-12 (causal 30-35) on the heads ``(B, H, N, P)``, moments over each sequence's real tokens; the
+        standardised queries and keys and the explicit weights while capturing."""
+        order = dict(p=self.p, causal=self.causal, scale=self.scale)
+        if self.training and self.attn_dropout > 0:
+            drop = dict(rate=self.attn_dropout, placement=self.dropout_placement)
+            out = fastmax_dropout(q, k, v, backend=self.backend, **drop, **order, **masks)
+        else:
+            out = fastmax(q, k, v, backend=self.backend, **order, **masks)
+        if self.capturing:
+            with torch.no_grad():
+                self.record(q_hat=standardize(q), k_hat=standardize(k))
+                # the explicit map is of one unmasked sequence: not recorded for padded or packed inputs
+                if q.shape[2] <= MAX_CAPTURE_TOKENS and not any(m is not None for m in masks.values()):
+                    self.record(attn=explicit_attention(q, k, **order))
+        return out
 
     # ---- recurrent decoding (causal only) -----------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> FastmaxState:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from attnzoo.layers.base import Attention, QKVProjection, RecurrentMixin, check_step_input, register_attention
+from attnzoo.layers.base import Attention, Masks, QKVProjection, RecurrentMixin, check_step_input, register_attention
 from attnzoo.ops._segment_ops import zero_padding_tokens
 from attnzoo.ops.linear import (
     LINEAR,
@@ -27,9 +27,9 @@ class LinearAttention(QKVProjection, Attention, RecurrentMixin):
     """Linear attention ``phi(q_i)^T sum_j phi(k_j) v_j^T / (phi(q_i)^T sum_j phi(k_j) + eps)`` per head
     (Katharopoulos et al. 2020, eqs. 5-6; causal eqs. 8-10), ``phi = elu + 1`` by default.
 
-    Layout as :class:`~attnzoo.layers.softmax.SoftmaxAttention`: ``qkv = Linear(dim, 3 dim)``, ``proj = Linear(dim,
-    dim)``. Causal decoding keeps an O(1) state per step: ``{"s": (B, H, P, P), "z": (B, H, P)}`` in float32
-    (float64 for float64 modules) -- eqs. 18-20.
+    Layout as :class:`~attnzoo.layers.softmax.SoftmaxAttention`: ``qkv = Linear(dim, 3 dim)`` (``Linear(dim, dim +
+    2 G P)`` with ``kv_heads=G`` grouped key/value heads), ``proj = Linear(dim, dim)``. Causal decoding keeps an O(1)
+    state per step: ``{"s": (B, G, P, P), "z": (B, G, P)}`` in float32 (float64 for float64 modules) -- eqs. 18-20.
 
     Internals recorded under :func:`~attnzoo.layers.base.capture_internals` (forward only):
     ``attn`` ``(B, H, N, N)``, the normalised kernel matrix, computed explicitly and only when ``N <= 2048``.
@@ -45,32 +45,14 @@ class LinearAttention(QKVProjection, Attention, RecurrentMixin):
     def build(self, o: LinearOptions) -> None:
         """The projections and parameters of the options ``o``."""
         self.feature_map, self.eps, self.chunk_size = o.feature_map, o.eps, o.chunk_size
-        self._init_projections(self.dim, o.qkv_bias, o.proj_bias, o.proj_dropout, o.kv_heads)
+        self._init_projections(o)
 
-    def forward(
-        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """``x (B, N, dim) -> (B, N, dim)``; ``attention_mask (B, N)`` or ``cu_seqlens`` as in the op."""
-        self.check_input(x)
-        with self.naming_input(x):
-            q, k, v = self._qkv(x)
-            masks = dict(attention_mask=attention_mask, cu_seqlens=cu_seqlens)
-            if self.capturing and x.shape[1] <= MAX_RECORDED_TOKENS:
-                attn = linear_attention_weights(
-                    q, k, causal=self.causal, feature_map=self.feature_map, eps=self.eps, **masks
-                )
-                self.record(attn=attn)
-            o = linear_attention(
-                q,
-                k,
-                v,
-                causal=self.causal,
-                feature_map=self.feature_map,
-                eps=self.eps,
-                chunk_size=self.chunk_size,
-                **masks,
-            )
-            return zero_padding_tokens(self._out(o), attention_mask)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: Masks) -> torch.Tensor:
+        """Eqs. 5-6 (causal 8-10) on the heads ``(B, H, N, P)``; the normalised kernel matrix while capturing."""
+        features = dict(causal=self.causal, feature_map=self.feature_map, eps=self.eps)
+        if self.capturing and q.shape[2] <= MAX_RECORDED_TOKENS:
+            self.record(attn=linear_attention_weights(q, k, **features, **masks))
+        return linear_attention(q, k, v, chunk_size=self.chunk_size, **features, **masks)
 
     # ---- decoding ---------------------------------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> dict[str, torch.Tensor]:

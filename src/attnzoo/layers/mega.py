@@ -205,8 +205,9 @@ class MegaLayer(RecurrentMixin, Attention):
                 z, r = torch.split(F.silu(zr), [self.zdim, E], dim=-1)  # shared Z, reset gate r
                 q = z * self.qk_scale[0] + self.qk_offset[0]  # the two offsets of Z
                 k = z * self.qk_scale[1] + self.qk_offset[1]
-                fn = "softmax" if self.attention == "softmax" else "laplace"
-                o = mega_attention(q, k, v, self.rel_bias, fn=fn, chunk_size=self.chunk_size, causal=self.causal, **kw)
+                o = mega_attention(
+                    q, k, v, self.rel_bias, fn=self.attention, chunk_size=self.chunk_size, causal=self.causal, **kw
+                )
             else:
                 u, r, hx = torch.split(base, [D, E, D], dim=-1)
                 r = F.silu(r)
@@ -276,8 +277,9 @@ class MegaLayer(RecurrentMixin, Attention):
             keys = torch.cat([state["k"], k], dim=1)
             values = torch.cat([state["v"], v], dim=1)
             key_pos = torch.cat([state["key_pos"], new_pos[:, None]], dim=1)
-            fn = "softmax" if self.attention == "softmax" else "laplace"
-            o = mega_attention_step(q, keys, values, self.rel_bias, key_pos, pos, fn=fn, chunk=self.chunk_size)
+            o = mega_attention_step(
+                q, keys, values, self.rel_bias, key_pos, pos, fn=self.attention, chunk=self.chunk_size
+            )
             h = self.drop(F.silu(hx + self.h_proj(o * r)))
             y = residual + torch.sigmoid(u) * (h - residual)
             y = y if self.prenorm else self.norm(y)

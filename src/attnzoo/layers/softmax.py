@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from attnzoo._checks import check_scale
 from attnzoo.layers.base import (  # noqa: F401  (check_step_input, check_kv_cache: re-exported, their first home)
     Attention,
+    Masks,
     QKVProjection,
     RecurrentMixin,
     check_kv_cache,
@@ -48,31 +49,15 @@ class SoftmaxAttention(QKVProjection, Attention, RecurrentMixin):
         """The projections and parameters of the options ``o``."""
         self.attn_dropout = o.attn_dropout
         self.scale = check_scale(o.scale, self.head_dim)
-        self._init_projections(self.dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
+        self._init_projections(o)
 
-    def forward(
-        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """``x (B, N, dim) -> (B, N, dim)``; ``attention_mask (B, N)`` or ``cu_seqlens`` as in the op."""
-        self.check_input(x)
-        with self.naming_input(x):
-            q, k, v = self._qkv(x)
-            p = self.attn_dropout if self.training else 0.0
-            if self.capturing:
-                weights = functools.partial(softmax_attention_weights, q, k, causal=self.causal, scale=self.scale)
-                o = attend_recorded(self, weights, v, p, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
-            else:
-                o = softmax_attention(
-                    q,
-                    k,
-                    v,
-                    causal=self.causal,
-                    scale=self.scale,
-                    dropout_p=p,
-                    attention_mask=attention_mask,
-                    cu_seqlens=cu_seqlens,
-                )
-            return zero_padding_tokens(self._out(o), attention_mask)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: Masks) -> torch.Tensor:
+        """Eq. 1 on the heads ``(B, H, N, P)``; the explicit weights while capturing."""
+        p = self.attn_dropout if self.training else 0.0
+        if self.capturing:
+            weights = functools.partial(softmax_attention_weights, q, k, causal=self.causal, scale=self.scale)
+            return attend_recorded(self, weights, v, p, **masks)
+        return softmax_attention(q, k, v, causal=self.causal, scale=self.scale, dropout_p=p, **masks)
 
     # ---- decoding ---------------------------------------------------------------------------
     def init_state(self, batch_size: int, *, device=None, dtype=None) -> dict[str, torch.Tensor]:

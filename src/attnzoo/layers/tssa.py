@@ -54,11 +54,7 @@ class TSSAAttention(Attention, RecurrentMixin):
             )
 
     def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        attention_mask: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
+        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
     ) -> torch.Tensor:
         """``x`` ``(B, N, dim) -> (B, N, dim)``; ``attention_mask`` ``(B, N)`` or ``cu_seqlens`` as in
         :func:`~attnzoo.ops.tssa.tssa` (each sequence alone; padding positions give zeros)."""

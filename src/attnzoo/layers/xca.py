@@ -6,8 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnzoo.layers.base import Attention, QKVProjection, register_attention
-from attnzoo.ops._segment_ops import zero_padding_tokens
+from attnzoo.layers.base import Attention, Masks, QKVProjection, register_attention
 from attnzoo.ops._varlen import segments
 from attnzoo.ops.xca import XCA, XCAOptions, xca, xca_weights
 from attnzoo.ops.xca.parallel import xca_segment_weights
@@ -37,25 +36,19 @@ class XCAttention(QKVProjection, Attention):
     def build(self, o: XCAOptions) -> None:
         """The projections and parameters of the options ``o``."""
         self.attn_dropout = o.attn_dropout
-        self._init_projections(self.dim, o.qkv_bias, o.proj_bias, o.proj_dropout)
+        self._init_projections(o)
         self.temperature = nn.Parameter(torch.ones(self.heads, 1, 1))
 
-    def forward(
-        self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """``x (B, N, dim) -> (B, N, dim)``; ``attention_mask (B, N)`` or ``cu_seqlens`` as in the op."""
-        self.check_input(x)
-        with self.naming_input(x):
-            q, k, v = self._qkv(x)
-            p = self.attn_dropout if self.training else 0.0
-            if self.capturing and attention_mask is None and cu_seqlens is None:
-                attn = xca_weights(q, k, self.temperature)
-                self.record(attn=attn)
-                o = torch.matmul(v.to(attn.dtype), F.dropout(attn, p=p, training=p > 0).transpose(-1, -2)).to(v.dtype)
-            else:
-                if self.capturing:
-                    seg = segments(*x.shape[:2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=x.device)
-                    attn = xca_segment_weights(q, k, self.temperature, seg)
-                    self.record(attn=attn.squeeze(2) if cu_seqlens is None else attn)
-                o = xca(q, k, v, self.temperature, dropout_p=p, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
-            return zero_padding_tokens(self._out(o), attention_mask)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masks: Masks) -> torch.Tensor:
+        """XCiT eq. 2 on the heads ``(B, H, N, P)``; the ``(P, P)`` maps while capturing."""
+        p = self.attn_dropout if self.training else 0.0
+        if self.capturing and not any(m is not None for m in masks.values()):
+            attn = xca_weights(q, k, self.temperature)
+            self.record(attn=attn)
+            return torch.matmul(v.to(attn.dtype), F.dropout(attn, p=p, training=p > 0).transpose(-1, -2)).to(v.dtype)
+        if self.capturing:
+            b, _, n, _ = q.shape
+            seg = segments(b, n, **masks, device=q.device)
+            attn = xca_segment_weights(q, k, self.temperature, seg)
+            self.record(attn=attn.squeeze(2) if masks["cu_seqlens"] is None else attn)
+        return xca(q, k, v, self.temperature, dropout_p=p, **masks)

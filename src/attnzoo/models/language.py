@@ -110,11 +110,7 @@ class CausalLM(PretrainedModel):
         return self.drop(x + table[pos])
 
     def forward(
-        self,
-        idx: torch.Tensor,
-        *,
-        attention_mask: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
+        self, idx: torch.Tensor, *, attention_mask: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
     ) -> torch.Tensor:
         """``idx (B, T)`` -> logits ``(B, T, V)``. ``attention_mask (B, T)`` (1 = real token, padding anywhere) or
         ``cu_seqlens (S + 1,)`` (sequences packed in one row, ``B = 1``): each sequence is computed as if alone

@@ -71,17 +71,9 @@ def _cpu_kernels_ready() -> bool:
     return _cpu_kernels.cpu_kernels() is not None
 
 
-#: the option names under which the ops hand a call's padding mask or packed offsets (or their Segments) on
-_MASK_OPTIONS = ("attention_mask", "cu_seqlens", "seg", "segs")
-
-
-def _masked(options: Mapping[str, Any] | None) -> bool:
-    return options is not None and any(options.get(k) is not None for k in _MASK_OPTIONS)
-
-
 def _auto(mech: Mechanism, inputs: Sequence, options: Mapping[str, Any] | None) -> str:
     x = inputs[0]
-    masked = _masked(options)
+    masked = mech.masked(options)
     forced = getattr(_FORCED, "name", None)
     if forced is not None and forced in mech.backends and mech.backends[forced].is_available():
         if not masked or mech.backends[forced].masks:
@@ -149,7 +141,7 @@ def resolve_backend(
     if b is None:  # "auto", or a value check_backend refuses
         check_backend(mech, backend)
         return _auto(mech, (x,) if inputs is None else inputs, options)
-    if not b.masks and _masked(options):
+    if not b.masks and mech.masked(options):
         raise ValueError(
             f"backend={backend!r} of {mech.op} does not take attention_mask / cu_seqlens yet; the backends that do: "
             f"{mech.mask_backends()} (backend='auto' picks one of them)"

@@ -20,15 +20,20 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping
 
+from attnzoo._checks import check_bool, check_optional_positive_int, check_probability
+
 __all__ = [
     "Backend",
     "BenchCase",
     "Card",
     "CheckCase",
+    "GroupedProjectionOptions",
     "Mechanism",
     "Options",
     "Projections",
+    "ProjectionOptions",
     "Shape",
+    "op_backends",
     "option",
     "triton_available",
 ]
@@ -61,8 +66,9 @@ class Backend:
     #: the function's name (from ``fn`` when ``fn`` is the function)
     attr: str | None = None
     kind: str = "torch"
-    #: device types it runs on ("any": every one): ``attnzoo selftest`` runs it there; "cpu" kernels refuse others
-    devices: tuple[str, ...] = ("any",)
+    #: device types it runs on ("any": every one): ``attnzoo selftest`` runs it there; "cpu" kernels refuse others.
+    #: Left empty, the kind's: ``("cpu",)`` for ``"cpu"`` kernels, ``("cuda",)`` for ``"triton"``, else ``("any",)``
+    devices: tuple[str, ...] = ()
     available: Callable[[], bool] | None = None
     #: the kernel module it imports when it runs, if not ``module`` (a Triton backend also needs ``triton``)
     needs: str | None = None
@@ -77,7 +83,11 @@ class Backend:
     #: not yet verified on their device)
     auto_masks: bool = True
 
+    KIND_DEVICES: ClassVar[Mapping[str, tuple[str, ...]]] = {"cpu": ("cpu",), "triton": ("cuda",)}
+
     def __post_init__(self) -> None:
+        if not self.devices:
+            object.__setattr__(self, "devices", self.KIND_DEVICES.get(self.kind, ("any",)))
         if isinstance(self.fn, str):
             if not self.attr:
                 raise ValueError(
@@ -110,6 +120,13 @@ class Backend:
         if mod is None:
             mod = importlib.import_module(self.fn)
         return getattr(mod, self.attr)
+
+
+def op_backends(reference: Callable, torch_path: Callable, **others: Backend) -> dict[str, Backend]:
+    """An op's backends: ``"naive"``, its literal reference (the ``naive.py`` of the paper's equations, what every
+    other backend is tested against), ``"torch"``, its PyTorch path (what ``"auto"`` runs when no kernel takes the
+    call), then its other forms by name (kernels, other PyTorch forms)."""
+    return {"naive": Backend(reference, kind="reference"), "torch": Backend(torch_path), **others}
 
 
 def option(default: Any, check: Callable[[str, Any], Any] | None = None, doc: str = "") -> Any:
@@ -172,6 +189,30 @@ class Options:
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True)
+class ProjectionOptions(Options):
+    """The options of the fused q/k/v and output projections (:class:`attnzoo.layers.base.QKVProjection`), the
+    base of the options of the layers that have them."""
+
+    qkv_bias: bool = option(True, check_bool, "bias of the fused q/k/v projection")
+    proj_bias: bool = option(True, check_bool, "bias of the output projection")
+    proj_dropout: float = option(0.0, check_probability, "dropout after the output projection")
+
+
+@dataclass(frozen=True)
+class GroupedProjectionOptions(ProjectionOptions):
+    """:class:`ProjectionOptions` with grouped key/value heads (grouped-query attention): ``qkv: Linear(dim,
+    dim + 2 G P)`` for ``G = kv_heads`` key/value heads of head size ``P``. The layer checks that ``G`` divides its
+    heads (the options do not know them)."""
+
+    kv_heads: int | None = option(
+        None,
+        check_optional_positive_int,
+        "key/value heads G, each shared by heads / G query heads (grouped-query attention; the decoding state is "
+        "kept per group); None: one per query head",
+    )
 
 
 @dataclass(frozen=True)
@@ -251,6 +292,8 @@ class BenchCase:
     #: ``"module:function"`` of ``fn(dim, heads, *, causal, max_len) -> nn.Module``: the module ``--level module``
     #: times instead of the mechanism's layer (a baseline's own module)
     builder: str | None = None
+    #: the case the table's speed column divides by (the SDPA softmax baseline, ``x SDPA``)
+    speed_unit: bool = False
 
     def prepare(
         self, shape: Shape, causal: bool, device: Any, dtype: Any, **mask: Any
@@ -319,6 +362,9 @@ class Mechanism:
     card: Card | None = None
     #: position in listings (the README table, the bench's default sweep): the softmax baseline first
     order: int = 1000
+    #: the keyword options under which the op hands its backends a call's padding mask or packed offsets (or the
+    #: :class:`~attnzoo.ops._varlen.Segments` built from them): how the dispatcher tells a masked call
+    mask_options: tuple[str, ...] = ("attention_mask", "cu_seqlens")
     kinds: ClassVar[tuple[str, ...]] = ("reference", "torch", "cpu", "triton")
 
     def __post_init__(self) -> None:
@@ -327,6 +373,10 @@ class Mechanism:
                 raise ValueError(f"{self.op}: backend {name!r} has kind {b.kind!r}; valid kinds: {list(self.kinds)}")
         if self.default not in self.backends or self.reference not in self.backends:
             raise ValueError(f"{self.op}: default {self.default!r} and reference {self.reference!r} must be backends")
+
+    def masked(self, options: Mapping[str, Any] | None) -> bool:
+        """Whether a call with these keyword options is masked (one of :attr:`mask_options` is given)."""
+        return options is not None and any(options.get(k) is not None for k in self.mask_options)
 
     def mask_backends(self) -> list[str]:
         """The available backends that take ``attention_mask`` / ``cu_seqlens``."""

@@ -56,12 +56,14 @@ class Context:
 
 @dataclass
 class Table:
-    """A report table: ``headers`` and ``rows`` of already-formatted cells, plus a caption."""
+    """A report table: ``headers`` and ``rows`` of already-formatted cells, plus a caption; an ``appendix`` table
+    (a learning-rate sweep) is printed in configs.md, not in report.md."""
 
     title: str
     headers: list[str]
     rows: list[list[Any]]
     caption: str = ""
+    appendix: bool = False
 
     def markdown(self) -> str:
         return md_table(self.headers, self.rows)
@@ -523,7 +525,37 @@ def sweep_table(
     title = "Learning-rate sweep" + (f" ({label})" if label else "")
     uneven = any(grids[r] != columns for r in rows)
     caption = _sweep_caption(metric, used, fraction, len(table_rows), edge, flat, uneven, unlearned, floor)
-    return Table(title, ["row"] + [f"lr {lr:g}" for lr in columns], table_rows, caption), untuned
+    return Table(title, ["row"] + [f"lr {lr:g}" for lr in columns], table_rows, caption, appendix=True), untuned
+
+
+def tune_rows(
+    sec: Section,
+    records: dict,
+    plan: dict,
+    rows: Sequence[str],
+    prefix: str,
+    metric: str,
+    higher_is_better: bool,
+    scale: float = 1.0,
+    label: str = "",
+    *,
+    grid: Sequence[float] | None = None,
+    noise: dict[str, float] | None = None,
+    floor: float | None = None,
+    unswept: str = "no learning-rate sweep at this budget ({row})",
+) -> dict[str, str]:
+    """Each row's sweep (on its :func:`row_lrs` grid, or ``grid``) as a table in ``sec`` and ``{row: why}`` for the
+    rows it does not show tuned (:func:`sweep_table`); without a grid every row is untuned for ``unswept``."""
+    grids = {r: row_lrs(plan, r) for r in rows} if grid is None else list(grid)
+    fraction = plan.get("sweep_fraction", 1.0)
+    table, untuned = sweep_table(
+        records, rows, prefix, grids, None, metric, higher_is_better, scale, label, fraction, noise, floor
+    )
+    if table is not None:
+        sec.tables.append(table)
+    if not (plan.get("lr_sweep") if grid is None else grid):
+        return {r: unswept.format(row=r) for r in rows}
+    return untuned
 
 
 def _sweep_caption(

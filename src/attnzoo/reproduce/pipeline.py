@@ -26,7 +26,19 @@ from attnzoo.reproduce.claims import (
     untuned_control_gate,
 )
 
-__all__ = ["CHAIN", "Control", "Evidence", "Longer", "Plateau", "Tuning", "judge", "judged", "compared", "every"]
+__all__ = [
+    "CHAIN",
+    "Control",
+    "Evidence",
+    "Longer",
+    "Plateau",
+    "Tuning",
+    "judge",
+    "judged",
+    "compared",
+    "every",
+    "paper_finding",
+]
 
 #: the order the gates run in: whether the rows learned, under which conditions, against which control, whether the
 #: verdict survives twice the steps, and whether the rows ran at their best learning rate
@@ -38,6 +50,11 @@ Selector = Callable[[Finding], bool]
 
 def every(_f: Finding) -> bool:
     return True
+
+
+def paper_finding(f: Finding) -> bool:
+    """A paper claim's finding, not an implementation check."""
+    return f.kind == "paper"
 
 
 def compared(f: Finding) -> bool:

@@ -19,8 +19,7 @@ from attnzoo.reproduce.tally import CAUSES, ClaimResult, tally
 __all__ = ["write_report", "FINDING_COLUMNS", "PLOTS_DIR", "CONFIGS_FILE", "effect_cell"]
 
 PLOTS_DIR = "plots"
-FINDING_COLUMNS = ["claim", "paper's figure", "measured here", "verdict", "notes"]
-SUMMARY_COLUMNS = ["paper", "claim", "effect [95% CI] (margin)", "verdict", "section"]
+FINDING_COLUMNS = ["check", "expected", "measured here", "verdict", "notes"]
 CONFIGS_FILE = "configs.md"
 _MARK = {"agrees": "agrees", "disagrees": "**disagrees**", "inconclusive": "inconclusive", "not tested": "not tested"}
 
@@ -58,37 +57,37 @@ def effect_cell(f: dict) -> str:
 
 
 def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], int]:
-    """The findings table with its notes (rule, gate, explanation) as numbered footnotes under it. A paper claim is
-    named by its id (its reference, statement and effect are in the summary's claims table); a check by its
-    statement."""
+    """A section's implementation checks, each by its statement, with their notes (rule, gate, explanation) as
+    numbered footnotes under the table (the paper claims' tests are in the summary's claims table)."""
     rows, notes = [], []
-    seen: dict[tuple[str, str], int] = {}  # a note said once: later rows point back to its number
+    seen: dict[tuple[str, str], int] = {}
     last: str | None = None
     for f in findings:
-        refs = []
-        for label, text in (("rule", _own_rule(f)), ("gated", f.get("gate")), ("why", f.get("explanation"))):
-            if text and text != "-":
-                if (label, text) not in seen:
-                    seen[(label, text)] = start
-                    notes.append(f"[{start}] {label}: {text}")
-                    start += 1
-                refs.append(f"[{seen[(label, text)]}]")
-        verdict = _MARK[f["verdict"]]
-        if f.get("ungated_verdict"):
-            verdict += f" ({f['ungated_verdict']} ungated)"
+        refs, start = _note_refs(f, seen, notes, start)
         # a paper figure equal to the row above's is left blank (read as "the same")
         same = bool(rows) and f["paper_value"] == last
         last = f["paper_value"]
-        rows.append([_claim_cell(f), "" if same else f["paper_value"], f["measured"], verdict, " ".join(refs) or "-"])
+        rows.append([f["claim"], "" if same else f["paper_value"], f["measured"], _verdict_cell(f), refs])
     return md_table(FINDING_COLUMNS, rows), notes, start
 
 
-def _claim_cell(f: dict) -> str:
-    """A paper claim's id (``claim#test``) as the claims table lists it; a check's statement; a paper finding
-    without an id by its reference and statement."""
-    if f.get("kind") == "paper":
-        return f"`{f['claim_id']}`" if f.get("claim_id") else f"{f['paper']}: {f['claim']}"
-    return f["claim"]
+def _note_refs(f: dict, seen: dict[tuple[str, str], int], notes: list[str], start: int) -> tuple[str, int]:
+    """``[n] [m]``: the finding's own rule, gate and explanation as numbered notes, each said once (a later finding
+    with the same note points back to its number); appends the new ones to ``notes``; returns the next number."""
+    refs = []
+    for label, text in (("rule", _own_rule(f)), ("gated", f.get("gate")), ("why", f.get("explanation"))):
+        if text and text != "-":
+            if (label, text) not in seen:
+                seen[(label, text)] = start
+                notes.append(f"[{start}] {label}: {text}")
+                start += 1
+            refs.append(f"[{seen[(label, text)]}]")
+    return " ".join(refs) or "-", start
+
+
+def _verdict_cell(f: dict) -> str:
+    """The verdict, with the numbers-alone verdict where a gate held it back."""
+    return _MARK[f["verdict"]] + (f" ({f['ungated_verdict']} ungated)" if f.get("ungated_verdict") else "")
 
 
 def _own_rule(f: dict) -> str | None:
@@ -108,12 +107,6 @@ def _fmt_s(s: float) -> str:
     return f"{s / 60:.1f} min" if s >= 120 else f"{s:.0f} s"
 
 
-def _is_trained(f: dict) -> bool:
-    """A verdict on trained models over seeds: a comparison with an interval, or a per-seed rule such as "learns in
-    context" (a trained result too: counted with the measurements, it would be missing from the trained tally)."""
-    return bool(f.get("claim_type") or f.get("trained"))
-
-
 def _summary(secs: list[Section], plan_name: str) -> list[str]:
     """The first screen: the claims counted once, each decided trained claim in words, what blocks the rest by
     cause (counts that add up), the one legend of the rule and its gates; then the claims table and the checks."""
@@ -128,28 +121,21 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
             "the pipeline computes them; they say nothing about the papers.",
             "",
         ]
-    lines += ["### The claims", "", _claims_table(claims_), ""]
-    dis = [c for c in claims_ if c.verdict == "disagrees"]
-    if dis:
-        lines += ["Disagreements:", ""]
-        for c in dis:
-            f = next(f for f in c.findings if f["verdict"] == "disagrees")
-            diagnosis = f"Diagnosis: {f['explanation']}." if f.get("explanation") else "No ablation explains it yet."
-            lines.append(f"- *{f['paper']}* — {f['claim']}: {effect_cell(f)}. {diagnosis}")
-        lines.append("")
-    if checks:
-        cc = Counter(f["verdict"] for _, f in checks)
-        odd = [(t, f) for t, f in checks if f["verdict"] != "agrees"]
-        lines += [
-            "Implementation checks (each in its section's table): "
-            + ", ".join(f"{cc.get(v, 0)} {v}" for v in VERDICTS if cc.get(v))
-            + ("; those that do not agree:" if odd else "."),
-            "",
-        ]
-        if odd:
-            rows = [[f["claim"], f["measured"], _MARK[f["verdict"]], t] for t, f in odd]
-            lines += [md_table(["check", "measured", "verdict", "section"], rows), ""]
-    return lines
+    table, notes = _claims_table(claims_)
+    lines += ["### The claims", "", table, ""] + [n + "  " for n in notes] + [""]
+    return lines + _checks_lines(checks)
+
+
+def _checks_lines(checks: list[tuple[str, dict]]) -> list[str]:
+    """The implementation checks counted by verdict, with the sections of those that do not agree (each check's
+    statement and numbers are in its section's findings table)."""
+    if not checks:
+        return []
+    cc = Counter(f["verdict"] for _, f in checks)
+    odd = Counter(t for t, f in checks if f["verdict"] != "agrees")
+    where = "; those that do not agree: " + ", ".join(f"{t} {n}" for t, n in odd.items()) if odd else ""
+    counts = ", ".join(f"{cc.get(v, 0)} {v}" for v in VERDICTS if cc.get(v))
+    return [f"Implementation checks (each in its section's table): {counts}{where}.", ""]
 
 
 def _short_title(title: str) -> str:
@@ -184,6 +170,9 @@ def _decided_lines(claims_: list[ClaimResult]) -> list[str]:
         for f in c.findings:
             if f["verdict"] == c.verdict and f.get("ci95"):
                 margin = f", margin {f['margin']:.3g}" if f.get("margin") else ""
+                if f.get("refute_below") is not None and c.verdict == "disagrees":  # the bar a superiority misses
+                    rb, e = f["refute_below"], f["paper_effect"]
+                    margin = f", wholly below {rb:+.3g} ({REFUTE_FRACTION:g} of the paper's {e:+.3g})"
                 lines.append(f"- {f['paper']}, {f['claim']}: {effect_in_words(f)}{margin}: **{c.verdict}**.")
             elif f["verdict"] == c.verdict:
                 lines.append(f"- {f['paper']}, {f['claim']}: {f['measured']}: **{c.verdict}**.")
@@ -230,29 +219,37 @@ def _legend_lines() -> list[str]:
     lines += [
         "- Twice the steps (a side or both): the verdict stands only if the same rule gives it there and the "
         "interval there clears its boundary by more than the effect moved in that doubling.",
-        "- A section's findings table names a paper claim by its id (statement and effect in the claims table "
-        "below); a sentence there is an implementation check.",
+        "- Every paper claim's tests are in the claims table below, with their notes (own margin, gates, "
+        "explanations); a section's own table lists its implementation checks.",
     ]
     return lines + [""]
 
 
-def _claims_table(claims_: list[ClaimResult]) -> str:
-    """One block of rows per claim: its statement once, then each test's effect and verdict; a reference or section
-    equal to the row above's is left blank (read as "the same")."""
-    rows, last, last_paper = [], None, None
+CLAIMS_COLUMNS = ["claim", "paper", "statement", "paper's figure", "test", "effect [95% CI] (margin)", "verdict"]
+CLAIMS_COLUMNS += ["claim", "section", "notes"]
+
+
+def _claims_table(claims_: list[ClaimResult]) -> tuple[str, list[str]]:
+    """One block of rows per claim: its statement once, then each test's paper figure, effect, verdict and notes
+    (footnotes under the table, each said once); a reference, paper figure or section equal to the row above's is
+    left blank (read as "the same")."""
+    rows, notes, seen, start = [], [], {}, 1
+    last = {"paper": None, "paper_value": None, "section": None}
+
+    def once(key: str, value: str) -> str:
+        same = value == last[key]
+        last[key] = value
+        return "" if same else value
+
     for c in claims_:
-        for i, f in enumerate(c.findings):
-            verdict = _MARK[f["verdict"]] + (f" ({f['ungated_verdict']} ungated)" if f.get("ungated_verdict") else "")
+        for i, (section, f) in enumerate(c.tests):
+            refs, start = _note_refs(f, seen, notes, start)
             test = paper_claims.test_of(f.get("claim_id") or "") or "-"
-            paper = "" if f["paper"] == last_paper else f["paper"]
-            last_paper = f["paper"]
+            paper = once("paper", f["paper"])
             head = [f"`{c.id}`" if ":" not in c.id else "-", paper, f["claim"]] if i == 0 else ["", "", ""]
-            section = "" if c.tests[i][0] == last else c.tests[i][0]
-            last = c.tests[i][0]
-            rows.append(head + [test, effect_cell(f), verdict, _MARK[c.verdict] if i == 0 else "", section])
-    return md_table(
-        ["claim", "paper", "statement", "test", "effect [95% CI] (margin)", "verdict", "claim", "section"], rows
-    )
+            row = head + [once("paper_value", f["paper_value"]), test, effect_cell(f), _verdict_cell(f)]
+            rows.append(row + [_MARK[c.verdict] if i == 0 else "", once("section", section), refs])
+    return md_table(CLAIMS_COLUMNS, rows), notes
 
 
 def _num(x: float) -> str:
@@ -305,15 +302,39 @@ def _compute_md(secs: list[Section], records: dict) -> list[str]:
             kind = kinds[0]
         per.setdefault(r["section"], Counter())[kind] += r.get("wall_s", 0.0)
     total = sum(sum(c.values()) for c in per.values()) or 1.0
+    decided = _decided_by_section(secs)
     rows = []
     for s in secs:
         c = per.get(s.key, Counter())
+        ids = decided.get(_short_title(s.title), [])
         rows.append(
             [_short_title(s.title)]
             + [_fmt_s(c[k]) for k in kinds]
             + [_fmt_s(sum(c.values())), f"{100 * sum(c.values()) / total:.0f}%"]
+            + [f"{len(ids)}: " + ", ".join(f"`{i}`" for i in ids) if ids else "0"]
         )
-    return ["## Compute", "", md_table(["section", *kinds, "total", "share"], rows), ""]
+    head = ["section", *kinds, "total", "share", "trained claims decided"]
+    return [
+        "## Compute",
+        "",
+        "Thread time of the stored steps (each step runs on one thread) next to the trained paper claims each section "
+        "decided (a claim tested in two sections is listed under both).",
+        "",
+        md_table(head, rows),
+        "",
+    ]
+
+
+def _decided_by_section(secs: list[Section]) -> dict[str, list[str]]:
+    """Section short title -> ids of the trained paper claims whose combined verdict is decided and that section
+    tested."""
+    pairs = [(_short_title(s.title), f) for s in secs for f in s.findings if f.get("kind") == "paper"]
+    out: dict[str, list[str]] = {}
+    for c in tally(pairs):
+        if c.trained and c.verdict in ("agrees", "disagrees"):
+            for title in dict.fromkeys(t for t, _ in c.tests):
+                out.setdefault(title, []).append(c.id)
+    return out
 
 
 def write_report(
@@ -344,7 +365,7 @@ def write_report(
     created = time.strftime("%Y-%m-%d %H:%M:%S")
     setup = _setup_rows(budget_name, plan, seed, cmd, machine, workers, compute_s, records, outcome, created)
     md = _report_md(secs, setup, budget_name, records)
-    atomic_write_text(out / CONFIGS_FILE, "\n".join(_configs_md(seed, records)) + "\n")
+    atomic_write_text(out / CONFIGS_FILE, "\n".join(_configs_md(seed, records, secs)) + "\n")
     atomic_write_text(out / "report.md", "\n".join(md) + "\n")
     atomic_write_text(out / "report.html", _html(secs, setup, budget_name, _summary(secs, budget_name)))
     meta = {
@@ -485,9 +506,10 @@ def _section_md(s: Section) -> list[str]:
     if s.intro:
         md += [s.intro, ""]
     for t in s.tables:
-        md += [f"### {t.title}", "", t.markdown(), ""]
-        if t.caption:
-            md += [t.caption, ""]
+        if not t.appendix:
+            md += _table_md(t)
+    if any(t.appendix for t in s.tables):
+        md += [f"Learning-rate sweeps: [{CONFIGS_FILE}]({CONFIGS_FILE}#{_anchor(_short_title(s.title))}).", ""]
     for path, caption in s.plots:
         # the caption is printed under the figure; the alt text names the figure only
         md += [f"![{Path(path).stem.replace('_', ' ')}]({path})", "", f"*{caption}*", ""]
@@ -495,17 +517,32 @@ def _section_md(s: Section) -> list[str]:
     if plateau:
         items = plateau.values() if "text" not in plateau else [plateau]
         md += ["Plateau evidence: " + "; ".join(p["text"] for p in items) + ".", ""]
-    if s.findings:
-        table, notes, _ = _findings_md(s.findings)
-        md += [f"### {_short_title(s.title)}: findings", "", table, ""]
+    checks = [f for f in s.findings if f.get("kind") != "paper"]  # paper claims: in the summary's claims table
+    if checks:
+        table, notes, _ = _findings_md(checks)
+        md += [f"### {_short_title(s.title)}: implementation checks", "", table, ""]
         md += [n + "  " for n in notes] + [""]
     for n in s.notes:
         md += [f"> {n}", ""]
     return md
 
 
-def _configs_md(seed: int, records: dict) -> list[str]:
-    md = [
+def _table_md(t) -> list[str]:
+    return [f"### {t.title}", "", t.markdown(), ""] + ([t.caption, ""] if t.caption else [])
+
+
+def _sweeps_md(secs: list[Section]) -> list[str]:
+    """The learning-rate sweeps of every section, under the section's short title (the report links here)."""
+    md = []
+    for s in secs:
+        sweeps = [t for t in s.tables if t.appendix]
+        if sweeps:
+            md += [f"## {_short_title(s.title)}", ""] + [line for t in sweeps for line in _table_md(t)]
+    return (["# Learning-rate sweeps", ""] + md) if md else []
+
+
+def _configs_md(seed: int, records: dict, secs: list[Section] = ()) -> list[str]:
+    md = _sweeps_md(list(secs)) + [
         "## Run configurations",
         "",
         "Each step is one training run or one measurement, stored in `steps/<id>.json` with its exact config "

@@ -348,6 +348,14 @@ def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
     return from_dict(d)
 
 
+def _takes_text(key: str) -> bool:
+    """Whether top-level field ``key`` holds words (a ``str`` or a ``Literal`` of strings), not a boolean."""
+    hint = _HINTS.get(key)
+    if hint is str:
+        return True
+    return typing.get_origin(hint) is Literal and all(isinstance(a, str) for a in typing.get_args(hint))
+
+
 def parse_overrides(args: list[str], bool_keys: tuple[str, ...] | None = None) -> dict[str, Any]:
     """``["--lr=1e-3", "--steps", "10", "--compile"]`` -> ``{"lr": 0.001, "steps": 10, "compile": True}``.
 
@@ -373,6 +381,9 @@ def parse_overrides(args: list[str], bool_keys: tuple[str, ...] | None = None) -
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
+            value = raw
+        if isinstance(value, bool) and _takes_text(key):
+            # YAML 1.1 reads off/on/yes/no as booleans; a field of words (e.g. amp: "off") means the word
             value = raw
         if isinstance(value, str):
             try:

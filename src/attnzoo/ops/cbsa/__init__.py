@@ -36,7 +36,7 @@ from attnzoo._checks import (
     finite_absmax,
 )
 from attnzoo.ops._dispatch import call_backend
-from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
+from attnzoo.ops._spec import BenchCase, Card, Mechanism, Options, Projections, op_backends, option
 from attnzoo.ops._varlen import Segments, segments
 from attnzoo.ops.cbsa.naive import cbsa_naive
 from attnzoo.ops.cbsa.parallel import cbsa_fast  # noqa: F401  (the spec's backends look it up here)
@@ -57,6 +57,7 @@ __all__ = [
     "pool_reps_2d",
     "pool_reps_varlen",
     "resolve_contraction",
+    "extracts_reps",
     "VARIANTS",
     "CONTRACTIONS",
     "BACKENDS",
@@ -73,6 +74,11 @@ _NEEDS_REPS = ("cbsa", "agent")
 # Variants with a selectable contraction; the others fix it (eq 12/13 are the exact contraction in
 # closed form, "agent" has none).
 _SELECTABLE = ("cbsa", "mssa")
+
+
+def extracts_reps(variant: str) -> bool:
+    """Whether ``variant`` extracts representatives from ``reps`` (eq 5), and so needs them and their ``eta``."""
+    return variant in _NEEDS_REPS
 
 
 def resolve_contraction(variant: str, contraction: str | None) -> str | None:
@@ -112,7 +118,7 @@ def _check_eta(eta, w: torch.Tensor):
 
 def _check_reps(w: torch.Tensor, reps: torch.Tensor | None, variant: str) -> None:
     b, h, _, p = w.shape
-    if variant in _NEEDS_REPS:
+    if extracts_reps(variant):
         if reps is None:
             raise ValueError(f"variant={variant!r} needs reps of shape (B, H, M, P) (e.g. from pool_reps(w)), got None")
         check_ndim("reps", reps, 4, "(B, H, M, P)")
@@ -332,7 +338,7 @@ class CBSAOptions(Options):
             raise ValueError(
                 f"num_reps={num_reps!r} applies to 1-D pooling only; with grid={grid!r} use rep_grid=(Mh, Mw)"
             )
-        if self.variant not in _NEEDS_REPS and (num_reps is not None or grid is not None or rep_grid is not None):
+        if not extracts_reps(self.variant) and (num_reps is not None or grid is not None or rep_grid is not None):
             raise ValueError(
                 f"variant={self.variant!r} pools no representatives; num_reps/grid/rep_grid apply to 'cbsa' and "
                 f"'agent' (got num_reps={num_reps!r}, grid={grid!r}, rep_grid={rep_grid!r})"
@@ -346,7 +352,8 @@ class CBSAOptions(Options):
 CBSA = Mechanism(
     op="cbsa",
     options=CBSAOptions,
-    backends={"naive": Backend(_cbsa_naive, kind="reference"), "torch": Backend(cbsa_fast)},
+    backends=op_backends(_cbsa_naive, cbsa_fast),
+    mask_options=("toks", "reps_seg"),
     causal=False,  # the representatives summarise every token
     examples=(
         {"num_reps": 4, "contraction": "exact"},

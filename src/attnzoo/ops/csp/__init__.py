@@ -19,7 +19,7 @@ import torch
 from attnzoo._checks import check_bool, check_choice, check_ndim, check_positive_int, check_probability, finite_absmax
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend, runs_reference
-from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
+from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, op_backends, option
 from attnzoo.ops._varlen import Segments, segments
 from attnzoo.ops.csp.naive import csp_naive, csp_permutations_naive
 from attnzoo.ops.csp.parallel import csp_gather
@@ -117,11 +117,8 @@ def _check_values(v: torch.Tensor) -> None:
 CSP = Mechanism(
     op="csp",
     options=CSPOptions,
-    backends={
-        "naive": Backend(_csp_naive, kind="reference"),
-        "torch": Backend(_csp_torch),
-        "cpu": Backend(_csp_cpu, kind="cpu", devices=("cpu",)),
-    },
+    backends=op_backends(_csp_naive, _csp_torch, cpu=Backend(_csp_cpu, kind="cpu")),
+    mask_options=("toks",),
     causal=False,  # group sorting reads every token of a group
     examples=({"groups": 3, "shift_schedule": "power", "layer_index": 1, "num_layers": 2},),
     checks="attnzoo.ops.csp.selftest_cases",

@@ -20,7 +20,7 @@ import torch
 from attnzoo._checks import check_bool, check_ndim, finite_absmax
 from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._dtypes import acc_dtype
-from attnzoo.ops._spec import Backend, Mechanism, Options, option
+from attnzoo.ops._spec import Mechanism, Options, op_backends, option
 from attnzoo.ops._varlen import segments
 from attnzoo.ops.ema.naive import ema_naive, ema_recurrence
 from attnzoo.ops.ema.parallel import ema_fft, ema_kernel
@@ -38,10 +38,8 @@ class EMAOptions(Options):
 EMA = Mechanism(
     op="ema",
     options=EMAOptions,
-    backends={
-        "naive": Backend(ema_naive, kind="reference"),
-        "torch": Backend(ema_fft),
-    },
+    backends=op_backends(ema_naive, ema_fft),
+    mask_options=("toks",),
     causal=True,
     state=torch.Tensor,  # h (B, D, ndim)
     checks="attnzoo.ops.ema.selftest_cases",

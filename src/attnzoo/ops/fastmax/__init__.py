@@ -24,7 +24,6 @@ import torch
 from attnzoo._checks import (
     NonFiniteError,
     check_bool,
-    check_optional_positive_int,
     check_overflow,
     check_probability,
     finite_absmax,
@@ -35,7 +34,17 @@ from attnzoo.ops._kernels.feature_attention import feature_attention_cpu
 from attnzoo.ops._kernels.feature_attention import (
     kernel_covers as feature_kernel_covers,  # every p and causal mode, masks native
 )
-from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option, triton_available
+from attnzoo.ops._spec import (
+    Backend,
+    BenchCase,
+    Card,
+    GroupedProjectionOptions,
+    Mechanism,
+    Projections,
+    op_backends,
+    option,
+    triton_available,
+)
 from attnzoo.ops._varlen import Segments, segments
 from attnzoo.ops.fastmax import cpu as fastmax_cpu
 from attnzoo.ops.fastmax.chunk import FastmaxFunction, fastmax_factorized
@@ -97,23 +106,14 @@ def _check_backend(name: str, backend) -> str:
 
 
 @dataclass(frozen=True)
-class FastmaxOptions(Options):
+class FastmaxOptions(GroupedProjectionOptions):
     """Options of the Fastmax layer (FAST; ``qkv``/``proj`` projections)."""
 
     p: int = option(2, _check_p, "Taylor order of f (1 or 2)")
     scale: float | None = option(None, _check_scale, "score scale; None -> head_dim ** -0.5")
-    qkv_bias: bool = option(True, check_bool, "bias of the fused q/k/v projection")
-    proj_bias: bool = option(True, check_bool, "bias of the output projection")
     attn_dropout: float = option(0.0, check_probability, "dropout rate of the factorised terms (training only)")
     dropout_placement: str = option("none", doc="'none', 'standard', '1d' or 'quadratic' (FAST §2.4)")
-    proj_dropout: float = option(0.0, check_probability, "dropout after the output projection")
     backend: str = option("auto", _check_backend, "backend of the op")
-    kv_heads: int | None = option(
-        None,
-        check_optional_positive_int,
-        "key/value heads G, each shared by heads / G query heads (grouped-query attention; the decoding state is "
-        "kept per group); None: one per query head",
-    )
 
     def validate(self) -> None:
         check_dropout_placement(self.attn_dropout, self.dropout_placement, self.p)
@@ -266,17 +266,16 @@ def _fastmax_explicit(q, k, v, *, p: int, causal: bool, scale: float, chunk_size
 FASTMAX = Mechanism(
     op="fastmax",
     options=FastmaxOptions,
-    backends={
-        "naive": Backend(_fastmax_naive, kind="reference"),
-        "torch": Backend(_fastmax_torch),
-        "torch_autograd": Backend(_fastmax_torch_autograd),
+    backends=op_backends(
+        _fastmax_naive,
+        _fastmax_torch,
+        torch_autograd=Backend(_fastmax_torch_autograd),
         # "auto" takes it for short sequences (N <= min(256, D^p / 2)) on every device where no kernel took the call
-        "explicit": Backend(_fastmax_explicit, masks=False, auto_if=_auto_takes_explicit),
-        "cpu": Backend(_fastmax_cpu, kind="cpu", devices=("cpu",), auto_if=_auto_takes_kernel),
-        "triton": Backend(
+        explicit=Backend(_fastmax_explicit, masks=False, auto_if=_auto_takes_explicit),
+        cpu=Backend(_fastmax_cpu, kind="cpu", auto_if=_auto_takes_kernel),
+        triton=Backend(
             _fastmax_triton,
             kind="triton",
-            devices=("cuda",),
             needs="attnzoo.ops.fastmax.triton",
             available=lambda: _triton_available(),
             auto_if=_auto_takes_triton,
@@ -285,7 +284,8 @@ FASTMAX = Mechanism(
             # keeps the PyTorch path for masked calls; backend="triton" runs them
             auto_masks=False,
         ),
-    },
+    ),
+    mask_options=("segs",),
     causal=True,
     state=FastmaxState,
     # p=1 weights are an average only for scale <= 1/D (module doc): 0.25 for the tests' D=4
@@ -374,8 +374,7 @@ def fastmax(
     """
     validate_qkv(q, k, v)
     scale, chunk = validate_options(p, scale, chunk_size, q.shape[-1])
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    check_bool("causal", causal)
     segs = segments(q.shape[0], q.shape[2], attention_mask=attention_mask, cu_seqlens=cu_seqlens, device=q.device)
     return call_backend(
         FASTMAX, backend, (q, k, v), name="q", p=p, causal=causal, scale=scale, chunk_size=chunk, segs=segs

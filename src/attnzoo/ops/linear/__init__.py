@@ -13,19 +13,21 @@ from dataclasses import dataclass
 
 import torch
 
-from attnzoo._checks import (
-    check_bool,
-    check_ndim,
-    check_nonneg_finite,
-    check_optional_positive_int,
-    check_overflow,
-    check_probability,
-)
+from attnzoo._checks import check_bool, check_ndim, check_nonneg_finite, check_optional_positive_int, check_overflow
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend
 from attnzoo.ops._kernels.feature_attention import feature_attention_cpu, kernel_covers
-from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
-from attnzoo.ops._tensor_validation import check_tensors
+from attnzoo.ops._spec import (
+    Backend,
+    BenchCase,
+    Card,
+    GroupedProjectionOptions,
+    Mechanism,
+    Projections,
+    op_backends,
+    option,
+)
+from attnzoo.ops._tensor_validation import check_qkv
 from attnzoo.ops._varlen import segments
 from attnzoo.ops.linear.chunk import linear_attention_chunk  # noqa: F401  (the spec's backends look it up here)
 from attnzoo.ops.linear.naive import FEATURE_MAPS, feature_map_fn, linear_attention_naive, linear_attention_weights  # noqa: F401
@@ -48,21 +50,12 @@ def check_feature_map(_name: str, value) -> str:
 
 
 @dataclass(frozen=True)
-class LinearOptions(Options):
+class LinearOptions(GroupedProjectionOptions):
     """Options of linear attention (ViT / nanoGPT projection layout)."""
 
     feature_map: str = option("elu", check_feature_map, "phi: 'elu' (elu + 1, the paper's) or 'relu'")
     eps: float = option(1e-6, check_nonneg_finite, "added to the normaliser")
-    qkv_bias: bool = option(True, check_bool, "bias of the fused q/k/v projection")
-    proj_bias: bool = option(True, check_bool, "bias of the output projection")
-    proj_dropout: float = option(0.0, check_probability, "dropout after the output projection")
     chunk_size: int | None = option(None, check_optional_positive_int, "token chunk of the causal 'torch' path")
-    kv_heads: int | None = option(
-        None,
-        check_optional_positive_int,
-        "key/value heads G, each shared by heads / G query heads (grouped-query attention; the decoding state is "
-        "kept per group); None: one per query head",
-    )
 
 
 def _linear_naive(
@@ -99,11 +92,9 @@ def _auto_takes_kernel(inputs: tuple, _options) -> bool:
 LINEAR = Mechanism(
     op="linear_attention",
     options=LinearOptions,
-    backends={
-        "naive": Backend(_linear_naive, kind="reference"),
-        "torch": Backend(linear_attention_chunk),
-        "cpu": Backend(_linear_cpu, kind="cpu", devices=("cpu",), auto_if=_auto_takes_kernel),
-    },
+    backends=op_backends(
+        _linear_naive, linear_attention_chunk, cpu=Backend(_linear_cpu, kind="cpu", auto_if=_auto_takes_kernel)
+    ),
     causal=True,
     state=dict,
     examples=({"chunk_size": 3}, {"feature_map": "relu"}),  # {"s": (B, H, P, P), "z": (B, H, P)}
@@ -120,14 +111,7 @@ def _check_eps(eps) -> float:
 
 
 def _check_qkv(q, k, v, op: str) -> None:
-    absmax = check_tensors(("q", "k", "v"), (q, k, v), op=op)
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must share the head size P: got {tuple(q.shape)} and {tuple(k.shape)}")
-    if not (q.shape[-2] == k.shape[-2] == v.shape[-2]):
-        raise ValueError(
-            f"q, k and v must hold the same number of tokens N: got {tuple(q.shape)}, {tuple(k.shape)}, "
-            f"{tuple(v.shape)}"
-        )
+    absmax = check_qkv(q, k, v, op=op, same_n=True)
     if absmax:
         # phi(x) <= 1 + |x| for elu + 1 and relu; the numerator phi(q) . sum_j phi(k_j) v_j sums N * P such
         # products and the denominator N * P of them without v: beyond the dtype's range they give inf / inf = NaN
@@ -164,8 +148,7 @@ def linear_attention(
     positions give 0. Decoding (:func:`linear_attention_recurrent`) starts each row from an empty state.
     """
     _check_qkv(q, k, v, "linear_attention")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    check_bool("causal", causal)
     feature_map_fn(feature_map)
     eps = _check_eps(eps)
     chunk_size = LinearOptions.check("chunk_size", chunk_size)

@@ -27,7 +27,7 @@ from attnzoo._checks import (
     finite_absmax,
 )
 from attnzoo.ops._dispatch import call_backend
-from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, option
+from attnzoo.ops._spec import BenchCase, Card, Mechanism, Options, op_backends, option
 from attnzoo.ops._varlen import segments
 from attnzoo.ops.csp.shifts import SHIFT_SCHEDULES
 from attnzoo.ops.mega.chunk import mega_attention_chunked
@@ -116,10 +116,8 @@ class MegaOptions(Options):
 MEGA = Mechanism(
     op="mega_attention",
     options=MegaOptions,
-    backends={
-        "naive": Backend(mega_attention_naive, kind="reference"),
-        "torch": Backend(mega_attention_chunked),
-    },
+    backends=op_backends(mega_attention_naive, mega_attention_chunked),
+    mask_options=("toks",),
     causal=True,  # MEGA's decoders: causal EMA and causal attention (within chunks); CSP has no causal form
     state=dict,  # MegaLayer.init_state: EMA state, key/value cache of the current chunk, positions
     examples=(

@@ -22,7 +22,7 @@ from attnzoo._checks import (
     check_scale,
 )
 from attnzoo.ops._dispatch import call_backend
-from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
+from attnzoo.ops._spec import BenchCase, Card, Mechanism, Options, Projections, op_backends, option
 from attnzoo.ops._tensor_validation import check_tensors
 from attnzoo.ops.mssa.naive import mssa_naive, mssa_query, mssa_weights  # noqa: F401
 from attnzoo.ops.mssa.parallel import mssa_sdpa  # noqa: F401  (the spec's backends look it up here)
@@ -54,7 +54,7 @@ class MSSAOptions(Options):
 MSSA = Mechanism(
     op="mssa",
     options=MSSAOptions,
-    backends={"naive": Backend(mssa_naive, kind="reference"), "torch": Backend(mssa_sdpa)},
+    backends=op_backends(mssa_naive, mssa_sdpa),
     causal=True,
     state=dict,
     examples=({"normalize_query": True, "out_proj": False}, {"head_dim": 5}),  # the cache {"w"}
@@ -88,8 +88,7 @@ def mssa(
     positions give 0.
     """
     absmax = check_tensors(("w",), (w,), op="mssa")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    check_bool("causal", causal)
     check_bool("normalize_query", normalize_query)
     scale = check_scale(scale, w.shape[-1])
     if absmax:

@@ -19,8 +19,8 @@ from attnzoo._checks import (
     check_scale,
 )
 from attnzoo.ops._dispatch import call_backend
-from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
-from attnzoo.ops._tensor_validation import check_tensors
+from attnzoo.ops._spec import BenchCase, Card, Mechanism, ProjectionOptions, Projections, op_backends, option
+from attnzoo.ops._tensor_validation import check_qkv
 from attnzoo.ops.softmax.naive import softmax_attention_naive, softmax_attention_weights  # noqa: F401
 from attnzoo.ops.softmax.parallel import softmax_attention_sdpa  # noqa: F401  (the spec's backends look it up here)
 
@@ -28,13 +28,10 @@ __all__ = ["softmax_attention", "softmax_attention_weights", "SoftmaxOptions", "
 
 
 @dataclass(frozen=True)
-class SoftmaxOptions(Options):
+class SoftmaxOptions(ProjectionOptions):
     """Options of softmax attention (ViT / DeiT / nanoGPT layout)."""
 
-    qkv_bias: bool = option(True, check_bool, "bias of the fused q/k/v projection")
-    proj_bias: bool = option(True, check_bool, "bias of the output projection")
     attn_dropout: float = option(0.0, check_probability, "dropout on the attention weights (training only)")
-    proj_dropout: float = option(0.0, check_probability, "dropout after the output projection")
     scale: float | None = option(None, check_optional_scale, "score scale; None -> head_dim ** -0.5")
 
 
@@ -42,10 +39,7 @@ class SoftmaxOptions(Options):
 SOFTMAX = Mechanism(
     op="softmax_attention",
     options=SoftmaxOptions,
-    backends={
-        "naive": Backend(softmax_attention_naive, kind="reference"),
-        "torch": Backend(softmax_attention_sdpa),
-    },
+    backends=op_backends(softmax_attention_naive, softmax_attention_sdpa),
     causal=True,
     state=dict,  # the KV cache {"k", "v"}
     checks="attnzoo.ops.softmax.selftest_cases",
@@ -53,7 +47,7 @@ SOFTMAX = Mechanism(
         qkv="qkv", out="proj", follows=("qkv_bias", "proj_bias", "scale", "attn_dropout", "proj_dropout")
     ),
     bench=(
-        BenchCase("softmax", "attnzoo.ops.softmax.bench:softmax", causal=True, module={}, decode=True),
+        BenchCase("softmax", "attnzoo.ops.softmax.bench:softmax", causal=True, module={}, decode=True, speed_unit=True),
         BenchCase("softmax_explicit", "attnzoo.ops.softmax.bench:softmax_explicit", default=False, causal=True),
     ),
     card=Card("Vaswani et al. 2017 (baseline; SDPA fast path)", "O(N²)", "O(N) with SDPA", causal="KV-cache decoding"),
@@ -83,18 +77,13 @@ def softmax_attention(
     its own sequence, ``out_i = sum_{j: s(j) = s(i)} softmax_j(q_i k_j^T * scale [j <= i]) v_j``, i.e. each
     sequence as if alone; padding positions give 0.
     """
-    absmax = check_tensors(("q", "k", "v"), (q, k, v), op="softmax_attention")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must share the head size P: got {tuple(q.shape)} and {tuple(k.shape)}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must hold the same number of tokens: got {tuple(k.shape)} and {tuple(v.shape)}")
+    absmax = check_qkv(q, k, v, op="softmax_attention", same_n=False)
     if causal and q.shape[-2] != k.shape[-2]:
         raise ValueError(
             f"causal softmax attention needs as many queries as keys, got Nq={q.shape[-2]} and Nk={k.shape[-2]}"
         )
     scale = check_scale(scale, q.shape[-1])
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    check_bool("causal", causal)
     if absmax:
         # a score q.k * scale beyond float32's range is inf, and softmax turns inf - inf into NaN
         check_overflow(

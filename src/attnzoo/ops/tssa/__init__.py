@@ -27,15 +27,9 @@ import torch
 from attnzoo._checks import check_bool, check_ndim, check_overflow, check_positive_int, finite_absmax
 from attnzoo.ops import _cpu_kernels
 from attnzoo.ops._dispatch import call_backend, runs_reference
-from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
+from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, op_backends, option
 from attnzoo.ops._varlen import Segments, check_attention_mask, segments
-from attnzoo.ops.tssa.chunk import (
-    tssa_cpu_varlen,
-    tssa_pi_torch,
-    tssa_pi_torch_varlen,
-    tssa_torch,
-    tssa_torch_varlen,
-)
+from attnzoo.ops.tssa.chunk import tssa_cpu_varlen, tssa_pi_torch, tssa_pi_torch_varlen, tssa_torch, tssa_torch_varlen
 from attnzoo.ops.tssa.naive import tssa_naive, tssa_naive_varlen, tssa_pi_naive, tssa_pi_naive_varlen
 
 __all__ = [
@@ -77,8 +71,7 @@ def _check_bias(bias: torch.Tensor | None, heads: int, n: int, causal: bool) -> 
 
 def _check_shapes(w, temp, causal, bias, seg: Segments | None = None) -> None:
     check_ndim("w", w, 4, "(B, H, N, P)")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    check_bool("causal", causal)
     _, h, n, p = w.shape
     if h < 1 or n < 1 or p < 1:
         raise ValueError(f"w must have H, N, P >= 1, got shape (B, H, N, P)={tuple(w.shape)}")
@@ -351,14 +344,13 @@ class TSSAOptions(Options):
 TSSA = Mechanism(
     op="tssa",
     options=TSSAOptions,
-    backends={
-        "naive": Backend(_tssa_naive, kind="reference"),
-        "torch": Backend(_tssa_torch),
-        "cpu": Backend(_tssa_cpu, kind="cpu", devices=("cpu",)),
-        "triton": Backend(
+    backends=op_backends(
+        _tssa_naive,
+        _tssa_torch,
+        cpu=Backend(_tssa_cpu, kind="cpu"),
+        triton=Backend(
             _tssa_triton,
             kind="triton",
-            devices=("cuda",),
             needs="attnzoo.ops.tssa.triton",
             auto_if=_auto_takes_triton,
             # the masked kernels pass tests/ops/test_triton_varlen.py compiled on an H200 (2026-11-27); their speed
@@ -366,7 +358,8 @@ TSSA = Mechanism(
             # keeps the PyTorch path for masked calls; backend="triton" runs them
             auto_masks=False,
         ),
-    },
+    ),
+    mask_options=("seg",),
     causal=True,
     state=TSSAState,
     examples=({"qkv_bias": True, "max_len": 10},),

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from attnzoo._checks import check_bool, check_dropout, check_finite, check_overflow, check_probability
+from attnzoo._checks import check_dropout, check_finite, check_overflow, check_probability
 from attnzoo.ops._dispatch import call_backend
-from attnzoo.ops._spec import Backend, BenchCase, Card, Mechanism, Options, Projections, option
+from attnzoo.ops._spec import BenchCase, Card, Mechanism, ProjectionOptions, Projections, op_backends, option
 from attnzoo.ops._tensor_validation import check_tensors
 from attnzoo.ops.xca.naive import xca_naive, xca_weights  # noqa: F401  (the spec's backends look it up here)
 from attnzoo.ops.xca.parallel import xca_fused  # noqa: F401  (the spec's backends look it up here)
@@ -24,19 +24,16 @@ __all__ = ["xca", "xca_weights", "as_temperature", "XCAOptions", "XCA"]
 
 
 @dataclass(frozen=True)
-class XCAOptions(Options):
+class XCAOptions(ProjectionOptions):
     """Options of cross-covariance attention (XCiT layout)."""
 
-    qkv_bias: bool = option(True, check_bool, "bias of the fused q/k/v projection")
-    proj_bias: bool = option(True, check_bool, "bias of the output projection")
     attn_dropout: float = option(0.0, check_probability, "dropout on the (P, P) channel attention (training only)")
-    proj_dropout: float = option(0.0, check_probability, "dropout after the output projection")
 
 
 XCA = Mechanism(
     op="xca",
     options=XCAOptions,
-    backends={"naive": Backend(xca_naive, kind="reference"), "torch": Backend(xca_fused)},
+    backends=op_backends(xca_naive, xca_fused),
     causal=False,  # the (P, P) map sums over every token
     checks="attnzoo.ops.xca.selftest_cases",
     projections=Projections(qkv="qkv", out="proj", follows=("qkv_bias", "proj_bias", "attn_dropout", "proj_dropout")),

@@ -35,11 +35,11 @@ from attnzoo.reproduce.common import (
     seeded_id,
     sweep_deps,
     sweep_id,
-    sweep_table,
     train_run,
+    tune_rows,
     tuned,
 )
-from attnzoo.reproduce.pipeline import Evidence, Plateau, Tuning, compared, judge
+from attnzoo.reproduce.pipeline import Evidence, Plateau, Tuning, compared, judge, paper_finding
 from attnzoo.reproduce.store import Step
 
 KEY = "adapt-vision"
@@ -300,33 +300,32 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     # the paper claims compare adapted rows with linear attention, fine-tuned the same steps: that baseline's
     # plateau run fine-tunes it twice the steps (plan "baseline_plateau")
     longer = _stats(records, PLATEAU)
-    teacher = Plateau("", "pretrained ViT", claims.stat([t_acc]), _acc(res, "original"), "%", ".1f", judges=_paper)
-    own = Plateau(BASELINE, BASELINE, _acc(res, BASELINE), longer and longer["accuracy"], "%", ".1f", judges=_paper)
+    teacher = Plateau(
+        "", "pretrained ViT", claims.stat([t_acc]), _acc(res, "original"), "%", ".1f", judges=paper_finding
+    )
+    own = Plateau(
+        BASELINE, BASELINE, _acc(res, BASELINE), longer and longer["accuracy"], "%", ".1f", judges=paper_finding
+    )
     teacher.key, own.key = "teacher", "linear"
-    ev = Evidence(plateaus=[teacher, own], tuning=[Tuning(_tune(sec, records, plan, res), _paper)])
+    ev = Evidence(plateaus=[teacher, own], tuning=[Tuning(_tune(sec, records, plan, res), paper_finding)])
     sec.data["plateau"] = judge(sec.findings, ev)
     more = f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
     sec.data["plateau"]["teacher"]["text"] = sec.data["plateau"]["teacher"]["text"].replace("at twice the steps", more)
     return sec
 
 
-def _paper(f: Finding) -> bool:
+def paper(f: Finding) -> bool:
     return f.kind == "paper" and compared(f)
 
 
 def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
     """The fine-tuning-rate sweep as a table, and ``{row: why}`` for the rows it does not show tuned."""
     rows = [r for r in rows_of(plan) if r in res]
-    lrs = plan.get("finetune_lr_sweep", [])
-    if not lrs:  # every fine-tune runs at the plan's one rate: rows not each at its own tuned rate
-        return {r: f"no fine-tuning rate sweep at this budget ({r})" for r in rows}
-    noise = {r: res[r]["accuracy"].std for r in rows}
-    table, untuned = sweep_table(
-        records, rows, KEY, lrs, None, "accuracy", True, 100.0, "fine-tuning, validation accuracy %", noise=noise
+    label, noise = "fine-tuning, validation accuracy %", {r: res[r]["accuracy"].std for r in rows}
+    grid, unswept = plan.get("finetune_lr_sweep", []), "no fine-tuning rate sweep at this budget ({row})"
+    return tune_rows(
+        sec, records, plan, rows, KEY, "accuracy", True, 100.0, label, grid=grid, noise=noise, unswept=unswept
     )
-    if table is not None:
-        sec.tables.append(table)
-    return untuned
 
 
 def _acc(res: dict, row: str):

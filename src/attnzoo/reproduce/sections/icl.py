@@ -29,10 +29,10 @@ from attnzoo.reproduce.common import (
     seeded_id,
     sweep_deps,
     sweep_id,
-    sweep_table,
     sweep_train,
     train_defaults,
     train_run,
+    tune_rows,
     tuned,
 )
 from attnzoo.reproduce.pipeline import Evidence, Longer, Plateau, Tuning, judge
@@ -317,25 +317,13 @@ def _mean_over_k(records: dict, task: str, name: str) -> claims.Stat | None:
 def _tune(sec: Section, records: dict, plan: dict, ev: Evidence) -> None:
     """The sweep table per task, and the evidence that gates every comparison (and AoT's own claims) resting on a
     rate that was not swept."""
-    lrs = plan.get("lr_sweep", [])
     untuned: dict[str, str] = {}
+    models, unswept = list(plan["models"]), "no learning-rate sweep in this section ({row})"
     for t in plan["tasks"]:
-        table, why = sweep_table(
-            records,
-            list(plan["models"]),
-            f"{KEY}/{t}",
-            {m: row_lrs(plan, m) for m in plan["models"]},
-            None,
-            "mean_error",
-            False,
-            label=f"{t}, error / d",
-            fraction=plan.get("sweep_fraction", 1.0),
+        label = f"{t}, error / d"
+        untuned.update(
+            tune_rows(sec, records, plan, models, f"{KEY}/{t}", "mean_error", False, 1.0, label, unswept=unswept)
         )
-        if table is not None:
-            sec.tables.append(table)
-        untuned.update(why)
-    if not lrs:
-        untuned = {m: f"no learning-rate sweep in this section ({m})" for m in plan["models"]}
     ev.tuning.append(Tuning(untuned))
     if "aot" in untuned:  # AoT's own "learns in context" claims rest on the same rate
         why = f"not tuned: {untuned['aot']}"

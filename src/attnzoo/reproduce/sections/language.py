@@ -36,10 +36,10 @@ from attnzoo.reproduce.common import (
     seeded_id,
     sweep_deps,
     sweep_id,
-    sweep_table,
     sweep_train,
     train_defaults,
     train_run,
+    tune_rows,
     tuned,
 )
 from attnzoo.reproduce.pipeline import Control, Evidence, Longer, Plateau, Tuning, judge
@@ -401,24 +401,9 @@ def _other_margins(f: Finding) -> None:
 
 def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
     """The learning-rate sweep's table, and ``{row: why}`` for each row not shown at its best rate."""
-    lrs = plan.get("lr_sweep", [])
-    table, untuned = sweep_table(
-        records,
-        rows_of(plan),
-        KEY,
-        {r: row_lrs(plan, r) for r in rows_of(plan)},
-        None,
-        "val_loss",
-        False,
-        label="validation loss, nats",
-        fraction=plan.get("sweep_fraction", 1.0),
-        noise={r: res[r]["val_loss"].std for r in rows_of(plan) if r in res and res[r].get("val_loss")},
-    )
-    if table is not None:
-        sec.tables.append(table)
-    if not lrs:
-        untuned = {n: f"no learning-rate sweep at this budget ({n})" for n in rows_of(plan)}
-    return untuned
+    rows = rows_of(plan)
+    noise = {r: res[r]["val_loss"].std for r in rows if r in res and res[r].get("val_loss")}
+    return tune_rows(sec, records, plan, rows, KEY, "val_loss", False, label="validation loss, nats", noise=noise)
 
 
 def _tables(res: dict, names: list[str]) -> list[Table]:

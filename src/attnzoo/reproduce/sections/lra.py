@@ -28,9 +28,9 @@ from attnzoo.reproduce.common import (
     seeded_id,
     sweep_deps,
     sweep_id,
-    sweep_table,
     sweep_train,
     train_defaults,
+    tune_rows,
     tuned,
 )
 from attnzoo.reproduce.pipeline import Control, Evidence, Longer, Plateau, Tuning, compared, judge
@@ -374,28 +374,26 @@ def _tune(
     """The sweep table per task, and per task the rows not run at their best rate (an average finding is gated by
     any of its tasks), or whose every swept rate stayed at or below the majority class (a sweep that ranks
     chance-level runs found no optimum)."""
-    lrs = plan.get("lr_sweep", [])
     every = {}
     for t in learned:
-        table, untuned = sweep_table(
+        noise = {m: res[m][t]["accuracy"].std for m in mechs if t in res.get(m, {})}
+        unswept = f"no learning-rate sweep on {t} at this budget"
+        every[t] = tune_rows(
+            sec,
             records,
+            plan,
             mechs,
             f"{KEY}/{t}",
-            {m: row_lrs(plan, m) for m in mechs},
-            None,
             "accuracy",
             True,
             100.0,
             f"{t}, accuracy %",
-            fraction=plan.get("sweep_fraction", 1.0),
-            noise={m: res[m][t]["accuracy"].std for m in mechs if t in res.get(m, {})},
+            noise=noise,
             floor=majority.get(t),
+            unswept=unswept,
         )
-        if table is not None:
-            sec.tables.append(table)
-        if not lrs or t not in sweep_tasks(plan):
-            untuned = {m: f"no learning-rate sweep on {t} at this budget" for m in mechs}
-        every[t] = untuned
+        if t not in sweep_tasks(plan):
+            every[t] = {m: unswept for m in mechs}
     return every
 
 
@@ -522,18 +520,13 @@ def _notes(
     # a budget's reason ends with the command that re-measures its pilot: pointed to once, not printed per task
     left_out = {t: _REMEASURE.sub("", why) for t, why in plan.get("left_out", {}).items()}
     if left_out:
-        pilots = left_out != plan["left_out"]
-        notes.append(
-            "Not run at this budget"
-            + (
-                " (figures of pilots made while planning the budgets, not re-measured here; each budget's `left_out` "
-                "in attnzoo.reproduce.budgets has the command that re-measures them)"
-                if pilots
-                else ""
+        if left_out != plan["left_out"]:  # reasons from pilots: their figures and commands stay with the budget
+            notes.append(
+                f"Not run at this budget: {', '.join(left_out)} (each budget's `left_out` in "
+                "attnzoo.reproduce.budgets gives the reason, the pilot's figures and the command that re-measures them)"
             )
-            + ": "
-            + "; ".join(f"{t} — {why}" for t, why in left_out.items())
-        )
+        else:
+            notes.append("Not run at this budget: " + "; ".join(f"{t} — {why}" for t, why in left_out.items()))
     for t in tasks:
         if t not in learned and t in res.get("softmax", {}):
             notes.append(
@@ -722,8 +715,7 @@ def _equal_time_table(rows: list[list], times: list[str]) -> Table:
         "Equal wall clock: accuracy at softmax's training time (read from the validation curves)",
         ["task", "mechanism", "steps in that time", "step read", "acc %", "vs softmax pts [95% CI]"],
         rows,
-        caption=f"Softmax trains {'; '.join(times)} (median steps/s, one thread); lower bound: the longest run ends "
-        "sooner; a point inside a longer schedule (rate not annealed) under-states the mechanism.",
+        caption=f"Softmax trains {'; '.join(times)}; lower bound: the longest run ends sooner.",
     )
 
 

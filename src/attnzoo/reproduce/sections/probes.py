@@ -346,7 +346,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         lw = {n: r for n, r in lw.items() if n not in unlearned}
     if plan.get("require_learned", True):  # extra seeds that did not learn are left out of their model's verdict
         more = {n: [(t, r) for t, r in runs if _learned(t, majority)] for n, runs in more.items()}
-    sec.findings = _findings(res, lw, shallow, trained, {n: [r for _, r in runs] for n, runs in more.items()})
+    sec.findings = _findings(res, lw, shallow, {n: [r for _, r in runs] for n, runs in more.items()})
     for f in sec.findings:
         name = f.get("probe_model")
         if name in init and name in lw:
@@ -629,8 +629,8 @@ def _describe(vals: list[float], start: int) -> str:
     )
 
 
-def _findings(res, lw, shallow=None, trained=None, more=None) -> list[dict]:
-    shallow, trained, more = shallow or {}, trained or {}, more or {}
+def _findings(res, lw, shallow=None, more=None) -> list[dict]:
+    shallow, more = shallow or {}, more or {}
     out = []
     if "denoise" in res:
         out.append(_threshold_denoise_finding(res))
@@ -640,7 +640,7 @@ def _findings(res, lw, shallow=None, trained=None, more=None) -> list[dict]:
     if "rank-collapse" in res:
         out.extend(_rank_collapse_findings(res["rank-collapse"]))
     for name, r in lw.items():
-        f = _layerwise_finding(name, r, trained.get(name, {}), shallow.get(name), more.get(name, []))
+        f = _layerwise_finding(name, r, shallow.get(name), more.get(name, []))
         if f is not None:
             f["probe_model"] = name  # its random-initialisation control is attached by name
             out.append(f)
@@ -694,7 +694,7 @@ def _rank_collapse_findings(r: dict) -> list[dict]:
     ]
 
 
-def _layerwise_finding(name: str, r: dict, t: dict, shallow: dict | None, more: list | None = None) -> dict | None:
+def _layerwise_finding(name: str, r: dict, shallow: dict | None, more: list | None = None) -> dict | None:
     """One probe model's layer-wise claim on its claim measure (None where that claim is undefined), with the
     ablations as its explanation when it does not agree, or the raw eq 2's verdict when that one differs. With
     more seeds (``more``: their probe results) the claim is judged on the seed-mean series (see
@@ -708,21 +708,21 @@ def _layerwise_finding(name: str, r: dict, t: dict, shallow: dict | None, more: 
     runs = [vals] + [v for m in more or [] if len(v := _layer_series(m, key)) == len(vals)]
     if len(runs) > 1:
         return _literal_gate(_layerwise_seeds_finding(name, key, runs, r, shallow), name, key, [r, *(more or [])])
-    acc = (
-        f"; val acc {100 * _num(t['accuracy']):.1f}% at depth {t.get('depth')}" if t.get("accuracy") is not None else ""
-    )
     start, claim_id, rule = _layerwise_claim(name, key, len(vals))
     verdict = _fall_verdict(vals, start)
+    # the series per layer and the model's accuracy are in the layerwise table: the finding gives the trend only
     f = _finding(
         **paper_claims.finding_kw(claim_id, name=name),
-        measured=f"{MEASURE_LABEL[key]} per layer: {_series_cell(vals)}; {_describe(vals, start)}{acc}",
+        measured=f"{MEASURE_LABEL[key]}: {_describe(vals, start)}",
         verdict=verdict,
         rule=rule,
         seeds=1,
     )
+    lit = _LITERAL_MEASURE.get(r["layers"][0]["mechanism"] if r.get("layers") else None, _DEFAULT_LITERAL)
     if verdict != "agrees":
         f["explanation"] = _layerwise_explanation(key, start, r, shallow)
-    elif key != "compression" and "compression" in r["series"]:
+    elif key != "compression" and lit != "compression" and "compression" in r["series"]:
+        # (where raw eq 2 is the figure's own measure, :func:`_literal_gate` states its verdict as the gate)
         raw = _layer_series(r, "compression")
         if _fall_verdict(raw, start) != "agrees":  # the definition decides: say so beside the agreement
             f["explanation"] = f"raw eq 2 (ε = 0.5): {_describe(raw, start)}, {_fall_verdict(raw, start)}"

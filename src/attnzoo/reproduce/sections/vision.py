@@ -34,13 +34,13 @@ from attnzoo.reproduce.common import (
     seeded_id,
     sweep_deps,
     sweep_id,
-    sweep_table,
     sweep_train,
     train_defaults,
     train_run,
+    tune_rows,
     tuned,
 )
-from attnzoo.reproduce.pipeline import Control, Evidence, Plateau, Tuning, judge
+from attnzoo.reproduce.pipeline import Control, Evidence, Plateau, Tuning, judge, paper_finding
 from attnzoo.reproduce.store import Step
 
 KEY = "vision"
@@ -490,31 +490,12 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
 
 def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
     """The sweep table, and ``{row: why}`` for every row not shown at its best rate."""
-    lrs = plan.get("lr_sweep", [])
-    table, untuned = sweep_table(
-        records,
-        sweep_rows(plan),
-        KEY,
-        {r: row_lrs(plan, r) for r in sweep_rows(plan)},
-        None,
-        "accuracy",
-        True,
-        100.0,
-        "validation accuracy %",
-        fraction=plan.get("sweep_fraction", 1.0),
-        noise={r: res[r]["accuracy"].std for r in sweep_rows(plan) if r in res},
-    )
-    if "tost" in untuned and MATCHED in res:
+    rows = sweep_rows(plan)
+    noise = {r: res[r]["accuracy"].std for r in rows if r in res}
+    untuned = tune_rows(sec, records, plan, rows, KEY, "accuracy", True, 100.0, "validation accuracy %", noise=noise)
+    if "tost" in untuned and MATCHED in res and plan.get("lr_sweep"):
         untuned[MATCHED] = f"{MATCHED} trains at tost's rate: " + untuned["tost"]
-    if table is not None:
-        sec.tables.append(table)
-    if not lrs:
-        untuned = {n: f"no learning-rate sweep at this budget ({n})" for n in sweep_rows(plan)}
     return untuned
-
-
-def _paper(f: Finding) -> bool:
-    return f.kind == "paper"
 
 
 def _plateaus(res: dict, rows: dict[str, str]) -> list[Plateau]:
@@ -540,7 +521,7 @@ def _attention_needed(findings: list[Finding]) -> list[tuple[Finding, str, str]]
     why = f"not shown to need attention: {check.a_name} vs {CONTROL} {check.effect:+.3g} pts " + (
         f"[{check.ci95[0]:+.3g}, {check.ci95[1]:+.3g}]" if check.ci95 else "(one seed, no interval)"
     )
-    return [(f, "control", why) for f in findings if _paper(f) and f.claim_type == "non-inferiority"]
+    return [(f, "control", why) for f in findings if paper_finding(f) and f.claim_type == "non-inferiority"]
 
 
 def _acc(res: dict, name: str) -> claims.Stat | None:
@@ -738,7 +719,7 @@ def _findings(res: dict) -> tuple[list[Finding], Evidence]:
     # a CLS-token ViT baseline differs from the mean-pooled control in pooling too: the control is read against its
     # mean-pooled twin where it ran (one factor)
     twin = (MEANPOOL_BASE, res[MEANPOOL_BASE]["accuracy"]) if MEANPOOL_BASE in res else None
-    ev.controls.append(Control(CONTROL, _acc(res, CONTROL), _paper, twin, lambda f: f.b_name == "vit"))
+    ev.controls.append(Control(CONTROL, _acc(res, CONTROL), paper_finding, twin, lambda f: f.b_name == "vit"))
     return out, ev
 
 
