@@ -220,7 +220,11 @@ def test_the_compute_table_lists_each_sections_decided_trained_claims():
         "vision/cbt/seed0": {"section": "vision", "wall_s": 120.0},
         "long-range/softmax/lr-sweep/lr0.001": {"section": "long-range", "wall_s": 60.0},
     }
-    rows = {line.split("|")[1].strip(): line for line in _compute_md([vis, lra], records) if line.startswith("| ")}
+    rows = {
+        line.split("|")[1].strip(): line
+        for line in "\n".join(_compute_md([vis, lra], records)).splitlines()
+        if line.startswith("| ")
+    }
     assert rows["Vision"].rstrip(" |").endswith("1: `cbsa-t3-crate`")  # the tie is undecided: not listed
     assert rows["Long-range"].rstrip(" |").endswith("1: `csp-t3-vit`")  # a disagreement is decided too
     assert "| 2.0 min |" in rows["Vision"] and "| 60 s |" in rows["Long-range"]
