@@ -102,3 +102,19 @@ def test_left_out_tasks_cite_a_dated_pilot_and_the_command_that_re_measures_it()
     for name in ("default", "long"):
         for task, why in BUDGETS[name]["long-range"]["left_out"].items():
             assert "pilot of 2026-" in why and "`attnzoo train lra_" in why, (name, task)
+
+
+def test_the_committed_report_is_a_run_of_the_long_plan():
+    """README: docs/results.md is a `long` run of the current plan; every step of the plan is in its results.json
+    with the same configuration hash, and it holds no step the plan lacks."""
+    import json
+
+    from attnzoo.reproduce.runner import plan
+    from attnzoo.reproduce.store import config_hash
+
+    stored = {sid: config_hash(rec["config"]) for sid, rec in json.loads(REPORT.read_text())["steps"].items()}
+    _, steps = plan("long", 0)
+    planned = {s.id: s.hash for s in steps}
+    assert set(stored) == set(planned)
+    changed = sorted(sid for sid in planned if stored[sid] != planned[sid])
+    assert not changed, f"steps whose configuration changed since the committed report: {changed[:5]}"
