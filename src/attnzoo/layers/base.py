@@ -336,10 +336,14 @@ class QKVProjection:
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(B, N, dim) -> q, k, v`` each ``(B, H, N, P)``: grouped key/value heads repeated per query head."""
         q, k, v = self._qkv_grouped(x)
+        return (q, *self._repeat_kv(k, v))
+
+    def _repeat_kv(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Grouped key/value heads ``(B, G, N, P)`` repeated per query head: ``(B, H, N, P)`` (as given if G = H)."""
         rep = self.heads // k.shape[1]
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        return q, k, v
+        return k, v
 
     def _out(self, o: torch.Tensor) -> torch.Tensor:
         """``(B, H, N, P) -> (B, N, dim)``: merge the heads, project, dropout."""

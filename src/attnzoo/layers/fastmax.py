@@ -113,11 +113,15 @@ class FastmaxAttention(QKVProjection, Attention, RecurrentMixin):
         self.check_input(x)
         with self.naming_input(x):
             q, k, v = self._qkv_grouped(x)
-            rep = self.heads // self.kv_heads
             out = fastmax(
-                q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), p=self.p, causal=True,
-                scale=self.scale, backend=self.backend, attention_mask=attention_mask,
-            )  # fmt: skip
+                q,
+                *self._repeat_kv(k, v),
+                p=self.p,
+                causal=True,
+                scale=self.scale,
+                backend=self.backend,
+                attention_mask=attention_mask,
+            )
             y = zero_padding_tokens(self._out(out), attention_mask)
         real = None if attention_mask is None else (attention_mask != 0).to(x.device)
         return y, fastmax_prompt_state(k, v, p=self.p, real=real)

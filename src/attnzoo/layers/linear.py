@@ -13,8 +13,8 @@ from attnzoo.ops.linear import (
     linear_attention,
     linear_attention_recurrent,
     linear_attention_weights,
+    linear_prompt_state,
 )
-from attnzoo.ops.linear.naive import feature_map_fn
 
 __all__ = ["LinearAttention"]
 
@@ -87,19 +87,14 @@ class LinearAttention(QKVProjection, Attention, RecurrentMixin):
         self.check_input(x)
         with self.naming_input(x):
             q, k, v = self._qkv_grouped(x)
-            rep = self.heads // self.kv_heads
             o = linear_attention(
-                q, k.repeat_interleave(rep, 1) if rep > 1 else k, v.repeat_interleave(rep, 1) if rep > 1 else v,
-                causal=True, feature_map=self.feature_map, eps=self.eps, chunk_size=self.chunk_size,
-                attention_mask=attention_mask,
+                q, *self._repeat_kv(k, v), causal=True, feature_map=self.feature_map, eps=self.eps,
+                chunk_size=self.chunk_size, attention_mask=attention_mask,
             )  # fmt: skip
             y = zero_padding_tokens(self._out(o), attention_mask)
-        s, _ = init_linear_state(1, 1, 1, 1, device=x.device, dtype=x.dtype)
-        acc = s.dtype  # float32 sums at least, as the recurrent step keeps them
-        fk = feature_map_fn(self.feature_map)(k.to(acc))  # (B, G, N, P): the state is kept per key/value head
-        if attention_mask is not None:
-            fk = fk * (attention_mask != 0)[:, None, :, None].to(device=x.device, dtype=acc)
-        return y, {"s": fk.transpose(-1, -2) @ v.to(acc), "z": fk.sum(dim=2)}
+        real = None if attention_mask is None else attention_mask != 0
+        s, z = linear_prompt_state(k, v, feature_map=self.feature_map, real=real)  # per key/value head
+        return y, {"s": s, "z": z}
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, feature_map={self.feature_map!r}"

@@ -31,13 +31,19 @@ from attnzoo.ops._tensor_validation import check_qkv
 from attnzoo.ops._varlen import segments
 from attnzoo.ops.linear.chunk import linear_attention_chunk  # noqa: F401  (the spec's backends look it up here)
 from attnzoo.ops.linear.naive import FEATURE_MAPS, feature_map_fn, linear_attention_naive, linear_attention_weights  # noqa: F401
-from attnzoo.ops.linear.recurrent import LinearState, init_linear_state, linear_attention_recurrent_loop
+from attnzoo.ops.linear.recurrent import (
+    LinearState,
+    init_linear_state,
+    linear_attention_recurrent_loop,
+    linear_prompt_state,
+)
 
 __all__ = [
     "linear_attention",
     "linear_attention_recurrent",
     "linear_attention_weights",
     "init_linear_state",
+    "linear_prompt_state",
     "FEATURE_MAPS",
     "LinearOptions",
     "LINEAR",

@@ -11,7 +11,7 @@ import torch
 from attnzoo.ops._dtypes import acc_dtype
 from attnzoo.ops.linear.naive import feature_map_fn
 
-__all__ = ["linear_attention_recurrent_loop", "init_linear_state", "LinearState"]
+__all__ = ["linear_attention_recurrent_loop", "init_linear_state", "linear_prompt_state", "LinearState"]
 
 LinearState = tuple[torch.Tensor, torch.Tensor]
 
@@ -25,6 +25,19 @@ def init_linear_state(
         torch.zeros(batch_size, heads, head_dim, value_dim, device=device, dtype=acc),
         torch.zeros(batch_size, heads, head_dim, device=device, dtype=acc),
     )
+
+
+def linear_prompt_state(
+    k: torch.Tensor, v: torch.Tensor, *, feature_map: str = "elu", real: torch.Tensor | None = None
+) -> LinearState:
+    """The state the recurrent step holds after feeding the prompt's keys ``k (B, H, N, P)`` and values ``v (B, H, N,
+    Pv)`` (eqs. 18-20): ``S = sum_t phi(k_t) v_t^T`` ``(B, H, P, Pv)`` and ``z = sum_t phi(k_t)`` ``(B, H, P)`` over
+    each row's real tokens (``real (B, N)``, or all), in the accumulation dtype of ``k``."""
+    acc = acc_dtype(k.dtype)
+    fk = feature_map_fn(feature_map)(k.to(acc))
+    if real is not None:  # padding adds nothing
+        fk = fk * real[:, None, :, None].to(device=fk.device, dtype=acc)
+    return fk.transpose(-1, -2) @ v.to(acc), fk.sum(dim=2)
 
 
 def linear_attention_recurrent_loop(
