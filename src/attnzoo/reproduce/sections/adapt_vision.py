@@ -11,9 +11,7 @@ row trains the CBSA student from an untrained ViT for the same steps.
 
 from __future__ import annotations
 
-import csv
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -39,7 +37,7 @@ from attnzoo.reproduce.common import (
     tune_rows,
     tuned,
 )
-from attnzoo.reproduce.pipeline import Evidence, Plateau, Tuning, compared, judge, paper_finding
+from attnzoo.reproduce.pipeline import Evidence, Plateau, Tuning, judge, paper_finding
 from attnzoo.reproduce.store import Step
 
 KEY = "adapt-vision"
@@ -59,9 +57,13 @@ ROWS: dict[str, tuple[str, str]] = {
 
 #: the check row: the CBSA student built from an untrained ViT and trained for the same steps
 SCRATCH = "cbsa@scratch"
-
 #: a pretrained model has learned the task when its accuracy clears the majority class by this many points
 LEARNED_MARGIN = 10.0
+#: the fine-tuned baseline of the paper claims, and its plateau run: the same fine-tuning at twice the steps
+BASELINE = "linear"
+PLATEAU = f"{BASELINE}@2x-steps"
+#: "nearly the same FLOPs": within this fraction of linear attention's count
+FLOPS_TOLERANCE = 0.1
 
 
 def rows_of(plan: dict) -> list[str]:
@@ -73,8 +75,12 @@ def rows_of(plan: dict) -> list[str]:
     return rows + ([SCRATCH] if plan.get("scratch", True) else [])
 
 
+def _mechanism(row: str) -> str:
+    return ROWS["cbsa" if row == SCRATCH else row][0]
+
+
 def _options(plan: dict, row: str) -> dict:
-    mech = ROWS["cbsa" if row == SCRATCH else row][0]
+    mech = _mechanism(row)
     if mech in ("cbsa-qkv", "agent-qkv"):
         return {"rep_grid": list(plan["rep_grid"])}
     if mech == "fastmax":
@@ -93,15 +99,15 @@ def teacher_config(plan: dict, seed: int) -> dict:
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
-    """The pretraining, then per row its fine-tuning-rate sweep (``finetune_lr_sweep``, on the sweep's own seed) and
-    its seeds at the best swept rate (at the plan's one rate when nothing is swept)."""
+    """The pretraining, then per row its fine-tuning-rate sweep (on the sweep's own seed) and its seeds at the best."""
+    from attnzoo.reproduce.sections.vision import twice_steps
+
     steps = [Step(TEACHER, KEY, {"train": teacher_config(plan, seed)}, _pretrain, label="teacher")]
     lrs = list(plan.get("finetune_lr_sweep", []))
     for row in rows_of(plan):
-        mech = ROWS["cbsa" if row == SCRATCH else row][0]
         base = {
             "teacher": steps[0].config,
-            "mechanism": mech,
+            "mechanism": _mechanism(row),
             "options": _options(plan, row),
             "scratch": row == SCRATCH,
             "swapped_eval_batches": plan.get("swapped_eval_batches", 4),
@@ -111,18 +117,9 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             config = dict(base, finetune=dict(plan["finetune"], lr=lr), seed=seed + SWEEP_SEED_OFFSET)
             steps.append(Step(sid, KEY, config, _finetune, deps=(TEACHER,), label=sid.split("/", 1)[1]))
         steps += _seed_steps(plan, seed, base, row, row, dict(plan["finetune"]), lrs)
-        if row == BASELINE and plan.get("baseline_plateau"):
-            # the claims' baseline fine-tuned twice the steps (and warm-up), at its own tuned rate
-            ft = dict(plan["finetune"])
-            ft["steps"] *= 2
-            ft["warmup_steps"] = 2 * ft.get("warmup_steps", 0)
-            steps += _seed_steps(plan, seed, base, PLATEAU, BASELINE, ft, lrs)
+        if row == BASELINE and plan.get("baseline_plateau"):  # at the baseline's own tuned rate
+            steps += _seed_steps(plan, seed, base, PLATEAU, BASELINE, twice_steps(plan["finetune"]), lrs)
     return steps
-
-
-#: the fine-tuned baseline of the paper claims, and its plateau run: the same fine-tuning at twice the steps
-BASELINE = "linear"
-PLATEAU = f"{BASELINE}@2x-steps"
 
 
 def _seed_steps(plan: dict, seed: int, base: dict, name: str, row: str, finetune: dict, lrs: list) -> list[Step]:
@@ -138,24 +135,13 @@ def _seed_steps(plan: dict, seed: int, base: dict, name: str, row: str, finetune
 
 def _pretrain(ctx: Context, step: Step) -> dict:
     rec = train_run(ctx, step.id, step.config["train"])
-    model = load_trained(rec["run_dir"])
     return {
         "accuracy": rec["val"].get("accuracy"),
-        "params": num_params(model),
+        "params": num_params(load_trained(rec["run_dir"])),
         "curve": rec["curve"],
-        "val_curve": _val_curve(Path(rec["run_dir"])),
+        "val_curve": [[p["step"], p["accuracy"]] for p in rec["val_curve"] if "accuracy" in p],
         "run_dir": rec["run_dir"],
     }
-
-
-def _val_curve(run_dir: Path) -> list[list[float]]:
-    """``[[step, validation accuracy], ...]`` from the trainer's metrics.csv (its evaluation rows)."""
-    f = run_dir / "metrics.csv"
-    if not f.is_file():
-        return []
-    with open(f, newline="", encoding="utf-8") as fh:
-        rows = [r for r in csv.DictReader(fh) if r.get("split") == "val" and r.get("accuracy")]
-    return [[int(r["step"]), float(r["accuracy"])] for r in rows]
 
 
 def forward_flops(model, image) -> int:
@@ -193,7 +179,7 @@ def _finetune(ctx: Context, step: Step) -> dict:
         teacher = build_task_model(from_dict({**tcfg, "device": ctx.device}), task)
     teacher.to(ctx.device)
     ft = dict(cfg["finetune"])
-    if ft["lr"] == "tuned":  # the row's best fine-tuning rate, read from its finished sweep
+    if ft["lr"] == "tuned":
         ft["lr"] = best_swept_lr(ctx, cfg["sweep"])
     n, bs = len(task.train), ft["batch_size"]
 
@@ -253,17 +239,13 @@ def _finetune(ctx: Context, step: Step) -> dict:
 # ---- summary ------------------------------------------------------------------------------------------------
 
 
-def _pct(x):
-    return None if x is None else 100.0 * x
-
-
 def _stats(records: dict, row: str) -> dict | None:
     rs = per_seed(records, f"{KEY}/{row}")
     if not rs:
         return None
     return {
-        "accuracy": claims.stat(_pct(r["accuracy"]) for r in rs),
-        "swapped": claims.stat(_pct(r["swapped_accuracy"]) for r in rs),
+        "accuracy": claims.stat(100.0 * r["accuracy"] for r in rs),
+        "swapped": claims.stat(100.0 * r["swapped_accuracy"] for r in rs),
         "params": rs[0]["params"],
         "flops": rs[0]["flops"],
         "ms_per_step": seed_mean(rs, "ms_per_step"),
@@ -273,22 +255,20 @@ def _stats(records: dict, row: str) -> dict | None:
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
-    sec = Section(KEY, TITLE)
-    sec.intro = _intro(plan)
+    sec = Section(KEY, TITLE, intro=_intro(plan))
     teacher = records.get(TEACHER, {}).get("result")
     res = {r: st for r in rows_of(plan) if (st := _stats(records, r)) is not None}
     sec.data = {"teacher": teacher and {k: teacher[k] for k in ("accuracy", "params", "val_curve")}}
     sec.data["rows"] = {r: _row_data(st) for r, st in res.items()}
     if res:
         sec.tables.append(_table(res))
-    if teacher:
-        caption = "Left: the ViT's pretraining; right: accuracy fine-tuned (mean ± std) and just swapped (hatched)."
-        sec.add_plot(_plot(teacher, res), plots_dir / "adapt_vision.png", rel, caption)
     if teacher is None:
         sec.notes.append("the pretrained ViT has no record: nothing to compare")
         return sec
+    caption = "Left: the ViT's pretraining; right: accuracy fine-tuned (mean ± std) and just swapped (hatched)."
+    sec.add_plot(_plot(teacher, res), plots_dir / "adapt_vision.png", rel, caption)
     majority = 100.0 * plan.get("majority", 0.1)
-    t_acc = _pct(teacher["accuracy"])
+    t_acc = 100.0 * teacher["accuracy"]
     if plan.get("require_learned", True) and t_acc < majority + LEARNED_MARGIN:
         sec.notes.append(
             f"the pretrained ViT reached {t_acc:.1f}% against a majority class of {majority:.0f}%: not "
@@ -297,25 +277,18 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         return sec
     sec.findings = _findings(res)
     # the pretrained ViT has plateaued when fine-tuning it for the same steps moves it less than the smallest effect;
-    # the paper claims compare adapted rows with linear attention, fine-tuned the same steps: that baseline's
-    # plateau run fine-tunes it twice the steps (plan "baseline_plateau")
+    # the paper claims' baseline has plateaued when fine-tuning it twice the steps (plan "baseline_plateau") does
     longer = _stats(records, PLATEAU)
-    teacher = Plateau(
-        "", "pretrained ViT", claims.stat([t_acc]), _acc(res, "original"), "%", ".1f", judges=paper_finding
-    )
+    pre = Plateau("", "pretrained ViT", claims.stat([t_acc]), _acc(res, "original"), "%", ".1f", judges=paper_finding)
     own = Plateau(
         BASELINE, BASELINE, _acc(res, BASELINE), longer and longer["accuracy"], "%", ".1f", judges=paper_finding
     )
-    teacher.key, own.key = "teacher", "linear"
-    ev = Evidence(plateaus=[teacher, own], tuning=[Tuning(_tune(sec, records, plan, res), paper_finding)])
+    pre.key, own.key = "teacher", "linear"
+    ev = Evidence(plateaus=[pre, own], tuning=[Tuning(_tune(sec, records, plan, res), paper_finding)])
     sec.data["plateau"] = judge(sec.findings, ev)
     more = f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
     sec.data["plateau"]["teacher"]["text"] = sec.data["plateau"]["teacher"]["text"].replace("at twice the steps", more)
     return sec
-
-
-def paper(f: Finding) -> bool:
-    return f.kind == "paper" and compared(f)
 
 
 def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
@@ -328,7 +301,7 @@ def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
     )
 
 
-def _acc(res: dict, row: str):
+def _acc(res: dict, row: str) -> claims.Stat | None:
     return res[row]["accuracy"] if row in res else None
 
 
@@ -345,40 +318,23 @@ def _row_data(st: dict) -> dict:
     }
 
 
-def _describe(row: str) -> str:
-    return "check: cbsa from an untrained ViT" if row == SCRATCH else ROWS[row][1]
+_HEADS = ["row", "description", "params", "forward MFLOPs / image"]
+_HEADS += ["val acc % swapped (first batches)", "val acc % fine-tuned", "ms / step"]
 
 
 def _table(res: dict) -> Table:
-    heads = [
-        "row",
-        "description",
-        "params",
-        "forward MFLOPs / image",
-        "val acc % swapped (first batches)",
-        "val acc % fine-tuned",
-        "ms / step",
+    rows = [
+        [r, "check: cbsa from an untrained ViT" if r == SCRATCH else ROWS[r][1], fmt(st["params"], ",")]
+        + [fmt(st["flops"] / 1e6, ".2f"), st["swapped"].fmt(".1f"), st["accuracy"].fmt(".1f")]
+        + [fmt(st["ms_per_step"], ".1f")]
+        for r, st in res.items()
     ]
-    clocks = {st.get("clock") for st in res.values()}
-    rows = []
-    for r, st in res.items():
-        rows.append(
-            [
-                r,
-                _describe(r),
-                fmt(st["params"], ","),
-                fmt(st["flops"] / 1e6, ".2f"),
-                st["swapped"].fmt(".1f"),
-                st["accuracy"].fmt(".1f"),
-                fmt(st["ms_per_step"], ".1f"),
-            ]
-        )
-    clock = "CPU time" if clocks == {"cpu"} else "wall time"
+    clock = "CPU time" if {st.get("clock") for st in res.values()} == {"cpu"} else "wall time"
     caption = (
         "Mean ± sample std over seeds; FLOPs: matrix products and the patch convolution of one image's forward pass "
         f"(torch.utils.flop_counter); ms / step: median {clock} of a fine-tuning step, evaluation excluded."
     )
-    return Table("Pretrained ViT adapted into each attention, fine-tuned for the same steps", heads, rows, caption)
+    return Table("Pretrained ViT adapted into each attention, fine-tuned for the same steps", _HEADS, rows, caption)
 
 
 def _intro(plan: dict) -> str:
@@ -406,14 +362,12 @@ def _plot(teacher: dict, res: dict):
     import matplotlib.pyplot as plt
 
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 3.8))
-    curve = teacher.get("curve") or []
-    if curve:
+    if curve := teacher.get("curve") or []:
         ax0.plot([c[0] for c in curve], [c[1] for c in curve], color="C0", label="train loss")
     ax0.set_xlabel("pretraining step")
     ax0.set_ylabel("training loss")
     twin = ax0.twinx()
-    vc = teacher.get("val_curve") or []
-    if vc:
+    if vc := teacher.get("val_curve") or []:
         twin.plot([c[0] for c in vc], [100 * c[1] for c in vc], "o-", color="C1", label="val accuracy")
     twin.set_ylabel("validation accuracy (%)")
     ax0.set_title("pretraining of the ViT")
@@ -442,20 +396,11 @@ CLAIMS = [
 
 
 def _findings(res: dict) -> list[Finding]:
+    """Fig. 9's comparisons (a check compares as a superiority claim: its record states no margin), then the FLOPs."""
     out = []
     for a, b, kind, claim_id in CLAIMS:
-        # a check compares as a superiority claim (its record states no margin)
-        claim_kw = {"claim_type": "superiority", **paper_claims.compare_kw(claim_id)}
-        f = claims.compare(
-            _acc(res, a),
-            _acc(res, b),
-            unit="pts",
-            **claim_kw,
-            a_name=a,
-            b_name=b,
-            kind=kind,
-            spec=".1f",
-        )
+        kw = {"claim_type": "superiority", **paper_claims.compare_kw(claim_id)}
+        f = claims.compare(_acc(res, a), _acc(res, b), unit="pts", **kw, a_name=a, b_name=b, kind=kind, spec=".1f")
         if a in res and b in res:  # the FLOPs are the table's and the FLOPs check's words
             f.flops_a, f.flops_b = res[a]["flops"], res[b]["flops"]
         out.append(f)
@@ -473,7 +418,3 @@ def _findings(res: dict) -> list[Finding]:
             )
         )
     return out
-
-
-#: "nearly the same FLOPs": within this fraction of linear attention's count
-FLOPS_TOLERANCE = 0.1

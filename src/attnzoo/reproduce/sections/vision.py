@@ -342,15 +342,17 @@ def sweep_rows(plan: dict) -> list[str]:
     return rows + list(swept)
 
 
+def twice_steps(train: dict) -> dict:
+    """``train`` at twice the steps and warm-up (a plateau run), nothing else changed."""
+    return {**train, "steps": 2 * train["steps"], "warmup_steps": 2 * train.get("warmup_steps", 0)}
+
+
 def row_config(plan: dict, name: str, seed: int) -> dict:
     """A step config training vision row ``name`` with ``plan``'s task, shape and optimiser: ``{"train", "mechanism",
     "paper"}`` (the probes section trains its deeper models with it too)."""
     base = name.split("@")[0]
     reg, mech, paper = _registered(base)
-    opt = dict(plan["train"])
-    if name in BASELINE_PLATEAUS.values():
-        opt["steps"] *= 2
-        opt["warmup_steps"] = 2 * opt.get("warmup_steps", 0)
+    opt = twice_steps(plan["train"]) if name in BASELINE_PLATEAUS.values() else dict(plan["train"])
     opts = model_options(base, plan)
     if name == MATCHED:
         opts["dim"] = matched_dim(plan)
