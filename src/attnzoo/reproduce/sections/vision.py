@@ -7,6 +7,7 @@ validation accuracy, parameters, training images/s and the peak memory of one tr
 
 from __future__ import annotations
 
+import copy
 from typing import NamedTuple
 
 import numpy as np
@@ -17,7 +18,6 @@ from attnzoo.reproduce.common import (
     CURVE_EVAL_BATCHES,
     SWEEP_SEED_OFFSET,
     Context,
-    ModelRow,
     Section,
     Table,
     check_row_arch,
@@ -47,58 +47,51 @@ KEY = "vision"
 TITLE = "Vision: image classification"
 
 
-class VisionModel(NamedTuple):
-    """A paper's architecture: the registered model, its mechanism, the paper, overrides of the plan's arch."""
+class VisionRow(NamedTuple):
+    """A trained row: the registered model, its mechanism, how the table names it, and its overrides of the plan's
+    arch (``attention_options`` None: CSP's groups, from the token count)."""
 
     registered: str
     mechanism: str
-    paper: str
-    overrides: dict
-
-
-class Swap(NamedTuple):
-    """A controlled swap: the attention put into the ViT skeleton and its options (``None``: from the token count)."""
-
-    mechanism: str
-    options: dict | None
-
-
-class Ablation(NamedTuple):
-    """An ablation row: the registered model, its mechanism, overrides applied after the plan's arch, a description."""
-
-    registered: str
-    mechanism: str
-    overrides: dict
     description: str
+    overrides: dict
+
+
+def _swap(mech: str, options: dict | None, **extra) -> VisionRow:
+    """A controlled swap: the ViT baseline's own skeleton (conv patches, CLS token, MLP blocks, pre-norm) with only
+    the attention replaced."""
+    overrides = {"attention": mech, "attention_options": options, **extra}
+    return VisionRow("vit_s", mech, f"ViT skeleton, {mech} attention (controlled swap)", overrides)
 
 
 #: name -> the architecture of a paper
-MODELS: dict[str, VisionModel] = {
-    "vit": VisionModel("vit_s", "softmax", "ViT/DeiT (baseline)", {}),
-    "tost": VisionModel("tost_t", "tssa", "ToST", {}),
-    "xcit": VisionModel("xcit_s", "xca", "XCiT (ToST's baseline)", {}),
-    "crate": VisionModel("crate_t", "mssa", "CRATE (CBSA/AoT baseline)", {}),
-    "cbt": VisionModel("cbt_t", "cbsa", "CBSA (CBT)", {}),
-    "aot": VisionModel("aot_vision_b", "mssa", "AoT (attention only)", {}),
-    "csp_vit": VisionModel("csp_vit_cifar", "csp", "CSP-ViT", {"mlp_dim": None, "dropout": 0.0}),
-    "fastmax_vit": VisionModel(
+MODELS: dict[str, VisionRow] = {
+    "vit": VisionRow("vit_s", "softmax", "ViT/DeiT (baseline)", {}),
+    "tost": VisionRow("tost_t", "tssa", "ToST", {}),
+    "xcit": VisionRow("xcit_s", "xca", "XCiT (ToST's baseline)", {}),
+    "crate": VisionRow("crate_t", "mssa", "CRATE (CBSA/AoT baseline)", {}),
+    "cbt": VisionRow("cbt_t", "cbsa", "CBSA (CBT)", {}),
+    "aot": VisionRow("aot_vision_b", "mssa", "AoT (attention only)", {}),
+    "csp_vit": VisionRow(
+        "csp_vit_cifar", "csp", "CSP-ViT", {"mlp_dim": None, "dropout": 0.0, "attention_options": None}
+    ),
+    "fastmax_vit": VisionRow(
         "vit_s", "fastmax", "FAST (Fastmax p=2 in ViT)", {"attention": "fastmax", "attention_options": {"p": 2}}
     ),
 }
 
 _IMAGE_SIZE = {"digits": 8, "mnist": 28, "fashion_mnist": 28}
 
-
-#: controlled swaps: the ViT baseline's own skeleton (conv patches, CLS token, MLP blocks, pre-norm) with only the
-#: attention replaced
-SWAPS: dict[str, Swap] = {
-    "vit+tssa": Swap("tssa", {}),
-    "vit+xca": Swap("xca", {}),
-    "vit+mssa": Swap("mssa", {}),
-    "vit+cbsa": Swap("cbsa", {}),
-    "vit+csp": Swap("csp", None),
-    # the no-attention control: the same skeleton with an identity token mixer, so "attention helps" is measured
-    "vit+identity": Swap("identity", {}),
+#: controlled swaps, and the no-attention control: the same skeleton with an identity token mixer, so "attention
+#: helps" is measured; with no token mixing a CLS token never sees the patches (the control scored chance, 10.2%,
+#: in the long run of 2026-11-26), so the control pools the patches by their mean instead
+SWAPS: dict[str, VisionRow] = {
+    "vit+tssa": _swap("tssa", {}),
+    "vit+xca": _swap("xca", {}),
+    "vit+mssa": _swap("mssa", {}),
+    "vit+cbsa": _swap("cbsa", {}),
+    "vit+csp": _swap("csp", None),
+    "vit+identity": _swap("identity", {}, pool="mean"),
 }
 
 #: the no-attention control row (run whenever the ViT baseline is)
@@ -117,116 +110,84 @@ PAPER_SIZE_RATIO: dict[tuple[str, str], tuple[float, str]] = paper_claims.size_r
 PAPER_SIZE_RATIO[("csp_vit", "csp_vit_skeleton+softmax")] = PAPER_SIZE_RATIO[("csp_vit", "vit")]
 
 #: ablations that test an explanation of a gap
-ABLATIONS: dict[str, Ablation] = {
+ABLATIONS: dict[str, VisionRow] = {
     # AoT is CRATE without the ISTA block and without LayerNorm: one factor given back at a time
-    "aot+ista": Ablation(
+    "aot+ista": VisionRow(
         "aot_vision_b",
         "mssa",
-        {"ffn": "ista", "ista_step": 0.1, "ista_lambda": 0.1},
         "AoT with CRATE's ISTA block restored (norm unchanged)",
+        {"ffn": "ista", "ista_step": 0.1, "ista_lambda": 0.1},
     ),
-    "aot+prenorm": Ablation("aot_vision_b", "mssa", {"norm": "pre"}, "AoT with CRATE's pre-norm restored (no ISTA)"),
+    "aot+prenorm": VisionRow("aot_vision_b", "mssa", "AoT with CRATE's pre-norm restored (no ISTA)", {"norm": "pre"}),
     # TSSA mixes tokens only through global second-moment statistics, so a CLS token cannot gather the patches
     # through it (ToST pools with class attention): the ViT skeleton with mean pooling tests that reading
-    "vit+tssa-meanpool": Ablation(
+    "vit+tssa-meanpool": VisionRow(
         "vit_s",
         "tssa",
-        {"attention": "tssa", "attention_options": {}, "pool": "mean"},
         "ViT skeleton, TSSA attention, mean pooling instead of the CLS token",
+        {"attention": "tssa", "attention_options": {}, "pool": "mean"},
     ),
-    # the ViT with mean pooling and softmax attention: the baseline of the mean-pooled rows (the no-attention
-    # control, TSSA's and CSP's mean-pooled swaps), so each of them differs from it in the token mixer alone
-    "vit-meanpool": Ablation("vit_s", "softmax", {"pool": "mean"}, "ViT skeleton, softmax attention, mean pooling"),
-    # XCA's swap without the CLS token: the other side of ToST's XCiT comparison in the mean-pooled skeleton, so that
-    # TSSA (which never reads a CLS token in ToST) is compared with XCA under one factor
-    "vit+xca-meanpool": Ablation(
+    # the baseline of the mean-pooled rows (the control, TSSA's and CSP's mean-pooled swaps): one factor apart
+    "vit-meanpool": VisionRow("vit_s", "softmax", "ViT skeleton, softmax attention, mean pooling", {"pool": "mean"}),
+    # XCA's swap without the CLS token: the other side of ToST's XCiT comparison in the mean-pooled skeleton
+    "vit+xca-meanpool": VisionRow(
         "vit_s",
         "xca",
-        {"attention": "xca", "attention_options": {}, "pool": "mean"},
         "ViT skeleton, XCA attention, mean pooling instead of the CLS token",
+        {"attention": "xca", "attention_options": {}, "pool": "mean"},
     ),
     # CSP's swap without the CLS token: 16 tokens in 8 groups of two, the paper's vision setting (CSP Table 5:
     # K = N/2); with the CLS token N = 17 is prime and K = 1 (complete sorting, CSP's LRA setting)
-    "vit+csp-meanpool": Ablation(
+    "vit+csp-meanpool": VisionRow(
         "vit_s",
         "csp",
-        {"attention": "csp", "attention_options": None, "pool": "mean"},
         "ViT skeleton, CSP attention (groups of two), mean pooling instead of the CLS token",
+        {"attention": "csp", "attention_options": None, "pool": "mean"},
     ),
     # CSP-ViT's own skeleton (LayerNorm-linear patches, mean pooling) with softmax attention: the skeleton's share
-    "csp_vit_skeleton+softmax": Ablation(
+    "csp_vit_skeleton+softmax": VisionRow(
         "csp_vit_cifar",
         "softmax",
-        {"mlp_dim": None, "dropout": 0.0, "attention": "softmax", "attention_options": {}},
         "CSP-ViT's skeleton with softmax attention",
+        {"mlp_dim": None, "dropout": 0.0, "attention": "softmax", "attention_options": {}},
     ),
 }
 
 
 def _csp_groups(n_tokens: int) -> int:
     """CSP's K: the largest divisor of N up to N/2 (CSP Table 5 uses K=32 for N=64, two tokens a group)."""
-    best = 1
-    for k in range(1, n_tokens // 2 + 1):
-        if n_tokens % k == 0:
-            best = k
-    return best
+    return max(k for k in range(1, max(1, n_tokens // 2) + 1) if n_tokens % k == 0)
 
 
-def _n_patches(plan: dict) -> int:
-    img = plan["task_options"].get("img_size") or _IMAGE_SIZE.get(plan["task"], 28)
-    return (img // plan["arch"]["patch_size"]) ** 2
+def _image_size(plan: dict) -> int:
+    return plan["task_options"].get("img_size") or _IMAGE_SIZE.get(plan["task"], 28)
 
 
 def row_arch(plan: dict, name: str) -> dict:
-    """Row ``name``'s own model options from the plan's ``row_arch`` (e.g. a width at a paper's parameter ratio),
-    applied after everything else; rows run at a multiple of the steps (``crate@2x-steps``) take their base row's."""
+    """Row ``name``'s own model options from the plan's ``row_arch`` (``crate@2x-steps`` takes ``crate``'s)."""
     return dict(plan.get("row_arch", {}).get(name.split("@")[0], {}))
 
 
+def _row(name: str) -> VisionRow:
+    """The entry of any vision row (a paper's architecture, a controlled swap or an ablation; ``@`` rows: their
+    base's)."""
+    base = name.split("@")[0]
+    for rows in (SWAPS, ABLATIONS, MODELS):
+        if base in rows:
+            return rows[base]
+    raise ValueError(f"unknown vision model {base!r}; valid: {sorted(MODELS) + sorted(SWAPS) + sorted(ABLATIONS)}")
+
+
 def model_options(name: str, plan: dict) -> dict:
-    """``create_model`` overrides of vision model ``name`` under a section plan (task sizes come from the task), with
-    the plan's ``row_arch`` entry for the row last."""
-    return {**_paper_options(name, plan), **row_arch(plan, name)}
-
-
-def _paper_options(name: str, plan: dict) -> dict:
-    """The row's architecture under the plan's shared ``arch``: the paper's overrides, swaps and ablations."""
-    if name in SWAPS:
-        mech, aopts = SWAPS[name]
-        if aopts is None:  # CSP: two tokens a group, the CLS token counted (the ViT skeleton has N = patches + 1)
-            aopts = {"groups": _csp_groups(_n_patches(plan) + 1), "shift_schedule": "linear"}
-        opts = {**plan["arch"], "attention": mech, "attention_options": dict(aopts)}
-        if name == CONTROL:
-            # with no token mixing a CLS token never sees the patches (the control scored chance, 10.2%, in the
-            # long run of 2026-11-26): the control pools the patches by their mean instead
-            opts["pool"] = "mean"
-        return opts
-    if name in ABLATIONS:
-        opts = {**plan["arch"], **ABLATIONS[name].overrides}
-        if opts.get("attention") == "csp" and opts.get("attention_options") is None:  # mean pooled: N = patches
-            opts["attention_options"] = {"groups": _csp_groups(_n_patches(plan)), "shift_schedule": "linear"}
-        return opts
-    if name not in MODELS:
-        raise ValueError(f"unknown vision model {name!r}; valid: {sorted(MODELS) + sorted(SWAPS) + sorted(ABLATIONS)}")
-    mech = MODELS[name].mechanism
-    opts = {**plan["arch"], **MODELS[name].overrides}
-    if mech == "csp":
-        opts["attention_options"] = {"groups": _csp_groups(_n_patches(plan)), "shift_schedule": "linear"}
-    return opts
-
-
-def _registered(name: str) -> ModelRow:
-    """The table row of any vision row: a paper's architecture, a controlled swap or an ablation."""
-    if name in SWAPS:
-        mech = SWAPS[name].mechanism
-        return ModelRow("vit_s", mech, f"ViT skeleton, {mech} attention (controlled swap)")
-    if name in ABLATIONS:
-        a = ABLATIONS[name]
-        return ModelRow(a.registered, a.mechanism, a.description)
-    if name == MATCHED:
-        return ModelRow(MODELS["tost"].registered, "tssa", "ToST, width chosen to match ViT's parameter count")
-    m = MODELS[name]
-    return ModelRow(m.registered, m.mechanism, m.paper)
+    """``create_model`` overrides of vision row ``name`` under a section plan, its ``row_arch`` entry last."""
+    row = _row(name)
+    opts = {**plan["arch"], **copy.deepcopy(row.overrides)}
+    if opts.get("attention_options", {}) is None:
+        # CSP: two tokens a group; the ViT skeleton's CLS token counts unless it mean-pools
+        cls = 1 if row.registered == "vit_s" and opts.get("pool") != "mean" else 0
+        n = (_image_size(plan) // plan["arch"]["patch_size"]) ** 2 + cls
+        opts["attention_options"] = {"groups": _csp_groups(n), "shift_schedule": "linear"}
+    return {**opts, **row_arch(plan, name)}
 
 
 #: the baseline's plateau check: the ViT baseline trained with twice the steps (and warm-up), nothing else changed
@@ -237,8 +198,7 @@ BASELINE_PLATEAUS = {"vit": PLATEAU, "crate": "crate@2x-steps", "xcit": "xcit@2x
 
 
 def rows_of(plan: dict) -> list[str]:
-    """Every trained row of the section: the papers' architectures, the controlled swaps, the ablations and the
-    baseline's plateau check."""
+    """Every trained row: the papers' architectures, the swaps, the controls, the ablations and the plateau runs."""
     rows = list(plan["models"]) + list(plan.get("swaps", [])) + _controls(plan) + list(plan.get("ablations", []))
     return rows + list(_plateau_rows(plan).values())
 
@@ -256,36 +216,28 @@ def _plateau_rows(plan: dict) -> dict[str, str]:
 
 def _controls(plan: dict) -> list[str]:
     """The no-attention control and the parameter-matched ToST row, run whenever their reference rows are."""
-    out = []
-    if plan.get("controls", True) and "vit" in plan["models"] and CONTROL not in plan.get("swaps", []):
-        out.append(CONTROL)
+    if not plan.get("controls", True) or "vit" not in plan["models"]:
+        return []
+    out = [CONTROL] if CONTROL not in plan.get("swaps", []) else []
     # ``matched_params: false``: the tost row is already at ViT's parameter count (its ``row_arch`` width)
-    if plan.get("controls", True) and plan.get("matched_params", True) and "vit" in plan["models"]:
-        if "tost" in plan["models"]:
-            out.append(MATCHED)
-    return out
+    return out + ([MATCHED] if plan.get("matched_params", True) and "tost" in plan["models"] else [])
 
 
 def _model_params(plan: dict, registered: str, options: dict) -> int:
     """Parameters of ``registered`` built with ``options`` for the plan's images (10 classes, one channel)."""
     from attnzoo.models import create_model
-    from attnzoo.reproduce.common import num_params
 
-    img = plan["task_options"].get("img_size") or _IMAGE_SIZE.get(plan["task"], 28)
-    return num_params(create_model(registered, num_classes=10, image_size=img, in_chans=1, **options))
+    return num_params(create_model(registered, num_classes=10, image_size=_image_size(plan), in_chans=1, **options))
 
 
 def matched_dim(plan: dict, name: str = "tost", ref: str = "vit") -> int:
-    """The width of ``name``'s architecture (a multiple of the heads, up to twice the plan's width) whose parameter
-    count is closest to ``ref``'s at the plan's width; depth, heads and everything else as the plan's."""
+    """The width of ``name`` (a multiple of the heads, up to twice the plan's) closest to ``ref``'s parameters."""
     target = _model_params(plan, MODELS[ref].registered, model_options(ref, plan))
-    heads = plan["arch"]["heads"]
-    opts = model_options(name, plan)
-    best = min(
+    heads, opts = plan["arch"]["heads"], model_options(name, plan)
+    return min(
         range(heads, 2 * plan["arch"]["dim"] + 1, heads),
         key=lambda d: abs(_model_params(plan, MODELS[name].registered, {**opts, "dim": d}) - target),
     )
-    return best
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
@@ -297,17 +249,16 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         for lr in row_lrs(plan, name):
             swept = {**plan, "train": {**sweep_train(plan["train"], plan), "lr": lr}}
             steps.append(_row_step(swept, name, seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{name}", lr), tune=False))
+    plateaus = set(_plateau_rows(plan).values())
     for name in rows_of(plan):
-        plateaus = set(_plateau_rows(plan).values())
-        if name not in MODELS and name not in SWAPS and name not in ABLATIONS and name not in plateaus | {MATCHED}:
+        if name not in {**MODELS, **SWAPS, **ABLATIONS} and name not in plateaus | {MATCHED}:
             raise ValueError(
                 f"unknown vision model {name!r}; valid: {sorted(MODELS) + sorted(SWAPS) + sorted(ABLATIONS)}"
             )
         # a paper baseline's own plateau check runs one seed; the ViT's every seed (its change gates most findings)
         seeds = seed_list(plan, seed)[:1] if name in plateaus - {PLATEAU} else seed_list(plan, seed)
         steps += [_row_step(plan, name, s, seeded_id(f"{KEY}/{name}", s)) for s in seeds]
-    # ablation for a controlled comparison left inconclusive by the spread: more seeds of its two rows, kept out of
-    # the tables (every row there has the section's seeds) and read in the finding's explanation
+    # more seeds of a comparison's two rows, kept out of the tables and read in the finding's explanation
     extra = plan.get("extra_seeds", {})
     for name in extra.get("rows", []):
         if name not in rows_of(plan):
@@ -329,9 +280,8 @@ TUNED_AS = {
 
 
 def sweep_rows(plan: dict) -> list[str]:
-    """The rows whose learning rate is swept: every row a finding compares (papers' architectures, swaps, the
-    no-attention control, and the ablations of ``swept_ablations``: baselines of a comparison of their own); the
-    parameter-matched ToST keeps ToST's rate (only its width differs)."""
+    """The rows whose learning rate is swept: every row a finding compares and the ``swept_ablations`` (the
+    parameter-matched ToST keeps ToST's rate: only its width differs)."""
     swept = plan.get("swept_ablations", [])
     unknown = sorted(set(swept) - set(plan.get("ablations", [])))
     if unknown:
@@ -348,35 +298,27 @@ def twice_steps(train: dict) -> dict:
 
 
 def row_config(plan: dict, name: str, seed: int) -> dict:
-    """A step config training vision row ``name`` with ``plan``'s task, shape and optimiser: ``{"train", "mechanism",
-    "paper"}`` (the probes section trains its deeper models with it too)."""
+    """A step config training vision row ``name`` under ``plan``: ``{"train", "mechanism", "paper"}`` (the probes
+    section trains its deeper models with it too)."""
     base = name.split("@")[0]
-    reg, mech, paper = _registered(base)
+    reg, mech, paper, _ = _row(base)
     opt = twice_steps(plan["train"]) if name in BASELINE_PLATEAUS.values() else dict(plan["train"])
     opts = model_options(base, plan)
     if name == MATCHED:
         opts["dim"] = matched_dim(plan)
         paper = f"ToST at width {opts['dim']}: ViT's parameter count (similar size)"
-    train = dict(
-        task=plan["task"],
-        task_options=dict(plan["task_options"]),
-        model=reg,
-        model_options=opts,
-        seed=seed,
-        **train_defaults(**opt),
-    )
-    return {"train": train, "mechanism": mech, "paper": paper}
+    task = dict(task=plan["task"], task_options=dict(plan["task_options"]), model=reg, model_options=opts)
+    return {"train": dict(**task, seed=seed, **train_defaults(**opt)), "mechanism": mech, "paper": paper}
 
 
 def _row_step(plan: dict, name: str, seed: int, sid: str, tune: bool = True) -> Step:
     """One training run of row ``name``; ``tune``: at the best rate of its row's sweep (``TUNED_AS`` for the
-    ablations) when the plan sweeps that row, else at the plan's rate."""
+    ablations, unless swept on their own) when the plan sweeps that row, else at the plan's rate."""
     cfg = row_config(plan, name, seed)
-    # a row swept on its own (``swept_ablations``) trains at its own best rate, not at the row it ablates
     source = name if name in plan.get("swept_ablations", []) else TUNED_AS.get(name, name)
     if tune and source in sweep_rows(plan):
         cfg = tuned(cfg, KEY, source, row_lrs(plan, source), "accuracy", True)
-    return Step(sid, KEY, cfg, _run, deps=sweep_deps(cfg), label=sid.split("/", 1)[1])
+    return Step(sid, KEY, cfg, classification_record, deps=sweep_deps(cfg), label=sid.split("/", 1)[1])
 
 
 def classification_record(ctx: Context, step: Step) -> dict:
@@ -387,35 +329,22 @@ def classification_record(ctx: Context, step: Step) -> dict:
     rec = train_run(ctx, step.id, cfg, sweep=step.config.get("sweep"))
     model = load_trained(rec["run_dir"])
     task = build_task(cfg["task"], **cfg["task_options"])
-    bs = min(cfg["batch_size"], len(task.train))
-    inputs, target = task.train.get_batch(np.arange(bs))
-    peak = peak_train_mb(model, inputs, target, task.kind, ctx.device)
-    val = rec["val"]
+    inputs, target = task.train.get_batch(np.arange(min(cfg["batch_size"], len(task.train))))
+    val, grid = rec["val"], getattr(model, "grid", None)
     return {
         "accuracy": val.get("accuracy"),
         "val_loss": val.get("loss"),
         "params": num_params(model),
         "samples_per_s": rec["samples_per_s"],
         "steps_per_s": (rec["samples_per_s"] / cfg["batch_size"]) if rec["samples_per_s"] else None,
-        "peak_train_mb": peak,
+        "peak_train_mb": peak_train_mb(model, inputs, target, task.kind, ctx.device),
         "seq_len": task.info.get("seq_len"),
-        "tokens": _tokens(model),
+        "tokens": None if grid is None else int(grid[0] * grid[1]) + int(getattr(model, "num_prefix_tokens", 0)),
         "curve": rec["curve"],
         "val_curve": rec["val_curve"],
         "run_dir": rec["run_dir"],
         "lr": rec["lr"],
     }
-
-
-def _tokens(model) -> int | None:
-    grid = getattr(model, "grid", None)
-    if grid is None:
-        return None
-    return int(grid[0] * grid[1]) + int(getattr(model, "num_prefix_tokens", 0))
-
-
-def _run(ctx: Context, step: Step) -> dict:
-    return classification_record(ctx, step)
 
 
 #: a model has learned the task when its mean accuracy clears the majority class by this many points
@@ -449,8 +378,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     res = {n: st for n in rows_of(plan) if (st := _stats(records, n)) is not None}
     sec.intro = _intro(plan)
     sec.scale = scale_line(plan, [r["params"] for r in res.values() if r.get("params")])
-    swaps = [n for n in ["vit", "fastmax_vit"] + list(plan.get("swaps", [])) + [CONTROL] if n in res]
-    swaps = list(dict.fromkeys(swaps))
+    swaps = list(dict.fromkeys(n for n in ["vit", "fastmax_vit", *plan.get("swaps", []), CONTROL] if n in res))
     sec.tables += _tables(res, plan, swaps)
     sec.data = {"models": {n: _model_data(r) for n, r in res.items()}}
     sec.data["val_curves"] = {n: r["val_curve"] for n, r in res.items()}
@@ -471,11 +399,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.add_plot(fig, plots_dir / "vision.png", rel, caption)
     majority = 100.0 * plan.get("majority", 0.1)
     # every seed of the baseline must clear the majority class by the margin
-    if (
-        plan.get("require_learned", True)
-        and "vit" in res
-        and min(res["vit"]["accuracy"].values) < majority + LEARNED_MARGIN
-    ):
+    learned = "vit" not in res or min(res["vit"]["accuracy"].values) >= majority + LEARNED_MARGIN
+    if plan.get("require_learned", True) and not learned:
         sec.notes.append(
             f"the ViT baseline reached {res['vit']['accuracy'].fmt('.1f')}% against a majority class of "
             f"{majority:.0f}%: not {LEARNED_MARGIN:g} points above it on every seed, so no comparison is reported"
@@ -501,8 +426,7 @@ def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
 
 
 def _plateaus(res: dict, rows: dict[str, str]) -> list[Plateau]:
-    """Each baseline's plateau check on the comparisons against it (``b_name``); the ViT's on every other one (its
-    skeleton is the controlled swaps')."""
+    """Each baseline's plateau check on the comparisons against it; the ViT's on every other one."""
     others = [b for b in rows if b != "vit"]
     judges = {"vit": lambda f: f.b_name not in others} | {b: (lambda f, b=b: f.b_name == b) for b in others}
     return [
@@ -512,10 +436,8 @@ def _plateaus(res: dict, rows: dict[str, str]) -> list[Plateau]:
 
 
 def _attention_needed(findings: list[Finding]) -> list[tuple[Finding, str, str]]:
-    """If the ViT baseline is not shown to beat its no-attention control, the task does not test token mixing at
-    this scale: a "comparable" (non-inferiority) agreement could then hold for any mixer, so it is held back by a
-    control gate (a disagreement stands: see :data:`claims.GATES`). A superiority verdict is not: an interval that
-    separates two mixers shows a difference the task does tell apart, whatever the control."""
+    """Control gates on the non-inferiority claims when the ViT is not shown to beat its no-attention control: the
+    task then does not test token mixing, and "comparable" could hold for any mixer (see :data:`claims.GATES`)."""
     check = next((f for f in findings if f.b_name == CONTROL and f.a_name in ("vit", MEANPOOL_BASE)), None)
     if check is None or claims.numbers_verdict(check) == "agrees":
         return []
@@ -570,7 +492,7 @@ def _tables(res: dict, plan: dict, swaps: list[str]) -> list[Table]:
         return [fmt(r["params"], ","), acc, fmt(r["samples_per_s"], ".0f"), fmt(r["peak_train_mb"], ".1f")]
 
     def paper_row(n):
-        _, mech, desc = _registered(n)
+        _, mech, desc, _ = _row(n)
         return [n, mech, "ToST, width matched to ViT's parameters" if n == MATCHED else desc, *measures(n)]
 
     papers = [n for n in list(plan["models"]) + [MATCHED] if n in res]
@@ -581,7 +503,7 @@ def _tables(res: dict, plan: dict, swaps: list[str]) -> list[Table]:
         tables.append(Table("Controlled swaps: ViT skeleton, only the attention differs", ["model", *_MEASURES], rows))
     abl = [n for n in plan.get("ablations", []) if n in res]
     if abl:
-        rows = [[n, ABLATION_LABELS.get(n, _registered(n).description), *measures(n)] for n in abl]
+        rows = [[n, ABLATION_LABELS.get(n, _row(n).description), *measures(n)] for n in abl]
         tables.append(Table("Ablations", ["model", "change", *_MEASURES], rows))
     return tables
 
@@ -604,8 +526,7 @@ def _describe_task(plan: dict) -> str:
     opts = plan["task_options"]
     if plan["task"] == "digits":
         return "scikit-learn 8x8 digits, 1,438 train / 359 validation images"
-    n_tr = opts.get("n_train", 60000)
-    n_va = opts.get("n_val", 10000)
+    n_tr, n_va = opts.get("n_train", 60000), opts.get("n_val", 10000)
     size = "28x28" + (f" resized to {opts['img_size']}x{opts['img_size']}" if opts.get("img_size") else "")
     return f"{n_tr:,} train / {n_va:,} validation images, {size}"
 
@@ -617,8 +538,7 @@ PAPER_SCALE = "ImageNet-1k at 224x224 (196 tokens of 16x16 patches), pre-trained
 def scale_line(plan: dict, params: list[int]) -> str:
     """This section's scale against the papers', for the summary."""
     arch, tr, opts = plan["arch"], plan["train"], plan["task_options"]
-    img = opts.get("img_size") or 28
-    tokens = (img // arch["patch_size"]) ** 2
+    tokens = ((opts.get("img_size") or 28) // arch["patch_size"]) ** 2
     n_tr = opts.get("n_train", 60000)
     size = f"{min(params):,}-{max(params):,} parameters" if params else "no trained row"
     return (
@@ -659,9 +579,8 @@ def _plot(res: dict, names: list[str]):
 
 
 class VisionClaim(NamedTuple):
-    """An architecture claim: the paper's row and its baseline, their controlled-swap rows (``None``: none), and the
-    id of the architecture test in :mod:`attnzoo.reproduce.paper_claims` (its controlled swap is ``#controlled-swap``
-    of the same claim)."""
+    """An architecture claim: the paper's row, its baseline, their controlled-swap rows (``None``: none) and its id in
+    :mod:`attnzoo.reproduce.paper_claims` (its controlled swap is ``#controlled-swap`` of the same claim)."""
 
     row: str
     swap: str | None
@@ -705,7 +624,7 @@ CSP_BASE = "csp_vit_skeleton+softmax"
 
 def _controlled_pair(a_ctl: str | None, b_ctl: str | None, res: dict) -> tuple[str | None, str | None]:
     """The controlled swap a finding reads: the mean-pooled pair where both sides ran (one factor, the paper's
-    condition): against the mean-pooled ViT, or against another swap's mean-pooled form (TSSA vs XCA)."""
+    condition), else the CLS-token pair."""
     a_mp = MEANPOOLED.get(a_ctl)
     b_mp = MEANPOOL_BASE if b_ctl == "vit" else MEANPOOLED.get(b_ctl)
     if a_mp in res and b_mp in res:
@@ -776,8 +695,7 @@ def _comparisons(res: dict, gates: list) -> list[Finding]:
 
 
 def _control_findings(res: dict, cmp, gates: list) -> list[Finding]:
-    """ToST against ViT at a matched parameter count (a paper claim), and ViT against its no-attention control
-    (a check: does attention help at this scale at all?)."""
+    """ToST against ViT at a matched parameter count (a paper claim), and ViT against its no-attention control."""
     out = []
     if MATCHED in res and "vit" in res:
         f = _with_params(cmp(MATCHED, "vit", "tost-t2-vit#matched-params"), res, MATCHED, "vit")
@@ -818,13 +736,8 @@ def _cmp_kw(claim_id: str, a: str, b: str) -> dict:
 
 
 def gap_change(res: dict, base: str, ablated: str, ref: str, key: str = "accuracy") -> str:
-    """How ablating ``base`` into ``ablated`` moved its gap to ``ref``, with the word chosen from the numbers.
-
-    The gap is ``ref - row`` (points). When the 95% Welch-t CI of ``ablated - base`` contains 0 the ablation's change
-    is not distinguishable from none, whatever the means did, and the text says so with the interval (a gap that
-    moved 2.4 -> 0.9 on noisy seeds is not said to "stay"); otherwise :func:`attnzoo.reproduce.claims.change_word`
-    words it, with the half-width of the new gap's CI as its resolution.
-    """
+    """How ablating ``base`` into ``ablated`` moved its gap ``ref - row`` (points): no change is shown while the Welch
+    CI of ``ablated - base`` contains 0, else :func:`claims.change_word` at the new gap's CI half-width."""
     b, a, r = res[base][key], res[ablated][key], res[ref][key]
     before, after = r.mean - b.mean, r.mean - a.mean
     delta, ci, _ = claims.welch_ci(a, b)
@@ -848,8 +761,8 @@ def _aot_ablations(res: dict, ref: str) -> str:
 
 
 def _explain(a, a_ctl, b_ctl, f, ctl, res, claim_id) -> str:
-    """The architecture finding's reading: its controlled swap (the next row) in brief, the row in its own skeleton
-    with softmax, the mean-pooling ablation; every word follows from the verdicts and CIs."""
+    """The architecture finding's reading: its controlled swap, the row's own skeleton with softmax, the mean
+    pooling ablation; every word follows from the verdicts and CIs."""
     acc = lambda n: res[n]["accuracy"].fmt(".1f")  # noqa: E731
     lo_hi = lambda g: "no interval" if g.ci95 is None else f"95% CI [{g.ci95[0]:+.1f}, {g.ci95[1]:+.1f}]"  # noqa: E731
     swap = f"controlled swap {a_ctl} vs {b_ctl}: {ctl.effect:+.1f} pts, {lo_hi(ctl)}"
