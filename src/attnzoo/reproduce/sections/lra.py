@@ -72,22 +72,24 @@ MEGA_ROWS = {"mega": "mega_lra_{task}", "mega_chunk": "mega_chunk_lra_{task}", "
 
 
 def task_train(plan: dict, task: str) -> dict:
-    """The optimisation settings of ``task``: the section's ``train`` with the task's ``task_train`` overrides
-    (tasks differ in how many steps they need to be learned; every mechanism of a task shares them)."""
+    """The optimisation settings of ``task``: the section's ``train`` with the task's ``task_train`` overrides."""
     return {**plan["train"], **plan.get("task_train", {}).get(task, {})}
 
 
+def _schedule(plan: dict, task: str) -> str:
+    train = task_train(plan, task)
+    return f"{train['steps']} steps of batch {train['batch_size']}"
+
+
 def task_seeds(plan: dict, seed: int, task: str) -> list[int]:
-    """The seeds of ``task``'s runs: the section's ``seeds`` unless ``task_seeds`` overrides it (a task kept only for
-    its training speed, not learned at the budget, runs one seed)."""
+    """The seeds of ``task``'s runs: the section's ``seeds`` unless ``task_seeds`` overrides it."""
     n = plan.get("task_seeds", {}).get(task, plan.get("seeds", 1))
     return seed_list({"seeds": n}, seed)
 
 
 def row_seeds(plan: dict, seed: int, task: str, row: str) -> list[int]:
-    """The seeds of ``row``'s runs on ``task``: the task's, and for a row of plan ``extra_seeds`` (``{"rows": [...],
-    "seeds": k}``) ``k`` more after them, which every reading of the row uses (using them only where a verdict is
-    undecided would pick the data by its outcome)."""
+    """The task's seeds, and for a row of plan ``extra_seeds`` its ``seeds`` more (every reading of the row uses them:
+    using them only where a verdict is undecided would pick the data by its outcome)."""
     seeds = task_seeds(plan, seed, task)
     extra = plan.get("extra_seeds", {})
     if row in extra.get("rows", []):
@@ -103,36 +105,16 @@ def _masked(task_name: str, task_opts: dict) -> dict:
     return {**task_opts, "mask_padding": True} if "mask_padding" in task_options(task_name) else dict(task_opts)
 
 
-def _seeded_runs(
-    plan: dict,
-    seed: int,
-    task: str,
-    task_opts: dict,
-    row: str,
-    mech: str,
-    *,
-    arch: dict | None = None,
-    train: dict | None = None,
-    extra: dict | None = None,
-    sweep_lr: float | None = None,
-) -> list[Step]:
-    """One training step per seed of encoder row ``row`` (a mechanism, or an ablation of one) on ``task``; with
-    ``sweep_lr``, the one step of the learning-rate sweep at that rate (on the sweep's own seed)."""
+def _seeded_runs(plan: dict, seed: int, task: str, row: str, mech: str, abl: dict, sweep_lr=None) -> list[Step]:
+    """One training step per seed of encoder row ``row`` (a mechanism, or the ablation ``abl`` of one) on ``task``;
+    with ``sweep_lr``, the one step of the learning-rate sweep at that rate (on the sweep's own seed)."""
+    arch = dict(plan["arch"], **(abl.get("arch") or {}))
     if mech in MEGA_ROWS:
-        model, opts = mega_model(task, mech, dict(plan["arch"], **(arch or {})), chunk=plan.get("mega_chunk_size"))
-    else:
-        # one encoder shape for every mechanism (ToST Table 7's registered config, resized), pre-norm, mean pool
-        model = f"tost_lra_{task}"
-        opts = dict(
-            plan["arch"],
-            **(arch or {}),
-            attention=mech,
-            attention_options=dict(MECHANISMS[mech]),
-            dropout=0.0,
-            norm="pre",
-            pool="mean",
-        )
-    settings = train_defaults(**{**task_train(plan, task), **(train or {})})
+        model, opts = mega_model(task, mech, arch, chunk=plan.get("mega_chunk_size"))
+    else:  # one encoder shape for every mechanism (ToST Table 7's registered config, resized), pre-norm, mean pool
+        model, att = f"tost_lra_{task}", dict(MECHANISMS[mech])
+        opts = dict(arch, attention=mech, attention_options=att, dropout=0.0, norm="pre", pool="mean")
+    settings = train_defaults(**{**task_train(plan, task), **(abl.get("train") or {})})
     if sweep_lr is not None:
         settings = dict(sweep_train(settings, plan), lr=sweep_lr)
     ids = (
@@ -142,23 +124,14 @@ def _seeded_runs(
     )
     steps = []
     for s, sid in ids:
-        cfg = {
-            "train": dict(
-                task=TASKS[task],
-                task_options=_masked(TASKS[task], task_opts),
-                model=model,
-                model_options=opts,
-                seed=s,
-                **settings,
-            ),
-            "mechanism": mech,
-            "task": task,
-            **(extra or {}),
-        }
+        data = dict(task=TASKS[task], task_options=_masked(TASKS[task], plan["tasks"][task]), model=model)
+        cfg = {"train": dict(data, model_options=opts, seed=s, **settings), "mechanism": mech, "task": task}
+        if abl:
+            cfg["ablation"] = row
         if sweep_lr is None and task in sweep_tasks(plan) and mech in plan["mechanisms"]:
             # at the mechanism's best swept rate on this task (an ablation keeps its mechanism's rate)
             cfg = tuned(cfg, f"{KEY}/{task}", mech, row_lrs(plan, mech), "accuracy", True)
-        steps.append(Step(sid, KEY, cfg, _run, deps=sweep_deps(cfg), label=sid.split("/", 1)[1]))
+        steps.append(Step(sid, KEY, cfg, classification_record, deps=sweep_deps(cfg), label=sid.split("/", 1)[1]))
     return steps
 
 
@@ -184,15 +157,8 @@ def mega_model(task: str, row: str, arch: dict, chunk: int | None = None) -> tup
     if att.get("csp_groups"):
         # CSP Table 7's group counts are for width 128-160; a group needs at least one channel
         att["csp_groups"] = min(att["csp_groups"], arch["dim"])
-    opts = dict(
-        dim=arch["dim"],
-        depth=arch["depth"],
-        mlp_dim=arch["mlp_dim"],
-        head_dim=arch["mlp_dim"],
-        attention_options=att,
-        dropout=0.0,
-    )
-    return name, opts
+    opts = {k: arch[k] for k in ("dim", "depth", "mlp_dim")}
+    return name, {**opts, "head_dim": arch["mlp_dim"], "attention_options": att, "dropout": 0.0}
 
 
 def sweep_tasks(plan: dict) -> list[str]:
@@ -216,40 +182,15 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
                 raise ValueError(f"unknown LRA mechanism {mech!r}; valid: {sorted(MECHANISMS)}")
             if task in sweep_tasks(plan):  # the sweep first: the seeds train at its best rate
                 for lr in row_lrs(plan, mech):
-                    steps += _seeded_runs(plan, seed, task, task_opts, mech, mech, sweep_lr=lr)
-            steps += _seeded_runs(plan, seed, task, task_opts, mech, mech)
+                    steps += _seeded_runs(plan, seed, task, mech, mech, {}, sweep_lr=lr)
+            steps += _seeded_runs(plan, seed, task, mech, mech, {})
         for name, abl in plan.get("ablations", {}).items():
             if abl["task"] == task:
-                steps += _seeded_runs(
-                    plan,
-                    seed,
-                    task,
-                    task_opts,
-                    name,
-                    abl["mechanism"],
-                    arch=abl.get("arch"),
-                    train=abl.get("train"),
-                    extra={"ablation": name},
-                )
-        steps.append(
-            Step(
-                f"{KEY}/{task}/labels",
-                KEY,
-                {"task": TASKS[task], "task_options": dict(task_opts)},
-                _run_labels,
-                label=f"{task}/labels",
-            )
-        )
-        if task == "retrieval":
-            steps.append(
-                Step(
-                    f"{KEY}/{task}/shortcut",
-                    KEY,
-                    {"task": TASKS[task], "task_options": dict(task_opts)},
-                    _run_shortcut,
-                    label=f"{task}/shortcut",
-                )
-            )
+                steps += _seeded_runs(plan, seed, task, name, abl["mechanism"], abl)
+        # the validation labels' majority rate, and on Retrieval how far a byte-histogram shortcut gets
+        for what, fn in [("labels", _run_labels)] + ([("shortcut", _run_shortcut)] if task == "retrieval" else []):
+            config = {"task": TASKS[task], "task_options": dict(task_opts)}
+            steps.append(Step(f"{KEY}/{task}/{what}", KEY, config, fn, label=f"{task}/{what}"))
     return steps
 
 
@@ -258,11 +199,8 @@ def _run_shortcut(_ctx: Context, step: Step) -> dict:
     from attnzoo.data import build_task
     from attnzoo.data import lra as lra_data
 
-    fn = getattr(lra_data, "retrieval_shortcut_accuracy", None)
-    if fn is None:
-        return {"available": False}
     task = build_task(step.config["task"], **step.config["task_options"])
-    return {"available": True, **dict(fn(task))}
+    return {"available": True, **dict(lra_data.retrieval_shortcut_accuracy(task))}
 
 
 def _run_labels(_ctx: Context, step: Step) -> dict:
@@ -274,10 +212,6 @@ def _run_labels(_ctx: Context, step: Step) -> dict:
     labels = np.concatenate([task.val.get_batch(np.arange(s, min(s + 256, n)))[1].numpy() for s in range(0, n, 256)])
     counts = np.bincount(labels, minlength=task.info["num_classes"])
     return {"counts": counts.tolist(), "majority": float(counts.max() / counts.sum()), "n_val": int(n)}
-
-
-def _run(ctx: Context, step: Step) -> dict:
-    return classification_record(ctx, step)
 
 
 #: a task counts as learned when the softmax baseline's mean accuracy clears the majority class by this many points
@@ -304,31 +238,21 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec = Section(KEY, TITLE)
     tasks = [t for t in TASKS if t in plan["tasks"]]
     mechs = plan["mechanisms"]
-    res: dict[str, dict[str, dict]] = {m: {} for m in mechs}
-    for t in tasks:
-        for m in mechs:
-            rs = per_seed(records, f"{KEY}/{t}/{m}")
-            if rs:
-                res[m][t] = _fold(rs)
+    res = {m: {t: _fold(rs) for t in tasks if (rs := per_seed(records, f"{KEY}/{t}/{m}"))} for m in mechs}
     lengths = {t: next((res[m][t]["seq_len"] for m in mechs if t in res[m]), None) for t in tasks}
-    ablations = {}
-    for name, abl in plan.get("ablations", {}).items():
-        rs = per_seed(records, f"{KEY}/{abl['task']}/{name}")
-        if rs:
-            ablations[name] = dict(abl, result=_fold(rs))
+    ablations = {
+        name: dict(abl, result=_fold(rs))
+        for name, abl in plan.get("ablations", {}).items()
+        if (rs := per_seed(records, f"{KEY}/{abl['task']}/{name}"))
+    }
     sec.intro = _intro(plan, tasks, lengths)
     sec.scale = (
-        "here "
-        + ", ".join(f"{t} at N={lengths[t]}" for t in tasks)
-        + f", width {plan['arch']['dim']}, depth {plan['arch']['depth']}, "
-        + "; ".join(
-            f"{t}: {task_train(plan, t)['steps']} steps of batch {task_train(plan, t)['batch_size']}" for t in tasks
-        )
-        + "; the papers: the Long Range Arena's five tasks at 1K-4K tokens per sequence (ListOps up to 2K)"
+        f"here {', '.join(f'{t} at N={lengths[t]}' for t in tasks)}, width {plan['arch']['dim']}, depth "
+        f"{plan['arch']['depth']}, {'; '.join(f'{t}: {_schedule(plan, t)}' for t in tasks)}; the papers: the Long "
+        "Range Arena's five tasks at 1K-4K tokens per sequence (ListOps up to 2K)"
     )
-    majority = {
-        t: 100 * records[f"{KEY}/{t}/labels"]["result"]["majority"] for t in tasks if f"{KEY}/{t}/labels" in records
-    }
+    labels = {t: records.get(f"{KEY}/{t}/labels") for t in tasks}
+    majority = {t: 100 * rec["result"]["majority"] for t, rec in labels.items() if rec is not None}
     learned = _learned(res, tasks, majority) if plan.get("require_learned", True) else list(tasks)
     sec.tables += _tables(res, mechs, tasks, learned, majority, ablations, plan)
     shortcut = records.get(f"{KEY}/retrieval/shortcut", {}).get("result")
@@ -371,26 +295,14 @@ def _other_margins(f: Finding) -> None:
 def _tune(
     sec: Section, records: dict, plan: dict, mechs: list[str], learned: list[str], res: dict, majority: dict
 ) -> dict[str, dict[str, str]]:
-    """The sweep table per task, and per task the rows not run at their best rate (an average finding is gated by
-    any of its tasks), or whose every swept rate stayed at or below the majority class (a sweep that ranks
-    chance-level runs found no optimum)."""
+    """The sweep table per task, and per task the rows not run at their best rate, or whose every swept rate stayed at
+    or below the majority class (a sweep that ranks chance-level runs found no optimum)."""
     every = {}
     for t in learned:
-        noise = {m: res[m][t]["accuracy"].std for m in mechs if t in res.get(m, {})}
+        kw = dict(noise={m: res[m][t]["accuracy"].std for m in mechs if t in res.get(m, {})}, floor=majority.get(t))
         unswept = f"no learning-rate sweep on {t} at this budget"
         every[t] = tune_rows(
-            sec,
-            records,
-            plan,
-            mechs,
-            f"{KEY}/{t}",
-            "accuracy",
-            True,
-            100.0,
-            f"{t}, accuracy %",
-            noise=noise,
-            floor=majority.get(t),
-            unswept=unswept,
+            sec, records, plan, mechs, f"{KEY}/{t}", "accuracy", True, 100.0, f"{t}, accuracy %", unswept=unswept, **kw
         )
         if t not in sweep_tasks(plan):
             every[t] = {m: unswept for m in mechs}
@@ -400,10 +312,7 @@ def _tune(
 def _intro(plan: dict, tasks: list[str], lengths: dict[str, int | None]) -> str:
     arch = plan["arch"]
     n_seeds = plan.get("seeds", 1)
-    budgets = "; ".join(
-        f"{t}: N={lengths[t]}, {task_train(plan, t)['steps']} steps of batch {task_train(plan, t)['batch_size']}"
-        for t in tasks
-    )
+    budgets = "; ".join(f"{t}: N={lengths[t]}, {_schedule(plan, t)}" for t in tasks)
     return (
         f"Encoders of width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, MLP {arch.get('mlp_dim')}, "
         f"pre-norm, mean pooling, one AdamW/cosine optimiser; only the attention differs. {budgets}"
@@ -441,68 +350,42 @@ def _mega_intro(plan: dict) -> str:
 
 
 def _tables(
-    res: dict,
-    mechs: list[str],
-    tasks: list[str],
-    learned: list[str],
-    majority: dict,
-    ablations: dict,
-    plan: dict,
+    res: dict, mechs: list[str], tasks: list[str], learned: list[str], majority: dict, ablations: dict, plan: dict
 ) -> list[Table]:
     """Accuracy (with chance, majority and which tasks softmax learned; the average column only over several tasks),
     the ablations, and the training cost (steps/s and peak memory)."""
     several = len(tasks) > 1
-    acc_rows = []
-    for m in mechs:
-        avg = _avg_stat(res, m, learned)
-        acc_rows.append(
-            [m]
-            + [res[m][t]["accuracy"].fmt(".1f") if t in res[m] and res[m][t]["accuracy"] else "-" for t in tasks]
-            + ([avg.fmt(".1f") if avg else "-"] if several else [])
-        )
-    acc_rows.append(["chance"] + [fmt(CHANCE[t], ".1f") for t in tasks] + (["-"] if several else []))
-    if len(majority) == len(tasks):
-        mean_majority = fmt(sum(majority[t] for t in learned) / len(learned), ".1f") if learned else "-"
-        acc_rows.append(
-            ["majority class"] + [fmt(majority[t], ".1f") for t in tasks] + ([mean_majority] if several else [])
-        )
-    acc_rows.append(["learned by softmax?"] + [fmt(t in learned) for t in tasks] + (["-"] if several else []))
-    tables = [
-        Table(
-            "Accuracy (%, mean ± std over seeds" + ("; avg over the learned tasks)" if several else ")"),
-            ["mechanism"] + tasks + (["avg (learned)"] if several else []),
-            acc_rows,
-        )
-    ]
-    if ablations:
-        tables.append(
-            Table(
-                "Ablations",
-                ["ablation", "task", "mechanism", "changes", "val acc %"],
-                [
-                    [
-                        n,
-                        a["task"],
-                        a["mechanism"],
-                        _describe_ablation(a, plan),
-                        a["result"]["accuracy"].fmt(".1f") if a["result"]["accuracy"] else "-",
-                    ]
-                    for n, a in ablations.items()
-                ],
-            )
-        )
-    heads = [f"{t} {what}" for t in tasks for what in ("steps/s", "MiB")]
-    rows = [
-        [m]
-        + [
-            fmt(res[m].get(t, {}).get(key), spec)
-            for t in tasks
-            for key, spec in (("steps_per_s", ".2f"), ("peak_train_mb", ".1f"))
-        ]
+
+    def row(name, cells, avg):
+        return [name, *cells, *([avg] if several else [])]
+
+    acc = [
+        row(m, [_cell(res[m].get(t, {}).get("accuracy")) for t in tasks], _cell(_avg_stat(res, m, learned)))
         for m in mechs
     ]
-    tables.append(Table("Training cost (seed means; MiB: peak memory of a training step)", ["mechanism"] + heads, rows))
+    acc.append(row("chance", [fmt(CHANCE[t], ".1f") for t in tasks], "-"))
+    if len(majority) == len(tasks):
+        mean = fmt(sum(majority[t] for t in learned) / len(learned), ".1f") if learned else "-"
+        acc.append(row("majority class", [fmt(majority[t], ".1f") for t in tasks], mean))
+    acc.append(row("learned by softmax?", [fmt(t in learned) for t in tasks], "-"))
+    title = "Accuracy (%, mean ± std over seeds" + ("; avg over the learned tasks)" if several else ")")
+    tables = [Table(title, row("mechanism", tasks, "avg (learned)"), acc)]
+    if ablations:
+        heads = ["ablation", "task", "mechanism", "changes", "val acc %"]
+        rows = [
+            [n, a["task"], a["mechanism"], _describe_ablation(a, plan), _cell(a["result"]["accuracy"])]
+            for n, a in ablations.items()
+        ]
+        tables.append(Table("Ablations", heads, rows))
+    cost = (("steps_per_s", ".2f", "steps/s"), ("peak_train_mb", ".1f", "MiB"))
+    heads = ["mechanism"] + [f"{t} {what}" for t in tasks for _, _, what in cost]
+    rows = [[m] + [fmt(res[m].get(t, {}).get(key), spec) for t in tasks for key, spec, _ in cost] for m in mechs]
+    tables.append(Table("Training cost (seed means; MiB: peak memory of a training step)", heads, rows))
     return tables
+
+
+def _cell(acc: claims.Stat | None) -> str:
+    return acc.fmt(".1f") if acc else "-"
 
 
 def _notes(
@@ -529,15 +412,11 @@ def _notes(
             notes.append("Not run at this budget: " + "; ".join(f"{t} — {why}" for t, why in left_out.items()))
     for t in tasks:
         if t not in learned and t in res.get("softmax", {}):
+            acc, n = res["softmax"][t]["accuracy"], plan.get("task_seeds", {}).get(t)
             notes.append(
-                f"{t}: not learned by softmax ({res['softmax'][t]['accuracy'].fmt('.1f')}%, lowest seed "
-                f"{min(res['softmax'][t]['accuracy'].values):.1f}%, not {LEARNED_MARGIN:g} pts above the majority "
-                f"class {majority.get(t, CHANCE[t]):.1f}%), so left out of every comparison"
-                + (
-                    f"; {plan['task_seeds'][t]} seed(s) run for the cost tables"
-                    if t in plan.get("task_seeds", {})
-                    else ""
-                )
+                f"{t}: not learned by softmax ({acc.fmt('.1f')}%, lowest seed {min(acc.values):.1f}%, not "
+                f"{LEARNED_MARGIN:g} pts above the majority class {majority.get(t, CHANCE[t]):.1f}%), so left out of "
+                "every comparison" + (f"; {n} seed(s) run for the cost tables" if n is not None else "")
             )
     return notes
 
