@@ -451,23 +451,17 @@ def _describe_ablation(abl: dict, plan: dict) -> str:
 
 
 def _ablation_reading(m: str, t: str, ablations: dict, res: dict) -> str:
-    """What the ablations of mechanism ``m`` on task ``t`` say: the gap to softmax before and after, with the word
-    ("stays", "shrinks", "closes", ...) chosen from the numbers. A step-count ablation with softmax's run at the same
-    steps is left out: the comparison at twice the steps (:func:`claims.replicated_gate`) states it."""
-    soft_longer = {
-        a["train"]["steps"]
-        for a in ablations.values()
-        if a["mechanism"] == "softmax" and a["task"] == t and a["result"]["accuracy"] and _only_longer(a)
-    }
+    """What the ablations of ``m`` on ``t`` say: the gap to softmax before and after, worded from the numbers (a
+    step-count ablation that softmax ran too is left out: :func:`claims.replicated_gate` states it)."""
+    soft_longer = {a["train"]["steps"] for a in _longer_runs(ablations, "softmax", t) if a["result"]["accuracy"]}
     out = []
     for name, a in ablations.items():
         if a["mechanism"] != m or a["task"] != t or not a["result"]["accuracy"] or t not in res[m]:
             continue
         if _only_longer(a) and a["train"]["steps"] in soft_longer:
             continue
-        acc, soft, base_acc = a["result"]["accuracy"], res["softmax"][t]["accuracy"], res[m][t]["accuracy"]
-        before = soft.mean - base_acc.mean
-        eff, ci, _ = claims.welch_ci(acc, soft)
+        acc, soft = a["result"]["accuracy"], res["softmax"][t]["accuracy"]
+        before, (eff, ci, _) = soft.mean - res[m][t]["accuracy"].mean, claims.welch_ci(acc, soft)
         after = -eff
         if ci is None:
             word = "is not judged (one seed)"
@@ -487,25 +481,23 @@ def _only_longer(ablation: dict) -> bool:
     return "steps" in train and set(train) <= {"steps", "warmup_steps"}
 
 
-def _longer_run(ablations: dict, mech: str | None, task: str) -> dict | None:
-    """``mech``'s run on ``task`` at twice the steps (its ``@2x-steps`` ablation), if the plan has one."""
-    runs = (a for a in ablations.values() if a["mechanism"] == mech and a["task"] == task and _only_longer(a))
-    return next(runs, None)
+def _longer_runs(ablations: dict, mech: str, task: str) -> list[dict]:
+    """``mech``'s runs on ``task`` that change only the steps (its ``@2x-steps`` ablations)."""
+    return [a for a in ablations.values() if a["mechanism"] == mech and a["task"] == task and _only_longer(a)]
 
 
 def _plateaus(res: dict, learned: list[str], ablations: dict) -> list[Plateau]:
     """Softmax's plateau per learned task (its ``@2x-steps`` ablation), judging that task's findings and the LRA
-    averages; a compared mechanism with its own run at twice the steps is judged on that too (the curves themselves
-    are in the validation-curves plot, not repeated in words)."""
+    averages; a compared mechanism with its own run at twice the steps is judged on that too."""
     out = []
     for t in learned:
-        run = _longer_run(ablations, "softmax", t)
         rows = {
-            m: Longer(f"{m} on {t}", res[m][t]["accuracy"], row["result"]["accuracy"])
+            m: Longer(f"{m} on {t}", res[m][t]["accuracy"], runs[0]["result"]["accuracy"])
             for m in res
-            if t in res[m] and (row := _longer_run(ablations, m, t))
+            if t in res[m] and (runs := _longer_runs(ablations, m, t))
         }
-        longer = run["result"]["accuracy"] if run else None
+        runs = _longer_runs(ablations, "softmax", t)
+        longer = runs[0]["result"]["accuracy"] if runs else None
         own = lambda f, t=t: _test(f) in (t, AVERAGE)  # noqa: E731
         base = res["softmax"][t]["accuracy"]
         out.append(Plateau("softmax", f"softmax on {t}", base, longer, "%", ".1f", judges=own, rows=rows, key=t))
@@ -516,10 +508,9 @@ def _curves(sec: Section, res: dict, mechs: list[str], tasks: list[str], ablatio
     """Validation curves: one panel per task, every mechanism and every step-count ablation of that task."""
     panels = []
     for t in tasks:
-        c = {m: res[m][t]["val_curve"] for m in mechs if t in res[m]}
-        c.update({n: a["result"]["val_curve"] for n, a in ablations.items() if a["task"] == t})
-        panels.append((t, c))
-    sec.data["val_curves"] = {t: c for t, c in panels}
+        curves = {m: res[m][t]["val_curve"] for m in mechs if t in res[m]}
+        panels.append((t, curves | {n: a["result"]["val_curve"] for n, a in ablations.items() if a["task"] == t}))
+    sec.data["val_curves"] = dict(panels)
     caption = (
         f"Validation accuracy during training (seed means); points before the last use {CURVE_EVAL_BATCHES} "
         "validation batches."
@@ -531,15 +522,10 @@ def _curves(sec: Section, res: dict, mechs: list[str], tasks: list[str], ablatio
 def equal_time(
     res: dict, mechs: list[str], learned: list[str], ablations: dict, plan: dict
 ) -> tuple[Table | None, dict[str, dict[str, dict]]]:
-    """Accuracy at equal training wall time, read from the validation curves (no extra run).
-
-    Softmax's time on a task is its steps / its steps per second (the trainer's median throughput, evaluation
-    excluded). A mechanism with ``r`` steps/s gets ``time x r`` steps in that time; its accuracy there is its
-    validation point with the most steps not beyond that, over its base run and its step-count ablations (a
-    point of a longer cosine schedule is read before its rate has annealed: a low estimate for the mechanism).
-    When it could have run more steps than any of its runs took, the reading is a lower bound and says so.
-    Returns the table and ``{task: {mechanism: {...numbers}}}``.
-    """
+    """Accuracy at softmax's training wall time (its steps / steps per second): a mechanism's validation point with the
+    most steps it affords in that time, over its base run and its step-count ablations (a point of a longer cosine
+    schedule is read before its rate has annealed: a low estimate); a lower bound when it affords more steps than any
+    of its runs took. Returns the table and ``{task: {mechanism: {...numbers}}}``."""
     rows, out, times = [], {}, []
     for t in learned:
         soft = res.get("softmax", {}).get(t)
@@ -554,9 +540,7 @@ def equal_time(
                 continue
             affordable = wall * res[m][t]["steps_per_s"]
             runs = [(base_steps, res[m][t])] + [
-                (a["train"]["steps"], a["result"])
-                for a in ablations.values()
-                if a["mechanism"] == m and a["task"] == t and _only_longer(a)
+                (a["train"]["steps"], a["result"]) for a in _longer_runs(ablations, m, t)
             ]
             best = _point_within(runs, affordable)
             if best is None:
@@ -576,26 +560,15 @@ def equal_time(
                 "ci95": list(ci) if ci else None,
                 "lower_bound": lower,
             }
-            rows.append(
-                [
-                    t,
-                    m,
-                    f"{affordable:.0f}",
-                    f"{step} of {run_steps}" + (" (lower bound)" if lower else ""),
-                    acc.fmt(".1f"),
-                    f"{eff:+.1f}" + (f" [{ci[0]:+.1f}, {ci[1]:+.1f}]" if ci else ""),
-                ]
-            )
-    return (_equal_time_table(rows, times) if rows else None), out
-
-
-def _equal_time_table(rows: list[list], times: list[str]) -> Table:
-    return Table(
-        "Equal wall clock: accuracy at softmax's training time (read from the validation curves)",
-        ["task", "mechanism", "steps in that time", "step read", "acc %", "vs softmax pts [95% CI]"],
-        rows,
-        caption=f"Softmax trains {'; '.join(times)}; lower bound: the longest run ends sooner.",
-    )
+            read = f"{step} of {run_steps}" + (" (lower bound)" if lower else "")
+            interval = f"{eff:+.1f}" + (f" [{ci[0]:+.1f}, {ci[1]:+.1f}]" if ci else "")
+            rows.append([t, m, f"{affordable:.0f}", read, acc.fmt(".1f"), interval])
+    if not rows:
+        return None, out
+    heads = ["task", "mechanism", "steps in that time", "step read", "acc %", "vs softmax pts [95% CI]"]
+    caption = f"Softmax trains {'; '.join(times)}; lower bound: the longest run ends sooner."
+    title = "Equal wall clock: accuracy at softmax's training time (read from the validation curves)"
+    return Table(title, heads, rows, caption=caption), out
 
 
 def _point_within(runs: list[tuple[int, dict]], affordable: float) -> tuple[int, int, list[float]] | None:
@@ -616,13 +589,8 @@ def _avg_stat(res, m, tasks) -> claims.Stat | None:
     """Per-seed averages over ``tasks`` (seed i's average uses seed i of every task) as a Stat."""
     if not tasks or any(t not in res[m] for t in tasks):
         return None
-    n = min(len(res[m][t]["per_seed"]) for t in tasks)
-    avgs = []
-    for i in range(n):
-        vals = [res[m][t]["per_seed"][i] for t in tasks]
-        if all(v is not None for v in vals):
-            avgs.append(sum(vals) / len(vals))
-    return claims.stat(avgs)
+    seeds = zip(*(res[m][t]["per_seed"] for t in tasks), strict=False)  # as many as the task with the fewest
+    return claims.stat(sum(v) / len(v) for v in seeds if None not in v)
 
 
 def _plot(res, mechs, tasks, lengths):
@@ -636,17 +604,9 @@ def _plot(res, mechs, tasks, lengths):
     w = 0.8 / max(1, len(mechs))
     for i, m in enumerate(mechs):
         acc = [res[m][t]["accuracy"] if t in res[m] else None for t in tasks]
-        sps = [res[m].get(t, {}).get("steps_per_s") or 0.0 for t in tasks]
-        a1.bar(
-            x + i * w,
-            [a.mean if a else 0.0 for a in acc],
-            w,
-            yerr=[(a.std or 0.0) if a else 0.0 for a in acc],
-            label=m,
-            color=f"C{i}",
-            capsize=2,
-        )
-        a2.bar(x + i * w, sps, w, label=m, color=f"C{i}")
+        err = [(a.std or 0.0) if a else 0.0 for a in acc]
+        a1.bar(x + i * w, [a.mean if a else 0.0 for a in acc], w, yerr=err, label=m, color=f"C{i}", capsize=2)
+        a2.bar(x + i * w, [res[m].get(t, {}).get("steps_per_s") or 0.0 for t in tasks], w, label=m, color=f"C{i}")
     for j, t in enumerate(tasks):
         a1.hlines(CHANCE[t], j - 0.1, j + 0.9, colors="gray", linestyles="--", lw=1)
     labels = [f"{t}\nN={lengths[t]}" for t in tasks]
@@ -667,8 +627,7 @@ def _geo_mean(xs):
 
 
 def _unlearned_base(found: list[Finding], res, base: str, learned: list[str], majority: dict) -> list:
-    """A comparison against a row other than softmax (MEGA-chunk) needs that row to have learned the task as well:
-    where one of its seeds is within LEARNED_MARGIN of the majority class, its verdict is gated."""
+    """Did-not-learn gates on comparisons against a baseline other than softmax (MEGA-chunk) that did not learn."""
     missed = [t for t in learned if t not in _learned(res, [t], majority, row=base)]
     gates = []
     for f in found:
@@ -684,9 +643,8 @@ def _unlearned_base(found: list[Finding], res, base: str, learned: list[str], ma
 
 
 def _dense_chunks(findings: list[Finding], records: dict, tasks: list[str], lengths: dict) -> list:
-    """MEGA-chunk whose chunk covers the whole sequence is dense MEGA: a comparison with it is not the paper's
-    (MEGA's r = 128 at LRA's 1K-4K tokens makes 8-32 chunks), so its verdict is gated on conditions. The chunk is
-    read from the config of the task's stored MEGA-chunk runs."""
+    """Condition gates on comparisons with MEGA-chunk where its chunk (from its stored config) covers the whole
+    sequence: that is dense MEGA, not the paper's 8-32 chunks."""
     gates = []
     for t in tasks:
         ids = [k for k in records if k.startswith(f"{KEY}/{t}/mega_chunk/seed")]
@@ -705,8 +663,7 @@ def _dense_chunks(findings: list[Finding], records: dict, tasks: list[str], leng
 
 
 def unlearned_row(acc: claims.Stat, m: str, majority: float | None) -> str | None:
-    """The rule every baseline passes, applied to the compared row: a seed within LEARNED_MARGIN of the majority
-    class did not train, so the comparison measures that failure, not a trained model's accuracy (why, or None)."""
+    """Why the compared row did not learn (a seed within LEARNED_MARGIN of the majority class), or None."""
     failed = [] if majority is None else _unlearned_seeds(acc, majority)
     if not failed:
         return None
@@ -722,8 +679,7 @@ def _unlearned_seeds(acc: claims.Stat, majority: float) -> list[float]:
 
 
 def failure_reading(m: str, acc: claims.Stat, base_acc: claims.Stat, majority: float, base: str) -> str:
-    """The gap on the seeds of ``m`` that did learn, where some did not (those are named by the did-not-learn gate,
-    :func:`unlearned_row`). Empty when every seed learned or none did."""
+    """The gap on the seeds of ``m`` that did learn, where some did not; empty when every seed learned or none did."""
     failed = _unlearned_seeds(acc, majority)
     ok = [v for v in acc.values if v > majority + LEARNED_MARGIN]
     if not failed or not ok:
@@ -736,8 +692,7 @@ def failure_reading(m: str, acc: claims.Stat, base_acc: claims.Stat, majority: f
 
 
 def _eval_set_notes(records: dict, res: dict, tasks: list[str]) -> list[str]:
-    """How large each task's validation set is against the seeds' spread: every seed is scored on the same examples,
-    so an interval over seeds describes this set, not the task (ListOps' 400 examples are a small set)."""
+    """How large each task's validation set is against the seeds' spread (an interval over seeds describes it)."""
     notes = []
     for t in tasks:
         lab = records.get(f"{KEY}/{t}/labels", {}).get("result", {})
@@ -764,33 +719,19 @@ def _control_findings(findings: list[Finding], res: dict, learned: list[str]) ->
         soft = res.get("softmax", {}).get(t)
         if not ctl or not soft:
             continue
-        findings.append(
-            claims.compare(
-                soft["accuracy"],
-                ctl["accuracy"],
-                claim_type="superiority",
-                unit="pts",
-                **paper_claims.finding_kw(f"lra-attention-helps#{t}", task=t),
-                a_name="softmax",
-                b_name=CONTROL,
-                kind="check",
-                spec=".1f",
-            )
-        )
+        kw = dict(claim_type="superiority", unit="pts", a_name="softmax", b_name=CONTROL, kind="check", spec=".1f")
+        kw.update(paper_claims.finding_kw(f"lra-attention-helps#{t}", task=t))
+        findings.append(claims.compare(soft["accuracy"], ctl["accuracy"], **kw))
         judges = lambda f, t=t: f.kind == "paper" and _test(f) == t and f.b_name == "softmax"  # noqa: E731
         controls.append(Control(f"{CONTROL} on {t}", ctl["accuracy"], judges, task=t))
     return controls
 
 
 def _learned(res, tasks, majority, row: str = "softmax") -> list[str]:
-    """Tasks on which every seed of ``row`` (the softmax baseline) beats the majority-class rate (chance if unknown)
-    by LEARNED_MARGIN: a mean carried by some seeds while another sits at the majority is not a learned baseline."""
-    out = []
-    for t in tasks:
-        base = res.get(row, {}).get(t, {}).get("accuracy")
-        if base is not None and min(base.values) > majority.get(t, CHANCE[t]) + LEARNED_MARGIN:
-            out.append(t)
-    return out
+    """Tasks on which every seed of ``row`` beats the majority-class rate (chance if unknown) by LEARNED_MARGIN: a mean
+    carried by some seeds while another sits at the majority is not a learned baseline."""
+    accs = {t: res.get(row, {}).get(t, {}).get("accuracy") for t in tasks}
+    return [t for t, a in accs.items() if a is not None and min(a.values) > majority.get(t, CHANCE[t]) + LEARNED_MARGIN]
 
 
 #: (mechanism, task) -> another of the paper's gaps on that task, stated beside the finding's own margin
@@ -846,16 +787,11 @@ def _findings(
 def _accuracy_findings(
     res, m, claim_id, learned, ablations, base: str = "softmax", majority: dict | None = None, gates: list | None = None
 ) -> list[Finding]:
-    """The LRA-average finding of one accuracy claim (``m`` against ``base``), followed by its per-task findings on
-    the learned tasks. A per-task finding that does not agree says which of ``m``'s seeds did not train
-    (:func:`failure_reading`); where some did not train, its gate goes to ``gates``."""
+    """The LRA-average finding of one accuracy claim (``m`` against ``base``), then its per-task findings on the
+    learned tasks (a did-not-learn gate to ``gates`` where some seeds of ``m`` did not train)."""
     kw = dict(unit="pts", a_name=m, b_name=base, spec=".1f")
-    f = claims.compare(
-        _avg_stat(res, m, learned),
-        _avg_stat(res, base, learned),
-        **paper_claims.compare_kw(f"{claim_id}#{AVERAGE}"),
-        **kw,
-    )
+    avg_kw = paper_claims.compare_kw(f"{claim_id}#{AVERAGE}")
+    f = claims.compare(_avg_stat(res, m, learned), _avg_stat(res, base, learned), **avg_kw, **kw)
     f.claim += " on the LRA average"
     f.measured += f" (average over the learned tasks: {', '.join(learned)})"
     per_task = []
@@ -902,41 +838,32 @@ def _speed_findings(res, mechs, tasks, lengths, head_dim=None) -> list[dict]:
     for m, claim_id in _SPEED_CLAIMS:
         if m not in mechs:
             continue
-        kw = paper_claims.finding_kw(claim_id)
-        cond = paper_claims.get(claim_id).conditions
-        min_n, paper_d = cond.min_n, cond.head_dim
+        kw, cond = paper_claims.finding_kw(claim_id), paper_claims.get(claim_id).conditions
         val = res[m].get(longest, {}).get("steps_per_s")
-        if paper_d is not None and head_dim != paper_d:
-            ratio = f"{val / base:.2f}x softmax" if val and base else "n/a"
+        ratio = f"{val / base:.2f}x softmax" if val and base else "n/a"
+        if cond.head_dim is not None and head_dim != cond.head_dim:
+            why = (
+                f"head dimension {head_dim} here, the claim's {cond.head_dim} (measured {ratio} steps/s on "
+                f"{longest}, N={n}); tested at D = {cond.head_dim} in the efficiency section"
+            )
+        elif n is None or n < cond.min_n:
+            why = f"longest task N={n} < {cond.min_n} (measured {ratio} steps/s on {longest})"
+        elif val is None or base is None:
+            why = "missing steps/s"
+        else:
             out.append(
-                claims.not_tested(
+                claims.finding(
+                    measured=f"{m} {val:.2f} vs softmax {base:.2f} steps/s on {longest} (N={n}): {val / base:.2f}x",
+                    verdict="agrees" if val > base else "disagrees",
+                    rule=f"agrees if {m} steps/s > softmax's (a measurement of training throughput)",
                     **kw,
-                    why=f"head dimension {head_dim} here, the claim's {paper_d} (measured {ratio} steps/s on "
-                    f"{longest}, N={n}); tested at D = {paper_d} in the efficiency section",
+                    kind="paper",
+                    seeds=res[m][longest]["seeds"],
+                    measurement=True,
                 )
             )
             continue
-        if n is None or n < min_n:
-            ratio = f"{val / base:.2f}x softmax" if val and base else "n/a"
-            out.append(
-                claims.not_tested(**kw, why=f"longest task N={n} < {min_n} (measured {ratio} steps/s on {longest})")
-            )
-            continue
-        if val is None or base is None:
-            out.append(claims.not_tested(**kw, why="missing steps/s"))
-            continue
-        verdict = "agrees" if val > base else "disagrees"
-        out.append(
-            claims.finding(
-                measured=f"{m} {val:.2f} vs softmax {base:.2f} steps/s on {longest} (N={n}): {val / base:.2f}x",
-                verdict=verdict,
-                rule=f"agrees if {m} steps/s > softmax's (a measurement of training throughput)",
-                **kw,
-                kind="paper",
-                seeds=res[m][longest]["seeds"],
-                measurement=True,
-            )
-        )
+        out.append(claims.not_tested(**kw, why=why))
     return out
 
 
@@ -954,8 +881,8 @@ def _fastest_finding(res, mechs, tasks) -> dict | None:
     mechs = [m for m in mechs if m in ("softmax", "linear", "csp")]
     n_seeds = {t: min((res[m][t]["seeds"] for m in mechs if t in res[m]), default=0) for t in tasks}
     tasks = [t for t in tasks if n_seeds[t] == max(n_seeds.values())]
-    gm = {m: _geo_mean([res[m].get(t, {}).get("steps_per_s") for t in tasks]) for m in mechs}
-    known = {m: v for m, v in gm.items() if v}
+    speed = {m: _geo_mean([res[m].get(t, {}).get("steps_per_s") for t in tasks]) for m in shown}
+    known = {m: speed[m] for m in mechs if speed[m]}
     if not known:
         return None
     best = max(known, key=known.get)
@@ -970,12 +897,7 @@ def _fastest_finding(res, mechs, tasks) -> dict | None:
         measurement=True,
         seeds=min(res[m][t]["seeds"] for m in mechs for t in tasks if t in res[m]),
     )
-    others = {
-        m: g
-        for m in shown
-        if m not in known and (g := _geo_mean([res[m].get(t, {}).get("steps_per_s") for t in tasks]))
-    }
-    if others:
+    if others := {m: v for m, v in speed.items() if m not in known and v}:
         f.explanation = "not in the paper's comparison set, shown for reference: " + ", ".join(
             f"{m} {v:.2f}" for m, v in others.items()
         )
