@@ -88,8 +88,7 @@ def task_seeds(plan: dict, seed: int, task: str) -> list[int]:
 
 
 def row_seeds(plan: dict, seed: int, task: str, row: str) -> list[int]:
-    """The task's seeds, and for a row of plan ``extra_seeds`` its ``seeds`` more (every reading of the row uses them:
-    using them only where a verdict is undecided would pick the data by its outcome)."""
+    """The task's seeds, and ``extra_seeds``' more for its rows (always used: using them by verdict would bias)."""
     seeds = task_seeds(plan, seed, task)
     extra = plan.get("extra_seeds", {})
     if row in extra.get("rows", []):
@@ -98,16 +97,14 @@ def row_seeds(plan: dict, seed: int, task: str, row: str) -> list[int]:
 
 
 def _masked(task_name: str, task_opts: dict) -> dict:
-    """``task_opts`` with LRA's padding mask on, written out where the task pads (Text, Retrieval, ListOps): the
-    runs trained before the mask existed have another config, so they are recomputed rather than reused."""
+    """``task_opts`` with LRA's padding mask written out where the task pads (older runs' configs differ: rerun)."""
     from attnzoo.data.tasks import task_options
 
     return {**task_opts, "mask_padding": True} if "mask_padding" in task_options(task_name) else dict(task_opts)
 
 
 def _seeded_runs(plan: dict, seed: int, task: str, row: str, mech: str, abl: dict, sweep_lr=None) -> list[Step]:
-    """One training step per seed of encoder row ``row`` (a mechanism, or the ablation ``abl`` of one) on ``task``;
-    with ``sweep_lr``, the one step of the learning-rate sweep at that rate (on the sweep's own seed)."""
+    """One step per seed of row ``row`` (a mechanism, or its ablation ``abl``), or the sweep's step at ``sweep_lr``."""
     arch = dict(plan["arch"], **(abl.get("arch") or {}))
     if mech in MEGA_ROWS:
         model, opts = mega_model(task, mech, arch, chunk=plan.get("mega_chunk_size"))
@@ -136,22 +133,18 @@ def _seeded_runs(plan: dict, seed: int, task: str, row: str, mech: str, abl: dic
 
 
 def mega_model(task: str, row: str, arch: dict, chunk: int | None = None) -> tuple[str, dict]:
-    """The MEGA row ``row`` on ``task`` at the section's width, depth and MLP width: ``(model name, options)``.
-    ``chunk``: MEGA-chunk's chunk size instead of the registered r = 128 (which covers a whole sequence of <= 128
-    tokens, making the row dense MEGA; the plan's ``mega_chunk_size`` keeps MEGA's number of chunks per sequence).
-
-    MEGA's LRA configurations keep Z (the shared q/k dimension) at 0.4-0.8 D and the hidden width E at 2 D; here
-    Z = D / 2 and E = the section's MLP width, for all three rows, so that they differ only in the attention.
-    """
+    """MEGA row ``row`` on ``task`` at the section's width, depth and MLP width: ``(model name, options)``."""
     from attnzoo.models import get_config
 
     name = MEGA_ROWS[row].format(task=task)
     att = dict(get_config(name).attention_options)
     att["hdim"] = arch["mlp_dim"]
+    # r = 128 covers a whole sequence of <= 128 tokens (dense MEGA): mega_chunk_size keeps MEGA's chunks per sequence
     if chunk is not None and att.get("chunk_size") is not None:
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
             raise ValueError(f"mega_chunk_size must be a positive int, got {chunk!r}")
         att["chunk_size"] = chunk
+    # MEGA's LRA configurations keep Z at 0.4-0.8 D and E at 2 D; Z = D / 2 and E = the MLP width for all three rows
     if "zdim" in att:
         att["zdim"] = max(1, arch["dim"] // 2)
     if att.get("csp_groups"):
@@ -162,8 +155,7 @@ def mega_model(task: str, row: str, arch: dict, chunk: int | None = None) -> tup
 
 
 def sweep_tasks(plan: dict) -> list[str]:
-    """Tasks whose learning rates are swept: those with accuracy claims (a task run for its speed alone, with one
-    seed, is not)."""
+    """Tasks whose learning rates are swept: those with accuracy claims (not a one-seed task run for its speed)."""
     tasks = [t for t in plan["tasks"] if plan.get("task_seeds", {}).get(t) != 1]
     return [t for t in tasks if t in plan.get("lr_sweep_tasks", tasks)]
 
@@ -295,8 +287,7 @@ def _other_margins(f: Finding) -> None:
 def _tune(
     sec: Section, records: dict, plan: dict, mechs: list[str], learned: list[str], res: dict, majority: dict
 ) -> dict[str, dict[str, str]]:
-    """The sweep table per task, and per task the rows not run at their best rate, or whose every swept rate stayed at
-    or below the majority class (a sweep that ranks chance-level runs found no optimum)."""
+    """The sweep table per task, and per task ``{row: why}`` for rows not at their best rate (or swept at chance)."""
     every = {}
     for t in learned:
         kw = dict(noise={m: res[m][t]["accuracy"].std for m in mechs if t in res.get(m, {})}, floor=majority.get(t))
@@ -352,8 +343,7 @@ def _mega_intro(plan: dict) -> str:
 def _tables(
     res: dict, mechs: list[str], tasks: list[str], learned: list[str], majority: dict, ablations: dict, plan: dict
 ) -> list[Table]:
-    """Accuracy (with chance, majority and which tasks softmax learned; the average column only over several tasks),
-    the ablations, and the training cost (steps/s and peak memory)."""
+    """Accuracy (with chance, majority and learned tasks; average over several tasks), ablations, training cost."""
     several = len(tasks) > 1
 
     def row(name, cells, avg):
@@ -451,14 +441,13 @@ def _describe_ablation(abl: dict, plan: dict) -> str:
 
 
 def _ablation_reading(m: str, t: str, ablations: dict, res: dict) -> str:
-    """What the ablations of ``m`` on ``t`` say: the gap to softmax before and after, worded from the numbers (a
-    step-count ablation that softmax ran too is left out: :func:`claims.replicated_gate` states it)."""
+    """The ablations of ``m`` on ``t``: the gap to softmax before and after, worded from the numbers."""
     soft_longer = {a["train"]["steps"] for a in _longer_runs(ablations, "softmax", t) if a["result"]["accuracy"]}
     out = []
     for name, a in ablations.items():
         if a["mechanism"] != m or a["task"] != t or not a["result"]["accuracy"] or t not in res[m]:
             continue
-        if _only_longer(a) and a["train"]["steps"] in soft_longer:
+        if _only_longer(a) and a["train"]["steps"] in soft_longer:  # the comparison at those steps states it
             continue
         acc, soft = a["result"]["accuracy"], res["softmax"][t]["accuracy"]
         before, (eff, ci, _) = soft.mean - res[m][t]["accuracy"].mean, claims.welch_ci(acc, soft)
@@ -487,8 +476,7 @@ def _longer_runs(ablations: dict, mech: str, task: str) -> list[dict]:
 
 
 def _plateaus(res: dict, learned: list[str], ablations: dict) -> list[Plateau]:
-    """Softmax's plateau per learned task (its ``@2x-steps`` ablation), judging that task's findings and the LRA
-    averages; a compared mechanism with its own run at twice the steps is judged on that too."""
+    """Softmax's plateau per learned task (its ``@2x-steps`` run), and each compared row's own run at 2x the steps."""
     out = []
     for t in learned:
         rows = {
@@ -522,10 +510,7 @@ def _curves(sec: Section, res: dict, mechs: list[str], tasks: list[str], ablatio
 def equal_time(
     res: dict, mechs: list[str], learned: list[str], ablations: dict, plan: dict
 ) -> tuple[Table | None, dict[str, dict[str, dict]]]:
-    """Accuracy at softmax's training wall time (its steps / steps per second): a mechanism's validation point with the
-    most steps it affords in that time, over its base run and its step-count ablations (a point of a longer cosine
-    schedule is read before its rate has annealed: a low estimate); a lower bound when it affords more steps than any
-    of its runs took. Returns the table and ``{task: {mechanism: {...numbers}}}``."""
+    """Accuracy at softmax's training wall time, read from the validation curves: ``(table, {task: {mech: ...}})``."""
     rows, out, times = [], {}, []
     for t in learned:
         soft = res.get("softmax", {}).get(t)
@@ -542,6 +527,7 @@ def equal_time(
             runs = [(base_steps, res[m][t])] + [
                 (a["train"]["steps"], a["result"]) for a in _longer_runs(ablations, m, t)
             ]
+            # a point of a longer cosine schedule is read before its rate has annealed: a low estimate
             best = _point_within(runs, affordable)
             if best is None:
                 continue
@@ -572,14 +558,13 @@ def equal_time(
 
 
 def _point_within(runs: list[tuple[int, dict]], affordable: float) -> tuple[int, int, list[float]] | None:
-    """``(step, run steps, per-seed accuracy)`` of the validation point with the most steps not beyond
-    ``affordable`` over ``runs`` (``(steps of the run, its fold)``); at a tie, the run that ends there (its rate
-    annealed). None if no run has such a point on every seed."""
+    """The latest validation point within ``affordable`` on every seed: ``(step, run steps, accuracies)`` or None."""
     best = None
     for run_steps, fold in runs:
         by = fold.get("val_by_step") or []
         common = set.intersection(*(set(d) for d in by)) if by and all(by) else set()
         for step in sorted(common):
+            # at a tie, the run that ends there (its rate annealed)
             if step <= affordable + 1e-9 and (best is None or (step, -run_steps) > (best[0], -best[1])):
                 best = (step, run_steps, [d[step] for d in by])
     return best
@@ -643,8 +628,7 @@ def _unlearned_base(found: list[Finding], res, base: str, learned: list[str], ma
 
 
 def _dense_chunks(findings: list[Finding], records: dict, tasks: list[str], lengths: dict) -> list:
-    """Condition gates on comparisons with MEGA-chunk where its chunk (from its stored config) covers the whole
-    sequence: that is dense MEGA, not the paper's 8-32 chunks."""
+    """Condition gates on comparisons with MEGA-chunk whose stored chunk covers the whole sequence (dense MEGA)."""
     gates = []
     for t in tasks:
         ids = [k for k in records if k.startswith(f"{KEY}/{t}/mega_chunk/seed")]
@@ -711,8 +695,7 @@ def _eval_set_notes(records: dict, res: dict, tasks: list[str]) -> list[str]:
 
 
 def _control_findings(findings: list[Finding], res: dict, learned: list[str]) -> list[Control]:
-    """With the no-attention control run: per learned task, the check that softmax beats it (added to
-    ``findings``), and the control that gates each accuracy claim against softmax whose margin it meets."""
+    """Per learned task, the check that softmax beats the control (into ``findings``) and the control's gate."""
     controls = []
     for t in learned:
         ctl = res.get(CONTROL, {}).get(t)
@@ -728,8 +711,7 @@ def _control_findings(findings: list[Finding], res: dict, learned: list[str]) ->
 
 
 def _learned(res, tasks, majority, row: str = "softmax") -> list[str]:
-    """Tasks on which every seed of ``row`` beats the majority-class rate (chance if unknown) by LEARNED_MARGIN: a mean
-    carried by some seeds while another sits at the majority is not a learned baseline."""
+    """Tasks on which every seed of ``row`` beats the majority class (chance if unknown) by LEARNED_MARGIN."""
     accs = {t: res.get(row, {}).get(t, {}).get("accuracy") for t in tasks}
     return [t for t, a in accs.items() if a is not None and min(a.values) > majority.get(t, CHANCE[t]) + LEARNED_MARGIN]
 
@@ -787,8 +769,7 @@ def _findings(
 def _accuracy_findings(
     res, m, claim_id, learned, ablations, base: str = "softmax", majority: dict | None = None, gates: list | None = None
 ) -> list[Finding]:
-    """The LRA-average finding of one accuracy claim (``m`` against ``base``), then its per-task findings on the
-    learned tasks (a did-not-learn gate to ``gates`` where some seeds of ``m`` did not train)."""
+    """One accuracy claim ``m`` vs ``base``: its LRA-average finding, then per learned task (did-not-learn gates)."""
     kw = dict(unit="pts", a_name=m, b_name=base, spec=".1f")
     avg_kw = paper_claims.compare_kw(f"{claim_id}#{AVERAGE}")
     f = claims.compare(_avg_stat(res, m, learned), _avg_stat(res, base, learned), **avg_kw, **kw)
@@ -873,8 +854,7 @@ FASTEST_MIN_N = paper_claims.get(FASTEST).conditions.min_n
 
 
 def _fastest_finding(res, mechs, tasks) -> dict | None:
-    """CSP's 'fastest of all compared' claim over the geometric-mean steps/s; None if no mechanism has a speed.
-    Tasks run with fewer seeds than the others (kept only for their training cost) are left out of the mean."""
+    """CSP's 'fastest of all compared' claim over geometric-mean steps/s (tasks with the most seeds); None if none."""
     # the paper's claim is over its own comparison set (Transformer variants: softmax, linear, ...): mechanisms it
     # did not compare (TSSA, Fastmax, CBSA) are shown but do not decide it
     shown = list(mechs)

@@ -48,8 +48,7 @@ TITLE = "Vision: image classification"
 
 
 class VisionRow(NamedTuple):
-    """A trained row: the registered model, its mechanism, how the table names it, and its overrides of the plan's
-    arch (``attention_options`` None: CSP's groups, from the token count)."""
+    """A trained row: registered model, mechanism, table description, arch overrides (options None: CSP's groups)."""
 
     registered: str
     mechanism: str
@@ -58,8 +57,7 @@ class VisionRow(NamedTuple):
 
 
 def _swap(mech: str, options: dict | None, **extra) -> VisionRow:
-    """A controlled swap: the ViT baseline's own skeleton (conv patches, CLS token, MLP blocks, pre-norm) with only
-    the attention replaced."""
+    """A controlled swap: the ViT's skeleton (conv patches, CLS token, MLP blocks, pre-norm), another attention."""
     overrides = {"attention": mech, "attention_options": options, **extra}
     return VisionRow("vit_s", mech, f"ViT skeleton, {mech} attention (controlled swap)", overrides)
 
@@ -169,8 +167,7 @@ def row_arch(plan: dict, name: str) -> dict:
 
 
 def _row(name: str) -> VisionRow:
-    """The entry of any vision row (a paper's architecture, a controlled swap or an ablation; ``@`` rows: their
-    base's)."""
+    """The entry of any vision row: a paper's architecture, a controlled swap or an ablation (``x@...``: x's)."""
     base = name.split("@")[0]
     for rows in (SWAPS, ABLATIONS, MODELS):
         if base in rows:
@@ -280,8 +277,7 @@ TUNED_AS = {
 
 
 def sweep_rows(plan: dict) -> list[str]:
-    """The rows whose learning rate is swept: every row a finding compares and the ``swept_ablations`` (the
-    parameter-matched ToST keeps ToST's rate: only its width differs)."""
+    """The rows whose rate is swept: every compared row and the ``swept_ablations`` (not the parameter-matched ToST)."""
     swept = plan.get("swept_ablations", [])
     unknown = sorted(set(swept) - set(plan.get("ablations", [])))
     if unknown:
@@ -298,8 +294,7 @@ def twice_steps(train: dict) -> dict:
 
 
 def row_config(plan: dict, name: str, seed: int) -> dict:
-    """A step config training vision row ``name`` under ``plan``: ``{"train", "mechanism", "paper"}`` (the probes
-    section trains its deeper models with it too)."""
+    """A step config training vision row ``name`` under ``plan`` (the probes section's deeper models use it too)."""
     base = name.split("@")[0]
     reg, mech, paper, _ = _row(base)
     opt = twice_steps(plan["train"]) if name in BASELINE_PLATEAUS.values() else dict(plan["train"])
@@ -312,8 +307,7 @@ def row_config(plan: dict, name: str, seed: int) -> dict:
 
 
 def _row_step(plan: dict, name: str, seed: int, sid: str, tune: bool = True) -> Step:
-    """One training run of row ``name``; ``tune``: at the best rate of its row's sweep (``TUNED_AS`` for the
-    ablations, unless swept on their own) when the plan sweeps that row, else at the plan's rate."""
+    """One training run of row ``name``, at the best rate of its sweep (``TUNED_AS``'s row's) when ``tune``."""
     cfg = row_config(plan, name, seed)
     source = name if name in plan.get("swept_ablations", []) else TUNED_AS.get(name, name)
     if tune and source in sweep_rows(plan):
@@ -436,8 +430,7 @@ def _plateaus(res: dict, rows: dict[str, str]) -> list[Plateau]:
 
 
 def _attention_needed(findings: list[Finding]) -> list[tuple[Finding, str, str]]:
-    """Control gates on the non-inferiority claims when the ViT is not shown to beat its no-attention control: the
-    task then does not test token mixing, and "comparable" could hold for any mixer (see :data:`claims.GATES`)."""
+    """Control gates on non-inferiority claims when the ViT is not shown to beat its no-attention control."""
     check = next((f for f in findings if f.b_name == CONTROL and f.a_name in ("vit", MEANPOOL_BASE)), None)
     if check is None or claims.numbers_verdict(check) == "agrees":
         return []
@@ -579,8 +572,7 @@ def _plot(res: dict, names: list[str]):
 
 
 class VisionClaim(NamedTuple):
-    """An architecture claim: the paper's row, its baseline, their controlled-swap rows (``None``: none) and its id in
-    :mod:`attnzoo.reproduce.paper_claims` (its controlled swap is ``#controlled-swap`` of the same claim)."""
+    """An architecture claim: its rows, their controlled swaps (``None``: none) and its id in :mod:`paper_claims`."""
 
     row: str
     swap: str | None
@@ -623,8 +615,7 @@ CSP_BASE = "csp_vit_skeleton+softmax"
 
 
 def _controlled_pair(a_ctl: str | None, b_ctl: str | None, res: dict) -> tuple[str | None, str | None]:
-    """The controlled swap a finding reads: the mean-pooled pair where both sides ran (one factor, the paper's
-    condition), else the CLS-token pair."""
+    """The controlled swap a finding reads: the mean-pooled pair where both ran (the paper's condition), else given."""
     a_mp = MEANPOOLED.get(a_ctl)
     b_mp = MEANPOOL_BASE if b_ctl == "vit" else MEANPOOLED.get(b_ctl)
     if a_mp in res and b_mp in res:
@@ -736,8 +727,7 @@ def _cmp_kw(claim_id: str, a: str, b: str) -> dict:
 
 
 def gap_change(res: dict, base: str, ablated: str, ref: str, key: str = "accuracy") -> str:
-    """How ablating ``base`` into ``ablated`` moved its gap ``ref - row`` (points): no change is shown while the Welch
-    CI of ``ablated - base`` contains 0, else :func:`claims.change_word` at the new gap's CI half-width."""
+    """How ablating ``base`` into ``ablated`` moved its gap to ``ref``, worded from the Welch CI of the change."""
     b, a, r = res[base][key], res[ablated][key], res[ref][key]
     before, after = r.mean - b.mean, r.mean - a.mean
     delta, ci, _ = claims.welch_ci(a, b)
@@ -761,8 +751,7 @@ def _aot_ablations(res: dict, ref: str) -> str:
 
 
 def _explain(a, a_ctl, b_ctl, f, ctl, res, claim_id) -> str:
-    """The architecture finding's reading: its controlled swap, the row's own skeleton with softmax, the mean
-    pooling ablation; every word follows from the verdicts and CIs."""
+    """The architecture finding's reading (its controlled swap, own skeleton, mean pooling), worded from the CIs."""
     acc = lambda n: res[n]["accuracy"].fmt(".1f")  # noqa: E731
     lo_hi = lambda g: "no interval" if g.ci95 is None else f"95% CI [{g.ci95[0]:+.1f}, {g.ci95[1]:+.1f}]"  # noqa: E731
     swap = f"controlled swap {a_ctl} vs {b_ctl}: {ctl.effect:+.1f} pts, {lo_hi(ctl)}"
