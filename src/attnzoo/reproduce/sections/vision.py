@@ -652,11 +652,6 @@ def _comparisons(res: dict, gates: list) -> list[Finding]:
         cls_row, cls_base = a_ctl, b_ctl
         a_ctl, b_ctl = _controlled_pair(a_ctl, b_ctl, res)
         f = _with_params(cmp(a, b, cid), res, a, b)
-        size_note = (
-            f"parameters {f.params_a / f.params_b:.2f}x: {MATCHED} is the similar-size test"
-            if (a, b) == ("tost", "vit") and MATCHED in res and f.params_a and f.params_b
-            else ""
-        )
         if a == "aot":
             f.explanation = _aot_ablations(res, b)
             out.append(f)
@@ -680,8 +675,8 @@ def _comparisons(res: dict, gates: list) -> list[Finding]:
             out += [f, ctl]
         else:
             out.append(f)
-        if size_note:
-            claims.explain(f, size_note)
+        if (a, b) == ("tost", "vit") and MATCHED in res and f.params_a and f.params_b:
+            claims.explain(f, f"parameters {f.params_a / f.params_b:.2f}x: {MATCHED} is the similar-size test")
     return out
 
 
