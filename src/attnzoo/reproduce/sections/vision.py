@@ -725,24 +725,21 @@ def gap_change(res: dict, base: str, ablated: str, ref: str, key: str = "accurac
     """How ablating ``base`` into ``ablated`` moved its gap to ``ref``, worded from the Welch CI of the change."""
     b, a, r = res[base][key], res[ablated][key], res[ref][key]
     before, after = r.mean - b.mean, r.mean - a.mean
+    gap = f"gap to {ref} {before:+.1f} -> {after:+.1f} pts"
     delta, ci, _ = claims.welch_ci(a, b)
     if ci is None:
-        return f"gap to {ref} {before:+.1f} -> {after:+.1f} pts (one seed: the change is not judged)"
+        return f"{gap} (one seed: the change is not judged)"
     change = f"change of {ablated} vs {base} {delta:+.1f} pts, 95% CI [{ci[0]:+.1f}, {ci[1]:+.1f}]"
     if ci[0] <= 0 <= ci[1]:
-        return f"gap to {ref} {before:+.1f} -> {after:+.1f} pts, but the {change} contains 0: no change is shown"
+        return f"{gap}, but the {change} contains 0: no change is shown"
     _, new_ci, _ = claims.welch_ci(r, a)
-    word = claims.change_word(before, after, noise=(new_ci[1] - new_ci[0]) / 2)
-    return f"gap to {ref} {before:+.1f} -> {after:+.1f} pts: it {word} ({change})"
+    return f"{gap}: it {claims.change_word(before, after, noise=(new_ci[1] - new_ci[0]) / 2)} ({change})"
 
 
 def _aot_ablations(res: dict, ref: str) -> str:
     """AoT vs CRATE differ in two factors (the ISTA block, pre-norm): one ablation each, each read on its own."""
-    parts = []
-    for abl in ("aot+ista", "aot+prenorm"):
-        if abl in res and "aot" in res:
-            parts.append(f"{abl}: " + gap_change(res, "aot", abl, ref))
-    return "; ".join(parts)
+    abls = [abl for abl in ("aot+ista", "aot+prenorm") if abl in res and "aot" in res]
+    return "; ".join(f"{abl}: " + gap_change(res, "aot", abl, ref) for abl in abls)
 
 
 def _explain(a, a_ctl, b_ctl, f, ctl, res, claim_id) -> str:
