@@ -1,8 +1,6 @@
-"""In-context learning (AoT §4.1.2, Fig. 6): AoT vs GPT on linear and sparse-linear regression, error against
-the number of in-context examples, with least squares and Lasso (scikit-learn) fitted on the same prompts.
-
-Errors are squared errors divided by the input dimension d (Garg et al. 2022's normalisation, as
-``attnzoo.train``'s ``normalized_error``): predicting 0 scores 1 on dense functions, s/d on s-sparse ones.
+"""In-context learning (AoT §4.1.2, Fig. 6): AoT vs GPT on linear and sparse-linear regression, error / d (Garg et
+al.'s normalisation: predicting 0 scores 1 on dense functions, s/d on s-sparse ones) against the number of
+in-context examples, with least squares and Lasso (scikit-learn) fitted on the same prompts.
 """
 
 from __future__ import annotations
@@ -163,10 +161,7 @@ def _run_model(ctx: Context, step: Step) -> dict:
 
 
 def baseline_errors(xs: np.ndarray, ys: np.ndarray, lasso_alpha: float) -> dict[str, list[float]]:
-    """Per-position error of predicting 0, min-norm least squares and Lasso fitted on the preceding examples.
-
-    ``xs (B, n, d)``, ``ys (B, n)``; position ``i`` uses examples ``0..i-1``; errors divided by ``d``.
-    """
+    """Per-position error / d of predicting 0, least squares and Lasso on examples ``0..i-1`` (``xs (B, n, d)``)."""
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning
@@ -267,9 +262,7 @@ def _error_table(task: str, c: dict[str, list[float]], fin: dict[str, list[float
 
 
 def _plateaus(records: dict, curves: dict, finals: dict) -> list[Plateau]:
-    """GPT's plateau per task, on the comparison's own metric, the error averaged over k (the error at k = all can
-    move while the compared mean over k moves less: -0.075 against -0.045 in the long run of 2026-11-27), with
-    AoT's own run at twice the steps where it ran; the curves themselves are in the validation-curves plot."""
+    """GPT's plateau per task on the compared metric (error averaged over k), with AoT's own run at 2x steps."""
     out = []
     for t in curves:
         if "gpt" not in finals.get(t, {}):
@@ -296,8 +289,7 @@ def _mean_over_k(records: dict, task: str, name: str) -> claims.Stat | None:
 
 
 def _tune(sec: Section, records: dict, plan: dict, ev: Evidence) -> None:
-    """The sweep table per task, and the evidence that gates every comparison (and AoT's own claims) resting on a
-    rate that was not swept."""
+    """The sweep table per task, and gates on every comparison (and AoT's own claims) at an unswept rate."""
     untuned: dict[str, str] = {}
     models, unswept = list(plan["models"]), "no learning-rate sweep in this section ({row})"
     for t in plan["tasks"]:
@@ -356,14 +348,12 @@ def _plot(curves, d):
 
 
 def _baseline_learned(fin: dict, zero: float, plan: dict) -> bool:
-    """Every GPT seed's error with all examples below 0.8x the zero predictor's (a seed left on the plateau means
-    the budget has not taught the baseline)."""
+    """Every GPT seed's error with all examples is below 0.8x the zero predictor's (or no such rule)."""
     return not plan.get("require_learned", True) or ("gpt" in fin and not _stuck(fin["gpt"], zero))
 
 
 def _stuck(errors: list[float], zero: float) -> list[float]:
-    """The seeds' errors (with all examples) that did not get below 0.8x the zero predictor's: those did not learn,
-    the rule the baseline must pass."""
+    """The seeds' errors (with all examples) not below 0.8x the zero predictor's: those did not learn."""
     return [e for e in errors if e >= 0.8 * zero]
 
 
@@ -450,8 +440,7 @@ def _closeness(t: str, zero: float, records: dict) -> Finding:
 
 
 def _aot_unlearned(f: Finding, fin: dict, zero: float) -> list:
-    """The rule the baseline must pass, applied to the compared row (as ListOps gates its rows): a seed that did not
-    leave the zero predictor measures a failure to train, not a trained model's distance from GPT."""
+    """The baseline's rule applied to AoT: a seed on the zero predictor measures a failure to train."""
     if not (stuck := _stuck(fin["aot"], zero)):
         return []
     why = (
@@ -473,9 +462,7 @@ def _learns_verdict(errors: list[float], zero: float) -> str:
 
 
 def _learns_plateau(f: Finding, m: str, fin: dict, zero: float) -> list:
-    """A decided "learns" verdict stands only if the row's own run at twice the steps gives the same verdict by the
-    same rule, for "agrees" as for "disagrees" (an error still falling may be called a failure to learn too
-    early); without such a run its plateau is not shown. Returns the plateau gate, if any."""
+    """A decided "learns" verdict stands only if the row's run at twice the steps gives the same verdict."""
     if claims.numbers_verdict(f) not in ("agrees", "disagrees"):
         return []
     longer = fin.get(f"{m}@2x-steps")
@@ -514,8 +501,7 @@ def _still_descending(results: list[dict]) -> str:
 
 
 def _ablation_text(fin: dict, zero: float) -> str:
-    """What the ablations (untied projection; 2x or 4x the steps) say about AoT's failure to learn in context (a seed
-    learns: its error at k = all is below half the zero predictor's); their errors are in the section's table."""
+    """What the ablations (one factor; 2x or 4x the steps) say about AoT's failure to learn in context."""
     if "aot" not in fin:
         return ""
     parts = []
@@ -544,9 +530,7 @@ def _one_factor_text(
     confound: str = "",
     g: claims.Stat | None = None,
 ) -> str:
-    """An ablation of AoT's attention, against AoT, in words chosen from the numbers; ``confound`` names a second
-    factor the row changes with it (then the row blames neither alone); ``g``: GPT's error, to say how much of AoT's
-    gap to it the ablation closes."""
+    """An ablation of AoT's attention against AoT (``g``: GPT's error), in words chosen from the numbers."""
     learns, aot_learns = q.mean < 0.5 * zero, a.mean < 0.5 * zero
     what = f"without {factor}, {confound}" if confound else f"one factor: without {factor}"
     blamed = f"{factor} or the smaller attention" if confound else factor

@@ -1,7 +1,6 @@
-"""White-box probes (``attnzoo.analysis``): AoT's denoising theorem (Fig. 4, at two step sizes η), CBSA's compression
-of noisy lines (Fig. 4), rank collapse without skip connections (CSP Thm 1), the per-layer compression term (ToST
-Fig. 4a, CBSA Fig. 5, CRATE) of vision models trained for the probe at ``layerwise_depth`` layers, and the attention
-maps of the vision section's models (ToST Fig. 5 / FAST Fig. 4).
+"""White-box probes (``attnzoo.analysis``): AoT's denoising theorem (Fig. 4), CBSA's compression of noisy lines
+(Fig. 4), rank collapse without skip connections (CSP Thm 1), the per-layer compression term (ToST Fig. 4a, CBSA
+Fig. 5, CRATE) of vision models trained at ``layerwise_depth`` layers, and attention maps (ToST Fig. 5 / FAST Fig. 4).
 """
 
 from __future__ import annotations
@@ -117,8 +116,7 @@ def _step(label: str, config: dict, deps: tuple[str, ...] = ()) -> Step:
 
 
 def _synthetic_steps(plan: dict, seed: int) -> list[Step]:
-    """The parameter-free probes: denoise at two step sizes (and at the small one with the same ηL), compress, and
-    rank collapse."""
+    """The parameter-free probes: denoise at two step sizes (and at the small one with the same ηL), compress, rank."""
     den = dict(plan["denoise"], seed=seed)
     big_eta, layers = den.get("eta", 0.1), den.get("layers", 12)
     small = plan.get("denoise_small_eta", SMALL_ETA)
@@ -135,8 +133,7 @@ def _synthetic_steps(plan: dict, seed: int) -> list[Step]:
 
 
 def _layerwise_steps(name: str, seed: int, deep: dict, vision_plan: dict, probe: dict, suffix: str = "") -> list[Step]:
-    """One layer-wise probe model: its training at the probes' depth and its probe; for the base seed also the probe
-    at its random initialisation and (when the vision section trains it) on the vision section's shallow model."""
+    """One probe model's training and probe; for the base seed also its random-init and shallow-model probes."""
     from attnzoo.reproduce.sections import vision
 
     if name not in vision.MODELS:
@@ -326,8 +323,7 @@ def _tables(sec: Section, res: dict, trained: dict, lw: dict, init: dict, depth,
 
 
 def apply_init_control(f: dict, control: dict) -> dict:
-    """Attach the random-initialisation control to a layer-wise finding; a trend the untrained model shows as
-    strongly is not credited to training, so its verdict is gated (reason ``control``)."""
+    """Attach the random-initialisation control to a finding, gated where the untrained model falls as much."""
     f["random_init_control"] = control["data"]
     f["explanation"] = (f.get("explanation", "") + "; " if f.get("explanation") else "") + control["text"]
     if control["data"] and control["data"]["reading"] == INIT_FALLS_AS_MUCH:
@@ -336,8 +332,7 @@ def apply_init_control(f: dict, control: dict) -> dict:
 
 
 def init_control(trained: dict, init: dict, more: list[dict] | None = None) -> dict:
-    """The random-initialisation control of a layer-wise claim (``trained``, ``more``: the trained seeds' probes;
-    ``init``: the untrained base seed's) in words chosen from the numbers: ``{"text", "data"}``."""
+    """The random-initialisation control of a layer-wise claim in words chosen from the numbers: ``{text, data}``."""
     key = _measure_key(trained)
     mean, runs = _seed_mean(key, [trained, *(more or [])])
     iv = _layer_series(init, key)
@@ -365,8 +360,7 @@ def init_control(trained: dict, init: dict, more: list[dict] | None = None) -> d
 
 
 def _init_table(sec: Section, lw: dict[str, dict], init: dict[str, dict]) -> None:
-    """The claim measure of every probe model with a layer-wise claim at its random initialisation (the trained rows
-    are the layer-wise table's claim rows)."""
+    """The claim measure of every probe model with a layer-wise claim at its random initialisation."""
     rows = []
     for name, r in init.items():
         if name not in LAYERWISE_MODELS:  # no layer-wise claim: no control to read
@@ -403,8 +397,7 @@ def _plotter(sec: Section, plots_dir, rel):
 
 
 def _denoise_table(sec: Section, dn: dict[str, dict], plot) -> None:
-    """AoT eq 3: SNR per layer of every η run, and their plots (the fitted growths and the ``-matched`` run are in the
-    findings)."""
+    """AoT eq 3: SNR per layer of every η run, and their plots."""
     runs = [k for k in dn if not k.endswith("-matched")]
     cols, series = [], []
     for k in runs:
@@ -441,8 +434,7 @@ def _rank_collapse_table(sec: Section, r: dict, plot) -> None:
 
 
 def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict], depth, plot) -> None:
-    """Per probe model (base seed): the claim's measure and the one the paper's figure plots (the literal gate's),
-    layer 1 → last; and its plot with every measure. The other measures are in results.json."""
+    """Per probe model: its claim's measure and the one the paper's figure plots per layer, and its plot."""
     rows, shown = [], set()
     for name, r in lw.items():
         plot(f"layerwise/{name}", r, f"Per-layer measures: {name}.")
@@ -476,8 +468,7 @@ def _mechanism(r: dict) -> str | None:
 
 
 def _measure_key(r: dict) -> str:
-    """The measure a layer-wise claim is judged on: ToST's R^var_c for TSSA, CRATE's measured R^c for the other
-    white-box layers, the plain coding rate where the layer has no subspace bases (no claim)."""
+    """The claim measure: ToST's R^var_c for TSSA, CRATE's R^c otherwise, R(Z) without subspace bases."""
     keys = {k for row in r["layers"] for k in row}
     for k in (_CLAIM_MEASURE.get(_mechanism(r)), _DEFAULT_MEASURE, "compression"):
         if k and k in keys:
@@ -523,8 +514,7 @@ def _slim(r: dict) -> dict:
 
 
 def _fall_verdict(vals: list[float], start: int) -> str:
-    """``agrees`` if the value falls from ``start`` to the last layer with at least half of the steps falling;
-    ``disagrees`` if it rises with fewer than half falling; otherwise ``inconclusive`` (mixed)."""
+    """agrees: falls from ``start`` with at least half the steps falling; disagrees: rises with fewer."""
     n = len(vals) - 1 - start
     d, downs = _delta(vals, start), _downs(vals, start)
     if n < 1 or not math.isfinite(d):
@@ -537,8 +527,7 @@ def _fall_verdict(vals: list[float], start: int) -> str:
 
 
 def _seeds_verdict(mean: list[float], runs: list[list[float]], start: int) -> str:
-    """The seed-mean series' verdict when more than half of the seeds' own series give the same one; else
-    ``inconclusive`` (the seeds disagree about the trend)."""
+    """The seed-mean series' verdict where more than half of the seeds give it, else inconclusive."""
     v = _fall_verdict(mean, start)
     same = sum(_fall_verdict(x, start) == v for x in runs)
     return v if v != "inconclusive" and 2 * same > len(runs) else "inconclusive"
@@ -616,8 +605,7 @@ def _describe_softmax_run(r: dict) -> str:
 
 
 def _softmax_denoise_finding(res) -> dict:
-    """AoT Fig. 4 with the plain soft-max φ, judged at the small η; the explanation gives the larger η and the run
-    with the same total step ηL."""
+    """AoT Fig. 4 with the soft-max φ, judged at the small η (the larger η and same-ηL runs explain it)."""
     big, small, matched = _denoise_runs(res)
     judged = small if small is not None else big
     expl = []
@@ -664,9 +652,7 @@ def _rank_collapse_findings(r: dict) -> list[dict]:
 
 
 def _layerwise_finding(name: str, r: dict, shallow: dict | None, more: list | None = None) -> dict | None:
-    """One probe model's layer-wise claim on its claim measure (None where that claim is undefined), judged on the
-    seed-mean series with more seeds (``more``: their probe results, :func:`_seeds_verdict`); the ablations are its
-    explanation when it does not agree, or (one seed) the raw eq 2's verdict when that one differs."""
+    """A probe model's layer-wise claim on its claim measure (seed-mean series over more seeds)."""
     key = _measure_key(r)
     if key == "coding_rate":
         return None  # no subspace bases: the paper's compression term is not defined for this mechanism
@@ -697,9 +683,7 @@ def _layerwise_finding(name: str, r: dict, shallow: dict | None, more: list | No
 
 
 def _literal_gate(f: dict, name: str, key: str, probes_: list[dict]) -> dict:
-    """A decided verdict on the claim measure stands only where the measure the paper's figure plots
-    (``_LITERAL_MEASURE``) gives the same verdict on the same layers and seeds; otherwise it is gated on conditions:
-    the verdict depends on the definition (ToST's block outputs can rise where the claim measure falls)."""
+    """Gate a decided verdict where the measure the paper's figure plots gives another verdict (ToST Fig. 4a)."""
     lit = _literal_key(probes_[0])
     if lit == key or f["verdict"] == "inconclusive":
         return f
@@ -728,8 +712,7 @@ def _layerwise_claim(name: str, key: str, n_layers: int) -> tuple[int, str, str]
 
 
 def _layerwise_explanation(key: str, start: int, r: dict, shallow: dict | None) -> str:
-    """The ablations run for a layer-wise verdict that is not 'agrees': other measures on the same model, and the
-    same measure on the shallow vision model."""
+    """The other measures on the same model and the same one on the shallow vision model, in words."""
     parts, agreeing = [], []
     for k in _ABLATION_MEASURES:
         if k == key or k not in r["series"]:

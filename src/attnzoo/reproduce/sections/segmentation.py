@@ -1,13 +1,5 @@
-"""Segmentation on scenes with exact masks: zero-shot [CLS] maps (CBSA Tables 5-6, Fig. 7; ToST Fig. 5) and the
-segmentation decoders of CBSA Fig. 8.
-
-Per seed, the classifiers (the ``scenes_*_small`` presets at the plan's size) train on ``scenes``; one step per run
-scores the thresholded [CLS] maps of every attention layer against the exact masks
-(:func:`attnzoo.analysis.segment.zero_shot_segmentation`: per layer the best head, Table 6; per target the best over
-layers and heads, Table 5), and the same analysis of untrained copies (same architecture and seed) is the control.
-Both Fig. 8 decoders train with ``attnzoo train`` on one encoder configuration and one step measures both
-(:func:`attnzoo.analysis.segment_decoders.sweep_runs`: mIoU, decoder FLOPs, mIoU under noise on the attention
-parameters). With an ``lr_sweep`` (``decoders.lr_sweep``) every classifier (decoder) trains at its sweep's best rate.
+"""Segmentation on scenes with exact masks: zero-shot [CLS] maps (CBSA Tables 5-6, Fig. 7; ToST Fig. 5) against
+untrained controls, and the segmentation decoders of CBSA Fig. 8 (mIoU, FLOPs, robustness to noise).
 """
 
 from __future__ import annotations
@@ -104,8 +96,7 @@ def controls_of(plan: dict) -> list[str]:
 
 
 def _preset(name: str, plan: dict, model_options: dict, settings: dict) -> dict:
-    """An ``attnzoo train`` preset at the plan's task options with ``model_options`` and ``settings``, without the
-    keys :func:`train_run` sets itself (curve points, checkpoints)."""
+    """An ``attnzoo train`` preset at the plan's task options, ``model_options`` and ``settings`` (no logging keys)."""
     from attnzoo.train.config import preset_path, read_yaml
 
     cfg = dict(read_yaml(preset_path(name)))
@@ -128,15 +119,13 @@ def row_arch(plan: dict, name: str) -> dict:
 
 
 def row_config(plan: dict, name: str, seed: int) -> dict:
-    """The training config of ``name``: its preset at the plan's data, size (``arch``, then the row's ``row_arch``)
-    and optimisation, seeded ``seed``."""
+    """The training config of ``name``: its preset at the plan's data, ``arch``, ``row_arch`` and ``train``."""
     arch = {**plan["arch"], **row_arch(plan, name)}
     return _preset(MODELS[name][0], plan, arch, {**plan["train"], "seed": seed})
 
 
 def decoder_config(plan: dict, kind: str, seed: int) -> dict:
-    """The training config of the ``kind`` decoder: its preset at the plan's task options, the decoders' encoder
-    options and depth, steps, batch, rate and warm-up, seeded ``seed``."""
+    """The training config of the ``kind`` decoder: its preset at the plan's ``decoders`` settings."""
     dec = plan["decoders"]
     if (encoder := dec.get("encoder", DECODER_ENCODER)) != DECODER_ENCODER:
         raise ValueError(
@@ -163,8 +152,7 @@ def _train_step(sid: str, cfg: dict, fn) -> Step:
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
-    """The learning-rate sweeps, then per seed: each model's training and its zero-shot analysis, the untrained
-    controls' analysis, both decoders' training and their measurement."""
+    """The sweeps, then per seed each model's training, its zero-shot analysis, the controls' and the decoders'."""
     names = models_of(plan)
     check_sweep_extra(plan, names)
     steps = _sweep_steps(plan, seed)
@@ -192,8 +180,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
 
 
 def _sweep_steps(plan: dict, seed: int) -> list[Step]:
-    """Each model's and each decoder's runs at every rate of its grid, on the sweep seed and the plan's
-    ``sweep_fraction`` of the steps; the seeds' runs train at the best of them."""
+    """Each model's and each decoder's runs at every rate of its grid, on the sweep seed."""
     off = seed + SWEEP_SEED_OFFSET
     grids = [(f"{KEY}/{n}", row_config(plan, n, off), row_lrs(plan, n), _train) for n in models_of(plan)]
     if plan.get("decoders"):
@@ -247,12 +234,9 @@ def _train_decoder(ctx: Context, step: Step) -> dict:
     """One decoder trained by ``attnzoo train`` on ``scenes_segmentation``: its whole-validation-set mIoU."""
     rec = train_run(ctx, step.id, step.config["train"], sweep=step.config.get("sweep"))
     val = rec["val"]
-    return {
-        "miou": val.get("miou"),
-        "pixel_accuracy": val.get("pixel_accuracy"),
-        "val_loss": val.get("loss"),
-        **_run(rec),
-    }
+    return {"miou": val.get("miou"), "pixel_accuracy": val.get("pixel_accuracy"), "val_loss": val.get("loss")} | _run(
+        rec
+    )
 
 
 def _run(rec: dict) -> dict:
@@ -293,8 +277,7 @@ def _score(model, scenes, cfg: dict) -> dict:
 
 
 def _overlay_data(model, scenes, n: int, mass: float) -> dict:
-    """The first ``n`` scenes (uint8 pixels, foreground) and, per layer, each scene's map of the head whose kept
-    region best matches its foreground (as :func:`attnzoo.analysis.segment.plot_segment_overlays` picks it)."""
+    """The first ``n`` scenes' pixels and foreground and, per layer, each scene's best-matching head's map."""
     import torch
 
     from attnzoo.analysis.segment import cls_attention_maps, iou, threshold_mass, upsample_masks
@@ -315,8 +298,7 @@ def _overlay_data(model, scenes, n: int, mass: float) -> dict:
 
 
 def _decoders(ctx: Context, step: Step) -> dict:
-    """CBSA Fig. 8 on scenes: both trained decoders measured on the same validation scenes (mIoU, decoder FLOPs and
-    parameters, the noise sweep), and the all-background reference."""
+    """CBSA Fig. 8 on scenes: both trained decoders measured on the same scenes, and the all-background mIoU."""
     from attnzoo.analysis.io import to_jsonable
     from attnzoo.analysis.segment_decoders import sweep_runs
 
@@ -328,8 +310,7 @@ def _decoders(ctx: Context, step: Step) -> dict:
 
 
 def _background_miou(run, images: int) -> float:
-    """What predicting background everywhere scores on the run's first ``images`` validation scenes (classes and
-    background): a decoder that does not beat it learned nothing."""
+    """The mIoU of predicting background everywhere on the run's first ``images`` validation scenes."""
     import torch
 
     from attnzoo.analysis.segment_decoders import confusion_matrix, load_segmenter_run, mean_iou
@@ -343,8 +324,7 @@ def _background_miou(run, images: int) -> float:
 
 
 def _later_half(res: dict) -> float:
-    """Mean best-head foreground IoU over the later half of the layers of the model's own blocks (class-attention
-    layers, ToST's head, left out: Table 6 reads the blocks)."""
+    """Mean best-head foreground IoU over the later half of the model's own blocks (Table 6 reads the blocks)."""
     fg = [lay["best"]["foreground"] for lay in res["layers"] if lay["mechanism"] != "class_attention"]
     return float(np.mean(fg[len(fg) // 2 :]))
 
@@ -446,8 +426,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
 
 
 def _untuned_gates(findings: list[Finding], plan: dict) -> list:
-    """Without a learning-rate sweep the compared rows train at the budget's one rate: none is shown tuned. The
-    classifiers' comparisons read the plan's ``lr_sweep``, the decoders' its ``decoders.lr_sweep``."""
+    """The classifiers' (decoders') comparisons gated as not tuned where their learning rate was not swept."""
     gates = []
     for rows, swept, decoders in (("classifiers", plan.get("lr_sweep"), False), ("decoders", decoder_lrs(plan), True)):
         if not swept:
@@ -474,31 +453,21 @@ def _compare(stats: dict | None, claim_id: str, a: str, b: str, keys: tuple[str,
 
 
 def _zero_shot_findings(res: dict, gates: list) -> list[Finding]:
-    """Table 5's ranking (one test per adjacent pair), Table 6's persistence and ToST Fig. 5 against its control
-    (its gate goes to ``gates``)."""
-    out = [
-        _compare(
-            res,
-            f"cbsa-t5-ranking#{a}-vs-{b}",
-            a,
-            b,
-            ("best", "foreground"),
-            unit="IoU",
-            spec=".3f",
-            paper_effect=round(PAPER_T5[a]["foreground"] - PAPER_T5[b]["foreground"], 6),
+    """Table 5's ranking (adjacent pairs), Table 6's persistence and ToST Fig. 5 against its control."""
+    iou, out = {"unit": "IoU", "spec": ".3f"}, []
+    for a, b in RANKING:
+        effect = round(PAPER_T5[a]["foreground"] - PAPER_T5[b]["foreground"], 6)
+        out.append(
+            _compare(res, f"cbsa-t5-ranking#{a}-vs-{b}", a, b, ("best", "foreground"), paper_effect=effect, **iou)
         )
-        for a, b in RANKING
-    ]
-    out.append(_compare(res, "cbsa-t6-persistence", "crate_cbt", "cbt", ("later_half",), unit="IoU", spec=".3f"))
+    out.append(_compare(res, "cbsa-t6-persistence", "crate_cbt", "cbt", ("later_half",), **iou))
     gates += _control_gate(out[-1], res, "crate_cbt", "later_half", "the later-half layers' mean foreground IoU")
-    init = "tost" + INIT
-    out.append(_compare(res, "tost-f5-segments", "tost", init, ("penultimate_class",), unit="IoU", spec=".3f"))
+    out.append(_compare(res, "tost-f5-segments", "tost", "tost" + INIT, ("penultimate_class",), **iou))
     return out
 
 
 def _control_gate(f: Finding, res: dict, name: str, key: str, what: str) -> list:
-    """Hold back an agreement when the trained ``name`` is not shown above its untrained copy on ``key``: the
-    figure the claim credits to training would then be there before it. Returns the gate, if any."""
+    """Hold back an agreement where the trained ``name`` is not shown above its untrained copy on ``key``."""
     trained, init = _at(res, name, key), _at(res, name + INIT, key)
     if claims.numbers_verdict(f) != "agrees" or trained is None or init is None:
         return []
@@ -511,8 +480,7 @@ def _control_gate(f: Finding, res: dict, name: str, key: str, what: str) -> list
 
 
 def _decoder_findings(dec: dict | None, gates: list) -> list[Finding]:
-    """CBSA Fig. 8: mIoU, FLOPs and robustness of the CBSA decoder against Segmenter's (the FLOPs' conditions gate
-    goes to ``gates``)."""
+    """CBSA Fig. 8: mIoU, FLOPs and robustness of the CBSA decoder against Segmenter's."""
     rows = ("cbsa", "mask_transformer")
     miou = _compare(dec, "cbsa-f8-miou", *rows, ("miou",), unit="pts", spec=".1f")
     robust = _compare(dec, "cbsa-f8-robust", *rows, ("drop",), unit="pts", lower_is_better=True, spec=".1f")
@@ -536,19 +504,13 @@ def _decoder_findings(dec: dict | None, gates: list) -> list[Finding]:
     )
     need = paper_claims.get("cbsa-f8-flops").conditions
     if dec["tokens"] is not None and dec["tokens"] < need.min_n:
-        gates.append(
-            (
-                flops,
-                "conditions",
-                f"{dec['tokens']} tokens here against about {need.min_n:,} in the paper ({need.note})",
-            )
-        )
+        why = f"{dec['tokens']} tokens here against about {need.min_n:,} in the paper ({need.note})"
+        gates.append((flops, "conditions", why))
     return [miou, flops, robust]
 
 
 def _unlearned(res: dict, dec: dict | None) -> dict[str, str]:
-    """The classifiers that did not learn the scenes and the decoders that did not beat the all-background
-    prediction, each with why (a map of a model that learned nothing measures the set-up)."""
+    """The classifiers that did not learn the scenes and the decoders not above predicting background, with why."""
     floor = CHANCE + LEARNED_MARGIN
     # every seed must clear chance by the margin, as in the other sections (a seed mean hides one that did not)
     unlearned = {
