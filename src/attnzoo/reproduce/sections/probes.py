@@ -165,16 +165,9 @@ def _run_train(ctx: Context, step: Step) -> dict:
     """Train a probe model (the vision section's recipe at the probes' depth); validation accuracy beside it."""
     cfg = step.config["train"]
     rec = train_run(ctx, step.id, cfg)
-    return {
-        "accuracy": rec["val"].get("accuracy"),
-        "val_loss": rec["val"].get("loss"),
-        "run_dir": rec["run_dir"],
-        "depth": cfg["model_options"]["depth"],
-        "steps": cfg["steps"],
-        "batch_size": cfg["batch_size"],
-        "curve": rec["curve"],
-        "val_curve": rec["val_curve"],
-    }
+    out = {"accuracy": rec["val"].get("accuracy"), "val_loss": rec["val"].get("loss"), "run_dir": rec["run_dir"]}
+    out.update(depth=cfg["model_options"]["depth"], steps=cfg["steps"], batch_size=cfg["batch_size"])
+    return out | {k: rec[k] for k in ("curve", "val_curve")}
 
 
 def _run_synth(_ctx: Context, step: Step) -> dict:
@@ -234,21 +227,14 @@ def _run_maps(ctx: Context, step: Step) -> dict:
     return to_jsonable(attention_maps(models, _val_batch(step.config["batch"])))
 
 
-_RUN = {
-    "denoise": _run_synth,
-    "compress": _run_synth,
-    "rank-collapse": _run_synth,
-    "layerwise": _run_layerwise,
-    "layerwise-init": _run_layerwise_init,
-    "attention-maps": _run_maps,
-}
+#: experiment -> the function that runs its step
+_RUN = dict.fromkeys(("denoise", "compress", "rank-collapse"), _run_synth)
+_RUN.update({"layerwise": _run_layerwise, "layerwise-init": _run_layerwise_init, "attention-maps": _run_maps})
 
 
 def _num(v) -> float:
     """JSON numbers back to floats (the analysis package writes non-finite values as strings)."""
-    if isinstance(v, str):
-        return float(v)
-    return float(v) if v is not None else math.nan
+    return math.nan if v is None else float(v)
 
 
 def _under(res: dict, prefix: str) -> dict:
@@ -486,11 +472,11 @@ def _layer_series(r: dict, key: str) -> list[float]:
     return [_num(row[key]) for row in r["layers"] if key in row]
 
 
-def _seed_mean(key: str, probes_: list[dict]) -> tuple[list[float], list[list[float]]]:
-    """The seed-mean series of ``key`` over the probes whose series is as long as the first's, and those series."""
-    n = len(_layer_series(probes_[0], key))
+def _seed_mean(key: str, probes_: list[dict], n: int | None = None) -> tuple[list[float], list[list[float]]]:
+    """The seed-mean series of ``key`` over the probes whose series has ``n`` layers (the first's), and those series."""
+    n = len(_layer_series(probes_[0], key)) if n is None else n
     runs = [v for p in probes_ if len(v := _layer_series(p, key)) == n]
-    return [sum(x[i] for x in runs) / len(runs) for i in range(n)], runs
+    return [sum(x[i] for x in runs) / len(runs) for i in range(n)] if runs else [], runs
 
 
 def _half_start(n: int) -> int:
@@ -688,12 +674,11 @@ def _literal_gate(f: dict, name: str, key: str, probes_: list[dict]) -> dict:
     if lit == key or f["verdict"] == "inconclusive":
         return f
     n = len(_layer_series(probes_[0], key))
-    series = [v for p in probes_ if len(v := _layer_series(p, lit)) == n]
+    mean, series = _seed_mean(lit, probes_, n)
     if not series:
         return f
-    mean = [sum(x[i] for x in series) / len(series) for i in range(n)]
     start, claim_id, _ = _layerwise_claim(name, key, n)
-    lv = _seeds_verdict(mean, series, start) if len(series) > 1 else _fall_verdict(mean, start)
+    lv = _seeds_verdict(mean, series, start)
     f["literal_measure"] = {"measure": MEASURE_LABEL[lit], "verdict": lv, "series": mean}
     if lv != f["verdict"]:
         reference = paper_claims.get(claim_id).reference
