@@ -149,15 +149,8 @@ def _train(plan: dict, task: str, opts: dict, name: str, task_seed: int, seed: i
 def _run_model(ctx: Context, step: Step) -> dict:
     rec = train_run(ctx, step.id, step.config["train"], sweep=step.config.get("sweep"))
     val = rec["val"]
-    return {
-        "error_per_position": val["normalized_error_per_position"],
-        "mean_error": val["normalized_error"],
-        "samples_per_s": rec["samples_per_s"],
-        "curve": rec["curve"],
-        "val_curve": rec["val_curve"],
-        "run_dir": rec["run_dir"],
-        "lr": rec["lr"],
-    }
+    out = {"error_per_position": val["normalized_error_per_position"], "mean_error": val["normalized_error"]}
+    return out | {k: rec[k] for k in ("samples_per_s", "curve", "val_curve", "run_dir", "lr")}
 
 
 def baseline_errors(xs: np.ndarray, ys: np.ndarray, lasso_alpha: float) -> dict[str, list[float]]:
