@@ -377,11 +377,10 @@ def _decoder_stats(records: dict) -> dict | None:
     prefix = f"{KEY}/decoders/seed"  # the measurement steps, not the decoders' training runs
     cfg = next((r.get("config") for sid, r in records.items() if sid.removeprefix(prefix).isdigit()), None)
     out = {"background_miou": 100.0 * float(np.mean([r["background_miou"] for r in rs])), "seeds": len(rs)}
-    out["tokens"] = None  # the decoder's patch tokens, where the step's config says them
-    if cfg:
-        out["tokens"] = (
-            cfg["task_options"].get("img_size", SceneSpec().canvas) // cfg["encoder_options"]["patch_size"]
-        ) ** 2
+    out["tokens"] = None
+    if cfg:  # the decoder's patch tokens, where the step's config says them
+        img = cfg["task_options"].get("img_size", SceneSpec().canvas)
+        out["tokens"] = (img // cfg["encoder_options"]["patch_size"]) ** 2
     for kind in DECODERS:
         rows = [r["decoders"][kind] for r in rs]
         sweeps = np.array([[np.mean(v) for v in row["sweep"]["miou"]] for row in rows])  # (seeds, sigmas)
