@@ -1,8 +1,6 @@
-"""In-context learning (AoT §4.1.2, Fig. 6): AoT vs GPT on linear and sparse-linear regression, error against
-the number of in-context examples, with least squares and Lasso (scikit-learn) fitted on the same prompts.
-
-Errors are squared errors divided by the input dimension d (Garg et al. 2022's normalisation, as
-``attnzoo.train``'s ``normalized_error``): predicting 0 scores 1 on dense functions, s/d on s-sparse ones.
+"""In-context learning (AoT §4.1.2, Fig. 6): AoT vs GPT on linear and sparse-linear regression, error / d (Garg et
+al.'s normalisation: predicting 0 scores 1 on dense functions, s/d on s-sparse ones) against the number of
+in-context examples, with least squares and Lasso (scikit-learn) fitted on the same prompts.
 """
 
 from __future__ import annotations
@@ -60,18 +58,16 @@ MODELS: dict[str, ModelRow] = {
     "aot": ModelRow("icl_aot", "mssa", "AoT (attention only)"),
     "aot_hybrid": ModelRow("icl_aot_hybrid", "mssa", "AoT Hybrid"),
     "aot_full_mlp": ModelRow("icl_aot_full_mlp", "mssa", "AoT Full MLP"),
-    # ablation: AoT's attention-only model with softmax attention (untied q/k/v) instead of MSSA's shared
-    # projection; tests whether the tied projection is what keeps AoT on the zero predictor
+    # ablation: softmax attention (untied q/k/v) instead of MSSA's shared projection; tests whether the tied
+    # projection is what keeps AoT on the zero predictor
     "aot+softmax": ModelRow("icl_aot", "softmax", "AoT without MLP, softmax attention (ablation)"),
-    # ablation, one factor: AoT's MSSA without its query normalisation (AoT §4.1), everything else kept
+    # one-factor ablations: MSSA without its query normalisation (AoT §4.1); with three projections instead of one
+    # (the query still normalised); with aot+softmax they complete the 2x2 of tied/untied x normalised/not
     "aot-qnorm": ModelRow("icl_aot", "mssa", "AoT without query normalisation (ablation)"),
-    # ablation, one factor: AoT's MSSA with three projections (query, key, value) instead of one, the query still
-    # normalised; with aot-qnorm and aot+softmax it completes the 2x2 of tied/untied x normalised/not
     "aot-untied": ModelRow("icl_aot", "mssa", "AoT with untied query/key/value projections (ablation)"),
-    # ablations: the same AoT trained 2x or 4x longer; they test whether the plateau is the budget
+    # the same AoT trained 2x or 4x longer (is the plateau the budget?), and the baseline's plateau check
     "aot@2x-steps": ModelRow("icl_aot", "mssa", "AoT (attention only), 2x the steps (ablation)"),
     "aot@4x-steps": ModelRow("icl_aot", "mssa", "AoT (attention only), 4x the steps (ablation)"),
-    # the baseline's plateau check: GPT with twice the steps, nothing else changed
     "gpt@2x-steps": ModelRow("icl_gpt", "softmax", "Transformer (GPT-2 blocks), 2x the steps (plateau check)"),
 }
 
@@ -83,22 +79,17 @@ _OVERRIDES = {
 }
 #: multiplier of the section's steps (and warm-up) for the ablation rows that train longer
 _STEP_FACTOR = {"aot@2x-steps": 2, "aot@4x-steps": 4, "gpt@2x-steps": 2}
-
-
 #: the row whose tuned learning rate an ablation or plateau run trains with (one factor changed, the rate kept)
-TUNED_AS = {
-    "aot+softmax": "aot",
-    "aot-qnorm": "aot",
-    "aot-untied": "aot",
-    "aot@2x-steps": "aot",
-    "aot@4x-steps": "aot",
-    "gpt@2x-steps": "gpt",
+TUNED_AS = {n: MODELS[n].registered.removeprefix("icl_") for n in (*_OVERRIDES, *_STEP_FACTOR)}
+#: the one-factor ablations of AoT's attention: the factor each one removes, and a second factor it changes
+_ONE_FACTOR = {
+    "aot-qnorm": ("the query normalisation", ""),
+    "aot-untied": ("the tied q/k/v projection", "which also triples the attention's projection parameters"),
 }
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     steps = []
-    lrs = plan.get("lr_sweep", [])
     check_sweep_extra(plan, list(plan["models"]))
     for task, opts in plan["tasks"].items():
         if task not in TASKS:
@@ -110,38 +101,30 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
                 raise ValueError(f"unknown ICL model {name!r}; valid: {sorted(MODELS)}")
         # the sweep first, on its own seed and its own prompts (the task seed too): the seeds train at its best rate
         off = seed + SWEEP_SEED_OFFSET
-        steps += [
-            _model_step(plan, task, dict(opts, seed=off), name, off, sweep_id(f"{KEY}/{task}/{name}", lr), lr)
-            for name in plan["models"]
-            for lr in row_lrs(plan, name)
-        ]
+        for name in plan["models"]:
+            for lr in row_lrs(plan, name):
+                steps.append(_step(sweep_id(f"{KEY}/{task}/{name}", lr), _train(plan, task, opts, name, off, off, lr)))
         for name in names:
-            # the prompts (task seed) are the same for every model and seed; the seed varies initialisation and order
-            # the baseline's plateau check runs one seed (`plateau_seeds`): GPT's 2x runs are the section's costliest
-            seeds = (
-                seed_list(plan, seed)[: plan.get("plateau_seeds")] if name == "gpt@2x-steps" else seed_list(plan, seed)
-            )
+            # the prompts (task seed) are the same for every model and seed; the seed varies initialisation and order;
+            # the baseline's plateau check runs `plateau_seeds` seeds: GPT's 2x runs are the section's costliest
+            seeds = seed_list(plan, seed)[: plan.get("plateau_seeds") if name == "gpt@2x-steps" else None]
+            source = TUNED_AS.get(name, name)
             for s in seeds:
-                step = _model_step(plan, task, dict(opts, seed=seed), name, s, seeded_id(f"{KEY}/{task}/{name}", s))
-                source = TUNED_AS.get(name, name)
-                if lrs and source in plan["models"]:
-                    cfg = tuned(step.config, f"{KEY}/{task}", source, row_lrs(plan, source), "mean_error", False)
-                    step = Step(step.id, KEY, cfg, _run_model, deps=sweep_deps(cfg), label=step.label)
-                steps.append(step)
-        steps.append(
-            Step(
-                f"{KEY}/{task}/baselines",
-                KEY,
-                {"task": TASKS[task], "task_options": dict(opts, seed=seed), "lasso_alpha": plan["lasso_alpha"]},
-                _run_baselines,
-                label=f"{task}/baselines",
-            )
-        )
+                cfg = _train(plan, task, opts, name, seed, s)
+                if plan.get("lr_sweep", []) and source in plan["models"]:
+                    cfg = tuned(cfg, f"{KEY}/{task}", source, row_lrs(plan, source), "mean_error", False)
+                steps.append(_step(seeded_id(f"{KEY}/{task}/{name}", s), cfg))
+        config = {"task": TASKS[task], "task_options": dict(opts, seed=seed), "lasso_alpha": plan["lasso_alpha"]}
+        steps.append(Step(f"{KEY}/{task}/baselines", KEY, config, _run_baselines, label=f"{task}/baselines"))
     return steps
 
 
-def _model_step(plan: dict, task: str, task_opts: dict, name: str, seed: int, sid: str, lr: float | None = None):
-    """One training run of ICL row ``name`` (at ``lr``, else the plan's rate)."""
+def _step(sid: str, cfg: dict) -> Step:
+    return Step(sid, KEY, cfg, _run_model, deps=sweep_deps(cfg), label=sid.split("/", 1)[1])
+
+
+def _train(plan: dict, task: str, opts: dict, name: str, task_seed: int, seed: int, lr: float | None = None) -> dict:
+    """The step config of one training run of ICL row ``name`` (at ``lr``, else the plan's rate)."""
     model_opts = dict(plan["arch"], **_OVERRIDES.get(name, {}))
     if name == "aot_hybrid":
         model_opts["ffn_layers"] = max(1, plan["arch"]["depth"] // 2)
@@ -154,34 +137,24 @@ def _model_step(plan: dict, task: str, task_opts: dict, name: str, seed: int, si
         settings = dict(sweep_train(settings, plan), lr=lr)
     train = dict(
         task=TASKS[task],
-        task_options=task_opts,
+        task_options=dict(opts, seed=task_seed),
         model=MODELS[name].registered,
         model_options=model_opts,
         seed=seed,
         **train_defaults(**settings),
     )
-    return Step(sid, KEY, {"train": train}, _run_model, label=sid.split("/", 1)[1])
+    return {"train": train}
 
 
 def _run_model(ctx: Context, step: Step) -> dict:
     rec = train_run(ctx, step.id, step.config["train"], sweep=step.config.get("sweep"))
     val = rec["val"]
-    return {
-        "error_per_position": val["normalized_error_per_position"],
-        "mean_error": val["normalized_error"],
-        "samples_per_s": rec["samples_per_s"],
-        "curve": rec["curve"],
-        "val_curve": rec["val_curve"],
-        "run_dir": rec["run_dir"],
-        "lr": rec["lr"],
-    }
+    out = {"error_per_position": val["normalized_error_per_position"], "mean_error": val["normalized_error"]}
+    return out | {k: rec[k] for k in ("samples_per_s", "curve", "val_curve", "run_dir", "lr")}
 
 
 def baseline_errors(xs: np.ndarray, ys: np.ndarray, lasso_alpha: float) -> dict[str, list[float]]:
-    """Per-position error of predicting 0, min-norm least squares and Lasso fitted on the preceding examples.
-
-    ``xs (B, n, d)``, ``ys (B, n)``; position ``i`` uses examples ``0..i-1``; errors divided by ``d``.
-    """
+    """Per-position error / d of predicting 0, least squares and Lasso on examples ``0..i-1`` (``xs (B, n, d)``)."""
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning
@@ -228,13 +201,10 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         f"{tr['batch_size']} prompts; AoT: d=20 with up to 40 in-context examples, 16 layers (Hybrid 24) of width "
         "128 with 8 heads, 50,000 steps of 64 prompts (§4.1.2, Fig. 6, after Garg et al.)"
     )
+    sp = plan["tasks"].get("sparse", {}).get("sparsity")
     sec.intro = (
         f"{n} Gaussian inputs per prompt, d={d}, {', '.join(plan['tasks'])} functions"
-        + (
-            f" (sparse: {sp} non-zero weights)"
-            if (sp := plan["tasks"].get("sparse", {}).get("sparsity")) is not None
-            else ""
-        )
+        + (f" (sparse: {sp} non-zero weights)" if sp is not None else "")
         + f"; width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, {tr['steps']} steps of "
         f"{tr['batch_size']} fresh prompts, {plan.get('seeds', 1)} seed(s). Error / d on {first.get('n_val', 1000)} "
         f"held-out prompts at k examples (last column: mean ± std over seeds); Lasso alpha {plan['lasso_alpha']}."
@@ -242,36 +212,15 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     curves: dict[str, dict[str, list[float]]] = {}
     finals: dict[str, dict[str, list[float]]] = {}
     for task in plan["tasks"]:
-        c = {}
-        finals[task] = {}
-        for name in list(plan["models"]) + list(plan.get("ablations", [])):
-            rs = per_seed(records, f"{KEY}/{task}/{name}")
-            if rs:
-                c[name] = np.mean([r["error_per_position"] for r in rs], axis=0).tolist()
+        curves[task], finals[task] = {}, {}
+        for name in _rows(plan):
+            if rs := per_seed(records, f"{KEY}/{task}/{name}"):
+                curves[task][name] = np.mean([r["error_per_position"] for r in rs], axis=0).tolist()
                 finals[task][name] = [r["error_per_position"][-1] for r in rs]
-        base = records.get(f"{KEY}/{task}/baselines")
-        if base is not None:
-            c.update(base["result"]["errors"])
-        curves[task] = c
-        if not c:
-            continue
-        npos = len(next(iter(c.values())))
-        # the last position is the over-seeds column (mean ± std), not repeated as a mean
-        ks = sorted({1, max(1, d // 2), min(d, npos - 1)} - {npos - 1})
-        rows = [
-            [k_name]
-            + [fmt(v[k], ".3f") for k in ks]
-            + [fmt(float(np.mean(v)), ".3f")]
-            + [claims.stat(finals[task][k_name]).fmt(".3f") if k_name in finals[task] else fmt(v[-1], ".3f")]
-            for k_name, v in c.items()
-        ]
-        sec.tables.append(
-            Table(
-                f"{task}: error / d by number of in-context examples k",
-                ["predictor"] + [f"k={k}" for k in ks] + ["mean over k", f"k={npos - 1}"],
-                rows,
-            )
-        )
+        if (base := records.get(f"{KEY}/{task}/baselines")) is not None:
+            curves[task].update(base["result"]["errors"])
+        if curves[task]:
+            sec.tables.append(_error_table(task, curves[task], finals[task], d))
     sec.data = {"curves": curves, "final_error_per_seed": finals}
     if any(curves.values()):
         sec.add_plot(_plot(curves, d), plots_dir / "icl.png", rel, "Error / d vs in-context examples (AoT Fig. 6).")
@@ -285,10 +234,28 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     return sec
 
 
+def _rows(plan: dict) -> list[str]:
+    return list(plan["models"]) + list(plan.get("ablations", []))
+
+
+def _error_table(task: str, c: dict[str, list[float]], fin: dict[str, list[float]], d: int) -> Table:
+    """Error / d of every predictor at a few k, averaged over k, and with all examples (mean ± std over seeds)."""
+    npos = len(next(iter(c.values())))
+    # the last position is the over-seeds column (mean ± std), not repeated as a mean
+    ks = sorted({1, max(1, d // 2), min(d, npos - 1)} - {npos - 1})
+    rows = [
+        [name]
+        + [fmt(v[k], ".3f") for k in ks]
+        + [fmt(float(np.mean(v)), ".3f")]
+        + [claims.stat(fin[name]).fmt(".3f") if name in fin else fmt(v[-1], ".3f")]
+        for name, v in c.items()
+    ]
+    heads = ["predictor"] + [f"k={k}" for k in ks] + ["mean over k", f"k={npos - 1}"]
+    return Table(f"{task}: error / d by number of in-context examples k", heads, rows)
+
+
 def _plateaus(records: dict, curves: dict, finals: dict) -> list[Plateau]:
-    """GPT's plateau per task, on the comparison's own metric, the error averaged over k (the error at k = all can
-    move while the compared mean over k moves less: -0.075 against -0.045 in the long run of 2026-11-27), with
-    AoT's own run at twice the steps where it ran; the curves themselves are in the validation-curves plot."""
+    """GPT's plateau per task on the compared metric (error averaged over k), with AoT's own run at 2x steps."""
     out = []
     for t in curves:
         if "gpt" not in finals.get(t, {}):
@@ -315,8 +282,7 @@ def _mean_over_k(records: dict, task: str, name: str) -> claims.Stat | None:
 
 
 def _tune(sec: Section, records: dict, plan: dict, ev: Evidence) -> None:
-    """The sweep table per task, and the evidence that gates every comparison (and AoT's own claims) resting on a
-    rate that was not swept."""
+    """The sweep table per task, and gates on every comparison (and AoT's own claims) at an unswept rate."""
     untuned: dict[str, str] = {}
     models, unswept = list(plan["models"]), "no learning-rate sweep in this section ({row})"
     for t in plan["tasks"]:
@@ -330,15 +296,12 @@ def _tune(sec: Section, records: dict, plan: dict, ev: Evidence) -> None:
         ev.gates += [(f, "not tuned", why) for f in sec.findings if f.kind == "paper" and not f.claim_type]
 
 
-_CURVES = "In-context: validation curves"
-
-
 def _val_curves(sec: Section, records: dict, plan: dict, plots_dir, rel) -> None:
     """Each run's validation curve (seed means) per task, into ``sec.data`` and a plot."""
     val = {
         t: {
             n: mean_val_curve(rs, "normalized_error")
-            for n in list(plan["models"]) + list(plan.get("ablations", []))
+            for n in _rows(plan)
             if (rs := per_seed(records, f"{KEY}/{t}/{n}"))
         }
         for t in plan["tasks"]
@@ -348,7 +311,8 @@ def _val_curves(sec: Section, records: dict, plan: dict, plots_dir, rel) -> None
         "Validation error (mean over k, seed means) during training; points before the last use "
         f"{CURVE_EVAL_BATCHES} validation batches."
     )
-    sec.add_curves(list(val.items()), plots_dir / "icl_curves.png", rel, "validation error / d", _CURVES, caption)
+    title_ = "In-context: validation curves"
+    sec.add_curves(list(val.items()), plots_dir / "icl_curves.png", rel, "validation error / d", title_, caption)
 
 
 def _plot(curves, d):
@@ -362,15 +326,9 @@ def _plot(curves, d):
     styles = {"zero": ":", "least_squares": "--", "lasso": "-."}
     for ax, t in zip(axes[0], tasks, strict=True):
         for i, (name, v) in enumerate(curves[t].items()):
-            ax.plot(
-                range(len(v)),
-                v,
-                styles.get(name, "-"),
-                marker=None if name in styles else "o",
-                ms=3,
-                label=name,
-                color="gray" if name in styles else f"C{i}",
-            )
+            ref = name in styles
+            color = "gray" if ref else f"C{i}"
+            ax.plot(range(len(v)), v, styles.get(name, "-"), marker=None if ref else "o", ms=3, label=name, color=color)
         ax.axvline(d, color="k", lw=0.5, alpha=0.5)
         ax.set_xlabel("in-context examples")
         ax.set_ylabel("squared error / d")
@@ -383,29 +341,28 @@ def _plot(curves, d):
 
 
 def _baseline_learned(fin: dict, zero: float, plan: dict) -> bool:
-    """Every GPT seed's error with all examples below 0.8x the zero predictor's (a seed left on the plateau means
-    the budget has not taught the baseline)."""
+    """Every GPT seed's error with all examples is below 0.8x the zero predictor's (or no such rule)."""
     return not plan.get("require_learned", True) or ("gpt" in fin and not _stuck(fin["gpt"], zero))
 
 
 def _stuck(errors: list[float], zero: float) -> list[float]:
-    """The seeds' errors (with all examples) that did not get below 0.8x the zero predictor's: those did not learn,
-    the rule the baseline must pass."""
+    """The seeds' errors (with all examples) not below 0.8x the zero predictor's: those did not learn."""
     return [e for e in errors if e >= 0.8 * zero]
+
+
+def _errors(errors: list[float]) -> str:
+    return ", ".join(f"{e:.3f}" for e in errors)
 
 
 def _gate_notes(curves, finals, plan) -> list[str]:
     """Say which AoT-vs-GPT comparisons were not made because the GPT baseline had not learned."""
-    notes = []
-    for t, c in curves.items():
-        fin = finals[t]
-        if "zero" in c and "gpt" in fin and "aot" in fin and not _baseline_learned(fin, c["zero"][-1], plan):
-            notes.append(
-                f"{t}: GPT's error at k = all ({', '.join(f'{e:.3f}' for e in fin['gpt'])} over its seeds) is not "
-                f"below 0.8x the zero predictor's ({c['zero'][-1]:.3f}) on every seed, so AoT is not compared with it "
-                "here (AoT's own finding stays)"
-            )
-    return notes
+    return [
+        f"{t}: GPT's error at k = all ({_errors(finals[t]['gpt'])} over its seeds) is not below 0.8x the zero "
+        f"predictor's ({c['zero'][-1]:.3f}) on every seed, so AoT is not compared with it here (AoT's own finding "
+        "stays)"
+        for t, c in curves.items()
+        if "zero" in c and {"gpt", "aot"} <= set(finals[t]) and not _baseline_learned(finals[t], c["zero"][-1], plan)
+    ]
 
 
 def _findings(curves, finals, records, plan) -> tuple[list[Finding], Evidence]:
@@ -414,54 +371,42 @@ def _findings(curves, finals, records, plan) -> tuple[list[Finding], Evidence]:
     for t, c in curves.items():
         if "zero" not in c:
             continue
-        zero = c["zero"][-1]
-        fin = finals[t]
-        learned = {m: _learned_seeds(fin[m], zero) for m in fin}
-        # the comparisons with AoT need a baseline that left the zero predictor (mean error over seeds below 0.8x
-        # its error, as the other sections gate on the baseline's mean); the "learns" findings need no baseline and
-        # use the stricter half-the-zero-predictor rule per seed
-        gate = _baseline_learned(fin, zero, plan)
-        if gate and "aot" in c and "gpt" in c:
+        zero, fin = c["zero"][-1], finals[t]
+        # the comparisons with AoT need a baseline that left the zero predictor (every seed below 0.8x its error);
+        # the "learns" findings need no baseline and use the stricter half-the-zero-predictor rule per seed
+        if _baseline_learned(fin, zero, plan) and "aot" in c and "gpt" in c:
             out.append(_closeness(t, zero, records))
             ev.gates += _aot_unlearned(out[-1], fin, zero)
-        for m in ("gpt", "aot"):
-            if m not in fin:
-                continue
-            st = claims.stat(fin[m])
-            n_ok = sum(learned[m])
-            measured = (
-                f"{m} error {st.fmt('.3f')} at k={len(c[m]) - 1}; {n_ok} of {len(fin[m])} seeds below half the zero "
-                f"predictor's {zero:.3f}"
-            )
-            rule = "per seed, error at k = all below half the zero predictor's (every seed: agrees; none: disagrees)"
-            verdict = _learns_verdict(fin[m], zero)
-            claim_id = f"icl-gpt-learns#{t}" if m == "gpt" else f"aot-f6-icl-learns#{t}"
-            f = claims.finding(
-                **paper_claims.finding_kw(claim_id, task=t),
-                measured=measured,
-                verdict=verdict,
-                rule=rule,
-                kind="check" if m == "gpt" else "paper",
-                seeds=len(fin[m]),
-            )
-            if m == "aot" and verdict != "agrees":
-                f.explanation = _ablation_text(fin, zero)
-                gpt_ok = learned.get("gpt", [])
-                if verdict == "disagrees" and not (gpt_ok and all(gpt_ok)):
-                    # the same rule must first hold for the baseline: a budget that does not teach GPT on every seed
-                    # cannot show that AoT fails to learn
-                    why = (
-                        f"the GPT baseline learns by the same rule on only {sum(gpt_ok)} of {len(gpt_ok)} seeds, so "
-                        "the budget may be the limit"
-                    )
-                    ev.gates.append((f, "did not learn", why))
-            elif verdict != "agrees":
-                f.explanation = _still_descending(per_seed(records, f"{KEY}/{t}/{m}"))
-            f.trained = True  # over seeds of trained models, though not an interval: counted with the comparisons
-            ev.gates += _learns_plateau(f, m, fin, zero)
-            out.append(f)
+        out += [_learns(t, m, c, fin, zero, records, ev) for m in ("gpt", "aot") if m in fin]
         out += _aot_not_tested(t, plan, fin)
     return out, ev
+
+
+def _learns(t: str, m: str, c: dict, fin: dict, zero: float, records: dict, ev: Evidence) -> Finding:
+    """Row ``m`` learns task ``t`` in context (AoT Fig. 6; GPT's as a check), its gates added to ``ev``."""
+    n_ok = sum(_learned_seeds(fin[m], zero))
+    verdict = _learns_verdict(fin[m], zero)
+    f = claims.finding(
+        **paper_claims.finding_kw(f"icl-gpt-learns#{t}" if m == "gpt" else f"aot-f6-icl-learns#{t}", task=t),
+        measured=f"{m} error {claims.stat(fin[m]).fmt('.3f')} at k={len(c[m]) - 1}; {n_ok} of {len(fin[m])} seeds "
+        f"below half the zero predictor's {zero:.3f}",
+        verdict=verdict,
+        rule="per seed, error at k = all below half the zero predictor's (every seed: agrees; none: disagrees)",
+        kind="check" if m == "gpt" else "paper",
+        seeds=len(fin[m]),
+    )
+    if m == "aot" and verdict != "agrees":
+        f.explanation = _ablation_text(fin, zero)
+        gpt_ok = _learned_seeds(fin["gpt"], zero) if "gpt" in fin else []
+        if verdict == "disagrees" and not (gpt_ok and all(gpt_ok)):
+            # a budget that does not teach GPT on every seed by the same rule cannot show that AoT fails to learn
+            why = f"the GPT baseline learns by the same rule on only {sum(gpt_ok)} of {len(gpt_ok)} seeds"
+            ev.gates.append((f, "did not learn", why + ", so the budget may be the limit"))
+    elif verdict != "agrees":
+        f.explanation = _still_descending(per_seed(records, f"{KEY}/{t}/{m}"))
+    f.trained = True  # over seeds of trained models, though not an interval: counted with the comparisons
+    ev.gates += _learns_plateau(f, m, fin, zero)
+    return f
 
 
 def _aot_not_tested(t: str, plan: dict, fin: dict) -> list[Finding]:
@@ -474,32 +419,26 @@ def _aot_not_tested(t: str, plan: dict, fin: dict) -> list[Finding]:
 
 
 def _closeness(t: str, zero: float, records: dict) -> Finding:
-    """AoT against GPT on the error averaged over k (AoT Fig. 6's "close to"); AoT's own run at twice the steps,
-    where it ran, is evidence of its plateau (:func:`_plateaus`)."""
-    mean_err = {m: _mean_over_k(records, t, m) for m in ("aot", "gpt")}
+    """AoT against GPT on the error averaged over k (AoT Fig. 6's "close to")."""
     kw = paper_claims.compare_kw(f"aot-f6-icl-close#{t}", task=t)
-    f = claims.compare(
-        mean_err["aot"],
-        mean_err["gpt"],
+    return claims.compare(
+        _mean_over_k(records, t, "aot"),
+        _mean_over_k(records, t, "gpt"),
         **{**kw, "margin": kw["margin"] * zero},  # a fraction of the zero predictor's error: linear ~1, sparse ~0.26
         unit="(error/d)",
         a_name="aot",
         b_name="gpt",
         lower_is_better=True,
     )
-    # the ablations explain AoT's own "learns" finding, where they are stated once
-    return f
 
 
 def _aot_unlearned(f: Finding, fin: dict, zero: float) -> list:
-    """The rule the baseline must pass, applied to the compared row (as ListOps gates its rows): a seed that did not
-    leave the zero predictor measures a failure to train, not a trained model's distance from GPT."""
-    stuck = _stuck(fin["aot"], zero)
-    if not stuck:
+    """The baseline's rule applied to AoT: a seed on the zero predictor measures a failure to train."""
+    if not (stuck := _stuck(fin["aot"], zero)):
         return []
     why = (
         f"{len(stuck)} of {len(fin['aot'])} seeds of aot did not learn (error at k = all not below 0.8x the zero "
-        f"predictor's {zero:.3f}: {', '.join(f'{e:.3f}' for e in stuck)})"
+        f"predictor's {zero:.3f}: {_errors(stuck)})"
     )
     return [(f, "did not learn", why)]
 
@@ -516,9 +455,7 @@ def _learns_verdict(errors: list[float], zero: float) -> str:
 
 
 def _learns_plateau(f: Finding, m: str, fin: dict, zero: float) -> list:
-    """A decided "learns" verdict stands only if the row's own run at twice the steps gives the same verdict by the
-    same rule, for "agrees" as for "disagrees" (an error still falling may be called a failure to learn too
-    early); without such a run its plateau is not shown. Returns the plateau gate, if any."""
+    """A decided "learns" verdict stands only if the row's run at twice the steps gives the same verdict."""
     if claims.numbers_verdict(f) not in ("agrees", "disagrees"):
         return []
     longer = fin.get(f"{m}@2x-steps")
@@ -557,43 +494,24 @@ def _still_descending(results: list[dict]) -> str:
 
 
 def _ablation_text(fin: dict, zero: float) -> str:
-    """What the ablations (untied projection; 2x or 4x the steps) say about AoT's failure to learn in context (a seed
-    learns: its error at k = all is below half the zero predictor's); their errors are in the section's table."""
+    """What the ablations (one factor; 2x or 4x the steps) say about AoT's failure to learn in context."""
     if "aot" not in fin:
         return ""
-    a = claims.stat(fin["aot"])
     parts = []
     for name, factor in _STEP_FACTOR.items():
-        if not name.startswith("aot@") or name not in fin:
-            continue
-        long = fin[name]
-        n_ok = sum(_learned_seeds(long, zero))
-        parts.append(
-            f"{name}: {n_ok} of {len(long)} seeds learn ("
-            + (
-                "the budget is the limit"
-                if n_ok == len(long)
-                else "seed-dependent"
-                if n_ok
-                else f"{factor}x the steps leaves AoT on the plateau"
+        if name.startswith("aot@") and name in fin:
+            n_ok, n = sum(_learned_seeds(fin[name], zero)), len(fin[name])
+            why = "the budget is the limit" if n_ok == n else "seed-dependent" if n_ok else None
+            parts.append(
+                f"{name}: {n_ok} of {n} seeds learn ({why or f'{factor}x the steps leaves AoT on the plateau'})"
             )
-            + ")"
-        )
-    g = claims.stat(fin.get("gpt"))
+    a, g = claims.stat(fin["aot"]), claims.stat(fin.get("gpt"))
     for name, (factor, confound) in _ONE_FACTOR.items():
         if name in fin:
             parts.append(_one_factor_text(name, factor, a, claims.stat(fin[name]), zero, confound, g))
     if "aot+softmax" in fin:
         parts.append(_untied_text(claims.stat(fin["aot+softmax"]), zero, all(n in fin for n in _ONE_FACTOR)))
     return "; ".join(parts)
-
-
-#: the one-factor ablations of AoT's attention: the factor each one removes
-_ONE_FACTOR = {
-    "aot-qnorm": ("the query normalisation", ""),
-    # untying also triples the attention's projection parameters: a second factor the row cannot separate
-    "aot-untied": ("the tied q/k/v projection", "which also triples the attention's projection parameters"),
-}
 
 
 def _one_factor_text(
@@ -605,26 +523,24 @@ def _one_factor_text(
     confound: str = "",
     g: claims.Stat | None = None,
 ) -> str:
-    """An ablation of AoT's attention, against AoT, in words chosen from the numbers; ``confound`` names a second
-    factor the row changes with it (then the row blames neither alone); ``g``: GPT's error, to say how much of AoT's
-    gap to it the ablation closes."""
+    """An ablation of AoT's attention against AoT (``g``: GPT's error), in words chosen from the numbers."""
     learns, aot_learns = q.mean < 0.5 * zero, a.mean < 0.5 * zero
     what = f"without {factor}, {confound}" if confound else f"one factor: without {factor}"
     blamed = f"{factor} or the smaller attention" if confound else factor
     share = ""
     if g is not None and a.mean > g.mean and q.mean < a.mean:
         share = f" ({(a.mean - q.mean) / (a.mean - g.mean):.0%} of AoT's gap to GPT's {g.mean:.3f})"
-    return f"{name} ({what}): " + (
-        f"learns in context, so {blamed} keeps AoT from it" + ("; this row does not say which" if confound else "")
-        if learns and not aot_learns
-        else f"lower error{share} but does not learn: {factor} explains part of the gap"
-        if not learns and not aot_learns and q.mean < a.mean
-        else f"no lower error: {factor} does not explain the gap"
-        if not learns and not aot_learns
-        else "AoT learns in context with and without it"
-        if learns
-        else "AoT learns with it, not without it"
-    )
+    if aot_learns:
+        words = "AoT learns in context with and without it" if learns else "AoT learns with it, not without it"
+    elif learns:
+        words = f"learns in context, so {blamed} keeps AoT from it" + (
+            "; this row does not say which" if confound else ""
+        )
+    elif q.mean < a.mean:
+        words = f"lower error{share} but does not learn: {factor} explains part of the gap"
+    else:
+        words = f"no lower error: {factor} does not explain the gap"
+    return f"{name} ({what}): {words}"
 
 
 def _untied_text(s: claims.Stat, zero: float, both_run: bool = False) -> str:

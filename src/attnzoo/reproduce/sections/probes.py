@@ -1,8 +1,6 @@
-"""White-box probes (``attnzoo.analysis``): AoT's denoising theorem (Fig. 4, at two step sizes η), CBSA's compression
-of noisy lines (Fig. 4), rank collapse without skip connections (CSP Thm 1), the per-layer compression term (ToST
-Fig. 4a, CBSA Fig. 5, CRATE) of vision models trained for the probe at ``layerwise_depth`` layers (the vision section's
-recipe otherwise), measured as CRATE's code measures it, with the vision section's shallow models as an ablation, and
-the attention maps of the vision section's models (ToST Fig. 5 / FAST Fig. 4).
+"""White-box probes (``attnzoo.analysis``): AoT's denoising theorem (Fig. 4), CBSA's compression of noisy lines
+(Fig. 4), rank collapse without skip connections (CSP Thm 1), the per-layer compression term (ToST Fig. 4a, CBSA
+Fig. 5, CRATE) of vision models trained at ``layerwise_depth`` layers, and attention maps (ToST Fig. 5 / FAST Fig. 4).
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from attnzoo.reproduce.common import (
     Table,
     fmt,
     load_trained,
-    save_figure,
+    plot_val_curves,
     seeded_id,
     train_run,
 )
@@ -28,14 +26,10 @@ from attnzoo.reproduce.store import Step
 KEY = "probes"
 TITLE = "White-box probes"
 
-
 #: eta of AoT Fig. 4's second run: a small step, where the soft-max iteration is compared (the paper gives no eta)
 SMALL_ETA = 0.02
-
 #: the probe models with a layer-wise claim: ToST Fig. 4a's for tost, a test of CBSA Fig. 5's for the others
-#: (``_layerwise_claim`` names the claim)
 LAYERWISE_MODELS = ("tost", "crate", "cbt", "aot")
-
 #: the measure each mechanism's claim is judged on: ToST's own R^var_c for TSSA, CRATE's measured R^c otherwise
 _CLAIM_MEASURE = {"tssa": "variational_compression"}
 _DEFAULT_MEASURE = "crate_compression"
@@ -43,7 +37,43 @@ _DEFAULT_MEASURE = "crate_compression"
 #: outputs with their own memberships; CBSA Fig. 5 the compression term of its eq 2 on the raw tokens
 _LITERAL_MEASURE = {"tssa": "variational_compression_out"}
 _DEFAULT_LITERAL = "compression"
-
+#: the measures a layer-wise verdict that is not 'agrees' is read under, in the explanation's order
+_ABLATION_MEASURES = (
+    "compression",
+    "crate_compression",
+    "crate_compression_out",
+    "variational_compression",
+    "variational_compression_normalized",
+    "variational_compression_out",
+)
+#: a probe model has learned its task when its accuracy clears the majority class by this many points
+LEARNED_MARGIN = 10.0
+#: the layer-wise findings' rule (:func:`_fall_verdict`, :func:`_seeds_verdict`), stated once in the section's intro
+FALL_RULE = (
+    "Layer-wise fall rule: agrees if the value falls over the claim's layers with at least half the steps "
+    "falling, disagrees if it rises with under half falling, else inconclusive; over seeds, the seed mean's "
+    "verdict if more than half of the seeds give it."
+)
+#: short names of the per-layer measures in the tables, and their definitions
+MEASURE_LABEL = {
+    "crate_compression": "R^c (CRATE's code)",
+    "crate_compression_out": "R^c (CRATE's code), block output",
+    "compression": "R^c raw (eq 2)",
+    "variational_compression": "R^var_c (ToST eq 4)",
+    "variational_compression_normalized": "R^var_c, unit-norm tokens",
+    "variational_compression_out": "R^var_c, block output",
+    "coding_rate": "R(Z) (eq 1)",
+}
+#: (the tokens are those entering each attention layer after its pre-norm, unless the label says block output)
+MEASURE_DEF = {
+    "crate_compression": "CBSA eq 2 on unit-norm codes U_kᵀz, ε² = 0.01",
+    "compression": "CBSA eq 2, ε = 0.5",
+    "variational_compression": "ToST eq 4 with the layer's memberships, ε = 0.5",
+    "variational_compression_out": "the same on the block's outputs (what ToST Fig. 4a plots)",
+    "coding_rate": "CBSA eq 1, ε = 0.5",
+}
+#: the control's reading when the untrained architecture shows the trend as strongly (the verdict is then gated)
+INIT_FALLS_AS_MUCH = "the untrained model falls as much: the trend is the architecture's, not learned"
 
 #: every probe finding tests a paper's claim with a rule of its own (trends over layers or iterations)
 _finding = functools.partial(claims.finding, kind="paper", measurement=True)
@@ -64,157 +94,80 @@ def _deep_vision_plan(plan: dict, vision_plan: dict) -> dict:
 def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
     steps = _synthetic_steps(plan, seed)
     batch = {"task": vision_plan["task"], "task_options": vision_plan["task_options"], "n": 8}
-    lw_batch = dict(batch, n=plan.get("layerwise_batch", 32))
-    measure = {"eps": 0.5, "crate_eps": 0.1}
+    probe = {"batch": dict(batch, n=plan.get("layerwise_batch", 32)), "eps": 0.5, "crate_eps": 0.1}
     deep = _deep_vision_plan(plan, vision_plan)
     for name in plan["layerwise"]:
-        steps.extend(_layerwise_steps(name, seed, deep, vision_plan, lw_batch, measure))
+        steps.extend(_layerwise_steps(name, seed, deep, vision_plan, probe))
         # more seeds of the models with a layer-wise claim: the verdict then rests on the seed-mean series and on
         # how many seeds agree with it (ids apart from the base seed's, so its steps are reused)
         if name in LAYERWISE_MODELS:
             for s in range(seed + 1, seed + plan.get("layerwise_seeds", 1)):
-                steps.extend(_layerwise_steps(name, s, deep, vision_plan, lw_batch, measure, suffix=f"/extra-seed{s}"))
-    steps.extend(_maps_steps(plan, seed, vision_plan, batch))
+                steps.extend(_layerwise_steps(name, s, deep, vision_plan, probe, suffix=f"/extra-seed{s}"))
+    maps = [n for n in plan.get("attention_maps", []) if n in vision_plan["models"]]
+    if maps:  # the attention maps of the vision section's models named for them
+        deps = tuple(seeded_id(f"vision/{n}", seed) for n in maps)
+        steps.append(_step("attention-maps", {"experiment": "attention-maps", "models": maps, "batch": batch}, deps))
     return steps
 
 
+def _step(label: str, config: dict, deps: tuple[str, ...] = ()) -> Step:
+    """A probe step run by its experiment's function."""
+    return Step(f"{KEY}/{label}", KEY, config, _RUN[config["experiment"]], deps=deps, label=label)
+
+
 def _synthetic_steps(plan: dict, seed: int) -> list[Step]:
-    """The parameter-free probes: denoise at two step sizes (and at the small one with the same ηL), compress, and
-    rank collapse."""
+    """The parameter-free probes: denoise at two step sizes (and at the small one with the same ηL), compress, rank."""
     den = dict(plan["denoise"], seed=seed)
-    big_eta = den.get("eta", 0.1)
-    layers = den.get("layers", 12)
+    big_eta, layers = den.get("eta", 0.1), den.get("layers", 12)
     small = plan.get("denoise_small_eta", SMALL_ETA)
-    return [
-        Step(
-            f"{KEY}/denoise",
-            KEY,
-            {"experiment": "denoise", "params": dict(den, eta=big_eta)},
-            _run_synth,
-            label="denoise",
-        ),
-        Step(
-            f"{KEY}/denoise/eta{small:g}",
-            KEY,
-            {"experiment": "denoise", "params": dict(den, eta=small)},
-            _run_synth,
-            label=f"denoise/eta{small:g}",
-        ),
-        # the same total step eta*L as the first run: does the soft-max iteration's fall depend on eta or on eta*L?
-        Step(
-            f"{KEY}/denoise/eta{small:g}-matched",
-            KEY,
-            {"experiment": "denoise", "params": dict(den, eta=small, layers=max(1, round(layers * big_eta / small)))},
-            _run_synth,
-            label=f"denoise/eta{small:g}-matched",
-        ),
-        Step(
-            f"{KEY}/compress",
-            KEY,
-            {"experiment": "compress", "params": dict(plan["compress"], seed=seed)},
-            _run_synth,
-            label="compress",
-        ),
-        Step(
-            f"{KEY}/rank-collapse",
-            KEY,
-            {"experiment": "rank-collapse", "params": dict(plan["rank_collapse"], seed=seed)},
-            _run_synth,
-            label="rank-collapse",
-        ),
-    ]
+    # the -matched run has the first run's total step eta*L: does the soft-max fall depend on eta or on eta*L?
+    matched = dict(den, eta=small, layers=max(1, round(layers * big_eta / small)))
+    runs = {
+        "denoise": ("denoise", dict(den, eta=big_eta)),
+        f"denoise/eta{small:g}": ("denoise", dict(den, eta=small)),
+        f"denoise/eta{small:g}-matched": ("denoise", matched),
+        "compress": ("compress", dict(plan["compress"], seed=seed)),
+        "rank-collapse": ("rank-collapse", dict(plan["rank_collapse"], seed=seed)),
+    }
+    return [_step(label, {"experiment": e, "params": p}) for label, (e, p) in runs.items()]
 
 
-def _layerwise_steps(
-    name: str, seed: int, deep: dict, vision_plan: dict, lw_batch: dict, measure: dict, suffix: str = ""
-) -> list[Step]:
-    """One layer-wise probe model: its training at the probes' depth, its probe, and (for the base seed, when the
-    vision section trains it too) the same probe on the vision section's shallow model."""
+def _layerwise_steps(name: str, seed: int, deep: dict, vision_plan: dict, probe: dict, suffix: str = "") -> list[Step]:
+    """One probe model's training and probe; for the base seed also its random-init and shallow-model probes."""
     from attnzoo.reproduce.sections import vision
 
     if name not in vision.MODELS:
         raise ValueError(f"unknown layer-wise probe model {name!r}; valid: {sorted(vision.MODELS)}")
     config = vision.row_config(deep, name, seed)
-    train = config["train"]
-    tid = f"{KEY}/train/{name}{suffix}"
+    train, tid = config["train"], f"{KEY}/train/{name}{suffix}"
+    lw = {"experiment": "layerwise", "model": name, "source": tid, "train": train, **probe}
     steps = [
         Step(tid, KEY, config, _run_train, label=f"train/{name}{suffix}"),
-        Step(
-            f"{KEY}/layerwise/{name}{suffix}",
-            KEY,
-            {"experiment": "layerwise", "model": name, "source": tid, "train": train, "batch": lw_batch, **measure},
-            _run_layerwise,
-            deps=(tid,),
-            label=f"layerwise/{name}{suffix}",
-        ),
+        _step(f"layerwise/{name}{suffix}", lw, (tid,)),
     ]
-    if not suffix:
-        # control: the same probe on the same architecture at its random initialisation (the trained model's seed),
-        # so a fall that is there before training is not read as learned
-        steps.append(
-            Step(
-                f"{KEY}/layerwise-init/{name}",
-                KEY,
-                {"experiment": "layerwise-init", "model": name, "train": train, "batch": lw_batch, **measure},
-                _run_layerwise_init,
-                label=f"layerwise-init/{name}",
-            )
-        )
-    if name in vision_plan["models"] and not suffix:
+    if suffix:
+        return steps
+    # control: the same probe on the same architecture at its random initialisation (the trained model's seed),
+    # so a fall that is there before training is not read as learned
+    steps.append(
+        _step(f"layerwise-init/{name}", {"experiment": "layerwise-init", "model": name, "train": train, **probe})
+    )
+    if name in vision_plan["models"]:
         # ablation: the same probe on the vision section's shallow model (what the report probed before)
         vid = seeded_id(f"vision/{name}", seed)
-        shallow_model = {"model_options": vision.model_options(name, vision_plan), "train": vision_plan["train"]}
-        steps.append(
-            Step(
-                f"{KEY}/layerwise-shallow/{name}",
-                KEY,
-                {
-                    "experiment": "layerwise",
-                    "model": name,
-                    "source": vid,
-                    "trained": shallow_model,
-                    "batch": lw_batch,
-                    **measure,
-                },
-                _run_layerwise,
-                deps=(vid,),
-                label=f"layerwise-shallow/{name}",
-            )
-        )
+        shallow = {"model_options": vision.model_options(name, vision_plan), "train": vision_plan["train"]}
+        config = {"experiment": "layerwise", "model": name, "source": vid, "trained": shallow, **probe}
+        steps.append(_step(f"layerwise-shallow/{name}", config, (vid,)))
     return steps
-
-
-def _maps_steps(plan: dict, seed: int, vision_plan: dict, batch: dict) -> list[Step]:
-    """The attention-maps step over the vision section's models named for it (none if it trains none of them)."""
-    maps = [n for n in plan.get("attention_maps", []) if n in vision_plan["models"]]
-    if not maps:
-        return []
-    return [
-        Step(
-            f"{KEY}/attention-maps",
-            KEY,
-            {"experiment": "attention-maps", "models": maps, "batch": batch},
-            _run_maps,
-            deps=tuple(seeded_id(f"vision/{n}", seed) for n in maps),
-            label="attention-maps",
-        )
-    ]
 
 
 def _run_train(ctx: Context, step: Step) -> dict:
     """Train a probe model (the vision section's recipe at the probes' depth); validation accuracy beside it."""
     cfg = step.config["train"]
     rec = train_run(ctx, step.id, cfg)
-    return {
-        "accuracy": rec["val"].get("accuracy"),
-        "val_loss": rec["val"].get("loss"),
-        "run_dir": rec["run_dir"],
-        "depth": cfg["model_options"]["depth"],
-        "steps": cfg["steps"],
-        "batch_size": cfg["batch_size"],
-        "curve": rec["curve"],
-        "val_curve": rec["val_curve"],
-    }
+    out = {"accuracy": rec["val"].get("accuracy"), "val_loss": rec["val"].get("loss"), "run_dir": rec["run_dir"]}
+    out.update(depth=cfg["model_options"]["depth"], steps=cfg["steps"], batch_size=cfg["batch_size"])
+    return out | {k: rec[k] for k in ("curve", "val_curve")}
 
 
 def _run_synth(_ctx: Context, step: Step) -> dict:
@@ -241,31 +194,29 @@ def _trained(ctx: Context, name: str, source: str | None = None):
     return load_trained(rec["result"]["run_dir"])
 
 
-def _run_layerwise(ctx: Context, step: Step) -> dict:
+def _layerwise(model, cfg: dict) -> dict:
     from attnzoo.analysis import layerwise
     from attnzoo.analysis.io import to_jsonable
 
-    cfg = step.config
-    model = _trained(ctx, cfg["model"], cfg.get("source"))
     return to_jsonable(layerwise(model, _val_batch(cfg["batch"]), eps=cfg["eps"], crate_eps=cfg.get("crate_eps", 0.1)))
+
+
+def _run_layerwise(ctx: Context, step: Step) -> dict:
+    return _layerwise(_trained(ctx, step.config["model"], step.config.get("source")), step.config)
 
 
 def _run_layerwise_init(_ctx: Context, step: Step) -> dict:
     """The layer-wise probe on the probe model's architecture as initialised by its training seed (no step taken)."""
     import torch
 
-    from attnzoo.analysis import layerwise
-    from attnzoo.analysis.io import to_jsonable
     from attnzoo.data import build_task
     from attnzoo.train.config import from_dict
     from attnzoo.train.objectives import build_task_model
 
-    cfg = step.config
-    tcfg = from_dict({**cfg["train"], "eval_every": 1})
+    tcfg = from_dict({**step.config["train"], "eval_every": 1})
     task = build_task(tcfg.task, **tcfg.task_options)
     torch.manual_seed(tcfg.seed)
-    model = build_task_model(tcfg, task).eval()
-    return to_jsonable(layerwise(model, _val_batch(cfg["batch"]), eps=cfg["eps"], crate_eps=cfg.get("crate_eps", 0.1)))
+    return _layerwise(build_task_model(tcfg, task).eval(), step.config)
 
 
 def _run_maps(ctx: Context, step: Step) -> dict:
@@ -273,15 +224,22 @@ def _run_maps(ctx: Context, step: Step) -> dict:
     from attnzoo.analysis.io import to_jsonable
 
     models = {n: _trained(ctx, n) for n in step.config["models"]}
-    x = _val_batch(step.config["batch"])
-    return to_jsonable(attention_maps(models, x))
+    return to_jsonable(attention_maps(models, _val_batch(step.config["batch"])))
+
+
+#: experiment -> the function that runs its step
+_RUN = dict.fromkeys(("denoise", "compress", "rank-collapse"), _run_synth)
+_RUN.update({"layerwise": _run_layerwise, "layerwise-init": _run_layerwise_init, "attention-maps": _run_maps})
 
 
 def _num(v) -> float:
     """JSON numbers back to floats (the analysis package writes non-finite values as strings)."""
-    if isinstance(v, str):
-        return float(v)
-    return float(v) if v is not None else math.nan
+    return math.nan if v is None else float(v)
+
+
+def _under(res: dict, prefix: str) -> dict:
+    """The results whose label starts with ``prefix/``, by the rest of the label."""
+    return {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith(prefix + "/")}
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
@@ -294,7 +252,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         if k.startswith("layerwise/") and "/extra-seed" in k:
             name, tail = k.split("/", 1)[1].split("/", 1)
             more.setdefault(name, []).append((all_res.get(f"train/{name}/{tail}", {}), v))
-    trained = {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith("train/")}
+    trained = _under(res, "train")
     depth = next((t["depth"] for t in trained.values()), plan.get("layerwise_depth"))
     steps = next((t["steps"] for t in trained.values()), None)
     sec.intro = (
@@ -302,7 +260,41 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         f"measures vision models trained for it ({depth} layers, {steps} steps, the vision recipe otherwise) on "
         f"validation images. {FALL_RULE}"
     )
-    plot = _plotter(sec, plots_dir, rel)
+    lw, init = _under(res, "layerwise"), _under(res, "layerwise-init")
+    _tables(sec, res, trained, lw, init, depth, _plotter(sec, plots_dir, rel))
+    curves = {n: t["val_curve"] for n, t in trained.items() if t.get("val_curve")}
+    if curves:
+        rows = {n: [[p["step"], 100.0 * p["accuracy"]] for p in c if "accuracy" in p] for n, c in curves.items()}
+        fig = plot_val_curves([("probe models", rows)], "validation accuracy (%)", "Probe models")
+        sec.add_plot(
+            fig, plots_dir / "probes_curves.png", rel, "Validation accuracy of the probe models during training."
+        )
+    if "attention-maps" in res:
+        caption = "Attention maps of the trained models (ToST Fig. 5 / FAST Fig. 4)."
+        _plotter(sec, plots_dir, rel)("attention-maps", res["attention-maps"], caption)
+    sec.data = {k: _slim(v) for k, v in res.items()}
+    majority = 100.0 * plan.get("majority", 0.1)
+    if plan.get("require_learned", True):
+        unlearned = {n for n, t in trained.items() if not _learned(t, majority)}
+        if unlearned:
+            sec.notes.append(
+                f"probe model(s) {', '.join(sorted(unlearned))} did not reach {LEARNED_MARGIN:g} points above "
+                f"the {majority:.0f}% majority class; their layer-wise claims are not judged"
+            )
+            lw = {n: r for n, r in lw.items() if n not in unlearned}
+        # extra seeds that did not learn are left out of their model's verdict
+        more = {n: [(t, r) for t, r in runs if _learned(t, majority)] for n, runs in more.items()}
+    more_probes = {n: [r for _, r in runs] for n, runs in more.items()}
+    sec.findings = _findings(res, lw, _under(res, "layerwise-shallow"), more_probes)
+    for f in sec.findings:
+        name = f.get("probe_model")
+        if name in init and name in lw:
+            apply_init_control(f, init_control(lw[name], init[name], more_probes.get(name, [])))
+    return sec
+
+
+def _tables(sec: Section, res: dict, trained: dict, lw: dict, init: dict, depth, plot) -> None:
+    """The section's tables, each experiment's beside its plots."""
     dn = {k: v for k, v in res.items() if k == "denoise" or k.startswith("denoise/")}
     if "denoise" in dn:
         _denoise_table(sec, dn, plot)
@@ -310,53 +302,14 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         _compress_table(sec, res["compress"], plot)
     if "rank-collapse" in res:
         _rank_collapse_table(sec, res["rank-collapse"], plot)
-    lw = {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith("layerwise/")}
-    shallow = {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith("layerwise-shallow/")}
-    init = {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith("layerwise-init/")}
     if lw:
         _layerwise_table(sec, lw, trained, depth, plot)
     if init:
         _init_table(sec, lw, init)
-    curves = {n: t["val_curve"] for n, t in trained.items() if t.get("val_curve")}
-    if curves:
-        from attnzoo.reproduce.common import plot_val_curves, save_figure
-
-        path = plots_dir / "probes_curves.png"
-        rows = {n: [[p["step"], 100.0 * p["accuracy"]] for p in c if "accuracy" in p] for n, c in curves.items()}
-        save_figure(plot_val_curves([("probe models", rows)], "validation accuracy (%)", "Probe models"), path)
-        sec.plots.append((rel(path), "Validation accuracy of the probe models during training."))
-    if "attention-maps" in res:
-        plot(
-            "attention-maps",
-            res["attention-maps"],
-            "Attention maps of the trained models (ToST Fig. 5 / FAST Fig. 4).",
-        )
-    sec.data = {k: _slim(v) for k, v in res.items()}
-    majority = 100.0 * plan.get("majority", 0.1)
-    unlearned = {
-        n
-        for n, t in trained.items()
-        if t.get("accuracy") is None or 100.0 * _num(t["accuracy"]) < majority + LEARNED_MARGIN
-    }
-    if plan.get("require_learned", True) and unlearned:
-        sec.notes.append(
-            f"probe model(s) {', '.join(sorted(unlearned))} did not reach {LEARNED_MARGIN:g} points above "
-            f"the {majority:.0f}% majority class; their layer-wise claims are not judged"
-        )
-        lw = {n: r for n, r in lw.items() if n not in unlearned}
-    if plan.get("require_learned", True):  # extra seeds that did not learn are left out of their model's verdict
-        more = {n: [(t, r) for t, r in runs if _learned(t, majority)] for n, runs in more.items()}
-    sec.findings = _findings(res, lw, shallow, {n: [r for _, r in runs] for n, runs in more.items()})
-    for f in sec.findings:
-        name = f.get("probe_model")
-        if name in init and name in lw:
-            apply_init_control(f, init_control(lw[name], init[name], [r for _, r in more.get(name, [])]))
-    return sec
 
 
 def apply_init_control(f: dict, control: dict) -> dict:
-    """Attach the random-initialisation control to a layer-wise finding; a trend the untrained model shows as
-    strongly is not credited to training, so its verdict is gated (reason ``control``)."""
+    """Attach the random-initialisation control to a finding, gated where the untrained model falls as much."""
     f["random_init_control"] = control["data"]
     f["explanation"] = (f.get("explanation", "") + "; " if f.get("explanation") else "") + control["text"]
     if control["data"] and control["data"]["reading"] == INIT_FALLS_AS_MUCH:
@@ -364,23 +317,10 @@ def apply_init_control(f: dict, control: dict) -> dict:
     return f
 
 
-#: the control's reading when the untrained architecture shows the trend as strongly (the verdict is then gated)
-INIT_FALLS_AS_MUCH = "the untrained model falls as much: the trend is the architecture's, not learned"
-
-
 def init_control(trained: dict, init: dict, more: list[dict] | None = None) -> dict:
-    """The random-initialisation control of a layer-wise claim, in words chosen from the numbers.
-
-    ``trained`` and ``more`` are the probe results of the trained model's seeds, ``init`` the same probe on the
-    untrained model of the base seed. Returns ``{"text", "data"}``: the control's series and verdict by the same
-    rule, and whether the trained fall is learned (the control does not fall), there before training (both fall,
-    the trained one by no more than twice the control's), deepened by training (both fall, the trained one by
-    more than twice), undone by training (only the control falls) or absent from both.
-    """
+    """The random-initialisation control of a layer-wise claim in words chosen from the numbers: ``{text, data}``."""
     key = _measure_key(trained)
-    tr = _layer_series(trained, key)
-    runs = [tr] + [v for m in more or [] if len(v := _layer_series(m, key)) == len(tr)]
-    mean = [sum(x[i] for x in runs) / len(runs) for i in range(len(tr))]
+    mean, runs = _seed_mean(key, [trained, *(more or [])])
     iv = _layer_series(init, key)
     if len(iv) != len(mean) or len(mean) < 2:
         return {"text": "random-initialisation control: no comparable series", "data": None}
@@ -406,25 +346,17 @@ def init_control(trained: dict, init: dict, more: list[dict] | None = None) -> d
 
 
 def _init_table(sec: Section, lw: dict[str, dict], init: dict[str, dict]) -> None:
-    """The claim measure of every probe model with a layer-wise claim at its random initialisation (the trained rows
-    are the layer-wise table's claim rows)."""
+    """The claim measure of every probe model with a layer-wise claim at its random initialisation."""
     rows = []
     for name, r in init.items():
         if name not in LAYERWISE_MODELS:  # no layer-wise claim: no control to read
             continue
         key = _measure_key(lw[name]) if name in lw else _measure_key(r)
-        if key not in {k for row in r["layers"] for k in row}:
-            continue
-        vals = _layer_series(r, key)
-        rows.append([name, MEASURE_LABEL.get(key, key), _series_cell(vals)])
+        if key in {k for row in r["layers"] for k in row}:
+            rows.append([name, MEASURE_LABEL.get(key, key), _series_cell(_layer_series(r, key))])
     if rows:
-        sec.tables.append(
-            Table(
-                "layerwise control: the probe models' architectures at random initialisation (training seed)",
-                ["model", "measure", "layers 1 to last"],
-                rows,
-            )
-        )
+        title = "layerwise control: the probe models' architectures at random initialisation (training seed)"
+        sec.tables.append(Table(title, ["model", "measure", "layers 1 to last"], rows))
 
 
 def _series_cell(vals: list[float]) -> str:
@@ -440,21 +372,18 @@ def _plotter(sec: Section, plots_dir, rel):
     from attnzoo.analysis.experiments import PLOTTERS
 
     def plot(name: str, result: dict, caption: str) -> None:
-        path = plots_dir / f"probe_{name.replace('/', '_')}.png"
         try:
             fig = PLOTTERS[result["experiment"]](result)
         except KeyError as e:  # a record imported (--reuse) from a results.json whose large arrays were left out
             sec.notes.append(f"plot `{name}` not drawn: its stored result lacks {e} (rerun the step)")
             return
-        save_figure(fig, path)
-        sec.plots.append((rel(path), caption))
+        sec.add_plot(fig, plots_dir / f"probe_{name.replace('/', '_')}.png", rel, caption)
 
     return plot
 
 
 def _denoise_table(sec: Section, dn: dict[str, dict], plot) -> None:
-    """AoT eq 3: SNR per layer of every η run, and their plots (the fitted growths and the ``-matched`` run are in the
-    findings)."""
+    """AoT eq 3: SNR per layer of every η run, and their plots."""
     runs = [k for k in dn if not k.endswith("-matched")]
     cols, series = [], []
     for k in runs:
@@ -471,15 +400,9 @@ def _denoise_table(sec: Section, dn: dict[str, dict], plot) -> None:
 
 def _compress_table(sec: Section, r: dict, plot) -> None:
     rate = [_num(x) for x in r["coding_rate"]]
-    snaps = r["params"]["snapshots"]
-    rows = [[s, fmt(rate[s], ".4g"), fmt(_num(r["line_fit"].get(str(s))), ".3g")] for s in snaps]
-    sec.tables.append(
-        Table(
-            "compress (CBSA eq 12 on noisy lines in R^3)",
-            ["iteration", "coding rate Σ_c R(Z_c)", "mean σ2/σ1 per class"],
-            rows,
-        )
-    )
+    rows = [[s, fmt(rate[s], ".4g"), fmt(_num(r["line_fit"].get(str(s))), ".3g")] for s in r["params"]["snapshots"]]
+    heads = ["iteration", "coding rate Σ_c R(Z_c)", "mean σ2/σ1 per class"]
+    sec.tables.append(Table("compress (CBSA eq 12 on noisy lines in R^3)", heads, rows))
     plot("compress", r, "CBSA Fig. 4: points and coding rate.")
 
 
@@ -497,29 +420,21 @@ def _rank_collapse_table(sec: Section, r: dict, plot) -> None:
 
 
 def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict], depth, plot) -> None:
-    """Per probe model (base seed): the claim's measure and the one the paper's figure plots (the literal gate's),
-    layer 1 → last; and its plot with every measure. The other measures are in results.json."""
+    """Per probe model: its claim's measure and the one the paper's figure plots per layer, and its plot."""
     rows, shown = [], set()
     for name, r in lw.items():
         plot(f"layerwise/{name}", r, f"Per-layer measures: {name}.")
         if name not in LAYERWISE_MODELS:  # no layer-wise claim (its measures are in the plot)
             continue
         t = trained.get(name, {})
-        acc = _num(t.get("accuracy")) * 100 if t.get("accuracy") is not None else math.nan
-        claim = _measure_key(r)
-        lit = _LITERAL_MEASURE.get(r["layers"][0]["mechanism"] if r["layers"] else None, _DEFAULT_LITERAL)
+        acc = fmt(_num(t.get("accuracy")) * 100 if t.get("accuracy") is not None else math.nan, ".1f")
+        claim, lit = _measure_key(r), _literal_key(r)
         keys = [claim] + ([lit] if lit != claim and claim != "coding_rate" and lit in r["series"] else [])
         for i, key in enumerate(keys):
             shown.add(key)
             tag = (" (claim)" if key != "coding_rate" else "") if i == 0 else " (figure)"
-            rows.append(
-                [
-                    name if i == 0 else "",
-                    fmt(acc, ".1f") if i == 0 else "",
-                    MEASURE_LABEL.get(key, key) + tag,
-                    _series_cell(_layer_series(r, key)),
-                ]
-            )
+            label = MEASURE_LABEL.get(key, key) + tag
+            rows.append([name if i == 0 else "", acc if i == 0 else "", label, _series_cell(_layer_series(r, key))])
     if not rows:
         return
     defs = "; ".join(f"{v}: {MEASURE_DEF[k]}" for k, v in MEASURE_LABEL.items() if k in MEASURE_DEF and k in shown)
@@ -534,51 +449,34 @@ def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict]
     )
 
 
-#: a probe model has learned its task when its accuracy clears the majority class by this many points
-LEARNED_MARGIN = 10.0
-
-#: the layer-wise findings' rule (:func:`_fall_verdict`, :func:`_seeds_verdict`), stated once in the section's intro
-FALL_RULE = (
-    "Layer-wise fall rule: agrees if the value falls over the claim's layers with at least half the steps "
-    "falling, disagrees if it rises with under half falling, else inconclusive; over seeds, the seed mean's "
-    "verdict if more than half of the seeds give it."
-)
-
-
-#: short names of the per-layer measures in the tables, and their definitions
-MEASURE_LABEL = {
-    "crate_compression": "R^c (CRATE's code)",
-    "crate_compression_out": "R^c (CRATE's code), block output",
-    "compression": "R^c raw (eq 2)",
-    "variational_compression": "R^var_c (ToST eq 4)",
-    "variational_compression_normalized": "R^var_c, unit-norm tokens",
-    "variational_compression_out": "R^var_c, block output",
-    "coding_rate": "R(Z) (eq 1)",
-}
-#: (the tokens are those entering each attention layer after its pre-norm, unless the label says block output)
-MEASURE_DEF = {
-    "crate_compression": "CBSA eq 2 on unit-norm codes U_kᵀz, ε² = 0.01",
-    "compression": "CBSA eq 2, ε = 0.5",
-    "variational_compression": "ToST eq 4 with the layer's memberships, ε = 0.5",
-    "variational_compression_out": "the same on the block's outputs (what ToST Fig. 4a plots)",
-    "coding_rate": "CBSA eq 1, ε = 0.5",
-}
+def _mechanism(r: dict) -> str | None:
+    return r["layers"][0]["mechanism"] if r.get("layers") else None
 
 
 def _measure_key(r: dict) -> str:
-    """The measure a layer-wise claim is judged on: ToST's R^var_c for TSSA, CRATE's measured R^c for the other
-    white-box layers, the plain coding rate where the layer has no subspace bases (no claim)."""
+    """The claim measure: ToST's R^var_c for TSSA, CRATE's R^c otherwise, R(Z) without subspace bases."""
     keys = {k for row in r["layers"] for k in row}
-    mech = r["layers"][0]["mechanism"] if r["layers"] else None
-    for k in (_CLAIM_MEASURE.get(mech), _DEFAULT_MEASURE, "compression"):
+    for k in (_CLAIM_MEASURE.get(_mechanism(r)), _DEFAULT_MEASURE, "compression"):
         if k and k in keys:
             return k
     return "coding_rate"
 
 
+def _literal_key(r: dict) -> str:
+    """The measure the paper's figure plots for the probe's mechanism."""
+    return _LITERAL_MEASURE.get(_mechanism(r), _DEFAULT_LITERAL)
+
+
 def _layer_series(r: dict, key: str) -> list[float]:
     """Per-layer values of ``key`` over the layers that define it (class-attention layers do not)."""
     return [_num(row[key]) for row in r["layers"] if key in row]
+
+
+def _seed_mean(key: str, probes_: list[dict], n: int | None = None) -> tuple[list[float], list[list[float]]]:
+    """The seed-mean series of ``key`` over the probes whose series has ``n`` layers (the first's), and those series."""
+    n = len(_layer_series(probes_[0], key)) if n is None else n
+    runs = [v for p in probes_ if len(v := _layer_series(p, key)) == n]
+    return [sum(x[i] for x in runs) / len(runs) for i in range(n)] if runs else [], runs
 
 
 def _half_start(n: int) -> int:
@@ -595,12 +493,6 @@ def _downs(vals: list[float], start: int) -> int:
     return sum(1 for a, b in zip(vals[start:], vals[start + 1 :], strict=False) if b < a)
 
 
-def _peak(series) -> tuple[float, int, float]:
-    vals = [_num(x) for x in series]
-    i = int(np.nanargmax(vals))
-    return vals[i], i, vals[-1]
-
-
 def _slim(r: dict) -> dict:
     """The numbers worth keeping in results.json (point clouds and maps stay in the step files)."""
     drop = {"points", "labels", "directions", "cls_maps", "matrices", "snr_per_cluster", "curve"}
@@ -608,8 +500,7 @@ def _slim(r: dict) -> dict:
 
 
 def _fall_verdict(vals: list[float], start: int) -> str:
-    """``agrees`` if the value falls from ``start`` to the last layer with at least half of the steps falling;
-    ``disagrees`` if it rises with fewer than half falling; otherwise ``inconclusive`` (mixed)."""
+    """agrees: falls from ``start`` with at least half the steps falling; disagrees: rises with fewer."""
     n = len(vals) - 1 - start
     d, downs = _delta(vals, start), _downs(vals, start)
     if n < 1 or not math.isfinite(d):
@@ -619,6 +510,13 @@ def _fall_verdict(vals: list[float], start: int) -> str:
     if d > 0 and 2 * downs < n:
         return "disagrees"
     return "inconclusive"
+
+
+def _seeds_verdict(mean: list[float], runs: list[list[float]], start: int) -> str:
+    """The seed-mean series' verdict where more than half of the seeds give it, else inconclusive."""
+    v = _fall_verdict(mean, start)
+    same = sum(_fall_verdict(x, start) == v for x in runs)
+    return v if v != "inconclusive" and 2 * same > len(runs) else "inconclusive"
 
 
 def _describe(vals: list[float], start: int) -> str:
@@ -633,8 +531,7 @@ def _findings(res, lw, shallow=None, more=None) -> list[dict]:
     shallow, more = shallow or {}, more or {}
     out = []
     if "denoise" in res:
-        out.append(_threshold_denoise_finding(res))
-        out.append(_softmax_denoise_finding(res))
+        out += [_threshold_denoise_finding(res), _softmax_denoise_finding(res)]
     if "compress" in res:
         out.append(_compress_finding(res["compress"]))
     if "rank-collapse" in res:
@@ -647,13 +544,19 @@ def _findings(res, lw, shallow=None, more=None) -> list[dict]:
     return out
 
 
+def _denoise_runs(res: dict) -> tuple[dict, dict | None, dict | None]:
+    """The denoise runs: at the first η, at the small η, and at the small η with the first run's ηL."""
+    small = next((v for k, v in res.items() if k.startswith("denoise/") and not k.endswith("-matched")), None)
+    matched = next((v for k, v in res.items() if k.startswith("denoise/") and k.endswith("-matched")), None)
+    return res["denoise"], small, matched
+
+
 def _threshold_denoise_finding(res) -> dict:
     """AoT Theorem 1 with the thresholded φ, judged at the first η; the small η's growth is reported beside it."""
-    r = res["denoise"]
+    r, small, _ = _denoise_runs(res)
     fit, theory = _num(r["growth_factor_fit"]["threshold"]), _num(r["growth_factor_theory"])
     eta = _num(r["params"]["eta"])
     measured = f"η={eta:g}: fitted x{fit:.4f} per layer"
-    small = next((v for k, v in res.items() if k.startswith("denoise/") and not k.endswith("-matched")), None)
     if small is not None:
         measured += (
             f"; η={_num(small['params']['eta']):g}: x{_num(small['growth_factor_fit']['threshold']):.4f} "
@@ -665,6 +568,46 @@ def _threshold_denoise_finding(res) -> dict:
         measured=measured,
         verdict="agrees" if fit >= theory * 0.995 else "disagrees",
         rule="agrees if the fitted growth is at least 99.5% of 1+ητ (at the first η)",
+    )
+
+
+def _softmax_snr(r: dict) -> list[float]:
+    """Mean SNR per layer of a denoise run with the plain soft-max φ."""
+    return [_num(x) for x in r["snr"]["softmax"]]
+
+
+def _rises(vals: list[float]) -> bool:
+    return all(b > a for a, b in zip(vals, vals[1:], strict=False))
+
+
+def _describe_softmax_run(r: dict) -> str:
+    snr = _softmax_snr(r)
+    at = int(np.nanargmax(snr))
+    return (
+        f"η={_num(r['params']['eta']):g}, {len(snr) - 1} layers: SNR {snr[0]:.3g} → {snr[-1]:.3g} "
+        f"(fitted x{_num(r['growth_factor_fit']['softmax']):.4f}/layer; "
+        + ("rises at every layer)" if _rises(snr) else f"peaks at {snr[at]:.3g} at layer {at}, then falls)")
+    )
+
+
+def _softmax_denoise_finding(res) -> dict:
+    """AoT Fig. 4 with the soft-max φ, judged at the small η (the larger η and same-ηL runs explain it)."""
+    big, small, matched = _denoise_runs(res)
+    judged = small if small is not None else big
+    expl = []
+    if small is not None:
+        expl.append(f"the paper gives no η for Fig. 4; at the larger step {_describe_softmax_run(big)}")
+    if matched is not None:
+        expl.append(
+            f"same total step ηL, {_describe_softmax_run(matched)}: the soft-max rise lasts a bounded ηL, "
+            "unlike Theorem 1's thresholded φ"
+        )
+    return _finding(
+        **paper_claims.finding_kw("aot-f4-softmax-denoise"),
+        measured=_describe_softmax_run(judged),
+        verdict="agrees" if _rises(_softmax_snr(judged)) else "disagrees",
+        rule=f"at η={_num(judged['params']['eta']):g}: agrees if the SNR rises at every layer",
+        explanation="; ".join(expl),
     )
 
 
@@ -695,90 +638,52 @@ def _rank_collapse_findings(r: dict) -> list[dict]:
 
 
 def _layerwise_finding(name: str, r: dict, shallow: dict | None, more: list | None = None) -> dict | None:
-    """One probe model's layer-wise claim on its claim measure (None where that claim is undefined), with the
-    ablations as its explanation when it does not agree, or the raw eq 2's verdict when that one differs. With
-    more seeds (``more``: their probe results) the claim is judged on the seed-mean series (see
-    :func:`_seeds_verdict`)."""
+    """A probe model's layer-wise claim on its claim measure (seed-mean series over more seeds)."""
     key = _measure_key(r)
     if key == "coding_rate":
         return None  # no subspace bases: the paper's compression term is not defined for this mechanism
-    vals = _layer_series(r, key)
-    if len(vals) < 2:
+    mean, runs = _seed_mean(key, [r, *(more or [])])
+    if len(mean) < 2:
         return None
-    runs = [vals] + [v for m in more or [] if len(v := _layer_series(m, key)) == len(vals)]
-    if len(runs) > 1:
-        return _literal_gate(_layerwise_seeds_finding(name, key, runs, r, shallow), name, key, [r, *(more or [])])
-    start, claim_id, rule = _layerwise_claim(name, key, len(vals))
-    verdict = _fall_verdict(vals, start)
+    start, claim_id, rule = _layerwise_claim(name, key, len(mean))
     # the series per layer and the model's accuracy are in the layerwise table: the finding gives the trend only
+    measured = f"{MEASURE_LABEL[key]}: {_describe(mean, start)}"
+    if len(runs) > 1:
+        per_seed = ", ".join(_fall_verdict(x, start) for x in runs)
+        measured = f"{MEASURE_LABEL[key]}, mean of {len(runs)} seeds, {_describe(mean, start)}; per seed: {per_seed}"
+        rule = f"{rule}, {len(runs)} seeds"
+    verdict = _seeds_verdict(mean, runs, start)
     f = _finding(
-        **paper_claims.finding_kw(claim_id, name=name),
-        measured=f"{MEASURE_LABEL[key]}: {_describe(vals, start)}",
-        verdict=verdict,
-        rule=rule,
-        seeds=1,
+        **paper_claims.finding_kw(claim_id, name=name), measured=measured, verdict=verdict, rule=rule, seeds=len(runs)
     )
-    lit = _LITERAL_MEASURE.get(r["layers"][0]["mechanism"] if r.get("layers") else None, _DEFAULT_LITERAL)
     if verdict != "agrees":
-        f["explanation"] = _layerwise_explanation(key, start, r, shallow)
-    elif key != "compression" and lit != "compression" and "compression" in r["series"]:
+        f["explanation"] = ("base seed's model: " if len(runs) > 1 else "") + _layerwise_explanation(
+            key, start, r, shallow
+        )
+    elif len(runs) == 1 and key != "compression" and _literal_key(r) != "compression" and "compression" in r["series"]:
         # (where raw eq 2 is the figure's own measure, :func:`_literal_gate` states its verdict as the gate)
         raw = _layer_series(r, "compression")
         if _fall_verdict(raw, start) != "agrees":  # the definition decides: say so beside the agreement
             f["explanation"] = f"raw eq 2 (ε = 0.5): {_describe(raw, start)}, {_fall_verdict(raw, start)}"
-    return _literal_gate(f, name, key, [r])
+    return _literal_gate(f, name, key, [r, *(more or [])] if len(runs) > 1 else [r])
 
 
 def _literal_gate(f: dict, name: str, key: str, probes_: list[dict]) -> dict:
-    """A decided verdict on the claim measure stands only where the measure the paper's figure plots
-    (``_LITERAL_MEASURE``) gives the same verdict on the same layers and seeds; otherwise it is gated on conditions:
-    the verdict depends on the definition (ToST's block outputs can rise where the claim measure falls)."""
-    layers = probes_[0].get("layers") or []
-    lit = _LITERAL_MEASURE.get(layers[0]["mechanism"] if layers else None, _DEFAULT_LITERAL)
+    """Gate a decided verdict where the measure the paper's figure plots gives another verdict (ToST Fig. 4a)."""
+    lit = _literal_key(probes_[0])
     if lit == key or f["verdict"] == "inconclusive":
         return f
     n = len(_layer_series(probes_[0], key))
-    series = [v for p in probes_ if len(v := _layer_series(p, lit)) == n]
+    mean, series = _seed_mean(lit, probes_, n)
     if not series:
         return f
-    mean = [sum(x[i] for x in series) / len(series) for i in range(n)]
     start, claim_id, _ = _layerwise_claim(name, key, n)
-    lv = _seeds_verdict(mean, series, start) if len(series) > 1 else _fall_verdict(mean, start)
+    lv = _seeds_verdict(mean, series, start)
     f["literal_measure"] = {"measure": MEASURE_LABEL[lit], "verdict": lv, "series": mean}
     if lv != f["verdict"]:
-        claims.gate(
-            f,
-            f"{paper_claims.get(claim_id).reference} plots ({MEASURE_LABEL[lit]}) gives {lv} "
-            f"({_describe(mean, start)})",
-            "conditions",
-        )
-    return f
-
-
-def _seeds_verdict(mean: list[float], runs: list[list[float]], start: int) -> str:
-    """The seed-mean series' verdict when more than half of the seeds' own series give the same one; else
-    ``inconclusive`` (the seeds disagree about the trend)."""
-    v = _fall_verdict(mean, start)
-    same = sum(_fall_verdict(x, start) == v for x in runs)
-    return v if v != "inconclusive" and 2 * same > len(runs) else "inconclusive"
-
-
-def _layerwise_seeds_finding(name: str, key: str, runs: list[list[float]], r: dict, shallow: dict | None) -> dict:
-    """The layer-wise claim over several seeds of the probe model: seed-mean series, per-seed verdicts."""
-    mean = [sum(x[i] for x in runs) / len(runs) for i in range(len(runs[0]))]
-    start, claim_id, rule = _layerwise_claim(name, key, len(mean))
-    verdict = _seeds_verdict(mean, runs, start)
-    per_seed = [_fall_verdict(x, start) for x in runs]
-    f = _finding(
-        **paper_claims.finding_kw(claim_id, name=name),
-        measured=f"{MEASURE_LABEL[key]}, mean of {len(runs)} seeds, {_describe(mean, start)}; per seed: "
-        + ", ".join(per_seed),
-        verdict=verdict,
-        rule=f"{rule}, {len(runs)} seeds",
-        seeds=len(runs),
-    )
-    if verdict != "agrees":
-        f["explanation"] = "base seed's model: " + _layerwise_explanation(key, start, r, shallow)
+        reference = paper_claims.get(claim_id).reference
+        why = f"{reference} plots ({MEASURE_LABEL[lit]}) gives {lv} ({_describe(mean, start)})"
+        claims.gate(f, why, "conditions")
     return f
 
 
@@ -792,17 +697,9 @@ def _layerwise_claim(name: str, key: str, n_layers: int) -> tuple[int, str, str]
 
 
 def _layerwise_explanation(key: str, start: int, r: dict, shallow: dict | None) -> str:
-    """The ablations run for a layer-wise verdict that is not 'agrees': other measures on the same model, and the
-    same measure on the shallow vision model."""
+    """The other measures on the same model and the same one on the shallow vision model, in words."""
     parts, agreeing = [], []
-    for k in (
-        "compression",
-        "crate_compression",
-        "crate_compression_out",
-        "variational_compression",
-        "variational_compression_normalized",
-        "variational_compression_out",
-    ):
+    for k in _ABLATION_MEASURES:
         if k == key or k not in r["series"]:
             continue
         vals = _layer_series(r, k)
@@ -821,48 +718,3 @@ def _layerwise_explanation(key: str, start: int, r: dict, shallow: dict | None) 
         else "no other definition reverses the verdict"
     )
     return "other measures: " + "; ".join(parts) + f". {reading}"
-
-
-def _softmax_snr(r: dict) -> list[float]:
-    """Mean SNR per layer of a denoise run with the plain soft-max φ."""
-    return [_num(x) for x in r["snr"]["softmax"]]
-
-
-def _rises(vals: list[float]) -> bool:
-    return all(b > a for a, b in zip(vals, vals[1:], strict=False))
-
-
-def _describe_softmax_run(r: dict) -> str:
-    snr = _softmax_snr(r)
-    peak, at, last = _peak(snr)
-    return (
-        f"η={_num(r['params']['eta']):g}, {len(snr) - 1} layers: SNR {snr[0]:.3g} → {last:.3g} "
-        f"(fitted x{_num(r['growth_factor_fit']['softmax']):.4f}/layer; "
-        + ("rises at every layer)" if _rises(snr) else f"peaks at {peak:.3g} at layer {at}, then falls)")
-    )
-
-
-def _softmax_denoise_finding(res) -> dict:
-    """AoT Fig. 4 with the plain soft-max φ, judged at the small η; the explanation gives the larger η and the run
-    with the same total step ηL."""
-    big = res["denoise"]
-    small = next((v for k, v in res.items() if k.startswith("denoise/") and not k.endswith("-matched")), None)
-    matched = next((v for k, v in res.items() if k.startswith("denoise/") and k.endswith("-matched")), None)
-    judged = small if small is not None else big
-    measured = _describe_softmax_run(judged)
-    verdict = "agrees" if _rises(_softmax_snr(judged)) else "disagrees"
-    expl = []
-    if small is not None:
-        expl.append(f"the paper gives no η for Fig. 4; at the larger step {_describe_softmax_run(big)}")
-    if matched is not None:
-        expl.append(
-            f"same total step ηL, {_describe_softmax_run(matched)}: the soft-max rise lasts a bounded ηL, "
-            "unlike Theorem 1's thresholded φ"
-        )
-    return _finding(
-        **paper_claims.finding_kw("aot-f4-softmax-denoise"),
-        measured=measured,
-        verdict=verdict,
-        rule=f"at η={_num(judged['params']['eta']):g}: agrees if the SNR rises at every layer",
-        explanation="; ".join(expl),
-    )

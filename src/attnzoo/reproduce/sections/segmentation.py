@@ -1,16 +1,5 @@
-"""Segmentation on scenes with exact masks: zero-shot [CLS] maps (CBSA Tables 5-6, Fig. 7; ToST Fig. 5) and the
-segmentation decoders of CBSA Fig. 8.
-
-Per seed, the five classifiers (CRATE+CBT, CRATE, CBT, ToST, ViT: the ``scenes_*_small`` presets at the plan's size)
-train on the ``scenes`` task; one analysis step per trained run scores the thresholded [CLS] maps of every attention
-layer against the scenes' exact masks (:func:`attnzoo.analysis.segment.zero_shot_segmentation`: per layer the best
-head, Table 6; per target the best over layers and heads, Table 5). The same analysis of an untrained ToST and hybrid
-(the trained runs' architectures and seeds, no step taken) is the control: what a map shows before any training. Per
-seed, both Fig. 8 decoders train with ``attnzoo train`` (presets ``scenes_cbsa_decoder_small``,
-``scenes_segmenter_small``) on one encoder configuration, then one step measures both
-(:func:`attnzoo.analysis.segment_decoders.sweep_runs`): mIoU, decoder FLOPs and the mIoU under Gaussian noise on the
-decoder's attention parameters. With an ``lr_sweep`` (``decoders.lr_sweep``) every classifier (decoder) trains at the
-best rate of its own sweep, run on the sweep seed before the reported seeds.
+"""Segmentation on scenes with exact masks: zero-shot [CLS] maps (CBSA Tables 5-6, Fig. 7; ToST Fig. 5) against
+untrained controls, and the segmentation decoders of CBSA Fig. 8 (mIoU, FLOPs, robustness to noise).
 """
 
 from __future__ import annotations
@@ -89,32 +78,34 @@ FLOPS_PAPER = 0.2
 FLOPS_BOUND = 2 * FLOPS_PAPER
 
 
-def models_of(plan: dict) -> list[str]:
-    """The plan's trained models, checked."""
-    names = list(plan["models"])
+def _known(names: list[str], what: str) -> list[str]:
     for n in names:
         if n not in MODELS:
-            raise ValueError(f"unknown segmentation model {n!r}; valid: {sorted(MODELS)}")
+            raise ValueError(f"unknown segmentation {what} {n!r}; valid: {sorted(MODELS)}")
     return names
+
+
+def models_of(plan: dict) -> list[str]:
+    """The plan's trained models, checked."""
+    return _known(list(plan["models"]), "model")
 
 
 def controls_of(plan: dict) -> list[str]:
     """The models whose untrained copies are analysed as controls (those of the plan's models it names)."""
-    names = list(plan.get("controls", ["tost", "crate_cbt"]))
-    for n in names:
-        if n not in MODELS:
-            raise ValueError(f"unknown segmentation control {n!r}; valid: {sorted(MODELS)}")
-    return names
+    return _known(list(plan.get("controls", ["tost", "crate_cbt"])), "control")
 
 
-def _preset(name: str) -> dict:
-    """An ``attnzoo train`` preset without the keys the section sets itself (the curve points and checkpoints come
-    from :func:`train_run`)."""
+def _preset(name: str, plan: dict, model_options: dict, settings: dict) -> dict:
+    """An ``attnzoo train`` preset at the plan's task options, ``model_options`` and ``settings`` (no logging keys)."""
     from attnzoo.train.config import preset_path, read_yaml
 
     cfg = dict(read_yaml(preset_path(name)))
     for k in ("description", "eval_every", "ckpt_every", "log_every"):
         cfg.pop(k, None)
+    cfg["task_options"] = {**cfg["task_options"], **plan.get("task_options", {})}
+    cfg["model_options"] = {**cfg["model_options"], **model_options}
+    cfg.update(settings)
+    cfg.update(amp="off", compile=False, keep_checkpoints=1)
     return cfg
 
 
@@ -122,40 +113,29 @@ def row_arch(plan: dict, name: str) -> dict:
     """Row ``name``'s architecture overrides (``plan["row_arch"]``), every entry checked to name a row of the plan."""
     overrides = plan.get("row_arch", {})
     rows = sorted(set(models_of(plan)) | set(controls_of(plan)))
-    unknown = sorted(set(overrides) - set(rows))
-    if unknown:
+    if unknown := sorted(set(overrides) - set(rows)):
         raise ValueError(f"row_arch names {unknown}, not rows of this segmentation plan; valid rows: {rows}")
     return dict(overrides.get(name, {}))
 
 
 def row_config(plan: dict, name: str, seed: int) -> dict:
-    """The training config of ``name``: its preset, at the plan's data, size (``arch``, then the row's ``row_arch``)
-    and optimisation, seeded ``seed``."""
-    cfg = _preset(MODELS[name][0])
-    cfg["task_options"] = {**cfg["task_options"], **plan.get("task_options", {})}
-    cfg["model_options"] = {**cfg["model_options"], **plan["arch"], **row_arch(plan, name)}
-    cfg.update(plan["train"])
-    cfg.update(seed=seed, amp="off", compile=False, keep_checkpoints=1)
-    return cfg
+    """The training config of ``name``: its preset at the plan's data, ``arch``, ``row_arch`` and ``train``."""
+    arch = {**plan["arch"], **row_arch(plan, name)}
+    return _preset(MODELS[name][0], plan, arch, {**plan["train"], "seed": seed})
 
 
 def decoder_config(plan: dict, kind: str, seed: int) -> dict:
-    """The training config of the ``kind`` decoder: its preset at the plan's task options, the decoders' encoder
-    options and depth, steps, batch, rate and warm-up, seeded ``seed``."""
+    """The training config of the ``kind`` decoder: its preset at the plan's ``decoders`` settings."""
     dec = plan["decoders"]
-    encoder = dec.get("encoder", DECODER_ENCODER)
-    if encoder != DECODER_ENCODER:
+    if (encoder := dec.get("encoder", DECODER_ENCODER)) != DECODER_ENCODER:
         raise ValueError(
             f"segmentation decoders' encoder {encoder!r} is not one the decoder presets build; valid: "
             f"[{DECODER_ENCODER!r}]"
         )
-    cfg = _preset(DECODER_PRESETS[kind])
-    cfg["task_options"] = {**cfg["task_options"], **plan.get("task_options", {})}
     options = {**dec["encoder_options"], "decoder_depth": dec["decoder_depth"]}
-    cfg["model_options"] = {**cfg["model_options"], **options}
-    cfg.update(steps=dec["steps"], batch_size=dec["batch_size"], lr=dec["lr"])
-    cfg.update(warmup_steps=dec.get("warmup_steps", 0), seed=seed, amp="off", compile=False, keep_checkpoints=1)
-    return cfg
+    settings = {k: dec[k] for k in ("steps", "batch_size", "lr")}
+    settings.update(warmup_steps=dec.get("warmup_steps", 0), seed=seed)
+    return _preset(DECODER_PRESETS[kind], plan, options, settings)
 
 
 def decoder_lrs(plan: dict) -> list[float]:
@@ -163,30 +143,29 @@ def decoder_lrs(plan: dict) -> list[float]:
     return sorted(set((plan.get("decoders") or {}).get("lr_sweep", [])))
 
 
-def _probe(plan: dict, overlays: bool) -> dict:
-    return {
-        "images": plan.get("images", 128),
-        "mass": plan.get("mass", 0.6),
-        "overlays": plan.get("overlays", 2) if overlays else 0,
-    }
-
-
 def _label(sid: str) -> str:
     return sid.split("/", 1)[1]
 
 
+def _train_step(sid: str, cfg: dict, fn) -> Step:
+    return Step(sid, KEY, cfg, fn, deps=sweep_deps(cfg), label=_label(sid))
+
+
 def plan_steps(plan: dict, seed: int) -> list[Step]:
-    """The learning-rate sweeps, then per seed: each model's training and its zero-shot analysis, the untrained
-    controls' analysis, both decoders' training and their measurement."""
+    """The sweeps, then per seed each model's training, its zero-shot analysis, the controls' and the decoders'."""
     names = models_of(plan)
     check_sweep_extra(plan, names)
     steps = _sweep_steps(plan, seed)
     for s in seed_list(plan, seed):
-        probe = _probe(plan, s == seed)  # the overlays are drawn from the first seed's maps
+        probe = {  # the overlays are drawn from the first seed's maps
+            "images": plan.get("images", 128),
+            "mass": plan.get("mass", 0.6),
+            "overlays": plan.get("overlays", 2) if s == seed else 0,
+        }
         for name in names:
             tid = seeded_id(f"{KEY}/{name}", s)
             cfg = tuned({"train": row_config(plan, name, s)}, KEY, name, row_lrs(plan, name), "accuracy", True)
-            steps.append(Step(tid, KEY, cfg, _train, deps=sweep_deps(cfg), label=_label(tid)))
+            steps.append(_train_step(tid, cfg, _train))
             zid = seeded_id(f"{KEY}/zero-shot/{name}", s)
             # the run's whole config (its sweep's too): a change to the run changes this step's hash, so it reruns
             config = {"experiment": "zero-shot", "source": tid, "trained": cfg, **probe}
@@ -201,21 +180,18 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
 
 
 def _sweep_steps(plan: dict, seed: int) -> list[Step]:
-    """Each model's and each decoder's runs at every rate of its grid, on the sweep seed and the plan's
-    ``sweep_fraction`` of the steps; the seeds' runs train at the best of them."""
-    steps = []
-    for name in models_of(plan):
-        for lr in row_lrs(plan, name):
-            sid = sweep_id(f"{KEY}/{name}", lr)
-            train = sweep_train(dict(row_config(plan, name, seed + SWEEP_SEED_OFFSET), lr=lr), plan)
-            steps.append(Step(sid, KEY, {"train": train}, _train, label=_label(sid)))
+    """Each model's and each decoder's runs at every rate of its grid, on the sweep seed."""
+    off = seed + SWEEP_SEED_OFFSET
+    grids = [(f"{KEY}/{n}", row_config(plan, n, off), row_lrs(plan, n), _train) for n in models_of(plan)]
     if plan.get("decoders"):
-        for kind in DECODERS:
-            for lr in decoder_lrs(plan):
-                sid = sweep_id(f"{KEY}/decoders/{kind}", lr)
-                train = sweep_train(dict(decoder_config(plan, kind, seed + SWEEP_SEED_OFFSET), lr=lr), plan)
-                steps.append(Step(sid, KEY, {"train": train}, _train_decoder, label=_label(sid)))
-    return steps
+        grids += [
+            (f"{KEY}/decoders/{k}", decoder_config(plan, k, off), decoder_lrs(plan), _train_decoder) for k in DECODERS
+        ]
+    return [
+        _train_step(sweep_id(base, lr), {"train": sweep_train(dict(cfg, lr=lr), plan)}, fn)
+        for base, cfg, lrs, fn in grids
+        for lr in lrs
+    ]
 
 
 def _decoder_steps(plan: dict, seed: int) -> list[Step]:
@@ -223,9 +199,10 @@ def _decoder_steps(plan: dict, seed: int) -> list[Step]:
     dec, steps, runs, trained = plan["decoders"], [], {}, {}
     for kind in DECODERS:
         tid = seeded_id(f"{KEY}/decoders/{kind}", seed)
-        cfg = {"train": decoder_config(plan, kind, seed)}
-        cfg = tuned(cfg, f"{KEY}/decoders", kind, decoder_lrs(plan), "miou", True)
-        steps.append(Step(tid, KEY, cfg, _train_decoder, deps=sweep_deps(cfg), label=_label(tid)))
+        cfg = tuned(
+            {"train": decoder_config(plan, kind, seed)}, f"{KEY}/decoders", kind, decoder_lrs(plan), "miou", True
+        )
+        steps.append(_train_step(tid, cfg, _train_decoder))
         runs[kind], trained[kind] = tid, cfg
     did = seeded_id(f"{KEY}/decoders", seed)
     config = {
@@ -247,30 +224,23 @@ def _decoder_steps(plan: dict, seed: int) -> list[Step]:
 
 
 def _train(ctx: Context, step: Step) -> dict:
+    """One classifier trained by ``attnzoo train``: its validation accuracy and parameters."""
     rec = train_run(ctx, step.id, step.config["train"], sweep=step.config.get("sweep"))
-    return {
-        "accuracy": rec["val"].get("accuracy"),
-        "val_loss": rec["val"].get("loss"),
-        "params": num_params(load_trained(rec["run_dir"])),
-        "run_dir": rec["run_dir"],
-        "lr": rec["lr"],
-        "curve": rec["curve"],
-        "val_curve": rec["val_curve"],
-    }
+    params = num_params(load_trained(rec["run_dir"]))
+    return {"accuracy": rec["val"].get("accuracy"), "val_loss": rec["val"].get("loss"), "params": params, **_run(rec)}
 
 
 def _train_decoder(ctx: Context, step: Step) -> dict:
     """One decoder trained by ``attnzoo train`` on ``scenes_segmentation``: its whole-validation-set mIoU."""
     rec = train_run(ctx, step.id, step.config["train"], sweep=step.config.get("sweep"))
-    return {
-        "miou": rec["val"].get("miou"),
-        "pixel_accuracy": rec["val"].get("pixel_accuracy"),
-        "val_loss": rec["val"].get("loss"),
-        "run_dir": rec["run_dir"],
-        "lr": rec["lr"],
-        "curve": rec["curve"],
-        "val_curve": rec["val_curve"],
-    }
+    val = rec["val"]
+    return {"miou": val.get("miou"), "pixel_accuracy": val.get("pixel_accuracy"), "val_loss": val.get("loss")} | _run(
+        rec
+    )
+
+
+def _run(rec: dict) -> dict:
+    return {k: rec[k] for k in ("run_dir", "lr", "curve", "val_curve")}
 
 
 def _zero_shot(ctx: Context, step: Step) -> dict:
@@ -307,8 +277,7 @@ def _score(model, scenes, cfg: dict) -> dict:
 
 
 def _overlay_data(model, scenes, n: int, mass: float) -> dict:
-    """The first ``n`` scenes (uint8 pixels, foreground) and, per layer, each scene's map of the head whose kept
-    region best matches its foreground (as :func:`attnzoo.analysis.segment.plot_segment_overlays` picks it)."""
+    """The first ``n`` scenes' pixels and foreground and, per layer, each scene's best-matching head's map."""
     import torch
 
     from attnzoo.analysis.segment import cls_attention_maps, iou, threshold_mass, upsample_masks
@@ -329,8 +298,7 @@ def _overlay_data(model, scenes, n: int, mass: float) -> dict:
 
 
 def _decoders(ctx: Context, step: Step) -> dict:
-    """CBSA Fig. 8 on scenes: both trained decoders measured on the same validation scenes (mIoU, decoder FLOPs and
-    parameters, the noise sweep), and the all-background reference."""
+    """CBSA Fig. 8 on scenes: both trained decoders measured on the same scenes, and the all-background mIoU."""
     from attnzoo.analysis.io import to_jsonable
     from attnzoo.analysis.segment_decoders import sweep_runs
 
@@ -342,8 +310,7 @@ def _decoders(ctx: Context, step: Step) -> dict:
 
 
 def _background_miou(run, images: int) -> float:
-    """What predicting background everywhere scores on the run's first ``images`` validation scenes (classes and
-    background): a decoder that does not beat it learned nothing."""
+    """The mIoU of predicting background everywhere on the run's first ``images`` validation scenes."""
     import torch
 
     from attnzoo.analysis.segment_decoders import confusion_matrix, load_segmenter_run, mean_iou
@@ -357,8 +324,7 @@ def _background_miou(run, images: int) -> float:
 
 
 def _later_half(res: dict) -> float:
-    """Mean best-head foreground IoU over the later half of the layers of the model's own blocks (class-attention
-    layers, ToST's head, left out: Table 6 reads the blocks)."""
+    """Mean best-head foreground IoU over the later half of the model's own blocks (Table 6 reads the blocks)."""
     fg = [lay["best"]["foreground"] for lay in res["layers"] if lay["mechanism"] != "class_attention"]
     return float(np.mean(fg[len(fg) // 2 :]))
 
@@ -411,11 +377,10 @@ def _decoder_stats(records: dict) -> dict | None:
     prefix = f"{KEY}/decoders/seed"  # the measurement steps, not the decoders' training runs
     cfg = next((r.get("config") for sid, r in records.items() if sid.removeprefix(prefix).isdigit()), None)
     out = {"background_miou": 100.0 * float(np.mean([r["background_miou"] for r in rs])), "seeds": len(rs)}
-    out["tokens"] = None  # the decoder's patch tokens, where the step's config says them
-    if cfg:
-        out["tokens"] = (
-            cfg["task_options"].get("img_size", SceneSpec().canvas) // cfg["encoder_options"]["patch_size"]
-        ) ** 2
+    out["tokens"] = None
+    if cfg:  # the decoder's patch tokens, where the step's config says them
+        img = cfg["task_options"].get("img_size", SceneSpec().canvas)
+        out["tokens"] = (img // cfg["encoder_options"]["patch_size"]) ** 2
     for kind in DECODERS:
         rows = [r["decoders"][kind] for r in rs]
         sweeps = np.array([[np.mean(v) for v in row["sweep"]["miou"]] for row in rows])  # (seeds, sigmas)
@@ -441,8 +406,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     if res:
         sec.tables.append(_table5(res))
         sec.add_plot(_plot_layers(res), plots_dir / "segmentation_layers.png", rel, _LAYERS_CAPTION)
-        over = {n: st["overlays"] for n, st in res.items() if st.get("overlays")}
-        if over:
+        if over := {n: st["overlays"] for n, st in res.items() if st.get("overlays")}:
             fig = _plot_overlays(over, plan.get("mass", 0.6))
             sec.add_plot(fig, plots_dir / "segmentation_overlays.png", rel, _OVERLAYS_CAPTION, dpi=45)
     if dec:
@@ -461,67 +425,49 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
 
 
 def _untuned_gates(findings: list[Finding], plan: dict) -> list:
-    """Without a learning-rate sweep the compared rows train at the budget's one rate: none is shown tuned. The
-    classifiers' comparisons read the plan's ``lr_sweep``, the decoders' its ``decoders.lr_sweep``."""
+    """The classifiers' (decoders') comparisons gated as not tuned where their learning rate was not swept."""
     gates = []
-    if not plan.get("lr_sweep"):
-        why = "not tuned: the classifiers train at the budget's one rate, without a sweep"
-        gates += [(f, "not tuned", why) for f in findings if compared(f) and f.a_name not in DECODERS]
-    if not decoder_lrs(plan):
-        why = "not tuned: the decoders train at the budget's one rate, without a sweep"
-        gates += [(f, "not tuned", why) for f in findings if compared(f) and f.a_name in DECODERS]
+    for rows, swept, decoders in (("classifiers", plan.get("lr_sweep"), False), ("decoders", decoder_lrs(plan), True)):
+        if not swept:
+            why = f"not tuned: the {rows} train at the budget's one rate, without a sweep"
+            gates += [(f, "not tuned", why) for f in findings if compared(f) and (f.a_name in DECODERS) == decoders]
     return gates
 
 
-def _get(res: dict, name: str, key: str):
-    return res[name][key] if name in res else None
+def _at(stats: dict | None, name: str, *keys: str):
+    """``stats[name][key][...]``, ``None`` without that row."""
+    if not stats or stats.get(name) is None:
+        return None
+    out = stats[name]
+    for k in keys:
+        out = out[k]
+    return out
+
+
+def _compare(stats: dict | None, claim_id: str, a: str, b: str, keys: tuple[str, ...], **kw) -> Finding:
+    """Rows ``a`` and ``b`` compared on ``stats[row][keys...]`` for the claim ``claim_id``."""
+    return claims.compare(
+        _at(stats, a, *keys), _at(stats, b, *keys), **paper_claims.compare_kw(claim_id), a_name=a, b_name=b, **kw
+    )
 
 
 def _zero_shot_findings(res: dict, gates: list) -> list[Finding]:
-    """Table 5's ranking (one test per adjacent pair), Table 6's persistence and ToST Fig. 5 against its control
-    (its gate goes to ``gates``)."""
-    out = []
+    """Table 5's ranking (adjacent pairs), Table 6's persistence and ToST Fig. 5 against its control."""
+    iou, out = {"unit": "IoU", "spec": ".3f"}, []
     for a, b in RANKING:
-        fa, fb = (_get(res, n, "best") for n in (a, b))
-        f = claims.compare(
-            fa and fa["foreground"],
-            fb and fb["foreground"],
-            unit="IoU",
-            **paper_claims.compare_kw(f"cbsa-t5-ranking#{a}-vs-{b}"),
-            a_name=a,
-            b_name=b,
-            spec=".3f",
-            paper_effect=round(PAPER_T5[a]["foreground"] - PAPER_T5[b]["foreground"], 6),
+        effect = round(PAPER_T5[a]["foreground"] - PAPER_T5[b]["foreground"], 6)
+        out.append(
+            _compare(res, f"cbsa-t5-ranking#{a}-vs-{b}", a, b, ("best", "foreground"), paper_effect=effect, **iou)
         )
-        out.append(f)
-    f = claims.compare(
-        _get(res, "crate_cbt", "later_half"),
-        _get(res, "cbt", "later_half"),
-        unit="IoU",
-        **paper_claims.compare_kw("cbsa-t6-persistence"),
-        a_name="crate_cbt",
-        b_name="cbt",
-        spec=".3f",
-    )
-    gates += _control_gate(f, res, "crate_cbt", "later_half", "the later-half layers' mean foreground IoU")
-    out.append(f)
-    f = claims.compare(
-        _get(res, "tost", "penultimate_class"),
-        _get(res, "tost" + INIT, "penultimate_class"),
-        unit="IoU",
-        **paper_claims.compare_kw("tost-f5-segments"),
-        a_name="tost",
-        b_name="tost" + INIT,
-        spec=".3f",
-    )
-    out.append(f)
+    out.append(_compare(res, "cbsa-t6-persistence", "crate_cbt", "cbt", ("later_half",), **iou))
+    gates += _control_gate(out[-1], res, "crate_cbt", "later_half", "the later-half layers' mean foreground IoU")
+    out.append(_compare(res, "tost-f5-segments", "tost", "tost" + INIT, ("penultimate_class",), **iou))
     return out
 
 
 def _control_gate(f: Finding, res: dict, name: str, key: str, what: str) -> list:
-    """Hold back an agreement when the trained ``name`` is not shown above its untrained copy on ``key``: the
-    figure the claim credits to training would then be there before it. Returns the gate, if any."""
-    trained, init = _get(res, name, key), _get(res, name + INIT, key)
+    """Hold back an agreement where the trained ``name`` is not shown above its untrained copy on ``key``."""
+    trained, init = _at(res, name, key), _at(res, name + INIT, key)
     if claims.numbers_verdict(f) != "agrees" or trained is None or init is None:
         return []
     effect, ci, _ = claims.welch_ci(trained, init)
@@ -533,58 +479,37 @@ def _control_gate(f: Finding, res: dict, name: str, key: str, what: str) -> list
 
 
 def _decoder_findings(dec: dict | None, gates: list) -> list[Finding]:
-    """CBSA Fig. 8: mIoU, FLOPs and robustness of the CBSA decoder against Segmenter's (the FLOPs' conditions gate
-    goes to ``gates``)."""
-    cb, mt = (dec.get(k) if dec else None for k in ("cbsa", "mask_transformer"))
-    miou = claims.compare(
-        cb and cb["miou"],
-        mt and mt["miou"],
-        unit="pts",
-        **paper_claims.compare_kw("cbsa-f8-miou"),
-        a_name="cbsa",
-        b_name="mask_transformer",
-        spec=".1f",
+    """CBSA Fig. 8: mIoU, FLOPs and robustness of the CBSA decoder against Segmenter's."""
+    rows = ("cbsa", "mask_transformer")
+    miou = _compare(dec, "cbsa-f8-miou", *rows, ("miou",), unit="pts", spec=".1f")
+    robust = _compare(dec, "cbsa-f8-robust", *rows, ("drop",), unit="pts", lower_is_better=True, spec=".1f")
+    cb, mt = (_at(dec, k) for k in rows)
+    if not (cb and mt):
+        why = "no decoder measurement at this budget"
+        return [miou, claims.not_tested(**paper_claims.finding_kw("cbsa-f8-flops"), why=why), robust]
+    robust.measured = f"mIoU drop at sigma={cb['sigmas'][-1]:g}: " + robust.measured
+    for f in (miou, robust):
+        f.flops_a, f.flops_b, f.params_a, f.params_b = cb["flops"], mt["flops"], cb["params"], mt["params"]
+    ratio = cb["flops"] / mt["flops"]
+    flops = claims.finding(
+        **paper_claims.finding_kw("cbsa-f8-flops"),
+        measured=f"decoder FLOPs per image: cbsa {cb['flops'] / 1e6:.2f}M vs mask_transformer "
+        f"{mt['flops'] / 1e6:.2f}M ({ratio:.1%})",
+        verdict="agrees" if ratio <= FLOPS_BOUND else "disagrees",
+        rule=f"agrees if the CBSA decoder's FLOPs are at most {FLOPS_BOUND:.0%} of Segmenter's (twice the paper's "
+        f"{FLOPS_PAPER:.0%}), else disagrees (torch.utils.flop_counter, one image through the decoder)",
+        kind="paper",
+        measurement=True,
     )
-    robust = claims.compare(
-        cb and cb["drop"],
-        mt and mt["drop"],
-        unit="pts",
-        **paper_claims.compare_kw("cbsa-f8-robust"),
-        a_name="cbsa",
-        b_name="mask_transformer",
-        lower_is_better=True,
-        spec=".1f",
-    )
-    if cb and mt:
-        s = cb["sigmas"][-1]
-        robust.measured = f"mIoU drop at sigma={s:g}: " + robust.measured
-        for f in (miou, robust):
-            f.flops_a, f.flops_b, f.params_a, f.params_b = cb["flops"], mt["flops"], cb["params"], mt["params"]
-        ratio = cb["flops"] / mt["flops"]
-        flops = claims.finding(
-            **paper_claims.finding_kw("cbsa-f8-flops"),
-            measured=f"decoder FLOPs per image: cbsa {cb['flops'] / 1e6:.2f}M vs mask_transformer "
-            f"{mt['flops'] / 1e6:.2f}M ({ratio:.1%})",
-            verdict="agrees" if ratio <= FLOPS_BOUND else "disagrees",
-            rule=f"agrees if the CBSA decoder's FLOPs are at most {FLOPS_BOUND:.0%} of Segmenter's (twice the paper's "
-            f"{FLOPS_PAPER:.0%}), else disagrees (torch.utils.flop_counter, one image through the decoder)",
-            kind="paper",
-            measurement=True,
-        )
-        need = paper_claims.get("cbsa-f8-flops").conditions
-        if dec["tokens"] is not None and dec["tokens"] < need.min_n:
-            why = f"{dec['tokens']} tokens here against about {need.min_n:,} in the paper ({need.note})"
-            gates.append((flops, "conditions", why))
-    else:
-        flops = claims.not_tested(
-            **paper_claims.finding_kw("cbsa-f8-flops"), why="no decoder measurement at this budget"
-        )
+    need = paper_claims.get("cbsa-f8-flops").conditions
+    if dec["tokens"] is not None and dec["tokens"] < need.min_n:
+        why = f"{dec['tokens']} tokens here against about {need.min_n:,} in the paper ({need.note})"
+        gates.append((flops, "conditions", why))
     return [miou, flops, robust]
 
 
 def _unlearned(res: dict, dec: dict | None) -> dict[str, str]:
-    """The classifiers that did not learn the scenes and the decoders that did not beat the all-background
-    prediction, each with why (a map of a model that learned nothing measures the set-up)."""
+    """The classifiers that did not learn the scenes and the decoders not above predicting background, with why."""
     floor = CHANCE + LEARNED_MARGIN
     # every seed must clear chance by the margin, as in the other sections (a seed mean hides one that did not)
     unlearned = {
@@ -593,15 +518,12 @@ def _unlearned(res: dict, dec: dict | None) -> dict[str, str]:
         for n, st in res.items()
         if st.get("accuracy") is not None and min(st["accuracy"].values) < floor
     }
-    if dec:
-        bar = dec["background_miou"] + DECODER_MARGIN
-        for kind in DECODERS:
-            m = dec[kind]["miou"].mean
-            if m < bar:
-                unlearned[kind] = (
-                    f"the {kind} decoder's mIoU {m:.1f} is not {DECODER_MARGIN:g} points above predicting background "
-                    f"everywhere ({dec['background_miou']:.1f})"
-                )
+    for kind in DECODERS if dec else ():
+        if (m := dec[kind]["miou"].mean) < dec["background_miou"] + DECODER_MARGIN:
+            unlearned[kind] = (
+                f"the {kind} decoder's mIoU {m:.1f} is not {DECODER_MARGIN:g} points above predicting background "
+                f"everywhere ({dec['background_miou']:.1f})"
+            )
     return unlearned
 
 
@@ -633,9 +555,7 @@ def _decoder_data(dec: dict) -> dict:
 
 
 def _name(row: str) -> str:
-    if row.endswith(INIT):
-        return f"{row} (untrained control)"
-    return row
+    return f"{row} (untrained control)" if row.endswith(INIT) else row
 
 
 def _table5(res: dict) -> Table:
