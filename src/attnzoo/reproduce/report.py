@@ -1,4 +1,4 @@
-"""``report.md`` (+ ``report.html``) and ``results.json`` from the step records and the section summaries."""
+"""``report.md`` (and ``report.html``, its rendering) and ``results.json`` from the step records and summaries."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from markdown_it import MarkdownIt
+
 from attnzoo._io import atomic_write_text, write_json
 from attnzoo.reproduce import paper_claims
 from attnzoo.reproduce.claims import FINDING_SCHEMA, GATES, REFUTE_FRACTION, VERDICTS, Finding
@@ -16,7 +18,7 @@ from attnzoo.reproduce.common import Section, md_table
 from attnzoo.reproduce.sections import SECTION_MODULES
 from attnzoo.reproduce.tally import CAUSES, ClaimResult, tally
 
-__all__ = ["write_report", "FINDING_COLUMNS", "PLOTS_DIR", "CONFIGS_FILE", "effect_cell"]
+__all__ = ["write_report", "html_page", "FINDING_COLUMNS", "PLOTS_DIR", "CONFIGS_FILE", "effect_cell"]
 
 PLOTS_DIR = "plots"
 FINDING_COLUMNS = ["check", "expected", "measured here", "verdict", "notes"]
@@ -364,10 +366,10 @@ def write_report(
     cmd = "attnzoo reproduce " + " ".join(argv) if argv else f"attnzoo reproduce --budget {budget_name} --out {out}"
     created = time.strftime("%Y-%m-%d %H:%M:%S")
     setup = _setup_rows(budget_name, plan, seed, cmd, machine, workers, compute_s, records, outcome, created)
-    md = _report_md(secs, setup, budget_name, records)
+    md = "\n".join(_report_md(secs, setup, budget_name, records)) + "\n"
     atomic_write_text(out / CONFIGS_FILE, "\n".join(_configs_md(seed, records, secs)) + "\n")
-    atomic_write_text(out / "report.md", "\n".join(md) + "\n")
-    atomic_write_text(out / "report.html", _html(secs, setup, budget_name, _summary(secs, budget_name)))
+    atomic_write_text(out / "report.md", md)
+    atomic_write_text(out / "report.html", html_page(md, f"attnzoo reproduce ({budget_name} budget)"))
     meta = {
         "budget": budget_name,
         "seed": seed,
@@ -610,46 +612,22 @@ def _anchor(title: str) -> str:
     return keep.replace(" ", "-")
 
 
-def _html_table(headers, rows) -> str:
-    h = "".join(f"<th>{html.escape(str(x))}</th>" for x in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>"
+_STYLE = (
+    "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;margin:8px 0}"
+    "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}img{max-width:100%}</style>"
+)
 
 
-def _html(secs: list[Section], setup, budget_name: str, discussion: list[str]) -> str:
-    parts = [
-        "<!doctype html><meta charset='utf-8'><title>attnzoo reproduce</title>",
-        "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;"
-        "margin:8px 0}td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}img{max-width:100%}</style>",
-        f"<h1>attnzoo reproduce ({html.escape(budget_name)} budget)</h1>",
-        "<h2>Setup</h2>",
-        _html_table(["item", "value"], setup),
-    ]
-    for s in secs:
-        parts.append(f"<h2>{html.escape(s.title)}</h2><p>{html.escape(s.intro)}</p>")
-        for t in s.tables:
-            parts.append(f"<h3>{html.escape(t.title)}</h3>" + _html_table(t.headers, t.rows))
-        for p, cap in s.plots:
-            parts.append(f"<figure><img src='{html.escape(p)}'><figcaption>{html.escape(cap)}</figcaption></figure>")
-        if s.findings:
-            parts.append(
-                "<h3>Agreement with the papers</h3>"
-                + _html_table(
-                    ["kind", "paper", "claim", "paper's figure", "measured here", "verdict", "seeds", "notes"],
-                    [
-                        [
-                            f.get("kind", "-"),
-                            f["paper"],
-                            f["claim"],
-                            f["paper_value"],
-                            f["measured"],
-                            f["verdict"],
-                            f.get("seeds", "-"),
-                            " ".join(x for x in (f.get("rule"), f.get("gate"), f.get("explanation")) if x) or "-",
-                        ]
-                        for f in s.findings
-                    ],
-                )
-            )
-    parts.append("<h2>Summary</h2><pre style='white-space:pre-wrap'>" + html.escape("\n".join(discussion)) + "</pre>")
-    return "\n".join(parts) + "\n"
+def _heading_ids(state) -> None:
+    """Give each heading the anchor the report's contents link to (markdown-it core rule)."""
+    for opening, inline in zip(state.tokens, state.tokens[1:], strict=False):
+        if opening.type == "heading_open":
+            opening.attrSet("id", _anchor(inline.content))
+
+
+def html_page(md: str, title: str) -> str:
+    """``report.md`` rendered as one HTML page (CommonMark with tables), so the two cannot drift apart."""
+    parser = MarkdownIt("commonmark").enable("table")
+    parser.core.ruler.push("heading_ids", _heading_ids)
+    head = f"<meta charset='utf-8'><title>{html.escape(title)}</title>{_STYLE}"
+    return f"<!doctype html>\n<html><head>{head}</head><body>\n{parser.render(md)}</body></html>\n"
