@@ -26,7 +26,8 @@ CONFIGS_FILE = "configs.md"
 _MARK = {"agrees": "agrees", "disagrees": "**disagrees**", "inconclusive": "inconclusive", "not tested": "not tested"}
 
 
-def _summaries(out: Path, plan: dict, sections: list[str], records: dict, failed: dict) -> list[Section]:
+def _summaries(out: Path, plan: dict, sections: list[str], records: dict, outcome) -> list[Section]:
+    """Each section's summary of its stored steps, with the steps that failed or were not computed."""
     plots_dir = out / PLOTS_DIR
     plots_dir.mkdir(parents=True, exist_ok=True)
 
@@ -41,9 +42,16 @@ def _summaries(out: Path, plan: dict, sections: list[str], records: dict, failed
             sec = mod.summarize(recs, plan[key], plots_dir, rel)
         except Exception as e:  # noqa: BLE001 - a broken summary must not hide the other sections
             sec = Section(key, mod.TITLE, notes=[f"summary failed: {type(e).__name__}: {e}"])
-        for sid, why in failed.items():
-            if sid.split("/", 1)[0] == key:
-                sec.notes.append(f"step `{sid}` failed: {why}")
+        failed = [(sid, why) for sid, why in outcome.failed.items() if sid.split("/", 1)[0] == key]
+        sec.notes += [f"step `{sid}` failed: {why}" for sid, why in failed]
+        mine = [sid for sid in getattr(outcome, "missing", []) if sid.split("/", 1)[0] == key]
+        if mine:
+            sec.notes.insert(
+                0,
+                f"{len(mine)} step(s) of this section's plan were not computed (report written with --report-only): "
+                + ", ".join(f"`{sid}`" for sid in mine)
+                + ". Findings that need them are not tested, untuned or not shown to plateau.",
+            )
         result.append(sec)
     return result
 
@@ -59,8 +67,7 @@ def effect_cell(f: dict) -> str:
 
 
 def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], int]:
-    """A section's implementation checks, each by its statement, with their notes (rule, gate, explanation) as
-    numbered footnotes under the table (the paper claims' tests are in the summary's claims table)."""
+    """A section's implementation checks, their notes (rule, gate, explanation) numbered under the table."""
     rows, notes = [], []
     seen: dict[tuple[str, str], int] = {}
     last: str | None = None
@@ -74,8 +81,8 @@ def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], 
 
 
 def _note_refs(f: dict, seen: dict[tuple[str, str], int], notes: list[str], start: int) -> tuple[str, int]:
-    """``[n] [m]``: the finding's own rule, gate and explanation as numbered notes, each said once (a later finding
-    with the same note points back to its number); appends the new ones to ``notes``; returns the next number."""
+    """``[n] [m]``: the finding's own rule, gate and explanation as numbered notes, each said once (appended to
+    ``notes``; a repeat points back to its number); returns the next number."""
     refs = []
     for label, text in (("rule", _own_rule(f)), ("gated", f.get("gate")), ("why", f.get("explanation"))):
         if text and text != "-":
@@ -93,8 +100,7 @@ def _verdict_cell(f: dict) -> str:
 
 
 def _own_rule(f: dict) -> str | None:
-    """What a finding's rule says beyond the legend: a comparison's margin and its source, or the refuting bar of
-    a superiority claim; a measurement's own rule whole."""
+    """What a finding's rule says beyond the legend: a margin and its source, a refuting bar, a measurement's rule."""
     if not f.get("claim_type"):
         return f.get("rule")
     if f.get("margin"):
@@ -110,8 +116,8 @@ def _fmt_s(s: float) -> str:
 
 
 def _summary(secs: list[Section], plan_name: str) -> list[str]:
-    """The first screen: the claims counted once, each decided trained claim in words, what blocks the rest by
-    cause (counts that add up), the one legend of the rule and its gates; then the claims table and the checks."""
+    """The first screen: the claims counted once, the decided trained claims, the causes of the rest, the legend,
+    then the claims table and the checks."""
     allf = [(_short_title(s.title), f) for s in secs for f in s.findings]
     claims_ = tally([(t, f) for t, f in allf if f.get("kind") == "paper"])
     checks = [(t, f) for t, f in allf if f.get("kind") == "check"]
@@ -129,8 +135,7 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
 
 
 def _checks_lines(checks: list[tuple[str, dict]]) -> list[str]:
-    """The implementation checks counted by verdict, with the sections of those that do not agree (each check's
-    statement and numbers are in its section's findings table)."""
+    """The implementation checks counted by verdict, with the sections of those that do not agree."""
     if not checks:
         return []
     cc = Counter(f["verdict"] for _, f in checks)
@@ -232,9 +237,8 @@ CLAIMS_COLUMNS += ["claim", "section", "notes"]
 
 
 def _claims_table(claims_: list[ClaimResult]) -> tuple[str, list[str]]:
-    """One block of rows per claim: its statement once, then each test's paper figure, effect, verdict and notes
-    (footnotes under the table, each said once); a reference, paper figure or section equal to the row above's is
-    left blank (read as "the same")."""
+    """One block of rows per claim: its statement once, then each test's figure, effect, verdict and notes; a
+    reference, paper figure or section equal to the row above's is left blank (read as "the same")."""
     rows, notes, seen, start = [], [], {}, 1
     last = {"paper": None, "paper_value": None, "section": None}
 
@@ -259,8 +263,7 @@ def _num(x: float) -> str:
 
 
 def effect_in_words(f: dict) -> str:
-    """A comparison's effect as a sentence: ``a`` ahead of / behind ``b`` by ``|effect|`` with its interval, in the
-    finding's orientation (a positive effect favours ``a``)."""
+    """A comparison's effect as a sentence: ``a`` ahead of / behind ``b``, with its interval (positive favours a)."""
     e, (lo, hi), unit = f["effect"], f["ci95"], f.get("unit", "")
     if lo < 0 < hi:  # no direction shown: the point estimate alone, and the interval's reach on both sides
         return (
@@ -287,9 +290,8 @@ def _scale_lines(secs: list[Section]) -> list[str]:
 
 
 def _compute_md(secs: list[Section], records: dict) -> list[str]:
-    """Step compute per section, split into the compared rows, the learning-rate sweeps and the ablations and
-    plateau checks (rows named ``x@...``, ``x+...`` beyond the swaps, ``x-...``); each step's own time is in
-    configs.md."""
+    """Step compute per section: compared rows, learning-rate sweeps, and ablations and plateau checks (rows named
+    ``x@...``, ``x+...`` beyond the swaps, ``x-...``)."""
     kinds = ("compared rows and measurements", "learning-rate sweeps", "ablations and plateau checks")
     per: dict = {}
     for sid, r in records.items():
@@ -328,8 +330,7 @@ def _compute_md(secs: list[Section], records: dict) -> list[str]:
 
 
 def _decided_by_section(secs: list[Section]) -> dict[str, list[str]]:
-    """Section short title -> ids of the trained paper claims whose combined verdict is decided and that section
-    tested."""
+    """Section short title -> ids of the decided trained paper claims it tested."""
     pairs = [(_short_title(s.title), f) for s in secs for f in s.findings if f.get("kind") == "paper"]
     out: dict[str, list[str]] = {}
     for c in tally(pairs):
@@ -351,81 +352,57 @@ def write_report(
     argv: list[str],
     workers: list[dict],
 ) -> None:
-    secs = _summaries(out, plan, sections, records, outcome.failed)
-    missing = getattr(outcome, "missing", [])
-    for sec in secs:
-        mine = [sid for sid in missing if sid.split("/", 1)[0] == sec.key]
-        if mine:
-            sec.notes.insert(
-                0,
-                f"{len(mine)} step(s) of this section's plan were not computed (report written with --report-only): "
-                + ", ".join(f"`{sid}`" for sid in mine)
-                + ". Findings that need them are not tested, untuned or not shown to plateau.",
-            )
+    secs = _summaries(out, plan, sections, records, outcome)
     compute_s = sum(r.get("wall_s", 0.0) for r in records.values())
     cmd = "attnzoo reproduce " + " ".join(argv) if argv else f"attnzoo reproduce --budget {budget_name} --out {out}"
-    created = time.strftime("%Y-%m-%d %H:%M:%S")
-    setup = _setup_rows(budget_name, plan, seed, cmd, machine, workers, compute_s, records, outcome, created)
-    md = "\n".join(_report_md(secs, setup, budget_name, records)) + "\n"
-    atomic_write_text(out / CONFIGS_FILE, "\n".join(_configs_md(seed, records, secs)) + "\n")
-    atomic_write_text(out / "report.md", md)
-    atomic_write_text(out / "report.html", html_page(md, f"attnzoo reproduce ({budget_name} budget)"))
     meta = {
         "budget": budget_name,
         "seed": seed,
         "command": cmd,
         "machine": machine,
         "workers": workers,
-        "generated": created,
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
         "compute_s": compute_s,
         "invocation_wall_s": outcome.wall_s,
-        "missing_steps": missing,
+        "missing_steps": getattr(outcome, "missing", []),
         "sections": [s.key for s in secs],
         "plan": plan,
     }
+    md = "\n".join(_report_md(secs, _setup_rows(meta, records, outcome), budget_name, records)) + "\n"
+    atomic_write_text(out / CONFIGS_FILE, "\n".join(_configs_md(seed, records, secs)) + "\n")
+    atomic_write_text(out / "report.md", md)
+    atomic_write_text(out / "report.html", html_page(md, f"attnzoo reproduce ({budget_name} budget)"))
     write_json(out / "results.json", _results_payload(meta, secs, records, outcome.failed))
 
 
-def _setup_rows(
-    budget_name: str,
-    plan: dict,
-    seed: int,
-    cmd: str,
-    machine: dict,
-    workers: list[dict],
-    compute_s: float,
-    records: dict,
-    outcome,
-    created: str,
-) -> list[list[str]]:
+def _setup_rows(meta: dict, records: dict, outcome) -> list[list[str]]:
+    """The provenance table: the budget, the command, the machine and software, the workers and the times."""
+    m = meta["machine"]
     return [
-        ["budget", f"`{budget_name}`: {plan['description']}"],
-        ["seed", str(seed)],
-        ["command", f"`{cmd}`"],
+        ["budget", f"`{meta['budget']}`: {meta['plan']['description']}"],
+        ["seed", str(meta["seed"])],
+        ["command", f"`{meta['command']}`"],
         [
             "machine",
-            f"{machine.get('cpu')} ({machine.get('cpu_count')} CPUs, "
-            f"{machine.get('cpu_isa', 'vector ISA not recorded')}), {machine.get('gpu', 'no GPU')}",
+            f"{m.get('cpu')} ({m.get('cpu_count')} CPUs, {m.get('cpu_isa', 'vector ISA not recorded')}), "
+            f"{m.get('gpu', 'no GPU')}",
         ],
-        ["workers", _workers_cell(workers)],
-        [
-            "software",
-            f"torch {machine.get('torch')}, Python {machine.get('python')}, numpy {machine.get('numpy')}, "
-            f"{machine.get('platform')}",
-        ],
-        ["device", machine.get("device", "-")],
+        ["workers", _workers_cell(meta["workers"])],
+        ["software", f"torch {m.get('torch')}, Python {m.get('python')}, numpy {m.get('numpy')}, {m.get('platform')}"],
+        ["device", m.get("device", "-")],
         [
             "wall time",
-            f"{_fmt_s(compute_s)} of step compute in total ({len(records)} steps); {_clock_span(records)}; this "
-            f"invocation {_fmt_s(outcome.wall_s)} ({len(outcome.computed)} computed, {len(outcome.skipped)} reused)",
+            f"{_fmt_s(meta['compute_s'])} of step compute in total ({len(records)} steps); {_clock_span(records)}; "
+            f"this invocation {_fmt_s(outcome.wall_s)} ({len(outcome.computed)} computed, {len(outcome.skipped)} "
+            "reused)",
         ],
-        ["generated", created],
+        ["generated", meta["generated"]],
     ]
 
 
 def _workers_cell(workers: list[dict]) -> str:
-    """How this directory's steps were computed, as run.json recorded it: "J jobs x T threads" per setting (each
-    worker process runs T torch threads), with its step count when invocations differed."""
+    """How this directory's steps were computed (run.json): "J jobs x T threads" per setting, with its step count
+    when invocations differed."""
     if not workers:
         return "not recorded (no step was computed in this directory by a run that records its workers)"
 
@@ -439,9 +416,8 @@ def _workers_cell(workers: list[dict]) -> str:
 
 
 def _clock_span(records: dict) -> str:
-    """The wall clock over which this directory's own steps ran (first start to last finish, imported steps left
-    out): a re-rendered report (--report-only) still states how long computing it took. Pauses between invocations
-    count, so it bounds the computing time from above."""
+    """The wall clock from the first start to the last finish of the steps computed here (an upper bound on their
+    computing time: pauses between invocations count)."""
     own = [r for r in records.values() if not r.get("imported_from") and r.get("started") and r.get("finished")]
     if not own:
         return "no step computed in this directory"
