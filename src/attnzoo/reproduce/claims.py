@@ -18,14 +18,11 @@ from typing import Iterable, Sequence
 from attnzoo.reproduce import paper_claims
 
 __all__ = [
-    "KINDS",
     "Finding",
     "FINDING_SCHEMA",
     "GATES",
-    "GateRule",
     "REFUTE_FRACTION",
     "trend_gate",
-    "CLAIM_TYPES",
     "Stat",
     "stat",
     "welch_ci",
@@ -83,6 +80,10 @@ class Stat:
 
     def __str__(self) -> str:
         return self.fmt()
+
+
+#: what a figure over seeds may be given as: one value, one per seed, a :class:`Stat`, or nothing measured
+Values = float | Sequence[float] | Stat | None
 
 
 #: version of :class:`Finding`'s serialised form in results.json (raised when a field changes meaning)
@@ -281,8 +282,8 @@ def not_tested(
 
 
 def compare(
-    a: float | Sequence[float] | Stat | None,
-    b: float | Sequence[float] | Stat | None,
+    a: Values,
+    b: Values,
     *,
     claim_type: str,
     unit: str,
@@ -460,10 +461,7 @@ def size_gate(f: Finding, paper_ratios: dict[tuple[str, str], tuple[float, str]]
 
 
 def margin_control_gate(
-    f: Finding,
-    control: float | Sequence[float] | Stat | None,
-    control_name: str,
-    twin: tuple[str, Stat] | None = None,
+    f: Finding, control: Values, control_name: str, twin: tuple[str, Stat] | None = None
 ) -> Finding:
     """Gate a non-inferiority finding when its margin admits ``control``, a model without attention.
 

@@ -296,14 +296,10 @@ def _compute_md(secs: list[Section], records: dict) -> list[str]:
     per: dict = {}
     for sid, r in records.items():
         row = "/".join(p for p in sid.split("/")[1:] if not p.startswith(("seed", "extra-seed")))
-        if "/lr-sweep/" in sid:
-            kind = kinds[1]
-        elif "@" in row or any(t in row for t in ("-meanpool", "+ista", "+prenorm", "+softmax")):
-            kind = kinds[2]
-        elif "/extra-seed" in sid and r["section"] == "vision":  # more seeds of two rows: an ablation of the spread
-            kind = kinds[2]
-        else:
-            kind = kinds[0]
+        # more seeds of two vision rows are an ablation of the spread
+        ablation = "@" in row or any(t in row for t in ("-meanpool", "+ista", "+prenorm", "+softmax"))
+        ablation = ablation or ("/extra-seed" in sid and r["section"] == "vision")
+        kind = kinds[1] if "/lr-sweep/" in sid else kinds[2] if ablation else kinds[0]
         per.setdefault(r["section"], Counter())[kind] += r.get("wall_s", 0.0)
     total = sum(sum(c.values()) for c in per.values()) or 1.0
     decided = _decided_by_section(secs)
