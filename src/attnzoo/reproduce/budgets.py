@@ -1,17 +1,9 @@
 """What each ``--budget`` runs: data sizes, model sizes, steps and the mechanisms compared per section.
 
-Each budget is one YAML file in ``budgets/`` (shipped as package data), spelled out in full with a one-line reason
-per choice; the measurements behind those choices are in docs/results_history.md under their dates.
-
-``smoke`` (~2 min on a 2-core CPU, CI): every section with tiny models, few steps, few mechanisms.
-``default`` (<= 30 min on a 2-core CPU): every mechanism of every section at laptop scale, two seeds per trained
-comparison, only the tasks the baselines learn (on every seed) in that time.
-``long`` (<= 2 h on a 2-core CPU with ``--jobs 2``, resumable): 3 seeds for every trained comparison, each row
-at the best rate of its own sweep, baselines trained towards a plateau, LRA-style ListOps.
-``full`` (a GPU): the papers' sequence lengths and longer training; same code paths.
-
-Within a section every model shares width, depth, heads, data, optimiser and steps; only the mechanism
-(and the architecture the paper pairs it with) changes.
+Each budget is one YAML file in ``budgets/`` (package data), spelled out in full with a one-line reason per choice
+and its ``description`` (``smoke``: CI; ``default``: <= 30 min and ``long``: <= 2 h on a 2-core CPU; ``full``: a
+GPU); the measurements behind the choices are in docs/results_history.md. Within a section every model shares width,
+depth, heads, data, optimiser and steps; only the mechanism (and the architecture the paper pairs it with) changes.
 """
 
 from __future__ import annotations
@@ -30,14 +22,9 @@ SECTIONS = ("vision", "adapt-vision", "long-range", "language", "icl", "efficien
 BUDGET_NAMES = ("smoke", "default", "long", "full")
 
 
-def _budget_file(name: str):
-    """The packaged YAML file of budget ``name``."""
-    return resources.files(__package__).joinpath("budgets", f"{name}.yaml")
-
-
 def load_budget(name: str, source: Any = None) -> dict:
     """Budget ``name`` read from ``source`` (a path; default its packaged file), its top-level keys checked."""
-    path = _budget_file(name) if source is None else source
+    path = resources.files(__package__).joinpath("budgets", f"{name}.yaml") if source is None else source
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise ValueError(f"budget file {path} must hold a mapping of sections, got {type(data).__name__}")

@@ -1,33 +1,12 @@
-"""Checking the papers' claims against measured numbers: every verdict is computed, with its rule stated.
+"""The report's rule for a paper claim: a :class:`Finding` per tested claim, its verdict computed and its rule stated.
 
-A finding is a :class:`Finding` (``kind, paper, claim, paper_value, measured, verdict, rule, seeds, explanation``
-and the optional fields below):
-
-* ``kind`` is ``"paper"`` (a claim one of the five papers makes, with its table or section in ``paper``) or
-  ``"check"`` (an implementation or sanity check: complexity, decode flatness, baselines learning at all). The
-  headline tally counts paper claims only.
-* ``verdict`` is ``agrees``, ``disagrees``, ``inconclusive`` or ``not tested`` (the run lacks a model or a
-  length the claim needs).
-
-A trained comparison (:func:`compare`) also carries ``effect`` (difference of the seed means, oriented so that
-positive favours the claim), ``ci95`` (``[lo, hi]``, a 95% Welch-t interval of that difference with the
-Welch-Satterthwaite degrees of freedom ``df``), ``margin``, ``values_a`` and ``values_b`` (per seed). Claims are
-of two types:
-
-* *superiority* ("A beats B"): ``margin = 0``;
-* *non-inferiority* ("A is comparable to B"): ``margin > 0``, taken from the paper's own comparison and quoted
-  in ``margin_source``.
-
-The rule needs the same evidence either way: **agrees** when the whole interval lies above ``-margin``,
-**disagrees** when the whole interval lies below ``-margin``, **inconclusive** otherwise (and always when a side
-has a single seed, whose spread is unknown). A superiority claim whose paper states its own effect ``E`` can be
-refuted by a tie: it disagrees when the whole interval lies below :data:`REFUTE_FRACTION` x ``E``. Cost and speed
-figures measured once (decode flatness, memory growth, milliseconds) keep rules of their own and are marked
-``measurement: true``.
-
-Around the rule sit the gates (:data:`GATES`): preconditions that make a decided verdict ``inconclusive``. Each
-declares which verdicts it can hold back and why; :func:`trend_gate` is the one rule for evidence at twice the
-steps.
+A trained comparison (:func:`compare`) gives ``effect``, the difference of the seed means oriented so that positive
+favours the claim, with its 95% Welch-t interval ``ci95``. A *superiority* claim ("A beats B") has margin 0, a
+*non-inferiority* claim ("A is comparable to B") the largest gap the paper calls comparable (``margin_source``). It
+**agrees** when the whole interval lies above ``-margin``, **disagrees** when wholly below it (a superiority claim
+with the paper's own effect ``E``: below :data:`REFUTE_FRACTION` x ``E``), else it is inconclusive (always with one
+seed a side). Cost and speed figures measured once keep rules of their own (``measurement``). The gates
+(:data:`GATES`) make a decided verdict ``inconclusive`` when a precondition fails.
 """
 
 from __future__ import annotations
@@ -36,15 +15,14 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Iterable, Sequence
 
+from attnzoo.reproduce import paper_claims
+
 __all__ = [
-    "KINDS",
     "Finding",
     "FINDING_SCHEMA",
     "GATES",
-    "GateRule",
     "REFUTE_FRACTION",
     "trend_gate",
-    "CLAIM_TYPES",
     "Stat",
     "stat",
     "welch_ci",
@@ -92,11 +70,6 @@ class Stat:
         m = self.mean
         return math.sqrt(sum((v - m) ** 2 for v in self.values) / (self.n - 1))
 
-    @property
-    def sem(self) -> float | None:
-        s = self.std
-        return None if s is None else s / math.sqrt(self.n)
-
     def fmt(self, spec: str = ".3g") -> str:
         """``mean ± std`` (``mean`` alone for one seed)."""
         s = self.std
@@ -109,18 +82,18 @@ class Stat:
         return self.fmt()
 
 
+#: what a figure over seeds may be given as: one value, one per seed, a :class:`Stat`, or nothing measured
+Values = float | Sequence[float] | Stat | None
+
+
 #: version of :class:`Finding`'s serialised form in results.json (raised when a field changes meaning)
 FINDING_SCHEMA = 1
 
 
 @dataclass
 class Finding:
-    """One tested claim: the fixed fields it may carry (serialised in results.json with :data:`FINDING_SCHEMA`).
-
-    Built by :func:`finding` and :func:`compare` and gated in place (:func:`gate`). The mapping interface
-    (``f["verdict"]``, ``f.get(...)``, ``"gate" in f``, ``dict(f)``) is the serialised form's view: it reads and
-    writes declared fields only, and a field counts as present when it is set (not ``None``); :meth:`from_dict`
-    refuses a field not declared here, so a new key is a schema change, not a typo that a reader never sees."""
+    """One tested claim with the fields of results.json (:data:`FINDING_SCHEMA`), read and written as a mapping of
+    the declared fields only (a field is present when set): a new key is a schema change, not an unseen typo."""
 
     # every finding
     claim_id: str
@@ -186,14 +159,13 @@ class Finding:
         return cls(**{"claim_id": "", **d})
 
     def to_dict(self) -> dict:
-        """The fields that are set (``None`` left out), in declaration order; a comparison states its interval even
-        where it has none (one seed a side: ``ci95`` and ``df`` null)."""
+        """The fields that are set, in declaration order; a comparison's interval even when null (one seed a side)."""
         keep = _INTERVAL if self.claim_type else ()
         return {k: v for k, v in asdict(self).items() if v is not None or k in keep}
 
     @classmethod
     def checked(cls, f: "Finding | dict") -> dict:
-        """The serialised form of ``f`` (a dict is first read through :meth:`from_dict`, which refuses unknown keys)."""
+        """The serialised form of ``f`` (a dict is read through :meth:`from_dict`, which refuses unknown keys)."""
         return (f if isinstance(f, Finding) else cls.from_dict(f)).to_dict()
 
     def _field(self, key: str) -> str:
@@ -240,13 +212,8 @@ def stat(values: float | Iterable[float | None] | Stat | None) -> Stat | None:
 def welch_ci(
     a: Stat, b: Stat, *, lower_is_better: bool = False, level: float = 0.95
 ) -> tuple[float, tuple[float, float] | None, float | None]:
-    """``(effect, (lo, hi), df)``: the oriented difference of the means and its Welch-t interval.
-
-    ``effect = mean(a) - mean(b)`` (negated when lower is better), ``se = sqrt(s_a²/n_a + s_b²/n_b)``,
-    ``df`` by Welch-Satterthwaite, interval ``effect ± t_{(1+level)/2, df} · se``. With a single seed on either
-    side the interval is ``None``. Two sides without spread (``se = 0``) give the degenerate interval
-    ``[effect, effect]``.
-    """
+    """``(effect, (lo, hi), df)``: ``effect = mean(a) - mean(b)`` (negated when lower is better) ± ``t_{(1+level)/2,
+    df} · sqrt(s_a²/n_a + s_b²/n_b)``, ``df`` by Welch-Satterthwaite; no interval with one seed a side."""
     from scipy.stats import t as student_t
 
     effect = (b.mean - a.mean) if lower_is_better else (a.mean - b.mean)
@@ -268,10 +235,8 @@ REFUTE_FRACTION = 0.5
 
 
 def verdict_from_ci(ci: tuple[float, float] | None, margin: float, refute_below: float | None = None) -> str:
-    """The rule: the whole interval above ``-margin`` agrees, the whole interval below ``-margin`` disagrees.
-
-    ``refute_below`` (a superiority claim with the paper's own effect: :data:`REFUTE_FRACTION` of it) moves the
-    disagreeing boundary up to that value: the whole interval below it disagrees."""
+    """The rule: the whole interval above ``-margin`` agrees, wholly below ``-margin`` (or ``refute_below``, a
+    superiority claim's :data:`REFUTE_FRACTION` of the paper's effect) disagrees."""
     if margin < 0:
         raise ValueError(f"margin must be >= 0, got {margin}")
     if ci is None:
@@ -317,8 +282,8 @@ def not_tested(
 
 
 def compare(
-    a: float | Sequence[float] | Stat | None,
-    b: float | Sequence[float] | Stat | None,
+    a: Values,
+    b: Values,
     *,
     claim_type: str,
     unit: str,
@@ -336,15 +301,10 @@ def compare(
     claim_id: str = "",
     paper_effect: float | None = None,
 ) -> Finding:
-    """Verdict on ``a`` (the paper's mechanism, one value per seed) against ``b`` (its baseline).
+    """Verdict on ``a`` (the paper's mechanism, per seed) against ``b`` (its baseline) by the module's rule.
 
-    ``claim_type="superiority"``: "``a`` is better than ``b``" (``margin`` must be 0);
-    ``claim_type="non-inferiority"``: "``a`` is comparable to ``b``": worse by less than ``margin`` (> 0, in
-    ``unit``; a fraction of ``b``'s mean with ``relative=True``), quoted from the paper in ``margin_source``.
-    ``lower_is_better`` flips the direction (losses, errors). ``paper_effect`` (superiority only: the paper's own
-    effect, oriented like ours, in ``unit``) lets the claim be refuted below :data:`REFUTE_FRACTION` of it. See the
-    module docstring for the rule.
-    """
+    ``margin`` is in ``unit`` (a fraction of ``b``'s mean with ``relative``); ``paper_effect`` (superiority only,
+    oriented like ours) refutes below :data:`REFUTE_FRACTION` of it."""
     if claim_type not in CLAIM_TYPES:
         raise ValueError(f"claim_type must be one of {CLAIM_TYPES}, got {claim_type!r}")
     if claim_type == "superiority" and margin != 0:
@@ -403,10 +363,7 @@ def _rule_text(claim_type, lower_is_better, margin, margin_abs, relative, margin
 
 
 def _table_effect(claim_id: str) -> float | None:
-    """The paper's own effect for a superiority claim, from the claim table (``None`` where it states none). An LRA
-    claim's effect is its average's: a single task's test has none (the paper's per-task gaps differ)."""
-    from attnzoo.reproduce import paper_claims
-
+    """The claim table's effect of a superiority claim; an LRA task's test has none (the paper's is the average's)."""
     rec = paper_claims.get(claim_id)
     if paper_claims.test_of(claim_id) in set(paper_claims.LRA_TESTS) - {"average"}:
         return None
@@ -463,12 +420,10 @@ GATE_REASONS = tuple(GATES)
 
 
 def gate(f: Finding, why: str, reason: str) -> Finding:
-    """Make a decided verdict ``inconclusive`` because a precondition (a plateau, a baseline that learned) fails.
+    """Make a decided verdict ``inconclusive`` (kept in ``ungated_verdict``) because a precondition fails.
 
-    Only the verdicts :data:`GATES` names for ``reason`` are held back; for the others ``why`` is said in the
-    explanation (the precondition failed, but it cannot have produced that verdict). A held-back verdict stays in
-    ``ungated_verdict``; ``why`` is appended to the finding's ``gate`` text and ``reason`` to its ``gate_reasons``.
-    """
+    Only the verdicts :data:`GATES` names for ``reason`` are held back; for the others ``why`` goes to the
+    explanation. ``why`` is appended to ``gate`` and ``reason`` to ``gate_reasons``."""
     if reason not in GATES:
         raise ValueError(f"unknown gate reason {reason!r}; valid: {GATE_REASONS}")
     if numbers_verdict(f) in ("agrees", "disagrees") and numbers_verdict(f) not in GATES[reason].holds_back:
@@ -487,9 +442,8 @@ def explain(f: Finding, text: str) -> Finding:
 
 
 def size_gate(f: Finding, paper_ratios: dict[tuple[str, str], tuple[float, str]], tolerance: float) -> Finding:
-    """Gate ``f`` on conditions when its parameter ratio ``params_a / params_b`` is more than ``tolerance`` (relative,
-    either way) from the ratio of the paper's own comparison: ``paper_ratios[(a_name, b_name)]`` is that ratio and
-    where it is quoted from. A comparison without an entry or without parameter counts is left alone."""
+    """Gate ``f`` on conditions when ``params_a / params_b`` is more than ``tolerance`` (relative, either way) from
+    ``paper_ratios[(a_name, b_name)]``, the ratio of the paper's own comparison and its source."""
     paper = paper_ratios.get((f.a_name, f.b_name))
     pa, pb = f.params_a, f.params_b
     if paper is None or not (pa and pb):
@@ -507,22 +461,13 @@ def size_gate(f: Finding, paper_ratios: dict[tuple[str, str], tuple[float, str]]
 
 
 def margin_control_gate(
-    f: Finding,
-    control: float | Sequence[float] | Stat | None,
-    control_name: str,
-    twin: tuple[str, Stat] | None = None,
+    f: Finding, control: Values, control_name: str, twin: tuple[str, Stat] | None = None
 ) -> Finding:
-    """Gate a non-inferiority finding on ``control`` when its margin admits a model without attention.
+    """Gate a non-inferiority finding when its margin admits ``control``, a model without attention.
 
-    ``control`` is the no-attention control's metric (per seed), judged against the finding's own baseline
-    (``values_b``) with the finding's orientation, or against ``twin`` ``(name, metric)``: the control's own
-    skeleton with attention, where the baseline differs from the control in more than the token mixer (a CLS-token
-    ViT against a mean-pooled control). Unless the control's 95% Welch-t
-    interval lies wholly below ``-margin`` (shown worse than the margin, the same evidence a claim needs; its mean
-    when either side has one seed), an "agrees" could not tell the mechanism from no token mixing at all: the
-    margin, read from the paper's task, is too wide for this one. A "disagrees" stays (the mechanism is then worse
-    than a margin the control may meet).
-    """
+    The control is judged against the finding's baseline (or ``twin``, ``(name, metric)``: the control's own skeleton
+    with attention, where the baseline differs in more than the token mixer). Unless its 95% Welch-t interval lies
+    wholly below ``-margin``, an "agrees" cannot tell the mechanism from no token mixing; a "disagrees" stays."""
     sc = stat(control)
     if f.claim_type != "non-inferiority" or sc is None or not f.values_b:
         return f
@@ -544,8 +489,7 @@ def margin_control_gate(
 
 def untuned_control_gate(f: Finding, why: str | None, control_name: str) -> Finding:
     """Gate a finding whose margin test (:func:`margin_control_gate`) passed on a control that is not tuned (``why``):
-    at a better rate the control could come inside the margin, so that it loses by more is not shown (e.g. an
-    identity control whose best rate sits at the top of its grid, its sweep still rising)."""
+    at a better rate the control could come inside the margin."""
     if why and f.control_effect is not None and "control" not in (f.gate_reasons or []):
         gate(
             f,
@@ -567,17 +511,11 @@ def plateau_gate(
 ) -> dict:
     """The plateau evidence of a section's baseline, applied to the section's trained comparisons.
 
-    ``change`` is how far the baseline's validation metric (seed means) moves when it trains twice the steps: how
-    much it may still gain. A decided verdict stands only if it survives that drift: its 95% CI clears the decision
-    boundary (``-margin``) by more than ``|change|``, on whichever side it lies, so that the baseline improving by
-    ``|change|`` could not move it (the same test for "agrees" as for "disagrees"). The baseline has plateaued for
-    the section when every decided verdict stands, that is when ``|change|`` is below the smallest effect the
-    section decides on (never when it decides none: there is no bar). Decided means by the interval alone, before
-    any other gate. Verdicts that do not stand, and all of them when there is no run at
-    twice the steps, are made ``inconclusive`` with :func:`gate` (the numbers-alone verdict is kept). ``curves``
-    (the baseline's validation curves in words) is appended to the text, so a reader sees the evidence.
-    Returns ``{"baseline", "plateaued", "change", "smallest_effect", "standing", "gated", "text"}``.
-    """
+    ``change`` is how far the baseline's metric (seed means) moves at twice the steps. A verdict decided by its
+    interval stands only if that interval clears the boundary (``-margin``) by more than ``|change|``; the others,
+    and all without a run at twice the steps, are gated. The baseline has plateaued when every decided verdict
+    stands (never when none is decided: there is no bar). ``curves`` (the validation curves in words) end the text.
+    Returns ``{"baseline", "plateaued", "change", "smallest_effect", "standing", "gated", "text"}``."""
     compared = [f for f in findings if f.claim_type]
     # the numbers' verdict (before any other gate): each precondition is judged on its own
     decided = [f for f in compared if numbers_verdict(f) in ("agrees", "disagrees") and f.ci95]
@@ -635,12 +573,9 @@ def plateau_gate(
 
 
 def trend_gate(f: Finding, e2: float, ci2: tuple[float, float], margin2: float, at2: str) -> Finding:
-    """The one trend rule for a decided comparison with evidence at twice the steps (``e2``, ``ci2``, ``margin2``).
-
-    The verdict stands only if the same rule gives the same verdict there, and the interval there clears its
-    boundary by more than the effect moved in that doubling: at the same pace, one more doubling could not cross it.
-    It reads the effect, not the clearance alone (an interval that narrows while its effect shrinks 70% still fails).
-    Otherwise it is gated (``plateau``). ``at2`` says where the evidence comes from. Stores ``f.trend_2x``."""
+    """The one trend rule for a decided comparison with evidence at twice the steps (``e2``, ``ci2``, ``margin2``,
+    from ``at2``): it stands only if the same rule gives the same verdict there and the interval there clears its
+    boundary by more than the effect moved in that doubling; else it is gated (``plateau``)."""
     v1 = numbers_verdict(f)
     v2 = verdict_from_ci(ci2, margin2, f.refute_below)
     move = e2 - f.effect
@@ -663,15 +598,12 @@ def trend_gate(f: Finding, e2: float, ci2: tuple[float, float], margin2: float, 
 
 
 def replicated_gate(f: Finding, a_longer: Stat | None, b_longer: Stat | None, *, row: str, baseline: str) -> Finding:
-    """Whether a decided comparison survives twice the steps, judged on the comparison itself.
+    """Whether a comparison survives twice the steps, judged on the comparison itself.
 
-    Where both sides ran at twice the steps on at least two seeds each, the finding's own rule (claim type, margin:
-    a relative one re-read on the longer baseline's mean) is applied to those runs and :func:`trend_gate` decides
-    (the claim is about the gap: both sides may move alike while their gap does not). :func:`plateau_gate` and
-    :func:`compared_row_gate` then leave the finding alone (``f.replicated_2x``). Undecided at the reported
-    steps, what the rule gives at twice them is said, never used as the verdict. With fewer seeds there is no
-    interval at twice the steps: those gates apply, and the effect on the seeds both longer runs share is described
-    (``f.paired_2x``) so a reader sees whether the gap moved."""
+    With two or more seeds a side there, its own rule (a relative margin re-read on the longer baseline) and
+    :func:`trend_gate` decide, and the drift gates leave it alone (``replicated_2x``); an undecided one only says what
+    the rule gives there. With fewer seeds, the effect on the seeds both longer runs share is described
+    (``paired_2x``)."""
     if not f.ci95 or a_longer is None or b_longer is None:
         return f
     lower = bool(f.lower_is_better)
@@ -713,10 +645,8 @@ def replicated_gate(f: Finding, a_longer: Stat | None, b_longer: Stat | None, *,
 
 
 def compared_row_gate(f: Finding, row: str, base: Stat | None, longer: Stat | None, unit: str) -> Finding:
-    """The trend test of a compared row (``f``'s side a) where only it has a run at twice the steps: its move (read
-    on the seeds the longer run has) shifts the effect and its interval, and :func:`trend_gate` decides, as for a
-    replicated comparison (a row still gaining +5.9 at twice the steps against its baseline's +0.58 is not at its
-    plateau)."""
+    """The trend test of a compared row (``f``'s side a) where only it ran at twice the steps: its move (on the seeds
+    the longer run has) shifts the effect and its interval, and :func:`trend_gate` decides."""
     if base is None or longer is None or numbers_verdict(f) not in ("agrees", "disagrees") or not f.ci95:
         return f
     if f.replicated_2x is not None:  # judged on the comparison at twice the steps (:func:`replicated_gate`)
@@ -741,11 +671,8 @@ def numbers_verdict(f: Finding) -> str:
 
 
 def margin_sensitivity(f: Finding, other: float, label: str, *, relative: bool = True) -> Finding:
-    """Say what a non-inferiority finding's interval gives with another of the paper's gaps as the margin: ``other``
-    a fraction of the baseline (as the finding's own ``margin_rel``) or, with ``relative=False``, in the effect's
-    unit; at its own budget and, where the comparison ran at twice the steps on both sides (``replicated_2x``), there.
-    Words only: the verdict keeps the finding's margin (the report's one rule: the largest gap the paper calls
-    comparable)."""
+    """Say what a non-inferiority finding's interval gives with another of the paper's gaps as the margin (``other``:
+    a fraction of the baseline, or in the effect's unit), here and at twice the steps; words only."""
     own = f.margin_rel if relative else f.margin
     if not f.ci95 or not own:
         return f
@@ -771,13 +698,10 @@ def _clearance_of(verdict: str, ci, margin: float, refute_below: float | None = 
 
 
 def change_word(before: float, after: float, *, noise: float) -> str:
-    """How a gap (``before`` -> ``after``, both oriented so that larger means a larger gap) moved, in words.
+    """How a gap (``before`` -> ``after``, oriented gaps, not scores) moved, in words, at resolution ``noise``.
 
-    ``noise`` (>= 0) is the resolution of the new gap (the half-width of its interval): a gap that was larger than
-    ``noise`` and now lies within it "is no longer distinguishable from zero" (not "closes": equality is not
-    shown); a change within ``noise`` "stays"; a sign change beyond ``noise`` on both sides "reverses"; otherwise
-    it "shrinks" or "widens". Callers pass gaps (oriented differences), not scores.
-    """
+    Into the noise from outside it: "is no longer distinguishable from zero" (equality is not shown); within it:
+    "stays"; a sign change beyond it: "reverses"; else "shrinks" or "widens"."""
     if noise < 0 or not (math.isfinite(before) and math.isfinite(after) and math.isfinite(noise)):
         raise ValueError(f"change_word needs finite values and noise >= 0, got {before}, {after}, {noise}")
     if abs(after) <= noise < abs(before):

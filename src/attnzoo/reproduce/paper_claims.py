@@ -1,10 +1,9 @@
 """The five papers' claims as data: one :class:`PaperClaim` per claim the report checks, one :class:`Check` per sanity
 check, each keyed by a short stable id that every finding carries as its ``claim_id``.
 
-A section reads a claim's reference, statement, paper value, margin and conditions from here (``get(claim_id)``)
-instead of repeating them. Where a claim is tested several ways (per task, in two skeletons, by two measurements)
-each finding carries ``"<id>#<test>"`` with ``<test>`` one of the record's ``tests``, and the record states in
-``combine`` how the tests' verdicts make the claim's. Plain data: nothing from the package is imported here.
+A section reads a claim's reference, statement, paper value, margin and conditions from here (``get(claim_id)``).
+A claim tested several ways has ``tests``, and each finding carries ``"<id>#<test>"``. Plain data: nothing from the
+package is imported here.
 """
 
 from __future__ import annotations
@@ -60,20 +59,18 @@ class PaperClaim:
     """One claim of one of the five papers, as the report checks it."""
 
     id: str
-    paper: str
-    where: str
+    #: the reference as the report prints it: the paper, then where in it
+    ref: str
     #: the claim as the report states it (closely paraphrased from the paper's text)
     statement: str
     #: the figure the paper gives for it, as the report quotes it (``{name}`` fields are filled by the section)
     paper_value: str
     metric: str
-    higher_is_better: bool
     #: the compared rows as the report names them, a then b (empty where nothing is compared)
     rows: tuple[str, ...]
     kind: str
     task: str
-    #: the reference as the report prints it (empty: ``"{paper} {where}"``)
-    cite: str = ""
+    higher_is_better: bool = True
     margin: float = 0.0
     margin_source: str = ""
     #: what a relative margin is a fraction of (empty: the margin is in the metric's unit)
@@ -82,13 +79,25 @@ class PaperClaim:
     paper_effect: float | None = None
     paper_effect_source: str = ""
     conditions: Conditions = field(default_factory=Conditions)
+    #: the ways the claim is tested, their verdicts combined by :data:`COMBINE_EVERY`
     tests: tuple[str, ...] = ()
-    combine: str = ""
+
+    @property
+    def paper(self) -> str:
+        return self.ref.split(" ", 1)[0]
+
+    @property
+    def where(self) -> str:
+        return self.ref.split(" ", 1)[1]
 
     @property
     def reference(self) -> str:
         """The reference a finding shows in its ``paper`` column."""
-        return self.cite or f"{self.paper} {self.where}"
+        return self.ref
+
+    @property
+    def combine(self) -> str:
+        return COMBINE_EVERY if self.tests else ""
 
     @property
     def claim_type(self) -> str:
@@ -104,17 +113,12 @@ class Check:
 
     id: str
     #: the reference as the report prints it (a paper, "all five papers", a baseline's paper)
-    cite: str
+    reference: str
     statement: str
     paper_value: str
-    tests: tuple[str, ...] = ()
     #: what the test part of a ``claim_id`` names where the check runs once per item (a mechanism, a task)
     per: str = ""
-    combine: str = ""
-
-    @property
-    def reference(self) -> str:
-        return self.cite
+    tests: tuple[str, ...] = ()
 
 
 _VIT = "top-1 accuracy (%)"
@@ -125,12 +129,10 @@ CLAIMS: tuple[PaperClaim, ...] = (
     # vision (ToST Table 2, CBSA Tables 3-4, AoT Table 2, CSP Table 3)
     PaperClaim(
         id="tost-t2-vit",
-        paper="ToST",
-        where="Table 2",
+        ref="ToST Table 2",
         statement="ToST is competitive with ViT at similar size",
         paper_value="ToST-S 77.9 vs ViT-S 79.8 ImageNet top-1 (-1.9 pts)",
         metric=_VIT,
-        higher_is_better=True,
         rows=("tost", "vit"),
         kind="non-inferiority",
         task="image classification",
@@ -140,16 +142,13 @@ CLAIMS: tuple[PaperClaim, ...] = (
         paper_effect_source="ToST Table 2: ToST-S 77.9 vs ViT-S 79.8 ImageNet top-1",
         conditions=Conditions(22.6 / 22.1, "ToST Table 5: ToST-S 22.6M vs ViT-S 22.1M"),
         tests=("architecture", "controlled-swap", "matched-params"),
-        combine=COMBINE_EVERY,
     ),
     PaperClaim(
         id="tost-t2-xcit",
-        paper="ToST",
-        where="Table 2",
+        ref="ToST Table 2",
         statement="ToST is competitive with XCiT (same skeleton, XCA attention)",
         paper_value="ToST-S 77.9 vs XCiT-S 80.5 (-2.6 pts)",
         metric=_VIT,
-        higher_is_better=True,
         rows=("tost", "xcit"),
         kind="non-inferiority",
         task="image classification",
@@ -159,16 +158,13 @@ CLAIMS: tuple[PaperClaim, ...] = (
         paper_effect_source="ToST Table 2: ToST-S 77.9 vs XCiT-S 80.5 ImageNet top-1",
         conditions=Conditions(22.6 / 24.9, "ToST Table 5: ToST-S 22.6M vs XCiT-S 24.9M"),
         tests=("architecture", "controlled-swap"),
-        combine=COMBINE_EVERY,
     ),
     PaperClaim(
         id="cbsa-t3-crate",
-        paper="CBSA",
-        where="Table 3",
+        ref="CBSA Table 3",
         statement="CBT beats CRATE",
         paper_value="CBT-B 73.4 vs CRATE-B 70.8 ImageNet top-1 (+2.6 pts)",
         metric=_VIT,
-        higher_is_better=True,
         rows=("cbt", "crate"),
         kind="superiority",
         task="image classification",
@@ -178,12 +174,10 @@ CLAIMS: tuple[PaperClaim, ...] = (
     ),
     PaperClaim(
         id="cbsa-t4-mssa",
-        paper="CBSA",
-        where="Table 4",
+        ref="CBSA Table 4",
         statement="CBSA is competitive with MSSA when only the attention differs",
         paper_value="CBSA-T 63.2 vs MSSA-T 64.7, CBSA-S 71.4 vs MSSA-S 72.1 ImageNet top-1 (fair comparison)",
         metric=_VIT,
-        higher_is_better=True,
         rows=("vit+cbsa", "vit+mssa"),
         kind="non-inferiority",
         task="image classification",
@@ -195,12 +189,10 @@ CLAIMS: tuple[PaperClaim, ...] = (
     ),
     PaperClaim(
         id="aot-t2-crate",
-        paper="AoT",
-        where="Table 2 / §4.2",
+        ref="AoT Table 2 / §4.2",
         statement="attention-only AoT is competitive with CRATE despite no MLP",
         paper_value="AoT-B 70.2 vs CRATE-α-B 81.2 (-11 pts; the paper calls it comparable)",
         metric=_VIT,
-        higher_is_better=True,
         rows=("aot", "crate"),
         kind="non-inferiority",
         task="image classification",
@@ -211,12 +203,10 @@ CLAIMS: tuple[PaperClaim, ...] = (
     ),
     PaperClaim(
         id="csp-t3-vit",
-        paper="CSP",
-        where="Table 3",
+        ref="CSP Table 3",
         statement="CSP-ViT beats the MHA ViT",
         paper_value="CSP 84.81 vs MHA 81.90 CIFAR-10 top-1 (+2.9 pts)",
         metric=_VIT,
-        higher_is_better=True,
         rows=("csp_vit", "vit"),
         kind="superiority",
         task="image classification",
@@ -228,17 +218,14 @@ CLAIMS: tuple[PaperClaim, ...] = (
             note="CSP Table 3 compares at 6.38M (CSP) vs 9.52M (MHA) parameters on CIFAR-10",
         ),
         tests=("architecture", "controlled-swap"),
-        combine=COMBINE_EVERY,
     ),
     # one claim tested in the vision skeleton and on every LRA task
     PaperClaim(
         id="fast-t1-accuracy",
-        paper="FAST",
-        where="Table 1",
+        ref="FAST Table 1",
         statement="Fastmax keeps softmax's accuracy",
         paper_value="Fastmax2 57.90 vs vanilla 57.37 (LRA average)",
         metric=_LRA,
-        higher_is_better=True,
         rows=("fastmax", "softmax"),
         kind="non-inferiority",
         task="LRA and image classification",
@@ -248,18 +235,15 @@ CLAIMS: tuple[PaperClaim, ...] = (
         paper_effect_source="FAST Table 1: Fastmax2 57.90 vs vanilla Transformer 57.37 LRA average",
         conditions=Conditions(note="the same encoder with its attention swapped"),
         tests=("vision",) + LRA_TESTS,
-        combine=COMBINE_EVERY,
     ),
     # CBSA Fig. 9: adapting pretrained ViTs
     PaperClaim(
         id="cbsa-f9-linear",
-        paper="CBSA",
-        where="§4 / Fig. 9",
+        ref="CBSA §4 / Fig. 9",
         statement="CBSA adapted from a pretrained ViT is comparable to linear attention at nearly the same FLOPs",
         paper_value="§4: 'CBSA achieves comparable performance to that of linear attention with nearly the same "
         "FLOPs' (Fig. 9, ViTs pretrained on ImageNet-21k, 50 epochs on ImageNet-1k)",
         metric=_VIT,
-        higher_is_better=True,
         rows=("cbsa", "linear"),
         kind="non-inferiority",
         task="adapting a pretrained ViT",
@@ -269,12 +253,10 @@ CLAIMS: tuple[PaperClaim, ...] = (
     ),
     PaperClaim(
         id="cbsa-f9-no-contraction",
-        paper="CBSA",
-        where="§4 / Fig. 9",
+        ref="CBSA §4 / Fig. 9",
         statement="without the contraction step (Agent Attention) adapted CBSA surpasses linear attention",
         paper_value="§4: 'when the contraction step is removed, CBSA surpasses linear attention' (Fig. 9)",
         metric=_VIT,
-        higher_is_better=True,
         rows=("cbsa-no-contraction", "linear"),
         kind="superiority",
         task="adapting a pretrained ViT",
@@ -283,12 +265,10 @@ CLAIMS: tuple[PaperClaim, ...] = (
     # long-range arena
     PaperClaim(
         id="tost-t3-lra",
-        paper="ToST",
-        where="Table 3",
+        ref="ToST Table 3",
         statement="TSSA keeps the softmax Transformer's accuracy",
         paper_value="ToST 37.25 vs Transformer 37.11 ListOps; 59.90 vs 59.24 LRA average",
         metric=_LRA,
-        higher_is_better=True,
         rows=("tssa", "softmax"),
         kind="non-inferiority",
         task="LRA",
@@ -298,32 +278,26 @@ CLAIMS: tuple[PaperClaim, ...] = (
         paper_effect=0.66,
         paper_effect_source="ToST Table 3: ToST 59.90 vs Transformer 59.24 LRA average",
         tests=LRA_TESTS,
-        combine=COMBINE_EVERY,
     ),
     PaperClaim(
         id="csp-t4-lra",
-        paper="CSP",
-        where="Table 4",
+        ref="CSP Table 4",
         statement="CSP beats the softmax Transformer",
         paper_value="CSP 58.91 vs Transformer 54.39 (LRA average)",
         metric=_LRA,
-        higher_is_better=True,
         rows=("csp", "softmax"),
         kind="superiority",
         task="LRA",
         paper_effect=4.52,
         paper_effect_source="CSP Table 4: CSP 58.91 vs Transformer 54.39 LRA average",
         tests=LRA_TESTS,
-        combine=COMBINE_EVERY,
     ),
     PaperClaim(
         id="csp-t4-mega",
-        paper="CSP",
-        where="Table 4",
+        ref="CSP Table 4",
         statement="MEGA using CSP (linear) beats chunked MEGA",
         paper_value="MEGA using CSP 85.89 vs MEGA-chunk 85.66 (LRA average)",
         metric=_LRA,
-        higher_is_better=True,
         rows=("mega_csp", "mega_chunk"),
         kind="superiority",
         task="LRA",
@@ -331,16 +305,13 @@ CLAIMS: tuple[PaperClaim, ...] = (
         paper_effect_source="CSP Table 4: MEGA using CSP 85.89 vs MEGA-chunk 85.66 LRA average",
         conditions=Conditions(note="MEGA-chunk's chunks of r = 128 at 1K-4K tokens (8-32 chunks), not dense MEGA"),
         tests=LRA_TESTS,
-        combine=COMBINE_EVERY,
     ),
     PaperClaim(
         id="fast-t2-speed",
-        paper="FAST",
-        where="Table 2",
+        ref="FAST Table 2",
         statement="Fastmax2 trains faster than softmax beyond N = 1024, where the two are equal (D = 32)",
         paper_value="6.1 vs 1.8 steps/s at N=4000 (Text); equal at N=1000",
         metric="training speed-up over softmax (x)",
-        higher_is_better=True,
         rows=("fastmax", "softmax"),
         kind="measurement",
         task="LRA training / the attention op",
@@ -349,16 +320,13 @@ CLAIMS: tuple[PaperClaim, ...] = (
         conditions=Conditions(head_dim=32, min_n=1024, note="cost O(N·D^(p+1)): the claim is at D = 32"),
         # the LRA encoder's own training speed, and the op timed at the paper's head dimension
         tests=("lra-training", "op-d32"),
-        combine=COMBINE_EVERY,
     ),
     PaperClaim(
         id="tost-t4-speed",
-        paper="ToST",
-        where="Table 4 (right)",
+        ref="ToST Table 4 (right)",
         statement="TSSA is faster than softmax attention at long N",
         paper_value="0.60x the time of GPT-2 at 4k tokens",
         metric="training speed-up over softmax (x)",
-        higher_is_better=True,
         rows=("tssa", "softmax"),
         kind="measurement",
         task="LRA training",
@@ -368,12 +336,10 @@ CLAIMS: tuple[PaperClaim, ...] = (
     ),
     PaperClaim(
         id="csp-f4-faster",
-        paper="CSP",
-        where="§4.2 / Fig. 4",
+        ref="CSP §4.2 / Fig. 4",
         statement="CSP trains faster than the softmax Transformer on LRA",
         paper_value="the fastest training speed of all compared models",
         metric="training speed-up over softmax (x)",
-        higher_is_better=True,
         rows=("csp", "softmax"),
         kind="measurement",
         task="LRA training",
@@ -381,12 +347,10 @@ CLAIMS: tuple[PaperClaim, ...] = (
     ),
     PaperClaim(
         id="csp-f4-fastest",
-        paper="CSP",
-        where="§4.2 / Fig. 4",
+        ref="CSP §4.2 / Fig. 4",
         statement="CSP has the fastest training of all models compared",
         paper_value="fastest of 14 Transformer variants on LRA",
         metric="geometric-mean training steps/s",
-        higher_is_better=True,
         rows=("csp",),
         kind="measurement",
         task="LRA training",
@@ -395,12 +359,10 @@ CLAIMS: tuple[PaperClaim, ...] = (
     # efficiency of the ops
     PaperClaim(
         id="tost-f6-speed",
-        paper="ToST",
-        where="Fig. 6 (left)",
+        ref="ToST Fig. 6 (left)",
         statement="TSSA is ~10x faster than ViT's attention at 10k tokens",
         paper_value="nearly 10x faster at n=10k (d=384, K=8, GPU)",
         metric="forward speed-up over softmax (x)",
-        higher_is_better=True,
         rows=("tssa", "softmax"),
         kind="measurement",
         task="the attention op",
@@ -410,12 +372,10 @@ CLAIMS: tuple[PaperClaim, ...] = (
     ),
     PaperClaim(
         id="tost-f6-memory",
-        paper="ToST",
-        where="Fig. 6 (left)",
+        ref="ToST Fig. 6 (left)",
         statement="TSSA uses ~100x less memory than ViT's attention",
         paper_value="roughly 100x less GPU memory at n=10k (vs an explicit N x N attention)",
         metric="forward peak memory ratio softmax / TSSA (x)",
-        higher_is_better=True,
         rows=("tssa", "softmax"),
         kind="measurement",
         task="the attention op",
@@ -425,8 +385,7 @@ CLAIMS: tuple[PaperClaim, ...] = (
     ),
     PaperClaim(
         id="csp-t4-mega-linear",
-        paper="CSP",
-        where="Table 4",
+        ref="CSP Table 4",
         statement="MEGA using CSP is linear in N",
         paper_value="O(CN) for MEGA using CSP vs O(CN²) for MEGA",
         metric="exponent of forward time in N",
@@ -439,8 +398,7 @@ CLAIMS: tuple[PaperClaim, ...] = (
     # in-context learning (per task: linear, sparse linear)
     PaperClaim(
         id="aot-f6-icl-learns",
-        paper="AoT",
-        where="Fig. 6",
+        ref="AoT Fig. 6",
         statement="aot learns {task} functions in context (error falls with examples)",
         paper_value="error near least squares' once k ≥ d (after 50k+ steps)",
         metric="normalised squared error",
@@ -449,12 +407,10 @@ CLAIMS: tuple[PaperClaim, ...] = (
         kind="qualitative",
         task="in-context regression",
         tests=("linear", "sparse"),
-        combine=COMBINE_EVERY,
     ),
     PaperClaim(
         id="aot-f6-icl-close",
-        paper="AoT",
-        where="Fig. 6",
+        ref="AoT Fig. 6",
         statement="AoT in-context learns {task} functions close to the GPT-2 transformer",
         paper_value="AoT's curve lies close to the Transformer's",
         metric="normalised squared error averaged over k",
@@ -467,13 +423,11 @@ CLAIMS: tuple[PaperClaim, ...] = (
         margin_relative_to="the zero predictor's error (linear ~1, sparse ~0.26)",
         paper_effect_source="AoT Fig. 6 gives curves, no number",
         tests=("linear", "sparse"),
-        combine=COMBINE_EVERY,
     ),
     # language modelling
     PaperClaim(
         id="tost-t4-lm",
-        paper="ToST",
-        where="Table 4",
+        ref="ToST Table 4",
         statement="swapping TSSA for softmax largely preserves LM quality",
         paper_value="ToST-Base vs GPT2-Base loss: OWT +12.7%, LAMBADA +15.3%, WikiText +15.5%, PTB +11.1%",
         metric=_LOSS,
@@ -490,8 +444,7 @@ CLAIMS: tuple[PaperClaim, ...] = (
     ),
     PaperClaim(
         id="aot-t1-lm",
-        paper="AoT",
-        where="Table 1",
+        ref="AoT Table 1",
         statement="attention-only AoT comes close to GPT-2",
         paper_value="AoT-Medium 4.47 vs GPT-2 Base 4.32 LAMBADA loss (+3.5%); §4.1 calls only Medium and Large "
         "comparable",
@@ -510,9 +463,7 @@ CLAIMS: tuple[PaperClaim, ...] = (
     ),
     PaperClaim(
         id="fast-f6-lm",
-        paper="FAST",
-        where="§3, Fig. 6",
-        cite="FAST §3, Fig. 6",
+        ref="FAST §3, Fig. 6",
         statement="Fastmax's training follows softmax's",
         paper_value="loss curves of Fastmax follow softmax's",
         metric=_LOSS,
@@ -528,8 +479,7 @@ CLAIMS: tuple[PaperClaim, ...] = (
     ),
     PaperClaim(
         id="aot-t1-hybrid",
-        paper="AoT",
-        where="Table 1 / §4.1.2",
+        ref="AoT Table 1 / §4.1.2",
         statement="MLPs add little to AoT (Hybrid ≈ attention-only)",
         paper_value="Hybrid 4.84 vs Base 4.70 LAMBADA loss (Hybrid has fewer parameters)",
         metric=_LOSS,
@@ -547,32 +497,27 @@ CLAIMS: tuple[PaperClaim, ...] = (
     # white-box probes
     PaperClaim(
         id="aot-thm1-denoise",
-        paper="AoT",
-        where="Theorem 1 / Fig. 4",
+        ref="AoT Theorem 1 / Fig. 4",
         statement="each layer of eq 3 (thresholded φ) multiplies the SNR by about 1+ητ",
         paper_value="1+ητ = {theory:.4f} at η={eta:g}",
         metric="fitted SNR growth per layer",
-        higher_is_better=True,
         rows=(),
         kind="qualitative",
         task="denoising a mixture of subspaces",
     ),
     PaperClaim(
         id="aot-f4-softmax-denoise",
-        paper="AoT",
-        where="Fig. 4",
+        ref="AoT Fig. 4",
         statement="eq 3 with the plain soft-max φ (practical MSSA) also denoises",
         paper_value="Fig. 4 shows the SNR rising per layer (the φ and η used are not stated)",
         metric="SNR per layer",
-        higher_is_better=True,
         rows=(),
         kind="qualitative",
         task="denoising a mixture of subspaces",
     ),
     PaperClaim(
         id="cbsa-f4-compress",
-        paper="CBSA",
-        where="Fig. 4",
+        ref="CBSA Fig. 4",
         statement="the parameter-free CBSA iteration compresses tokens (coding rate falls)",
         paper_value="coding rate decreases, points collapse onto their lines",
         metric="coding rate",
@@ -583,21 +528,17 @@ CLAIMS: tuple[PaperClaim, ...] = (
     ),
     PaperClaim(
         id="csp-thm1-rank",
-        paper="CSP",
-        where="Theorem 1",
-        cite="CSP Theorem 1 / Dong et al.",
+        ref="CSP Theorem 1 / Dong et al.",
         statement="softmax attention without skips collapses to rank 1; CSP does not",
         paper_value="softmax residual → 0 doubly exponentially; CSP keeps full rank",
         metric="residual from rank 1",
-        higher_is_better=True,
         rows=("csp", "softmax"),
         kind="qualitative",
         task="a stack of attention layers without skips",
     ),
     PaperClaim(
         id="tost-f4a-compression",
-        paper="ToST",
-        where="Fig. 4a",
+        ref="ToST Fig. 4a",
         statement="the trained {name}'s layers decrease the compression term (mostly, layer by layer)",
         paper_value="the compression term mostly decreases by layer (ToST-S, ImageNet)",
         metric="variational compression term R^var_c per layer",
@@ -608,8 +549,7 @@ CLAIMS: tuple[PaperClaim, ...] = (
     ),
     PaperClaim(
         id="cbsa-f5-compression",
-        paper="CBSA",
-        where="Fig. 5",
+        ref="CBSA Fig. 5",
         statement="the trained {name}'s layers decrease the compression term over the latter half of the layers",
         paper_value="the latter half of the layers exhibit consecutive compression (CBSA Fig. 5, CRATE's plots)",
         metric="compression term R^c per layer",
@@ -619,33 +559,27 @@ CLAIMS: tuple[PaperClaim, ...] = (
         task="image classification",
         # the white-box models whose layers the paper's figure (and CRATE's plots) read
         tests=("cbt", "crate", "aot"),
-        combine=COMBINE_EVERY,
     ),
     # segmentation on scenes (CBSA Tables 5-6 and Fig. 8, ToST Fig. 5)
     PaperClaim(
         id="cbsa-t5-ranking",
-        paper="CBSA",
-        where="Table 5",
+        ref="CBSA Table 5",
         statement="zero-shot segmentation by the [CLS] map ranks CRATE+CBT > CRATE > CBT > ToST (foreground IoU)",
         paper_value="foreground IoU 0.68 / 0.65 / 0.51 / 0.42 ((CRATE+CBT)-S, CRATE-S, CBT-S, ToST-S on PASCAL VOC12): "
         "effects +0.03, +0.14, +0.09",
         metric="foreground IoU of the thresholded [CLS] map (best layer and head)",
-        higher_is_better=True,
         rows=("crate_cbt", "tost"),
         kind="superiority",
         task="zero-shot segmentation",
         # each adjacent pair of the ranking, with its own effect from the table (the section passes it)
         tests=("crate_cbt-vs-crate", "crate-vs-cbt", "cbt-vs-tost"),
-        combine=COMBINE_EVERY,
     ),
     PaperClaim(
         id="cbsa-t6-persistence",
-        paper="CBSA",
-        where="Table 6 / Fig. 7",
+        ref="CBSA Table 6 / Fig. 7",
         statement="the hybrid's segmentation persists: its later-half layers keep a higher foreground IoU than CBT's",
         paper_value="mean foreground IoU of L7-L12: 0.56 (CRATE+CBT)-S vs 0.35 CBT-S",
         metric="mean over the later half of the layers of the best head's foreground IoU",
-        higher_is_better=True,
         rows=("crate_cbt", "cbt"),
         kind="superiority",
         task="zero-shot segmentation",
@@ -654,25 +588,21 @@ CLAIMS: tuple[PaperClaim, ...] = (
     ),
     PaperClaim(
         id="tost-f5-segments",
-        paper="ToST",
-        where="Fig. 5",
+        ref="ToST Fig. 5",
         statement="ToST's penultimate class-attention [CLS] map segments objects without segmentation labels (above "
         "an untrained ToST's)",
         paper_value="ToST-S's penultimate-layer [CLS] maps outline the objects (qualitative; no IoU given)",
         metric="foreground IoU of the penultimate class-attention layer's [CLS] map (best head)",
-        higher_is_better=True,
         rows=("tost", "tost@init"),
         kind="superiority",
         task="zero-shot segmentation",
     ),
     PaperClaim(
         id="cbsa-f8-miou",
-        paper="CBSA",
-        where="Fig. 8 / §4",
+        ref="CBSA Fig. 8 / §4",
         statement="a decoder of CBSA layers without feed-forward beats Segmenter's softmax mask transformer in mIoU",
         paper_value="the best CBT decoder +1.5 mIoU over Segmenter (ADE20K)",
         metric="mIoU (%)",
-        higher_is_better=True,
         rows=("cbsa", "mask_transformer"),
         kind="superiority",
         task="semantic segmentation",
@@ -681,8 +611,7 @@ CLAIMS: tuple[PaperClaim, ...] = (
     ),
     PaperClaim(
         id="cbsa-f8-flops",
-        paper="CBSA",
-        where="Fig. 8 / §4",
+        ref="CBSA Fig. 8 / §4",
         statement="the CBSA decoder costs a fraction of the FLOPs of Segmenter's decoder",
         paper_value="20% of Segmenter's FLOPs (and 0.06% of its pairwise similarities)",
         metric="decoder FLOPs per image, CBSA / Segmenter",
@@ -698,8 +627,7 @@ CLAIMS: tuple[PaperClaim, ...] = (
     ),
     PaperClaim(
         id="cbsa-f8-robust",
-        paper="CBSA",
-        where="Fig. 8 (middle, right)",
+        ref="CBSA Fig. 8 (middle, right)",
         statement="with Gaussian noise on the decoder's attention parameters, the CBSA decoder loses less mIoU than "
         "Segmenter's",
         paper_value="CBSA's mIoU stays nearly flat while Segmenter's collapses (figure only; no values stated)",

@@ -1,11 +1,8 @@
 """One pipeline for every trained comparison: the section's evidence in, one fixed chain of gates over its findings.
 
-A section folds each row's seeds, checks which rows learned, compares them with the report's rule
-(:func:`attnzoo.reproduce.claims.compare`: a Welch-t interval per claim) and states the rest of its evidence as data
-(:class:`Evidence`): which rows did not learn, the parameter ratios of the papers' own comparisons, its
-no-attention controls, its baselines' runs at twice the steps, its learning-rate sweeps, and the gates only its own
-set-up can judge (each with the reason it falls under). :func:`judge` then applies :data:`CHAIN`, the gates in one
-order, to every finding alike, and ``attnzoo compare`` goes through the same function.
+A section folds each row's seeds, checks which rows learned, compares them (:func:`attnzoo.reproduce.claims.compare`:
+a Welch-t interval per claim) and states the rest as :class:`Evidence`; :func:`judge` applies :data:`CHAIN`, the gates
+in one order, to every finding alike (``attnzoo compare`` goes through it too).
 """
 
 from __future__ import annotations
@@ -13,18 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from attnzoo.reproduce.claims import (
-    GATES,
-    Finding,
-    Stat,
-    compared_row_gate,
-    gate,
-    margin_control_gate,
-    plateau_gate,
-    replicated_gate,
-    size_gate,
-    untuned_control_gate,
-)
+from attnzoo.reproduce import claims
+from attnzoo.reproduce.claims import Finding, Stat
 
 __all__ = [
     "CHAIN",
@@ -43,7 +30,7 @@ __all__ = [
 #: the order the gates run in: whether the rows learned, under which conditions, against which control, whether the
 #: verdict survives twice the steps, and whether the rows ran at their best learning rate
 CHAIN = ("did not learn", "conditions", "control", "plateau", "not tuned")
-assert set(CHAIN) == set(GATES), "every gate reason has its place in the chain"
+assert set(CHAIN) == set(claims.GATES), "every gate reason has its place in the chain"
 
 Selector = Callable[[Finding], bool]
 
@@ -75,9 +62,8 @@ class Longer:
 class Plateau:
     """A baseline's runs at twice the steps and the findings they judge (:func:`claims.plateau_gate`).
 
-    ``baseline`` is the ``b_name`` whose comparisons replicate at twice the steps where the compared row has runs
-    there too (``rows``, by ``a_name``: :func:`claims.replicated_gate`, else :func:`claims.compared_row_gate`);
-    ``label`` names it in the text."""
+    A comparison with ``baseline`` whose compared row has runs there too (``rows``, by ``a_name``) is judged on the
+    comparison (:func:`claims.replicated_gate`), else on the row's own move (:func:`claims.compared_row_gate`)."""
 
     baseline: str
     label: str
@@ -95,9 +81,8 @@ class Plateau:
 class Control:
     """A no-attention control: a margin it meets admits no attention (:func:`claims.margin_control_gate`).
 
-    ``twin`` is the control's own skeleton with attention where a finding's baseline differs from it in more than
-    the token mixer (read for the findings ``twin_for`` picks); ``untuned`` says why the control is not at its best
-    rate (:func:`claims.untuned_control_gate`), if so; ``task`` the task it controls where a section has several."""
+    ``twin``: the control's skeleton with attention, the reference for the findings ``twin_for`` picks; ``untuned``:
+    why the control is not at its best rate (:func:`claims.untuned_control_gate`); ``task``: the task it controls."""
 
     name: str
     values: Stat | None
@@ -118,10 +103,8 @@ class Tuning:
 
 @dataclass
 class Evidence:
-    """What a section's gates read, gathered before any of them runs (so the chain's order decides nothing else).
-
-    ``gates``: the section's own ``(finding, reason, why)``, applied at their reason's place in the chain before the
-    shared gates of that place."""
+    """What a section's gates read, gathered before any runs; ``gates``: the section's own ``(finding, reason, why)``,
+    applied at their reason's place in the chain."""
 
     unlearned: dict[str, str] = field(default_factory=dict)
     sizes: dict[tuple[str, str], tuple[float, str]] = field(default_factory=dict)
@@ -140,7 +123,7 @@ def judge(findings: list[Finding], ev: Evidence) -> dict[str, dict]:
     for reason in CHAIN:
         for f, r, why in ev.gates:
             if r == reason:
-                gate(f, why, r)
+                claims.gate(f, why, r)
         out.update(_STAGES[reason](findings, ev) or {})
     for f in findings:
         for read in ev.readings:
@@ -153,36 +136,36 @@ def _unlearned(findings: list[Finding], ev: Evidence) -> None:
     for f in findings:
         why = [ev.unlearned[n] for n in (f.a_name, f.b_name) if n in ev.unlearned]
         if why:
-            gate(f, "; ".join(why), "did not learn")
+            claims.gate(f, "; ".join(why), "did not learn")
 
 
 def _conditions(findings: list[Finding], ev: Evidence) -> None:
     for f in findings:
-        size_gate(f, ev.sizes, ev.size_tolerance)
+        claims.size_gate(f, ev.sizes, ev.size_tolerance)
 
 
 def _controls(findings: list[Finding], ev: Evidence) -> None:
     for c in ev.controls:
         for f in findings:
             if c.judges(f):
-                margin_control_gate(f, c.values, c.name, c.twin if c.twin_for(f) else None)
+                claims.margin_control_gate(f, c.values, c.name, c.twin if c.twin_for(f) else None)
 
 
 def _plateaus(findings: list[Finding], ev: Evidence) -> dict[str, dict]:
-    """Per baseline: replicated comparisons judged at twice the steps, the baseline's drift on the rest, then the
-    compared rows' own moves (the order :func:`claims.plateau_gate` needs: it leaves replicated ones alone)."""
+    """Per baseline: replicated comparisons, then the baseline's drift on the rest, then the compared rows' own
+    moves (:func:`claims.plateau_gate` leaves replicated ones alone)."""
     out = {}
     for p in ev.plateaus:
         own = [f for f in findings if p.judges(f)]
         for f in own:
             row = p.rows.get(f.a_name)
             if row is not None and p.longer is not None and f.b_name == p.baseline:
-                replicated_gate(f, row.longer, p.longer, row=f.a_name, baseline=p.baseline)
-        out[p.key] = plateau_gate(own, p.label, p.base, p.longer, p.unit, p.spec, p.curves)
+                claims.replicated_gate(f, row.longer, p.longer, row=f.a_name, baseline=p.baseline)
+        out[p.key] = claims.plateau_gate(own, p.label, p.base, p.longer, p.unit, p.spec, p.curves)
         for f in own:
             row = p.rows.get(f.a_name)
             if row is not None:
-                compared_row_gate(f, row.label, row.base, row.longer, p.unit)
+                claims.compared_row_gate(f, row.label, row.base, row.longer, p.unit)
     return out
 
 
@@ -191,11 +174,11 @@ def _tuning(findings: list[Finding], ev: Evidence) -> None:
         for f in findings:
             why = [t.untuned[n] for n in (f.a_name, f.b_name) if n in t.untuned]
             if why and t.judges(f):
-                gate(f, "not tuned: " + "; ".join(why), "not tuned")
+                claims.gate(f, "not tuned: " + "; ".join(why), "not tuned")
     for c in ev.controls:
         for f in findings:
             if c.judges(f):
-                untuned_control_gate(f, c.untuned, c.name)
+                claims.untuned_control_gate(f, c.untuned, c.name)
 
 
 _STAGES = {

@@ -1,8 +1,5 @@
-"""Preconditions a plan can check before any training: each compared pair's parameter ratio against the paper's.
-
-A claim tested at sizes far from the paper's ratio can only be gated "conditions" after its seeds are trained, so
-the plan is checked first: ``attnzoo reproduce --budget B --check-plan`` prints every pair with its ratio here and
-in the paper, and the tests hold the ``long`` budget to the paper's ratios by construction.
+"""Preconditions a plan can check before any training: each compared pair's parameter ratio against the paper's
+(``attnzoo reproduce --budget B --check-plan``), so that a claim is not gated "conditions" after its seeds trained.
 """
 
 from __future__ import annotations
@@ -92,18 +89,8 @@ def size_checks(steps) -> list[RatioCheck]:
         if cond.param_ratio is None or section is None or not any(s.section == section for s in steps):
             continue
         a, b = rec.rows[:2]
-        ta, tb = _row_train(steps, section, a), _row_train(steps, section, b)
-        out.append(
-            RatioCheck(
-                rec.id,
-                a,
-                b,
-                train_params(ta) if ta else None,
-                train_params(tb) if tb else None,
-                cond.param_ratio,
-                cond.param_ratio_source,
-            )
-        )
+        params = [train_params(t) if t else None for t in (_row_train(steps, section, r) for r in (a, b))]
+        out.append(RatioCheck(rec.id, a, b, *params, cond.param_ratio, cond.param_ratio_source))
     return out
 
 
@@ -113,20 +100,11 @@ def render_size_checks(checks: list[RatioCheck]) -> str:
 
     rows = []
     for c in checks:
-        if not c.planned:
-            rows.append(
-                [f"`{c.claim_id}`", f"{c.row_a} vs {c.row_b}", "-", "-", f"{c.paper_ratio:.2f}x", "not planned"]
-            )
-            continue
+        here = [f"{c.params_a:,} / {c.params_b:,}", f"{c.ratio:.2f}x"] if c.planned else ["-", "-"]
+        verdict = "holds" if c.holds else f"off by more than {RATIO_TOLERANCE:.0%}"
         rows.append(
-            [
-                f"`{c.claim_id}`",
-                f"{c.row_a} vs {c.row_b}",
-                f"{c.params_a:,} / {c.params_b:,}",
-                f"{c.ratio:.2f}x",
-                f"{c.paper_ratio:.2f}x",
-                "holds" if c.holds else f"off by more than {RATIO_TOLERANCE:.0%}",
-            ]
+            [f"`{c.claim_id}`", f"{c.row_a} vs {c.row_b}", *here, f"{c.paper_ratio:.2f}x"]
+            + [verdict if c.planned else "not planned"]
         )
     off = sum(c.planned and not c.holds for c in checks)
     table = md_table(["claim", "pair", "parameters", "here", "paper", "condition"], rows)

@@ -1,4 +1,4 @@
-"""``report.md`` (+ ``report.html``) and ``results.json`` from the step records and the section summaries."""
+"""``report.md`` (and ``report.html``, its rendering) and ``results.json`` from the step records and summaries."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from markdown_it import MarkdownIt
+
 from attnzoo._io import atomic_write_text, write_json
 from attnzoo.reproduce import paper_claims
 from attnzoo.reproduce.claims import FINDING_SCHEMA, GATES, REFUTE_FRACTION, VERDICTS, Finding
@@ -16,7 +18,7 @@ from attnzoo.reproduce.common import Section, md_table
 from attnzoo.reproduce.sections import SECTION_MODULES
 from attnzoo.reproduce.tally import CAUSES, ClaimResult, tally
 
-__all__ = ["write_report", "FINDING_COLUMNS", "PLOTS_DIR", "CONFIGS_FILE", "effect_cell"]
+__all__ = ["write_report", "html_page", "FINDING_COLUMNS", "PLOTS_DIR", "CONFIGS_FILE", "effect_cell"]
 
 PLOTS_DIR = "plots"
 FINDING_COLUMNS = ["check", "expected", "measured here", "verdict", "notes"]
@@ -24,7 +26,8 @@ CONFIGS_FILE = "configs.md"
 _MARK = {"agrees": "agrees", "disagrees": "**disagrees**", "inconclusive": "inconclusive", "not tested": "not tested"}
 
 
-def _summaries(out: Path, plan: dict, sections: list[str], records: dict, failed: dict) -> list[Section]:
+def _summaries(out: Path, plan: dict, sections: list[str], records: dict, outcome) -> list[Section]:
+    """Each section's summary of its stored steps, with the steps that failed or were not computed."""
     plots_dir = out / PLOTS_DIR
     plots_dir.mkdir(parents=True, exist_ok=True)
 
@@ -39,9 +42,16 @@ def _summaries(out: Path, plan: dict, sections: list[str], records: dict, failed
             sec = mod.summarize(recs, plan[key], plots_dir, rel)
         except Exception as e:  # noqa: BLE001 - a broken summary must not hide the other sections
             sec = Section(key, mod.TITLE, notes=[f"summary failed: {type(e).__name__}: {e}"])
-        for sid, why in failed.items():
-            if sid.split("/", 1)[0] == key:
-                sec.notes.append(f"step `{sid}` failed: {why}")
+        failed = [(sid, why) for sid, why in outcome.failed.items() if sid.split("/", 1)[0] == key]
+        sec.notes += [f"step `{sid}` failed: {why}" for sid, why in failed]
+        mine = [sid for sid in getattr(outcome, "missing", []) if sid.split("/", 1)[0] == key]
+        if mine:
+            sec.notes.insert(
+                0,
+                f"{len(mine)} step(s) of this section's plan were not computed (report written with --report-only): "
+                + ", ".join(f"`{sid}`" for sid in mine)
+                + ". Findings that need them are not tested, untuned or not shown to plateau.",
+            )
         result.append(sec)
     return result
 
@@ -57,8 +67,7 @@ def effect_cell(f: dict) -> str:
 
 
 def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], int]:
-    """A section's implementation checks, each by its statement, with their notes (rule, gate, explanation) as
-    numbered footnotes under the table (the paper claims' tests are in the summary's claims table)."""
+    """A section's implementation checks, their notes (rule, gate, explanation) numbered under the table."""
     rows, notes = [], []
     seen: dict[tuple[str, str], int] = {}
     last: str | None = None
@@ -72,8 +81,8 @@ def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], 
 
 
 def _note_refs(f: dict, seen: dict[tuple[str, str], int], notes: list[str], start: int) -> tuple[str, int]:
-    """``[n] [m]``: the finding's own rule, gate and explanation as numbered notes, each said once (a later finding
-    with the same note points back to its number); appends the new ones to ``notes``; returns the next number."""
+    """``[n] [m]``: the finding's own rule, gate and explanation as numbered notes, each said once (appended to
+    ``notes``; a repeat points back to its number); returns the next number."""
     refs = []
     for label, text in (("rule", _own_rule(f)), ("gated", f.get("gate")), ("why", f.get("explanation"))):
         if text and text != "-":
@@ -91,8 +100,7 @@ def _verdict_cell(f: dict) -> str:
 
 
 def _own_rule(f: dict) -> str | None:
-    """What a finding's rule says beyond the legend: a comparison's margin and its source, or the refuting bar of
-    a superiority claim; a measurement's own rule whole."""
+    """What a finding's rule says beyond the legend: a margin and its source, a refuting bar, a measurement's rule."""
     if not f.get("claim_type"):
         return f.get("rule")
     if f.get("margin"):
@@ -108,8 +116,8 @@ def _fmt_s(s: float) -> str:
 
 
 def _summary(secs: list[Section], plan_name: str) -> list[str]:
-    """The first screen: the claims counted once, each decided trained claim in words, what blocks the rest by
-    cause (counts that add up), the one legend of the rule and its gates; then the claims table and the checks."""
+    """The first screen: the claims counted once, the decided trained claims, the causes of the rest, the legend,
+    then the claims table and the checks."""
     allf = [(_short_title(s.title), f) for s in secs for f in s.findings]
     claims_ = tally([(t, f) for t, f in allf if f.get("kind") == "paper"])
     checks = [(t, f) for t, f in allf if f.get("kind") == "check"]
@@ -127,8 +135,7 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
 
 
 def _checks_lines(checks: list[tuple[str, dict]]) -> list[str]:
-    """The implementation checks counted by verdict, with the sections of those that do not agree (each check's
-    statement and numbers are in its section's findings table)."""
+    """The implementation checks counted by verdict, with the sections of those that do not agree."""
     if not checks:
         return []
     cc = Counter(f["verdict"] for _, f in checks)
@@ -230,9 +237,8 @@ CLAIMS_COLUMNS += ["claim", "section", "notes"]
 
 
 def _claims_table(claims_: list[ClaimResult]) -> tuple[str, list[str]]:
-    """One block of rows per claim: its statement once, then each test's paper figure, effect, verdict and notes
-    (footnotes under the table, each said once); a reference, paper figure or section equal to the row above's is
-    left blank (read as "the same")."""
+    """One block of rows per claim: its statement once, then each test's figure, effect, verdict and notes; a
+    reference, paper figure or section equal to the row above's is left blank (read as "the same")."""
     rows, notes, seen, start = [], [], {}, 1
     last = {"paper": None, "paper_value": None, "section": None}
 
@@ -257,8 +263,7 @@ def _num(x: float) -> str:
 
 
 def effect_in_words(f: dict) -> str:
-    """A comparison's effect as a sentence: ``a`` ahead of / behind ``b`` by ``|effect|`` with its interval, in the
-    finding's orientation (a positive effect favours ``a``)."""
+    """A comparison's effect as a sentence: ``a`` ahead of / behind ``b``, with its interval (positive favours a)."""
     e, (lo, hi), unit = f["effect"], f["ci95"], f.get("unit", "")
     if lo < 0 < hi:  # no direction shown: the point estimate alone, and the interval's reach on both sides
         return (
@@ -285,21 +290,16 @@ def _scale_lines(secs: list[Section]) -> list[str]:
 
 
 def _compute_md(secs: list[Section], records: dict) -> list[str]:
-    """Step compute per section, split into the compared rows, the learning-rate sweeps and the ablations and
-    plateau checks (rows named ``x@...``, ``x+...`` beyond the swaps, ``x-...``); each step's own time is in
-    configs.md."""
+    """Step compute per section: compared rows, learning-rate sweeps, and ablations and plateau checks (rows named
+    ``x@...``, ``x+...`` beyond the swaps, ``x-...``)."""
     kinds = ("compared rows and measurements", "learning-rate sweeps", "ablations and plateau checks")
     per: dict = {}
     for sid, r in records.items():
         row = "/".join(p for p in sid.split("/")[1:] if not p.startswith(("seed", "extra-seed")))
-        if "/lr-sweep/" in sid:
-            kind = kinds[1]
-        elif "@" in row or any(t in row for t in ("-meanpool", "+ista", "+prenorm", "+softmax")):
-            kind = kinds[2]
-        elif "/extra-seed" in sid and r["section"] == "vision":  # more seeds of two rows: an ablation of the spread
-            kind = kinds[2]
-        else:
-            kind = kinds[0]
+        # more seeds of two vision rows are an ablation of the spread
+        ablation = "@" in row or any(t in row for t in ("-meanpool", "+ista", "+prenorm", "+softmax"))
+        ablation = ablation or ("/extra-seed" in sid and r["section"] == "vision")
+        kind = kinds[1] if "/lr-sweep/" in sid else kinds[2] if ablation else kinds[0]
         per.setdefault(r["section"], Counter())[kind] += r.get("wall_s", 0.0)
     total = sum(sum(c.values()) for c in per.values()) or 1.0
     decided = _decided_by_section(secs)
@@ -326,8 +326,7 @@ def _compute_md(secs: list[Section], records: dict) -> list[str]:
 
 
 def _decided_by_section(secs: list[Section]) -> dict[str, list[str]]:
-    """Section short title -> ids of the trained paper claims whose combined verdict is decided and that section
-    tested."""
+    """Section short title -> ids of the decided trained paper claims it tested."""
     pairs = [(_short_title(s.title), f) for s in secs for f in s.findings if f.get("kind") == "paper"]
     out: dict[str, list[str]] = {}
     for c in tally(pairs):
@@ -349,81 +348,57 @@ def write_report(
     argv: list[str],
     workers: list[dict],
 ) -> None:
-    secs = _summaries(out, plan, sections, records, outcome.failed)
-    missing = getattr(outcome, "missing", [])
-    for sec in secs:
-        mine = [sid for sid in missing if sid.split("/", 1)[0] == sec.key]
-        if mine:
-            sec.notes.insert(
-                0,
-                f"{len(mine)} step(s) of this section's plan were not computed (report written with --report-only): "
-                + ", ".join(f"`{sid}`" for sid in mine)
-                + ". Findings that need them are not tested, untuned or not shown to plateau.",
-            )
+    secs = _summaries(out, plan, sections, records, outcome)
     compute_s = sum(r.get("wall_s", 0.0) for r in records.values())
     cmd = "attnzoo reproduce " + " ".join(argv) if argv else f"attnzoo reproduce --budget {budget_name} --out {out}"
-    created = time.strftime("%Y-%m-%d %H:%M:%S")
-    setup = _setup_rows(budget_name, plan, seed, cmd, machine, workers, compute_s, records, outcome, created)
-    md = _report_md(secs, setup, budget_name, records)
-    atomic_write_text(out / CONFIGS_FILE, "\n".join(_configs_md(seed, records, secs)) + "\n")
-    atomic_write_text(out / "report.md", "\n".join(md) + "\n")
-    atomic_write_text(out / "report.html", _html(secs, setup, budget_name, _summary(secs, budget_name)))
     meta = {
         "budget": budget_name,
         "seed": seed,
         "command": cmd,
         "machine": machine,
         "workers": workers,
-        "generated": created,
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
         "compute_s": compute_s,
         "invocation_wall_s": outcome.wall_s,
-        "missing_steps": missing,
+        "missing_steps": getattr(outcome, "missing", []),
         "sections": [s.key for s in secs],
         "plan": plan,
     }
+    md = "\n".join(_report_md(secs, _setup_rows(meta, records, outcome), budget_name, records)) + "\n"
+    atomic_write_text(out / CONFIGS_FILE, "\n".join(_configs_md(seed, records, secs)) + "\n")
+    atomic_write_text(out / "report.md", md)
+    atomic_write_text(out / "report.html", html_page(md, f"attnzoo reproduce ({budget_name} budget)"))
     write_json(out / "results.json", _results_payload(meta, secs, records, outcome.failed))
 
 
-def _setup_rows(
-    budget_name: str,
-    plan: dict,
-    seed: int,
-    cmd: str,
-    machine: dict,
-    workers: list[dict],
-    compute_s: float,
-    records: dict,
-    outcome,
-    created: str,
-) -> list[list[str]]:
+def _setup_rows(meta: dict, records: dict, outcome) -> list[list[str]]:
+    """The provenance table: the budget, the command, the machine and software, the workers and the times."""
+    m = meta["machine"]
     return [
-        ["budget", f"`{budget_name}`: {plan['description']}"],
-        ["seed", str(seed)],
-        ["command", f"`{cmd}`"],
+        ["budget", f"`{meta['budget']}`: {meta['plan']['description']}"],
+        ["seed", str(meta["seed"])],
+        ["command", f"`{meta['command']}`"],
         [
             "machine",
-            f"{machine.get('cpu')} ({machine.get('cpu_count')} CPUs, "
-            f"{machine.get('cpu_isa', 'vector ISA not recorded')}), {machine.get('gpu', 'no GPU')}",
+            f"{m.get('cpu')} ({m.get('cpu_count')} CPUs, {m.get('cpu_isa', 'vector ISA not recorded')}), "
+            f"{m.get('gpu', 'no GPU')}",
         ],
-        ["workers", _workers_cell(workers)],
-        [
-            "software",
-            f"torch {machine.get('torch')}, Python {machine.get('python')}, numpy {machine.get('numpy')}, "
-            f"{machine.get('platform')}",
-        ],
-        ["device", machine.get("device", "-")],
+        ["workers", _workers_cell(meta["workers"])],
+        ["software", f"torch {m.get('torch')}, Python {m.get('python')}, numpy {m.get('numpy')}, {m.get('platform')}"],
+        ["device", m.get("device", "-")],
         [
             "wall time",
-            f"{_fmt_s(compute_s)} of step compute in total ({len(records)} steps); {_clock_span(records)}; this "
-            f"invocation {_fmt_s(outcome.wall_s)} ({len(outcome.computed)} computed, {len(outcome.skipped)} reused)",
+            f"{_fmt_s(meta['compute_s'])} of step compute in total ({len(records)} steps); {_clock_span(records)}; "
+            f"this invocation {_fmt_s(outcome.wall_s)} ({len(outcome.computed)} computed, {len(outcome.skipped)} "
+            "reused)",
         ],
-        ["generated", created],
+        ["generated", meta["generated"]],
     ]
 
 
 def _workers_cell(workers: list[dict]) -> str:
-    """How this directory's steps were computed, as run.json recorded it: "J jobs x T threads" per setting (each
-    worker process runs T torch threads), with its step count when invocations differed."""
+    """How this directory's steps were computed (run.json): "J jobs x T threads" per setting, with its step count
+    when invocations differed."""
     if not workers:
         return "not recorded (no step was computed in this directory by a run that records its workers)"
 
@@ -437,9 +412,8 @@ def _workers_cell(workers: list[dict]) -> str:
 
 
 def _clock_span(records: dict) -> str:
-    """The wall clock over which this directory's own steps ran (first start to last finish, imported steps left
-    out): a re-rendered report (--report-only) still states how long computing it took. Pauses between invocations
-    count, so it bounds the computing time from above."""
+    """The wall clock from the first start to the last finish of the steps computed here (an upper bound on their
+    computing time: pauses between invocations count)."""
     own = [r for r in records.values() if not r.get("imported_from") and r.get("started") and r.get("finished")]
     if not own:
         return "no step computed in this directory"
@@ -610,46 +584,22 @@ def _anchor(title: str) -> str:
     return keep.replace(" ", "-")
 
 
-def _html_table(headers, rows) -> str:
-    h = "".join(f"<th>{html.escape(str(x))}</th>" for x in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>"
+_STYLE = (
+    "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;margin:8px 0}"
+    "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}img{max-width:100%}</style>"
+)
 
 
-def _html(secs: list[Section], setup, budget_name: str, discussion: list[str]) -> str:
-    parts = [
-        "<!doctype html><meta charset='utf-8'><title>attnzoo reproduce</title>",
-        "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;"
-        "margin:8px 0}td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}img{max-width:100%}</style>",
-        f"<h1>attnzoo reproduce ({html.escape(budget_name)} budget)</h1>",
-        "<h2>Setup</h2>",
-        _html_table(["item", "value"], setup),
-    ]
-    for s in secs:
-        parts.append(f"<h2>{html.escape(s.title)}</h2><p>{html.escape(s.intro)}</p>")
-        for t in s.tables:
-            parts.append(f"<h3>{html.escape(t.title)}</h3>" + _html_table(t.headers, t.rows))
-        for p, cap in s.plots:
-            parts.append(f"<figure><img src='{html.escape(p)}'><figcaption>{html.escape(cap)}</figcaption></figure>")
-        if s.findings:
-            parts.append(
-                "<h3>Agreement with the papers</h3>"
-                + _html_table(
-                    ["kind", "paper", "claim", "paper's figure", "measured here", "verdict", "seeds", "notes"],
-                    [
-                        [
-                            f.get("kind", "-"),
-                            f["paper"],
-                            f["claim"],
-                            f["paper_value"],
-                            f["measured"],
-                            f["verdict"],
-                            f.get("seeds", "-"),
-                            " ".join(x for x in (f.get("rule"), f.get("gate"), f.get("explanation")) if x) or "-",
-                        ]
-                        for f in s.findings
-                    ],
-                )
-            )
-    parts.append("<h2>Summary</h2><pre style='white-space:pre-wrap'>" + html.escape("\n".join(discussion)) + "</pre>")
-    return "\n".join(parts) + "\n"
+def _heading_ids(state) -> None:
+    """Give each heading the anchor the report's contents link to (markdown-it core rule)."""
+    for opening, inline in zip(state.tokens, state.tokens[1:], strict=False):
+        if opening.type == "heading_open":
+            opening.attrSet("id", _anchor(inline.content))
+
+
+def html_page(md: str, title: str) -> str:
+    """``report.md`` rendered as one HTML page (CommonMark with tables), so the two cannot drift apart."""
+    parser = MarkdownIt("commonmark").enable("table")
+    parser.core.ruler.push("heading_ids", _heading_ids)
+    head = f"<meta charset='utf-8'><title>{html.escape(title)}</title>{_STYLE}"
+    return f"<!doctype html>\n<html><head>{head}</head><body>\n{parser.render(md)}</body></html>\n"

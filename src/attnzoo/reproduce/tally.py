@@ -64,18 +64,13 @@ def combine(verdicts: list[str]) -> str:
 
 
 def cause_of(findings: list[dict]) -> str:
-    """The first cause (in :data:`CAUSES` order) that keeps a claim's tests from a verdict."""
+    """The first cause (in :data:`CAUSES` order) that keeps a claim's tests from a verdict: a gate that held a
+    decided verdict back first, then any gate of an inconclusive test, else a too wide interval."""
     if all(f["verdict"] == "not tested" for f in findings):
         return "not tested"
-    reasons = {r for f in findings if f["verdict"] == "inconclusive" for r in f.get("gate_reasons", ())}
     gated = {r for f in findings if f.get("ungated_verdict") for r in f.get("gate_reasons", ())}
-    for cause in CAUSES:
-        if cause in gated:
-            return cause
-    for cause in CAUSES:
-        if cause in reasons:
-            return cause
-    return "wide"
+    reasons = {r for f in findings if f["verdict"] == "inconclusive" for r in f.get("gate_reasons", ())}
+    return next((c for found in (gated, reasons) for c in CAUSES if c in found), "wide")
 
 
 def tally(pairs: list[tuple[str, dict]]) -> list[ClaimResult]:
