@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from attnzoo._io import ReadError, atomic_save_figure, read_json
+from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.store import Interrupted, StepStore
 
 __all__ = [
@@ -167,6 +168,16 @@ def save_figure(fig, path: str | os.PathLike, dpi: int = 100) -> Path:
 def num_params(model: torch.nn.Module) -> int:
     """Parameters, tied weights counted once."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def measured_finding(
+    claim_id: str, measured: str, verdict: bool | str, rule: str, kind: str = "check", **fields: str
+) -> claims.Finding:
+    """A finding judged from one measurement (a cost or a speed): ``verdict`` True agrees, False disagrees."""
+    if isinstance(verdict, bool):
+        verdict = "agrees" if verdict else "disagrees"
+    kw = paper_claims.finding_kw(claim_id, **fields)
+    return claims.finding(**kw, measured=measured, verdict=verdict, rule=rule, kind=kind, measurement=True)
 
 
 # ---- memory -------------------------------------------------------------------------------------------
