@@ -19,30 +19,6 @@ from attnzoo._io import ReadError, atomic_save_figure, read_json
 from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.store import Interrupted, StepStore
 
-__all__ = [
-    "Context",
-    "Table",
-    "Section",
-    "ModelRow",
-    "train_run",
-    "load_trained",
-    "peak_train_mb",
-    "md_table",
-    "fmt",
-    "save_figure",
-    "num_params",
-    "train_defaults",
-    "seed_list",
-    "seed_mean",
-    "seeded_id",
-    "per_seed",
-    "CURVE_POINTS",
-    "CURVE_NOTE",
-    "mean_val_curve",
-    "curve_text",
-    "plot_val_curves",
-]
-
 
 @dataclass
 class Context:
@@ -239,28 +215,30 @@ def train_defaults(**kw) -> dict:
     return base
 
 
-def _median_rate(run_dir: Path, key: str) -> float | None:
+def _metrics_rows(run_dir: Path, split: str) -> list[dict]:
+    """The ``split`` rows of a run's metrics.csv, numbers parsed and empty cells left out (none without the file); a
+    damaged file is a ``ReadError`` naming it (the trainer checks every row when it resumes a run, so this means
+    damage after the run ended)."""
     f = run_dir / "metrics.csv"
     if not f.is_file():
-        return None
-    vals = [float(r[key]) for r in _train_rows(f) if r.get(key) not in (None, "")]
-    return statistics.median(vals) if vals else None
-
-
-def _train_rows(f: Path) -> list[dict]:
-    """The train rows of a run's ``metrics.csv``, their numbers checked; a damaged file is a ``ReadError`` naming
-    it (the trainer checks every row when it resumes a run, so this means damage after the run ended)."""
+        return []
     try:
         with open(f, newline="", encoding="utf-8") as fh:
-            rows = [r for r in csv.DictReader(fh) if r.get("split") == "train"]
-        for r in rows:
-            int(r["step"]), float(r.get("loss") or 0.0)
+            rows = [r for r in csv.DictReader(fh) if r.get("split") == split]
+        return [
+            {k: int(v) if k == "step" else float(v) for k, v in r.items() if k != "split" and v not in (None, "")}
+            for r in rows
+        ]
     except (UnicodeDecodeError, ValueError, KeyError, TypeError, csv.Error) as e:
         raise ReadError(
             f"{f} is damaged ({type(e).__name__}: {e}); delete the step's record in steps/ and its run directory "
             "to compute it again"
         ) from None
-    return rows
+
+
+def _median_rate(run_dir: Path, key: str) -> float | None:
+    vals = [r[key] for r in _metrics_rows(run_dir, "train") if key in r]
+    return statistics.median(vals) if vals else None
 
 
 def train_run(ctx: Context, step_id: str, cfg: dict, sweep: dict | None = None) -> dict:
@@ -378,30 +356,14 @@ def _train_record(run_dir: Path, final: dict, lr: float) -> dict:
 
 def _curve(run_dir: Path) -> list[list[float]]:
     """``[[step, train loss], ...]`` from the trainer's metrics.csv."""
-    f = run_dir / "metrics.csv"
-    if not f.is_file():
-        return []
-    return [[int(r["step"]), float(r["loss"])] for r in _train_rows(f) if r.get("loss")]
+    return [[r["step"], r["loss"]] for r in _metrics_rows(run_dir, "train") if "loss" in r]
 
 
 def _val_curve(run_dir: Path) -> list[dict]:
     """``[{"step", metric: value, ...}, ...]``: the validation rows of the trainer's metrics.csv, in step order."""
-    f = run_dir / "metrics.csv"
-    if not f.is_file():
-        return []
-    try:
-        with open(f, newline="", encoding="utf-8") as fh:
-            rows = [r for r in csv.DictReader(fh) if r.get("split") == "val"]
-        out = {}
-        for r in rows:
-            skip = ("step", "split", "lr", "elapsed_s")
-            vals = {k: float(v) for k, v in r.items() if k not in skip and v not in (None, "")}
-            out[int(r["step"])] = {"step": int(r["step"]), **vals}
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError, csv.Error) as e:
-        raise ReadError(
-            f"{f} is damaged ({type(e).__name__}: {e}); delete the step's record in steps/ and its run directory "
-            "to compute it again"
-        ) from None
+    out = {
+        r["step"]: {k: v for k, v in r.items() if k not in ("lr", "elapsed_s")} for r in _metrics_rows(run_dir, "val")
+    }
     return [out[k] for k in sorted(out)]
 
 
@@ -474,16 +436,11 @@ def sweep_table(
     noise: dict[str, float] | None = None,
     floor: float | None = None,
 ) -> tuple[Table | None, dict[str, str]]:
-    """The sweep as a table (one row per model, the best rate marked) and ``{row: why}`` for every row whose
-    comparisons are not tuned: its sweep is incomplete, (``used`` a rate) its best swept rate is not the ``used``
-    one its seeds trained with, or its best rate is at either end of the grid (the optimum may lie beyond it).
-    ``used=None``: each row's seeds trained at its best swept rate (:func:`tuned`). ``fraction``: the sweep runs'
-    share of the reported runs' steps (:func:`sweep_train`), stated in the caption. ``noise``: per row, the spread
-    of its reported seeds (sample std, in the table's scale); a best on an end that beats its neighbour by no more
-    than that is a flat top, not evidence that the optimum lies beyond, and is not gated (marked ‡). ``floor``
-    (higher-is-better metrics): a row whose best swept value does not beat it learned at no rate, so its sweep
-    found no optimum and its comparisons are not tuned (marked §: a sweep whose every rate stays below the
-    majority class, as TSSA's on ListOps did, would otherwise read as a flat top and count as tuned)."""
+    """The sweep as a table (a row per model, the best rate in bold) and ``{row: why}`` for each row not shown tuned:
+    an incomplete sweep, a best rate other than the ``used`` one its seeds trained with (``None``: each row's own best,
+    :func:`tuned`), or a best at an end of the grid (†), unless it beats its neighbour by no more than the row's seed
+    ``noise`` (a flat top, ‡). ``floor``: a row whose best value does not beat it learned at no rate (§, not tuned).
+    ``fraction``: the sweep runs' share of the reported steps, stated in the caption."""
     grids = {row: sorted(lrs.get(row, [])) if isinstance(lrs, dict) else list(lrs) for row in rows}
     columns = sorted(set().union(*grids.values())) if grids else []
     table_rows, untuned, edge, flat, unlearned = [], {}, [], [], []
