@@ -33,8 +33,7 @@ class Context:
 
 @dataclass
 class Table:
-    """A report table: ``headers`` and ``rows`` of already-formatted cells, plus a caption; an ``appendix`` table
-    (a learning-rate sweep) is printed in configs.md, not in report.md."""
+    """A report table of formatted cells; an ``appendix`` table (a learning-rate sweep) goes to configs.md."""
 
     title: str
     headers: list[str]
@@ -158,11 +157,8 @@ def measured_finding(
 
 # ---- memory -------------------------------------------------------------------------------------------
 def peak_train_mb(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, kind: str, device: str) -> float | None:
-    """Extra memory (MiB) held at the peak of one forward+backward training step of ``model`` on a batch.
-
-    CUDA: ``max_memory_allocated`` growth; CPU: peak of live PyTorch allocations (``attnzoo.bench.memory``).
-    ``None`` when the CPU measure is unavailable (a torch profiler without allocation events).
-    """
+    """Extra memory (MiB) held at the peak of one forward+backward training step of ``model`` on a batch
+    (``attnzoo.bench.memory``); ``None`` when the CPU measure is unavailable."""
     from attnzoo.bench.memory import cpu_peak_supported, peak_memory_bytes
     from attnzoo.train.objectives import compute_loss
 
@@ -242,13 +238,9 @@ def _median_rate(run_dir: Path, key: str) -> float | None:
 
 
 def train_run(ctx: Context, step_id: str, cfg: dict, sweep: dict | None = None) -> dict:
-    """Train with ``attnzoo.train`` into ``runs/<step_id>`` (resuming a checkpoint left by an interrupted run).
-
-    ``sweep`` (from :func:`tuned`): the learning rate is the best of that sweep's stored runs, read now.
-    Returns the final validation metrics, the median training throughput over the logged windows
-    (``samples_per_s``, ``tokens_per_s``; the trainer's own figures, evaluation excluded), the run dir and the
-    learning rate it trained with (``lr``).
-    """
+    """Train with ``attnzoo.train`` into ``runs/<step_id>`` (resuming an interrupted run's checkpoint), at the best
+    rate of ``sweep``'s stored runs if given (:func:`tuned`); returns the final validation metrics, the median
+    training throughputs of the logged windows, the curves, the run dir and the learning rate it trained with."""
     from attnzoo.train.config import from_dict
     from attnzoo.train.trainer import load_run, train
 
@@ -294,10 +286,8 @@ def tuned(
     higher_is_better: bool,
     settings: str = "train",
 ) -> dict:
-    """``step_config`` (``{settings: ...}``, ``"train"`` by default) made to train at the best rate of row ``row``'s
-    sweep (ids :func:`sweep_id` under ``prefix``), chosen when the step runs: its ``lr`` becomes ``"tuned"`` and
-    ``sweep`` says where to read the rate. Returns the config and leaves the argument unchanged; pass
-    :func:`sweep_deps` as deps."""
+    """A copy of ``step_config`` whose ``settings`` train at the best rate of row ``row``'s sweep (under ``prefix``),
+    read when the step runs: its ``lr`` becomes ``"tuned"`` and ``sweep`` says where (deps: :func:`sweep_deps`)."""
     if not lrs:
         return step_config
     out = dict(step_config, **{settings: dict(step_config[settings], lr="tuned")})
@@ -327,8 +317,8 @@ def best_swept_lr(ctx: Context, sweep: dict) -> float:
 
 
 def _final_metrics(done: Path) -> dict | None:
-    """The validation metrics in a finished run's ``final.json``; ``None`` when it is missing or damaged (then
-    deleted, with a notice: resuming the run from its last checkpoint writes it again)."""
+    """The validation metrics in a finished run's ``final.json``; ``None`` when missing or damaged (then deleted with
+    a notice: resuming from the last checkpoint writes it again)."""
     if not done.is_file():
         return None
     try:
@@ -380,9 +370,8 @@ SWEEP_SEED_OFFSET = 100
 
 
 def sweep_train(train: dict, plan: dict) -> dict:
-    """A sweep run's training settings: ``train`` shortened to the plan's ``sweep_fraction`` of its steps (warm-up
-    likewise; default 1, the full run). The rate is chosen on the shorter runs, then every reported seed trains the
-    full steps at it: the budgets pay for the sweeps at half the steps, and the report says so."""
+    """A sweep run's training settings: ``train`` with the plan's ``sweep_fraction`` (default 1) of its steps and
+    warm-up; every reported seed then trains the full steps at the rate chosen on these shorter runs."""
     frac = plan.get("sweep_fraction", 1.0)
     if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
         raise ValueError(f"a section's 'sweep_fraction' must be in (0, 1], got {frac!r}")
@@ -395,8 +384,7 @@ def sweep_train(train: dict, plan: dict) -> dict:
 
 
 def row_lrs(plan: dict, row: str) -> list[float]:
-    """Row ``row``'s learning-rate grid: the section's ``lr_sweep`` and the row's ``lr_sweep_extra`` rates (a row
-    whose best rate fell on an end of the common grid gets one beyond it), ascending; empty when nothing is swept."""
+    """Row ``row``'s learning-rate grid, ascending: the section's ``lr_sweep`` and the row's ``lr_sweep_extra``."""
     common = list(plan.get("lr_sweep", []))
     extra = list(plan.get("lr_sweep_extra", {}).get(row, []))
     if extra and not common:
@@ -512,8 +500,8 @@ def tune_rows(
     floor: float | None = None,
     unswept: str = "no learning-rate sweep at this budget ({row})",
 ) -> dict[str, str]:
-    """Each row's sweep (on its :func:`row_lrs` grid, or ``grid``) as a table in ``sec`` and ``{row: why}`` for the
-    rows it does not show tuned (:func:`sweep_table`); without a grid every row is untuned for ``unswept``."""
+    """Each row's sweep (its :func:`row_lrs` grid, or ``grid``) as a table in ``sec``; ``{row: why}`` of the rows
+    not shown tuned (every row, for ``unswept``, without a grid)."""
     grids = {r: row_lrs(plan, r) for r in rows} if grid is None else list(grid)
     fraction = plan.get("sweep_fraction", 1.0)
     table, untuned = sweep_table(

@@ -268,10 +268,7 @@ def _run(ctx: Context, step: Step) -> dict:
         "peak_train_mb": peak,
         "decode": decode,
         "vocab_size": task.info["vocab_size"],
-        "curve": rec["curve"],
-        "val_curve": rec["val_curve"],
-        "run_dir": rec["run_dir"],
-        "lr": rec["lr"],
+        **{k: rec[k] for k in ("curve", "val_curve", "run_dir", "lr")},
     }
 
 
@@ -299,7 +296,14 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.add_plot(
             _plot(res, names), plots_dir / "language.png", rel, "Training loss; decode time and state vs context."
         )
-    _plot_val_curves(sec, curves, plan, plots_dir, rel)
+    sec.data["val_curves"] = curves
+    caption = (
+        "Validation bits/char during training (seed means, the trainer's batch: shape, not level); "
+        f"{', '.join(longer)}: twice the steps."
+    )
+    panels = [("Validation loss and training cost", curves)]
+    title = "Language: validation curves"
+    sec.add_curves(panels, plots_dir / "language_curves.png", rel, "validation bits/char", title, caption)
     # every seed of the baseline must beat the bigram model by the margin, else the comparisons are of bigram-level
     # models and say nothing about the mechanisms
     bar = ngram["bigram_bpc"] if ngram else None
@@ -366,17 +370,6 @@ def _model_data(r: dict) -> dict:
         "val_loss_std": r["val_loss"].std,
         "val_loss_per_seed": list(r["val_loss"].values),
     }
-
-
-def _plot_val_curves(sec: Section, curves: dict, plan: dict, plots_dir, rel) -> None:
-    sec.data["val_curves"] = curves
-    caption = (
-        "Validation bits/char during training (seed means, the trainer's batch: shape, not level); "
-        f"{', '.join(dict.fromkeys([PLATEAU, *longer_rows(plan)]))}: twice the steps."
-    )
-    panels = [("Validation loss and training cost", curves)]
-    title = "Language: validation curves"
-    sec.add_curves(panels, plots_dir / "language_curves.png", rel, "validation bits/char", title, caption)
 
 
 #: a row -> another of its paper's gaps (a fraction of GPT's loss) whose verdict the report states beside its own
@@ -455,16 +448,13 @@ def _plot(res, names):
         if c:
             axes[0].plot([s for s, _ in c], [v / math.log(2) for _, v in c], label=n, color=f"C{i}")
         d = res[n]["decode"]
-        if d:
-            axes[1].plot([x["context"] for x in d], [x["ms_per_token"] for x in d], "o-", label=n, color=f"C{i}")
-            axes[2].plot([x["context"] for x in d], [x["state_kib"] for x in d], "o-", label=n, color=f"C{i}")
-    axes[0].set_xlabel("step")
-    axes[0].set_ylabel("training loss (bits/char)")
-    axes[1].set_xlabel("context length")
-    axes[1].set_ylabel("decode ms / token")
-    axes[2].set_xlabel("context length")
-    axes[2].set_ylabel("decoding state (KiB)")
-    for ax in axes:
+        for ax, key in zip(axes[1:], ("ms_per_token", "state_kib"), strict=True):
+            if d:
+                ax.plot([x["context"] for x in d], [x[key] for x in d], "o-", label=n, color=f"C{i}")
+    labels = ("training loss (bits/char)", "decode ms / token", "decoding state (KiB)")
+    for ax, xlabel, ylabel in zip(axes, ("step", "context length", "context length"), labels, strict=True):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     for ax in axes[1:]:
