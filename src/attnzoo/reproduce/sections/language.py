@@ -76,12 +76,11 @@ def model_options(name: str, arch: dict, row_arch: dict | None = None) -> dict:
     width or depth at the paper's parameter ratio)."""
     if name not in MODELS:
         raise ValueError(f"unknown language model {name!r}; valid: {sorted(MODELS)}")
-    arch = {**arch, **(row_arch or {}).get(name, {})}
-    opts = dict(arch)
+    opts = {**arch, **(row_arch or {}).get(name, {})}
     if name == CONTROL:
         opts["attention"] = "identity"
     if name == "aot_hybrid":
-        opts["ffn_layers"] = max(1, arch["depth"] // 2)
+        opts["ffn_layers"] = max(1, opts["depth"] // 2)
     return opts
 
 
@@ -116,15 +115,8 @@ def _seeds(plan: dict, name: str, seed: int) -> list[int]:
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
-    steps = [
-        Step(
-            f"{KEY}/ngram-baselines",
-            KEY,
-            {"task_options": dict(plan["task_options"]), "eval_windows": plan["eval_windows"]},
-            _run_ngrams,
-            label="ngram-baselines",
-        )
-    ]
+    ngram = {"task_options": dict(plan["task_options"]), "eval_windows": plan["eval_windows"]}
+    steps = [Step(f"{KEY}/ngram-baselines", KEY, ngram, _run_ngrams, label="ngram-baselines")]
     rows = rows_of(plan) + longer_rows(plan)
     check_sweep_extra(plan, rows_of(plan))
     check_row_arch(plan, rows_of(plan))
@@ -137,12 +129,13 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     ]
     runs += [(name, s, seeded_id(f"{KEY}/{name}", s), None) for name in rows for s in _seeds(plan, name, seed)]
     for name, s, sid, lr in runs:
-        reg, mech, _ = MODELS[name.split("@")[0]]
+        row = name.split("@")[0]
+        reg, mech, _ = MODELS[row]
         train = dict(
             task="shakespeare_char",
             task_options=dict(plan["task_options"]),
             model=reg,
-            model_options=model_options(name.split("@")[0], plan["arch"], plan.get("row_arch")),
+            model_options=model_options(row, plan["arch"], plan.get("row_arch")),
             seed=s,
             eval_batches=1,
             # scored at the best checkpoint on the selection split (held out apart from the reported one)
@@ -162,7 +155,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             "contexts": plan["contexts"] if s == seed and not name.endswith(LONGER) else [],
         }
         if lr is None:
-            cfg = tuned(cfg, KEY, name.split("@")[0], row_lrs(plan, name.split("@")[0]), "val_loss", False)
+            cfg = tuned(cfg, KEY, row, row_lrs(plan, row), "val_loss", False)
         steps.append(Step(sid, KEY, cfg, _run, deps=sweep_deps(cfg), label=sid.split("/", 1)[1]))
     return steps
 
