@@ -16,31 +16,8 @@ import numpy as np
 import torch
 
 from attnzoo._io import ReadError, atomic_save_figure, read_json
+from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.store import Interrupted, StepStore
-
-__all__ = [
-    "Context",
-    "Table",
-    "Section",
-    "ModelRow",
-    "train_run",
-    "load_trained",
-    "peak_train_mb",
-    "md_table",
-    "fmt",
-    "save_figure",
-    "num_params",
-    "train_defaults",
-    "seed_list",
-    "seed_mean",
-    "seeded_id",
-    "per_seed",
-    "CURVE_POINTS",
-    "CURVE_NOTE",
-    "mean_val_curve",
-    "curve_text",
-    "plot_val_curves",
-]
 
 
 @dataclass
@@ -56,8 +33,7 @@ class Context:
 
 @dataclass
 class Table:
-    """A report table: ``headers`` and ``rows`` of already-formatted cells, plus a caption; an ``appendix`` table
-    (a learning-rate sweep) is printed in configs.md, not in report.md."""
+    """A report table of formatted cells; an ``appendix`` table (a learning-rate sweep) goes to configs.md."""
 
     title: str
     headers: list[str]
@@ -169,13 +145,20 @@ def num_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
+def measured_finding(
+    claim_id: str, measured: str, verdict: bool | str, rule: str, kind: str = "check", **fields: str
+) -> claims.Finding:
+    """A finding judged from one measurement (a cost or a speed): ``verdict`` True agrees, False disagrees."""
+    if isinstance(verdict, bool):
+        verdict = "agrees" if verdict else "disagrees"
+    kw = paper_claims.finding_kw(claim_id, **fields)
+    return claims.finding(**kw, measured=measured, verdict=verdict, rule=rule, kind=kind, measurement=True)
+
+
 # ---- memory -------------------------------------------------------------------------------------------
 def peak_train_mb(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, kind: str, device: str) -> float | None:
-    """Extra memory (MiB) held at the peak of one forward+backward training step of ``model`` on a batch.
-
-    CUDA: ``max_memory_allocated`` growth; CPU: peak of live PyTorch allocations (``attnzoo.bench.memory``).
-    ``None`` when the CPU measure is unavailable (a torch profiler without allocation events).
-    """
+    """Extra memory (MiB) held at the peak of one forward+backward training step of ``model`` on a batch
+    (``attnzoo.bench.memory``); ``None`` when the CPU measure is unavailable."""
     from attnzoo.bench.memory import cpu_peak_supported, peak_memory_bytes
     from attnzoo.train.objectives import compute_loss
 
@@ -228,38 +211,36 @@ def train_defaults(**kw) -> dict:
     return base
 
 
-def _median_rate(run_dir: Path, key: str) -> float | None:
+def _metrics_rows(run_dir: Path, split: str) -> list[dict]:
+    """The ``split`` rows of a run's metrics.csv, numbers parsed and empty cells left out (none without the file); a
+    damaged file is a ``ReadError`` naming it (the trainer checks every row when it resumes a run, so this means
+    damage after the run ended)."""
     f = run_dir / "metrics.csv"
     if not f.is_file():
-        return None
-    vals = [float(r[key]) for r in _train_rows(f) if r.get(key) not in (None, "")]
-    return statistics.median(vals) if vals else None
-
-
-def _train_rows(f: Path) -> list[dict]:
-    """The train rows of a run's ``metrics.csv``, their numbers checked; a damaged file is a ``ReadError`` naming
-    it (the trainer checks every row when it resumes a run, so this means damage after the run ended)."""
+        return []
     try:
         with open(f, newline="", encoding="utf-8") as fh:
-            rows = [r for r in csv.DictReader(fh) if r.get("split") == "train"]
-        for r in rows:
-            int(r["step"]), float(r.get("loss") or 0.0)
+            rows = [r for r in csv.DictReader(fh) if r.get("split") == split]
+        return [
+            {k: int(v) if k == "step" else float(v) for k, v in r.items() if k != "split" and v not in (None, "")}
+            for r in rows
+        ]
     except (UnicodeDecodeError, ValueError, KeyError, TypeError, csv.Error) as e:
         raise ReadError(
             f"{f} is damaged ({type(e).__name__}: {e}); delete the step's record in steps/ and its run directory "
             "to compute it again"
         ) from None
-    return rows
+
+
+def _median_rate(run_dir: Path, key: str) -> float | None:
+    vals = [r[key] for r in _metrics_rows(run_dir, "train") if key in r]
+    return statistics.median(vals) if vals else None
 
 
 def train_run(ctx: Context, step_id: str, cfg: dict, sweep: dict | None = None) -> dict:
-    """Train with ``attnzoo.train`` into ``runs/<step_id>`` (resuming a checkpoint left by an interrupted run).
-
-    ``sweep`` (from :func:`tuned`): the learning rate is the best of that sweep's stored runs, read now.
-    Returns the final validation metrics, the median training throughput over the logged windows
-    (``samples_per_s``, ``tokens_per_s``; the trainer's own figures, evaluation excluded), the run dir and the
-    learning rate it trained with (``lr``).
-    """
+    """Train with ``attnzoo.train`` into ``runs/<step_id>`` (resuming an interrupted run's checkpoint), at the best
+    rate of ``sweep``'s stored runs if given (:func:`tuned`); returns the final validation metrics, the median
+    training throughputs of the logged windows, the curves, the run dir and the learning rate it trained with."""
     from attnzoo.train.config import from_dict
     from attnzoo.train.trainer import load_run, train
 
@@ -305,10 +286,8 @@ def tuned(
     higher_is_better: bool,
     settings: str = "train",
 ) -> dict:
-    """``step_config`` (``{settings: ...}``, ``"train"`` by default) made to train at the best rate of row ``row``'s
-    sweep (ids :func:`sweep_id` under ``prefix``), chosen when the step runs: its ``lr`` becomes ``"tuned"`` and
-    ``sweep`` says where to read the rate. Returns the config and leaves the argument unchanged; pass
-    :func:`sweep_deps` as deps."""
+    """A copy of ``step_config`` whose ``settings`` train at the best rate of row ``row``'s sweep (under ``prefix``),
+    read when the step runs: its ``lr`` becomes ``"tuned"`` and ``sweep`` says where (deps: :func:`sweep_deps`)."""
     if not lrs:
         return step_config
     out = dict(step_config, **{settings: dict(step_config[settings], lr="tuned")})
@@ -338,8 +317,8 @@ def best_swept_lr(ctx: Context, sweep: dict) -> float:
 
 
 def _final_metrics(done: Path) -> dict | None:
-    """The validation metrics in a finished run's ``final.json``; ``None`` when it is missing or damaged (then
-    deleted, with a notice: resuming the run from its last checkpoint writes it again)."""
+    """The validation metrics in a finished run's ``final.json``; ``None`` when missing or damaged (then deleted with
+    a notice: resuming from the last checkpoint writes it again)."""
     if not done.is_file():
         return None
     try:
@@ -367,30 +346,14 @@ def _train_record(run_dir: Path, final: dict, lr: float) -> dict:
 
 def _curve(run_dir: Path) -> list[list[float]]:
     """``[[step, train loss], ...]`` from the trainer's metrics.csv."""
-    f = run_dir / "metrics.csv"
-    if not f.is_file():
-        return []
-    return [[int(r["step"]), float(r["loss"])] for r in _train_rows(f) if r.get("loss")]
+    return [[r["step"], r["loss"]] for r in _metrics_rows(run_dir, "train") if "loss" in r]
 
 
 def _val_curve(run_dir: Path) -> list[dict]:
     """``[{"step", metric: value, ...}, ...]``: the validation rows of the trainer's metrics.csv, in step order."""
-    f = run_dir / "metrics.csv"
-    if not f.is_file():
-        return []
-    try:
-        with open(f, newline="", encoding="utf-8") as fh:
-            rows = [r for r in csv.DictReader(fh) if r.get("split") == "val"]
-        out = {}
-        for r in rows:
-            skip = ("step", "split", "lr", "elapsed_s")
-            vals = {k: float(v) for k, v in r.items() if k not in skip and v not in (None, "")}
-            out[int(r["step"])] = {"step": int(r["step"]), **vals}
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError, csv.Error) as e:
-        raise ReadError(
-            f"{f} is damaged ({type(e).__name__}: {e}); delete the step's record in steps/ and its run directory "
-            "to compute it again"
-        ) from None
+    out = {
+        r["step"]: {k: v for k, v in r.items() if k not in ("lr", "elapsed_s")} for r in _metrics_rows(run_dir, "val")
+    }
     return [out[k] for k in sorted(out)]
 
 
@@ -407,9 +370,8 @@ SWEEP_SEED_OFFSET = 100
 
 
 def sweep_train(train: dict, plan: dict) -> dict:
-    """A sweep run's training settings: ``train`` shortened to the plan's ``sweep_fraction`` of its steps (warm-up
-    likewise; default 1, the full run). The rate is chosen on the shorter runs, then every reported seed trains the
-    full steps at it: the budgets pay for the sweeps at half the steps, and the report says so."""
+    """A sweep run's training settings: ``train`` with the plan's ``sweep_fraction`` (default 1) of its steps and
+    warm-up; every reported seed then trains the full steps at the rate chosen on these shorter runs."""
     frac = plan.get("sweep_fraction", 1.0)
     if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
         raise ValueError(f"a section's 'sweep_fraction' must be in (0, 1], got {frac!r}")
@@ -422,8 +384,7 @@ def sweep_train(train: dict, plan: dict) -> dict:
 
 
 def row_lrs(plan: dict, row: str) -> list[float]:
-    """Row ``row``'s learning-rate grid: the section's ``lr_sweep`` and the row's ``lr_sweep_extra`` rates (a row
-    whose best rate fell on an end of the common grid gets one beyond it), ascending; empty when nothing is swept."""
+    """Row ``row``'s learning-rate grid, ascending: the section's ``lr_sweep`` and the row's ``lr_sweep_extra``."""
     common = list(plan.get("lr_sweep", []))
     extra = list(plan.get("lr_sweep_extra", {}).get(row, []))
     if extra and not common:
@@ -463,16 +424,11 @@ def sweep_table(
     noise: dict[str, float] | None = None,
     floor: float | None = None,
 ) -> tuple[Table | None, dict[str, str]]:
-    """The sweep as a table (one row per model, the best rate marked) and ``{row: why}`` for every row whose
-    comparisons are not tuned: its sweep is incomplete, (``used`` a rate) its best swept rate is not the ``used``
-    one its seeds trained with, or its best rate is at either end of the grid (the optimum may lie beyond it).
-    ``used=None``: each row's seeds trained at its best swept rate (:func:`tuned`). ``fraction``: the sweep runs'
-    share of the reported runs' steps (:func:`sweep_train`), stated in the caption. ``noise``: per row, the spread
-    of its reported seeds (sample std, in the table's scale); a best on an end that beats its neighbour by no more
-    than that is a flat top, not evidence that the optimum lies beyond, and is not gated (marked ‡). ``floor``
-    (higher-is-better metrics): a row whose best swept value does not beat it learned at no rate, so its sweep
-    found no optimum and its comparisons are not tuned (marked §: a sweep whose every rate stays below the
-    majority class, as TSSA's on ListOps did, would otherwise read as a flat top and count as tuned)."""
+    """The sweep as a table (a row per model, the best rate in bold) and ``{row: why}`` for each row not shown tuned:
+    an incomplete sweep, a best rate other than the ``used`` one its seeds trained with (``None``: each row's own best,
+    :func:`tuned`), or a best at an end of the grid (†), unless it beats its neighbour by no more than the row's seed
+    ``noise`` (a flat top, ‡). ``floor``: a row whose best value does not beat it learned at no rate (§, not tuned).
+    ``fraction``: the sweep runs' share of the reported steps, stated in the caption."""
     grids = {row: sorted(lrs.get(row, [])) if isinstance(lrs, dict) else list(lrs) for row in rows}
     columns = sorted(set().union(*grids.values())) if grids else []
     table_rows, untuned, edge, flat, unlearned = [], {}, [], [], []
@@ -544,8 +500,8 @@ def tune_rows(
     floor: float | None = None,
     unswept: str = "no learning-rate sweep at this budget ({row})",
 ) -> dict[str, str]:
-    """Each row's sweep (on its :func:`row_lrs` grid, or ``grid``) as a table in ``sec`` and ``{row: why}`` for the
-    rows it does not show tuned (:func:`sweep_table`); without a grid every row is untuned for ``unswept``."""
+    """Each row's sweep (its :func:`row_lrs` grid, or ``grid``) as a table in ``sec``; ``{row: why}`` of the rows
+    not shown tuned (every row, for ``unswept``, without a grid)."""
     grids = {r: row_lrs(plan, r) for r in rows} if grid is None else list(grid)
     fraction = plan.get("sweep_fraction", 1.0)
     table, untuned = sweep_table(

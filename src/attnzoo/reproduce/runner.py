@@ -24,18 +24,6 @@ from attnzoo.reproduce.report import CONFIGS_FILE
 from attnzoo.reproduce.sections import ALIASES, SECTION_MODULES
 from attnzoo.reproduce.store import Interrupted, Step, StepStore, config_hash
 
-__all__ = [
-    "plan",
-    "resolve_sections",
-    "run",
-    "RunOutcome",
-    "StepsDone",
-    "execute_steps",
-    "RUN_FILE",
-    "ReproduceError",
-    "import_results",
-]
-
 #: identifies a reproduce output directory and pins its budget and seed
 RUN_FILE = "run.json"
 
@@ -61,16 +49,13 @@ def resolve_sections(only: str | list[str] | None) -> list[str]:
     """Section keys from a comma list (aliases accepted), in report order; ``None`` = all."""
     if only is None:
         return list(SECTIONS)
-    items = only.split(",") if isinstance(only, str) else list(only)
     keys = []
-    for raw in items:
-        k = raw.strip().lower()
-        if not k:
-            continue
-        k = ALIASES.get(k, k)
-        if k not in SECTION_MODULES:
-            raise ReproduceError(f"unknown section {raw.strip()!r} in --only; valid sections: {list(SECTIONS)}")
-        keys.append(k)
+    for raw in only.split(",") if isinstance(only, str) else list(only):
+        if k := raw.strip().lower():
+            k = ALIASES.get(k, k)
+            if k not in SECTION_MODULES:
+                raise ReproduceError(f"unknown section {raw.strip()!r} in --only; valid sections: {list(SECTIONS)}")
+            keys.append(k)
     if not keys:
         raise ReproduceError(f"--only selects no section; valid sections: {list(SECTIONS)}")
     return [k for k in SECTIONS if k in keys]
@@ -86,13 +71,10 @@ def plan(budget_name: str, seed: int) -> tuple[dict, list[Step]]:
         raise ReproduceError(str(e)) from None
     steps: list[Step] = []
     for key, mod in SECTION_MODULES.items():
-        if key == "probes":
-            steps += mod.plan_steps(b[key], seed, b["vision"])
-        else:
-            steps += mod.plan_steps(b[key], seed)
+        # the probes read the vision section's trained models
+        steps += mod.plan_steps(b[key], seed, b["vision"]) if key == "probes" else mod.plan_steps(b[key], seed)
     ids = [s.id for s in steps]
-    dup = sorted({i for i in ids if ids.count(i) > 1})
-    if dup:
+    if dup := sorted({i for i in ids if ids.count(i) > 1}):
         raise AssertionError(f"duplicate step ids {dup}")
     return b, steps
 
@@ -134,31 +116,36 @@ def _one_writer(fn):
     return locked
 
 
+def _read_meta(out: Path) -> dict:
+    """run.json's object (a ``ValueError`` when it holds no JSON object)."""
+    meta = json.loads((out / RUN_FILE).read_bytes().decode("utf-8"))
+    if not isinstance(meta, dict):
+        raise ValueError(f"a JSON object was expected, got {type(meta).__name__}")
+    return meta
+
+
 def _prepare_out(out: Path, budget_name: str, seed: int) -> dict:
     """Create or reopen ``out``; a directory from another budget/seed or a foreign non-empty one is refused."""
     _refuse_foreign_out(out)
     marker = out / RUN_FILE
-    if marker.is_file():
-        try:
-            meta = json.loads(marker.read_bytes().decode("utf-8"))
-            if not isinstance(meta, dict):
-                raise ValueError(f"a JSON object was expected, got {type(meta).__name__}")
-        except (ValueError, OSError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise ReproduceError(
-                f"{marker} is corrupt ({' '.join(str(e).split())}); it should hold this run's "
-                f'budget and seed, e.g. {{"budget": "default", "seed": 0}}: restore or '
-                f"rewrite it, or choose another --out"
-            ) from e
-        if meta.get("budget") != budget_name or meta.get("seed") != seed:
-            raise ReproduceError(
-                f"--out {out} holds a reproduce run with budget {meta.get('budget')!r} and seed {meta.get('seed')}; "
-                f"rerun with --budget {meta.get('budget')} --seed {meta.get('seed')} to continue it, or choose "
-                f"another --out"
-            )
+    if not marker.is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        meta = {"budget": budget_name, "seed": seed, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        write_json(marker, meta)
         return meta
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"budget": budget_name, "seed": seed, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    write_json(marker, meta)
+    try:
+        meta = _read_meta(out)
+    except (ValueError, OSError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ReproduceError(
+            f"{marker} is corrupt ({' '.join(str(e).split())}); it should hold this run's budget and seed, e.g. "
+            f'{{"budget": "default", "seed": 0}}: restore or rewrite it, or choose another --out'
+        ) from e
+    if meta.get("budget") != budget_name or meta.get("seed") != seed:
+        raise ReproduceError(
+            f"--out {out} holds a reproduce run with budget {meta.get('budget')!r} and seed {meta.get('seed')}; "
+            f"rerun with --budget {meta.get('budget')} --seed {meta.get('seed')} to continue it, or choose "
+            f"another --out"
+        )
     return meta
 
 
@@ -200,7 +187,6 @@ def run(
         if threads < 1:
             raise ReproduceError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
-    out = Path(out) if out is not None else Path("results") / time.strftime("%Y%m%d-%H%M%S")
     _prepare_out(out, budget_name, seed)
     store = StepStore(out)
     store.clean_leftovers()
@@ -211,35 +197,28 @@ def run(
     ctx = Context(out=out, store=store, seed=seed, device=device, progress=progress)
     outcome = RunOutcome(out, out / "report.md", out / "results.json")
     records: dict[str, dict] = {}
+    again = resume_command(out, budget_name, seed, only)
     try:
         _execute(_select(steps, sections), ctx, outcome, records, progress, jobs, threads, report_only)
     except (Interrupted, KeyboardInterrupt) as e:
         outcome.interrupted = True
         print(
             f"\nattnzoo reproduce: interrupted ({e or 'Ctrl-C'}); completed steps are saved in {out}. "
-            f"To continue, run: {resume_command(out, budget_name, seed, only)}",
+            f"To continue, run: {again}",
             file=sys.stderr,
         )
         outcome.wall_s = time.perf_counter() - t_start
         return outcome
     except OSError as e:  # a store write (disk full, ...): every failure so far, the culprit, the way on
-        raise _stopped_by(e, outcome, resume_command(out, budget_name, seed, only)) from None
+        raise _stopped_by(e, outcome, again) from None
     if not report_only:
         sections = _with_finished_sections(sections, steps, store, records)
     outcome.wall_s = time.perf_counter() - t_start
-    # report.md only together with results.json
-    with _report_or_nothing(out, outcome, resume_command(out, budget_name, seed, only)):
+    with _report_or_nothing(out, outcome, again):  # report.md only together with results.json
+        argv = argv if argv is not None else sys.argv[1:]
+        machine = machine_description(device)
         write_report(
-            out,
-            b,
-            budget_name,
-            seed,
-            sections,
-            records,
-            outcome,
-            machine_description(device),
-            argv if argv is not None else sys.argv[1:],
-            workers=recorded_workers(out),
+            out, b, budget_name, seed, sections, records, outcome, machine, argv, workers=recorded_workers(out)
         )
     return outcome
 
@@ -279,9 +258,8 @@ class StepsDone:
 def execute_steps(
     steps: list[Step], ctx: Context, *, jobs: int = 1, threads: int | None = None, progress: bool = True, name: str
 ) -> StepsDone:
-    """Load each finished step of ``steps`` and compute each missing one (in ``jobs`` processes): the executor of
-    ``attnzoo reproduce``, shared by every command that runs a plan of steps (``attnzoo compare``). ``name`` labels
-    the progress bar and the failure lines."""
+    """Load each finished step of ``steps`` and compute each missing one (in ``jobs`` processes), for every command
+    that runs a plan of steps (``attnzoo compare``); ``name`` labels the progress bar and the failure lines."""
     outcome, records = RunOutcome(ctx.out, ctx.out, ctx.out), {}
     if jobs > 1:
         _run_steps_parallel(steps, ctx, outcome, records, progress, jobs, threads, name)
@@ -291,8 +269,7 @@ def execute_steps(
 
 
 def _complete(rec: dict | None) -> dict | None:
-    """A stored record a computing run keeps: one imported without its plot arrays (``--report-only --reuse`` of a
-    published report) is computed again, as :func:`import_results` would have had it."""
+    """A stored record a computing run keeps: one imported without its plot arrays is computed again."""
     return None if rec is None or rec.get("result_slimmed") else rec
 
 
@@ -301,7 +278,7 @@ def _record_workers(out: Path, jobs: int, threads: int, computed: int) -> None:
     the report states how the steps were computed, not the threads of the process that renders it."""
     if computed == 0:
         return
-    meta = json.loads((out / RUN_FILE).read_bytes().decode("utf-8"))
+    meta = _read_meta(out)
     workers = meta.setdefault("workers", [])
     entry = next((w for w in workers if w.get("jobs") == jobs and w.get("threads") == threads), None)
     if entry is None:
@@ -314,35 +291,33 @@ def _record_workers(out: Path, jobs: int, threads: int, computed: int) -> None:
 def recorded_workers(out: Path) -> list[dict]:
     """run.json's ``workers``: ``[{"jobs", "threads", "steps"}]``, one per setting that computed steps here."""
     try:
-        meta = json.loads((out / RUN_FILE).read_bytes().decode("utf-8"))
+        workers = _read_meta(out).get("workers", [])
     except (OSError, ValueError):
         return []
-    workers = meta.get("workers", []) if isinstance(meta, dict) else []
     return [w for w in workers if isinstance(w, dict)]
 
 
-def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore, *, slimmed: bool = False) -> int:
-    """Store the step records of another run's ``results.json`` whose config equals this plan's (same hash).
-
-    A step whose config changed is not imported, so it is computed again; a step already stored here is kept.
-    Returns how many records were imported. Lets a report be rebuilt under new rules, or a plan extended by a few
-    steps, without retraining what did not change. A published record without its plot arrays
-    (``result_slimmed``) is imported only with ``slimmed=True`` (``--report-only``: its numbers render, its plots
-    are drawn without those arrays); a run that computes takes the step again instead.
-    """
-    path = Path(path)
+def _stored_records(path: Path) -> dict:
+    """The step records of another run: its directory's ``steps/`` or its results.json's ``steps``."""
     try:
-        if path.is_dir():  # another reproduce directory: its stored step records
-            stored = {}
-            for f in sorted((path / "steps").rglob("*.json")):
-                rec = json.loads(f.read_bytes().decode("utf-8"))
-                stored[f.relative_to(path / "steps").with_suffix("").as_posix()] = rec
-        else:
-            stored = json.loads(path.read_bytes().decode("utf-8"))["steps"]
+        if not path.is_dir():
+            return json.loads(path.read_bytes().decode("utf-8"))["steps"]
+        return {
+            f.relative_to(path / "steps").with_suffix("").as_posix(): json.loads(f.read_bytes().decode("utf-8"))
+            for f in sorted((path / "steps").rglob("*.json"))
+        }
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ReproduceError(
             f"--reuse {path}: not a readable results.json with a 'steps' object or a reproduce directory ({e})"
         ) from e
+
+
+def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore, *, slimmed: bool = False) -> int:
+    """Store the records of another run (results.json or directory) whose config hash equals this plan's, unless
+    stored here already; returns how many. A published record without its plot arrays (``result_slimmed``) is taken
+    only with ``slimmed=True`` (``--report-only``); a run that computes takes the step again instead."""
+    path = Path(path)
+    stored = _stored_records(path)
     n = 0
     for step in steps:
         rec = stored.get(step.id)
@@ -358,14 +333,8 @@ def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore,
             shutil.copytree(runs, store.run_dir(step.id))
         # the source's name only (a local path would leak into a published report); kept through re-imports
         origin = rec.get("imported_from") or (path.resolve() if path.is_dir() else path.resolve().parent).name
-        store.save(
-            step,
-            rec["result"],
-            float(rec.get("wall_s", 0.0)),
-            time.time(),
-            imported_from=origin,
-            slimmed=rec.get("result_slimmed"),
-        )
+        wall_s = float(rec.get("wall_s", 0.0))
+        store.save(step, rec["result"], wall_s, time.time(), imported_from=origin, slimmed=rec.get("result_slimmed"))
         n += 1
     return n
 
@@ -398,6 +367,21 @@ def _resolve_device(device: str) -> str:
     return device
 
 
+def _reuse(step: Step, store: StepStore, outcome: RunOutcome, records: dict) -> bool:
+    """Take ``step``'s finished record from the store, if it has one."""
+    rec = _complete(store.load(step))
+    if rec is not None:
+        records[step.id] = rec
+        outcome.skipped.append(step.id)
+    return rec is not None
+
+
+def _failed(step: Step, e: Exception, outcome: RunOutcome, bar, name: str, progress: bool) -> None:
+    outcome.failed[step.id] = f"{type(e).__name__}: {e}"
+    if progress:
+        bar.write(f"{name}: step {step.id} failed: {type(e).__name__}: {e}")
+
+
 def _run_steps(
     todo: list[Step], ctx: Context, outcome: RunOutcome, records: dict, progress: bool, name: str = "reproduce"
 ) -> None:
@@ -405,41 +389,29 @@ def _run_steps(
     ``outcome.failed`` and the others go on. An interruption propagates after the bar is closed."""
     from tqdm.auto import tqdm
 
-    store = ctx.store
-    failed_deps: set[str] = set()
-    bar = tqdm(todo, desc=name, unit="step", disable=not progress, file=sys.stderr, dynamic_ncols=True)
-    with bar:
+    with tqdm(todo, desc=name, unit="step", disable=not progress, file=sys.stderr, dynamic_ncols=True) as bar:
         for step in bar:
             bar.set_postfix_str(step.id)
-            rec = _complete(store.load(step))
-            if rec is not None:
-                records[step.id] = rec
-                outcome.skipped.append(step.id)
+            if _reuse(step, ctx.store, outcome, records):
                 continue
-            bad = [d for d in step.deps if d in failed_deps or d in outcome.failed]
-            if bad:
+            if bad := [d for d in step.deps if d in outcome.failed]:
                 outcome.failed[step.id] = f"skipped: depends on failed step(s) {bad}"
-                failed_deps.add(step.id)
                 continue
-            started = time.time()
-            t0 = time.perf_counter()
             try:
-                result = step.fn(ctx, step)
+                result, wall_s, started = _compute_step(ctx, step)
             except (Interrupted, KeyboardInterrupt):
                 raise
             except Exception as e:  # noqa: BLE001 - one failed run must not lose the others; it is reported
-                outcome.failed[step.id] = f"{type(e).__name__}: {e}"
-                failed_deps.add(step.id)
+                _failed(step, e, outcome, bar, name, progress)
                 if progress:
-                    bar.write(f"{name}: step {step.id} failed: {type(e).__name__}: {e}")
                     traceback.print_exc(file=sys.stderr)
                 continue
-            records[step.id] = store.save(step, result, time.perf_counter() - t0, started)
+            records[step.id] = ctx.store.save(step, result, wall_s, started)
             outcome.computed.append(step.id)
 
 
 def _compute_step(ctx: Context, step: Step) -> tuple[dict, float, float]:
-    """Run one step in a worker process: ``(result, wall_s, started)``."""
+    """Run one step (in this process or a worker): ``(result, wall_s, started)``."""
     started = time.time()
     t0 = time.perf_counter()
     result = step.fn(ctx, step)
@@ -460,31 +432,20 @@ def _run_steps_parallel(
     threads: int | None,
     name: str = "reproduce",
 ) -> None:
-    """:func:`_run_steps` over ``jobs`` worker processes: a step starts once the steps it depends on are stored.
-
-    Each step is seeded by its own config, so its numbers do not depend on which worker ran it or when (with the
-    same threads per process as a ``--jobs 1`` run: ``--threads``, default 1 per worker). Only this process writes
-    to the store.
-    """
+    """:func:`_run_steps` over ``jobs`` worker processes of ``threads`` (default 1) torch threads each: a step starts
+    once its dependencies are stored (each is seeded by its config, so any worker gives the same numbers); only this
+    process writes to the store."""
     import concurrent.futures as cf
     import multiprocessing as mp
 
     from tqdm.auto import tqdm
 
-    store = ctx.store
-    pending: list[Step] = []
-    for step in todo:
-        rec = _complete(store.load(step))
-        if rec is not None:
-            records[step.id] = rec
-            outcome.skipped.append(step.id)
-        else:
-            pending.append(step)
+    pending = [step for step in todo if not _reuse(step, ctx.store, outcome, records)]
+    planned = {s.id for s in todo}
     wctx = Context(out=ctx.out, store=ctx.store, seed=ctx.seed, device=ctx.device, progress=False)
     bar = tqdm(total=len(pending), desc=f"{name} ({jobs} jobs)", unit="step", disable=not progress, file=sys.stderr)
-    pool = cf.ProcessPoolExecutor(
-        jobs, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(threads or 1,)
-    )
+    spawn = mp.get_context("spawn")
+    pool = cf.ProcessPoolExecutor(jobs, mp_context=spawn, initializer=_init_worker, initargs=(threads or 1,))
     running: dict = {}
     try:
         while pending or running:
@@ -493,12 +454,11 @@ def _run_steps_parallel(
                     break
                 if step.timed and running:  # a measurement waits for a quiet machine
                     continue
-                bad = [d for d in step.deps if d in outcome.failed]
-                if bad:
+                if bad := [d for d in step.deps if d in outcome.failed]:
                     pending.remove(step)
                     outcome.failed[step.id] = f"skipped: depends on failed step(s) {bad}"
                     bar.update(1)
-                elif all(d in records or d not in {s.id for s in todo} for d in step.deps):
+                elif all(d in records or d not in planned for d in step.deps):
                     pending.remove(step)
                     running[pool.submit(_compute_step, wctx, step)] = step
             if not running:  # every remaining step waits on a failed or missing dependency
@@ -514,11 +474,9 @@ def _run_steps_parallel(
                 except Interrupted:
                     raise
                 except Exception as e:  # noqa: BLE001 - one failed run must not lose the others; it is reported
-                    outcome.failed[step.id] = f"{type(e).__name__}: {e}"
-                    if progress:
-                        bar.write(f"{name}: step {step.id} failed: {type(e).__name__}: {e}")
+                    _failed(step, e, outcome, bar, name, progress)
                     continue
-                records[step.id] = store.save(step, result, wall_s, started)
+                records[step.id] = ctx.store.save(step, result, wall_s, started)
                 outcome.computed.append(step.id)
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
@@ -532,19 +490,18 @@ def _with_finished_sections(sections: list[str], steps: list[Step], store: StepS
     """Sections not selected this time still appear when all their steps were computed earlier."""
     sections = list(sections)
     for key in SECTIONS:
-        if key in sections:
-            continue
         sec_steps = [s for s in steps if s.section == key]
+        if key in sections or not sec_steps:
+            continue
         recs = {s.id: store.load(s) for s in sec_steps}
-        if sec_steps and all(recs.values()):
+        if all(recs.values()):
             records.update(recs)
             sections.append(key)
     return [k for k in SECTIONS if k in sections]
 
 
 def resume_command(out: Path, budget_name: str, seed: int, only: str | list[str] | None) -> str:
-    """The command that continues this run: it names the ``--out`` actually used (a run started without ``--out``
-    wrote to a new timestamped directory, which the same command line would not find again)."""
+    """The command that continues this run, naming the ``--out`` actually used (perhaps a new timestamped one)."""
     import shlex
 
     cmd = ["attnzoo", "reproduce", "--budget", budget_name, "--seed", str(seed), "--out", str(out)]
@@ -554,8 +511,8 @@ def resume_command(out: Path, budget_name: str, seed: int, only: str | list[str]
 
 
 def summary_line(o: RunOutcome) -> str:
+    missing = f", {len(o.missing)} missing (--report-only)" if o.missing else ""
     return (
-        f"reproduce: {len(o.computed)} step(s) computed, {len(o.skipped)} reused, {len(o.failed)} failed"
-        + (f", {len(o.missing)} missing (--report-only)" if o.missing else "")
-        + f" in {o.wall_s:.1f} s; report: {o.report}"
+        f"reproduce: {len(o.computed)} step(s) computed, {len(o.skipped)} reused, {len(o.failed)} failed{missing} "
+        f"in {o.wall_s:.1f} s; report: {o.report}"
     )

@@ -1,11 +1,6 @@
-"""Resumable units of work: each :class:`Step` stores its result atomically as ``DIR/steps/<id>.json``.
-
-A step is skipped when its JSON exists and was computed from the same config (a hash of the config
-is stored beside the result); an interrupted run therefore continues with the first unfinished step.
-Every record carries the SHA-256 of its own content and of the run files it was computed from
-(``runs/<id>/final.json``); a record or run file that no longer matches is recomputed, with a notice,
-never reported.
-"""
+"""Resumable units of work: each :class:`Step` stores its result atomically as ``DIR/steps/<id>.json``, reused
+while its config hash is unchanged; a record, or a run file it was computed from (``runs/<id>/final.json``), that
+no longer matches its stored SHA-256 is computed again, with a notice, never reported."""
 
 from __future__ import annotations
 
@@ -55,13 +50,9 @@ def config_hash(config: dict) -> str:
 
 @dataclass
 class Step:
-    """One training run or one measurement.
-
-    ``fn(ctx, config) -> dict`` computes the result; ``config`` (JSON-able) fully defines it, so its
-    hash decides whether a stored result can be reused. ``deps`` are ids of steps whose outputs
-    (e.g. trained checkpoints) this step reads; they run first. ``timed``: its result is a wall-clock measurement,
-    so under ``--jobs N`` it runs with no other step in flight (its figures are not those of a shared CPU).
-    """
+    """One training run or one measurement: ``fn(ctx, step) -> dict`` computes the result that ``config`` (JSON-able)
+    fully defines; ``deps``: ids of steps whose outputs it reads (they run first); ``timed``: a wall-clock
+    measurement, which under ``--jobs N`` runs with no other step in flight."""
 
     id: str
     section: str
@@ -89,11 +80,8 @@ class StepStore:
         return self.root / "runs" / step_id
 
     def load(self, step: Step) -> dict | None:
-        """The stored record of ``step`` if it was computed from the same config and is intact, else ``None``.
-
-        A record whose content or run files no longer match their SHA-256 is set aside with a notice (the step is
-        then computed again; a damaged ``final.json`` is deleted so that the run's last checkpoint rewrites it).
-        """
+        """The stored record of ``step`` if it was computed from the same config and is intact, else ``None`` (a
+        damaged one with a notice: the step is computed again)."""
         p = self.path(step.id)
         if not p.is_file():
             return None
@@ -161,10 +149,9 @@ class StepStore:
         imported_from: str | None = None,
         slimmed: list[str] | None = None,
     ) -> dict:
-        """Store ``result`` of ``step`` (with the SHA-256 of the record and of its run's files); a failed write is a
-        :class:`~attnzoo._io.WriteError` naming the step and the file. ``imported_from`` names the earlier run a
-        record was taken from (``--reuse``): its figures were measured there, and the report says so. ``slimmed``
-        names the plot arrays a published record was stored without (kept, so a later run computes it again)."""
+        """Store ``result`` of ``step`` with the SHA-256 of the record and of its run's files (a failed write is a
+        ``WriteError`` naming both); ``imported_from``: the earlier run it was taken from (``--reuse``); ``slimmed``:
+        the plot arrays a published record lacks (kept, so a later computing run takes the step again)."""
         rec = {
             "id": step.id,
             "section": step.section,
@@ -197,9 +184,8 @@ class StepStore:
         return rec
 
     def clean_leftovers(self) -> list[Path]:
-        """Delete the temporaries that killed or failed writes left (``.NAME.<random>.tmp``) under ``steps/`` and
-        ``runs/``, and beside the reports (``.report.md.*.tmp``, ``.results.json.keep.tmp``, ...); the caller holds
-        the directory's lock. Training runs also clean their partial checkpoints when resumed."""
+        """Delete the temporaries killed or failed writes left (``.NAME.<random>.tmp``) under ``steps/``, ``runs/``
+        and beside the reports; the caller holds the directory's lock."""
         tmp = r"\..+\.[^.]+\.tmp"  # what an atomic write leaves when killed: .NAME.<random>.tmp
         gone = [p for d in ("steps", "runs") for p in (self.root / d).rglob(".*.tmp") if p.is_file()]
         gone = [p for p in gone if re.fullmatch(tmp, p.name)]

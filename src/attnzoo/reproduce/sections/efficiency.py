@@ -12,11 +12,17 @@ import torch
 
 from attnzoo.bench.memory import timing_allocator
 from attnzoo.reproduce import claims, paper_claims
-from attnzoo.reproduce.common import Context, Section, Table, fmt
+from attnzoo.reproduce.common import Context, Section, Table, fmt, measured_finding
 from attnzoo.reproduce.store import Step
 
 KEY = "efficiency"
 TITLE = "Efficiency: time and memory vs sequence length"
+
+#: FAST Table 2's speed claim is at head dimension D = 32 (Fastmax costs O(N·D^(p+1)), softmax O(N²·D))
+FAST_HEAD_DIM = 32
+#: heads of the D = 32 measurement (both ops scale linearly in the heads; two keep it cheap on a CPU)
+FAST_D32_HEADS = 2
+FAST_D32_MECHANISMS = ("softmax", "fastmax_p2")
 
 
 def plan_steps(plan: dict, _seed: int) -> list[Step]:  # no seeds: measurements
@@ -28,65 +34,34 @@ def plan_steps(plan: dict, _seed: int) -> list[Step]:  # no seeds: measurements
         raise ValueError(
             f"unknown efficiency mechanism(s) {bad}; op cases: {cases.ALL_OP_CASES}, decode cases: {cases.DECODE_CASES}"
         )
-    machine = Step(f"{KEY}/machine", KEY, {"kind": "machine"}, _run_machine, label="machine")
+    # every figure is a timing: each step runs alone under --jobs
+    machine = Step(f"{KEY}/machine", KEY, {"kind": "machine"}, _run_machine, label="machine", timed=True)
     steps = [machine]
-    modes = [False, True] if plan.get("causal") else [False]
-    for causal in modes:
+
+    def add(sid: str, cfg: dict, fn, label: str = "") -> None:
+        steps.append(Step(f"{KEY}/{sid}", KEY, cfg, fn, deps=(machine.id,), label=label or sid, timed=True))
+
+    timing = {"repeats": plan["repeats"], "budget_s": plan["budget_s"]}
+    for causal in [False, True] if plan.get("causal") else [False]:
         for mech in plan["mechanisms"]:
-            if causal and mech not in cases.CAUSAL_OP_CASES:
-                continue
-            cfg = {
-                "kind": "n",
-                "mechanism": mech,
-                "causal": causal,
-                "lengths": plan["lengths"],
-                "dim": plan["dim"],
-                "heads": plan["heads"],
-                "repeats": plan["repeats"],
-                "budget_s": plan["budget_s"],
-            }
-            sid = f"{KEY}/n/{mech}" + ("-causal" if causal else "")
-            steps.append(Step(sid, KEY, cfg, _run_sweep, deps=(machine.id,), label=sid.split("/", 1)[1]))
+            if not causal or mech in cases.CAUSAL_OP_CASES:
+                cfg = {"kind": "n", "mechanism": mech, "causal": causal, "lengths": plan["lengths"]}
+                add(f"n/{mech}" + ("-causal" if causal else ""), {**cfg, **_size(plan), **timing}, _run_sweep)
     if plan.get("explicit_softmax"):
         # ablation for the papers' memory claims: softmax with the N x N matrix stored, forward only, longest N
-        cfg = {
-            "kind": "explicit",
-            "mechanism": "softmax_explicit",
-            "length": max(plan["lengths"]),
-            "dim": plan["dim"],
-            "heads": plan["heads"],
-        }
-        steps.append(Step(f"{KEY}/explicit/softmax", KEY, cfg, _run_explicit, deps=(machine.id,), label="explicit"))
+        cfg = {"kind": "explicit", "mechanism": "softmax_explicit", "length": max(plan["lengths"]), **_size(plan)}
+        add("explicit/softmax", cfg, _run_explicit, "explicit")
     for mech in FAST_D32_MECHANISMS:
-        cfg = {
-            "kind": "d32",
-            "mechanism": mech,
-            "lengths": fast_d32_lengths(plan),
-            "heads": FAST_D32_HEADS,
-            "head_dim": FAST_HEAD_DIM,
-            "repeats": plan["repeats"],
-            "budget_s": plan["budget_s"],
-        }
-        sid = f"{KEY}/d32/{mech}"
-        steps.append(Step(sid, KEY, cfg, _run_d32, deps=(machine.id,), label=sid.split("/", 1)[1]))
+        cfg = {"kind": "d32", "mechanism": mech, "lengths": fast_d32_lengths(plan), "heads": FAST_D32_HEADS}
+        add(f"d32/{mech}", {**cfg, "head_dim": FAST_HEAD_DIM, **timing}, _run_d32)
     for mech in plan["decode"]:
-        cfg = {
-            "kind": "decode",
-            "mechanism": mech,
-            "contexts": plan["contexts"],
-            "dim": plan["decode_dim"],
-            "heads": plan["decode_heads"],
-            "repeats": plan["repeats"],
-        }
-        steps.append(Step(f"{KEY}/decode/{mech}", KEY, cfg, _run_decode, deps=(machine.id,), label=f"decode/{mech}"))
-    return [dataclasses.replace(s, timed=True) for s in steps]  # every figure is a timing: run alone under --jobs
+        cfg = {"kind": "decode", "mechanism": mech, "contexts": plan["contexts"], "dim": plan["decode_dim"]}
+        add(f"decode/{mech}", {**cfg, "heads": plan["decode_heads"], "repeats": plan["repeats"]}, _run_decode)
+    return steps
 
 
-#: FAST Table 2's speed claim is at head dimension D = 32 (Fastmax costs O(N·D^(p+1)), softmax O(N²·D))
-FAST_HEAD_DIM = 32
-#: heads of the D = 32 measurement (both ops scale linearly in the heads; two keep it cheap on a CPU)
-FAST_D32_HEADS = 2
-FAST_D32_MECHANISMS = ("softmax", "fastmax_p2")
+def _size(plan: dict) -> dict:
+    return {"dim": plan["dim"], "heads": plan["heads"]}
 
 
 def fast_d32_lengths(plan: dict) -> list[int]:
@@ -97,8 +72,7 @@ def fast_d32_lengths(plan: dict) -> list[int]:
 
 
 def _device(ctx: Context) -> torch.device:
-    dev = ctx.device if ctx.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(dev)
+    return torch.device(ctx.device if ctx.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def _run_machine(ctx: Context, _step: Step) -> dict:
@@ -114,67 +88,34 @@ def _run_machine(ctx: Context, _step: Step) -> dict:
     return info
 
 
-def _bandwidth(ctx: Context) -> float:
-    rec = ctx.store.load_by_id(f"{KEY}/machine")
-    return rec["result"]["bandwidth_GBps"] * 1e9
+def _op_kw(ctx: Context, causal: bool, backward: bool) -> dict:
+    """The measurement settings of an op case: float32 on the step's device, with the machine's copy bandwidth."""
+    timing_allocator()
+    bandwidth = ctx.store.load_by_id(f"{KEY}/machine")["result"]["bandwidth_GBps"] * 1e9
+    dev = _device(ctx)
+    return dict(causal=causal, level="op", device=dev, dtype=torch.float32, backward=backward, bandwidth=bandwidth)
 
 
 def _run_sweep(ctx: Context, step: Step) -> dict:
-    from attnzoo.bench import cases
+    from attnzoo.bench.cases import Shape
     from attnzoo.bench.runner import measure_case, measure_series
 
     c = step.config
-    dev = _device(ctx)
-    timing_allocator()
-    bw = _bandwidth(ctx)
+    kw = _op_kw(ctx, c["causal"], backward=True)
     # a throw-away call first: the first call of a process pays one-off allocations (thread pools, workspaces)
-    measure_case(
-        "n",
-        c["mechanism"],
-        cases.Shape(1, c["heads"], min(c["lengths"]), c["dim"]),
-        causal=c["causal"],
-        level="op",
-        device=dev,
-        dtype=torch.float32,
-        repeats=1,
-        backward=True,
-        bandwidth=bw,
-    )
-    shapes = [cases.Shape(1, c["heads"], n, c["dim"]) for n in c["lengths"]]
-    rows = measure_series(
-        "n",
-        c["mechanism"],
-        shapes,
-        causal=c["causal"],
-        level="op",
-        device=dev,
-        dtype=torch.float32,
-        repeats=c["repeats"],
-        backward=True,
-        bandwidth=bw,
-        budget_s=c["budget_s"],
-    )
+    measure_case("n", c["mechanism"], Shape(1, c["heads"], min(c["lengths"]), c["dim"]), repeats=1, **kw)
+    shapes = [Shape(1, c["heads"], n, c["dim"]) for n in c["lengths"]]
+    rows = measure_series("n", c["mechanism"], shapes, repeats=c["repeats"], budget_s=c["budget_s"], **kw)
     return {"rows": [dataclasses.asdict(r) for r in rows]}
 
 
 def _run_explicit(ctx: Context, step: Step) -> dict:
-    from attnzoo.bench import cases
+    from attnzoo.bench.cases import Shape
     from attnzoo.bench.runner import measure_case
 
     c = step.config
-    timing_allocator()
-    row = measure_case(
-        "n",
-        c["mechanism"],
-        cases.Shape(1, c["heads"], c["length"], c["dim"]),
-        causal=False,
-        level="op",
-        device=_device(ctx),
-        dtype=torch.float32,
-        repeats=1,
-        backward=False,
-        bandwidth=_bandwidth(ctx),
-    )
+    shape = Shape(1, c["heads"], c["length"], c["dim"])
+    row = measure_case("n", c["mechanism"], shape, repeats=1, **_op_kw(ctx, False, backward=False))
     return {"rows": [dataclasses.asdict(row)]}
 
 
@@ -189,14 +130,8 @@ def _run_d32(ctx: Context, step: Step) -> dict:
     timing_allocator()
     rows = []
     for n in c["lengths"]:
-        prep = cases.prepare(
-            c["mechanism"],
-            cases.Shape(1, c["heads"], n, c["heads"] * c["head_dim"]),
-            causal=False,
-            level="op",
-            device=dev,
-            dtype=torch.float32,
-        )
+        shape = cases.Shape(1, c["heads"], n, c["heads"] * c["head_dim"])
+        prep = cases.prepare(c["mechanism"], shape, causal=False, level="op", device=dev, dtype=torch.float32)
         for t in prep.inputs:
             t.requires_grad_(True)
         with torch.no_grad():
@@ -217,11 +152,9 @@ def _run_decode(ctx: Context, step: Step) -> dict:
 
     c = step.config
     timing_allocator()
-    # warm-up
-    measure_decode(c["mechanism"], c["dim"], c["heads"], [min(c["contexts"])], _device(ctx), torch.float32, 1)
-    rows = measure_decode(
-        c["mechanism"], c["dim"], c["heads"], c["contexts"], _device(ctx), torch.float32, c["repeats"]
-    )
+    args = (c["mechanism"], c["dim"], c["heads"])
+    measure_decode(*args, [min(c["contexts"])], _device(ctx), torch.float32, 1)  # warm-up
+    rows = measure_decode(*args, c["contexts"], _device(ctx), torch.float32, c["repeats"])
     return {"rows": [dataclasses.asdict(r) for r in rows]}
 
 
@@ -231,10 +164,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
 
     sec = Section(KEY, TITLE)
     machine = records.get(f"{KEY}/machine", {}).get("result", {})
-    rows = []
-    for sid, rec in records.items():
-        if sid.startswith(f"{KEY}/n/") or sid.startswith(f"{KEY}/decode/"):
-            rows += [Row(**r) for r in rec["result"]["rows"]]
+    sweeps = (f"{KEY}/n/", f"{KEY}/decode/")
+    rows = [Row(**r) for sid, rec in records.items() if sid.startswith(sweeps) for r in rec["result"]["rows"]]
     n_rows = [r for r in rows if r.sweep == "n"]
     dec_rows = [r for r in rows if r.sweep == "decode"]
     rec = records.get(f"{KEY}/explicit/softmax")
@@ -245,45 +176,23 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         f"over {plan['budget_s']} s. Softmax is PyTorch SDPA. Peak memory: {machine.get('memory_method', '-')}. "
         f"Copy bandwidth: {fmt(machine.get('bandwidth_GBps'), '.1f')} GB/s."
     )
-    table_rows = n_rows + ([explicit] if explicit else [])
-    lengths = sorted({r.length for r in table_rows})
-    mechs = list(dict.fromkeys(r.mechanism + ("-causal" if r.causal else "") for r in table_rows))
-
-    def cell(mech, n, attr, spec):
-        for r in table_rows:
-            if r.mechanism + ("-causal" if r.causal else "") == mech and r.length == n:
-                return fmt(getattr(r, attr), spec) if r.status == "ok" else r.status
-        return "-"
-
-    # the forward figures are the ones the findings judge; forward+backward times are in the plot and results.json
-    # (FAST's training-speed claim has its own table at D = 32)
-    for attr, title, spec in (
-        ("fwd_ms", "Forward time (ms)", ".2f"),
-        ("fwd_peak_mb", "Forward peak memory (MiB)", ".1f"),
-    ):
-        cells = [[m] + [cell(m, n, attr, spec) for n in lengths] for m in mechs]
-        # a mechanism not measured at any N here (the explicit-matrix softmax has no backward run) has no row
-        cells = [c for c in cells if any(x != "-" for x in c[1:])]
-        sec.tables.append(Table(title, ["mechanism"] + [f"N={n}" for n in lengths], cells))
+    sec.tables += _n_tables(n_rows + ([explicit] if explicit else []))
     if dec_rows:
         sec.tables.append(_decode_table(dec_rows, plan))
     plots_dir.mkdir(parents=True, exist_ok=True)
-    p1 = plot_sweep(
-        rows,
-        "n",
-        "length",
-        str(plots_dir / "efficiency_n.png"),
-        f"ops, K={plan['heads']}, d={plan['dim']} (CPU figures of attnzoo bench at reduced size)",
+    n_title = f"ops, K={plan['heads']}, d={plan['dim']} (CPU figures of attnzoo bench at reduced size)"
+    plots = (
+        ("n", "efficiency_n.png", n_title, "Forward and forward+backward time, peak memory vs N (log-log)."),
+        (
+            "decode",
+            "efficiency_decode.png",
+            "causal decoding: per-token step vs context",
+            "Per-token decode time and memory vs context.",
+        ),
     )
-    if p1:
-        sec.plots.append(
-            (rel(plots_dir / "efficiency_n.png"), "Forward and forward+backward time, peak memory vs N (log-log).")
-        )
-    p2 = plot_sweep(
-        rows, "decode", "length", str(plots_dir / "efficiency_decode.png"), "causal decoding: per-token step vs context"
-    )
-    if p2:
-        sec.plots.append((rel(plots_dir / "efficiency_decode.png"), "Per-token decode time and memory vs context."))
+    for sweep, name, title, caption in plots:
+        if plot_sweep(rows, sweep, "length", str(plots_dir / name), title):
+            sec.plots.append((rel(plots_dir / name), caption))
     sec.data = {"machine": machine, "rows": [dataclasses.asdict(r) for r in rows]}
     sec.findings = _findings(n_rows, dec_rows, plan, explicit)
     d32 = {m: records[f"{KEY}/d32/{m}"]["result"] for m in FAST_D32_MECHANISMS if f"{KEY}/d32/{m}" in records}
@@ -293,6 +202,32 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.findings.append(finding)
         sec.data["fast_d32"] = d32
     return sec
+
+
+def _n_tables(rows: list) -> list[Table]:
+    """Forward time and forward peak memory: a row per mechanism (causal ones apart), a column per N."""
+    by: dict = {}
+    for r in rows:
+        by.setdefault((r.mechanism + ("-causal" if r.causal else ""), r.length), r)
+    lengths = sorted({n for _, n in by})
+    mechs = list(dict.fromkeys(m for m, _ in by))
+
+    def cell(m: str, n: int, attr: str, spec: str) -> str:
+        r = by.get((m, n))
+        return "-" if r is None else fmt(getattr(r, attr), spec) if r.status == "ok" else r.status
+
+    tables = []
+    # the forward figures are the ones the findings judge; forward+backward times are in the plot and results.json
+    # (FAST's training-speed claim has its own table at D = 32)
+    for attr, title, spec in (
+        ("fwd_ms", "Forward time (ms)", ".2f"),
+        ("fwd_peak_mb", "Forward peak memory (MiB)", ".1f"),
+    ):
+        cells = [[m] + [cell(m, n, attr, spec) for n in lengths] for m in mechs]
+        # a mechanism not measured at any N here (the explicit-matrix softmax has no backward run) has no row
+        cells = [c for c in cells if any(x != "-" for x in c[1:])]
+        tables.append(Table(title, ["mechanism"] + [f"N={n}" for n in lengths], cells))
+    return tables
 
 
 def _decode_table(dec_rows: list, plan: dict) -> Table:
@@ -312,48 +247,34 @@ def fast_d32(d32: dict[str, dict]) -> tuple[Table, dict]:
     by = {m: {r["length"]: r["fwdbwd_ms"] for r in res["rows"]} for m, res in d32.items()}
     lengths = sorted({n for v in by.values() for n in v})
     heads = next(iter(d32.values()))["heads"]
-    rows = [[m] + [fmt(by[m].get(n), ".1f") for n in lengths] for m in by]
     soft, fast = by.get("softmax", {}), by.get("fastmax_p2", {})
-    rows.append(
-        ["softmax / fastmax_p2"] + [fmt(soft[n] / fast[n], ".2f") if n in soft and n in fast else "-" for n in lengths]
-    )
+    speedup = {n: soft[n] / fast[n] for n in lengths if n in soft and n in fast}
+    rows = [[m] + [fmt(by[m].get(n), ".1f") for n in lengths] for m in by]
+    rows.append(["softmax / fastmax_p2"] + [fmt(speedup[n], ".2f") if n in speedup else "-" for n in lengths])
     table = Table(
         f"FAST at its head dimension: forward+backward time (ms), D = {FAST_HEAD_DIM}, {heads} heads, B = 1",
         ["op"] + [f"N={n}" for n in lengths],
         rows,
         caption="The last row is Fastmax's speed-up over SDPA softmax (> 1: Fastmax faster).",
     )
-    kw = paper_claims.finding_kw("fast-t2-speed#op-d32")
-    both = [n for n in lengths if n in soft and n in fast and n >= 1024]
+    both = [n for n in speedup if n >= 1024]
     if not both:
-        measured = ", ".join(f"N={n}: {soft[n] / fast[n]:.2f}x" for n in lengths if n in soft and n in fast)
-        return table, claims.not_tested(
-            **kw, why=f"no N ≥ 1024 measured at D = {FAST_HEAD_DIM} (speed-up {measured or 'n/a'})"
-        )
+        measured = ", ".join(f"N={n}: {r:.2f}x" for n, r in speedup.items())
+        why = f"no N ≥ 1024 measured at D = {FAST_HEAD_DIM} (speed-up {measured or 'n/a'})"
+        return table, claims.not_tested(**paper_claims.finding_kw("fast-t2-speed#op-d32"), why=why)
     n = max(both)
-    ratio = soft[n] / fast[n]
     # the paper's break-even is N = 1024 (equal there): the claim is that Fastmax is faster at every longer N
-    above = {k: soft[k] / fast[k] for k in both if k > 1024}
-    verdict = (
-        "inconclusive"
-        if not above
-        else "agrees"
-        if all(r > 1 for r in above.values())
-        else "disagrees"
-        if all(r < 1 for r in above.values())
-        else "inconclusive"
+    above = [speedup[k] for k in both if k > 1024]
+    faster, slower = above and all(r > 1 for r in above), above and all(r < 1 for r in above)
+    measured = f"at D = {FAST_HEAD_DIM}, N={n}: fastmax_p2 {fast[n]:.1f} ms vs softmax {soft[n]:.1f} ms " + (
+        f"({speedup[n]:.2f}x)" + "".join(f"; N={k}: {r:.2f}x" for k, r in speedup.items() if k != n)
     )
-    return table, claims.finding(
-        **kw,
-        measured=f"at D = {FAST_HEAD_DIM}, N={n}: fastmax_p2 {fast[n]:.1f} ms vs softmax {soft[n]:.1f} ms "
-        f"({ratio:.2f}x)"
-        + "".join(f"; N={k}: {soft[k] / fast[k]:.2f}x" for k in lengths if k in soft and k in fast and k != n),
-        verdict=verdict,
-        rule="agrees if faster than SDPA softmax at every measured N above the paper's break-even (1024), "
-        "disagrees if slower at every one",
-        kind="paper",
-        measurement=True,
+    rule = (
+        "agrees if faster than SDPA softmax at every measured N above the paper's break-even (1024), disagrees if "
+        "slower at every one"
     )
+    verdict = "agrees" if faster else "disagrees" if slower else "inconclusive"
+    return table, measured_finding("fast-t2-speed#op-d32", measured, verdict, rule, kind="paper")
 
 
 def _findings(n_rows, dec_rows, plan: dict | None = None, explicit=None) -> list[dict]:
@@ -374,87 +295,60 @@ def _fastest_finding(ok) -> dict:
     longest = max(r.length for r in ok)
     at = {r.mechanism: r for r in ok if r.length == longest}
     fastest = min(at, key=lambda m: at[m].fwd_ms)
-    return claims.finding(
-        **paper_claims.finding_kw("linear-fastest-long-n"),
-        measured=f"fastest forward at N={longest}: {fastest} ({at[fastest].fwd_ms:.2f} ms)",
-        verdict="agrees" if fastest != "softmax" else "disagrees",
-        rule="agrees if softmax is not the fastest op at the longest N measured",
-        kind="check",
-        measurement=True,
+    return measured_finding(
+        "linear-fastest-long-n",
+        f"fastest forward at N={longest}: {fastest} ({at[fastest].fwd_ms:.2f} ms)",
+        fastest != "softmax",
+        "agrees if softmax is not the fastest op at the longest N measured",
     )
 
 
 def _tssa_findings(ok, plan: dict | None, explicit=None) -> list[dict]:
     """ToST Fig. 6 (left): TSSA's speed and memory against softmax at the longest N both were measured at."""
     soft = {r.length: r for r in ok if r.mechanism == "softmax"}
-    common = max((n for n in soft if any(r.length == n and r.mechanism == "tssa" for r in ok)), default=None)
+    tssa = {r.length: r for r in ok if r.mechanism == "tssa"}
+    common = max((n for n in soft if n in tssa), default=None)
     if common is None:
         return []
-    tssa = {r.length: r for r in ok if r.mechanism == "tssa"}
     s, t = soft[common], tssa[common]
     speed = s.fwd_ms / t.fwd_ms
-    mem = (s.fwd_peak_mb / t.fwd_peak_mb) if (s.fwd_peak_mb and t.fwd_peak_mb) else None
-    verdict = "not tested" if common < 8192 else ("agrees" if speed >= 10 else "disagrees")
-    out = [
-        claims.finding(
-            **paper_claims.finding_kw("tost-f6-speed"),
-            measured=f"at N={common}: {speed:.1f}x faster than SDPA",
-            verdict=verdict,
-            rule="agrees if ≥10x faster at N ≥ 8192; not tested at shorter N",
-            kind="paper",
-            measurement=True,
-        )
-    ]
+    rule = "agrees if ≥10x faster at N ≥ 8192; not tested at shorter N"
+    verdict = "not tested" if common < 8192 else speed >= 10
+    out = [measured_finding("tost-f6-speed", f"at N={common}: {speed:.1f}x faster than SDPA", verdict, rule, "paper")]
     if speed >= 30:  # a ratio many times the paper's is another regime (a CPU baseline), not a better TSSA
         out[0]["explanation"] = f"{speed:.0f}x against the paper's ~10x: SDPA on this CPU here, a GPU in the paper"
-    if mem is None or common < 8192:
-        out.append(
-            claims.not_tested(**paper_claims.finding_kw("tost-f6-memory"), why="no peak-memory pair at N ≥ 8192")
-        )
+    if not (s.fwd_peak_mb and t.fwd_peak_mb) or common < 8192:
+        why = "no peak-memory pair at N ≥ 8192"
+        out.append(claims.not_tested(**paper_claims.finding_kw("tost-f6-memory"), why=why))
     else:
-        out.append(_tssa_memory_finding(common, s, t, mem, plan, explicit))
+        out.append(_tssa_memory_finding(common, s, t, s.fwd_peak_mb / t.fwd_peak_mb, plan, explicit))
     return out
 
 
 def _tssa_memory_finding(common, s, t, mem: float, plan: dict | None, explicit=None) -> dict:
-    """TSSA vs SDPA forward peak memory at N=common, explained when it falls short of the paper's gap: by the
-    measured explicit-matrix softmax when the plan ran it, else by the size of the N x N scores. When the explicit
-    softmax was measured at the same N, the verdict is judged against it: that is the attention the paper measured."""
+    """TSSA vs softmax forward peak memory at N=common: against the measured explicit-matrix softmax (the attention
+    the paper measured) when the plan ran it at that N, else against SDPA, its shortfall explained by the size of
+    the N x N scores."""
     if explicit is not None and explicit.length == common and explicit.status == "ok" and explicit.fwd_peak_mb:
         ratio = explicit.fwd_peak_mb / t.fwd_peak_mb
-        return claims.finding(
-            **paper_claims.finding_kw("tost-f6-memory"),
-            measured=f"at N={common}: softmax storing the N x N matrix {explicit.fwd_peak_mb:.0f} MiB vs tssa "
+        measured = (
+            f"at N={common}: softmax storing the N x N matrix {explicit.fwd_peak_mb:.0f} MiB vs tssa "
             f"{t.fwd_peak_mb:.1f} MiB = {ratio:.0f}x (SDPA, which streams the scores: {s.fwd_peak_mb:.1f} MiB, "
-            f"{mem:.1f}x)",
-            verdict="agrees" if ratio >= 10 else "disagrees",
-            rule="agrees if ≥10x less forward peak memory than the explicit-matrix softmax at N ≥ 8192",
-            kind="paper",
-            measurement=True,
+            f"{mem:.1f}x)"
         )
-    f = claims.finding(
-        **paper_claims.finding_kw("tost-f6-memory"),
-        measured=f"at N={common}: softmax (SDPA) {s.fwd_peak_mb:.1f} MiB vs tssa {t.fwd_peak_mb:.1f} MiB = {mem:.1f}x",
-        verdict="agrees" if mem >= 10 else "disagrees",
-        rule="agrees if ≥10x less forward peak memory at N ≥ 8192 (SDPA's CPU kernel does "
-        "not store the N x N matrix, unlike the ViT attention the paper measured)",
-        kind="paper",
-        measurement=True,
+        rule = "agrees if ≥10x less forward peak memory than the explicit-matrix softmax at N ≥ 8192"
+        return measured_finding("tost-f6-memory", measured, ratio >= 10, rule, "paper")
+    f = measured_finding(
+        "tost-f6-memory",
+        f"at N={common}: softmax (SDPA) {s.fwd_peak_mb:.1f} MiB vs tssa {t.fwd_peak_mb:.1f} MiB = {mem:.1f}x",
+        mem >= 10,
+        "agrees if ≥10x less forward peak memory at N ≥ 8192 (SDPA's CPU kernel does not store the N x N matrix, "
+        "unlike the ViT attention the paper measured)",
+        "paper",
     )
     if f["verdict"] == "agrees" or not plan:
         return f
     heads = plan.get("heads", 1)
-    if explicit is not None and explicit.length == common and explicit.status == "ok" and explicit.fwd_peak_mb:
-        ratio = explicit.fwd_peak_mb / t.fwd_peak_mb
-        f["explanation"] = (
-            f"ablation softmax_explicit (the same op with the N x N scores and weights stored, as the ViT "
-            f"attention the paper measured): forward peak {explicit.fwd_peak_mb:.0f} MiB at N={common}, "
-            f"{ratio:.0f}x TSSA's {t.fwd_peak_mb:.1f} MiB ({'≥' if ratio >= 10 else '<'} 10x: "
-            f"{'agrees' if ratio >= 10 else 'disagrees'} against that baseline) and {explicit.fwd_ms / 1e3:.1f} s "
-            f"per forward; SDPA's CPU kernel streams the scores (its forward peaks at {s.fwd_peak_mb:.1f} MiB), "
-            "so the gap is the baseline's implementation, not TSSA"
-        )
-        return f
     explicit_mb = common * common * heads * 4 / 2**20  # float32 scores of one batch element
     f["explanation"] = (
         f"the paper's ViT attention stores the N x N scores: at N={common} with {heads} heads in float32 "
@@ -471,59 +365,45 @@ def _tssa_memory_finding(common, s, t, mem: float, plan: dict | None, explicit=N
 QUADRATIC = ("mssa", "mega")
 
 
+def _by_mechanism(rows) -> dict[str, dict]:
+    """``{mechanism: {length: value or row}}`` of rows with a ``mechanism`` and a ``length``."""
+    by: dict[str, dict] = {}
+    for r in rows:
+        by.setdefault(r.mechanism, {})[r.length] = r
+    return by
+
+
 def _memory_growth_findings(ok) -> list[dict]:
     """Per linear mechanism: peak memory at 4N vs N, the papers' O(N) memory claim."""
     out = []
-    for mech in sorted({r.mechanism for r in ok} - {"softmax"}):
-        rs = {r.length: r for r in ok if r.mechanism == mech}
+    for mech, rs in sorted(_by_mechanism(ok).items()):
         # below ~1 MiB fixed-size buffers (statistics, states) dominate and the ratio says nothing about N
-        pairs = [
-            (n, 4 * n)
-            for n in rs
-            if 4 * n in rs and (rs[n].fwd_peak_mb or 0) > 1.0 and (rs[4 * n].fwd_peak_mb or 0) > 1.0
-        ]
-        if mech in QUADRATIC or not pairs:
+        big = {n for n, r in rs.items() if (r.fwd_peak_mb or 0) > 1.0}
+        pairs = [(n, 4 * n) for n in big if 4 * n in big]
+        if mech in QUADRATIC or mech == "softmax" or not pairs:
             continue
         n, n4 = max(pairs)
         ratio = rs[n4].fwd_peak_mb / rs[n].fwd_peak_mb
+        measured = f"{rs[n4].fwd_peak_mb:.1f} / {rs[n].fwd_peak_mb:.1f} MiB = {ratio:.2f} (N={n}->{n4})"
         out.append(
-            claims.finding(
-                **paper_claims.finding_kw(f"memory-linear-in-n#{mech}", mechanism=mech),
-                measured=f"{rs[n4].fwd_peak_mb:.1f} / {rs[n].fwd_peak_mb:.1f} MiB = {ratio:.2f} (N={n}->{n4})",
-                verdict="agrees" if ratio <= 4.5 else "disagrees",
-                rule="agrees if ≤ 4.5",
-                kind="check",
-                measurement=True,
-            )
+            measured_finding(f"memory-linear-in-n#{mech}", measured, ratio <= 4.5, "agrees if ≤ 4.5", mechanism=mech)
         )
     return out
 
 
 def _decode_findings(dec_rows) -> list[dict]:
     """ToST Fig. 8 / FAST §2.5: each non-softmax mechanism's per-token decode time is flat in the context."""
+    by = {m: {n: r.fwd_ms for n, r in d.items()} for m, d in _by_mechanism(dec_rows).items()}
+    sm = by.get("softmax", {})
     out = []
-    if not dec_rows:  # the original guard: a missing decode sweep (None or empty) yields no findings
-        return out
-    by = {}
-    for r in dec_rows:
-        by.setdefault(r.mechanism, {})[r.length] = r.fwd_ms
     for mech, d in by.items():
         if mech == "softmax" or len(d) < 2:
             continue
         lo, hi = min(d), max(d)
-        growth = d[hi] / d[lo]
-        sm = by.get("softmax", {})
         sg = f", softmax x{sm[hi] / sm[lo]:.2f}" if lo in sm and hi in sm else ""
-        out.append(
-            claims.finding(
-                **paper_claims.finding_kw(f"decode-time-flat#{mech}", mechanism=mech),
-                measured=f"x{growth:.2f} from context {lo} to {hi}{sg}",
-                verdict="agrees" if growth <= 1.5 else "disagrees",
-                rule="agrees if ≤ x1.5 (timing noise)",
-                kind="check",
-                measurement=True,
-            )
-        )
+        measured = f"x{d[hi] / d[lo]:.2f} from context {lo} to {hi}{sg}"
+        rule = "agrees if ≤ x1.5 (timing noise)"
+        out.append(measured_finding(f"decode-time-flat#{mech}", measured, d[hi] / d[lo] <= 1.5, rule, mechanism=mech))
     return out
 
 
@@ -542,34 +422,19 @@ SCALING_MIN_N = 2048
 
 def _mega_csp_linear_findings(ok) -> list[dict]:
     """CSP Table 4: MEGA using CSP costs O(CN), dense MEGA O(CN²): the measured exponent of forward time in N."""
-    by: dict[str, dict] = {}
-    for r in ok:
-        by.setdefault(r.mechanism, {})[r.length] = r
+    by = _by_mechanism(ok)
     rs = by.get("mega_csp", {})
     if len(rs) < 2:
         return []
     a, lo, hi = _time_exponent(rs)
     if hi < SCALING_MIN_N:
-        return [
-            claims.not_tested(
-                **paper_claims.finding_kw("csp-t4-mega-linear"),
-                why=f"longest N measured is {hi} < {SCALING_MIN_N}: fixed per-call costs decide the exponent "
-                f"(measured N^{a:.2f} from N={lo})",
-            )
-        ]
-    ref = []
-    for m in ("mega", "mega_chunk"):
-        if len(by.get(m, {})) >= 2:
-            ref.append(f"{m} N^{_time_exponent(by[m])[0]:.2f}")
-    verdict = "agrees" if a <= LINEAR_EXPONENT else ("disagrees" if a >= QUADRATIC_EXPONENT else "inconclusive")
-    return [
-        claims.finding(
-            **paper_claims.finding_kw("csp-t4-mega-linear"),
-            measured=f"MEGA-CSP forward time grows as N^{a:.2f} from N={lo} to {hi}"
-            + (f" ({', '.join(ref)})" if ref else ""),
-            verdict=verdict,
-            rule=f"agrees if the exponent is ≤ {LINEAR_EXPONENT}, disagrees if ≥ {QUADRATIC_EXPONENT}",
-            kind="paper",
-            measurement=True,
+        why = (
+            f"longest N measured is {hi} < {SCALING_MIN_N}: fixed per-call costs decide the exponent (measured "
+            f"N^{a:.2f} from N={lo})"
         )
-    ]
+        return [claims.not_tested(**paper_claims.finding_kw("csp-t4-mega-linear"), why=why)]
+    ref = [f"{m} N^{_time_exponent(by[m])[0]:.2f}" for m in ("mega", "mega_chunk") if len(by.get(m, {})) >= 2]
+    verdict = "agrees" if a <= LINEAR_EXPONENT else ("disagrees" if a >= QUADRATIC_EXPONENT else "inconclusive")
+    measured = f"MEGA-CSP forward time grows as N^{a:.2f} from N={lo} to {hi}" + (f" ({', '.join(ref)})" if ref else "")
+    rule = f"agrees if the exponent is ≤ {LINEAR_EXPONENT}, disagrees if ≥ {QUADRATIC_EXPONENT}"
+    return [measured_finding("csp-t4-mega-linear", measured, verdict, rule, "paper")]

@@ -28,6 +28,7 @@ from attnzoo.reproduce.common import (
     fmt,
     load_trained,
     mean_val_curve,
+    measured_finding,
     num_params,
     peak_train_mb,
     per_seed,
@@ -75,12 +76,11 @@ def model_options(name: str, arch: dict, row_arch: dict | None = None) -> dict:
     width or depth at the paper's parameter ratio)."""
     if name not in MODELS:
         raise ValueError(f"unknown language model {name!r}; valid: {sorted(MODELS)}")
-    arch = {**arch, **(row_arch or {}).get(name, {})}
-    opts = dict(arch)
+    opts = {**arch, **(row_arch or {}).get(name, {})}
     if name == CONTROL:
         opts["attention"] = "identity"
     if name == "aot_hybrid":
-        opts["ffn_layers"] = max(1, arch["depth"] // 2)
+        opts["ffn_layers"] = max(1, opts["depth"] // 2)
     return opts
 
 
@@ -115,15 +115,8 @@ def _seeds(plan: dict, name: str, seed: int) -> list[int]:
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
-    steps = [
-        Step(
-            f"{KEY}/ngram-baselines",
-            KEY,
-            {"task_options": dict(plan["task_options"]), "eval_windows": plan["eval_windows"]},
-            _run_ngrams,
-            label="ngram-baselines",
-        )
-    ]
+    ngram = {"task_options": dict(plan["task_options"]), "eval_windows": plan["eval_windows"]}
+    steps = [Step(f"{KEY}/ngram-baselines", KEY, ngram, _run_ngrams, label="ngram-baselines")]
     rows = rows_of(plan) + longer_rows(plan)
     check_sweep_extra(plan, rows_of(plan))
     check_row_arch(plan, rows_of(plan))
@@ -136,12 +129,13 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     ]
     runs += [(name, s, seeded_id(f"{KEY}/{name}", s), None) for name in rows for s in _seeds(plan, name, seed)]
     for name, s, sid, lr in runs:
-        reg, mech, _ = MODELS[name.split("@")[0]]
+        row = name.split("@")[0]
+        reg, mech, _ = MODELS[row]
         train = dict(
             task="shakespeare_char",
             task_options=dict(plan["task_options"]),
             model=reg,
-            model_options=model_options(name.split("@")[0], plan["arch"], plan.get("row_arch")),
+            model_options=model_options(row, plan["arch"], plan.get("row_arch")),
             seed=s,
             eval_batches=1,
             # scored at the best checkpoint on the selection split (held out apart from the reported one)
@@ -161,7 +155,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             "contexts": plan["contexts"] if s == seed and not name.endswith(LONGER) else [],
         }
         if lr is None:
-            cfg = tuned(cfg, KEY, name.split("@")[0], row_lrs(plan, name.split("@")[0]), "val_loss", False)
+            cfg = tuned(cfg, KEY, row, row_lrs(plan, row), "val_loss", False)
         steps.append(Step(sid, KEY, cfg, _run, deps=sweep_deps(cfg), label=sid.split("/", 1)[1]))
     return steps
 
@@ -267,10 +261,7 @@ def _run(ctx: Context, step: Step) -> dict:
         "peak_train_mb": peak,
         "decode": decode,
         "vocab_size": task.info["vocab_size"],
-        "curve": rec["curve"],
-        "val_curve": rec["val_curve"],
-        "run_dir": rec["run_dir"],
-        "lr": rec["lr"],
+        **{k: rec[k] for k in ("curve", "val_curve", "run_dir", "lr")},
     }
 
 
@@ -298,7 +289,14 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.add_plot(
             _plot(res, names), plots_dir / "language.png", rel, "Training loss; decode time and state vs context."
         )
-    _plot_val_curves(sec, curves, plan, plots_dir, rel)
+    sec.data["val_curves"] = curves
+    caption = (
+        "Validation bits/char during training (seed means, the trainer's batch: shape, not level); "
+        f"{', '.join(longer)}: twice the steps."
+    )
+    panels = [("Validation loss and training cost", curves)]
+    title = "Language: validation curves"
+    sec.add_curves(panels, plots_dir / "language_curves.png", rel, "validation bits/char", title, caption)
     # every seed of the baseline must beat the bigram model by the margin, else the comparisons are of bigram-level
     # models and say nothing about the mechanisms
     bar = ngram["bigram_bpc"] if ngram else None
@@ -367,17 +365,6 @@ def _model_data(r: dict) -> dict:
     }
 
 
-def _plot_val_curves(sec: Section, curves: dict, plan: dict, plots_dir, rel) -> None:
-    sec.data["val_curves"] = curves
-    caption = (
-        "Validation bits/char during training (seed means, the trainer's batch: shape, not level); "
-        f"{', '.join(dict.fromkeys([PLATEAU, *longer_rows(plan)]))}: twice the steps."
-    )
-    panels = [("Validation loss and training cost", curves)]
-    title = "Language: validation curves"
-    sec.add_curves(panels, plots_dir / "language_curves.png", rel, "validation bits/char", title, caption)
-
-
 #: a row -> another of its paper's gaps (a fraction of GPT's loss) whose verdict the report states beside its own
 OTHER_MARGINS = {"tost": (0.127, "ToST Table 4's in-distribution OWT gap")}
 
@@ -406,40 +393,23 @@ def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
     return tune_rows(sec, records, plan, rows, KEY, "val_loss", False, label="validation loss, nats", noise=noise)
 
 
+#: the loss-and-cost table's columns: header -> a row's cell
+COLUMNS = {
+    "model": lambda r: r["name"],
+    "mechanism": lambda r: MODELS[r["name"]].mechanism,
+    "description": lambda r: MODELS[r["name"]].description,
+    "params": lambda r: fmt(r["params"], ","),
+    "val loss (nats)": lambda r: r["val_loss"].fmt(".3f"),
+    "val bits/char": lambda r: r["val_loss"].scaled(1 / math.log(2)).fmt(".3f"),
+    "train tokens/s": lambda r: fmt(r["tokens_per_s"], ".0f"),
+    "peak train-step MiB": lambda r: fmt(r["peak_train_mb"], ".1f"),
+}
+
+
 def _tables(res: dict, names: list[str]) -> list[Table]:
     """The loss-and-cost table and, when decoding was timed, the per-token generation table."""
-    tables = []
-    rows = []
-    for n in names:
-        r = res[n]
-        rows.append(
-            [
-                n,
-                MODELS[n].mechanism,
-                MODELS[n].description,
-                fmt(r["params"], ","),
-                r["val_loss"].fmt(".3f"),
-                r["val_loss"].scaled(1 / math.log(2)).fmt(".3f"),
-                fmt(r["tokens_per_s"], ".0f"),
-                fmt(r["peak_train_mb"], ".1f"),
-            ]
-        )
-    tables.append(
-        Table(
-            "Validation loss and training cost",
-            [
-                "model",
-                "mechanism",
-                "description",
-                "params",
-                "val loss (nats)",
-                "val bits/char",
-                "train tokens/s",
-                "peak train-step MiB",
-            ],
-            rows,
-        )
-    )
+    rows = [[cell({**res[n], "name": n}) for cell in COLUMNS.values()] for n in names]
+    tables = [Table("Validation loss and training cost", list(COLUMNS), rows)]
     contexts = sorted({d["context"] for n in names for d in res[n]["decode"]})
     if contexts:
         drows = []
@@ -450,13 +420,8 @@ def _tables(res: dict, names: list[str]) -> list[Table]:
                 + [fmt(by.get(c, {}).get("ms_per_token"), ".3f") for c in contexts]
                 + [fmt(by.get(c, {}).get("state_kib"), ".1f") for c in contexts]
             )
-        tables.append(
-            Table(
-                "Token-by-token generation (batch 1, cached decoding)",
-                ["model"] + [f"ms/token @ {c}" for c in contexts] + [f"state KiB @ {c}" for c in contexts],
-                drows,
-            )
-        )
+        headers = ["model"] + [f"ms/token @ {c}" for c in contexts] + [f"state KiB @ {c}" for c in contexts]
+        tables.append(Table("Token-by-token generation (batch 1, cached decoding)", headers, drows))
     return tables
 
 
@@ -476,16 +441,13 @@ def _plot(res, names):
         if c:
             axes[0].plot([s for s, _ in c], [v / math.log(2) for _, v in c], label=n, color=f"C{i}")
         d = res[n]["decode"]
-        if d:
-            axes[1].plot([x["context"] for x in d], [x["ms_per_token"] for x in d], "o-", label=n, color=f"C{i}")
-            axes[2].plot([x["context"] for x in d], [x["state_kib"] for x in d], "o-", label=n, color=f"C{i}")
-    axes[0].set_xlabel("step")
-    axes[0].set_ylabel("training loss (bits/char)")
-    axes[1].set_xlabel("context length")
-    axes[1].set_ylabel("decode ms / token")
-    axes[2].set_xlabel("context length")
-    axes[2].set_ylabel("decoding state (KiB)")
-    for ax in axes:
+        for ax, key in zip(axes[1:], ("ms_per_token", "state_kib"), strict=True):
+            if d:
+                ax.plot([x["context"] for x in d], [x[key] for x in d], "o-", label=n, color=f"C{i}")
+    labels = ("training loss (bits/char)", "decode ms / token", "decoding state (KiB)")
+    for ax, xlabel, ylabel in zip(axes, ("step", "context length", "context length"), labels, strict=True):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     for ax in axes[1:]:
@@ -495,21 +457,26 @@ def _plot(res, names):
     return fig
 
 
+def _compare(res: dict, a: str, b: str, claim_id: str, **kw) -> Finding:
+    """Row ``a`` against row ``b`` on validation loss (nats, lower is better) for claim ``claim_id``."""
+    return claims.compare(
+        res[a]["val_loss"],
+        res[b]["val_loss"],
+        **paper_claims.compare_kw(claim_id),
+        unit="nats",
+        a_name=a,
+        b_name=b,
+        lower_is_better=True,
+        spec=".3f",
+        **kw,
+    )
+
+
 def _rel_claim(res, a, claim_id: str) -> Finding:
     """A non-inferiority claim on validation loss against GPT, its margin (from its record) a fraction of GPT's."""
     if a not in res or "gpt" not in res:
         return claims.not_tested(**paper_claims.finding_kw(claim_id), why=f"{a} or gpt not in this run")
-    return claims.compare(
-        res[a]["val_loss"],
-        res["gpt"]["val_loss"],
-        **paper_claims.compare_kw(claim_id),
-        relative=True,
-        unit="nats",
-        a_name=a,
-        b_name="gpt",
-        lower_is_better=True,
-        spec=".3f",
-    )
+    return _compare(res, a, "gpt", claim_id, relative=True)
 
 
 #: (a, b) -> the parameter ratio a/b of the paper's own comparison: a comparison more than SIZE_TOLERANCE from it
@@ -546,68 +513,25 @@ def _findings(res) -> tuple[list[Finding], Evidence]:
 def _comparisons(res) -> list[Finding]:
     out = [_rel_claim(res, a, cid) for a, cid in REL_CLAIMS]
     if "aot_hybrid" in res and "aot" in res:
-        out.append(_hybrid(res))
+        out.append(_compare(res, "aot", "aot_hybrid", "aot-t1-hybrid", relative=True))
     if CONTROL in res and "gpt" in res:
-        out.append(_control(res))
+        # a check: GPT beats its no-attention control (each character predicted from itself alone: bigram level)
+        out.append(_compare(res, "gpt", CONTROL, "lm-attention-helps", claim_type="superiority", kind="check"))
     for m in ("tost", "fastmax"):
         d = {x["context"]: x for x in res.get(m, {}).get("decode", [])}
         g = {x["context"]: x for x in res.get("gpt", {}).get("decode", [])}
         if len(d) >= 2 and len(g) >= 2:
             lo, hi = min(d), max(d)
-            flat = d[hi]["state_kib"] <= d[lo]["state_kib"] * 1.01
             grows = g[hi]["state_kib"] / max(g[lo]["state_kib"], 1e-9)
-            out.append(
-                claims.finding(
-                    **paper_claims.finding_kw(f"lm-decode-memory-{m}"),
-                    measured=f"{m} state {d[lo]['state_kib']:.1f} -> {d[hi]['state_kib']:.1f} KiB from context "
-                    f"{lo} to {hi}; gpt KV cache x{grows:.1f}",
-                    verdict="agrees" if flat else "disagrees",
-                    rule="agrees if the state does not grow",
-                    kind="check",
-                    measurement=True,
-                )
+            measured = (
+                f"{m} state {d[lo]['state_kib']:.1f} -> {d[hi]['state_kib']:.1f} KiB from context {lo} to {hi}; gpt "
+                f"KV cache x{grows:.1f}"
             )
+            flat = d[hi]["state_kib"] <= d[lo]["state_kib"] * 1.01
+            out.append(measured_finding(f"lm-decode-memory-{m}", measured, flat, "agrees if the state does not grow"))
             tr = d[hi]["ms_per_token"] / d[lo]["ms_per_token"]
             gr = g[hi]["ms_per_token"] / g[lo]["ms_per_token"]
-            out.append(
-                claims.finding(
-                    **paper_claims.finding_kw(f"lm-decode-time-{m}"),
-                    measured=f"{m} x{tr:.2f}, gpt x{gr:.2f} from context {lo} to {hi}",
-                    verdict="agrees" if tr <= 1.5 else "disagrees",
-                    rule="agrees if ms/token grows at most 1.5x (timing noise)",
-                    kind="check",
-                    measurement=True,
-                )
-            )
+            measured = f"{m} x{tr:.2f}, gpt x{gr:.2f} from context {lo} to {hi}"
+            rule = "agrees if ms/token grows at most 1.5x (timing noise)"
+            out.append(measured_finding(f"lm-decode-time-{m}", measured, tr <= 1.5, rule))
     return out
-
-
-def _control(res) -> Finding:
-    """A check: GPT beats its no-attention control (each character predicted from itself alone: bigram level)."""
-    return claims.compare(
-        res["gpt"]["val_loss"],
-        res[CONTROL]["val_loss"],
-        claim_type="superiority",
-        unit="nats",
-        **paper_claims.finding_kw("lm-attention-helps"),
-        a_name="gpt",
-        b_name=CONTROL,
-        kind="check",
-        lower_is_better=True,
-        spec=".3f",
-    )
-
-
-def _hybrid(res) -> Finding:
-    f = claims.compare(
-        res["aot"]["val_loss"],
-        res["aot_hybrid"]["val_loss"],
-        **paper_claims.compare_kw("aot-t1-hybrid"),
-        relative=True,
-        unit="nats",
-        a_name="aot",
-        b_name="aot_hybrid",
-        lower_is_better=True,
-        spec=".3f",
-    )
-    return f
