@@ -22,32 +22,31 @@ from attnzoo.bench.cases import Shape
 from attnzoo.bench.memory import cpu_peak_supported, timing_allocator
 from attnzoo.bench.runner import Row, machine_info, measure_bandwidth, measure_decode, measure_series, write_results
 
+#: the README's CPU figures (ToST Fig. 6: K=8, d=384)
+_DEFAULT_PRESET = dict(
+    lengths=[1024, 2048, 4096, 8192, 16384],
+    dims=[128, 256, 512, 1024],
+    dim=384,
+    heads=8,
+    contexts=[128, 512, 2048, 8192],
+    repeats=3,
+    decode_dim=768,
+    decode_heads=12,
+)
+
 PRESETS = {
     # seconds on CI: tiny shapes, every code path
     "quick": dict(
         lengths=[64, 256], dims=[32, 64], dim=64, heads=4, contexts=[16, 64], repeats=2, decode_dim=64, decode_heads=4
     ),
-    # the README's CPU figures (ToST Fig. 6: K=8, d=384)
-    "default": dict(
-        lengths=[1024, 2048, 4096, 8192, 16384],
-        dims=[128, 256, 512, 1024],
-        dim=384,
-        heads=8,
-        contexts=[128, 512, 2048, 8192],
-        repeats=3,
-        decode_dim=768,
-        decode_heads=12,
-    ),
-    # GPU: longer sequences and ToST Fig. 7's K=32, d=4096
+    "default": _DEFAULT_PRESET,
+    # GPU: the default's widths at longer sequences, and ToST Fig. 7's K=32, d=4096
     "paper": dict(
+        _DEFAULT_PRESET,
         lengths=[1024, 4096, 16384, 32768, 65536, 131072],
         dims=[256, 512, 1024, 2048, 4096],
-        dim=384,
-        heads=8,
         contexts=[128, 1024, 8192, 32768],
         repeats=5,
-        decode_dim=768,
-        decode_heads=12,
     ),
 }
 

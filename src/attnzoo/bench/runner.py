@@ -9,7 +9,7 @@ import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -27,13 +27,19 @@ class Row:
     heads: int
     length: int
     dim: int
-    fwd_ms: float | None
-    fwdbwd_ms: float | None
-    fwd_peak_mb: float | None
-    fwdbwd_peak_mb: float | None
-    bytes_moved: int | None
-    roofline_frac: float | None
-    status: str
+    # the measurements: None where not measured (a sweep without backward, a failed or skipped shape)
+    fwd_ms: float | None = None
+    fwdbwd_ms: float | None = None
+    fwd_peak_mb: float | None = None
+    fwdbwd_peak_mb: float | None = None
+    bytes_moved: int | None = None
+    roofline_frac: float | None = None
+    status: str = "ok"
+
+    @classmethod
+    def at(cls, sweep: str, name: str, causal: bool, level: str, shape: Shape, status: str = "ok") -> Row:
+        """The row of mechanism ``name`` at ``shape``, nothing measured yet."""
+        return cls(sweep, name, causal, level, shape.batch, shape.heads, shape.length, shape.dim, status=status)
 
 
 def _sync(device: torch.device) -> None:
@@ -153,23 +159,7 @@ def measure_case(
     bandwidth: float,
 ) -> Row:
     """Forward (no grad) and forward+backward time and peak memory of one mechanism at one shape."""
-    row = Row(
-        sweep,
-        name,
-        causal,
-        level,
-        shape.batch,
-        shape.heads,
-        shape.length,
-        shape.dim,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        "ok",
-    )
+    row = Row.at(sweep, name, causal, level, shape)
     try:
         prep = prepare(name, shape, causal=causal, level=level, device=device, dtype=dtype)
         row.bytes_moved = prep.bytes_moved
@@ -219,55 +209,20 @@ def measure_series(
     name: str,
     shapes: list[Shape],
     *,
-    causal: bool,
-    level: str,
-    device: torch.device,
-    dtype: torch.dtype,
-    repeats: int,
-    backward: bool,
-    bandwidth: float,
     budget_s: float,
     on_shape: Callable[[], None] | None = None,
+    **case: Any,
 ) -> list[Row]:
-    """:func:`measure_case` at each shape in order; once a call fails or takes longer than ``budget_s`` seconds,
-    the remaining (larger) shapes become rows with status ``"skipped (...)"`` saying which. ``on_shape`` runs after
-    each shape (a progress bar)."""
+    """:func:`measure_case` with its keyword options ``case`` at each shape in order; once a call fails or takes
+    longer than ``budget_s`` seconds, the remaining (larger) shapes become rows with status ``"skipped (...)"`` saying
+    which. ``on_shape`` runs after each shape (a progress bar)."""
     rows: list[Row] = []
     skip: str | None = None  # why the remaining shapes are not measured
     for s in shapes:
         if skip is not None:
-            rows.append(
-                Row(
-                    sweep,
-                    name,
-                    causal,
-                    level,
-                    s.batch,
-                    s.heads,
-                    s.length,
-                    s.dim,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    skip,
-                )
-            )
+            rows.append(Row.at(sweep, name, case["causal"], case["level"], s, status=skip))
         else:
-            r = measure_case(
-                sweep,
-                name,
-                s,
-                causal=causal,
-                level=level,
-                device=device,
-                dtype=dtype,
-                repeats=repeats,
-                backward=backward,
-                bandwidth=bandwidth,
-            )
+            r = measure_case(sweep, name, s, **case)
             rows.append(r)
             slowest = max(x for x in (r.fwd_ms, r.fwdbwd_ms, 0.0) if x is not None) / 1e3
             if r.status != "ok":
@@ -303,25 +258,9 @@ def measure_decode(
             peak = peak_memory_bytes(lambda: advance(block), device)
             # The peak-memory pass just above already warmed these steps up (and moved the context along).
             sec = time_call(lambda: advance(block), device, repeats, warmup=0) / block
-            rows.append(
-                Row(
-                    "decode",
-                    name,
-                    True,
-                    "module",
-                    1,
-                    heads,
-                    ctx,
-                    dim,
-                    sec * 1e3,
-                    None,
-                    peak / 2**20,
-                    None,
-                    None,
-                    None,
-                    "ok",
-                )
-            )
+            row = Row.at("decode", name, True, "module", Shape(1, heads, ctx, dim))
+            row.fwd_ms, row.fwd_peak_mb = sec * 1e3, peak / 2**20
+            rows.append(row)
     return rows
 
 

@@ -304,6 +304,25 @@ def _pad(tokens: list[int], length: int) -> np.ndarray:
     return out
 
 
+def _generated_task(
+    name: str,
+    kind: str,
+    n_train: int,
+    n_val: int,
+    seed: int,
+    make: Callable,
+    hints: dict[str, Any],
+    val_make: Callable | None = None,
+    *,
+    cache_train: bool = True,
+) -> Task:
+    """A task whose examples ``make`` draws on the fly, train and validation from streams ``(seed, 0)`` and
+    ``(seed, 1)``; ``val_make`` draws the validation examples where they come from other data; ``cache_train=False``
+    does not memoise the training examples (a set too large to keep)."""
+    train = GeneratedDataset(n_train, (seed, 0), make, cache=cache_train)
+    return Task(name, kind, train, GeneratedDataset(n_val, (seed, 1), val_make or make), hints)
+
+
 def _listops_make(rng, *, min_len, max_len, max_depth, max_args):
     tokens, value = _lra.listops_sample(rng, min_len, max_len, max_depth, max_args)
     return (_pad(tokens, max_len),), np.int64(value)
@@ -326,19 +345,10 @@ def _listops(
     mask_padding: bool = True,
 ) -> Task:
     make = partial(_listops_make, min_len=min_len, max_len=max_len, max_depth=max_depth, max_args=max_args)
-    return Task(
-        "lra_listops",
-        "sequence_classification",
-        GeneratedDataset(n_train, (seed, 0), make),
-        GeneratedDataset(n_val, (seed, 1), make),
-        dict(
-            num_classes=10,
-            vocab_size=_lra.LISTOPS_VOCAB,
-            seq_len=max_len,
-            pad_id=_lra.PAD,
-            mask_padding=mask_padding,
-        ),
+    hints = dict(
+        num_classes=10, vocab_size=_lra.LISTOPS_VOCAB, seq_len=max_len, pad_id=_lra.PAD, mask_padding=mask_padding
     )
+    return _generated_task("lra_listops", "sequence_classification", n_train, n_val, seed, make, hints)
 
 
 def _split_perm(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -414,13 +424,10 @@ def _lra_retrieval(
     dtr, dva = docs(train_w), docs(val_w)
     if len(dtr) < 2 or len(dva) < 2:
         raise ValueError(f"seq_len={seq_len} is too long: fewer than two works hold 2*seq_len bytes in a split")
-    return Task(
-        "lra_retrieval",
-        "pair_classification",
-        GeneratedDataset(n_train, (seed, 0), partial(_retrieval_make, docs=dtr, length=seq_len)),
-        GeneratedDataset(n_val, (seed, 1), partial(_retrieval_make, docs=dva, length=seq_len)),
-        dict(num_classes=2, vocab_size=257, seq_len=seq_len, pad_id=_lra.PAD, mask_padding=mask_padding),
-    )
+    make = partial(_retrieval_make, docs=dtr, length=seq_len)
+    hints = dict(num_classes=2, vocab_size=257, seq_len=seq_len, pad_id=_lra.PAD, mask_padding=mask_padding)
+    val_make = partial(_retrieval_make, docs=dva, length=seq_len)
+    return _generated_task("lra_retrieval", "pair_classification", n_train, n_val, seed, make, hints, val_make)
 
 
 @register_task(
@@ -466,49 +473,32 @@ def _pathfinder_make(rng, **kw):
     return (img.reshape(-1),), np.int64(label)
 
 
-def _pathfinder_task(name, size, n_train, n_val, seed, dash, gap, n_paths, path_steps) -> Task:
-    make = partial(_pathfinder_make, size=size, dash=dash, gap=gap, n_paths=n_paths, path_steps=path_steps)
-    return Task(
-        name,
-        "sequence_classification",
-        GeneratedDataset(n_train, (seed, 0), make),
-        GeneratedDataset(n_val, (seed, 1), make),
-        dict(num_classes=2, vocab_size=256, seq_len=size * size, img_size=size, pad_id=None),
-    )
+def _pathfinder_factory(name: str, default_size: int) -> Callable[..., Task]:
+    """The factory of a Pathfinder task whose images are ``default_size`` pixels a side unless ``size`` says."""
+
+    def factory(
+        *,
+        size: int = default_size,
+        n_train: int = 20000,
+        n_val: int = 2000,
+        seed: int = 0,
+        dash: int = 3,
+        gap: int = 1,
+        n_paths: int | None = None,
+        path_steps: int | None = None,
+    ) -> Task:
+        make = partial(_pathfinder_make, size=size, dash=dash, gap=gap, n_paths=n_paths, path_steps=path_steps)
+        hints = dict(num_classes=2, vocab_size=256, seq_len=size * size, img_size=size, pad_id=None)
+        return _generated_task(name, "sequence_classification", n_train, n_val, seed, make, hints)
+
+    return factory
 
 
-@register_task(
-    "lra_pathfinder",
-    "sequence_classification",
-    "LRA Pathfinder 32x32 (1,024 pixel tokens): are the two dots on one dashed path?",
-)
-def _pathfinder(
-    *,
-    size: int = 32,
-    n_train: int = 20000,
-    n_val: int = 2000,
-    seed: int = 0,
-    dash: int = 3,
-    gap: int = 1,
-    n_paths: int | None = None,
-    path_steps: int | None = None,
-) -> Task:
-    return _pathfinder_task("lra_pathfinder", size, n_train, n_val, seed, dash, gap, n_paths, path_steps)
-
-
-@register_task("lra_pathx", "sequence_classification", "LRA Path-X: Pathfinder at 128x128 (16,384 pixel tokens)")
-def _pathx(
-    *,
-    size: int = 128,
-    n_train: int = 20000,
-    n_val: int = 2000,
-    seed: int = 0,
-    dash: int = 3,
-    gap: int = 1,
-    n_paths: int | None = None,
-    path_steps: int | None = None,
-) -> Task:
-    return _pathfinder_task("lra_pathx", size, n_train, n_val, seed, dash, gap, n_paths, path_steps)
+for _name, _size, _description in (
+    ("lra_pathfinder", 32, "LRA Pathfinder 32x32 (1,024 pixel tokens): are the two dots on one dashed path?"),
+    ("lra_pathx", 128, "LRA Path-X: Pathfinder at 128x128 (16,384 pixel tokens)"),
+):
+    register_task(_name, "sequence_classification", _description)(_pathfinder_factory(_name, _size))
 
 
 # ---- language modelling -------------------------------------------------------------------------
@@ -621,13 +611,8 @@ def _char_lm(*, root: str, block_size: int = 256) -> Task:
 def _icl_task(name, dim, n_points, sparsity, n_train, n_val, seed) -> Task:
     make = partial(icl_sample, dim=dim, n_points=n_points, sparsity=sparsity)
     # training prompts are fresh on every step (a huge virtual set), so they are not memoised
-    return Task(
-        name,
-        "icl_regression",
-        GeneratedDataset(n_train, (seed, 0), make, cache=False),
-        GeneratedDataset(n_val, (seed, 1), make),
-        dict(dim=dim, n_points=n_points, seq_len=2 * n_points, sparsity=sparsity),
-    )
+    hints = dict(dim=dim, n_points=n_points, seq_len=2 * n_points, sparsity=sparsity)
+    return _generated_task(name, "icl_regression", n_train, n_val, seed, make, hints, cache_train=False)
 
 
 @register_task(

@@ -10,7 +10,7 @@ from torch import nn
 
 from attnzoo._checks import check_scale
 from attnzoo.layers.base import Attention, RecurrentMixin, check_kv_cache, check_step_input, register_attention
-from attnzoo.layers.softmax import attend_cache, attend_recorded, cache_mask, check_prefill
+from attnzoo.layers.softmax import attend_recorded, attend_step, check_prefill
 from attnzoo.ops._segment_ops import zero_padding_tokens
 from attnzoo.ops.mssa import MSSA, MSSAOptions, mssa, mssa_query, mssa_weights
 from attnzoo.ops.softmax import softmax_attention
@@ -133,25 +133,16 @@ class MSSAAttention(Attention, RecurrentMixin):
     def step(
         self, x: torch.Tensor, state: dict[str, torch.Tensor], *, attention_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One token ``(B, 1, dim)``: append its projection to the cache, attend from it over the cache.
-
-        ``attention_mask`` ``(B, t + 1)``: the mask of every token fed so far, this one last (the models'
-        convention). The cache keeps a slot for every token, padding included; the padding slots are skipped, and
-        a padding token gets a zero output (decoding a padded batch equals decoding each row alone)."""
+        """One token ``(B, 1, dim)``: append its projection to the cache, attend from it over the cache (keys and
+        values are the cached ``w``; ``attention_mask``: as :func:`~attnzoo.layers.softmax.attend_step`)."""
         check_step_input(self, x)
         self._tied_only("recurrent step")
         check_kv_cache(state, x.shape[0], ("w",))
         with self.naming_input(x):
             w_t = self._w(x)
             w = torch.cat([state["w"], w_t], dim=2)
-            p = self.attn_dropout if self.training else 0.0
             q = mssa_query(w_t, self.normalize_query)
-            if attention_mask is None:
-                o = softmax_attention(q, w, w, causal=False, scale=self.scale, dropout_p=p)
-                return self._out(o), {"w": w}
-            keep = cache_mask(attention_mask, w)
-            o = attend_cache(q, w, w, keep, scale=self.scale, dropout_p=p)
-            return zero_padding_tokens(self._out(o), keep[:, -1:]), {"w": w}
+            return attend_step(self, q, w, w, attention_mask), {"w": w}
 
     def prefill(
         self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None

@@ -69,25 +69,15 @@ class SoftmaxAttention(QKVProjection, Attention, RecurrentMixin):
     def step(
         self, x: torch.Tensor, state: dict[str, torch.Tensor], *, attention_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One token ``(B, 1, dim)``: append its key/value to the cache and attend over the whole cache.
-
-        ``attention_mask`` ``(B, t + 1)``: the mask of every token fed so far, this one last (the models'
-        convention). The cache keeps a slot for every token, padding included; the padding keys are skipped, and
-        a padding token gets a zero output (decoding a padded batch equals decoding each row alone)."""
+        """One token ``(B, 1, dim)``: append its key/value to the cache and attend over the whole cache
+        (``attention_mask``: as :func:`attend_step`)."""
         check_step_input(self, x)
         check_kv_cache(state, x.shape[0], ("k", "v"))
         with self.naming_input(x):
             q, k, v = self._qkv(x)
             k = torch.cat([state["k"], k], dim=2)
             v = torch.cat([state["v"], v], dim=2)
-            p = self.attn_dropout if self.training else 0.0
-            if attention_mask is None:
-                # The newest token is the last query: every cached key is in its past, so no mask is needed.
-                o = softmax_attention(q, k, v, causal=False, scale=self.scale, dropout_p=p)
-                return self._out(o), {"k": k, "v": v}
-            keep = cache_mask(attention_mask, k)
-            o = attend_cache(q, k, v, keep, scale=self.scale, dropout_p=p)
-            return zero_padding_tokens(self._out(o), keep[:, -1:]), {"k": k, "v": v}
+            return attend_step(self, q, k, v, attention_mask), {"k": k, "v": v}
 
     def prefill(
         self, x: torch.Tensor, *, attention_mask: torch.Tensor | None = None
@@ -141,6 +131,24 @@ def cache_mask(attention_mask: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     b, _, n, _ = k.shape
     name = "attention_mask (the mask of every token fed so far, this one last)"
     return check_attention_mask(attention_mask, b, n, name=name).to(k.device)
+
+
+def attend_step(
+    module: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: torch.Tensor | None
+) -> torch.Tensor:
+    """The output ``(B, 1, dim)`` of a decoding step: eq. 1 from the newest token's query ``q (B, H, 1, P)`` over the
+    cache ``k (B, H, t + 1, P)``, ``v (B, H, t + 1, Pv)`` that already holds it, through ``module``'s output.
+
+    ``attention_mask`` ``(B, t + 1)``: the mask of every token fed so far, this one last (the models'
+    convention). The cache keeps a slot for every token, padding included; the padding keys are skipped, and
+    a padding token gets a zero output (decoding a padded batch equals decoding each row alone)."""
+    p = module.attn_dropout if module.training else 0.0
+    if attention_mask is None:
+        # The newest token is the last query: every cached key is in its past, so no mask is needed.
+        return module._out(softmax_attention(q, k, v, causal=False, scale=module.scale, dropout_p=p))
+    keep = cache_mask(attention_mask, k)
+    o = attend_cache(q, k, v, keep, scale=module.scale, dropout_p=p)
+    return zero_padding_tokens(module._out(o), keep[:, -1:])
 
 
 def attend_cache(

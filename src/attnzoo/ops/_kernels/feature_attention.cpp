@@ -68,6 +68,34 @@ std::vector<Task> tasks_of(const int64_t* ids, int64_t B, int64_t N) {
   return tasks;
 }
 
+// The integer type of T's bits, the bits of 1.5 * 2^M (the rounding constant of exp_clamped) and M, T's mantissa bits.
+template <typename T>
+struct ExpBits;
+template <>
+struct ExpBits<float> {
+  using I = int32_t;
+  static constexpr I kRound = 0x4B400000;
+  static constexpr int kMantissa = 23;
+};
+template <>
+struct ExpBits<double> {
+  using I = int64_t;
+  static constexpr I kRound = 0x4338000000000000;
+  static constexpr int kMantissa = 52;
+};
+
+// p * 2^n for the integer n that big = n + 1.5 * 2^M holds in its low bits: n is added to p's exponent field.
+template <typename T>
+inline T times_two_to_n(T p, T big) {
+  using I = typename ExpBits<T>::I;
+  I bits, nb;
+  std::memcpy(&bits, &p, sizeof bits);
+  std::memcpy(&nb, &big, sizeof nb);
+  bits += (nb - ExpBits<T>::kRound) * (I(1) << ExpBits<T>::kMantissa);
+  std::memcpy(&p, &bits, sizeof p);
+  return p;
+}
+
 // exp(x) for x in [lo, 0] (the callers clamp) without calls, branches or selects, so that the loops around it
 // vectorise on AVX2 as on AVX-512 (std::exp does not): 2^n times a polynomial on |r| <= ln2 / 2 (Taylor to r^7 /
 // r^13: within 2 ulp of std::exp). n is rounded by adding 1.5 * 2^23 (2^52), which also leaves it in the low bits
@@ -83,13 +111,7 @@ inline float exp_clamped(float x) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  int32_t bits, nb;
-  std::memcpy(&bits, &p, sizeof bits);
-  std::memcpy(&nb, &big, sizeof nb);
-  bits += (nb - int32_t(0x4B400000)) * (int32_t(1) << 23);
-  std::memcpy(&p, &bits, sizeof p);
-  return p;
+  return times_two_to_n(p * r * r + r + 1.0f, big);
 }
 
 inline double exp_clamped(double x) {
@@ -100,13 +122,7 @@ inline double exp_clamped(double x) {
   for (double c : {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0, 1.0 / 40320.0,
                    1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5})
     p = p * r + c;
-  p = p * r * r + r + 1.0;
-  int64_t bits, nb;
-  std::memcpy(&bits, &p, sizeof bits);
-  std::memcpy(&nb, &big, sizeof nb);
-  bits += (nb - int64_t(0x4338000000000000)) * (int64_t(1) << 52);
-  std::memcpy(&p, &bits, sizeof p);
-  return p;
+  return times_two_to_n(p * r * r + r + 1.0, big);
 }
 
 template <typename T>

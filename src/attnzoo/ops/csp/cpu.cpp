@@ -109,73 +109,81 @@ inline void scatter_columns(const T* ob, int64_t N, int64_t C, const int64_t* s0
   }
 }
 
+// no shift: the tile's rows as they are, for gather_columns / scatter_columns
+constexpr int64_t kNoShift[kTile] = {0};
+
+// f(t, b, c0, tc, lb, ob, s0) for each tile t of batch row b: its tc <= kTile channels from c0. The tiles run in
+// parallel, each thread with its own scratch: the blocks lb and ob (kTile x kBlock) and the shifts s0 (kTile).
+template <typename T, typename F>
+void for_each_tile(int64_t B, int64_t C, F&& f) {
+  const int64_t tiles = (C + kTile - 1) / kTile;
+  at::parallel_for(0, B * tiles, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> lb(kTile * kBlock), ob(kTile * kBlock);
+    int64_t s0[kTile];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t c0 = (t % tiles) * kTile;
+      f(t, t / tiles, c0, std::min(kTile, C - c0), lb.data(), ob.data(), s0);
+    }
+  });
+}
+
 template <typename T>
 void pairs_forward(const T* v, const int64_t* J, const uint8_t* ref, T* out, uint16_t* swap, int64_t B, int64_t N,
                    int64_t C) {
-  const int64_t K = N / 2, tiles = (C + kTile - 1) / kTile;
-  at::parallel_for(0, B * tiles, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<T> lb(kTile * kBlock), ob(kTile * kBlock);
-    int64_t s0[kTile], zero[kTile] = {0};
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / tiles, c0 = (t % tiles) * kTile, tc = std::min(kTile, C - c0);
-      const T* vb = v + b * N * C + c0;
-      T* outb = out + b * N * C + c0;
-      const uint8_t* rb = ref + b * K;
-      for (int64_t m0 = 0; m0 < N; m0 += kBlock) {
-        const int64_t len = std::min(kBlock, N - m0);
-        // (1) u_c[m] = v[(m - J_c) mod N][c] for the block's tokens m (eq 3)
-        for (int64_t j = 0; j < tc; ++j) s0[j] = (m0 - J[c0 + j] + N) % N;
-        gather_columns(vb, N, C, s0, tc, len, lb.data());
-        // (2) per pair: slot 0 takes the smaller value unless the reference pair is descending
-        const uint8_t* r = rb + m0 / 2;
-        for (int64_t j = 0; j < tc; ++j) {
-          const T* u = lb.data() + j * kBlock;
-          T* o = ob.data() + j * kBlock;
-          uint16_t* sw = swap + t * K + m0 / 2;
-          for (int64_t k = 0; k < len / 2; ++k) {
-            const T x = u[2 * k], y = u[2 * k + 1];
-            const bool s = (x > y) != static_cast<bool>(r[k]);
-            o[2 * k] = s ? y : x;
-            o[2 * k + 1] = s ? x : y;
-            sw[k] = static_cast<uint16_t>((j ? sw[k] : 0) | (s << j));
-          }
+  const int64_t K = N / 2;
+  for_each_tile<T>(B, C, [&](int64_t t, int64_t b, int64_t c0, int64_t tc, T* lb, T* ob, int64_t* s0) {
+    const T* vb = v + b * N * C + c0;
+    T* outb = out + b * N * C + c0;
+    const uint8_t* rb = ref + b * K;
+    for (int64_t m0 = 0; m0 < N; m0 += kBlock) {
+      const int64_t len = std::min(kBlock, N - m0);
+      // (1) u_c[m] = v[(m - J_c) mod N][c] for the block's tokens m (eq 3)
+      for (int64_t j = 0; j < tc; ++j) s0[j] = (m0 - J[c0 + j] + N) % N;
+      gather_columns(vb, N, C, s0, tc, len, lb);
+      // (2) per pair: slot 0 takes the smaller value unless the reference pair is descending
+      const uint8_t* r = rb + m0 / 2;
+      for (int64_t j = 0; j < tc; ++j) {
+        const T* u = lb + j * kBlock;
+        T* o = ob + j * kBlock;
+        uint16_t* sw = swap + t * K + m0 / 2;
+        for (int64_t k = 0; k < len / 2; ++k) {
+          const T x = u[2 * k], y = u[2 * k + 1];
+          const bool s = (x > y) != static_cast<bool>(r[k]);
+          o[2 * k] = s ? y : x;
+          o[2 * k + 1] = s ? x : y;
+          sw[k] = static_cast<uint16_t>((j ? sw[k] : 0) | (s << j));
         }
-        // (3) the block's output rows
-        scatter_columns(ob.data(), N, C, zero, tc, len, outb + m0 * C);
       }
+      // (3) the block's output rows
+      scatter_columns(ob, N, C, kNoShift, tc, len, outb + m0 * C);
     }
   });
 }
 
 template <typename T>
 void pairs_backward(const T* g, const int64_t* J, const uint16_t* swap, T* gv, int64_t B, int64_t N, int64_t C) {
-  const int64_t K = N / 2, tiles = (C + kTile - 1) / kTile;
-  at::parallel_for(0, B * tiles, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<T> lb(kTile * kBlock), ob(kTile * kBlock);
-    int64_t s0[kTile], zero[kTile] = {0};
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / tiles, c0 = (t % tiles) * kTile, tc = std::min(kTile, C - c0);
-      const T* gb = g + b * N * C + c0;
-      T* gvb = gv + b * N * C + c0;
-      for (int64_t m0 = 0; m0 < N; m0 += kBlock) {
-        const int64_t len = std::min(kBlock, N - m0);
-        gather_columns(gb + m0 * C, N, C, zero, tc, len, lb.data());
-        // a transposition is its own inverse: the same swaps send each pair's gradients back to its slots
-        for (int64_t j = 0; j < tc; ++j) {
-          const T* gu = lb.data() + j * kBlock;
-          T* o = ob.data() + j * kBlock;
-          const uint16_t* sw = swap + t * K + m0 / 2;
-          for (int64_t k = 0; k < len / 2; ++k) {
-            const bool s = (sw[k] >> j) & 1;
-            const T x = gu[2 * k], y = gu[2 * k + 1];
-            o[2 * k] = s ? y : x;
-            o[2 * k + 1] = s ? x : y;
-          }
+  const int64_t K = N / 2;
+  for_each_tile<T>(B, C, [&](int64_t t, int64_t b, int64_t c0, int64_t tc, T* lb, T* ob, int64_t* s0) {
+    const T* gb = g + b * N * C + c0;
+    T* gvb = gv + b * N * C + c0;
+    for (int64_t m0 = 0; m0 < N; m0 += kBlock) {
+      const int64_t len = std::min(kBlock, N - m0);
+      gather_columns(gb + m0 * C, N, C, kNoShift, tc, len, lb);
+      // a transposition is its own inverse: the same swaps send each pair's gradients back to its slots
+      for (int64_t j = 0; j < tc; ++j) {
+        const T* gu = lb + j * kBlock;
+        T* o = ob + j * kBlock;
+        const uint16_t* sw = swap + t * K + m0 / 2;
+        for (int64_t k = 0; k < len / 2; ++k) {
+          const bool s = (sw[k] >> j) & 1;
+          const T x = gu[2 * k], y = gu[2 * k + 1];
+          o[2 * k] = s ? y : x;
+          o[2 * k + 1] = s ? x : y;
         }
-        // undo the shift: grad_v[(m - J_c) mod N][c] = gu_c[m]
-        for (int64_t j = 0; j < tc; ++j) s0[j] = (m0 - J[c0 + j] + N) % N;
-        scatter_columns(ob.data(), N, C, s0, tc, len, gvb);
       }
+      // undo the shift: grad_v[(m - J_c) mod N][c] = gu_c[m]
+      for (int64_t j = 0; j < tc; ++j) s0[j] = (m0 - J[c0 + j] + N) % N;
+      scatter_columns(ob, N, C, s0, tc, len, gvb);
     }
   });
 }

@@ -126,6 +126,15 @@ void with_head_dim(int64_t P, F&& f) {
 // parallel regions so that the compiler sees a constant there too.
 #define HEAD_DIM const int64_t P = KP ? KP : P_
 
+// sum_p x[p]^2 r[p]: one token's squared features x weighted per feature by r
+template <typename T>
+inline T weighted_sq_sum(const T* __restrict x, const T* __restrict r, int64_t P) {
+  T acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t p = 0; p < P; ++p) acc += x[p] * x[p] * r[p];
+  return acc;
+}
+
 // softmax over heads, in place, of a[h * stride] for h < H (a holds s * temp on entry); in T (float32 for
 // float32 input) like the PyTorch path
 template <typename T>
@@ -214,6 +223,18 @@ struct Tasks {
     return t;
   }
 };
+
+// f(b, slot, h, n) for every head h and token n of every task, the tasks in parallel and each task's tokens in
+// w's memory order (Rows::visit): the loop of the kernels that work token by token
+template <typename T, typename F>
+void for_each_token(const Rows<const T>& w, const Tasks& tasks, F&& f) {
+  at::parallel_for(0, tasks.count, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t task = t0; task < t1; ++task) {
+      const Tasks::Task tk = tasks[task];
+      w.visit(tk.c0, tk.c1, [&](int64_t h, int64_t n) { f(tk.b, tk.slot, h, n); });
+    }
+  });
+}
 
 // part[task, h, :] = sum of d[b, h, n] w[b, h, n, :]^2 over the task's tokens n;
 // d == nullptr means d = 1
@@ -308,11 +329,7 @@ void stats_kernel(const Rows<const T>& w, const T* r, const T* temp, T* s, T* pi
       for (int64_t n0 = c0; n0 < c1; n0 += kBlock) {
         const int64_t n1 = std::min(c1, n0 + kBlock);
         w.visit(n0, n1, [&](int64_t h, int64_t n) {
-          const T* __restrict x = w(b, h, n);
-          const T* __restrict rr = r + (slot * H + h) * P;
-          T acc = 0;
-#pragma omp simd reduction(+ : acc)
-          for (int64_t p = 0; p < P; ++p) acc += x[p] * x[p] * rr[p];
+          const T acc = weighted_sq_sum(w(b, h, n), r + (slot * H + h) * P, P);
           s[(b * H + h) * N + n] = acc;
           a[h * kBlock + (n - n0)] = acc * temp[h];
         });
@@ -350,20 +367,14 @@ template <typename T, int64_t KP>
 void scale_kernel(const Rows<const T>& w, const T* pi, const T* g, const Rows<T>& out, const Tasks& tasks,
                   int64_t N, int64_t P_) {
   const int64_t H = w.H;
-  at::parallel_for(0, tasks.count, 1, [&](int64_t t0, int64_t t1) {
+  for_each_token(w, tasks, [&](int64_t b, int64_t slot, int64_t h, int64_t n) {
     HEAD_DIM;
-    for (int64_t task = t0; task < t1; ++task) {
-      const Tasks::Task tk = tasks[task];
-      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1, slot = tk.slot;
-      w.visit(c0, c1, [&](int64_t h, int64_t n) {
-        const T q = -pi[(b * H + h) * N + n];
-        const T* __restrict gg = g + (slot * H + h) * P;
-        const T* __restrict x = w(b, h, n);
-        T* __restrict o = out(b, h, n);
+    const T q = -pi[(b * H + h) * N + n];
+    const T* __restrict gg = g + (slot * H + h) * P;
+    const T* __restrict x = w(b, h, n);
+    T* __restrict o = out(b, h, n);
 #pragma omp simd
-        for (int64_t p = 0; p < P; ++p) o[p] = x[p] * q * gg[p];
-      });
-    }
+    for (int64_t p = 0; p < P; ++p) o[p] = x[p] * q * gg[p];
   });
 }
 
@@ -453,20 +464,9 @@ std::vector<Tensor> tssa_bwd_gw(const Tensor& w, const Tensor& G, const Tensor& 
 template <typename T, int64_t KP>
 void rowdot_sq_kernel(const Rows<const T>& w, const T* v, T* out, const Tasks& tasks, int64_t N, int64_t P_) {
   const int64_t H = w.H;
-  at::parallel_for(0, tasks.count, 1, [&](int64_t t0, int64_t t1) {
+  for_each_token(w, tasks, [&](int64_t b, int64_t slot, int64_t h, int64_t n) {
     HEAD_DIM;
-    for (int64_t task = t0; task < t1; ++task) {
-      const Tasks::Task tk = tasks[task];
-      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1, slot = tk.slot;
-      w.visit(c0, c1, [&](int64_t h, int64_t n) {
-        const T* __restrict x = w(b, h, n);
-        const T* __restrict vv = v + (slot * H + h) * P;
-        T acc = 0;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t p = 0; p < P; ++p) acc += x[p] * x[p] * vv[p];
-        out[(b * H + h) * N + n] = acc;
-      });
-    }
+    out[(b * H + h) * N + n] = weighted_sq_sum(w(b, h, n), v + (slot * H + h) * P, P);
   });
 }
 
@@ -490,22 +490,16 @@ template <typename T, int64_t KP>
 void bwd_dw_kernel(const Rows<const T>& w, const Rows<const T>& G, const T* a, const T* bb, const T* c, const T* d,
                    const T* e, const T* f, const T* hh, const Rows<T>& dw, const Tasks& tasks, int64_t N, int64_t P_) {
   const int64_t H = w.H;
-  at::parallel_for(0, tasks.count, 1, [&](int64_t t0, int64_t t1) {
+  for_each_token(w, tasks, [&](int64_t b, int64_t slot, int64_t h, int64_t n) {
     HEAD_DIM;
-    for (int64_t task = t0; task < t1; ++task) {
-      const Tasks::Task tk = tasks[task];
-      const int64_t b = tk.b, c0 = tk.c0, c1 = tk.c1, slot = tk.slot;
-      w.visit(c0, c1, [&](int64_t h, int64_t n) {
-        const int64_t i = (b * H + h) * N + n, j = (slot * H + h) * P;
-        const T an = a[i], cn = c[i], fn = f[i];
-        const T* __restrict x = w(b, h, n);
-        const T* __restrict gr = G(b, h, n);
-        T* __restrict o = dw(b, h, n);
+    const int64_t i = (b * H + h) * N + n, j = (slot * H + h) * P;
+    const T an = a[i], cn = c[i], fn = f[i];
+    const T* __restrict x = w(b, h, n);
+    const T* __restrict gr = G(b, h, n);
+    T* __restrict o = dw(b, h, n);
 #pragma omp simd
-        for (int64_t p = 0; p < P; ++p)
-          o[p] = x[p] * (an * bb[j + p] + cn * d[j + p] + e[j + p]) - gr[p] * fn * hh[j + p];
-      });
-    }
+    for (int64_t p = 0; p < P; ++p)
+      o[p] = x[p] * (an * bb[j + p] + cn * d[j + p] + e[j + p]) - gr[p] * fn * hh[j + p];
   });
 }
 
