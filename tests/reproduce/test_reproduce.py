@@ -473,7 +473,8 @@ def test_interrupted_run_prints_the_command_that_continues_it(tmp_path, monkeypa
     def stop(ctx, step):
         raise Interrupted("SIGTERM")
 
-    monkeypatch.setattr(probes, "_run_synth", stop)
+    for experiment in ("denoise", "compress", "rank-collapse"):
+        monkeypatch.setitem(probes._RUN, experiment, stop)
     monkeypatch.chdir(tmp_path)
     outcome = run(None, "smoke", seed=2, only="probes", progress=False)
     assert outcome.interrupted
