@@ -164,3 +164,26 @@ def test_the_margin_control_gate_holds_back_an_agreement_its_control_would_also_
     else:
         assert comparable["verdict"] == "agrees" and "gate" not in comparable
     assert worse["verdict"] == "disagrees" and "gate" not in worse  # never held back by a control
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_the_emerged_gate_holds_back_a_persistence_verdict_only_where_no_layer_beat_its_untrained_copy(flip):
+    from attnzoo.reproduce.sections import segmentation as seg
+
+    def res(best):
+        rows = {"crate_cbt": stat(best), "crate_cbt" + seg.INIT: stat([0.12, 0.18, 0.20])}
+        return {n: {"best": {"foreground": v}} for n, v in rows.items()}
+
+    learned, unlearned = res([0.35, 0.44, 0.38]), res([0.13, 0.17, 0.21])
+    for stats, held in ((learned, False), (unlearned, True)):
+        # the same comparison decided either way (A and B swapped): the gate reads the maps, not the verdict
+        f = _sup(LOW, HIGH) if flip else _sup(HIGH, LOW)
+        verdict = f["verdict"]
+        gates = seg._emerged_gate(f, stats, "crate_cbt")
+        for g, reason, why in gates:
+            gate(g, why, reason)
+        if held:
+            assert f["verdict"] == "inconclusive" and f["ungated_verdict"] == verdict
+            assert f["gate_reasons"] == ["did not learn"] and "never emerged" in f["gate"]
+        else:
+            assert f["verdict"] == verdict and "gate" not in f and "emerged" in f["explanation"]

@@ -461,6 +461,7 @@ def _zero_shot_findings(res: dict, gates: list) -> list[Finding]:
         )
     out.append(_compare(res, "cbsa-t6-persistence", "crate_cbt", "cbt", ("later_half",), **iou))
     gates += _control_gate(out[-1], res, "crate_cbt", "later_half", "the later-half layers' mean foreground IoU")
+    gates += _emerged_gate(out[-1], res, "crate_cbt")
     out.append(_compare(res, "tost-f5-segments", "tost", "tost" + INIT, ("penultimate_class",), **iou))
     return out
 
@@ -476,6 +477,26 @@ def _control_gate(f: Finding, res: dict, name: str, key: str, what: str) -> list
         return []
     where = f"{effect:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (one seed: no interval)")
     return [(f, "control", f"the trained {name} is {where} IoU from its untrained copy on {what}: not shown above it")]
+
+
+def _emerged_gate(f: Finding, res: dict, name: str) -> list:
+    """Hold back either verdict unless the trained ``name`` segments better than its untrained copy at its best layer.
+
+    Persistence presupposes that segmentation emerged: a later half at its untrained level then says it did not
+    persist, but if no layer of the trained model beats the untrained one, the maps were never learned and the
+    comparison reads the initialisation, whichever way it falls."""
+    trained, init = _at(res, name, "best", "foreground"), _at(res, name + INIT, "best", "foreground")
+    if claims.numbers_verdict(f) not in ("agrees", "disagrees") or trained is None or init is None:
+        return []
+    effect, ci, _ = claims.welch_ci(trained, init)
+    where = f"{effect:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (one seed: no interval)")
+    if ci is not None and ci[0] > 0:
+        claims.explain(
+            f, f"segmentation emerged: the trained {name}'s best layer is {where} IoU above its untrained copy's"
+        )
+        return []
+    why = f"the trained {name}'s best layer is {where} IoU from its untrained copy's: its maps never emerged"
+    return [(f, "did not learn", why)]
 
 
 def _decoder_findings(dec: dict | None, gates: list) -> list[Finding]:
