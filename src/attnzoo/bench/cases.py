@@ -36,6 +36,30 @@ class Prepared:
     run: Callable[[], torch.Tensor]
     bytes_moved: int
 
+    def forward(self) -> Callable[[], torch.Tensor]:
+        """The timed forward call: no autograd graph, as in inference."""
+
+        def fwd() -> torch.Tensor:
+            with torch.no_grad():
+                return self.run()
+
+        return fwd
+
+    def forward_backward(self) -> Callable[[], tuple[torch.Tensor, ...]]:
+        """The timed forward and backward call, returning the inputs' gradients (the inputs now require them)."""
+        for t in self.inputs:
+            t.requires_grad_(True)
+        # The upstream gradient is made once, outside the timed calls, as the next layer would hand it over:
+        # filling a fresh output-sized tensor per call is the harness's cost, not the op's, and its page
+        # faults (glibc returns freed blocks over its trim threshold to the OS) would land on every row.
+        with torch.no_grad():
+            grad_out = torch.ones_like(self.run())
+
+        def fwdbwd() -> tuple[torch.Tensor, ...]:
+            return torch.autograd.grad(self.run(), self.inputs, grad_out)
+
+        return fwdbwd
+
 
 def registered_cases() -> dict[str, tuple[str, BenchCase]]:
     """Case name -> (registered mechanism, its case), in listing order (``Mechanism.order``, then name)."""

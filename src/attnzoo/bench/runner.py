@@ -164,28 +164,14 @@ def measure_case(
         prep = prepare(name, shape, causal=causal, level=level, device=device, dtype=dtype)
         row.bytes_moved = prep.bytes_moved
 
-        def fwd():
-            with torch.no_grad():
-                return prep.run()
-
+        fwd = prep.forward()
         # timed first: its warm-up call keeps one-off allocations (thread pools, workspaces) out of the peak
         sec = time_call(fwd, device, repeats)
         row.fwd_ms = sec * 1e3
         row.fwd_peak_mb = peak_memory_bytes(fwd, device) / 2**20
         row.roofline_frac = (prep.bytes_moved / bandwidth) / sec
         if backward:
-            for t in prep.inputs:
-                t.requires_grad_(True)
-            # The upstream gradient is made once, outside the timed calls, as the next layer would hand it over:
-            # filling a fresh output-sized tensor per call is the harness's cost, not the op's, and its page
-            # faults (glibc returns freed blocks over its trim threshold to the OS) would land on every row.
-            with torch.no_grad():
-                grad_out = torch.ones_like(prep.run())
-
-            def fwdbwd():
-                out = prep.run()
-                return torch.autograd.grad(out, prep.inputs, grad_out)
-
+            fwdbwd = prep.forward_backward()
             row.fwdbwd_ms = time_call(fwdbwd, device, repeats) * 1e3
             row.fwdbwd_peak_mb = peak_memory_bytes(fwdbwd, device) / 2**20
     except torch.OutOfMemoryError:

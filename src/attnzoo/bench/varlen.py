@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnzoo.bench.cases import Shape, registered_cases
+from attnzoo.bench.cases import Prepared, Shape, registered_cases
 from attnzoo.bench.runner import _settle_heap
 
 __all__ = ["VarlenRow", "varlen_lengths", "varlen_forms", "measure_varlen", "VARLEN_TARGET", "varlen_cases"]
@@ -62,15 +62,9 @@ def varlen_lengths(batch: int, length: int) -> list[int]:
     return [length] * (batch - m) + [min(x, length - 1) for x in short]
 
 
-@dataclass
-class _Form:
-    inputs: list[torch.Tensor]
-    run: object
-
-
 def varlen_forms(
     name: str, heads: int, dim: int, lengths: list[int], length: int, *, causal: bool, device, dtype
-) -> dict[str, _Form]:
+) -> dict[str, Prepared]:
     """The ``dense``, ``masked`` and ``packed`` calls of case ``name`` (module doc) over sequences of ``lengths``
     on a grid of ``length`` tokens."""
     _, case = registered_cases()[name]
@@ -90,7 +84,7 @@ def varlen_forms(
         "masked": case.prepare(Shape(batch, heads, length, dim), causal, device, dtype, attention_mask=mask),
         "packed": case.prepare(one, causal, device, dtype, cu_seqlens=cu),
     }
-    return {k: _Form(v[0], v[1]) for k, v in forms.items()}
+    return {k: Prepared(*v) for k, v in forms.items()}
 
 
 @dataclass
@@ -162,20 +156,7 @@ def _measure(name, batch, heads, length, dim, causal, backward, device, dtype, r
     for mode in ("fwd", "fwd+bwd") if backward else ("fwd",):
         calls = {}
         for key, f in forms.items():
-            if mode == "fwd":
-
-                def call(f=f):
-                    with torch.no_grad():
-                        return f.run()
-            else:
-                for t in f.inputs:
-                    t.requires_grad_(True)
-                with torch.no_grad():
-                    g = torch.ones_like(f.run())
-
-                def call(f=f, g=g):
-                    return torch.autograd.grad(f.run(), f.inputs, g)
-
+            call = f.forward() if mode == "fwd" else f.forward_backward()
             call()
             if kind == "cpu":
                 _settle_heap(call)

@@ -58,51 +58,34 @@ constexpr bool kSimd = true;
 template <typename T>
 struct Vec;
 
-template <>
-struct Vec<float> {
-  using R = __m512;
-  using M = __mmask16;
-  static M mask(int64_t n) { return n >= 16 ? M(0xFFFF) : M((1u << n) - 1); }
-  static R zero() { return _mm512_setzero_ps(); }
-  static R set1(float a) { return _mm512_set1_ps(a); }
-  static R load(const float* p) { return _mm512_loadu_ps(p); }
-  static R load(const float* p, M m) { return _mm512_maskz_loadu_ps(m, p); }
-  static void store(float* p, R x) { _mm512_storeu_ps(p, x); }
-  static void store(float* p, R x, M m) { _mm512_mask_storeu_ps(p, m, x); }
-  static R fma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
-  static R add(R a, R b) { return _mm512_add_ps(a, b); }
-  static R sub(R a, R b) { return _mm512_sub_ps(a, b); }
-  static R mask_sub(R a, M m, R b) { return _mm512_maskz_sub_ps(m, a, b); }
-  static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
-  static R div(R a, R b) { return _mm512_div_ps(a, b); }
-  static R max(R a, R b) { return _mm512_max_ps(a, b); }
-  static R abs(R a) { return _mm512_abs_ps(a); }
-  static float sum(R a) { return _mm512_reduce_add_ps(a); }
-  static float hmax(R a) { return _mm512_reduce_max_ps(a); }
-};
+// float and double differ only in the intrinsics' suffix (ps / pd), the mask type and the lane count.
+#define ATTNZOO_VEC512(T, S, MASK, FULL)                                                                              \
+  template <>                                                                                                         \
+  struct Vec<T> {                                                                                                     \
+    using R = decltype(_mm512_setzero_##S());                                                                         \
+    using M = MASK;                                                                                                   \
+    static M mask(int64_t n) { return n >= lanes<T>() ? M(FULL) : M((1u << n) - 1); }                                 \
+    static R zero() { return _mm512_setzero_##S(); }                                                                  \
+    static R set1(T a) { return _mm512_set1_##S(a); }                                                                 \
+    static R load(const T* p) { return _mm512_loadu_##S(p); }                                                         \
+    static R load(const T* p, M m) { return _mm512_maskz_loadu_##S(m, p); }                                           \
+    static void store(T* p, R x) { _mm512_storeu_##S(p, x); }                                                         \
+    static void store(T* p, R x, M m) { _mm512_mask_storeu_##S(p, m, x); }                                            \
+    static R fma(R a, R b, R c) { return _mm512_fmadd_##S(a, b, c); }                                                 \
+    static R add(R a, R b) { return _mm512_add_##S(a, b); }                                                           \
+    static R sub(R a, R b) { return _mm512_sub_##S(a, b); }                                                           \
+    static R mask_sub(R a, M m, R b) { return _mm512_maskz_sub_##S(m, a, b); }                                        \
+    static R mul(R a, R b) { return _mm512_mul_##S(a, b); }                                                           \
+    static R div(R a, R b) { return _mm512_div_##S(a, b); }                                                           \
+    static R max(R a, R b) { return _mm512_max_##S(a, b); }                                                           \
+    static R abs(R a) { return _mm512_abs_##S(a); }                                                                   \
+    static T sum(R a) { return _mm512_reduce_add_##S(a); }                                                            \
+    static T hmax(R a) { return _mm512_reduce_max_##S(a); }                                                           \
+  };
 
-template <>
-struct Vec<double> {
-  using R = __m512d;
-  using M = __mmask8;
-  static M mask(int64_t n) { return n >= 8 ? M(0xFF) : M((1u << n) - 1); }
-  static R zero() { return _mm512_setzero_pd(); }
-  static R set1(double a) { return _mm512_set1_pd(a); }
-  static R load(const double* p) { return _mm512_loadu_pd(p); }
-  static R load(const double* p, M m) { return _mm512_maskz_loadu_pd(m, p); }
-  static void store(double* p, R x) { _mm512_storeu_pd(p, x); }
-  static void store(double* p, R x, M m) { _mm512_mask_storeu_pd(p, m, x); }
-  static R fma(R a, R b, R c) { return _mm512_fmadd_pd(a, b, c); }
-  static R add(R a, R b) { return _mm512_add_pd(a, b); }
-  static R sub(R a, R b) { return _mm512_sub_pd(a, b); }
-  static R mask_sub(R a, M m, R b) { return _mm512_maskz_sub_pd(m, a, b); }
-  static R mul(R a, R b) { return _mm512_mul_pd(a, b); }
-  static R div(R a, R b) { return _mm512_div_pd(a, b); }
-  static R max(R a, R b) { return _mm512_max_pd(a, b); }
-  static R abs(R a) { return _mm512_abs_pd(a); }
-  static double sum(R a) { return _mm512_reduce_add_pd(a); }
-  static double hmax(R a) { return _mm512_reduce_max_pd(a); }
-};
+ATTNZOO_VEC512(float, ps, __mmask16, 0xFFFF)
+ATTNZOO_VEC512(double, pd, __mmask8, 0xFF)
+#undef ATTNZOO_VEC512
 
 // C[r][0:W] += sum_{t < K} A[r * ar + t * at] * B[t * bs + 0:W] for r < kRows: the register-blocked inner
 // product of both phases (keys: A = kb^T, t runs over tokens; queries: A = qb, t runs over features).
