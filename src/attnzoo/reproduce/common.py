@@ -17,7 +17,7 @@ import torch
 
 from attnzoo._io import ReadError, atomic_save_figure, read_json
 from attnzoo.reproduce import claims, paper_claims
-from attnzoo.reproduce.store import Interrupted, StepStore
+from attnzoo.reproduce.store import Interrupted, Step, StepStore
 
 
 @dataclass
@@ -364,6 +364,50 @@ def load_trained(run_dir: str | os.PathLike) -> torch.nn.Module:
     return from_pretrained(Path(run_dir) / "model")
 
 
+def twice_steps(train: dict) -> dict:
+    """``train`` at twice the steps and warm-up (a plateau run), nothing else changed."""
+    return {**train, "steps": 2 * train["steps"], "warmup_steps": 2 * train.get("warmup_steps", 0)}
+
+
+def classification_record(ctx: Context, step: Step) -> dict:
+    """Train a classifier, then its parameters and the peak memory of one training step (vision, LRA)."""
+    from attnzoo.data import build_task
+
+    cfg = step.config["train"]
+    rec = train_run(ctx, step.id, cfg, sweep=step.config.get("sweep"))
+    model = load_trained(rec["run_dir"])
+    task = build_task(cfg["task"], **cfg["task_options"])
+    inputs, target = task.train.get_batch(np.arange(min(cfg["batch_size"], len(task.train))))
+    val, grid = rec["val"], getattr(model, "grid", None)
+    return {
+        "accuracy": val.get("accuracy"),
+        "val_loss": val.get("loss"),
+        "params": num_params(model),
+        "samples_per_s": rec["samples_per_s"],
+        "steps_per_s": (rec["samples_per_s"] / cfg["batch_size"]) if rec["samples_per_s"] else None,
+        "peak_train_mb": peak_train_mb(model, inputs, target, task.kind, ctx.device),
+        "seq_len": task.info.get("seq_len"),
+        "tokens": None if grid is None else int(grid[0] * grid[1]) + int(getattr(model, "num_prefix_tokens", 0)),
+        "curve": rec["curve"],
+        "val_curve": rec["val_curve"],
+        "run_dir": rec["run_dir"],
+        "lr": rec["lr"],
+    }
+
+
+def untrained_model(train_cfg: dict):
+    """The model of the training config ``train_cfg`` as its seed initialises it (no step taken, eval mode), and its
+    task: the untrained controls' model."""
+    from attnzoo.data import build_task
+    from attnzoo.train.config import from_dict
+    from attnzoo.train.objectives import build_task_model
+
+    tcfg = from_dict({**train_cfg, "eval_every": 1})
+    task = build_task(tcfg.task, **tcfg.task_options)
+    torch.manual_seed(tcfg.seed)
+    return build_task_model(tcfg, task).eval(), task
+
+
 # ---- learning-rate sweeps --------------------------------------------------------------------------------
 #: the sweep trains on its own seed, apart from the reported seeds (base seed + this offset)
 SWEEP_SEED_OFFSET = 100
@@ -568,12 +612,19 @@ def curve_text(curve: Sequence[Sequence[float]], spec: str = ".3g") -> str:
     return ", ".join(f"step {int(s)}: {format(v, spec)}" for s, v in curve)
 
 
-def plot_val_curves(panels: Sequence[tuple[str, dict[str, list]]], ylabel: str, title: str):
-    """One panel per table: every row's mean validation curve (``{row: [[step, value], ...]}``) against steps."""
+def pyplot():
+    """matplotlib's pyplot on the Agg backend: the report only writes PNG files, never opens a window."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_val_curves(panels: Sequence[tuple[str, dict[str, list]]], ylabel: str, title: str):
+    """One panel per table: every row's mean validation curve (``{row: [[step, value], ...]}``) against steps."""
+    plt = pyplot()
 
     panels = [(t, c) for t, c in panels if any(c.values())]
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.2 * max(1, len(panels)), 3.8), squeeze=False)

@@ -28,6 +28,7 @@ from attnzoo.reproduce.common import (
     load_trained,
     num_params,
     per_seed,
+    pyplot,
     seed_list,
     seed_mean,
     seeded_id,
@@ -36,6 +37,7 @@ from attnzoo.reproduce.common import (
     train_run,
     tune_rows,
     tuned,
+    twice_steps,
 )
 from attnzoo.reproduce.pipeline import Evidence, Plateau, Tuning, judge, paper_finding
 from attnzoo.reproduce.store import Step
@@ -100,8 +102,6 @@ def teacher_config(plan: dict, seed: int) -> dict:
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     """The pretraining, then per row its fine-tuning-rate sweep (on the sweep's own seed) and its seeds at the best."""
-    from attnzoo.reproduce.sections.vision import twice_steps
-
     steps = [Step(TEACHER, KEY, {"train": teacher_config(plan, seed)}, _pretrain, label="teacher")]
     lrs = list(plan.get("finetune_lr_sweep", []))
     for row in rows_of(plan):
@@ -356,10 +356,7 @@ def _intro(plan: dict) -> str:
 
 
 def _plot(teacher: dict, res: dict):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 3.8))
     if curve := teacher.get("curve") or []:

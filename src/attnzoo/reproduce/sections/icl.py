@@ -22,6 +22,7 @@ from attnzoo.reproduce.common import (
     fmt,
     mean_val_curve,
     per_seed,
+    pyplot,
     row_lrs,
     seed_list,
     seeded_id,
@@ -316,10 +317,7 @@ def _val_curves(sec: Section, records: dict, plan: dict, plots_dir, rel) -> None
 
 
 def _plot(curves, d):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     tasks = [t for t in curves if curves[t]]
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 3.8), squeeze=False)

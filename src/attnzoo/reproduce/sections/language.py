@@ -32,6 +32,7 @@ from attnzoo.reproduce.common import (
     num_params,
     peak_train_mb,
     per_seed,
+    pyplot,
     row_lrs,
     seed_list,
     seeded_id,
@@ -42,6 +43,7 @@ from attnzoo.reproduce.common import (
     train_run,
     tune_rows,
     tuned,
+    twice_steps,
 )
 from attnzoo.reproduce.pipeline import Control, Evidence, Longer, Plateau, Tuning, judge
 from attnzoo.reproduce.store import Step
@@ -100,11 +102,7 @@ def longer_rows(plan: dict) -> list[str]:
 
 
 def _train_plan(plan: dict, name: str) -> dict:
-    train = dict(plan["train"])
-    if name.endswith(LONGER):
-        train["steps"] *= 2
-        train["warmup_steps"] = 2 * train.get("warmup_steps", 0)
-    return train
+    return twice_steps(plan["train"]) if name.endswith(LONGER) else dict(plan["train"])
 
 
 def _seeds(plan: dict, name: str, seed: int) -> list[int]:
@@ -430,10 +428,7 @@ LEARNED_MARGIN_BPC = 0.5
 
 
 def _plot(res, names):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     for i, n in enumerate(names):

@@ -19,9 +19,11 @@ from attnzoo.reproduce.common import (
     Section,
     Table,
     check_sweep_extra,
+    classification_record,
     fmt,
     mean_val_curve,
     per_seed,
+    pyplot,
     row_lrs,
     seed_list,
     seed_mean,
@@ -34,7 +36,6 @@ from attnzoo.reproduce.common import (
     tuned,
 )
 from attnzoo.reproduce.pipeline import Control, Evidence, Longer, Plateau, Tuning, compared, judge
-from attnzoo.reproduce.sections.vision import classification_record
 from attnzoo.reproduce.store import Step
 
 KEY = "long-range"
@@ -579,10 +580,7 @@ def _avg_stat(res, m, tasks) -> claims.Stat | None:
 
 
 def _plot(res, mechs, tasks, lengths):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 3.8))
     x = np.arange(len(tasks))

@@ -20,6 +20,7 @@ from attnzoo.reproduce.common import (
     plot_val_curves,
     seeded_id,
     train_run,
+    untrained_model,
 )
 from attnzoo.reproduce.store import Step
 
@@ -207,16 +208,7 @@ def _run_layerwise(ctx: Context, step: Step) -> dict:
 
 def _run_layerwise_init(_ctx: Context, step: Step) -> dict:
     """The layer-wise probe on the probe model's architecture as initialised by its training seed (no step taken)."""
-    import torch
-
-    from attnzoo.data import build_task
-    from attnzoo.train.config import from_dict
-    from attnzoo.train.objectives import build_task_model
-
-    tcfg = from_dict({**step.config["train"], "eval_every": 1})
-    task = build_task(tcfg.task, **tcfg.task_options)
-    torch.manual_seed(tcfg.seed)
-    return _layerwise(build_task_model(tcfg, task).eval(), step.config)
+    return _layerwise(untrained_model(step.config["train"])[0], step.config)
 
 
 def _run_maps(ctx: Context, step: Step) -> dict:

@@ -19,6 +19,7 @@ from attnzoo.reproduce.common import (
     load_trained,
     num_params,
     per_seed,
+    pyplot,
     row_lrs,
     seed_list,
     seeded_id,
@@ -27,6 +28,7 @@ from attnzoo.reproduce.common import (
     sweep_train,
     train_run,
     tuned,
+    untrained_model,
 )
 from attnzoo.reproduce.pipeline import Evidence, compared, judge
 from attnzoo.reproduce.store import Step
@@ -253,16 +255,8 @@ def _zero_shot(ctx: Context, step: Step) -> dict:
 
 def _zero_shot_init(_ctx: Context, step: Step) -> dict:
     """The same analysis of the architecture as its training seed initialises it (no step taken)."""
-    import torch
-
-    from attnzoo.data import build_task
-    from attnzoo.train.config import from_dict
-    from attnzoo.train.objectives import build_task_model
-
-    tcfg = from_dict(step.config["train"])
-    task = build_task(tcfg.task, **tcfg.task_options)
-    torch.manual_seed(tcfg.seed)
-    return _score(build_task_model(tcfg, task).eval(), task.val, step.config)
+    model, task = untrained_model(step.config["train"])
+    return _score(model, task.val, step.config)
 
 
 def _score(model, scenes, cfg: dict) -> dict:
@@ -687,10 +681,7 @@ _SWEEP_CAPTION = (
 
 
 def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     return plt
 

@@ -17,17 +17,16 @@ from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
     CURVE_EVAL_BATCHES,
     SWEEP_SEED_OFFSET,
-    Context,
     Section,
     Table,
     check_row_arch,
     check_sweep_extra,
+    classification_record,
     fmt,
-    load_trained,
     mean_val_curve,
     num_params,
-    peak_train_mb,
     per_seed,
+    pyplot,
     row_lrs,
     seed_list,
     seed_mean,
@@ -36,9 +35,9 @@ from attnzoo.reproduce.common import (
     sweep_id,
     sweep_train,
     train_defaults,
-    train_run,
     tune_rows,
     tuned,
+    twice_steps,
 )
 from attnzoo.reproduce.pipeline import Control, Evidence, Plateau, Tuning, judge, paper_finding
 from attnzoo.reproduce.store import Step
@@ -288,11 +287,6 @@ def sweep_rows(plan: dict) -> list[str]:
     return rows + list(swept)
 
 
-def twice_steps(train: dict) -> dict:
-    """``train`` at twice the steps and warm-up (a plateau run), nothing else changed."""
-    return {**train, "steps": 2 * train["steps"], "warmup_steps": 2 * train.get("warmup_steps", 0)}
-
-
 def row_config(plan: dict, name: str, seed: int) -> dict:
     """A step config training vision row ``name`` under ``plan`` (the probes section's deeper models use it too)."""
     base = name.split("@")[0]
@@ -313,32 +307,6 @@ def _row_step(plan: dict, name: str, seed: int, sid: str, tune: bool = True) -> 
     if tune and source in sweep_rows(plan):
         cfg = tuned(cfg, KEY, source, row_lrs(plan, source), "accuracy", True)
     return Step(sid, KEY, cfg, classification_record, deps=sweep_deps(cfg), label=sid.split("/", 1)[1])
-
-
-def classification_record(ctx: Context, step: Step) -> dict:
-    """Train, then parameters and the peak memory of one training step (shared with the LRA section)."""
-    from attnzoo.data import build_task
-
-    cfg = step.config["train"]
-    rec = train_run(ctx, step.id, cfg, sweep=step.config.get("sweep"))
-    model = load_trained(rec["run_dir"])
-    task = build_task(cfg["task"], **cfg["task_options"])
-    inputs, target = task.train.get_batch(np.arange(min(cfg["batch_size"], len(task.train))))
-    val, grid = rec["val"], getattr(model, "grid", None)
-    return {
-        "accuracy": val.get("accuracy"),
-        "val_loss": val.get("loss"),
-        "params": num_params(model),
-        "samples_per_s": rec["samples_per_s"],
-        "steps_per_s": (rec["samples_per_s"] / cfg["batch_size"]) if rec["samples_per_s"] else None,
-        "peak_train_mb": peak_train_mb(model, inputs, target, task.kind, ctx.device),
-        "seq_len": task.info.get("seq_len"),
-        "tokens": None if grid is None else int(grid[0] * grid[1]) + int(getattr(model, "num_prefix_tokens", 0)),
-        "curve": rec["curve"],
-        "val_curve": rec["val_curve"],
-        "run_dir": rec["run_dir"],
-        "lr": rec["lr"],
-    }
 
 
 #: a model has learned the task when its mean accuracy clears the majority class by this many points
@@ -546,10 +514,7 @@ def _pct(x):
 
 
 def _plot(res: dict, names: list[str]):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
     x = np.arange(len(names))
