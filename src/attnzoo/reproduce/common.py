@@ -10,7 +10,7 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -102,6 +102,22 @@ def per_seed(records: dict[str, dict], base: str) -> list[dict]:
         if sid.startswith(prefix) and sid[len(prefix) :].isdigit()
     ]
     return [r for _, r in sorted(found, key=lambda x: x[0])]
+
+
+# ---- did a row learn ---------------------------------------------------------------------------------
+#: a row has learned its task when every seed's accuracy (%) clears the majority class (or chance) by this many points
+LEARNED_MARGIN = 10.0
+
+
+def unlearned_seeds(accuracies: Iterable[float], bar: float, margin: float = LEARNED_MARGIN) -> list[float]:
+    """The seeds' accuracies (%) that do not clear ``bar`` (the majority class or chance) by ``margin`` points."""
+    return [v for v in accuracies if v < bar + margin]
+
+
+def learned(accuracies: Iterable[float], bar: float, margin: float = LEARNED_MARGIN) -> bool:
+    """Whether a row learned its task: every seed's accuracy (%) clears ``bar`` by ``margin`` points (a seed mean
+    would hide a seed that did not)."""
+    return not unlearned_seeds(accuracies, bar, margin)
 
 
 # ---- formatting -------------------------------------------------------------------------------------

@@ -19,12 +19,14 @@ from attnzoo._io import read_json
 from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
+    LEARNED_MARGIN,
     SWEEP_SEED_OFFSET,
     Context,
     Section,
     Table,
     best_swept_lr,
     fmt,
+    learned,
     load_trained,
     num_params,
     per_seed,
@@ -59,8 +61,6 @@ ROWS: dict[str, tuple[str, str]] = {
 
 #: the check row: the CBSA student built from an untrained ViT and trained for the same steps
 SCRATCH = "cbsa@scratch"
-#: a pretrained model has learned the task when its accuracy clears the majority class by this many points
-LEARNED_MARGIN = 10.0
 #: the fine-tuned baseline of the paper claims, and its plateau run: the same fine-tuning at twice the steps
 BASELINE = "linear"
 PLATEAU = f"{BASELINE}@2x-steps"
@@ -269,7 +269,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.add_plot(_plot(teacher, res), plots_dir / "adapt_vision.png", rel, caption)
     majority = 100.0 * plan.get("majority", 0.1)
     t_acc = 100.0 * teacher["accuracy"]
-    if plan.get("require_learned", True) and t_acc < majority + LEARNED_MARGIN:
+    if plan.get("require_learned", True) and not learned([t_acc], majority):
         sec.notes.append(
             f"the pretrained ViT reached {t_acc:.1f}% against a majority class of {majority:.0f}%: not "
             f"{LEARNED_MARGIN:g} points above it, so no comparison is reported"

@@ -21,6 +21,7 @@ from attnzoo.reproduce.common import (
     check_sweep_extra,
     classification_record,
     fmt,
+    learned,
     mean_val_curve,
     per_seed,
     pyplot,
@@ -34,6 +35,7 @@ from attnzoo.reproduce.common import (
     train_defaults,
     tune_rows,
     tuned,
+    unlearned_seeds,
 )
 from attnzoo.reproduce.pipeline import Control, Evidence, Longer, Plateau, Tuning, compared, judge
 from attnzoo.reproduce.store import Step
@@ -207,7 +209,7 @@ def _run_labels(_ctx: Context, step: Step) -> dict:
     return {"counts": counts.tolist(), "majority": float(counts.max() / counts.sum()), "n_val": int(n)}
 
 
-#: a task counts as learned when the softmax baseline's mean accuracy clears the majority class by this many points
+#: a task counts as learned when every seed of the softmax baseline clears the majority class by this many points
 LEARNED_MARGIN = 5.0
 
 
@@ -646,7 +648,7 @@ def _dense_chunks(findings: list[Finding], records: dict, tasks: list[str], leng
 
 def unlearned_row(acc: claims.Stat, m: str, majority: float | None) -> str | None:
     """Why the compared row did not learn (a seed within LEARNED_MARGIN of the majority class), or None."""
-    failed = [] if majority is None else _unlearned_seeds(acc, majority)
+    failed = [] if majority is None else unlearned_seeds(acc.values, majority, LEARNED_MARGIN)
     if not failed:
         return None
     return (
@@ -655,15 +657,10 @@ def unlearned_row(acc: claims.Stat, m: str, majority: float | None) -> str | Non
     )
 
 
-def _unlearned_seeds(acc: claims.Stat, majority: float) -> list[float]:
-    """The seeds' accuracies within LEARNED_MARGIN of the majority class: those seeds did not train."""
-    return [v for v in acc.values if v <= majority + LEARNED_MARGIN]
-
-
 def failure_reading(m: str, acc: claims.Stat, base_acc: claims.Stat, majority: float, base: str) -> str:
     """The gap on the seeds of ``m`` that did learn, where some did not; empty when every seed learned or none did."""
-    failed = _unlearned_seeds(acc, majority)
-    ok = [v for v in acc.values if v > majority + LEARNED_MARGIN]
+    failed = unlearned_seeds(acc.values, majority, LEARNED_MARGIN)
+    ok = [v for v in acc.values if v not in failed]
     if not failed or not ok:
         return ""
     return (
@@ -711,7 +708,9 @@ def _control_findings(findings: list[Finding], res: dict, learned: list[str]) ->
 def _learned(res, tasks, majority, row: str = "softmax") -> list[str]:
     """Tasks on which every seed of ``row`` beats the majority class (chance if unknown) by LEARNED_MARGIN."""
     accs = {t: res.get(row, {}).get(t, {}).get("accuracy") for t in tasks}
-    return [t for t, a in accs.items() if a is not None and min(a.values) > majority.get(t, CHANCE[t]) + LEARNED_MARGIN]
+    return [
+        t for t, a in accs.items() if a is not None and learned(a.values, majority.get(t, CHANCE[t]), LEARNED_MARGIN)
+    ]
 
 
 #: (mechanism, task) -> another of the paper's gaps on that task, stated beside the finding's own margin

@@ -12,10 +12,12 @@ import numpy as np
 
 from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.common import (
+    LEARNED_MARGIN,
     Context,
     Section,
     Table,
     fmt,
+    learned,
     load_trained,
     plot_val_curves,
     seeded_id,
@@ -47,8 +49,6 @@ _ABLATION_MEASURES = (
     "variational_compression_normalized",
     "variational_compression_out",
 )
-#: a probe model has learned its task when its accuracy clears the majority class by this many points
-LEARNED_MARGIN = 10.0
 #: the layer-wise findings' rule (:func:`_fall_verdict`, :func:`_seeds_verdict`), stated once in the section's intro
 FALL_RULE = (
     "Layer-wise fall rule: agrees if the value falls over the claim's layers with at least half the steps "
@@ -356,7 +356,7 @@ def _series_cell(vals: list[float]) -> str:
 
 
 def _learned(t: dict, majority: float) -> bool:
-    return t.get("accuracy") is not None and 100.0 * _num(t["accuracy"]) >= majority + LEARNED_MARGIN
+    return t.get("accuracy") is not None and learned([100.0 * _num(t["accuracy"])], majority)
 
 
 def _plotter(sec: Section, plots_dir, rel):

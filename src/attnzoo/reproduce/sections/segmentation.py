@@ -10,12 +10,14 @@ from attnzoo.data.scenes import SceneSpec
 from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
+    LEARNED_MARGIN,
     SWEEP_SEED_OFFSET,
     Context,
     Section,
     Table,
     check_sweep_extra,
     fmt,
+    learned,
     load_trained,
     num_params,
     per_seed,
@@ -28,6 +30,7 @@ from attnzoo.reproduce.common import (
     sweep_train,
     train_run,
     tuned,
+    unlearned_seeds,
     untrained_model,
 )
 from attnzoo.reproduce.pipeline import Evidence, compared, judge
@@ -72,7 +75,6 @@ DECODER_ENCODER = "vit_s"
 
 #: a classifier learned the scenes when its accuracy clears chance (10 classes) by this many points
 CHANCE = 10.0
-LEARNED_MARGIN = 10.0
 #: a decoder learned when its mIoU clears the all-background prediction's by this many points
 DECODER_MARGIN = 5.0
 #: "20% of the FLOPs": the claim agrees while the CBSA decoder costs at most twice that fraction of Segmenter's
@@ -504,13 +506,11 @@ def _decoder_findings(dec: dict | None, gates: list) -> list[Finding]:
 
 def _unlearned(res: dict, dec: dict | None) -> dict[str, str]:
     """The classifiers that did not learn the scenes and the decoders not above predicting background, with why."""
-    floor = CHANCE + LEARNED_MARGIN
-    # every seed must clear chance by the margin, as in the other sections (a seed mean hides one that did not)
     unlearned = {
-        n: f"{sum(v < floor for v in st['accuracy'].values)} of {st['accuracy'].n} seeds of {n} within "
+        n: f"{len(unlearned_seeds(st['accuracy'].values, CHANCE))} of {st['accuracy'].n} seeds of {n} within "
         f"{LEARNED_MARGIN:g} points of chance {CHANCE:g}% ({', '.join(f'{v:.1f}' for v in st['accuracy'].values)}%)"
         for n, st in res.items()
-        if st.get("accuracy") is not None and min(st["accuracy"].values) < floor
+        if st.get("accuracy") is not None and not learned(st["accuracy"].values, CHANCE)
     }
     for kind in DECODERS if dec else ():
         if (m := dec[kind]["miou"].mean) < dec["background_miou"] + DECODER_MARGIN:
