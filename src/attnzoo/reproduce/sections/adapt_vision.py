@@ -279,15 +279,13 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     # the pretrained ViT has plateaued when fine-tuning it for the same steps moves it less than the smallest effect;
     # the paper claims' baseline has plateaued when fine-tuning it twice the steps (plan "baseline_plateau") does
     longer = _stats(records, PLATEAU)
+    more = f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
     pre = Plateau("", "pretrained ViT", claims.stat([t_acc]), _acc(res, "original"), "%", ".1f", judges=paper_finding)
-    own = Plateau(
-        BASELINE, BASELINE, _acc(res, BASELINE), longer and longer["accuracy"], "%", ".1f", judges=paper_finding
-    )
-    pre.key, own.key = "teacher", "linear"
+    pre.key, pre.longer_run = "teacher", more
+    own = Plateau(BASELINE, BASELINE, _acc(res, BASELINE), longer and longer["accuracy"], "%", ".1f", key=BASELINE)
+    own.judges = paper_finding
     ev = Evidence(plateaus=[pre, own], tuning=[Tuning(_tune(sec, records, plan, res), paper_finding)])
     sec.data["plateau"] = judge(sec.findings, ev)
-    more = f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
-    sec.data["plateau"]["teacher"]["text"] = sec.data["plateau"]["teacher"]["text"].replace("at twice the steps", more)
     return sec
 
 
