@@ -470,6 +470,22 @@ def sweep_id(base: str, lr: float) -> str:
     return f"{base}/lr-sweep/lr{lr:g}"
 
 
+def sweep_runs(base: str, lrs: Iterable[float], seed: int) -> list[tuple[str, int, float]]:
+    """Row ``base``'s learning-rate sweep: ``(step id, seed, rate)`` per rate of ``lrs``, all on the sweep's seed."""
+    return [(sweep_id(base, lr), seed + SWEEP_SEED_OFFSET, lr) for lr in lrs]
+
+
+def seed_runs(base: str, seeds: Iterable[int]) -> list[tuple[str, int]]:
+    """Row ``base``'s reported runs: ``(step id, seed)`` per seed of ``seeds``."""
+    return [(seeded_id(base, s), s) for s in seeds]
+
+
+def section_step(key: str, sid: str, cfg: dict, fn, deps: tuple[str, ...] = ()) -> Step:
+    """Step ``sid`` of section ``key``: ``fn`` on ``cfg`` after ``deps`` and the sweep runs a tuned ``cfg`` reads,
+    labelled by its id without the section."""
+    return Step(sid, key, cfg, fn, deps=(*deps, *sweep_deps(cfg)), label=sid.split("/", 1)[1])
+
+
 def sweep_table(
     records: dict,
     rows: Sequence[str],

@@ -20,7 +20,6 @@ from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
     LEARNED_MARGIN,
-    SWEEP_SEED_OFFSET,
     Context,
     Section,
     Table,
@@ -31,11 +30,11 @@ from attnzoo.reproduce.common import (
     num_params,
     per_seed,
     pyplot,
+    section_step,
     seed_list,
     seed_mean,
-    seeded_id,
-    sweep_deps,
-    sweep_id,
+    seed_runs,
+    sweep_runs,
     train_run,
     tune_rows,
     tuned,
@@ -112,10 +111,9 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             "scratch": row == SCRATCH,
             "swapped_eval_batches": plan.get("swapped_eval_batches", 4),
         }
-        for lr in lrs:
-            sid = sweep_id(f"{KEY}/{row}", lr)
-            config = dict(base, finetune=dict(plan["finetune"], lr=lr), seed=seed + SWEEP_SEED_OFFSET)
-            steps.append(Step(sid, KEY, config, _finetune, deps=(TEACHER,), label=sid.split("/", 1)[1]))
+        for sid, s, lr in sweep_runs(f"{KEY}/{row}", lrs, seed):
+            config = dict(base, finetune=dict(plan["finetune"], lr=lr), seed=s)
+            steps.append(section_step(KEY, sid, config, _finetune, (TEACHER,)))
         steps += _seed_steps(plan, seed, base, row, row, dict(plan["finetune"]), lrs)
         if row == BASELINE and plan.get("baseline_plateau"):  # at the baseline's own tuned rate
             steps += _seed_steps(plan, seed, base, PLATEAU, BASELINE, twice_steps(plan["finetune"]), lrs)
@@ -125,11 +123,10 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
 def _seed_steps(plan: dict, seed: int, base: dict, name: str, row: str, finetune: dict, lrs: list) -> list[Step]:
     """Run ``name``'s fine-tuning on each of the section's seeds, at the best rate of ``row``'s sweep."""
     steps = []
-    for s in seed_list(plan, seed):
+    for sid, s in seed_runs(f"{KEY}/{name}", seed_list(plan, seed)):
         config = dict(base, finetune=dict(finetune), seed=s)  # each seed its own settings dict
         config = tuned(config, KEY, row, lrs, "accuracy", True, settings="finetune")
-        sid = seeded_id(f"{KEY}/{name}", s)
-        steps.append(Step(sid, KEY, config, _finetune, deps=(TEACHER, *sweep_deps(config)), label=sid.split("/", 1)[1]))
+        steps.append(section_step(KEY, sid, config, _finetune, (TEACHER,)))
     return steps
 
 

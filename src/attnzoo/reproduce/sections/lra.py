@@ -14,7 +14,6 @@ from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
     CURVE_EVAL_BATCHES,
-    SWEEP_SEED_OFFSET,
     Context,
     Section,
     Table,
@@ -26,11 +25,11 @@ from attnzoo.reproduce.common import (
     per_seed,
     pyplot,
     row_lrs,
+    section_step,
     seed_list,
     seed_mean,
-    seeded_id,
-    sweep_deps,
-    sweep_id,
+    seed_runs,
+    sweep_runs,
     sweep_train,
     train_defaults,
     tune_rows,
@@ -117,13 +116,13 @@ def _seeded_runs(plan: dict, seed: int, task: str, row: str, mech: str, abl: dic
     settings = train_defaults(**{**task_train(plan, task), **(abl.get("train") or {})})
     if sweep_lr is not None:
         settings = dict(sweep_train(settings, plan), lr=sweep_lr)
-    ids = (
-        [(seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{task}/{row}", sweep_lr))]
-        if sweep_lr is not None
-        else [(s, seeded_id(f"{KEY}/{task}/{row}", s)) for s in row_seeds(plan, seed, task, row)]
-    )
+    base = f"{KEY}/{task}/{row}"
+    if sweep_lr is not None:
+        ids = [run[:2] for run in sweep_runs(base, [sweep_lr], seed)]
+    else:
+        ids = seed_runs(base, row_seeds(plan, seed, task, row))
     steps = []
-    for s, sid in ids:
+    for sid, s in ids:
         data = dict(task=TASKS[task], task_options=_masked(TASKS[task], plan["tasks"][task]), model=model)
         cfg = {"train": dict(data, model_options=opts, seed=s, **settings), "mechanism": mech, "task": task}
         if abl:
@@ -131,7 +130,7 @@ def _seeded_runs(plan: dict, seed: int, task: str, row: str, mech: str, abl: dic
         if sweep_lr is None and task in sweep_tasks(plan) and mech in plan["mechanisms"]:
             # at the mechanism's best swept rate on this task (an ablation keeps its mechanism's rate)
             cfg = tuned(cfg, f"{KEY}/{task}", mech, row_lrs(plan, mech), "accuracy", True)
-        steps.append(Step(sid, KEY, cfg, classification_record, deps=sweep_deps(cfg), label=sid.split("/", 1)[1]))
+        steps.append(section_step(KEY, sid, cfg, classification_record))
     return steps
 
 

@@ -23,9 +23,9 @@ from attnzoo.reproduce.common import (
     per_seed,
     pyplot,
     row_lrs,
+    section_step,
     seed_list,
     seeded_id,
-    sweep_deps,
     sweep_id,
     sweep_train,
     train_run,
@@ -147,14 +147,6 @@ def decoder_lrs(plan: dict) -> list[float]:
     return sorted(set((plan.get("decoders") or {}).get("lr_sweep", [])))
 
 
-def _label(sid: str) -> str:
-    return sid.split("/", 1)[1]
-
-
-def _train_step(sid: str, cfg: dict, fn) -> Step:
-    return Step(sid, KEY, cfg, fn, deps=sweep_deps(cfg), label=_label(sid))
-
-
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     """The sweeps, then per seed each model's training, its zero-shot analysis, the controls' and the decoders'."""
     names = models_of(plan)
@@ -169,15 +161,15 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         for name in names:
             tid = seeded_id(f"{KEY}/{name}", s)
             cfg = tuned({"train": row_config(plan, name, s)}, KEY, name, row_lrs(plan, name), "accuracy", True)
-            steps.append(_train_step(tid, cfg, _train))
+            steps.append(section_step(KEY, tid, cfg, _train))
             zid = seeded_id(f"{KEY}/zero-shot/{name}", s)
             # the run's whole config (its sweep's too): a change to the run changes this step's hash, so it reruns
             config = {"experiment": "zero-shot", "source": tid, "trained": cfg, **probe}
-            steps.append(Step(zid, KEY, config, _zero_shot, deps=(tid,), label=_label(zid)))
+            steps.append(section_step(KEY, zid, config, _zero_shot, (tid,)))
         for name in controls_of(plan):
             cid = seeded_id(f"{KEY}/zero-shot-init/{name}", s)
             config = {"experiment": "zero-shot-init", "train": row_config(plan, name, s), **probe}
-            steps.append(Step(cid, KEY, config, _zero_shot_init, label=_label(cid)))
+            steps.append(section_step(KEY, cid, config, _zero_shot_init))
         if plan.get("decoders"):
             steps += _decoder_steps(plan, s)
     return steps
@@ -192,7 +184,7 @@ def _sweep_steps(plan: dict, seed: int) -> list[Step]:
             (f"{KEY}/decoders/{k}", decoder_config(plan, k, off), decoder_lrs(plan), _train_decoder) for k in DECODERS
         ]
     return [
-        _train_step(sweep_id(base, lr), {"train": sweep_train(dict(cfg, lr=lr), plan)}, fn)
+        section_step(KEY, sweep_id(base, lr), {"train": sweep_train(dict(cfg, lr=lr), plan)}, fn)
         for base, cfg, lrs, fn in grids
         for lr in lrs
     ]
@@ -206,7 +198,7 @@ def _decoder_steps(plan: dict, seed: int) -> list[Step]:
         cfg = tuned(
             {"train": decoder_config(plan, kind, seed)}, f"{KEY}/decoders", kind, decoder_lrs(plan), "miou", True
         )
-        steps.append(_train_step(tid, cfg, _train_decoder))
+        steps.append(section_step(KEY, tid, cfg, _train_decoder))
         runs[kind], trained[kind] = tid, cfg
     did = seeded_id(f"{KEY}/decoders", seed)
     config = {
@@ -220,7 +212,7 @@ def _decoder_steps(plan: dict, seed: int) -> list[Step]:
         "images": dec["images"],
         "seed": seed,
     }
-    steps.append(Step(did, KEY, config, _decoders, deps=tuple(runs.values()), label=_label(did)))
+    steps.append(section_step(KEY, did, config, _decoders, tuple(runs.values())))
     return steps
 
 

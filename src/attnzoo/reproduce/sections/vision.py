@@ -17,7 +17,6 @@ from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
     CURVE_EVAL_BATCHES,
     LEARNED_MARGIN,
-    SWEEP_SEED_OFFSET,
     Section,
     Table,
     check_row_arch,
@@ -30,11 +29,11 @@ from attnzoo.reproduce.common import (
     per_seed,
     pyplot,
     row_lrs,
+    section_step,
     seed_list,
     seed_mean,
-    seeded_id,
-    sweep_deps,
-    sweep_id,
+    seed_runs,
+    sweep_runs,
     sweep_train,
     train_defaults,
     tune_rows,
@@ -244,9 +243,9 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     check_sweep_extra(plan, sweep_rows(plan))
     check_row_arch(plan, rows_of(plan))
     for name in sweep_rows(plan):
-        for lr in row_lrs(plan, name):
+        for sid, s, lr in sweep_runs(f"{KEY}/{name}", row_lrs(plan, name), seed):
             swept = {**plan, "train": {**sweep_train(plan["train"], plan), "lr": lr}}
-            steps.append(_row_step(swept, name, seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{name}", lr), tune=False))
+            steps.append(_row_step(swept, name, s, sid, tune=False))
     plateaus = set(_plateau_rows(plan).values())
     for name in rows_of(plan):
         if name not in {**MODELS, **SWAPS, **ABLATIONS} and name not in plateaus | {MATCHED}:
@@ -255,7 +254,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             )
         # a paper baseline's own plateau check runs one seed; the ViT's every seed (its change gates most findings)
         seeds = seed_list(plan, seed)[:1] if name in plateaus - {PLATEAU} else seed_list(plan, seed)
-        steps += [_row_step(plan, name, s, seeded_id(f"{KEY}/{name}", s)) for s in seeds]
+        steps += [_row_step(plan, name, s, sid) for sid, s in seed_runs(f"{KEY}/{name}", seeds)]
     # more seeds of a comparison's two rows, kept out of the tables and read in the finding's explanation
     extra = plan.get("extra_seeds", {})
     for name in extra.get("rows", []):
@@ -308,7 +307,7 @@ def _row_step(plan: dict, name: str, seed: int, sid: str, tune: bool = True) -> 
     source = name if name in plan.get("swept_ablations", []) else TUNED_AS.get(name, name)
     if tune and source in sweep_rows(plan):
         cfg = tuned(cfg, KEY, source, row_lrs(plan, source), "accuracy", True)
-    return Step(sid, KEY, cfg, classification_record, deps=sweep_deps(cfg), label=sid.split("/", 1)[1])
+    return section_step(KEY, sid, cfg, classification_record)
 
 
 def _stats(records: dict, name: str) -> dict | None:
