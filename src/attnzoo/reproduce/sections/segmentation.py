@@ -672,14 +672,8 @@ _SWEEP_CAPTION = (
 )
 
 
-def _plt():
-    plt = pyplot()
-
-    return plt
-
-
 def _plot_layers(res: dict):
-    plt = _plt()
+    plt = pyplot()
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     colors = {n: f"C{i}" for i, n in enumerate(MODELS)}
     for n, st in res.items():
@@ -710,7 +704,7 @@ def _plot_overlays(over: dict, mass: float):
 
     from attnzoo.analysis.segment import threshold_mass, upsample_masks
 
-    plt = _plt()
+    plt = pyplot()
     rows = [(n, i) for n, o in over.items() for i in range(len(o["pixels"]))]
     cols = 1 + max(len(o["layers"]) for o in over.values())
     fig, axes = plt.subplots(len(rows), cols, figsize=(1.25 * cols + 0.4, 1.3 * len(rows) + 0.5), squeeze=False)
@@ -740,7 +734,7 @@ def _plot_overlays(over: dict, mass: float):
 
 
 def _plot_sweep(dec: dict):
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 3.6))
     for c, kind in enumerate(DECODERS):
         d = dec[kind]
