@@ -162,13 +162,13 @@ def num_params(model: torch.nn.Module) -> int:
 
 
 def measured_finding(
-    claim_id: str, measured: str, verdict: bool | str, rule: str, kind: str = "check", **fields: str
+    claim_id: str, measured: str, verdict: bool | str, rule: str, kind: str = "check", seeds: int = 1, **fields: str
 ) -> claims.Finding:
     """A finding judged from one measurement (a cost or a speed): ``verdict`` True agrees, False disagrees."""
     if isinstance(verdict, bool):
         verdict = "agrees" if verdict else "disagrees"
     kw = paper_claims.finding_kw(claim_id, **fields)
-    return claims.finding(**kw, measured=measured, verdict=verdict, rule=rule, kind=kind, measurement=True)
+    return claims.finding(**kw, measured=measured, verdict=verdict, rule=rule, kind=kind, seeds=seeds, measurement=True)
 
 
 # ---- memory -------------------------------------------------------------------------------------------

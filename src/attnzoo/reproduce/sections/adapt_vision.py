@@ -27,6 +27,7 @@ from attnzoo.reproduce.common import (
     fmt,
     learned,
     load_trained,
+    measured_finding,
     num_params,
     per_seed,
     pyplot,
@@ -398,15 +399,10 @@ def _findings(res: dict) -> list[Finding]:
         out.append(f)
     if "cbsa" in res and "linear" in res:
         ratio = res["cbsa"]["flops"] / res["linear"]["flops"]
-        out.append(
-            claims.finding(
-                **paper_claims.finding_kw("adapt-flops"),
-                measured=f"forward FLOPs per image: cbsa {res['cbsa']['flops'] / 1e6:.2f}M vs linear "
-                f"{res['linear']['flops'] / 1e6:.2f}M ({ratio:.3f}x)",
-                verdict="agrees" if abs(ratio - 1.0) <= FLOPS_TOLERANCE else "disagrees",
-                rule=f"agrees if the ratio is within 1 ± {FLOPS_TOLERANCE:g}",
-                kind="check",
-                measurement=True,
-            )
+        measured = (
+            f"forward FLOPs per image: cbsa {res['cbsa']['flops'] / 1e6:.2f}M vs linear "
+            f"{res['linear']['flops'] / 1e6:.2f}M ({ratio:.3f}x)"
         )
+        rule = f"agrees if the ratio is within 1 ± {FLOPS_TOLERANCE:g}"
+        out.append(measured_finding("adapt-flops", measured, abs(ratio - 1.0) <= FLOPS_TOLERANCE, rule))
     return out

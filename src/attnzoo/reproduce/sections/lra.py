@@ -22,6 +22,7 @@ from attnzoo.reproduce.common import (
     fmt,
     learned,
     mean_val_curve,
+    measured_finding,
     per_seed,
     pyplot,
     row_lrs,
@@ -828,17 +829,9 @@ def _speed_findings(res, mechs, tasks, lengths, head_dim=None) -> list[dict]:
         elif val is None or base is None:
             why = "missing steps/s"
         else:
-            out.append(
-                claims.finding(
-                    measured=f"{m} {val:.2f} vs softmax {base:.2f} steps/s on {longest} (N={n}): {val / base:.2f}x",
-                    verdict="agrees" if val > base else "disagrees",
-                    rule=f"agrees if {m} steps/s > softmax's (a measurement of training throughput)",
-                    **kw,
-                    kind="paper",
-                    seeds=res[m][longest]["seeds"],
-                    measurement=True,
-                )
-            )
+            measured = f"{m} {val:.2f} vs softmax {base:.2f} steps/s on {longest} (N={n}): {val / base:.2f}x"
+            rule = f"agrees if {m} steps/s > softmax's (a measurement of training throughput)"
+            out.append(measured_finding(claim_id, measured, val > base, rule, "paper", res[m][longest]["seeds"]))
             continue
         out.append(claims.not_tested(**kw, why=why))
     return out
@@ -862,17 +855,13 @@ def _fastest_finding(res, mechs, tasks) -> dict | None:
     if not known:
         return None
     best = max(known, key=known.get)
-    f = claims.finding(
-        **paper_claims.finding_kw(FASTEST),
-        measured=f"geometric-mean steps/s over {', '.join(tasks)}: "
-        + ", ".join(f"{m} {v:.2f}" for m, v in known.items()),
-        verdict="agrees" if best == "csp" else "disagrees",
-        rule="agrees if CSP has the highest geometric-mean steps/s over the tasks among the mechanisms of the paper's "
-        "comparison set run here (a measurement)",
-        kind="paper",
-        measurement=True,
-        seeds=min(res[m][t]["seeds"] for m in mechs for t in tasks if t in res[m]),
+    measured = f"geometric-mean steps/s over {', '.join(tasks)}: " + ", ".join(f"{m} {v:.2f}" for m, v in known.items())
+    rule = (
+        "agrees if CSP has the highest geometric-mean steps/s over the tasks among the mechanisms of the paper's "
+        "comparison set run here (a measurement)"
     )
+    seeds = min(res[m][t]["seeds"] for m in mechs for t in tasks if t in res[m])
+    f = measured_finding(FASTEST, measured, best == "csp", rule, "paper", seeds)
     if others := {m: v for m, v in speed.items() if m not in known and v}:
         f.explanation = "not in the paper's comparison set, shown for reference: " + ", ".join(
             f"{m} {v:.2f}" for m, v in others.items()

@@ -19,6 +19,7 @@ from attnzoo.reproduce.common import (
     fmt,
     learned,
     load_trained,
+    measured_finding,
     num_params,
     per_seed,
     pyplot,
@@ -479,16 +480,15 @@ def _decoder_findings(dec: dict | None, gates: list) -> list[Finding]:
     for f in (miou, robust):
         f.flops_a, f.flops_b, f.params_a, f.params_b = cb["flops"], mt["flops"], cb["params"], mt["params"]
     ratio = cb["flops"] / mt["flops"]
-    flops = claims.finding(
-        **paper_claims.finding_kw("cbsa-f8-flops"),
-        measured=f"decoder FLOPs per image: cbsa {cb['flops'] / 1e6:.2f}M vs mask_transformer "
-        f"{mt['flops'] / 1e6:.2f}M ({ratio:.1%})",
-        verdict="agrees" if ratio <= FLOPS_BOUND else "disagrees",
-        rule=f"agrees if the CBSA decoder's FLOPs are at most {FLOPS_BOUND:.0%} of Segmenter's (twice the paper's "
-        f"{FLOPS_PAPER:.0%}), else disagrees (torch.utils.flop_counter, one image through the decoder)",
-        kind="paper",
-        measurement=True,
+    measured = (
+        f"decoder FLOPs per image: cbsa {cb['flops'] / 1e6:.2f}M vs mask_transformer {mt['flops'] / 1e6:.2f}M "
+        f"({ratio:.1%})"
     )
+    rule = (
+        f"agrees if the CBSA decoder's FLOPs are at most {FLOPS_BOUND:.0%} of Segmenter's (twice the paper's "
+        f"{FLOPS_PAPER:.0%}), else disagrees (torch.utils.flop_counter, one image through the decoder)"
+    )
+    flops = measured_finding("cbsa-f8-flops", measured, ratio <= FLOPS_BOUND, rule, "paper")
     need = paper_claims.get("cbsa-f8-flops").conditions
     if dec["tokens"] is not None and dec["tokens"] < need.min_n:
         why = f"{dec['tokens']} tokens here against about {need.min_n:,} in the paper ({need.note})"
