@@ -140,3 +140,25 @@ def test_every_smoke_finding_carries_a_known_claim_id_and_a_claim_appears_once(s
     for cid, n in base.items():
         rec = paper_claims.get(cid)
         assert n == 1 or rec.tests or getattr(rec, "per", ""), f"{cid} appears {n} times without tests"
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda c: c.pop("metric"), r"claim 'tost-t2-vit': missing field\(s\) \['metric'\]"),
+        (lambda c: c.update(margn=1.0), r"claim 'tost-t2-vit': unknown field\(s\) \['margn'\]"),
+        (lambda c: c.update(margin="1.9"), r"claim 'tost-t2-vit': field 'margin' must be float"),
+        (lambda c: c["conditions"].update(min_n=1.5), r"claim 'tost-t2-vit', field 'conditions': field 'min_n'"),
+        (lambda c: c.update(kind="better"), r"claim 'tost-t2-vit': field 'kind' must be one of"),
+    ],
+)
+def test_a_bad_record_in_the_data_file_is_named_by_its_id_and_field(tmp_path, edit, message):
+    import yaml
+
+    data = yaml.safe_load(paper_claims.CLAIMS_FILE.read_text(encoding="utf-8"))
+    edit(data["claims"][0])
+    bad = tmp_path / "claims.yaml"
+    bad.write_text(yaml.safe_dump(data), encoding="utf-8")
+    with pytest.raises(ValueError, match=message):
+        paper_claims.load(bad)
+    assert paper_claims.load() == (CLAIMS, CHECKS)

@@ -508,13 +508,15 @@ def plateau_gate(
     unit: str,
     spec: str = ".3g",
     curves: str = "",
+    longer_run: str = "at twice the steps",
 ) -> dict:
     """The plateau evidence of a section's baseline, applied to the section's trained comparisons.
 
     ``change`` is how far the baseline's metric (seed means) moves at twice the steps. A verdict decided by its
     interval stands only if that interval clears the boundary (``-margin``) by more than ``|change|``; the others,
     and all without a run at twice the steps, are gated. The baseline has plateaued when every decided verdict
-    stands (never when none is decided: there is no bar). ``curves`` (the validation curves in words) end the text.
+    stands (never when none is decided: there is no bar). ``curves`` (the validation curves in words) end the text;
+    ``longer_run`` is how it names the baseline's longer run.
     Returns ``{"baseline", "plateaued", "change", "smallest_effect", "standing", "gated", "text"}``."""
     compared = [f for f in findings if f.claim_type]
     # the numbers' verdict (before any other gate): each precondition is judged on its own
@@ -524,7 +526,7 @@ def plateau_gate(
     if base is None or longer is None:
         change = None
         fails = compared
-        text = f"{baseline}: no run at twice the steps, so its plateau is not shown"
+        text = f"{baseline}: no run {longer_run}, so its plateau is not shown"
     else:
         # a plateau run of fewer seeds (the first ones) is compared with the same seeds of the baseline: the seeds'
         # spread is not a change with the steps (one seed against a three-seed mean mixes the two)
@@ -539,7 +541,7 @@ def plateau_gate(
             else ""
         )
         text = (
-            f"{baseline} at twice the steps: {longer.fmt(spec)} vs {base.fmt(spec)} {unit}{same} (change "
+            f"{baseline} {longer_run}: {longer.fmt(spec)} vs {base.fmt(spec)} {unit}{same} (change "
             f"{change:+.3g}); "
             + (
                 "no decided comparison in this section to set the bar"

@@ -10,14 +10,14 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 from attnzoo._io import ReadError, atomic_save_figure, read_json
 from attnzoo.reproduce import claims, paper_claims
-from attnzoo.reproduce.store import Interrupted, StepStore
+from attnzoo.reproduce.store import Interrupted, Step, StepStore
 
 
 @dataclass
@@ -104,6 +104,22 @@ def per_seed(records: dict[str, dict], base: str) -> list[dict]:
     return [r for _, r in sorted(found, key=lambda x: x[0])]
 
 
+# ---- did a row learn ---------------------------------------------------------------------------------
+#: a row has learned its task when every seed's accuracy (%) clears the majority class (or chance) by this many points
+LEARNED_MARGIN = 10.0
+
+
+def unlearned_seeds(accuracies: Iterable[float], bar: float, margin: float = LEARNED_MARGIN) -> list[float]:
+    """The seeds' accuracies (%) that do not clear ``bar`` (the majority class or chance) by ``margin`` points."""
+    return [v for v in accuracies if v < bar + margin]
+
+
+def learned(accuracies: Iterable[float], bar: float, margin: float = LEARNED_MARGIN) -> bool:
+    """Whether a row learned its task: every seed's accuracy (%) clears ``bar`` by ``margin`` points (a seed mean
+    would hide a seed that did not)."""
+    return not unlearned_seeds(accuracies, bar, margin)
+
+
 # ---- formatting -------------------------------------------------------------------------------------
 def seed_mean(records: Sequence[dict], key: str) -> float | None:
     """Mean of ``key`` over the seeds' results that have it; ``None`` if none has."""
@@ -146,13 +162,13 @@ def num_params(model: torch.nn.Module) -> int:
 
 
 def measured_finding(
-    claim_id: str, measured: str, verdict: bool | str, rule: str, kind: str = "check", **fields: str
+    claim_id: str, measured: str, verdict: bool | str, rule: str, kind: str = "check", seeds: int = 1, **fields: str
 ) -> claims.Finding:
     """A finding judged from one measurement (a cost or a speed): ``verdict`` True agrees, False disagrees."""
     if isinstance(verdict, bool):
         verdict = "agrees" if verdict else "disagrees"
     kw = paper_claims.finding_kw(claim_id, **fields)
-    return claims.finding(**kw, measured=measured, verdict=verdict, rule=rule, kind=kind, measurement=True)
+    return claims.finding(**kw, measured=measured, verdict=verdict, rule=rule, kind=kind, seeds=seeds, measurement=True)
 
 
 # ---- memory -------------------------------------------------------------------------------------------
@@ -364,6 +380,50 @@ def load_trained(run_dir: str | os.PathLike) -> torch.nn.Module:
     return from_pretrained(Path(run_dir) / "model")
 
 
+def twice_steps(train: dict) -> dict:
+    """``train`` at twice the steps and warm-up (a plateau run), nothing else changed."""
+    return {**train, "steps": 2 * train["steps"], "warmup_steps": 2 * train.get("warmup_steps", 0)}
+
+
+def classification_record(ctx: Context, step: Step) -> dict:
+    """Train a classifier, then its parameters and the peak memory of one training step (vision, LRA)."""
+    from attnzoo.data import build_task
+
+    cfg = step.config["train"]
+    rec = train_run(ctx, step.id, cfg, sweep=step.config.get("sweep"))
+    model = load_trained(rec["run_dir"])
+    task = build_task(cfg["task"], **cfg["task_options"])
+    inputs, target = task.train.get_batch(np.arange(min(cfg["batch_size"], len(task.train))))
+    val, grid = rec["val"], getattr(model, "grid", None)
+    return {
+        "accuracy": val.get("accuracy"),
+        "val_loss": val.get("loss"),
+        "params": num_params(model),
+        "samples_per_s": rec["samples_per_s"],
+        "steps_per_s": (rec["samples_per_s"] / cfg["batch_size"]) if rec["samples_per_s"] else None,
+        "peak_train_mb": peak_train_mb(model, inputs, target, task.kind, ctx.device),
+        "seq_len": task.info.get("seq_len"),
+        "tokens": None if grid is None else int(grid[0] * grid[1]) + int(getattr(model, "num_prefix_tokens", 0)),
+        "curve": rec["curve"],
+        "val_curve": rec["val_curve"],
+        "run_dir": rec["run_dir"],
+        "lr": rec["lr"],
+    }
+
+
+def untrained_model(train_cfg: dict):
+    """The model of the training config ``train_cfg`` as its seed initialises it (no step taken, eval mode), and its
+    task: the untrained controls' model."""
+    from attnzoo.data import build_task
+    from attnzoo.train.config import from_dict
+    from attnzoo.train.objectives import build_task_model
+
+    tcfg = from_dict({**train_cfg, "eval_every": 1})
+    task = build_task(tcfg.task, **tcfg.task_options)
+    torch.manual_seed(tcfg.seed)
+    return build_task_model(tcfg, task).eval(), task
+
+
 # ---- learning-rate sweeps --------------------------------------------------------------------------------
 #: the sweep trains on its own seed, apart from the reported seeds (base seed + this offset)
 SWEEP_SEED_OFFSET = 100
@@ -408,6 +468,22 @@ def check_row_arch(plan: dict, rows: Sequence[str]) -> None:
 def sweep_id(base: str, lr: float) -> str:
     """Step id of one learning rate of row ``base``'s sweep (e.g. ``vision/vit/lr-sweep/lr0.002``)."""
     return f"{base}/lr-sweep/lr{lr:g}"
+
+
+def sweep_runs(base: str, lrs: Iterable[float], seed: int) -> list[tuple[str, int, float]]:
+    """Row ``base``'s learning-rate sweep: ``(step id, seed, rate)`` per rate of ``lrs``, all on the sweep's seed."""
+    return [(sweep_id(base, lr), seed + SWEEP_SEED_OFFSET, lr) for lr in lrs]
+
+
+def seed_runs(base: str, seeds: Iterable[int]) -> list[tuple[str, int]]:
+    """Row ``base``'s reported runs: ``(step id, seed)`` per seed of ``seeds``."""
+    return [(seeded_id(base, s), s) for s in seeds]
+
+
+def section_step(key: str, sid: str, cfg: dict, fn, deps: tuple[str, ...] = ()) -> Step:
+    """Step ``sid`` of section ``key``: ``fn`` on ``cfg`` after ``deps`` and the sweep runs a tuned ``cfg`` reads,
+    labelled by its id without the section."""
+    return Step(sid, key, cfg, fn, deps=(*deps, *sweep_deps(cfg)), label=sid.split("/", 1)[1])
 
 
 def sweep_table(
@@ -568,12 +644,19 @@ def curve_text(curve: Sequence[Sequence[float]], spec: str = ".3g") -> str:
     return ", ".join(f"step {int(s)}: {format(v, spec)}" for s, v in curve)
 
 
-def plot_val_curves(panels: Sequence[tuple[str, dict[str, list]]], ylabel: str, title: str):
-    """One panel per table: every row's mean validation curve (``{row: [[step, value], ...]}``) against steps."""
+def pyplot():
+    """matplotlib's pyplot on the Agg backend: the report only writes PNG files, never opens a window."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_val_curves(panels: Sequence[tuple[str, dict[str, list]]], ylabel: str, title: str):
+    """One panel per table: every row's mean validation curve (``{row: [[step, value], ...]}``) against steps."""
+    plt = pyplot()
 
     panels = [(t, c) for t, c in panels if any(c.values())]
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.2 * max(1, len(panels)), 3.8), squeeze=False)

@@ -75,6 +75,8 @@ class Plateau:
     judges: Selector = every
     rows: dict[str, Longer] = field(default_factory=dict)
     key: str = ""
+    #: how the text names the baseline's longer run
+    longer_run: str = "at twice the steps"
 
 
 @dataclass
@@ -161,7 +163,7 @@ def _plateaus(findings: list[Finding], ev: Evidence) -> dict[str, dict]:
             row = p.rows.get(f.a_name)
             if row is not None and p.longer is not None and f.b_name == p.baseline:
                 claims.replicated_gate(f, row.longer, p.longer, row=f.a_name, baseline=p.baseline)
-        out[p.key] = claims.plateau_gate(own, p.label, p.base, p.longer, p.unit, p.spec, p.curves)
+        out[p.key] = claims.plateau_gate(own, p.label, p.base, p.longer, p.unit, p.spec, p.curves, p.longer_run)
         for f in own:
             row = p.rows.get(f.a_name)
             if row is not None:

@@ -19,23 +19,27 @@ from attnzoo._io import read_json
 from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
-    SWEEP_SEED_OFFSET,
+    LEARNED_MARGIN,
     Context,
     Section,
     Table,
     best_swept_lr,
     fmt,
+    learned,
     load_trained,
+    measured_finding,
     num_params,
     per_seed,
+    pyplot,
+    section_step,
     seed_list,
     seed_mean,
-    seeded_id,
-    sweep_deps,
-    sweep_id,
+    seed_runs,
+    sweep_runs,
     train_run,
     tune_rows,
     tuned,
+    twice_steps,
 )
 from attnzoo.reproduce.pipeline import Evidence, Plateau, Tuning, judge, paper_finding
 from attnzoo.reproduce.store import Step
@@ -57,8 +61,6 @@ ROWS: dict[str, tuple[str, str]] = {
 
 #: the check row: the CBSA student built from an untrained ViT and trained for the same steps
 SCRATCH = "cbsa@scratch"
-#: a pretrained model has learned the task when its accuracy clears the majority class by this many points
-LEARNED_MARGIN = 10.0
 #: the fine-tuned baseline of the paper claims, and its plateau run: the same fine-tuning at twice the steps
 BASELINE = "linear"
 PLATEAU = f"{BASELINE}@2x-steps"
@@ -100,8 +102,6 @@ def teacher_config(plan: dict, seed: int) -> dict:
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     """The pretraining, then per row its fine-tuning-rate sweep (on the sweep's own seed) and its seeds at the best."""
-    from attnzoo.reproduce.sections.vision import twice_steps
-
     steps = [Step(TEACHER, KEY, {"train": teacher_config(plan, seed)}, _pretrain, label="teacher")]
     lrs = list(plan.get("finetune_lr_sweep", []))
     for row in rows_of(plan):
@@ -112,10 +112,9 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             "scratch": row == SCRATCH,
             "swapped_eval_batches": plan.get("swapped_eval_batches", 4),
         }
-        for lr in lrs:
-            sid = sweep_id(f"{KEY}/{row}", lr)
-            config = dict(base, finetune=dict(plan["finetune"], lr=lr), seed=seed + SWEEP_SEED_OFFSET)
-            steps.append(Step(sid, KEY, config, _finetune, deps=(TEACHER,), label=sid.split("/", 1)[1]))
+        for sid, s, lr in sweep_runs(f"{KEY}/{row}", lrs, seed):
+            config = dict(base, finetune=dict(plan["finetune"], lr=lr), seed=s)
+            steps.append(section_step(KEY, sid, config, _finetune, (TEACHER,)))
         steps += _seed_steps(plan, seed, base, row, row, dict(plan["finetune"]), lrs)
         if row == BASELINE and plan.get("baseline_plateau"):  # at the baseline's own tuned rate
             steps += _seed_steps(plan, seed, base, PLATEAU, BASELINE, twice_steps(plan["finetune"]), lrs)
@@ -125,11 +124,10 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
 def _seed_steps(plan: dict, seed: int, base: dict, name: str, row: str, finetune: dict, lrs: list) -> list[Step]:
     """Run ``name``'s fine-tuning on each of the section's seeds, at the best rate of ``row``'s sweep."""
     steps = []
-    for s in seed_list(plan, seed):
+    for sid, s in seed_runs(f"{KEY}/{name}", seed_list(plan, seed)):
         config = dict(base, finetune=dict(finetune), seed=s)  # each seed its own settings dict
         config = tuned(config, KEY, row, lrs, "accuracy", True, settings="finetune")
-        sid = seeded_id(f"{KEY}/{name}", s)
-        steps.append(Step(sid, KEY, config, _finetune, deps=(TEACHER, *sweep_deps(config)), label=sid.split("/", 1)[1]))
+        steps.append(section_step(KEY, sid, config, _finetune, (TEACHER,)))
     return steps
 
 
@@ -269,7 +267,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.add_plot(_plot(teacher, res), plots_dir / "adapt_vision.png", rel, caption)
     majority = 100.0 * plan.get("majority", 0.1)
     t_acc = 100.0 * teacher["accuracy"]
-    if plan.get("require_learned", True) and t_acc < majority + LEARNED_MARGIN:
+    if plan.get("require_learned", True) and not learned([t_acc], majority):
         sec.notes.append(
             f"the pretrained ViT reached {t_acc:.1f}% against a majority class of {majority:.0f}%: not "
             f"{LEARNED_MARGIN:g} points above it, so no comparison is reported"
@@ -279,15 +277,13 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     # the pretrained ViT has plateaued when fine-tuning it for the same steps moves it less than the smallest effect;
     # the paper claims' baseline has plateaued when fine-tuning it twice the steps (plan "baseline_plateau") does
     longer = _stats(records, PLATEAU)
+    more = f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
     pre = Plateau("", "pretrained ViT", claims.stat([t_acc]), _acc(res, "original"), "%", ".1f", judges=paper_finding)
-    own = Plateau(
-        BASELINE, BASELINE, _acc(res, BASELINE), longer and longer["accuracy"], "%", ".1f", judges=paper_finding
-    )
-    pre.key, own.key = "teacher", "linear"
+    pre.key, pre.longer_run = "teacher", more
+    own = Plateau(BASELINE, BASELINE, _acc(res, BASELINE), longer and longer["accuracy"], "%", ".1f", key=BASELINE)
+    own.judges = paper_finding
     ev = Evidence(plateaus=[pre, own], tuning=[Tuning(_tune(sec, records, plan, res), paper_finding)])
     sec.data["plateau"] = judge(sec.findings, ev)
-    more = f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
-    sec.data["plateau"]["teacher"]["text"] = sec.data["plateau"]["teacher"]["text"].replace("at twice the steps", more)
     return sec
 
 
@@ -356,10 +352,7 @@ def _intro(plan: dict) -> str:
 
 
 def _plot(teacher: dict, res: dict):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 3.8))
     if curve := teacher.get("curve") or []:
@@ -406,15 +399,10 @@ def _findings(res: dict) -> list[Finding]:
         out.append(f)
     if "cbsa" in res and "linear" in res:
         ratio = res["cbsa"]["flops"] / res["linear"]["flops"]
-        out.append(
-            claims.finding(
-                **paper_claims.finding_kw("adapt-flops"),
-                measured=f"forward FLOPs per image: cbsa {res['cbsa']['flops'] / 1e6:.2f}M vs linear "
-                f"{res['linear']['flops'] / 1e6:.2f}M ({ratio:.3f}x)",
-                verdict="agrees" if abs(ratio - 1.0) <= FLOPS_TOLERANCE else "disagrees",
-                rule=f"agrees if the ratio is within 1 ± {FLOPS_TOLERANCE:g}",
-                kind="check",
-                measurement=True,
-            )
+        measured = (
+            f"forward FLOPs per image: cbsa {res['cbsa']['flops'] / 1e6:.2f}M vs linear "
+            f"{res['linear']['flops'] / 1e6:.2f}M ({ratio:.3f}x)"
         )
+        rule = f"agrees if the ratio is within 1 ± {FLOPS_TOLERANCE:g}"
+        out.append(measured_finding("adapt-flops", measured, abs(ratio - 1.0) <= FLOPS_TOLERANCE, rule))
     return out

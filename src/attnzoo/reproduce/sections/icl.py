@@ -13,7 +13,6 @@ from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
     CURVE_EVAL_BATCHES,
-    SWEEP_SEED_OFFSET,
     Context,
     ModelRow,
     Section,
@@ -22,11 +21,12 @@ from attnzoo.reproduce.common import (
     fmt,
     mean_val_curve,
     per_seed,
+    pyplot,
     row_lrs,
+    section_step,
     seed_list,
-    seeded_id,
-    sweep_deps,
-    sweep_id,
+    seed_runs,
+    sweep_runs,
     sweep_train,
     train_defaults,
     train_run,
@@ -100,27 +100,22 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             if name not in MODELS:
                 raise ValueError(f"unknown ICL model {name!r}; valid: {sorted(MODELS)}")
         # the sweep first, on its own seed and its own prompts (the task seed too): the seeds train at its best rate
-        off = seed + SWEEP_SEED_OFFSET
         for name in plan["models"]:
-            for lr in row_lrs(plan, name):
-                steps.append(_step(sweep_id(f"{KEY}/{task}/{name}", lr), _train(plan, task, opts, name, off, off, lr)))
+            for sid, off, lr in sweep_runs(f"{KEY}/{task}/{name}", row_lrs(plan, name), seed):
+                steps.append(section_step(KEY, sid, _train(plan, task, opts, name, off, off, lr), _run_model))
         for name in names:
             # the prompts (task seed) are the same for every model and seed; the seed varies initialisation and order;
             # the baseline's plateau check runs `plateau_seeds` seeds: GPT's 2x runs are the section's costliest
             seeds = seed_list(plan, seed)[: plan.get("plateau_seeds") if name == "gpt@2x-steps" else None]
             source = TUNED_AS.get(name, name)
-            for s in seeds:
+            for sid, s in seed_runs(f"{KEY}/{task}/{name}", seeds):
                 cfg = _train(plan, task, opts, name, seed, s)
                 if plan.get("lr_sweep", []) and source in plan["models"]:
                     cfg = tuned(cfg, f"{KEY}/{task}", source, row_lrs(plan, source), "mean_error", False)
-                steps.append(_step(seeded_id(f"{KEY}/{task}/{name}", s), cfg))
+                steps.append(section_step(KEY, sid, cfg, _run_model))
         config = {"task": TASKS[task], "task_options": dict(opts, seed=seed), "lasso_alpha": plan["lasso_alpha"]}
         steps.append(Step(f"{KEY}/{task}/baselines", KEY, config, _run_baselines, label=f"{task}/baselines"))
     return steps
-
-
-def _step(sid: str, cfg: dict) -> Step:
-    return Step(sid, KEY, cfg, _run_model, deps=sweep_deps(cfg), label=sid.split("/", 1)[1])
 
 
 def _train(plan: dict, task: str, opts: dict, name: str, task_seed: int, seed: int, lr: float | None = None) -> dict:
@@ -316,10 +311,7 @@ def _val_curves(sec: Section, records: dict, plan: dict, plots_dir, rel) -> None
 
 
 def _plot(curves, d):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     tasks = [t for t in curves if curves[t]]
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 3.8), squeeze=False)

@@ -18,7 +18,6 @@ from attnzoo.models import from_pretrained
 from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
-    SWEEP_SEED_OFFSET,
     Context,
     ModelRow,
     Section,
@@ -32,16 +31,18 @@ from attnzoo.reproduce.common import (
     num_params,
     peak_train_mb,
     per_seed,
+    pyplot,
     row_lrs,
+    section_step,
     seed_list,
-    seeded_id,
-    sweep_deps,
-    sweep_id,
+    seed_runs,
+    sweep_runs,
     sweep_train,
     train_defaults,
     train_run,
     tune_rows,
     tuned,
+    twice_steps,
 )
 from attnzoo.reproduce.pipeline import Control, Evidence, Longer, Plateau, Tuning, judge
 from attnzoo.reproduce.store import Step
@@ -100,11 +101,7 @@ def longer_rows(plan: dict) -> list[str]:
 
 
 def _train_plan(plan: dict, name: str) -> dict:
-    train = dict(plan["train"])
-    if name.endswith(LONGER):
-        train["steps"] *= 2
-        train["warmup_steps"] = 2 * train.get("warmup_steps", 0)
-    return train
+    return twice_steps(plan["train"]) if name.endswith(LONGER) else dict(plan["train"])
 
 
 def _seeds(plan: dict, name: str, seed: int) -> list[int]:
@@ -122,13 +119,9 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     check_row_arch(plan, rows_of(plan))
     # the sweep first: every seed run then trains at its row's best swept rate (a run at twice the steps at its
     # row's)
-    runs = [
-        (name, seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{name}", lr), lr)
-        for name in rows_of(plan)
-        for lr in row_lrs(plan, name)
-    ]
-    runs += [(name, s, seeded_id(f"{KEY}/{name}", s), None) for name in rows for s in _seeds(plan, name, seed)]
-    for name, s, sid, lr in runs:
+    runs = [(n, *run) for n in rows_of(plan) for run in sweep_runs(f"{KEY}/{n}", row_lrs(plan, n), seed)]
+    runs += [(n, sid, s, None) for n in rows for sid, s in seed_runs(f"{KEY}/{n}", _seeds(plan, n, seed))]
+    for name, sid, s, lr in runs:
         row = name.split("@")[0]
         reg, mech, _ = MODELS[row]
         train = dict(
@@ -156,7 +149,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         }
         if lr is None:
             cfg = tuned(cfg, KEY, row, row_lrs(plan, row), "val_loss", False)
-        steps.append(Step(sid, KEY, cfg, _run, deps=sweep_deps(cfg), label=sid.split("/", 1)[1]))
+        steps.append(section_step(KEY, sid, cfg, _run))
     return steps
 
 
@@ -430,10 +423,7 @@ LEARNED_MARGIN_BPC = 0.5
 
 
 def _plot(res, names):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     for i, n in enumerate(names):

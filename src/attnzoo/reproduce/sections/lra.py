@@ -14,27 +14,30 @@ from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
     CURVE_EVAL_BATCHES,
-    SWEEP_SEED_OFFSET,
     Context,
     Section,
     Table,
     check_sweep_extra,
+    classification_record,
     fmt,
+    learned,
     mean_val_curve,
+    measured_finding,
     per_seed,
+    pyplot,
     row_lrs,
+    section_step,
     seed_list,
     seed_mean,
-    seeded_id,
-    sweep_deps,
-    sweep_id,
+    seed_runs,
+    sweep_runs,
     sweep_train,
     train_defaults,
     tune_rows,
     tuned,
+    unlearned_seeds,
 )
 from attnzoo.reproduce.pipeline import Control, Evidence, Longer, Plateau, Tuning, compared, judge
-from attnzoo.reproduce.sections.vision import classification_record
 from attnzoo.reproduce.store import Step
 
 KEY = "long-range"
@@ -114,13 +117,13 @@ def _seeded_runs(plan: dict, seed: int, task: str, row: str, mech: str, abl: dic
     settings = train_defaults(**{**task_train(plan, task), **(abl.get("train") or {})})
     if sweep_lr is not None:
         settings = dict(sweep_train(settings, plan), lr=sweep_lr)
-    ids = (
-        [(seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{task}/{row}", sweep_lr))]
-        if sweep_lr is not None
-        else [(s, seeded_id(f"{KEY}/{task}/{row}", s)) for s in row_seeds(plan, seed, task, row)]
-    )
+    base = f"{KEY}/{task}/{row}"
+    if sweep_lr is not None:
+        ids = [run[:2] for run in sweep_runs(base, [sweep_lr], seed)]
+    else:
+        ids = seed_runs(base, row_seeds(plan, seed, task, row))
     steps = []
-    for s, sid in ids:
+    for sid, s in ids:
         data = dict(task=TASKS[task], task_options=_masked(TASKS[task], plan["tasks"][task]), model=model)
         cfg = {"train": dict(data, model_options=opts, seed=s, **settings), "mechanism": mech, "task": task}
         if abl:
@@ -128,7 +131,7 @@ def _seeded_runs(plan: dict, seed: int, task: str, row: str, mech: str, abl: dic
         if sweep_lr is None and task in sweep_tasks(plan) and mech in plan["mechanisms"]:
             # at the mechanism's best swept rate on this task (an ablation keeps its mechanism's rate)
             cfg = tuned(cfg, f"{KEY}/{task}", mech, row_lrs(plan, mech), "accuracy", True)
-        steps.append(Step(sid, KEY, cfg, classification_record, deps=sweep_deps(cfg), label=sid.split("/", 1)[1]))
+        steps.append(section_step(KEY, sid, cfg, classification_record))
     return steps
 
 
@@ -206,7 +209,7 @@ def _run_labels(_ctx: Context, step: Step) -> dict:
     return {"counts": counts.tolist(), "majority": float(counts.max() / counts.sum()), "n_val": int(n)}
 
 
-#: a task counts as learned when the softmax baseline's mean accuracy clears the majority class by this many points
+#: a task counts as learned when every seed of the softmax baseline clears the majority class by this many points
 LEARNED_MARGIN = 5.0
 
 
@@ -579,10 +582,7 @@ def _avg_stat(res, m, tasks) -> claims.Stat | None:
 
 
 def _plot(res, mechs, tasks, lengths):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 3.8))
     x = np.arange(len(tasks))
@@ -648,7 +648,7 @@ def _dense_chunks(findings: list[Finding], records: dict, tasks: list[str], leng
 
 def unlearned_row(acc: claims.Stat, m: str, majority: float | None) -> str | None:
     """Why the compared row did not learn (a seed within LEARNED_MARGIN of the majority class), or None."""
-    failed = [] if majority is None else _unlearned_seeds(acc, majority)
+    failed = [] if majority is None else unlearned_seeds(acc.values, majority, LEARNED_MARGIN)
     if not failed:
         return None
     return (
@@ -657,15 +657,10 @@ def unlearned_row(acc: claims.Stat, m: str, majority: float | None) -> str | Non
     )
 
 
-def _unlearned_seeds(acc: claims.Stat, majority: float) -> list[float]:
-    """The seeds' accuracies within LEARNED_MARGIN of the majority class: those seeds did not train."""
-    return [v for v in acc.values if v <= majority + LEARNED_MARGIN]
-
-
 def failure_reading(m: str, acc: claims.Stat, base_acc: claims.Stat, majority: float, base: str) -> str:
     """The gap on the seeds of ``m`` that did learn, where some did not; empty when every seed learned or none did."""
-    failed = _unlearned_seeds(acc, majority)
-    ok = [v for v in acc.values if v > majority + LEARNED_MARGIN]
+    failed = unlearned_seeds(acc.values, majority, LEARNED_MARGIN)
+    ok = [v for v in acc.values if v not in failed]
     if not failed or not ok:
         return ""
     return (
@@ -713,7 +708,9 @@ def _control_findings(findings: list[Finding], res: dict, learned: list[str]) ->
 def _learned(res, tasks, majority, row: str = "softmax") -> list[str]:
     """Tasks on which every seed of ``row`` beats the majority class (chance if unknown) by LEARNED_MARGIN."""
     accs = {t: res.get(row, {}).get(t, {}).get("accuracy") for t in tasks}
-    return [t for t, a in accs.items() if a is not None and min(a.values) > majority.get(t, CHANCE[t]) + LEARNED_MARGIN]
+    return [
+        t for t, a in accs.items() if a is not None and learned(a.values, majority.get(t, CHANCE[t]), LEARNED_MARGIN)
+    ]
 
 
 #: (mechanism, task) -> another of the paper's gaps on that task, stated beside the finding's own margin
@@ -832,17 +829,9 @@ def _speed_findings(res, mechs, tasks, lengths, head_dim=None) -> list[dict]:
         elif val is None or base is None:
             why = "missing steps/s"
         else:
-            out.append(
-                claims.finding(
-                    measured=f"{m} {val:.2f} vs softmax {base:.2f} steps/s on {longest} (N={n}): {val / base:.2f}x",
-                    verdict="agrees" if val > base else "disagrees",
-                    rule=f"agrees if {m} steps/s > softmax's (a measurement of training throughput)",
-                    **kw,
-                    kind="paper",
-                    seeds=res[m][longest]["seeds"],
-                    measurement=True,
-                )
-            )
+            measured = f"{m} {val:.2f} vs softmax {base:.2f} steps/s on {longest} (N={n}): {val / base:.2f}x"
+            rule = f"agrees if {m} steps/s > softmax's (a measurement of training throughput)"
+            out.append(measured_finding(claim_id, measured, val > base, rule, "paper", res[m][longest]["seeds"]))
             continue
         out.append(claims.not_tested(**kw, why=why))
     return out
@@ -866,17 +855,13 @@ def _fastest_finding(res, mechs, tasks) -> dict | None:
     if not known:
         return None
     best = max(known, key=known.get)
-    f = claims.finding(
-        **paper_claims.finding_kw(FASTEST),
-        measured=f"geometric-mean steps/s over {', '.join(tasks)}: "
-        + ", ".join(f"{m} {v:.2f}" for m, v in known.items()),
-        verdict="agrees" if best == "csp" else "disagrees",
-        rule="agrees if CSP has the highest geometric-mean steps/s over the tasks among the mechanisms of the paper's "
-        "comparison set run here (a measurement)",
-        kind="paper",
-        measurement=True,
-        seeds=min(res[m][t]["seeds"] for m in mechs for t in tasks if t in res[m]),
+    measured = f"geometric-mean steps/s over {', '.join(tasks)}: " + ", ".join(f"{m} {v:.2f}" for m, v in known.items())
+    rule = (
+        "agrees if CSP has the highest geometric-mean steps/s over the tasks among the mechanisms of the paper's "
+        "comparison set run here (a measurement)"
     )
+    seeds = min(res[m][t]["seeds"] for m in mechs for t in tasks if t in res[m])
+    f = measured_finding(FASTEST, measured, best == "csp", rule, "paper", seeds)
     if others := {m: v for m, v in speed.items() if m not in known and v}:
         f.explanation = "not in the paper's comparison set, shown for reference: " + ", ".join(
             f"{m} {v:.2f}" for m, v in others.items()

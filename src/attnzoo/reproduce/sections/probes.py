@@ -12,14 +12,18 @@ import numpy as np
 
 from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.common import (
+    LEARNED_MARGIN,
     Context,
     Section,
     Table,
     fmt,
+    learned,
     load_trained,
+    measured_finding,
     plot_val_curves,
     seeded_id,
     train_run,
+    untrained_model,
 )
 from attnzoo.reproduce.store import Step
 
@@ -46,8 +50,6 @@ _ABLATION_MEASURES = (
     "variational_compression_normalized",
     "variational_compression_out",
 )
-#: a probe model has learned its task when its accuracy clears the majority class by this many points
-LEARNED_MARGIN = 10.0
 #: the layer-wise findings' rule (:func:`_fall_verdict`, :func:`_seeds_verdict`), stated once in the section's intro
 FALL_RULE = (
     "Layer-wise fall rule: agrees if the value falls over the claim's layers with at least half the steps "
@@ -207,16 +209,7 @@ def _run_layerwise(ctx: Context, step: Step) -> dict:
 
 def _run_layerwise_init(_ctx: Context, step: Step) -> dict:
     """The layer-wise probe on the probe model's architecture as initialised by its training seed (no step taken)."""
-    import torch
-
-    from attnzoo.data import build_task
-    from attnzoo.train.config import from_dict
-    from attnzoo.train.objectives import build_task_model
-
-    tcfg = from_dict({**step.config["train"], "eval_every": 1})
-    task = build_task(tcfg.task, **tcfg.task_options)
-    torch.manual_seed(tcfg.seed)
-    return _layerwise(build_task_model(tcfg, task).eval(), step.config)
+    return _layerwise(untrained_model(step.config["train"])[0], step.config)
 
 
 def _run_maps(ctx: Context, step: Step) -> dict:
@@ -364,7 +357,7 @@ def _series_cell(vals: list[float]) -> str:
 
 
 def _learned(t: dict, majority: float) -> bool:
-    return t.get("accuracy") is not None and 100.0 * _num(t["accuracy"]) >= majority + LEARNED_MARGIN
+    return t.get("accuracy") is not None and learned([100.0 * _num(t["accuracy"])], majority)
 
 
 def _plotter(sec: Section, plots_dir, rel):
@@ -613,11 +606,9 @@ def _softmax_denoise_finding(res) -> dict:
 
 def _compress_finding(r: dict) -> dict:
     rate = [_num(x) for x in r["coding_rate"]]
-    return _finding(
-        **paper_claims.finding_kw("cbsa-f4-compress"),
-        measured=f"coding rate {rate[0]:.4g} → {rate[-1]:.4g} over {len(rate) - 1} iterations",
-        verdict="agrees" if rate[-1] < rate[0] else "disagrees",
-        rule="agrees if the final rate < initial",
+    measured = f"coding rate {rate[0]:.4g} → {rate[-1]:.4g} over {len(rate) - 1} iterations"
+    return measured_finding(
+        "cbsa-f4-compress", measured, rate[-1] < rate[0], "agrees if the final rate < initial", "paper"
     )
 
 
@@ -627,14 +618,9 @@ def _rank_collapse_findings(r: dict) -> list[dict]:
     if "softmax_reference" not in resid or "csp_reference" not in resid:
         return []
     s, c = resid["softmax_reference"], resid["csp_reference"]
-    return [
-        _finding(
-            **paper_claims.finding_kw("csp-thm1-rank"),
-            measured=f"softmax {s[0]:.2e} → {s[-1]:.2e}, CSP {c[0]:.2e} → {c[-1]:.2e} over {len(s) - 1} layers",
-            verdict="agrees" if s[-1] < 1e-3 * s[0] and c[-1] > 0.1 * c[0] else "disagrees",
-            rule="agrees if softmax's residual falls 1000x while CSP's stays above 10%",
-        )
-    ]
+    measured = f"softmax {s[0]:.2e} → {s[-1]:.2e}, CSP {c[0]:.2e} → {c[-1]:.2e} over {len(s) - 1} layers"
+    rule = "agrees if softmax's residual falls 1000x while CSP's stays above 10%"
+    return [measured_finding("csp-thm1-rank", measured, s[-1] < 1e-3 * s[0] and c[-1] > 0.1 * c[0], rule, "paper")]
 
 
 def _layerwise_finding(name: str, r: dict, shallow: dict | None, more: list | None = None) -> dict | None:
@@ -653,9 +639,7 @@ def _layerwise_finding(name: str, r: dict, shallow: dict | None, more: list | No
         measured = f"{MEASURE_LABEL[key]}, mean of {len(runs)} seeds, {_describe(mean, start)}; per seed: {per_seed}"
         rule = f"{rule}, {len(runs)} seeds"
     verdict = _seeds_verdict(mean, runs, start)
-    f = _finding(
-        **paper_claims.finding_kw(claim_id, name=name), measured=measured, verdict=verdict, rule=rule, seeds=len(runs)
-    )
+    f = measured_finding(claim_id, measured, verdict, rule, "paper", len(runs), name=name)
     if verdict != "agrees":
         f["explanation"] = ("base seed's model: " if len(runs) > 1 else "") + _layerwise_explanation(
             key, start, r, shallow

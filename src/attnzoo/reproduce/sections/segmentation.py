@@ -10,23 +10,29 @@ from attnzoo.data.scenes import SceneSpec
 from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
+    LEARNED_MARGIN,
     SWEEP_SEED_OFFSET,
     Context,
     Section,
     Table,
     check_sweep_extra,
     fmt,
+    learned,
     load_trained,
+    measured_finding,
     num_params,
     per_seed,
+    pyplot,
     row_lrs,
+    section_step,
     seed_list,
     seeded_id,
-    sweep_deps,
     sweep_id,
     sweep_train,
     train_run,
     tuned,
+    unlearned_seeds,
+    untrained_model,
 )
 from attnzoo.reproduce.pipeline import Evidence, compared, judge
 from attnzoo.reproduce.store import Step
@@ -70,7 +76,6 @@ DECODER_ENCODER = "vit_s"
 
 #: a classifier learned the scenes when its accuracy clears chance (10 classes) by this many points
 CHANCE = 10.0
-LEARNED_MARGIN = 10.0
 #: a decoder learned when its mIoU clears the all-background prediction's by this many points
 DECODER_MARGIN = 5.0
 #: "20% of the FLOPs": the claim agrees while the CBSA decoder costs at most twice that fraction of Segmenter's
@@ -143,14 +148,6 @@ def decoder_lrs(plan: dict) -> list[float]:
     return sorted(set((plan.get("decoders") or {}).get("lr_sweep", [])))
 
 
-def _label(sid: str) -> str:
-    return sid.split("/", 1)[1]
-
-
-def _train_step(sid: str, cfg: dict, fn) -> Step:
-    return Step(sid, KEY, cfg, fn, deps=sweep_deps(cfg), label=_label(sid))
-
-
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     """The sweeps, then per seed each model's training, its zero-shot analysis, the controls' and the decoders'."""
     names = models_of(plan)
@@ -165,15 +162,15 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         for name in names:
             tid = seeded_id(f"{KEY}/{name}", s)
             cfg = tuned({"train": row_config(plan, name, s)}, KEY, name, row_lrs(plan, name), "accuracy", True)
-            steps.append(_train_step(tid, cfg, _train))
+            steps.append(section_step(KEY, tid, cfg, _train))
             zid = seeded_id(f"{KEY}/zero-shot/{name}", s)
             # the run's whole config (its sweep's too): a change to the run changes this step's hash, so it reruns
             config = {"experiment": "zero-shot", "source": tid, "trained": cfg, **probe}
-            steps.append(Step(zid, KEY, config, _zero_shot, deps=(tid,), label=_label(zid)))
+            steps.append(section_step(KEY, zid, config, _zero_shot, (tid,)))
         for name in controls_of(plan):
             cid = seeded_id(f"{KEY}/zero-shot-init/{name}", s)
             config = {"experiment": "zero-shot-init", "train": row_config(plan, name, s), **probe}
-            steps.append(Step(cid, KEY, config, _zero_shot_init, label=_label(cid)))
+            steps.append(section_step(KEY, cid, config, _zero_shot_init))
         if plan.get("decoders"):
             steps += _decoder_steps(plan, s)
     return steps
@@ -188,7 +185,7 @@ def _sweep_steps(plan: dict, seed: int) -> list[Step]:
             (f"{KEY}/decoders/{k}", decoder_config(plan, k, off), decoder_lrs(plan), _train_decoder) for k in DECODERS
         ]
     return [
-        _train_step(sweep_id(base, lr), {"train": sweep_train(dict(cfg, lr=lr), plan)}, fn)
+        section_step(KEY, sweep_id(base, lr), {"train": sweep_train(dict(cfg, lr=lr), plan)}, fn)
         for base, cfg, lrs, fn in grids
         for lr in lrs
     ]
@@ -202,7 +199,7 @@ def _decoder_steps(plan: dict, seed: int) -> list[Step]:
         cfg = tuned(
             {"train": decoder_config(plan, kind, seed)}, f"{KEY}/decoders", kind, decoder_lrs(plan), "miou", True
         )
-        steps.append(_train_step(tid, cfg, _train_decoder))
+        steps.append(section_step(KEY, tid, cfg, _train_decoder))
         runs[kind], trained[kind] = tid, cfg
     did = seeded_id(f"{KEY}/decoders", seed)
     config = {
@@ -216,7 +213,7 @@ def _decoder_steps(plan: dict, seed: int) -> list[Step]:
         "images": dec["images"],
         "seed": seed,
     }
-    steps.append(Step(did, KEY, config, _decoders, deps=tuple(runs.values()), label=_label(did)))
+    steps.append(section_step(KEY, did, config, _decoders, tuple(runs.values())))
     return steps
 
 
@@ -253,16 +250,8 @@ def _zero_shot(ctx: Context, step: Step) -> dict:
 
 def _zero_shot_init(_ctx: Context, step: Step) -> dict:
     """The same analysis of the architecture as its training seed initialises it (no step taken)."""
-    import torch
-
-    from attnzoo.data import build_task
-    from attnzoo.train.config import from_dict
-    from attnzoo.train.objectives import build_task_model
-
-    tcfg = from_dict(step.config["train"])
-    task = build_task(tcfg.task, **tcfg.task_options)
-    torch.manual_seed(tcfg.seed)
-    return _score(build_task_model(tcfg, task).eval(), task.val, step.config)
+    model, task = untrained_model(step.config["train"])
+    return _score(model, task.val, step.config)
 
 
 def _score(model, scenes, cfg: dict) -> dict:
@@ -512,16 +501,15 @@ def _decoder_findings(dec: dict | None, gates: list) -> list[Finding]:
     for f in (miou, robust):
         f.flops_a, f.flops_b, f.params_a, f.params_b = cb["flops"], mt["flops"], cb["params"], mt["params"]
     ratio = cb["flops"] / mt["flops"]
-    flops = claims.finding(
-        **paper_claims.finding_kw("cbsa-f8-flops"),
-        measured=f"decoder FLOPs per image: cbsa {cb['flops'] / 1e6:.2f}M vs mask_transformer "
-        f"{mt['flops'] / 1e6:.2f}M ({ratio:.1%})",
-        verdict="agrees" if ratio <= FLOPS_BOUND else "disagrees",
-        rule=f"agrees if the CBSA decoder's FLOPs are at most {FLOPS_BOUND:.0%} of Segmenter's (twice the paper's "
-        f"{FLOPS_PAPER:.0%}), else disagrees (torch.utils.flop_counter, one image through the decoder)",
-        kind="paper",
-        measurement=True,
+    measured = (
+        f"decoder FLOPs per image: cbsa {cb['flops'] / 1e6:.2f}M vs mask_transformer {mt['flops'] / 1e6:.2f}M "
+        f"({ratio:.1%})"
     )
+    rule = (
+        f"agrees if the CBSA decoder's FLOPs are at most {FLOPS_BOUND:.0%} of Segmenter's (twice the paper's "
+        f"{FLOPS_PAPER:.0%}), else disagrees (torch.utils.flop_counter, one image through the decoder)"
+    )
+    flops = measured_finding("cbsa-f8-flops", measured, ratio <= FLOPS_BOUND, rule, "paper")
     need = paper_claims.get("cbsa-f8-flops").conditions
     if dec["tokens"] is not None and dec["tokens"] < need.min_n:
         why = f"{dec['tokens']} tokens here against about {need.min_n:,} in the paper ({need.note})"
@@ -531,13 +519,11 @@ def _decoder_findings(dec: dict | None, gates: list) -> list[Finding]:
 
 def _unlearned(res: dict, dec: dict | None) -> dict[str, str]:
     """The classifiers that did not learn the scenes and the decoders not above predicting background, with why."""
-    floor = CHANCE + LEARNED_MARGIN
-    # every seed must clear chance by the margin, as in the other sections (a seed mean hides one that did not)
     unlearned = {
-        n: f"{sum(v < floor for v in st['accuracy'].values)} of {st['accuracy'].n} seeds of {n} within "
+        n: f"{len(unlearned_seeds(st['accuracy'].values, CHANCE))} of {st['accuracy'].n} seeds of {n} within "
         f"{LEARNED_MARGIN:g} points of chance {CHANCE:g}% ({', '.join(f'{v:.1f}' for v in st['accuracy'].values)}%)"
         for n, st in res.items()
-        if st.get("accuracy") is not None and min(st["accuracy"].values) < floor
+        if st.get("accuracy") is not None and not learned(st["accuracy"].values, CHANCE)
     }
     for kind in DECODERS if dec else ():
         if (m := dec[kind]["miou"].mean) < dec["background_miou"] + DECODER_MARGIN:
@@ -707,17 +693,8 @@ _SWEEP_CAPTION = (
 )
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _plot_layers(res: dict):
-    plt = _plt()
+    plt = pyplot()
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     colors = {n: f"C{i}" for i, n in enumerate(MODELS)}
     for n, st in res.items():
@@ -748,7 +725,7 @@ def _plot_overlays(over: dict, mass: float):
 
     from attnzoo.analysis.segment import threshold_mass, upsample_masks
 
-    plt = _plt()
+    plt = pyplot()
     rows = [(n, i) for n, o in over.items() for i in range(len(o["pixels"]))]
     cols = 1 + max(len(o["layers"]) for o in over.values())
     fig, axes = plt.subplots(len(rows), cols, figsize=(1.25 * cols + 0.4, 1.3 * len(rows) + 0.5), squeeze=False)
@@ -778,7 +755,7 @@ def _plot_overlays(over: dict, mass: float):
 
 
 def _plot_sweep(dec: dict):
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 3.6))
     for c, kind in enumerate(DECODERS):
         d = dec[kind]

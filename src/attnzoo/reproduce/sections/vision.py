@@ -16,29 +16,29 @@ from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
     CURVE_EVAL_BATCHES,
-    SWEEP_SEED_OFFSET,
-    Context,
+    LEARNED_MARGIN,
     Section,
     Table,
     check_row_arch,
     check_sweep_extra,
+    classification_record,
     fmt,
-    load_trained,
+    learned,
     mean_val_curve,
     num_params,
-    peak_train_mb,
     per_seed,
+    pyplot,
     row_lrs,
+    section_step,
     seed_list,
     seed_mean,
-    seeded_id,
-    sweep_deps,
-    sweep_id,
+    seed_runs,
+    sweep_runs,
     sweep_train,
     train_defaults,
-    train_run,
     tune_rows,
     tuned,
+    twice_steps,
 )
 from attnzoo.reproduce.pipeline import Control, Evidence, Plateau, Tuning, judge, paper_finding
 from attnzoo.reproduce.store import Step
@@ -243,9 +243,9 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     check_sweep_extra(plan, sweep_rows(plan))
     check_row_arch(plan, rows_of(plan))
     for name in sweep_rows(plan):
-        for lr in row_lrs(plan, name):
+        for sid, s, lr in sweep_runs(f"{KEY}/{name}", row_lrs(plan, name), seed):
             swept = {**plan, "train": {**sweep_train(plan["train"], plan), "lr": lr}}
-            steps.append(_row_step(swept, name, seed + SWEEP_SEED_OFFSET, sweep_id(f"{KEY}/{name}", lr), tune=False))
+            steps.append(_row_step(swept, name, s, sid, tune=False))
     plateaus = set(_plateau_rows(plan).values())
     for name in rows_of(plan):
         if name not in {**MODELS, **SWAPS, **ABLATIONS} and name not in plateaus | {MATCHED}:
@@ -254,7 +254,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             )
         # a paper baseline's own plateau check runs one seed; the ViT's every seed (its change gates most findings)
         seeds = seed_list(plan, seed)[:1] if name in plateaus - {PLATEAU} else seed_list(plan, seed)
-        steps += [_row_step(plan, name, s, seeded_id(f"{KEY}/{name}", s)) for s in seeds]
+        steps += [_row_step(plan, name, s, sid) for sid, s in seed_runs(f"{KEY}/{name}", seeds)]
     # more seeds of a comparison's two rows, kept out of the tables and read in the finding's explanation
     extra = plan.get("extra_seeds", {})
     for name in extra.get("rows", []):
@@ -288,11 +288,6 @@ def sweep_rows(plan: dict) -> list[str]:
     return rows + list(swept)
 
 
-def twice_steps(train: dict) -> dict:
-    """``train`` at twice the steps and warm-up (a plateau run), nothing else changed."""
-    return {**train, "steps": 2 * train["steps"], "warmup_steps": 2 * train.get("warmup_steps", 0)}
-
-
 def row_config(plan: dict, name: str, seed: int) -> dict:
     """A step config training vision row ``name`` under ``plan`` (the probes section's deeper models use it too)."""
     base = name.split("@")[0]
@@ -312,37 +307,7 @@ def _row_step(plan: dict, name: str, seed: int, sid: str, tune: bool = True) -> 
     source = name if name in plan.get("swept_ablations", []) else TUNED_AS.get(name, name)
     if tune and source in sweep_rows(plan):
         cfg = tuned(cfg, KEY, source, row_lrs(plan, source), "accuracy", True)
-    return Step(sid, KEY, cfg, classification_record, deps=sweep_deps(cfg), label=sid.split("/", 1)[1])
-
-
-def classification_record(ctx: Context, step: Step) -> dict:
-    """Train, then parameters and the peak memory of one training step (shared with the LRA section)."""
-    from attnzoo.data import build_task
-
-    cfg = step.config["train"]
-    rec = train_run(ctx, step.id, cfg, sweep=step.config.get("sweep"))
-    model = load_trained(rec["run_dir"])
-    task = build_task(cfg["task"], **cfg["task_options"])
-    inputs, target = task.train.get_batch(np.arange(min(cfg["batch_size"], len(task.train))))
-    val, grid = rec["val"], getattr(model, "grid", None)
-    return {
-        "accuracy": val.get("accuracy"),
-        "val_loss": val.get("loss"),
-        "params": num_params(model),
-        "samples_per_s": rec["samples_per_s"],
-        "steps_per_s": (rec["samples_per_s"] / cfg["batch_size"]) if rec["samples_per_s"] else None,
-        "peak_train_mb": peak_train_mb(model, inputs, target, task.kind, ctx.device),
-        "seq_len": task.info.get("seq_len"),
-        "tokens": None if grid is None else int(grid[0] * grid[1]) + int(getattr(model, "num_prefix_tokens", 0)),
-        "curve": rec["curve"],
-        "val_curve": rec["val_curve"],
-        "run_dir": rec["run_dir"],
-        "lr": rec["lr"],
-    }
-
-
-#: a model has learned the task when its mean accuracy clears the majority class by this many points
-LEARNED_MARGIN = 10.0
+    return section_step(KEY, sid, cfg, classification_record)
 
 
 def _stats(records: dict, name: str) -> dict | None:
@@ -392,9 +357,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         caption = "Accuracy (mean ± std over seeds), training images/s and peak training-step memory."
         sec.add_plot(fig, plots_dir / "vision.png", rel, caption)
     majority = 100.0 * plan.get("majority", 0.1)
-    # every seed of the baseline must clear the majority class by the margin
-    learned = "vit" not in res or min(res["vit"]["accuracy"].values) >= majority + LEARNED_MARGIN
-    if plan.get("require_learned", True) and not learned:
+    if plan.get("require_learned", True) and "vit" in res and not learned(res["vit"]["accuracy"].values, majority):
         sec.notes.append(
             f"the ViT baseline reached {res['vit']['accuracy'].fmt('.1f')}% against a majority class of "
             f"{majority:.0f}%: not {LEARNED_MARGIN:g} points above it on every seed, so no comparison is reported"
@@ -546,10 +509,7 @@ def _pct(x):
 
 
 def _plot(res: dict, names: list[str]):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
     x = np.arange(len(names))
