@@ -268,7 +268,8 @@ def test_the_long_plan_sweeps_every_row_and_both_decoders_and_widens_crate():
     p = b[KEY]
     ids = {s.id for s in steps if s.section == KEY}
     sweeps = {i for i in ids if "/lr-sweep/" in i}
-    assert len(sweeps) == len(p["models"]) * len(p["lr_sweep"]) + 2 * len(p["decoders"]["lr_sweep"]) == 15
+    lrs = sum(len(row_lrs(p, m)) for m in p["models"])
+    assert len(sweeps) == lrs + 2 * len(p["decoders"]["lr_sweep"]) == 21
     crate = next(s for s in steps if s.id == f"{KEY}/crate/seed0").config["train"]["model_options"]
     hybrid = next(s for s in steps if s.id == f"{KEY}/crate_cbt/seed0").config["train"]["model_options"]
     assert (crate["dim"], crate["heads"]) == (88, 8) and (hybrid["dim"], hybrid["heads"]) == (64, 4)
@@ -342,6 +343,29 @@ def test_a_sweep_lifts_the_not_tuned_gate_of_the_comparisons_it_tunes_only(tmp_p
     both = {**rows_swept, "decoders": {**PLAN["decoders"], "lr_sweep": [1e-3, 2e-3]}}
     f = _by_id(_summary(tmp_path, _records(AGREEING), both))
     assert all(x["verdict"] == "agrees" for x in f.values()), {k: x["verdict"] for k, x in f.items()}
+
+
+def test_a_classifier_whose_best_swept_rate_is_at_its_grids_end_holds_back_its_comparisons(tmp_path):
+    swept = {k: v for k, v in PLAN.items() if k != "require_tuned"}
+    swept = {**swept, "lr_sweep": [1e-3, 2e-3, 4e-3], "decoders": {**PLAN["decoders"], "lr_sweep": [1e-3, 2e-3]}}
+
+    def with_sweeps(best_of_cbt: float) -> dict:
+        recs = _records(AGREEING)
+        for m in swept["models"]:
+            for lr in swept["lr_sweep"]:  # every row peaks inside its grid, except cbt where told
+                best = best_of_cbt if m == "cbt" else 2e-3
+                acc = 0.6 if lr == best else 0.3
+                recs[sweep_id(f"{KEY}/{m}", lr)] = {"section": KEY, "result": {"accuracy": acc}}
+        return recs
+
+    inside = _by_id(_summary(tmp_path, with_sweeps(2e-3), swept))
+    assert inside["cbsa-t6-persistence"]["verdict"] == "agrees"
+    edge = _by_id(_summary(tmp_path, with_sweeps(1e-3), swept))
+    for cid, x in edge.items():
+        if x.get("claim_type") and "cbt" in (x.get("a_name"), x.get("b_name")):
+            assert x["verdict"] == "inconclusive" and x["gate_reasons"] == ["not tuned"], cid
+            assert "lowest of the grid" in x["gate"], cid
+    assert edge["cbsa-t5-ranking#crate_cbt-vs-crate"]["verdict"] == "agrees"  # no cbt in it
 
 
 def test_the_decoders_token_count_is_read_from_the_measurement_steps_config_not_a_training_runs(tmp_path):

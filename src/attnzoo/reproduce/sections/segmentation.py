@@ -30,11 +30,12 @@ from attnzoo.reproduce.common import (
     sweep_id,
     sweep_train,
     train_run,
+    tune_rows,
     tuned,
     unlearned_seeds,
     untrained_model,
 )
-from attnzoo.reproduce.pipeline import Evidence, compared, judge
+from attnzoo.reproduce.pipeline import Evidence, Tuning, compared, judge
 from attnzoo.reproduce.store import Step
 
 KEY = "segmentation"
@@ -409,8 +410,18 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             sec.notes.append("did not learn: " + "; ".join(ev.unlearned.values()))
     if plan.get("require_tuned", True):
         ev.gates += _untuned_gates(sec.findings, plan)
+        if plan.get("lr_sweep") and res:
+            ev.tuning.append(Tuning(_classifier_sweeps(sec, records, plan, res)))
     judge(sec.findings, ev)
     return sec
+
+
+def _classifier_sweeps(sec, records: dict, plan: dict, res: dict) -> dict[str, str]:
+    """The classifiers' sweeps as an appendix table; ``{row: why}`` of those whose best rate lies at an end of the
+    grid, as every other section tunes its rows (a flat top within the seeds' spread is not held against a row)."""
+    rows = [n for n in models_of(plan) if n in res]
+    noise = {r: res[r]["accuracy"].std for r in rows}
+    return tune_rows(sec, records, plan, rows, KEY, "accuracy", True, 100.0, "validation accuracy %", noise=noise)
 
 
 def _untuned_gates(findings: list[Finding], plan: dict) -> list:
