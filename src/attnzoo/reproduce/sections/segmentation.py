@@ -32,10 +32,11 @@ from attnzoo.reproduce.common import (
     train_run,
     tune_rows,
     tuned,
+    twice_steps,
     unlearned_seeds,
     untrained_model,
 )
-from attnzoo.reproduce.pipeline import Evidence, Tuning, compared, judge
+from attnzoo.reproduce.pipeline import Evidence, Longer, Plateau, Tuning, compared, judge
 from attnzoo.reproduce.store import Step
 
 KEY = "segmentation"
@@ -99,6 +100,18 @@ def models_of(plan: dict) -> list[str]:
 def controls_of(plan: dict) -> list[str]:
     """The models whose untrained copies are analysed as controls (those of the plan's models it names)."""
     return _known(list(plan.get("controls", ["tost", "crate_cbt"])), "control")
+
+
+#: a row trained at twice the steps (and warm-up), nothing else changed: the persistence claim's plateau runs
+LONGER = "@2x-steps"
+
+
+def plateau_rows_of(plan: dict) -> list[str]:
+    """The models also trained at twice the steps on every seed (``plateau_rows``: the persistence claim's pair)."""
+    rows = _known(list(plan.get("plateau_rows", [])), "plateau row")
+    if missing := sorted(set(rows) - set(models_of(plan))):
+        raise ValueError(f"plateau_rows {missing} are not models of this segmentation plan; models: {models_of(plan)}")
+    return rows
 
 
 def _preset(name: str, plan: dict, model_options: dict, settings: dict) -> dict:
@@ -168,6 +181,13 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             # the run's whole config (its sweep's too): a change to the run changes this step's hash, so it reruns
             config = {"experiment": "zero-shot", "source": tid, "trained": cfg, **probe}
             steps.append(section_step(KEY, zid, config, _zero_shot, (tid,)))
+        for name in plateau_rows_of(plan):  # the row's own rate, twice the steps
+            tid = seeded_id(f"{KEY}/{name}{LONGER}", s)
+            train = {**row_config(plan, name, s), **twice_steps(plan["train"])}
+            cfg = tuned({"train": train}, KEY, name, row_lrs(plan, name), "accuracy", True)
+            steps.append(section_step(KEY, tid, cfg, _train))
+            config = {"experiment": "zero-shot", "source": tid, "trained": cfg, **probe, "overlays": 0}
+            steps.append(section_step(KEY, seeded_id(f"{KEY}/zero-shot/{name}{LONGER}", s), config, _zero_shot, (tid,)))
         for name in controls_of(plan):
             cid = seeded_id(f"{KEY}/zero-shot-init/{name}", s)
             config = {"experiment": "zero-shot-init", "train": row_config(plan, name, s), **probe}
@@ -412,8 +432,30 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         ev.gates += _untuned_gates(sec.findings, plan)
         if plan.get("lr_sweep") and res:
             ev.tuning.append(Tuning(_classifier_sweeps(sec, records, plan, res)))
+    if plan.get("plateau_rows"):
+        ev.plateaus.append(_persistence_plateau(sec.findings, res, _longer_rows(records, plan)))
     judge(sec.findings, ev)
     return sec
+
+
+def _longer_rows(records: dict, plan: dict) -> dict:
+    """Plateau row name -> its later-half foreground IoU (a Stat over seeds) at twice the steps."""
+    out = {}
+    for name in plateau_rows_of(plan):
+        if (zs := _zs_stats(records, f"{KEY}/zero-shot/{name}{LONGER}")) is not None:
+            out[name] = zs["later_half"]
+    return out
+
+
+def _persistence_plateau(findings: list[Finding], res: dict, longer: dict) -> Plateau:
+    """The persistence comparison again at twice the steps (both rows): it stands only if the same rule gives the
+    same verdict there and the effect moves less than its interval clears the boundary by (the replicated gate)."""
+    persistence = next(f for f in findings if f.claim_id == "cbsa-t6-persistence")
+    a, b = (_at(res, n, "later_half") for n in ("crate_cbt", "cbt"))
+    rows = {"crate_cbt": Longer("crate_cbt", a, longer.get("crate_cbt"))}
+    return Plateau(
+        "cbt", "cbt", b, longer.get("cbt"), "IoU", ".3f", judges=lambda f: f is persistence, rows=rows, key="cbt"
+    )
 
 
 def _classifier_sweeps(sec, records: dict, plan: dict, res: dict) -> dict[str, str]:
@@ -634,12 +676,12 @@ def _decoder_table(dec: dict) -> Table:
     return Table("Segmentation decoders (CBSA Fig. 8)", heads, rows, caption)
 
 
-def _rate(lrs: list[float], lr: float, fraction: float) -> str:
+def _rate(lrs: list[float], lr: float, fraction: float, uneven: bool = False) -> str:
     """How a run's learning rate was chosen, in words."""
     if not lrs:
         return f"lr {lr:g}, not tuned"
     share = f", {fraction:.0%} of the steps" if fraction < 1 else ""
-    grid = ", ".join(f"{x:g}" for x in lrs)
+    grid = ", ".join(f"{x:g}" for x in lrs) + (" (each row's grid: configs.md)" if uneven else "")
     return f"each at the best rate of its own sweep over {grid} on the sweep seed (base + {SWEEP_SEED_OFFSET}{share})"
 
 
@@ -647,7 +689,10 @@ def _intro(plan: dict) -> str:
     arch, tr, opts = plan["arch"], plan["train"], plan.get("task_options", {})
     n = plan.get("seeds", 1)
     frac = plan.get("sweep_fraction", 1.0)
-    lrs = sorted(set(plan.get("lr_sweep", [])))
+    # every row's own grid (the plan's and its lr_sweep_extra), listed once when the rows share it
+    grids = {tuple(row_lrs(plan, m)) for m in models_of(plan)} if plan.get("lr_sweep") else {()}
+    lrs = sorted({lr for g in grids for lr in g})
+    rate = _rate(lrs, tr["lr"], frac, len(grids) > 1)
     wider = "; ".join(
         f"{name} at " + ", ".join(f"{k} {v}" for k, v in over.items())
         for name, over in plan.get("row_arch", {}).items()
@@ -657,7 +702,7 @@ def _intro(plan: dict) -> str:
         f"{opts.get('n_train', 10000):,} training scenes); each classifier ({', '.join(models_of(plan))}) is its "
         f"`scenes_*_small` preset at width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, patch "
         f"{arch['patch_size']}" + (f" ({wider})" if wider else "") + f", trained {tr['steps']} steps of batch "
-        f"{tr['batch_size']} ({_rate(lrs, tr['lr'], frac)}), {n} seed{'s' if n > 1 else ''}. Every attention "
+        f"{tr['batch_size']} ({rate}), {n} seed{'s' if n > 1 else ''}. Every attention "
         f"layer's [CLS] map (CBSA: the [CLS] row of A_k A_kᵀ, Fig. 7; TSSA: its memberships Π; class attention: the "
         f"[CLS] query's map) keeps the patches holding the top {plan.get('mass', 0.6):.0%} of its mass (DINO's rule) "
         f"and is scored on the first {plan.get('images', 128)} validation scenes. Controls: the untrained "
