@@ -687,6 +687,17 @@ def test_reuse_imports_only_steps_whose_config_is_unchanged(tmp_path):
     assert _complete(kept.load(same)) is None and _complete(new.load(same)) is not None
 
 
+def test_results_json_names_the_run_each_reused_step_was_measured_in():
+    from attnzoo.reproduce.report import _results_payload
+
+    records = {
+        "sec/own": {"section": "sec", "config": {}, "result": {"y": 1}, "wall_s": 1.0},
+        "sec/reused": {"section": "sec", "config": {}, "result": {"y": 2}, "wall_s": 2.0, "imported_from": "long"},
+    }
+    steps = _results_payload({}, [], records, {})["steps"]
+    assert steps["sec/reused"]["imported_from"] == "long" and "imported_from" not in steps["sec/own"]
+
+
 def test_reuse_of_a_directory_brings_the_run_files_a_later_step_loads(tmp_path):
     """A pretrained model imported by --reuse is loaded by the steps that depend on it: its run directory comes with
     its record (and is covered by the record's hashes)."""

@@ -1,9 +1,10 @@
 """What each ``--budget`` runs: data sizes, model sizes, steps and the mechanisms compared per section.
 
 Each budget is one YAML file in ``budgets/`` (package data), spelled out in full with a one-line reason per choice
-and its ``description`` (``smoke``: CI; ``default``: <= 30 min and ``long``: <= 2 h on a 2-core CPU; ``full``: a
-GPU); the measurements behind the choices are in docs/results_history.md. Within a section every model shares width,
-depth, heads, data, optimiser and steps; only the mechanism (and the architecture the paper pairs it with) changes.
+and its ``description`` (``smoke``: CI; ``default``: <= 30 min and ``long``: about 2 h 45 min on a 2-core CPU;
+``full``: a GPU); the measurements behind the choices are in docs/results_history.md. Within a section every model
+shares width, depth, heads, data, optimiser and steps; only the mechanism (and the architecture the paper pairs it
+with) changes.
 """
 
 from __future__ import annotations

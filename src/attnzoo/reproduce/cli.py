@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget",
         choices=sorted(BUDGETS),
         default="default",
-        help="smoke: ~2 min CPU (CI); default: <= 30 min on a 2-core CPU, two seeds; long: <= 2 h on a "
+        help="smoke: ~2 min CPU (CI); default: <= 30 min on a 2-core CPU, two seeds; long: about 2 h 45 min on a "
         "2-core CPU, 3 seeds; full: a GPU",
     )
     ap.add_argument("--out", default=None, help="output directory (default results/<timestamp>/); reuse it to resume")

@@ -573,6 +573,8 @@ def _results_payload(meta: dict, secs: list[Section], records: dict, failed: dic
         "steps": {
             sid: {"section": r["section"], "config": r["config"], "result": r["result"], "wall_s": r["wall_s"]}
             | ({"result_slimmed": r["result_slimmed"]} if r.get("result_slimmed") else {})
+            # the run a reused step was measured in (Provenance points readers here)
+            | ({"imported_from": r["imported_from"]} if r.get("imported_from") else {})
             for sid, r in records.items()
         },
         "failed": failed,
