@@ -87,6 +87,20 @@ def test_an_undecided_claim_is_filed_under_its_first_cause_and_the_counts_add_up
     assert "**Decided trained claims:**" in text and "X Table 1, c3: a is ahead of b by 1 pts" in text
 
 
+def test_an_ungated_undecided_claim_is_filed_by_what_would_decide_it():
+    wide, longer = _f(*TIE, claim="wide"), _f(*TIE, claim="longer")
+    longer["at_2x"] = {"effect": 1.0, "ci95": [0.5, 1.5], "margin": 0.0, "verdict": "agrees"}
+    measured = {"verdict": "inconclusive", "claim": "exponent 1.26 against 1.25", "paper": "P"}
+    assert cause_of([wide]) == "wide"
+    assert cause_of([longer]) == "steps"  # decided at twice the steps: more seeds would not settle it
+    assert cause_of([measured]) == "threshold"  # no seeds, no interval
+    undecided_2x = _f(*TIE, claim="still wide")
+    undecided_2x["at_2x"] = {"effect": 0.0, "ci95": [-1.0, 1.0], "margin": 0.0, "verdict": "inconclusive"}
+    assert cause_of([undecided_2x]) == "wide"
+    gate(longer, "sizes unlike the paper's", "conditions")  # a gate comes first
+    assert cause_of([longer]) == "conditions"
+
+
 def test_a_refuted_superiority_names_the_bar_its_interval_lies_below():
     f = _f([1.0, 1.1, 1.2], [1.0, 1.05, 1.1], paper_effect=2.0)
     assert f["verdict"] == "disagrees" and f["ci95"][0] < 0 < f["ci95"][1]

@@ -18,6 +18,8 @@ CAUSES = {
     "did not learn": "a compared row did not learn the task",
     "not tuned": "a row is not tuned",
     "plateau": "not shown to survive more training",
+    "steps": "decided at twice the steps, not at the reported steps: the verdict depends on the training length",
+    "threshold": "a measurement on its rule's threshold (no seeds, no interval)",
     "wide": "its interval is too wide to decide at this many seeds",
     "not tested": "not tested at this budget",
 }
@@ -65,12 +67,17 @@ def combine(verdicts: list[str]) -> str:
 
 def cause_of(findings: list[dict]) -> str:
     """The first cause (in :data:`CAUSES` order) that keeps a claim's tests from a verdict: a gate that held a
-    decided verdict back first, then any gate of an inconclusive test, else a too wide interval."""
+    decided verdict back first, then any gate of an inconclusive test; without a gate, a test that its run at twice
+    the steps decides, then a measurement without an interval (its rule's threshold), else a too wide interval."""
     if all(f["verdict"] == "not tested" for f in findings):
         return "not tested"
     gated = {r for f in findings if f.get("ungated_verdict") for r in f.get("gate_reasons", ())}
     reasons = {r for f in findings if f["verdict"] == "inconclusive" for r in f.get("gate_reasons", ())}
-    return next((c for found in (gated, reasons) for c in CAUSES if c in found), "wide")
+    if found := next((c for found in (gated, reasons) for c in CAUSES if c in found), None):
+        return found
+    if any((f.get("at_2x") or {}).get("verdict") in ("agrees", "disagrees") for f in findings):
+        return "steps"
+    return "wide" if any(f.get("ci95") for f in findings) else "threshold"
 
 
 def tally(pairs: list[tuple[str, dict]]) -> list[ClaimResult]:
