@@ -380,6 +380,10 @@ def load_trained(run_dir: str | os.PathLike) -> torch.nn.Module:
     return from_pretrained(Path(run_dir) / "model")
 
 
+#: the suffix of a row trained at twice the steps (and warm-up), nothing else changed: a plateau run
+LONGER = "@2x-steps"
+
+
 def twice_steps(train: dict) -> dict:
     """``train`` at twice the steps and warm-up (a plateau run), nothing else changed."""
     return {**train, "steps": 2 * train["steps"], "warmup_steps": 2 * train.get("warmup_steps", 0)}

@@ -18,6 +18,7 @@ from attnzoo.models import from_pretrained
 from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
+    LONGER,
     Context,
     ModelRow,
     Section,
@@ -86,8 +87,7 @@ def model_options(name: str, arch: dict, row_arch: dict | None = None) -> dict:
 
 
 #: the baseline's plateau check: the baseline trained with twice the steps (and warm-up), nothing else changed
-PLATEAU = "gpt@2x-steps"
-LONGER = "@2x-steps"
+PLATEAU = "gpt" + LONGER
 
 
 def longer_rows(plan: dict) -> list[str]:

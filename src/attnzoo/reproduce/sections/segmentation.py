@@ -11,6 +11,7 @@ from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import (
     LEARNED_MARGIN,
+    LONGER,
     SWEEP_SEED_OFFSET,
     Context,
     Section,
@@ -102,10 +103,6 @@ def controls_of(plan: dict) -> list[str]:
     return _known(list(plan.get("controls", ["tost", "crate_cbt"])), "control")
 
 
-#: a row trained at twice the steps (and warm-up), nothing else changed: the persistence claim's plateau runs
-LONGER = "@2x-steps"
-
-
 def plateau_rows_of(plan: dict) -> list[str]:
     """The models also trained at twice the steps on every seed (``plateau_rows``: the persistence claim's pair)."""
     rows = _known(list(plan.get("plateau_rows", [])), "plateau row")
@@ -174,20 +171,10 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             "overlays": plan.get("overlays", 2) if s == seed else 0,
         }
         for name in names:
-            tid = seeded_id(f"{KEY}/{name}", s)
-            cfg = tuned({"train": row_config(plan, name, s)}, KEY, name, row_lrs(plan, name), "accuracy", True)
-            steps.append(section_step(KEY, tid, cfg, _train))
-            zid = seeded_id(f"{KEY}/zero-shot/{name}", s)
-            # the run's whole config (its sweep's too): a change to the run changes this step's hash, so it reruns
-            config = {"experiment": "zero-shot", "source": tid, "trained": cfg, **probe}
-            steps.append(section_step(KEY, zid, config, _zero_shot, (tid,)))
+            steps += _trained_row_steps(plan, name, s, row_config(plan, name, s), probe)
         for name in plateau_rows_of(plan):  # the row's own rate, twice the steps
-            tid = seeded_id(f"{KEY}/{name}{LONGER}", s)
             train = {**row_config(plan, name, s), **twice_steps(plan["train"])}
-            cfg = tuned({"train": train}, KEY, name, row_lrs(plan, name), "accuracy", True)
-            steps.append(section_step(KEY, tid, cfg, _train))
-            config = {"experiment": "zero-shot", "source": tid, "trained": cfg, **probe, "overlays": 0}
-            steps.append(section_step(KEY, seeded_id(f"{KEY}/zero-shot/{name}{LONGER}", s), config, _zero_shot, (tid,)))
+            steps += _trained_row_steps(plan, name, s, train, {**probe, "overlays": 0}, LONGER)
         for name in controls_of(plan):
             cid = seeded_id(f"{KEY}/zero-shot-init/{name}", s)
             config = {"experiment": "zero-shot-init", "train": row_config(plan, name, s), **probe}
@@ -195,6 +182,16 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         if plan.get("decoders"):
             steps += _decoder_steps(plan, s)
     return steps
+
+
+def _trained_row_steps(plan: dict, name: str, seed: int, train: dict, probe: dict, suffix: str = "") -> list[Step]:
+    """Model ``name`` trained on ``train`` at its sweep's best rate (row ``name + suffix``), then its zero-shot maps."""
+    tid = seeded_id(f"{KEY}/{name}{suffix}", seed)
+    cfg = tuned({"train": train}, KEY, name, row_lrs(plan, name), "accuracy", True)
+    # the run's whole config (its sweep's too): a change to the run changes this step's hash, so it reruns
+    config = {"experiment": "zero-shot", "source": tid, "trained": cfg, **probe}
+    zid = seeded_id(f"{KEY}/zero-shot/{name}{suffix}", seed)
+    return [section_step(KEY, tid, cfg, _train), section_step(KEY, zid, config, _zero_shot, (tid,))]
 
 
 def _sweep_steps(plan: dict, seed: int) -> list[Step]:
