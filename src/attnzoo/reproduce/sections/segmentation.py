@@ -505,16 +505,24 @@ def _zero_shot_findings(res: dict, gates: list) -> list[Finding]:
     return out
 
 
+def _above_untrained(res: dict, name: str, *keys: str) -> tuple[float, tuple | None, str] | None:
+    """The trained ``name`` against its untrained copy on ``res[...][keys]``: effect, 95% interval and both in words
+    (``None`` without either row)."""
+    trained, init = _at(res, name, *keys), _at(res, name + INIT, *keys)
+    if trained is None or init is None:
+        return None
+    effect, ci, _ = claims.welch_ci(trained, init)
+    return effect, ci, f"{effect:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (one seed: no interval)")
+
+
 def _control_gate(f: Finding, res: dict, name: str, key: str, what: str) -> list:
     """Hold back an agreement where the trained ``name`` is not shown above its untrained copy on ``key``."""
-    trained, init = _at(res, name, key), _at(res, name + INIT, key)
-    if claims.numbers_verdict(f) != "agrees" or trained is None or init is None:
+    if claims.numbers_verdict(f) != "agrees" or (vs := _above_untrained(res, name, key)) is None:
         return []
-    effect, ci, _ = claims.welch_ci(trained, init)
+    effect, ci, where = vs
     f.random_init_control = {"row": name + INIT, "effect": effect, "ci95": list(ci) if ci else None}
     if ci is not None and ci[0] > 0:
         return []
-    where = f"{effect:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (one seed: no interval)")
     return [(f, "control", f"the trained {name} is {where} IoU from its untrained copy on {what}: not shown above it")]
 
 
@@ -524,11 +532,10 @@ def _emerged_gate(f: Finding, res: dict, name: str) -> list:
     Persistence presupposes that segmentation emerged: a later half at its untrained level then says it did not
     persist, but if no layer of the trained model beats the untrained one, the maps were never learned and the
     comparison reads the initialisation, whichever way it falls."""
-    trained, init = _at(res, name, "best", "foreground"), _at(res, name + INIT, "best", "foreground")
-    if claims.numbers_verdict(f) not in ("agrees", "disagrees") or trained is None or init is None:
+    decided = claims.numbers_verdict(f) in ("agrees", "disagrees")
+    if not decided or (vs := _above_untrained(res, name, "best", "foreground")) is None:
         return []
-    effect, ci, _ = claims.welch_ci(trained, init)
-    where = f"{effect:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (one seed: no interval)")
+    _, ci, where = vs
     if ci is not None and ci[0] > 0:
         claims.explain(
             f, f"segmentation emerged: the trained {name}'s best layer is {where} IoU above its untrained copy's"
