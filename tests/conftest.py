@@ -90,6 +90,14 @@ def patch_backend_function(monkeypatch, module: ModuleType, attr: str, replaceme
                 monkeypatch.setitem(mech.backends, name, dataclasses.replace(backend, fn=replacement))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that reads the shared smoke run goes to one pytest-xdist worker (``--dist loadgroup`` in
+    pyproject.toml), so the run (about two minutes on one thread) is made once per suite, not once per worker."""
+    for item in items:
+        if "smoke" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("smoke"))
+
+
 @pytest.fixture(scope="session")
 def smoke(tmp_path_factory):
     """One ``attnzoo reproduce`` smoke run (single torch thread, restored afterwards) shared by every test that reads

@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -187,22 +186,22 @@ def test_bad_wait_setting_is_named(monkeypatch, raw):
         _cpu_kernels.cpu_kernels()
 
 
-def test_a_stale_torch_lock_does_not_hang_the_next_build(tmp_path):
+def test_a_stale_torch_lock_does_not_hang_the_next_build():
     # a build killed mid-way leaves torch's "lock" file; the next process must clear it instead of waiting
-    # forever. Run in a subprocess on a copy of this machine's build (the library is already loaded here).
-    src = _cpu_kernels._build_dir()
+    # forever. It is planted in this machine's own, up-to-date build (a copy elsewhere would be compiled again,
+    # ninja's recorded commands naming the original directory) while holding the build lock, so that no other
+    # process is inside torch's load meanwhile; a subprocess then loads (the library is already loaded here).
     _cpu_kernels.cpu_kernels()
-    root = tmp_path / "cache"
-    shutil.copytree(src, root / src.name)
-    (root / src.name / "lock").write_text("")
-    env = dict(os.environ, ATTNZOO_CPU_KERNELS_DIR=str(root))
+    build_dir = _cpu_kernels._build_dir()
+    with _cpu_kernels._build_lock(build_dir):
+        (build_dir / "lock").write_text("")
     code = (
         "from attnzoo.ops._cpu_kernels import cpu_kernels, cpu_kernels_error\n"
         "k = cpu_kernels(); assert k is not None, cpu_kernels_error(); print('loaded')"
     )
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "loaded" in res.stdout, res.stderr[-2000:]
-    assert not (root / src.name / "lock").exists()
+    assert not (build_dir / "lock").exists()
 
 
 def _fake_builds(root: Path, ages_h: list[float]) -> list[Path]:

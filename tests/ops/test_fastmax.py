@@ -226,6 +226,22 @@ def test_step_state_is_float32_for_half():
     assert o.dtype == torch.bfloat16 and state.num.dtype == torch.float32
 
 
+@pytest.mark.parametrize("p", [1, 2])
+def test_decoding_state_holds_the_symmetric_half_and_reads_like_the_full_features(p):
+    # the state keeps (q . k)^2 / 2's symmetric half: 1 + D + D(D+1)/2 rows at p = 2 (1 + D + D^2 in full), and
+    # its features give the kernel's weights f(q . k) = 1 + s + s^2 / 2 exactly as the full map does
+    from attnzoo.ops.fastmax.common import features, half_features
+
+    d = 5
+    state = fastmax_init_state(2, 3, d, 7, p=p)
+    assert state.num.shape == (2, 3, 1 + d + (d * (d + 1) // 2 if p == 2 else 0), 7)
+    q, k = torch.randn(2, 4, d, dtype=torch.float64), torch.randn(2, 6, d, dtype=torch.float64)
+    s = q @ k.transpose(-1, -2)
+    want = 1 + s + (s * s / 2 if p == 2 else 0)
+    torch.testing.assert_close(half_features(q, p) @ half_features(k, p).transpose(-1, -2), want)
+    torch.testing.assert_close(features(q, p) @ features(k, p).transpose(-1, -2), want)
+
+
 def test_step_errors():
     state = fastmax_init_state(1, 2, 4)
     q, k, v = _qkv(1, 2, 2, 4, dtype=torch.float32)

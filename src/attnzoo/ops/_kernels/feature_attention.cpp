@@ -1,6 +1,7 @@
 // Fused CPU kernel of feature-map attention, out_i = sum_j (phi(q_i) . phi(k_j)) v_j / (sum_j phi(q_i) . phi(k_j)
 // + eps): linear attention (Katharopoulos et al. 2020, eqs 5-6; causal eqs 8-10) with phi = elu + 1 or relu, and
-// Fastmax (FAST eqs 24-27) with phi = [1, x] (p = 1) or [1, x, x x^T / sqrt 2] (p = 2); unmasked or over padded
+// Fastmax (FAST eqs 24-27) with phi = [1, x] (p = 1) or [1, x, x x^T / sqrt 2] (p = 2, its symmetric half: see
+// kFastmax2); unmasked or over padded
 // batches / packed rows, forward and backward, float32 and float64.
 //
 // Why: the PyTorch paths make a pass per step (phi of q and k, the moment sums, the products with the queries,
@@ -142,7 +143,10 @@ enum Map : int64_t {
   kElu = 0,       // elu(x) + 1 = max(x, 0) + exp(min(x, 0)), F = D (Katharopoulos et al.)
   kRelu = 1,      // max(x, 0), F = D
   kFastmax1 = 2,  // [1, x], F = 1 + D: phi(q) . phi(k) = 1 + q . k (FAST eq 24, p = 1)
-  kFastmax2 = 3,  // [1, x, x x^T / sqrt 2], F = 1 + D + D^2: 1 + s + s^2 / 2 (FAST eqs 25-27, p = 2)
+  kFastmax2 = 3,  // 1 + s + s^2 / 2 (FAST eqs 25-27, p = 2) from the symmetric half of x x^T / sqrt 2:
+                  // [1, x, (x_a^2 / sqrt 2)_a, (x_a x_b)_{a < b}], F = 1 + D + D (D + 1) / 2, since
+                  // (q . k)^2 / 2 = sum_a (q_a^2 k_a^2) / 2 + sum_{a < b} (q_a q_b)(k_a k_b); the full
+                  // D^2 block repeats every product with a < b, nearly doubling F and the work along it
 };
 
 constexpr double kSqrtHalf = 0.70710678118654752440;
@@ -151,7 +155,7 @@ constexpr double kSqrtHalf = 0.70710678118654752440;
 int64_t padded(int64_t F, int64_t lanes) { return F >= 4 * lanes ? (F + lanes - 1) / lanes * lanes : F; }
 
 int64_t feature_dim(int64_t mode, int64_t D) {
-  return mode == kFastmax1 ? 1 + D : mode == kFastmax2 ? 1 + D + D * D : D;
+  return mode == kFastmax1 ? 1 + D : mode == kFastmax2 ? 1 + D + D * (D + 1) / 2 : D;
 }
 
 // f (F) = phi(x (D))
@@ -168,11 +172,13 @@ inline void features(T* __restrict f, const T* __restrict x, int64_t D, int64_t 
     default:
       f[0] = T(1);
       for (int64_t p = 0; p < D; ++p) f[1 + p] = x[p];
-      if (mode == kFastmax2) {
+      if (mode == kFastmax2) {  // row a of the half: x_a^2 / sqrt 2, then x_a x_b for b > a
+        T* row = f + 1 + D;
         for (int64_t a = 0; a < D; ++a) {
-          const T xa = x[a] * T(kSqrtHalf);
-          T* row = f + 1 + D + a * D;
-          for (int64_t b = 0; b < D; ++b) row[b] = xa * x[b];
+          const T xa = x[a];
+          row[0] = xa * xa * T(kSqrtHalf);
+          for (int64_t b = a + 1; b < D; ++b) row[b - a] = xa * x[b];
+          row += D - a;
         }
       }
   }
@@ -191,12 +197,17 @@ inline void chain(T* __restrict d, const T* __restrict a, const T* __restrict x,
       return;
     default:
       for (int64_t p = 0; p < D; ++p) d[p] = a[1 + p];
-      if (mode == kFastmax2) {  // d/dx (x^T U x / sqrt 2) = (U + U^T) x / sqrt 2
-        const T* U = a + 1 + D;
+      if (mode == kFastmax2) {  // d/dx_a: sqrt 2 x_a u_aa + sum_{b != a} u_{min(a,b) max(a,b)} x_b
+        const T* u = a + 1 + D;
         for (int64_t p = 0; p < D; ++p) {
-          T s = 0;
-          for (int64_t b = 0; b < D; ++b) s += (U[p * D + b] + U[b * D + p]) * x[b];
-          d[p] += s * T(kSqrtHalf);
+          const T xp = x[p];
+          T s = T(2 * kSqrtHalf) * xp * u[0];
+          for (int64_t b = p + 1; b < D; ++b) {
+            s += u[b - p] * x[b];
+            d[b] += u[b - p] * xp;
+          }
+          d[p] += s;
+          u += D - p;
         }
       }
   }
@@ -220,8 +231,8 @@ inline T dot(const T* __restrict a, const T* __restrict x, int64_t n) {
 }
 
 // The moments are kept transposed, St (R x F) = sum_j v_j phi(k_j)^T, so that every loop runs along the feature
-// axis, the long one for Fastmax's p = 2 features (F = 1 + D + D^2 against R = D): each pass over a row of St serves
-// the four tokens of a group.
+// axis, the long one for Fastmax's p = 2 features (F = 1 + D + D (D + 1) / 2 against R = D): each pass over a row
+// of St serves the four tokens of a group.
 
 // y[a][0:F] += sum_b c[a][b] x[b][0:F] for a, b < 4: a 4 x 4 register block, 16 multiply-adds per 8 loads and
 // 4 stores (the y rows are distinct)

@@ -8,7 +8,9 @@ The factorisation of FAST eqs 24-29 is written here as an explicit feature map `
 
 so ``sum_n phi(k_n) [v_n, 1]^T`` stacks the paper's moment sums: its rows are x^(1), x^(2), x^(3)/sqrt(2)
 (numerator, eq 28) and its last column y^(1), y^(2), y^(3)/sqrt(2) (denominator, eq 29). Splitting the 1/2!
-of f as 1/sqrt(2) on each side keeps phi the same for queries and keys, so one vjp serves both.
+of f as 1/sqrt(2) on each side keeps phi the same for queries and keys, so one vjp serves both. Where nothing
+reads single features (decoding's running sums, the fused CPU kernel; not the feature dropout of FAST §2.4),
+p = 2 uses the symmetric half of the quadratic block, :func:`half_features` (P = 1 + D + D(D+1)/2).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ __all__ = [
     "feature_dim",
     "features",
     "features_vjp",
+    "half_block",
+    "half_feature_dim",
+    "half_features",
     "validate_qkv",
     "validate_options",
 ]
@@ -102,6 +107,39 @@ def features(x: torch.Tensor, p: int) -> torch.Tensor:
     if p == 2:
         parts.append((x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2) * SQRT_HALF)
     return torch.cat(parts, dim=-1)
+
+
+def half_feature_dim(d: int, p: int) -> int:
+    """Length of :func:`half_features`: ``1 + D`` (p=1) or ``1 + D + D(D+1)/2`` (p=2)."""
+    return 1 + d + (d * (d + 1) // 2 if p == 2 else 0)
+
+
+def _half_index(d: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows and columns of the upper triangle of a ``D x D`` block, row by row, and whether each is diagonal."""
+    rows, cols = torch.triu_indices(d, d, device=device)
+    return rows, cols, rows == cols
+
+
+def half_features(x: torch.Tensor, p: int) -> torch.Tensor:
+    """``phi(x)`` with p=2's quadratic block reduced to its symmetric half: ``(..., N, D) -> (..., N, P)``,
+    ``[1, x, (x_a x_b)_{a <= b} * (1/sqrt(2) if a = b else 1)]`` row by row (the layout of the fused CPU kernel).
+    The same ``phi(q) . phi(k) = f(q . k)``, since ``(q . k)^2 / 2 = sum_a q_a^2 k_a^2 / 2 + sum_{a<b} (q_a q_b)
+    (k_a k_b)``, with 2,145 features at D = 64 instead of 4,161: the running sums of decoding are half as large."""
+    if p == 1:
+        return features(x, p)
+    rows, cols, diag = _half_index(x.shape[-1], x.device)
+    quad = x[..., rows] * x[..., cols]
+    quad = torch.where(diag, quad * SQRT_HALF, quad)
+    return torch.cat([x.new_ones(x.shape[:-1] + (1,)), x, quad], dim=-1)
+
+
+def half_block(m: torch.Tensor) -> torch.Tensor:
+    """The symmetric half of a stacked quadratic block: ``m (..., D, D, X) -> (..., D(D+1)/2, X)`` in
+    :func:`half_features`' order, the diagonal rows times ``1/sqrt(2)``: ``sum_n (k_n k_n^T) (x) v_n`` becomes the
+    p=2 rows of ``sum_n half_features(k_n) v_n^T``."""
+    rows, cols, diag = _half_index(m.shape[-3], m.device)
+    half = m[..., rows, cols, :]
+    return torch.where(diag[:, None], half * SQRT_HALF, half)
 
 
 def features_vjp(x: torch.Tensor, u: torch.Tensor, p: int) -> torch.Tensor:

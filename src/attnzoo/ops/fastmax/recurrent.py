@@ -10,10 +10,10 @@ from attnzoo._checks import check_ndim, check_positive_int
 from attnzoo.ops._varlen import check_attention_mask
 from attnzoo.ops.fastmax.common import (
     DEFAULT_CHUNK,
-    SQRT_HALF,
     check_p,
-    feature_dim,
-    features,
+    half_block,
+    half_feature_dim,
+    half_features,
     resolve_scale,
     standardize,
 )
@@ -25,7 +25,9 @@ class FastmaxState(NamedTuple):
     """Running sums over the tokens seen so far, float32 (float64 for float64 decoding).
 
     ``num (B, H, P, Dv)``: ``sum_n phi(k_hat_n) v_n^T`` = x^(1), x^(2), x^(3)/sqrt(2) of eq 34 stacked;
-    ``den (B, H, P)``: ``sum_n phi(k_hat_n)`` = y^(1), y^(2), y^(3)/sqrt(2) of eq 35 stacked.
+    ``den (B, H, P)``: ``sum_n phi(k_hat_n)`` = y^(1), y^(2), y^(3)/sqrt(2) of eq 35 stacked. At p = 2 the
+    quadratic rows are the symmetric half of x^(3), y^(3) (:func:`~attnzoo.ops.fastmax.common.half_features`,
+    ``P = 1 + D + D(D+1)/2``): each token reads and writes half as many sums as with the full ``D^2`` block.
     """
 
     num: torch.Tensor
@@ -50,7 +52,7 @@ def fastmax_init_state(
     check_positive_int("value_dim", value_dim)
     check_p(p)
     sd = torch.promote_types(dtype or torch.float32, torch.float32)
-    pd = feature_dim(head_dim, p)
+    pd = half_feature_dim(head_dim, p)
     return FastmaxState(
         torch.zeros(batch_size, heads, pd, value_dim, device=device, dtype=sd),
         torch.zeros(batch_size, heads, pd, device=device, dtype=sd),
@@ -89,7 +91,7 @@ def fastmax_step(
         )
     if not isinstance(state, FastmaxState):
         raise TypeError(f"state must be a FastmaxState (see fastmax_init_state), got {type(state).__name__}")
-    pd = feature_dim(d, p)
+    pd = half_feature_dim(d, p)
     want = (b, g, pd, v.shape[-1])
     if tuple(state.num.shape) != want or tuple(state.den.shape) != want[:3]:
         raise ValueError(
@@ -99,8 +101,8 @@ def fastmax_step(
     scale = resolve_scale(scale, d)
     real = None if attention_mask is None else check_attention_mask(attention_mask, b, 1).to(q.device)
     sd = state.num.dtype
-    fq = features(standardize(q.to(sd)) * scale, p).reshape(b, g, h // g, pd)  # each key/value head's query heads
-    fk = features(standardize(k.to(sd)), p)
+    fq = half_features(standardize(q.to(sd)) * scale, p).reshape(b, g, h // g, pd)  # each key/value head's queries
+    fk = half_features(standardize(k.to(sd)), p)
     if real is not None:
         fk = torch.where(real[:, :, None, None], fk, 0.0)  # padding: nothing enters the sums
     num = _add_outer(state.num, fk, v.to(sd))
@@ -117,7 +119,7 @@ def fastmax_step(
 def _add_outer(num: torch.Tensor, fk: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``num + phi(k)^T v`` for one token: ``num (B, H, P, Dv)``, ``fk (B, H, 1, P)``, ``v (B, H, 1, Dv)``. One
     ``baddbmm`` writes the new sums without a ``(B, H, P, Dv)`` temporary for the outer product (at p = 2 and head
-    dimension 64 that is 4,161 x 64 values per head, per token)."""
+    dimension 64 that is 2,145 x 64 values per head, per token)."""
     b, h, p, dv = num.shape
     out = torch.baddbmm(num.reshape(b * h, p, dv), fk.reshape(b * h, 1, p).transpose(1, 2), v.reshape(b * h, 1, dv))
     return out.view(b, h, p, dv)
@@ -147,6 +149,6 @@ def fastmax_prompt_state(
         for i in range(0, n, DEFAULT_CHUNK):  # token chunks bound the (B, H, chunk, D * Dv) rows k_n (x) v_n
             kc, vc = ks[:, :, i : i + DEFAULT_CHUNK], vs[:, :, i : i + DEFAULT_CHUNK]
             quad += kc.transpose(-1, -2) @ (kc.unsqueeze(-1) * vc.unsqueeze(-2)).flatten(-2)
-        num.append(quad.reshape(b, h, d * d, dv) * SQRT_HALF)
-        den.append((ks.transpose(-1, -2) @ ks).flatten(-2) * SQRT_HALF)
+        num.append(half_block(quad.reshape(b, h, d, d, dv)))
+        den.append(half_block((ks.transpose(-1, -2) @ ks).unsqueeze(-1)).squeeze(-1))
     return FastmaxState(torch.cat(num, dim=2), torch.cat(den, dim=2))
