@@ -26,6 +26,7 @@ from attnzoo.bench.runner import Row, machine_info, measure_bandwidth, measure_d
 _DEFAULT_PRESET = dict(
     lengths=[1024, 2048, 4096, 8192, 16384],
     dims=[128, 256, 512, 1024],
+    d_sweep_length=4096,
     dim=384,
     heads=8,
     contexts=[128, 512, 2048, 8192],
@@ -37,7 +38,15 @@ _DEFAULT_PRESET = dict(
 PRESETS = {
     # seconds on CI: tiny shapes, every code path
     "quick": dict(
-        lengths=[64, 256], dims=[32, 64], dim=64, heads=4, contexts=[16, 64], repeats=2, decode_dim=64, decode_heads=4
+        lengths=[64, 256],
+        dims=[32, 64],
+        d_sweep_length=256,
+        dim=64,
+        heads=4,
+        contexts=[16, 64],
+        repeats=2,
+        decode_dim=64,
+        decode_heads=4,
     ),
     "default": _DEFAULT_PRESET,
     # GPU: the default's widths at longer sequences, and ToST Fig. 7's K=32, d=4096
@@ -67,7 +76,7 @@ def _parse(argv):
     ap.add_argument("--dim", type=int, help="model width d of the n sweep")
     ap.add_argument("--heads", type=int, help="heads K")
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--d-sweep-length", type=int, default=4096)
+    ap.add_argument("--d-sweep-length", type=int, help="N of the d sweep (default: the preset's; 4096, quick 256)")
     ap.add_argument("--varlen-batch", type=int, default=4, help="varlen sweep: rows B (half of them padded)")
     ap.add_argument("--varlen-length", type=int, default=4096, help="varlen sweep: grid length N")
     ap.add_argument(
@@ -94,7 +103,7 @@ def _parse(argv):
     ap.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
     args = ap.parse_args(argv)
     preset = PRESETS[args.preset]
-    for key in ("lengths", "dims", "dim", "heads", "repeats"):
+    for key in ("lengths", "dims", "d_sweep_length", "dim", "heads", "repeats"):
         if getattr(args, key) is None:
             setattr(args, key, preset[key])
     args.contexts, args.decode_dim, args.decode_heads = preset["contexts"], preset["decode_dim"], preset["decode_heads"]
