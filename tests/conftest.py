@@ -90,6 +90,7 @@ def patch_backend_function(monkeypatch, module: ModuleType, attr: str, replaceme
                 monkeypatch.setitem(mech.backends, name, dataclasses.replace(backend, fn=replacement))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that reads the shared smoke run goes to one pytest-xdist worker (``--dist loadgroup`` in
     pyproject.toml), so the run (about two minutes on one thread) is made once per suite, not once per worker."""

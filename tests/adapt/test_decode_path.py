@@ -78,7 +78,8 @@ def test_the_decoding_state_does_not_grow_with_the_context(one_thread, mechanism
         sizes.append([_state_numel(layer._decoding[cache]["state"]) for layer in layers])
     assert sizes[0] == sizes[1] == sizes[2] and all(s > 0 for s in sizes[0])
     # per layer: the mechanism's state per query head (h = 4), or per key/value head (g = 2) where they are kept
-    h, g, p, f2 = 4, 2, 8, 1 + 8 + 8 * 8  # f2: Fastmax p = 2's features of a head of 8 (1, k, k (x) k)
+    # f2: Fastmax p = 2's features of a head of 8 (1, k, the symmetric half of k (x) k)
+    h, g, p, f2 = 4, 2, 8, 1 + 8 + 8 * 9 // 2
     want = {
         "linear": h * p * p + h * p,
         "tssa": 2 * h * p + h,

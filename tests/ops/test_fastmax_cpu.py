@@ -154,8 +154,8 @@ def test_kernel_rejects_bad_layouts():
 
 
 # (B, H, N, D, Dv) for the feature-map kernel (ops/_kernels/feature_attention.cpp with Fastmax's features): feature
-# rows of 1 + D (p=1) and 1 + D + D^2 (p=2), the longer ones padded to whole vectors (D = 8: 73 -> 80,
-# D = 17: 307 -> 320)
+# rows of 1 + D (p=1) and 1 + D + D(D+1)/2 (p=2, the symmetric half), the longer ones padded to whole vectors
+# (D = 8: 45 -> 48 in float64; D = 17: 171 -> 176)
 FEATURE_SHAPES = [(1, 1, 1, 1, 1), (2, 3, 7, 5, 3), (1, 2, 21, 8, 6), (1, 1, 9, 17, 5)]
 
 
