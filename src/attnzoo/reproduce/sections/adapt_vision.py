@@ -24,6 +24,7 @@ from attnzoo.reproduce.common import (
     Section,
     Table,
     best_swept_lr,
+    check_known,
     fmt,
     learned,
     load_trained,
@@ -71,9 +72,7 @@ FLOPS_TOLERANCE = 0.1
 def rows_of(plan: dict) -> list[str]:
     """The fine-tuned rows of the plan (the scratch check last when the plan asks for it)."""
     rows = list(plan["rows"])
-    for r in rows:
-        if r not in ROWS:
-            raise ValueError(f"unknown adapt-vision row {r!r}; valid: {sorted(ROWS)}")
+    check_known(rows, ROWS, "adapt-vision row")
     return rows + ([SCRATCH] if plan.get("scratch", True) else [])
 
 

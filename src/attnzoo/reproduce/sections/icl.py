@@ -17,6 +17,7 @@ from attnzoo.reproduce.common import (
     ModelRow,
     Section,
     Table,
+    check_known,
     check_sweep_extra,
     fmt,
     mean_val_curve,
@@ -92,13 +93,10 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     steps = []
     check_sweep_extra(plan, list(plan["models"]))
     for task, opts in plan["tasks"].items():
-        if task not in TASKS:
-            raise ValueError(f"unknown ICL task {task!r}; valid: {sorted(TASKS)}")
+        check_known([task], TASKS, "ICL task")
         ablate = task in plan.get("ablation_tasks", plan["tasks"])
         names = list(plan["models"]) + (list(plan.get("ablations", [])) if ablate else [])
-        for name in names:
-            if name not in MODELS:
-                raise ValueError(f"unknown ICL model {name!r}; valid: {sorted(MODELS)}")
+        check_known(names, MODELS, "ICL model")
         # the sweep first, on its own seed and its own prompts (the task seed too): the seeds train at its best rate
         for name in plan["models"]:
             for sid, off, lr in sweep_runs(f"{KEY}/{task}/{name}", row_lrs(plan, name), seed):

@@ -23,6 +23,7 @@ from attnzoo.reproduce.common import (
     ModelRow,
     Section,
     Table,
+    check_known,
     check_row_arch,
     check_sweep_extra,
     fmt,
@@ -76,8 +77,7 @@ def rows_of(plan: dict) -> list[str]:
 def model_options(name: str, arch: dict, row_arch: dict | None = None) -> dict:
     """The row's model options: the section's ``arch``, then the row's own entry of the plan's ``row_arch`` (a
     width or depth at the paper's parameter ratio)."""
-    if name not in MODELS:
-        raise ValueError(f"unknown language model {name!r}; valid: {sorted(MODELS)}")
+    check_known([name], MODELS, "language model")
     opts = {**arch, **(row_arch or {}).get(name, {})}
     if name == CONTROL:
         opts["attention"] = "identity"

@@ -17,6 +17,7 @@ from attnzoo.reproduce.common import (
     Context,
     Section,
     Table,
+    check_known,
     check_sweep_extra,
     classification_record,
     fmt,
@@ -170,11 +171,9 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         if row not in plan["mechanisms"]:
             raise ValueError(f"extra_seeds row {row!r} is not a mechanism of this plan; valid: {plan['mechanisms']}")
     for task, task_opts in plan["tasks"].items():
-        if task not in TASKS:
-            raise ValueError(f"unknown LRA task {task!r}; valid: {sorted(TASKS)}")
+        check_known([task], TASKS, "LRA task")
+        check_known(plan["mechanisms"], MECHANISMS, "LRA mechanism")
         for mech in plan["mechanisms"]:
-            if mech not in MECHANISMS:
-                raise ValueError(f"unknown LRA mechanism {mech!r}; valid: {sorted(MECHANISMS)}")
             if task in sweep_tasks(plan):  # the sweep first: the seeds train at its best rate
                 for lr in row_lrs(plan, mech):
                     steps += _seeded_runs(plan, seed, task, mech, mech, {}, sweep_lr=lr)

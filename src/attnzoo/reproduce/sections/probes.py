@@ -16,6 +16,7 @@ from attnzoo.reproduce.common import (
     Context,
     Section,
     Table,
+    check_known,
     fmt,
     learned,
     load_trained,
@@ -138,8 +139,7 @@ def _layerwise_steps(name: str, seed: int, deep: dict, vision_plan: dict, probe:
     """One probe model's training and probe; for the base seed also its random-init and shallow-model probes."""
     from attnzoo.reproduce.sections import vision
 
-    if name not in vision.MODELS:
-        raise ValueError(f"unknown layer-wise probe model {name!r}; valid: {sorted(vision.MODELS)}")
+    check_known([name], vision.MODELS, "layer-wise probe model")
     config = vision.row_config(deep, name, seed)
     train, tid = config["train"], f"{KEY}/train/{name}{suffix}"
     lw = {"experiment": "layerwise", "model": name, "source": tid, "train": train, **probe}

@@ -16,6 +16,7 @@ from attnzoo.reproduce.common import (
     Context,
     Section,
     Table,
+    check_known,
     check_sweep_extra,
     fmt,
     learned,
@@ -87,9 +88,7 @@ FLOPS_BOUND = 2 * FLOPS_PAPER
 
 
 def _known(names: list[str], what: str) -> list[str]:
-    for n in names:
-        if n not in MODELS:
-            raise ValueError(f"unknown segmentation {what} {n!r}; valid: {sorted(MODELS)}")
+    check_known(names, MODELS, f"segmentation {what}")
     return names
 
 

@@ -56,10 +56,15 @@ class VisionRow(NamedTuple):
     overrides: dict
 
 
-def _swap(mech: str, options: dict | None, **extra) -> VisionRow:
+def _swap(mech: str, options: dict | None, description: str = "", **extra) -> VisionRow:
     """A controlled swap: the ViT's skeleton (conv patches, CLS token, MLP blocks, pre-norm), another attention."""
     overrides = {"attention": mech, "attention_options": options, **extra}
-    return VisionRow("vit_s", mech, f"ViT skeleton, {mech} attention (controlled swap)", overrides)
+    return VisionRow("vit_s", mech, description or f"ViT skeleton, {mech} attention (controlled swap)", overrides)
+
+
+def _meanpooled(mech: str, options: dict | None, attention: str) -> VisionRow:
+    """A controlled swap that pools the patches by their mean instead of reading a CLS token."""
+    return _swap(mech, options, f"ViT skeleton, {attention}, mean pooling instead of the CLS token", pool="mean")
 
 
 #: name -> the architecture of a paper
@@ -73,9 +78,7 @@ MODELS: dict[str, VisionRow] = {
     "csp_vit": VisionRow(
         "csp_vit_cifar", "csp", "CSP-ViT", {"mlp_dim": None, "dropout": 0.0, "attention_options": None}
     ),
-    "fastmax_vit": VisionRow(
-        "vit_s", "fastmax", "FAST (Fastmax p=2 in ViT)", {"attention": "fastmax", "attention_options": {"p": 2}}
-    ),
+    "fastmax_vit": _swap("fastmax", {"p": 2}, "FAST (Fastmax p=2 in ViT)"),
 }
 
 _IMAGE_SIZE = {"digits": 8, "mnist": 28, "fashion_mnist": 28}
@@ -119,29 +122,14 @@ ABLATIONS: dict[str, VisionRow] = {
     "aot+prenorm": VisionRow("aot_vision_b", "mssa", "AoT with CRATE's pre-norm restored (no ISTA)", {"norm": "pre"}),
     # TSSA mixes tokens only through global second-moment statistics, so a CLS token cannot gather the patches
     # through it (ToST pools with class attention): the ViT skeleton with mean pooling tests that reading
-    "vit+tssa-meanpool": VisionRow(
-        "vit_s",
-        "tssa",
-        "ViT skeleton, TSSA attention, mean pooling instead of the CLS token",
-        {"attention": "tssa", "attention_options": {}, "pool": "mean"},
-    ),
+    "vit+tssa-meanpool": _meanpooled("tssa", {}, "TSSA attention"),
     # the baseline of the mean-pooled rows (the control, TSSA's and CSP's mean-pooled swaps): one factor apart
     "vit-meanpool": VisionRow("vit_s", "softmax", "ViT skeleton, softmax attention, mean pooling", {"pool": "mean"}),
     # XCA's swap without the CLS token: the other side of ToST's XCiT comparison in the mean-pooled skeleton
-    "vit+xca-meanpool": VisionRow(
-        "vit_s",
-        "xca",
-        "ViT skeleton, XCA attention, mean pooling instead of the CLS token",
-        {"attention": "xca", "attention_options": {}, "pool": "mean"},
-    ),
+    "vit+xca-meanpool": _meanpooled("xca", {}, "XCA attention"),
     # CSP's swap without the CLS token: 16 tokens in 8 groups of two, the paper's vision setting (CSP Table 5:
     # K = N/2); with the CLS token N = 17 is prime and K = 1 (complete sorting, CSP's LRA setting)
-    "vit+csp-meanpool": VisionRow(
-        "vit_s",
-        "csp",
-        "ViT skeleton, CSP attention (groups of two), mean pooling instead of the CLS token",
-        {"attention": "csp", "attention_options": None, "pool": "mean"},
-    ),
+    "vit+csp-meanpool": _meanpooled("csp", None, "CSP attention (groups of two)"),
     # CSP-ViT's own skeleton (LayerNorm-linear patches, mean pooling) with softmax attention: the skeleton's share
     "csp_vit_skeleton+softmax": VisionRow(
         "csp_vit_cifar",
