@@ -449,17 +449,8 @@ def _plot(res, names):
 
 def _compare(res: dict, a: str, b: str, claim_id: str, **kw) -> Finding:
     """Row ``a`` against row ``b`` on validation loss (nats, lower is better) for claim ``claim_id``."""
-    return claims.compare(
-        res[a]["val_loss"],
-        res[b]["val_loss"],
-        **paper_claims.compare_kw(claim_id),
-        unit="nats",
-        a_name=a,
-        b_name=b,
-        lower_is_better=True,
-        spec=".3f",
-        **kw,
-    )
+    kw = dict(paper_claims.compare_kw(claim_id), unit="nats", a_name=a, b_name=b, lower_is_better=True, **kw)
+    return claims.compare(res[a]["val_loss"], res[b]["val_loss"], spec=".3f", **kw)
 
 
 def _rel_claim(res, a, claim_id: str) -> Finding:

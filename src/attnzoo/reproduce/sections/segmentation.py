@@ -247,10 +247,8 @@ def _train(ctx: Context, step: Step) -> dict:
 def _train_decoder(ctx: Context, step: Step) -> dict:
     """One decoder trained by ``attnzoo train`` on ``scenes_segmentation``: its whole-validation-set mIoU."""
     rec = train_run(ctx, step.id, step.config["train"], sweep=step.config.get("sweep"))
-    val = rec["val"]
-    return {"miou": val.get("miou"), "pixel_accuracy": val.get("pixel_accuracy"), "val_loss": val.get("loss")} | _run(
-        rec
-    )
+    val = {k: rec["val"].get(k) for k in ("miou", "pixel_accuracy")}
+    return {**val, "val_loss": rec["val"].get("loss"), **_run(rec)}
 
 
 def _run(rec: dict) -> dict:
