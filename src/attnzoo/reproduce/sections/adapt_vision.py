@@ -352,7 +352,6 @@ def _intro(plan: dict) -> str:
 
 def _plot(teacher: dict, res: dict):
     plt = pyplot()
-
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 3.8))
     if curve := teacher.get("curve") or []:
         ax0.plot([c[0] for c in curve], [c[1] for c in curve], color="C0", label="train loss")

@@ -253,19 +253,10 @@ def _plateaus(records: dict, curves: dict, finals: dict) -> list[Plateau]:
     for t in curves:
         if "gpt" not in finals.get(t, {}):
             continue
-        aot = {"aot": Longer("aot", _mean_over_k(records, t, "aot"), _mean_over_k(records, t, "aot@2x-steps"))}
-        out.append(
-            Plateau(
-                "gpt",
-                f"gpt on {t} (error averaged over k)",
-                _mean_over_k(records, t, "gpt"),
-                _mean_over_k(records, t, "gpt@2x-steps"),
-                "error/d",
-                judges=lambda f, t=t: paper_claims.test_of(f.claim_id) == t,
-                rows=aot if "aot@2x-steps" in finals[t] else {},
-                key=t,
-            )
-        )
+        gpt, aot = ((_mean_over_k(records, t, n), _mean_over_k(records, t, f"{n}@2x-steps")) for n in ("gpt", "aot"))
+        rows = {"aot": Longer("aot", *aot)} if "aot@2x-steps" in finals[t] else {}
+        own = lambda f, t=t: paper_claims.test_of(f.claim_id) == t  # noqa: E731
+        out.append(Plateau("gpt", f"gpt on {t} (error averaged over k)", *gpt, "error/d", judges=own, rows=rows, key=t))
     return out
 
 
@@ -310,7 +301,6 @@ def _val_curves(sec: Section, records: dict, plan: dict, plots_dir, rel) -> None
 
 def _plot(curves, d):
     plt = pyplot()
-
     tasks = [t for t in curves if curves[t]]
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 3.8), squeeze=False)
     styles = {"zero": ":", "least_squares": "--", "lasso": "-."}

@@ -124,6 +124,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     for name, sid, s, lr in runs:
         row = name.split("@")[0]
         reg, mech, _ = MODELS[row]
+        settings = _train_plan(plan, name) if lr is None else dict(sweep_train(plan["train"], plan), lr=lr)
         train = dict(
             task="shakespeare_char",
             task_options=dict(plan["task_options"]),
@@ -133,12 +134,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             eval_batches=1,
             # scored at the best checkpoint on the selection split (held out apart from the reported one)
             select_every=plan.get("select_every", 0),
-            **train_defaults(
-                **{
-                    **(_train_plan(plan, name) if lr is None else sweep_train(plan["train"], plan)),
-                    "lr": plan["train"]["lr"] if lr is None else lr,
-                }
-            ),
+            **train_defaults(**settings),
         )
         # decoding cost is a property of the architecture, not of the seed: profiled on the first seed only
         cfg = {
@@ -424,7 +420,6 @@ LEARNED_MARGIN_BPC = 0.5
 
 def _plot(res, names):
     plt = pyplot()
-
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     for i, n in enumerate(names):
         c = res[n].get("curve")

@@ -582,7 +582,6 @@ def _avg_stat(res, m, tasks) -> claims.Stat | None:
 
 def _plot(res, mechs, tasks, lengths):
     plt = pyplot()
-
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 3.8))
     x = np.arange(len(tasks))
     w = 0.8 / max(1, len(mechs))

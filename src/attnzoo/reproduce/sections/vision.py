@@ -498,7 +498,6 @@ def _pct(x):
 
 def _plot(res: dict, names: list[str]):
     plt = pyplot()
-
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
     x = np.arange(len(names))
     colors = [f"C{i % 10}" for i in range(len(names))]
