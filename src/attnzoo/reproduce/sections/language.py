@@ -429,12 +429,11 @@ def _rel_claim(res, a, claim_id: str) -> Finding:
     return _compare(res, a, "gpt", claim_id, relative=True)
 
 
-#: (a, b) -> the parameter ratio a/b of the paper's own comparison: a comparison more than SIZE_TOLERANCE from it
+#: (a, b) -> the parameter ratio a/b of the paper's own comparison: a comparison more than claims.SIZE_TOLERANCE from it
 #: (either way) is not under the paper's conditions and is gated
 PAPER_SIZE_RATIO: dict[tuple[str, str], tuple[float, str]] = paper_claims.size_ratios(
     "tost-t4-lm", "aot-t1-lm", "aot-t1-hybrid", "fast-f6-lm"
 )
-SIZE_TOLERANCE = 0.10
 
 
 def _with_params(findings: list[Finding], res: dict) -> None:
@@ -454,7 +453,7 @@ def _findings(res) -> tuple[list[Finding], Evidence]:
     the no-attention control against each margin."""
     out = _comparisons(res)
     _with_params(out, res)
-    ev = Evidence(sizes=PAPER_SIZE_RATIO, size_tolerance=SIZE_TOLERANCE, readings=[_other_margins])
+    ev = Evidence(sizes=PAPER_SIZE_RATIO, readings=[_other_margins])
     if CONTROL in res:
         ev.controls.append(Control(CONTROL, res[CONTROL]["val_loss"], lambda f: f.kind == "paper"))
     return out, ev

@@ -75,7 +75,7 @@ CONTROL = "vit+identity"
 #: ToST at ViT's parameter count ("similar size", ToST Table 2): ToST's architecture with only its width changed
 MATCHED = "tost@matched-params"
 #: a parameter-matched row is within this relative distance of the reference's parameter count
-MATCH_TOLERANCE = 0.10
+MATCH_TOLERANCE = claims.SIZE_TOLERANCE
 
 #: (a, b) -> the parameter ratio a/b of the paper's own comparison and where it is from: a comparison whose ratio is
 #: more than MATCH_TOLERANCE away from it (either way) is not under the paper's conditions (gated)
@@ -556,7 +556,7 @@ def _controlled_pair(a_ctl: str | None, b_ctl: str | None, res: dict) -> tuple[s
 
 def _findings(res: dict) -> tuple[list[Finding], Evidence]:
     """The section's comparisons and the evidence of their gates that the rows' results give."""
-    ev = Evidence(sizes=PAPER_SIZE_RATIO, size_tolerance=MATCH_TOLERANCE)
+    ev = Evidence(sizes=PAPER_SIZE_RATIO)
     out = _comparisons(res, ev.gates)
     ev.gates += _attention_needed(out)
     # a CLS-token ViT baseline differs from the mean-pooled control in pooling too: the control is read against its
