@@ -91,10 +91,9 @@ def _seeded_runs(plan: dict, seed: int, task: str, row: str, mech: str, abl: dic
         model, att = f"tost_lra_{task}", dict(MECHANISMS[mech])
         opts = dict(arch, attention=mech, attention_options=att, dropout=0.0, norm="pre", pool="mean")
     settings = common.train_defaults(**{**task_train(plan, task), **(abl.get("train") or {})})
-    if sweep_lr is not None:
-        settings = dict(common.sweep_train(settings, plan), lr=sweep_lr)
     base = f"{KEY}/{task}/{row}"
     if sweep_lr is not None:
+        settings = dict(common.sweep_train(settings, plan), lr=sweep_lr)
         ids = [run[:2] for run in common.sweep_runs(base, [sweep_lr], seed)]
     else:
         ids = common.seed_runs(base, row_seeds(plan, seed, task, row))
