@@ -231,11 +231,16 @@ def _plateaus(records: dict, curves: dict, finals: dict) -> list[Plateau]:
     for t in curves:
         if "gpt" not in finals.get(t, {}):
             continue
-        gpt, aot = ((_mean_over_k(records, t, n), _mean_over_k(records, t, f"{n}@2x-steps")) for n in ("gpt", "aot"))
-        rows = {"aot": Longer("aot", *aot)} if "aot@2x-steps" in finals[t] else {}
+        rows = {"aot": Longer("aot", *_with_2x(records, t, "aot"))} if "aot@2x-steps" in finals[t] else {}
         own = lambda f, t=t: paper_claims.test_of(f.claim_id) == t  # noqa: E731
-        out.append(Plateau("gpt", f"gpt on {t} (error averaged over k)", *gpt, "error/d", judges=own, rows=rows, key=t))
+        label = f"gpt on {t} (error averaged over k)"
+        out.append(Plateau("gpt", label, *_with_2x(records, t, "gpt"), "error/d", judges=own, rows=rows, key=t))
     return out
+
+
+def _with_2x(records: dict, task: str, name: str) -> tuple[claims.Stat | None, claims.Stat | None]:
+    """Row ``name``'s error averaged over k at the reported steps and at twice them."""
+    return _mean_over_k(records, task, name), _mean_over_k(records, task, f"{name}@2x-steps")
 
 
 def _mean_over_k(records: dict, task: str, name: str) -> claims.Stat | None:
