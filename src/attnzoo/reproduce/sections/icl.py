@@ -245,9 +245,8 @@ def _with_2x(records: dict, task: str, name: str) -> tuple[claims.Stat | None, c
 
 def _mean_over_k(records: dict, task: str, name: str) -> claims.Stat | None:
     """Each seed's error averaged over the number of in-context examples (the comparison's metric)."""
-    return claims.stat(
-        float(np.mean(r["error_per_position"])) for r in common.per_seed(records, f"{KEY}/{task}/{name}")
-    )
+    runs = common.per_seed(records, f"{KEY}/{task}/{name}")
+    return claims.stat(float(np.mean(r["error_per_position"])) for r in runs)
 
 
 def _tune(sec: Section, records: dict, plan: dict, ev: Evidence) -> None:

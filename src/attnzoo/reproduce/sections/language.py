@@ -351,9 +351,8 @@ def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
     """The learning-rate sweep's table, and ``{row: why}`` for each row not shown at its best rate."""
     rows = rows_of(plan)
     noise = {r: res[r]["val_loss"].std for r in rows if r in res and res[r].get("val_loss")}
-    return common.tune_rows(
-        sec, records, plan, rows, KEY, "val_loss", False, label="validation loss, nats", noise=noise
-    )
+    label = "validation loss, nats"
+    return common.tune_rows(sec, records, plan, rows, KEY, "val_loss", False, label=label, noise=noise)
 
 
 #: the loss-and-cost table's columns: header -> a row's cell
@@ -477,9 +476,8 @@ def _comparisons(res) -> list[Finding]:
                 f"KV cache x{grows:.1f}"
             )
             flat = d[hi]["state_kib"] <= d[lo]["state_kib"] * 1.01
-            out.append(
-                common.measured_finding(f"lm-decode-memory-{m}", measured, flat, "agrees if the state does not grow")
-            )
+            rule = "agrees if the state does not grow"
+            out.append(common.measured_finding(f"lm-decode-memory-{m}", measured, flat, rule))
             tr = d[hi]["ms_per_token"] / d[lo]["ms_per_token"]
             gr = g[hi]["ms_per_token"] / g[lo]["ms_per_token"]
             measured = f"{m} x{tr:.2f}, gpt x{gr:.2f} from context {lo} to {hi}"

@@ -606,9 +606,8 @@ def _rank_collapse_findings(r: dict) -> list[dict]:
     s, c = resid["softmax_reference"], resid["csp_reference"]
     measured = f"softmax {s[0]:.2e} → {s[-1]:.2e}, CSP {c[0]:.2e} → {c[-1]:.2e} over {len(s) - 1} layers"
     rule = "agrees if softmax's residual falls 1000x while CSP's stays above 10%"
-    return [
-        common.measured_finding("csp-thm1-rank", measured, s[-1] < 1e-3 * s[0] and c[-1] > 0.1 * c[0], rule, "paper")
-    ]
+    holds = s[-1] < 1e-3 * s[0] and c[-1] > 0.1 * c[0]
+    return [common.measured_finding("csp-thm1-rank", measured, holds, rule, "paper")]
 
 
 def _layerwise_finding(name: str, r: dict, shallow: dict | None, more: list | None = None) -> dict | None:

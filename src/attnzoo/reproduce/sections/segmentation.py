@@ -429,9 +429,8 @@ def _classifier_sweeps(sec, records: dict, plan: dict, res: dict) -> dict[str, s
     grid, as every other section tunes its rows (a flat top within the seeds' spread is not held against a row)."""
     rows = [n for n in models_of(plan) if n in res]
     noise = {r: res[r]["accuracy"].std for r in rows}
-    return common.tune_rows(
-        sec, records, plan, rows, KEY, "accuracy", True, 100.0, "validation accuracy %", noise=noise
-    )
+    label = "validation accuracy %"
+    return common.tune_rows(sec, records, plan, rows, KEY, "accuracy", True, 100.0, label, noise=noise)
 
 
 def _untuned_gates(findings: list[Finding], plan: dict) -> list:

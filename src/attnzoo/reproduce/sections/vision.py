@@ -187,9 +187,8 @@ def _model_params(plan: dict, registered: str, options: dict) -> int:
     """Parameters of ``registered`` built with ``options`` for the plan's images (10 classes, one channel)."""
     from attnzoo.models import create_model
 
-    return common.num_params(
-        create_model(registered, num_classes=10, image_size=_image_size(plan), in_chans=1, **options)
-    )
+    model = create_model(registered, num_classes=10, image_size=_image_size(plan), in_chans=1, **options)
+    return common.num_params(model)
 
 
 def matched_dim(plan: dict, name: str = "tost", ref: str = "vit") -> int:
@@ -322,11 +321,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         caption = "Accuracy (mean ± std over seeds), training images/s and peak training-step memory."
         sec.add_plot(fig, plots_dir / "vision.png", rel, caption)
     majority = 100.0 * plan.get("majority", 0.1)
-    if (
-        plan.get("require_learned", True)
-        and "vit" in res
-        and not common.learned(res["vit"]["accuracy"].values, majority)
-    ):
+    vit_learned = "vit" not in res or common.learned(res["vit"]["accuracy"].values, majority)
+    if plan.get("require_learned", True) and not vit_learned:
         sec.notes.append(
             f"the ViT baseline reached {res['vit']['accuracy'].fmt('.1f')}% against a majority class of "
             f"{majority:.0f}%: not {common.LEARNED_MARGIN:g} points above it on every seed, so no comparison is "
@@ -346,9 +342,8 @@ def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
     """The sweep table, and ``{row: why}`` for every row not shown at its best rate."""
     rows = sweep_rows(plan)
     noise = {r: res[r]["accuracy"].std for r in rows if r in res}
-    untuned = common.tune_rows(
-        sec, records, plan, rows, KEY, "accuracy", True, 100.0, "validation accuracy %", noise=noise
-    )
+    label = "validation accuracy %"
+    untuned = common.tune_rows(sec, records, plan, rows, KEY, "accuracy", True, 100.0, label, noise=noise)
     if "tost" in untuned and MATCHED in res and plan.get("lr_sweep"):
         untuned[MATCHED] = f"{MATCHED} trains at tost's rate: " + untuned["tost"]
     return untuned
