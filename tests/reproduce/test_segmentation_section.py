@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from attnzoo.reproduce.budgets import BUDGET_NAMES, BUDGETS
-from attnzoo.reproduce.common import SWEEP_SEED_OFFSET, row_lrs, sweep_id
+from attnzoo.reproduce.common import LONGER, SWEEP_SEED_OFFSET, row_lrs, sweep_id
 from attnzoo.reproduce.runner import plan
 from attnzoo.reproduce.sections import segmentation as seg
 from attnzoo.reproduce.sections.segmentation import INIT, KEY
@@ -247,11 +247,11 @@ def test_every_budget_plans_the_sections_steps(name):
             assert run.config["train"]["lr"] == ("tuned" if swept else p["train"]["lr"])
         want |= {f"{KEY}/zero-shot-init/{m}/seed{s}" for m in p["controls"]}
         for m in p.get("plateau_rows", []):  # at twice the steps, at the row's own swept rate
-            run = ids[f"{KEY}/{m}{seg.LONGER}/seed{s}"]
+            run = ids[f"{KEY}/{m}{LONGER}/seed{s}"]
             assert (
                 run.config["train"]["steps"] == 2 * p["train"]["steps"] and run.deps == ids[f"{KEY}/{m}/seed{s}"].deps
             )
-            want |= {run.id, f"{KEY}/zero-shot/{m}{seg.LONGER}/seed{s}"}
+            want |= {run.id, f"{KEY}/zero-shot/{m}{LONGER}/seed{s}"}
         if p.get("decoders"):
             runs = {kind: f"{KEY}/decoders/{kind}/seed{s}" for kind in seg.DECODERS}
             want |= {f"{KEY}/decoders/seed{s}", *runs.values()}
@@ -378,7 +378,7 @@ def test_a_classifier_whose_best_swept_rate_is_at_its_grids_end_holds_back_its_c
 def test_the_persistence_verdict_stands_only_if_its_comparison_at_twice_the_steps_gives_it_again(tmp_path, holds):
     plateau = {**PLAN, "plateau_rows": ["crate_cbt", "cbt"]}
     longer = AGREEING if holds else {"crate_cbt": AGREEING["cbt"], "cbt": AGREEING["crate_cbt"]}
-    layers = {**AGREEING, **{f"{n}{seg.LONGER}": longer[n] for n in ("crate_cbt", "cbt")}}
+    layers = {**AGREEING, **{f"{n}{LONGER}": longer[n] for n in ("crate_cbt", "cbt")}}
     f = _by_id(_summary(tmp_path, _records(layers), plateau))
     persistence = f["cbsa-t6-persistence"]
     if holds:
@@ -395,9 +395,9 @@ def test_plateau_rows_are_planned_at_twice_the_steps_on_every_seed():
     p = {**PLAN, "plateau_rows": ["cbt"]}
     ids = {s.id: s for s in seg.plan_steps(p, 0)}
     for s in SEEDS:
-        run = ids[f"{KEY}/cbt{seg.LONGER}/seed{s}"].config["train"]
+        run = ids[f"{KEY}/cbt{LONGER}/seed{s}"].config["train"]
         assert run["steps"] == 2 * PLAN["train"]["steps"] and run["seed"] == s
-        assert ids[f"{KEY}/zero-shot/cbt{seg.LONGER}/seed{s}"].deps == (f"{KEY}/cbt{seg.LONGER}/seed{s}",)
+        assert ids[f"{KEY}/zero-shot/cbt{LONGER}/seed{s}"].deps == (f"{KEY}/cbt{LONGER}/seed{s}",)
     with pytest.raises(ValueError, match="plateau_rows"):
         seg.plan_steps({**PLAN, "plateau_rows": ["crate_cbt"], "models": ["cbt"]}, 0)
 

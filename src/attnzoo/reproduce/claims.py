@@ -34,6 +34,8 @@ __all__ = [
     "explain",
     "numbers_verdict",
     "size_gate",
+    "SIZE_TOLERANCE",
+    "within_ratio",
     "margin_control_gate",
     "untuned_control_gate",
     "compared_row_gate",
@@ -441,8 +443,19 @@ def explain(f: Finding, text: str) -> Finding:
     return f
 
 
-def size_gate(f: Finding, paper_ratios: dict[tuple[str, str], tuple[float, str]], tolerance: float) -> Finding:
-    """Gate ``f`` on conditions when ``params_a / params_b`` is more than ``tolerance`` (relative, either way) from
+#: how far (relative, either way) a pair's parameter ratio may be from the paper's and still count as its conditions
+SIZE_TOLERANCE = 0.10
+
+
+def within_ratio(here: float, paper: float, tolerance: float = SIZE_TOLERANCE) -> bool:
+    """Whether the ratio ``here`` is within ``tolerance`` (relative, either way) of the ratio ``paper``."""
+    return 1 / (1 + tolerance) <= here / paper <= 1 + tolerance
+
+
+def size_gate(
+    f: Finding, paper_ratios: dict[tuple[str, str], tuple[float, str]], tolerance: float = SIZE_TOLERANCE
+) -> Finding:
+    """Gate ``f`` on conditions when ``params_a / params_b`` is not :func:`within_ratio` of
     ``paper_ratios[(a_name, b_name)]``, the ratio of the paper's own comparison and its source."""
     paper = paper_ratios.get((f.a_name, f.b_name))
     pa, pb = f.params_a, f.params_b
@@ -450,7 +463,7 @@ def size_gate(f: Finding, paper_ratios: dict[tuple[str, str], tuple[float, str]]
         return f
     paper_ratio, source = paper
     here = pa / pb
-    if not (1 / (1 + tolerance) <= here / paper_ratio <= 1 + tolerance):
+    if not within_ratio(here, paper_ratio, tolerance):
         gate(
             f,
             f"parameters {here:.2f}x here against {paper_ratio:.2f}x in the paper ({source}): more than "

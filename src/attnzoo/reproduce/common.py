@@ -469,6 +469,13 @@ def check_row_arch(plan: dict, rows: Sequence[str]) -> None:
         raise ValueError(f"row_arch names rows {unknown} that are not rows of this plan; rows: {list(rows)}")
 
 
+def check_known(names: Iterable[str], valid: Iterable[str], what: str) -> None:
+    """Every name a plan gives for a ``what`` must be one of ``valid``."""
+    for n in names:
+        if n not in valid:
+            raise ValueError(f"unknown {what} {n!r}; valid: {sorted(valid)}")
+
+
 def sweep_id(base: str, lr: float) -> str:
     """Step id of one learning rate of row ``base``'s sweep (e.g. ``vision/vit/lr-sweep/lr0.002``)."""
     return f"{base}/lr-sweep/lr{lr:g}"

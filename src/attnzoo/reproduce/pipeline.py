@@ -110,7 +110,6 @@ class Evidence:
 
     unlearned: dict[str, str] = field(default_factory=dict)
     sizes: dict[tuple[str, str], tuple[float, str]] = field(default_factory=dict)
-    size_tolerance: float = 0.10
     controls: list[Control] = field(default_factory=list)
     plateaus: list[Plateau] = field(default_factory=list)
     tuning: list[Tuning] = field(default_factory=list)
@@ -143,7 +142,7 @@ def _unlearned(findings: list[Finding], ev: Evidence) -> None:
 
 def _conditions(findings: list[Finding], ev: Evidence) -> None:
     for f in findings:
-        claims.size_gate(f, ev.sizes, ev.size_tolerance)
+        claims.size_gate(f, ev.sizes)
 
 
 def _controls(findings: list[Finding], ev: Evidence) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from attnzoo.reproduce import paper_claims
+from attnzoo.reproduce import claims, paper_claims
 
 __all__ = ["SECTION_OF_TASK", "RATIO_TOLERANCE", "RatioCheck", "size_checks", "render_size_checks"]
 
@@ -15,7 +15,7 @@ __all__ = ["SECTION_OF_TASK", "RATIO_TOLERANCE", "RatioCheck", "size_checks", "r
 SECTION_OF_TASK = {"image classification": "vision", "language modelling": "language"}
 
 #: how far (relative, either way) a pair's parameter ratio may be from the paper's and still count as its conditions
-RATIO_TOLERANCE = 0.10
+RATIO_TOLERANCE = claims.SIZE_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,7 @@ class RatioCheck:
     @property
     def holds(self) -> bool:
         """The ratio is within :data:`RATIO_TOLERANCE` of the paper's, either way."""
-        r = self.ratio
-        return r is not None and 1 / (1 + RATIO_TOLERANCE) <= r / self.paper_ratio <= 1 + RATIO_TOLERANCE
+        return self.ratio is not None and claims.within_ratio(self.ratio, self.paper_ratio, RATIO_TOLERANCE)
 
 
 @lru_cache(maxsize=None)

@@ -16,31 +16,9 @@ import time
 import numpy as np
 
 from attnzoo._io import read_json
-from attnzoo.reproduce import claims, paper_claims
+from attnzoo.reproduce import claims, common, paper_claims
 from attnzoo.reproduce.claims import Finding
-from attnzoo.reproduce.common import (
-    LEARNED_MARGIN,
-    Context,
-    Section,
-    Table,
-    best_swept_lr,
-    fmt,
-    learned,
-    load_trained,
-    measured_finding,
-    num_params,
-    per_seed,
-    pyplot,
-    section_step,
-    seed_list,
-    seed_mean,
-    seed_runs,
-    sweep_runs,
-    train_run,
-    tune_rows,
-    tuned,
-    twice_steps,
-)
+from attnzoo.reproduce.common import Context, Section, Table, fmt
 from attnzoo.reproduce.pipeline import Evidence, Plateau, Tuning, judge, paper_finding
 from attnzoo.reproduce.store import Step
 
@@ -71,9 +49,7 @@ FLOPS_TOLERANCE = 0.1
 def rows_of(plan: dict) -> list[str]:
     """The fine-tuned rows of the plan (the scratch check last when the plan asks for it)."""
     rows = list(plan["rows"])
-    for r in rows:
-        if r not in ROWS:
-            raise ValueError(f"unknown adapt-vision row {r!r}; valid: {sorted(ROWS)}")
+    common.check_known(rows, ROWS, "adapt-vision row")
     return rows + ([SCRATCH] if plan.get("scratch", True) else [])
 
 
@@ -112,30 +88,30 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             "scratch": row == SCRATCH,
             "swapped_eval_batches": plan.get("swapped_eval_batches", 4),
         }
-        for sid, s, lr in sweep_runs(f"{KEY}/{row}", lrs, seed):
+        for sid, s, lr in common.sweep_runs(f"{KEY}/{row}", lrs, seed):
             config = dict(base, finetune=dict(plan["finetune"], lr=lr), seed=s)
-            steps.append(section_step(KEY, sid, config, _finetune, (TEACHER,)))
+            steps.append(common.section_step(KEY, sid, config, _finetune, (TEACHER,)))
         steps += _seed_steps(plan, seed, base, row, row, dict(plan["finetune"]), lrs)
         if row == BASELINE and plan.get("baseline_plateau"):  # at the baseline's own tuned rate
-            steps += _seed_steps(plan, seed, base, PLATEAU, BASELINE, twice_steps(plan["finetune"]), lrs)
+            steps += _seed_steps(plan, seed, base, PLATEAU, BASELINE, common.twice_steps(plan["finetune"]), lrs)
     return steps
 
 
 def _seed_steps(plan: dict, seed: int, base: dict, name: str, row: str, finetune: dict, lrs: list) -> list[Step]:
     """Run ``name``'s fine-tuning on each of the section's seeds, at the best rate of ``row``'s sweep."""
     steps = []
-    for sid, s in seed_runs(f"{KEY}/{name}", seed_list(plan, seed)):
+    for sid, s in common.seed_runs(f"{KEY}/{name}", common.seed_list(plan, seed)):
         config = dict(base, finetune=dict(finetune), seed=s)  # each seed its own settings dict
-        config = tuned(config, KEY, row, lrs, "accuracy", True, settings="finetune")
-        steps.append(section_step(KEY, sid, config, _finetune, (TEACHER,)))
+        config = common.tuned(config, KEY, row, lrs, "accuracy", True, settings="finetune")
+        steps.append(common.section_step(KEY, sid, config, _finetune, (TEACHER,)))
     return steps
 
 
 def _pretrain(ctx: Context, step: Step) -> dict:
-    rec = train_run(ctx, step.id, step.config["train"])
+    rec = common.train_run(ctx, step.id, step.config["train"])
     return {
         "accuracy": rec["val"].get("accuracy"),
-        "params": num_params(load_trained(rec["run_dir"])),
+        "params": common.num_params(common.load_trained(rec["run_dir"])),
         "curve": rec["curve"],
         "val_curve": [[p["step"], p["accuracy"]] for p in rec["val_curve"] if "accuracy" in p],
         "run_dir": rec["run_dir"],
@@ -171,14 +147,14 @@ def _finetune(ctx: Context, step: Step) -> dict:
     cfg = step.config
     tcfg = cfg["teacher"]["train"]
     task = build_task(tcfg["task"], **tcfg["task_options"])
-    teacher = load_trained(ctx.store.run_dir(TEACHER))
+    teacher = common.load_trained(ctx.store.run_dir(TEACHER))
     if cfg["scratch"]:
         torch.manual_seed(cfg["seed"])  # an untrained ViT of the same shape, drawn from the row's seed
         teacher = build_task_model(from_dict({**tcfg, "device": ctx.device}), task)
     teacher.to(ctx.device)
     ft = dict(cfg["finetune"])
     if ft["lr"] == "tuned":
-        ft["lr"] = best_swept_lr(ctx, cfg["sweep"])
+        ft["lr"] = common.best_swept_lr(ctx, cfg["sweep"])
     n, bs = len(task.train), ft["batch_size"]
 
     # a step's time is the interval between the loop asking for its batch and for the next one: CPU time of this
@@ -225,7 +201,7 @@ def _finetune(ctx: Context, step: Step) -> dict:
         "accuracy": ev["finetune"]["accuracy"],
         "swapped_accuracy": ev["swapped"]["accuracy"],
         "teacher_accuracy": ev["teacher"]["accuracy"],
-        "params": num_params(model),
+        "params": common.num_params(model),
         "flops": forward_flops(model, image),
         "ms_per_step": step_ms,
         "step_clock": "cpu" if cpu else "wall",
@@ -238,7 +214,7 @@ def _finetune(ctx: Context, step: Step) -> dict:
 
 
 def _stats(records: dict, row: str) -> dict | None:
-    rs = per_seed(records, f"{KEY}/{row}")
+    rs = common.per_seed(records, f"{KEY}/{row}")
     if not rs:
         return None
     return {
@@ -246,7 +222,7 @@ def _stats(records: dict, row: str) -> dict | None:
         "swapped": claims.stat(100.0 * r["swapped_accuracy"] for r in rs),
         "params": rs[0]["params"],
         "flops": rs[0]["flops"],
-        "ms_per_step": seed_mean(rs, "ms_per_step"),
+        "ms_per_step": common.seed_mean(rs, "ms_per_step"),
         "clock": rs[0].get("step_clock", "wall"),
         "seeds": len(rs),
     }
@@ -267,10 +243,10 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.add_plot(_plot(teacher, res), plots_dir / "adapt_vision.png", rel, caption)
     majority = 100.0 * plan.get("majority", 0.1)
     t_acc = 100.0 * teacher["accuracy"]
-    if plan.get("require_learned", True) and not learned([t_acc], majority):
+    if plan.get("require_learned", True) and not common.learned([t_acc], majority):
         sec.notes.append(
             f"the pretrained ViT reached {t_acc:.1f}% against a majority class of {majority:.0f}%: not "
-            f"{LEARNED_MARGIN:g} points above it, so no comparison is reported"
+            f"{common.LEARNED_MARGIN:g} points above it, so no comparison is reported"
         )
         return sec
     sec.findings = _findings(res)
@@ -292,7 +268,7 @@ def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
     rows = [r for r in rows_of(plan) if r in res]
     label, noise = "fine-tuning, validation accuracy %", {r: res[r]["accuracy"].std for r in rows}
     grid, unswept = plan.get("finetune_lr_sweep", []), "no fine-tuning rate sweep at this budget ({row})"
-    return tune_rows(
+    return common.tune_rows(
         sec, records, plan, rows, KEY, "accuracy", True, 100.0, label, grid=grid, noise=noise, unswept=unswept
     )
 
@@ -352,8 +328,7 @@ def _intro(plan: dict) -> str:
 
 
 def _plot(teacher: dict, res: dict):
-    plt = pyplot()
-
+    plt = common.pyplot()
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 3.8))
     if curve := teacher.get("curve") or []:
         ax0.plot([c[0] for c in curve], [c[1] for c in curve], color="C0", label="train loss")
@@ -404,5 +379,5 @@ def _findings(res: dict) -> list[Finding]:
             f"{res['linear']['flops'] / 1e6:.2f}M ({ratio:.3f}x)"
         )
         rule = f"agrees if the ratio is within 1 ± {FLOPS_TOLERANCE:g}"
-        out.append(measured_finding("adapt-flops", measured, abs(ratio - 1.0) <= FLOPS_TOLERANCE, rule))
+        out.append(common.measured_finding("adapt-flops", measured, abs(ratio - 1.0) <= FLOPS_TOLERANCE, rule))
     return out

@@ -181,15 +181,12 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.tables.append(_decode_table(dec_rows, plan))
     plots_dir.mkdir(parents=True, exist_ok=True)
     n_title = f"ops, K={plan['heads']}, d={plan['dim']} (CPU figures of attnzoo bench at reduced size)"
-    plots = (
-        ("n", "efficiency_n.png", n_title, "Forward and forward+backward time, peak memory vs N (log-log)."),
-        (
-            "decode",
-            "efficiency_decode.png",
-            "causal decoding: per-token step vs context",
-            "Per-token decode time and memory vs context.",
-        ),
+    n_caption = "Forward and forward+backward time, peak memory vs N (log-log)."
+    dec_title, dec_caption = (
+        "causal decoding: per-token step vs context",
+        "Per-token decode time and memory vs context.",
     )
+    plots = (("n", "efficiency_n.png", n_title, n_caption), ("decode", "efficiency_decode.png", dec_title, dec_caption))
     for sweep, name, title, caption in plots:
         if plot_sweep(rows, sweep, "length", str(plots_dir / name), title):
             sec.plots.append((rel(plots_dir / name), caption))

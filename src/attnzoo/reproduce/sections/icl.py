@@ -9,30 +9,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from attnzoo.reproduce import claims, paper_claims
+from attnzoo.reproduce import claims, common, paper_claims
 from attnzoo.reproduce.claims import Finding
-from attnzoo.reproduce.common import (
-    CURVE_EVAL_BATCHES,
-    Context,
-    ModelRow,
-    Section,
-    Table,
-    check_sweep_extra,
-    fmt,
-    mean_val_curve,
-    per_seed,
-    pyplot,
-    row_lrs,
-    section_step,
-    seed_list,
-    seed_runs,
-    sweep_runs,
-    sweep_train,
-    train_defaults,
-    train_run,
-    tune_rows,
-    tuned,
-)
+from attnzoo.reproduce.common import Context, ModelRow, Section, Table, fmt
 from attnzoo.reproduce.pipeline import Evidence, Longer, Plateau, Tuning, judge
 from attnzoo.reproduce.store import Step
 
@@ -90,29 +69,26 @@ _ONE_FACTOR = {
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     steps = []
-    check_sweep_extra(plan, list(plan["models"]))
+    common.check_sweep_extra(plan, list(plan["models"]))
     for task, opts in plan["tasks"].items():
-        if task not in TASKS:
-            raise ValueError(f"unknown ICL task {task!r}; valid: {sorted(TASKS)}")
+        common.check_known([task], TASKS, "ICL task")
         ablate = task in plan.get("ablation_tasks", plan["tasks"])
         names = list(plan["models"]) + (list(plan.get("ablations", [])) if ablate else [])
-        for name in names:
-            if name not in MODELS:
-                raise ValueError(f"unknown ICL model {name!r}; valid: {sorted(MODELS)}")
+        common.check_known(names, MODELS, "ICL model")
         # the sweep first, on its own seed and its own prompts (the task seed too): the seeds train at its best rate
         for name in plan["models"]:
-            for sid, off, lr in sweep_runs(f"{KEY}/{task}/{name}", row_lrs(plan, name), seed):
-                steps.append(section_step(KEY, sid, _train(plan, task, opts, name, off, off, lr), _run_model))
+            for sid, off, lr in common.sweep_runs(f"{KEY}/{task}/{name}", common.row_lrs(plan, name), seed):
+                steps.append(common.section_step(KEY, sid, _train(plan, task, opts, name, off, off, lr), _run_model))
         for name in names:
             # the prompts (task seed) are the same for every model and seed; the seed varies initialisation and order;
             # the baseline's plateau check runs `plateau_seeds` seeds: GPT's 2x runs are the section's costliest
-            seeds = seed_list(plan, seed)[: plan.get("plateau_seeds") if name == "gpt@2x-steps" else None]
+            seeds = common.seed_list(plan, seed)[: plan.get("plateau_seeds") if name == "gpt@2x-steps" else None]
             source = TUNED_AS.get(name, name)
-            for sid, s in seed_runs(f"{KEY}/{task}/{name}", seeds):
+            for sid, s in common.seed_runs(f"{KEY}/{task}/{name}", seeds):
                 cfg = _train(plan, task, opts, name, seed, s)
                 if plan.get("lr_sweep", []) and source in plan["models"]:
-                    cfg = tuned(cfg, f"{KEY}/{task}", source, row_lrs(plan, source), "mean_error", False)
-                steps.append(section_step(KEY, sid, cfg, _run_model))
+                    cfg = common.tuned(cfg, f"{KEY}/{task}", source, common.row_lrs(plan, source), "mean_error", False)
+                steps.append(common.section_step(KEY, sid, cfg, _run_model))
         config = {"task": TASKS[task], "task_options": dict(opts, seed=seed), "lasso_alpha": plan["lasso_alpha"]}
         steps.append(Step(f"{KEY}/{task}/baselines", KEY, config, _run_baselines, label=f"{task}/baselines"))
     return steps
@@ -129,20 +105,20 @@ def _train(plan: dict, task: str, opts: dict, name: str, task_seed: int, seed: i
         settings["warmup_steps"] = factor * plan["train"]["warmup_steps"]
     if lr is not None:
         # a sweep run: at the plan's `sweep_fraction` of the steps, like every section's sweeps
-        settings = dict(sweep_train(settings, plan), lr=lr)
+        settings = dict(common.sweep_train(settings, plan), lr=lr)
     train = dict(
         task=TASKS[task],
         task_options=dict(opts, seed=task_seed),
         model=MODELS[name].registered,
         model_options=model_opts,
         seed=seed,
-        **train_defaults(**settings),
+        **common.train_defaults(**settings),
     )
     return {"train": train}
 
 
 def _run_model(ctx: Context, step: Step) -> dict:
-    rec = train_run(ctx, step.id, step.config["train"], sweep=step.config.get("sweep"))
+    rec = common.train_run(ctx, step.id, step.config["train"], sweep=step.config.get("sweep"))
     val = rec["val"]
     out = {"error_per_position": val["normalized_error_per_position"], "mean_error": val["normalized_error"]}
     return out | {k: rec[k] for k in ("samples_per_s", "curve", "val_curve", "run_dir", "lr")}
@@ -209,7 +185,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     for task in plan["tasks"]:
         curves[task], finals[task] = {}, {}
         for name in _rows(plan):
-            if rs := per_seed(records, f"{KEY}/{task}/{name}"):
+            if rs := common.per_seed(records, f"{KEY}/{task}/{name}"):
                 curves[task][name] = np.mean([r["error_per_position"] for r in rs], axis=0).tolist()
                 finals[task][name] = [r["error_per_position"][-1] for r in rs]
         if (base := records.get(f"{KEY}/{task}/baselines")) is not None:
@@ -255,25 +231,22 @@ def _plateaus(records: dict, curves: dict, finals: dict) -> list[Plateau]:
     for t in curves:
         if "gpt" not in finals.get(t, {}):
             continue
-        aot = {"aot": Longer("aot", _mean_over_k(records, t, "aot"), _mean_over_k(records, t, "aot@2x-steps"))}
-        out.append(
-            Plateau(
-                "gpt",
-                f"gpt on {t} (error averaged over k)",
-                _mean_over_k(records, t, "gpt"),
-                _mean_over_k(records, t, "gpt@2x-steps"),
-                "error/d",
-                judges=lambda f, t=t: paper_claims.test_of(f.claim_id) == t,
-                rows=aot if "aot@2x-steps" in finals[t] else {},
-                key=t,
-            )
-        )
+        rows = {"aot": Longer("aot", *_with_2x(records, t, "aot"))} if "aot@2x-steps" in finals[t] else {}
+        own = lambda f, t=t: paper_claims.test_of(f.claim_id) == t  # noqa: E731
+        label = f"gpt on {t} (error averaged over k)"
+        out.append(Plateau("gpt", label, *_with_2x(records, t, "gpt"), "error/d", judges=own, rows=rows, key=t))
     return out
+
+
+def _with_2x(records: dict, task: str, name: str) -> tuple[claims.Stat | None, claims.Stat | None]:
+    """Row ``name``'s error averaged over k at the reported steps and at twice them."""
+    return _mean_over_k(records, task, name), _mean_over_k(records, task, f"{name}@2x-steps")
 
 
 def _mean_over_k(records: dict, task: str, name: str) -> claims.Stat | None:
     """Each seed's error averaged over the number of in-context examples (the comparison's metric)."""
-    return claims.stat(float(np.mean(r["error_per_position"])) for r in per_seed(records, f"{KEY}/{task}/{name}"))
+    runs = common.per_seed(records, f"{KEY}/{task}/{name}")
+    return claims.stat(float(np.mean(r["error_per_position"])) for r in runs)
 
 
 def _tune(sec: Section, records: dict, plan: dict, ev: Evidence) -> None:
@@ -283,7 +256,7 @@ def _tune(sec: Section, records: dict, plan: dict, ev: Evidence) -> None:
     for t in plan["tasks"]:
         label = f"{t}, error / d"
         untuned.update(
-            tune_rows(sec, records, plan, models, f"{KEY}/{t}", "mean_error", False, 1.0, label, unswept=unswept)
+            common.tune_rows(sec, records, plan, models, f"{KEY}/{t}", "mean_error", False, 1.0, label, unswept=unswept)
         )
     ev.tuning.append(Tuning(untuned))
     if "aot" in untuned:  # AoT's own "learns in context" claims rest on the same rate
@@ -295,24 +268,23 @@ def _val_curves(sec: Section, records: dict, plan: dict, plots_dir, rel) -> None
     """Each run's validation curve (seed means) per task, into ``sec.data`` and a plot."""
     val = {
         t: {
-            n: mean_val_curve(rs, "normalized_error")
+            n: common.mean_val_curve(rs, "normalized_error")
             for n in _rows(plan)
-            if (rs := per_seed(records, f"{KEY}/{t}/{n}"))
+            if (rs := common.per_seed(records, f"{KEY}/{t}/{n}"))
         }
         for t in plan["tasks"]
     }
     sec.data["val_curves"] = val
     caption = (
         "Validation error (mean over k, seed means) during training; points before the last use "
-        f"{CURVE_EVAL_BATCHES} validation batches."
+        f"{common.CURVE_EVAL_BATCHES} validation batches."
     )
     title_ = "In-context: validation curves"
     sec.add_curves(list(val.items()), plots_dir / "icl_curves.png", rel, "validation error / d", title_, caption)
 
 
 def _plot(curves, d):
-    plt = pyplot()
-
+    plt = common.pyplot()
     tasks = [t for t in curves if curves[t]]
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 3.8), squeeze=False)
     styles = {"zero": ":", "least_squares": "--", "lasso": "-."}
@@ -395,7 +367,7 @@ def _learns(t: str, m: str, c: dict, fin: dict, zero: float, records: dict, ev: 
             why = f"the GPT baseline learns by the same rule on only {sum(gpt_ok)} of {len(gpt_ok)} seeds"
             ev.gates.append((f, "did not learn", why + ", so the budget may be the limit"))
     elif verdict != "agrees":
-        f.explanation = _still_descending(per_seed(records, f"{KEY}/{t}/{m}"))
+        f.explanation = _still_descending(common.per_seed(records, f"{KEY}/{t}/{m}"))
     f.trained = True  # over seeds of trained models, though not an interval: counted with the comparisons
     ev.gates += _learns_plateau(f, m, fin, zero)
     return f

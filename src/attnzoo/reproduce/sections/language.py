@@ -15,36 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from attnzoo.models import from_pretrained
-from attnzoo.reproduce import claims, paper_claims
+from attnzoo.reproduce import claims, common, paper_claims
 from attnzoo.reproduce.claims import Finding
-from attnzoo.reproduce.common import (
-    LONGER,
-    Context,
-    ModelRow,
-    Section,
-    Table,
-    check_row_arch,
-    check_sweep_extra,
-    fmt,
-    load_trained,
-    mean_val_curve,
-    measured_finding,
-    num_params,
-    peak_train_mb,
-    per_seed,
-    pyplot,
-    row_lrs,
-    section_step,
-    seed_list,
-    seed_runs,
-    sweep_runs,
-    sweep_train,
-    train_defaults,
-    train_run,
-    tune_rows,
-    tuned,
-    twice_steps,
-)
+from attnzoo.reproduce.common import Context, ModelRow, Section, Table, fmt
 from attnzoo.reproduce.pipeline import Control, Evidence, Longer, Plateau, Tuning, judge
 from attnzoo.reproduce.store import Step
 
@@ -76,8 +49,7 @@ def rows_of(plan: dict) -> list[str]:
 def model_options(name: str, arch: dict, row_arch: dict | None = None) -> dict:
     """The row's model options: the section's ``arch``, then the row's own entry of the plan's ``row_arch`` (a
     width or depth at the paper's parameter ratio)."""
-    if name not in MODELS:
-        raise ValueError(f"unknown language model {name!r}; valid: {sorted(MODELS)}")
+    common.check_known([name], MODELS, "language model")
     opts = {**arch, **(row_arch or {}).get(name, {})}
     if name == CONTROL:
         opts["attention"] = "identity"
@@ -87,7 +59,7 @@ def model_options(name: str, arch: dict, row_arch: dict | None = None) -> dict:
 
 
 #: the baseline's plateau check: the baseline trained with twice the steps (and warm-up), nothing else changed
-PLATEAU = "gpt" + LONGER
+PLATEAU = "gpt" + common.LONGER
 
 
 def longer_rows(plan: dict) -> list[str]:
@@ -97,33 +69,34 @@ def longer_rows(plan: dict) -> list[str]:
     extra = plan.get("compared_2x", [])
     if unknown := [r for r in extra if r not in rows_of(plan) or r == "gpt"]:
         raise ValueError(f"compared_2x rows {unknown} are not compared rows of this plan; rows: {rows_of(plan)}")
-    return rows + [f"{r}{LONGER}" for r in extra]
+    return rows + [f"{r}{common.LONGER}" for r in extra]
 
 
 def _train_plan(plan: dict, name: str) -> dict:
-    return twice_steps(plan["train"]) if name.endswith(LONGER) else dict(plan["train"])
+    return common.twice_steps(plan["train"]) if name.endswith(common.LONGER) else dict(plan["train"])
 
 
 def _seeds(plan: dict, name: str, seed: int) -> list[int]:
     """A row's seeds; a run at twice the steps takes the first ``plateau_seeds`` of them (it costs twice a seed
     run)."""
-    seeds = seed_list(plan, seed)
-    return seeds[: plan.get("plateau_seeds")] if name.endswith(LONGER) else seeds
+    seeds = common.seed_list(plan, seed)
+    return seeds[: plan.get("plateau_seeds")] if name.endswith(common.LONGER) else seeds
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     ngram = {"task_options": dict(plan["task_options"]), "eval_windows": plan["eval_windows"]}
     steps = [Step(f"{KEY}/ngram-baselines", KEY, ngram, _run_ngrams, label="ngram-baselines")]
     rows = rows_of(plan) + longer_rows(plan)
-    check_sweep_extra(plan, rows_of(plan))
-    check_row_arch(plan, rows_of(plan))
+    common.check_sweep_extra(plan, rows_of(plan))
+    common.check_row_arch(plan, rows_of(plan))
     # the sweep first: every seed run then trains at its row's best swept rate (a run at twice the steps at its
     # row's)
-    runs = [(n, *run) for n in rows_of(plan) for run in sweep_runs(f"{KEY}/{n}", row_lrs(plan, n), seed)]
-    runs += [(n, sid, s, None) for n in rows for sid, s in seed_runs(f"{KEY}/{n}", _seeds(plan, n, seed))]
+    runs = [(n, *run) for n in rows_of(plan) for run in common.sweep_runs(f"{KEY}/{n}", common.row_lrs(plan, n), seed)]
+    runs += [(n, sid, s, None) for n in rows for sid, s in common.seed_runs(f"{KEY}/{n}", _seeds(plan, n, seed))]
     for name, sid, s, lr in runs:
         row = name.split("@")[0]
         reg, mech, _ = MODELS[row]
+        settings = _train_plan(plan, name) if lr is None else dict(common.sweep_train(plan["train"], plan), lr=lr)
         train = dict(
             task="shakespeare_char",
             task_options=dict(plan["task_options"]),
@@ -133,23 +106,18 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             eval_batches=1,
             # scored at the best checkpoint on the selection split (held out apart from the reported one)
             select_every=plan.get("select_every", 0),
-            **train_defaults(
-                **{
-                    **(_train_plan(plan, name) if lr is None else sweep_train(plan["train"], plan)),
-                    "lr": plan["train"]["lr"] if lr is None else lr,
-                }
-            ),
+            **common.train_defaults(**settings),
         )
         # decoding cost is a property of the architecture, not of the seed: profiled on the first seed only
         cfg = {
             "train": train,
             "mechanism": mech,
             "eval_windows": plan["eval_windows"],
-            "contexts": plan["contexts"] if s == seed and not name.endswith(LONGER) else [],
+            "contexts": plan["contexts"] if s == seed and not name.endswith(common.LONGER) else [],
         }
         if lr is None:
-            cfg = tuned(cfg, KEY, row, row_lrs(plan, row), "val_loss", False)
-        steps.append(section_step(KEY, sid, cfg, _run))
+            cfg = common.tuned(cfg, KEY, row, common.row_lrs(plan, row), "val_loss", False)
+        steps.append(common.section_step(KEY, sid, cfg, _run))
     return steps
 
 
@@ -236,20 +204,20 @@ def _run(ctx: Context, step: Step) -> dict:
     from attnzoo.data import build_task
 
     cfg = step.config["train"]
-    rec = train_run(ctx, step.id, cfg, sweep=step.config.get("sweep"))
+    rec = common.train_run(ctx, step.id, cfg, sweep=step.config.get("sweep"))
     # with best-checkpoint selection the run keeps the weights of its best selection score beside the last ones
     best = Path(rec["run_dir"]) / "best_model"
-    model = from_pretrained(best) if best.is_dir() else load_trained(rec["run_dir"])
+    model = from_pretrained(best) if best.is_dir() else common.load_trained(rec["run_dir"])
     task = build_task(cfg["task"], **cfg["task_options"])
     loss = lm_eval(model, task.val, step.config["eval_windows"])
     inputs, target = task.train.get_batch(np.arange(cfg["batch_size"]))
-    peak = peak_train_mb(model, inputs, target, task.kind, ctx.device)
+    peak = common.peak_train_mb(model, inputs, target, task.kind, ctx.device)
     model = model.cpu().eval()
     decode = decode_profile(model, step.config["contexts"], seed=ctx.seed) if model.supports_incremental else []
     return {
         "val_loss": loss,
         "val_bpc": loss / math.log(2),
-        "params": num_params(model),
+        "params": common.num_params(model),
         "tokens_per_s": rec["tokens_per_s"],
         "peak_train_mb": peak,
         "decode": decode,
@@ -261,7 +229,7 @@ def _run(ctx: Context, step: Step) -> dict:
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec = Section(KEY, TITLE)
     longer = list(dict.fromkeys([PLATEAU, *longer_rows(plan)]))
-    seeds_res = {n: per_seed(records, f"{KEY}/{n}") for n in rows_of(plan) + longer}
+    seeds_res = {n: common.per_seed(records, f"{KEY}/{n}") for n in rows_of(plan) + longer}
     names = [n for n in rows_of(plan) if seeds_res[n]]
     res = {
         n: dict(
@@ -269,11 +237,11 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             val_loss=claims.stat(r["val_loss"] for r in seeds_res[n]),
             tokens_per_s=float(np.mean([r["tokens_per_s"] or 0.0 for r in seeds_res[n]])),
             seeds=len(seeds_res[n]),
-            val_curve=mean_val_curve(seeds_res[n], "bits_per_token"),
+            val_curve=common.mean_val_curve(seeds_res[n], "bits_per_token"),
         )
         for n in names
     }
-    curves = {n: mean_val_curve(seeds_res[n], "bits_per_token") for n in names + longer if seeds_res[n]}
+    curves = {n: common.mean_val_curve(seeds_res[n], "bits_per_token") for n in names + longer if seeds_res[n]}
     ngram = records.get(f"{KEY}/ngram-baselines", {}).get("result")
     sec.intro, sec.scale = _describe(plan, [res[n]["params"] for n in names], ngram)
     sec.tables += _tables(res, names)
@@ -364,10 +332,10 @@ OTHER_MARGINS = {"tost": (0.127, "ToST Table 4's in-distribution OWT gap")}
 
 def _plateaus(records: dict, plan: dict, res: dict) -> list[Plateau]:
     """The baseline's run at twice the steps, and those of the compared rows that have one (``compared_2x``)."""
-    longer = per_seed(records, f"{KEY}/{PLATEAU}")
+    longer = common.per_seed(records, f"{KEY}/{PLATEAU}")
     gpt_2x = claims.stat(r["val_loss"] for r in longer) if longer else None
     own_2x = {
-        row: claims.stat(r["val_loss"] for r in per_seed(records, f"{KEY}/{row}{LONGER}"))
+        row: claims.stat(r["val_loss"] for r in common.per_seed(records, f"{KEY}/{row}{common.LONGER}"))
         for row in plan.get("compared_2x", [])
     }
     rows = {row: Longer(row, res[row]["val_loss"], own) for row, own in own_2x.items() if row in res and own}
@@ -383,7 +351,8 @@ def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
     """The learning-rate sweep's table, and ``{row: why}`` for each row not shown at its best rate."""
     rows = rows_of(plan)
     noise = {r: res[r]["val_loss"].std for r in rows if r in res and res[r].get("val_loss")}
-    return tune_rows(sec, records, plan, rows, KEY, "val_loss", False, label="validation loss, nats", noise=noise)
+    label = "validation loss, nats"
+    return common.tune_rows(sec, records, plan, rows, KEY, "val_loss", False, label=label, noise=noise)
 
 
 #: the loss-and-cost table's columns: header -> a row's cell
@@ -423,8 +392,7 @@ LEARNED_MARGIN_BPC = 0.5
 
 
 def _plot(res, names):
-    plt = pyplot()
-
+    plt = common.pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     for i, n in enumerate(names):
         c = res[n].get("curve")
@@ -449,17 +417,8 @@ def _plot(res, names):
 
 def _compare(res: dict, a: str, b: str, claim_id: str, **kw) -> Finding:
     """Row ``a`` against row ``b`` on validation loss (nats, lower is better) for claim ``claim_id``."""
-    return claims.compare(
-        res[a]["val_loss"],
-        res[b]["val_loss"],
-        **paper_claims.compare_kw(claim_id),
-        unit="nats",
-        a_name=a,
-        b_name=b,
-        lower_is_better=True,
-        spec=".3f",
-        **kw,
-    )
+    kw = dict(paper_claims.compare_kw(claim_id), unit="nats", a_name=a, b_name=b, lower_is_better=True, **kw)
+    return claims.compare(res[a]["val_loss"], res[b]["val_loss"], spec=".3f", **kw)
 
 
 def _rel_claim(res, a, claim_id: str) -> Finding:
@@ -469,12 +428,11 @@ def _rel_claim(res, a, claim_id: str) -> Finding:
     return _compare(res, a, "gpt", claim_id, relative=True)
 
 
-#: (a, b) -> the parameter ratio a/b of the paper's own comparison: a comparison more than SIZE_TOLERANCE from it
+#: (a, b) -> the parameter ratio a/b of the paper's own comparison: a comparison more than claims.SIZE_TOLERANCE from it
 #: (either way) is not under the paper's conditions and is gated
 PAPER_SIZE_RATIO: dict[tuple[str, str], tuple[float, str]] = paper_claims.size_ratios(
     "tost-t4-lm", "aot-t1-lm", "aot-t1-hybrid", "fast-f6-lm"
 )
-SIZE_TOLERANCE = 0.10
 
 
 def _with_params(findings: list[Finding], res: dict) -> None:
@@ -494,7 +452,7 @@ def _findings(res) -> tuple[list[Finding], Evidence]:
     the no-attention control against each margin."""
     out = _comparisons(res)
     _with_params(out, res)
-    ev = Evidence(sizes=PAPER_SIZE_RATIO, size_tolerance=SIZE_TOLERANCE, readings=[_other_margins])
+    ev = Evidence(sizes=PAPER_SIZE_RATIO, readings=[_other_margins])
     if CONTROL in res:
         ev.controls.append(Control(CONTROL, res[CONTROL]["val_loss"], lambda f: f.kind == "paper"))
     return out, ev
@@ -518,10 +476,11 @@ def _comparisons(res) -> list[Finding]:
                 f"KV cache x{grows:.1f}"
             )
             flat = d[hi]["state_kib"] <= d[lo]["state_kib"] * 1.01
-            out.append(measured_finding(f"lm-decode-memory-{m}", measured, flat, "agrees if the state does not grow"))
+            rule = "agrees if the state does not grow"
+            out.append(common.measured_finding(f"lm-decode-memory-{m}", measured, flat, rule))
             tr = d[hi]["ms_per_token"] / d[lo]["ms_per_token"]
             gr = g[hi]["ms_per_token"] / g[lo]["ms_per_token"]
             measured = f"{m} x{tr:.2f}, gpt x{gr:.2f} from context {lo} to {hi}"
             rule = "agrees if ms/token grows at most 1.5x (timing noise)"
-            out.append(measured_finding(f"lm-decode-time-{m}", measured, tr <= 1.5, rule))
+            out.append(common.measured_finding(f"lm-decode-time-{m}", measured, tr <= 1.5, rule))
     return out

@@ -10,33 +10,9 @@ import re
 
 import numpy as np
 
-from attnzoo.reproduce import claims, paper_claims
+from attnzoo.reproduce import claims, common, paper_claims
 from attnzoo.reproduce.claims import Finding
-from attnzoo.reproduce.common import (
-    CURVE_EVAL_BATCHES,
-    Context,
-    Section,
-    Table,
-    check_sweep_extra,
-    classification_record,
-    fmt,
-    learned,
-    mean_val_curve,
-    measured_finding,
-    per_seed,
-    pyplot,
-    row_lrs,
-    section_step,
-    seed_list,
-    seed_mean,
-    seed_runs,
-    sweep_runs,
-    sweep_train,
-    train_defaults,
-    tune_rows,
-    tuned,
-    unlearned_seeds,
-)
+from attnzoo.reproduce.common import Context, Section, Table, fmt
 from attnzoo.reproduce.pipeline import Control, Evidence, Longer, Plateau, Tuning, compared, judge
 from attnzoo.reproduce.store import Step
 
@@ -87,7 +63,7 @@ def _schedule(plan: dict, task: str) -> str:
 def task_seeds(plan: dict, seed: int, task: str) -> list[int]:
     """The seeds of ``task``'s runs: the section's ``seeds`` unless ``task_seeds`` overrides it."""
     n = plan.get("task_seeds", {}).get(task, plan.get("seeds", 1))
-    return seed_list({"seeds": n}, seed)
+    return common.seed_list({"seeds": n}, seed)
 
 
 def row_seeds(plan: dict, seed: int, task: str, row: str) -> list[int]:
@@ -114,14 +90,13 @@ def _seeded_runs(plan: dict, seed: int, task: str, row: str, mech: str, abl: dic
     else:  # one encoder shape for every mechanism (ToST Table 7's registered config, resized), pre-norm, mean pool
         model, att = f"tost_lra_{task}", dict(MECHANISMS[mech])
         opts = dict(arch, attention=mech, attention_options=att, dropout=0.0, norm="pre", pool="mean")
-    settings = train_defaults(**{**task_train(plan, task), **(abl.get("train") or {})})
-    if sweep_lr is not None:
-        settings = dict(sweep_train(settings, plan), lr=sweep_lr)
+    settings = common.train_defaults(**{**task_train(plan, task), **(abl.get("train") or {})})
     base = f"{KEY}/{task}/{row}"
     if sweep_lr is not None:
-        ids = [run[:2] for run in sweep_runs(base, [sweep_lr], seed)]
+        settings = dict(common.sweep_train(settings, plan), lr=sweep_lr)
+        ids = [run[:2] for run in common.sweep_runs(base, [sweep_lr], seed)]
     else:
-        ids = seed_runs(base, row_seeds(plan, seed, task, row))
+        ids = common.seed_runs(base, row_seeds(plan, seed, task, row))
     steps = []
     for sid, s in ids:
         data = dict(task=TASKS[task], task_options=_masked(TASKS[task], plan["tasks"][task]), model=model)
@@ -130,8 +105,8 @@ def _seeded_runs(plan: dict, seed: int, task: str, row: str, mech: str, abl: dic
             cfg["ablation"] = row
         if sweep_lr is None and task in sweep_tasks(plan) and mech in plan["mechanisms"]:
             # at the mechanism's best swept rate on this task (an ablation keeps its mechanism's rate)
-            cfg = tuned(cfg, f"{KEY}/{task}", mech, row_lrs(plan, mech), "accuracy", True)
-        steps.append(section_step(KEY, sid, cfg, classification_record))
+            cfg = common.tuned(cfg, f"{KEY}/{task}", mech, common.row_lrs(plan, mech), "accuracy", True)
+        steps.append(common.section_step(KEY, sid, cfg, common.classification_record))
     return steps
 
 
@@ -165,18 +140,16 @@ def sweep_tasks(plan: dict) -> list[str]:
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     steps = []
-    check_sweep_extra(plan, list(plan["mechanisms"]))
+    common.check_sweep_extra(plan, list(plan["mechanisms"]))
     for row in plan.get("extra_seeds", {}).get("rows", []):
         if row not in plan["mechanisms"]:
             raise ValueError(f"extra_seeds row {row!r} is not a mechanism of this plan; valid: {plan['mechanisms']}")
+    common.check_known(plan["tasks"], TASKS, "LRA task")
+    common.check_known(plan["mechanisms"], MECHANISMS, "LRA mechanism")
     for task, task_opts in plan["tasks"].items():
-        if task not in TASKS:
-            raise ValueError(f"unknown LRA task {task!r}; valid: {sorted(TASKS)}")
         for mech in plan["mechanisms"]:
-            if mech not in MECHANISMS:
-                raise ValueError(f"unknown LRA mechanism {mech!r}; valid: {sorted(MECHANISMS)}")
             if task in sweep_tasks(plan):  # the sweep first: the seeds train at its best rate
-                for lr in row_lrs(plan, mech):
+                for lr in common.row_lrs(plan, mech):
                     steps += _seeded_runs(plan, seed, task, mech, mech, {}, sweep_lr=lr)
             steps += _seeded_runs(plan, seed, task, mech, mech, {})
         for name, abl in plan.get("ablations", {}).items():
@@ -218,12 +191,12 @@ def _fold(rs: list[dict]) -> dict:
     return {
         "accuracy": claims.stat(100 * r["accuracy"] for r in rs if r.get("accuracy") is not None),
         "per_seed": [None if r.get("accuracy") is None else 100 * r["accuracy"] for r in rs],
-        "steps_per_s": seed_mean(rs, "steps_per_s"),
-        "peak_train_mb": seed_mean(rs, "peak_train_mb"),
+        "steps_per_s": common.seed_mean(rs, "steps_per_s"),
+        "peak_train_mb": common.seed_mean(rs, "peak_train_mb"),
         "params": rs[0]["params"],
         "seq_len": rs[0]["seq_len"],
         "seeds": len(rs),
-        "val_curve": mean_val_curve(rs, "accuracy", 100.0),
+        "val_curve": common.mean_val_curve(rs, "accuracy", 100.0),
         # each seed's validation accuracy (%) by step: the equal-wall-clock reading takes per-seed values from them
         "val_by_step": [{p["step"]: 100.0 * p["accuracy"] for p in r.get("val_curve") or []} for r in rs],
     }
@@ -233,12 +206,12 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec = Section(KEY, TITLE)
     tasks = [t for t in TASKS if t in plan["tasks"]]
     mechs = plan["mechanisms"]
-    res = {m: {t: _fold(rs) for t in tasks if (rs := per_seed(records, f"{KEY}/{t}/{m}"))} for m in mechs}
+    res = {m: {t: _fold(rs) for t in tasks if (rs := common.per_seed(records, f"{KEY}/{t}/{m}"))} for m in mechs}
     lengths = {t: next((res[m][t]["seq_len"] for m in mechs if t in res[m]), None) for t in tasks}
     ablations = {
         name: dict(abl, result=_fold(rs))
         for name, abl in plan.get("ablations", {}).items()
-        if (rs := per_seed(records, f"{KEY}/{abl['task']}/{name}"))
+        if (rs := common.per_seed(records, f"{KEY}/{abl['task']}/{name}"))
     }
     sec.intro = _intro(plan, tasks, lengths)
     sec.scale = (
@@ -295,7 +268,7 @@ def _tune(
     for t in learned:
         kw = dict(noise={m: res[m][t]["accuracy"].std for m in mechs if t in res.get(m, {})}, floor=majority.get(t))
         unswept = f"no learning-rate sweep on {t} at this budget"
-        every[t] = tune_rows(
+        every[t] = common.tune_rows(
             sec, records, plan, mechs, f"{KEY}/{t}", "accuracy", True, 100.0, f"{t}, accuracy %", unswept=unswept, **kw
         )
         if t not in sweep_tasks(plan):
@@ -503,7 +476,7 @@ def _curves(sec: Section, res: dict, mechs: list[str], tasks: list[str], ablatio
         panels.append((t, curves | {n: a["result"]["val_curve"] for n, a in ablations.items() if a["task"] == t}))
     sec.data["val_curves"] = dict(panels)
     caption = (
-        f"Validation accuracy during training (seed means); points before the last use {CURVE_EVAL_BATCHES} "
+        f"Validation accuracy during training (seed means); points before the last use {common.CURVE_EVAL_BATCHES} "
         "validation batches."
     )
     path = plots_dir / "long_range_curves.png"
@@ -565,8 +538,8 @@ def _point_within(runs: list[tuple[int, dict]], affordable: float) -> tuple[int,
     best = None
     for run_steps, fold in runs:
         by = fold.get("val_by_step") or []
-        common = set.intersection(*(set(d) for d in by)) if by and all(by) else set()
-        for step in sorted(common):
+        shared = set.intersection(*(set(d) for d in by)) if by and all(by) else set()
+        for step in sorted(shared):
             # at a tie, the run that ends there (its rate annealed)
             if step <= affordable + 1e-9 and (best is None or (step, -run_steps) > (best[0], -best[1])):
                 best = (step, run_steps, [d[step] for d in by])
@@ -582,8 +555,7 @@ def _avg_stat(res, m, tasks) -> claims.Stat | None:
 
 
 def _plot(res, mechs, tasks, lengths):
-    plt = pyplot()
-
+    plt = common.pyplot()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 3.8))
     x = np.arange(len(tasks))
     w = 0.8 / max(1, len(mechs))
@@ -648,7 +620,7 @@ def _dense_chunks(findings: list[Finding], records: dict, tasks: list[str], leng
 
 def unlearned_row(acc: claims.Stat, m: str, majority: float | None) -> str | None:
     """Why the compared row did not learn (a seed within LEARNED_MARGIN of the majority class), or None."""
-    failed = [] if majority is None else unlearned_seeds(acc.values, majority, LEARNED_MARGIN)
+    failed = [] if majority is None else common.unlearned_seeds(acc.values, majority, LEARNED_MARGIN)
     if not failed:
         return None
     return (
@@ -659,7 +631,7 @@ def unlearned_row(acc: claims.Stat, m: str, majority: float | None) -> str | Non
 
 def failure_reading(m: str, acc: claims.Stat, base_acc: claims.Stat, majority: float, base: str) -> str:
     """The gap on the seeds of ``m`` that did learn, where some did not; empty when every seed learned or none did."""
-    failed = unlearned_seeds(acc.values, majority, LEARNED_MARGIN)
+    failed = common.unlearned_seeds(acc.values, majority, LEARNED_MARGIN)
     ok = [v for v in acc.values if v not in failed]
     if not failed or not ok:
         return ""
@@ -709,7 +681,9 @@ def _learned(res, tasks, majority, row: str = "softmax") -> list[str]:
     """Tasks on which every seed of ``row`` beats the majority class (chance if unknown) by LEARNED_MARGIN."""
     accs = {t: res.get(row, {}).get(t, {}).get("accuracy") for t in tasks}
     return [
-        t for t, a in accs.items() if a is not None and learned(a.values, majority.get(t, CHANCE[t]), LEARNED_MARGIN)
+        t
+        for t, a in accs.items()
+        if a is not None and common.learned(a.values, majority.get(t, CHANCE[t]), LEARNED_MARGIN)
     ]
 
 
@@ -831,7 +805,7 @@ def _speed_findings(res, mechs, tasks, lengths, head_dim=None) -> list[dict]:
         else:
             measured = f"{m} {val:.2f} vs softmax {base:.2f} steps/s on {longest} (N={n}): {val / base:.2f}x"
             rule = f"agrees if {m} steps/s > softmax's (a measurement of training throughput)"
-            out.append(measured_finding(claim_id, measured, val > base, rule, "paper", res[m][longest]["seeds"]))
+            out.append(common.measured_finding(claim_id, measured, val > base, rule, "paper", res[m][longest]["seeds"]))
             continue
         out.append(claims.not_tested(**kw, why=why))
     return out
@@ -861,7 +835,7 @@ def _fastest_finding(res, mechs, tasks) -> dict | None:
         "comparison set run here (a measurement)"
     )
     seeds = min(res[m][t]["seeds"] for m in mechs for t in tasks if t in res[m])
-    f = measured_finding(FASTEST, measured, best == "csp", rule, "paper", seeds)
+    f = common.measured_finding(FASTEST, measured, best == "csp", rule, "paper", seeds)
     if others := {m: v for m, v in speed.items() if m not in known and v}:
         f.explanation = "not in the paper's comparison set, shown for reference: " + ", ".join(
             f"{m} {v:.2f}" for m, v in others.items()

@@ -10,21 +10,8 @@ import math
 
 import numpy as np
 
-from attnzoo.reproduce import claims, paper_claims
-from attnzoo.reproduce.common import (
-    LEARNED_MARGIN,
-    Context,
-    Section,
-    Table,
-    fmt,
-    learned,
-    load_trained,
-    measured_finding,
-    plot_val_curves,
-    seeded_id,
-    train_run,
-    untrained_model,
-)
+from attnzoo.reproduce import claims, common, paper_claims
+from attnzoo.reproduce.common import Context, Section, Table, fmt
 from attnzoo.reproduce.store import Step
 
 KEY = "probes"
@@ -107,7 +94,7 @@ def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
                 steps.extend(_layerwise_steps(name, s, deep, vision_plan, probe, suffix=f"/extra-seed{s}"))
     maps = [n for n in plan.get("attention_maps", []) if n in vision_plan["models"]]
     if maps:  # the attention maps of the vision section's models named for them
-        deps = tuple(seeded_id(f"vision/{n}", seed) for n in maps)
+        deps = tuple(common.seeded_id(f"vision/{n}", seed) for n in maps)
         steps.append(_step("attention-maps", {"experiment": "attention-maps", "models": maps, "batch": batch}, deps))
     return steps
 
@@ -138,8 +125,7 @@ def _layerwise_steps(name: str, seed: int, deep: dict, vision_plan: dict, probe:
     """One probe model's training and probe; for the base seed also its random-init and shallow-model probes."""
     from attnzoo.reproduce.sections import vision
 
-    if name not in vision.MODELS:
-        raise ValueError(f"unknown layer-wise probe model {name!r}; valid: {sorted(vision.MODELS)}")
+    common.check_known([name], vision.MODELS, "layer-wise probe model")
     config = vision.row_config(deep, name, seed)
     train, tid = config["train"], f"{KEY}/train/{name}{suffix}"
     lw = {"experiment": "layerwise", "model": name, "source": tid, "train": train, **probe}
@@ -156,7 +142,7 @@ def _layerwise_steps(name: str, seed: int, deep: dict, vision_plan: dict, probe:
     )
     if name in vision_plan["models"]:
         # ablation: the same probe on the vision section's shallow model (what the report probed before)
-        vid = seeded_id(f"vision/{name}", seed)
+        vid = common.seeded_id(f"vision/{name}", seed)
         shallow = {"model_options": vision.model_options(name, vision_plan), "train": vision_plan["train"]}
         config = {"experiment": "layerwise", "model": name, "source": vid, "trained": shallow, **probe}
         steps.append(_step(f"layerwise-shallow/{name}", config, (vid,)))
@@ -166,7 +152,7 @@ def _layerwise_steps(name: str, seed: int, deep: dict, vision_plan: dict, probe:
 def _run_train(ctx: Context, step: Step) -> dict:
     """Train a probe model (the vision section's recipe at the probes' depth); validation accuracy beside it."""
     cfg = step.config["train"]
-    rec = train_run(ctx, step.id, cfg)
+    rec = common.train_run(ctx, step.id, cfg)
     out = {"accuracy": rec["val"].get("accuracy"), "val_loss": rec["val"].get("loss"), "run_dir": rec["run_dir"]}
     out.update(depth=cfg["model_options"]["depth"], steps=cfg["steps"], batch_size=cfg["batch_size"])
     return out | {k: rec[k] for k in ("curve", "val_curve")}
@@ -189,11 +175,11 @@ def _val_batch(cfg: dict):
 
 
 def _trained(ctx: Context, name: str, source: str | None = None):
-    sid = source or seeded_id(f"vision/{name}", ctx.seed)
+    sid = source or common.seeded_id(f"vision/{name}", ctx.seed)
     rec = ctx.store.load_by_id(sid)
     if rec is None:
         raise RuntimeError(f"probe needs the trained model {name!r} of step {sid!r}; that step has not run")
-    return load_trained(rec["result"]["run_dir"])
+    return common.load_trained(rec["result"]["run_dir"])
 
 
 def _layerwise(model, cfg: dict) -> dict:
@@ -209,7 +195,7 @@ def _run_layerwise(ctx: Context, step: Step) -> dict:
 
 def _run_layerwise_init(_ctx: Context, step: Step) -> dict:
     """The layer-wise probe on the probe model's architecture as initialised by its training seed (no step taken)."""
-    return _layerwise(untrained_model(step.config["train"])[0], step.config)
+    return _layerwise(common.untrained_model(step.config["train"])[0], step.config)
 
 
 def _run_maps(ctx: Context, step: Step) -> dict:
@@ -258,7 +244,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     curves = {n: t["val_curve"] for n, t in trained.items() if t.get("val_curve")}
     if curves:
         rows = {n: [[p["step"], 100.0 * p["accuracy"]] for p in c if "accuracy" in p] for n, c in curves.items()}
-        fig = plot_val_curves([("probe models", rows)], "validation accuracy (%)", "Probe models")
+        fig = common.plot_val_curves([("probe models", rows)], "validation accuracy (%)", "Probe models")
         sec.add_plot(
             fig, plots_dir / "probes_curves.png", rel, "Validation accuracy of the probe models during training."
         )
@@ -271,7 +257,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         unlearned = {n for n, t in trained.items() if not _learned(t, majority)}
         if unlearned:
             sec.notes.append(
-                f"probe model(s) {', '.join(sorted(unlearned))} did not reach {LEARNED_MARGIN:g} points above "
+                f"probe model(s) {', '.join(sorted(unlearned))} did not reach {common.LEARNED_MARGIN:g} points above "
                 f"the {majority:.0f}% majority class; their layer-wise claims are not judged"
             )
             lw = {n: r for n, r in lw.items() if n not in unlearned}
@@ -357,7 +343,7 @@ def _series_cell(vals: list[float]) -> str:
 
 
 def _learned(t: dict, majority: float) -> bool:
-    return t.get("accuracy") is not None and learned([100.0 * _num(t["accuracy"])], majority)
+    return t.get("accuracy") is not None and common.learned([100.0 * _num(t["accuracy"])], majority)
 
 
 def _plotter(sec: Section, plots_dir, rel):
@@ -607,7 +593,7 @@ def _softmax_denoise_finding(res) -> dict:
 def _compress_finding(r: dict) -> dict:
     rate = [_num(x) for x in r["coding_rate"]]
     measured = f"coding rate {rate[0]:.4g} → {rate[-1]:.4g} over {len(rate) - 1} iterations"
-    return measured_finding(
+    return common.measured_finding(
         "cbsa-f4-compress", measured, rate[-1] < rate[0], "agrees if the final rate < initial", "paper"
     )
 
@@ -620,7 +606,8 @@ def _rank_collapse_findings(r: dict) -> list[dict]:
     s, c = resid["softmax_reference"], resid["csp_reference"]
     measured = f"softmax {s[0]:.2e} → {s[-1]:.2e}, CSP {c[0]:.2e} → {c[-1]:.2e} over {len(s) - 1} layers"
     rule = "agrees if softmax's residual falls 1000x while CSP's stays above 10%"
-    return [measured_finding("csp-thm1-rank", measured, s[-1] < 1e-3 * s[0] and c[-1] > 0.1 * c[0], rule, "paper")]
+    holds = s[-1] < 1e-3 * s[0] and c[-1] > 0.1 * c[0]
+    return [common.measured_finding("csp-thm1-rank", measured, holds, rule, "paper")]
 
 
 def _layerwise_finding(name: str, r: dict, shallow: dict | None, more: list | None = None) -> dict | None:
@@ -639,7 +626,7 @@ def _layerwise_finding(name: str, r: dict, shallow: dict | None, more: list | No
         measured = f"{MEASURE_LABEL[key]}, mean of {len(runs)} seeds, {_describe(mean, start)}; per seed: {per_seed}"
         rule = f"{rule}, {len(runs)} seeds"
     verdict = _seeds_verdict(mean, runs, start)
-    f = measured_finding(claim_id, measured, verdict, rule, "paper", len(runs), name=name)
+    f = common.measured_finding(claim_id, measured, verdict, rule, "paper", len(runs), name=name)
     if verdict != "agrees":
         f["explanation"] = ("base seed's model: " if len(runs) > 1 else "") + _layerwise_explanation(
             key, start, r, shallow

@@ -7,36 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from attnzoo.data.scenes import SceneSpec
-from attnzoo.reproduce import claims, paper_claims
+from attnzoo.reproduce import claims, common, paper_claims
 from attnzoo.reproduce.claims import Finding
-from attnzoo.reproduce.common import (
-    LEARNED_MARGIN,
-    LONGER,
-    SWEEP_SEED_OFFSET,
-    Context,
-    Section,
-    Table,
-    check_sweep_extra,
-    fmt,
-    learned,
-    load_trained,
-    measured_finding,
-    num_params,
-    per_seed,
-    pyplot,
-    row_lrs,
-    section_step,
-    seed_list,
-    seeded_id,
-    sweep_id,
-    sweep_train,
-    train_run,
-    tune_rows,
-    tuned,
-    twice_steps,
-    unlearned_seeds,
-    untrained_model,
-)
+from attnzoo.reproduce.common import Context, Section, Table, fmt
 from attnzoo.reproduce.pipeline import Evidence, Longer, Plateau, Tuning, compared, judge
 from attnzoo.reproduce.store import Step
 
@@ -87,9 +60,7 @@ FLOPS_BOUND = 2 * FLOPS_PAPER
 
 
 def _known(names: list[str], what: str) -> list[str]:
-    for n in names:
-        if n not in MODELS:
-            raise ValueError(f"unknown segmentation {what} {n!r}; valid: {sorted(MODELS)}")
+    common.check_known(names, MODELS, f"segmentation {what}")
     return names
 
 
@@ -162,9 +133,9 @@ def decoder_lrs(plan: dict) -> list[float]:
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     """The sweeps, then per seed each model's training, its zero-shot analysis, the controls' and the decoders'."""
     names = models_of(plan)
-    check_sweep_extra(plan, names)
+    common.check_sweep_extra(plan, names)
     steps = _sweep_steps(plan, seed)
-    for s in seed_list(plan, seed):
+    for s in common.seed_list(plan, seed):
         probe = {  # the overlays are drawn from the first seed's maps
             "images": plan.get("images", 128),
             "mass": plan.get("mass", 0.6),
@@ -173,12 +144,12 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         for name in names:
             steps += _trained_row_steps(plan, name, s, row_config(plan, name, s), probe)
         for name in plateau_rows_of(plan):  # the row's own rate, twice the steps
-            train = {**row_config(plan, name, s), **twice_steps(plan["train"])}
-            steps += _trained_row_steps(plan, name, s, train, {**probe, "overlays": 0}, LONGER)
+            train = {**row_config(plan, name, s), **common.twice_steps(plan["train"])}
+            steps += _trained_row_steps(plan, name, s, train, {**probe, "overlays": 0}, common.LONGER)
         for name in controls_of(plan):
-            cid = seeded_id(f"{KEY}/zero-shot-init/{name}", s)
+            cid = common.seeded_id(f"{KEY}/zero-shot-init/{name}", s)
             config = {"experiment": "zero-shot-init", "train": row_config(plan, name, s), **probe}
-            steps.append(section_step(KEY, cid, config, _zero_shot_init))
+            steps.append(common.section_step(KEY, cid, config, _zero_shot_init))
         if plan.get("decoders"):
             steps += _decoder_steps(plan, s)
     return steps
@@ -186,24 +157,24 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
 
 def _trained_row_steps(plan: dict, name: str, seed: int, train: dict, probe: dict, suffix: str = "") -> list[Step]:
     """Model ``name`` trained on ``train`` at its sweep's best rate (row ``name + suffix``), then its zero-shot maps."""
-    tid = seeded_id(f"{KEY}/{name}{suffix}", seed)
-    cfg = tuned({"train": train}, KEY, name, row_lrs(plan, name), "accuracy", True)
+    tid = common.seeded_id(f"{KEY}/{name}{suffix}", seed)
+    cfg = common.tuned({"train": train}, KEY, name, common.row_lrs(plan, name), "accuracy", True)
     # the run's whole config (its sweep's too): a change to the run changes this step's hash, so it reruns
     config = {"experiment": "zero-shot", "source": tid, "trained": cfg, **probe}
-    zid = seeded_id(f"{KEY}/zero-shot/{name}{suffix}", seed)
-    return [section_step(KEY, tid, cfg, _train), section_step(KEY, zid, config, _zero_shot, (tid,))]
+    zid = common.seeded_id(f"{KEY}/zero-shot/{name}{suffix}", seed)
+    return [common.section_step(KEY, tid, cfg, _train), common.section_step(KEY, zid, config, _zero_shot, (tid,))]
 
 
 def _sweep_steps(plan: dict, seed: int) -> list[Step]:
     """Each model's and each decoder's runs at every rate of its grid, on the sweep seed."""
-    off = seed + SWEEP_SEED_OFFSET
-    grids = [(f"{KEY}/{n}", row_config(plan, n, off), row_lrs(plan, n), _train) for n in models_of(plan)]
+    off = seed + common.SWEEP_SEED_OFFSET
+    grids = [(f"{KEY}/{n}", row_config(plan, n, off), common.row_lrs(plan, n), _train) for n in models_of(plan)]
     if plan.get("decoders"):
         grids += [
             (f"{KEY}/decoders/{k}", decoder_config(plan, k, off), decoder_lrs(plan), _train_decoder) for k in DECODERS
         ]
     return [
-        section_step(KEY, sweep_id(base, lr), {"train": sweep_train(dict(cfg, lr=lr), plan)}, fn)
+        common.section_step(KEY, common.sweep_id(base, lr), {"train": common.sweep_train(dict(cfg, lr=lr), plan)}, fn)
         for base, cfg, lrs, fn in grids
         for lr in lrs
     ]
@@ -213,13 +184,13 @@ def _decoder_steps(plan: dict, seed: int) -> list[Step]:
     """One seed's decoders: each kind trained (at its sweep's best rate), then both measured together."""
     dec, steps, runs, trained = plan["decoders"], [], {}, {}
     for kind in DECODERS:
-        tid = seeded_id(f"{KEY}/decoders/{kind}", seed)
-        cfg = tuned(
+        tid = common.seeded_id(f"{KEY}/decoders/{kind}", seed)
+        cfg = common.tuned(
             {"train": decoder_config(plan, kind, seed)}, f"{KEY}/decoders", kind, decoder_lrs(plan), "miou", True
         )
-        steps.append(section_step(KEY, tid, cfg, _train_decoder))
+        steps.append(common.section_step(KEY, tid, cfg, _train_decoder))
         runs[kind], trained[kind] = tid, cfg
-    did = seeded_id(f"{KEY}/decoders", seed)
+    did = common.seeded_id(f"{KEY}/decoders", seed)
     config = {
         "experiment": "decoders",
         "task_options": plan.get("task_options", {}),
@@ -231,7 +202,7 @@ def _decoder_steps(plan: dict, seed: int) -> list[Step]:
         "images": dec["images"],
         "seed": seed,
     }
-    steps.append(section_step(KEY, did, config, _decoders, tuple(runs.values())))
+    steps.append(common.section_step(KEY, did, config, _decoders, tuple(runs.values())))
     return steps
 
 
@@ -240,18 +211,16 @@ def _decoder_steps(plan: dict, seed: int) -> list[Step]:
 
 def _train(ctx: Context, step: Step) -> dict:
     """One classifier trained by ``attnzoo train``: its validation accuracy and parameters."""
-    rec = train_run(ctx, step.id, step.config["train"], sweep=step.config.get("sweep"))
-    params = num_params(load_trained(rec["run_dir"]))
+    rec = common.train_run(ctx, step.id, step.config["train"], sweep=step.config.get("sweep"))
+    params = common.num_params(common.load_trained(rec["run_dir"]))
     return {"accuracy": rec["val"].get("accuracy"), "val_loss": rec["val"].get("loss"), "params": params, **_run(rec)}
 
 
 def _train_decoder(ctx: Context, step: Step) -> dict:
     """One decoder trained by ``attnzoo train`` on ``scenes_segmentation``: its whole-validation-set mIoU."""
-    rec = train_run(ctx, step.id, step.config["train"], sweep=step.config.get("sweep"))
-    val = rec["val"]
-    return {"miou": val.get("miou"), "pixel_accuracy": val.get("pixel_accuracy"), "val_loss": val.get("loss")} | _run(
-        rec
-    )
+    rec = common.train_run(ctx, step.id, step.config["train"], sweep=step.config.get("sweep"))
+    val = {k: rec["val"].get(k) for k in ("miou", "pixel_accuracy")}
+    return {**val, "val_loss": rec["val"].get("loss"), **_run(rec)}
 
 
 def _run(rec: dict) -> dict:
@@ -268,7 +237,7 @@ def _zero_shot(ctx: Context, step: Step) -> dict:
 
 def _zero_shot_init(_ctx: Context, step: Step) -> dict:
     """The same analysis of the architecture as its training seed initialises it (no step taken)."""
-    model, task = untrained_model(step.config["train"])
+    model, task = common.untrained_model(step.config["train"])
     return _score(model, task.val, step.config)
 
 
@@ -344,7 +313,7 @@ def _penultimate_class(res: dict) -> float | None:
 
 def _zs_stats(records: dict, base: str) -> dict | None:
     """Per-seed figures of one row's zero-shot analyses (``None`` without any)."""
-    rs = per_seed(records, base)
+    rs = common.per_seed(records, base)
     if not rs:
         return None
     return {
@@ -364,7 +333,7 @@ def _rows(records: dict, plan: dict) -> dict:
     out = {}
     for name in models_of(plan):
         zs = _zs_stats(records, f"{KEY}/zero-shot/{name}")
-        trained = per_seed(records, f"{KEY}/{name}")
+        trained = common.per_seed(records, f"{KEY}/{name}")
         if zs is None or not trained:
             continue
         zs["accuracy"] = claims.stat(100.0 * r["accuracy"] for r in trained)
@@ -378,7 +347,7 @@ def _rows(records: dict, plan: dict) -> dict:
 
 
 def _decoder_stats(records: dict) -> dict | None:
-    rs = per_seed(records, f"{KEY}/decoders")
+    rs = common.per_seed(records, f"{KEY}/decoders")
     if not rs:
         return None
     prefix = f"{KEY}/decoders/seed"  # the measurement steps, not the decoders' training runs
@@ -439,7 +408,7 @@ def _longer_rows(records: dict, plan: dict) -> dict:
     """Plateau row name -> its later-half foreground IoU (a Stat over seeds) at twice the steps."""
     out = {}
     for name in plateau_rows_of(plan):
-        if (zs := _zs_stats(records, f"{KEY}/zero-shot/{name}{LONGER}")) is not None:
+        if (zs := _zs_stats(records, f"{KEY}/zero-shot/{name}{common.LONGER}")) is not None:
             out[name] = zs["later_half"]
     return out
 
@@ -460,7 +429,8 @@ def _classifier_sweeps(sec, records: dict, plan: dict, res: dict) -> dict[str, s
     grid, as every other section tunes its rows (a flat top within the seeds' spread is not held against a row)."""
     rows = [n for n in models_of(plan) if n in res]
     noise = {r: res[r]["accuracy"].std for r in rows}
-    return tune_rows(sec, records, plan, rows, KEY, "accuracy", True, 100.0, "validation accuracy %", noise=noise)
+    label = "validation accuracy %"
+    return common.tune_rows(sec, records, plan, rows, KEY, "accuracy", True, 100.0, label, noise=noise)
 
 
 def _untuned_gates(findings: list[Finding], plan: dict) -> list:
@@ -566,7 +536,7 @@ def _decoder_findings(dec: dict | None, gates: list) -> list[Finding]:
         f"agrees if the CBSA decoder's FLOPs are at most {FLOPS_BOUND:.0%} of Segmenter's (twice the paper's "
         f"{FLOPS_PAPER:.0%}), else disagrees (torch.utils.flop_counter, one image through the decoder)"
     )
-    flops = measured_finding("cbsa-f8-flops", measured, ratio <= FLOPS_BOUND, rule, "paper")
+    flops = common.measured_finding("cbsa-f8-flops", measured, ratio <= FLOPS_BOUND, rule, "paper")
     need = paper_claims.get("cbsa-f8-flops").conditions
     if dec["tokens"] is not None and dec["tokens"] < need.min_n:
         why = f"{dec['tokens']} tokens here against about {need.min_n:,} in the paper ({need.note})"
@@ -577,10 +547,11 @@ def _decoder_findings(dec: dict | None, gates: list) -> list[Finding]:
 def _unlearned(res: dict, dec: dict | None) -> dict[str, str]:
     """The classifiers that did not learn the scenes and the decoders not above predicting background, with why."""
     unlearned = {
-        n: f"{len(unlearned_seeds(st['accuracy'].values, CHANCE))} of {st['accuracy'].n} seeds of {n} within "
-        f"{LEARNED_MARGIN:g} points of chance {CHANCE:g}% ({', '.join(f'{v:.1f}' for v in st['accuracy'].values)}%)"
+        n: f"{len(common.unlearned_seeds(st['accuracy'].values, CHANCE))} of {st['accuracy'].n} seeds of {n} "
+        f"within {common.LEARNED_MARGIN:g} points of chance {CHANCE:g}% "
+        f"({', '.join(f'{v:.1f}' for v in st['accuracy'].values)}%)"
         for n, st in res.items()
-        if st.get("accuracy") is not None and not learned(st["accuracy"].values, CHANCE)
+        if st.get("accuracy") is not None and not common.learned(st["accuracy"].values, CHANCE)
     }
     for kind in DECODERS if dec else ():
         if (m := dec[kind]["miou"].mean) < dec["background_miou"] + DECODER_MARGIN:
@@ -686,7 +657,8 @@ def _rate(lrs: list[float], lr: float, fraction: float, uneven: bool = False) ->
         return f"lr {lr:g}, not tuned"
     share = f", {fraction:.0%} of the steps" if fraction < 1 else ""
     grid = ", ".join(f"{x:g}" for x in lrs) + (" (each row's grid: configs.md)" if uneven else "")
-    return f"each at the best rate of its own sweep over {grid} on the sweep seed (base + {SWEEP_SEED_OFFSET}{share})"
+    seed = f"the sweep seed (base + {common.SWEEP_SEED_OFFSET}{share})"
+    return f"each at the best rate of its own sweep over {grid} on {seed}"
 
 
 def _intro(plan: dict) -> str:
@@ -694,7 +666,7 @@ def _intro(plan: dict) -> str:
     n = plan.get("seeds", 1)
     frac = plan.get("sweep_fraction", 1.0)
     # every row's own grid (the plan's and its lr_sweep_extra), listed once when the rows share it
-    grids = {tuple(row_lrs(plan, m)) for m in models_of(plan)} if plan.get("lr_sweep") else {()}
+    grids = {tuple(common.row_lrs(plan, m)) for m in models_of(plan)} if plan.get("lr_sweep") else {()}
     lrs = sorted({lr for g in grids for lr in g})
     rate = _rate(lrs, tr["lr"], frac, len(grids) > 1)
     wider = "; ".join(
@@ -754,7 +726,7 @@ _SWEEP_CAPTION = (
 
 
 def _plot_layers(res: dict):
-    plt = pyplot()
+    plt = common.pyplot()
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     colors = {n: f"C{i}" for i, n in enumerate(MODELS)}
     for n, st in res.items():
@@ -785,7 +757,7 @@ def _plot_overlays(over: dict, mass: float):
 
     from attnzoo.analysis.segment import threshold_mass, upsample_masks
 
-    plt = pyplot()
+    plt = common.pyplot()
     rows = [(n, i) for n, o in over.items() for i in range(len(o["pixels"]))]
     cols = 1 + max(len(o["layers"]) for o in over.values())
     fig, axes = plt.subplots(len(rows), cols, figsize=(1.25 * cols + 0.4, 1.3 * len(rows) + 0.5), squeeze=False)
@@ -815,7 +787,7 @@ def _plot_overlays(over: dict, mass: float):
 
 
 def _plot_sweep(dec: dict):
-    plt = pyplot()
+    plt = common.pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 3.6))
     for c, kind in enumerate(DECODERS):
         d = dec[kind]

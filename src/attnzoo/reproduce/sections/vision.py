@@ -12,34 +12,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from attnzoo.reproduce import claims, paper_claims
+from attnzoo.reproduce import claims, common, paper_claims
 from attnzoo.reproduce.claims import Finding
-from attnzoo.reproduce.common import (
-    CURVE_EVAL_BATCHES,
-    LEARNED_MARGIN,
-    Section,
-    Table,
-    check_row_arch,
-    check_sweep_extra,
-    classification_record,
-    fmt,
-    learned,
-    mean_val_curve,
-    num_params,
-    per_seed,
-    pyplot,
-    row_lrs,
-    section_step,
-    seed_list,
-    seed_mean,
-    seed_runs,
-    sweep_runs,
-    sweep_train,
-    train_defaults,
-    tune_rows,
-    tuned,
-    twice_steps,
-)
+from attnzoo.reproduce.common import Section, Table, fmt
 from attnzoo.reproduce.pipeline import Control, Evidence, Plateau, Tuning, judge, paper_finding
 from attnzoo.reproduce.store import Step
 
@@ -56,10 +31,15 @@ class VisionRow(NamedTuple):
     overrides: dict
 
 
-def _swap(mech: str, options: dict | None, **extra) -> VisionRow:
+def _swap(mech: str, options: dict | None, description: str = "", **extra) -> VisionRow:
     """A controlled swap: the ViT's skeleton (conv patches, CLS token, MLP blocks, pre-norm), another attention."""
     overrides = {"attention": mech, "attention_options": options, **extra}
-    return VisionRow("vit_s", mech, f"ViT skeleton, {mech} attention (controlled swap)", overrides)
+    return VisionRow("vit_s", mech, description or f"ViT skeleton, {mech} attention (controlled swap)", overrides)
+
+
+def _meanpooled(mech: str, options: dict | None, attention: str) -> VisionRow:
+    """A controlled swap that pools the patches by their mean instead of reading a CLS token."""
+    return _swap(mech, options, f"ViT skeleton, {attention}, mean pooling instead of the CLS token", pool="mean")
 
 
 #: name -> the architecture of a paper
@@ -73,9 +53,7 @@ MODELS: dict[str, VisionRow] = {
     "csp_vit": VisionRow(
         "csp_vit_cifar", "csp", "CSP-ViT", {"mlp_dim": None, "dropout": 0.0, "attention_options": None}
     ),
-    "fastmax_vit": VisionRow(
-        "vit_s", "fastmax", "FAST (Fastmax p=2 in ViT)", {"attention": "fastmax", "attention_options": {"p": 2}}
-    ),
+    "fastmax_vit": _swap("fastmax", {"p": 2}, "FAST (Fastmax p=2 in ViT)"),
 }
 
 _IMAGE_SIZE = {"digits": 8, "mnist": 28, "fashion_mnist": 28}
@@ -97,7 +75,7 @@ CONTROL = "vit+identity"
 #: ToST at ViT's parameter count ("similar size", ToST Table 2): ToST's architecture with only its width changed
 MATCHED = "tost@matched-params"
 #: a parameter-matched row is within this relative distance of the reference's parameter count
-MATCH_TOLERANCE = 0.10
+MATCH_TOLERANCE = claims.SIZE_TOLERANCE
 
 #: (a, b) -> the parameter ratio a/b of the paper's own comparison and where it is from: a comparison whose ratio is
 #: more than MATCH_TOLERANCE away from it (either way) is not under the paper's conditions (gated)
@@ -119,29 +97,14 @@ ABLATIONS: dict[str, VisionRow] = {
     "aot+prenorm": VisionRow("aot_vision_b", "mssa", "AoT with CRATE's pre-norm restored (no ISTA)", {"norm": "pre"}),
     # TSSA mixes tokens only through global second-moment statistics, so a CLS token cannot gather the patches
     # through it (ToST pools with class attention): the ViT skeleton with mean pooling tests that reading
-    "vit+tssa-meanpool": VisionRow(
-        "vit_s",
-        "tssa",
-        "ViT skeleton, TSSA attention, mean pooling instead of the CLS token",
-        {"attention": "tssa", "attention_options": {}, "pool": "mean"},
-    ),
+    "vit+tssa-meanpool": _meanpooled("tssa", {}, "TSSA attention"),
     # the baseline of the mean-pooled rows (the control, TSSA's and CSP's mean-pooled swaps): one factor apart
     "vit-meanpool": VisionRow("vit_s", "softmax", "ViT skeleton, softmax attention, mean pooling", {"pool": "mean"}),
     # XCA's swap without the CLS token: the other side of ToST's XCiT comparison in the mean-pooled skeleton
-    "vit+xca-meanpool": VisionRow(
-        "vit_s",
-        "xca",
-        "ViT skeleton, XCA attention, mean pooling instead of the CLS token",
-        {"attention": "xca", "attention_options": {}, "pool": "mean"},
-    ),
+    "vit+xca-meanpool": _meanpooled("xca", {}, "XCA attention"),
     # CSP's swap without the CLS token: 16 tokens in 8 groups of two, the paper's vision setting (CSP Table 5:
     # K = N/2); with the CLS token N = 17 is prime and K = 1 (complete sorting, CSP's LRA setting)
-    "vit+csp-meanpool": VisionRow(
-        "vit_s",
-        "csp",
-        "ViT skeleton, CSP attention (groups of two), mean pooling instead of the CLS token",
-        {"attention": "csp", "attention_options": None, "pool": "mean"},
-    ),
+    "vit+csp-meanpool": _meanpooled("csp", None, "CSP attention (groups of two)"),
     # CSP-ViT's own skeleton (LayerNorm-linear patches, mean pooling) with softmax attention: the skeleton's share
     "csp_vit_skeleton+softmax": VisionRow(
         "csp_vit_cifar",
@@ -224,7 +187,8 @@ def _model_params(plan: dict, registered: str, options: dict) -> int:
     """Parameters of ``registered`` built with ``options`` for the plan's images (10 classes, one channel)."""
     from attnzoo.models import create_model
 
-    return num_params(create_model(registered, num_classes=10, image_size=_image_size(plan), in_chans=1, **options))
+    model = create_model(registered, num_classes=10, image_size=_image_size(plan), in_chans=1, **options)
+    return common.num_params(model)
 
 
 def matched_dim(plan: dict, name: str = "tost", ref: str = "vit") -> int:
@@ -240,11 +204,11 @@ def matched_dim(plan: dict, name: str = "tost", ref: str = "vit") -> int:
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     # the sweeps first: every seed run trains at its row's best swept rate, read when it runs
     steps = []
-    check_sweep_extra(plan, sweep_rows(plan))
-    check_row_arch(plan, rows_of(plan))
+    common.check_sweep_extra(plan, sweep_rows(plan))
+    common.check_row_arch(plan, rows_of(plan))
     for name in sweep_rows(plan):
-        for sid, s, lr in sweep_runs(f"{KEY}/{name}", row_lrs(plan, name), seed):
-            swept = {**plan, "train": {**sweep_train(plan["train"], plan), "lr": lr}}
+        for sid, s, lr in common.sweep_runs(f"{KEY}/{name}", common.row_lrs(plan, name), seed):
+            swept = {**plan, "train": {**common.sweep_train(plan["train"], plan), "lr": lr}}
             steps.append(_row_step(swept, name, s, sid, tune=False))
     plateaus = set(_plateau_rows(plan).values())
     for name in rows_of(plan):
@@ -253,8 +217,8 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
                 f"unknown vision model {name!r}; valid: {sorted(MODELS) + sorted(SWAPS) + sorted(ABLATIONS)}"
             )
         # a paper baseline's own plateau check runs one seed; the ViT's every seed (its change gates most findings)
-        seeds = seed_list(plan, seed)[:1] if name in plateaus - {PLATEAU} else seed_list(plan, seed)
-        steps += [_row_step(plan, name, s, sid) for sid, s in seed_runs(f"{KEY}/{name}", seeds)]
+        seeds = common.seed_list(plan, seed)[:1] if name in plateaus - {PLATEAU} else common.seed_list(plan, seed)
+        steps += [_row_step(plan, name, s, sid) for sid, s in common.seed_runs(f"{KEY}/{name}", seeds)]
     # more seeds of a comparison's two rows, kept out of the tables and read in the finding's explanation
     extra = plan.get("extra_seeds", {})
     for name in extra.get("rows", []):
@@ -292,13 +256,13 @@ def row_config(plan: dict, name: str, seed: int) -> dict:
     """A step config training vision row ``name`` under ``plan`` (the probes section's deeper models use it too)."""
     base = name.split("@")[0]
     reg, mech, paper, _ = _row(base)
-    opt = twice_steps(plan["train"]) if name in BASELINE_PLATEAUS.values() else dict(plan["train"])
+    opt = common.twice_steps(plan["train"]) if name in BASELINE_PLATEAUS.values() else dict(plan["train"])
     opts = model_options(base, plan)
     if name == MATCHED:
         opts["dim"] = matched_dim(plan)
         paper = f"ToST at width {opts['dim']}: ViT's parameter count (similar size)"
     task = dict(task=plan["task"], task_options=dict(plan["task_options"]), model=reg, model_options=opts)
-    return {"train": dict(**task, seed=seed, **train_defaults(**opt)), "mechanism": mech, "paper": paper}
+    return {"train": dict(**task, seed=seed, **common.train_defaults(**opt)), "mechanism": mech, "paper": paper}
 
 
 def _row_step(plan: dict, name: str, seed: int, sid: str, tune: bool = True) -> Step:
@@ -306,13 +270,13 @@ def _row_step(plan: dict, name: str, seed: int, sid: str, tune: bool = True) -> 
     cfg = row_config(plan, name, seed)
     source = name if name in plan.get("swept_ablations", []) else TUNED_AS.get(name, name)
     if tune and source in sweep_rows(plan):
-        cfg = tuned(cfg, KEY, source, row_lrs(plan, source), "accuracy", True)
-    return section_step(KEY, sid, cfg, classification_record)
+        cfg = common.tuned(cfg, KEY, source, common.row_lrs(plan, source), "accuracy", True)
+    return common.section_step(KEY, sid, cfg, common.classification_record)
 
 
 def _stats(records: dict, name: str) -> dict | None:
     """Per-seed results of row ``name`` folded: accuracy (%) as a Stat, the rest as seed means."""
-    rs = per_seed(records, f"{KEY}/{name}")
+    rs = common.per_seed(records, f"{KEY}/{name}")
     if not rs:
         return None
     prefix = f"{KEY}/{name}/extra-seed"
@@ -323,12 +287,12 @@ def _stats(records: dict, name: str) -> dict | None:
         "accuracy": claims.stat(_pct(r.get("accuracy")) for r in rs + extra),
         "extra_seeds": len(extra),
         "params": rs[0]["params"],
-        "samples_per_s": seed_mean(rs, "samples_per_s"),
-        "peak_train_mb": seed_mean(rs, "peak_train_mb"),
+        "samples_per_s": common.seed_mean(rs, "samples_per_s"),
+        "peak_train_mb": common.seed_mean(rs, "peak_train_mb"),
         "tokens": rs[0]["tokens"],
         "seeds": len(rs) + len(extra),
         "curve": rs[0].get("curve"),
-        "val_curve": mean_val_curve(rs, "accuracy", 100.0),
+        "val_curve": common.mean_val_curve(rs, "accuracy", 100.0),
     }
 
 
@@ -347,7 +311,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             panels[0][1][row] = res[row]["val_curve"]
     caption = (
         "Validation accuracy during training (seed means), one panel per table, plateau runs included; points before "
-        f"the last use {CURVE_EVAL_BATCHES} validation batches."
+        f"the last use {common.CURVE_EVAL_BATCHES} validation batches."
     )
     title = "Vision: validation curves (seed means)"
     sec.add_curves(panels, plots_dir / "vision_curves.png", rel, "validation accuracy (%)", title, caption)
@@ -357,10 +321,12 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         caption = "Accuracy (mean ± std over seeds), training images/s and peak training-step memory."
         sec.add_plot(fig, plots_dir / "vision.png", rel, caption)
     majority = 100.0 * plan.get("majority", 0.1)
-    if plan.get("require_learned", True) and "vit" in res and not learned(res["vit"]["accuracy"].values, majority):
+    vit_learned = "vit" not in res or common.learned(res["vit"]["accuracy"].values, majority)
+    if plan.get("require_learned", True) and not vit_learned:
         sec.notes.append(
             f"the ViT baseline reached {res['vit']['accuracy'].fmt('.1f')}% against a majority class of "
-            f"{majority:.0f}%: not {LEARNED_MARGIN:g} points above it on every seed, so no comparison is reported"
+            f"{majority:.0f}%: not {common.LEARNED_MARGIN:g} points above it on every seed, so no comparison is "
+            "reported"
         )
         return sec
     sec.findings, ev = _findings(res)
@@ -376,7 +342,8 @@ def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
     """The sweep table, and ``{row: why}`` for every row not shown at its best rate."""
     rows = sweep_rows(plan)
     noise = {r: res[r]["accuracy"].std for r in rows if r in res}
-    untuned = tune_rows(sec, records, plan, rows, KEY, "accuracy", True, 100.0, "validation accuracy %", noise=noise)
+    label = "validation accuracy %"
+    untuned = common.tune_rows(sec, records, plan, rows, KEY, "accuracy", True, 100.0, label, noise=noise)
     if "tost" in untuned and MATCHED in res and plan.get("lr_sweep"):
         untuned[MATCHED] = f"{MATCHED} trains at tost's rate: " + untuned["tost"]
     return untuned
@@ -509,8 +476,7 @@ def _pct(x):
 
 
 def _plot(res: dict, names: list[str]):
-    plt = pyplot()
-
+    plt = common.pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
     x = np.arange(len(names))
     colors = [f"C{i % 10}" for i in range(len(names))]
@@ -585,7 +551,7 @@ def _controlled_pair(a_ctl: str | None, b_ctl: str | None, res: dict) -> tuple[s
 
 def _findings(res: dict) -> tuple[list[Finding], Evidence]:
     """The section's comparisons and the evidence of their gates that the rows' results give."""
-    ev = Evidence(sizes=PAPER_SIZE_RATIO, size_tolerance=MATCH_TOLERANCE)
+    ev = Evidence(sizes=PAPER_SIZE_RATIO)
     out = _comparisons(res, ev.gates)
     ev.gates += _attention_needed(out)
     # a CLS-token ViT baseline differs from the mean-pooled control in pooling too: the control is read against its
