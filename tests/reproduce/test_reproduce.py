@@ -38,8 +38,7 @@ TABLE_HEADERS = [
     "| mechanism | N=64 | N=256 |",
     "| layer | SNR, φ=threshold, η=0.1 | SNR, φ=softmax, η=0.1 | SNR, φ=threshold, η=0.02 | SNR, φ=softmax, η=0.02 |",
     "| " + " | ".join(FINDING_COLUMNS) + " |",
-    "| claim | paper | statement | paper's figure | test | effect [95% CI] (margin) | verdict | claim | section |"
-    " notes |",
+    "| claim | paper | statement | paper's figure | test | effect [95% CI] (margin) | verdict | section | notes |",
     "| section | compared rows and measurements | learning-rate sweeps | ablations and plateau checks | total |",
 ]
 

@@ -242,3 +242,15 @@ def test_the_compute_table_lists_each_sections_decided_trained_claims():
     assert rows["Vision"].rstrip(" |").endswith("1: `cbsa-t3-crate`")  # the tie is undecided: not listed
     assert rows["Long-range"].rstrip(" |").endswith("1: `csp-t3-vit`")  # a disagreement is decided too
     assert "| 2.0 min |" in rows["Vision"] and "| 60 s |" in rows["Long-range"]
+
+
+def test_the_claims_table_states_a_combined_verdict_only_for_a_claim_tested_several_ways():
+    from attnzoo.reproduce.report import _claims_table
+
+    fs = [_f(*WIN, claim_id="tost-t3-lra#listops"), _f(*LOSS, claim_id="tost-t3-lra#average"), _f(*WIN, claim="c2")]
+    table, _ = _claims_table(tally([("S", f) for f in fs]))
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]]
+    # the combined verdict of the two tests (one disagrees) follows the statement; each test keeps its own
+    assert rows[0][2] == "a beats b (claim: **disagrees**)" and rows[1][2] == ""
+    assert [r[6] for r in rows] == ["agrees", "**disagrees**", "agrees"]
+    assert rows[2][2] == "c2"  # tested once: its test's verdict is the claim's

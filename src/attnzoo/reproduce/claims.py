@@ -569,7 +569,14 @@ def plateau_gate(
                 f"{'its' if len(drift) - len(fails) == 1 else 'their'} comparison at twice the steps instead"
             )
     for f in fails:
-        gate(f, f"the baseline is not shown to plateau for it ({text})", "plateau")
+        # the section's plateau evidence is printed once, under its tables; the note says what decides this claim
+        why = (
+            f"{baseline} has no run {longer_run}"
+            if change is None
+            else f"{baseline} moved {change:+.3g} {unit} {longer_run}, at least the {clearance[id(f)]:.3g} by which "
+            "this interval clears its boundary"
+        )
+        gate(f, f"the baseline is not shown to plateau for it: {why}", "plateau")
     # with nothing decided there is no bar to clear, so no plateau is shown (however small the change)
     ok = change is not None and bool(decided) and not fails
     if change is not None and not decided:

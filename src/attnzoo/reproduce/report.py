@@ -233,12 +233,13 @@ def _legend_lines() -> list[str]:
 
 
 CLAIMS_COLUMNS = ["claim", "paper", "statement", "paper's figure", "test", "effect [95% CI] (margin)", "verdict"]
-CLAIMS_COLUMNS += ["claim", "section", "notes"]
+CLAIMS_COLUMNS += ["section", "notes"]
 
 
 def _claims_table(claims_: list[ClaimResult]) -> tuple[str, list[str]]:
     """One block of rows per claim: its statement once, then each test's figure, effect, verdict and notes; a
-    reference, paper figure or section equal to the row above's is left blank (read as "the same")."""
+    reference, paper figure or section equal to the row above's is left blank (read as "the same"). A claim tested
+    once takes its test's verdict; one tested several ways states its combined verdict after the statement."""
     rows, notes, seen, start = [], [], {}, 1
     last = {"paper": None, "paper_value": None, "section": None}
 
@@ -252,9 +253,10 @@ def _claims_table(claims_: list[ClaimResult]) -> tuple[str, list[str]]:
             refs, start = _note_refs(f, seen, notes, start)
             test = paper_claims.test_of(f.get("claim_id") or "") or "-"
             paper = once("paper", f["paper"])
-            head = [f"`{c.id}`" if ":" not in c.id else "-", paper, f["claim"]] if i == 0 else ["", "", ""]
+            statement = f["claim"] + (f" (claim: {_MARK[c.verdict]})" if len(c.tests) > 1 else "")
+            head = [f"`{c.id}`" if ":" not in c.id else "-", paper, statement] if i == 0 else ["", "", ""]
             row = head + [once("paper_value", f["paper_value"]), test, effect_cell(f), _verdict_cell(f)]
-            rows.append(row + [_MARK[c.verdict] if i == 0 else "", once("section", section), refs])
+            rows.append(row + [once("section", section), refs])
     return md_table(CLAIMS_COLUMNS, rows), notes
 
 
