@@ -320,6 +320,21 @@ def test_welch_interval_is_symmetric_in_the_evidence():
         assert other["ci95"] == pytest.approx([-one["ci95"][1], -one["ci95"][0]])
 
 
+def test_equal_seed_values_in_another_order_are_a_tie_not_a_rounding_residue():
+    from attnzoo.reproduce.claims import stat, welch_ci
+    from attnzoo.reproduce.report import effect_cell
+
+    v = [36.9, 35.2, 28.4, 25.2]  # summed in reverse order their mean differs in the last bit
+    assert stat(v).mean != stat(v[::-1]).mean
+    effect, ci, _ = welch_ci(stat(v), stat(v[::-1]))
+    assert effect == 0.0 and ci[0] == -ci[1]
+    kw = dict(claim_type="non-inferiority", margin=2.6, margin_source="m", unit="pts", paper="P", claim="c")
+    f = compare(v, v[::-1], paper_value="v", a_name="a", b_name="b", **kw)
+    assert effect_cell(f).startswith("+0 pts [")
+    # a real difference of the same size relative to the scale is kept
+    assert welch_ci(stat([1e-12, 2e-12]), stat([0.0, 1e-12]))[0] == pytest.approx(1e-12)
+
+
 def test_claim_rules_relative_and_errors():
     from attnzoo.reproduce.claims import Stat, stat
 

@@ -12,6 +12,7 @@ seed a side). Cost and speed figures measured once keep rules of their own (``me
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import asdict, dataclass, fields
 from typing import Iterable, Sequence
 
@@ -219,6 +220,8 @@ def welch_ci(
     from scipy.stats import t as student_t
 
     effect = (b.mean - a.mean) if lower_is_better else (a.mean - b.mean)
+    if abs(effect) <= 64 * sys.float_info.epsilon * max(abs(a.mean), abs(b.mean)):
+        effect = 0.0  # equal means summed in another order differ by rounding; a tie prints as 0, not 7e-15
     if a.n < 2 or b.n < 2:
         return effect, None, None
     va, vb = a.std**2 / a.n, b.std**2 / b.n

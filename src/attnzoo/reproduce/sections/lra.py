@@ -182,7 +182,9 @@ def _run_labels(_ctx: Context, step: Step) -> dict:
     return {"counts": counts.tolist(), "majority": float(counts.max() / counts.sum()), "n_val": int(n)}
 
 
-#: a task counts as learned when every seed of the softmax baseline clears the majority class by this many points
+#: a task counts as learned when every seed of the softmax baseline clears the majority class by this many points:
+#: half the general bar (``common.LEARNED_MARGIN``), as the LRA papers' own ListOps accuracies (37-38%) stand only
+#: about 20 points above its majority class, so a 10-point bar would call a run at half the papers' gain unlearned
 LEARNED_MARGIN = 5.0
 
 
