@@ -331,7 +331,7 @@ def test_equal_seed_values_in_another_order_are_a_tie_not_a_rounding_residue():
     kw = dict(claim_type="non-inferiority", margin=2.6, margin_source="m", unit="pts", paper="P", claim="c")
     f = compare(v, v[::-1], paper_value="v", a_name="a", b_name="b", **kw)
     assert effect_cell(f).startswith("+0 pts [")
-    # a real difference of the same size relative to the scale is kept
+    # a difference tiny in absolute terms but large against the means is kept: the tie is relative to their scale
     assert welch_ci(stat([1e-12, 2e-12]), stat([0.0, 1e-12]))[0] == pytest.approx(1e-12)
 
 
