@@ -7,7 +7,7 @@ from attnzoo.reproduce.sections import lra
 
 def test_left_out_tasks_share_one_note_that_points_to_their_pilots():
     plan = BUDGETS["long"]["long-range"]
-    (note,) = lra._notes({}, [], [], {}, None, plan)
+    (note,) = lra._notes(plan)
     assert note.startswith(f"Not run at this budget: {', '.join(plan['left_out'])} (")
     assert "`left_out` in attnzoo.reproduce.budgets gives the reason, the pilot's figures and the command" in note
     # the pilots' figures and commands are not printed: the budget states them
@@ -16,5 +16,5 @@ def test_left_out_tasks_share_one_note_that_points_to_their_pilots():
 
 def test_a_reason_without_a_command_is_printed_whole_without_the_pilot_pointer():
     plan = {"left_out": {"text": "smoke: the pipeline, not the papers"}}
-    (note,) = lra._notes({}, [], [], {}, None, plan)
+    (note,) = lra._notes(plan)
     assert note == "Not run at this budget: text — smoke: the pipeline, not the papers"

@@ -498,9 +498,9 @@ def test_interrupted_run_prints_the_command_that_continues_it(tmp_path, monkeypa
     assert outcome.out.parent == Path("results") and (tmp_path / outcome.out / "run.json").is_file()
 
 
-def test_vision_extra_seeds_explain_a_controlled_comparison_within_the_spread():
+def test_vision_extra_seeds_count_in_a_controlled_comparison():
     """A row with extra seeds is judged on all of them, whatever the 3-seed verdict (never only when it is undecided:
-    that would choose the data by its outcome); the explanation says how many seeds each side has."""
+    that would choose the data by its outcome); the measurement says how many seeds each side has."""
     from attnzoo.reproduce.claims import stat
     from attnzoo.reproduce.sections import vision
 
@@ -517,14 +517,7 @@ def test_vision_extra_seeds_explain_a_controlled_comparison_within_the_spread():
         if f["claim"].startswith("controlled swap: CBSA is competitive with MSSA")
     ]
     assert len(ctl) == 1 and ctl[0]["verdict"] == "disagrees" and ctl[0]["values_a"] == list(six_cbsa.values)
-    assert "6 vs 6 seeds (the section's and the plan's extra seeds, all used)" in ctl[0]["explanation"]
-    res["vit+cbsa"]["extra_seeds"] = 0
-    ctl = [
-        f
-        for f in judged(*vision._findings(res))
-        if f["claim"].startswith("controlled swap: CBSA is competitive with MSSA")
-    ]
-    assert "extra seeds" not in ctl[0]["explanation"]
+    assert "(6 vs 6 seeds)" in ctl[0]["measured"]
     # `long` no longer plans extra seeds (they do not fit its 2 h); a plan that asks for them gets them as extra steps
     b, _ = plan("long", 0)
     swaps = {**b["vision"], "swaps": ["vit+cbsa", "vit+mssa"]}
@@ -553,7 +546,7 @@ def test_layerwise_probe_over_seeds_uses_the_mean_series_and_the_seeds_agreement
             "series": {"variational_compression": vals},
         }
 
-    f = probes._layerwise_finding("tost", probe(falling), None, [probe(falling), probe(rising)])
+    f = probes._layerwise_finding("tost", probe(falling), [probe(falling), probe(rising)])
     assert f["seeds"] == 3 and f["verdict"] == "agrees" and "mean of 3 seeds" in f["measured"]
     assert "per seed: agrees, agrees, disagrees" in f["measured"]
     b, steps = plan("long", 0)
@@ -584,12 +577,12 @@ def test_layerwise_verdict_stands_only_where_the_papers_own_measure_agrees():
         return {"layers": rows, "series": {"variational_compression": claim}}
 
     # ToST Fig. 4a plots the TSSA outputs: they rise where the claim measure falls, on both seeds
-    f = probes._layerwise_finding("tost", probe(falling, rising), None, [probe(falling, rising)])
+    f = probes._layerwise_finding("tost", probe(falling, rising), [probe(falling, rising)])
     assert f["ungated_verdict"] == "agrees" and f["verdict"] == "inconclusive" and f["gate_reasons"] == ["conditions"]
     assert "ToST Fig. 4a plots (R^var_c, block output) gives disagrees" in f["gate"]
     assert f["literal_measure"]["verdict"] == "disagrees"
     # both measures fall: the verdict stands
-    f = probes._layerwise_finding("tost", probe(falling, falling), None, [probe(falling, falling)])
+    f = probes._layerwise_finding("tost", probe(falling, falling), [probe(falling, falling)])
     assert f["verdict"] == "agrees" and "gate" not in f
 
 

@@ -1,12 +1,7 @@
 """Adapting a pretrained ViT into CBSA, Agent Attention, linear attention, TSSA and Fastmax (CBSA §4 / Fig. 9).
 
-A softmax ViT is pretrained here (one run, its validation curve kept as the plateau evidence). Each student is a
-copy of it with every attention swapped (:func:`attnzoo.adapt.make_student`): CBSA with the teacher's three
-q/k/v projections (``cbsa-qkv``, :class:`attnzoo.adapt.student.QKVCBSA`), the same without its contraction step
-(``agent-qkv``, Agent Attention), linear attention and Fastmax (q/k/v/o inherited) and TSSA (its projection ``U``
-new, the output projection inherited). Every student, and the original ViT beside them, is fine-tuned for the
-same steps with the same optimiser (:func:`attnzoo.adapt.adapt`, fine-tuning stage only, as in Fig. 9); a check
-row trains the CBSA student from an untrained ViT for the same steps.
+Each student is the pretrained ViT with every attention swapped (:func:`attnzoo.adapt.make_student`), fine-tuned like
+the original beside it, as in Fig. 9 (no attention transfer); a check row trains the CBSA student from scratch.
 """
 
 from __future__ import annotations
@@ -20,6 +15,7 @@ from attnzoo.reproduce import claims, common, paper_claims
 from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import Context, Section, Table, fmt
 from attnzoo.reproduce.pipeline import Evidence, Plateau, Tuning, judge, paper_finding
+from attnzoo.reproduce.sections.vision import CHANCE, row_config
 from attnzoo.reproduce.store import Step
 
 KEY = "adapt-vision"
@@ -37,9 +33,8 @@ ROWS: dict[str, tuple[str, str]] = {
     "fastmax": ("fastmax", "q/k/v/o inherited"),
 }
 
-#: the check row: the CBSA student built from an untrained ViT and trained for the same steps
+#: the CBSA student built from an untrained ViT; the claims' baseline and its plateau run (twice the steps)
 SCRATCH = "cbsa@scratch"
-#: the fine-tuned baseline of the paper claims, and its plateau run: the same fine-tuning at twice the steps
 BASELINE = "linear"
 PLATEAU = f"{BASELINE}@2x-steps"
 #: "nearly the same FLOPs": within this fraction of linear attention's count
@@ -47,64 +42,45 @@ FLOPS_TOLERANCE = 0.1
 
 
 def rows_of(plan: dict) -> list[str]:
-    """The fine-tuned rows of the plan (the scratch check last when the plan asks for it)."""
-    rows = list(plan["rows"])
-    common.check_known(rows, ROWS, "adapt-vision row")
-    return rows + ([SCRATCH] if plan.get("scratch", True) else [])
-
-
-def _mechanism(row: str) -> str:
-    return ROWS["cbsa" if row == SCRATCH else row][0]
-
-
-def _options(plan: dict, row: str) -> dict:
-    mech = _mechanism(row)
-    if mech in ("cbsa-qkv", "agent-qkv"):
-        return {"rep_grid": list(plan["rep_grid"])}
-    if mech == "fastmax":
-        return {"p": plan.get("fastmax_p", 2)}
-    return {}
+    """The fine-tuned rows of the plan, then the scratch check."""
+    common.check_known(plan["rows"], ROWS, "adapt-vision row")
+    return [*plan["rows"], SCRATCH]
 
 
 def teacher_config(plan: dict, seed: int) -> dict:
     """The pretraining run of the ViT (the vision section's recipe, with validation along the way)."""
-    from attnzoo.reproduce.sections.vision import row_config
-
     train = row_config({**plan, "train": plan["pretrain"]}, "vit", seed)["train"]
-    train["eval_every"] = max(1, train["steps"] // plan.get("curve_points", 4))
+    train["eval_every"] = max(1, train["steps"] // common.CURVE_POINTS)
     train["ckpt_every"] = train["steps"]  # the pretrained model is read from the run's final save only
     return train
 
 
+def _student(plan: dict, row: str) -> dict:
+    """The mechanism ``make_student`` swaps in for ``row``, and its options."""
+    mech = ROWS["cbsa" if row == SCRATCH else row][0]
+    if mech in ("cbsa-qkv", "agent-qkv"):
+        return {"mechanism": mech, "options": {"rep_grid": list(plan["rep_grid"])}}
+    return {"mechanism": mech, "options": {"p": 2} if mech == "fastmax" else {}}
+
+
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     """The pretraining, then per row its fine-tuning-rate sweep (on the sweep's own seed) and its seeds at the best."""
-    steps = [Step(TEACHER, KEY, {"train": teacher_config(plan, seed)}, _pretrain, label="teacher")]
-    lrs = list(plan.get("finetune_lr_sweep", []))
+    teacher = Step(TEACHER, KEY, {"train": teacher_config(plan, seed)}, _pretrain, label="teacher")
+    lrs, seeds, ft = list(plan.get("finetune_lr_sweep", [])), common.seed_list(plan, seed), plan["finetune"]
+    configs = []
     for row in rows_of(plan):
-        base = {
-            "teacher": steps[0].config,
-            "mechanism": _mechanism(row),
-            "options": _options(plan, row),
-            "scratch": row == SCRATCH,
-            "swapped_eval_batches": plan.get("swapped_eval_batches", 4),
-        }
+        base = {"teacher": teacher.config, **_student(plan, row), "scratch": row == SCRATCH, "swapped_eval_batches": 4}
         for sid, s, lr in common.sweep_runs(f"{KEY}/{row}", lrs, seed):
-            config = dict(base, finetune=dict(plan["finetune"], lr=lr), seed=s)
-            steps.append(common.section_step(KEY, sid, config, _finetune, (TEACHER,)))
-        steps += _seed_steps(plan, seed, base, row, row, dict(plan["finetune"]), lrs)
-        if row == BASELINE and plan.get("baseline_plateau"):  # at the baseline's own tuned rate
-            steps += _seed_steps(plan, seed, base, PLATEAU, BASELINE, common.twice_steps(plan["finetune"]), lrs)
-    return steps
-
-
-def _seed_steps(plan: dict, seed: int, base: dict, name: str, row: str, finetune: dict, lrs: list) -> list[Step]:
-    """Run ``name``'s fine-tuning on each of the section's seeds, at the best rate of ``row``'s sweep."""
-    steps = []
-    for sid, s in common.seed_runs(f"{KEY}/{name}", common.seed_list(plan, seed)):
-        config = dict(base, finetune=dict(finetune), seed=s)  # each seed its own settings dict
-        config = common.tuned(config, KEY, row, lrs, "accuracy", True, settings="finetune")
-        steps.append(common.section_step(KEY, sid, config, _finetune, (TEACHER,)))
-    return steps
+            configs.append((sid, dict(base, finetune=dict(ft, lr=lr), seed=s)))
+        # every seed at the best rate of the row's sweep; the baseline's plateau run at the baseline's
+        runs = [(row, ft)]
+        if row == BASELINE and plan.get("baseline_plateau"):
+            runs.append((PLATEAU, common.twice_steps(ft)))
+        for name, finetune in runs:
+            for sid, s in common.seed_runs(f"{KEY}/{name}", seeds):
+                config = dict(base, finetune=dict(finetune), seed=s)
+                configs.append((sid, common.tuned(config, KEY, row, lrs, "accuracy", True, settings="finetune")))
+    return [teacher] + [common.section_step(KEY, sid, config, _finetune, (TEACHER,)) for sid, config in configs]
 
 
 def _pretrain(ctx: Context, step: Step) -> dict:
@@ -119,8 +95,7 @@ def _pretrain(ctx: Context, step: Step) -> dict:
 
 
 def forward_flops(model, image) -> int:
-    """Forward FLOPs of ``model`` on one image ``(1, C, H, W)``: the matrix products and convolutions that
-    ``torch.utils.flop_counter`` counts, the attentions' included (elementwise work is not counted)."""
+    """Forward FLOPs of ``model`` on one ``(1, C, H, W)`` image: matrix products (attention's too) and convolutions."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
@@ -157,9 +132,7 @@ def _finetune(ctx: Context, step: Step) -> dict:
         ft["lr"] = common.best_swept_lr(ctx, cfg["sweep"])
     n, bs = len(task.train), ft["batch_size"]
 
-    # a step's time is the interval between the loop asking for its batch and for the next one: CPU time of this
-    # process on a CPU (the machine is shared; the figure is not inflated by other jobs), wall time on a GPU (the
-    # loop reads each step's loss, which waits for the device)
+    # a step's time runs from one batch request to the next: CPU time on a shared CPU, wall time on a GPU
     cpu = torch.device(ctx.device).type == "cpu"
     clock = time.process_time if cpu else time.perf_counter
     stamps: list[float] = []
@@ -210,9 +183,6 @@ def _finetune(ctx: Context, step: Step) -> dict:
     }
 
 
-# ---- summary ------------------------------------------------------------------------------------------------
-
-
 def _stats(records: dict, row: str) -> dict | None:
     rs = common.per_seed(records, f"{KEY}/{row}")
     if not rs:
@@ -241,23 +211,20 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         return sec
     caption = "Left: the ViT's pretraining; right: accuracy fine-tuned (mean ± std) and just swapped (hatched)."
     sec.add_plot(_plot(teacher, res), plots_dir / "adapt_vision.png", rel, caption)
-    majority = 100.0 * plan.get("majority", 0.1)
     t_acc = 100.0 * teacher["accuracy"]
-    if plan.get("require_learned", True) and not common.learned([t_acc], majority):
+    if plan.get("require_learned", True) and not common.learned([t_acc], CHANCE):
         sec.notes.append(
-            f"the pretrained ViT reached {t_acc:.1f}% against a majority class of {majority:.0f}%: not "
+            f"the pretrained ViT reached {t_acc:.1f}% against a majority class of {CHANCE:.0f}%: not "
             f"{common.LEARNED_MARGIN:g} points above it, so no comparison is reported"
         )
         return sec
     sec.findings = _findings(res)
-    # the pretrained ViT has plateaued when fine-tuning it for the same steps moves it less than the smallest effect;
-    # the paper claims' baseline has plateaued when fine-tuning it twice the steps (plan "baseline_plateau") does
+    # the pretrained ViT's plateau: fine-tuned as long again (row original); the baseline's: at twice the steps
+    pre = Plateau("", "pretrained ViT", claims.stat([t_acc]), _acc(res, "original"), "%", ".1f", key="teacher")
+    pre.longer_run = f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
     longer = _stats(records, PLATEAU)
-    more = f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
-    pre = Plateau("", "pretrained ViT", claims.stat([t_acc]), _acc(res, "original"), "%", ".1f", judges=paper_finding)
-    pre.key, pre.longer_run = "teacher", more
     own = Plateau(BASELINE, BASELINE, _acc(res, BASELINE), longer and longer["accuracy"], "%", ".1f", key=BASELINE)
-    own.judges = paper_finding
+    pre.judges = own.judges = paper_finding
     ev = Evidence(plateaus=[pre, own], tuning=[Tuning(_tune(sec, records, plan, res), paper_finding)])
     sec.data["plateau"] = judge(sec.findings, ev)
     return sec
@@ -278,16 +245,10 @@ def _acc(res: dict, row: str) -> claims.Stat | None:
 
 
 def _row_data(st: dict) -> dict:
-    return {
-        "accuracy_mean": st["accuracy"].mean,
-        "accuracy_std": st["accuracy"].std,
-        "accuracy_per_seed": list(st["accuracy"].values),
-        "swapped_accuracy_mean": st["swapped"].mean,
-        "params": st["params"],
-        "forward_flops_per_image": st["flops"],
-        "ms_per_step": st["ms_per_step"],
-        "seeds": st["seeds"],
-    }
+    acc = st["accuracy"]
+    out = {"accuracy_mean": acc.mean, "accuracy_std": acc.std, "accuracy_per_seed": list(acc.values)}
+    out |= {"swapped_accuracy_mean": st["swapped"].mean, "params": st["params"], "forward_flops_per_image": st["flops"]}
+    return out | {"ms_per_step": st["ms_per_step"], "seeds": st["seeds"]}
 
 
 _HEADS = ["row", "description", "params", "forward MFLOPs / image"]
@@ -311,12 +272,9 @@ def _table(res: dict) -> Table:
 
 def _intro(plan: dict) -> str:
     arch, pre, ft = plan["arch"], plan["pretrain"], plan["finetune"]
-    n = plan.get("seeds", 1)
-    rate = (
-        f"each row at the best rate of its sweep over {', '.join(f'{x:g}' for x in plan['finetune_lr_sweep'])}"
-        if plan.get("finetune_lr_sweep")
-        else f"lr {ft['lr']}"
-    )
+    n, rate = plan.get("seeds", 1), f"lr {ft['lr']}"
+    if lrs := plan.get("finetune_lr_sweep"):
+        rate = f"each row at the best rate of its sweep over {', '.join(f'{x:g}' for x in lrs)}"
     return (
         f"A softmax ViT (width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, patch "
         f"{arch['patch_size']}) is pretrained on `{plan['task']}` ({pre['steps']} steps of batch {pre['batch_size']}, "
@@ -353,9 +311,7 @@ def _plot(teacher: dict, res: dict):
     return fig
 
 
-#: CBSA Fig. 9's comparisons: (row a, row b, kind, claim id in :mod:`paper_claims`); Fig. 9's bar values are in the
-#: figure image only, so the non-inferiority margin is the gap the same paper calls competitive in its fair comparison
-#: of CBSA with MSSA (the claim's record quotes it)
+#: CBSA Fig. 9's comparisons: (row a, row b, kind, claim id in :mod:`paper_claims`, whose record gives the margin)
 CLAIMS = [
     ("cbsa", "linear", "paper", "cbsa-f9-linear"),
     ("cbsa-no-contraction", "linear", "paper", "cbsa-f9-no-contraction"),
@@ -364,12 +320,12 @@ CLAIMS = [
 
 
 def _findings(res: dict) -> list[Finding]:
-    """Fig. 9's comparisons (a check compares as a superiority claim: its record states no margin), then the FLOPs."""
+    """Fig. 9's comparisons (a check without a margin is a superiority claim), then the FLOPs check."""
     out = []
     for a, b, kind, claim_id in CLAIMS:
         kw = {"claim_type": "superiority", **paper_claims.compare_kw(claim_id)}
         f = claims.compare(_acc(res, a), _acc(res, b), unit="pts", **kw, a_name=a, b_name=b, kind=kind, spec=".1f")
-        if a in res and b in res:  # the FLOPs are the table's and the FLOPs check's words
+        if a in res and b in res:
             f.flops_a, f.flops_b = res[a]["flops"], res[b]["flops"]
         out.append(f)
     if "cbsa" in res and "linear" in res:

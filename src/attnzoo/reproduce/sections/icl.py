@@ -11,7 +11,7 @@ import numpy as np
 
 from attnzoo.reproduce import claims, common, paper_claims
 from attnzoo.reproduce.claims import Finding
-from attnzoo.reproduce.common import Context, ModelRow, Section, Table, fmt
+from attnzoo.reproduce.common import Context, Section, Table, fmt
 from attnzoo.reproduce.pipeline import Evidence, Longer, Plateau, Tuning, judge
 from attnzoo.reproduce.store import Step
 
@@ -32,39 +32,20 @@ def title(tasks: Iterable[str]) -> str:
     return f"In-context learning: {listed} regression"
 
 
-MODELS: dict[str, ModelRow] = {
-    "gpt": ModelRow("icl_gpt", "softmax", "Transformer (GPT-2 blocks)"),
-    "aot": ModelRow("icl_aot", "mssa", "AoT (attention only)"),
-    "aot_hybrid": ModelRow("icl_aot_hybrid", "mssa", "AoT Hybrid"),
-    "aot_full_mlp": ModelRow("icl_aot_full_mlp", "mssa", "AoT Full MLP"),
-    # ablation: softmax attention (untied q/k/v) instead of MSSA's shared projection; tests whether the tied
-    # projection is what keeps AoT on the zero predictor
-    "aot+softmax": ModelRow("icl_aot", "softmax", "AoT without MLP, softmax attention (ablation)"),
-    # one-factor ablations: MSSA without its query normalisation (AoT §4.1); with three projections instead of one
-    # (the query still normalised); with aot+softmax they complete the 2x2 of tied/untied x normalised/not
-    "aot-qnorm": ModelRow("icl_aot", "mssa", "AoT without query normalisation (ablation)"),
-    "aot-untied": ModelRow("icl_aot", "mssa", "AoT with untied query/key/value projections (ablation)"),
-    # the same AoT trained 2x or 4x longer (is the plateau the budget?), and the baseline's plateau check
-    "aot@2x-steps": ModelRow("icl_aot", "mssa", "AoT (attention only), 2x the steps (ablation)"),
-    "aot@4x-steps": ModelRow("icl_aot", "mssa", "AoT (attention only), 4x the steps (ablation)"),
-    "gpt@2x-steps": ModelRow("icl_gpt", "softmax", "Transformer (GPT-2 blocks), 2x the steps (plateau check)"),
-}
-
-#: model overrides of the ablation rows
+#: model overrides of AoT's attention ablations: without MSSA's query normalisation (AoT §4.1); with three projections
+#: instead of one (the query still normalised); softmax attention, which changes both (the 2x2's fourth corner)
 _OVERRIDES = {
-    "aot+softmax": {"attention": "softmax", "attention_options": {}},
     "aot-qnorm": {"attention_options": {"normalize_query": False}},
     "aot-untied": {"attention_options": {"normalize_query": True, "tied": False}},
+    "aot+softmax": {"attention": "softmax", "attention_options": {}},
 }
-#: multiplier of the section's steps (and warm-up) for the ablation rows that train longer
+#: rows trained 2x or 4x the steps and warm-up: is AoT's plateau the budget? (and the baseline's plateau check)
 _STEP_FACTOR = {"aot@2x-steps": 2, "aot@4x-steps": 4, "gpt@2x-steps": 2}
-#: the row whose tuned learning rate an ablation or plateau run trains with (one factor changed, the rate kept)
-TUNED_AS = {n: MODELS[n].registered.removeprefix("icl_") for n in (*_OVERRIDES, *_STEP_FACTOR)}
-#: the one-factor ablations of AoT's attention: the factor each one removes, and a second factor it changes
-_ONE_FACTOR = {
-    "aot-qnorm": ("the query normalisation", ""),
-    "aot-untied": ("the tied q/k/v projection", "which also triples the attention's projection parameters"),
-}
+#: each ablation -> the row whose model and tuned learning rate it trains with (one factor changed, the rate kept)
+TUNED_AS = dict.fromkeys(_OVERRIDES, "aot") | {n: n.split("@")[0] for n in _STEP_FACTOR}
+#: row -> its registered model
+MODELS = {n: f"icl_{n}" for n in ("gpt", "aot", "aot_hybrid", "aot_full_mlp")}
+MODELS |= {n: MODELS[row] for n, row in TUNED_AS.items()}
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
@@ -103,18 +84,10 @@ def _train(plan: dict, task: str, opts: dict, name: str, task_seed: int, seed: i
     settings = dict(plan["train"], steps=factor * plan["train"]["steps"])
     if "warmup_steps" in plan["train"]:
         settings["warmup_steps"] = factor * plan["train"]["warmup_steps"]
-    if lr is not None:
-        # a sweep run: at the plan's `sweep_fraction` of the steps, like every section's sweeps
+    if lr is not None:  # a sweep run: at the plan's `sweep_fraction` of the steps, like every section's sweeps
         settings = dict(common.sweep_train(settings, plan), lr=lr)
-    train = dict(
-        task=TASKS[task],
-        task_options=dict(opts, seed=task_seed),
-        model=MODELS[name].registered,
-        model_options=model_opts,
-        seed=seed,
-        **common.train_defaults(**settings),
-    )
-    return {"train": train}
+    data = dict(task=TASKS[task], task_options=dict(opts, seed=task_seed), model=MODELS[name])
+    return {"train": dict(data, model_options=model_opts, seed=seed, **common.train_defaults(**settings))}
 
 
 def _run_model(ctx: Context, step: Step) -> dict:
@@ -133,20 +106,15 @@ def baseline_errors(xs: np.ndarray, ys: np.ndarray, lasso_alpha: float) -> dict[
 
     b, n, d = xs.shape
     xs, ys = xs.astype(np.float64), ys.astype(np.float64)
-    err = {"zero": np.zeros((b, n)), "least_squares": np.zeros((b, n)), "lasso": np.zeros((b, n))}
+    err = {k: ys**2 for k in ("zero", "least_squares", "lasso")}  # with no example yet, each predicts 0
     for j in range(b):
-        for i in range(n):
-            target = ys[j, i]
-            err["zero"][j, i] = target**2
-            if i == 0:
-                err["least_squares"][j, i] = err["lasso"][j, i] = target**2
-                continue
+        for i in range(1, n):
             w, *_ = np.linalg.lstsq(xs[j, :i], ys[j, :i], rcond=None)
-            err["least_squares"][j, i] = (xs[j, i] @ w - target) ** 2
+            err["least_squares"][j, i] = (xs[j, i] @ w - ys[j, i]) ** 2
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)
                 las = Lasso(alpha=lasso_alpha, fit_intercept=False, max_iter=10000).fit(xs[j, :i], ys[j, :i])
-            err["lasso"][j, i] = (las.predict(xs[j, i][None])[0] - target) ** 2
+            err["lasso"][j, i] = (las.predict(xs[j, i][None])[0] - ys[j, i]) ** 2
     return {k: (v.mean(0) / d).tolist() for k, v in err.items()}
 
 
@@ -180,33 +148,35 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         f"{tr['batch_size']} fresh prompts, {plan.get('seeds', 1)} seed(s). Error / d on {first.get('n_val', 1000)} "
         f"held-out prompts at k examples (last column: mean ± std over seeds); Lasso alpha {plan['lasso_alpha']}."
     )
-    curves: dict[str, dict[str, list[float]]] = {}
-    finals: dict[str, dict[str, list[float]]] = {}
-    for task in plan["tasks"]:
-        curves[task], finals[task] = {}, {}
-        for name in _rows(plan):
-            if rs := common.per_seed(records, f"{KEY}/{task}/{name}"):
-                curves[task][name] = np.mean([r["error_per_position"] for r in rs], axis=0).tolist()
-                finals[task][name] = [r["error_per_position"][-1] for r in rs]
-        if (base := records.get(f"{KEY}/{task}/baselines")) is not None:
-            curves[task].update(base["result"]["errors"])
-        if curves[task]:
-            sec.tables.append(_error_table(task, curves[task], finals[task], d))
+    rows = list(plan["models"]) + list(plan.get("ablations", []))
+    runs = {t: {m: rs for m in rows if (rs := common.per_seed(records, f"{KEY}/{t}/{m}"))} for t in plan["tasks"]}
+
+    def per_row(fold):
+        return {t: {m: fold(rs) for m, rs in by.items()} for t, by in runs.items()}
+
+    curves = per_row(lambda rs: np.mean([r["error_per_position"] for r in rs], axis=0).tolist())
+    finals = per_row(lambda rs: [r["error_per_position"][-1] for r in rs])
+    for t in plan["tasks"]:
+        if (base := records.get(f"{KEY}/{t}/baselines")) is not None:
+            curves[t].update(base["result"]["errors"])
+        if curves[t]:
+            sec.tables.append(_error_table(t, curves[t], finals[t], d))
     sec.data = {"curves": curves, "final_error_per_seed": finals}
     if any(curves.values()):
         sec.add_plot(_plot(curves, d), plots_dir / "icl.png", rel, "Error / d vs in-context examples (AoT Fig. 6).")
-    sec.findings, ev = _findings(curves, finals, records, plan)
-    _val_curves(sec, records, plan, plots_dir, rel)
-    ev.plateaus = _plateaus(records, curves, finals)
+    ev = _findings(sec, curves, finals, records, plan)
+    sec.data["val_curves"] = val = per_row(lambda rs: common.mean_val_curve(rs, "normalized_error"))
+    caption = (
+        "Validation error (mean over k, seed means) during training; points before the last use "
+        f"{common.CURVE_EVAL_BATCHES} validation batches."
+    )
+    path, ylabel = plots_dir / "icl_curves.png", "validation error / d"
+    sec.add_curves(list(val.items()), path, rel, ylabel, "In-context: validation curves", caption)
+    ev.plateaus = _plateaus(records, finals)
     _tune(sec, records, plan, ev)
     sec.data["plateau"] = judge(sec.findings, ev)
     sec.data["untuned"] = ev.tuning[0].untuned
-    sec.notes += _gate_notes(curves, finals, plan)
     return sec
-
-
-def _rows(plan: dict) -> list[str]:
-    return list(plan["models"]) + list(plan.get("ablations", []))
 
 
 def _error_table(task: str, c: dict[str, list[float]], fin: dict[str, list[float]], d: int) -> Table:
@@ -225,13 +195,13 @@ def _error_table(task: str, c: dict[str, list[float]], fin: dict[str, list[float
     return Table(f"{task}: error / d by number of in-context examples k", heads, rows)
 
 
-def _plateaus(records: dict, curves: dict, finals: dict) -> list[Plateau]:
+def _plateaus(records: dict, finals: dict) -> list[Plateau]:
     """GPT's plateau per task on the compared metric (error averaged over k), with AoT's own run at 2x steps."""
     out = []
-    for t in curves:
-        if "gpt" not in finals.get(t, {}):
+    for t, fin in finals.items():
+        if "gpt" not in fin:
             continue
-        rows = {"aot": Longer("aot", *_with_2x(records, t, "aot"))} if "aot@2x-steps" in finals[t] else {}
+        rows = {"aot": Longer("aot", *_with_2x(records, t, "aot"))} if "aot@2x-steps" in fin else {}
         own = lambda f, t=t: paper_claims.test_of(f.claim_id) == t  # noqa: E731
         label = f"gpt on {t} (error averaged over k)"
         out.append(Plateau("gpt", label, *_with_2x(records, t, "gpt"), "error/d", judges=own, rows=rows, key=t))
@@ -262,25 +232,6 @@ def _tune(sec: Section, records: dict, plan: dict, ev: Evidence) -> None:
     if "aot" in untuned:  # AoT's own "learns in context" claims rest on the same rate
         why = f"not tuned: {untuned['aot']}"
         ev.gates += [(f, "not tuned", why) for f in sec.findings if f.kind == "paper" and not f.claim_type]
-
-
-def _val_curves(sec: Section, records: dict, plan: dict, plots_dir, rel) -> None:
-    """Each run's validation curve (seed means) per task, into ``sec.data`` and a plot."""
-    val = {
-        t: {
-            n: common.mean_val_curve(rs, "normalized_error")
-            for n in _rows(plan)
-            if (rs := common.per_seed(records, f"{KEY}/{t}/{n}"))
-        }
-        for t in plan["tasks"]
-    }
-    sec.data["val_curves"] = val
-    caption = (
-        "Validation error (mean over k, seed means) during training; points before the last use "
-        f"{common.CURVE_EVAL_BATCHES} validation batches."
-    )
-    title_ = "In-context: validation curves"
-    sec.add_curves(list(val.items()), plots_dir / "icl_curves.png", rel, "validation error / d", title_, caption)
 
 
 def _plot(curves, d):
@@ -318,56 +269,57 @@ def _errors(errors: list[float]) -> str:
     return ", ".join(f"{e:.3f}" for e in errors)
 
 
-def _gate_notes(curves, finals, plan) -> list[str]:
-    """Say which AoT-vs-GPT comparisons were not made because the GPT baseline had not learned."""
-    return [
-        f"{t}: GPT's error at k = all ({_errors(finals[t]['gpt'])} over its seeds) is not below 0.8x the zero "
-        f"predictor's ({c['zero'][-1]:.3f}) on every seed, so AoT is not compared with it here (AoT's own finding "
-        "stays)"
-        for t, c in curves.items()
-        if "zero" in c and {"gpt", "aot"} <= set(finals[t]) and not _baseline_learned(finals[t], c["zero"][-1], plan)
-    ]
-
-
-def _findings(curves, finals, records, plan) -> tuple[list[Finding], Evidence]:
-    """The section's findings and the gates that its runs' errors give."""
-    out, ev = [], Evidence()
+def _findings(sec: Section, curves: dict, finals: dict, records: dict, plan: dict) -> Evidence:
+    """The section's findings (and a note where AoT is not compared), and the gates that its runs' errors give."""
+    ev = Evidence()
     for t, c in curves.items():
         if "zero" not in c:
             continue
         zero, fin = c["zero"][-1], finals[t]
         # the comparisons with AoT need a baseline that left the zero predictor (every seed below 0.8x its error);
         # the "learns" findings need no baseline and use the stricter half-the-zero-predictor rule per seed
-        if _baseline_learned(fin, zero, plan) and "aot" in c and "gpt" in c:
-            out.append(_closeness(t, zero, records))
-            ev.gates += _aot_unlearned(out[-1], fin, zero)
-        out += [_learns(t, m, c, fin, zero, records, ev) for m in ("gpt", "aot") if m in fin]
-        out += _aot_not_tested(t, plan, fin)
-    return out, ev
+        if "aot" in fin and "gpt" in fin:
+            if _baseline_learned(fin, zero, plan):
+                sec.findings.append(_closeness(t, zero, records))
+                ev.gates += _aot_unlearned(sec.findings[-1], fin, zero)
+            else:
+                sec.notes.append(
+                    f"{t}: GPT's error at k = all ({_errors(fin['gpt'])} over its seeds) is not below 0.8x the zero "
+                    f"predictor's ({zero:.3f}) on every seed, so AoT is not compared with it here"
+                )
+        sec.findings += [_learns(t, m, len(c[m]) - 1, fin, zero, ev) for m in ("gpt", "aot") if m in fin]
+        sec.findings += _aot_not_tested(t, plan, fin)
+    return ev
 
 
-def _learns(t: str, m: str, c: dict, fin: dict, zero: float, records: dict, ev: Evidence) -> Finding:
-    """Row ``m`` learns task ``t`` in context (AoT Fig. 6; GPT's as a check), its gates added to ``ev``."""
-    n_ok = sum(_learned_seeds(fin[m], zero))
+def _n_learned(errors: list[float], zero: float) -> int:
+    """How many seeds learn in context: their error with all examples is below half the zero predictor's."""
+    return sum(e < 0.5 * zero for e in errors)
+
+
+def _learns_verdict(errors: list[float], zero: float) -> str:
+    """Every seed learns: agrees; none: disagrees; a split: inconclusive."""
+    n_ok = _n_learned(errors, zero)
+    return "agrees" if n_ok == len(errors) else "disagrees" if n_ok == 0 else "inconclusive"
+
+
+def _learns(t: str, m: str, k: int, fin: dict, zero: float, ev: Evidence) -> Finding:
+    """Row ``m`` learns task ``t`` in context with ``k`` examples (AoT Fig. 6; GPT's as a check), gates into ``ev``."""
     verdict = _learns_verdict(fin[m], zero)
     f = claims.finding(
         **paper_claims.finding_kw(f"icl-gpt-learns#{t}" if m == "gpt" else f"aot-f6-icl-learns#{t}", task=t),
-        measured=f"{m} error {claims.stat(fin[m]).fmt('.3f')} at k={len(c[m]) - 1}; {n_ok} of {len(fin[m])} seeds "
-        f"below half the zero predictor's {zero:.3f}",
+        measured=f"{m} error {claims.stat(fin[m]).fmt('.3f')} at k={k}; {_n_learned(fin[m], zero)} of {len(fin[m])} "
+        f"seeds below half the zero predictor's {zero:.3f}",
         verdict=verdict,
         rule="per seed, error at k = all below half the zero predictor's (every seed: agrees; none: disagrees)",
         kind="check" if m == "gpt" else "paper",
         seeds=len(fin[m]),
     )
-    if m == "aot" and verdict != "agrees":
-        f.explanation = _ablation_text(fin, zero)
-        gpt_ok = _learned_seeds(fin["gpt"], zero) if "gpt" in fin else []
-        if verdict == "disagrees" and not (gpt_ok and all(gpt_ok)):
-            # a budget that does not teach GPT on every seed by the same rule cannot show that AoT fails to learn
-            why = f"the GPT baseline learns by the same rule on only {sum(gpt_ok)} of {len(gpt_ok)} seeds"
-            ev.gates.append((f, "did not learn", why + ", so the budget may be the limit"))
-    elif verdict != "agrees":
-        f.explanation = _still_descending(common.per_seed(records, f"{KEY}/{t}/{m}"))
+    gpt = fin.get("gpt", [])
+    if m == "aot" and verdict == "disagrees" and not (gpt and _n_learned(gpt, zero) == len(gpt)):
+        # a budget that does not teach GPT on every seed by the same rule cannot show that AoT fails to learn
+        why = f"the GPT baseline learns by the same rule on only {_n_learned(gpt, zero)} of {len(gpt)} seeds"
+        ev.gates.append((f, "did not learn", why + ", so the budget may be the limit"))
     f.trained = True  # over seeds of trained models, though not an interval: counted with the comparisons
     ev.gates += _learns_plateau(f, m, fin, zero)
     return f
@@ -385,15 +337,9 @@ def _aot_not_tested(t: str, plan: dict, fin: dict) -> list[Finding]:
 def _closeness(t: str, zero: float, records: dict) -> Finding:
     """AoT against GPT on the error averaged over k (AoT Fig. 6's "close to")."""
     kw = paper_claims.compare_kw(f"aot-f6-icl-close#{t}", task=t)
-    return claims.compare(
-        _mean_over_k(records, t, "aot"),
-        _mean_over_k(records, t, "gpt"),
-        **{**kw, "margin": kw["margin"] * zero},  # a fraction of the zero predictor's error: linear ~1, sparse ~0.26
-        unit="(error/d)",
-        a_name="aot",
-        b_name="gpt",
-        lower_is_better=True,
-    )
+    kw["margin"] *= zero  # a fraction of the zero predictor's error: linear ~1, sparse ~0.26
+    aot, gpt = (_mean_over_k(records, t, m) for m in ("aot", "gpt"))
+    return claims.compare(aot, gpt, **kw, unit="(error/d)", a_name="aot", b_name="gpt", lower_is_better=True)
 
 
 def _aot_unlearned(f: Finding, fin: dict, zero: float) -> list:
@@ -405,17 +351,6 @@ def _aot_unlearned(f: Finding, fin: dict, zero: float) -> list:
         f"predictor's {zero:.3f}: {_errors(stuck)})"
     )
     return [(f, "did not learn", why)]
-
-
-def _learned_seeds(errors: list[float], zero: float) -> list[bool]:
-    """Per seed: its error with all examples is below half the zero predictor's (it learns in context)."""
-    return [e < 0.5 * zero for e in errors]
-
-
-def _learns_verdict(errors: list[float], zero: float) -> str:
-    """Every seed below half the zero predictor's error: agrees; none: disagrees; a split: inconclusive."""
-    n_ok = sum(_learned_seeds(errors, zero))
-    return "agrees" if n_ok == len(errors) else "disagrees" if n_ok == 0 else "inconclusive"
 
 
 def _learns_plateau(f: Finding, m: str, fin: dict, zero: float) -> list:
@@ -431,88 +366,3 @@ def _learns_plateau(f: Finding, m: str, fin: dict, zero: float) -> list:
         return [(f, "plateau", f"{m} at twice the steps: error {err} ({len(longer)} seed(s)), {v2!r} by the same rule")]
     f.longer_run = f"{m} at twice the steps: error {err}, {v2} by the same rule"
     return []
-
-
-def _still_descending(results: list[dict]) -> str:
-    """Whether the training loss was still falling at the end (the budget, not the model, would then be the limit)."""
-    parts, falling = [], []
-    for r in results:
-        curve = r.get("curve") or []
-        if len(curve) >= 4:
-            mid = curve[len(curve) // 2]
-            last = float(np.mean([v for _, v in curve[-3:]]))
-            parts.append(f"{mid[1]:.3f} at step {mid[0]} -> {last:.3f} at the end")
-            falling.append(last < 0.95 * mid[1])
-    if not parts:
-        return ""
-    trend = (
-        "still falling in the second half, so the budget is the limit: more steps (the papers train 50k+) "
-        "is the next ablation"
-        if all(falling)
-        else "flat over the second half (a plateau), as Garg et al. report before in-context learning sets in"
-        if not any(falling)
-        else f"{sum(falling)} of {len(falling)} seeds still falling in the second half, the others on the plateau: "
-        "leaving the plateau within this budget is seed-dependent"
-    )
-    return f"training loss (per seed) {'; '.join(parts)}: {trend}; lasso/least squares show the functions are learnable"
-
-
-def _ablation_text(fin: dict, zero: float) -> str:
-    """What the ablations (one factor; 2x or 4x the steps) say about AoT's failure to learn in context."""
-    if "aot" not in fin:
-        return ""
-    parts = []
-    for name, factor in _STEP_FACTOR.items():
-        if name.startswith("aot@") and name in fin:
-            n_ok, n = sum(_learned_seeds(fin[name], zero)), len(fin[name])
-            why = "the budget is the limit" if n_ok == n else "seed-dependent" if n_ok else None
-            parts.append(
-                f"{name}: {n_ok} of {n} seeds learn ({why or f'{factor}x the steps leaves AoT on the plateau'})"
-            )
-    a, g = claims.stat(fin["aot"]), claims.stat(fin.get("gpt"))
-    for name, (factor, confound) in _ONE_FACTOR.items():
-        if name in fin:
-            parts.append(_one_factor_text(name, factor, a, claims.stat(fin[name]), zero, confound, g))
-    if "aot+softmax" in fin:
-        parts.append(_untied_text(claims.stat(fin["aot+softmax"]), zero, all(n in fin for n in _ONE_FACTOR)))
-    return "; ".join(parts)
-
-
-def _one_factor_text(
-    name: str,
-    factor: str,
-    a: claims.Stat,
-    q: claims.Stat,
-    zero: float,
-    confound: str = "",
-    g: claims.Stat | None = None,
-) -> str:
-    """An ablation of AoT's attention against AoT (``g``: GPT's error), in words chosen from the numbers."""
-    learns, aot_learns = q.mean < 0.5 * zero, a.mean < 0.5 * zero
-    what = f"without {factor}, {confound}" if confound else f"one factor: without {factor}"
-    blamed = f"{factor} or the smaller attention" if confound else factor
-    share = ""
-    if g is not None and a.mean > g.mean and q.mean < a.mean:
-        share = f" ({(a.mean - q.mean) / (a.mean - g.mean):.0%} of AoT's gap to GPT's {g.mean:.3f})"
-    if aot_learns:
-        words = "AoT learns in context with and without it" if learns else "AoT learns with it, not without it"
-    elif learns:
-        words = f"learns in context, so {blamed} keeps AoT from it" + (
-            "; this row does not say which" if confound else ""
-        )
-    elif q.mean < a.mean:
-        words = f"lower error{share} but does not learn: {factor} explains part of the gap"
-    else:
-        words = f"no lower error: {factor} does not explain the gap"
-    return f"{name} ({what}): {words}"
-
-
-def _untied_text(s: claims.Stat, zero: float, both_run: bool = False) -> str:
-    """The ablation that changes two factors at once (softmax attention: untied q/k/v, no query normalisation)."""
-    separated = " (aot-qnorm takes the normalisation alone; aot-untied the tying, with 3x the projection parameters)"
-    return "aot+softmax (softmax attention: untied q/k/v and no query normalisation, two factors): " + (
-        "learns in context, so one of the two (not the missing MLP) keeps AoT on the plateau; this row alone does "
-        "not say which" + (separated if both_run else "")
-        if s.mean < 0.5 * zero
-        else "changing both does not help, so neither explains the plateau alone"
-    )

@@ -1,6 +1,6 @@
-"""Long-range: the offline LRA-style suite (ListOps, Text, Retrieval, Image, Pathfinder) with softmax vs TSSA vs
-Fastmax vs CSP vs CBSA encoders of equal size: accuracy per task and average (ToST Table 3 / FAST Table 1 /
-CSP Table 4), training steps/s (FAST Table 2) and the peak memory of a training step at each task's length.
+"""Long-range: the offline LRA-style suite with encoders of equal size that differ only in the attention: accuracy
+per task and on average (ToST Table 3 / FAST Table 1 / CSP Table 4), training steps/s (FAST Table 2) and the peak
+memory of a training step at each task's length.
 """
 
 from __future__ import annotations
@@ -19,34 +19,16 @@ from attnzoo.reproduce.store import Step
 KEY = "long-range"
 TITLE = "Long-range: LRA-style suite"
 
-TASKS = {
-    "listops": "lra_listops",
-    "text": "lra_text",
-    "retrieval": "lra_retrieval",
-    "image": "lra_image",
-    "pathfinder": "lra_pathfinder",
-}
+TASKS = {t: f"lra_{t}" for t in ("listops", "text", "retrieval", "image", "pathfinder")}
 CHANCE = {"listops": 10.0, "text": 50.0, "retrieval": 50.0, "image": 10.0, "pathfinder": 50.0}
 
-#: mechanism -> attention options (CSP as in CSP Table 6: complete sorting, K = 1; Fastmax p = 2 as FAST's main)
-MECHANISMS: dict[str, dict] = {
-    "softmax": {},
-    "tssa": {},
-    "fastmax": {"p": 2},
-    "csp": {"groups": 1, "shift_schedule": "none"},
-    "cbsa": {},
-    "linear": {},
-    # CSP Table 4's second group: MEGA's own block with its attention dense, chunked or replaced by CSP
-    "mega": {},
-    "mega_chunk": {},
-    "mega_csp": {},
-    # the no-attention control: the same encoder with the identity token mixer (each token sees only itself)
-    "identity": {},
-}
+#: mechanism -> attention options (Fastmax p = 2 as FAST's main; CSP as CSP Table 6: complete sorting, K = 1); the
+#: MEGA rows are CSP Table 4's second group, identity the no-attention control (each token sees only itself)
+MECHANISMS: dict[str, dict] = {"fastmax": {"p": 2}, "csp": {"groups": 1, "shift_schedule": "none"}}
+MECHANISMS |= {m: {} for m in ("softmax", "tssa", "cbsa", "linear", "mega", "mega_chunk", "mega_csp", "identity")}
 CONTROL = "identity"
 
-#: MEGA rows -> the registered MEGA LRA model they resize (EMA + single-head gated attention; the three differ only in
-#: the attention: dense, chunks of r = zoo.MEGA_CHUNK, or CSP as CSP Table 7 configures it)
+#: MEGA rows -> the registered MEGA LRA model each resizes (they differ only in the attention: dense, chunked, CSP)
 MEGA_ROWS = {"mega": "mega_lra_{task}", "mega_chunk": "mega_chunk_lra_{task}", "mega_csp": "mega_csp_lra_{task}"}
 
 
@@ -60,15 +42,9 @@ def _schedule(plan: dict, task: str) -> str:
     return f"{train['steps']} steps of batch {train['batch_size']}"
 
 
-def task_seeds(plan: dict, seed: int, task: str) -> list[int]:
-    """The seeds of ``task``'s runs: the section's ``seeds`` unless ``task_seeds`` overrides it."""
-    n = plan.get("task_seeds", {}).get(task, plan.get("seeds", 1))
-    return common.seed_list({"seeds": n}, seed)
-
-
-def row_seeds(plan: dict, seed: int, task: str, row: str) -> list[int]:
-    """The task's seeds, and ``extra_seeds``' more for its rows (always used: using them by verdict would bias)."""
-    seeds = task_seeds(plan, seed, task)
+def row_seeds(plan: dict, seed: int, row: str) -> list[int]:
+    """The section's seeds, and ``extra_seeds``' more for its rows (always used: using them by verdict would bias)."""
+    seeds = common.seed_list(plan, seed)
     extra = plan.get("extra_seeds", {})
     if row in extra.get("rows", []):
         seeds += list(range(seeds[-1] + 1, seeds[-1] + 1 + extra["seeds"]))
@@ -82,8 +58,8 @@ def _masked(task_name: str, task_opts: dict) -> dict:
     return {**task_opts, "mask_padding": True} if "mask_padding" in task_options(task_name) else dict(task_opts)
 
 
-def _seeded_runs(plan: dict, seed: int, task: str, row: str, mech: str, abl: dict, sweep_lr=None) -> list[Step]:
-    """One step per seed of row ``row`` (a mechanism, or its ablation ``abl``), or the sweep's step at ``sweep_lr``."""
+def _config(plan: dict, task: str, mech: str, abl: dict, seed: int, lr: float | None = None) -> dict:
+    """The step config of one run of ``mech`` on ``task``, changed by ablation ``abl`` (a sweep run at ``lr``)."""
     arch = dict(plan["arch"], **(abl.get("arch") or {}))
     if mech in MEGA_ROWS:
         model, opts = mega_model(task, mech, arch, chunk=plan.get("mega_chunk_size"))
@@ -91,23 +67,10 @@ def _seeded_runs(plan: dict, seed: int, task: str, row: str, mech: str, abl: dic
         model, att = f"tost_lra_{task}", dict(MECHANISMS[mech])
         opts = dict(arch, attention=mech, attention_options=att, dropout=0.0, norm="pre", pool="mean")
     settings = common.train_defaults(**{**task_train(plan, task), **(abl.get("train") or {})})
-    base = f"{KEY}/{task}/{row}"
-    if sweep_lr is not None:
-        settings = dict(common.sweep_train(settings, plan), lr=sweep_lr)
-        ids = [run[:2] for run in common.sweep_runs(base, [sweep_lr], seed)]
-    else:
-        ids = common.seed_runs(base, row_seeds(plan, seed, task, row))
-    steps = []
-    for sid, s in ids:
-        data = dict(task=TASKS[task], task_options=_masked(TASKS[task], plan["tasks"][task]), model=model)
-        cfg = {"train": dict(data, model_options=opts, seed=s, **settings), "mechanism": mech, "task": task}
-        if abl:
-            cfg["ablation"] = row
-        if sweep_lr is None and task in sweep_tasks(plan) and mech in plan["mechanisms"]:
-            # at the mechanism's best swept rate on this task (an ablation keeps its mechanism's rate)
-            cfg = common.tuned(cfg, f"{KEY}/{task}", mech, common.row_lrs(plan, mech), "accuracy", True)
-        steps.append(common.section_step(KEY, sid, cfg, common.classification_record))
-    return steps
+    if lr is not None:
+        settings = dict(common.sweep_train(settings, plan), lr=lr)
+    data = dict(task=TASKS[task], task_options=_masked(TASKS[task], plan["tasks"][task]), model=model)
+    return {"train": dict(data, model_options=opts, seed=seed, **settings), "mechanism": mech, "task": task}
 
 
 def mega_model(task: str, row: str, arch: dict, chunk: int | None = None) -> tuple[str, dict]:
@@ -115,8 +78,7 @@ def mega_model(task: str, row: str, arch: dict, chunk: int | None = None) -> tup
     from attnzoo.models import get_config
 
     name = MEGA_ROWS[row].format(task=task)
-    att = dict(get_config(name).attention_options)
-    att["hdim"] = arch["mlp_dim"]
+    att = dict(get_config(name).attention_options, hdim=arch["mlp_dim"])
     # r = 128 covers a whole sequence of <= 128 tokens (dense MEGA): mega_chunk_size keeps MEGA's chunks per sequence
     if chunk is not None and att.get("chunk_size") is not None:
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
@@ -125,17 +87,10 @@ def mega_model(task: str, row: str, arch: dict, chunk: int | None = None) -> tup
     # MEGA's LRA configurations keep Z at 0.4-0.8 D and E at 2 D; Z = D / 2 and E = the MLP width for all three rows
     if "zdim" in att:
         att["zdim"] = max(1, arch["dim"] // 2)
-    if att.get("csp_groups"):
-        # CSP Table 7's group counts are for width 128-160; a group needs at least one channel
+    if att.get("csp_groups"):  # CSP Table 7's group counts are for width 128-160; a group needs at least one channel
         att["csp_groups"] = min(att["csp_groups"], arch["dim"])
     opts = {k: arch[k] for k in ("dim", "depth", "mlp_dim")}
     return name, {**opts, "head_dim": arch["mlp_dim"], "attention_options": att, "dropout": 0.0}
-
-
-def sweep_tasks(plan: dict) -> list[str]:
-    """Tasks whose learning rates are swept: those with accuracy claims (not a one-seed task run for its speed)."""
-    tasks = [t for t in plan["tasks"] if plan.get("task_seeds", {}).get(t) != 1]
-    return [t for t in tasks if t in plan.get("lr_sweep_tasks", tasks)]
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
@@ -146,15 +101,19 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             raise ValueError(f"extra_seeds row {row!r} is not a mechanism of this plan; valid: {plan['mechanisms']}")
     common.check_known(plan["tasks"], TASKS, "LRA task")
     common.check_known(plan["mechanisms"], MECHANISMS, "LRA mechanism")
+    record = common.classification_record
     for task, task_opts in plan["tasks"].items():
-        for mech in plan["mechanisms"]:
-            if task in sweep_tasks(plan):  # the sweep first: the seeds train at its best rate
-                for lr in common.row_lrs(plan, mech):
-                    steps += _seeded_runs(plan, seed, task, mech, mech, {}, sweep_lr=lr)
-            steps += _seeded_runs(plan, seed, task, mech, mech, {})
-        for name, abl in plan.get("ablations", {}).items():
-            if abl["task"] == task:
-                steps += _seeded_runs(plan, seed, task, name, abl["mechanism"], abl)
+        ablations = [(n, a["mechanism"], a) for n, a in plan.get("ablations", {}).items() if a["task"] == task]
+        for row, mech, abl in [(m, m, {}) for m in plan["mechanisms"]] + ablations:
+            base, lrs = f"{KEY}/{task}/{row}", common.row_lrs(plan, mech)
+            if not abl:  # the sweep first: the seeds train at its best rate (an ablation at its mechanism's)
+                for sid, s, lr in common.sweep_runs(base, lrs, seed):
+                    steps.append(common.section_step(KEY, sid, _config(plan, task, mech, abl, s, lr), record))
+            for sid, s in common.seed_runs(base, row_seeds(plan, seed, row)):
+                cfg = _config(plan, task, mech, abl, s) | ({"ablation": row} if abl else {})
+                if mech in plan["mechanisms"]:
+                    cfg = common.tuned(cfg, f"{KEY}/{task}", mech, lrs, "accuracy", True)
+                steps.append(common.section_step(KEY, sid, cfg, record))
         # the validation labels' majority rate, and on Retrieval how far a byte-histogram shortcut gets
         for what, fn in [("labels", _run_labels)] + ([("shortcut", _run_shortcut)] if task == "retrieval" else []):
             config = {"task": TASKS[task], "task_options": dict(task_opts)}
@@ -183,8 +142,7 @@ def _run_labels(_ctx: Context, step: Step) -> dict:
 
 
 #: a task counts as learned when every seed of the softmax baseline clears the majority class by this many points:
-#: half the general bar (``common.LEARNED_MARGIN``), as the LRA papers' own ListOps accuracies (37-38%) stand only
-#: about 20 points above its majority class, so a 10-point bar would call a run at half the papers' gain unlearned
+#: half ``common.LEARNED_MARGIN``, as the papers' own ListOps accuracies (37-38%) stand only ~20 points above it
 LEARNED_MARGIN = 5.0
 
 
@@ -226,24 +184,38 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     learned = _learned(res, tasks, majority) if plan.get("require_learned", True) else list(tasks)
     sec.tables += _tables(res, mechs, tasks, learned, majority, ablations, plan)
     shortcut = records.get(f"{KEY}/retrieval/shortcut", {}).get("result")
-    sec.notes += _notes(res, tasks, learned, majority, shortcut, plan)
-    sec.notes += _eval_set_notes(records, res, tasks)
-    sec.data = _data(res, mechs, learned, lengths, majority, shortcut)
+    sec.notes += _notes(plan, shortcut) + _eval_set_notes(records, res, tasks)
+
+    def by_task(key):
+        return {m: {t: res[m][t][key] for t in res[m]} for m in mechs}
+
+    sec.data = {
+        "accuracy": by_task("per_seed"),
+        "accuracy_mean": {m: {t: res[m][t]["accuracy"].mean for t in res[m] if res[m][t]["accuracy"]} for m in mechs},
+        "accuracy_std": {m: {t: res[m][t]["accuracy"].std for t in res[m] if res[m][t]["accuracy"]} for m in mechs},
+        "average_accuracy": {m: (a.mean if (a := _avg_stat(res, m, learned)) else None) for m in mechs},
+        "learned_tasks": learned,
+        "steps_per_s": by_task("steps_per_s"),
+        "peak_train_mb": by_task("peak_train_mb"),
+        "params": by_task("params"),
+        "lengths": lengths,
+        "majority": majority,
+        "retrieval_shortcut": shortcut,
+        "ablations": {
+            n: {"task": a["task"], "mechanism": a["mechanism"], "accuracy": a["result"]["per_seed"]}
+            for n, a in ablations.items()
+        },
+    }
     if any(res[m] for m in mechs):
         caption = "Accuracy (dashed: chance) and training steps/s per task."
         sec.add_plot(_plot(res, mechs, tasks, lengths), plots_dir / "long_range.png", rel, caption)
-    sec.data["ablations"] = {
-        n: {"task": a["task"], "mechanism": a["mechanism"], "accuracy": a["result"]["per_seed"]}
-        for n, a in ablations.items()
-    }
     head_dim = plan["arch"]["dim"] // plan["arch"]["heads"]
-    sec.findings, ev = _findings(res, mechs, tasks, lengths, learned, ablations, head_dim, majority)
+    sec.findings, ev = _findings(res, mechs, tasks, lengths, learned, head_dim, majority)
     ev.gates += _dense_chunks(sec.findings, records, tasks, lengths)
     _curves(sec, res, mechs, tasks, ablations, plots_dir, rel)
-    eq_table, eq = equal_time(res, mechs, learned, ablations, plan)
+    eq_table, sec.data["equal_time"] = equal_time(res, mechs, learned, ablations, plan)
     if eq_table is not None:
         sec.tables.append(eq_table)
-    sec.data["equal_time"] = eq
     ev.plateaus = _plateaus(res, learned, ablations)
     untuned = _tune(sec, records, plan, mechs, learned, res, majority)
     for t, why in untuned.items():
@@ -255,11 +227,13 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     return sec
 
 
+#: (mechanism, task) -> another of the paper's gaps on that task, stated beside the finding's own margin
+OTHER_MARGINS = {("fastmax", "listops"): (0.97, "FAST Table 1's own ListOps gap (38.37 vs 37.40)")}
+
+
 def _other_margins(f: Finding) -> None:
-    """Another of the paper's gaps on a task, stated beside the finding's own margin."""
-    for (m, t), (gap, label) in OTHER_MARGINS.items():
-        if f.a_name == m and _test(f) == t:
-            claims.margin_sensitivity(f, gap, label, relative=False)
+    if other := OTHER_MARGINS.get((f.a_name, _test(f))):
+        claims.margin_sensitivity(f, *other, relative=False)
 
 
 def _tune(
@@ -268,54 +242,39 @@ def _tune(
     """The sweep table per task, and per task ``{row: why}`` for rows not at their best rate (or swept at chance)."""
     every = {}
     for t in learned:
-        kw = dict(noise={m: res[m][t]["accuracy"].std for m in mechs if t in res.get(m, {})}, floor=majority.get(t))
+        noise = {m: res[m][t]["accuracy"].std for m in mechs if t in res.get(m, {})}
         unswept = f"no learning-rate sweep on {t} at this budget"
+        kw = dict(unswept=unswept, noise=noise, floor=majority.get(t))
         every[t] = common.tune_rows(
-            sec, records, plan, mechs, f"{KEY}/{t}", "accuracy", True, 100.0, f"{t}, accuracy %", unswept=unswept, **kw
+            sec, records, plan, mechs, f"{KEY}/{t}", "accuracy", True, 100.0, f"{t}, accuracy %", **kw
         )
-        if t not in sweep_tasks(plan):
-            every[t] = {m: unswept for m in mechs}
     return every
 
 
 def _intro(plan: dict, tasks: list[str], lengths: dict[str, int | None]) -> str:
-    arch = plan["arch"]
-    n_seeds = plan.get("seeds", 1)
-    budgets = "; ".join(f"{t}: N={lengths[t]}, {_schedule(plan, t)}" for t in tasks)
-    return (
-        f"Encoders of width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, MLP {arch.get('mlp_dim')}, "
-        f"pre-norm, mean pooling, one AdamW/cosine optimiser; only the attention differs. {budgets}"
-        + (" (Retrieval: two documents of N bytes each)" if "retrieval" in tasks else "")
-        + f". {n_seeds} seed{'s' if n_seeds > 1 else ''} per cell"
-        + "".join(f"; {t}: {k} seed{'s' if k > 1 else ''}" for t, k in plan.get("task_seeds", {}).items() if t in tasks)
-        + _extra_seeds_intro(plan)
-        + ". Data generated offline (`attnzoo.data`), not the LRA release files."
-        + _mega_intro(plan)
-    )
-
-
-def _extra_seeds_intro(plan: dict) -> str:
-    extra = plan.get("extra_seeds", {})
-    if not extra.get("rows"):
-        return ""
-    return f"; {', '.join(extra['rows'])}: {extra['seeds']} seeds more"
-
-
-def _mega_intro(plan: dict) -> str:
-    rows = [m for m in plan["mechanisms"] if m in MEGA_ROWS]
-    if not rows:
-        return ""
     from attnzoo.models.zoo import MEGA_CHUNK
 
-    chunk = plan.get("mega_chunk_size", MEGA_CHUNK)
-    kinds = {"mega": "dense", "mega_chunk": f"chunked (r = {chunk})", "mega_csp": "CSP"}
-    attention = " / ".join(kinds[m] for m in rows)
-    # MEGA's N(0, 0.02) leaves the attention's gradients below Adam's epsilon for thousands of steps (MEGA trains 90k)
-    return (
-        f" {', '.join(rows)}: MEGA's own block (CSP Table 4's second group, Z = D/2) with {attention} attention, "
-        "compared only with each other; initialised N(0, 1/fan-in) and N(0, 1) (`init='scaled'`): with MEGA's "
-        "N(0, 0.02) it stayed at the majority class (docs/results_history.md, 2026-11-26)."
+    arch, n, extra = plan["arch"], plan.get("seeds", 1), plan.get("extra_seeds", {})
+    text = (
+        f"Encoders of width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, MLP {arch.get('mlp_dim')}, "
+        "pre-norm, mean pooling, one AdamW/cosine optimiser; only the attention differs. "
+        + "; ".join(f"{t}: N={lengths[t]}, {_schedule(plan, t)}" for t in tasks)
+        + (" (Retrieval: two documents of N bytes each)" if "retrieval" in tasks else "")
+        + f". {n} seed{'s' if n > 1 else ''} per cell"
+        + (f"; {', '.join(extra['rows'])}: {extra['seeds']} seeds more" if extra.get("rows") else "")
+        + ". Data generated offline (`attnzoo.data`), not the LRA release files."
     )
+    if rows := [m for m in plan["mechanisms"] if m in MEGA_ROWS]:
+        chunk = plan.get("mega_chunk_size", MEGA_CHUNK)
+        kinds = {"mega": "dense", "mega_chunk": f"chunked (r = {chunk})", "mega_csp": "CSP"}
+        # MEGA's N(0, 0.02) leaves the attention's gradients below Adam's epsilon for thousands of steps (it trains 90k)
+        text += (
+            f" {', '.join(rows)}: MEGA's own block (CSP Table 4's second group, Z = D/2) with "
+            f"{' / '.join(kinds[m] for m in rows)} attention, compared only with each other; initialised "
+            "N(0, 1/fan-in) and N(0, 1) (`init='scaled'`): with MEGA's N(0, 0.02) it stayed at the majority class "
+            "(docs/results_history.md, 2026-11-26)."
+        )
+    return text
 
 
 def _tables(
@@ -356,60 +315,47 @@ def _cell(acc: claims.Stat | None) -> str:
     return acc.fmt(".1f") if acc else "-"
 
 
-def _notes(
-    res: dict, tasks: list[str], learned: list[str], majority: dict, shortcut: dict | None, plan: dict
-) -> list[str]:
-    notes = []
-    if shortcut and shortcut.get("available"):
-        notes.append(
-            "retrieval shortcut check (a threshold on the cosine similarity of the two documents' byte histograms, "
-            "fitted on train; same-play excerpts share some byte statistics): "
-            + ", ".join(
-                f"{k} {v:.3g}" for k, v in shortcut.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-            )
-        )
-    # a budget's reason ends with the command that re-measures its pilot: pointed to once, not printed per task
-    left_out = {t: _REMEASURE.sub("", why) for t, why in plan.get("left_out", {}).items()}
-    if left_out:
-        if left_out != plan["left_out"]:  # reasons from pilots: their figures and commands stay with the budget
-            notes.append(
-                f"Not run at this budget: {', '.join(left_out)} (each budget's `left_out` in "
-                "attnzoo.reproduce.budgets gives the reason, the pilot's figures and the command that re-measures them)"
-            )
-        else:
-            notes.append("Not run at this budget: " + "; ".join(f"{t} — {why}" for t, why in left_out.items()))
-    for t in tasks:
-        if t not in learned and t in res.get("softmax", {}):
-            acc, n = res["softmax"][t]["accuracy"], plan.get("task_seeds", {}).get(t)
-            notes.append(
-                f"{t}: not learned by softmax ({acc.fmt('.1f')}%, lowest seed {min(acc.values):.1f}%, not "
-                f"{LEARNED_MARGIN:g} pts above the majority class {majority.get(t, CHANCE[t]):.1f}%), so left out of "
-                "every comparison" + (f"; {n} seed(s) run for the cost tables" if n is not None else "")
-            )
-    return notes
-
-
-#: the "; re-measure ... `command` ..." tail of a left-out task's text in the budget files
+#: the "; re-measure ... `command` ..." tail of a left-out task's reason in the budget files
 _REMEASURE = re.compile(r"; re-measure[^`]*`[^`]*`[^;)]*")
 
 
-def _data(
-    res: dict, mechs: list[str], learned: list[str], lengths: dict, majority: dict, shortcut: dict | None
-) -> dict:
-    """The section's numbers for results.json (the ablations are added after the plot)."""
-    return {
-        "accuracy": {m: {t: res[m][t]["per_seed"] for t in res[m]} for m in mechs},
-        "accuracy_mean": {m: {t: res[m][t]["accuracy"].mean for t in res[m] if res[m][t]["accuracy"]} for m in mechs},
-        "accuracy_std": {m: {t: res[m][t]["accuracy"].std for t in res[m] if res[m][t]["accuracy"]} for m in mechs},
-        "average_accuracy": {m: (a.mean if (a := _avg_stat(res, m, learned)) else None) for m in mechs},
-        "learned_tasks": learned,
-        "steps_per_s": {m: {t: res[m][t]["steps_per_s"] for t in res[m]} for m in mechs},
-        "peak_train_mb": {m: {t: res[m][t]["peak_train_mb"] for t in res[m]} for m in mechs},
-        "params": {m: {t: res[m][t]["params"] for t in res[m]} for m in mechs},
-        "lengths": lengths,
-        "majority": majority,
-        "retrieval_shortcut": shortcut,
-    }
+def _notes(plan: dict, shortcut: dict | None = None) -> list[str]:
+    """The Retrieval shortcut's accuracy; the tasks the budget leaves out (a pilot's figures stay in the budget)."""
+    notes = []
+    if shortcut and shortcut.get("available"):
+        numbers = {k: v for k, v in shortcut.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        notes.append(
+            "retrieval shortcut check (a threshold on the cosine similarity of the two documents' byte histograms, "
+            "fitted on train; same-play excerpts share some byte statistics): "
+            + ", ".join(f"{k} {v:.3g}" for k, v in numbers.items())
+        )
+    left_out = plan.get("left_out", {})
+    if any(_REMEASURE.search(why) for why in left_out.values()):
+        notes.append(
+            f"Not run at this budget: {', '.join(left_out)} (each budget's `left_out` in "
+            "attnzoo.reproduce.budgets gives the reason, the pilot's figures and the command that re-measures them)"
+        )
+    elif left_out:
+        notes.append("Not run at this budget: " + "; ".join(f"{t} — {why}" for t, why in left_out.items()))
+    return notes
+
+
+def _eval_set_notes(records: dict, res: dict, tasks: list[str]) -> list[str]:
+    """Each task's validation-set noise against softmax's seed spread: the intervals are over seeds, on one set."""
+    notes = []
+    for t in tasks:
+        n = records.get(f"{KEY}/{t}/labels", {}).get("result", {}).get("n_val")
+        if not n or not (soft := res.get("softmax", {}).get(t)):
+            continue
+        acc = claims.stat(soft["accuracy"])
+        se = 100 * float(np.sqrt(max(acc.mean / 100 * (1 - acc.mean / 100), 0.0) / n))
+        spread = f"softmax's seed spread is {acc.std:.2f} pts" if acc.std is not None else "softmax has one seed"
+        notes.append(
+            f"{t}: every seed is scored on the same {n:,} validation examples (binomial standard error at softmax's "
+            f"{acc.mean:.1f}%: about {se:.1f} pts; {spread}), so the intervals compare models on this set, not "
+            "on the task at large"
+        )
+    return notes
 
 
 def _describe_ablation(abl: dict, plan: dict) -> str:
@@ -418,39 +364,10 @@ def _describe_ablation(abl: dict, plan: dict) -> str:
     return ", ".join(parts) or "-"
 
 
-def _ablation_reading(m: str, t: str, ablations: dict, res: dict) -> str:
-    """The ablations of ``m`` on ``t``: the gap to softmax before and after, worded from the numbers."""
-    soft_longer = {a["train"]["steps"] for a in _longer_runs(ablations, "softmax", t) if a["result"]["accuracy"]}
-    out = []
-    for name, a in ablations.items():
-        if a["mechanism"] != m or a["task"] != t or not a["result"]["accuracy"] or t not in res[m]:
-            continue
-        if _only_longer(a) and a["train"]["steps"] in soft_longer:  # the comparison at those steps states it
-            continue
-        acc, soft = a["result"]["accuracy"], res["softmax"][t]["accuracy"]
-        before, (eff, ci, _) = soft.mean - res[m][t]["accuracy"].mean, claims.welch_ci(acc, soft)
-        after = -eff
-        if ci is None:
-            word = "is not judged (one seed)"
-        else:
-            half = (ci[1] - ci[0]) / 2
-            word = claims.change_word(before, after, noise=half) + f" (95% CI of the new gap ±{half:.1f})"
-        out.append(
-            f"ablation {name}: {acc.fmt('.1f')}% vs softmax's base run {soft.fmt('.1f')}%; gap to softmax "
-            f"{before:+.1f} -> {after:+.1f} pts: it {word}"
-        )
-    return "; ".join(out)
-
-
-def _only_longer(ablation: dict) -> bool:
-    """An ablation that changes only the length of training (its steps, and the warm-up scaled with them)."""
-    train = ablation.get("train", {})
-    return "steps" in train and set(train) <= {"steps", "warmup_steps"}
-
-
 def _longer_runs(ablations: dict, mech: str, task: str) -> list[dict]:
-    """``mech``'s runs on ``task`` that change only the steps (its ``@2x-steps`` ablations)."""
-    return [a for a in ablations.values() if a["mechanism"] == mech and a["task"] == task and _only_longer(a)]
+    """``mech``'s ablations on ``task`` that change only the steps (and the warm-up with them)."""
+    own = [a for a in ablations.values() if a["mechanism"] == mech and a["task"] == task]
+    return [a for a in own if "steps" in a.get("train", {}) and set(a["train"]) <= {"steps", "warmup_steps"}]
 
 
 def _plateaus(res: dict, learned: list[str], ablations: dict) -> list[Plateau]:
@@ -471,7 +388,7 @@ def _plateaus(res: dict, learned: list[str], ablations: dict) -> list[Plateau]:
 
 
 def _curves(sec: Section, res: dict, mechs: list[str], tasks: list[str], ablations: dict, plots_dir, rel) -> None:
-    """Validation curves: one panel per task, every mechanism and every step-count ablation of that task."""
+    """Validation curves: one panel per task, every mechanism and every ablation of that task."""
     panels = []
     for t in tasks:
         curves = {m: res[m][t]["val_curve"] for m in mechs if t in res[m]}
@@ -506,14 +423,12 @@ def equal_time(
                 (a["train"]["steps"], a["result"]) for a in _longer_runs(ablations, m, t)
             ]
             # a point of a longer cosine schedule is read before its rate has annealed: a low estimate
-            best = _point_within(runs, affordable)
-            if best is None:
+            if (best := _point_within(runs, affordable)) is None:
                 continue
             step, run_steps, vals = best
             acc = claims.stat(vals)
             eff, ci, _ = claims.welch_ci(acc, soft["accuracy"])
-            longest = max(r for r, _ in runs)
-            lower = affordable > longest
+            lower = affordable > max(r for r, _ in runs)
             out.setdefault(t, {})[m] = {
                 "softmax_seconds": wall,
                 "affordable_steps": affordable,
@@ -580,24 +495,19 @@ def _plot(res, mechs, tasks, lengths):
     return fig
 
 
-def _geo_mean(xs):
-    xs = [x for x in xs if x]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
-
-
 def _unlearned_base(found: list[Finding], res, base: str, learned: list[str], majority: dict) -> list:
     """Did-not-learn gates on comparisons against a baseline other than softmax (MEGA-chunk) that did not learn."""
     missed = [t for t in learned if t not in _learned(res, [t], majority, row=base)]
     gates = []
     for f in found:
-        tasks = missed if _test(f) == AVERAGE else [t for t in missed if _test(f) == t]
-        if tasks:
-            lows = ", ".join(
-                f"{t}: lowest seed {min(res[base][t]['accuracy'].values):.1f}%, not {LEARNED_MARGIN:g} pts above "
-                f"the majority class {majority.get(t, CHANCE[t]):.1f}%"
-                for t in tasks
-            )
-            gates.append((f, "did not learn", f"the baseline {base} did not learn ({lows})"))
+        lows = [
+            f"{t}: lowest seed {min(res[base][t]['accuracy'].values):.1f}%, not {LEARNED_MARGIN:g} pts above the "
+            f"majority class {majority.get(t, CHANCE[t]):.1f}%"
+            for t in missed
+            if _test(f) in (t, AVERAGE)
+        ]
+        if lows:
+            gates.append((f, "did not learn", f"the baseline {base} did not learn ({', '.join(lows)})"))
     return gates
 
 
@@ -631,38 +541,6 @@ def unlearned_row(acc: claims.Stat, m: str, majority: float | None) -> str | Non
     )
 
 
-def failure_reading(m: str, acc: claims.Stat, base_acc: claims.Stat, majority: float, base: str) -> str:
-    """The gap on the seeds of ``m`` that did learn, where some did not; empty when every seed learned or none did."""
-    failed = common.unlearned_seeds(acc.values, majority, LEARNED_MARGIN)
-    ok = [v for v in acc.values if v not in failed]
-    if not failed or not ok:
-        return ""
-    return (
-        f"the {len(ok)} of {len(acc.values)} seeds of {m} that trained ({', '.join(f'{v:.1f}' for v in ok)}%) average "
-        f"{np.mean(ok):.1f}% against {base}'s {base_acc.mean:.1f}%, a gap of {base_acc.mean - np.mean(ok):+.1f} pts "
-        f"(descriptive, {len(ok)} seed{'s' if len(ok) > 1 else ''})"
-    )
-
-
-def _eval_set_notes(records: dict, res: dict, tasks: list[str]) -> list[str]:
-    """How large each task's validation set is against the seeds' spread (an interval over seeds describes it)."""
-    notes = []
-    for t in tasks:
-        lab = records.get(f"{KEY}/{t}/labels", {}).get("result", {})
-        soft = res.get("softmax", {}).get(t)
-        if not lab.get("n_val") or not soft:
-            continue
-        n, acc = lab["n_val"], claims.stat(soft["accuracy"])
-        se = 100 * float(np.sqrt(max(acc.mean / 100 * (1 - acc.mean / 100), 0.0) / n))
-        spread = f"softmax's seed spread is {acc.std:.2f} pts" if acc.std is not None else "softmax has one seed"
-        notes.append(
-            f"{t}: every seed is scored on the same {n:,} validation examples (binomial standard error at softmax's "
-            f"{acc.mean:.1f}%: about {se:.1f} pts; {spread}), so the intervals compare models on this set, not "
-            "on the task at large"
-        )
-    return notes
-
-
 def _control_findings(findings: list[Finding], res: dict, learned: list[str]) -> list[Control]:
     """Per learned task, the check that softmax beats the control (into ``findings``) and the control's gate."""
     controls = []
@@ -681,23 +559,13 @@ def _control_findings(findings: list[Finding], res: dict, learned: list[str]) ->
 
 def _learned(res, tasks, majority, row: str = "softmax") -> list[str]:
     """Tasks on which every seed of ``row`` beats the majority class (chance if unknown) by LEARNED_MARGIN."""
-    accs = {t: res.get(row, {}).get(t, {}).get("accuracy") for t in tasks}
-    return [
-        t
-        for t, a in accs.items()
-        if a is not None and common.learned(a.values, majority.get(t, CHANCE[t]), LEARNED_MARGIN)
-    ]
+    accs = {t: a for t in tasks if (a := res.get(row, {}).get(t, {}).get("accuracy")) is not None}
+    return [t for t, a in accs.items() if common.learned(a.values, majority.get(t, CHANCE[t]), LEARNED_MARGIN)]
 
 
-#: (mechanism, task) -> another of the paper's gaps on that task, stated beside the finding's own margin
-OTHER_MARGINS = {("fastmax", "listops"): (0.97, "FAST Table 1's own ListOps gap (38.37 vs 37.40)")}
-
-#: the accuracy claims against softmax: (mechanism, claim id in :mod:`paper_claims`), each tested on the LRA average
-#: and per task (``"<id>#average"``, ``"<id>#<task>"``)
+#: the accuracy claims: (mechanism, its baseline, claim id in :mod:`paper_claims`), each tested on the LRA average
+#: and per task (``"<id>#average"``, ``"<id>#<task>"``); the last is CSP Table 4's second group
 CLAIMS = [("tssa", "tost-t3-lra"), ("fastmax", "fast-t1-accuracy"), ("csp", "csp-t4-lra")]
-
-
-#: CSP Table 4's second group: (row, its baseline row, claim id)
 MEGA_CLAIMS = [("mega_csp", "mega_chunk", "csp-t4-mega")]
 #: the test of an accuracy claim on the average over the learned tasks
 AVERAGE = "average"
@@ -708,74 +576,47 @@ def _test(f: Finding) -> str:
     return paper_claims.test_of(f.claim_id)
 
 
-def _findings(
-    res, mechs, tasks, lengths, learned, ablations=None, head_dim=None, majority=None
-) -> tuple[list[Finding], Evidence]:
+def _findings(res, mechs, tasks, lengths, learned, head_dim=None, majority=None) -> tuple[list[Finding], Evidence]:
     """The section's findings and the evidence of their gates that the rows' results give."""
-    ablations = ablations or {}
+    majority = majority or {}
     ev = Evidence(readings=[_other_margins])
     out = []
-    for m, claim_id in CLAIMS:
-        if m not in mechs or "softmax" not in mechs or not learned:
-            continue
-        out += _accuracy_findings(res, m, claim_id, learned, ablations, majority=majority, gates=ev.gates)
-    for m, base, claim_id in MEGA_CLAIMS:
+    for m, base, claim_id in [(m, "softmax", cid) for m, cid in CLAIMS] + MEGA_CLAIMS:
         if m in mechs and base in mechs and learned:
-            found = _accuracy_findings(res, m, claim_id, learned, ablations, base, majority, ev.gates)
-            ev.gates += _unlearned_base(found, res, base, learned, majority or {})
+            found = _accuracy_findings(res, m, claim_id, learned, gates=ev.gates, majority=majority, base=base)
+            if base != "softmax":  # the learned tasks are softmax's: another baseline may not have learned them
+                ev.gates += _unlearned_base(found, res, base, learned, majority)
             out += found
     if "softmax" in mechs and tasks:
         out += _speed_findings(res, mechs, tasks, lengths, head_dim)
-        if "csp" in mechs and len(mechs) > 2:
-            f = _fastest_finding(res, mechs, tasks)
-            n = max((lengths[t] or 0) for t in tasks)
-            if f is not None and n < FASTEST_MIN_N:
-                # the paper's speed comparisons are at LRA's lengths: the same N bar as "CSP trains faster"
-                why = f"longest task N={n} < {FASTEST_MIN_N} ({f.measured})"
-                f = claims.not_tested(**paper_claims.finding_kw(FASTEST), why=why)
-            if f is not None:
-                out.append(f)
+        if "csp" in mechs and len(mechs) > 2 and (f := _fastest_finding(res, mechs, tasks, lengths)):
+            out.append(f)
     ev.controls = _control_findings(out, res, learned)
     return out, ev
 
 
 def _accuracy_findings(
-    res, m, claim_id, learned, ablations, base: str = "softmax", majority: dict | None = None, gates: list | None = None
+    res, m, claim_id, learned, *, gates: list, majority: dict, base: str = "softmax"
 ) -> list[Finding]:
     """One accuracy claim ``m`` vs ``base``: its LRA-average finding, then per learned task (did-not-learn gates)."""
     kw = dict(unit="pts", a_name=m, b_name=base, spec=".1f")
-    avg_kw = paper_claims.compare_kw(f"{claim_id}#{AVERAGE}")
-    f = claims.compare(_avg_stat(res, m, learned), _avg_stat(res, base, learned), **avg_kw, **kw)
-    f.claim += " on the LRA average"
-    f.measured += f" (average over the learned tasks: {', '.join(learned)})"
     per_task = []
     for t in learned:
         if t not in res[m] or t not in res[base]:
             continue
-        task_kw = paper_claims.compare_kw(f"{claim_id}#{t}")
-        task_kw["paper_value"] = "per-task column"
-        ft = claims.compare(res[m][t]["accuracy"], res[base][t]["accuracy"], **task_kw, **kw)
-        ft.claim += f" on {t}"
-        parts = [_ablation_reading(m, t, ablations, res)]
-        if ft.verdict != "agrees" and majority and t in majority:
-            parts.insert(0, failure_reading(m, res[m][t]["accuracy"], res[base][t]["accuracy"], majority[t], base))
-        reading = "; ".join(p for p in parts if p)
-        if reading:
-            ft.explanation = reading
-        why = unlearned_row(res[m][t]["accuracy"], m, (majority or {}).get(t))
-        if why and gates is not None:
-            gates.append((ft, "did not learn", why))
-        per_task.append((t, ft))
-    if len(per_task) == 1:
-        # one task: its average is that task, and a second finding would count the same evidence twice
-        return [per_task[0][1]]
-    if f.verdict != "agrees":
-        f.explanation = "per-task: " + "; ".join(
-            f"{t} {ft.verdict} ({res[m][t]['accuracy'].fmt('.1f')} vs {res[base][t]['accuracy'].fmt('.1f')})"
-            for t, ft in per_task
-        )
-    # the average comes first, then its per-task breakdown
-    return [f] + [ft for _, ft in per_task]
+        task_kw = dict(paper_claims.compare_kw(f"{claim_id}#{t}"), paper_value="per-task column")
+        f = claims.compare(res[m][t]["accuracy"], res[base][t]["accuracy"], **task_kw, **kw)
+        f.claim += f" on {t}"
+        if why := unlearned_row(res[m][t]["accuracy"], m, majority.get(t)):
+            gates.append((f, "did not learn", why))
+        per_task.append(f)
+    if len(per_task) == 1:  # one task: its average is that task, and a second finding would count it twice
+        return per_task
+    avg_kw = paper_claims.compare_kw(f"{claim_id}#{AVERAGE}")
+    avg = claims.compare(_avg_stat(res, m, learned), _avg_stat(res, base, learned), **avg_kw, **kw)
+    avg.claim += " on the LRA average"
+    avg.measured += f" (average over the learned tasks: {', '.join(learned)})"
+    return [avg, *per_task]
 
 
 #: the speed claims against softmax: (mechanism, claim id); the smallest N and the head dimension each is made at are
@@ -783,7 +624,7 @@ def _accuracy_findings(
 _SPEED_CLAIMS = (("fastmax", "fast-t2-speed#lra-training"), ("tssa", "tost-t4-speed"), ("csp", "csp-f4-faster"))
 
 
-def _speed_findings(res, mechs, tasks, lengths, head_dim=None) -> list[dict]:
+def _speed_findings(res, mechs, tasks, lengths, head_dim=None) -> list[Finding]:
     """Speed claims against softmax, judged at the longest length both ran, at the head dimension the paper used."""
     out = []
     longest = max(tasks, key=lambda t: lengths[t] or 0)
@@ -792,7 +633,7 @@ def _speed_findings(res, mechs, tasks, lengths, head_dim=None) -> list[dict]:
     for m, claim_id in _SPEED_CLAIMS:
         if m not in mechs:
             continue
-        kw, cond = paper_claims.finding_kw(claim_id), paper_claims.get(claim_id).conditions
+        cond = paper_claims.get(claim_id).conditions
         val = res[m].get(longest, {}).get("steps_per_s")
         ratio = f"{val / base:.2f}x softmax" if val and base else "n/a"
         if cond.head_dim is not None and head_dim != cond.head_dim:
@@ -809,7 +650,7 @@ def _speed_findings(res, mechs, tasks, lengths, head_dim=None) -> list[dict]:
             rule = f"agrees if {m} steps/s > softmax's (a measurement of training throughput)"
             out.append(common.measured_finding(claim_id, measured, val > base, rule, "paper", res[m][longest]["seeds"]))
             continue
-        out.append(claims.not_tested(**kw, why=why))
+        out.append(claims.not_tested(**paper_claims.finding_kw(claim_id), why=why))
     return out
 
 
@@ -818,28 +659,25 @@ FASTEST = "csp-f4-fastest"
 FASTEST_MIN_N = paper_claims.get(FASTEST).conditions.min_n
 
 
-def _fastest_finding(res, mechs, tasks) -> dict | None:
-    """CSP's 'fastest of all compared' claim over geometric-mean steps/s (tasks with the most seeds); None if none."""
-    # the paper's claim is over its own comparison set (Transformer variants: softmax, linear, ...): mechanisms it
-    # did not compare (TSSA, Fastmax, CBSA) are shown but do not decide it
-    shown = list(mechs)
+def _geo_mean(xs):
+    xs = [x for x in xs if x]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def _fastest_finding(res, mechs, tasks, lengths) -> Finding | None:
+    """CSP's 'fastest of all compared' claim over geometric-mean steps/s; None without a speed."""
+    # the paper's comparison set (Transformer variants): mechanisms it did not compare do not decide it
     mechs = [m for m in mechs if m in ("softmax", "linear", "csp")]
-    n_seeds = {t: min((res[m][t]["seeds"] for m in mechs if t in res[m]), default=0) for t in tasks}
-    tasks = [t for t in tasks if n_seeds[t] == max(n_seeds.values())]
-    speed = {m: _geo_mean([res[m].get(t, {}).get("steps_per_s") for t in tasks]) for m in shown}
-    known = {m: speed[m] for m in mechs if speed[m]}
-    if not known:
+    speed = {m: _geo_mean([res[m].get(t, {}).get("steps_per_s") for t in tasks]) for m in mechs}
+    if not (known := {m: v for m, v in speed.items() if v}):
         return None
-    best = max(known, key=known.get)
     measured = f"geometric-mean steps/s over {', '.join(tasks)}: " + ", ".join(f"{m} {v:.2f}" for m, v in known.items())
+    if (n := max(lengths[t] or 0 for t in tasks)) < FASTEST_MIN_N:
+        why = f"longest task N={n} < {FASTEST_MIN_N} ({measured})"
+        return claims.not_tested(**paper_claims.finding_kw(FASTEST), why=why)
     rule = (
         "agrees if CSP has the highest geometric-mean steps/s over the tasks among the mechanisms of the paper's "
         "comparison set run here (a measurement)"
     )
     seeds = min(res[m][t]["seeds"] for m in mechs for t in tasks if t in res[m])
-    f = common.measured_finding(FASTEST, measured, best == "csp", rule, "paper", seeds)
-    if others := {m: v for m, v in speed.items() if m not in known and v}:
-        f.explanation = "not in the paper's comparison set, shown for reference: " + ", ".join(
-            f"{m} {v:.2f}" for m, v in others.items()
-        )
-    return f
+    return common.measured_finding(FASTEST, measured, max(known, key=known.get) == "csp", rule, "paper", seeds)

@@ -1,11 +1,9 @@
-"""White-box probes (``attnzoo.analysis``): AoT's denoising theorem (Fig. 4), CBSA's compression of noisy lines
-(Fig. 4), rank collapse without skip connections (CSP Thm 1), the per-layer compression term (ToST Fig. 4a, CBSA
-Fig. 5, CRATE) of vision models trained at ``layerwise_depth`` layers, and attention maps (ToST Fig. 5 / FAST Fig. 4).
-"""
+"""White-box probes (``attnzoo.analysis``): AoT's denoising (Fig. 4), CBSA's compression of noisy lines (Fig. 4), rank
+collapse without skip connections (CSP Thm 1), the per-layer compression term of vision models trained at
+``layerwise_depth`` layers (ToST Fig. 4a, CBSA Fig. 5, CRATE) and attention maps (ToST Fig. 5 / FAST Fig. 4)."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -21,22 +19,6 @@ TITLE = "White-box probes"
 SMALL_ETA = 0.02
 #: the probe models with a layer-wise claim: ToST Fig. 4a's for tost, a test of CBSA Fig. 5's for the others
 LAYERWISE_MODELS = ("tost", "crate", "cbt", "aot")
-#: the measure each mechanism's claim is judged on: ToST's own R^var_c for TSSA, CRATE's measured R^c otherwise
-_CLAIM_MEASURE = {"tssa": "variational_compression"}
-_DEFAULT_MEASURE = "crate_compression"
-#: the measure each paper's figure plots, where the claim measure differs from it: ToST Fig. 4a the TSSA layers'
-#: outputs with their own memberships; CBSA Fig. 5 the compression term of its eq 2 on the raw tokens
-_LITERAL_MEASURE = {"tssa": "variational_compression_out"}
-_DEFAULT_LITERAL = "compression"
-#: the measures a layer-wise verdict that is not 'agrees' is read under, in the explanation's order
-_ABLATION_MEASURES = (
-    "compression",
-    "crate_compression",
-    "crate_compression_out",
-    "variational_compression",
-    "variational_compression_normalized",
-    "variational_compression_out",
-)
 #: the layer-wise findings' rule (:func:`_fall_verdict`, :func:`_seeds_verdict`), stated once in the section's intro
 FALL_RULE = (
     "Layer-wise fall rule: agrees if the value falls over the claim's layers with at least half the steps "
@@ -64,31 +46,20 @@ MEASURE_DEF = {
 #: the control's reading when the untrained architecture shows the trend as strongly (the verdict is then gated)
 INIT_FALLS_AS_MUCH = "the untrained model falls as much: the trend is the architecture's, not learned"
 
-#: every probe finding tests a paper's claim with a rule of its own (trends over layers or iterations)
-_finding = functools.partial(claims.finding, kind="paper", measurement=True)
 
-
-def _deep_vision_plan(plan: dict, vision_plan: dict) -> dict:
-    """The vision section's plan with the probe models' depth (``layerwise_depth``) and training overrides."""
+def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
     depth = plan.get("layerwise_depth", vision_plan["arch"]["depth"])
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 2:
         raise ValueError(f"probes' layerwise_depth must be an int >= 2 (layer-wise claims need layers), got {depth!r}")
-    return {
-        **vision_plan,
-        "arch": {**vision_plan["arch"], "depth": depth},
-        "train": {**vision_plan["train"], **plan.get("layerwise_train", {})},
-    }
-
-
-def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
-    steps = _synthetic_steps(plan, seed)
+    # the probe models: the vision section's recipe at the probes' depth, with their own training overrides
+    arch, train = {**vision_plan["arch"], "depth": depth}, {**vision_plan["train"], **plan.get("layerwise_train", {})}
+    deep = {**vision_plan, "arch": arch, "train": train}
     batch = {"task": vision_plan["task"], "task_options": vision_plan["task_options"], "n": 8}
     probe = {"batch": dict(batch, n=plan.get("layerwise_batch", 32)), "eps": 0.5, "crate_eps": 0.1}
-    deep = _deep_vision_plan(plan, vision_plan)
+    steps = _synthetic_steps(plan, seed)
     for name in plan["layerwise"]:
         steps.extend(_layerwise_steps(name, seed, deep, vision_plan, probe))
-        # more seeds of the models with a layer-wise claim: the verdict then rests on the seed-mean series and on
-        # how many seeds agree with it (ids apart from the base seed's, so its steps are reused)
+        # more seeds of the models with a layer-wise claim: the verdict reads their mean and how many agree with it
         if name in LAYERWISE_MODELS:
             for s in range(seed + 1, seed + plan.get("layerwise_seeds", 1)):
                 steps.extend(_layerwise_steps(name, s, deep, vision_plan, probe, suffix=f"/extra-seed{s}"))
@@ -100,7 +71,6 @@ def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
 
 
 def _step(label: str, config: dict, deps: tuple[str, ...] = ()) -> Step:
-    """A probe step run by its experiment's function."""
     return Step(f"{KEY}/{label}", KEY, config, _RUN[config["experiment"]], deps=deps, label=label)
 
 
@@ -135,13 +105,11 @@ def _layerwise_steps(name: str, seed: int, deep: dict, vision_plan: dict, probe:
     ]
     if suffix:
         return steps
-    # control: the same probe on the same architecture at its random initialisation (the trained model's seed),
-    # so a fall that is there before training is not read as learned
+    # control: the architecture at its random initialisation, where a fall is not learned
     steps.append(
         _step(f"layerwise-init/{name}", {"experiment": "layerwise-init", "model": name, "train": train, **probe})
     )
-    if name in vision_plan["models"]:
-        # ablation: the same probe on the vision section's shallow model (what the report probed before)
+    if name in vision_plan["models"]:  # ablation (in results.json): the probe on the vision section's shallow model
         vid = common.seeded_id(f"vision/{name}", seed)
         shallow = {"model_options": vision.model_options(name, vision_plan), "train": vision_plan["train"]}
         config = {"experiment": "layerwise", "model": name, "source": vid, "trained": shallow, **probe}
@@ -150,7 +118,6 @@ def _layerwise_steps(name: str, seed: int, deep: dict, vision_plan: dict, probe:
 
 
 def _run_train(ctx: Context, step: Step) -> dict:
-    """Train a probe model (the vision section's recipe at the probes' depth); validation accuracy beside it."""
     cfg = step.config["train"]
     rec = common.train_run(ctx, step.id, cfg)
     out = {"accuracy": rec["val"].get("accuracy"), "val_loss": rec["val"].get("loss"), "run_dir": rec["run_dir"]}
@@ -182,20 +149,17 @@ def _trained(ctx: Context, name: str, source: str | None = None):
     return common.load_trained(rec["result"]["run_dir"])
 
 
-def _layerwise(model, cfg: dict) -> dict:
+def _run_layerwise(ctx: Context, step: Step) -> dict:
+    """The layer-wise probe of a trained model, or of its architecture as its training seed initialises it."""
     from attnzoo.analysis import layerwise
     from attnzoo.analysis.io import to_jsonable
 
+    cfg = step.config
+    if cfg["experiment"] == "layerwise-init":
+        model = common.untrained_model(cfg["train"])[0]
+    else:
+        model = _trained(ctx, cfg["model"], cfg.get("source"))
     return to_jsonable(layerwise(model, _val_batch(cfg["batch"]), eps=cfg["eps"], crate_eps=cfg.get("crate_eps", 0.1)))
-
-
-def _run_layerwise(ctx: Context, step: Step) -> dict:
-    return _layerwise(_trained(ctx, step.config["model"], step.config.get("source")), step.config)
-
-
-def _run_layerwise_init(_ctx: Context, step: Step) -> dict:
-    """The layer-wise probe on the probe model's architecture as initialised by its training seed (no step taken)."""
-    return _layerwise(common.untrained_model(step.config["train"])[0], step.config)
 
 
 def _run_maps(ctx: Context, step: Step) -> dict:
@@ -208,30 +172,14 @@ def _run_maps(ctx: Context, step: Step) -> dict:
 
 #: experiment -> the function that runs its step
 _RUN = dict.fromkeys(("denoise", "compress", "rank-collapse"), _run_synth)
-_RUN.update({"layerwise": _run_layerwise, "layerwise-init": _run_layerwise_init, "attention-maps": _run_maps})
-
-
-def _num(v) -> float:
-    """JSON numbers back to floats (the analysis package writes non-finite values as strings)."""
-    return math.nan if v is None else float(v)
-
-
-def _under(res: dict, prefix: str) -> dict:
-    """The results whose label starts with ``prefix/``, by the rest of the label."""
-    return {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith(prefix + "/")}
+_RUN.update({"layerwise": _run_layerwise, "layerwise-init": _run_layerwise, "attention-maps": _run_maps})
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec = Section(KEY, TITLE)
     all_res = {sid.split("/", 1)[1]: rec["result"] for sid, rec in records.items()}
-    # extra seeds of the layer-wise models: {name: [(train result, probe result), ...]}, kept out of the tables
-    res = {k: v for k, v in all_res.items() if "/extra-seed" not in k}
-    more: dict[str, list] = {}
-    for k, v in sorted(all_res.items()):
-        if k.startswith("layerwise/") and "/extra-seed" in k:
-            name, tail = k.split("/", 1)[1].split("/", 1)
-            more.setdefault(name, []).append((all_res.get(f"train/{name}/{tail}", {}), v))
-    trained = _under(res, "train")
+    res = {k: v for k, v in all_res.items() if "/extra-seed" not in k}  # the extra seeds stay out of the tables
+    trained, lw, init = _under(res, "train"), _under(res, "layerwise"), _under(res, "layerwise-init")
     depth = next((t["depth"] for t in trained.values()), plan.get("layerwise_depth"))
     steps = next((t["steps"] for t in trained.values()), None)
     sec.intro = (
@@ -239,44 +187,9 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         f"measures vision models trained for it ({depth} layers, {steps} steps, the vision recipe otherwise) on "
         f"validation images. {FALL_RULE}"
     )
-    lw, init = _under(res, "layerwise"), _under(res, "layerwise-init")
-    _tables(sec, res, trained, lw, init, depth, _plotter(sec, plots_dir, rel))
-    curves = {n: t["val_curve"] for n, t in trained.items() if t.get("val_curve")}
-    if curves:
-        rows = {n: [[p["step"], 100.0 * p["accuracy"]] for p in c if "accuracy" in p] for n, c in curves.items()}
-        fig = common.plot_val_curves([("probe models", rows)], "validation accuracy (%)", "Probe models")
-        sec.add_plot(
-            fig, plots_dir / "probes_curves.png", rel, "Validation accuracy of the probe models during training."
-        )
-    if "attention-maps" in res:
-        caption = "Attention maps of the trained models (ToST Fig. 5 / FAST Fig. 4)."
-        _plotter(sec, plots_dir, rel)("attention-maps", res["attention-maps"], caption)
-    sec.data = {k: _slim(v) for k, v in res.items()}
-    majority = 100.0 * plan.get("majority", 0.1)
-    if plan.get("require_learned", True):
-        unlearned = {n for n, t in trained.items() if not _learned(t, majority)}
-        if unlearned:
-            sec.notes.append(
-                f"probe model(s) {', '.join(sorted(unlearned))} did not reach {common.LEARNED_MARGIN:g} points above "
-                f"the {majority:.0f}% majority class; their layer-wise claims are not judged"
-            )
-            lw = {n: r for n, r in lw.items() if n not in unlearned}
-        # extra seeds that did not learn are left out of their model's verdict
-        more = {n: [(t, r) for t, r in runs if _learned(t, majority)] for n, runs in more.items()}
-    more_probes = {n: [r for _, r in runs] for n, runs in more.items()}
-    sec.findings = _findings(res, lw, _under(res, "layerwise-shallow"), more_probes)
-    for f in sec.findings:
-        name = f.get("probe_model")
-        if name in init and name in lw:
-            apply_init_control(f, init_control(lw[name], init[name], more_probes.get(name, [])))
-    return sec
-
-
-def _tables(sec: Section, res: dict, trained: dict, lw: dict, init: dict, depth, plot) -> None:
-    """The section's tables, each experiment's beside its plots."""
-    dn = {k: v for k, v in res.items() if k == "denoise" or k.startswith("denoise/")}
-    if "denoise" in dn:
-        _denoise_table(sec, dn, plot)
+    plot = _plotter(sec, plots_dir, rel)
+    if "denoise" in res:
+        _denoise_table(sec, {k: v for k, v in res.items() if k == "denoise" or k.startswith("denoise/")}, plot)
     if "compress" in res:
         _compress_table(sec, res["compress"], plot)
     if "rank-collapse" in res:
@@ -285,6 +198,35 @@ def _tables(sec: Section, res: dict, trained: dict, lw: dict, init: dict, depth,
         _layerwise_table(sec, lw, trained, depth, plot)
     if init:
         _init_table(sec, lw, init)
+    curves = {n: t["val_curve"] for n, t in trained.items() if t.get("val_curve")}
+    rows = {n: [[p["step"], 100.0 * p["accuracy"]] for p in c if "accuracy" in p] for n, c in curves.items()}
+    caption, panels = "Validation accuracy of the probe models during training.", [("probe models", rows)]
+    sec.add_curves(panels, plots_dir / "probes_curves.png", rel, "validation accuracy (%)", "Probe models", caption)
+    if "attention-maps" in res:
+        caption = "Attention maps of the trained models (ToST Fig. 5 / FAST Fig. 4)."
+        plot("attention-maps", res["attention-maps"], caption)
+    sec.data = {k: _slim(v) for k, v in res.items()}
+    majority = 100.0 * plan.get("majority", 0.1)
+    require = plan.get("require_learned", True)
+    unlearned = sorted(n for n, t in trained.items() if require and not _learned(t, majority))
+    if unlearned:
+        sec.notes.append(
+            f"probe model(s) {', '.join(unlearned)} did not reach {common.LEARNED_MARGIN:g} points above the "
+            f"{majority:.0f}% majority class; their layer-wise claims are not judged"
+        )
+        lw = {n: r for n, r in lw.items() if n not in unlearned}
+    more: dict[str, list] = {}  # the extra seeds' probes by model, those that learned
+    for k, v in sorted(all_res.items()):
+        if k.startswith("layerwise/") and "/extra-seed" in k:
+            name, tail = k.split("/", 1)[1].split("/", 1)
+            if not require or _learned(all_res.get(f"train/{name}/{tail}", {}), majority):
+                more.setdefault(name, []).append(v)
+    sec.findings = _findings(res, lw, more)
+    for f in sec.findings:
+        name = f.get("probe_model")
+        if name in init and name in lw:
+            apply_init_control(f, init_control(lw[name], init[name], more.get(name, [])))
+    return sec
 
 
 def apply_init_control(f: dict, control: dict) -> dict:
@@ -324,28 +266,6 @@ def init_control(trained: dict, init: dict, more: list[dict] | None = None) -> d
     return {"text": text, "data": data}
 
 
-def _init_table(sec: Section, lw: dict[str, dict], init: dict[str, dict]) -> None:
-    """The claim measure of every probe model with a layer-wise claim at its random initialisation."""
-    rows = []
-    for name, r in init.items():
-        if name not in LAYERWISE_MODELS:  # no layer-wise claim: no control to read
-            continue
-        key = _measure_key(lw[name]) if name in lw else _measure_key(r)
-        if key in {k for row in r["layers"] for k in row}:
-            rows.append([name, MEASURE_LABEL.get(key, key), _series_cell(_layer_series(r, key))])
-    if rows:
-        title = "layerwise control: the probe models' architectures at random initialisation (training seed)"
-        sec.tables.append(Table(title, ["model", "measure", "layers 1 to last"], rows))
-
-
-def _series_cell(vals: list[float]) -> str:
-    return ", ".join(fmt(v, ".4g") for v in vals)
-
-
-def _learned(t: dict, majority: float) -> bool:
-    return t.get("accuracy") is not None and common.learned([100.0 * _num(t["accuracy"])], majority)
-
-
 def _plotter(sec: Section, plots_dir, rel):
     """``plot(name, result, caption)``: draw ``result`` with its experiment's plotter into the section's plots."""
     from attnzoo.analysis.experiments import PLOTTERS
@@ -362,16 +282,14 @@ def _plotter(sec: Section, plots_dir, rel):
 
 
 def _denoise_table(sec: Section, dn: dict[str, dict], plot) -> None:
-    """AoT eq 3: SNR per layer of every η run, and their plots."""
+    """AoT eq 3: SNR per layer of every η run but the matched one, and their plots."""
     runs = [k for k in dn if not k.endswith("-matched")]
     cols, series = [], []
     for k in runs:
-        eta = _num(dn[k]["params"]["eta"])
         for phi, vals in dn[k]["snr"].items():
-            cols.append(f"SNR, φ={phi}, η={eta:g}")
+            cols.append(f"SNR, φ={phi}, η={_num(dn[k]['params']['eta']):g}")
             series.append([_num(x) for x in vals])
-    n_rows = max(len(v) for v in series)
-    rows = [[i] + [fmt(v[i], ".3g") if i < len(v) else "-" for v in series] for i in range(n_rows)]
+    rows = [[i] + [fmt(v[i], ".3g") if i < len(v) else "-" for v in series] for i in range(max(map(len, series)))]
     sec.tables.append(Table("denoise (AoT eq 3 on Definition 1 data): mean SNR per layer", ["layer"] + cols, rows))
     for k in runs:
         plot(k, dn[k], f"AoT Fig. 4: SNR per layer, η={_num(dn[k]['params']['eta']):g}.")
@@ -399,14 +317,14 @@ def _rank_collapse_table(sec: Section, r: dict, plot) -> None:
 
 
 def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict], depth, plot) -> None:
-    """Per probe model: its claim's measure and the one the paper's figure plots per layer, and its plot."""
+    """Per probe model with a claim: its claim's measure and the one the paper's figure plots per layer."""
     rows, shown = [], set()
     for name, r in lw.items():
         plot(f"layerwise/{name}", r, f"Per-layer measures: {name}.")
         if name not in LAYERWISE_MODELS:  # no layer-wise claim (its measures are in the plot)
             continue
-        t = trained.get(name, {})
-        acc = fmt(_num(t.get("accuracy")) * 100 if t.get("accuracy") is not None else math.nan, ".1f")
+        acc = trained.get(name, {}).get("accuracy")
+        acc = fmt(_num(acc) * 100 if acc is not None else math.nan, ".1f")
         claim, lit = _measure_key(r), _literal_key(r)
         keys = [claim] + ([lit] if lit != claim and claim != "coding_rate" and lit in r["series"] else [])
         for i, key in enumerate(keys):
@@ -428,6 +346,44 @@ def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict]
     )
 
 
+def _init_table(sec: Section, lw: dict[str, dict], init: dict[str, dict]) -> None:
+    """The claim measure of every probe model with a layer-wise claim at its random initialisation."""
+    rows = []
+    for name, r in init.items():
+        if name not in LAYERWISE_MODELS:  # no layer-wise claim: no control to read
+            continue
+        key = _measure_key(lw.get(name, r))
+        if vals := _layer_series(r, key):
+            rows.append([name, MEASURE_LABEL.get(key, key), _series_cell(vals)])
+    if rows:
+        title = "layerwise control: the probe models' architectures at random initialisation (training seed)"
+        sec.tables.append(Table(title, ["model", "measure", "layers 1 to last"], rows))
+
+
+def _num(v) -> float:
+    """JSON numbers back to floats (the analysis package writes non-finite values as strings)."""
+    return math.nan if v is None else float(v)
+
+
+def _under(res: dict, prefix: str) -> dict:
+    """The results whose label starts with ``prefix/``, by the rest of the label."""
+    return {k.split("/", 1)[1]: v for k, v in res.items() if k.startswith(prefix + "/")}
+
+
+def _slim(r: dict) -> dict:
+    """The numbers worth keeping in results.json (point clouds and maps stay in the step files)."""
+    drop = {"points", "labels", "directions", "cls_maps", "matrices", "snr_per_cluster", "curve"}
+    return {k: v for k, v in r.items() if k not in drop}
+
+
+def _series_cell(vals: list[float]) -> str:
+    return ", ".join(fmt(v, ".4g") for v in vals)
+
+
+def _learned(t: dict, majority: float) -> bool:
+    return t.get("accuracy") is not None and common.learned([100.0 * _num(t["accuracy"])], majority)
+
+
 def _mechanism(r: dict) -> str | None:
     return r["layers"][0]["mechanism"] if r.get("layers") else None
 
@@ -435,15 +391,13 @@ def _mechanism(r: dict) -> str | None:
 def _measure_key(r: dict) -> str:
     """The claim measure: ToST's R^var_c for TSSA, CRATE's R^c otherwise, R(Z) without subspace bases."""
     keys = {k for row in r["layers"] for k in row}
-    for k in (_CLAIM_MEASURE.get(_mechanism(r)), _DEFAULT_MEASURE, "compression"):
-        if k and k in keys:
-            return k
-    return "coding_rate"
+    own = ["variational_compression"] if _mechanism(r) == "tssa" else []
+    return next((k for k in [*own, "crate_compression", "compression"] if k in keys), "coding_rate")
 
 
 def _literal_key(r: dict) -> str:
-    """The measure the paper's figure plots for the probe's mechanism."""
-    return _LITERAL_MEASURE.get(_mechanism(r), _DEFAULT_LITERAL)
+    """The measure the paper's figure plots: ToST Fig. 4a the TSSA blocks' outputs, CBSA Fig. 5 raw eq 2."""
+    return "variational_compression_out" if _mechanism(r) == "tssa" else "compression"
 
 
 def _layer_series(r: dict, key: str) -> list[float]:
@@ -472,23 +426,12 @@ def _downs(vals: list[float], start: int) -> int:
     return sum(1 for a, b in zip(vals[start:], vals[start + 1 :], strict=False) if b < a)
 
 
-def _slim(r: dict) -> dict:
-    """The numbers worth keeping in results.json (point clouds and maps stay in the step files)."""
-    drop = {"points", "labels", "directions", "cls_maps", "matrices", "snr_per_cluster", "curve"}
-    return {k: v for k, v in r.items() if k not in drop}
-
-
 def _fall_verdict(vals: list[float], start: int) -> str:
     """agrees: falls from ``start`` with at least half the steps falling; disagrees: rises with fewer."""
-    n = len(vals) - 1 - start
-    d, downs = _delta(vals, start), _downs(vals, start)
+    n, d, downs = len(vals) - 1 - start, _delta(vals, start), _downs(vals, start)
     if n < 1 or not math.isfinite(d):
         return "inconclusive"
-    if d < 0 and 2 * downs >= n:
-        return "agrees"
-    if d > 0 and 2 * downs < n:
-        return "disagrees"
-    return "inconclusive"
+    return "agrees" if d < 0 and 2 * downs >= n else "disagrees" if d > 0 and 2 * downs < n else "inconclusive"
 
 
 def _seeds_verdict(mean: list[float], runs: list[list[float]], start: int) -> str:
@@ -499,40 +442,36 @@ def _seeds_verdict(mean: list[float], runs: list[list[float]], start: int) -> st
 
 
 def _describe(vals: list[float], start: int) -> str:
-    n = len(vals) - 1 - start
     return (
         f"layer {start + 1} → {len(vals)}: {vals[start]:.4g} → {vals[-1]:.4g} ({_delta(vals, start):+.4g}; "
-        f"{_downs(vals, start)} of {n} steps fall)"
+        f"{_downs(vals, start)} of {len(vals) - 1 - start} steps fall)"
     )
 
 
-def _findings(res, lw, shallow=None, more=None) -> list[dict]:
-    shallow, more = shallow or {}, more or {}
+def _findings(res, lw, more=None) -> list[dict]:
+    more = more or {}
     out = []
-    if "denoise" in res:
-        out += [_threshold_denoise_finding(res), _softmax_denoise_finding(res)]
+    if "denoise" in res:  # the runs at the first η, at the small η, and at the small η with the first run's ηL
+        small = next((v for k, v in res.items() if k.startswith("denoise/") and not k.endswith("-matched")), None)
+        matched = next((v for k, v in res.items() if k.startswith("denoise/") and k.endswith("-matched")), None)
+        out += [
+            _threshold_denoise_finding(res["denoise"], small),
+            _softmax_denoise_finding(res["denoise"], small, matched),
+        ]
     if "compress" in res:
         out.append(_compress_finding(res["compress"]))
     if "rank-collapse" in res:
         out.extend(_rank_collapse_findings(res["rank-collapse"]))
     for name, r in lw.items():
-        f = _layerwise_finding(name, r, shallow.get(name), more.get(name, []))
+        f = _layerwise_finding(name, r, more.get(name, []))
         if f is not None:
             f["probe_model"] = name  # its random-initialisation control is attached by name
             out.append(f)
     return out
 
 
-def _denoise_runs(res: dict) -> tuple[dict, dict | None, dict | None]:
-    """The denoise runs: at the first η, at the small η, and at the small η with the first run's ηL."""
-    small = next((v for k, v in res.items() if k.startswith("denoise/") and not k.endswith("-matched")), None)
-    matched = next((v for k, v in res.items() if k.startswith("denoise/") and k.endswith("-matched")), None)
-    return res["denoise"], small, matched
-
-
-def _threshold_denoise_finding(res) -> dict:
+def _threshold_denoise_finding(r: dict, small: dict | None) -> dict:
     """AoT Theorem 1 with the thresholded φ, judged at the first η; the small η's growth is reported beside it."""
-    r, small, _ = _denoise_runs(res)
     fit, theory = _num(r["growth_factor_fit"]["threshold"]), _num(r["growth_factor_theory"])
     eta = _num(r["params"]["eta"])
     measured = f"η={eta:g}: fitted x{fit:.4f} per layer"
@@ -541,61 +480,46 @@ def _threshold_denoise_finding(res) -> dict:
             f"; η={_num(small['params']['eta']):g}: x{_num(small['growth_factor_fit']['threshold']):.4f} "
             f"(1+ητ = {_num(small['growth_factor_theory']):.4f})"
         )
-    kw = paper_claims.finding_kw("aot-thm1-denoise")
-    return _finding(
-        **{**kw, "paper_value": kw["paper_value"].format(theory=theory, eta=eta)},
-        measured=measured,
-        verdict="agrees" if fit >= theory * 0.995 else "disagrees",
-        rule="agrees if the fitted growth is at least 99.5% of 1+ητ (at the first η)",
-    )
+    rule = "agrees if the fitted growth is at least 99.5% of 1+ητ (at the first η)"
+    holds = fit >= theory * 0.995
+    return common.measured_finding("aot-thm1-denoise", measured, holds, rule, "paper", theory=theory, eta=eta)
 
 
-def _softmax_snr(r: dict) -> list[float]:
-    """Mean SNR per layer of a denoise run with the plain soft-max φ."""
-    return [_num(x) for x in r["snr"]["softmax"]]
-
-
-def _rises(vals: list[float]) -> bool:
-    return all(b > a for a, b in zip(vals, vals[1:], strict=False))
-
-
-def _describe_softmax_run(r: dict) -> str:
-    snr = _softmax_snr(r)
+def _softmax_run(r: dict) -> tuple[str, bool]:
+    """A denoise run with the plain soft-max φ in words, and whether its SNR rises at every layer."""
+    snr = [_num(x) for x in r["snr"]["softmax"]]
+    rises = all(b > a for a, b in zip(snr, snr[1:], strict=False))
     at = int(np.nanargmax(snr))
     return (
         f"η={_num(r['params']['eta']):g}, {len(snr) - 1} layers: SNR {snr[0]:.3g} → {snr[-1]:.3g} "
         f"(fitted x{_num(r['growth_factor_fit']['softmax']):.4f}/layer; "
-        + ("rises at every layer)" if _rises(snr) else f"peaks at {snr[at]:.3g} at layer {at}, then falls)")
-    )
+        + ("rises at every layer)" if rises else f"peaks at {snr[at]:.3g} at layer {at}, then falls)")
+    ), rises
 
 
-def _softmax_denoise_finding(res) -> dict:
+def _softmax_denoise_finding(big: dict, small: dict | None, matched: dict | None) -> dict:
     """AoT Fig. 4 with the soft-max φ, judged at the small η (the larger η and same-ηL runs explain it)."""
-    big, small, matched = _denoise_runs(res)
     judged = small if small is not None else big
     expl = []
     if small is not None:
-        expl.append(f"the paper gives no η for Fig. 4; at the larger step {_describe_softmax_run(big)}")
+        expl.append(f"the paper gives no η for Fig. 4; at the larger step {_softmax_run(big)[0]}")
     if matched is not None:
         expl.append(
-            f"same total step ηL, {_describe_softmax_run(matched)}: the soft-max rise lasts a bounded ηL, "
-            "unlike Theorem 1's thresholded φ"
+            f"same total step ηL, {_softmax_run(matched)[0]}: the soft-max rise lasts a bounded ηL, unlike Theorem 1's "
+            "thresholded φ"
         )
-    return _finding(
-        **paper_claims.finding_kw("aot-f4-softmax-denoise"),
-        measured=_describe_softmax_run(judged),
-        verdict="agrees" if _rises(_softmax_snr(judged)) else "disagrees",
-        rule=f"at η={_num(judged['params']['eta']):g}: agrees if the SNR rises at every layer",
-        explanation="; ".join(expl),
-    )
+    measured, rises = _softmax_run(judged)
+    rule = f"at η={_num(judged['params']['eta']):g}: agrees if the SNR rises at every layer"
+    f = common.measured_finding("aot-f4-softmax-denoise", measured, rises, rule, "paper")
+    f["explanation"] = "; ".join(expl)
+    return f
 
 
 def _compress_finding(r: dict) -> dict:
     rate = [_num(x) for x in r["coding_rate"]]
     measured = f"coding rate {rate[0]:.4g} → {rate[-1]:.4g} over {len(rate) - 1} iterations"
-    return common.measured_finding(
-        "cbsa-f4-compress", measured, rate[-1] < rate[0], "agrees if the final rate < initial", "paper"
-    )
+    rule = "agrees if the final rate < initial"
+    return common.measured_finding("cbsa-f4-compress", measured, rate[-1] < rate[0], rule, "paper")
 
 
 def _rank_collapse_findings(r: dict) -> list[dict]:
@@ -610,12 +534,22 @@ def _rank_collapse_findings(r: dict) -> list[dict]:
     return [common.measured_finding("csp-thm1-rank", measured, holds, rule, "paper")]
 
 
-def _layerwise_finding(name: str, r: dict, shallow: dict | None, more: list | None = None) -> dict | None:
-    """A probe model's layer-wise claim on its claim measure (seed-mean series over more seeds)."""
+def _layerwise_claim(name: str, key: str, n_layers: int) -> tuple[int, str, str]:
+    """``(start, claim id, rule)``: ToST's claim spans all layers, CBSA's / CRATE's the latter half."""
+    if key == "variational_compression":  # ToST Fig. 4a: "mostly decreases by layer" over all layers
+        return 0, "tost-f4a-compression", f"fall rule over all layers (1-{n_layers})"
+    start = _half_start(n_layers)  # CBSA Fig. 5 / CRATE: consecutive compression over the latter half
+    return start, f"cbsa-f5-compression#{name}", f"fall rule over the latter half (layers {start + 1}-{n_layers})"
+
+
+def _layerwise_finding(name: str, r: dict, more: list | None = None) -> dict | None:
+    """A probe model's layer-wise claim on its claim measure (the seed-mean series over more seeds), gated where the
+    measure the paper's figure plots gives another verdict (ToST Fig. 4a)."""
     key = _measure_key(r)
     if key == "coding_rate":
         return None  # no subspace bases: the paper's compression term is not defined for this mechanism
-    mean, runs = _seed_mean(key, [r, *(more or [])])
+    probes_ = [r, *(more or [])]
+    mean, runs = _seed_mean(key, probes_)
     if len(mean) < 2:
         return None
     start, claim_id, rule = _layerwise_claim(name, key, len(mean))
@@ -627,65 +561,13 @@ def _layerwise_finding(name: str, r: dict, shallow: dict | None, more: list | No
         rule = f"{rule}, {len(runs)} seeds"
     verdict = _seeds_verdict(mean, runs, start)
     f = common.measured_finding(claim_id, measured, verdict, rule, "paper", len(runs), name=name)
-    if verdict != "agrees":
-        f["explanation"] = ("base seed's model: " if len(runs) > 1 else "") + _layerwise_explanation(
-            key, start, r, shallow
-        )
-    elif len(runs) == 1 and key != "compression" and _literal_key(r) != "compression" and "compression" in r["series"]:
-        # (where raw eq 2 is the figure's own measure, :func:`_literal_gate` states its verdict as the gate)
-        raw = _layer_series(r, "compression")
-        if _fall_verdict(raw, start) != "agrees":  # the definition decides: say so beside the agreement
-            f["explanation"] = f"raw eq 2 (ε = 0.5): {_describe(raw, start)}, {_fall_verdict(raw, start)}"
-    return _literal_gate(f, name, key, [r, *(more or [])] if len(runs) > 1 else [r])
-
-
-def _literal_gate(f: dict, name: str, key: str, probes_: list[dict]) -> dict:
-    """Gate a decided verdict where the measure the paper's figure plots gives another verdict (ToST Fig. 4a)."""
-    lit = _literal_key(probes_[0])
-    if lit == key or f["verdict"] == "inconclusive":
+    lit = _literal_key(r)
+    lit_mean, lit_runs = _seed_mean(lit, probes_ if len(runs) > 1 else [r], len(mean))
+    if lit == key or verdict == "inconclusive" or not lit_runs:
         return f
-    n = len(_layer_series(probes_[0], key))
-    mean, series = _seed_mean(lit, probes_, n)
-    if not series:
-        return f
-    start, claim_id, _ = _layerwise_claim(name, key, n)
-    lv = _seeds_verdict(mean, series, start)
-    f["literal_measure"] = {"measure": MEASURE_LABEL[lit], "verdict": lv, "series": mean}
-    if lv != f["verdict"]:
-        reference = paper_claims.get(claim_id).reference
-        why = f"{reference} plots ({MEASURE_LABEL[lit]}) gives {lv} ({_describe(mean, start)})"
-        claims.gate(f, why, "conditions")
+    lv = _seeds_verdict(lit_mean, lit_runs, start)
+    f["literal_measure"] = {"measure": MEASURE_LABEL[lit], "verdict": lv, "series": lit_mean}
+    if lv != verdict:
+        why = f"{paper_claims.get(claim_id).reference} plots ({MEASURE_LABEL[lit]}) gives {lv}"
+        claims.gate(f, f"{why} ({_describe(lit_mean, start)})", "conditions")
     return f
-
-
-def _layerwise_claim(name: str, key: str, n_layers: int) -> tuple[int, str, str]:
-    """``(start, claim id, rule)``: ToST's claim spans all layers, CBSA's / CRATE's the latter half."""
-    if key == "variational_compression":  # ToST Fig. 4a: "mostly decreases by layer" over all layers
-        return 0, "tost-f4a-compression", f"fall rule over all layers (1-{n_layers})"
-    # CBSA Fig. 5 / CRATE: consecutive compression over the latter half of the layers
-    start = _half_start(n_layers)
-    return start, f"cbsa-f5-compression#{name}", f"fall rule over the latter half (layers {start + 1}-{n_layers})"
-
-
-def _layerwise_explanation(key: str, start: int, r: dict, shallow: dict | None) -> str:
-    """The other measures on the same model and the same one on the shallow vision model, in words."""
-    parts, agreeing = [], []
-    for k in _ABLATION_MEASURES:
-        if k == key or k not in r["series"]:
-            continue
-        vals = _layer_series(r, k)
-        v = _fall_verdict(vals, start)
-        if v == "agrees":
-            agreeing.append(MEASURE_LABEL[k])
-        parts.append(f"{MEASURE_LABEL[k]}: {_describe(vals, start)}, {v}")
-    if shallow is not None and key in shallow["series"]:
-        vals = _layer_series(shallow, key)
-        parts.append(f"depth-{len(vals)} vision model: {_series_cell(vals)}")
-    if not parts:
-        return "no ablation available for this model"
-    reading = (
-        f"the verdict depends on the definition: it agrees under {', '.join(agreeing)}"
-        if agreeing
-        else "no other definition reverses the verdict"
-    )
-    return "other measures: " + "; ".join(parts) + f". {reading}"

@@ -1,6 +1,5 @@
 """Segmentation on scenes with exact masks: zero-shot [CLS] maps (CBSA Tables 5-6, Fig. 7; ToST Fig. 5) against
-untrained controls, and the segmentation decoders of CBSA Fig. 8 (mIoU, FLOPs, robustness to noise).
-"""
+untrained controls, and the segmentation decoders of CBSA Fig. 8 (mIoU, FLOPs, robustness to noise)."""
 
 from __future__ import annotations
 
@@ -40,17 +39,19 @@ PAPER_T6 = {
     "crate": (0.34, 0.45, 0.51, 0.48, 0.53, 0.56, 0.53, 0.57, 0.55, 0.52, 0.50, 0.39),
     "cbt": (0.39, 0.41, 0.43, 0.42, 0.37, 0.40, 0.38, 0.33, 0.35, 0.34, 0.36, 0.33),
 }
+#: Table 6's later-half means (L7-L12), beside the persistence claim's figure
+PAPER_T6_LATER = {n: sum(v[len(v) // 2 :]) / (len(v) - len(v) // 2) for n, v in PAPER_T6.items()}
 #: Table 5's ranking as adjacent pairs (a beats b), each a test of ``cbsa-t5-ranking`` with the paper's own effect
 RANKING = (("crate_cbt", "crate"), ("crate", "cbt"), ("cbt", "tost"))
 TARGETS = ("foreground", "background", "boundary")
-#: the Fig. 8 decoders: the kind :func:`build_segmenter` takes -> how the report names it
-DECODERS = {"mask_transformer": "Segmenter (softmax mask transformer)", "cbsa": "CBSA layers, no feed-forward"}
-#: decoder kind -> the ``attnzoo train`` preset that trains it (both on a ``vit_s`` encoder)
-DECODER_PRESETS = {"mask_transformer": "scenes_segmenter_small", "cbsa": "scenes_cbsa_decoder_small"}
-#: the encoder both decoder presets build
+#: the Fig. 8 decoders, both on a ``vit_s`` encoder: kind -> (its ``attnzoo train`` preset, how the report names it)
+DECODERS = {
+    "mask_transformer": ("scenes_segmenter_small", "Segmenter (softmax mask transformer)"),
+    "cbsa": ("scenes_cbsa_decoder_small", "CBSA layers, no feed-forward"),
+}
 DECODER_ENCODER = "vit_s"
 
-#: a classifier learned the scenes when its accuracy clears chance (10 classes) by this many points
+#: chance accuracy of the scenes' 10 classes (%): a classifier near it did not learn
 CHANCE = 10.0
 #: a decoder learned when its mIoU clears the all-background prediction's by this many points
 DECODER_MARGIN = 5.0
@@ -59,24 +60,21 @@ FLOPS_PAPER = 0.2
 FLOPS_BOUND = 2 * FLOPS_PAPER
 
 
-def _known(names: list[str], what: str) -> list[str]:
-    common.check_known(names, MODELS, f"segmentation {what}")
-    return names
-
-
 def models_of(plan: dict) -> list[str]:
-    """The plan's trained models, checked."""
-    return _known(list(plan["models"]), "model")
+    common.check_known(plan["models"], MODELS, "segmentation model")
+    return list(plan["models"])
 
 
 def controls_of(plan: dict) -> list[str]:
-    """The models whose untrained copies are analysed as controls (those of the plan's models it names)."""
-    return _known(list(plan.get("controls", ["tost", "crate_cbt"])), "control")
+    """The models whose untrained copies are analysed as controls."""
+    names = list(plan.get("controls", ["tost", "crate_cbt"]))
+    common.check_known(names, MODELS, "segmentation control")
+    return names
 
 
 def plateau_rows_of(plan: dict) -> list[str]:
-    """The models also trained at twice the steps on every seed (``plateau_rows``: the persistence claim's pair)."""
-    rows = _known(list(plan.get("plateau_rows", [])), "plateau row")
+    """The models also trained at twice the steps on every seed (the persistence claim's pair)."""
+    rows = list(plan.get("plateau_rows", []))
     if missing := sorted(set(rows) - set(models_of(plan))):
         raise ValueError(f"plateau_rows {missing} are not models of this segmentation plan; models: {models_of(plan)}")
     return rows
@@ -86,28 +84,21 @@ def _preset(name: str, plan: dict, model_options: dict, settings: dict) -> dict:
     """An ``attnzoo train`` preset at the plan's task options, ``model_options`` and ``settings`` (no logging keys)."""
     from attnzoo.train.config import preset_path, read_yaml
 
-    cfg = dict(read_yaml(preset_path(name)))
-    for k in ("description", "eval_every", "ckpt_every", "log_every"):
-        cfg.pop(k, None)
+    logging = ("description", "eval_every", "ckpt_every", "log_every")
+    cfg = {k: v for k, v in read_yaml(preset_path(name)).items() if k not in logging}
     cfg["task_options"] = {**cfg["task_options"], **plan.get("task_options", {})}
     cfg["model_options"] = {**cfg["model_options"], **model_options}
-    cfg.update(settings)
-    cfg.update(amp="off", compile=False, keep_checkpoints=1)
+    cfg.update(settings, amp="off", compile=False, keep_checkpoints=1)
     return cfg
-
-
-def row_arch(plan: dict, name: str) -> dict:
-    """Row ``name``'s architecture overrides (``plan["row_arch"]``), every entry checked to name a row of the plan."""
-    overrides = plan.get("row_arch", {})
-    rows = sorted(set(models_of(plan)) | set(controls_of(plan)))
-    if unknown := sorted(set(overrides) - set(rows)):
-        raise ValueError(f"row_arch names {unknown}, not rows of this segmentation plan; valid rows: {rows}")
-    return dict(overrides.get(name, {}))
 
 
 def row_config(plan: dict, name: str, seed: int) -> dict:
     """The training config of ``name``: its preset at the plan's data, ``arch``, ``row_arch`` and ``train``."""
-    arch = {**plan["arch"], **row_arch(plan, name)}
+    overrides = plan.get("row_arch", {})
+    rows = sorted(set(models_of(plan)) | set(controls_of(plan)))
+    if unknown := sorted(set(overrides) - set(rows)):
+        raise ValueError(f"row_arch names {unknown}, not rows of this segmentation plan; valid rows: {rows}")
+    arch = {**plan["arch"], **overrides.get(name, {})}
     return _preset(MODELS[name][0], plan, arch, {**plan["train"], "seed": seed})
 
 
@@ -115,14 +106,12 @@ def decoder_config(plan: dict, kind: str, seed: int) -> dict:
     """The training config of the ``kind`` decoder: its preset at the plan's ``decoders`` settings."""
     dec = plan["decoders"]
     if (encoder := dec.get("encoder", DECODER_ENCODER)) != DECODER_ENCODER:
-        raise ValueError(
-            f"segmentation decoders' encoder {encoder!r} is not one the decoder presets build; valid: "
-            f"[{DECODER_ENCODER!r}]"
-        )
+        why = "is not one the decoder presets build"
+        raise ValueError(f"segmentation decoders' encoder {encoder!r} {why}; valid: [{DECODER_ENCODER!r}]")
     options = {**dec["encoder_options"], "decoder_depth": dec["decoder_depth"]}
     settings = {k: dec[k] for k in ("steps", "batch_size", "lr")}
     settings.update(warmup_steps=dec.get("warmup_steps", 0), seed=seed)
-    return _preset(DECODER_PRESETS[kind], plan, options, settings)
+    return _preset(DECODERS[kind][0], plan, options, settings)
 
 
 def decoder_lrs(plan: dict) -> list[float]:
@@ -132,15 +121,20 @@ def decoder_lrs(plan: dict) -> list[float]:
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     """The sweeps, then per seed each model's training, its zero-shot analysis, the controls' and the decoders'."""
-    names = models_of(plan)
+    names, decoders = models_of(plan), DECODERS if plan.get("decoders") else {}
     common.check_sweep_extra(plan, names)
-    steps = _sweep_steps(plan, seed)
+    off = seed + common.SWEEP_SEED_OFFSET  # every rate of each model's and decoder's grid, on the sweep seed
+    grids = [(f"{KEY}/{n}", row_config(plan, n, off), common.row_lrs(plan, n)) for n in names]
+    grids += [(f"{KEY}/decoders/{k}", decoder_config(plan, k, off), decoder_lrs(plan)) for k in decoders]
+    sweep = [
+        (common.sweep_id(base, lr), {"train": common.sweep_train(dict(cfg, lr=lr), plan)})
+        for base, cfg, lrs in grids
+        for lr in lrs
+    ]
+    steps = [common.section_step(KEY, sid, cfg, _train) for sid, cfg in sweep]
     for s in common.seed_list(plan, seed):
-        probe = {  # the overlays are drawn from the first seed's maps
-            "images": plan.get("images", 128),
-            "mass": plan.get("mass", 0.6),
-            "overlays": plan.get("overlays", 2) if s == seed else 0,
-        }
+        probe = {"images": plan.get("images", 128), "mass": plan.get("mass", 0.6)}
+        probe["overlays"] = plan.get("overlays", 2) if s == seed else 0  # drawn from the first seed's maps
         for name in names:
             steps += _trained_row_steps(plan, name, s, row_config(plan, name, s), probe)
         for name in plateau_rows_of(plan):  # the row's own rate, twice the steps
@@ -149,9 +143,8 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         for name in controls_of(plan):
             cid = common.seeded_id(f"{KEY}/zero-shot-init/{name}", s)
             config = {"experiment": "zero-shot-init", "train": row_config(plan, name, s), **probe}
-            steps.append(common.section_step(KEY, cid, config, _zero_shot_init))
-        if plan.get("decoders"):
-            steps += _decoder_steps(plan, s)
+            steps.append(common.section_step(KEY, cid, config, _zero_shot))
+        steps += _decoder_steps(plan, s) if decoders else []
     return steps
 
 
@@ -165,88 +158,50 @@ def _trained_row_steps(plan: dict, name: str, seed: int, train: dict, probe: dic
     return [common.section_step(KEY, tid, cfg, _train), common.section_step(KEY, zid, config, _zero_shot, (tid,))]
 
 
-def _sweep_steps(plan: dict, seed: int) -> list[Step]:
-    """Each model's and each decoder's runs at every rate of its grid, on the sweep seed."""
-    off = seed + common.SWEEP_SEED_OFFSET
-    grids = [(f"{KEY}/{n}", row_config(plan, n, off), common.row_lrs(plan, n), _train) for n in models_of(plan)]
-    if plan.get("decoders"):
-        grids += [
-            (f"{KEY}/decoders/{k}", decoder_config(plan, k, off), decoder_lrs(plan), _train_decoder) for k in DECODERS
-        ]
-    return [
-        common.section_step(KEY, common.sweep_id(base, lr), {"train": common.sweep_train(dict(cfg, lr=lr), plan)}, fn)
-        for base, cfg, lrs, fn in grids
-        for lr in lrs
-    ]
-
-
 def _decoder_steps(plan: dict, seed: int) -> list[Step]:
     """One seed's decoders: each kind trained (at its sweep's best rate), then both measured together."""
-    dec, steps, runs, trained = plan["decoders"], [], {}, {}
-    for kind in DECODERS:
-        tid = common.seeded_id(f"{KEY}/decoders/{kind}", seed)
-        cfg = common.tuned(
-            {"train": decoder_config(plan, kind, seed)}, f"{KEY}/decoders", kind, decoder_lrs(plan), "miou", True
-        )
-        steps.append(common.section_step(KEY, tid, cfg, _train_decoder))
-        runs[kind], trained[kind] = tid, cfg
-    did = common.seeded_id(f"{KEY}/decoders", seed)
-    config = {
-        "experiment": "decoders",
-        "task_options": plan.get("task_options", {}),
-        "encoder_options": dec["encoder_options"],
-        "runs": runs,
-        "trained": trained,  # the runs' configs: a changed run changes this step's hash, so it is measured again
-        "sigmas": list(dec["sigmas"]),
-        "draws": dec["draws"],
-        "images": dec["images"],
-        "seed": seed,
+    dec, lrs = plan["decoders"], decoder_lrs(plan)
+    runs = {k: common.seeded_id(f"{KEY}/decoders/{k}", seed) for k in DECODERS}
+    trained = {
+        k: common.tuned({"train": decoder_config(plan, k, seed)}, f"{KEY}/decoders", k, lrs, "miou", True)
+        for k in DECODERS
     }
-    steps.append(common.section_step(KEY, did, config, _decoders, tuple(runs.values())))
-    return steps
+    # the runs' configs ride along: a changed run changes the measurement's hash, so it is measured again
+    config = dict(
+        experiment="decoders", task_options=plan.get("task_options", {}), runs=runs, trained=trained, seed=seed
+    )
+    config.update(sigmas=list(dec["sigmas"]), **{k: dec[k] for k in ("encoder_options", "draws", "images")})
+    measure = common.section_step(KEY, common.seeded_id(f"{KEY}/decoders", seed), config, _decoders, (*runs.values(),))
+    return [*(common.section_step(KEY, runs[k], trained[k], _train) for k in DECODERS), measure]
 
 
 # ---- steps --------------------------------------------------------------------------------------------------
 
 
 def _train(ctx: Context, step: Step) -> dict:
-    """One classifier trained by ``attnzoo train``: its validation accuracy and parameters."""
+    """One ``attnzoo train`` run: a classifier's accuracy and parameters, or a decoder's whole-validation-set mIoU."""
     rec = common.train_run(ctx, step.id, step.config["train"], sweep=step.config.get("sweep"))
-    params = common.num_params(common.load_trained(rec["run_dir"]))
-    return {"accuracy": rec["val"].get("accuracy"), "val_loss": rec["val"].get("loss"), "params": params, **_run(rec)}
-
-
-def _train_decoder(ctx: Context, step: Step) -> dict:
-    """One decoder trained by ``attnzoo train`` on ``scenes_segmentation``: its whole-validation-set mIoU."""
-    rec = common.train_run(ctx, step.id, step.config["train"], sweep=step.config.get("sweep"))
-    val = {k: rec["val"].get(k) for k in ("miou", "pixel_accuracy")}
-    return {**val, "val_loss": rec["val"].get("loss"), **_run(rec)}
-
-
-def _run(rec: dict) -> dict:
-    return {k: rec[k] for k in ("run_dir", "lr", "curve", "val_curve")}
+    val = rec["val"]
+    if step.config["train"]["task"] == "scenes_segmentation":
+        out = {"miou": val.get("miou"), "pixel_accuracy": val.get("pixel_accuracy")}
+    else:
+        out = {"accuracy": val.get("accuracy"), "params": common.num_params(common.load_trained(rec["run_dir"]))}
+    return {**out, "val_loss": val.get("loss"), **{k: rec[k] for k in ("run_dir", "lr", "curve", "val_curve")}}
 
 
 def _zero_shot(ctx: Context, step: Step) -> dict:
-    """Zero-shot segmentation of a trained run's [CLS] maps on the validation scenes (its final checkpoint)."""
-    from attnzoo.analysis.segment import load_scenes_run
-
-    model, scenes, _ = load_scenes_run(ctx.store.run_dir(step.config["source"]))
-    return _score(model, scenes, step.config)
-
-
-def _zero_shot_init(_ctx: Context, step: Step) -> dict:
-    """The same analysis of the architecture as its training seed initialises it (no step taken)."""
-    model, task = common.untrained_model(step.config["train"])
-    return _score(model, task.val, step.config)
-
-
-def _score(model, scenes, cfg: dict) -> dict:
+    """Zero-shot segmentation by the [CLS] maps on the validation scenes: of a trained run's final checkpoint, or
+    (``zero-shot-init``) of the architecture as its training seed initialises it."""
     from attnzoo.analysis.io import to_jsonable
-    from attnzoo.analysis.segment import zero_shot_segmentation
+    from attnzoo.analysis.segment import load_scenes_run, zero_shot_segmentation
 
-    images = min(cfg["images"], len(scenes))
-    res = zero_shot_segmentation(model, scenes, images=images, mass=cfg["mass"])
+    cfg = step.config
+    if cfg["experiment"] == "zero-shot-init":
+        model, task = common.untrained_model(cfg["train"])
+        scenes = task.val
+    else:
+        model, scenes, _ = load_scenes_run(ctx.store.run_dir(cfg["source"]))
+    res = zero_shot_segmentation(model, scenes, images=min(cfg["images"], len(scenes)), mass=cfg["mass"])
     if cfg["overlays"]:
         res["overlays"] = _overlay_data(model, scenes, cfg["overlays"], cfg["mass"])
     return to_jsonable(res)
@@ -260,14 +215,12 @@ def _overlay_data(model, scenes, n: int, mass: float) -> dict:
 
     idx = np.arange(min(n, len(scenes)))
     (x,), _ = scenes.get_batch(idx)
-    found = cls_attention_maps(model.eval(), x)
     fg = scenes.masks(idx)["foreground"]
     layers = []
-    for entry in found:
+    for entry in cls_attention_maps(model.eval(), x):
         maps = entry["maps"].detach().cpu()  # (B, H, Hg, Wg)
         pred = upsample_masks(threshold_mass(maps, mass), tuple(fg.shape[-2:]))
-        best = iou(pred, fg.unsqueeze(1)).argmax(1)  # (B,)
-        chosen = maps[torch.arange(len(idx)), best]
+        chosen = maps[torch.arange(len(idx)), iou(pred, fg.unsqueeze(1)).argmax(1)]
         layers.append({"mechanism": entry["mechanism"], "maps": np.round(chosen.numpy(), 5).tolist()})
     pixels = np.round(scenes.pixels(idx) * 255).astype(np.uint8)
     return {"pixels": pixels.tolist(), "foreground": fg.numpy().astype(np.uint8).tolist(), "layers": layers}
@@ -275,54 +228,39 @@ def _overlay_data(model, scenes, n: int, mass: float) -> dict:
 
 def _decoders(ctx: Context, step: Step) -> dict:
     """CBSA Fig. 8 on scenes: both trained decoders measured on the same scenes, and the all-background mIoU."""
+    import torch
+
     from attnzoo.analysis.io import to_jsonable
-    from attnzoo.analysis.segment_decoders import sweep_runs
+    from attnzoo.analysis.segment_decoders import confusion_matrix, load_segmenter_run, mean_iou, sweep_runs
 
     cfg = step.config
     runs = [ctx.store.run_dir(cfg["runs"][kind]) for kind in ("cbsa", "mask_transformer")]
     res = sweep_runs(runs, list(cfg["sigmas"]), draws=cfg["draws"], images=cfg["images"], seed=cfg["seed"])
-    res["background_miou"] = _background_miou(runs[0], cfg["images"])
+    model, scenes = load_segmenter_run(runs[0])
+    target = scenes.masks(np.arange(min(cfg["images"], len(scenes))))["semantic"]
+    res["background_miou"] = mean_iou(confusion_matrix(torch.zeros_like(target), target, model.config.num_classes))
     return to_jsonable(res)
-
-
-def _background_miou(run, images: int) -> float:
-    """The mIoU of predicting background everywhere on the run's first ``images`` validation scenes."""
-    import torch
-
-    from attnzoo.analysis.segment_decoders import confusion_matrix, load_segmenter_run, mean_iou
-
-    model, scenes = load_segmenter_run(run)
-    target = scenes.masks(np.arange(min(images, len(scenes))))["semantic"]
-    return mean_iou(confusion_matrix(torch.zeros_like(target), target, model.config.num_classes))
 
 
 # ---- summary ------------------------------------------------------------------------------------------------
 
 
-def _later_half(res: dict) -> float:
-    """Mean best-head foreground IoU over the later half of the model's own blocks (Table 6 reads the blocks)."""
-    fg = [lay["best"]["foreground"] for lay in res["layers"] if lay["mechanism"] != "class_attention"]
-    return float(np.mean(fg[len(fg) // 2 :]))
-
-
-def _penultimate_class(res: dict) -> float | None:
-    """Best-head foreground IoU of the penultimate class-attention layer (the last one when there is one only)."""
-    fg = [lay["best"]["foreground"] for lay in res["layers"] if lay["mechanism"] == "class_attention"]
-    return fg[-2] if len(fg) > 1 else (fg[-1] if fg else None)
-
-
 def _zs_stats(records: dict, base: str) -> dict | None:
     """Per-seed figures of one row's zero-shot analyses (``None`` without any)."""
-    rs = common.per_seed(records, base)
-    if not rs:
+    if not (rs := common.per_seed(records, base)):
         return None
+    mechanisms = [lay["mechanism"] for lay in rs[0]["layers"]]
+    layers = np.array([[lay["best"]["foreground"] for lay in r["layers"]] for r in rs])  # (seeds, layers)
+    # Table 6 reads the model's own blocks; ToST Fig. 5 its penultimate class-attention layer (the last if only one)
+    blocks = [i for i, m in enumerate(mechanisms) if m != "class_attention"]
+    heads = [i for i, m in enumerate(mechanisms) if m == "class_attention"][-2:]
     return {
         "best": {t: claims.stat(r["best"][t] for r in rs) for t in TARGETS},
-        "layers": np.array([[lay["best"]["foreground"] for lay in r["layers"]] for r in rs]),
-        "mechanisms": [lay["mechanism"] for lay in rs[0]["layers"]],
-        "later_half": claims.stat(_later_half(r) for r in rs),
-        "penultimate_class": claims.stat(_penultimate_class(r) for r in rs),
-        "best_layer": int(np.argmax([lay["best"]["foreground"] for lay in rs[0]["layers"]])) + 1,
+        "layers": layers,
+        "mechanisms": mechanisms,
+        "later_half": claims.stat(float(np.mean(row[blocks[len(blocks) // 2 :]])) for row in layers),
+        "penultimate_class": claims.stat(row[heads[0]] for row in layers) if heads else None,
+        "best_layer": int(np.argmax(layers[0])) + 1,
         "overlays": rs[0].get("overlays"),
         "seeds": len(rs),
     }
@@ -333,30 +271,23 @@ def _rows(records: dict, plan: dict) -> dict:
     out = {}
     for name in models_of(plan):
         zs = _zs_stats(records, f"{KEY}/zero-shot/{name}")
-        trained = common.per_seed(records, f"{KEY}/{name}")
-        if zs is None or not trained:
-            continue
-        zs["accuracy"] = claims.stat(100.0 * r["accuracy"] for r in trained)
-        zs["params"] = trained[0]["params"]
-        out[name] = zs
+        if zs is not None and (trained := common.per_seed(records, f"{KEY}/{name}")):
+            accuracy = claims.stat(100.0 * r["accuracy"] for r in trained)
+            out[name] = dict(zs, accuracy=accuracy, params=trained[0]["params"])
     for name in controls_of(plan):
-        zs = _zs_stats(records, f"{KEY}/zero-shot-init/{name}")
-        if zs is not None:
+        if (zs := _zs_stats(records, f"{KEY}/zero-shot-init/{name}")) is not None:
             out[name + INIT] = dict(zs, accuracy=None, params=None)
     return out
 
 
 def _decoder_stats(records: dict) -> dict | None:
-    rs = common.per_seed(records, f"{KEY}/decoders")
-    if not rs:
+    if not (rs := common.per_seed(records, f"{KEY}/decoders")):
         return None
     prefix = f"{KEY}/decoders/seed"  # the measurement steps, not the decoders' training runs
     cfg = next((r.get("config") for sid, r in records.items() if sid.removeprefix(prefix).isdigit()), None)
+    img = cfg and cfg["task_options"].get("img_size", SceneSpec().canvas)
     out = {"background_miou": 100.0 * float(np.mean([r["background_miou"] for r in rs])), "seeds": len(rs)}
-    out["tokens"] = None
-    if cfg:  # the decoder's patch tokens, where the step's config says them
-        img = cfg["task_options"].get("img_size", SceneSpec().canvas)
-        out["tokens"] = (img // cfg["encoder_options"]["patch_size"]) ** 2
+    out["tokens"] = (img // cfg["encoder_options"]["patch_size"]) ** 2 if cfg else None  # the decoder's patch tokens
     for kind in DECODERS:
         rows = [r["decoders"][kind] for r in rs]
         sweeps = np.array([[np.mean(v) for v in row["sweep"]["miou"]] for row in rows])  # (seeds, sigmas)
@@ -396,59 +327,46 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             sec.notes.append("did not learn: " + "; ".join(ev.unlearned.values()))
     if plan.get("require_tuned", True):
         ev.gates += _untuned_gates(sec.findings, plan)
-        if plan.get("lr_sweep") and res:
-            ev.tuning.append(Tuning(_classifier_sweeps(sec, records, plan, res)))
+        if plan.get("lr_sweep") and res:  # a flat top within the seeds' spread is not held against a row
+            rows = [n for n in models_of(plan) if n in res]
+            noise = {r: res[r]["accuracy"].std for r in rows}
+            label = "validation accuracy %"
+            untuned = common.tune_rows(sec, records, plan, rows, KEY, "accuracy", True, 100.0, label, noise=noise)
+            ev.tuning.append(Tuning(untuned))
     if plan.get("plateau_rows"):
-        ev.plateaus.append(_persistence_plateau(sec.findings, res, _longer_rows(records, plan)))
+        ev.plateaus.append(_persistence_plateau(records, plan, sec.findings, res))
     judge(sec.findings, ev)
     return sec
 
 
-def _longer_rows(records: dict, plan: dict) -> dict:
-    """Plateau row name -> its later-half foreground IoU (a Stat over seeds) at twice the steps."""
-    out = {}
-    for name in plateau_rows_of(plan):
-        if (zs := _zs_stats(records, f"{KEY}/zero-shot/{name}{common.LONGER}")) is not None:
-            out[name] = zs["later_half"]
-    return out
-
-
-def _persistence_plateau(findings: list[Finding], res: dict, longer: dict) -> Plateau:
-    """The persistence comparison again at twice the steps (both rows): it stands only if the same rule gives the
-    same verdict there and the effect moves less than its interval clears the boundary by (the replicated gate)."""
+def _persistence_plateau(records: dict, plan: dict, findings: list[Finding], res: dict) -> Plateau:
+    """The persistence comparison again at twice the steps: it stands only if the same rule gives the same verdict
+    there and the effect moves less than its interval clears the boundary by (the replicated gate)."""
+    runs = {n: _zs_stats(records, f"{KEY}/zero-shot/{n}{common.LONGER}") for n in plateau_rows_of(plan)}
+    longer = {n: _at(runs, n, "later_half") for n in ("crate_cbt", "cbt")}
     persistence = next(f for f in findings if f.claim_id == "cbsa-t6-persistence")
     a, b = (_at(res, n, "later_half") for n in ("crate_cbt", "cbt"))
-    rows = {"crate_cbt": Longer("crate_cbt", a, longer.get("crate_cbt"))}
+    rows = {"crate_cbt": Longer("crate_cbt", a, longer["crate_cbt"])}
     return Plateau(
-        "cbt", "cbt", b, longer.get("cbt"), "IoU", ".3f", judges=lambda f: f is persistence, rows=rows, key="cbt"
+        "cbt", "cbt", b, longer["cbt"], "IoU", ".3f", judges=lambda f: f is persistence, rows=rows, key="cbt"
     )
 
 
-def _classifier_sweeps(sec, records: dict, plan: dict, res: dict) -> dict[str, str]:
-    """The classifiers' sweeps as an appendix table; ``{row: why}`` of those whose best rate lies at an end of the
-    grid, as every other section tunes its rows (a flat top within the seeds' spread is not held against a row)."""
-    rows = [n for n in models_of(plan) if n in res]
-    noise = {r: res[r]["accuracy"].std for r in rows}
-    label = "validation accuracy %"
-    return common.tune_rows(sec, records, plan, rows, KEY, "accuracy", True, 100.0, label, noise=noise)
-
-
 def _untuned_gates(findings: list[Finding], plan: dict) -> list:
-    """The classifiers' (decoders') comparisons gated as not tuned where their learning rate was not swept."""
+    """The classifiers' (decoders') comparisons held back as not tuned where their learning rate was not swept."""
     gates = []
-    for rows, swept, decoders in (("classifiers", plan.get("lr_sweep"), False), ("decoders", decoder_lrs(plan), True)):
+    for rows, swept in (("classifiers", plan.get("lr_sweep")), ("decoders", decoder_lrs(plan))):
         if not swept:
             why = f"not tuned: the {rows} train at the budget's one rate, without a sweep"
-            gates += [(f, "not tuned", why) for f in findings if compared(f) and (f.a_name in DECODERS) == decoders]
+            mine = [f for f in findings if compared(f) and (f.a_name in DECODERS) == (rows == "decoders")]
+            gates += [(f, "not tuned", why) for f in mine]
     return gates
 
 
 def _at(stats: dict | None, name: str, *keys: str):
     """``stats[name][key][...]``, ``None`` without that row."""
-    if not stats or stats.get(name) is None:
-        return None
-    out = stats[name]
-    for k in keys:
+    out = (stats or {}).get(name)
+    for k in keys if out is not None else ():
         out = out[k]
     return out
 
@@ -469,15 +387,14 @@ def _zero_shot_findings(res: dict, gates: list) -> list[Finding]:
             _compare(res, f"cbsa-t5-ranking#{a}-vs-{b}", a, b, ("best", "foreground"), paper_effect=effect, **iou)
         )
     out.append(_compare(res, "cbsa-t6-persistence", "crate_cbt", "cbt", ("later_half",), **iou))
-    gates += _control_gate(out[-1], res, "crate_cbt", "later_half", "the later-half layers' mean foreground IoU")
+    gates += _control_gate(out[-1], res, "crate_cbt")
     gates += _emerged_gate(out[-1], res, "crate_cbt")
     out.append(_compare(res, "tost-f5-segments", "tost", "tost" + INIT, ("penultimate_class",), **iou))
     return out
 
 
 def _above_untrained(res: dict, name: str, *keys: str) -> tuple[float, tuple | None, str] | None:
-    """The trained ``name`` against its untrained copy on ``res[...][keys]``: effect, 95% interval and both in words
-    (``None`` without either row)."""
+    """The trained ``name`` against its untrained copy on ``res[...][keys]``: effect, 95% interval and both in words."""
     trained, init = _at(res, name, *keys), _at(res, name + INIT, *keys)
     if trained is None or init is None:
         return None
@@ -485,34 +402,30 @@ def _above_untrained(res: dict, name: str, *keys: str) -> tuple[float, tuple | N
     return effect, ci, f"{effect:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (one seed: no interval)")
 
 
-def _control_gate(f: Finding, res: dict, name: str, key: str, what: str) -> list:
-    """Hold back an agreement where the trained ``name`` is not shown above its untrained copy on ``key``."""
-    if claims.numbers_verdict(f) != "agrees" or (vs := _above_untrained(res, name, key)) is None:
+def _control_gate(f: Finding, res: dict, name: str) -> list:
+    """Hold back an agreement where the trained ``name``'s later half is not shown above its untrained copy's."""
+    if claims.numbers_verdict(f) != "agrees" or (vs := _above_untrained(res, name, "later_half")) is None:
         return []
     effect, ci, where = vs
     f.random_init_control = {"row": name + INIT, "effect": effect, "ci95": list(ci) if ci else None}
     if ci is not None and ci[0] > 0:
         return []
-    return [(f, "control", f"the trained {name} is {where} IoU from its untrained copy on {what}: not shown above it")]
+    why = f"the trained {name} is {where} IoU from its untrained copy on the later-half layers' mean foreground IoU"
+    return [(f, "control", why + ": not shown above it")]
 
 
 def _emerged_gate(f: Finding, res: dict, name: str) -> list:
-    """Hold back either verdict unless the trained ``name`` segments better than its untrained copy at its best layer.
-
-    Persistence presupposes that segmentation emerged: a later half at its untrained level then says it did not
-    persist, but if no layer of the trained model beats the untrained one, the maps were never learned and the
-    comparison reads the initialisation, whichever way it falls."""
+    """Hold back either verdict unless the trained ``name``'s best layer segments better than its untrained copy's:
+    persistence presupposes that segmentation emerged, else the comparison reads the initialisation."""
     decided = claims.numbers_verdict(f) in ("agrees", "disagrees")
     if not decided or (vs := _above_untrained(res, name, "best", "foreground")) is None:
         return []
     _, ci, where = vs
+    best = f"the trained {name}'s best layer is {where} IoU"
     if ci is not None and ci[0] > 0:
-        claims.explain(
-            f, f"segmentation emerged: the trained {name}'s best layer is {where} IoU above its untrained copy's"
-        )
+        claims.explain(f, f"segmentation emerged: {best} above its untrained copy's")
         return []
-    why = f"the trained {name}'s best layer is {where} IoU from its untrained copy's: its maps never emerged"
-    return [(f, "did not learn", why)]
+    return [(f, "did not learn", f"{best} from its untrained copy's: its maps never emerged")]
 
 
 def _decoder_findings(dec: dict | None, gates: list) -> list[Finding]:
@@ -528,10 +441,8 @@ def _decoder_findings(dec: dict | None, gates: list) -> list[Finding]:
     for f in (miou, robust):
         f.flops_a, f.flops_b, f.params_a, f.params_b = cb["flops"], mt["flops"], cb["params"], mt["params"]
     ratio = cb["flops"] / mt["flops"]
-    measured = (
-        f"decoder FLOPs per image: cbsa {cb['flops'] / 1e6:.2f}M vs mask_transformer {mt['flops'] / 1e6:.2f}M "
-        f"({ratio:.1%})"
-    )
+    mflops = f"cbsa {cb['flops'] / 1e6:.2f}M vs mask_transformer {mt['flops'] / 1e6:.2f}M"
+    measured = f"decoder FLOPs per image: {mflops} ({ratio:.1%})"
     rule = (
         f"agrees if the CBSA decoder's FLOPs are at most {FLOPS_BOUND:.0%} of Segmenter's (twice the paper's "
         f"{FLOPS_PAPER:.0%}), else disagrees (torch.utils.flop_counter, one image through the decoder)"
@@ -598,22 +509,11 @@ def _table5(res: dict) -> Table:
     heads += ["paper (fg / bg / boundary)", "paper later-half fg (Table 6)"]
     rows = []
     for n, st in res.items():
-        base = n.removesuffix(INIT)
-        paper = PAPER_T5.get(base) if n == base else None
-        later = PAPER_T6.get(n)
-        rows.append(
-            [
-                _name(n),
-                MODELS[base][1],
-                fmt(st["params"], ","),
-                st["accuracy"].fmt(".1f") if st.get("accuracy") else "-",
-                *(st["best"][t].fmt(".3f") for t in TARGETS),
-                f"L{st['best_layer']}",
-                st["later_half"].fmt(".3f"),
-                " / ".join(f"{paper[t]:.2f}" for t in TARGETS) if paper else "-",
-                f"{sum(later[len(later) // 2 :]) / (len(later) - len(later) // 2):.2f}" if later else "-",
-            ]
-        )
+        acc = st["accuracy"].fmt(".1f") if st.get("accuracy") else "-"
+        here = [*(st["best"][t].fmt(".3f") for t in TARGETS), f"L{st['best_layer']}", st["later_half"].fmt(".3f")]
+        paper = " / ".join(f"{PAPER_T5[n][t]:.2f}" for t in TARGETS) if n in PAPER_T5 else "-"
+        later = f"{PAPER_T6_LATER[n]:.2f}" if n in PAPER_T6_LATER else "-"
+        rows.append([_name(n), MODELS[n.removesuffix(INIT)][1], fmt(st["params"], ","), acc, *here, paper, later])
     caption = (
         "IoU of the thresholded [CLS] map with each target: the best mean over layers and heads (CBSA Table 5's "
         "'best-performing attention maps'), mean ± sample std over seeds; best fg layer: the layer whose best head "
@@ -630,13 +530,11 @@ def _decoder_table(dec: dict) -> Table:
     heads = ["decoder", "design", "decoder params", "decoder MFLOPs / image", "mIoU %"]
     heads += [f"mIoU % at σ={s:g}" for s in sigmas] + [f"drop at σ={sigmas[-1]:g}"]
     rows = []
-    for kind, what in DECODERS.items():
+    for kind, (_, what) in DECODERS.items():
         d = dec[kind]
-        rows.append(
-            [kind, what, fmt(d["params"], ","), fmt(d["flops"] / 1e6, ".2f"), d["miou"].fmt(".1f")]
-            + [claims.stat(d["sweep"][:, i]).fmt(".1f") for i in range(len(sigmas))]
-            + [d["drop"].fmt(".1f")]
-        )
+        noisy = [claims.stat(d["sweep"][:, i]).fmt(".1f") for i in range(len(sigmas))]
+        size = [fmt(d["params"], ","), fmt(d["flops"] / 1e6, ".2f")]
+        rows.append([kind, what, *size, d["miou"].fmt(".1f"), *noisy, d["drop"].fmt(".1f")])
     ratio = dec["cbsa"]["flops"] / dec["mask_transformer"]["flops"]
     caption = (
         f"Both decoders on one ViT encoder configuration, trained by `attnzoo train` from the same initial encoder "
@@ -651,27 +549,19 @@ def _decoder_table(dec: dict) -> Table:
     return Table("Segmentation decoders (CBSA Fig. 8)", heads, rows, caption)
 
 
-def _rate(lrs: list[float], lr: float, fraction: float, uneven: bool = False) -> str:
-    """How a run's learning rate was chosen, in words."""
+def _rate(lrs: list[float], lr: float) -> str:
+    """How the runs' learning rates were chosen, in words (the sweeps' seed and length: configs.md)."""
     if not lrs:
         return f"lr {lr:g}, not tuned"
-    share = f", {fraction:.0%} of the steps" if fraction < 1 else ""
-    grid = ", ".join(f"{x:g}" for x in lrs) + (" (each row's grid: configs.md)" if uneven else "")
-    seed = f"the sweep seed (base + {common.SWEEP_SEED_OFFSET}{share})"
-    return f"each at the best rate of its own sweep over {grid} on {seed}"
+    return f"each at the best rate of its own sweep over {', '.join(f'{x:g}' for x in sorted(set(lrs)))}"
 
 
 def _intro(plan: dict) -> str:
     arch, tr, opts = plan["arch"], plan["train"], plan.get("task_options", {})
     n = plan.get("seeds", 1)
-    frac = plan.get("sweep_fraction", 1.0)
-    # every row's own grid (the plan's and its lr_sweep_extra), listed once when the rows share it
-    grids = {tuple(common.row_lrs(plan, m)) for m in models_of(plan)} if plan.get("lr_sweep") else {()}
-    lrs = sorted({lr for g in grids for lr in g})
-    rate = _rate(lrs, tr["lr"], frac, len(grids) > 1)
+    rate = _rate([lr for m in models_of(plan) for lr in common.row_lrs(plan, m)], tr["lr"])
     wider = "; ".join(
-        f"{name} at " + ", ".join(f"{k} {v}" for k, v in over.items())
-        for name, over in plan.get("row_arch", {}).items()
+        f"{m} at " + ", ".join(f"{k} {v}" for k, v in o.items()) for m, o in plan.get("row_arch", {}).items()
     )
     text = (
         f"Scenes of {opts.get('min_objects', 1)}-{opts.get('max_objects', 3)} objects with exact masks (`scenes`, "
@@ -684,15 +574,14 @@ def _intro(plan: dict) -> str:
         f"and is scored on the first {plan.get('images', 128)} validation scenes. Controls: the untrained "
         f"{', '.join(controls_of(plan))} (same architecture and seed)."
     )
-    dec = plan.get("decoders")
-    if dec:
+    if dec := plan.get("decoders"):
         text += (
             f" Decoders (Fig. 8): a {dec.get('encoder', DECODER_ENCODER)} encoder (width "
             f"{dec['encoder_options'].get('dim')}, depth {dec['encoder_options'].get('depth')}) with a "
             f"{dec['decoder_depth']}-layer decoder of either kind (`attnzoo train` "
-            f"{' / '.join(DECODER_PRESETS.values())}), trained {dec['steps']} steps of batch {dec['batch_size']} "
-            f"({_rate(decoder_lrs(plan), dec['lr'], frac)}); noise σ in {list(dec['sigmas'])}, {dec['draws']} draws "
-            "each."
+            f"{' / '.join(p for p, _ in DECODERS.values())}), trained {dec['steps']} steps of batch "
+            f"{dec['batch_size']} ({_rate(decoder_lrs(plan), dec['lr'])}); noise σ in {list(dec['sigmas'])}, "
+            f"{dec['draws']} draws each."
         )
     return text
 
@@ -703,10 +592,9 @@ def _scale(plan: dict, params: list[int]) -> str:
     img = opts.get("img_size", 64)
     return (
         f"here {img}x{img} scenes ({opts.get('n_train', 10000):,} training scenes, {(img // arch['patch_size']) ** 2} "
-        f"tokens), width {arch['dim']}, depth "
-        f"{arch['depth']}, {size}, {tr['steps']} steps of batch {tr['batch_size']}; the papers: ImageNet-1k-trained "
-        "-S models (12 layers, width 384) scored zero-shot on PASCAL VOC12 (CBSA Tables 5-6, ToST Fig. 5), "
-        "decoders trained on ADE20K (CBSA Fig. 8)"
+        f"tokens), width {arch['dim']}, depth {arch['depth']}, {size}, {tr['steps']} steps of batch "
+        f"{tr['batch_size']}; the papers: ImageNet-1k-trained -S models (12 layers, width 384) scored zero-shot on "
+        "PASCAL VOC12 (CBSA Tables 5-6, ToST Fig. 5), decoders trained on ADE20K (CBSA Fig. 8)"
     )
 
 
@@ -730,22 +618,19 @@ def _plot_layers(res: dict):
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     colors = {n: f"C{i}" for i, n in enumerate(MODELS)}
     for n, st in res.items():
-        base = n.removesuffix(INIT)
-        lay = st["layers"]
+        base, lay = n.removesuffix(INIT), st["layers"]
         x = (np.arange(lay.shape[1]) + 1) / lay.shape[1]
         err = lay.std(0, ddof=1) if st["seeds"] > 1 else None
-        style = "--" if n != base else "-"
-        ax0.errorbar(x, lay.mean(0), yerr=err, fmt="o" + style, ms=3, color=colors[base], label=_name(n), capsize=2)
+        style = "o--" if n != base else "o-"
+        ax0.errorbar(x, lay.mean(0), yerr=err, fmt=style, ms=3, color=colors[base], label=_name(n), capsize=2)
     for n, vals in PAPER_T6.items():
-        x = (np.arange(len(vals)) + 1) / len(vals)
-        ax1.plot(x, vals, "o-", ms=3, color=colors[n], label=n)
+        ax1.plot((np.arange(len(vals)) + 1) / len(vals), vals, "o-", ms=3, color=colors[n], label=n)
     for ax, title in ((ax0, "here: scenes"), (ax1, "CBSA Table 6: PASCAL VOC12")):
         ax.set_xlabel("layer / number of layers")
         ax.set_title(title, fontsize=9)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    ax0.set_ylabel("foreground IoU (best head)")
-    ax0.set_ylim(0, 1)
+    ax0.set(ylabel="foreground IoU (best head)", ylim=(0, 1))
     fig.suptitle("Zero-shot segmentation across layers")
     fig.tight_layout()
     return fig
@@ -777,8 +662,7 @@ def _plot_overlays(over: dict, mass: float):
             if r == 0 or rows[r - 1][0] != n:
                 axes[r, c].set_title(f"L{c} {lay['mechanism']}", fontsize=6)
     for ax in axes.flat:
-        ax.set_xticks([])
-        ax.set_yticks([])
+        ax.set(xticks=[], yticks=[])
         if not ax.images:
             ax.axis("off")
     fig.suptitle(f"[CLS] maps, best head per layer; cyan: top {mass:.0%} of the mass", fontsize=8)
@@ -794,8 +678,7 @@ def _plot_sweep(dec: dict):
         ax.plot(d["sigmas"], d["sweep"].mean(0), "o-", color=f"C{c}", label=f"{kind} ({d['miou'].fmt('.1f')})")
         ax.fill_between(d["sigmas"], d["sweep"].min(0), d["sweep"].max(0), color=f"C{c}", alpha=0.2)
     ax.axhline(dec["background_miou"], color="gray", ls=":", label="background everywhere")
-    ax.set_xlabel("noise std σ on the decoder's attention parameters")
-    ax.set_ylabel("mIoU (%)")
+    ax.set(xlabel="noise std σ on the decoder's attention parameters", ylabel="mIoU (%)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     ax.set_title("CBSA Fig. 8 on scenes: robustness of the decoders", fontsize=9)
