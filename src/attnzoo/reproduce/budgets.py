@@ -1,11 +1,6 @@
-"""What each ``--budget`` runs: data sizes, model sizes, steps and the mechanisms compared per section.
-
-Each budget is one YAML file in ``budgets/`` (package data), spelled out in full with a one-line reason per choice
-and its ``description`` (``smoke``: CI; ``default``: <= 30 min and ``long``: about 2 h 45 min on a 2-core CPU;
-``full``: a GPU); the measurements behind the choices are in docs/results_history.md. Within a section every model
-shares width, depth, heads, data, optimiser and steps; only the mechanism (and the architecture the paper pairs it
-with) changes.
-"""
+"""What each ``--budget`` runs: ``budgets/<name>.yaml``, every section spelled out with a one-line reason per choice
+(the measurements behind them: docs/results_history.md). Within a section only the mechanism (and the architecture
+the paper pairs it with) changes between models."""
 
 from __future__ import annotations
 
@@ -17,9 +12,7 @@ from attnzoo.train.config import read_yaml
 
 __all__ = ["BUDGETS", "SECTIONS", "budget", "load_budget"]
 
-#: section keys in report order
 SECTIONS = ("vision", "adapt-vision", "long-range", "language", "icl", "efficiency", "probes", "segmentation")
-#: budget names, smallest first; each is ``budgets/<name>.yaml``
 BUDGET_NAMES = ("smoke", "default", "long", "full")
 
 
@@ -29,13 +22,11 @@ def load_budget(name: str, source: Any = None) -> dict:
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise ValueError(f"budget file {path} must hold a mapping of sections, got {type(data).__name__}")
-    unknown = [k for k in data if k != "description" and k not in SECTIONS]
-    if unknown:
+    if unknown := [k for k in data if k != "description" and k not in SECTIONS]:
         raise ValueError(
             f"budget file {path} names unknown sections {unknown}; valid keys: description, {', '.join(SECTIONS)}"
         )
-    missing = [k for k in ("description", *SECTIONS) if k not in data]
-    if missing:
+    if missing := [k for k in ("description", *SECTIONS) if k not in data]:
         raise ValueError(f"budget file {path} lacks {missing}; every budget spells out every section")
     return data
 
@@ -46,7 +37,6 @@ LRA_LEFT_OUT: dict[str, str] = BUDGETS["default"]["long-range"]["left_out"]
 
 
 def budget(name: str) -> dict:
-    """A deep copy of budget ``name``'s plan."""
     if name not in BUDGETS:
         raise ValueError(f"unknown budget {name!r}; valid budgets: {sorted(BUDGETS)}")
     return copy.deepcopy(BUDGETS[name])

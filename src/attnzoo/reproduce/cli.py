@@ -69,13 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.list:
             sections = resolve_sections(args.only)
-            _, steps = plan(args.budget, args.seed)
-            for s in steps:
-                if s.section in sections:
-                    print(f"{s.id}  [{s.hash}]" + (f"  (needs {', '.join(s.deps)})" if s.deps else ""))
+            for s in (s for s in plan(args.budget, args.seed)[1] if s.section in sections):
+                print(f"{s.id}  [{s.hash}]" + (f"  (needs {', '.join(s.deps)})" if s.deps else ""))
             return 0
         if args.check_plan:
-            return _check_plan(args.budget, args.seed)
+            from attnzoo.reproduce.plan_check import render_size_checks, size_checks
+
+            checks = size_checks(plan(args.budget, args.seed)[1])
+            print(render_size_checks(checks), end="")
+            return 1 if any(c.planned and not c.holds for c in checks) else 0
         outcome = run(
             args.out,
             args.budget,
@@ -104,13 +106,3 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  failed: {sid}: {why}", file=sys.stderr)
         return 1
     return 0
-
-
-def _check_plan(budget: str, seed: int) -> int:
-    from attnzoo.reproduce.plan_check import render_size_checks, size_checks
-    from attnzoo.reproduce.runner import plan
-
-    _, steps = plan(budget, seed)
-    checks = size_checks(steps)
-    print(render_size_checks(checks), end="")
-    return 1 if any(c.planned and not c.holds for c in checks) else 0

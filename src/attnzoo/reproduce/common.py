@@ -61,18 +61,22 @@ class Section:
     scale: str = ""
 
     def add_plot(self, fig, path: Path, rel, caption: str, dpi: int = 100) -> None:
-        """Save ``fig`` as the PNG ``path`` and list it (``rel(path)``, as the report links it) with ``caption``."""
+        """Save ``fig`` as the PNG ``path`` and list it as the report links it (``rel(path)``)."""
         save_figure(fig, path, dpi=dpi)
         self.plots.append((rel(path), caption))
 
-    def add_curves(self, panels: list, path: Path, rel, ylabel: str, title: str, caption: str) -> None:
-        """The validation-curves plot (:func:`plot_val_curves`) of ``panels``, where any row has a curve."""
+    def add_curves(self, panels: list, path: Path, rel, what: str, title: str, note: str = "seed means") -> None:
+        """The validation curves of ``panels`` (``[(panel, {row: [[step, value], ...]})]``), where any row has one."""
         if any(c for _, p in panels for c in p.values()):
-            self.add_plot(plot_val_curves(panels, ylabel, title), path, rel, caption)
+            how = f" ({note})" if note else ""
+            caption = (
+                f"Validation {what} during training{how}; points before the last use {CURVE_EVAL_BATCHES} batches."
+            )
+            self.add_plot(plot_val_curves(panels, f"validation {what}", title), path, rel, caption)
 
 
 class ModelRow(NamedTuple):
-    """One trained row of a section's table: the registered model, the attention it compares, how the table names it."""
+    """One trained row: the registered model, the attention it compares, how the table names it."""
 
     registered: str
     mechanism: str
@@ -81,7 +85,7 @@ class ModelRow(NamedTuple):
 
 # ---- seeds ------------------------------------------------------------------------------------------
 def seed_list(plan: dict, seed: int) -> list[int]:
-    """The seeds a section's trained comparisons run: ``seed, seed+1, ...`` (``plan["seeds"]``, default 1)."""
+    """``seed, seed+1, ...``: ``plan["seeds"]`` of them (default 1)."""
     n = plan.get("seeds", 1)
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"a section's 'seeds' must be a positive int, got {n!r}")
@@ -89,7 +93,7 @@ def seed_list(plan: dict, seed: int) -> list[int]:
 
 
 def seeded_id(base: str, seed: int) -> str:
-    """Step id of one seed's run of ``base`` (e.g. ``vision/vit/seed1``)."""
+    """Step id of one seed's run of ``base``: ``vision/vit/seed1``."""
     return f"{base}/seed{seed}"
 
 
@@ -115,9 +119,36 @@ def unlearned_seeds(accuracies: Iterable[float], bar: float, margin: float = LEA
 
 
 def learned(accuracies: Iterable[float], bar: float, margin: float = LEARNED_MARGIN) -> bool:
-    """Whether a row learned its task: every seed's accuracy (%) clears ``bar`` by ``margin`` points (a seed mean
-    would hide a seed that did not)."""
+    """Every seed clears ``bar`` by ``margin`` (a seed mean would hide one that did not)."""
     return not unlearned_seeds(accuracies, bar, margin)
+
+
+def did_not_learn(failed: Sequence[float], n: int, row: str, rule: str, spec: str = ".1f", unit: str = "") -> str:
+    """A did-not-learn gate's reason: which of ``row``'s ``n`` seeds fell short of ``rule``, with their values."""
+    vals = ", ".join(format(v, spec) for v in failed)
+    return f"{len(failed)} of {n} seeds of {row} did not learn ({rule}: {vals}{unit})"
+
+
+def rate_text(lrs: Sequence[float], lr: float, rows: str = "each row") -> str:
+    """How the rows' learning rates were chosen, for an intro (the sweeps' seed and length: configs.md)."""
+    if not lrs:
+        return f"lr {lr:g}, not tuned"
+    return f"{rows} at the best rate of its sweep over {', '.join(f'{x:g}' for x in sorted(set(lrs)))}"
+
+
+def stat_data(name: str, st: Any) -> dict:
+    """A :class:`claims.Stat` as results.json stores a row's measure: ``<name>_mean``, ``_std`` and ``_per_seed``."""
+    return {f"{name}_mean": st.mean, f"{name}_std": st.std, f"{name}_per_seed": list(st.values)}
+
+
+def longer_stat(records: dict, base: str, value) -> Any:
+    """Row ``base``'s run at twice the steps (``base + LONGER``): ``value`` of each seed's result as a Stat, or None."""
+    return claims.stat(value(r) for r in per_seed(records, base + LONGER))
+
+
+def seeds_text(n: int, per: str = "row") -> str:
+    """``"3 seeds per row"``."""
+    return f"{n} seed{'s' if n > 1 else ''} per {per}"
 
 
 # ---- formatting -------------------------------------------------------------------------------------
@@ -173,8 +204,7 @@ def measured_finding(
 
 # ---- memory -------------------------------------------------------------------------------------------
 def peak_train_mb(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, kind: str, device: str) -> float | None:
-    """Extra memory (MiB) held at the peak of one forward+backward training step of ``model`` on a batch
-    (``attnzoo.bench.memory``); ``None`` when the CPU measure is unavailable."""
+    """Extra memory (MiB) at the peak of one training step on a batch; ``None`` where the CPU cannot measure it."""
     from attnzoo.bench.memory import cpu_peak_supported, peak_memory_bytes
     from attnzoo.train.objectives import compute_loss
 
@@ -211,26 +241,12 @@ CURVE_NOTE = (
 # ---- training -----------------------------------------------------------------------------------------
 def train_defaults(**kw) -> dict:
     """The optimisation settings every model of a section shares (not tuned per model)."""
-    base = dict(
-        optimizer="adamw",
-        lr=1e-3,
-        weight_decay=0.05,
-        schedule="cosine",
-        warmup_steps=0,
-        grad_clip=1.0,
-        amp="off",
-        compile=False,
-        log_every=10,
-        keep_checkpoints=1,
-    )
-    base.update(kw)
-    return base
+    base = dict(optimizer="adamw", lr=1e-3, weight_decay=0.05, schedule="cosine", warmup_steps=0, grad_clip=1.0)
+    return base | dict(amp="off", compile=False, log_every=10, keep_checkpoints=1) | kw
 
 
 def _metrics_rows(run_dir: Path, split: str) -> list[dict]:
-    """The ``split`` rows of a run's metrics.csv, numbers parsed and empty cells left out (none without the file); a
-    damaged file is a ``ReadError`` naming it (the trainer checks every row when it resumes a run, so this means
-    damage after the run ended)."""
+    """The ``split`` rows of a run's metrics.csv, parsed, empty cells left out; damage is a ``ReadError`` naming it."""
     f = run_dir / "metrics.csv"
     if not f.is_file():
         return []
@@ -254,9 +270,8 @@ def _median_rate(run_dir: Path, key: str) -> float | None:
 
 
 def train_run(ctx: Context, step_id: str, cfg: dict, sweep: dict | None = None) -> dict:
-    """Train with ``attnzoo.train`` into ``runs/<step_id>`` (resuming an interrupted run's checkpoint), at the best
-    rate of ``sweep``'s stored runs if given (:func:`tuned`); returns the final validation metrics, the median
-    training throughputs of the logged windows, the curves, the run dir and the learning rate it trained with."""
+    """Train into ``runs/<step_id>`` (resuming its checkpoint), at ``sweep``'s best rate if given (:func:`tuned`);
+    returns the final validation metrics, median throughputs, curves, run dir and learning rate."""
     from attnzoo.train.config import from_dict
     from attnzoo.train.trainer import load_run, train
 
@@ -264,7 +279,6 @@ def train_run(ctx: Context, step_id: str, cfg: dict, sweep: dict | None = None) 
     if sweep is not None:
         full["lr"] = best_swept_lr(ctx, sweep)
     full.setdefault("device", ctx.device)
-    # validation at a quarter, half, three quarters and the end of the run: the report's learning curves
     full.setdefault("eval_every", max(1, full["steps"] // CURVE_POINTS))
     # the curve's earlier points on part of the validation set, so the curve costs little; the result uses it all
     full.setdefault("curve_eval_batches", CURVE_EVAL_BATCHES)
@@ -302,8 +316,7 @@ def tuned(
     higher_is_better: bool,
     settings: str = "train",
 ) -> dict:
-    """A copy of ``step_config`` whose ``settings`` train at the best rate of row ``row``'s sweep (under ``prefix``),
-    read when the step runs: its ``lr`` becomes ``"tuned"`` and ``sweep`` says where (deps: :func:`sweep_deps`)."""
+    """``step_config`` with its ``settings`` at the best rate of row ``row``'s sweep, read when the step runs."""
     if not lrs:
         return step_config
     out = dict(step_config, **{settings: dict(step_config[settings], lr="tuned")})
@@ -333,8 +346,7 @@ def best_swept_lr(ctx: Context, sweep: dict) -> float:
 
 
 def _final_metrics(done: Path) -> dict | None:
-    """The validation metrics in a finished run's ``final.json``; ``None`` when missing or damaged (then deleted with
-    a notice: resuming from the last checkpoint writes it again)."""
+    """A finished run's validation metrics; ``None`` when missing or damaged (deleted: the resume writes it again)."""
     if not done.is_file():
         return None
     try:
@@ -349,24 +361,18 @@ def _final_metrics(done: Path) -> dict | None:
 
 
 def _train_record(run_dir: Path, final: dict, lr: float) -> dict:
-    return {
-        "val": final,
-        "lr": lr,
-        "samples_per_s": _median_rate(run_dir, "samples_per_s"),
-        "tokens_per_s": _median_rate(run_dir, "tokens_per_s"),
-        "run_dir": str(run_dir),
-        "curve": _curve(run_dir),
-        "val_curve": _val_curve(run_dir),
-    }
+    rates = {k: _median_rate(run_dir, k) for k in ("samples_per_s", "tokens_per_s")}
+    curves = {"curve": _curve(run_dir), "val_curve": _val_curve(run_dir)}
+    return {"val": final, "lr": lr, **rates, "run_dir": str(run_dir), **curves}
 
 
 def _curve(run_dir: Path) -> list[list[float]]:
-    """``[[step, train loss], ...]`` from the trainer's metrics.csv."""
+    """``[[step, train loss], ...]``."""
     return [[r["step"], r["loss"]] for r in _metrics_rows(run_dir, "train") if "loss" in r]
 
 
 def _val_curve(run_dir: Path) -> list[dict]:
-    """``[{"step", metric: value, ...}, ...]``: the validation rows of the trainer's metrics.csv, in step order."""
+    """The validation rows of the run's metrics.csv, in step order."""
     out = {
         r["step"]: {k: v for k, v in r.items() if k not in ("lr", "elapsed_s")} for r in _metrics_rows(run_dir, "val")
     }
@@ -416,8 +422,7 @@ def classification_record(ctx: Context, step: Step) -> dict:
 
 
 def untrained_model(train_cfg: dict):
-    """The model of the training config ``train_cfg`` as its seed initialises it (no step taken, eval mode), and its
-    task: the untrained controls' model."""
+    """The model of ``train_cfg`` as its seed initialises it (eval mode), and its task: an untrained control."""
     from attnzoo.data import build_task
     from attnzoo.train.config import from_dict
     from attnzoo.train.objectives import build_task_model
@@ -434,8 +439,7 @@ SWEEP_SEED_OFFSET = 100
 
 
 def sweep_train(train: dict, plan: dict) -> dict:
-    """A sweep run's training settings: ``train`` with the plan's ``sweep_fraction`` (default 1) of its steps and
-    warm-up; every reported seed then trains the full steps at the rate chosen on these shorter runs."""
+    """A sweep run's settings: ``train`` at the plan's ``sweep_fraction`` (default 1) of its steps and warm-up."""
     frac = plan.get("sweep_fraction", 1.0)
     if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
         raise ValueError(f"a section's 'sweep_fraction' must be in (0, 1], got {frac!r}")
@@ -448,7 +452,7 @@ def sweep_train(train: dict, plan: dict) -> dict:
 
 
 def row_lrs(plan: dict, row: str) -> list[float]:
-    """Row ``row``'s learning-rate grid, ascending: the section's ``lr_sweep`` and the row's ``lr_sweep_extra``."""
+    """Row ``row``'s learning rates, ascending: the section's ``lr_sweep`` and its ``lr_sweep_extra``."""
     common = list(plan.get("lr_sweep", []))
     extra = list(plan.get("lr_sweep_extra", {}).get(row, []))
     if extra and not common:
@@ -464,36 +468,33 @@ def check_sweep_extra(plan: dict, rows: Sequence[str]) -> None:
 
 
 def check_row_arch(plan: dict, rows: Sequence[str]) -> None:
-    """A ``row_arch`` entry (a row's own model options) must name a row of the section's plan."""
+    """A ``row_arch`` entry must name a row of the section's plan."""
     if unknown := sorted(set(plan.get("row_arch", {})) - set(rows)):
         raise ValueError(f"row_arch names rows {unknown} that are not rows of this plan; rows: {list(rows)}")
 
 
 def check_known(names: Iterable[str], valid: Iterable[str], what: str) -> None:
-    """Every name a plan gives for a ``what`` must be one of ``valid``."""
     for n in names:
         if n not in valid:
             raise ValueError(f"unknown {what} {n!r}; valid: {sorted(valid)}")
 
 
 def sweep_id(base: str, lr: float) -> str:
-    """Step id of one learning rate of row ``base``'s sweep (e.g. ``vision/vit/lr-sweep/lr0.002``)."""
+    """Step id of one rate of row ``base``'s sweep: ``vision/vit/lr-sweep/lr0.002``."""
     return f"{base}/lr-sweep/lr{lr:g}"
 
 
 def sweep_runs(base: str, lrs: Iterable[float], seed: int) -> list[tuple[str, int, float]]:
-    """Row ``base``'s learning-rate sweep: ``(step id, seed, rate)`` per rate of ``lrs``, all on the sweep's seed."""
+    """Row ``base``'s sweep: ``(step id, seed, rate)`` per rate, all on the sweep's seed."""
     return [(sweep_id(base, lr), seed + SWEEP_SEED_OFFSET, lr) for lr in lrs]
 
 
 def seed_runs(base: str, seeds: Iterable[int]) -> list[tuple[str, int]]:
-    """Row ``base``'s reported runs: ``(step id, seed)`` per seed of ``seeds``."""
     return [(seeded_id(base, s), s) for s in seeds]
 
 
 def section_step(key: str, sid: str, cfg: dict, fn, deps: tuple[str, ...] = ()) -> Step:
-    """Step ``sid`` of section ``key``: ``fn`` on ``cfg`` after ``deps`` and the sweep runs a tuned ``cfg`` reads,
-    labelled by its id without the section."""
+    """Step ``sid``: ``fn`` on ``cfg`` after ``deps`` and the sweep runs a tuned ``cfg`` reads."""
     return Step(sid, key, cfg, fn, deps=(*deps, *sweep_deps(cfg)), label=sid.split("/", 1)[1])
 
 
@@ -511,11 +512,10 @@ def sweep_table(
     noise: dict[str, float] | None = None,
     floor: float | None = None,
 ) -> tuple[Table | None, dict[str, str]]:
-    """The sweep as a table (a row per model, the best rate in bold) and ``{row: why}`` for each row not shown tuned:
-    an incomplete sweep, a best rate other than the ``used`` one its seeds trained with (``None``: each row's own best,
-    :func:`tuned`), or a best at an end of the grid (†), unless it beats its neighbour by no more than the row's seed
-    ``noise`` (a flat top, ‡). ``floor``: a row whose best value does not beat it learned at no rate (§, not tuned).
-    ``fraction``: the sweep runs' share of the reported steps, stated in the caption."""
+    """The sweep as a table (best rate in bold) and ``{row: why}`` for each row not shown tuned: an incomplete sweep,
+    a best rate other than the ``used`` one (``None``: each row's own), or a best at an end of the grid (†) unless
+    within the row's seed ``noise`` of its neighbour (‡, a flat top); a best not above ``floor`` learned at no rate
+    (§)."""
     grids = {row: sorted(lrs.get(row, [])) if isinstance(lrs, dict) else list(lrs) for row in rows}
     columns = sorted(set().union(*grids.values())) if grids else []
     table_rows, untuned, edge, flat, unlearned = [], {}, [], [], []
@@ -587,8 +587,7 @@ def tune_rows(
     floor: float | None = None,
     unswept: str = "no learning-rate sweep at this budget ({row})",
 ) -> dict[str, str]:
-    """Each row's sweep (its :func:`row_lrs` grid, or ``grid``) as a table in ``sec``; ``{row: why}`` of the rows
-    not shown tuned (every row, for ``unswept``, without a grid)."""
+    """Each row's sweep (:func:`row_lrs`, or ``grid``) as a table in ``sec``; ``{row: why}`` of the rows not tuned."""
     grids = {r: row_lrs(plan, r) for r in rows} if grid is None else list(grid)
     fraction = plan.get("sweep_fraction", 1.0)
     table, untuned = sweep_table(
@@ -640,7 +639,7 @@ def _sweep_caption(
 
 # ---- learning curves ------------------------------------------------------------------------------------------
 def mean_val_curve(results: Sequence[dict], metric: str, scale: float = 1.0) -> list[list[float]]:
-    """``[[step, seed mean of scale * metric], ...]`` over the validation steps every seed's run logged."""
+    """``[[step, seed mean of scale * metric], ...]`` over the steps every seed logged."""
     curves = [{p["step"]: p[metric] for p in r.get("val_curve") or [] if p.get(metric) is not None} for r in results]
     if not curves or not all(curves):
         return []
@@ -649,14 +648,14 @@ def mean_val_curve(results: Sequence[dict], metric: str, scale: float = 1.0) -> 
 
 
 def curve_text(curve: Sequence[Sequence[float]], spec: str = ".3g") -> str:
-    """A learning curve in words: ``step 50: 41.2, step 100: 55.0, ...`` (``no validation curve`` when empty)."""
+    """``step 50: 41.2, step 100: 55.0, ...``."""
     if not curve:
         return "no validation curve"
     return ", ".join(f"step {int(s)}: {format(v, spec)}" for s, v in curve)
 
 
 def pyplot():
-    """matplotlib's pyplot on the Agg backend: the report only writes PNG files, never opens a window."""
+    """pyplot on the Agg backend: the report only writes PNG files."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -666,9 +665,8 @@ def pyplot():
 
 
 def plot_val_curves(panels: Sequence[tuple[str, dict[str, list]]], ylabel: str, title: str):
-    """One panel per table: every row's mean validation curve (``{row: [[step, value], ...]}``) against steps."""
+    """One panel per table: every row's mean validation curve against steps."""
     plt = pyplot()
-
     panels = [(t, c) for t, c in panels if any(c.values())]
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.2 * max(1, len(panels)), 3.8), squeeze=False)
     for ax, (name, curves) in zip(axes[0], panels, strict=True):

@@ -1,10 +1,7 @@
-"""The five papers' claims as data: one :class:`PaperClaim` per claim the report checks, one :class:`Check` per sanity
-check, each keyed by a short stable id that every finding carries as its ``claim_id``.
+"""The five papers' claims and the report's sanity checks as data, loaded from ``claims.yaml`` beside this module.
 
-A section reads a claim's reference, statement, paper value, margin and conditions from here (``get(claim_id)``).
-A claim tested several ways has ``tests``, and each finding carries ``"<id>#<test>"``. The records themselves are
-in the data file ``claims.yaml`` beside this module, checked field by field when it loads; nothing from the package
-is imported here.
+Each record has a short stable id that every finding carries as its ``claim_id``; a claim tested several ways has
+``tests``, and its findings carry ``"<id>#<test>"``. Every field is checked when the file loads.
 """
 
 from __future__ import annotations
@@ -15,26 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-__all__ = [
-    "PAPERS",
-    "CLAIM_KINDS",
-    "COMBINE_EVERY",
-    "LRA_TESTS",
-    "Conditions",
-    "PaperClaim",
-    "Check",
-    "CLAIMS",
-    "CHECKS",
-    "CLAIMS_FILE",
-    "load",
-    "base_id",
-    "test_of",
-    "get",
-    "finding_kw",
-    "compare_kw",
-    "size_ratios",
-]
 
 PAPERS = ("ToST", "FAST", "CSP", "CBSA", "AoT")
 #: how a claim is judged: a trained comparison with margin 0 (superiority) or > 0 (non-inferiority), a cost or speed
@@ -50,9 +27,9 @@ LRA_TESTS = ("average", "listops", "text", "retrieval", "image", "pathfinder")
 
 @dataclass(frozen=True)
 class Conditions:
-    """What must hold for a test to count as the paper's: the pair's parameter ratio, head dimension, length."""
+    """What must hold for a test to count as the paper's (a test off them is gated on conditions)."""
 
-    #: params(a) / params(b) of the paper's own comparison (a comparison far from it is gated on conditions)
+    #: params(a) / params(b) of the paper's own comparison
     param_ratio: float | None = None
     param_ratio_source: str = ""
     #: the head dimension D the claim is made at (None: any)
@@ -69,9 +46,9 @@ class PaperClaim:
     id: str
     #: the reference as the report prints it: the paper, then where in it
     ref: str
-    #: the claim as the report states it (closely paraphrased from the paper's text)
+    #: the claim, closely paraphrased from the paper's text
     statement: str
-    #: the figure the paper gives for it, as the report quotes it (``{name}`` fields are filled by the section)
+    #: the paper's figure for it as the report quotes it (``{name}`` fields are filled by the section)
     paper_value: str
     metric: str
     #: the compared rows as the report names them, a then b (empty where nothing is compared)
@@ -91,21 +68,8 @@ class PaperClaim:
     tests: tuple[str, ...] = ()
 
     @property
-    def paper(self) -> str:
-        return self.ref.split(" ", 1)[0]
-
-    @property
-    def where(self) -> str:
-        return self.ref.split(" ", 1)[1]
-
-    @property
     def reference(self) -> str:
-        """The reference a finding shows in its ``paper`` column."""
         return self.ref
-
-    @property
-    def combine(self) -> str:
-        return COMBINE_EVERY if self.tests else ""
 
     @property
     def claim_type(self) -> str:
@@ -117,7 +81,7 @@ class PaperClaim:
 
 @dataclass(frozen=True)
 class Check:
-    """A sanity check (kind ``"check"``): an implementation or baseline property, not a paper's claim."""
+    """A sanity check: an implementation or baseline property, not a paper's claim."""
 
     id: str
     #: the reference as the report prints it (a paper, "all five papers", a baseline's paper)
@@ -129,36 +93,28 @@ class Check:
     tests: tuple[str, ...] = ()
 
 
-#: the records' data file, shipped with the package
 CLAIMS_FILE = Path(__file__).with_name("claims.yaml")
 #: the fields holding a ratio, written ``[numerator, denominator]`` where the paper gives two figures
 _RATIOS = ("paper_effect", "param_ratio")
+#: whether a value fits a field, by the field's declared type
+_FITS = {
+    "str": lambda v: isinstance(v, str),
+    "bool": lambda v: isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "float | None": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "int | None": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "tuple[str, ...]": lambda v: isinstance(v, list) and all(isinstance(w, str) and w for w in v),
+}
 
 
-def _field_value(where: str, name: str, value: Any, kind: Any) -> Any:
+def _field_value(where: str, name: str, value: Any, kind: str) -> Any:
     """``value`` of field ``name`` checked against the field's type and made what the record holds."""
-    is_num = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if (
-        name in _RATIOS
-        and isinstance(value, list)
-        and len(value) == 2
-        and all(isinstance(v, (int, float)) for v in value)
-    ):
+    if name in _RATIOS and isinstance(value, list) and len(value) == 2 and all(_FITS["float"](v) for v in value):
         return value[0] / value[1]
-    if "tuple" in str(kind):
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise ValueError(f"{where}: field {name!r} must be a list of words, got {value!r}")
-        return tuple(value)
-    ok = {
-        "str": isinstance(value, str),
-        "bool": isinstance(value, bool),
-        "float": is_num,
-        "float | None": is_num,
-        "int | None": isinstance(value, int) and not isinstance(value, bool),
-    }.get(str(kind))
-    if not ok:
-        raise ValueError(f"{where}: field {name!r} must be {kind}, got {value!r}")
-    return float(value) if kind in ("float", "float | None") else value
+    if kind not in _FITS or not _FITS[kind](value):
+        what = "a list of words" if kind.startswith("tuple") else kind
+        raise ValueError(f"{where}: field {name!r} must be {what}, got {value!r}")
+    return tuple(value) if kind.startswith("tuple") else float(value) if kind.startswith("float") else value
 
 
 def _record(cls: type, raw: Any, where: str) -> Any:
@@ -171,21 +127,18 @@ def _record(cls: type, raw: Any, where: str) -> Any:
     missing = [n for n, f in fields.items() if n not in raw and f.default is f.default_factory is dataclasses.MISSING]
     if missing:
         raise ValueError(f"{where}: missing field(s) {missing}")
-    kw = {}
-    for name, value in raw.items():
-        if name == "conditions":
-            kw[name] = _record(Conditions, value, f"{where}, field 'conditions'")
-        else:
-            kw[name] = _field_value(where, name, value, fields[name].type)
+    kw = {
+        name: _field_value(where, name, value, fields[name].type) for name, value in raw.items() if name != "conditions"
+    }
+    if "conditions" in raw:
+        kw["conditions"] = _record(Conditions, raw["conditions"], f"{where}, field 'conditions'")
     return cls(**kw)
 
 
 def _records(cls: type, raws: Any, what: str, path: Path) -> tuple:
     if not isinstance(raws, list):
         raise ValueError(f"{path}: {what}s must be a list of records")
-    return tuple(
-        _record(cls, raw, f"{path}: {what} {raw.get('id') if isinstance(raw, dict) else '?'!r}") for raw in raws
-    )
+    return tuple(_record(cls, r, f"{path}: {what} {r.get('id') if isinstance(r, dict) else '?'!r}") for r in raws)
 
 
 def load(path: Path = CLAIMS_FILE) -> tuple[tuple[PaperClaim, ...], tuple[Check, ...]]:
@@ -203,7 +156,6 @@ def load(path: Path = CLAIMS_FILE) -> tuple[tuple[PaperClaim, ...], tuple[Check,
 
 
 CLAIMS, CHECKS = load()
-
 _BY_ID: dict[str, PaperClaim | Check] = {r.id: r for r in (*CLAIMS, *CHECKS)}
 
 
@@ -218,21 +170,19 @@ def test_of(claim_id: str) -> str:
 
 
 def get(claim_id: str) -> PaperClaim | Check:
-    """The record of ``claim_id`` (``"<id>"`` or ``"<id>#<test>"``); a test part must be one of the record's."""
+    """The record of ``claim_id``; a test part must be one of the record's, unless the check runs per item."""
     rec = _BY_ID.get(base_id(claim_id))
     if rec is None:
         raise KeyError(f"unknown claim id {claim_id!r}; valid ids: {sorted(_BY_ID)}")
     test = test_of(claim_id)
-    per = getattr(rec, "per", "")
-    if test and not per and test not in rec.tests:
+    if test and not getattr(rec, "per", "") and test not in rec.tests:
         raise KeyError(f"claim {rec.id!r} has no test {test!r}; its tests: {rec.tests or 'none'}")
     return rec
 
 
 def finding_kw(claim_id: str, **fields: str) -> dict:
-    """``paper``, ``claim``, ``paper_value`` and ``claim_id`` of a finding of ``claim_id``, as
-    :func:`~attnzoo.reproduce.claims.finding` and ``not_tested`` take them; ``fields`` fill the record's ``{name}``
-    fields (the task, the mechanism)."""
+    """The record's ``paper``, ``claim``, ``paper_value`` and ``claim_id`` as
+    :func:`~attnzoo.reproduce.claims.finding` takes them, ``fields`` filled into its ``{name}`` fields."""
     rec = get(claim_id)
     return {
         "paper": rec.reference,
@@ -243,23 +193,17 @@ def finding_kw(claim_id: str, **fields: str) -> dict:
 
 
 def compare_kw(claim_id: str, **fields: str) -> dict:
-    """:func:`finding_kw` and the claim type, margin and its source, as
-    :func:`~attnzoo.reproduce.claims.compare` takes them (a relative margin stays a fraction: see
-    ``margin_relative_to``)."""
+    """:func:`finding_kw` and a paper claim's type, margin and its source, as
+    :func:`~attnzoo.reproduce.claims.compare` takes them (a relative margin stays a fraction)."""
     rec = get(claim_id)
-    if not isinstance(rec, PaperClaim):
-        return finding_kw(claim_id, **fields)
-    return {
-        **finding_kw(claim_id, **fields),
-        "claim_type": rec.claim_type,
-        "margin": rec.margin,
-        "margin_source": rec.margin_source,
-    }
+    kw = finding_kw(claim_id, **fields)
+    if isinstance(rec, PaperClaim):
+        kw.update(claim_type=rec.claim_type, margin=rec.margin, margin_source=rec.margin_source)
+    return kw
 
 
 def size_ratios(*claim_ids: str) -> dict[tuple[str, str], tuple[float, str]]:
-    """``(row a, row b) -> (the paper's parameter ratio, its source)`` of the claims (ids without a test part) that
-    state one, as :func:`~attnzoo.reproduce.claims.size_gate` reads them."""
+    """``(row a, row b) -> (the paper's parameter ratio, its source)`` of the claims that state one."""
     out = {}
     for cid in claim_ids:
         rec = _BY_ID[cid]

@@ -1,8 +1,7 @@
-"""One pipeline for every trained comparison: the section's evidence in, one fixed chain of gates over its findings.
+"""One fixed chain of gates over every trained comparison's findings (``attnzoo compare`` goes through it too).
 
-A section folds each row's seeds, checks which rows learned, compares them (:func:`attnzoo.reproduce.claims.compare`:
-a Welch-t interval per claim) and states the rest as :class:`Evidence`; :func:`judge` applies :data:`CHAIN`, the gates
-in one order, to every finding alike (``attnzoo compare`` goes through it too).
+A section compares its rows (:func:`attnzoo.reproduce.claims.compare`), states what its gates read as
+:class:`Evidence`, and :func:`judge` applies the gates in :data:`CHAIN` order to every finding alike.
 """
 
 from __future__ import annotations
@@ -12,20 +11,6 @@ from typing import Callable
 
 from attnzoo.reproduce import claims
 from attnzoo.reproduce.claims import Finding, Stat
-
-__all__ = [
-    "CHAIN",
-    "Control",
-    "Evidence",
-    "Longer",
-    "Plateau",
-    "Tuning",
-    "judge",
-    "judged",
-    "compared",
-    "every",
-    "paper_finding",
-]
 
 #: the order the gates run in: whether the rows learned, under which conditions, against which control, whether the
 #: verdict survives twice the steps, and whether the rows ran at their best learning rate
@@ -40,7 +25,6 @@ def every(_f: Finding) -> bool:
 
 
 def paper_finding(f: Finding) -> bool:
-    """A paper claim's finding, not an implementation check."""
     return f.kind == "paper"
 
 
@@ -60,10 +44,8 @@ class Longer:
 
 @dataclass
 class Plateau:
-    """A baseline's runs at twice the steps and the findings they judge (:func:`claims.plateau_gate`).
-
-    A comparison with ``baseline`` whose compared row has runs there too (``rows``, by ``a_name``) is judged on the
-    comparison (:func:`claims.replicated_gate`), else on the row's own move (:func:`claims.compared_row_gate`)."""
+    """A baseline's runs at twice the steps and the findings they judge; a compared row with runs there too
+    (``rows``, by ``a_name``) is judged on its own comparison or move instead."""
 
     baseline: str
     label: str
@@ -75,16 +57,13 @@ class Plateau:
     judges: Selector = every
     rows: dict[str, Longer] = field(default_factory=dict)
     key: str = ""
-    #: how the text names the baseline's longer run
     longer_run: str = "at twice the steps"
 
 
 @dataclass
 class Control:
-    """A no-attention control: a margin it meets admits no attention (:func:`claims.margin_control_gate`).
-
-    ``twin``: the control's skeleton with attention, the reference for the findings ``twin_for`` picks; ``untuned``:
-    why the control is not at its best rate (:func:`claims.untuned_control_gate`); ``task``: the task it controls."""
+    """A no-attention control, compared with ``twin`` (its skeleton with attention) for the findings ``twin_for``
+    picks; ``untuned`` says why it is not at its best rate."""
 
     name: str
     values: Stat | None
@@ -105,8 +84,8 @@ class Tuning:
 
 @dataclass
 class Evidence:
-    """What a section's gates read, gathered before any runs; ``gates``: the section's own ``(finding, reason, why)``,
-    applied at their reason's place in the chain."""
+    """What a section's gates read; ``gates``: the section's own ``(finding, reason, why)``, applied at their reason's
+    place in the chain; ``readings``: words that depend on the gates, added after all of them."""
 
     unlearned: dict[str, str] = field(default_factory=dict)
     sizes: dict[tuple[str, str], tuple[float, str]] = field(default_factory=dict)
@@ -114,7 +93,6 @@ class Evidence:
     plateaus: list[Plateau] = field(default_factory=list)
     tuning: list[Tuning] = field(default_factory=list)
     gates: list[tuple[Finding, str, str]] = field(default_factory=list)
-    #: readings that depend on the gates' evidence (words only, after every gate)
     readings: list[Callable[[Finding], None]] = field(default_factory=list)
 
 
@@ -132,11 +110,18 @@ def judge(findings: list[Finding], ev: Evidence) -> dict[str, dict]:
     return out
 
 
+def judged(findings: list[Finding], ev: Evidence) -> list[Finding]:
+    judge(findings, ev)
+    return findings
+
+
+def _rows_in(f: Finding, why: dict[str, str]) -> list[str]:
+    return [why[n] for n in (f.a_name, f.b_name) if n in why]
+
+
 def _unlearned(findings: list[Finding], ev: Evidence) -> None:
-    """A comparison naming a row that did not learn measures the set-up, not the mechanism."""
     for f in findings:
-        why = [ev.unlearned[n] for n in (f.a_name, f.b_name) if n in ev.unlearned]
-        if why:
+        if why := _rows_in(f, ev.unlearned):
             claims.gate(f, "; ".join(why), "did not learn")
 
 
@@ -147,14 +132,13 @@ def _conditions(findings: list[Finding], ev: Evidence) -> None:
 
 def _controls(findings: list[Finding], ev: Evidence) -> None:
     for c in ev.controls:
-        for f in findings:
-            if c.judges(f):
-                claims.margin_control_gate(f, c.values, c.name, c.twin if c.twin_for(f) else None)
+        for f in filter(c.judges, findings):
+            claims.margin_control_gate(f, c.values, c.name, c.twin if c.twin_for(f) else None)
 
 
 def _plateaus(findings: list[Finding], ev: Evidence) -> dict[str, dict]:
-    """Per baseline: replicated comparisons, then the baseline's drift on the rest, then the compared rows' own
-    moves (:func:`claims.plateau_gate` leaves replicated ones alone)."""
+    """Per baseline: comparisons replicated at twice the steps, then the baseline's drift on the rest, then the
+    compared rows' own moves."""
     out = {}
     for p in ev.plateaus:
         own = [f for f in findings if p.judges(f)]
@@ -164,8 +148,7 @@ def _plateaus(findings: list[Finding], ev: Evidence) -> dict[str, dict]:
                 claims.replicated_gate(f, row.longer, p.longer, row=f.a_name, baseline=p.baseline)
         out[p.key] = claims.plateau_gate(own, p.label, p.base, p.longer, p.unit, p.spec, p.curves, p.longer_run)
         for f in own:
-            row = p.rows.get(f.a_name)
-            if row is not None:
+            if (row := p.rows.get(f.a_name)) is not None:
                 claims.compared_row_gate(f, row.label, row.base, row.longer, p.unit)
     return out
 
@@ -173,13 +156,11 @@ def _plateaus(findings: list[Finding], ev: Evidence) -> dict[str, dict]:
 def _tuning(findings: list[Finding], ev: Evidence) -> None:
     for t in ev.tuning:
         for f in findings:
-            why = [t.untuned[n] for n in (f.a_name, f.b_name) if n in t.untuned]
-            if why and t.judges(f):
+            if (why := _rows_in(f, t.untuned)) and t.judges(f):
                 claims.gate(f, "not tuned: " + "; ".join(why), "not tuned")
     for c in ev.controls:
-        for f in findings:
-            if c.judges(f):
-                claims.untuned_control_gate(f, c.untuned, c.name)
+        for f in filter(c.judges, findings):
+            claims.untuned_control_gate(f, c.untuned, c.name)
 
 
 _STAGES = {
@@ -189,9 +170,3 @@ _STAGES = {
     "plateau": _plateaus,
     "not tuned": _tuning,
 }
-
-
-def judged(findings: list[Finding], ev: Evidence) -> list[Finding]:
-    """``findings`` after :func:`judge`."""
-    judge(findings, ev)
-    return findings

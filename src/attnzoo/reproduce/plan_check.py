@@ -1,6 +1,5 @@
-"""Preconditions a plan can check before any training: each compared pair's parameter ratio against the paper's
-(``attnzoo reproduce --budget B --check-plan``), so that a claim is not gated "conditions" after its seeds trained.
-"""
+"""``attnzoo reproduce --check-plan``: each compared pair's parameter ratio against the paper's, checked before any
+training so that a claim is not gated "conditions" after its seeds trained."""
 
 from __future__ import annotations
 
@@ -8,13 +7,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from attnzoo.reproduce import claims, paper_claims
+from attnzoo.reproduce.common import md_table
 
 __all__ = ["SECTION_OF_TASK", "RATIO_TOLERANCE", "RatioCheck", "size_checks", "render_size_checks"]
 
-#: the report section that trains the rows of a claim about this task (the claims with a parameter ratio)
-SECTION_OF_TASK = {"image classification": "vision", "language modelling": "language"}
-
-#: how far (relative, either way) a pair's parameter ratio may be from the paper's and still count as its conditions
+SECTION_OF_TASK = {"image classification": "vision", "language modelling": "language"}  # trains a claim's rows
 RATIO_TOLERANCE = claims.SIZE_TOLERANCE
 
 
@@ -33,9 +30,7 @@ class RatioCheck:
     @property
     def ratio(self) -> float | None:
         """``params_a / params_b`` here (None when a row is not in the plan)."""
-        if not (self.params_a and self.params_b):
-            return None
-        return self.params_a / self.params_b
+        return self.params_a / self.params_b if self.params_a and self.params_b else None
 
     @property
     def planned(self) -> bool:
@@ -43,7 +38,6 @@ class RatioCheck:
 
     @property
     def holds(self) -> bool:
-        """The ratio is within :data:`RATIO_TOLERANCE` of the paper's, either way."""
         return self.ratio is not None and claims.within_ratio(self.ratio, self.paper_ratio, RATIO_TOLERANCE)
 
 
@@ -95,16 +89,13 @@ def size_checks(steps) -> list[RatioCheck]:
 
 def render_size_checks(checks: list[RatioCheck]) -> str:
     """A markdown table of the checks, one line each, and a closing line that counts the pairs off the paper's."""
-    from attnzoo.reproduce.common import md_table
-
     rows = []
     for c in checks:
         here = [f"{c.params_a:,} / {c.params_b:,}", f"{c.ratio:.2f}x"] if c.planned else ["-", "-"]
-        verdict = "holds" if c.holds else f"off by more than {RATIO_TOLERANCE:.0%}"
-        rows.append(
-            [f"`{c.claim_id}`", f"{c.row_a} vs {c.row_b}", *here, f"{c.paper_ratio:.2f}x"]
-            + [verdict if c.planned else "not planned"]
+        condition = (
+            "not planned" if not c.planned else "holds" if c.holds else f"off by more than {RATIO_TOLERANCE:.0%}"
         )
+        rows.append([f"`{c.claim_id}`", f"{c.row_a} vs {c.row_b}", *here, f"{c.paper_ratio:.2f}x", condition])
     off = sum(c.planned and not c.holds for c in checks)
     table = md_table(["claim", "pair", "parameters", "here", "paper", "condition"], rows)
     return f"{table}\n\n{off} of {sum(c.planned for c in checks)} planned pairs off the paper's parameter ratio.\n"

@@ -22,6 +22,8 @@ __all__ = ["write_report", "html_page", "FINDING_COLUMNS", "PLOTS_DIR", "CONFIGS
 
 PLOTS_DIR = "plots"
 FINDING_COLUMNS = ["check", "expected", "measured here", "verdict", "notes"]
+CLAIMS_COLUMNS = ["claim", "paper", "statement", "paper's figure", "test", "effect [95% CI] (margin)", "verdict"]
+CLAIMS_COLUMNS += ["section", "notes"]
 CONFIGS_FILE = "configs.md"
 _MARK = {"agrees": "agrees", "disagrees": "**disagrees**", "inconclusive": "inconclusive", "not tested": "not tested"}
 
@@ -37,23 +39,25 @@ def _summaries(out: Path, plan: dict, sections: list[str], records: dict, outcom
     result = []
     for key in sections:
         mod = SECTION_MODULES[key]
-        recs = {sid: r for sid, r in records.items() if r["section"] == key}
         try:
-            sec = mod.summarize(recs, plan[key], plots_dir, rel)
+            sec = mod.summarize(
+                {sid: r for sid, r in records.items() if r["section"] == key}, plan[key], plots_dir, rel
+            )
         except Exception as e:  # noqa: BLE001 - a broken summary must not hide the other sections
             sec = Section(key, mod.TITLE, notes=[f"summary failed: {type(e).__name__}: {e}"])
-        failed = [(sid, why) for sid, why in outcome.failed.items() if sid.split("/", 1)[0] == key]
-        sec.notes += [f"step `{sid}` failed: {why}" for sid, why in failed]
-        mine = [sid for sid in getattr(outcome, "missing", []) if sid.split("/", 1)[0] == key]
-        if mine:
+        sec.notes += [f"step `{sid}` failed: {why}" for sid, why in outcome.failed.items() if _in(sid, key)]
+        if missing := [f"`{sid}`" for sid in outcome.missing if _in(sid, key)]:
             sec.notes.insert(
                 0,
-                f"{len(mine)} step(s) of this section's plan were not computed (report written with --report-only): "
-                + ", ".join(f"`{sid}`" for sid in mine)
-                + ". Findings that need them are not tested, untuned or not shown to plateau.",
+                f"{len(missing)} step(s) of this section's plan were not computed (report written with --report-only): "
+                f"{', '.join(missing)}. Findings that need them are not tested, untuned or not shown to plateau.",
             )
         result.append(sec)
     return result
+
+
+def _in(step_id: str, section: str) -> bool:
+    return step_id.split("/", 1)[0] == section
 
 
 def effect_cell(f: dict) -> str:
@@ -66,23 +70,30 @@ def effect_cell(f: dict) -> str:
     return f"{f['effect']:+.3g} {f.get('unit', '')}{ci_txt}{margin}"
 
 
+def _blank_repeats():
+    """``once(column, value)``: the value, or "" when it equals the row above's in that column (read as "the same")."""
+    last: dict[str, str] = {}
+
+    def once(column: str, value: str) -> str:
+        same = last.get(column) == value
+        last[column] = value
+        return "" if same else value
+
+    return once
+
+
 def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], int]:
     """A section's implementation checks, their notes (rule, gate, explanation) numbered under the table."""
-    rows, notes = [], []
-    seen: dict[tuple[str, str], int] = {}
-    last: str | None = None
+    rows, notes, seen, once = [], [], {}, _blank_repeats()
     for f in findings:
         refs, start = _note_refs(f, seen, notes, start)
-        # a paper figure equal to the row above's is left blank (read as "the same")
-        same = bool(rows) and f["paper_value"] == last
-        last = f["paper_value"]
-        rows.append([f["claim"], "" if same else f["paper_value"], f["measured"], _verdict_cell(f), refs])
+        rows.append([f["claim"], once("paper_value", f["paper_value"]), f["measured"], _verdict_cell(f), refs])
     return md_table(FINDING_COLUMNS, rows), notes, start
 
 
 def _note_refs(f: dict, seen: dict[tuple[str, str], int], notes: list[str], start: int) -> tuple[str, int]:
-    """``[n] [m]``: the finding's own rule, gate and explanation as numbered notes, each said once (appended to
-    ``notes``; a repeat points back to its number); returns the next number."""
+    """``[n] [m]``: the finding's rule, gate and explanation as numbered notes, each printed once (a repeat points
+    back to its number); returns the next number."""
     refs = []
     for label, text in (("rule", _own_rule(f)), ("gated", f.get("gate")), ("why", f.get("explanation"))):
         if text and text != "-":
@@ -95,7 +106,6 @@ def _note_refs(f: dict, seen: dict[tuple[str, str], int], notes: list[str], star
 
 
 def _verdict_cell(f: dict) -> str:
-    """The verdict, with the numbers-alone verdict where a gate held it back."""
     return _MARK[f["verdict"]] + (f" ({f['ungated_verdict']} ungated)" if f.get("ungated_verdict") else "")
 
 
@@ -115,12 +125,19 @@ def _fmt_s(s: float) -> str:
     return f"{s / 60:.1f} min" if s >= 120 else f"{s:.0f} s"
 
 
+def _short_title(title: str) -> str:
+    """A section's title without its subtitle or parenthesis (``Adapting a pretrained ViT``), as tables cite it."""
+    return title.split(":")[0].split(" (")[0]
+
+
+def _paper_claims(secs: list[Section]) -> list[ClaimResult]:
+    return tally([(_short_title(s.title), f) for s in secs for f in s.findings if f.get("kind") == "paper"])
+
+
 def _summary(secs: list[Section], plan_name: str) -> list[str]:
     """The first screen: the claims counted once, the decided trained claims, the causes of the rest, the legend,
     then the claims table and the checks."""
-    allf = [(_short_title(s.title), f) for s in secs for f in s.findings]
-    claims_ = tally([(t, f) for t, f in allf if f.get("kind") == "paper"])
-    checks = [(t, f) for t, f in allf if f.get("kind") == "check"]
+    claims_ = _paper_claims(secs)
     lines = _headline(claims_) + _decided_lines(claims_) + _blocked_lines(claims_) + _legend_lines()
     lines += _scale_lines(secs)
     if plan_name == "smoke":
@@ -131,7 +148,9 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
         ]
     table, notes = _claims_table(claims_)
     lines += ["### The claims", "", table, ""] + [n + "  " for n in notes] + [""]
-    return lines + _checks_lines(checks)
+    return lines + _checks_lines(
+        [(_short_title(s.title), f) for s in secs for f in s.findings if f.get("kind") == "check"]
+    )
 
 
 def _checks_lines(checks: list[tuple[str, dict]]) -> list[str]:
@@ -141,49 +160,57 @@ def _checks_lines(checks: list[tuple[str, dict]]) -> list[str]:
     cc = Counter(f["verdict"] for _, f in checks)
     odd = Counter(t for t, f in checks if f["verdict"] != "agrees")
     where = "; those that do not agree: " + ", ".join(f"{t} {n}" for t, n in odd.items()) if odd else ""
-    counts = ", ".join(f"{cc.get(v, 0)} {v}" for v in VERDICTS if cc.get(v))
+    counts = ", ".join(f"{cc[v]} {v}" for v in VERDICTS if cc[v])
     return [f"Implementation checks (each in its section's table): {counts}{where}.", ""]
-
-
-def _short_title(title: str) -> str:
-    """A section's title without its subtitle or parenthesis (``Adapting a pretrained ViT``), as tables cite it."""
-    return title.split(":")[0].split(" (")[0]
 
 
 def _headline(claims_: list[ClaimResult]) -> list[str]:
     counts = Counter(c.verdict for c in claims_)
-    trained = [c for c in claims_ if c.trained]
-    tc = Counter(c.verdict for c in trained)
-    measured = [c for c in claims_ if not c.trained and c.verdict != "not tested"]
-    mc = Counter(c.verdict for c in measured)
+    trained = Counter(c.verdict for c in claims_ if c.trained)
+    measured = Counter(c.verdict for c in claims_ if not c.trained and c.verdict != "not tested")
+    n_trained = trained.total()
     return [
         f"**{len(claims_)} claims of the five papers, each counted once**: "
-        + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS)
-        + f". {len(trained)} rest on trained models over seeds: {tc.get('agrees', 0)} agree, "
-        f"{tc.get('disagrees', 0)} disagree, {len(trained) - tc.get('agrees', 0) - tc.get('disagrees', 0)} undecided. "
-        f"{len(measured)} are measurements (timings, memory, parameter-free iterations, probes of trained layers): "
-        + ", ".join(f"{mc.get(v, 0)} {v}" for v in VERDICTS if v != "not tested")
+        + ", ".join(f"{counts[v]} {v}" for v in VERDICTS)
+        + f". {n_trained} rest on trained models over seeds: {trained['agrees']} agree, {trained['disagrees']} "
+        f"disagree, {n_trained - trained['agrees'] - trained['disagrees']} undecided. {measured.total()} are "
+        "measurements (timings, memory, parameter-free iterations, probes of trained layers): "
+        + ", ".join(f"{measured[v]} {v}" for v in VERDICTS if v != "not tested")
         + ".",
         "",
     ]
 
 
 def _decided_lines(claims_: list[ClaimResult]) -> list[str]:
+    """Each decided trained claim with the effect of its deciding tests (a refuted superiority: the bar it misses)."""
     decided = [c for c in claims_ if c.trained and c.verdict in ("agrees", "disagrees")]
     if not decided:
         return ["**Decided trained claims**: none at this budget.", ""]
     lines = ["**Decided trained claims:**", ""]
     for c in decided:
-        for f in c.findings:
-            if f["verdict"] == c.verdict and f.get("ci95"):
-                margin = f", margin {f['margin']:.3g}" if f.get("margin") else ""
-                if f.get("refute_below") is not None and c.verdict == "disagrees":  # the bar a superiority misses
-                    rb, e = f["refute_below"], f["paper_effect"]
-                    margin = f", wholly below {rb:+.3g} ({REFUTE_FRACTION:g} of the paper's {e:+.3g})"
-                lines.append(f"- {f['paper']}, {f['claim']}: {effect_in_words(f)}{margin}: **{c.verdict}**.")
-            elif f["verdict"] == c.verdict:
+        for f in (f for f in c.findings if f["verdict"] == c.verdict):
+            if not f.get("ci95"):  # a measurement: its own sentence
                 lines.append(f"- {f['paper']}, {f['claim']}: {f['measured']}: **{c.verdict}**.")
+                continue
+            bar = f", margin {f['margin']:.3g}" if f.get("margin") else ""
+            if f.get("refute_below") is not None and c.verdict == "disagrees":  # the bar a superiority misses
+                rb, e = f["refute_below"], f["paper_effect"]
+                bar = f", wholly below {rb:+.3g} ({REFUTE_FRACTION:g} of the paper's {e:+.3g})"
+            lines.append(f"- {f['paper']}, {f['claim']}: {effect_in_words(f)}{bar}: **{c.verdict}**.")
     return lines + [""]
+
+
+def effect_in_words(f: dict) -> str:
+    """A comparison's effect as a sentence: ``a`` ahead of / behind ``b``, with its interval (positive favours a)."""
+    e, (lo, hi), unit = f["effect"], f["ci95"], f.get("unit", "")
+    if lo < 0 < hi:  # no direction shown: the point estimate, and how far the interval reaches on each side
+        return (
+            f"{f['a_name']} and {f['b_name']} differ by {e:+.3g} {unit}, no direction shown (95% CI from "
+            f"{-lo:.3g} behind to {hi:.3g} ahead)"
+        )
+    near, far = sorted((abs(lo), abs(hi)))  # an interval on one side: its ends as distances on that side
+    side = "ahead of" if e >= 0 else "behind"
+    return f"{f['a_name']} is {side} {f['b_name']} by {abs(e):.3g} {unit} (95% CI {near:.3g} to {far:.3g})"
 
 
 def _blocked_lines(claims_: list[ClaimResult]) -> list[str]:
@@ -191,24 +218,20 @@ def _blocked_lines(claims_: list[ClaimResult]) -> list[str]:
     blocked = [c for c in claims_ if c.cause]
     if not blocked:
         return []
-    by: dict[str, list[ClaimResult]] = {}
-    for c in blocked:
-        by.setdefault(c.cause, []).append(c)
     lines = [
         f"**What keeps the other {len(blocked)} claims undecided** (each under its first cause, in this order; "
         "ungated verdicts in the claims table):",
         "",
     ]
     for cause, text in CAUSES.items():
-        if cause in by:
-            ids = ", ".join(f"`{c.id}`" if ":" not in c.id else c.id for c in by[cause])
-            lines.append(f"- {text}: {len(by[cause])} ({ids})")
+        if ids := [f"`{c.id}`" if ":" not in c.id else c.id for c in blocked if c.cause == cause]:
+            lines.append(f"- {text}: {len(ids)} ({', '.join(ids)})")
     return lines + [""]
 
 
 def _legend_lines() -> list[str]:
     """The rule and every gate with the verdicts it holds back and why, stated once for the whole report."""
-    lines = [
+    return [
         "**How a verdict is reached** (stated once; a claim's notes give only its margin, source and gates):",
         "",
         "- Effect: the difference of the seed means, positive favouring the claim, with its 95% Welch-t interval. "
@@ -220,75 +243,41 @@ def _legend_lines() -> list[str]:
         "- A tuned row trains its seeds at the best rate of its own sweep, run on an unreported seed.",
         "- Gates: a failed precondition makes a decided verdict inconclusive (the numbers-alone verdict is shown as "
         "'ungated'); each holds back only the verdicts named:",
-    ]
-    for reason, rule in GATES.items():
-        lines.append(f"  - *{reason}* (holds back {' and '.join(rule.holds_back)}): {rule.why}.")
-    lines += [
+        *[
+            f"  - *{reason}* (holds back {' and '.join(rule.holds_back)}): {rule.why}."
+            for reason, rule in GATES.items()
+        ],
         "- Twice the steps (a side or both): the verdict stands only if the same rule gives it there and the "
         "interval there clears its boundary by more than the effect moved in that doubling.",
         "- Every paper claim's tests are in the claims table below, with their notes (own margin, gates, "
         "explanations); a section's own table lists its implementation checks.",
+        "",
     ]
-    return lines + [""]
-
-
-CLAIMS_COLUMNS = ["claim", "paper", "statement", "paper's figure", "test", "effect [95% CI] (margin)", "verdict"]
-CLAIMS_COLUMNS += ["section", "notes"]
 
 
 def _claims_table(claims_: list[ClaimResult]) -> tuple[str, list[str]]:
-    """One block of rows per claim: its statement once, then each test's figure, effect, verdict and notes; a
-    reference, paper figure or section equal to the row above's is left blank (read as "the same"). A claim tested
-    once takes its test's verdict; one tested several ways states its combined verdict after the statement."""
-    rows, notes, seen, start = [], [], {}, 1
-    last = {"paper": None, "paper_value": None, "section": None}
-
-    def once(key: str, value: str) -> str:
-        same = value == last[key]
-        last[key] = value
-        return "" if same else value
-
+    """One block of rows per claim: its statement once (with the combined verdict when tested several ways), then
+    each test's figure, effect, verdict and notes."""
+    rows, notes, seen, start, once = [], [], {}, 1, _blank_repeats()
     for c in claims_:
         for i, (section, f) in enumerate(c.tests):
             refs, start = _note_refs(f, seen, notes, start)
-            test = paper_claims.test_of(f.get("claim_id") or "") or "-"
             paper = once("paper", f["paper"])
             statement = f["claim"] + (f" (claim: {_MARK[c.verdict]})" if len(c.tests) > 1 else "")
             head = [f"`{c.id}`" if ":" not in c.id else "-", paper, statement] if i == 0 else ["", "", ""]
+            test = paper_claims.test_of(f.get("claim_id") or "") or "-"
             row = head + [once("paper_value", f["paper_value"]), test, effect_cell(f), _verdict_cell(f)]
             rows.append(row + [once("section", section), refs])
     return md_table(CLAIMS_COLUMNS, rows), notes
 
 
-def _num(x: float) -> str:
-    return f"{x:.3g}"
-
-
-def effect_in_words(f: dict) -> str:
-    """A comparison's effect as a sentence: ``a`` ahead of / behind ``b``, with its interval (positive favours a)."""
-    e, (lo, hi), unit = f["effect"], f["ci95"], f.get("unit", "")
-    if lo < 0 < hi:  # no direction shown: the point estimate alone, and the interval's reach on both sides
-        return (
-            f"{f['a_name']} and {f['b_name']} differ by {e:+.3g} {unit}, no direction shown (95% CI from "
-            f"{_num(-lo)} behind to {_num(hi)} ahead)"
-        )
-    near, far = sorted((abs(lo), abs(hi)))  # the interval on one side: its ends as distances on that side
-    side = "ahead of" if e >= 0 else "behind"
-    return f"{f['a_name']} is {side} {f['b_name']} by {_num(abs(e))} {unit} (95% CI {_num(near)} to {_num(far)})"
-
-
 def _scale_lines(secs: list[Section]) -> list[str]:
     """One line per trained section: its runs' scale against the papers' (``Section.scale``)."""
-    scaled = [s for s in secs if s.scale]
+    scaled = [f"- {s.title.split(':')[0]}: {s.scale}" for s in secs if s.scale]
     if not scaled:
         return []
-    return [
-        "**Scale.** These runs are laptop-sized, far below the papers' experiments; a verdict says what holds at "
-        "this scale:",
-        "",
-        *[f"- {s.title.split(':')[0]}: {s.scale}" for s in scaled],
-        "",
-    ]
+    intro = "**Scale.** These runs are laptop-sized, far below the papers' experiments; a verdict says what holds at "
+    return [intro + "this scale:", "", *scaled, ""]
 
 
 def _compute_md(secs: list[Section], records: dict) -> list[str]:
@@ -304,38 +293,28 @@ def _compute_md(secs: list[Section], records: dict) -> list[str]:
         kind = kinds[1] if "/lr-sweep/" in sid else kinds[2] if ablation else kinds[0]
         per.setdefault(r["section"], Counter())[kind] += r.get("wall_s", 0.0)
     total = sum(sum(c.values()) for c in per.values()) or 1.0
-    decided = _decided_by_section(secs)
+    decided: dict[str, list[str]] = {}  # a claim tested in two sections is listed under both
+    for c in _paper_claims(secs):
+        if c.trained and c.verdict in ("agrees", "disagrees"):
+            for title in dict.fromkeys(t for t, _ in c.tests):
+                decided.setdefault(title, []).append(f"`{c.id}`")
     rows = []
     for s in secs:
         c = per.get(s.key, Counter())
         ids = decided.get(_short_title(s.title), [])
         rows.append(
-            [_short_title(s.title)]
-            + [_fmt_s(c[k]) for k in kinds]
-            + [_fmt_s(sum(c.values())), f"{100 * sum(c.values()) / total:.0f}%"]
-            + [f"{len(ids)}: " + ", ".join(f"`{i}`" for i in ids) if ids else "0"]
+            [_short_title(s.title), *[_fmt_s(c[k]) for k in kinds], _fmt_s(c.total())]
+            + [f"{100 * c.total() / total:.0f}%", f"{len(ids)}: {', '.join(ids)}" if ids else "0"]
         )
-    head = ["section", *kinds, "total", "share", "trained claims decided"]
     return [
         "## Compute",
         "",
         "Thread time of the stored steps (each step runs on one thread) next to the trained paper claims each section "
         "decided (a claim tested in two sections is listed under both).",
         "",
-        md_table(head, rows),
+        md_table(["section", *kinds, "total", "share", "trained claims decided"], rows),
         "",
     ]
-
-
-def _decided_by_section(secs: list[Section]) -> dict[str, list[str]]:
-    """Section short title -> ids of the decided trained paper claims it tested."""
-    pairs = [(_short_title(s.title), f) for s in secs for f in s.findings if f.get("kind") == "paper"]
-    out: dict[str, list[str]] = {}
-    for c in tally(pairs):
-        if c.trained and c.verdict in ("agrees", "disagrees"):
-            for title in dict.fromkeys(t for t, _ in c.tests):
-                out.setdefault(title, []).append(c.id)
-    return out
 
 
 def write_report(
@@ -351,7 +330,6 @@ def write_report(
     workers: list[dict],
 ) -> None:
     secs = _summaries(out, plan, sections, records, outcome)
-    compute_s = sum(r.get("wall_s", 0.0) for r in records.values())
     cmd = "attnzoo reproduce " + " ".join(argv) if argv else f"attnzoo reproduce --budget {budget_name} --out {out}"
     meta = {
         "budget": budget_name,
@@ -360,9 +338,9 @@ def write_report(
         "machine": machine,
         "workers": workers,
         "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "compute_s": compute_s,
+        "compute_s": sum(r.get("wall_s", 0.0) for r in records.values()),
         "invocation_wall_s": outcome.wall_s,
-        "missing_steps": getattr(outcome, "missing", []),
+        "missing_steps": outcome.missing,
         "sections": [s.key for s in secs],
         "plan": plan,
     }
@@ -398,31 +376,27 @@ def _setup_rows(meta: dict, records: dict, outcome) -> list[list[str]]:
     ]
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
 def _workers_cell(workers: list[dict]) -> str:
-    """How this directory's steps were computed (run.json): "J jobs x T threads" per setting, with its step count
-    when invocations differed."""
+    """How this directory's steps were computed (run.json): "J jobs x T threads", with step counts if they differed."""
     if not workers:
         return "not recorded (no step was computed in this directory by a run that records its workers)"
-
-    def one(w: dict) -> str:
-        jobs, threads = w.get("jobs"), w.get("threads")
-        return f"{jobs} job{'s' * (jobs != 1)} x {threads} thread{'s' * (threads != 1)}"
-
+    cells = [f"{_plural(w.get('jobs'), 'job')} x {_plural(w.get('threads'), 'thread')}" for w in workers]
     if len(workers) == 1:
-        return one(workers[0])
-    return "; ".join(f"{one(w)} ({w.get('steps', 0)} step{'s' * (w.get('steps', 0) != 1)})" for w in workers)
+        return cells[0]
+    return "; ".join(f"{cell} ({_plural(w.get('steps', 0), 'step')})" for cell, w in zip(cells, workers, strict=True))
 
 
 def _clock_span(records: dict) -> str:
-    """The wall clock from the first start to the last finish of the steps computed here (an upper bound on their
-    computing time: pauses between invocations count)."""
+    """First start to last finish of the steps computed here (an upper bound: pauses between invocations count)."""
     own = [r for r in records.values() if not r.get("imported_from") and r.get("started") and r.get("finished")]
     if not own:
         return "no step computed in this directory"
-    start = min(r["started"] for r in own)
-    end = max(r["finished"] for r in own)
-    fmt = "%Y-%m-%dT%H:%M:%S"
-    span = time.mktime(time.strptime(end, fmt)) - time.mktime(time.strptime(start, fmt))
+    start, end = min(r["started"] for r in own), max(r["finished"] for r in own)
+    span = time.mktime(time.strptime(end, "%Y-%m-%dT%H:%M:%S")) - time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S"))
     return (
         f"its {len(own)} steps computed here ran from {start.replace('T', ' ')} to {end.replace('T', ' ')} "
         f"({_fmt_s(span)} of wall clock, first start to last finish)"
@@ -443,33 +417,33 @@ def _report_md(secs: list[Section], setup: list, budget_name: str, records: dict
     md += ["- [Compute](#compute)", "- [Provenance](#provenance)", ""]
     for s in secs:
         md += _section_md(s)
-    md += _compute_md(secs, records)
-    md += [
-        "## Provenance",
-        "",
-        "Everything above was generated by the command below from the stored steps: "
-        + _imported_text(records)
-        + f"Re-running it reuses finished steps. Each step's configuration and time: [{CONFIGS_FILE}]({CONFIGS_FILE}).",
-        "",
-        md_table(["item", "value"], setup),
-        "",
-    ]
-    return md
+    return (
+        md
+        + _compute_md(secs, records)
+        + [
+            "## Provenance",
+            "",
+            "Everything above was generated by the command below from the stored steps: "
+            + _imported_text(records)
+            + f"Re-running it reuses finished steps. Each step's configuration and time: [{CONFIGS_FILE}]"
+            f"({CONFIGS_FILE}).",
+            "",
+            md_table(["item", "value"], setup),
+            "",
+        ]
+    )
 
 
 def _imported_text(records: dict[str, dict]) -> str:
     """Which steps were measured in this run and which were imported from earlier ones (``--reuse``)."""
-    imported: dict[str, dict[str, int]] = {}
+    imported: dict[str, Counter] = {}
     for rec in records.values():
         if rec.get("imported_from"):
-            by = imported.setdefault(rec["imported_from"], {})
-            by[rec.get("section", "?")] = by.get(rec.get("section", "?"), 0) + 1
+            imported.setdefault(rec["imported_from"], Counter())[rec.get("section", "?")] += 1
     if not imported:
         return "every step was measured in this run. "
-    n = sum(sum(v.values()) for v in imported.values())
-    parts = [
-        f"`{src}` ({', '.join(f'{sec} {k}' for sec, k in sorted(by.items()))})" for src, by in sorted(imported.items())
-    ]
+    n = sum(c.total() for c in imported.values())
+    parts = [f"`{src}` ({', '.join(f'{s} {k}' for s, k in sorted(c.items()))})" for src, c in sorted(imported.items())]
     return (
         f"{len(records) - n} of {len(records)} steps were measured in this run; {n} were imported unchanged "
         f"(same configuration) with `--reuse`: {'; '.join(parts)}; their figures, timings included, were measured "
@@ -478,47 +452,32 @@ def _imported_text(records: dict[str, dict]) -> str:
 
 
 def _section_md(s: Section) -> list[str]:
-    md = [f"## {s.title}", ""]
-    if s.intro:
-        md += [s.intro, ""]
-    for t in s.tables:
-        if not t.appendix:
-            md += _table_md(t)
+    md = [f"## {s.title}", ""] + ([s.intro, ""] if s.intro else [])
+    md += [line for t in s.tables if not t.appendix for line in _table_md(t)]
     if any(t.appendix for t in s.tables):
         md += [f"Learning-rate sweeps: [{CONFIGS_FILE}]({CONFIGS_FILE}#{_anchor(_short_title(s.title))}).", ""]
-    for path, caption in s.plots:
-        # the caption is printed under the figure; the alt text names the figure only
+    for path, caption in s.plots:  # the alt text names the figure; the caption is printed under it
         md += [f"![{Path(path).stem.replace('_', ' ')}]({path})", "", f"*{caption}*", ""]
-    plateau = s.data.get("plateau") if isinstance(s.data, dict) else None
-    if plateau:
+    if plateau := s.data.get("plateau") if isinstance(s.data, dict) else None:
         items = plateau.values() if "text" not in plateau else [plateau]
         md += ["Plateau evidence: " + "; ".join(p["text"] for p in items) + ".", ""]
-    checks = [f for f in s.findings if f.get("kind") != "paper"]  # paper claims: in the summary's claims table
-    if checks:
+    if checks := [f for f in s.findings if f.get("kind") != "paper"]:  # paper claims: in the summary's claims table
         table, notes, _ = _findings_md(checks)
-        md += [f"### {_short_title(s.title)}: implementation checks", "", table, ""]
-        md += [n + "  " for n in notes] + [""]
-    for n in s.notes:
-        md += [f"> {n}", ""]
-    return md
+        md += [f"### {_short_title(s.title)}: implementation checks", "", table, ""] + [n + "  " for n in notes] + [""]
+    return md + [line for n in s.notes for line in (f"> {n}", "")]
 
 
 def _table_md(t) -> list[str]:
     return [f"### {t.title}", "", t.markdown(), ""] + ([t.caption, ""] if t.caption else [])
 
 
-def _sweeps_md(secs: list[Section]) -> list[str]:
-    """The learning-rate sweeps of every section, under the section's short title (the report links here)."""
+def _configs_md(seed: int, records: dict, secs: list[Section]) -> list[str]:
+    """configs.md: every section's learning-rate sweeps (the report links here), then each step's config."""
     md = []
     for s in secs:
-        sweeps = [t for t in s.tables if t.appendix]
-        if sweeps:
+        if sweeps := [t for t in s.tables if t.appendix]:
             md += [f"## {_short_title(s.title)}", ""] + [line for t in sweeps for line in _table_md(t)]
-    return (["# Learning-rate sweeps", ""] + md) if md else []
-
-
-def _configs_md(seed: int, records: dict, secs: list[Section] = ()) -> list[str]:
-    md = _sweeps_md(list(secs)) + [
+    md = (["# Learning-rate sweeps", ""] + md if md else []) + [
         "## Run configurations",
         "",
         "Each step is one training run or one measurement, stored in `steps/<id>.json` with its exact config "
@@ -533,16 +492,8 @@ def _configs_md(seed: int, records: dict, secs: list[Section] = ()) -> list[str]
     ]
     md += [md_table(["step", "config hash", "wall s", "finished"], cfg_rows), ""]
     for sid, rec in records.items():
-        md += [
-            f"<details><summary><code>{sid}</code></summary>",
-            "",
-            "```json",
-            json.dumps(rec.get("config", {}), indent=1, sort_keys=True),
-            "```",
-            "",
-            "</details>",
-            "",
-        ]
+        config = json.dumps(rec.get("config", {}), indent=1, sort_keys=True)
+        md += [f"<details><summary><code>{sid}</code></summary>", "", "```json", config, "```", "", "</details>", ""]
     return md
 
 
@@ -584,8 +535,7 @@ def _results_payload(meta: dict, secs: list[Section], records: dict, failed: dic
 
 
 def _anchor(title: str) -> str:
-    keep = "".join(c for c in title.lower() if c.isalnum() or c in " -")
-    return keep.replace(" ", "-")
+    return "".join(c for c in title.lower() if c.isalnum() or c in " -").replace(" ", "-")
 
 
 _STYLE = (

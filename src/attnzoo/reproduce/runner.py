@@ -14,6 +14,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from attnzoo._io import all_or_nothing, write_error, write_json
@@ -24,8 +25,7 @@ from attnzoo.reproduce.report import CONFIGS_FILE
 from attnzoo.reproduce.sections import ALIASES, SECTION_MODULES
 from attnzoo.reproduce.store import Interrupted, Step, StepStore, config_hash
 
-#: identifies a reproduce output directory and pins its budget and seed
-RUN_FILE = "run.json"
+RUN_FILE = "run.json"  # marks a reproduce directory and pins its budget and seed
 
 
 class ReproduceError(ValueError):
@@ -37,6 +37,7 @@ class RunOutcome:
     out: Path
     report: Path
     results: Path
+    records: dict[str, dict] = field(default_factory=dict)
     computed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
@@ -103,8 +104,8 @@ def _refuse_foreign_out(out: Path) -> None:
 
 
 def _one_writer(fn):
-    """Run ``fn(out, ...)`` holding ``out``'s lock (one ``attnzoo reproduce`` per directory; a second one fails at
-    once naming the first); ``out=None`` becomes a new ``results/<timestamp>`` directory."""
+    """Run ``fn(out, ...)`` holding ``out``'s lock (a second writer fails at once, naming the first); ``out=None``
+    becomes a new ``results/<timestamp>`` directory."""
 
     @functools.wraps(fn)
     def locked(out: str | os.PathLike | None = None, *args, **kwargs):
@@ -125,8 +126,7 @@ def _read_meta(out: Path) -> dict:
 
 
 def _prepare_out(out: Path, budget_name: str, seed: int) -> dict:
-    """Create or reopen ``out``; a directory from another budget/seed or a foreign non-empty one is refused."""
-    _refuse_foreign_out(out)
+    """Create or reopen ``out``; a run of another budget or seed is refused."""
     marker = out / RUN_FILE
     if not marker.is_file():
         out.mkdir(parents=True, exist_ok=True)
@@ -153,10 +153,7 @@ def machine_description(device: str) -> dict:
     """CPU model, threads, torch/python versions and the GPU if any."""
     from attnzoo.bench.runner import machine_info
 
-    info = machine_info(torch.device(device))
-    info["platform"] = platform.platform()
-    info["numpy"] = __import__("numpy").__version__
-    return info
+    return machine_info(torch.device(device)) | {"platform": platform.platform(), "numpy": np.__version__}
 
 
 @_one_writer
@@ -196,7 +193,7 @@ def run(
             print(f"reproduce: reused {n} stored step(s) from {src}", file=sys.stderr)
     ctx = Context(out=out, store=store, seed=seed, device=device, progress=progress)
     outcome = RunOutcome(out, out / "report.md", out / "results.json")
-    records: dict[str, dict] = {}
+    records = outcome.records
     again = resume_command(out, budget_name, seed, only)
     try:
         _execute(_select(steps, sections), ctx, outcome, records, progress, jobs, threads, report_only)
@@ -214,12 +211,10 @@ def run(
     if not report_only:
         sections = _with_finished_sections(sections, steps, store, records)
     outcome.wall_s = time.perf_counter() - t_start
-    with _report_or_nothing(out, outcome, again):  # report.md only together with results.json
+    with _report_or_nothing(out, outcome, again):
         argv = argv if argv is not None else sys.argv[1:]
         machine = machine_description(device)
-        write_report(
-            out, b, budget_name, seed, sections, records, outcome, machine, argv, workers=recorded_workers(out)
-        )
+        write_report(out, b, budget_name, seed, sections, records, outcome, machine, argv, recorded_workers(out))
     return outcome
 
 
@@ -227,45 +222,31 @@ def _execute(todo, ctx, outcome, records, progress, jobs, threads, report_only) 
     """Compute the missing steps of ``todo`` (in ``jobs`` processes), or with ``report_only`` only load them."""
     if report_only:  # nothing computed: the report says which steps of the plan it lacks
         for step in todo:
-            rec = ctx.store.load(step)
-            if rec is None:
+            if not _reuse(step, ctx.store, outcome, records, complete=False):
                 outcome.missing.append(step.id)
-            else:
-                records[step.id] = rec
-                outcome.skipped.append(step.id)
         return
     try:
-        if jobs > 1:
-            _run_steps_parallel(todo, ctx, outcome, records, progress, jobs, threads)
-        else:
-            _run_steps(todo, ctx, outcome, records, progress)
-    finally:  # an interrupted invocation's computed steps are stored, so their workers are recorded too
-        # workers are spawned with --threads (1 unless given); a --jobs 1 run computes in this process
+        _compute(todo, ctx, outcome, records, progress, jobs, threads, "reproduce")
+    finally:  # an interrupted invocation's stored steps are counted too; --jobs 1 computes in this process
         per_worker = (threads or 1) if jobs > 1 else torch.get_num_threads()
         _record_workers(ctx.out, jobs, per_worker, len(outcome.computed))
 
 
-@dataclass
-class StepsDone:
-    """What :func:`execute_steps` did: the records of the steps and which were computed, reused or failed."""
-
-    records: dict[str, dict]
-    computed: list[str]
-    skipped: list[str]
-    failed: dict[str, str]
-
-
 def execute_steps(
     steps: list[Step], ctx: Context, *, jobs: int = 1, threads: int | None = None, progress: bool = True, name: str
-) -> StepsDone:
-    """Load each finished step of ``steps`` and compute each missing one (in ``jobs`` processes), for every command
-    that runs a plan of steps (``attnzoo compare``); ``name`` labels the progress bar and the failure lines."""
-    outcome, records = RunOutcome(ctx.out, ctx.out, ctx.out), {}
+) -> RunOutcome:
+    """Load each finished step and compute each missing one (in ``jobs`` processes), for other commands that run a
+    plan of steps (``attnzoo compare``); ``name`` labels the progress bar and the failure lines."""
+    outcome = RunOutcome(ctx.out, ctx.out, ctx.out)
+    _compute(steps, ctx, outcome, outcome.records, progress, jobs, threads, name)
+    return outcome
+
+
+def _compute(todo, ctx, outcome, records, progress, jobs, threads, name) -> None:
     if jobs > 1:
-        _run_steps_parallel(steps, ctx, outcome, records, progress, jobs, threads, name)
+        _run_steps_parallel(todo, ctx, outcome, records, progress, jobs, threads, name)
     else:
-        _run_steps(steps, ctx, outcome, records, progress, name)
-    return StepsDone(records, outcome.computed, outcome.skipped, outcome.failed)
+        _run_steps(todo, ctx, outcome, records, progress, name)
 
 
 def _complete(rec: dict | None) -> dict | None:
@@ -274,8 +255,8 @@ def _complete(rec: dict | None) -> dict | None:
 
 
 def _record_workers(out: Path, jobs: int, threads: int, computed: int) -> None:
-    """Add ``computed`` steps to run.json's ``workers`` entry for ``jobs`` processes of ``threads`` torch threads:
-    the report states how the steps were computed, not the threads of the process that renders it."""
+    """Count ``computed`` steps under run.json's ``workers`` entry for ``jobs`` x ``threads``: the report states how
+    the steps were computed, not the threads of the process that renders it."""
     if computed == 0:
         return
     meta = _read_meta(out)
@@ -315,18 +296,16 @@ def _stored_records(path: Path) -> dict:
 def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore, *, slimmed: bool = False) -> int:
     """Store the records of another run (results.json or directory) whose config hash equals this plan's, unless
     stored here already; returns how many. A published record without its plot arrays (``result_slimmed``) is taken
-    only with ``slimmed=True`` (``--report-only``); a run that computes takes the step again instead."""
+    only with ``slimmed=True`` (``--report-only``): a run that computes takes the step again instead."""
     path = Path(path)
     stored = _stored_records(path)
     n = 0
     for step in steps:
         rec = stored.get(step.id)
-        if not isinstance(rec, dict) or store.load(step) is not None:
+        if not isinstance(rec, dict) or store.load(step) is not None or "result" not in rec:
             continue
-        if config_hash(rec.get("config", {})) != step.hash or "result" not in rec:
+        if config_hash(rec.get("config", {})) != step.hash or (rec.get("result_slimmed") and not slimmed):
             continue
-        if rec.get("result_slimmed") and not slimmed:
-            continue  # a published record without its plot arrays (publish_report.sh): computed again instead
         # a step's run directory (checkpoints a later step loads, e.g. a pretrained model) comes with its record
         runs = path / "runs" / step.id if path.is_dir() else None
         if runs is not None and runs.is_dir() and not store.run_dir(step.id).exists():
@@ -334,7 +313,7 @@ def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore,
         # the source's name only (a local path would leak into a published report); kept through re-imports
         origin = rec.get("imported_from") or (path.resolve() if path.is_dir() else path.resolve().parent).name
         wall_s = float(rec.get("wall_s", 0.0))
-        store.save(step, rec["result"], wall_s, time.time(), imported_from=origin, slimmed=rec.get("result_slimmed"))
+        store.save(step, rec["result"], wall_s, time.time(), origin, rec.get("result_slimmed"))
         n += 1
     return n
 
@@ -367,9 +346,9 @@ def _resolve_device(device: str) -> str:
     return device
 
 
-def _reuse(step: Step, store: StepStore, outcome: RunOutcome, records: dict) -> bool:
-    """Take ``step``'s finished record from the store, if it has one."""
-    rec = _complete(store.load(step))
+def _reuse(step: Step, store: StepStore, outcome: RunOutcome, records: dict, complete: bool = True) -> bool:
+    """Take ``step``'s finished record from the store, if it has one (``complete``: one with its plot arrays)."""
+    rec = _complete(store.load(step)) if complete else store.load(step)
     if rec is not None:
         records[step.id] = rec
         outcome.skipped.append(step.id)
@@ -380,6 +359,11 @@ def _failed(step: Step, e: Exception, outcome: RunOutcome, bar, name: str, progr
     outcome.failed[step.id] = f"{type(e).__name__}: {e}"
     if progress:
         bar.write(f"{name}: step {step.id} failed: {type(e).__name__}: {e}")
+
+
+def _stored(step: Step, computed: tuple[dict, float, float], ctx: Context, outcome: RunOutcome, records: dict) -> None:
+    records[step.id] = ctx.store.save(step, *computed)
+    outcome.computed.append(step.id)
 
 
 def _run_steps(
@@ -398,7 +382,7 @@ def _run_steps(
                 outcome.failed[step.id] = f"skipped: depends on failed step(s) {bad}"
                 continue
             try:
-                result, wall_s, started = _compute_step(ctx, step)
+                computed = _compute_step(ctx, step)
             except (Interrupted, KeyboardInterrupt):
                 raise
             except Exception as e:  # noqa: BLE001 - one failed run must not lose the others; it is reported
@@ -406,20 +390,14 @@ def _run_steps(
                 if progress:
                     traceback.print_exc(file=sys.stderr)
                 continue
-            records[step.id] = ctx.store.save(step, result, wall_s, started)
-            outcome.computed.append(step.id)
+            _stored(step, computed, ctx, outcome, records)
 
 
 def _compute_step(ctx: Context, step: Step) -> tuple[dict, float, float]:
     """Run one step (in this process or a worker): ``(result, wall_s, started)``."""
-    started = time.time()
-    t0 = time.perf_counter()
+    started, t0 = time.time(), time.perf_counter()
     result = step.fn(ctx, step)
     return result, time.perf_counter() - t0, started
-
-
-def _init_worker(threads: int) -> None:
-    torch.set_num_threads(threads)
 
 
 def _run_steps_parallel(
@@ -445,7 +423,7 @@ def _run_steps_parallel(
     wctx = Context(out=ctx.out, store=ctx.store, seed=ctx.seed, device=ctx.device, progress=False)
     bar = tqdm(total=len(pending), desc=f"{name} ({jobs} jobs)", unit="step", disable=not progress, file=sys.stderr)
     spawn = mp.get_context("spawn")
-    pool = cf.ProcessPoolExecutor(jobs, mp_context=spawn, initializer=_init_worker, initargs=(threads or 1,))
+    pool = cf.ProcessPoolExecutor(jobs, mp_context=spawn, initializer=torch.set_num_threads, initargs=(threads or 1,))
     running: dict = {}
     try:
         while pending or running:
@@ -470,14 +448,13 @@ def _run_steps_parallel(
                 step = running.pop(fut)
                 bar.update(1)
                 try:
-                    result, wall_s, started = fut.result()
+                    computed = fut.result()
                 except Interrupted:
                     raise
                 except Exception as e:  # noqa: BLE001 - one failed run must not lose the others; it is reported
                     _failed(step, e, outcome, bar, name, progress)
                     continue
-                records[step.id] = ctx.store.save(step, result, wall_s, started)
-                outcome.computed.append(step.id)
+                _stored(step, computed, ctx, outcome, records)
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         raise
@@ -489,12 +466,9 @@ def _run_steps_parallel(
 def _with_finished_sections(sections: list[str], steps: list[Step], store: StepStore, records: dict) -> list[str]:
     """Sections not selected this time still appear when all their steps were computed earlier."""
     sections = list(sections)
-    for key in SECTIONS:
-        sec_steps = [s for s in steps if s.section == key]
-        if key in sections or not sec_steps:
-            continue
-        recs = {s.id: store.load(s) for s in sec_steps}
-        if all(recs.values()):
+    for key in [k for k in SECTIONS if k not in sections]:
+        recs = {s.id: store.load(s) for s in steps if s.section == key}
+        if recs and all(recs.values()):
             records.update(recs)
             sections.append(key)
     return [k for k in SECTIONS if k in sections]

@@ -23,8 +23,7 @@ class Interrupted(Exception):
     """A step was stopped by SIGINT/SIGTERM (its partial state is checkpointed where the step supports it)."""
 
 
-#: the run files whose SHA-256 a step's record keeps (relative to the step's run directory)
-RUN_FILES_CHECKED = ("final.json",)
+RUN_FILES_CHECKED = ("final.json",)  # the run files whose SHA-256 a step's record keeps
 
 
 def _content_hash(rec: dict) -> str:
@@ -36,6 +35,14 @@ def _content_hash(rec: dict) -> str:
 
 def _file_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _read(p: Path) -> Any:
+    return json.loads(p.read_bytes().decode("utf-8"))
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())
 
 
 def _notice(msg: str) -> None:
@@ -86,16 +93,15 @@ class StepStore:
         if not p.is_file():
             return None
         try:
-            rec = json.loads(p.read_bytes().decode("utf-8"))
+            rec = _read(p)
             if not isinstance(rec, dict):
                 raise ValueError(f"a JSON object was expected, got {type(rec).__name__}")
         except (OSError, ValueError) as e:
-            _notice(f"{p} is unreadable ({' '.join(str(e).split())[:200]}); step {step.id} is computed again")
+            _notice(f"{p} is unreadable ({_one_line(e)[:200]}); step {step.id} is computed again")
             return None
         if rec.get("config_hash") != step.hash:
             return None
-        why = self._damage(rec)
-        if why is not None:
+        if why := self._damage(rec):
             _notice(f"{why}; step {step.id} is computed again instead of reported")
             return None
         return rec
@@ -127,14 +133,13 @@ class StepStore:
         if not p.is_file():
             return None
         try:
-            rec = json.loads(p.read_bytes().decode("utf-8"))
+            rec = _read(p)
         except ValueError as e:  # JSONDecodeError / UnicodeDecodeError
             raise ValueError(
-                f"stored step result {p} is corrupt ({' '.join(str(e).split())}); delete it so that "
-                f"step {step_id!r} is computed again"
+                f"stored step result {p} is corrupt ({_one_line(e)}); delete it so that step {step_id!r} is computed "
+                "again"
             ) from e
-        why = self._damage(rec) if isinstance(rec, dict) else f"{p} holds no JSON object"
-        if why is not None:
+        if why := self._damage(rec) if isinstance(rec, dict) else f"{p} holds no JSON object":
             raise ValueError(
                 f"stored step result {p} is damaged: {why}; delete it so that step {step_id!r} is computed again"
             )
@@ -149,9 +154,10 @@ class StepStore:
         imported_from: str | None = None,
         slimmed: list[str] | None = None,
     ) -> dict:
-        """Store ``result`` of ``step`` with the SHA-256 of the record and of its run's files (a failed write is a
-        ``WriteError`` naming both); ``imported_from``: the earlier run it was taken from (``--reuse``); ``slimmed``:
-        the plot arrays a published record lacks (kept, so a later computing run takes the step again)."""
+        """Store ``result`` of ``step`` with the SHA-256 of the record and of its run's files; ``imported_from``: the
+        run it was taken from (``--reuse``); ``slimmed``: the plot arrays it lacks (a computing run redoes the step)."""
+        files = (self.run_dir(step.id) / name for name in RUN_FILES_CHECKED)
+        hashes = {f.relative_to(self.root).as_posix(): _file_hash(f) for f in files if f.is_file()}
         rec = {
             "id": step.id,
             "section": step.section,
@@ -162,18 +168,10 @@ class StepStore:
             "wall_s": round(wall_s, 3),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            **({"imported_from": imported_from} if imported_from else {}),
+            **({"result_slimmed": list(slimmed)} if slimmed else {}),
+            **({"files": hashes} if hashes else {}),
         }
-        if imported_from:
-            rec["imported_from"] = imported_from
-        if slimmed:
-            rec["result_slimmed"] = list(slimmed)
-        files = {}
-        for name in RUN_FILES_CHECKED:
-            f = self.run_dir(step.id) / name
-            if f.is_file():
-                files[f.relative_to(self.root).as_posix()] = _file_hash(f)
-        if files:
-            rec["files"] = files
         # the hash of what a reader gets back: the record as JSON text, read again
         rec = json.loads(json.dumps(to_jsonable(rec)))
         rec["sha256"] = _content_hash(rec)
@@ -184,11 +182,11 @@ class StepStore:
         return rec
 
     def clean_leftovers(self) -> list[Path]:
-        """Delete the temporaries killed or failed writes left (``.NAME.<random>.tmp``) under ``steps/``, ``runs/``
-        and beside the reports; the caller holds the directory's lock."""
-        tmp = r"\..+\.[^.]+\.tmp"  # what an atomic write leaves when killed: .NAME.<random>.tmp
-        gone = [p for d in ("steps", "runs") for p in (self.root / d).rglob(".*.tmp") if p.is_file()]
-        gone = [p for p in gone if re.fullmatch(tmp, p.name)]
+        """Delete what killed or failed atomic writes left (``.NAME.<random>.tmp``) under ``steps/``, ``runs/`` and
+        beside the reports; the caller holds the directory's lock."""
+        tmp = r"\..+\.[^.]+\.tmp"
+        gone = [p for d in ("steps", "runs") for p in (self.root / d).rglob(".*.tmp") if re.fullmatch(tmp, p.name)]
+        gone = [p for p in gone if p.is_file()]
         if self.root.is_dir():
             top = r"\.(report\.md|report\.html|results\.json|run\.json)\.[^.]+\.tmp"
             gone += [p for p in self.root.iterdir() if p.is_file() and re.fullmatch(top, p.name)]

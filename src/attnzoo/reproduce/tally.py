@@ -1,14 +1,10 @@
-"""The claims counted once: a paper claim tested several ways (per task, in two skeletons) is one row with one
-verdict, made from its tests' verdicts by the claim table's one combining rule, and one cause when it is undecided.
-"""
+"""The claims counted once: a claim tested several ways is one row, with one verdict and, undecided, one cause."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from attnzoo.reproduce import paper_claims
-
-__all__ = ["CAUSES", "ClaimResult", "combine", "tally", "cause_of"]
 
 #: why a claim is undecided, in the order a claim is filed under (its first cause): what was knowable before
 #: training first, then what training showed, then too little evidence
@@ -54,8 +50,7 @@ class ClaimResult:
 
 
 def combine(verdicts: list[str]) -> str:
-    """The claim table's rule (:data:`paper_claims.COMBINE_EVERY`): disagrees if any test that decides disagrees,
-    agrees if every test that decides agrees (and one does), not tested if no test ran, else inconclusive."""
+    """The claim table's rule (:data:`paper_claims.COMBINE_EVERY`); not tested if no test ran."""
     if "disagrees" in verdicts:
         return "disagrees"
     if "agrees" in verdicts:
@@ -67,8 +62,7 @@ def combine(verdicts: list[str]) -> str:
 
 def cause_of(findings: list[dict]) -> str:
     """The first cause (in :data:`CAUSES` order) that keeps a claim's tests from a verdict: a gate that held a
-    decided verdict back first, then any gate of an inconclusive test; without a gate, a test that its run at twice
-    the steps decides, then a measurement without an interval (its rule's threshold), else a too wide interval."""
+    decided verdict back, then any gate of an inconclusive test, then what the numbers lack."""
     if all(f["verdict"] == "not tested" for f in findings):
         return "not tested"
     gated = {r for f in findings if f.get("ungated_verdict") for r in f.get("gate_reasons", ())}

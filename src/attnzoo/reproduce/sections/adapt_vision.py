@@ -245,8 +245,7 @@ def _acc(res: dict, row: str) -> claims.Stat | None:
 
 
 def _row_data(st: dict) -> dict:
-    acc = st["accuracy"]
-    out = {"accuracy_mean": acc.mean, "accuracy_std": acc.std, "accuracy_per_seed": list(acc.values)}
+    out = common.stat_data("accuracy", st["accuracy"])
     out |= {"swapped_accuracy_mean": st["swapped"].mean, "params": st["params"], "forward_flops_per_image": st["flops"]}
     return out | {"ms_per_step": st["ms_per_step"], "seeds": st["seeds"]}
 
@@ -272,15 +271,13 @@ def _table(res: dict) -> Table:
 
 def _intro(plan: dict) -> str:
     arch, pre, ft = plan["arch"], plan["pretrain"], plan["finetune"]
-    n, rate = plan.get("seeds", 1), f"lr {ft['lr']}"
-    if lrs := plan.get("finetune_lr_sweep"):
-        rate = f"each row at the best rate of its sweep over {', '.join(f'{x:g}' for x in lrs)}"
+    rate = common.rate_text(plan.get("finetune_lr_sweep", []), ft["lr"])
     return (
         f"A softmax ViT (width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, patch "
         f"{arch['patch_size']}) is pretrained on `{plan['task']}` ({pre['steps']} steps of batch {pre['batch_size']}, "
         f"lr {pre['lr']}). Each row swaps its attention, keeping the pretrained projections it has, and fine-tunes "
         f"every weight for {ft['steps']} steps of batch {ft['batch_size']} with AdamW ({rate}), without attention "
-        f"transfer as in Fig. 9; {n} seed{'s' if n > 1 else ''} per row. CBSA keeps Fig. 9's q/k/v projections "
+        f"transfer as in Fig. 9; {common.seeds_text(plan.get('seeds', 1))}. CBSA keeps Fig. 9's q/k/v projections "
         f"(attnzoo's CBSA layer has one, eq 8), with {tuple(plan['rep_grid'])}-pooled queries as representatives."
     )
 

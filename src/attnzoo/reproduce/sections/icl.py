@@ -166,12 +166,10 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.add_plot(_plot(curves, d), plots_dir / "icl.png", rel, "Error / d vs in-context examples (AoT Fig. 6).")
     ev = _findings(sec, curves, finals, records, plan)
     sec.data["val_curves"] = val = per_row(lambda rs: common.mean_val_curve(rs, "normalized_error"))
-    caption = (
-        "Validation error (mean over k, seed means) during training; points before the last use "
-        f"{common.CURVE_EVAL_BATCHES} validation batches."
+    path = plots_dir / "icl_curves.png"
+    sec.add_curves(
+        list(val.items()), path, rel, "error / d", "In-context: validation curves", "mean over k, seed means"
     )
-    path, ylabel = plots_dir / "icl_curves.png", "validation error / d"
-    sec.add_curves(list(val.items()), path, rel, ylabel, "In-context: validation curves", caption)
     ev.plateaus = _plateaus(records, finals)
     _tune(sec, records, plan, ev)
     sec.data["plateau"] = judge(sec.findings, ev)
@@ -210,13 +208,16 @@ def _plateaus(records: dict, finals: dict) -> list[Plateau]:
 
 def _with_2x(records: dict, task: str, name: str) -> tuple[claims.Stat | None, claims.Stat | None]:
     """Row ``name``'s error averaged over k at the reported steps and at twice them."""
-    return _mean_over_k(records, task, name), _mean_over_k(records, task, f"{name}@2x-steps")
+    return _mean_over_k(records, task, name), common.longer_stat(records, f"{KEY}/{task}/{name}", _error_over_k)
+
+
+def _error_over_k(result: dict) -> float:
+    """A seed's error averaged over the number of in-context examples (the comparison's metric)."""
+    return float(np.mean(result["error_per_position"]))
 
 
 def _mean_over_k(records: dict, task: str, name: str) -> claims.Stat | None:
-    """Each seed's error averaged over the number of in-context examples (the comparison's metric)."""
-    runs = common.per_seed(records, f"{KEY}/{task}/{name}")
-    return claims.stat(float(np.mean(r["error_per_position"])) for r in runs)
+    return claims.stat(_error_over_k(r) for r in common.per_seed(records, f"{KEY}/{task}/{name}"))
 
 
 def _tune(sec: Section, records: dict, plan: dict, ev: Evidence) -> None:
@@ -346,11 +347,8 @@ def _aot_unlearned(f: Finding, fin: dict, zero: float) -> list:
     """The baseline's rule applied to AoT: a seed on the zero predictor measures a failure to train."""
     if not (stuck := _stuck(fin["aot"], zero)):
         return []
-    why = (
-        f"{len(stuck)} of {len(fin['aot'])} seeds of aot did not learn (error at k = all not below 0.8x the zero "
-        f"predictor's {zero:.3f}: {_errors(stuck)})"
-    )
-    return [(f, "did not learn", why)]
+    rule = f"error at k = all not below 0.8x the zero predictor's {zero:.3f}"
+    return [(f, "did not learn", common.did_not_learn(stuck, len(fin["aot"]), "aot", rule, ".3f"))]
 
 
 def _learns_plateau(f: Finding, m: str, fin: dict, zero: float) -> list:

@@ -224,13 +224,9 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     if names:
         caption = "Training loss; decode time and state vs context."
         sec.add_plot(_plot(res, names), plots_dir / "language.png", rel, caption)
-    caption = (
-        "Validation bits/char during training (seed means, the trainer's batch: shape, not level); "
-        f"{', '.join(longer)}: twice the steps."
-    )
-    panels = [("Validation loss and training cost", curves)]
-    title = "Language: validation curves"
-    sec.add_curves(panels, plots_dir / "language_curves.png", rel, "validation bits/char", title, caption)
+    note = f"seed means, the trainer's batch: shape, not level; {', '.join(longer)}: twice the steps"
+    panels, title = [("Validation loss and training cost", curves)], "Language: validation curves"
+    sec.add_curves(panels, plots_dir / "language_curves.png", rel, "bits/char", title, note)
     # every seed of the baseline must beat the bigram model by the margin, else the comparisons are of bigram-level
     # models and say nothing about the mechanisms (the decoding checks measure the architecture: reported either way)
     bar = ngram["bigram_bpc"] if ngram else None
@@ -285,23 +281,15 @@ def _describe(plan: dict, params: list[int], ngram: dict | None) -> tuple[str, s
 
 def _model_data(r: dict) -> dict:
     """A row's entry in results.json: its seed means and per-seed losses (no curves or run paths)."""
-    return {
-        **{k: v for k, v in r.items() if k not in ("curve", "val_curve", "run_dir", "val_loss", "val_bpc")},
-        "val_loss_mean": r["val_loss"].mean,
-        "val_bpc_mean": r["val_loss"].mean / math.log(2),
-        "val_loss_std": r["val_loss"].std,
-        "val_loss_per_seed": list(r["val_loss"].values),
-    }
+    out = {k: v for k, v in r.items() if k not in ("curve", "val_curve", "run_dir", "val_loss", "val_bpc")}
+    return out | common.stat_data("val_loss", r["val_loss"]) | {"val_bpc_mean": r["val_loss"].mean / math.log(2)}
 
 
 def _plateaus(records: dict, plan: dict, res: dict) -> list[Plateau]:
     """The baseline's run at twice the steps, and those of the compared rows that have one (``compared_2x``)."""
-    longer = common.per_seed(records, f"{KEY}/{PLATEAU}")
-    gpt_2x = claims.stat(r["val_loss"] for r in longer) if longer else None
-    own_2x = {
-        row: claims.stat(r["val_loss"] for r in common.per_seed(records, f"{KEY}/{row}{common.LONGER}"))
-        for row in plan.get("compared_2x", [])
-    }
+    rows = ["gpt", *plan.get("compared_2x", [])]
+    own_2x = {row: common.longer_stat(records, f"{KEY}/{row}", lambda r: r["val_loss"]) for row in rows}
+    gpt_2x = own_2x.pop("gpt")
     rows = {row: Longer(row, res[row]["val_loss"], own) for row, own in own_2x.items() if row in res and own}
     return [Plateau("gpt", "gpt", res["gpt"]["val_loss"] if "gpt" in res else None, gpt_2x, "nats", rows=rows)]
 

@@ -254,13 +254,13 @@ def _tune(
 def _intro(plan: dict, tasks: list[str], lengths: dict[str, int | None]) -> str:
     from attnzoo.models.zoo import MEGA_CHUNK
 
-    arch, n, extra = plan["arch"], plan.get("seeds", 1), plan.get("extra_seeds", {})
+    arch, extra = plan["arch"], plan.get("extra_seeds", {})
     text = (
         f"Encoders of width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, MLP {arch.get('mlp_dim')}, "
         "pre-norm, mean pooling, one AdamW/cosine optimiser; only the attention differs. "
         + "; ".join(f"{t}: N={lengths[t]}, {_schedule(plan, t)}" for t in tasks)
         + (" (Retrieval: two documents of N bytes each)" if "retrieval" in tasks else "")
-        + f". {n} seed{'s' if n > 1 else ''} per cell"
+        + f". {common.seeds_text(plan.get('seeds', 1), 'cell')}"
         + (f"; {', '.join(extra['rows'])}: {extra['seeds']} seeds more" if extra.get("rows") else "")
         + ". Data generated offline (`attnzoo.data`), not the LRA release files."
     )
@@ -394,12 +394,8 @@ def _curves(sec: Section, res: dict, mechs: list[str], tasks: list[str], ablatio
         curves = {m: res[m][t]["val_curve"] for m in mechs if t in res[m]}
         panels.append((t, curves | {n: a["result"]["val_curve"] for n, a in ablations.items() if a["task"] == t}))
     sec.data["val_curves"] = dict(panels)
-    caption = (
-        f"Validation accuracy during training (seed means); points before the last use {common.CURVE_EVAL_BATCHES} "
-        "validation batches."
-    )
     path = plots_dir / "long_range_curves.png"
-    sec.add_curves(panels, path, rel, "validation accuracy (%)", "Long-range: validation curves", caption)
+    sec.add_curves(panels, path, rel, "accuracy (%)", "Long-range: validation curves")
 
 
 def equal_time(
@@ -533,12 +529,8 @@ def _dense_chunks(findings: list[Finding], records: dict, tasks: list[str], leng
 def unlearned_row(acc: claims.Stat, m: str, majority: float | None) -> str | None:
     """Why the compared row did not learn (a seed within LEARNED_MARGIN of the majority class), or None."""
     failed = [] if majority is None else common.unlearned_seeds(acc.values, majority, LEARNED_MARGIN)
-    if not failed:
-        return None
-    return (
-        f"{len(failed)} of {acc.n} seeds of {m} did not learn (within {LEARNED_MARGIN:g} pts of the majority "
-        f"class {majority:.1f}%: {', '.join(f'{v:.1f}' for v in failed)}%)"
-    )
+    rule = f"within {LEARNED_MARGIN:g} pts of the majority class {majority:.1f}%" if failed else ""
+    return common.did_not_learn(failed, acc.n, m, rule, unit="%") if failed else None
 
 
 def _control_findings(findings: list[Finding], res: dict, learned: list[str]) -> list[Control]:

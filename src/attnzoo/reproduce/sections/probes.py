@@ -200,8 +200,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         _init_table(sec, lw, init)
     curves = {n: t["val_curve"] for n, t in trained.items() if t.get("val_curve")}
     rows = {n: [[p["step"], 100.0 * p["accuracy"]] for p in c if "accuracy" in p] for n, c in curves.items()}
-    caption, panels = "Validation accuracy of the probe models during training.", [("probe models", rows)]
-    sec.add_curves(panels, plots_dir / "probes_curves.png", rel, "validation accuracy (%)", "Probe models", caption)
+    path, panels = plots_dir / "probes_curves.png", [("probe models", rows)]
+    sec.add_curves(panels, path, rel, "accuracy (%)", "Probe models", "")
     if "attention-maps" in res:
         caption = "Attention maps of the trained models (ToST Fig. 5 / FAST Fig. 4)."
         plot("attention-maps", res["attention-maps"], caption)

@@ -549,17 +549,10 @@ def _decoder_table(dec: dict) -> Table:
     return Table("Segmentation decoders (CBSA Fig. 8)", heads, rows, caption)
 
 
-def _rate(lrs: list[float], lr: float) -> str:
-    """How the runs' learning rates were chosen, in words (the sweeps' seed and length: configs.md)."""
-    if not lrs:
-        return f"lr {lr:g}, not tuned"
-    return f"each at the best rate of its own sweep over {', '.join(f'{x:g}' for x in sorted(set(lrs)))}"
-
-
 def _intro(plan: dict) -> str:
     arch, tr, opts = plan["arch"], plan["train"], plan.get("task_options", {})
     n = plan.get("seeds", 1)
-    rate = _rate([lr for m in models_of(plan) for lr in common.row_lrs(plan, m)], tr["lr"])
+    rate = common.rate_text([lr for m in models_of(plan) for lr in common.row_lrs(plan, m)], tr["lr"], "each")
     wider = "; ".join(
         f"{m} at " + ", ".join(f"{k} {v}" for k, v in o.items()) for m, o in plan.get("row_arch", {}).items()
     )
@@ -580,7 +573,8 @@ def _intro(plan: dict) -> str:
             f"{dec['encoder_options'].get('dim')}, depth {dec['encoder_options'].get('depth')}) with a "
             f"{dec['decoder_depth']}-layer decoder of either kind (`attnzoo train` "
             f"{' / '.join(p for p, _ in DECODERS.values())}), trained {dec['steps']} steps of batch "
-            f"{dec['batch_size']} ({_rate(decoder_lrs(plan), dec['lr'])}); noise σ in {list(dec['sigmas'])}, "
+            f"{dec['batch_size']} ({common.rate_text(decoder_lrs(plan), dec['lr'], 'each')}); noise σ in "
+            f"{list(dec['sigmas'])}, "
             f"{dec['draws']} draws each."
         )
     return text

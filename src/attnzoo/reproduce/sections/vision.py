@@ -258,12 +258,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     panels = [(t.title, {row[0]: res[row[0]]["val_curve"] for row in t.rows}) for t in sec.tables]
     if panels:
         panels[0][1].update({row: res[row]["val_curve"] for row in _plateau_rows(plan).values() if row in res})
-    caption = (
-        "Validation accuracy during training (seed means), one panel per table, plateau runs included; points before "
-        f"the last use {common.CURVE_EVAL_BATCHES} validation batches."
-    )
-    title = "Vision: validation curves (seed means)"
-    sec.add_curves(panels, plots_dir / "vision_curves.png", rel, "validation accuracy (%)", title, caption)
+    note = "seed means, one panel per table, plateau runs included"
+    sec.add_curves(panels, plots_dir / "vision_curves.png", rel, "accuracy (%)", "Vision: validation curves", note)
     if names := [n for n in plan["models"] if n in res]:
         caption = "Accuracy (mean ± std over seeds), training images/s and peak training-step memory."
         sec.add_plot(_plot(res, names + [n for n in swaps if n not in names]), plots_dir / "vision.png", rel, caption)
@@ -328,13 +324,11 @@ def _intro(plan: dict) -> str:
     else:
         size = "28x28" + (f" resized to {opts['img_size']}x{opts['img_size']}" if opts.get("img_size") else "")
         data = f"{opts.get('n_train', 60000):,} train / {opts.get('n_val', 10000):,} validation images, {size}"
-    rate = f"lr {tr['lr']}, not tuned"
-    if lrs := plan.get("lr_sweep"):
-        rate = f"each row at the best rate of its sweep ({', '.join(f'{x:g}' for x in lrs)})"
+    rate = common.rate_text(plan.get("lr_sweep", []), tr["lr"])
     return (
         f"Task `{plan['task']}` ({data}); width {arch['dim']}, depth {arch['depth']}, "
         f"{arch['heads']} heads, patch {arch['patch_size']}; {tr['steps']} steps of batch {tr['batch_size']}, "
-        f"AdamW/cosine, {rate}, no augmentation; {n_seeds} seed{'s' if n_seeds > 1 else ''} per row (mean ± "
+        f"AdamW/cosine, {rate}, no augmentation; {common.seeds_text(n_seeds)} (mean ± "
         "sample std). The papers' architectures differ in more than the attention; the controlled swaps put each "
         "attention into the ViT skeleton (conv patches, CLS token, MLP blocks, pre-norm)."
     )
@@ -365,10 +359,9 @@ def _tables(res: dict, plan: dict, swaps: list[str]) -> list[Table]:
 
 
 def _model_data(r: dict) -> dict:
-    acc = r["accuracy"]
-    out = {"accuracy_mean": acc.mean, "accuracy_std": acc.std, "accuracy_per_seed": list(acc.values)}
+    out = common.stat_data("accuracy", r["accuracy"])
     out |= {k: r[k] for k in ("params", "samples_per_s", "peak_train_mb", "tokens", "seeds")}
-    return out | ({"accuracy_per_seed_with_extra": list(acc.values)} if r["extra_seeds"] else {})
+    return out | ({"accuracy_per_seed_with_extra": out["accuracy_per_seed"]} if r["extra_seeds"] else {})
 
 
 #: the papers' vision scale, from their texts (ToST §4: "resolutions of 224×224 ... patch of size 16×16", "400 epochs")
