@@ -303,23 +303,7 @@ def compare(
         f"{a_name} {sa.fmt(spec)} vs {b_name} {sb.fmt(spec)}: effect {effect:+.3g} {unit}{rel}, {ci_txt} "
         f"({sa.n} vs {sb.n} seeds)"
     )
-    better = "lower" if lower_is_better else "higher"
-    if superiority:
-        below = (
-            f"below {REFUTE_FRACTION:g}x the paper's effect {paper_effect:+.3g} = {refute:+.3g}"
-            if refute is not None
-            else "below 0"
-        )
-        rule = (
-            f"superiority ({better} is better): agrees if the 95% Welch-t CI of the effect lies above 0, "
-            f"disagrees if it lies {below}, else inconclusive"
-        )
-    else:
-        m_txt = f"{margin:g}×{b_name}'s mean = {margin_abs:.3g} {unit}" if relative else f"{margin:g} {unit}"
-        rule = (
-            f"non-inferiority, margin {m_txt} ({margin_source}): agrees if the 95% Welch-t CI of the effect lies "
-            f"above -{margin_abs:.3g}, disagrees if below, else inconclusive"
-        )
+    rule = _rule(superiority, lower_is_better, margin, margin_abs, relative, margin_source, b_name, unit, paper_effect)
     verdict = verdict_from_ci(ci, margin_abs, refute)
     f = finding(paper, claim, paper_value, measured, verdict, rule, kind=kind, seeds=min(sa.n, sb.n), claim_id=claim_id)
     f.claim_type, f.a_name, f.b_name, f.unit = claim_type, a_name, b_name, unit
@@ -329,6 +313,25 @@ def compare(
     if refute is not None:
         f.paper_effect, f.refute_below = float(paper_effect), refute
     return f
+
+
+def _rule(superiority, lower_is_better, margin, margin_abs, relative, margin_source, b_name, unit, paper_effect) -> str:
+    """The verdict rule of one comparison, in words (a superiority claim with the paper's effect: its refuting bar)."""
+    if superiority:
+        below = "below 0"
+        if paper_effect is not None:
+            bar = REFUTE_FRACTION * paper_effect
+            below = f"below {REFUTE_FRACTION:g}x the paper's effect {paper_effect:+.3g} = {bar:+.3g}"
+        better = "lower" if lower_is_better else "higher"
+        return (
+            f"superiority ({better} is better): agrees if the 95% Welch-t CI of the effect lies above 0, "
+            f"disagrees if it lies {below}, else inconclusive"
+        )
+    m_txt = f"{margin:g}×{b_name}'s mean = {margin_abs:.3g} {unit}" if relative else f"{margin:g} {unit}"
+    return (
+        f"non-inferiority, margin {m_txt} ({margin_source}): agrees if the 95% Welch-t CI of the effect lies "
+        f"above -{margin_abs:.3g}, disagrees if below, else inconclusive"
+    )
 
 
 #: an LRA task's test has no effect of its own in the claim table (the paper's is the average's)
