@@ -187,3 +187,11 @@ def test_the_emerged_gate_holds_back_a_persistence_verdict_only_where_no_layer_b
             assert f["gate_reasons"] == ["did not learn"] and "never emerged" in f["gate"]
         else:
             assert f["verdict"] == verdict and "gate" not in f and "emerged" in f["explanation"]
+
+
+@pytest.mark.parametrize("seeds", [-1, 1.5, "3"])
+def test_a_finding_refuses_a_seed_count_that_is_not_a_non_negative_int(seeds):
+    from attnzoo.reproduce.claims import finding
+
+    with pytest.raises(ValueError, match="seeds must be a non-negative int"):
+        finding("P", "c", "v", "m", "agrees", "r", kind="paper", seeds=seeds)

@@ -236,6 +236,8 @@ def finding(
     for name, value, valid in (("verdict", verdict, VERDICTS), ("kind", kind, KINDS)):
         if value not in valid:
             raise ValueError(f"{name} {value!r} is not one of {valid}")
+    if not isinstance(seeds, int) or seeds < 0:
+        raise ValueError(f"seeds must be a non-negative int, got {seeds!r}")
     return Finding(
         claim_id, kind, paper, claim, paper_value, measured, verdict, rule, seeds, explanation, measurement or None
     )

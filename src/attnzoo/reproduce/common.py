@@ -241,8 +241,19 @@ CURVE_NOTE = (
 # ---- training -----------------------------------------------------------------------------------------
 def train_defaults(**kw) -> dict:
     """The optimisation settings every model of a section shares (not tuned per model)."""
-    base = dict(optimizer="adamw", lr=1e-3, weight_decay=0.05, schedule="cosine", warmup_steps=0, grad_clip=1.0)
-    return base | dict(amp="off", compile=False, log_every=10, keep_checkpoints=1) | kw
+    base = dict(
+        optimizer="adamw",
+        lr=1e-3,
+        weight_decay=0.05,
+        schedule="cosine",
+        warmup_steps=0,
+        grad_clip=1.0,
+        amp="off",
+        compile=False,
+        log_every=10,
+        keep_checkpoints=1,
+    )
+    return base | kw
 
 
 def _metrics_rows(run_dir: Path, split: str) -> list[dict]:
