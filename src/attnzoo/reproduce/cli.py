@@ -21,8 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget",
         choices=sorted(BUDGETS),
         default="default",
-        help="smoke: ~2 min CPU (CI); default: <= 30 min on a 2-core CPU, two seeds; long: about 2 h 45 min on a "
-        "2-core CPU, 3 seeds; full: a GPU",
+        help="smoke: ~2 min CPU (CI); default: <= 30 min on a 2-core CPU with --jobs 2; long: hours on a 2-core "
+        "CPU (--estimate predicts it); full: a GPU",
     )
     ap.add_argument("--out", default=None, help="output directory (default results/<timestamp>/); reuse it to resume")
     ap.add_argument("--seed", type=int, default=0, help="seed of every run (same seed, same numbers on one machine)")
@@ -48,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="train nothing: print each compared pair's parameter ratio in the plan against the paper's, and exit "
         "1 if a planned pair is more than 10%% off",
+    )
+    ap.add_argument(
+        "--estimate",
+        action="store_true",
+        help="train nothing: predict the plan's thread time and its wall clock with --jobs from the steps of the "
+        "runs given with --reuse (same config: their time; otherwise a stored step of the same shape, scaled by "
+        "the examples it trains)",
     )
     ap.add_argument(
         "--reuse",
@@ -78,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             checks = size_checks(plan(args.budget, args.seed)[1])
             print(render_size_checks(checks), end="")
             return 1 if any(c.planned and not c.holds for c in checks) else 0
+        if args.estimate:
+            return _estimate(args)
         outcome = run(
             args.out,
             args.budget,
@@ -105,4 +114,21 @@ def main(argv: list[str] | None = None) -> int:
         for sid, why in outcome.failed.items():
             print(f"  failed: {sid}: {why}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _estimate(args) -> int:
+    from attnzoo.reproduce.estimate import estimate, render_estimate
+    from attnzoo.reproduce.runner import ReproduceError, plan, resolve_sections, stored_records
+
+    if not args.reuse:
+        raise ReproduceError("--estimate times the plan from earlier runs: give one or more with --reuse RESULTS")
+    if args.jobs < 1:
+        raise ReproduceError(f"--jobs must be >= 1, got {args.jobs}")
+    records: dict = {}
+    for source in args.reuse:  # a later source's record of a step wins, as with --reuse
+        records.update(stored_records(source))
+    sections = resolve_sections(args.only)
+    steps = [s for s in plan(args.budget, args.seed)[1] if s.section in sections]
+    print(render_estimate(estimate(steps, records, args.jobs), args.reuse), end="")
     return 0

@@ -278,8 +278,9 @@ def recorded_workers(out: Path) -> list[dict]:
     return [w for w in workers if isinstance(w, dict)]
 
 
-def _stored_records(path: Path) -> dict:
+def stored_records(path: str | os.PathLike) -> dict:
     """The step records of another run: its directory's ``steps/`` or its results.json's ``steps``."""
+    path = Path(path)
     try:
         if not path.is_dir():
             return json.loads(path.read_bytes().decode("utf-8"))["steps"]
@@ -298,7 +299,7 @@ def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore,
     stored here already; returns how many. A published record without its plot arrays (``result_slimmed``) is taken
     only with ``slimmed=True`` (``--report-only``): a run that computes takes the step again instead."""
     path = Path(path)
-    stored = _stored_records(path)
+    stored = stored_records(path)
     n = 0
     for step in steps:
         rec = stored.get(step.id)

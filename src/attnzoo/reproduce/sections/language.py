@@ -342,7 +342,8 @@ def _plot(res, names):
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_lines():  # a run without decoding profiles leaves its panels empty
+            ax.legend(fontsize=8)
     for ax in axes[1:]:
         ax.set_xscale("log", base=2)
     fig.suptitle("Character-level Shakespeare")
