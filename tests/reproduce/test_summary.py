@@ -212,6 +212,23 @@ def test_the_claims_table_names_a_reference_and_a_section_once_per_run_of_rows()
     assert [r[-1] for r in rows] == ["[1]", "-", "-"] and notes == ["[1] gated: sizes unlike the paper's"]
 
 
+def test_the_claims_table_prints_a_long_not_tested_reason_once_and_points_back_to_it():
+    from attnzoo.reproduce.common import measured_finding
+    from attnzoo.reproduce.report import _claims_table
+
+    long_reason = "the row needs more than twice the baseline's steps here, " * 3
+    found = [
+        measured_finding("aot-f6-icl-learns", long_reason, "not tested", "-", kind="paper"),
+        measured_finding("aot-f6-icl-close", long_reason, "not tested", "-", kind="paper"),
+        measured_finding("tost-f5-segments", "no measurement for tost", "not tested", "-", kind="paper"),
+        measured_finding("cbsa-f8-flops", "no measurement for tost", "not tested", "-", kind="paper"),
+    ]
+    table, _ = _claims_table(tally([("S", f) for f in found]))
+    cells = [[c.strip() for c in r.split("|")[1:-1]][5] for r in table.splitlines()[2:]]
+    assert cells[0] == long_reason.strip() and cells[1] == "as for `aot-f6-icl-learns`"
+    assert cells[2] == cells[3] == "no measurement for tost"  # a short text is printed again
+
+
 def test_a_paper_claim_is_reported_in_the_claims_table_and_not_again_in_its_section():
     from attnzoo.reproduce.report import _section_md
 

@@ -259,7 +259,7 @@ def _claims_table(claims_: list[ClaimResult]) -> tuple[str, list[str]]:
     """One block of rows per claim: its statement once (with the combined verdict when tested several ways), then
     each test's figure, effect, verdict and notes."""
     rows, notes, seen, start, once = [], [], {}, 1, _blank_repeats()
-    said: dict[str, str] = {}  # a measured text already in the table -> the claim it was printed for
+    said: dict[str, str] = {}  # a long measured text already in the table -> the claim it was printed for
     for c in claims_:
         for i, (section, f) in enumerate(c.tests):
             refs, start = _note_refs(f, seen, notes, start)
@@ -268,7 +268,7 @@ def _claims_table(claims_: list[ClaimResult]) -> tuple[str, list[str]]:
             head = [f"`{c.id}`" if ":" not in c.id else "-", paper, statement] if i == 0 else ["", "", ""]
             test = paper_claims.test_of(f.get("claim_id") or "") or "-"
             effect = effect_cell(f)
-            if f.get("claim_type") is None and said.setdefault(effect, c.id) != c.id:
+            if f.get("claim_type") is None and len(effect.split()) > 20 and said.setdefault(effect, c.id) != c.id:
                 effect = f"as for `{said[effect]}`"
             row = head + [once("paper_value", f["paper_value"]), test, effect, _verdict_cell(f)]
             rows.append(row + [once("section", section), refs])
