@@ -68,10 +68,8 @@ class Section:
     def add_curves(self, panels: list, path: Path, rel, what: str, title: str, note: str = "seed means") -> None:
         """The validation curves of ``panels`` (``[(panel, {row: [[step, value], ...]})]``), where any row has one."""
         if any(c for _, p in panels for c in p.values()):
-            how = f" ({note})" if note else ""
-            caption = (
-                f"Validation {what} during training{how}; points before the last use {CURVE_EVAL_BATCHES} batches."
-            )
+            how = f"{note}; " if note else ""
+            caption = f"Validation {what} during training ({how}{CURVE_NOTE})."
             self.add_plot(plot_val_curves(panels, f"validation {what}", title), path, rel, caption)
 
 
@@ -232,10 +230,7 @@ CURVE_POINTS = 4
 #: validation batches of a curve's points before the last (the last point, the run's result, uses every batch)
 CURVE_EVAL_BATCHES = 8
 #: how a caption states what the curves' points are
-CURVE_NOTE = (
-    f"the last point is the run's result on the whole validation set, the earlier ones use its first "
-    f"{CURVE_EVAL_BATCHES} batches"
-)
+CURVE_NOTE = f"the last point on the whole validation set, earlier ones on its first {CURVE_EVAL_BATCHES} batches"
 
 
 # ---- training -----------------------------------------------------------------------------------------
