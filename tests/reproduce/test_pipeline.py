@@ -126,3 +126,15 @@ def test_compare_judges_with_the_reports_pipeline(monkeypatch):
     }
     out = summary.summarise(Spec(), records)
     assert calls == [["tssa"]] and out["findings"]["tssa"].verdict == "agrees"
+
+
+def test_two_rows_untuned_for_the_same_reason_are_named_in_one_sentence():
+    f, g = _comparable(), _comparable()
+    same = {
+        "a": "a's best rate 0.1 is the lowest of the grid (0.1, 0.2)",
+        "b": "b's best rate 0.1 is the lowest of the grid (0.1, 0.2)",
+    }
+    judge([f], Evidence(tuning=[Tuning(same)]))
+    assert f.gate == "not tuned: a's and b's best rate 0.1 is the lowest of the grid (0.1, 0.2)"
+    judge([g], Evidence(tuning=[Tuning({**same, "b": "b's best rate 0.2 is the highest of the grid (0.1, 0.2)"})]))
+    assert g.gate.count("; ") == 1 and "a's best rate 0.1" in g.gate and "b's best rate 0.2" in g.gate

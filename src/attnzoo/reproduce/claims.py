@@ -350,31 +350,19 @@ class GateRule:
 
 #: why a verdict can be gated, with the verdicts each holds back; the report's legend prints these arguments.
 GATES: dict[str, GateRule] = {
-    "plateau": GateRule(
-        DECIDED,
-        "a comparison still moving with the steps can cross its boundary either way, so neither verdict is shown to "
-        "hold with more training",
-    ),
+    "plateau": GateRule(DECIDED, "a comparison still moving with the steps can cross its boundary either way"),
     "not tuned": GateRule(
         DECIDED,
-        "a row away from its best learning rate can score higher or lower than at it, so either verdict could be "
-        "the rate's and not the mechanism's",
+        "a row off its best learning rate can score higher or lower, so either verdict could be the rate's, not the "
+        "mechanism's",
     ),
-    "did not learn": GateRule(
-        DECIDED,
-        "a row that did not learn the task measures the set-up, not the mechanism, whichever side its interval "
-        "falls on",
-    ),
-    "conditions": GateRule(
-        DECIDED,
-        "under other sizes or settings than the paper's, the test is of another claim, whichever way it comes out",
-    ),
+    "did not learn": GateRule(DECIDED, "a row that did not learn the task measures the set-up, not the mechanism"),
+    "conditions": GateRule(DECIDED, "under other sizes or settings than the paper's, the test is of another claim"),
     "control": GateRule(
         ("agrees",),
-        "a control that shows the claimed effect without what the claim credits (a model without attention inside "
-        "the margin, an untrained model's layers) would agree as well, so an agreement says nothing of the "
-        "mechanism; a disagreement needs no such gate: the mechanism is then shown worse than the margin (or its "
-        "trained layers short of what even the control shows), which the control does not explain",
+        "a control without what the claim credits (a model without attention inside the margin, an untrained "
+        "model's layers) would agree too, so an agreement says nothing of the mechanism; a disagreement is not "
+        "gated: the control does not explain a mechanism worse than the margin (or trained layers short of it)",
     ),
 }
 GATE_REASONS = tuple(GATES)
@@ -510,10 +498,10 @@ def plateau_gate(
         why = (
             f"{baseline} has no run {longer_run}"
             if change is None
-            else f"{baseline} moved {change:+.3g} {unit} {longer_run}, at least the {clearance[id(f)]:.3g} by which "
-            "this interval clears its boundary"
+            else f"{baseline} moved {change:+.3g} {unit} {longer_run}, at least the {clearance[id(f)]:.3g} this "
+            "interval clears its boundary by"
         )
-        gate(f, f"the baseline is not shown to plateau for it: {why}", "plateau")
+        gate(f, f"not shown to plateau: {why}", "plateau")
     if curves:
         text += f"; validation curves (seed means): {curves}"
     return {
@@ -622,11 +610,15 @@ def margin_sensitivity(f: Finding, other: float, label: str, *, relative: bool =
     if not f.ci95 or not own:
         return f
     m = f.margin * other / own
-    parts = [f"{verdict_from_ci(f.ci95, m)} (margin {m:.3g})"]
+
+    def said(m: float) -> str:  # an absolute margin is the label's own figure: not said again
+        return f" (margin {m:.3g})" if relative else ""
+
+    parts = [f"{verdict_from_ci(f.ci95, m)}{said(m)}"]
     rep = f.replicated_2x
     if rep and rep.get("ci95"):
         m2 = rep["margin"] * other / own
-        parts.append(f"at twice the steps {verdict_from_ci(rep['ci95'], m2)} (margin {m2:.3g})")
+        parts.append(f"at twice the steps {verdict_from_ci(rep['ci95'], m2)}{said(m2)}")
     verb = "the same intervals give " if len(parts) > 1 else "the same interval gives "
     what = f"{label} ({other:.1%})" if relative else f"{label} ({other:g} {f.unit or ''})"
     return explain(f, f"with {what} as the margin, {verb}" + ", ".join(parts))

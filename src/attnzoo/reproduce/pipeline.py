@@ -119,6 +119,16 @@ def _rows_in(f: Finding, why: dict[str, str]) -> list[str]:
     return [why[n] for n in (f.a_name, f.b_name) if n in why]
 
 
+def _merged(f: Finding, why: dict[str, str]) -> str:
+    """Both rows' reasons, as one sentence naming both rows where they differ only in the row's name."""
+    texts = _rows_in(f, why)
+    a, b = f.a_name, f.b_name
+    if len(texts) == 2 and a != b and texts[0].startswith(f"{a}'s ") and texts[1].startswith(f"{b}'s "):
+        if (rest := texts[0].removeprefix(f"{a}'s ")) == texts[1].removeprefix(f"{b}'s "):
+            return f"{a}'s and {b}'s {rest}"
+    return "; ".join(texts)
+
+
 def _unlearned(findings: list[Finding], ev: Evidence) -> None:
     for f in findings:
         if why := _rows_in(f, ev.unlearned):
@@ -156,8 +166,8 @@ def _plateaus(findings: list[Finding], ev: Evidence) -> dict[str, dict]:
 def _tuning(findings: list[Finding], ev: Evidence) -> None:
     for t in ev.tuning:
         for f in findings:
-            if (why := _rows_in(f, t.untuned)) and t.judges(f):
-                claims.gate(f, "not tuned: " + "; ".join(why), "not tuned")
+            if _rows_in(f, t.untuned) and t.judges(f):
+                claims.gate(f, "not tuned: " + _merged(f, t.untuned), "not tuned")
     for c in ev.controls:
         for f in filter(c.judges, findings):
             claims.untuned_control_gate(f, c.untuned, c.name)

@@ -234,23 +234,22 @@ def _legend_lines() -> list[str]:
     return [
         "**How a verdict is reached** (stated once; a claim's notes give only its margin, source and gates):",
         "",
-        "- Effect: the difference of the seed means, positive favouring the claim, with its 95% Welch-t interval. "
-        "It **agrees** when the whole interval lies above -margin, **disagrees** when wholly below (one seed a "
-        "side: no interval, inconclusive). The margin is the largest gap the paper calls comparable; a superiority "
-        f"claim's is 0, and with the paper's own effect E it also disagrees when the whole interval lies below "
-        f"{REFUTE_FRACTION:g}·E (the data exclude every gain half the paper's).",
+        "- Effect: the difference of the seed means (positive favours the claim) with its 95% Welch-t interval; it "
+        "**agrees** if the interval lies wholly above -margin, **disagrees** if wholly below (one seed a side: "
+        "inconclusive). The margin is the largest gap the paper calls comparable; a superiority claim's is 0, and "
+        f"with the paper's own effect E it also disagrees if the interval lies wholly below {REFUTE_FRACTION:g}·E.",
         f"- A claim tested several ways takes one verdict: {paper_claims.COMBINE_EVERY}.",
         "- A tuned row trains its seeds at the best rate of its own sweep, run on an unreported seed.",
-        "- Gates: a failed precondition makes a decided verdict inconclusive (the numbers-alone verdict is shown as "
+        "- Gates: a failed precondition makes a decided verdict inconclusive (the numbers' verdict shown as "
         "'ungated'); each holds back only the verdicts named:",
         *[
             f"  - *{reason}* (holds back {' and '.join(rule.holds_back)}): {rule.why}."
             for reason, rule in GATES.items()
         ],
-        "- Twice the steps (a side or both): the verdict stands only if the same rule gives it there and the "
-        "interval there clears its boundary by more than the effect moved in that doubling.",
-        "- Every paper claim's tests are in the claims table below, with their notes (own margin, gates, "
-        "explanations); a section's own table lists its implementation checks.",
+        "- Twice the steps (a side or both): the verdict stands only if the same rule gives it there with an interval "
+        "clearing its boundary by more than the effect moved.",
+        "- The claims table below lists every paper claim's tests with their notes; each section's table lists its "
+        "implementation checks.",
         "",
     ]
 
@@ -280,8 +279,7 @@ def _scale_lines(secs: list[Section]) -> list[str]:
     scaled = [f"- {s.title.split(':')[0]}: {s.scale}" for s in secs if s.scale]
     if not scaled:
         return []
-    intro = "**Scale.** These runs are laptop-sized, far below the papers' experiments; a verdict says what holds at "
-    return [intro + "this scale:", "", *scaled, ""]
+    return ["**Scale.** Laptop-sized runs, far below the papers'; a verdict holds at this scale:", "", *scaled, ""]
 
 
 def _compute_md(secs: list[Section], records: dict) -> list[str]:

@@ -14,7 +14,7 @@ CAUSES = {
     "did not learn": "a compared row did not learn the task",
     "not tuned": "a row is not tuned",
     "plateau": "not shown to survive more training",
-    "steps": "decided at twice the steps, not at the reported steps: the verdict depends on the training length",
+    "steps": "decided only at twice the steps: the verdict depends on the training length",
     "threshold": "a measurement on its rule's threshold (no seeds, no interval)",
     "wide": "its interval is too wide to decide at this many seeds",
     "not tested": "not tested at this budget",

@@ -515,12 +515,10 @@ def _table5(res: dict) -> Table:
         later = f"{PAPER_T6_LATER[n]:.2f}" if n in PAPER_T6_LATER else "-"
         rows.append([_name(n), MODELS[n.removesuffix(INIT)][1], fmt(st["params"], ","), acc, *here, paper, later])
     caption = (
-        "IoU of the thresholded [CLS] map with each target: the best mean over layers and heads (CBSA Table 5's "
-        "'best-performing attention maps'), mean ± sample std over seeds; best fg layer: the layer whose best head "
-        "has the highest foreground IoU (first seed); later-half fg: the mean over the later half of the blocks of "
-        "each layer's best head (class attention left out; per layer: the plot below), the persistence claim's "
-        "figure. Paper: CBSA Tables 5-6, ImageNet-1k-trained -S models on PASCAL VOC12. Untrained controls: the "
-        "same architecture and seed, no training step."
+        "IoU of the thresholded [CLS] map with each target, mean ± sample std over seeds: the best over layers and "
+        "heads (CBSA Table 5's 'best-performing attention maps'); best fg layer: the layer whose best head has the "
+        "highest foreground IoU (first seed); later-half fg: the mean of the later-half blocks' best heads (class "
+        "attention left out; per layer: the plot below), the persistence claim's figure."
     )
     return Table("Zero-shot segmentation of the [CLS] maps (CBSA Tables 5-6)", heads, rows, caption)
 
@@ -535,16 +533,12 @@ def _decoder_table(dec: dict) -> Table:
         noisy = [claims.stat(d["sweep"][:, i]).fmt(".1f") for i in range(len(sigmas))]
         size = [fmt(d["params"], ","), fmt(d["flops"] / 1e6, ".2f")]
         rows.append([kind, what, *size, d["miou"].fmt(".1f"), *noisy, d["drop"].fmt(".1f")])
-    ratio = dec["cbsa"]["flops"] / dec["mask_transformer"]["flops"]
     caption = (
-        f"Both decoders on one ViT encoder configuration, trained by `attnzoo train` from the same initial encoder "
-        f"(one seed builds both; per-pixel cross-entropy on the scenes' semantic maps); mIoU over the object classes "
-        f"and background, mean ± std over {dec['seeds']} seeds; at each σ, the mean over the seeds of the mean over "
-        f"the noise draws (N(0, σ²) added to every parameter of the decoder's attention layers). Predicting "
-        f"background everywhere scores {dec['background_miou']:.1f}. CBSA / Segmenter decoder FLOPs: {ratio:.1%} "
-        "(paper: 20%, and 0.06% of the pairwise similarities; the decoders here do not count similarities). Paper "
-        "(CBSA Fig. 8, ADE20K): the best CBT decoder +1.5 mIoU over Segmenter; under noise CBSA stays nearly flat "
-        "while Segmenter collapses."
+        f"Both decoders train from the same initial encoder (one seed builds both; per-pixel cross-entropy on the "
+        f"scenes' semantic maps); mIoU over the object classes and background, mean ± std over {dec['seeds']} seeds; "
+        f"at each σ, the seeds' mean of the mean over draws of N(0, σ²) added to every parameter of the decoder's "
+        f"attention layers. Predicting background everywhere scores {dec['background_miou']:.1f}. The FLOPs count "
+        "no pairwise similarities."
     )
     return Table("Segmentation decoders (CBSA Fig. 8)", heads, rows, caption)
 
@@ -558,13 +552,13 @@ def _intro(plan: dict) -> str:
     )
     text = (
         f"Scenes of {opts.get('min_objects', 1)}-{opts.get('max_objects', 3)} objects with exact masks (`scenes`, "
-        f"{opts.get('n_train', 10000):,} training scenes); each classifier ({', '.join(models_of(plan))}) is its "
-        f"`scenes_*_small` preset at width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, patch "
-        f"{arch['patch_size']}" + (f" ({wider})" if wider else "") + f", trained {tr['steps']} steps of batch "
-        f"{tr['batch_size']} ({rate}), {n} seed{'s' if n > 1 else ''}. Every attention "
+        f"{opts.get('n_train', 10000):,} training scenes); classifiers {', '.join(models_of(plan))}: `scenes_*_small` "
+        f"presets at width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, patch "
+        f"{arch['patch_size']}" + (f" ({wider})" if wider else "") + f", {tr['steps']} steps of batch "
+        f"{tr['batch_size']} ({rate}), {n} seed{'s' if n > 1 else ''}. Each attention "
         f"layer's [CLS] map (CBSA: the [CLS] row of A_k A_kᵀ, Fig. 7; TSSA: its memberships Π; class attention: the "
-        f"[CLS] query's map) keeps the patches holding the top {plan.get('mass', 0.6):.0%} of its mass (DINO's rule) "
-        f"and is scored on the first {plan.get('images', 128)} validation scenes. Controls: the untrained "
+        f"[CLS] query's map) keeps the patches holding the top {plan.get('mass', 0.6):.0%} of its mass (DINO's rule), "
+        f"scored on the first {plan.get('images', 128)} validation scenes. Untrained controls: "
         f"{', '.join(controls_of(plan))} (same architecture and seed)."
     )
     if dec := plan.get("decoders"):
@@ -572,7 +566,7 @@ def _intro(plan: dict) -> str:
             f" Decoders (Fig. 8): a {dec.get('encoder', DECODER_ENCODER)} encoder (width "
             f"{dec['encoder_options'].get('dim')}, depth {dec['encoder_options'].get('depth')}) with a "
             f"{dec['decoder_depth']}-layer decoder of either kind (`attnzoo train` "
-            f"{' / '.join(p for p, _ in DECODERS.values())}), trained {dec['steps']} steps of batch "
+            f"{' / '.join(p for p, _ in DECODERS.values())}), {dec['steps']} steps of batch "
             f"{dec['batch_size']} ({common.rate_text(decoder_lrs(plan), dec['lr'], 'each')}); noise σ in "
             f"{list(dec['sigmas'])}, "
             f"{dec['draws']} draws each."
@@ -593,17 +587,16 @@ def _scale(plan: dict, params: list[int]) -> str:
 
 
 _LAYERS_CAPTION = (
-    "Left: foreground IoU per attention layer (best head of each layer; mean over seeds, bars: std), one curve per "
-    "model, dashed: the untrained controls; the x axis is the layer's depth as a fraction of the model's layers. "
-    "Right: CBSA Table 6's 12-layer -S models on PASCAL VOC12, on the same axis."
+    "Left: foreground IoU per attention layer (best head; seed mean, bars: std), dashed: the untrained controls; x: "
+    "depth as a fraction of the model's layers. Right: CBSA Table 6's 12-layer -S models on PASCAL VOC12."
 )
 _OVERLAYS_CAPTION = (
     "First seed's maps on the first validation scenes: per layer, the head whose kept region best matches the "
     "objects; cyan outline: the kept region (top of the map's mass), green: the objects."
 )
 _SWEEP_CAPTION = (
-    "mIoU of each decoder against the std σ of Gaussian noise added to its attention layers' parameters (CBSA Fig. 8, "
-    "middle and right): mean over seeds of the mean over draws; band: the seeds' range."
+    "Each decoder's mIoU against the std σ of the noise on its attention parameters (CBSA Fig. 8, middle and right); "
+    "band: the seeds' range."
 )
 
 
