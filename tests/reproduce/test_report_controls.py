@@ -882,7 +882,7 @@ def test_a_relative_margin_is_re_read_on_the_longer_baseline_and_one_seed_only_d
     u = _cmp([1.70, 1.60, 1.80], [1.65, 1.70, 1.60], "tost", "gpt", 0.2, lower_is_better=True, unit="nats")
     replicated_gate(u, stat([1.30, 1.31, 1.32]), stat([1.30, 1.31, 1.32]), row="tost", baseline="gpt")
     assert u["verdict"] == "inconclusive" and "gate" not in u and u["at_2x"]["verdict"] == "agrees"
-    assert "the verdict depends on the number of steps, so it stays inconclusive" in u["explanation"]
+    assert "the verdict depends on the steps, so it stays inconclusive" in u["explanation"]
 
 
 def test_lra_extra_seeds_train_the_row_more_seeds_and_reject_an_unknown_row():

@@ -485,11 +485,10 @@ def plateau_gate(
         )
         text = f"{baseline} {longer_run}: {longer.fmt(spec)} vs {base.fmt(spec)} {unit}{same} (change {change:+.3g}); "
         if not decided:
-            text += "no decided comparison in this section to set the bar, so its plateau is not shown"
+            text += "no decided comparison to set the bar, so its plateau is not shown"
         else:
             text += (
-                f"{len(decided) - len(drift)} of {len(decided)} decided verdicts clear their boundary by more than "
-                f"{abs(change):.3g} {unit} and stand"
+                f"{len(decided) - len(drift)} of {len(decided)} decided verdicts clear their boundary by more and stand"
             )
         if k := len(drift) - len(fails):
             it = ("is", "its") if k == 1 else ("are", "their")
@@ -557,7 +556,7 @@ def replicated_gate(f: Finding, a_longer: Stat | None, b_longer: Stat | None, *,
             return f
         v2 = verdict_from_ci(ci2, m2, f.refute_below)
         f.at_2x = {"effect": e2, "ci95": list(ci2), "margin": m2, "verdict": v2}
-        tail = "; the verdict depends on the number of steps, so it stays inconclusive" if v2 != "inconclusive" else ""
+        tail = "; the verdict depends on the steps, so it stays inconclusive" if v2 != "inconclusive" else ""
         return explain(
             f, f"{at2} the same rule gives {v2}: effect {e2:+.3g} {unit}, 95% CI [{ci2[0]:+.3g}, {ci2[1]:+.3g}]{tail}"
         )

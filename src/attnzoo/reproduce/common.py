@@ -230,7 +230,7 @@ CURVE_POINTS = 4
 #: validation batches of a curve's points before the last (the last point, the run's result, uses every batch)
 CURVE_EVAL_BATCHES = 8
 #: how a caption states what the curves' points are
-CURVE_NOTE = f"the last point on the whole validation set, earlier ones on its first {CURVE_EVAL_BATCHES} batches"
+CURVE_NOTE = f"last point: the whole validation set; earlier: its first {CURVE_EVAL_BATCHES} batches"
 
 
 # ---- training -----------------------------------------------------------------------------------------

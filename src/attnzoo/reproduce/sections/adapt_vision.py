@@ -275,10 +275,10 @@ def _intro(plan: dict) -> str:
     return (
         f"A softmax ViT (width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, patch "
         f"{arch['patch_size']}) is pretrained on `{plan['task']}` ({pre['steps']} steps of batch {pre['batch_size']}, "
-        f"lr {pre['lr']}). Each row swaps its attention, keeping the pretrained projections it has, and fine-tunes "
-        f"every weight for {ft['steps']} steps of batch {ft['batch_size']} with AdamW ({rate}), without attention "
-        f"transfer as in Fig. 9; {common.seeds_text(plan.get('seeds', 1))}. CBSA keeps Fig. 9's q/k/v projections "
-        f"(attnzoo's CBSA layer has one, eq 8), with {tuple(plan['rep_grid'])}-pooled queries as representatives."
+        f"lr {pre['lr']}). Each row swaps its attention, keeps the pretrained projections it has and fine-tunes "
+        f"every weight ({ft['steps']} steps of batch {ft['batch_size']}, AdamW, {rate}; no attention transfer, as "
+        f"in Fig. 9); {common.seeds_text(plan.get('seeds', 1))}. CBSA keeps Fig. 9's q/k/v projections (attnzoo's "
+        f"has one, eq 8) with {tuple(plan['rep_grid'])}-pooled queries as representatives."
     )
 
 

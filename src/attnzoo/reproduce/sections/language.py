@@ -224,7 +224,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     if names:
         caption = "Training loss; decode time and state vs context."
         sec.add_plot(_plot(res, names), plots_dir / "language.png", rel, caption)
-    note = f"seed means, the trainer's batch: shape, not level; {', '.join(longer)}: twice the steps"
+    note = "seed means, the trainer's batch: shape, not level"
     panels, title = [("Validation loss and training cost", curves)], "Language: validation curves"
     sec.add_curves(panels, plots_dir / "language_curves.png", rel, "bits/char", title, note)
     # every seed of the baseline must beat the bigram model by the margin, else the comparisons are of bigram-level

@@ -478,7 +478,7 @@ def _control_findings(res: dict, gates: list) -> list[Finding]:
         if base == "vit":  # the CLS-token ViT against the mean-pooled control: the words say the pooling differs
             f.claim = (
                 "attention helps: the ViT baseline beats its no-attention control (identity token mixer, same "
-                "skeleton, mean-pooled patches: a CLS token without token mixing would never see the image)"
+                "skeleton, mean-pooled patches: without token mixing a CLS token never sees the image)"
             )
         out.append(f)
     return out
