@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget",
         choices=sorted(BUDGETS),
         default="default",
-        help="smoke: ~2 min CPU (CI); default: <= 30 min on a 2-core CPU with --jobs 2; long: hours on a 2-core "
+        help="smoke: ~2 min CPU (CI); default: about half an hour on a 2-core CPU with --jobs 2; long: hours on a 2-core "
         "CPU (--estimate predicts it); full: a GPU",
     )
     ap.add_argument("--out", default=None, help="output directory (default results/<timestamp>/); reuse it to resume")
