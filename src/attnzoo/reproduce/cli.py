@@ -21,8 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget",
         choices=sorted(BUDGETS),
         default="default",
-        help="smoke: ~2 min CPU (CI); default: about half an hour on a 2-core CPU with --jobs 2; long: hours on a 2-core "
-        "CPU (--estimate predicts it); full: a GPU",
+        help="smoke: ~2 min CPU (CI); default: about half an hour on a 2-core CPU with --jobs 2; long: hours on a "
+        "2-core CPU (--estimate predicts it); full: a GPU",
     )
     ap.add_argument("--out", default=None, help="output directory (default results/<timestamp>/); reuse it to resume")
     ap.add_argument("--seed", type=int, default=0, help="seed of every run (same seed, same numbers on one machine)")
