@@ -260,7 +260,7 @@ def init_control(trained: dict, init: dict, more: list[dict] | None = None) -> d
         reading = INIT_FALLS_AS_MUCH
     text = (
         f"random-initialisation control: untrained {d_init:+.4g} ({_downs(iv, start)} of {len(iv) - 1 - start} steps "
-        f"fall, {v_init}) vs trained {d_tr:+.4g} ({len(runs)} seeds): {reading}"
+        f"fall, {v_init}) vs trained {d_tr:+.4g} ({len(runs)} seed{'s' if len(runs) != 1 else ''}): {reading}"
     )
     data = {"series": iv, "verdict": v_init, "change": d_tr, "change_init": d_init, "reading": reading}
     return {"text": text, "data": data}
