@@ -8,7 +8,7 @@ import pytest
 
 from attnzoo.reproduce.cli import main
 from attnzoo.reproduce.estimate import estimate, examples, shape
-from attnzoo.reproduce.runner import plan
+from attnzoo.reproduce.runner import ReproduceError, plan
 from attnzoo.reproduce.store import Step
 
 
@@ -60,7 +60,7 @@ def test_the_replay_runs_jobs_in_parallel_waits_for_dependencies_and_runs_timed_
     assert estimate([a, dep], records, jobs=2).wall_s == pytest.approx(20.0)
     timed = _step("s/c/seed0", timed=True)
     assert estimate([a, b, timed], records, jobs=3).wall_s == pytest.approx(20.0)
-    with pytest.raises(ValueError, match="jobs must be >= 1"):
+    with pytest.raises(ReproduceError, match="--jobs must be a positive integer, got 0"):
         estimate([a], records, jobs=0)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnzoo.reproduce.common import md_table
+from attnzoo.reproduce.runner import check_jobs, startable
 from attnzoo.reproduce.store import Step, config_hash
 
 __all__ = ["StepEstimate", "Estimate", "estimate", "examples", "render_estimate", "shape"]
@@ -80,32 +81,30 @@ def _time_one(step: Step, records: dict, by_shape: dict[str, list[str]]) -> Step
 
 
 def _replay(steps: list[Step], seconds: dict[str, float], jobs: int) -> float:
-    """The runner's schedule (``runner._run_steps_parallel``) with the predicted durations: its end time."""
-    pending, running, done, now = list(steps), {}, {}, 0.0  # running: id -> end time; done: id -> end time
+    """The runner's schedule (:func:`attnzoo.reproduce.runner.startable`, in plan order once a step's dependencies
+    are done) with the predicted durations: its end time."""
+    pending, running, done, now = list(steps), {}, set(), 0.0  # running: id -> (step, end time)
     planned = {s.id for s in steps}
-    timed = {s.id for s in steps if s.timed}
     while pending or running:
         for step in list(pending):
-            if len(running) >= jobs or timed & running.keys():
+            free = startable(step, [s for s, _ in running.values()], jobs)
+            if free is None:
                 break
-            if step.timed and running:
-                continue
-            if all(d in done or d not in planned for d in step.deps):
+            if free and all(d in done or d not in planned for d in step.deps):
                 pending.remove(step)
-                running[step.id] = now + seconds[step.id]
+                running[step.id] = (step, now + seconds[step.id])
         if not running:
             raise ValueError(f"steps wait on dependencies that never finish: {[s.id for s in pending][:5]}")
-        first = min(running, key=running.get)
-        now = running.pop(first)
-        done[first] = now
+        first = min(running, key=lambda i: running[i][1])
+        now = running.pop(first)[1]
+        done.add(first)
     return now
 
 
 def estimate(steps: list[Step], records: dict[str, dict], jobs: int = 1) -> Estimate:
     """Predicted seconds of every step of ``steps`` from stored step ``records`` (id -> record with ``config`` and
     ``wall_s``, as in a results.json's ``steps``), and the wall clock of running them with ``jobs`` workers."""
-    if jobs < 1:
-        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    check_jobs(jobs)
     timed_records = {k: r for k, r in records.items() if isinstance(r.get("wall_s"), (int, float))}
     by_shape: dict[str, list[str]] = {}
     for rid in timed_records:

@@ -62,6 +62,20 @@ def resolve_sections(only: str | list[str] | None) -> list[str]:
     return [k for k in SECTIONS if k in keys]
 
 
+def check_jobs(jobs) -> None:
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise ReproduceError(f"--jobs must be a positive integer, got {jobs!r}")
+
+
+def startable(step: Step, running: list[Step], jobs: int) -> bool | None:
+    """Whether ``step`` may start beside the ``running`` steps on ``jobs`` workers: None when no step may start now
+    (every worker busy, or a timed measurement running alone), False when this one waits (a timed step waits for an
+    idle machine). Dependencies are the caller's to check."""
+    if len(running) >= jobs or any(s.timed for s in running):
+        return None
+    return not (step.timed and running)
+
+
 def plan(budget_name: str, seed: int) -> tuple[dict, list[Step]]:
     """The budget's settings and every step of every section, dependencies before dependants."""
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
@@ -175,8 +189,7 @@ def run(
     from attnzoo.reproduce.report import write_report
 
     t_start = time.perf_counter()
-    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
-        raise ReproduceError(f"--jobs must be a positive integer, got {jobs!r}")
+    check_jobs(jobs)
     sections = resolve_sections(only)
     b, steps = plan(budget_name, seed)
     device = _resolve_device(device)
@@ -429,9 +442,10 @@ def _run_steps_parallel(
     try:
         while pending or running:
             for step in list(pending):
-                if len(running) >= jobs or any(s.timed for s in running.values()):
+                free = startable(step, list(running.values()), jobs)
+                if free is None:
                     break
-                if step.timed and running:  # a measurement waits for a quiet machine
+                if not free:
                     continue
                 if bad := [d for d in step.deps if d in outcome.failed]:
                     pending.remove(step)
