@@ -132,6 +132,9 @@ def _run_baselines(_ctx: Context, step: Step) -> dict:
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec = Section(KEY, title(plan["tasks"]))
+    if not plan["tasks"]:
+        sec.intro = "Not run at this budget (`--budget long` runs it)."
+        return sec
     arch, tr = plan["arch"], plan["train"]
     first = next(iter(plan["tasks"].values()))
     d, n = first["dim"], first["n_points"]
