@@ -9,7 +9,7 @@ def test_left_out_tasks_share_one_note_that_points_to_their_pilots():
     plan = BUDGETS["long"]["long-range"]
     (note,) = lra._notes(plan)
     assert note.startswith(f"Not run at this budget: {', '.join(plan['left_out'])} (")
-    assert "`left_out` in attnzoo.reproduce.budgets gives the reason, the pilot's figures and the command" in note
+    assert "reasons, pilot figures and the commands that re-measure them: each budget's `left_out` in" in note
     # the pilots' figures and commands are not printed: the budget states them
     assert "attnzoo train" not in note and "`attnzoo" not in note and "pilot of" not in note
 

@@ -38,8 +38,8 @@ TABLE_HEADERS = [
     "| mechanism | N=64 | N=256 |",
     "| layer | SNR, φ=threshold, η=0.1 | SNR, φ=softmax, η=0.1 | SNR, φ=threshold, η=0.02 | SNR, φ=softmax, η=0.02 |",
     "| " + " | ".join(FINDING_COLUMNS) + " |",
-    "| claim | paper | statement | paper's figure | test | effect [95% CI] (margin) | verdict | section | notes |",
-    "| section | compared rows and measurements | learning-rate sweeps | ablations and plateau checks | total |",
+    "| claim (paper) | statement | paper's figure | test: effect [95% CI] (margin) | verdict [notes] | section |",
+    "| section | compared rows, measurements | lr sweeps | ablations, plateau runs | total |",
 ]
 
 
@@ -56,7 +56,7 @@ def test_report_has_every_section_table_and_plot(smoke):
     assert text.index("## Summary") < min(text.index(h) for h in HEADINGS.values())
     # the first screen states the scale of the runs against the papers', one line per trained section
     summary = text[text.index("## Summary") : min(text.index(h) for h in HEADINGS.values())]
-    assert "**Scale.**" in summary
+    assert "**Scale**" in summary
     for line in (
         "- Vision: here digits",
         "- Language: here character-level Shakespeare",

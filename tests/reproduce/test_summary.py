@@ -59,7 +59,7 @@ def test_a_claim_tested_several_ways_is_counted_once():
     assert [c.verdict for c in claims_] == ["agrees", "disagrees"]
     text = "\n".join(_summary([Section("k", "K: t", findings=fs)], "long"))
     assert "**2 claims of the five papers, each counted once**: 1 agrees, 1 disagrees, 0 inconclusive" in text
-    assert "2 rest on trained models over seeds: 1 agree, 1 disagree, 0 undecided" in text
+    assert "On trained models over seeds: 2 (1 agree, 1 disagree, 0 undecided)" in text
 
 
 def test_an_undecided_claim_is_filed_under_its_first_cause_and_the_counts_add_up():
@@ -73,7 +73,7 @@ def test_an_undecided_claim_is_filed_under_its_first_cause_and_the_counts_add_up
     assert cause_of([fs[1]]) == "did not learn" and cause_of([fs[2]]) == "conditions"
     assert cause_of([fs[5]]) == "wide"
     text = "\n".join(_summary([Section("k", "K: t", findings=fs)], "long"))
-    assert "**What keeps the other 4 claims undecided**" in text
+    assert "**Why the other 4 claims are undecided**" in text
     lines = [ln for ln in text.splitlines() if ln.startswith("- ") and ln.rstrip(")").split("(")[0]]
     counted = {c: next((ln for ln in lines if ln.startswith(f"- {t}: ")), None) for c, t in CAUSES.items()}
     assert counted["conditions"].startswith(f"- {CAUSES['conditions']}: 1 (")
@@ -112,7 +112,7 @@ def test_the_legend_states_every_gate_once_with_its_direction():
     fs = [_f(*WIN)]
     text = "\n".join(_summary([Section("k", "K: t", findings=fs)], "long"))
     for reason, rule in GATES.items():
-        line = f"  - *{reason}* (holds back {' and '.join(rule.holds_back)}): {rule.why}."
+        line = f"  - *{reason}* ({' and '.join(rule.holds_back)}): {rule.why}."
         assert text.count(line) == 1, reason
     assert text.count("**How a verdict is reached**") == 1
     # the first screen (up to the claims table) fits in 60 lines
@@ -176,7 +176,7 @@ def test_a_note_shared_by_several_findings_is_printed_once_and_referenced_by_eac
     gate(fs[2], "another reason", "conditions")
     table, notes, nxt = _findings_md(fs)
     assert notes == ["[1] gated: sizes unlike the paper's (2.00x against 1.02x)", "[2] gated: another reason"]
-    assert nxt == 3 and table.count("| [1] |") == 2 and table.count("| [2] |") == 1
+    assert nxt == 3 and table.count(" [1] |") == 2 and table.count(" [2] |") == 1
 
 
 def test_a_checks_row_names_its_check_and_leaves_a_repeated_expected_figure_blank():
@@ -205,11 +205,13 @@ def test_the_claims_table_names_a_reference_and_a_section_once_per_run_of_rows()
     gate(pairs[0][1], "sizes unlike the paper's", "conditions")
     table, notes = _claims_table(tally(pairs))
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]]
-    assert [r[-2] for r in rows] == ["S1", "", "S2"]
-    assert [r[1] for r in rows] == ["X Table 1", "", "Y"] and [r[2] for r in rows] == ["c1", "c2", "c3"]
+    assert [r[-1] for r in rows] == ["S1", "", "S2"]
+    assert [r[0] for r in rows] == ["X Table 1", "", "Y"] and [r[1] for r in rows] == ["c1", "c2", "c3"]
     # the paper's figure is printed once per run of equal rows; a claim's own notes are footnotes under the table
-    assert [r[3] for r in rows] == ["a > b", "", ""]
-    assert [r[-1] for r in rows] == ["[1]", "-", "-"] and notes == ["[1] gated: sizes unlike the paper's"]
+    assert [r[2] for r in rows] == ["a > b", "", ""] and rows[0][3].startswith("+1 pts [")
+    # the notes follow the verdict they explain
+    assert [r[-2] for r in rows] == ["inconclusive (agrees ungated) [1]", "agrees", "agrees"]
+    assert notes == ["[1] gated: sizes unlike the paper's"]
 
 
 def test_the_claims_table_prints_a_long_not_tested_reason_once_and_points_back_to_it():
@@ -224,7 +226,7 @@ def test_the_claims_table_prints_a_long_not_tested_reason_once_and_points_back_t
         measured_finding("cbsa-f8-flops", "no measurement for tost", "not tested", "-", kind="paper"),
     ]
     table, _ = _claims_table(tally([("S", f) for f in found]))
-    cells = [[c.strip() for c in r.split("|")[1:-1]][5] for r in table.splitlines()[2:]]
+    cells = [[c.strip() for c in r.split("|")[1:-1]][3] for r in table.splitlines()[2:]]
     assert cells[0] == long_reason.strip() and cells[1] == "as for `aot-f6-icl-learns`"
     assert cells[2] == cells[3] == "no measurement for tost"  # a short text is printed again
 
@@ -235,7 +237,7 @@ def test_a_paper_claim_is_reported_in_the_claims_table_and_not_again_in_its_sect
     fs = [_f(*WIN, claim_id="tost-t3-lra#listops", claim="c1"), dataclasses.replace(_f(*TIE, claim="c4"), kind="check")]
     sec = Section("k", "K: t", findings=fs)
     summary = "\n".join(_summary([sec], "long"))
-    assert "| `tost-t3-lra` | X Table 1 | c1 | a > b | listops |" in summary
+    assert "| `tost-t3-lra` (X Table 1) | c1 | a > b | listops: +1 pts [" in summary
     body = "\n".join(_section_md(sec))
     assert "tost-t3-lra" not in body and "| c4 | a > b |" in body
 
@@ -258,7 +260,7 @@ def test_the_compute_table_lists_each_sections_decided_trained_claims():
     }
     assert rows["Vision"].rstrip(" |").endswith("1: `cbsa-t3-crate`")  # the tie is undecided: not listed
     assert rows["Long-range"].rstrip(" |").endswith("1: `csp-t3-vit`")  # a disagreement is decided too
-    assert "| 2.0 min |" in rows["Vision"] and "| 60 s |" in rows["Long-range"]
+    assert "| 2.0 |" in rows["Vision"] and "| 1.0 |" in rows["Long-range"]  # thread-minutes
 
 
 def test_the_claims_table_states_a_combined_verdict_only_for_a_claim_tested_several_ways():
@@ -268,6 +270,46 @@ def test_the_claims_table_states_a_combined_verdict_only_for_a_claim_tested_seve
     table, _ = _claims_table(tally([("S", f) for f in fs]))
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]]
     # the combined verdict of the two tests (one disagrees) follows the statement; each test keeps its own
-    assert rows[0][2] == "a beats b (claim: **disagrees**)" and rows[1][2] == ""
-    assert [r[6] for r in rows] == ["agrees", "**disagrees**", "agrees"]
-    assert rows[2][2] == "c2"  # tested once: its test's verdict is the claim's
+    assert rows[0][1] == "a beats b (claim: **disagrees**)" and rows[1][1] == ""
+    assert [r[4].split(" [")[0] for r in rows] == ["agrees", "**disagrees**", "agrees"]  # before its notes
+    assert rows[0][3].startswith("listops: ") and rows[2][3].startswith("+1 pts")  # the test names its effect
+    assert rows[0][0] == "`tost-t3-lra` (X Table 1)" and rows[2][0] == ""  # no record, the paper above: blank
+    assert rows[2][1] == "c2"  # tested once: its test's verdict is the claim's
+
+
+def test_a_superiority_claims_refuting_bar_is_in_its_effect_cell_not_a_note():
+    from attnzoo.reproduce.report import _claims_table
+
+    f = _f(*WIN, paper_effect=2.0)
+    table, notes = _claims_table(tally([("S", f)]))
+    row = [c.strip() for c in table.splitlines()[2].split("|")[1:-1]]
+    assert row[3].startswith("+1 pts [") and row[3].endswith("] (refuted below +1)")
+    assert row[4] == "agrees" and notes == []
+
+
+def test_a_per_item_check_is_one_row_with_each_items_figure_and_verdict():
+    from attnzoo.reproduce.common import measured_finding
+    from attnzoo.reproduce.report import _findings_md
+
+    def mem(mech, ratio, ok=True):
+        measured = f"{4 * ratio:.1f} / 4.0 MiB = {ratio:.2f} (N=2048->8192)"
+        return measured_finding(f"memory-linear-in-n#{mech}", measured, ok, "agrees if ≤ 4.5", mechanism=mech)
+
+    table, notes, _ = _findings_md([mem("csp", 4.0), mem("tssa", 3.8)])
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]]
+    assert rows == [
+        [
+            "each mechanism: memory linear in N",
+            "ratio of peak memory at 4N vs N ≤ 4.5",
+            "csp 16.0 / 4.0 MiB = 4.00, tssa 15.2 / 4.0 MiB = 3.80 (N=2048->8192)",
+            "agrees (all 2) [1]",
+        ]
+    ]
+    assert notes == ["[1] rule: agrees if ≤ 4.5"]
+    # a verdict that differs is named per item; another check, or one with a note of its own, keeps its own row
+    table, _, _ = _findings_md([mem("csp", 4.0), mem("xca", 5.0, ok=False)])
+    assert "| csp: agrees; xca: **disagrees** [1] |" in table
+    lone = mem("linear", 4.0)
+    lone["explanation"] = "a note of its own"
+    table, _, _ = _findings_md([mem("csp", 4.0), lone])
+    assert len(table.splitlines()) == 4 and "| linear: memory linear in N |" in table

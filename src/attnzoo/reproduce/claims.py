@@ -351,18 +351,13 @@ class GateRule:
 #: why a verdict can be gated, with the verdicts each holds back; the report's legend prints these arguments.
 GATES: dict[str, GateRule] = {
     "plateau": GateRule(DECIDED, "a comparison still moving with the steps can cross its boundary either way"),
-    "not tuned": GateRule(
-        DECIDED,
-        "a row off its best learning rate can score higher or lower, so either verdict could be the rate's, not the "
-        "mechanism's",
-    ),
+    "not tuned": GateRule(DECIDED, "off its best learning rate a row can score higher or lower"),
     "did not learn": GateRule(DECIDED, "a row that did not learn the task measures the set-up, not the mechanism"),
     "conditions": GateRule(DECIDED, "under other sizes or settings than the paper's, the test is of another claim"),
     "control": GateRule(
         ("agrees",),
-        "a control without what the claim credits (a model without attention inside the margin, an untrained "
-        "model's layers) would agree too, so an agreement says nothing of the mechanism; a disagreement is not "
-        "gated: the control does not explain a mechanism worse than the margin (or trained layers short of it)",
+        "a control without what the claim credits (no attention, yet inside the margin; an untrained model's "
+        "layers) would agree too; it does not explain a disagreement",
     ),
 }
 GATE_REASONS = tuple(GATES)
@@ -375,7 +370,7 @@ def gate(f: Finding, why: str, reason: str) -> Finding:
         raise ValueError(f"unknown gate reason {reason!r}; valid: {GATE_REASONS}")
     v = numbers_verdict(f)
     if v in DECIDED and v not in GATES[reason].holds_back:
-        return explain(f, f"{why} (a {reason} gate, which does not hold back a verdict that {v})")
+        return explain(f, f"{why} (a {reason} gate does not hold back {v})")
     if f.verdict in DECIDED:
         f.ungated_verdict, f.verdict = f.verdict, "inconclusive"
     f.gate = f"{f.gate}; {why}" if f.gate else why
@@ -411,7 +406,7 @@ def size_gate(f: Finding, paper_ratios: dict[tuple[str, str], tuple[float, str]]
     here = f.params_a / f.params_b
     if not within_ratio(here, paper_ratio):
         why = f"parameters {here:.2f}x here against {paper_ratio:.2f}x in the paper ({source})"
-        gate(f, f"{why}: more than {SIZE_TOLERANCE:.0%} apart, so the sizes are not the paper's", "conditions")
+        gate(f, f"{why}: over {SIZE_TOLERANCE:.0%} apart", "conditions")
     return f
 
 
@@ -432,8 +427,8 @@ def margin_control_gate(
         where = f"{effect:+.3g} [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci else f"{effect:+.3g}"
         gate(
             f,
-            f"the margin admits no attention: {control_name} is {where} {f.unit or ''} from {base_name}, "
-            f"not shown outside the margin {f.margin:.3g}",
+            f"no-attention control {control_name} is {where} {f.unit or ''} from {base_name}, not shown outside the "
+            "margin",
             "control",
         )
     return f
@@ -497,8 +492,7 @@ def plateau_gate(
         why = (
             f"{baseline} has no run {longer_run}"
             if change is None
-            else f"{baseline} moved {change:+.3g} {unit} {longer_run}, at least the {clearance[id(f)]:.3g} this "
-            "interval clears its boundary by"
+            else f"{baseline} moved {change:+.3g} {unit} {longer_run} ≥ clearance {clearance[id(f)]:.3g}"
         )
         gate(f, f"not shown to plateau: {why}", "plateau")
     if curves:
@@ -521,20 +515,12 @@ def trend_gate(f: Finding, e2: float, ci2: tuple[float, float], margin2: float, 
     move = e2 - f.effect
     c2 = _clearance(v2, ci2, margin2, f.refute_below) if v2 != "inconclusive" else None
     f.trend_2x = {"effect": e2, "ci95": list(ci2), "margin": margin2, "verdict": v2, "move": move, "clearance": c2}
-    said = (
-        f"{at2}: the same rule gives {v2} (effect {f.effect:+.3g} -> {e2:+.3g} {f.unit or ''}, 95% CI "
-        f"[{ci2[0]:+.3g}, {ci2[1]:+.3g}])"
-    )
+    said = f"{at2}: {v2}, {f.effect:+.3g} -> {e2:+.3g} {f.unit or ''} [{ci2[0]:+.3g}, {ci2[1]:+.3g}]"
     if v2 != numbers_verdict(f):
-        return gate(f, f"{said}, not the verdict of the reported steps", "plateau")
+        return gate(f, f"{said}: not the reported steps' verdict", "plateau")
     if c2 <= abs(move):
-        return gate(
-            f,
-            f"{said}, but the effect moved {move:+.3g} in one doubling, at least the {c2:.3g} its interval there "
-            "clears the boundary by: at that pace the next doubling could cross it",
-            "plateau",
-        )
-    return explain(f, f"{said}; the effect moved {move:+.3g}, less than the {c2:.3g} it clears the boundary by there")
+        return gate(f, f"{said}; moved {move:+.3g} ≥ clearance {c2:.3g}: the next doubling could cross", "plateau")
+    return explain(f, f"{said}; moved {move:+.3g} < clearance {c2:.3g}")
 
 
 def replicated_gate(f: Finding, a_longer: Stat | None, b_longer: Stat | None, *, row: str, baseline: str) -> Finding:
@@ -550,16 +536,14 @@ def replicated_gate(f: Finding, a_longer: Stat | None, b_longer: Stat | None, *,
     if a_longer.n >= 2 and b_longer.n >= 2:
         m2 = f.margin_rel * abs(b_longer.mean) if f.margin_rel is not None else f.margin or 0.0
         e2, ci2, _ = welch_ci(a_longer, b_longer, lower_is_better=lower)
-        at2 = f"at twice the steps ({row} {a_longer.n} vs {baseline} {b_longer.n} seeds, margin {m2:.3g})"
+        at2 = f"2x steps ({a_longer.n} vs {b_longer.n} seeds, margin {m2:.3g})"
         if decided:
             f.replicated_2x = trend_gate(f, e2, ci2, m2, at2).trend_2x
             return f
         v2 = verdict_from_ci(ci2, m2, f.refute_below)
         f.at_2x = {"effect": e2, "ci95": list(ci2), "margin": m2, "verdict": v2}
-        tail = "; the verdict depends on the steps, so it stays inconclusive" if v2 != "inconclusive" else ""
-        return explain(
-            f, f"{at2} the same rule gives {v2}: effect {e2:+.3g} {unit}, 95% CI [{ci2[0]:+.3g}, {ci2[1]:+.3g}]{tail}"
-        )
+        tail = ": the verdict depends on the steps" if v2 != "inconclusive" else ""
+        return explain(f, f"{at2}: {v2}, {e2:+.3g} {unit} [{ci2[0]:+.3g}, {ci2[1]:+.3g}]{tail}")
     if not decided:
         return f
     k = min(a_longer.n, b_longer.n, len(f.values_a), len(f.values_b))
@@ -568,12 +552,9 @@ def replicated_gate(f: Finding, a_longer: Stat | None, b_longer: Stat | None, *,
     e2 = sign * (Stat(a_longer.values[:k]).mean - Stat(b_longer.values[:k]).mean)
     f.paired_2x = {"seeds": k, "effect_1x": e1, "effect_2x": e2}
     few = "one seed a side gives" if k == 1 else "so few seeds a side give"
-    return explain(
-        f,
-        f"on the {'seed' if k == 1 else f'{k} seeds'} both {row} and {baseline} ran at twice the steps, the effect "
-        f"goes from {e1:+.4g} to {e2:+.4g} {unit}; {few} no interval at twice the steps, so the comparison is not "
-        "replicated there",
-    )
+    seeds = "seed" if k == 1 else f"{k} seeds"
+    both = f"on the {seeds} both {row} and {baseline} ran at 2x steps"
+    return explain(f, f"{both}: {e1:+.4g} -> {e2:+.4g} {unit}; {few} no interval")
 
 
 def compared_row_gate(f: Finding, row: str, base: Stat | None, longer: Stat | None, unit: str) -> Finding:
@@ -585,7 +566,7 @@ def compared_row_gate(f: Finding, row: str, base: Stat | None, longer: Stat | No
     f.compared_row_change = change
     shift = -change if f.lower_is_better else change
     lo, hi = f.ci95
-    at2 = f"{row} itself moves {change:+.3g} {unit} at twice the steps ({paired.mean:.4g} -> {longer.mean:.4g})"
+    at2 = f"{row} alone moves {change:+.3g} {unit} at 2x steps ({paired.mean:.4g} -> {longer.mean:.4g})"
     return trend_gate(f, f.effect + shift, (lo + shift, hi + shift), f.margin or 0.0, at2)
 
 
@@ -617,10 +598,9 @@ def margin_sensitivity(f: Finding, other: float, label: str, *, relative: bool =
     rep = f.replicated_2x
     if rep and rep.get("ci95"):
         m2 = rep["margin"] * other / own
-        parts.append(f"at twice the steps {verdict_from_ci(rep['ci95'], m2)}{said(m2)}")
-    verb = "the same intervals give " if len(parts) > 1 else "the same interval gives "
+        parts.append(f"at 2x steps {verdict_from_ci(rep['ci95'], m2)}{said(m2)}")
     what = f"{label} ({other:.1%})" if relative else f"{label} ({other:g} {f.unit or ''})"
-    return explain(f, f"with {what} as the margin, {verb}" + ", ".join(parts))
+    return explain(f, f"with {what} as margin: " + ", ".join(parts))
 
 
 def change_word(before: float, after: float, *, noise: float) -> str:

@@ -230,7 +230,7 @@ CURVE_POINTS = 4
 #: validation batches of a curve's points before the last (the last point, the run's result, uses every batch)
 CURVE_EVAL_BATCHES = 8
 #: how a caption states what the curves' points are
-CURVE_NOTE = f"last point: the whole validation set; earlier: its first {CURVE_EVAL_BATCHES} batches"
+CURVE_NOTE = f"last point: whole validation set; earlier: its first {CURVE_EVAL_BATCHES} batches"
 
 
 # ---- training -----------------------------------------------------------------------------------------
@@ -561,10 +561,7 @@ def sweep_table(
         if at_edge and row not in untuned:
             end = "lowest" if best == min(lrs) else "highest"
             grid = ", ".join(f"{x:g}" for x in lrs)
-            untuned[row] = (
-                f"{row}'s best swept learning rate {best:g} is the {end} of the grid ({grid}), so its optimum may "
-                "lie beyond it"
-            )
+            untuned[row] = f"{row}'s best swept learning rate {best:g} is the {end} of the grid ({grid})"
         table_rows.append(
             [row + (" §" if row in unlearned else " †" if at_edge else " ‡" if row in flat else "")]
             + [f"**{vals[lr]:.3g}**" if lr == best else f"{vals[lr]:.3g}" if lr in vals else "–" for lr in columns]

@@ -18,9 +18,7 @@ PAPERS = ("ToST", "FAST", "CSP", "CBSA", "AoT")
 #: figure measured once (measurement), or a trend with a rule of its own (qualitative: probes, curves)
 CLAIM_KINDS = ("superiority", "non-inferiority", "measurement", "qualitative")
 #: the one rule by which the tests of a claim tested several ways make its verdict
-COMBINE_EVERY = (
-    "agrees only if every test that decides agrees; disagrees if any test that decides disagrees; else inconclusive"
-)
+COMBINE_EVERY = "disagrees if any test disagrees, else agrees if any agrees, else inconclusive"
 #: the tests of an LRA accuracy claim: its average over the learned tasks, then each task
 LRA_TESTS = ("average", "listops", "text", "retrieval", "image", "pathfinder")
 

@@ -21,9 +21,9 @@ from attnzoo.reproduce.tally import CAUSES, ClaimResult, tally
 __all__ = ["write_report", "html_page", "FINDING_COLUMNS", "PLOTS_DIR", "CONFIGS_FILE", "effect_cell"]
 
 PLOTS_DIR = "plots"
-FINDING_COLUMNS = ["check", "expected", "measured here", "verdict", "notes"]
-CLAIMS_COLUMNS = ["claim", "paper", "statement", "paper's figure", "test", "effect [95% CI] (margin)", "verdict"]
-CLAIMS_COLUMNS += ["section", "notes"]
+FINDING_COLUMNS = ["check", "expected", "measured here", "verdict [notes]"]
+CLAIMS_COLUMNS = ["claim (paper)", "statement", "paper's figure", "test: effect [95% CI] (margin)"]
+CLAIMS_COLUMNS += ["verdict [notes]", "section"]
 CONFIGS_FILE = "configs.md"
 _MARK = {"agrees": "agrees", "disagrees": "**disagrees**", "inconclusive": "inconclusive", "not tested": "not tested"}
 
@@ -61,12 +61,15 @@ def _in(step_id: str, section: str) -> bool:
 
 
 def effect_cell(f: dict) -> str:
-    """``+1.2 pts [-0.3, +2.7] (margin 1.9)`` for a comparison; the measured text for a measurement."""
+    """``+1.2 pts [-0.3, +2.7] (margin 1.9)`` for a comparison (a refuted superiority's bar: ``(refuted below
+    +1.3)``); the measured text for a measurement."""
     if f.get("claim_type") is None or f.get("effect") is None:
         return f["measured"]
     ci = f.get("ci95")
     ci_txt = f" [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci else " (one seed: no CI)"
     margin = f" (margin {f['margin']:.3g})" if f.get("margin") else ""
+    if not margin and f.get("refute_below") is not None:
+        margin = f" (refuted below {f['refute_below']:+.3g})"
     return f"{f['effect']:+.3g} {f.get('unit', '')}{ci_txt}{margin}"
 
 
@@ -83,17 +86,70 @@ def _blank_repeats():
 
 
 def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], int]:
-    """A section's implementation checks, their notes (rule, gate, explanation) numbered under the table."""
+    """A section's implementation checks, their notes (rule, gate, explanation) numbered under the table; a check run
+    once per item (a mechanism, a task) is one row listing each item's figure (:func:`_group_row`)."""
     rows, notes, seen, once = [], [], {}, _blank_repeats()
-    for f in findings:
+    for group in _per_item_groups(findings):
+        f = group[0]
         refs, start = _note_refs(f, seen, notes, start)
-        rows.append([f["claim"], once("paper_value", f["paper_value"]), f["measured"], _verdict_cell(f), refs])
+        row = _group_row(group) if len(group) > 1 else [f["claim"], f["measured"], _verdict_cell(f)]
+        rows.append([row[0], once("paper_value", f["paper_value"]), row[1], _with_refs(row[2], refs)])
     return md_table(FINDING_COLUMNS, rows), notes, start
 
 
+def _per_item_groups(findings: list[dict]) -> list[list[dict]]:
+    """Runs of consecutive findings of one per-item check with the same rule and no gate or explanation of their
+    own (each its own group otherwise)."""
+    groups: list[list[dict]] = []
+    for f in findings:
+        last = groups[-1][-1] if groups else None
+        if last is not None and _groupable(f) and _groupable(last) and _group_key(f) == _group_key(last):
+            groups[-1].append(f)
+        else:
+            groups.append([f])
+    return groups
+
+
+def _groupable(f: dict) -> bool:
+    cid = f.get("claim_id") or ""
+    if not paper_claims.test_of(cid) or f.get("gate") or f.get("explanation") or f.get("claim_type"):
+        return False
+    return bool(getattr(paper_claims.get(cid), "per", ""))
+
+
+def _group_key(f: dict) -> tuple:
+    return paper_claims.base_id(f["claim_id"]), f.get("rule"), f["paper_value"]
+
+
+def _group_row(group: list[dict]) -> list[str]:
+    """``[check, measured, verdict]`` of a per-item check: "each <item>" in its statement, each item's figure (a
+    suffix they all share said once) and each item's verdict (one word when they all agree on it)."""
+    rec = paper_claims.get(group[0]["claim_id"])
+    items = [paper_claims.test_of(f["claim_id"]) for f in group]
+    shared = _shared_suffix([f["measured"] for f in group])
+    cut = [f["measured"][: len(f["measured"]) - len(shared)] for f in group]
+    figures = ", ".join(f"{i} {m}" for i, m in zip(items, cut, strict=True))
+    verdicts = [_verdict_cell(f) for f in group]
+    if len(set(verdicts)) == 1:
+        verdict = f"{verdicts[0]} (all {len(group)})"
+    else:
+        verdict = "; ".join(f"{i}: {v}" for i, v in zip(items, verdicts, strict=True))
+    return [rec.statement.format(**{rec.per: f"each {rec.per}"}), figures + shared, verdict]
+
+
+def _shared_suffix(texts: list[str]) -> str:
+    """The longest ending every text shares that starts at a space (a whole-word tail), or ""."""
+    n = 0
+    while n < min(map(len, texts)) and len({t[len(t) - n - 1] for t in texts}) == 1:
+        n += 1
+    tail = texts[0][len(texts[0]) - n :] if n else ""
+    cut = tail.find(" ")
+    return "" if cut < 0 else tail[cut:]
+
+
 def _note_refs(f: dict, seen: dict[tuple[str, str], int], notes: list[str], start: int, rule=None) -> tuple[str, int]:
-    """``[n] [m]``: the finding's rule (``rule(f)``, by default :func:`_own_rule`), gate and explanation as numbered
-    notes, each printed once (a repeat points back to its number); returns the next number."""
+    """``[n] [m]`` (empty without notes): the finding's rule (``rule(f)``, by default :func:`_own_rule`), gate and
+    explanation as numbered notes, each printed once (a repeat points back to its number); returns the next number."""
     refs = []
     for label, text in (("rule", (rule or _own_rule)(f)), ("gated", f.get("gate")), ("why", f.get("explanation"))):
         if text and text != "-":
@@ -102,7 +158,12 @@ def _note_refs(f: dict, seen: dict[tuple[str, str], int], notes: list[str], star
                 notes.append(f"[{start}] {label}: {text}")
                 start += 1
             refs.append(f"[{seen[(label, text)]}]")
-    return " ".join(refs) or "-", start
+    return " ".join(refs), start
+
+
+def _with_refs(verdict: str, refs: str) -> str:
+    """A verdict cell with its note references after it."""
+    return f"{verdict} {refs}" if refs else verdict
 
 
 def _verdict_cell(f: dict) -> str:
@@ -122,10 +183,13 @@ def _own_rule(f: dict) -> str | None:
 
 
 def _table_rule(f: dict) -> str | None:
-    """The claims table's rule note: a margin's source only (the effect cell prints the margin)."""
-    if f.get("claim_type") and f.get("margin") and f.get("effect") is not None:
-        rel = f"{f['margin_rel']:g} of {f['b_name']}'s mean: " if f.get("margin_rel") is not None else ""
-        return rel + f.get("margin_source", "")
+    """The claims table's rule note: a margin's source only (the effect cell prints the margin or refuting bar)."""
+    if f.get("claim_type") and f.get("effect") is not None:
+        if f.get("margin"):
+            rel = f"{f['margin_rel']:g} of {f['b_name']}'s mean: " if f.get("margin_rel") is not None else ""
+            return rel + f.get("margin_source", "")
+        if f.get("refute_below") is not None:
+            return None
     return _own_rule(f)
 
 
@@ -167,9 +231,9 @@ def _checks_lines(checks: list[tuple[str, dict]]) -> list[str]:
         return []
     cc = Counter(f["verdict"] for _, f in checks)
     odd = Counter(t for t, f in checks if f["verdict"] != "agrees")
-    where = "; those that do not agree: " + ", ".join(f"{t} {n}" for t, n in odd.items()) if odd else ""
+    where = " (not agreeing: " + ", ".join(f"{t} {n}" for t, n in odd.items()) + ")" if odd else ""
     counts = ", ".join(f"{cc[v]} {v}" for v in VERDICTS if cc[v])
-    return [f"Implementation checks (each in its section's table): {counts}{where}.", ""]
+    return [f"Implementation checks (in their sections): {counts}{where}.", ""]
 
 
 def _headline(claims_: list[ClaimResult]) -> list[str]:
@@ -180,11 +244,11 @@ def _headline(claims_: list[ClaimResult]) -> list[str]:
     return [
         f"**{len(claims_)} claims of the five papers, each counted once**: "
         + ", ".join(f"{counts[v]} {v}" for v in VERDICTS)
-        + f". {n_trained} rest on trained models over seeds: {trained['agrees']} agree, {trained['disagrees']} "
-        f"disagree, {n_trained - trained['agrees'] - trained['disagrees']} undecided. {measured.total()} are "
-        "measurements (timings, memory, parameter-free iterations, probes of trained layers): "
+        + f". On trained models over seeds: {n_trained} ({trained['agrees']} agree, {trained['disagrees']} "
+        f"disagree, {n_trained - trained['agrees'] - trained['disagrees']} undecided); measurements (timings, memory, "
+        f"parameter-free iterations, probes of trained layers): {measured.total()} ("
         + ", ".join(f"{measured[v]} {v}" for v in VERDICTS if v != "not tested")
-        + ".",
+        + ").",
         "",
     ]
 
@@ -226,11 +290,7 @@ def _blocked_lines(claims_: list[ClaimResult]) -> list[str]:
     blocked = [c for c in claims_ if c.cause]
     if not blocked:
         return []
-    lines = [
-        f"**What keeps the other {len(blocked)} claims undecided** (each under its first cause, in this order; "
-        "ungated verdicts in the claims table):",
-        "",
-    ]
+    lines = [f"**Why the other {len(blocked)} claims are undecided** (each under its first cause):", ""]
     for cause, text in CAUSES.items():
         if ids := [f"`{c.id}`" if ":" not in c.id else c.id for c in blocked if c.cause == cause]:
             lines.append(f"- {text}: {len(ids)} ({', '.join(ids)})")
@@ -240,31 +300,26 @@ def _blocked_lines(claims_: list[ClaimResult]) -> list[str]:
 def _legend_lines() -> list[str]:
     """The rule and every gate with the verdicts it holds back and why, stated once for the whole report."""
     return [
-        "**How a verdict is reached** (stated once; a claim's notes give only its margin, source and gates):",
+        "**How a verdict is reached**:",
         "",
-        "- Effect: the difference of the seed means (positive favours the claim) with its 95% Welch-t interval; it "
-        "**agrees** if the interval lies wholly above -margin, **disagrees** if wholly below (one seed a side: "
-        "inconclusive). The margin is the largest gap the paper calls comparable; a superiority claim's is 0, and "
-        f"with the paper's own effect E it also disagrees if the interval lies wholly below {REFUTE_FRACTION:g}·E.",
-        f"- A claim tested several ways takes one verdict: {paper_claims.COMBINE_EVERY}.",
-        "- A tuned row trains its seeds at the best rate of its own sweep, run on an unreported seed.",
+        "- Effect: the difference of the seed means (positive favours the claim), with its 95% Welch-t interval in "
+        "brackets; **agrees** if the interval lies wholly above -margin, **disagrees** if wholly below (one seed a "
+        "side: inconclusive). The margin is the largest gap the paper calls comparable; a superiority claim's is 0 "
+        f"and, with the paper's effect E, it also disagrees wholly below {REFUTE_FRACTION:g}·E.",
+        f"- Several tests of one claim: {paper_claims.COMBINE_EVERY}.",
+        "- Each row's seeds train at the best rate of its own sweep (run on another seed).",
         "- Gates: a failed precondition makes a decided verdict inconclusive (the numbers' verdict shown as "
-        "'ungated'); each holds back only the verdicts named:",
-        *[
-            f"  - *{reason}* (holds back {' and '.join(rule.holds_back)}): {rule.why}."
-            for reason, rule in GATES.items()
-        ],
-        "- Twice the steps (a side or both): the verdict stands only if the same rule gives it there with an interval "
-        "clearing its boundary by more than the effect moved.",
-        "- The claims table below lists every paper claim's tests with their notes; each section's table lists its "
-        "implementation checks.",
+        "'ungated'); each holds back only the verdicts in brackets:",
+        *[f"  - *{reason}* ({' and '.join(rule.holds_back)}): {rule.why}." for reason, rule in GATES.items()],
+        "- Clearance: how far an interval lies beyond its boundary. At twice the steps (2x; a side or both) a "
+        "verdict stands only if the same rule gives it there with a clearance larger than the effect moved.",
         "",
     ]
 
 
 def _claims_table(claims_: list[ClaimResult]) -> tuple[str, list[str]]:
     """One block of rows per claim: its statement once (with the combined verdict when tested several ways), then
-    each test's figure, effect, verdict and notes."""
+    each test's figure, effect (after the test's name), verdict and notes."""
     rows, notes, seen, start, once = [], [], {}, 1, _blank_repeats()
     said: dict[str, str] = {}  # a long measured text already in the table -> the claim it was printed for
     for c in claims_:
@@ -272,14 +327,23 @@ def _claims_table(claims_: list[ClaimResult]) -> tuple[str, list[str]]:
             refs, start = _note_refs(f, seen, notes, start, _table_rule)
             paper = once("paper", f["paper"])
             statement = f["claim"] + (f" (claim: {_MARK[c.verdict]})" if len(c.tests) > 1 else "")
-            head = [f"`{c.id}`" if ":" not in c.id else "-", paper, statement] if i == 0 else ["", "", ""]
-            test = paper_claims.test_of(f.get("claim_id") or "") or "-"
+            head = [_claim_cell(c.id, paper), statement] if i == 0 else ["", ""]
+            test = paper_claims.test_of(f.get("claim_id") or "")
             effect = effect_cell(f)
             if f.get("claim_type") is None and len(effect.split()) > 20 and said.setdefault(effect, c.id) != c.id:
                 effect = f"as for `{said[effect]}`"
-            row = head + [once("paper_value", f["paper_value"]), test, effect, _verdict_cell(f)]
-            rows.append(row + [once("section", section), refs])
+            effect = f"{test}: {effect}" if test else effect
+            row = head + [once("paper_value", f["paper_value"]), effect, _with_refs(_verdict_cell(f), refs)]
+            rows.append(row + [once("section", section)])
     return md_table(CLAIMS_COLUMNS, rows), notes
+
+
+def _claim_cell(claim_id: str, paper: str) -> str:
+    """A claim's id with its paper's reference (``paper``: "" when the row above names the same); a finding without a
+    record is named by its reference and statement."""
+    if ":" in claim_id:
+        return paper
+    return f"`{claim_id}`" + (f" ({paper})" if paper else "")
 
 
 def _scale_lines(secs: list[Section]) -> list[str]:
@@ -287,13 +351,13 @@ def _scale_lines(secs: list[Section]) -> list[str]:
     scaled = [f"- {s.title.split(':')[0]}: {s.scale}" for s in secs if s.scale]
     if not scaled:
         return []
-    return ["**Scale.** Laptop-sized runs, far below the papers'; a verdict holds at this scale:", "", *scaled, ""]
+    return ["**Scale** (laptop-sized, far below the papers'; a verdict holds at this scale):", "", *scaled, ""]
 
 
 def _compute_md(secs: list[Section], records: dict) -> list[str]:
     """Step compute per section: compared rows, learning-rate sweeps, and ablations and plateau checks (rows named
     ``x@...``, ``x+...`` beyond the swaps, ``x-...``)."""
-    kinds = ("compared rows and measurements", "learning-rate sweeps", "ablations and plateau checks")
+    kinds = ("compared rows, measurements", "lr sweeps", "ablations, plateau runs")
     per: dict = {}
     for sid, r in records.items():
         row = "/".join(p for p in sid.split("/")[1:] if not p.startswith(("seed", "extra-seed")))
@@ -313,13 +377,13 @@ def _compute_md(secs: list[Section], records: dict) -> list[str]:
         c = per.get(s.key, Counter())
         ids = decided.get(_short_title(s.title), [])
         rows.append(
-            [_short_title(s.title), *[_fmt_s(c[k]) for k in kinds], _fmt_s(c.total())]
+            [_short_title(s.title), *[f"{c[k] / 60:.1f}" for k in kinds], f"{c.total() / 60:.1f}"]
             + [f"{100 * c.total() / total:.0f}%", f"{len(ids)}: {', '.join(ids)}" if ids else "0"]
         )
     return [
         "## Compute",
         "",
-        "Thread time of the stored steps (one thread each) and the trained paper claims each section decided.",
+        "Thread-minutes of the stored steps (one thread each); the trained claims each section decided.",
         "",
         md_table(["section", *kinds, "total", "share", "trained claims decided"], rows),
         "",
@@ -377,7 +441,7 @@ def _setup_rows(meta: dict, records: dict, outcome) -> list[list[str]]:
         ["device", m.get("device", "-")],
         [
             "wall time",
-            f"{_fmt_s(meta['compute_s'])} of step compute in total ({len(records)} steps); {_clock_span(records)}; "
+            f"{_fmt_s(meta['compute_s'])} of step compute ({len(records)} steps); {_clock_span(records)}; "
             f"this invocation {_fmt_s(outcome.wall_s)} ({len(outcome.computed)} computed, {len(outcome.skipped)} "
             "reused)",
         ],
@@ -392,7 +456,7 @@ def _plural(n: int, word: str) -> str:
 def _workers_cell(workers: list[dict]) -> str:
     """How this directory's steps were computed (run.json): "J jobs x T threads", with step counts if they differed."""
     if not workers:
-        return "not recorded (no step computed here by a run that records them)"
+        return "not recorded (no step computed here)"
     cells = [f"{_plural(w.get('jobs'), 'job')} x {_plural(w.get('threads'), 'thread')}" for w in workers]
     if len(workers) == 1:
         return cells[0]
@@ -454,8 +518,7 @@ def _imported_text(records: dict[str, dict]) -> str:
     parts = [f"`{src}` ({', '.join(f'{s} {k}' for s, k in sorted(c.items()))})" for src, c in sorted(imported.items())]
     return (
         f"{len(records) - n} of {len(records)} steps were measured in this run; {n} were imported unchanged "
-        f"(same configuration) with `--reuse`: {'; '.join(parts)}, with their figures and timings (`imported_from` in "
-        "`results.json`). "
+        f"with `--reuse` (`imported_from` in `results.json`): {'; '.join(parts)}. "
     )
 
 

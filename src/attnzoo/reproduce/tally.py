@@ -9,14 +9,14 @@ from attnzoo.reproduce import paper_claims
 #: why a claim is undecided, in the order a claim is filed under (its first cause): what was knowable before
 #: training first, then what training showed, then too little evidence
 CAUSES = {
-    "conditions": "the paper's conditions are not met (sizes, task, configuration)",
+    "conditions": "the paper's conditions not met (sizes, task, configuration)",
     "control": "a control shows the effect without what the claim credits",
     "did not learn": "a compared row did not learn the task",
     "not tuned": "a row is not tuned",
     "plateau": "not shown to survive more training",
-    "steps": "decided only at twice the steps: the verdict depends on the training length",
+    "steps": "decided only at twice the steps",
     "threshold": "a measurement on its rule's threshold (no seeds, no interval)",
-    "wide": "its interval is too wide to decide at this many seeds",
+    "wide": "interval too wide at this many seeds",
     "not tested": "not tested at this budget",
 }
 

@@ -263,10 +263,10 @@ def _table(res: dict) -> Table:
     ]
     clock = "CPU time" if {st.get("clock") for st in res.values()} == {"cpu"} else "wall time"
     caption = (
-        "Mean ± sample std over seeds; FLOPs: matrix products and the patch convolution of one image's forward pass "
-        f"(torch.utils.flop_counter); ms / step: median {clock} of a fine-tuning step, evaluation excluded."
+        "Mean ± sample std over seeds; FLOPs: matrix products and patch convolution of one image's forward pass "
+        f"(torch.utils.flop_counter); ms / step: median {clock} of a fine-tuning step."
     )
-    return Table("Pretrained ViT adapted into each attention, fine-tuned for the same steps", _HEADS, rows, caption)
+    return Table("Pretrained ViT adapted into each attention and fine-tuned", _HEADS, rows, caption)
 
 
 def _intro(plan: dict) -> str:
@@ -278,7 +278,7 @@ def _intro(plan: dict) -> str:
         f"lr {pre['lr']}). Each row swaps its attention, keeps the pretrained projections it has and fine-tunes "
         f"every weight ({ft['steps']} steps of batch {ft['batch_size']}, AdamW, {rate}; no attention transfer, as "
         f"in Fig. 9); {common.seeds_text(plan.get('seeds', 1))}. CBSA keeps Fig. 9's q/k/v projections (attnzoo's "
-        f"has one, eq 8) with {tuple(plan['rep_grid'])}-pooled queries as representatives."
+        f"has one, eq 8), {tuple(plan['rep_grid'])}-pooled queries as representatives."
     )
 
 

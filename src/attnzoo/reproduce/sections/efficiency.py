@@ -212,7 +212,7 @@ def fast_d32(d32: dict[str, dict]) -> tuple[Table, dict]:
         f"FAST at its head dimension: forward+backward time (ms), D = {FAST_HEAD_DIM}, {heads} heads, B = 1",
         ["op"] + [f"N={n}" for n in lengths],
         rows,
-        caption="The last row is Fastmax's speed-up over SDPA softmax (> 1: Fastmax faster).",
+        caption="Last row: Fastmax's speed-up over SDPA softmax (> 1: Fastmax faster).",
     )
     both = [n for n in speedup if n >= 1024]
     if not both:

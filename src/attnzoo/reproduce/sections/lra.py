@@ -177,7 +177,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.scale = (
         f"here {', '.join(f'{t} at N={lengths[t]}' for t in tasks)}, width {plan['arch']['dim']}, depth "
         f"{plan['arch']['depth']}, {'; '.join(f'{t}: {_schedule(plan, t)}' for t in tasks)}; the papers: the Long "
-        "Range Arena's five tasks at 1K-4K tokens per sequence (ListOps up to 2K)"
+        "Range Arena's five tasks at 1K-4K tokens (ListOps up to 2K)"
     )
     labels = {t: records.get(f"{KEY}/{t}/labels") for t in tasks}
     majority = {t: 100 * rec["result"]["majority"] for t, rec in labels.items() if rec is not None}
@@ -257,12 +257,12 @@ def _intro(plan: dict, tasks: list[str], lengths: dict[str, int | None]) -> str:
     arch, extra = plan["arch"], plan.get("extra_seeds", {})
     text = (
         f"Encoders of width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, MLP {arch.get('mlp_dim')}, "
-        "pre-norm, mean pooling, one AdamW/cosine optimiser; only the attention differs. "
+        "pre-norm, mean pooling, AdamW/cosine; only the attention differs. "
         + "; ".join(f"{t}: N={lengths[t]}, {_schedule(plan, t)}" for t in tasks)
         + (" (Retrieval: two documents of N bytes each)" if "retrieval" in tasks else "")
         + f". {common.seeds_text(plan.get('seeds', 1), 'cell')}"
         + (f"; {', '.join(extra['rows'])}: {extra['seeds']} seeds more" if extra.get("rows") else "")
-        + ". Data generated offline (`attnzoo.data`), not the LRA release files."
+        + ". Data generated offline (`attnzoo.data`), not LRA's release files."
     )
     if rows := [m for m in plan["mechanisms"] if m in MEGA_ROWS]:
         chunk = plan.get("mega_chunk_size", MEGA_CHUNK)
@@ -271,8 +271,8 @@ def _intro(plan: dict, tasks: list[str], lengths: dict[str, int | None]) -> str:
         text += (
             f" {', '.join(rows)}: MEGA's own block (CSP Table 4's second group, Z = D/2) with "
             f"{' / '.join(kinds[m] for m in rows)} attention, compared only with each other; initialised "
-            "N(0, 1/fan-in) and N(0, 1) (`init='scaled'`): with MEGA's N(0, 0.02) it stayed at the majority class "
-            "(docs/results_history.md, 2026-11-26)."
+            "N(0, 1/fan-in) and N(0, 1) (`init='scaled'`; MEGA's N(0, 0.02) stayed at the majority class, "
+            "docs/results_history.md, 2026-11-26)."
         )
     return text
 
@@ -307,7 +307,7 @@ def _tables(
     cost = (("steps_per_s", ".2f", "steps/s"), ("peak_train_mb", ".1f", "MiB"))
     heads = ["mechanism"] + [f"{t} {what}" for t in tasks for _, _, what in cost]
     rows = [[m] + [fmt(res[m].get(t, {}).get(key), spec) for t in tasks for key, spec, _ in cost] for m in mechs]
-    tables.append(Table("Training cost (seed means; MiB: peak memory of a training step)", heads, rows))
+    tables.append(Table("Training cost (seed means; MiB: peak training-step memory)", heads, rows))
     return tables
 
 
@@ -332,8 +332,8 @@ def _notes(plan: dict, shortcut: dict | None = None) -> list[str]:
     left_out = plan.get("left_out", {})
     if any(_REMEASURE.search(why) for why in left_out.values()):
         notes.append(
-            f"Not run at this budget: {', '.join(left_out)} (each budget's `left_out` in "
-            "attnzoo.reproduce.budgets gives the reason, the pilot's figures and the command that re-measures them)"
+            f"Not run at this budget: {', '.join(left_out)} (reasons, pilot figures and the commands that "
+            "re-measure them: each budget's `left_out` in attnzoo.reproduce.budgets)"
         )
     elif left_out:
         notes.append("Not run at this budget: " + "; ".join(f"{t} — {why}" for t, why in left_out.items()))
@@ -352,8 +352,7 @@ def _eval_set_notes(records: dict, res: dict, tasks: list[str]) -> list[str]:
         spread = f"softmax's seed spread is {acc.std:.2f} pts" if acc.std is not None else "softmax has one seed"
         notes.append(
             f"{t}: every seed is scored on the same {n:,} validation examples (binomial standard error at softmax's "
-            f"{acc.mean:.1f}%: about {se:.1f} pts; {spread}), so the intervals compare models on this set, not "
-            "on the task at large"
+            f"{acc.mean:.1f}%: about {se:.1f} pts; {spread}): the intervals compare models on this set, not the task"
         )
     return notes
 
@@ -442,7 +441,7 @@ def equal_time(
         return None, out
     heads = ["task", "mechanism", "steps in that time", "step read", "acc %", "vs softmax pts [95% CI]"]
     caption = f"Softmax trains {'; '.join(times)}; lower bound: the longest run ends sooner."
-    title = "Equal wall clock: accuracy at softmax's training time (read from the validation curves)"
+    title = "Equal wall clock: accuracy at softmax's training time (from the validation curves)"
     return Table(title, heads, rows, caption=caption), out
 
 
@@ -630,11 +629,11 @@ def _speed_findings(res, mechs, tasks, lengths, head_dim=None) -> list[Finding]:
         ratio = f"{val / base:.2f}x softmax" if val and base else "n/a"
         if cond.head_dim is not None and head_dim != cond.head_dim:
             why = (
-                f"head dimension {head_dim} here, the claim's {cond.head_dim} (measured {ratio} steps/s on "
-                f"{longest}, N={n}); tested at D = {cond.head_dim} in the efficiency section"
+                f"head dimension {head_dim} here, the claim's {cond.head_dim} ({ratio} steps/s on "
+                f"{longest}, N={n}); tested at D = {cond.head_dim} under Efficiency"
             )
         elif n is None or n < cond.min_n:
-            why = f"longest task N={n} < {cond.min_n} (measured {ratio} steps/s on {longest})"
+            why = f"longest task N={n} < {cond.min_n} ({ratio} steps/s on {longest})"
         elif val is None or base is None:
             why = "missing steps/s"
         else:

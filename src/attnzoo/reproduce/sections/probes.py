@@ -244,22 +244,22 @@ def init_control(trained: dict, init: dict, more: list[dict] | None = None) -> d
     mean, runs = _seed_mean(key, [trained, *(more or [])])
     iv = _layer_series(init, key)
     if len(iv) != len(mean) or len(mean) < 2:
-        return {"text": "random-initialisation control: no comparable series", "data": None}
+        return {"text": "untrained control: no comparable series", "data": None}
     start, *_ = _layerwise_claim("", key, len(mean))
     v_tr, v_init = _fall_verdict(mean, start), _fall_verdict(iv, start)
     d_tr, d_init = _delta(mean, start), _delta(iv, start)
     if v_tr != "agrees" and v_init == "agrees":
-        reading = "the untrained architecture falls and the trained model does not: training undoes the trend"
+        reading = "training undoes the untrained model's fall"
     elif v_tr != "agrees":
-        reading = "neither the trained nor the untrained model shows the fall"
+        reading = "neither falls"
     elif v_init != "agrees":
-        reading = "the untrained model does not fall: training produces the trend"
+        reading = "training produces the trend"
     elif d_tr < 2 * d_init:  # both negative: the trained fall is more than twice the untrained one
-        reading = "training deepens a fall the untrained architecture already has"
+        reading = "training deepens the untrained model's fall"
     else:
         reading = INIT_FALLS_AS_MUCH
     text = (
-        f"random-initialisation control: untrained {d_init:+.4g} ({_downs(iv, start)} of {len(iv) - 1 - start} steps "
+        f"untrained control: {d_init:+.4g} ({_downs(iv, start)} of {len(iv) - 1 - start} steps "
         f"fall, {v_init}) vs trained {d_tr:+.4g} ({len(runs)} seed{'s' if len(runs) != 1 else ''}): {reading}"
     )
     data = {"series": iv, "verdict": v_init, "change": d_tr, "change_init": d_init, "reading": reading}
@@ -341,7 +341,7 @@ def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict]
             ["model", "val acc %", "measure", "layers 1 to last"],
             rows,
             caption=defs + "; (figure): what the paper's figure plots. Tokens enter the attention layer after its "
-            "pre-norm unless the label says block output; batch means over validation images.",
+            "pre-norm unless labelled block output; batch means over validation images.",
         )
     )
 
@@ -356,7 +356,7 @@ def _init_table(sec: Section, lw: dict[str, dict], init: dict[str, dict]) -> Non
         if vals := _layer_series(r, key):
             rows.append([name, MEASURE_LABEL.get(key, key), _series_cell(vals)])
     if rows:
-        title = "layerwise control: the probe models' architectures at random initialisation (training seed)"
+        title = "layerwise control: the probe models at random initialisation (training seed)"
         sec.tables.append(Table(title, ["model", "measure", "layers 1 to last"], rows))
 
 
@@ -493,7 +493,7 @@ def _softmax_run(r: dict) -> tuple[str, bool]:
     return (
         f"η={_num(r['params']['eta']):g}, {len(snr) - 1} layers: SNR {snr[0]:.3g} → {snr[-1]:.3g} "
         f"(fitted x{_num(r['growth_factor_fit']['softmax']):.4f}/layer; "
-        + ("rises at every layer)" if rises else f"peaks at {snr[at]:.3g} at layer {at}, then falls)")
+        + ("rises at every layer)" if rises else f"peaks at {snr[at]:.3g} at layer {at})")
     ), rises
 
 

@@ -423,7 +423,7 @@ def _emerged_gate(f: Finding, res: dict, name: str) -> list:
     _, ci, where = vs
     best = f"the trained {name}'s best layer is {where} IoU"
     if ci is not None and ci[0] > 0:
-        claims.explain(f, f"segmentation emerged: {best} above its untrained copy's")
+        claims.explain(f, f"segmentation emerged: {name}'s best layer {where} IoU above its untrained copy's")
         return []
     return [(f, "did not learn", f"{best} from its untrained copy's: its maps never emerged")]
 
@@ -445,12 +445,12 @@ def _decoder_findings(dec: dict | None, gates: list) -> list[Finding]:
     measured = f"decoder FLOPs per image: {mflops} ({ratio:.1%})"
     rule = (
         f"agrees if the CBSA decoder's FLOPs are at most {FLOPS_BOUND:.0%} of Segmenter's (twice the paper's "
-        f"{FLOPS_PAPER:.0%}), else disagrees (torch.utils.flop_counter, one image through the decoder)"
+        f"{FLOPS_PAPER:.0%}), else disagrees (torch.utils.flop_counter, one image)"
     )
     flops = common.measured_finding("cbsa-f8-flops", measured, ratio <= FLOPS_BOUND, rule, "paper")
     need = paper_claims.get("cbsa-f8-flops").conditions
     if dec["tokens"] is not None and dec["tokens"] < need.min_n:
-        why = f"{dec['tokens']} tokens here against about {need.min_n:,} in the paper ({need.note})"
+        why = f"{dec['tokens']} tokens here, about {need.min_n:,} in the paper ({need.note})"
         gates.append((flops, "conditions", why))
     return [miou, flops, robust]
 
@@ -515,10 +515,10 @@ def _table5(res: dict) -> Table:
         later = f"{PAPER_T6_LATER[n]:.2f}" if n in PAPER_T6_LATER else "-"
         rows.append([_name(n), MODELS[n.removesuffix(INIT)][1], fmt(st["params"], ","), acc, *here, paper, later])
     caption = (
-        "IoU of the thresholded [CLS] map with each target, mean ± sample std over seeds: the best over layers and "
-        "heads (CBSA Table 5's 'best-performing attention maps'); best fg layer: the layer whose best head has the "
-        "highest foreground IoU (first seed); later-half fg: the mean of the later-half blocks' best heads (class "
-        "attention left out; per layer: the plot below), the persistence claim's figure."
+        "IoU of the thresholded [CLS] map with each target (mean ± sample std over seeds), best over layers and heads "
+        "(CBSA Table 5's 'best-performing attention maps'); best fg layer: the layer whose best head scores highest "
+        "(first seed); later-half fg: mean of the later-half blocks' best heads (no class attention; per layer: plot "
+        "below), the persistence claim's figure."
     )
     return Table("Zero-shot segmentation of the [CLS] maps (CBSA Tables 5-6)", heads, rows, caption)
 
@@ -534,11 +534,10 @@ def _decoder_table(dec: dict) -> Table:
         size = [fmt(d["params"], ","), fmt(d["flops"] / 1e6, ".2f")]
         rows.append([kind, what, *size, d["miou"].fmt(".1f"), *noisy, d["drop"].fmt(".1f")])
     caption = (
-        f"Both decoders train from the same initial encoder (one seed builds both; per-pixel cross-entropy on the "
-        f"scenes' semantic maps); mIoU over the object classes and background, mean ± std over {dec['seeds']} seeds; "
-        f"at each σ, the seeds' mean of the mean over draws of N(0, σ²) added to every parameter of the decoder's "
-        f"attention layers. Predicting background everywhere scores {dec['background_miou']:.1f}. The FLOPs count "
-        "no pairwise similarities."
+        f"Both decoders train from one initial encoder (per-pixel cross-entropy on the scenes' semantic maps); mIoU "
+        f"over the object classes and background, mean ± std over {dec['seeds']} seeds; at each σ, the mean over "
+        f"draws of N(0, σ²) added to every attention parameter of the decoder. Predicting background everywhere: "
+        f"{dec['background_miou']:.1f}. FLOPs exclude pairwise similarities."
     )
     return Table("Segmentation decoders (CBSA Fig. 8)", heads, rows, caption)
 
@@ -550,16 +549,17 @@ def _intro(plan: dict) -> str:
     wider = "; ".join(
         f"{m} at " + ", ".join(f"{k} {v}" for k, v in o.items()) for m, o in plan.get("row_arch", {}).items()
     )
+    lo, hi = opts.get("min_objects", 1), opts.get("max_objects", 3)
     text = (
-        f"Scenes of {opts.get('min_objects', 1)}-{opts.get('max_objects', 3)} objects with exact masks (`scenes`, "
+        f"Scenes of {lo if lo == hi else f'{lo}-{hi}'} object{'s' * (hi > 1)} with exact masks (`scenes`, "
         f"{opts.get('n_train', 10000):,} training scenes); classifiers {', '.join(models_of(plan))}: `scenes_*_small` "
         f"presets at width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, patch "
         f"{arch['patch_size']}" + (f" ({wider})" if wider else "") + f", {tr['steps']} steps of batch "
         f"{tr['batch_size']} ({rate}), {n} seed{'s' if n > 1 else ''}. Each attention "
         f"layer's [CLS] map (CBSA: the [CLS] row of A_k A_kᵀ, Fig. 7; TSSA: its memberships Π; class attention: the "
         f"[CLS] query's map) keeps the patches holding the top {plan.get('mass', 0.6):.0%} of its mass (DINO's rule), "
-        f"scored on the first {plan.get('images', 128)} validation scenes. Untrained controls: "
-        f"{', '.join(controls_of(plan))} (same architecture and seed)."
+        f"scored on the first {plan.get('images', 128)} validation scenes. Untrained controls (same architecture and "
+        f"seed): {', '.join(controls_of(plan))}."
     )
     if dec := plan.get("decoders"):
         text += (
@@ -568,8 +568,7 @@ def _intro(plan: dict) -> str:
             f"{dec['decoder_depth']}-layer decoder of either kind (`attnzoo train` "
             f"{' / '.join(p for p, _ in DECODERS.values())}), {dec['steps']} steps of batch "
             f"{dec['batch_size']} ({common.rate_text(decoder_lrs(plan), dec['lr'], 'each')}); noise σ in "
-            f"{list(dec['sigmas'])}, "
-            f"{dec['draws']} draws each."
+            f"{list(dec['sigmas'])}, {dec['draws']} draws each."
         )
     return text
 
@@ -587,17 +586,14 @@ def _scale(plan: dict, params: list[int]) -> str:
 
 
 _LAYERS_CAPTION = (
-    "Left: foreground IoU per attention layer (best head; seed mean, bars: std), dashed: the untrained controls; x: "
-    "depth as a fraction of the model's layers. Right: CBSA Table 6's 12-layer -S models on PASCAL VOC12."
+    "Left: foreground IoU per attention layer (best head; seed mean, bars: std; dashed: untrained controls) against "
+    "relative depth. Right: CBSA Table 6's 12-layer -S models on PASCAL VOC12."
 )
 _OVERLAYS_CAPTION = (
     "First seed's maps on the first validation scenes: per layer, the head whose kept region best matches the "
     "objects; cyan outline: the kept region (top of the map's mass), green: the objects."
 )
-_SWEEP_CAPTION = (
-    "Each decoder's mIoU against the std σ of the noise on its attention parameters (CBSA Fig. 8, middle and right); "
-    "band: the seeds' range."
-)
+_SWEEP_CAPTION = "Each decoder's mIoU against the noise σ on its attention parameters (CBSA Fig. 8); band: seed range."
 
 
 def _plot_layers(res: dict):
