@@ -90,6 +90,12 @@ def seed_list(plan: dict, seed: int) -> list[int]:
     return [seed + i for i in range(n)]
 
 
+def plateau_seed_list(plan: dict, seed: int) -> list[int]:
+    """The seeds a run at twice the steps trains: the first ``plan["plateau_seeds"]`` of :func:`seed_list` (all by
+    default), as such a run costs two seed runs."""
+    return seed_list(plan, seed)[: plan.get("plateau_seeds")]
+
+
 def seeded_id(base: str, seed: int) -> str:
     """Step id of one seed's run of ``base``: ``vision/vit/seed1``."""
     return f"{base}/seed{seed}"

@@ -139,10 +139,7 @@ def _group_row(group: list[dict]) -> list[str]:
 
 def _shared_suffix(texts: list[str]) -> str:
     """The longest ending every text shares that starts at a space (a whole-word tail), or ""."""
-    n = 0
-    while n < min(map(len, texts)) and len({t[len(t) - n - 1] for t in texts}) == 1:
-        n += 1
-    tail = texts[0][len(texts[0]) - n :] if n else ""
+    tail = os.path.commonprefix([t[::-1] for t in texts])[::-1]
     cut = tail.find(" ")
     return "" if cut < 0 else tail[cut:]
 

@@ -63,7 +63,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         for name in names:
             # the prompts (task seed) are the same for every model and seed; the seed varies initialisation and order;
             # the baseline's plateau check runs `plateau_seeds` seeds: GPT's 2x runs are the section's costliest
-            seeds = common.seed_list(plan, seed)[: plan.get("plateau_seeds") if name == "gpt@2x-steps" else None]
+            seeds = (common.plateau_seed_list if name == "gpt@2x-steps" else common.seed_list)(plan, seed)
             source = TUNED_AS.get(name, name)
             for sid, s in common.seed_runs(f"{KEY}/{task}/{name}", seeds):
                 cfg = _train(plan, task, opts, name, seed, s)

@@ -76,8 +76,8 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     common.check_row_arch(plan, rows_of(plan))
     # the sweep first: every seed run then trains at its row's best swept rate (a run at twice the steps too)
     runs = [(n, *run) for n in rows_of(plan) for run in common.sweep_runs(f"{KEY}/{n}", common.row_lrs(plan, n), seed)]
-    for n in rows:  # a run at twice the steps costs two seed runs: it has the first `plateau_seeds` seeds
-        seeds = common.seed_list(plan, seed)[: plan.get("plateau_seeds") if n.endswith(common.LONGER) else None]
+    for n in rows:
+        seeds = (common.plateau_seed_list if n.endswith(common.LONGER) else common.seed_list)(plan, seed)
         runs += [(n, sid, s, None) for sid, s in common.seed_runs(f"{KEY}/{n}", seeds)]
     for name, sid, s, lr in runs:
         row, longer = name.split("@")[0], name.endswith(common.LONGER)

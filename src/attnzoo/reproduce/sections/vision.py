@@ -180,12 +180,12 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         for sid, s, lr in common.sweep_runs(f"{KEY}/{name}", common.row_lrs(plan, name), seed):
             swept = {**plan, "train": {**common.sweep_train(plan["train"], plan), "lr": lr}}
             steps.append(_row_step(swept, name, s, sid, tune=False))
-    # a paper baseline's own plateau check runs one seed; the ViT's its first `plateau_seeds` (default: every seed,
-    # as its change gates most findings)
+    # a paper baseline's own plateau check runs one seed; the ViT's its plateau seeds (every seed by default, as its
+    # change gates most findings)
     seeds, one_seed = common.seed_list(plan, seed), set(_plateau_rows(plan).values()) - {PLATEAU}
     for name in rows_of(plan):
-        n = 1 if name in one_seed else plan.get("plateau_seeds") if name == PLATEAU else None
-        runs = common.seed_runs(f"{KEY}/{name}", seeds[:n])
+        own = seeds[:1] if name in one_seed else common.plateau_seed_list(plan, seed) if name == PLATEAU else seeds
+        runs = common.seed_runs(f"{KEY}/{name}", own)
         steps += [_row_step(plan, name, s, sid) for sid, s in runs]
     # more seeds of a comparison's rows: each finding uses all of a row's seeds
     extra = plan.get("extra_seeds", {})
