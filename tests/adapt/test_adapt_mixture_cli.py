@@ -159,6 +159,8 @@ def test_mixture_errors_on_the_command_line(tmp_path, tiny_gguf, capsys):
         assert "CORPUS[:WEIGHT]" in err or "give a file with text" in err  # what would be valid
     assert main(base + ["--control"]) == 2
     assert "--control fine-tunes the teacher for --finetune-steps steps" in capsys.readouterr().err
+    assert main(base + ["--finetune-steps", "2", "--lora-rank", "2", "--lora-alpha", "0"]) == 1
+    assert "lora_alpha must be a finite number > 0, got 0.0" in capsys.readouterr().err
 
 
 def test_adapt_speed_times_the_teacher_and_each_run_from_its_checkpoint(one_thread, tmp_path, tiny_gguf, notes, capsys):
@@ -167,7 +169,10 @@ def test_adapt_speed_times_the_teacher_and_each_run_from_its_checkpoint(one_thre
     from attnzoo.adapt.text import perplexity, token_stream
 
     run = tmp_path / "run"
-    assert main(_args(tiny_gguf, run, notes, "--control", "--lora-rank", "2")) == 0
+    # alpha 6 (not the default 16): the rebuilt student below matches only if the scale alpha / rank is kept
+    assert main(_args(tiny_gguf, run, notes, "--control", "--lora-rank", "2", "--lora-alpha", "6")) == 0
+    for path in (run, run / "control"):
+        assert json.loads((path / "adapt.json").read_text())["lora_alpha"] == 6.0
     results = json.loads((run / "results.json").read_text())
     assert results["per_corpus"]["pydocs"]["finetune"] == results["evaluations"]["finetune"]["pydocs_perplexity"]
     # a run's latest checkpoint rebuilt (mechanism, LoRA adapters) is the model the run evaluated last

@@ -63,6 +63,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="transfer also trains the inherited q/k/v/o (auto: only when the mechanism adds no parameters)",
     )
     p.add_argument("--lora-rank", type=int, default=0, help="fine-tune LoRA adapters of this rank (0: all weights)")
+    p.add_argument(
+        "--lora-alpha",
+        type=float,
+        default=16.0,
+        help="LoRA alpha: updates are scaled by alpha / rank (a higher rank at the same alpha learns slower)",
+    )
     p.add_argument("--block-size", type=int, default=128, help="tokens per training window")
     p.add_argument("--batch-size", type=int, default=2)
     _add_evaluation_args(p)
@@ -358,6 +364,7 @@ def _config(a: argparse.Namespace):
         warmup_steps=a.warmup_steps,
         train_projections={"auto": None, "yes": True, "no": False}[a.train_projections],
         lora_rank=a.lora_rank,
+        lora_alpha=a.lora_alpha,
         checkpoint_every=a.checkpoint_every,
         seed=a.seed,
         eval_every=a.eval_every,
