@@ -42,6 +42,8 @@ def test_every_claim_is_well_formed(rec: PaperClaim):
             rec.claim_type  # noqa: B018
     if rec.paper_effect is not None:
         assert math.isfinite(rec.paper_effect) and rec.paper_effect_source.strip()
+        if rec.margin and abs(rec.paper_effect) == rec.margin:  # no claims-table margin note: the figure shows it
+            assert f"({rec.paper_effect:+g} pts" in rec.paper_value, rec.paper_value
     c = rec.conditions
     if c.param_ratio is not None:
         assert c.param_ratio > 0 and c.param_ratio_source.strip() and len(rec.rows) == 2

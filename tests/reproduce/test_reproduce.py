@@ -604,7 +604,7 @@ def test_jobs_runs_steps_in_processes_with_the_numbers_of_one_job(tmp_path):
     import dataclasses
 
     from attnzoo.reproduce.common import Context
-    from attnzoo.reproduce.runner import RunOutcome, _run_steps, _run_steps_parallel
+    from attnzoo.reproduce.runner import RunOutcome, _run_steps
 
     _, steps = plan("smoke", 0)
     by_id = {s.id: s for s in steps}
@@ -621,7 +621,7 @@ def test_jobs_runs_steps_in_processes_with_the_numbers_of_one_job(tmp_path):
             _run_steps(cheap, ctx, outcome, records, progress=False)
             assert outcome.failed == {}
         else:  # with a failing step and its dependant: reported, not run, the others unaffected
-            _run_steps_parallel([bad, dep] + cheap, ctx, outcome, records, progress=False, jobs=2, threads=1)
+            _run_steps([bad, dep] + cheap, ctx, outcome, records, progress=False, jobs=2, threads=1)
             assert set(outcome.failed) == {"language/broken", "icl/linear/needs-broken"}
             assert "depends on failed step" in outcome.failed["icl/linear/needs-broken"]
         assert sorted(outcome.computed) == sorted(s.id for s in cheap)
@@ -739,7 +739,7 @@ def test_a_timed_step_runs_with_no_other_step_in_flight(tmp_path):
     import dataclasses
 
     from attnzoo.reproduce.common import Context
-    from attnzoo.reproduce.runner import RunOutcome, _run_steps_parallel
+    from attnzoo.reproduce.runner import RunOutcome, _run_steps
 
     _, steps = plan("smoke", 0)
     by_id = {s.id: s for s in steps}
@@ -747,7 +747,7 @@ def test_a_timed_step_runs_with_no_other_step_in_flight(tmp_path):
     cheap[1] = dataclasses.replace(cheap[1], timed=True)
     ctx = Context(out=tmp_path, store=StepStore(tmp_path), seed=0, progress=False)
     outcome, records = RunOutcome(tmp_path, tmp_path / "r.md", tmp_path / "r.json"), {}
-    _run_steps_parallel(cheap, ctx, outcome, records, progress=False, jobs=2, threads=1)
+    _run_steps(cheap, ctx, outcome, records, progress=False, jobs=2, threads=1)
     assert outcome.failed == {} and len(records) == 3
     t = records["icl/linear/baselines"]
     for sid, r in records.items():

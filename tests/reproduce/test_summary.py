@@ -112,7 +112,7 @@ def test_the_legend_states_every_gate_once_with_its_direction():
     fs = [_f(*WIN)]
     text = "\n".join(_summary([Section("k", "K: t", findings=fs)], "long"))
     for reason, rule in GATES.items():
-        line = f"  - *{reason}* ({' and '.join(rule.holds_back)}): {rule.why}."
+        line = f"  - *{reason}* ({', '.join(rule.holds_back)}): {rule.why}."
         assert text.count(line) == 1, reason
     assert text.count("**How a verdict is reached**") == 1
     # the first screen (up to the claims table) fits in 60 lines
@@ -212,6 +212,20 @@ def test_the_claims_table_names_a_reference_and_a_section_once_per_run_of_rows()
     # the notes follow the verdict they explain
     assert [r[-2] for r in rows] == ["inconclusive (agrees ungated) [1]", "agrees", "agrees"]
     assert notes == ["[1] gated: sizes unlike the paper's"]
+
+
+def test_the_claims_table_gives_no_margin_note_where_the_margin_is_the_figures_own_gap():
+    from attnzoo.reproduce import paper_claims
+    from attnzoo.reproduce.report import _claims_table
+
+    kw = paper_claims.compare_kw("tost-t2-vit#architecture")
+    own = compare([78.0, 79.0, 80.0], [79.0, 80.0, 81.0], unit="pts", a_name="tost", b_name="vit", **kw)
+    kw = paper_claims.compare_kw("tost-t3-lra#listops")
+    other = compare([37.0, 38.0, 39.0], [37.0, 38.0, 39.5], unit="pts", a_name="tssa", b_name="softmax", **kw)
+    table, notes = _claims_table(tally([("S", own), ("S", other)]))
+    # tost-t2-vit's margin 1.9 is ToST Table 2's own gap, which its figure shows; tost-t3-lra's comes from elsewhere
+    assert "(-1.9 pts)" in table and "(margin 1.9)" in table
+    assert notes == [f"[1] rule: {other['margin_source']}"]
 
 
 def test_the_claims_table_prints_a_long_not_tested_reason_once_and_points_back_to_it():

@@ -352,12 +352,12 @@ class GateRule:
 GATES: dict[str, GateRule] = {
     "plateau": GateRule(DECIDED, "a comparison still moving with the steps can cross its boundary either way"),
     "not tuned": GateRule(DECIDED, "off its best learning rate a row can score higher or lower"),
-    "did not learn": GateRule(DECIDED, "a row that did not learn the task measures the set-up, not the mechanism"),
-    "conditions": GateRule(DECIDED, "under other sizes or settings than the paper's, the test is of another claim"),
+    "did not learn": GateRule(DECIDED, "a row that did not learn measures the set-up, not the mechanism"),
+    "conditions": GateRule(DECIDED, "off the paper's sizes or settings, the test is of another claim"),
     "control": GateRule(
         ("agrees",),
-        "a control without what the claim credits (no attention, yet inside the margin; an untrained model's "
-        "layers) would agree too; it does not explain a disagreement",
+        "a control lacking what the claim credits (no attention, yet inside the margin; an untrained model's layers) "
+        "would agree too; it does not explain a disagreement",
     ),
 }
 GATE_REASONS = tuple(GATES)
@@ -482,9 +482,7 @@ def plateau_gate(
         if not decided:
             text += "no decided comparison to set the bar, so its plateau is not shown"
         else:
-            text += (
-                f"{len(decided) - len(drift)} of {len(decided)} decided verdicts clear their boundary by more and stand"
-            )
+            text += f"{len(decided) - len(drift)} of {len(decided)} decided verdicts stand (clearance > change)"
         if k := len(drift) - len(fails):
             it = ("is", "its") if k == 1 else ("are", "their")
             text += f"; {k} more {it[0]} judged on {it[1]} comparison at twice the steps instead"

@@ -87,19 +87,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1 if any(c.planned and not c.holds for c in checks) else 0
         if args.estimate:
             return _estimate(args)
-        outcome = run(
-            args.out,
-            args.budget,
-            seed=args.seed,
-            only=args.only,
-            device=args.device,
-            progress=not args.no_progress,
-            threads=args.threads,
-            argv=argv,
-            reuse=args.reuse,
-            jobs=args.jobs,
-            report_only=args.report_only,
-        )
+        kw = dict(seed=args.seed, only=args.only, device=args.device, threads=args.threads, reuse=args.reuse)
+        kw.update(jobs=args.jobs, report_only=args.report_only, progress=not args.no_progress, argv=argv)
+        outcome = run(args.out, args.budget, **kw)
     except (ReproduceError, DirectoryLocked) as e:
         from attnzoo.cli import debug_enabled
 

@@ -145,14 +145,18 @@ def stat_data(name: str, st: Any) -> dict:
     return {f"{name}_mean": st.mean, f"{name}_std": st.std, f"{name}_per_seed": list(st.values)}
 
 
-def longer_stat(records: dict, base: str, value) -> Any:
-    """Row ``base``'s run at twice the steps (``base + LONGER``): ``value`` of each seed's result as a Stat, or None."""
-    return claims.stat(value(r) for r in per_seed(records, base + LONGER))
-
-
 def seeds_text(n: int, per: str = "row") -> str:
     """``"3 seeds per row"``."""
     return f"{n} seed{'s' if n > 1 else ''} per {per}"
+
+
+def fold(rs: Sequence[dict], stats: dict[str, float], means: Sequence[str] = (), first: Sequence[str] = ()) -> dict:
+    """A row's seeds folded: each of ``stats`` (key -> scale) as a Stat, ``means`` as seed means, ``first`` from the
+    first seed; with the seed count and the mean validation curve of the first of ``stats``."""
+    out = {k: claims.stat(scale * r[k] for r in rs if r.get(k) is not None) for k, scale in stats.items()}
+    out |= {k: seed_mean(rs, k) for k in means} | {k: rs[0].get(k) for k in first}
+    key, scale = next(iter(stats.items()))
+    return out | {"seeds": len(rs), "val_curve": mean_val_curve(rs, key, scale)}
 
 
 # ---- formatting -------------------------------------------------------------------------------------
@@ -242,19 +246,8 @@ CURVE_NOTE = f"last point: whole validation set; earlier: its first {CURVE_EVAL_
 # ---- training -----------------------------------------------------------------------------------------
 def train_defaults(**kw) -> dict:
     """The optimisation settings every model of a section shares (not tuned per model)."""
-    base = dict(
-        optimizer="adamw",
-        lr=1e-3,
-        weight_decay=0.05,
-        schedule="cosine",
-        warmup_steps=0,
-        grad_clip=1.0,
-        amp="off",
-        compile=False,
-        log_every=10,
-        keep_checkpoints=1,
-    )
-    return base | kw
+    optim = dict(optimizer="adamw", lr=1e-3, weight_decay=0.05, schedule="cosine", warmup_steps=0, grad_clip=1.0)
+    return optim | dict(amp="off", compile=False, log_every=10, keep_checkpoints=1) | kw
 
 
 def _metrics_rows(run_dir: Path, split: str) -> list[dict]:
@@ -391,6 +384,10 @@ def _val_curve(run_dir: Path) -> list[dict]:
     return [out[k] for k in sorted(out)]
 
 
+#: what a step's result keeps of its training run (:func:`train_run`)
+RUN_KEYS = ("curve", "val_curve", "run_dir", "lr")
+
+
 def load_trained(run_dir: str | os.PathLike) -> torch.nn.Module:
     """The model a :func:`train_run` saved (eval mode)."""
     from attnzoo.models import from_pretrained
@@ -416,21 +413,13 @@ def classification_record(ctx: Context, step: Step) -> dict:
     model = load_trained(rec["run_dir"])
     task = build_task(cfg["task"], **cfg["task_options"])
     inputs, target = task.train.get_batch(np.arange(min(cfg["batch_size"], len(task.train))))
-    val, grid = rec["val"], getattr(model, "grid", None)
-    return {
-        "accuracy": val.get("accuracy"),
-        "val_loss": val.get("loss"),
-        "params": num_params(model),
-        "samples_per_s": rec["samples_per_s"],
-        "steps_per_s": (rec["samples_per_s"] / cfg["batch_size"]) if rec["samples_per_s"] else None,
-        "peak_train_mb": peak_train_mb(model, inputs, target, task.kind, ctx.device),
-        "seq_len": task.info.get("seq_len"),
-        "tokens": None if grid is None else int(grid[0] * grid[1]) + int(getattr(model, "num_prefix_tokens", 0)),
-        "curve": rec["curve"],
-        "val_curve": rec["val_curve"],
-        "run_dir": rec["run_dir"],
-        "lr": rec["lr"],
-    }
+    val, grid, rate = rec["val"], getattr(model, "grid", None), rec["samples_per_s"]
+    out = dict(accuracy=val.get("accuracy"), val_loss=val.get("loss"), params=num_params(model), samples_per_s=rate)
+    out["steps_per_s"] = rate / cfg["batch_size"] if rate else None
+    out["peak_train_mb"] = peak_train_mb(model, inputs, target, task.kind, ctx.device)
+    out["seq_len"] = task.info.get("seq_len")
+    out["tokens"] = None if grid is None else int(grid[0] * grid[1]) + int(getattr(model, "num_prefix_tokens", 0))
+    return out | {k: rec[k] for k in RUN_KEYS}
 
 
 def untrained_model(train_cfg: dict):
@@ -609,17 +598,7 @@ def tune_rows(
     return untuned
 
 
-def _sweep_caption(
-    metric: str,
-    used: float | None,
-    fraction: float,
-    n_rows: int,
-    edge: list,
-    flat: list,
-    uneven: bool,
-    unlearned: list = (),
-    floor: float | None = None,
-) -> str:
+def _sweep_caption(metric, used, fraction, n_rows, edge, flat, uneven, unlearned=(), floor=None) -> str:
     """The sweep table's caption: what was swept, on which seed and length, and what the marks mean."""
     seeds = "" if used is None else f" Reported seeds train at {used:g}."
     caption = (

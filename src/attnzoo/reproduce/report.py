@@ -180,14 +180,25 @@ def _own_rule(f: dict) -> str | None:
 
 
 def _table_rule(f: dict) -> str | None:
-    """The claims table's rule note: a margin's source only (the effect cell prints the margin or refuting bar)."""
+    """The claims table's rule note: a margin's source only (the effect cell prints the margin or refuting bar), and
+    none where the margin is the paper's own gap for the pair, which the paper's figure shows."""
     if f.get("claim_type") and f.get("effect") is not None:
+        if f.get("margin") and _own_gap(f):
+            return None
         if f.get("margin"):
             rel = f"{f['margin_rel']:g} of {f['b_name']}'s mean: " if f.get("margin_rel") is not None else ""
             return rel + f.get("margin_source", "")
         if f.get("refute_below") is not None:
             return None
     return _own_rule(f)
+
+
+def _own_gap(f: dict) -> bool:
+    """Whether a comparison's margin is its record's own paper effect (the figure's gap), read as a gap called
+    comparable by the legend."""
+    rec = paper_claims.get(f["claim_id"]) if f.get("claim_id") else None
+    effect = getattr(rec, "paper_effect", None)
+    return effect is not None and f.get("margin_rel") is None and abs(effect) == rec.margin == f["margin"]
 
 
 def _fmt_s(s: float) -> str:
@@ -299,17 +310,17 @@ def _legend_lines() -> list[str]:
     return [
         "**How a verdict is reached**:",
         "",
-        "- Effect: the difference of the seed means (positive favours the claim), with its 95% Welch-t interval in "
+        "- Effect: the difference of the seed means (positive favours the claim), its 95% Welch-t interval in "
         "brackets; **agrees** if the interval lies wholly above -margin, **disagrees** if wholly below (one seed a "
-        "side: inconclusive). The margin is the largest gap the paper calls comparable; a superiority claim's is 0 "
-        f"and, with the paper's effect E, it also disagrees wholly below {REFUTE_FRACTION:g}·E.",
+        "side: inconclusive). Margin: the largest gap the paper calls comparable; a superiority claim's is 0 and, "
+        f"with the paper's effect E, it also disagrees wholly below {REFUTE_FRACTION:g}·E.",
         f"- Several tests of one claim: {paper_claims.COMBINE_EVERY}.",
         "- Each row's seeds train at the best rate of its own sweep (run on another seed).",
-        "- Gates: a failed precondition makes a decided verdict inconclusive (the numbers' verdict shown as "
-        "'ungated'); each holds back only the verdicts in brackets:",
-        *[f"  - *{reason}* ({' and '.join(rule.holds_back)}): {rule.why}." for reason, rule in GATES.items()],
+        "- Gates: a failed precondition makes a decided verdict inconclusive (the numbers' verdict shown "
+        "'ungated'), holding back only the verdicts in brackets:",
+        *[f"  - *{reason}* ({', '.join(rule.holds_back)}): {rule.why}." for reason, rule in GATES.items()],
         "- Clearance: how far an interval lies beyond its boundary. At twice the steps (2x; a side or both) a "
-        "verdict stands only if the same rule gives it there with a clearance larger than the effect moved.",
+        "verdict stands only if the same rule gives it there, clearing by more than the effect moved.",
         "",
     ]
 
@@ -483,7 +494,7 @@ def _report_md(secs: list[Section], setup: list, budget_name: str, records: dict
             "",
         ]
     md += ["## Summary", ""] + _summary(secs, budget_name)
-    md += ["## Contents", ""] + [f"- [{s.title}](#{_anchor(s.title)})" for s in secs]
+    md += ["## Contents", ""] + [f"- [{_short_title(s.title)}](#{_anchor(s.title)})" for s in secs]
     md += ["- [Compute](#compute)", "- [Provenance](#provenance)", ""]
     for s in secs:
         md += _section_md(s)

@@ -239,7 +239,7 @@ def _execute(todo, ctx, outcome, records, progress, jobs, threads, report_only) 
                 outcome.missing.append(step.id)
         return
     try:
-        _compute(todo, ctx, outcome, records, progress, jobs, threads, "reproduce")
+        _run_steps(todo, ctx, outcome, records, progress, "reproduce", jobs, threads)
     finally:  # an interrupted invocation's stored steps are counted too; --jobs 1 computes in this process
         per_worker = (threads or 1) if jobs > 1 else torch.get_num_threads()
         _record_workers(ctx.out, jobs, per_worker, len(outcome.computed))
@@ -251,15 +251,8 @@ def execute_steps(
     """Load each finished step and compute each missing one (in ``jobs`` processes), for other commands that run a
     plan of steps (``attnzoo compare``); ``name`` labels the progress bar and the failure lines."""
     outcome = RunOutcome(ctx.out, ctx.out, ctx.out)
-    _compute(steps, ctx, outcome, outcome.records, progress, jobs, threads, name)
+    _run_steps(steps, ctx, outcome, outcome.records, progress, name, jobs, threads)
     return outcome
-
-
-def _compute(todo, ctx, outcome, records, progress, jobs, threads, name) -> None:
-    if jobs > 1:
-        _run_steps_parallel(todo, ctx, outcome, records, progress, jobs, threads, name)
-    else:
-        _run_steps(todo, ctx, outcome, records, progress, name)
 
 
 def _complete(rec: dict | None) -> dict | None:
@@ -375,38 +368,6 @@ def _failed(step: Step, e: Exception, outcome: RunOutcome, bar, name: str, progr
         bar.write(f"{name}: step {step.id} failed: {type(e).__name__}: {e}")
 
 
-def _stored(step: Step, computed: tuple[dict, float, float], ctx: Context, outcome: RunOutcome, records: dict) -> None:
-    records[step.id] = ctx.store.save(step, *computed)
-    outcome.computed.append(step.id)
-
-
-def _run_steps(
-    todo: list[Step], ctx: Context, outcome: RunOutcome, records: dict, progress: bool, name: str = "reproduce"
-) -> None:
-    """Load each finished step, compute each missing one; a failed step (and what depends on it) is recorded in
-    ``outcome.failed`` and the others go on. An interruption propagates after the bar is closed."""
-    from tqdm.auto import tqdm
-
-    with tqdm(todo, desc=name, unit="step", disable=not progress, file=sys.stderr, dynamic_ncols=True) as bar:
-        for step in bar:
-            bar.set_postfix_str(step.id)
-            if _reuse(step, ctx.store, outcome, records):
-                continue
-            if bad := [d for d in step.deps if d in outcome.failed]:
-                outcome.failed[step.id] = f"skipped: depends on failed step(s) {bad}"
-                continue
-            try:
-                computed = _compute_step(ctx, step)
-            except (Interrupted, KeyboardInterrupt):
-                raise
-            except Exception as e:  # noqa: BLE001 - one failed run must not lose the others; it is reported
-                _failed(step, e, outcome, bar, name, progress)
-                if progress:
-                    traceback.print_exc(file=sys.stderr)
-                continue
-            _stored(step, computed, ctx, outcome, records)
-
-
 def _compute_step(ctx: Context, step: Step) -> tuple[dict, float, float]:
     """Run one step (in this process or a worker): ``(result, wall_s, started)``."""
     started, t0 = time.time(), time.perf_counter()
@@ -414,19 +375,30 @@ def _compute_step(ctx: Context, step: Step) -> tuple[dict, float, float]:
     return result, time.perf_counter() - t0, started
 
 
-def _run_steps_parallel(
-    todo: list[Step],
-    ctx: Context,
-    outcome: RunOutcome,
-    records: dict,
-    progress: bool,
-    jobs: int,
-    threads: int | None,
-    name: str = "reproduce",
-) -> None:
-    """:func:`_run_steps` over ``jobs`` worker processes of ``threads`` (default 1) torch threads each: a step starts
-    once its dependencies are stored (each is seeded by its config, so any worker gives the same numbers); only this
-    process writes to the store."""
+class _InProcess:
+    """A pool of one worker that is this process: a step runs when it is submitted (its progress bars shown)."""
+
+    def submit(self, fn, *args):
+        import concurrent.futures as cf
+
+        fut = cf.Future()
+        try:
+            fut.set_result(fn(*args))
+        except (Interrupted, KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001 - one failed run must not lose the others; it is reported
+            fut.set_exception(e)
+        return fut
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+
+def _run_steps(todo, ctx: Context, outcome: RunOutcome, records, progress, name="reproduce", jobs=1, threads=None):
+    """Load each finished step and compute each missing one, in this process or over ``jobs`` worker processes of
+    ``threads`` (default 1) torch threads each: a step starts once its dependencies are stored (each is seeded by
+    its config, so any worker gives the same numbers); only this process writes to the store. A failed step (and
+    what depends on it) is recorded in ``outcome.failed`` and the others go on; an interruption propagates."""
     import concurrent.futures as cf
     import multiprocessing as mp
 
@@ -434,10 +406,14 @@ def _run_steps_parallel(
 
     pending = [step for step in todo if not _reuse(step, ctx.store, outcome, records)]
     planned = {s.id for s in todo}
-    wctx = Context(out=ctx.out, store=ctx.store, seed=ctx.seed, device=ctx.device, progress=False)
-    bar = tqdm(total=len(pending), desc=f"{name} ({jobs} jobs)", unit="step", disable=not progress, file=sys.stderr)
-    spawn = mp.get_context("spawn")
-    pool = cf.ProcessPoolExecutor(jobs, mp_context=spawn, initializer=torch.set_num_threads, initargs=(threads or 1,))
+    desc = name if jobs == 1 else f"{name} ({jobs} jobs)"
+    bar = tqdm(total=len(pending), desc=desc, unit="step", disable=not progress, file=sys.stderr)
+    if jobs == 1:
+        pool, wctx = _InProcess(), ctx
+    else:
+        wctx = Context(out=ctx.out, store=ctx.store, seed=ctx.seed, device=ctx.device, progress=False)
+        spawn, init = mp.get_context("spawn"), torch.set_num_threads
+        pool = cf.ProcessPoolExecutor(jobs, mp_context=spawn, initializer=init, initargs=(threads or 1,))
     running: dict = {}
     try:
         while pending or running:
@@ -453,6 +429,7 @@ def _run_steps_parallel(
                     bar.update(1)
                 elif all(d in records or d not in planned for d in step.deps):
                     pending.remove(step)
+                    bar.set_postfix_str(step.id)
                     running[pool.submit(_compute_step, wctx, step)] = step
             if not running:  # every remaining step waits on a failed or missing dependency
                 for step in pending:
@@ -462,14 +439,15 @@ def _run_steps_parallel(
             for fut in done:
                 step = running.pop(fut)
                 bar.update(1)
-                try:
-                    computed = fut.result()
-                except Interrupted:
-                    raise
-                except Exception as e:  # noqa: BLE001 - one failed run must not lose the others; it is reported
+                if (e := fut.exception()) is not None:
+                    if isinstance(e, Interrupted) or not isinstance(e, Exception):
+                        raise e
                     _failed(step, e, outcome, bar, name, progress)
+                    if progress and jobs == 1:
+                        traceback.print_exception(e, file=sys.stderr)
                     continue
-                _stored(step, computed, ctx, outcome, records)
+                records[step.id] = ctx.store.save(step, *fut.result())
+                outcome.computed.append(step.id)
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         raise

@@ -85,13 +85,9 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
 
 def _pretrain(ctx: Context, step: Step) -> dict:
     rec = common.train_run(ctx, step.id, step.config["train"])
-    return {
-        "accuracy": rec["val"].get("accuracy"),
-        "params": common.num_params(common.load_trained(rec["run_dir"])),
-        "curve": rec["curve"],
-        "val_curve": [[p["step"], p["accuracy"]] for p in rec["val_curve"] if "accuracy" in p],
-        "run_dir": rec["run_dir"],
-    }
+    out = {"accuracy": rec["val"].get("accuracy"), "params": common.num_params(common.load_trained(rec["run_dir"]))}
+    val_curve = [[p["step"], p["accuracy"]] for p in rec["val_curve"] if "accuracy" in p]
+    return out | {"curve": rec["curve"], "val_curve": val_curve, "run_dir": rec["run_dir"]}
 
 
 def forward_flops(model, image) -> int:
@@ -154,48 +150,25 @@ def _finetune(ctx: Context, step: Step) -> dict:
         limit = cfg["swapped_eval_batches"] if not stamps else None
         return {"accuracy": float(evaluate(m, task, bs, torch.device(ctx.device), max_batches=limit)["accuracy"])}
 
-    acfg = AdaptConfig(
-        mechanism=cfg["mechanism"],
-        options=dict(cfg["options"]),
-        transfer_steps=0,
-        finetune_steps=ft["steps"],
-        finetune_lr=ft["lr"],
-        warmup_steps=ft.get("warmup_steps", 0),
-        weight_decay=ft.get("weight_decay", 0.05),
-        seed=cfg["seed"],
-    )
+    kw = dict(finetune_steps=ft["steps"], finetune_lr=ft["lr"], warmup_steps=ft.get("warmup_steps", 0))
+    kw.update(transfer_steps=0, weight_decay=ft.get("weight_decay", 0.05), seed=cfg["seed"])
+    acfg = AdaptConfig(cfg["mechanism"], dict(cfg["options"]), **kw)
     res = adapt(teacher, batches, acfg, None, loss_fn=loss_fn, eval_fn=eval_fn, progress=False)
     # the median leaves out the first step's one-time costs (allocations, lazy imports)
     step_ms = 1000.0 * float(np.median(np.diff(stamps))) if len(stamps) > 1 else None
     model = res.student.model
     image = task.val.get_batch(np.arange(1))[0][0].to(ctx.device)
-    ev = res.evaluations
-    return {
-        "accuracy": ev["finetune"]["accuracy"],
-        "swapped_accuracy": ev["swapped"]["accuracy"],
-        "teacher_accuracy": ev["teacher"]["accuracy"],
-        "params": common.num_params(model),
-        "flops": forward_flops(model, image),
-        "ms_per_step": step_ms,
-        "step_clock": "cpu" if cpu else "wall",
-        "report": res.student.report,
-        "lr": ft["lr"],
-    }
+    acc = {k: res.evaluations[k]["accuracy"] for k in ("finetune", "swapped", "teacher")}
+    out = dict(accuracy=acc["finetune"], swapped_accuracy=acc["swapped"], teacher_accuracy=acc["teacher"])
+    out.update(params=common.num_params(model), flops=forward_flops(model, image), ms_per_step=step_ms)
+    return out | {"step_clock": "cpu" if cpu else "wall", "report": res.student.report, "lr": ft["lr"]}
 
 
 def _stats(records: dict, row: str) -> dict | None:
-    rs = common.per_seed(records, f"{KEY}/{row}")
-    if not rs:
+    if not (rs := common.per_seed(records, f"{KEY}/{row}")):
         return None
-    return {
-        "accuracy": claims.stat(100.0 * r["accuracy"] for r in rs),
-        "swapped": claims.stat(100.0 * r["swapped_accuracy"] for r in rs),
-        "params": rs[0]["params"],
-        "flops": rs[0]["flops"],
-        "ms_per_step": common.seed_mean(rs, "ms_per_step"),
-        "clock": rs[0].get("step_clock", "wall"),
-        "seeds": len(rs),
-    }
+    out = common.fold(rs, {"accuracy": 100.0, "swapped_accuracy": 100.0}, ("ms_per_step",), ("params", "flops"))
+    return out | {"clock": rs[0].get("step_clock", "wall")}
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
@@ -245,8 +218,8 @@ def _acc(res: dict, row: str) -> claims.Stat | None:
 
 
 def _row_data(st: dict) -> dict:
-    out = common.stat_data("accuracy", st["accuracy"])
-    out |= {"swapped_accuracy_mean": st["swapped"].mean, "params": st["params"], "forward_flops_per_image": st["flops"]}
+    out = common.stat_data("accuracy", st["accuracy"]) | {"swapped_accuracy_mean": st["swapped_accuracy"].mean}
+    out |= {"params": st["params"], "forward_flops_per_image": st["flops"]}
     return out | {"ms_per_step": st["ms_per_step"], "seeds": st["seeds"]}
 
 
@@ -257,7 +230,7 @@ _HEADS += ["val acc % swapped (first batches)", "val acc % fine-tuned", "ms / st
 def _table(res: dict) -> Table:
     rows = [
         [r, "check: cbsa from an untrained ViT" if r == SCRATCH else ROWS[r][1], fmt(st["params"], ",")]
-        + [fmt(st["flops"] / 1e6, ".2f"), st["swapped"].fmt(".1f"), st["accuracy"].fmt(".1f")]
+        + [fmt(st["flops"] / 1e6, ".2f"), st["swapped_accuracy"].fmt(".1f"), st["accuracy"].fmt(".1f")]
         + [fmt(st["ms_per_step"], ".1f")]
         for r, st in res.items()
     ]
@@ -298,7 +271,7 @@ def _plot(teacher: dict, res: dict):
     x = np.arange(len(names))
     acc = [res[n]["accuracy"] for n in names]
     ax1.bar(x, [a.mean for a in acc], yerr=[a.std or 0.0 for a in acc], color="C2", capsize=3, label="fine-tuned")
-    ax1.bar(x, [res[n]["swapped"].mean for n in names], fill=False, hatch="//", label="swapped, no training")
+    ax1.bar(x, [res[n]["swapped_accuracy"].mean for n in names], fill=False, hatch="//", label="swapped, no training")
     ax1.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
     ax1.set_ylabel("validation accuracy (%)")
     ax1.legend(fontsize=7)

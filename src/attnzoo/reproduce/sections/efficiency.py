@@ -66,15 +66,11 @@ def fast_d32_lengths(plan: dict) -> list[int]:
     return [n for n in (1024, 2048, 4096) if n <= longest] or [longest]
 
 
-def _device(ctx: Context) -> torch.device:
-    return torch.device(ctx.device if ctx.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-
-
 def _run_machine(ctx: Context, _step: Step) -> dict:
     from attnzoo.bench.memory import cpu_peak_supported
     from attnzoo.bench.runner import machine_info, measure_bandwidth
 
-    dev = _device(ctx)
+    dev = torch.device(ctx.device)
     timing_allocator()
     bw = measure_bandwidth(dev, mib=128, repeats=3)
     info = machine_info(dev)
@@ -92,8 +88,8 @@ def _run_ops(ctx: Context, step: Step) -> dict:
     c = step.config
     timing_allocator()
     bandwidth = ctx.store.load_by_id(f"{KEY}/machine")["result"]["bandwidth_GBps"] * 1e9
-    kw = dict(causal=c.get("causal", False), level="op", device=_device(ctx), dtype=torch.float32, bandwidth=bandwidth)
-    kw["backward"] = c["kind"] == "n"
+    kw = dict(causal=c.get("causal", False), level="op", dtype=torch.float32, bandwidth=bandwidth)
+    kw.update(device=torch.device(ctx.device), backward=c["kind"] == "n")
     if c["kind"] == "explicit":
         rows = [measure_case("n", c["mechanism"], Shape(1, c["heads"], c["length"], c["dim"]), repeats=1, **kw)]
     else:
@@ -109,7 +105,7 @@ def _run_d32(ctx: Context, step: Step) -> dict:
     from attnzoo.bench.runner import time_call
 
     c = step.config
-    dev = _device(ctx)
+    dev = torch.device(ctx.device)
     timing_allocator()
     rows = []
     for n in c["lengths"]:
@@ -135,9 +131,9 @@ def _run_decode(ctx: Context, step: Step) -> dict:
 
     c = step.config
     timing_allocator()
-    args = (c["mechanism"], c["dim"], c["heads"])
-    measure_decode(*args, [min(c["contexts"])], _device(ctx), torch.float32, 1)  # warm-up
-    rows = measure_decode(*args, c["contexts"], _device(ctx), torch.float32, c["repeats"])
+    args, dev = (c["mechanism"], c["dim"], c["heads"]), torch.device(ctx.device)
+    measure_decode(*args, [min(c["contexts"])], dev, torch.float32, 1)  # warm-up
+    rows = measure_decode(*args, c["contexts"], dev, torch.float32, c["repeats"])
     return {"rows": [dataclasses.asdict(r) for r in rows]}
 
 

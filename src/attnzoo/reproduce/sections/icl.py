@@ -94,7 +94,7 @@ def _run_model(ctx: Context, step: Step) -> dict:
     rec = common.train_run(ctx, step.id, step.config["train"], sweep=step.config.get("sweep"))
     val = rec["val"]
     out = {"error_per_position": val["normalized_error_per_position"], "mean_error": val["normalized_error"]}
-    return out | {k: rec[k] for k in ("samples_per_s", "curve", "val_curve", "run_dir", "lr")}
+    return out | {k: rec[k] for k in ("samples_per_s", *common.RUN_KEYS)}
 
 
 def baseline_errors(xs: np.ndarray, ys: np.ndarray, lasso_alpha: float) -> dict[str, list[float]]:
@@ -123,11 +123,8 @@ def _run_baselines(_ctx: Context, step: Step) -> dict:
 
     task = build_task(step.config["task"], **step.config["task_options"])
     (xs, ys), _ = task.val.get_batch(np.arange(len(task.val)))
-    return {
-        "errors": baseline_errors(xs.numpy(), ys.numpy(), step.config["lasso_alpha"]),
-        "n_prompts": len(task.val),
-        "dim": task.info["dim"],
-    }
+    errors = baseline_errors(xs.numpy(), ys.numpy(), step.config["lasso_alpha"])
+    return {"errors": errors, "n_prompts": len(task.val), "dim": task.info["dim"]}
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
@@ -202,25 +199,19 @@ def _plateaus(records: dict, finals: dict) -> list[Plateau]:
     for t, fin in finals.items():
         if "gpt" not in fin:
             continue
-        rows = {"aot": Longer("aot", *_with_2x(records, t, "aot"))} if "aot@2x-steps" in fin else {}
+        aot, gpt = ((_mean_over_k(records, t, m), _mean_over_k(records, t, m + common.LONGER)) for m in ("aot", "gpt"))
+        rows = {"aot": Longer("aot", *aot)} if "aot@2x-steps" in fin else {}
         own = lambda f, t=t: paper_claims.test_of(f.claim_id) == t  # noqa: E731
         label = f"gpt on {t} (error averaged over k)"
-        out.append(Plateau("gpt", label, *_with_2x(records, t, "gpt"), "error/d", judges=own, rows=rows, key=t))
+        out.append(Plateau("gpt", label, *gpt, "error/d", judges=own, rows=rows, key=t))
     return out
 
 
-def _with_2x(records: dict, task: str, name: str) -> tuple[claims.Stat | None, claims.Stat | None]:
-    """Row ``name``'s error averaged over k at the reported steps and at twice them."""
-    return _mean_over_k(records, task, name), common.longer_stat(records, f"{KEY}/{task}/{name}", _error_over_k)
-
-
-def _error_over_k(result: dict) -> float:
-    """A seed's error averaged over the number of in-context examples (the comparison's metric)."""
-    return float(np.mean(result["error_per_position"]))
-
-
 def _mean_over_k(records: dict, task: str, name: str) -> claims.Stat | None:
-    return claims.stat(_error_over_k(r) for r in common.per_seed(records, f"{KEY}/{task}/{name}"))
+    """Row ``name``'s error averaged over the number of in-context examples (the comparison's metric), per seed."""
+    return claims.stat(
+        float(np.mean(r["error_per_position"])) for r in common.per_seed(records, f"{KEY}/{task}/{name}")
+    )
 
 
 def _tune(sec: Section, records: dict, plan: dict, ev: Evidence) -> None:

@@ -39,9 +39,7 @@ CONTROL = "gpt+identity"
 def rows_of(plan: dict) -> list[str]:
     """The compared rows: the plan's models and, with the baseline, its no-attention control."""
     rows = list(plan["models"])
-    if plan.get("controls", True) and "gpt" in rows and CONTROL not in rows:
-        rows.append(CONTROL)
-    return rows
+    return rows + [CONTROL] if "gpt" in rows and CONTROL not in rows else rows
 
 
 def model_options(name: str, arch: dict, row_arch: dict | None = None) -> dict:
@@ -61,7 +59,7 @@ PLATEAU = "gpt" + common.LONGER
 
 def longer_rows(plan: dict) -> list[str]:
     """The runs at twice the steps: the baseline's plateau run, then the compared rows' own (``compared_2x``)."""
-    rows = [PLATEAU] if plan.get("plateau", True) and "gpt" in plan["models"] else []
+    rows = [PLATEAU] if "gpt" in plan["models"] else []
     extra = plan.get("compared_2x", [])
     if unknown := [r for r in extra if r not in rows_of(plan) or r == "gpt"]:
         raise ValueError(f"compared_2x rows {unknown} are not compared rows of this plan; rows: {rows_of(plan)}")
@@ -84,17 +82,10 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         reg, mech, _ = MODELS[row]
         settings = common.twice_steps(plan["train"]) if longer else dict(plan["train"])
         settings = settings if lr is None else dict(common.sweep_train(plan["train"], plan), lr=lr)
-        train = dict(
-            task="shakespeare_char",
-            task_options=dict(plan["task_options"]),
-            model=reg,
-            model_options=model_options(row, plan["arch"], plan.get("row_arch")),
-            seed=s,
-            eval_batches=1,
-            # scored at the best checkpoint on the selection split (held out apart from the reported one)
-            select_every=plan.get("select_every", 0),
-            **common.train_defaults(**settings),
-        )
+        train = dict(task="shakespeare_char", task_options=dict(plan["task_options"]), model=reg, seed=s)
+        train["model_options"] = model_options(row, plan["arch"], plan.get("row_arch"))
+        # scored at the best checkpoint on the selection split (held out apart from the reported one)
+        train.update(eval_batches=1, select_every=plan.get("select_every", 0), **common.train_defaults(**settings))
         # decoding cost is a property of the architecture, not of the seed: profiled on the first seed only
         contexts = plan["contexts"] if s == seed and not longer else []
         cfg = {"train": train, "mechanism": mech, "eval_windows": plan["eval_windows"], "contexts": contexts}
@@ -119,12 +110,8 @@ def _run_ngrams(_ctx: Context, step: Step) -> dict:
     idx = np.unique(np.linspace(0, len(task.val) - 1, step.config["eval_windows"]).astype(np.int64))
     (x,), y = task.val.get_batch(idx)
     x, y = x.numpy(), y.numpy()
-    return {
-        "unigram_bpc": float(-log_uni[y].mean()),
-        "bigram_bpc": float(-log_big[x, y].mean()),
-        "train_chars": int(len(train)),
-        "val_targets": int(y.size),
-    }
+    bpc = {"unigram_bpc": float(-log_uni[y].mean()), "bigram_bpc": float(-log_big[x, y].mean())}
+    return bpc | {"train_chars": int(len(train)), "val_targets": int(y.size)}
 
 
 @torch.no_grad()
@@ -194,16 +181,9 @@ def _run(ctx: Context, step: Step) -> dict:
     peak = common.peak_train_mb(model, inputs, target, task.kind, ctx.device)
     model = model.cpu().eval()
     decode = decode_profile(model, step.config["contexts"], seed=ctx.seed) if model.supports_incremental else []
-    return {
-        "val_loss": loss,
-        "val_bpc": loss / math.log(2),
-        "params": common.num_params(model),
-        "tokens_per_s": rec["tokens_per_s"],
-        "peak_train_mb": peak,
-        "decode": decode,
-        "vocab_size": task.info["vocab_size"],
-        **{k: rec[k] for k in ("curve", "val_curve", "run_dir", "lr")},
-    }
+    out = dict(val_loss=loss, val_bpc=loss / math.log(2), params=common.num_params(model), peak_train_mb=peak)
+    out.update(tokens_per_s=rec["tokens_per_s"], decode=decode, vocab_size=task.info["vocab_size"])
+    return out | {k: rec[k] for k in common.RUN_KEYS}
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
@@ -288,7 +268,9 @@ def _model_data(r: dict) -> dict:
 def _plateaus(records: dict, plan: dict, res: dict) -> list[Plateau]:
     """The baseline's run at twice the steps, and those of the compared rows that have one (``compared_2x``)."""
     rows = ["gpt", *plan.get("compared_2x", [])]
-    own_2x = {row: common.longer_stat(records, f"{KEY}/{row}", lambda r: r["val_loss"]) for row in rows}
+    own_2x = {
+        row: claims.stat(r["val_loss"] for r in common.per_seed(records, f"{KEY}/{row}{common.LONGER}")) for row in rows
+    }
     gpt_2x = own_2x.pop("gpt")
     rows = {row: Longer(row, res[row]["val_loss"], own) for row, own in own_2x.items() if row in res and own}
     return [Plateau("gpt", "gpt", res["gpt"]["val_loss"] if "gpt" in res else None, gpt_2x, "nats", rows=rows)]
@@ -313,14 +295,10 @@ def _tables(res: dict, names: list[str]) -> list[Table]:
     tables = [Table("Validation loss and training cost", list(COLUMNS), rows)]
     contexts = sorted({d["context"] for n in names for d in res[n]["decode"]})
     if contexts:
-        drows = []
+        drows, cells = [], (("ms_per_token", ".3f"), ("state_kib", ".1f"))
         for n in [n for n in names if res[n]["decode"]]:  # the no-attention control decodes nothing
             by = {d["context"]: d for d in res[n]["decode"]}
-            drows.append(
-                [n]
-                + [fmt(by.get(c, {}).get("ms_per_token"), ".3f") for c in contexts]
-                + [fmt(by.get(c, {}).get("state_kib"), ".1f") for c in contexts]
-            )
+            drows.append([n, *(fmt(by.get(c, {}).get(key), spec) for key, spec in cells for c in contexts)])
         headers = ["model"] + [f"ms/token @ {c}" for c in contexts] + [f"state KiB @ {c}" for c in contexts]
         tables.append(Table("Token-by-token generation (batch 1, cached decoding)", headers, drows))
     return tables

@@ -148,18 +148,11 @@ LEARNED_MARGIN = 5.0
 
 def _fold(rs: list[dict]) -> dict:
     """One task x mechanism over seeds: accuracy (%) as a Stat, the costs as seed means."""
-    return {
-        "accuracy": claims.stat(100 * r["accuracy"] for r in rs if r.get("accuracy") is not None),
-        "per_seed": [None if r.get("accuracy") is None else 100 * r["accuracy"] for r in rs],
-        "steps_per_s": common.seed_mean(rs, "steps_per_s"),
-        "peak_train_mb": common.seed_mean(rs, "peak_train_mb"),
-        "params": rs[0]["params"],
-        "seq_len": rs[0]["seq_len"],
-        "seeds": len(rs),
-        "val_curve": common.mean_val_curve(rs, "accuracy", 100.0),
-        # each seed's validation accuracy (%) by step: the equal-wall-clock reading takes per-seed values from them
-        "val_by_step": [{p["step"]: 100.0 * p["accuracy"] for p in r.get("val_curve") or []} for r in rs],
-    }
+    out = common.fold(rs, {"accuracy": 100.0}, means=("steps_per_s", "peak_train_mb"), first=("params", "seq_len"))
+    out["per_seed"] = [None if r.get("accuracy") is None else 100 * r["accuracy"] for r in rs]
+    # each seed's validation accuracy (%) by step: the equal-wall-clock reading takes per-seed values from them
+    out["val_by_step"] = [{p["step"]: 100.0 * p["accuracy"] for p in r.get("val_curve") or []} for r in rs]
+    return out
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
@@ -236,9 +229,7 @@ def _other_margins(f: Finding) -> None:
         claims.margin_sensitivity(f, *other, relative=False)
 
 
-def _tune(
-    sec: Section, records: dict, plan: dict, mechs: list[str], learned: list[str], res: dict, majority: dict
-) -> dict[str, dict[str, str]]:
+def _tune(sec: Section, records: dict, plan: dict, mechs, learned, res: dict, majority: dict) -> dict[str, dict]:
     """The sweep table per task, and per task ``{row: why}`` for rows not at their best rate (or swept at chance)."""
     every = {}
     for t in learned:
@@ -277,9 +268,7 @@ def _intro(plan: dict, tasks: list[str], lengths: dict[str, int | None]) -> str:
     return text
 
 
-def _tables(
-    res: dict, mechs: list[str], tasks: list[str], learned: list[str], majority: dict, ablations: dict, plan: dict
-) -> list[Table]:
+def _tables(res: dict, mechs, tasks, learned, majority: dict, ablations: dict, plan: dict) -> list[Table]:
     """Accuracy (with chance, majority and learned tasks; average over several tasks), ablations, training cost."""
     several = len(tasks) > 1
 
@@ -424,16 +413,9 @@ def equal_time(
             acc = claims.stat(vals)
             eff, ci, _ = claims.welch_ci(acc, soft["accuracy"])
             lower = affordable > max(r for r, _ in runs)
-            out.setdefault(t, {})[m] = {
-                "softmax_seconds": wall,
-                "affordable_steps": affordable,
-                "step": step,
-                "run_steps": run_steps,
-                "accuracy_per_seed": vals,
-                "effect": eff,
-                "ci95": list(ci) if ci else None,
-                "lower_bound": lower,
-            }
+            cell = dict(softmax_seconds=wall, affordable_steps=affordable, step=step, run_steps=run_steps)
+            cell.update(accuracy_per_seed=vals, effect=eff, ci95=list(ci) if ci else None, lower_bound=lower)
+            out.setdefault(t, {})[m] = cell
             read = f"{step} of {run_steps}" + (" (lower bound)" if lower else "")
             interval = f"{eff:+.1f}" + (f" [{ci[0]:+.1f}, {ci[1]:+.1f}]" if ci else "")
             rows.append([t, m, f"{affordable:.0f}", read, acc.fmt(".1f"), interval])
@@ -586,9 +568,7 @@ def _findings(res, mechs, tasks, lengths, learned, head_dim=None, majority=None)
     return out, ev
 
 
-def _accuracy_findings(
-    res, m, claim_id, learned, *, gates: list, majority: dict, base: str = "softmax"
-) -> list[Finding]:
+def _accuracy_findings(res, m, claim_id, learned, *, gates: list, majority: dict, base="softmax") -> list[Finding]:
     """One accuracy claim ``m`` vs ``base``: its LRA-average finding, then per learned task (did-not-learn gates)."""
     kw = dict(unit="pts", a_name=m, b_name=base, spec=".1f")
     per_task = []

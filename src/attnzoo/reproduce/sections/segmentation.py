@@ -162,15 +162,11 @@ def _decoder_steps(plan: dict, seed: int) -> list[Step]:
     """One seed's decoders: each kind trained (at its sweep's best rate), then both measured together."""
     dec, lrs = plan["decoders"], decoder_lrs(plan)
     runs = {k: common.seeded_id(f"{KEY}/decoders/{k}", seed) for k in DECODERS}
-    trained = {
-        k: common.tuned({"train": decoder_config(plan, k, seed)}, f"{KEY}/decoders", k, lrs, "miou", True)
-        for k in DECODERS
-    }
+    trained = {k: {"train": decoder_config(plan, k, seed)} for k in DECODERS}
+    trained = {k: common.tuned(cfg, f"{KEY}/decoders", k, lrs, "miou", True) for k, cfg in trained.items()}
     # the runs' configs ride along: a changed run changes the measurement's hash, so it is measured again
-    config = dict(
-        experiment="decoders", task_options=plan.get("task_options", {}), runs=runs, trained=trained, seed=seed
-    )
-    config.update(sigmas=list(dec["sigmas"]), **{k: dec[k] for k in ("encoder_options", "draws", "images")})
+    config = dict(experiment="decoders", task_options=plan.get("task_options", {}), runs=runs, trained=trained)
+    config.update(seed=seed, sigmas=list(dec["sigmas"]), **{k: dec[k] for k in ("encoder_options", "draws", "images")})
     measure = common.section_step(KEY, common.seeded_id(f"{KEY}/decoders", seed), config, _decoders, (*runs.values(),))
     return [*(common.section_step(KEY, runs[k], trained[k], _train) for k in DECODERS), measure]
 
@@ -186,7 +182,7 @@ def _train(ctx: Context, step: Step) -> dict:
         out = {"miou": val.get("miou"), "pixel_accuracy": val.get("pixel_accuracy")}
     else:
         out = {"accuracy": val.get("accuracy"), "params": common.num_params(common.load_trained(rec["run_dir"]))}
-    return {**out, "val_loss": val.get("loss"), **{k: rec[k] for k in ("run_dir", "lr", "curve", "val_curve")}}
+    return {**out, "val_loss": val.get("loss"), **{k: rec[k] for k in common.RUN_KEYS}}
 
 
 def _zero_shot(ctx: Context, step: Step) -> dict:
@@ -291,15 +287,12 @@ def _decoder_stats(records: dict) -> dict | None:
     for kind in DECODERS:
         rows = [r["decoders"][kind] for r in rs]
         sweeps = np.array([[np.mean(v) for v in row["sweep"]["miou"]] for row in rows])  # (seeds, sigmas)
-        out[kind] = {
-            "miou": claims.stat(100.0 * row["miou"] for row in rows),
-            "flops": rows[0]["decoder_flops"],
-            "params": rows[0]["decoder_params"],
-            "sigmas": list(rows[0]["sweep"]["sigmas"]),
-            "sweep": 100.0 * sweeps,
-            # the drop at the largest sigma, from the unperturbed model's mIoU on the same scenes
-            "drop": claims.stat(100.0 * (row["miou"] - s[-1]) for row, s in zip(rows, sweeps, strict=True)),
-        }
+        d = out[kind] = {"miou": claims.stat(100.0 * row["miou"] for row in rows), "sweep": 100.0 * sweeps}
+        d.update(
+            flops=rows[0]["decoder_flops"], params=rows[0]["decoder_params"], sigmas=list(rows[0]["sweep"]["sigmas"])
+        )
+        # the drop at the largest sigma, from the unperturbed model's mIoU on the same scenes
+        d["drop"] = claims.stat(100.0 * (row["miou"] - s[-1]) for row, s in zip(rows, sweeps, strict=True))
     return out
 
 
@@ -328,9 +321,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     if plan.get("require_tuned", True):
         ev.gates += _untuned_gates(sec.findings, plan)
         if plan.get("lr_sweep") and res:  # a flat top within the seeds' spread is not held against a row
-            rows = [n for n in models_of(plan) if n in res]
+            rows, label = [n for n in models_of(plan) if n in res], "validation accuracy %"
             noise = {r: res[r]["accuracy"].std for r in rows}
-            label = "validation accuracy %"
             untuned = common.tune_rows(sec, records, plan, rows, KEY, "accuracy", True, 100.0, label, noise=noise)
             ev.tuning.append(Tuning(untuned))
     if plan.get("plateau_rows"):
@@ -474,29 +466,19 @@ def _unlearned(res: dict, dec: dict | None) -> dict[str, str]:
 
 
 def _row_data(st: dict) -> dict:
-    return {
-        "accuracy_per_seed": list(st["accuracy"].values) if st.get("accuracy") else None,
-        "params": st.get("params"),
-        **{f"{t}_per_seed": list(st["best"][t].values) for t in TARGETS},
-        "foreground_per_layer": st["layers"].tolist(),
-        "mechanisms": st["mechanisms"],
-        "later_half_per_seed": list(st["later_half"].values),
-        "seeds": st["seeds"],
-    }
+    out = {"accuracy_per_seed": list(st["accuracy"].values) if st.get("accuracy") else None, "params": st.get("params")}
+    out |= {f"{t}_per_seed": list(st["best"][t].values) for t in TARGETS}
+    out |= {"foreground_per_layer": st["layers"].tolist(), "mechanisms": st["mechanisms"]}
+    return out | {"later_half_per_seed": list(st["later_half"].values), "seeds": st["seeds"]}
 
 
 def _decoder_data(dec: dict) -> dict:
     out = {"background_miou": dec["background_miou"], "seeds": dec["seeds"]}
     for kind in DECODERS:
         d = dec[kind]
-        out[kind] = {
-            "miou_per_seed": list(d["miou"].values),
-            "decoder_flops": d["flops"],
-            "decoder_params": d["params"],
-            "sigmas": d["sigmas"],
-            "miou_by_sigma_per_seed": d["sweep"].tolist(),
-            "drop_per_seed": list(d["drop"].values),
-        }
+        out[kind] = dict(miou_per_seed=list(d["miou"].values), decoder_flops=d["flops"], decoder_params=d["params"])
+        out[kind].update(sigmas=d["sigmas"], miou_by_sigma_per_seed=d["sweep"].tolist())
+        out[kind]["drop_per_seed"] = list(d["drop"].values)
     return out
 
 

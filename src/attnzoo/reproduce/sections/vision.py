@@ -236,17 +236,10 @@ def _stats(records: dict, name: str) -> dict | None:
         return None
     prefix = f"{KEY}/{name}/extra-seed"
     extra = [rec["result"] for sid, rec in sorted(records.items()) if sid.startswith(prefix)]
-    return {
-        # every extra seed, whatever the verdict: using them only when it is undecided would pick data by outcome
-        "accuracy": claims.stat(100.0 * a for r in rs + extra if (a := r.get("accuracy")) is not None),
-        "extra_seeds": len(extra),
-        "params": rs[0]["params"],
-        "samples_per_s": common.seed_mean(rs, "samples_per_s"),
-        "peak_train_mb": common.seed_mean(rs, "peak_train_mb"),
-        "tokens": rs[0]["tokens"],
-        "seeds": len(rs) + len(extra),
-        "val_curve": common.mean_val_curve(rs, "accuracy", 100.0),
-    }
+    out = common.fold(rs, {"accuracy": 100.0}, ("samples_per_s", "peak_train_mb"), ("params", "tokens"))
+    # every extra seed, whatever the verdict: using them only when it is undecided would pick data by outcome
+    out["accuracy"] = claims.stat(100.0 * a for r in rs + extra if (a := r.get("accuracy")) is not None)
+    return out | {"extra_seeds": len(extra), "seeds": len(rs) + len(extra)}
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
@@ -284,9 +277,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
 
 def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
     """The sweep table, and ``{row: why}`` for every row not shown at its best rate."""
-    rows = sweep_rows(plan)
+    rows, label = sweep_rows(plan), "validation accuracy %"
     noise = {r: res[r]["accuracy"].std for r in rows if r in res}
-    label = "validation accuracy %"
     untuned = common.tune_rows(sec, records, plan, rows, KEY, "accuracy", True, 100.0, label, noise=noise)
     if "tost" in untuned and MATCHED in res and plan.get("lr_sweep"):
         untuned[MATCHED] = f"{MATCHED} trains at tost's rate: " + untuned["tost"]
