@@ -413,13 +413,17 @@ def classification_record(ctx: Context, step: Step) -> dict:
     model = load_trained(rec["run_dir"])
     task = build_task(cfg["task"], **cfg["task_options"])
     inputs, target = task.train.get_batch(np.arange(min(cfg["batch_size"], len(task.train))))
-    val, grid, rate = rec["val"], getattr(model, "grid", None), rec["samples_per_s"]
-    out = dict(accuracy=val.get("accuracy"), val_loss=val.get("loss"), params=num_params(model), samples_per_s=rate)
-    out["steps_per_s"] = rate / cfg["batch_size"] if rate else None
-    out["peak_train_mb"] = peak_train_mb(model, inputs, target, task.kind, ctx.device)
-    out["seq_len"] = task.info.get("seq_len")
-    out["tokens"] = None if grid is None else int(grid[0] * grid[1]) + int(getattr(model, "num_prefix_tokens", 0))
-    return out | {k: rec[k] for k in RUN_KEYS}
+    val, grid = rec["val"], getattr(model, "grid", None)
+    return {
+        "accuracy": val.get("accuracy"),
+        "val_loss": val.get("loss"),
+        "params": num_params(model),
+        "samples_per_s": rec["samples_per_s"],
+        "steps_per_s": (rec["samples_per_s"] / cfg["batch_size"]) if rec["samples_per_s"] else None,
+        "peak_train_mb": peak_train_mb(model, inputs, target, task.kind, ctx.device),
+        "seq_len": task.info.get("seq_len"),
+        "tokens": None if grid is None else int(grid[0] * grid[1]) + int(getattr(model, "num_prefix_tokens", 0)),
+    } | {k: rec[k] for k in RUN_KEYS}
 
 
 def untrained_model(train_cfg: dict):
@@ -598,7 +602,17 @@ def tune_rows(
     return untuned
 
 
-def _sweep_caption(metric, used, fraction, n_rows, edge, flat, uneven, unlearned=(), floor=None) -> str:
+def _sweep_caption(
+    metric: str,
+    used: float | None,
+    fraction: float,
+    n_rows: int,
+    edge: list,
+    flat: list,
+    uneven: bool,
+    unlearned: list = (),
+    floor: float | None = None,
+) -> str:
     """The sweep table's caption: what was swept, on which seed and length, and what the marks mean."""
     seeds = "" if used is None else f" Reported seeds train at {used:g}."
     caption = (
