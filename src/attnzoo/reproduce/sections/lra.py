@@ -101,6 +101,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             raise ValueError(f"extra_seeds row {row!r} is not a mechanism of this plan; valid: {plan['mechanisms']}")
     common.check_known(plan["tasks"], TASKS, "LRA task")
     common.check_known(plan["mechanisms"], MECHANISMS, "LRA mechanism")
+    _check_not_tested(plan)
     record = common.classification_record
     for task, task_opts in plan["tasks"].items():
         ablations = [(n, a["mechanism"], a) for n, a in plan.get("ablations", {}).items() if a["task"] == task]
@@ -204,6 +205,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.add_plot(_plot(res, mechs, tasks, lengths), plots_dir / "long_range.png", rel, caption)
     head_dim = plan["arch"]["dim"] // plan["arch"]["heads"]
     sec.findings, ev = _findings(res, mechs, tasks, lengths, learned, head_dim, majority)
+    sec.findings += _not_tested(plan, tasks)
     ev.gates += _dense_chunks(sec.findings, records, tasks, lengths)
     _curves(sec, res, mechs, tasks, ablations, plots_dir, rel)
     eq_table, sec.data["equal_time"] = equal_time(res, mechs, learned, ablations, plan)
@@ -588,6 +590,28 @@ def _accuracy_findings(res, m, claim_id, learned, *, gates: list, majority: dict
     avg.claim += " on the LRA average"
     avg.measured += f" (average over the learned tasks: {', '.join(learned)})"
     return [avg, *per_task]
+
+
+def _check_not_tested(plan: dict) -> None:
+    """A row marked ``not_tested`` has an accuracy claim here and is not also trained."""
+    valid = [row for row, _ in CLAIMS]
+    for m in plan.get("not_tested", {}):
+        if m not in valid:
+            raise ValueError(f"long-range: not_tested names {m!r}, which has no claim here (valid: {valid})")
+        if m in plan["mechanisms"]:
+            raise ValueError(f"long-range: {m!r} is both in mechanisms and marked not_tested; keep one")
+
+
+def _not_tested(plan: dict, tasks: list[str]) -> list[Finding]:
+    """The claims of the rows a plan leaves out for a reason its pilots measured (``not_tested``: row -> why)."""
+    out = []
+    for m, why in plan.get("not_tested", {}).items():
+        ids = [(f"{cid}#{t}", f" on {t}") for row, cid in CLAIMS if row == m for t in tasks]
+        for cid, on in ids + [(cid, "") for row, cid in _SPEED_CLAIMS if row == m]:
+            f = claims.not_tested(**paper_claims.finding_kw(cid), why=why)
+            f.claim += on
+            out.append(f)
+    return out
 
 
 #: the speed claims against softmax: (mechanism, claim id); the smallest N and the head dimension each is made at are
