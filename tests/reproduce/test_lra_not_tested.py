@@ -1,0 +1,46 @@
+"""Long-range rows a plan marks ``not_tested``: not trained, their claims reported as not tested with the reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnzoo.reproduce.sections import lra
+
+WHY = "the no-attention control is inside the margin (pilot figures)"
+
+
+def _plan(**over) -> dict:
+    plan = {
+        "tasks": {"listops": {"n_train": 32, "n_val": 16, "min_len": 8, "max_len": 16, "max_depth": 2}},
+        "mechanisms": ["softmax", "csp"],
+        "arch": {"dim": 32, "depth": 2, "heads": 4, "mlp_dim": 64},
+        "train": {"steps": 2, "batch_size": 4, "lr": 1e-3},
+        "not_tested": {"tssa": WHY},
+    }
+    return plan | over
+
+
+def test_a_not_tested_row_is_not_trained():
+    ids = [s.id for s in lra.plan_steps(_plan(), 0)]
+    assert any("/csp/" in i for i in ids)
+    assert not any("tssa" in i for i in ids)
+
+
+@pytest.mark.parametrize(
+    ("not_tested", "mechanisms", "message"),
+    [
+        ({"tssa": WHY}, ["softmax", "tssa"], "'tssa' is both in mechanisms and marked not_tested"),
+        ({"mega": WHY}, ["softmax"], "not_tested names 'mega', which has no claim here"),
+    ],
+)
+def test_a_bad_not_tested_entry_is_refused_at_planning(not_tested, mechanisms, message):
+    with pytest.raises(ValueError, match=message):
+        lra.plan_steps(_plan(not_tested=not_tested, mechanisms=mechanisms), 0)
+
+
+def test_every_claim_of_a_not_tested_row_is_reported_with_the_reason():
+    found = lra._not_tested(_plan(), ["listops"])
+    assert [f.claim_id for f in found] == ["tost-t3-lra#listops", "tost-t4-speed"]
+    assert all(f.verdict == "not tested" and f.measured == WHY for f in found)
+    assert found[0].claim.endswith(" on listops") and not found[1].claim.endswith(" on listops")
+    assert lra._not_tested(_plan(not_tested={}), ["listops"]) == []
