@@ -265,6 +265,9 @@ def test_long_plan_seeds_per_task_and_longer_ablations():
         more = lra.get("extra_seeds", {})
         want = {k: n + (more["seeds"] if k.split("/")[2] in more.get("rows", []) else 0) for k in rows}
         assert rows and all(counts[k] == want[k] for k in rows), (task, want, counts)
+    # the in-context baseline's plateau run, planned by the budget that has one (`long` leaves it out)
+    b, steps = plan("smoke", 0)
+    assert "gpt@2x-steps" in b["icl"]["ablations"]
     icl = {s.id: s.config["train"] for s in steps if s.id.startswith("icl/") and "train" in s.config}
     for task in b["icl"]["ablation_tasks"]:
         # the baseline's plateau run: twice the steps and warm-up, everything else (the tuned rate too) equal, on
@@ -272,7 +275,8 @@ def test_long_plan_seeds_per_task_and_longer_ablations():
         base, longer = icl[f"icl/{task}/gpt/seed0"], icl[f"icl/{task}/gpt@2x-steps/seed0"]
         assert longer["steps"] == 2 * base["steps"] and longer["warmup_steps"] == 2 * base["warmup_steps"]
         assert {**longer, "steps": 0, "warmup_steps": 0} == {**base, "steps": 0, "warmup_steps": 0}
-        assert f"icl/{task}/gpt@2x-steps/seed{b['icl']['plateau_seeds']}" not in icl
+        n = b["icl"].get("plateau_seeds", b["icl"].get("seeds", 1))
+        assert f"icl/{task}/gpt@2x-steps/seed{n - 1}" in icl and f"icl/{task}/gpt@2x-steps/seed{n}" not in icl
 
 
 #: (a per seed, b per seed, claim type, margin, lower_is_better, expected verdict): the rule's edges with known numbers.
