@@ -205,7 +205,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.add_plot(_plot(res, mechs, tasks, lengths), plots_dir / "long_range.png", rel, caption)
     head_dim = plan["arch"]["dim"] // plan["arch"]["heads"]
     sec.findings, ev = _findings(res, mechs, tasks, lengths, learned, head_dim, majority)
-    sec.findings += _not_tested(plan, tasks)
+    sec.findings += _not_tested(plan, tasks, lengths)
     ev.gates += _dense_chunks(sec.findings, records, tasks, lengths)
     _curves(sec, res, mechs, tasks, ablations, plots_dir, rel)
     eq_table, sec.data["equal_time"] = equal_time(res, mechs, learned, ablations, plan)
@@ -602,15 +602,24 @@ def _check_not_tested(plan: dict) -> None:
             raise ValueError(f"long-range: {m!r} is both in mechanisms and marked not_tested; keep one")
 
 
-def _not_tested(plan: dict, tasks: list[str]) -> list[Finding]:
-    """The claims of the rows a plan leaves out for a reason its pilots measured (``not_tested``: row -> why)."""
+def _not_tested(plan: dict, tasks: list[str], lengths: dict) -> list[Finding]:
+    """The claims of the rows a plan leaves out for a reason its pilots measured (``not_tested``: row -> why): the
+    accuracy claims with that reason, the speed claims (which the row's training would have timed) naming it."""
     out = []
+    n = max((lengths.get(t) or 0 for t in tasks), default=0)
     for m, why in plan.get("not_tested", {}).items():
-        ids = [(f"{cid}#{t}", f" on {t}") for row, cid in CLAIMS if row == m for t in tasks]
-        for cid, on in ids + [(cid, "") for row, cid in _SPEED_CLAIMS if row == m]:
-            f = claims.not_tested(**paper_claims.finding_kw(cid), why=why)
-            f.claim += on
-            out.append(f)
+        for row, cid in CLAIMS:
+            for t in tasks if row == m else []:
+                f = claims.not_tested(**paper_claims.finding_kw(f"{cid}#{t}"), why=why)
+                f.claim += f" on {t}"
+                out.append(f)
+        for row, cid in _SPEED_CLAIMS:
+            if row == m:
+                cond = paper_claims.get(cid).conditions
+                speed_why = f"{m} is not trained here (its accuracy claim is not tested); longest task N={n}"
+                if cond.min_n and n < cond.min_n:
+                    speed_why += f" < {cond.min_n} in any case"
+                out.append(claims.not_tested(**paper_claims.finding_kw(cid), why=speed_why))
     return out
 
 
