@@ -607,19 +607,18 @@ def _not_tested(plan: dict, tasks: list[str], lengths: dict) -> list[Finding]:
     accuracy claims with that reason, the speed claims (which the row's training would have timed) naming it."""
     out = []
     n = max((lengths.get(t) or 0 for t in tasks), default=0)
+    accuracy_claim, speed_claim = dict(CLAIMS), dict(_SPEED_CLAIMS)
     for m, why in plan.get("not_tested", {}).items():
-        for row, cid in CLAIMS:
-            for t in tasks if row == m else []:
-                f = claims.not_tested(**paper_claims.finding_kw(f"{cid}#{t}"), why=why)
-                f.claim += f" on {t}"
-                out.append(f)
-        for row, cid in _SPEED_CLAIMS:
-            if row == m:
-                cond = paper_claims.get(cid).conditions
-                speed_why = f"{m} is not trained here (its accuracy claim is not tested); longest task N={n}"
-                if cond.min_n and n < cond.min_n:
-                    speed_why += f" < {cond.min_n} in any case"
-                out.append(claims.not_tested(**paper_claims.finding_kw(cid), why=speed_why))
+        for t in tasks:
+            f = claims.not_tested(**paper_claims.finding_kw(f"{accuracy_claim[m]}#{t}"), why=why)
+            f.claim += f" on {t}"
+            out.append(f)
+        if cid := speed_claim.get(m):
+            min_n = paper_claims.get(cid).conditions.min_n
+            speed_why = f"{m} is not trained here (its accuracy claim is not tested); longest task N={n}"
+            if min_n and n < min_n:
+                speed_why += f" < {min_n} in any case"
+            out.append(claims.not_tested(**paper_claims.finding_kw(cid), why=speed_why))
     return out
 
 
