@@ -577,6 +577,41 @@ def test_paper_baselines_get_their_own_plateau_checks():
     assert "crate moved" in vs_crate["gate"] and "at twice the steps" in vs_crate["gate"]
 
 
+def test_vision_compared_rows_at_twice_the_steps_run_every_seed_and_are_judged_on_their_own_comparison():
+    from attnzoo.reproduce.claims import compare
+    from attnzoo.reproduce.sections import vision
+
+    b, _ = plan("smoke", 0)
+    p = {**b["vision"], "models": ["vit", "tost", "xcit"], "plateau_baselines": ["xcit"], "row_arch": {}}
+    p["compared_2x"] = ["tost", "xcit"]
+    ids = {s.id for s in vision.plan_steps(p, 0)}
+    # a compared row and a baseline listed there both run at twice the steps on every seed (not one)
+    assert {f"vision/{r}@2x-steps/seed{s}" for r in ("tost", "xcit") for s in range(p["seeds"])} <= ids
+    steps = {s.id: s for s in vision.plan_steps(p, 0)}
+    twice = steps["vision/tost@2x-steps/seed1"]
+    assert twice.config["train"]["steps"] == 2 * p["train"]["steps"] and twice.config["train"]["model"] == "tost_t"
+    assert twice.config["train"]["lr"] == steps["vision/tost/seed1"].config["train"]["lr"]  # tost's tuned rate
+    with pytest.raises(ValueError, match=r"compared_2x rows \['bert'\] are not models or swaps"):
+        vision.plan_steps({**p, "compared_2x": ["bert"]}, 0)
+
+    kw = dict(claim_type="superiority", unit="pts", paper="P", claim="c", paper_value="v")
+    vs_xcit = compare([82.3, 83.3, 84.3], [79.0, 80.0, 81.0], a_name="tost", b_name="xcit", **kw)  # clears 0 by 1.03
+    res = {
+        "vit": {"accuracy": stat([79.0, 80.0, 81.0])},
+        "vit@2x-steps": {"accuracy": stat([79.5, 80.5, 81.5])},
+        "xcit": {"accuracy": stat([79.0, 80.0, 81.0])},
+        "xcit@2x-steps": {"accuracy": stat([82.0, 83.0, 84.0])},  # +3 > 1.03: the baseline's drift alone gates it
+        "tost": {"accuracy": stat([82.3, 83.3, 84.3])},
+        "tost@2x-steps": {"accuracy": stat([85.3, 86.3, 87.3])},  # the gap holds at twice the steps
+    }
+    rows, longer = {"vit": "vit@2x-steps", "xcit": "xcit@2x-steps"}, {"tost": "tost@2x-steps"}
+    judge([vs_xcit], Evidence(plateaus=vision._plateaus(res, rows, longer)))
+    assert vs_xcit["verdict"] == "agrees" and vs_xcit.replicated_2x["verdict"] == "agrees"
+    again = compare([82.3, 83.3, 84.3], [79.0, 80.0, 81.0], a_name="tost", b_name="xcit", **kw)
+    judge([again], Evidence(plateaus=vision._plateaus(res, rows)))  # no compared run: the drift gate reads it
+    assert again["verdict"] == "inconclusive" and again["gate_reasons"] == ["plateau"]
+
+
 @pytest.mark.parametrize(("n", "verdict"), [(128, "not tested"), (2048, "agrees")])
 def test_csp_fastest_needs_the_lengths_of_its_other_speed_claim(n, verdict):
     from attnzoo.reproduce.sections import lra

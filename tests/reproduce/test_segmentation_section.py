@@ -217,6 +217,18 @@ def test_missing_rows_are_not_tested(tmp_path):
     assert all(f[c]["verdict"] == "not tested" for c in ("cbsa-f8-miou", "cbsa-f8-flops", "cbsa-f8-robust"))
 
 
+def test_decoders_a_plan_marks_not_tested_are_not_trained_and_their_claims_carry_the_reason(tmp_path):
+    why = "the decoders did not learn the scenes (pilot figures)"
+    p = {k: v for k, v in PLAN.items() if k != "decoders"} | {"decoders_not_tested": why}
+    assert not any("/decoders" in s.id for s in seg.plan_steps(p, 0))
+    f = _by_id(_summary(tmp_path, _records(AGREEING), p))  # decoder records present: the plan's word decides
+    for c in ("cbsa-f8-miou", "cbsa-f8-flops", "cbsa-f8-robust"):
+        assert f[c]["verdict"] == "not tested" and f[c]["measured"] == why
+    assert f["cbsa-t5-ranking#crate_cbt-vs-crate"]["verdict"] != "not tested"
+    with pytest.raises(ValueError, match="decoders_not_tested says why Fig. 8 is not tested"):
+        seg.plan_steps(dict(PLAN, decoders_not_tested=why), 0)
+
+
 @pytest.mark.parametrize("name", BUDGET_NAMES)
 def test_every_budget_plans_the_sections_steps(name):
     b, steps = plan(name, 0)
@@ -269,13 +281,14 @@ def test_every_budget_plans_the_sections_steps(name):
         assert firsts == [True] + [False] * (p["seeds"] - 1)
 
 
-def test_the_long_plan_sweeps_every_row_and_both_decoders_and_widens_crate():
+def test_the_long_plan_sweeps_every_row_marks_the_decoders_not_tested_and_widens_crate():
     b, steps = plan("long", 0)
     p = b[KEY]
     ids = {s.id for s in steps if s.section == KEY}
     sweeps = {i for i in ids if "/lr-sweep/" in i}
     lrs = sum(len(row_lrs(p, m)) for m in p["models"])
-    assert len(sweeps) == lrs + 2 * len(p["decoders"]["lr_sweep"]) == 21
+    assert len(sweeps) == lrs == 15
+    assert "decoders" not in p and "mIoU" in p["decoders_not_tested"] and not any("/decoders" in i for i in ids)
     crate = next(s for s in steps if s.id == f"{KEY}/crate/seed0").config["train"]["model_options"]
     hybrid = next(s for s in steps if s.id == f"{KEY}/crate_cbt/seed0").config["train"]["model_options"]
     assert (crate["dim"], crate["heads"]) == (88, 8) and (hybrid["dim"], hybrid["heads"]) == (64, 4)

@@ -122,6 +122,8 @@ def decoder_lrs(plan: dict) -> list[float]:
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     """The sweeps, then per seed each model's training, its zero-shot analysis, the controls' and the decoders'."""
     names, decoders = models_of(plan), DECODERS if plan.get("decoders") else {}
+    if decoders and plan.get("decoders_not_tested"):
+        raise ValueError("segmentation: decoders_not_tested says why Fig. 8 is not tested; drop decoders, or drop it")
     common.check_sweep_extra(plan, names)
     off = seed + common.SWEEP_SEED_OFFSET  # every rate of each model's and decoder's grid, on the sweep seed
     grids = [(f"{KEY}/{n}", row_config(plan, n, off), common.row_lrs(plan, n)) for n in names]
@@ -313,7 +315,9 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.tables.append(_decoder_table(dec))
         sec.add_plot(_plot_sweep(dec), plots_dir / "segmentation_decoders.png", rel, _SWEEP_CAPTION)
     ev = Evidence()
-    sec.findings = _zero_shot_findings(res, ev.gates) + _decoder_findings(dec, ev.gates)
+    sec.findings = _zero_shot_findings(res, ev.gates) + _decoder_findings(
+        dec, ev.gates, plan.get("decoders_not_tested")
+    )
     if plan.get("require_learned", True):
         ev.unlearned = _unlearned(res, dec)
         if ev.unlearned:
@@ -420,8 +424,12 @@ def _emerged_gate(f: Finding, res: dict, name: str) -> list:
     return [(f, "did not learn", f"{best} from its untrained copy's: its maps never emerged")]
 
 
-def _decoder_findings(dec: dict | None, gates: list) -> list[Finding]:
-    """CBSA Fig. 8: mIoU, FLOPs and robustness of the CBSA decoder against Segmenter's."""
+def _decoder_findings(dec: dict | None, gates: list, not_tested: str | None = None) -> list[Finding]:
+    """CBSA Fig. 8: mIoU, FLOPs and robustness of the CBSA decoder against Segmenter's (``not_tested``: why the plan
+    trains no decoder)."""
+    if not_tested:
+        ids = ("cbsa-f8-miou", "cbsa-f8-flops", "cbsa-f8-robust")
+        return [claims.not_tested(**paper_claims.finding_kw(i), why=" ".join(not_tested.split())) for i in ids]
     rows = ("cbsa", "mask_transformer")
     miou = _compare(dec, "cbsa-f8-miou", *rows, ("miou",), unit="pts", spec=".1f")
     robust = _compare(dec, "cbsa-f8-robust", *rows, ("drop",), unit="pts", lower_is_better=True, spec=".1f")

@@ -10,7 +10,7 @@ import numpy as np
 from attnzoo.reproduce import claims, common, paper_claims
 from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import Section, Table, fmt
-from attnzoo.reproduce.pipeline import Control, Evidence, Plateau, Tuning, judge, paper_finding
+from attnzoo.reproduce.pipeline import Control, Evidence, Longer, Plateau, Tuning, judge, paper_finding
 from attnzoo.reproduce.store import Step
 
 KEY = "vision"
@@ -112,7 +112,7 @@ def _image_size(plan: dict) -> int:
 
 def _row(name: str) -> VisionRow:
     """Any row's entry; a plateau or parameter-matched row (``x@...``) is x's."""
-    at_row = name == MATCHED or name in BASELINE_PLATEAUS.values()
+    at_row = name == MATCHED or name.endswith(common.LONGER)
     row = {**MODELS, **SWAPS, **ABLATIONS}.get(name.split("@")[0] if at_row else name)
     if row is None:
         raise ValueError(f"unknown vision model {name!r}; valid: {sorted(MODELS) + sorted(SWAPS) + sorted(ABLATIONS)}")
@@ -132,9 +132,23 @@ def model_options(name: str, plan: dict) -> dict:
 
 
 def rows_of(plan: dict) -> list[str]:
-    """Every trained row: the papers' architectures, the swaps, the controls, the ablations and the plateau runs."""
+    """Every trained row: the papers' architectures, the swaps, the controls, the ablations and the runs at twice the
+    steps (the baselines' plateau runs, then the compared rows' own)."""
     rows = list(plan["models"]) + list(plan.get("swaps", [])) + _controls(plan) + list(plan.get("ablations", []))
-    return rows + list(_plateau_rows(plan).values())
+    longer = list(_plateau_rows(plan).values())
+    return rows + longer + [r for r in _compared_2x(plan).values() if r not in longer]
+
+
+def _compared_2x(plan: dict) -> dict[str, str]:
+    """row -> its run at twice the steps, on every seed (``compared_2x``): a compared row's own, or a baseline's plateau
+    run on every seed rather than one, so that the comparisons between such rows are replicated there."""
+    extra = plan.get("compared_2x", [])
+    if unknown := sorted(set(extra) - set(plan["models"]) - set(plan.get("swaps", []))):
+        raise ValueError(
+            f"compared_2x rows {unknown} are not models or swaps of this plan; rows: "
+            f"{list(plan['models']) + list(plan.get('swaps', []))}"
+        )
+    return {r: f"{r}{common.LONGER}" for r in extra}
 
 
 def _plateau_rows(plan: dict) -> dict[str, str]:
@@ -182,7 +196,8 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             steps.append(_row_step(swept, name, s, sid, tune=False))
     # a paper baseline's own plateau check runs one seed; the ViT's its plateau seeds (every seed by default, as its
     # change gates most findings)
-    seeds, one_seed = common.seed_list(plan, seed), set(_plateau_rows(plan).values()) - {PLATEAU}
+    seeds = common.seed_list(plan, seed)
+    one_seed = set(_plateau_rows(plan).values()) - {PLATEAU} - set(_compared_2x(plan).values())
     for name in rows_of(plan):
         own = seeds[:1] if name in one_seed else common.plateau_seed_list(plan, seed) if name == PLATEAU else seeds
         runs = common.seed_runs(f"{KEY}/{name}", own)
@@ -211,7 +226,7 @@ def sweep_rows(plan: dict) -> list[str]:
 def row_config(plan: dict, name: str, seed: int) -> dict:
     """A step config training vision row ``name`` under ``plan`` (the probes section's deeper models use it too)."""
     reg, mech, paper, _ = _row(name)
-    opt = common.twice_steps(plan["train"]) if name in BASELINE_PLATEAUS.values() else dict(plan["train"])
+    opt = common.twice_steps(plan["train"]) if name.endswith(common.LONGER) else dict(plan["train"])
     opts = model_options(name, plan)
     if name == MATCHED:
         opts["dim"] = matched_dim(plan)
@@ -223,7 +238,7 @@ def row_config(plan: dict, name: str, seed: int) -> dict:
 def _row_step(plan: dict, name: str, seed: int, sid: str, tune: bool = True) -> Step:
     """One training run of row ``name``, at the best rate of its sweep (``TUNED_AS``'s row's) when ``tune``."""
     cfg = row_config(plan, name, seed)
-    source = name if name in plan.get("swept_ablations", []) else TUNED_AS.get(name, name)
+    source = name if name in plan.get("swept_ablations", []) else TUNED_AS.get(name, name.removesuffix(common.LONGER))
     if tune and source in sweep_rows(plan):
         cfg = common.tuned(cfg, KEY, source, common.row_lrs(plan, source), "accuracy", True)
     return common.section_step(KEY, sid, cfg, common.classification_record)
@@ -267,7 +282,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         )
         return sec
     sec.findings, ev = _findings(res)
-    ev.plateaus = _plateaus(res, _plateau_rows(plan))
+    ev.plateaus = _plateaus(res, _plateau_rows(plan), _compared_2x(plan))
     ev.tuning.append(Tuning(_tune(sec, records, plan, res)))
     plateau = judge(sec.findings, ev)
     sec.data["plateau"] = plateau["vit"] if len(plateau) == 1 else plateau
@@ -285,12 +300,18 @@ def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
     return untuned
 
 
-def _plateaus(res: dict, rows: dict[str, str]) -> list[Plateau]:
-    """Each baseline's plateau check on the comparisons against it; the ViT's on every other one."""
+def _plateaus(res: dict, rows: dict[str, str], compared_2x: dict[str, str] | None = None) -> list[Plateau]:
+    """Each baseline's plateau check on the comparisons against it; the ViT's on every other one. A compared row with
+    runs at twice the steps (``compared_2x``) is judged there on its own comparison instead."""
     others = [b for b in rows if b != "vit"]
     judges = {"vit": lambda f: f.b_name not in others} | {b: (lambda f, b=b: f.b_name == b) for b in others}
+    own = {
+        r: Longer(r, res[r]["accuracy"], res[r2]["accuracy"])
+        for r, r2 in (compared_2x or {}).items()
+        if {r, r2} <= set(res)
+    }
     return [
-        Plateau(b, b, _acc(res, b), _acc(res, rows.get(b, f"{b}@2x-steps")), "%", ".1f", judges=j, key=b)
+        Plateau(b, b, _acc(res, b), _acc(res, rows[b]), "%", ".1f", judges=j, key=b, rows=own)
         for b, j in judges.items()
     ]
 
