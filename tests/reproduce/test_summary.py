@@ -108,6 +108,21 @@ def test_a_refuted_superiority_names_the_bar_its_interval_lies_below():
     assert "no direction shown" in text and ", wholly below +1 (0.5 of the paper's +2): **disagrees**." in text
 
 
+def test_a_decided_claim_shows_its_clearance_at_twice_the_steps_as_a_multiple_of_the_move():
+    from attnzoo.reproduce.claims import plateau_gate, stat, trend_gate
+
+    f = _f(*WIN)  # +1 [+0.773, +1.23]: clears 0 by 0.773
+    trend_gate(f, 0.8, (0.6, 1.0), 0.0, "2x steps")  # moved -0.2, clears by 0.6 there: 3x
+    text = "\n".join(_summary([Section("k", "K: t", findings=[f])], "long"))
+    assert "**agrees** (at 2x steps: clearance 0.6, 3.0x the effect's move, -0.2)." in text
+    g = _f(*WIN)  # only the baseline ran longer: its move, against the clearance at the reported steps
+    plateau_gate([g], "b", stat([1.0, 1.1, 1.2]), stat([1.5, 1.6, 1.7]), "pts")
+    text = "\n".join(_summary([Section("k", "K: t", findings=[g])], "long"))
+    assert g["verdict"] == "agrees" and "(at 2x steps: clearance 0.773, 1.5x b's move, +0.5)." in text
+    h = _f(*WIN)  # no run at twice the steps: nothing to show
+    assert "**agrees**." in "\n".join(_summary([Section("k", "K: t", findings=[h])], "long"))
+
+
 def test_the_legend_states_every_gate_once_with_its_direction():
     fs = [_f(*WIN)]
     text = "\n".join(_summary([Section("k", "K: t", findings=fs)], "long"))

@@ -115,6 +115,7 @@ class Finding:
     at_2x: dict | None = None
     paired_2x: dict | None = None
     compared_row_change: float | None = None
+    drift_2x: dict | None = None
     longer_run: str | None = None
     # the verdict in words (``attnzoo compare``)
     reading: str | None = None
@@ -471,6 +472,9 @@ def plateau_gate(
     else:
         paired, change = _paired_change(base, longer)
         drift = [f for f in decided if clearance[id(f)] <= abs(change)]
+        for f in decided:  # the largest baseline move a verdict was judged against, for the report's first screen
+            if f.drift_2x is None or abs(change) > abs(f.drift_2x["change"]):
+                f.drift_2x = {"row": baseline, "change": change, "clearance": clearance[id(f)]}
         fails = [f for f in drift if f.replicated_2x is None]  # a replicated one is judged on its own longer runs
         same = (
             f"; on the same seed{'s' if longer.n > 1 else ''} ({longer.n} of {base.n}): {paired.mean:{spec}} -> "

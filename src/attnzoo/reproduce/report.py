@@ -276,8 +276,21 @@ def _decided_lines(claims_: list[ClaimResult]) -> list[str]:
             if f.get("refute_below") is not None and c.verdict == "disagrees":  # the bar a superiority misses
                 rb, e = f["refute_below"], f["paper_effect"]
                 bar = f", wholly below {rb:+.3g} ({REFUTE_FRACTION:g} of the paper's {e:+.3g})"
-            lines.append(f"- {f['paper']}, {f['claim']}: {effect_in_words(f)}{bar}: **{c.verdict}**.")
+            lines.append(f"- {f['paper']}, {f['claim']}: {effect_in_words(f)}{bar}: **{c.verdict}**{_doubling(f)}.")
     return lines + [""]
+
+
+def _doubling(f: dict) -> str:
+    """How a decided verdict fared at twice the steps: its clearance there against the effect's move (or the
+    baseline's, where only the baseline ran longer), as a ratio: below 2, one more such doubling could cross."""
+    t, d = f.get("trend_2x") or {}, f.get("drift_2x") or {}
+    if t.get("clearance") is not None and t.get("move"):
+        c, move, what = t["clearance"], t["move"], "the effect's move"
+    elif d.get("change"):
+        c, move, what = d["clearance"], d["change"], f"{d['row']}'s move"
+    else:
+        return ""
+    return f" (at 2x steps: clearance {c:.3g}, {c / abs(move):.1f}x {what}, {move:+.3g})"
 
 
 def effect_in_words(f: dict) -> str:
@@ -320,7 +333,9 @@ def _legend_lines() -> list[str]:
         "'ungated'), holding back only the verdicts in brackets:",
         *[f"  - *{reason}* ({', '.join(rule.holds_back)}): {rule.why}." for reason, rule in GATES.items()],
         "- Clearance: how far an interval lies beyond its boundary. At twice the steps (2x; a side or both) a "
-        "verdict stands only if the same rule gives it there, clearing by more than the effect moved.",
+        "verdict stands only if the same rule gives it there, clearing by more than the effect moved; a decided "
+        "claim above shows that clearance as a multiple of the move (below 2x, one more doubling at that pace could "
+        "cross).",
         "",
     ]
 
