@@ -993,3 +993,13 @@ def test_margin_sensitivity_in_the_effects_unit():
     assert f["verdict"] == "agrees"
     margin_sensitivity(f, 0.97, "the task's own gap", relative=False)
     assert "with the task's own gap (0.97 pts) as margin: inconclusive" in f["explanation"]
+
+
+def test_the_vision_intro_names_the_rates_beyond_the_shared_grid():
+    from attnzoo.reproduce.budgets import budget
+    from attnzoo.reproduce.sections import vision
+
+    p = budget("long")["vision"]
+    extra = [x for lrs in p["lr_sweep_extra"].values() for x in lrs]
+    assert f"some rows' grids reach {min(extra):g} to {max(extra):g}: configs.md" in vision._intro(p)
+    assert "grids reach" not in vision._intro({**p, "lr_sweep_extra": {}})

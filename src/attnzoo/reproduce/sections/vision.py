@@ -340,6 +340,8 @@ def _intro(plan: dict) -> str:
         size = "28x28" + (f" resized to {opts['img_size']}x{opts['img_size']}" if opts.get("img_size") else "")
         data = f"{opts.get('n_train', 60000):,} train / {opts.get('n_val', 10000):,} validation images, {size}"
     rate = common.rate_text(plan.get("lr_sweep", []), tr["lr"])
+    if plan.get("lr_sweep") and (extra := [x for lrs in plan.get("lr_sweep_extra", {}).values() for x in lrs]):
+        rate += f" (some rows' grids reach {min(extra):g} to {max(extra):g}: configs.md)"
     return (
         f"Task `{plan['task']}` ({data}); width {arch['dim']}, depth {arch['depth']}, "
         f"{arch['heads']} heads, patch {arch['patch_size']}; {tr['steps']} steps of batch {tr['batch_size']}, "
