@@ -192,6 +192,19 @@ def test_the_untrained_control_holds_back_the_persistence_agreement(tmp_path):
     assert f["random_init_control"]["row"] == "crate_cbt@init"
 
 
+def test_a_persistence_disagreement_stands_and_says_where_the_hybrids_later_half_is_against_its_untrained_copy(
+    tmp_path,
+):
+    # the hybrid's maps emerge in its first half (0.9 against 0.1 untrained); its later half is 0.5, below CBT's
+    layers = {**AGREEING, "crate_cbt": [0.9] * 3 + [0.5] * 3, "crate": [0.6] * 6, "cbt": [0.9] * 6}
+    for init, said in ((0.5, "not shown above it"), (0.1, "above it")):
+        untrained = [0.1] * 3 + [init] * 3
+        f = _by_id(_summary(tmp_path, _records({**layers, "crate_cbt@init": untrained})))["cbsa-t6-persistence"]
+        assert f["verdict"] == "disagrees" and not f.get("gate_reasons")
+        assert "crate_cbt's later half is" in f["explanation"] and f"untrained copy's ({said})" in f["explanation"]
+        assert f["random_init_control"]["row"] == "crate_cbt@init"
+
+
 def test_rows_that_did_not_learn_gate_their_comparisons_unless_the_plan_turns_the_gate_off(tmp_path):
     recs = _records(AGREEING, accuracy=0.12)  # 12% against chance 10%: not learned
     sec = _summary(tmp_path, recs)

@@ -399,11 +399,18 @@ def _above_untrained(res: dict, name: str, *keys: str) -> tuple[float, tuple | N
 
 
 def _control_gate(f: Finding, res: dict, name: str) -> list:
-    """Hold back an agreement where the trained ``name``'s later half is not shown above its untrained copy's."""
-    if claims.numbers_verdict(f) != "agrees" or (vs := _above_untrained(res, name, "later_half")) is None:
+    """Hold back an agreement where the trained ``name``'s later half is not shown above its untrained copy's; a
+    disagreement stands (its later half failing to keep maps is what the claim denies) and says where it stands."""
+    verdict = claims.numbers_verdict(f)
+    if verdict not in ("agrees", "disagrees") or (vs := _above_untrained(res, name, "later_half")) is None:
         return []
     effect, ci, where = vs
     f.random_init_control = {"row": name + INIT, "effect": effect, "ci95": list(ci) if ci else None}
+    if verdict == "disagrees":
+        above = ci is not None and ci[0] > 0
+        said = "above" if above else "not shown above"
+        claims.explain(f, f"{name}'s later half is {where} IoU from its untrained copy's ({said} it)")
+        return []
     if ci is not None and ci[0] > 0:
         return []
     why = f"the trained {name} is {where} IoU from its untrained copy on the later-half layers' mean foreground IoU"
