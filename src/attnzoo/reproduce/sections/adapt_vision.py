@@ -78,14 +78,14 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     """The pretraining, then per row its fine-tuning-rate sweep (on the sweep's own seed) and its seeds at the best."""
     teacher = Step(TEACHER, KEY, {"train": teacher_config(plan, seed)}, _pretrain, label="teacher")
     lrs, seeds, ft = list(plan.get("finetune_lr_sweep", [])), common.seed_list(plan, seed), plan["finetune"]
-    configs = []
+    configs, longer = [], compared_2x(plan) + ([BASELINE] if plan.get("baseline_plateau") else [])
     for row in rows_of(plan):
         base = {"teacher": teacher.config, **_student(plan, row), "scratch": row == SCRATCH, "swapped_eval_batches": 4}
         for sid, s, lr in common.sweep_runs(f"{KEY}/{row}", lrs, seed):
             configs.append((sid, dict(base, finetune=dict(ft, lr=lr), seed=s)))
         # every seed at the best rate of the row's sweep; the baseline's plateau run at the baseline's
         runs = [(row, ft)]
-        if (row == BASELINE and plan.get("baseline_plateau")) or row in compared_2x(plan):
+        if row in longer:
             runs.append((f"{row}{common.LONGER}", common.twice_steps(ft)))
         for name, finetune in runs:
             for sid, s in common.seed_runs(f"{KEY}/{name}", seeds):

@@ -90,7 +90,8 @@ ABLATIONS: dict[str, VisionRow] = {
 PLATEAU = "vit@2x-steps"
 BASELINE_PLATEAUS = {"vit": PLATEAU, "crate": "crate@2x-steps", "xcit": "xcit@2x-steps"}
 
-#: the row whose tuned learning rate an ablation or plateau run trains with (one factor changed, the rate kept)
+#: the row whose tuned learning rate an ablation trains with (one factor changed, the rate kept); a run at twice the
+#: steps (``x@2x-steps``) trains at x's
 TUNED_AS = {
     "aot+ista": "aot",
     "aot+prenorm": "aot",
@@ -98,7 +99,7 @@ TUNED_AS = {
     "vit+xca-meanpool": "vit+xca",
     "csp_vit_skeleton+softmax": "csp_vit",
     MATCHED: "tost",
-} | {row: base for base, row in BASELINE_PLATEAUS.items()}
+}
 
 
 def _csp_groups(n_tokens: int) -> int:
