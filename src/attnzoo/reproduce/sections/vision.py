@@ -191,6 +191,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     steps = []
     common.check_sweep_extra(plan, sweep_rows(plan))
     common.check_row_arch(plan, rows_of(plan))
+    _not_tested(plan)
     for name in sweep_rows(plan):
         for sid, s, lr in common.sweep_runs(f"{KEY}/{name}", common.row_lrs(plan, name), seed):
             swept = {**plan, "train": {**common.sweep_train(plan["train"], plan), "lr": lr}}
@@ -283,6 +284,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         )
         return sec
     sec.findings, ev = _findings(res)
+    sec.findings += _not_tested(plan)
     ev.plateaus = _plateaus(res, _plateau_rows(plan), _compared_2x(plan))
     ev.tuning.append(Tuning(_tune(sec, records, plan, res)))
     plateau = judge(sec.findings, ev)
@@ -477,6 +479,21 @@ def _findings(res: dict) -> tuple[list[Finding], Evidence]:
     twin = (MEANPOOL_BASE, res[MEANPOOL_BASE]["accuracy"]) if MEANPOOL_BASE in res else None
     ev.controls.append(Control(CONTROL, _acc(res, CONTROL), paper_finding, twin, lambda f: f.b_name == "vit"))
     return out, ev
+
+
+def _not_tested(plan: dict) -> list[Finding]:
+    """The claims of the rows a plan leaves out for a reason its pilots measured (``not_tested``: row -> why)."""
+    claim_ids = {row: [c.claim_id for c in CLAIMS if c.row == row] for row in {c.row for c in CLAIMS}}
+    claim_ids |= {row: [cid] for row, cid in CONTROLLED_CLAIMS.items()}
+    trained = list(plan["models"]) + list(plan.get("swaps", []))
+    out = []
+    for row, why in plan.get("not_tested", {}).items():
+        if row not in claim_ids:
+            raise ValueError(f"vision: not_tested names {row!r}, which has no claim here (valid: {sorted(claim_ids)})")
+        if row in trained:
+            raise ValueError(f"vision: {row!r} is both trained (models or swaps) and marked not_tested; keep one")
+        out += [claims.not_tested(**paper_claims.finding_kw(cid), why=why) for cid in claim_ids[row]]
+    return out
 
 
 def _control_findings(res: dict, gates: list) -> list[Finding]:
