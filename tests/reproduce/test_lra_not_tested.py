@@ -57,7 +57,12 @@ def test_csp_and_mega_csp_not_tested_report_every_claim_they_would_have_measured
     ids = [s.id for s in lra.plan_steps(plan, 0)]
     assert not any("/csp/" in i or "mega" in i for i in ids)
     found = lra._not_tested(plan, ["listops"], {"listops": 128})
-    assert [f.claim_id for f in found] == ["csp-t4-lra#listops", "csp-f4-faster", "csp-f4-fastest", "csp-t4-mega#listops"]
+    assert [f.claim_id for f in found] == [
+        "csp-t4-lra#listops",
+        "csp-f4-faster",
+        "csp-f4-fastest",
+        "csp-t4-mega#listops",
+    ]
     assert all(f.verdict == "not tested" for f in found)
     assert found[0].measured == WHY and found[3].measured == WHY
     assert found[2].measured == "as for `csp-f4-faster`"
