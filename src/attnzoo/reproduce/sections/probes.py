@@ -397,7 +397,7 @@ def _seed_mean(key: str, probes_: list[dict], n: int | None = None) -> tuple[lis
     """The seed-mean series of ``key`` over the probes whose series has ``n`` layers (the first's), and those series."""
     n = len(_layer_series(probes_[0], key)) if n is None else n
     runs = [v for p in probes_ if len(v := _layer_series(p, key)) == n]
-    return [sum(x[i] for x in runs) / len(runs) for i in range(n)] if runs else [], runs
+    return [sum(layer) / len(runs) for layer in zip(*runs, strict=True)], runs
 
 
 def _half_start(n: int) -> int:
