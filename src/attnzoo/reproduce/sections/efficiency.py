@@ -73,10 +73,8 @@ def _run_machine(ctx: Context, _step: Step) -> dict:
     dev = torch.device(ctx.device)
     timing_allocator()
     bw = measure_bandwidth(dev, mib=128, repeats=3)
-    info = machine_info(dev)
-    info["bandwidth_GBps"] = bw / 1e9
-    info["peak_memory_supported"] = dev.type == "cuda" or cpu_peak_supported()
-    return info
+    peak = dev.type == "cuda" or cpu_peak_supported()
+    return machine_info(dev) | {"bandwidth_GBps": bw / 1e9, "peak_memory_supported": peak}
 
 
 def _run_ops(ctx: Context, step: Step) -> dict:
@@ -111,15 +109,7 @@ def _run_d32(ctx: Context, step: Step) -> dict:
     for n in c["lengths"]:
         shape = cases.Shape(1, c["heads"], n, c["heads"] * c["head_dim"])
         prep = cases.prepare(c["mechanism"], shape, causal=False, level="op", device=dev, dtype=torch.float32)
-        for t in prep.inputs:
-            t.requires_grad_(True)
-        with torch.no_grad():
-            grad_out = torch.ones_like(prep.run())
-
-        def fwdbwd(prep=prep, grad_out=grad_out):
-            return torch.autograd.grad(prep.run(), prep.inputs, grad_out)
-
-        ms = time_call(fwdbwd, dev, c["repeats"]) * 1e3
+        ms = time_call(prep.forward_backward(), dev, c["repeats"]) * 1e3
         rows.append({"length": n, "fwdbwd_ms": ms})
         if ms > 1e3 * c["budget_s"]:
             break
@@ -255,7 +245,7 @@ def _tssa_findings(ok, explicit=None) -> list[dict]:
     verdict = "not tested" if n < 8192 else speed >= 10
     out = [measured_finding("tost-f6-speed", f"at N={n}: {speed:.1f}x faster than SDPA", verdict, rule, "paper")]
     if speed >= 30:  # a ratio many times the paper's is another regime (a CPU baseline), not a better TSSA
-        out[0]["explanation"] = f"{speed:.0f}x against the paper's ~10x: SDPA on this CPU here, a GPU in the paper"
+        claims.explain(out[0], f"{speed:.0f}x against the paper's ~10x: SDPA on this CPU here, a GPU in the paper")
     if not (s.fwd_peak_mb and t.fwd_peak_mb) or n < 8192:
         why = "no peak-memory pair at N ≥ 8192"
         return out + [claims.not_tested(**paper_claims.finding_kw("tost-f6-memory"), why=why)]

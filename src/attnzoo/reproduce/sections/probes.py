@@ -28,10 +28,8 @@ FALL_RULE = (
 #: short names of the per-layer measures in the tables, and their definitions
 MEASURE_LABEL = {
     "crate_compression": "R^c (CRATE's code)",
-    "crate_compression_out": "R^c (CRATE's code), block output",
     "compression": "R^c raw (eq 2)",
     "variational_compression": "R^var_c (ToST eq 4)",
-    "variational_compression_normalized": "R^var_c, unit-norm tokens",
     "variational_compression_out": "R^var_c, block output",
     "coding_rate": "R(Z) (eq 1)",
 }
@@ -216,11 +214,10 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         )
         lw = {n: r for n, r in lw.items() if n not in unlearned}
     more: dict[str, list] = {}  # the extra seeds' probes by model, those that learned
-    for k, v in sorted(all_res.items()):
-        if k.startswith("layerwise/") and "/extra-seed" in k:
-            name, tail = k.split("/", 1)[1].split("/", 1)
-            if not require or _learned(all_res.get(f"train/{name}/{tail}", {}), majority):
-                more.setdefault(name, []).append(v)
+    for k, v in sorted(_under(all_res, "layerwise").items()):
+        name, _, extra = k.partition("/")
+        if extra and (not require or _learned(all_res.get(f"train/{k}", {}), majority)):
+            more.setdefault(name, []).append(v)
     sec.findings = _findings(res, lw, more)
     for f in sec.findings:
         name = f.get("probe_model")
@@ -229,10 +226,10 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     return sec
 
 
-def apply_init_control(f: dict, control: dict) -> dict:
+def apply_init_control(f: claims.Finding, control: dict) -> claims.Finding:
     """Attach the random-initialisation control to a finding, gated where the untrained model falls as much."""
     f["random_init_control"] = control["data"]
-    f["explanation"] = (f.get("explanation", "") + "; " if f.get("explanation") else "") + control["text"]
+    claims.explain(f, control["text"])
     if control["data"] and control["data"]["reading"] == INIT_FALLS_AS_MUCH:
         claims.gate(f, "the random-initialisation control falls as much", "control")
     return f
@@ -248,10 +245,8 @@ def init_control(trained: dict, init: dict, more: list[dict] | None = None) -> d
     start, *_ = _layerwise_claim("", key, len(mean))
     v_tr, v_init = _fall_verdict(mean, start), _fall_verdict(iv, start)
     d_tr, d_init = _delta(mean, start), _delta(iv, start)
-    if v_tr != "agrees" and v_init == "agrees":
-        reading = "training undoes the untrained model's fall"
-    elif v_tr != "agrees":
-        reading = "neither falls"
+    if v_tr != "agrees":
+        reading = "training undoes the untrained model's fall" if v_init == "agrees" else "neither falls"
     elif v_init != "agrees":
         reading = "training produces the trend"
     elif d_tr < 2 * d_init:  # both negative: the trained fall is more than twice the untrained one
@@ -284,11 +279,8 @@ def _plotter(sec: Section, plots_dir, rel):
 def _denoise_table(sec: Section, dn: dict[str, dict], plot) -> None:
     """AoT eq 3: SNR per layer of every η run but the matched one, and their plots."""
     runs = [k for k in dn if not k.endswith("-matched")]
-    cols, series = [], []
-    for k in runs:
-        for phi, vals in dn[k]["snr"].items():
-            cols.append(f"SNR, φ={phi}, η={_num(dn[k]['params']['eta']):g}")
-            series.append([_num(x) for x in vals])
+    cols = [f"SNR, φ={phi}, η={_num(dn[k]['params']['eta']):g}" for k in runs for phi in dn[k]["snr"]]
+    series = [[_num(x) for x in vals] for k in runs for vals in dn[k]["snr"].values()]
     rows = [[i] + [fmt(v[i], ".3g") if i < len(v) else "-" for v in series] for i in range(max(map(len, series)))]
     sec.tables.append(Table("denoise (AoT eq 3 on Definition 1 data): mean SNR per layer", ["layer"] + cols, rows))
     for k in runs:
@@ -323,27 +315,23 @@ def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict]
         plot(f"layerwise/{name}", r, f"Per-layer measures: {name}.")
         if name not in LAYERWISE_MODELS:  # no layer-wise claim (its measures are in the plot)
             continue
-        acc = trained.get(name, {}).get("accuracy")
-        acc = fmt(_num(acc) * 100 if acc is not None else math.nan, ".1f")
+        acc = fmt(_num(trained.get(name, {}).get("accuracy")) * 100, ".1f")
         claim, lit = _measure_key(r), _literal_key(r)
-        keys = [claim] + ([lit] if lit != claim and claim != "coding_rate" and lit in r["series"] else [])
-        for i, key in enumerate(keys):
-            shown.add(key)
-            tag = (" (claim)" if key != "coding_rate" else "") if i == 0 else " (figure)"
-            label = MEASURE_LABEL.get(key, key) + tag
-            rows.append([name if i == 0 else "", acc if i == 0 else "", label, _series_cell(_layer_series(r, key))])
+        tag = " (claim)" if claim != "coding_rate" else ""
+        rows.append([name, acc, MEASURE_LABEL[claim] + tag, _series_cell(_layer_series(r, claim))])
+        shown.add(claim)
+        if lit != claim and claim != "coding_rate" and lit in r["series"]:  # the paper's figure plots another measure
+            rows.append(["", "", MEASURE_LABEL[lit] + " (figure)", _series_cell(_layer_series(r, lit))])
+            shown.add(lit)
     if not rows:
         return
     defs = "; ".join(f"{v}: {MEASURE_DEF[k]}" for k, v in MEASURE_LABEL.items() if k in MEASURE_DEF and k in shown)
-    sec.tables.append(
-        Table(
-            f"layerwise: compression term per layer of the probe models (depth {depth})",
-            ["model", "val acc %", "measure", "layers 1 to last"],
-            rows,
-            caption=defs + "; (figure): what the paper's figure plots. Tokens enter the attention layer after its "
-            "pre-norm unless labelled block output; batch means over validation images.",
-        )
+    caption = (
+        f"{defs}; (figure): what the paper's figure plots. Tokens enter the attention layer after its pre-norm unless "
+        "labelled block output; batch means over validation images."
     )
+    title = f"layerwise: compression term per layer of the probe models (depth {depth})"
+    sec.tables.append(Table(title, ["model", "val acc %", "measure", "layers 1 to last"], rows, caption=caption))
 
 
 def _init_table(sec: Section, lw: dict[str, dict], init: dict[str, dict]) -> None:
@@ -409,7 +397,7 @@ def _seed_mean(key: str, probes_: list[dict], n: int | None = None) -> tuple[lis
     """The seed-mean series of ``key`` over the probes whose series has ``n`` layers (the first's), and those series."""
     n = len(_layer_series(probes_[0], key)) if n is None else n
     runs = [v for p in probes_ if len(v := _layer_series(p, key)) == n]
-    return [sum(x[i] for x in runs) / len(runs) for i in range(n)] if runs else [], runs
+    return [sum(layer) / len(runs) for layer in zip(*runs, strict=True)], runs
 
 
 def _half_start(n: int) -> int:
@@ -449,21 +437,18 @@ def _describe(vals: list[float], start: int) -> str:
 
 
 def _findings(res, lw, more=None) -> list[dict]:
-    more = more or {}
     out = []
     if "denoise" in res:  # the runs at the first η, at the small η, and at the small η with the first run's ηL
         small = next((v for k, v in res.items() if k.startswith("denoise/") and not k.endswith("-matched")), None)
         matched = next((v for k, v in res.items() if k.startswith("denoise/") and k.endswith("-matched")), None)
-        out += [
-            _threshold_denoise_finding(res["denoise"], small),
-            _softmax_denoise_finding(res["denoise"], small, matched),
-        ]
+        big = res["denoise"]
+        out += [_threshold_denoise_finding(big, small), _softmax_denoise_finding(big, small, matched)]
     if "compress" in res:
         out.append(_compress_finding(res["compress"]))
     if "rank-collapse" in res:
         out.extend(_rank_collapse_findings(res["rank-collapse"]))
     for name, r in lw.items():
-        f = _layerwise_finding(name, r, more.get(name, []))
+        f = _layerwise_finding(name, r, (more or {}).get(name))
         if f is not None:
             f["probe_model"] = name  # its random-initialisation control is attached by name
             out.append(f)
