@@ -173,8 +173,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         f"{plan['arch']['depth']}, {'; '.join(f'{t}: {_schedule(plan, t)}' for t in tasks)}; the papers: the Long "
         "Range Arena's five tasks at 1K-4K tokens (ListOps up to 2K)"
     )
-    labels = {t: records.get(f"{KEY}/{t}/labels") for t in tasks}
-    majority = {t: 100 * rec["result"]["majority"] for t, rec in labels.items() if rec is not None}
+    majority = {t: 100 * rec["result"]["majority"] for t in tasks if (rec := records.get(f"{KEY}/{t}/labels"))}
     learned = _learned(res, tasks, majority) if plan.get("require_learned", True) else list(tasks)
     sec.tables += _tables(res, mechs, tasks, learned, majority, ablations, plan)
     shortcut = records.get(f"{KEY}/retrieval/shortcut", {}).get("result")
@@ -213,8 +212,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.tables.append(eq_table)
     ev.plateaus = _plateaus(res, learned, ablations)
     untuned = _tune(sec, records, plan, mechs, learned, res, majority)
-    for t, why in untuned.items():
-        ev.tuning.append(Tuning(why, lambda f, t=t: compared(f) and _test(f) in (t, AVERAGE)))
+    ev.tuning += [Tuning(why, lambda f, t=t: compared(f) and _test(f) in (t, AVERAGE)) for t, why in untuned.items()]
     for c in ev.controls:
         c.untuned = untuned.get(c.task, {}).get(CONTROL)
     sec.data["plateau"] = judge(sec.findings, ev)
@@ -236,8 +234,7 @@ def _tune(sec: Section, records: dict, plan: dict, mechs, learned, res: dict, ma
     every = {}
     for t in learned:
         noise = {m: res[m][t]["accuracy"].std for m in mechs if t in res.get(m, {})}
-        unswept = f"no learning-rate sweep on {t} at this budget"
-        kw = dict(unswept=unswept, noise=noise, floor=majority.get(t))
+        kw = dict(unswept=f"no learning-rate sweep on {t} at this budget", noise=noise, floor=majority.get(t))
         every[t] = common.tune_rows(
             sec, records, plan, mechs, f"{KEY}/{t}", "accuracy", True, 100.0, f"{t}, accuracy %", **kw
         )
@@ -369,8 +366,7 @@ def _plateaus(res: dict, learned: list[str], ablations: dict) -> list[Plateau]:
             for m in res
             if t in res[m] and (runs := _longer_runs(ablations, m, t))
         }
-        runs = _longer_runs(ablations, "softmax", t)
-        longer = runs[0]["result"]["accuracy"] if runs else None
+        longer = rows["softmax"].longer if "softmax" in rows else None
         own = lambda f, t=t: _test(f) in (t, AVERAGE)  # noqa: E731
         base = res["softmax"][t]["accuracy"]
         out.append(Plateau("softmax", f"softmax on {t}", base, longer, "%", ".1f", judges=own, rows=rows, key=t))
@@ -405,9 +401,8 @@ def equal_time(
             if m in ("softmax", CONTROL) or m in MEGA_ROWS or t not in res[m] or not res[m][t].get("steps_per_s"):
                 continue
             affordable = wall * res[m][t]["steps_per_s"]
-            runs = [(base_steps, res[m][t])] + [
-                (a["train"]["steps"], a["result"]) for a in _longer_runs(ablations, m, t)
-            ]
+            longer = _longer_runs(ablations, m, t)
+            runs = [(base_steps, res[m][t])] + [(a["train"]["steps"], a["result"]) for a in longer]
             # a point of a longer cosine schedule is read before its rate has annealed: a low estimate
             if (best := _point_within(runs, affordable)) is None:
                 continue
@@ -479,13 +474,12 @@ def _unlearned_base(found: list[Finding], res, base: str, learned: list[str], ma
     missed = [t for t in learned if t not in _learned(res, [t], majority, row=base)]
     gates = []
     for f in found:
-        lows = [
+        if lows := [
             f"{t}: lowest seed {min(res[base][t]['accuracy'].values):.1f}%, not {LEARNED_MARGIN:g} pts above the "
             f"majority class {majority.get(t, CHANCE[t]):.1f}%"
             for t in missed
             if _test(f) in (t, AVERAGE)
-        ]
-        if lows:
+        ]:
             gates.append((f, "did not learn", f"the baseline {base} did not learn ({', '.join(lows)})"))
     return gates
 
@@ -494,12 +488,10 @@ def _dense_chunks(findings: list[Finding], records: dict, tasks: list[str], leng
     """Condition gates on comparisons with MEGA-chunk whose stored chunk covers the whole sequence (dense MEGA)."""
     gates = []
     for t in tasks:
-        ids = [k for k in records if k.startswith(f"{KEY}/{t}/mega_chunk/seed")]
-        if not ids or not lengths.get(t):
-            continue
-        opts = records[ids[0]].get("config", {}).get("train", {}).get("model_options", {})
+        rec = next((r for k, r in records.items() if k.startswith(f"{KEY}/{t}/mega_chunk/seed")), {})
+        opts = rec.get("config", {}).get("train", {}).get("model_options", {})
         chunk = opts.get("attention_options", {}).get("chunk_size")
-        if chunk is None or chunk < lengths[t]:
+        if chunk is None or not lengths.get(t) or chunk < lengths[t]:
             continue
         why = (
             f"mega_chunk's chunk r = {chunk} covers the whole sequence (N = {lengths[t]} on {t}): dense MEGA, not "
@@ -520,9 +512,7 @@ def _control_findings(findings: list[Finding], res: dict, learned: list[str]) ->
     """Per learned task, the check that softmax beats the control (into ``findings``) and the control's gate."""
     controls = []
     for t in learned:
-        ctl = res.get(CONTROL, {}).get(t)
-        soft = res.get("softmax", {}).get(t)
-        if not ctl or not soft:
+        if not (ctl := res.get(CONTROL, {}).get(t)) or not (soft := res.get("softmax", {}).get(t)):
             continue
         kw = dict(claim_type="superiority", unit="pts", a_name="softmax", b_name=CONTROL, kind="check", spec=".1f")
         kw.update(paper_claims.finding_kw(f"lra-attention-helps#{t}", task=t))
@@ -608,13 +598,12 @@ def _not_tested(plan: dict, tasks: list[str], lengths: dict) -> list[Finding]:
     out = []
     n = max((lengths.get(t) or 0 for t in tasks), default=0)
     accuracy_claim = dict(CLAIMS) | {row: cid for row, _, cid in MEGA_CLAIMS}
-    speed_claim = dict(_SPEED_CLAIMS)
     for m, why in plan.get("not_tested", {}).items():
         for t in tasks:
             f = claims.not_tested(**paper_claims.finding_kw(f"{accuracy_claim[m]}#{t}"), why=why)
             f.claim += f" on {t}"
             out.append(f)
-        if cid := speed_claim.get(m):
+        if cid := _SPEED_CLAIMS.get(m):
             min_n = paper_claims.get(cid).conditions.min_n
             speed_why = f"{m} is not trained here (its accuracy claim is not tested); longest task N={n}"
             if min_n and n < min_n:
@@ -625,9 +614,9 @@ def _not_tested(plan: dict, tasks: list[str], lengths: dict) -> list[Finding]:
     return out
 
 
-#: the speed claims against softmax: (mechanism, claim id); the smallest N and the head dimension each is made at are
+#: the speed claims against softmax: mechanism -> claim id; the smallest N and the head dimension each is made at are
 #: the claim's conditions
-_SPEED_CLAIMS = (("fastmax", "fast-t2-speed#lra-training"), ("tssa", "tost-t4-speed"), ("csp", "csp-f4-faster"))
+_SPEED_CLAIMS = {"fastmax": "fast-t2-speed#lra-training", "tssa": "tost-t4-speed", "csp": "csp-f4-faster"}
 
 
 def _speed_findings(res, mechs, tasks, lengths, head_dim=None) -> list[Finding]:
@@ -636,9 +625,7 @@ def _speed_findings(res, mechs, tasks, lengths, head_dim=None) -> list[Finding]:
     longest = max(tasks, key=lambda t: lengths[t] or 0)
     n = lengths[longest]
     base = res["softmax"].get(longest, {}).get("steps_per_s")
-    for m, claim_id in _SPEED_CLAIMS:
-        if m not in mechs:
-            continue
+    for m, claim_id in [(m, cid) for m, cid in _SPEED_CLAIMS.items() if m in mechs]:
         cond = paper_claims.get(claim_id).conditions
         val = res[m].get(longest, {}).get("steps_per_s")
         ratio = f"{val / base:.2f}x softmax" if val and base else "n/a"
@@ -665,17 +652,13 @@ FASTEST = "csp-f4-fastest"
 FASTEST_MIN_N = paper_claims.get(FASTEST).conditions.min_n
 
 
-def _geo_mean(xs):
-    xs = [x for x in xs if x]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
-
-
 def _fastest_finding(res, mechs, tasks, lengths) -> Finding | None:
     """CSP's 'fastest of all compared' claim over geometric-mean steps/s; None without a speed."""
     # the paper's comparison set (Transformer variants): mechanisms it did not compare do not decide it
     mechs = [m for m in mechs if m in ("softmax", "linear", "csp")]
-    speed = {m: _geo_mean([res[m].get(t, {}).get("steps_per_s") for t in tasks]) for m in mechs}
-    if not (known := {m: v for m, v in speed.items() if v}):
+    speeds = {m: [v for t in tasks if (v := res[m].get(t, {}).get("steps_per_s"))] for m in mechs}
+    known = {m: math.exp(sum(math.log(v) for v in vs) / len(vs)) for m, vs in speeds.items() if vs}
+    if not known:
         return None
     measured = f"geometric-mean steps/s over {', '.join(tasks)}: " + ", ".join(f"{m} {v:.2f}" for m, v in known.items())
     if (n := max(lengths[t] or 0 for t in tasks)) < FASTEST_MIN_N:
