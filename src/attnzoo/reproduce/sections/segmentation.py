@@ -162,14 +162,13 @@ def _trained_row_steps(plan: dict, name: str, seed: int, train: dict, probe: dic
 
 def _decoder_steps(plan: dict, seed: int) -> list[Step]:
     """One seed's decoders: each kind trained (at its sweep's best rate), then both measured together."""
-    dec, lrs = plan["decoders"], decoder_lrs(plan)
-    runs = {k: common.seeded_id(f"{KEY}/decoders/{k}", seed) for k in DECODERS}
-    trained = {k: {"train": decoder_config(plan, k, seed)} for k in DECODERS}
-    trained = {k: common.tuned(cfg, f"{KEY}/decoders", k, lrs, "miou", True) for k, cfg in trained.items()}
+    dec, lrs, base = plan["decoders"], decoder_lrs(plan), f"{KEY}/decoders"
+    runs = {k: common.seeded_id(f"{base}/{k}", seed) for k in DECODERS}
+    trained = {k: common.tuned({"train": decoder_config(plan, k, seed)}, base, k, lrs, "miou", True) for k in DECODERS}
     # the runs' configs ride along: a changed run changes the measurement's hash, so it is measured again
     config = dict(experiment="decoders", task_options=plan.get("task_options", {}), runs=runs, trained=trained)
     config.update(seed=seed, sigmas=list(dec["sigmas"]), **{k: dec[k] for k in ("encoder_options", "draws", "images")})
-    measure = common.section_step(KEY, common.seeded_id(f"{KEY}/decoders", seed), config, _decoders, (*runs.values(),))
+    measure = common.section_step(KEY, common.seeded_id(base, seed), config, _decoders, (*runs.values(),))
     return [*(common.section_step(KEY, runs[k], trained[k], _train) for k in DECODERS), measure]
 
 
