@@ -80,10 +80,8 @@ def _train(plan: dict, task: str, opts: dict, name: str, task_seed: int, seed: i
     model_opts = dict(plan["arch"], **_OVERRIDES.get(name, {}))
     if name == "aot_hybrid":
         model_opts["ffn_layers"] = max(1, plan["arch"]["depth"] // 2)
-    factor = _STEP_FACTOR.get(name, 1)
-    settings = dict(plan["train"], steps=factor * plan["train"]["steps"])
-    if "warmup_steps" in plan["train"]:
-        settings["warmup_steps"] = factor * plan["train"]["warmup_steps"]
+    factor, tr = _STEP_FACTOR.get(name, 1), plan["train"]
+    settings = tr | {k: factor * tr[k] for k in ("steps", "warmup_steps") if k in tr}
     if lr is not None:  # a sweep run: at the plan's `sweep_fraction` of the steps, like every section's sweeps
         settings = dict(common.sweep_train(settings, plan), lr=lr)
     data = dict(task=TASKS[task], task_options=dict(opts, seed=task_seed), model=MODELS[name])
@@ -166,10 +164,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.add_plot(_plot(curves, d), plots_dir / "icl.png", rel, "Error / d vs in-context examples (AoT Fig. 6).")
     ev = _findings(sec, curves, finals, records, plan)
     sec.data["val_curves"] = val = per_row(lambda rs: common.mean_val_curve(rs, "normalized_error"))
-    path = plots_dir / "icl_curves.png"
-    sec.add_curves(
-        list(val.items()), path, rel, "error / d", "In-context: validation curves", "mean over k, seed means"
-    )
+    labels = ("error / d", "In-context: validation curves", "mean over k, seed means")
+    sec.add_curves(list(val.items()), plots_dir / "icl_curves.png", rel, *labels)
     ev.plateaus = _plateaus(records, finals)
     _tune(sec, records, plan, ev)
     sec.data["plateau"] = judge(sec.findings, ev)
@@ -182,13 +178,10 @@ def _error_table(task: str, c: dict[str, list[float]], fin: dict[str, list[float
     npos = len(next(iter(c.values())))
     # the last position is the over-seeds column (mean ± std), not repeated as a mean
     ks = sorted({1, max(1, d // 2), min(d, npos - 1)} - {npos - 1})
-    rows = [
-        [name]
-        + [fmt(v[k], ".3f") for k in ks]
-        + [fmt(float(np.mean(v)), ".3f")]
-        + [claims.stat(fin[name]).fmt(".3f") if name in fin else fmt(v[-1], ".3f")]
-        for name, v in c.items()
-    ]
+    rows = []
+    for name, v in c.items():
+        last = claims.stat(fin[name]).fmt(".3f") if name in fin else fmt(v[-1], ".3f")
+        rows.append([name, *(fmt(v[k], ".3f") for k in ks), fmt(float(np.mean(v)), ".3f"), last])
     heads = ["predictor"] + [f"k={k}" for k in ks] + ["mean over k", f"k={npos - 1}"]
     return Table(f"{task}: error / d by number of in-context examples k", heads, rows)
 
@@ -202,16 +195,14 @@ def _plateaus(records: dict, finals: dict) -> list[Plateau]:
         aot, gpt = ((_mean_over_k(records, t, m), _mean_over_k(records, t, m + common.LONGER)) for m in ("aot", "gpt"))
         rows = {"aot": Longer("aot", *aot)} if "aot@2x-steps" in fin else {}
         own = lambda f, t=t: paper_claims.test_of(f.claim_id) == t  # noqa: E731
-        label = f"gpt on {t} (error averaged over k)"
-        out.append(Plateau("gpt", label, *gpt, "error/d", judges=own, rows=rows, key=t))
+        out.append(Plateau("gpt", f"gpt on {t} (error averaged over k)", *gpt, "error/d", judges=own, rows=rows, key=t))
     return out
 
 
 def _mean_over_k(records: dict, task: str, name: str) -> claims.Stat | None:
     """Row ``name``'s error averaged over the number of in-context examples (the comparison's metric), per seed."""
-    return claims.stat(
-        float(np.mean(r["error_per_position"])) for r in common.per_seed(records, f"{KEY}/{task}/{name}")
-    )
+    runs = common.per_seed(records, f"{KEY}/{task}/{name}")
+    return claims.stat(float(np.mean(r["error_per_position"])) for r in runs)
 
 
 def _tune(sec: Section, records: dict, plan: dict, ev: Evidence) -> None:
@@ -219,10 +210,8 @@ def _tune(sec: Section, records: dict, plan: dict, ev: Evidence) -> None:
     untuned: dict[str, str] = {}
     models, unswept = list(plan["models"]), "no learning-rate sweep in this section ({row})"
     for t in plan["tasks"]:
-        label = f"{t}, error / d"
-        untuned.update(
-            common.tune_rows(sec, records, plan, models, f"{KEY}/{t}", "mean_error", False, 1.0, label, unswept=unswept)
-        )
+        base, label = f"{KEY}/{t}", f"{t}, error / d"
+        untuned |= common.tune_rows(sec, records, plan, models, base, "mean_error", False, 1.0, label, unswept=unswept)
     ev.tuning.append(Tuning(untuned))
     if "aot" in untuned:  # AoT's own "learns in context" claims rest on the same rate
         why = f"not tuned: {untuned['aot']}"
@@ -240,10 +229,9 @@ def _plot(curves, d):
             color = "gray" if ref else f"C{i}"
             ax.plot(range(len(v)), v, styles.get(name, "-"), marker=None if ref else "o", ms=3, label=name, color=color)
         ax.axvline(d, color="k", lw=0.5, alpha=0.5)
-        ax.set_xlabel("in-context examples")
-        ax.set_ylabel("squared error / d")
-        ax.set_title(f"{t} regression (d={d})")
-        ax.set_ylim(bottom=0)
+        ax.set(
+            xlabel="in-context examples", ylabel="squared error / d", title=f"{t} regression (d={d})", ylim=(0, None)
+        )
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -260,10 +248,6 @@ def _stuck(errors: list[float], zero: float) -> list[float]:
     return [e for e in errors if e >= 0.8 * zero]
 
 
-def _errors(errors: list[float]) -> str:
-    return ", ".join(f"{e:.3f}" for e in errors)
-
-
 def _findings(sec: Section, curves: dict, finals: dict, records: dict, plan: dict) -> Evidence:
     """The section's findings (and a note where AoT is not compared), and the gates that its runs' errors give."""
     ev = Evidence()
@@ -278,8 +262,9 @@ def _findings(sec: Section, curves: dict, finals: dict, records: dict, plan: dic
                 sec.findings.append(_closeness(t, zero, records))
                 ev.gates += _aot_unlearned(sec.findings[-1], fin, zero)
             else:
+                errors = ", ".join(f"{e:.3f}" for e in fin["gpt"])
                 sec.notes.append(
-                    f"{t}: GPT's error at k = all ({_errors(fin['gpt'])} over its seeds) is not below 0.8x the zero "
+                    f"{t}: GPT's error at k = all ({errors} over its seeds) is not below 0.8x the zero "
                     f"predictor's ({zero:.3f}) on every seed, so AoT is not compared with it here"
                 )
         sec.findings += [_learns(t, m, len(c[m]) - 1, fin, zero, ev) for m in ("gpt", "aot") if m in fin]
@@ -347,7 +332,7 @@ def _aot_unlearned(f: Finding, fin: dict, zero: float) -> list:
 
 def _learns_plateau(f: Finding, m: str, fin: dict, zero: float) -> list:
     """A decided "learns" verdict stands only if the row's run at twice the steps gives the same verdict."""
-    if claims.numbers_verdict(f) not in ("agrees", "disagrees"):
+    if claims.numbers_verdict(f) not in claims.DECIDED:
         return []
     longer = fin.get(f"{m}@2x-steps")
     if not longer:

@@ -162,14 +162,13 @@ def _trained_row_steps(plan: dict, name: str, seed: int, train: dict, probe: dic
 
 def _decoder_steps(plan: dict, seed: int) -> list[Step]:
     """One seed's decoders: each kind trained (at its sweep's best rate), then both measured together."""
-    dec, lrs = plan["decoders"], decoder_lrs(plan)
-    runs = {k: common.seeded_id(f"{KEY}/decoders/{k}", seed) for k in DECODERS}
-    trained = {k: {"train": decoder_config(plan, k, seed)} for k in DECODERS}
-    trained = {k: common.tuned(cfg, f"{KEY}/decoders", k, lrs, "miou", True) for k, cfg in trained.items()}
+    dec, lrs, base = plan["decoders"], decoder_lrs(plan), f"{KEY}/decoders"
+    runs = {k: common.seeded_id(f"{base}/{k}", seed) for k in DECODERS}
+    trained = {k: common.tuned({"train": decoder_config(plan, k, seed)}, base, k, lrs, "miou", True) for k in DECODERS}
     # the runs' configs ride along: a changed run changes the measurement's hash, so it is measured again
     config = dict(experiment="decoders", task_options=plan.get("task_options", {}), runs=runs, trained=trained)
     config.update(seed=seed, sigmas=list(dec["sigmas"]), **{k: dec[k] for k in ("encoder_options", "draws", "images")})
-    measure = common.section_step(KEY, common.seeded_id(f"{KEY}/decoders", seed), config, _decoders, (*runs.values(),))
+    measure = common.section_step(KEY, common.seeded_id(base, seed), config, _decoders, (*runs.values(),))
     return [*(common.section_step(KEY, runs[k], trained[k], _train) for k in DECODERS), measure]
 
 
@@ -289,10 +288,9 @@ def _decoder_stats(records: dict) -> dict | None:
     for kind in DECODERS:
         rows = [r["decoders"][kind] for r in rs]
         sweeps = np.array([[np.mean(v) for v in row["sweep"]["miou"]] for row in rows])  # (seeds, sigmas)
+        first = rows[0]
         d = out[kind] = {"miou": claims.stat(100.0 * row["miou"] for row in rows), "sweep": 100.0 * sweeps}
-        d.update(
-            flops=rows[0]["decoder_flops"], params=rows[0]["decoder_params"], sigmas=list(rows[0]["sweep"]["sigmas"])
-        )
+        d.update(flops=first["decoder_flops"], params=first["decoder_params"], sigmas=list(first["sweep"]["sigmas"]))
         # the drop at the largest sigma, from the unperturbed model's mIoU on the same scenes
         d["drop"] = claims.stat(100.0 * (row["miou"] - s[-1]) for row, s in zip(rows, sweeps, strict=True))
     return out
@@ -315,9 +313,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.tables.append(_decoder_table(dec))
         sec.add_plot(_plot_sweep(dec), plots_dir / "segmentation_decoders.png", rel, _SWEEP_CAPTION)
     ev = Evidence()
-    sec.findings = _zero_shot_findings(res, ev.gates) + _decoder_findings(
-        dec, ev.gates, plan.get("decoders_not_tested")
-    )
+    sec.findings = _zero_shot_findings(res, ev.gates)
+    sec.findings += _decoder_findings(dec, ev.gates, plan.get("decoders_not_tested"))
     if plan.get("require_learned", True):
         ev.unlearned = _unlearned(res, dec)
         if ev.unlearned:
@@ -339,13 +336,10 @@ def _persistence_plateau(records: dict, plan: dict, findings: list[Finding], res
     """The persistence comparison again at twice the steps: it stands only if the same rule gives the same verdict
     there and the effect moves less than its interval clears the boundary by (the replicated gate)."""
     runs = {n: _zs_stats(records, f"{KEY}/zero-shot/{n}{common.LONGER}") for n in plateau_rows_of(plan)}
-    longer = {n: _at(runs, n, "later_half") for n in ("crate_cbt", "cbt")}
+    (a, a2), (b, b2) = ((_at(res, n, "later_half"), _at(runs, n, "later_half")) for n in ("crate_cbt", "cbt"))
     persistence = next(f for f in findings if f.claim_id == "cbsa-t6-persistence")
-    a, b = (_at(res, n, "later_half") for n in ("crate_cbt", "cbt"))
-    rows = {"crate_cbt": Longer("crate_cbt", a, longer["crate_cbt"])}
-    return Plateau(
-        "cbt", "cbt", b, longer["cbt"], "IoU", ".3f", judges=lambda f: f is persistence, rows=rows, key="cbt"
-    )
+    rows = {"crate_cbt": Longer("crate_cbt", a, a2)}
+    return Plateau("cbt", "cbt", b, b2, "IoU", ".3f", judges=lambda f: f is persistence, rows=rows, key="cbt")
 
 
 def _untuned_gates(findings: list[Finding], plan: dict) -> list:
@@ -379,56 +373,54 @@ def _zero_shot_findings(res: dict, gates: list) -> list[Finding]:
     iou, out = {"unit": "IoU", "spec": ".3f"}, []
     for a, b in RANKING:
         effect = round(PAPER_T5[a]["foreground"] - PAPER_T5[b]["foreground"], 6)
-        out.append(
-            _compare(res, f"cbsa-t5-ranking#{a}-vs-{b}", a, b, ("best", "foreground"), paper_effect=effect, **iou)
-        )
-    out.append(_compare(res, "cbsa-t6-persistence", "crate_cbt", "cbt", ("later_half",), **iou))
-    gates += _control_gate(out[-1], res, "crate_cbt")
-    gates += _emerged_gate(out[-1], res, "crate_cbt")
-    out.append(_compare(res, "tost-f5-segments", "tost", "tost" + INIT, ("penultimate_class",), **iou))
-    return out
+        claim = f"cbsa-t5-ranking#{a}-vs-{b}"
+        out.append(_compare(res, claim, a, b, ("best", "foreground"), paper_effect=effect, **iou))
+    persistence = _compare(res, "cbsa-t6-persistence", "crate_cbt", "cbt", ("later_half",), **iou)
+    gates += _control_gate(persistence, res, "crate_cbt") + _emerged_gate(persistence, res, "crate_cbt")
+    tost = _compare(res, "tost-f5-segments", "tost", "tost" + INIT, ("penultimate_class",), **iou)
+    return [*out, persistence, tost]
 
 
-def _above_untrained(res: dict, name: str, *keys: str) -> tuple[float, tuple | None, str] | None:
-    """The trained ``name`` against its untrained copy on ``res[...][keys]``: effect, 95% interval and both in words."""
+def _vs_untrained(f: Finding, res: dict, name: str, *keys: str) -> tuple[float, tuple | None, str, bool] | None:
+    """For a decided ``f``, the trained ``name`` against its untrained copy on ``res[...][keys]``: effect, 95%
+    interval, both in words and whether the interval is above zero (``None`` if undecided or without either row)."""
+    if claims.numbers_verdict(f) not in claims.DECIDED:
+        return None
     trained, init = _at(res, name, *keys), _at(res, name + INIT, *keys)
     if trained is None or init is None:
         return None
     effect, ci, _ = claims.welch_ci(trained, init)
-    return effect, ci, f"{effect:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (one seed: no interval)")
+    where = f"{effect:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (one seed: no interval)")
+    return effect, ci, where, ci is not None and ci[0] > 0
 
 
 def _control_gate(f: Finding, res: dict, name: str) -> list:
     """Hold back an agreement where the trained ``name``'s later half is not shown above its untrained copy's; a
     disagreement stands (its later half failing to keep maps is what the claim denies) and says where it stands."""
-    verdict = claims.numbers_verdict(f)
-    if verdict not in ("agrees", "disagrees") or (vs := _above_untrained(res, name, "later_half")) is None:
+    if (vs := _vs_untrained(f, res, name, "later_half")) is None:
         return []
-    effect, ci, where = vs
+    effect, ci, where, above = vs
     f.random_init_control = {"row": name + INIT, "effect": effect, "ci95": list(ci) if ci else None}
-    if verdict == "disagrees":
-        above = ci is not None and ci[0] > 0
+    if claims.numbers_verdict(f) == "disagrees":
         said = "above" if above else "not shown above"
         claims.explain(f, f"{name}'s later half is {where} IoU from its untrained copy's ({said} it)")
-        return []
-    if ci is not None and ci[0] > 0:
-        return []
-    why = f"the trained {name} is {where} IoU from its untrained copy on the later-half layers' mean foreground IoU"
-    return [(f, "control", why + ": not shown above it")]
+    elif not above:
+        why = f"the trained {name} is {where} IoU from its untrained copy on the later-half layers' mean foreground IoU"
+        return [(f, "control", why + ": not shown above it")]
+    return []
 
 
 def _emerged_gate(f: Finding, res: dict, name: str) -> list:
     """Hold back either verdict unless the trained ``name``'s best layer segments better than its untrained copy's:
     persistence presupposes that segmentation emerged, else the comparison reads the initialisation."""
-    decided = claims.numbers_verdict(f) in ("agrees", "disagrees")
-    if not decided or (vs := _above_untrained(res, name, "best", "foreground")) is None:
+    if (vs := _vs_untrained(f, res, name, "best", "foreground")) is None:
         return []
-    _, ci, where = vs
-    best = f"the trained {name}'s best layer is {where} IoU"
-    if ci is not None and ci[0] > 0:
+    *_, where, above = vs
+    if above:
         claims.explain(f, f"segmentation emerged: {name}'s best layer {where} IoU above its untrained copy's")
         return []
-    return [(f, "did not learn", f"{best} from its untrained copy's: its maps never emerged")]
+    why = f"the trained {name}'s best layer is {where} IoU from its untrained copy's: its maps never emerged"
+    return [(f, "did not learn", why)]
 
 
 def _decoder_findings(dec: dict | None, gates: list, not_tested: str | None = None) -> list[Finding]:
