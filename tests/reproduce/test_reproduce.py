@@ -522,7 +522,7 @@ def test_vision_extra_seeds_count_in_a_controlled_comparison():
     ]
     assert len(ctl) == 1 and ctl[0]["verdict"] == "disagrees" and ctl[0]["values_a"] == list(six_cbsa.values)
     assert "(6 vs 6 seeds)" in ctl[0]["measured"]
-    # `long` plans no swaps (CBSA Table 4 is not tested there); a plan that asks for them and their extra seeds gets them
+    # `long` plans no swaps (CBSA Table 4 is not tested there); a plan asking for them and extra seeds gets them
     b, _ = plan("long", 0)
     swaps = {**b["vision"], "swaps": ["vit+cbsa", "vit+mssa"], "not_tested": {}}
     with_extra = {**swaps, "extra_seeds": {"rows": ["vit+cbsa", "vit+mssa"], "seeds": 3}}
