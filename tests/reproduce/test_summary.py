@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from attnzoo.reproduce import claims
 from attnzoo.reproduce.claims import GATES, compare, gate
 from attnzoo.reproduce.common import Section
 from attnzoo.reproduce.report import _summary
@@ -290,6 +291,16 @@ def test_the_compute_table_lists_each_sections_decided_trained_claims():
     assert rows["Vision"].rstrip(" |").endswith("1: `cbsa-t3-crate`")  # the tie is undecided: not listed
     assert rows["Long-range"].rstrip(" |").endswith("1: `csp-t3-vit`")  # a disagreement is decided too
     assert "| 2.0 |" in rows["Vision"] and "| 1.0 |" in rows["Long-range"]  # thread-minutes
+    # a claim decided in one section and not tested in another is listed only where it was decided
+    untested = claims.not_tested("X", "c", "v", "the control is inside the margin", claim_id="cbsa-t3-crate#listops")
+    lra.findings.append(untested)
+    rows = {
+        line.split("|")[1].strip(): line
+        for line in "\n".join(_compute_md([vis, lra], records)).splitlines()
+        if line.startswith("| ")
+    }
+    assert rows["Vision"].rstrip(" |").endswith("1: `cbsa-t3-crate`")
+    assert rows["Long-range"].rstrip(" |").endswith("1: `csp-t3-vit`")
 
 
 def test_the_claims_table_states_a_combined_verdict_only_for_a_claim_tested_several_ways():

@@ -52,3 +52,9 @@ def test_a_bad_not_tested_entry_is_refused_at_planning(not_tested, swaps, messag
         return
     with pytest.raises(ValueError, match=message):
         vision.plan_steps(plan, 0)
+
+
+def test_the_intro_states_which_rows_train_extra_seeds():
+    plan = _plan(lr_sweep=[1e-3], extra_seeds={"rows": ["vit", "tost"], "seeds": 5})
+    assert "1 seed per row (vit, tost: 5 seeds more)" in vision._intro(plan)
+    assert "seeds more" not in vision._intro(_plan(lr_sweep=[1e-3]))

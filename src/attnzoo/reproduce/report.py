@@ -393,7 +393,7 @@ def _compute_md(secs: list[Section], records: dict) -> list[str]:
     decided: dict[str, list[str]] = {}  # a claim tested in two sections is listed under both
     for c in _paper_claims(secs):
         if c.trained and c.verdict in ("agrees", "disagrees"):
-            for title in dict.fromkeys(t for t, _ in c.tests):
+            for title in dict.fromkeys(t for t, f in c.tests if f["verdict"] != "not tested"):
                 decided.setdefault(title, []).append(f"`{c.id}`")
     rows = []
     for s in secs:
