@@ -150,6 +150,12 @@ def seeds_text(n: int, per: str = "row") -> str:
     return f"{n} seed{'s' if n > 1 else ''} per {per}"
 
 
+def extra_seeds_text(plan: dict) -> str:
+    """``"vit, tost: 5 seeds more"`` for a plan's ``extra_seeds``; ``""`` without them."""
+    extra = plan.get("extra_seeds", {})
+    return f"{', '.join(extra['rows'])}: {extra['seeds']} seeds more" if extra.get("rows") else ""
+
+
 def fold(rs: Sequence[dict], stats: dict[str, float], means: Sequence[str] = (), first: Sequence[str] = ()) -> dict:
     """A row's seeds folded: each of ``stats`` (key -> scale) as a Stat, ``means`` as seed means, ``first`` from the
     first seed; with the seed count and the mean validation curve of the first of ``stats``."""

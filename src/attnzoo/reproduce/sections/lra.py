@@ -244,14 +244,14 @@ def _tune(sec: Section, records: dict, plan: dict, mechs, learned, res: dict, ma
 def _intro(plan: dict, tasks: list[str], lengths: dict[str, int | None]) -> str:
     from attnzoo.models.zoo import MEGA_CHUNK
 
-    arch, extra = plan["arch"], plan.get("extra_seeds", {})
+    arch, extra = plan["arch"], common.extra_seeds_text(plan)
     text = (
         f"Encoders of width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, MLP {arch.get('mlp_dim')}, "
         "pre-norm, mean pooling, AdamW/cosine; only the attention differs. "
         + "; ".join(f"{t}: N={lengths[t]}, {_schedule(plan, t)}" for t in tasks)
         + (" (Retrieval: two documents of N bytes each)" if "retrieval" in tasks else "")
         + f". {common.seeds_text(plan.get('seeds', 1), 'cell')}"
-        + (f"; {', '.join(extra['rows'])}: {extra['seeds']} seeds more" if extra.get("rows") else "")
+        + (f"; {extra}" if extra else "")
         + ". Data generated offline (`attnzoo.data`), not LRA's release files."
     )
     if rows := [m for m in plan["mechanisms"] if m in MEGA_ROWS]:
@@ -610,7 +610,7 @@ def _not_tested(plan: dict, tasks: list[str], lengths: dict) -> list[Finding]:
                 speed_why += f" < {min_n} in any case"
             out.append(claims.not_tested(**paper_claims.finding_kw(cid), why=speed_why))
         if m == "csp":  # the "fastest of all" claim is CSP's training speed too
-            out.append(claims.not_tested(**paper_claims.finding_kw(FASTEST), why=f"as for `{cid}`"))
+            out.append(claims.not_tested(**paper_claims.finding_kw(FASTEST), why=f"as for `{_SPEED_CLAIMS['csp']}`"))
     return out
 
 
@@ -625,7 +625,9 @@ def _speed_findings(res, mechs, tasks, lengths, head_dim=None) -> list[Finding]:
     longest = max(tasks, key=lambda t: lengths[t] or 0)
     n = lengths[longest]
     base = res["softmax"].get(longest, {}).get("steps_per_s")
-    for m, claim_id in [(m, cid) for m, cid in _SPEED_CLAIMS.items() if m in mechs]:
+    for m, claim_id in _SPEED_CLAIMS.items():
+        if m not in mechs:
+            continue
         cond = paper_claims.get(claim_id).conditions
         val = res[m].get(longest, {}).get("steps_per_s")
         ratio = f"{val / base:.2f}x softmax" if val and base else "n/a"

@@ -345,21 +345,14 @@ def _intro(plan: dict) -> str:
     rate = common.rate_text(plan.get("lr_sweep", []), tr["lr"])
     if plan.get("lr_sweep") and (extra := [x for lrs in plan.get("lr_sweep_extra", {}).values() for x in lrs]):
         rate += f" (some rows' grids reach {min(extra):g} to {max(extra):g}: configs.md)"
+    more = f" ({seeds})" if (seeds := common.extra_seeds_text(plan)) else ""
     return (
         f"Task `{plan['task']}` ({data}); width {arch['dim']}, depth {arch['depth']}, "
         f"{arch['heads']} heads, patch {arch['patch_size']}; {tr['steps']} steps of batch {tr['batch_size']}, "
-        f"AdamW/cosine, {rate}, no augmentation; {common.seeds_text(n_seeds)}{_extra_seeds_text(plan)} (mean ± "
+        f"AdamW/cosine, {rate}, no augmentation; {common.seeds_text(n_seeds)}{more} (mean ± "
         "sample std). The papers' architectures differ in more than the attention; the controlled swaps put each "
         "attention into the ViT skeleton (conv patches, CLS token, MLP blocks, pre-norm)."
     )
-
-
-def _extra_seeds_text(plan: dict) -> str:
-    """The rows that train ``extra_seeds`` more seeds than the rest, as the intro states them."""
-    extra = plan.get("extra_seeds", {})
-    if not (rows := extra.get("rows")):
-        return ""
-    return f" ({', '.join(rows)}: {extra['seeds']} seeds more)"
 
 
 def _tables(res: dict, plan: dict, swaps: list[str]) -> list[Table]:
