@@ -781,20 +781,21 @@ def test_a_compared_row_that_moves_more_at_twice_the_steps_than_its_verdict_clea
 
 
 def test_language_compared_row_runs_at_twice_the_steps_and_gates_its_own_verdict():
-    """ToST, the language section's compared row, has its own run at twice the steps to gate its verdict."""
+    """A compared row of the language section (here Fastmax) has its own run at twice the steps to gate its verdict."""
     from attnzoo.reproduce.common import Section
     from attnzoo.reproduce.runner import plan
     from attnzoo.reproduce.sections import language
 
     b, steps = plan("long", 0)
     by_id = {s.id: s for s in steps}
-    longer, seed_run = by_id["language/tost@2x-steps/seed0"], by_id["language/tost/seed0"]
+    longer, seed_run = by_id["language/fastmax@2x-steps/seed0"], by_id["language/fastmax/seed0"]
     assert longer.config["train"]["steps"] == 2 * seed_run.config["train"]["steps"]
-    assert longer.deps == seed_run.deps and longer.deps  # at ToST's own tuned rate
-    # the run at twice the steps has the plan's plateau_seeds seeds
+    assert longer.deps == seed_run.deps and longer.deps  # at Fastmax's own tuned rate
+    # the run at twice the steps has the plan's plateau_seeds seeds; a row not in compared_2x has none
     k = b["language"].get("plateau_seeds", b["language"]["seeds"])
-    assert longer.config["contexts"] == [] and f"language/tost@2x-steps/seed{k - 1}" in by_id
-    assert f"language/tost@2x-steps/seed{k}" not in by_id
+    assert longer.config["contexts"] == [] and f"language/fastmax@2x-steps/seed{k - 1}" in by_id
+    assert f"language/fastmax@2x-steps/seed{k}" not in by_id
+    assert not any(i.startswith("language/tost@2x-steps/") for i in by_id)
     with pytest.raises(ValueError, match=r"compared_2x rows \['xcit'\] are not compared rows"):
         language.longer_rows({**b["language"], "compared_2x": ["xcit"]})
     # the gate: ToST 0.4 nats behind GPT; at twice the steps ToST itself gains 0.3, more than the interval clears

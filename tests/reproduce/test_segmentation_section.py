@@ -344,8 +344,8 @@ def test_decoder_config_is_the_kinds_preset_at_the_plans_encoder_and_decoder_siz
         seg.decoder_config({**PLAN, "decoders": {**PLAN["decoders"], "encoder": "swin_t"}}, "cbsa", 0)
 
 
-def test_long_budget_runs_three_seeds_and_smoke_two():
-    assert BUDGETS["long"][KEY]["seeds"] == 3 and BUDGETS["smoke"][KEY]["seeds"] == 2
+def test_long_budget_runs_five_seeds_and_smoke_two():
+    assert BUDGETS["long"][KEY]["seeds"] == 5 and BUDGETS["smoke"][KEY]["seeds"] == 2
     assert BUDGETS["default"][KEY]["models"] == [] and not BUDGETS["default"][KEY].get("decoders")  # 30 minutes
     smoke = copy.deepcopy(BUDGETS["smoke"][KEY])
     assert smoke["require_learned"] is False
@@ -415,6 +415,27 @@ def test_the_persistence_verdict_stands_only_if_its_comparison_at_twice_the_step
     # without the runs at twice the steps, the plateau is not shown: held back
     f = _by_id(_summary(tmp_path, _records(AGREEING), plateau))
     assert f["cbsa-t6-persistence"]["gate_reasons"] == ["plateau"]
+
+
+@pytest.mark.parametrize("holds", [True, False])
+def test_a_ranking_pair_both_at_twice_the_steps_is_judged_on_its_runs_there(tmp_path, holds):
+    plateau = {**PLAN, "plateau_rows": ["crate_cbt", "crate", "cbt"]}
+    longer = AGREEING if holds else {**AGREEING, "crate": AGREEING["cbt"], "cbt": AGREEING["crate"]}
+    layers = {**AGREEING, **{f"{n}{LONGER}": longer[n] for n in plateau["plateau_rows"]}}
+    f = _by_id(_summary(tmp_path, _records(layers), plateau))
+    ranked = f["cbsa-t5-ranking#crate-vs-cbt"]
+    if holds:
+        assert ranked["verdict"] == "agrees" and "gate" not in ranked and ranked["replicated_2x"]
+    else:
+        assert ranked["verdict"] == "inconclusive" and ranked["gate_reasons"] == ["plateau"]
+    # crate_cbt-vs-crate is replicated too: with crate and cbt swapped at 2x, crate_cbt's best layer (0.8) still
+    # leads crate's (0.6), so it stands either way
+    assert f["cbsa-t5-ranking#crate_cbt-vs-crate"]["verdict"] == "agrees"
+    assert f["cbsa-t5-ranking#crate_cbt-vs-crate"]["replicated_2x"]
+    assert not f["cbsa-t5-ranking#cbt-vs-tost"].get("replicated_2x")  # tost has no runs at twice the steps
+    # without the runs at twice the steps, neither is shown to hold: held back
+    f = _by_id(_summary(tmp_path, _records(AGREEING), plateau))
+    assert f["cbsa-t5-ranking#crate-vs-cbt"]["gate_reasons"] == ["plateau"]
 
 
 def test_plateau_rows_are_planned_at_twice_the_steps_on_every_seed():

@@ -73,7 +73,7 @@ def controls_of(plan: dict) -> list[str]:
 
 
 def plateau_rows_of(plan: dict) -> list[str]:
-    """The models also trained at twice the steps on every seed (the persistence claim's pair)."""
+    """The models also trained at twice the steps on every seed; comparisons between two of them are judged there."""
     rows = list(plan.get("plateau_rows", []))
     if missing := sorted(set(rows) - set(models_of(plan))):
         raise ValueError(f"plateau_rows {missing} are not models of this segmentation plan; models: {models_of(plan)}")
@@ -327,19 +327,27 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             untuned = common.tune_rows(sec, records, plan, rows, KEY, "accuracy", True, 100.0, label, noise=noise)
             ev.tuning.append(Tuning(untuned))
     if plan.get("plateau_rows"):
-        ev.plateaus.append(_persistence_plateau(records, plan, sec.findings, res))
+        ev.plateaus += _plateaus(records, plan, sec.findings, res)
     judge(sec.findings, ev)
     return sec
 
 
-def _persistence_plateau(records: dict, plan: dict, findings: list[Finding], res: dict) -> Plateau:
-    """The persistence comparison again at twice the steps: it stands only if the same rule gives the same verdict
-    there and the effect moves less than its interval clears the boundary by (the replicated gate)."""
-    runs = {n: _zs_stats(records, f"{KEY}/zero-shot/{n}{common.LONGER}") for n in plateau_rows_of(plan)}
-    (a, a2), (b, b2) = ((_at(res, n, "later_half"), _at(runs, n, "later_half")) for n in ("crate_cbt", "cbt"))
-    persistence = next(f for f in findings if f.claim_id == "cbsa-t6-persistence")
-    rows = {"crate_cbt": Longer("crate_cbt", a, a2)}
-    return Plateau("cbt", "cbt", b, b2, "IoU", ".3f", judges=lambda f: f is persistence, rows=rows, key="cbt")
+def _plateaus(records: dict, plan: dict, findings: list[Finding], res: dict) -> list[Plateau]:
+    """Each zero-shot comparison whose two rows both ran at twice the steps, again there: it stands only if the same
+    rule gives the same verdict there and the effect moves less than its interval clears the boundary by (the
+    replicated gate). Table 6 compares the later half, Table 5 the best layer."""
+    longer = plateau_rows_of(plan)
+    runs = {n: _zs_stats(records, f"{KEY}/zero-shot/{n}{common.LONGER}") for n in longer}
+    out = []
+    for f in findings:
+        a, b = f.a_name, f.b_name
+        if a not in longer or b not in longer or not f.claim_id.startswith(("cbsa-t5-", "cbsa-t6-")):
+            continue
+        keys = ("later_half",) if f.claim_id == "cbsa-t6-persistence" else ("best", "foreground")
+        rows = {a: Longer(a, _at(res, a, *keys), _at(runs, a, *keys))}
+        base, base2 = _at(res, b, *keys), _at(runs, b, *keys)
+        out.append(Plateau(b, b, base, base2, "IoU", ".3f", judges=lambda g, f=f: g is f, rows=rows, key=f.claim_id))
+    return out
 
 
 def _untuned_gates(findings: list[Finding], plan: dict) -> list:
