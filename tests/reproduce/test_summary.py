@@ -353,3 +353,21 @@ def test_a_per_item_check_is_one_row_with_each_items_figure_and_verdict():
     lone["explanation"] = "a note of its own"
     table, _, _ = _findings_md([mem("csp", 4.0), lone])
     assert len(table.splitlines()) == 4 and "| linear: memory linear in N |" in table
+
+
+def test_a_decided_claim_tested_several_ways_names_the_test_that_decided_it():
+    fs = [_f(*WIN, claim_id="tost-t3-lra#listops"), _f(*TIE, claim_id="tost-t3-lra#average"), _f(*LOSS)]
+    text = "\n".join(_summary([Section("k", "K: t", findings=fs)], "long"))
+    bullets = [line for line in text.splitlines() if line.startswith("- X Table 1, ")]
+    assert len(bullets) == 2  # the undecided "average" test gets no bullet
+    assert bullets[0].startswith("- X Table 1, a beats b (test: listops): ")
+    assert bullets[1].startswith("- X Table 1, a beats b: ")  # tested once: nothing to name
+
+
+def test_the_width_names_the_rows_a_plan_sizes_otherwise():
+    from attnzoo.reproduce.common import width_text
+
+    plan = {"arch": {"dim": 64}, "row_arch": {"tost": {"dim": 44}, "xcit": {"dim": 44}, "crate": {"heads": 5}}}
+    assert width_text(plan, ["vit", "tost", "xcit", "crate"]) == "width 64 (44: tost, xcit)"
+    assert width_text(plan, ["vit", "crate"]) == "width 64"  # crate keeps the plan's width
+    assert width_text({**plan, "row_arch": {"cbt": {"dim": 80}}}, ["vit", "cbt"]) == "width 64 (80: cbt)"

@@ -68,8 +68,7 @@ class Section:
     def add_curves(self, panels: list, path: Path, rel, what: str, title: str, note: str = "seed means") -> None:
         """The validation curves of ``panels`` (``[(panel, {row: [[step, value], ...]})]``), where any row has one."""
         if any(c for _, p in panels for c in p.values()):
-            how = f"{note}; " if note else ""
-            caption = f"Validation {what} during training ({how}{CURVE_NOTE})."
+            caption = f"Validation {what} during training" + (f" ({note})." if note else ".")
             self.add_plot(plot_val_curves(panels, f"validation {what}", title), path, rel, caption)
 
 
@@ -148,6 +147,17 @@ def stat_data(name: str, st: Any) -> dict:
 def seeds_text(n: int, per: str = "row") -> str:
     """``"3 seeds per row"``."""
     return f"{n} seed{'s' if n > 1 else ''} per {per}"
+
+
+def width_text(plan: dict, rows) -> str:
+    """The plan's width, and the ``rows`` that ``row_arch`` sets to another: "width 64 (44: tost, xcit; 80: crate)"."""
+    base, other = plan["arch"]["dim"], {}
+    for name in rows:
+        dim = plan.get("row_arch", {}).get(name, {}).get("dim", base)
+        if dim != base:
+            other.setdefault(dim, []).append(name)
+    rest = "; ".join(f"{d}: {', '.join(names)}" for d, names in sorted(other.items()))
+    return f"width {base}" + (f" ({rest})" if rest else "")
 
 
 def extra_seeds_text(plan: dict) -> str:

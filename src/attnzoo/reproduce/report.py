@@ -14,7 +14,7 @@ from markdown_it import MarkdownIt
 from attnzoo._io import atomic_write_text, write_json
 from attnzoo.reproduce import paper_claims
 from attnzoo.reproduce.claims import FINDING_SCHEMA, GATES, REFUTE_FRACTION, VERDICTS, Finding
-from attnzoo.reproduce.common import Section, md_table
+from attnzoo.reproduce.common import CURVE_NOTE, Section, md_table
 from attnzoo.reproduce.sections import SECTION_MODULES
 from attnzoo.reproduce.tally import CAUSES, ClaimResult, tally
 
@@ -276,7 +276,9 @@ def _decided_lines(claims_: list[ClaimResult]) -> list[str]:
             if f.get("refute_below") is not None and c.verdict == "disagrees":  # the bar a superiority misses
                 rb, e = f["refute_below"], f["paper_effect"]
                 bar = f", wholly below {rb:+.3g} ({REFUTE_FRACTION:g} of the paper's {e:+.3g})"
-            lines.append(f"- {f['paper']}, {f['claim']}: {effect_in_words(f)}{bar}: **{c.verdict}**{_doubling(f)}.")
+            test = paper_claims.test_of(f.get("claim_id") or "") if len(c.tests) > 1 else ""
+            claim = f"{f['claim']} (test: {test})" if test else f["claim"]  # which of its tests decided it
+            lines.append(f"- {f['paper']}, {claim}: {effect_in_words(f)}{bar}: **{c.verdict}**{_doubling(f)}.")
     return lines + [""]
 
 
@@ -374,7 +376,8 @@ def _scale_lines(secs: list[Section]) -> list[str]:
     scaled = [f"- {s.title.split(':')[0]}: {s.scale}" for s in secs if s.scale]
     if not scaled:
         return []
-    return ["**Scale** (laptop-sized, far below the papers'; a verdict holds at this scale):", "", *scaled, ""]
+    head = "**Scale** (laptop-sized, far below the papers'; a verdict holds at this scale):"
+    return [head, "", *scaled, "", f"Validation curves in the sections: {CURVE_NOTE}.", ""]
 
 
 def _compute_md(secs: list[Section], records: dict) -> list[str]:

@@ -237,8 +237,9 @@ def _describe(plan: dict, params: list[int], ngram: dict | None) -> tuple[str, s
     seen = tr["steps"] * tr["batch_size"] * block
     subset = plan["task_options"].get("train_chars")  # data-limited on purpose: the baseline reaches a plateau
     epochs = f"; the first {subset:,} characters of the training plays ({seen / subset:.3g} epochs)" if subset else ""
+    width = common.width_text(plan, plan["models"])
     intro = (
-        f"Shakespeare, split by play, character vocabulary{epochs}; block {block}, width {arch['dim']}, depth "
+        f"Shakespeare, split by play, character vocabulary{epochs}; block {block}, {width}, depth "
         f"{arch['depth']}, {arch['heads']} heads; {tr['steps']} steps of batch {tr['batch_size']}. Validation loss "
         f"on {plan['eval_windows']} windows of the validation plays, {plan.get('seeds', 1)} seed(s) per model (mean ± "
         "std)."

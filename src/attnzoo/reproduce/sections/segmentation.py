@@ -576,7 +576,8 @@ def _scale(plan: dict, params: list[int]) -> str:
     img = opts.get("img_size", 64)
     return (
         f"here {img}x{img} scenes ({opts.get('n_train', 10000):,} training scenes, {(img // arch['patch_size']) ** 2} "
-        f"tokens), width {arch['dim']}, depth {arch['depth']}, {size}, {tr['steps']} steps of batch "
+        f"tokens), {common.width_text(plan, models_of(plan))}, depth {arch['depth']}, {size}, {tr['steps']} steps of "
+        f"batch "
         f"{tr['batch_size']}; the papers: ImageNet-1k-trained -S models (12 layers, width 384) scored zero-shot on "
         "PASCAL VOC12 (CBSA Tables 5-6, ToST Fig. 5), decoders trained on ADE20K (CBSA Fig. 8)"
     )

@@ -347,7 +347,7 @@ def _intro(plan: dict) -> str:
         rate += f" (some rows' grids reach {min(extra):g} to {max(extra):g}: configs.md)"
     more = f" ({seeds})" if (seeds := common.extra_seeds_text(plan)) else ""
     return (
-        f"Task `{plan['task']}` ({data}); width {arch['dim']}, depth {arch['depth']}, "
+        f"Task `{plan['task']}` ({data}); {common.width_text(plan, plan['models'])}, depth {arch['depth']}, "
         f"{arch['heads']} heads, patch {arch['patch_size']}; {tr['steps']} steps of batch {tr['batch_size']}, "
         f"AdamW/cosine, {rate}, no augmentation; {common.seeds_text(n_seeds)}{more} (mean ± "
         "sample std). The papers' architectures differ in more than the attention; the controlled swaps put each "
@@ -395,8 +395,9 @@ def scale_line(plan: dict, params: list[int]) -> str:
     tokens = ((opts.get("img_size") or 28) // arch["patch_size"]) ** 2
     n_tr = opts.get("n_train", 60000)
     size = f"{min(params):,}-{max(params):,} parameters" if params else "no trained row"
+    width = common.width_text(plan, plan["models"])
     return (
-        f"here {plan['task']}, {n_tr:,} training images, {tokens} tokens, width {arch['dim']}, depth "
+        f"here {plan['task']}, {n_tr:,} training images, {tokens} tokens, {width}, depth "
         f"{arch['depth']}, {size}, {tr['steps']} steps of batch {tr['batch_size']} "
         f"({tr['steps'] * tr['batch_size'] / n_tr:.1f} epochs); the papers: {PAPER_SCALE}"
     )
