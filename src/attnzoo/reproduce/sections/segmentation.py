@@ -343,7 +343,7 @@ def _plateaus(records: dict, plan: dict, findings: list[Finding], res: dict) -> 
         a, b = f.a_name, f.b_name
         if a not in longer or b not in longer or not f.claim_id.startswith(("cbsa-t5-", "cbsa-t6-")):
             continue
-        keys = ("later_half",) if f.claim_id == "cbsa-t6-persistence" else ("best", "foreground")
+        keys = _zs_keys(f.claim_id)
         rows = {a: Longer(a, _at(res, a, *keys), _at(runs, a, *keys))}
         base, base2 = _at(res, b, *keys), _at(runs, b, *keys)
         out.append(Plateau(b, b, base, base2, "IoU", ".3f", judges=lambda g, f=f: g is f, rows=rows, key=f.claim_id))
@@ -376,14 +376,19 @@ def _compare(stats: dict | None, claim_id: str, a: str, b: str, keys: tuple[str,
     )
 
 
+def _zs_keys(claim_id: str) -> tuple[str, ...]:
+    """Where a Table 5 or Table 6 comparison reads its rows' stats: Table 6 the later half, Table 5 the best layer."""
+    return ("later_half",) if claim_id == "cbsa-t6-persistence" else ("best", "foreground")
+
+
 def _zero_shot_findings(res: dict, gates: list) -> list[Finding]:
     """Table 5's ranking (adjacent pairs), Table 6's persistence and ToST Fig. 5 against its control."""
     iou, out = {"unit": "IoU", "spec": ".3f"}, []
     for a, b in RANKING:
         effect = round(PAPER_T5[a]["foreground"] - PAPER_T5[b]["foreground"], 6)
         claim = f"cbsa-t5-ranking#{a}-vs-{b}"
-        out.append(_compare(res, claim, a, b, ("best", "foreground"), paper_effect=effect, **iou))
-    persistence = _compare(res, "cbsa-t6-persistence", "crate_cbt", "cbt", ("later_half",), **iou)
+        out.append(_compare(res, claim, a, b, _zs_keys(claim), paper_effect=effect, **iou))
+    persistence = _compare(res, "cbsa-t6-persistence", "crate_cbt", "cbt", _zs_keys("cbsa-t6-persistence"), **iou)
     gates += _control_gate(persistence, res, "crate_cbt") + _emerged_gate(persistence, res, "crate_cbt")
     tost = _compare(res, "tost-f5-segments", "tost", "tost" + INIT, ("penultimate_class",), **iou)
     return [*out, persistence, tost]
@@ -573,11 +578,10 @@ def _intro(plan: dict) -> str:
 def _scale(plan: dict, params: list[int]) -> str:
     arch, tr, opts = plan["arch"], plan["train"], plan.get("task_options", {})
     size = f"{min(params):,}-{max(params):,} parameters" if params else "no trained row"
-    img = opts.get("img_size", 64)
+    img, width = opts.get("img_size", 64), common.width_text(plan, models_of(plan))
     return (
         f"here {img}x{img} scenes ({opts.get('n_train', 10000):,} training scenes, {(img // arch['patch_size']) ** 2} "
-        f"tokens), {common.width_text(plan, models_of(plan))}, depth {arch['depth']}, {size}, {tr['steps']} steps of "
-        f"batch "
+        f"tokens), {width}, depth {arch['depth']}, {size}, {tr['steps']} steps of batch "
         f"{tr['batch_size']}; the papers: ImageNet-1k-trained -S models (12 layers, width 384) scored zero-shot on "
         "PASCAL VOC12 (CBSA Tables 5-6, ToST Fig. 5), decoders trained on ADE20K (CBSA Fig. 8)"
     )
