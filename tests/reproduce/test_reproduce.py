@@ -641,19 +641,19 @@ def test_sweep_table_marks_the_best_rate_and_gates_untuned_rows():
     from attnzoo.reproduce.common import sweep_id, sweep_table
     from attnzoo.reproduce.pipeline import Evidence, Tuning
 
-    lrs, used = [1e-3, 2e-3, 4e-3], 2e-3
-    # crate: one rate missing; csp: a tie between the rate used and another is tuned
-    acc = {"vit": [0.60, 0.70, 0.65], "tost": [0.72, 0.66, 0.50], "crate": [0.50, 0.55], "csp": [0.15, 0.15, 0.15]}
+    lrs = [1e-3, 2e-3, 4e-3]
+    # tost: best at the grid's lowest rate; crate: one rate missing
+    acc = {"vit": [0.60, 0.70, 0.65], "tost": [0.72, 0.66, 0.50], "crate": [0.50, 0.55], "csp": [0.10, 0.15, 0.12]}
     records = {
         sweep_id(f"vision/{row}", lr): {"result": {"accuracy": a}}
         for row, vals in acc.items()
         for lr, a in zip(lrs, vals, strict=False)  # a row may lack its last rates (untuned)
     }
-    table, untuned = sweep_table(records, ["vit", "tost", "crate", "csp"], "vision", lrs, used, "accuracy", True, 100.0)
+    table, untuned = sweep_table(records, ["vit", "tost", "crate", "csp"], "vision", lrs, "accuracy", True, 100.0)
     assert [r[0] for r in table.rows] == ["vit", "tost †", "csp"] and table.rows[0][2] == "**70**"
     assert table.rows[2][2] == "**15**"
     assert set(untuned) == {"tost", "crate"}
-    assert "best swept learning rate is 0.001 (72)" in untuned["tost"] and "incomplete" in untuned["crate"]
+    assert "0.001 is the lowest of the grid" in untuned["tost"] and "incomplete" in untuned["crate"]
     kw = dict(claim_type="superiority", unit="pts", paper="P", claim="c", paper_value="v")
     tuned = compare([82.3, 83.3, 84.3], [79.0, 80.0, 81.0], a_name="vit", b_name="vit+x", **kw)
     not_tuned = compare([82.3, 83.3, 84.3], [79.0, 80.0, 81.0], a_name="tost", b_name="vit", **kw)

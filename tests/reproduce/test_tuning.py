@@ -54,18 +54,15 @@ def test_sweep_table_of_tuned_rows_marks_the_best_and_the_grid_edges():
     rec = {sweep_id("sec/a", lr): {"result": {"accuracy": v}} for lr, v in zip(LRS, [0.5, 0.7, 0.6], strict=True)} | {
         sweep_id("sec/b", lr): {"result": {"accuracy": v}} for lr, v in zip(LRS, [0.5, 0.6, 0.7], strict=True)
     }
-    table, untuned = sweep_table(rec, ["a", "b"], "sec", LRS, None, "accuracy", True, 100.0)
+    table, untuned = sweep_table(rec, ["a", "b"], "sec", LRS, "accuracy", True, 100.0)
     # b's best rate is the grid's highest: its optimum may lie beyond, so it is not shown tuned
     assert set(untuned) == {"b"} and "0.01 is the highest of the grid" in untuned["b"]
     assert table.rows[0] == ["a", "50", "**70**", "60"] and table.rows[1] == ["b †", "50", "60", "**70**"]
     assert "†: best at an end of the grid" in table.caption and "1 of 2 rows" in table.caption
     # a loss: the lowest value wins, and a best at the lowest rate is an edge as well
-    _, untuned = sweep_table(rec, ["a", "b"], "sec", LRS, None, "accuracy", False, 100.0)
+    _, untuned = sweep_table(rec, ["a", "b"], "sec", LRS, "accuracy", False, 100.0)
     assert set(untuned) == {"a", "b"} and "0.001 is the lowest" in untuned["a"]
-    # the old mode (seeds at one rate): a row whose best differs is untuned, and that reason is kept
-    _, untuned = sweep_table(rec, ["a", "b"], "sec", LRS, 3e-3, "accuracy", True, 100.0)
-    assert set(untuned) == {"b"} and "not the 0.003" in untuned["b"]
-    assert sweep_table(rec, ["a"], "sec", [], None, "accuracy", True) == (None, {})
+    assert sweep_table(rec, ["a"], "sec", [], "accuracy", True) == (None, {})
 
 
 @pytest.mark.parametrize("budget", ["default", "long"])
@@ -99,7 +96,7 @@ def test_a_row_can_sweep_rates_beyond_the_common_grid():
     grid_values = {r: zip(row_lrs(plan, r), vals[r], strict=True) for r in vals}
     rec = {sweep_id(f"sec/{r}", lr): {"result": {"accuracy": v}} for r, pairs in grid_values.items() for lr, v in pairs}
     grids = {r: row_lrs(plan, r) for r in vals}
-    table, untuned = sweep_table(rec, ["a", "b"], "sec", grids, None, "accuracy", True, 100.0)
+    table, untuned = sweep_table(rec, ["a", "b"], "sec", grids, "accuracy", True, 100.0)
     assert untuned == {}
     assert table.headers == ["row", "lr 0.001", "lr 0.003", "lr 0.01", "lr 0.03"]
     assert table.rows == [["a", "50", "**70**", "60", "–"], ["b", "50", "60", "**70**", "65"]]
@@ -125,12 +122,12 @@ def test_extra_rates_are_planned_and_read_by_the_tuned_seeds():
 def test_a_flat_top_on_a_grid_end_is_not_gated():
     # b's best (0.01) beats its neighbour by 0.5 points; with a seed spread of 1 point that is a flat top
     rec = {sweep_id("sec/b", lr): {"result": {"accuracy": v}} for lr, v in zip(LRS, [0.5, 0.695, 0.70], strict=True)}
-    table, untuned = sweep_table(rec, ["b"], "sec", LRS, None, "accuracy", True, 100.0, noise={"b": 1.0})
+    table, untuned = sweep_table(rec, ["b"], "sec", LRS, "accuracy", True, 100.0, noise={"b": 1.0})
     assert untuned == {} and table.rows == [["b ‡", "50", "69.5", "**70**"]]
     assert "‡: best at an end, within one seed std" in table.caption
     assert "Every best rate lies inside the grid" not in table.caption  # b's is on its end
     # a spread of 0.4 points: the rise to the end is real, the optimum may lie beyond
-    _, untuned = sweep_table(rec, ["b"], "sec", LRS, None, "accuracy", True, 100.0, noise={"b": 0.4})
+    _, untuned = sweep_table(rec, ["b"], "sec", LRS, "accuracy", True, 100.0, noise={"b": 0.4})
     assert set(untuned) == {"b"}
 
 
@@ -138,13 +135,13 @@ def test_a_sweep_that_learned_at_no_rate_is_not_tuned_even_on_a_flat_top():
     """A sweep whose every rate stays under the task's floor found no optimum, even on a flat top (TSSA's ListOps
     sweep on 2026-11-27: 13.9-17.2% against an 18.8% majority)."""
     rec = {sweep_id("sec/b", lr): {"result": {"accuracy": v}} for lr, v in zip(LRS, [0.14, 0.145, 0.15], strict=True)}
-    table, untuned = sweep_table(rec, ["b"], "sec", LRS, None, "accuracy", True, 100.0, noise={"b": 1.0}, floor=18.8)
+    table, untuned = sweep_table(rec, ["b"], "sec", LRS, "accuracy", True, 100.0, noise={"b": 1.0}, floor=18.8)
     assert untuned == {"b": "no swept learning rate of b beats 18.8 (best 15): it learned at none"}
     assert table.rows == [["b §", "14", "14.5", "**15**"]]
     assert "§: no swept rate beats 18.8 (1 row)" in table.caption and "‡" not in table.caption
     assert "†" not in table.caption and "inside the grid" not in table.caption  # once, under its own mark
     # a best above the floor: the flat-top rule as before
-    table, untuned = sweep_table(rec, ["b"], "sec", LRS, None, "accuracy", True, 100.0, noise={"b": 1.0}, floor=10.0)
+    table, untuned = sweep_table(rec, ["b"], "sec", LRS, "accuracy", True, 100.0, noise={"b": 1.0}, floor=10.0)
     assert untuned == {} and table.rows[0][0] == "b ‡"
 
 

@@ -106,7 +106,7 @@ def summarise(spec: CompareSpec, records: dict) -> dict:
     rows = {m: _row(spec, records, m) for m in mechs}
     noise = {m: r["std"] for m, r in rows.items() if r["std"] is not None}
     table, untuned = sweep_table(
-        records, mechs, PREFIX, list(spec.lrs), None, spec.metric, spec.higher_is_better, noise=noise
+        records, mechs, PREFIX, list(spec.lrs), spec.metric, spec.higher_is_better, noise=noise
     )
     findings = {m: _finding(spec, rows, m) for m in mechs if m != spec.baseline}
     ev = Evidence(tuning=[Tuning(untuned)])

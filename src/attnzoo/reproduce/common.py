@@ -524,7 +524,6 @@ def sweep_table(
     rows: Sequence[str],
     prefix: str,
     lrs: Sequence[float] | dict[str, Sequence[float]],
-    used: float | None,
     metric: str,
     higher_is_better: bool,
     scale: float = 1.0,
@@ -533,59 +532,46 @@ def sweep_table(
     noise: dict[str, float] | None = None,
     floor: float | None = None,
 ) -> tuple[Table | None, dict[str, str]]:
-    """The sweep as a table (best rate in bold) and ``{row: why}`` for each row not shown tuned: an incomplete sweep,
-    a best rate other than the ``used`` one (``None``: each row's own), or a best at an end of the grid (†) unless
-    within the row's seed ``noise`` of its neighbour (‡, a flat top); a best not above ``floor`` learned at no rate
-    (§)."""
-    grids = {row: sorted(lrs.get(row, [])) if isinstance(lrs, dict) else list(lrs) for row in rows}
+    """The sweep as a table (best rate in bold) and ``{row: why}`` for each row not tuned: an incomplete sweep, a best
+    at an end of the grid (†) unless within the row's seed ``noise`` of its neighbour (‡, a flat top), a best not
+    above ``floor`` (§, learned at no rate)."""
+    grids = {row: sorted(lrs.get(row, []) if isinstance(lrs, dict) else lrs) for row in rows}
     columns = sorted(set().union(*grids.values())) if grids else []
-    table_rows, untuned, edge, flat, unlearned = [], {}, [], [], []
+    table_rows, untuned, marks = [], {}, []
     if not columns:
         return None, untuned
     for row in rows:
-        vals, lrs = {}, grids[row]
-        for lr in lrs:
-            rec = records.get(sweep_id(f"{prefix}/{row}", lr))
-            v = rec["result"].get(metric) if rec else None
-            if v is not None:
-                vals[lr] = scale * v
-        if len(vals) < len(lrs):
+        grid = grids[row]
+        recs = {lr: records.get(sweep_id(f"{prefix}/{row}", lr)) for lr in grid}
+        vals = {lr: scale * v for lr, rec in recs.items() if rec and (v := rec["result"].get(metric)) is not None}
+        if len(vals) < len(grid):
             if vals:
                 untuned[row] = f"{row}'s learning-rate sweep is incomplete"
             continue
         best = (max if higher_is_better else min)(sorted(vals), key=vals.get)
-        if used is not None and used in vals and vals[used] == vals[best]:
-            best = used  # a tie with the rate the seeds used: that rate is (one of) the best
-        if used is not None and best != used:
-            untuned[row] = (
-                f"{row}'s best swept learning rate is {best:g} ({vals[best]:.3g}), not the {used:g} ({vals[used]:.3g}) "
-                "its seeds trained with"
-            )
-        at_edge = len(lrs) > 1 and best in (min(lrs), max(lrs))
+        at_edge = len(grid) > 1 and best in (grid[0], grid[-1])
+        flat = at_edge and noise and noise.get(row) is not None
+        if flat:
+            flat = abs(vals[best] - vals[grid[1] if best == grid[0] else grid[-2]]) <= noise[row]
+        mark = ""
         if floor is not None and higher_is_better and vals[best] <= floor:
-            unlearned.append(row)
-            untuned.setdefault(
-                row, f"no swept learning rate of {row} beats {floor:.3g} (best {vals[best]:.3g}): it learned at none"
+            mark = " §"
+            untuned[row] = (
+                f"no swept learning rate of {row} beats {floor:.3g} (best {vals[best]:.3g}): it learned at none"
             )
-        elif at_edge and noise and noise.get(row) is not None:
-            neighbour = lrs[1] if best == min(lrs) else lrs[-2]
-            if abs(vals[best] - vals[neighbour]) <= noise[row]:
-                at_edge = False
-                flat.append(row)
-        edge += [row] if at_edge and row not in unlearned else []
-        if at_edge and row not in untuned:
-            end = "lowest" if best == min(lrs) else "highest"
-            grid = ", ".join(f"{x:g}" for x in lrs)
-            untuned[row] = f"{row}'s best swept learning rate {best:g} is the {end} of the grid ({grid})"
-        table_rows.append(
-            [row + (" §" if row in unlearned else " †" if at_edge else " ‡" if row in flat else "")]
-            + [f"**{vals[lr]:.3g}**" if lr == best else f"{vals[lr]:.3g}" if lr in vals else "–" for lr in columns]
-        )
+        elif flat:
+            mark = " ‡"
+        elif at_edge:
+            mark = " †"
+            end, text = "lowest" if best == grid[0] else "highest", ", ".join(f"{x:g}" for x in grid)
+            untuned[row] = f"{row}'s best swept learning rate {best:g} is the {end} of the grid ({text})"
+        marks.append(mark)
+        cells = [f"**{vals[lr]:.3g}**" if lr == best else f"{vals[lr]:.3g}" if lr in vals else "–" for lr in columns]
+        table_rows.append([row + mark, *cells])
     if not table_rows:
         return None, untuned
     title = "Learning-rate sweep" + (f" ({label})" if label else "")
-    uneven = any(grids[r] != columns for r in rows)
-    caption = _sweep_caption(metric, used, fraction, len(table_rows), edge, flat, uneven, unlearned, floor)
+    caption = _sweep_caption(metric, fraction, marks, any(grids[r] != columns for r in rows), floor)
     return Table(title, ["row"] + [f"lr {lr:g}" for lr in columns], table_rows, caption, appendix=True), untuned
 
 
@@ -609,7 +595,7 @@ def tune_rows(
     grids = {r: row_lrs(plan, r) for r in rows} if grid is None else list(grid)
     fraction = plan.get("sweep_fraction", 1.0)
     table, untuned = sweep_table(
-        records, rows, prefix, grids, None, metric, higher_is_better, scale, label, fraction, noise, floor
+        records, rows, prefix, grids, metric, higher_is_better, scale, label, fraction, noise, floor
     )
     if table is not None:
         sec.tables.append(table)
@@ -618,38 +604,19 @@ def tune_rows(
     return untuned
 
 
-def _sweep_caption(
-    metric: str,
-    used: float | None,
-    fraction: float,
-    n_rows: int,
-    edge: list,
-    flat: list,
-    uneven: bool,
-    unlearned: list = (),
-    floor: float | None = None,
-) -> str:
+def _sweep_caption(metric: str, fraction: float, marks: list[str], uneven: bool, floor: float | None) -> str:
     """The sweep table's caption: what was swept, on which seed and length, and what the marks mean."""
-    seeds = "" if used is None else f" Reported seeds train at {used:g}."
-    caption = (
-        f"{metric} on the sweep seed (base + {SWEEP_SEED_OFFSET})"
-        + (f", {fraction:.0%} of the reported steps" if fraction < 1 else "")
-        + "; best in bold."
-        + seeds
-        + (
-            f" †: best at an end of the grid ({len(edge)} of {n_rows} rows): not tuned."
-            if edge
-            else " Every best rate lies inside the grid."
-            if not (flat or unlearned)
-            else ""
-        )
-    )
+    edge, flat, unlearned = (marks.count(m) for m in (" †", " ‡", " §"))
+    caption = f"{metric} on the sweep seed (base + {SWEEP_SEED_OFFSET})"
+    caption += (f", {fraction:.0%} of the reported steps" if fraction < 1 else "") + "; best in bold."
+    if edge:
+        caption += f" †: best at an end of the grid ({edge} of {len(marks)} rows): not tuned."
+    elif not (flat or unlearned):
+        caption += " Every best rate lies inside the grid."
     if flat:
-        caption += f" ‡: best at an end, within one seed std of its neighbour ({len(flat)} rows): a flat top, tuned."
+        caption += f" ‡: best at an end, within one seed std of its neighbour ({flat} rows): a flat top, tuned."
     if unlearned:
-        caption += (
-            f" §: no swept rate beats {floor:.3g} ({len(unlearned)} row{'s' if len(unlearned) > 1 else ''}): not tuned."
-        )
+        caption += f" §: no swept rate beats {floor:.3g} ({unlearned} row{'s' if unlearned > 1 else ''}): not tuned."
     if uneven:
         caption += " –: a rate outside that row's grid."
     return caption
