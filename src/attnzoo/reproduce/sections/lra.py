@@ -97,7 +97,13 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             raise ValueError(f"extra_seeds row {row!r} is not a mechanism of this plan; valid: {plan['mechanisms']}")
     common.check_known(plan["tasks"], TASKS, "LRA task")
     common.check_known(plan["mechanisms"], MECHANISMS, "LRA mechanism")
-    _check_not_tested(plan)
+    for m in plan.get("not_tested", {}):  # a row left out has an accuracy claim here and is not also trained
+        if m not in _ACCURACY_CLAIMS:
+            raise ValueError(
+                f"long-range: not_tested names {m!r}, which has no claim here (valid: {list(_ACCURACY_CLAIMS)})"
+            )
+        if m in plan["mechanisms"]:
+            raise ValueError(f"long-range: {m!r} is both in mechanisms and marked not_tested; keep one")
     steps, record = [], common.classification_record
     for task, task_opts in plan["tasks"].items():
         ablations = [(n, a["mechanism"], a) for n, a in plan.get("ablations", {}).items() if a["task"] == task]
@@ -510,6 +516,8 @@ def _learned(res, tasks, majority, row: str = "softmax") -> list[str]:
 #: and per task (``"<id>#average"``, ``"<id>#<task>"``); the last is CSP Table 4's second group
 CLAIMS = [("tssa", "tost-t3-lra"), ("fastmax", "fast-t1-accuracy"), ("csp", "csp-t4-lra")]
 MEGA_CLAIMS = [("mega_csp", "mega_chunk", "csp-t4-mega")]
+#: row -> its accuracy claim's id
+_ACCURACY_CLAIMS = dict(CLAIMS) | {row: cid for row, _, cid in MEGA_CLAIMS}
 #: the test of an accuracy claim on the average over the learned tasks
 AVERAGE = "average"
 
@@ -560,25 +568,14 @@ def _accuracy_findings(res, m, claim_id, learned, *, gates: list, majority: dict
     return [avg, *per_task]
 
 
-def _check_not_tested(plan: dict) -> None:
-    """A row marked ``not_tested`` has an accuracy claim here and is not also trained."""
-    valid = [row for row, _ in CLAIMS] + [row for row, _, _ in MEGA_CLAIMS]
-    for m in plan.get("not_tested", {}):
-        if m not in valid:
-            raise ValueError(f"long-range: not_tested names {m!r}, which has no claim here (valid: {valid})")
-        if m in plan["mechanisms"]:
-            raise ValueError(f"long-range: {m!r} is both in mechanisms and marked not_tested; keep one")
-
-
 def _not_tested(plan: dict, tasks: list[str], lengths: dict) -> list[Finding]:
     """The claims of the rows a plan leaves out for a reason its pilots measured (``not_tested``: row -> why): the
     accuracy claims with that reason, the speed claims (which the row's training would have timed) naming it."""
     out = []
     n = max((lengths.get(t) or 0 for t in tasks), default=0)
-    accuracy_claim = dict(CLAIMS) | {row: cid for row, _, cid in MEGA_CLAIMS}
     for m, why in plan.get("not_tested", {}).items():
         for t in tasks:
-            f = claims.not_tested(**paper_claims.finding_kw(f"{accuracy_claim[m]}#{t}"), why=why)
+            f = claims.not_tested(**paper_claims.finding_kw(f"{_ACCURACY_CLAIMS[m]}#{t}"), why=why)
             f.claim += f" on {t}"
             out.append(f)
         if cid := _SPEED_CLAIMS.get(m):
