@@ -123,8 +123,7 @@ def lm_eval(model, val, n_windows: int, batch: int = 32) -> float:
     total, count = 0.0, 0
     for s in range(0, len(idx), batch):
         (x,), y = val.get_batch(idx[s : s + batch])
-        logits = model(x)
-        total += float(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum"))
+        total += float(F.cross_entropy(model(x).float().flatten(0, 1), y.flatten(), reduction="sum"))
         count += y.numel()
     return total / count
 

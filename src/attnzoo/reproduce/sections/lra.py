@@ -125,8 +125,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
 
 
 def _run_data(_ctx: Context, step: Step) -> dict:
-    """Class frequencies of the validation set (the majority-class rate is the bar a model must clear); for the
-    ``shortcut`` step, how far a rule on the two documents' byte histograms alone gets (a shortcut to take)."""
+    """Validation class counts (the majority class is the bar) or, for ``shortcut``, a byte-histogram rule's score."""
     from attnzoo.data import build_task
     from attnzoo.data import lra as lra_data
 
