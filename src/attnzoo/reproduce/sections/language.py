@@ -290,8 +290,7 @@ def _tables(res: dict, names: list[str]) -> list[Table]:
     """The loss-and-cost table and, when decoding was timed, the per-token generation table."""
     rows = [[cell({**res[n], "name": n}) for cell in COLUMNS.values()] for n in names]
     tables = [Table("Validation loss and training cost", list(COLUMNS), rows)]
-    contexts = sorted({d["context"] for n in names for d in res[n]["decode"]})
-    if contexts:
+    if contexts := sorted({d["context"] for n in names for d in res[n]["decode"]}):
         drows, cells = [], (("ms_per_token", ".3f"), ("state_kib", ".1f"))
         for n in [n for n in names if res[n]["decode"]]:  # the no-attention control decodes nothing
             by = {d["context"]: d for d in res[n]["decode"]}
