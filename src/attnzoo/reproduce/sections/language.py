@@ -123,8 +123,7 @@ def lm_eval(model, val, n_windows: int, batch: int = 32) -> float:
     total, count = 0.0, 0
     for s in range(0, len(idx), batch):
         (x,), y = val.get_batch(idx[s : s + batch])
-        logits = model(x)
-        total += float(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum"))
+        total += float(F.cross_entropy(model(x).float().flatten(0, 1), y.flatten(), reduction="sum"))
         count += y.numel()
     return total / count
 
@@ -161,9 +160,7 @@ def decode_profile(model, contexts: list[int], block: int = 8, repeats: int = 3,
             for t in range(start, ctx):
                 _, state = model.step(toks[:, t], state)
             times.append((time.perf_counter() - t0) / max(1, ctx - start))
-        out.append(
-            {"context": ctx, "ms_per_token": 1e3 * float(np.median(times)), "state_kib": state_bytes(state) / 1024}
-        )
+        out.append(dict(context=ctx, ms_per_token=1e3 * float(np.median(times)), state_kib=state_bytes(state) / 1024))
     return out
 
 
@@ -188,8 +185,7 @@ def _run(ctx: Context, step: Step) -> dict:
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec = Section(KEY, TITLE)
-    longer = list(dict.fromkeys([PLATEAU, *longer_rows(plan)]))
-    seeds_res = {n: common.per_seed(records, f"{KEY}/{n}") for n in rows_of(plan) + longer}
+    seeds_res = {n: common.per_seed(records, f"{KEY}/{n}") for n in [*rows_of(plan), PLATEAU, *longer_rows(plan)]}
     names = [n for n in rows_of(plan) if seeds_res[n]]
     res = {}
     for n in names:
@@ -294,8 +290,7 @@ def _tables(res: dict, names: list[str]) -> list[Table]:
     """The loss-and-cost table and, when decoding was timed, the per-token generation table."""
     rows = [[cell({**res[n], "name": n}) for cell in COLUMNS.values()] for n in names]
     tables = [Table("Validation loss and training cost", list(COLUMNS), rows)]
-    contexts = sorted({d["context"] for n in names for d in res[n]["decode"]})
-    if contexts:
+    if contexts := sorted({d["context"] for n in names for d in res[n]["decode"]}):
         drows, cells = [], (("ms_per_token", ".3f"), ("state_kib", ".1f"))
         for n in [n for n in names if res[n]["decode"]]:  # the no-attention control decodes nothing
             by = {d["context"]: d for d in res[n]["decode"]}
@@ -309,12 +304,10 @@ def _plot(res, names):
     plt = common.pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     for i, n in enumerate(names):
-        c = res[n].get("curve")
-        if c:
+        if c := res[n].get("curve"):
             axes[0].plot([s for s, _ in c], [v / math.log(2) for _, v in c], label=n, color=f"C{i}")
-        d = res[n]["decode"]
         for ax, key in zip(axes[1:], ("ms_per_token", "state_kib"), strict=True):
-            if d:
+            if d := res[n]["decode"]:
                 ax.plot([x["context"] for x in d], [x[key] for x in d], "o-", label=n, color=f"C{i}")
     labels = ("training loss (bits/char)", "decode ms / token", "decoding state (KiB)")
     for ax, xlabel, ylabel in zip(axes, ("step", "context length", "context length"), labels, strict=True):

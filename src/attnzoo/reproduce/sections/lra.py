@@ -1,7 +1,6 @@
 """Long-range: the offline LRA-style suite with encoders of equal size that differ only in the attention: accuracy
 per task and on average (ToST Table 3 / FAST Table 1 / CSP Table 4), training steps/s (FAST Table 2) and the peak
-memory of a training step at each task's length.
-"""
+memory of a training step at each task's length."""
 
 from __future__ import annotations
 
@@ -51,15 +50,10 @@ def row_seeds(plan: dict, seed: int, row: str) -> list[int]:
     return seeds
 
 
-def _masked(task_name: str, task_opts: dict) -> dict:
-    """``task_opts`` with LRA's padding mask written out where the task pads (older runs' configs differ: rerun)."""
-    from attnzoo.data.tasks import task_options
-
-    return {**task_opts, "mask_padding": True} if "mask_padding" in task_options(task_name) else dict(task_opts)
-
-
 def _config(plan: dict, task: str, mech: str, abl: dict, seed: int, lr: float | None = None) -> dict:
     """The step config of one run of ``mech`` on ``task``, changed by ablation ``abl`` (a sweep run at ``lr``)."""
+    from attnzoo.data.tasks import task_options
+
     arch = dict(plan["arch"], **(abl.get("arch") or {}))
     if mech in MEGA_ROWS:
         model, opts = mega_model(task, mech, arch, chunk=plan.get("mega_chunk_size"))
@@ -69,7 +63,10 @@ def _config(plan: dict, task: str, mech: str, abl: dict, seed: int, lr: float | 
     settings = common.train_defaults(**{**task_train(plan, task), **(abl.get("train") or {})})
     if lr is not None:
         settings = dict(common.sweep_train(settings, plan), lr=lr)
-    data = dict(task=TASKS[task], task_options=_masked(TASKS[task], plan["tasks"][task]), model=model)
+    task_opts = dict(plan["tasks"][task])
+    if "mask_padding" in task_options(TASKS[task]):  # LRA's padding mask written out (older runs' configs differ)
+        task_opts["mask_padding"] = True
+    data = dict(task=TASKS[task], task_options=task_opts, model=model)
     return {"train": dict(data, model_options=opts, seed=seed, **settings), "mechanism": mech, "task": task}
 
 
@@ -94,15 +91,20 @@ def mega_model(task: str, row: str, arch: dict, chunk: int | None = None) -> tup
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
-    steps = []
     common.check_sweep_extra(plan, list(plan["mechanisms"]))
     for row in plan.get("extra_seeds", {}).get("rows", []):
         if row not in plan["mechanisms"]:
             raise ValueError(f"extra_seeds row {row!r} is not a mechanism of this plan; valid: {plan['mechanisms']}")
     common.check_known(plan["tasks"], TASKS, "LRA task")
     common.check_known(plan["mechanisms"], MECHANISMS, "LRA mechanism")
-    _check_not_tested(plan)
-    record = common.classification_record
+    for m in plan.get("not_tested", {}):  # a row left out has an accuracy claim here and is not also trained
+        if m not in _ACCURACY_CLAIMS:
+            raise ValueError(
+                f"long-range: not_tested names {m!r}, which has no claim here (valid: {list(_ACCURACY_CLAIMS)})"
+            )
+        if m in plan["mechanisms"]:
+            raise ValueError(f"long-range: {m!r} is both in mechanisms and marked not_tested; keep one")
+    steps, record = [], common.classification_record
     for task, task_opts in plan["tasks"].items():
         ablations = [(n, a["mechanism"], a) for n, a in plan.get("ablations", {}).items() if a["task"] == task]
         for row, mech, abl in [(m, m, {}) for m in plan["mechanisms"]] + ablations:
@@ -116,26 +118,20 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
                     cfg = common.tuned(cfg, f"{KEY}/{task}", mech, lrs, "accuracy", True)
                 steps.append(common.section_step(KEY, sid, cfg, record))
         # the validation labels' majority rate, and on Retrieval how far a byte-histogram shortcut gets
-        for what, fn in [("labels", _run_labels)] + ([("shortcut", _run_shortcut)] if task == "retrieval" else []):
+        for what in ["labels"] + (["shortcut"] if task == "retrieval" else []):
             config = {"task": TASKS[task], "task_options": dict(task_opts)}
-            steps.append(Step(f"{KEY}/{task}/{what}", KEY, config, fn, label=f"{task}/{what}"))
+            steps.append(Step(f"{KEY}/{task}/{what}", KEY, config, _run_data, label=f"{task}/{what}"))
     return steps
 
 
-def _run_shortcut(_ctx: Context, step: Step) -> dict:
-    """How far a rule on the two documents' byte histograms alone gets (a shortcut the model could take)."""
+def _run_data(_ctx: Context, step: Step) -> dict:
+    """Validation class counts (the majority class is the bar) or, for ``shortcut``, a byte-histogram rule's score."""
     from attnzoo.data import build_task
     from attnzoo.data import lra as lra_data
 
     task = build_task(step.config["task"], **step.config["task_options"])
-    return {"available": True, **dict(lra_data.retrieval_shortcut_accuracy(task))}
-
-
-def _run_labels(_ctx: Context, step: Step) -> dict:
-    """Class frequencies of the validation set: the majority-class rate is the bar a model must clear."""
-    from attnzoo.data import build_task
-
-    task = build_task(step.config["task"], **step.config["task_options"])
+    if step.id.endswith("/shortcut"):
+        return {"available": True, **dict(lra_data.retrieval_shortcut_accuracy(task))}
     n = len(task.val)
     labels = np.concatenate([task.val.get_batch(np.arange(s, min(s + 256, n)))[1].numpy() for s in range(0, n, 256)])
     counts = np.bincount(labels, minlength=task.info["num_classes"])
@@ -206,12 +202,22 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.findings, ev = _findings(res, mechs, tasks, lengths, learned, head_dim, majority)
     sec.findings += _not_tested(plan, tasks, lengths)
     ev.gates += _dense_chunks(sec.findings, records, tasks, lengths)
-    _curves(sec, res, mechs, tasks, ablations, plots_dir, rel)
+    # validation curves: one panel per task, every mechanism and every ablation of that task
+    curves = {t: {m: res[m][t]["val_curve"] for m in mechs if t in res[m]} for t in tasks}
+    for n, a in ablations.items():
+        curves[a["task"]][n] = a["result"]["val_curve"]
+    sec.data["val_curves"] = curves
+    path = plots_dir / "long_range_curves.png"
+    sec.add_curves(list(curves.items()), path, rel, "accuracy (%)", "Long-range: validation curves")
     eq_table, sec.data["equal_time"] = equal_time(res, mechs, learned, ablations, plan)
-    if eq_table is not None:
-        sec.tables.append(eq_table)
+    sec.tables += [eq_table] if eq_table else []
     ev.plateaus = _plateaus(res, learned, ablations)
-    untuned = _tune(sec, records, plan, mechs, learned, res, majority)
+    untuned = {}  # per task, {row: why} for rows not at their best rate (or swept at chance); the sweep tables
+    for t in learned:
+        noise = {m: res[m][t]["accuracy"].std for m in mechs if t in res[m]}
+        kw = dict(unswept=f"no learning-rate sweep on {t} at this budget", noise=noise, floor=majority.get(t))
+        args = (f"{KEY}/{t}", "accuracy", True, 100.0, f"{t}, accuracy %")
+        untuned[t] = common.tune_rows(sec, records, plan, mechs, *args, **kw)
     ev.tuning += [Tuning(why, lambda f, t=t: compared(f) and _test(f) in (t, AVERAGE)) for t, why in untuned.items()]
     for c in ev.controls:
         c.untuned = untuned.get(c.task, {}).get(CONTROL)
@@ -227,18 +233,6 @@ OTHER_MARGINS = {("fastmax", "listops"): (0.97, "FAST Table 1's own ListOps gap 
 def _other_margins(f: Finding) -> None:
     if other := OTHER_MARGINS.get((f.a_name, _test(f))):
         claims.margin_sensitivity(f, *other, relative=False)
-
-
-def _tune(sec: Section, records: dict, plan: dict, mechs, learned, res: dict, majority: dict) -> dict[str, dict]:
-    """The sweep table per task, and per task ``{row: why}`` for rows not at their best rate (or swept at chance)."""
-    every = {}
-    for t in learned:
-        noise = {m: res[m][t]["accuracy"].std for m in mechs if t in res.get(m, {})}
-        kw = dict(unswept=f"no learning-rate sweep on {t} at this budget", noise=noise, floor=majority.get(t))
-        every[t] = common.tune_rows(
-            sec, records, plan, mechs, f"{KEY}/{t}", "accuracy", True, 100.0, f"{t}, accuracy %", **kw
-        )
-    return every
 
 
 def _intro(plan: dict, tasks: list[str], lengths: dict[str, int | None]) -> str:
@@ -371,17 +365,6 @@ def _plateaus(res: dict, learned: list[str], ablations: dict) -> list[Plateau]:
         base = res["softmax"][t]["accuracy"]
         out.append(Plateau("softmax", f"softmax on {t}", base, longer, "%", ".1f", judges=own, rows=rows, key=t))
     return out
-
-
-def _curves(sec: Section, res: dict, mechs: list[str], tasks: list[str], ablations: dict, plots_dir, rel) -> None:
-    """Validation curves: one panel per task, every mechanism and every ablation of that task."""
-    panels = []
-    for t in tasks:
-        curves = {m: res[m][t]["val_curve"] for m in mechs if t in res[m]}
-        panels.append((t, curves | {n: a["result"]["val_curve"] for n, a in ablations.items() if a["task"] == t}))
-    sec.data["val_curves"] = dict(panels)
-    path = plots_dir / "long_range_curves.png"
-    sec.add_curves(panels, path, rel, "accuracy (%)", "Long-range: validation curves")
 
 
 def equal_time(
@@ -532,6 +515,8 @@ def _learned(res, tasks, majority, row: str = "softmax") -> list[str]:
 #: and per task (``"<id>#average"``, ``"<id>#<task>"``); the last is CSP Table 4's second group
 CLAIMS = [("tssa", "tost-t3-lra"), ("fastmax", "fast-t1-accuracy"), ("csp", "csp-t4-lra")]
 MEGA_CLAIMS = [("mega_csp", "mega_chunk", "csp-t4-mega")]
+#: row -> its accuracy claim's id
+_ACCURACY_CLAIMS = dict(CLAIMS) | {row: cid for row, _, cid in MEGA_CLAIMS}
 #: the test of an accuracy claim on the average over the learned tasks
 AVERAGE = "average"
 
@@ -582,25 +567,14 @@ def _accuracy_findings(res, m, claim_id, learned, *, gates: list, majority: dict
     return [avg, *per_task]
 
 
-def _check_not_tested(plan: dict) -> None:
-    """A row marked ``not_tested`` has an accuracy claim here and is not also trained."""
-    valid = [row for row, _ in CLAIMS] + [row for row, _, _ in MEGA_CLAIMS]
-    for m in plan.get("not_tested", {}):
-        if m not in valid:
-            raise ValueError(f"long-range: not_tested names {m!r}, which has no claim here (valid: {valid})")
-        if m in plan["mechanisms"]:
-            raise ValueError(f"long-range: {m!r} is both in mechanisms and marked not_tested; keep one")
-
-
 def _not_tested(plan: dict, tasks: list[str], lengths: dict) -> list[Finding]:
     """The claims of the rows a plan leaves out for a reason its pilots measured (``not_tested``: row -> why): the
     accuracy claims with that reason, the speed claims (which the row's training would have timed) naming it."""
     out = []
     n = max((lengths.get(t) or 0 for t in tasks), default=0)
-    accuracy_claim = dict(CLAIMS) | {row: cid for row, _, cid in MEGA_CLAIMS}
     for m, why in plan.get("not_tested", {}).items():
         for t in tasks:
-            f = claims.not_tested(**paper_claims.finding_kw(f"{accuracy_claim[m]}#{t}"), why=why)
+            f = claims.not_tested(**paper_claims.finding_kw(f"{_ACCURACY_CLAIMS[m]}#{t}"), why=why)
             f.claim += f" on {t}"
             out.append(f)
         if cid := _SPEED_CLAIMS.get(m):
