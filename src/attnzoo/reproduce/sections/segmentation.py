@@ -128,12 +128,11 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     off = seed + common.SWEEP_SEED_OFFSET  # every rate of each model's and decoder's grid, on the sweep seed
     grids = [(f"{KEY}/{n}", row_config(plan, n, off), common.row_lrs(plan, n)) for n in names]
     grids += [(f"{KEY}/decoders/{k}", decoder_config(plan, k, off), decoder_lrs(plan)) for k in decoders]
-    sweep = [
-        (common.sweep_id(base, lr), {"train": common.sweep_train(dict(cfg, lr=lr), plan)})
-        for base, cfg, lrs in grids
-        for lr in lrs
-    ]
-    steps = [common.section_step(KEY, sid, cfg, _train) for sid, cfg in sweep]
+    steps = []
+    for base, cfg, lrs in grids:
+        for lr in lrs:
+            sweep = {"train": common.sweep_train(dict(cfg, lr=lr), plan)}
+            steps.append(common.section_step(KEY, common.sweep_id(base, lr), sweep, _train))
     for s in common.seed_list(plan, seed):
         probe = {"images": plan.get("images", 128), "mass": plan.get("mass", 0.6)}
         probe["overlays"] = plan.get("overlays", 2) if s == seed else 0  # drawn from the first seed's maps
@@ -187,8 +186,7 @@ def _train(ctx: Context, step: Step) -> dict:
 
 
 def _zero_shot(ctx: Context, step: Step) -> dict:
-    """Zero-shot segmentation by the [CLS] maps on the validation scenes: of a trained run's final checkpoint, or
-    (``zero-shot-init``) of the architecture as its training seed initialises it."""
+    """The [CLS] maps' zero-shot segmentation of the validation scenes by a trained run, or its untrained copy."""
     from attnzoo.analysis.io import to_jsonable
     from attnzoo.analysis.segment import load_scenes_run, zero_shot_segmentation
 
@@ -527,7 +525,7 @@ def _decoder_table(dec: dict) -> Table:
     rows = []
     for kind, (_, what) in DECODERS.items():
         d = dec[kind]
-        noisy = [claims.stat(d["sweep"][:, i]).fmt(".1f") for i in range(len(sigmas))]
+        noisy = [claims.stat(at_sigma).fmt(".1f") for at_sigma in d["sweep"].T]
         size = [fmt(d["params"], ","), fmt(d["flops"] / 1e6, ".2f")]
         rows.append([kind, what, *size, d["miou"].fmt(".1f"), *noisy, d["drop"].fmt(".1f")])
     caption = (
