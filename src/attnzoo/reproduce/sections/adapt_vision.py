@@ -84,9 +84,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         for sid, s, lr in common.sweep_runs(f"{KEY}/{row}", lrs, seed):
             configs.append((sid, dict(base, finetune=dict(ft, lr=lr), seed=s)))
         # every seed at the best rate of the row's sweep; the baseline's plateau run at the baseline's
-        runs = [(row, ft)]
-        if row in longer:
-            runs.append((f"{row}{common.LONGER}", common.twice_steps(ft)))
+        runs = [(row, ft)] + ([(f"{row}{common.LONGER}", common.twice_steps(ft))] if row in longer else [])
         for name, finetune in runs:
             for sid, s in common.seed_runs(f"{KEY}/{name}", seeds):
                 config = dict(base, finetune=dict(finetune), seed=s)
@@ -212,20 +210,15 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         if row in res and (twice := _stats(records, f"{row}{common.LONGER}")):
             own.rows[row] = Longer(row, res[row]["accuracy"], twice["accuracy"])
     pre.judges = own.judges = paper_finding
+    label, noise = "fine-tuning, validation accuracy %", {r: st["accuracy"].std for r, st in res.items()}
+    grid, unswept = plan.get("finetune_lr_sweep", []), "no fine-tuning rate sweep at this budget ({row})"
+    untuned = common.tune_rows(  # the fine-tuning-rate sweep's table, and the rows it does not show tuned
+        sec, records, plan, list(res), KEY, "accuracy", True, 100.0, label, grid=grid, noise=noise, unswept=unswept
+    )
     # the baseline's first: a comparison replicated at twice the steps is judged there, not on the teacher's drift
-    ev = Evidence(plateaus=[own, pre], tuning=[Tuning(_tune(sec, records, plan, res), paper_finding)])
+    ev = Evidence(plateaus=[own, pre], tuning=[Tuning(untuned, paper_finding)])
     sec.data["plateau"] = judge(sec.findings, ev)
     return sec
-
-
-def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
-    """The fine-tuning-rate sweep as a table, and ``{row: why}`` for the rows it does not show tuned."""
-    rows = [r for r in rows_of(plan) if r in res]
-    label, noise = "fine-tuning, validation accuracy %", {r: res[r]["accuracy"].std for r in rows}
-    grid, unswept = plan.get("finetune_lr_sweep", []), "no fine-tuning rate sweep at this budget ({row})"
-    return common.tune_rows(
-        sec, records, plan, rows, KEY, "accuracy", True, 100.0, label, grid=grid, noise=noise, unswept=unswept
-    )
 
 
 def _acc(res: dict, row: str) -> claims.Stat | None:
@@ -236,10 +229,6 @@ def _row_data(st: dict) -> dict:
     out = common.stat_data("accuracy", st["accuracy"]) | {"swapped_accuracy_mean": st["swapped_accuracy"].mean}
     out |= {"params": st["params"], "forward_flops_per_image": st["flops"]}
     return out | {"ms_per_step": st["ms_per_step"], "seeds": st["seeds"]}
-
-
-_HEADS = ["row", "description", "params", "forward MFLOPs / image"]
-_HEADS += ["val acc % swapped (first batches)", "val acc % fine-tuned", "ms / step"]
 
 
 def _table(res: dict) -> Table:
@@ -254,7 +243,9 @@ def _table(res: dict) -> Table:
         "Mean ± sample std over seeds; FLOPs: matrix products and patch convolution of one image's forward pass "
         f"(torch.utils.flop_counter); ms / step: median {clock} of a fine-tuning step."
     )
-    return Table("Pretrained ViT adapted into each attention and fine-tuned", _HEADS, rows, caption)
+    heads = ["row", "description", "params", "forward MFLOPs / image", "val acc % swapped (first batches)"]
+    heads += ["val acc % fine-tuned", "ms / step"]
+    return Table("Pretrained ViT adapted into each attention and fine-tuned", heads, rows, caption)
 
 
 def _intro(plan: dict) -> str:
@@ -314,11 +305,9 @@ def _findings(res: dict) -> list[Finding]:
             f.flops_a, f.flops_b = res[a]["flops"], res[b]["flops"]
         out.append(f)
     if "cbsa" in res and "linear" in res:
-        ratio = res["cbsa"]["flops"] / res["linear"]["flops"]
-        measured = (
-            f"forward FLOPs per image: cbsa {res['cbsa']['flops'] / 1e6:.2f}M vs linear "
-            f"{res['linear']['flops'] / 1e6:.2f}M ({ratio:.3f}x)"
-        )
+        cbsa, linear = res["cbsa"]["flops"], res["linear"]["flops"]
+        ratio = cbsa / linear
+        measured = f"forward FLOPs per image: cbsa {cbsa / 1e6:.2f}M vs linear {linear / 1e6:.2f}M ({ratio:.3f}x)"
         rule = f"agrees if the ratio is within 1 ± {FLOPS_TOLERANCE:g}"
         out.append(common.measured_finding("adapt-flops", measured, abs(ratio - 1.0) <= FLOPS_TOLERANCE, rule))
     return out

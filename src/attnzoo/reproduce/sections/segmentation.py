@@ -128,12 +128,11 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     off = seed + common.SWEEP_SEED_OFFSET  # every rate of each model's and decoder's grid, on the sweep seed
     grids = [(f"{KEY}/{n}", row_config(plan, n, off), common.row_lrs(plan, n)) for n in names]
     grids += [(f"{KEY}/decoders/{k}", decoder_config(plan, k, off), decoder_lrs(plan)) for k in decoders]
-    sweep = [
-        (common.sweep_id(base, lr), {"train": common.sweep_train(dict(cfg, lr=lr), plan)})
-        for base, cfg, lrs in grids
-        for lr in lrs
-    ]
-    steps = [common.section_step(KEY, sid, cfg, _train) for sid, cfg in sweep]
+    steps = []
+    for base, cfg, lrs in grids:
+        for lr in lrs:
+            sweep = {"train": common.sweep_train(dict(cfg, lr=lr), plan)}
+            steps.append(common.section_step(KEY, common.sweep_id(base, lr), sweep, _train))
     for s in common.seed_list(plan, seed):
         probe = {"images": plan.get("images", 128), "mass": plan.get("mass", 0.6)}
         probe["overlays"] = plan.get("overlays", 2) if s == seed else 0  # drawn from the first seed's maps
@@ -187,8 +186,7 @@ def _train(ctx: Context, step: Step) -> dict:
 
 
 def _zero_shot(ctx: Context, step: Step) -> dict:
-    """Zero-shot segmentation by the [CLS] maps on the validation scenes: of a trained run's final checkpoint, or
-    (``zero-shot-init``) of the architecture as its training seed initialises it."""
+    """The [CLS] maps' zero-shot segmentation of the validation scenes by a trained run, or its untrained copy."""
     from attnzoo.analysis.io import to_jsonable
     from attnzoo.analysis.segment import load_scenes_run, zero_shot_segmentation
 
@@ -297,8 +295,7 @@ def _decoder_stats(records: dict) -> dict | None:
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
-    sec = Section(KEY, TITLE)
-    sec.intro = _intro(plan)
+    sec = Section(KEY, TITLE, intro=_intro(plan))
     res = _rows(records, plan)
     dec = _decoder_stats(records)
     sec.scale = _scale(plan, [r["params"] for r in res.values() if r.get("params")])
@@ -326,8 +323,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             noise = {r: res[r]["accuracy"].std for r in rows}
             untuned = common.tune_rows(sec, records, plan, rows, KEY, "accuracy", True, 100.0, label, noise=noise)
             ev.tuning.append(Tuning(untuned))
-    if plan.get("plateau_rows"):
-        ev.plateaus += _plateaus(records, plan, sec.findings, res)
+    ev.plateaus += _plateaus(records, plan, sec.findings, res)
     judge(sec.findings, ev)
     return sec
 
@@ -340,13 +336,12 @@ def _plateaus(records: dict, plan: dict, findings: list[Finding], res: dict) -> 
     runs = {n: _zs_stats(records, f"{KEY}/zero-shot/{n}{common.LONGER}") for n in longer}
     out = []
     for f in findings:
-        a, b = f.a_name, f.b_name
-        if a not in longer or b not in longer or not f.claim_id.startswith(("cbsa-t5-", "cbsa-t6-")):
+        a, b, keys = f.a_name, f.b_name, _zs_keys(f.claim_id)
+        if not {a, b} <= set(longer) or not f.claim_id.startswith(("cbsa-t5-", "cbsa-t6-")):
             continue
-        keys = _zs_keys(f.claim_id)
         rows = {a: Longer(a, _at(res, a, *keys), _at(runs, a, *keys))}
-        base, base2 = _at(res, b, *keys), _at(runs, b, *keys)
-        out.append(Plateau(b, b, base, base2, "IoU", ".3f", judges=lambda g, f=f: g is f, rows=rows, key=f.claim_id))
+        base, twice = _at(res, b, *keys), _at(runs, b, *keys)
+        out.append(Plateau(b, b, base, twice, "IoU", ".3f", judges=lambda g, f=f: g is f, rows=rows, key=f.claim_id))
     return out
 
 
@@ -397,10 +392,8 @@ def _zero_shot_findings(res: dict, gates: list) -> list[Finding]:
 def _vs_untrained(f: Finding, res: dict, name: str, *keys: str) -> tuple[float, tuple | None, str, bool] | None:
     """For a decided ``f``, the trained ``name`` against its untrained copy on ``res[...][keys]``: effect, 95%
     interval, both in words and whether the interval is above zero (``None`` if undecided or without either row)."""
-    if claims.numbers_verdict(f) not in claims.DECIDED:
-        return None
     trained, init = _at(res, name, *keys), _at(res, name + INIT, *keys)
-    if trained is None or init is None:
+    if claims.numbers_verdict(f) not in claims.DECIDED or trained is None or init is None:
         return None
     effect, ci, _ = claims.welch_ci(trained, init)
     where = f"{effect:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (one seed: no interval)")
@@ -445,10 +438,10 @@ def _decoder_findings(dec: dict | None, gates: list, not_tested: str | None = No
     rows = ("cbsa", "mask_transformer")
     miou = _compare(dec, "cbsa-f8-miou", *rows, ("miou",), unit="pts", spec=".1f")
     robust = _compare(dec, "cbsa-f8-robust", *rows, ("drop",), unit="pts", lower_is_better=True, spec=".1f")
-    cb, mt = (_at(dec, k) for k in rows)
-    if not (cb and mt):
+    if not dec:
         why = "no decoder measurement at this budget"
         return [miou, claims.not_tested(**paper_claims.finding_kw("cbsa-f8-flops"), why=why), robust]
+    cb, mt = (dec[k] for k in rows)
     robust.measured = f"mIoU drop at sigma={cb['sigmas'][-1]:g}: " + robust.measured
     for f in (miou, robust):
         f.flops_a, f.flops_b, f.params_a, f.params_b = cb["flops"], mt["flops"], cb["params"], mt["params"]
@@ -532,7 +525,7 @@ def _decoder_table(dec: dict) -> Table:
     rows = []
     for kind, (_, what) in DECODERS.items():
         d = dec[kind]
-        noisy = [claims.stat(d["sweep"][:, i]).fmt(".1f") for i in range(len(sigmas))]
+        noisy = [claims.stat(at_sigma).fmt(".1f") for at_sigma in d["sweep"].T]
         size = [fmt(d["params"], ","), fmt(d["flops"] / 1e6, ".2f")]
         rows.append([kind, what, *size, d["miou"].fmt(".1f"), *noisy, d["drop"].fmt(".1f")])
     caption = (
