@@ -25,22 +25,19 @@ FALL_RULE = (
     "falling, disagrees if it rises with under half falling, else inconclusive; over seeds, the seed mean's "
     "verdict if more than half of the seeds give it."
 )
-#: short names of the per-layer measures in the tables, and their definitions
-MEASURE_LABEL = {
-    "crate_compression": "R^c (CRATE's code)",
-    "compression": "R^c raw (eq 2)",
-    "variational_compression": "R^var_c (ToST eq 4)",
-    "variational_compression_out": "R^var_c, block output",
-    "coding_rate": "R(Z) (eq 1)",
+#: per-layer measure -> (its short name in the tables, its definition); the tokens are those entering each attention
+#: layer after its pre-norm, unless the name says block output
+MEASURES = {
+    "crate_compression": ("R^c (CRATE's code)", "CBSA eq 2 on unit-norm codes U_kᵀz, ε² = 0.01"),
+    "compression": ("R^c raw (eq 2)", "CBSA eq 2, ε = 0.5"),
+    "variational_compression": ("R^var_c (ToST eq 4)", "ToST eq 4 with the layer's memberships, ε = 0.5"),
+    "variational_compression_out": (
+        "R^var_c, block output",
+        "the same on the block's outputs (what ToST Fig. 4a plots)",
+    ),
+    "coding_rate": ("R(Z) (eq 1)", "CBSA eq 1, ε = 0.5"),
 }
-#: (the tokens are those entering each attention layer after its pre-norm, unless the label says block output)
-MEASURE_DEF = {
-    "crate_compression": "CBSA eq 2 on unit-norm codes U_kᵀz, ε² = 0.01",
-    "compression": "CBSA eq 2, ε = 0.5",
-    "variational_compression": "ToST eq 4 with the layer's memberships, ε = 0.5",
-    "variational_compression_out": "the same on the block's outputs (what ToST Fig. 4a plots)",
-    "coding_rate": "CBSA eq 1, ε = 0.5",
-}
+MEASURE_LABEL = {k: label for k, (label, _) in MEASURES.items()}
 #: the control's reading when the untrained architecture shows the trend as strongly (the verdict is then gated)
 INIT_FALLS_AS_MUCH = "the untrained model falls as much: the trend is the architecture's, not learned"
 
@@ -188,21 +185,16 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     plot = _plotter(sec, plots_dir, rel)
     if "denoise" in res:
         _denoise_table(sec, {k: v for k, v in res.items() if k == "denoise" or k.startswith("denoise/")}, plot)
-    if "compress" in res:
-        _compress_table(sec, res["compress"], plot)
-    if "rank-collapse" in res:
-        _rank_collapse_table(sec, res["rank-collapse"], plot)
-    if lw:
-        _layerwise_table(sec, lw, trained, depth, plot)
-    if init:
-        _init_table(sec, lw, init)
+    for label, table in (("compress", _compress_table), ("rank-collapse", _rank_collapse_table)):
+        if label in res:
+            table(sec, res[label], plot)
+    _layerwise_table(sec, lw, trained, depth, plot)
+    _init_table(sec, lw, init)
     curves = {n: t["val_curve"] for n, t in trained.items() if t.get("val_curve")}
     rows = {n: [[p["step"], 100.0 * p["accuracy"]] for p in c if "accuracy" in p] for n, c in curves.items()}
-    path, panels = plots_dir / "probes_curves.png", [("probe models", rows)]
-    sec.add_curves(panels, path, rel, "accuracy (%)", "Probe models", "")
-    if "attention-maps" in res:
-        caption = "Attention maps of the trained models (ToST Fig. 5 / FAST Fig. 4)."
-        plot("attention-maps", res["attention-maps"], caption)
+    sec.add_curves([("probe models", rows)], plots_dir / "probes_curves.png", rel, "accuracy (%)", "Probe models", "")
+    if (maps := res.get("attention-maps")) is not None:
+        plot("attention-maps", maps, "Attention maps of the trained models (ToST Fig. 5 / FAST Fig. 4).")
     sec.data = {k: _slim(v) for k, v in res.items()}
     majority = 100.0 * plan.get("majority", 0.1)
     require = plan.get("require_learned", True)
@@ -325,7 +317,7 @@ def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict]
             shown.add(lit)
     if not rows:
         return
-    defs = "; ".join(f"{v}: {MEASURE_DEF[k]}" for k, v in MEASURE_LABEL.items() if k in MEASURE_DEF and k in shown)
+    defs = "; ".join(f"{label}: {definition}" for k, (label, definition) in MEASURES.items() if k in shown)
     caption = (
         f"{defs}; (figure): what the paper's figure plots. Tokens enter the attention layer after its pre-norm unless "
         "labelled block output; batch means over validation images."
