@@ -120,14 +120,6 @@ def _run_train(ctx: Context, step: Step) -> dict:
     return out | {k: rec[k] for k in ("curve", "val_curve")}
 
 
-def _run_synth(_ctx: Context, step: Step) -> dict:
-    from attnzoo.analysis import compress, denoise, rank_collapse
-    from attnzoo.analysis.io import to_jsonable
-
-    fn = {"denoise": denoise, "compress": compress, "rank-collapse": rank_collapse}[step.config["experiment"]]
-    return to_jsonable(fn(**step.config["params"]))
-
-
 def _val_batch(cfg: dict):
     from attnzoo.data import build_task
 
@@ -144,30 +136,31 @@ def _trained(ctx: Context, name: str, source: str | None = None):
     return common.load_trained(rec["result"]["run_dir"])
 
 
-def _run_layerwise(ctx: Context, step: Step) -> dict:
-    """The layer-wise probe of a trained model, or of its architecture as its training seed initialises it."""
-    from attnzoo.analysis import layerwise
+def _run_probe(ctx: Context, step: Step) -> dict:
+    """A parameter-free probe, the attention maps of trained models, or the layer-wise probe of a trained model or of
+    its architecture as its training seed initialises it."""
+    from attnzoo import analysis
     from attnzoo.analysis.io import to_jsonable
 
-    cfg = step.config
-    if cfg["experiment"] == "layerwise-init":
+    cfg, experiment = step.config, step.config["experiment"]
+    synthetic = {"denoise": analysis.denoise, "compress": analysis.compress, "rank-collapse": analysis.rank_collapse}
+    if experiment in synthetic:
+        return to_jsonable(synthetic[experiment](**cfg["params"]))
+    if experiment == "attention-maps":
+        models = {n: _trained(ctx, n) for n in cfg["models"]}
+        return to_jsonable(analysis.attention_maps(models, _val_batch(cfg["batch"])))
+    if experiment == "layerwise-init":
         model = common.untrained_model(cfg["train"])[0]
     else:
         model = _trained(ctx, cfg["model"], cfg.get("source"))
-    return to_jsonable(layerwise(model, _val_batch(cfg["batch"]), eps=cfg["eps"], crate_eps=cfg.get("crate_eps", 0.1)))
-
-
-def _run_maps(ctx: Context, step: Step) -> dict:
-    from attnzoo.analysis import attention_maps
-    from attnzoo.analysis.io import to_jsonable
-
-    models = {n: _trained(ctx, n) for n in step.config["models"]}
-    return to_jsonable(attention_maps(models, _val_batch(step.config["batch"])))
+    batch = _val_batch(cfg["batch"])
+    return to_jsonable(analysis.layerwise(model, batch, eps=cfg["eps"], crate_eps=cfg.get("crate_eps", 0.1)))
 
 
 #: experiment -> the function that runs its step
-_RUN = dict.fromkeys(("denoise", "compress", "rank-collapse"), _run_synth)
-_RUN.update({"layerwise": _run_layerwise, "layerwise-init": _run_layerwise, "attention-maps": _run_maps})
+_RUN = dict.fromkeys(
+    ("denoise", "compress", "rank-collapse", "layerwise", "layerwise-init", "attention-maps"), _run_probe
+)
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
@@ -392,11 +385,6 @@ def _seed_mean(key: str, probes_: list[dict], n: int | None = None) -> tuple[lis
     return [sum(layer) / len(runs) for layer in zip(*runs, strict=True)], runs
 
 
-def _half_start(n: int) -> int:
-    """Index of the first layer of the latter half of ``n`` layers (at least two layers in it)."""
-    return max(0, min(n // 2, n - 2))
-
-
 def _delta(vals: list[float], start: int) -> float:
     return vals[-1] - vals[start] if len(vals) > start else math.nan
 
@@ -515,7 +503,7 @@ def _layerwise_claim(name: str, key: str, n_layers: int) -> tuple[int, str, str]
     """``(start, claim id, rule)``: ToST's claim spans all layers, CBSA's / CRATE's the latter half."""
     if key == "variational_compression":  # ToST Fig. 4a: "mostly decreases by layer" over all layers
         return 0, "tost-f4a-compression", f"fall rule over all layers (1-{n_layers})"
-    start = _half_start(n_layers)  # CBSA Fig. 5 / CRATE: consecutive compression over the latter half
+    start = max(0, min(n_layers // 2, n_layers - 2))  # CBSA Fig. 5 / CRATE: the latter half, at least two layers
     return start, f"cbsa-f5-compression#{name}", f"fall rule over the latter half (layers {start + 1}-{n_layers})"
 
 
