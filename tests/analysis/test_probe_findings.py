@@ -30,7 +30,7 @@ def test_fall_verdict_table(vals, start, expected):
 
 @pytest.mark.parametrize("n,start", [(2, 0), (3, 1), (4, 2), (8, 4), (12, 6), (1, 0)])
 def test_latter_half_starts_mid_way_with_two_layers_at_least(n, start):
-    assert P._half_start(n) == start
+    assert P._layerwise_claim("crate", "compression", n)[0] == start
 
 
 def _layerwise(mech, key, vals, extra=None):

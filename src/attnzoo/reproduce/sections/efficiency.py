@@ -216,7 +216,7 @@ def fast_d32(d32: dict[str, dict]) -> tuple[Table, dict]:
     return table, measured_finding("fast-t2-speed#op-d32", measured, verdict, rule, kind="paper")
 
 
-def _findings(n_rows, dec_rows, explicit=None) -> list[dict]:
+def _findings(n_rows, dec_rows, explicit) -> list[dict]:
     # only completed non-causal forward timings are comparable across mechanisms
     ok = [r for r in n_rows if r.status == "ok" and not r.causal and r.fwd_ms]
     if not ok:
@@ -233,7 +233,7 @@ def _findings(n_rows, dec_rows, explicit=None) -> list[dict]:
     return out + _decode_findings(dec_rows)
 
 
-def _tssa_findings(ok, explicit=None) -> list[dict]:
+def _tssa_findings(ok, explicit) -> list[dict]:
     """ToST Fig. 6 (left): TSSA's speed and memory against softmax at the longest N both were measured at."""
     soft, tssa = ({r.length: r for r in ok if r.mechanism == m} for m in ("softmax", "tssa"))
     n = max((k for k in soft if k in tssa), default=None)

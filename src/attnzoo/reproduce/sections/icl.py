@@ -71,7 +71,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
                     cfg = common.tuned(cfg, f"{KEY}/{task}", source, common.row_lrs(plan, source), "mean_error", False)
                 steps.append(common.section_step(KEY, sid, cfg, _run_model))
         config = {"task": TASKS[task], "task_options": dict(opts, seed=seed), "lasso_alpha": plan["lasso_alpha"]}
-        steps.append(Step(f"{KEY}/{task}/baselines", KEY, config, _run_baselines, label=f"{task}/baselines"))
+        steps.append(common.section_step(KEY, f"{KEY}/{task}/baselines", config, _run_baselines))
     return steps
 
 
@@ -229,9 +229,8 @@ def _plot(curves, d):
             color = "gray" if ref else f"C{i}"
             ax.plot(range(len(v)), v, styles.get(name, "-"), marker=None if ref else "o", ms=3, label=name, color=color)
         ax.axvline(d, color="k", lw=0.5, alpha=0.5)
-        ax.set(
-            xlabel="in-context examples", ylabel="squared error / d", title=f"{t} regression (d={d})", ylim=(0, None)
-        )
+        ax.set(xlabel="in-context examples", ylabel="squared error / d", ylim=(0, None))
+        ax.set_title(f"{t} regression (d={d})")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()

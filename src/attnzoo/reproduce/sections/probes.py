@@ -25,22 +25,19 @@ FALL_RULE = (
     "falling, disagrees if it rises with under half falling, else inconclusive; over seeds, the seed mean's "
     "verdict if more than half of the seeds give it."
 )
-#: short names of the per-layer measures in the tables, and their definitions
-MEASURE_LABEL = {
-    "crate_compression": "R^c (CRATE's code)",
-    "compression": "R^c raw (eq 2)",
-    "variational_compression": "R^var_c (ToST eq 4)",
-    "variational_compression_out": "R^var_c, block output",
-    "coding_rate": "R(Z) (eq 1)",
+#: per-layer measure -> (its short name in the tables, its definition); the tokens are those entering each attention
+#: layer after its pre-norm, unless the name says block output
+MEASURES = {
+    "crate_compression": ("R^c (CRATE's code)", "CBSA eq 2 on unit-norm codes U_kᵀz, ε² = 0.01"),
+    "compression": ("R^c raw (eq 2)", "CBSA eq 2, ε = 0.5"),
+    "variational_compression": ("R^var_c (ToST eq 4)", "ToST eq 4 with the layer's memberships, ε = 0.5"),
+    "variational_compression_out": (
+        "R^var_c, block output",
+        "the same on the block's outputs (what ToST Fig. 4a plots)",
+    ),
+    "coding_rate": ("R(Z) (eq 1)", "CBSA eq 1, ε = 0.5"),
 }
-#: (the tokens are those entering each attention layer after its pre-norm, unless the label says block output)
-MEASURE_DEF = {
-    "crate_compression": "CBSA eq 2 on unit-norm codes U_kᵀz, ε² = 0.01",
-    "compression": "CBSA eq 2, ε = 0.5",
-    "variational_compression": "ToST eq 4 with the layer's memberships, ε = 0.5",
-    "variational_compression_out": "the same on the block's outputs (what ToST Fig. 4a plots)",
-    "coding_rate": "CBSA eq 1, ε = 0.5",
-}
+MEASURE_LABEL = {k: label for k, (label, _) in MEASURES.items()}
 #: the control's reading when the untrained architecture shows the trend as strongly (the verdict is then gated)
 INIT_FALLS_AS_MUCH = "the untrained model falls as much: the trend is the architecture's, not learned"
 
@@ -123,14 +120,6 @@ def _run_train(ctx: Context, step: Step) -> dict:
     return out | {k: rec[k] for k in ("curve", "val_curve")}
 
 
-def _run_synth(_ctx: Context, step: Step) -> dict:
-    from attnzoo.analysis import compress, denoise, rank_collapse
-    from attnzoo.analysis.io import to_jsonable
-
-    fn = {"denoise": denoise, "compress": compress, "rank-collapse": rank_collapse}[step.config["experiment"]]
-    return to_jsonable(fn(**step.config["params"]))
-
-
 def _val_batch(cfg: dict):
     from attnzoo.data import build_task
 
@@ -147,30 +136,31 @@ def _trained(ctx: Context, name: str, source: str | None = None):
     return common.load_trained(rec["result"]["run_dir"])
 
 
-def _run_layerwise(ctx: Context, step: Step) -> dict:
-    """The layer-wise probe of a trained model, or of its architecture as its training seed initialises it."""
-    from attnzoo.analysis import layerwise
+def _run_probe(ctx: Context, step: Step) -> dict:
+    """A parameter-free probe, the attention maps of trained models, or the layer-wise probe of a trained model or of
+    its architecture as its training seed initialises it."""
+    from attnzoo import analysis
     from attnzoo.analysis.io import to_jsonable
 
-    cfg = step.config
-    if cfg["experiment"] == "layerwise-init":
+    cfg, experiment = step.config, step.config["experiment"]
+    synthetic = {"denoise": analysis.denoise, "compress": analysis.compress, "rank-collapse": analysis.rank_collapse}
+    if experiment in synthetic:
+        return to_jsonable(synthetic[experiment](**cfg["params"]))
+    if experiment == "attention-maps":
+        models = {n: _trained(ctx, n) for n in cfg["models"]}
+        return to_jsonable(analysis.attention_maps(models, _val_batch(cfg["batch"])))
+    if experiment == "layerwise-init":
         model = common.untrained_model(cfg["train"])[0]
     else:
         model = _trained(ctx, cfg["model"], cfg.get("source"))
-    return to_jsonable(layerwise(model, _val_batch(cfg["batch"]), eps=cfg["eps"], crate_eps=cfg.get("crate_eps", 0.1)))
-
-
-def _run_maps(ctx: Context, step: Step) -> dict:
-    from attnzoo.analysis import attention_maps
-    from attnzoo.analysis.io import to_jsonable
-
-    models = {n: _trained(ctx, n) for n in step.config["models"]}
-    return to_jsonable(attention_maps(models, _val_batch(step.config["batch"])))
+    batch = _val_batch(cfg["batch"])
+    return to_jsonable(analysis.layerwise(model, batch, eps=cfg["eps"], crate_eps=cfg.get("crate_eps", 0.1)))
 
 
 #: experiment -> the function that runs its step
-_RUN = dict.fromkeys(("denoise", "compress", "rank-collapse"), _run_synth)
-_RUN.update({"layerwise": _run_layerwise, "layerwise-init": _run_layerwise, "attention-maps": _run_maps})
+_RUN = dict.fromkeys(
+    ("denoise", "compress", "rank-collapse", "layerwise", "layerwise-init", "attention-maps"), _run_probe
+)
 
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
@@ -188,21 +178,16 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     plot = _plotter(sec, plots_dir, rel)
     if "denoise" in res:
         _denoise_table(sec, {k: v for k, v in res.items() if k == "denoise" or k.startswith("denoise/")}, plot)
-    if "compress" in res:
-        _compress_table(sec, res["compress"], plot)
-    if "rank-collapse" in res:
-        _rank_collapse_table(sec, res["rank-collapse"], plot)
-    if lw:
-        _layerwise_table(sec, lw, trained, depth, plot)
-    if init:
-        _init_table(sec, lw, init)
+    for label, table in (("compress", _compress_table), ("rank-collapse", _rank_collapse_table)):
+        if label in res:
+            table(sec, res[label], plot)
+    _layerwise_table(sec, lw, trained, depth, plot)
+    _init_table(sec, lw, init)
     curves = {n: t["val_curve"] for n, t in trained.items() if t.get("val_curve")}
     rows = {n: [[p["step"], 100.0 * p["accuracy"]] for p in c if "accuracy" in p] for n, c in curves.items()}
-    path, panels = plots_dir / "probes_curves.png", [("probe models", rows)]
-    sec.add_curves(panels, path, rel, "accuracy (%)", "Probe models", "")
-    if "attention-maps" in res:
-        caption = "Attention maps of the trained models (ToST Fig. 5 / FAST Fig. 4)."
-        plot("attention-maps", res["attention-maps"], caption)
+    sec.add_curves([("probe models", rows)], plots_dir / "probes_curves.png", rel, "accuracy (%)", "Probe models", "")
+    if (maps := res.get("attention-maps")) is not None:
+        plot("attention-maps", maps, "Attention maps of the trained models (ToST Fig. 5 / FAST Fig. 4).")
     sec.data = {k: _slim(v) for k, v in res.items()}
     majority = 100.0 * plan.get("majority", 0.1)
     require = plan.get("require_learned", True)
@@ -325,7 +310,7 @@ def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict]
             shown.add(lit)
     if not rows:
         return
-    defs = "; ".join(f"{v}: {MEASURE_DEF[k]}" for k, v in MEASURE_LABEL.items() if k in MEASURE_DEF and k in shown)
+    defs = "; ".join(f"{label}: {definition}" for k, (label, definition) in MEASURES.items() if k in shown)
     caption = (
         f"{defs}; (figure): what the paper's figure plots. Tokens enter the attention layer after its pre-norm unless "
         "labelled block output; batch means over validation images."
@@ -398,11 +383,6 @@ def _seed_mean(key: str, probes_: list[dict], n: int | None = None) -> tuple[lis
     n = len(_layer_series(probes_[0], key)) if n is None else n
     runs = [v for p in probes_ if len(v := _layer_series(p, key)) == n]
     return [sum(layer) / len(runs) for layer in zip(*runs, strict=True)], runs
-
-
-def _half_start(n: int) -> int:
-    """Index of the first layer of the latter half of ``n`` layers (at least two layers in it)."""
-    return max(0, min(n // 2, n - 2))
 
 
 def _delta(vals: list[float], start: int) -> float:
@@ -523,7 +503,7 @@ def _layerwise_claim(name: str, key: str, n_layers: int) -> tuple[int, str, str]
     """``(start, claim id, rule)``: ToST's claim spans all layers, CBSA's / CRATE's the latter half."""
     if key == "variational_compression":  # ToST Fig. 4a: "mostly decreases by layer" over all layers
         return 0, "tost-f4a-compression", f"fall rule over all layers (1-{n_layers})"
-    start = _half_start(n_layers)  # CBSA Fig. 5 / CRATE: consecutive compression over the latter half
+    start = max(0, min(n_layers // 2, n_layers - 2))  # CBSA Fig. 5 / CRATE: the latter half, at least two layers
     return start, f"cbsa-f5-compression#{name}", f"fall rule over the latter half (layers {start + 1}-{n_layers})"
 
 
