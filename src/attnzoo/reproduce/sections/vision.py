@@ -410,14 +410,11 @@ def _plot(res: dict, names: list[str]):
     colors = [f"C{i % 10}" for i in range(len(names))]
     acc = [res[n]["accuracy"] for n in names]
     axes[0].bar(x, [a.mean for a in acc], yerr=[a.std or 0.0 for a in acc], color=colors, capsize=3)
-    axes[0].set_ylabel("validation accuracy (%)")
-    for ax, key, label in (
-        (axes[1], "samples_per_s", "training images / s"),
-        (axes[2], "peak_train_mb", "peak memory of a training step (MiB)"),
-    ):
+    for ax, key in zip(axes[1:], ("samples_per_s", "peak_train_mb"), strict=True):
         ax.bar(x, [res[n].get(key) or 0.0 for n in names], color=colors)
+    labels = ("validation accuracy (%)", "training images / s", "peak memory of a training step (MiB)")
+    for ax, label in zip(axes, labels, strict=True):
         ax.set_ylabel(label)
-    for ax in axes:
         ax.set_xticks(x, names, rotation=35, ha="right", fontsize=8)
         ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle("Vision models at equal width/depth (papers' architectures, then controlled swaps)")
@@ -442,8 +439,7 @@ ABLATED = {"aot": ("aot+ista", "aot+prenorm")}
 
 #: a row's mean-pooled form: a controlled swap reads the mean-pooled pair where both ran (the papers' conditions)
 MEANPOOL_BASE = "vit-meanpool"
-MEANPOOLED = {"vit": MEANPOOL_BASE, "vit+tssa": "vit+tssa-meanpool", "vit+csp": "vit+csp-meanpool"}
-MEANPOOLED["vit+xca"] = "vit+xca-meanpool"
+MEANPOOLED = {"vit": MEANPOOL_BASE} | {r: f"{r}-meanpool" for r in ("vit+tssa", "vit+csp", "vit+xca")}
 #: why a CLS-token swap is not the paper's condition (gates it when its mean-pooled form did not run)
 CLS_CONDITIONS = {
     "vit+tssa": "TSSA reads the CLS token here; ToST pools with class-attention layers and never passes a CLS token "
