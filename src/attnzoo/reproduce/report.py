@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import os
 import time
@@ -45,8 +46,10 @@ def _summaries(out: Path, plan: dict, sections: list[str], records: dict, outcom
             )
         except Exception as e:  # noqa: BLE001 - a broken summary must not hide the other sections
             sec = Section(key, mod.TITLE, notes=[f"summary failed: {type(e).__name__}: {e}"])
-        sec.notes += [f"step `{sid}` failed: {why}" for sid, why in outcome.failed.items() if _in(sid, key)]
-        if missing := [f"`{sid}`" for sid in outcome.missing if _in(sid, key)]:
+        sec.notes += [
+            f"step `{sid}` failed: {why}" for sid, why in outcome.failed.items() if sid.split("/", 1)[0] == key
+        ]
+        if missing := [f"`{sid}`" for sid in outcome.missing if sid.split("/", 1)[0] == key]:
             sec.notes.insert(
                 0,
                 f"{len(missing)} step(s) of this section's plan were not computed (report written with --report-only): "
@@ -54,10 +57,6 @@ def _summaries(out: Path, plan: dict, sections: list[str], records: dict, outcom
             )
         result.append(sec)
     return result
-
-
-def _in(step_id: str, section: str) -> bool:
-    return step_id.split("/", 1)[0] == section
 
 
 def effect_cell(f: dict) -> str:
@@ -86,39 +85,24 @@ def _blank_repeats():
 
 
 def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], int]:
-    """A section's implementation checks, their notes (rule, gate, explanation) numbered under the table; a check run
-    once per item (a mechanism, a task) is one row listing each item's figure (:func:`_group_row`)."""
+    """A section's implementation checks with their numbered notes; a per-item check is one row (:func:`_group_row`)."""
     rows, notes, seen, once = [], [], {}, _blank_repeats()
-    for group in _per_item_groups(findings):
+    for _, run in itertools.groupby(findings, _item_key):
+        group = list(run)
         f = group[0]
         refs, start = _note_refs(f, seen, notes, start)
         row = _group_row(group) if len(group) > 1 else [f["claim"], f["measured"], _verdict_cell(f)]
-        rows.append([row[0], once("paper_value", f["paper_value"]), row[1], _with_refs(row[2], refs)])
+        rows.append([row[0], once("paper_value", f["paper_value"]), row[1], row[2] + refs])
     return md_table(FINDING_COLUMNS, rows), notes, start
 
 
-def _per_item_groups(findings: list[dict]) -> list[list[dict]]:
-    """Runs of consecutive findings of one per-item check with the same rule and no gate or explanation of their
-    own (each its own group otherwise)."""
-    groups: list[list[dict]] = []
-    for f in findings:
-        last = groups[-1][-1] if groups else None
-        if last is not None and _groupable(f) and _groupable(last) and _group_key(f) == _group_key(last):
-            groups[-1].append(f)
-        else:
-            groups.append([f])
-    return groups
-
-
-def _groupable(f: dict) -> bool:
+def _item_key(f: dict) -> object:
+    """Findings of one per-item check with one rule and no gate or explanation share a key; others get their own."""
     cid = f.get("claim_id") or ""
-    if not paper_claims.test_of(cid) or f.get("gate") or f.get("explanation") or f.get("claim_type"):
-        return False
-    return bool(getattr(paper_claims.get(cid), "per", ""))
-
-
-def _group_key(f: dict) -> tuple:
-    return paper_claims.base_id(f["claim_id"]), f.get("rule"), f["paper_value"]
+    alone = not paper_claims.test_of(cid) or f.get("gate") or f.get("explanation") or f.get("claim_type")
+    if alone or not getattr(paper_claims.get(cid), "per", ""):
+        return object()
+    return paper_claims.base_id(cid), f.get("rule"), f["paper_value"]
 
 
 def _group_row(group: list[dict]) -> list[str]:
@@ -145,22 +129,17 @@ def _shared_suffix(texts: list[str]) -> str:
 
 
 def _note_refs(f: dict, seen: dict[tuple[str, str], int], notes: list[str], start: int, rule=None) -> tuple[str, int]:
-    """``[n] [m]`` (empty without notes): the finding's rule (``rule(f)``, by default :func:`_own_rule`), gate and
-    explanation as numbered notes, each printed once (a repeat points back to its number); returns the next number."""
-    refs = []
+    """`` [n] [m]`` after a verdict (empty without notes): the finding's rule (``rule(f)``, by default
+    :func:`_own_rule`), gate and explanation as numbered notes, each printed once; returns the next number."""
+    refs = ""
     for label, text in (("rule", (rule or _own_rule)(f)), ("gated", f.get("gate")), ("why", f.get("explanation"))):
         if text and text != "-":
             if (label, text) not in seen:
                 seen[(label, text)] = start
                 notes.append(f"[{start}] {label}: {text}")
                 start += 1
-            refs.append(f"[{seen[(label, text)]}]")
-    return " ".join(refs), start
-
-
-def _with_refs(verdict: str, refs: str) -> str:
-    """A verdict cell with its note references after it."""
-    return f"{verdict} {refs}" if refs else verdict
+            refs += f" [{seen[(label, text)]}]"
+    return refs, start
 
 
 def _verdict_cell(f: dict) -> str:
@@ -183,13 +162,10 @@ def _table_rule(f: dict) -> str | None:
     """The claims table's rule note: a margin's source only (the effect cell prints the margin or refuting bar), and
     none where the margin is the paper's own gap for the pair, which the paper's figure shows."""
     if f.get("claim_type") and f.get("effect") is not None:
-        if f.get("margin") and _own_gap(f):
+        if not f.get("margin") or _own_gap(f):
             return None
-        if f.get("margin"):
-            rel = f"{f['margin_rel']:g} of {f['b_name']}'s mean: " if f.get("margin_rel") is not None else ""
-            return rel + f.get("margin_source", "")
-        if f.get("refute_below") is not None:
-            return None
+        rel = f"{f['margin_rel']:g} of {f['b_name']}'s mean: " if f.get("margin_rel") is not None else ""
+        return rel + f.get("margin_source", "")
     return _own_rule(f)
 
 
@@ -215,8 +191,7 @@ def _paper_claims(secs: list[Section]) -> list[ClaimResult]:
 
 
 def _summary(secs: list[Section], plan_name: str) -> list[str]:
-    """The first screen: the claims counted once, the decided trained claims, the causes of the rest, the legend,
-    then the claims table and the checks."""
+    """The first screen: the claims counted once, decided and undecided, the legend, the claims table, the checks."""
     claims_ = _paper_claims(secs)
     lines = _headline(claims_) + _decided_lines(claims_) + _blocked_lines(claims_) + _legend_lines()
     lines += _scale_lines(secs)
@@ -228,20 +203,14 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
         ]
     table, notes = _claims_table(claims_)
     lines += ["### The claims", "", table, ""] + [n + "  " for n in notes] + [""]
-    return lines + _checks_lines(
-        [(_short_title(s.title), f) for s in secs for f in s.findings if f.get("kind") == "check"]
-    )
-
-
-def _checks_lines(checks: list[tuple[str, dict]]) -> list[str]:
-    """The implementation checks counted by verdict, with the sections of those that do not agree."""
-    if not checks:
-        return []
-    cc = Counter(f["verdict"] for _, f in checks)
-    odd = Counter(t for t, f in checks if f["verdict"] != "agrees")
-    where = " (not agreeing: " + ", ".join(f"{t} {n}" for t, n in odd.items()) + ")" if odd else ""
-    counts = ", ".join(f"{cc[v]} {v}" for v in VERDICTS if cc[v])
-    return [f"Implementation checks (in their sections): {counts}{where}.", ""]
+    if checks := [(_short_title(s.title), f) for s in secs for f in s.findings if f.get("kind") == "check"]:
+        # counted by verdict, with the sections of those that do not agree
+        cc = Counter(f["verdict"] for _, f in checks)
+        odd = Counter(t for t, f in checks if f["verdict"] != "agrees")
+        where = " (not agreeing: " + ", ".join(f"{t} {n}" for t, n in odd.items()) + ")" if odd else ""
+        counts = ", ".join(f"{cc[v]} {v}" for v in VERDICTS if cc[v])
+        lines += [f"Implementation checks (in their sections): {counts}{where}.", ""]
+    return lines
 
 
 def _headline(claims_: list[ClaimResult]) -> list[str]:
@@ -343,8 +312,7 @@ def _legend_lines() -> list[str]:
 
 
 def _claims_table(claims_: list[ClaimResult]) -> tuple[str, list[str]]:
-    """One block of rows per claim: its statement once (with the combined verdict when tested several ways), then
-    each test's figure, effect (after the test's name), verdict and notes."""
+    """One block of rows per claim: its statement once, then each test's figure, effect, verdict and notes."""
     rows, notes, seen, start, once = [], [], {}, 1, _blank_repeats()
     said: dict[str, str] = {}  # a long measured text already in the table -> the claim it was printed for
     for c in claims_:
@@ -352,23 +320,17 @@ def _claims_table(claims_: list[ClaimResult]) -> tuple[str, list[str]]:
             refs, start = _note_refs(f, seen, notes, start, _table_rule)
             paper = once("paper", f["paper"])
             statement = f["claim"] + (f" (claim: {_MARK[c.verdict]})" if len(c.tests) > 1 else "")
-            head = [_claim_cell(c.id, paper), statement] if i == 0 else ["", ""]
+            # the claim's id and paper (a finding without a record: its paper, then its statement)
+            cell = paper if ":" in c.id else f"`{c.id}`" + (f" ({paper})" if paper else "")
+            head = [cell, statement] if i == 0 else ["", ""]
             test = paper_claims.test_of(f.get("claim_id") or "")
             effect = effect_cell(f)
             if f.get("claim_type") is None and len(effect.split()) > 20 and said.setdefault(effect, c.id) != c.id:
                 effect = f"as for `{said[effect]}`"
             effect = f"{test}: {effect}" if test else effect
-            row = head + [once("paper_value", f["paper_value"]), effect, _with_refs(_verdict_cell(f), refs)]
+            row = head + [once("paper_value", f["paper_value"]), effect, _verdict_cell(f) + refs]
             rows.append(row + [once("section", section)])
     return md_table(CLAIMS_COLUMNS, rows), notes
-
-
-def _claim_cell(claim_id: str, paper: str) -> str:
-    """A claim's id with its paper's reference (``paper``: "" when the row above names the same); a finding without a
-    record is named by its reference and statement."""
-    if ":" in claim_id:
-        return paper
-    return f"`{claim_id}`" + (f" ({paper})" if paper else "")
 
 
 def _scale_lines(secs: list[Section]) -> list[str]:
@@ -514,22 +476,10 @@ def _report_md(secs: list[Section], setup: list, budget_name: str, records: dict
     md += ["## Summary", ""] + _summary(secs, budget_name)
     md += ["## Contents", ""] + [f"- [{_short_title(s.title)}](#{_anchor(s.title)})" for s in secs]
     md += ["- [Compute](#compute)", "- [Provenance](#provenance)", ""]
-    for s in secs:
-        md += _section_md(s)
-    return (
-        md
-        + _compute_md(secs, records)
-        + [
-            "## Provenance",
-            "",
-            "Generated by the command below from the stored steps (re-running it reuses them): "
-            + _imported_text(records)
-            + f"Each step's configuration and time: [{CONFIGS_FILE}]({CONFIGS_FILE}).",
-            "",
-            md_table(["item", "value"], setup),
-            "",
-        ]
-    )
+    md += [line for s in secs for line in _section_md(s)] + _compute_md(secs, records)
+    provenance = "Generated by the command below from the stored steps (re-running it reuses them): "
+    provenance += _imported_text(records) + f"Each step's configuration and time: [{CONFIGS_FILE}]({CONFIGS_FILE})."
+    return md + ["## Provenance", "", provenance, "", md_table(["item", "value"], setup), ""]
 
 
 def _imported_text(records: dict[str, dict]) -> str:

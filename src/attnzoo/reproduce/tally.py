@@ -51,13 +51,10 @@ class ClaimResult:
 
 def combine(verdicts: list[str]) -> str:
     """The claim table's rule (:data:`paper_claims.COMBINE_EVERY`); not tested if no test ran."""
-    if "disagrees" in verdicts:
-        return "disagrees"
-    if "agrees" in verdicts:
-        return "agrees"
-    if verdicts and all(v == "not tested" for v in verdicts):
-        return "not tested"
-    return "inconclusive"
+    for decided in ("disagrees", "agrees"):
+        if decided in verdicts:
+            return decided
+    return "not tested" if set(verdicts) == {"not tested"} else "inconclusive"
 
 
 def cause_of(findings: list[dict]) -> str:

@@ -143,12 +143,9 @@ def rows_of(plan: dict) -> list[str]:
 def _compared_2x(plan: dict) -> dict[str, str]:
     """row -> its run at twice the steps, on every seed (``compared_2x``): a compared row's own, or a baseline's plateau
     run on every seed rather than one, so that the comparisons between such rows are replicated there."""
-    extra = plan.get("compared_2x", [])
-    if unknown := sorted(set(extra) - set(plan["models"]) - set(plan.get("swaps", []))):
-        raise ValueError(
-            f"compared_2x rows {unknown} are not models or swaps of this plan; rows: "
-            f"{list(plan['models']) + list(plan.get('swaps', []))}"
-        )
+    extra, compared = plan.get("compared_2x", []), list(plan["models"]) + list(plan.get("swaps", []))
+    if unknown := sorted(set(extra) - set(compared)):
+        raise ValueError(f"compared_2x rows {unknown} are not models or swaps of this plan; rows: {compared}")
     return {r: f"{r}{common.LONGER}" for r in extra}
 
 
@@ -202,8 +199,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     one_seed = set(_plateau_rows(plan).values()) - {PLATEAU} - set(_compared_2x(plan).values())
     for name in rows_of(plan):
         own = seeds[:1] if name in one_seed else common.plateau_seed_list(plan, seed) if name == PLATEAU else seeds
-        runs = common.seed_runs(f"{KEY}/{name}", own)
-        steps += [_row_step(plan, name, s, sid) for sid, s in runs]
+        steps += [_row_step(plan, name, s, sid) for sid, s in common.seed_runs(f"{KEY}/{name}", own)]
     # more seeds of a comparison's rows: each finding uses all of a row's seeds
     extra = plan.get("extra_seeds", {})
     for name in extra.get("rows", []):
@@ -367,9 +363,8 @@ def _tables(res: dict, plan: dict, swaps: list[str]) -> list[Table]:
         return [n, _row(n).mechanism, desc, *measures(n)]
 
     measured = ["params", "val acc %", "train img/s", "peak train-step MiB"]
-    papers = [n for n in [*plan["models"], MATCHED] if n in res]
-    heads = ["model", "mechanism", "architecture", *measured]
-    tables = [Table("Papers' architectures", heads, [paper_row(n) for n in papers])]
+    papers = [paper_row(n) for n in [*plan["models"], MATCHED] if n in res]
+    tables = [Table("Papers' architectures", ["model", "mechanism", "architecture", *measured], papers)]
     if len(swaps) > 1:
         rows = [[n, *measures(n)] for n in swaps]
         tables.append(Table("Controlled swaps: ViT skeleton, only the attention differs", ["model", *measured], rows))
@@ -410,14 +405,11 @@ def _plot(res: dict, names: list[str]):
     colors = [f"C{i % 10}" for i in range(len(names))]
     acc = [res[n]["accuracy"] for n in names]
     axes[0].bar(x, [a.mean for a in acc], yerr=[a.std or 0.0 for a in acc], color=colors, capsize=3)
-    axes[0].set_ylabel("validation accuracy (%)")
-    for ax, key, label in (
-        (axes[1], "samples_per_s", "training images / s"),
-        (axes[2], "peak_train_mb", "peak memory of a training step (MiB)"),
-    ):
+    for ax, key in zip(axes[1:], ("samples_per_s", "peak_train_mb"), strict=True):
         ax.bar(x, [res[n].get(key) or 0.0 for n in names], color=colors)
+    labels = ("validation accuracy (%)", "training images / s", "peak memory of a training step (MiB)")
+    for ax, label in zip(axes, labels, strict=True):
         ax.set_ylabel(label)
-    for ax in axes:
         ax.set_xticks(x, names, rotation=35, ha="right", fontsize=8)
         ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle("Vision models at equal width/depth (papers' architectures, then controlled swaps)")
@@ -442,8 +434,7 @@ ABLATED = {"aot": ("aot+ista", "aot+prenorm")}
 
 #: a row's mean-pooled form: a controlled swap reads the mean-pooled pair where both ran (the papers' conditions)
 MEANPOOL_BASE = "vit-meanpool"
-MEANPOOLED = {"vit": MEANPOOL_BASE, "vit+tssa": "vit+tssa-meanpool", "vit+csp": "vit+csp-meanpool"}
-MEANPOOLED["vit+xca"] = "vit+xca-meanpool"
+MEANPOOLED = {"vit": MEANPOOL_BASE} | {r: f"{r}-meanpool" for r in ("vit+tssa", "vit+csp", "vit+xca")}
 #: why a CLS-token swap is not the paper's condition (gates it when its mean-pooled form did not run)
 CLS_CONDITIONS = {
     "vit+tssa": "TSSA reads the CLS token here; ToST pools with class-attention layers and never passes a CLS token "
