@@ -553,8 +553,7 @@ def compared_row_gate(f: Finding, row: str, base: Stat | None, longer: Stat | No
 
 
 def _paired_change(base: Stat, longer: Stat) -> tuple[Stat, float]:
-    """How far a run at twice the steps moved, against the same (first) seeds of ``base``: the seeds' spread is not a
-    change with the steps."""
+    """How far a run at twice the steps moved from the same (first) seeds of ``base``: seed spread is no step change."""
     paired = Stat(tuple(base.values[: longer.n])) if longer.n < base.n else base
     return paired, longer.mean - paired.mean
 

@@ -147,8 +147,7 @@ def _controls(findings: list[Finding], ev: Evidence) -> None:
 
 
 def _plateaus(findings: list[Finding], ev: Evidence) -> dict[str, dict]:
-    """Per baseline: comparisons replicated at twice the steps, then the baseline's drift on the rest, then the
-    compared rows' own moves."""
+    """Per baseline: comparisons replicated at 2x steps, the baseline's drift on the rest, the rows' own moves."""
     out = {}
     for p in ev.plateaus:
         own = list(filter(p.judges, findings))
