@@ -570,16 +570,12 @@ def margin_sensitivity(f: Finding, other: float, label: str, *, relative: bool =
     own = f.margin_rel if relative else f.margin
     if not f.ci95 or not own:
         return f
-    m = f.margin * other / own
-
-    def said(m: float) -> str:  # an absolute margin is the label's own figure: not said again
-        return f" (margin {m:.3g})" if relative else ""
-
-    parts = [f"{verdict_from_ci(f.ci95, m)}{said(m)}"]
-    rep = f.replicated_2x
-    if rep and rep.get("ci95"):
-        m2 = rep["margin"] * other / own
-        parts.append(f"at 2x steps {verdict_from_ci(rep['ci95'], m2)}{said(m2)}")
+    parts, rep = [], f.replicated_2x or {}
+    for at, ci, margin in (("", f.ci95, f.margin), ("at 2x steps ", rep.get("ci95"), rep.get("margin"))):
+        if ci:
+            m = margin * other / own
+            said = f" (margin {m:.3g})" if relative else ""  # an absolute margin is the label's own figure
+            parts.append(f"{at}{verdict_from_ci(ci, m)}{said}")
     what = f"{label} ({other:.1%})" if relative else f"{label} ({other:g} {f.unit or ''})"
     return explain(f, f"with {what} as margin: " + ", ".join(parts))
 
