@@ -169,8 +169,7 @@ _FIELDS = frozenset(f.name for f in fields(Finding))
 
 
 def stat(values: float | Iterable[float | None] | Stat | None) -> Stat | None:
-    """A :class:`Stat` from a number, a sequence (``None`` and non-finite entries dropped) or a Stat; ``None`` if
-    empty."""
+    """A :class:`Stat` of a number, a sequence (``None``, non-finite entries dropped) or a Stat; ``None`` if empty."""
     if values is None or isinstance(values, Stat):
         return values
     if isinstance(values, (int, float)):
@@ -206,8 +205,7 @@ REFUTE_FRACTION = 0.5
 
 
 def verdict_from_ci(ci: tuple[float, float] | None, margin: float, refute_below: float | None = None) -> str:
-    """The rule: the whole interval above ``-margin`` agrees, wholly below ``-margin`` (or ``refute_below``)
-    disagrees."""
+    """The rule: an interval wholly above ``-margin`` agrees, wholly below it (or ``refute_below``) disagrees."""
     if margin < 0:
         raise ValueError(f"margin must be >= 0, got {margin}")
     if ci is None:
@@ -291,13 +289,9 @@ def compare(
     if paper_effect is None and superiority and claim_id:
         rec = paper_claims.get(claim_id)
         paper_effect = None if paper_claims.test_of(claim_id) in _LRA_TASKS else getattr(rec, "paper_effect", None)
-    refute = None
-    if superiority and paper_effect is not None:
-        if not (math.isfinite(paper_effect) and paper_effect > 0):
-            raise ValueError(
-                f"a superiority claim's paper_effect must be finite and > 0 (oriented), got {paper_effect}"
-            )
-        refute = REFUTE_FRACTION * paper_effect
+    refute = REFUTE_FRACTION * paper_effect if superiority and paper_effect is not None else None
+    if refute is not None and not (math.isfinite(paper_effect) and paper_effect > 0):
+        raise ValueError(f"a superiority claim's paper_effect must be finite and > 0 (oriented), got {paper_effect}")
     margin_abs = margin * abs(sb.mean) if relative else float(margin)
     effect, ci, df = welch_ci(sa, sb, lower_is_better=lower_is_better)
     rel = f", {100 * (sa.mean - sb.mean) / sb.mean:+.1f}%" if relative and sb.mean else ""
@@ -306,34 +300,35 @@ def compare(
         f"{a_name} {sa.fmt(spec)} vs {b_name} {sb.fmt(spec)}: effect {effect:+.3g} {unit}{rel}, {ci_txt} "
         f"({sa.n} vs {sb.n} seeds)"
     )
-    rule = _rule(superiority, lower_is_better, margin, margin_abs, relative, margin_source, b_name, unit, paper_effect)
     verdict = verdict_from_ci(ci, margin_abs, refute)
-    f = finding(paper, claim, paper_value, measured, verdict, rule, kind=kind, seeds=min(sa.n, sb.n), claim_id=claim_id)
+    f = finding(paper, claim, paper_value, measured, verdict, "", kind=kind, seeds=min(sa.n, sb.n), claim_id=claim_id)
     f.claim_type, f.a_name, f.b_name, f.unit = claim_type, a_name, b_name, unit
     f.effect, f.ci95, f.df = effect, list(ci) if ci is not None else None, df
     f.margin, f.margin_source, f.margin_rel = margin_abs, margin_source, float(margin) if relative else None
     f.values_a, f.values_b, f.lower_is_better = list(sa.values), list(sb.values), lower_is_better
     if refute is not None:
         f.paper_effect, f.refute_below = float(paper_effect), refute
+    f.rule = _rule(f)
     return f
 
 
-def _rule(superiority, lower_is_better, margin, margin_abs, relative, margin_source, b_name, unit, paper_effect) -> str:
-    """The verdict rule of one comparison, in words (a superiority claim with the paper's effect: its refuting bar)."""
-    if superiority:
+def _rule(f: Finding) -> str:
+    """A comparison's verdict rule, in words (a superiority claim with the paper's effect: its refuting bar)."""
+    if f.claim_type == "superiority":
         below = "below 0"
-        if paper_effect is not None:
-            bar = REFUTE_FRACTION * paper_effect
-            below = f"below {REFUTE_FRACTION:g}x the paper's effect {paper_effect:+.3g} = {bar:+.3g}"
-        better = "lower" if lower_is_better else "higher"
+        if f.refute_below is not None:
+            below = f"below {REFUTE_FRACTION:g}x the paper's effect {f.paper_effect:+.3g} = {f.refute_below:+.3g}"
+        better = "lower" if f.lower_is_better else "higher"
         return (
             f"superiority ({better} is better): agrees if the 95% Welch-t CI of the effect lies above 0, "
             f"disagrees if it lies {below}, else inconclusive"
         )
-    m_txt = f"{margin:g}×{b_name}'s mean = {margin_abs:.3g} {unit}" if relative else f"{margin:g} {unit}"
+    m_txt = f"{f.margin:g} {f.unit}"
+    if f.margin_rel is not None:
+        m_txt = f"{f.margin_rel:g}×{f.b_name}'s mean = {f.margin:.3g} {f.unit}"
     return (
-        f"non-inferiority, margin {m_txt} ({margin_source}): agrees if the 95% Welch-t CI of the effect lies "
-        f"above -{margin_abs:.3g}, disagrees if below, else inconclusive"
+        f"non-inferiority, margin {m_txt} ({f.margin_source}): agrees if the 95% Welch-t CI of the effect lies "
+        f"above -{f.margin:.3g}, disagrees if below, else inconclusive"
     )
 
 
@@ -426,24 +421,16 @@ def margin_control_gate(
     f.control_effect, f.control_ci95 = effect, list(ci) if ci else None
     if (ci[1] if ci else effect) > -f.margin:
         where = f"{effect:+.3g} [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci else f"{effect:+.3g}"
-        gate(
-            f,
-            f"no-attention control {control_name} is {where} {f.unit or ''} from {base_name}, not shown outside the "
-            "margin",
-            "control",
-        )
+        why = f"no-attention control {control_name} is {where} {f.unit or ''} from {base_name}"
+        gate(f, f"{why}, not shown outside the margin", "control")
     return f
 
 
 def untuned_control_gate(f: Finding, why: str | None, control_name: str) -> Finding:
     """Gate a finding whose margin test passed on a control not at its best rate (``why``): tuned, it might not."""
     if why and f.control_effect is not None and "control" not in (f.gate_reasons or []):
-        gate(
-            f,
-            f"the margin test's control is not tuned: {why}, so it is not shown to lose by more than the "
-            f"margin ({control_name})",
-            "control",
-        )
+        text = f"the margin test's control is not tuned: {why}, so it is not shown to lose by more than the margin"
+        gate(f, f"{text} ({control_name})", "control")
     return f
 
 
@@ -458,9 +445,7 @@ def plateau_gate(
     longer_run: str = "at twice the steps",
 ) -> dict:
     """Gate each decided comparison whose interval clears its boundary by no more than the baseline moved at twice the
-    steps (every comparison, without that run); the baseline has plateaued when some verdict is decided and all stand.
-
-    Returns ``{"baseline", "plateaued", "change", "smallest_effect", "standing", "gated", "text"}``."""
+    steps (every one, without that run); the baseline has plateaued when some verdict is decided and all stand."""
     compared = [f for f in findings if f.claim_type]
     # each precondition is judged on the numbers' verdict, not on what another gate made of it
     decided = [f for f in compared if numbers_verdict(f) in DECIDED and f.ci95]
@@ -476,12 +461,10 @@ def plateau_gate(
             if f.drift_2x is None or abs(change) > abs(f.drift_2x["change"]):
                 f.drift_2x = {"row": baseline, "change": change, "clearance": clearance[id(f)]}
         fails = [f for f in drift if f.replicated_2x is None]  # a replicated one is judged on its own longer runs
-        same = (
-            f"; on the same seed{'s' if longer.n > 1 else ''} ({longer.n} of {base.n}): {paired.mean:{spec}} -> "
-            f"{longer.mean:{spec}}"
-            if paired is not base
-            else ""
-        )
+        same = ""
+        if paired is not base:
+            seeds = f"seed{'s' if longer.n > 1 else ''} ({longer.n} of {base.n})"
+            same = f"; on the same {seeds}: {paired.mean:{spec}} -> {longer.mean:{spec}}"
         text = f"{baseline} {longer_run}: {longer.fmt(spec)} vs {base.fmt(spec)} {unit}{same} (change {change:+.3g}); "
         if not decided:
             text += "no decided comparison to set the bar, so its plateau is not shown"
@@ -491,11 +474,9 @@ def plateau_gate(
             it = ("is", "its") if k == 1 else ("are", "their")
             text += f"; {k} more {it[0]} judged on {it[1]} comparison at twice the steps instead"
     for f in fails:
-        why = (
-            f"{baseline} has no run {longer_run}"
-            if change is None
-            else f"{baseline} moved {change:+.3g} {unit} {longer_run} ≥ clearance {clearance[id(f)]:.3g}"
-        )
+        why = f"{baseline} has no run {longer_run}"
+        if change is not None:
+            why = f"{baseline} moved {change:+.3g} {unit} {longer_run} ≥ clearance {clearance[id(f)]:.3g}"
         gate(f, f"not shown to plateau: {why}", "plateau")
     if curves:
         text += f"; validation curves (seed means): {curves}"
@@ -553,8 +534,7 @@ def replicated_gate(f: Finding, a_longer: Stat | None, b_longer: Stat | None, *,
     e1 = sign * (Stat(tuple(f.values_a[:k])).mean - Stat(tuple(f.values_b[:k])).mean)
     e2 = sign * (Stat(a_longer.values[:k]).mean - Stat(b_longer.values[:k]).mean)
     f.paired_2x = {"seeds": k, "effect_1x": e1, "effect_2x": e2}
-    few = "one seed a side gives" if k == 1 else "so few seeds a side give"
-    seeds = "seed" if k == 1 else f"{k} seeds"
+    seeds, few = ("seed", "one seed a side gives") if k == 1 else (f"{k} seeds", "so few seeds a side give")
     both = f"on the {seeds} both {row} and {baseline} ran at 2x steps"
     return explain(f, f"{both}: {e1:+.4g} -> {e2:+.4g} {unit}; {few} no interval")
 
@@ -573,8 +553,7 @@ def compared_row_gate(f: Finding, row: str, base: Stat | None, longer: Stat | No
 
 
 def _paired_change(base: Stat, longer: Stat) -> tuple[Stat, float]:
-    """How far a run at twice the steps moved, against the same (first) seeds of ``base``: the seeds' spread is not a
-    change with the steps."""
+    """How far a run at twice the steps moved from the same (first) seeds of ``base``: seed spread is no step change."""
     paired = Stat(tuple(base.values[: longer.n])) if longer.n < base.n else base
     return paired, longer.mean - paired.mean
 
@@ -591,16 +570,12 @@ def margin_sensitivity(f: Finding, other: float, label: str, *, relative: bool =
     own = f.margin_rel if relative else f.margin
     if not f.ci95 or not own:
         return f
-    m = f.margin * other / own
-
-    def said(m: float) -> str:  # an absolute margin is the label's own figure: not said again
-        return f" (margin {m:.3g})" if relative else ""
-
-    parts = [f"{verdict_from_ci(f.ci95, m)}{said(m)}"]
-    rep = f.replicated_2x
-    if rep and rep.get("ci95"):
-        m2 = rep["margin"] * other / own
-        parts.append(f"at 2x steps {verdict_from_ci(rep['ci95'], m2)}{said(m2)}")
+    parts, rep = [], f.replicated_2x or {}
+    for at, ci, margin in (("", f.ci95, f.margin), ("at 2x steps ", rep.get("ci95"), rep.get("margin"))):
+        if ci:
+            m = margin * other / own
+            said = f" (margin {m:.3g})" if relative else ""  # an absolute margin is the label's own figure
+            parts.append(f"{at}{verdict_from_ci(ci, m)}{said}")
     what = f"{label} ({other:.1%})" if relative else f"{label} ({other:g} {f.unit or ''})"
     return explain(f, f"with {what} as margin: " + ", ".join(parts))
 

@@ -107,6 +107,8 @@ _FITS = {
 
 def _field_value(where: str, name: str, value: Any, kind: str) -> Any:
     """``value`` of field ``name`` checked against the field's type and made what the record holds."""
+    if kind == "Conditions":
+        return _record(Conditions, value, f"{where}, field {name!r}")
     if name in _RATIOS and isinstance(value, list) and len(value) == 2 and all(_FITS["float"](v) for v in value):
         return value[0] / value[1]
     if kind not in _FITS or not _FITS[kind](value):
@@ -125,12 +127,7 @@ def _record(cls: type, raw: Any, where: str) -> Any:
     missing = [n for n, f in fields.items() if n not in raw and f.default is f.default_factory is dataclasses.MISSING]
     if missing:
         raise ValueError(f"{where}: missing field(s) {missing}")
-    kw = {
-        name: _field_value(where, name, value, fields[name].type) for name, value in raw.items() if name != "conditions"
-    }
-    if "conditions" in raw:
-        kw["conditions"] = _record(Conditions, raw["conditions"], f"{where}, field 'conditions'")
-    return cls(**kw)
+    return cls(**{name: _field_value(where, name, value, fields[name].type) for name, value in raw.items()})
 
 
 def _records(cls: type, raws: Any, what: str, path: Path) -> tuple:

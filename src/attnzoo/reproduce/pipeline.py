@@ -147,14 +147,12 @@ def _controls(findings: list[Finding], ev: Evidence) -> None:
 
 
 def _plateaus(findings: list[Finding], ev: Evidence) -> dict[str, dict]:
-    """Per baseline: comparisons replicated at twice the steps, then the baseline's drift on the rest, then the
-    compared rows' own moves."""
+    """Per baseline: comparisons replicated at 2x steps, the baseline's drift on the rest, the rows' own moves."""
     out = {}
     for p in ev.plateaus:
-        own = [f for f in findings if p.judges(f)]
+        own = list(filter(p.judges, findings))
         for f in own:
-            row = p.rows.get(f.a_name)
-            if row is not None and p.longer is not None and f.b_name == p.baseline:
+            if (row := p.rows.get(f.a_name)) is not None and f.b_name == p.baseline:
                 claims.replicated_gate(f, row.longer, p.longer, row=f.a_name, baseline=p.baseline)
         out[p.key] = claims.plateau_gate(own, p.label, p.base, p.longer, p.unit, p.spec, p.curves, p.longer_run)
         for f in own:

@@ -38,7 +38,7 @@ class RatioCheck:
 
     @property
     def holds(self) -> bool:
-        return self.ratio is not None and claims.within_ratio(self.ratio, self.paper_ratio, RATIO_TOLERANCE)
+        return self.planned and claims.within_ratio(self.ratio, self.paper_ratio, RATIO_TOLERANCE)
 
 
 @lru_cache(maxsize=None)
@@ -92,9 +92,7 @@ def render_size_checks(checks: list[RatioCheck]) -> str:
     rows = []
     for c in checks:
         here = [f"{c.params_a:,} / {c.params_b:,}", f"{c.ratio:.2f}x"] if c.planned else ["-", "-"]
-        condition = (
-            "not planned" if not c.planned else "holds" if c.holds else f"off by more than {RATIO_TOLERANCE:.0%}"
-        )
+        condition = "holds" if c.holds else f"off by more than {RATIO_TOLERANCE:.0%}" if c.planned else "not planned"
         rows.append([f"`{c.claim_id}`", f"{c.row_a} vs {c.row_b}", *here, f"{c.paper_ratio:.2f}x", condition])
     off = sum(c.planned and not c.holds for c in checks)
     table = md_table(["claim", "pair", "parameters", "here", "paper", "condition"], rows)
