@@ -469,10 +469,9 @@ def plateau_gate(
         if not decided:
             text += "no decided comparison to set the bar, so its plateau is not shown"
         else:
-            text += f"{len(decided) - len(drift)} of {len(decided)} decided verdicts stand (clearance > change)"
+            text += f"{len(decided) - len(drift)} of {len(decided)} decided verdicts clear the change"
         if k := len(drift) - len(fails):
-            it = ("is", "its") if k == 1 else ("are", "their")
-            text += f"; {k} more {it[0]} judged on {it[1]} comparison at twice the steps instead"
+            text += f"; {k} more judged on {'its' if k == 1 else 'their'} own comparison at 2x"
     for f in fails:
         why = f"{baseline} has no run {longer_run}"
         if change is not None:
