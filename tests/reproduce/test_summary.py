@@ -85,7 +85,7 @@ def test_an_undecided_claim_is_filed_under_its_first_cause_and_the_counts_add_up
     total = sum(int(ln.split(": ")[1].split(" ")[0]) for ln in counted.values() if ln)
     assert total == 4
     # the two claims left decided are named with their effect in words
-    assert "**Decided trained claims:**" in text and "X Table 1, c3: a is ahead of b by 1 pts" in text
+    assert "**Decided trained claims** (0 of 2 robust:" in text and "X Table 1, c3: a is ahead of b by 1 pts" in text
 
 
 def test_an_ungated_undecided_claim_is_filed_by_what_would_decide_it():
@@ -122,6 +122,19 @@ def test_a_decided_claim_shows_its_clearance_at_twice_the_steps_as_a_multiple_of
     assert g["verdict"] == "agrees" and "(at 2x steps: clearance 0.773, 1.5x b's move, +0.5)." in text
     h = _f(*WIN)  # no run at twice the steps: nothing to show
     assert "**agrees**." in "\n".join(_summary([Section("k", "K: t", findings=[h])], "long"))
+
+
+def test_the_decided_claims_count_those_robust_to_one_more_doubling():
+    from attnzoo.reproduce.claims import plateau_gate, stat, trend_gate
+
+    robust, fragile, unreplicated = (_f(*WIN, claim=c) for c in ("a beats b", "a beats c", "a beats d"))
+    trend_gate(robust, 0.8, (0.6, 1.0), 0.0, "2x steps")  # clears by 0.6, moved 0.2: 3x
+    plateau_gate([fragile], "b", stat([1.0, 1.1, 1.2]), stat([1.5, 1.6, 1.7]), "pts")  # 0.773 vs 0.5: 1.5x
+    text = "\n".join(_summary([Section("k", "K: t", findings=[robust, fragile, unreplicated])], "long"))
+    assert "**Decided trained claims** (1 of 3 robust:" in text
+    trend_gate(fragile, 0.9, (0.7, 1.1), 0.0, "2x steps")  # its own comparison now: 0.7 vs 0.1, 7x
+    text = "\n".join(_summary([Section("k", "K: t", findings=[robust, fragile, unreplicated])], "long"))
+    assert "**Decided trained claims** (2 of 3 robust:" in text
 
 
 def test_the_legend_states_every_gate_once_with_its_direction():

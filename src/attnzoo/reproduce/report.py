@@ -235,7 +235,12 @@ def _decided_lines(claims_: list[ClaimResult]) -> list[str]:
     decided = [c for c in claims_ if c.trained and c.verdict in ("agrees", "disagrees")]
     if not decided:
         return ["**Decided trained claims**: none at this budget.", ""]
-    lines = ["**Decided trained claims:**", ""]
+    robust = sum(any((_doubling_ratio(f) or 0) >= 2 for f in c.findings if f["verdict"] == c.verdict) for c in decided)
+    lines = [
+        f"**Decided trained claims** ({robust} of {len(decided)} robust: at twice the steps each clears its "
+        "boundary by at least twice the move shown):",
+        "",
+    ]
     for c in decided:
         for f in (f for f in c.findings if f["verdict"] == c.verdict):
             if not f.get("ci95"):  # a measurement: its own sentence
@@ -251,16 +256,27 @@ def _decided_lines(claims_: list[ClaimResult]) -> list[str]:
     return lines + [""]
 
 
-def _doubling(f: dict) -> str:
-    """How a decided verdict fared at twice the steps: its clearance there against the effect's move (or the
-    baseline's, where only the baseline ran longer), as a ratio: below 2, one more such doubling could cross."""
+def _doubling_move(f: dict) -> tuple[float, float, str] | None:
+    """A decided verdict at twice the steps: ``(clearance there, the move, whose move)``: the effect's, or the
+    baseline's where only the baseline ran longer; None without a run at twice the steps."""
     t, d = f.get("trend_2x") or {}, f.get("drift_2x") or {}
     if t.get("clearance") is not None and t.get("move"):
-        c, move, what = t["clearance"], t["move"], "the effect's move"
-    elif d.get("change"):
-        c, move, what = d["clearance"], d["change"], f"{d['row']}'s move"
-    else:
+        return t["clearance"], t["move"], "the effect's move"
+    if d.get("change"):
+        return d["clearance"], d["change"], f"{d['row']}'s move"
+    return None
+
+
+def _doubling_ratio(f: dict) -> float | None:
+    """Clearance at twice the steps over the move: below 2, one more such doubling could cross."""
+    return None if (m := _doubling_move(f)) is None else m[0] / abs(m[1])
+
+
+def _doubling(f: dict) -> str:
+    """How a decided verdict fared at twice the steps, as the clearance there and its ratio to the move."""
+    if (m := _doubling_move(f)) is None:
         return ""
+    c, move, what = m
     return f" (at 2x steps: clearance {c:.3g}, {c / abs(move):.1f}x {what}, {move:+.3g})"
 
 
