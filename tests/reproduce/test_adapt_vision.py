@@ -331,3 +331,19 @@ def test_a_comparison_with_runs_at_twice_the_steps_is_judged_there_not_on_the_ba
     del accs["cbsa@2x-steps"]
     f = next(f for f in av.summarize(_records(accs), p, tmp_path, str).findings if f.claim_id == "cbsa-f9-linear")
     assert f.replicated_2x is None and "plateau" in f.gate_reasons and "linear moved +5" in f.gate
+
+
+def test_the_attention_pilot_is_a_section_note_and_backs_the_non_inferiority_claim_only(tmp_path):
+    accs = {"original": [0.8, 0.81], "cbsa": [0.7, 0.71], "cbsa-no-contraction": [0.72, 0.73], "linear": [0.7, 0.71]}
+    p = dict(BUDGETS["default"][av.KEY])
+    p["attention_needed"] = {"figures": "softmax 79.0 vs identity 72.5", "command": "attnzoo train x"}
+    sec = av.summarize(_records(accs), p, tmp_path, str)
+    assert any(n.startswith("the task needs attention (pilot): softmax 79.0 vs identity 72.5") for n in sec.notes)
+    noted = {f.claim_id for f in sec.findings if "the task needs attention" in (f.explanation or "")}
+    assert noted == {"cbsa-f9-linear"}  # a superiority claim's margin is 0: no control backs it
+    p.pop("attention_needed")
+    sec = av.summarize(_records(accs), p, tmp_path, str)
+    assert not any("needs attention" in n for n in sec.notes)
+    p["attention_needed"] = "softmax 79.0 vs identity 72.5"
+    with pytest.raises(ValueError, match="attention_needed must map 'figures' and 'command'"):
+        av.summarize(_records(accs), p, tmp_path, str)

@@ -315,7 +315,9 @@ def _legend_lines() -> list[str]:
         "side: inconclusive). Margin: the largest gap the paper calls comparable; a superiority claim's is 0 and, "
         f"with the paper's effect E, it also disagrees wholly below {REFUTE_FRACTION:g}·E.",
         f"- Several tests of one claim: {paper_claims.COMBINE_EVERY}.",
-        "- Each row's seeds train at the best rate of its own sweep (run on another seed).",
+        "- Each row's seeds train at the best rate of its own sweep (run on another seed). Seed counts are the plan's, "
+        "some raised after an earlier run's interval came near its bar (docs/results_history.md): the 95% is nominal, "
+        "not corrected for those looks.",
         "- Gates: a failed precondition makes a decided verdict inconclusive (the numbers' verdict shown "
         "'ungated'), holding back only the verdicts in brackets:",
         *[f"  - *{reason}* ({', '.join(rule.holds_back)}): {rule.why}." for reason, rule in GATES.items()],

@@ -201,6 +201,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         )
         return sec
     sec.findings = _findings(res)
+    _attention_needed(sec, plan)
     # the pretrained ViT's plateau: fine-tuned as long again (row original); the baseline's: at twice the steps
     pre = Plateau("", "pretrained ViT", claims.stat([t_acc]), _acc(res, "original"), "%", ".1f", key="teacher")
     pre.longer_run = f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
@@ -219,6 +220,21 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     ev = Evidence(plateaus=[own, pre], tuning=[Tuning(untuned, paper_finding)])
     sec.data["plateau"] = judge(sec.findings, ev)
     return sec
+
+
+def _attention_needed(sec: Section, plan: dict) -> None:
+    """The plan's dated pilot that the task needs attention (``attention_needed``: ``figures`` and the ``command``
+    that re-measures them): a section note, and a pointer to it on each paper finding whose margin it backs."""
+    if not (pilot := plan.get("attention_needed")):
+        return
+    if not isinstance(pilot, dict) or not all(isinstance(pilot.get(k), str) for k in ("figures", "command")):
+        raise ValueError(f"adapt-vision's attention_needed must map 'figures' and 'command' to text, got {pilot!r}")
+    sec.notes.append(f"the task needs attention (pilot): {pilot['figures']}; re-measure: `{pilot['command']}`")
+    for f in filter(paper_finding, sec.findings):
+        if f.claim_type == "non-inferiority":
+            claims.explain(
+                f, "the task needs attention: a pilot's no-attention control falls outside the margin (section notes)"
+            )
 
 
 def _acc(res: dict, row: str) -> claims.Stat | None:

@@ -313,7 +313,8 @@ def _layerwise_table(sec: Section, lw: dict[str, dict], trained: dict[str, dict]
     defs = "; ".join(f"{label}: {definition}" for k, (label, definition) in MEASURES.items() if k in shown)
     caption = (
         f"{defs}; (figure): what the paper's figure plots. Tokens enter the attention layer after its pre-norm unless "
-        "labelled block output; batch means over validation images."
+        "labelled block output; batch means over validation images; the first training seed's values (the findings "
+        "average every seed's)."
     )
     title = f"layerwise: compression term per layer of the probe models (depth {depth})"
     sec.tables.append(Table(title, ["model", "val acc %", "measure", "layers 1 to last"], rows, caption=caption))
