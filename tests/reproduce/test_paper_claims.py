@@ -153,6 +153,7 @@ def test_every_smoke_finding_carries_a_known_claim_id_and_a_claim_appears_once(s
         (lambda c: c.update(margin="1.9"), r"claim 'tost-t2-vit': field 'margin' must be float"),
         (lambda c: c["conditions"].update(min_n=1.5), r"claim 'tost-t2-vit', field 'conditions': field 'min_n'"),
         (lambda c: c.update(kind="better"), r"claim 'tost-t2-vit': field 'kind' must be one of"),
+        (lambda c: c.update(combine="some"), r"claim 'tost-t2-vit': field 'combine' must be one of \['all', 'any'\]"),
     ],
 )
 def test_a_bad_record_in_the_data_file_is_named_by_its_id_and_field(tmp_path, edit, message):

@@ -53,6 +53,31 @@ def test_the_tests_of_a_claim_combine_by_the_one_rule(verdicts, want):
     assert combine(verdicts) == want
 
 
+@pytest.mark.parametrize(
+    "verdicts, want",
+    [
+        (["agrees", "inconclusive"], "inconclusive"),
+        (["agrees", "not tested"], "inconclusive"),
+        (["agrees", "agrees"], "agrees"),
+        (["agrees", "disagrees"], "disagrees"),
+        (["not tested", "not tested"], "not tested"),
+    ],
+)
+def test_a_conjunctions_tests_agree_only_together(verdicts, want):
+    assert combine(verdicts, every=True) == want
+
+
+def test_a_ranking_is_a_conjunction_of_its_pairs():
+    from attnzoo.reproduce import paper_claims
+
+    assert paper_claims.conjunction("cbsa-t5-ranking#crate-vs-cbt") and not paper_claims.conjunction("tost-t3-lra")
+    pairs = [_f(*WIN, claim_id="cbsa-t5-ranking#crate_cbt-vs-crate"), _f(*TIE, claim_id="cbsa-t5-ranking#crate-vs-cbt")]
+    (ranking,) = tally([("S", f) for f in pairs])
+    assert ranking.verdict == "inconclusive"  # one pair undecided: the ranking is not shown
+    lra = [_f(*WIN, claim_id="tost-t3-lra#listops"), _f(*TIE, claim_id="tost-t3-lra#average")]
+    assert tally([("S", f) for f in lra])[0].verdict == "agrees"  # several ways of testing one claim: any
+
+
 def test_a_claim_tested_several_ways_is_counted_once():
     fs = [_f(*WIN, claim_id="tost-t3-lra#listops"), _f(*TIE, claim_id="tost-t3-lra#average"), _f(*LOSS)]
     claims_ = tally([("S", f) for f in fs])

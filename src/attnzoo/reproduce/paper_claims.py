@@ -19,6 +19,10 @@ PAPERS = ("ToST", "FAST", "CSP", "CBSA", "AoT")
 CLAIM_KINDS = ("superiority", "non-inferiority", "measurement", "qualitative")
 #: the one rule by which the tests of a claim tested several ways make its verdict
 COMBINE_EVERY = "disagrees if any test disagrees, else agrees if any agrees, else inconclusive"
+#: the rule for a claim that is a conjunction of its tests (a ranking holds only if each of its pairs does)
+COMBINE_ALL = "disagrees if any test disagrees, else agrees only if every test agrees, else inconclusive"
+#: a claim's ``combine``: which rule joins its tests
+COMBINE_RULES = {"any": COMBINE_EVERY, "all": COMBINE_ALL}
 #: the tests of an LRA accuracy claim: its average over the learned tasks, then each task
 LRA_TESTS = ("average", "listops", "text", "retrieval", "image", "pathfinder")
 
@@ -62,8 +66,9 @@ class PaperClaim:
     paper_effect: float | None = None
     paper_effect_source: str = ""
     conditions: Conditions = field(default_factory=Conditions)
-    #: the ways the claim is tested, their verdicts combined by :data:`COMBINE_EVERY`
+    #: the ways the claim is tested, their verdicts combined by the rule ``combine`` names (:data:`COMBINE_RULES`)
     tests: tuple[str, ...] = ()
+    combine: str = "any"
 
     @property
     def reference(self) -> str:
@@ -147,6 +152,9 @@ def load(path: Path = CLAIMS_FILE) -> tuple[tuple[PaperClaim, ...], tuple[Check,
     for rec in claims:
         if rec.kind not in CLAIM_KINDS:
             raise ValueError(f"{path}: claim {rec.id!r}: field 'kind' must be one of {CLAIM_KINDS}, got {rec.kind!r}")
+        if rec.combine not in COMBINE_RULES:
+            valid = sorted(COMBINE_RULES)
+            raise ValueError(f"{path}: claim {rec.id!r}: field 'combine' must be one of {valid}, got {rec.combine!r}")
     return claims, checks
 
 
@@ -173,6 +181,11 @@ def get(claim_id: str) -> PaperClaim | Check:
     if test and not getattr(rec, "per", "") and test not in rec.tests:
         raise KeyError(f"claim {rec.id!r} has no test {test!r}; its tests: {rec.tests or 'none'}")
     return rec
+
+
+def conjunction(claim_id: str) -> bool:
+    """Whether claim ``claim_id`` holds only if every test does (``combine: all``); False for an unknown id."""
+    return getattr(_BY_ID.get(base_id(claim_id)), "combine", "any") == "all"
 
 
 def finding_kw(claim_id: str, **fields: str) -> dict:

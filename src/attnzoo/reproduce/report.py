@@ -314,7 +314,8 @@ def _legend_lines() -> list[str]:
         "brackets; **agrees** if the interval lies wholly above -margin, **disagrees** if wholly below (one seed a "
         "side: inconclusive). Margin: the largest gap the paper calls comparable; a superiority claim's is 0 and, "
         f"with the paper's effect E, it also disagrees wholly below {REFUTE_FRACTION:g}·E.",
-        f"- Several tests of one claim: {paper_claims.COMBINE_EVERY}.",
+        f"- Several tests of one claim: {paper_claims.COMBINE_EVERY}; a ranking (each of its pairs a test): "
+        f"{paper_claims.COMBINE_ALL}.",
         "- Each row's seeds train at the best rate of its own sweep (run on another seed). Seed counts are the plan's, "
         "some raised after an earlier run's interval came near its bar (docs/results_history.md): the 95% is nominal, "
         "not corrected for those looks.",

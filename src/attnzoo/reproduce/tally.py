@@ -34,7 +34,7 @@ class ClaimResult:
 
     @property
     def verdict(self) -> str:
-        return combine([f["verdict"] for f in self.findings])
+        return combine([f["verdict"] for f in self.findings], every=paper_claims.conjunction(self.id))
 
     @property
     def trained(self) -> bool:
@@ -49,12 +49,15 @@ class ClaimResult:
         return ", ".join(dict.fromkeys(t for t, _ in self.tests))
 
 
-def combine(verdicts: list[str]) -> str:
-    """The claim table's rule (:data:`paper_claims.COMBINE_EVERY`); not tested if no test ran."""
-    for decided in ("disagrees", "agrees"):
-        if decided in verdicts:
-            return decided
-    return "not tested" if set(verdicts) == {"not tested"} else "inconclusive"
+def combine(verdicts: list[str], every: bool = False) -> str:
+    """The claim table's rule (:data:`paper_claims.COMBINE_EVERY`; ``every``: a conjunction's,
+    :data:`paper_claims.COMBINE_ALL`); not tested if no test ran."""
+    if set(verdicts) == {"not tested"}:
+        return "not tested"
+    if "disagrees" in verdicts:
+        return "disagrees"
+    agrees = all(v == "agrees" for v in verdicts) if every else "agrees" in verdicts
+    return "agrees" if agrees else "inconclusive"
 
 
 def cause_of(findings: list[dict]) -> str:
