@@ -219,6 +219,9 @@ def test_results_json_lists_every_claim_once_with_its_tests(tmp_path):
     assert ids == ["tost-t3-lra", "X Table 1: a beats b"]
     assert payload["claims"][0]["tests"] == ["tost-t3-lra#listops", "tost-t3-lra#average"]
     assert payload["claims"][0]["verdict"] == "agrees" and payload["meta"]["finding_schema"] == 1
+    # a section is named as the claims table cites it: no subtitle, no parenthesis
+    payload = _results_payload({}, [Section("k", "Adapting a ViT (CBSA Fig. 9)", findings=fs[:1])], {}, {})
+    assert payload["claims"][0]["sections"] == "Adapting a ViT"
 
 
 def test_a_note_shared_by_several_findings_is_printed_once_and_referenced_by_each():

@@ -564,7 +564,6 @@ def _configs_md(seed: int, records: dict, secs: list[Section]) -> list[str]:
 
 
 def _results_payload(meta: dict, secs: list[Section], records: dict, failed: dict) -> dict:
-    pairs = [(s.title.split(":")[0], f) for s in secs for f in s.findings if f.get("kind") == "paper"]
     return {
         "meta": {**meta, "finding_schema": FINDING_SCHEMA},
         "claims": [
@@ -576,7 +575,7 @@ def _results_payload(meta: dict, secs: list[Section], records: dict, failed: dic
                 "tests": [f.get("claim_id") or f["claim"] for f in c.findings],
                 "sections": c.sections,
             }
-            for c in tally(pairs)
+            for c in _paper_claims(secs)  # the claims table's tally: the same verdicts and section names
         ],
         "sections": {
             s.key: {
