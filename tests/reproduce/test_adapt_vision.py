@@ -346,4 +346,6 @@ def test_the_attention_pilot_is_a_section_note_and_backs_the_non_inferiority_cla
     assert not any("needs attention" in n for n in sec.notes)
     p["attention_needed"] = "softmax 79.0 vs identity 72.5"
     with pytest.raises(ValueError, match="attention_needed must map 'figures' and 'command'"):
+        av.plan_steps(p, 0)  # refused before anything trains
+    with pytest.raises(ValueError, match="attention_needed must map 'figures' and 'command'"):
         av.summarize(_records(accs), p, tmp_path, str)

@@ -40,31 +40,23 @@ WIN, LOSS, TIE = (
 
 
 @pytest.mark.parametrize(
-    "verdicts, want",
+    "verdicts, every, want",
     [
-        (["agrees", "inconclusive"], "agrees"),
-        (["agrees", "disagrees"], "disagrees"),
-        (["inconclusive", "not tested"], "inconclusive"),
-        (["not tested", "not tested"], "not tested"),
-        (["agrees", "agrees"], "agrees"),
+        (["agrees", "inconclusive"], False, "agrees"),
+        (["agrees", "disagrees"], False, "disagrees"),
+        (["inconclusive", "not tested"], False, "inconclusive"),
+        (["not tested", "not tested"], False, "not tested"),
+        (["agrees", "agrees"], False, "agrees"),
+        # a conjunction (a ranking): its tests agree only together
+        (["agrees", "inconclusive"], True, "inconclusive"),
+        (["agrees", "not tested"], True, "inconclusive"),
+        (["agrees", "agrees"], True, "agrees"),
+        (["agrees", "disagrees"], True, "disagrees"),
+        (["not tested", "not tested"], True, "not tested"),
     ],
 )
-def test_the_tests_of_a_claim_combine_by_the_one_rule(verdicts, want):
-    assert combine(verdicts) == want
-
-
-@pytest.mark.parametrize(
-    "verdicts, want",
-    [
-        (["agrees", "inconclusive"], "inconclusive"),
-        (["agrees", "not tested"], "inconclusive"),
-        (["agrees", "agrees"], "agrees"),
-        (["agrees", "disagrees"], "disagrees"),
-        (["not tested", "not tested"], "not tested"),
-    ],
-)
-def test_a_conjunctions_tests_agree_only_together(verdicts, want):
-    assert combine(verdicts, every=True) == want
+def test_the_tests_of_a_claim_combine_by_its_rule(verdicts, every, want):
+    assert combine(verdicts, every=every) == want
 
 
 def test_a_ranking_is_a_conjunction_of_its_pairs():

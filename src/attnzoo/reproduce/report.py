@@ -46,10 +46,8 @@ def _summaries(out: Path, plan: dict, sections: list[str], records: dict, outcom
             )
         except Exception as e:  # noqa: BLE001 - a broken summary must not hide the other sections
             sec = Section(key, mod.TITLE, notes=[f"summary failed: {type(e).__name__}: {e}"])
-        sec.notes += [
-            f"step `{sid}` failed: {why}" for sid, why in outcome.failed.items() if sid.split("/", 1)[0] == key
-        ]
-        if missing := [f"`{sid}`" for sid in outcome.missing if sid.split("/", 1)[0] == key]:
+        sec.notes += [f"step `{sid}` failed: {why}" for sid, why in outcome.failed.items() if _in(sid, key)]
+        if missing := [f"`{sid}`" for sid in outcome.missing if _in(sid, key)]:
             sec.notes.insert(
                 0,
                 f"{len(missing)} step(s) of this section's plan were not computed (report written with --report-only): "
@@ -57,6 +55,10 @@ def _summaries(out: Path, plan: dict, sections: list[str], records: dict, outcom
             )
         result.append(sec)
     return result
+
+
+def _in(step_id: str, section: str) -> bool:
+    return step_id.split("/", 1)[0] == section
 
 
 def effect_cell(f: dict) -> str:
