@@ -349,3 +349,69 @@ def test_the_attention_pilot_is_a_section_note_and_backs_the_non_inferiority_cla
         av.plan_steps(p, 0)  # refused before anything trains
     with pytest.raises(ValueError, match="attention_needed must map 'figures' and 'command'"):
         av.summarize(_records(accs), p, tmp_path, str)
+
+
+CONTROL_PLAN = {"seeds": 3, "lr_sweep": [1.0e-3, 3.0e-3, 1.0e-2]}
+
+
+def test_the_attention_control_rows_are_planned_from_scratch_mean_pooled_at_their_own_rate():
+    p = dict(BUDGETS["long"][av.KEY], attention_control=CONTROL_PLAN)
+    steps = _planned(p)
+    assert not any(i.startswith(f"{av.KEY}/vit-mean") for i in _planned(BUDGETS["long"][av.KEY]))
+    for row, mech in av.CONTROL_ROWS.items():
+        sweep = [f"{av.KEY}/{row}/lr-sweep/lr{lr:g}" for lr in CONTROL_PLAN["lr_sweep"]]
+        seeds = sorted(i for i in steps if i.startswith(f"{av.KEY}/{row}/seed"))
+        assert seeds == [f"{av.KEY}/{row}/seed{s}" for s in range(3)]
+        for i in sweep + seeds:
+            train = steps[i].config["train"]
+            # the teacher's shape and recipe, but from scratch (no teacher dependency) and mean-pooled
+            assert train["model_options"] == dict(p["arch"], attention=mech, pool="mean")
+            assert train["steps"] == p["pretrain"]["steps"] and av.TEACHER not in steps[i].deps
+        assert [steps[i].config["train"]["seed"] for i in sweep] == [SWEEP_SEED_OFFSET] * 3
+        assert all(steps[i].config["train"]["lr"] == "tuned" and steps[i].deps == tuple(sweep) for i in seeds)
+
+
+@pytest.mark.parametrize(
+    "bad", [{"seeds": 1, "lr_sweep": [1.0e-3]}, {"seeds": 3, "lr_sweep": 1.0e-3}, {"seeds": 3}, "4 seeds"]
+)
+def test_a_malformed_attention_control_is_refused_at_planning(bad):
+    with pytest.raises(ValueError, match="attention_control must give 'seeds'"):
+        av.plan_steps(dict(BUDGETS["long"][av.KEY], attention_control=bad), 0)
+
+
+def _control_records(twin: list[float], control: list[float], best: int = 1) -> dict:
+    recs = {}
+    for row, values in ((av.CONTROL_TWIN, twin), (av.CONTROL, control)):
+        for s, a in enumerate(values):
+            recs[f"{av.KEY}/{row}/seed{s}"] = {"result": {"accuracy": a, "params": 100}}
+        for j, lr in enumerate(CONTROL_PLAN["lr_sweep"]):
+            acc = values[0] - (0.0 if j == best else 0.05)
+            recs[f"{av.KEY}/{row}/lr-sweep/lr{lr:g}"] = {"result": {"accuracy": acc}}
+    return recs
+
+
+@pytest.mark.parametrize(
+    ("control", "best", "gated"),
+    [
+        ([0.60, 0.61, 0.59], 1, False),  # 20 points behind the mean-pooled ViT: outside the 1.5-point margin
+        ([0.795, 0.80, 0.805], 1, True),  # level with it: the margin admits no attention at all
+        ([0.60, 0.61, 0.59], 0, True),  # far behind, but at the end of its grid: tuned, it might not be
+    ],
+)
+def test_the_attention_control_gates_the_non_inferiority_claim_only(tmp_path, control, best, gated):
+    accs = {"original": [0.8, 0.81, 0.8], "cbsa": [0.7, 0.71, 0.7], "cbsa-no-contraction": [0.75, 0.76, 0.75]}
+    accs["linear"] = [0.7, 0.71, 0.705]
+    recs = _records(accs) | _control_records([0.80, 0.81, 0.79], control, best)
+    p = dict(BUDGETS["default"][av.KEY], attention_control=CONTROL_PLAN)
+    sec = av.summarize(recs, p, tmp_path, str)
+    f = {f.claim_id: f for f in sec.findings}
+    assert f["cbsa-f9-linear"].ungated_verdict == "agrees"
+    assert ("control" in f["cbsa-f9-linear"].gate_reasons) is gated
+    assert "control" not in f["cbsa-f9-no-contraction"].gate_reasons  # superiority: margin 0
+    check = f["adapt-attention-helps"]
+    assert (check.a_name, check.b_name) == (av.CONTROL_TWIN, av.CONTROL)
+    assert check.verdict == ("inconclusive" if control[0] > 0.7 else "agrees")
+    assert any("the attention check, from scratch" in t.title for t in sec.tables)
+    # without the control rows' records nothing is gated by them and no check is reported
+    sec = av.summarize(_records(accs), p, tmp_path, str)
+    assert "adapt-attention-helps" not in {f.claim_id for f in sec.findings}

@@ -1,7 +1,9 @@
 """Adapting a pretrained ViT into CBSA, Agent Attention, linear attention, TSSA and Fastmax (CBSA §4 / Fig. 9).
 
 Each student is the pretrained ViT with every attention swapped (:func:`attnzoo.adapt.make_student`), fine-tuned like
-the original beside it, as in Fig. 9 (no attention transfer); a check row trains the CBSA student from scratch.
+the original beside it, as in Fig. 9 (no attention transfer); a check row trains the CBSA student from scratch, and
+the attention check (``attention_control``) trains the teacher's ViT from scratch, mean-pooled, with and without
+attention.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from attnzoo._io import read_json
 from attnzoo.reproduce import claims, common, paper_claims
 from attnzoo.reproduce.claims import Finding
 from attnzoo.reproduce.common import Context, Section, Table, fmt
-from attnzoo.reproduce.pipeline import Evidence, Longer, Plateau, Tuning, judge, paper_finding
+from attnzoo.reproduce.pipeline import Control, Evidence, Longer, Plateau, Tuning, judge, paper_finding
 from attnzoo.reproduce.sections.vision import CHANCE, row_config
 from attnzoo.reproduce.store import Step
 
@@ -39,6 +41,10 @@ BASELINE = "linear"
 PLATEAU = f"{BASELINE}@2x-steps"
 #: "nearly the same FLOPs": within this fraction of linear attention's count
 FLOPS_TOLERANCE = 0.1
+#: the task's attention check (``attention_control``): the teacher's shape and recipe trained from scratch, mean-pooled
+#: as a CLS token without token mixing never sees the image, with softmax and with no token mixing at all
+CONTROL_ROWS: dict[str, str] = {"vit-mean": "softmax", "vit-mean+identity": "identity"}
+CONTROL_TWIN, CONTROL = CONTROL_ROWS
 
 
 def rows_of(plan: dict) -> list[str]:
@@ -56,6 +62,38 @@ def compared_2x(plan: dict) -> list[str]:
     if rows and not plan.get("baseline_plateau"):
         raise ValueError(f"compared_2x {rows} needs the baseline's own run at twice the steps: set baseline_plateau")
     return list(rows)
+
+
+def attention_control(plan: dict) -> dict | None:
+    """The plan's ``attention_control`` (``seeds``, ``lr_sweep``), checked; None without one."""
+    ctl = plan.get("attention_control")
+    if ctl is None:
+        return None
+    seeds, lrs = (ctl.get(k) if isinstance(ctl, dict) else None for k in ("seeds", "lr_sweep"))
+    ok_seeds = isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 2
+    if not ok_seeds or not isinstance(lrs, list) or not all(isinstance(x, float) and x > 0 for x in lrs):
+        raise ValueError(
+            f"adapt-vision's attention_control must give 'seeds' (an int >= 2, for an interval) and 'lr_sweep' (a list "
+            f"of positive rates), got {ctl!r}"
+        )
+    return ctl
+
+
+def _control_steps(plan: dict, seed: int) -> list[tuple[str, dict]]:
+    """The attention check's rows from scratch: each row's sweep on the sweep's seed, then its seeds at the best."""
+    if not (ctl := attention_control(plan)):
+        return []
+    out = []
+    for row, mech in CONTROL_ROWS.items():
+        train = row_config({**plan, "train": plan["pretrain"]}, "vit", seed)["train"]
+        train["model_options"] = dict(train["model_options"], attention=mech, pool="mean")
+        base = {"train": train, "mechanism": mech}
+        for sid, s, lr in common.sweep_runs(f"{KEY}/{row}", ctl["lr_sweep"], seed):
+            out.append((sid, {**base, "train": dict(train, seed=s, lr=lr)}))
+        for sid, s in common.seed_runs(f"{KEY}/{row}", range(seed, seed + ctl["seeds"])):
+            config = {**base, "train": dict(train, seed=s)}
+            out.append((sid, common.tuned(config, KEY, row, ctl["lr_sweep"], "accuracy", True)))
+    return out
 
 
 def teacher_config(plan: dict, seed: int) -> dict:
@@ -90,7 +128,11 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             for sid, s in common.seed_runs(f"{KEY}/{name}", seeds):
                 config = dict(base, finetune=dict(finetune), seed=s)
                 configs.append((sid, common.tuned(config, KEY, row, lrs, "accuracy", True, settings="finetune")))
-    return [teacher] + [common.section_step(KEY, sid, config, _finetune, (TEACHER,)) for sid, config in configs]
+    steps = [common.section_step(KEY, sid, config, _finetune, (TEACHER,)) for sid, config in configs]
+    controls = [
+        common.section_step(KEY, sid, cfg, common.classification_record) for sid, cfg in _control_steps(plan, seed)
+    ]
+    return [teacher, *steps, *controls]
 
 
 def _pretrain(ctx: Context, step: Step) -> dict:
@@ -203,6 +245,16 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         return sec
     sec.findings = _findings(res)
     _attention_needed(sec, plan)
+    ctl = {
+        r: st
+        for r in CONTROL_ROWS
+        if (rs := common.per_seed(records, f"{KEY}/{r}"))
+        for st in [common.fold(rs, {"accuracy": 100.0}, (), ("params",))]
+    }
+    if len(ctl) == 2:
+        kw = paper_claims.finding_kw("adapt-attention-helps") | {"claim_type": "superiority", "kind": "check"}
+        a, b = ctl[CONTROL_TWIN]["accuracy"], ctl[CONTROL]["accuracy"]
+        sec.findings.append(claims.compare(a, b, unit="pts", a_name=CONTROL_TWIN, b_name=CONTROL, spec=".1f", **kw))
     # the pretrained ViT's plateau: fine-tuned as long again (row original); the baseline's: at twice the steps
     pre = Plateau("", "pretrained ViT", claims.stat([t_acc]), _acc(res, "original"), "%", ".1f", key="teacher")
     pre.longer_run = f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
@@ -219,6 +271,11 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     )
     # the baseline's first: a comparison replicated at twice the steps is judged there, not on the teacher's drift
     ev = Evidence(plateaus=[own, pre], tuning=[Tuning(untuned, paper_finding)])
+    if len(ctl) == 2:
+        label, grid = "the attention check, from scratch, validation accuracy %", attention_control(plan)["lr_sweep"]
+        off = common.tune_rows(sec, records, plan, list(ctl), KEY, "accuracy", True, 100.0, label, grid=grid)
+        twin = (CONTROL_TWIN, ctl[CONTROL_TWIN]["accuracy"])
+        ev.controls.append(Control(CONTROL, ctl[CONTROL]["accuracy"], paper_finding, twin, untuned=off.get(CONTROL)))
     sec.data["plateau"] = judge(sec.findings, ev)
     return sec
 
