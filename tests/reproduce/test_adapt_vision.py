@@ -26,7 +26,9 @@ def test_registered_after_vision():
 @pytest.mark.parametrize("name,seeds", [("smoke", 2), ("default", 2), ("long", 6), ("full", 3)])
 def test_plan_of_every_budget(name, seeds):
     b, steps = plan(name, 5)
-    mine = [s for s in steps if s.section == av.KEY]
+    control = [s for s in steps if s.id.split("/")[1] in av.CONTROL_ROWS]  # the attention check: its own test
+    assert bool(control) == ("attention_control" in b[av.KEY])
+    mine = [s for s in steps if s.section == av.KEY and s not in control]
     assert b[av.KEY]["seeds"] == seeds
     teacher = [s for s in mine if s.id == av.TEACHER]
     assert len(teacher) == 1 and teacher[0].config["train"]["model"] == "vit_s"
@@ -104,7 +106,10 @@ def test_smoke_section_runs_and_reports(smoke_run):
     assert rows["cbsa"]["params"] == rows["original"]["params"] + arch["depth"] * arch["heads"]  # kappa is new
     assert len(sec["data"]["teacher"]["val_curve"]) >= 2
     findings = sec["findings"]
-    assert [f["kind"] for f in findings] == ["paper", "paper", "check", "check"]
+    assert [f["kind"] for f in findings] == ["paper", "paper", "check", "check", "check"]
+    attention = findings.pop()  # the task's attention check, trained from scratch beside the adaptation
+    assert (attention["a_name"], attention["b_name"]) == (av.CONTROL_TWIN, av.CONTROL)
+    assert len(attention["values_a"]) == len(attention["values_b"]) == 2
     flops = findings.pop()
     assert flops["measurement"] and flops["verdict"] in ("agrees", "disagrees") and "x)" in flops["measured"]
     for f in findings:

@@ -234,9 +234,12 @@ def test_every_budget_plans_valid_runs(budget):
         elif "/lr-sweep/" in s.id:  # a learning-rate sweep: a seed of its own, apart from the reported ones
             assert cfg.seed == 3 + SWEEP_SEED_OFFSET and s.id.endswith(f"/lr{cfg.lr:g}")
             extra = [x for rates in b[s.section].get("lr_sweep_extra", {}).values() for x in rates]
-            grid = b[s.section]["lr_sweep"] + extra
             if s.id.startswith("segmentation/decoders/"):  # the decoders sweep a grid of their own
                 grid = b[s.section]["decoders"]["lr_sweep"]
+            elif s.section == "adapt-vision":  # so does adapt-vision's attention check (from scratch)
+                grid = b[s.section]["attention_control"]["lr_sweep"]
+            else:
+                grid = b[s.section]["lr_sweep"] + extra
             assert cfg.lr in grid
         else:
             assert cfg.seed == 3
