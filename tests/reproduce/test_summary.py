@@ -154,6 +154,22 @@ def test_the_decided_claims_count_those_robust_to_one_more_doubling():
     assert "**Decided trained claims** (2 of 3 robust:" in text
 
 
+def test_the_decided_claims_are_counted_again_with_99_percent_intervals():
+    a = [1.0, 1.1, 1.2, 1.3, 1.4]
+    narrow = _f(a, [x - 0.25 for x in a], claim="a beats c")  # 95%: [+0.02, +0.48]; 99%: [-0.09, +0.59]
+    assert narrow.verdict == "agrees" and narrow.ci95[0] > 0
+    text = "\n".join(_summary([Section("k", "K: t", findings=[_f(*WIN), narrow])], "long"))
+    assert "; 1 of 2 decided with 99% intervals too):" in text
+    wide = _f(a, [x - 0.5 for x in a], claim="a beats c")  # 99%: [+0.16, +0.84]
+    text = "\n".join(_summary([Section("k", "K: t", findings=[_f(*WIN), wide])], "long"))
+    assert "; 2 of 2 decided with 99% intervals too):" in text
+    # a refuted superiority is checked against the bar it misses, at the stricter level too
+    lost = _f([x - 0.5 for x in a], a, claim="a beats c")
+    assert lost.verdict == "disagrees"
+    text = "\n".join(_summary([Section("k", "K: t", findings=[lost])], "long"))
+    assert "; 1 of 1 decided with 99% intervals too):" in text
+
+
 def test_the_legend_states_every_gate_once_with_its_direction():
     fs = [_f(*WIN)]
     text = "\n".join(_summary([Section("k", "K: t", findings=fs)], "long"))

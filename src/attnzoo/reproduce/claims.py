@@ -179,9 +179,9 @@ def stat(values: float | Iterable[float | None] | Stat | None) -> Stat | None:
 
 
 def welch_ci(
-    a: Stat, b: Stat, *, lower_is_better: bool = False
+    a: Stat, b: Stat, *, lower_is_better: bool = False, level: float = 0.95
 ) -> tuple[float, tuple[float, float] | None, float | None]:
-    """``(effect, 95% interval, df)`` of ``mean(a) - mean(b)`` (negated when lower is better), ``df`` by
+    """``(effect, interval at level, df)`` of ``mean(a) - mean(b)`` (negated when lower is better), ``df`` by
     Welch-Satterthwaite; no interval with one seed a side."""
     from scipy.stats import t as student_t
 
@@ -195,7 +195,7 @@ def welch_ci(
     if se == 0.0:
         return effect, (effect, effect), float(a.n + b.n - 2)
     df = (va + vb) ** 2 / (va**2 / (a.n - 1) + vb**2 / (b.n - 1))
-    half = float(student_t.ppf(0.975, df)) * se
+    half = float(student_t.ppf(0.5 + level / 2, df)) * se
     return effect, (effect - half, effect + half), df
 
 
