@@ -66,3 +66,21 @@ def test_csp_and_mega_csp_not_tested_report_every_claim_they_would_have_measured
     assert all(f.verdict == "not tested" for f in found)
     assert found[0].measured == WHY and found[3].measured == WHY
     assert found[2].measured == "as for `csp-f4-faster`"
+
+
+def test_a_plan_that_trains_no_encoder_reports_each_claim_not_tested_with_its_reason_and_no_empty_table(tmp_path):
+    import copy
+
+    from attnzoo.reproduce.budgets import BUDGETS
+    from attnzoo.reproduce.sections import lra
+
+    plan = copy.deepcopy(BUDGETS["long"]["long-range"])
+    assert plan["mechanisms"] == []
+    sec = lra.summarize({}, plan, tmp_path, str)
+    assert sec.tables == [] and sec.intro.startswith("No encoder trains at this budget on listops")
+    by_id = {f.claim_id: f for f in sec.findings}
+    assert {f.verdict for f in sec.findings} == {"not tested"}
+    assert "ListOps at N=128 barely needs attention" in by_id["tost-t3-lra#listops"].measured
+    # with rows back, the accuracy table returns
+    plan["mechanisms"] = ["softmax"]
+    assert lra.summarize({}, plan, tmp_path, str).tables

@@ -708,12 +708,12 @@ def test_tost_listops_claim_is_non_inferiority_with_table_3s_margin():
 
 
 def test_listops_control_check_and_margin_gate():
-    """long's ListOps runs the identity encoder: softmax's check against it, and Fastmax's 2.6-point margin gated
+    """default's ListOps runs the identity encoder: softmax's check against it, and Fastmax's 2.6-point margin gated
     when the control is within it (an agreement that no attention would also reach)."""
     from attnzoo.reproduce import budgets
     from attnzoo.reproduce.sections import lra
 
-    assert lra.CONTROL in budgets.BUDGETS["long"]["long-range"]["mechanisms"]
+    assert lra.CONTROL in budgets.BUDGETS["default"]["long-range"]["mechanisms"]
 
     def fastmax():
         claim = "Fastmax keeps softmax's accuracy on listops"
@@ -941,6 +941,7 @@ def test_lra_extra_seeds_train_the_row_more_seeds_and_reject_an_unknown_row():
     from attnzoo.reproduce.sections import lra
 
     plan = copy.deepcopy(BUDGETS["long"]["long-range"])
+    plan["mechanisms"] = ["softmax", "identity"]  # long trains no ListOps row: put two back
     plan["extra_seeds"] = {"rows": ["identity"], "seeds": 2}
     ids = {s.id for s in lra.plan_steps(plan, 0)}
     n = plan["seeds"]

@@ -83,7 +83,7 @@ def test_the_committed_report_renders_with_every_heading_and_table_row():
     md = RESULTS_MD.read_text()
     page = html_page(md, "attnzoo reproduce (long budget)")
     headings, rows = _md_structure(md)
-    assert len(headings) > 20 and len(rows) > 200  # the long run's report: every section, 30 tables
+    assert len(headings) > 20 and len(rows) > 150  # the long run's report: every section, about 25 tables
     assert drift(md, page) == []
     assert page.startswith("<!doctype html>") and "<meta charset='utf-8'>" in page
     assert "<title>attnzoo reproduce (long budget)</title>" in page

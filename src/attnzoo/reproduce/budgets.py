@@ -10,7 +10,7 @@ from typing import Any
 
 from attnzoo.train.config import read_yaml
 
-__all__ = ["BUDGETS", "SECTIONS", "budget", "load_budget"]
+__all__ = ["BUDGETS", "SECTIONS", "budget", "load_budget", "with_settings"]
 
 SECTIONS = ("vision", "adapt-vision", "long-range", "language", "icl", "efficiency", "probes", "segmentation")
 BUDGET_NAMES = ("smoke", "default", "long", "full")
@@ -40,3 +40,25 @@ def budget(name: str) -> dict:
     if name not in BUDGETS:
         raise ValueError(f"unknown budget {name!r}; valid budgets: {sorted(BUDGETS)}")
     return copy.deepcopy(BUDGETS[name])
+
+
+def with_settings(plan: dict, settings: list[str] | tuple[str, ...] = ()) -> dict:
+    """``plan`` with each ``section.key[.key...]=VALUE`` of ``settings`` applied (VALUE read as YAML); only a setting
+    the plan already has can change, so a misspelt key is an error rather than an unread one."""
+    import yaml
+
+    for item in settings:
+        path, sep, text = item.partition("=")
+        keys = path.split(".")
+        if not sep or len(keys) < 2 or not all(keys):
+            raise ValueError(f"--set {item!r}: write section.key[.key...]=VALUE, e.g. language.train.steps=3200")
+        node: Any = plan
+        for depth, key in enumerate(keys):
+            where = ".".join(keys[:depth]) or "the plan"
+            if not isinstance(node, dict) or key not in node:
+                valid = sorted(node) if isinstance(node, dict) else []
+                raise ValueError(f"--set {item!r}: {where} has no setting {key!r}; valid: {valid}")
+            if depth == len(keys) - 1:
+                node[key] = yaml.safe_load(text)
+            node = node[key]
+    return plan

@@ -64,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="import the steps of an earlier run (its results.json or its directory; repeatable) whose config is "
         "unchanged: only new or changed steps are computed, e.g. to rebuild a report under new rules",
     )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="change one setting the budget has (VALUE read as YAML; repeatable), e.g. --set "
+        "language.train.steps=3200: the report's provenance records the command and its plan",
+    )
     return ap
 
 
@@ -76,19 +84,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.list:
             sections = resolve_sections(args.only)
-            for s in (s for s in plan(args.budget, args.seed)[1] if s.section in sections):
+            for s in (s for s in plan(args.budget, args.seed, args.set)[1] if s.section in sections):
                 print(f"{s.id}  [{s.hash}]" + (f"  (needs {', '.join(s.deps)})" if s.deps else ""))
             return 0
         if args.check_plan:
             from attnzoo.reproduce.plan_check import render_size_checks, size_checks
 
-            checks = size_checks(plan(args.budget, args.seed)[1])
+            checks = size_checks(plan(args.budget, args.seed, args.set)[1])
             print(render_size_checks(checks), end="")
             return 1 if any(c.planned and not c.holds for c in checks) else 0
         if args.estimate:
             return _estimate(args)
         kw = dict(seed=args.seed, only=args.only, device=args.device, threads=args.threads, reuse=args.reuse)
         kw.update(jobs=args.jobs, report_only=args.report_only, progress=not args.no_progress, argv=argv)
+        kw["settings"] = args.set
         outcome = run(args.out, args.budget, **kw)
     except (ReproduceError, DirectoryLocked) as e:
         from attnzoo.cli import debug_enabled
@@ -117,6 +126,6 @@ def _estimate(args) -> int:
     for source in args.reuse:  # a later source's record of a step wins, as with --reuse
         records.update(stored_records(source))
     sections = resolve_sections(args.only)
-    steps = [s for s in plan(args.budget, args.seed)[1] if s.section in sections]
+    steps = [s for s in plan(args.budget, args.seed, args.set)[1] if s.section in sections]
     print(render_estimate(estimate(steps, records, args.jobs), args.reuse), end="")
     return 0

@@ -46,6 +46,7 @@ def _summaries(out: Path, plan: dict, sections: list[str], records: dict, outcom
             )
         except Exception as e:  # noqa: BLE001 - a broken summary must not hide the other sections
             sec = Section(key, mod.TITLE, notes=[f"summary failed: {type(e).__name__}: {e}"])
+        _claim_notes(sec, plan[key].get("claim_notes", {}))
         sec.notes += [f"step `{sid}` failed: {why}" for sid, why in outcome.failed.items() if _in(sid, key)]
         if missing := [f"`{sid}`" for sid in outcome.missing if _in(sid, key)]:
             sec.notes.insert(
@@ -55,6 +56,17 @@ def _summaries(out: Path, plan: dict, sections: list[str], records: dict, outcom
             )
         result.append(sec)
     return result
+
+
+_PILOT = "dated pilot: "
+
+
+def _claim_notes(sec: Section, notes: dict[str, str]) -> None:
+    """A plan's dated pilot on a claim (``claim_notes``: claim id -> the figures and the command that re-measures
+    them) under each of the section's findings of that claim: evidence beside the run's, never part of its verdict."""
+    for f in sec.findings:
+        if note := notes.get(f.claim_id) or notes.get(paper_claims.base_id(f.claim_id)):
+            claims.explain(f, f"{_PILOT}{note}")
 
 
 def _in(step_id: str, section: str) -> bool:
@@ -268,7 +280,9 @@ def _decided_lines(claims_: list[ClaimResult]) -> list[str]:
                 bar = f", wholly below {rb:+.3g} ({REFUTE_FRACTION:g} of the paper's {e:+.3g})"
             test = paper_claims.test_of(f.get("claim_id") or "") if len(c.tests) > 1 else ""
             claim = f"{f['claim']} (test: {test})" if test else f["claim"]  # which of its tests decided it
-            lines.append(f"- {f['paper']}, {claim}: {effect_in_words(f)}{bar}: **{c.verdict}**{_doubling(f)}.")
+            noted = _PILOT in (f.get("explanation") or "")
+            pilot = " A dated pilot beside it: its note in the claims table." if noted else ""
+            lines.append(f"- {f['paper']}, {claim}: {effect_in_words(f)}{bar}: **{c.verdict}**{_doubling(f)}.{pilot}")
     return lines + [""]
 
 

@@ -114,7 +114,6 @@ def _student(plan: dict, row: str) -> dict:
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     """The pretraining, then per row its fine-tuning-rate sweep (on the sweep's own seed) and its seeds at the best."""
-    _attention_pilot(plan)  # a malformed pilot is refused before anything trains
     teacher = Step(TEACHER, KEY, {"train": teacher_config(plan, seed)}, _pretrain, label="teacher")
     lrs, seeds, ft = list(plan.get("finetune_lr_sweep", [])), common.seed_list(plan, seed), plan["finetune"]
     configs, longer = [], compared_2x(plan) + ([BASELINE] if plan.get("baseline_plateau") else [])
@@ -244,7 +243,6 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         )
         return sec
     sec.findings = _findings(res)
-    _attention_needed(sec, plan)
     ctl = {
         r: st
         for r in CONTROL_ROWS
@@ -278,29 +276,6 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         ev.controls.append(Control(CONTROL, ctl[CONTROL]["accuracy"], paper_finding, twin, untuned=off.get(CONTROL)))
     sec.data["plateau"] = judge(sec.findings, ev)
     return sec
-
-
-def _attention_pilot(plan: dict) -> dict | None:
-    """The plan's dated pilot that the task needs attention (``attention_needed``: ``figures`` and the ``command``
-    that re-measures them), checked; None without one."""
-    pilot = plan.get("attention_needed")
-    if pilot is not None and (
-        not isinstance(pilot, dict) or not all(isinstance(pilot.get(k), str) for k in ("figures", "command"))
-    ):
-        raise ValueError(f"adapt-vision's attention_needed must map 'figures' and 'command' to text, got {pilot!r}")
-    return pilot
-
-
-def _attention_needed(sec: Section, plan: dict) -> None:
-    """The attention pilot as a section note, and a pointer to it on each paper finding whose margin it backs."""
-    if not (pilot := _attention_pilot(plan)):
-        return
-    sec.notes.append(f"the task needs attention (pilot): {pilot['figures']}; re-measure: `{pilot['command']}`")
-    for f in filter(paper_finding, sec.findings):
-        if f.claim_type == "non-inferiority":
-            claims.explain(
-                f, "the task needs attention: a pilot's no-attention control falls outside the margin (section notes)"
-            )
 
 
 def _acc(res: dict, row: str) -> claims.Stat | None:

@@ -139,6 +139,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         "128 with 8 heads, 50,000 steps of 64 prompts (§4.1.2, Fig. 6, after Garg et al.)"
     )
     sp = plan["tasks"].get("sparse", {}).get("sparsity")
+    rows = list(plan["models"]) + list(plan.get("ablations", []))
     sec.intro = (
         f"{n} Gaussian inputs per prompt, d={d}, {', '.join(plan['tasks'])} functions"
         + (f" (sparse: {sp} non-zero weights)" if sp is not None else "")
@@ -146,7 +147,14 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         f"{tr['batch_size']} fresh prompts, {plan.get('seeds', 1)} seed(s). Error / d on {first.get('n_val', 1000)} "
         f"held-out prompts at k examples (last column: mean ± std over seeds); Lasso alpha {plan['lasso_alpha']}."
     )
-    rows = list(plan["models"]) + list(plan.get("ablations", []))
+    if not rows:  # the reference predictors only
+        sec.scale = ""
+        sec.intro = (
+            "No model trains at this budget: AoT's claims are not tested (the claims table gives the pilots' reason) "
+            "and GPT's own in-context check tests no paper claim. The table gives the reference predictors' error / d "
+            f"on {first.get('n_val', 1000)} held-out prompts ({n} Gaussian inputs, d={d}; Lasso alpha "
+            f"{plan['lasso_alpha']})."
+        )
     runs = {t: {m: rs for m in rows if (rs := common.per_seed(records, f"{KEY}/{t}/{m}"))} for t in plan["tasks"]}
 
     def per_row(fold):
