@@ -153,7 +153,7 @@ def _fake_plan(monkeypatch, tmp_path):
         Step("probes/b", "probes", {"k": 2}, lambda ctx, step: {"v": 2.0}),
         Step("probes/c", "probes", {"k": 3}, lambda ctx, step: {"v": 3.0}),
     ]
-    monkeypatch.setattr(runner, "plan", lambda budget_name, seed: ({}, steps))
+    monkeypatch.setattr(runner, "plan", lambda budget_name, seed, settings=(): ({}, steps))
     monkeypatch.setattr(runner, "machine_description", lambda device: {})
     return runner
 
@@ -382,7 +382,7 @@ def test_reproduce_on_a_full_disk_names_the_step_and_continues(kind, tmp_path, m
         for i, (n, v) in enumerate([("a", 1.0), ("b", 2.0), ("c", big)])
     ]
     budget = runner.plan("smoke", 0)[0]
-    monkeypatch.setattr(runner, "plan", lambda budget_name, seed: (budget, steps))
+    monkeypatch.setattr(runner, "plan", lambda budget_name, seed, settings=(): (budget, steps))
     monkeypatch.setattr(runner, "machine_description", lambda device: {})
     disk = _RealTmpfs(tmp_path, 64 * 1024) if kind == "real tmpfs" else None
     state = {"full": True}

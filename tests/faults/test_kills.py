@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent(
         return {{"value": step.config["k"] ** 2}}
 
     steps = [Step(f"probes/s{{k:02d}}", "probes", {{"k": k}}, compute) for k in range({N_STEPS})]
-    runner.plan = lambda budget_name, seed: ({{}}, steps)
+    runner.plan = lambda budget_name, seed, settings=(): ({{}}, steps)
     runner.machine_description = lambda device: {{}}
 
     def write_report(out, plan, budget_name, seed, sections, records, outcome, *a, **kw):
