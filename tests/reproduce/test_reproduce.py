@@ -91,7 +91,7 @@ def test_results_json_holds_every_number(smoke):
     res = _results(smoke)
     assert set(res) == {"meta", "claims", "sections", "steps", "failed"}
     ids = [c["id"] for c in res["claims"]]
-    assert len(ids) == len(set(ids)) and res["meta"]["finding_schema"] == 1
+    assert len(ids) == len(set(ids)) and res["meta"]["finding_schema"] == 2
     assert res["failed"] == {}
     assert res["meta"]["budget"] == "smoke" and res["meta"]["seed"] == 0
     assert {"cpu", "threads", "torch"} <= set(res["meta"]["machine"])

@@ -159,15 +159,35 @@ def test_the_decided_claims_are_counted_again_with_99_percent_intervals():
     narrow = _f(a, [x - 0.25 for x in a], claim="a beats c")  # 95%: [+0.02, +0.48]; 99%: [-0.09, +0.59]
     assert narrow.verdict == "agrees" and narrow.ci95[0] > 0
     text = "\n".join(_summary([Section("k", "K: t", findings=[_f(*WIN), narrow])], "long"))
-    assert "; 1 of 2 decided with 99% intervals too):" in text
+    assert STRICT.format(1, 2) in text
     wide = _f(a, [x - 0.5 for x in a], claim="a beats c")  # 99%: [+0.16, +0.84]
     text = "\n".join(_summary([Section("k", "K: t", findings=[_f(*WIN), wide])], "long"))
-    assert "; 2 of 2 decided with 99% intervals too):" in text
+    assert STRICT.format(2, 2) in text
     # a refuted superiority is checked against the bar it misses, at the stricter level too
     lost = _f([x - 0.5 for x in a], a, claim="a beats c")
     assert lost.verdict == "disagrees"
     text = "\n".join(_summary([Section("k", "K: t", findings=[lost])], "long"))
-    assert "; 1 of 1 decided with 99% intervals too):" in text
+    assert STRICT.format(1, 1) in text
+
+
+def test_the_99_percent_count_applies_the_control_gate_at_99_percent_too():
+    from attnzoo.reproduce.claims import margin_control_gate
+
+    kw = dict(claim_type="non-inferiority", margin=0.5, margin_source="x", unit="pts", paper="X Table 1")
+    kw |= dict(claim="a keeps b", paper_value="v", a_name="a", b_name="b")
+    f = compare([1.0, 1.1, 1.2], [1.0, 1.1, 1.2], **kw)
+    f.kind = "paper"
+    # the control 0.8 below b: at 95% [-1.03, -0.57], outside the 0.5 margin; at 99% [-1.18, -0.42], inside it
+    margin_control_gate(f, [0.2, 0.3, 0.4], "ctl")
+    assert f.verdict == "agrees" and f.control_ci95[1] < -0.5 < f.control_ci99[1]
+    text = "\n".join(_summary([Section("k", "K: t", findings=[f])], "long"))
+    assert STRICT.format(0, 1) in text
+    margin_control_gate(f, [0.0, 0.1, 0.2], "ctl")  # 1.0 below: outside at 99% too
+    text = "\n".join(_summary([Section("k", "K: t", findings=[f])], "long"))
+    assert STRICT.format(1, 1) in text
+
+
+STRICT = "; {} of {} decided with 99% intervals too, their controls' included):"
 
 
 def test_the_legend_states_every_gate_once_with_its_direction():
@@ -226,7 +246,7 @@ def test_results_json_lists_every_claim_once_with_its_tests(tmp_path):
     ids = [c["id"] for c in payload["claims"]]
     assert ids == ["tost-t3-lra", "X Table 1: a beats b"]
     assert payload["claims"][0]["tests"] == ["tost-t3-lra#listops", "tost-t3-lra#average"]
-    assert payload["claims"][0]["verdict"] == "agrees" and payload["meta"]["finding_schema"] == 1
+    assert payload["claims"][0]["verdict"] == "agrees" and payload["meta"]["finding_schema"] == 2
     # a section is named as the claims table cites it: no subtitle, no parenthesis
     payload = _results_payload({}, [Section("k", "Adapting a ViT (CBSA Fig. 9)", findings=fs[:1])], {}, {})
     assert payload["claims"][0]["sections"] == "Adapting a ViT"

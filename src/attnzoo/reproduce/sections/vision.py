@@ -331,12 +331,30 @@ def _acc(res: dict, name: str) -> claims.Stat | None:
     return res[name]["accuracy"] if name in res else None
 
 
+_STEM = {"linear": "a strided patch projection", "linear_ln": "a normed patch projection", "conv": "a conv stem"}
+_POOL = {"cls": "a CLS token", "class_attention": "class-attention layers", "mean": "mean pooling"}
+
+
+def _stems(plan: dict) -> str:
+    """Each paper row's patch embedding and pooling, from its model's config (the confounds beside the attention)."""
+    from attnzoo.models import get_config
+
+    size, out = _image_size(plan), {}
+    for name in plan["models"]:
+        opts = model_options(name, plan)
+        cfg = get_config(MODELS[name].registered, num_classes=10, image_size=size, in_chans=1, **opts)
+        out.setdefault(f"{_STEM[cfg.patch_embed]} and {_POOL[cfg.pool]}", []).append(name)
+    return "; ".join(f"{', '.join(rows)}: {what}" for what, rows in out.items())
+
+
 def _intro(plan: dict) -> str:
     arch, tr, n_seeds, opts = plan["arch"], plan["train"], plan.get("seeds", 1), plan["task_options"]
     if plan["task"] == "digits":
         data = "scikit-learn 8x8 digits, 1,438 train / 359 validation images"
     else:
-        size = "28x28" + (f" resized to {opts['img_size']}x{opts['img_size']}" if opts.get("img_size") else "")
+        where = "each at a fixed random offset" if opts.get("placement") == "random" else "centred"
+        canvas = f" on a {opts['img_size']}x{opts['img_size']} canvas, {where}" if opts.get("img_size") else ""
+        size = "28x28" + canvas
         data = f"{opts.get('n_train', 60000):,} train / {opts.get('n_val', 10000):,} validation images, {size}"
     rate = common.rate_text(plan.get("lr_sweep", []), tr["lr"])
     if plan.get("lr_sweep") and (extra := [x for lrs in plan.get("lr_sweep_extra", {}).values() for x in lrs]):
@@ -346,8 +364,9 @@ def _intro(plan: dict) -> str:
         f"Task `{plan['task']}` ({data}); {common.width_text(plan, plan['models'])}, depth {arch['depth']}, "
         f"{arch['heads']} heads, patch {arch['patch_size']}; {tr['steps']} steps of batch {tr['batch_size']}, "
         f"AdamW/cosine, {rate}, no augmentation; {common.seeds_text(n_seeds)}{more} (mean ± "
-        "sample std). The papers' architectures differ in more than the attention; the controlled swaps put each "
-        "attention into the ViT skeleton (conv patches, CLS token, MLP blocks, pre-norm)."
+        "sample std). The papers' architectures differ in more than the attention: "
+        f"{_stems(plan)}; the controlled swaps put each attention into the ViT skeleton (strided patches, CLS token, "
+        "MLP blocks, pre-norm)."
     )
 
 
