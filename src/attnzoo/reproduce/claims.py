@@ -107,6 +107,7 @@ class Finding:
     control_effect: float | None = None
     control_ci95: list[float] | None = None
     control_ci99: list[float] | None = None
+    dated_pilot: str | None = None
     random_init_control: dict | None = None
     literal_measure: dict | None = None
     probe_model: str | None = None

@@ -58,15 +58,13 @@ def _summaries(out: Path, plan: dict, sections: list[str], records: dict, outcom
     return result
 
 
-_PILOT = "dated pilot: "
-
-
 def _claim_notes(sec: Section, notes: dict[str, str]) -> None:
     """A plan's dated pilot on a claim (``claim_notes``: claim id -> the figures and the command that re-measures
     them) under each of the section's findings of that claim: evidence beside the run's, never part of its verdict."""
     for f in sec.findings:
         if note := notes.get(f.claim_id) or notes.get(paper_claims.base_id(f.claim_id)):
-            claims.explain(f, f"{_PILOT}{note}")
+            f.dated_pilot = note
+            claims.explain(f, f"dated pilot: {note}")
 
 
 def _in(step_id: str, section: str) -> bool:
@@ -280,8 +278,7 @@ def _decided_lines(claims_: list[ClaimResult]) -> list[str]:
                 bar = f", wholly below {rb:+.3g} ({REFUTE_FRACTION:g} of the paper's {e:+.3g})"
             test = paper_claims.test_of(f.get("claim_id") or "") if len(c.tests) > 1 else ""
             claim = f"{f['claim']} (test: {test})" if test else f["claim"]  # which of its tests decided it
-            noted = _PILOT in (f.get("explanation") or "")
-            pilot = " A dated pilot beside it: its note in the claims table." if noted else ""
+            pilot = " A dated pilot beside it: its note in the claims table." if f.get("dated_pilot") else ""
             lines.append(f"- {f['paper']}, {claim}: {effect_in_words(f)}{bar}: **{c.verdict}**{_doubling(f)}.{pilot}")
     return lines + [""]
 

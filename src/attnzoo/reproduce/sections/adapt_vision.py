@@ -83,10 +83,9 @@ def _control_steps(plan: dict, seed: int) -> list[tuple[str, dict]]:
     """The attention check's rows from scratch: each row's sweep on the sweep's seed, then its seeds at the best."""
     if not (ctl := attention_control(plan)):
         return []
-    out = []
+    out, recipe = [], row_config({**plan, "train": plan["pretrain"]}, "vit", seed)["train"]
     for row, mech in CONTROL_ROWS.items():
-        train = row_config({**plan, "train": plan["pretrain"]}, "vit", seed)["train"]
-        train["model_options"] = dict(train["model_options"], attention=mech, pool="mean")
+        train = dict(recipe, model_options=dict(recipe["model_options"], attention=mech, pool="mean"))
         base = {"train": train, "mechanism": mech}
         for sid, s, lr in common.sweep_runs(f"{KEY}/{row}", ctl["lr_sweep"], seed):
             out.append((sid, {**base, "train": dict(train, seed=s, lr=lr)}))
@@ -243,12 +242,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         )
         return sec
     sec.findings = _findings(res)
-    ctl = {
-        r: st
-        for r in CONTROL_ROWS
-        if (rs := common.per_seed(records, f"{KEY}/{r}"))
-        for st in [common.fold(rs, {"accuracy": 100.0}, (), ("params",))]
-    }
+    runs = {r: common.per_seed(records, f"{KEY}/{r}") for r in CONTROL_ROWS}
+    ctl = {r: common.fold(rs, {"accuracy": 100.0}) for r, rs in runs.items() if rs}
     if len(ctl) == 2:
         kw = paper_claims.finding_kw("adapt-attention-helps") | {"claim_type": "superiority", "kind": "check"}
         a, b = ctl[CONTROL_TWIN]["accuracy"], ctl[CONTROL]["accuracy"]

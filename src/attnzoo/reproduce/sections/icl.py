@@ -133,22 +133,23 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     arch, tr = plan["arch"], plan["train"]
     first = next(iter(plan["tasks"].values()))
     d, n = first["dim"], first["n_points"]
-    sec.scale = (
-        f"here d={d} with {n} points per prompt, width {arch['dim']}, depth {arch['depth']}, {tr['steps']} steps of "
-        f"{tr['batch_size']} prompts; AoT: d=20 with up to 40 in-context examples, 16 layers (Hybrid 24) of width "
-        "128 with 8 heads, 50,000 steps of 64 prompts (§4.1.2, Fig. 6, after Garg et al.)"
-    )
     sp = plan["tasks"].get("sparse", {}).get("sparsity")
     rows = list(plan["models"]) + list(plan.get("ablations", []))
-    sec.intro = (
-        f"{n} Gaussian inputs per prompt, d={d}, {', '.join(plan['tasks'])} functions"
-        + (f" (sparse: {sp} non-zero weights)" if sp is not None else "")
-        + f"; width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, {tr['steps']} steps of "
-        f"{tr['batch_size']} fresh prompts, {plan.get('seeds', 1)} seed(s). Error / d on {first.get('n_val', 1000)} "
-        f"held-out prompts at k examples (last column: mean ± std over seeds); Lasso alpha {plan['lasso_alpha']}."
-    )
-    if not rows:  # the reference predictors only
-        sec.scale = ""
+    if rows:
+        sec.scale = (
+            f"here d={d} with {n} points per prompt, width {arch['dim']}, depth {arch['depth']}, {tr['steps']} steps "
+            f"of {tr['batch_size']} prompts; AoT: d=20 with up to 40 in-context examples, 16 layers (Hybrid 24) of "
+            "width 128 with 8 heads, 50,000 steps of 64 prompts (§4.1.2, Fig. 6, after Garg et al.)"
+        )
+        sec.intro = (
+            f"{n} Gaussian inputs per prompt, d={d}, {', '.join(plan['tasks'])} functions"
+            + (f" (sparse: {sp} non-zero weights)" if sp is not None else "")
+            + f"; width {arch['dim']}, depth {arch['depth']}, {arch['heads']} heads, {tr['steps']} steps of "
+            f"{tr['batch_size']} fresh prompts, {plan.get('seeds', 1)} seed(s). Error / d on "
+            f"{first.get('n_val', 1000)} held-out prompts at k examples (last column: mean ± std over seeds); Lasso "
+            f"alpha {plan['lasso_alpha']}."
+        )
+    else:  # the reference predictors only
         sec.intro = (
             "No model trains at this budget: AoT's claims are not tested (the claims table gives the pilots' reason) "
             "and GPT's own in-context check tests no paper claim. The table gives the reference predictors' error / d "

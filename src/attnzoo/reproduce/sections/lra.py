@@ -163,14 +163,14 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         for name, abl in plan.get("ablations", {}).items()
         if (rs := common.per_seed(records, f"{KEY}/{abl['task']}/{name}"))
     }
-    sec.intro = _intro(plan, tasks, lengths)
-    sec.scale = (
-        f"here {', '.join(f'{t} at N={lengths[t]}' for t in tasks)}, width {plan['arch']['dim']}, depth "
-        f"{plan['arch']['depth']}, {'; '.join(f'{t}: {_schedule(plan, t)}' for t in tasks)}; the papers: the Long "
-        "Range Arena's five tasks at 1K-4K tokens (ListOps up to 2K)"
-    )
-    if not mechs:  # every claim of the section is not tested, for the reasons its plan gives
-        sec.scale = ""
+    if mechs:
+        sec.intro = _intro(plan, tasks, lengths)
+        sec.scale = (
+            f"here {', '.join(f'{t} at N={lengths[t]}' for t in tasks)}, width {plan['arch']['dim']}, depth "
+            f"{plan['arch']['depth']}, {'; '.join(f'{t}: {_schedule(plan, t)}' for t in tasks)}; the papers: the "
+            "Long Range Arena's five tasks at 1K-4K tokens (ListOps up to 2K)"
+        )
+    else:  # every claim of the section is not tested, for the reasons its plan gives
         sec.intro = (
             f"No encoder trains at this budget on {', '.join(tasks) or 'any task'}: each claim's reason, with the "
             "pilots' figures, is in the claims table."
