@@ -189,13 +189,20 @@ def test_resume_cleans_what_faults_left_and_keeps_the_rest(tmp_path, capsys, one
 
 
 def test_a_run_metrics_file_damaged_after_the_run_is_named(tmp_path):
-    from attnzoo.reproduce.common import _curve, _median_rate
+    from attnzoo.reproduce.common import Context, train_run
+    from attnzoo.reproduce.store import StepStore
 
-    (tmp_path / "metrics.csv").write_text(HEADER + _good(1, 2))
-    assert _curve(tmp_path) == [[1, 2.1], [2, 2.2]] and _median_rate(tmp_path, "samples_per_s") == 100.0
-    (tmp_path / "metrics.csv").write_bytes(HEADER.encode() + b"1,train,0.1,\xff\xfe,,1,,1\n")
+    ctx = Context(tmp_path, StepStore(tmp_path), seed=0, progress=False)
+    vit = {"dim": 16, "depth": 1, "heads": 2, "patch_size": 4}
+    cfg = dict(task="digits", task_options={}, model="vit_s", model_options=vit, seed=0, steps=2, batch_size=16)
+    train_run(ctx, "t/seed0", cfg)
+    metrics = ctx.store.run_dir("t/seed0") / "metrics.csv"
+    metrics.write_text(HEADER + _good(1, 2))  # the finished run is read back, not trained again
+    rec = train_run(ctx, "t/seed0", cfg)
+    assert rec["curve"] == [[1, 2.1], [2, 2.2]] and rec["samples_per_s"] == 100.0
+    metrics.write_bytes(HEADER.encode() + b"1,train,0.1,\xff\xfe,,1,,1\n")
     with pytest.raises(ReadError, match=r"metrics.csv is damaged \(UnicodeDecodeError"):
-        _curve(tmp_path)
-    (tmp_path / "metrics.csv").write_text(HEADER + "1,train,0.1,2.\0,,1,,1\n")
+        train_run(ctx, "t/seed0", cfg)
+    metrics.write_text(HEADER + "1,train,0.1,2.\0,,1,,1\n")
     with pytest.raises(ReadError, match=r"metrics.csv is damaged \(ValueError"):
-        _median_rate(tmp_path, "samples_per_s")
+        train_run(ctx, "t/seed0", cfg)

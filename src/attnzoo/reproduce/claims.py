@@ -160,12 +160,6 @@ class Finding:
         v = getattr(self, key, None) if key in _FIELDS else None
         return default if v is None else v
 
-    def keys(self) -> list[str]:
-        return list(self.to_dict())
-
-    def __iter__(self):
-        return iter(self.keys())
-
 
 _FIELDS = frozenset(f.name for f in fields(Finding))
 
@@ -214,11 +208,9 @@ def verdict_from_ci(ci: tuple[float, float] | None, margin: float, refute_below:
     """The rule: an interval wholly above ``-margin`` agrees, wholly below it (or ``refute_below``) disagrees."""
     if margin < 0:
         raise ValueError(f"margin must be >= 0, got {margin}")
-    if ci is None:
-        return "inconclusive"
-    if ci[0] > -margin:
+    if ci is not None and ci[0] > -margin:
         return "agrees"
-    if ci[1] < (-margin if refute_below is None else refute_below):
+    if ci is not None and ci[1] < (-margin if refute_below is None else refute_below):
         return "disagrees"
     return "inconclusive"
 
@@ -474,10 +466,8 @@ def plateau_gate(
             seeds = f"seed{'s' if longer.n > 1 else ''} ({longer.n} of {base.n})"
             same = f"; on the same {seeds}: {paired.mean:{spec}} -> {longer.mean:{spec}}"
         text = f"{baseline} {longer_run}: {longer.fmt(spec)} vs {base.fmt(spec)} {unit}{same} (change {change:+.3g}); "
-        if not decided:
-            text += "no decided comparison to set the bar, so its plateau is not shown"
-        else:
-            text += f"{len(decided) - len(drift)} of {len(decided)} decided verdicts clear the change"
+        cleared = f"{len(decided) - len(drift)} of {len(decided)} decided verdicts clear the change"
+        text += cleared if decided else "no decided comparison to set the bar, so its plateau is not shown"
         if k := len(drift) - len(fails):
             text += f"; {k} more judged on {'its' if k == 1 else 'their'} own comparison at 2x"
     for f in fails:

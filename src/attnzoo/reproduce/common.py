@@ -103,12 +103,8 @@ def seeded_id(base: str, seed: int) -> str:
 def per_seed(records: dict[str, dict], base: str) -> list[dict]:
     """The results of every seed's run of ``base`` that has a record, in seed order."""
     prefix = base + "/seed"
-    found = [
-        (int(sid[len(prefix) :]), rec["result"])
-        for sid, rec in records.items()
-        if sid.startswith(prefix) and sid[len(prefix) :].isdigit()
-    ]
-    return [r for _, r in sorted(found, key=lambda x: x[0])]
+    seeds = {sid: int(sid[len(prefix) :]) for sid in records if sid.startswith(prefix) and sid[len(prefix) :].isdigit()}
+    return [records[sid]["result"] for sid in sorted(seeds, key=seeds.get)]
 
 
 # ---- did a row learn ---------------------------------------------------------------------------------
@@ -184,15 +180,11 @@ def seed_mean(records: Sequence[dict], key: str) -> float | None:
 
 def fmt(value: Any, spec: str = ".3g") -> str:
     """A table cell: ``-`` for missing values, ``format(value, spec)`` for numbers."""
-    if value is None:
+    if value is None or (isinstance(value, float) and value != value):
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, (int, float)):
-        if isinstance(value, float) and value != value:
-            return "-"
-        return format(value, spec)
-    return str(value)
+    return format(value, spec) if isinstance(value, (int, float)) else str(value)
 
 
 def md_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -241,8 +233,7 @@ def peak_train_mb(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, k
     model.zero_grad(set_to_none=True)
 
     def step():
-        loss, _ = compute_loss(kind, model(*inputs), target)
-        loss.backward()
+        compute_loss(kind, model(*inputs), target)[0].backward()
 
     step()  # warm-up: first-call allocations (workspaces, lazily built buffers) are not the model's cost
     model.zero_grad(set_to_none=True)
@@ -266,28 +257,22 @@ def train_defaults(**kw) -> dict:
     return optim | dict(amp="off", compile=False, log_every=10, keep_checkpoints=1) | kw
 
 
-def _metrics_rows(run_dir: Path, split: str) -> list[dict]:
-    """The ``split`` rows of a run's metrics.csv, parsed, empty cells left out; damage is a ``ReadError`` naming it."""
-    f = run_dir / "metrics.csv"
+def _metrics_rows(run_dir: Path) -> dict[str, list[dict]]:
+    """A run's metrics.csv rows by split, parsed, empty cells left out; damage is a ``ReadError`` naming it."""
+    f, out = run_dir / "metrics.csv", {"train": [], "val": []}
     if not f.is_file():
-        return []
+        return out
     try:
         with open(f, newline="", encoding="utf-8") as fh:
-            rows = [r for r in csv.DictReader(fh) if r.get("split") == split]
-        return [
-            {k: int(v) if k == "step" else float(v) for k, v in r.items() if k != "split" and v not in (None, "")}
-            for r in rows
-        ]
+            rows = [r for r in csv.DictReader(fh) if r.get("split") in out]
+        for r in rows:
+            out[r.pop("split")].append({k: int(v) if k == "step" else float(v) for k, v in r.items() if v})
     except (UnicodeDecodeError, ValueError, KeyError, TypeError, csv.Error) as e:
         raise ReadError(
             f"{f} is damaged ({type(e).__name__}: {e}); delete the step's record in steps/ and its run directory "
             "to compute it again"
         ) from None
-
-
-def _median_rate(run_dir: Path, key: str) -> float | None:
-    vals = [r[key] for r in _metrics_rows(run_dir, "train") if key in r]
-    return statistics.median(vals) if vals else None
+    return out
 
 
 def train_run(ctx: Context, step_id: str, cfg: dict, sweep: dict | None = None) -> dict:
@@ -318,13 +303,11 @@ def train_run(ctx: Context, step_id: str, cfg: dict, sweep: dict | None = None) 
         shutil.rmtree(run_dir)  # a half-created run directory (killed before the trainer wrote its marker)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     result = train(tcfg, run_dir, resume=resume, overwrite=overwrite, progress=ctx.progress)
-    if result.interrupted:
-        raise Interrupted(f"training of {step_id} stopped by signal at step {result.step}")
-    if not result.final_metrics:
+    if not result.interrupted and not result.final_metrics:
         # the checkpoint was at the last step but the run died before writing its results: run it again
         result = train(tcfg, run_dir, overwrite=True, progress=ctx.progress)
-        if result.interrupted:
-            raise Interrupted(f"training of {step_id} stopped by signal at step {result.step}")
+    if result.interrupted:
+        raise Interrupted(f"training of {step_id} stopped by signal at step {result.step}")
     return _train_record(run_dir, result.final_metrics, tcfg.lr)
 
 
@@ -340,13 +323,9 @@ def tuned(
     """``step_config`` with its ``settings`` at the best rate of row ``row``'s sweep, read when the step runs."""
     if not lrs:
         return step_config
-    out = dict(step_config, **{settings: dict(step_config[settings], lr="tuned")})
-    out["sweep"] = {
-        "ids": {f"{lr:g}": sweep_id(f"{prefix}/{row}", lr) for lr in lrs},
-        "metric": metric,
-        "higher_is_better": higher_is_better,
-    }
-    return out
+    ids = {f"{lr:g}": sweep_id(f"{prefix}/{row}", lr) for lr in lrs}
+    sweep = {"ids": ids, "metric": metric, "higher_is_better": higher_is_better}
+    return step_config | {settings: dict(step_config[settings], lr="tuned"), "sweep": sweep}
 
 
 def sweep_deps(step_config: dict) -> tuple[str, ...]:
@@ -382,22 +361,15 @@ def _final_metrics(done: Path) -> dict | None:
 
 
 def _train_record(run_dir: Path, final: dict, lr: float) -> dict:
-    rates = {k: _median_rate(run_dir, k) for k in ("samples_per_s", "tokens_per_s")}
-    curves = {"curve": _curve(run_dir), "val_curve": _val_curve(run_dir)}
-    return {"val": final, "lr": lr, **rates, "run_dir": str(run_dir), **curves}
-
-
-def _curve(run_dir: Path) -> list[list[float]]:
-    """``[[step, train loss], ...]``."""
-    return [[r["step"], r["loss"]] for r in _metrics_rows(run_dir, "train") if "loss" in r]
-
-
-def _val_curve(run_dir: Path) -> list[dict]:
-    """The validation rows of the run's metrics.csv, in step order."""
-    out = {
-        r["step"]: {k: v for k, v in r.items() if k not in ("lr", "elapsed_s")} for r in _metrics_rows(run_dir, "val")
-    }
-    return [out[k] for k in sorted(out)]
+    """A finished run's validation metrics and rate, the median throughputs of its training rows, its training-loss
+    curve ``[[step, loss], ...]`` and its validation rows in step order."""
+    rows = _metrics_rows(run_dir)
+    rates = {k: [r[k] for r in rows["train"] if k in r] for k in ("samples_per_s", "tokens_per_s")}
+    rates = {k: statistics.median(v) if v else None for k, v in rates.items()}
+    val = {r["step"]: {k: v for k, v in r.items() if k not in ("lr", "elapsed_s")} for r in rows["val"]}
+    curve = [[r["step"], r["loss"]] for r in rows["train"] if "loss" in r]
+    val_curve = [val[k] for k in sorted(val)]
+    return {"val": final, "lr": lr, **rates, "run_dir": str(run_dir), "curve": curve, "val_curve": val_curve}
 
 
 #: what a step's result keeps of its training run (:func:`train_run`)
@@ -464,8 +436,6 @@ def sweep_train(train: dict, plan: dict) -> dict:
     frac = plan.get("sweep_fraction", 1.0)
     if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
         raise ValueError(f"a section's 'sweep_fraction' must be in (0, 1], got {frac!r}")
-    if frac == 1:
-        return dict(train)
     out = dict(train, steps=max(1, round(train["steps"] * frac)))
     if "warmup_steps" in train:
         out["warmup_steps"] = round(train["warmup_steps"] * frac)
@@ -536,12 +506,11 @@ def sweep_table(
     at an end of the grid (†) unless within the row's seed ``noise`` of its neighbour (‡, a flat top), a best not
     above ``floor`` (§, learned at no rate)."""
     grids = {row: sorted(lrs.get(row, []) if isinstance(lrs, dict) else lrs) for row in rows}
-    columns = sorted(set().union(*grids.values())) if grids else []
-    table_rows, untuned, marks = [], {}, []
+    columns = sorted(set().union(*grids.values()))
     if not columns:
-        return None, untuned
-    for row in rows:
-        grid = grids[row]
+        return None, {}
+    table_rows, untuned, marks = [], {}, []
+    for row, grid in grids.items():
         recs = {lr: records.get(sweep_id(f"{prefix}/{row}", lr)) for lr in grid}
         vals = {lr: scale * v for lr, rec in recs.items() if rec and (v := rec["result"].get(metric)) is not None}
         if len(vals) < len(grid):
@@ -550,16 +519,14 @@ def sweep_table(
             continue
         best = (max if higher_is_better else min)(sorted(vals), key=vals.get)
         at_edge = len(grid) > 1 and best in (grid[0], grid[-1])
-        flat = at_edge and noise and noise.get(row) is not None
-        if flat:
-            flat = abs(vals[best] - vals[grid[1] if best == grid[0] else grid[-2]]) <= noise[row]
+        near = vals[grid[1 if best == grid[0] else -2]] if at_edge else None
         mark = ""
         if floor is not None and higher_is_better and vals[best] <= floor:
             mark = " §"
             untuned[row] = (
                 f"no swept learning rate of {row} beats {floor:.3g} (best {vals[best]:.3g}): it learned at none"
             )
-        elif flat:
+        elif at_edge and noise and noise.get(row) is not None and abs(vals[best] - near) <= noise[row]:
             mark = " ‡"
         elif at_edge:
             mark = " †"
@@ -571,7 +538,7 @@ def sweep_table(
     if not table_rows:
         return None, untuned
     title = "Learning-rate sweep" + (f" ({label})" if label else "")
-    caption = _sweep_caption(metric, fraction, marks, any(grids[r] != columns for r in rows), floor)
+    caption = _sweep_caption(metric, fraction, marks, any(g != columns for g in grids.values()), floor)
     return Table(title, ["row"] + [f"lr {lr:g}" for lr in columns], table_rows, caption, appendix=True), untuned
 
 
@@ -597,8 +564,7 @@ def tune_rows(
     table, untuned = sweep_table(
         records, rows, prefix, grids, metric, higher_is_better, scale, label, fraction, noise, floor
     )
-    if table is not None:
-        sec.tables.append(table)
+    sec.tables += [table] if table else []
     if not (plan.get("lr_sweep") if grid is None else grid):
         return {r: unswept.format(row=r) for r in rows}
     return untuned
@@ -659,8 +625,7 @@ def plot_val_curves(panels: Sequence[tuple[str, dict[str, list]]], ylabel: str, 
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, color=f"C{i % 10}", label=row)
         ax.set_title(name, fontsize=9)
-        ax.set_xlabel("training step")
-        ax.set_ylabel(ylabel)
+        ax.set(xlabel="training step", ylabel=ylabel)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(title)
