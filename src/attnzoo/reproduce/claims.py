@@ -544,9 +544,8 @@ def compared_row_gate(f: Finding, row: str, base: Stat | None, longer: Stat | No
     paired, change = _paired_change(base, longer)
     f.compared_row_change = change
     shift = -change if f.lower_is_better else change
-    lo, hi = f.ci95
     at2 = f"{row} alone moves {change:+.3g} {unit} at 2x steps ({paired.mean:.4g} -> {longer.mean:.4g})"
-    return trend_gate(f, f.effect + shift, (lo + shift, hi + shift), f.margin or 0.0, at2)
+    return trend_gate(f, f.effect + shift, (f.ci95[0] + shift, f.ci95[1] + shift), f.margin or 0.0, at2)
 
 
 def _paired_change(base: Stat, longer: Stat) -> tuple[Stat, float]:

@@ -617,9 +617,9 @@ def pyplot():
 
 def plot_val_curves(panels: Sequence[tuple[str, dict[str, list]]], ylabel: str, title: str):
     """One panel per table: every row's mean validation curve against steps."""
-    plt = pyplot()
     panels = [(t, c) for t, c in panels if any(c.values())]
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.2 * max(1, len(panels)), 3.8), squeeze=False)
+    n = max(1, len(panels))
+    fig, axes = pyplot().subplots(1, n, figsize=(5.2 * n, 3.8), squeeze=False)
     for ax, (name, curves) in zip(axes[0], panels, strict=True):
         for i, (row, pts) in enumerate(curves.items()):
             if pts:
