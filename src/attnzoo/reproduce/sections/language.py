@@ -3,7 +3,6 @@ cost and token-by-token decoding time and state against context length (ToST Tab
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from pathlib import Path
@@ -127,8 +126,6 @@ def state_bytes(state) -> int:
     """Bytes held by the tensors of a decoding state (KV cache grows with context; TSSA/Fastmax sums don't)."""
     if isinstance(state, torch.Tensor):
         return state.numel() * state.element_size()
-    if dataclasses.is_dataclass(state):
-        state = [getattr(state, f.name) for f in dataclasses.fields(state)]
     if isinstance(state, dict):
         state = list(state.values())
     return sum(map(state_bytes, state)) if isinstance(state, (list, tuple)) else 0
@@ -180,7 +177,7 @@ def _run(ctx: Context, step: Step) -> dict:
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec = Section(KEY, TITLE)
-    seeds_res = {n: common.per_seed(records, f"{KEY}/{n}") for n in [*rows_of(plan), PLATEAU, *longer_rows(plan)]}
+    seeds_res = {n: common.per_seed(records, f"{KEY}/{n}") for n in rows_of(plan) + longer_rows(plan)}
     names = [n for n in rows_of(plan) if seeds_res[n]]
     res = {}
     for n in names:

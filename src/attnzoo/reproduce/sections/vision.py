@@ -92,14 +92,8 @@ BASELINE_PLATEAUS = {"vit": PLATEAU, "crate": "crate@2x-steps", "xcit": "xcit@2x
 
 #: the row whose tuned learning rate an ablation trains with (one factor changed, the rate kept); a run at twice the
 #: steps (``x@2x-steps``) trains at x's
-TUNED_AS = {
-    "aot+ista": "aot",
-    "aot+prenorm": "aot",
-    "vit+tssa-meanpool": "vit+tssa",
-    "vit+xca-meanpool": "vit+xca",
-    "csp_vit_skeleton+softmax": "csp_vit",
-    MATCHED: "tost",
-}
+TUNED_AS = {"aot+ista": "aot", "aot+prenorm": "aot", "vit+tssa-meanpool": "vit+tssa", "vit+xca-meanpool": "vit+xca"}
+TUNED_AS |= {"csp_vit_skeleton+softmax": "csp_vit", MATCHED: "tost"}
 
 
 def _image_size(plan: dict) -> int:
@@ -181,11 +175,11 @@ def matched_dim(plan: dict) -> int:
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     # the sweeps first: every seed run trains at its row's best swept rate, read when it runs
-    steps, swept, rows = [], sweep_rows(plan), rows_of(plan)
-    common.check_sweep_extra(plan, swept)
+    steps, swept_rows, rows = [], sweep_rows(plan), rows_of(plan)
+    common.check_sweep_extra(plan, swept_rows)
     common.check_row_arch(plan, rows)
     _not_tested(plan)
-    for name in swept:
+    for name in swept_rows:
         for sid, s, lr in common.sweep_runs(f"{KEY}/{name}", common.row_lrs(plan, name), seed):
             swept = {**plan, "train": {**common.sweep_train(plan["train"], plan), "lr": lr}}
             steps.append(_row_step(swept, name, s, sid, tune=False))
@@ -208,13 +202,10 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
 
 def sweep_rows(plan: dict) -> list[str]:
     """The rows whose rate is swept: every compared row and the ``swept_ablations`` (not the parameter-matched ToST)."""
-    swept = plan.get("swept_ablations", [])
-    if unknown := sorted(set(swept) - set(plan.get("ablations", []))):
-        raise ValueError(
-            f"swept_ablations {unknown} are not ablations of this plan; ablations: {plan.get('ablations')}"
-        )
-    rows = list(plan["models"]) + list(plan.get("swaps", [])) + [c for c in _controls(plan) if c != MATCHED]
-    return rows + list(swept)
+    swept, ablations = plan.get("swept_ablations", []), plan.get("ablations", [])
+    if unknown := sorted(set(swept) - set(ablations)):
+        raise ValueError(f"swept_ablations {unknown} are not ablations of this plan; ablations: {ablations}")
+    return [*plan["models"], *plan.get("swaps", []), *(c for c in _controls(plan) if c != MATCHED), *swept]
 
 
 def row_config(plan: dict, name: str, seed: int) -> dict:
@@ -392,10 +383,9 @@ def scale_line(plan: dict, params: list[int]) -> str:
     tokens = ((opts.get("img_size") or 28) // arch["patch_size"]) ** 2
     n_tr = opts.get("n_train", 60000)
     size = f"{min(params):,}-{max(params):,} parameters" if params else "no trained row"
-    width = common.width_text(plan, plan["models"])
     return (
-        f"here {plan['task']}, {n_tr:,} training images, {tokens} tokens, {width}, depth "
-        f"{arch['depth']}, {size}, {tr['steps']} steps of batch {tr['batch_size']} "
+        f"here {plan['task']}, {n_tr:,} training images, {tokens} tokens, {common.width_text(plan, plan['models'])}, "
+        f"depth {arch['depth']}, {size}, {tr['steps']} steps of batch {tr['batch_size']} "
         f"({tr['steps'] * tr['batch_size'] / n_tr:.1f} epochs); the papers: {PAPER_SCALE}"
     )
 
