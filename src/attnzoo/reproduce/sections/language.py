@@ -3,7 +3,6 @@ cost and token-by-token decoding time and state against context length (ToST Tab
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from pathlib import Path
@@ -42,17 +41,6 @@ def rows_of(plan: dict) -> list[str]:
     return rows + [CONTROL] if "gpt" in rows and CONTROL not in rows else rows
 
 
-def model_options(name: str, arch: dict, row_arch: dict | None = None) -> dict:
-    """The section's ``arch``, then the row's own ``row_arch`` entry (a width or depth at the paper's size ratio)."""
-    common.check_known([name], MODELS, "language model")
-    opts = {**arch, **(row_arch or {}).get(name, {})}
-    if name == CONTROL:
-        opts["attention"] = "identity"
-    if name == "aot_hybrid":
-        opts["ffn_layers"] = max(1, opts["depth"] // 2)
-    return opts
-
-
 #: the baseline's plateau check: the baseline trained with twice the steps (and warm-up), nothing else changed
 PLATEAU = "gpt" + common.LONGER
 
@@ -72,6 +60,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     rows = rows_of(plan) + longer_rows(plan)
     common.check_sweep_extra(plan, rows_of(plan))
     common.check_row_arch(plan, rows_of(plan))
+    common.check_known(rows_of(plan), MODELS, "language model")
     # the sweep first: every seed run then trains at its row's best swept rate (a run at twice the steps too)
     runs = [(n, *run) for n in rows_of(plan) for run in common.sweep_runs(f"{KEY}/{n}", common.row_lrs(plan, n), seed)]
     for n in rows:
@@ -83,7 +72,12 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         settings = common.twice_steps(plan["train"]) if longer else dict(plan["train"])
         settings = settings if lr is None else dict(common.sweep_train(plan["train"], plan), lr=lr)
         train = dict(task="shakespeare_char", task_options=dict(plan["task_options"]), model=reg, seed=s)
-        train["model_options"] = model_options(row, plan["arch"], plan.get("row_arch"))
+        # the section's ``arch``, then the row's own ``row_arch`` entry (a width or depth at the paper's size ratio)
+        opts = train["model_options"] = {**plan["arch"], **plan.get("row_arch", {}).get(row, {})}
+        if row == CONTROL:
+            opts["attention"] = "identity"
+        if row == "aot_hybrid":
+            opts["ffn_layers"] = max(1, opts["depth"] // 2)
         # scored at the best checkpoint on the selection split (held out apart from the reported one)
         train.update(eval_batches=1, select_every=plan.get("select_every", 0), **common.train_defaults(**settings))
         # decoding cost is a property of the architecture, not of the seed: profiled on the first seed only
@@ -132,8 +126,6 @@ def state_bytes(state) -> int:
     """Bytes held by the tensors of a decoding state (KV cache grows with context; TSSA/Fastmax sums don't)."""
     if isinstance(state, torch.Tensor):
         return state.numel() * state.element_size()
-    if dataclasses.is_dataclass(state):
-        state = [getattr(state, f.name) for f in dataclasses.fields(state)]
     if isinstance(state, dict):
         state = list(state.values())
     return sum(map(state_bytes, state)) if isinstance(state, (list, tuple)) else 0
@@ -185,7 +177,7 @@ def _run(ctx: Context, step: Step) -> dict:
 
 def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec = Section(KEY, TITLE)
-    seeds_res = {n: common.per_seed(records, f"{KEY}/{n}") for n in [*rows_of(plan), PLATEAU, *longer_rows(plan)]}
+    seeds_res = {n: common.per_seed(records, f"{KEY}/{n}") for n in rows_of(plan) + longer_rows(plan)}
     names = [n for n in rows_of(plan) if seeds_res[n]]
     res = {}
     for n in names:
@@ -245,15 +237,14 @@ def _describe(plan: dict, params: list[int], ngram: dict | None) -> tuple[str, s
             f" Unigram / bigram character models on the same training text: {ngram['unigram_bpc']:.3f} / "
             f"{ngram['bigram_bpc']:.3f} bits/char."
         )
-    scale = (
+    if not params:
+        return intro, ""
+    epochs = f", {seen / subset:.3g} epochs of {subset:,}" if subset else ""
+    return intro, (
         f"here character-level Shakespeare, {min(params):,}-{max(params):,} parameters, {block}-character windows, "
-        f"{tr['steps']} steps of batch {tr['batch_size']} ({seen / 1e6:.1f}M characters seen"
-        + (f", {seen / subset:.3g} epochs of {subset:,}" if subset else "")
-        + "); the papers: GPT-2-size decoders on OpenWebText (ToST, AoT), data-rich"
-        if params
-        else ""
+        f"{tr['steps']} steps of batch {tr['batch_size']} ({seen / 1e6:.1f}M characters seen{epochs}); the papers: "
+        "GPT-2-size decoders on OpenWebText (ToST, AoT), data-rich"
     )
-    return intro, scale
 
 
 def _model_data(r: dict) -> dict:
@@ -273,23 +264,17 @@ def _plateaus(records: dict, plan: dict, res: dict) -> list[Plateau]:
     return [Plateau("gpt", "gpt", res["gpt"]["val_loss"] if "gpt" in res else None, gpt_2x, "nats", rows=rows)]
 
 
-#: the loss-and-cost table's columns: header -> a row's cell
-COLUMNS = {
-    "model": lambda r: r["name"],
-    "mechanism": lambda r: MODELS[r["name"]].mechanism,
-    "description": lambda r: MODELS[r["name"]].description,
-    "params": lambda r: fmt(r["params"], ","),
-    "val loss (nats)": lambda r: r["val_loss"].fmt(".3f"),
-    "val bits/char": lambda r: r["val_loss"].scaled(1 / math.log(2)).fmt(".3f"),
-    "train tokens/s": lambda r: fmt(r["tokens_per_s"], ".0f"),
-    "peak train-step MiB": lambda r: fmt(r["peak_train_mb"], ".1f"),
-}
-
-
 def _tables(res: dict, names: list[str]) -> list[Table]:
     """The loss-and-cost table and, when decoding was timed, the per-token generation table."""
-    rows = [[cell({**res[n], "name": n}) for cell in COLUMNS.values()] for n in names]
-    tables = [Table("Validation loss and training cost", list(COLUMNS), rows)]
+    headers = ["model", "mechanism", "description", "params", "val loss (nats)", "val bits/char"]
+    headers += ["train tokens/s", "peak train-step MiB"]
+    rows = []
+    for n in names:
+        r, loss = res[n], res[n]["val_loss"]
+        bpc = loss.scaled(1 / math.log(2)).fmt(".3f")
+        cost = [fmt(r["tokens_per_s"], ".0f"), fmt(r["peak_train_mb"], ".1f")]
+        rows.append([n, *MODELS[n][1:], fmt(r["params"], ","), loss.fmt(".3f"), bpc, *cost])
+    tables = [Table("Validation loss and training cost", headers, rows)]
     if contexts := sorted({d["context"] for n in names for d in res[n]["decode"]}):
         drows, cells = [], (("ms_per_token", ".3f"), ("state_kib", ".1f"))
         for n in [n for n in names if res[n]["decode"]]:  # the no-attention control decodes nothing
@@ -336,9 +321,14 @@ OTHER_MARGINS = {"tost": (0.127, "ToST Table 4's in-distribution OWT gap")}
 
 
 def _compare(res: dict, a: str, b: str, claim_id: str, **kw) -> Finding:
-    """Row ``a`` against row ``b`` on validation loss (nats, lower is better) for claim ``claim_id``."""
+    """Row ``a`` against row ``b`` on validation loss (nats, lower is better) for claim ``claim_id``; with both sides'
+    sizes where the paper compares at a stated size (the size gate reads them)."""
     kw = dict(paper_claims.compare_kw(claim_id), unit="nats", a_name=a, b_name=b, lower_is_better=True, **kw)
-    return claims.compare(res[a]["val_loss"], res[b]["val_loss"], spec=".3f", **kw)
+    f = claims.compare(res[a]["val_loss"], res[b]["val_loss"], spec=".3f", **kw)
+    pa, pb = res[a].get("params"), res[b].get("params")
+    if (a, b) in PAPER_SIZE_RATIO and pa and pb:
+        f.params_a, f.params_b = pa, pb
+    return f
 
 
 def _other_margins(f: Finding) -> None:
@@ -369,18 +359,12 @@ def _findings(res) -> tuple[list[Finding], Evidence]:
             f"{m} state {d[lo]['state_kib']:.1f} -> {d[hi]['state_kib']:.1f} KiB from context {lo} to {hi}; gpt "
             f"KV cache x{grows:.1f}"
         )
-        flat = d[hi]["state_kib"] <= d[lo]["state_kib"] * 1.01
-        out.append(
-            common.measured_finding(f"lm-decode-memory-{m}", measured, flat, "agrees if the state does not grow")
-        )
+        flat, rule = d[hi]["state_kib"] <= d[lo]["state_kib"] * 1.01, "agrees if the state does not grow"
+        out.append(common.measured_finding(f"lm-decode-memory-{m}", measured, flat, rule))
         tr, gr = (x[hi]["ms_per_token"] / x[lo]["ms_per_token"] for x in (d, g))
         measured = f"{m} x{tr:.2f}, gpt x{gr:.2f} from context {lo} to {hi}"
         rule = "agrees if ms/token grows at most 1.5x (timing noise)"
         out.append(common.measured_finding(f"lm-decode-time-{m}", measured, tr <= 1.5, rule))
-    for f in out:  # both sides' sizes where the paper compares at a stated size (the size gate reads them)
-        pa, pb = res.get(f.a_name, {}).get("params"), res.get(f.b_name, {}).get("params")
-        if (f.a_name, f.b_name) in PAPER_SIZE_RATIO and pa and pb:
-            f.params_a, f.params_b = pa, pb
     ev = Evidence(sizes=PAPER_SIZE_RATIO, readings=[_other_margins])
     if CONTROL in res:
         ev.controls.append(Control(CONTROL, res[CONTROL]["val_loss"], lambda f: f.kind == "paper"))

@@ -92,19 +92,8 @@ BASELINE_PLATEAUS = {"vit": PLATEAU, "crate": "crate@2x-steps", "xcit": "xcit@2x
 
 #: the row whose tuned learning rate an ablation trains with (one factor changed, the rate kept); a run at twice the
 #: steps (``x@2x-steps``) trains at x's
-TUNED_AS = {
-    "aot+ista": "aot",
-    "aot+prenorm": "aot",
-    "vit+tssa-meanpool": "vit+tssa",
-    "vit+xca-meanpool": "vit+xca",
-    "csp_vit_skeleton+softmax": "csp_vit",
-    MATCHED: "tost",
-}
-
-
-def _csp_groups(n_tokens: int) -> int:
-    """CSP's K: the largest divisor of N up to N/2 (CSP Table 5 uses K=32 for N=64, two tokens a group)."""
-    return max(k for k in range(1, max(1, n_tokens // 2) + 1) if n_tokens % k == 0)
+TUNED_AS = {"aot+ista": "aot", "aot+prenorm": "aot", "vit+tssa-meanpool": "vit+tssa", "vit+xca-meanpool": "vit+xca"}
+TUNED_AS |= {"csp_vit_skeleton+softmax": "csp_vit", MATCHED: "tost"}
 
 
 def _image_size(plan: dict) -> int:
@@ -128,16 +117,17 @@ def model_options(name: str, plan: dict) -> dict:
         # CSP: two tokens a group; the ViT skeleton's CLS token counts unless it mean-pools
         cls = 1 if row.registered == "vit_s" and opts.get("pool") != "mean" else 0
         n = (_image_size(plan) // plan["arch"]["patch_size"]) ** 2 + cls
-        opts["attention_options"] = {"groups": _csp_groups(n), "shift_schedule": "linear"}
+        # K: the largest divisor of N up to N/2 (CSP Table 5 uses K=32 for N=64, two tokens a group)
+        groups = max(k for k in range(1, max(1, n // 2) + 1) if n % k == 0)
+        opts["attention_options"] = {"groups": groups, "shift_schedule": "linear"}
     return {**opts, **plan.get("row_arch", {}).get(name.split("@")[0], {})}
 
 
 def rows_of(plan: dict) -> list[str]:
     """Every trained row: the papers' architectures, the swaps, the controls, the ablations and the runs at twice the
     steps (the baselines' plateau runs, then the compared rows' own)."""
-    rows = list(plan["models"]) + list(plan.get("swaps", [])) + _controls(plan) + list(plan.get("ablations", []))
-    longer = list(_plateau_rows(plan).values())
-    return rows + longer + [r for r in _compared_2x(plan).values() if r not in longer]
+    rows = [*plan["models"], *plan.get("swaps", []), *_controls(plan), *plan.get("ablations", [])]
+    return list(dict.fromkeys([*rows, *_plateau_rows(plan).values(), *_compared_2x(plan).values()]))
 
 
 def _compared_2x(plan: dict) -> dict[str, str]:
@@ -185,11 +175,11 @@ def matched_dim(plan: dict) -> int:
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
     # the sweeps first: every seed run trains at its row's best swept rate, read when it runs
-    steps = []
-    common.check_sweep_extra(plan, sweep_rows(plan))
-    common.check_row_arch(plan, rows_of(plan))
+    steps, swept_rows, rows = [], sweep_rows(plan), rows_of(plan)
+    common.check_sweep_extra(plan, swept_rows)
+    common.check_row_arch(plan, rows)
     _not_tested(plan)
-    for name in sweep_rows(plan):
+    for name in swept_rows:
         for sid, s, lr in common.sweep_runs(f"{KEY}/{name}", common.row_lrs(plan, name), seed):
             swept = {**plan, "train": {**common.sweep_train(plan["train"], plan), "lr": lr}}
             steps.append(_row_step(swept, name, s, sid, tune=False))
@@ -197,14 +187,14 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     # change gates most findings)
     seeds = common.seed_list(plan, seed)
     one_seed = set(_plateau_rows(plan).values()) - {PLATEAU} - set(_compared_2x(plan).values())
-    for name in rows_of(plan):
+    for name in rows:
         own = seeds[:1] if name in one_seed else common.plateau_seed_list(plan, seed) if name == PLATEAU else seeds
         steps += [_row_step(plan, name, s, sid) for sid, s in common.seed_runs(f"{KEY}/{name}", own)]
     # more seeds of a comparison's rows: each finding uses all of a row's seeds
     extra = plan.get("extra_seeds", {})
     for name in extra.get("rows", []):
-        if name not in rows_of(plan):
-            raise ValueError(f"extra_seeds row {name!r} is not a row of this plan; rows: {rows_of(plan)}")
+        if name not in rows:
+            raise ValueError(f"extra_seeds row {name!r} is not a row of this plan; rows: {rows}")
         first = seed + plan.get("seeds", 1)
         steps += [_row_step(plan, name, s, f"{KEY}/{name}/extra-seed{s}") for s in range(first, first + extra["seeds"])]
     return steps
@@ -212,13 +202,10 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
 
 def sweep_rows(plan: dict) -> list[str]:
     """The rows whose rate is swept: every compared row and the ``swept_ablations`` (not the parameter-matched ToST)."""
-    swept = plan.get("swept_ablations", [])
-    if unknown := sorted(set(swept) - set(plan.get("ablations", []))):
-        raise ValueError(
-            f"swept_ablations {unknown} are not ablations of this plan; ablations: {plan.get('ablations')}"
-        )
-    rows = list(plan["models"]) + list(plan.get("swaps", [])) + [c for c in _controls(plan) if c != MATCHED]
-    return rows + list(swept)
+    swept, ablations = plan.get("swept_ablations", []), plan.get("ablations", [])
+    if unknown := sorted(set(swept) - set(ablations)):
+        raise ValueError(f"swept_ablations {unknown} are not ablations of this plan; ablations: {ablations}")
+    return [*plan["models"], *plan.get("swaps", []), *(c for c in _controls(plan) if c != MATCHED), *swept]
 
 
 def row_config(plan: dict, name: str, seed: int) -> dict:
@@ -282,36 +269,28 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.findings, ev = _findings(res)
     sec.findings += _not_tested(plan)
     ev.plateaus = _plateaus(res, _plateau_rows(plan), _compared_2x(plan))
-    ev.tuning.append(Tuning(_tune(sec, records, plan, res)))
-    plateau = judge(sec.findings, ev)
-    sec.data["plateau"] = plateau["vit"] if len(plateau) == 1 else plateau
-    sec.data["untuned"] = ev.tuning[0].untuned
-    return sec
-
-
-def _tune(sec: Section, records: dict, plan: dict, res: dict) -> dict[str, str]:
-    """The sweep table, and ``{row: why}`` for every row not shown at its best rate."""
+    # the sweep table, and every row not shown at its best rate
     rows, label = sweep_rows(plan), "validation accuracy %"
     noise = {r: res[r]["accuracy"].std for r in rows if r in res}
     untuned = common.tune_rows(sec, records, plan, rows, KEY, "accuracy", True, 100.0, label, noise=noise)
     if "tost" in untuned and MATCHED in res and plan.get("lr_sweep"):
         untuned[MATCHED] = f"{MATCHED} trains at tost's rate: " + untuned["tost"]
-    return untuned
+    ev.tuning.append(Tuning(untuned))
+    plateau = judge(sec.findings, ev)
+    sec.data["plateau"] = plateau["vit"] if len(plateau) == 1 else plateau
+    sec.data["untuned"] = untuned
+    return sec
 
 
 def _plateaus(res: dict, rows: dict[str, str], compared_2x: dict[str, str] | None = None) -> list[Plateau]:
     """Each baseline's plateau check on the comparisons against it; the ViT's on every other one. A compared row with
     runs at twice the steps (``compared_2x``) is judged there on its own comparison instead."""
+    acc = {n: r["accuracy"] for n, r in res.items()}
     others = [b for b in rows if b != "vit"]
     judges = {"vit": lambda f: f.b_name not in others} | {b: (lambda f, b=b: f.b_name == b) for b in others}
-    own = {
-        r: Longer(r, res[r]["accuracy"], res[r2]["accuracy"])
-        for r, r2 in (compared_2x or {}).items()
-        if {r, r2} <= set(res)
-    }
+    own = {r: Longer(r, acc[r], acc[r2]) for r, r2 in (compared_2x or {}).items() if {r, r2} <= set(acc)}
     return [
-        Plateau(b, b, _acc(res, b), _acc(res, rows[b]), "%", ".1f", judges=j, key=b, rows=own)
-        for b, j in judges.items()
+        Plateau(b, b, acc.get(b), acc.get(rows[b]), "%", ".1f", judges=j, key=b, rows=own) for b, j in judges.items()
     ]
 
 
@@ -325,10 +304,6 @@ def _attention_needed(findings: list[Finding]) -> list[tuple[Finding, str, str]]
         f"[{check.ci95[0]:+.3g}, {check.ci95[1]:+.3g}]" if check.ci95 else "(one seed, no interval)"
     )
     return [(f, "control", why) for f in findings if paper_finding(f) and f.claim_type == "non-inferiority"]
-
-
-def _acc(res: dict, name: str) -> claims.Stat | None:
-    return res[name]["accuracy"] if name in res else None
 
 
 _STEM = {"linear": "a strided patch projection", "linear_ln": "a normed patch projection", "conv": "a conv stem"}
@@ -354,8 +329,7 @@ def _intro(plan: dict) -> str:
     else:
         where = "each at a fixed random offset" if opts.get("placement") == "random" else "centred"
         canvas = f" on a {opts['img_size']}x{opts['img_size']} canvas, {where}" if opts.get("img_size") else ""
-        size = "28x28" + canvas
-        data = f"{opts.get('n_train', 60000):,} train / {opts.get('n_val', 10000):,} validation images, {size}"
+        data = f"{opts.get('n_train', 60000):,} train / {opts.get('n_val', 10000):,} validation images, 28x28{canvas}"
     rate = common.rate_text(plan.get("lr_sweep", []), tr["lr"])
     if plan.get("lr_sweep") and (extra := [x for lrs in plan.get("lr_sweep_extra", {}).values() for x in lrs]):
         rate += f" (some rows' grids reach {min(extra):g} to {max(extra):g}: configs.md)"
@@ -409,10 +383,9 @@ def scale_line(plan: dict, params: list[int]) -> str:
     tokens = ((opts.get("img_size") or 28) // arch["patch_size"]) ** 2
     n_tr = opts.get("n_train", 60000)
     size = f"{min(params):,}-{max(params):,} parameters" if params else "no trained row"
-    width = common.width_text(plan, plan["models"])
     return (
-        f"here {plan['task']}, {n_tr:,} training images, {tokens} tokens, {width}, depth "
-        f"{arch['depth']}, {size}, {tr['steps']} steps of batch {tr['batch_size']} "
+        f"here {plan['task']}, {n_tr:,} training images, {tokens} tokens, {common.width_text(plan, plan['models'])}, "
+        f"depth {arch['depth']}, {size}, {tr['steps']} steps of batch {tr['batch_size']} "
         f"({tr['steps'] * tr['batch_size'] / n_tr:.1f} epochs); the papers: {PAPER_SCALE}"
     )
 
@@ -489,7 +462,9 @@ def _findings(res: dict) -> tuple[list[Finding], Evidence]:
     ev.gates += _attention_needed(out)
     # the control is read against the mean-pooled ViT where it ran: one factor apart
     twin = (MEANPOOL_BASE, res[MEANPOOL_BASE]["accuracy"]) if MEANPOOL_BASE in res else None
-    ev.controls.append(Control(CONTROL, _acc(res, CONTROL), paper_finding, twin, lambda f: f.b_name == "vit"))
+    ev.controls.append(
+        Control(CONTROL, res.get(CONTROL, {}).get("accuracy"), paper_finding, twin, lambda f: f.b_name == "vit")
+    )
     return out, ev
 
 
