@@ -67,7 +67,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             source = TUNED_AS.get(name, name)
             for sid, s in common.seed_runs(f"{KEY}/{task}/{name}", seeds):
                 cfg = _train(plan, task, opts, name, seed, s)
-                if plan.get("lr_sweep", []) and source in plan["models"]:
+                if source in plan["models"]:
                     cfg = common.tuned(cfg, f"{KEY}/{task}", source, common.row_lrs(plan, source), "mean_error", False)
                 steps.append(common.section_step(KEY, sid, cfg, _run_model))
         config = {"task": TASKS[task], "task_options": dict(opts, seed=seed), "lasso_alpha": plan["lasso_alpha"]}
@@ -280,23 +280,19 @@ def _findings(sec: Section, curves: dict, finals: dict, records: dict, plan: dic
     return ev
 
 
-def _n_learned(errors: list[float], zero: float) -> int:
-    """How many seeds learn in context: their error with all examples is below half the zero predictor's."""
-    return sum(e < 0.5 * zero for e in errors)
-
-
-def _learns_verdict(errors: list[float], zero: float) -> str:
-    """Every seed learns: agrees; none: disagrees; a split: inconclusive."""
-    n_ok = _n_learned(errors, zero)
-    return "agrees" if n_ok == len(errors) else "disagrees" if n_ok == 0 else "inconclusive"
+def _learns_verdict(errors: list[float], zero: float) -> tuple[int, str]:
+    """How many seeds learn in context (their error with all examples below half the zero predictor's), and the
+    verdict: every seed learns: agrees; none: disagrees; a split: inconclusive."""
+    n_ok = sum(e < 0.5 * zero for e in errors)
+    return n_ok, "agrees" if n_ok == len(errors) else "disagrees" if n_ok == 0 else "inconclusive"
 
 
 def _learns(t: str, m: str, k: int, fin: dict, zero: float, ev: Evidence) -> Finding:
     """Row ``m`` learns task ``t`` in context with ``k`` examples (AoT Fig. 6; GPT's as a check), gates into ``ev``."""
-    verdict = _learns_verdict(fin[m], zero)
+    n_ok, verdict = _learns_verdict(fin[m], zero)
     f = claims.finding(
         **paper_claims.finding_kw(f"icl-gpt-learns#{t}" if m == "gpt" else f"aot-f6-icl-learns#{t}", task=t),
-        measured=f"{m} error {claims.stat(fin[m]).fmt('.3f')} at k={k}; {_n_learned(fin[m], zero)} of {len(fin[m])} "
+        measured=f"{m} error {claims.stat(fin[m]).fmt('.3f')} at k={k}; {n_ok} of {len(fin[m])} "
         f"seeds below half the zero predictor's {zero:.3f}",
         verdict=verdict,
         rule="per seed, error at k = all below half the zero predictor's (every seed: agrees; none: disagrees)",
@@ -304,9 +300,10 @@ def _learns(t: str, m: str, k: int, fin: dict, zero: float, ev: Evidence) -> Fin
         seeds=len(fin[m]),
     )
     gpt = fin.get("gpt", [])
-    if m == "aot" and verdict == "disagrees" and not (gpt and _n_learned(gpt, zero) == len(gpt)):
+    gpt_ok = _learns_verdict(gpt, zero)[0]
+    if m == "aot" and verdict == "disagrees" and not (gpt and gpt_ok == len(gpt)):
         # a budget that does not teach GPT on every seed by the same rule cannot show that AoT fails to learn
-        why = f"the GPT baseline learns by the same rule on only {_n_learned(gpt, zero)} of {len(gpt)} seeds"
+        why = f"the GPT baseline learns by the same rule on only {gpt_ok} of {len(gpt)} seeds"
         ev.gates.append((f, "did not learn", why + ", so the budget may be the limit"))
     f.trained = True  # over seeds of trained models, though not an interval: counted with the comparisons
     ev.gates += _learns_plateau(f, m, fin, zero)
@@ -345,7 +342,7 @@ def _learns_plateau(f: Finding, m: str, fin: dict, zero: float) -> list:
     longer = fin.get(f"{m}@2x-steps")
     if not longer:
         return [(f, "plateau", f"{m} has no run at twice the steps, so its plateau is not shown")]
-    v2 = _learns_verdict(longer, zero)
+    _, v2 = _learns_verdict(longer, zero)
     err = claims.stat(longer).fmt(".3f")
     if v2 != claims.numbers_verdict(f):
         return [(f, "plateau", f"{m} at twice the steps: error {err} ({len(longer)} seed(s)), {v2!r} by the same rule")]

@@ -41,15 +41,6 @@ def _schedule(plan: dict, task: str) -> str:
     return f"{train['steps']} steps of batch {train['batch_size']}"
 
 
-def row_seeds(plan: dict, seed: int, row: str) -> list[int]:
-    """The section's seeds, and ``extra_seeds``' more for its rows (always used: using them by verdict would bias)."""
-    seeds = common.seed_list(plan, seed)
-    extra = plan.get("extra_seeds", {})
-    if row in extra.get("rows", []):
-        seeds += list(range(seeds[-1] + 1, seeds[-1] + 1 + extra["seeds"]))
-    return seeds
-
-
 def _config(plan: dict, task: str, mech: str, abl: dict, seed: int, lr: float | None = None) -> dict:
     """The step config of one run of ``mech`` on ``task``, changed by ablation ``abl`` (a sweep run at ``lr``)."""
     from attnzoo.data.tasks import task_options
@@ -91,10 +82,9 @@ def mega_model(task: str, row: str, arch: dict, chunk: int | None = None) -> tup
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
+    extra = plan.get("extra_seeds", {})
     common.check_sweep_extra(plan, list(plan["mechanisms"]))
-    for row in plan.get("extra_seeds", {}).get("rows", []):
-        if row not in plan["mechanisms"]:
-            raise ValueError(f"extra_seeds row {row!r} is not a mechanism of this plan; valid: {plan['mechanisms']}")
+    common.check_known(extra.get("rows", []), plan["mechanisms"], "extra_seeds row")
     common.check_known(plan["tasks"], TASKS, "LRA task")
     common.check_known(plan["mechanisms"], MECHANISMS, "LRA mechanism")
     for m in plan.get("not_tested", {}):  # a row left out has an accuracy claim here and is not also trained
@@ -112,7 +102,10 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             if not abl:  # the sweep first: the seeds train at its best rate (an ablation at its mechanism's)
                 for sid, s, lr in common.sweep_runs(base, lrs, seed):
                     steps.append(common.section_step(KEY, sid, _config(plan, task, mech, abl, s, lr), record))
-            for sid, s in common.seed_runs(base, row_seeds(plan, seed, row)):
+            seeds = common.seed_list(plan, seed)
+            if row in extra.get("rows", []):  # always its extra seeds (using them by verdict would bias)
+                seeds += list(range(seeds[-1] + 1, seeds[-1] + 1 + extra["seeds"]))
+            for sid, s in common.seed_runs(base, seeds):
                 cfg = _config(plan, task, mech, abl, s) | ({"ablation": row} if abl else {})
                 if mech in plan["mechanisms"]:
                     cfg = common.tuned(cfg, f"{KEY}/{task}", mech, lrs, "accuracy", True)
@@ -415,15 +408,15 @@ def equal_time(
 
 def _point_within(runs: list[tuple[int, dict]], affordable: float) -> tuple[int, int, list[float]] | None:
     """The latest validation point within ``affordable`` on every seed: ``(step, run steps, accuracies)`` or None."""
-    best = None
-    for run_steps, fold in runs:
-        by = fold.get("val_by_step") or []
-        shared = set.intersection(*(set(d) for d in by)) if by and all(by) else set()
-        for step in sorted(shared):
-            # at a tie, the run that ends there (its rate annealed)
-            if step <= affordable + 1e-9 and (best is None or (step, -run_steps) > (best[0], -best[1])):
-                best = (step, run_steps, [d[step] for d in by])
-    return best
+    points = [
+        (step, run_steps, [d[step] for d in by])
+        for run_steps, fold in runs
+        if (by := fold.get("val_by_step")) and all(by)
+        for step in set.intersection(*(set(d) for d in by))
+        if step <= affordable + 1e-9
+    ]
+    # at a tie, the run that ends there (its rate annealed)
+    return max(points, key=lambda p: (p[0], -p[1]), default=None)
 
 
 def _avg_stat(res, m, tasks) -> claims.Stat | None:
@@ -460,17 +453,17 @@ def _plot(res, mechs, tasks, lengths):
 
 def _unlearned_base(found: list[Finding], res, base: str, learned: list[str], majority: dict) -> list:
     """Did-not-learn gates on comparisons against a baseline other than softmax (MEGA-chunk) that did not learn."""
-    missed = [t for t in learned if t not in _learned(res, [t], majority, row=base)]
-    gates = []
-    for f in found:
-        if lows := [
-            f"{t}: lowest seed {min(res[base][t]['accuracy'].values):.1f}%, not {LEARNED_MARGIN:g} pts above the "
-            f"majority class {majority.get(t, CHANCE[t]):.1f}%"
-            for t in missed
-            if _test(f) in (t, AVERAGE)
-        ]:
-            gates.append((f, "did not learn", f"the baseline {base} did not learn ({', '.join(lows)})"))
-    return gates
+    lows = {
+        t: f"{t}: lowest seed {min(res[base][t]['accuracy'].values):.1f}%, not {LEARNED_MARGIN:g} pts above the "
+        f"majority class {majority.get(t, CHANCE[t]):.1f}%"
+        for t in learned
+        if t not in _learned(res, [t], majority, row=base)
+    }
+    return [
+        (f, "did not learn", f"the baseline {base} did not learn ({', '.join(hits)})")
+        for f in found
+        if (hits := [why for t, why in lows.items() if _test(f) in (t, AVERAGE)])
+    ]
 
 
 def _dense_chunks(findings: list[Finding], records: dict, tasks: list[str], lengths: dict) -> list:
@@ -517,12 +510,11 @@ def _learned(res, tasks, majority, row: str = "softmax") -> list[str]:
     return [t for t, a in accs.items() if common.learned(a.values, majority.get(t, CHANCE[t]), LEARNED_MARGIN)]
 
 
-#: the accuracy claims: (mechanism, its baseline, claim id in :mod:`paper_claims`), each tested on the LRA average
-#: and per task (``"<id>#average"``, ``"<id>#<task>"``); the last is CSP Table 4's second group
+#: the accuracy claims against softmax: (mechanism, claim id in :mod:`paper_claims`), each tested on the LRA average
+#: and per task (``"<id>#average"``, ``"<id>#<task>"``)
 CLAIMS = [("tssa", "tost-t3-lra"), ("fastmax", "fast-t1-accuracy"), ("csp", "csp-t4-lra")]
-MEGA_CLAIMS = [("mega_csp", "mega_chunk", "csp-t4-mega")]
-#: row -> its accuracy claim's id
-_ACCURACY_CLAIMS = dict(CLAIMS) | {row: cid for row, _, cid in MEGA_CLAIMS}
+#: row -> (its baseline, its accuracy claim's id); MEGA-CSP's is CSP Table 4's second group, against MEGA-chunk
+_ACCURACY_CLAIMS = {m: ("softmax", cid) for m, cid in CLAIMS} | {"mega_csp": ("mega_chunk", "csp-t4-mega")}
 #: the test of an accuracy claim on the average over the learned tasks
 AVERAGE = "average"
 
@@ -537,7 +529,7 @@ def _findings(res, mechs, tasks, lengths, learned, head_dim=None, majority=None)
     majority = majority or {}
     ev = Evidence(readings=[_other_margins])
     out = []
-    for m, base, claim_id in [(m, "softmax", cid) for m, cid in CLAIMS] + MEGA_CLAIMS:
+    for m, (base, claim_id) in _ACCURACY_CLAIMS.items():
         if m in mechs and base in mechs and learned:
             found = _accuracy_findings(res, m, claim_id, learned, gates=ev.gates, majority=majority, base=base)
             if base != "softmax":  # the learned tasks are softmax's: another baseline may not have learned them
@@ -580,7 +572,7 @@ def _not_tested(plan: dict, tasks: list[str], lengths: dict) -> list[Finding]:
     n = max((lengths.get(t) or 0 for t in tasks), default=0)
     for m, why in plan.get("not_tested", {}).items():
         for t in tasks:
-            f = claims.not_tested(**paper_claims.finding_kw(f"{_ACCURACY_CLAIMS[m]}#{t}"), why=why)
+            f = claims.not_tested(**paper_claims.finding_kw(f"{_ACCURACY_CLAIMS[m][1]}#{t}"), why=why)
             f.claim += f" on {t}"
             out.append(f)
         if cid := _SPEED_CLAIMS.get(m):
