@@ -49,6 +49,7 @@ def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
     depth = plan.get("layerwise_depth", vision_plan["arch"]["depth"])
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 2:
         raise ValueError(f"probes' layerwise_depth must be an int >= 2 (layer-wise claims need layers), got {depth!r}")
+    common.check_known(plan["layerwise"], vision.MODELS, "layer-wise probe model")
     # the probe models: the vision section's recipe at the probes' depth, with their own training overrides
     arch, train = {**vision_plan["arch"], "depth": depth}, {**vision_plan["train"], **plan.get("layerwise_train", {})}
     deep = {**vision_plan, "arch": arch, "train": train}
@@ -89,7 +90,6 @@ def _synthetic_steps(plan: dict, seed: int) -> list[Step]:
 
 def _layerwise_steps(name: str, seed: int, deep: dict, vision_plan: dict, probe: dict, suffix: str = "") -> list[Step]:
     """One probe model's training and probe; for the base seed also its random-init and shallow-model probes."""
-    common.check_known([name], vision.MODELS, "layer-wise probe model")
     config = vision.row_config(deep, name, seed)
     train, tid = config["train"], f"{KEY}/train/{name}{suffix}"
     lw = {"experiment": "layerwise", "model": name, "source": tid, "train": train, **probe}
@@ -416,7 +416,7 @@ def _findings(res, lw, more=None) -> list[dict]:
     out = []
     if "denoise" in res:  # the runs at the first η, at the small η, and at the small η with the first run's ηL
         big, small, matched = res["denoise"], res.get(SMALL_RUN), res.get(f"{SMALL_RUN}-matched")
-        out += [_threshold_denoise_finding(big, small), _softmax_denoise_finding(big, small, matched)]
+        out += _denoise_findings(big, small, matched)
     if "compress" in res:
         out.append(_compress_finding(res["compress"]))
     if "rank-collapse" in res:
@@ -429,19 +429,33 @@ def _findings(res, lw, more=None) -> list[dict]:
     return out
 
 
-def _threshold_denoise_finding(r: dict, small: dict | None) -> dict:
-    """AoT Theorem 1 with the thresholded φ, judged at the first η; the small η's growth is reported beside it."""
-    fit, theory = _num(r["growth_factor_fit"]["threshold"]), _num(r["growth_factor_theory"])
-    eta = _num(r["params"]["eta"])
+def _denoise_findings(big: dict, small: dict | None, matched: dict | None) -> list[dict]:
+    """AoT Theorem 1 with the thresholded φ, judged at the first η (the small η's growth is reported beside it), and
+    AoT Fig. 4 with the soft-max φ, judged at the small η (the larger η and same-ηL runs explain it)."""
+    fit, theory = _num(big["growth_factor_fit"]["threshold"]), _num(big["growth_factor_theory"])
+    eta = _num(big["params"]["eta"])
     measured = f"η={eta:g}: fitted x{fit:.4f} per layer"
+    expl = []
     if small is not None:
         measured += (
             f"; η={_num(small['params']['eta']):g}: x{_num(small['growth_factor_fit']['threshold']):.4f} "
             f"(1+ητ = {_num(small['growth_factor_theory']):.4f})"
         )
+        expl.append(f"the paper gives no η for Fig. 4; at the larger step {_softmax_run(big)[0]}")
     rule = "agrees if the fitted growth is at least 99.5% of 1+ητ (at the first η)"
     holds = fit >= theory * 0.995
-    return common.measured_finding("aot-thm1-denoise", measured, holds, rule, "paper", theory=theory, eta=eta)
+    thm = common.measured_finding("aot-thm1-denoise", measured, holds, rule, "paper", theory=theory, eta=eta)
+    if matched is not None:
+        expl.append(
+            f"same total step ηL, {_softmax_run(matched)[0]}: the soft-max rise lasts a bounded ηL, unlike Theorem 1's "
+            "thresholded φ"
+        )
+    judged = small if small is not None else big
+    measured, rises = _softmax_run(judged)
+    rule = f"at η={_num(judged['params']['eta']):g}: agrees if the SNR rises at every layer"
+    soft = common.measured_finding("aot-f4-softmax-denoise", measured, rises, rule, "paper")
+    soft["explanation"] = "; ".join(expl)
+    return [thm, soft]
 
 
 def _softmax_run(r: dict) -> tuple[str, bool]:
@@ -454,24 +468,6 @@ def _softmax_run(r: dict) -> tuple[str, bool]:
         f"(fitted x{_num(r['growth_factor_fit']['softmax']):.4f}/layer; "
         + ("rises at every layer)" if rises else f"peaks at {snr[at]:.3g} at layer {at})")
     ), rises
-
-
-def _softmax_denoise_finding(big: dict, small: dict | None, matched: dict | None) -> dict:
-    """AoT Fig. 4 with the soft-max φ, judged at the small η (the larger η and same-ηL runs explain it)."""
-    judged = small if small is not None else big
-    expl = []
-    if small is not None:
-        expl.append(f"the paper gives no η for Fig. 4; at the larger step {_softmax_run(big)[0]}")
-    if matched is not None:
-        expl.append(
-            f"same total step ηL, {_softmax_run(matched)[0]}: the soft-max rise lasts a bounded ηL, unlike Theorem 1's "
-            "thresholded φ"
-        )
-    measured, rises = _softmax_run(judged)
-    rule = f"at η={_num(judged['params']['eta']):g}: agrees if the SNR rises at every layer"
-    f = common.measured_finding("aot-f4-softmax-denoise", measured, rises, rule, "paper")
-    f["explanation"] = "; ".join(expl)
-    return f
 
 
 def _compress_finding(r: dict) -> dict:
