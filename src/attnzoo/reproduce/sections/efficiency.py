@@ -221,11 +221,9 @@ def _findings(n_rows, dec_rows, explicit) -> list[dict]:
     fastest = min(at, key=lambda m: at[m].fwd_ms)
     measured = f"fastest forward at N={longest}: {fastest} ({at[fastest].fwd_ms:.2f} ms)"
     rule = "agrees if softmax is not the fastest op at the longest N measured"
-    out = [measured_finding("linear-fastest-long-n", measured, fastest != "softmax", rule)]
-    out += _tssa_findings(ok, explicit)
-    out += _memory_growth_findings(ok)
-    out += _mega_csp_linear_findings(ok)
-    return out + _decode_findings(dec_rows)
+    speed = measured_finding("linear-fastest-long-n", measured, fastest != "softmax", rule)
+    rest = _memory_growth_findings(ok) + _mega_csp_linear_findings(ok) + _decode_findings(dec_rows)
+    return [speed, *_tssa_findings(ok, explicit), *rest]
 
 
 def _tssa_findings(ok, explicit) -> list[dict]:

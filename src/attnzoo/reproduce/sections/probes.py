@@ -100,9 +100,8 @@ def _layerwise_steps(name: str, seed: int, deep: dict, vision_plan: dict, probe:
     if suffix:
         return steps
     # control: the architecture at its random initialisation, where a fall is not learned
-    steps.append(
-        _step(f"layerwise-init/{name}", {"experiment": "layerwise-init", "model": name, "train": train, **probe})
-    )
+    init = {"experiment": "layerwise-init", "model": name, "train": train, **probe}
+    steps.append(_step(f"layerwise-init/{name}", init))
     if name in vision_plan["models"]:  # ablation (in results.json): the probe on the vision section's shallow model
         vid = common.seeded_id(f"vision/{name}", seed)
         shallow = {"model_options": vision.model_options(name, vision_plan), "train": vision_plan["train"]}
@@ -151,7 +150,7 @@ def _run_probe(ctx: Context, step: Step) -> dict:
     if experiment == "layerwise-init":
         model = common.untrained_model(cfg["train"])[0]
     else:
-        model = _trained(ctx, cfg["model"], cfg.get("source"))
+        model = _trained(ctx, cfg["model"], cfg["source"])
     batch = _val_batch(cfg["batch"])
     return to_jsonable(analysis.layerwise(model, batch, eps=cfg["eps"], crate_eps=cfg["crate_eps"]))
 
@@ -189,8 +188,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         plot("attention-maps", maps, "Attention maps of the trained models (ToST Fig. 5 / FAST Fig. 4).")
     sec.data = {k: _slim(v) for k, v in res.items()}
     require = plan.get("require_learned", True)
-    unlearned = sorted(n for n, t in trained.items() if require and not _learned(t))
-    if unlearned:
+    if unlearned := sorted(n for n, t in trained.items() if require and not _learned(t)):
         sec.notes.append(
             f"probe model(s) {', '.join(unlearned)} did not reach {common.LEARNED_MARGIN:g} points above the "
             f"{vision.CHANCE:.0f}% majority class; their layer-wise claims are not judged"
