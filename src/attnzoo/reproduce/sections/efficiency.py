@@ -146,9 +146,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         f"Copy bandwidth: {fmt(machine.get('bandwidth_GBps'), '.1f')} GB/s."
     )
     # the forward figures are the ones judged; forward+backward times are in the plot (FAST's at D = 32 below)
-    by_n: dict = {}
-    for r in n_rows + ([explicit] if explicit else []):
-        by_n.setdefault((r.mechanism + ("-causal" if r.causal else ""), r.length), r)
+    by_n = {(r.mechanism + ("-causal" if r.causal else ""), r.length): r for r in n_rows + [explicit] if r}
     sec.tables.append(_grid("Forward time (ms)", "N={}", by_n, "fwd_ms", ".2f"))
     sec.tables.append(_grid("Forward peak memory (MiB)", "N={}", by_n, "fwd_peak_mb", ".1f"))
     if dec_rows:
@@ -194,12 +192,9 @@ def fast_d32(d32: dict[str, dict]) -> tuple[Table, dict]:
     rows = [[m] + [fmt(by[m].get(n), ".1f") for n in lengths] for m in by]
     rows.append(["softmax / fastmax_p2"] + [fmt(speedup.get(n), ".2f") for n in lengths])
     heads = next(iter(d32.values()))["heads"]
-    table = Table(
-        f"FAST at its head dimension: forward+backward time (ms), D = {FAST_HEAD_DIM}, {heads} heads, B = 1",
-        ["op"] + [f"N={n}" for n in lengths],
-        rows,
-        caption="Last row: Fastmax's speed-up over SDPA softmax (> 1: Fastmax faster).",
-    )
+    title = f"FAST at its head dimension: forward+backward time (ms), D = {FAST_HEAD_DIM}, {heads} heads, B = 1"
+    caption = "Last row: Fastmax's speed-up over SDPA softmax (> 1: Fastmax faster)."
+    table = Table(title, ["op"] + [f"N={n}" for n in lengths], rows, caption=caption)
     both = [n for n in speedup if n >= 1024]
     if not both:
         measured = ", ".join(f"N={n}: {r:.2f}x" for n, r in speedup.items())
@@ -226,11 +221,9 @@ def _findings(n_rows, dec_rows, explicit) -> list[dict]:
     fastest = min(at, key=lambda m: at[m].fwd_ms)
     measured = f"fastest forward at N={longest}: {fastest} ({at[fastest].fwd_ms:.2f} ms)"
     rule = "agrees if softmax is not the fastest op at the longest N measured"
-    out = [measured_finding("linear-fastest-long-n", measured, fastest != "softmax", rule)]
-    out += _tssa_findings(ok, explicit)
-    out += _memory_growth_findings(ok)
-    out += _mega_csp_linear_findings(ok)
-    return out + _decode_findings(dec_rows)
+    speed = measured_finding("linear-fastest-long-n", measured, fastest != "softmax", rule)
+    rest = _memory_growth_findings(ok) + _mega_csp_linear_findings(ok) + _decode_findings(dec_rows)
+    return [speed, *_tssa_findings(ok, explicit), *rest]
 
 
 def _tssa_findings(ok, explicit) -> list[dict]:
@@ -288,9 +281,8 @@ def _memory_growth_findings(ok) -> list[dict]:
         n, n4 = max(pairs)
         ratio = rs[n4].fwd_peak_mb / rs[n].fwd_peak_mb
         measured = f"{rs[n4].fwd_peak_mb:.1f} / {rs[n].fwd_peak_mb:.1f} MiB = {ratio:.2f} (N={n}->{n4})"
-        out.append(
-            measured_finding(f"memory-linear-in-n#{mech}", measured, ratio <= 4.5, "agrees if ≤ 4.5", mechanism=mech)
-        )
+        rule = "agrees if ≤ 4.5"
+        out.append(measured_finding(f"memory-linear-in-n#{mech}", measured, ratio <= 4.5, rule, mechanism=mech))
     return out
 
 

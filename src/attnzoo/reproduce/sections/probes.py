@@ -10,6 +10,7 @@ import numpy as np
 
 from attnzoo.reproduce import claims, common, paper_claims
 from attnzoo.reproduce.common import Context, Section, Table, fmt
+from attnzoo.reproduce.sections import vision
 from attnzoo.reproduce.store import Step
 
 KEY = "probes"
@@ -17,6 +18,8 @@ TITLE = "White-box probes"
 
 #: eta of AoT Fig. 4's second run: a small step, where the soft-max iteration is compared (the paper gives no eta)
 SMALL_ETA = 0.02
+#: its run's label; ``-matched`` appended: the run at the small eta with the first run's total step eta*L
+SMALL_RUN = f"denoise/eta{SMALL_ETA:g}"
 #: the probe models with a layer-wise claim: ToST Fig. 4a's for tost, a test of CBSA Fig. 5's for the others
 LAYERWISE_MODELS = ("tost", "crate", "cbt", "aot")
 #: the layer-wise findings' rule (:func:`_fall_verdict`, :func:`_seeds_verdict`), stated once in the section's intro
@@ -46,11 +49,12 @@ def plan_steps(plan: dict, seed: int, vision_plan: dict) -> list[Step]:
     depth = plan.get("layerwise_depth", vision_plan["arch"]["depth"])
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 2:
         raise ValueError(f"probes' layerwise_depth must be an int >= 2 (layer-wise claims need layers), got {depth!r}")
+    common.check_known(plan["layerwise"], vision.MODELS, "layer-wise probe model")
     # the probe models: the vision section's recipe at the probes' depth, with their own training overrides
     arch, train = {**vision_plan["arch"], "depth": depth}, {**vision_plan["train"], **plan.get("layerwise_train", {})}
     deep = {**vision_plan, "arch": arch, "train": train}
     batch = {"task": vision_plan["task"], "task_options": vision_plan["task_options"], "n": 8}
-    probe = {"batch": dict(batch, n=plan.get("layerwise_batch", 32)), "eps": 0.5, "crate_eps": 0.1}
+    probe = {"batch": dict(batch, n=32), "eps": 0.5, "crate_eps": 0.1}
     steps = _synthetic_steps(plan, seed)
     for name in plan["layerwise"]:
         steps.extend(_layerwise_steps(name, seed, deep, vision_plan, probe))
@@ -73,24 +77,19 @@ def _synthetic_steps(plan: dict, seed: int) -> list[Step]:
     """The parameter-free probes: denoise at two step sizes (and at the small one with the same ηL), compress, rank."""
     den = dict(plan["denoise"], seed=seed)
     big_eta, layers = den.get("eta", 0.1), den.get("layers", 12)
-    small = plan.get("denoise_small_eta", SMALL_ETA)
-    # the -matched run has the first run's total step eta*L: does the soft-max fall depend on eta or on eta*L?
-    matched = dict(den, eta=small, layers=max(1, round(layers * big_eta / small)))
-    runs = {
-        "denoise": ("denoise", dict(den, eta=big_eta)),
-        f"denoise/eta{small:g}": ("denoise", dict(den, eta=small)),
-        f"denoise/eta{small:g}-matched": ("denoise", matched),
-        "compress": ("compress", dict(plan["compress"], seed=seed)),
-        "rank-collapse": ("rank-collapse", dict(plan["rank_collapse"], seed=seed)),
+    params = {  # label -> params; the experiment is the label's first part
+        "denoise": dict(den, eta=big_eta),
+        SMALL_RUN: dict(den, eta=SMALL_ETA),
+        # the first run's total step eta*L: does the soft-max fall depend on eta or on eta*L?
+        f"{SMALL_RUN}-matched": dict(den, eta=SMALL_ETA, layers=max(1, round(layers * big_eta / SMALL_ETA))),
+        "compress": dict(plan["compress"], seed=seed),
+        "rank-collapse": dict(plan["rank_collapse"], seed=seed),
     }
-    return [_step(label, {"experiment": e, "params": p}) for label, (e, p) in runs.items()]
+    return [_step(label, {"experiment": label.split("/")[0], "params": p}) for label, p in params.items()]
 
 
 def _layerwise_steps(name: str, seed: int, deep: dict, vision_plan: dict, probe: dict, suffix: str = "") -> list[Step]:
     """One probe model's training and probe; for the base seed also its random-init and shallow-model probes."""
-    from attnzoo.reproduce.sections import vision
-
-    common.check_known([name], vision.MODELS, "layer-wise probe model")
     config = vision.row_config(deep, name, seed)
     train, tid = config["train"], f"{KEY}/train/{name}{suffix}"
     lw = {"experiment": "layerwise", "model": name, "source": tid, "train": train, **probe}
@@ -101,9 +100,8 @@ def _layerwise_steps(name: str, seed: int, deep: dict, vision_plan: dict, probe:
     if suffix:
         return steps
     # control: the architecture at its random initialisation, where a fall is not learned
-    steps.append(
-        _step(f"layerwise-init/{name}", {"experiment": "layerwise-init", "model": name, "train": train, **probe})
-    )
+    init = {"experiment": "layerwise-init", "model": name, "train": train, **probe}
+    steps.append(_step(f"layerwise-init/{name}", init))
     if name in vision_plan["models"]:  # ablation (in results.json): the probe on the vision section's shallow model
         vid = common.seeded_id(f"vision/{name}", seed)
         shallow = {"model_options": vision.model_options(name, vision_plan), "train": vision_plan["train"]}
@@ -152,9 +150,9 @@ def _run_probe(ctx: Context, step: Step) -> dict:
     if experiment == "layerwise-init":
         model = common.untrained_model(cfg["train"])[0]
     else:
-        model = _trained(ctx, cfg["model"], cfg.get("source"))
+        model = _trained(ctx, cfg["model"], cfg["source"])
     batch = _val_batch(cfg["batch"])
-    return to_jsonable(analysis.layerwise(model, batch, eps=cfg["eps"], crate_eps=cfg.get("crate_eps", 0.1)))
+    return to_jsonable(analysis.layerwise(model, batch, eps=cfg["eps"], crate_eps=cfg["crate_eps"]))
 
 
 #: experiment -> the function that runs its step
@@ -177,7 +175,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     )
     plot = _plotter(sec, plots_dir, rel)
     if "denoise" in res:
-        _denoise_table(sec, {k: v for k, v in res.items() if k == "denoise" or k.startswith("denoise/")}, plot)
+        _denoise_table(sec, {k: res[k] for k in ("denoise", SMALL_RUN) if k in res}, plot)
     for label, table in (("compress", _compress_table), ("rank-collapse", _rank_collapse_table)):
         if label in res:
             table(sec, res[label], plot)
@@ -189,24 +187,21 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     if (maps := res.get("attention-maps")) is not None:
         plot("attention-maps", maps, "Attention maps of the trained models (ToST Fig. 5 / FAST Fig. 4).")
     sec.data = {k: _slim(v) for k, v in res.items()}
-    majority = 100.0 * plan.get("majority", 0.1)
     require = plan.get("require_learned", True)
-    unlearned = sorted(n for n, t in trained.items() if require and not _learned(t, majority))
-    if unlearned:
+    if unlearned := sorted(n for n, t in trained.items() if require and not _learned(t)):
         sec.notes.append(
             f"probe model(s) {', '.join(unlearned)} did not reach {common.LEARNED_MARGIN:g} points above the "
-            f"{majority:.0f}% majority class; their layer-wise claims are not judged"
+            f"{vision.CHANCE:.0f}% majority class; their layer-wise claims are not judged"
         )
         lw = {n: r for n, r in lw.items() if n not in unlearned}
     more: dict[str, list] = {}  # the extra seeds' probes by model, those that learned
     for k, v in sorted(_under(all_res, "layerwise").items()):
         name, _, extra = k.partition("/")
-        if extra and (not require or _learned(all_res.get(f"train/{k}", {}), majority)):
+        if extra and (not require or _learned(all_res.get(f"train/{k}", {}))):
             more.setdefault(name, []).append(v)
     sec.findings = _findings(res, lw, more)
     for f in sec.findings:
-        name = f.get("probe_model")
-        if name in init and name in lw:
+        if (name := f.get("probe_model")) in init:
             apply_init_control(f, init_control(lw[name], init[name], more.get(name, [])))
     return sec
 
@@ -229,7 +224,7 @@ def init_control(trained: dict, init: dict, more: list[dict] | None = None) -> d
         return {"text": "untrained control: no comparable series", "data": None}
     start, *_ = _layerwise_claim("", key, len(mean))
     v_tr, v_init = _fall_verdict(mean, start), _fall_verdict(iv, start)
-    d_tr, d_init = _delta(mean, start), _delta(iv, start)
+    d_tr, d_init = mean[-1] - mean[start], iv[-1] - iv[start]
     if v_tr != "agrees":
         reading = "training undoes the untrained model's fall" if v_init == "agrees" else "neither falls"
     elif v_init != "agrees":
@@ -263,13 +258,13 @@ def _plotter(sec: Section, plots_dir, rel):
 
 def _denoise_table(sec: Section, dn: dict[str, dict], plot) -> None:
     """AoT eq 3: SNR per layer of every η run but the matched one, and their plots."""
-    runs = [k for k in dn if not k.endswith("-matched")]
-    cols = [f"SNR, φ={phi}, η={_num(dn[k]['params']['eta']):g}" for k in runs for phi in dn[k]["snr"]]
-    series = [[_num(x) for x in vals] for k in runs for vals in dn[k]["snr"].values()]
+    eta = {k: _num(r["params"]["eta"]) for k, r in dn.items()}
+    cols = [f"SNR, φ={phi}, η={eta[k]:g}" for k, r in dn.items() for phi in r["snr"]]
+    series = [[_num(x) for x in vals] for r in dn.values() for vals in r["snr"].values()]
     rows = [[i] + [fmt(v[i], ".3g") if i < len(v) else "-" for v in series] for i in range(max(map(len, series)))]
     sec.tables.append(Table("denoise (AoT eq 3 on Definition 1 data): mean SNR per layer", ["layer"] + cols, rows))
-    for k in runs:
-        plot(k, dn[k], f"AoT Fig. 4: SNR per layer, η={_num(dn[k]['params']['eta']):g}.")
+    for k, r in dn.items():
+        plot(k, r, f"AoT Fig. 4: SNR per layer, η={eta[k]:g}.")
 
 
 def _compress_table(sec: Section, r: dict, plot) -> None:
@@ -354,8 +349,8 @@ def _series_cell(vals: list[float]) -> str:
     return ", ".join(fmt(v, ".4g") for v in vals)
 
 
-def _learned(t: dict, majority: float) -> bool:
-    return t.get("accuracy") is not None and common.learned([100.0 * _num(t["accuracy"])], majority)
+def _learned(t: dict) -> bool:
+    return t.get("accuracy") is not None and common.learned([100.0 * _num(t["accuracy"])], vision.CHANCE)
 
 
 def _mechanism(r: dict) -> str | None:
@@ -386,10 +381,6 @@ def _seed_mean(key: str, probes_: list[dict], n: int | None = None) -> tuple[lis
     return [sum(layer) / len(runs) for layer in zip(*runs, strict=True)], runs
 
 
-def _delta(vals: list[float], start: int) -> float:
-    return vals[-1] - vals[start] if len(vals) > start else math.nan
-
-
 def _downs(vals: list[float], start: int) -> int:
     """How many consecutive layer-to-layer steps from ``start`` on decrease the value."""
     return sum(1 for a, b in zip(vals[start:], vals[start + 1 :], strict=False) if b < a)
@@ -397,9 +388,11 @@ def _downs(vals: list[float], start: int) -> int:
 
 def _fall_verdict(vals: list[float], start: int) -> str:
     """agrees: falls from ``start`` with at least half the steps falling; disagrees: rises with fewer."""
-    n, d, downs = len(vals) - 1 - start, _delta(vals, start), _downs(vals, start)
-    if n < 1 or not math.isfinite(d):
+    n = len(vals) - 1 - start
+    d = vals[-1] - vals[start] if n >= 1 else math.nan
+    if not math.isfinite(d):
         return "inconclusive"
+    downs = _downs(vals, start)
     return "agrees" if d < 0 and 2 * downs >= n else "disagrees" if d > 0 and 2 * downs < n else "inconclusive"
 
 
@@ -412,7 +405,7 @@ def _seeds_verdict(mean: list[float], runs: list[list[float]], start: int) -> st
 
 def _describe(vals: list[float], start: int) -> str:
     return (
-        f"layer {start + 1} → {len(vals)}: {vals[start]:.4g} → {vals[-1]:.4g} ({_delta(vals, start):+.4g}; "
+        f"layer {start + 1} → {len(vals)}: {vals[start]:.4g} → {vals[-1]:.4g} ({vals[-1] - vals[start]:+.4g}; "
         f"{_downs(vals, start)} of {len(vals) - 1 - start} steps fall)"
     )
 
@@ -420,10 +413,8 @@ def _describe(vals: list[float], start: int) -> str:
 def _findings(res, lw, more=None) -> list[dict]:
     out = []
     if "denoise" in res:  # the runs at the first η, at the small η, and at the small η with the first run's ηL
-        small = next((v for k, v in res.items() if k.startswith("denoise/") and not k.endswith("-matched")), None)
-        matched = next((v for k, v in res.items() if k.startswith("denoise/") and k.endswith("-matched")), None)
-        big = res["denoise"]
-        out += [_threshold_denoise_finding(big, small), _softmax_denoise_finding(big, small, matched)]
+        big, small, matched = res["denoise"], res.get(SMALL_RUN), res.get(f"{SMALL_RUN}-matched")
+        out += _denoise_findings(big, small, matched)
     if "compress" in res:
         out.append(_compress_finding(res["compress"]))
     if "rank-collapse" in res:
@@ -436,19 +427,33 @@ def _findings(res, lw, more=None) -> list[dict]:
     return out
 
 
-def _threshold_denoise_finding(r: dict, small: dict | None) -> dict:
-    """AoT Theorem 1 with the thresholded φ, judged at the first η; the small η's growth is reported beside it."""
-    fit, theory = _num(r["growth_factor_fit"]["threshold"]), _num(r["growth_factor_theory"])
-    eta = _num(r["params"]["eta"])
+def _denoise_findings(big: dict, small: dict | None, matched: dict | None) -> list[dict]:
+    """AoT Theorem 1 with the thresholded φ, judged at the first η (the small η's growth is reported beside it), and
+    AoT Fig. 4 with the soft-max φ, judged at the small η (the larger η and same-ηL runs explain it)."""
+    fit, theory = _num(big["growth_factor_fit"]["threshold"]), _num(big["growth_factor_theory"])
+    eta = _num(big["params"]["eta"])
     measured = f"η={eta:g}: fitted x{fit:.4f} per layer"
+    expl = []
     if small is not None:
         measured += (
             f"; η={_num(small['params']['eta']):g}: x{_num(small['growth_factor_fit']['threshold']):.4f} "
             f"(1+ητ = {_num(small['growth_factor_theory']):.4f})"
         )
+        expl.append(f"the paper gives no η for Fig. 4; at the larger step {_softmax_run(big)[0]}")
     rule = "agrees if the fitted growth is at least 99.5% of 1+ητ (at the first η)"
     holds = fit >= theory * 0.995
-    return common.measured_finding("aot-thm1-denoise", measured, holds, rule, "paper", theory=theory, eta=eta)
+    thm = common.measured_finding("aot-thm1-denoise", measured, holds, rule, "paper", theory=theory, eta=eta)
+    if matched is not None:
+        expl.append(
+            f"same total step ηL, {_softmax_run(matched)[0]}: the soft-max rise lasts a bounded ηL, unlike Theorem 1's "
+            "thresholded φ"
+        )
+    judged = small if small is not None else big
+    measured, rises = _softmax_run(judged)
+    rule = f"at η={_num(judged['params']['eta']):g}: agrees if the SNR rises at every layer"
+    soft = common.measured_finding("aot-f4-softmax-denoise", measured, rises, rule, "paper")
+    soft["explanation"] = "; ".join(expl)
+    return [thm, soft]
 
 
 def _softmax_run(r: dict) -> tuple[str, bool]:
@@ -461,24 +466,6 @@ def _softmax_run(r: dict) -> tuple[str, bool]:
         f"(fitted x{_num(r['growth_factor_fit']['softmax']):.4f}/layer; "
         + ("rises at every layer)" if rises else f"peaks at {snr[at]:.3g} at layer {at})")
     ), rises
-
-
-def _softmax_denoise_finding(big: dict, small: dict | None, matched: dict | None) -> dict:
-    """AoT Fig. 4 with the soft-max φ, judged at the small η (the larger η and same-ηL runs explain it)."""
-    judged = small if small is not None else big
-    expl = []
-    if small is not None:
-        expl.append(f"the paper gives no η for Fig. 4; at the larger step {_softmax_run(big)[0]}")
-    if matched is not None:
-        expl.append(
-            f"same total step ηL, {_softmax_run(matched)[0]}: the soft-max rise lasts a bounded ηL, unlike Theorem 1's "
-            "thresholded φ"
-        )
-    measured, rises = _softmax_run(judged)
-    rule = f"at η={_num(judged['params']['eta']):g}: agrees if the SNR rises at every layer"
-    f = common.measured_finding("aot-f4-softmax-denoise", measured, rises, rule, "paper")
-    f["explanation"] = "; ".join(expl)
-    return f
 
 
 def _compress_finding(r: dict) -> dict:
