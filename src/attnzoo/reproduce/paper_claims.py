@@ -208,9 +208,6 @@ def compare_kw(claim_id: str, **fields: str) -> dict:
 
 def size_ratios(*claim_ids: str) -> dict[tuple[str, str], tuple[float, str]]:
     """``(row a, row b) -> (the paper's parameter ratio, its source)`` of the claims that state one."""
-    out = {}
-    for cid in claim_ids:
-        rec = _BY_ID[cid]
-        if isinstance(rec, PaperClaim) and rec.conditions.param_ratio is not None:
-            out[rec.rows[:2]] = (rec.conditions.param_ratio, rec.conditions.param_ratio_source)
-    return out
+    recs = [_BY_ID[cid] for cid in claim_ids]
+    stated = [r for r in recs if isinstance(r, PaperClaim) and r.conditions.param_ratio is not None]
+    return {r.rows[:2]: (r.conditions.param_ratio, r.conditions.param_ratio_source) for r in stated}

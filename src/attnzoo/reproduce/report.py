@@ -112,7 +112,8 @@ def _group_row(group: list[dict]) -> list[str]:
     suffix they all share said once) and each item's verdict (one word when they all agree on it)."""
     rec = paper_claims.get(group[0]["claim_id"])
     items = [paper_claims.test_of(f["claim_id"]) for f in group]
-    shared = _shared_suffix([f["measured"] for f in group])
+    tail = os.path.commonprefix([f["measured"][::-1] for f in group])[::-1]
+    shared = tail[tail.find(" ") :] if " " in tail else ""  # the longest whole-word ending all the figures share
     cut = [f["measured"][: len(f["measured"]) - len(shared)] for f in group]
     figures = ", ".join(f"{i} {m}" for i, m in zip(items, cut, strict=True))
     verdicts = [_verdict_cell(f) for f in group]
@@ -121,13 +122,6 @@ def _group_row(group: list[dict]) -> list[str]:
     else:
         verdict = "; ".join(f"{i}: {v}" for i, v in zip(items, verdicts, strict=True))
     return [rec.statement.format(**{rec.per: f"each {rec.per}"}), figures + shared, verdict]
-
-
-def _shared_suffix(texts: list[str]) -> str:
-    """The longest ending every text shares that starts at a space (a whole-word tail), or ""."""
-    tail = os.path.commonprefix([t[::-1] for t in texts])[::-1]
-    cut = tail.find(" ")
-    return "" if cut < 0 else tail[cut:]
 
 
 def _note_refs(f: dict, seen: dict[tuple[str, str], int], rule=None) -> str:
@@ -585,10 +579,9 @@ def _results_payload(meta: dict, secs: list[Section], records: dict, failed: dic
             for s in secs
         },
         "steps": {
-            sid: {"section": r["section"], "config": r["config"], "result": r["result"], "wall_s": r["wall_s"]}
-            | ({"result_slimmed": r["result_slimmed"]} if r.get("result_slimmed") else {})
-            # the run a reused step was measured in (Provenance points readers here)
-            | ({"imported_from": r["imported_from"]} if r.get("imported_from") else {})
+            # imported_from: the run a reused step was measured in (Provenance points readers here)
+            sid: {k: r[k] for k in ("section", "config", "result", "wall_s")}
+            | {k: r[k] for k in ("result_slimmed", "imported_from") if r.get(k)}
             for sid, r in records.items()
         },
         "failed": failed,
