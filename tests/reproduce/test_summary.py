@@ -218,7 +218,7 @@ def test_a_findings_note_gives_only_its_own_margin_not_the_whole_rule():
         a_name="a",
         b_name="b",
     )
-    _, notes, _ = _findings_md([f, _f(*WIN)])
+    _, notes = _findings_md([f, _f(*WIN)])
     assert notes == ["[1] rule: margin 0.5 pts: Table 9: 0.5 pts called comparable"]
 
 
@@ -259,9 +259,9 @@ def test_a_note_shared_by_several_findings_is_printed_once_and_referenced_by_eac
     for f in fs[:2]:
         gate(f, "sizes unlike the paper's (2.00x against 1.02x)", "conditions")
     gate(fs[2], "another reason", "conditions")
-    table, notes, nxt = _findings_md(fs)
+    table, notes = _findings_md(fs)
     assert notes == ["[1] gated: sizes unlike the paper's (2.00x against 1.02x)", "[2] gated: another reason"]
-    assert nxt == 3 and table.count(" [1] |") == 2 and table.count(" [2] |") == 1
+    assert table.count(" [1] |") == 2 and table.count(" [2] |") == 1
 
 
 def test_a_checks_row_names_its_check_and_leaves_a_repeated_expected_figure_blank():
@@ -272,7 +272,7 @@ def test_a_checks_row_names_its_check_and_leaves_a_repeated_expected_figure_blan
         dataclasses.replace(_f(*WIN, claim="c2"), kind="check"),
         dataclasses.replace(_f(*WIN, claim="c3"), kind="check", paper_value="a >> b"),
     ]
-    table, _, _ = _findings_md(fs)
+    table, _ = _findings_md(fs)
     rows = table.splitlines()[2:]
     assert rows[0].startswith("| c1 | a > b | a 2.1")
     assert rows[1].startswith("| c2 |  | a 2.1")  # the same expected figure: left blank
@@ -404,7 +404,7 @@ def test_a_per_item_check_is_one_row_with_each_items_figure_and_verdict():
         measured = f"{4 * ratio:.1f} / 4.0 MiB = {ratio:.2f} (N=2048->8192)"
         return measured_finding(f"memory-linear-in-n#{mech}", measured, ok, "agrees if ≤ 4.5", mechanism=mech)
 
-    table, notes, _ = _findings_md([mem("csp", 4.0), mem("tssa", 3.8)])
+    table, notes = _findings_md([mem("csp", 4.0), mem("tssa", 3.8)])
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()[2:]]
     assert rows == [
         [
@@ -416,11 +416,11 @@ def test_a_per_item_check_is_one_row_with_each_items_figure_and_verdict():
     ]
     assert notes == ["[1] rule: agrees if ≤ 4.5"]
     # a verdict that differs is named per item; another check, or one with a note of its own, keeps its own row
-    table, _, _ = _findings_md([mem("csp", 4.0), mem("xca", 5.0, ok=False)])
+    table, _ = _findings_md([mem("csp", 4.0), mem("xca", 5.0, ok=False)])
     assert "| csp: agrees; xca: **disagrees** [1] |" in table
     lone = mem("linear", 4.0)
     lone["explanation"] = "a note of its own"
-    table, _, _ = _findings_md([mem("csp", 4.0), lone])
+    table, _ = _findings_md([mem("csp", 4.0), lone])
     assert len(table.splitlines()) == 4 and "| linear: memory linear in N |" in table
 
 

@@ -58,7 +58,6 @@ def with_settings(plan: dict, settings: list[str] | tuple[str, ...] = ()) -> dic
             if not isinstance(node, dict) or key not in node:
                 valid = sorted(node) if isinstance(node, dict) else []
                 raise ValueError(f"--set {item!r}: {where} has no setting {key!r}; valid: {valid}")
-            if depth == len(keys) - 1:
-                node[key] = yaml.safe_load(text)
-            node = node[key]
+            parent, node = node, node[key]
+        parent[keys[-1]] = yaml.safe_load(text)
     return plan

@@ -13,6 +13,7 @@ dependencies are done, and a timed measurement runs alone.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,10 +75,9 @@ def _time_one(step: Step, records: dict, by_shape: dict[str, list[str]]) -> Step
     source = "same config" if rec is not None and config_hash(rec.get("config", {})) == step.hash else "same shape"
     work = examples(step.config)
     points = [(w, records[i]["wall_s"]) for i in like if (w := examples(records[i].get("config", {})))]
-    if work and points:
-        # the spread at one cost is other work slowing some runs, never speeding one: the fastest rate is the row's
-        return StepEstimate(step.id, step.section, work * min(t / w for w, t in points), source)
-    return StepEstimate(step.id, step.section, min(records[i]["wall_s"] for i in like), source)
+    # the spread at one cost is other work slowing some runs, never speeding one: the fastest rate is the row's
+    seconds = work * min(t / w for w, t in points) if work and points else min(records[i]["wall_s"] for i in like)
+    return StepEstimate(step.id, step.section, seconds, source)
 
 
 def _replay(steps: list[Step], seconds: dict[str, float], jobs: int) -> float:
@@ -123,10 +123,9 @@ def render_estimate(est: Estimate, sources: list[str | Path]) -> str:
     rows, sections = [], dict.fromkeys(s.section for s in est.steps)
     for sec in sections:
         mine = [s for s in est.steps if s.section == sec]
-        exact = sum(s.source == "same config" for s in mine)
-        unknown = sum(s.seconds is None for s in mine)
+        n = Counter(s.source for s in mine)
         minutes = _minutes(sum(s.seconds or 0.0 for s in mine))
-        rows.append([sec, len(mine), exact, len(mine) - exact - unknown, unknown, minutes])
+        rows.append([sec, len(mine), n["same config"], n["same shape"], n["unknown"], minutes])
     total = ["total", len(est.steps), *(sum(r[i] for r in rows) for i in (2, 3, 4)), _minutes(est.thread_s)]
     table = md_table(["section", "steps", "same config", "other config", "unknown", "thread-min"], [*rows, total])
     lines = [

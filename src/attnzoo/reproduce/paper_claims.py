@@ -99,15 +99,16 @@ class Check:
 CLAIMS_FILE = Path(__file__).with_name("claims.yaml")
 #: the fields holding a ratio, written ``[numerator, denominator]`` where the paper gives two figures
 _RATIOS = ("paper_effect", "param_ratio")
-#: whether a value fits a field, by the field's declared type
+#: whether a value fits a field, by the field's declared type (a ``| None`` field: the type's own check)
 _FITS = {
     "str": lambda v: isinstance(v, str),
     "bool": lambda v: isinstance(v, bool),
     "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "float | None": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "int | None": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "tuple[str, ...]": lambda v: isinstance(v, list) and all(isinstance(w, str) and w for w in v),
 }
+#: the fields whose value must be one of a list
+_CHOICES = {"kind": CLAIM_KINDS, "combine": tuple(sorted(COMBINE_RULES))}
 
 
 def _field_value(where: str, name: str, value: Any, kind: str) -> Any:
@@ -116,10 +117,13 @@ def _field_value(where: str, name: str, value: Any, kind: str) -> Any:
         return _record(Conditions, value, f"{where}, field {name!r}")
     if name in _RATIOS and isinstance(value, list) and len(value) == 2 and all(_FITS["float"](v) for v in value):
         return value[0] / value[1]
+    kind = kind.removesuffix(" | None")
     if kind not in _FITS or not _FITS[kind](value):
         what = "a list of words" if kind.startswith("tuple") else kind
         raise ValueError(f"{where}: field {name!r} must be {what}, got {value!r}")
-    return tuple(value) if kind.startswith("tuple") else float(value) if kind.startswith("float") else value
+    if name in _CHOICES and value not in _CHOICES[name]:
+        raise ValueError(f"{where}: field {name!r} must be one of {list(_CHOICES[name])}, got {value!r}")
+    return tuple(value) if kind.startswith("tuple") else float(value) if kind == "float" else value
 
 
 def _record(cls: type, raw: Any, where: str) -> Any:
@@ -147,15 +151,7 @@ def load(path: Path = CLAIMS_FILE) -> tuple[tuple[PaperClaim, ...], tuple[Check,
         data = yaml.safe_load(fh)
     if not isinstance(data, dict) or set(data) != {"claims", "checks"}:
         raise ValueError(f"{path}: expected the two lists 'claims' and 'checks'")
-    claims = _records(PaperClaim, data["claims"], "claim", path)
-    checks = _records(Check, data["checks"], "check", path)
-    for rec in claims:
-        if rec.kind not in CLAIM_KINDS:
-            raise ValueError(f"{path}: claim {rec.id!r}: field 'kind' must be one of {CLAIM_KINDS}, got {rec.kind!r}")
-        if rec.combine not in COMBINE_RULES:
-            valid = sorted(COMBINE_RULES)
-            raise ValueError(f"{path}: claim {rec.id!r}: field 'combine' must be one of {valid}, got {rec.combine!r}")
-    return claims, checks
+    return _records(PaperClaim, data["claims"], "claim", path), _records(Check, data["checks"], "check", path)
 
 
 CLAIMS, CHECKS = load()
@@ -212,9 +208,6 @@ def compare_kw(claim_id: str, **fields: str) -> dict:
 
 def size_ratios(*claim_ids: str) -> dict[tuple[str, str], tuple[float, str]]:
     """``(row a, row b) -> (the paper's parameter ratio, its source)`` of the claims that state one."""
-    out = {}
-    for cid in claim_ids:
-        rec = _BY_ID[cid]
-        if isinstance(rec, PaperClaim) and rec.conditions.param_ratio is not None:
-            out[rec.rows[:2]] = (rec.conditions.param_ratio, rec.conditions.param_ratio_source)
-    return out
+    recs = [_BY_ID[cid] for cid in claim_ids]
+    stated = [r for r in recs if isinstance(r, PaperClaim) and r.conditions.param_ratio is not None]
+    return {r.rows[:2]: (r.conditions.param_ratio, r.conditions.param_ratio_source) for r in stated}

@@ -33,22 +33,17 @@ def _summaries(out: Path, plan: dict, sections: list[str], records: dict, outcom
     """Each section's summary of its stored steps, with the steps that failed or were not computed."""
     plots_dir = out / PLOTS_DIR
     plots_dir.mkdir(parents=True, exist_ok=True)
-
-    def rel(p) -> str:
-        return Path(os.path.relpath(p, out)).as_posix()
-
     result = []
     for key in sections:
         mod = SECTION_MODULES[key]
+        mine = {sid: r for sid, r in records.items() if r["section"] == key}
         try:
-            sec = mod.summarize(
-                {sid: r for sid, r in records.items() if r["section"] == key}, plan[key], plots_dir, rel
-            )
+            sec = mod.summarize(mine, plan[key], plots_dir, lambda p: Path(os.path.relpath(p, out)).as_posix())
         except Exception as e:  # noqa: BLE001 - a broken summary must not hide the other sections
             sec = Section(key, mod.TITLE, notes=[f"summary failed: {type(e).__name__}: {e}"])
         _claim_notes(sec, plan[key].get("claim_notes", {}))
-        sec.notes += [f"step `{sid}` failed: {why}" for sid, why in outcome.failed.items() if _in(sid, key)]
-        if missing := [f"`{sid}`" for sid in outcome.missing if _in(sid, key)]:
+        sec.notes += [f"step `{sid}` failed: {why}" for sid, why in outcome.failed.items() if sid.startswith(f"{key}/")]
+        if missing := [f"`{sid}`" for sid in outcome.missing if sid.startswith(f"{key}/")]:
             sec.notes.insert(
                 0,
                 f"{len(missing)} step(s) of this section's plan were not computed (report written with --report-only): "
@@ -65,10 +60,6 @@ def _claim_notes(sec: Section, notes: dict[str, str]) -> None:
         if note := notes.get(f.claim_id) or notes.get(paper_claims.base_id(f.claim_id)):
             f.dated_pilot = note
             claims.explain(f, f"dated pilot: {note}")
-
-
-def _in(step_id: str, section: str) -> bool:
-    return step_id.split("/", 1)[0] == section
 
 
 def effect_cell(f: dict) -> str:
@@ -96,16 +87,15 @@ def _blank_repeats():
     return once
 
 
-def _findings_md(findings: list[dict], start: int = 1) -> tuple[str, list[str], int]:
+def _findings_md(findings: list[dict]) -> tuple[str, list[str]]:
     """A section's implementation checks with their numbered notes; a per-item check is one row (:func:`_group_row`)."""
-    rows, notes, seen, once = [], [], {}, _blank_repeats()
+    rows, seen, once = [], {}, _blank_repeats()
     for _, run in itertools.groupby(findings, _item_key):
         group = list(run)
         f = group[0]
-        refs, start = _note_refs(f, seen, notes, start)
         row = _group_row(group) if len(group) > 1 else [f["claim"], f["measured"], _verdict_cell(f)]
-        rows.append([row[0], once("paper_value", f["paper_value"]), row[1], row[2] + refs])
-    return md_table(FINDING_COLUMNS, rows), notes, start
+        rows.append([row[0], once("paper_value", f["paper_value"]), row[1], row[2] + _note_refs(f, seen)])
+    return md_table(FINDING_COLUMNS, rows), _notes(seen)
 
 
 def _item_key(f: dict) -> object:
@@ -122,7 +112,8 @@ def _group_row(group: list[dict]) -> list[str]:
     suffix they all share said once) and each item's verdict (one word when they all agree on it)."""
     rec = paper_claims.get(group[0]["claim_id"])
     items = [paper_claims.test_of(f["claim_id"]) for f in group]
-    shared = _shared_suffix([f["measured"] for f in group])
+    tail = os.path.commonprefix([f["measured"][::-1] for f in group])[::-1]
+    shared = tail[tail.find(" ") :] if " " in tail else ""  # the longest whole-word ending all the figures share
     cut = [f["measured"][: len(f["measured"]) - len(shared)] for f in group]
     figures = ", ".join(f"{i} {m}" for i, m in zip(items, cut, strict=True))
     verdicts = [_verdict_cell(f) for f in group]
@@ -133,25 +124,19 @@ def _group_row(group: list[dict]) -> list[str]:
     return [rec.statement.format(**{rec.per: f"each {rec.per}"}), figures + shared, verdict]
 
 
-def _shared_suffix(texts: list[str]) -> str:
-    """The longest ending every text shares that starts at a space (a whole-word tail), or ""."""
-    tail = os.path.commonprefix([t[::-1] for t in texts])[::-1]
-    cut = tail.find(" ")
-    return "" if cut < 0 else tail[cut:]
-
-
-def _note_refs(f: dict, seen: dict[tuple[str, str], int], notes: list[str], start: int, rule=None) -> tuple[str, int]:
+def _note_refs(f: dict, seen: dict[tuple[str, str], int], rule=None) -> str:
     """`` [n] [m]`` after a verdict (empty without notes): the finding's rule (``rule(f)``, by default
-    :func:`_own_rule`), gate and explanation as numbered notes, each printed once; returns the next number."""
+    :func:`_own_rule`), gate and explanation, each numbered in ``seen`` (``(label, text) -> n``) when first met."""
     refs = ""
     for label, text in (("rule", (rule or _own_rule)(f)), ("gated", f.get("gate")), ("why", f.get("explanation"))):
         if text and text != "-":
-            if (label, text) not in seen:
-                seen[(label, text)] = start
-                notes.append(f"[{start}] {label}: {text}")
-                start += 1
-            refs += f" [{seen[(label, text)]}]"
-    return refs, start
+            refs += f" [{seen.setdefault((label, text), len(seen) + 1)}]"
+    return refs
+
+
+def _notes(seen: dict[tuple[str, str], int]) -> list[str]:
+    """The numbered notes of :func:`_note_refs`, in order."""
+    return [f"[{n}] {label}: {text}" for (label, text), n in seen.items()]
 
 
 def _verdict_cell(f: dict) -> str:
@@ -172,21 +157,17 @@ def _own_rule(f: dict) -> str | None:
 
 def _table_rule(f: dict) -> str | None:
     """The claims table's rule note: a margin's source only (the effect cell prints the margin or refuting bar), and
-    none where the margin is the paper's own gap for the pair, which the paper's figure shows."""
-    if f.get("claim_type") and f.get("effect") is not None:
-        if not f.get("margin") or _own_gap(f):
-            return None
-        rel = f"{f['margin_rel']:g} of {f['b_name']}'s mean: " if f.get("margin_rel") is not None else ""
-        return rel + f.get("margin_source", "")
-    return _own_rule(f)
-
-
-def _own_gap(f: dict) -> bool:
-    """Whether a comparison's margin is its record's own paper effect (the figure's gap), read as a gap called
-    comparable by the legend."""
-    rec = paper_claims.get(f["claim_id"]) if f.get("claim_id") else None
+    none where the margin is the paper's own gap for the pair (its record's paper effect, read as a gap called
+    comparable by the legend), which the paper's figure shows."""
+    if not f.get("claim_type") or f.get("effect") is None:
+        return _own_rule(f)
+    if not f.get("margin"):
+        return None
+    rel, rec = f.get("margin_rel"), paper_claims.get(f["claim_id"]) if f.get("claim_id") else None
     effect = getattr(rec, "paper_effect", None)
-    return effect is not None and f.get("margin_rel") is None and abs(effect) == rec.margin == f["margin"]
+    if effect is not None and rel is None and abs(effect) == rec.margin == f["margin"]:
+        return None
+    return (f"{rel:g} of {f['b_name']}'s mean: " if rel is not None else "") + f.get("margin_source", "")
 
 
 def _fmt_s(s: float) -> str:
@@ -206,7 +187,9 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
     """The first screen: the claims counted once, decided and undecided, the legend, the claims table, the checks."""
     claims_ = _paper_claims(secs)
     lines = _headline(claims_) + _decided_lines(claims_) + _blocked_lines(claims_) + _legend_lines()
-    lines += _scale_lines(secs)
+    if scaled := [f"- {s.title.split(':')[0]}: {s.scale}" for s in secs if s.scale]:  # each trained section's scale
+        lines += ["**Scale** (laptop-sized, far below the papers'; a verdict holds at this scale):", "", *scaled, ""]
+        lines += [f"Validation curves in the sections: {CURVE_NOTE}.", ""]
     if plan_name == "smoke":
         lines += [
             "**This is a smoke run**: the models train for a handful of steps, so the verdicts above only show that "
@@ -259,7 +242,7 @@ def _decided_lines(claims_: list[ClaimResult]) -> list[str]:
     if not decided:
         return ["**Decided trained claims**: none at this budget.", ""]
     deciding = [[f for f in c.findings if f["verdict"] == c.verdict] for c in decided]
-    robust = sum(any((_doubling_ratio(f) or 0) >= 2 for f in fs) for fs in deciding)
+    robust = sum(any(_doubling(f)[0] >= 2 for f in fs) for fs in deciding)
     strict = sum(any(f.get("ci95") and _holds_strictly(f) for f in fs) for fs in deciding)
     lines = [
         f"**Decided trained claims** ({robust} of {len(decided)} robust: at twice the steps each clears its "
@@ -267,8 +250,8 @@ def _decided_lines(claims_: list[ClaimResult]) -> list[str]:
         f"{STRICT_LEVEL:.0%} intervals too, their controls' included):",
         "",
     ]
-    for c in decided:
-        for f in (f for f in c.findings if f["verdict"] == c.verdict):
+    for c, fs in zip(decided, deciding, strict=True):
+        for f in fs:
             if not f.get("ci95"):  # a measurement: its own sentence
                 lines.append(f"- {f['paper']}, {f['claim']}: {f['measured']}: **{c.verdict}**.")
                 continue
@@ -279,32 +262,24 @@ def _decided_lines(claims_: list[ClaimResult]) -> list[str]:
             test = paper_claims.test_of(f.get("claim_id") or "") if len(c.tests) > 1 else ""
             claim = f"{f['claim']} (test: {test})" if test else f["claim"]  # which of its tests decided it
             pilot = " A dated pilot beside it: its note in the claims table." if f.get("dated_pilot") else ""
-            lines.append(f"- {f['paper']}, {claim}: {effect_in_words(f)}{bar}: **{c.verdict}**{_doubling(f)}.{pilot}")
+            lines.append(
+                f"- {f['paper']}, {claim}: {effect_in_words(f)}{bar}: **{c.verdict}**{_doubling(f)[1]}.{pilot}"
+            )
     return lines + [""]
 
 
-def _doubling_move(f: dict) -> tuple[float, float, str] | None:
-    """A decided verdict at twice the steps: ``(clearance there, the move, whose move)``: the effect's, or the
-    baseline's where only the baseline ran longer; None without a run at twice the steps."""
+def _doubling(f: dict) -> tuple[float, str]:
+    """How a decided verdict fared at twice the steps: the clearance there over the move (the effect's, or the
+    baseline's where only the baseline ran longer; below 2, one more such doubling could cross), and those figures
+    in words; ``(0, "")`` without a run at twice the steps."""
     t, d = f.get("trend_2x") or {}, f.get("drift_2x") or {}
     if t.get("clearance") is not None and t.get("move"):
-        return t["clearance"], t["move"], "the effect's move"
-    if d.get("change"):
-        return d["clearance"], d["change"], f"{d['row']}'s move"
-    return None
-
-
-def _doubling_ratio(f: dict) -> float | None:
-    """Clearance at twice the steps over the move: below 2, one more such doubling could cross."""
-    return None if (m := _doubling_move(f)) is None else m[0] / abs(m[1])
-
-
-def _doubling(f: dict) -> str:
-    """How a decided verdict fared at twice the steps, as the clearance there and its ratio to the move."""
-    if (m := _doubling_move(f)) is None:
-        return ""
-    c, move, what = m
-    return f" (at 2x steps: clearance {c:.3g}, {c / abs(move):.1f}x {what}, {move:+.3g})"
+        c, move, what = t["clearance"], t["move"], "the effect's move"
+    elif d.get("change"):
+        c, move, what = d["clearance"], d["change"], f"{d['row']}'s move"
+    else:
+        return 0.0, ""
+    return c / abs(move), f" (at 2x steps: clearance {c:.3g}, {c / abs(move):.1f}x {what}, {move:+.3g})"
 
 
 def effect_in_words(f: dict) -> str:
@@ -360,11 +335,11 @@ def _legend_lines() -> list[str]:
 
 def _claims_table(claims_: list[ClaimResult]) -> tuple[str, list[str]]:
     """One block of rows per claim: its statement once, then each test's figure, effect, verdict and notes."""
-    rows, notes, seen, start, once = [], [], {}, 1, _blank_repeats()
+    rows, seen, once = [], {}, _blank_repeats()
     said: dict[str, str] = {}  # a long measured text already in the table -> the claim it was printed for
     for c in claims_:
         for i, (section, f) in enumerate(c.tests):
-            refs, start = _note_refs(f, seen, notes, start, _table_rule)
+            refs = _note_refs(f, seen, _table_rule)
             paper = once("paper", f["paper"])
             statement = f["claim"] + (f" (claim: {_MARK[c.verdict]})" if len(c.tests) > 1 else "")
             # the claim's id and paper (a finding without a record: its paper, then its statement)
@@ -377,16 +352,7 @@ def _claims_table(claims_: list[ClaimResult]) -> tuple[str, list[str]]:
             effect = f"{test}: {effect}" if test else effect
             row = head + [once("paper_value", f["paper_value"]), effect, _verdict_cell(f) + refs]
             rows.append(row + [once("section", section)])
-    return md_table(CLAIMS_COLUMNS, rows), notes
-
-
-def _scale_lines(secs: list[Section]) -> list[str]:
-    """One line per trained section: its runs' scale against the papers' (``Section.scale``)."""
-    scaled = [f"- {s.title.split(':')[0]}: {s.scale}" for s in secs if s.scale]
-    if not scaled:
-        return []
-    head = "**Scale** (laptop-sized, far below the papers'; a verdict holds at this scale):"
-    return [head, "", *scaled, "", f"Validation curves in the sections: {CURVE_NOTE}.", ""]
+    return md_table(CLAIMS_COLUMNS, rows), _notes(seen)
 
 
 def _compute_md(secs: list[Section], records: dict) -> list[str]:
@@ -452,26 +418,17 @@ def write_report(
         "sections": [s.key for s in secs],
         "plan": plan,
     }
-    md = "\n".join(_report_md(secs, _setup_rows(meta, records, outcome), budget_name, records)) + "\n"
-    atomic_write_text(out / CONFIGS_FILE, "\n".join(_configs_md(seed, records, secs)) + "\n")
-    atomic_write_text(out / "report.md", md)
-    atomic_write_text(out / "report.html", html_page(md, f"attnzoo reproduce ({budget_name} budget)"))
-    write_json(out / "results.json", _results_payload(meta, secs, records, outcome.failed))
-
-
-def _setup_rows(meta: dict, records: dict, outcome) -> list[list[str]]:
-    """The provenance table: the budget, the command, the machine and software, the workers and the times."""
-    m = meta["machine"]
-    return [
-        ["budget", f"`{meta['budget']}`: {meta['plan']['description']}"],
-        ["seed", str(meta["seed"])],
-        ["command", f"`{meta['command']}`"],
+    m = machine
+    setup = [  # the provenance table: the budget, the command, the machine and software, the workers and the times
+        ["budget", f"`{budget_name}`: {plan['description']}"],
+        ["seed", str(seed)],
+        ["command", f"`{cmd}`"],
         [
             "machine",
             f"{m.get('cpu')} ({m.get('cpu_count')} CPUs, {m.get('cpu_isa', 'vector ISA not recorded')}), "
             f"{m.get('gpu', 'no GPU')}",
         ],
-        ["workers", _workers_cell(meta["workers"])],
+        ["workers", _workers_cell(workers)],
         ["software", f"torch {m.get('torch')}, Python {m.get('python')}, numpy {m.get('numpy')}, {m.get('platform')}"],
         ["device", m.get("device", "-")],
         [
@@ -482,6 +439,11 @@ def _setup_rows(meta: dict, records: dict, outcome) -> list[list[str]]:
         ],
         ["generated", meta["generated"]],
     ]
+    md = "\n".join(_report_md(secs, setup, budget_name, records)) + "\n"
+    atomic_write_text(out / CONFIGS_FILE, "\n".join(_configs_md(seed, records, secs)) + "\n")
+    atomic_write_text(out / "report.md", md)
+    atomic_write_text(out / "report.html", html_page(md, f"attnzoo reproduce ({budget_name} budget)"))
+    write_json(out / "results.json", _results_payload(meta, secs, records, outcome.failed))
 
 
 def _plural(n: int, word: str) -> str:
@@ -556,7 +518,7 @@ def _section_md(s: Section) -> list[str]:
         items = plateau.values() if "text" not in plateau else [plateau]
         md += ["Plateau evidence: " + "; ".join(p["text"] for p in items) + ".", ""]
     if checks := [f for f in s.findings if f.get("kind") != "paper"]:  # paper claims: in the summary's claims table
-        table, notes, _ = _findings_md(checks)
+        table, notes = _findings_md(checks)
         md += [f"### {_short_title(s.title)}: implementation checks", "", table, ""] + [n + "  " for n in notes] + [""]
     return md + [line for n in s.notes for line in (f"> {n}", "")]
 
@@ -617,10 +579,9 @@ def _results_payload(meta: dict, secs: list[Section], records: dict, failed: dic
             for s in secs
         },
         "steps": {
-            sid: {"section": r["section"], "config": r["config"], "result": r["result"], "wall_s": r["wall_s"]}
-            | ({"result_slimmed": r["result_slimmed"]} if r.get("result_slimmed") else {})
-            # the run a reused step was measured in (Provenance points readers here)
-            | ({"imported_from": r["imported_from"]} if r.get("imported_from") else {})
+            # imported_from: the run a reused step was measured in (Provenance points readers here)
+            sid: {k: r[k] for k in ("section", "config", "result", "wall_s")}
+            | {k: r[k] for k in ("result_slimmed", "imported_from") if r.get(k)}
             for sid, r in records.items()
         },
         "failed": failed,
