@@ -624,12 +624,13 @@ def test_jobs_runs_steps_in_processes_with_the_numbers_of_one_job(tmp_path):
     for jobs in (1, 2):
         out = tmp_path / f"jobs{jobs}"
         ctx = Context(out=out, store=StepStore(out), seed=0, progress=False)
-        outcome, records = RunOutcome(out, out / "r.md", out / "r.json"), {}
+        outcome = RunOutcome(out, out / "r.md", out / "r.json")
+        records = outcome.records
         if jobs == 1:
-            _run_steps(cheap, ctx, outcome, records, progress=False)
+            _run_steps(cheap, ctx, outcome, progress=False)
             assert outcome.failed == {}
         else:  # with a failing step and its dependant: reported, not run, the others unaffected
-            _run_steps([bad, dep] + cheap, ctx, outcome, records, progress=False, jobs=2, threads=1)
+            _run_steps([bad, dep] + cheap, ctx, outcome, progress=False, jobs=2, threads=1)
             assert set(outcome.failed) == {"language/broken", "icl/linear/needs-broken"}
             assert "depends on failed step" in outcome.failed["icl/linear/needs-broken"]
         assert sorted(outcome.computed) == sorted(s.id for s in cheap)
@@ -697,9 +698,16 @@ def test_reuse_imports_only_steps_whose_config_is_unchanged(tmp_path):
     kept = StepStore(tmp_path / "slim-report")
     assert import_results(results, [same], kept, slimmed=True) == 1
     assert kept.load(same)["result_slimmed"] == ["points"]
-    from attnzoo.reproduce.runner import _complete
+    from attnzoo.reproduce.common import Context
+    from attnzoo.reproduce.runner import RunOutcome, _run_steps
 
-    assert _complete(kept.load(same)) is None and _complete(new.load(same)) is not None
+    # a computing run takes the step again rather than reuse the record without its plot arrays
+    runs = {}
+    for store in (kept, new):
+        runs[store] = RunOutcome(store.root, store.root / "r.md", store.root / "r.json")
+        _run_steps([same], Context(out=store.root, store=store, seed=0, progress=False), runs[store], progress=False)
+    assert runs[kept].computed == ["sec/same"] and runs[kept].skipped == []
+    assert runs[new].computed == [] and runs[new].skipped == ["sec/same"]
 
 
 def test_results_json_names_the_run_each_reused_step_was_measured_in():
@@ -754,8 +762,9 @@ def test_a_timed_step_runs_with_no_other_step_in_flight(tmp_path):
     cheap = [by_id["language/ngram-baselines"], by_id["icl/linear/baselines"], by_id["icl/sparse/baselines"]]
     cheap[1] = dataclasses.replace(cheap[1], timed=True)
     ctx = Context(out=tmp_path, store=StepStore(tmp_path), seed=0, progress=False)
-    outcome, records = RunOutcome(tmp_path, tmp_path / "r.md", tmp_path / "r.json"), {}
-    _run_steps(cheap, ctx, outcome, records, progress=False, jobs=2, threads=1)
+    outcome = RunOutcome(tmp_path, tmp_path / "r.md", tmp_path / "r.json")
+    records = outcome.records
+    _run_steps(cheap, ctx, outcome, progress=False, jobs=2, threads=1)
     assert outcome.failed == {} and len(records) == 3
     t = records["icl/linear/baselines"]
     for sid, r in records.items():

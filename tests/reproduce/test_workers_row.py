@@ -22,7 +22,7 @@ def _cheap_steps():
 def _execute_into(out, todo, jobs, threads, report_only=False) -> RunOutcome:
     ctx = Context(out=out, store=StepStore(out), seed=0, progress=False)
     outcome = RunOutcome(out, out / "r.md", out / "r.json")
-    _execute(todo, ctx, outcome, {}, False, jobs, threads, report_only)
+    _execute(todo, ctx, outcome, False, jobs, threads, report_only)
     return outcome
 
 

@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from attnzoo._lock import DirectoryLocked
-    from attnzoo.reproduce.runner import ReproduceError, plan, resolve_sections, run, summary_line
+    from attnzoo.reproduce.runner import ReproduceError, plan, resolve_sections, run, stored_records, summary_line
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -94,11 +94,21 @@ def main(argv: list[str] | None = None) -> int:
             print(render_size_checks(checks), end="")
             return 1 if any(c.planned and not c.holds for c in checks) else 0
         if args.estimate:
-            return _estimate(args)
+            from attnzoo.reproduce.estimate import estimate, render_estimate
+
+            if not args.reuse:
+                raise ReproduceError(
+                    "--estimate times the plan from earlier runs: give one or more with --reuse RESULTS"
+                )
+            # a later source's record of a step wins, as with --reuse
+            records = {sid: rec for source in args.reuse for sid, rec in stored_records(source).items()}
+            sections = resolve_sections(args.only)
+            steps = [s for s in plan(args.budget, args.seed, args.set)[1] if s.section in sections]
+            print(render_estimate(estimate(steps, records, args.jobs), args.reuse), end="")
+            return 0
         kw = dict(seed=args.seed, only=args.only, device=args.device, threads=args.threads, reuse=args.reuse)
-        kw.update(jobs=args.jobs, report_only=args.report_only, progress=not args.no_progress, argv=argv)
-        kw["settings"] = args.set
-        outcome = run(args.out, args.budget, **kw)
+        kw |= dict(jobs=args.jobs, report_only=args.report_only, progress=not args.no_progress, settings=args.set)
+        outcome = run(args.out, args.budget, argv=argv, **kw)
     except (ReproduceError, DirectoryLocked) as e:
         from attnzoo.cli import debug_enabled
 
@@ -109,23 +119,6 @@ def main(argv: list[str] | None = None) -> int:
     if outcome.interrupted:
         return 130
     print(summary_line(outcome))
-    if outcome.failed:
-        for sid, why in outcome.failed.items():
-            print(f"  failed: {sid}: {why}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _estimate(args) -> int:
-    from attnzoo.reproduce.estimate import estimate, render_estimate
-    from attnzoo.reproduce.runner import ReproduceError, plan, resolve_sections, stored_records
-
-    if not args.reuse:
-        raise ReproduceError("--estimate times the plan from earlier runs: give one or more with --reuse RESULTS")
-    records: dict = {}
-    for source in args.reuse:  # a later source's record of a step wins, as with --reuse
-        records.update(stored_records(source))
-    sections = resolve_sections(args.only)
-    steps = [s for s in plan(args.budget, args.seed, args.set)[1] if s.section in sections]
-    print(render_estimate(estimate(steps, records, args.jobs), args.reuse), end="")
-    return 0
+    for sid, why in outcome.failed.items():
+        print(f"  failed: {sid}: {why}", file=sys.stderr)
+    return 1 if outcome.failed else 0

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import functools
+import concurrent.futures as cf
 import json
+import multiprocessing as mp
 import os
 import platform
+import shlex
 import shutil
 import sys
 import time
@@ -16,15 +17,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from attnzoo._io import all_or_nothing, write_error, write_json
 from attnzoo._lock import LOCK_NAME, DirLock
-from attnzoo.reproduce import paper_claims
+from attnzoo.reproduce import paper_claims, report
 from attnzoo.reproduce.budgets import SECTIONS, budget, with_settings
 from attnzoo.reproduce.common import Context
-from attnzoo.reproduce.report import CONFIGS_FILE
 from attnzoo.reproduce.sections import ALIASES, SECTION_MODULES
-from attnzoo.reproduce.store import Interrupted, Step, StepStore, config_hash
+from attnzoo.reproduce.store import Interrupted, Step, StepStore, config_hash, read_object
 
 RUN_FILE = "run.json"  # marks a reproduce directory and pins its budget and seed
 
@@ -52,7 +53,7 @@ def resolve_sections(only: str | list[str] | None) -> list[str]:
     if only is None:
         return list(SECTIONS)
     keys = []
-    for raw in only.split(",") if isinstance(only, str) else list(only):
+    for raw in only.split(",") if isinstance(only, str) else only:
         if k := raw.strip().lower():
             k = ALIASES.get(k, k)
             if k not in SECTION_MODULES:
@@ -96,67 +97,33 @@ def plan(budget_name: str, seed: int, settings: list[str] | tuple[str, ...] = ()
     for key, mod in SECTION_MODULES.items():
         # the probes read the vision section's trained models
         steps += mod.plan_steps(b[key], seed, b["vision"]) if key == "probes" else mod.plan_steps(b[key], seed)
-    ids = [s.id for s in steps]
-    if dup := sorted({i for i in ids if ids.count(i) > 1}):
-        raise AssertionError(f"duplicate step ids {dup}")
+    seen: set[str] = set()
+    for s in steps:
+        if s.id in seen or not seen.issuperset(s.deps):
+            raise AssertionError(f"step {s.id!r} repeats an id or comes before a step it depends on {s.deps}")
+        seen.add(s.id)
     return b, steps
 
 
 def _select(steps: list[Step], sections: list[str]) -> list[Step]:
-    """Steps of the chosen sections plus, transitively, the steps they depend on (in plan order)."""
-    by_id = {s.id: s for s in steps}
+    """Steps of the chosen sections plus, transitively, the steps they depend on (in plan order, which puts a
+    step's dependencies before it, so one backward pass finds them all)."""
     need = {s.id for s in steps if s.section in sections}
-    frontier = list(need)
-    while frontier:
-        for d in by_id[frontier.pop()].deps:
-            if d not in by_id:
-                raise AssertionError(f"step depends on unknown step {d!r}")
-            if d not in need:
-                need.add(d)
-                frontier.append(d)
+    for s in reversed(steps):
+        if s.id in need:
+            need.update(s.deps)
     return [s for s in steps if s.id in need]
 
 
-def _refuse_foreign_out(out: Path) -> None:
-    """Refuse (before anything is written there) a non-directory or a non-empty directory that is no reproduce run."""
-    if out.exists() and not out.is_dir():
-        raise ReproduceError(f"--out {out} exists and is not a directory")
-    if out.is_dir() and not (out / RUN_FILE).is_file() and any(p.name != LOCK_NAME for p in out.iterdir()):
-        raise ReproduceError(f"--out {out} is a non-empty directory that is not a reproduce run; choose another --out")
-
-
-def _one_writer(fn):
-    """Run ``fn(out, ...)`` holding ``out``'s lock (a second writer fails at once, naming the first); ``out=None``
-    becomes a new ``results/<timestamp>`` directory."""
-
-    @functools.wraps(fn)
-    def locked(out: str | os.PathLike | None = None, *args, **kwargs):
-        out = Path(out) if out is not None else Path("results") / time.strftime("%Y%m%d-%H%M%S")
-        _refuse_foreign_out(out)
-        with DirLock(out, what="reproduce directory"):
-            return fn(out, *args, **kwargs)
-
-    return locked
-
-
-def _read_meta(out: Path) -> dict:
-    """run.json's object (a ``ValueError`` when it holds no JSON object)."""
-    meta = json.loads((out / RUN_FILE).read_bytes().decode("utf-8"))
-    if not isinstance(meta, dict):
-        raise ValueError(f"a JSON object was expected, got {type(meta).__name__}")
-    return meta
-
-
-def _prepare_out(out: Path, budget_name: str, seed: int) -> dict:
+def _prepare_out(out: Path, budget_name: str, seed: int) -> None:
     """Create or reopen ``out``; a run of another budget or seed is refused."""
     marker = out / RUN_FILE
     if not marker.is_file():
         out.mkdir(parents=True, exist_ok=True)
-        meta = {"budget": budget_name, "seed": seed, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        write_json(marker, meta)
-        return meta
+        write_json(marker, {"budget": budget_name, "seed": seed, "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        return
     try:
-        meta = _read_meta(out)
+        meta = read_object(marker)
     except (ValueError, OSError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ReproduceError(
             f"{marker} is corrupt ({' '.join(str(e).split())}); it should hold this run's budget and seed, e.g. "
@@ -168,7 +135,6 @@ def _prepare_out(out: Path, budget_name: str, seed: int) -> dict:
             f"rerun with --budget {meta.get('budget')} --seed {meta.get('seed')} to continue it, or choose "
             f"another --out"
         )
-    return meta
 
 
 def machine_description(device: str) -> dict:
@@ -178,9 +144,8 @@ def machine_description(device: str) -> dict:
     return machine_info(torch.device(device)) | {"platform": platform.platform(), "numpy": np.__version__}
 
 
-@_one_writer
 def run(
-    out: str | os.PathLike | None,
+    out: str | os.PathLike | None = None,
     budget_name: str = "default",
     *,
     seed: int = 0,
@@ -194,65 +159,82 @@ def run(
     report_only: bool = False,
     settings: list[str] | tuple[str, ...] = (),
 ) -> RunOutcome:
-    """Run (or continue) ``attnzoo reproduce`` into ``out`` and write ``report.md`` and ``results.json``;
+    """Run (or continue) ``attnzoo reproduce`` into ``out`` (``None``: a new ``results/<timestamp>``) and write
+    ``report.md`` and ``results.json``, holding ``out``'s lock (a second writer fails at once, naming the first);
     ``settings``: ``--set``'s ``section.key=VALUE`` changes to the budget."""
-    from attnzoo.reproduce.report import write_report
-
-    t_start = time.perf_counter()
-    check_jobs(jobs)
-    sections = resolve_sections(only)
-    b, steps = plan(budget_name, seed, settings)
-    device = _resolve_device(device)
-    if threads is not None:
-        if threads < 1:
-            raise ReproduceError(f"--threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
-    _prepare_out(out, budget_name, seed)
-    store = StepStore(out)
-    store.clean_leftovers()
-    for src in [reuse] if isinstance(reuse, (str, os.PathLike)) else reuse or []:
-        n = import_results(src, steps, store, slimmed=report_only)
-        if progress:
-            print(f"reproduce: reused {n} stored step(s) from {src}", file=sys.stderr)
-    ctx = Context(out=out, store=store, seed=seed, device=device, progress=progress)
-    outcome = RunOutcome(out, out / "report.md", out / "results.json")
-    records = outcome.records
-    again = resume_command(out, budget_name, seed, only)
-    try:
-        _execute(_select(steps, sections), ctx, outcome, records, progress, jobs, threads, report_only)
-    except (Interrupted, KeyboardInterrupt) as e:
-        outcome.interrupted = True
-        print(
-            f"\nattnzoo reproduce: interrupted ({e or 'Ctrl-C'}); completed steps are saved in {out}. "
-            f"To continue, run: {again}",
-            file=sys.stderr,
-        )
+    out = Path(out) if out is not None else Path("results") / time.strftime("%Y%m%d-%H%M%S")
+    # refused before anything is written there
+    if out.exists() and not out.is_dir():
+        raise ReproduceError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and not (out / RUN_FILE).is_file() and any(p.name != LOCK_NAME for p in out.iterdir()):
+        raise ReproduceError(f"--out {out} is a non-empty directory that is not a reproduce run; choose another --out")
+    with DirLock(out, what="reproduce directory"):
+        t_start = time.perf_counter()
+        check_jobs(jobs)
+        sections = resolve_sections(only)
+        b, steps = plan(budget_name, seed, settings)
+        device = _resolve_device(device)
+        if threads is not None:
+            if threads < 1:
+                raise ReproduceError(f"--threads must be >= 1, got {threads}")
+            torch.set_num_threads(threads)
+        _prepare_out(out, budget_name, seed)
+        store = StepStore(out)
+        store.clean_leftovers()
+        for src in [reuse] if isinstance(reuse, (str, os.PathLike)) else reuse or []:
+            n = import_results(src, steps, store, slimmed=report_only)
+            if progress:
+                print(f"reproduce: reused {n} stored step(s) from {src}", file=sys.stderr)
+        ctx = Context(out=out, store=store, seed=seed, device=device, progress=progress)
+        outcome = RunOutcome(out, out / "report.md", out / "results.json")
+        records = outcome.records
+        again = resume_command(out, budget_name, seed, only)
+        try:
+            _execute(_select(steps, sections), ctx, outcome, progress, jobs, threads, report_only)
+        except (Interrupted, KeyboardInterrupt) as e:
+            outcome.interrupted = True
+            print(
+                f"\nattnzoo reproduce: interrupted ({e or 'Ctrl-C'}); completed steps are saved in {out}. "
+                f"To continue, run: {again}",
+                file=sys.stderr,
+            )
+            outcome.wall_s = time.perf_counter() - t_start
+            return outcome
+        except OSError as e:  # a store write (disk full, ...): every failure so far, the culprit, the way on
+            raise _stopped_by(e, outcome, again) from None
+        if not report_only:
+            sections = _with_finished_sections(sections, steps, store, records)
         outcome.wall_s = time.perf_counter() - t_start
-        return outcome
-    except OSError as e:  # a store write (disk full, ...): every failure so far, the culprit, the way on
-        raise _stopped_by(e, outcome, again) from None
-    if not report_only:
-        sections = _with_finished_sections(sections, steps, store, records)
-    outcome.wall_s = time.perf_counter() - t_start
-    with _report_or_nothing(out, outcome, again):
         argv = argv if argv is not None else sys.argv[1:]
-        machine = machine_description(device)
-        write_report(out, b, budget_name, seed, sections, records, outcome, machine, argv, recorded_workers(out))
-    return outcome
+        try:  # the reports all or none (a failed write restores the previous ones)
+            with all_or_nothing([outcome.report, out / "report.html", outcome.results, out / report.CONFIGS_FILE]):
+                machine, workers = machine_description(device), recorded_workers(out)
+                report.write_report(out, b, budget_name, seed, sections, records, outcome, machine, argv, workers)
+        except OSError as e:
+            raise _stopped_by(write_error("the report", e.filename or out, e), outcome, again) from None
+        return outcome
 
 
-def _execute(todo, ctx, outcome, records, progress, jobs, threads, report_only) -> None:
+def _execute(todo, ctx, outcome, progress, jobs, threads, report_only) -> None:
     """Compute the missing steps of ``todo`` (in ``jobs`` processes), or with ``report_only`` only load them."""
     if report_only:  # nothing computed: the report says which steps of the plan it lacks
-        for step in todo:
-            if not _reuse(step, ctx.store, outcome, records, complete=False):
-                outcome.missing.append(step.id)
+        outcome.missing += [step.id for step in todo if not _reuse(step, ctx.store, outcome, complete=False)]
         return
     try:
-        _run_steps(todo, ctx, outcome, records, progress, "reproduce", jobs, threads)
-    finally:  # an interrupted invocation's stored steps are counted too; --jobs 1 computes in this process
-        per_worker = (threads or 1) if jobs > 1 else torch.get_num_threads()
-        _record_workers(ctx.out, jobs, per_worker, len(outcome.computed))
+        _run_steps(todo, ctx, outcome, progress, "reproduce", jobs, threads)
+    finally:  # an interrupted invocation's stored steps are counted too
+        if outcome.computed:
+            # run.json's workers: how the steps were computed (--jobs 1 computes in this process), not the threads
+            # of the process that renders the report
+            per_worker = (threads or 1) if jobs > 1 else torch.get_num_threads()
+            meta = read_object(ctx.out / RUN_FILE)
+            workers = meta.setdefault("workers", [])
+            entry = next((w for w in workers if w.get("jobs") == jobs and w.get("threads") == per_worker), None)
+            if entry is None:
+                entry = {"jobs": jobs, "threads": per_worker, "steps": 0}
+                workers.append(entry)
+            entry["steps"] = entry.get("steps", 0) + len(outcome.computed)
+            write_json(ctx.out / RUN_FILE, meta)
 
 
 def execute_steps(
@@ -261,34 +243,14 @@ def execute_steps(
     """Load each finished step and compute each missing one (in ``jobs`` processes), for other commands that run a
     plan of steps (``attnzoo compare``); ``name`` labels the progress bar and the failure lines."""
     outcome = RunOutcome(ctx.out, ctx.out, ctx.out)
-    _run_steps(steps, ctx, outcome, outcome.records, progress, name, jobs, threads)
+    _run_steps(steps, ctx, outcome, progress, name, jobs, threads)
     return outcome
-
-
-def _complete(rec: dict | None) -> dict | None:
-    """A stored record a computing run keeps: one imported without its plot arrays is computed again."""
-    return None if rec is None or rec.get("result_slimmed") else rec
-
-
-def _record_workers(out: Path, jobs: int, threads: int, computed: int) -> None:
-    """Count ``computed`` steps under run.json's ``workers`` entry for ``jobs`` x ``threads``: the report states how
-    the steps were computed, not the threads of the process that renders it."""
-    if computed == 0:
-        return
-    meta = _read_meta(out)
-    workers = meta.setdefault("workers", [])
-    entry = next((w for w in workers if w.get("jobs") == jobs and w.get("threads") == threads), None)
-    if entry is None:
-        workers.append({"jobs": jobs, "threads": threads, "steps": computed})
-    else:
-        entry["steps"] = entry.get("steps", 0) + computed
-    write_json(out / RUN_FILE, meta)
 
 
 def recorded_workers(out: Path) -> list[dict]:
     """run.json's ``workers``: ``[{"jobs", "threads", "steps"}]``, one per setting that computed steps here."""
     try:
-        workers = _read_meta(out).get("workers", [])
+        workers = read_object(out / RUN_FILE).get("workers", [])
     except (OSError, ValueError):
         return []
     return [w for w in workers if isinstance(w, dict)]
@@ -316,6 +278,8 @@ def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore,
     only with ``slimmed=True`` (``--report-only``): a run that computes takes the step again instead."""
     path = Path(path)
     stored = stored_records(path)
+    # the source's name only (a local path would leak into a published report); kept through re-imports
+    name = (path.resolve() if path.is_dir() else path.resolve().parent).name
     n = 0
     for step in steps:
         rec = stored.get(step.id)
@@ -324,25 +288,13 @@ def import_results(path: str | os.PathLike, steps: list[Step], store: StepStore,
         if config_hash(rec.get("config", {})) != step.hash or (rec.get("result_slimmed") and not slimmed):
             continue
         # a step's run directory (checkpoints a later step loads, e.g. a pretrained model) comes with its record
-        runs = path / "runs" / step.id if path.is_dir() else None
-        if runs is not None and runs.is_dir() and not store.run_dir(step.id).exists():
+        runs = path / "runs" / step.id
+        if path.is_dir() and runs.is_dir() and not store.run_dir(step.id).exists():
             shutil.copytree(runs, store.run_dir(step.id))
-        # the source's name only (a local path would leak into a published report); kept through re-imports
-        origin = rec.get("imported_from") or (path.resolve() if path.is_dir() else path.resolve().parent).name
-        wall_s = float(rec.get("wall_s", 0.0))
-        store.save(step, rec["result"], wall_s, time.time(), origin, rec.get("result_slimmed"))
+        origin = rec.get("imported_from") or name
+        store.save(step, rec["result"], float(rec.get("wall_s", 0.0)), time.time(), origin, rec.get("result_slimmed"))
         n += 1
     return n
-
-
-@contextlib.contextmanager
-def _report_or_nothing(out: Path, outcome: RunOutcome, continue_cmd: str):
-    """Write the reports all or not at all (a failed write restores the previous ones) and name the failure."""
-    try:
-        with all_or_nothing([out / "report.md", out / "report.html", out / "results.json", out / CONFIGS_FILE]):
-            yield
-    except OSError as e:
-        raise _stopped_by(write_error("the report", e.filename or out, e), outcome, continue_cmd) from None
 
 
 def _stopped_by(e: OSError, outcome: RunOutcome, continue_cmd: str) -> ReproduceError:
@@ -363,19 +315,15 @@ def _resolve_device(device: str) -> str:
     return device
 
 
-def _reuse(step: Step, store: StepStore, outcome: RunOutcome, records: dict, complete: bool = True) -> bool:
-    """Take ``step``'s finished record from the store, if it has one (``complete``: one with its plot arrays)."""
-    rec = _complete(store.load(step)) if complete else store.load(step)
-    if rec is not None:
-        records[step.id] = rec
-        outcome.skipped.append(step.id)
-    return rec is not None
-
-
-def _failed(step: Step, e: Exception, outcome: RunOutcome, bar, name: str, progress: bool) -> None:
-    outcome.failed[step.id] = f"{type(e).__name__}: {e}"
-    if progress:
-        bar.write(f"{name}: step {step.id} failed: {type(e).__name__}: {e}")
+def _reuse(step: Step, store: StepStore, outcome: RunOutcome, complete: bool = True) -> bool:
+    """Take ``step``'s finished record from the store, if it has one; ``complete``: only one with its plot arrays
+    (a record imported without them is computed again)."""
+    rec = store.load(step)
+    if rec is None or (complete and rec.get("result_slimmed")):
+        return False
+    outcome.records[step.id] = rec
+    outcome.skipped.append(step.id)
+    return True
 
 
 def _compute_step(ctx: Context, step: Step) -> tuple[dict, float, float]:
@@ -385,12 +333,10 @@ def _compute_step(ctx: Context, step: Step) -> tuple[dict, float, float]:
     return result, time.perf_counter() - t0, started
 
 
-class _InProcess:
+class _InProcess(cf.Executor):
     """A pool of one worker that is this process: a step runs when it is submitted (its progress bars shown)."""
 
     def submit(self, fn, *args):
-        import concurrent.futures as cf
-
         fut = cf.Future()
         try:
             fut.set_result(fn(*args))
@@ -400,21 +346,14 @@ class _InProcess:
             fut.set_exception(e)
         return fut
 
-    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
-        pass
 
-
-def _run_steps(todo, ctx: Context, outcome: RunOutcome, records, progress, name="reproduce", jobs=1, threads=None):
+def _run_steps(todo, ctx: Context, outcome: RunOutcome, progress, name="reproduce", jobs=1, threads=None):
     """Load each finished step and compute each missing one, in this process or over ``jobs`` worker processes of
     ``threads`` (default 1) torch threads each: a step starts once its dependencies are stored (each is seeded by
     its config, so any worker gives the same numbers); only this process writes to the store. A failed step (and
     what depends on it) is recorded in ``outcome.failed`` and the others go on; an interruption propagates."""
-    import concurrent.futures as cf
-    import multiprocessing as mp
-
-    from tqdm.auto import tqdm
-
-    pending = [step for step in todo if not _reuse(step, ctx.store, outcome, records)]
+    records = outcome.records
+    pending = [step for step in todo if not _reuse(step, ctx.store, outcome)]
     planned = {s.id for s in todo}
     desc = name if jobs == 1 else f"{name} ({jobs} jobs)"
     bar = tqdm(total=len(pending), desc=desc, unit="step", disable=not progress, file=sys.stderr)
@@ -449,15 +388,17 @@ def _run_steps(todo, ctx: Context, outcome: RunOutcome, records, progress, name=
             for fut in done:
                 step = running.pop(fut)
                 bar.update(1)
-                if (e := fut.exception()) is not None:
-                    if isinstance(e, Interrupted) or not isinstance(e, Exception):
-                        raise e
-                    _failed(step, e, outcome, bar, name, progress)
-                    if progress and jobs == 1:
-                        traceback.print_exception(e, file=sys.stderr)
-                    continue
-                records[step.id] = ctx.store.save(step, *fut.result())
-                outcome.computed.append(step.id)
+                if (e := fut.exception()) is None:
+                    records[step.id] = ctx.store.save(step, *fut.result())
+                    outcome.computed.append(step.id)
+                elif isinstance(e, Interrupted) or not isinstance(e, Exception):
+                    raise e
+                else:
+                    outcome.failed[step.id] = f"{type(e).__name__}: {e}"
+                    if progress:
+                        bar.write(f"{name}: step {step.id} failed: {type(e).__name__}: {e}")
+                        if jobs == 1:
+                            traceback.print_exception(e, file=sys.stderr)
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         raise
@@ -468,19 +409,16 @@ def _run_steps(todo, ctx: Context, outcome: RunOutcome, records, progress, name=
 
 def _with_finished_sections(sections: list[str], steps: list[Step], store: StepStore, records: dict) -> list[str]:
     """Sections not selected this time still appear when all their steps were computed earlier."""
-    sections = list(sections)
     for key in [k for k in SECTIONS if k not in sections]:
         recs = {s.id: store.load(s) for s in steps if s.section == key}
         if recs and all(recs.values()):
             records.update(recs)
-            sections.append(key)
+            sections = [*sections, key]
     return [k for k in SECTIONS if k in sections]
 
 
 def resume_command(out: Path, budget_name: str, seed: int, only: str | list[str] | None) -> str:
     """The command that continues this run, naming the ``--out`` actually used (perhaps a new timestamped one)."""
-    import shlex
-
     cmd = ["attnzoo", "reproduce", "--budget", budget_name, "--seed", str(seed), "--out", str(out)]
     if only:
         cmd += ["--only", only if isinstance(only, str) else ",".join(only)]

@@ -16,29 +16,26 @@ from typing import Any, Callable
 
 from attnzoo._io import to_jsonable, write_error, write_json
 
-__all__ = ["Step", "StepStore", "config_hash", "Interrupted"]
+__all__ = ["Step", "StepStore", "config_hash", "Interrupted", "read_object"]
 
 
 class Interrupted(Exception):
     """A step was stopped by SIGINT/SIGTERM (its partial state is checkpointed where the step supports it)."""
 
 
-RUN_FILES_CHECKED = ("final.json",)  # the run files whose SHA-256 a step's record keeps
+def _json_hash(value: Any) -> str:
+    """SHA-256 of ``value``'s canonical JSON (floats keep every digit)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _content_hash(rec: dict) -> str:
-    """SHA-256 of a record's canonical JSON, its own ``sha256`` field left out (floats keep every digit)."""
-    body = {k: v for k, v in rec.items() if k != "sha256"}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+    """The SHA-256 of a record, its own ``sha256`` field left out."""
+    return _json_hash({k: v for k, v in rec.items() if k != "sha256"})
 
 
-def _file_hash(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _read(p: Path) -> Any:
-    return json.loads(p.read_bytes().decode("utf-8"))
+def config_hash(config: dict) -> str:
+    """Stable short hash of a JSON-able config."""
+    return _json_hash(to_jsonable(config))[:16]
 
 
 def _one_line(e: Exception) -> str:
@@ -49,10 +46,12 @@ def _notice(msg: str) -> None:
     print(f"attnzoo reproduce: {msg}", file=sys.stderr)
 
 
-def config_hash(config: dict) -> str:
-    """Stable short hash of a JSON-able config."""
-    text = json.dumps(to_jsonable(config), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+def read_object(path: Path) -> dict:
+    """The JSON object in ``path`` (a ``ValueError`` when it holds something else)."""
+    value = json.loads(path.read_bytes().decode("utf-8"))
+    if not isinstance(value, dict):
+        raise ValueError(f"a JSON object was expected, got {type(value).__name__}")
+    return value
 
 
 @dataclass
@@ -93,9 +92,7 @@ class StepStore:
         if not p.is_file():
             return None
         try:
-            rec = _read(p)
-            if not isinstance(rec, dict):
-                raise ValueError(f"a JSON object was expected, got {type(rec).__name__}")
+            rec = read_object(p)
         except (OSError, ValueError) as e:
             _notice(f"{p} is unreadable ({_one_line(e)[:200]}); step {step.id} is computed again")
             return None
@@ -118,7 +115,7 @@ class StepStore:
             if not isinstance(rel, str) or ".." in Path(rel).parts or Path(rel).is_absolute():
                 return f"{p} lists a run file outside {self.root} ({rel!r})"
             try:
-                same = _file_hash(f) == digest
+                same = hashlib.sha256(f.read_bytes()).hexdigest() == digest
             except OSError:
                 return f"{f}, which {p} was computed from, is missing or unreadable"
             if not same:
@@ -132,17 +129,13 @@ class StepStore:
         p = self.path(step_id)
         if not p.is_file():
             return None
+        again = f"delete it so that step {step_id!r} is computed again"
         try:
-            rec = _read(p)
-        except ValueError as e:  # JSONDecodeError / UnicodeDecodeError
-            raise ValueError(
-                f"stored step result {p} is corrupt ({_one_line(e)}); delete it so that step {step_id!r} is computed "
-                "again"
-            ) from e
-        if why := self._damage(rec) if isinstance(rec, dict) else f"{p} holds no JSON object":
-            raise ValueError(
-                f"stored step result {p} is damaged: {why}; delete it so that step {step_id!r} is computed again"
-            )
+            rec = read_object(p)
+        except ValueError as e:  # JSONDecodeError / UnicodeDecodeError, or no JSON object
+            raise ValueError(f"stored step result {p} is corrupt ({_one_line(e)}); {again}") from e
+        if why := self._damage(rec):
+            raise ValueError(f"stored step result {p} is damaged: {why}; {again}")
         return rec
 
     def save(
@@ -154,10 +147,10 @@ class StepStore:
         imported_from: str | None = None,
         slimmed: list[str] | None = None,
     ) -> dict:
-        """Store ``result`` of ``step`` with the SHA-256 of the record and of its run's files; ``imported_from``: the
-        run it was taken from (``--reuse``); ``slimmed``: the plot arrays it lacks (a computing run redoes the step)."""
-        files = (self.run_dir(step.id) / name for name in RUN_FILES_CHECKED)
-        hashes = {f.relative_to(self.root).as_posix(): _file_hash(f) for f in files if f.is_file()}
+        """Store ``result`` of ``step`` with the SHA-256 of the record and of its run's ``final.json``;
+        ``imported_from``: the run it was taken from (``--reuse``); ``slimmed``: the plot arrays it lacks (a
+        computing run redoes the step)."""
+        final = f"runs/{step.id}/final.json"
         rec = {
             "id": step.id,
             "section": step.section,
@@ -170,8 +163,9 @@ class StepStore:
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
             **({"imported_from": imported_from} if imported_from else {}),
             **({"result_slimmed": list(slimmed)} if slimmed else {}),
-            **({"files": hashes} if hashes else {}),
         }
+        if (self.root / final).is_file():
+            rec["files"] = {final: hashlib.sha256((self.root / final).read_bytes()).hexdigest()}
         # the hash of what a reader gets back: the record as JSON text, read again
         rec = json.loads(json.dumps(to_jsonable(rec)))
         rec["sha256"] = _content_hash(rec)
@@ -185,11 +179,10 @@ class StepStore:
         """Delete what killed or failed atomic writes left (``.NAME.<random>.tmp``) under ``steps/``, ``runs/`` and
         beside the reports; the caller holds the directory's lock."""
         tmp = r"\..+\.[^.]+\.tmp"
+        top = r"\.(report\.md|report\.html|results\.json|run\.json)\.[^.]+\.tmp"
         gone = [p for d in ("steps", "runs") for p in (self.root / d).rglob(".*.tmp") if re.fullmatch(tmp, p.name)]
+        gone += [p for p in self.root.glob(".*.tmp") if re.fullmatch(top, p.name)]
         gone = [p for p in gone if p.is_file()]
-        if self.root.is_dir():
-            top = r"\.(report\.md|report\.html|results\.json|run\.json)\.[^.]+\.tmp"
-            gone += [p for p in self.root.iterdir() if p.is_file() and re.fullmatch(top, p.name)]
         for p in gone:
             p.unlink(missing_ok=True)
         return gone
