@@ -67,9 +67,8 @@ def models_of(plan: dict) -> list[str]:
 
 def controls_of(plan: dict) -> list[str]:
     """The models whose untrained copies are analysed as controls."""
-    names = list(plan.get("controls", ["tost", "crate_cbt"]))
-    common.check_known(names, MODELS, "segmentation control")
-    return names
+    common.check_known(plan["controls"], MODELS, "segmentation control")
+    return list(plan["controls"])
 
 
 def plateau_rows_of(plan: dict) -> list[str]:
@@ -336,9 +335,10 @@ def _plateaus(records: dict, plan: dict, findings: list[Finding], res: dict) -> 
     runs = {n: _zs_stats(records, f"{KEY}/zero-shot/{n}{common.LONGER}") for n in longer}
     out = []
     for f in findings:
-        a, b, keys = f.a_name, f.b_name, _zs_keys(f.claim_id)
+        a, b = f.a_name, f.b_name
         if not {a, b} <= set(longer) or not f.claim_id.startswith(("cbsa-t5-", "cbsa-t6-")):
             continue
+        keys = ("later_half",) if f.claim_id == "cbsa-t6-persistence" else ("best", "foreground")
         rows = {a: Longer(a, _at(res, a, *keys), _at(runs, a, *keys))}
         base, twice = _at(res, b, *keys), _at(runs, b, *keys)
         out.append(Plateau(b, b, base, twice, "IoU", ".3f", judges=lambda g, f=f: g is f, rows=rows, key=f.claim_id))
@@ -348,11 +348,10 @@ def _plateaus(records: dict, plan: dict, findings: list[Finding], res: dict) -> 
 def _untuned_gates(findings: list[Finding], plan: dict) -> list:
     """The classifiers' (decoders') comparisons held back as not tuned where their learning rate was not swept."""
     gates = []
-    for rows, swept in (("classifiers", plan.get("lr_sweep")), ("decoders", decoder_lrs(plan))):
+    for f in filter(compared, findings):
+        rows, swept = ("decoders", decoder_lrs(plan)) if f.a_name in DECODERS else ("classifiers", plan.get("lr_sweep"))
         if not swept:
-            why = f"not tuned: the {rows} train at the budget's one rate, without a sweep"
-            mine = [f for f in findings if compared(f) and (f.a_name in DECODERS) == (rows == "decoders")]
-            gates += [(f, "not tuned", why) for f in mine]
+            gates.append((f, "not tuned", f"not tuned: the {rows} train at the budget's one rate, without a sweep"))
     return gates
 
 
@@ -371,19 +370,14 @@ def _compare(stats: dict | None, claim_id: str, a: str, b: str, keys: tuple[str,
     )
 
 
-def _zs_keys(claim_id: str) -> tuple[str, ...]:
-    """Where a Table 5 or Table 6 comparison reads its rows' stats: Table 6 the later half, Table 5 the best layer."""
-    return ("later_half",) if claim_id == "cbsa-t6-persistence" else ("best", "foreground")
-
-
 def _zero_shot_findings(res: dict, gates: list) -> list[Finding]:
     """Table 5's ranking (adjacent pairs), Table 6's persistence and ToST Fig. 5 against its control."""
     iou, out = {"unit": "IoU", "spec": ".3f"}, []
     for a, b in RANKING:
         effect = round(PAPER_T5[a]["foreground"] - PAPER_T5[b]["foreground"], 6)
         claim = f"cbsa-t5-ranking#{a}-vs-{b}"
-        out.append(_compare(res, claim, a, b, _zs_keys(claim), paper_effect=effect, **iou))
-    persistence = _compare(res, "cbsa-t6-persistence", "crate_cbt", "cbt", _zs_keys("cbsa-t6-persistence"), **iou)
+        out.append(_compare(res, claim, a, b, ("best", "foreground"), paper_effect=effect, **iou))
+    persistence = _compare(res, "cbsa-t6-persistence", "crate_cbt", "cbt", ("later_half",), **iou)
     gates += _control_gate(persistence, res, "crate_cbt") + _emerged_gate(persistence, res, "crate_cbt")
     tost = _compare(res, "tost-f5-segments", "tost", "tost" + INIT, ("penultimate_class",), **iou)
     return [*out, persistence, tost]
