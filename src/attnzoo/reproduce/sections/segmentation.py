@@ -378,7 +378,7 @@ def _zero_shot_findings(res: dict, gates: list) -> list[Finding]:
         claim = f"cbsa-t5-ranking#{a}-vs-{b}"
         out.append(_compare(res, claim, a, b, ("best", "foreground"), paper_effect=effect, **iou))
     persistence = _compare(res, "cbsa-t6-persistence", "crate_cbt", "cbt", ("later_half",), **iou)
-    gates += _control_gate(persistence, res, "crate_cbt") + _emerged_gate(persistence, res, "crate_cbt")
+    gates += _untrained_gates(persistence, res, "crate_cbt")
     tost = _compare(res, "tost-f5-segments", "tost", "tost" + INIT, ("penultimate_class",), **iou)
     return [*out, persistence, tost]
 
@@ -394,33 +394,29 @@ def _vs_untrained(f: Finding, res: dict, name: str, *keys: str) -> tuple[float, 
     return effect, ci, where, ci is not None and ci[0] > 0
 
 
-def _control_gate(f: Finding, res: dict, name: str) -> list:
-    """Hold back an agreement where the trained ``name``'s later half is not shown above its untrained copy's; a
-    disagreement stands (its later half failing to keep maps is what the claim denies) and says where it stands."""
-    if (vs := _vs_untrained(f, res, name, "later_half")) is None:
-        return []
-    effect, ci, where, above = vs
-    f.random_init_control = {"row": name + INIT, "effect": effect, "ci95": list(ci) if ci else None}
-    if claims.numbers_verdict(f) == "disagrees":
-        said = "above" if above else "not shown above"
-        claims.explain(f, f"{name}'s later half is {where} IoU from its untrained copy's ({said} it)")
-    elif not above:
-        why = f"the trained {name} is {where} IoU from its untrained copy on the later-half layers' mean foreground IoU"
-        return [(f, "control", why + ": not shown above it")]
-    return []
-
-
-def _emerged_gate(f: Finding, res: dict, name: str) -> list:
-    """Hold back either verdict unless the trained ``name``'s best layer segments better than its untrained copy's:
-    persistence presupposes that segmentation emerged, else the comparison reads the initialisation."""
-    if (vs := _vs_untrained(f, res, name, "best", "foreground")) is None:
-        return []
-    *_, where, above = vs
-    if above:
-        claims.explain(f, f"segmentation emerged: {name}'s best layer {where} IoU above its untrained copy's")
-        return []
-    why = f"the trained {name}'s best layer is {where} IoU from its untrained copy's: its maps never emerged"
-    return [(f, "did not learn", why)]
+def _untrained_gates(f: Finding, res: dict, name: str) -> list:
+    """The trained ``name`` against its untrained copy. An agreement is held back where its later half is not shown
+    above the copy's; a disagreement stands (its later half failing to keep maps is what the claim denies) and says
+    where it stands. Either verdict is held back unless its best layer segments better than the copy's: persistence
+    presupposes that segmentation emerged, else the comparison reads the initialisation."""
+    gates = []
+    if vs := _vs_untrained(f, res, name, "later_half"):
+        effect, ci, where, above = vs
+        f.random_init_control = {"row": name + INIT, "effect": effect, "ci95": list(ci) if ci else None}
+        if claims.numbers_verdict(f) == "disagrees":
+            said = "above" if above else "not shown above"
+            claims.explain(f, f"{name}'s later half is {where} IoU from its untrained copy's ({said} it)")
+        elif not above:
+            on = "on the later-half layers' mean foreground IoU: not shown above it"
+            gates.append((f, "control", f"the trained {name} is {where} IoU from its untrained copy {on}"))
+    if vs := _vs_untrained(f, res, name, "best", "foreground"):
+        *_, where, above = vs
+        if above:
+            claims.explain(f, f"segmentation emerged: {name}'s best layer {where} IoU above its untrained copy's")
+        else:
+            why = f"the trained {name}'s best layer is {where} IoU from its untrained copy's: its maps never emerged"
+            gates.append((f, "did not learn", why))
+    return gates
 
 
 def _decoder_findings(dec: dict | None, gates: list, not_tested: str | None = None) -> list[Finding]:
