@@ -66,8 +66,7 @@ def compared_2x(plan: dict) -> list[str]:
 
 def attention_control(plan: dict) -> dict | None:
     """The plan's ``attention_control`` (``seeds``, ``lr_sweep``), checked; None without one."""
-    ctl = plan.get("attention_control")
-    if ctl is None:
+    if (ctl := plan.get("attention_control")) is None:
         return None
     seeds, lrs = (ctl.get(k) if isinstance(ctl, dict) else None for k in ("seeds", "lr_sweep"))
     ok_seeds = isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 2

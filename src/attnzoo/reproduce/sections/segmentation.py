@@ -51,6 +51,8 @@ DECODERS = {
 }
 DECODER_ENCODER = "vit_s"
 
+#: a [CLS] map keeps the patches holding this fraction of its mass (DINO's rule)
+MASS = 0.6
 #: chance accuracy of the scenes' 10 classes (%): a classifier near it did not learn
 CHANCE = 10.0
 #: a decoder learned when its mIoU clears the all-background prediction's by this many points
@@ -133,7 +135,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             sweep = {"train": common.sweep_train(dict(cfg, lr=lr), plan)}
             steps.append(common.section_step(KEY, common.sweep_id(base, lr), sweep, _train))
     for s in common.seed_list(plan, seed):
-        probe = {"images": plan.get("images", 128), "mass": plan.get("mass", 0.6)}
+        probe = {"images": plan.get("images", 128), "mass": MASS}
         probe["overlays"] = plan.get("overlays", 2) if s == seed else 0  # drawn from the first seed's maps
         for name in names:
             steps += _trained_row_steps(plan, name, s, row_config(plan, name, s), probe)
@@ -303,8 +305,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.tables.append(_table5(res))
         sec.add_plot(_plot_layers(res), plots_dir / "segmentation_layers.png", rel, _LAYERS_CAPTION)
         if over := {n: st["overlays"] for n, st in res.items() if st.get("overlays")}:
-            fig = _plot_overlays(over, plan.get("mass", 0.6))
-            sec.add_plot(fig, plots_dir / "segmentation_overlays.png", rel, _OVERLAYS_CAPTION, dpi=45)
+            sec.add_plot(_plot_overlays(over), plots_dir / "segmentation_overlays.png", rel, _OVERLAYS_CAPTION, dpi=45)
     if dec:
         sec.tables.append(_decoder_table(dec))
         sec.add_plot(_plot_sweep(dec), plots_dir / "segmentation_decoders.png", rel, _SWEEP_CAPTION)
@@ -542,7 +543,7 @@ def _intro(plan: dict) -> str:
         f"{arch['patch_size']}" + (f" ({wider})" if wider else "") + f", {tr['steps']} steps of batch "
         f"{tr['batch_size']} ({rate}), {n} seed{'s' if n > 1 else ''}. Each attention "
         f"layer's [CLS] map (CBSA: the [CLS] row of A_k A_kᵀ, Fig. 7; TSSA: its memberships Π; class attention: the "
-        f"[CLS] query's map) keeps the patches holding the top {plan.get('mass', 0.6):.0%} of its mass (DINO's rule), "
+        f"[CLS] query's map) keeps the patches holding the top {MASS:.0%} of its mass (DINO's rule), "
         f"scored on the first {plan.get('images', 128)} validation scenes. Untrained controls (same architecture and "
         f"seed): {', '.join(controls_of(plan))}."
     )
@@ -604,7 +605,7 @@ def _plot_layers(res: dict):
     return fig
 
 
-def _plot_overlays(over: dict, mass: float):
+def _plot_overlays(over: dict):
     import torch
     import torch.nn.functional as F
 
@@ -622,7 +623,7 @@ def _plot_overlays(over: dict, mass: float):
         axes[r, 0].set_ylabel(f"{_name(n)}\nscene {i}", fontsize=6)
         for c, lay in enumerate(o["layers"], start=1):
             m = torch.tensor(lay["maps"][i], dtype=torch.float64)
-            kept = upsample_masks(threshold_mass(m, mass), pixels.shape)
+            kept = upsample_masks(threshold_mass(m, MASS), pixels.shape)
             heat = F.interpolate(m[None, None].float(), size=pixels.shape, mode="nearest")[0, 0]
             axes[r, c].imshow(pixels, cmap="gray", vmin=0, vmax=1)
             axes[r, c].imshow(heat.numpy(), cmap="inferno", alpha=0.6)
@@ -633,7 +634,7 @@ def _plot_overlays(over: dict, mass: float):
         ax.set(xticks=[], yticks=[])
         if not ax.images:
             ax.axis("off")
-    fig.suptitle(f"[CLS] maps, best head per layer; cyan: top {mass:.0%} of the mass", fontsize=8)
+    fig.suptitle(f"[CLS] maps, best head per layer; cyan: top {MASS:.0%} of the mass", fontsize=8)
     fig.tight_layout()
     return fig
 
