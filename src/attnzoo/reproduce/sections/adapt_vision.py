@@ -193,7 +193,7 @@ def _finetune(ctx: Context, step: Step) -> dict:
         return {"accuracy": float(evaluate(m, task, bs, torch.device(ctx.device), max_batches=limit)["accuracy"])}
 
     kw = dict(finetune_steps=ft["steps"], finetune_lr=ft["lr"], warmup_steps=ft.get("warmup_steps", 0))
-    kw.update(transfer_steps=0, weight_decay=ft.get("weight_decay", 0.05), seed=cfg["seed"])
+    kw.update(transfer_steps=0, weight_decay=0.05, seed=cfg["seed"])
     acfg = AdaptConfig(cfg["mechanism"], dict(cfg["options"]), **kw)
     res = adapt(teacher, batches, acfg, None, loss_fn=loss_fn, eval_fn=eval_fn, progress=False)
     # the median leaves out the first step's one-time costs (allocations, lazy imports)
