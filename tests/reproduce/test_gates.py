@@ -171,15 +171,19 @@ def test_the_emerged_gate_holds_back_a_persistence_verdict_only_where_no_layer_b
     from attnzoo.reproduce.sections import segmentation as seg
 
     def res(best):
-        rows = {"crate_cbt": stat(best), "crate_cbt" + seg.INIT: stat([0.12, 0.18, 0.20])}
-        return {n: {"best": {"foreground": v}} for n, v in rows.items()}
+        # the later half clearly above the untrained copy's, so only the best layer can hold a verdict back
+        rows = {
+            "crate_cbt": (best, [0.60, 0.70, 0.65]),
+            "crate_cbt" + seg.INIT: ([0.12, 0.18, 0.20], [0.10, 0.12, 0.11]),
+        }
+        return {n: {"best": {"foreground": stat(b)}, "later_half": stat(half)} for n, (b, half) in rows.items()}
 
     learned, unlearned = res([0.35, 0.44, 0.38]), res([0.13, 0.17, 0.21])
     for stats, held in ((learned, False), (unlearned, True)):
         # the same comparison decided either way (A and B swapped): the gate reads the maps, not the verdict
         f = _sup(LOW, HIGH) if flip else _sup(HIGH, LOW)
         verdict = f["verdict"]
-        gates = seg._emerged_gate(f, stats, "crate_cbt")
+        gates = seg._untrained_gates(f, stats, "crate_cbt")
         for g, reason, why in gates:
             gate(g, why, reason)
         if held:

@@ -66,8 +66,7 @@ def compared_2x(plan: dict) -> list[str]:
 
 def attention_control(plan: dict) -> dict | None:
     """The plan's ``attention_control`` (``seeds``, ``lr_sweep``), checked; None without one."""
-    ctl = plan.get("attention_control")
-    if ctl is None:
+    if (ctl := plan.get("attention_control")) is None:
         return None
     seeds, lrs = (ctl.get(k) if isinstance(ctl, dict) else None for k in ("seeds", "lr_sweep"))
     ok_seeds = isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 2
@@ -79,28 +78,20 @@ def attention_control(plan: dict) -> dict | None:
     return ctl
 
 
-def _control_steps(plan: dict, seed: int) -> list[tuple[str, dict]]:
-    """The attention check's rows from scratch: each row's sweep on the sweep's seed, then its seeds at the best."""
+def _control_steps(plan: dict, seed: int, recipe: dict) -> list[Step]:
+    """The attention check's rows from scratch at the pretraining ``recipe``: each row's sweep on the sweep's seed,
+    then its seeds at the best."""
     if not (ctl := attention_control(plan)):
         return []
-    out, recipe = [], row_config({**plan, "train": plan["pretrain"]}, "vit", seed)["train"]
+    configs = []
     for row, mech in CONTROL_ROWS.items():
         train = dict(recipe, model_options=dict(recipe["model_options"], attention=mech, pool="mean"))
-        base = {"train": train, "mechanism": mech}
         for sid, s, lr in common.sweep_runs(f"{KEY}/{row}", ctl["lr_sweep"], seed):
-            out.append((sid, {**base, "train": dict(train, seed=s, lr=lr)}))
+            configs.append((sid, {"train": dict(train, seed=s, lr=lr), "mechanism": mech}))
         for sid, s in common.seed_runs(f"{KEY}/{row}", range(seed, seed + ctl["seeds"])):
-            config = {**base, "train": dict(train, seed=s)}
-            out.append((sid, common.tuned(config, KEY, row, ctl["lr_sweep"], "accuracy", True)))
-    return out
-
-
-def teacher_config(plan: dict, seed: int) -> dict:
-    """The pretraining run of the ViT (the vision section's recipe, with validation along the way)."""
-    train = row_config({**plan, "train": plan["pretrain"]}, "vit", seed)["train"]
-    train["eval_every"] = max(1, train["steps"] // common.CURVE_POINTS)
-    train["ckpt_every"] = train["steps"]  # the pretrained model is read from the run's final save only
-    return train
+            config = {"train": dict(train, seed=s), "mechanism": mech}
+            configs.append((sid, common.tuned(config, KEY, row, ctl["lr_sweep"], "accuracy", True)))
+    return [common.section_step(KEY, sid, cfg, common.classification_record) for sid, cfg in configs]
 
 
 def _student(plan: dict, row: str) -> dict:
@@ -112,8 +103,12 @@ def _student(plan: dict, row: str) -> dict:
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
-    """The pretraining, then per row its fine-tuning-rate sweep (on the sweep's own seed) and its seeds at the best."""
-    teacher = Step(TEACHER, KEY, {"train": teacher_config(plan, seed)}, _pretrain, label="teacher")
+    """The pretraining (the vision section's recipe, with validation along the way), then per row its fine-tuning-rate
+    sweep (on the sweep's own seed) and its seeds at the best, then the attention check."""
+    recipe = row_config({**plan, "train": plan["pretrain"]}, "vit", seed)["train"]
+    # the pretrained model is read from the run's final save only
+    pretrain = dict(recipe, eval_every=max(1, recipe["steps"] // common.CURVE_POINTS), ckpt_every=recipe["steps"])
+    teacher = Step(TEACHER, KEY, {"train": pretrain}, _pretrain, label="teacher")
     lrs, seeds, ft = list(plan.get("finetune_lr_sweep", [])), common.seed_list(plan, seed), plan["finetune"]
     configs, longer = [], compared_2x(plan) + ([BASELINE] if plan.get("baseline_plateau") else [])
     for row in rows_of(plan):
@@ -127,10 +122,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
                 config = dict(base, finetune=dict(finetune), seed=s)
                 configs.append((sid, common.tuned(config, KEY, row, lrs, "accuracy", True, settings="finetune")))
     steps = [common.section_step(KEY, sid, config, _finetune, (TEACHER,)) for sid, config in configs]
-    controls = [
-        common.section_step(KEY, sid, cfg, common.classification_record) for sid, cfg in _control_steps(plan, seed)
-    ]
-    return [teacher, *steps, *controls]
+    return [teacher, *steps, *_control_steps(plan, seed, recipe)]
 
 
 def _pretrain(ctx: Context, step: Step) -> dict:
@@ -201,7 +193,7 @@ def _finetune(ctx: Context, step: Step) -> dict:
         return {"accuracy": float(evaluate(m, task, bs, torch.device(ctx.device), max_batches=limit)["accuracy"])}
 
     kw = dict(finetune_steps=ft["steps"], finetune_lr=ft["lr"], warmup_steps=ft.get("warmup_steps", 0))
-    kw.update(transfer_steps=0, weight_decay=ft.get("weight_decay", 0.05), seed=cfg["seed"])
+    kw.update(transfer_steps=0, weight_decay=0.05, seed=cfg["seed"])
     acfg = AdaptConfig(cfg["mechanism"], dict(cfg["options"]), **kw)
     res = adapt(teacher, batches, acfg, None, loss_fn=loss_fn, eval_fn=eval_fn, progress=False)
     # the median leaves out the first step's one-time costs (allocations, lazy imports)
@@ -242,12 +234,6 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         )
         return sec
     sec.findings = _findings(res)
-    runs = {r: common.per_seed(records, f"{KEY}/{r}") for r in CONTROL_ROWS}
-    ctl = {r: common.fold(rs, {"accuracy": 100.0}) for r, rs in runs.items() if rs}
-    if len(ctl) == 2:
-        kw = paper_claims.finding_kw("adapt-attention-helps") | {"claim_type": "superiority", "kind": "check"}
-        a, b = ctl[CONTROL_TWIN]["accuracy"], ctl[CONTROL]["accuracy"]
-        sec.findings.append(claims.compare(a, b, unit="pts", a_name=CONTROL_TWIN, b_name=CONTROL, spec=".1f", **kw))
     # the pretrained ViT's plateau: fine-tuned as long again (row original); the baseline's: at twice the steps
     pre = Plateau("", "pretrained ViT", claims.stat([t_acc]), _acc(res, "original"), "%", ".1f", key="teacher")
     pre.longer_run = f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
@@ -264,11 +250,15 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     )
     # the baseline's first: a comparison replicated at twice the steps is judged there, not on the teacher's drift
     ev = Evidence(plateaus=[own, pre], tuning=[Tuning(untuned, paper_finding)])
+    runs = {r: common.per_seed(records, f"{KEY}/{r}") for r in CONTROL_ROWS}
+    ctl = {r: common.fold(rs, {"accuracy": 100.0}) for r, rs in runs.items() if rs}
     if len(ctl) == 2:
+        a, b = ctl[CONTROL_TWIN]["accuracy"], ctl[CONTROL]["accuracy"]
+        kw = paper_claims.finding_kw("adapt-attention-helps") | {"claim_type": "superiority", "kind": "check"}
+        sec.findings.append(claims.compare(a, b, unit="pts", a_name=CONTROL_TWIN, b_name=CONTROL, spec=".1f", **kw))
         label, grid = "the attention check, from scratch, validation accuracy %", attention_control(plan)["lr_sweep"]
         off = common.tune_rows(sec, records, plan, list(ctl), KEY, "accuracy", True, 100.0, label, grid=grid)
-        twin = (CONTROL_TWIN, ctl[CONTROL_TWIN]["accuracy"])
-        ev.controls.append(Control(CONTROL, ctl[CONTROL]["accuracy"], paper_finding, twin, untuned=off.get(CONTROL)))
+        ev.controls.append(Control(CONTROL, b, paper_finding, (CONTROL_TWIN, a), untuned=off.get(CONTROL)))
     sec.data["plateau"] = judge(sec.findings, ev)
     return sec
 
@@ -318,13 +308,11 @@ def _plot(teacher: dict, res: dict):
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 3.8))
     if curve := teacher.get("curve") or []:
         ax0.plot([c[0] for c in curve], [c[1] for c in curve], color="C0", label="train loss")
-    ax0.set_xlabel("pretraining step")
-    ax0.set_ylabel("training loss")
+    ax0.set(xlabel="pretraining step", ylabel="training loss", title="pretraining of the ViT")
     twin = ax0.twinx()
     if vc := teacher.get("val_curve") or []:
         twin.plot([c[0] for c in vc], [100 * c[1] for c in vc], "o-", color="C1", label="val accuracy")
     twin.set_ylabel("validation accuracy (%)")
-    ax0.set_title("pretraining of the ViT")
     names = list(res)
     x = np.arange(len(names))
     acc = [res[n]["accuracy"] for n in names]

@@ -51,6 +51,8 @@ DECODERS = {
 }
 DECODER_ENCODER = "vit_s"
 
+#: a [CLS] map keeps the patches holding this fraction of its mass (DINO's rule)
+MASS = 0.6
 #: chance accuracy of the scenes' 10 classes (%): a classifier near it did not learn
 CHANCE = 10.0
 #: a decoder learned when its mIoU clears the all-background prediction's by this many points
@@ -67,9 +69,8 @@ def models_of(plan: dict) -> list[str]:
 
 def controls_of(plan: dict) -> list[str]:
     """The models whose untrained copies are analysed as controls."""
-    names = list(plan.get("controls", ["tost", "crate_cbt"]))
-    common.check_known(names, MODELS, "segmentation control")
-    return names
+    common.check_known(plan["controls"], MODELS, "segmentation control")
+    return list(plan["controls"])
 
 
 def plateau_rows_of(plan: dict) -> list[str]:
@@ -134,7 +135,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
             sweep = {"train": common.sweep_train(dict(cfg, lr=lr), plan)}
             steps.append(common.section_step(KEY, common.sweep_id(base, lr), sweep, _train))
     for s in common.seed_list(plan, seed):
-        probe = {"images": plan.get("images", 128), "mass": plan.get("mass", 0.6)}
+        probe = {"images": plan.get("images", 128), "mass": MASS}
         probe["overlays"] = plan.get("overlays", 2) if s == seed else 0  # drawn from the first seed's maps
         for name in names:
             steps += _trained_row_steps(plan, name, s, row_config(plan, name, s), probe)
@@ -304,8 +305,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.tables.append(_table5(res))
         sec.add_plot(_plot_layers(res), plots_dir / "segmentation_layers.png", rel, _LAYERS_CAPTION)
         if over := {n: st["overlays"] for n, st in res.items() if st.get("overlays")}:
-            fig = _plot_overlays(over, plan.get("mass", 0.6))
-            sec.add_plot(fig, plots_dir / "segmentation_overlays.png", rel, _OVERLAYS_CAPTION, dpi=45)
+            sec.add_plot(_plot_overlays(over), plots_dir / "segmentation_overlays.png", rel, _OVERLAYS_CAPTION, dpi=45)
     if dec:
         sec.tables.append(_decoder_table(dec))
         sec.add_plot(_plot_sweep(dec), plots_dir / "segmentation_decoders.png", rel, _SWEEP_CAPTION)
@@ -336,9 +336,10 @@ def _plateaus(records: dict, plan: dict, findings: list[Finding], res: dict) -> 
     runs = {n: _zs_stats(records, f"{KEY}/zero-shot/{n}{common.LONGER}") for n in longer}
     out = []
     for f in findings:
-        a, b, keys = f.a_name, f.b_name, _zs_keys(f.claim_id)
+        a, b = f.a_name, f.b_name
         if not {a, b} <= set(longer) or not f.claim_id.startswith(("cbsa-t5-", "cbsa-t6-")):
             continue
+        keys = ("later_half",) if f.claim_id == "cbsa-t6-persistence" else ("best", "foreground")
         rows = {a: Longer(a, _at(res, a, *keys), _at(runs, a, *keys))}
         base, twice = _at(res, b, *keys), _at(runs, b, *keys)
         out.append(Plateau(b, b, base, twice, "IoU", ".3f", judges=lambda g, f=f: g is f, rows=rows, key=f.claim_id))
@@ -348,11 +349,10 @@ def _plateaus(records: dict, plan: dict, findings: list[Finding], res: dict) -> 
 def _untuned_gates(findings: list[Finding], plan: dict) -> list:
     """The classifiers' (decoders') comparisons held back as not tuned where their learning rate was not swept."""
     gates = []
-    for rows, swept in (("classifiers", plan.get("lr_sweep")), ("decoders", decoder_lrs(plan))):
+    for f in filter(compared, findings):
+        rows, swept = ("decoders", decoder_lrs(plan)) if f.a_name in DECODERS else ("classifiers", plan.get("lr_sweep"))
         if not swept:
-            why = f"not tuned: the {rows} train at the budget's one rate, without a sweep"
-            mine = [f for f in findings if compared(f) and (f.a_name in DECODERS) == (rows == "decoders")]
-            gates += [(f, "not tuned", why) for f in mine]
+            gates.append((f, "not tuned", f"not tuned: the {rows} train at the budget's one rate, without a sweep"))
     return gates
 
 
@@ -371,20 +371,15 @@ def _compare(stats: dict | None, claim_id: str, a: str, b: str, keys: tuple[str,
     )
 
 
-def _zs_keys(claim_id: str) -> tuple[str, ...]:
-    """Where a Table 5 or Table 6 comparison reads its rows' stats: Table 6 the later half, Table 5 the best layer."""
-    return ("later_half",) if claim_id == "cbsa-t6-persistence" else ("best", "foreground")
-
-
 def _zero_shot_findings(res: dict, gates: list) -> list[Finding]:
     """Table 5's ranking (adjacent pairs), Table 6's persistence and ToST Fig. 5 against its control."""
     iou, out = {"unit": "IoU", "spec": ".3f"}, []
     for a, b in RANKING:
         effect = round(PAPER_T5[a]["foreground"] - PAPER_T5[b]["foreground"], 6)
         claim = f"cbsa-t5-ranking#{a}-vs-{b}"
-        out.append(_compare(res, claim, a, b, _zs_keys(claim), paper_effect=effect, **iou))
-    persistence = _compare(res, "cbsa-t6-persistence", "crate_cbt", "cbt", _zs_keys("cbsa-t6-persistence"), **iou)
-    gates += _control_gate(persistence, res, "crate_cbt") + _emerged_gate(persistence, res, "crate_cbt")
+        out.append(_compare(res, claim, a, b, ("best", "foreground"), paper_effect=effect, **iou))
+    persistence = _compare(res, "cbsa-t6-persistence", "crate_cbt", "cbt", ("later_half",), **iou)
+    gates += _untrained_gates(persistence, res, "crate_cbt")
     tost = _compare(res, "tost-f5-segments", "tost", "tost" + INIT, ("penultimate_class",), **iou)
     return [*out, persistence, tost]
 
@@ -400,33 +395,29 @@ def _vs_untrained(f: Finding, res: dict, name: str, *keys: str) -> tuple[float, 
     return effect, ci, where, ci is not None and ci[0] > 0
 
 
-def _control_gate(f: Finding, res: dict, name: str) -> list:
-    """Hold back an agreement where the trained ``name``'s later half is not shown above its untrained copy's; a
-    disagreement stands (its later half failing to keep maps is what the claim denies) and says where it stands."""
-    if (vs := _vs_untrained(f, res, name, "later_half")) is None:
-        return []
-    effect, ci, where, above = vs
-    f.random_init_control = {"row": name + INIT, "effect": effect, "ci95": list(ci) if ci else None}
-    if claims.numbers_verdict(f) == "disagrees":
-        said = "above" if above else "not shown above"
-        claims.explain(f, f"{name}'s later half is {where} IoU from its untrained copy's ({said} it)")
-    elif not above:
-        why = f"the trained {name} is {where} IoU from its untrained copy on the later-half layers' mean foreground IoU"
-        return [(f, "control", why + ": not shown above it")]
-    return []
-
-
-def _emerged_gate(f: Finding, res: dict, name: str) -> list:
-    """Hold back either verdict unless the trained ``name``'s best layer segments better than its untrained copy's:
-    persistence presupposes that segmentation emerged, else the comparison reads the initialisation."""
-    if (vs := _vs_untrained(f, res, name, "best", "foreground")) is None:
-        return []
-    *_, where, above = vs
-    if above:
-        claims.explain(f, f"segmentation emerged: {name}'s best layer {where} IoU above its untrained copy's")
-        return []
-    why = f"the trained {name}'s best layer is {where} IoU from its untrained copy's: its maps never emerged"
-    return [(f, "did not learn", why)]
+def _untrained_gates(f: Finding, res: dict, name: str) -> list:
+    """The trained ``name`` against its untrained copy. An agreement is held back where its later half is not shown
+    above the copy's; a disagreement stands (its later half failing to keep maps is what the claim denies) and says
+    where it stands. Either verdict is held back unless its best layer segments better than the copy's: persistence
+    presupposes that segmentation emerged, else the comparison reads the initialisation."""
+    gates = []
+    if vs := _vs_untrained(f, res, name, "later_half"):
+        effect, ci, where, above = vs
+        f.random_init_control = {"row": name + INIT, "effect": effect, "ci95": list(ci) if ci else None}
+        if claims.numbers_verdict(f) == "disagrees":
+            said = "above" if above else "not shown above"
+            claims.explain(f, f"{name}'s later half is {where} IoU from its untrained copy's ({said} it)")
+        elif not above:
+            on = "on the later-half layers' mean foreground IoU: not shown above it"
+            gates.append((f, "control", f"the trained {name} is {where} IoU from its untrained copy {on}"))
+    if vs := _vs_untrained(f, res, name, "best", "foreground"):
+        *_, where, above = vs
+        if above:
+            claims.explain(f, f"segmentation emerged: {name}'s best layer {where} IoU above its untrained copy's")
+        else:
+            why = f"the trained {name}'s best layer is {where} IoU from its untrained copy's: its maps never emerged"
+            gates.append((f, "did not learn", why))
+    return gates
 
 
 def _decoder_findings(dec: dict | None, gates: list, not_tested: str | None = None) -> list[Finding]:
@@ -552,7 +543,7 @@ def _intro(plan: dict) -> str:
         f"{arch['patch_size']}" + (f" ({wider})" if wider else "") + f", {tr['steps']} steps of batch "
         f"{tr['batch_size']} ({rate}), {n} seed{'s' if n > 1 else ''}. Each attention "
         f"layer's [CLS] map (CBSA: the [CLS] row of A_k A_kᵀ, Fig. 7; TSSA: its memberships Π; class attention: the "
-        f"[CLS] query's map) keeps the patches holding the top {plan.get('mass', 0.6):.0%} of its mass (DINO's rule), "
+        f"[CLS] query's map) keeps the patches holding the top {MASS:.0%} of its mass (DINO's rule), "
         f"scored on the first {plan.get('images', 128)} validation scenes. Untrained controls (same architecture and "
         f"seed): {', '.join(controls_of(plan))}."
     )
@@ -614,7 +605,7 @@ def _plot_layers(res: dict):
     return fig
 
 
-def _plot_overlays(over: dict, mass: float):
+def _plot_overlays(over: dict):
     import torch
     import torch.nn.functional as F
 
@@ -632,7 +623,7 @@ def _plot_overlays(over: dict, mass: float):
         axes[r, 0].set_ylabel(f"{_name(n)}\nscene {i}", fontsize=6)
         for c, lay in enumerate(o["layers"], start=1):
             m = torch.tensor(lay["maps"][i], dtype=torch.float64)
-            kept = upsample_masks(threshold_mass(m, mass), pixels.shape)
+            kept = upsample_masks(threshold_mass(m, MASS), pixels.shape)
             heat = F.interpolate(m[None, None].float(), size=pixels.shape, mode="nearest")[0, 0]
             axes[r, c].imshow(pixels, cmap="gray", vmin=0, vmax=1)
             axes[r, c].imshow(heat.numpy(), cmap="inferno", alpha=0.6)
@@ -643,7 +634,7 @@ def _plot_overlays(over: dict, mass: float):
         ax.set(xticks=[], yticks=[])
         if not ax.images:
             ax.axis("off")
-    fig.suptitle(f"[CLS] maps, best head per layer; cyan: top {mass:.0%} of the mass", fontsize=8)
+    fig.suptitle(f"[CLS] maps, best head per layer; cyan: top {MASS:.0%} of the mass", fontsize=8)
     fig.tight_layout()
     return fig
 
