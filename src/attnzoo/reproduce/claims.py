@@ -160,6 +160,12 @@ class Finding:
         v = getattr(self, key, None) if key in _FIELDS else None
         return default if v is None else v
 
+    def keys(self) -> list[str]:
+        return list(self.to_dict())
+
+    def __iter__(self):
+        return iter(self.keys())
+
 
 _FIELDS = frozenset(f.name for f in fields(Finding))
 
