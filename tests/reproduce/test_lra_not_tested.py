@@ -50,6 +50,9 @@ def test_every_claim_of_a_not_tested_row_is_reported_with_its_reason():
         == "tssa is not trained here (its accuracy claim is not tested); longest task N=128 < 1024 in any case"
     )
     assert lra._not_tested(_plan(not_tested={}), ["listops"], {"listops": 128}) == []
+    # where no row trained on the task its length is unknown, and the reason names none (no "N=0")
+    _, speed = lra._not_tested(_plan(), ["listops"], {"listops": None})
+    assert speed.measured == "tssa is not trained here (its accuracy claim is not tested)"
 
 
 def test_csp_and_mega_csp_not_tested_report_every_claim_they_would_have_measured():

@@ -577,9 +577,9 @@ def _not_tested(plan: dict, tasks: list[str], lengths: dict) -> list[Finding]:
             out.append(f)
         if cid := _SPEED_CLAIMS.get(m):
             min_n = paper_claims.get(cid).conditions.min_n
-            speed_why = f"{m} is not trained here (its accuracy claim is not tested); longest task N={n}"
-            if min_n and n < min_n:
-                speed_why += f" < {min_n} in any case"
+            speed_why = f"{m} is not trained here (its accuracy claim is not tested)"
+            if n:  # a length is known only where some row trained on the task
+                speed_why += f"; longest task N={n}" + (f" < {min_n} in any case" if min_n and n < min_n else "")
             out.append(claims.not_tested(**paper_claims.finding_kw(cid), why=speed_why))
         if m == "csp":  # the "fastest of all" claim is CSP's training speed too
             out.append(claims.not_tested(**paper_claims.finding_kw(FASTEST), why=f"as for `{_SPEED_CLAIMS['csp']}`"))
