@@ -83,4 +83,4 @@ def test_a_decided_claim_with_a_dated_pilot_says_so_on_the_first_screen():
     _claim_notes(sec, {"cbsa-t3-crate": "at 4x steps it moves"})
     first = "\n".join(_summary([sec], "long")).split("### The claims")[0]
     bullets = [line for line in first.splitlines() if line.startswith("- X Table 1")]
-    assert [b.endswith("A dated pilot beside it: its note in the claims table.") for b in bullets] == [True, False]
+    assert [b.endswith("Dated pilot: its note in the claims table.") for b in bullets] == [True, False]

@@ -123,7 +123,10 @@ def test_a_refuted_superiority_names_the_bar_its_interval_lies_below():
     f = _f([1.0, 1.1, 1.2], [1.0, 1.05, 1.1], paper_effect=2.0)
     assert f["verdict"] == "disagrees" and f["ci95"][0] < 0 < f["ci95"][1]
     text = "\n".join(_summary([Section("k", "K: t", findings=[f])], "long"))
-    assert "no direction shown" in text and ", wholly below +1 (0.5 of the paper's +2): **disagrees**." in text
+    assert (
+        "no direction shown" in text
+        and ", wholly below +1 (0.5 of the paper's +2): **disagrees**, not robust (no run at twice the steps)." in text
+    )
 
 
 def test_a_decided_claim_shows_its_clearance_at_twice_the_steps_as_a_multiple_of_the_move():
@@ -136,9 +139,13 @@ def test_a_decided_claim_shows_its_clearance_at_twice_the_steps_as_a_multiple_of
     g = _f(*WIN)  # only the baseline ran longer: its move, against the clearance at the reported steps
     plateau_gate([g], "b", stat([1.0, 1.1, 1.2]), stat([1.5, 1.6, 1.7]), "pts")
     text = "\n".join(_summary([Section("k", "K: t", findings=[g])], "long"))
-    assert g["verdict"] == "agrees" and "(at 2x steps: clearance 0.773, 1.5x b's move, +0.5)." in text
-    h = _f(*WIN)  # no run at twice the steps: nothing to show
-    assert "**agrees**." in "\n".join(_summary([Section("k", "K: t", findings=[h])], "long"))
+    assert (
+        g["verdict"] == "agrees"
+        and "**agrees**, not robust (at 2x steps: clearance 0.773, 1.5x b's move, +0.5)." in text
+    )
+    h = _f(*WIN)  # no run at twice the steps: not robust, for want of one
+    text = "\n".join(_summary([Section("k", "K: t", findings=[h])], "long"))
+    assert "**agrees**, not robust (no run at twice the steps)." in text
 
 
 def test_the_decided_claims_count_those_robust_to_one_more_doubling():

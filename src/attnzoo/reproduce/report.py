@@ -261,9 +261,12 @@ def _decided_lines(claims_: list[ClaimResult]) -> list[str]:
                 bar = f", wholly below {rb:+.3g} ({REFUTE_FRACTION:g} of the paper's {e:+.3g})"
             test = paper_claims.test_of(f.get("claim_id") or "") if len(c.tests) > 1 else ""
             claim = f"{f['claim']} (test: {test})" if test else f["claim"]  # which of its tests decided it
-            pilot = " A dated pilot beside it: its note in the claims table." if f.get("dated_pilot") else ""
+            pilot = " Dated pilot: its note in the claims table." if f.get("dated_pilot") else ""
+            ratio, moved = _doubling(f)
+            # the count's "robust" said per claim, so a fragile verdict is not read as settled
+            fragile = "" if ratio >= 2 else ", not robust" + (moved or " (no run at twice the steps)")
             lines.append(
-                f"- {f['paper']}, {claim}: {effect_in_words(f)}{bar}: **{c.verdict}**{_doubling(f)[1]}.{pilot}"
+                f"- {f['paper']}, {claim}: {effect_in_words(f)}{bar}: **{c.verdict}**{fragile or moved}.{pilot}"
             )
     return lines + [""]
 
