@@ -167,6 +167,9 @@ def test_the_decided_claims_are_counted_again_with_99_percent_intervals():
     assert narrow.verdict == "agrees" and narrow.ci95[0] > 0
     text = "\n".join(_summary([Section("k", "K: t", findings=[_f(*WIN), narrow])], "long"))
     assert STRICT.format(1, 2) in text
+    # the one that does not hold at 99% is named, the one that does is not
+    names = text.split("not at 99%: ")[1].split("):")[0]
+    assert names == f"`{narrow['paper']}: {narrow['claim']}`" and _f(*WIN)["claim"] != narrow["claim"]
     wide = _f(a, [x - 0.5 for x in a], claim="a beats c")  # 99%: [+0.16, +0.84]
     text = "\n".join(_summary([Section("k", "K: t", findings=[_f(*WIN), wide])], "long"))
     assert STRICT.format(2, 2) in text
@@ -194,7 +197,7 @@ def test_the_99_percent_count_applies_the_control_gate_at_99_percent_too():
     assert STRICT.format(1, 1) in text
 
 
-STRICT = "; {} of {} decided with 99% intervals too, their controls' included):"
+STRICT = "; {} of {} decided with 99% intervals too, their controls' included"
 
 
 def test_the_legend_states_every_gate_once_with_its_direction():
@@ -447,3 +450,13 @@ def test_the_width_names_the_rows_a_plan_sizes_otherwise():
     assert width_text(plan, ["vit", "tost", "xcit", "crate"]) == "width 64 (44: tost, xcit)"
     assert width_text(plan, ["vit", "crate"]) == "width 64"  # crate keeps the plan's width
     assert width_text({**plan, "row_arch": {"cbt": {"dim": 80}}}, ["vit", "cbt"]) == "width 64 (80: cbt)"
+
+
+def test_the_scale_comes_before_the_rules_on_the_first_screen():
+    sec = Section("k", "K: t", findings=[_f(*WIN)])
+    sec.scale = "here 36 tokens; the papers: 196"
+    text = "\n".join(_summary([sec], "long"))
+    assert "- K: here 36 tokens; the papers: 196" in text
+    assert (
+        text.index("**Decided trained claims**") < text.index("**Scale**") < text.index("**How a verdict is reached**")
+    )

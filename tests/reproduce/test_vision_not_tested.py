@@ -58,3 +58,23 @@ def test_the_intro_states_which_rows_train_extra_seeds():
     plan = _plan(lr_sweep=[1e-3], extra_seeds={"rows": ["vit", "tost"], "seeds": 5})
     assert "1 seed per row (vit, tost: 5 seeds more)" in vision._intro(plan)
     assert "seeds more" not in vision._intro(_plan(lr_sweep=[1e-3]))
+
+
+def test_the_intro_names_the_rows_that_change_only_the_token_mixer():
+    import copy
+
+    from attnzoo.reproduce.budgets import BUDGETS
+
+    plan = copy.deepcopy(BUDGETS["long"]["vision"])
+    intro = vision._intro(plan)
+    # the ViT-skeleton rows are named (no other row is read as one), and the control's pooling is said
+    assert "the controlled swaps (fastmax_vit, vit+identity) put their token mixer into the ViT skeleton" in intro
+    assert intro.endswith(", vit+identity with mean pooling.")
+    plan.update(swaps=["vit+tssa"], models=["vit", "tost"], compared_2x=[], plateau_baselines=[])
+    intro = vision._intro(plan)
+    assert "the controlled swaps (vit+tssa, vit+identity) put" in intro  # fastmax_vit is no row now
+    plan["models"] = ["tost"]  # no ViT: no control, and with the swap alone no pooling to state
+    assert vision._intro(plan).endswith(
+        "the controlled swaps (vit+tssa) put their token mixer into the ViT skeleton "
+        "(strided patches, CLS token, MLP blocks, pre-norm)."
+    )

@@ -186,10 +186,12 @@ def _paper_claims(secs: list[Section]) -> list[ClaimResult]:
 def _summary(secs: list[Section], plan_name: str) -> list[str]:
     """The first screen: the claims counted once, decided and undecided, the legend, the claims table, the checks."""
     claims_ = _paper_claims(secs)
-    lines = _headline(claims_) + _decided_lines(claims_) + _blocked_lines(claims_) + _legend_lines()
+    lines = _headline(claims_) + _decided_lines(claims_) + _blocked_lines(claims_)
+    # the scale before the rules: it bounds what every verdict above can mean
     if scaled := [f"- {s.title.split(':')[0]}: {s.scale}" for s in secs if s.scale]:  # each trained section's scale
         lines += ["**Scale** (laptop-sized, far below the papers'; a verdict holds at this scale):", "", *scaled, ""]
         lines += [f"Validation curves in the sections: {CURVE_NOTE}.", ""]
+    lines += _legend_lines()
     if plan_name == "smoke":
         lines += [
             "**This is a smoke run**: the models train for a handful of steps, so the verdicts above only show that "
@@ -243,11 +245,16 @@ def _decided_lines(claims_: list[ClaimResult]) -> list[str]:
         return ["**Decided trained claims**: none at this budget.", ""]
     deciding = [[f for f in c.findings if f["verdict"] == c.verdict] for c in decided]
     robust = sum(any(_doubling(f)[0] >= 2 for f in fs) for fs in deciding)
-    strict = sum(any(f.get("ci95") and _holds_strictly(f) for f in fs) for fs in deciding)
+    loose = [
+        c.id
+        for c, fs in zip(decided, deciding, strict=True)
+        if not any(f.get("ci95") and _holds_strictly(f) for f in fs)
+    ]
+    not_strict = f"; not at {STRICT_LEVEL:.0%}: " + ", ".join(f"`{i}`" for i in loose) if loose else ""
     lines = [
         f"**Decided trained claims** ({robust} of {len(decided)} robust: at twice the steps each clears its "
-        f"boundary by at least twice the move shown; {strict} of {len(decided)} decided with "
-        f"{STRICT_LEVEL:.0%} intervals too, their controls' included):",
+        f"boundary by at least twice the move shown; {len(decided) - len(loose)} of {len(decided)} decided with "
+        f"{STRICT_LEVEL:.0%} intervals too, their controls' included{not_strict}):",
         "",
     ]
     for c, fs in zip(decided, deciding, strict=True):

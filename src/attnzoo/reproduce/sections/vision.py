@@ -334,13 +334,19 @@ def _intro(plan: dict) -> str:
     if plan.get("lr_sweep") and (extra := [x for lrs in plan.get("lr_sweep_extra", {}).values() for x in lrs]):
         rate += f" (some rows' grids reach {min(extra):g} to {max(extra):g}: configs.md)"
     more = f" ({seeds})" if (seeds := common.extra_seeds_text(plan)) else ""
+    # the rows that differ from the ViT in their token mixer only, named so that no other row is read as one
+    swapped = [n for n in ["fastmax_vit", *plan.get("swaps", []), *_controls(plan)] if n in rows_of(plan)]
+    swapped = [n for n in dict.fromkeys(swapped) if n != MATCHED]
+    pooled = [n for n in swapped if _row(n).overrides.get("pool") == "mean"]
+    pools = f", {', '.join(pooled)} with mean pooling" if pooled else ""
+    skeleton = "the ViT skeleton (strided patches, CLS token, MLP blocks, pre-norm)"
+    only = f"; the controlled swaps ({', '.join(swapped)}) put their token mixer into {skeleton}{pools}"
     return (
         f"Task `{plan['task']}` ({data}); {common.width_text(plan, plan['models'])}, depth {arch['depth']}, "
         f"{arch['heads']} heads, patch {arch['patch_size']}; {tr['steps']} steps of batch {tr['batch_size']}, "
         f"AdamW/cosine, {rate}, no augmentation; {common.seeds_text(n_seeds)}{more} (mean ± "
-        "sample std). The papers' architectures differ in more than the attention: "
-        f"{_stems(plan)}; the controlled swaps put each attention into the ViT skeleton (strided patches, CLS token, "
-        "MLP blocks, pre-norm)."
+        f"sample std). The papers' architectures differ in more than the attention: {_stems(plan)}"
+        f"{only if swapped else ''}."
     )
 
 
