@@ -9,7 +9,7 @@ def test_left_out_tasks_share_one_note_that_points_to_their_pilots():
     plan = BUDGETS["long"]["long-range"]
     (note,) = lra._notes(plan)
     assert note.startswith(f"Not run at this budget: {', '.join(plan['left_out'])} (")
-    assert "reasons, pilot figures and the commands that re-measure them: each budget's `left_out` in" in note
+    assert "why, with pilot figures and re-measure commands: the budget's `left_out`, attnzoo/reproduce/budgets" in note
     # the pilots' figures and commands are not printed: the budget states them
     assert "attnzoo train" not in note and "`attnzoo" not in note and "pilot of" not in note
 

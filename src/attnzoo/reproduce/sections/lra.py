@@ -313,8 +313,8 @@ def _notes(plan: dict, shortcut: dict | None = None) -> list[str]:
     left_out = plan.get("left_out", {})
     if any(_REMEASURE.search(why) for why in left_out.values()):
         notes.append(
-            f"Not run at this budget: {', '.join(left_out)} (reasons, pilot figures and the commands that "
-            "re-measure them: each budget's `left_out` in attnzoo.reproduce.budgets)"
+            f"Not run at this budget: {', '.join(left_out)} (why, with pilot figures and re-measure commands: the "
+            "budget's `left_out`, attnzoo/reproduce/budgets)"
         )
     elif left_out:
         notes.append("Not run at this budget: " + "; ".join(f"{t} — {why}" for t, why in left_out.items()))

@@ -576,8 +576,8 @@ _LAYERS_CAPTION = (
     "relative depth. Right: CBSA Table 6's 12-layer -S models on PASCAL VOC12."
 )
 _OVERLAYS_CAPTION = (
-    "First seed's maps on the first validation scenes: per layer, the head whose kept region best matches the "
-    "objects; cyan outline: the kept region (top of the map's mass), green: the objects."
+    "First seed's maps, first validation scenes: per layer, the head whose kept region (cyan: the top of its mass) "
+    "best matches the objects (green)."
 )
 _SWEEP_CAPTION = "Each decoder's mIoU against the noise σ on its attention parameters (CBSA Fig. 8); band: seed range."
 
