@@ -246,7 +246,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     res = {n: st for n in rows_of(plan) if (st := _stats(records, n)) is not None}
     sec = Section(KEY, TITLE, intro=_intro(plan))
     sec.scale = scale_line(plan, [r["params"] for r in res.values() if r["params"]])
-    swaps = list(dict.fromkeys(n for n in ["vit", "fastmax_vit", *plan.get("swaps", []), CONTROL] if n in res))
+    swaps = ["vit", *_swap_rows(plan, res)] if "vit" in res else _swap_rows(plan, res)
     sec.tables += _tables(res, plan, swaps)
     sec.data = {"models": {n: _model_data(r) for n, r in res.items()}}
     sec.data["val_curves"] = {n: r["val_curve"] for n, r in res.items()}
@@ -335,8 +335,7 @@ def _intro(plan: dict) -> str:
         rate += f" (some rows' grids reach {min(extra):g} to {max(extra):g}: configs.md)"
     more = f" ({seeds})" if (seeds := common.extra_seeds_text(plan)) else ""
     # the rows that differ from the ViT in their token mixer only, named so that no other row is read as one
-    swapped = [n for n in ["fastmax_vit", *plan.get("swaps", []), *_controls(plan)] if n in rows_of(plan)]
-    swapped = [n for n in dict.fromkeys(swapped) if n != MATCHED]
+    swapped = _swap_rows(plan, rows_of(plan))
     pooled = [n for n in swapped if _row(n).overrides.get("pool") == "mean"]
     pools = f", {', '.join(pooled)} with mean pooling" if pooled else ""
     skeleton = "the ViT skeleton (strided patches, CLS token, MLP blocks, pre-norm)"
@@ -348,6 +347,12 @@ def _intro(plan: dict) -> str:
         f"sample std). The papers' architectures differ in more than the attention: {_stems(plan)}"
         f"{only if swapped else ''}."
     )
+
+
+def _swap_rows(plan: dict, present) -> list[str]:
+    """The rows of ``present`` that put another token mixer into the ViT skeleton: Fastmax-ViT, the swaps, the
+    no-attention control."""
+    return list(dict.fromkeys(n for n in ["fastmax_vit", *plan.get("swaps", []), CONTROL] if n in present))
 
 
 def _tables(res: dict, plan: dict, swaps: list[str]) -> list[Table]:
