@@ -9,7 +9,10 @@ for f in report.md results.json configs.md; do
 done
 rm -f docs/results/*.png
 mkdir -p docs/results
-cp "$src"/plots/*.png docs/results/
+# only the plots the report shows: a plot left in DIR by an earlier render of a section that no longer draws it stays
+for f in "$src"/plots/*.png; do
+  if grep -qF "plots/$(basename "$f")" "$src/report.md"; then cp "$f" docs/results/; fi
+done
 abs=$(cd "$src" && pwd)
 # paths of this machine become DIR (the run's --out) so the committed files name no local directory
 sed -E -e "s#$abs#DIR#g" -e 's#"/[^"]*/(runs/[^"]*)"#"DIR/\1"#g' "$src/results.json" > docs/results/results.json

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from attnzoo.reproduce import BUDGETS, SECTIONS, main, plan
+from attnzoo.reproduce import BUDGETS, SECTIONS, claims, main, plan
+from attnzoo.reproduce.budgets import budget, with_settings
 from attnzoo.reproduce.common import SWEEP_SEED_OFFSET
 from attnzoo.reproduce.sections import SECTION_MODULES
 from attnzoo.reproduce.sections import adapt_vision as av
@@ -23,9 +24,18 @@ def test_registered_after_vision():
     assert list(SECTION_MODULES).index(av.KEY) == list(SECTION_MODULES).index("vision") + 1
 
 
+#: long's Fig. 9 rows, as its budget file's re-measure command restores them
+LONG_ROWS = (
+    "adapt-vision.rows=[original, cbsa, cbsa-no-contraction, linear]",
+    "adapt-vision.compared_2x=[cbsa, cbsa-no-contraction]",
+    "adapt-vision.not_tested={}",
+)
+LONG_PLAN = with_settings(budget("long"), LONG_ROWS)[av.KEY]
+
+
 @pytest.mark.parametrize("name,seeds", [("smoke", 2), ("default", 2), ("long", 6), ("full", 3)])
 def test_plan_of_every_budget(name, seeds):
-    b, steps = plan(name, 5)
+    b, steps = plan(name, 5, LONG_ROWS if name == "long" else ())
     control = [s for s in steps if s.id.split("/")[1] in av.CONTROL_ROWS]  # the attention check: its own test
     assert bool(control) == ("attention_control" in b[av.KEY])
     mine = [s for s in steps if s.section == av.KEY and s not in control]
@@ -65,6 +75,40 @@ def test_plan_of_every_budget(name, seeds):
     assert by_row["cbsa"]["mechanism"] == "cbsa-qkv" and by_row["cbsa-no-contraction"]["mechanism"] == "agent-qkv"
     assert by_row[av.SCRATCH]["scratch"] and by_row[av.SCRATCH]["mechanism"] == "cbsa-qkv"
     assert not by_row["cbsa"]["scratch"]
+
+
+def test_a_plan_without_rows_trains_nothing_and_says_why_each_claim_is_not_tested(tmp_path):
+    b, steps = plan("long", 0)
+    assert b[av.KEY]["rows"] == [] and not [s for s in steps if s.section == av.KEY]
+    sec = av.summarize({}, b[av.KEY], tmp_path, "plots")
+    assert not sec.tables and not sec.notes and "No row is fine-tuned" in sec.intro
+    got = {f.claim_id: (f.verdict, f.measured) for f in sec.findings}
+    why = {r: " ".join(w.split()) for r, w in b[av.KEY]["not_tested"].items()}
+    assert got == {
+        "cbsa-f9-linear": ("not tested", why["cbsa"]),
+        "cbsa-f9-no-contraction": ("not tested", why["cbsa-no-contraction"]),
+    }
+
+
+@pytest.mark.parametrize(
+    "not_tested,message",
+    [
+        ({"linear": "x"}, r"names 'linear', which has no claim here \(valid: \['cbsa', 'cbsa-no-contraction'\]\)"),
+        ({"cbsa": "x"}, r"'cbsa' is both fine-tuned \(rows\) and marked not_tested; keep one"),
+    ],
+)
+def test_a_bad_not_tested_entry_is_refused_at_planning(not_tested, message):
+    p = dict(BUDGETS["smoke"][av.KEY], not_tested=not_tested)
+    with pytest.raises(ValueError, match=message):
+        av.plan_steps(p, 0)
+
+
+def test_a_left_out_row_replaces_its_comparison_and_keeps_the_others(tmp_path):
+    p = dict(BUDGETS["smoke"][av.KEY], rows=["original", "cbsa", "linear"], not_tested={"cbsa-no-contraction": "why"})
+    accs = {"original": 80.0, "cbsa": 79.0, "linear": 78.0, av.SCRATCH: 60.0}
+    res = {r: {"accuracy": claims.stat([a, a + 1, a - 1]), "flops": 1e6} for r, a in accs.items()}
+    ids = [f.claim_id for f in av._findings(res, p["not_tested"])]
+    assert "cbsa-f9-no-contraction" not in ids and {"cbsa-f9-linear", "adapt-beats-scratch"} <= set(ids)
 
 
 def test_unknown_row_is_named():
@@ -291,7 +335,7 @@ def _planned(plan_: dict) -> dict[str, object]:
 
 
 def test_compared_rows_at_twice_the_steps_are_planned_on_every_seed_at_their_own_rate():
-    p = dict(BUDGETS["long"][av.KEY], compared_2x=["cbsa"])
+    p = dict(LONG_PLAN, compared_2x=["cbsa"])
     steps, lrs = _planned(p), p["finetune_lr_sweep"]
     twice = sorted(i for i in steps if i.startswith(f"{av.KEY}/cbsa@2x-steps/"))
     assert twice == [f"{av.KEY}/cbsa@2x-steps/seed{s}" for s in range(p["seeds"])]
@@ -312,7 +356,7 @@ def test_compared_rows_at_twice_the_steps_are_planned_on_every_seed_at_their_own
 )
 def test_a_bad_compared_2x_entry_is_refused_at_planning(over, message):
     with pytest.raises(ValueError, match=message):
-        av.plan_steps(dict(BUDGETS["long"][av.KEY], **over), 0)
+        av.plan_steps(dict(LONG_PLAN, **over), 0)
 
 
 @pytest.mark.parametrize("holds", [True, False])
@@ -343,7 +387,7 @@ CONTROL_PLAN = {"seeds": 3, "lr_sweep": [1.0e-3, 3.0e-3, 1.0e-2]}
 
 
 def test_the_attention_control_rows_are_planned_from_scratch_mean_pooled_at_their_own_rate():
-    p = dict(BUDGETS["long"][av.KEY], attention_control=CONTROL_PLAN)
+    p = dict(LONG_PLAN, attention_control=CONTROL_PLAN)
     steps = _planned(p)
     assert not any(i.startswith(f"{av.KEY}/vit-mean") for i in _planned(BUDGETS["default"][av.KEY]))
     for row, mech in av.CONTROL_ROWS.items():
@@ -364,7 +408,7 @@ def test_the_attention_control_rows_are_planned_from_scratch_mean_pooled_at_thei
 )
 def test_a_malformed_attention_control_is_refused_at_planning(bad):
     with pytest.raises(ValueError, match="attention_control must give 'seeds'"):
-        av.plan_steps(dict(BUDGETS["long"][av.KEY], attention_control=bad), 0)
+        av.plan_steps(dict(LONG_PLAN, attention_control=bad), 0)
 
 
 def _control_records(twin: list[float], control: list[float], best: int = 1) -> dict:

@@ -333,11 +333,15 @@ def test_the_claims_table_prints_a_long_not_tested_reason_once_and_points_back_t
         measured_finding("aot-f6-icl-close", long_reason, "not tested", "-", kind="paper"),
         measured_finding("tost-f5-segments", "no measurement for tost", "not tested", "-", kind="paper"),
         measured_finding("cbsa-f8-flops", "no measurement for tost", "not tested", "-", kind="paper"),
+        # two tests of one claim with the same long reason: the second points up
+        measured_finding("cbsa-t5-ranking#crate_cbt-vs-crate", long_reason[1:], "not tested", "-", kind="paper"),
+        measured_finding("cbsa-t5-ranking#crate-vs-cbt", long_reason[1:], "not tested", "-", kind="paper"),
     ]
     table, _ = _claims_table(tally([("S", f) for f in found]))
     cells = [[c.strip() for c in r.split("|")[1:-1]][3] for r in table.splitlines()[2:]]
     assert cells[0] == long_reason.strip() and cells[1] == "as for `aot-f6-icl-learns`"
     assert cells[2] == cells[3] == "no measurement for tost"  # a short text is printed again
+    assert cells[4:] == [f"crate_cbt-vs-crate: {long_reason[1:].strip()}", "crate-vs-cbt: as above"]
 
 
 def test_a_paper_claim_is_reported_in_the_claims_table_and_not_again_in_its_section():

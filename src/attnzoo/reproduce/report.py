@@ -346,7 +346,7 @@ def _legend_lines() -> list[str]:
 def _claims_table(claims_: list[ClaimResult]) -> tuple[str, list[str]]:
     """One block of rows per claim: its statement once, then each test's figure, effect, verdict and notes."""
     rows, seen, once = [], {}, _blank_repeats()
-    said: dict[str, str] = {}  # a long measured text already in the table -> the claim it was printed for
+    said: dict[str, tuple] = {}  # a long measured text already in the table -> the claim and test it was printed for
     for c in claims_:
         for i, (section, f) in enumerate(c.tests):
             refs = _note_refs(f, seen, _table_rule)
@@ -357,8 +357,8 @@ def _claims_table(claims_: list[ClaimResult]) -> tuple[str, list[str]]:
             head = [cell, statement] if i == 0 else ["", ""]
             test = paper_claims.test_of(f.get("claim_id") or "")
             effect = effect_cell(f)
-            if f.get("claim_type") is None and len(effect.split()) > 20 and said.setdefault(effect, c.id) != c.id:
-                effect = f"as for `{said[effect]}`"
+            if f.get("claim_type") is None and len(effect.split()) > 20 and (at := said.setdefault(effect, (c.id, i))):
+                effect = effect if at == (c.id, i) else "as above" if at[0] == c.id else f"as for `{at[0]}`"
             effect = f"{test}: {effect}" if test else effect
             row = head + [once("paper_value", f["paper_value"]), effect, _verdict_cell(f) + refs]
             rows.append(row + [once("section", section)])

@@ -9,6 +9,7 @@ attention.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 
 import numpy as np
 
@@ -48,9 +49,9 @@ CONTROL_TWIN, CONTROL = CONTROL_ROWS
 
 
 def rows_of(plan: dict) -> list[str]:
-    """The fine-tuned rows of the plan, then the scratch check."""
+    """The fine-tuned rows of the plan, then the scratch check (none where the plan fine-tunes no row)."""
     common.check_known(plan["rows"], ROWS, "adapt-vision row")
-    return [*plan["rows"], SCRATCH]
+    return [*plan["rows"], SCRATCH] if plan["rows"] else []
 
 
 def compared_2x(plan: dict) -> list[str]:
@@ -109,8 +110,12 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     # the pretrained model is read from the run's final save only
     pretrain = dict(recipe, eval_every=max(1, recipe["steps"] // common.CURVE_POINTS), ckpt_every=recipe["steps"])
     teacher = Step(TEACHER, KEY, {"train": pretrain}, _pretrain, label="teacher")
+    _not_tested(plan), attention_control(plan)  # checked where nothing trains too
+    longer = compared_2x(plan) + ([BASELINE] if plan.get("baseline_plateau") else [])
+    if not rows_of(plan):  # the attention check serves the comparisons: without a row it has nothing to check
+        return []
     lrs, seeds, ft = list(plan.get("finetune_lr_sweep", [])), common.seed_list(plan, seed), plan["finetune"]
-    configs, longer = [], compared_2x(plan) + ([BASELINE] if plan.get("baseline_plateau") else [])
+    configs = []
     for row in rows_of(plan):
         base = {"teacher": teacher.config, **_student(plan, row), "scratch": row == SCRATCH, "swapped_eval_batches": 4}
         for sid, s, lr in common.sweep_runs(f"{KEY}/{row}", lrs, seed):
@@ -221,8 +226,11 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     sec.data["rows"] = {r: _row_data(st) for r, st in res.items()}
     if res:
         sec.tables.append(_table(res))
+    left_out = _not_tested(plan)
     if teacher is None:
-        sec.notes.append("the pretrained ViT has no record: nothing to compare")
+        if plan["rows"]:
+            sec.notes.append("the pretrained ViT has no record: nothing to compare")
+        sec.findings = left_out
         return sec
     caption = "Left: the ViT's pretraining; right: accuracy fine-tuned (mean ± std) and just swapped (hatched)."
     sec.add_plot(_plot(teacher, res), plots_dir / "adapt_vision.png", rel, caption)
@@ -233,7 +241,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
             f"{common.LEARNED_MARGIN:g} points above it, so no comparison is reported"
         )
         return sec
-    sec.findings = _findings(res)
+    sec.findings = _findings(res, plan.get("not_tested", {})) + left_out
     # the pretrained ViT's plateau: fine-tuned as long again (row original); the baseline's: at twice the steps
     pre = Plateau("", "pretrained ViT", claims.stat([t_acc]), _acc(res, "original"), "%", ".1f", key="teacher")
     pre.longer_run = f"fine-tuned {plan['finetune']['steps']} more steps (row original)"
@@ -291,6 +299,8 @@ def _table(res: dict) -> Table:
 
 
 def _intro(plan: dict) -> str:
+    if not plan["rows"]:
+        return "No row is fine-tuned at this budget: each of Fig. 9's claims says why in the claims table."
     arch, pre, ft = plan["arch"], plan["pretrain"], plan["finetune"]
     rate = common.rate_text(plan.get("finetune_lr_sweep", []), ft["lr"])
     return (
@@ -335,10 +345,27 @@ CLAIMS = [
 ]
 
 
-def _findings(res: dict) -> list[Finding]:
-    """Fig. 9's comparisons (a check without a margin is a superiority claim), then the FLOPs check."""
+def _not_tested(plan: dict) -> list[Finding]:
+    """Fig. 9's claims whose compared row the plan leaves out for a reason its pilots measured (``not_tested``:
+    row -> why)."""
+    ids = {a: cid for a, _, kind, cid in CLAIMS if kind == "paper"}
+    out = []
+    for row, why in plan.get("not_tested", {}).items():
+        if row not in ids:
+            raise ValueError(f"adapt-vision: not_tested names {row!r}, which has no claim here (valid: {sorted(ids)})")
+        if row in plan["rows"]:
+            raise ValueError(f"adapt-vision: {row!r} is both fine-tuned (rows) and marked not_tested; keep one")
+        out.append(claims.not_tested(**paper_claims.finding_kw(ids[row]), why=" ".join(why.split())))
+    return out
+
+
+def _findings(res: dict, left_out: Collection[str] = ()) -> list[Finding]:
+    """Fig. 9's comparisons (a check without a margin is a superiority claim) but those of the rows ``left_out``,
+    then the FLOPs check."""
     out = []
     for a, b, kind, claim_id in CLAIMS:
+        if a in left_out:
+            continue
         kw = {"claim_type": "superiority", **paper_claims.compare_kw(claim_id)}
         f = claims.compare(_acc(res, a), _acc(res, b), unit="pts", **kw, a_name=a, b_name=b, kind=kind, spec=".1f")
         if a in res and b in res:

@@ -67,6 +67,16 @@ def models_of(plan: dict) -> list[str]:
     return list(plan["models"])
 
 
+def left_out(plan: dict) -> dict[str, str]:
+    """The models the plan does not train for a reason its pilots measured (``not_tested``: model -> why): every
+    comparison that needs one says that reason."""
+    out = dict(plan.get("not_tested", {}))
+    common.check_known(out, MODELS, "segmentation not_tested model")
+    if both := sorted(set(out) & set(models_of(plan))):
+        raise ValueError(f"segmentation: {both} both trained (models) and marked not_tested; keep one")
+    return {m: " ".join(why.split()) for m, why in out.items()}
+
+
 def controls_of(plan: dict) -> list[str]:
     """The models whose untrained copies are analysed as controls."""
     common.check_known(plan["controls"], MODELS, "segmentation control")
@@ -126,6 +136,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     if decoders and plan.get("decoders_not_tested"):
         raise ValueError("segmentation: decoders_not_tested says why Fig. 8 is not tested; drop decoders, or drop it")
     common.check_sweep_extra(plan, names)
+    left_out(plan)
     off = seed + common.SWEEP_SEED_OFFSET  # every rate of each model's and decoder's grid, on the sweep seed
     grids = [(f"{KEY}/{n}", row_config(plan, n, off), common.row_lrs(plan, n)) for n in names]
     grids += [(f"{KEY}/decoders/{k}", decoder_config(plan, k, off), decoder_lrs(plan)) for k in decoders]
@@ -310,7 +321,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.tables.append(_decoder_table(dec))
         sec.add_plot(_plot_sweep(dec), plots_dir / "segmentation_decoders.png", rel, _SWEEP_CAPTION)
     ev = Evidence()
-    sec.findings = _zero_shot_findings(res, ev.gates)
+    sec.findings = _zero_shot_findings(res, ev.gates, left_out(plan))
     sec.findings += _decoder_findings(dec, ev.gates, plan.get("decoders_not_tested"))
     if plan.get("require_learned", True):
         ev.unlearned = _unlearned(res, dec)
@@ -364,16 +375,21 @@ def _at(stats: dict | None, name: str, *keys: str):
     return out
 
 
-def _compare(stats: dict | None, claim_id: str, a: str, b: str, keys: tuple[str, ...], **kw) -> Finding:
-    """Rows ``a`` and ``b`` compared on ``stats[row][keys...]`` for the claim ``claim_id``."""
+def _compare(
+    stats: dict | None, claim_id: str, a: str, b: str, keys: tuple[str, ...], left_out: dict | None = None, **kw
+) -> Finding:
+    """Rows ``a`` and ``b`` compared on ``stats[row][keys...]`` for the claim ``claim_id``; not tested, with the
+    plan's reason, where either row is ``left_out``."""
+    if why := (left_out or {}).get(a) or (left_out or {}).get(b):
+        return claims.not_tested(**paper_claims.finding_kw(claim_id), why=why)
     return claims.compare(
         _at(stats, a, *keys), _at(stats, b, *keys), **paper_claims.compare_kw(claim_id), a_name=a, b_name=b, **kw
     )
 
 
-def _zero_shot_findings(res: dict, gates: list) -> list[Finding]:
+def _zero_shot_findings(res: dict, gates: list, left_out: dict[str, str] | None = None) -> list[Finding]:
     """Table 5's ranking (adjacent pairs), Table 6's persistence and ToST Fig. 5 against its control."""
-    iou, out = {"unit": "IoU", "spec": ".3f"}, []
+    iou, out = {"unit": "IoU", "spec": ".3f", "left_out": left_out or {}}, []
     for a, b in RANKING:
         effect = round(PAPER_T5[a]["foreground"] - PAPER_T5[b]["foreground"], 6)
         claim = f"cbsa-t5-ranking#{a}-vs-{b}"
