@@ -861,7 +861,8 @@ def test_a_comparison_replicated_at_twice_the_steps_is_judged_on_its_gap_not_on_
     out = plateau_gate([f], "gpt", stat(b1), stat([1.30, 1.31, 1.32]), "nats")
     compared_row_gate(f, "tost", stat(a1), stat([1.70, 1.71, 1.72]), "nats")
     assert f["verdict"] == "disagrees" and "gate" not in f
-    assert out["gated"] == 0 and "0 of 1 decided verdicts clear the change" in out["text"]
+    assert out["gated"] == 0
+    assert "0 of 1 comparisons decided by their numbers alone (checks too) clear the change" in out["text"]
     assert "1 more judged on its own comparison at 2x" in out["text"]
     # the gap closing at twice the steps: the same rule is inconclusive there, so the verdict is gated
     g = _cmp(a1, b1, "tost", "gpt", 0.2, lower_is_better=True, unit="nats")

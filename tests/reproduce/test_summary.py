@@ -464,3 +464,17 @@ def test_the_scale_comes_before_the_rules_on_the_first_screen():
     assert (
         text.index("**Decided trained claims**") < text.index("**Scale**") < text.index("**How a verdict is reached**")
     )
+
+
+def test_a_curve_caption_says_what_its_points_are_the_trainers_unless_the_section_says_otherwise(tmp_path):
+    from attnzoo.reproduce.common import CURVE_NOTE, Section
+
+    panels = [("p", {"a": [[1, 0.5], [2, 0.6]]})]
+    sec = Section("k", "T")
+    sec.add_curves(panels, tmp_path / "a.png", lambda p: p.name, "loss", "t")
+    sec.add_curves(panels, tmp_path / "b.png", lambda p: p.name, "loss", "t", points="one batch each")
+    captions = [caption for _, caption in sec.plots]
+    assert captions == [
+        f"Validation loss during training (seed means; {CURVE_NOTE}).",
+        "Validation loss during training (seed means; one batch each).",
+    ]

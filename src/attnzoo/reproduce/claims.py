@@ -356,8 +356,8 @@ GATES: dict[str, GateRule] = {
     "conditions": GateRule(DECIDED, "off the paper's sizes or settings, the test is of another claim"),
     "control": GateRule(
         ("agrees",),
-        "a control lacking what the claim credits (no attention, yet inside the margin; an untrained model's layers) "
-        "would agree too; it does not explain a disagreement",
+        "a control lacking what the claim credits (no attention, yet inside the margin against the claim's own "
+        "baseline; an untrained model's layers) would agree too; it does not explain a disagreement",
     ),
 }
 GATE_REASONS = tuple(GATES)
@@ -472,7 +472,8 @@ def plateau_gate(
             seeds = f"seed{'s' if longer.n > 1 else ''} ({longer.n} of {base.n})"
             same = f"; on the same {seeds}: {paired.mean:{spec}} -> {longer.mean:{spec}}"
         text = f"{baseline} {longer_run}: {longer.fmt(spec)} vs {base.fmt(spec)} {unit}{same} (change {change:+.3g}); "
-        cleared = f"{len(decided) - len(drift)} of {len(decided)} decided verdicts clear the change"
+        n = len(decided)
+        cleared = f"{n - len(drift)} of {n} comparisons decided by their numbers alone (checks too) clear the change"
         text += cleared if decided else "no decided comparison to set the bar, so its plateau is not shown"
         if k := len(drift) - len(fails):
             text += f"; {k} more judged on {'its' if k == 1 else 'their'} own comparison at 2x"

@@ -65,10 +65,13 @@ class Section:
         save_figure(fig, path, dpi=dpi)
         self.plots.append((rel(path), caption))
 
-    def add_curves(self, panels: list, path: Path, rel, what: str, title: str, note: str = "seed means") -> None:
-        """The validation curves of ``panels`` (``[(panel, {row: [[step, value], ...]})]``), where any row has one."""
+    def add_curves(
+        self, panels: list, path: Path, rel, what: str, title: str, note: str = "seed means", points: str = ""
+    ) -> None:
+        """The validation curves of ``panels`` (``[(panel, {row: [[step, value], ...]})]``), where any row has one;
+        the caption gives ``note`` and what the points are (``points``; by default the trainer's :data:`CURVE_NOTE`)."""
         if any(c for _, p in panels for c in p.values()):
-            caption = f"Validation {what} during training" + (f" ({note})." if note else ".")
+            caption = f"Validation {what} during training ({'; '.join(filter(None, (note, points or CURVE_NOTE)))})."
             self.add_plot(plot_val_curves(panels, f"validation {what}", title), path, rel, caption)
 
 

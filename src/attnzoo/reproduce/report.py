@@ -15,7 +15,7 @@ from markdown_it import MarkdownIt
 from attnzoo._io import atomic_write_text, write_json
 from attnzoo.reproduce import claims, paper_claims
 from attnzoo.reproduce.claims import FINDING_SCHEMA, GATES, REFUTE_FRACTION, STRICT_LEVEL, VERDICTS, Finding
-from attnzoo.reproduce.common import CURVE_NOTE, Section, md_table
+from attnzoo.reproduce.common import Section, md_table
 from attnzoo.reproduce.sections import SECTION_MODULES
 from attnzoo.reproduce.tally import CAUSES, ClaimResult, tally
 
@@ -190,7 +190,6 @@ def _summary(secs: list[Section], plan_name: str) -> list[str]:
     # the scale before the rules: it bounds what every verdict above can mean
     if scaled := [f"- {s.title.split(':')[0]}: {s.scale}" for s in secs if s.scale]:  # each trained section's scale
         lines += ["**Scale** (laptop-sized, far below the papers'; a verdict holds at this scale):", "", *scaled, ""]
-        lines += [f"Validation curves in the sections: {CURVE_NOTE}.", ""]
     lines += _legend_lines()
     if plan_name == "smoke":
         lines += [

@@ -192,9 +192,9 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     if names:
         caption = "Training loss; decode time and state vs context."
         sec.add_plot(_plot(res, names), plots_dir / "language.png", rel, caption)
-    note = "seed means, the trainer's batch: shape, not level"
+    points = "each point one batch of the validation plays: shape, not level; the table: every window, best checkpoint"
     panels, title = [("Validation loss and training cost", curves)], "Language: validation curves"
-    sec.add_curves(panels, plots_dir / "language_curves.png", rel, "bits/char", title, note)
+    sec.add_curves(panels, plots_dir / "language_curves.png", rel, "bits/char", title, points=points)
     # every seed of the baseline must beat the bigram model by the margin, else the comparisons are of bigram-level
     # models and say nothing about the mechanisms (the decoding checks measure the architecture: reported either way)
     bar = ngram["bigram_bpc"] if ngram else None
