@@ -94,7 +94,7 @@ def test_a_plan_without_rows_trains_nothing_and_says_why_each_claim_is_not_teste
     "not_tested,message",
     [
         ({"linear": "x"}, r"names 'linear', which has no claim here \(valid: \['cbsa', 'cbsa-no-contraction'\]\)"),
-        ({"cbsa": "x"}, r"'cbsa' is both fine-tuned \(rows\) and marked not_tested; keep one"),
+        ({"cbsa": "x"}, r"adapt-vision: 'cbsa' is both trained \(rows\) and marked not_tested; keep one"),
     ],
 )
 def test_a_bad_not_tested_entry_is_refused_at_planning(not_tested, message):

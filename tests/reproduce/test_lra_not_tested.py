@@ -29,7 +29,7 @@ def test_a_not_tested_row_is_not_trained():
 @pytest.mark.parametrize(
     ("not_tested", "mechanisms", "message"),
     [
-        ({"tssa": WHY}, ["softmax", "tssa"], "'tssa' is both in mechanisms and marked not_tested"),
+        ({"tssa": WHY}, ["softmax", "tssa"], "'tssa' is both trained \\(mechanisms\\) and marked not_tested"),
         ({"mega": WHY}, ["softmax"], "not_tested names 'mega', which has no claim here"),
     ],
 )

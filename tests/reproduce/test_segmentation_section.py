@@ -329,8 +329,8 @@ def test_a_model_the_plan_leaves_out_gives_its_reason_to_every_comparison_that_n
 @pytest.mark.parametrize(
     "not_tested,message",
     [
-        ({"mega": "x"}, r"unknown segmentation not_tested model 'mega'; valid: \["),
-        ({"cbt": "x"}, r"\['cbt'\] both trained \(models\) and marked not_tested; keep one"),
+        ({"mega": "x"}, r"segmentation: not_tested names 'mega', which has no claim here \(valid: \["),
+        ({"cbt": "x"}, r"segmentation: 'cbt' is both trained \(models\) and marked not_tested; keep one"),
     ],
 )
 def test_a_bad_not_tested_entry_is_refused_at_planning(not_tested, message):

@@ -473,6 +473,18 @@ def check_known(names: Iterable[str], valid: Iterable[str], what: str) -> None:
             raise ValueError(f"unknown {what} {n!r}; valid: {sorted(valid)}")
 
 
+def left_out(plan: dict, section: str, claimed: Iterable[str], trained: Iterable[str], what: str) -> dict[str, str]:
+    """The rows the plan leaves out for a reason its pilots measured (``not_tested``: row -> why), checked: each has
+    a claim in the section (``claimed``) and is not also trained (``trained``, named ``what`` in the error)."""
+    out, claimed, trained = dict(plan.get("not_tested", {})), set(claimed), set(trained)
+    for row in out:
+        if row not in claimed:
+            raise ValueError(f"{section}: not_tested names {row!r}, which has no claim here (valid: {sorted(claimed)})")
+        if row in trained:
+            raise ValueError(f"{section}: {row!r} is both trained ({what}) and marked not_tested; keep one")
+    return {row: " ".join(why.split()) for row, why in out.items()}
+
+
 def sweep_id(base: str, lr: float) -> str:
     """Step id of one rate of row ``base``'s sweep: ``vision/vit/lr-sweep/lr0.002``."""
     return f"{base}/lr-sweep/lr{lr:g}"

@@ -349,14 +349,8 @@ def _not_tested(plan: dict) -> list[Finding]:
     """Fig. 9's claims whose compared row the plan leaves out for a reason its pilots measured (``not_tested``:
     row -> why)."""
     ids = {a: cid for a, _, kind, cid in CLAIMS if kind == "paper"}
-    out = []
-    for row, why in plan.get("not_tested", {}).items():
-        if row not in ids:
-            raise ValueError(f"adapt-vision: not_tested names {row!r}, which has no claim here (valid: {sorted(ids)})")
-        if row in plan["rows"]:
-            raise ValueError(f"adapt-vision: {row!r} is both fine-tuned (rows) and marked not_tested; keep one")
-        out.append(claims.not_tested(**paper_claims.finding_kw(ids[row]), why=" ".join(why.split())))
-    return out
+    rows = common.left_out(plan, KEY, ids, plan["rows"], "rows")
+    return [claims.not_tested(**paper_claims.finding_kw(ids[row]), why=why) for row, why in rows.items()]
 
 
 def _findings(res: dict, left_out: Collection[str] = ()) -> list[Finding]:

@@ -87,13 +87,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     common.check_known(extra.get("rows", []), plan["mechanisms"], "extra_seeds row")
     common.check_known(plan["tasks"], TASKS, "LRA task")
     common.check_known(plan["mechanisms"], MECHANISMS, "LRA mechanism")
-    for m in plan.get("not_tested", {}):  # a row left out has an accuracy claim here and is not also trained
-        if m not in _ACCURACY_CLAIMS:
-            raise ValueError(
-                f"long-range: not_tested names {m!r}, which has no claim here (valid: {list(_ACCURACY_CLAIMS)})"
-            )
-        if m in plan["mechanisms"]:
-            raise ValueError(f"long-range: {m!r} is both in mechanisms and marked not_tested; keep one")
+    common.left_out(plan, "long-range", _ACCURACY_CLAIMS, plan["mechanisms"], "mechanisms")
     steps, record = [], common.classification_record
     for task, task_opts in plan["tasks"].items():
         ablations = [(n, a["mechanism"], a) for n, a in plan.get("ablations", {}).items() if a["task"] == task]
@@ -570,7 +564,7 @@ def _not_tested(plan: dict, tasks: list[str], lengths: dict) -> list[Finding]:
     accuracy claims with that reason, the speed claims (which the row's training would have timed) naming it."""
     out = []
     n = max((lengths.get(t) or 0 for t in tasks), default=0)
-    for m, why in plan.get("not_tested", {}).items():
+    for m, why in common.left_out(plan, "long-range", _ACCURACY_CLAIMS, plan["mechanisms"], "mechanisms").items():
         for t in tasks:
             f = claims.not_tested(**paper_claims.finding_kw(f"{_ACCURACY_CLAIMS[m][1]}#{t}"), why=why)
             f.claim += f" on {t}"

@@ -70,11 +70,7 @@ def models_of(plan: dict) -> list[str]:
 def left_out(plan: dict) -> dict[str, str]:
     """The models the plan does not train for a reason its pilots measured (``not_tested``: model -> why): every
     comparison that needs one says that reason."""
-    out = dict(plan.get("not_tested", {}))
-    common.check_known(out, MODELS, "segmentation not_tested model")
-    if both := sorted(set(out) & set(models_of(plan))):
-        raise ValueError(f"segmentation: {both} both trained (models) and marked not_tested; keep one")
-    return {m: " ".join(why.split()) for m, why in out.items()}
+    return common.left_out(plan, KEY, MODELS, models_of(plan), "models")
 
 
 def controls_of(plan: dict) -> list[str]:

@@ -485,11 +485,7 @@ def _not_tested(plan: dict) -> list[Finding]:
     claim_ids |= {row: [cid] for row, cid in CONTROLLED_CLAIMS.items()}
     trained = list(plan["models"]) + list(plan.get("swaps", []))
     out = []
-    for row, why in plan.get("not_tested", {}).items():
-        if row not in claim_ids:
-            raise ValueError(f"vision: not_tested names {row!r}, which has no claim here (valid: {sorted(claim_ids)})")
-        if row in trained:
-            raise ValueError(f"vision: {row!r} is both trained (models or swaps) and marked not_tested; keep one")
+    for row, why in common.left_out(plan, "vision", claim_ids, trained, "models or swaps").items():
         out += [claims.not_tested(**paper_claims.finding_kw(cid), why=why) for cid in claim_ids[row]]
     return out
 
