@@ -421,7 +421,7 @@ def test_plateau_gate_keeps_the_verdicts_that_clear_the_drift_on_either_side():
     assert [x["verdict"] for x in (near, far, below)] == ["inconclusive", "agrees", "disagrees"]
     assert near["ungated_verdict"] == "agrees" and "gate" not in far and "gate" not in below
     assert not info["plateaued"] and info["standing"] == 2 and info["gated"] == 1
-    assert "2 of 3 decided verdicts" in info["text"]
+    assert "2 of 3 comparisons decided by their numbers alone" in info["text"]
 
 
 def test_plateau_gate_with_nothing_decided_shows_no_plateau_and_judges_numbers_verdicts():
