@@ -356,8 +356,10 @@ def _claims_table(claims_: list[ClaimResult]) -> tuple[str, list[str]]:
             head = [cell, statement] if i == 0 else ["", ""]
             test = paper_claims.test_of(f.get("claim_id") or "")
             effect = effect_cell(f)
-            if f.get("claim_type") is None and len(effect.split()) > 20 and (at := said.setdefault(effect, (c.id, i))):
-                effect = effect if at == (c.id, i) else "as above" if at[0] == c.id else f"as for `{at[0]}`"
+            if f.get("claim_type") is None and len(effect.split()) > 20:
+                first = said.setdefault(effect, (c.id, i))
+                if first != (c.id, i):
+                    effect = "as above" if first[0] == c.id else f"as for `{first[0]}`"
             effect = f"{test}: {effect}" if test else effect
             row = head + [once("paper_value", f["paper_value"]), effect, _verdict_cell(f) + refs]
             rows.append(row + [once("section", section)])

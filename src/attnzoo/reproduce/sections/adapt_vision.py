@@ -110,7 +110,8 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     # the pretrained model is read from the run's final save only
     pretrain = dict(recipe, eval_every=max(1, recipe["steps"] // common.CURVE_POINTS), ckpt_every=recipe["steps"])
     teacher = Step(TEACHER, KEY, {"train": pretrain}, _pretrain, label="teacher")
-    _not_tested(plan), attention_control(plan)  # checked where nothing trains too
+    _not_tested(plan)  # the plan's settings are checked where nothing trains too
+    attention_control(plan)
     longer = compared_2x(plan) + ([BASELINE] if plan.get("baseline_plateau") else [])
     if not rows_of(plan):  # the attention check serves the comparisons: without a row it has nothing to check
         return []

@@ -372,20 +372,21 @@ def _at(stats: dict | None, name: str, *keys: str):
 
 
 def _compare(
-    stats: dict | None, claim_id: str, a: str, b: str, keys: tuple[str, ...], left_out: dict | None = None, **kw
+    stats: dict | None, claim_id: str, a: str, b: str, keys: tuple[str, ...], absent: dict | None = None, **kw
 ) -> Finding:
     """Rows ``a`` and ``b`` compared on ``stats[row][keys...]`` for the claim ``claim_id``; not tested, with the
-    plan's reason, where either row is ``left_out``."""
-    if why := (left_out or {}).get(a) or (left_out or {}).get(b):
+    plan's reason, where either row is one the plan leaves out (``absent``: row -> why)."""
+    absent = absent or {}
+    if why := absent.get(a) or absent.get(b):
         return claims.not_tested(**paper_claims.finding_kw(claim_id), why=why)
     return claims.compare(
         _at(stats, a, *keys), _at(stats, b, *keys), **paper_claims.compare_kw(claim_id), a_name=a, b_name=b, **kw
     )
 
 
-def _zero_shot_findings(res: dict, gates: list, left_out: dict[str, str] | None = None) -> list[Finding]:
+def _zero_shot_findings(res: dict, gates: list, absent: dict[str, str] | None = None) -> list[Finding]:
     """Table 5's ranking (adjacent pairs), Table 6's persistence and ToST Fig. 5 against its control."""
-    iou, out = {"unit": "IoU", "spec": ".3f", "left_out": left_out or {}}, []
+    iou, out = {"unit": "IoU", "spec": ".3f", "absent": absent}, []
     for a, b in RANKING:
         effect = round(PAPER_T5[a]["foreground"] - PAPER_T5[b]["foreground"], 6)
         claim = f"cbsa-t5-ranking#{a}-vs-{b}"
