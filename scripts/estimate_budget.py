@@ -17,8 +17,8 @@ import time
 import numpy as np
 import torch
 
+from attnzoo.compare.common import train_defaults
 from attnzoo.data import build_task
-from attnzoo.reproduce.common import train_defaults
 from attnzoo.reproduce.runner import plan
 from attnzoo.train.config import from_dict
 from attnzoo.train.objectives import build_task_model, compute_loss

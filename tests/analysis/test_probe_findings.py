@@ -3,7 +3,7 @@ plan: deep probe models trained for the probe, the shallow vision models as an a
 
 import pytest
 
-from attnzoo.reproduce import claims
+from attnzoo.compare import claims
 from attnzoo.reproduce.budgets import budget
 from attnzoo.reproduce.sections import probes as P
 

@@ -12,8 +12,8 @@ from PIL import Image
 
 from attnzoo._lock import DirLock
 from attnzoo.cli import main as attnzoo_main
+from attnzoo.compare import claims
 from attnzoo.compare import plan as compare_plan
-from attnzoo.reproduce import claims
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -91,7 +91,7 @@ def test_read_json_names_the_file(tmp_path):
 
 # ---- the reproduce store ------------------------------------------------------------------------------------
 def _store(tmp_path):
-    from attnzoo.reproduce.store import Step, StepStore
+    from attnzoo.compare.store import Step, StepStore
 
     store = StepStore(tmp_path)
     step = Step("vision/vit/seed1", "vision", {"x": 1}, lambda ctx, s: {})
@@ -134,7 +134,7 @@ def test_a_record_without_checksum_still_loads_and_a_torn_one_is_noticed(tmp_pat
 
 
 def test_a_truncated_run_final_json_is_named_and_recomputed(tmp_path, capsys):
-    from attnzoo.reproduce.common import _final_metrics
+    from attnzoo.compare.common import _final_metrics
 
     f = tmp_path / "final.json"
     f.write_text('{"step": 5, "val": {"accur')
@@ -189,8 +189,8 @@ def test_resume_cleans_what_faults_left_and_keeps_the_rest(tmp_path, capsys, one
 
 
 def test_a_run_metrics_file_damaged_after_the_run_is_named(tmp_path):
-    from attnzoo.reproduce.common import Context, train_run
-    from attnzoo.reproduce.store import StepStore
+    from attnzoo.compare.common import Context, train_run
+    from attnzoo.compare.store import StepStore
 
     ctx = Context(tmp_path, StepStore(tmp_path), seed=0, progress=False)
     vit = {"dim": 16, "depth": 1, "heads": 2, "patch_size": 4}

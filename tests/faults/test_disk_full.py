@@ -142,8 +142,8 @@ def test_all_or_nothing_restores_every_file(tmp_path):
 # ---- reproduce ----------------------------------------------------------------------------------------------
 def _fake_plan(monkeypatch, tmp_path):
     """A two-section plan of cheap steps: one fails by itself, one more fails to be stored (disk full)."""
+    from attnzoo.compare.store import Step
     from attnzoo.reproduce import runner
-    from attnzoo.reproduce.store import Step
 
     def boom(ctx, step):
         raise ValueError("diverged")
@@ -159,7 +159,8 @@ def _fake_plan(monkeypatch, tmp_path):
 
 
 def test_reproduce_disk_full_lists_every_failure_and_the_continue_command(tmp_path, monkeypatch, capsys):
-    from attnzoo.reproduce import ReproduceError, store
+    from attnzoo.compare import store
+    from attnzoo.reproduce import ReproduceError
 
     runner = _fake_plan(monkeypatch, tmp_path)
     real = store.write_json
@@ -362,8 +363,9 @@ def test_train_on_a_full_disk_names_the_checkpoint_keeps_the_previous_and_contin
 def test_reproduce_on_a_full_disk_names_the_step_and_continues(kind, tmp_path, monkeypatch, capsys):
     """Three steps: one fails by itself (once), one is stored, one does not fit; freeing space and running the
     printed command computes only what is missing and writes report.md together with results.json."""
-    from attnzoo.reproduce import ReproduceError, runner, store
-    from attnzoo.reproduce.store import Step
+    from attnzoo.compare import store
+    from attnzoo.compare.store import Step
+    from attnzoo.reproduce import ReproduceError, runner
 
     calls = {"a": 0, "b": 0, "c": 0}
 

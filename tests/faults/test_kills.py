@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent(
     import sys, time
     from attnzoo._io import atomic_write_text, write_json
     from attnzoo.reproduce import report, runner
-    from attnzoo.reproduce.store import Step
+    from attnzoo.compare.store import Step
 
     def compute(ctx, step):
         time.sleep(0.02)
@@ -67,7 +67,7 @@ def test_random_kills_of_a_reproduce_run_lose_nothing(tmp_path):
     assert (out / "report.md").read_text() == f"{N_STEPS} steps\n"
     leftovers = [p for p in out.rglob("*") if p.name.endswith(".tmp")]
     assert leftovers == [] and (out / LOCK_NAME).is_file()
-    from attnzoo.reproduce.store import Step, StepStore
+    from attnzoo.compare.store import Step, StepStore
 
     store = StepStore(out)
     for sid, rec in results.items():  # every stored record verifies against its SHA-256

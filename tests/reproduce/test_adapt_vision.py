@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
-from attnzoo.reproduce import BUDGETS, SECTIONS, claims, main, plan
+from attnzoo.compare import claims
+from attnzoo.compare.common import SWEEP_SEED_OFFSET
+from attnzoo.reproduce import BUDGETS, SECTIONS, main, plan
 from attnzoo.reproduce.budgets import budget, with_settings
-from attnzoo.reproduce.common import SWEEP_SEED_OFFSET
 from attnzoo.reproduce.sections import SECTION_MODULES
 from attnzoo.reproduce.sections import adapt_vision as av
 

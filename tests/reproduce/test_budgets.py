@@ -109,8 +109,8 @@ def test_the_committed_report_is_a_run_of_the_long_plan():
     with the same configuration hash, and it holds no step the plan lacks."""
     import json
 
+    from attnzoo.compare.store import config_hash
     from attnzoo.reproduce.runner import plan
-    from attnzoo.reproduce.store import config_hash
 
     stored = {sid: config_hash(rec["config"]) for sid, rec in json.loads(REPORT.read_text())["steps"].items()}
     _, steps = plan("long", 0)

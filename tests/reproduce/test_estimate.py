@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from attnzoo.compare.store import Step
 from attnzoo.reproduce.cli import main
 from attnzoo.reproduce.estimate import estimate, examples, shape
 from attnzoo.reproduce.runner import ReproduceError, plan
-from attnzoo.reproduce.store import Step
 
 
 def _step(sid: str, steps: int | None = 100, deps: tuple = (), timed: bool = False, lr: float = 1e-3) -> Step:

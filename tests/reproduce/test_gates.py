@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from attnzoo.reproduce import claims
-from attnzoo.reproduce.claims import GATES, compare, gate, stat
+from attnzoo.compare import claims
+from attnzoo.compare.claims import GATES, compare, gate, stat
 
 HIGH, LOW = [80.0, 80.5, 80.2], [70.0, 70.4, 70.1]
 
@@ -195,7 +195,7 @@ def test_the_emerged_gate_holds_back_a_persistence_verdict_only_where_no_layer_b
 
 @pytest.mark.parametrize("seeds", [-1, 1.5, "3"])
 def test_a_finding_refuses_a_seed_count_that_is_not_a_non_negative_int(seeds):
-    from attnzoo.reproduce.claims import finding
+    from attnzoo.compare.claims import finding
 
     with pytest.raises(ValueError, match="seeds must be a non-negative int"):
         finding("P", "c", "v", "m", "agrees", "r", kind="paper", seeds=seeds)

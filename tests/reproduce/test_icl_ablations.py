@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from attnzoo.compare import claims
+from attnzoo.compare.pipeline import Evidence, judged
 from attnzoo.models.registry import create_model
-from attnzoo.reproduce import claims
-from attnzoo.reproduce.pipeline import Evidence, judged
 from attnzoo.reproduce.sections import icl
 
 PLAN = {

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from attnzoo.compare import claims
+from attnzoo.compare.pipeline import judge, judged
 from attnzoo.models import create_model
-from attnzoo.reproduce import claims
-from attnzoo.reproduce.pipeline import judge, judged
 from attnzoo.reproduce.sections import efficiency, lra
 
 ARCH = {"dim": 32, "depth": 2, "heads": 4, "mlp_dim": 64}

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from attnzoo.reproduce import pipeline
-from attnzoo.reproduce.claims import GATES, compare, stat
-from attnzoo.reproduce.pipeline import CHAIN, Control, Evidence, Longer, Plateau, Tuning, judge
+from attnzoo.compare import pipeline
+from attnzoo.compare.claims import GATES, compare, stat
+from attnzoo.compare.pipeline import CHAIN, Control, Evidence, Longer, Plateau, Tuning, judge
 
 
 def _comparable(a_name: str = "a", b_name: str = "b"):

@@ -10,11 +10,11 @@ import copy
 import pytest
 import torch
 
+from attnzoo.compare.claims import compare, finding, plateau_gate, stat
+from attnzoo.compare.common import CURVE_POINTS, Context, curve_text, mean_val_curve, train_run
+from attnzoo.compare.pipeline import Evidence, judge, judged
+from attnzoo.compare.store import StepStore
 from attnzoo.reproduce import plan
-from attnzoo.reproduce.claims import compare, finding, plateau_gate, stat
-from attnzoo.reproduce.common import CURVE_POINTS, Context, curve_text, mean_val_curve, train_run
-from attnzoo.reproduce.pipeline import Evidence, judge, judged
-from attnzoo.reproduce.store import StepStore
 
 
 # ---- the identity mixer ------------------------------------------------------------------------------------------
@@ -512,7 +512,7 @@ def test_gap_change_words_follow_the_numbers(ablated, words):
     ],
 )
 def test_lra_unlearned_row_counts_the_seeds_that_did_not_train(values, gated):
-    from attnzoo.reproduce.claims import finding
+    from attnzoo.compare.claims import finding
     from attnzoo.reproduce.sections.lra import unlearned_row
 
     f = finding("P", "c", "v", "m", "disagrees", "rule", kind="paper")
@@ -545,7 +545,7 @@ def test_lra_seeds_that_did_not_learn_gate_the_disagreement():
 
 
 def test_paper_baselines_get_their_own_plateau_checks():
-    from attnzoo.reproduce.claims import compare
+    from attnzoo.compare.claims import compare
     from attnzoo.reproduce.sections import vision
 
     b, steps = plan("smoke", 0)
@@ -578,7 +578,7 @@ def test_paper_baselines_get_their_own_plateau_checks():
 
 
 def test_vision_compared_rows_at_twice_the_steps_run_every_seed_and_are_judged_on_their_own_comparison():
-    from attnzoo.reproduce.claims import compare
+    from attnzoo.compare.claims import compare
     from attnzoo.reproduce.sections import vision
 
     b, _ = plan("smoke", 0)
@@ -657,7 +657,7 @@ def test_language_sizes_unlike_the_papers_are_gated():
 
 def _cmp(a, b, a_name, b_name, margin=0.0, **kw):
     """A finding of made-up values: non-inferiority with ``margin`` > 0, else superiority; points unless told."""
-    from attnzoo.reproduce.claims import compare
+    from attnzoo.compare.claims import compare
 
     kind = {"claim_type": "non-inferiority", "margin_source": "paper"} if margin else {"claim_type": "superiority"}
     kw = {"unit": "pts", "paper": "p", "claim": "c", "paper_value": "v", **kind, **kw}
@@ -667,7 +667,7 @@ def _cmp(a, b, a_name, b_name, margin=0.0, **kw):
 def test_a_margin_that_admits_no_attention_gates_the_claim():
     """AoT's 11-point margin (AoT Table 2) on a task where a model without attention is 3 points behind CRATE: the
     "agrees" cannot tell AoT from no attention, so it is gated on the control; a narrow margin is not."""
-    from attnzoo.reproduce.claims import margin_control_gate
+    from attnzoo.compare.claims import margin_control_gate
 
     def f(margin):
         return _cmp([84.0, 84.5, 84.2], [86.0, 86.2, 85.9], "aot", "crate", margin)
@@ -752,7 +752,7 @@ def test_clock_span_covers_the_steps_computed_here_and_leaves_imported_ones_out(
 
 
 def test_a_one_seed_plateau_run_is_compared_with_the_same_seed_of_the_baseline():
-    from attnzoo.reproduce.claims import plateau_gate
+    from attnzoo.compare.claims import plateau_gate
 
     # the in-context case of the long run of 2026-11-27: seed 0 moves 0.182 -> 0.0825, the three-seed mean 0.442
     p = plateau_gate([], "gpt", stat([0.182, 0.660, 0.483]), stat([0.0825]), "error/d")
@@ -764,7 +764,7 @@ def test_a_one_seed_plateau_run_is_compared_with_the_same_seed_of_the_baseline()
 
 
 def test_a_compared_row_that_moves_more_at_twice_the_steps_than_its_verdict_clears_is_gated():
-    from attnzoo.reproduce.claims import compared_row_gate
+    from attnzoo.compare.claims import compared_row_gate
 
     # CSP on ListOps 7 points behind softmax, its interval clearing 0 by ~6; CSP itself gains 7.7 at twice the steps
     f = _cmp([25.0, 26.0, 25.5], [32.5, 33.0, 32.8], "csp", "softmax", 0.0)
@@ -782,7 +782,7 @@ def test_a_compared_row_that_moves_more_at_twice_the_steps_than_its_verdict_clea
 
 def test_language_compared_row_runs_at_twice_the_steps_and_gates_its_own_verdict():
     """A compared row of the language section (here Fastmax) has its own run at twice the steps to gate its verdict."""
-    from attnzoo.reproduce.common import Section
+    from attnzoo.compare.common import Section
     from attnzoo.reproduce.runner import plan
     from attnzoo.reproduce.sections import language
 
@@ -811,7 +811,7 @@ def test_language_compared_row_runs_at_twice_the_steps_and_gates_its_own_verdict
 
 
 def test_an_untuned_control_does_not_pass_the_margin_test():
-    from attnzoo.reproduce.claims import margin_control_gate, untuned_control_gate
+    from attnzoo.compare.claims import margin_control_gate, untuned_control_gate
 
     def comparable():
         f = _cmp([50.0, 50.2, 49.9], [50.1, 50.0, 50.2], "a", "b", 2.0)
@@ -846,7 +846,7 @@ def test_a_comparison_replicated_at_twice_the_steps_is_judged_on_its_gap_not_on_
     """Both sides can move at twice the steps while their gap does not (ToST and GPT, -0.054 nats each, on
     2026-11-27): each side's own move must not gate the verdict then. With both sides at twice the steps on >= 2
     seeds, the same rule on those runs decides; the drift gates then leave the finding alone."""
-    from attnzoo.reproduce.claims import compared_row_gate, replicated_gate
+    from attnzoo.compare.claims import compared_row_gate, replicated_gate
 
     a1, b1 = [2.00, 2.01, 2.02], [1.60, 1.61, 1.62]
     f = _cmp(a1, b1, "tost", "gpt", 0.2, lower_is_better=True, unit="nats")
@@ -874,7 +874,7 @@ def test_a_comparison_replicated_at_twice_the_steps_is_judged_on_its_gap_not_on_
 def test_a_replicated_verdict_whose_interval_approaches_its_boundary_as_fast_as_it_clears_it_is_gated():
     """A verdict replicated at twice the steps while its gap shrank 70% is not shown to hold
     at the next doubling. Clearances (margin 0.2): 0.4 - 0.2 - half-width at 1x; at 2x the gap shrinks."""
-    from attnzoo.reproduce.claims import replicated_gate
+    from attnzoo.compare.claims import replicated_gate
 
     a1, b1 = [2.00, 2.01, 2.02], [1.60, 1.61, 1.62]
     # the gap shrinks from 0.40 to 0.30: clearance ~0.17 -> ~0.07, approached by ~0.10 >= 0.07 left: gated
@@ -904,7 +904,7 @@ def test_a_replicated_verdict_whose_interval_approaches_its_boundary_as_fast_as_
 
 
 def test_a_relative_margin_is_re_read_on_the_longer_baseline_and_one_seed_only_describes_the_gap():
-    from attnzoo.reproduce.claims import replicated_gate
+    from attnzoo.compare.claims import replicated_gate
 
     # non-inferiority at 10% of the baseline's loss: 0.16 at 1x (b = 1.6), 0.10 at 2x (b = 1.0)
     a1, b1 = [1.70, 1.71, 1.72], [1.60, 1.61, 1.62]
@@ -976,7 +976,7 @@ def test_effect_in_words_reads_the_sign_and_the_interval(effect, ci, words):
 
 
 def test_margin_sensitivity_states_the_verdict_under_another_of_the_papers_gaps():
-    from attnzoo.reproduce.claims import margin_sensitivity, verdict_from_ci
+    from attnzoo.compare.claims import margin_sensitivity, verdict_from_ci
 
     assert [verdict_from_ci(ci, 1.0) for ci in ([-0.5, 0.2], [-1.5, -1.2], [-1.2, -0.8])] == [
         "agrees",
@@ -990,7 +990,7 @@ def test_margin_sensitivity_states_the_verdict_under_another_of_the_papers_gaps(
 
 
 def test_margin_sensitivity_in_the_effects_unit():
-    from attnzoo.reproduce.claims import margin_sensitivity
+    from attnzoo.compare.claims import margin_sensitivity
 
     f = _cmp([34.0, 33.6, 34.3], [33.4, 33.8, 34.6], "fastmax", "softmax", 2.6)
     assert f["verdict"] == "agrees"

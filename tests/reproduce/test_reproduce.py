@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnzoo.compare.claims import VERDICTS, compare, verdict_from_ci
+from attnzoo.compare.common import SWEEP_SEED_OFFSET
+from attnzoo.compare.pipeline import judged
+from attnzoo.compare.store import Step, StepStore
 from attnzoo.reproduce import BUDGETS, SECTIONS, ReproduceError, main, plan, run
-from attnzoo.reproduce.claims import VERDICTS, compare, verdict_from_ci
-from attnzoo.reproduce.common import SWEEP_SEED_OFFSET
-from attnzoo.reproduce.pipeline import judged
 from attnzoo.reproduce.report import CONFIGS_FILE, FINDING_COLUMNS
-from attnzoo.reproduce.store import Step, StepStore
 
 HEADINGS = {
     "vision": "## Vision: image classification",
@@ -331,7 +331,7 @@ def test_welch_interval_is_symmetric_in_the_evidence():
 
 
 def test_equal_seed_values_in_another_order_are_a_tie_not_a_rounding_residue():
-    from attnzoo.reproduce.claims import stat, welch_ci
+    from attnzoo.compare.claims import stat, welch_ci
     from attnzoo.reproduce.report import effect_cell
 
     v = [36.9, 35.2, 28.4, 25.2]  # summed in reverse order their mean differs in the last bit
@@ -346,7 +346,7 @@ def test_equal_seed_values_in_another_order_are_a_tie_not_a_rounding_residue():
 
 
 def test_claim_rules_relative_and_errors():
-    from attnzoo.reproduce.claims import Stat, stat
+    from attnzoo.compare.claims import Stat, stat
 
     kw = dict(unit="nats", paper="P", claim="c", paper_value="v", a_name="a", b_name="b", lower_is_better=True)
     ni = dict(claim_type="non-inferiority", margin=0.15, margin_source="paper", relative=True)
@@ -380,7 +380,7 @@ CHANGE_WORDS = [
 
 @pytest.mark.parametrize("before, after, noise, word", CHANGE_WORDS)
 def test_explanation_words_follow_the_numbers(before, after, noise, word):
-    from attnzoo.reproduce.claims import change_word
+    from attnzoo.compare.claims import change_word
 
     assert change_word(before, after, noise=noise) == word
     with pytest.raises(ValueError, match="noise >= 0"):
@@ -388,7 +388,7 @@ def test_explanation_words_follow_the_numbers(before, after, noise, word):
 
 
 def test_plateau_gate_makes_comparisons_inconclusive_and_keeps_the_numbers_verdict():
-    from attnzoo.reproduce.claims import plateau_gate, stat
+    from attnzoo.compare.claims import plateau_gate, stat
 
     kw = dict(claim_type="superiority", unit="pts", paper="P", claim="c", paper_value="v", a_name="a", b_name="b")
     base, f = stat([79.0, 80.0, 81.0]), compare([82.3, 83.3, 84.3], [79.0, 80.0, 81.0], **kw)
@@ -407,7 +407,7 @@ def test_plateau_gate_makes_comparisons_inconclusive_and_keeps_the_numbers_verdi
 
 
 def test_plateau_gate_keeps_the_verdicts_that_clear_the_drift_on_either_side():
-    from attnzoo.reproduce.claims import plateau_gate, stat
+    from attnzoo.compare.claims import plateau_gate, stat
 
     kw = dict(claim_type="superiority", unit="pts", paper="P", claim="c", paper_value="v", a_name="a", b_name="b")
     b = [79.0, 80.0, 81.0]
@@ -425,7 +425,7 @@ def test_plateau_gate_keeps_the_verdicts_that_clear_the_drift_on_either_side():
 
 
 def test_plateau_gate_with_nothing_decided_shows_no_plateau_and_judges_numbers_verdicts():
-    from attnzoo.reproduce.claims import gate, plateau_gate, stat
+    from attnzoo.compare.claims import gate, plateau_gate, stat
 
     kw = dict(claim_type="superiority", unit="pts", paper="P", claim="c", paper_value="v", a_name="a", b_name="b")
     b = [79.0, 80.0, 81.0]
@@ -447,7 +447,7 @@ def test_plateau_gate_with_nothing_decided_shows_no_plateau_and_judges_numbers_v
 
 
 def test_plateau_gate_margin_counts_in_the_clearance():
-    from attnzoo.reproduce.claims import plateau_gate, stat
+    from attnzoo.compare.claims import plateau_gate, stat
 
     kw = dict(paper="P", claim="c", paper_value="v", a_name="a", b_name="b", unit="pts")
     b = [79.0, 80.0, 81.0]
@@ -491,8 +491,8 @@ def test_list_prints_the_plan(capsys):
 
 def test_interrupted_run_prints_the_command_that_continues_it(tmp_path, monkeypatch, capsys):
     """Started without --out, the run writes to a new timestamped directory: the hint must name it."""
+    from attnzoo.compare.store import Interrupted
     from attnzoo.reproduce.sections import probes
-    from attnzoo.reproduce.store import Interrupted
 
     def stop(ctx, step):
         raise Interrupted("SIGTERM")
@@ -511,7 +511,7 @@ def test_interrupted_run_prints_the_command_that_continues_it(tmp_path, monkeypa
 def test_vision_extra_seeds_count_in_a_controlled_comparison():
     """A row with extra seeds is judged on all of them, whatever the 3-seed verdict (never only when it is undecided:
     that would choose the data by its outcome); the measurement says how many seeds each side has."""
-    from attnzoo.reproduce.claims import stat
+    from attnzoo.compare.claims import stat
     from attnzoo.reproduce.sections import vision
 
     six_cbsa, six_mssa = stat([60.0, 63.0, 61.0, 55.0, 56.0, 55.5]), stat([65.0, 64.0, 65.0, 64.0, 65.0, 64.5])
@@ -597,7 +597,7 @@ def test_layerwise_verdict_stands_only_where_the_papers_own_measure_agrees():
 
 
 def test_baselines_count_as_learned_only_when_every_seed_learned():
-    from attnzoo.reproduce.claims import stat
+    from attnzoo.compare.claims import stat
     from attnzoo.reproduce.sections import icl, lra
 
     res = {"softmax": {"listops": {"accuracy": stat([35.0, 15.2])}, "image": {"accuracy": stat([40.0, 45.0])}}}
@@ -613,8 +613,8 @@ def test_jobs_runs_steps_in_processes_with_the_numbers_of_one_job(tmp_path):
     started only after the step it reads, the same numbers as one process, and a failed dependency reported."""
     import dataclasses
 
-    from attnzoo.reproduce.common import Context
-    from attnzoo.reproduce.runner import RunOutcome, _run_steps
+    from attnzoo.compare.common import Context
+    from attnzoo.compare.runner import RunOutcome, run_steps
 
     _, steps = plan("smoke", 0)
     by_id = {s.id: s for s in steps}
@@ -629,10 +629,10 @@ def test_jobs_runs_steps_in_processes_with_the_numbers_of_one_job(tmp_path):
         outcome = RunOutcome(out, out / "r.md", out / "r.json")
         records = outcome.records
         if jobs == 1:
-            _run_steps(cheap, ctx, outcome, progress=False)
+            run_steps(cheap, ctx, outcome, progress=False)
             assert outcome.failed == {}
         else:  # with a failing step and its dependant: reported, not run, the others unaffected
-            _run_steps([bad, dep] + cheap, ctx, outcome, progress=False, jobs=2, threads=1)
+            run_steps([bad, dep] + cheap, ctx, outcome, progress=False, jobs=2, threads=1)
             assert set(outcome.failed) == {"language/broken", "icl/linear/needs-broken"}
             assert "depends on failed step" in outcome.failed["icl/linear/needs-broken"]
         assert sorted(outcome.computed) == sorted(s.id for s in cheap)
@@ -645,8 +645,8 @@ def test_jobs_runs_steps_in_processes_with_the_numbers_of_one_job(tmp_path):
 
 
 def test_sweep_table_marks_the_best_rate_and_gates_untuned_rows():
-    from attnzoo.reproduce.common import sweep_id, sweep_table
-    from attnzoo.reproduce.pipeline import Evidence, Tuning
+    from attnzoo.compare.common import sweep_id, sweep_table
+    from attnzoo.compare.pipeline import Evidence, Tuning
 
     lrs = [1e-3, 2e-3, 4e-3]
     # tost: best at the grid's lowest rate; crate: one rate missing
@@ -700,14 +700,14 @@ def test_reuse_imports_only_steps_whose_config_is_unchanged(tmp_path):
     kept = StepStore(tmp_path / "slim-report")
     assert import_results(results, [same], kept, slimmed=True) == 1
     assert kept.load(same)["result_slimmed"] == ["points"]
-    from attnzoo.reproduce.common import Context
-    from attnzoo.reproduce.runner import RunOutcome, _run_steps
+    from attnzoo.compare.common import Context
+    from attnzoo.compare.runner import RunOutcome, run_steps
 
     # a computing run takes the step again rather than reuse the record without its plot arrays
     runs = {}
     for store in (kept, new):
         runs[store] = RunOutcome(store.root, store.root / "r.md", store.root / "r.json")
-        _run_steps([same], Context(out=store.root, store=store, seed=0, progress=False), runs[store], progress=False)
+        run_steps([same], Context(out=store.root, store=store, seed=0, progress=False), runs[store], progress=False)
     assert runs[kept].computed == ["sec/same"] and runs[kept].skipped == []
     assert runs[new].computed == [] and runs[new].skipped == ["sec/same"]
 
@@ -756,8 +756,8 @@ def test_a_timed_step_runs_with_no_other_step_in_flight(tmp_path):
     """--jobs 2: a measurement step (``timed``) neither starts beside a running step nor lets one start beside it."""
     import dataclasses
 
-    from attnzoo.reproduce.common import Context
-    from attnzoo.reproduce.runner import RunOutcome, _run_steps
+    from attnzoo.compare.common import Context
+    from attnzoo.compare.runner import RunOutcome, run_steps
 
     _, steps = plan("smoke", 0)
     by_id = {s.id: s for s in steps}
@@ -766,7 +766,7 @@ def test_a_timed_step_runs_with_no_other_step_in_flight(tmp_path):
     ctx = Context(out=tmp_path, store=StepStore(tmp_path), seed=0, progress=False)
     outcome = RunOutcome(tmp_path, tmp_path / "r.md", tmp_path / "r.json")
     records = outcome.records
-    _run_steps(cheap, ctx, outcome, progress=False, jobs=2, threads=1)
+    run_steps(cheap, ctx, outcome, progress=False, jobs=2, threads=1)
     assert outcome.failed == {} and len(records) == 3
     t = records["icl/linear/baselines"]
     for sid, r in records.items():
@@ -778,7 +778,7 @@ def test_a_timed_step_runs_with_no_other_step_in_flight(tmp_path):
 def test_vision_reports_every_claim_whose_rows_ran():
     """Each architecture claim of the vision section whose two rows have results is a finding (AoT vs CRATE, whose
     explanation comes from its own ablations, included)."""
-    from attnzoo.reproduce.claims import stat
+    from attnzoo.compare.claims import stat
     from attnzoo.reproduce.sections import vision
 
     rows = {row for c in vision.CLAIMS for row in (c.row, c.base)}

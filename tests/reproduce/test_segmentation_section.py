@@ -7,8 +7,8 @@ import copy
 
 import pytest
 
+from attnzoo.compare.common import LONGER, SWEEP_SEED_OFFSET, row_lrs, sweep_id
 from attnzoo.reproduce.budgets import BUDGET_NAMES, BUDGETS
-from attnzoo.reproduce.common import LONGER, SWEEP_SEED_OFFSET, row_lrs, sweep_id
 from attnzoo.reproduce.runner import plan
 from attnzoo.reproduce.sections import segmentation as seg
 from attnzoo.reproduce.sections.segmentation import INIT, KEY

@@ -7,10 +7,10 @@ import copy
 
 import pytest
 
+from attnzoo.compare.claims import compare
+from attnzoo.compare.common import Section
 from attnzoo.reproduce import BUDGETS, main
 from attnzoo.reproduce.budgets import with_settings
-from attnzoo.reproduce.claims import compare
-from attnzoo.reproduce.common import Section
 from attnzoo.reproduce.runner import ReproduceError, plan
 
 

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from attnzoo.reproduce import claims
-from attnzoo.reproduce.claims import GATES, compare, gate
-from attnzoo.reproduce.common import Section
+from attnzoo.compare import claims
+from attnzoo.compare.claims import GATES, compare, gate
+from attnzoo.compare.common import Section
 from attnzoo.reproduce.report import _summary
 from attnzoo.reproduce.tally import CAUSES, cause_of, combine, tally
 
@@ -130,7 +130,7 @@ def test_a_refuted_superiority_names_the_bar_its_interval_lies_below():
 
 
 def test_a_decided_claim_shows_its_clearance_at_twice_the_steps_as_a_multiple_of_the_move():
-    from attnzoo.reproduce.claims import plateau_gate, stat, trend_gate
+    from attnzoo.compare.claims import plateau_gate, stat, trend_gate
 
     f = _f(*WIN)  # +1 [+0.773, +1.23]: clears 0 by 0.773
     trend_gate(f, 0.8, (0.6, 1.0), 0.0, "2x steps")  # moved -0.2, clears by 0.6 there: 3x
@@ -149,7 +149,7 @@ def test_a_decided_claim_shows_its_clearance_at_twice_the_steps_as_a_multiple_of
 
 
 def test_the_decided_claims_count_those_robust_to_one_more_doubling():
-    from attnzoo.reproduce.claims import plateau_gate, stat, trend_gate
+    from attnzoo.compare.claims import plateau_gate, stat, trend_gate
 
     robust, fragile, unreplicated = (_f(*WIN, claim=c) for c in ("a beats b", "a beats c", "a beats d"))
     trend_gate(robust, 0.8, (0.6, 1.0), 0.0, "2x steps")  # clears by 0.6, moved 0.2: 3x
@@ -181,7 +181,7 @@ def test_the_decided_claims_are_counted_again_with_99_percent_intervals():
 
 
 def test_the_99_percent_count_applies_the_control_gate_at_99_percent_too():
-    from attnzoo.reproduce.claims import margin_control_gate
+    from attnzoo.compare.claims import margin_control_gate
 
     kw = dict(claim_type="non-inferiority", margin=0.5, margin_source="x", unit="pts", paper="X Table 1")
     kw |= dict(claim="a keeps b", paper_value="v", a_name="a", b_name="b")
@@ -233,7 +233,7 @@ def test_a_findings_note_gives_only_its_own_margin_not_the_whole_rule():
 
 
 def test_a_finding_serialises_through_its_fixed_schema_and_refuses_an_unknown_field():
-    from attnzoo.reproduce.claims import Finding
+    from attnzoo.compare.claims import Finding
 
     f = _f(*WIN, claim_id="tost-t3-lra#listops")
     gate(f, "sizes", "conditions")
@@ -324,7 +324,7 @@ def test_the_claims_table_gives_no_margin_note_where_the_margin_is_the_figures_o
 
 
 def test_the_claims_table_prints_a_long_not_tested_reason_once_and_points_back_to_it():
-    from attnzoo.reproduce.common import measured_finding
+    from attnzoo.reproduce.paper_claims import measured_finding
     from attnzoo.reproduce.report import _claims_table
 
     long_reason = "the row needs more than twice the baseline's steps here, " * 3
@@ -411,7 +411,7 @@ def test_a_superiority_claims_refuting_bar_is_in_its_effect_cell_not_a_note():
 
 
 def test_a_per_item_check_is_one_row_with_each_items_figure_and_verdict():
-    from attnzoo.reproduce.common import measured_finding
+    from attnzoo.reproduce.paper_claims import measured_finding
     from attnzoo.reproduce.report import _findings_md
 
     def mem(mech, ratio, ok=True):
@@ -448,7 +448,7 @@ def test_a_decided_claim_tested_several_ways_names_the_test_that_decided_it():
 
 
 def test_the_width_names_the_rows_a_plan_sizes_otherwise():
-    from attnzoo.reproduce.common import width_text
+    from attnzoo.compare.common import width_text
 
     plan = {"arch": {"dim": 64}, "row_arch": {"tost": {"dim": 44}, "xcit": {"dim": 44}, "crate": {"heads": 5}}}
     assert width_text(plan, ["vit", "tost", "xcit", "crate"]) == "width 64 (44: tost, xcit)"
@@ -467,7 +467,7 @@ def test_the_scale_comes_before_the_rules_on_the_first_screen():
 
 
 def test_a_curve_caption_says_what_its_points_are_the_trainers_unless_the_section_says_otherwise(tmp_path):
-    from attnzoo.reproduce.common import CURVE_NOTE, Section
+    from attnzoo.compare.common import CURVE_NOTE, Section
 
     panels = [("p", {"a": [[1, 0.5], [2, 0.6]]})]
     sec = Section("k", "T")

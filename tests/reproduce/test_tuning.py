@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from attnzoo.reproduce.common import Context, best_swept_lr, sweep_deps, sweep_id, sweep_table, tuned
+from attnzoo.compare.common import Context, best_swept_lr, sweep_deps, sweep_id, sweep_table, tuned
+from attnzoo.compare.store import Step, StepStore
 from attnzoo.reproduce.runner import plan
-from attnzoo.reproduce.store import Step, StepStore
 
 LRS = [1e-3, 3e-3, 1e-2]
 
@@ -80,7 +80,7 @@ def test_every_seed_of_a_swept_row_and_its_ablations_is_tuned(budget):
 
 
 def test_a_row_can_sweep_rates_beyond_the_common_grid():
-    from attnzoo.reproduce.common import check_sweep_extra, row_lrs
+    from attnzoo.compare.common import check_sweep_extra, row_lrs
 
     plan = {"lr_sweep": LRS, "lr_sweep_extra": {"b": [3e-2]}}
     assert row_lrs(plan, "a") == LRS and row_lrs(plan, "b") == LRS + [3e-2]

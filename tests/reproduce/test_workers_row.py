@@ -7,11 +7,12 @@ import json
 
 import torch
 
+from attnzoo.compare.common import Context
+from attnzoo.compare.runner import RunOutcome
+from attnzoo.compare.store import StepStore
 from attnzoo.reproduce import plan
-from attnzoo.reproduce.common import Context
 from attnzoo.reproduce.report import _workers_cell
-from attnzoo.reproduce.runner import RUN_FILE, RunOutcome, _execute, _prepare_out, recorded_workers
-from attnzoo.reproduce.store import StepStore
+from attnzoo.reproduce.runner import RUN_FILE, _execute, _prepare_out, recorded_workers
 
 
 def _cheap_steps():

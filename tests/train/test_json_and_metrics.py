@@ -45,7 +45,7 @@ def test_to_jsonable_matches_the_copies_it_replaces():
     # reproduce's step hashes are computed from store.jsonable: the shared helper must give the same values
     # (skipped once those modules use the shared helper themselves)
     from attnzoo.analysis import io as analysis_io
-    from attnzoo.reproduce import store
+    from attnzoo.compare import store
 
     if hasattr(store, "jsonable"):
         assert to_jsonable(ODD) == store.jsonable(ODD)

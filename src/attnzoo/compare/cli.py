@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     from attnzoo._lock import DirectoryLocked
     from attnzoo.cli import debug_enabled
     from attnzoo.compare.engine import print_failures, resume_command, run
-    from attnzoo.reproduce.store import Interrupted
+    from attnzoo.compare.store import Interrupted
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -16,12 +16,12 @@ from pathlib import Path
 
 from attnzoo._io import ReadError, all_or_nothing, read_json, write_json
 from attnzoo._lock import LOCK_NAME, DirLock
+from attnzoo.compare.common import Context
 from attnzoo.compare.plan import CompareError, CompareSpec, plan_steps
 from attnzoo.compare.render import OUTPUT_FILES, write_outputs
+from attnzoo.compare.runner import execute_steps
+from attnzoo.compare.store import StepStore
 from attnzoo.compare.summary import summarise
-from attnzoo.reproduce.common import Context
-from attnzoo.reproduce.runner import execute_steps
-from attnzoo.reproduce.store import StepStore
 
 __all__ = ["MARKER", "CompareOutcome", "run"]
 

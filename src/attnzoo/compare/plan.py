@@ -1,9 +1,9 @@
 """What ``attnzoo compare`` trains: the settings of a comparison and its steps (sweeps, seeds, the longer baseline).
 
 Each mechanism ("row") is swept over the learning-rate grid on one seed apart from the reported ones (base seed +
-:data:`~attnzoo.reproduce.common.SWEEP_SEED_OFFSET`); its reported seeds then train at the rate its sweep found best
+:data:`~attnzoo.compare.common.SWEEP_SEED_OFFSET`); its reported seeds then train at the rate its sweep found best
 (read from the stored sweep records when the seed's step runs). Every run goes through ``attnzoo.train`` via
-:func:`attnzoo.reproduce.common.train_run`, the adapter the report's trained sections use.
+:func:`attnzoo.compare.common.train_run`, the adapter the report's trained sections use.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from attnzoo.reproduce.common import CURVE_POINTS, SWEEP_SEED_OFFSET, seeded_id, sweep_id, train_run, tuned
-from attnzoo.reproduce.store import Step
+from attnzoo.compare.common import CURVE_POINTS, SWEEP_SEED_OFFSET, seeded_id, sweep_id, train_run, tuned
+from attnzoo.compare.store import Step
 
 __all__ = ["CompareError", "CompareSpec", "PREFIX", "plan_steps", "default_metric", "row_ids"]
 
@@ -118,7 +118,7 @@ def plan_steps(spec: CompareSpec) -> list[Step]:
 def train_step(ctx, step: Step) -> dict:
     """Train one run (resuming its checkpoint): its validation metrics, learning curves and rate, plus the parameter
     count and the median time of a training step in milliseconds (the trainer's throughput, evaluation excluded)."""
-    from attnzoo.reproduce.common import load_trained, num_params
+    from attnzoo.compare.common import load_trained, num_params
 
     cfg = dict(step.config["train"])
     rec = train_run(ctx, step.id, cfg, sweep=step.config.get("sweep"))

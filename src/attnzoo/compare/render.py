@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from attnzoo._io import atomic_write_text, to_jsonable, write_json
-from attnzoo.compare.plan import CompareSpec
-from attnzoo.reproduce.common import (
+from attnzoo.compare.common import (
     CURVE_NOTE,
     SWEEP_SEED_OFFSET,
     curve_text,
@@ -17,6 +16,7 @@ from attnzoo.reproduce.common import (
     plot_val_curves,
     save_figure,
 )
+from attnzoo.compare.plan import CompareSpec
 
 __all__ = ["write_outputs", "OUTPUT_FILES"]
 

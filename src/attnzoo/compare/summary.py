@@ -1,17 +1,17 @@
 """From stored step records to the comparison's numbers: per row the seeds' metric, size, speed and tuned rate; per
-mechanism its effect against the baseline with the report's own rule (:func:`attnzoo.reproduce.claims.compare`),
-the report's gates through its own pipeline (:func:`attnzoo.reproduce.pipeline.judge`: a row tuned at an end of its
+mechanism its effect against the baseline with the report's own rule (:func:`attnzoo.compare.claims.compare`),
+the report's gates through its own pipeline (:func:`attnzoo.compare.pipeline.judge`: a row tuned at an end of its
 grid, the baseline's plateau) and a reading in words."""
 
 from __future__ import annotations
 
 import statistics
 
+from attnzoo.compare import claims
+from attnzoo.compare.claims import Finding
+from attnzoo.compare.common import curve_text, mean_val_curve, seeded_id, sweep_id, sweep_table
+from attnzoo.compare.pipeline import Evidence, Plateau, Tuning, judge
 from attnzoo.compare.plan import PREFIX, CompareSpec, longer_id, row_ids
-from attnzoo.reproduce import claims
-from attnzoo.reproduce.claims import Finding
-from attnzoo.reproduce.common import curve_text, mean_val_curve, seeded_id, sweep_id, sweep_table
-from attnzoo.reproduce.pipeline import Evidence, Plateau, Tuning, judge
 
 __all__ = ["summarise", "reading", "MARGIN_SOURCE"]
 

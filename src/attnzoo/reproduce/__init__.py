@@ -13,8 +13,9 @@ Python API: ``run(out, budget, seed=..., only=...)``, ``plan(budget, seed)``; bu
 
 from __future__ import annotations
 
+from attnzoo.compare.runner import RunOutcome
 from attnzoo.reproduce.budgets import BUDGETS, SECTIONS
 from attnzoo.reproduce.cli import main
-from attnzoo.reproduce.runner import ReproduceError, RunOutcome, plan, run
+from attnzoo.reproduce.runner import ReproduceError, plan, run
 
 __all__ = ["main", "run", "plan", "BUDGETS", "SECTIONS", "ReproduceError", "RunOutcome"]

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import copy
 from importlib import resources
-from typing import Any
+from typing import Any, Iterable
 
 from attnzoo.train.config import read_yaml
 
-__all__ = ["BUDGETS", "SECTIONS", "budget", "load_budget", "with_settings"]
+__all__ = ["BUDGETS", "SECTIONS", "budget", "left_out", "load_budget", "with_settings"]
 
 SECTIONS = ("vision", "adapt-vision", "long-range", "language", "icl", "efficiency", "probes", "segmentation")
 BUDGET_NAMES = ("smoke", "default", "long", "full")
@@ -61,3 +61,15 @@ def with_settings(plan: dict, settings: list[str] | tuple[str, ...] = ()) -> dic
             parent, node = node, node[key]
         parent[keys[-1]] = yaml.safe_load(text)
     return plan
+
+
+def left_out(plan: dict, section: str, claimed: Iterable[str], trained: Iterable[str], what: str) -> dict[str, str]:
+    """The rows the plan leaves out for a reason its pilots measured (``not_tested``: row -> why), checked: each has
+    a claim in the section (``claimed``) and is not also trained (``trained``, named ``what`` in the error)."""
+    out, claimed, trained = dict(plan.get("not_tested", {})), set(claimed), set(trained)
+    for row in out:
+        if row not in claimed:
+            raise ValueError(f"{section}: not_tested names {row!r}, which has no claim here (valid: {sorted(claimed)})")
+        if row in trained:
+            raise ValueError(f"{section}: {row!r} is both trained ({what}) and marked not_tested; keep one")
+    return {row: " ".join(why.split()) for row, why in out.items()}

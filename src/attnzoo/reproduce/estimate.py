@@ -17,9 +17,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnzoo.reproduce.common import md_table
-from attnzoo.reproduce.runner import check_jobs, startable
-from attnzoo.reproduce.store import Step, config_hash
+from attnzoo.compare.common import md_table
+from attnzoo.compare.runner import startable
+from attnzoo.compare.store import Step, config_hash
+from attnzoo.reproduce.runner import check_jobs
 
 __all__ = ["StepEstimate", "Estimate", "estimate", "examples", "render_estimate", "shape"]
 

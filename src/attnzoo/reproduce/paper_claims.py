@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from attnzoo.compare import claims
+
 PAPERS = ("ToST", "FAST", "CSP", "CBSA", "AoT")
 #: how a claim is judged: a trained comparison with margin 0 (superiority) or > 0 (non-inferiority), a cost or speed
 #: figure measured once (measurement), or a trend with a rule of its own (qualitative: probes, curves)
@@ -25,6 +27,7 @@ COMBINE_ALL = "disagrees if any test disagrees, else agrees only if every test a
 COMBINE_RULES = {"any": COMBINE_EVERY, "all": COMBINE_ALL}
 #: the tests of an LRA accuracy claim: its average over the learned tasks, then each task
 LRA_TESTS = ("average", "listops", "text", "retrieval", "image", "pathfinder")
+_LRA_TASKS = set(LRA_TESTS) - {"average"}
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class PaperClaim:
 
     @property
     def claim_type(self) -> str:
-        """The :func:`~attnzoo.reproduce.claims.compare` type of a trained comparison."""
+        """The :func:`~attnzoo.compare.claims.compare` type of a trained comparison."""
         if self.kind not in ("superiority", "non-inferiority"):
             raise ValueError(f"claim {self.id!r} is a {self.kind} claim, not a trained comparison")
         return self.kind
@@ -186,7 +189,7 @@ def conjunction(claim_id: str) -> bool:
 
 def finding_kw(claim_id: str, **fields: str) -> dict:
     """The record's ``paper``, ``claim``, ``paper_value`` and ``claim_id`` as
-    :func:`~attnzoo.reproduce.claims.finding` takes them, ``fields`` filled into its ``{name}`` fields."""
+    :func:`~attnzoo.compare.claims.finding` takes them, ``fields`` filled into its ``{name}`` fields."""
     rec = get(claim_id)
     return {
         "paper": rec.reference,
@@ -198,11 +201,14 @@ def finding_kw(claim_id: str, **fields: str) -> dict:
 
 def compare_kw(claim_id: str, **fields: str) -> dict:
     """:func:`finding_kw` and a paper claim's type, margin and its source, as
-    :func:`~attnzoo.reproduce.claims.compare` takes them (a relative margin stays a fraction)."""
+    :func:`~attnzoo.compare.claims.compare` takes them (a relative margin stays a fraction)."""
     rec = get(claim_id)
     kw = finding_kw(claim_id, **fields)
     if isinstance(rec, PaperClaim):
         kw.update(claim_type=rec.claim_type, margin=rec.margin, margin_source=rec.margin_source)
+        # an LRA task's test has no effect of its own (the paper's is the average's)
+        if rec.claim_type == "superiority" and test_of(claim_id) not in _LRA_TASKS:
+            kw["paper_effect"] = rec.paper_effect
     return kw
 
 
@@ -211,3 +217,13 @@ def size_ratios(*claim_ids: str) -> dict[tuple[str, str], tuple[float, str]]:
     recs = [_BY_ID[cid] for cid in claim_ids]
     stated = [r for r in recs if isinstance(r, PaperClaim) and r.conditions.param_ratio is not None]
     return {r.rows[:2]: (r.conditions.param_ratio, r.conditions.param_ratio_source) for r in stated}
+
+
+def measured_finding(
+    claim_id: str, measured: str, verdict: bool | str, rule: str, kind: str = "check", seeds: int = 1, **fields: str
+) -> claims.Finding:
+    """A finding judged from one measurement (a cost or a speed): ``verdict`` True agrees, False disagrees."""
+    if isinstance(verdict, bool):
+        verdict = "agrees" if verdict else "disagrees"
+    kw = finding_kw(claim_id, **fields)
+    return claims.finding(**kw, measured=measured, verdict=verdict, rule=rule, kind=kind, seeds=seeds, measurement=True)

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from attnzoo.reproduce import claims, paper_claims
-from attnzoo.reproduce.common import md_table
+from attnzoo.compare import claims
+from attnzoo.compare.common import md_table
+from attnzoo.reproduce import paper_claims
 
 __all__ = ["SECTION_OF_TASK", "RATIO_TOLERANCE", "RatioCheck", "size_checks", "render_size_checks"]
 

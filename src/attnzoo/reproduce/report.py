@@ -13,9 +13,10 @@ from pathlib import Path
 from markdown_it import MarkdownIt
 
 from attnzoo._io import atomic_write_text, write_json
-from attnzoo.reproduce import claims, paper_claims
-from attnzoo.reproduce.claims import FINDING_SCHEMA, GATES, REFUTE_FRACTION, STRICT_LEVEL, VERDICTS, Finding
-from attnzoo.reproduce.common import Section, md_table
+from attnzoo.compare import claims
+from attnzoo.compare.claims import FINDING_SCHEMA, GATES, REFUTE_FRACTION, STRICT_LEVEL, VERDICTS, Finding
+from attnzoo.compare.common import Section, md_table
+from attnzoo.reproduce import paper_claims
 from attnzoo.reproduce.sections import SECTION_MODULES
 from attnzoo.reproduce.tally import CAUSES, ClaimResult, tally
 

@@ -14,12 +14,13 @@ from collections.abc import Collection
 import numpy as np
 
 from attnzoo._io import read_json
-from attnzoo.reproduce import claims, common, paper_claims
-from attnzoo.reproduce.claims import Finding
-from attnzoo.reproduce.common import Context, Section, Table, fmt
-from attnzoo.reproduce.pipeline import Control, Evidence, Longer, Plateau, Tuning, judge, paper_finding
+from attnzoo.compare import claims, common
+from attnzoo.compare.claims import Finding
+from attnzoo.compare.common import Context, Section, Table, fmt
+from attnzoo.compare.pipeline import Control, Evidence, Longer, Plateau, Tuning, judge, paper_finding
+from attnzoo.compare.store import Step
+from attnzoo.reproduce import budgets, paper_claims
 from attnzoo.reproduce.sections.vision import CHANCE, row_config
-from attnzoo.reproduce.store import Step
 
 KEY = "adapt-vision"
 TITLE = "Adapting a pretrained ViT (CBSA Fig. 9)"
@@ -350,7 +351,7 @@ def _not_tested(plan: dict) -> list[Finding]:
     """Fig. 9's claims whose compared row the plan leaves out for a reason its pilots measured (``not_tested``:
     row -> why)."""
     ids = {a: cid for a, _, kind, cid in CLAIMS if kind == "paper"}
-    rows = common.left_out(plan, KEY, ids, plan["rows"], "rows")
+    rows = budgets.left_out(plan, KEY, ids, plan["rows"], "rows")
     return [claims.not_tested(**paper_claims.finding_kw(ids[row]), why=why) for row, why in rows.items()]
 
 
@@ -371,5 +372,5 @@ def _findings(res: dict, left_out: Collection[str] = ()) -> list[Finding]:
         ratio = cbsa / linear
         measured = f"forward FLOPs per image: cbsa {cbsa / 1e6:.2f}M vs linear {linear / 1e6:.2f}M ({ratio:.3f}x)"
         rule = f"agrees if the ratio is within 1 ± {FLOPS_TOLERANCE:g}"
-        out.append(common.measured_finding("adapt-flops", measured, abs(ratio - 1.0) <= FLOPS_TOLERANCE, rule))
+        out.append(paper_claims.measured_finding("adapt-flops", measured, abs(ratio - 1.0) <= FLOPS_TOLERANCE, rule))
     return out

@@ -10,9 +10,11 @@ import math
 import torch
 
 from attnzoo.bench.memory import timing_allocator
-from attnzoo.reproduce import claims, common, paper_claims
-from attnzoo.reproduce.common import Context, Section, Table, fmt, measured_finding
-from attnzoo.reproduce.store import Step
+from attnzoo.compare import claims, common
+from attnzoo.compare.common import Context, Section, Table, fmt
+from attnzoo.compare.store import Step
+from attnzoo.reproduce import paper_claims
+from attnzoo.reproduce.paper_claims import measured_finding
 
 KEY = "efficiency"
 TITLE = "Efficiency: time and memory vs sequence length"

@@ -9,11 +9,12 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from attnzoo.reproduce import claims, common, paper_claims
-from attnzoo.reproduce.claims import Finding
-from attnzoo.reproduce.common import Context, Section, Table, fmt
-from attnzoo.reproduce.pipeline import Evidence, Longer, Plateau, Tuning, judge
-from attnzoo.reproduce.store import Step
+from attnzoo.compare import claims, common
+from attnzoo.compare.claims import Finding
+from attnzoo.compare.common import Context, Section, Table, fmt
+from attnzoo.compare.pipeline import Evidence, Longer, Plateau, Tuning, judge
+from attnzoo.compare.store import Step
+from attnzoo.reproduce import paper_claims
 
 KEY = "icl"
 TITLE = "In-context learning: regression"

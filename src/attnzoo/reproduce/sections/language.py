@@ -11,12 +11,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attnzoo.compare import claims, common
+from attnzoo.compare.claims import Finding
+from attnzoo.compare.common import Context, ModelRow, Section, Table, fmt
+from attnzoo.compare.pipeline import Control, Evidence, Longer, Plateau, Tuning, judge
+from attnzoo.compare.store import Step
 from attnzoo.models import from_pretrained
-from attnzoo.reproduce import claims, common, paper_claims
-from attnzoo.reproduce.claims import Finding
-from attnzoo.reproduce.common import Context, ModelRow, Section, Table, fmt
-from attnzoo.reproduce.pipeline import Control, Evidence, Longer, Plateau, Tuning, judge
-from attnzoo.reproduce.store import Step
+from attnzoo.reproduce import paper_claims
 
 KEY = "language"
 TITLE = "Language: character-level Shakespeare"
@@ -360,11 +361,11 @@ def _findings(res) -> tuple[list[Finding], Evidence]:
             f"KV cache x{grows:.1f}"
         )
         flat, rule = d[hi]["state_kib"] <= d[lo]["state_kib"] * 1.01, "agrees if the state does not grow"
-        out.append(common.measured_finding(f"lm-decode-memory-{m}", measured, flat, rule))
+        out.append(paper_claims.measured_finding(f"lm-decode-memory-{m}", measured, flat, rule))
         tr, gr = (x[hi]["ms_per_token"] / x[lo]["ms_per_token"] for x in (d, g))
         measured = f"{m} x{tr:.2f}, gpt x{gr:.2f} from context {lo} to {hi}"
         rule = "agrees if ms/token grows at most 1.5x (timing noise)"
-        out.append(common.measured_finding(f"lm-decode-time-{m}", measured, tr <= 1.5, rule))
+        out.append(paper_claims.measured_finding(f"lm-decode-time-{m}", measured, tr <= 1.5, rule))
     ev = Evidence(sizes=PAPER_SIZE_RATIO, readings=[_other_margins])
     if CONTROL in res:
         ev.controls.append(Control(CONTROL, res[CONTROL]["val_loss"], lambda f: f.kind == "paper"))

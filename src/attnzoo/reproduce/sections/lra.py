@@ -9,11 +9,12 @@ import re
 
 import numpy as np
 
-from attnzoo.reproduce import claims, common, paper_claims
-from attnzoo.reproduce.claims import Finding
-from attnzoo.reproduce.common import Context, Section, Table, fmt
-from attnzoo.reproduce.pipeline import Control, Evidence, Longer, Plateau, Tuning, compared, judge
-from attnzoo.reproduce.store import Step
+from attnzoo.compare import claims, common
+from attnzoo.compare.claims import Finding
+from attnzoo.compare.common import Context, Section, Table, fmt
+from attnzoo.compare.pipeline import Control, Evidence, Longer, Plateau, Tuning, compared, judge
+from attnzoo.compare.store import Step
+from attnzoo.reproduce import budgets, paper_claims
 
 KEY = "long-range"
 TITLE = "Long-range: LRA-style suite"
@@ -87,7 +88,7 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
     common.check_known(extra.get("rows", []), plan["mechanisms"], "extra_seeds row")
     common.check_known(plan["tasks"], TASKS, "LRA task")
     common.check_known(plan["mechanisms"], MECHANISMS, "LRA mechanism")
-    common.left_out(plan, "long-range", _ACCURACY_CLAIMS, plan["mechanisms"], "mechanisms")
+    budgets.left_out(plan, "long-range", _ACCURACY_CLAIMS, plan["mechanisms"], "mechanisms")
     steps, record = [], common.classification_record
     for task, task_opts in plan["tasks"].items():
         ablations = [(n, a["mechanism"], a) for n, a in plan.get("ablations", {}).items() if a["task"] == task]
@@ -564,7 +565,7 @@ def _not_tested(plan: dict, tasks: list[str], lengths: dict) -> list[Finding]:
     accuracy claims with that reason, the speed claims (which the row's training would have timed) naming it."""
     out = []
     n = max((lengths.get(t) or 0 for t in tasks), default=0)
-    for m, why in common.left_out(plan, "long-range", _ACCURACY_CLAIMS, plan["mechanisms"], "mechanisms").items():
+    for m, why in budgets.left_out(plan, "long-range", _ACCURACY_CLAIMS, plan["mechanisms"], "mechanisms").items():
         for t in tasks:
             f = claims.not_tested(**paper_claims.finding_kw(f"{_ACCURACY_CLAIMS[m][1]}#{t}"), why=why)
             f.claim += f" on {t}"
@@ -609,7 +610,8 @@ def _speed_findings(res, mechs, tasks, lengths, head_dim=None) -> list[Finding]:
         else:
             measured = f"{m} {val:.2f} vs softmax {base:.2f} steps/s on {longest} (N={n}): {val / base:.2f}x"
             rule = f"agrees if {m} steps/s > softmax's (a measurement of training throughput)"
-            out.append(common.measured_finding(claim_id, measured, val > base, rule, "paper", res[m][longest]["seeds"]))
+            seeds = res[m][longest]["seeds"]
+            out.append(paper_claims.measured_finding(claim_id, measured, val > base, rule, "paper", seeds))
             continue
         out.append(claims.not_tested(**paper_claims.finding_kw(claim_id), why=why))
     return out
@@ -637,4 +639,4 @@ def _fastest_finding(res, mechs, tasks, lengths) -> Finding | None:
         "comparison set run here (a measurement)"
     )
     seeds = min(res[m][t]["seeds"] for m in mechs for t in tasks if t in res[m])
-    return common.measured_finding(FASTEST, measured, max(known, key=known.get) == "csp", rule, "paper", seeds)
+    return paper_claims.measured_finding(FASTEST, measured, max(known, key=known.get) == "csp", rule, "paper", seeds)

@@ -8,10 +8,11 @@ import math
 
 import numpy as np
 
-from attnzoo.reproduce import claims, common, paper_claims
-from attnzoo.reproduce.common import Context, Section, Table, fmt
+from attnzoo.compare import claims, common
+from attnzoo.compare.common import Context, Section, Table, fmt
+from attnzoo.compare.store import Step
+from attnzoo.reproduce import paper_claims
 from attnzoo.reproduce.sections import vision
-from attnzoo.reproduce.store import Step
 
 KEY = "probes"
 TITLE = "White-box probes"
@@ -442,7 +443,7 @@ def _denoise_findings(big: dict, small: dict | None, matched: dict | None) -> li
         expl.append(f"the paper gives no η for Fig. 4; at the larger step {_softmax_run(big)[0]}")
     rule = "agrees if the fitted growth is at least 99.5% of 1+ητ (at the first η)"
     holds = fit >= theory * 0.995
-    thm = common.measured_finding("aot-thm1-denoise", measured, holds, rule, "paper", theory=theory, eta=eta)
+    thm = paper_claims.measured_finding("aot-thm1-denoise", measured, holds, rule, "paper", theory=theory, eta=eta)
     if matched is not None:
         expl.append(
             f"same total step ηL, {_softmax_run(matched)[0]}: the soft-max rise lasts a bounded ηL, unlike Theorem 1's "
@@ -451,7 +452,7 @@ def _denoise_findings(big: dict, small: dict | None, matched: dict | None) -> li
     judged = small if small is not None else big
     measured, rises = _softmax_run(judged)
     rule = f"at η={_num(judged['params']['eta']):g}: agrees if the SNR rises at every layer"
-    soft = common.measured_finding("aot-f4-softmax-denoise", measured, rises, rule, "paper")
+    soft = paper_claims.measured_finding("aot-f4-softmax-denoise", measured, rises, rule, "paper")
     soft["explanation"] = "; ".join(expl)
     return [thm, soft]
 
@@ -472,7 +473,7 @@ def _compress_finding(r: dict) -> dict:
     rate = [_num(x) for x in r["coding_rate"]]
     measured = f"coding rate {rate[0]:.4g} → {rate[-1]:.4g} over {len(rate) - 1} iterations"
     rule = "agrees if the final rate < initial"
-    return common.measured_finding("cbsa-f4-compress", measured, rate[-1] < rate[0], rule, "paper")
+    return paper_claims.measured_finding("cbsa-f4-compress", measured, rate[-1] < rate[0], rule, "paper")
 
 
 def _rank_collapse_findings(r: dict) -> list[dict]:
@@ -484,7 +485,7 @@ def _rank_collapse_findings(r: dict) -> list[dict]:
     measured = f"softmax {s[0]:.2e} → {s[-1]:.2e}, CSP {c[0]:.2e} → {c[-1]:.2e} over {len(s) - 1} layers"
     rule = "agrees if softmax's residual falls 1000x while CSP's stays above 10%"
     holds = s[-1] < 1e-3 * s[0] and c[-1] > 0.1 * c[0]
-    return [common.measured_finding("csp-thm1-rank", measured, holds, rule, "paper")]
+    return [paper_claims.measured_finding("csp-thm1-rank", measured, holds, rule, "paper")]
 
 
 def _layerwise_claim(name: str, key: str, n_layers: int) -> tuple[int, str, str]:
@@ -513,7 +514,7 @@ def _layerwise_finding(name: str, r: dict, more: list | None = None) -> dict | N
         measured = f"{MEASURE_LABEL[key]}, mean of {len(runs)} seeds, {_describe(mean, start)}; per seed: {per_seed}"
         rule = f"{rule}, {len(runs)} seeds"
     verdict = _seeds_verdict(mean, runs, start)
-    f = common.measured_finding(claim_id, measured, verdict, rule, "paper", len(runs), name=name)
+    f = paper_claims.measured_finding(claim_id, measured, verdict, rule, "paper", len(runs), name=name)
     lit = _literal_key(r)
     lit_mean, lit_runs = _seed_mean(lit, probes_ if len(runs) > 1 else [r], len(mean))
     if lit == key or verdict == "inconclusive" or not lit_runs:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnzoo.compare import claims, common
+from attnzoo.compare.claims import Finding
+from attnzoo.compare.common import Context, Section, Table, fmt
+from attnzoo.compare.pipeline import Evidence, Longer, Plateau, Tuning, compared, judge
+from attnzoo.compare.store import Step
 from attnzoo.data.scenes import SceneSpec
-from attnzoo.reproduce import claims, common, paper_claims
-from attnzoo.reproduce.claims import Finding
-from attnzoo.reproduce.common import Context, Section, Table, fmt
-from attnzoo.reproduce.pipeline import Evidence, Longer, Plateau, Tuning, compared, judge
-from attnzoo.reproduce.store import Step
+from attnzoo.reproduce import budgets, paper_claims
 
 KEY = "segmentation"
 TITLE = "Segmentation: zero-shot [CLS] maps and decoders on scenes (CBSA Tables 5-6, Fig. 8; ToST Fig. 5)"
@@ -70,7 +71,7 @@ def models_of(plan: dict) -> list[str]:
 def left_out(plan: dict) -> dict[str, str]:
     """The models the plan does not train for a reason its pilots measured (``not_tested``: model -> why): every
     comparison that needs one says that reason."""
-    return common.left_out(plan, KEY, MODELS, models_of(plan), "models")
+    return budgets.left_out(plan, KEY, MODELS, models_of(plan), "models")
 
 
 def controls_of(plan: dict) -> list[str]:
@@ -379,9 +380,8 @@ def _compare(
     absent = absent or {}
     if why := absent.get(a) or absent.get(b):
         return claims.not_tested(**paper_claims.finding_kw(claim_id), why=why)
-    return claims.compare(
-        _at(stats, a, *keys), _at(stats, b, *keys), **paper_claims.compare_kw(claim_id), a_name=a, b_name=b, **kw
-    )
+    kw = {**paper_claims.compare_kw(claim_id), **kw}  # a pair's own paper effect over the claim's
+    return claims.compare(_at(stats, a, *keys), _at(stats, b, *keys), a_name=a, b_name=b, **kw)
 
 
 def _zero_shot_findings(res: dict, gates: list, absent: dict[str, str] | None = None) -> list[Finding]:
@@ -456,7 +456,7 @@ def _decoder_findings(dec: dict | None, gates: list, not_tested: str | None = No
         f"agrees if the CBSA decoder's FLOPs are at most {FLOPS_BOUND:.0%} of Segmenter's (twice the paper's "
         f"{FLOPS_PAPER:.0%}), else disagrees (torch.utils.flop_counter, one image)"
     )
-    flops = common.measured_finding("cbsa-f8-flops", measured, ratio <= FLOPS_BOUND, rule, "paper")
+    flops = paper_claims.measured_finding("cbsa-f8-flops", measured, ratio <= FLOPS_BOUND, rule, "paper")
     need = paper_claims.get("cbsa-f8-flops").conditions
     if dec["tokens"] is not None and dec["tokens"] < need.min_n:
         why = f"{dec['tokens']} tokens here, about {need.min_n:,} in the paper ({need.note})"

@@ -7,11 +7,12 @@ from collections import namedtuple
 
 import numpy as np
 
-from attnzoo.reproduce import claims, common, paper_claims
-from attnzoo.reproduce.claims import Finding
-from attnzoo.reproduce.common import Section, Table, fmt
-from attnzoo.reproduce.pipeline import Control, Evidence, Longer, Plateau, Tuning, judge, paper_finding
-from attnzoo.reproduce.store import Step
+from attnzoo.compare import claims, common
+from attnzoo.compare.claims import Finding
+from attnzoo.compare.common import Section, Table, fmt
+from attnzoo.compare.pipeline import Control, Evidence, Longer, Plateau, Tuning, judge, paper_finding
+from attnzoo.compare.store import Step
+from attnzoo.reproduce import budgets, paper_claims
 
 KEY = "vision"
 TITLE = "Vision: image classification"
@@ -485,7 +486,7 @@ def _not_tested(plan: dict) -> list[Finding]:
     claim_ids |= {row: [cid] for row, cid in CONTROLLED_CLAIMS.items()}
     trained = list(plan["models"]) + list(plan.get("swaps", []))
     out = []
-    for row, why in common.left_out(plan, "vision", claim_ids, trained, "models or swaps").items():
+    for row, why in budgets.left_out(plan, "vision", claim_ids, trained, "models or swaps").items():
         out += [claims.not_tested(**paper_claims.finding_kw(cid), why=why) for cid in claim_ids[row]]
     return out
 

@@ -14,8 +14,6 @@ import sys
 from dataclasses import asdict, dataclass, fields
 from typing import Iterable, Sequence
 
-from attnzoo.reproduce import paper_claims
-
 VERDICTS = ("agrees", "disagrees", "inconclusive", "not tested")
 DECIDED = ("agrees", "disagrees")
 KINDS = ("paper", "check")
@@ -128,7 +126,7 @@ class Finding:
         if unknown:
             raise ValueError(
                 f"finding {d.get('claim_id') or d.get('claim')!r} has fields {unknown} that Finding does not declare "
-                f"(schema {FINDING_SCHEMA}); declare them in attnzoo.reproduce.claims.Finding"
+                f"(schema {FINDING_SCHEMA}); declare them in attnzoo.compare.claims.Finding"
             )
         return cls(**{"claim_id": "", **d})
 
@@ -275,7 +273,7 @@ def compare(
     """Verdict on ``a`` (the paper's mechanism, per seed) against ``b`` (its baseline) by the module's rule.
 
     ``margin`` is in ``unit``, or a fraction of ``b``'s mean with ``relative``. A superiority claim's ``paper_effect``
-    (oriented like ours; by default the claim table's, which an LRA task's test lacks) sets its refuting bar."""
+    (oriented like ours) sets its refuting bar."""
     if claim_type not in CLAIM_TYPES:
         raise ValueError(f"claim_type must be one of {CLAIM_TYPES}, got {claim_type!r}")
     if claim_type == "superiority" and margin != 0:
@@ -290,9 +288,6 @@ def compare(
         missing = a_name if sa is None else b_name
         return not_tested(paper, claim, paper_value, f"no measurement for {missing}", kind=kind, claim_id=claim_id)
     superiority = claim_type == "superiority"
-    if paper_effect is None and superiority and claim_id:
-        rec = paper_claims.get(claim_id)
-        paper_effect = None if paper_claims.test_of(claim_id) in _LRA_TASKS else getattr(rec, "paper_effect", None)
     refute = REFUTE_FRACTION * paper_effect if superiority and paper_effect is not None else None
     if refute is not None and not (math.isfinite(paper_effect) and paper_effect > 0):
         raise ValueError(f"a superiority claim's paper_effect must be finite and > 0 (oriented), got {paper_effect}")
@@ -334,10 +329,6 @@ def _rule(f: Finding) -> str:
         f"non-inferiority, margin {m_txt} ({f.margin_source}): agrees if the 95% Welch-t CI of the effect lies "
         f"above -{f.margin:.3g}, disagrees if below, else inconclusive"
     )
-
-
-#: an LRA task's test has no effect of its own in the claim table (the paper's is the average's)
-_LRA_TASKS = set(paper_claims.LRA_TESTS) - {"average"}
 
 
 @dataclass(frozen=True)

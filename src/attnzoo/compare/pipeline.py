@@ -1,6 +1,6 @@
 """One fixed chain of gates over every trained comparison's findings (``attnzoo compare`` goes through it too).
 
-A section compares its rows (:func:`attnzoo.reproduce.claims.compare`), states what its gates read as
+A section compares its rows (:func:`attnzoo.compare.claims.compare`), states what its gates read as
 :class:`Evidence`, and :func:`judge` applies the gates in :data:`CHAIN` order to every finding alike.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from attnzoo.reproduce import claims
-from attnzoo.reproduce.claims import Finding, Stat
+from attnzoo.compare import claims
+from attnzoo.compare.claims import Finding, Stat
 
 #: the order the gates run in: whether the rows learned, under which conditions, against which control, whether the
 #: verdict survives twice the steps, and whether the rows ran at their best learning rate

@@ -43,7 +43,7 @@ def _one_line(e: Exception) -> str:
 
 
 def _notice(msg: str) -> None:
-    print(f"attnzoo reproduce: {msg}", file=sys.stderr)
+    print(f"attnzoo: {msg}", file=sys.stderr)
 
 
 def read_object(path: Path) -> dict:

@@ -1,4 +1,5 @@
-"""Shared pieces of the reproduce sections: run context, the training adapter, memory, tables, plots."""
+"""Shared pieces of a comparison's steps and sections (``attnzoo compare`` and the reproduce report): run context, the
+training adapter, learning-rate sweeps, memory, tables, plots."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import numpy as np
 import torch
 
 from attnzoo._io import ReadError, atomic_save_figure, read_json
-from attnzoo.reproduce import claims, paper_claims
-from attnzoo.reproduce.store import Interrupted, Step, StepStore
+from attnzoo.compare import claims
+from attnzoo.compare.store import Interrupted, Step, StepStore
 
 
 @dataclass
@@ -211,16 +212,6 @@ def num_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-def measured_finding(
-    claim_id: str, measured: str, verdict: bool | str, rule: str, kind: str = "check", seeds: int = 1, **fields: str
-) -> claims.Finding:
-    """A finding judged from one measurement (a cost or a speed): ``verdict`` True agrees, False disagrees."""
-    if isinstance(verdict, bool):
-        verdict = "agrees" if verdict else "disagrees"
-    kw = paper_claims.finding_kw(claim_id, **fields)
-    return claims.finding(**kw, measured=measured, verdict=verdict, rule=rule, kind=kind, seeds=seeds, measurement=True)
-
-
 # ---- memory -------------------------------------------------------------------------------------------
 def peak_train_mb(model: torch.nn.Module, inputs: tuple, target: torch.Tensor, kind: str, device: str) -> float | None:
     """Extra memory (MiB) at the peak of one training step on a batch; ``None`` where the CPU cannot measure it."""
@@ -357,7 +348,7 @@ def _final_metrics(done: Path) -> dict | None:
         if not isinstance(final, dict) or not isinstance(final.get("val"), dict):
             raise ReadError(f"{done} is corrupt: no 'val' metrics")
     except ReadError as e:
-        print(f"attnzoo reproduce: {e}; it is computed again from the run's last checkpoint", file=sys.stderr)
+        print(f"attnzoo: {e}; it is computed again from the run's last checkpoint", file=sys.stderr)
         done.unlink()
         return None
     return final["val"]
@@ -471,18 +462,6 @@ def check_known(names: Iterable[str], valid: Iterable[str], what: str) -> None:
     for n in names:
         if n not in valid:
             raise ValueError(f"unknown {what} {n!r}; valid: {sorted(valid)}")
-
-
-def left_out(plan: dict, section: str, claimed: Iterable[str], trained: Iterable[str], what: str) -> dict[str, str]:
-    """The rows the plan leaves out for a reason its pilots measured (``not_tested``: row -> why), checked: each has
-    a claim in the section (``claimed``) and is not also trained (``trained``, named ``what`` in the error)."""
-    out, claimed, trained = dict(plan.get("not_tested", {})), set(claimed), set(trained)
-    for row in out:
-        if row not in claimed:
-            raise ValueError(f"{section}: not_tested names {row!r}, which has no claim here (valid: {sorted(claimed)})")
-        if row in trained:
-            raise ValueError(f"{section}: {row!r} is both trained ({what}) and marked not_tested; keep one")
-    return {row: " ".join(why.split()) for row, why in out.items()}
 
 
 def sweep_id(base: str, lr: float) -> str:
