@@ -10,6 +10,7 @@ import copy
 import pytest
 import torch
 
+from attnzoo.compare import claims
 from attnzoo.compare.claims import compare, finding, plateau_gate, stat
 from attnzoo.compare.common import CURVE_POINTS, Context, curve_text, mean_val_curve, train_run
 from attnzoo.compare.pipeline import Evidence, judge, judged
@@ -145,6 +146,14 @@ def test_plans_hold_the_controls(budget):
     for row in ("vit+identity", *(["tost@matched-params"] if matched_row else [])):
         assert {f"vision/{row}/seed{k}" for k in range(n)} <= ids
     assert {f"vision/vit+identity/lr-sweep/lr{lr:g}" for lr in b["vision"]["lr_sweep"]} <= ids
+    # ToST's and XCiT's skeleton without a token mixer: whenever either trains, at its own swept rate
+    if {"tost", "xcit"} & set(b["vision"]["models"]):
+        assert {f"vision/xcit+identity/seed{k}" for k in range(n)} <= ids
+        assert {f"vision/xcit+identity/lr-sweep/lr{lr:g}" for lr in b["vision"]["lr_sweep"]} <= ids
+        skeleton = next(s for s in steps if s.id == "vision/xcit+identity/seed0").config["train"]
+        assert skeleton["model"] == "xcit_s" and skeleton["model_options"]["attention"] == "identity"
+    else:
+        assert not any(i.startswith("vision/xcit+identity/") for i in ids)
     # without token mixing a CLS token never sees the image: the control pools the patches by their mean
     control = next(s for s in steps if s.id == "vision/vit+identity/seed0").config["train"]["model_options"]
     assert control["attention"] == "identity" and control["pool"] == "mean"
@@ -331,7 +340,50 @@ def test_control_margins_of_cls_token_rows_read_the_mean_pooled_twin():
     res["vit-meanpool"] = r(82.9, 83.3, 83.1)
     f = next(f for f in judged(*vision._findings(res)) if f["claim"].startswith("ToST is competitive with ViT"))
     assert f["verdict"] == "inconclusive" and f["gate_reasons"] == ["control"]
-    assert "vit+identity is -0.9" in f["gate"] and "from vit-meanpool" in f["gate"]
+    assert "vit+identity (no token mixer) is -0.9" in f["gate"] and "from vit-meanpool" in f["gate"]
+
+
+@pytest.mark.parametrize("control_at, gated", [(76.0, True), (55.0, False)])
+def test_tosts_claims_are_judged_by_the_control_in_tosts_own_skeleton(control_at, gated):
+    """ToST and XCiT share a skeleton (conv stem, class-attention pooling) that the ViT's control lacks: ToST's claims
+    are held back when that skeleton without a token mixer would pass them too, whichever the baseline."""
+    from attnzoo.reproduce.sections import vision
+
+    def r(*v, params=100_000):
+        return {"accuracy": stat(list(v)), "params": params}
+
+    res = {"vit": r(70.0, 71.0, 70.5), "vit+identity": r(50.0, 51.0, 50.5), "tost": r(75.0, 75.5, 76.0)}
+    # at the papers' parameter ratios (ToST/XCiT 0.908x), so that only the control can gate
+    res |= {
+        "xcit": r(75.0, 76.0, 75.5, params=110_000),
+        "xcit+identity": r(control_at - 0.4, control_at, control_at + 0.4),
+    }
+    out = judged(*vision._findings(res))
+    for claim_id, base in (("tost-t2-vit#architecture", "vit"), ("tost-t2-xcit#architecture", "xcit")):
+        f = next(f for f in out if f.claim_id == claim_id)
+        assert f.verdict == ("inconclusive" if gated else "agrees") and claims.numbers_verdict(f) == "agrees"
+        # the numbers shown are the skeleton control's against the claim's own baseline, not the ViT control's
+        effect = control_at - res[base]["accuracy"].mean
+        assert f.control_effect == pytest.approx(effect)
+        if gated:
+            assert f.gate_reasons == ["control"] and f"xcit+identity (no token mixer) is {effect:+.3g}" in f.gate
+    # the ViT-skeleton rows keep the ViT's control; XCiT against its own control is a check
+    check = next(f for f in out if f.claim_id == "vision-attention-helps-xcit")
+    assert check.kind == "check" and check.a_name == "xcit" and check.b_name == "xcit+identity"
+    assert check.verdict == ("inconclusive" if gated else "agrees")
+
+
+def test_a_control_off_its_best_rate_passes_no_margin_test():
+    """Outside the margin, a control at the edge of its sweep might not be (tuned, it could do better)."""
+    from attnzoo.compare.pipeline import Control, Evidence, judge
+
+    kw = dict(unit="pts", paper="P", claim="c", paper_value="v", a_name="tost", b_name="xcit")
+    kw |= dict(claim_type="non-inferiority", margin=2.6, margin_source="s", claim_id="tost-t2-xcit")
+    for untuned, verdict in ((None, "agrees"), ("xcit+identity's best rate is its grid's top", "inconclusive")):
+        f = compare([75.0, 75.5, 76.0], [75.0, 76.0, 75.5], **kw)
+        control = Control("xcit+identity", stat([55.0, 55.4, 55.8]), lambda f: True, untuned=untuned)
+        judge([f], Evidence(controls=[control]))
+        assert f.verdict == verdict and (untuned is None or "not tuned" in f.gate)
 
 
 def test_language_control_finding():
@@ -675,7 +727,7 @@ def test_a_margin_that_admits_no_attention_gates_the_claim():
     wide = margin_control_gate(f(11.0), [83.0, 82.8, 83.1], "vit+identity")
     assert wide["verdict"] == "inconclusive" and wide["ungated_verdict"] == "agrees"
     assert wide["gate_reasons"] == ["control"] and wide["control_effect"] == pytest.approx(-3.067, abs=1e-3)
-    assert "vit+identity is -3.07 [-3.41, -2.72] pts from crate, not shown outside the margin" in wide["gate"]
+    assert "(no token mixer) is -3.07 [-3.41, -2.72] pts from crate, not shown outside the margin" in wide["gate"]
     narrow = margin_control_gate(f(2.6), [83.0, 82.8, 83.1], "vit+identity")
     assert "gate" not in narrow and narrow["control_effect"] == pytest.approx(-3.067, abs=1e-3)
     # the control's mean is outside a 2.9-point margin but its interval reaches inside: gated, as the claim would be
@@ -749,6 +801,12 @@ def test_clock_span_covers_the_steps_computed_here_and_leaves_imported_ones_out(
     assert "its 2 steps computed here" in text
     assert "2026-11-27 01:00:00 to 2026-11-27 01:52:30" in text and "52.5 min" in text
     assert _clock_span({"c": recs["c"]}) == "no step computed in this directory"
+    assert "with a step running" not in text  # a and b overlap: no pause
+    # a run resumed after a pause: the span counts the pause, the time with a step running does not
+    recs["d"] = {"started": "2026-11-27T03:00:00", "finished": "2026-11-27T03:07:30"}
+    text = _clock_span(recs)
+    assert "01:00:00 to 2026-11-27 03:07:30" in text and "127.5 min of wall clock" in text
+    assert "60.0 min with a step running" in text
 
 
 def test_a_one_seed_plateau_run_is_compared_with_the_same_seed_of_the_baseline():

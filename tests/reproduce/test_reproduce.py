@@ -107,7 +107,8 @@ def test_results_json_holds_every_number(smoke):
     assert set(res["steps"]) == {s.id for s in steps}
     vis = res["sections"]["vision"]["data"]["models"]
     plan_v = BUDGETS["smoke"]["vision"]
-    controls = {"vit+identity", "tost@matched-params"}  # the no-attention control, ToST at ViT's parameter count
+    # the no-attention controls (the ViT's, ToST's skeleton's), ToST at ViT's parameter count
+    controls = {"vit+identity", "xcit+identity", "tost@matched-params"}
     assert set(vis) == set(plan_v["models"]) | set(plan_v["swaps"]) | {"vit@2x-steps"} | controls
     extra = plan_v["extra_seeds"]
     for name, m in vis.items():

@@ -78,3 +78,38 @@ def test_the_intro_names_the_rows_that_change_only_the_token_mixer():
         "the controlled swaps (vit+tssa) put their token mixer into the ViT skeleton "
         "(strided patches, CLS token, MLP blocks, pre-norm)."
     )
+
+
+def _records(plan: dict, acc: dict[str, float], sweep_best: dict[str, float]) -> dict:
+    """A stored record for every planned step: each row's seeds at ``acc[row]`` (+0.2 a seed), each sweep peaking at
+    ``sweep_best[row]`` (default the grid's middle)."""
+    grid = sorted(plan["lr_sweep"])
+    recs = {}
+    for step in vision.plan_steps(plan, 0):
+        row, rest = step.id.split("/")[1], step.id.split("/")[-1]
+        if "/lr-sweep/" in step.id:
+            lr = float(rest.removeprefix("lr"))
+            best = sweep_best.get(row, grid[len(grid) // 2])
+            result = {"accuracy": 0.5 - abs(grid.index(lr) - grid.index(best)) * 0.05, "lr": lr}
+        else:
+            seed = int(rest.removeprefix("seed").removeprefix("extra-seed"))
+            a = acc[row.removesuffix("@2x-steps")] + 0.2 * seed
+            result = {"accuracy": a / 100, "params": 100_000, "samples_per_s": 1.0, "peak_train_mb": 1.0}
+        recs[step.id] = {"result": result | {"val_curve": [], "tokens": 36}}
+    return recs
+
+
+@pytest.mark.parametrize("control_best, gated", [(2e-3, False), (4e-3, True)])
+def test_the_skeleton_control_off_its_best_rate_holds_back_the_claims_it_judges(tmp_path, control_best, gated):
+    """A control at the end of its sweep might be stronger at another rate: a margin test it lost does not count."""
+    plan = _plan(models=["vit", "tost", "xcit"], not_tested={}, seeds=3, lr_sweep=[1e-3, 2e-3, 4e-3])
+    acc = {"vit": 70.0, "vit+identity": 40.0, "tost": 75.0, "xcit": 75.0, "xcit+identity": 50.0}
+    acc |= {"tost@matched-params": 75.0}
+    recs = _records(plan, acc, {"xcit+identity": control_best})
+    sec = vision.summarize(recs, plan, tmp_path, str)
+    f = next(f for f in sec.findings if f.claim_id == "tost-t2-xcit#architecture")
+    assert f.control_effect == pytest.approx(-25.0)  # far outside the 2.6-point margin
+    if gated:
+        assert f.verdict == "inconclusive" and "control is not tuned" in f.gate and "xcit+identity" in f.gate
+    else:
+        assert "control" not in (f.gate_reasons or [])

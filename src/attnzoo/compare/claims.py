@@ -418,7 +418,7 @@ def margin_control_gate(
     f.control_ci99 = list(strict) if strict else None
     if (ci[1] if ci else effect) > -f.margin:
         where = f"{effect:+.3g} [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci else f"{effect:+.3g}"
-        why = f"no-attention control {control_name} is {where} {f.unit or ''} from {base_name}"
+        why = f"control {control_name} (no token mixer) is {where} {f.unit or ''} from {base_name}"
         gate(f, f"{why}, not shown outside the margin", "control")
     return f
 

@@ -473,15 +473,25 @@ def _workers_cell(workers: list[dict]) -> str:
 
 
 def _clock_span(records: dict) -> str:
-    """First start to last finish of the steps computed here (an upper bound: pauses between invocations count)."""
+    """First start to last finish of the steps computed here, and the time within it that some step ran (pauses
+    between invocations of a resumed run do not count there)."""
     own = [r for r in records.values() if not r.get("imported_from") and r.get("started") and r.get("finished")]
     if not own:
         return "no step computed in this directory"
+
+    def at(stamp: str) -> float:
+        return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
+
+    busy, reach = 0.0, None
+    for a, b in sorted((at(r["started"]), at(r["finished"])) for r in own):
+        busy += max(0.0, b - max(a, reach if reach is not None else a))
+        reach = b if reach is None else max(reach, b)
     start, end = min(r["started"] for r in own), max(r["finished"] for r in own)
-    span = time.mktime(time.strptime(end, "%Y-%m-%dT%H:%M:%S")) - time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S"))
+    span = at(end) - at(start)
+    running = f"; {_fmt_s(busy)} with a step running" if span - busy >= 60 else ""
     return (
         f"its {len(own)} steps computed here ran from {start.replace('T', ' ')} to {end.replace('T', ' ')} "
-        f"({_fmt_s(span)} of wall clock, first start to last finish)"
+        f"({_fmt_s(span)} of wall clock, first start to last finish{running})"
     )
 
 

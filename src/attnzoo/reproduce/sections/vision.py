@@ -59,6 +59,10 @@ SWAPS: dict[str, VisionRow] = {
 #: the no-attention control (run whenever the ViT is) and ToST at ViT's parameter count ("similar size", ToST Table 2)
 CONTROL = "vit+identity"
 MATCHED = "tost@matched-params"
+#: ToST's and XCiT's skeleton (they differ in the token mixer only: conv stem, MLP blocks, class-attention pooling)
+#: without a token mixer, run whenever either is: the control of ToST's claims
+SKELETON_CONTROL = "xcit+identity"
+SKELETON_ROWS = ("tost", "xcit")
 MATCH_TOLERANCE = claims.SIZE_TOLERANCE
 
 #: (a, b) -> the paper's parameter ratio a/b and its source: a pair further than MATCH_TOLERANCE from it is gated
@@ -91,6 +95,16 @@ ABLATIONS: dict[str, VisionRow] = {
 PLATEAU = "vit@2x-steps"
 BASELINE_PLATEAUS = {"vit": PLATEAU, "crate": "crate@2x-steps", "xcit": "xcit@2x-steps"}
 
+#: the controls outside the ViT skeleton
+CONTROLS = {
+    SKELETON_CONTROL: VisionRow(
+        "xcit_s",
+        "identity",
+        "ToST's and XCiT's skeleton, identity token mixer (class-attention pooling kept)",
+        {"attention": "identity", "attention_options": {}},
+    )
+}
+
 #: the row whose tuned learning rate an ablation trains with (one factor changed, the rate kept); a run at twice the
 #: steps (``x@2x-steps``) trains at x's
 TUNED_AS = {"aot+ista": "aot", "aot+prenorm": "aot", "vit+tssa-meanpool": "vit+tssa", "vit+xca-meanpool": "vit+xca"}
@@ -104,7 +118,7 @@ def _image_size(plan: dict) -> int:
 def _row(name: str) -> VisionRow:
     """Any row's entry; a plateau or parameter-matched row (``x@...``) is x's."""
     at_row = name == MATCHED or name.endswith(common.LONGER)
-    row = {**MODELS, **SWAPS, **ABLATIONS}.get(name.split("@")[0] if at_row else name)
+    row = {**MODELS, **SWAPS, **ABLATIONS, **CONTROLS}.get(name.split("@")[0] if at_row else name)
     if row is None:
         raise ValueError(f"unknown vision model {name!r}; valid: {sorted(MODELS) + sorted(SWAPS) + sorted(ABLATIONS)}")
     return row
@@ -151,12 +165,13 @@ def _plateau_rows(plan: dict) -> dict[str, str]:
 
 
 def _controls(plan: dict) -> list[str]:
-    """The no-attention control and the parameter-matched ToST, run whenever their reference rows are."""
+    """The no-attention controls and the parameter-matched ToST, run whenever their reference rows are."""
+    skeleton = [SKELETON_CONTROL] if set(SKELETON_ROWS) & set(plan["models"]) else []
     if "vit" not in plan["models"]:
-        return []
+        return skeleton
     out = [CONTROL] if CONTROL not in plan.get("swaps", []) else []
     # ``matched_params: false``: the tost row is already at ViT's parameter count (its ``row_arch`` width)
-    return out + ([MATCHED] if plan.get("matched_params", True) and "tost" in plan["models"] else [])
+    return out + ([MATCHED] if plan.get("matched_params", True) and "tost" in plan["models"] else []) + skeleton
 
 
 def _model_params(plan: dict, registered: str, options: dict) -> int:
@@ -202,7 +217,8 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
 
 
 def sweep_rows(plan: dict) -> list[str]:
-    """The rows whose rate is swept: every compared row and the ``swept_ablations`` (not the parameter-matched ToST)."""
+    """The rows whose rate is swept: every compared row, the controls and the ``swept_ablations`` (not the
+    parameter-matched ToST)."""
     swept, ablations = plan.get("swept_ablations", []), plan.get("ablations", [])
     if unknown := sorted(set(swept) - set(ablations)):
         raise ValueError(f"swept_ablations {unknown} are not ablations of this plan; ablations: {ablations}")
@@ -277,6 +293,8 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
     if "tost" in untuned and MATCHED in res and plan.get("lr_sweep"):
         untuned[MATCHED] = f"{MATCHED} trains at tost's rate: " + untuned["tost"]
     ev.tuning.append(Tuning(untuned))
+    for c in ev.controls:  # a control off its best rate can pass no margin test
+        c.untuned = untuned.get(c.name)
     plateau = judge(sec.findings, ev)
     sec.data["plateau"] = plateau["vit"] if len(plateau) == 1 else plateau
     sec.data["untuned"] = untuned
@@ -368,7 +386,7 @@ def _tables(res: dict, plan: dict, swaps: list[str]) -> list[Table]:
         return [n, _row(n).mechanism, desc, *measures(n)]
 
     measured = ["params", "val acc %", "train img/s", "peak train-step MiB"]
-    papers = [paper_row(n) for n in [*plan["models"], MATCHED] if n in res]
+    papers = [paper_row(n) for n in [*plan["models"], MATCHED, SKELETON_CONTROL] if n in res]
     tables = [Table("Papers' architectures", ["model", "mechanism", "architecture", *measured], papers)]
     if len(swaps) > 1:
         rows = [[n, *measures(n)] for n in swaps]
@@ -474,9 +492,14 @@ def _findings(res: dict) -> tuple[list[Finding], Evidence]:
     ev.gates += _attention_needed(out)
     # the control is read against the mean-pooled ViT where it ran: one factor apart
     twin = (MEANPOOL_BASE, res[MEANPOOL_BASE]["accuracy"]) if MEANPOOL_BASE in res else None
+    # a row in ToST's skeleton is judged by that skeleton's control, the rest by the ViT's
+    skeleton = res.get(SKELETON_CONTROL, {}).get("accuracy")
+    in_skeleton = lambda f: skeleton is not None and f.a_name in ("tost", MATCHED)  # noqa: E731
+    vit_judges = lambda f: paper_finding(f) and not in_skeleton(f)  # noqa: E731
     ev.controls.append(
-        Control(CONTROL, res.get(CONTROL, {}).get("accuracy"), paper_finding, twin, lambda f: f.b_name == "vit")
+        Control(CONTROL, res.get(CONTROL, {}).get("accuracy"), vit_judges, twin, lambda f: f.b_name == "vit")
     )
+    ev.controls.append(Control(SKELETON_CONTROL, skeleton, lambda f: paper_finding(f) and in_skeleton(f)))
     return out, ev
 
 
@@ -492,7 +515,8 @@ def _not_tested(plan: dict) -> list[Finding]:
 
 
 def _control_findings(res: dict, gates: list) -> list[Finding]:
-    """ToST against ViT at a matched parameter count (a paper claim), and ViT against its no-attention control."""
+    """ToST against ViT at a matched parameter count (a paper claim), and ViT and XCiT against their no-attention
+    controls."""
     out = []
     if MATCHED in res and "vit" in res:
         f = _compare(res, MATCHED, "vit", "tost-t2-vit#matched-params")
@@ -511,6 +535,9 @@ def _control_findings(res: dict, gates: list) -> list[Finding]:
                 "skeleton, mean-pooled patches: without token mixing a CLS token never sees the image)"
             )
         out.append(f)
+    if SKELETON_CONTROL in res and "xcit" in res:
+        kw = {"claim_type": "superiority", "kind": "check"}
+        out.append(_compare(res, "xcit", SKELETON_CONTROL, "vision-attention-helps-xcit", **kw))
     return out
 
 
