@@ -52,7 +52,10 @@ def test_every_stage_runs_on_every_finding_in_the_chains_order():
         assert f.verdict == "inconclusive" and f.ungated_verdict == "agrees"
         assert f.gate_reasons == sorted(GATES)
         # each stage's words, in the chain's order
-        at = [f.gate.index(w) for w in ("stayed at chance", "parameters 3.00x", "(no token mixer)", "plateau")]
+        at = [
+            f.gate.index(w)
+            for w in ("stayed at chance", "parameters 3.00x", "(no token mixer in its blocks)", "plateau")
+        ]
         assert at == sorted(at) and f.gate.index("not tuned:") > at[-1]
 
 

@@ -106,6 +106,8 @@ class Finding:
     control_ci95: list[float] | None = None
     control_ci99: list[float] | None = None
     dated_pilot: str | None = None
+    #: what the compared rows differ in besides the mechanism (an architecture comparison), in words
+    confound: str | None = None
     random_init_control: dict | None = None
     literal_measure: dict | None = None
     probe_model: str | None = None
@@ -347,8 +349,9 @@ GATES: dict[str, GateRule] = {
     "conditions": GateRule(DECIDED, "off the paper's sizes or settings, the test is of another claim"),
     "control": GateRule(
         ("agrees",),
-        "a control lacking what the claim credits (no attention, yet inside the margin against the claim's own "
-        "baseline; an untrained model's layers) would agree too; it does not explain a disagreement",
+        "a control lacking what the claim credits (no token mixer in its blocks, yet not shown outside the margin "
+        "against the claim's own baseline or, where one ran, its own skeleton with attention; an untrained model's "
+        "layers) would agree too; it does not explain a disagreement",
     ),
 }
 GATE_REASONS = tuple(GATES)
@@ -404,21 +407,26 @@ def size_gate(f: Finding, paper_ratios: dict[tuple[str, str], tuple[float, str]]
 def margin_control_gate(
     f: Finding, control: Values, control_name: str, twin: tuple[str, Stat] | None = None
 ) -> Finding:
-    """Gate a non-inferiority agreement whose margin also admits ``control``, a model without attention.
+    """Gate a non-inferiority agreement whose margin also admits ``control``, a model without a token mixer.
 
-    The control is compared with the finding's baseline, or with ``twin`` (``(name, metric)``: its own skeleton with
-    attention) where the baseline differs in more than the token mixer."""
+    The control is compared with the finding's baseline and, where given, with ``twin`` (``(name, metric)``: its own
+    skeleton with attention, one factor apart where the baseline differs in more than the token mixer); the reading
+    that comes closer to the margin is the one recorded and judged, so either can hold the agreement back."""
     sc = stat(control)
     if f.claim_type != "non-inferiority" or sc is None or not f.values_b:
         return f
-    base_name, sb = twin if twin is not None else (f.b_name, stat(f.values_b))
-    effect, ci, _ = welch_ci(sc, sb, lower_is_better=bool(f.lower_is_better))
+    lower = bool(f.lower_is_better)
+    readings = []
+    for base_name, sb in [(f.b_name, stat(f.values_b)), *([twin] if twin is not None else [])]:
+        effect, ci, _ = welch_ci(sc, sb, lower_is_better=lower)
+        readings.append((ci[1] if ci else effect, base_name, sb, effect, ci))
+    top, base_name, sb, effect, ci = max(readings, key=lambda r: r[0])
     f.control_effect, f.control_ci95 = effect, list(ci) if ci else None
-    strict = welch_ci(sc, sb, lower_is_better=bool(f.lower_is_better), level=STRICT_LEVEL)[1]
+    strict = welch_ci(sc, sb, lower_is_better=lower, level=STRICT_LEVEL)[1]
     f.control_ci99 = list(strict) if strict else None
-    if (ci[1] if ci else effect) > -f.margin:
+    if top > -f.margin:
         where = f"{effect:+.3g} [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci else f"{effect:+.3g}"
-        why = f"control {control_name} (no token mixer) is {where} {f.unit or ''} from {base_name}"
+        why = f"control {control_name} (no token mixer in its blocks) is {where} {f.unit or ''} from {base_name}"
         gate(f, f"{why}, not shown outside the margin", "control")
     return f
 

@@ -127,9 +127,12 @@ def _group_row(group: list[dict]) -> list[str]:
 
 def _note_refs(f: dict, seen: dict[tuple[str, str], int], rule=None) -> str:
     """`` [n] [m]`` after a verdict (empty without notes): the finding's rule (``rule(f)``, by default
-    :func:`_own_rule`), gate and explanation, each numbered in ``seen`` (``(label, text) -> n``) when first met."""
+    :func:`_own_rule`), gate, explanation and confound, each numbered in ``seen`` (``(label, text) -> n``) when first
+    met."""
     refs = ""
-    for label, text in (("rule", (rule or _own_rule)(f)), ("gated", f.get("gate")), ("why", f.get("explanation"))):
+    confound = f.get("confound") and f"an architecture comparison: {f['confound']}"
+    notes = (("rule", (rule or _own_rule)(f)), ("gated", f.get("gate")), ("why", f.get("explanation")))
+    for label, text in (*notes, ("confound", confound)):
         if text and text != "-":
             refs += f" [{seen.setdefault((label, text), len(seen) + 1)}]"
     return refs
@@ -269,6 +272,8 @@ def _decided_lines(claims_: list[ClaimResult]) -> list[str]:
             test = paper_claims.test_of(f.get("claim_id") or "") if len(c.tests) > 1 else ""
             claim = f"{f['claim']} (test: {test})" if test else f["claim"]  # which of its tests decided it
             pilot = " Dated pilot: its note in the claims table." if f.get("dated_pilot") else ""
+            if f.get("confound"):  # the skeletons differ too: the mechanism's share is not what was measured
+                pilot = f" An architecture comparison ({f['confound']}): the attention's share is not shown.{pilot}"
             ratio, moved = _doubling(f)
             # the count's "robust" said per claim, so a fragile verdict is not read as settled
             fragile = "" if ratio >= 2 else ", not robust" + (moved or " (no run at twice the steps)")

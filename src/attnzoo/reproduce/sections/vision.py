@@ -341,6 +341,18 @@ def _stems(plan: dict) -> str:
     return "; ".join(f"{', '.join(rows)}: {what}" for what, rows in out.items())
 
 
+def _stem_note(a: str, b: str) -> str | None:
+    """Where two papers' architectures differ in their patch embedding or pooling, the words that say so."""
+    from attnzoo.models import get_config
+
+    if a not in MODELS or b not in MODELS:
+        return None
+    (ea, pa), (eb, pb) = [(c.patch_embed, c.pool) for c in (get_config(MODELS[n].registered) for n in (a, b))]
+    if (ea, pa) == (eb, pb):
+        return None
+    return f"{a} has {_STEM[ea]} and {_POOL[pa]}, {b} {_STEM[eb]} and {_POOL[pb]}"
+
+
 def _intro(plan: dict) -> str:
     arch, tr, n_seeds, opts = plan["arch"], plan["train"], plan.get("seeds", 1), plan["task_options"]
     if plan["task"] == "digits":
@@ -479,6 +491,7 @@ def _findings(res: dict) -> tuple[list[Finding], Evidence]:
             continue
         f = _compare(res, a, b, cid)
         f.explanation = "; ".join(f"{abl}: {gap_change(res, a, abl, b)}" for abl in ABLATED.get(a, ()) if abl in res)
+        f.confound = _stem_note(a, b)
         out.append(f)
         pooled = (MEANPOOLED.get(a_ctl), MEANPOOLED.get(b_ctl))
         a_ctl, b_ctl = pooled if all(n in res for n in pooled) else (a_ctl, b_ctl)
