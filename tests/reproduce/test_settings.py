@@ -84,3 +84,23 @@ def test_a_decided_claim_with_a_dated_pilot_says_so_on_the_first_screen():
     first = "\n".join(_summary([sec], "long")).split("### The claims")[0]
     bullets = [line for line in first.splitlines() if line.startswith("- X Table 1")]
     assert [b.endswith("Dated pilot: its note in the claims table.") for b in bullets] == [True, False]
+
+
+def test_an_architecture_comparison_says_what_else_differs_on_the_first_screen_and_in_its_notes():
+    from attnzoo.reproduce.report import _claims_table, _paper_claims, _summary
+    from attnzoo.reproduce.sections import vision
+
+    kw = dict(
+        unit="pts", paper="X Table 1", paper_value="a > b", a_name="cbt", b_name="crate", claim_type="superiority"
+    )
+    f = compare([2.0, 2.1, 2.2], [1.0, 1.1, 1.2], claim="cbt beats crate", claim_id="cbsa-t3-crate", **kw)
+    f.kind, f.confound = "paper", vision._stem_note("cbt", "crate")
+    assert f.confound == "cbt has a conv stem and a CLS token, crate a normed patch projection and a CLS token"
+    sec = Section("k", "K: t", findings=[f])
+    first = "\n".join(_summary([sec], "long")).split("### The claims")[0]
+    (bullet,) = [line for line in first.splitlines() if line.startswith("- X Table 1")]
+    assert f"An architecture comparison ({f.confound}): the attention's share is not shown." in bullet
+    table, notes = _claims_table(_paper_claims([sec]))
+    assert any(n.endswith(f"confound: an architecture comparison: {f.confound}") for n in notes)
+    # rows in one skeleton have nothing to say
+    assert vision._stem_note("tost", "xcit") is None and vision._stem_note("fastmax_vit", "vit") is None
