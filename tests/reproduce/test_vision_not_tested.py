@@ -113,3 +113,18 @@ def test_the_skeleton_control_off_its_best_rate_holds_back_the_claims_it_judges(
         assert f.verdict == "inconclusive" and "control is not tuned" in f.gate and "xcit+identity" in f.gate
     else:
         assert "control" not in (f.gate_reasons or [])
+
+
+def test_extra_seeds_per_row_give_a_row_its_own_count():
+    from attnzoo.compare.common import extra_seed_counts, extra_seeds_text
+
+    extra = {"rows": ["vit", "tost"], "seeds": 5, "per_row": {"vit+identity": 22}}
+    plan = _plan(lr_sweep=[1e-3], extra_seeds=extra)
+    assert extra_seed_counts(plan) == {"vit": 5, "tost": 5, "vit+identity": 22}
+    assert extra_seeds_text(plan) == "vit, tost: 5 seeds more; vit+identity: 22 seeds more"
+    ids = {s.id for s in vision.plan_steps(plan, 0)}
+    assert {f"vision/vit+identity/extra-seed{s}" for s in range(1, 23)} <= ids
+    assert "vision/vit+identity/extra-seed23" not in ids and "vision/tost/extra-seed6" not in ids
+    for bad, message in (({"per_row": {"vit": 0}}, "positive ints"), ({"per_rows": {"vit": 2}}, "unknown keys")):
+        with pytest.raises(ValueError, match=message):
+            vision.plan_steps(_plan(extra_seeds=bad), 0)

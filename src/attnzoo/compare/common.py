@@ -160,10 +160,24 @@ def width_text(plan: dict, rows) -> str:
     return f"width {base}" + (f" ({rest})" if rest else "")
 
 
-def extra_seeds_text(plan: dict) -> str:
-    """``"vit, tost: 5 seeds more"`` for a plan's ``extra_seeds``; ``""`` without them."""
+def extra_seed_counts(plan: dict) -> dict[str, int]:
+    """Row -> how many seeds it trains beyond the plan's ``seeds``: ``extra_seeds``' ``rows`` get its ``seeds``, a row
+    of its ``per_row`` (row -> count) its own count."""
     extra = plan.get("extra_seeds", {})
-    return f"{', '.join(extra['rows'])}: {extra['seeds']} seeds more" if extra.get("rows") else ""
+    if unknown := sorted(set(extra) - {"rows", "seeds", "per_row"}):
+        raise ValueError(f"extra_seeds has unknown keys {unknown}; valid: rows, seeds, per_row")
+    counts = {row: extra["seeds"] for row in extra.get("rows", [])} | dict(extra.get("per_row", {}))
+    if bad := {r: n for r, n in counts.items() if not isinstance(n, int) or isinstance(n, bool) or n < 1}:
+        raise ValueError(f"extra_seeds counts must be positive ints, got {bad}")
+    return counts
+
+
+def extra_seeds_text(plan: dict) -> str:
+    """``"vit, tost: 5 seeds more"`` for a plan's ``extra_seeds`` (one group per count); ``""`` without them."""
+    groups: dict[int, list[str]] = {}
+    for row, n in extra_seed_counts(plan).items():
+        groups.setdefault(n, []).append(row)
+    return "; ".join(f"{', '.join(rows)}: {n} seeds more" for n, rows in groups.items())
 
 
 def fold(rs: Sequence[dict], stats: dict[str, float], means: Sequence[str] = (), first: Sequence[str] = ()) -> dict:

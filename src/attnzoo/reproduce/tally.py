@@ -10,7 +10,7 @@ from attnzoo.reproduce import paper_claims
 #: training first, then what training showed, then too little evidence
 CAUSES = {
     "conditions": "the paper's conditions not met (sizes, task, configuration)",
-    "control": "a control shows the effect without what the claim credits",
+    "control": "a control lacking what the claim credits is not shown outside the margin",
     "did not learn": "a compared row did not learn the task",
     "not tuned": "a row is not tuned",
     "plateau": "not shown to survive more training",

@@ -83,9 +83,9 @@ def mega_model(task: str, row: str, arch: dict, chunk: int | None = None) -> tup
 
 
 def plan_steps(plan: dict, seed: int) -> list[Step]:
-    extra = plan.get("extra_seeds", {})
+    extra = common.extra_seed_counts(plan)
     common.check_sweep_extra(plan, list(plan["mechanisms"]))
-    common.check_known(extra.get("rows", []), plan["mechanisms"], "extra_seeds row")
+    common.check_known(extra, plan["mechanisms"], "extra_seeds row")
     common.check_known(plan["tasks"], TASKS, "LRA task")
     common.check_known(plan["mechanisms"], MECHANISMS, "LRA mechanism")
     budgets.left_out(plan, "long-range", _ACCURACY_CLAIMS, plan["mechanisms"], "mechanisms")
@@ -98,8 +98,8 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
                 for sid, s, lr in common.sweep_runs(base, lrs, seed):
                     steps.append(common.section_step(KEY, sid, _config(plan, task, mech, abl, s, lr), record))
             seeds = common.seed_list(plan, seed)
-            if row in extra.get("rows", []):  # always its extra seeds (using them by verdict would bias)
-                seeds += list(range(seeds[-1] + 1, seeds[-1] + 1 + extra["seeds"]))
+            if row in extra:  # always its extra seeds (using them by verdict would bias)
+                seeds += list(range(seeds[-1] + 1, seeds[-1] + 1 + extra[row]))
             for sid, s in common.seed_runs(base, seeds):
                 cfg = _config(plan, task, mech, abl, s) | ({"ablation": row} if abl else {})
                 if mech in plan["mechanisms"]:

@@ -207,12 +207,11 @@ def plan_steps(plan: dict, seed: int) -> list[Step]:
         own = seeds[:1] if name in one_seed else common.plateau_seed_list(plan, seed) if name == PLATEAU else seeds
         steps += [_row_step(plan, name, s, sid) for sid, s in common.seed_runs(f"{KEY}/{name}", own)]
     # more seeds of a comparison's rows: each finding uses all of a row's seeds
-    extra = plan.get("extra_seeds", {})
-    for name in extra.get("rows", []):
+    for name, n in common.extra_seed_counts(plan).items():
         if name not in rows:
             raise ValueError(f"extra_seeds row {name!r} is not a row of this plan; rows: {rows}")
         first = seed + plan.get("seeds", 1)
-        steps += [_row_step(plan, name, s, f"{KEY}/{name}/extra-seed{s}") for s in range(first, first + extra["seeds"])]
+        steps += [_row_step(plan, name, s, f"{KEY}/{name}/extra-seed{s}") for s in range(first, first + n)]
     return steps
 
 
@@ -512,7 +511,9 @@ def _findings(res: dict) -> tuple[list[Finding], Evidence]:
     ev.controls.append(
         Control(CONTROL, res.get(CONTROL, {}).get("accuracy"), vit_judges, twin, lambda f: f.b_name == "vit")
     )
-    ev.controls.append(Control(SKELETON_CONTROL, skeleton, lambda f: paper_finding(f) and in_skeleton(f)))
+    # read against XCiT too where it ran: the control's own skeleton with attention
+    xcit = ("xcit", res["xcit"]["accuracy"]) if "xcit" in res else None
+    ev.controls.append(Control(SKELETON_CONTROL, skeleton, lambda f: paper_finding(f) and in_skeleton(f), xcit))
     return out, ev
 
 
