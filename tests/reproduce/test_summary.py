@@ -135,13 +135,14 @@ def test_a_decided_claim_shows_its_clearance_at_twice_the_steps_as_a_multiple_of
     f = _f(*WIN)  # +1 [+0.773, +1.23]: clears 0 by 0.773
     trend_gate(f, 0.8, (0.6, 1.0), 0.0, "2x steps")  # moved -0.2, clears by 0.6 there: 3x
     text = "\n".join(_summary([Section("k", "K: t", findings=[f])], "long"))
-    assert "**agrees** (at 2x steps: clearance 0.6, 3.0x the effect's move, -0.2)." in text
+    assert "**agrees** (at 2x steps its interval clears the boundary by 0.6, 3.0x the -0.2 the effect moved)." in text
     g = _f(*WIN)  # only the baseline ran longer: its move, against the clearance at the reported steps
     plateau_gate([g], "b", stat([1.0, 1.1, 1.2]), stat([1.5, 1.6, 1.7]), "pts")
     text = "\n".join(_summary([Section("k", "K: t", findings=[g])], "long"))
     assert (
         g["verdict"] == "agrees"
-        and "**agrees**, not robust (at 2x steps: clearance 0.773, 1.5x b's move, +0.5)." in text
+        and "**agrees**, not robust (its interval clears the boundary by 0.773, 1.5x the +0.5 b moved at 2x steps)."
+        in text
     )
     h = _f(*WIN)  # no run at twice the steps: not robust, for want of one
     text = "\n".join(_summary([Section("k", "K: t", findings=[h])], "long"))

@@ -289,12 +289,13 @@ def _doubling(f: dict) -> tuple[float, str]:
     in words; ``(0, "")`` without a run at twice the steps."""
     t, d = f.get("trend_2x") or {}, f.get("drift_2x") or {}
     if t.get("clearance") is not None and t.get("move"):
-        c, move, what = t["clearance"], t["move"], "the effect's move"
-    elif d.get("change"):
-        c, move, what = d["clearance"], d["change"], f"{d['row']}'s move"
+        c, move, where, what = t["clearance"], t["move"], "at 2x steps ", "the effect moved"
+    elif d.get("change"):  # the clearance at the reported steps against the baseline's own move
+        c, move, where, what = d["clearance"], d["change"], "", f"{d['row']} moved at 2x steps"
     else:
         return 0.0, ""
-    return c / abs(move), f" (at 2x steps: clearance {c:.3g}, {c / abs(move):.1f}x {what}, {move:+.3g})"
+    words = f"its interval clears the boundary by {c:.3g}, {c / abs(move):.1f}x the {move:+.3g} {what}"
+    return c / abs(move), f" ({where}{words})"
 
 
 def effect_in_words(f: dict) -> str:
