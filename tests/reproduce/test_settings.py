@@ -104,3 +104,26 @@ def test_an_architecture_comparison_says_what_else_differs_on_the_first_screen_a
     assert any(n.endswith(f"confound: an architecture comparison: {f.confound}") for n in notes)
     # rows in one skeleton have nothing to say
     assert vision._stem_note("tost", "xcit") is None and vision._stem_note("fastmax_vit", "vit") is None
+
+
+def test_a_caveat_is_checked_at_planning_and_shown_under_its_claim_and_on_the_first_screen(monkeypatch):
+    import attnzoo.reproduce.runner as runner
+    from attnzoo.reproduce.report import _caveats, _summary
+
+    b = copy.deepcopy(BUDGETS["smoke"])
+    monkeypatch.setattr(runner, "budget", lambda name: copy.deepcopy(b))
+    b["vision"]["caveats"] = {"fast-t9-accuracy": "a count"}
+    with pytest.raises(ReproduceError, match="vision.caveats: .*unknown claim id 'fast-t9-accuracy'"):
+        runner.plan("smoke", 0)
+    kw = dict(unit="pts", paper="X Table 1", paper_value="v", a_name="a", b_name="b", claim_type="superiority")
+    won = compare([2.0, 2.1, 2.2], [1.0, 1.1, 1.2], claim="a beats b", claim_id="cbsa-t3-crate", **kw)
+    other = compare([2.0, 2.1, 2.2], [1.0, 1.1, 1.2], claim="a beats c", claim_id="cbsa-f9-no-contraction", **kw)
+    for f in (won, other):
+        f.kind = "paper"
+    sec = Section("k", "K: t", findings=[won, other])
+    _caveats(sec, {"cbsa-t3-crate": "the control's count was chosen\n  with both readings seen"})
+    assert won.explanation == "caveat: the control's count was chosen with both readings seen"
+    assert not other.explanation and won.verdict == other.verdict == "agrees"  # a caveat never changes a verdict
+    first = "\n".join(_summary([sec], "long")).split("### The claims")[0]
+    bullets = [line for line in first.splitlines() if line.startswith("- X Table 1")]
+    assert ["Caveat: the control's count was chosen with both readings seen." in b for b in bullets] == [True, False]

@@ -106,6 +106,8 @@ class Finding:
     control_ci95: list[float] | None = None
     control_ci99: list[float] | None = None
     dated_pilot: str | None = None
+    #: how the plan came to this evidence where a reader must know it (a seed count chosen after a reading was seen)
+    caveat: str | None = None
     #: what the compared rows differ in besides the mechanism (an architecture comparison), in words
     confound: str | None = None
     random_init_control: dict | None = None
@@ -351,7 +353,9 @@ GATES: dict[str, GateRule] = {
         ("agrees",),
         "a control lacking what the claim credits (no token mixer in its blocks, yet not shown outside the margin "
         "against the claim's own baseline or, where one ran, its own skeleton with attention; an untrained model's "
-        "layers) would agree too; it does not explain a disagreement",
+        "layers) would agree too; it does not explain a disagreement. A superiority claim needs no such gate: its "
+        "interval already shows a difference; where the compared architectures differ in more than the attention, "
+        "the report says the attention's share is not shown",
     ),
 }
 GATE_REASONS = tuple(GATES)

@@ -43,6 +43,7 @@ def _summaries(out: Path, plan: dict, sections: list[str], records: dict, outcom
         except Exception as e:  # noqa: BLE001 - a broken summary must not hide the other sections
             sec = Section(key, mod.TITLE, notes=[f"summary failed: {type(e).__name__}: {e}"])
         _claim_notes(sec, plan[key].get("claim_notes", {}))
+        _caveats(sec, plan[key].get("caveats", {}))
         sec.notes += [f"step `{sid}` failed: {why}" for sid, why in outcome.failed.items() if sid.startswith(f"{key}/")]
         if missing := [f"`{sid}`" for sid in outcome.missing if sid.startswith(f"{key}/")]:
             sec.notes.insert(
@@ -61,6 +62,15 @@ def _claim_notes(sec: Section, notes: dict[str, str]) -> None:
         if note := notes.get(f.claim_id) or notes.get(paper_claims.base_id(f.claim_id)):
             f.dated_pilot = note
             claims.explain(f, f"dated pilot: {note}")
+
+
+def _caveats(sec: Section, caveats: dict[str, str]) -> None:
+    """A plan's caveat on a claim (``caveats``: claim id -> how the plan came to its evidence, e.g. a seed count
+    chosen after a reading was seen): under the claim and on the first screen, never part of its verdict."""
+    for f in sec.findings:
+        if text := caveats.get(f.claim_id) or caveats.get(paper_claims.base_id(f.claim_id)):
+            f.caveat = " ".join(text.split())
+            claims.explain(f, f"caveat: {f.caveat}")
 
 
 def effect_cell(f: dict) -> str:
@@ -272,6 +282,8 @@ def _decided_lines(claims_: list[ClaimResult]) -> list[str]:
             test = paper_claims.test_of(f.get("claim_id") or "") if len(c.tests) > 1 else ""
             claim = f"{f['claim']} (test: {test})" if test else f["claim"]  # which of its tests decided it
             pilot = " Dated pilot: its note in the claims table." if f.get("dated_pilot") else ""
+            if f.get("caveat"):
+                pilot = f" Caveat: {f['caveat']}.{pilot}"
             if f.get("confound"):  # the skeletons differ too: the mechanism's share is not what was measured
                 pilot = f" An architecture comparison ({f['confound']}): the attention's share is not shown.{pilot}"
             ratio, moved = _doubling(f)

@@ -60,12 +60,13 @@ def plan(budget_name: str, seed: int, settings: list[str] | tuple[str, ...] = ()
         b = with_settings(budget(budget_name), settings)
     except ValueError as e:
         raise ReproduceError(str(e)) from None
-    for key in SECTIONS:  # a dated pilot's note names a claim the report knows
-        for cid in b[key].get("claim_notes", {}):
-            try:
-                paper_claims.get(cid)
-            except KeyError as e:
-                raise ReproduceError(f"{key}.claim_notes: {e.args[0]}") from None
+    for key in SECTIONS:  # a dated pilot's note and a caveat name a claim the report knows
+        for what in ("claim_notes", "caveats"):
+            for cid in b[key].get(what, {}):
+                try:
+                    paper_claims.get(cid)
+                except KeyError as e:
+                    raise ReproduceError(f"{key}.{what}: {e.args[0]}") from None
     steps: list[Step] = []
     for key, mod in SECTION_MODULES.items():
         # the probes read the vision section's trained models
