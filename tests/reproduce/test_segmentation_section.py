@@ -511,3 +511,22 @@ def test_a_changed_run_changes_the_hash_of_every_step_that_reads_it():
     longer = hashes({**PLAN, "decoders": {**PLAN["decoders"], "steps": 3}})
     assert longer[f"{KEY}/decoders/seed1"] != base[f"{KEY}/decoders/seed1"]
     assert longer[f"{KEY}/zero-shot/crate/seed1"] == base[f"{KEY}/zero-shot/crate/seed1"]
+
+
+def test_persistence_judged_over_fewer_later_layers_than_the_papers_says_so_beside_its_verdict():
+    from attnzoo.compare.claims import compare
+    from attnzoo.reproduce.sections.segmentation import PAPER_LATER_HALF, _later_half_caveat
+
+    kw = dict(unit="IoU", paper="CBSA Table 6", claim="c", paper_value="v", a_name="crate_cbt", b_name="cbt")
+
+    def persistence():
+        return compare(
+            [0.2, 0.21, 0.22], [0.3, 0.31, 0.32], claim_type="superiority", claim_id="cbsa-t6-persistence", **kw
+        )
+
+    shallow, deep = persistence(), persistence()
+    _later_half_caveat([shallow], 4)
+    _later_half_caveat([deep], 2 * PAPER_LATER_HALF)
+    assert shallow.caveat == "judged at depth 4: the later half is 2 layers against the paper's 6 (L7-L12 of 12)"
+    assert "caveat: judged at depth 4" in shallow.explanation and shallow.verdict == deep.verdict  # words only
+    assert deep.caveat is None and not deep.explanation

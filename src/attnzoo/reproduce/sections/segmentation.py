@@ -319,6 +319,7 @@ def summarize(records: dict[str, dict], plan: dict, plots_dir, rel) -> Section:
         sec.add_plot(_plot_sweep(dec), plots_dir / "segmentation_decoders.png", rel, _SWEEP_CAPTION)
     ev = Evidence()
     sec.findings = _zero_shot_findings(res, ev.gates, left_out(plan))
+    _later_half_caveat(sec.findings, plan["arch"]["depth"])
     sec.findings += _decoder_findings(dec, ev.gates, plan.get("decoders_not_tested"))
     if plan.get("require_learned", True):
         ev.unlearned = _unlearned(res, dec)
@@ -382,6 +383,23 @@ def _compare(
         return claims.not_tested(**paper_claims.finding_kw(claim_id), why=why)
     kw = {**paper_claims.compare_kw(claim_id), **kw}  # a pair's own paper effect over the claim's
     return claims.compare(_at(stats, a, *keys), _at(stats, b, *keys), a_name=a, b_name=b, **kw)
+
+
+#: CBSA Table 6's later half: L7-L12 of its 12-layer -S models
+PAPER_LATER_HALF = 6
+
+
+def _later_half_caveat(findings: list[Finding], depth: int) -> None:
+    """Table 6's persistence judged over fewer later-half layers than the paper's: said beside its verdict."""
+    if depth // 2 >= PAPER_LATER_HALF:
+        return
+    for f in findings:
+        if f.claim_id == "cbsa-t6-persistence" and f.verdict != "not tested":
+            f.caveat = (
+                f"judged at depth {depth}: the later half is {depth // 2} layers against the paper's "
+                f"{PAPER_LATER_HALF} (L7-L12 of 12)"
+            )
+            claims.explain(f, f"caveat: {f.caveat}")
 
 
 def _zero_shot_findings(res: dict, gates: list, absent: dict[str, str] | None = None) -> list[Finding]:
