@@ -58,19 +58,21 @@ def _summaries(out: Path, plan: dict, sections: list[str], records: dict, outcom
 def _claim_notes(sec: Section, notes: dict[str, str]) -> None:
     """A plan's dated pilot on a claim (``claim_notes``: claim id -> the figures and the command that re-measures
     them) under each of the section's findings of that claim: evidence beside the run's, never part of its verdict."""
-    for f in sec.findings:
-        if note := notes.get(f.claim_id) or notes.get(paper_claims.base_id(f.claim_id)):
-            f.dated_pilot = note
-            claims.explain(f, f"dated pilot: {note}")
+    _plan_words(sec, notes, "dated_pilot", "dated pilot")
 
 
 def _caveats(sec: Section, caveats: dict[str, str]) -> None:
     """A plan's caveat on a claim (``caveats``: claim id -> how the plan came to its evidence, e.g. a seed count
     chosen after a reading was seen): under the claim and on the first screen, never part of its verdict."""
+    _plan_words(sec, caveats, "caveat", "caveat")
+
+
+def _plan_words(sec: Section, texts: dict[str, str], field: str, label: str) -> None:
+    """``texts[claim id]`` (or its base id's) into ``field`` of each of that claim's findings and their footnote."""
     for f in sec.findings:
-        if text := caveats.get(f.claim_id) or caveats.get(paper_claims.base_id(f.claim_id)):
-            f.caveat = " ".join(text.split())
-            claims.explain(f, f"caveat: {f.caveat}")
+        if text := texts.get(f.claim_id) or texts.get(paper_claims.base_id(f.claim_id)):
+            f[field] = " ".join(text.split())
+            claims.explain(f, f"{label}: {f[field]}")
 
 
 def effect_cell(f: dict) -> str:

@@ -336,8 +336,13 @@ def _stems(plan: dict) -> str:
     for name in plan["models"]:
         opts = model_options(name, plan)
         cfg = get_config(MODELS[name].registered, num_classes=10, image_size=size, in_chans=1, **opts)
-        out.setdefault(f"{_STEM[cfg.patch_embed]} and {_POOL[cfg.pool]}", []).append(name)
+        out.setdefault(_embedding(cfg), []).append(name)
     return "; ".join(f"{', '.join(rows)}: {what}" for what, rows in out.items())
+
+
+def _embedding(cfg) -> str:
+    """A model config's patch embedding and pooling, in words: "a conv stem and a CLS token"."""
+    return f"{_STEM[cfg.patch_embed]} and {_POOL[cfg.pool]}"
 
 
 def _stem_note(a: str, b: str) -> str | None:
@@ -346,10 +351,8 @@ def _stem_note(a: str, b: str) -> str | None:
 
     if a not in MODELS or b not in MODELS:
         return None
-    (ea, pa), (eb, pb) = [(c.patch_embed, c.pool) for c in (get_config(MODELS[n].registered) for n in (a, b))]
-    if (ea, pa) == (eb, pb):
-        return None
-    return f"{a} has {_STEM[ea]} and {_POOL[pa]}, {b} {_STEM[eb]} and {_POOL[pb]}"
+    ea, eb = (_embedding(get_config(MODELS[n].registered)) for n in (a, b))
+    return None if ea == eb else f"{a} has {ea}, {b} {eb}"
 
 
 def _intro(plan: dict) -> str:
